@@ -1,0 +1,379 @@
+//! One actor per WebSocket connection: identity, subscriptions, heartbeat and the outbox
+//! that leaves once per batching window. The transport (actix-web-actors) stays inside
+//! this module.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use actix_web::web::{Bytes, BytesMut};
+use actix_http::ws::Item;
+use actix_web_actors::ws::{self, CloseCode, CloseReason};
+
+use super::messages::*;
+use super::registry::Registry;
+use super::room::RoomActor;
+use super::rooms::Rooms;
+use crate::core::batch::{BatchAction, BatchWindow};
+use crate::core::names;
+use crate::protocol::{self, ClientOp, ClientRequest, ErrorCode};
+
+/// An `events` frame is cut after this many bytes of events (at least one event each).
+const FRAME_TARGET_BYTES: usize = 256 * 1024;
+/// Heartbeat periods without a word from the client before it is closed with 4008.
+const MISSED_HEARTBEATS: u32 = 3;
+/// Default and largest `limit` of a `history` request.
+pub const HISTORY_DEFAULT_LIMIT: usize = 100;
+pub const HISTORY_MAX_LIMIT: usize = 1000;
+
+pub mod close {
+    pub const NORMAL: u16 = 1000;
+    pub const GOING_AWAY: u16 = 1001;
+    pub const PROTOCOL_ERROR: u16 = 1002;
+    pub const UNSUPPORTED: u16 = 1003;
+    pub const POLICY: u16 = 1008;
+    pub const TOO_BIG: u16 = 1009;
+    pub const SERVICE_RESTART: u16 = 1012;
+    pub const HEARTBEAT_TIMEOUT: u16 = 4008;
+}
+
+/// What every connection shares.
+#[derive(Debug, Clone)]
+pub struct ConnectionSettings {
+    pub node: String,
+    pub heartbeat: Duration,
+    pub batch_window: Duration,
+    pub max_subscriptions: usize,
+    /// Largest client message, assembled from continuation frames.
+    pub max_message_bytes: usize,
+}
+
+/// Who is connected, as the token said.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub user: Arc<str>,
+    pub device: Arc<str>,
+    pub session: String,
+    /// Room patterns from the token (empty: any room).
+    pub rooms: Vec<String>,
+}
+
+struct Subscription {
+    generation: u64,
+    /// Known once the room acknowledged the subscribe.
+    room: Option<Addr<RoomActor>>,
+    /// Live once the room's `Subscribed` arrived; events before it are dropped.
+    live: bool,
+}
+
+pub struct Connection {
+    id: ConnId,
+    identity: Identity,
+    settings: Arc<ConnectionSettings>,
+    rooms: Rooms,
+    registry: Addr<Registry>,
+    subscriptions: HashMap<Arc<str>, Subscription>,
+    next_generation: u64,
+    outbox: Vec<Arc<str>>,
+    outbox_bytes: usize,
+    batch: BatchWindow,
+    last_heard: Instant,
+    fragments: Option<BytesMut>,
+}
+
+impl Connection {
+    pub fn new(id: ConnId, identity: Identity, settings: Arc<ConnectionSettings>, rooms: Rooms, registry: Addr<Registry>) -> Self {
+        let batch = BatchWindow::new(settings.batch_window);
+        Connection {
+            id,
+            identity,
+            settings,
+            rooms,
+            registry,
+            subscriptions: HashMap::new(),
+            next_generation: 0,
+            outbox: Vec::new(),
+            outbox_bytes: 0,
+            batch,
+            last_heard: Instant::now(),
+            fragments: None,
+        }
+    }
+
+    fn send_error(&self, ctx: &mut ws::WebsocketContext<Self>, reference: Option<i64>, code: ErrorCode, message: &str) {
+        ctx.text(protocol::error_frame(reference, code, message));
+    }
+
+    /// Write the outbox as `events` frames of bounded size.
+    fn flush_outbox(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        self.batch.on_sent();
+        let mut start = 0;
+        while start < self.outbox.len() {
+            let mut end = start;
+            let mut bytes = 0;
+            while end < self.outbox.len() && (end == start || bytes + self.outbox[end].len() < FRAME_TARGET_BYTES) {
+                bytes += self.outbox[end].len() + 1;
+                end += 1;
+            }
+            ctx.text(protocol::events_frame(self.outbox[start..end].iter().map(|e| &**e), bytes));
+            start = end;
+        }
+        self.outbox.clear();
+        self.outbox_bytes = 0;
+    }
+
+    fn enqueue(&mut self, events: &[Arc<str>], ctx: &mut ws::WebsocketContext<Self>) {
+        if events.is_empty() {
+            return;
+        }
+        self.outbox.extend(events.iter().cloned());
+        self.outbox_bytes += events.iter().map(|e| e.len()).sum::<usize>();
+        match self.batch.on_event(Instant::now()) {
+            BatchAction::SendNow => self.flush_outbox(ctx),
+            BatchAction::ArmTimer(at) => {
+                ctx.run_later(at.saturating_duration_since(Instant::now()), |conn, ctx| conn.flush_outbox(ctx));
+            }
+            BatchAction::Wait => {}
+        }
+    }
+
+    fn close(&mut self, ctx: &mut ws::WebsocketContext<Self>, code: u16, reason: &str) {
+        self.flush_outbox(ctx);
+        tracing::debug!(conn = self.id, user = %self.identity.user, code, reason, "closing connection");
+        ctx.close(Some(CloseReason { code: CloseCode::from(code), description: Some(reason.to_string()) }));
+        ctx.stop();
+    }
+
+    fn heartbeat(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        if self.last_heard.elapsed() >= self.settings.heartbeat * MISSED_HEARTBEATS {
+            self.close(ctx, close::HEARTBEAT_TIMEOUT, "heartbeat timeout");
+        } else {
+            ctx.ping(b"");
+        }
+    }
+
+    fn handle_text(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {
+        match protocol::parse_client_frame(text) {
+            Ok(request) => self.handle_request(request, ctx),
+            Err(e) => self.send_error(ctx, e.reference, e.code, &e.message),
+        }
+    }
+
+    fn handle_request(&mut self, request: ClientRequest, ctx: &mut ws::WebsocketContext<Self>) {
+        let reference = request.reference;
+        match request.op {
+            ClientOp::Ping => ctx.text(protocol::pong_frame(reference)),
+            ClientOp::Subscribe { room, since, epoch } => self.subscribe(room, since, epoch, reference, ctx),
+            ClientOp::Unsubscribe { room } => {
+                if names::check_room(&room).is_err() {
+                    return self.send_error(ctx, reference, ErrorCode::BadRoom, &names::NameError::BadRoom.to_string());
+                }
+                self.unsubscribe(&room);
+                ctx.text(protocol::unsubscribed_frame(&room, reference));
+            }
+            ClientOp::History { room, since, limit } => {
+                if let Err(code) = self.check_readable(&room) {
+                    return self.send_error(ctx, reference, code.0, &code.1);
+                }
+                let limit = limit.unwrap_or(HISTORY_DEFAULT_LIMIT).min(HISTORY_MAX_LIMIT);
+                let rooms = self.rooms.clone();
+                let fut = async move { rooms.history(&room, since, limit).await.map(|page| (room, page)) };
+                ctx.spawn(fut.into_actor(self).map(move |result, conn, ctx| match result {
+                    Ok((room, page)) => ctx.text(protocol::history_frame(
+                        &room,
+                        page.epoch.as_deref(),
+                        page.head,
+                        page.events.iter().map(|e| &**e),
+                        page.complete,
+                        reference,
+                    )),
+                    Err(e) => conn.send_error(ctx, reference, ErrorCode::Unavailable, &e.to_string()),
+                }));
+            }
+        }
+    }
+
+    fn check_readable(&self, room: &str) -> Result<(), (ErrorCode, String)> {
+        names::check_room(room).map_err(|e| (ErrorCode::BadRoom, e.to_string()))?;
+        if !names::may_read(&self.identity.user, &self.identity.rooms, room) {
+            return Err((ErrorCode::Forbidden, format!("this connection may not read room {room}")));
+        }
+        Ok(())
+    }
+
+    fn subscribe(
+        &mut self,
+        room: String,
+        since: Option<u64>,
+        epoch: Option<String>,
+        reference: Option<i64>,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
+        if let Err((code, message)) = self.check_readable(&room) {
+            return self.send_error(ctx, reference, code, &message);
+        }
+        let room: Arc<str> = room.into();
+        if self.subscriptions.contains_key(&room) {
+            self.unsubscribe(&room);
+        } else if self.subscriptions.len() >= self.settings.max_subscriptions {
+            let message = format!("at most {} subscriptions per connection", self.settings.max_subscriptions);
+            return self.send_error(ctx, reference, ErrorCode::TooManySubscriptions, &message);
+        }
+        self.next_generation += 1;
+        let generation = self.next_generation;
+        self.subscriptions.insert(room.clone(), Subscription { generation, room: None, live: false });
+        let (rooms, conn, to) = (self.rooms.clone(), self.id, ctx.address().recipient());
+        let name = room.clone();
+        let fut = async move { rooms.subscribe(&name, conn, to, since, epoch, reference, generation).await };
+        ctx.spawn(fut.into_actor(self).map(move |result, conn, ctx| {
+            let current = conn.subscriptions.get_mut(&room).filter(|s| s.generation == generation);
+            match (result, current) {
+                (Ok(addr), Some(sub)) => sub.room = Some(addr),
+                (Ok(addr), None) => addr.do_send(Unsubscribe { conn: conn.id }),
+                (Err(e), Some(_)) => {
+                    conn.subscriptions.remove(&room);
+                    conn.send_error(ctx, reference, ErrorCode::Unavailable, &e.to_string());
+                }
+                (Err(_), None) => {}
+            }
+        }));
+    }
+
+    fn unsubscribe(&mut self, room: &str) {
+        if let Some(Subscription { room: Some(addr), .. }) = self.subscriptions.remove(room) {
+            addr.do_send(Unsubscribe { conn: self.id });
+        }
+    }
+
+    fn on_message(&mut self, msg: ws::Message, ctx: &mut ws::WebsocketContext<Self>) {
+        match msg {
+            ws::Message::Text(text) => self.handle_text(&text, ctx),
+            ws::Message::Binary(_) => {
+                self.send_error(ctx, None, ErrorCode::BadRequest, "binary frames are not part of the protocol; send JSON text")
+            }
+            ws::Message::Continuation(item) => self.on_fragment(item, ctx),
+            ws::Message::Ping(payload) => ctx.pong(&payload),
+            ws::Message::Pong(_) | ws::Message::Nop => {}
+            ws::Message::Close(reason) => {
+                tracing::debug!(conn = self.id, ?reason, "client closed");
+                ctx.close(reason);
+                ctx.stop();
+            }
+        }
+    }
+
+    /// Assemble a fragmented message, capped at `max_message_bytes`.
+    fn on_fragment(&mut self, item: Item, ctx: &mut ws::WebsocketContext<Self>) {
+        let (first, last, chunk): (bool, bool, Bytes) = match item {
+            Item::FirstText(b) => (true, false, b),
+            Item::FirstBinary(_) => {
+                return self.close(ctx, close::UNSUPPORTED, "binary messages are not part of the protocol");
+            }
+            Item::Continue(b) => (false, false, b),
+            Item::Last(b) => (false, true, b),
+        };
+        if first {
+            self.fragments = Some(BytesMut::new());
+        }
+        let Some(buffer) = self.fragments.as_mut() else {
+            return self.close(ctx, close::PROTOCOL_ERROR, "continuation without a first frame");
+        };
+        if buffer.len() + chunk.len() > self.settings.max_message_bytes {
+            self.fragments = None;
+            return self.close(ctx, close::TOO_BIG, "message too big");
+        }
+        buffer.extend_from_slice(&chunk);
+        if last {
+            let message = self.fragments.take().unwrap_or_default();
+            match std::str::from_utf8(&message) {
+                Ok(text) => self.handle_text(text, ctx),
+                Err(_) => self.close(ctx, close::PROTOCOL_ERROR, "text message is not UTF-8"),
+            }
+        }
+    }
+}
+
+impl Actor for Connection {
+    type Context = ws::WebsocketContext<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let heartbeat_ms = self.settings.heartbeat.as_millis() as u64;
+        ctx.text(protocol::welcome_frame(&self.identity.session, &self.settings.node, heartbeat_ms, false));
+        self.registry.do_send(Register {
+            conn: self.id,
+            user: self.identity.user.clone(),
+            device: self.identity.device.clone(),
+            to: ctx.address().recipient(),
+        });
+        ctx.run_interval(self.settings.heartbeat, |conn, ctx| conn.heartbeat(ctx));
+        tracing::debug!(conn = self.id, user = %self.identity.user, device = %self.identity.device, "connected");
+    }
+
+    fn stopped(&mut self, _ctx: &mut Self::Context) {
+        for (_, sub) in self.subscriptions.drain() {
+            if let Some(addr) = sub.room {
+                addr.do_send(Unsubscribe { conn: self.id });
+            }
+        }
+        self.registry.do_send(Unregister { conn: self.id });
+        tracing::debug!(conn = self.id, user = %self.identity.user, "disconnected");
+    }
+}
+
+impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Connection {
+    fn handle(&mut self, item: Result<ws::Message, ws::ProtocolError>, ctx: &mut Self::Context) {
+        self.last_heard = Instant::now();
+        match item {
+            Ok(msg) => self.on_message(msg, ctx),
+            Err(ws::ProtocolError::Overflow) => self.close(ctx, close::TOO_BIG, "frame too big"),
+            Err(error) => {
+                tracing::debug!(conn = self.id, %error, "protocol error");
+                self.close(ctx, close::PROTOCOL_ERROR, "protocol error");
+            }
+        }
+    }
+
+    fn finished(&mut self, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}
+
+impl Handler<RoomUpdate> for Connection {
+    type Result = ();
+
+    fn handle(&mut self, update: RoomUpdate, ctx: &mut Self::Context) {
+        match update {
+            RoomUpdate::Subscribed { room, epoch, head, recovered, replay, reference, generation } => {
+                let Some(sub) = self.subscriptions.get_mut(&room).filter(|s| s.generation == generation) else {
+                    return;
+                };
+                sub.live = true;
+                ctx.text(protocol::subscribed_frame(&room, &epoch, head, recovered, reference));
+                if !replay.is_empty() {
+                    self.outbox.extend(replay);
+                    self.flush_outbox(ctx);
+                }
+            }
+            RoomUpdate::Events { room, events } => {
+                if self.subscriptions.get(&room).is_some_and(|s| s.live) {
+                    self.enqueue(&events, ctx);
+                }
+            }
+            RoomUpdate::Refused { room, reference, message, generation } => {
+                if self.subscriptions.get(&room).is_some_and(|s| s.generation == generation) {
+                    self.subscriptions.remove(&room);
+                    self.send_error(ctx, reference, ErrorCode::Unavailable, &message);
+                }
+            }
+        }
+    }
+}
+
+impl Handler<CloseConnection> for Connection {
+    type Result = ();
+
+    fn handle(&mut self, msg: CloseConnection, ctx: &mut Self::Context) {
+        self.close(ctx, msg.code, &msg.reason);
+    }
+}

@@ -1,0 +1,148 @@
+//! Every message between actors, with its reply type: this module is the API between
+//! connections, rooms and the registry.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use tokio::sync::oneshot;
+
+/// Process-unique id of one WebSocket connection.
+pub type ConnId = u64;
+
+/// The room actor stopped (evicted while idle) before handling the message: ask the
+/// rooms table again, which starts a fresh one from the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("room actor has stopped")]
+pub struct RoomGone;
+
+// ---- connection → room ----
+
+/// Add a subscriber. The room answers through `to` with [`RoomUpdate::Subscribed`]
+/// (carrying any replay) before it sends that subscriber any live events.
+#[derive(Message)]
+#[rtype(result = "Result<(), RoomGone>")]
+pub struct Subscribe {
+    pub conn: ConnId,
+    pub to: Recipient<RoomUpdate>,
+    /// Last seq the client saw; `None` subscribes live only.
+    pub since: Option<u64>,
+    pub epoch: Option<String>,
+    pub reference: Option<i64>,
+    /// The connection's counter for this subscription, echoed in the answer so a stale
+    /// answer (the client resubscribed meanwhile) is recognised.
+    pub generation: u64,
+}
+
+/// Remove a subscriber (no reply frame: the connection answers the client itself).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Unsubscribe {
+    pub conn: ConnId,
+}
+
+/// Read durable history after `since`.
+#[derive(Message)]
+#[rtype(result = "Result<HistoryPage, RoomGone>")]
+pub struct ReadHistory {
+    pub since: u64,
+    pub limit: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct HistoryPage {
+    /// `None` for a room that was never created.
+    pub epoch: Option<Arc<str>>,
+    pub head: u64,
+    /// Rendered events, oldest first.
+    pub events: Vec<Arc<str>>,
+    /// Whether `events` reach the head with nothing missing.
+    pub complete: bool,
+}
+
+// ---- http → room ----
+
+/// Append an event. The room answers on `reply` once the event is durable.
+#[derive(Message)]
+#[rtype(result = "Result<(), RoomGone>")]
+pub struct Publish {
+    pub id: Arc<str>,
+    /// The event's JSON text.
+    pub data: Arc<str>,
+    pub reply: oneshot::Sender<Result<Published, PublishFailed>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Published {
+    pub seq: u64,
+    pub epoch: Arc<str>,
+    pub duplicate: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PublishFailed {
+    #[error("the store could not take the event: {0}")]
+    Store(String),
+}
+
+// ---- room → connection ----
+
+/// What a room sends a subscriber, in order on one channel, so a replay always precedes
+/// the live events that follow it.
+#[derive(Message, Clone)]
+#[rtype(result = "()")]
+pub enum RoomUpdate {
+    Subscribed {
+        room: Arc<str>,
+        epoch: Arc<str>,
+        /// Durable head at the moment the subscriber was added.
+        head: u64,
+        /// `Some` when the subscribe named `since`.
+        recovered: Option<bool>,
+        replay: Vec<Arc<str>>,
+        reference: Option<i64>,
+        generation: u64,
+    },
+    /// Newly durable events, rendered once and shared by every subscriber.
+    Events { room: Arc<str>, events: Arc<[Arc<str>]> },
+    /// The room cannot serve (its stored state is unreadable); the subscription is void.
+    Refused { room: Arc<str>, reference: Option<i64>, message: String, generation: u64 },
+}
+
+// ---- anyone → connection ----
+
+/// Close a connection with a WebSocket close code.
+#[derive(Message, Clone)]
+#[rtype(result = "()")]
+pub struct CloseConnection {
+    pub code: u16,
+    pub reason: String,
+}
+
+// ---- connection ↔ registry ----
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Register {
+    pub conn: ConnId,
+    pub user: Arc<str>,
+    pub device: Arc<str>,
+    pub to: Recipient<CloseConnection>,
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Unregister {
+    pub conn: ConnId,
+}
+
+/// Close every connection; replies with how many were asked to close.
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct CloseAll {
+    pub close: CloseConnection,
+}
+
+/// How many connections are registered.
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct CountConnections;

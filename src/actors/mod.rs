@@ -1,0 +1,8 @@
+//! The actors: thin shells that own state, pass `now` into the pure core and carry out
+//! what it decides. They talk only through the message types in [`messages`].
+
+pub mod connection;
+pub mod messages;
+pub mod registry;
+pub mod room;
+pub mod rooms;

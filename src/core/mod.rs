@@ -1,0 +1,8 @@
+//! The pure core: decisions without I/O. Nothing here imports actix, sled or serde_json,
+//! and nothing reads the clock: time is always a parameter. Actors call into it with `now`
+//! and carry out what it returns.
+
+pub mod batch;
+pub mod names;
+pub mod seqlog;
+pub mod token;

@@ -1,0 +1,138 @@
+//! Validation of the names clients and backends send: rooms, users, devices, event ids,
+//! and the room patterns a token may carry.
+
+use thiserror::Error;
+
+/// Longest room name.
+pub const MAX_ROOM_LEN: usize = 128;
+/// Prefix of every user's inbox room.
+pub const INBOX_PREFIX: &str = "user:";
+/// Longest user id (so that `user:<id>` is still a valid room name).
+pub const MAX_USER_LEN: usize = MAX_ROOM_LEN - INBOX_PREFIX.len();
+/// Longest device name.
+pub const MAX_DEVICE_LEN: usize = 32;
+/// Longest event id.
+pub const MAX_EVENT_ID_LEN: usize = 128;
+
+#[derive(Debug, Error, PartialEq, Eq, Clone)]
+pub enum NameError {
+    #[error("room names are 1 to 128 characters of A-Z a-z 0-9 _ . : -")]
+    BadRoom,
+    #[error("user ids are 1 to 123 characters of A-Z a-z 0-9 _ . : - @")]
+    BadUser,
+    #[error("device names are 1 to 32 characters of A-Z a-z 0-9 _ . -")]
+    BadDevice,
+    #[error("event ids are 1 to 128 printable ASCII characters")]
+    BadEventId,
+}
+
+fn is_room_char(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b':' | b'-')
+}
+
+pub fn check_room(room: &str) -> Result<(), NameError> {
+    let ok = (1..=MAX_ROOM_LEN).contains(&room.len()) && room.bytes().all(is_room_char);
+    ok.then_some(()).ok_or(NameError::BadRoom)
+}
+
+pub fn check_user(user: &str) -> Result<(), NameError> {
+    let ok = (1..=MAX_USER_LEN).contains(&user.len())
+        && user.bytes().all(|c| is_room_char(c) || c == b'@');
+    ok.then_some(()).ok_or(NameError::BadUser)
+}
+
+pub fn check_device(device: &str) -> Result<(), NameError> {
+    let ok = (1..=MAX_DEVICE_LEN).contains(&device.len())
+        && device.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'));
+    ok.then_some(()).ok_or(NameError::BadDevice)
+}
+
+pub fn check_event_id(id: &str) -> Result<(), NameError> {
+    let ok = (1..=MAX_EVENT_ID_LEN).contains(&id.len()) && id.bytes().all(|c| c.is_ascii_graphic());
+    ok.then_some(()).ok_or(NameError::BadEventId)
+}
+
+/// The inbox room of a user: `user:<id>`.
+pub fn inbox_room(user: &str) -> String {
+    format!("{INBOX_PREFIX}{user}")
+}
+
+/// The user whose inbox `room` is, if it is an inbox room.
+pub fn inbox_owner(room: &str) -> Option<&str> {
+    room.strip_prefix(INBOX_PREFIX)
+}
+
+/// Whether a connection of `user`, whose token allows `patterns` (empty: any room), may
+/// read `room`. Another user's inbox is never allowed; the own inbox always is. A pattern
+/// is an exact name or a prefix followed by `*`.
+pub fn may_read(user: &str, patterns: &[String], room: &str) -> bool {
+    if let Some(owner) = inbox_owner(room) {
+        return owner == user;
+    }
+    patterns.is_empty()
+        || patterns.iter().any(|p| match p.strip_suffix('*') {
+            Some(prefix) => room.starts_with(prefix),
+            None => p == room,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn room_names() {
+        let long = "a".repeat(129);
+        let max = "a".repeat(128);
+        let cases: &[(&str, bool)] = &[
+            ("match:1", true),
+            ("a", true),
+            ("A-z_0.9:x", true),
+            (&max, true),
+            ("", false),
+            (&long, false),
+            ("with space", false),
+            ("slash/room", false),
+            ("ünïcode", false),
+            ("nul\0", false),
+            ("star*", false),
+        ];
+        for (room, ok) in cases {
+            assert_eq!(check_room(room).is_ok(), *ok, "room {room:?}");
+        }
+    }
+
+    #[test]
+    fn users_devices_ids() {
+        assert!(check_user("alice@example.com").is_ok());
+        assert_eq!(check_user(""), Err(NameError::BadUser));
+        assert_eq!(check_user(&"u".repeat(124)), Err(NameError::BadUser));
+        assert!(check_room(&inbox_room(&"u".repeat(123))).is_ok());
+        assert!(check_device("phone").is_ok());
+        assert_eq!(check_device("ph:one"), Err(NameError::BadDevice));
+        assert_eq!(check_device(&"d".repeat(33)), Err(NameError::BadDevice));
+        assert!(check_event_id("e-9").is_ok());
+        assert_eq!(check_event_id("has space"), Err(NameError::BadEventId));
+        assert_eq!(check_event_id(""), Err(NameError::BadEventId));
+    }
+
+    #[test]
+    fn read_permissions() {
+        let none: Vec<String> = vec![];
+        let matches = vec!["match:*".to_string(), "lobby".to_string()];
+        let cases: &[(&str, &[String], &str, bool)] = &[
+            ("u1", &none, "match:1", true),
+            ("u1", &none, "user:u1", true),
+            ("u1", &none, "user:u2", false),
+            ("u1", &matches, "match:7", true),
+            ("u1", &matches, "lobby", true),
+            ("u1", &matches, "lobby2", false),
+            ("u1", &matches, "chat:1", false),
+            ("u1", &matches, "user:u1", true),
+            ("u1", &matches, "user:u2", false),
+        ];
+        for (user, patterns, room, ok) in cases {
+            assert_eq!(may_read(user, patterns, room), *ok, "{user} {patterns:?} {room}");
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! Thin actix-web handlers: parse, authorise, send one actor message, map the reply to
+//! HTTP. Error bodies are `{"error":{"code","message"}}` with a fitting status.
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use actix::Addr;
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
+use actix_web_actors::ws;
+use futures_util::StreamExt;
+use serde::Deserialize;
+
+use crate::actors::connection::{Connection, ConnectionSettings, Identity, HISTORY_DEFAULT_LIMIT, HISTORY_MAX_LIMIT};
+use crate::actors::registry::Registry;
+use crate::actors::room::now_ms;
+use crate::actors::rooms::{RoomError, Rooms};
+use crate::config::Config;
+use crate::core::{names, token};
+use crate::protocol::{self, ErrorCode, PublishReply, TokenReply};
+use crate::store::Store;
+
+/// Bytes a publish body may carry beyond `max_event_bytes` (id, field names).
+const PUBLISH_BODY_OVERHEAD: usize = 1024;
+/// Largest body of any other request.
+const SMALL_BODY_LIMIT: usize = 16 * 1024;
+
+/// Where the node is in its life; `/readyz` and the upgrade handler read it.
+#[derive(Debug, Default)]
+pub struct Lifecycle(AtomicU8);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Starting = 0,
+    Ready = 1,
+    Draining = 2,
+}
+
+impl Lifecycle {
+    pub fn set(&self, phase: Phase) {
+        self.0.store(phase as u8, Ordering::SeqCst);
+    }
+    pub fn phase(&self) -> Phase {
+        match self.0.load(Ordering::SeqCst) {
+            0 => Phase::Starting,
+            1 => Phase::Ready,
+            _ => Phase::Draining,
+        }
+    }
+}
+
+/// Everything a handler needs, shared by all workers.
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub api_key: String,
+    pub store: Store,
+    pub rooms: Rooms,
+    pub registry: Addr<Registry>,
+    pub token_secret: Vec<u8>,
+    pub connection: Arc<ConnectionSettings>,
+    pub lifecycle: Arc<Lifecycle>,
+    pub next_conn: AtomicU64,
+}
+
+/// An error answered as JSON.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    status: StatusCode,
+    code: ErrorCode,
+    message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
+        ApiError { status, code, message: message.into() }
+    }
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, message)
+    }
+    fn unauthorized(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, code, message)
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.status
+    }
+    fn error_response(&self) -> HttpResponse {
+        HttpResponse::build(self.status)
+            .content_type("application/json")
+            .body(protocol::error_body(self.code, &self.message))
+    }
+}
+
+impl From<RoomError> for ApiError {
+    fn from(e: RoomError) -> Self {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, e.to_string())
+    }
+}
+
+fn json(status: StatusCode, body: String) -> HttpResponse {
+    HttpResponse::build(status).content_type("application/json").body(body)
+}
+
+/// Register every route on an app.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.app_data(web::QueryConfig::default().error_handler(|err, _req| ApiError::bad_request(err.to_string()).into()))
+        .app_data(web::PathConfig::default().error_handler(|err, _req| ApiError::bad_request(err.to_string()).into()))
+        .route("/v1/tokens", web::post().to(mint_token))
+        .route("/v1/rooms/{room}/events", web::post().to(publish))
+        .route("/v1/rooms/{room}/events", web::get().to(read_history))
+        .route("/v1/ws", web::get().to(upgrade))
+        .route("/healthz", web::get().to(healthz))
+        .route("/readyz", web::get().to(readyz))
+        .default_service(web::to(not_found));
+}
+
+async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    Err(ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, format!("no route for {} {}", req.method(), req.path())))
+}
+
+/// Check `Authorization: Bearer <api_key>`, comparing in constant time.
+fn authorize(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
+    let presented = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| ApiError::unauthorized(ErrorCode::Unauthorized, "missing Authorization: Bearer <api_key>"))?;
+    let expected = state.api_key.as_bytes();
+    let same = presented.len() == expected.len()
+        && presented.bytes().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+    if same {
+        Ok(())
+    } else {
+        Err(ApiError::unauthorized(ErrorCode::Unauthorized, "invalid API key"))
+    }
+}
+
+async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::Bytes, ApiError> {
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("could not read body: {e}")))?;
+        if body.len() + chunk.len() > limit {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ErrorCode::PayloadTooLarge,
+                format!("body is larger than {limit} bytes"),
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    getrandom::getrandom(&mut buf).expect("the OS provides randomness");
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn check_room(room: &str) -> Result<(), ApiError> {
+    names::check_room(room).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadRoom, e.to_string()))
+}
+
+async fn mint_token(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let body = read_body(payload, SMALL_BODY_LIMIT).await?;
+    let request = protocol::parse_token_request(&body).map_err(ApiError::bad_request)?;
+    names::check_user(&request.user).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    names::check_device(&request.device).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let max_ttl = state.config.token_ttl_max_secs;
+    if request.ttl_secs == 0 || request.ttl_secs > max_ttl {
+        return Err(ApiError::bad_request(format!("ttl_secs must be between 1 and {max_ttl}")));
+    }
+    for pattern in &request.rooms {
+        names::check_room(pattern.strip_suffix('*').filter(|p| !p.is_empty()).unwrap_or(pattern))
+            .map_err(|_| ApiError::bad_request(format!("room pattern {pattern:?} is not a room name, optionally ending in *")))?;
+    }
+    let mut nonce = [0u8; 16];
+    getrandom::getrandom(&mut nonce).expect("the OS provides randomness");
+    let expires_at_ms = now_ms() + request.ttl_secs * 1000;
+    let claims = token::Claims { user: request.user, device: request.device, expires_at_ms, nonce, rooms: request.rooms };
+    let reply = TokenReply { token: token::sign(&state.token_secret, &claims), expires_at_ms };
+    Ok(json(StatusCode::CREATED, protocol::to_json(&reply)))
+}
+
+async fn publish(
+    req: HttpRequest,
+    room: web::Path<String>,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let room = room.into_inner();
+    check_room(&room)?;
+    let max = state.config.max_event_bytes;
+    let body = read_body(payload, max + PUBLISH_BODY_OVERHEAD).await?;
+    let request = protocol::parse_publish_request(&body).map_err(ApiError::bad_request)?;
+    if request.data.get().len() > max {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::PayloadTooLarge,
+            format!("event data is larger than max_event_bytes ({max})"),
+        ));
+    }
+    let id = match request.id {
+        Some(id) => {
+            names::check_event_id(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
+            id
+        }
+        None => format!("lg-{}", random_hex(12)),
+    };
+    let published = state.rooms.publish(&room, id.into(), request.data.get().into()).await?;
+    let status = if published.duplicate { StatusCode::OK } else { StatusCode::CREATED };
+    let reply = PublishReply { room, seq: published.seq, epoch: published.epoch.to_string(), duplicate: published.duplicate };
+    Ok(json(status, protocol::to_json(&reply)))
+}
+
+#[derive(Deserialize)]
+struct HistoryQuery {
+    #[serde(default)]
+    since: u64,
+    limit: Option<usize>,
+}
+
+async fn read_history(
+    req: HttpRequest,
+    room: web::Path<String>,
+    query: web::Query<HistoryQuery>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let room = room.into_inner();
+    check_room(&room)?;
+    let limit = query.limit.unwrap_or(HISTORY_DEFAULT_LIMIT).min(HISTORY_MAX_LIMIT);
+    let page = state.rooms.history(&room, query.since, limit).await?;
+    let body = protocol::history_body(&room, page.epoch.as_deref(), page.head, page.events.iter().map(|e| &**e));
+    Ok(json(StatusCode::OK, body))
+}
+
+#[derive(Deserialize)]
+struct UpgradeQuery {
+    token: Option<String>,
+    #[allow(dead_code)]
+    session: Option<String>,
+}
+
+/// The WebSocket upgrade: the token is verified and spent before anything is upgraded.
+async fn upgrade(
+    req: HttpRequest,
+    stream: web::Payload,
+    query: web::Query<UpgradeQuery>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    if state.lifecycle.phase() != Phase::Ready {
+        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, "node is not accepting connections"));
+    }
+    // A request that is not an upgrade must not spend a token.
+    ws::handshake(&req).map_err(|e| ApiError::bad_request(format!("not a WebSocket upgrade: {e}")))?;
+    let token = query
+        .token
+        .as_deref()
+        .ok_or_else(|| ApiError::unauthorized(ErrorCode::MissingToken, "missing token query parameter"))?;
+    let claims = token::verify(&state.token_secret, token, now_ms()).map_err(|e| {
+        let code = match e {
+            token::TokenError::Expired => ErrorCode::TokenExpired,
+            token::TokenError::Malformed | token::TokenError::BadSignature => ErrorCode::InvalidToken,
+        };
+        ApiError::unauthorized(code, e.to_string())
+    })?;
+    let fresh = state.store.use_nonce(&claims.nonce, claims.expires_at_ms).map_err(internal)?;
+    if !fresh {
+        return Err(ApiError::unauthorized(ErrorCode::TokenReplayed, "token was already used"));
+    }
+    // The nonce must survive a crash, or a restart would reopen a replay window.
+    state.store.flush_soon().await.map_err(internal)?;
+    let identity = Identity {
+        user: claims.user.into(),
+        device: claims.device.into(),
+        session: random_hex(12),
+        rooms: claims.rooms,
+    };
+    let id = state.next_conn.fetch_add(1, Ordering::Relaxed);
+    let connection = Connection::new(id, identity, state.connection.clone(), state.rooms.clone(), state.registry.clone());
+    ws::WsResponseBuilder::new(connection, &req, stream)
+        .frame_size(state.connection.max_message_bytes)
+        .start()
+        .map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    tracing::error!(error = %e, "internal error");
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, "internal error; see the server log")
+}
+
+async fn healthz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    state.store.size_on_disk().map_err(internal)?;
+    Ok(json(StatusCode::OK, r#"{"status":"ok"}"#.into()))
+}
+
+async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+    match state.lifecycle.phase() {
+        Phase::Ready => json(StatusCode::OK, r#"{"status":"ready"}"#.into()),
+        Phase::Starting => json(StatusCode::SERVICE_UNAVAILABLE, protocol::error_body(ErrorCode::Unavailable, "starting")),
+        Phase::Draining => json(StatusCode::SERVICE_UNAVAILABLE, protocol::error_body(ErrorCode::Unavailable, "draining")),
+    }
+}

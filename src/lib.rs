@@ -1,0 +1,21 @@
+//! livegate: a real-time push gateway in one binary.
+//!
+//! # Layout
+//!
+//! - [`core`]: pure decisions (sequence log, batching window, tokens, names); no I/O, no clock.
+//! - [`store`]: the embedded sled store; the only module that touches sled.
+//! - [`protocol`]: the JSON wire format; the only module that knows JSON.
+//! - [`actors`]: connection, room and registry actors and the messages between them.
+//! - [`http`]: thin actix-web handlers for `/v1/*`, health and the WebSocket upgrade.
+//! - [`server`]: `run(listener, config, shutdown)` wires it all together.
+//! - [`config`]: typed configuration from file, environment and flags.
+//! - [`cli`]: the command-line front end (`serve`, `token`, `publish`, `subscribe`).
+
+pub mod actors;
+pub mod cli;
+pub mod config;
+pub mod core;
+pub mod http;
+pub mod protocol;
+pub mod server;
+pub mod store;

@@ -1,0 +1,377 @@
+//! The JSON wire format, and the only module that knows it: client frames parsed into
+//! typed requests, server frames rendered from plain values, HTTP request and reply bodies.
+//! An event is rendered once, when it is published, and the rendered text is shared by
+//! every subscriber's outbox and by history replies.
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+/// Error codes sent in `error` frames and HTTP error bodies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    BadRequest,
+    UnknownOp,
+    BadRoom,
+    Forbidden,
+    TooManySubscriptions,
+    PayloadTooLarge,
+    Unauthorized,
+    MissingToken,
+    InvalidToken,
+    TokenExpired,
+    TokenReplayed,
+    NotFound,
+    Unavailable,
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::UnknownOp => "unknown_op",
+            ErrorCode::BadRoom => "bad_room",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::TooManySubscriptions => "too_many_subscriptions",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::MissingToken => "missing_token",
+            ErrorCode::InvalidToken => "invalid_token",
+            ErrorCode::TokenExpired => "token_expired",
+            ErrorCode::TokenReplayed => "token_replayed",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::Unavailable => "unavailable",
+            ErrorCode::Internal => "internal",
+        }
+    }
+}
+
+/// A request from a client, after parsing. `reference` is the client's `ref`, echoed back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientRequest {
+    pub reference: Option<i64>,
+    pub op: ClientOp,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClientOp {
+    Subscribe { room: String, since: Option<u64>, epoch: Option<String> },
+    Unsubscribe { room: String },
+    History { room: String, since: u64, limit: Option<usize> },
+    Ping,
+}
+
+/// Why a client frame could not be parsed; carries the `ref` when it could be read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FrameError {
+    pub reference: Option<i64>,
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubscribeFields {
+    room: String,
+    since: Option<u64>,
+    epoch: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RoomField {
+    room: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryFields {
+    room: String,
+    #[serde(default)]
+    since: u64,
+    limit: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoFields {}
+
+/// Parse one client text frame.
+pub fn parse_client_frame(text: &str) -> Result<ClientRequest, FrameError> {
+    let fail = |reference, code, message: String| FrameError { reference, code, message };
+    let mut fields: Map<String, Value> = serde_json::from_str(text)
+        .map_err(|e| fail(None, ErrorCode::BadRequest, format!("frame is not a JSON object: {e}")))?;
+    let reference = match fields.remove("ref") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) if n.is_i64() => n.as_i64(),
+        Some(_) => return Err(fail(None, ErrorCode::BadRequest, "ref must be an integer".into())),
+    };
+    let op = match fields.remove("op") {
+        Some(Value::String(op)) => op,
+        _ => return Err(fail(reference, ErrorCode::BadRequest, "missing string field op".into())),
+    };
+    let rest = Value::Object(fields);
+    let bad = |e: serde_json::Error| fail(reference, ErrorCode::BadRequest, format!("{op}: {e}"));
+    let op = match op.as_str() {
+        "subscribe" => {
+            let f: SubscribeFields = serde_json::from_value(rest).map_err(bad)?;
+            ClientOp::Subscribe { room: f.room, since: f.since, epoch: f.epoch }
+        }
+        "unsubscribe" => {
+            let f: RoomField = serde_json::from_value(rest).map_err(bad)?;
+            ClientOp::Unsubscribe { room: f.room }
+        }
+        "history" => {
+            let f: HistoryFields = serde_json::from_value(rest).map_err(bad)?;
+            ClientOp::History { room: f.room, since: f.since, limit: f.limit }
+        }
+        "ping" => {
+            let _: NoFields = serde_json::from_value(rest).map_err(bad)?;
+            ClientOp::Ping
+        }
+        other => {
+            return Err(fail(reference, ErrorCode::UnknownOp, format!("unknown op {other:?}")));
+        }
+    };
+    Ok(ClientRequest { reference, op })
+}
+
+fn json_str(s: &str) -> String {
+    serde_json::to_string(s).expect("strings always serialise")
+}
+
+fn with_ref(mut frame: Map<String, Value>, reference: Option<i64>) -> String {
+    if let Some(r) = reference {
+        frame.insert("ref".into(), r.into());
+    }
+    Value::Object(frame).to_string()
+}
+
+fn object(pairs: Vec<(&str, Value)>) -> Map<String, Value> {
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+/// One event as it appears in `events` frames and history replies. `data` is JSON text.
+pub fn render_event(room: &str, seq: u64, id: &str, ts_ms: u64, data: &str) -> String {
+    format!(
+        r#"{{"room":{},"seq":{seq},"id":{},"ts_ms":{ts_ms},"data":{data}}}"#,
+        json_str(room),
+        json_str(id)
+    )
+}
+
+fn join_events<'a>(out: &mut String, events: impl IntoIterator<Item = &'a str>) {
+    out.push('[');
+    for (i, event) in events.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(event);
+    }
+    out.push(']');
+}
+
+/// The `events` frame carrying already-rendered events.
+pub fn events_frame<'a>(events: impl IntoIterator<Item = &'a str>, capacity: usize) -> String {
+    let mut out = String::with_capacity(capacity + 32);
+    out.push_str(r#"{"op":"events","events":"#);
+    join_events(&mut out, events);
+    out.push('}');
+    out
+}
+
+pub fn welcome_frame(session: &str, node: &str, heartbeat_ms: u64, warmup: bool) -> String {
+    Value::Object(object(vec![
+        ("op", "welcome".into()),
+        ("session", session.into()),
+        ("node", node.into()),
+        ("heartbeat_ms", heartbeat_ms.into()),
+        ("warmup", warmup.into()),
+    ]))
+    .to_string()
+}
+
+pub fn subscribed_frame(room: &str, epoch: &str, seq: u64, recovered: Option<bool>, reference: Option<i64>) -> String {
+    let mut frame = object(vec![
+        ("op", "subscribed".into()),
+        ("room", room.into()),
+        ("epoch", epoch.into()),
+        ("seq", seq.into()),
+    ]);
+    if let Some(recovered) = recovered {
+        frame.insert("recovered".into(), recovered.into());
+    }
+    with_ref(frame, reference)
+}
+
+pub fn unsubscribed_frame(room: &str, reference: Option<i64>) -> String {
+    with_ref(object(vec![("op", "unsubscribed".into()), ("room", room.into())]), reference)
+}
+
+pub fn pong_frame(reference: Option<i64>) -> String {
+    with_ref(object(vec![("op", "pong".into())]), reference)
+}
+
+pub fn error_frame(reference: Option<i64>, code: ErrorCode, message: &str) -> String {
+    with_ref(
+        object(vec![("op", "error".into()), ("code", code.as_str().into()), ("message", message.into())]),
+        reference,
+    )
+}
+
+/// The `history` reply frame; `events` are rendered events.
+pub fn history_frame<'a>(
+    room: &str,
+    epoch: Option<&str>,
+    head: u64,
+    events: impl IntoIterator<Item = &'a str>,
+    complete: bool,
+    reference: Option<i64>,
+) -> String {
+    let mut out = String::with_capacity(256);
+    out.push_str(r#"{"op":"history","room":"#);
+    out.push_str(&json_str(room));
+    out.push_str(r#","epoch":"#);
+    out.push_str(&epoch.map_or_else(|| "null".to_string(), json_str));
+    out.push_str(&format!(r#","head":{head},"complete":{complete}"#));
+    if let Some(r) = reference {
+        out.push_str(&format!(r#","ref":{r}"#));
+    }
+    out.push_str(r#","events":"#);
+    join_events(&mut out, events);
+    out.push('}');
+    out
+}
+
+// ---- HTTP bodies ----
+
+/// `POST /v1/tokens`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRequest {
+    pub user: String,
+    #[serde(default = "default_device")]
+    pub device: String,
+    #[serde(default = "default_token_ttl")]
+    pub ttl_secs: u64,
+    #[serde(default)]
+    pub rooms: Vec<String>,
+}
+
+fn default_device() -> String {
+    "web".into()
+}
+
+fn default_token_ttl() -> u64 {
+    60
+}
+
+#[derive(Debug, Serialize)]
+pub struct TokenReply {
+    pub token: String,
+    pub expires_at_ms: u64,
+}
+
+/// `POST /v1/rooms/{room}/events`; `data` is kept as the JSON text that was sent.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublishRequest {
+    pub id: Option<String>,
+    pub data: Box<RawValue>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PublishReply {
+    pub room: String,
+    pub seq: u64,
+    pub epoch: String,
+    pub duplicate: bool,
+}
+
+/// The body of `GET /v1/rooms/{room}/events`; `events` are rendered events.
+pub fn history_body<'a>(room: &str, epoch: Option<&str>, head: u64, events: impl IntoIterator<Item = &'a str>) -> String {
+    let mut out = String::with_capacity(256);
+    out.push_str(r#"{"room":"#);
+    out.push_str(&json_str(room));
+    out.push_str(r#","epoch":"#);
+    out.push_str(&epoch.map_or_else(|| "null".to_string(), json_str));
+    out.push_str(&format!(r#","head":{head},"events":"#));
+    join_events(&mut out, events);
+    out.push('}');
+    out
+}
+
+/// `{"error":{"code","message"}}`
+pub fn error_body(code: ErrorCode, message: &str) -> String {
+    serde_json::json!({"error": {"code": code.as_str(), "message": message}}).to_string()
+}
+
+pub fn parse_token_request(body: &[u8]) -> Result<TokenRequest, String> {
+    serde_json::from_slice(body).map_err(|e| e.to_string())
+}
+
+pub fn parse_publish_request(body: &[u8]) -> Result<PublishRequest, String> {
+    serde_json::from_slice(body).map_err(|e| e.to_string())
+}
+
+pub fn to_json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("reply bodies always serialise")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(text: &str, expected: Result<ClientRequest, (Option<i64>, ErrorCode)>) {
+        let got = parse_client_frame(text).map_err(|e| (e.reference, e.code));
+        assert_eq!(got, expected, "frame {text}");
+    }
+
+    fn req(reference: Option<i64>, op: ClientOp) -> Result<ClientRequest, (Option<i64>, ErrorCode)> {
+        Ok(ClientRequest { reference, op })
+    }
+
+    #[test]
+    fn client_frames() {
+        let room = || "match:1".to_string();
+        check(r#"{"op":"ping"}"#, req(None, ClientOp::Ping));
+        check(r#"{"op":"ping","ref":7}"#, req(Some(7), ClientOp::Ping));
+        check(
+            r#"{"op":"subscribe","room":"match:1"}"#,
+            req(None, ClientOp::Subscribe { room: room(), since: None, epoch: None }),
+        );
+        check(
+            r#"{"op":"subscribe","room":"match:1","since":42,"epoch":"E","ref":1}"#,
+            req(Some(1), ClientOp::Subscribe { room: room(), since: Some(42), epoch: Some("E".into()) }),
+        );
+        check(r#"{"op":"unsubscribe","room":"match:1"}"#, req(None, ClientOp::Unsubscribe { room: room() }));
+        check(
+            r#"{"op":"history","room":"match:1","since":40,"limit":100}"#,
+            req(None, ClientOp::History { room: room(), since: 40, limit: Some(100) }),
+        );
+        check("not json", Err((None, ErrorCode::BadRequest)));
+        check("[1,2]", Err((None, ErrorCode::BadRequest)));
+        check(r#"{"room":"x"}"#, Err((None, ErrorCode::BadRequest)));
+        check(r#"{"op":"dance","ref":3}"#, Err((Some(3), ErrorCode::UnknownOp)));
+        check(r#"{"op":"subscribe","ref":4}"#, Err((Some(4), ErrorCode::BadRequest)));
+        check(r#"{"op":"subscribe","room":"r","since":-1}"#, Err((None, ErrorCode::BadRequest)));
+        check(r#"{"op":"subscribe","room":"r","extra":1}"#, Err((None, ErrorCode::BadRequest)));
+        check(r#"{"op":"ping","ref":"x"}"#, Err((None, ErrorCode::BadRequest)));
+    }
+
+    #[test]
+    fn server_frames_are_valid_json() {
+        let event = render_event("r\"1", 3, "id\n", 5, r#"{"k":[1,2]}"#);
+        let frame = events_frame([event.as_str(), event.as_str()], 0);
+        let parsed: Value = serde_json::from_str(&frame).unwrap();
+        assert_eq!(parsed["events"][1]["room"], "r\"1");
+        assert_eq!(parsed["events"][0]["data"]["k"][1], 2);
+        let history: Value = serde_json::from_str(&history_frame("r", None, 0, [], true, Some(2))).unwrap();
+        assert_eq!((history["epoch"].clone(), history["ref"].clone()), (Value::Null, Value::from(2)));
+        let sub: Value = serde_json::from_str(&subscribed_frame("r", "E", 4, Some(false), None)).unwrap();
+        assert_eq!(sub["recovered"], false);
+        let body: Value = serde_json::from_str(&history_body("r", Some("E"), 1, [event.as_str()])).unwrap();
+        assert_eq!(body["events"][0]["seq"], 3);
+    }
+}

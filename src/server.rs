@@ -1,0 +1,141 @@
+//! `run(listener, config, shutdown)`: opens the store, starts the actors and the HTTP
+//! server on the given listener, and on `shutdown` closes every connection with 1012
+//! (reconnect now), stops the rooms and flushes the store before returning. `main` and the
+//! tests call the same function; the caller owns the listener and the shutdown signal.
+
+use std::future::Future;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::Actor;
+use actix_web::{web, App, HttpServer};
+use futures_util::future::{select, Either};
+use thiserror::Error;
+
+use crate::actors::connection::{close, ConnectionSettings};
+use crate::actors::messages::{CloseAll, CloseConnection, CountConnections};
+use crate::actors::registry::Registry;
+use crate::actors::room::{now_ms, RoomSettings};
+use crate::actors::rooms::Rooms;
+use crate::config::{Config, ConfigError};
+use crate::core::seqlog::Retention;
+use crate::http::{self, AppState, Lifecycle, Phase};
+use crate::store::{Store, StoreError};
+
+/// Largest client WebSocket message (frame or assembled fragments).
+const MAX_CLIENT_MESSAGE_BYTES: usize = 64 * 1024;
+/// How long shutdown waits for clients to close after being told to.
+const CLOSE_WAIT: Duration = Duration::from_secs(3);
+/// How often expired token nonces are forgotten.
+const NONCE_PURGE_EVERY: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("server I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn room_settings(config: &Config) -> RoomSettings {
+    RoomSettings {
+        retention: Retention { max_events: config.history_size, max_age_ms: config.history_ttl_secs * 1000 },
+        recovery_max_events: config.recovery_max_events,
+        idle_stop: Duration::from_secs(120),
+        tick: Duration::from_secs(10),
+    }
+}
+
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
+/// Serve on `listener` until `shutdown` resolves. Must run inside an actix system.
+pub async fn run(
+    listener: std::net::TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + 'static,
+) -> Result<(), ServerError> {
+    config.validate()?;
+    let api_key = config.resolve_api_key()?.key;
+    let store = Store::open(&config.data_dir)?;
+    let token_secret = store.secret("token")?;
+    let rooms = Rooms::start(store.clone(), room_settings(&config), threads());
+    let registry = Registry::default().start();
+    let lifecycle = Arc::new(Lifecycle::default());
+    let connection = Arc::new(ConnectionSettings {
+        node: config.node.clone(),
+        heartbeat: Duration::from_secs(config.heartbeat_secs),
+        batch_window: Duration::from_millis(config.batch_window_ms),
+        max_subscriptions: config.max_subscriptions,
+        max_message_bytes: MAX_CLIENT_MESSAGE_BYTES,
+    });
+    let local = listener.local_addr()?;
+    let state = web::Data::new(AppState {
+        config: Arc::new(config),
+        api_key,
+        store: store.clone(),
+        rooms: rooms.clone(),
+        registry: registry.clone(),
+        token_secret,
+        connection,
+        lifecycle: lifecycle.clone(),
+        next_conn: AtomicU64::new(1),
+    });
+
+    let app_state = state.clone();
+    let server = HttpServer::new(move || App::new().app_data(app_state.clone()).configure(http::configure))
+        .workers(threads())
+        .disable_signals()
+        .shutdown_timeout(2)
+        .listen(listener)?
+        .run();
+    let handle = server.handle();
+    let mut serving = actix_web::rt::spawn(server);
+    let purge_store = store.clone();
+    let purge = actix_web::rt::spawn(async move {
+        loop {
+            actix_web::rt::time::sleep(NONCE_PURGE_EVERY).await;
+            match purge_store.purge_nonces(now_ms()) {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(purged = n, "expired token nonces forgotten"),
+                Err(error) => tracing::warn!(%error, "could not purge token nonces"),
+            }
+        }
+    });
+    lifecycle.set(Phase::Ready);
+    tracing::info!(addr = %local, node = %state.config.node, data_dir = %state.config.data_dir.display(), "ready");
+
+    let shutdown = Box::pin(shutdown);
+    let server_result = match select(shutdown, &mut serving).await {
+        Either::Left(((), _)) => None,
+        Either::Right((result, _)) => Some(result),
+    };
+
+    lifecycle.set(Phase::Draining);
+    let started = Instant::now();
+    let told = registry
+        .send(CloseAll { close: CloseConnection { code: close::SERVICE_RESTART, reason: "server restarting".into() } })
+        .await
+        .unwrap_or(0);
+    while started.elapsed() < CLOSE_WAIT && registry.send(CountConnections).await.unwrap_or(0) > 0 {
+        actix_web::rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    tracing::info!(closed = told, elapsed_ms = started.elapsed().as_millis() as u64, "connections closed");
+    handle.stop(true).await;
+    if server_result.is_none() {
+        let _ = serving.await;
+    }
+    purge.abort();
+    rooms.shutdown();
+    drop(state);
+    store.flush()?;
+    tracing::info!("store flushed; stopped");
+    match server_result {
+        Some(Ok(Err(e))) => Err(e.into()),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,35 @@
+//! Key layouts. Numbers are big-endian so sled's byte order is numeric order; a room's
+//! keys share the prefix `room 0x00` (room names never contain 0x00).
+
+pub fn room_prefix(room: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(room.len() + 9);
+    key.extend_from_slice(room.as_bytes());
+    key.push(0);
+    key
+}
+
+pub fn event_key(room: &str, seq: u64) -> Vec<u8> {
+    let mut key = room_prefix(room);
+    key.extend_from_slice(&seq.to_be_bytes());
+    key
+}
+
+pub fn seq_of_event_key(key: &[u8]) -> Option<u64> {
+    let tail: [u8; 8] = key.get(key.len().checked_sub(8)?..)?.try_into().ok()?;
+    Some(u64::from_be_bytes(tail))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_keys_sort_by_room_then_seq() {
+        let mut keys = vec![event_key("a", 256), event_key("ab", 1), event_key("a", 2), event_key("a", 1)];
+        keys.sort();
+        assert_eq!(keys, vec![event_key("a", 1), event_key("a", 2), event_key("a", 256), event_key("ab", 1)]);
+        assert!(!event_key("ab", 1).starts_with(&room_prefix("a")));
+        assert_eq!(seq_of_event_key(&event_key("r", 42)), Some(42));
+        assert_eq!(seq_of_event_key(b"short"), None);
+    }
+}

@@ -1,0 +1,354 @@
+//! The embedded store: the only module that touches sled. Typed trees, big-endian keys,
+//! versioned records, a schema version checked at open, and group commit: publishers ask
+//! for a flush and one flusher thread turns every request that arrived meanwhile into a
+//! single `sled::Db::flush` (one fsync for many events).
+//!
+//! Trees: `meta` (schema version, token secret), `room_head` (room → epoch + head),
+//! `room_event` (room 0x00 seq → event), `token_nonce` (nonce → expiry).
+
+pub mod keys;
+pub mod records;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+use tokio::sync::oneshot;
+
+pub use records::{EventRecord, NonceRecord, RoomHeadRecord};
+
+/// Version of the tree layout; a store written by another layout is refused at open.
+pub const SCHEMA_VERSION: u32 = 1;
+/// How long `open` retries while another process (or a server instance being stopped)
+/// still holds the database lock.
+const LOCK_WAIT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("store I/O: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("corrupt record in tree {tree}: {why}")]
+    Corrupt { tree: &'static str, why: String },
+    #[error("store at {path} has schema version {found}; this build uses {expected}")]
+    Schema { path: PathBuf, found: u32, expected: u32 },
+    #[error("flush failed: {0}")]
+    Flush(String),
+    #[error("store is closed")]
+    Closed,
+}
+
+/// A room as stored: its head record and the newest events of its history, oldest first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredRoom {
+    pub head: RoomHeadRecord,
+    pub events: Vec<EventRecord>,
+}
+
+type FlushWaiter = oneshot::Sender<Result<(), String>>;
+
+/// Handle to the store; cheap to clone, all clones share one database.
+#[derive(Clone)]
+pub struct Store {
+    db: sled::Db,
+    room_head: sled::Tree,
+    room_event: sled::Tree,
+    token_nonce: sled::Tree,
+    meta: sled::Tree,
+    flusher: Arc<Flusher>,
+    stats: Arc<FlushStats>,
+}
+
+/// The group-commit thread. Dropped with the last `Store` handle: the request channel
+/// closes and the thread is joined, so the database is closed when the last handle is gone.
+struct Flusher {
+    requests: Option<mpsc::Sender<FlushWaiter>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        self.requests.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Counters of the group-commit flusher.
+#[derive(Debug, Default)]
+pub struct FlushStats {
+    pub flushes: AtomicU64,
+    pub requests: AtomicU64,
+}
+
+impl Store {
+    /// Open (or create) the store in `dir`, check its schema, start the flusher thread.
+    pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        std::fs::create_dir_all(dir).map_err(|e| StoreError::Sled(e.into()))?;
+        let path = dir.join("db");
+        let db = open_with_lock_wait(&path)?;
+        let meta = db.open_tree("meta")?;
+        match meta.get("schema_version")? {
+            None => {
+                meta.insert("schema_version", &SCHEMA_VERSION.to_be_bytes())?;
+            }
+            Some(found) => {
+                let found = u32::from_be_bytes(found.as_ref().try_into().map_err(|_| StoreError::Corrupt {
+                    tree: "meta",
+                    why: "schema_version is not 4 bytes".into(),
+                })?);
+                if found != SCHEMA_VERSION {
+                    return Err(StoreError::Schema { path, found, expected: SCHEMA_VERSION });
+                }
+            }
+        }
+        let (requests, receiver) = mpsc::channel();
+        let stats = Arc::new(FlushStats::default());
+        let thread = spawn_flusher(db.clone(), receiver, stats.clone())?;
+        let flusher = Arc::new(Flusher { requests: Some(requests), thread: Some(thread) });
+        Ok(Store {
+            room_head: db.open_tree("room_head")?,
+            room_event: db.open_tree("room_event")?,
+            token_nonce: db.open_tree("token_nonce")?,
+            meta,
+            db,
+            flusher,
+            stats,
+        })
+    }
+
+    /// A named secret of 32 random bytes, created on first use and kept for good.
+    pub fn secret(&self, name: &str) -> Result<Vec<u8>, StoreError> {
+        let key = format!("secret:{name}");
+        if let Some(existing) = self.meta.get(&key)? {
+            return Ok(existing.to_vec());
+        }
+        let mut fresh = [0u8; 32];
+        getrandom::getrandom(&mut fresh).map_err(|e| StoreError::Flush(format!("no randomness: {e}")))?;
+        // Two callers racing: the first insert wins and both read it back.
+        let _ = self.meta.compare_and_swap(&key, None as Option<&[u8]>, Some(&fresh[..]))?;
+        let stored = self.meta.get(&key)?.ok_or(StoreError::Closed)?;
+        self.db.flush()?;
+        Ok(stored.to_vec())
+    }
+
+    /// The room's head and its newest `max_events` events, or `None` for a room never created.
+    pub fn load_room(&self, room: &str, max_events: usize) -> Result<Option<StoredRoom>, StoreError> {
+        let Some(head_bytes) = self.room_head.get(room.as_bytes())? else {
+            return Ok(None);
+        };
+        let mut head: RoomHeadRecord = records::decode("room_head", &head_bytes)?;
+        let mut events = Vec::new();
+        for item in self.room_event.scan_prefix(keys::room_prefix(room)).rev().take(max_events) {
+            let (_, value) = item?;
+            events.push(records::decode::<EventRecord>("room_event", &value)?);
+        }
+        events.reverse();
+        // The event is written before the head: after a crash between the two, the
+        // event tree is ahead and right.
+        if let Some(last) = events.last() {
+            head.head = head.head.max(last.seq);
+        }
+        Ok(Some(StoredRoom { head, events }))
+    }
+
+    /// Record a new room with its epoch and head 0.
+    pub fn create_room(&self, room: &str, epoch: &str) -> Result<(), StoreError> {
+        let record = RoomHeadRecord { epoch: epoch.to_string(), head: 0 };
+        self.room_head.insert(room.as_bytes(), records::encode(&record))?;
+        Ok(())
+    }
+
+    /// Write an event and advance the room's head to it. Not durable until a flush.
+    pub fn append_event(&self, room: &str, epoch: &str, event: &EventRecord) -> Result<(), StoreError> {
+        self.room_event.insert(keys::event_key(room, event.seq), records::encode(event))?;
+        let head = RoomHeadRecord { epoch: epoch.to_string(), head: event.seq };
+        self.room_head.insert(room.as_bytes(), records::encode(&head))?;
+        Ok(())
+    }
+
+    /// Delete a room's events with seq below `first_kept`.
+    pub fn trim_events(&self, room: &str, first_kept: u64) -> Result<usize, StoreError> {
+        let mut removed = 0;
+        for item in self.room_event.range(keys::event_key(room, 0)..keys::event_key(room, first_kept)) {
+            let (key, _) = item?;
+            self.room_event.remove(key)?;
+            removed += 1;
+        }
+        Ok(removed)
+    }
+
+    /// Mark a token nonce used. `Ok(false)` when it was used before (a replay).
+    pub fn use_nonce(&self, nonce: &[u8; 16], expires_at_ms: u64) -> Result<bool, StoreError> {
+        let record = records::encode(&NonceRecord { expires_at_ms });
+        let swapped = self.token_nonce.compare_and_swap(nonce, None as Option<&[u8]>, Some(record))?;
+        Ok(swapped.is_ok())
+    }
+
+    /// Forget nonces of tokens that have expired anyway. Returns how many.
+    pub fn purge_nonces(&self, now_ms: u64) -> Result<usize, StoreError> {
+        let mut removed = 0;
+        for item in self.token_nonce.iter() {
+            let (key, value) = item?;
+            let record: NonceRecord = records::decode("token_nonce", &value)?;
+            if record.expires_at_ms <= now_ms {
+                self.token_nonce.remove(key)?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Ask for everything written so far to be made durable. Requests that arrive while
+    /// a flush runs are served together by the next one.
+    pub fn flush_soon(&self) -> impl std::future::Future<Output = Result<(), StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        let sent = self.flusher.requests.as_ref().is_some_and(|requests| requests.send(tx).is_ok());
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        async move {
+            if !sent {
+                return Err(StoreError::Closed);
+            }
+            match rx.await {
+                Ok(result) => result.map_err(StoreError::Flush),
+                Err(_) => Err(StoreError::Closed),
+            }
+        }
+    }
+
+    /// Flush now, blocking the caller.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        Ok(())
+    }
+
+    pub fn flush_stats(&self) -> &FlushStats {
+        &self.stats
+    }
+
+    /// Bytes the database occupies on disk.
+    pub fn size_on_disk(&self) -> Result<u64, StoreError> {
+        Ok(self.db.size_on_disk()?)
+    }
+}
+
+fn open_with_lock_wait(path: &Path) -> Result<sled::Db, StoreError> {
+    let started = Instant::now();
+    loop {
+        match sled::Config::new().path(path).open() {
+            Ok(db) => return Ok(db),
+            Err(sled::Error::Io(e)) if is_lock_error(&e) && started.elapsed() < LOCK_WAIT => {
+                tracing::info!(path = %path.display(), "store locked by another instance, waiting");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// sled reports a held lock as a custom error wrapping `WouldBlock`.
+fn is_lock_error(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("could not acquire lock")
+}
+
+fn spawn_flusher(
+    db: sled::Db,
+    requests: mpsc::Receiver<FlushWaiter>,
+    stats: Arc<FlushStats>,
+) -> Result<std::thread::JoinHandle<()>, StoreError> {
+    std::thread::Builder::new()
+        .name("livegate-flush".into())
+        .spawn(move || {
+            while let Ok(first) = requests.recv() {
+                let mut waiters = vec![first];
+                waiters.extend(requests.try_iter());
+                let result = db.flush().map(drop).map_err(|e| e.to_string());
+                stats.flushes.fetch_add(1, Ordering::Relaxed);
+                if let Err(error) = &result {
+                    tracing::error!(%error, waiters = waiters.len(), "store flush failed");
+                }
+                for waiter in waiters {
+                    let _ = waiter.send(result.clone());
+                }
+            }
+        })
+        .map_err(|e| StoreError::Sled(e.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(seq: u64) -> EventRecord {
+        EventRecord { seq, id: format!("e{seq}"), ts_ms: seq, data: "{}".into() }
+    }
+
+    #[test]
+    fn rooms_survive_reopen_with_head_epoch_and_history() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path()).unwrap();
+            assert_eq!(store.load_room("r", 10).unwrap(), None);
+            store.create_room("r", "E1").unwrap();
+            for seq in 1..=5 {
+                store.append_event("r", "E1", &event(seq)).unwrap();
+            }
+            store.append_event("r2", "E2", &event(1)).unwrap();
+            assert_eq!(store.trim_events("r", 3).unwrap(), 2);
+            store.flush().unwrap();
+        }
+        let store = Store::open(dir.path()).unwrap();
+        let room = store.load_room("r", 10).unwrap().unwrap();
+        assert_eq!(room.head, RoomHeadRecord { epoch: "E1".into(), head: 5 });
+        assert_eq!(room.events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![3, 4, 5]);
+        let newest = store.load_room("r", 2).unwrap().unwrap();
+        assert_eq!(newest.events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![4, 5]);
+    }
+
+    #[test]
+    fn nonces_are_single_use_and_purged_after_expiry() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        assert!(store.use_nonce(&[1; 16], 100).unwrap());
+        assert!(!store.use_nonce(&[1; 16], 100).unwrap());
+        assert!(store.use_nonce(&[2; 16], 300).unwrap());
+        assert_eq!(store.purge_nonces(200).unwrap(), 1);
+        assert!(!store.use_nonce(&[2; 16], 300).unwrap());
+    }
+
+    #[test]
+    fn secret_is_stable_across_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = Store::open(dir.path()).unwrap().secret("token").unwrap();
+        assert_eq!(first.len(), 32);
+        assert_eq!(Store::open(dir.path()).unwrap().secret("token").unwrap(), first);
+    }
+
+    #[test]
+    fn schema_mismatch_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path()).unwrap();
+            store.meta.insert("schema_version", &99u32.to_be_bytes()).unwrap();
+            store.flush().unwrap();
+        }
+        assert!(matches!(Store::open(dir.path()), Err(StoreError::Schema { found: 99, .. })));
+    }
+
+    #[test]
+    fn flush_requests_are_grouped() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(async {
+            let waits: Vec<_> = (0..50).map(|_| store.flush_soon()).collect();
+            for wait in waits {
+                wait.await.unwrap();
+            }
+        });
+        let flushes = store.flush_stats().flushes.load(Ordering::Relaxed);
+        assert!((1..50).contains(&flushes), "50 requests took {flushes} flushes");
+    }
+}

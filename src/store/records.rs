@@ -1,0 +1,77 @@
+//! Stored record types and their encoding: one format-version byte, then bincode
+//! (standard config, size-limited on decode). Core types stay plain; these are their
+//! serialisable counterparts at the storage edge.
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use super::StoreError;
+
+/// Version byte in front of every stored record.
+pub const RECORD_VERSION: u8 = 1;
+/// Largest record decoded (an event is bounded by `max_event_bytes` ≤ 16 MiB).
+const DECODE_LIMIT: usize = 32 << 20;
+
+/// Head of a room: epoch and last seq, stored as one unit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoomHeadRecord {
+    pub epoch: String,
+    pub head: u64,
+}
+
+/// One event of a room's history. `data` is the event's JSON text as published.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventRecord {
+    pub seq: u64,
+    pub id: String,
+    pub ts_ms: u64,
+    pub data: String,
+}
+
+/// A used token nonce, kept until the token would have expired anyway.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NonceRecord {
+    pub expires_at_ms: u64,
+}
+
+pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
+    let mut out = vec![RECORD_VERSION];
+    let body = bincode::serde::encode_to_vec(record, bincode::config::standard())
+        .expect("plain records always encode");
+    out.extend_from_slice(&body);
+    out
+}
+
+pub fn decode<T: DeserializeOwned>(tree: &'static str, bytes: &[u8]) -> Result<T, StoreError> {
+    let corrupt = |why: String| StoreError::Corrupt { tree, why };
+    let (version, body) = bytes.split_first().ok_or_else(|| corrupt("empty record".into()))?;
+    if *version != RECORD_VERSION {
+        return Err(corrupt(format!("record format {version}, this build reads {RECORD_VERSION}")));
+    }
+    let config = bincode::config::standard().with_limit::<DECODE_LIMIT>();
+    let (record, used) = bincode::serde::decode_from_slice(body, config).map_err(|e| corrupt(e.to_string()))?;
+    if used != body.len() {
+        return Err(corrupt("trailing bytes after record".into()));
+    }
+    Ok(record)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_rejections() {
+        let event = EventRecord { seq: 7, id: "e-7".into(), ts_ms: 1, data: r#"{"a":1}"#.into() };
+        let bytes = encode(&event);
+        assert_eq!(bytes[0], RECORD_VERSION);
+        assert_eq!(decode::<EventRecord>("t", &bytes).unwrap(), event);
+
+        let mut wrong_version = bytes.clone();
+        wrong_version[0] = 9;
+        let mut trailing = bytes.clone();
+        trailing.push(0);
+        for bad in [vec![], wrong_version, bytes[..bytes.len() - 1].to_vec(), trailing] {
+            assert!(matches!(decode::<EventRecord>("t", &bad), Err(StoreError::Corrupt { .. })), "{bad:?}");
+        }
+    }
+}
