@@ -7,6 +7,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+/// Event `data` as the JSON text that was sent, validated but not re-encoded.
+pub type EventData = RawValue;
+
 /// Error codes sent in `error` frames and HTTP error bodies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorCode {
@@ -21,6 +24,7 @@ pub enum ErrorCode {
     InvalidToken,
     TokenExpired,
     TokenReplayed,
+    MigrationBudget,
     NotFound,
     Unavailable,
     Internal,
@@ -40,6 +44,7 @@ impl ErrorCode {
             ErrorCode::InvalidToken => "invalid_token",
             ErrorCode::TokenExpired => "token_expired",
             ErrorCode::TokenReplayed => "token_replayed",
+            ErrorCode::MigrationBudget => "migration_budget",
             ErrorCode::NotFound => "not_found",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",
@@ -279,6 +284,26 @@ pub struct TokenReply {
 pub struct PublishRequest {
     pub id: Option<String>,
     pub data: Box<RawValue>,
+}
+
+/// `POST /v1/users/{user}/messages`: an event for the user's inbox room, optionally only
+/// for some of the user's devices.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserMessageRequest {
+    pub id: Option<String>,
+    pub data: Box<RawValue>,
+    pub devices: Option<Vec<String>>,
+}
+
+pub fn parse_user_message_request(body: &[u8]) -> Result<UserMessageRequest, String> {
+    serde_json::from_slice(body).map_err(|e| e.to_string())
+}
+
+/// `DELETE /v1/users/{user}/connections`
+#[derive(Debug, Serialize)]
+pub struct KickReply {
+    pub closed: usize,
 }
 
 #[derive(Debug, Serialize)]

@@ -14,6 +14,7 @@ use futures_util::future::{select, Either};
 use thiserror::Error;
 
 use crate::actors::connection::{close, ConnectionSettings};
+use crate::actors::directory::{Directory, Reconcile};
 use crate::actors::messages::{CloseAll, CloseConnection, CountConnections};
 use crate::actors::registry::Registry;
 use crate::actors::room::{now_ms, RoomSettings};
@@ -21,6 +22,7 @@ use crate::actors::rooms::Rooms;
 use crate::config::{Config, ConfigError};
 use crate::core::seqlog::Retention;
 use crate::http::{self, AppState, Lifecycle, Phase};
+use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
 
 /// Largest client WebSocket message (frame or assembled fragments).
@@ -38,6 +40,8 @@ pub enum ServerError {
     Store(#[from] StoreError),
     #[error("server I/O: {0}")]
     Io(#[from] std::io::Error),
+    #[error("startup failed: {0}")]
+    Startup(String),
 }
 
 fn room_settings(config: &Config) -> RoomSettings {
@@ -64,9 +68,19 @@ pub async fn run(
     let store = Store::open(&config.data_dir)?;
     let token_secret = store.secret("token")?;
     let rooms = Rooms::start(store.clone(), room_settings(&config), threads());
-    let registry = Registry::default().start();
+    let registry = Registry::new(config.exclusive_devices.clone()).start();
     let lifecycle = Arc::new(Lifecycle::default());
+    let metrics = Arc::new(Metrics::default());
+    let directory = Directory::new(
+        store.clone(),
+        config.node.clone(),
+        Duration::from_secs(config.migration_window_secs),
+        Duration::from_secs(config.warmup_secs),
+        metrics.clone(),
+    )
+    .start();
     let connection = Arc::new(ConnectionSettings {
+        metrics: metrics.clone(),
         node: config.node.clone(),
         heartbeat: Duration::from_secs(config.heartbeat_secs),
         batch_window: Duration::from_millis(config.batch_window_ms),
@@ -80,6 +94,8 @@ pub async fn run(
         store: store.clone(),
         rooms: rooms.clone(),
         registry: registry.clone(),
+        directory: directory.clone(),
+        metrics: metrics.clone(),
         token_secret,
         connection,
         lifecycle: lifecycle.clone(),
@@ -106,6 +122,8 @@ pub async fn run(
             }
         }
     });
+    // Ready only once the directory is reconciled (and warm-up decided).
+    directory.send(Reconcile).await.map_err(|e| ServerError::Startup(e.to_string()))?.map_err(|e| ServerError::Startup(e.to_string()))?;
     lifecycle.set(Phase::Ready);
     tracing::info!(addr = %local, node = %state.config.node, data_dir = %state.config.data_dir.display(), "ready");
 

@@ -36,11 +36,13 @@ pub mod close {
     pub const TOO_BIG: u16 = 1009;
     pub const SERVICE_RESTART: u16 = 1012;
     pub const HEARTBEAT_TIMEOUT: u16 = 4008;
+    pub const REPLACED: u16 = 4501;
+    pub const KICKED: u16 = 4502;
 }
 
 /// What every connection shares.
-#[derive(Debug, Clone)]
 pub struct ConnectionSettings {
+    pub metrics: Arc<crate::metrics::Metrics>,
     pub node: String,
     pub heartbeat: Duration,
     pub batch_window: Duration,
@@ -57,6 +59,8 @@ pub struct Identity {
     pub session: String,
     /// Room patterns from the token (empty: any room).
     pub rooms: Vec<String>,
+    /// Whether the node validated this session in warm-up (reported in `welcome`).
+    pub warmup: bool,
 }
 
 struct Subscription {
@@ -65,6 +69,11 @@ struct Subscription {
     room: Option<Addr<RoomActor>>,
     /// Live once the room's `Subscribed` arrived; events before it are dropped.
     live: bool,
+    /// The room's epoch, once known.
+    epoch: Option<Arc<str>>,
+    /// Highest seq this connection has queued for the client: nothing at or below it is
+    /// sent again, also across a resubscribe with an older `since`.
+    delivered_upto: u64,
 }
 
 pub struct Connection {
@@ -75,17 +84,21 @@ pub struct Connection {
     registry: Addr<Registry>,
     subscriptions: HashMap<Arc<str>, Subscription>,
     next_generation: u64,
-    outbox: Vec<Arc<str>>,
+    outbox: Vec<Arc<Delivery>>,
     outbox_bytes: usize,
     batch: BatchWindow,
     last_heard: Instant,
     fragments: Option<BytesMut>,
+    /// This user's inbox room, subscribed automatically.
+    inbox: Arc<str>,
 }
 
 impl Connection {
     pub fn new(id: ConnId, identity: Identity, settings: Arc<ConnectionSettings>, rooms: Rooms, registry: Addr<Registry>) -> Self {
         let batch = BatchWindow::new(settings.batch_window);
+        let inbox = names::inbox_room(&identity.user).into();
         Connection {
+            inbox,
             id,
             identity,
             settings,
@@ -112,23 +125,40 @@ impl Connection {
         while start < self.outbox.len() {
             let mut end = start;
             let mut bytes = 0;
-            while end < self.outbox.len() && (end == start || bytes + self.outbox[end].len() < FRAME_TARGET_BYTES) {
-                bytes += self.outbox[end].len() + 1;
+            while end < self.outbox.len() && (end == start || bytes + self.outbox[end].json.len() < FRAME_TARGET_BYTES) {
+                bytes += self.outbox[end].json.len() + 1;
                 end += 1;
             }
-            ctx.text(protocol::events_frame(self.outbox[start..end].iter().map(|e| &**e), bytes));
+            ctx.text(protocol::events_frame(self.outbox[start..end].iter().map(|e| &*e.json), bytes));
             start = end;
         }
         self.outbox.clear();
         self.outbox_bytes = 0;
     }
 
-    fn enqueue(&mut self, events: &[Arc<str>], ctx: &mut ws::WebsocketContext<Self>) {
-        if events.is_empty() {
+    /// Queue the events of `room` this connection has not sent yet and that are for its
+    /// device. Returns how many were queued.
+    fn queue(&mut self, room: &str, events: &[Arc<Delivery>]) -> usize {
+        let device = self.identity.device.clone();
+        let Some(sub) = self.subscriptions.get_mut(room) else { return 0 };
+        let before = self.outbox.len();
+        for event in events {
+            if event.seq > sub.delivered_upto {
+                sub.delivered_upto = event.seq;
+                if event.is_for(&device) {
+                    self.outbox_bytes += event.json.len();
+                    self.outbox.push(event.clone());
+                }
+            }
+        }
+        self.outbox.len() - before
+    }
+
+    /// Queue live events and let the batching window decide when they leave.
+    fn enqueue(&mut self, room: &str, events: &[Arc<Delivery>], ctx: &mut ws::WebsocketContext<Self>) {
+        if self.queue(room, events) == 0 {
             return;
         }
-        self.outbox.extend(events.iter().cloned());
-        self.outbox_bytes += events.iter().map(|e| e.len()).sum::<usize>();
         match self.batch.on_event(Instant::now()) {
             BatchAction::SendNow => self.flush_outbox(ctx),
             BatchAction::ArmTimer(at) => {
@@ -180,14 +210,13 @@ impl Connection {
                 let rooms = self.rooms.clone();
                 let fut = async move { rooms.history(&room, since, limit).await.map(|page| (room, page)) };
                 ctx.spawn(fut.into_actor(self).map(move |result, conn, ctx| match result {
-                    Ok((room, page)) => ctx.text(protocol::history_frame(
-                        &room,
-                        page.epoch.as_deref(),
-                        page.head,
-                        page.events.iter().map(|e| &**e),
-                        page.complete,
-                        reference,
-                    )),
+                    Ok((room, page)) => {
+                        let device = &conn.identity.device;
+                        let events = page.events.iter().filter(|e| e.is_for(device)).map(|e| &*e.json);
+                        let frame =
+                            protocol::history_frame(&room, page.epoch.as_deref(), page.head, events, page.complete, reference);
+                        ctx.text(frame)
+                    }
                     Err(e) => conn.send_error(ctx, reference, ErrorCode::Unavailable, &e.to_string()),
                 }));
             }
@@ -214,15 +243,23 @@ impl Connection {
             return self.send_error(ctx, reference, code, &message);
         }
         let room: Arc<str> = room.into();
-        if self.subscriptions.contains_key(&room) {
-            self.unsubscribe(&room);
-        } else if self.subscriptions.len() >= self.settings.max_subscriptions {
-            let message = format!("at most {} subscriptions per connection", self.settings.max_subscriptions);
-            return self.send_error(ctx, reference, ErrorCode::TooManySubscriptions, &message);
-        }
+        // A resubscribe keeps what was already sent, so nothing goes out twice.
+        let (epoch_seen, delivered_upto) = match self.subscriptions.get(&room) {
+            Some(old) => (old.epoch.clone(), old.delivered_upto),
+            None => {
+                let counted = self.subscriptions.keys().filter(|r| r.as_ref() != self.inbox.as_ref()).count();
+                if *room != *self.inbox && counted >= self.settings.max_subscriptions {
+                    let message = format!("at most {} subscriptions per connection", self.settings.max_subscriptions);
+                    return self.send_error(ctx, reference, ErrorCode::TooManySubscriptions, &message);
+                }
+                (None, 0)
+            }
+        };
+        self.unsubscribe(&room);
         self.next_generation += 1;
         let generation = self.next_generation;
-        self.subscriptions.insert(room.clone(), Subscription { generation, room: None, live: false });
+        let pending = Subscription { generation, room: None, live: false, epoch: epoch_seen, delivered_upto };
+        self.subscriptions.insert(room.clone(), pending);
         let (rooms, conn, to) = (self.rooms.clone(), self.id, ctx.address().recipient());
         let name = room.clone();
         let fut = async move { rooms.subscribe(&name, conn, to, since, epoch, reference, generation).await };
@@ -299,7 +336,9 @@ impl Actor for Connection {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let heartbeat_ms = self.settings.heartbeat.as_millis() as u64;
-        ctx.text(protocol::welcome_frame(&self.identity.session, &self.settings.node, heartbeat_ms, false));
+        ctx.text(protocol::welcome_frame(&self.identity.session, &self.settings.node, heartbeat_ms, self.identity.warmup));
+        let inbox = self.inbox.to_string();
+        self.subscribe(inbox, None, None, None, ctx);
         self.registry.do_send(Register {
             conn: self.id,
             user: self.identity.user.clone(),
@@ -307,6 +346,7 @@ impl Actor for Connection {
             to: ctx.address().recipient(),
         });
         ctx.run_interval(self.settings.heartbeat, |conn, ctx| conn.heartbeat(ctx));
+        self.settings.metrics.connections_open.inc();
         tracing::debug!(conn = self.id, user = %self.identity.user, device = %self.identity.device, "connected");
     }
 
@@ -317,6 +357,7 @@ impl Actor for Connection {
             }
         }
         self.registry.do_send(Unregister { conn: self.id });
+        self.settings.metrics.connections_open.dec();
         tracing::debug!(conn = self.id, user = %self.identity.user, "disconnected");
     }
 }
@@ -349,15 +390,22 @@ impl Handler<RoomUpdate> for Connection {
                     return;
                 };
                 sub.live = true;
+                if sub.epoch.as_ref().is_some_and(|seen| *seen != epoch) {
+                    sub.delivered_upto = 0;
+                }
+                sub.epoch = Some(epoch.clone());
                 ctx.text(protocol::subscribed_frame(&room, &epoch, head, recovered, reference));
-                if !replay.is_empty() {
-                    self.outbox.extend(replay);
+                if self.queue(&room, &replay) > 0 {
                     self.flush_outbox(ctx);
+                }
+                // Live from `head` on: older events were replayed or are not wanted.
+                if let Some(sub) = self.subscriptions.get_mut(&room) {
+                    sub.delivered_upto = sub.delivered_upto.max(head);
                 }
             }
             RoomUpdate::Events { room, events } => {
                 if self.subscriptions.get(&room).is_some_and(|s| s.live) {
-                    self.enqueue(&events, ctx);
+                    self.enqueue(&room, &events, ctx);
                 }
             }
             RoomUpdate::Refused { room, reference, message, generation } => {

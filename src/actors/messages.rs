@@ -9,6 +9,21 @@ use tokio::sync::oneshot;
 /// Process-unique id of one WebSocket connection.
 pub type ConnId = u64;
 
+/// One durable event as subscribers get it: rendered to wire JSON once, shared by all.
+#[derive(Debug, PartialEq)]
+pub struct Delivery {
+    pub seq: u64,
+    pub json: Box<str>,
+    /// Devices an inbox message is for (`None`: every device).
+    pub devices: Option<Box<[Box<str>]>>,
+}
+
+impl Delivery {
+    pub fn is_for(&self, device: &str) -> bool {
+        self.devices.as_ref().is_none_or(|devices| devices.iter().any(|d| &**d == device))
+    }
+}
+
 /// The room actor stopped (evicted while idle) before handling the message: ask the
 /// rooms table again, which starts a fresh one from the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -53,8 +68,8 @@ pub struct HistoryPage {
     /// `None` for a room that was never created.
     pub epoch: Option<Arc<str>>,
     pub head: u64,
-    /// Rendered events, oldest first.
-    pub events: Vec<Arc<str>>,
+    /// Events, oldest first.
+    pub events: Vec<Arc<Delivery>>,
     /// Whether `events` reach the head with nothing missing.
     pub complete: bool,
 }
@@ -68,6 +83,8 @@ pub struct Publish {
     pub id: Arc<str>,
     /// The event's JSON text.
     pub data: Arc<str>,
+    /// Devices an inbox message is for (`None`: every device).
+    pub devices: Option<Vec<String>>,
     pub reply: oneshot::Sender<Result<Published, PublishFailed>>,
 }
 
@@ -98,12 +115,12 @@ pub enum RoomUpdate {
         head: u64,
         /// `Some` when the subscribe named `since`.
         recovered: Option<bool>,
-        replay: Vec<Arc<str>>,
+        replay: Vec<Arc<Delivery>>,
         reference: Option<i64>,
         generation: u64,
     },
     /// Newly durable events, rendered once and shared by every subscriber.
-    Events { room: Arc<str>, events: Arc<[Arc<str>]> },
+    Events { room: Arc<str>, events: Arc<[Arc<Delivery>]> },
     /// The room cannot serve (its stored state is unreadable); the subscription is void.
     Refused { room: Arc<str>, reference: Option<i64>, message: String, generation: u64 },
 }
@@ -133,6 +150,15 @@ pub struct Register {
 #[rtype(result = "()")]
 pub struct Unregister {
     pub conn: ConnId,
+}
+
+/// Close a user's connections (on one device when named) with 4502; replies with how
+/// many were closed, once each has handled its close.
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct Kick {
+    pub user: String,
+    pub device: Option<String>,
 }
 
 /// Close every connection; replies with how many were asked to close.

@@ -2,6 +2,7 @@
 //! what it decides. They talk only through the message types in [`messages`].
 
 pub mod connection;
+pub mod directory;
 pub mod messages;
 pub mod registry;
 pub mod room;

@@ -30,7 +30,7 @@ pub struct RoomSettings {
 enum RoomState {
     /// Never created: no epoch yet. Reads answer empty; a write creates it.
     Absent,
-    Live(SeqLog<Arc<str>>),
+    Live(SeqLog<Arc<Delivery>>),
     /// The stored state could not be read; every request gets an error.
     Failed(String),
 }
@@ -58,6 +58,15 @@ pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Render a stored event once for every subscriber.
+fn render(room: &str, event: &EventRecord) -> Arc<Delivery> {
+    Arc::new(Delivery {
+        seq: event.seq,
+        json: protocol::render_event(room, event.seq, &event.id, event.ts_ms, &event.data).into(),
+        devices: event.devices.as_ref().map(|d| d.iter().map(|s| s.as_str().into()).collect()),
+    })
+}
+
 fn new_epoch() -> String {
     let mut bytes = [0u8; 8];
     getrandom::getrandom(&mut bytes).expect("the OS provides randomness");
@@ -75,7 +84,7 @@ impl RoomActor {
                     .into_iter()
                     .map(|e| crate::core::seqlog::Entry {
                         seq: e.seq,
-                        payload: protocol::render_event(&name, e.seq, &e.id, e.ts_ms, &e.data).into(),
+                        payload: render(&name, &e),
                         id: e.id.into(),
                         ts_ms: e.ts_ms,
                     })
@@ -108,7 +117,7 @@ impl RoomActor {
     }
 
     /// The room's log, creating the room (a new epoch, head 0) on first write.
-    fn live_log(&mut self) -> Result<&mut SeqLog<Arc<str>>, String> {
+    fn live_log(&mut self) -> Result<&mut SeqLog<Arc<Delivery>>, String> {
         if let RoomState::Absent = self.state {
             let epoch = new_epoch();
             self.store.create_room(&self.name, &epoch).map_err(|e| e.to_string())?;
@@ -154,7 +163,7 @@ impl RoomActor {
             ctx.run_later(Duration::from_secs(1), |room, ctx| room.request_flush(ctx));
             return;
         }
-        let fresh: Arc<[Arc<str>]> = log.mark_durable(upto).map(|e| e.payload.clone()).collect();
+        let fresh: Arc<[Arc<Delivery>]> = log.mark_durable(upto).map(|e| e.payload.clone()).collect();
         if !fresh.is_empty() {
             self.subscribers.retain(|_, to| to.connected());
             for to in self.subscribers.values() {
@@ -220,13 +229,19 @@ impl Handler<Publish> for RoomActor {
             return Ok(());
         }
         let ts_ms = now_ms();
-        let record = EventRecord { seq: log.head() + 1, id: msg.id.to_string(), ts_ms, data: msg.data.to_string() };
+        let record = EventRecord {
+            seq: log.head() + 1,
+            id: msg.id.to_string(),
+            ts_ms,
+            data: msg.data.to_string(),
+            devices: msg.devices,
+        };
         if let Err(error) = store.append_event(&name, log.epoch(), &record) {
             tracing::error!(room = %name, %error, "store write failed");
             let _ = msg.reply.send(Err(PublishFailed::Store(error.to_string())));
             return Ok(());
         }
-        let rendered: Arc<str> = protocol::render_event(&name, record.seq, &record.id, ts_ms, &record.data).into();
+        let rendered = render(&name, &record);
         match log.append(msg.id, ts_ms, |_| rendered) {
             Append::Appended { seq, trimmed_below } => {
                 if let Some(first_kept) = trimmed_below {

@@ -91,11 +91,18 @@ impl Rooms {
     }
 
     /// Append an event to `room`; resolves once it is durable.
-    pub async fn publish(&self, room: &str, id: Arc<str>, data: Arc<str>) -> Result<Published, RoomError> {
+    pub async fn publish(
+        &self,
+        room: &str,
+        id: Arc<str>,
+        data: Arc<str>,
+        devices: Option<Vec<String>>,
+    ) -> Result<Published, RoomError> {
         for _ in 0..ATTEMPTS {
             let addr = self.addr(room);
             let (reply, answer) = oneshot::channel();
-            match addr.send(Publish { id: id.clone(), data: data.clone(), reply }).await {
+            let msg = Publish { id: id.clone(), data: data.clone(), devices: devices.clone(), reply };
+            match addr.send(msg).await {
                 Ok(Ok(())) => {
                     return match answer.await {
                         Ok(result) => result.map_err(RoomError::from),

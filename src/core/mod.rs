@@ -4,5 +4,7 @@
 
 pub mod batch;
 pub mod names;
+pub mod routing;
 pub mod seqlog;
+pub mod sessions;
 pub mod token;

@@ -12,10 +12,13 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 
 use crate::actors::connection::{Connection, ConnectionSettings, Identity, HISTORY_DEFAULT_LIMIT, HISTORY_MAX_LIMIT};
+use crate::actors::directory::{Directory, DirectoryError, OpenSession};
+use crate::actors::messages::Kick;
 use crate::actors::registry::Registry;
 use crate::actors::room::now_ms;
 use crate::actors::rooms::{RoomError, Rooms};
 use crate::config::Config;
+use crate::metrics::Metrics;
 use crate::core::{names, token};
 use crate::protocol::{self, ErrorCode, PublishReply, TokenReply};
 use crate::store::Store;
@@ -56,6 +59,8 @@ pub struct AppState {
     pub store: Store,
     pub rooms: Rooms,
     pub registry: Addr<Registry>,
+    pub directory: Addr<Directory>,
+    pub metrics: Arc<Metrics>,
     pub token_secret: Vec<u8>,
     pub connection: Arc<ConnectionSettings>,
     pub lifecycle: Arc<Lifecycle>,
@@ -69,11 +74,12 @@ pub struct ApiError {
     status: StatusCode,
     code: ErrorCode,
     message: String,
+    retry_after_secs: Option<u64>,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
-        ApiError { status, code, message: message.into() }
+        ApiError { status, code, message: message.into(), retry_after_secs: None }
     }
     fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, message)
@@ -88,9 +94,11 @@ impl ResponseError for ApiError {
         self.status
     }
     fn error_response(&self) -> HttpResponse {
-        HttpResponse::build(self.status)
-            .content_type("application/json")
-            .body(protocol::error_body(self.code, &self.message))
+        let mut reply = HttpResponse::build(self.status);
+        if let Some(secs) = self.retry_after_secs {
+            reply.insert_header(("Retry-After", secs.to_string()));
+        }
+        reply.content_type("application/json").body(protocol::error_body(self.code, &self.message))
     }
 }
 
@@ -111,9 +119,12 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/v1/tokens", web::post().to(mint_token))
         .route("/v1/rooms/{room}/events", web::post().to(publish))
         .route("/v1/rooms/{room}/events", web::get().to(read_history))
+        .route("/v1/users/{user}/messages", web::post().to(message_user))
+        .route("/v1/users/{user}/connections", web::delete().to(kick))
         .route("/v1/ws", web::get().to(upgrade))
         .route("/healthz", web::get().to(healthz))
         .route("/readyz", web::get().to(readyz))
+        .route("/metrics", web::get().to(metrics))
         .default_service(web::to(not_found));
 }
 
@@ -196,27 +207,80 @@ async fn publish(
     authorize(&req, &state)?;
     let room = room.into_inner();
     check_room(&room)?;
-    let max = state.config.max_event_bytes;
-    let body = read_body(payload, max + PUBLISH_BODY_OVERHEAD).await?;
+    let body = read_body(payload, state.config.max_event_bytes + PUBLISH_BODY_OVERHEAD).await?;
     let request = protocol::parse_publish_request(&body).map_err(ApiError::bad_request)?;
-    if request.data.get().len() > max {
+    append(&state, room, request.id, &request.data, None).await
+}
+
+async fn message_user(
+    req: HttpRequest,
+    user: web::Path<String>,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let user = user.into_inner();
+    names::check_user(&user).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let body = read_body(payload, state.config.max_event_bytes + PUBLISH_BODY_OVERHEAD).await?;
+    let request = protocol::parse_user_message_request(&body).map_err(ApiError::bad_request)?;
+    for device in request.devices.iter().flatten() {
+        names::check_device(device).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    }
+    append(&state, names::inbox_room(&user), request.id, &request.data, request.devices).await
+}
+
+/// Publish one event (size-checked, id checked or generated) and answer 201, or 200 for
+/// a duplicate id.
+async fn append(
+    state: &AppState,
+    room: String,
+    id: Option<String>,
+    data: &protocol::EventData,
+    devices: Option<Vec<String>>,
+) -> Result<HttpResponse, ApiError> {
+    let max = state.config.max_event_bytes;
+    if data.get().len() > max {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::PayloadTooLarge,
             format!("event data is larger than max_event_bytes ({max})"),
         ));
     }
-    let id = match request.id {
+    let id = match id {
         Some(id) => {
             names::check_event_id(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
             id
         }
         None => format!("lg-{}", random_hex(12)),
     };
-    let published = state.rooms.publish(&room, id.into(), request.data.get().into()).await?;
+    let published = state.rooms.publish(&room, id.into(), data.get().into(), devices).await?;
+    if published.duplicate {
+        state.metrics.duplicates_rejected.inc();
+    } else {
+        state.metrics.events_published.inc();
+    }
     let status = if published.duplicate { StatusCode::OK } else { StatusCode::CREATED };
     let reply = PublishReply { room, seq: published.seq, epoch: published.epoch.to_string(), duplicate: published.duplicate };
     Ok(json(status, protocol::to_json(&reply)))
+}
+
+#[derive(Deserialize)]
+struct KickQuery {
+    device: Option<String>,
+}
+
+async fn kick(
+    req: HttpRequest,
+    user: web::Path<String>,
+    query: web::Query<KickQuery>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let user = user.into_inner();
+    names::check_user(&user).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let device = query.into_inner().device;
+    let closed = state.registry.send(Kick { user, device }).await.map_err(internal)?;
+    Ok(json(StatusCode::OK, protocol::to_json(&protocol::KickReply { closed })))
 }
 
 #[derive(Deserialize)]
@@ -237,14 +301,13 @@ async fn read_history(
     check_room(&room)?;
     let limit = query.limit.unwrap_or(HISTORY_DEFAULT_LIMIT).min(HISTORY_MAX_LIMIT);
     let page = state.rooms.history(&room, query.since, limit).await?;
-    let body = protocol::history_body(&room, page.epoch.as_deref(), page.head, page.events.iter().map(|e| &**e));
+    let body = protocol::history_body(&room, page.epoch.as_deref(), page.head, page.events.iter().map(|e| &*e.json));
     Ok(json(StatusCode::OK, body))
 }
 
 #[derive(Deserialize)]
 struct UpgradeQuery {
     token: Option<String>,
-    #[allow(dead_code)]
     session: Option<String>,
 }
 
@@ -275,13 +338,26 @@ async fn upgrade(
     if !fresh {
         return Err(ApiError::unauthorized(ErrorCode::TokenReplayed, "token was already used"));
     }
-    // The nonce must survive a crash, or a restart would reopen a replay window.
+    let asked = query.into_inner().session;
+    let grant = match state.directory.send(OpenSession { user: claims.user.clone(), asked }).await.map_err(internal)? {
+        Ok(grant) => grant,
+        Err(DirectoryError::Budget(refusal)) => {
+            let crate::core::sessions::BudgetError::Spent { retry_after_secs } = refusal;
+            let mut error = ApiError::new(StatusCode::TOO_MANY_REQUESTS, ErrorCode::MigrationBudget, refusal.to_string());
+            error.retry_after_secs = Some(retry_after_secs);
+            return Err(error);
+        }
+        Err(e) => return Err(internal(e)),
+    };
+    // The nonce (and any session record) must survive a crash, or a restart would reopen
+    // a replay window.
     state.store.flush_soon().await.map_err(internal)?;
     let identity = Identity {
         user: claims.user.into(),
         device: claims.device.into(),
-        session: random_hex(12),
+        session: grant.session,
         rooms: claims.rooms,
+        warmup: grant.warmup,
     };
     let id = state.next_conn.fetch_add(1, Ordering::Relaxed);
     let connection = Connection::new(id, identity, state.connection.clone(), state.rooms.clone(), state.registry.clone());
@@ -296,8 +372,16 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, "internal error; see the server log")
 }
 
+async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
+        .body(state.metrics.encode())
+}
+
+/// Liveness: a real store read and an idempotent write, so a peer probing this node
+/// learns whether it can serve, not only whether the port is open.
 async fn healthz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    state.store.size_on_disk().map_err(internal)?;
+    state.store.probe().map_err(internal)?;
     Ok(json(StatusCode::OK, r#"{"status":"ok"}"#.into()))
 }
 

@@ -14,6 +14,13 @@ pub fn event_key(room: &str, seq: u64) -> Vec<u8> {
     key
 }
 
+/// `user 0x00 session`: the user → sessions index.
+pub fn user_session_key(user: &str, session: &str) -> Vec<u8> {
+    let mut key = room_prefix(user);
+    key.extend_from_slice(session.as_bytes());
+    key
+}
+
 pub fn seq_of_event_key(key: &[u8]) -> Option<u64> {
     let tail: [u8; 8] = key.get(key.len().checked_sub(8)?..)?.try_into().ok()?;
     Some(u64::from_be_bytes(tail))

@@ -4,7 +4,9 @@
 //! single `sled::Db::flush` (one fsync for many events).
 //!
 //! Trees: `meta` (schema version, token secret), `room_head` (room → epoch + head),
-//! `room_event` (room 0x00 seq → event), `token_nonce` (nonce → expiry).
+//! `room_event` (room 0x00 seq → event), `token_nonce` (nonce → expiry),
+//! `session_owner` (session → owner record), `user_session` (user 0x00 session → ()),
+//! `user_migration` (user → last migration time).
 
 pub mod keys;
 pub mod records;
@@ -17,7 +19,9 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio::sync::oneshot;
 
-pub use records::{EventRecord, NonceRecord, RoomHeadRecord};
+pub use records::{EventRecord, MigrationRecord, NonceRecord, RoomHeadRecord, SessionRecord};
+
+use crate::core::sessions::{next_version, VersionError};
 
 /// Version of the tree layout; a store written by another layout is refused at open.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -37,6 +41,8 @@ pub enum StoreError {
     Flush(String),
     #[error("store is closed")]
     Closed,
+    #[error(transparent)]
+    Stale(#[from] VersionError),
 }
 
 /// A room as stored: its head record and the newest events of its history, oldest first.
@@ -55,6 +61,9 @@ pub struct Store {
     room_head: sled::Tree,
     room_event: sled::Tree,
     token_nonce: sled::Tree,
+    session_owner: sled::Tree,
+    user_session: sled::Tree,
+    user_migration: sled::Tree,
     meta: sled::Tree,
     flusher: Arc<Flusher>,
     stats: Arc<FlushStats>,
@@ -112,6 +121,9 @@ impl Store {
             room_head: db.open_tree("room_head")?,
             room_event: db.open_tree("room_event")?,
             token_nonce: db.open_tree("token_nonce")?,
+            session_owner: db.open_tree("session_owner")?,
+            user_session: db.open_tree("user_session")?,
+            user_migration: db.open_tree("user_migration")?,
             meta,
             db,
             flusher,
@@ -201,6 +213,82 @@ impl Store {
         Ok(removed)
     }
 
+    /// The owner record of a session.
+    pub fn session(&self, session: &str) -> Result<Option<SessionRecord>, StoreError> {
+        self.session_owner
+            .get(session.as_bytes())?
+            .map(|bytes| records::decode("session_owner", &bytes))
+            .transpose()
+    }
+
+    /// Write a session record if the stored version is still `read_version` (`None`: the
+    /// session must not exist). The new record gets the next version, which is returned.
+    /// A stale write changes nothing and fails with [`StoreError::Stale`].
+    pub fn write_session(&self, read_version: Option<u64>, record: &SessionRecord) -> Result<SessionRecord, StoreError> {
+        let key = record.session.as_bytes();
+        let current = self.session_owner.get(key)?;
+        let stored_version = current
+            .as_ref()
+            .map(|bytes| records::decode::<SessionRecord>("session_owner", bytes).map(|r| r.version))
+            .transpose()?;
+        let version = next_version(read_version, stored_version)?;
+        let written = SessionRecord { version, ..record.clone() };
+        let swapped = self.session_owner.compare_and_swap(key, current, Some(records::encode(&written)))?;
+        if swapped.is_err() {
+            // Another writer got in between our read and our swap.
+            let stored = self.session(&record.session)?.map(|r| r.version);
+            return Err(VersionError::Stale { read: read_version, stored }.into());
+        }
+        self.user_session.insert(keys::user_session_key(&record.user, &record.session), &[])?;
+        Ok(written)
+    }
+
+    /// Every session record of `user`.
+    pub fn sessions_of_user(&self, user: &str) -> Result<Vec<SessionRecord>, StoreError> {
+        let prefix = keys::room_prefix(user);
+        let mut sessions = Vec::new();
+        for item in self.user_session.scan_prefix(&prefix) {
+            let (key, _) = item?;
+            let session = String::from_utf8_lossy(&key[prefix.len()..]).into_owned();
+            if let Some(record) = self.session(&session)? {
+                sessions.push(record);
+            }
+        }
+        Ok(sessions)
+    }
+
+    /// How many sessions the directory holds, and how many of them `node` owns.
+    pub fn count_sessions(&self, node: &str) -> Result<(usize, usize), StoreError> {
+        let (mut all, mut owned) = (0, 0);
+        for item in self.session_owner.iter() {
+            let (_, value) = item?;
+            let record: SessionRecord = records::decode("session_owner", &value)?;
+            all += 1;
+            owned += usize::from(record.owner == node);
+        }
+        Ok((all, owned))
+    }
+
+    pub fn last_migration(&self, user: &str) -> Result<Option<u64>, StoreError> {
+        self.user_migration
+            .get(user.as_bytes())?
+            .map(|bytes| records::decode::<MigrationRecord>("user_migration", &bytes).map(|r| r.last_migration_ms))
+            .transpose()
+    }
+
+    pub fn set_last_migration(&self, user: &str, at_ms: u64) -> Result<(), StoreError> {
+        let record = MigrationRecord { last_migration_ms: at_ms };
+        self.user_migration.insert(user.as_bytes(), records::encode(&record))?;
+        Ok(())
+    }
+
+    /// A liveness probe: a real read and an idempotent write.
+    pub fn probe(&self) -> Result<(), StoreError> {
+        self.meta.get("schema_version")?;
+        self.meta.insert("probe", &[1u8][..])?;
+        Ok(())
+    }
+
     /// Ask for everything written so far to be made durable. Requests that arrive while
     /// a flush runs are served together by the next one.
     pub fn flush_soon(&self) -> impl std::future::Future<Output = Result<(), StoreError>> {
@@ -282,7 +370,7 @@ mod tests {
     use super::*;
 
     fn event(seq: u64) -> EventRecord {
-        EventRecord { seq, id: format!("e{seq}"), ts_ms: seq, data: "{}".into() }
+        EventRecord { seq, id: format!("e{seq}"), ts_ms: seq, data: "{}".into(), devices: None }
     }
 
     #[test]
@@ -324,6 +412,43 @@ mod tests {
         let first = Store::open(dir.path()).unwrap().secret("token").unwrap();
         assert_eq!(first.len(), 32);
         assert_eq!(Store::open(dir.path()).unwrap().secret("token").unwrap(), first);
+    }
+
+    #[test]
+    fn racing_session_writers_from_one_version_exactly_one_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let record = |owner: &str| SessionRecord {
+            session: "s1".into(),
+            user: "u1".into(),
+            owner: owner.into(),
+            version: 0,
+            updated_at_ms: 0,
+        };
+        let first = store.write_session(None, &record("a")).unwrap();
+        assert_eq!(first.version, 1);
+        assert!(matches!(store.write_session(None, &record("b")), Err(StoreError::Stale(_))));
+        for round in 0..50u64 {
+            let read = store.session("s1").unwrap().unwrap().version;
+            let barrier = std::sync::Barrier::new(2);
+            let wins: Vec<bool> = std::thread::scope(|scope| {
+                let writers: Vec<_> = ["x", "y"]
+                    .map(|owner| {
+                        let (store, barrier, rec) = (&store, &barrier, record(owner));
+                        scope.spawn(move || {
+                            barrier.wait();
+                            store.write_session(Some(read), &rec).is_ok()
+                        })
+                    })
+                    .into_iter()
+                    .collect();
+                writers.into_iter().map(|w| w.join().unwrap()).collect()
+            });
+            assert_eq!(wins.iter().filter(|w| **w).count(), 1, "round {round}: {wins:?}");
+            assert_eq!(store.session("s1").unwrap().unwrap().version, read + 1);
+        }
+        assert_eq!(store.sessions_of_user("u1").unwrap().len(), 1);
+        assert_eq!(store.count_sessions("x").unwrap().0, 1);
     }
 
     #[test]

@@ -25,6 +25,25 @@ pub struct EventRecord {
     pub id: String,
     pub ts_ms: u64,
     pub data: String,
+    /// Devices an inbox message is for (`None`: every device).
+    pub devices: Option<Vec<String>>,
+}
+
+/// Who owns a session. `version` is inside the value, so sled's whole-value
+/// compare-and-swap is a version check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    pub session: String,
+    pub user: String,
+    pub owner: String,
+    pub version: u64,
+    pub updated_at_ms: u64,
+}
+
+/// When a user's sessions last changed owner (the migration budget).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigrationRecord {
+    pub last_migration_ms: u64,
 }
 
 /// A used token nonce, kept until the token would have expired anyway.
@@ -61,7 +80,7 @@ mod tests {
 
     #[test]
     fn round_trip_and_rejections() {
-        let event = EventRecord { seq: 7, id: "e-7".into(), ts_ms: 1, data: r#"{"a":1}"#.into() };
+        let event = EventRecord { seq: 7, id: "e-7".into(), ts_ms: 1, data: r#"{"a":1}"#.into(), devices: Some(vec!["phone".into()]) };
         let bytes = encode(&event);
         assert_eq!(bytes[0], RECORD_VERSION);
         assert_eq!(decode::<EventRecord>("t", &bytes).unwrap(), event);
