@@ -231,7 +231,10 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 .enable_all()
                 .build()
                 .map_err(|e| failed(format!("cannot start the async runtime: {e}")))?;
-            runtime.block_on(Subscriber::new(client, args).run())
+            let result = runtime.block_on(Subscriber::new(client, args).run());
+            // Do not wait for a token request still in flight after Ctrl-C.
+            runtime.shutdown_background();
+            result
         }
     }
 }
@@ -333,6 +336,12 @@ impl Client {
         let config = Config::load_from_process(flags)?;
         let base = match &server.url {
             Some(url) => normalize_url(url)?,
+            None if config.listen.port() == 0 => {
+                return Err(CliError::Usage(format!(
+                    "listen is {} (any free port), so the server's port is unknown: pass --url with the address it printed",
+                    config.listen
+                )))
+            }
             None => format!("http://{}", connect_address(config.listen)),
         };
         let key = config.existing_api_key()?.ok_or_else(|| {
