@@ -45,6 +45,41 @@ pub struct Config {
     pub drain_grace_secs: u64,
     /// Bytes a connection may have queued but unwritten before it is closed with 4009.
     pub max_outbox_bytes: usize,
+    /// This node's cell (a group of nodes, e.g. a region).
+    pub cell: String,
+    /// URL clients use to reach this node (`/v1/route` answers it); default `http://<listen>`.
+    pub public_url: Option<String>,
+    /// Peer nodes, each `NAME=URL` or `NAME@CELL=URL` (cell defaults to this node's).
+    pub peers: Vec<String>,
+    /// How often each peer's `/healthz` is probed.
+    pub probe_interval_ms: u64,
+    /// Successful probes in a row before a peer counts as up again (one failure: down).
+    pub probe_up_after: u64,
+}
+
+/// A peer node, parsed from its `peers` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub name: String,
+    pub cell: String,
+    pub url: String,
+}
+
+impl Config {
+    /// The configured peers, parsed (validated by [`Config::validate`]).
+    pub fn peer_nodes(&self) -> Result<Vec<Peer>, ConfigError> {
+        self.peers.iter().map(|entry| parse_peer(entry, &self.cell)).collect()
+    }
+}
+
+fn parse_peer(entry: &str, own_cell: &str) -> Result<Peer, ConfigError> {
+    let bad = || invalid("peers", format!("entries are NAME=URL or NAME@CELL=URL with an http:// URL, got {entry:?}"));
+    let (who, url) = entry.split_once('=').ok_or_else(bad)?;
+    let (name, cell) = who.split_once('@').unwrap_or((who, own_cell));
+    if !is_name(name, 64) || !is_name(cell, 64) || !url.starts_with("http://") || url.len() <= "http://".len() {
+        return Err(bad());
+    }
+    Ok(Peer { name: name.to_string(), cell: cell.to_string(), url: url.trim_end_matches('/').to_string() })
 }
 
 impl Default for Config {
@@ -69,6 +104,11 @@ impl Default for Config {
             drain_spread_secs: 5,
             drain_grace_secs: 30,
             max_outbox_bytes: 1_048_576,
+            cell: "default".into(),
+            public_url: None,
+            peers: Vec::new(),
+            probe_interval_ms: 1000,
+            probe_up_after: 3,
         }
     }
 }
@@ -182,6 +222,16 @@ pub const KEYS: &[Key] = &[
         help: "Wait this long for clients to leave before closing them forcibly [default: 30]" },
     Key { name: "max_outbox_bytes", flag: "max-outbox-bytes", kind: BYTES, value_name: "BYTES",
         help: "Bytes a connection may have queued before it is closed as too slow [default: 1048576]" },
+    Key { name: "cell", flag: "cell", kind: Kind::Text, value_name: "CELL",
+        help: "This node's cell, a group of nodes such as a region [default: default]" },
+    Key { name: "public_url", flag: "public-url", kind: Kind::Text, value_name: "URL",
+        help: "URL clients use to reach this node, answered by /v1/route [default: http://LISTEN]" },
+    Key { name: "peers", flag: "peers", kind: Kind::List, value_name: "LIST",
+        help: "Peer nodes, each NAME=URL or NAME@CELL=URL, comma-separated [default: none]" },
+    Key { name: "probe_interval_ms", flag: "probe-interval-ms", kind: MS, value_name: "MS",
+        help: "How often each peer's /healthz is probed [default: 1000]" },
+    Key { name: "probe_up_after", flag: "probe-up-after", kind: COUNT, value_name: "N",
+        help: "Successful probes in a row before a down peer counts as up [default: 3]" },
 ];
 
 /// Prefix of every environment variable livegate reads.
@@ -403,6 +453,16 @@ impl Config {
                     "api_key",
                     format!("must be at least {API_KEY_MIN_CHARS} characters long, got {chars}"),
                 ));
+            }
+        }
+        if !is_name(&self.cell, 64) {
+            return Err(invalid("cell", format!("must be 1 to 64 characters from A-Z a-z 0-9 _ . -, got {:?}", self.cell)));
+        }
+        at_least("probe_interval_ms", self.probe_interval_ms, 50)?;
+        at_least("probe_up_after", self.probe_up_after, 1)?;
+        for peer in self.peer_nodes()? {
+            if peer.name == self.node {
+                return Err(invalid("peers", format!("lists this node ({}) itself", self.node)));
             }
         }
         for device in &self.exclusive_devices {
@@ -879,7 +939,7 @@ mod tests {
 
     #[test]
     fn keys_match_config_fields() {
-        let config = Config { api_key: Some("x".repeat(16)), ..Config::default() };
+        let config = Config { api_key: Some("x".repeat(16)), public_url: Some("http://x".into()), ..Config::default() };
         let table = toml::Table::try_from(&config).unwrap();
         let fields: Vec<&str> = table.keys().map(String::as_str).collect();
         let mut keys: Vec<&str> = KEYS.iter().map(|k| k.name).collect();

@@ -25,6 +25,7 @@ pub enum ErrorCode {
     TokenExpired,
     TokenReplayed,
     MigrationBudget,
+    NoAliveNode,
     NotFound,
     Unavailable,
     Internal,
@@ -45,6 +46,7 @@ impl ErrorCode {
             ErrorCode::TokenExpired => "token_expired",
             ErrorCode::TokenReplayed => "token_replayed",
             ErrorCode::MigrationBudget => "migration_budget",
+            ErrorCode::NoAliveNode => "no_alive_node",
             ErrorCode::NotFound => "not_found",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",
@@ -298,6 +300,13 @@ pub struct UserMessageRequest {
 
 pub fn parse_user_message_request(body: &[u8]) -> Result<UserMessageRequest, String> {
     serde_json::from_slice(body).map_err(|e| e.to_string())
+}
+
+/// `GET /v1/route`
+#[derive(Debug, Serialize)]
+pub struct RouteReply {
+    pub node: String,
+    pub url: String,
 }
 
 /// `DELETE /v1/users/{user}/connections`

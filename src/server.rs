@@ -15,6 +15,7 @@ use thiserror::Error;
 
 use crate::actors::connection::{close, ConnectionSettings};
 use crate::actors::directory::{Directory, Reconcile};
+use crate::actors::liveness::LivenessActor;
 use crate::actors::messages::{CloseAll, CloseConnection, CountConnections};
 use crate::actors::registry::Registry;
 use crate::actors::room::{now_ms, RoomSettings};
@@ -69,6 +70,16 @@ pub async fn run(
     let token_secret = store.secret("token")?;
     let rooms = Rooms::start(store.clone(), room_settings(&config), threads());
     let registry = Registry::new(config.exclusive_devices.clone()).start();
+    let local = listener.local_addr()?;
+    let url = config.public_url.clone().unwrap_or_else(|| format!("http://{local}"));
+    let me = crate::config::Peer { name: config.node.clone(), cell: config.cell.clone(), url };
+    let liveness = LivenessActor::new(
+        me,
+        config.peer_nodes()?,
+        Duration::from_millis(config.probe_interval_ms),
+        config.probe_up_after.min(u32::MAX as u64) as u32,
+    )
+    .start();
     let lifecycle = Arc::new(Lifecycle::default());
     let metrics = Arc::new(Metrics::default());
     let directory = Directory::new(
@@ -87,7 +98,6 @@ pub async fn run(
         max_subscriptions: config.max_subscriptions,
         max_message_bytes: MAX_CLIENT_MESSAGE_BYTES,
     });
-    let local = listener.local_addr()?;
     let state = web::Data::new(AppState {
         config: Arc::new(config),
         api_key,
@@ -95,6 +105,7 @@ pub async fn run(
         rooms: rooms.clone(),
         registry: registry.clone(),
         directory: directory.clone(),
+        liveness,
         metrics: metrics.clone(),
         token_secret,
         connection,

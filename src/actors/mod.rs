@@ -3,6 +3,7 @@
 
 pub mod connection;
 pub mod directory;
+pub mod liveness;
 pub mod messages;
 pub mod registry;
 pub mod room;

@@ -3,6 +3,7 @@
 //! and carry out what it returns.
 
 pub mod batch;
+pub mod liveness;
 pub mod names;
 pub mod routing;
 pub mod seqlog;

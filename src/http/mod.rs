@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use crate::actors::connection::{Connection, ConnectionSettings, Identity, HISTORY_DEFAULT_LIMIT, HISTORY_MAX_LIMIT};
 use crate::actors::directory::{Directory, DirectoryError, OpenSession};
+use crate::actors::liveness::{LivenessActor, Route};
 use crate::actors::messages::Kick;
 use crate::actors::registry::Registry;
 use crate::actors::room::now_ms;
@@ -60,6 +61,7 @@ pub struct AppState {
     pub rooms: Rooms,
     pub registry: Addr<Registry>,
     pub directory: Addr<Directory>,
+    pub liveness: Addr<LivenessActor>,
     pub metrics: Arc<Metrics>,
     pub token_secret: Vec<u8>,
     pub connection: Arc<ConnectionSettings>,
@@ -121,6 +123,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/v1/rooms/{room}/events", web::get().to(read_history))
         .route("/v1/users/{user}/messages", web::post().to(message_user))
         .route("/v1/users/{user}/connections", web::delete().to(kick))
+        .route("/v1/route", web::get().to(route))
         .route("/v1/ws", web::get().to(upgrade))
         .route("/healthz", web::get().to(healthz))
         .route("/readyz", web::get().to(readyz))
@@ -370,6 +373,36 @@ async fn upgrade(
 fn internal(e: impl std::fmt::Display) -> ApiError {
     tracing::error!(error = %e, "internal error");
     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, "internal error; see the server log")
+}
+
+#[derive(Deserialize)]
+struct RouteQuery {
+    session: Option<String>,
+    user: Option<String>,
+}
+
+/// Which node a client should connect to: cell routing, then session routing, over the
+/// nodes alive now.
+async fn route(req: HttpRequest, query: web::Query<RouteQuery>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let RouteQuery { session, user } = query.into_inner();
+    let session = session.filter(|s| !s.is_empty());
+    let user = user.filter(|u| !u.is_empty());
+    if session.is_none() && user.is_none() {
+        return Err(ApiError::bad_request("give session, user or both"));
+    }
+    let recorded = match &session {
+        Some(s) => state.store.session(s).map_err(internal)?,
+        None => None,
+    };
+    let user = user.or_else(|| recorded.as_ref().map(|r| r.user.clone())).unwrap_or_default();
+    // A client without a session is routed by its user id.
+    let session = session.unwrap_or_else(|| names::inbox_room(&user));
+    let question = Route { session, user, recorded_owner: recorded.map(|r| r.owner) };
+    match state.liveness.send(question).await.map_err(internal)? {
+        Ok(answer) => Ok(json(StatusCode::OK, protocol::to_json(&protocol::RouteReply { node: answer.node, url: answer.url }))),
+        Err(none) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::NoAliveNode, none.to_string())),
+    }
 }
 
 async fn metrics(state: web::Data<AppState>) -> HttpResponse {
