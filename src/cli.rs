@@ -98,6 +98,26 @@ resumes after the last event it printed, so no event is printed twice or missed 
 server's history covers the gap; otherwise it says `recovery failed for ROOM: reload state`.
 Runs until Ctrl-C, or until the server closes the connection for good (codes 4500-4999).")]
     Subscribe(SubscribeArgs),
+    /// Route sessions offline with the same pure function the server uses; one line each
+    #[command(long_about = "\
+Route sessions offline with the same pure function the server uses, and print one line per
+session: `SESSION NODE`, or `SESSION error: REASON`.
+
+--nodes FILE: one node per line, `NAME` (alive) or `NAME down`.
+--sessions FILE: one session per line, `SESSION` or `SESSION RECORDED_OWNER`.
+Blank lines and lines starting with # are skipped. The answer depends only on the input,
+never on its order: two runs (on any machine) print the same bytes.")]
+    Route(RouteArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RouteArgs {
+    /// File listing the nodes, one per line: NAME [down]
+    #[arg(long, value_name = "FILE")]
+    pub nodes: std::path::PathBuf,
+    /// File listing the sessions, one per line: SESSION [RECORDED_OWNER]
+    #[arg(long, value_name = "FILE")]
+    pub sessions: std::path::PathBuf,
 }
 
 /// Where the client commands find the server.
@@ -224,6 +244,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             let reply = client.post(&format!("/v1/rooms/{}/events", encode(&args.room)), &Value::Object(body))?;
             print_line(reply.trim())
         }
+        Command::Route(args) => route_offline(&args),
         Command::Subscribe(args) => {
             init_tracing(format, "warn");
             let client = Client::from_config(&cli.config, &args.server)?;
@@ -237,6 +258,47 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             result
         }
     }
+}
+
+/// `livegate route`: the pure session routing over files, for checking determinism.
+fn route_offline(args: &RouteArgs) -> Result<(), CliError> {
+    let read = |path: &std::path::Path| {
+        std::fs::read_to_string(path).map_err(|e| CliError::Usage(format!("cannot read {}: {e}", path.display())))
+    };
+    let lines = |text: &str| -> Vec<Vec<String>> {
+        text.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(|l| l.split_whitespace().map(str::to_string).collect())
+            .collect()
+    };
+    let nodes = lines(&read(&args.nodes)?);
+    let mut owners: Vec<&str> = Vec::new();
+    let mut alive: Vec<&str> = Vec::new();
+    for fields in &nodes {
+        match fields.as_slice() {
+            [name] => {
+                owners.push(name);
+                alive.push(name);
+            }
+            [name, state] if state == "down" => owners.push(name),
+            _ => return Err(CliError::Usage(format!("bad node line {:?}: expected NAME or NAME down", fields.join(" ")))),
+        }
+    }
+    let mut out = String::new();
+    for fields in lines(&read(&args.sessions)?) {
+        let (session, recorded) = match fields.as_slice() {
+            [session] => (session.as_str(), None),
+            [session, owner] => (session.as_str(), Some(owner.as_str())),
+            _ => return Err(CliError::Usage(format!("bad session line {:?}: expected SESSION [OWNER]", fields.join(" ")))),
+        };
+        match crate::core::routing::route_session(session, recorded, &owners, &alive) {
+            Ok(node) => out.push_str(&format!("{session} {node}\n")),
+            Err(e) => out.push_str(&format!("{session} error: {e}\n")),
+        }
+    }
+    use std::io::Write;
+    std::io::stdout().lock().write_all(out.as_bytes()).map_err(|e| failed(format!("cannot write output: {e}")))
 }
 
 fn log_format(flag: Option<LogFormat>) -> Result<LogFormat, CliError> {
