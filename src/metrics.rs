@@ -24,6 +24,7 @@ pub struct Metrics {
     pub warmup_reconnect_successes: Counter,
     pub events_published: Counter,
     pub duplicates_rejected: Counter,
+    pub slow_consumer_closes: Counter,
 }
 
 impl Metrics {
@@ -52,6 +53,7 @@ impl Metrics {
         );
         registry.register("events_published", "Events appended to rooms", self.events_published.clone());
         registry.register("duplicates_rejected", "Publishes answered as duplicates", self.duplicates_rejected.clone());
+        registry.register("slow_consumer_closes", "Connections closed with 4009", self.slow_consumer_closes.clone());
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry).expect("writing to a String cannot fail");
         out

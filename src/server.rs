@@ -97,6 +97,7 @@ pub async fn run(
         batch_window: Duration::from_millis(config.batch_window_ms),
         max_subscriptions: config.max_subscriptions,
         max_message_bytes: MAX_CLIENT_MESSAGE_BYTES,
+        max_outbox_bytes: config.max_outbox_bytes,
     });
     let state = web::Data::new(AppState {
         config: Arc::new(config),
@@ -117,6 +118,7 @@ pub async fn run(
     let server = HttpServer::new(move || App::new().app_data(app_state.clone()).configure(http::configure))
         .workers(threads())
         .disable_signals()
+        .on_connect(http::on_connect)
         .shutdown_timeout(2)
         .listen(listener)?
         .run();

@@ -11,6 +11,7 @@ use actix_web::web::{Bytes, BytesMut};
 use actix_http::ws::Item;
 use actix_web_actors::ws::{self, CloseCode, CloseReason};
 
+use super::backlog::{Backlog, SocketAbort};
 use super::messages::*;
 use super::registry::Registry;
 use super::room::RoomActor;
@@ -36,6 +37,7 @@ pub mod close {
     pub const TOO_BIG: u16 = 1009;
     pub const SERVICE_RESTART: u16 = 1012;
     pub const HEARTBEAT_TIMEOUT: u16 = 4008;
+    pub const SLOW_CONSUMER: u16 = 4009;
     pub const REPLACED: u16 = 4501;
     pub const KICKED: u16 = 4502;
 }
@@ -49,6 +51,8 @@ pub struct ConnectionSettings {
     pub max_subscriptions: usize,
     /// Largest client message, assembled from continuation frames.
     pub max_message_bytes: usize,
+    /// Bytes sent to a connection but not yet written before it is closed with 4009.
+    pub max_outbox_bytes: usize,
 }
 
 /// Who is connected, as the token said.
@@ -91,14 +95,24 @@ pub struct Connection {
     fragments: Option<BytesMut>,
     /// This user's inbox room, subscribed automatically.
     inbox: Arc<str>,
+    backlog: Arc<Backlog>,
 }
 
 impl Connection {
-    pub fn new(id: ConnId, identity: Identity, settings: Arc<ConnectionSettings>, rooms: Rooms, registry: Addr<Registry>) -> Self {
+    pub fn new(
+        id: ConnId,
+        identity: Identity,
+        settings: Arc<ConnectionSettings>,
+        rooms: Rooms,
+        registry: Addr<Registry>,
+        socket: Option<std::sync::Weak<SocketAbort>>,
+    ) -> Self {
         let batch = BatchWindow::new(settings.batch_window);
+        let backlog = Arc::new(Backlog::new(settings.max_outbox_bytes, socket));
         let inbox = names::inbox_room(&identity.user).into();
         Connection {
             inbox,
+            backlog,
             id,
             identity,
             settings,
@@ -159,6 +173,9 @@ impl Connection {
         if self.queue(room, events) == 0 {
             return;
         }
+        if self.outbox_bytes > self.settings.max_outbox_bytes {
+            return self.evict_slow(ctx);
+        }
         match self.batch.on_event(Instant::now()) {
             BatchAction::SendNow => self.flush_outbox(ctx),
             BatchAction::ArmTimer(at) => {
@@ -166,6 +183,15 @@ impl Connection {
             }
             BatchAction::Wait => {}
         }
+    }
+
+    /// Close as a slow consumer: nothing more is queued for a client that does not read.
+    fn evict_slow(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        self.backlog.evict();
+        self.outbox.clear();
+        self.outbox_bytes = 0;
+        self.settings.metrics.slow_consumer_closes.inc();
+        self.close(ctx, close::SLOW_CONSUMER, "slow consumer: too many bytes queued");
     }
 
     fn close(&mut self, ctx: &mut ws::WebsocketContext<Self>, code: u16, reason: &str) {
@@ -262,7 +288,8 @@ impl Connection {
         self.subscriptions.insert(room.clone(), pending);
         let (rooms, conn, to) = (self.rooms.clone(), self.id, ctx.address().recipient());
         let name = room.clone();
-        let fut = async move { rooms.subscribe(&name, conn, to, since, epoch, reference, generation).await };
+        let backlog = self.backlog.clone();
+        let fut = async move { rooms.subscribe(&name, conn, to, backlog, since, epoch, reference, generation).await };
         ctx.spawn(fut.into_actor(self).map(move |result, conn, ctx| {
             let current = conn.subscriptions.get_mut(&room).filter(|s| s.generation == generation);
             match (result, current) {
@@ -404,10 +431,12 @@ impl Handler<RoomUpdate> for Connection {
                 }
             }
             RoomUpdate::Events { room, events } => {
+                self.backlog.release(super::room::events_bytes(&events));
                 if self.subscriptions.get(&room).is_some_and(|s| s.live) {
                     self.enqueue(&room, &events, ctx);
                 }
             }
+            RoomUpdate::SlowConsumer => self.evict_slow(ctx),
             RoomUpdate::Refused { room, reference, message, generation } => {
                 if self.subscriptions.get(&room).is_some_and(|s| s.generation == generation) {
                     self.subscriptions.remove(&room);

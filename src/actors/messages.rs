@@ -39,6 +39,8 @@ pub struct RoomGone;
 pub struct Subscribe {
     pub conn: ConnId,
     pub to: Recipient<RoomUpdate>,
+    /// The connection's backlog: the room reserves what it sends there.
+    pub backlog: Arc<super::backlog::Backlog>,
     /// Last seq the client saw; `None` subscribes live only.
     pub since: Option<u64>,
     pub epoch: Option<String>,
@@ -121,6 +123,8 @@ pub enum RoomUpdate {
     },
     /// Newly durable events, rendered once and shared by every subscriber.
     Events { room: Arc<str>, events: Arc<[Arc<Delivery>]> },
+    /// The connection's backlog went over its bound: stop and close with 4009.
+    SlowConsumer,
     /// The room cannot serve (its stored state is unreadable); the subscription is void.
     Refused { room: Arc<str>, reference: Option<i64>, message: String, generation: u64 },
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
+use super::backlog::{Backlog, Reserve};
 use super::messages::*;
 use super::rooms::RoomsInner;
 use crate::core::seqlog::{Append, Recovery, Retention, SeqLog};
@@ -35,6 +36,15 @@ enum RoomState {
     Failed(String),
 }
 
+/// How long an evicted slow consumer has to take its Close frame before its socket is
+/// shut down.
+const EVICT_GRACE: Duration = Duration::from_secs(2);
+
+struct Subscriber {
+    to: Recipient<RoomUpdate>,
+    backlog: Arc<Backlog>,
+}
+
 struct Waiter {
     seq: u64,
     duplicate: bool,
@@ -47,7 +57,7 @@ pub struct RoomActor {
     settings: RoomSettings,
     rooms: Weak<RoomsInner>,
     state: RoomState,
-    subscribers: HashMap<ConnId, Recipient<RoomUpdate>>,
+    subscribers: HashMap<ConnId, Subscriber>,
     waiting: Vec<Waiter>,
     flushing: bool,
     last_active: Instant,
@@ -56,6 +66,11 @@ pub struct RoomActor {
 
 pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Bytes a batch of events occupies in a connection's backlog.
+pub fn events_bytes(events: &[Arc<Delivery>]) -> usize {
+    events.iter().map(|e| e.json.len()).sum()
 }
 
 /// Render a stored event once for every subscriber.
@@ -165,10 +180,27 @@ impl RoomActor {
         }
         let fresh: Arc<[Arc<Delivery>]> = log.mark_durable(upto).map(|e| e.payload.clone()).collect();
         if !fresh.is_empty() {
-            self.subscribers.retain(|_, to| to.connected());
-            for to in self.subscribers.values() {
-                to.do_send(RoomUpdate::Events { room: self.name.clone(), events: fresh.clone() });
-            }
+            let bytes = events_bytes(&fresh);
+            let name = self.name.clone();
+            self.subscribers.retain(|conn, sub| {
+                if !sub.to.connected() {
+                    return false;
+                }
+                match sub.backlog.reserve(bytes) {
+                    Reserve::Ok => {
+                        sub.to.do_send(RoomUpdate::Events { room: name.clone(), events: fresh.clone() });
+                        true
+                    }
+                    Reserve::EvictNow => {
+                        tracing::info!(room = %name, conn, outstanding = sub.backlog.outstanding(), "slow consumer evicted");
+                        sub.to.do_send(RoomUpdate::SlowConsumer);
+                        let backlog = sub.backlog.clone();
+                        ctx.run_later(EVICT_GRACE, move |_, _| backlog.abort_socket());
+                        false
+                    }
+                    Reserve::Evicted => false,
+                }
+            });
         }
         let epoch: Arc<str> = log.epoch().into();
         let (done, still): (Vec<_>, Vec<_>) = self.waiting.drain(..).partition(|w| w.seq <= upto);
@@ -181,7 +213,7 @@ impl RoomActor {
 
     fn tick(&mut self, ctx: &mut Context<Self>) {
         self.trim_expired();
-        self.subscribers.retain(|_, to| to.connected());
+        self.subscribers.retain(|_, sub| sub.to.connected());
         let idle = self.subscribers.is_empty() && self.waiting.is_empty() && !self.flushing;
         if idle && self.last_active.elapsed() >= self.settings.idle_stop {
             if let Some(rooms) = self.rooms.upgrade() {
@@ -296,7 +328,7 @@ impl Handler<Subscribe> for RoomActor {
             reference: msg.reference,
             generation: msg.generation,
         });
-        self.subscribers.insert(msg.conn, msg.to);
+        self.subscribers.insert(msg.conn, Subscriber { to: msg.to, backlog: msg.backlog });
         Ok(())
     }
 }

@@ -121,6 +121,7 @@ impl Rooms {
         room: &str,
         conn: ConnId,
         to: Recipient<RoomUpdate>,
+        backlog: Arc<super::backlog::Backlog>,
         since: Option<u64>,
         epoch: Option<String>,
         reference: Option<i64>,
@@ -128,7 +129,7 @@ impl Rooms {
     ) -> Result<Addr<RoomActor>, RoomError> {
         for _ in 0..ATTEMPTS {
             let addr = self.addr(room);
-            let msg = Subscribe { conn, to: to.clone(), since, epoch: epoch.clone(), reference, generation };
+            let msg = Subscribe { conn, to: to.clone(), backlog: backlog.clone(), since, epoch: epoch.clone(), reference, generation };
             match addr.send(msg).await {
                 Ok(Ok(())) => return Ok(addr),
                 Ok(Err(RoomGone)) | Err(_) => self.forget(room, &addr),

@@ -11,6 +11,7 @@ use actix_web_actors::ws;
 use futures_util::StreamExt;
 use serde::Deserialize;
 
+use crate::actors::backlog::SocketAbort;
 use crate::actors::connection::{Connection, ConnectionSettings, Identity, HISTORY_DEFAULT_LIMIT, HISTORY_MAX_LIMIT};
 use crate::actors::directory::{Directory, DirectoryError, OpenSession};
 use crate::actors::liveness::{LivenessActor, Route};
@@ -112,6 +113,27 @@ impl From<RoomError> for ApiError {
 
 fn json(status: StatusCode, body: String) -> HttpResponse {
     HttpResponse::build(status).content_type("application/json").body(body)
+}
+
+/// A socket with data unacknowledged this long is dropped by the kernel: the backstop for
+/// peers that vanished or stopped reading.
+const TCP_USER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Called for every accepted connection: bound how long unacknowledged data may wait, and
+/// keep a duplicate of the socket so a stuck connection can be shut down from outside.
+pub fn on_connect(conn: &dyn std::any::Any, data: &mut actix_web::dev::Extensions) {
+    let Some(stream) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() else { return };
+    let socket = socket2::SockRef::from(stream);
+    if let Err(error) = socket.set_tcp_user_timeout(Some(TCP_USER_TIMEOUT)) {
+        tracing::debug!(%error, "could not set TCP_USER_TIMEOUT");
+    }
+    use std::os::fd::AsFd;
+    match stream.as_fd().try_clone_to_owned() {
+        Ok(fd) => {
+            data.insert(Arc::new(SocketAbort(fd)));
+        }
+        Err(error) => tracing::warn!(%error, "could not keep a handle to the socket"),
+    }
 }
 
 /// Register every route on an app.
@@ -363,7 +385,9 @@ async fn upgrade(
         warmup: grant.warmup,
     };
     let id = state.next_conn.fetch_add(1, Ordering::Relaxed);
-    let connection = Connection::new(id, identity, state.connection.clone(), state.rooms.clone(), state.registry.clone());
+    let socket = req.conn_data::<Arc<SocketAbort>>().map(Arc::downgrade);
+    let connection =
+        Connection::new(id, identity, state.connection.clone(), state.rooms.clone(), state.registry.clone(), socket);
     ws::WsResponseBuilder::new(connection, &req, stream)
         .frame_size(state.connection.max_message_bytes)
         .start()
