@@ -1,0 +1,190 @@
+//! The real binary as an operator runs it: `livegate serve` killed with SIGKILL right
+//! after its last acknowledged publish, then started again on the same data dir. Every
+//! acknowledged event is still there (a publish is acknowledged only once durable), with
+//! the same epoch and head, the sequence goes on, and a token used before the kill stays
+//! used.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{json, Value};
+
+/// A `livegate serve` child process, killed when dropped.
+struct Serve {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Serve {
+    fn start(data_dir: &Path, log: &Path, extra: &[&str]) -> Serve {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_livegate"));
+        cmd.arg("serve")
+            .args(["--listen", &addr.to_string()])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--api-key", API_KEY, "--node", NODE])
+            .args(extra)
+            .current_dir(data_dir.parent().expect("parent"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(log).expect("log file")));
+        for (k, _) in std::env::vars() {
+            if k.starts_with("LIVEGATE_") {
+                cmd.env_remove(k);
+            }
+        }
+        let mut child = cmd.spawn().expect("spawn livegate serve");
+        let http = Http::new(addr);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                let log = std::fs::read_to_string(log).unwrap_or_default();
+                panic!("livegate serve exited with {status} before becoming ready:\n{log}");
+            }
+            if let Ok((200, _)) = http.try_request("GET", "/readyz", Auth::None, Body::None) {
+                return Serve { child, addr };
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("livegate serve on {addr} not ready within 20 s");
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    fn kill9(mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("wait");
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn acknowledged_events_and_used_tokens_survive_kill_9() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let data = root.path().join("data");
+    let serve = Serve::start(&data, &root.path().join("serve-1.log"), &[]);
+    let http = Http::new(serve.addr);
+
+    let used = http.mint_token("alice", "web");
+    let client = WsClient::connect(serve.addr, &used, None).await;
+    drop(client);
+
+    // 4 concurrent publishers × 25 events; remember what each ack said.
+    let handles: Vec<_> = (0..4)
+        .map(|t| {
+            let http = http.clone();
+            std::thread::spawn(move || {
+                (0..25)
+                    .map(|i| {
+                        let id = format!("t{t}-{i}");
+                        let data = json!({"t": t, "i": i});
+                        let reply = http.publish_ok("durable", Some(&id), data.clone());
+                        (id, data, reply)
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let acked: Vec<(String, Value, Value)> = handles.into_iter().flat_map(|h| h.join().expect("publisher")).collect();
+    let epoch = acked[0].2["epoch"].clone();
+    let before = http.history_ok("durable", Some(0), Some(1000));
+    assert_eq!(before["head"], 100);
+
+    // No shutdown, no flush: SIGKILL right after the last acknowledgement.
+    serve.kill9();
+
+    let serve = Serve::start(&data, &root.path().join("serve-2.log"), &[]);
+    let http = Http::new(serve.addr);
+    let after = http.history_ok("durable", Some(0), Some(1000));
+    assert_eq!(after["epoch"], epoch, "epoch after kill -9: {after}");
+    assert_eq!(after["head"], 100, "head after kill -9");
+    let events = after["events"].as_array().expect("events");
+    assert_eq!(events.len(), 100, "every acknowledged event survives kill -9");
+    for (id, data, reply) in &acked {
+        let e = events.iter().find(|e| e["id"] == id.as_str()).unwrap_or_else(|| panic!("acknowledged {id} lost"));
+        assert_eq!(e["seq"], reply["seq"], "{id} keeps its acknowledged seq");
+        assert_eq!(&e["data"], data, "{id} keeps its data");
+    }
+    assert_eq!(after, before, "history after kill -9 equals history before it");
+
+    // A retried publish is still recognised, and new ones continue the sequence.
+    let (status, again) = http.publish("durable", Some("t0-0"), json!({"t": 0, "i": 0}));
+    assert_eq!((status, &again["duplicate"]), (200, &json!(true)), "{again}");
+    let next = http.publish_ok("durable", None, json!("next"));
+    assert_eq!((&next["seq"], &next["epoch"]), (&json!(101), &epoch), "{next}");
+
+    match WsClient::try_connect(serve.addr, Some(&used), None).await {
+        Ok(_) => panic!("a token used before kill -9 must stay used"),
+        Err(r) => assert_eq!((r.status, error_code(&r.body)), (401, "token_replayed"), "{}", r.body),
+    }
+}
+
+#[tokio::test]
+async fn events_acknowledged_before_a_kill_9_mid_stream_survive_with_their_seqs() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let data = root.path().join("data");
+    // Keep everything, so every acknowledged event can be looked up afterwards.
+    let keep_all = ["--history-size", "1000000"];
+    let serve = Serve::start(&data, &root.path().join("serve-1.log"), &keep_all);
+    let http = Http::new(serve.addr);
+
+    // Publishers run flat out until the server disappears under them.
+    let handles: Vec<_> = (0..4)
+        .map(|t| {
+            let http = http.clone();
+            std::thread::spawn(move || {
+                let mut acked = Vec::new();
+                for i in 0.. {
+                    let id = format!("t{t}-{i}");
+                    let body = Body::Json(json!({"id": id, "data": {"t": t, "i": i}}));
+                    match http.try_request("POST", "/v1/rooms/stream/events", Auth::Key, body) {
+                        Ok((201, reply)) => acked.push((id, reply["seq"].as_u64().expect("seq"), reply["epoch"].clone())),
+                        _ => break,
+                    }
+                }
+                acked
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    serve.kill9();
+    let acked: Vec<(String, u64, Value)> = handles.into_iter().flat_map(|h| h.join().expect("publisher")).collect();
+    assert!(acked.len() >= 10, "publishers got only {} acks before the kill", acked.len());
+
+    let serve = Serve::start(&data, &root.path().join("serve-2.log"), &keep_all);
+    let http = Http::new(serve.addr);
+    let mut events: Vec<Value> = Vec::new();
+    let (epoch, head) = loop {
+        let page = http.history_ok("stream", Some(events.len() as u64), Some(1000));
+        let got = page["events"].as_array().expect("events").clone();
+        let head = page["head"].as_u64().expect("head");
+        let done = got.is_empty() || events.len() as u64 + got.len() as u64 >= head;
+        events.extend(got);
+        if done {
+            break (page["epoch"].clone(), head);
+        }
+    };
+    assert_eq!(seqs(&events), (1..=head).collect::<Vec<_>>(), "history after kill -9 is 1..=head without holes");
+    let max_acked = acked.iter().map(|a| a.1).max().expect("acks");
+    assert!(head >= max_acked, "head {head} after restart is below the highest acknowledged seq {max_acked}");
+    for (id, seq, acked_epoch) in &acked {
+        assert_eq!(&epoch, acked_epoch, "epoch of acknowledged {id}");
+        let e = &events[(*seq - 1) as usize];
+        assert_eq!(e["id"], id.as_str(), "seq {seq} was acknowledged for {id}, history has {e}");
+    }
+    eprintln!("{} acknowledged before kill -9; head {head} after restart", acked.len());
+}
