@@ -354,8 +354,8 @@ fn serve(flags: &ConfigFlags) -> Result<(), CliError> {
     let system = actix_web::rt::System::new();
     // Install the signal handlers before announcing the address: a SIGTERM sent as soon
     // as the line is read must start a drain, not kill the process.
-    let shutdown = system
-        .block_on(async { shutdown_signal() })
+    let signals = system
+        .block_on(async { shutdown_signals() })
         .map_err(|e| failed(format!("cannot install signal handlers: {e}")))?;
     print_line(&format!(
         "livegate {} listening on http://{addr} (node {}, data {})",
@@ -363,22 +363,24 @@ fn serve(flags: &ConfigFlags) -> Result<(), CliError> {
         config.node,
         config.data_dir.display()
     ))?;
-    system.block_on(crate::server::run(listener, config, shutdown)).map_err(|e| failed(e.to_string()))
+    system.block_on(crate::server::run_with_signals(listener, config, signals)).map_err(|e| failed(e.to_string()))
 }
 
 /// A future that resolves on the first SIGTERM or SIGINT. Must be called inside a tokio
 /// runtime; the handlers are installed by the call, not by the first poll.
-fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + 'static> {
+/// Every SIGTERM or SIGINT, as a stream: the first starts a drain, a second forces it.
+fn shutdown_signals() -> std::io::Result<impl futures_util::Stream<Item = ()> + 'static> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    Ok(async move {
+    let terminate = signal(SignalKind::terminate())?;
+    let interrupt = signal(SignalKind::interrupt())?;
+    Ok(futures_util::stream::unfold((terminate, interrupt), |(mut terminate, mut interrupt)| async move {
         let name = tokio::select! {
             _ = terminate.recv() => "SIGTERM",
             _ = interrupt.recv() => "SIGINT",
         };
-        tracing::info!("{name} received: shutting down");
-    })
+        tracing::info!("{name} received");
+        Some(((), (terminate, interrupt)))
+    }))
 }
 
 // ---------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ pub struct Metrics {
     pub events_published: Counter,
     pub duplicates_rejected: Counter,
     pub slow_consumer_closes: Counter,
+    pub drain_phase: Gauge,
+    pub drain_connections_left: Gauge,
 }
 
 impl Metrics {
@@ -54,6 +56,12 @@ impl Metrics {
         registry.register("events_published", "Events appended to rooms", self.events_published.clone());
         registry.register("duplicates_rejected", "Publishes answered as duplicates", self.duplicates_rejected.clone());
         registry.register("slow_consumer_closes", "Connections closed with 4009", self.slow_consumer_closes.clone());
+        registry.register(
+            "drain_phase",
+            "0 serving, 1 not ready, 2 closing, 3 forced, 4 done",
+            self.drain_phase.clone(),
+        );
+        registry.register("drain_connections_left", "Connections open during a drain", self.drain_connections_left.clone());
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry).expect("writing to a String cannot fail");
         out

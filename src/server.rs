@@ -1,35 +1,35 @@
 //! `run(listener, config, shutdown)`: opens the store, starts the actors and the HTTP
-//! server on the given listener, and on `shutdown` closes every connection with 1012
-//! (reconnect now), stops the rooms and flushes the store before returning. `main` and the
-//! tests call the same function; the caller owns the listener and the shutdown signal.
+//! server on the given listener, and on `shutdown` lets the supervisor drain (1012 to every
+//! connection, spread out), then stops the rooms and flushes the store before returning.
+//! `main` and the tests call the same code; the caller owns the listener and the signals.
 
 use std::future::Future;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actix::Actor;
 use actix_web::{web, App, HttpServer};
 use futures_util::future::{select, Either};
+use futures_util::stream::{self, Stream, StreamExt};
+use tokio::sync::oneshot;
 use thiserror::Error;
 
-use crate::actors::connection::{close, ConnectionSettings};
-use crate::actors::directory::{Directory, Reconcile};
+use crate::actors::connection::ConnectionSettings;
+use crate::actors::directory::Directory;
 use crate::actors::liveness::LivenessActor;
-use crate::actors::messages::{CloseAll, CloseConnection, CountConnections};
 use crate::actors::registry::Registry;
 use crate::actors::room::{now_ms, RoomSettings};
 use crate::actors::rooms::Rooms;
+use crate::actors::supervisor::{DrainTiming, Signal, Start, Supervisor};
 use crate::config::{Config, ConfigError};
 use crate::core::seqlog::Retention;
-use crate::http::{self, AppState, Lifecycle, Phase};
+use crate::http::{self, AppState, Lifecycle};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
 
 /// Largest client WebSocket message (frame or assembled fragments).
 const MAX_CLIENT_MESSAGE_BYTES: usize = 64 * 1024;
-/// How long shutdown waits for clients to close after being told to.
-const CLOSE_WAIT: Duration = Duration::from_secs(3);
 /// How often expired token nonces are forgotten.
 const NONCE_PURGE_EVERY: Duration = Duration::from_secs(60);
 
@@ -58,11 +58,22 @@ fn threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
-/// Serve on `listener` until `shutdown` resolves. Must run inside an actix system.
+/// Serve on `listener` until `shutdown` resolves, then drain. Must run inside an actix
+/// system.
 pub async fn run(
     listener: std::net::TcpListener,
     config: Config,
     shutdown: impl Future<Output = ()> + 'static,
+) -> Result<(), ServerError> {
+    run_with_signals(listener, config, stream::once(shutdown).chain(stream::pending())).await
+}
+
+/// Serve on `listener`; the first item of `signals` starts a drain, a second one forces
+/// it. Must run inside an actix system.
+pub async fn run_with_signals(
+    listener: std::net::TcpListener,
+    config: Config,
+    signals: impl Stream<Item = ()> + 'static,
 ) -> Result<(), ServerError> {
     config.validate()?;
     let api_key = config.resolve_api_key()?.key;
@@ -70,6 +81,15 @@ pub async fn run(
     let token_secret = store.secret("token")?;
     let rooms = Rooms::start(store.clone(), room_settings(&config), threads());
     let registry = Registry::new(config.exclusive_devices.clone()).start();
+    let metrics = Arc::new(Metrics::default());
+    let directory = Directory::new(
+        store.clone(),
+        config.node.clone(),
+        Duration::from_secs(config.migration_window_secs),
+        Duration::from_secs(config.warmup_secs),
+        metrics.clone(),
+    )
+    .start();
     let local = listener.local_addr()?;
     let url = config.public_url.clone().unwrap_or_else(|| format!("http://{local}"));
     let me = crate::config::Peer { name: config.node.clone(), cell: config.cell.clone(), url };
@@ -81,15 +101,6 @@ pub async fn run(
     )
     .start();
     let lifecycle = Arc::new(Lifecycle::default());
-    let metrics = Arc::new(Metrics::default());
-    let directory = Directory::new(
-        store.clone(),
-        config.node.clone(),
-        Duration::from_secs(config.migration_window_secs),
-        Duration::from_secs(config.warmup_secs),
-        metrics.clone(),
-    )
-    .start();
     let connection = Arc::new(ConnectionSettings {
         metrics: metrics.clone(),
         node: config.node.clone(),
@@ -99,6 +110,11 @@ pub async fn run(
         max_message_bytes: MAX_CLIENT_MESSAGE_BYTES,
         max_outbox_bytes: config.max_outbox_bytes,
     });
+    let timing = DrainTiming {
+        wait: Duration::from_secs(config.drain_wait_secs),
+        spread: Duration::from_secs(config.drain_spread_secs),
+        grace: Duration::from_secs(config.drain_grace_secs),
+    };
     let state = web::Data::new(AppState {
         config: Arc::new(config),
         api_key,
@@ -119,54 +135,53 @@ pub async fn run(
         .workers(threads())
         .disable_signals()
         .on_connect(http::on_connect)
-        .shutdown_timeout(2)
+        // The supervisor decides when connections end; this only bounds the very last step.
+        .shutdown_timeout(timing.spread.as_secs() + timing.grace.as_secs() + 5)
         .listen(listener)?
         .run();
-    let handle = server.handle();
+    let (done_tx, done) = oneshot::channel();
+    let supervisor =
+        Supervisor::new(lifecycle, registry, directory, server.handle(), timing, metrics, done_tx).start();
     let mut serving = actix_web::rt::spawn(server);
-    let purge_store = store.clone();
-    let purge = actix_web::rt::spawn(async move {
-        loop {
-            actix_web::rt::time::sleep(NONCE_PURGE_EVERY).await;
-            match purge_store.purge_nonces(now_ms()) {
-                Ok(0) => {}
-                Ok(n) => tracing::debug!(purged = n, "expired token nonces forgotten"),
-                Err(error) => tracing::warn!(%error, "could not purge token nonces"),
-            }
-        }
-    });
-    // Ready only once the directory is reconciled (and warm-up decided).
-    directory.send(Reconcile).await.map_err(|e| ServerError::Startup(e.to_string()))?.map_err(|e| ServerError::Startup(e.to_string()))?;
-    lifecycle.set(Phase::Ready);
+    let purge = actix_web::rt::spawn(purge_nonces(store.clone()));
+    supervisor.send(Start).await.map_err(|e| ServerError::Startup(e.to_string()))?.map_err(ServerError::Startup)?;
     tracing::info!(addr = %local, node = %state.config.node, data_dir = %state.config.data_dir.display(), "ready");
 
-    let shutdown = Box::pin(shutdown);
-    let server_result = match select(shutdown, &mut serving).await {
-        Either::Left(((), _)) => None,
-        Either::Right((result, _)) => Some(result),
+    let forward = supervisor.clone();
+    let signals = actix_web::rt::spawn(async move {
+        let mut signals = std::pin::pin!(signals);
+        while signals.next().await.is_some() {
+            forward.do_send(Signal);
+        }
+    });
+    let result = match select(done, &mut serving).await {
+        Either::Left(_) => {
+            // Drained: every connection is closed; let the HTTP server finish.
+            let _ = actix_web::rt::time::timeout(Duration::from_secs(5), &mut serving).await;
+            Ok(())
+        }
+        Either::Right((ended, _)) => match ended {
+            Ok(Err(e)) => Err(ServerError::Io(e)),
+            _ => Ok(()),
+        },
     };
-
-    lifecycle.set(Phase::Draining);
-    let started = Instant::now();
-    let told = registry
-        .send(CloseAll { close: CloseConnection { code: close::SERVICE_RESTART, reason: "server restarting".into() } })
-        .await
-        .unwrap_or(0);
-    while started.elapsed() < CLOSE_WAIT && registry.send(CountConnections).await.unwrap_or(0) > 0 {
-        actix_web::rt::time::sleep(Duration::from_millis(20)).await;
-    }
-    tracing::info!(closed = told, elapsed_ms = started.elapsed().as_millis() as u64, "connections closed");
-    handle.stop(true).await;
-    if server_result.is_none() {
-        let _ = serving.await;
-    }
+    signals.abort();
     purge.abort();
     rooms.shutdown();
     drop(state);
     store.flush()?;
     tracing::info!("store flushed; stopped");
-    match server_result {
-        Some(Ok(Err(e))) => Err(e.into()),
-        _ => Ok(()),
+    result
+}
+
+/// Forget expired token nonces now and then.
+async fn purge_nonces(store: Store) {
+    loop {
+        actix_web::rt::time::sleep(NONCE_PURGE_EVERY).await;
+        match store.purge_nonces(now_ms()) {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(purged = n, "expired token nonces forgotten"),
+            Err(error) => tracing::warn!(%error, "could not purge token nonces"),
+        }
     }
 }

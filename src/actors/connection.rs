@@ -18,10 +18,13 @@ use super::room::RoomActor;
 use super::rooms::Rooms;
 use crate::core::batch::{BatchAction, BatchWindow};
 use crate::core::names;
+use crate::core::sent::SentRange;
 use crate::protocol::{self, ClientOp, ClientRequest, ErrorCode};
 
 /// An `events` frame is cut after this many bytes of events (at least one event each).
 const FRAME_TARGET_BYTES: usize = 256 * 1024;
+/// How long a closing connection waits for the client's Close frame.
+const CLOSE_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Heartbeat periods without a word from the client before it is closed with 4008.
 const MISSED_HEARTBEATS: u32 = 3;
 /// Default and largest `limit` of a `history` request.
@@ -75,9 +78,11 @@ struct Subscription {
     live: bool,
     /// The room's epoch, once known.
     epoch: Option<Arc<str>>,
-    /// Highest seq this connection has queued for the client: nothing at or below it is
-    /// sent again, also across a resubscribe with an older `since`.
-    delivered_upto: u64,
+    /// What this connection has sent of the room: nothing in it is sent again, also
+    /// across a resubscribe with an older `since`.
+    sent: SentRange,
+    /// The `since` of the pending subscribe.
+    since: Option<u64>,
 }
 
 pub struct Connection {
@@ -96,6 +101,8 @@ pub struct Connection {
     /// This user's inbox room, subscribed automatically.
     inbox: Arc<str>,
     backlog: Arc<Backlog>,
+    /// A Close frame was sent; waiting for the client's.
+    closing: bool,
 }
 
 impl Connection {
@@ -113,6 +120,7 @@ impl Connection {
         Connection {
             inbox,
             backlog,
+            closing: false,
             id,
             identity,
             settings,
@@ -151,18 +159,19 @@ impl Connection {
     }
 
     /// Queue the events of `room` this connection has not sent yet and that are for its
-    /// device. Returns how many were queued.
-    fn queue(&mut self, room: &str, events: &[Arc<Delivery>]) -> usize {
+    /// device; `live` events also extend what counts as sent. Returns how many were queued.
+    fn queue(&mut self, room: &str, events: &[Arc<Delivery>], live: bool) -> usize {
         let device = self.identity.device.clone();
         let Some(sub) = self.subscriptions.get_mut(room) else { return 0 };
         let before = self.outbox.len();
         for event in events {
-            if event.seq > sub.delivered_upto {
-                sub.delivered_upto = event.seq;
-                if event.is_for(&device) {
-                    self.outbox_bytes += event.json.len();
-                    self.outbox.push(event.clone());
-                }
+            let fresh = !sub.sent.contains(event.seq);
+            if live {
+                sub.sent.on_live(event.seq);
+            }
+            if fresh && event.is_for(&device) {
+                self.outbox_bytes += event.json.len();
+                self.outbox.push(event.clone());
             }
         }
         self.outbox.len() - before
@@ -170,7 +179,7 @@ impl Connection {
 
     /// Queue live events and let the batching window decide when they leave.
     fn enqueue(&mut self, room: &str, events: &[Arc<Delivery>], ctx: &mut ws::WebsocketContext<Self>) {
-        if self.queue(room, events) == 0 {
+        if self.queue(room, events, true) == 0 {
             return;
         }
         if self.outbox_bytes > self.settings.max_outbox_bytes {
@@ -194,14 +203,34 @@ impl Connection {
         self.close(ctx, close::SLOW_CONSUMER, "slow consumer: too many bytes queued");
     }
 
-    fn close(&mut self, ctx: &mut ws::WebsocketContext<Self>, code: u16, reason: &str) {
-        self.flush_outbox(ctx);
-        tracing::debug!(conn = self.id, user = %self.identity.user, code, reason, "closing connection");
+    /// Send a Close frame (after what is queued, except to a slow consumer) and wait,
+    /// bounded, for the client's Close. A second close, or `force`, stops at once.
+    fn close_with(&mut self, ctx: &mut ws::WebsocketContext<Self>, code: u16, reason: &str, force: bool) {
+        if self.closing {
+            ctx.stop();
+            return;
+        }
+        if code != close::SLOW_CONSUMER {
+            self.flush_outbox(ctx);
+        }
+        tracing::debug!(conn = self.id, user = %self.identity.user, code, reason, force, "closing connection");
         ctx.close(Some(CloseReason { code: CloseCode::from(code), description: Some(reason.to_string()) }));
-        ctx.stop();
+        self.closing = true;
+        if force {
+            ctx.stop();
+        } else {
+            ctx.run_later(CLOSE_HANDSHAKE_TIMEOUT, |_, ctx| ctx.stop());
+        }
+    }
+
+    fn close(&mut self, ctx: &mut ws::WebsocketContext<Self>, code: u16, reason: &str) {
+        self.close_with(ctx, code, reason, false);
     }
 
     fn heartbeat(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        if self.closing {
+            return;
+        }
         if self.last_heard.elapsed() >= self.settings.heartbeat * MISSED_HEARTBEATS {
             self.close(ctx, close::HEARTBEAT_TIMEOUT, "heartbeat timeout");
         } else {
@@ -270,21 +299,21 @@ impl Connection {
         }
         let room: Arc<str> = room.into();
         // A resubscribe keeps what was already sent, so nothing goes out twice.
-        let (epoch_seen, delivered_upto) = match self.subscriptions.get(&room) {
-            Some(old) => (old.epoch.clone(), old.delivered_upto),
+        let (epoch_seen, sent) = match self.subscriptions.get(&room) {
+            Some(old) => (old.epoch.clone(), old.sent),
             None => {
                 let counted = self.subscriptions.keys().filter(|r| r.as_ref() != self.inbox.as_ref()).count();
                 if *room != *self.inbox && counted >= self.settings.max_subscriptions {
                     let message = format!("at most {} subscriptions per connection", self.settings.max_subscriptions);
                     return self.send_error(ctx, reference, ErrorCode::TooManySubscriptions, &message);
                 }
-                (None, 0)
+                (None, SentRange::default())
             }
         };
         self.unsubscribe(&room);
         self.next_generation += 1;
         let generation = self.next_generation;
-        let pending = Subscription { generation, room: None, live: false, epoch: epoch_seen, delivered_upto };
+        let pending = Subscription { generation, room: None, live: false, epoch: epoch_seen, sent, since };
         self.subscriptions.insert(room.clone(), pending);
         let (rooms, conn, to) = (self.rooms.clone(), self.id, ctx.address().recipient());
         let name = room.clone();
@@ -311,6 +340,13 @@ impl Connection {
     }
 
     fn on_message(&mut self, msg: ws::Message, ctx: &mut ws::WebsocketContext<Self>) {
+        if self.closing {
+            // Only the client's Close matters now.
+            if let ws::Message::Close(_) = msg {
+                ctx.stop();
+            }
+            return;
+        }
         match msg {
             ws::Message::Text(text) => self.handle_text(&text, ctx),
             ws::Message::Binary(_) => {
@@ -411,6 +447,12 @@ impl Handler<RoomUpdate> for Connection {
     type Result = ();
 
     fn handle(&mut self, update: RoomUpdate, ctx: &mut Self::Context) {
+        if self.closing {
+            if let RoomUpdate::Events { events, .. } = &update {
+                self.backlog.release(super::room::events_bytes(events));
+            }
+            return;
+        }
         match update {
             RoomUpdate::Subscribed { room, epoch, head, recovered, replay, reference, generation } => {
                 let Some(sub) = self.subscriptions.get_mut(&room).filter(|s| s.generation == generation) else {
@@ -418,16 +460,16 @@ impl Handler<RoomUpdate> for Connection {
                 };
                 sub.live = true;
                 if sub.epoch.as_ref().is_some_and(|seen| *seen != epoch) {
-                    sub.delivered_upto = 0;
+                    sub.sent = SentRange::default();
                 }
                 sub.epoch = Some(epoch.clone());
+                let replayed_after = if recovered == Some(true) { sub.since } else { None };
                 ctx.text(protocol::subscribed_frame(&room, &epoch, head, recovered, reference));
-                if self.queue(&room, &replay) > 0 {
+                if self.queue(&room, &replay, false) > 0 {
                     self.flush_outbox(ctx);
                 }
-                // Live from `head` on: older events were replayed or are not wanted.
                 if let Some(sub) = self.subscriptions.get_mut(&room) {
-                    sub.delivered_upto = sub.delivered_upto.max(head);
+                    sub.sent.on_subscribed(head, replayed_after);
                 }
             }
             RoomUpdate::Events { room, events } => {
@@ -451,6 +493,6 @@ impl Handler<CloseConnection> for Connection {
     type Result = ();
 
     fn handle(&mut self, msg: CloseConnection, ctx: &mut Self::Context) {
-        self.close(ctx, msg.code, &msg.reason);
+        self.close_with(ctx, msg.code, &msg.reason, msg.force);
     }
 }

@@ -189,13 +189,17 @@ impl Handler<OpenSession> for Directory {
 impl Handler<Reconcile> for Directory {
     type Result = Result<(usize, usize), DirectoryError>;
 
-    fn handle(&mut self, _msg: Reconcile, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, _msg: Reconcile, ctx: &mut Self::Context) -> Self::Result {
         // This node holds no connection yet: records it owned wait for their clients to
         // reconnect (here or elsewhere); nothing is rewritten in bulk.
         let (sessions, owned) = self.store.count_sessions(&self.node)?;
         if sessions > 0 && !self.warmup.is_zero() {
             self.warmup_until = Some(Instant::now() + self.warmup);
             self.metrics.warmup_active.set(1);
+            // End the window on time even if no handshake asks.
+            ctx.run_later(self.warmup + Duration::from_millis(10), |dir, _| {
+                dir.in_warmup();
+            });
         }
         tracing::info!(sessions, owned_here = owned, warmup_secs = self.warmup.as_secs(), warmup = sessions > 0, "directory reconciled");
         Ok((sessions, owned))

@@ -131,12 +131,14 @@ pub enum RoomUpdate {
 
 // ---- anyone → connection ----
 
-/// Close a connection with a WebSocket close code.
+/// Close a connection with a WebSocket close code. The connection then waits (bounded)
+/// for the client's Close; `force` stops it at once, and so does a second close.
 #[derive(Message, Clone)]
 #[rtype(result = "()")]
 pub struct CloseConnection {
     pub code: u16,
     pub reason: String,
+    pub force: bool,
 }
 
 // ---- connection ↔ registry ----
@@ -170,6 +172,14 @@ pub struct Kick {
 #[rtype(result = "usize")]
 pub struct CloseAll {
     pub close: CloseConnection,
+}
+
+/// Send Close 1012 to every connection, in batches spread over `spread`, each with its
+/// own suggested reconnect delay; replies with how many will be closed.
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct DrainClose {
+    pub spread: std::time::Duration,
 }
 
 /// How many connections are registered.

@@ -9,3 +9,4 @@ pub mod messages;
 pub mod registry;
 pub mod room;
 pub mod rooms;
+pub mod supervisor;

@@ -4,13 +4,15 @@
 //! answer once each of them has handled its close.
 
 use std::collections::{HashMap, HashSet};
+
+use tokio::sync::oneshot;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use futures_util::future::join_all;
 
 use super::connection::close;
 use super::messages::*;
+use crate::core::drain::{drain_batches, reconnect_hint_ms};
 
 struct Entry {
     user: Arc<str>,
@@ -18,10 +20,21 @@ struct Entry {
     to: Recipient<CloseConnection>,
 }
 
+/// Longest a kick waits for its connections to stop.
+const KICK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A kick waiting for its connections to stop.
+struct PendingKick {
+    waiting: HashSet<ConnId>,
+    closed: usize,
+    reply: oneshot::Sender<usize>,
+}
+
 pub struct Registry {
     exclusive_devices: HashSet<String>,
     connections: HashMap<ConnId, Entry>,
     by_user: HashMap<Arc<str>, Vec<ConnId>>,
+    kicks: Vec<PendingKick>,
 }
 
 impl Registry {
@@ -30,6 +43,7 @@ impl Registry {
             exclusive_devices: exclusive_devices.into_iter().collect(),
             connections: HashMap::new(),
             by_user: HashMap::new(),
+            kicks: Vec::new(),
         }
     }
 
@@ -69,6 +83,7 @@ impl Handler<Register> for Registry {
                     entry.to.do_send(CloseConnection {
                         code: close::REPLACED,
                         reason: "replaced by a newer connection of this user and device".into(),
+                        force: false,
                     });
                 }
             }
@@ -83,24 +98,44 @@ impl Handler<Unregister> for Registry {
 
     fn handle(&mut self, msg: Unregister, _ctx: &mut Self::Context) {
         self.remove(msg.conn);
+        self.kicks.retain_mut(|kick| {
+            kick.waiting.remove(&msg.conn);
+            !kick.waiting.is_empty()
+        });
+        let (done, pending): (Vec<_>, Vec<_>) = std::mem::take(&mut self.kicks).into_iter().partition(|k| k.waiting.is_empty());
+        self.kicks = pending;
+        for kick in done {
+            let _ = kick.reply.send(kick.closed);
+        }
     }
 }
 
 impl Handler<Kick> for Registry {
     type Result = ResponseFuture<usize>;
 
+    /// Answers once every kicked connection has stopped (its client answered the Close,
+    /// or the close handshake timed out).
     fn handle(&mut self, msg: Kick, _ctx: &mut Self::Context) -> Self::Result {
-        let targets: Vec<_> = self
-            .of_user(&msg.user, msg.device.as_deref())
-            .into_iter()
-            .filter_map(|id| self.remove(id))
-            .collect();
-        let close = CloseConnection { code: close::KICKED, reason: "closed by an operator".into() };
-        Box::pin(async move {
-            let closes = targets.iter().map(|entry| entry.to.send(close.clone()));
-            // A connection that already stopped on its own counts as closed too.
-            join_all(closes).await.len()
-        })
+        let targets = self.of_user(&msg.user, msg.device.as_deref());
+        let close = CloseConnection { code: close::KICKED, reason: "closed by an operator".into(), force: false };
+        let mut waiting = HashSet::new();
+        for id in &targets {
+            if let Some(entry) = self.connections.get(id) {
+                entry.to.do_send(close.clone());
+                if entry.to.connected() {
+                    waiting.insert(*id);
+                }
+            }
+        }
+        let closed = targets.len();
+        let (reply, answer) = oneshot::channel();
+        if waiting.is_empty() {
+            let _ = reply.send(closed);
+        } else {
+            self.kicks.push(PendingKick { waiting, closed, reply });
+        }
+        // The close handshake is bounded, so this only guards against a lost Unregister.
+        Box::pin(async move { actix_web::rt::time::timeout(KICK_WAIT, answer).await.ok().and_then(Result::ok).unwrap_or(closed) })
     }
 }
 
@@ -112,6 +147,33 @@ impl Handler<CloseAll> for Registry {
             entry.to.do_send(msg.close.clone());
         }
         self.connections.len()
+    }
+}
+
+impl Handler<DrainClose> for Registry {
+    type Result = usize;
+
+    fn handle(&mut self, msg: DrainClose, ctx: &mut Self::Context) -> usize {
+        let mut ids: Vec<ConnId> = self.connections.keys().copied().collect();
+        ids.sort_unstable();
+        let total = ids.len();
+        let hint_window = msg.spread.max(std::time::Duration::from_secs(1));
+        for batch in drain_batches(total, msg.spread) {
+            let targets: Vec<(usize, Recipient<CloseConnection>)> = (batch.first..batch.first + batch.count)
+                .filter_map(|i| self.connections.get(&ids[i]).map(|e| (i, e.to.clone())))
+                .collect();
+            ctx.run_later(batch.at, move |_, _| {
+                for (i, to) in targets {
+                    let hint = reconnect_hint_ms(i, total, hint_window);
+                    to.do_send(CloseConnection {
+                        code: close::SERVICE_RESTART,
+                        reason: format!("service restart: reconnect in {hint} ms"),
+                        force: false,
+                    });
+                }
+            });
+        }
+        total
     }
 }
 

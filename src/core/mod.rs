@@ -3,9 +3,11 @@
 //! and carry out what it returns.
 
 pub mod batch;
+pub mod drain;
 pub mod liveness;
 pub mod names;
 pub mod routing;
+pub mod sent;
 pub mod seqlog;
 pub mod sessions;
 pub mod token;

@@ -1,0 +1,198 @@
+//! The supervisor: owns the node's lifecycle. Startup: reconcile the directory, then
+//! ready. On the first signal: not ready (503) → wait `drain_wait` → stop accepting →
+//! Close 1012 to every connection spread over `drain_spread` → wait for clients to close
+//! or `drain_grace` → close what is left → done (the caller stops rooms, flushes the store
+//! and exits). A second signal jumps to the forced close.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use actix_web::dev::ServerHandle;
+use tokio::sync::oneshot;
+
+use super::connection::close;
+use super::directory::{Directory, Reconcile};
+use super::messages::{CloseAll, CloseConnection, CountConnections, DrainClose};
+use super::registry::Registry;
+use crate::http::{Lifecycle, Phase};
+use crate::metrics::Metrics;
+
+/// How often the close phase checks whether everyone has left.
+const POLL: Duration = Duration::from_millis(100);
+/// After the forced close, how long connections get to go before the end is declared.
+const FORCE_SETTLE: Duration = Duration::from_millis(300);
+
+#[derive(Debug, Clone, Copy)]
+pub struct DrainTiming {
+    pub wait: Duration,
+    pub spread: Duration,
+    pub grace: Duration,
+}
+
+/// Where a drain is; the value is exported as the `drain_phase` gauge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainPhase {
+    Serving = 0,
+    NotReady = 1,
+    Closing = 2,
+    Forced = 3,
+    Done = 4,
+}
+
+/// Reconcile the directory and turn ready.
+#[derive(Message)]
+#[rtype(result = "Result<(), String>")]
+pub struct Start;
+
+/// A shutdown signal (SIGTERM, SIGINT, or the caller's shutdown future).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Signal;
+
+pub struct Supervisor {
+    lifecycle: Arc<Lifecycle>,
+    registry: Addr<Registry>,
+    directory: Addr<Directory>,
+    server: ServerHandle,
+    timing: DrainTiming,
+    metrics: Arc<Metrics>,
+    phase: DrainPhase,
+    began: Option<Instant>,
+    closing_since: Option<Instant>,
+    done: Option<oneshot::Sender<()>>,
+}
+
+impl Supervisor {
+    pub fn new(
+        lifecycle: Arc<Lifecycle>,
+        registry: Addr<Registry>,
+        directory: Addr<Directory>,
+        server: ServerHandle,
+        timing: DrainTiming,
+        metrics: Arc<Metrics>,
+        done: oneshot::Sender<()>,
+    ) -> Self {
+        Supervisor {
+            lifecycle,
+            registry,
+            directory,
+            server,
+            timing,
+            metrics,
+            phase: DrainPhase::Serving,
+            began: None,
+            closing_since: None,
+            done: Some(done),
+        }
+    }
+
+    fn enter(&mut self, phase: DrainPhase) {
+        self.phase = phase;
+        self.metrics.drain_phase.set(phase as i64);
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        self.began.map_or(0, |t| t.elapsed().as_millis() as u64)
+    }
+
+    fn stop_accepting(&mut self, ctx: &mut Context<Self>) {
+        if self.phase != DrainPhase::NotReady {
+            return;
+        }
+        self.enter(DrainPhase::Closing);
+        self.closing_since = Some(Instant::now());
+        // Graceful: the listener closes now; open connections keep being served.
+        actix_web::rt::spawn(self.server.stop(true));
+        let spread = self.timing.spread;
+        let elapsed_ms = self.elapsed_ms();
+        ctx.spawn(self.registry.send(DrainClose { spread }).into_actor(self).map(move |told, _, _| {
+            let connections = told.unwrap_or(0);
+            tracing::info!(phase = "closing", connections, spread_ms = spread.as_millis() as u64, elapsed_ms, "drain: stopped accepting; asking clients to reconnect");
+        }));
+        ctx.run_interval(POLL, |sup, ctx| sup.check_left(ctx));
+    }
+
+    fn check_left(&mut self, ctx: &mut Context<Self>) {
+        if self.phase != DrainPhase::Closing {
+            return;
+        }
+        let deadline = self.timing.spread + self.timing.grace;
+        let overdue = self.closing_since.is_some_and(|t| t.elapsed() >= deadline);
+        ctx.spawn(self.registry.send(CountConnections).into_actor(self).map(move |left, sup, ctx| {
+            let left = left.unwrap_or(0);
+            sup.metrics.drain_connections_left.set(left as i64);
+            if sup.phase != DrainPhase::Closing {
+                return;
+            }
+            if left == 0 {
+                tracing::info!(phase = "closed", connections_left = 0, elapsed_ms = sup.elapsed_ms(), "drain: every client has left");
+                sup.finish();
+            } else if overdue {
+                tracing::info!(phase = "grace_over", connections_left = left, elapsed_ms = sup.elapsed_ms(), "drain: grace over");
+                sup.force(ctx);
+            }
+        }));
+    }
+
+    fn force(&mut self, ctx: &mut Context<Self>) {
+        if matches!(self.phase, DrainPhase::Forced | DrainPhase::Done) {
+            return;
+        }
+        self.enter(DrainPhase::Forced);
+        let close = CloseConnection { code: close::SERVICE_RESTART, reason: "service restart: reconnect now".into(), force: true };
+        ctx.spawn(self.registry.send(CloseAll { close }).into_actor(self).map(|left, sup, _| {
+            tracing::info!(phase = "forced", connections_left = left.unwrap_or(0), elapsed_ms = sup.elapsed_ms(), "drain: closing what is left");
+        }));
+        actix_web::rt::spawn(self.server.stop(false));
+        ctx.run_later(FORCE_SETTLE, |sup, _| sup.finish());
+    }
+
+    fn finish(&mut self) {
+        self.enter(DrainPhase::Done);
+        self.metrics.drain_connections_left.set(0);
+        if let Some(done) = self.done.take() {
+            let _ = done.send(());
+        }
+    }
+}
+
+impl Actor for Supervisor {
+    type Context = Context<Self>;
+}
+
+impl Handler<Start> for Supervisor {
+    type Result = ResponseActFuture<Self, Result<(), String>>;
+
+    fn handle(&mut self, _msg: Start, _ctx: &mut Self::Context) -> Self::Result {
+        Box::pin(self.directory.send(Reconcile).into_actor(self).map(|reply, sup, _| {
+            reply.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+            sup.lifecycle.set(Phase::Ready);
+            Ok(())
+        }))
+    }
+}
+
+impl Handler<Signal> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Signal, ctx: &mut Self::Context) {
+        match self.phase {
+            DrainPhase::Serving => {
+                self.began = Some(Instant::now());
+                self.lifecycle.set(Phase::Draining);
+                self.enter(DrainPhase::NotReady);
+                let wait = self.timing.wait;
+                ctx.spawn(self.registry.send(CountConnections).into_actor(self).map(move |n, _, _| {
+                    tracing::info!(phase = "not_ready", connections = n.unwrap_or(0), wait_ms = wait.as_millis() as u64, "drain: readiness off, new upgrades refused");
+                }));
+                ctx.run_later(wait, |sup, ctx| sup.stop_accepting(ctx));
+            }
+            DrainPhase::NotReady | DrainPhase::Closing => {
+                tracing::info!(elapsed_ms = self.elapsed_ms(), "second signal: forcing the close");
+                self.force(ctx);
+            }
+            DrainPhase::Forced | DrainPhase::Done => {}
+        }
+    }
+}
