@@ -131,6 +131,16 @@ impl RoomActor {
         }
     }
 
+    /// Every request starts here: a stopped room sends the caller back to the rooms
+    /// table, a live one counts the request as activity.
+    fn admit(&mut self) -> Result<(), RoomGone> {
+        if self.stopped {
+            return Err(RoomGone);
+        }
+        self.last_active = Instant::now();
+        Ok(())
+    }
+
     /// The room's log, creating the room (a new epoch, head 0) on first write.
     fn live_log(&mut self) -> Result<&mut SeqLog<Arc<Delivery>>, String> {
         if let RoomState::Absent = self.state {
@@ -238,10 +248,7 @@ impl Handler<Publish> for RoomActor {
     type Result = Result<(), RoomGone>;
 
     fn handle(&mut self, msg: Publish, ctx: &mut Self::Context) -> Self::Result {
-        if self.stopped {
-            return Err(RoomGone);
-        }
-        self.last_active = Instant::now();
+        self.admit()?;
         let name = self.name.clone();
         let store = self.store.clone();
         let log = match self.live_log() {
@@ -294,10 +301,7 @@ impl Handler<Subscribe> for RoomActor {
     type Result = Result<(), RoomGone>;
 
     fn handle(&mut self, msg: Subscribe, _ctx: &mut Self::Context) -> Self::Result {
-        if self.stopped {
-            return Err(RoomGone);
-        }
-        self.last_active = Instant::now();
+        self.admit()?;
         self.trim_expired();
         let max_events = self.settings.recovery_max_events;
         let name = self.name.clone();
@@ -346,10 +350,7 @@ impl Handler<ReadHistory> for RoomActor {
     type Result = Result<HistoryPage, RoomGone>;
 
     fn handle(&mut self, msg: ReadHistory, _ctx: &mut Self::Context) -> Self::Result {
-        if self.stopped {
-            return Err(RoomGone);
-        }
-        self.last_active = Instant::now();
+        self.admit()?;
         self.trim_expired();
         Ok(match &self.state {
             RoomState::Absent | RoomState::Failed(_) => {

@@ -197,6 +197,10 @@ fn random_hex(bytes: usize) -> String {
     buf.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+fn check_user(user: &str) -> Result<(), ApiError> {
+    names::check_user(user).map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
 fn check_room(room: &str) -> Result<(), ApiError> {
     names::check_room(room).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadRoom, e.to_string()))
 }
@@ -205,7 +209,7 @@ async fn mint_token(req: HttpRequest, payload: web::Payload, state: web::Data<Ap
     authorize(&req, &state)?;
     let body = read_body(payload, SMALL_BODY_LIMIT).await?;
     let request = protocol::parse_token_request(&body).map_err(ApiError::bad_request)?;
-    names::check_user(&request.user).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    check_user(&request.user)?;
     names::check_device(&request.device).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let max_ttl = state.config.token_ttl_max_secs;
     if request.ttl_secs == 0 || request.ttl_secs > max_ttl {
@@ -245,7 +249,7 @@ async fn message_user(
 ) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
     let user = user.into_inner();
-    names::check_user(&user).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    check_user(&user)?;
     let body = read_body(payload, state.config.max_event_bytes + PUBLISH_BODY_OVERHEAD).await?;
     let request = protocol::parse_user_message_request(&body).map_err(ApiError::bad_request)?;
     for device in request.devices.iter().flatten() {
@@ -302,7 +306,7 @@ async fn kick(
 ) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
     let user = user.into_inner();
-    names::check_user(&user).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    check_user(&user)?;
     let device = query.into_inner().device;
     let closed = state.registry.send(Kick { user, device }).await.map_err(internal)?;
     Ok(json(StatusCode::OK, protocol::to_json(&protocol::KickReply { closed })))
