@@ -108,6 +108,17 @@ session: `SESSION NODE`, or `SESSION error: REASON`.
 Blank lines and lines starting with # are skipped. The answer depends only on the input,
 never on its order: two runs (on any machine) print the same bytes.")]
     Route(RouteArgs),
+    /// Check the configuration and print the effective values, secrets masked
+    #[command(long_about = "\
+Load the configuration exactly as `serve` would (file, LIVEGATE_* variables, flags), check
+every value, and print the effective configuration as TOML with the API key masked.
+Exits 0 when it is valid, 2 with one line naming the bad key and where it was set.")]
+    CheckConfig,
+    /// Ask a running server for its status (node, version, uptime, phase, counts)
+    Status {
+        #[command(flatten)]
+        server: ServerUrl,
+    },
 }
 
 #[derive(Debug, Clone, Args)]
@@ -245,6 +256,12 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             print_line(reply.trim())
         }
         Command::Route(args) => route_offline(&args),
+        Command::CheckConfig => check_config(&cli.config),
+        Command::Status { server } => {
+            init_tracing(format, "warn");
+            let reply = Client::from_config(&cli.config, &server)?.get("/v1/admin/status")?;
+            print_line(reply.trim())
+        }
         Command::Subscribe(args) => {
             init_tracing(format, "warn");
             let client = Client::from_config(&cli.config, &args.server)?;
@@ -258,6 +275,20 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             result
         }
     }
+}
+
+/// `livegate check-config`: the effective configuration, validated, secrets masked.
+fn check_config(flags: &ConfigFlags) -> Result<(), CliError> {
+    let mut config = Config::load_from_process(flags)?;
+    let key_note = match &config.api_key {
+        Some(_) => "api_key is set (masked below)".to_string(),
+        None => format!("api_key is not set: serve uses or generates {}", config.api_key_path().display()),
+    };
+    if config.api_key.is_some() {
+        config.api_key = Some("********".into());
+    }
+    let text = toml::to_string(&config).map_err(|e| failed(format!("cannot print the configuration: {e}")))?;
+    print_line(&format!("# configuration is valid; {key_note}\n{}", text.trim_end()))
 }
 
 /// `livegate route`: the pure session routing over files, for checking determinism.
@@ -429,16 +460,24 @@ impl Client {
     /// POSTs JSON with the API key; the reply body on a 2xx status, else an error naming
     /// the status and the server's error code and message.
     fn post(&self, path: &str, body: &Value) -> Result<String, CliError> {
-        let reply = self
-            .agent
-            .post(&format!("{}{path}", self.base))
-            .set("Authorization", &format!("Bearer {}", self.key))
-            .send_json(body);
+        let request = self.agent.post(&format!("{}{path}", self.base)).set("Authorization", &format!("Bearer {}", self.key));
+        self.reply("POST", path, request.send_json(body))
+    }
+
+    fn get(&self, path: &str) -> Result<String, CliError> {
+        let request = self.agent.get(&format!("{}{path}", self.base)).set("Authorization", &format!("Bearer {}", self.key));
+        self.reply("GET", path, request.call())
+    }
+
+    fn reply(&self, method: &str, path: &str, reply: Result<ureq::Response, ureq::Error>) -> Result<String, CliError> {
         match reply {
-            Ok(response) => response.into_string().map_err(|e| failed(format!("POST {path}: cannot read the reply: {e}"))),
-            Err(ureq::Error::Status(status, response)) => {
-                Err(failed(format!("POST {path}: {}", status_error(status, &response.into_string().unwrap_or_default()))))
+            Ok(response) => {
+                response.into_string().map_err(|e| failed(format!("{method} {path}: cannot read the reply: {e}")))
             }
+            Err(ureq::Error::Status(status, response)) => Err(failed(format!(
+                "{method} {path}: {}",
+                status_error(status, &response.into_string().unwrap_or_default())
+            ))),
             Err(ureq::Error::Transport(transport)) => Err(failed(format!(
                 "cannot reach livegate at {}: {}",
                 self.base,

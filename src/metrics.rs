@@ -1,69 +1,235 @@
 //! Process metrics, exposed at `GET /metrics` in the Prometheus/OpenMetrics text format.
-//! Cardinality is bounded: labels name outcomes and close codes, never users or rooms.
+//! Cardinality is bounded: labels name outcomes, close codes from a fixed list, device
+//! kinds folded to the configured ones, and configured peers — never users or rooms.
+
+use std::collections::HashSet;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeviceLabel {
+    pub device: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    pub code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PeerLabel {
+    pub peer: String,
+}
+
+/// Close codes reported as themselves; anything else is `other`.
+const KNOWN_CLOSE_CODES: &[&str] =
+    &["1000", "1001", "1002", "1003", "1005", "1006", "1008", "1009", "1011", "1012", "4008", "4009", "4029", "4501", "4502", "4503"];
+
+fn latency_histogram() -> Histogram {
+    // 0.5 ms … ~16 s
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+fn batch_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 12))
+}
+
 /// Every metric livegate keeps; one instance per server, shared by reference.
-#[derive(Default)]
 pub struct Metrics {
-    pub connections_open: Gauge,
+    device_kinds: HashSet<String>,
+    pub connections_open: Family<DeviceLabel, Gauge>,
+    pub connects: Counter,
+    pub disconnects: Family<CodeLabel, Counter>,
+    pub handshake_rejections: Family<ReasonLabel, Counter>,
+    pub subscriptions: Gauge,
+    pub rooms_live: Gauge,
+    pub events_published: Counter,
+    pub events_delivered: Counter,
+    pub duplicates_rejected: Counter,
+    pub delivery_latency: Histogram,
+    pub batch_events: Histogram,
+    pub frames_written: Counter,
+    pub outbox_high_water: Gauge,
+    pub slow_consumer_closes: Counter,
+    pub history_trimmed: Counter,
+    pub recoveries: Family<ResultLabel, Counter>,
     pub directory_writes: Family<ResultLabel, Counter>,
     pub migrations: Counter,
     pub migration_refusals: Counter,
+    pub peer_up: Family<PeerLabel, Gauge>,
     pub warmup_active: Gauge,
     pub warmup_reconnect_attempts: Counter,
     pub warmup_reconnect_successes: Counter,
-    pub events_published: Counter,
-    pub duplicates_rejected: Counter,
-    pub slow_consumer_closes: Counter,
     pub drain_phase: Gauge,
     pub drain_connections_left: Gauge,
+    pub store_flush_latency: Histogram,
+    pub store_bytes: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new(["web".to_string()])
+    }
 }
 
 impl Metrics {
+    /// `device_kinds`: the device names reported as themselves (others are `other`).
+    pub fn new(device_kinds: impl IntoIterator<Item = String>) -> Self {
+        Metrics {
+            device_kinds: device_kinds.into_iter().collect(),
+            connections_open: Family::default(),
+            connects: Counter::default(),
+            disconnects: Family::default(),
+            handshake_rejections: Family::default(),
+            subscriptions: Gauge::default(),
+            rooms_live: Gauge::default(),
+            events_published: Counter::default(),
+            events_delivered: Counter::default(),
+            duplicates_rejected: Counter::default(),
+            delivery_latency: latency_histogram(),
+            batch_events: batch_histogram(),
+            frames_written: Counter::default(),
+            outbox_high_water: Gauge::default(),
+            slow_consumer_closes: Counter::default(),
+            history_trimmed: Counter::default(),
+            recoveries: Family::default(),
+            directory_writes: Family::default(),
+            migrations: Counter::default(),
+            migration_refusals: Counter::default(),
+            peer_up: Family::default(),
+            warmup_active: Gauge::default(),
+            warmup_reconnect_attempts: Counter::default(),
+            warmup_reconnect_successes: Counter::default(),
+            drain_phase: Gauge::default(),
+            drain_connections_left: Gauge::default(),
+            store_flush_latency: latency_histogram(),
+            store_bytes: Gauge::default(),
+        }
+    }
+
+    /// The label a device name is reported under.
+    pub fn device(&self, device: &str) -> DeviceLabel {
+        let known = self.device_kinds.contains(device);
+        DeviceLabel { device: if known { device.to_string() } else { "other".to_string() } }
+    }
+
+    pub fn close_code(code: u16) -> CodeLabel {
+        let text = code.to_string();
+        CodeLabel { code: KNOWN_CLOSE_CODES.iter().find(|c| **c == text).copied().unwrap_or("other") }
+    }
+
     /// Count a directory write by outcome: `ok`, `stale` or `error`.
     pub fn directory_write(&self, result: &'static str) {
         self.directory_writes.get_or_create(&ResultLabel { result }).inc();
     }
 
+    pub fn handshake_rejected(&self, reason: &'static str) {
+        self.handshake_rejections.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    pub fn recovery(&self, recovered: bool) {
+        let result = if recovered { "recovered" } else { "not_recovered" };
+        self.recoveries.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    /// Raise the outbox high-water mark to `bytes` if it is higher.
+    pub fn outbox_seen(&self, bytes: usize) {
+        let bytes = bytes as i64;
+        if bytes > self.outbox_high_water.get() {
+            self.outbox_high_water.set(bytes);
+        }
+    }
+
     /// The text exposition of every metric.
     pub fn encode(&self) -> String {
-        let mut registry = Registry::with_prefix("livegate");
-        registry.register("connections_open", "WebSocket connections open", self.connections_open.clone());
-        registry.register("directory_writes", "Session directory writes by result", self.directory_writes.clone());
-        registry.register("migrations", "Session owner changes", self.migrations.clone());
-        registry.register("migration_refusals", "Handshakes refused: migration budget spent", self.migration_refusals.clone());
-        registry.register("warmup_active", "1 while the node is in warm-up", self.warmup_active.clone());
-        registry.register(
+        let mut r = Registry::with_prefix("livegate");
+        r.register("connections_open", "WebSocket connections open, by device kind", self.connections_open.clone());
+        r.register("connects", "WebSocket connections accepted", self.connects.clone());
+        r.register("disconnects", "WebSocket connections ended, by close code", self.disconnects.clone());
+        r.register("handshake_rejections", "WebSocket upgrades refused, by reason", self.handshake_rejections.clone());
+        r.register("subscriptions", "Room subscriptions held by connections", self.subscriptions.clone());
+        r.register("rooms_live", "Rooms with a live actor", self.rooms_live.clone());
+        r.register("events_published", "Events appended to rooms", self.events_published.clone());
+        r.register("events_delivered", "Events written to client sockets", self.events_delivered.clone());
+        r.register("duplicates_rejected", "Publishes answered as duplicates", self.duplicates_rejected.clone());
+        r.register_with_unit(
+            "delivery_latency",
+            "Publish to socket write, per event",
+            Unit::Seconds,
+            self.delivery_latency.clone(),
+        );
+        r.register("batch_events", "Events per events frame", self.batch_events.clone());
+        r.register("frames_written", "Events frames written", self.frames_written.clone());
+        r.register_with_unit(
+            "outbox_high_water",
+            "Most bytes sent to one connection and not yet written",
+            Unit::Bytes,
+            self.outbox_high_water.clone(),
+        );
+        r.register("slow_consumer_closes", "Connections closed with 4009", self.slow_consumer_closes.clone());
+        r.register("history_trimmed", "Events dropped from history by size or age", self.history_trimmed.clone());
+        r.register("recoveries", "Subscribes with since, by outcome", self.recoveries.clone());
+        r.register("directory_writes", "Session directory writes, by result", self.directory_writes.clone());
+        r.register("migrations", "Session owner changes", self.migrations.clone());
+        r.register("migration_refusals", "Handshakes refused: migration budget spent", self.migration_refusals.clone());
+        r.register("peer_up", "1 while a peer node passes its probes", self.peer_up.clone());
+        r.register("warmup_active", "1 while the node is in warm-up", self.warmup_active.clone());
+        r.register(
             "warmup_reconnect_attempts",
             "Reconnects naming a session during warm-up",
             self.warmup_reconnect_attempts.clone(),
         );
-        registry.register(
+        r.register(
             "warmup_reconnect_successes",
             "Warm-up reconnects that kept their session",
             self.warmup_reconnect_successes.clone(),
         );
-        registry.register("events_published", "Events appended to rooms", self.events_published.clone());
-        registry.register("duplicates_rejected", "Publishes answered as duplicates", self.duplicates_rejected.clone());
-        registry.register("slow_consumer_closes", "Connections closed with 4009", self.slow_consumer_closes.clone());
-        registry.register(
-            "drain_phase",
-            "0 serving, 1 not ready, 2 closing, 3 forced, 4 done",
-            self.drain_phase.clone(),
+        r.register("drain_phase", "0 serving, 1 not ready, 2 closing, 3 forced, 4 done", self.drain_phase.clone());
+        r.register("drain_connections_left", "Connections open during a drain", self.drain_connections_left.clone());
+        r.register_with_unit(
+            "store_flush_latency",
+            "Grouped store flush, request to durable",
+            Unit::Seconds,
+            self.store_flush_latency.clone(),
         );
-        registry.register("drain_connections_left", "Connections open during a drain", self.drain_connections_left.clone());
+        r.register_with_unit("store_size", "Store size on disk", Unit::Bytes, self.store_bytes.clone());
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &registry).expect("writing to a String cannot fail");
+        prometheus_client::encoding::text::encode(&mut out, &r).expect("writing to a String cannot fail");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_stay_bounded() {
+        let metrics = Metrics::new(["phone".to_string(), "web".to_string()]);
+        assert_eq!(metrics.device("phone").device, "phone");
+        assert_eq!(metrics.device("toaster-9000").device, "other");
+        assert_eq!(Metrics::close_code(4501).code, "4501");
+        assert_eq!(Metrics::close_code(4321).code, "other");
+        metrics.outbox_seen(10);
+        metrics.outbox_seen(5);
+        assert_eq!(metrics.outbox_high_water.get(), 10);
+        let text = metrics.encode();
+        assert!(text.contains("livegate_outbox_high_water_bytes 10"), "{text}");
+        assert!(text.ends_with("# EOF\n"));
     }
 }

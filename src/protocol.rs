@@ -302,6 +302,21 @@ pub fn parse_user_message_request(body: &[u8]) -> Result<UserMessageRequest, Str
     serde_json::from_slice(body).map_err(|e| e.to_string())
 }
 
+/// `GET /v1/admin/status`
+#[derive(Debug, Serialize)]
+pub struct StatusReply {
+    pub node: String,
+    pub version: &'static str,
+    pub uptime_secs: u64,
+    /// `starting`, `ready` or `draining`.
+    pub phase: &'static str,
+    pub warmup: bool,
+    pub connections: usize,
+    pub subscriptions: u64,
+    pub rooms_live: usize,
+    pub store_bytes: u64,
+}
+
 /// `GET /v1/route`
 #[derive(Debug, Serialize)]
 pub struct RouteReply {

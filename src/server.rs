@@ -45,8 +45,9 @@ pub enum ServerError {
     Startup(String),
 }
 
-fn room_settings(config: &Config) -> RoomSettings {
+fn room_settings(config: &Config, metrics: Arc<Metrics>) -> RoomSettings {
     RoomSettings {
+        metrics,
         retention: Retention { max_events: config.history_size, max_age_ms: config.history_ttl_secs * 1000 },
         recovery_max_events: config.recovery_max_events,
         idle_stop: Duration::from_secs(120),
@@ -79,9 +80,10 @@ pub async fn run_with_signals(
     let api_key = config.resolve_api_key()?.key;
     let store = Store::open(&config.data_dir)?;
     let token_secret = store.secret("token")?;
-    let rooms = Rooms::start(store.clone(), room_settings(&config), threads());
+    let device_kinds = config.exclusive_devices.iter().cloned().chain(["web".to_string()]);
+    let metrics = Arc::new(Metrics::new(device_kinds));
+    let rooms = Rooms::start(store.clone(), room_settings(&config, metrics.clone()), threads());
     let registry = Registry::new(config.exclusive_devices.clone()).start();
-    let metrics = Arc::new(Metrics::default());
     let directory = Directory::new(
         store.clone(),
         config.node.clone(),
@@ -98,6 +100,7 @@ pub async fn run_with_signals(
         config.peer_nodes()?,
         Duration::from_millis(config.probe_interval_ms),
         config.probe_up_after.min(u32::MAX as u64) as u32,
+        metrics.clone(),
     )
     .start();
     let lifecycle = Arc::new(Lifecycle::default());
@@ -128,6 +131,7 @@ pub async fn run_with_signals(
         connection,
         lifecycle: lifecycle.clone(),
         next_conn: AtomicU64::new(1),
+        started: std::time::Instant::now(),
     });
 
     let app_state = state.clone();

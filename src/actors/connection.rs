@@ -103,6 +103,8 @@ pub struct Connection {
     backlog: Arc<Backlog>,
     /// A Close frame was sent; waiting for the client's.
     closing: bool,
+    /// The close code that ended (or is ending) the connection, for the metrics.
+    close_code: Option<u16>,
 }
 
 impl Connection {
@@ -121,6 +123,7 @@ impl Connection {
             inbox,
             backlog,
             closing: false,
+            close_code: None,
             id,
             identity,
             settings,
@@ -152,6 +155,14 @@ impl Connection {
                 end += 1;
             }
             ctx.text(protocol::events_frame(self.outbox[start..end].iter().map(|e| &*e.json), bytes));
+            let metrics = &self.settings.metrics;
+            let now = super::room::now_ms();
+            for event in &self.outbox[start..end] {
+                metrics.delivery_latency.observe(now.saturating_sub(event.ts_ms) as f64 / 1000.0);
+            }
+            metrics.frames_written.inc();
+            metrics.batch_events.observe((end - start) as f64);
+            metrics.events_delivered.inc_by((end - start) as u64);
             start = end;
         }
         self.outbox.clear();
@@ -216,6 +227,7 @@ impl Connection {
         tracing::debug!(conn = self.id, user = %self.identity.user, code, reason, force, "closing connection");
         ctx.close(Some(CloseReason { code: CloseCode::from(code), description: Some(reason.to_string()) }));
         self.closing = true;
+        self.close_code = Some(code);
         if force {
             ctx.stop();
         } else {
@@ -311,6 +323,7 @@ impl Connection {
             }
         };
         self.unsubscribe(&room);
+        self.settings.metrics.subscriptions.inc();
         self.next_generation += 1;
         let generation = self.next_generation;
         let pending = Subscription { generation, room: None, live: false, epoch: epoch_seen, sent, since };
@@ -325,7 +338,7 @@ impl Connection {
                 (Ok(addr), Some(sub)) => sub.room = Some(addr),
                 (Ok(addr), None) => addr.do_send(Unsubscribe { conn: conn.id }),
                 (Err(e), Some(_)) => {
-                    conn.subscriptions.remove(&room);
+                    conn.unsubscribe(&room);
                     conn.send_error(ctx, reference, ErrorCode::Unavailable, &e.to_string());
                 }
                 (Err(_), None) => {}
@@ -334,7 +347,9 @@ impl Connection {
     }
 
     fn unsubscribe(&mut self, room: &str) {
-        if let Some(Subscription { room: Some(addr), .. }) = self.subscriptions.remove(room) {
+        let Some(sub) = self.subscriptions.remove(room) else { return };
+        self.settings.metrics.subscriptions.dec();
+        if let Some(addr) = sub.room {
             addr.do_send(Unsubscribe { conn: self.id });
         }
     }
@@ -357,6 +372,7 @@ impl Connection {
             ws::Message::Pong(_) | ws::Message::Nop => {}
             ws::Message::Close(reason) => {
                 tracing::debug!(conn = self.id, ?reason, "client closed");
+                self.close_code = Some(reason.as_ref().map_or(1005, |r| u16::from(r.code)));
                 ctx.close(reason);
                 ctx.stop();
             }
@@ -409,18 +425,24 @@ impl Actor for Connection {
             to: ctx.address().recipient(),
         });
         ctx.run_interval(self.settings.heartbeat, |conn, ctx| conn.heartbeat(ctx));
-        self.settings.metrics.connections_open.inc();
+        let metrics = &self.settings.metrics;
+        metrics.connections_open.get_or_create(&metrics.device(&self.identity.device)).inc();
+        metrics.connects.inc();
         tracing::debug!(conn = self.id, user = %self.identity.user, device = %self.identity.device, "connected");
     }
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
+        let metrics = &self.settings.metrics;
+        metrics.subscriptions.dec_by(self.subscriptions.len() as i64);
         for (_, sub) in self.subscriptions.drain() {
             if let Some(addr) = sub.room {
                 addr.do_send(Unsubscribe { conn: self.id });
             }
         }
         self.registry.do_send(Unregister { conn: self.id });
-        self.settings.metrics.connections_open.dec();
+        metrics.connections_open.get_or_create(&metrics.device(&self.identity.device)).dec();
+        // No close code at all means the socket just ended.
+        metrics.disconnects.get_or_create(&crate::metrics::Metrics::close_code(self.close_code.unwrap_or(1006))).inc();
         tracing::debug!(conn = self.id, user = %self.identity.user, "disconnected");
     }
 }
@@ -464,6 +486,9 @@ impl Handler<RoomUpdate> for Connection {
                 }
                 sub.epoch = Some(epoch.clone());
                 let replayed_after = if recovered == Some(true) { sub.since } else { None };
+                if let Some(recovered) = recovered {
+                    self.settings.metrics.recovery(recovered);
+                }
                 ctx.text(protocol::subscribed_frame(&room, &epoch, head, recovered, reference));
                 if self.queue(&room, &replay, false) > 0 {
                     self.flush_outbox(ctx);
@@ -473,6 +498,7 @@ impl Handler<RoomUpdate> for Connection {
                 }
             }
             RoomUpdate::Events { room, events } => {
+                self.settings.metrics.outbox_seen(self.backlog.outstanding() + self.outbox_bytes);
                 self.backlog.release(super::room::events_bytes(&events));
                 if self.subscriptions.get(&room).is_some_and(|s| s.live) {
                     self.enqueue(&room, &events, ctx);
@@ -481,7 +507,7 @@ impl Handler<RoomUpdate> for Connection {
             RoomUpdate::SlowConsumer => self.evict_slow(ctx),
             RoomUpdate::Refused { room, reference, message, generation } => {
                 if self.subscriptions.get(&room).is_some_and(|s| s.generation == generation) {
-                    self.subscriptions.remove(&room);
+                    self.unsubscribe(&room);
                     self.send_error(ctx, reference, ErrorCode::Unavailable, &message);
                 }
             }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use crate::config::Peer;
+use crate::metrics::PeerLabel;
 use crate::core::liveness::{Change, Liveness};
 use crate::core::routing::{route_cell, route_session, CellReport};
 
@@ -31,6 +32,7 @@ pub struct RouteAnswer {
 pub struct NoAliveNode(pub String);
 
 pub struct LivenessActor {
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
     me: Peer,
     peers: Vec<Peer>,
     table: Liveness,
@@ -38,9 +40,18 @@ pub struct LivenessActor {
 }
 
 impl LivenessActor {
-    pub fn new(me: Peer, peers: Vec<Peer>, interval: Duration, up_after: u32) -> Self {
+    pub fn new(
+        me: Peer,
+        peers: Vec<Peer>,
+        interval: Duration,
+        up_after: u32,
+        metrics: std::sync::Arc<crate::metrics::Metrics>,
+    ) -> Self {
         let table = Liveness::new(peers.iter().map(|p| p.name.clone()), up_after);
-        LivenessActor { me, peers, table, interval }
+        for peer in &peers {
+            metrics.peer_up.get_or_create(&PeerLabel { peer: peer.name.clone() }).set(0);
+        }
+        LivenessActor { metrics, me, peers, table, interval }
     }
 
     fn probe_all(&mut self, ctx: &mut Context<Self>) {
@@ -53,11 +64,14 @@ impl LivenessActor {
             });
             ctx.spawn(probe.into_actor(self).map(move |ok, actor, _| {
                 let ok = ok.unwrap_or(false);
-                match actor.table.on_probe(&peer.name, ok) {
+                let change = actor.table.on_probe(&peer.name, ok);
+                match change {
                     Some(Change::WentDown) => tracing::warn!(peer = %peer.name, "peer down"),
                     Some(Change::CameUp) => tracing::info!(peer = %peer.name, "peer up"),
                     None => {}
                 }
+                let up = i64::from(actor.table.is_alive(&peer.name));
+                actor.metrics.peer_up.get_or_create(&PeerLabel { peer: peer.name.clone() }).set(up);
             }));
         }
     }

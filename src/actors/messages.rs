@@ -13,6 +13,8 @@ pub type ConnId = u64;
 #[derive(Debug, PartialEq)]
 pub struct Delivery {
     pub seq: u64,
+    /// When the event was published (ms since the Unix epoch).
+    pub ts_ms: u64,
     pub json: Box<str>,
     /// Devices an inbox message is for (`None`: every device).
     pub devices: Option<Box<[Box<str>]>>,

@@ -18,8 +18,9 @@ use crate::protocol;
 use crate::store::{EventRecord, Store, StoreError};
 
 /// Limits every room shares.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RoomSettings {
+    pub metrics: Arc<crate::metrics::Metrics>,
     pub retention: Retention,
     pub recovery_max_events: u64,
     /// A room with no subscribers and nothing pending stops after this long.
@@ -59,6 +60,8 @@ pub struct RoomActor {
     state: RoomState,
     subscribers: HashMap<ConnId, Subscriber>,
     waiting: Vec<Waiter>,
+    /// When the running flush was requested.
+    flushing_since: Option<Instant>,
     flushing: bool,
     last_active: Instant,
     stopped: bool,
@@ -77,6 +80,7 @@ pub fn events_bytes(events: &[Arc<Delivery>]) -> usize {
 fn render(room: &str, event: &EventRecord) -> Arc<Delivery> {
     Arc::new(Delivery {
         seq: event.seq,
+        ts_ms: event.ts_ms,
         json: protocol::render_event(room, event.seq, &event.id, event.ts_ms, &event.data).into(),
         devices: event.devices.as_ref().map(|d| d.iter().map(|s| s.as_str().into()).collect()),
     })
@@ -125,6 +129,7 @@ impl RoomActor {
             state,
             subscribers: HashMap::new(),
             waiting: Vec::new(),
+            flushing_since: None,
             flushing: false,
             last_active: Instant::now(),
             stopped: false,
@@ -159,9 +164,12 @@ impl RoomActor {
     fn trim_expired(&mut self) {
         if let RoomState::Live(log) = &mut self.state {
             if let Some(first_kept) = log.trim_expired(now_ms()) {
-                if let Err(error) = self.store.trim_events(&self.name, first_kept) {
-                    tracing::warn!(room = %self.name, %error, "could not delete expired history");
-                }
+                match self.store.trim_events(&self.name, first_kept) {
+                    Ok(removed) => {
+                        self.settings.metrics.history_trimmed.inc_by(removed as u64);
+                    }
+                    Err(error) => tracing::warn!(room = %self.name, %error, "could not delete expired history"),
+                };
             }
         }
     }
@@ -173,12 +181,16 @@ impl RoomActor {
             return;
         }
         self.flushing = true;
+        self.flushing_since = Some(Instant::now());
         let upto = log.head();
         ctx.spawn(self.store.flush_soon().into_actor(self).map(move |result, room, ctx| room.flushed(upto, result, ctx)));
     }
 
     fn flushed(&mut self, upto: u64, result: Result<(), StoreError>, ctx: &mut Context<Self>) {
         self.flushing = false;
+        if let Some(since) = self.flushing_since.take() {
+            self.settings.metrics.store_flush_latency.observe(since.elapsed().as_secs_f64());
+        }
         let RoomState::Live(log) = &mut self.state else { return };
         if let Err(error) = result {
             tracing::error!(room = %self.name, %error, "flush failed; publishers get an error, retrying");
@@ -284,9 +296,12 @@ impl Handler<Publish> for RoomActor {
         match log.append(msg.id, ts_ms, |_| rendered) {
             Append::Appended { seq, trimmed_below } => {
                 if let Some(first_kept) = trimmed_below {
-                    if let Err(error) = store.trim_events(&name, first_kept) {
-                        tracing::warn!(room = %name, %error, "could not delete trimmed history");
+                    match store.trim_events(&name, first_kept) {
+                        Ok(removed) => {
+                        self.settings.metrics.history_trimmed.inc_by(removed as u64);
                     }
+                        Err(error) => tracing::warn!(room = %name, %error, "could not delete trimmed history"),
+                    };
                 }
                 self.waiting.push(Waiter { seq, duplicate: false, reply: msg.reply });
             }

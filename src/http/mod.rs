@@ -68,6 +68,7 @@ pub struct AppState {
     pub connection: Arc<ConnectionSettings>,
     pub lifecycle: Arc<Lifecycle>,
     pub next_conn: AtomicU64,
+    pub started: std::time::Instant,
 }
 
 /// An error answered as JSON.
@@ -150,6 +151,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/healthz", web::get().to(healthz))
         .route("/readyz", web::get().to(readyz))
         .route("/metrics", web::get().to(metrics))
+        .route("/v1/admin/status", web::get().to(status))
         .default_service(web::to(not_found));
 }
 
@@ -340,8 +342,22 @@ struct UpgradeQuery {
     session: Option<String>,
 }
 
-/// The WebSocket upgrade: the token is verified and spent before anything is upgraded.
+/// The WebSocket upgrade; refusals are counted by their error code.
 async fn upgrade(
+    req: HttpRequest,
+    stream: web::Payload,
+    query: web::Query<UpgradeQuery>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let result = upgrade_checked(req, stream, query, state.clone()).await;
+    if let Err(refusal) = &result {
+        state.metrics.handshake_rejected(refusal.code.as_str());
+    }
+    result
+}
+
+/// The token is verified and spent before anything is upgraded.
+async fn upgrade_checked(
     req: HttpRequest,
     stream: web::Payload,
     query: web::Query<UpgradeQuery>,
@@ -433,7 +449,35 @@ async fn route(req: HttpRequest, query: web::Query<RouteQuery>, state: web::Data
     }
 }
 
+/// `GET /v1/admin/status`: what an operator asks first.
+async fn status(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let connections = state.registry.send(crate::actors::messages::CountConnections).await.map_err(internal)?;
+    let warmup = state.directory.send(crate::actors::directory::InWarmup).await.map_err(internal)?;
+    let phase = match state.lifecycle.phase() {
+        Phase::Starting => "starting",
+        Phase::Ready => "ready",
+        Phase::Draining => "draining",
+    };
+    let reply = protocol::StatusReply {
+        node: state.config.node.clone(),
+        version: env!("CARGO_PKG_VERSION"),
+        uptime_secs: state.started.elapsed().as_secs(),
+        phase,
+        warmup,
+        connections,
+        subscriptions: state.metrics.subscriptions.get().max(0) as u64,
+        rooms_live: state.rooms.live_count(),
+        store_bytes: state.store.size_on_disk().map_err(internal)?,
+    };
+    Ok(json(StatusCode::OK, protocol::to_json(&reply)))
+}
+
 async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    state.metrics.rooms_live.set(state.rooms.live_count() as i64);
+    if let Ok(bytes) = state.store.size_on_disk() {
+        state.metrics.store_bytes.set(bytes as i64);
+    }
     HttpResponse::Ok()
         .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
         .body(state.metrics.encode())
