@@ -139,8 +139,15 @@ impl Connection {
         }
     }
 
+    /// Write a reply frame, unless our Close already went out (nothing may follow it).
+    fn reply(&self, ctx: &mut ws::WebsocketContext<Self>, frame: String) {
+        if !self.closing {
+            ctx.text(frame);
+        }
+    }
+
     fn send_error(&self, ctx: &mut ws::WebsocketContext<Self>, reference: Option<i64>, code: ErrorCode, message: &str) {
-        ctx.text(protocol::error_frame(reference, code, message));
+        self.reply(ctx, protocol::error_frame(reference, code, message));
     }
 
     /// Write the outbox as `events` frames of bounded size.
@@ -282,7 +289,7 @@ impl Connection {
                         let events = page.events.iter().filter(|e| e.is_for(device)).map(|e| &*e.json);
                         let frame =
                             protocol::history_frame(&room, page.epoch.as_deref(), page.head, events, page.complete, reference);
-                        ctx.text(frame)
+                        conn.reply(ctx, frame)
                     }
                     Err(e) => conn.send_error(ctx, reference, ErrorCode::Unavailable, &e.to_string()),
                 }));
