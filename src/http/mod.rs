@@ -151,6 +151,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/healthz", web::get().to(healthz))
         .route("/readyz", web::get().to(readyz))
         .route("/metrics", web::get().to(metrics))
+        .route("/livegate.js", web::get().to(client_library))
         .route("/v1/admin/status", web::get().to(status))
         .default_service(web::to(not_found));
 }
@@ -447,6 +448,16 @@ async fn route(req: HttpRequest, query: web::Query<RouteQuery>, state: web::Data
         Ok(answer) => Ok(json(StatusCode::OK, protocol::to_json(&protocol::RouteReply { node: answer.node, url: answer.url }))),
         Err(none) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::NoAliveNode, none.to_string())),
     }
+}
+
+/// The browser and Node client library, embedded in the binary.
+const CLIENT_LIBRARY: &str = include_str!("../web/livegate.js");
+
+async fn client_library() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/javascript; charset=utf-8")
+        .insert_header(("Cache-Control", "no-cache"))
+        .body(CLIENT_LIBRARY)
 }
 
 /// `GET /v1/admin/status`: what an operator asks first.

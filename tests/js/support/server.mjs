@@ -1,0 +1,240 @@
+// Test support: run the real livegate binary, mint tokens, publish, and a TCP proxy
+// that can drop connections. Every child process is killed when the test process ends.
+
+import { spawn } from 'node:child_process';
+import { mkdtempSync, rmSync, existsSync } from 'node:fs';
+import net from 'node:net';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import { MiniWebSocket } from './mini-websocket.mjs';
+
+export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
+export const BINARY = process.env.LIVEGATE_BIN || path.join(REPO, 'target/release/livegate');
+export const API_KEY = 'test-api-key-0123456789';
+
+/** The WebSocket the tests give livegate.js: Node's own when enabled, else the mini one. */
+export const WebSocketImpl = globalThis.WebSocket ?? MiniWebSocket;
+
+const children = new Set();
+function killAll() {
+  for (const child of children) {
+    try {
+      child.kill('SIGKILL');
+    } catch {
+      // gone
+    }
+  }
+}
+process.on('exit', killAll);
+for (const signal of ['SIGINT', 'SIGTERM']) {
+  process.on(signal, () => {
+    killAll();
+    process.exit(130);
+  });
+}
+
+export function tempDir(prefix = 'livegate-js-') {
+  const dir = mkdtempSync(path.join(tmpdir(), prefix));
+  return { dir, remove: () => rmSync(dir, { recursive: true, force: true }) };
+}
+
+/**
+ * Starts `livegate serve` on `port` (0: any) with the data in `dataDir`. Resolves once it
+ * printed `listening on http://ADDR`; rejects if it exits first or takes over 15 s.
+ */
+export function startServer({ dataDir, port = 0, args = [] }) {
+  if (!existsSync(BINARY)) throw new Error(`${BINARY} is missing: run cargo build --release`);
+  const child = spawn(
+    BINARY,
+    [
+      'serve',
+      '--listen', `127.0.0.1:${port}`,
+      '--data-dir', dataDir,
+      '--api-key', API_KEY,
+      '--drain-wait-secs', '0',
+      '--drain-spread-secs', '1',
+      '--drain-grace-secs', '3',
+      ...args,
+    ],
+    { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, RUST_LOG: process.env.RUST_LOG || 'info' } },
+  );
+  children.add(child);
+  let stderr = '';
+  let stdout = '';
+  child.stderr.on('data', (chunk) => {
+    stderr += chunk;
+    if (stderr.length > 200_000) stderr = stderr.slice(-100_000);
+  });
+  const exited = new Promise((resolve) => {
+    child.on('exit', (code, signal) => {
+      children.delete(child);
+      resolve({ code, signal });
+    });
+  });
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => {
+      child.kill('SIGKILL');
+      reject(new Error(`livegate did not start within 15 s\n${stderr}`));
+    }, 15_000);
+    child.stdout.on('data', (chunk) => {
+      stdout += chunk;
+      const match = /listening on (http:\/\/[^\s]+)/.exec(stdout);
+      if (match && timer) {
+        clearTimeout(timer);
+        const url = match[1];
+        resolve({
+          child,
+          url,
+          port: Number(new URL(url).port),
+          exited,
+          stderr: () => stderr,
+          /** Sends `signal` and waits for the exit (SIGKILL after `ms`). */
+          async stop(signal = 'SIGTERM', ms = 10_000) {
+            if (child.exitCode == null && child.signalCode == null) child.kill(signal);
+            const killer = setTimeout(() => child.kill('SIGKILL'), ms);
+            const result = await exited;
+            clearTimeout(killer);
+            return result;
+          },
+        });
+      }
+    });
+    exited.then(({ code, signal }) => {
+      clearTimeout(timer);
+      reject(new Error(`livegate exited (${code ?? signal}) before listening\n${stderr}`));
+    });
+  });
+}
+
+/** Starts a server on exactly `port`, retrying while the port is not free yet. */
+export async function startServerOnPort({ dataDir, port, withinMs = 10_000 }) {
+  const deadline = Date.now() + withinMs;
+  for (;;) {
+    try {
+      return await startServer({ dataDir, port });
+    } catch (error) {
+      if (Date.now() > deadline) throw error;
+      await sleep(100);
+    }
+  }
+}
+
+export async function api(base, method, pathName, body) {
+  const response = await fetch(base + pathName, {
+    method,
+    headers: { Authorization: `Bearer ${API_KEY}`, 'Content-Type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+    signal: AbortSignal.timeout(10_000),
+  });
+  const text = await response.text();
+  let json = null;
+  try {
+    json = JSON.parse(text);
+  } catch {
+    // not JSON
+  }
+  if (!response.ok) throw new Error(`${method} ${pathName}: HTTP ${response.status} ${text}`);
+  return { status: response.status, body: json };
+}
+
+export async function mintToken(base, user, device = 'web') {
+  const { body } = await api(base, 'POST', '/v1/tokens', { user, device, ttl_secs: 60 });
+  return body.token;
+}
+
+export async function publish(base, room, data, id) {
+  const { body } = await api(base, 'POST', `/v1/rooms/${encodeURIComponent(room)}/events`, id ? { id, data } : { data });
+  return body;
+}
+
+export async function sendMessage(base, user, data, id) {
+  const { body } = await api(base, 'POST', `/v1/users/${encodeURIComponent(user)}/messages`, id ? { id, data } : { data });
+  return body;
+}
+
+export function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+/** Polls `check()` until it returns a truthy value; throws after `ms` with `what`. */
+export async function waitFor(check, what, ms = 10_000) {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const value = await check();
+    if (value) return value;
+    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
+    await sleep(10);
+  }
+}
+
+/** Resolves with the detail of the next `name` event of a livegate client. */
+export function nextEvent(client, name, ms = 10_000, filter = () => true) {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => {
+      off();
+      reject(new Error(`no ${name} event within ${ms} ms`));
+    }, ms);
+    const off = client.on(name, (detail) => {
+      if (!filter(detail)) return;
+      clearTimeout(timer);
+      off();
+      resolve(detail);
+    });
+  });
+}
+
+/** A gate: `wait()` blocks until `open()`; `close()` arms it again. */
+export function gate(initiallyOpen = true) {
+  let release;
+  let promise = initiallyOpen ? Promise.resolve() : new Promise((r) => (release = r));
+  return {
+    wait: () => promise,
+    close() {
+      promise = new Promise((r) => (release = r));
+    },
+    open() {
+      release?.();
+      promise = Promise.resolve();
+    },
+  };
+}
+
+/**
+ * A TCP proxy in front of `target` (host:port): `dropAll()` destroys every proxied
+ * connection at once, without a WebSocket close: the "server drops the socket" case.
+ */
+export async function startProxy(targetPort) {
+  const pairs = new Set();
+  const server = net.createServer((client) => {
+    const upstream = net.connect(targetPort, '127.0.0.1');
+    const pair = { client, upstream };
+    pairs.add(pair);
+    const end = () => {
+      pairs.delete(pair);
+      client.destroy();
+      upstream.destroy();
+    };
+    client.on('error', end).on('close', end);
+    upstream.on('error', end).on('close', end);
+    client.pipe(upstream);
+    upstream.pipe(client);
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return {
+    url: `http://127.0.0.1:${server.address().port}`,
+    connections: () => pairs.size,
+    dropAll() {
+      for (const { client, upstream } of pairs) {
+        client.destroy();
+        upstream.destroy();
+      }
+      pairs.clear();
+    },
+    close() {
+      this.dropAll();
+      return new Promise((resolve) => server.close(resolve));
+    },
+  };
+}
