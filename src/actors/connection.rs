@@ -214,10 +214,12 @@ impl Connection {
 
     /// Close as a slow consumer: nothing more is queued for a client that does not read.
     fn evict_slow(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
-        self.backlog.evict();
+        // Counted by whoever evicts first: a room (which saw the backlog) or this actor.
+        if self.backlog.evict() {
+            self.settings.metrics.slow_consumer_closes.inc();
+        }
         self.outbox.clear();
         self.outbox_bytes = 0;
-        self.settings.metrics.slow_consumer_closes.inc();
         self.close(ctx, close::SLOW_CONSUMER, "slow consumer: too many bytes queued");
     }
 
@@ -343,7 +345,7 @@ impl Connection {
             let current = conn.subscriptions.get_mut(&room).filter(|s| s.generation == generation);
             match (result, current) {
                 (Ok(addr), Some(sub)) => sub.room = Some(addr),
-                (Ok(addr), None) => addr.do_send(Unsubscribe { conn: conn.id }),
+                (Ok(addr), None) => addr.do_send(Unsubscribe { conn: conn.id, generation }),
                 (Err(e), Some(_)) => {
                     conn.unsubscribe(&room);
                     conn.send_error(ctx, reference, ErrorCode::Unavailable, &e.to_string());
@@ -357,7 +359,7 @@ impl Connection {
         let Some(sub) = self.subscriptions.remove(room) else { return };
         self.settings.metrics.subscriptions.dec();
         if let Some(addr) = sub.room {
-            addr.do_send(Unsubscribe { conn: self.id });
+            addr.do_send(Unsubscribe { conn: self.id, generation: sub.generation });
         }
     }
 
@@ -443,11 +445,12 @@ impl Actor for Connection {
         metrics.subscriptions.dec_by(self.subscriptions.len() as i64);
         for (_, sub) in self.subscriptions.drain() {
             if let Some(addr) = sub.room {
-                addr.do_send(Unsubscribe { conn: self.id });
+                addr.do_send(Unsubscribe { conn: self.id, generation: sub.generation });
             }
         }
-        self.registry.do_send(Unregister { conn: self.id });
+        // The gauge first: a kick answers on Unregister and must find it already down.
         metrics.connections_open.get_or_create(&metrics.device(&self.identity.device)).dec();
+        self.registry.do_send(Unregister { conn: self.id });
         // No close code at all means the socket just ended.
         metrics.disconnects.get_or_create(&crate::metrics::Metrics::close_code(self.close_code.unwrap_or(1006))).inc();
         tracing::debug!(conn = self.id, user = %self.identity.user, "disconnected");

@@ -53,10 +53,13 @@ pub struct Subscribe {
 }
 
 /// Remove a subscriber (no reply frame: the connection answers the client itself).
+/// Only subscriptions up to `generation` go: a late unsubscribe for a superseded
+/// subscribe never removes the newer one.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Unsubscribe {
     pub conn: ConnId,
+    pub generation: u64,
 }
 
 /// Read durable history after `since`.

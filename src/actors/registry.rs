@@ -98,10 +98,9 @@ impl Handler<Unregister> for Registry {
 
     fn handle(&mut self, msg: Unregister, _ctx: &mut Self::Context) {
         self.remove(msg.conn);
-        self.kicks.retain_mut(|kick| {
+        for kick in &mut self.kicks {
             kick.waiting.remove(&msg.conn);
-            !kick.waiting.is_empty()
-        });
+        }
         let (done, pending): (Vec<_>, Vec<_>) = std::mem::take(&mut self.kicks).into_iter().partition(|k| k.waiting.is_empty());
         self.kicks = pending;
         for kick in done {

@@ -44,6 +44,7 @@ const EVICT_GRACE: Duration = Duration::from_secs(2);
 struct Subscriber {
     to: Recipient<RoomUpdate>,
     backlog: Arc<Backlog>,
+    generation: u64,
 }
 
 struct Waiter {
@@ -215,6 +216,7 @@ impl RoomActor {
                     }
                     Reserve::EvictNow => {
                         tracing::info!(room = %name, conn, outstanding = sub.backlog.outstanding(), "slow consumer evicted");
+                        self.settings.metrics.slow_consumer_closes.inc();
                         sub.to.do_send(RoomUpdate::SlowConsumer);
                         let backlog = sub.backlog.clone();
                         ctx.run_later(EVICT_GRACE, move |_, _| backlog.abort_socket());
@@ -347,7 +349,7 @@ impl Handler<Subscribe> for RoomActor {
             reference: msg.reference,
             generation: msg.generation,
         });
-        self.subscribers.insert(msg.conn, Subscriber { to: msg.to, backlog: msg.backlog });
+        self.subscribers.insert(msg.conn, Subscriber { to: msg.to, backlog: msg.backlog, generation: msg.generation });
         Ok(())
     }
 }
@@ -356,7 +358,9 @@ impl Handler<Unsubscribe> for RoomActor {
     type Result = ();
 
     fn handle(&mut self, msg: Unsubscribe, _ctx: &mut Self::Context) {
-        self.subscribers.remove(&msg.conn);
+        if self.subscribers.get(&msg.conn).is_some_and(|s| s.generation <= msg.generation) {
+            self.subscribers.remove(&msg.conn);
+        }
         self.last_active = Instant::now();
     }
 }
