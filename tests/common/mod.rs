@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod process;
+
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -55,6 +57,24 @@ impl TestServer {
     /// Starts a server on an existing data dir (for example one returned by [`stop`]).
     pub fn start_in(dir: TempDir, tweak: impl FnOnce(&mut Config)) -> TestServer {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        TestServer::start_on_listener(listener, dir, tweak)
+    }
+
+    /// Starts a server on `dir` listening on the given address (for example the address
+    /// of a server stopped a moment ago), retrying the bind for up to 10 s.
+    pub fn start_at(addr: SocketAddr, dir: TempDir, tweak: impl FnOnce(&mut Config)) -> TestServer {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let listener = loop {
+            match std::net::TcpListener::bind(addr) {
+                Ok(l) => break l,
+                Err(e) if Instant::now() > deadline => panic!("could not bind {addr} again within 10 s: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        TestServer::start_on_listener(listener, dir, tweak)
+    }
+
+    fn start_on_listener(listener: std::net::TcpListener, dir: TempDir, tweak: impl FnOnce(&mut Config)) -> TestServer {
         let addr = listener.local_addr().expect("local addr");
         let mut config = test_config(dir.path(), addr);
         tweak(&mut config);
@@ -279,10 +299,65 @@ impl Http {
     }
 
     /// GET history, asserting 200; returns the body.
+    /// The `/metrics` text (asserting 200).
+    pub fn metrics_text(&self) -> String {
+        let (status, body) = self.request("GET", "/metrics", Auth::None, Body::None);
+        assert_eq!(status, 200, "GET /metrics: {body}");
+        match body {
+            Value::String(s) => s,
+            other => panic!("/metrics is not text: {other}"),
+        }
+    }
+
+    /// The value of one series of `/metrics`, named exactly as exposed (for example
+    /// `livegate_directory_writes_total{result="ok"}`); `None` when the series is absent.
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        metric_value(&self.metrics_text(), series)
+    }
+
+    /// The sum of all series of metric `name`, whatever their labels; 0 when absent.
+    pub fn metric_total(&self, name: &str) -> f64 {
+        metric_sum(&self.metrics_text(), name).unwrap_or(0.0)
+    }
+
     pub fn history_ok(&self, room: &str, since: Option<u64>, limit: Option<u64>) -> Value {
         let (status, body) = self.history(room, since, limit);
         assert_eq!(status, 200, "GET history of {room}: {body}");
         body
+    }
+}
+
+/// The value of `series` (metric name plus its exact label set, if any) in a
+/// Prometheus/OpenMetrics text exposition; `None` when absent.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|line| {
+        let (name, rest) = line.split_at(line.find(' ')?);
+        if name != series {
+            return None;
+        }
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// The sum of every series of metric `name` whatever its labels (`name` alone or
+/// `name{...}`); `None` when there is none.
+pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let (series, rest) = line.split_at(line.find(' ')?);
+            let matches = series == name || series.strip_prefix(name).is_some_and(|r| r.starts_with('{'));
+            if !matches {
+                return None;
+            }
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .collect();
+    if values.is_empty() {
+        None
+    } else {
+        Some(values.iter().sum())
     }
 }
 
@@ -325,6 +400,22 @@ pub enum Incoming {
 pub struct Rejected {
     pub status: u16,
     pub body: Value,
+}
+
+/// The server refused the handshake; with the response headers (names lower-cased).
+#[derive(Debug)]
+pub struct RejectedWithHeaders {
+    pub status: u16,
+    pub body: Value,
+    pub headers: Vec<(String, String)>,
+}
+
+impl RejectedWithHeaders {
+    /// The first value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
+    }
 }
 
 pub struct WsClient {
@@ -378,6 +469,19 @@ impl WsClient {
     }
 
     pub async fn try_connect_url(url: &str) -> Result<WsClient, Rejected> {
+        WsClient::try_connect_url_with_headers(url).await.map_err(|r| Rejected { status: r.status, body: r.body })
+    }
+
+    /// Like [`WsClient::try_connect`], but a refusal keeps the response headers.
+    pub async fn try_connect_with_headers(
+        addr: SocketAddr,
+        token: Option<&str>,
+        session: Option<&str>,
+    ) -> Result<WsClient, RejectedWithHeaders> {
+        WsClient::try_connect_url_with_headers(&ws_url(addr, token, session)).await
+    }
+
+    pub async fn try_connect_url_with_headers(url: &str) -> Result<WsClient, RejectedWithHeaders> {
         let connected = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url))
             .await
             .unwrap_or_else(|_| panic!("WebSocket handshake to {url} timed out"));
@@ -385,12 +489,17 @@ impl WsClient {
             Ok((ws, _resp)) => ws,
             Err(tungstenite::Error::Http(resp)) => {
                 let status = resp.status().as_u16();
+                let headers = resp
+                    .headers()
+                    .iter()
+                    .map(|(n, v)| (n.as_str().to_ascii_lowercase(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+                    .collect();
                 let body = resp
                     .body()
                     .as_ref()
                     .map(|b| serde_json::from_slice(b).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(b).into())))
                     .unwrap_or(Value::Null);
-                return Err(Rejected { status, body });
+                return Err(RejectedWithHeaders { status, body, headers });
             }
             Err(e) => panic!("WebSocket handshake to {url} failed: {e}"),
         };
@@ -445,6 +554,15 @@ impl WsClient {
                 }
                 Some(Ok(_)) => continue, // Ping, Pong, raw Frame
             }
+        }
+    }
+
+    /// The next thing from the connection, frames kept in the backlog first; unlike
+    /// [`recv_within`](Self::recv_within) a Close or an end is returned, not a panic.
+    pub async fn next_incoming(&mut self, within: Duration) -> Incoming {
+        match self.backlog.pop_front() {
+            Some(v) => Incoming::Json(v),
+            None => self.read_incoming(within).await,
         }
     }
 
@@ -571,6 +689,21 @@ impl WsClient {
         frames
     }
 
+    /// The next `n` events within `within`, or `None` when they do not all come (the
+    /// events that did come are dropped).
+    pub async fn next_events_within_or_none(&mut self, n: usize, within: Duration) -> Option<Vec<Value>> {
+        let deadline = Instant::now() + within;
+        let mut got: Vec<Value> = self.pending_events.drain(..).collect();
+        while got.len() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let frame = self.recv_within(left).await?;
+            assert_eq!(frame["op"], "events", "expected an events frame, got {frame}");
+            got.extend(frame["events"].as_array().cloned().unwrap_or_default());
+        }
+        self.pending_events.extend(got.split_off(n));
+        Some(got)
+    }
+
     pub async fn next_event_frames(&mut self, n: usize) -> Vec<Vec<Value>> {
         self.next_event_frames_within(n, WAIT).await
     }
@@ -586,6 +719,25 @@ impl WsClient {
         if let Some(v) = self.recv_within(d).await {
             panic!("expected nothing more, got {v}");
         }
+    }
+
+    /// Waits (up to `within`) for the automatic `subscribed` notice of the user's inbox
+    /// room and returns it; frames read meanwhile are kept for later reads.
+    pub async fn wait_inbox_subscribed(&mut self, within: Duration) -> Value {
+        let deadline = Instant::now() + within;
+        // `read_incoming` sets the notice aside and reads on, so read in short slices.
+        while self.inbox_subscribed.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.read_incoming(left.min(Duration::from_millis(20))).await {
+                Incoming::Json(v) => self.backlog.push_back(v),
+                Incoming::Timeout if self.inbox_subscribed.is_none() && left.is_zero() => {
+                    panic!("no inbox `subscribed` notice within {within:?}")
+                }
+                Incoming::Timeout => {}
+                other => panic!("connection closed while waiting for the inbox notice: {other:?}"),
+            }
+        }
+        self.inbox_subscribed.clone().expect("set above")
     }
 
     /// Sends `ping` and expects `pong` with the same ref: the connection is open and served.

@@ -1,0 +1,228 @@
+//! The real `livegate serve` binary as a child process: started on `127.0.0.1:0` with a
+//! data dir of the test's choosing, its address read from the `listening on http://ADDR`
+//! line it prints on stdout, its log (stderr) kept in a file, and stopped with real
+//! signals. Every wait is bounded; a process still running when the handle is dropped is
+//! killed (SIGKILL), so a failing test never leaves a server behind.
+
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::{Auth, Body, Http, API_KEY, NODE};
+
+/// How long a start may take until `/readyz` answers 200.
+pub const START_LIMIT: Duration = Duration::from_secs(30);
+
+pub struct ServeProcess {
+    child: Child,
+    pub addr: SocketAddr,
+    pub log: PathBuf,
+    /// When the process reported itself listening.
+    pub started: Instant,
+    /// Lines printed on stdout after the listening line.
+    stdout: mpsc::Receiver<String>,
+}
+
+impl ServeProcess {
+    /// `livegate serve --listen 127.0.0.1:0 --data-dir DATA --api-key .. --node ..` plus
+    /// `extra` flags; stderr goes to `log`. Returns once `/readyz` answers 200. The
+    /// process's environment has no `LIVEGATE_*` variables, so only the flags count.
+    pub fn start(data_dir: &Path, log: &Path, extra: &[&str]) -> ServeProcess {
+        ServeProcess::start_with_env(data_dir, log, extra, &[])
+    }
+
+    /// [`ServeProcess::start`] with extra environment variables (`RUST_LOG`, ...), set
+    /// after the `LIVEGATE_*` variables of the test's own environment are removed.
+    pub fn start_with_env(data_dir: &Path, log: &Path, extra: &[&str], env: &[(&str, &str)]) -> ServeProcess {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_livegate"));
+        cmd.arg("serve")
+            .args(["--listen", "127.0.0.1:0"])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--api-key", API_KEY, "--node", NODE])
+            .args(extra)
+            .current_dir(data_dir.parent().unwrap_or(data_dir))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(std::fs::File::create(log).expect("log file")));
+        for (k, _) in std::env::vars() {
+            if k.starts_with("LIVEGATE_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.envs(env.iter().copied());
+        let mut child = cmd.spawn().expect("spawn livegate serve");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let log_text = |log: &Path| std::fs::read_to_string(log).unwrap_or_default();
+        let deadline = Instant::now() + START_LIMIT;
+        let addr: SocketAddr = loop {
+            match rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(line) => {
+                    if let Some((_, rest)) = line.split_once(" listening on http://") {
+                        let text = rest.split_whitespace().next().unwrap_or("");
+                        break text.parse().unwrap_or_else(|e| panic!("address in {line:?}: {e}"));
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = child.wait().ok();
+                    panic!("livegate serve ended stdout ({status:?}) without a listening line; log:\n{}", log_text(log));
+                }
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("livegate serve printed no listening line within {START_LIMIT:?}; log:\n{}", log_text(log));
+            }
+        };
+        let started = Instant::now();
+        let http = Http::new(addr);
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                panic!("livegate serve exited with {status} before becoming ready; log:\n{}", log_text(log));
+            }
+            if let Ok((200, _)) = http.try_request("GET", "/readyz", Auth::None, Body::None) {
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("livegate serve on {addr} not ready within {START_LIMIT:?}; log:\n{}", log_text(log));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        ServeProcess { child, addr, log: log.to_path_buf(), started, stdout: rx }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn http(&self) -> Http {
+        Http::new(self.addr)
+    }
+
+    /// Sends a signal by name (`TERM`, `INT`, `KILL`, ...) with `kill -s`.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args(["-s", name, &self.pid().to_string()])
+            .status()
+            .unwrap_or_else(|e| panic!("run kill -s {name}: {e}"));
+        assert!(status.success(), "kill -s {name} {} failed: {status}", self.pid());
+    }
+
+    /// Waits up to `within` for the process to exit; `None` if it is still running.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+
+    /// SIGKILL and reap: no drain, no flush.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// A `VmXxx:` figure of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`, ...).
+    pub fn vm_kib(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("read /proc/<pid>/status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field).and_then(|r| r.strip_prefix(':')))
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in /proc/{}/status", self.pid()))
+    }
+
+    /// Resident memory in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        self.vm_kib("VmRSS")
+    }
+
+    /// The process's log (stderr) so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Stdout lines printed after the listening line, so far.
+    pub fn stdout_lines(&self) -> Vec<String> {
+        self.stdout.try_iter().collect()
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The value of metric `name` in the Prometheus text at `/metrics`, summed over its label
+/// sets (`name 3` or `name{device="web"} 2`); `None` when absent or the server did not
+/// answer.
+pub fn metric(http: &Http, name: &str) -> Option<f64> {
+    let (status, body) = http.try_request("GET", "/metrics", Auth::None, Body::None).ok()?;
+    if status != 200 {
+        return None;
+    }
+    let text = body.as_str()?.to_string();
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let value = match rest.chars().next()? {
+                ' ' => rest,
+                '{' => &rest[rest.find('}')? + 1..],
+                _ => return None,
+            };
+            value.split_whitespace().next()?.parse().ok()
+        })
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// Every event of `room` after `since`, paging through `GET /v1/rooms/{room}/events`;
+/// returns the events, the epoch and the head.
+pub fn full_history(http: &Http, room: &str, since: u64) -> (Vec<serde_json::Value>, serde_json::Value, u64) {
+    let mut events: Vec<serde_json::Value> = Vec::new();
+    let mut after = since;
+    loop {
+        let page = http.history_ok(room, Some(after), Some(1000));
+        let got = page["events"].as_array().unwrap_or_else(|| panic!("history of {room}: {page}")).clone();
+        let head = page["head"].as_u64().unwrap_or_else(|| panic!("history of {room} without head: {page}"));
+        if let Some(last) = got.last() {
+            after = super::seq_of(last);
+        }
+        let done = got.is_empty() || after >= head;
+        events.extend(got);
+        if done {
+            return (events, page["epoch"].clone(), head);
+        }
+    }
+}
