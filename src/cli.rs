@@ -80,8 +80,9 @@ reconnect elsewhere, flush the store and exit.
 
 When no API key is configured, one is generated on first start and stored in
 DATA_DIR/api_key (mode 0600); backends send it as `Authorization: Bearer KEY`.
-Once listening, prints one line: `livegate VERSION listening on http://ADDR (...)`.")]
-    Serve,
+Once listening, prints one line: `livegate VERSION listening on http://ADDR (...)`.
+With --demo, also serves a live score page at / fed by a built-in match simulator.")]
+    Serve(ServeArgs),
     /// Mint a one-time WebSocket token for a user and print only the token
     #[command(after_help = "Example:\n  T=$(livegate token u1 --device phone --ttl 30)\n  # then connect to ws://127.0.0.1:7070/v1/ws?token=$T")]
     Token(TokenArgs),
@@ -129,6 +130,13 @@ pub struct RouteArgs {
     /// File listing the sessions, one per line: SESSION [RECORDED_OWNER]
     #[arg(long, value_name = "FILE")]
     pub sessions: std::path::PathBuf,
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServeArgs {
+    /// Demo mode: a match simulator publishes into match:1..4 and / serves a live score page
+    #[arg(long)]
+    pub demo: bool,
 }
 
 /// Where the client commands find the server.
@@ -228,10 +236,10 @@ pub fn main() -> std::process::ExitCode {
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> Result<(), CliError> {
     let format = log_format(cli.log_format)?;
-    match cli.command.unwrap_or(Command::Serve) {
-        Command::Serve => {
+    match cli.command.unwrap_or(Command::Serve(ServeArgs::default())) {
+        Command::Serve(args) => {
             init_tracing(format, "info");
-            serve(&cli.config)
+            serve(&cli.config, args.demo)
         }
         Command::Token(args) => {
             init_tracing(format, "warn");
@@ -370,7 +378,7 @@ fn print_line(line: &str) -> Result<(), CliError> {
 // serve
 // ---------------------------------------------------------------------------------------
 
-fn serve(flags: &ConfigFlags) -> Result<(), CliError> {
+fn serve(flags: &ConfigFlags, demo: bool) -> Result<(), CliError> {
     let mut config = Config::load_from_process(flags)?;
     let resolved = config.resolve_api_key()?;
     if let Some(path) = &resolved.generated_at {
@@ -394,7 +402,10 @@ fn serve(flags: &ConfigFlags) -> Result<(), CliError> {
         config.node,
         config.data_dir.display()
     ))?;
-    system.block_on(crate::server::run_with_signals(listener, config, signals)).map_err(|e| failed(e.to_string()))
+    if demo {
+        print_line(&format!("demo: open http://{addr}/ for the live score page"))?;
+    }
+    system.block_on(crate::server::run_with_signals(listener, config, signals, demo)).map_err(|e| failed(e.to_string()))
 }
 
 /// A future that resolves on the first SIGTERM or SIGINT. Must be called inside a tokio

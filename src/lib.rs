@@ -9,6 +9,7 @@
 //! - [`http`]: thin actix-web handlers for `/v1/*`, health and the WebSocket upgrade.
 //! - [`server`]: `run(listener, config, shutdown)` wires it all together.
 //! - [`metrics`]: counters and gauges behind `/metrics`.
+//! - [`demo`]: the `--demo` match simulator.
 //! - [`config`]: typed configuration from file, environment and flags.
 //! - [`cli`]: the command-line front end (`serve`, `token`, `publish`, `subscribe`).
 
@@ -16,6 +17,7 @@ pub mod actors;
 pub mod cli;
 pub mod config;
 pub mod core;
+pub mod demo;
 pub mod http;
 pub mod metrics;
 pub mod protocol;

@@ -251,6 +251,21 @@ pub fn history_frame<'a>(
     out
 }
 
+/// The `data` of a demo match event.
+pub fn demo_event_data(event: &crate::core::matchsim::MatchEvent) -> String {
+    serde_json::json!({
+        "type": event.kind.as_str(),
+        "match": event.match_id,
+        "home": event.home,
+        "away": event.away,
+        "minute": event.minute,
+        "team": event.team.map(|side| if side == 0 { "home" } else { "away" }),
+        "score": event.score,
+        "text": event.text,
+    })
+    .to_string()
+}
+
 // ---- HTTP bodies ----
 
 /// `POST /v1/tokens`

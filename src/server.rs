@@ -66,15 +66,16 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + 'static,
 ) -> Result<(), ServerError> {
-    run_with_signals(listener, config, stream::once(shutdown).chain(stream::pending())).await
+    run_with_signals(listener, config, stream::once(shutdown).chain(stream::pending()), false).await
 }
 
 /// Serve on `listener`; the first item of `signals` starts a drain, a second one forces
-/// it. Must run inside an actix system.
+/// it. `demo` adds the score page and the match simulator. Must run inside an actix system.
 pub async fn run_with_signals(
     listener: std::net::TcpListener,
     config: Config,
     signals: impl Stream<Item = ()> + 'static,
+    demo: bool,
 ) -> Result<(), ServerError> {
     config.validate()?;
     let api_key = config.resolve_api_key()?.key;
@@ -132,6 +133,7 @@ pub async fn run_with_signals(
         lifecycle: lifecycle.clone(),
         next_conn: AtomicU64::new(1),
         started: std::time::Instant::now(),
+        demo,
     });
 
     let app_state = state.clone();
@@ -148,6 +150,7 @@ pub async fn run_with_signals(
         Supervisor::new(lifecycle, registry, directory, server.handle(), timing, metrics, done_tx).start();
     let mut serving = actix_web::rt::spawn(server);
     let purge = actix_web::rt::spawn(purge_nonces(store.clone()));
+    let simulator = demo.then(|| actix_web::rt::spawn(crate::demo::run_simulator(rooms.clone())));
     supervisor.send(Start).await.map_err(|e| ServerError::Startup(e.to_string()))?.map_err(ServerError::Startup)?;
     tracing::info!(addr = %local, node = %state.config.node, data_dir = %state.config.data_dir.display(), "ready");
 
@@ -171,6 +174,9 @@ pub async fn run_with_signals(
     };
     signals.abort();
     purge.abort();
+    if let Some(simulator) = simulator {
+        simulator.abort();
+    }
     rooms.shutdown();
     drop(state);
     store.flush()?;

@@ -5,6 +5,7 @@
 pub mod batch;
 pub mod drain;
 pub mod liveness;
+pub mod matchsim;
 pub mod names;
 pub mod routing;
 pub mod sent;

@@ -69,6 +69,8 @@ pub struct AppState {
     pub lifecycle: Arc<Lifecycle>,
     pub next_conn: AtomicU64,
     pub started: std::time::Instant,
+    /// Demo mode: the score page at `/` and unauthenticated demo tokens.
+    pub demo: bool,
 }
 
 /// An error answered as JSON.
@@ -152,6 +154,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/readyz", web::get().to(readyz))
         .route("/metrics", web::get().to(metrics))
         .route("/livegate.js", web::get().to(client_library))
+        .route("/", web::get().to(demo_page))
+        .route("/demo/token", web::get().to(demo_token))
         .route("/v1/admin/status", web::get().to(status))
         .default_service(web::to(not_found));
 }
@@ -448,6 +452,34 @@ async fn route(req: HttpRequest, query: web::Query<RouteQuery>, state: web::Data
         Ok(answer) => Ok(json(StatusCode::OK, protocol::to_json(&protocol::RouteReply { node: answer.node, url: answer.url }))),
         Err(none) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::NoAliveNode, none.to_string())),
     }
+}
+
+const DEMO_PAGE: &str = include_str!("../web/demo.html");
+
+fn not_in_demo_mode() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "the demo runs with `livegate serve --demo`")
+}
+
+async fn demo_page(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    if !state.demo {
+        return Err(not_in_demo_mode());
+    }
+    Ok(HttpResponse::Ok().content_type("text/html; charset=utf-8").insert_header(("Cache-Control", "no-cache")).body(DEMO_PAGE))
+}
+
+/// A one-time token for a random demo viewer, limited to the match rooms. Demo mode
+/// only: it needs no API key.
+async fn demo_token(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    if !state.demo {
+        return Err(not_in_demo_mode());
+    }
+    let mut nonce = [0u8; 16];
+    getrandom::getrandom(&mut nonce).expect("the OS provides randomness");
+    let expires_at_ms = now_ms() + 60_000;
+    let user = format!("viewer-{}", random_hex(6));
+    let claims = token::Claims { user, device: "web".into(), expires_at_ms, nonce, rooms: vec!["match:*".into()] };
+    let reply = TokenReply { token: token::sign(&state.token_secret, &claims), expires_at_ms };
+    Ok(json(StatusCode::CREATED, protocol::to_json(&reply)))
 }
 
 /// The browser and Node client library, embedded in the binary.

@@ -8,6 +8,7 @@
 //   client.on('connected', ({ session, node }) => ...);
 //   client.on('recovery_failed', ({ room }) => reloadOverHttp(room));
 //   client.subscribe('match:1', (event) => render(event));   // {room, seq, id, ts_ms, data}
+//   client.dropConnection();   // drop the socket to watch it reconnect and recover (demos)
 //
 // What it does for the application:
 // - Reconnects by itself. After Close 1012 (service restart) or 1001 it waits the delay
@@ -194,6 +195,29 @@ export class LivegateClient {
    */
   history(room, since = 0, limit = 100) {
     return this._request({ op: 'history', room, since, limit });
+  }
+
+  /**
+   * Drops the current connection as if it had been lost (to watch recovery in a demo, or
+   * in tests): the socket is closed with 4000, `disconnected` follows with that code, and
+   * the client reconnects by its backoff and resubscribes every room with `since`, like
+   * after any other loss. Returns false when there is no connection to drop.
+   */
+  dropConnection(reason = 'dropped by the application') {
+    const ws = this._ws;
+    if (!ws || this._closed || this._stopped) return false;
+    this._detach(ws);
+    try {
+      ws.close(4000, String(reason).slice(0, 120));
+    } catch {
+      try {
+        ws.close(4000); // the reason was refused (over 123 bytes of UTF-8)
+      } catch {
+        // already closing
+      }
+    }
+    this._lost(4000, reason);
+    return true;
   }
 
   /** Closes the connection for good: no reconnect, pending requests are rejected. */

@@ -1,0 +1,39 @@
+//! Demo mode (`livegate serve --demo`): a match simulator publishing into `match:1..4`
+//! through the same publish path as the HTTP API, a few events per second in all. The
+//! matches are the pure [`MatchSim`]; this module only drives it with time and randomness.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::actors::rooms::Rooms;
+use crate::core::matchsim::MatchSim;
+use crate::protocol;
+
+/// One simulator step this often (about half of the steps produce an event).
+const STEP: Duration = Duration::from_millis(200);
+pub const MATCHES: usize = 4;
+
+fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    getrandom::getrandom(&mut bytes).expect("the OS provides randomness");
+    u64::from_le_bytes(bytes)
+}
+
+/// Publish simulated match events until the task is dropped.
+pub async fn run_simulator(rooms: Rooms) {
+    let mut sim = MatchSim::new(MATCHES);
+    // Ids must not collide with those a previous run left in history.
+    let run = format!("{:08x}", random_u64() as u32);
+    let mut n = 0u64;
+    loop {
+        actix_web::rt::time::sleep(STEP).await;
+        let Some(event) = sim.step(random_u64()) else { continue };
+        n += 1;
+        let room = format!("match:{}", event.match_id);
+        let id: Arc<str> = format!("demo-{run}-{n}").into();
+        let data: Arc<str> = protocol::demo_event_data(&event).into();
+        if let Err(error) = rooms.publish(&room, id, data, None).await {
+            tracing::warn!(%room, %error, "demo event not published");
+        }
+    }
+}
