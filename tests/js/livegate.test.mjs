@@ -346,6 +346,32 @@ describe('livegate.js with a scripted socket', () => {
     }
   });
 
+  test('dropConnection closes the socket with 4000, then reconnects and resubscribes with since', { timeout: 10_000 }, async () => {
+    const { Fake, client, got, ws, log } = await subscribed('match:5', 3);
+    try {
+      ws.events('match:5', 4, 5);
+      assert.equal(client.dropConnection('demo button'), true);
+      assert.deepEqual(ws.closedByClient, { code: 4000, reason: 'demo button' });
+      assert.deepEqual(log.disconnected.map((d) => [d.code, d.reason, d.reconnectInMs]), [[4000, 'demo button', 0]]);
+      ws.events('match:5', 6); // late frames of the dropped socket are ignored
+      const ws2 = await Fake.nth(1);
+      assert.equal(client.dropConnection(), true, 'an attempt not yet welcomed can be dropped too');
+      const ws3 = await Fake.nth(2);
+      ws3.welcome('S1');
+      const resub = await ws3.expect('subscribe');
+      assert.deepEqual({ since: resub.since, epoch: resub.epoch }, { since: 5, epoch: 'E1' });
+      ws3.serverSend({ op: 'subscribed', room: 'match:5', epoch: 'E1', seq: 6, recovered: true, ref: resub.ref });
+      ws3.events('match:5', 6, 7);
+      assert.deepEqual(seqs(got), [4, 5, 6, 7]);
+      assert.deepEqual(log.recovered.map((r) => r.room), ['match:5']);
+      assert.equal(ws2.closedByClient?.code, 4000);
+      client.close();
+      assert.equal(client.dropConnection(), false, 'nothing to drop after close()');
+    } finally {
+      client.close();
+    }
+  });
+
   test('close codes: 1012/1001 wait the suggested delay or 0-3 s; 4000-4499 back off; 4500-4999 stop', { timeout: 10_000 }, async () => {
     const Fake = fakeSocketClass();
     const client = connect({

@@ -109,11 +109,11 @@ export function startServer({ dataDir, port = 0, args = [] }) {
 }
 
 /** Starts a server on exactly `port`, retrying while the port is not free yet. */
-export async function startServerOnPort({ dataDir, port, withinMs = 10_000 }) {
+export async function startServerOnPort({ dataDir, port, withinMs = 10_000, args = [] }) {
   const deadline = Date.now() + withinMs;
   for (;;) {
     try {
-      return await startServer({ dataDir, port });
+      return await startServer({ dataDir, port, args });
     } catch (error) {
       if (Date.now() > deadline) throw error;
       await sleep(100);

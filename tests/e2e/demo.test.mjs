@@ -1,0 +1,198 @@
+// End-to-end test of the demo page (`livegate serve --demo`, `/`) in headless Chromium.
+// Run from the repository root: `node --test tests/e2e/`. Needs target/release/livegate
+// (or LIVEGATE_BIN), Debian's chromium at /usr/bin/chromium (or CHROMIUM_BIN) and
+// playwright-core: `npm install --no-save --prefix tests/e2e playwright-core@1`.
+//
+// The page is loaded, events arrive in all four match rooms, the connection is dropped
+// from the page's own button, then the server is restarted underneath it (SIGTERM, a new
+// process on the same data dir and port). Afterwards every room's delivered seqs must run
+// without a gap or a duplicate, and the score shown must be the one in the room's last
+// event in the server's history. The screenshots go to target/e2e/ (not committed).
+
+import assert from 'node:assert/strict';
+import { existsSync, mkdirSync } from 'node:fs';
+import path from 'node:path';
+import { after, test } from 'node:test';
+
+import { REPO, api, startServer, startServerOnPort, sleep, tempDir } from '../js/support/server.mjs';
+
+const CHROMIUM = process.env.CHROMIUM_BIN || '/usr/bin/chromium';
+const ROOMS = ['match:1', 'match:2', 'match:3', 'match:4'];
+const ARTIFACTS = path.join(REPO, 'target/e2e');
+const DEMO = ['--demo'];
+
+let chromium;
+try {
+  ({ chromium } = await import('playwright-core'));
+} catch (error) {
+  throw new Error(`playwright-core is missing: npm install --no-save --prefix tests/e2e playwright-core@1 (${error.message})`);
+}
+
+const cleanups = [];
+after(async () => {
+  for (const cleanup of cleanups.reverse()) {
+    try {
+      await cleanup();
+    } catch (error) {
+      console.error('cleanup failed:', error);
+    }
+  }
+});
+
+/** Evaluates `fn(arg)` in the page until it returns something truthy; throws after `ms`. */
+async function waitInPage(page, what, ms, fn, arg) {
+  try {
+    await page.waitForFunction(fn, arg, { timeout: ms, polling: 100 });
+  } catch (error) {
+    const seen = await page.evaluate(() => ({
+      state: window.__demo?.state,
+      status: window.__demo?.status,
+      connections: window.__demo?.connections,
+      counts: window.__demo && Object.fromEntries(Object.entries(window.__demo.seqs).map(([r, s]) => [r, s.length])),
+      recovered: window.__demo?.recovered,
+      recoveryFailed: window.__demo?.recoveryFailed,
+    })).catch(() => null);
+    throw new Error(`timed out after ${ms} ms waiting for ${what}; the page: ${JSON.stringify(seen)}\n(${error.message.split('\n')[0]})`);
+  }
+}
+
+/** `window.__demo` and what each card shows, read in one go (the page keeps changing). */
+const snapshot = (page) =>
+  page.evaluate(() => {
+    const demo = JSON.parse(JSON.stringify({ ...window.__demo, client: undefined }));
+    demo.cards = {};
+    for (const card of document.querySelectorAll('article.match')) {
+      const text = (selector) => card.querySelector(selector)?.textContent.trim();
+      demo.cards[card.dataset.room] = {
+        score: [Number(text('[data-home-goals]')), Number(text('[data-away-goals]'))],
+        lastSeq: text('[data-last-seq]'),
+        title: text('h2'),
+        tickerLines: card.querySelectorAll('[data-ticker] li').length,
+      };
+    }
+    return demo;
+  });
+
+test('the demo page shows live scores and recovers across a dropped connection and a server restart', { timeout: 60_000 }, async (t) => {
+  const started = Date.now();
+  assert.ok(existsSync(CHROMIUM), `${CHROMIUM} is missing: apt-get install -y chromium`);
+  const data = tempDir('livegate-e2e-');
+  const profile = tempDir('livegate-e2e-chromium-');
+  cleanups.push(() => data.remove(), () => profile.remove());
+
+  let server = await startServer({ dataDir: data.dir, args: DEMO });
+  cleanups.push(() => server.stop('SIGTERM', 5000)); // SIGKILL after 5 s
+  t.diagnostic(`server 1 at ${server.url}`);
+
+  const context = await chromium.launchPersistentContext(profile.dir, {
+    executablePath: CHROMIUM,
+    headless: true,
+    args: [
+      '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync',
+    ],
+    viewport: { width: 1280, height: 900 },
+    timeout: 15_000,
+  });
+  cleanups.push(() => context.close());
+  const page = context.pages()[0] ?? (await context.newPage());
+  const pageErrors = [];
+  page.on('pageerror', (error) => pageErrors.push(String(error)));
+  page.on('console', (message) => {
+    if (message.type() === 'error' || message.type() === 'warning') t.diagnostic(`page ${message.type()}: ${message.text()}`);
+  });
+
+  // 1. The page loads, connects, and events arrive in every room.
+  await page.goto(server.url, { waitUntil: 'domcontentloaded', timeout: 10_000 });
+  assert.equal(await page.title(), 'Live scores · livegate demo');
+  assert.equal(await page.getAttribute('html', 'lang'), 'en');
+  await waitInPage(page, 'the first connection', 10_000, () => window.__demo?.state === 'connected');
+  await waitInPage(page, '3 events in every room', 15_000, ([rooms, min]) => rooms.every((room) => window.__demo.seqs[room].length >= min), [ROOMS, 3]);
+  assert.equal(await page.locator('#status').getAttribute('data-state'), 'connected');
+  assert.equal(await page.locator('article.match').count(), 4);
+  t.diagnostic(`events in every room after ${Date.now() - started} ms`);
+
+  // 2. The page's own button drops the socket: the client reconnects and recovers each room.
+  const drop = page.getByRole('button', { name: 'Drop connection' });
+  await drop.click();
+  await waitInPage(page, 'recovery of every room after the drop', 15_000, (rooms) => {
+    const d = window.__demo;
+    return d.state === 'connected' && d.connections === 2 && rooms.every((room) => d.recovered.some((r) => r.room === room && r.connection === 2));
+  }, ROOMS);
+  assert.equal(await page.locator('#status').getAttribute('data-state'), 'recovered');
+  t.diagnostic(`recovered after the drop at ${Date.now() - started} ms`);
+
+  // 3. Restart the server underneath the page: SIGTERM (drain, 1012), then a new process on
+  //    the same data dir and port.
+  const before = await snapshot(page);
+  const port = server.port;
+  const stopped = await server.stop('SIGTERM', 10_000);
+  assert.equal(stopped.code, 0, `server 1 exited with ${JSON.stringify(stopped)}`);
+  t.diagnostic(`server 1 drained and exited at ${Date.now() - started} ms`);
+  server = await startServerOnPort({ dataDir: data.dir, port, args: DEMO });
+  t.diagnostic(`server 2 at ${server.url}, ${Date.now() - started} ms`);
+  const connectionsBefore = before.connections;
+  await waitInPage(page, 'recovery of every room after the restart and 3 more events each', 30_000, ([rooms, counts, n]) => {
+    const d = window.__demo;
+    return (
+      d.state === 'connected' &&
+      d.connections > n &&
+      rooms.every((room) => d.recovered.some((r) => r.room === room && r.connection === d.connections)) &&
+      rooms.every((room) => d.seqs[room].length >= counts[room] + 3)
+    );
+  }, [ROOMS, Object.fromEntries(ROOMS.map((room) => [room, before.seqs[room].length])), connectionsBefore]);
+  assert.match(await page.locator('#status-text').textContent(), /^Connected/);
+  t.diagnostic(`recovered after the restart with 3 more events per room at ${Date.now() - started} ms`);
+
+  // 4. No gap, no duplicate; the score shown is the score of the room's last event.
+  let last;
+  const deadline = Date.now() + 10_000;
+  for (;;) {
+    const demo = await snapshot(page);
+    const history = {};
+    for (const room of ROOMS) {
+      const { body } = await api(server.url, 'GET', `/v1/rooms/${encodeURIComponent(room)}/events?since=0&limit=1000`);
+      history[room] = body;
+    }
+    last = { demo, history };
+    // The page read first: the history then holds at least what the page saw. Compare
+    // once every room's newest event is on the page too (events keep coming, ~1/s a room).
+    if (ROOMS.every((room) => demo.seqs[room].at(-1) === history[room].head) || Date.now() > deadline) break;
+    await sleep(150);
+  }
+  const { demo, history } = last;
+  assert.deepEqual(demo.recoveryFailed, [], 'no room failed to recover');
+  for (const room of ROOMS) {
+    const seqs = demo.seqs[room];
+    const expected = Array.from({ length: seqs.length }, (_, i) => seqs[0] + i);
+    assert.deepEqual(seqs, expected, `${room}: the delivered seqs have a gap or a duplicate`);
+    const events = history[room].events;
+    assert.ok(events.length > 0 && events.length < 1000, `${room}: ${events.length} events in history`);
+    const lastEvent = events.at(-1);
+    assert.equal(lastEvent.seq, history[room].head);
+    assert.equal(seqs.at(-1), lastEvent.seq, `${room}: the page's last seq is the room's head`);
+    const stored = new Set(events.map((event) => event.seq));
+    assert.ok(seqs.every((seq) => stored.has(seq)), `${room}: the page saw seqs the server does not have`);
+    assert.deepEqual(demo.scores[room], lastEvent.data.score, `${room}: the page's score is the last event's`);
+    const card = demo.cards[room];
+    assert.deepEqual(card.score, lastEvent.data.score, `${room}: the score on the card`);
+    assert.equal(card.lastSeq, String(lastEvent.seq), `${room}: the seq on the card`);
+    assert.equal(card.title, `${lastEvent.data.home} v ${lastEvent.data.away}`);
+    assert.ok(card.tickerLines >= 3 && card.tickerLines <= 8, `${room}: ${card.tickerLines} ticker lines`);
+    t.diagnostic(`${room}: seqs ${seqs[0]}..${seqs.at(-1)} (${seqs.length} delivered), score ${lastEvent.data.score.join('-')}`);
+  }
+  assert.deepEqual(pageErrors, [], 'no uncaught errors in the page');
+
+  // 5. Artifacts: the desktop view, then the phone width (which must not scroll sideways).
+  mkdirSync(ARTIFACTS, { recursive: true });
+  const shot = path.join(ARTIFACTS, 'demo.png');
+  await page.screenshot({ path: shot, fullPage: true });
+  await page.setViewportSize({ width: 375, height: 812 });
+  await sleep(100);
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  assert.ok(overflow <= 0, `the page scrolls sideways by ${overflow} px at 375 px`);
+  const phone = path.join(ARTIFACTS, 'demo-phone.png');
+  await page.screenshot({ path: phone, fullPage: true });
+  console.log(`screenshots: ${shot} ${phone}`);
+  t.diagnostic(`screenshots: ${shot}, ${phone}; the test took ${Date.now() - started} ms`);
+});
