@@ -607,9 +607,14 @@ impl Layers {
     fn add_file(&mut self, path: &Path) -> Result<(), ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::ReadFile { path: path.to_path_buf(), reason: e.to_string() })?;
-        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError::ParseFile {
-            path: path.to_path_buf(),
-            reason: e.message().to_string(),
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            // Name the line: "invalid basic string" alone does not say where.
+            let line = e.span().map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1);
+            let reason = match line {
+                Some(line) => format!("{} (line {line})", e.message()),
+                None => e.message().to_string(),
+            };
+            ConfigError::ParseFile { path: path.to_path_buf(), reason }
         })?;
         for (name, value) in table {
             let Some(key) = key(&name) else {

@@ -40,6 +40,10 @@ pub struct PeerLabel {
 const KNOWN_CLOSE_CODES: &[&str] =
     &["1000", "1001", "1002", "1003", "1005", "1006", "1008", "1009", "1011", "1012", "4008", "4009", "4029", "4501", "4502", "4503"];
 
+/// Why handshakes are refused: the JSON error codes of the upgrade handler.
+const HANDSHAKE_REASONS: &[&str] =
+    &["missing_token", "invalid_token", "token_expired", "token_replayed", "unavailable", "migration_budget", "bad_request", "internal"];
+
 fn latency_histogram() -> Histogram {
     // 0.5 ms … ~16 s
     Histogram::new(exponential_buckets(0.0005, 2.0, 16))
@@ -120,6 +124,28 @@ impl Metrics {
             store_flush_latency: latency_histogram(),
             store_bytes: Gauge::default(),
         }
+        .with_known_series()
+    }
+
+    /// Create the series of every known label value at zero, so dashboards and alert
+    /// ratios see 0 rather than no data before the first event.
+    fn with_known_series(self) -> Self {
+        for device in self.device_kinds.iter().cloned().chain(["other".to_string()]) {
+            drop(self.connections_open.get_or_create(&DeviceLabel { device }));
+        }
+        for result in ["ok", "stale", "error"] {
+            drop(self.directory_writes.get_or_create(&ResultLabel { result }));
+        }
+        for result in ["recovered", "not_recovered"] {
+            drop(self.recoveries.get_or_create(&ResultLabel { result }));
+        }
+        for reason in HANDSHAKE_REASONS {
+            drop(self.handshake_rejections.get_or_create(&ReasonLabel { reason }));
+        }
+        for code in ["1000", "1001", "1006", "1012", "4008", "4009", "4501", "4502"] {
+            drop(self.disconnects.get_or_create(&CodeLabel { code }));
+        }
+        self
     }
 
     /// The label a device name is reported under.

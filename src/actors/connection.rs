@@ -382,6 +382,7 @@ impl Connection {
             ws::Message::Close(reason) => {
                 tracing::debug!(conn = self.id, ?reason, "client closed");
                 self.close_code = Some(reason.as_ref().map_or(1005, |r| u16::from(r.code)));
+                self.closing = true;
                 ctx.close(reason);
                 ctx.stop();
             }
@@ -453,7 +454,7 @@ impl Actor for Connection {
         self.registry.do_send(Unregister { conn: self.id });
         // No close code at all means the socket just ended.
         metrics.disconnects.get_or_create(&crate::metrics::Metrics::close_code(self.close_code.unwrap_or(1006))).inc();
-        tracing::debug!(conn = self.id, user = %self.identity.user, "disconnected");
+        tracing::debug!(conn = self.id, user = %self.identity.user, code = self.close_code.unwrap_or(1006), "disconnected");
     }
 }
 
@@ -463,6 +464,13 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Connection {
         match item {
             Ok(msg) => self.on_message(msg, ctx),
             Err(ws::ProtocolError::Overflow) => self.close(ctx, close::TOO_BIG, "frame too big"),
+            // The socket ended (or broke): nothing to send a Close on. Keep a close code
+            // already known; otherwise this is an abnormal end (1006).
+            Err(ws::ProtocolError::Io(error)) => {
+                tracing::debug!(conn = self.id, %error, "socket ended");
+                self.close_code.get_or_insert(1006);
+                ctx.stop();
+            }
             Err(error) => {
                 tracing::debug!(conn = self.id, %error, "protocol error");
                 self.close(ctx, close::PROTOCOL_ERROR, "protocol error");

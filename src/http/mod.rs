@@ -178,6 +178,7 @@ fn authorize(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
     if same {
         Ok(())
     } else {
+        tracing::debug!(path = req.path(), "request refused: invalid API key");
         Err(ApiError::unauthorized(ErrorCode::Unauthorized, "invalid API key"))
     }
 }
@@ -356,6 +357,7 @@ async fn upgrade(
 ) -> Result<HttpResponse, ApiError> {
     let result = upgrade_checked(req, stream, query, state.clone()).await;
     if let Err(refusal) = &result {
+        tracing::debug!(reason = refusal.code.as_str(), status = refusal.status.as_u16(), "handshake refused");
         state.metrics.handshake_rejected(refusal.code.as_str());
     }
     result
