@@ -6,77 +6,17 @@
 
 mod common;
 
-use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::process::ServeProcess;
 use common::*;
 use serde_json::{json, Value};
-
-/// A `livegate serve` child process, killed when dropped.
-struct Serve {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Serve {
-    fn start(data_dir: &Path, log: &Path, extra: &[&str]) -> Serve {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_livegate"));
-        cmd.arg("serve")
-            .args(["--listen", &addr.to_string()])
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(["--api-key", API_KEY, "--node", NODE])
-            .args(extra)
-            .current_dir(data_dir.parent().expect("parent"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(std::fs::File::create(log).expect("log file")));
-        for (k, _) in std::env::vars() {
-            if k.starts_with("LIVEGATE_") {
-                cmd.env_remove(k);
-            }
-        }
-        let mut child = cmd.spawn().expect("spawn livegate serve");
-        let http = Http::new(addr);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = child.try_wait().expect("try_wait") {
-                let log = std::fs::read_to_string(log).unwrap_or_default();
-                panic!("livegate serve exited with {status} before becoming ready:\n{log}");
-            }
-            if let Ok((200, _)) = http.try_request("GET", "/readyz", Auth::None, Body::None) {
-                return Serve { child, addr };
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("livegate serve on {addr} not ready within 20 s");
-            }
-            std::thread::sleep(Duration::from_millis(25));
-        }
-    }
-
-    fn kill9(mut self) {
-        self.child.kill().expect("SIGKILL");
-        self.child.wait().expect("wait");
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 #[tokio::test]
 async fn acknowledged_events_and_used_tokens_survive_kill_9() {
     let root = tempfile::tempdir().expect("tempdir");
     let data = root.path().join("data");
-    let serve = Serve::start(&data, &root.path().join("serve-1.log"), &[]);
+    let serve = ServeProcess::start(&data, &root.path().join("serve-1.log"), &[]);
     let http = Http::new(serve.addr);
 
     let used = http.mint_token("alice", "web");
@@ -107,7 +47,7 @@ async fn acknowledged_events_and_used_tokens_survive_kill_9() {
     // No shutdown, no flush: SIGKILL right after the last acknowledgement.
     serve.kill9();
 
-    let serve = Serve::start(&data, &root.path().join("serve-2.log"), &[]);
+    let serve = ServeProcess::start(&data, &root.path().join("serve-2.log"), &[]);
     let http = Http::new(serve.addr);
     let after = http.history_ok("durable", Some(0), Some(1000));
     assert_eq!(after["epoch"], epoch, "epoch after kill -9: {after}");
@@ -139,7 +79,7 @@ async fn events_acknowledged_before_a_kill_9_mid_stream_survive_with_their_seqs(
     let data = root.path().join("data");
     // Keep everything, so every acknowledged event can be looked up afterwards.
     let keep_all = ["--history-size", "1000000"];
-    let serve = Serve::start(&data, &root.path().join("serve-1.log"), &keep_all);
+    let serve = ServeProcess::start(&data, &root.path().join("serve-1.log"), &keep_all);
     let http = Http::new(serve.addr);
 
     // Publishers run flat out until the server disappears under them.
@@ -165,7 +105,7 @@ async fn events_acknowledged_before_a_kill_9_mid_stream_survive_with_their_seqs(
     let acked: Vec<(String, u64, Value)> = handles.into_iter().flat_map(|h| h.join().expect("publisher")).collect();
     assert!(acked.len() >= 10, "publishers got only {} acks before the kill", acked.len());
 
-    let serve = Serve::start(&data, &root.path().join("serve-2.log"), &keep_all);
+    let serve = ServeProcess::start(&data, &root.path().join("serve-2.log"), &keep_all);
     let http = Http::new(serve.addr);
     let mut events: Vec<Value> = Vec::new();
     let (epoch, head) = loop {
