@@ -20,8 +20,9 @@ use crate::metrics::Metrics;
 
 /// How often the close phase checks whether everyone has left.
 const POLL: Duration = Duration::from_millis(100);
-/// After the forced close, how long connections get to go before the end is declared.
-const FORCE_SETTLE: Duration = Duration::from_millis(300);
+/// After the forced close, how long the Close frames get to go out before the HTTP
+/// server is stopped (which cuts whatever sockets are left).
+const FORCE_SETTLE: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone, Copy)]
 pub struct DrainTiming {
@@ -144,8 +145,11 @@ impl Supervisor {
         ctx.spawn(self.registry.send(CloseAll { close }).into_actor(self).map(|left, sup, _| {
             tracing::info!(phase = "forced", connections_left = left.unwrap_or(0), elapsed_ms = sup.elapsed_ms(), "drain: closing what is left");
         }));
-        actix_web::rt::spawn(self.server.stop(false));
-        ctx.run_later(FORCE_SETTLE, |sup, _| sup.finish());
+        // Stopping the HTTP server cuts sockets: give the Close frames time to go out first.
+        ctx.run_later(FORCE_SETTLE, |sup, _| {
+            actix_web::rt::spawn(sup.server.stop(false));
+            sup.finish();
+        });
     }
 
     fn finish(&mut self) {
