@@ -8,16 +8,11 @@ use std::time::Duration;
 use crate::actors::rooms::Rooms;
 use crate::core::matchsim::MatchSim;
 use crate::protocol;
+use crate::world::random_u64;
 
 /// One simulator step this often (about half of the steps produce an event).
 const STEP: Duration = Duration::from_millis(200);
 pub const MATCHES: usize = 4;
-
-fn random_u64() -> u64 {
-    let mut bytes = [0u8; 8];
-    getrandom::getrandom(&mut bytes).expect("the OS provides randomness");
-    u64::from_le_bytes(bytes)
-}
 
 /// Publish simulated match events until the task is dropped.
 pub async fn run_simulator(rooms: Rooms) {

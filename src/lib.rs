@@ -10,6 +10,7 @@
 //! - [`server`]: `run(listener, config, shutdown)` wires it all together.
 //! - [`metrics`]: counters and gauges behind `/metrics`.
 //! - [`demo`]: the `--demo` match simulator.
+//! - [`world`]: the wall clock and the OS random source, read only by actors and handlers.
 //! - [`config`]: typed configuration from file, environment and flags.
 //! - [`cli`]: the command-line front end (`serve`, `token`, `publish`, `subscribe`).
 
@@ -23,3 +24,4 @@ pub mod metrics;
 pub mod protocol;
 pub mod server;
 pub mod store;
+pub mod world;

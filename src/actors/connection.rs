@@ -163,7 +163,7 @@ impl Connection {
             }
             ctx.text(protocol::events_frame(self.outbox[start..end].iter().map(|e| &*e.json), bytes));
             let metrics = &self.settings.metrics;
-            let now = super::room::now_ms();
+            let now = crate::world::now_ms();
             for event in &self.outbox[start..end] {
                 metrics.delivery_latency.observe(now.saturating_sub(event.ts_ms) as f64 / 1000.0);
             }
@@ -487,10 +487,12 @@ impl Handler<RoomUpdate> for Connection {
     type Result = ();
 
     fn handle(&mut self, update: RoomUpdate, ctx: &mut Self::Context) {
+        // What a room reserved for these events leaves the backlog whatever happens next.
+        if let RoomUpdate::Events { events, .. } = &update {
+            self.settings.metrics.outbox_seen(self.backlog.outstanding() + self.outbox_bytes);
+            self.backlog.release(super::room::events_bytes(events));
+        }
         if self.closing {
-            if let RoomUpdate::Events { events, .. } = &update {
-                self.backlog.release(super::room::events_bytes(events));
-            }
             return;
         }
         match update {
@@ -516,8 +518,6 @@ impl Handler<RoomUpdate> for Connection {
                 }
             }
             RoomUpdate::Events { room, events } => {
-                self.settings.metrics.outbox_seen(self.backlog.outstanding() + self.outbox_bytes);
-                self.backlog.release(super::room::events_bytes(&events));
                 if self.subscriptions.get(&room).is_some_and(|s| s.live) {
                     self.enqueue(&room, &events, ctx);
                 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
-use super::room::now_ms;
+use crate::world::{now_ms, random_hex};
 use crate::core::sessions::{check_migration_budget, plan_session, BudgetError, SessionPlan, SessionView};
 use crate::metrics::Metrics;
 use crate::store::{SessionRecord, Store, StoreError};
@@ -65,12 +65,6 @@ pub struct Directory {
     /// Sessions this process created, migrated or validated.
     known: HashMap<String, SessionRecord>,
     metrics: Arc<Metrics>,
-}
-
-fn new_session_id() -> String {
-    let mut bytes = [0u8; 12];
-    getrandom::getrandom(&mut bytes).expect("the OS provides randomness");
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Directory {
@@ -135,7 +129,7 @@ impl Directory {
 
     fn create(&mut self, user: &str, now: u64) -> Result<String, DirectoryError> {
         let record = SessionRecord {
-            session: new_session_id(),
+            session: random_hex(12),
             user: user.to_string(),
             owner: self.node.clone(),
             version: 0,

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use tokio::sync::oneshot;
@@ -16,6 +16,7 @@ use super::rooms::RoomsInner;
 use crate::core::seqlog::{Append, Recovery, Retention, SeqLog};
 use crate::protocol;
 use crate::store::{EventRecord, Store, StoreError};
+use crate::world::{now_ms, random_hex};
 
 /// Limits every room shares.
 #[derive(Clone)]
@@ -68,10 +69,6 @@ pub struct RoomActor {
     stopped: bool,
 }
 
-pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 /// Bytes a batch of events occupies in a connection's backlog.
 pub fn events_bytes(events: &[Arc<Delivery>]) -> usize {
     events.iter().map(|e| e.json.len()).sum()
@@ -85,12 +82,6 @@ fn render(room: &str, event: &EventRecord) -> Arc<Delivery> {
         json: protocol::render_event(room, event.seq, &event.id, event.ts_ms, &event.data).into(),
         devices: event.devices.as_ref().map(|d| d.iter().map(|s| s.as_str().into()).collect()),
     })
-}
-
-fn new_epoch() -> String {
-    let mut bytes = [0u8; 8];
-    getrandom::getrandom(&mut bytes).expect("the OS provides randomness");
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl RoomActor {
@@ -150,7 +141,7 @@ impl RoomActor {
     /// The room's log, creating the room (a new epoch, head 0) on first write.
     fn live_log(&mut self) -> Result<&mut SeqLog<Arc<Delivery>>, String> {
         if let RoomState::Absent = self.state {
-            let epoch = new_epoch();
+            let epoch = random_hex(8);
             self.store.create_room(&self.name, &epoch).map_err(|e| e.to_string())?;
             tracing::debug!(room = %self.name, %epoch, "room created");
             self.state = RoomState::Live(SeqLog::restore(epoch, 0, Vec::new(), self.settings.retention));

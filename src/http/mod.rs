@@ -17,7 +17,7 @@ use crate::actors::directory::{Directory, DirectoryError, OpenSession};
 use crate::actors::liveness::{LivenessActor, Route};
 use crate::actors::messages::Kick;
 use crate::actors::registry::Registry;
-use crate::actors::room::now_ms;
+use crate::world::{now_ms, random_bytes, random_hex};
 use crate::actors::rooms::{RoomError, Rooms};
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -199,12 +199,6 @@ async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::Bytes
     Ok(body.freeze())
 }
 
-fn random_hex(bytes: usize) -> String {
-    let mut buf = vec![0u8; bytes];
-    getrandom::getrandom(&mut buf).expect("the OS provides randomness");
-    buf.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn check_user(user: &str) -> Result<(), ApiError> {
     names::check_user(user).map_err(|e| ApiError::bad_request(e.to_string()))
 }
@@ -227,12 +221,15 @@ async fn mint_token(req: HttpRequest, payload: web::Payload, state: web::Data<Ap
         names::check_room(pattern.strip_suffix('*').filter(|p| !p.is_empty()).unwrap_or(pattern))
             .map_err(|_| ApiError::bad_request(format!("room pattern {pattern:?} is not a room name, optionally ending in *")))?;
     }
-    let mut nonce = [0u8; 16];
-    getrandom::getrandom(&mut nonce).expect("the OS provides randomness");
-    let expires_at_ms = now_ms() + request.ttl_secs * 1000;
-    let claims = token::Claims { user: request.user, device: request.device, expires_at_ms, nonce, rooms: request.rooms };
+    Ok(issue_token(&state, request.user, request.device, request.ttl_secs, request.rooms))
+}
+
+/// Sign a fresh one-time token (a new nonce) and answer it as 201 `{"token","expires_at_ms"}`.
+fn issue_token(state: &AppState, user: String, device: String, ttl_secs: u64, rooms: Vec<String>) -> HttpResponse {
+    let expires_at_ms = now_ms() + ttl_secs * 1000;
+    let claims = token::Claims { user, device, expires_at_ms, nonce: random_bytes(), rooms };
     let reply = TokenReply { token: token::sign(&state.token_secret, &claims), expires_at_ms };
-    Ok(json(StatusCode::CREATED, protocol::to_json(&reply)))
+    json(StatusCode::CREATED, protocol::to_json(&reply))
 }
 
 async fn publish(
@@ -475,13 +472,8 @@ async fn demo_token(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
     if !state.demo {
         return Err(not_in_demo_mode());
     }
-    let mut nonce = [0u8; 16];
-    getrandom::getrandom(&mut nonce).expect("the OS provides randomness");
-    let expires_at_ms = now_ms() + 60_000;
     let user = format!("viewer-{}", random_hex(6));
-    let claims = token::Claims { user, device: "web".into(), expires_at_ms, nonce, rooms: vec!["match:*".into()] };
-    let reply = TokenReply { token: token::sign(&state.token_secret, &claims), expires_at_ms };
-    Ok(json(StatusCode::CREATED, protocol::to_json(&reply)))
+    Ok(issue_token(&state, user, "web".into(), 60, vec!["match:*".into()]))
 }
 
 /// The browser and Node client library, embedded in the binary.
