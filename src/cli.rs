@@ -393,8 +393,8 @@ fn serve(flags: &ConfigFlags, demo: bool) -> Result<(), CliError> {
     let system = actix_web::rt::System::new();
     // Install the signal handlers before announcing the address: a SIGTERM sent as soon
     // as the line is read must start a drain, not kill the process.
-    let signals = system
-        .block_on(async { shutdown_signals() })
+    let (signals, reloads) = system
+        .block_on(async { Ok::<_, std::io::Error>((shutdown_signals()?, reload_signals()?)) })
         .map_err(|e| failed(format!("cannot install signal handlers: {e}")))?;
     print_line(&format!(
         "livegate {} listening on http://{addr} (node {}, data {})",
@@ -405,12 +405,19 @@ fn serve(flags: &ConfigFlags, demo: bool) -> Result<(), CliError> {
     if demo {
         print_line(&format!("demo: open http://{addr}/ for the live score page"))?;
     }
-    system.block_on(crate::server::run_with_signals(listener, config, signals, demo)).map_err(|e| failed(e.to_string()))
+    let reload_flags = flags.clone();
+    let control = crate::server::Control {
+        shutdown: Box::pin(signals),
+        reload: Box::pin(reloads),
+        reload_config: Some(Box::new(move || Config::load_from_process(&reload_flags))),
+        demo,
+    };
+    system.block_on(crate::server::run_controlled(listener, config, control)).map_err(|e| failed(e.to_string()))
 }
 
-/// A future that resolves on the first SIGTERM or SIGINT. Must be called inside a tokio
-/// runtime; the handlers are installed by the call, not by the first poll.
 /// Every SIGTERM or SIGINT, as a stream: the first starts a drain, a second forces it.
+/// Must be called inside a tokio runtime; the handlers are installed by the call, not by
+/// the first poll.
 fn shutdown_signals() -> std::io::Result<impl futures_util::Stream<Item = ()> + 'static> {
     use tokio::signal::unix::{signal, SignalKind};
     let terminate = signal(SignalKind::terminate())?;
@@ -422,6 +429,17 @@ fn shutdown_signals() -> std::io::Result<impl futures_util::Stream<Item = ()> + 
         };
         tracing::info!("{name} received");
         Some(((), (terminate, interrupt)))
+    }))
+}
+
+/// Every SIGHUP, as a stream: each reloads the API keys and allowed origins.
+fn reload_signals() -> std::io::Result<impl futures_util::Stream<Item = ()> + 'static> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let hangup = signal(SignalKind::hangup())?;
+    Ok(futures_util::stream::unfold(hangup, |mut hangup| async move {
+        hangup.recv().await?;
+        tracing::info!("SIGHUP received: reloading API keys and allowed origins");
+        Some(((), hangup))
     }))
 }
 

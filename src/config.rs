@@ -55,6 +55,37 @@ pub struct Config {
     pub probe_interval_ms: u64,
     /// Successful probes in a row before a peer counts as up again (one failure: down).
     pub probe_up_after: u64,
+    /// API keys still accepted besides `api_key`, for rotation; reloaded on SIGHUP.
+    pub previous_api_keys: Vec<String>,
+    /// Browser origins allowed to open WebSockets (empty: any). Requests without an
+    /// `Origin` header (not from a browser) are always allowed.
+    pub allowed_origins: Vec<String>,
+    /// PEM certificate chain and private key: when both are set, the node serves HTTPS and WSS.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// Largest WebSocket frame a client may send.
+    pub max_frame_bytes: usize,
+    /// Largest client message, assembled from continuation frames.
+    pub max_message_bytes: usize,
+    /// WebSocket connections this node holds at most (0: no limit).
+    pub max_connections: usize,
+    /// WebSocket connections one client IP address may hold (0: no limit).
+    pub max_connections_per_ip: usize,
+    /// WebSocket handshakes per second one IP address may attempt, with a burst of twice that (0: no limit).
+    pub handshakes_per_ip_per_sec: u64,
+    /// Messages per second a connection may send, with a burst of twice that (0: no limit).
+    pub max_messages_per_sec: u64,
+    /// Refused client messages (malformed, over the rate) per minute before a close with 1008.
+    pub max_bad_messages: u64,
+    /// Largest `limit` of a history read.
+    pub max_history_limit: usize,
+    /// A connection that has not subscribed to any room this long after connecting is
+    /// closed with 1008 (0: never).
+    pub subscribe_timeout_secs: u64,
+    /// Time a client has to send a complete request head (and so a WebSocket upgrade).
+    pub handshake_timeout_ms: u64,
+    /// Test-only: `/v1/echo` echoes WebSocket messages without a token (for conformance suites).
+    pub ws_echo: bool,
 }
 
 /// A peer node, parsed from its `peers` entry.
@@ -109,6 +140,21 @@ impl Default for Config {
             peers: Vec::new(),
             probe_interval_ms: 1000,
             probe_up_after: 3,
+            previous_api_keys: Vec::new(),
+            allowed_origins: Vec::new(),
+            tls_cert: None,
+            tls_key: None,
+            max_frame_bytes: 65_536,
+            max_message_bytes: 65_536,
+            max_connections: 15_000,
+            max_connections_per_ip: 1_000,
+            handshakes_per_ip_per_sec: 100,
+            max_messages_per_sec: 100,
+            max_bad_messages: 100,
+            max_history_limit: 1_000,
+            subscribe_timeout_secs: 0,
+            handshake_timeout_ms: 5_000,
+            ws_echo: false,
         }
     }
 }
@@ -140,6 +186,8 @@ pub enum Kind {
     Text,
     /// A list of names; comma-separated in the environment and on the command line.
     List,
+    /// `true` or `false`.
+    Bool,
 }
 
 impl Kind {
@@ -150,7 +198,8 @@ impl Kind {
             Kind::Address => "an IP address and port such as 127.0.0.1:7070",
             Kind::Path => "a directory path",
             Kind::Text => "text",
-            Kind::List => "a comma-separated list of names such as phone,pc",
+            Kind::List => "a comma-separated list such as phone,pc",
+            Kind::Bool => "true or false",
         }
     }
 }
@@ -232,6 +281,36 @@ pub const KEYS: &[Key] = &[
         help: "How often each peer's /healthz is probed [default: 1000]" },
     Key { name: "probe_up_after", flag: "probe-up-after", kind: COUNT, value_name: "N",
         help: "Successful probes in a row before a down peer counts as up [default: 3]" },
+    Key { name: "previous_api_keys", flag: "previous-api-keys", kind: Kind::List, value_name: "LIST",
+        help: "API keys still accepted besides api_key, while backends move to the new one; reloaded on SIGHUP [default: none]" },
+    Key { name: "allowed_origins", flag: "allowed-origins", kind: Kind::List, value_name: "LIST",
+        help: "Browser origins (scheme://host[:port]) allowed to open WebSockets; reloaded on SIGHUP [default: any]" },
+    Key { name: "tls_cert", flag: "tls-cert", kind: Kind::Path, value_name: "PEM",
+        help: "Certificate chain (PEM); with tls_key the node serves HTTPS and WSS [default: plain HTTP]" },
+    Key { name: "tls_key", flag: "tls-key", kind: Kind::Path, value_name: "PEM",
+        help: "Private key (PEM) of tls_cert [default: none]" },
+    Key { name: "max_frame_bytes", flag: "max-frame-bytes", kind: BYTES, value_name: "BYTES",
+        help: "Largest WebSocket frame a client may send; larger closes with 1009 [default: 65536]" },
+    Key { name: "max_message_bytes", flag: "max-message-bytes", kind: BYTES, value_name: "BYTES",
+        help: "Largest client message assembled from fragments; larger closes with 1009 [default: 65536]" },
+    Key { name: "max_connections", flag: "max-connections", kind: COUNT, value_name: "N",
+        help: "WebSocket connections this node holds; more are refused with 503; 0: no limit [default: 15000]" },
+    Key { name: "max_connections_per_ip", flag: "max-connections-per-ip", kind: COUNT, value_name: "N",
+        help: "WebSocket connections per client IP; more are refused with 429; 0: no limit [default: 1000]" },
+    Key { name: "handshakes_per_ip_per_sec", flag: "handshakes-per-ip-per-sec", kind: COUNT, value_name: "N",
+        help: "WebSocket handshakes per second per IP (burst: twice that); more get 429; 0: no limit [default: 100]" },
+    Key { name: "max_messages_per_sec", flag: "max-messages-per-sec", kind: COUNT, value_name: "N",
+        help: "Messages per second a connection may send (burst: twice that); more get error rate_limited; 0: no limit [default: 100]" },
+    Key { name: "max_bad_messages", flag: "max-bad-messages", kind: COUNT, value_name: "N",
+        help: "Refused messages (malformed or over the rate) per minute before the connection is closed with 1008 [default: 100]" },
+    Key { name: "max_history_limit", flag: "max-history-limit", kind: COUNT, value_name: "N",
+        help: "Largest limit a history read may ask for [default: 1000]" },
+    Key { name: "subscribe_timeout_secs", flag: "subscribe-timeout-secs", kind: SECS, value_name: "SECS",
+        help: "Close connections that subscribed to no room this long after connecting with 1008; 0: never [default: 0]" },
+    Key { name: "handshake_timeout_ms", flag: "handshake-timeout-ms", kind: MS, value_name: "MS",
+        help: "Time a client has to send a complete request head, e.g. the WebSocket upgrade [default: 5000]" },
+    Key { name: "ws_echo", flag: "ws-echo", kind: Kind::Bool, value_name: "BOOL",
+        help: "Test only: /v1/echo echoes WebSocket messages without a token, for conformance suites [default: false]" },
 ];
 
 /// Prefix of every environment variable livegate reads.
@@ -459,6 +538,26 @@ impl Config {
             return Err(invalid("cell", format!("must be 1 to 64 characters from A-Z a-z 0-9 _ . -, got {:?}", self.cell)));
         }
         at_least("probe_interval_ms", self.probe_interval_ms, 50)?;
+        for (key, value) in [("max_frame_bytes", self.max_frame_bytes), ("max_message_bytes", self.max_message_bytes)] {
+            at_least(key, value as u64, 1024)?;
+            at_most(key, value as u64, MAX_CLIENT_MESSAGE_LIMIT, "67108864 (64 MiB)")?;
+        }
+        at_least("max_history_limit", self.max_history_limit as u64, 1)?;
+        at_least("handshake_timeout_ms", self.handshake_timeout_ms, 100)?;
+        for key in &self.previous_api_keys {
+            if key.chars().count() < API_KEY_MIN_CHARS {
+                // Never echo a key.
+                return Err(invalid("previous_api_keys", format!("entries must be at least {API_KEY_MIN_CHARS} characters long")));
+            }
+        }
+        for origin in &self.allowed_origins {
+            if !(origin.starts_with("http://") || origin.starts_with("https://")) || origin.ends_with('/') {
+                return Err(invalid("allowed_origins", format!("entries are scheme://host[:port] without a path, got {origin:?}")));
+            }
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err(invalid("tls_cert", "and tls_key must be set together".to_string()));
+        }
         at_least("probe_up_after", self.probe_up_after, 1)?;
         for peer in self.peer_nodes()? {
             if peer.name == self.node {
@@ -533,6 +632,7 @@ impl Config {
 
 /// Upper bound of `max_event_bytes`: 16 MiB.
 const MAX_EVENT_BYTES_LIMIT: u64 = 16 * 1024 * 1024;
+const MAX_CLIENT_MESSAGE_LIMIT: u64 = 64 * 1024 * 1024;
 
 fn check_stored_key(path: &Path, text: String) -> Result<String, ConfigError> {
     let key = text.trim();
@@ -698,6 +798,11 @@ fn from_text(key: &Key, text: &str, origin: &Origin) -> Result<toml::Value, Conf
             toml::Value::String(text.to_string())
         }
         Kind::Text => toml::Value::String(text.to_string()),
+        Kind::Bool => match text.trim() {
+            "true" => toml::Value::Boolean(true),
+            "false" => toml::Value::Boolean(false),
+            _ => return Err(bad()),
+        },
         Kind::List => toml::Value::Array(
             text.split(',')
                 .map(str::trim)
@@ -724,6 +829,7 @@ fn from_toml(key: &Key, value: toml::Value, origin: &Origin) -> Result<toml::Val
         },
         (Kind::Path, toml::Value::String(s)) if !s.is_empty() => Ok(value),
         (Kind::Text, toml::Value::String(_)) => Ok(value),
+        (Kind::Bool, toml::Value::Boolean(_)) => Ok(value),
         (Kind::List, toml::Value::String(s)) => from_text(key, s, origin),
         (Kind::List, toml::Value::Array(items)) if items.iter().all(toml::Value::is_str) => Ok(value),
         _ => Err(bad(&value)),
@@ -864,7 +970,7 @@ mod tests {
                 "listen in FILE: expected an IP address and port such as 127.0.0.1:7070, got \"localhost:80\"".into()))
                 .file("listen = \"localhost:80\""),
             case("number list in file", Error(
-                "exclusive_devices in FILE: expected a comma-separated list of names such as phone,pc, got [1]".into()))
+                "exclusive_devices in FILE: expected a comma-separated list such as phone,pc, got [1]".into()))
                 .file("exclusive_devices = [1]"),
             case("number for text in file", Error("node in FILE: expected text, got 5".into()))
                 .file("node = 5"),
@@ -920,6 +1026,22 @@ mod tests {
             case("short api key, not echoed", Error(
                 "api_key must be at least 16 characters long, got 6 (set by LIVEGATE_API_KEY)".into()))
                 .env("LIVEGATE_API_KEY", "secret"),
+            case("bool from env", Values(vec![("ws_echo", "true")])).env("LIVEGATE_WS_ECHO", "true"),
+            case("bool from file", Values(vec![("ws_echo", "false")])).file("ws_echo = false"),
+            case("bad bool", Error("--ws-echo: expected true or false, got \"yes\"".into())).flag("ws_echo", "yes"),
+            case("frame too small", Error("max_frame_bytes must be at least 1024, got 10 (set by --max-frame-bytes)".into()))
+                .flag("max_frame_bytes", "10"),
+            case("message too big", Error(
+                "max_message_bytes must be at most 67108864 (64 MiB), got 67108865 (set by LIVEGATE_MAX_MESSAGE_BYTES)".into()))
+                .env("LIVEGATE_MAX_MESSAGE_BYTES", "67108865"),
+            case("short previous key, not echoed", Error(
+                "previous_api_keys entries must be at least 16 characters long (set by previous_api_keys in FILE)".into()))
+                .file("previous_api_keys = [\"0123456789abcdef\", \"hunter2\"]"),
+            case("origin with path", Error(
+                "allowed_origins entries are scheme://host[:port] without a path, got \"https://a.example/\" (set by --allowed-origins)".into()))
+                .flag("allowed_origins", "https://a.example/"),
+            case("tls cert without key", Error("tls_cert and tls_key must be set together (set by --tls-cert)".into()))
+                .flag("tls_cert", "/etc/cert.pem"),
             case("bad device name", Error(
                 "exclusive_devices entries must be 1 to 32 characters from A-Z a-z 0-9 _ . -, got \"tv remote\" (set by --exclusive-devices)".into()))
                 .flag("exclusive_devices", "phone,tv remote"),
@@ -944,7 +1066,13 @@ mod tests {
 
     #[test]
     fn keys_match_config_fields() {
-        let config = Config { api_key: Some("x".repeat(16)), public_url: Some("http://x".into()), ..Config::default() };
+        let config = Config {
+            api_key: Some("x".repeat(16)),
+            public_url: Some("http://x".into()),
+            tls_cert: Some("cert.pem".into()),
+            tls_key: Some("key.pem".into()),
+            ..Config::default()
+        };
         let table = toml::Table::try_from(&config).unwrap();
         let fields: Vec<&str> = table.keys().map(String::as_str).collect();
         let mut keys: Vec<&str> = KEYS.iter().map(|k| k.name).collect();

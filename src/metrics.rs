@@ -32,17 +32,29 @@ pub struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabel {
+    pub limit: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PeerLabel {
     pub peer: String,
 }
 
 /// Close codes reported as themselves; anything else is `other`.
 const KNOWN_CLOSE_CODES: &[&str] =
-    &["1000", "1001", "1002", "1003", "1005", "1006", "1008", "1009", "1011", "1012", "4008", "4009", "4029", "4501", "4502", "4503"];
+    &["1000", "1001", "1002", "1003", "1005", "1006", "1007", "1008", "1009", "1011", "1012", "4008", "4009", "4029", "4501", "4502", "4503"];
 
 /// Why handshakes are refused: the JSON error codes of the upgrade handler.
 const HANDSHAKE_REASONS: &[&str] =
-    &["missing_token", "invalid_token", "token_expired", "token_replayed", "unavailable", "migration_budget", "bad_request", "internal"];
+    &["missing_token", "invalid_token", "token_expired", "token_replayed", "unavailable", "migration_budget", "bad_request",
+      "internal", "too_many_connections", "rate_limited", "forbidden_origin"];
+
+/// The abuse limits, as `livegate_limit_hits_total{limit=…}` names them.
+pub const LIMITS: &[&str] = &[
+    "connections", "connections_per_ip", "handshake_rate", "message_rate", "bad_messages", "subscriptions",
+    "history_limit", "subscribe_timeout", "frame_size", "message_size", "origin",
+];
 
 fn latency_histogram() -> Histogram {
     // 0.5 ms … ~16 s
@@ -60,6 +72,7 @@ pub struct Metrics {
     pub connects: Counter,
     pub disconnects: Family<CodeLabel, Counter>,
     pub handshake_rejections: Family<ReasonLabel, Counter>,
+    pub limit_hits: Family<LimitLabel, Counter>,
     pub subscriptions: Gauge,
     pub rooms_live: Gauge,
     pub events_published: Counter,
@@ -100,6 +113,7 @@ impl Metrics {
             connects: Counter::default(),
             disconnects: Family::default(),
             handshake_rejections: Family::default(),
+            limit_hits: Family::default(),
             subscriptions: Gauge::default(),
             rooms_live: Gauge::default(),
             events_published: Counter::default(),
@@ -142,6 +156,9 @@ impl Metrics {
         for reason in HANDSHAKE_REASONS {
             drop(self.handshake_rejections.get_or_create(&ReasonLabel { reason }));
         }
+        for limit in LIMITS {
+            drop(self.limit_hits.get_or_create(&LimitLabel { limit }));
+        }
         for code in ["1000", "1001", "1006", "1012", "4008", "4009", "4501", "4502"] {
             drop(self.disconnects.get_or_create(&CodeLabel { code }));
         }
@@ -168,6 +185,12 @@ impl Metrics {
         self.handshake_rejections.get_or_create(&ReasonLabel { reason }).inc();
     }
 
+    /// Count one hit of an abuse limit (a name from [`LIMITS`]).
+    pub fn limit_hit(&self, limit: &'static str) {
+        debug_assert!(LIMITS.contains(&limit), "unknown limit {limit}");
+        self.limit_hits.get_or_create(&LimitLabel { limit }).inc();
+    }
+
     pub fn recovery(&self, recovered: bool) {
         let result = if recovered { "recovered" } else { "not_recovered" };
         self.recoveries.get_or_create(&ResultLabel { result }).inc();
@@ -188,6 +211,7 @@ impl Metrics {
         r.register("connects", "WebSocket connections accepted", self.connects.clone());
         r.register("disconnects", "WebSocket connections ended, by close code", self.disconnects.clone());
         r.register("handshake_rejections", "WebSocket upgrades refused, by reason", self.handshake_rejections.clone());
+        r.register("limit_hits", "Requests, handshakes or connections refused by an abuse limit", self.limit_hits.clone());
         r.register("subscriptions", "Room subscriptions held by connections", self.subscriptions.clone());
         r.register("rooms_live", "Rooms with a live actor", self.rooms_live.clone());
         r.register("events_published", "Events appended to rooms", self.events_published.clone());

@@ -29,6 +29,9 @@ pub enum ErrorCode {
     NotFound,
     Unavailable,
     Internal,
+    RateLimited,
+    TooManyConnections,
+    ForbiddenOrigin,
 }
 
 impl ErrorCode {
@@ -50,6 +53,9 @@ impl ErrorCode {
             ErrorCode::NotFound => "not_found",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",
+            ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::TooManyConnections => "too_many_connections",
+            ErrorCode::ForbiddenOrigin => "forbidden_origin",
         }
     }
 }
@@ -377,6 +383,13 @@ pub fn parse_token_request(body: &[u8]) -> Result<TokenRequest, String> {
 
 pub fn parse_publish_request(body: &[u8]) -> Result<PublishRequest, String> {
     serde_json::from_slice(body).map_err(|e| e.to_string())
+}
+
+/// Answer of `POST /v1/admin/reload`: how many API keys and allowed origins are in force.
+#[derive(Debug, Serialize)]
+pub struct ReloadReply {
+    pub api_keys: usize,
+    pub allowed_origins: usize,
 }
 
 pub fn to_json<T: Serialize>(value: &T) -> String {

@@ -4,6 +4,7 @@
 //! `main` and the tests call the same code; the caller owns the listener and the signals.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,12 +26,11 @@ use crate::actors::rooms::Rooms;
 use crate::actors::supervisor::{DrainTiming, Signal, Start, Supervisor};
 use crate::config::{Config, ConfigError};
 use crate::core::seqlog::Retention;
-use crate::http::{self, AppState, Lifecycle};
+use crate::http::limits::{AccessList, ConnectionLimits};
+use crate::http::{self, AppState, Lifecycle, ReloadConfig};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
 
-/// Largest client WebSocket message (frame or assembled fragments).
-const MAX_CLIENT_MESSAGE_BYTES: usize = 64 * 1024;
 /// How often expired token nonces are forgotten.
 const NONCE_PURGE_EVERY: Duration = Duration::from_secs(60);
 
@@ -44,6 +44,8 @@ pub enum ServerError {
     Io(#[from] std::io::Error),
     #[error("startup failed: {0}")]
     Startup(String),
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 fn room_settings(config: &Config, metrics: Arc<Metrics>) -> RoomSettings {
@@ -60,6 +62,18 @@ fn threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
+/// How a running node is steered from outside.
+pub struct Control {
+    /// The first item starts a drain, a second one forces it (SIGTERM, SIGINT).
+    pub shutdown: Pin<Box<dyn Stream<Item = ()>>>,
+    /// Each item reloads the API keys and allowed origins (SIGHUP).
+    pub reload: Pin<Box<dyn Stream<Item = ()>>>,
+    /// Where a reload reads the configuration; `None` keeps the one given at start.
+    pub reload_config: Option<ReloadConfig>,
+    /// Adds the score page and the match simulator.
+    pub demo: bool,
+}
+
 /// Serve on `listener` until `shutdown` resolves, then drain. Must run inside an actix
 /// system.
 pub async fn run(
@@ -67,19 +81,21 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + 'static,
 ) -> Result<(), ServerError> {
-    run_with_signals(listener, config, stream::once(shutdown).chain(stream::pending()), false).await
+    let control = Control {
+        shutdown: Box::pin(stream::once(shutdown).chain(stream::pending())),
+        reload: Box::pin(stream::pending()),
+        reload_config: None,
+        demo: false,
+    };
+    run_controlled(listener, config, control).await
 }
 
-/// Serve on `listener`; the first item of `signals` starts a drain, a second one forces
-/// it. `demo` adds the score page and the match simulator. Must run inside an actix system.
-pub async fn run_with_signals(
-    listener: std::net::TcpListener,
-    config: Config,
-    signals: impl Stream<Item = ()> + 'static,
-    demo: bool,
-) -> Result<(), ServerError> {
+/// Serve on `listener`, steered by `control`. Must run inside an actix system.
+pub async fn run_controlled(listener: std::net::TcpListener, config: Config, control: Control) -> Result<(), ServerError> {
+    let Control { shutdown: signals, reload, reload_config, demo } = control;
     config.validate()?;
-    let api_key = config.resolve_api_key()?.key;
+    let access = AccessList::new(config.resolve_api_key()?.key, &config);
+    let tls = config.tls_cert.as_ref().zip(config.tls_key.as_ref()).map(|(cert, key)| tls::server_config(cert, key)).transpose()?;
     let store = Store::open(&config.data_dir)?;
     let token_secret = store.secret("token")?;
     let device_kinds = config.exclusive_devices.iter().cloned().chain(["web".to_string()]);
@@ -112,9 +128,15 @@ pub async fn run_with_signals(
         heartbeat: Duration::from_secs(config.heartbeat_secs),
         batch_window: Duration::from_millis(config.batch_window_ms),
         max_subscriptions: config.max_subscriptions,
-        max_message_bytes: MAX_CLIENT_MESSAGE_BYTES,
+        max_message_bytes: config.max_message_bytes,
         max_outbox_bytes: config.max_outbox_bytes,
+        max_messages_per_sec: config.max_messages_per_sec,
+        max_bad_messages: config.max_bad_messages,
+        max_history_limit: config.max_history_limit,
+        subscribe_timeout: (config.subscribe_timeout_secs > 0).then(|| Duration::from_secs(config.subscribe_timeout_secs)),
     });
+    let limits = Arc::new(ConnectionLimits::new(&config));
+    let handshake_timeout = Duration::from_millis(config.handshake_timeout_ms);
     let timing = DrainTiming {
         wait: Duration::from_secs(config.drain_wait_secs),
         spread: Duration::from_secs(config.drain_spread_secs),
@@ -122,7 +144,9 @@ pub async fn run_with_signals(
     };
     let state = web::Data::new(AppState {
         config: Arc::new(config),
-        api_key,
+        access: parking_lot::RwLock::new(access),
+        reload: reload_config,
+        limits,
         store: store.clone(),
         rooms: rooms.clone(),
         registry: registry.clone(),
@@ -142,10 +166,15 @@ pub async fn run_with_signals(
         .workers(threads())
         .disable_signals()
         .on_connect(http::on_connect)
+        // Slowloris: a request head (so a WebSocket upgrade) must arrive in time.
+        .client_request_timeout(handshake_timeout)
         // The supervisor decides when connections end; this only bounds the very last step.
-        .shutdown_timeout(timing.spread.as_secs() + timing.grace.as_secs() + 5)
-        .listen(listener)?
-        .run();
+        .shutdown_timeout(timing.spread.as_secs() + timing.grace.as_secs() + 5);
+    let server = match tls {
+        Some(tls) => server.listen_rustls_0_23(listener, tls)?,
+        None => server.listen(listener)?,
+    }
+    .run();
     let (done_tx, done) = oneshot::channel();
     let supervisor =
         Supervisor::new(lifecycle, registry, directory, server.handle(), timing, metrics, done_tx).start();
@@ -157,9 +186,18 @@ pub async fn run_with_signals(
 
     let forward = supervisor.clone();
     let signals = actix_web::rt::spawn(async move {
-        let mut signals = std::pin::pin!(signals);
+        let mut signals = signals;
         while signals.next().await.is_some() {
             forward.do_send(Signal);
+        }
+    });
+    let reload_state = state.clone();
+    let reloads = actix_web::rt::spawn(async move {
+        let mut reload = reload;
+        while reload.next().await.is_some() {
+            if let Err(error) = http::reload_access(&reload_state) {
+                tracing::error!(%error, "reload failed; the access list is unchanged");
+            }
         }
     });
     let result = match select(done, &mut serving).await {
@@ -174,6 +212,7 @@ pub async fn run_with_signals(
         },
     };
     signals.abort();
+    reloads.abort();
     purge.abort();
     if let Some(simulator) = simulator {
         simulator.abort();
@@ -194,5 +233,33 @@ async fn purge_nonces(store: Store) {
             Ok(n) => tracing::debug!(purged = n, "expired token nonces forgotten"),
             Err(error) => tracing::warn!(%error, "could not purge token nonces"),
         }
+    }
+}
+
+/// The rustls server configuration from PEM files (ring provider, TLS 1.2 and 1.3).
+mod tls {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    use super::ServerError;
+
+    pub fn server_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, ServerError> {
+        let failed = |what: &str, path: &Path, e: &dyn std::fmt::Display| {
+            ServerError::Tls(format!("cannot read the {what} from {}: {e}", path.display()))
+        };
+        let certs = CertificateDer::pem_file_iter(cert)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| failed("certificate chain", cert, &e))?;
+        if certs.is_empty() {
+            return Err(failed("certificate chain", cert, &"no CERTIFICATE block"));
+        }
+        let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| failed("private key", key, &e))?;
+        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .and_then(|builder| builder.with_no_client_auth().with_single_cert(certs, key_der))
+            .map_err(|e| ServerError::Tls(format!("certificate {} and key {}: {e}", cert.display(), key.display())))
     }
 }

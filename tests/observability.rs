@@ -370,6 +370,7 @@ const FAMILIES: &[(&str, &str, Option<&str>, &[&str])] = &[
     ("livegate_connects", "counter", None, &[]),
     ("livegate_disconnects", "counter", None, &["code"]),
     ("livegate_handshake_rejections", "counter", None, &["reason"]),
+    ("livegate_limit_hits", "counter", None, &["limit"]),
     ("livegate_subscriptions", "gauge", None, &[]),
     ("livegate_rooms_live", "gauge", None, &[]),
     ("livegate_events_published", "counter", None, &[]),
@@ -396,11 +397,17 @@ const FAMILIES: &[(&str, &str, Option<&str>, &[&str])] = &[
 ];
 
 const CLOSE_CODES: &[&str] = &[
-    "1000", "1001", "1002", "1003", "1005", "1006", "1008", "1009", "1011", "1012", "4008", "4009", "4029", "4501", "4502",
+    "1000", "1001", "1002", "1003", "1005", "1006", "1007", "1008", "1009", "1011", "1012", "4008", "4009", "4029", "4501", "4502",
     "4503", "other",
 ];
 const REASONS: &[&str] =
-    &["missing_token", "invalid_token", "token_expired", "token_replayed", "unavailable", "migration_budget", "bad_request", "internal"];
+    &["missing_token", "invalid_token", "token_expired", "token_replayed", "unavailable", "migration_budget", "bad_request",
+      "internal", "too_many_connections", "rate_limited", "forbidden_origin"];
+/// The abuse limits `livegate_limit_hits_total` counts.
+const LIMITS: &[&str] = &[
+    "connections", "connections_per_ip", "handshake_rate", "message_rate", "bad_messages", "subscriptions",
+    "history_limit", "subscribe_timeout", "frame_size", "message_size", "origin",
+];
 /// Label names that would make cardinality unbounded (one series per user, room, ...).
 const UNBOUNDED_LABELS: &[&str] =
     &["user", "user_id", "room", "room_id", "session", "session_id", "token", "conn", "connection", "ip", "addr", "event", "id"];
@@ -428,6 +435,7 @@ fn check_livegate(exp: &Exposition, devices: &[&str]) {
                     ("livegate_connections_open", "device") => Some(devices.iter().copied().chain(["web", "other"]).collect()),
                     ("livegate_disconnects", "code") => Some(CLOSE_CODES.to_vec()),
                     ("livegate_handshake_rejections", "reason") => Some(REASONS.to_vec()),
+                    ("livegate_limit_hits", "limit") => Some(LIMITS.to_vec()),
                     ("livegate_recoveries", "result") => Some(vec!["recovered", "not_recovered"]),
                     ("livegate_directory_writes", "result") => Some(vec!["ok", "stale", "error"]),
                     _ => None,

@@ -7,8 +7,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use actix_web::web::{Bytes, BytesMut};
-use actix_http::ws::Item;
 use actix_web_actors::ws::{self, CloseCode, CloseReason};
 
 use super::backlog::{Backlog, SocketAbort};
@@ -16,7 +14,9 @@ use super::messages::*;
 use super::registry::Registry;
 use super::room::RoomActor;
 use super::rooms::Rooms;
+use super::socket::{Fault, Inbound, MessageReader};
 use crate::core::batch::{BatchAction, BatchWindow};
+use crate::core::limits::{burst_for, Strikes, TokenBucket};
 use crate::core::names;
 use crate::core::sent::SentRange;
 use crate::protocol::{self, ClientOp, ClientRequest, ErrorCode};
@@ -27,15 +27,15 @@ const FRAME_TARGET_BYTES: usize = 256 * 1024;
 const CLOSE_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Heartbeat periods without a word from the client before it is closed with 4008.
 const MISSED_HEARTBEATS: u32 = 3;
-/// Default and largest `limit` of a `history` request.
+/// `limit` of a `history` request that names none.
 pub const HISTORY_DEFAULT_LIMIT: usize = 100;
-pub const HISTORY_MAX_LIMIT: usize = 1000;
 
 pub mod close {
     pub const NORMAL: u16 = 1000;
     pub const GOING_AWAY: u16 = 1001;
     pub const PROTOCOL_ERROR: u16 = 1002;
     pub const UNSUPPORTED: u16 = 1003;
+    pub const INVALID_PAYLOAD: u16 = 1007;
     pub const POLICY: u16 = 1008;
     pub const TOO_BIG: u16 = 1009;
     pub const SERVICE_RESTART: u16 = 1012;
@@ -56,6 +56,14 @@ pub struct ConnectionSettings {
     pub max_message_bytes: usize,
     /// Bytes sent to a connection but not yet written before it is closed with 4009.
     pub max_outbox_bytes: usize,
+    /// Client messages per second (burst: twice that); 0: no limit.
+    pub max_messages_per_sec: u64,
+    /// Refused client messages per minute before a close with 1008.
+    pub max_bad_messages: u64,
+    /// Largest `limit` of a history read.
+    pub max_history_limit: usize,
+    /// Close a connection that has not subscribed to a room by then (None: never).
+    pub subscribe_timeout: Option<Duration>,
 }
 
 /// Who is connected, as the token said.
@@ -97,7 +105,15 @@ pub struct Connection {
     outbox_bytes: usize,
     batch: BatchWindow,
     last_heard: Instant,
-    fragments: Option<BytesMut>,
+    reader: MessageReader,
+    /// Client messages allowed now, refilled at `max_messages_per_sec`.
+    message_rate: TokenBucket,
+    /// Refused messages this minute.
+    strikes: Strikes,
+    /// Whether the client has subscribed to a room (the automatic inbox not counted).
+    subscribed_once: bool,
+    /// Held while the connection lives: its place in the connection limits.
+    _permit: Option<Box<dyn Send>>,
     /// This user's inbox room, subscribed automatically.
     inbox: Arc<str>,
     backlog: Arc<Backlog>,
@@ -115,6 +131,7 @@ impl Connection {
         rooms: Rooms,
         registry: Addr<Registry>,
         socket: Option<std::sync::Weak<SocketAbort>>,
+        permit: Option<Box<dyn Send>>,
     ) -> Self {
         let batch = BatchWindow::new(settings.batch_window);
         let backlog = Arc::new(Backlog::new(settings.max_outbox_bytes, socket));
@@ -126,7 +143,6 @@ impl Connection {
             close_code: None,
             id,
             identity,
-            settings,
             rooms,
             registry,
             subscriptions: HashMap::new(),
@@ -135,7 +151,12 @@ impl Connection {
             outbox_bytes: 0,
             batch,
             last_heard: Instant::now(),
-            fragments: None,
+            reader: MessageReader::new(settings.max_message_bytes),
+            message_rate: TokenBucket::new(burst_for(settings.max_messages_per_sec), crate::world::now_ms()),
+            strikes: Strikes::default(),
+            subscribed_once: false,
+            _permit: permit,
+            settings,
         }
     }
 
@@ -260,9 +281,15 @@ impl Connection {
     }
 
     fn handle_text(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {
+        let rate = self.settings.max_messages_per_sec;
+        if let Err(wait_ms) = self.message_rate.take(rate, burst_for(rate), crate::world::now_ms()) {
+            self.settings.metrics.limit_hit("message_rate");
+            let message = format!("more than {rate} messages per second; retry in {wait_ms} ms");
+            return self.refuse(ctx, None, ErrorCode::RateLimited, &message);
+        }
         match protocol::parse_client_frame(text) {
             Ok(request) => self.handle_request(request, ctx),
-            Err(e) => self.send_error(ctx, e.reference, e.code, &e.message),
+            Err(e) => self.refuse(ctx, e.reference, e.code, &e.message),
         }
     }
 
@@ -270,7 +297,10 @@ impl Connection {
         let reference = request.reference;
         match request.op {
             ClientOp::Ping => ctx.text(protocol::pong_frame(reference)),
-            ClientOp::Subscribe { room, since, epoch } => self.subscribe(room, since, epoch, reference, ctx),
+            ClientOp::Subscribe { room, since, epoch } => {
+                self.subscribed_once = true;
+                self.subscribe(room, since, epoch, reference, ctx)
+            }
             ClientOp::Unsubscribe { room } => {
                 if names::check_room(&room).is_err() {
                     return self.send_error(ctx, reference, ErrorCode::BadRoom, &names::NameError::BadRoom.to_string());
@@ -282,7 +312,12 @@ impl Connection {
                 if let Err(code) = self.check_readable(&room) {
                     return self.send_error(ctx, reference, code.0, &code.1);
                 }
-                let limit = limit.unwrap_or(HISTORY_DEFAULT_LIMIT).min(HISTORY_MAX_LIMIT);
+                let max = self.settings.max_history_limit;
+                let limit = limit.unwrap_or(HISTORY_DEFAULT_LIMIT.min(max));
+                if limit > max {
+                    self.settings.metrics.limit_hit("history_limit");
+                    return self.refuse(ctx, reference, ErrorCode::BadRequest, &format!("limit must be at most {max}"));
+                }
                 let rooms = self.rooms.clone();
                 let fut = async move { rooms.history(&room, since, limit).await.map(|page| (room, page)) };
                 ctx.spawn(fut.into_actor(self).map(move |result, conn, ctx| match result {
@@ -325,6 +360,7 @@ impl Connection {
             None => {
                 let counted = self.subscriptions.keys().filter(|r| r.as_ref() != self.inbox.as_ref()).count();
                 if *room != *self.inbox && counted >= self.settings.max_subscriptions {
+                    self.settings.metrics.limit_hit("subscriptions");
                     let message = format!("at most {} subscriptions per connection", self.settings.max_subscriptions);
                     return self.send_error(ctx, reference, ErrorCode::TooManySubscriptions, &message);
                 }
@@ -363,23 +399,24 @@ impl Connection {
         }
     }
 
-    fn on_message(&mut self, msg: ws::Message, ctx: &mut ws::WebsocketContext<Self>) {
-        if self.closing {
-            // Only the client's Close matters now.
-            if let ws::Message::Close(_) = msg {
-                ctx.stop();
-            }
-            return;
+    /// A refused message: answer it, and close with 1008 once a client keeps sending them.
+    fn refuse(&mut self, ctx: &mut ws::WebsocketContext<Self>, reference: Option<i64>, code: ErrorCode, message: &str) {
+        self.send_error(ctx, reference, code, message);
+        if self.strikes.strike(self.settings.max_bad_messages, crate::world::now_ms()) {
+            self.settings.metrics.limit_hit("bad_messages");
+            self.close(ctx, close::POLICY, "too many refused messages");
         }
-        match msg {
-            ws::Message::Text(text) => self.handle_text(&text, ctx),
-            ws::Message::Binary(_) => {
-                self.send_error(ctx, None, ErrorCode::BadRequest, "binary frames are not part of the protocol; send JSON text")
+    }
+
+    fn on_inbound(&mut self, inbound: Inbound, ctx: &mut ws::WebsocketContext<Self>) {
+        match inbound {
+            Inbound::Text(text) => self.handle_text(&text, ctx),
+            Inbound::Binary(_) => {
+                self.refuse(ctx, None, ErrorCode::BadRequest, "binary frames are not part of the protocol; send JSON text")
             }
-            ws::Message::Continuation(item) => self.on_fragment(item, ctx),
-            ws::Message::Ping(payload) => ctx.pong(&payload),
-            ws::Message::Pong(_) | ws::Message::Nop => {}
-            ws::Message::Close(reason) => {
+            Inbound::Ping(payload) => ctx.pong(&payload),
+            Inbound::Nothing => {}
+            Inbound::Close(reason) => {
                 tracing::debug!(conn = self.id, ?reason, "client closed");
                 self.close_code = Some(reason.as_ref().map_or(1005, |r| u16::from(r.code)));
                 self.closing = true;
@@ -389,33 +426,25 @@ impl Connection {
         }
     }
 
-    /// Assemble a fragmented message, capped at `max_message_bytes`.
-    fn on_fragment(&mut self, item: Item, ctx: &mut ws::WebsocketContext<Self>) {
-        let (first, last, chunk): (bool, bool, Bytes) = match item {
-            Item::FirstText(b) => (true, false, b),
-            Item::FirstBinary(_) => {
-                return self.close(ctx, close::UNSUPPORTED, "binary messages are not part of the protocol");
-            }
-            Item::Continue(b) => (false, false, b),
-            Item::Last(b) => (false, true, b),
-        };
-        if first {
-            self.fragments = Some(BytesMut::new());
+    fn on_fault(&mut self, fault: Fault, ctx: &mut ws::WebsocketContext<Self>) {
+        if let Some(limit) = fault.limit() {
+            self.settings.metrics.limit_hit(limit);
         }
-        let Some(buffer) = self.fragments.as_mut() else {
-            return self.close(ctx, close::PROTOCOL_ERROR, "continuation without a first frame");
-        };
-        if buffer.len() + chunk.len() > self.settings.max_message_bytes {
-            self.fragments = None;
-            return self.close(ctx, close::TOO_BIG, "message too big");
-        }
-        buffer.extend_from_slice(&chunk);
-        if last {
-            let message = self.fragments.take().unwrap_or_default();
-            match std::str::from_utf8(&message) {
-                Ok(text) => self.handle_text(text, ctx),
-                Err(_) => self.close(ctx, close::PROTOCOL_ERROR, "text message is not UTF-8"),
+        match fault.close_code() {
+            Some(code) => self.close(ctx, code, fault.reason()),
+            None => {
+                // Keep a close code already known; otherwise this is an abnormal end (1006).
+                self.close_code.get_or_insert(1006);
+                ctx.stop();
             }
+        }
+    }
+
+    /// Close a connection that never subscribed to a room.
+    fn check_subscribed(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        if !self.subscribed_once && !self.closing {
+            self.settings.metrics.limit_hit("subscribe_timeout");
+            self.close(ctx, close::POLICY, "no subscribe in time");
         }
     }
 }
@@ -435,6 +464,9 @@ impl Actor for Connection {
             to: ctx.address().recipient(),
         });
         ctx.run_interval(self.settings.heartbeat, |conn, ctx| conn.heartbeat(ctx));
+        if let Some(timeout) = self.settings.subscribe_timeout {
+            ctx.run_later(timeout, |conn, ctx| conn.check_subscribed(ctx));
+        }
         let metrics = &self.settings.metrics;
         metrics.connections_open.get_or_create(&metrics.device(&self.identity.device)).inc();
         metrics.connects.inc();
@@ -461,20 +493,17 @@ impl Actor for Connection {
 impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Connection {
     fn handle(&mut self, item: Result<ws::Message, ws::ProtocolError>, ctx: &mut Self::Context) {
         self.last_heard = Instant::now();
-        match item {
-            Ok(msg) => self.on_message(msg, ctx),
-            Err(ws::ProtocolError::Overflow) => self.close(ctx, close::TOO_BIG, "frame too big"),
-            // The socket ended (or broke): nothing to send a Close on. Keep a close code
-            // already known; otherwise this is an abnormal end (1006).
-            Err(ws::ProtocolError::Io(error)) => {
-                tracing::debug!(conn = self.id, %error, "socket ended");
-                self.close_code.get_or_insert(1006);
+        let read = self.reader.read(item);
+        if self.closing {
+            // Only the client's Close (or the end of the socket) matters now.
+            if matches!(read, Ok(Inbound::Close(_)) | Err(Fault::Ended)) {
                 ctx.stop();
             }
-            Err(error) => {
-                tracing::debug!(conn = self.id, %error, "protocol error");
-                self.close(ctx, close::PROTOCOL_ERROR, "protocol error");
-            }
+            return;
+        }
+        match read {
+            Ok(inbound) => self.on_inbound(inbound, ctx),
+            Err(fault) => self.on_fault(fault, ctx),
         }
     }
 

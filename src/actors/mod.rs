@@ -4,9 +4,11 @@
 pub mod backlog;
 pub mod connection;
 pub mod directory;
+pub mod echo;
 pub mod liveness;
 pub mod messages;
 pub mod registry;
 pub mod room;
 pub mod rooms;
+pub mod socket;
 pub mod supervisor;

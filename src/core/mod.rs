@@ -4,6 +4,7 @@
 
 pub mod batch;
 pub mod drain;
+pub mod limits;
 pub mod liveness;
 pub mod matchsim;
 pub mod names;

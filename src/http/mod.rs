@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 
 use crate::actors::backlog::SocketAbort;
-use crate::actors::connection::{Connection, ConnectionSettings, Identity, HISTORY_DEFAULT_LIMIT, HISTORY_MAX_LIMIT};
+use crate::actors::connection::{Connection, ConnectionSettings, Identity, HISTORY_DEFAULT_LIMIT};
 use crate::actors::directory::{Directory, DirectoryError, OpenSession};
 use crate::actors::liveness::{LivenessActor, Route};
 use crate::actors::messages::Kick;
@@ -24,6 +24,12 @@ use crate::metrics::Metrics;
 use crate::core::{names, token};
 use crate::protocol::{self, ErrorCode, PublishReply, TokenReply};
 use crate::store::Store;
+
+pub mod limits;
+use limits::{AccessList, ConnectionLimits, SharedAccess};
+
+/// Loads the configuration again (file, environment, flags) for a reload.
+pub type ReloadConfig = Box<dyn Fn() -> Result<Config, crate::config::ConfigError> + Send + Sync>;
 
 /// Bytes a publish body may carry beyond `max_event_bytes` (id, field names).
 const PUBLISH_BODY_OVERHEAD: usize = 1024;
@@ -57,7 +63,11 @@ impl Lifecycle {
 /// Everything a handler needs, shared by all workers.
 pub struct AppState {
     pub config: Arc<Config>,
-    pub api_key: String,
+    /// API keys and allowed origins; replaced by a reload.
+    pub access: SharedAccess,
+    /// Where a reload reads the configuration; `None` keeps the one the node started with.
+    pub reload: Option<ReloadConfig>,
+    pub limits: Arc<ConnectionLimits>,
     pub store: Store,
     pub rooms: Rooms,
     pub registry: Addr<Registry>,
@@ -125,7 +135,14 @@ const TCP_USER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30)
 /// Called for every accepted connection: bound how long unacknowledged data may wait, and
 /// keep a duplicate of the socket so a stuck connection can be shut down from outside.
 pub fn on_connect(conn: &dyn std::any::Any, data: &mut actix_web::dev::Extensions) {
-    let Some(stream) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() else { return };
+    use actix_tls::accept::rustls_0_23::TlsStream;
+    let stream = match conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
+        Some(plain) => plain,
+        None => match conn.downcast_ref::<TlsStream<actix_web::rt::net::TcpStream>>() {
+            Some(tls) => tls.get_ref().0,
+            None => return,
+        },
+    };
     let socket = socket2::SockRef::from(stream);
     if let Err(error) = socket.set_tcp_user_timeout(Some(TCP_USER_TIMEOUT)) {
         tracing::debug!(%error, "could not set TCP_USER_TIMEOUT");
@@ -157,6 +174,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/", web::get().to(demo_page))
         .route("/demo/token", web::get().to(demo_token))
         .route("/v1/admin/status", web::get().to(status))
+        .route("/v1/admin/reload", web::post().to(reload))
+        .route("/v1/echo", web::get().to(echo))
         .default_service(web::to(not_found));
 }
 
@@ -164,7 +183,7 @@ async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
     Err(ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, format!("no route for {} {}", req.method(), req.path())))
 }
 
-/// Check `Authorization: Bearer <api_key>`, comparing in constant time.
+/// Check `Authorization: Bearer <api_key>` against every valid key, in constant time.
 fn authorize(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
     let presented = req
         .headers()
@@ -172,10 +191,7 @@ fn authorize(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .ok_or_else(|| ApiError::unauthorized(ErrorCode::Unauthorized, "missing Authorization: Bearer <api_key>"))?;
-    let expected = state.api_key.as_bytes();
-    let same = presented.len() == expected.len()
-        && presented.bytes().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
-    if same {
+    if state.access.read().accepts_key(presented) {
         Ok(())
     } else {
         tracing::debug!(path = req.path(), "request refused: invalid API key");
@@ -333,7 +349,12 @@ async fn read_history(
     authorize(&req, &state)?;
     let room = room.into_inner();
     check_room(&room)?;
-    let limit = query.limit.unwrap_or(HISTORY_DEFAULT_LIMIT).min(HISTORY_MAX_LIMIT);
+    let max = state.config.max_history_limit;
+    let limit = query.limit.unwrap_or(HISTORY_DEFAULT_LIMIT.min(max));
+    if limit > max {
+        state.metrics.limit_hit("history_limit");
+        return Err(ApiError::bad_request(format!("limit must be at most {max}")));
+    }
     let page = state.rooms.history(&room, query.since, limit).await?;
     let body = protocol::history_body(&room, page.epoch.as_deref(), page.head, page.events.iter().map(|e| &*e.json));
     Ok(json(StatusCode::OK, body))
@@ -370,8 +391,10 @@ async fn upgrade_checked(
     if state.lifecycle.phase() != Phase::Ready {
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, "node is not accepting connections"));
     }
-    // A request that is not an upgrade must not spend a token.
+    // A request that is not an upgrade, or that a limit refuses, must not spend a token.
     ws::handshake(&req).map_err(|e| ApiError::bad_request(format!("not a WebSocket upgrade: {e}")))?;
+    check_origin(&req, &state)?;
+    let permit = admit(&req, &state)?;
     let token = query
         .token
         .as_deref()
@@ -410,12 +433,78 @@ async fn upgrade_checked(
     };
     let id = state.next_conn.fetch_add(1, Ordering::Relaxed);
     let socket = req.conn_data::<Arc<SocketAbort>>().map(Arc::downgrade);
-    let connection =
-        Connection::new(id, identity, state.connection.clone(), state.rooms.clone(), state.registry.clone(), socket);
+    let settings = state.connection.clone();
+    let permit: Box<dyn Send> = Box::new(permit);
+    let connection = Connection::new(id, identity, settings, state.rooms.clone(), state.registry.clone(), socket, Some(permit));
     ws::WsResponseBuilder::new(connection, &req, stream)
-        .frame_size(state.connection.max_message_bytes)
+        .frame_size(state.config.max_frame_bytes)
         .start()
         .map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+/// Browser pages may connect only from an allowed origin.
+fn check_origin(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
+    let origin = req.headers().get("origin").map(|v| v.to_str().unwrap_or("(not text)"));
+    if state.access.read().allows_origin(origin) {
+        return Ok(());
+    }
+    state.metrics.limit_hit("origin");
+    Err(ApiError::new(StatusCode::FORBIDDEN, ErrorCode::ForbiddenOrigin, "this origin may not open WebSockets here"))
+}
+
+/// A place for one more connection from this client address, within the node's limits.
+fn admit(req: &HttpRequest, state: &AppState) -> Result<limits::ConnectionPermit, ApiError> {
+    let ip = req.peer_addr().map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |a| a.ip());
+    state.limits.admit(ip, now_ms()).map_err(|refusal| {
+        state.metrics.limit_hit(refusal.limit());
+        match refusal {
+            limits::LimitRefusal::Node(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::TooManyConnections, refusal.to_string())
+            }
+            limits::LimitRefusal::PerIp(_) => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, ErrorCode::TooManyConnections, refusal.to_string())
+            }
+            limits::LimitRefusal::HandshakeRate { retry_after_ms, .. } => {
+                let mut error = ApiError::new(StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited, refusal.to_string());
+                error.retry_after_secs = Some(retry_after_ms.div_ceil(1000));
+                error
+            }
+        }
+    })
+}
+
+/// Test-only echo socket for WebSocket conformance suites (config `ws_echo`).
+async fn echo(req: HttpRequest, stream: web::Payload, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    if !state.config.ws_echo {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "the echo socket is off (config ws_echo)"));
+    }
+    let permit = admit(&req, &state)?;
+    let socket = crate::actors::echo::EchoSocket::new(state.config.max_message_bytes, Box::new(permit));
+    ws::WsResponseBuilder::new(socket, &req, stream)
+        .frame_size(state.config.max_frame_bytes)
+        .start()
+        .map_err(|e| ApiError::bad_request(format!("not a WebSocket upgrade: {e}")))
+}
+
+/// Read the API keys and allowed origins again (as SIGHUP does).
+async fn reload(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let access = reload_access(&state).map_err(|e| ApiError::bad_request(format!("reload failed, nothing changed: {e}")))?;
+    let reply = protocol::ReloadReply { api_keys: access.key_count(), allowed_origins: access.origin_count() };
+    Ok(json(StatusCode::OK, protocol::to_json(&reply)))
+}
+
+/// Load the configuration again and swap in its access list; on error nothing changes.
+pub fn reload_access(state: &AppState) -> Result<AccessList, crate::config::ConfigError> {
+    let config = match &state.reload {
+        Some(load) => load()?,
+        None => (*state.config).clone(),
+    };
+    let mut access = state.access.write();
+    let reloaded = AccessList::reloaded(&config, &access)?;
+    *access = reloaded.clone();
+    tracing::info!(api_keys = reloaded.key_count(), allowed_origins = reloaded.origin_count(), "access list reloaded");
+    Ok(reloaded)
 }
 
 fn internal(e: impl std::fmt::Display) -> ApiError {

@@ -1,0 +1,127 @@
+//! What both WebSocket actors (client connections and the test-only echo) share: reading
+//! whole messages out of actix's frames — fragments assembled under `max_message_bytes`,
+//! text checked for UTF-8 — and the close code each protocol fault ends with.
+
+use actix_http::ws::Item;
+use actix_web::web::{Bytes, BytesMut};
+use actix_web_actors::ws::{self, CloseReason};
+
+use super::connection::close;
+
+/// One thing read from the socket.
+#[derive(Debug)]
+pub enum Inbound {
+    Text(String),
+    Binary(Bytes),
+    Ping(Bytes),
+    Close(Option<CloseReason>),
+    /// A pong, or a fragment of a message not complete yet.
+    Nothing,
+}
+
+/// Why the socket must close; `Ended` means it already has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    FrameTooBig,
+    MessageTooBig,
+    InvalidUtf8,
+    Protocol,
+    Ended,
+}
+
+impl Fault {
+    /// The close code to send, or `None` when the socket has ended.
+    pub fn close_code(self) -> Option<u16> {
+        match self {
+            Fault::FrameTooBig | Fault::MessageTooBig => Some(close::TOO_BIG),
+            Fault::InvalidUtf8 => Some(close::INVALID_PAYLOAD),
+            Fault::Protocol => Some(close::PROTOCOL_ERROR),
+            Fault::Ended => None,
+        }
+    }
+
+    pub fn reason(self) -> &'static str {
+        match self {
+            Fault::FrameTooBig => "frame too big",
+            Fault::MessageTooBig => "message too big",
+            Fault::InvalidUtf8 => "text is not valid UTF-8",
+            Fault::Protocol => "protocol error",
+            Fault::Ended => "socket ended",
+        }
+    }
+
+    /// The abuse limit this fault counts against, if any.
+    pub fn limit(self) -> Option<&'static str> {
+        match self {
+            Fault::FrameTooBig => Some("frame_size"),
+            Fault::MessageTooBig => Some("message_size"),
+            _ => None,
+        }
+    }
+}
+
+/// Assembles fragmented messages; one per socket.
+#[derive(Debug)]
+pub struct MessageReader {
+    max_message_bytes: usize,
+    /// The message being assembled, and whether it is binary.
+    fragments: Option<(bool, BytesMut)>,
+}
+
+impl MessageReader {
+    pub fn new(max_message_bytes: usize) -> Self {
+        MessageReader { max_message_bytes, fragments: None }
+    }
+
+    pub fn read(&mut self, item: Result<ws::Message, ws::ProtocolError>) -> Result<Inbound, Fault> {
+        let message = match item {
+            Ok(message) => message,
+            Err(ws::ProtocolError::Overflow) => return Err(Fault::FrameTooBig),
+            // actix-web-actors reports a text frame that is not UTF-8 as an I/O error
+            // whose text is the UTF-8 error's; every other I/O error means the socket ended.
+            Err(ws::ProtocolError::Io(error)) if error.to_string().contains("utf-8") => return Err(Fault::InvalidUtf8),
+            Err(ws::ProtocolError::Io(error)) => {
+                tracing::debug!(%error, "socket ended");
+                return Err(Fault::Ended);
+            }
+            Err(error) => {
+                tracing::debug!(%error, "WebSocket protocol error");
+                return Err(Fault::Protocol);
+            }
+        };
+        Ok(match message {
+            ws::Message::Text(text) => Inbound::Text(text.to_string()),
+            ws::Message::Binary(bytes) => Inbound::Binary(bytes),
+            ws::Message::Continuation(item) => return self.on_fragment(item),
+            ws::Message::Ping(payload) => Inbound::Ping(payload),
+            ws::Message::Pong(_) | ws::Message::Nop => Inbound::Nothing,
+            ws::Message::Close(reason) => Inbound::Close(reason),
+        })
+    }
+
+    fn on_fragment(&mut self, item: Item) -> Result<Inbound, Fault> {
+        let (first, last, chunk) = match item {
+            Item::FirstText(b) => (Some(false), false, b),
+            Item::FirstBinary(b) => (Some(true), false, b),
+            Item::Continue(b) => (None, false, b),
+            Item::Last(b) => (None, true, b),
+        };
+        if let Some(binary) = first {
+            self.fragments = Some((binary, BytesMut::new()));
+        }
+        let Some((_, buffer)) = self.fragments.as_mut() else { return Err(Fault::Protocol) };
+        if buffer.len() + chunk.len() > self.max_message_bytes {
+            self.fragments = None;
+            return Err(Fault::MessageTooBig);
+        }
+        buffer.extend_from_slice(&chunk);
+        if !last {
+            return Ok(Inbound::Nothing);
+        }
+        let (binary, message) = self.fragments.take().unwrap_or_default();
+        if binary {
+            return Ok(Inbound::Binary(message.freeze()));
+        }
+        String::from_utf8(message.to_vec()).map(Inbound::Text).map_err(|_| Fault::InvalidUtf8)
+    }
+}

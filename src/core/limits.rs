@@ -1,0 +1,107 @@
+//! Abuse limits as pure state: a token bucket for rates and a per-minute strike count for
+//! refused messages. Time is a parameter (milliseconds); nothing here reads a clock.
+
+/// A token bucket: `rate` tokens per second, holding at most `burst`. A rate of 0 means
+/// no limit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenBucket {
+    tokens: f64,
+    last_ms: u64,
+}
+
+impl TokenBucket {
+    /// A full bucket at `now_ms`.
+    pub fn new(burst: u64, now_ms: u64) -> Self {
+        TokenBucket { tokens: burst as f64, last_ms: now_ms }
+    }
+
+    /// Take one token if there is one. On refusal, the milliseconds until one is back.
+    pub fn take(&mut self, rate: u64, burst: u64, now_ms: u64) -> Result<(), u64> {
+        if rate == 0 {
+            return Ok(());
+        }
+        let elapsed = now_ms.saturating_sub(self.last_ms) as f64 / 1000.0;
+        self.last_ms = self.last_ms.max(now_ms);
+        self.tokens = (self.tokens + elapsed * rate as f64).min(burst as f64);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err((((1.0 - self.tokens) / rate as f64) * 1000.0).ceil() as u64)
+        }
+    }
+
+    /// Whether the bucket would be full again by `now_ms` (the entry can be forgotten).
+    pub fn is_full(&self, rate: u64, burst: u64, now_ms: u64) -> bool {
+        rate == 0 || self.tokens + now_ms.saturating_sub(self.last_ms) as f64 / 1000.0 * rate as f64 >= burst as f64
+    }
+}
+
+/// The burst a rate allows: twice the rate per second, at least 1.
+pub fn burst_for(rate: u64) -> u64 {
+    rate.saturating_mul(2).max(1)
+}
+
+/// Strikes against a connection (refused messages) in the current minute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Strikes {
+    count: u64,
+    window_start_ms: u64,
+}
+
+pub const STRIKE_WINDOW_MS: u64 = 60_000;
+
+impl Strikes {
+    /// Count one strike; true when this one goes over `max` in the current minute.
+    pub fn strike(&mut self, max: u64, now_ms: u64) -> bool {
+        if now_ms.saturating_sub(self.window_start_ms) >= STRIKE_WINDOW_MS {
+            self.window_start_ms = now_ms;
+            self.count = 0;
+        }
+        self.count += 1;
+        self.count > max
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_table() {
+        // (rate, burst, [(now_ms, expected)]) from a full bucket at 0.
+        let cases: &[(u64, u64, &[(u64, Result<(), u64>)])] = &[
+            (0, 1, &[(0, Ok(())), (0, Ok(())), (0, Ok(()))]),
+            (1, 2, &[(0, Ok(())), (0, Ok(())), (0, Err(1000)), (500, Err(500)), (1000, Ok(())), (1000, Err(1000))]),
+            (10, 20, &[(0, Ok(())); 20]),
+            (2, 1, &[(0, Ok(())), (100, Err(400)), (500, Ok(()))]),
+            // Time going backwards refills nothing and breaks nothing.
+            (1, 1, &[(5000, Ok(())), (1000, Err(1000)), (6000, Ok(()))]),
+        ];
+        for (rate, burst, steps) in cases {
+            let mut bucket = TokenBucket::new(*burst, 0);
+            for (i, (now, expected)) in steps.iter().enumerate() {
+                assert_eq!(bucket.take(*rate, *burst, *now), *expected, "rate {rate} burst {burst} step {i}");
+            }
+        }
+        let mut bucket = TokenBucket::new(20, 0);
+        for _ in 0..20 {
+            bucket.take(10, 20, 0).unwrap();
+        }
+        assert_eq!(bucket.take(10, 20, 0), Err(100));
+        assert!(!bucket.is_full(10, 20, 1000));
+        assert!(bucket.is_full(10, 20, 2000));
+    }
+
+    #[test]
+    fn strikes_table() {
+        let mut strikes = Strikes::default();
+        let over: Vec<bool> = (0..5).map(|_| strikes.strike(3, 10)).collect();
+        assert_eq!(over, [false, false, false, true, true]);
+        // A new minute starts over.
+        assert!(!strikes.strike(3, 10 + STRIKE_WINDOW_MS));
+        assert!(!strikes.strike(3, 10 + STRIKE_WINDOW_MS));
+        assert_eq!(burst_for(0), 1);
+        assert_eq!(burst_for(50), 100);
+    }
+}

@@ -1,0 +1,230 @@
+//! What the upgrade handler checks before it spends a token: connections per node and per
+//! client IP, and the handshake rate per IP, plus the reloadable access list (API keys and
+//! allowed origins). Each admitted connection holds a [`ConnectionPermit`] that gives its
+//! place back when the connection ends.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::config::{Config, ConfigError};
+use crate::core::limits::{burst_for, TokenBucket};
+
+/// Per-IP entries kept before idle ones are swept out.
+const SWEEP_ABOVE: usize = 10_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LimitRefusal {
+    #[error("this node holds its maximum of {0} connections; try another node or later")]
+    Node(usize),
+    #[error("at most {0} connections per client address")]
+    PerIp(usize),
+    #[error("more than {rate} handshakes per second from this address; retry in {retry_after_ms} ms")]
+    HandshakeRate { rate: u64, retry_after_ms: u64 },
+}
+
+impl LimitRefusal {
+    /// The name `livegate_limit_hits_total` counts it under.
+    pub fn limit(self) -> &'static str {
+        match self {
+            LimitRefusal::Node(_) => "connections",
+            LimitRefusal::PerIp(_) => "connections_per_ip",
+            LimitRefusal::HandshakeRate { .. } => "handshake_rate",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct IpEntry {
+    connections: usize,
+    handshakes: TokenBucket,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    total: usize,
+    per_ip: HashMap<IpAddr, IpEntry>,
+}
+
+/// Connection and handshake limits, shared by every worker.
+#[derive(Debug)]
+pub struct ConnectionLimits {
+    max_total: usize,
+    max_per_ip: usize,
+    handshakes_per_sec: u64,
+    counts: Mutex<Counts>,
+}
+
+/// A connection's place in the limits; dropping it gives the place back.
+#[derive(Debug)]
+pub struct ConnectionPermit {
+    limits: Arc<ConnectionLimits>,
+    ip: IpAddr,
+}
+
+impl ConnectionLimits {
+    pub fn new(config: &Config) -> Self {
+        ConnectionLimits {
+            max_total: config.max_connections,
+            max_per_ip: config.max_connections_per_ip,
+            handshakes_per_sec: config.handshakes_per_ip_per_sec,
+            counts: Mutex::default(),
+        }
+    }
+
+    /// Count a handshake from `ip` against its rate, then take a place for its connection.
+    pub fn admit(self: &Arc<Self>, ip: IpAddr, now_ms: u64) -> Result<ConnectionPermit, LimitRefusal> {
+        let (rate, burst) = (self.handshakes_per_sec, burst_for(self.handshakes_per_sec));
+        let mut counts = self.counts.lock();
+        if counts.per_ip.len() > SWEEP_ABOVE {
+            counts.per_ip.retain(|_, e| e.connections > 0 || !e.handshakes.is_full(rate, burst, now_ms));
+        }
+        let total = counts.total;
+        let entry = counts
+            .per_ip
+            .entry(ip)
+            .or_insert_with(|| IpEntry { connections: 0, handshakes: TokenBucket::new(burst, now_ms) });
+        entry.handshakes.take(rate, burst, now_ms).map_err(|retry_after_ms| LimitRefusal::HandshakeRate { rate, retry_after_ms })?;
+        if self.max_per_ip > 0 && entry.connections >= self.max_per_ip {
+            return Err(LimitRefusal::PerIp(self.max_per_ip));
+        }
+        if self.max_total > 0 && total >= self.max_total {
+            return Err(LimitRefusal::Node(self.max_total));
+        }
+        entry.connections += 1;
+        counts.total += 1;
+        Ok(ConnectionPermit { limits: self.clone(), ip })
+    }
+
+    /// Connections holding a permit now.
+    pub fn open(&self) -> usize {
+        self.counts.lock().total
+    }
+}
+
+impl Drop for ConnectionPermit {
+    fn drop(&mut self) {
+        let mut counts = self.limits.counts.lock();
+        counts.total = counts.total.saturating_sub(1);
+        if let Some(entry) = counts.per_ip.get_mut(&self.ip) {
+            entry.connections = entry.connections.saturating_sub(1);
+        }
+    }
+}
+
+/// Who may call the API and which browser pages may connect; replaced as a whole on reload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessList {
+    api_keys: Vec<String>,
+    allowed_origins: Vec<String>,
+}
+
+impl AccessList {
+    /// `primary` is the resolved API key (configured or generated); the config adds the
+    /// previous keys and the origins.
+    pub fn new(primary: String, config: &Config) -> Self {
+        let mut api_keys = vec![primary];
+        api_keys.extend(config.previous_api_keys.iter().cloned());
+        AccessList { api_keys, allowed_origins: config.allowed_origins.clone() }
+    }
+
+    /// The access list of a reloaded configuration. The key file under `data_dir` is read
+    /// again when no key is configured; without either, `current` primary key stays.
+    pub fn reloaded(config: &Config, current: &AccessList) -> Result<Self, ConfigError> {
+        let primary = config.existing_api_key()?.unwrap_or_else(|| current.api_keys[0].clone());
+        Ok(AccessList::new(primary, config))
+    }
+
+    /// Whether `presented` is one of the keys, compared in constant time per key.
+    pub fn accepts_key(&self, presented: &str) -> bool {
+        self.api_keys.iter().fold(false, |found, key| found | constant_time_eq(presented.as_bytes(), key.as_bytes()))
+    }
+
+    /// Whether a browser page from `origin` may connect; requests without `Origin` (not
+    /// from a browser) always may.
+    pub fn allows_origin(&self, origin: Option<&str>) -> bool {
+        match origin {
+            None => true,
+            Some(origin) => self.allowed_origins.is_empty() || self.allowed_origins.iter().any(|o| o.eq_ignore_ascii_case(origin)),
+        }
+    }
+
+    pub fn key_count(&self) -> usize {
+        self.api_keys.len()
+    }
+
+    pub fn origin_count(&self) -> usize {
+        self.allowed_origins.len()
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The access list as handlers read it.
+pub type SharedAccess = RwLock<AccessList>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(total: usize, per_ip: usize, rate: u64) -> Arc<ConnectionLimits> {
+        let config = Config {
+            max_connections: total,
+            max_connections_per_ip: per_ip,
+            handshakes_per_ip_per_sec: rate,
+            ..Config::default()
+        };
+        Arc::new(ConnectionLimits::new(&config))
+    }
+
+    #[test]
+    fn permits_count_and_come_back() {
+        let a: IpAddr = "127.0.0.2".parse().unwrap();
+        let b: IpAddr = "127.0.0.3".parse().unwrap();
+        let limits = limits(3, 2, 0);
+        let first = limits.admit(a, 0).unwrap();
+        let _second = limits.admit(a, 0).unwrap();
+        assert_eq!(limits.admit(a, 0).unwrap_err(), LimitRefusal::PerIp(2));
+        let _third = limits.admit(b, 0).unwrap();
+        assert_eq!(limits.admit(b, 0).unwrap_err(), LimitRefusal::Node(3));
+        drop(first);
+        assert_eq!(limits.open(), 2);
+        limits.admit(a, 0).unwrap();
+        assert_eq!(limits.open(), 2, "a permit that is dropped at once gives its place back");
+    }
+
+    #[test]
+    fn handshake_rate_per_ip() {
+        let a: IpAddr = "127.0.0.2".parse().unwrap();
+        let b: IpAddr = "127.0.0.3".parse().unwrap();
+        let limits = limits(0, 0, 2);
+        for _ in 0..4 {
+            drop(limits.admit(a, 0).unwrap());
+        }
+        assert_eq!(limits.admit(a, 0).unwrap_err(), LimitRefusal::HandshakeRate { rate: 2, retry_after_ms: 500 });
+        drop(limits.admit(b, 0).expect("another address has its own budget"));
+        drop(limits.admit(a, 500).expect("refilled"));
+    }
+
+    #[test]
+    fn access_list() {
+        let config = Config {
+            previous_api_keys: vec!["old-key-0123456789".into()],
+            allowed_origins: vec!["https://app.example".into()],
+            ..Config::default()
+        };
+        let access = AccessList::new("new-key-0123456789".into(), &config);
+        assert!(access.accepts_key("new-key-0123456789"));
+        assert!(access.accepts_key("old-key-0123456789"));
+        assert!(!access.accepts_key("new-key-012345678"));
+        assert!(!access.accepts_key(""));
+        assert!(access.allows_origin(None));
+        assert!(access.allows_origin(Some("https://APP.example")));
+        assert!(!access.allows_origin(Some("https://evil.example")));
+        assert!(AccessList::new("k".repeat(16), &Config::default()).allows_origin(Some("https://any.example")));
+    }
+}
