@@ -386,6 +386,11 @@ fn serve(flags: &ConfigFlags, demo: bool) -> Result<(), CliError> {
     }
     config.api_key = Some(resolved.key);
 
+    // A node that cannot load its certificate must fail before it announces a listener.
+    let scheme = match crate::server::tls_config(&config).map_err(|e| failed(e.to_string()))? {
+        Some(_) => "https",
+        None => "http",
+    };
     let listener = std::net::TcpListener::bind(config.listen)
         .map_err(|e| failed(format!("cannot listen on {}: {e}", config.listen)))?;
     let addr = listener.local_addr().map_err(|e| failed(format!("cannot read the bound address: {e}")))?;
@@ -397,13 +402,13 @@ fn serve(flags: &ConfigFlags, demo: bool) -> Result<(), CliError> {
         .block_on(async { Ok::<_, std::io::Error>((shutdown_signals()?, reload_signals()?)) })
         .map_err(|e| failed(format!("cannot install signal handlers: {e}")))?;
     print_line(&format!(
-        "livegate {} listening on http://{addr} (node {}, data {})",
+        "livegate {} listening on {scheme}://{addr} (node {}, data {})",
         env!("CARGO_PKG_VERSION"),
         config.node,
         config.data_dir.display()
     ))?;
     if demo {
-        print_line(&format!("demo: open http://{addr}/ for the live score page"))?;
+        print_line(&format!("demo: open {scheme}://{addr}/ for the live score page"))?;
     }
     let reload_flags = flags.clone();
     let control = crate::server::Control {

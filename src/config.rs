@@ -779,9 +779,22 @@ impl Layers {
     }
 }
 
+/// Keys whose values are secrets: error messages never repeat them.
+const SECRET_KEYS: &[&str] = &["api_key", "previous_api_keys"];
+
+/// A value as an error message may show it.
+fn shown(key: &Key, value: &str) -> String {
+    if SECRET_KEYS.contains(&key.name) {
+        "a value that is not shown (a secret)".to_string()
+    } else {
+        value.to_string()
+    }
+}
+
 /// Parses a text value (environment variable or flag) according to the key's kind.
 fn from_text(key: &Key, text: &str, origin: &Origin) -> Result<toml::Value, ConfigError> {
-    let bad = || ConfigError::BadValue { origin: origin.clone(), expected: key.kind.expected(), got: format!("{text:?}") };
+    let bad =
+        || ConfigError::BadValue { origin: origin.clone(), expected: key.kind.expected(), got: shown(key, &format!("{text:?}")) };
     Ok(match key.kind {
         Kind::Number(_) => {
             let n: u64 = text.trim().parse().map_err(|_| bad())?;
@@ -819,7 +832,7 @@ fn from_toml(key: &Key, value: toml::Value, origin: &Origin) -> Result<toml::Val
     let bad = |value: &toml::Value| ConfigError::BadValue {
         origin: origin.clone(),
         expected: key.kind.expected(),
-        got: value.to_string(),
+        got: shown(key, &value.to_string()),
     };
     match (key.kind, &value) {
         (Kind::Number(_), toml::Value::Integer(n)) if *n >= 0 => Ok(value),
@@ -1026,6 +1039,9 @@ mod tests {
             case("short api key, not echoed", Error(
                 "api_key must be at least 16 characters long, got 6 (set by LIVEGATE_API_KEY)".into()))
                 .env("LIVEGATE_API_KEY", "secret"),
+            case("mistyped key, not echoed", Error(
+                "api_key in FILE: expected text, got a value that is not shown (a secret)".into()))
+                .file("api_key = [\"0123456789abcdef-secret\"]"),
             case("bool from env", Values(vec![("ws_echo", "true")])).env("LIVEGATE_WS_ECHO", "true"),
             case("bool from file", Values(vec![("ws_echo", "false")])).file("ws_echo = false"),
             case("bad bool", Error("--ws-echo: expected true or false, got \"yes\"".into())).flag("ws_echo", "yes"),

@@ -53,7 +53,7 @@ const HANDSHAKE_REASONS: &[&str] =
 /// The abuse limits, as `livegate_limit_hits_total{limit=…}` names them.
 pub const LIMITS: &[&str] = &[
     "connections", "connections_per_ip", "handshake_rate", "message_rate", "bad_messages", "subscriptions",
-    "history_limit", "subscribe_timeout", "frame_size", "message_size", "origin",
+    "history_limit", "subscribe_timeout", "frame_size", "message_size", "origin", "handshake_timeout",
 ];
 
 fn latency_histogram() -> Histogram {

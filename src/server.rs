@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Actor;
+use actix_web::dev::Service;
 use actix_web::{web, App, HttpServer};
 use futures_util::future::{select, Either};
 use futures_util::stream::{self, Stream, StreamExt};
@@ -95,7 +96,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     let Control { shutdown: signals, reload, reload_config, demo } = control;
     config.validate()?;
     let access = AccessList::new(config.resolve_api_key()?.key, &config);
-    let tls = config.tls_cert.as_ref().zip(config.tls_key.as_ref()).map(|(cert, key)| tls::server_config(cert, key)).transpose()?;
+    let tls = tls_config(&config)?;
     let store = Store::open(&config.data_dir)?;
     let token_secret = store.secret("token")?;
     let device_kinds = config.exclusive_devices.iter().cloned().chain(["web".to_string()]);
@@ -111,7 +112,8 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     )
     .start();
     let local = listener.local_addr()?;
-    let url = config.public_url.clone().unwrap_or_else(|| format!("http://{local}"));
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let url = config.public_url.clone().unwrap_or_else(|| format!("{scheme}://{local}"));
     let me = crate::config::Peer { name: config.node.clone(), cell: config.cell.clone(), url };
     let liveness = LivenessActor::new(
         me,
@@ -162,14 +164,24 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     });
 
     let app_state = state.clone();
-    let server = HttpServer::new(move || App::new().app_data(app_state.clone()).configure(http::configure))
-        .workers(threads())
-        .disable_signals()
-        .on_connect(http::on_connect)
-        // Slowloris: a request head (so a WebSocket upgrade) must arrive in time.
-        .client_request_timeout(handshake_timeout)
-        // The supervisor decides when connections end; this only bounds the very last step.
-        .shutdown_timeout(timing.spread.as_secs() + timing.grace.as_secs() + 5);
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(app_state.clone())
+            .wrap_fn(|req, service| {
+                if let Some(watch) = req.conn_data::<Arc<http::RequestWatch>>() {
+                    watch.seen();
+                }
+                service.call(req)
+            })
+            .configure(http::configure)
+    })
+    .workers(threads())
+    .disable_signals()
+    .on_connect(http::on_connect(metrics.clone(), handshake_timeout))
+    // Slowloris: a request head (so a WebSocket upgrade) must arrive in time.
+    .client_request_timeout(handshake_timeout)
+    // The supervisor decides when connections end; this only bounds the very last step.
+    .shutdown_timeout(timing.spread.as_secs() + timing.grace.as_secs() + 5);
     let server = match tls {
         Some(tls) => server.listen_rustls_0_23(listener, tls)?,
         None => server.listen(listener)?,
@@ -222,6 +234,12 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     store.flush()?;
     tracing::info!("store flushed; stopped");
     result
+}
+
+/// The TLS server configuration when `tls_cert` and `tls_key` are set, read from their
+/// files; callers check it before announcing a listener.
+pub fn tls_config(config: &Config) -> Result<Option<rustls::ServerConfig>, ServerError> {
+    config.tls_cert.as_ref().zip(config.tls_key.as_ref()).map(|(cert, key)| tls::server_config(cert, key)).transpose()
 }
 
 /// Forget expired token nonces now and then.

@@ -281,16 +281,17 @@ impl Connection {
     }
 
     fn handle_text(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {
+        let request = match protocol::parse_client_frame(text) {
+            Ok(request) => request,
+            Err(e) => return self.refuse(ctx, e.reference, e.code, &e.message),
+        };
         let rate = self.settings.max_messages_per_sec;
         if let Err(wait_ms) = self.message_rate.take(rate, burst_for(rate), crate::world::now_ms()) {
             self.settings.metrics.limit_hit("message_rate");
             let message = format!("more than {rate} messages per second; retry in {wait_ms} ms");
-            return self.refuse(ctx, None, ErrorCode::RateLimited, &message);
+            return self.refuse(ctx, request.reference, ErrorCode::RateLimited, &message);
         }
-        match protocol::parse_client_frame(text) {
-            Ok(request) => self.handle_request(request, ctx),
-            Err(e) => self.refuse(ctx, e.reference, e.code, &e.message),
-        }
+        self.handle_request(request, ctx)
     }
 
     fn handle_request(&mut self, request: ClientRequest, ctx: &mut ws::WebsocketContext<Self>) {

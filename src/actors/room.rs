@@ -291,8 +291,8 @@ impl Handler<Publish> for RoomActor {
                 if let Some(first_kept) = trimmed_below {
                     match store.trim_events(&name, first_kept) {
                         Ok(removed) => {
-                        self.settings.metrics.history_trimmed.inc_by(removed as u64);
-                    }
+                            self.settings.metrics.history_trimmed.inc_by(removed as u64);
+                        }
                         Err(error) => tracing::warn!(room = %name, %error, "could not delete trimmed history"),
                     };
                 }

@@ -132,9 +132,51 @@ fn json(status: StatusCode, body: String) -> HttpResponse {
 /// peers that vanished or stopped reading.
 const TCP_USER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Called for every accepted connection: bound how long unacknowledged data may wait, and
-/// keep a duplicate of the socket so a stuck connection can be shut down from outside.
-pub fn on_connect(conn: &dyn std::any::Any, data: &mut actix_web::dev::Extensions) {
+/// Notes whether a TCP connection ever completed a request head; one that ends without
+/// one after the handshake timeout was cut off by it (a slowloris, or a client that gave up).
+pub struct RequestWatch {
+    opened: std::time::Instant,
+    seen: std::sync::atomic::AtomicBool,
+    timeout: std::time::Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl RequestWatch {
+    /// Mark that a complete request head arrived on this connection.
+    pub fn seen(&self) {
+        self.seen.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for RequestWatch {
+    fn drop(&mut self) {
+        // actix answers 408 when the timeout fires; allow for timer granularity.
+        if !self.seen.load(Ordering::Relaxed) && self.opened.elapsed() >= self.timeout.mul_f32(0.9) {
+            self.metrics.limit_hit("handshake_timeout");
+        }
+    }
+}
+
+/// The hook called for every accepted connection (see [`prepare_connection`]).
+pub fn on_connect(
+    metrics: Arc<Metrics>,
+    handshake_timeout: std::time::Duration,
+) -> impl Fn(&dyn std::any::Any, &mut actix_web::dev::Extensions) + Send + Sync + 'static {
+    move |conn, data| {
+        let watch = RequestWatch {
+            opened: std::time::Instant::now(),
+            seen: Default::default(),
+            timeout: handshake_timeout,
+            metrics: metrics.clone(),
+        };
+        data.insert(Arc::new(watch));
+        prepare_connection(conn, data);
+    }
+}
+
+/// Bound how long unacknowledged data may wait, and keep a duplicate of the socket so a
+/// stuck connection can be shut down from outside.
+fn prepare_connection(conn: &dyn std::any::Any, data: &mut actix_web::dev::Extensions) {
     use actix_tls::accept::rustls_0_23::TlsStream;
     let stream = match conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
         Some(plain) => plain,

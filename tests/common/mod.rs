@@ -75,6 +75,28 @@ impl TestServer {
     }
 
     fn start_on_listener(listener: std::net::TcpListener, dir: TempDir, tweak: impl FnOnce(&mut Config)) -> TestServer {
+        TestServer::start_on_listener_probed(listener, dir, tweak, true)
+    }
+
+    /// Starts a server on a fresh temporary data dir without waiting for `GET /readyz`
+    /// over plain HTTP (for a TLS listener: the caller probes it its own way).
+    pub fn start_unprobed(tweak: impl FnOnce(&mut Config)) -> TestServer {
+        let dir = tempfile::Builder::new().prefix("livegate-test-").tempdir().expect("tempdir");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        TestServer::start_on_listener_probed(listener, dir, tweak, false)
+    }
+
+    /// Whether the server thread has ended (it failed to start or stopped).
+    pub fn thread_finished(&self) -> bool {
+        self.thread.as_ref().map_or(true, |t| t.is_finished())
+    }
+
+    fn start_on_listener_probed(
+        listener: std::net::TcpListener,
+        dir: TempDir,
+        tweak: impl FnOnce(&mut Config),
+        probe: bool,
+    ) -> TestServer {
         let addr = listener.local_addr().expect("local addr");
         let mut config = test_config(dir.path(), addr);
         tweak(&mut config);
@@ -92,7 +114,9 @@ impl TestServer {
             })
             .expect("spawn server thread");
         let mut server = TestServer { addr, config, dir: Some(dir), shutdown: Some(tx), thread: Some(thread) };
-        server.wait_ready();
+        if probe {
+            server.wait_ready();
+        }
         server
     }
 
@@ -485,6 +509,56 @@ impl WsClient {
         let connected = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url))
             .await
             .unwrap_or_else(|_| panic!("WebSocket handshake to {url} timed out"));
+        WsClient::after_handshake(connected, url).await
+    }
+
+    /// A handshake to `addr` with `token`, from the local address `from` (for example
+    /// 127.0.0.2; `None`: the system's choice) and with extra request `headers` (for
+    /// example `Origin`). A refusal keeps the response headers.
+    pub async fn try_connect_custom(
+        addr: SocketAddr,
+        token: Option<&str>,
+        from: Option<std::net::IpAddr>,
+        headers: &[(&str, &str)],
+    ) -> Result<WsClient, RejectedWithHeaders> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let url = ws_url(addr, token, None);
+        let mut request = url.as_str().into_client_request().expect("client request");
+        for (name, value) in headers {
+            let name = tungstenite::http::HeaderName::from_bytes(name.as_bytes()).expect("header name");
+            request.headers_mut().insert(name, value.parse().expect("header value"));
+        }
+        let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() }
+            .expect("socket");
+        if let Some(ip) = from {
+            socket.bind(SocketAddr::new(ip, 0)).unwrap_or_else(|e| panic!("bind {ip}:0: {e}"));
+        }
+        let connected = tokio::time::timeout(WAIT, async {
+            let stream = socket.connect(addr).await.unwrap_or_else(|e| panic!("TCP connect to {addr}: {e}"));
+            tokio_tungstenite::client_async(request, MaybeTlsStream::Plain(stream)).await
+        })
+        .await
+        .unwrap_or_else(|_| panic!("WebSocket handshake to {url} timed out"));
+        WsClient::after_handshake(connected, &url).await
+    }
+
+    /// [`WsClient::try_connect_custom`], panicking on a refusal.
+    pub async fn connect_custom(
+        addr: SocketAddr,
+        token: &str,
+        from: Option<std::net::IpAddr>,
+        headers: &[(&str, &str)],
+    ) -> WsClient {
+        match WsClient::try_connect_custom(addr, Some(token), from, headers).await {
+            Ok(c) => c,
+            Err(r) => panic!("handshake rejected: {} {}", r.status, r.body),
+        }
+    }
+
+    async fn after_handshake(
+        connected: Result<(Ws, tungstenite::handshake::client::Response), tungstenite::Error>,
+        url: &str,
+    ) -> Result<WsClient, RejectedWithHeaders> {
         let ws = match connected {
             Ok((ws, _resp)) => ws,
             Err(tungstenite::Error::Http(resp)) => {

@@ -37,12 +37,23 @@ impl ServeProcess {
     /// [`ServeProcess::start`] with extra environment variables (`RUST_LOG`, ...), set
     /// after the `LIVEGATE_*` variables of the test's own environment are removed.
     pub fn start_with_env(data_dir: &Path, log: &Path, extra: &[&str], env: &[(&str, &str)]) -> ServeProcess {
+        ServeProcess::spawn(data_dir, log, &["--api-key", API_KEY], extra, env)
+    }
+
+    /// Like [`ServeProcess::start`] but without `--api-key`: the key comes from `extra`
+    /// (for example a `--config` file, which a reload reads again) or the key file.
+    pub fn start_without_key(data_dir: &Path, log: &Path, extra: &[&str]) -> ServeProcess {
+        ServeProcess::spawn(data_dir, log, &[], extra, &[])
+    }
+
+    fn spawn(data_dir: &Path, log: &Path, key: &[&str], extra: &[&str], env: &[(&str, &str)]) -> ServeProcess {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_livegate"));
         cmd.arg("serve")
             .args(["--listen", "127.0.0.1:0"])
             .arg("--data-dir")
             .arg(data_dir)
-            .args(["--api-key", API_KEY, "--node", NODE])
+            .args(key)
+            .args(["--node", NODE])
             .args(extra)
             .current_dir(data_dir.parent().unwrap_or(data_dir))
             .stdin(Stdio::null())
