@@ -32,6 +32,8 @@ use crate::http::{self, AppState, Lifecycle, ReloadConfig};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
 
+/// How long a finished connection may linger for the client to hang up first.
+const CLIENT_DISCONNECT_TIMEOUT: Duration = Duration::from_millis(200);
 /// How often expired token nonces are forgotten.
 const NONCE_PURGE_EVERY: Duration = Duration::from_secs(60);
 
@@ -180,6 +182,9 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     .on_connect(http::on_connect(metrics.clone(), handshake_timeout))
     // Slowloris: a request head (so a WebSocket upgrade) must arrive in time.
     .client_request_timeout(handshake_timeout)
+    // After a closing handshake (or a last response) drop the TCP connection promptly
+    // instead of lingering actix's default second: clients wait for the server's FIN.
+    .client_disconnect_timeout(CLIENT_DISCONNECT_TIMEOUT)
     // The supervisor decides when connections end; this only bounds the very last step.
     .shutdown_timeout(timing.spread.as_secs() + timing.grace.as_secs() + 5);
     let server = match tls {

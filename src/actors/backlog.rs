@@ -16,6 +16,13 @@ impl SocketAbort {
     pub fn shutdown(&self) {
         let _ = socket2::SockRef::from(&self.0).shutdown(std::net::Shutdown::Both);
     }
+
+    /// End the read side once a WebSocket is finished: actix-http then sees the end of the
+    /// request, writes what it still holds (the Close frame) and closes the connection.
+    /// Without this it keeps a finished WebSocket's TCP connection open for seconds.
+    pub fn finish_reading(&self) {
+        let _ = socket2::SockRef::from(&self.0).shutdown(std::net::Shutdown::Read);
+    }
 }
 
 pub struct Backlog {
@@ -63,6 +70,13 @@ impl Backlog {
     /// Mark evicted (the connection found its own outbox over the bound).
     pub fn evict(&self) -> bool {
         !self.evicted.swap(true, Ordering::AcqRel)
+    }
+
+    /// End the socket's read side (see [`SocketAbort::finish_reading`]).
+    pub fn finish_reading(&self) {
+        if let Some(socket) = self.socket.as_ref().and_then(Weak::upgrade) {
+            socket.finish_reading();
+        }
     }
 
     /// Shut the socket down if the connection still exists.

@@ -432,7 +432,7 @@ impl Connection {
             self.settings.metrics.limit_hit(limit);
         }
         match fault.close_code() {
-            Some(code) => self.close(ctx, code, fault.reason()),
+            Some(code) => self.close_with(ctx, code, fault.reason(), fault.fails_connection()),
             None => {
                 // Keep a close code already known; otherwise this is an abnormal end (1006).
                 self.close_code.get_or_insert(1006);
@@ -475,6 +475,7 @@ impl Actor for Connection {
     }
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
+        self.backlog.finish_reading();
         let metrics = &self.settings.metrics;
         metrics.subscriptions.dec_by(self.subscriptions.len() as i64);
         for (_, sub) in self.subscriptions.drain() {

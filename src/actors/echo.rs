@@ -8,6 +8,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_web_actors::ws::{self, CloseCode, CloseReason};
 
+use super::backlog::SocketAbort;
 use super::socket::{Fault, Inbound, MessageReader};
 
 /// How long a closing echo socket waits for the client's Close frame.
@@ -18,16 +19,23 @@ pub struct EchoSocket {
     closing: bool,
     /// Its place in the connection limits, held while the socket lives.
     _permit: Box<dyn Send>,
+    socket: Option<std::sync::Weak<SocketAbort>>,
 }
 
 impl EchoSocket {
-    pub fn new(max_message_bytes: usize, permit: Box<dyn Send>) -> Self {
-        EchoSocket { reader: MessageReader::new(max_message_bytes), closing: false, _permit: permit }
+    pub fn new(max_message_bytes: usize, permit: Box<dyn Send>, socket: Option<std::sync::Weak<SocketAbort>>) -> Self {
+        EchoSocket { reader: MessageReader::new(max_message_bytes), closing: false, _permit: permit, socket }
     }
 }
 
 impl Actor for EchoSocket {
     type Context = ws::WebsocketContext<Self>;
+
+    fn stopped(&mut self, _ctx: &mut Self::Context) {
+        if let Some(socket) = self.socket.as_ref().and_then(std::sync::Weak::upgrade) {
+            socket.finish_reading();
+        }
+    }
 }
 
 impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for EchoSocket {
@@ -53,7 +61,11 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for EchoSocket {
                     let reason = CloseReason { code: CloseCode::from(code), description: Some(fault.reason().into()) };
                     ctx.close(Some(reason));
                     self.closing = true;
-                    ctx.run_later(CLOSE_HANDSHAKE_TIMEOUT, |_, ctx| ctx.stop());
+                    if fault.fails_connection() {
+                        ctx.stop();
+                    } else {
+                        ctx.run_later(CLOSE_HANDSHAKE_TIMEOUT, |_, ctx| ctx.stop());
+                    }
                 }
                 None => ctx.stop(),
             },

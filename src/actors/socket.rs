@@ -50,6 +50,13 @@ impl Fault {
         }
     }
 
+    /// Whether the frame stream can no longer be read, so the connection is failed: the
+    /// Close frame goes out and the TCP connection ends without waiting for the client's
+    /// Close (RFC 6455 §7.1.7).
+    pub fn fails_connection(self) -> bool {
+        matches!(self, Fault::Protocol | Fault::FrameTooBig)
+    }
+
     /// The abuse limit this fault counts against, if any.
     pub fn limit(self) -> Option<&'static str> {
         match self {

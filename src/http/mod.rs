@@ -521,7 +521,8 @@ async fn echo(req: HttpRequest, stream: web::Payload, state: web::Data<AppState>
         return Err(ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "the echo socket is off (config ws_echo)"));
     }
     let permit = admit(&req, &state)?;
-    let socket = crate::actors::echo::EchoSocket::new(state.config.max_message_bytes, Box::new(permit));
+    let abort = req.conn_data::<Arc<SocketAbort>>().map(Arc::downgrade);
+    let socket = crate::actors::echo::EchoSocket::new(state.config.max_message_bytes, Box::new(permit), abort);
     ws::WsResponseBuilder::new(socket, &req, stream)
         .frame_size(state.config.max_frame_bytes)
         .start()
