@@ -1,0 +1,207 @@
+//! Side-by-side fan-out benchmark: livegate vs nchan (nginx) vs Socket.IO (issue 7).
+//!
+//! Each server runs as its own process pinned to CPU 0; this load generator pins itself
+//! to CPU 1, raises its fd limit, opens WebSocket clients from 127.0.0.2… in each
+//! server's own protocol, publishes over HTTP with a sequence number and send time in
+//! every payload, and records latency (HDR histograms), deliveries, gaps and duplicates,
+//! and the server's CPU time and memory from `/proc`.
+//!
+//! ```text
+//! cargo bench --bench fanout -- --all                       # everything, 3 interleaved runs, report + plots
+//! cargo bench --bench fanout -- --smoke                     # livegate only, tiny, fails on lost/duplicated deliveries
+//! cargo bench --bench fanout -- --scenario fanout --server livegate [--runs N]
+//! ```
+//!
+//! Scenarios: idle, fanout, rooms, hot, durable, slow (see `fanout/scenarios.rs`).
+//! Peers (nginx + libnginx-mod-nchan, socket.io from npm) are installed by `benches/run`.
+//! The report goes to `target/bench-report/` (`--all`), `…/smoke/` or `…/partial/`.
+
+#[path = "fanout/http.rs"]
+mod http;
+#[path = "fanout/load.rs"]
+mod load;
+#[path = "fanout/plots.rs"]
+mod plots;
+#[path = "fanout/procstat.rs"]
+mod procstat;
+#[path = "fanout/proto.rs"]
+mod proto;
+#[path = "fanout/report.rs"]
+mod report;
+#[path = "fanout/scenarios.rs"]
+mod scenarios;
+#[path = "fanout/servers.rs"]
+mod servers;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use scenarios::{Case, Ctx, Record, Sizes, SCENARIOS};
+use servers::{Kind, Paths};
+
+#[derive(Parser, Debug)]
+#[command(about = "Fan-out benchmark: livegate vs nchan vs Socket.IO")]
+struct Args {
+    /// Every scenario for every server, 3 interleaved runs, full report with plots.
+    #[arg(long)]
+    all: bool,
+    /// livegate only (unless --server), ~200 connections, a few seconds per scenario;
+    /// exits 1 on lost or duplicated deliveries and failed connections or publishes.
+    #[arg(long)]
+    smoke: bool,
+    /// Scenarios to run (comma-separated): idle, fanout, rooms, hot, durable, slow.
+    #[arg(long, value_delimiter = ',')]
+    scenario: Vec<String>,
+    /// Servers to run (comma-separated): livegate, nchan, socketio.
+    #[arg(long, value_delimiter = ',')]
+    server: Vec<String>,
+    /// Interleaved runs of everything (default 3 with --all, else 1).
+    #[arg(long)]
+    runs: Option<usize>,
+    /// Measured seconds per publish-rate step of fanout and rooms.
+    #[arg(long)]
+    step_secs: Option<f64>,
+    /// Report directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// livegate binary to run (default: the one cargo built for this bench).
+    #[arg(long)]
+    livegate_bin: Option<PathBuf>,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+fn main() {
+    let args = Args::parse();
+    let nproc = procstat::cpu_count();
+    let nofile = procstat::raise_nofile();
+    let pinned = nproc >= 2 && procstat::pin_self(1);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    let local = tokio::task::LocalSet::new();
+    let code = local.block_on(&rt, run(args, nproc, nofile, pinned));
+    std::process::exit(code);
+}
+
+async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
+    let started = Instant::now();
+    let load_start = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    load::now_ns(); // starts the bench clock
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
+    let paths = Paths {
+        livegate_bin: args.livegate_bin.clone().unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_livegate"))),
+        scratch: target.join("bench-tmp"),
+        root,
+    };
+    let mut sizes = if args.smoke { Sizes::smoke() } else { Sizes::full() };
+    if let Some(s) = args.step_secs {
+        sizes.step_secs = s;
+    }
+    let scenarios: Vec<String> = if args.all || args.smoke || args.scenario.is_empty() {
+        SCENARIOS.iter().map(|s| s.to_string()).collect()
+    } else {
+        args.scenario.clone()
+    };
+    if let Some(bad) = scenarios.iter().find(|s| !SCENARIOS.contains(&s.as_str())) {
+        eprintln!("unknown scenario {bad:?}; known: {}", SCENARIOS.join(", "));
+        return 2;
+    }
+    let mut kinds: Vec<Kind> = if args.smoke && args.server.is_empty() {
+        vec![Kind::Livegate]
+    } else if args.all || args.server.is_empty() {
+        Kind::ALL.to_vec()
+    } else {
+        let mut k = Vec::new();
+        for s in &args.server {
+            match Kind::from_name(s) {
+                Some(x) => k.push(x),
+                None => {
+                    eprintln!("unknown server {s:?}; known: livegate, nchan, socketio");
+                    return 2;
+                }
+            }
+        }
+        k
+    };
+    let mut skipped = Vec::new();
+    kinds.retain(|&k| match paths.missing(k) {
+        Some(why) => {
+            eprintln!("skipping {}: {why}", k.name());
+            skipped.push(format!("{}: {why}", k.title()));
+            false
+        }
+        None => true,
+    });
+    if kinds.is_empty() {
+        eprintln!("no server to run");
+        return 2;
+    }
+    let runs = args.runs.unwrap_or(if args.all { 3 } else { 1 }).max(1);
+    let out_dir = args.out.clone().unwrap_or_else(|| {
+        let base = target.join("bench-report");
+        if args.all { base } else if args.smoke { base.join("smoke") } else { base.join("partial") }
+    });
+
+    let mut jobs = Vec::new();
+    for run in 1..=runs {
+        for sc in &scenarios {
+            for &k in &kinds {
+                for case in Case::expand(sc, k, &sizes) {
+                    jobs.push((run, k, case));
+                }
+            }
+        }
+    }
+    eprintln!(
+        "fanout bench: {} jobs ({} runs), servers {:?}, fd limit {nofile}, load generator {}",
+        jobs.len(),
+        runs,
+        kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
+        if pinned { "pinned to CPU 1, servers to CPU 0" } else { "not pinned (fewer than 2 CPUs)" }
+    );
+    let pb = ProgressBar::new(jobs.len() as u64);
+    pb.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+            .expect("progress template")
+            .progress_chars("=> "),
+    );
+    pb.enable_steady_tick(Duration::from_millis(200));
+    let mut records: Vec<Record> = Vec::new();
+    for (run, kind, case) in jobs {
+        let prefix = format!("run {run}/{runs} · {} · {}", case.label(kind), kind.title());
+        pb.set_message(prefix.clone());
+        let status = |m: String| pb.set_message(format!("{prefix}: {m}"));
+        let ctx = Ctx { paths: &paths, sizes: &sizes, status: &status };
+        let rec = scenarios::run(&ctx, kind, case, run).await;
+        if pb.is_hidden() {
+            eprintln!("{}", report::one_line(&rec));
+        } else {
+            pb.println(report::one_line(&rec));
+        }
+        records.push(rec);
+        pb.inc(1);
+        // Let sockets of the finished job leave the server's and our tables.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    pb.finish_and_clear();
+    let total = started.elapsed();
+    let mut meta = report::Meta::collect(&paths, nproc, runs, total, args.smoke, skipped);
+    meta.load_start = load_start;
+    match report::write(&out_dir, &records, &sizes, &meta) {
+        Ok(path) => eprintln!("report: {}", path.display()),
+        Err(e) => eprintln!("writing the report failed: {e}"),
+    }
+    eprintln!("total time: {:.0} s ({:.1} min)", total.as_secs_f64(), total.as_secs_f64() / 60.0);
+    let failed: Vec<&Record> = records.iter().filter(|r| !r.problems.is_empty()).collect();
+    if args.smoke && !failed.is_empty() {
+        for r in failed {
+            eprintln!("SMOKE FAILED: {} on {}: {}", r.label, r.server.title(), r.problems.join("; "));
+        }
+        return 1;
+    }
+    0
+}

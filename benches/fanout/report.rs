@@ -1,0 +1,456 @@
+//! The report: `report.md` (machine, command, a table of medians with min–max and
+//! livegate/peer ratios, the issue's targets met or not, per-rate tables, problems),
+//! `results.json` with every run's numbers, and the PNG plots (see `plots.rs`).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::plots;
+use crate::scenarios::{Case, Record, Sizes, SCENARIOS};
+use crate::servers::{Kind, Paths};
+
+pub struct Meta {
+    pub nproc: usize,
+    pub cpu_model: String,
+    pub kernel: String,
+    pub date: String,
+    pub runs: usize,
+    pub total: Duration,
+    pub smoke: bool,
+    pub versions: Vec<String>,
+    pub skipped: Vec<String>,
+    pub load_start: String,
+}
+
+fn cmd_out(cmd: &str, args: &[&str]) -> Option<String> {
+    let o = Command::new(cmd).args(args).output().ok()?;
+    let s = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    Some(s.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+impl Meta {
+    pub fn collect(paths: &Paths, nproc: usize, runs: usize, total: Duration, smoke: bool, skipped: Vec<String>) -> Meta {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo
+            .lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+            .unwrap_or_else(|| "unknown".into());
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
+        let date = cmd_out("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_default();
+        let root = paths.root.to_str().unwrap_or(".");
+        let rev = cmd_out("git", &["-C", root, "rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "?".into());
+        let dirty = cmd_out("git", &["-C", root, "status", "--porcelain", "--untracked-files=no"]).is_some();
+        let mut versions = vec![format!("livegate {} (git {rev}{})", env!("CARGO_PKG_VERSION"), if dirty { ", with local changes" } else { "" })];
+        if let Some(v) = cmd_out("nginx", &["-v"]) {
+            let nchan = cmd_out("dpkg-query", &["-W", "-f", "${Version}", "libnginx-mod-nchan"]).unwrap_or_else(|| "?".into());
+            versions.push(format!("{} with libnginx-mod-nchan {nchan}", v.replace("nginx version: ", "")));
+        }
+        let sio = std::fs::read_to_string(paths.peers().join("socketio/node_modules/socket.io/package.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["version"].as_str().map(String::from));
+        if let (Some(s), Some(n)) = (sio, cmd_out("node", &["--version"])) {
+            versions.push(format!("socket.io {s} on Node {n}"));
+        }
+        Meta { nproc, cpu_model, kernel, date, runs, total, smoke, versions, skipped, load_start: String::new() }
+    }
+}
+
+/// One line per finished job for the log.
+pub fn one_line(r: &Record) -> String {
+    let key: Vec<String> = r.metrics.iter().take(4).map(|m| format!("{} {}", m.name, fmt(m.value))).collect();
+    let mut s = format!("[run {}] {} · {} ({:.0} s): {}", r.run, r.label, r.server.title(), r.secs, key.join(", "));
+    if r.steps.len() > 1 || matches!(r.case, Case::Slow) {
+        for st in &r.steps {
+            let _ = write!(
+                s,
+                "\n    {}/s: {} deliveries/s of {}, p99 {} ms, server CPU {:.0} %, load generator CPU {:.0} %, others {:.0} %",
+                fmt(st.rate),
+                fmt(st.delivered_per_s),
+                fmt(st.expected_per_s),
+                fmt(st.p99_ms),
+                st.server_cpu_util * 100.0,
+                st.client_cpu_util * 100.0,
+                st.other_cpu_util * 100.0
+            );
+        }
+    }
+    for p in &r.problems {
+        let _ = write!(s, "\n    problem: {p}");
+    }
+    for n in &r.notes {
+        let _ = write!(s, "\n    note: {n}");
+    }
+    s
+}
+
+pub fn fmt(v: f64) -> String {
+    if !v.is_finite() {
+        return "—".into();
+    }
+    let a = v.abs();
+    if a >= 100_000.0 {
+        let s = format!("{:.0}", v);
+        let (sign, digits) = s.split_at(if v < 0.0 { 1 } else { 0 });
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                out.push('\u{202f}');
+            }
+            out.push(c);
+        }
+        format!("{sign}{out}")
+    } else if a >= 100.0 || v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+pub fn median(v: &[f64]) -> f64 {
+    let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+fn cell(v: &[f64]) -> String {
+    let f: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if f.is_empty() {
+        return "—".into();
+    }
+    let (lo, hi) = f.iter().fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+    if f.len() == 1 || fmt(lo) == fmt(hi) {
+        fmt(median(&f))
+    } else {
+        format!("{} ({}–{})", fmt(median(&f)), fmt(lo), fmt(hi))
+    }
+}
+
+/// Values of `metric` over the runs of `server` for a row: livegate by its exact case,
+/// peers by scenario (their one hot run stands against each of livegate's windows).
+fn values(records: &[Record], server: Kind, case: Case, metric: &str) -> Vec<f64> {
+    records
+        .iter()
+        .filter(|r| r.server == server && if server == Kind::Livegate { r.case == case } else { r.case.scenario() == case.scenario() })
+        .filter_map(|r| r.metric(metric))
+        .collect()
+}
+
+fn rows(records: &[Record]) -> Vec<(Case, Kind)> {
+    // Cases in scenario order, livegate's variants first; a peer-only case if livegate did not run it.
+    let mut out: Vec<(Case, Kind)> = Vec::new();
+    for sc in SCENARIOS {
+        let mut lg: Vec<Case> = Vec::new();
+        for r in records.iter().filter(|r| r.case.scenario() == sc && r.server == Kind::Livegate) {
+            if !lg.contains(&r.case) {
+                lg.push(r.case);
+            }
+        }
+        if lg.is_empty() {
+            if let Some(r) = records.iter().find(|r| r.case.scenario() == sc) {
+                out.push((r.case, r.server));
+            }
+        }
+        out.extend(lg.into_iter().map(|c| (c, Kind::Livegate)));
+    }
+    out
+}
+
+pub fn servers_in(records: &[Record]) -> Vec<Kind> {
+    let mut k: Vec<Kind> = records.iter().map(|r| r.server).collect();
+    k.sort();
+    k.dedup();
+    k
+}
+
+pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let kinds = servers_in(records);
+    let peers: Vec<Kind> = kinds.iter().copied().filter(|k| *k != Kind::Livegate).collect();
+    let mut md = String::new();
+    let _ = writeln!(md, "# livegate fan-out benchmark{}\n", if meta.smoke { " (smoke)" } else { "" });
+    let _ = writeln!(
+        md,
+        "Machine: `nproc` {} · CPU {} · kernel {} · {}. Servers pinned to CPU 0 (`taskset -c 0`), the load generator to CPU 1; loopback only.\n",
+        meta.nproc, meta.cpu_model, meta.kernel, meta.date
+    );
+    let _ = writeln!(md, "Versions: {}.\n", meta.versions.join(" · "));
+    let _ = writeln!(
+        md,
+        "Command: `benches/run` (installs the peers, then `cargo bench --bench fanout -- --all`). {} interleaved run(s) of every scenario for every server; total time {:.0} s ({:.1} min).\n",
+        meta.runs,
+        meta.total.as_secs_f64(),
+        meta.total.as_secs_f64() / 60.0
+    );
+    let others: Vec<f64> = records.iter().flat_map(|r| r.steps.iter().map(|s| s.other_cpu_util * 100.0)).collect();
+    let load_end = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let _ = writeln!(
+        md,
+        "Machine load: 1-min load average {} at the start, {} at the end; other processes (not the server, not the load generator) used a median {:.0} % (max {:.0} %) of one core during the measured steps. The machine is shared, so this is part of the noise.\n",
+        meta.load_start.split_whitespace().next().unwrap_or("?"),
+        load_end.split_whitespace().next().unwrap_or("?"),
+        median(&others),
+        others.iter().copied().fold(0.0, f64::max)
+    );
+    for s in &meta.skipped {
+        let _ = writeln!(md, "Skipped {s}.\n");
+    }
+
+    // Main table.
+    let _ = writeln!(md, "## Results\n\nMedian of the runs, (min–max) when they differ. Ratio = livegate median / peer median; the arrow says which direction is better.\n");
+    let mut head = String::from("| scenario | metric | ");
+    let mut rule = String::from("|---|---|");
+    for k in &kinds {
+        let _ = write!(head, "{} | ", k.title());
+        rule.push_str("---:|");
+    }
+    for p in &peers {
+        let _ = write!(head, "livegate/{} | ", p.title());
+        rule.push_str("---:|");
+    }
+    let _ = writeln!(md, "{}\n{rule}", head.trim_end());
+    for (case, owner) in rows(records) {
+        let Some(first) = records.iter().find(|r| r.case == case && r.server == owner) else { continue };
+        for m in &first.metrics {
+            let arrow = if m.higher_better { "↑" } else { "↓" };
+            let mut line = format!("| {} | {} {arrow} |", first.label, m.name);
+            let mut meds = BTreeMap::new();
+            for &k in &kinds {
+                let v = values(records, k, case, &m.name);
+                meds.insert(k, median(&v));
+                let _ = write!(line, " {} |", cell(&v));
+            }
+            for p in &peers {
+                let a = meds.get(&Kind::Livegate).copied().unwrap_or(f64::NAN);
+                let b = meds.get(p).copied().unwrap_or(f64::NAN);
+                let ratio = if a.is_finite() && b.is_finite() && b != 0.0 { format!("{:.2}", a / b) } else { "—".into() };
+                let _ = write!(line, " {ratio} |");
+            }
+            let _ = writeln!(md, "{line}");
+        }
+    }
+
+    // Targets.
+    let _ = writeln!(md, "\n## Targets from issue 7\n");
+    let _ = writeln!(md, "| target | measured (median) | met? |\n|---|---|---|");
+    let med = |k: Kind, case: Case, m: &str| median(&values(records, k, case, m));
+    let fan_metric = "deliveries per server CPU-s, best rate".to_string();
+    let lg_fan = med(Kind::Livegate, Case::Fanout, &fan_metric);
+    for (peer, factor) in [(Kind::Nchan, 2.0), (Kind::SocketIo, 5.0)] {
+        let p = med(peer, Case::Fanout, &fan_metric);
+        target_row(&mut md, &format!("fanout deliveries per server CPU-second (best rate of each) ≥ {factor}× {}", peer.title()), lg_fan / p, |r| {
+            (format!("{} vs {} = {:.2}×", fmt(lg_fan), fmt(p), r), r >= factor)
+        });
+    }
+    // The same comparison at equal publish rates: the highest fanout step each pair both ran.
+    for (peer, factor) in [(Kind::Nchan, 2.0), (Kind::SocketIo, 5.0)] {
+        let per = |k: Kind, r: f64| median(&step_values(records, k, Case::Fanout, r).iter().map(|s| s.per_cpu_s).collect::<Vec<_>>());
+        let common = step_rates(records, Case::Fanout).into_iter().rev().find(|&r| per(Kind::Livegate, r).is_finite() && per(peer, r).is_finite());
+        if let Some(r) = common {
+            let (a, b) = (per(Kind::Livegate, r), per(peer, r));
+            target_row(&mut md, &format!("… the same at an equal rate ({r} publishes/s, the highest both ran) ≥ {factor}× {}", peer.title()), a / b, |x| {
+                (format!("{} vs {} = {:.2}×", fmt(a), fmt(b), x), x >= factor)
+            });
+        }
+    }
+    for n in sizes.idle {
+        let name = crate::scenarios::idle_metric(n);
+        let v = med(Kind::Livegate, Case::Idle, &name);
+        let title = format!("≤ 8 KiB server memory per idle subscribed connection ({} connections)", n);
+        let held = med(Kind::Livegate, Case::Idle, &format!("connections held (of {})", sizes.idle[1]));
+        if v.is_nan() && held.is_finite() && held < n as f64 {
+            let _ = writeln!(md, "| {title} | could not hold {n} connections: {} held | **not met** |", fmt(held));
+            continue;
+        }
+        target_row(&mut md, &title, v, |v| (format!("{} bytes ({:.1} KiB)", fmt(v), v / 1024.0), v <= 8192.0));
+    }
+    let p99 = med(Kind::Livegate, Case::Fanout, &format!("p99 ms @{}/s", sizes.fanout_ref_rate));
+    if p99.is_nan() {
+        // Not reached: say where livegate's fanout stopped.
+        let last = step_rates(records, Case::Fanout)
+            .into_iter()
+            .rev()
+            .find_map(|r| {
+                let v = step_values(records, Kind::Livegate, Case::Fanout, r);
+                (!v.is_empty()).then(|| (r, median(&v.iter().map(|s| s.p99_ms).collect::<Vec<_>>())))
+            });
+        if let Some((r, p)) = last {
+            let _ = writeln!(
+                md,
+                "| p99 ≤ batch window + 20 ms (= 120 ms) at {} subscribers and {} publishes/s | not reached: overloaded before; highest step {r}/s had p99 {} ms | **not met** |",
+                sizes.fanout_subs, sizes.fanout_ref_rate, fmt(p)
+            );
+        }
+    } else {
+    target_row(
+        &mut md,
+        &format!("p99 ≤ batch window + 20 ms (= 120 ms) at {} subscribers and {} publishes/s", sizes.fanout_subs, sizes.fanout_ref_rate),
+        p99,
+        |v| (format!("{} ms", fmt(v)), v <= 120.0),
+    );
+    }
+    let acked = med(Kind::Livegate, Case::Durable, "acked publishes/s");
+    target_row(&mut md, "≥ 10 000 acknowledged durable publishes/s", acked, |v| (format!("{}/s", fmt(v)), v >= 10_000.0));
+
+    // Per-rate tables.
+    for (case, title) in [(Case::Fanout, "fanout (1 room)"), (Case::Rooms, "rooms")] {
+        let rates = step_rates(records, case);
+        if rates.is_empty() {
+            continue;
+        }
+        let _ = writeln!(md, "\n## {title}: per publish rate (medians)\n");
+        let mut h = String::from("| publishes/s |");
+        let mut r = String::from("|---:|");
+        for k in &kinds {
+            let _ = write!(h, " {0} deliveries/s | {0} per CPU-s | {0} CPU % | {0} p99 ms |", k.title());
+            r.push_str("---:|---:|---:|---:|");
+        }
+        let _ = writeln!(md, "{h}\n{r}");
+        for rate in rates {
+            let mut line = format!("| {} |", fmt(rate));
+            for &k in &kinds {
+                let st = step_values(records, k, case, rate);
+                if st.is_empty() {
+                    line.push_str(" — | — | — | — |");
+                    continue;
+                }
+                let col = |f: &dyn Fn(&crate::scenarios::Step) -> f64| fmt(median(&st.iter().map(|s| f(s)).collect::<Vec<_>>()));
+                let _ = write!(
+                    line,
+                    " {} | {} | {} | {} |",
+                    col(&|s| s.delivered_per_s),
+                    col(&|s| s.per_cpu_s),
+                    col(&|s| s.server_cpu_util * 100.0),
+                    col(&|s| s.p99_ms)
+                );
+            }
+            let _ = writeln!(md, "{line}");
+        }
+    }
+
+    // Plots.
+    let _ = writeln!(md, "\n## Plots\n");
+    if let Some(rate) = plots::cdf_rate(records, sizes) {
+        let _ = writeln!(md, "The latency CDF is at {rate} publishes/s: the reference rate if every server ran it, else the highest fanout step every server reached.\n");
+    }
+    for (file, alt) in plots::draw_all(dir, records, sizes) {
+        let _ = writeln!(md, "![{alt}]({file})\n");
+    }
+
+    // How it was measured.
+    let _ = writeln!(md, "## How each scenario runs\n");
+    for line in method_notes(sizes) {
+        let _ = writeln!(md, "- {line}");
+    }
+
+    // Problems and notes per run.
+    let _ = writeln!(md, "\n## Problems and notes seen\n");
+    let mut any = false;
+    for r in records {
+        for p in &r.problems {
+            any = true;
+            let _ = writeln!(md, "- run {} · {} · {}: **{p}**", r.run, r.label, r.server.title());
+        }
+        for n in &r.notes {
+            any = true;
+            let _ = writeln!(md, "- run {} · {} · {}: {n}", r.run, r.label, r.server.title());
+        }
+    }
+    if !any {
+        let _ = writeln!(md, "None: every reading client got every event exactly once.");
+    }
+    let path = dir.join(if meta.smoke { "smoke.md" } else { "report.md" });
+    std::fs::write(&path, md)?;
+    std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&json(records)).unwrap_or_default())?;
+    Ok(path)
+}
+
+fn target_row(md: &mut String, name: &str, v: f64, judge: impl Fn(f64) -> (String, bool)) {
+    if v.is_finite() {
+        let (text, ok) = judge(v);
+        let _ = writeln!(md, "| {name} | {text} | {} |", if ok { "met" } else { "**not met**" });
+    } else {
+        let _ = writeln!(md, "| {name} | not measured | — |");
+    }
+}
+
+pub fn step_rates(records: &[Record], case: Case) -> Vec<f64> {
+    let mut rates: Vec<f64> = records.iter().filter(|r| r.case == case).flat_map(|r| r.steps.iter().map(|s| s.rate)).collect();
+    rates.sort_by(|a, b| a.total_cmp(b));
+    rates.dedup();
+    rates
+}
+
+pub fn step_values(records: &[Record], k: Kind, case: Case, rate: f64) -> Vec<crate::scenarios::Step> {
+    records
+        .iter()
+        .filter(|r| r.server == k && r.case == case)
+        .flat_map(|r| r.steps.iter().filter(|s| s.rate == rate).cloned())
+        .collect()
+}
+
+fn method_notes(s: &Sizes) -> Vec<String> {
+    vec![
+        format!(
+            "**idle**: {} then {} connections, each subscribed to one of {} rooms; bytes per connection = (server PSS after {} s settling − PSS before any connection) / N. The issue asks for 10k and 50k; a process may hold at most 20 000 open files here (hard limit), and both the server and the load generator are single processes, so the largest step is {}. livegate keeps a second descriptor (a dup) of every WebSocket socket, so it runs out of descriptors just under 10 000 connections: the first step and every 10k scenario below use {} so that livegate has room for its publishers; a step a server cannot hold reports how many connections it held.",
+            s.idle[0], s.idle[1], s.idle_rooms, s.idle_settle_secs, s.idle[1], s.idle[0]
+        ),
+        format!(
+            "**fanout**: 1 room × {} subscribers; open-loop publishing over HTTP at {:?} publishes/s, {} s warm-up + {} s measured per step; a step is the last one when p99 passes 2 s or fewer than half the deliveries arrive. Latency = receive time − intended send time (queueing in the publisher counts).",
+            s.fanout_subs, s.fanout_rates, s.warm_secs, s.step_secs
+        ),
+        format!("**rooms**: {} rooms × {} subscribers, publishes round-robin over the rooms at {:?} publishes/s in total.", s.rooms, s.per_room, s.rooms_rates),
+        format!(
+            "**hot**: {} rooms × {} subscribers, each room published at {}/s, so every connection receives {} events/s; livegate with batch windows {:?} ms, nchan and Socket.IO have one mode and run once (their row is repeated against each window).",
+            s.hot_rooms, s.hot_per_room, s.hot_rate_per_room, s.hot_rate_per_room, s.hot_windows
+        ),
+        format!(
+            "**durable**: livegate only — nchan and Socket.IO have no acknowledged durable publish. {} closed-loop publishers over {} rooms, each sending the next publish when the previous one was acknowledged (acked only after fsync); disk bytes per event = size of the data dir after the run / acknowledged events.",
+            s.durable_publishers, s.durable_rooms
+        ),
+        format!(
+            "**slow**: fanout with {} subscribers at {}/s with {} B padding per event; every {}th client never reads after subscribing (4 KiB receive buffer). livegate runs with `--max-outbox-bytes {}` here (default 1 MiB would not fill within the run) and closes such clients with 4009; nchan and Socket.IO buffer for them. p99 is over the reading clients.",
+            s.slow_subs, s.slow_rate, s.slow_pad, s.slow_every, s.slow_outbox
+        ),
+        format!("Payloads are `{{\"bs\":SEQ,\"bt\":NS,\"pad\":\"…\"}}` with {} B padding (~100 B of JSON); livegate wraps them as `{{\"data\":…}}` and delivers only once durable.", s.pad),
+        "livegate clients each use their own user (`u0`, `u1`, …, device `web`), as real clients would, so each connection also holds its user's inbox subscription; each token is minted over HTTP before the connection.".into(),
+        "Server CPU = utime+stime of the server process from `/proc/PID/stat` (nginx: its single worker; node: the whole process); memory = PSS from `/proc/PID/smaps_rollup`. The HTTP publishes are part of every server's CPU time.".into(),
+        "Each run starts a fresh server process (fresh data dir for livegate); runs are interleaved: run 1 of every scenario and server, then run 2, then run 3.".into(),
+    ]
+}
+
+fn json(records: &[Record]) -> serde_json::Value {
+    serde_json::Value::Array(
+        records
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "run": r.run,
+                    "server": r.server.name(),
+                    "case": r.label,
+                    "secs": r.secs,
+                    "metrics": r.metrics.iter().map(|m| (m.name.clone(), serde_json::json!(if m.value.is_finite() { Some(m.value) } else { None }))).collect::<serde_json::Map<_, _>>(),
+                    "steps": r.steps.iter().map(|s| serde_json::json!({
+                        "rate": s.rate, "delivered_per_s": s.delivered_per_s, "expected_per_s": s.expected_per_s,
+                        "frames_per_s": s.frames_per_s, "server_cpu_util": s.server_cpu_util, "per_cpu_s": s.per_cpu_s,
+                        "p50_ms": s.p50_ms, "p99_ms": s.p99_ms, "p999_ms": s.p999_ms, "client_cpu_util": s.client_cpu_util,
+                        "other_cpu_util": s.other_cpu_util,
+                    })).collect::<Vec<_>>(),
+                    "problems": r.problems,
+                    "notes": r.notes,
+                })
+            })
+            .collect(),
+    )
+}

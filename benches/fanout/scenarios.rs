@@ -1,0 +1,697 @@
+//! The six workloads of issue 7, each run against one server and returning named
+//! metrics: idle (bytes per connection), fanout (1 room, rate stepped up), rooms
+//! (many small rooms, rate stepped up), hot (each client gets 100 events/s; livegate at
+//! several batch windows), durable (closed-loop acknowledged publishes, livegate only)
+//! and slow (fanout with 1 % of clients not reading).
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+use crate::load::{self, now_ns, secs_ns, ConnSpec, ConnSummary, Publisher, Rec};
+use crate::procstat;
+use crate::servers::{Kind, LivegateOpts, Paths, Server};
+
+/// Sizes and durations; `full` fits `--all` (3 runs of everything) in under 20 minutes on
+/// two cores, `smoke` is a few seconds per scenario.
+pub struct Sizes {
+    pub idle: [usize; 2],
+    pub idle_rooms: usize,
+    pub fanout_subs: usize,
+    pub fanout_rates: Vec<f64>,
+    pub fanout_ref_rate: f64,
+    pub rooms: usize,
+    pub per_room: usize,
+    pub rooms_rates: Vec<f64>,
+    pub rooms_ref_rate: f64,
+    pub hot_rooms: usize,
+    pub hot_per_room: usize,
+    pub hot_rate_per_room: f64,
+    pub hot_windows: Vec<u64>,
+    pub durable_rooms: usize,
+    pub durable_publishers: usize,
+    pub slow_subs: usize,
+    pub slow_every: usize,
+    pub slow_rate: f64,
+    pub slow_pad: usize,
+    pub slow_outbox: u64,
+    pub pad: usize,
+    pub warm_secs: f64,
+    pub step_secs: f64,
+    pub hot_secs: f64,
+    pub durable_secs: f64,
+    pub slow_secs: f64,
+    pub idle_settle_secs: f64,
+    pub settle_max_secs: f64,
+    pub publish_connections: usize,
+}
+
+impl Sizes {
+    pub fn full() -> Sizes {
+        Sizes {
+            idle: [9_500, 15_000],
+            idle_rooms: 100,
+            fanout_subs: 9_500,
+            fanout_rates: vec![5.0, 10.0, 20.0, 50.0, 100.0, 200.0],
+            fanout_ref_rate: 100.0,
+            rooms: 950,
+            per_room: 10,
+            rooms_rates: vec![250.0, 1000.0, 2000.0, 4000.0],
+            rooms_ref_rate: 1000.0,
+            hot_rooms: 10,
+            hot_per_room: 100,
+            hot_rate_per_room: 100.0,
+            hot_windows: vec![100, 10, 0],
+            durable_rooms: 100,
+            durable_publishers: 48,
+            slow_subs: 9_500,
+            slow_every: 100,
+            slow_rate: 10.0,
+            slow_pad: 1024,
+            slow_outbox: 32 * 1024,
+            pad: 64,
+            warm_secs: 1.0,
+            step_secs: 3.0,
+            hot_secs: 4.0,
+            durable_secs: 5.0,
+            slow_secs: 6.0,
+            idle_settle_secs: 1.5,
+            settle_max_secs: 3.0,
+            publish_connections: 32,
+        }
+    }
+
+    pub fn smoke() -> Sizes {
+        Sizes {
+            idle: [150, 200],
+            idle_rooms: 10,
+            fanout_subs: 200,
+            fanout_rates: vec![20.0, 100.0],
+            fanout_ref_rate: 100.0,
+            rooms: 20,
+            per_room: 10,
+            rooms_rates: vec![200.0],
+            rooms_ref_rate: 200.0,
+            hot_rooms: 2,
+            hot_per_room: 50,
+            hot_rate_per_room: 100.0,
+            hot_windows: vec![100, 10, 0],
+            durable_rooms: 10,
+            durable_publishers: 8,
+            slow_subs: 200,
+            slow_every: 100,
+            slow_rate: 20.0,
+            slow_pad: 1024,
+            slow_outbox: 64 * 1024,
+            pad: 64,
+            warm_secs: 0.5,
+            step_secs: 1.5,
+            hot_secs: 1.5,
+            durable_secs: 1.5,
+            slow_secs: 2.0,
+            idle_settle_secs: 0.5,
+            settle_max_secs: 3.0,
+            publish_connections: 8,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Case {
+    Idle,
+    Fanout,
+    Rooms,
+    /// livegate's batch window in ms; peers have one mode and run it once.
+    Hot(u64),
+    Durable,
+    Slow,
+}
+
+pub const SCENARIOS: [&str; 6] = ["idle", "fanout", "rooms", "hot", "durable", "slow"];
+
+impl Case {
+    pub fn scenario(self) -> &'static str {
+        match self {
+            Case::Idle => "idle",
+            Case::Fanout => "fanout",
+            Case::Rooms => "rooms",
+            Case::Hot(_) => "hot",
+            Case::Durable => "durable",
+            Case::Slow => "slow",
+        }
+    }
+
+    pub fn label(self, kind: Kind) -> String {
+        match self {
+            Case::Hot(w) if kind == Kind::Livegate => format!("hot, window {w} ms"),
+            c => c.scenario().to_string(),
+        }
+    }
+
+    /// The cases of a scenario for a server (none when the server has no such mode).
+    pub fn expand(scenario: &str, kind: Kind, sizes: &Sizes) -> Vec<Case> {
+        match (scenario, kind) {
+            ("idle", _) => vec![Case::Idle],
+            ("fanout", _) => vec![Case::Fanout],
+            ("rooms", _) => vec![Case::Rooms],
+            ("hot", Kind::Livegate) => sizes.hot_windows.iter().map(|&w| Case::Hot(w)).collect(),
+            ("hot", _) => vec![Case::Hot(0)],
+            ("durable", Kind::Livegate) => vec![Case::Durable],
+            ("slow", _) => vec![Case::Slow],
+            _ => vec![],
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Metric {
+    pub name: String,
+    pub value: f64,
+    pub higher_better: bool,
+}
+
+/// One publish rate of a stepped scenario.
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub rate: f64,
+    pub delivered_per_s: f64,
+    pub expected_per_s: f64,
+    pub frames_per_s: f64,
+    pub server_cpu_util: f64,
+    pub per_cpu_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub client_cpu_util: f64,
+    /// CPU (in cores) other processes on the machine used meanwhile.
+    pub other_cpu_util: f64,
+}
+
+pub struct Record {
+    pub run: usize,
+    pub server: Kind,
+    pub case: Case,
+    pub label: String,
+    pub metrics: Vec<Metric>,
+    pub steps: Vec<Step>,
+    /// Latency histogram (µs) of every step, by publish rate, for the CDF plot.
+    pub cdfs: Vec<(f64, Histogram<u64>)>,
+    /// Missing or duplicated deliveries, failed connections or publishes.
+    pub problems: Vec<String>,
+    /// Worth knowing, not wrong: overload, a busy load generator.
+    pub notes: Vec<String>,
+    pub secs: f64,
+}
+
+impl Record {
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        self.metrics.iter().find(|m| m.name == name).map(|m| m.value)
+    }
+}
+
+pub struct Ctx<'a> {
+    pub paths: &'a Paths,
+    pub sizes: &'a Sizes,
+    pub status: &'a dyn Fn(String),
+}
+
+struct Out {
+    metrics: Vec<Metric>,
+    steps: Vec<Step>,
+    cdfs: Vec<(f64, Histogram<u64>)>,
+    problems: Vec<String>,
+    notes: Vec<String>,
+}
+
+impl Out {
+    fn new() -> Out {
+        Out { metrics: Vec::new(), steps: Vec::new(), cdfs: Vec::new(), problems: Vec::new(), notes: Vec::new() }
+    }
+    fn hi(&mut self, name: &str, value: f64) {
+        self.metrics.push(Metric { name: name.into(), value, higher_better: true });
+    }
+    fn lo(&mut self, name: &str, value: f64) {
+        self.metrics.push(Metric { name: name.into(), value, higher_better: false });
+    }
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+pub async fn run(ctx: &Ctx<'_>, kind: Kind, case: Case, run: usize) -> Record {
+    let t0 = std::time::Instant::now();
+    let out = match case {
+        Case::Idle => idle(ctx, kind).await,
+        Case::Fanout => {
+            let s = ctx.sizes;
+            let plan = Plan::new(1, s.fanout_subs, s.fanout_rates.clone(), s.fanout_ref_rate, s.pad, s.step_secs);
+            stepped(ctx, kind, &plan).await.map(|r| r.headline("", s.fanout_ref_rate))
+        }
+        Case::Rooms => {
+            let s = ctx.sizes;
+            let plan = Plan::new(s.rooms, s.per_room, s.rooms_rates.clone(), s.rooms_ref_rate, s.pad, s.step_secs);
+            stepped(ctx, kind, &plan).await.map(|r| r.headline("", s.rooms_ref_rate))
+        }
+        Case::Hot(window) => hot(ctx, kind, window).await,
+        Case::Durable => durable(ctx).await,
+        Case::Slow => slow(ctx, kind).await,
+    };
+    let out = out.unwrap_or_else(|e| {
+        let mut o = Out::new();
+        o.problems.push(format!("failed: {e}"));
+        o
+    });
+    Record {
+        run,
+        server: kind,
+        case,
+        label: case.label(kind),
+        metrics: out.metrics,
+        steps: out.steps,
+        cdfs: out.cdfs,
+        problems: out.problems,
+        notes: out.notes,
+        secs: t0.elapsed().as_secs_f64(),
+    }
+}
+
+/// The idle scenario's metric name for `n` connections ("… @10k").
+pub fn idle_metric(n: usize) -> String {
+    if n % 1000 == 0 {
+        format!("bytes per connection @{}k", n / 1000)
+    } else {
+        format!("bytes per connection @{n}")
+    }
+}
+
+async fn sleep_secs(s: f64) {
+    tokio::time::sleep(Duration::from_secs_f64(s)).await;
+}
+
+/// Waits until no event has arrived for 400 ms, or `max` seconds.
+async fn settle(rec: &Rec, max: f64) {
+    let deadline = now_ns() + secs_ns(max);
+    let (mut last, mut quiet) = (rec.borrow().events, 0);
+    while now_ns() < deadline && quiet < 4 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let e = rec.borrow().events;
+        if e == last {
+            quiet += 1;
+        } else {
+            (last, quiet) = (e, 0);
+        }
+    }
+}
+
+/// Samples the server's memory every 250 ms and keeps the peak (PSS, RSS).
+fn peak_sampler(pid: i32) -> (Rc<Cell<(u64, u64)>>, tokio::task::JoinHandle<()>) {
+    let peak = Rc::new(Cell::new((0, 0)));
+    let p = peak.clone();
+    let task = tokio::task::spawn_local(async move {
+        loop {
+            if let Some((pss, rss)) = procstat::memory(pid) {
+                let (a, b) = p.get();
+                p.set((a.max(pss), b.max(rss)));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    });
+    (peak, task)
+}
+
+fn self_cpu() -> f64 {
+    procstat::cpu_secs(std::process::id() as i32).unwrap_or(0.0)
+}
+
+fn ms(h: &Histogram<u64>, q: f64) -> f64 {
+    if h.is_empty() {
+        f64::NAN
+    } else {
+        h.value_at_quantile(q) as f64 / 1000.0
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// idle
+// ---------------------------------------------------------------------------------------
+
+async fn idle(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
+    let s = ctx.sizes;
+    let mut server = Server::start(kind, LivegateOpts::default(), ctx.paths).await?;
+    sleep_secs(0.5).await;
+    let s0 = server.sample();
+    let rec = Rec::default();
+    let mut out = Out::new();
+    let mut all = Vec::new();
+    let mut opened = 0;
+    let mut held = 0;
+    let mut pss = Vec::new();
+    for &n in &s.idle {
+        let specs: Vec<ConnSpec> = (opened..n).map(|i| ConnSpec { room: i % s.idle_rooms, slow: false }).collect();
+        let t = std::time::Instant::now();
+        let clients = load::open_clients(kind, server.addr, &specs, opened, &rec, &|d, n| {
+            (ctx.status)(format!("connecting {d}/{n}"))
+        })
+        .await?;
+        if clients.failed > 0 {
+            out.problems.push(format!("{} of {} connections failed: {}", clients.failed, specs.len(), clients.first_error.clone().unwrap_or_default()));
+        }
+        if opened == 0 {
+            out.hi("connects per second", (specs.len() - clients.failed) as f64 / t.elapsed().as_secs_f64());
+        }
+        held += specs.len() - clients.failed;
+        opened = n;
+        all.push(clients);
+        (ctx.status)(format!("{held} idle connections, settling"));
+        sleep_secs(s.idle_settle_secs).await;
+        let sample = server.sample();
+        pss.push(sample.pss_bytes);
+        // Per connection actually held; a step where the server refused some is not comparable.
+        let per = (sample.pss_bytes as f64 - s0.pss_bytes as f64) / held as f64;
+        out.lo(&idle_metric(n), if held == n { per } else { f64::NAN });
+    }
+    out.hi(&format!("connections held (of {opened})"), held as f64);
+    let a = server.sample();
+    sleep_secs(2.0).await;
+    let b = server.sample();
+    out.lo("server CPU % while idle", (b.cpu_secs - a.cpu_secs) / 2.0 * 100.0);
+    out.lo("server PSS before (MiB)", s0.pss_bytes as f64 / MIB);
+    out.lo("server PSS with all connected (MiB)", *pss.last().unwrap_or(&0) as f64 / MIB);
+    let mut ended = 0;
+    for c in all {
+        ended += c.close().await.iter().filter(|s| s.ended).count();
+    }
+    if ended > 0 {
+        out.problems.push(format!("{ended} idle connections were closed by the server"));
+    }
+    sleep_secs(1.0).await;
+    out.lo("server PSS after close (MiB)", server.sample().pss_bytes as f64 / MIB);
+    server.stop();
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------
+// stepped: fanout, rooms, slow, hot
+// ---------------------------------------------------------------------------------------
+
+struct Plan {
+    rooms: usize,
+    per_room: usize,
+    slow_every: Option<usize>,
+    rates: Vec<f64>,
+    pad: usize,
+    secs: f64,
+    lg: LivegateOpts,
+    stop_when_overloaded: bool,
+}
+
+impl Plan {
+    fn new(rooms: usize, per_room: usize, rates: Vec<f64>, _ref_rate: f64, pad: usize, secs: f64) -> Plan {
+        Plan { rooms, per_room, slow_every: None, rates, pad, secs, lg: LivegateOpts::default(), stop_when_overloaded: true }
+    }
+}
+
+struct SteppedResult {
+    steps: Vec<Step>,
+    hists: Vec<Histogram<u64>>,
+    summaries: Vec<ConnSummary>,
+    published: Vec<u64>,
+    problems: Vec<String>,
+    notes: Vec<String>,
+    pss_connected: u64,
+    rss_connected: u64,
+    peak: (u64, u64),
+    pss_after: u64,
+    overloaded_at: Option<f64>,
+}
+
+impl SteppedResult {
+    /// Missing and duplicated deliveries of clients that read and were not closed;
+    /// clients the server closed are counted apart.
+    fn delivery_check(&self) -> (u64, u64, usize, usize) {
+        let (mut missing, mut dups, mut closed_fast, mut closed_slow) = (0, 0, 0, 0);
+        for s in self.summaries.iter().filter(|s| s.connected) {
+            if s.slow {
+                closed_slow += s.ended as usize;
+                continue;
+            }
+            if s.ended {
+                closed_fast += 1;
+                continue;
+            }
+            let expected = self.published.get(s.room).copied().unwrap_or(0);
+            missing += expected.saturating_sub(s.distinct);
+            dups += s.received - s.distinct;
+        }
+        (missing, dups, closed_fast, closed_slow)
+    }
+
+    /// The fanout/rooms headline: measures at the reference rate, the highest rate with
+    /// p99 under 250 ms, and the delivery check.
+    fn headline(self, prefix: &str, ref_rate: f64) -> Out {
+        let mut out = Out::new();
+        let at = |r: f64| self.steps.iter().position(|s| (s.rate - r).abs() < 1e-9);
+        if let Some(i) = at(ref_rate) {
+            let st = &self.steps[i];
+            out.hi(&format!("{prefix}deliveries per server CPU-s @{ref_rate}/s"), st.per_cpu_s);
+            out.lo(&format!("{prefix}p50 ms @{ref_rate}/s"), st.p50_ms);
+            out.lo(&format!("{prefix}p99 ms @{ref_rate}/s"), st.p99_ms);
+            out.lo(&format!("{prefix}p99.9 ms @{ref_rate}/s"), st.p999_ms);
+            out.lo(&format!("{prefix}server CPU % @{ref_rate}/s"), st.server_cpu_util * 100.0);
+        } else {
+            out.notes.push(format!("never reached the reference rate {ref_rate}/s (overloaded before)"));
+        }
+        let best = self
+            .steps
+            .iter()
+            .filter(|s| s.delivered_per_s >= 0.5 * s.expected_per_s && s.per_cpu_s.is_finite())
+            .map(|s| s.per_cpu_s)
+            .fold(f64::NAN, f64::max);
+        out.hi(&format!("{prefix}deliveries per server CPU-s, best rate"), best);
+        let ok = self
+            .steps
+            .iter()
+            .filter(|s| s.p99_ms < 250.0 && s.delivered_per_s >= 0.95 * s.expected_per_s)
+            .map(|s| (s.rate, s.delivered_per_s))
+            .fold((0.0, 0.0), |a, b| if b.0 > a.0 { b } else { a });
+        out.hi(&format!("{prefix}max publish rate with p99 < 250 ms"), ok.0);
+        out.hi(&format!("{prefix}deliveries/s at that rate"), ok.1);
+        out.lo("server PSS peak (MiB)", self.peak.0 as f64 / MIB);
+        self.check_into(&mut out);
+        out.cdfs = self.steps.iter().map(|s| s.rate).zip(self.hists.iter().cloned()).collect();
+        out.steps = self.steps;
+        out
+    }
+
+    fn check_into(&self, out: &mut Out) {
+        let (missing, dups, closed_fast, _) = self.delivery_check();
+        out.lo("missing deliveries", missing as f64);
+        out.lo("duplicate deliveries", dups as f64);
+        if missing > 0 || dups > 0 || closed_fast > 0 {
+            out.problems.push(format!("{missing} missing, {dups} duplicate deliveries, {closed_fast} reading clients closed by the server"));
+        }
+        if let Some(r) = self.overloaded_at {
+            out.notes.push(format!("overloaded at {r}/s (p99 over 2 s or under half delivered): higher rates skipped"));
+        }
+        out.problems.extend(self.problems.iter().cloned());
+        out.notes.extend(self.notes.iter().cloned());
+    }
+}
+
+async fn stepped(ctx: &Ctx<'_>, kind: Kind, plan: &Plan) -> Result<SteppedResult, String> {
+    let s = ctx.sizes;
+    let mut server = Server::start(kind, plan.lg, ctx.paths).await?;
+    let mut problems = Vec::new();
+    let mut notes = Vec::new();
+    let rec = Rec::default();
+    let n = plan.rooms * plan.per_room;
+    let specs: Vec<ConnSpec> = (0..n)
+        .map(|i| ConnSpec { room: i % plan.rooms, slow: plan.slow_every.is_some_and(|k| i % k == k - 1) })
+        .collect();
+    let fast = specs.iter().filter(|c| !c.slow).count() as f64;
+    let clients = load::open_clients(kind, server.addr, &specs, 0, &rec, &|d, n| (ctx.status)(format!("connecting {d}/{n}"))).await?;
+    if clients.failed > 0 {
+        problems.push(format!("{} of {n} connections failed: {}", clients.failed, clients.first_error.clone().unwrap_or_default()));
+    }
+    sleep_secs(0.3).await;
+    let connected = server.sample();
+    let (peak, sampler) = peak_sampler(server.stat_pid);
+    let publisher = Publisher::new(kind, server.addr, plan.rooms, s.publish_connections, plan.pad);
+    let mut cpu = Vec::new();
+    let mut overloaded_at = None;
+    for &rate in &plan.rates {
+        (ctx.status)(format!("publishing {rate}/s"));
+        let start = now_ns() + 20_000_000;
+        let idx = rec.borrow_mut().add_phase(start, s.warm_secs, plan.secs);
+        let (measure, end) = {
+            let r = rec.borrow();
+            (r.phases[idx].measure, r.phases[idx].end)
+        };
+        let sampling = async {
+            tokio::time::sleep_until(load::instant_at(measure)).await;
+            let a = (server.sample().cpu_secs, self_cpu(), procstat::machine_busy_secs());
+            tokio::time::sleep_until(load::instant_at(end)).await;
+            let b = (server.sample().cpu_secs, self_cpu(), procstat::machine_busy_secs());
+            (b.0 - a.0, b.1 - a.1, (b.2 - a.2) - (b.0 - a.0) - (b.1 - a.1))
+        };
+        let ((), used) = tokio::join!(publisher.open_loop(&rec, rate, start, end), sampling);
+        cpu.push(used);
+        // Give in-flight events of this step a moment before judging it.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let r = rec.borrow();
+        let p = &r.phases[idx];
+        let expected = p.published as f64 * fast / plan.rooms as f64;
+        if plan.stop_when_overloaded && (ms(&p.hist, 0.99) > 2000.0 || (p.delivered as f64) < 0.5 * expected) {
+            overloaded_at = Some(rate);
+            break;
+        }
+    }
+    (ctx.status)("settling".into());
+    let (published, pstats) = publisher.finish(Duration::from_secs_f64(s.settle_max_secs)).await;
+    settle(&rec, s.settle_max_secs).await;
+    if !pstats.ack.is_empty() {
+        notes.push(format!(
+            "publish acks (intended send → HTTP answer): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+            ms(&pstats.ack, 0.5),
+            ms(&pstats.ack, 0.99),
+            pstats.ack.max() as f64 / 1000.0
+        ));
+    }
+    if pstats.errors > 0 {
+        problems.push(format!("{} publishes failed: {}", pstats.errors, pstats.first_error.unwrap_or_default()));
+    }
+    sampler.abort();
+    let summaries = clients.close().await;
+    sleep_secs(0.5).await;
+    let after = server.sample();
+    server.stop();
+    let r = rec.borrow();
+    let mut steps = Vec::new();
+    let mut hists = Vec::new();
+    for (p, (&rate, &(scpu, ccpu, other))) in r.phases.iter().zip(plan.rates.iter().zip(cpu.iter())) {
+        let secs = p.secs();
+        steps.push(Step {
+            rate,
+            delivered_per_s: p.delivered as f64 / secs,
+            expected_per_s: p.published as f64 * fast / plan.rooms as f64 / secs,
+            frames_per_s: p.frames as f64 / secs,
+            server_cpu_util: scpu / secs,
+            per_cpu_s: if scpu > 0.0 { p.delivered as f64 / scpu } else { f64::NAN },
+            p50_ms: ms(&p.hist, 0.5),
+            p99_ms: ms(&p.hist, 0.99),
+            p999_ms: ms(&p.hist, 0.999),
+            client_cpu_util: ccpu / secs,
+            other_cpu_util: (other / secs).max(0.0),
+        });
+        hists.push(p.hist.clone());
+    }
+    for st in &steps {
+        if st.other_cpu_util > 0.25 {
+            notes.push(format!("other processes on the machine used {:.0} % of a core at {}/s: numbers are disturbed", st.other_cpu_util * 100.0, st.rate));
+        }
+        if st.client_cpu_util > 0.9 {
+            notes.push(format!("load generator CPU at {:.0} % at {}/s: deliveries there may be client-bound", st.client_cpu_util * 100.0, st.rate));
+        }
+    }
+    Ok(SteppedResult {
+        steps,
+        hists,
+        summaries,
+        published,
+        problems,
+        notes,
+        pss_connected: connected.pss_bytes,
+        rss_connected: connected.rss_bytes,
+        peak: peak.get(),
+        pss_after: after.pss_bytes,
+        overloaded_at,
+    })
+}
+
+async fn hot(ctx: &Ctx<'_>, kind: Kind, window: u64) -> Result<Out, String> {
+    let s = ctx.sizes;
+    let rate = s.hot_rate_per_room * s.hot_rooms as f64;
+    let mut plan = Plan::new(s.hot_rooms, s.hot_per_room, vec![rate], rate, s.pad, s.hot_secs);
+    plan.lg.batch_window_ms = window;
+    plan.stop_when_overloaded = false;
+    let r = stepped(ctx, kind, &plan).await?;
+    let mut out = Out::new();
+    let conns = (s.hot_rooms * s.hot_per_room) as f64;
+    if let Some(st) = r.steps.first() {
+        out.lo("frames per connection per second", st.frames_per_s / conns);
+        out.hi("events per frame", if st.frames_per_s > 0.0 { st.delivered_per_s / st.frames_per_s } else { 0.0 });
+        out.hi("deliveries per server CPU-s", st.per_cpu_s);
+        out.lo("server CPU %", st.server_cpu_util * 100.0);
+        out.lo("p50 ms", st.p50_ms);
+        out.lo("p99 ms", st.p99_ms);
+        out.hi("delivered %", st.delivered_per_s / st.expected_per_s * 100.0);
+    }
+    r.check_into(&mut out);
+    out.steps = r.steps;
+    Ok(out)
+}
+
+async fn slow(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
+    let s = ctx.sizes;
+    let mut plan = Plan::new(1, s.slow_subs, vec![s.slow_rate], s.slow_rate, s.slow_pad, s.slow_secs);
+    plan.slow_every = Some(s.slow_every);
+    plan.lg.max_outbox_bytes = s.slow_outbox;
+    plan.stop_when_overloaded = false;
+    let r = stepped(ctx, kind, &plan).await?;
+    let mut out = Out::new();
+    if let Some(st) = r.steps.first() {
+        out.lo("reading clients p50 ms", st.p50_ms);
+        out.lo("reading clients p99 ms", st.p99_ms);
+        out.lo("reading clients p99.9 ms", st.p999_ms);
+        out.hi("delivered % (reading clients)", st.delivered_per_s / st.expected_per_s * 100.0);
+    }
+    out.lo("server PSS growth (MiB)", (r.peak.0 as f64 - r.pss_connected as f64) / MIB);
+    out.lo("server RSS growth (MiB)", (r.peak.1 as f64 - r.rss_connected as f64) / MIB);
+    out.lo("server PSS after close (MiB)", r.pss_after as f64 / MIB);
+    let (_, _, _, closed_slow) = r.delivery_check();
+    let n_slow = r.summaries.iter().filter(|c| c.slow && c.connected).count();
+    out.hi("non-reading clients closed by the server", closed_slow as f64);
+    out.hi("non-reading clients", n_slow as f64);
+    r.check_into(&mut out);
+    out.steps = r.steps;
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------
+// durable
+// ---------------------------------------------------------------------------------------
+
+async fn durable(ctx: &Ctx<'_>) -> Result<Out, String> {
+    let s = ctx.sizes;
+    let mut server = Server::start(Kind::Livegate, LivegateOpts::default(), ctx.paths).await?;
+    sleep_secs(0.3).await;
+    let du0 = procstat::du_bytes(&server.data_dir);
+    (ctx.status)(format!("{} publishers, closed loop", s.durable_publishers));
+    let start = now_ns();
+    let measure = start + secs_ns(s.warm_secs);
+    let end = measure + secs_ns(s.durable_secs);
+    let sampling = async {
+        tokio::time::sleep_until(load::instant_at(measure)).await;
+        let a = server.sample().cpu_secs;
+        tokio::time::sleep_until(load::instant_at(end)).await;
+        server.sample().cpu_secs - a
+    };
+    let ((acked, hist, stats, all), cpu) =
+        tokio::join!(load::closed_loop(server.addr, s.durable_rooms, s.durable_publishers, s.pad, measure, end), sampling);
+    sleep_secs(0.3).await;
+    let du1 = procstat::du_bytes(&server.data_dir);
+    server.stop();
+    let mut out = Out::new();
+    out.hi("acked publishes/s", acked as f64 / s.durable_secs);
+    out.lo("ack p50 ms", ms(&hist, 0.5));
+    out.lo("ack p99 ms", ms(&hist, 0.99));
+    out.lo("ack p99.9 ms", ms(&hist, 0.999));
+    out.lo("server CPU %", cpu / s.durable_secs * 100.0);
+    out.lo("disk bytes per event", if all > 0 { du1 as f64 / all as f64 } else { f64::NAN });
+    out.lo("disk bytes per event (growth only)", if all > 0 { du1.saturating_sub(du0) as f64 / all as f64 } else { f64::NAN });
+    if stats.errors > 0 {
+        out.problems.push(format!("{} publishes failed: {}", stats.errors, stats.first_error.unwrap_or_default()));
+    }
+    Ok(out)
+}
