@@ -386,6 +386,8 @@ fn serve(flags: &ConfigFlags, demo: bool) -> Result<(), CliError> {
     }
     config.api_key = Some(resolved.key);
 
+    let open_files = crate::server::raise_open_files_limit();
+    tracing::debug!(open_files, "open-file limit");
     // A node that cannot load its certificate must fail before it announces a listener.
     let scheme = match crate::server::tls_config(&config).map_err(|e| failed(e.to_string()))? {
         Some(_) => "https",

@@ -294,7 +294,7 @@ pub const KEYS: &[Key] = &[
     Key { name: "max_message_bytes", flag: "max-message-bytes", kind: BYTES, value_name: "BYTES",
         help: "Largest client message assembled from fragments; larger closes with 1009 [default: 65536]" },
     Key { name: "max_connections", flag: "max-connections", kind: COUNT, value_name: "N",
-        help: "WebSocket connections this node holds; more are refused with 503; 0: no limit [default: 15000]" },
+        help: "WebSocket connections this node holds, at most (open-file limit - 256) / 2; more are refused with 503; 0: only that bound [default: 15000]" },
     Key { name: "max_connections_per_ip", flag: "max-connections-per-ip", kind: COUNT, value_name: "N",
         help: "WebSocket connections per client IP; more are refused with 429; 0: no limit [default: 1000]" },
     Key { name: "handshakes_per_ip_per_sec", flag: "handshakes-per-ip-per-sec", kind: COUNT, value_name: "N",

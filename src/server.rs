@@ -139,7 +139,11 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         max_history_limit: config.max_history_limit,
         subscribe_timeout: (config.subscribe_timeout_secs > 0).then(|| Duration::from_secs(config.subscribe_timeout_secs)),
     });
-    let limits = Arc::new(ConnectionLimits::new(&config));
+    let max_connections = crate::http::limits::effective_max_connections(config.max_connections, open_files_limit());
+    if max_connections != config.max_connections {
+        tracing::info!(configured = config.max_connections, max_connections, "connection limit bounded by the open-file limit");
+    }
+    let limits = Arc::new(ConnectionLimits::new(&config, max_connections));
     let handshake_timeout = Duration::from_millis(config.handshake_timeout_ms);
     let timing = DrainTiming {
         wait: Duration::from_secs(config.drain_wait_secs),
@@ -239,6 +243,32 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     store.flush()?;
     tracing::info!("store flushed; stopped");
     result
+}
+
+/// The process's soft limit on open files.
+fn open_files_limit() -> u64 {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return 1024;
+    }
+    limit.rlim_cur
+}
+
+/// Raise the soft open-file limit to the hard one, as a server holding many sockets
+/// should; returns the limit now in force.
+pub fn raise_open_files_limit() -> u64 {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit read and write only the struct they are given.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
+        }
+    }
+    limit.rlim_cur
 }
 
 /// The TLS server configuration when `tls_cert` and `tls_key` are set, read from their

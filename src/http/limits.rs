@@ -65,9 +65,10 @@ pub struct ConnectionPermit {
 }
 
 impl ConnectionLimits {
-    pub fn new(config: &Config) -> Self {
+    /// `max_total` is the node's connection limit (0: none), as [`connection_capacity`] bounds it.
+    pub fn new(config: &Config, max_total: usize) -> Self {
         ConnectionLimits {
-            max_total: config.max_connections,
+            max_total,
             max_per_ip: config.max_connections_per_ip,
             handshakes_per_sec: config.handshakes_per_ip_per_sec,
             counts: Mutex::default(),
@@ -112,6 +113,25 @@ impl Drop for ConnectionPermit {
             entry.connections = entry.connections.saturating_sub(1);
         }
     }
+}
+
+/// Descriptors one WebSocket connection holds: its socket and the duplicate kept to shut
+/// a stuck one down.
+const FDS_PER_CONNECTION: u64 = 2;
+/// Descriptors left for the store, the listener, HTTP requests and peer probes.
+const RESERVED_FDS: u64 = 256;
+
+/// How many connections the process's open-file limit leaves room for. Past it, accept
+/// fails and the whole API (publishes included) stalls, so the connection limit must stay
+/// below it: better a clear 503 than a node that stops answering.
+pub fn connection_capacity(open_files: u64) -> usize {
+    (open_files.saturating_sub(RESERVED_FDS) / FDS_PER_CONNECTION).max(1) as usize
+}
+
+/// The connection limit in force: the configured one (0: none), bounded by the capacity.
+pub fn effective_max_connections(configured: usize, open_files: u64) -> usize {
+    let capacity = connection_capacity(open_files);
+    if configured == 0 { capacity } else { configured.min(capacity) }
 }
 
 /// Who may call the API and which browser pages may connect; replaced as a whole on reload.
@@ -178,7 +198,7 @@ mod tests {
             handshakes_per_ip_per_sec: rate,
             ..Config::default()
         };
-        Arc::new(ConnectionLimits::new(&config))
+        Arc::new(ConnectionLimits::new(&config, total))
     }
 
     #[test]
@@ -208,6 +228,16 @@ mod tests {
         assert_eq!(limits.admit(a, 0).unwrap_err(), LimitRefusal::HandshakeRate { rate: 2, retry_after_ms: 500 });
         drop(limits.admit(b, 0).expect("another address has its own budget"));
         drop(limits.admit(a, 500).expect("refilled"));
+    }
+
+    #[test]
+    fn capacity_follows_the_open_file_limit() {
+        assert_eq!(connection_capacity(1024), 384);
+        assert_eq!(connection_capacity(20_000), 9_872);
+        assert_eq!(connection_capacity(100), 1);
+        assert_eq!(effective_max_connections(15_000, 20_000), 9_872);
+        assert_eq!(effective_max_connections(0, 20_000), 9_872);
+        assert_eq!(effective_max_connections(500, 20_000), 500);
     }
 
     #[test]
