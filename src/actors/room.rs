@@ -196,10 +196,8 @@ impl RoomActor {
         if !fresh.is_empty() {
             let bytes = events_bytes(&fresh);
             let name = self.name.clone();
+            // Subscribers that went away unsubscribe, and the tick prunes any left over.
             self.subscribers.retain(|conn, sub| {
-                if !sub.to.connected() {
-                    return false;
-                }
                 match sub.backlog.reserve(bytes) {
                     Reserve::Ok => {
                         sub.to.do_send(RoomUpdate::Events { room: name.clone(), events: fresh.clone() });
