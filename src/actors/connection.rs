@@ -14,7 +14,7 @@ use super::messages::*;
 use super::registry::Registry;
 use super::room::RoomActor;
 use super::rooms::Rooms;
-use super::socket::{Fault, Inbound, MessageReader};
+use super::socket::{ends_closing, Fault, Inbound, MessageReader, CLOSE_HANDSHAKE_TIMEOUT};
 use crate::core::batch::{BatchAction, BatchWindow};
 use crate::core::limits::{burst_for, Strikes, TokenBucket};
 use crate::core::names;
@@ -23,8 +23,6 @@ use crate::protocol::{self, ClientOp, ClientRequest, ErrorCode};
 
 /// An `events` frame is cut after this many bytes of events (at least one event each).
 const FRAME_TARGET_BYTES: usize = 256 * 1024;
-/// How long a closing connection waits for the client's Close frame.
-const CLOSE_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Heartbeat periods without a word from the client before it is closed with 4008.
 const MISSED_HEARTBEATS: u32 = 3;
 /// `limit` of a `history` request that names none.
@@ -497,8 +495,7 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Connection {
         self.last_heard = Instant::now();
         let read = self.reader.read(item);
         if self.closing {
-            // Only the client's Close (or the end of the socket) matters now.
-            if matches!(read, Ok(Inbound::Close(_)) | Err(Fault::Ended)) {
+            if ends_closing(&read) {
                 ctx.stop();
             }
             return;

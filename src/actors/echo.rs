@@ -3,16 +3,11 @@
 //! close codes as client connections, so a conformance suite run against it checks
 //! livegate's WebSocket handling.
 
-use std::time::Duration;
-
 use actix::prelude::*;
 use actix_web_actors::ws::{self, CloseCode, CloseReason};
 
 use super::backlog::SocketAbort;
-use super::socket::{Fault, Inbound, MessageReader};
-
-/// How long a closing echo socket waits for the client's Close frame.
-const CLOSE_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+use super::socket::{ends_closing, Inbound, MessageReader, CLOSE_HANDSHAKE_TIMEOUT};
 
 pub struct EchoSocket {
     reader: MessageReader,
@@ -42,7 +37,7 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for EchoSocket {
     fn handle(&mut self, item: Result<ws::Message, ws::ProtocolError>, ctx: &mut Self::Context) {
         let read = self.reader.read(item);
         if self.closing {
-            if matches!(read, Ok(Inbound::Close(_)) | Err(Fault::Ended)) {
+            if ends_closing(&read) {
                 ctx.stop();
             }
             return;

@@ -8,6 +8,15 @@ use actix_web_actors::ws::{self, CloseReason};
 
 use super::connection::close;
 
+/// How long a socket whose Close went out waits for the client's Close.
+pub const CLOSE_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Once our Close is out, only the client's Close (or the socket's end) matters: whether
+/// this read is one, so the actor stops.
+pub fn ends_closing(read: &Result<Inbound, Fault>) -> bool {
+    matches!(read, Ok(Inbound::Close(_)) | Err(Fault::Ended))
+}
+
 /// One thing read from the socket.
 #[derive(Debug)]
 pub enum Inbound {
