@@ -86,6 +86,14 @@ pub struct Config {
     pub handshake_timeout_ms: u64,
     /// Test-only: `/v1/echo` echoes WebSocket messages without a token (for conformance suites).
     pub ws_echo: bool,
+    /// Cluster mode: the NATS server (with JetStream) that joins the nodes. `None`: single node.
+    pub cluster_nats_url: Option<String>,
+    /// Cluster mode: after the directory (NATS) has been unreachable this long, new sessions
+    /// are refused instead of being queued.
+    pub directory_outage_secs: u64,
+    /// Cluster mode: how often this node announces itself; a peer not heard for three
+    /// periods is down.
+    pub cluster_heartbeat_ms: u64,
 }
 
 /// A peer node, parsed from its `peers` entry.
@@ -155,6 +163,9 @@ impl Default for Config {
             subscribe_timeout_secs: 0,
             handshake_timeout_ms: 5_000,
             ws_echo: false,
+            cluster_nats_url: None,
+            directory_outage_secs: 30,
+            cluster_heartbeat_ms: 1000,
         }
     }
 }
@@ -311,6 +322,12 @@ pub const KEYS: &[Key] = &[
         help: "Time a client has to send a complete request head, e.g. the WebSocket upgrade [default: 5000]" },
     Key { name: "ws_echo", flag: "ws-echo", kind: Kind::Bool, value_name: "BOOL",
         help: "Test only: /v1/echo echoes WebSocket messages without a token, for conformance suites [default: false]" },
+    Key { name: "cluster_nats_url", flag: "cluster-nats-url", kind: Kind::Text, value_name: "URL",
+        help: "Cluster mode: nats://HOST:PORT of a NATS server with JetStream shared by every node [default: single node]" },
+    Key { name: "directory_outage_secs", flag: "directory-outage-secs", kind: SECS, value_name: "SECS",
+        help: "Cluster mode: while NATS is unreachable, new sessions are queued this long, then refused [default: 30]" },
+    Key { name: "cluster_heartbeat_ms", flag: "cluster-heartbeat-ms", kind: MS, value_name: "MS",
+        help: "Cluster mode: heartbeat period; a peer not heard for 3 periods is down [default: 1000]" },
 ];
 
 /// Prefix of every environment variable livegate reads.
@@ -559,6 +576,17 @@ impl Config {
             return Err(invalid("tls_cert", "and tls_key must be set together".to_string()));
         }
         at_least("probe_up_after", self.probe_up_after, 1)?;
+        at_least("cluster_heartbeat_ms", self.cluster_heartbeat_ms, 50)?;
+        if let Some(url) = &self.cluster_nats_url {
+            let bare = url.strip_prefix("nats://").or_else(|| url.strip_prefix("tls://"));
+            if bare.is_none_or(|rest| rest.is_empty() || rest.contains('/')) {
+                // Not echoed: the URL may carry credentials.
+                return Err(invalid("cluster_nats_url", "must be nats://HOST:PORT or tls://HOST:PORT".to_string()));
+            }
+            if !self.peers.is_empty() {
+                return Err(invalid("peers", "must be empty in cluster mode: nodes find each other by heartbeats".to_string()));
+            }
+        }
         for peer in self.peer_nodes()? {
             if peer.name == self.node {
                 return Err(invalid("peers", format!("lists this node ({}) itself", self.node)));
@@ -1087,6 +1115,7 @@ mod tests {
             public_url: Some("http://x".into()),
             tls_cert: Some("cert.pem".into()),
             tls_key: Some("key.pem".into()),
+            cluster_nats_url: Some("nats://127.0.0.1:4222".into()),
             ..Config::default()
         };
         let table = toml::Table::try_from(&config).unwrap();

@@ -4,6 +4,8 @@
 //!
 //! - [`core`]: pure decisions (sequence log, batching window, tokens, names); no I/O, no clock.
 //! - [`store`]: the embedded sled store; the only module that touches sled.
+//! - [`cluster`]: cluster mode on NATS JetStream: room logs, the KV session directory,
+//!   heartbeats and cross-node user commands; the only module that knows NATS.
 //! - [`protocol`]: the JSON wire format; the only module that knows JSON.
 //! - [`actors`]: connection, room and registry actors and the messages between them.
 //! - [`http`]: thin actix-web handlers for `/v1/*`, health and the WebSocket upgrade.
@@ -16,6 +18,7 @@
 
 pub mod actors;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod core;
 pub mod demo;

@@ -48,7 +48,7 @@ const KNOWN_CLOSE_CODES: &[&str] =
 /// Why handshakes are refused: the JSON error codes of the upgrade handler.
 const HANDSHAKE_REASONS: &[&str] =
     &["missing_token", "invalid_token", "token_expired", "token_replayed", "unavailable", "migration_budget", "bad_request",
-      "internal", "too_many_connections", "rate_limited", "forbidden_origin"];
+      "internal", "too_many_connections", "rate_limited", "forbidden_origin", "directory_unavailable"];
 
 /// The abuse limits, as `livegate_limit_hits_total{limit=…}` names them.
 pub const LIMITS: &[&str] = &[
@@ -87,6 +87,10 @@ pub struct Metrics {
     pub recoveries: Family<ResultLabel, Counter>,
     pub directory_writes: Family<ResultLabel, Counter>,
     pub migrations: Counter,
+    /// Cluster mode: appends refused because another node appended to the room first.
+    pub cluster_append_conflicts: Counter,
+    /// Cluster mode: peers alive by heartbeat.
+    pub cluster_peers_alive: Gauge,
     pub migration_refusals: Counter,
     pub peer_up: Family<PeerLabel, Gauge>,
     pub warmup_active: Gauge,
@@ -128,6 +132,8 @@ impl Metrics {
             recoveries: Family::default(),
             directory_writes: Family::default(),
             migrations: Counter::default(),
+            cluster_append_conflicts: Counter::default(),
+            cluster_peers_alive: Gauge::default(),
             migration_refusals: Counter::default(),
             peer_up: Family::default(),
             warmup_active: Gauge::default(),
@@ -236,6 +242,8 @@ impl Metrics {
         r.register("recoveries", "Subscribes with since, by outcome", self.recoveries.clone());
         r.register("directory_writes", "Session directory writes, by result", self.directory_writes.clone());
         r.register("migrations", "Session owner changes", self.migrations.clone());
+        r.register("cluster_append_conflicts", "Cluster mode: room appends that lost to another node's and were retried", self.cluster_append_conflicts.clone());
+        r.register("cluster_peers_alive", "Cluster mode: peer nodes heard within the heartbeat timeout", self.cluster_peers_alive.clone());
         r.register("migration_refusals", "Handshakes refused: migration budget spent", self.migration_refusals.clone());
         r.register("peer_up", "1 while a peer node passes its probes", self.peer_up.clone());
         r.register("warmup_active", "1 while the node is in warm-up", self.warmup_active.clone());

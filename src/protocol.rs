@@ -32,6 +32,7 @@ pub enum ErrorCode {
     RateLimited,
     TooManyConnections,
     ForbiddenOrigin,
+    DirectoryUnavailable,
 }
 
 impl ErrorCode {
@@ -56,6 +57,7 @@ impl ErrorCode {
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::TooManyConnections => "too_many_connections",
             ErrorCode::ForbiddenOrigin => "forbidden_origin",
+            ErrorCode::DirectoryUnavailable => "directory_unavailable",
         }
     }
 }

@@ -18,8 +18,12 @@ use tokio::sync::oneshot;
 use thiserror::Error;
 
 use crate::actors::connection::ConnectionSettings;
-use crate::actors::directory::Directory;
-use crate::actors::liveness::LivenessActor;
+use crate::actors::directory::{Directory, Sessions};
+use crate::actors::liveness::{ClusterPeers, LivenessActor};
+use crate::actors::room::RoomStore;
+use crate::cluster::kv::KvSessions;
+use crate::cluster::{Cluster, ClusterError, StreamLimits};
+use crate::core::heartbeats::Heartbeats;
 use crate::actors::registry::Registry;
 use crate::actors::room::RoomSettings;
 use crate::world::now_ms;
@@ -49,6 +53,19 @@ pub enum ServerError {
     Startup(String),
     #[error("TLS: {0}")]
     Tls(String),
+    #[error("cluster: {0}")]
+    Cluster(#[from] ClusterError),
+}
+
+/// A peer missing this many heartbeats in a row is down.
+const HEARTBEATS_MISSED: u64 = 3;
+
+fn stream_limits(config: &Config) -> StreamLimits {
+    StreamLimits {
+        history_size: config.history_size as u64,
+        history_ttl: Duration::from_secs(config.history_ttl_secs),
+        nonce_ttl: Duration::from_secs(config.token_ttl_max_secs),
+    }
 }
 
 fn room_settings(config: &Config, metrics: Arc<Metrics>) -> RoomSettings {
@@ -100,13 +117,29 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     let access = AccessList::new(config.resolve_api_key()?.key, &config);
     let tls = tls_config(&config)?;
     let store = Store::open(&config.data_dir)?;
-    let token_secret = store.secret("token")?;
+    let cluster = match &config.cluster_nats_url {
+        Some(url) => Some(Cluster::connect_with(url, &config.node, stream_limits(&config)).await?),
+        None => None,
+    };
+    let token_secret = match &cluster {
+        // Every node verifies every other node's tokens.
+        Some(cluster) => cluster.secret("token", crate::world::random_bytes()).await?,
+        None => store.secret("token")?,
+    };
     let device_kinds = config.exclusive_devices.iter().cloned().chain(["web".to_string()]);
     let metrics = Arc::new(Metrics::new(device_kinds));
-    let rooms = Rooms::start(store.clone(), room_settings(&config, metrics.clone()), threads());
-    let registry = Registry::new(config.exclusive_devices.clone()).start();
+    let (room_store, sessions) = match &cluster {
+        Some(cluster) => {
+            let outage_limit = Duration::from_secs(config.directory_outage_secs);
+            let kv = KvSessions::open_with(cluster, Some(store.clone()), outage_limit).await?;
+            (RoomStore::Cluster(cluster.clone()), Sessions::Cluster(kv))
+        }
+        None => (RoomStore::Local(store.clone()), Sessions::Local(store.clone())),
+    };
+    let rooms = Rooms::start(room_store, room_settings(&config, metrics.clone()), threads());
+    let registry = Registry::new(config.exclusive_devices.clone(), cluster.clone()).start();
     let directory = Directory::new(
-        store.clone(),
+        sessions.clone(),
         config.node.clone(),
         Duration::from_secs(config.migration_window_secs),
         Duration::from_secs(config.warmup_secs),
@@ -117,15 +150,26 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     let scheme = if tls.is_some() { "https" } else { "http" };
     let url = config.public_url.clone().unwrap_or_else(|| format!("{scheme}://{local}"));
     let me = crate::config::Peer { name: config.node.clone(), cell: config.cell.clone(), url };
-    let liveness = LivenessActor::new(
-        me,
-        config.peer_nodes()?,
-        Duration::from_millis(config.probe_interval_ms),
-        config.probe_up_after.min(u32::MAX as u64) as u32,
-        metrics.clone(),
-    )
-    .start();
     let lifecycle = Arc::new(Lifecycle::default());
+    let liveness = match &cluster {
+        Some(cluster) => {
+            let interval = Duration::from_millis(config.cluster_heartbeat_ms);
+            let table = Heartbeats::new(interval.as_millis() as u64 * HEARTBEATS_MISSED);
+            let peers = ClusterPeers { cluster: cluster.clone(), lifecycle: lifecycle.clone(), table };
+            LivenessActor::clustered(me, interval, peers, metrics.clone()).start()
+        }
+        None => LivenessActor::new(
+            me,
+            config.peer_nodes()?,
+            Duration::from_millis(config.probe_interval_ms),
+            config.probe_up_after.min(u32::MAX as u64) as u32,
+            metrics.clone(),
+        )
+        .start(),
+    };
+    if let (Some(cluster), Sessions::Cluster(kv)) = (&cluster, &sessions) {
+        crate::cluster::bus::listen(cluster, rooms.clone(), registry.clone(), liveness.clone(), kv.clone()).await?;
+    }
     let connection = Arc::new(ConnectionSettings {
         metrics: metrics.clone(),
         node: config.node.clone(),
@@ -159,6 +203,8 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         rooms: rooms.clone(),
         registry: registry.clone(),
         directory: directory.clone(),
+        sessions,
+        cluster: cluster.clone(),
         liveness,
         metrics: metrics.clone(),
         token_secret,
@@ -239,6 +285,9 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         simulator.abort();
     }
     rooms.shutdown();
+    if let Some(cluster) = &cluster {
+        cluster.leave().await;
+    }
     drop(state);
     store.flush()?;
     tracing::info!("store flushed; stopped");

@@ -402,7 +402,7 @@ const CLOSE_CODES: &[&str] = &[
 ];
 const REASONS: &[&str] =
     &["missing_token", "invalid_token", "token_expired", "token_replayed", "unavailable", "migration_budget", "bad_request",
-      "internal", "too_many_connections", "rate_limited", "forbidden_origin"];
+      "internal", "too_many_connections", "rate_limited", "forbidden_origin", "directory_unavailable"];
 /// The abuse limits `livegate_limit_hits_total` counts.
 const LIMITS: &[&str] = &[
     "connections", "connections_per_ip", "handshake_rate", "message_rate", "bad_messages", "subscriptions",

@@ -2,15 +2,47 @@
 //! write) every `probe_interval`, feeds the outcomes to the pure [`Liveness`] table, and
 //! answers routing questions with the pure routing functions over the nodes alive now.
 //! This node is always a candidate.
+//!
+//! In cluster mode there is no peer list: nodes announce themselves by heartbeats on NATS
+//! (the pure [`Heartbeats`] table), a peer not heard for three periods is down, and a
+//! draining node (this one included) stops being a candidate at once.
 
 use std::time::Duration;
 
 use actix::prelude::*;
 
+use std::sync::Arc;
+
+use crate::cluster::Cluster;
 use crate::config::Peer;
-use crate::metrics::PeerLabel;
+use crate::core::heartbeats::{Heartbeats, NodeInfo, Seen};
 use crate::core::liveness::{Change, Liveness};
 use crate::core::routing::{route_cell, route_session, CellReport};
+use crate::http::{Lifecycle, Phase};
+use crate::metrics::PeerLabel;
+use crate::world::now_ms;
+
+/// Cluster mode: a peer's heartbeat.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Heard(pub NodeInfo);
+
+/// Cluster mode: a peer said goodbye.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Left(pub String);
+
+/// Cluster mode: how many peers take new connections now.
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct CountPeers;
+
+/// Cluster mode: this node's heartbeats and the table of its peers' heartbeats.
+pub struct ClusterPeers {
+    pub cluster: Cluster,
+    pub lifecycle: Arc<Lifecycle>,
+    pub table: Heartbeats,
+}
 
 /// Which node should serve `session` (recorded on `recorded_owner`, if known) of `user`.
 #[derive(Message)]
@@ -37,6 +69,7 @@ pub struct LivenessActor {
     peers: Vec<Peer>,
     table: Liveness,
     interval: Duration,
+    cluster: Option<ClusterPeers>,
 }
 
 impl LivenessActor {
@@ -51,7 +84,59 @@ impl LivenessActor {
         for peer in &peers {
             metrics.peer_up.get_or_create(&PeerLabel { peer: peer.name.clone() }).set(0);
         }
-        LivenessActor { metrics, me, peers, table, interval }
+        LivenessActor { metrics, me, peers, table, interval, cluster: None }
+    }
+
+    /// Cluster mode: peers come from heartbeats every `interval`, down after three missed.
+    pub fn clustered(me: Peer, interval: Duration, peers: ClusterPeers, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Self {
+        LivenessActor { metrics, me, peers: Vec::new(), table: Liveness::new([], 1), interval, cluster: Some(peers) }
+    }
+
+    fn beat(&mut self, ctx: &mut Context<Self>) {
+        let Some(peers) = &mut self.cluster else { return };
+        let now = now_ms();
+        for gone in peers.table.expire(now) {
+            tracing::warn!(peer = %gone, "peer down: no heartbeat");
+        }
+        self.metrics.cluster_peers_alive.set(peers.table.alive(now).count() as i64);
+        let info = NodeInfo {
+            name: self.me.name.clone(),
+            cell: self.me.cell.clone(),
+            url: self.me.url.clone(),
+            draining: peers.lifecycle.phase() == Phase::Draining,
+        };
+        let cluster = peers.cluster.clone();
+        ctx.spawn(
+            async move {
+                if let Err(error) = cluster.heartbeat(&info).await {
+                    tracing::debug!(%error, "heartbeat not sent");
+                }
+            }
+            .into_actor(self),
+        );
+    }
+
+    /// The nodes routing may choose among, and which of them take new connections.
+    fn candidates(&self) -> (Vec<Peer>, Vec<String>) {
+        let Some(peers) = &self.cluster else {
+            let nodes: Vec<Peer> = std::iter::once(&self.me).chain(&self.peers).cloned().collect();
+            let alive = nodes.iter().filter(|n| self.is_alive(&n.name)).map(|n| n.name.clone()).collect();
+            return (nodes, alive);
+        };
+        let now = now_ms();
+        let mut nodes = vec![self.me.clone()];
+        let mut alive = Vec::new();
+        for info in peers.table.alive(now) {
+            nodes.push(Peer { name: info.name.clone(), cell: info.cell.clone(), url: info.url.clone() });
+            if !info.draining {
+                alive.push(info.name.clone());
+            }
+        }
+        // A draining node sends new clients elsewhere, unless nobody else is left.
+        if peers.lifecycle.phase() != Phase::Draining || alive.is_empty() {
+            alive.push(self.me.name.clone());
+        }
+        (nodes, alive)
     }
 
     fn probe_all(&mut self, ctx: &mut Context<Self>) {
@@ -76,10 +161,6 @@ impl LivenessActor {
         }
     }
 
-    fn node(&self, name: &str) -> Option<&Peer> {
-        std::iter::once(&self.me).chain(&self.peers).find(|n| n.name == name)
-    }
-
     fn is_alive(&self, name: &str) -> bool {
         name == self.me.name || self.table.is_alive(name)
     }
@@ -89,6 +170,10 @@ impl Actor for LivenessActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        if self.cluster.is_some() {
+            self.beat(ctx);
+            ctx.run_interval(self.interval, |actor, ctx| actor.beat(ctx));
+        }
         if !self.peers.is_empty() {
             self.probe_all(ctx);
             ctx.run_interval(self.interval, |actor, ctx| actor.probe_all(ctx));
@@ -100,19 +185,58 @@ impl Handler<Route> for LivenessActor {
     type Result = Result<RouteAnswer, NoAliveNode>;
 
     fn handle(&mut self, msg: Route, _ctx: &mut Self::Context) -> Self::Result {
-        let nodes: Vec<&Peer> = std::iter::once(&self.me).chain(&self.peers).collect();
+        let (nodes, alive_names) = self.candidates();
+        let is_alive = |name: &str| alive_names.iter().any(|n| n == name);
         // One report per cell: healthy while any of its nodes is alive.
         let mut cells: Vec<CellReport> = Vec::new();
         for node in &nodes {
-            cells.push(CellReport { name: &node.cell, healthy: nodes.iter().any(|n| n.cell == node.cell && self.is_alive(&n.name)) });
+            cells.push(CellReport { name: &node.cell, healthy: nodes.iter().any(|n| n.cell == node.cell && is_alive(&n.name)) });
         }
-        let home = msg.recorded_owner.as_deref().and_then(|o| self.node(o)).map_or(self.me.cell.as_str(), |n| &n.cell);
+        let find = |name: &str| nodes.iter().find(|n| n.name == name);
+        let home = msg.recorded_owner.as_deref().and_then(find).map_or(self.me.cell.as_str(), |n| &n.cell);
         let cell = route_cell(&msg.user, home, &cells).map_err(|e| NoAliveNode(e.to_string()))?;
         let owners: Vec<&str> = nodes.iter().filter(|n| n.cell == cell).map(|n| n.name.as_str()).collect();
-        let alive: Vec<&str> = owners.iter().copied().filter(|n| self.is_alive(n)).collect();
+        let alive: Vec<&str> = owners.iter().copied().filter(|n| is_alive(n)).collect();
         let chosen = route_session(&msg.session, msg.recorded_owner.as_deref(), &owners, &alive)
             .map_err(|e| NoAliveNode(e.to_string()))?;
-        let node = self.node(chosen).expect("chosen among the nodes");
+        let node = find(chosen).expect("chosen among the nodes");
         Ok(RouteAnswer { node: node.name.clone(), url: node.url.clone() })
+    }
+}
+
+impl Handler<Heard> for LivenessActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Heard, _ctx: &mut Self::Context) {
+        let Some(peers) = &mut self.cluster else { return };
+        if msg.0.name == self.me.name {
+            return;
+        }
+        let (name, draining) = (msg.0.name.clone(), msg.0.draining);
+        match peers.table.heard(msg.0, now_ms()) {
+            Seen::Joined => tracing::info!(peer = %name, draining, "peer up"),
+            Seen::DrainingChanged => tracing::info!(peer = %name, draining, "peer draining changed"),
+            Seen::Unchanged => {}
+        }
+    }
+}
+
+impl Handler<Left> for LivenessActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Left, _ctx: &mut Self::Context) {
+        if let Some(peers) = &mut self.cluster {
+            if peers.table.left(&msg.0) {
+                tracing::info!(peer = %msg.0, "peer left");
+            }
+        }
+    }
+}
+
+impl Handler<CountPeers> for LivenessActor {
+    type Result = usize;
+
+    fn handle(&mut self, _msg: CountPeers, _ctx: &mut Self::Context) -> usize {
+        self.cluster.as_ref().map_or(0, |p| p.table.alive(now_ms()).count())
     }
 }

@@ -108,6 +108,18 @@ pub enum PublishFailed {
     Store(String),
 }
 
+// ---- cluster live feed → room ----
+
+/// Cluster mode: an event another node (or this one) stored, from the live feed.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct LiveEvent(pub crate::cluster::roomlog::StreamEvent);
+
+/// Cluster mode: the live feed may have missed events (NATS reconnected): read the stream.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Resync;
+
 // ---- room → connection ----
 
 /// What a room sends a subscriber, in order on one channel, so a replay always precedes

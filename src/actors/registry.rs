@@ -2,6 +2,10 @@
 //! device kinds keep one connection per user (a newer one replaces the older, closed with
 //! 4501); other kinds (web tabs) may have many. Kicks close a user's connections and
 //! answer once each of them has handled its close.
+//!
+//! In cluster mode a new exclusive-device connection is announced on NATS, and every
+//! other node closes that user's older connection on that device ([`RemoteReplace`]);
+//! kicks reach the other nodes through `cluster::bus`.
 
 use std::collections::{HashMap, HashSet};
 
@@ -12,12 +16,26 @@ use actix::prelude::*;
 
 use super::connection::close;
 use super::messages::*;
+use crate::cluster::Cluster;
 use crate::core::drain::{drain_batches, reconnect_hint_ms};
+use crate::world::now_ms;
 
 struct Entry {
     user: Arc<str>,
     device: Arc<str>,
     to: Recipient<CloseConnection>,
+    /// When the connection registered (ms since the Unix epoch).
+    since_ms: u64,
+}
+
+/// Cluster mode: another node registered a connection of `user` on exclusive `device` at
+/// `at_ms`; older ones here are replaced (4501).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct RemoteReplace {
+    pub user: String,
+    pub device: String,
+    pub at_ms: u64,
 }
 
 /// Longest a kick waits for its connections to stop.
@@ -35,15 +53,34 @@ pub struct Registry {
     connections: HashMap<ConnId, Entry>,
     by_user: HashMap<Arc<str>, Vec<ConnId>>,
     kicks: Vec<PendingKick>,
+    cluster: Option<Cluster>,
 }
 
 impl Registry {
-    pub fn new(exclusive_devices: impl IntoIterator<Item = String>) -> Self {
+    pub fn new(exclusive_devices: impl IntoIterator<Item = String>, cluster: Option<Cluster>) -> Self {
         Registry {
             exclusive_devices: exclusive_devices.into_iter().collect(),
             connections: HashMap::new(),
             by_user: HashMap::new(),
             kicks: Vec::new(),
+            cluster,
+        }
+    }
+
+    /// Close `user`'s connections on `device` registered before `before_ms` with 4501.
+    fn replace(&mut self, user: &str, device: &str, before_ms: u64) {
+        for old in self.of_user(user, Some(device)) {
+            if self.connections.get(&old).is_some_and(|e| e.since_ms > before_ms) {
+                continue;
+            }
+            if let Some(entry) = self.remove(old) {
+                tracing::debug!(conn = old, user, device, "replaced by a newer connection");
+                entry.to.do_send(CloseConnection {
+                    code: close::REPLACED,
+                    reason: "replaced by a newer connection of this user and device".into(),
+                    force: false,
+                });
+            }
         }
     }
 
@@ -76,20 +113,24 @@ impl Handler<Register> for Registry {
     type Result = ();
 
     fn handle(&mut self, msg: Register, _ctx: &mut Self::Context) {
+        let since_ms = now_ms();
         if self.exclusive_devices.contains(&*msg.device) {
-            for old in self.of_user(&msg.user, Some(&msg.device)) {
-                if let Some(entry) = self.remove(old) {
-                    tracing::debug!(conn = old, user = %msg.user, device = %msg.device, "replaced by a newer connection");
-                    entry.to.do_send(CloseConnection {
-                        code: close::REPLACED,
-                        reason: "replaced by a newer connection of this user and device".into(),
-                        force: false,
-                    });
-                }
+            self.replace(&msg.user, &msg.device, u64::MAX);
+            if let Some(cluster) = &self.cluster {
+                let (cluster, user, device) = (cluster.clone(), msg.user.to_string(), msg.device.to_string());
+                actix::spawn(async move { crate::cluster::bus::announce_replace(&cluster, &user, &device, since_ms).await });
             }
         }
         self.by_user.entry(msg.user.clone()).or_default().push(msg.conn);
-        self.connections.insert(msg.conn, Entry { user: msg.user, device: msg.device, to: msg.to });
+        self.connections.insert(msg.conn, Entry { user: msg.user, device: msg.device, to: msg.to, since_ms });
+    }
+}
+
+impl Handler<RemoteReplace> for Registry {
+    type Result = ();
+
+    fn handle(&mut self, msg: RemoteReplace, _ctx: &mut Self::Context) {
+        self.replace(&msg.user, &msg.device, msg.at_ms);
     }
 }
 

@@ -2,8 +2,14 @@
 //! waiting for durability. Events are written to the store as they are appended, and
 //! delivered and acknowledged only after a (grouped) flush made them durable, so a
 //! subscriber never sees an event a crash could take back.
+//!
+//! In cluster mode ([`RoomStore::Cluster`]) the room's log is its JetStream subject: the
+//! actor loads the retained events when it starts, appends one event at a time with the
+//! stream's expected-sequence guard (catching up and retrying when another node wrote
+//! first), and takes other nodes' events from the live feed ([`LiveEvent`]), reading the
+//! stream to fill any gap. Subscribers, recovery and batching are the same in both modes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -13,6 +19,8 @@ use tokio::sync::oneshot;
 use super::backlog::{Backlog, Reserve};
 use super::messages::*;
 use super::rooms::RoomsInner;
+use crate::cluster::roomlog::{self, AppendError, Appended, StreamEvent};
+use crate::cluster::{Cluster, ClusterError};
 use crate::core::seqlog::{Append, Recovery, Retention, SeqLog};
 use crate::protocol;
 use crate::store::{EventRecord, Store, StoreError};
@@ -30,7 +38,19 @@ pub struct RoomSettings {
     pub tick: Duration,
 }
 
+/// Where rooms keep their events: sled on a single node, JetStream in cluster mode.
+#[derive(Clone)]
+pub enum RoomStore {
+    Local(Store),
+    Cluster(Cluster),
+}
+
+/// How often an append that keeps losing to other nodes is retried before it fails.
+const APPEND_ATTEMPTS: u32 = 20;
+
 enum RoomState {
+    /// Cluster mode: the retained events are being read from the stream.
+    Loading,
     /// Never created: no epoch yet. Reads answer empty; a write creates it.
     Absent,
     Live(SeqLog<Arc<Delivery>>),
@@ -54,9 +74,22 @@ struct Waiter {
     reply: oneshot::Sender<Result<Published, PublishFailed>>,
 }
 
+/// Cluster mode: the append in flight and the publishes queued behind it.
+#[derive(Default)]
+struct ClusterLog {
+    /// Stream sequence of the newest event the log holds (0: none).
+    last_stream_seq: u64,
+    queue: VecDeque<Publish>,
+    appending: bool,
+    catching_up: bool,
+    /// Conflicts the front publish met so far.
+    conflicts: u32,
+}
+
 pub struct RoomActor {
     name: Arc<str>,
-    store: Store,
+    store: RoomStore,
+    cluster: ClusterLog,
     settings: RoomSettings,
     rooms: Weak<RoomsInner>,
     state: RoomState,
@@ -86,36 +119,15 @@ fn render(room: &str, event: &EventRecord) -> Arc<Delivery> {
 
 impl RoomActor {
     /// Load the room from the store (a room never created starts `Absent`).
-    pub fn load(name: Arc<str>, store: Store, settings: RoomSettings, rooms: Weak<RoomsInner>) -> Self {
-        let state = match store.load_room(&name, settings.retention.max_events) {
-            Ok(None) => RoomState::Absent,
-            Ok(Some(stored)) => {
-                let entries = stored
-                    .events
-                    .into_iter()
-                    .map(|e| crate::core::seqlog::Entry {
-                        seq: e.seq,
-                        payload: render(&name, &e),
-                        id: e.id.into(),
-                        ts_ms: e.ts_ms,
-                    })
-                    .collect();
-                let log = SeqLog::restore(stored.head.epoch, stored.head.head, entries, settings.retention);
-                if let Some(oldest) = log.oldest() {
-                    if let Err(error) = store.trim_events(&name, oldest) {
-                        tracing::warn!(room = %name, %error, "could not trim history beyond retention");
-                    }
-                }
-                RoomState::Live(log)
-            }
-            Err(error) => {
-                tracing::error!(room = %name, %error, "room state unreadable");
-                RoomState::Failed(error.to_string())
-            }
+    pub fn load(name: Arc<str>, store: RoomStore, settings: RoomSettings, rooms: Weak<RoomsInner>) -> Self {
+        let state = match &store {
+            RoomStore::Local(local) => RoomActor::load_local(&name, local, &settings),
+            RoomStore::Cluster(_) => RoomState::Loading,
         };
         RoomActor {
             name,
             store,
+            cluster: ClusterLog::default(),
             settings,
             rooms,
             state,
@@ -125,6 +137,42 @@ impl RoomActor {
             flushing: false,
             last_active: Instant::now(),
             stopped: false,
+        }
+    }
+
+    fn load_local(name: &Arc<str>, store: &Store, settings: &RoomSettings) -> RoomState {
+        match store.load_room(&name, settings.retention.max_events) {
+            Ok(None) => RoomState::Absent,
+            Ok(Some(stored)) => {
+                let entries = stored
+                    .events
+                    .into_iter()
+                    .map(|e| crate::core::seqlog::Entry {
+                        seq: e.seq,
+                        payload: render(name, &e),
+                        id: e.id.into(),
+                        ts_ms: e.ts_ms,
+                    })
+                    .collect();
+                let log = SeqLog::restore(stored.head.epoch, stored.head.head, entries, settings.retention);
+                if let Some(oldest) = log.oldest() {
+                    if let Err(error) = store.trim_events(name, oldest) {
+                        tracing::warn!(room = %name, %error, "could not trim history beyond retention");
+                    }
+                }
+                RoomState::Live(log)
+            }
+            Err(error) => {
+                tracing::error!(room = %name, %error, "room state unreadable");
+                RoomState::Failed(error.to_string())
+            }
+        }
+    }
+
+    fn local_store(&self) -> Option<&Store> {
+        match &self.store {
+            RoomStore::Local(store) => Some(store),
+            RoomStore::Cluster(_) => None,
         }
     }
 
@@ -140,23 +188,25 @@ impl RoomActor {
 
     /// The room's log, creating the room (a new epoch, head 0) on first write.
     fn live_log(&mut self) -> Result<&mut SeqLog<Arc<Delivery>>, String> {
-        if let RoomState::Absent = self.state {
+        if let (RoomState::Absent, RoomStore::Local(store)) = (&self.state, &self.store) {
             let epoch = random_hex(8);
-            self.store.create_room(&self.name, &epoch).map_err(|e| e.to_string())?;
+            store.create_room(&self.name, &epoch).map_err(|e| e.to_string())?;
             tracing::debug!(room = %self.name, %epoch, "room created");
             self.state = RoomState::Live(SeqLog::restore(epoch, 0, Vec::new(), self.settings.retention));
         }
         match &mut self.state {
             RoomState::Live(log) => Ok(log),
             RoomState::Failed(why) => Err(why.clone()),
-            RoomState::Absent => unreachable!("created above"),
+            RoomState::Absent | RoomState::Loading => Err("room is not loaded".into()),
         }
     }
 
     fn trim_expired(&mut self) {
         if let RoomState::Live(log) = &mut self.state {
-            if let Some(first_kept) = log.trim_expired(now_ms()) {
-                match self.store.trim_events(&self.name, first_kept) {
+            let trimmed = log.trim_expired(now_ms());
+            // In cluster mode the stream keeps its own retention.
+            if let (Some(first_kept), RoomStore::Local(store)) = (trimmed, &self.store) {
+                match store.trim_events(&self.name, first_kept) {
                     Ok(removed) => {
                         self.settings.metrics.history_trimmed.inc_by(removed as u64);
                     }
@@ -175,7 +225,8 @@ impl RoomActor {
         self.flushing = true;
         self.flushing_since = Some(Instant::now());
         let upto = log.head();
-        ctx.spawn(self.store.flush_soon().into_actor(self).map(move |result, room, ctx| room.flushed(upto, result, ctx)));
+        let Some(store) = self.local_store() else { return };
+        ctx.spawn(store.flush_soon().into_actor(self).map(move |result, room, ctx| room.flushed(upto, result, ctx)));
     }
 
     fn flushed(&mut self, upto: u64, result: Result<(), StoreError>, ctx: &mut Context<Self>) {
@@ -193,6 +244,18 @@ impl RoomActor {
             return;
         }
         let fresh: Arc<[Arc<Delivery>]> = log.mark_durable(upto).map(|e| e.payload.clone()).collect();
+        let epoch: Arc<str> = log.epoch().into();
+        self.deliver(fresh, ctx);
+        let (done, still): (Vec<_>, Vec<_>) = self.waiting.drain(..).partition(|w| w.seq <= upto);
+        self.waiting = still;
+        for waiter in done {
+            let _ = waiter.reply.send(Ok(Published { seq: waiter.seq, epoch: epoch.clone(), duplicate: waiter.duplicate }));
+        }
+        self.request_flush(ctx);
+    }
+
+    /// Send newly durable events to every subscriber, evicting those too far behind.
+    fn deliver(&mut self, fresh: Arc<[Arc<Delivery>]>, ctx: &mut Context<Self>) {
         if !fresh.is_empty() {
             let bytes = events_bytes(&fresh);
             let name = self.name.clone();
@@ -215,19 +278,21 @@ impl RoomActor {
                 }
             });
         }
-        let epoch: Arc<str> = log.epoch().into();
-        let (done, still): (Vec<_>, Vec<_>) = self.waiting.drain(..).partition(|w| w.seq <= upto);
-        self.waiting = still;
-        for waiter in done {
-            let _ = waiter.reply.send(Ok(Published { seq: waiter.seq, epoch: epoch.clone(), duplicate: waiter.duplicate }));
-        }
-        self.request_flush(ctx);
     }
 
     fn tick(&mut self, ctx: &mut Context<Self>) {
         self.trim_expired();
+        if !self.subscribers.is_empty() {
+            // A live copy lost while NATS reconnected is found here at the latest.
+            self.catch_up(ctx);
+        }
         self.subscribers.retain(|_, sub| sub.to.connected());
-        let idle = self.subscribers.is_empty() && self.waiting.is_empty() && !self.flushing;
+        let idle = self.subscribers.is_empty()
+            && self.waiting.is_empty()
+            && !self.flushing
+            && self.cluster.queue.is_empty()
+            && !self.cluster.appending
+            && !matches!(self.state, RoomState::Loading);
         if idle && self.last_active.elapsed() >= self.settings.idle_stop {
             if let Some(rooms) = self.rooms.upgrade() {
                 rooms.forget(&self.name, &ctx.address());
@@ -239,11 +304,214 @@ impl RoomActor {
     }
 }
 
+/// Cluster mode: loading, appending through the stream's guard, catching up.
+impl RoomActor {
+    fn start_loading(&mut self, ctx: &mut Context<Self>) {
+        let RoomStore::Cluster(cluster) = &self.store else { return };
+        self.state = RoomState::Loading;
+        let (cluster, name) = (cluster.clone(), self.name.clone());
+        // Requests wait in the mailbox until the room is loaded.
+        ctx.wait(async move { roomlog::load(&cluster, &name).await }.into_actor(self).map(|loaded, room, ctx| room.loaded(loaded, ctx)));
+    }
+
+    fn loaded(&mut self, loaded: Result<roomlog::LoadedRoom, ClusterError>, ctx: &mut Context<Self>) {
+        match loaded {
+            Ok(stored) => {
+                let head = stored.events.last().map_or(0, |e| e.event.seq);
+                self.cluster.last_stream_seq = stored.events.last().map_or(0, |e| e.stream_seq);
+                let entries = stored.events.iter().map(|e| self.entry(&e.event)).collect();
+                self.state = RoomState::Live(SeqLog::restore(stored.epoch, head, entries, self.settings.retention));
+                tracing::debug!(room = %self.name, head, "room loaded from the stream");
+            }
+            Err(error) => {
+                tracing::warn!(room = %self.name, %error, "room could not be read from the stream; retrying");
+                self.state = RoomState::Failed(error.to_string());
+                ctx.run_later(Duration::from_secs(1), |room, ctx| {
+                    if matches!(room.state, RoomState::Failed(_)) && !room.stopped {
+                        room.start_loading(ctx);
+                    }
+                });
+            }
+        }
+    }
+
+    fn entry(&self, event: &EventRecord) -> crate::core::seqlog::Entry<Arc<Delivery>> {
+        crate::core::seqlog::Entry { seq: event.seq, payload: render(&self.name, event), id: event.id.as_str().into(), ts_ms: event.ts_ms }
+    }
+
+    fn publish_clustered(&mut self, msg: Publish, ctx: &mut Context<Self>) {
+        let log = match self.live_log() {
+            Ok(log) => log,
+            Err(why) => {
+                let _ = msg.reply.send(Err(PublishFailed::Store(why)));
+                return;
+            }
+        };
+        if let Some(seq) = log.seq_of(&msg.id) {
+            let _ = msg.reply.send(Ok(Published { seq, epoch: log.epoch().into(), duplicate: true }));
+            return;
+        }
+        self.cluster.queue.push_back(msg);
+        self.pump(ctx);
+    }
+
+    /// Start appending the first queued publish, unless an append or catch-up runs.
+    fn pump(&mut self, ctx: &mut Context<Self>) {
+        if self.cluster.appending || self.cluster.catching_up {
+            return;
+        }
+        let RoomStore::Cluster(cluster) = &self.store else { return };
+        let RoomState::Live(log) = &self.state else {
+            let why = "room is not loaded".to_string();
+            for msg in self.cluster.queue.drain(..) {
+                let _ = msg.reply.send(Err(PublishFailed::Store(why.clone())));
+            }
+            return;
+        };
+        // A queued id the stream got meanwhile (a retry racing its original) is answered.
+        while let Some(seq) = self.cluster.queue.front().and_then(|front| log.seq_of(&front.id)) {
+            let msg = self.cluster.queue.pop_front().expect("front exists");
+            let _ = msg.reply.send(Ok(Published { seq, epoch: log.epoch().into(), duplicate: true }));
+        }
+        let Some(front) = self.cluster.queue.front() else { return };
+        let record = EventRecord {
+            seq: log.head() + 1,
+            id: front.id.to_string(),
+            ts_ms: now_ms(),
+            data: front.data.to_string(),
+            devices: front.devices.clone(),
+        };
+        self.cluster.appending = true;
+        let (cluster, name, expected) = (cluster.clone(), self.name.clone(), self.cluster.last_stream_seq);
+        let append = async move {
+            let result = roomlog::append(&cluster, &name, expected, &record).await;
+            (record, result)
+        };
+        ctx.spawn(append.into_actor(self).map(|(record, result), room, ctx| room.appended(record, result, ctx)));
+    }
+
+    fn appended(&mut self, record: EventRecord, result: Result<Appended, AppendError>, ctx: &mut Context<Self>) {
+        self.cluster.appending = false;
+        match result {
+            Ok(Appended { stream_seq, duplicate: false }) => {
+                self.cluster.conflicts = 0;
+                let seq = record.seq;
+                self.apply(StreamEvent { stream_seq, event: record }, ctx);
+                if let (Some(msg), RoomState::Live(log)) = (self.cluster.queue.pop_front(), &self.state) {
+                    let _ = msg.reply.send(Ok(Published { seq, epoch: log.epoch().into(), duplicate: false }));
+                }
+                self.pump(ctx);
+            }
+            // Stored before (a retried publish): read what this node missed, then the
+            // queue answers it as a duplicate.
+            Ok(Appended { duplicate: true, .. }) => self.catch_up(ctx),
+            Err(AppendError::Conflict) => {
+                self.cluster.conflicts += 1;
+                self.settings.metrics.cluster_append_conflicts.inc();
+                if self.cluster.conflicts >= APPEND_ATTEMPTS {
+                    self.cluster.conflicts = 0;
+                    if let Some(msg) = self.cluster.queue.pop_front() {
+                        let _ = msg.reply.send(Err(PublishFailed::Store("the room is contended; retry".into())));
+                    }
+                }
+                self.catch_up(ctx);
+            }
+            Err(AppendError::Cluster(error)) => {
+                tracing::warn!(room = %self.name, %error, "append to the stream failed");
+                self.cluster.conflicts = 0;
+                if let Some(msg) = self.cluster.queue.pop_front() {
+                    let _ = msg.reply.send(Err(PublishFailed::Store(error.to_string())));
+                }
+                // A timed-out append may be stored anyway: read before the next one.
+                self.catch_up(ctx);
+            }
+        }
+    }
+
+    /// Read what the stream holds beyond this node's head, then go on appending.
+    fn catch_up(&mut self, ctx: &mut Context<Self>) {
+        if self.cluster.catching_up || self.stopped {
+            return;
+        }
+        let (RoomStore::Cluster(cluster), RoomState::Live(_)) = (&self.store, &self.state) else { return };
+        self.cluster.catching_up = true;
+        let (cluster, name, after) = (cluster.clone(), self.name.clone(), self.cluster.last_stream_seq);
+        let read = async move { roomlog::read_after(&cluster, &name, after).await };
+        ctx.spawn(read.into_actor(self).map(|result, room, ctx| {
+            room.cluster.catching_up = false;
+            match result {
+                Ok(events) => {
+                    for event in events {
+                        room.apply_or_jump(event, ctx);
+                    }
+                    room.pump(ctx);
+                }
+                Err(error) => {
+                    tracing::warn!(room = %room.name, %error, "catching up from the stream failed; retrying");
+                    for msg in room.cluster.queue.drain(..) {
+                        let _ = msg.reply.send(Err(PublishFailed::Store(error.to_string())));
+                    }
+                    ctx.run_later(Duration::from_millis(500), |room, ctx| room.catch_up(ctx));
+                }
+            }
+        }));
+    }
+
+    /// Take an event from the stream: the next seq is appended and delivered, an older
+    /// one is ignored, and a gap is filled by reading the stream first.
+    fn apply(&mut self, stored: StreamEvent, ctx: &mut Context<Self>) {
+        let RoomState::Live(log) = &mut self.state else { return };
+        let seq = stored.event.seq;
+        if seq <= log.head() {
+            return;
+        }
+        if seq > log.head() + 1 {
+            self.catch_up(ctx);
+            return;
+        }
+        let payload = render(&self.name, &stored.event);
+        if log.append_sequenced(seq, stored.event.id.as_str().into(), stored.event.ts_ms, payload.clone()).is_ok() {
+            self.cluster.last_stream_seq = stored.stream_seq;
+            self.deliver(Arc::from([payload]), ctx);
+        }
+    }
+
+    /// [`RoomActor::apply`] for events read from the stream: when the stream no longer
+    /// holds the next seq (its retention dropped it), the log jumps to what it holds.
+    fn apply_or_jump(&mut self, stored: StreamEvent, ctx: &mut Context<Self>) {
+        if let RoomState::Live(log) = &mut self.state {
+            if stored.event.seq > log.head() + 1 {
+                tracing::warn!(room = %self.name, head = log.head(), next = stored.event.seq, "events beyond the stream's retention are gone; skipping ahead");
+                let epoch = log.epoch().to_string();
+                *log = SeqLog::restore(epoch, stored.event.seq - 1, Vec::new(), self.settings.retention);
+            }
+        }
+        self.apply(stored, ctx);
+    }
+}
+
+impl Handler<LiveEvent> for RoomActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: LiveEvent, ctx: &mut Self::Context) {
+        self.apply(msg.0, ctx);
+    }
+}
+
+impl Handler<Resync> for RoomActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Resync, ctx: &mut Self::Context) {
+        self.catch_up(ctx);
+    }
+}
+
 impl Actor for RoomActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.run_interval(self.settings.tick, |room, ctx| room.tick(ctx));
+        self.start_loading(ctx);
     }
 }
 
@@ -252,8 +520,12 @@ impl Handler<Publish> for RoomActor {
 
     fn handle(&mut self, msg: Publish, ctx: &mut Self::Context) -> Self::Result {
         self.admit()?;
+        if let RoomStore::Cluster(_) = self.store {
+            self.publish_clustered(msg, ctx);
+            return Ok(());
+        }
         let name = self.name.clone();
-        let store = self.store.clone();
+        let Some(store) = self.local_store().cloned() else { return Ok(()) };
         let log = match self.live_log() {
             Ok(log) => log,
             Err(why) => {
@@ -361,7 +633,7 @@ impl Handler<ReadHistory> for RoomActor {
         self.admit()?;
         self.trim_expired();
         Ok(match &self.state {
-            RoomState::Absent | RoomState::Failed(_) => {
+            RoomState::Absent | RoomState::Failed(_) | RoomState::Loading => {
                 HistoryPage { epoch: None, head: 0, events: Vec::new(), complete: matches!(self.state, RoomState::Absent) }
             }
             RoomState::Live(log) => {

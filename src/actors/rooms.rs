@@ -13,8 +13,7 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use super::messages::*;
-use super::room::{RoomActor, RoomSettings};
-use crate::store::Store;
+use super::room::{RoomActor, RoomSettings, RoomStore};
 
 /// How often a request is retried against a freshly started room actor.
 const ATTEMPTS: usize = 3;
@@ -31,7 +30,7 @@ pub struct RoomsInner {
     live: Mutex<HashMap<Arc<str>, Addr<RoomActor>>>,
     arbiters: Mutex<Vec<Arbiter>>,
     handles: Vec<ArbiterHandle>,
-    store: Store,
+    store: RoomStore,
     settings: RoomSettings,
 }
 
@@ -53,7 +52,7 @@ pub struct Rooms {
 
 impl Rooms {
     /// Start `threads` room arbiters.
-    pub fn start(store: Store, settings: RoomSettings, threads: usize) -> Rooms {
+    pub fn start(store: RoomStore, settings: RoomSettings, threads: usize) -> Rooms {
         let arbiters: Vec<Arbiter> = (0..threads.max(1)).map(|_| Arbiter::new()).collect();
         let handles = arbiters.iter().map(Arbiter::handle).collect();
         Rooms {
@@ -148,6 +147,22 @@ impl Rooms {
             }
         }
         Err(RoomError::Unavailable("room kept stopping".into()))
+    }
+
+    /// Cluster mode: hand a live event to its room, if the room is live on this node (a
+    /// room started later reads the stream itself).
+    pub fn live_event(&self, room: &str, event: crate::cluster::roomlog::StreamEvent) {
+        let addr = self.inner.live.lock().get(room).cloned();
+        if let Some(addr) = addr {
+            addr.do_send(LiveEvent(event));
+        }
+    }
+
+    /// Cluster mode: have every live room read what the live feed may have missed.
+    pub fn resync_all(&self) {
+        for addr in self.inner.live.lock().values() {
+            addr.do_send(Resync);
+        }
     }
 
     /// Rooms with a live actor.

@@ -4,6 +4,7 @@
 
 pub mod batch;
 pub mod drain;
+pub mod heartbeats;
 pub mod limits;
 pub mod liveness;
 pub mod matchsim;

@@ -134,6 +134,21 @@ impl<T> SeqLog<T> {
     }
 
     /// Everything up to `seq` is durable now. Returns the newly durable entries, in order.
+    /// Append an event that a shared log already sequenced and stored (cluster mode): it
+    /// must be the next seq, and it is durable at once. An id seen before is taken as
+    /// given: the shared log decided it is a new event. `Err(expected)` for any other seq.
+    pub fn append_sequenced(&mut self, seq: u64, id: Arc<str>, ts_ms: u64, payload: T) -> Result<(), u64> {
+        if seq != self.head + 1 || self.durable != self.head {
+            return Err(self.head + 1);
+        }
+        self.head = seq;
+        self.durable = seq;
+        self.ids.insert(id.clone(), seq);
+        self.history.push_back(Entry { seq, id, ts_ms, payload });
+        self.trim_to_count();
+        Ok(())
+    }
+
     pub fn mark_durable(&mut self, seq: u64) -> impl Iterator<Item = &Entry<T>> {
         let from = self.durable;
         self.durable = self.durable.max(seq.min(self.head));
@@ -337,5 +352,24 @@ mod tests {
         assert_eq!(log.seq_of("id-8"), Some(8));
         let stale = SeqLog::restore("E".into(), 12, vec![entry(8), entry(9)], RETAIN);
         assert_eq!(stale.oldest(), None);
+    }
+
+    #[test]
+    fn sequenced_appends_take_only_the_next_seq() {
+        let retention = Retention { max_events: 2, max_age_ms: 0 };
+        let mut log: SeqLog<()> = SeqLog::restore("E".into(), 4, Vec::new(), retention);
+        let cases: &[(u64, &str, Result<(), u64>, u64)] = &[
+            (6, "a", Err(5), 4),
+            (4, "a", Err(5), 4),
+            (5, "a", Ok(()), 5),
+            (6, "a", Ok(()), 6),
+            (7, "b", Ok(()), 7),
+        ];
+        for (seq, id, expected, head) in cases {
+            assert_eq!(log.append_sequenced(*seq, (*id).into(), 0, ()), *expected, "seq {seq}");
+            assert_eq!((log.head(), log.durable()), (*head, *head), "seq {seq}");
+        }
+        assert_eq!(log.oldest(), Some(6));
+        assert_eq!(log.seq_of("b"), Some(7));
     }
 }

@@ -13,7 +13,7 @@ use serde::Deserialize;
 
 use crate::actors::backlog::SocketAbort;
 use crate::actors::connection::{Connection, ConnectionSettings, Identity, HISTORY_DEFAULT_LIMIT};
-use crate::actors::directory::{Directory, DirectoryError, OpenSession};
+use crate::actors::directory::{Directory, DirectoryError, OpenSession, Sessions};
 use crate::actors::liveness::{LivenessActor, Route};
 use crate::actors::messages::Kick;
 use crate::actors::registry::Registry;
@@ -72,6 +72,10 @@ pub struct AppState {
     pub rooms: Rooms,
     pub registry: Addr<Registry>,
     pub directory: Addr<Directory>,
+    /// Session records (sled, or the KV bucket in cluster mode), for routing questions.
+    pub sessions: Sessions,
+    /// Cluster mode: the NATS connection (nonces, kicks on other nodes).
+    pub cluster: Option<crate::cluster::Cluster>,
     pub liveness: Addr<LivenessActor>,
     pub metrics: Arc<Metrics>,
     pub token_secret: Vec<u8>,
@@ -371,7 +375,14 @@ async fn kick(
     let user = user.into_inner();
     check_user(&user)?;
     let device = query.into_inner().device;
-    let closed = state.registry.send(Kick { user, device }).await.map_err(internal)?;
+    let here = state.registry.send(Kick { user: user.clone(), device: device.clone() });
+    let elsewhere = async {
+        let Some(cluster) = &state.cluster else { return Ok(0) };
+        let peers = state.liveness.send(crate::actors::liveness::CountPeers).await.map_err(internal)?;
+        crate::cluster::bus::kick_remote(cluster, &user, device.as_deref(), peers).await.map_err(internal)
+    };
+    let (here, elsewhere) = futures_util::future::join(here, elsewhere).await;
+    let closed = here.map_err(internal)? + elsewhere?;
     Ok(json(StatusCode::OK, protocol::to_json(&protocol::KickReply { closed })))
 }
 
@@ -448,7 +459,17 @@ async fn upgrade_checked(
         };
         ApiError::unauthorized(code, e.to_string())
     })?;
-    let fresh = state.store.use_nonce(&claims.nonce, claims.expires_at_ms).map_err(internal)?;
+    let fresh = match &state.cluster {
+        Some(cluster) => match cluster.use_nonce(&claims.nonce).await {
+            Ok(fresh) => fresh,
+            Err(error) => {
+                // NATS unreachable: the token stays single-use on this node at least.
+                tracing::warn!(%error, "token nonce checked on this node only");
+                state.store.use_nonce(&claims.nonce, claims.expires_at_ms).map_err(internal)?
+            }
+        },
+        None => state.store.use_nonce(&claims.nonce, claims.expires_at_ms).map_err(internal)?,
+    };
     if !fresh {
         return Err(ApiError::unauthorized(ErrorCode::TokenReplayed, "token was already used"));
     }
@@ -460,6 +481,9 @@ async fn upgrade_checked(
             let mut error = ApiError::new(StatusCode::TOO_MANY_REQUESTS, ErrorCode::MigrationBudget, refusal.to_string());
             error.retry_after_secs = Some(retry_after_secs);
             return Err(error);
+        }
+        Err(DirectoryError::Unavailable(why)) => {
+            return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::DirectoryUnavailable, why));
         }
         Err(e) => return Err(internal(e)),
     };
@@ -572,7 +596,7 @@ async fn route(req: HttpRequest, query: web::Query<RouteQuery>, state: web::Data
         return Err(ApiError::bad_request("give session, user or both"));
     }
     let recorded = match &session {
-        Some(s) => state.store.session(s).map_err(internal)?,
+        Some(s) => state.sessions.session(s).await.map_err(internal)?,
         None => None,
     };
     let user = user.or_else(|| recorded.as_ref().map(|r| r.user.clone())).unwrap_or_default();

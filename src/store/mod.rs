@@ -6,7 +6,8 @@
 //! Trees: `meta` (schema version, token secret), `room_head` (room → epoch + head),
 //! `room_event` (room 0x00 seq → event), `token_nonce` (nonce → expiry),
 //! `session_owner` (session → owner record), `user_session` (user 0x00 session → ()),
-//! `user_migration` (user → last migration time).
+//! `user_migration` (user → last migration time), `directory_queue` (cluster mode: session
+//! writes made while NATS was unreachable, in order).
 
 pub mod keys;
 pub mod records;
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio::sync::oneshot;
 
-pub use records::{EventRecord, MigrationRecord, NonceRecord, RoomHeadRecord, SessionRecord};
+pub use records::{EventRecord, MigrationRecord, NonceRecord, QueuedSessionWrite, RoomHeadRecord, SessionRecord, UserRecord};
 
 use crate::core::sessions::{next_version, VersionError};
 
@@ -64,6 +65,7 @@ pub struct Store {
     session_owner: sled::Tree,
     user_session: sled::Tree,
     user_migration: sled::Tree,
+    directory_queue: sled::Tree,
     meta: sled::Tree,
     flusher: Arc<Flusher>,
     stats: Arc<FlushStats>,
@@ -124,6 +126,7 @@ impl Store {
             session_owner: db.open_tree("session_owner")?,
             user_session: db.open_tree("user_session")?,
             user_migration: db.open_tree("user_migration")?,
+            directory_queue: db.open_tree("directory_queue")?,
             meta,
             db,
             flusher,
@@ -279,6 +282,32 @@ impl Store {
     pub fn set_last_migration(&self, user: &str, at_ms: u64) -> Result<(), StoreError> {
         let record = MigrationRecord { last_migration_ms: at_ms };
         self.user_migration.insert(user.as_bytes(), records::encode(&record))?;
+        Ok(())
+    }
+
+    /// Queue a cluster directory write for replay (durable once the next flush returns).
+    pub fn queue_directory_write(&self, write: &QueuedSessionWrite) -> Result<(), StoreError> {
+        let id = self.db.generate_id()?;
+        self.directory_queue.insert(id.to_be_bytes(), records::encode(write))?;
+        Ok(())
+    }
+
+    /// Queued cluster directory writes, oldest first, with the key that removes each.
+    pub fn queued_directory_writes(&self) -> Result<Vec<(u64, QueuedSessionWrite)>, StoreError> {
+        let mut writes = Vec::new();
+        for item in self.directory_queue.iter() {
+            let (key, value) = item?;
+            let id = u64::from_be_bytes(key.as_ref().try_into().map_err(|_| StoreError::Corrupt {
+                tree: "directory_queue",
+                why: "key is not 8 bytes".into(),
+            })?);
+            writes.push((id, records::decode("directory_queue", &value)?));
+        }
+        Ok(writes)
+    }
+
+    pub fn remove_queued_directory_write(&self, id: u64) -> Result<(), StoreError> {
+        self.directory_queue.remove(id.to_be_bytes())?;
         Ok(())
     }
 

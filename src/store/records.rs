@@ -46,6 +46,21 @@ pub struct MigrationRecord {
     pub last_migration_ms: u64,
 }
 
+/// A session write made while the cluster directory was unreachable, replayed when it
+/// is back: it applies only if the record is still at `read_version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueuedSessionWrite {
+    pub read_version: Option<u64>,
+    pub record: SessionRecord,
+}
+
+/// A user's entry in the cluster directory: their sessions and their migration budget.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserRecord {
+    pub sessions: Vec<String>,
+    pub last_migration_ms: Option<u64>,
+}
+
 /// A used token nonce, kept until the token would have expired anyway.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NonceRecord {

@@ -1,0 +1,172 @@
+//! The node's NATS listeners, each a task that turns messages into actor messages:
+//! the live feed (`lg.live.>`) into [`Rooms::live_event`], heartbeats and goodbyes into
+//! the liveness actor, exclusive-device announcements into the registry, and kick
+//! requests into a registry kick answered with the count. A maintenance loop has every
+//! live room re-read the stream after NATS reconnects and replays queued directory writes.
+
+use std::time::Duration;
+
+use actix::Addr;
+use futures_util::StreamExt;
+
+use super::kv::KvSessions;
+use super::roomlog::decode_live;
+use super::{decode_node, Cluster, ClusterError, HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, LIVE_SUBJECTS, REPLACE_SUBJECT};
+use crate::actors::liveness::{Heard, Left, LivenessActor};
+use crate::actors::messages::Kick;
+use crate::actors::registry::{Registry, RemoteReplace};
+use crate::actors::rooms::Rooms;
+
+/// How often the maintenance loop looks at the connection and the directory queue.
+const MAINTENANCE_EVERY: Duration = Duration::from_millis(500);
+/// Longest a kick waits for the other nodes' counts (each waits up to 10 s for its closes).
+const KICK_ANSWER_WAIT: Duration = Duration::from_secs(12);
+
+/// Subscribe to everything this node listens to and spawn the tasks on the current
+/// (actix) runtime. Subscriptions are made before returning, so nothing published
+/// after `listen` returns is missed.
+pub async fn listen(
+    cluster: &Cluster,
+    rooms: Rooms,
+    registry: Addr<Registry>,
+    liveness: Addr<LivenessActor>,
+    sessions: KvSessions,
+) -> Result<(), ClusterError> {
+    let client = &cluster.client;
+    let mut live = client.subscribe(LIVE_SUBJECTS).await.map_err(ClusterError::nats)?;
+    let mut beats = client.subscribe(HEARTBEAT_SUBJECT).await.map_err(ClusterError::nats)?;
+    let mut leaves = client.subscribe(LEAVE_SUBJECT).await.map_err(ClusterError::nats)?;
+    let mut replaces = client.subscribe(REPLACE_SUBJECT).await.map_err(ClusterError::nats)?;
+    let mut kicks = client.subscribe(KICK_SUBJECT).await.map_err(ClusterError::nats)?;
+    let live_rooms = rooms.clone();
+    actix::spawn(async move {
+        while let Some(message) = live.next().await {
+            match decode_live(message.subject.as_str(), message.headers.as_ref(), &message.payload) {
+                Some((room, event)) => live_rooms.live_event(&room, event),
+                None => tracing::debug!(subject = %message.subject, "ignoring a live message that is not a livegate event"),
+            }
+        }
+    });
+    let to_liveness = liveness.clone();
+    actix::spawn(async move {
+        while let Some(message) = beats.next().await {
+            if let Some(info) = decode_node(&message.payload) {
+                to_liveness.do_send(Heard(info));
+            }
+        }
+    });
+    actix::spawn(async move {
+        while let Some(message) = leaves.next().await {
+            liveness.do_send(Left(String::from_utf8_lossy(&message.payload).into_owned()));
+        }
+    });
+    let me = cluster.node.clone();
+    let replace_registry = registry.clone();
+    actix::spawn(async move {
+        while let Some(message) = replaces.next().await {
+            match decode_user_command(&message.payload) {
+                Some((node, user, device, at_ms)) if node != me => {
+                    replace_registry.do_send(RemoteReplace { user, device, at_ms: at_ms.parse().unwrap_or(u64::MAX) })
+                }
+                _ => {}
+            }
+        }
+    });
+    let (me, kick_client) = (cluster.node.clone(), client.clone());
+    actix::spawn(async move {
+        while let Some(message) = kicks.next().await {
+            let Some((node, user, device, _)) = decode_user_command(&message.payload) else { continue };
+            let Some(reply) = message.reply else { continue };
+            if node == me {
+                continue;
+            }
+            let (registry, client) = (registry.clone(), kick_client.clone());
+            actix::spawn(async move {
+                let device = (!device.is_empty()).then_some(device);
+                let closed = registry.send(Kick { user, device }).await.unwrap_or(0);
+                let _ = client.publish(reply, closed.to_string().into()).await;
+            });
+        }
+    });
+    let maintenance = cluster.clone();
+    actix::spawn(async move {
+        let mut was_connected = true;
+        loop {
+            actix_web::rt::time::sleep(MAINTENANCE_EVERY).await;
+            let connected = maintenance.connected();
+            if connected && !was_connected {
+                tracing::info!("NATS is back: rooms re-read their streams, queued directory writes replay");
+                rooms.resync_all();
+            }
+            if connected {
+                if let Err(error) = sessions.replay_queue().await {
+                    tracing::warn!(%error, "replaying queued directory writes failed; will retry");
+                }
+            }
+            was_connected = connected;
+        }
+    });
+    Ok(())
+}
+
+/// `node\nuser\ndevice\nextra`: user and device names hold no newline.
+fn encode_user_command(node: &str, user: &str, device: &str, extra: &str) -> String {
+    format!("{node}\n{user}\n{device}\n{extra}")
+}
+
+fn decode_user_command(body: &[u8]) -> Option<(String, String, String, String)> {
+    let text = std::str::from_utf8(body).ok()?;
+    let mut parts = text.splitn(4, '\n');
+    Some((parts.next()?.into(), parts.next()?.into(), parts.next()?.into(), parts.next()?.into()))
+}
+
+/// Tell the other nodes that `user` connected on exclusive `device` at `at_ms`.
+pub async fn announce_replace(cluster: &Cluster, user: &str, device: &str, at_ms: u64) {
+    let body = encode_user_command(&cluster.node, user, device, &at_ms.to_string());
+    if let Err(error) = cluster.client.publish(REPLACE_SUBJECT, body.into()).await {
+        tracing::warn!(%error, user, device, "could not announce the new connection to other nodes");
+    }
+}
+
+/// Kick `user` (on `device`) on the other nodes; waits for `peers` answers (or the
+/// deadline) and returns how many connections they closed.
+pub async fn kick_remote(cluster: &Cluster, user: &str, device: Option<&str>, peers: usize) -> Result<usize, ClusterError> {
+    if peers == 0 {
+        return Ok(0);
+    }
+    let inbox = cluster.client.new_inbox();
+    let mut answers = cluster.client.subscribe(inbox.clone()).await.map_err(ClusterError::nats)?;
+    let body = encode_user_command(&cluster.node, user, device.unwrap_or(""), "");
+    cluster.client.publish_with_reply(KICK_SUBJECT, inbox, body.into()).await.map_err(ClusterError::nats)?;
+    let (mut closed, mut heard) = (0, 0);
+    let deadline = actix_web::rt::time::sleep(KICK_ANSWER_WAIT);
+    tokio::pin!(deadline);
+    while heard < peers {
+        tokio::select! {
+            answer = answers.next() => match answer {
+                Some(message) => {
+                    heard += 1;
+                    closed += std::str::from_utf8(&message.payload).ok().and_then(|t| t.parse::<usize>().ok()).unwrap_or(0);
+                }
+                None => break,
+            },
+            _ = &mut deadline => {
+                tracing::warn!(user, heard, peers, "kick: not every node answered in time");
+                break;
+            }
+        }
+    }
+    Ok(closed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_commands_round_trip() {
+        let body = encode_user_command("a", "u@x", "phone", "17");
+        assert_eq!(decode_user_command(body.as_bytes()), Some(("a".into(), "u@x".into(), "phone".into(), "17".into())));
+        assert_eq!(decode_user_command(b"a\nb"), None);
+    }
+}

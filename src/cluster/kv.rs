@@ -1,0 +1,306 @@
+//! The session directory in the `lg_sessions` KV bucket. `s.<session>` holds a
+//! [`SessionRecord`] whose `version` is checked on every write (compare-and-set on the
+//! entry's KV revision, so a stale write from another node loses); `u.<user>` holds the
+//! user's sessions and migration budget.
+//!
+//! While NATS is unreachable, reads come from a local cache (fresh for [`CACHE_TTL`];
+//! after that only records this node owns are trusted), and writes are queued in sled and
+//! replayed by version when NATS is back (a replay whose record moved on is dropped and
+//! logged). After `outage_limit` without NATS, new writes, and so new sessions, are
+//! refused instead of guessed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::kv::{CreateErrorKind, Store as Bucket, UpdateErrorKind};
+use parking_lot::Mutex;
+
+use super::{room_token, Cluster, ClusterError, SESSIONS_BUCKET};
+use crate::core::sessions::{next_version, VersionError};
+use crate::store::records;
+use crate::store::{QueuedSessionWrite, SessionRecord, Store, UserRecord};
+
+/// How long a cached record is trusted while NATS is unreachable.
+pub const CACHE_TTL: Duration = Duration::from_secs(60);
+/// Attempts of a read-modify-write of a user entry that keeps meeting other writers.
+const USER_UPDATE_ATTEMPTS: usize = 8;
+
+struct Cached {
+    record: SessionRecord,
+    at: Instant,
+}
+
+#[derive(Clone)]
+pub struct KvSessions {
+    bucket: Bucket,
+    cluster: Cluster,
+    /// Where writes wait during an outage; `None` only for tools and tests.
+    queue: Option<Store>,
+    outage_limit: Duration,
+    cache: Arc<Mutex<HashMap<String, Cached>>>,
+    outage_since: Arc<Mutex<Option<Instant>>>,
+}
+
+fn session_key(session: &str) -> String {
+    format!("s.{}", room_token(session))
+}
+
+fn user_key(user: &str) -> String {
+    format!("u.{}", room_token(user))
+}
+
+fn decode<T: serde::de::DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, ClusterError> {
+    records::decode(what, bytes).map_err(|e| ClusterError::Corrupt(e.to_string()))
+}
+
+impl KvSessions {
+    /// The directory without an outage queue: writes fail while NATS is unreachable.
+    pub async fn open(cluster: &Cluster) -> Result<KvSessions, ClusterError> {
+        KvSessions::open_with(cluster, None, Duration::ZERO).await
+    }
+
+    pub async fn open_with(cluster: &Cluster, queue: Option<Store>, outage_limit: Duration) -> Result<KvSessions, ClusterError> {
+        let bucket = cluster.js.get_key_value(SESSIONS_BUCKET).await.map_err(ClusterError::nats)?;
+        Ok(KvSessions {
+            bucket,
+            cluster: cluster.clone(),
+            queue,
+            outage_limit,
+            cache: Arc::new(Mutex::new(HashMap::new())),
+            outage_since: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    fn reachable(&self) -> bool {
+        self.cluster.connected()
+    }
+
+    fn note_outage(&self, error: &ClusterError) {
+        let mut since = self.outage_since.lock();
+        if since.is_none() {
+            tracing::warn!(%error, "session directory unreachable; serving from cache, queueing writes");
+            *since = Some(Instant::now());
+        }
+    }
+
+    fn note_reachable(&self) {
+        self.outage_since.lock().take();
+    }
+
+    /// How long the directory has been unreachable.
+    pub fn outage(&self) -> Option<Duration> {
+        self.outage_since.lock().map(|t| t.elapsed())
+    }
+
+    fn remember(&self, record: &SessionRecord) {
+        self.cache.lock().insert(record.session.clone(), Cached { record: record.clone(), at: Instant::now() });
+    }
+
+    /// The record of `session` and its KV revision, straight from NATS.
+    pub async fn entry(&self, session: &str) -> Result<Option<(SessionRecord, u64)>, ClusterError> {
+        if !self.reachable() {
+            return Err(ClusterError::Unavailable("not connected".into()));
+        }
+        let entry = self.bucket.entry(session_key(session)).await.map_err(|e| ClusterError::Unavailable(e.to_string()))?;
+        match entry {
+            Some(entry) if !entry.value.is_empty() => Ok(Some((decode("lg_sessions", &entry.value)?, entry.revision))),
+            _ => Ok(None),
+        }
+    }
+
+    /// The owner record of a session; from the cache while NATS is unreachable.
+    pub async fn session(&self, session: &str) -> Result<Option<SessionRecord>, ClusterError> {
+        match self.entry(session).await {
+            Ok(found) => {
+                self.note_reachable();
+                if let Some((record, _)) = &found {
+                    self.remember(record);
+                }
+                Ok(found.map(|(record, _)| record))
+            }
+            Err(ClusterError::Unavailable(why)) => {
+                self.note_outage(&ClusterError::Unavailable(why));
+                let cache = self.cache.lock();
+                Ok(cache
+                    .get(session)
+                    .filter(|c| c.at.elapsed() < CACHE_TTL || c.record.owner == self.cluster.node)
+                    .map(|c| c.record.clone()))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Write `record` if the stored version is still `read_version` (`None`: must not
+    /// exist); the written record carries the next version. A stale write changes
+    /// nothing and fails with [`ClusterError::Stale`]. While NATS is unreachable the write
+    /// is queued (until the outage is older than the limit, then refused).
+    pub async fn write_session(&self, read_version: Option<u64>, record: &SessionRecord) -> Result<SessionRecord, ClusterError> {
+        match self.write_now(read_version, record).await {
+            Err(ClusterError::Unavailable(why)) => {
+                let error = ClusterError::Unavailable(why);
+                self.note_outage(&error);
+                self.queue_write(read_version, record, error)
+            }
+            Ok(written) => {
+                self.note_reachable();
+                self.remember(&written);
+                Ok(written)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn write_now(&self, read_version: Option<u64>, record: &SessionRecord) -> Result<SessionRecord, ClusterError> {
+        let current = self.entry(&record.session).await?;
+        let version = next_version(read_version, current.as_ref().map(|(r, _)| r.version))?;
+        let written = SessionRecord { version, ..record.clone() };
+        let value = records::encode(&written);
+        let key = session_key(&record.session);
+        let stale = || ClusterError::Stale(VersionError::Stale { read: read_version, stored: None });
+        match current {
+            None => match self.bucket.create(&key, value.into()).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == CreateErrorKind::AlreadyExists => return Err(stale()),
+                Err(e) => return Err(ClusterError::Unavailable(e.to_string())),
+            },
+            Some((_, revision)) => match self.bucket.update(&key, value.into(), revision).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => return Err(stale()),
+                Err(e) => return Err(ClusterError::Unavailable(e.to_string())),
+            },
+        }
+        let session = written.session.clone();
+        self.update_user(&written.user, move |user| {
+            if !user.sessions.contains(&session) {
+                user.sessions.push(session.clone());
+            }
+        })
+        .await?;
+        Ok(written)
+    }
+
+    fn queue_write(&self, read_version: Option<u64>, record: &SessionRecord, error: ClusterError) -> Result<SessionRecord, ClusterError> {
+        let (Some(queue), Some(outage)) = (&self.queue, self.outage()) else { return Err(error) };
+        if outage >= self.outage_limit {
+            return Err(ClusterError::Unavailable(format!(
+                "session directory unreachable for {} s; new sessions are refused until it is back",
+                outage.as_secs()
+            )));
+        }
+        let written = SessionRecord { version: read_version.map_or(1, |v| v + 1), ..record.clone() };
+        queue
+            .queue_directory_write(&QueuedSessionWrite { read_version, record: written.clone() })
+            .map_err(|e| ClusterError::Nats(format!("could not queue the write: {e}")))?;
+        tracing::info!(session = %written.session, version = written.version, "directory write queued until NATS is back");
+        self.remember(&written);
+        Ok(written)
+    }
+
+    /// Replay queued writes in order; each applies only if the record is still at the
+    /// version it was based on. Returns (applied, dropped as stale).
+    pub async fn replay_queue(&self) -> Result<(usize, usize), ClusterError> {
+        let Some(queue) = &self.queue else { return Ok((0, 0)) };
+        let writes = queue.queued_directory_writes().map_err(|e| ClusterError::Nats(e.to_string()))?;
+        let (mut applied, mut dropped) = (0, 0);
+        for (id, write) in writes {
+            match self.write_now(write.read_version, &write.record).await {
+                Ok(_) => applied += 1,
+                Err(ClusterError::Stale(stale)) => {
+                    tracing::warn!(session = %write.record.session, %stale, "queued directory write is stale; dropped");
+                    dropped += 1;
+                }
+                Err(e) => return Err(e),
+            }
+            queue.remove_queued_directory_write(id).map_err(|e| ClusterError::Nats(e.to_string()))?;
+        }
+        if applied + dropped > 0 {
+            tracing::info!(applied, dropped, "queued directory writes replayed");
+        }
+        self.note_reachable();
+        Ok((applied, dropped))
+    }
+
+    async fn user(&self, user: &str) -> Result<Option<(UserRecord, u64)>, ClusterError> {
+        if !self.reachable() {
+            return Err(ClusterError::Unavailable("not connected".into()));
+        }
+        let entry = self.bucket.entry(user_key(user)).await.map_err(|e| ClusterError::Unavailable(e.to_string()))?;
+        match entry {
+            Some(entry) if !entry.value.is_empty() => Ok(Some((decode("lg_sessions", &entry.value)?, entry.revision))),
+            _ => Ok(None),
+        }
+    }
+
+    async fn update_user(&self, user: &str, change: impl Fn(&mut UserRecord)) -> Result<(), ClusterError> {
+        let key = user_key(user);
+        for _ in 0..USER_UPDATE_ATTEMPTS {
+            let current = self.user(user).await?;
+            let revision = current.as_ref().map(|(_, r)| *r);
+            let mut record = current.map(|(r, _)| r).unwrap_or_default();
+            change(&mut record);
+            let value = records::encode(&record).into();
+            let result = match revision {
+                None => self.bucket.create(&key, value).await.map(drop).map_err(|e| e.kind() == CreateErrorKind::AlreadyExists),
+                Some(revision) => {
+                    self.bucket.update(&key, value, revision).await.map(drop).map_err(|e| e.kind() == UpdateErrorKind::WrongLastRevision)
+                }
+            };
+            match result {
+                Ok(()) => return Ok(()),
+                Err(true) => continue,
+                Err(false) => return Err(ClusterError::Unavailable(format!("could not update user {user}"))),
+            }
+        }
+        Err(ClusterError::Nats(format!("user {user}: too many concurrent updates")))
+    }
+
+    /// Every session record of `user` (from the cache while NATS is unreachable).
+    pub async fn sessions_of_user(&self, user: &str) -> Result<Vec<SessionRecord>, ClusterError> {
+        match self.user(user).await {
+            Ok(record) => {
+                let mut sessions = Vec::new();
+                for session in record.map(|(r, _)| r.sessions).unwrap_or_default() {
+                    if let Some(found) = self.session(&session).await? {
+                        sessions.push(found);
+                    }
+                }
+                Ok(sessions)
+            }
+            Err(ClusterError::Unavailable(_)) => {
+                Ok(self.cache.lock().values().filter(|c| c.record.user == user).map(|c| c.record.clone()).collect())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn last_migration(&self, user: &str) -> Result<Option<u64>, ClusterError> {
+        match self.user(user).await {
+            Ok(record) => Ok(record.and_then(|(r, _)| r.last_migration_ms)),
+            Err(ClusterError::Unavailable(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn set_last_migration(&self, user: &str, at_ms: u64) -> Result<(), ClusterError> {
+        match self.update_user(user, |u| u.last_migration_ms = Some(at_ms)).await {
+            Err(ClusterError::Unavailable(why)) => {
+                tracing::warn!(user, why, "migration time not recorded: directory unreachable");
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    /// How many sessions the directory holds (this node's share is not counted: that
+    /// would read every record).
+    pub async fn count_sessions(&self) -> Result<usize, ClusterError> {
+        use futures_util::StreamExt;
+        let mut keys = self.bucket.keys().await.map_err(ClusterError::nats)?;
+        let mut sessions = 0;
+        while let Some(key) = keys.next().await {
+            sessions += usize::from(key.map_err(ClusterError::nats)?.starts_with("s."));
+        }
+        Ok(sessions)
+    }
+}
