@@ -403,11 +403,13 @@ impl RoomActor {
                 self.pump(ctx);
             }
             // Stored before (a retried publish): read what this node missed, then the
-            // queue answers it as a duplicate.
-            Ok(Appended { duplicate: true, .. }) => self.catch_up(ctx),
-            Err(AppendError::Conflict) => {
+            // queue answers it as a duplicate. Counted like a conflict, so an id whose
+            // event is no longer in the history cannot loop.
+            Ok(Appended { duplicate: true, .. }) | Err(AppendError::Conflict) => {
                 self.cluster.conflicts += 1;
-                self.settings.metrics.cluster_append_conflicts.inc();
+                if matches!(result, Err(AppendError::Conflict)) {
+                    self.settings.metrics.cluster_append_conflicts.inc();
+                }
                 if self.cluster.conflicts >= APPEND_ATTEMPTS {
                     self.cluster.conflicts = 0;
                     if let Some(msg) = self.cluster.queue.pop_front() {
