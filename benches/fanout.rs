@@ -10,10 +10,12 @@
 //! cargo bench --bench fanout -- --all                       # everything, 3 interleaved runs, report + plots
 //! cargo bench --bench fanout -- --smoke                     # livegate only, tiny, fails on lost/duplicated deliveries
 //! cargo bench --bench fanout -- --scenario fanout --server livegate [--runs N]
+//! cargo bench --bench fanout -- --scenario cluster --server livegate   # issue 9: 3 nodes + NATS vs 1 node
 //! ```
 //!
-//! Scenarios: idle, fanout, rooms, hot, durable, slow (see `fanout/scenarios.rs`).
-//! Peers (nginx + libnginx-mod-nchan, socket.io from npm) are installed by `benches/run`.
+//! Scenarios: idle, fanout, rooms, hot, durable, slow, cluster (see `fanout/scenarios.rs`).
+//! Peers (nginx + libnginx-mod-nchan, socket.io from npm) and nats-server (cluster) are
+//! installed by `benches/run`; without nats-server, `--all` and `--smoke` skip cluster.
 //! The report goes to `target/bench-report/` (`--all`), `…/smoke/` or `…/partial/`.
 
 #[path = "fanout/http.rs"]
@@ -52,7 +54,7 @@ struct Args {
     /// exits 1 on lost or duplicated deliveries and failed connections or publishes.
     #[arg(long)]
     smoke: bool,
-    /// Scenarios to run (comma-separated): idle, fanout, rooms, hot, durable, slow.
+    /// Scenarios to run (comma-separated): idle, fanout, rooms, hot, durable, slow, cluster.
     #[arg(long, value_delimiter = ',')]
     scenario: Vec<String>,
     /// Servers to run (comma-separated): livegate, nchan, socketio.
@@ -61,7 +63,8 @@ struct Args {
     /// Interleaved runs of everything (default 3 with --all, else 1).
     #[arg(long)]
     runs: Option<usize>,
-    /// Measured seconds per publish-rate step of fanout and rooms.
+    /// Measured seconds per publish-rate step of fanout and rooms, and of cluster's
+    /// open-loop phase.
     #[arg(long)]
     step_secs: Option<f64>,
     /// Report directory.
@@ -100,15 +103,26 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
     let mut sizes = if args.smoke { Sizes::smoke() } else { Sizes::full() };
     if let Some(s) = args.step_secs {
         sizes.step_secs = s;
+        sizes.cluster_secs = s;
     }
-    let scenarios: Vec<String> = if args.all || args.smoke || args.scenario.is_empty() {
-        SCENARIOS.iter().map(|s| s.to_string()).collect()
-    } else {
-        args.scenario.clone()
-    };
+    let chosen = !(args.all || args.smoke || args.scenario.is_empty());
+    let mut scenarios: Vec<String> =
+        if chosen { args.scenario.clone() } else { SCENARIOS.iter().map(|s| s.to_string()).collect() };
     if let Some(bad) = scenarios.iter().find(|s| !SCENARIOS.contains(&s.as_str())) {
         eprintln!("unknown scenario {bad:?}; known: {}", SCENARIOS.join(", "));
         return 2;
+    }
+    let mut skipped = Vec::new();
+    if scenarios.iter().any(|s| s == "cluster") {
+        if let Some(why) = servers::nats_missing() {
+            if chosen {
+                eprintln!("cannot run the cluster scenario: {why}");
+                return 2;
+            }
+            eprintln!("skipping the cluster scenario: {why}");
+            skipped.push(format!("the cluster scenario: {why}"));
+            scenarios.retain(|s| s != "cluster");
+        }
     }
     let mut kinds: Vec<Kind> = if args.smoke && args.server.is_empty() {
         vec![Kind::Livegate]
@@ -127,7 +141,6 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
         }
         k
     };
-    let mut skipped = Vec::new();
     kinds.retain(|&k| match paths.missing(k) {
         Some(why) => {
             eprintln!("skipping {}: {why}", k.name());

@@ -133,6 +133,8 @@ pub struct ConnSummary {
     /// The server ended the connection (with this close code, if it sent one).
     pub ended: bool,
     pub close_code: Option<u16>,
+    /// livegate only: events whose room `seq` was below the previous one on this connection.
+    pub out_of_order: u64,
 }
 
 pub struct Clients {
@@ -236,7 +238,7 @@ pub async fn open_clients(
         let url = proto::ws_url(kind, addr, &room, token.as_deref());
         let (gate, ready, rec, mut stop, give_up) = (gate.clone(), ready_tx.clone(), rec.clone(), stop_rx.clone(), give_up.clone());
         tasks.push(tokio::task::spawn_local(async move {
-            let mut sum = ConnSummary { room: spec.room, slow: spec.slow, received: 0, distinct: 0, connected: false, ended: false, close_code: None };
+            let mut sum = ConnSummary { room: spec.room, slow: spec.slow, received: 0, distinct: 0, connected: false, ended: false, close_code: None, out_of_order: 0 };
             let permit = gate.acquire().await;
             if give_up.get() >= GIVE_UP_AFTER {
                 let _ = ready.send(Err("not tried: too many connections failed before".into()));
@@ -285,6 +287,7 @@ pub async fn open_clients(
 
 async fn read_loop(kind: Kind, ws: &mut Ws, slow: bool, rec: &Rec, stop: &mut watch::Receiver<bool>, sum: &mut ConnSummary) {
     let mut seen = Seen::default();
+    let mut last_seq = 0u64;
     loop {
         tokio::select! {
             biased;
@@ -302,6 +305,14 @@ async fn read_loop(kind: Kind, ws: &mut Ws, slow: bool, rec: &Rec, stop: &mut wa
                         r.on_event(sent, now);
                     });
                     drop(r);
+                    if kind == Kind::Livegate {
+                        proto::scan_room_seqs(t.as_bytes(), |seq| {
+                            if seq < last_seq {
+                                sum.out_of_order += 1;
+                            }
+                            last_seq = last_seq.max(seq);
+                        });
+                    }
                     if proto::is_engine_ping(kind, &t) {
                         let _ = ws.send(Message::Text("3".into())).await;
                     }

@@ -182,6 +182,20 @@ pub fn scan_events(text: &[u8], mut f: impl FnMut(u64, u64)) {
     }
 }
 
+/// Calls `f(seq)` for every event of a livegate `events` frame, with its room `seq`
+/// (the bench payload has no `seq` key, so every `"seq":` there is an event's).
+pub fn scan_room_seqs(text: &[u8], mut f: impl FnMut(u64)) {
+    if !text.starts_with(br#"{"op":"events""#) {
+        return;
+    }
+    let mut pos = 0;
+    while let Some(i) = memchr::memmem::find(&text[pos..], b"\"seq\":") {
+        let (seq, after) = parse_u64(text, pos + i + 6);
+        f(seq);
+        pos = after;
+    }
+}
+
 fn parse_u64(text: &[u8], mut i: usize) -> (u64, usize) {
     let mut v = 0u64;
     while i < text.len() && text[i].is_ascii_digit() {
@@ -199,5 +213,8 @@ mod tests {
         let frame = br#"{"op":"events","events":[{"room":"r1","seq":9,"data":{"bs":1,"bt":22,"pad":"x"}},{"room":"r1","seq":10,"data":{"bs":2,"bt":33}}]}"#;
         super::scan_events(frame, |a, b| got.push((a, b)));
         assert_eq!(got, vec![(1, 22), (2, 33)]);
+        let mut seqs = Vec::new();
+        super::scan_room_seqs(frame, |s| seqs.push(s));
+        assert_eq!(seqs, vec![9, 10]);
     }
 }

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::plots;
-use crate::scenarios::{Case, Record, Sizes, SCENARIOS};
+use crate::scenarios::{Case, Nodes, Record, Sizes, SCENARIOS};
 use crate::servers::{Kind, Paths};
 
 pub struct Meta {
@@ -56,6 +56,9 @@ impl Meta {
             .and_then(|v| v["version"].as_str().map(String::from));
         if let (Some(s), Some(n)) = (sio, cmd_out("node", &["--version"])) {
             versions.push(format!("socket.io {s} on Node {n}"));
+        }
+        if let Some(v) = cmd_out(crate::servers::NATS_SERVER, &["--version"]) {
+            versions.push(v.replace("nats-server: ", "nats-server ")); // "nats-server v2.9.10"
         }
         Meta { nproc, cpu_model, kernel, date, runs, total, smoke, versions, skipped, load_start: String::new() }
     }
@@ -303,6 +306,25 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
     let acked = med(Kind::Livegate, Case::Durable, "acked publishes/s");
     target_row(&mut md, "≥ 10 000 acknowledged durable publishes/s", acked, |v| (format!("{}/s", fmt(v)), v >= 10_000.0));
 
+    // Cluster: three nodes against one, measured in the same run.
+    let (one, three) = (Case::Cluster(Nodes::One), Case::Cluster(Nodes::Three));
+    let first = records.iter().find(|r| r.case == three).or_else(|| records.iter().find(|r| r.case == one));
+    if let Some(first) = first {
+        let _ = writeln!(
+            md,
+            "\n## Cluster (issue 9): 3 nodes + NATS vs 1 node\n\nSame load, same run, one after the other: {} subscribers on each of nodes b and c ({} rooms), {} publishes/s on node a, then {} closed-loop publishers on node a over {} rooms. The baseline is one node without `cluster_nats_url` taking both the subscribers and the publishes. Medians of the runs, (min–max) when they differ.\n",
+            sizes.cluster_per_node, sizes.cluster_rooms, sizes.cluster_rate, sizes.cluster_durable_publishers, sizes.cluster_durable_rooms
+        );
+        let _ = writeln!(md, "| metric | 1 node | 3 nodes + NATS | 3 nodes ÷ 1 node |\n|---|---:|---:|---:|");
+        for m in &first.metrics {
+            let arrow = if m.higher_better { "↑" } else { "↓" };
+            let (a, b) = (values(records, Kind::Livegate, one, &m.name), values(records, Kind::Livegate, three, &m.name));
+            let (ma, mb) = (median(&a), median(&b));
+            let ratio = if ma.is_finite() && mb.is_finite() && ma != 0.0 { format!("{:.2}", mb / ma) } else { "—".into() };
+            let _ = writeln!(md, "| {} {arrow} | {} | {} | {ratio} |", m.name, cell(&a), cell(&b));
+        }
+    }
+
     // Per-rate tables.
     for (case, title) in [(Case::Fanout, "fanout (1 room)"), (Case::Rooms, "rooms")] {
         let rates = step_rates(records, case);
@@ -422,6 +444,10 @@ fn method_notes(s: &Sizes) -> Vec<String> {
         format!(
             "**slow**: fanout with {} subscribers at {}/s with {} B padding per event; every {}th client never reads after subscribing (4 KiB receive buffer). livegate runs with `--max-outbox-bytes {}` here (default 1 MiB would not fill within the run) and closes such clients with 4009; nchan and Socket.IO buffer for them. p99 is over the reading clients.",
             s.slow_subs, s.slow_rate, s.slow_pad, s.slow_every, s.slow_outbox
+        ),
+        format!(
+            "**cluster** (issue 9, livegate only): nats-server 2.9 (`-js`, fresh store) and nodes a, b, c (`--cluster-nats-url`, own data dirs, one API key), all four processes pinned to CPU 0 like every server here, so the cluster gets the same one core as the single node; {0} WebSocket subscribers on each of b and c over {1} rooms; {2} publishes/s on a ({3} s warm-up + {4} s measured) with publish→deliver latency, delivered %, and missing, duplicate and out-of-order (room `seq` going back) deliveries; then {5} closed-loop publishers on a over {6} rooms for {7} s (acked = JetStream acknowledged; single node: fsynced). Batch window {8} ms so latency shows the path, not the window. The baseline (\"1 node\") runs the same on one node without a cluster url, subscribers and publishes on that node. Server CPU is the sum over the processes; per-process figures are in the notes.",
+            s.cluster_per_node, s.cluster_rooms, s.cluster_rate, s.warm_secs, s.cluster_secs, s.cluster_durable_publishers, s.cluster_durable_rooms, s.cluster_durable_secs, s.cluster_window_ms
         ),
         format!("Payloads are `{{\"bs\":SEQ,\"bt\":NS,\"pad\":\"…\"}}` with {} B padding (~100 B of JSON); livegate wraps them as `{{\"data\":…}}` and delivers only once durable.", s.pad),
         "livegate clients each use their own user (`u0`, `u1`, …, device `web`), as real clients would, so each connection also holds its user's inbox subscription; each token is minted over HTTP before the connection.".into(),

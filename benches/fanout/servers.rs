@@ -1,7 +1,8 @@
 //! The servers under test as child processes pinned to CPU 0 with `taskset`: livegate
 //! (the release binary cargo built for this bench), nginx with nchan (one worker), and
 //! Socket.IO in one Node process. Start, readiness, the pid whose CPU and memory are
-//! sampled, and shutdown.
+//! sampled, and shutdown. For the cluster scenario also Debian's `nats-server -js` and
+//! [`LivegateCluster`]: N livegate nodes joined through it, all on the same CPU.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -13,6 +14,12 @@ use crate::procstat;
 
 pub const API_KEY: &str = "fanout-bench-api-key-0123456789";
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Debian's `nats-server` package (2.9 or later) installs the server here.
+pub const NATS_SERVER: &str = "/usr/sbin/nats-server";
+/// Names of cluster nodes by index; node `a` takes the publishes in the cluster scenario.
+pub const NODE_NAMES: [&str; 3] = ["a", "b", "c"];
+/// How long the nodes of a fresh cluster may take to count each other alive.
+const PEERS_TIMEOUT: Duration = Duration::from_secs(20);
 /// The CPU the servers run on; the load generator takes the other one.
 pub const SERVER_CPU: usize = 0;
 
@@ -70,6 +77,12 @@ impl Paths {
     }
 }
 
+/// Why the cluster scenario cannot run here, if it cannot.
+pub fn nats_missing() -> Option<String> {
+    (!Path::new(NATS_SERVER).exists())
+        .then(|| format!("{NATS_SERVER} not found (benches/run installs it; or apt-get install -y nats-server)"))
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct LivegateOpts {
     pub batch_window_ms: u64,
@@ -100,11 +113,51 @@ fn log_file(dir: &Path, name: &str) -> Stdio {
     std::fs::File::create(dir.join(name)).map(Stdio::from).unwrap_or_else(|_| Stdio::null())
 }
 
+/// The last `n` lines of a log file, for an error message.
+fn log_tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn scratch_dir(paths: &Paths, prefix: &str) -> Result<tempfile::TempDir, String> {
+    std::fs::create_dir_all(&paths.scratch).map_err(|e| e.to_string())?;
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .disable_cleanup(std::env::var_os("FANOUT_KEEP_SCRATCH").is_some())
+        .tempdir_in(&paths.scratch)
+        .map_err(|e| e.to_string())
+}
+
+/// SIGKILLs a child and reaps it (bounded).
+fn kill_and_reap(child: &mut Child) {
+    // SAFETY: signalling our own child, which has not been reaped yet.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) | Err(_) => return,
+            Ok(None) if Instant::now() > deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
 impl Server {
     pub async fn start(kind: Kind, lg: LivegateOpts, paths: &Paths) -> Result<Server, String> {
+        Server::start_with(kind, lg, paths, kind.name(), &[]).await
+    }
+
+    /// Like [`start`](Self::start), with `extra` flags for livegate (the cluster flags)
+    /// and `tag` naming the scratch directory.
+    pub async fn start_with(kind: Kind, lg: LivegateOpts, paths: &Paths, tag: &str, extra: &[String]) -> Result<Server, String> {
         std::fs::create_dir_all(&paths.scratch).map_err(|e| e.to_string())?;
         let dir = tempfile::Builder::new()
-            .prefix(&format!("{}-", kind.name()))
+            .prefix(&format!("{tag}-"))
             .disable_cleanup(std::env::var_os("FANOUT_KEEP_SCRATCH").is_some())
             .tempdir_in(&paths.scratch)
             .map_err(|e| e.to_string())?;
@@ -132,6 +185,7 @@ impl Server {
                     .args(["--max-subscriptions", "1024"])
                     .args(["--drain-wait-secs", "0", "--drain-spread-secs", "0", "--drain-grace-secs", "1"])
                     .args(["--log-format", "json"])
+                    .args(extra)
                     .env("RUST_LOG", "warn");
             }
             Kind::Nchan => {
@@ -153,14 +207,18 @@ impl Server {
         let mut http = HttpClient::new(addr, None);
         loop {
             if let Ok(Some(status)) = server.child.try_wait() {
-                return Err(format!("{} exited at start ({status}); see {}", kind.name(), server.log_hint()));
+                return Err(format!(
+                    "{tag} exited at start ({status}); {}:\n{}",
+                    server.log_hint(),
+                    log_tail(&server._dir.path().join("stderr.log"), 5)
+                ));
             }
             if matches!(http.get("/readyz").await, Ok(r) if r.status == 200) {
                 break;
             }
             if started.elapsed() > READY_TIMEOUT {
                 server.stop();
-                return Err(format!("{} not ready after {READY_TIMEOUT:?}", kind.name()));
+                return Err(format!("{tag} not ready after {READY_TIMEOUT:?}"));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -179,9 +237,20 @@ impl Server {
         procstat::sample(self.stat_pid)
     }
 
+    /// The server's log so far (livegate: JSON lines at `warn` and above).
+    pub fn log_text(&self) -> String {
+        let dir = self._dir.path();
+        let mut text = std::fs::read_to_string(dir.join("stderr.log")).unwrap_or_default();
+        text.push_str(&std::fs::read_to_string(dir.join("stdout.log")).unwrap_or_default());
+        text
+    }
+
     /// Stops the server and waits for it: SIGTERM to nginx's master (it stops its worker),
     /// SIGKILL to the others (nothing of theirs is needed after a run).
     pub fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return; // already stopped and reaped
+        }
         let pid = self.child.id() as i32;
         let sig = if self.kind == Kind::Nchan { libc::SIGTERM } else { libc::SIGKILL };
         // SAFETY: signalling our own child, which has not been reaped yet.
@@ -213,5 +282,173 @@ impl Drop for Server {
         if let Ok(None) = self.child.try_wait() {
             self.stop();
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Cluster mode: nats-server and livegate nodes joined through it
+// ---------------------------------------------------------------------------------------
+
+/// `nats-server -js -a 127.0.0.1 -p PORT -sd STORE`, pinned to the servers' CPU, with its
+/// store and log in a scratch directory of its own; SIGKILLed on stop (the store is thrown
+/// away with the directory).
+pub struct NatsServer {
+    pub port: u16,
+    pub pid: i32,
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl NatsServer {
+    pub async fn start(paths: &Paths) -> Result<NatsServer, String> {
+        if let Some(why) = nats_missing() {
+            return Err(why);
+        }
+        let dir = scratch_dir(paths, "nats-")?;
+        let log = dir.path().join("nats.log");
+        let mut last_error = String::new();
+        // The free port may be taken between choosing and binding it: try another.
+        for _ in 0..3 {
+            let port = free_port();
+            let file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+            let err = file.try_clone().map_err(|e| e.to_string())?;
+            let mut child = Command::new("taskset")
+                .arg("-c")
+                .arg(SERVER_CPU.to_string())
+                .arg(NATS_SERVER)
+                .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+                .arg(dir.path().join("store"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::from(file))
+                .stderr(Stdio::from(err))
+                .spawn()
+                .map_err(|e| format!("spawn {NATS_SERVER}: {e}"))?;
+            let started = Instant::now();
+            let ready = loop {
+                if let Ok(Some(status)) = child.try_wait() {
+                    break Err(format!("nats-server exited at start ({status}):\n{}", log_tail(&log, 5)));
+                }
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let addr = SocketAddr::from(([127, 0, 0, 1], port));
+                if text.contains("Server is ready") && std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                    break Ok(());
+                }
+                if started.elapsed() > READY_TIMEOUT {
+                    kill_and_reap(&mut child);
+                    break Err(format!("nats-server not ready on port {port} after {READY_TIMEOUT:?}:\n{}", log_tail(&log, 5)));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            match ready {
+                Ok(()) => return Ok(NatsServer { port, pid: child.id() as i32, child, dir }),
+                Err(e) => last_error = e,
+            }
+        }
+        Err(last_error)
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("nats.log")).unwrap_or_default()
+    }
+
+    pub fn stop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            kill_and_reap(&mut self.child);
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One value of a Prometheus metric from `/metrics` (summed over its label sets).
+pub async fn metric(addr: SocketAddr, name: &str) -> Option<f64> {
+    let r = HttpClient::new(addr, None).get("/metrics").await.ok()?;
+    if r.status != 200 {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let value = match rest.chars().next()? {
+                ' ' => rest,
+                '{' => &rest[rest.find('}')? + 1..],
+                _ => return None,
+            };
+            value.split_whitespace().next()?.parse::<f64>().ok()
+        })
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// N livegate nodes (`a`, `b`, `c`) on one [`NatsServer`], every process pinned to the
+/// servers' CPU, each node with its own data dir and the same API key. Nodes stop
+/// before NATS (field order).
+pub struct LivegateCluster {
+    pub nodes: Vec<Server>,
+    pub nats: NatsServer,
+}
+
+impl LivegateCluster {
+    /// Starts NATS and `n` nodes; returns once every node is ready and counts the
+    /// others alive (`livegate_cluster_peers_alive`).
+    pub async fn start(n: usize, lg: LivegateOpts, paths: &Paths) -> Result<LivegateCluster, String> {
+        assert!((1..=NODE_NAMES.len()).contains(&n));
+        let nats = NatsServer::start(paths).await?;
+        let url = nats.url();
+        let mut nodes = Vec::with_capacity(n);
+        for name in &NODE_NAMES[..n] {
+            let extra: Vec<String> = ["--node", name, "--cluster-nats-url", &url].iter().map(|s| s.to_string()).collect();
+            nodes.push(Server::start_with(Kind::Livegate, lg, paths, &format!("livegate-{name}"), &extra).await?);
+        }
+        let cluster = LivegateCluster { nodes, nats };
+        let want = (n - 1) as f64;
+        let started = Instant::now();
+        loop {
+            let mut seen = Vec::new();
+            for (i, node) in cluster.nodes.iter().enumerate() {
+                seen.push((NODE_NAMES[i], metric(node.addr, "livegate_cluster_peers_alive").await));
+            }
+            if seen.iter().all(|(_, v)| *v == Some(want)) {
+                return Ok(cluster);
+            }
+            if started.elapsed() > PEERS_TIMEOUT {
+                let tails: Vec<String> = cluster
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| format!("node {}: {}", NODE_NAMES[i], n.log_text().lines().rev().take(3).collect::<Vec<_>>().join(" | ")))
+                    .collect();
+                return Err(format!(
+                    "cluster not formed after {PEERS_TIMEOUT:?}: livegate_cluster_peers_alive by node {seen:?}, want {want}; last log lines: {}",
+                    tails.join("; ")
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// (name, pid) of every process: the nodes, then `nats`.
+    pub fn pids(&self) -> Vec<(String, i32)> {
+        let mut v: Vec<(String, i32)> = self.nodes.iter().enumerate().map(|(i, s)| (NODE_NAMES[i].to_string(), s.stat_pid)).collect();
+        v.push(("nats".into(), self.nats.pid));
+        v
+    }
+
+    pub fn stop(&mut self) {
+        for node in &mut self.nodes {
+            node.stop();
+        }
+        self.nats.stop();
     }
 }
