@@ -84,6 +84,8 @@ struct ClusterLog {
     catching_up: bool,
     /// Conflicts the front publish met so far.
     conflicts: u32,
+    /// Subscribes that arrived while the stream could not be read.
+    waiting_subscribers: Vec<Subscribe>,
 }
 
 pub struct RoomActor {
@@ -291,6 +293,7 @@ impl RoomActor {
             && self.waiting.is_empty()
             && !self.flushing
             && self.cluster.queue.is_empty()
+            && self.cluster.waiting_subscribers.is_empty()
             && !self.cluster.appending
             && !matches!(self.state, RoomState::Loading);
         if idle && self.last_active.elapsed() >= self.settings.idle_stop {
@@ -322,6 +325,9 @@ impl RoomActor {
                 let entries = stored.events.iter().map(|e| self.entry(&e.event)).collect();
                 self.state = RoomState::Live(SeqLog::restore(stored.epoch, head, entries, self.settings.retention));
                 tracing::debug!(room = %self.name, head, "room loaded from the stream");
+                for waiting in std::mem::take(&mut self.cluster.waiting_subscribers) {
+                    self.subscribe(waiting);
+                }
             }
             Err(error) => {
                 tracing::warn!(room = %self.name, %error, "room could not be read from the stream; retrying");
@@ -582,6 +588,19 @@ impl Handler<Subscribe> for RoomActor {
 
     fn handle(&mut self, msg: Subscribe, _ctx: &mut Self::Context) -> Self::Result {
         self.admit()?;
+        // Cluster mode, stream unreachable: the subscriber waits for the room to load
+        // (the load is retried every second) instead of being refused for good.
+        if let (RoomState::Failed(_), RoomStore::Cluster(_)) = (&self.state, &self.store) {
+            self.cluster.waiting_subscribers.push(msg);
+            return Ok(());
+        }
+        self.subscribe(msg);
+        Ok(())
+    }
+}
+
+impl RoomActor {
+    fn subscribe(&mut self, msg: Subscribe) {
         self.trim_expired();
         let max_events = self.settings.recovery_max_events;
         let name = self.name.clone();
@@ -590,7 +609,7 @@ impl Handler<Subscribe> for RoomActor {
             Err(message) => {
                 let generation = msg.generation;
                 msg.to.do_send(RoomUpdate::Refused { room: name, reference: msg.reference, message, generation });
-                return Ok(());
+                return;
             }
         };
         let (recovered, replay) = match msg.since {
@@ -613,7 +632,6 @@ impl Handler<Subscribe> for RoomActor {
             generation: msg.generation,
         });
         self.subscribers.insert(msg.conn, Subscriber { to: msg.to, backlog: msg.backlog, generation: msg.generation });
-        Ok(())
     }
 }
 
@@ -624,6 +642,7 @@ impl Handler<Unsubscribe> for RoomActor {
         if self.subscribers.get(&msg.conn).is_some_and(|s| s.generation <= msg.generation) {
             self.subscribers.remove(&msg.conn);
         }
+        self.cluster.waiting_subscribers.retain(|w| w.conn != msg.conn || w.generation > msg.generation);
         self.last_active = Instant::now();
     }
 }
