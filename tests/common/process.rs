@@ -46,14 +46,24 @@ impl ServeProcess {
         ServeProcess::spawn(data_dir, log, &[], extra, &[])
     }
 
+    /// [`ServeProcess::start`] as node `node` (instead of [`NODE`]), for several nodes of
+    /// one cluster.
+    pub fn start_named(data_dir: &Path, log: &Path, node: &str, extra: &[&str]) -> ServeProcess {
+        ServeProcess::spawn_as(data_dir, log, node, &["--api-key", API_KEY], extra, &[])
+    }
+
     fn spawn(data_dir: &Path, log: &Path, key: &[&str], extra: &[&str], env: &[(&str, &str)]) -> ServeProcess {
+        ServeProcess::spawn_as(data_dir, log, NODE, key, extra, env)
+    }
+
+    fn spawn_as(data_dir: &Path, log: &Path, node: &str, key: &[&str], extra: &[&str], env: &[(&str, &str)]) -> ServeProcess {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_livegate"));
         cmd.arg("serve")
             .args(["--listen", "127.0.0.1:0"])
             .arg("--data-dir")
             .arg(data_dir)
             .args(key)
-            .args(["--node", NODE])
+            .args(["--node", node])
             .args(extra)
             .current_dir(data_dir.parent().unwrap_or(data_dir))
             .stdin(Stdio::null())

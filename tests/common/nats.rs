@@ -1,0 +1,355 @@
+//! Cluster mode on a real NATS server: [`NatsServer`] runs Debian's `nats-server -js` on a
+//! free loopback port with a store dir of its own (killed on drop, restartable on the
+//! same port and store), and [`Cluster`] runs N `livegate serve` processes (nodes `a`,
+//! `b`, `c`, ...) joined through it, each with its own data dir.
+//!
+//! A missing nats-server is a failure, never a skip: the panic says how to install it
+//! (`.ci/test` does). Every wait is bounded; on a panic the cluster's directory (node
+//! logs, NATS log and store) is kept and its path printed.
+
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use super::process::{metric, ServeProcess};
+use super::{Auth, Body, Http};
+
+/// Where Debian's `nats-server` package installs the server.
+pub const NATS_SERVER: &str = "/usr/sbin/nats-server";
+/// How long nats-server may take to accept connections.
+pub const NATS_START_LIMIT: Duration = Duration::from_secs(15);
+
+/// A free loopback port: bind `127.0.0.1:0`, read the port, drop the listener.
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// Whether something accepts TCP connections on `127.0.0.1:port`.
+pub fn port_open(port: u16) -> bool {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+}
+
+fn require_nats_server() {
+    if !Path::new(NATS_SERVER).exists() {
+        panic!(
+            "{NATS_SERVER} not found: the cluster tests need Debian's nats-server (v2.9 or later). \
+             Install it with `apt-get install -y nats-server` (.ci/test does this); the tests are \
+             never skipped without it."
+        );
+    }
+}
+
+/// One `nats-server -js -a 127.0.0.1 -p PORT -sd STORE` child process.
+pub struct NatsServer {
+    child: Option<Child>,
+    pub port: u16,
+    /// JetStream's store dir (`-sd`), kept across restarts.
+    pub store: PathBuf,
+    /// The current process's log (stderr); one file per start.
+    pub log: PathBuf,
+    dir: PathBuf,
+    starts: usize,
+    /// Owned only when the server made its own directory.
+    _own: Option<TempDir>,
+}
+
+impl NatsServer {
+    /// Starts a server in a temporary directory of its own.
+    pub fn start() -> NatsServer {
+        let own = tempfile::Builder::new().prefix("livegate-nats-").tempdir().expect("tempdir");
+        let dir = own.path().to_path_buf();
+        let mut server = NatsServer::start_in(&dir);
+        server._own = Some(own);
+        server
+    }
+
+    /// Starts a server whose store and logs live under `dir` (`dir/nats-store`,
+    /// `dir/nats-N.log`), on a free port (another one is tried if the port was taken
+    /// between choosing and binding it).
+    pub fn start_in(dir: &Path) -> NatsServer {
+        require_nats_server();
+        let store = dir.join("nats-store");
+        std::fs::create_dir_all(&store).expect("create the NATS store dir");
+        let mut last_error = String::new();
+        for _ in 0..3 {
+            let mut server = NatsServer {
+                child: None,
+                port: free_port(),
+                store: store.clone(),
+                log: PathBuf::new(),
+                dir: dir.to_path_buf(),
+                starts: 0,
+                _own: None,
+            };
+            match server.spawn() {
+                Ok(()) => return server,
+                Err(e) => last_error = e,
+            }
+        }
+        panic!("nats-server did not start (3 attempts): {last_error}");
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        self.starts += 1;
+        self.log = self.dir.join(format!("nats-{}.log", self.starts));
+        let log = std::fs::File::create(&self.log).expect("NATS log file");
+        let port = self.port.to_string();
+        let mut child = Command::new(NATS_SERVER)
+            .args(["-js", "-a", "127.0.0.1", "-p", &port, "-sd"])
+            .arg(&self.store)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone().expect("clone log handle")))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {NATS_SERVER}: {e}"));
+        let deadline = Instant::now() + NATS_START_LIMIT;
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait nats-server") {
+                return Err(format!("nats-server exited with {status} on port {port}; log:\n{}", self.log_text()));
+            }
+            if port_open(self.port) && self.log_text().contains("Server is ready") {
+                self.child = Some(child);
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("nats-server not accepting on {port} within {NATS_START_LIMIT:?}; log:\n{}", self.log_text()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `nats://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub fn running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| c.try_wait().expect("try_wait nats-server").is_none())
+    }
+
+    /// SIGKILL and reap: JetStream gets no chance to flush.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port and store dir (after [`kill9`]); waits
+    /// (bounded) until it accepts connections. Retries while the port is still taken.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "restart() of a running nats-server: kill9() it first");
+        let deadline = Instant::now() + NATS_START_LIMIT;
+        loop {
+            match self.spawn() {
+                Ok(()) => return,
+                Err(e) if Instant::now() > deadline => panic!("nats-server did not restart on port {}: {e}", self.port),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    /// The current process's log.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Several livegate nodes on one NATS server
+// ---------------------------------------------------------------------------------------
+
+/// Node names by index.
+pub const NODE_NAMES: [&str; 5] = ["a", "b", "c", "d", "e"];
+/// How long the nodes may take to hear each other after a start.
+pub const PEERS_LIMIT: Duration = Duration::from_secs(20);
+
+/// N `livegate serve` processes (nodes `a`, `b`, ...) on one [`NatsServer`], each with
+/// its own data dir under one temporary root. Node `i` can be stopped (taken out) and
+/// started again with the same name and data dir.
+pub struct Cluster {
+    pub nats: NatsServer,
+    nodes: Vec<Option<ServeProcess>>,
+    extra: Vec<String>,
+    starts: Vec<usize>,
+    root: Option<TempDir>,
+}
+
+impl Cluster {
+    /// Starts nats-server and `n` nodes with the cluster flags plus `extra` (for example
+    /// short drain timings); returns once every node is ready and counts the others as
+    /// alive peers.
+    pub fn start(n: usize, extra: &[&str]) -> Cluster {
+        assert!((1..=NODE_NAMES.len()).contains(&n), "1..={} nodes", NODE_NAMES.len());
+        let root = tempfile::Builder::new().prefix("livegate-cluster-").tempdir().expect("tempdir");
+        let nats = NatsServer::start_in(root.path());
+        let mut cluster = Cluster {
+            nats,
+            nodes: (0..n).map(|_| None).collect(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            starts: vec![0; n],
+            root: Some(root),
+        };
+        for i in 0..n {
+            cluster.start_node(i);
+        }
+        cluster.wait_peers(PEERS_LIMIT);
+        cluster
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn root(&self) -> &Path {
+        self.root.as_ref().expect("root").path()
+    }
+
+    pub fn name(i: usize) -> &'static str {
+        NODE_NAMES[i]
+    }
+
+    /// Node `i`'s data dir (the same across restarts).
+    pub fn data_dir(&self, i: usize) -> PathBuf {
+        self.root().join(format!("data-{}", Cluster::name(i)))
+    }
+
+    /// (Re)starts node `i` with its name and data dir; returns once `/readyz` is 200.
+    pub fn start_node(&mut self, i: usize) {
+        assert!(self.nodes[i].is_none(), "node {} is running", Cluster::name(i));
+        self.starts[i] += 1;
+        let data = self.data_dir(i);
+        std::fs::create_dir_all(&data).expect("node data dir");
+        let log = self.root().join(format!("node-{}-{}.log", Cluster::name(i), self.starts[i]));
+        let url = self.nats.url();
+        let mut flags: Vec<&str> = vec!["--cluster-nats-url", &url];
+        flags.extend(self.extra.iter().map(String::as_str));
+        self.nodes[i] = Some(ServeProcess::start_named(&data, &log, Cluster::name(i), &flags));
+    }
+
+    pub fn is_running(&self, i: usize) -> bool {
+        self.nodes[i].is_some()
+    }
+
+    pub fn node(&self, i: usize) -> &ServeProcess {
+        self.nodes[i].as_ref().unwrap_or_else(|| panic!("node {} is not running", Cluster::name(i)))
+    }
+
+    pub fn node_mut(&mut self, i: usize) -> &mut ServeProcess {
+        self.nodes[i].as_mut().unwrap_or_else(|| panic!("node {} is not running", Cluster::name(i)))
+    }
+
+    /// Takes node `i`'s process out of the cluster (to kill or wait for it); the node can
+    /// be started again with [`start_node`](Self::start_node).
+    pub fn take_node(&mut self, i: usize) -> ServeProcess {
+        self.nodes[i].take().unwrap_or_else(|| panic!("node {} is not running", Cluster::name(i)))
+    }
+
+    pub fn addr(&self, i: usize) -> SocketAddr {
+        self.node(i).addr
+    }
+
+    pub fn http(&self, i: usize) -> Http {
+        self.node(i).http()
+    }
+
+    /// The running nodes' indexes.
+    pub fn running(&self) -> Vec<usize> {
+        (0..self.nodes.len()).filter(|&i| self.nodes[i].is_some()).collect()
+    }
+
+    /// Waits until every running node is ready and reports every other running node as
+    /// an alive peer (`livegate_cluster_peers_alive`); panics after `within`.
+    pub fn wait_peers(&self, within: Duration) {
+        let running = self.running();
+        let want = (running.len() - 1) as f64;
+        let deadline = Instant::now() + within;
+        loop {
+            let seen: Vec<(&str, Option<f64>, bool)> = running
+                .iter()
+                .map(|&i| {
+                    let http = self.http(i);
+                    let ready = matches!(http.try_request("GET", "/readyz", Auth::None, Body::None), Ok((200, _)));
+                    (Cluster::name(i), metric(&http, "livegate_cluster_peers_alive"), ready)
+                })
+                .collect();
+            if seen.iter().all(|(_, peers, ready)| *ready && *peers == Some(want)) {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "cluster not formed within {within:?}: (node, livegate_cluster_peers_alive, ready) = {seen:?}, \
+                     want {want} peers each; logs:\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Every node log (all starts) and the NATS logs, for a failure message.
+    pub fn logs(&self) -> String {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(self.root())
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "log")).collect())
+            .unwrap_or_default();
+        paths.sort();
+        let mut out = String::new();
+        for p in paths {
+            out.push_str(&format!("===== {} =====\n", p.display()));
+            out.push_str(&std::fs::read_to_string(&p).unwrap_or_default());
+        }
+        out
+    }
+
+    /// The log lines of every node (all starts) that contain any of `needles`
+    /// (case-insensitive), prefixed with the file name.
+    pub fn log_lines(&self, needles: &[&str]) -> Vec<String> {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(self.root())
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "log")).collect())
+            .unwrap_or_default();
+        paths.sort();
+        let mut out = Vec::new();
+        for p in paths {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            for line in std::fs::read_to_string(&p).unwrap_or_default().lines() {
+                let lower = line.to_lowercase();
+                if needles.iter().any(|n| lower.contains(&n.to_lowercase())) {
+                    out.push(format!("{name}: {line}"));
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in self.nodes.iter_mut() {
+            node.take(); // ServeProcess kills on drop
+        }
+        self.nats.kill9();
+        if std::thread::panicking() {
+            if let Some(root) = self.root.take() {
+                let kept = root.keep();
+                eprintln!("cluster test failed: node logs, NATS log and store kept in {}", kept.display());
+            }
+        }
+    }
+}
