@@ -17,7 +17,7 @@ use crate::cluster::Cluster;
 use crate::config::Peer;
 use crate::core::heartbeats::{Heartbeats, NodeInfo, Seen};
 use crate::core::liveness::{Change, Liveness};
-use crate::core::routing::{route_cell, route_session, CellReport};
+use crate::core::routing::{room_writer, route_cell, route_session, CellReport};
 use crate::http::{Lifecycle, Phase};
 use crate::metrics::PeerLabel;
 use crate::world::now_ms;
@@ -32,7 +32,14 @@ pub struct Heard(pub NodeInfo);
 #[rtype(result = "()")]
 pub struct Left(pub String);
 
-/// Cluster mode: how many peers take new connections now.
+/// Cluster mode: which node appends `room`'s events now (one writer per room).
+#[derive(Message)]
+#[rtype(result = "Option<String>")]
+pub struct RoomWriter {
+    pub room: String,
+}
+
+/// Cluster mode: how many peers are alive now (draining ones included).
 #[derive(Message)]
 #[rtype(result = "usize")]
 pub struct CountPeers;
@@ -230,6 +237,17 @@ impl Handler<Left> for LivenessActor {
                 tracing::info!(peer = %msg.0, "peer left");
             }
         }
+    }
+}
+
+impl Handler<RoomWriter> for LivenessActor {
+    type Result = Option<String>;
+
+    fn handle(&mut self, msg: RoomWriter, _ctx: &mut Self::Context) -> Option<String> {
+        self.cluster.as_ref()?;
+        let (_, alive) = self.candidates();
+        let alive: Vec<&str> = alive.iter().map(String::as_str).collect();
+        room_writer(&msg.room, &alive).map(str::to_string)
     }
 }
 

@@ -13,12 +13,14 @@ use super::kv::KvSessions;
 use super::roomlog::decode_live;
 use super::{decode_node, Cluster, ClusterError, HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, LIVE_SUBJECTS, REPLACE_SUBJECT};
 use crate::actors::liveness::{Heard, Left, LivenessActor};
-use crate::actors::messages::Kick;
+use crate::actors::messages::{Kick, Published};
 use crate::actors::registry::{Registry, RemoteReplace};
-use crate::actors::rooms::Rooms;
+use crate::actors::rooms::{RoomError, Rooms};
 
 /// How often the maintenance loop looks at the connection and the directory queue.
 const MAINTENANCE_EVERY: Duration = Duration::from_millis(500);
+/// Longest a forwarded publish waits for the writer's answer.
+const FORWARD_WAIT: Duration = Duration::from_secs(5);
 /// Longest a kick waits for the other nodes' counts (each waits up to 10 s for its closes).
 const KICK_ANSWER_WAIT: Duration = Duration::from_secs(12);
 
@@ -38,6 +40,21 @@ pub async fn listen(
     let mut leaves = client.subscribe(LEAVE_SUBJECT).await.map_err(ClusterError::nats)?;
     let mut replaces = client.subscribe(REPLACE_SUBJECT).await.map_err(ClusterError::nats)?;
     let mut kicks = client.subscribe(KICK_SUBJECT).await.map_err(ClusterError::nats)?;
+    let mut forwarded = client.subscribe(publish_subject(&cluster.node)).await.map_err(ClusterError::nats)?;
+    let (publish_rooms, publish_client) = (rooms.clone(), client.clone());
+    actix::spawn(async move {
+        while let Some(message) = forwarded.next().await {
+            let Some(reply) = message.reply.clone() else { continue };
+            let (rooms, client) = (publish_rooms.clone(), publish_client.clone());
+            actix::spawn(async move {
+                let answer = match decode_forward(&message) {
+                    Some((room, id, data, devices)) => rooms.publish(&room, id.into(), data.into(), devices).await,
+                    None => Err(RoomError::Unavailable("malformed forwarded publish".into())),
+                };
+                let _ = client.publish_with_headers(reply, encode_answer(&answer), Vec::<u8>::new().into()).await;
+            });
+        }
+    });
     let live_rooms = rooms.clone();
     actix::spawn(async move {
         while let Some(message) = live.next().await {
@@ -107,6 +124,74 @@ pub async fn listen(
         }
     });
     Ok(())
+}
+
+/// Where a node takes publishes forwarded to it as a room's writer.
+fn publish_subject(node: &str) -> String {
+    format!("lg.node.{}.publish", super::room_token(node))
+}
+
+fn decode_forward(message: &async_nats::Message) -> Option<(String, String, String, Option<Vec<String>>)> {
+    let headers = message.headers.as_ref()?;
+    let text = |name: &str| headers.get(name).map(|v| v.as_str().to_string());
+    let devices = text("Lg-Devices").map(|d| d.split(',').map(str::to_string).collect());
+    let data = String::from_utf8(message.payload.to_vec()).ok()?;
+    Some((text("Lg-Room")?, text("Lg-Id")?, data, devices))
+}
+
+fn encode_answer(answer: &Result<Published, RoomError>) -> async_nats::HeaderMap {
+    let mut headers = async_nats::HeaderMap::new();
+    match answer {
+        Ok(published) => {
+            headers.insert("Lg-Seq", published.seq.to_string().as_str());
+            headers.insert("Lg-Epoch", &*published.epoch);
+            headers.insert("Lg-Duplicate", if published.duplicate { "1" } else { "0" });
+        }
+        Err(error) => headers.insert("Lg-Error", error.to_string().replace(['\r', '\n'], " ").as_str()),
+    }
+    headers
+}
+
+/// Why a forwarded publish did not happen on the writer.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// The writer could not be reached (gone, or NATS is away): publish here instead.
+    #[error("room writer unreachable: {0}")]
+    Unreachable(String),
+    /// The writer tried and failed.
+    #[error(transparent)]
+    Failed(#[from] RoomError),
+}
+
+/// Have `writer` publish the event, as the one node that appends to `room`.
+pub async fn forward_publish(
+    cluster: &Cluster,
+    writer: &str,
+    room: &str,
+    id: &str,
+    data: &str,
+    devices: Option<&[String]>,
+) -> Result<Published, ForwardError> {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Lg-Room", room);
+    headers.insert("Lg-Id", id);
+    if let Some(devices) = devices {
+        headers.insert("Lg-Devices", devices.join(",").as_str());
+    }
+    let request = async_nats::Request::new().headers(headers).payload(data.to_string().into()).timeout(Some(FORWARD_WAIT));
+    let answer = cluster
+        .client
+        .send_request(publish_subject(writer), request)
+        .await
+        .map_err(|e| ForwardError::Unreachable(e.to_string()))?;
+    let headers = answer.headers.ok_or_else(|| ForwardError::Unreachable("answer without headers".into()))?;
+    let text = |name: &str| headers.get(name).map(|v| v.as_str().to_string());
+    if let Some(error) = text("Lg-Error") {
+        return Err(RoomError::Unavailable(error).into());
+    }
+    let seq = text("Lg-Seq").and_then(|s| s.parse().ok()).ok_or_else(|| ForwardError::Unreachable("answer without seq".into()))?;
+    let epoch = text("Lg-Epoch").ok_or_else(|| ForwardError::Unreachable("answer without epoch".into()))?;
+    Ok(Published { seq, epoch: epoch.into(), duplicate: text("Lg-Duplicate").as_deref() == Some("1") })
 }
 
 /// `node\nuser\ndevice\nextra`: user and device names hold no newline.

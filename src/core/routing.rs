@@ -5,6 +5,9 @@
 //!   candidate and alive, else the lexicographically first alive candidate.
 //! - [`route_cell`]: which cell serves a user — the home cell while healthy, else the
 //!   first healthy cell by name; several reports of one cell are AND-merged.
+//! - [`room_writer`]: which node appends a room's events in cluster mode — the candidate
+//!   with the highest hash of (room, node) (rendezvous hashing: when a node leaves, only
+//!   its rooms move).
 
 use std::collections::BTreeMap;
 
@@ -79,6 +82,27 @@ pub fn route_cell<'a>(user: &str, home: &str, cells: &[CellReport<'a>]) -> Resul
         .find(|(name, healthy)| *healthy && !name.is_empty())
         .map(|(name, _)| name)
         .ok_or_else(|| CellError::NoHealthyCell { user: user.to_string() })
+}
+
+/// The node that appends `room`'s events: the candidate whose (room, node) hash is
+/// highest, ties broken by name. `None` without candidates.
+pub fn room_writer<'a>(room: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    candidates.iter().copied().max_by_key(|node| (writer_hash(room, node), std::cmp::Reverse(*node)))
+}
+
+/// FNV-1a over the room, a separator and the node, then a 64-bit finaliser (names that
+/// differ only in their last byte must still spread): the same in every process and build.
+fn writer_hash(room: &str, node: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in room.bytes().chain([0xff]).chain(node.bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    hash ^ (hash >> 33)
 }
 
 #[cfg(test)]
@@ -176,5 +200,24 @@ mod tests {
                 prop_assert!(owned.iter().filter(|r| r.name == cell).all(|r| r.healthy));
             }
         }
+    }
+
+    #[test]
+    fn room_writers_are_stable_and_move_only_the_lost_nodes_rooms() {
+        assert_eq!(room_writer("r", &[]), None);
+        assert_eq!(room_writer("r", &["a"]), Some("a"));
+        let all = ["a", "b", "c"];
+        let rooms: Vec<String> = (0..300).map(|i| format!("room:{i}")).collect();
+        let mut per_node = std::collections::BTreeMap::new();
+        for room in &rooms {
+            let writer = room_writer(room, &all).unwrap();
+            assert_eq!(room_writer(room, &["c", "a", "b"]), Some(writer), "order must not matter");
+            *per_node.entry(writer).or_insert(0) += 1;
+            let without_b = room_writer(room, &["a", "c"]).unwrap();
+            if writer != "b" {
+                assert_eq!(without_b, writer, "{room} moved although its writer stayed");
+            }
+        }
+        assert!(per_node.values().all(|n| (60..=140).contains(n)), "uneven spread: {per_node:?}");
     }
 }
