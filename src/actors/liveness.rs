@@ -7,11 +7,10 @@
 //! (the pure [`Heartbeats`] table), a peer not heard for three periods is down, and a
 //! draining node (this one included) stops being a candidate at once.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-
-use std::sync::Arc;
 
 use crate::cluster::Cluster;
 use crate::config::Peer;
@@ -95,7 +94,7 @@ impl LivenessActor {
     }
 
     /// Cluster mode: peers come from heartbeats every `interval`, down after three missed.
-    pub fn clustered(me: Peer, interval: Duration, peers: ClusterPeers, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Self {
+    pub fn clustered(me: Peer, interval: Duration, peers: ClusterPeers, metrics: Arc<crate::metrics::Metrics>) -> Self {
         LivenessActor { metrics, me, peers: Vec::new(), table: Liveness::new([], 1), interval, cluster: Some(peers) }
     }
 
