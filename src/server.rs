@@ -63,7 +63,6 @@ const HEARTBEATS_MISSED: u64 = 3;
 fn stream_limits(config: &Config) -> StreamLimits {
     StreamLimits {
         history_size: config.history_size as u64,
-        history_ttl: Duration::from_secs(config.history_ttl_secs),
         nonce_ttl: Duration::from_secs(config.token_ttl_max_secs),
     }
 }

@@ -422,6 +422,28 @@ fn two_nodes_publishing_to_one_room_at_once_make_one_contiguous_sequence() {
 // (d) stale directory write (library API, two connections)
 // ---------------------------------------------------------------------------------------
 
+/// A quiet room whose events are all older than `history_ttl_secs` keeps its head on every
+/// node: the stream keeps its newest event, so a node that never held the room reads the
+/// same head, expired events are not served, and the next event continues the sequence.
+#[test]
+fn a_room_whose_history_expired_keeps_its_head_on_every_node() {
+    let _serial = serial();
+    let cluster = Cluster::start(3, &["--history-ttl-secs", "1"]);
+    let room = "ttl:1";
+    for i in 1..=3 {
+        cluster.http(0).publish_ok(room, Some(&format!("ttl-{i}")), json!({"i": i}));
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    // Only the room's writer holds it in memory; the other nodes read the stream now.
+    for node in 0..3 {
+        let page = cluster.http(node).history_ok(room, None, None);
+        assert_eq!(page["head"], 3, "head on {}: {page}", Cluster::name(node));
+        assert_eq!(page["events"].as_array().map(Vec::len), Some(0), "expired events served on {}: {page}", Cluster::name(node));
+    }
+    let next = cluster.http(1).publish_ok(room, Some("ttl-4"), json!({"i": 4}));
+    assert_eq!(next["seq"], 4, "{next}");
+}
+
 #[test]
 fn a_stale_directory_write_from_one_node_loses_to_the_other() {
     let _serial = serial();

@@ -206,7 +206,15 @@ impl RoomActor {
     fn trim_expired(&mut self) {
         if let RoomState::Live(log) = &mut self.state {
             let trimmed = log.trim_expired(now_ms());
-            // In cluster mode the stream keeps its own retention.
+            // In cluster mode the stream keeps the newest event: it holds the room's head.
+            if let (Some(_), None, RoomStore::Cluster(cluster)) = (trimmed, log.oldest(), &self.store) {
+                let (cluster, name) = (cluster.clone(), self.name.clone());
+                actix::spawn(async move {
+                    if let Err(error) = roomlog::purge_expired(&cluster, &name).await {
+                        tracing::warn!(room = %name, %error, "could not delete expired history from the stream");
+                    }
+                });
+            }
             if let (Some(first_kept), RoomStore::Local(store)) = (trimmed, &self.store) {
                 match store.trim_events(&self.name, first_kept) {
                     Ok(removed) => {

@@ -56,11 +56,12 @@ impl ClusterError {
     }
 }
 
-/// Room retention on the stream, from `history_size` and `history_ttl_secs`.
+/// Room retention on the stream (`history_size`). Age is not a stream limit: the stream
+/// would drop a quiet room's last event and with it the room's head, so rooms trim
+/// expired events themselves ([`roomlog::purge_expired`]).
 #[derive(Debug, Clone, Copy)]
 pub struct StreamLimits {
     pub history_size: u64,
-    pub history_ttl: Duration,
     /// How long used token nonces are remembered (the longest token lifetime).
     pub nonce_ttl: Duration,
 }
@@ -81,7 +82,7 @@ pub struct Cluster {
 impl Cluster {
     /// Connect with default limits (tests and tools).
     pub async fn connect(url: &str, node: &str) -> Result<Cluster, ClusterError> {
-        let limits = StreamLimits { history_size: 1000, history_ttl: Duration::from_secs(86_400), nonce_ttl: Duration::from_secs(86_400) };
+        let limits = StreamLimits { history_size: 1000, nonce_ttl: Duration::from_secs(86_400) };
         Cluster::connect_with(url, node, limits).await
     }
 
@@ -111,7 +112,6 @@ impl Cluster {
                 name: ROOMS_STREAM.into(),
                 subjects: vec![ROOM_SUBJECTS.into()],
                 max_messages_per_subject: limits.history_size as i64,
-                max_age: limits.history_ttl,
                 storage: stream::StorageType::File,
                 allow_direct: true,
                 duplicate_window: Duration::from_secs(120),

@@ -111,6 +111,12 @@ pub async fn append(cluster: &Cluster, room: &str, expected_last: u64, event: &E
     }
 }
 
+/// Delete a room's stored events except the newest, which keeps the room's head (used
+/// once every event is older than the history TTL).
+pub async fn purge_expired(cluster: &Cluster, room: &str) -> Result<(), ClusterError> {
+    cluster.rooms_stream().purge().filter(room_subject(room)).keep(1).await.map(drop).map_err(|e| ClusterError::Unavailable(e.to_string()))
+}
+
 /// A live copy from `lg.live.<room>`: the room and its event, or `None` for anything else.
 pub fn decode_live(subject: &str, headers: Option<&HeaderMap>, payload: &[u8]) -> Option<(String, StreamEvent)> {
     let room = super::room_from_token(subject.strip_prefix("lg.live.")?)?;
