@@ -97,16 +97,21 @@ impl KvSessions {
         self.cache.lock().insert(record.session.clone(), Cached { record: record.clone(), at: Instant::now() });
     }
 
-    /// The record of `session` and its KV revision, straight from NATS.
-    pub async fn entry(&self, session: &str) -> Result<Option<(SessionRecord, u64)>, ClusterError> {
+    /// The record under `key` and its KV revision, straight from NATS.
+    async fn read<T: serde::de::DeserializeOwned>(&self, key: String) -> Result<Option<(T, u64)>, ClusterError> {
         if !self.reachable() {
             return Err(ClusterError::Unavailable("not connected".into()));
         }
-        let entry = self.bucket.entry(session_key(session)).await.map_err(|e| ClusterError::Unavailable(e.to_string()))?;
+        let entry = self.bucket.entry(key).await.map_err(|e| ClusterError::Unavailable(e.to_string()))?;
         match entry {
             Some(entry) if !entry.value.is_empty() => Ok(Some((decode("lg_sessions", &entry.value)?, entry.revision))),
             _ => Ok(None),
         }
+    }
+
+    /// The record of `session` and its KV revision, straight from NATS.
+    pub async fn entry(&self, session: &str) -> Result<Option<(SessionRecord, u64)>, ClusterError> {
+        self.read(session_key(session)).await
     }
 
     /// The owner record of a session; from the cache while NATS is unreachable.
@@ -222,14 +227,7 @@ impl KvSessions {
     }
 
     async fn user(&self, user: &str) -> Result<Option<(UserRecord, u64)>, ClusterError> {
-        if !self.reachable() {
-            return Err(ClusterError::Unavailable("not connected".into()));
-        }
-        let entry = self.bucket.entry(user_key(user)).await.map_err(|e| ClusterError::Unavailable(e.to_string()))?;
-        match entry {
-            Some(entry) if !entry.value.is_empty() => Ok(Some((decode("lg_sessions", &entry.value)?, entry.revision))),
-            _ => Ok(None),
-        }
+        self.read(user_key(user)).await
     }
 
     async fn update_user(&self, user: &str, change: impl Fn(&mut UserRecord)) -> Result<(), ClusterError> {
