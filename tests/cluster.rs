@@ -694,30 +694,6 @@ async fn attach(
     }
 }
 
-/// Takes the events of `room` in an `events` frame (inbox events are ignored).
-fn take_events(frame: &Value, room: &str, last: &mut u64, got: &mut Vec<(u64, String)>, errors: &mut Vec<String>) {
-    if frame["op"] != "events" {
-        errors.push(format!("unexpected frame {frame}"));
-        return;
-    }
-    for e in frame["events"].as_array().cloned().unwrap_or_default() {
-        let r = e["room"].as_str().unwrap_or("");
-        if r.starts_with("user:") {
-            continue;
-        }
-        if r != room {
-            errors.push(format!("event of a room not subscribed: {e}"));
-            continue;
-        }
-        let seq = e["seq"].as_u64().unwrap_or(0);
-        if seq != *last + 1 && errors.len() < 20 {
-            errors.push(format!("{room}: seq {seq} after {last} ({})", if seq <= *last { "duplicate" } else { "gap" }));
-        }
-        *last = (*last).max(seq);
-        got.push((seq, e["id"].as_str().unwrap_or("").to_string()));
-    }
-}
-
 /// A subscriber of `room` that starts on node `home` and, whenever its connection ends,
 /// reconnects to another node taking clients and resubscribes with `since` + epoch,
 /// until it holds the room's final head.

@@ -234,30 +234,6 @@ struct ClientReport {
     errors: Vec<String>,
 }
 
-/// Takes the events of an `events` frame for `room` (inbox events are ignored).
-fn take_events(frame: &Value, room: &str, last: &mut u64, into: &mut Vec<(u64, String)>, errors: &mut Vec<String>) {
-    if frame["op"] != "events" {
-        errors.push(format!("unexpected frame {frame}"));
-        return;
-    }
-    for e in frame["events"].as_array().cloned().unwrap_or_default() {
-        let r = e["room"].as_str().unwrap_or("");
-        if r.starts_with("user:") {
-            continue;
-        }
-        if r != room {
-            errors.push(format!("event of a room not subscribed: {e}"));
-            continue;
-        }
-        let seq = e["seq"].as_u64().unwrap_or(0);
-        if seq != *last + 1 {
-            errors.push(format!("{room}: seq {seq} after {last} ({})", if seq <= *last { "duplicate" } else { "gap" }));
-        }
-        *last = (*last).max(seq);
-        into.push((seq, e["id"].as_str().unwrap_or("").to_string()));
-    }
-}
-
 async fn drained_client(id: usize, first: SocketAddr, token: String, shared: Arc<Shared>) -> ClientReport {
     let room = room_name(id % ROOMS);
     let user = format!("drain-u{id}");
