@@ -444,6 +444,29 @@ fn a_room_whose_history_expired_keeps_its_head_on_every_node() {
     assert_eq!(next["seq"], 4, "{next}");
 }
 
+/// Tokens are signed with a secret every node shares, and spent cluster-wide: a token
+/// minted on A opens a connection on B, and the same token is then refused on A.
+#[test]
+fn a_token_minted_on_one_node_works_once_on_any_node() {
+    let _serial = serial();
+    let cluster = Cluster::start(2, &[]);
+    let rt = runtime();
+    let token = cluster.http(0).mint_token("once-user", "web");
+    let (on_b, again_on_a) = rt.block_on(async {
+        let on_b = WsClient::try_connect(cluster.addr(1), Some(&token), None).await;
+        let again_on_a = WsClient::try_connect(cluster.addr(0), Some(&token), None).await;
+        (on_b, again_on_a)
+    });
+    assert!(on_b.is_ok(), "a token minted on a must open a connection on b: {:?}", on_b.err().map(|r| (r.status, r.body)));
+    match again_on_a {
+        Ok(_) => panic!("a spent token opened a second connection on another node"),
+        Err(refused) => {
+            assert_eq!(refused.status, 401, "{}", refused.body);
+            assert_eq!(error_code(&refused.body), "token_replayed", "{}", refused.body);
+        }
+    }
+}
+
 #[test]
 fn a_stale_directory_write_from_one_node_loses_to_the_other() {
     let _serial = serial();
