@@ -20,7 +20,8 @@ pub struct Config {
     pub api_key: Option<String>,
     /// This node's name, reported in `welcome` and `/v1/route`.
     pub node: String,
-    /// Per-connection batching window; 0 sends every event at once.
+    /// Per-room batching window: durable events leave as one frame per window; 0 sends
+    /// each flush at once.
     pub batch_window_ms: u64,
     /// Server ping interval; a connection silent for 3 intervals is closed with 4008.
     pub heartbeat_secs: u64,

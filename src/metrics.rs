@@ -225,11 +225,11 @@ impl Metrics {
         r.register("duplicates_rejected", "Publishes answered as duplicates", self.duplicates_rejected.clone());
         r.register_with_unit(
             "delivery_latency",
-            "Publish to socket write, per event",
+            "Publish to the room window leaving for its subscribers, of each window's oldest event",
             Unit::Seconds,
             self.delivery_latency.clone(),
         );
-        r.register("batch_events", "Events per events frame", self.batch_events.clone());
+        r.register("batch_events", "Events per room window", self.batch_events.clone());
         r.register("frames_written", "Events frames written", self.frames_written.clone());
         r.register_with_unit(
             "outbox_high_water",

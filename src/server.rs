@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use actix::Actor;
 use actix_web::dev::Service;
-use actix_web::{web, App, HttpServer};
+use actix_http::HttpService;
+use actix_web::{web, App};
 use futures_util::future::{select, Either};
 use futures_util::stream::{self, Stream, StreamExt};
 use tokio::sync::oneshot;
@@ -74,6 +75,7 @@ fn room_settings(config: &Config, metrics: Arc<Metrics>) -> RoomSettings {
         recovery_max_events: config.recovery_max_events,
         idle_stop: Duration::from_secs(120),
         tick: Duration::from_secs(10),
+        batch_window: Duration::from_millis(config.batch_window_ms),
     }
 }
 
@@ -173,7 +175,6 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         metrics: metrics.clone(),
         node: config.node.clone(),
         heartbeat: Duration::from_secs(config.heartbeat_secs),
-        batch_window: Duration::from_millis(config.batch_window_ms),
         max_subscriptions: config.max_subscriptions,
         max_message_bytes: config.max_message_bytes,
         max_outbox_bytes: config.max_outbox_bytes,
@@ -215,7 +216,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     });
 
     let app_state = state.clone();
-    let server = HttpServer::new(move || {
+    let make_app = move || {
         App::new()
             .app_data(app_state.clone())
             .wrap_fn(|req, service| {
@@ -225,25 +226,56 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
                 service.call(req)
             })
             .configure(http::configure)
-    })
-    .workers(threads())
-    .disable_signals()
-    .on_connect(http::on_connect(metrics.clone(), handshake_timeout))
-    // Slowloris: a request head (so a WebSocket upgrade) must arrive in time.
-    .client_request_timeout(handshake_timeout)
-    // After a closing handshake (or a last response) drop the TCP connection promptly
-    // instead of lingering actix's default second: clients wait for the server's FIN.
-    .client_disconnect_timeout(CLIENT_DISCONNECT_TIMEOUT)
-    // The supervisor decides when connections end; this only bounds the very last step.
-    .shutdown_timeout(timing.spread.as_secs() + timing.grace.as_secs() + 5);
+    };
+    let on_connect = Arc::new(http::on_connect(metrics.clone(), handshake_timeout));
+    let shutdown_timeout = timing.spread.as_secs() + timing.grace.as_secs() + 5;
+    let builder = actix_server::Server::build()
+        .workers(threads())
+        .disable_signals()
+        // The supervisor decides when connections end; this only bounds the very last step.
+        .shutdown_timeout(shutdown_timeout);
+    // Upgrade requests go through the same app (`http::upgrade`), then leave the HTTP
+    // layer for livegate's own WebSocket transport.
+    // On a stop, idle keep-alive connections close at once instead of lingering.
+    let stopping = builder.graceful_shutdown_signal();
+    macro_rules! http_service {
+        ($io:ty) => {{
+            let (make_app, on_connect, stopping) = (make_app.clone(), on_connect.clone(), stopping.clone());
+            move || {
+                let (on_connect, stopping) = (on_connect.clone(), stopping.clone());
+                let app = || actix_service::map_config(make_app(), |_| actix_web::dev::AppConfig::default());
+                HttpService::build()
+                    // Slowloris: a request head (so a WebSocket upgrade) must arrive in time.
+                    .client_request_timeout(handshake_timeout)
+                    // After a last response drop the TCP connection promptly instead of
+                    // lingering actix's default second: clients wait for the server's FIN.
+                    .client_disconnect_timeout(CLIENT_DISCONNECT_TIMEOUT)
+                    // Frames are written whole; never hold one back for the next.
+                    .tcp_nodelay(true)
+                    .graceful_shutdown_signal(move || {
+                        let stopping = stopping.clone();
+                        async move { stopping.notified().await }
+                    })
+                    .on_connect_ext(move |io: &$io, data: &mut actix_web::dev::Extensions| on_connect(io as &dyn std::any::Any, data))
+                    .upgrade(http::upgrade::UpgradeFactory::new(app()))
+                    .finish(app())
+            }
+        }};
+    }
     let server = match tls {
-        Some(tls) => server.listen_rustls_0_23(listener, tls)?,
-        None => server.listen(listener)?,
+        Some(tls) => {
+            let service = http_service!(actix_tls::accept::rustls_0_23::TlsStream<actix_web::rt::net::TcpStream>);
+            builder.listen("livegate", listener, move || service().rustls_0_23(tls.clone()))?
+        }
+        None => {
+            let service = http_service!(actix_web::rt::net::TcpStream);
+            builder.listen("livegate", listener, move || service().tcp())?
+        }
     }
     .run();
     let (done_tx, done) = oneshot::channel();
     let supervisor =
-        Supervisor::new(lifecycle, registry, directory, server.handle(), timing, metrics, done_tx).start();
+        Supervisor::new(lifecycle, registry, directory, rooms.clone(), server.handle(), timing, metrics, done_tx).start();
     let mut serving = actix_web::rt::spawn(server);
     let purge = actix_web::rt::spawn(purge_nonces(store.clone()));
     let simulator = demo.then(|| actix_web::rt::spawn(crate::demo::run_simulator(rooms.clone())));

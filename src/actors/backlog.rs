@@ -1,40 +1,19 @@
 //! Per-connection backlog: bytes rooms have sent to a connection that it has not yet
-//! written into its socket, counted by the sender. actix-web-actors queues without bound
-//! and stops running an actor whose socket is full, so the bound is kept here: a room
-//! refuses to send past `max` and evicts the connection (4009); a connection that cannot
-//! even take its Close frame is shut down at the TCP level through [`SocketAbort`].
+//! taken off its mailbox, counted by the sender. A room refuses to send past `max` and
+//! evicts the connection (4009); the connection bounds what waits in its socket itself
+//! (`wsio::WsIo::queued_bytes`).
 
-use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Weak;
-
-/// A duplicate of a connection's socket, taken when it was accepted, to shut it down
-/// from outside the (possibly frozen) connection actor. Dropped with the connection.
-pub struct SocketAbort(pub OwnedFd);
-
-impl SocketAbort {
-    pub fn shutdown(&self) {
-        let _ = socket2::SockRef::from(&self.0).shutdown(std::net::Shutdown::Both);
-    }
-
-    /// End the read side once a WebSocket is finished: actix-http then sees the end of the
-    /// request, writes what it still holds (the Close frame) and closes the connection.
-    /// Without this it keeps a finished WebSocket's TCP connection open for seconds.
-    pub fn finish_reading(&self) {
-        let _ = socket2::SockRef::from(&self.0).shutdown(std::net::Shutdown::Read);
-    }
-}
 
 pub struct Backlog {
     bytes: AtomicUsize,
     max: usize,
     evicted: AtomicBool,
-    socket: Option<Weak<SocketAbort>>,
 }
 
 impl Backlog {
-    pub fn new(max: usize, socket: Option<Weak<SocketAbort>>) -> Self {
-        Backlog { bytes: AtomicUsize::new(0), max, evicted: AtomicBool::new(false), socket }
+    pub fn new(max: usize) -> Self {
+        Backlog { bytes: AtomicUsize::new(0), max, evicted: AtomicBool::new(false) }
     }
 
     /// A sender is about to send `bytes`. `false` when the connection is (now) over its
@@ -71,21 +50,6 @@ impl Backlog {
     pub fn evict(&self) -> bool {
         !self.evicted.swap(true, Ordering::AcqRel)
     }
-
-    /// End the socket's read side (see [`SocketAbort::finish_reading`]).
-    pub fn finish_reading(&self) {
-        if let Some(socket) = self.socket.as_ref().and_then(Weak::upgrade) {
-            socket.finish_reading();
-        }
-    }
-
-    /// Shut the socket down if the connection still exists.
-    pub fn abort_socket(&self) {
-        if let Some(socket) = self.socket.as_ref().and_then(Weak::upgrade) {
-            tracing::info!("slow consumer did not close in time; socket shut down");
-            socket.shutdown();
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,7 +67,7 @@ mod tests {
 
     #[test]
     fn reserve_release_evict() {
-        let backlog = Backlog::new(100, None);
+        let backlog = Backlog::new(100);
         assert_eq!(backlog.reserve(60), Reserve::Ok);
         assert_eq!(backlog.reserve(30), Reserve::Ok);
         backlog.release(50);
@@ -115,6 +79,5 @@ mod tests {
         assert!(!backlog.evict());
         backlog.release(1_000);
         assert_eq!(backlog.outstanding(), 0);
-        backlog.abort_socket(); // no socket: nothing to do
     }
 }

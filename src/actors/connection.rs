@@ -1,28 +1,28 @@
-//! One actor per WebSocket connection: identity, subscriptions, heartbeat and the outbox
-//! that leaves once per batching window. The transport (actix-web-actors) stays inside
-//! this module.
+//! One actor per WebSocket connection: identity, subscriptions, heartbeat, limits and
+//! close codes. Rooms batch their events into windows and render each window's frame
+//! once; a connection writes that shared frame as it is, and renders its own only where
+//! it must filter (a replay overlapping what it sent, device-targeted inbox messages).
+//! The socket is livegate's own transport ([`wsio`]), driven inside this actor.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use actix_web_actors::ws::{self, CloseCode, CloseReason};
+use actix_http::ws::{self, CloseCode, CloseReason};
 
-use super::backlog::{Backlog, SocketAbort};
+use super::backlog::Backlog;
 use super::messages::*;
 use super::registry::Registry;
 use super::room::RoomActor;
 use super::rooms::Rooms;
-use super::socket::{ends_closing, Fault, Inbound, MessageReader, CLOSE_HANDSHAKE_TIMEOUT};
-use crate::core::batch::{BatchAction, BatchWindow};
+use super::socket::{ends_closing, Fault, Inbound, MessageReader, CLOSE_HANDSHAKE_TIMEOUT, FINISH_WITHIN};
+use super::wsio::{self, ReadError, WsActor, WsIo};
 use crate::core::limits::{burst_for, Strikes, TokenBucket};
 use crate::core::names;
 use crate::core::sent::SentRange;
 use crate::protocol::{self, ClientOp, ClientRequest, ErrorCode};
 
-/// An `events` frame is cut after this many bytes of events (at least one event each).
-const FRAME_TARGET_BYTES: usize = 256 * 1024;
 /// Heartbeat periods without a word from the client before it is closed with 4008.
 const MISSED_HEARTBEATS: u32 = 3;
 /// `limit` of a `history` request that names none.
@@ -48,7 +48,6 @@ pub struct ConnectionSettings {
     pub metrics: Arc<crate::metrics::Metrics>,
     pub node: String,
     pub heartbeat: Duration,
-    pub batch_window: Duration,
     pub max_subscriptions: usize,
     /// Largest client message, assembled from continuation frames.
     pub max_message_bytes: usize,
@@ -89,6 +88,9 @@ struct Subscription {
     sent: SentRange,
     /// The `since` of the pending subscribe.
     since: Option<u64>,
+    /// The room's head when the subscribe was answered: live events up to it were
+    /// published before the subscribe (a room window still carrying them) and are dropped.
+    floor: u64,
 }
 
 pub struct Connection {
@@ -99,9 +101,6 @@ pub struct Connection {
     registry: Addr<Registry>,
     subscriptions: HashMap<Arc<str>, Subscription>,
     next_generation: u64,
-    outbox: Vec<Arc<Delivery>>,
-    outbox_bytes: usize,
-    batch: BatchWindow,
     last_heard: Instant,
     reader: MessageReader,
     /// Client messages allowed now, refilled at `max_messages_per_sec`.
@@ -115,6 +114,7 @@ pub struct Connection {
     /// This user's inbox room, subscribed automatically.
     inbox: Arc<str>,
     backlog: Arc<Backlog>,
+    io: WsIo,
     /// A Close frame was sent; waiting for the client's.
     closing: bool,
     /// The close code that ended (or is ending) the connection, for the metrics.
@@ -128,15 +128,15 @@ impl Connection {
         settings: Arc<ConnectionSettings>,
         rooms: Rooms,
         registry: Addr<Registry>,
-        socket: Option<std::sync::Weak<SocketAbort>>,
+        io: WsIo,
         permit: Option<Box<dyn Send>>,
     ) -> Self {
-        let batch = BatchWindow::new(settings.batch_window);
-        let backlog = Arc::new(Backlog::new(settings.max_outbox_bytes, socket));
+        let backlog = Arc::new(Backlog::new(settings.max_outbox_bytes));
         let inbox = names::inbox_room(&identity.user).into();
         Connection {
             inbox,
             backlog,
+            io,
             closing: false,
             close_code: None,
             id,
@@ -145,9 +145,6 @@ impl Connection {
             registry,
             subscriptions: HashMap::new(),
             next_generation: 0,
-            outbox: Vec::new(),
-            outbox_bytes: 0,
-            batch,
             last_heard: Instant::now(),
             reader: MessageReader::new(settings.max_message_bytes),
             message_rate: TokenBucket::new(burst_for(settings.max_messages_per_sec), crate::world::now_ms()),
@@ -159,101 +156,75 @@ impl Connection {
     }
 
     /// Write a reply frame, unless our Close already went out (nothing may follow it).
-    fn reply(&self, ctx: &mut ws::WebsocketContext<Self>, frame: String) {
+    fn reply(&mut self, _ctx: &mut Context<Self>, frame: String) {
         if !self.closing {
-            ctx.text(frame);
+            self.io.text(&frame);
         }
     }
 
-    fn send_error(&self, ctx: &mut ws::WebsocketContext<Self>, reference: Option<i64>, code: ErrorCode, message: &str) {
+    fn send_error(&mut self, ctx: &mut Context<Self>, reference: Option<i64>, code: ErrorCode, message: &str) {
         self.reply(ctx, protocol::error_frame(reference, code, message));
     }
 
-    /// Write the outbox as `events` frames of bounded size.
-    fn flush_outbox(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
-        self.batch.on_sent();
-        let mut start = 0;
-        while start < self.outbox.len() {
-            let mut end = start;
-            let mut bytes = 0;
-            while end < self.outbox.len() && (end == start || bytes + self.outbox[end].json.len() < FRAME_TARGET_BYTES) {
-                bytes += self.outbox[end].json.len() + 1;
-                end += 1;
-            }
-            ctx.text(protocol::events_frame(self.outbox[start..end].iter().map(|e| &*e.json), bytes));
-            let metrics = &self.settings.metrics;
-            let now = crate::world::now_ms();
-            for event in &self.outbox[start..end] {
-                metrics.delivery_latency.observe(now.saturating_sub(event.ts_ms) as f64 / 1000.0);
-            }
-            metrics.frames_written.inc();
-            metrics.batch_events.observe((end - start) as f64);
-            metrics.events_delivered.inc_by((end - start) as u64);
-            start = end;
+    /// Write `events` (of one room, ascending) as `events` frames of bounded size.
+    fn write_events(&mut self, ctx: &mut Context<Self>, events: Vec<Arc<Delivery>>) {
+        for window in Window::cut(events) {
+            self.write_window(ctx, &window);
         }
-        self.outbox.clear();
-        self.outbox_bytes = 0;
     }
 
-    /// Queue the events of `room` this connection has not sent yet and that are for its
-    /// device; `live` events also extend what counts as sent. Returns how many were queued.
-    fn queue(&mut self, room: &str, events: &[Arc<Delivery>], live: bool) -> usize {
-        let device = self.identity.device.clone();
-        let Some(sub) = self.subscriptions.get_mut(room) else { return 0 };
-        let before = self.outbox.len();
-        for event in events {
-            let fresh = !sub.sent.contains(event.seq);
-            if live {
-                sub.sent.on_live(event.seq);
-            }
-            if fresh && event.is_for(&device) {
-                self.outbox_bytes += event.json.len();
-                self.outbox.push(event.clone());
-            }
-        }
-        self.outbox.len() - before
+    fn write_window(&mut self, _ctx: &mut Context<Self>, window: &Window) {
+        let metrics = &self.settings.metrics;
+        metrics.frames_written.inc();
+        metrics.events_delivered.inc_by(window.events.len() as u64);
+        self.io.frame(window.frame.clone());
     }
 
-    /// Queue live events and let the batching window decide when they leave.
-    fn enqueue(&mut self, room: &str, events: &[Arc<Delivery>], ctx: &mut ws::WebsocketContext<Self>) {
-        if self.queue(room, events, true) == 0 {
+    /// A room's window: the shared frame when this connection sent none of it and no
+    /// event is filtered by device; otherwise a frame of its own with what is left.
+    fn on_window(&mut self, room: &str, window: &Window, ctx: &mut Context<Self>) {
+        let Some(sub) = self.subscriptions.get_mut(room).filter(|s| s.live) else { return };
+        let (first, last) = (window.first_seq(), window.last_seq());
+        if last <= sub.floor {
             return;
         }
-        if self.outbox_bytes > self.settings.max_outbox_bytes {
-            return self.evict_slow(ctx);
+        if !window.targeted && first > sub.floor && !sub.sent.overlaps(first, last) {
+            sub.sent.on_live_run(first, last);
+            return self.write_window(ctx, window);
         }
-        match self.batch.on_event(Instant::now()) {
-            BatchAction::SendNow => self.flush_outbox(ctx),
-            BatchAction::ArmTimer(at) => {
-                ctx.run_later(at.saturating_duration_since(Instant::now()), |conn, ctx| conn.flush_outbox(ctx));
-            }
-            BatchAction::Wait => {}
+        let (device, floor) = (&self.identity.device, sub.floor);
+        let fresh: Vec<Arc<Delivery>> = window
+            .events
+            .iter()
+            .filter(|e| e.seq > floor && !sub.sent.contains(e.seq) && e.is_for(device))
+            .cloned()
+            .collect();
+        sub.sent.on_live_run(first.max(floor + 1), last);
+        if !fresh.is_empty() {
+            self.write_events(ctx, fresh);
         }
     }
 
     /// Close as a slow consumer: nothing more is queued for a client that does not read.
-    fn evict_slow(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+    fn evict_slow(&mut self, ctx: &mut Context<Self>) {
         // Counted by whoever evicts first: a room (which saw the backlog) or this actor.
         if self.backlog.evict() {
             self.settings.metrics.slow_consumer_closes.inc();
         }
-        self.outbox.clear();
-        self.outbox_bytes = 0;
+        // What it has not started to read is dropped, so the Close goes out next.
+        self.io.discard_unsent();
         self.close(ctx, close::SLOW_CONSUMER, "slow consumer: too many bytes queued");
     }
 
-    /// Send a Close frame (after what is queued, except to a slow consumer) and wait,
-    /// bounded, for the client's Close. A second close, or `force`, stops at once.
-    fn close_with(&mut self, ctx: &mut ws::WebsocketContext<Self>, code: u16, reason: &str, force: bool) {
+    /// Send a Close frame (after what is written already) and wait, bounded, for the
+    /// client's Close. A second close, or `force`, stops at once.
+    fn close_with(&mut self, ctx: &mut Context<Self>, code: u16, reason: &str, force: bool) {
         if self.closing {
             ctx.stop();
             return;
         }
-        if code != close::SLOW_CONSUMER {
-            self.flush_outbox(ctx);
-        }
         tracing::debug!(conn = self.id, user = %self.identity.user, code, reason, force, "closing connection");
-        ctx.close(Some(CloseReason { code: CloseCode::from(code), description: Some(reason.to_string()) }));
+        self.io.close(Some(CloseReason { code: CloseCode::from(code), description: Some(reason.to_string()) }));
         self.closing = true;
         self.close_code = Some(code);
         if force {
@@ -263,22 +234,22 @@ impl Connection {
         }
     }
 
-    fn close(&mut self, ctx: &mut ws::WebsocketContext<Self>, code: u16, reason: &str) {
+    fn close(&mut self, ctx: &mut Context<Self>, code: u16, reason: &str) {
         self.close_with(ctx, code, reason, false);
     }
 
-    fn heartbeat(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+    fn heartbeat(&mut self, ctx: &mut Context<Self>) {
         if self.closing {
             return;
         }
         if self.last_heard.elapsed() >= self.settings.heartbeat * MISSED_HEARTBEATS {
             self.close(ctx, close::HEARTBEAT_TIMEOUT, "heartbeat timeout");
         } else {
-            ctx.ping(b"");
+            self.io.ping(b"");
         }
     }
 
-    fn handle_text(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {
+    fn handle_text(&mut self, text: &str, ctx: &mut Context<Self>) {
         let request = match protocol::parse_client_frame(text) {
             Ok(request) => request,
             Err(e) => return self.refuse(ctx, e.reference, e.code, &e.message),
@@ -292,10 +263,10 @@ impl Connection {
         self.handle_request(request, ctx)
     }
 
-    fn handle_request(&mut self, request: ClientRequest, ctx: &mut ws::WebsocketContext<Self>) {
+    fn handle_request(&mut self, request: ClientRequest, ctx: &mut Context<Self>) {
         let reference = request.reference;
         match request.op {
-            ClientOp::Ping => ctx.text(protocol::pong_frame(reference)),
+            ClientOp::Ping => self.io.text(&protocol::pong_frame(reference)),
             ClientOp::Subscribe { room, since, epoch } => {
                 self.subscribed_once = true;
                 self.subscribe(room, since, epoch, reference, ctx)
@@ -305,7 +276,7 @@ impl Connection {
                     return self.send_error(ctx, reference, ErrorCode::BadRoom, &names::NameError::BadRoom.to_string());
                 }
                 self.unsubscribe(&room);
-                ctx.text(protocol::unsubscribed_frame(&room, reference));
+                self.io.text(&protocol::unsubscribed_frame(&room, reference));
             }
             ClientOp::History { room, since, limit } => {
                 if let Err(code) = self.check_readable(&room) {
@@ -347,7 +318,7 @@ impl Connection {
         since: Option<u64>,
         epoch: Option<String>,
         reference: Option<i64>,
-        ctx: &mut ws::WebsocketContext<Self>,
+        ctx: &mut Context<Self>,
     ) {
         if let Err((code, message)) = self.check_readable(&room) {
             return self.send_error(ctx, reference, code, &message);
@@ -370,7 +341,7 @@ impl Connection {
         self.settings.metrics.subscriptions.inc();
         self.next_generation += 1;
         let generation = self.next_generation;
-        let pending = Subscription { generation, room: None, live: false, epoch: epoch_seen, sent, since };
+        let pending = Subscription { generation, room: None, live: false, epoch: epoch_seen, sent, since, floor: 0 };
         self.subscriptions.insert(room.clone(), pending);
         let (rooms, conn, to) = (self.rooms.clone(), self.id, ctx.address().recipient());
         let name = room.clone();
@@ -399,7 +370,7 @@ impl Connection {
     }
 
     /// A refused message: answer it, and close with 1008 once a client keeps sending them.
-    fn refuse(&mut self, ctx: &mut ws::WebsocketContext<Self>, reference: Option<i64>, code: ErrorCode, message: &str) {
+    fn refuse(&mut self, ctx: &mut Context<Self>, reference: Option<i64>, code: ErrorCode, message: &str) {
         self.send_error(ctx, reference, code, message);
         if self.strikes.strike(self.settings.max_bad_messages, crate::world::now_ms()) {
             self.settings.metrics.limit_hit("bad_messages");
@@ -407,25 +378,25 @@ impl Connection {
         }
     }
 
-    fn on_inbound(&mut self, inbound: Inbound, ctx: &mut ws::WebsocketContext<Self>) {
+    fn on_inbound(&mut self, inbound: Inbound, ctx: &mut Context<Self>) {
         match inbound {
             Inbound::Text(text) => self.handle_text(&text, ctx),
             Inbound::Binary(_) => {
                 self.refuse(ctx, None, ErrorCode::BadRequest, "binary frames are not part of the protocol; send JSON text")
             }
-            Inbound::Ping(payload) => ctx.pong(&payload),
+            Inbound::Ping(payload) => self.io.pong(&payload),
             Inbound::Nothing => {}
             Inbound::Close(reason) => {
                 tracing::debug!(conn = self.id, ?reason, "client closed");
                 self.close_code = Some(reason.as_ref().map_or(1005, |r| u16::from(r.code)));
                 self.closing = true;
-                ctx.close(reason);
+                self.io.close(reason);
                 ctx.stop();
             }
         }
     }
 
-    fn on_fault(&mut self, fault: Fault, ctx: &mut ws::WebsocketContext<Self>) {
+    fn on_fault(&mut self, fault: Fault, ctx: &mut Context<Self>) {
         if let Some(limit) = fault.limit() {
             self.settings.metrics.limit_hit(limit);
         }
@@ -440,7 +411,7 @@ impl Connection {
     }
 
     /// Close a connection that never subscribed to a room.
-    fn check_subscribed(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+    fn check_subscribed(&mut self, ctx: &mut Context<Self>) {
         if !self.subscribed_once && !self.closing {
             self.settings.metrics.limit_hit("subscribe_timeout");
             self.close(ctx, close::POLICY, "no subscribe in time");
@@ -449,11 +420,12 @@ impl Connection {
 }
 
 impl Actor for Connection {
-    type Context = ws::WebsocketContext<Self>;
+    type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        wsio::drive(ctx);
         let heartbeat_ms = self.settings.heartbeat.as_millis() as u64;
-        ctx.text(protocol::welcome_frame(&self.identity.session, &self.settings.node, heartbeat_ms, self.identity.warmup));
+        self.io.text(&protocol::welcome_frame(&self.identity.session, &self.settings.node, heartbeat_ms, self.identity.warmup));
         let inbox = self.inbox.to_string();
         self.subscribe(inbox, None, None, None, ctx);
         self.registry.do_send(Register {
@@ -473,7 +445,7 @@ impl Actor for Connection {
     }
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
-        self.backlog.finish_reading();
+        self.io.finish(FINISH_WITHIN);
         let metrics = &self.settings.metrics;
         metrics.subscriptions.dec_by(self.subscriptions.len() as i64);
         for (_, sub) in self.subscriptions.drain() {
@@ -490,8 +462,12 @@ impl Actor for Connection {
     }
 }
 
-impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Connection {
-    fn handle(&mut self, item: Result<ws::Message, ws::ProtocolError>, ctx: &mut Self::Context) {
+impl WsActor for Connection {
+    fn io(&mut self) -> &mut WsIo {
+        &mut self.io
+    }
+
+    fn on_read(&mut self, item: Result<ws::Message, ReadError>, ctx: &mut Self::Context) {
         self.last_heard = Instant::now();
         let read = self.reader.read(item);
         if self.closing {
@@ -505,20 +481,16 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Connection {
             Err(fault) => self.on_fault(fault, ctx),
         }
     }
-
-    fn finished(&mut self, ctx: &mut Self::Context) {
-        ctx.stop();
-    }
 }
 
 impl Handler<RoomUpdate> for Connection {
     type Result = ();
 
     fn handle(&mut self, update: RoomUpdate, ctx: &mut Self::Context) {
-        // What a room reserved for these events leaves the backlog whatever happens next.
-        if let RoomUpdate::Events { events, .. } = &update {
-            self.settings.metrics.outbox_seen(self.backlog.outstanding() + self.outbox_bytes);
-            self.backlog.release(super::room::events_bytes(events));
+        // What a room reserved for this window leaves the backlog whatever happens next.
+        if let RoomUpdate::Events { window, .. } = &update {
+            self.settings.metrics.outbox_seen(self.backlog.outstanding());
+            self.backlog.release(window.frame.len());
         }
         if self.closing {
             return;
@@ -529,6 +501,7 @@ impl Handler<RoomUpdate> for Connection {
                     return;
                 };
                 sub.live = true;
+                sub.floor = head;
                 if sub.epoch.as_ref().is_some_and(|seen| *seen != epoch) {
                     sub.sent = SentRange::default();
                 }
@@ -537,17 +510,20 @@ impl Handler<RoomUpdate> for Connection {
                 if let Some(recovered) = recovered {
                     self.settings.metrics.recovery(recovered);
                 }
-                ctx.text(protocol::subscribed_frame(&room, &epoch, head, recovered, reference));
-                if self.queue(&room, &replay, false) > 0 {
-                    self.flush_outbox(ctx);
-                }
-                if let Some(sub) = self.subscriptions.get_mut(&room) {
-                    sub.sent.on_subscribed(head, replayed_after);
+                self.io.text(&protocol::subscribed_frame(&room, &epoch, head, recovered, reference));
+                let device = &self.identity.device;
+                let fresh: Vec<Arc<Delivery>> =
+                    replay.into_iter().filter(|e| !sub.sent.contains(e.seq) && e.is_for(device)).collect();
+                sub.sent.on_subscribed(head, replayed_after);
+                if !fresh.is_empty() {
+                    self.write_events(ctx, fresh);
                 }
             }
-            RoomUpdate::Events { room, events } => {
-                if self.subscriptions.get(&room).is_some_and(|s| s.live) {
-                    self.enqueue(&room, &events, ctx);
+            RoomUpdate::Events { room, window } => {
+                self.on_window(&room, &window, ctx);
+                // The room bounds what waits in the mailbox; this, what waits in the socket.
+                if self.io.queued_bytes() > self.settings.max_outbox_bytes {
+                    self.evict_slow(ctx);
                 }
             }
             RoomUpdate::SlowConsumer => self.evict_slow(ctx),

@@ -1,40 +1,46 @@
 //! The test-only echo socket behind `/v1/echo` (config `ws_echo`): every whole message
-//! goes back as it came. It reads frames with the same [`MessageReader`], limits and
-//! close codes as client connections, so a conformance suite run against it checks
-//! livegate's WebSocket handling.
+//! goes back as it came. It runs on the same transport ([`WsIo`]) and reads frames with
+//! the same [`MessageReader`], limits and close codes as client connections, so a
+//! conformance suite run against it checks livegate's WebSocket handling.
 
 use actix::prelude::*;
-use actix_web_actors::ws::{self, CloseCode, CloseReason};
+use actix_http::ws::{self, CloseCode, CloseReason};
 
-use super::backlog::SocketAbort;
-use super::socket::{ends_closing, Inbound, MessageReader, CLOSE_HANDSHAKE_TIMEOUT};
+use super::socket::{ends_closing, Inbound, MessageReader, CLOSE_HANDSHAKE_TIMEOUT, FINISH_WITHIN};
+use super::wsio::{self, ReadError, WsActor, WsIo};
 
 pub struct EchoSocket {
+    io: WsIo,
     reader: MessageReader,
     closing: bool,
     /// Its place in the connection limits, held while the socket lives.
     _permit: Box<dyn Send>,
-    socket: Option<std::sync::Weak<SocketAbort>>,
 }
 
 impl EchoSocket {
-    pub fn new(max_message_bytes: usize, permit: Box<dyn Send>, socket: Option<std::sync::Weak<SocketAbort>>) -> Self {
-        EchoSocket { reader: MessageReader::new(max_message_bytes), closing: false, _permit: permit, socket }
+    pub fn new(io: WsIo, max_message_bytes: usize, permit: Box<dyn Send>) -> Self {
+        EchoSocket { io, reader: MessageReader::new(max_message_bytes), closing: false, _permit: permit }
     }
 }
 
 impl Actor for EchoSocket {
-    type Context = ws::WebsocketContext<Self>;
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        wsio::drive(ctx);
+    }
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
-        if let Some(socket) = self.socket.as_ref().and_then(std::sync::Weak::upgrade) {
-            socket.finish_reading();
-        }
+        self.io.finish(FINISH_WITHIN);
     }
 }
 
-impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for EchoSocket {
-    fn handle(&mut self, item: Result<ws::Message, ws::ProtocolError>, ctx: &mut Self::Context) {
+impl WsActor for EchoSocket {
+    fn io(&mut self) -> &mut WsIo {
+        &mut self.io
+    }
+
+    fn on_read(&mut self, item: Result<ws::Message, ReadError>, ctx: &mut Self::Context) {
         let read = self.reader.read(item);
         if self.closing {
             if ends_closing(&read) {
@@ -43,18 +49,18 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for EchoSocket {
             return;
         }
         match read {
-            Ok(Inbound::Text(text)) => ctx.text(text),
-            Ok(Inbound::Binary(bytes)) => ctx.binary(bytes),
-            Ok(Inbound::Ping(payload)) => ctx.pong(&payload),
+            Ok(Inbound::Text(text)) => self.io.text(&text),
+            Ok(Inbound::Binary(bytes)) => self.io.binary(&bytes),
+            Ok(Inbound::Ping(payload)) => self.io.pong(&payload),
             Ok(Inbound::Nothing) => {}
             Ok(Inbound::Close(reason)) => {
-                ctx.close(reason);
+                self.io.close(reason);
                 ctx.stop();
             }
             Err(fault) => match fault.close_code() {
                 Some(code) => {
                     let reason = CloseReason { code: CloseCode::from(code), description: Some(fault.reason().into()) };
-                    ctx.close(Some(reason));
+                    self.io.close(Some(reason));
                     self.closing = true;
                     if fault.fails_connection() {
                         ctx.stop();
@@ -65,9 +71,5 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for EchoSocket {
                 None => ctx.stop(),
             },
         }
-    }
-
-    fn finished(&mut self, ctx: &mut Self::Context) {
-        ctx.stop();
     }
 }

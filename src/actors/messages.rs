@@ -26,6 +26,56 @@ impl Delivery {
     }
 }
 
+/// An `events` frame is cut after this many bytes of events (at least one event each).
+pub const FRAME_TARGET_BYTES: usize = 256 * 1024;
+
+/// The events one room window carries to every subscriber, rendered once as the whole
+/// `events` frame: every subscriber that has seen none of them and is not filtered by
+/// device writes these same shared bytes.
+#[derive(Debug)]
+pub struct Window {
+    /// Contiguous seqs, ascending.
+    pub events: Box<[Arc<Delivery>]>,
+    /// The whole WebSocket frame, encoded once.
+    pub frame: actix_web::web::Bytes,
+    /// Some event names the devices it is for: each connection filters (inbox rooms).
+    pub targeted: bool,
+}
+
+impl Window {
+    /// Cut `events` (contiguous, ascending) into windows of at most about
+    /// [`FRAME_TARGET_BYTES`], each rendered once.
+    pub fn cut(events: Vec<Arc<Delivery>>) -> Vec<Arc<Window>> {
+        let mut windows = Vec::new();
+        let mut rest = events.as_slice();
+        while !rest.is_empty() {
+            let mut end = 0;
+            let mut bytes = 0;
+            while end < rest.len() && (end == 0 || bytes + rest[end].json.len() < FRAME_TARGET_BYTES) {
+                bytes += rest[end].json.len() + 1;
+                end += 1;
+            }
+            let (chunk, tail) = rest.split_at(end);
+            let frame = crate::protocol::events_frame(chunk.iter().map(|e| &*e.json), bytes);
+            windows.push(Arc::new(Window {
+                targeted: chunk.iter().any(|e| e.devices.is_some()),
+                events: chunk.into(),
+                frame: super::wsio::encode_text(&frame),
+            }));
+            rest = tail;
+        }
+        windows
+    }
+
+    pub fn first_seq(&self) -> u64 {
+        self.events.first().map_or(0, |e| e.seq)
+    }
+
+    pub fn last_seq(&self) -> u64 {
+        self.events.last().map_or(0, |e| e.seq)
+    }
+}
+
 /// The room actor stopped (evicted while idle) before handling the message: ask the
 /// rooms table again, which starts a fresh one from the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -120,6 +170,14 @@ pub struct LiveEvent(pub crate::cluster::roomlog::StreamEvent);
 #[rtype(result = "()")]
 pub struct Resync;
 
+// ---- supervisor → room ----
+
+/// The node is draining: send the open window's events to the subscribers now, so they
+/// go out before the connections' Close frames. Answered once they are sent.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CloseWindow;
+
 // ---- room → connection ----
 
 /// What a room sends a subscriber, in order on one channel, so a replay always precedes
@@ -138,8 +196,9 @@ pub enum RoomUpdate {
         reference: Option<i64>,
         generation: u64,
     },
-    /// Newly durable events, rendered once and shared by every subscriber.
-    Events { room: Arc<str>, events: Arc<[Arc<Delivery>]> },
+    /// A closed window of newly durable events, rendered once and shared by every
+    /// subscriber.
+    Events { room: Arc<str>, window: Arc<Window> },
     /// The connection's backlog went over its bound: stop and close with 4009.
     SlowConsumer,
     /// The room cannot serve (its stored state is unreadable); the subscription is void.

@@ -12,3 +12,4 @@ pub mod room;
 pub mod rooms;
 pub mod socket;
 pub mod supervisor;
+pub mod wsio;

@@ -1,7 +1,9 @@
-//! One actor per live room: the room's [`SeqLog`], its subscribers and the publishers
-//! waiting for durability. Events are written to the store as they are appended, and
-//! delivered and acknowledged only after a (grouped) flush made them durable, so a
-//! subscriber never sees an event a crash could take back.
+//! One actor per live room: the room's [`SeqLog`], its subscribers, the publishers
+//! waiting for durability and the batching window. Events are written to the store as
+//! they are appended, and delivered and acknowledged only after a (grouped) flush made
+//! them durable, so a subscriber never sees an event a crash could take back. Durable
+//! events gather in the room's window; when it closes, its frame is rendered once and
+//! the same bytes go to every subscriber.
 //!
 //! In cluster mode ([`RoomStore::Cluster`]) the room's log is its JetStream subject: the
 //! actor loads the retained events when it starts, appends one event at a time with the
@@ -21,6 +23,7 @@ use super::messages::*;
 use super::rooms::RoomsInner;
 use crate::cluster::roomlog::{self, AppendError, Appended, StreamEvent};
 use crate::cluster::{Cluster, ClusterError};
+use crate::core::batch::{BatchAction, BatchWindow};
 use crate::core::seqlog::{Append, Recovery, Retention, SeqLog};
 use crate::protocol;
 use crate::store::{EventRecord, Store, StoreError};
@@ -36,6 +39,8 @@ pub struct RoomSettings {
     pub idle_stop: Duration,
     /// How often a room trims expired history and checks whether it is idle.
     pub tick: Duration,
+    /// How long durable events gather before they leave as one frame (0: every flush).
+    pub batch_window: Duration,
 }
 
 /// Where rooms keep their events: sled on a single node, JetStream in cluster mode.
@@ -57,10 +62,6 @@ enum RoomState {
     /// The stored state could not be read; every request gets an error.
     Failed(String),
 }
-
-/// How long an evicted slow consumer has to take its Close frame before its socket is
-/// shut down.
-const EVICT_GRACE: Duration = Duration::from_secs(2);
 
 struct Subscriber {
     to: Recipient<RoomUpdate>,
@@ -97,16 +98,15 @@ pub struct RoomActor {
     state: RoomState,
     subscribers: HashMap<ConnId, Subscriber>,
     waiting: Vec<Waiter>,
+    /// Durable events not yet sent to subscribers (contiguous seqs), and the window that
+    /// sends them.
+    pending: Vec<Arc<Delivery>>,
+    window: BatchWindow,
     /// When the running flush was requested.
     flushing_since: Option<Instant>,
     flushing: bool,
     last_active: Instant,
     stopped: bool,
-}
-
-/// Bytes a batch of events occupies in a connection's backlog.
-pub fn events_bytes(events: &[Arc<Delivery>]) -> usize {
-    events.iter().map(|e| e.json.len()).sum()
 }
 
 /// Render a stored event once for every subscriber.
@@ -130,11 +130,13 @@ impl RoomActor {
             name,
             store,
             cluster: ClusterLog::default(),
-            settings,
             rooms,
             state,
             subscribers: HashMap::new(),
             waiting: Vec::new(),
+            pending: Vec::new(),
+            window: BatchWindow::new(settings.batch_window),
+            settings,
             flushing_since: None,
             flushing: false,
             last_active: Instant::now(),
@@ -253,7 +255,7 @@ impl RoomActor {
             ctx.run_later(Duration::from_secs(1), |room, ctx| room.request_flush(ctx));
             return;
         }
-        let fresh: Arc<[Arc<Delivery>]> = log.mark_durable(upto).map(|e| e.payload.clone()).collect();
+        let fresh: Vec<Arc<Delivery>> = log.mark_durable(upto).map(|e| e.payload.clone()).collect();
         let epoch: Arc<str> = log.epoch().into();
         self.deliver(fresh, ctx);
         let (done, still): (Vec<_>, Vec<_>) = self.waiting.drain(..).partition(|w| w.seq <= upto);
@@ -264,30 +266,56 @@ impl RoomActor {
         self.request_flush(ctx);
     }
 
-    /// Send newly durable events to every subscriber, evicting those too far behind.
-    fn deliver(&mut self, fresh: Arc<[Arc<Delivery>]>, ctx: &mut Context<Self>) {
-        if !fresh.is_empty() {
-            let bytes = events_bytes(&fresh);
-            let name = self.name.clone();
-            // Subscribers that went away unsubscribe, and the tick prunes any left over.
-            self.subscribers.retain(|conn, sub| {
-                match sub.backlog.reserve(bytes) {
-                    Reserve::Ok => {
-                        sub.to.do_send(RoomUpdate::Events { room: name.clone(), events: fresh.clone() });
-                        true
-                    }
-                    Reserve::EvictNow => {
-                        tracing::info!(room = %name, conn, outstanding = sub.backlog.outstanding(), "slow consumer evicted");
-                        self.settings.metrics.slow_consumer_closes.inc();
-                        sub.to.do_send(RoomUpdate::SlowConsumer);
-                        let backlog = sub.backlog.clone();
-                        ctx.run_later(EVICT_GRACE, move |_, _| backlog.abort_socket());
-                        false
-                    }
-                    Reserve::Evicted => false,
-                }
-            });
+    /// Newly durable events join the open window; the first one opens it (window 0:
+    /// they leave at once). With nobody subscribed there is nobody to send them to: a
+    /// later subscriber starts after them (or gets them in its replay).
+    fn deliver(&mut self, fresh: Vec<Arc<Delivery>>, ctx: &mut Context<Self>) {
+        if fresh.is_empty() || self.subscribers.is_empty() {
+            return;
         }
+        self.pending.extend(fresh);
+        match self.window.on_event(Instant::now()) {
+            BatchAction::SendNow => self.close_window(),
+            BatchAction::ArmTimer(at) => {
+                ctx.run_later(at.saturating_duration_since(Instant::now()), |room, _| room.close_window());
+            }
+            BatchAction::Wait => {}
+        }
+    }
+
+    /// Send the window's events, rendered once, to every subscriber, evicting those too
+    /// far behind. The window's metrics are taken here, once, not per subscriber.
+    fn close_window(&mut self) {
+        self.window.on_sent();
+        if self.pending.is_empty() {
+            return;
+        }
+        let events = std::mem::take(&mut self.pending);
+        let metrics = self.settings.metrics.clone();
+        metrics.batch_events.observe(events.len() as f64);
+        metrics.delivery_latency.observe(now_ms().saturating_sub(events[0].ts_ms) as f64 / 1000.0);
+        for window in Window::cut(events) {
+            self.send_window(window);
+        }
+    }
+
+    fn send_window(&mut self, window: Arc<Window>) {
+        let bytes = window.frame.len();
+        let (name, metrics) = (&self.name, &self.settings.metrics);
+        // Subscribers that went away unsubscribe, and the tick prunes any left over.
+        self.subscribers.retain(|conn, sub| match sub.backlog.reserve(bytes) {
+            Reserve::Ok => {
+                sub.to.do_send(RoomUpdate::Events { room: name.clone(), window: window.clone() });
+                true
+            }
+            Reserve::EvictNow => {
+                tracing::info!(room = %name, conn, outstanding = sub.backlog.outstanding(), "slow consumer evicted");
+                metrics.slow_consumer_closes.inc();
+                sub.to.do_send(RoomUpdate::SlowConsumer);
+                false
+            }
+            Reserve::Evicted => false,
+        });
     }
 
     fn tick(&mut self, ctx: &mut Context<Self>) {
@@ -299,6 +327,7 @@ impl RoomActor {
         self.subscribers.retain(|_, sub| sub.to.connected());
         let idle = self.subscribers.is_empty()
             && self.waiting.is_empty()
+            && self.pending.is_empty()
             && !self.flushing
             && self.cluster.queue.is_empty()
             && self.cluster.waiting_subscribers.is_empty()
@@ -488,7 +517,7 @@ impl RoomActor {
         let payload = render(&self.name, &stored.event);
         if log.append_sequenced(seq, stored.event.id.as_str().into(), stored.event.ts_ms, payload.clone()).is_ok() {
             self.cluster.last_stream_seq = stored.stream_seq;
-            self.deliver(Arc::from([payload]), ctx);
+            self.deliver(vec![payload], ctx);
         }
     }
 
@@ -608,6 +637,8 @@ impl Handler<Subscribe> for RoomActor {
 }
 
 impl RoomActor {
+    /// Add a subscriber at the durable head: it gets the replay up to that head now, and
+    /// of the open window's events only those after it (the connection drops the rest).
     fn subscribe(&mut self, msg: Subscribe) {
         self.trim_expired();
         let max_events = self.settings.recovery_max_events;
@@ -620,6 +651,7 @@ impl RoomActor {
                 return;
             }
         };
+        let head = log.durable();
         let (recovered, replay) = match msg.since {
             None => (None, Vec::new()),
             Some(since) => match log.recover(since, msg.epoch.as_deref(), max_events) {
@@ -633,13 +665,21 @@ impl RoomActor {
         msg.to.do_send(RoomUpdate::Subscribed {
             room: name,
             epoch: log.epoch().into(),
-            head: log.durable(),
+            head,
             recovered,
             replay,
             reference: msg.reference,
             generation: msg.generation,
         });
         self.subscribers.insert(msg.conn, Subscriber { to: msg.to, backlog: msg.backlog, generation: msg.generation });
+    }
+}
+
+impl Handler<CloseWindow> for RoomActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: CloseWindow, _ctx: &mut Self::Context) {
+        self.close_window();
     }
 }
 

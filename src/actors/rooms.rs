@@ -165,6 +165,15 @@ impl Rooms {
         }
     }
 
+    /// Have every live room send its open window now (the drain, before the Close
+    /// frames); resolves once each room has sent it.
+    pub async fn close_windows(&self) {
+        let rooms: Vec<Addr<RoomActor>> = self.inner.live.lock().values().cloned().collect();
+        for addr in rooms {
+            let _ = addr.send(CloseWindow).await;
+        }
+    }
+
     /// Rooms with a live actor.
     pub fn live_count(&self) -> usize {
         self.inner.live.lock().len()

@@ -1,15 +1,19 @@
 //! What both WebSocket actors (client connections and the test-only echo) share: reading
-//! whole messages out of actix's frames — fragments assembled under `max_message_bytes`,
+//! whole messages out of the transport's frames — fragments assembled under `max_message_bytes`,
 //! text checked for UTF-8 — and the close code each protocol fault ends with.
 
 use actix_http::ws::Item;
 use actix_web::web::{Bytes, BytesMut};
-use actix_web_actors::ws::{self, CloseReason};
+use actix_http::ws::{self, CloseReason, ProtocolError};
+
+use super::wsio::ReadError;
 
 use super::connection::close;
 
 /// How long a socket whose Close went out waits for the client's Close.
 pub const CLOSE_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a stopped socket may take to write what it still holds (its Close frame).
+pub const FINISH_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Once our Close is out, only the client's Close (or the socket's end) matters: whether
 /// this read is one, so the actor stops.
@@ -89,14 +93,12 @@ impl MessageReader {
         MessageReader { max_message_bytes, fragments: None }
     }
 
-    pub fn read(&mut self, item: Result<ws::Message, ws::ProtocolError>) -> Result<Inbound, Fault> {
+    pub fn read(&mut self, item: Result<ws::Message, ReadError>) -> Result<Inbound, Fault> {
         let message = match item {
             Ok(message) => message,
-            Err(ws::ProtocolError::Overflow) => return Err(Fault::FrameTooBig),
-            // actix-web-actors reports a text frame that is not UTF-8 as an I/O error
-            // whose text is the UTF-8 error's; every other I/O error means the socket ended.
-            Err(ws::ProtocolError::Io(error)) if error.to_string().contains("utf-8") => return Err(Fault::InvalidUtf8),
-            Err(ws::ProtocolError::Io(error)) => {
+            Err(ReadError::Protocol(ProtocolError::Overflow)) => return Err(Fault::FrameTooBig),
+            Err(ReadError::InvalidUtf8) => return Err(Fault::InvalidUtf8),
+            Err(ReadError::Io(error) | ReadError::Protocol(ProtocolError::Io(error))) => {
                 tracing::debug!(%error, "socket ended");
                 return Err(Fault::Ended);
             }

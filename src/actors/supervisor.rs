@@ -15,6 +15,7 @@ use super::connection::close;
 use super::directory::{Directory, Reconcile};
 use super::messages::{CloseAll, CloseConnection, CountConnections, DrainClose};
 use super::registry::Registry;
+use super::rooms::Rooms;
 use crate::http::{Lifecycle, Phase};
 use crate::metrics::Metrics;
 
@@ -55,6 +56,8 @@ pub struct Supervisor {
     lifecycle: Arc<Lifecycle>,
     registry: Addr<Registry>,
     directory: Addr<Directory>,
+    /// Its open windows are sent before the Close frames.
+    rooms: Rooms,
     server: ServerHandle,
     timing: DrainTiming,
     metrics: Arc<Metrics>,
@@ -69,6 +72,7 @@ impl Supervisor {
         lifecycle: Arc<Lifecycle>,
         registry: Addr<Registry>,
         directory: Addr<Directory>,
+        rooms: Rooms,
         server: ServerHandle,
         timing: DrainTiming,
         metrics: Arc<Metrics>,
@@ -78,6 +82,7 @@ impl Supervisor {
             lifecycle,
             registry,
             directory,
+            rooms,
             server,
             timing,
             metrics,
@@ -107,7 +112,12 @@ impl Supervisor {
         actix_web::rt::spawn(self.server.stop(true));
         let spread = self.timing.spread;
         let elapsed_ms = self.elapsed_ms();
-        ctx.spawn(self.registry.send(DrainClose { spread }).into_actor(self).map(move |told, _, _| {
+        let (rooms, registry) = (self.rooms.clone(), self.registry.clone());
+        let close = async move {
+            rooms.close_windows().await;
+            registry.send(DrainClose { spread }).await
+        };
+        ctx.spawn(close.into_actor(self).map(move |told, _, _| {
             let connections = told.unwrap_or(0);
             tracing::info!(phase = "closing", connections, spread_ms = spread.as_millis() as u64, elapsed_ms, "drain: stopped accepting; asking clients to reconnect");
         }));

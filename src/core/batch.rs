@@ -1,5 +1,5 @@
-//! The per-connection batching window: events queued for a connection leave as one frame
-//! per window. Pure: the caller passes `now` and arms the timer this returns.
+//! A room's batching window: durable events gathered in a room leave as one frame per
+//! window. Pure: the caller passes `now` and arms the timer this returns.
 
 use std::time::{Duration, Instant};
 

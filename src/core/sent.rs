@@ -23,6 +23,26 @@ impl SentRange {
         }
     }
 
+    /// Whether any seq of `first..=last` went out already.
+    pub fn overlaps(&self, first: u64, last: u64) -> bool {
+        first <= self.hi && last > self.lo && self.hi > self.lo
+    }
+
+    /// The live events `first..=last` (ascending, contiguous) were handled: the same as
+    /// [`on_live`] for each of them, in constant time.
+    ///
+    /// [`on_live`]: SentRange::on_live
+    pub fn on_live_run(&mut self, first: u64, last: u64) {
+        if first > last {
+            return;
+        }
+        if first == self.hi + 1 || self.contains(first) {
+            self.hi = self.hi.max(last);
+        } else {
+            *self = SentRange { lo: first - 1, hi: last };
+        }
+    }
+
     /// A (re)subscribe was answered with `head`. `replayed_after` is `Some(since)` when
     /// every event after `since` up to `head` was replayed (minus what [`contains`] said
     /// was sent already); `None` for a live-only or unrecovered subscribe.
@@ -96,6 +116,28 @@ mod tests {
         ];
         for (i, (steps, expected)) in cases.iter().enumerate() {
             assert_eq!(run(steps), *expected, "case {i}");
+        }
+    }
+
+    /// `on_live_run` and `overlaps` agree with `on_live` and `contains` seq by seq, from
+    /// every small starting range.
+    #[test]
+    fn runs_match_single_events() {
+        for lo in 0..6u64 {
+            for hi in lo..8 {
+                for first in 1..10u64 {
+                    for last in first..12 {
+                        let start = SentRange { lo, hi };
+                        let mut one_by_one = start;
+                        (first..=last).for_each(|seq| one_by_one.on_live(seq));
+                        let mut run = start;
+                        run.on_live_run(first, last);
+                        assert_eq!(run, one_by_one, "from {start:?} with {first}..={last}");
+                        let any = (first..=last).any(|seq| start.contains(seq));
+                        assert_eq!(start.overlaps(first, last), any, "{start:?} overlaps {first}..={last}");
+                    }
+                }
+            }
         }
     }
 }

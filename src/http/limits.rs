@@ -115,9 +115,9 @@ impl Drop for ConnectionPermit {
     }
 }
 
-/// Descriptors one WebSocket connection holds: its socket and the duplicate kept to shut
-/// a stuck one down.
-const FDS_PER_CONNECTION: u64 = 2;
+/// Descriptors one WebSocket connection holds: its socket (the transport owns it, so no
+/// duplicate is needed to shut a stuck one down).
+const FDS_PER_CONNECTION: u64 = 1;
 /// Descriptors left for the store, the listener, HTTP requests and peer probes.
 const RESERVED_FDS: u64 = 256;
 
@@ -232,11 +232,11 @@ mod tests {
 
     #[test]
     fn capacity_follows_the_open_file_limit() {
-        assert_eq!(connection_capacity(1024), 384);
-        assert_eq!(connection_capacity(20_000), 9_872);
+        assert_eq!(connection_capacity(1024), 768);
+        assert_eq!(connection_capacity(20_000), 19_744);
         assert_eq!(connection_capacity(100), 1);
-        assert_eq!(effective_max_connections(15_000, 20_000), 9_872);
-        assert_eq!(effective_max_connections(0, 20_000), 9_872);
+        assert_eq!(effective_max_connections(15_000, 20_000), 15_000);
+        assert_eq!(effective_max_connections(0, 20_000), 19_744);
         assert_eq!(effective_max_connections(500, 20_000), 500);
     }
 

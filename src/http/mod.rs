@@ -4,14 +4,13 @@
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
-use actix::Addr;
+use actix::{Actor, Addr};
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
-use actix_web_actors::ws;
 use futures_util::StreamExt;
 use serde::Deserialize;
 
-use crate::actors::backlog::SocketAbort;
+use crate::actors::wsio::{Accepted, WsIo};
 use crate::actors::connection::{Connection, ConnectionSettings, Identity, HISTORY_DEFAULT_LIMIT};
 use crate::actors::directory::{Directory, DirectoryError, OpenSession, Sessions};
 use crate::actors::liveness::{LivenessActor, Route};
@@ -26,6 +25,7 @@ use crate::protocol::{self, ErrorCode, PublishReply, TokenReply};
 use crate::store::Store;
 
 pub mod limits;
+pub mod upgrade;
 use limits::{AccessList, ConnectionLimits, SharedAccess};
 
 /// Loads the configuration again (file, environment, flags) for a reload.
@@ -174,13 +174,13 @@ pub fn on_connect(
             metrics: metrics.clone(),
         };
         data.insert(Arc::new(watch));
-        prepare_connection(conn, data);
+        prepare_connection(conn);
     }
 }
 
-/// Bound how long unacknowledged data may wait, and keep a duplicate of the socket so a
-/// stuck connection can be shut down from outside.
-fn prepare_connection(conn: &dyn std::any::Any, data: &mut actix_web::dev::Extensions) {
+/// Bound how long unacknowledged data may wait: the kernel's backstop for a peer that
+/// vanished (the connection's own timers handle one that stopped reading).
+fn prepare_connection(conn: &dyn std::any::Any) {
     use actix_tls::accept::rustls_0_23::TlsStream;
     let stream = match conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
         Some(plain) => plain,
@@ -192,13 +192,6 @@ fn prepare_connection(conn: &dyn std::any::Any, data: &mut actix_web::dev::Exten
     let socket = socket2::SockRef::from(stream);
     if let Err(error) = socket.set_tcp_user_timeout(Some(TCP_USER_TIMEOUT)) {
         tracing::debug!(%error, "could not set TCP_USER_TIMEOUT");
-    }
-    use std::os::fd::AsFd;
-    match stream.as_fd().try_clone_to_owned() {
-        Ok(fd) => {
-            data.insert(Arc::new(SocketAbort(fd)));
-        }
-        Err(error) => tracing::warn!(%error, "could not keep a handle to the socket"),
     }
 }
 
@@ -448,11 +441,10 @@ struct UpgradeQuery {
 /// The WebSocket upgrade; refusals are counted by their error code.
 async fn upgrade(
     req: HttpRequest,
-    stream: web::Payload,
     query: web::Query<UpgradeQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let result = upgrade_checked(req, stream, query, state.clone()).await;
+    let result = upgrade_checked(req, query, state.clone()).await;
     if let Err(refusal) = &result {
         tracing::debug!(reason = refusal.code.as_str(), status = refusal.status.as_u16(), "handshake refused");
         state.metrics.handshake_rejected(refusal.code.as_str());
@@ -463,7 +455,6 @@ async fn upgrade(
 /// The token is verified and spent before anything is upgraded.
 async fn upgrade_checked(
     req: HttpRequest,
-    stream: web::Payload,
     query: web::Query<UpgradeQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
@@ -471,7 +462,7 @@ async fn upgrade_checked(
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, "node is not accepting connections"));
     }
     // A request that is not an upgrade, or that a limit refuses, must not spend a token.
-    ws::handshake(&req).map_err(|e| ApiError::bad_request(format!("not a WebSocket upgrade: {e}")))?;
+    let switching = switching_protocols(&req)?;
     check_origin(&req, &state)?;
     let permit = admit(&req, &state)?;
     let token = query
@@ -524,14 +515,26 @@ async fn upgrade_checked(
         warmup: grant.warmup,
     };
     let id = state.next_conn.fetch_add(1, Ordering::Relaxed);
-    let socket = req.conn_data::<Arc<SocketAbort>>().map(Arc::downgrade);
-    let settings = state.connection.clone();
+    let (settings, rooms, registry) = (state.connection.clone(), state.rooms.clone(), state.registry.clone());
     let permit: Box<dyn Send> = Box::new(permit);
-    let connection = Connection::new(id, identity, settings, state.rooms.clone(), state.registry.clone(), socket, Some(permit));
-    ws::WsResponseBuilder::new(connection, &req, stream)
-        .frame_size(state.config.max_frame_bytes)
-        .start()
-        .map_err(|e| ApiError::bad_request(e.to_string()))
+    Ok(accept(switching, state.config.max_frame_bytes, move |io| {
+        Connection::new(id, identity, settings, rooms, registry, io, Some(permit)).start();
+    }))
+}
+
+/// The 101 answer to a valid WebSocket handshake (not sent until the handler accepts).
+fn switching_protocols(req: &HttpRequest) -> Result<HttpResponse, ApiError> {
+    let response = actix_http::ws::handshake(req.head())
+        .map_err(|e| ApiError::bad_request(format!("not a WebSocket upgrade: {e}")))?
+        .finish();
+    Ok(HttpResponse::from(response.map_into_boxed_body()))
+}
+
+/// Accept the upgrade: `start` runs the connection's actor once the 101 is written
+/// (`upgrade`).
+fn accept(mut switching: HttpResponse, max_frame_bytes: usize, start: impl FnOnce(WsIo) + 'static) -> HttpResponse {
+    switching.extensions_mut().insert(Accepted::new(max_frame_bytes, start));
+    switching
 }
 
 /// Browser pages may connect only from an allowed origin.
@@ -566,17 +569,16 @@ fn admit(req: &HttpRequest, state: &AppState) -> Result<limits::ConnectionPermit
 }
 
 /// Test-only echo socket for WebSocket conformance suites (config `ws_echo`).
-async fn echo(req: HttpRequest, stream: web::Payload, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+async fn echo(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     if !state.config.ws_echo {
         return Err(ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "the echo socket is off (config ws_echo)"));
     }
-    let permit = admit(&req, &state)?;
-    let abort = req.conn_data::<Arc<SocketAbort>>().map(Arc::downgrade);
-    let socket = crate::actors::echo::EchoSocket::new(state.config.max_message_bytes, Box::new(permit), abort);
-    ws::WsResponseBuilder::new(socket, &req, stream)
-        .frame_size(state.config.max_frame_bytes)
-        .start()
-        .map_err(|e| ApiError::bad_request(format!("not a WebSocket upgrade: {e}")))
+    let switching = switching_protocols(&req)?;
+    let permit: Box<dyn Send> = Box::new(admit(&req, &state)?);
+    let max_message_bytes = state.config.max_message_bytes;
+    Ok(accept(switching, state.config.max_frame_bytes, move |io| {
+        crate::actors::echo::EchoSocket::new(io, max_message_bytes, permit).start();
+    }))
 }
 
 /// Read the API keys and allowed origins again (as SIGHUP does).

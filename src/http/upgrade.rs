@@ -1,0 +1,118 @@
+//! actix-http's upgrade hook: every request that asks for a protocol upgrade comes here
+//! with the connection's framed I/O. It runs through the same actix-web app as any other
+//! request, so routing, checks and error bodies are the handlers' own. A handler that
+//! accepts answers 101 with [`Accepted`] in the response's extensions: this writes the
+//! 101, takes the socket out of the HTTP layer (its 8 KiB buffers are dropped) and
+//! starts the connection's actor on livegate's own transport. Any other answer is
+//! written as it is and the connection then ends.
+//!
+//! The HTTP layer's future for the connection lasts until the socket is closed, so the
+//! server counts the connection and a graceful stop waits for it.
+
+use std::rc::Rc;
+
+use actix_codec::{AsyncRead, AsyncWrite, Framed};
+use actix_http::body::BodySize;
+use actix_http::{h1, ConnectionType, Request};
+use actix_service::{Service, ServiceFactory};
+use actix_web::dev::ServiceResponse;
+use futures_util::future::LocalBoxFuture;
+use futures_util::SinkExt;
+
+use crate::actors::wsio::{Accepted, Finished, WsIo};
+
+/// Largest refusal body written on an upgrade request.
+const BODY_LIMIT: usize = 64 * 1024;
+
+/// Builds an [`Upgrade`] per worker around a fresh instance of the app.
+pub struct UpgradeFactory<F> {
+    app: F,
+}
+
+impl<F> UpgradeFactory<F> {
+    pub fn new(app: F) -> Self {
+        UpgradeFactory { app }
+    }
+}
+
+impl<T, F, S> ServiceFactory<(Request, Framed<T, h1::Codec>)> for UpgradeFactory<F>
+where
+    T: AsyncRead + AsyncWrite + Unpin + 'static,
+    F: ServiceFactory<Request, Config = (), Service = S, Response = ServiceResponse, Error = actix_web::Error>,
+    F::Future: 'static,
+    F::InitError: 'static,
+    S: Service<Request, Response = ServiceResponse, Error = actix_web::Error> + 'static,
+{
+    type Response = ();
+    type Error = actix_web::Error;
+    type Config = ();
+    type Service = Upgrade<S>;
+    type InitError = F::InitError;
+    type Future = LocalBoxFuture<'static, Result<Self::Service, Self::InitError>>;
+
+    fn new_service(&self, _: ()) -> Self::Future {
+        let app = self.app.new_service(());
+        Box::pin(async move { Ok(Upgrade { app: Rc::new(app.await?) }) })
+    }
+}
+
+pub struct Upgrade<S> {
+    app: Rc<S>,
+}
+
+impl<T, S> Service<(Request, Framed<T, h1::Codec>)> for Upgrade<S>
+where
+    T: AsyncRead + AsyncWrite + Unpin + 'static,
+    S: Service<Request, Response = ServiceResponse, Error = actix_web::Error> + 'static,
+{
+    type Response = ();
+    type Error = actix_web::Error;
+    type Future = LocalBoxFuture<'static, Result<(), actix_web::Error>>;
+
+    actix_service::always_ready!();
+
+    fn call(&self, (req, mut framed): (Request, Framed<T, h1::Codec>)) -> Self::Future {
+        let app = self.app.clone();
+        Box::pin(async move {
+            let mut response: actix_http::Response<_> = match app.call(req).await {
+                Ok(response) => response.into(),
+                Err(error) => error.error_response().into(),
+            };
+            let accepted = response.extensions_mut().remove::<Accepted>();
+            match accepted {
+                Some(accepted) if response.status() == actix_http::StatusCode::SWITCHING_PROTOCOLS => {
+                    framed.send(h1::Message::Item((response.drop_body(), BodySize::None))).await?;
+                    let parts = framed.into_parts();
+                    let mut io = WsIo::new(Box::new(parts.io), parts.read_buf, accepted.max_frame_bytes);
+                    let (finished, closed) = Finished::new();
+                    io.hold(finished);
+                    accepted.start(io);
+                    let _ = closed.await;
+                }
+                _ => {
+                    // Not upgraded: the answer as it is, then the connection ends.
+                    let (head, body) = response.into_parts();
+                    let body = actix_web::body::to_bytes_limited(body, BODY_LIMIT)
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .unwrap_or_default();
+                    let mut head = head;
+                    head.head_mut().set_connection_type(ConnectionType::Close);
+                    let size = BodySize::Sized(body.len() as u64);
+                    // Head and body in one write: some clients read a refusal's body only
+                    // from what arrived with its head.
+                    framed.feed(h1::Message::Item((head, size))).await?;
+                    if !body.is_empty() {
+                        framed.feed(h1::Message::Chunk(Some(body))).await?;
+                    }
+                    framed.feed(h1::Message::Chunk(None)).await?;
+                    // `close` only shuts the socket down: write the buffer first.
+                    framed.flush().await?;
+                    let _ = framed.close().await;
+                }
+            }
+            Ok(())
+        })
+    }
+}
