@@ -11,6 +11,8 @@
 //! cargo bench --bench fanout -- --smoke                     # livegate only, tiny, fails on lost/duplicated deliveries
 //! cargo bench --bench fanout -- --scenario fanout --server livegate [--runs N]
 //! cargo bench --bench fanout -- --scenario cluster --server livegate   # issue 9: 3 nodes + NATS vs 1 node
+//! cargo bench --bench fanout -- --scenario fanout --server livegate,livegate-base,nchan \
+//!     --baseline-bin /path/to/older/livegate                # this build vs an older one, same run
 //! ```
 //!
 //! Scenarios: idle, fanout, rooms, hot, durable, slow, cluster (see `fanout/scenarios.rs`).
@@ -57,7 +59,8 @@ struct Args {
     /// Scenarios to run (comma-separated): idle, fanout, rooms, hot, durable, slow, cluster.
     #[arg(long, value_delimiter = ',')]
     scenario: Vec<String>,
-    /// Servers to run (comma-separated): livegate, nchan, socketio.
+    /// Servers to run (comma-separated): livegate, livegate-base (needs --baseline-bin),
+    /// nchan, socketio.
     #[arg(long, value_delimiter = ',')]
     server: Vec<String>,
     /// Interleaved runs of everything (default 3 with --all, else 1).
@@ -73,6 +76,11 @@ struct Args {
     /// livegate binary to run (default: the one cargo built for this bench).
     #[arg(long)]
     livegate_bin: Option<PathBuf>,
+    /// An older livegate binary to run side by side as server `livegate-base`, "livegate
+    /// (before)", started exactly like livegate; the report gets its column and the ratio
+    /// livegate ÷ before. Joins the default servers; with --server, name it there.
+    #[arg(long)]
+    baseline_bin: Option<PathBuf>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -97,6 +105,7 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
     let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
     let paths = Paths {
         livegate_bin: args.livegate_bin.clone().unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_livegate"))),
+        baseline_bin: args.baseline_bin.clone(),
         scratch: target.join("bench-tmp"),
         root,
     };
@@ -127,14 +136,18 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
     let mut kinds: Vec<Kind> = if args.smoke && args.server.is_empty() {
         vec![Kind::Livegate]
     } else if args.all || args.server.is_empty() {
-        Kind::ALL.to_vec()
+        let mut k = Kind::ALL.to_vec();
+        if args.baseline_bin.is_some() {
+            k.insert(1, Kind::LivegateBase);
+        }
+        k
     } else {
         let mut k = Vec::new();
         for s in &args.server {
             match Kind::from_name(s) {
                 Some(x) => k.push(x),
                 None => {
-                    eprintln!("unknown server {s:?}; known: livegate, nchan, socketio");
+                    eprintln!("unknown server {s:?}; known: livegate, livegate-base, nchan, socketio");
                     return 2;
                 }
             }

@@ -305,7 +305,7 @@ async fn read_loop(kind: Kind, ws: &mut Ws, slow: bool, rec: &Rec, stop: &mut wa
                         r.on_event(sent, now);
                     });
                     drop(r);
-                    if kind == Kind::Livegate {
+                    if kind.is_livegate() {
                         proto::scan_room_seqs(t.as_bytes(), |seq| {
                             if seq < last_seq {
                                 sum.out_of_order += 1;
@@ -378,7 +378,7 @@ impl Publisher {
             .map(|_| {
                 let (rx, stats) = (rx.clone(), stats.clone());
                 tokio::task::spawn_local(async move {
-                    let mut http = HttpClient::new(addr, (kind == Kind::Livegate).then_some(API_KEY));
+                    let mut http = HttpClient::new(addr, kind.is_livegate().then_some(API_KEY));
                     loop {
                         let job = rx.lock().await.recv().await;
                         let Some(job) = job else { return };

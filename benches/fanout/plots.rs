@@ -31,6 +31,7 @@ fn font_ready() -> bool {
 fn color(k: Kind) -> RGBColor {
     match k {
         Kind::Livegate => RGBColor(0x1f, 0x77, 0xb4),
+        Kind::LivegateBase => RGBColor(0x94, 0x67, 0xbd),
         Kind::Nchan => RGBColor(0x2c, 0xa0, 0x2c),
         Kind::SocketIo => RGBColor(0xd6, 0x27, 0x28),
     }

@@ -28,7 +28,7 @@ pub fn room_name(i: usize) -> String {
 /// Mints one livegate token per connection with `parallel` keep-alive clients; peers
 /// need none (their entries are `None`).
 pub async fn credentials(kind: Kind, addr: SocketAddr, n: usize, first_user: usize, parallel: usize) -> Result<Vec<Option<String>>, String> {
-    if kind != Kind::Livegate {
+    if !kind.is_livegate() {
         return Ok(vec![None; n]);
     }
     let next = std::rc::Rc::new(std::cell::Cell::new(0usize));
@@ -66,7 +66,7 @@ pub async fn credentials(kind: Kind, addr: SocketAddr, n: usize, first_user: usi
 
 pub fn ws_url(kind: Kind, addr: SocketAddr, room: &str, token: Option<&str>) -> String {
     match kind {
-        Kind::Livegate => format!("ws://{addr}/v1/ws?token={}", token.unwrap_or("")),
+        Kind::Livegate | Kind::LivegateBase => format!("ws://{addr}/v1/ws?token={}", token.unwrap_or("")),
         Kind::Nchan => format!("ws://{addr}/sub/{room}"),
         Kind::SocketIo => format!("ws://{addr}/socket.io/?EIO=4&transport=websocket"),
     }
@@ -92,7 +92,7 @@ async fn send(ws: &mut Ws, text: &str) -> Result<(), String> {
 /// Completes the server's own subscribe handshake on an upgraded socket.
 pub async fn subscribe(kind: Kind, ws: &mut Ws, room: &str) -> Result<(), String> {
     match kind {
-        Kind::Livegate => {
+        Kind::Livegate | Kind::LivegateBase => {
             let welcome = next_text(ws).await?;
             if !welcome.contains(r#""op":"welcome""#) {
                 return Err(format!("expected welcome, got {welcome}"));
@@ -152,14 +152,14 @@ pub fn payload(seq: u64, sent_ns: u64, pad: &str) -> String {
 /// Path and body of a publish of `data` into `room`.
 pub fn publish_request(kind: Kind, room: &str, data: &str) -> (String, String) {
     match kind {
-        Kind::Livegate => (format!("/v1/rooms/{room}/events"), format!(r#"{{"data":{data}}}"#)),
+        Kind::Livegate | Kind::LivegateBase => (format!("/v1/rooms/{room}/events"), format!(r#"{{"data":{data}}}"#)),
         Kind::Nchan | Kind::SocketIo => (format!("/pub/{room}"), data.to_string()),
     }
 }
 
 pub fn publish_ok(kind: Kind, status: u16) -> bool {
     match kind {
-        Kind::Livegate => status == 201,
+        Kind::Livegate | Kind::LivegateBase => status == 201,
         Kind::Nchan => status == 201 || status == 202,
         Kind::SocketIo => status == 200,
     }

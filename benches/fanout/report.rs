@@ -46,6 +46,10 @@ impl Meta {
         let rev = cmd_out("git", &["-C", root, "rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "?".into());
         let dirty = cmd_out("git", &["-C", root, "status", "--porcelain", "--untracked-files=no"]).is_some();
         let mut versions = vec![format!("livegate {} (git {rev}{})", env!("CARGO_PKG_VERSION"), if dirty { ", with local changes" } else { "" })];
+        if let Some(b) = &paths.baseline_bin {
+            let v = b.to_str().and_then(|p| cmd_out(p, &["--version"])).unwrap_or_else(|| "?".into());
+            versions.push(format!("livegate (before): {} from `--baseline-bin {}`", v, b.display()));
+        }
         if let Some(v) = cmd_out("nginx", &["-v"]) {
             let nchan = cmd_out("dpkg-query", &["-W", "-f", "${Version}", "libnginx-mod-nchan"]).unwrap_or_else(|| "?".into());
             versions.push(format!("{} with libnginx-mod-nchan {nchan}", v.replace("nginx version: ", "")));
@@ -140,12 +144,12 @@ fn cell(v: &[f64]) -> String {
     }
 }
 
-/// Values of `metric` over the runs of `server` for a row: livegate by its exact case,
-/// peers by scenario (their one hot run stands against each of livegate's windows).
+/// Values of `metric` over the runs of `server` for a row: either livegate by its exact
+/// case, peers by scenario (their one hot run stands against each of livegate's windows).
 fn values(records: &[Record], server: Kind, case: Case, metric: &str) -> Vec<f64> {
     records
         .iter()
-        .filter(|r| r.server == server && if server == Kind::Livegate { r.case == case } else { r.case.scenario() == case.scenario() })
+        .filter(|r| r.server == server && if server.is_livegate() { r.case == case } else { r.case.scenario() == case.scenario() })
         .filter_map(|r| r.metric(metric))
         .collect()
 }
@@ -154,10 +158,10 @@ fn rows(records: &[Record]) -> Vec<(Case, Kind)> {
     // Cases in scenario order, livegate's variants first; a peer-only case if livegate did not run it.
     let mut out: Vec<(Case, Kind)> = Vec::new();
     for sc in SCENARIOS {
-        let mut lg: Vec<Case> = Vec::new();
-        for r in records.iter().filter(|r| r.case.scenario() == sc && r.server == Kind::Livegate) {
-            if !lg.contains(&r.case) {
-                lg.push(r.case);
+        let mut lg: Vec<(Case, Kind)> = Vec::new();
+        for r in records.iter().filter(|r| r.case.scenario() == sc && r.server.is_livegate()) {
+            if !lg.iter().any(|(c, _)| *c == r.case) {
+                lg.push((r.case, r.server));
             }
         }
         if lg.is_empty() {
@@ -165,7 +169,7 @@ fn rows(records: &[Record]) -> Vec<(Case, Kind)> {
                 out.push((r.case, r.server));
             }
         }
-        out.extend(lg.into_iter().map(|c| (c, Kind::Livegate)));
+        out.extend(lg);
     }
     out
 }
@@ -211,7 +215,7 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
     }
 
     // Main table.
-    let _ = writeln!(md, "## Results\n\nMedian of the runs, (min–max) when they differ. Ratio = livegate median / peer median; the arrow says which direction is better.\n");
+    let _ = writeln!(md, "## Results\n\nMedian of the runs, (min–max) when they differ. Ratio = livegate median / peer median (livegate/livegate (before): this build ÷ the `--baseline-bin` build, same run); the arrow says which direction is better.\n");
     let mut head = String::from("| scenario | metric | ");
     let mut rule = String::from("|---|---|");
     for k in &kinds {

@@ -188,7 +188,7 @@ impl Case {
 
     pub fn label(self, kind: Kind) -> String {
         match self {
-            Case::Hot(w) if kind == Kind::Livegate => format!("hot, window {w} ms"),
+            Case::Hot(w) if kind.is_livegate() => format!("hot, window {w} ms"),
             Case::Cluster(Nodes::One) => "cluster baseline: 1 node".into(),
             Case::Cluster(Nodes::Three) => "cluster: 3 nodes + NATS".into(),
             c => c.scenario().to_string(),
@@ -201,9 +201,9 @@ impl Case {
             ("idle", _) => vec![Case::Idle],
             ("fanout", _) => vec![Case::Fanout],
             ("rooms", _) => vec![Case::Rooms],
-            ("hot", Kind::Livegate) => sizes.hot_windows.iter().map(|&w| Case::Hot(w)).collect(),
+            ("hot", k) if k.is_livegate() => sizes.hot_windows.iter().map(|&w| Case::Hot(w)).collect(),
             ("hot", _) => vec![Case::Hot(0)],
-            ("durable", Kind::Livegate) => vec![Case::Durable],
+            ("durable", k) if k.is_livegate() => vec![Case::Durable],
             ("slow", _) => vec![Case::Slow],
             ("cluster", Kind::Livegate) => vec![Case::Cluster(Nodes::One), Case::Cluster(Nodes::Three)],
             _ => vec![],
@@ -300,7 +300,7 @@ pub async fn run(ctx: &Ctx<'_>, kind: Kind, case: Case, run: usize) -> Record {
             stepped(ctx, kind, &plan).await.map(|r| r.headline("", s.rooms_ref_rate))
         }
         Case::Hot(window) => hot(ctx, kind, window).await,
-        Case::Durable => durable(ctx).await,
+        Case::Durable => durable(ctx, kind).await,
         Case::Slow => slow(ctx, kind).await,
         Case::Cluster(nodes) => cluster(ctx, nodes).await,
     };
@@ -709,9 +709,9 @@ async fn slow(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
 // durable
 // ---------------------------------------------------------------------------------------
 
-async fn durable(ctx: &Ctx<'_>) -> Result<Out, String> {
+async fn durable(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
     let s = ctx.sizes;
-    let mut server = Server::start(Kind::Livegate, LivegateOpts::default(), ctx.paths).await?;
+    let mut server = Server::start(kind, LivegateOpts::default(), ctx.paths).await?;
     sleep_secs(0.3).await;
     let du0 = procstat::du_bytes(&server.data_dir);
     (ctx.status)(format!("{} publishers, closed loop", s.durable_publishers));

@@ -1,8 +1,9 @@
 //! The servers under test as child processes pinned to CPU 0 with `taskset`: livegate
-//! (the release binary cargo built for this bench), nginx with nchan (one worker), and
-//! Socket.IO in one Node process. Start, readiness, the pid whose CPU and memory are
-//! sampled, and shutdown. For the cluster scenario also Debian's `nats-server -js` and
-//! [`LivegateCluster`]: N livegate nodes joined through it, all on the same CPU.
+//! (the release binary cargo built for this bench; with `--baseline-bin`, also an older
+//! build started the same way), nginx with nchan (one worker), and Socket.IO in one Node
+//! process. Start, readiness, the pid whose CPU and memory are sampled, and shutdown. For
+//! the cluster scenario also Debian's `nats-server -js` and [`LivegateCluster`]: N
+//! livegate nodes joined through it, all on the same CPU.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -26,16 +27,20 @@ pub const SERVER_CPU: usize = 0;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
     Livegate,
+    /// Another livegate binary (`--baseline-bin`), run exactly like [`Kind::Livegate`].
+    LivegateBase,
     Nchan,
     SocketIo,
 }
 
 impl Kind {
+    /// The default set; [`Kind::LivegateBase`] joins it when `--baseline-bin` is given.
     pub const ALL: [Kind; 3] = [Kind::Livegate, Kind::Nchan, Kind::SocketIo];
 
     pub fn name(self) -> &'static str {
         match self {
             Kind::Livegate => "livegate",
+            Kind::LivegateBase => "livegate-base",
             Kind::Nchan => "nchan",
             Kind::SocketIo => "socketio",
         }
@@ -44,13 +49,21 @@ impl Kind {
     pub fn title(self) -> &'static str {
         match self {
             Kind::Livegate => "livegate",
+            Kind::LivegateBase => "livegate (before)",
             Kind::Nchan => "nchan",
             Kind::SocketIo => "Socket.IO",
         }
     }
 
     pub fn from_name(s: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| k.name() == s || (s == "socket.io" && *k == Kind::SocketIo))
+        [Kind::Livegate, Kind::LivegateBase, Kind::Nchan, Kind::SocketIo]
+            .into_iter()
+            .find(|k| k.name() == s || (s == "socket.io" && *k == Kind::SocketIo))
+    }
+
+    /// Either livegate build: same protocol, same flags, same scenarios.
+    pub fn is_livegate(self) -> bool {
+        matches!(self, Kind::Livegate | Kind::LivegateBase)
     }
 }
 
@@ -58,10 +71,20 @@ impl Kind {
 pub struct Paths {
     pub root: PathBuf,
     pub livegate_bin: PathBuf,
+    /// The older livegate build of [`Kind::LivegateBase`] (`--baseline-bin`).
+    pub baseline_bin: Option<PathBuf>,
     pub scratch: PathBuf,
 }
 
 impl Paths {
+    /// The binary a livegate kind runs (the baseline's is checked by [`missing`](Self::missing)).
+    pub fn bin(&self, kind: Kind) -> &Path {
+        match (kind, &self.baseline_bin) {
+            (Kind::LivegateBase, Some(b)) => b,
+            _ => &self.livegate_bin,
+        }
+    }
+
     pub fn peers(&self) -> PathBuf {
         self.root.join("benches/peers")
     }
@@ -70,6 +93,10 @@ impl Paths {
     pub fn missing(&self, kind: Kind) -> Option<String> {
         let need: Vec<PathBuf> = match kind {
             Kind::Livegate => vec![self.livegate_bin.clone()],
+            Kind::LivegateBase => match &self.baseline_bin {
+                Some(b) => vec![b.clone()],
+                None => return Some("no --baseline-bin given".into()),
+            },
             Kind::Nchan => vec!["/usr/sbin/nginx".into(), "/usr/lib/nginx/modules/ngx_nchan_module.so".into()],
             Kind::SocketIo => vec!["/usr/bin/node".into(), self.peers().join("socketio/node_modules/socket.io")],
         };
@@ -173,8 +200,8 @@ impl Server {
         }
         cmd.arg("-c").arg(SERVER_CPU.to_string());
         match kind {
-            Kind::Livegate => {
-                cmd.arg(&paths.livegate_bin)
+            Kind::Livegate | Kind::LivegateBase => {
+                cmd.arg(paths.bin(kind))
                     .arg("serve")
                     .args(["--listen", &addr.to_string()])
                     .arg("--data-dir")
