@@ -70,6 +70,9 @@ struct Args {
     /// open-loop phase.
     #[arg(long)]
     step_secs: Option<f64>,
+    /// The idle scenario's two steps (connections), e.g. `--idle-sizes 9500,18000`.
+    #[arg(long, value_delimiter = ',')]
+    idle_sizes: Vec<usize>,
     /// Report directory.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -110,6 +113,14 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
         root,
     };
     let mut sizes = if args.smoke { Sizes::smoke() } else { Sizes::full() };
+    match args.idle_sizes[..] {
+        [] => {}
+        [small, large] => sizes.idle = [small, large],
+        _ => {
+            eprintln!("--idle-sizes takes two numbers, e.g. 9500,18000");
+            return 2;
+        }
+    }
     if let Some(s) = args.step_secs {
         sizes.step_secs = s;
         sizes.cluster_secs = s;
