@@ -234,10 +234,11 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         .disable_signals()
         // The supervisor decides when connections end; this only bounds the very last step.
         .shutdown_timeout(shutdown_timeout);
-    // Upgrade requests go through the same app (`http::upgrade`), then leave the HTTP
-    // layer for livegate's own WebSocket transport.
     // On a stop, idle keep-alive connections close at once instead of lingering.
     let stopping = builder.graceful_shutdown_signal();
+    // One HTTP service per worker for either stream type (plain TCP, TLS). Upgrade
+    // requests go through the same app (`http::upgrade`), then leave the HTTP layer for
+    // livegate's own WebSocket transport.
     macro_rules! http_service {
         ($io:ty) => {{
             let (make_app, on_connect, stopping) = (make_app.clone(), on_connect.clone(), stopping.clone());
