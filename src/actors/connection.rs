@@ -93,6 +93,14 @@ struct Subscription {
     floor: u64,
 }
 
+impl Subscription {
+    /// Of `events`, those after `floor` that this connection has not sent and that are
+    /// for `device`.
+    fn unsent(&self, events: &[Arc<Delivery>], floor: u64, device: &str) -> Vec<Arc<Delivery>> {
+        events.iter().filter(|e| e.seq > floor && !self.sent.contains(e.seq) && e.is_for(device)).cloned().collect()
+    }
+}
+
 pub struct Connection {
     id: ConnId,
     identity: Identity,
@@ -156,24 +164,24 @@ impl Connection {
     }
 
     /// Write a reply frame, unless our Close already went out (nothing may follow it).
-    fn reply(&mut self, _ctx: &mut Context<Self>, frame: String) {
+    fn reply(&mut self, frame: String) {
         if !self.closing {
             self.io.text(&frame);
         }
     }
 
-    fn send_error(&mut self, ctx: &mut Context<Self>, reference: Option<i64>, code: ErrorCode, message: &str) {
-        self.reply(ctx, protocol::error_frame(reference, code, message));
+    fn send_error(&mut self, reference: Option<i64>, code: ErrorCode, message: &str) {
+        self.reply(protocol::error_frame(reference, code, message));
     }
 
     /// Write `events` (of one room, ascending) as `events` frames of bounded size.
-    fn write_events(&mut self, ctx: &mut Context<Self>, events: Vec<Arc<Delivery>>) {
+    fn write_events(&mut self, events: Vec<Arc<Delivery>>) {
         for window in Window::cut(events) {
-            self.write_window(ctx, &window);
+            self.write_window(&window);
         }
     }
 
-    fn write_window(&mut self, _ctx: &mut Context<Self>, window: &Window) {
+    fn write_window(&mut self, window: &Window) {
         let metrics = &self.settings.metrics;
         metrics.frames_written.inc();
         metrics.events_delivered.inc_by(window.events.len() as u64);
@@ -182,7 +190,7 @@ impl Connection {
 
     /// A room's window: the shared frame when this connection sent none of it and no
     /// event is filtered by device; otherwise a frame of its own with what is left.
-    fn on_window(&mut self, room: &str, window: &Window, ctx: &mut Context<Self>) {
+    fn on_window(&mut self, room: &str, window: &Window) {
         let Some(sub) = self.subscriptions.get_mut(room).filter(|s| s.live) else { return };
         let (first, last) = (window.first_seq(), window.last_seq());
         if last <= sub.floor {
@@ -190,18 +198,12 @@ impl Connection {
         }
         if !window.targeted && first > sub.floor && !sub.sent.overlaps(first, last) {
             sub.sent.on_live_run(first, last);
-            return self.write_window(ctx, window);
+            return self.write_window(window);
         }
-        let (device, floor) = (&self.identity.device, sub.floor);
-        let fresh: Vec<Arc<Delivery>> = window
-            .events
-            .iter()
-            .filter(|e| e.seq > floor && !sub.sent.contains(e.seq) && e.is_for(device))
-            .cloned()
-            .collect();
-        sub.sent.on_live_run(first.max(floor + 1), last);
+        let fresh = sub.unsent(&window.events, sub.floor, &self.identity.device);
+        sub.sent.on_live_run(first.max(sub.floor + 1), last);
         if !fresh.is_empty() {
-            self.write_events(ctx, fresh);
+            self.write_events(fresh);
         }
     }
 
@@ -273,14 +275,14 @@ impl Connection {
             }
             ClientOp::Unsubscribe { room } => {
                 if names::check_room(&room).is_err() {
-                    return self.send_error(ctx, reference, ErrorCode::BadRoom, &names::NameError::BadRoom.to_string());
+                    return self.send_error(reference, ErrorCode::BadRoom, &names::NameError::BadRoom.to_string());
                 }
                 self.unsubscribe(&room);
                 self.io.text(&protocol::unsubscribed_frame(&room, reference));
             }
             ClientOp::History { room, since, limit } => {
                 if let Err(code) = self.check_readable(&room) {
-                    return self.send_error(ctx, reference, code.0, &code.1);
+                    return self.send_error(reference, code.0, &code.1);
                 }
                 let max = self.settings.max_history_limit;
                 let limit = limit.unwrap_or(HISTORY_DEFAULT_LIMIT.min(max));
@@ -290,15 +292,15 @@ impl Connection {
                 }
                 let rooms = self.rooms.clone();
                 let fut = async move { rooms.history(&room, since, limit).await.map(|page| (room, page)) };
-                ctx.spawn(fut.into_actor(self).map(move |result, conn, ctx| match result {
+                ctx.spawn(fut.into_actor(self).map(move |result, conn, _| match result {
                     Ok((room, page)) => {
                         let device = &conn.identity.device;
                         let events = page.events.iter().filter(|e| e.is_for(device)).map(|e| &*e.json);
                         let frame =
                             protocol::history_frame(&room, page.epoch.as_deref(), page.head, events, page.complete, reference);
-                        conn.reply(ctx, frame)
+                        conn.reply(frame)
                     }
-                    Err(e) => conn.send_error(ctx, reference, ErrorCode::Unavailable, &e.to_string()),
+                    Err(e) => conn.send_error(reference, ErrorCode::Unavailable, &e.to_string()),
                 }));
             }
         }
@@ -321,7 +323,7 @@ impl Connection {
         ctx: &mut Context<Self>,
     ) {
         if let Err((code, message)) = self.check_readable(&room) {
-            return self.send_error(ctx, reference, code, &message);
+            return self.send_error(reference, code, &message);
         }
         let room: Arc<str> = room.into();
         // A resubscribe keeps what was already sent, so nothing goes out twice.
@@ -332,7 +334,7 @@ impl Connection {
                 if *room != *self.inbox && counted >= self.settings.max_subscriptions {
                     self.settings.metrics.limit_hit("subscriptions");
                     let message = format!("at most {} subscriptions per connection", self.settings.max_subscriptions);
-                    return self.send_error(ctx, reference, ErrorCode::TooManySubscriptions, &message);
+                    return self.send_error(reference, ErrorCode::TooManySubscriptions, &message);
                 }
                 (None, SentRange::default())
             }
@@ -347,14 +349,14 @@ impl Connection {
         let name = room.clone();
         let backlog = self.backlog.clone();
         let fut = async move { rooms.subscribe(&name, conn, to, backlog, since, epoch, reference, generation).await };
-        ctx.spawn(fut.into_actor(self).map(move |result, conn, ctx| {
+        ctx.spawn(fut.into_actor(self).map(move |result, conn, _| {
             let current = conn.subscriptions.get_mut(&room).filter(|s| s.generation == generation);
             match (result, current) {
                 (Ok(addr), Some(sub)) => sub.room = Some(addr),
                 (Ok(addr), None) => addr.do_send(Unsubscribe { conn: conn.id, generation }),
                 (Err(e), Some(_)) => {
                     conn.unsubscribe(&room);
-                    conn.send_error(ctx, reference, ErrorCode::Unavailable, &e.to_string());
+                    conn.send_error(reference, ErrorCode::Unavailable, &e.to_string());
                 }
                 (Err(_), None) => {}
             }
@@ -371,7 +373,7 @@ impl Connection {
 
     /// A refused message: answer it, and close with 1008 once a client keeps sending them.
     fn refuse(&mut self, ctx: &mut Context<Self>, reference: Option<i64>, code: ErrorCode, message: &str) {
-        self.send_error(ctx, reference, code, message);
+        self.send_error(reference, code, message);
         if self.strikes.strike(self.settings.max_bad_messages, crate::world::now_ms()) {
             self.settings.metrics.limit_hit("bad_messages");
             self.close(ctx, close::POLICY, "too many refused messages");
@@ -511,16 +513,14 @@ impl Handler<RoomUpdate> for Connection {
                     self.settings.metrics.recovery(recovered);
                 }
                 self.io.text(&protocol::subscribed_frame(&room, &epoch, head, recovered, reference));
-                let device = &self.identity.device;
-                let fresh: Vec<Arc<Delivery>> =
-                    replay.into_iter().filter(|e| !sub.sent.contains(e.seq) && e.is_for(device)).collect();
+                let fresh = sub.unsent(&replay, 0, &self.identity.device);
                 sub.sent.on_subscribed(head, replayed_after);
                 if !fresh.is_empty() {
-                    self.write_events(ctx, fresh);
+                    self.write_events(fresh);
                 }
             }
             RoomUpdate::Events { room, window } => {
-                self.on_window(&room, &window, ctx);
+                self.on_window(&room, &window);
                 // The room bounds what waits in the mailbox; this, what waits in the socket.
                 if self.io.queued_bytes() > self.settings.max_outbox_bytes {
                     self.evict_slow(ctx);
@@ -530,7 +530,7 @@ impl Handler<RoomUpdate> for Connection {
             RoomUpdate::Refused { room, reference, message, generation } => {
                 if self.subscriptions.get(&room).is_some_and(|s| s.generation == generation) {
                     self.unsubscribe(&room);
-                    self.send_error(ctx, reference, ErrorCode::Unavailable, &message);
+                    self.send_error(reference, ErrorCode::Unavailable, &message);
                 }
             }
         }

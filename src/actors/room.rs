@@ -291,7 +291,7 @@ impl RoomActor {
             return;
         }
         let events = std::mem::take(&mut self.pending);
-        let metrics = self.settings.metrics.clone();
+        let metrics = &self.settings.metrics;
         metrics.batch_events.observe(events.len() as f64);
         metrics.delivery_latency.observe(now_ms().saturating_sub(events[0].ts_ms) as f64 / 1000.0);
         for window in Window::cut(events) {
