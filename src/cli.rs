@@ -687,6 +687,8 @@ impl Backoff {
 #[derive(Deserialize)]
 struct FrameHead {
     op: String,
+    #[serde(rename = "ref", default)]
+    reference: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -937,6 +939,9 @@ impl Subscriber {
                 Ok(frame) => return self.print_events(&frame.events),
                 Err(e) => eprintln!("ignoring a malformed events frame ({e}): {text}"),
             },
+            // The automatic inbox notice names the room only; the inbox's events print
+            // like any other room's.
+            "subscribed" if head.reference.is_none() => {}
             "subscribed" => match serde_json::from_str::<Subscribed>(text) {
                 Ok(reply) => self.subscribed(reply),
                 Err(e) => eprintln!("ignoring a malformed subscribed reply ({e}): {text}"),

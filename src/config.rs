@@ -29,6 +29,9 @@ pub struct Config {
     pub history_size: usize,
     /// Events older than this are trimmed from history.
     pub history_ttl_secs: u64,
+    /// A room nobody subscribes to (an inbox followed only by its users' automatic
+    /// subscriptions) stops its actor after this long without activity.
+    pub room_idle_secs: u64,
     /// A recovery needing more events than this answers `recovered:false`.
     pub recovery_max_events: u64,
     /// Largest accepted event `data`, in bytes of JSON text.
@@ -133,6 +136,7 @@ impl Default for Config {
             heartbeat_secs: 30,
             history_size: 1000,
             history_ttl_secs: 86_400,
+            room_idle_secs: 120,
             recovery_max_events: 1000,
             max_event_bytes: 65_536,
             max_subscriptions: 128,
@@ -254,13 +258,15 @@ pub const KEYS: &[Key] = &[
     Key { name: "node", flag: "node", kind: Kind::Text, value_name: "NAME",
         help: "This node's name [default: the host name]" },
     Key { name: "batch_window_ms", flag: "batch-window-ms", kind: MS, value_name: "MS",
-        help: "Collect events per connection for this long before sending them as one frame; 0 sends at once [default: 100]" },
+        help: "Collect a room's events for this long before sending them as one frame; 0 sends at once [default: 100]" },
     Key { name: "heartbeat_secs", flag: "heartbeat-secs", kind: SECS, value_name: "SECS",
         help: "Server ping interval; a connection silent for 3 intervals is closed [default: 30]" },
     Key { name: "history_size", flag: "history-size", kind: COUNT, value_name: "N",
         help: "Events kept per room for recovery and history [default: 1000]" },
     Key { name: "history_ttl_secs", flag: "history-ttl-secs", kind: SECS, value_name: "SECS",
         help: "Events older than this are trimmed from history [default: 86400]" },
+    Key { name: "room_idle_secs", flag: "room-idle-secs", kind: SECS, value_name: "SECS",
+        help: "A room nobody subscribes to frees its memory after this long idle; its history stays stored [default: 120]" },
     Key { name: "recovery_max_events", flag: "recovery-max-events", kind: COUNT, value_name: "N",
         help: "A reconnecting client missing more events than this must reload its state [default: 1000]" },
     Key { name: "max_event_bytes", flag: "max-event-bytes", kind: BYTES, value_name: "BYTES",
@@ -531,6 +537,7 @@ impl Config {
         at_least("history_size", self.history_size as u64, 1)?;
         at_most("history_size", self.history_size as u64, 1_000_000, "1000000")?;
         at_least("recovery_max_events", self.recovery_max_events, 1)?;
+        at_least("room_idle_secs", self.room_idle_secs, 1)?;
         at_least("max_event_bytes", self.max_event_bytes as u64, 16)?;
         at_most("max_event_bytes", self.max_event_bytes as u64, MAX_EVENT_BYTES_LIMIT, "16777216 (16 MiB)")?;
         at_least("max_subscriptions", self.max_subscriptions as u64, 1)?;

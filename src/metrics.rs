@@ -75,6 +75,7 @@ pub struct Metrics {
     pub limit_hits: Family<LimitLabel, Counter>,
     pub subscriptions: Gauge,
     pub rooms_live: Gauge,
+    pub rooms_parked: Gauge,
     pub events_published: Counter,
     pub events_delivered: Counter,
     pub duplicates_rejected: Counter,
@@ -120,6 +121,7 @@ impl Metrics {
             limit_hits: Family::default(),
             subscriptions: Gauge::default(),
             rooms_live: Gauge::default(),
+            rooms_parked: Gauge::default(),
             events_published: Counter::default(),
             events_delivered: Counter::default(),
             duplicates_rejected: Counter::default(),
@@ -220,6 +222,7 @@ impl Metrics {
         r.register("limit_hits", "Requests, handshakes or connections refused by an abuse limit", self.limit_hits.clone());
         r.register("subscriptions", "Room subscriptions held by connections", self.subscriptions.clone());
         r.register("rooms_live", "Rooms with a live actor", self.rooms_live.clone());
+        r.register("rooms_parked", "Inbox rooms whose automatic subscribers wait without an actor", self.rooms_parked.clone());
         r.register("events_published", "Events appended to rooms", self.events_published.clone());
         r.register("events_delivered", "Events written to client sockets", self.events_delivered.clone());
         r.register("duplicates_rejected", "Publishes answered as duplicates", self.duplicates_rejected.clone());

@@ -220,6 +220,12 @@ pub fn subscribed_frame(room: &str, epoch: &str, seq: u64, recovered: Option<boo
     with_ref(frame, reference)
 }
 
+/// The automatic subscription to the user's inbox, sent after `welcome`: the inbox is
+/// not read at connect, so it carries no epoch or head (a `subscribe` to it does).
+pub fn inbox_notice_frame(room: &str) -> String {
+    with_ref(object(vec![("op", "subscribed".into()), ("room", room.into())]), None)
+}
+
 pub fn unsubscribed_frame(room: &str, reference: Option<i64>) -> String {
     with_ref(object(vec![("op", "unsubscribed".into()), ("room", room.into())]), reference)
 }
@@ -337,6 +343,7 @@ pub struct StatusReply {
     pub connections: usize,
     pub subscriptions: u64,
     pub rooms_live: usize,
+    pub rooms_parked: usize,
     pub store_bytes: u64,
 }
 

@@ -73,8 +73,9 @@ fn room_settings(config: &Config, metrics: Arc<Metrics>) -> RoomSettings {
         metrics,
         retention: Retention { max_events: config.history_size, max_age_ms: config.history_ttl_secs * 1000 },
         recovery_max_events: config.recovery_max_events,
-        idle_stop: Duration::from_secs(120),
-        tick: Duration::from_secs(10),
+        idle_stop: Duration::from_secs(config.room_idle_secs),
+        // Often enough that an idle room stops within about its idle time.
+        tick: Duration::from_secs(config.room_idle_secs.clamp(1, 10)),
         batch_window: Duration::from_millis(config.batch_window_ms),
     }
 }

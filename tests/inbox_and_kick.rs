@@ -2,6 +2,8 @@
 //! "Connection registry"): a reconnecting device recovers exactly the inbox messages it
 //! missed and is allowed to see, then live ones, never one twice; `DELETE
 //! /v1/users/{user}/connections[?device=D]` answers how many connections it closed (4502).
+//! Inbox rooms are lazy (issue 15): a connected user costs no room actor until a message
+//! comes, and an inbox followed only by automatic subscriptions parks them again when idle.
 
 mod common;
 
@@ -32,8 +34,12 @@ async fn reconnecting_device_recovers_exactly_its_missed_inbox_messages_then_liv
     let mut phone = client_on(&server, "u1", "phone", None).await;
     let notice = phone.wait_inbox_subscribed(WAIT).await;
     assert_eq!(notice["room"], "user:u1", "{notice}");
-    let epoch = notice["epoch"].clone();
-    assert!(epoch.is_string(), "inbox notice without epoch: {notice}");
+    // The automatic notice reads nothing; a subscribe to the inbox tells epoch and head.
+    assert!(notice.get("epoch").is_none() && notice.get("seq").is_none(), "{notice}");
+    let reply = phone.subscribe_ok("user:u1").await;
+    let epoch = reply["epoch"].clone();
+    assert!(epoch.is_string(), "inbox subscribe without epoch: {reply}");
+    assert_eq!(reply["seq"], 0, "{reply}");
 
     message(&http, "u1", "m1", None);
     message(&http, "u1", "m2", Some(&["phone"]));
@@ -207,4 +213,64 @@ async fn resubscribe_before_the_first_subscribe_completes_keeps_live_delivery() 
          unsubscribed the connection from the room"
     );
     c.assert_quiet(QUIET).await;
+}
+
+/// Reads `/v1/admin/status` until `rooms_live` and `rooms_parked` are as expected.
+fn wait_rooms(http: &Http, live: u64, parked: u64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, s) = http.request("GET", "/v1/admin/status", Auth::Key, Body::None);
+        assert_eq!(status, 200, "{s}");
+        if s["rooms_live"] == live && s["rooms_parked"] == parked {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: expected {live} live and {parked} parked rooms: {s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test]
+async fn inbox_rooms_start_with_their_first_message_and_park_again_when_idle() {
+    let server = TestServer::start(|c| c.room_idle_secs = 1);
+    let http = server.http();
+    let mut phone = client_on(&server, "u1", "phone", None).await;
+    let mut web = client_on(&server, "u1", "web", None).await;
+    let mut other = client_on(&server, "u2", "web", None).await;
+    for c in [&mut phone, &mut web, &mut other] {
+        c.wait_inbox_subscribed(WAIT).await;
+    }
+    wait_rooms(&http, 0, 2, "three connections of two users, no message yet");
+
+    message(&http, "u1", "m1", Some(&["phone"]));
+    assert_eq!(seqs(&phone.next_events(1).await), vec![1]);
+    wait_rooms(&http, 1, 1, "u1's inbox got a message");
+    message(&http, "u1", "m2", None);
+    assert_eq!(seqs(&phone.next_events(1).await), vec![2]);
+    assert_eq!(seqs(&web.next_events(1).await), vec![2], "the web tab gets only what is for every device");
+
+    // Idle, the inbox parks its automatic subscribers again; the next message finds them.
+    wait_rooms(&http, 0, 2, "u1's inbox idle for room_idle_secs");
+    let third = message(&http, "u1", "m3", None);
+    assert_eq!(seqs(&phone.next_events(1).await), vec![3]);
+    assert_eq!(seqs(&web.next_events(1).await), vec![3]);
+
+    // An explicit subscribe replaces the automatic one and sends nothing twice.
+    let reply = web.subscribe_since("user:u1", 0, &third["epoch"]).await;
+    assert_eq!((&reply["op"], &reply["recovered"], &reply["seq"]), (&json!("subscribed"), &json!(true), &json!(3)), "{reply}");
+    web.assert_quiet(QUIET).await;
+    message(&http, "u1", "m4", None);
+    assert_eq!(seqs(&web.next_events(1).await), vec![4]);
+    assert_eq!(seqs(&phone.next_events(1).await), vec![4]);
+    // A watched inbox keeps its actor.
+    std::thread::sleep(Duration::from_secs(3));
+    wait_rooms(&http, 1, 1, "u1's inbox with an explicit subscriber, idle");
+    for c in [&mut phone, &mut web, &mut other] {
+        c.assert_quiet(QUIET).await;
+    }
+
+    // Nothing stays behind the connections.
+    phone.close().await;
+    web.close().await;
+    other.close().await;
+    wait_rooms(&http, 0, 0, "everyone left");
 }

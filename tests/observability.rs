@@ -373,6 +373,7 @@ const FAMILIES: &[(&str, &str, Option<&str>, &[&str])] = &[
     ("livegate_limit_hits", "counter", None, &["limit"]),
     ("livegate_subscriptions", "gauge", None, &[]),
     ("livegate_rooms_live", "gauge", None, &[]),
+    ("livegate_rooms_parked", "gauge", None, &[]),
     ("livegate_events_published", "counter", None, &[]),
     ("livegate_events_delivered", "counter", None, &[]),
     ("livegate_duplicates_rejected", "counter", None, &[]),
@@ -650,8 +651,9 @@ async fn counters_move_by_exactly_what_a_run_did() {
         ("livegate_history_trimmed_total", 3.0),
         // alice's phone: inbox + ROOM; bob: inbox + ROOM + obs:other.
         ("livegate_subscriptions", 5.0),
-        // ROOM, obs:other and the two inboxes.
-        ("livegate_rooms_live", 4.0),
+        // ROOM and obs:other; the two inboxes never got a message, so they have no actor.
+        ("livegate_rooms_live", 2.0),
+        ("livegate_rooms_parked", 2.0),
         ("livegate_slow_consumer_closes_total", 0.0),
         ("livegate_migrations_total", 0.0),
         ("livegate_migration_refusals_total", 0.0),
@@ -700,8 +702,8 @@ async fn counters_move_by_exactly_what_a_run_did() {
     let (status, s) = http.request("GET", "/v1/admin/status", Auth::Key, Body::None);
     assert_eq!(status, 200, "{s}");
     assert_eq!(
-        (&s["phase"], &s["warmup"], &s["connections"], &s["subscriptions"], &s["rooms_live"]),
-        (&json!("ready"), &json!(false), &json!(2), &json!(5), &json!(4)),
+        (&s["phase"], &s["warmup"], &s["connections"], &s["subscriptions"], &s["rooms_live"], &s["rooms_parked"]),
+        (&json!("ready"), &json!(false), &json!(2), &json!(5), &json!(2), &json!(2)),
         "{s}"
     );
 
@@ -1291,12 +1293,15 @@ async fn status_command_reports_what_is_connected() {
     assert_eq!(s["subscriptions"].as_f64(), Some(m.one("livegate_subscriptions")), "{s}");
     assert_eq!(s["connections"].as_f64(), Some(m.sum("livegate_connections_open")), "{s}");
     assert_eq!(s["rooms_live"].as_f64(), Some(m.one("livegate_rooms_live")), "{s}");
-    assert_eq!(s["rooms_live"], 3, "status:room and two inboxes: {s}");
+    assert_eq!(s["rooms_live"], 1, "status:room; the inboxes have no actor: {s}");
+    assert_eq!(s["rooms_parked"], 2, "the two users' inboxes: {s}");
+    assert_eq!(s["rooms_parked"].as_f64(), Some(m.one("livegate_rooms_parked")), "{s}");
     assert!(s["store_bytes"].as_u64().is_some_and(|b| b > 0), "{s}");
     assert!(s["uptime_secs"].as_u64().is_some_and(|u| u < 120), "{s}");
     let keys: BTreeSet<&str> = s.as_object().expect("object").keys().map(String::as_str).collect();
     let want: BTreeSet<&str> =
-        ["node", "version", "uptime_secs", "phase", "warmup", "connections", "subscriptions", "rooms_live", "store_bytes"].into();
+        ["node", "version", "uptime_secs", "phase", "warmup", "connections", "subscriptions", "rooms_live", "rooms_parked", "store_bytes"]
+            .into();
     assert_eq!(keys, want);
 
     // The key may come from the environment as well.

@@ -15,7 +15,7 @@ use super::backlog::Backlog;
 use super::messages::*;
 use super::registry::Registry;
 use super::room::RoomActor;
-use super::rooms::Rooms;
+use super::rooms::{Parked, Rooms};
 use super::socket::{ends_closing, Fault, Inbound, MessageReader, CLOSE_HANDSHAKE_TIMEOUT, FINISH_WITHIN};
 use super::wsio::{self, ReadError, WsActor, WsIo};
 use crate::core::limits::{burst_for, Strikes, TokenBucket};
@@ -91,6 +91,9 @@ struct Subscription {
     /// The room's head when the subscribe was answered: live events up to it were
     /// published before the subscribe (a room window still carrying them) and are dropped.
     floor: u64,
+    /// The automatic inbox subscription: announced at connect without epoch or head,
+    /// so the room's answer (if the inbox has a live actor) is not written.
+    automatic: bool,
 }
 
 impl Subscription {
@@ -343,7 +346,8 @@ impl Connection {
         self.settings.metrics.subscriptions.inc();
         self.next_generation += 1;
         let generation = self.next_generation;
-        let pending = Subscription { generation, room: None, live: false, epoch: epoch_seen, sent, since, floor: 0 };
+        let pending =
+            Subscription { generation, room: None, live: false, epoch: epoch_seen, sent, since, floor: 0, automatic: false };
         self.subscriptions.insert(room.clone(), pending);
         let (rooms, conn, to) = (self.rooms.clone(), self.id, ctx.address().recipient());
         let name = room.clone();
@@ -366,9 +370,47 @@ impl Connection {
     fn unsubscribe(&mut self, room: &str) {
         let Some(sub) = self.subscriptions.remove(room) else { return };
         self.settings.metrics.subscriptions.dec();
-        if let Some(addr) = sub.room {
-            addr.do_send(Unsubscribe { conn: self.id, generation: sub.generation });
+        self.leave(room, sub);
+    }
+
+    /// Tell the room (or the rooms table, for a parked inbox) that `sub` ended.
+    fn leave(&self, room: &str, sub: Subscription) {
+        match sub.room {
+            Some(addr) => addr.do_send(Unsubscribe { conn: self.id, generation: sub.generation }),
+            None => self.rooms.release(room, self.id, sub.generation),
         }
+    }
+
+    /// The automatic inbox subscription: announced now, parked in the rooms table while
+    /// the inbox has no actor (nothing is read until a message comes or the client asks).
+    fn subscribe_inbox(&mut self, ctx: &mut Context<Self>) {
+        let room = self.inbox.clone();
+        self.io.text(&protocol::inbox_notice_frame(&room));
+        self.settings.metrics.subscriptions.inc();
+        self.next_generation += 1;
+        let generation = self.next_generation;
+        let sub = Subscription {
+            generation,
+            room: None,
+            live: true,
+            epoch: None,
+            sent: SentRange::default(),
+            since: None,
+            floor: 0,
+            automatic: true,
+        };
+        self.subscriptions.insert(room.clone(), sub);
+        let parked = Parked { conn: self.id, to: ctx.address().recipient(), backlog: self.backlog.clone(), generation };
+        let rooms = self.rooms.clone();
+        let fut = async move { rooms.subscribe_inbox(&room, parked).await.map(|addr| (room, addr)) };
+        ctx.spawn(fut.into_actor(self).map(move |result, conn, _| match result {
+            Ok((room, Some(addr))) => match conn.subscriptions.get_mut(&room).filter(|s| s.generation == generation) {
+                Some(sub) => sub.room = Some(addr),
+                None => addr.do_send(Unsubscribe { conn: conn.id, generation }),
+            },
+            Ok((_, None)) => {}
+            Err(error) => tracing::warn!(conn = conn.id, %error, "automatic inbox subscription failed"),
+        }));
     }
 
     /// A refused message: answer it, and close with 1008 once a client keeps sending them.
@@ -428,8 +470,7 @@ impl Actor for Connection {
         wsio::drive(ctx);
         let heartbeat_ms = self.settings.heartbeat.as_millis() as u64;
         self.io.text(&protocol::welcome_frame(&self.identity.session, &self.settings.node, heartbeat_ms, self.identity.warmup));
-        let inbox = self.inbox.to_string();
-        self.subscribe(inbox, None, None, None, ctx);
+        self.subscribe_inbox(ctx);
         self.registry.do_send(Register {
             conn: self.id,
             user: self.identity.user.clone(),
@@ -450,10 +491,8 @@ impl Actor for Connection {
         self.io.finish(FINISH_WITHIN);
         let metrics = &self.settings.metrics;
         metrics.subscriptions.dec_by(self.subscriptions.len() as i64);
-        for (_, sub) in self.subscriptions.drain() {
-            if let Some(addr) = sub.room {
-                addr.do_send(Unsubscribe { conn: self.id, generation: sub.generation });
-            }
+        for (room, sub) in std::mem::take(&mut self.subscriptions) {
+            self.leave(&room, sub);
         }
         // The gauge first: a kick answers on Unregister and must find it already down.
         metrics.connections_open.get_or_create(&metrics.device(&self.identity.device)).dec();
@@ -512,7 +551,9 @@ impl Handler<RoomUpdate> for Connection {
                 if let Some(recovered) = recovered {
                     self.settings.metrics.recovery(recovered);
                 }
-                self.io.text(&protocol::subscribed_frame(&room, &epoch, head, recovered, reference));
+                if !sub.automatic {
+                    self.io.text(&protocol::subscribed_frame(&room, &epoch, head, recovered, reference));
+                }
                 let fresh = sub.unsent(&replay, 0, &self.identity.device);
                 sub.sent.on_subscribed(head, replayed_after);
                 if !fresh.is_empty() {

@@ -100,6 +100,9 @@ pub struct Subscribe {
     /// The connection's counter for this subscription, echoed in the answer so a stale
     /// answer (the client resubscribed meanwhile) is recognised.
     pub generation: u64,
+    /// The connection's automatic inbox subscription: an inbox room with only these
+    /// parks them in the rooms table when idle instead of keeping its actor.
+    pub automatic: bool,
 }
 
 /// Remove a subscriber (no reply frame: the connection answers the client itself).

@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 
 use super::backlog::{Backlog, Reserve};
 use super::messages::*;
-use super::rooms::RoomsInner;
+use super::rooms::{Parked, RoomsInner};
 use crate::cluster::roomlog::{self, AppendError, Appended, StreamEvent};
 use crate::cluster::{Cluster, ClusterError};
 use crate::core::batch::{BatchAction, BatchWindow};
@@ -67,6 +67,8 @@ struct Subscriber {
     to: Recipient<RoomUpdate>,
     backlog: Arc<Backlog>,
     generation: u64,
+    /// A connection's automatic inbox subscription (see [`Parked`]).
+    automatic: bool,
 }
 
 struct Waiter {
@@ -87,6 +89,9 @@ struct ClusterLog {
     conflicts: u32,
     /// Subscribes that arrived while the stream could not be read.
     waiting_subscribers: Vec<Subscribe>,
+    /// Parked subscribers adopted for a live event: once loaded, they get the events
+    /// after this seq (the live event and any that came while loading).
+    replay_after: Option<u64>,
 }
 
 pub struct RoomActor {
@@ -142,6 +147,19 @@ impl RoomActor {
             last_active: Instant::now(),
             stopped: false,
         }
+    }
+
+    /// Take over the room's parked subscribers (automatic inbox subscriptions). They get
+    /// no `Subscribed`: everything this actor delivers is newer than what they were sent.
+    /// Cluster mode: `replay_after` names the live event that started the room.
+    pub fn adopting(mut self, parked: Vec<Parked>, replay_after: Option<u64>) -> Self {
+        if !parked.is_empty() && matches!(self.store, RoomStore::Cluster(_)) {
+            self.cluster.replay_after = replay_after;
+        }
+        for p in parked {
+            self.subscribers.insert(p.conn, Subscriber { to: p.to, backlog: p.backlog, generation: p.generation, automatic: true });
+        }
+        self
     }
 
     fn load_local(name: &Arc<str>, store: &Store, settings: &RoomSettings) -> RoomState {
@@ -325,7 +343,10 @@ impl RoomActor {
             self.catch_up(ctx);
         }
         self.subscribers.retain(|_, sub| sub.to.connected());
-        let idle = self.subscribers.is_empty()
+        // An inbox followed only by its users' automatic subscriptions parks them and
+        // stops like an unwatched room: its actor lives while messages come.
+        let unwatched = self.subscribers.values().all(|sub| sub.automatic);
+        let idle = unwatched
             && self.waiting.is_empty()
             && self.pending.is_empty()
             && !self.flushing
@@ -334,8 +355,13 @@ impl RoomActor {
             && !self.cluster.appending
             && !matches!(self.state, RoomState::Loading);
         if idle && self.last_active.elapsed() >= self.settings.idle_stop {
+            let parked: Vec<Parked> = self
+                .subscribers
+                .drain()
+                .map(|(conn, sub)| Parked { conn, to: sub.to, backlog: sub.backlog, generation: sub.generation })
+                .collect();
             if let Some(rooms) = self.rooms.upgrade() {
-                rooms.forget(&self.name, &ctx.address());
+                rooms.retire(&self.name, &ctx.address(), parked);
             }
             self.stopped = true;
             tracing::debug!(room = %self.name, "idle room stopped");
@@ -360,8 +386,19 @@ impl RoomActor {
                 let head = stored.events.last().map_or(0, |e| e.event.seq);
                 self.cluster.last_stream_seq = stored.events.last().map_or(0, |e| e.stream_seq);
                 let entries = stored.events.iter().map(|e| self.entry(&e.event)).collect();
-                self.state = RoomState::Live(SeqLog::restore(stored.epoch, head, entries, self.settings.retention));
-                tracing::debug!(room = %self.name, head, "room loaded from the stream");
+                let log = SeqLog::restore(stored.epoch, head, entries, self.settings.retention);
+                let replay: Vec<Arc<Delivery>> = match self.cluster.replay_after.take() {
+                    Some(after) => log.read(after, usize::MAX).0.into_iter().map(|e| e.payload.clone()).collect(),
+                    None => Vec::new(),
+                };
+                self.state = RoomState::Live(log);
+                tracing::debug!(room = %self.name, head, adopted = self.subscribers.len(), "room loaded from the stream");
+                // The only subscribers yet are the adopted ones: requests wait for the load.
+                if !replay.is_empty() {
+                    for window in Window::cut(replay) {
+                        self.send_window(window);
+                    }
+                }
                 for waiting in std::mem::take(&mut self.cluster.waiting_subscribers) {
                     self.subscribe(waiting);
                 }
@@ -643,6 +680,17 @@ impl RoomActor {
         self.trim_expired();
         let max_events = self.settings.recovery_max_events;
         let name = self.name.clone();
+        // A subscribe overtaken by a newer one of the same connection is void (the
+        // connection sees its generation is stale and never waits for an answer).
+        if self.subscribers.get(&msg.conn).is_some_and(|s| s.generation > msg.generation) {
+            return;
+        }
+        // An inbox never written to is not created for its automatic subscription.
+        if msg.automatic && matches!(self.state, RoomState::Absent) {
+            let subscriber = Subscriber { to: msg.to, backlog: msg.backlog, generation: msg.generation, automatic: true };
+            self.subscribers.insert(msg.conn, subscriber);
+            return;
+        }
         let log = match self.live_log() {
             Ok(log) => log,
             Err(message) => {
@@ -671,7 +719,8 @@ impl RoomActor {
             reference: msg.reference,
             generation: msg.generation,
         });
-        self.subscribers.insert(msg.conn, Subscriber { to: msg.to, backlog: msg.backlog, generation: msg.generation });
+        let subscriber = Subscriber { to: msg.to, backlog: msg.backlog, generation: msg.generation, automatic: msg.automatic };
+        self.subscribers.insert(msg.conn, subscriber);
     }
 }
 

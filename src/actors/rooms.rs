@@ -2,6 +2,12 @@
 //! arbiters (chosen by hashing the name), and retries a request once when the room it
 //! reached had just stopped for idleness. A lookup table, not a message path: requests
 //! still go to rooms as messages.
+//!
+//! It also holds the parked subscribers of inbox rooms without an actor: a connection's
+//! automatic inbox subscription costs an entry here, not an actor and a store read. The
+//! room actor started for the inbox's first message (or history read, or explicit
+//! subscribe) adopts them, and an inbox room whose only subscribers are automatic parks
+//! them here again when it goes idle.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
@@ -12,6 +18,7 @@ use actix::prelude::*;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
+use super::backlog::Backlog;
 use super::messages::*;
 use super::room::{RoomActor, RoomSettings, RoomStore};
 
@@ -26,8 +33,24 @@ pub enum RoomError {
     Publish(#[from] PublishFailed),
 }
 
+/// A connection's automatic inbox subscription while the inbox room has no actor.
+pub struct Parked {
+    pub conn: ConnId,
+    pub to: Recipient<RoomUpdate>,
+    pub backlog: Arc<Backlog>,
+    pub generation: u64,
+}
+
+/// Room actors and parked subscribers, under one lock: a room is either live here or
+/// its subscribers are parked, never both.
+#[derive(Default)]
+struct Tables {
+    live: HashMap<Arc<str>, Addr<RoomActor>>,
+    parked: HashMap<Arc<str>, Vec<Parked>>,
+}
+
 pub struct RoomsInner {
-    live: Mutex<HashMap<Arc<str>, Addr<RoomActor>>>,
+    tables: Mutex<Tables>,
     arbiters: Mutex<Vec<Arbiter>>,
     handles: Vec<ArbiterHandle>,
     store: RoomStore,
@@ -37,9 +60,22 @@ pub struct RoomsInner {
 impl RoomsInner {
     /// Drop `room` from the table if `addr` is still its actor.
     pub(crate) fn forget(&self, room: &str, addr: &Addr<RoomActor>) {
-        let mut live = self.live.lock();
-        if live.get(room).is_some_and(|current| current == addr) {
-            live.remove(room);
+        let mut tables = self.tables.lock();
+        if tables.live.get(room).is_some_and(|current| current == addr) {
+            tables.live.remove(room);
+        }
+    }
+
+    /// An idle inbox room stops: drop it from the table and park its (automatic)
+    /// subscribers for the next actor of the room.
+    pub(crate) fn retire(&self, room: &Arc<str>, addr: &Addr<RoomActor>, subscribers: Vec<Parked>) {
+        let mut tables = self.tables.lock();
+        if tables.live.get(room).is_some_and(|current| current == addr) {
+            tables.live.remove(room);
+        }
+        let subscribers: Vec<Parked> = subscribers.into_iter().filter(|p| p.to.connected()).collect();
+        if !subscribers.is_empty() {
+            tables.parked.entry(room.clone()).or_default().extend(subscribers);
         }
     }
 }
@@ -57,7 +93,7 @@ impl Rooms {
         let handles = arbiters.iter().map(Arbiter::handle).collect();
         Rooms {
             inner: Arc::new(RoomsInner {
-                live: Mutex::new(HashMap::new()),
+                tables: Mutex::new(Tables::default()),
                 arbiters: Mutex::new(arbiters),
                 handles,
                 store,
@@ -68,21 +104,79 @@ impl Rooms {
 
     /// The actor of `room`, started (and loaded from the store) if it is not live.
     pub fn addr(&self, room: &str) -> Addr<RoomActor> {
-        let mut live = self.inner.live.lock();
-        if let Some(addr) = live.get(room) {
+        let mut tables = self.inner.tables.lock();
+        self.live_or_start(&mut tables, room, None)
+    }
+
+    /// The live actor of `room`, or a new one that adopts the room's parked subscribers
+    /// (cluster mode: replaying to them what the stream holds after `replay_after`).
+    fn live_or_start(&self, tables: &mut Tables, room: &str, replay_after: Option<u64>) -> Addr<RoomActor> {
+        if let Some(addr) = tables.live.get(room) {
             if addr.connected() {
                 return addr.clone();
             }
         }
         let name: Arc<str> = room.into();
+        let adopted = tables.parked.remove(room).unwrap_or_default();
         let mut hasher = DefaultHasher::new();
         name.hash(&mut hasher);
         let arbiter = &self.inner.handles[hasher.finish() as usize % self.inner.handles.len()];
         let (store, settings, weak) = (self.inner.store.clone(), self.inner.settings.clone(), Arc::downgrade(&self.inner));
         let actor_name = name.clone();
-        let addr = RoomActor::start_in_arbiter(arbiter, move |_| RoomActor::load(actor_name, store, settings, weak));
-        live.insert(name, addr.clone());
+        let addr = RoomActor::start_in_arbiter(arbiter, move |_| {
+            RoomActor::load(actor_name, store, settings, weak).adopting(adopted, replay_after)
+        });
+        tables.live.insert(name, addr.clone());
         addr
+    }
+
+    /// A connection's automatic inbox subscription: parked when the inbox has no actor
+    /// (nothing is read), else subscribed to the live actor, which answers with a
+    /// [`RoomUpdate::Subscribed`] the connection keeps to itself. `Some` names that actor.
+    pub async fn subscribe_inbox(&self, room: &str, parked: Parked) -> Result<Option<Addr<RoomActor>>, RoomError> {
+        for _ in 0..ATTEMPTS {
+            let addr = {
+                let mut tables = self.inner.tables.lock();
+                match tables.live.get(room).filter(|addr| addr.connected()) {
+                    Some(addr) => addr.clone(),
+                    None => {
+                        let waiting = tables.parked.entry(room.into()).or_default();
+                        waiting.retain(|p| p.to.connected());
+                        waiting.push(parked);
+                        return Ok(None);
+                    }
+                }
+            };
+            let msg = Subscribe {
+                conn: parked.conn,
+                to: parked.to.clone(),
+                backlog: parked.backlog.clone(),
+                since: None,
+                epoch: None,
+                reference: None,
+                generation: parked.generation,
+                automatic: true,
+            };
+            match addr.send(msg).await {
+                Ok(Ok(())) => return Ok(Some(addr)),
+                Ok(Err(RoomGone)) | Err(_) => self.forget(room, &addr),
+            }
+        }
+        Err(RoomError::Unavailable("room kept stopping".into()))
+    }
+
+    /// End a subscription whose room actor the connection does not know (parked, or
+    /// adopted since): drop it from the parked table, or tell the live actor.
+    pub fn release(&self, room: &str, conn: ConnId, generation: u64) {
+        let mut tables = self.inner.tables.lock();
+        if let Some(waiting) = tables.parked.get_mut(room) {
+            waiting.retain(|p| p.conn != conn || p.generation > generation);
+            if waiting.is_empty() {
+                tables.parked.remove(room);
+            }
+        } else if let Some(addr) = tables.live.get(room) {
+            addr.do_send(Unsubscribe { conn, generation });
+        }
     }
 
     fn forget(&self, room: &str, addr: &Addr<RoomActor>) {
@@ -128,7 +222,16 @@ impl Rooms {
     ) -> Result<Addr<RoomActor>, RoomError> {
         for _ in 0..ATTEMPTS {
             let addr = self.addr(room);
-            let msg = Subscribe { conn, to: to.clone(), backlog: backlog.clone(), since, epoch: epoch.clone(), reference, generation };
+            let msg = Subscribe {
+                conn,
+                to: to.clone(),
+                backlog: backlog.clone(),
+                since,
+                epoch: epoch.clone(),
+                reference,
+                generation,
+                automatic: false,
+            };
             match addr.send(msg).await {
                 Ok(Ok(())) => return Ok(addr),
                 Ok(Err(RoomGone)) | Err(_) => self.forget(room, &addr),
@@ -150,17 +253,24 @@ impl Rooms {
     }
 
     /// Cluster mode: hand a live event to its room, if the room is live on this node (a
-    /// room started later reads the stream itself).
+    /// room started later reads the stream itself). A parked inbox starts its actor,
+    /// which sends its parked subscribers everything from this event on.
     pub fn live_event(&self, room: &str, event: crate::cluster::roomlog::StreamEvent) {
-        let addr = self.inner.live.lock().get(room).cloned();
-        if let Some(addr) = addr {
-            addr.do_send(LiveEvent(event));
-        }
+        let mut tables = self.inner.tables.lock();
+        let addr = match tables.live.get(room) {
+            Some(addr) => addr.clone(),
+            None if tables.parked.contains_key(room) => {
+                self.live_or_start(&mut tables, room, Some(event.event.seq.saturating_sub(1)))
+            }
+            None => return,
+        };
+        drop(tables);
+        addr.do_send(LiveEvent(event));
     }
 
     /// Cluster mode: have every live room read what the live feed may have missed.
     pub fn resync_all(&self) {
-        for addr in self.inner.live.lock().values() {
+        for addr in self.inner.tables.lock().live.values() {
             addr.do_send(Resync);
         }
     }
@@ -168,7 +278,7 @@ impl Rooms {
     /// Have every live room send its open window now (the drain, before the Close
     /// frames); resolves once each room has sent it.
     pub async fn close_windows(&self) {
-        let rooms: Vec<Addr<RoomActor>> = self.inner.live.lock().values().cloned().collect();
+        let rooms: Vec<Addr<RoomActor>> = self.inner.tables.lock().live.values().cloned().collect();
         for addr in rooms {
             let _ = addr.send(CloseWindow).await;
         }
@@ -176,13 +286,18 @@ impl Rooms {
 
     /// Rooms with a live actor.
     pub fn live_count(&self) -> usize {
-        self.inner.live.lock().len()
+        self.inner.tables.lock().live.len()
+    }
+
+    /// Inbox rooms whose subscribers are parked (no actor).
+    pub fn parked_count(&self) -> usize {
+        self.inner.tables.lock().parked.len()
     }
 
     /// Stop every room actor and its arbiter, and wait for them. Events appended but not
     /// yet flushed stay in the store for the caller's final flush.
     pub fn shutdown(&self) {
-        self.inner.live.lock().clear();
+        *self.inner.tables.lock() = Tables::default();
         let arbiters = std::mem::take(&mut *self.inner.arbiters.lock());
         for arbiter in &arbiters {
             arbiter.stop();

@@ -689,6 +689,7 @@ async fn status(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResp
         connections,
         subscriptions: state.metrics.subscriptions.get().max(0) as u64,
         rooms_live: state.rooms.live_count(),
+        rooms_parked: state.rooms.parked_count(),
         store_bytes: state.store.size_on_disk().map_err(internal)?,
     };
     Ok(json(StatusCode::OK, protocol::to_json(&reply)))
@@ -696,6 +697,7 @@ async fn status(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResp
 
 async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     state.metrics.rooms_live.set(state.rooms.live_count() as i64);
+    state.metrics.rooms_parked.set(state.rooms.parked_count() as i64);
     if let Ok(bytes) = state.store.size_on_disk() {
         state.metrics.store_bytes.set(bytes as i64);
     }
