@@ -7,7 +7,10 @@
 //! written as it is and the connection then ends.
 //!
 //! The HTTP layer's future for the connection lasts until the socket is closed, so the
-//! server counts the connection and a graceful stop waits for it.
+//! server counts the connection and a graceful stop waits for it: the connection actors
+//! run on the HTTP workers' threads, which a stop with nothing counted ends at once.
+//! While it waits it holds only that wait (about 1 KiB of actix-http's dispatcher and
+//! task); the handshake's state, the HTTP codec and its buffers are gone by then.
 
 use std::rc::Rc;
 
@@ -18,6 +21,7 @@ use actix_service::{Service, ServiceFactory};
 use actix_web::dev::ServiceResponse;
 use futures_util::future::LocalBoxFuture;
 use futures_util::SinkExt;
+use tokio::sync::oneshot;
 
 use crate::actors::wsio::{Accepted, Finished, WsIo};
 
@@ -71,48 +75,67 @@ where
 
     actix_service::always_ready!();
 
-    fn call(&self, (req, mut framed): (Request, Framed<T, h1::Codec>)) -> Self::Future {
+    fn call(&self, (req, framed): (Request, Framed<T, h1::Codec>)) -> Self::Future {
         let app = self.app.clone();
+        // The handshake in a box of its own: what waits for the socket to close is
+        // only the receiver, not the handshake's state (about 1 KiB per connection).
+        let handshake: LocalBoxFuture<'static, _> = Box::pin(handshake(app, req, framed));
         Box::pin(async move {
-            let mut response: actix_http::Response<_> = match app.call(req).await {
-                Ok(response) => response.into(),
-                Err(error) => error.error_response().into(),
-            };
-            let accepted = response.extensions_mut().remove::<Accepted>();
-            match accepted {
-                Some(accepted) if response.status() == actix_http::StatusCode::SWITCHING_PROTOCOLS => {
-                    framed.send(h1::Message::Item((response.drop_body(), BodySize::None))).await?;
-                    let parts = framed.into_parts();
-                    let mut io = WsIo::new(Box::new(parts.io), parts.read_buf, accepted.max_frame_bytes);
-                    let (finished, closed) = Finished::new();
-                    io.hold(finished);
-                    accepted.start(io);
-                    let _ = closed.await;
-                }
-                _ => {
-                    // Not upgraded: the answer as it is, then the connection ends.
-                    let (head, body) = response.into_parts();
-                    let body = actix_web::body::to_bytes_limited(body, BODY_LIMIT)
-                        .await
-                        .ok()
-                        .and_then(Result::ok)
-                        .unwrap_or_default();
-                    let mut head = head;
-                    head.head_mut().set_connection_type(ConnectionType::Close);
-                    let size = BodySize::Sized(body.len() as u64);
-                    // Head and body in one write: some clients read a refusal's body only
-                    // from what arrived with its head.
-                    framed.feed(h1::Message::Item((head, size))).await?;
-                    if !body.is_empty() {
-                        framed.feed(h1::Message::Chunk(Some(body))).await?;
-                    }
-                    framed.feed(h1::Message::Chunk(None)).await?;
-                    // `close` only shuts the socket down: write the buffer first.
-                    framed.flush().await?;
-                    let _ = framed.close().await;
-                }
+            if let Some(closed) = handshake.await? {
+                let _ = closed.await;
             }
             Ok(())
         })
     }
 }
+
+/// Runs the upgrade request through the app and writes its answer. When the handler
+/// accepted, starts the connection's actor on the socket and returns what resolves once
+/// the socket is closed.
+async fn handshake<T, S>(
+    app: Rc<S>,
+    req: Request,
+    mut framed: Framed<T, h1::Codec>,
+) -> Result<Option<oneshot::Receiver<()>>, actix_web::Error>
+where
+    T: AsyncRead + AsyncWrite + Unpin + 'static,
+    S: Service<Request, Response = ServiceResponse, Error = actix_web::Error> + 'static,
+{
+    let mut response: actix_http::Response<_> = match app.call(req).await {
+        Ok(response) => response.into(),
+        Err(error) => error.error_response().into(),
+    };
+    let accepted = response.extensions_mut().remove::<Accepted>();
+    match accepted {
+        Some(accepted) if response.status() == actix_http::StatusCode::SWITCHING_PROTOCOLS => {
+            framed.send(h1::Message::Item((response.drop_body(), BodySize::None))).await?;
+            let parts = framed.into_parts();
+            let mut io = WsIo::new(Box::new(parts.io), parts.read_buf, accepted.max_frame_bytes);
+            let (finished, closed) = Finished::new();
+            io.hold(finished);
+            accepted.start(io);
+            Ok(Some(closed))
+        }
+        _ => {
+            // Not upgraded: the answer as it is, then the connection ends.
+            let (head, body) = response.into_parts();
+            let body =
+                actix_web::body::to_bytes_limited(body, BODY_LIMIT).await.ok().and_then(Result::ok).unwrap_or_default();
+            let mut head = head;
+            head.head_mut().set_connection_type(ConnectionType::Close);
+            let size = BodySize::Sized(body.len() as u64);
+            // Head and body in one write: some clients read a refusal's body only from
+            // what arrived with its head.
+            framed.feed(h1::Message::Item((head, size))).await?;
+            if !body.is_empty() {
+                framed.feed(h1::Message::Chunk(Some(body))).await?;
+            }
+            framed.feed(h1::Message::Chunk(None)).await?;
+            // `close` only shuts the socket down: write the buffer first.
+            framed.flush().await?;
+            let _ = framed.close().await;
+            Ok(None)
+        }
+    }
+}
+
