@@ -29,6 +29,11 @@ pub struct Config {
     pub history_size: usize,
     /// Events older than this are trimmed from history.
     pub history_ttl_secs: u64,
+    /// Reverse proxies (addresses or blocks such as `10.0.0.0/8`) whose `X-Forwarded-For`
+    /// names the client address the per-IP limits count.
+    pub trusted_proxies: Vec<String>,
+    /// Largest page cache of the embedded store, in MiB.
+    pub store_cache_mb: u64,
     /// A room nobody subscribes to (an inbox followed only by its users' automatic
     /// subscriptions) stops its actor after this long without activity.
     pub room_idle_secs: u64,
@@ -137,6 +142,8 @@ impl Default for Config {
             history_size: 1000,
             history_ttl_secs: 86_400,
             room_idle_secs: 120,
+            store_cache_mb: 64,
+            trusted_proxies: Vec::new(),
             recovery_max_events: 1000,
             max_event_bytes: 65_536,
             max_subscriptions: 128,
@@ -265,6 +272,10 @@ pub const KEYS: &[Key] = &[
         help: "Events kept per room for recovery and history [default: 1000]" },
     Key { name: "history_ttl_secs", flag: "history-ttl-secs", kind: SECS, value_name: "SECS",
         help: "Events older than this are trimmed from history [default: 86400]" },
+    Key { name: "trusted_proxies", flag: "trusted-proxies", kind: Kind::List, value_name: "LIST",
+        help: "Reverse proxies (addresses or blocks like 10.0.0.0/8) whose X-Forwarded-For names the client for per-IP limits [default: none]" },
+    Key { name: "store_cache_mb", flag: "store-cache-mb", kind: COUNT, value_name: "MIB",
+        help: "Largest page cache of the embedded store, in MiB [default: 64]" },
     Key { name: "room_idle_secs", flag: "room-idle-secs", kind: SECS, value_name: "SECS",
         help: "A room nobody subscribes to frees its memory after this long idle; its history stays stored [default: 120]" },
     Key { name: "recovery_max_events", flag: "recovery-max-events", kind: COUNT, value_name: "N",
@@ -538,6 +549,14 @@ impl Config {
         at_most("history_size", self.history_size as u64, 1_000_000, "1000000")?;
         at_least("recovery_max_events", self.recovery_max_events, 1)?;
         at_least("room_idle_secs", self.room_idle_secs, 1)?;
+        at_least("store_cache_mb", self.store_cache_mb, 1)?;
+        for block in &self.trusted_proxies {
+            if block.parse::<crate::core::proxies::Cidr>().is_err() {
+                let problem = format!("entries are addresses or blocks such as 10.0.0.0/8 or ::1/128, got {block:?}");
+                return Err(invalid("trusted_proxies", problem));
+            }
+        }
+        at_most("store_cache_mb", self.store_cache_mb, 1 << 20, "1048576 (1 TiB)")?;
         at_least("max_event_bytes", self.max_event_bytes as u64, 16)?;
         at_most("max_event_bytes", self.max_event_bytes as u64, MAX_EVENT_BYTES_LIMIT, "16777216 (16 MiB)")?;
         at_least("max_subscriptions", self.max_subscriptions as u64, 1)?;
@@ -1089,6 +1108,13 @@ mod tests {
             case("short previous key, not echoed", Error(
                 "previous_api_keys entries must be at least 16 characters long (set by previous_api_keys in FILE)".into()))
                 .file("previous_api_keys = [\"0123456789abcdef\", \"hunter2\"]"),
+            case("trusted proxies", Values(vec![("trusted_proxies", "[\"127.0.0.1\", \"10.0.0.0/8\"]")]))
+                .env("LIVEGATE_TRUSTED_PROXIES", "127.0.0.1,10.0.0.0/8"),
+            case("bad proxy block", Error(
+                "trusted_proxies entries are addresses or blocks such as 10.0.0.0/8 or ::1/128, got \"10.0.0.0/33\" (set by --trusted-proxies)".into()))
+                .flag("trusted_proxies", "10.0.0.0/33"),
+            case("store cache zero", Error("store_cache_mb must be at least 1, got 0 (set by store_cache_mb in FILE)".into()))
+                .file("store_cache_mb = 0"),
             case("origin with path", Error(
                 "allowed_origins entries are scheme://host[:port] without a path, got \"https://a.example/\" (set by --allowed-origins)".into()))
                 .flag("allowed_origins", "https://a.example/"),

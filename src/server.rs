@@ -118,7 +118,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     config.validate()?;
     let access = AccessList::new(config.resolve_api_key()?.key, &config);
     let tls = tls_config(&config)?;
-    let store = Store::open(&config.data_dir)?;
+    let store = Store::open_with_cache(&config.data_dir, config.store_cache_mb * 1024 * 1024)?;
     let cluster = match &config.cluster_nats_url {
         Some(url) => Some(Cluster::connect_with(url, &config.node, stream_limits(&config)).await?),
         None => None,

@@ -9,6 +9,7 @@ pub mod limits;
 pub mod liveness;
 pub mod matchsim;
 pub mod names;
+pub mod proxies;
 pub mod routing;
 pub mod sent;
 pub mod seqlog;

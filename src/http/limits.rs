@@ -11,6 +11,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::config::{Config, ConfigError};
 use crate::core::limits::{burst_for, TokenBucket};
+use crate::core::proxies::{self, Cidr};
 
 /// Per-IP entries kept before idle ones are swept out.
 const SWEEP_ABOVE: usize = 10_000;
@@ -54,6 +55,8 @@ pub struct ConnectionLimits {
     max_total: usize,
     max_per_ip: usize,
     handshakes_per_sec: u64,
+    /// Reverse proxies whose `X-Forwarded-For` names the client (`trusted_proxies`).
+    trusted_proxies: Vec<Cidr>,
     counts: Mutex<Counts>,
 }
 
@@ -71,8 +74,21 @@ impl ConnectionLimits {
             max_total,
             max_per_ip: config.max_connections_per_ip,
             handshakes_per_sec: config.handshakes_per_ip_per_sec,
+            // Checked by `Config::validate`; an entry that does not parse trusts nothing.
+            trusted_proxies: config.trusted_proxies.iter().filter_map(|block| block.parse().ok()).collect(),
             counts: Mutex::default(),
         }
+    }
+
+    /// The address the limits count a request under: the TCP peer, or the client a
+    /// trusted proxy names in `X-Forwarded-For` / `X-Real-IP`.
+    pub fn client_ip(&self, peer: IpAddr, headers: &actix_web::http::header::HeaderMap) -> IpAddr {
+        if self.trusted_proxies.is_empty() {
+            return peer;
+        }
+        let forwarded: Vec<&str> = headers.get_all("x-forwarded-for").filter_map(|v| v.to_str().ok()).collect();
+        let real_ip = headers.get("x-real-ip").and_then(|v| v.to_str().ok());
+        proxies::client_ip(peer, &forwarded, real_ip, &self.trusted_proxies)
     }
 
     /// Count a handshake from `ip` against its rate, then take a place for its connection.

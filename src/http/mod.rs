@@ -549,9 +549,11 @@ fn check_origin(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
 
 /// A place for one more connection from this client address, within the node's limits.
 fn admit(req: &HttpRequest, state: &AppState) -> Result<limits::ConnectionPermit, ApiError> {
-    let ip = req.peer_addr().map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |a| a.ip());
+    let peer = req.peer_addr().map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |a| a.ip());
+    let ip = state.limits.client_ip(peer, req.headers());
     state.limits.admit(ip, now_ms()).map_err(|refusal| {
         state.metrics.limit_hit(refusal.limit());
+        tracing::info!(client = %ip, %peer, limit = refusal.limit(), "connection refused by a limit");
         match refusal {
             limits::LimitRefusal::Node(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::TooManyConnections, refusal.to_string())

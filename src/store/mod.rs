@@ -26,6 +26,8 @@ use crate::core::sessions::{next_version, VersionError};
 
 /// Version of the tree layout; a store written by another layout is refused at open.
 pub const SCHEMA_VERSION: u32 = 1;
+/// sled's page cache unless configured (`store_cache_mb`); sled's own default is 1 GiB.
+pub const DEFAULT_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 /// How long `open` retries while another process (or a server instance being stopped)
 /// still holds the database lock.
 const LOCK_WAIT: Duration = Duration::from_secs(10);
@@ -95,11 +97,17 @@ pub struct FlushStats {
 }
 
 impl Store {
-    /// Open (or create) the store in `dir`, check its schema, start the flusher thread.
+    /// [`Store::open_with_cache`] with the default page cache (`store_cache_mb` = 64).
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        Store::open_with_cache(dir, DEFAULT_CACHE_BYTES)
+    }
+
+    /// Open (or create) the store in `dir` with a page cache of at most `cache_bytes`,
+    /// check its schema, start the flusher thread.
+    pub fn open_with_cache(dir: &Path, cache_bytes: u64) -> Result<Store, StoreError> {
         std::fs::create_dir_all(dir).map_err(|e| StoreError::Sled(e.into()))?;
         let path = dir.join("db");
-        let db = open_with_lock_wait(&path)?;
+        let db = open_with_lock_wait(&path, cache_bytes)?;
         let meta = db.open_tree("meta")?;
         match meta.get("schema_version")? {
             None => {
@@ -351,10 +359,10 @@ impl Store {
     }
 }
 
-fn open_with_lock_wait(path: &Path) -> Result<sled::Db, StoreError> {
+fn open_with_lock_wait(path: &Path, cache_bytes: u64) -> Result<sled::Db, StoreError> {
     let started = Instant::now();
     loop {
-        match sled::Config::new().path(path).open() {
+        match sled::Config::new().path(path).cache_capacity(cache_bytes).open() {
             Ok(db) => return Ok(db),
             Err(sled::Error::Io(e)) if is_lock_error(&e) && started.elapsed() < LOCK_WAIT => {
                 tracing::info!(path = %path.display(), "store locked by another instance, waiting");

@@ -1,0 +1,160 @@
+//! Per-IP limits behind a real nginx (issue 16, `trusted_proxies`): connections through
+//! the proxy count under the client's own address from `X-Forwarded-For`, a client
+//! cannot pick its address with a header of its own (neither directly nor through the
+//! proxy), and without `trusted_proxies` everything behind the proxy is one address.
+
+mod common;
+
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// nginx in the foreground (one process) in front of `upstream`, with the README's
+/// WebSocket proxy settings.
+struct Nginx {
+    addr: SocketAddr,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Nginx {
+    fn start(upstream: SocketAddr) -> Nginx {
+        let binary = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .expect("nginx not found: the README's test command (.ci/test) installs Debian's nginx");
+        let dir = tempfile::Builder::new().prefix("livegate-nginx-").tempdir().expect("tempdir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let d = dir.path().display();
+        let conf = format!(
+            r#"daemon off;
+master_process off;
+worker_processes 1;
+error_log {d}/error.log info;
+pid {d}/nginx.pid;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+    map $http_upgrade $connection_upgrade {{ default upgrade; '' close; }}
+    server {{
+        listen {addr};
+        location / {{
+            proxy_pass http://{upstream};
+            proxy_http_version 1.1;
+            proxy_set_header Upgrade $http_upgrade;
+            proxy_set_header Connection $connection_upgrade;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_read_timeout 1h;
+        }}
+    }}
+}}
+"#
+        );
+        let conf_path = dir.path().join("nginx.conf");
+        std::fs::write(&conf_path, conf).expect("write nginx.conf");
+        let mut child = Command::new(binary)
+            .arg("-p")
+            .arg(dir.path())
+            .arg("-c")
+            .arg(&conf_path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start nginx");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(addr).is_err() {
+            if let Some(status) = child.try_wait().expect("nginx status") {
+                let log = std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default();
+                panic!("nginx exited with {status}: {log}");
+            }
+            assert!(Instant::now() < deadline, "nginx did not listen on {addr} within 10 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Nginx { addr, child, _dir: dir }
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+async fn open(to: SocketAddr, server: &TestServer, from: &str, headers: &[(&str, &str)]) -> Result<WsClient, (u16, String)> {
+    let token = server.mint_token("proxied", "web");
+    WsClient::try_connect_custom(to, Some(&token), Some(ip(from)), headers)
+        .await
+        .map_err(|r| (r.status, error_code(&r.body).to_string()))
+}
+
+#[tokio::test]
+async fn behind_a_trusted_nginx_each_client_address_has_its_own_limit() {
+    let server = TestServer::start(|c| {
+        c.trusted_proxies = vec!["127.0.0.1".into()];
+        c.max_connections_per_ip = 2;
+    });
+    let nginx = Nginx::start(server.addr);
+    let via = nginx.addr;
+
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(open(via, &server, "127.0.0.2", &[]).await.expect("127.0.0.2 within its limit"));
+    }
+    let third = open(via, &server, "127.0.0.2", &[]).await.err();
+    assert_eq!(third, Some((429, "too_many_connections".into())), "127.0.0.2's third connection through nginx");
+    // Another client behind the same proxy has a limit of its own.
+    held.push(open(via, &server, "127.0.0.3", &[]).await.expect("127.0.0.3 behind the same nginx"));
+    // A header the client wrote itself is to the left of what nginx appends: ignored.
+    let forged = open(via, &server, "127.0.0.2", &[("X-Forwarded-For", "127.0.0.9")]).await.err();
+    assert_eq!(forged, Some((429, "too_many_connections".into())), "a forged X-Forwarded-For through nginx");
+    // A peer that is not a trusted proxy cannot name an address at all.
+    held.push(
+        open(server.addr, &server, "127.0.0.4", &[("X-Forwarded-For", "127.0.0.3")]).await.expect("direct from 127.0.0.4"),
+    );
+    held.push(
+        open(server.addr, &server, "127.0.0.4", &[("X-Real-IP", "127.0.0.2")]).await.expect("direct from 127.0.0.4 again"),
+    );
+    let direct = open(server.addr, &server, "127.0.0.4", &[("X-Forwarded-For", "127.0.0.5")]).await.err();
+    assert_eq!(direct, Some((429, "too_many_connections".into())), "127.0.0.4 counted under its own address");
+
+    // A connection that ends gives its address's place back.
+    for c in held.iter_mut() {
+        c.assert_alive().await;
+    }
+    held.remove(0).close().await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match open(via, &server, "127.0.0.2", &[]).await {
+            Ok(c) => {
+                held.push(c);
+                break;
+            }
+            Err(refused) => assert!(Instant::now() < deadline, "127.0.0.2's place never came back: {refused:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn without_trusted_proxies_everything_behind_nginx_is_one_address() {
+    let server = TestServer::start(|c| c.max_connections_per_ip = 2);
+    let nginx = Nginx::start(server.addr);
+    let _a = open(nginx.addr, &server, "127.0.0.2", &[]).await.expect("first");
+    let _b = open(nginx.addr, &server, "127.0.0.3", &[]).await.expect("second");
+    let third = open(nginx.addr, &server, "127.0.0.6", &[]).await.err();
+    assert_eq!(third, Some((429, "too_many_connections".into())), "all three come from nginx's 127.0.0.1");
+}
