@@ -1268,7 +1268,7 @@ fn a_newer_phone_on_b_replaces_the_older_phone_on_a_with_4501() {
 fn a_kick_on_b_closes_the_users_connections_on_every_node_and_counts_them() {
     let _serial = serial();
     let started = Instant::now();
-    let cluster = Cluster::start(3, &SHORT_DRAIN);
+    let mut cluster = Cluster::start(3, &SHORT_DRAIN);
     let rt = runtime();
     let user = "kick-user";
     let mut victims: Vec<(usize, WsClient)> = (0..3)
@@ -1308,7 +1308,28 @@ fn a_kick_on_b_closes_the_users_connections_on_every_node_and_counts_them() {
     if status != 200 || reply["closed"] != 0 {
         failures.push(format!("second kick on c: {status} {reply}, expected 200 with closed 0"));
     }
-    eprintln!("kick across nodes: reply after {replied:?}; test took {:.1} s", started.elapsed().as_secs_f64());
+    // A node killed just before a kick: the kick answers with what the live nodes closed
+    // once the dead node's heartbeats time out (3 s), not after the 12 s answer wait.
+    let mut victim = rt.block_on(WsClient::connect(cluster.addr(0), &cluster.http(0).mint_token(user, "web"), None));
+    let reader = rt.spawn(async move { victim.close_code_within(WAIT).await });
+    cluster.take_node(2).kill9();
+    let kicked_at = Instant::now();
+    let (status, reply) = cluster.http(1).request("DELETE", &format!("/v1/users/{user}/connections"), Auth::Key, Body::None);
+    let after_death = kicked_at.elapsed();
+    if status != 200 || reply["closed"] != 1 {
+        failures.push(format!("kick on b with c dead: {status} {reply}, expected 200 with closed 1 (the connection on a)"));
+    }
+    if after_death >= Duration::from_secs(8) {
+        failures.push(format!("the kick with c dead took {after_death:?}: it waited for the dead node's answer"));
+    }
+    match rt.block_on(reader).expect("victim reader") {
+        Some(4502) => {}
+        code => failures.push(format!("{user}'s connection on a ended with {code:?} during the kick with c dead")),
+    }
+    eprintln!(
+        "kick across nodes: reply after {replied:?}, {after_death:?} right after a node died; test took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     fail_with_logs(&cluster, "kick", &failures, &LOG_NEEDLES);
 }
 

@@ -38,10 +38,10 @@ pub struct RoomWriter {
     pub room: String,
 }
 
-/// Cluster mode: how many peers are alive now (draining ones included).
+/// Cluster mode: the names of the peers alive now (draining ones included).
 #[derive(Message)]
-#[rtype(result = "usize")]
-pub struct CountPeers;
+#[rtype(result = "Vec<String>")]
+pub struct AlivePeers;
 
 /// Cluster mode: this node's heartbeats and the table of its peers' heartbeats.
 pub struct ClusterPeers {
@@ -250,10 +250,10 @@ impl Handler<RoomWriter> for LivenessActor {
     }
 }
 
-impl Handler<CountPeers> for LivenessActor {
-    type Result = usize;
+impl Handler<AlivePeers> for LivenessActor {
+    type Result = Vec<String>;
 
-    fn handle(&mut self, _msg: CountPeers, _ctx: &mut Self::Context) -> usize {
-        self.cluster.as_ref().map_or(0, |p| p.table.alive(now_ms()).count())
+    fn handle(&mut self, _msg: AlivePeers, _ctx: &mut Self::Context) -> Vec<String> {
+        self.cluster.as_ref().map_or_else(Vec::new, |p| p.table.alive(now_ms()).map(|info| info.name.clone()).collect())
     }
 }

@@ -4,6 +4,7 @@
 //! requests into a registry kick answered with the count. A maintenance loop has every
 //! live room re-read the stream after NATS reconnects and replays queued directory writes.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use actix::Addr;
@@ -12,7 +13,7 @@ use futures_util::StreamExt;
 use super::kv::KvSessions;
 use super::roomlog::decode_live;
 use super::{decode_node, Cluster, ClusterError, HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, LIVE_SUBJECTS, REPLACE_SUBJECT};
-use crate::actors::liveness::{Heard, Left, LivenessActor};
+use crate::actors::liveness::{AlivePeers, Heard, Left, LivenessActor};
 use crate::actors::messages::{Kick, Published};
 use crate::actors::registry::{Registry, RemoteReplace};
 use crate::actors::rooms::{RoomError, Rooms};
@@ -23,6 +24,8 @@ const MAINTENANCE_EVERY: Duration = Duration::from_millis(500);
 const FORWARD_WAIT: Duration = Duration::from_secs(5);
 /// Longest a kick waits for the other nodes' counts (each waits up to 10 s for its closes).
 const KICK_ANSWER_WAIT: Duration = Duration::from_secs(12);
+/// How often a kick waiting for answers asks which peers are still alive.
+const KICK_LIVENESS_RECHECK: Duration = Duration::from_millis(250);
 
 /// Subscribe to everything this node listens to and spawn the tasks on the current
 /// (actix) runtime. Subscriptions are made before returning, so nothing published
@@ -97,11 +100,11 @@ pub async fn listen(
             if node == me {
                 continue;
             }
-            let (registry, client) = (registry.clone(), kick_client.clone());
+            let (registry, client, me) = (registry.clone(), kick_client.clone(), me.clone());
             actix::spawn(async move {
                 let device = (!device.is_empty()).then_some(device);
                 let closed = registry.send(Kick { user, device }).await.unwrap_or(0);
-                let _ = client.publish(reply, closed.to_string().into()).await;
+                let _ = client.publish(reply, encode_kick_answer(&me, closed).into()).await;
             });
         }
     });
@@ -213,35 +216,60 @@ pub async fn announce_replace(cluster: &Cluster, user: &str, device: &str, at_ms
     }
 }
 
-/// Kick `user` (on `device`) on the other nodes; waits for `peers` answers (or the
-/// deadline) and returns how many connections they closed.
-pub async fn kick_remote(cluster: &Cluster, user: &str, device: Option<&str>, peers: usize) -> Result<usize, ClusterError> {
-    if peers == 0 {
+/// Kick `user` (on `device`) on the other nodes and return how many connections they
+/// closed. Waits for an answer from every peer alive, asking the liveness table again
+/// while it waits, so a node that died just before or during the kick is waited for
+/// only until its heartbeats time out (or the deadline).
+pub async fn kick_remote(
+    cluster: &Cluster,
+    liveness: &Addr<LivenessActor>,
+    user: &str,
+    device: Option<&str>,
+) -> Result<usize, ClusterError> {
+    let alive = || async { liveness.send(AlivePeers).await.unwrap_or_default() };
+    let mut waiting_for: HashSet<String> = alive().await.into_iter().collect();
+    if waiting_for.is_empty() {
         return Ok(0);
     }
     let inbox = cluster.client.new_inbox();
     let mut answers = cluster.client.subscribe(inbox.clone()).await.map_err(ClusterError::nats)?;
     let body = encode_user_command(&cluster.node, user, device.unwrap_or(""), "");
     cluster.client.publish_with_reply(KICK_SUBJECT, inbox, body.into()).await.map_err(ClusterError::nats)?;
-    let (mut closed, mut heard) = (0, 0);
+    let mut closed = 0;
     let deadline = actix_web::rt::time::sleep(KICK_ANSWER_WAIT);
     tokio::pin!(deadline);
-    while heard < peers {
+    let mut recheck = actix_web::rt::time::interval(KICK_LIVENESS_RECHECK);
+    while !waiting_for.is_empty() {
         tokio::select! {
-            answer = answers.next() => match answer {
-                Some(message) => {
-                    heard += 1;
-                    closed += std::str::from_utf8(&message.payload).ok().and_then(|t| t.parse::<usize>().ok()).unwrap_or(0);
+            answer = answers.next() => match answer.as_ref().and_then(|m| decode_kick_answer(&m.payload)) {
+                Some((node, count)) => {
+                    waiting_for.remove(&node);
+                    closed += count;
                 }
-                None => break,
+                None if answer.is_none() => break,
+                None => tracing::debug!(user, "kick: ignoring a malformed answer"),
             },
+            _ = recheck.tick() => {
+                let alive: HashSet<String> = alive().await.into_iter().collect();
+                waiting_for.retain(|node| alive.contains(node));
+            }
             _ = &mut deadline => {
-                tracing::warn!(user, heard, peers, "kick: not every node answered in time");
+                tracing::warn!(user, missing = ?waiting_for, "kick: not every node answered in time");
                 break;
             }
         }
     }
     Ok(closed)
+}
+
+/// A node's answer to a kick: its name and how many connections it closed.
+fn encode_kick_answer(node: &str, closed: usize) -> String {
+    format!("{node}\n{closed}")
+}
+
+fn decode_kick_answer(payload: &[u8]) -> Option<(String, usize)> {
+    let (node, closed) = std::str::from_utf8(payload).ok()?.split_once('\n')?;
+    Some((node.to_string(), closed.parse().ok()?))
 }
 
 #[cfg(test)]
@@ -253,5 +281,7 @@ mod tests {
         let body = encode_user_command("a", "u@x", "phone", "17");
         assert_eq!(decode_user_command(body.as_bytes()), Some(("a".into(), "u@x".into(), "phone".into(), "17".into())));
         assert_eq!(decode_user_command(b"a\nb"), None);
+        assert_eq!(decode_kick_answer(encode_kick_answer("b", 3).as_bytes()), Some(("b".into(), 3)));
+        assert_eq!(decode_kick_answer(b"3"), None);
     }
 }

@@ -397,8 +397,7 @@ async fn kick(
     let here = state.registry.send(Kick { user: user.clone(), device: device.clone() });
     let elsewhere = async {
         let Some(cluster) = &state.cluster else { return Ok(0) };
-        let peers = state.liveness.send(crate::actors::liveness::CountPeers).await.map_err(internal)?;
-        crate::cluster::bus::kick_remote(cluster, &user, device.as_deref(), peers).await.map_err(internal)
+        crate::cluster::bus::kick_remote(cluster, &state.liveness, &user, device.as_deref()).await.map_err(internal)
     };
     let (here, elsewhere) = futures_util::future::join(here, elsewhere).await;
     let closed = here.map_err(internal)? + elsewhere?;
