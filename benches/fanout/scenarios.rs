@@ -4,7 +4,9 @@
 //! several batch windows), durable (closed-loop acknowledged publishes, livegate only)
 //! and slow (fanout with 1 % of clients not reading); and cluster (issue 9, livegate
 //! only): publish→deliver latency and acknowledged publishes/s across three nodes joined
-//! through nats-server, next to the same two measurements on one node.
+//! through nats-server, next to the same two measurements on one node; and churn
+//! (issue 16, livegate only): cycles of new users connecting and leaving, and the
+//! server's memory with nobody connected after each.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -61,6 +63,10 @@ pub struct Sizes {
     pub cluster_durable_rooms: usize,
     pub cluster_durable_publishers: usize,
     pub cluster_durable_secs: f64,
+    /// churn: cycles, new users per cycle, rooms they subscribe to.
+    pub churn_cycles: usize,
+    pub churn_users: usize,
+    pub churn_rooms: usize,
 }
 
 impl Sizes {
@@ -103,6 +109,9 @@ impl Sizes {
             cluster_durable_rooms: 100,
             cluster_durable_publishers: 16,
             cluster_durable_secs: 5.0,
+            churn_cycles: 20,
+            churn_users: 3_000,
+            churn_rooms: 50,
         }
     }
 
@@ -145,6 +154,9 @@ impl Sizes {
             cluster_durable_rooms: 10,
             cluster_durable_publishers: 4,
             cluster_durable_secs: 1.5,
+            churn_cycles: 3,
+            churn_users: 100,
+            churn_rooms: 5,
         }
     }
 }
@@ -160,6 +172,8 @@ pub enum Case {
     Slow,
     /// livegate only: the cluster measurements on three nodes, or the same on one node.
     Cluster(Nodes),
+    /// livegate only: user churn and the memory left behind.
+    Churn,
 }
 
 /// The cluster scenario's two deployments, run one after the other in every run.
@@ -171,7 +185,7 @@ pub enum Nodes {
     Three,
 }
 
-pub const SCENARIOS: [&str; 7] = ["idle", "fanout", "rooms", "hot", "durable", "slow", "cluster"];
+pub const SCENARIOS: [&str; 8] = ["idle", "fanout", "rooms", "hot", "durable", "slow", "cluster", "churn"];
 
 impl Case {
     pub fn scenario(self) -> &'static str {
@@ -183,6 +197,7 @@ impl Case {
             Case::Durable => "durable",
             Case::Slow => "slow",
             Case::Cluster(_) => "cluster",
+            Case::Churn => "churn",
         }
     }
 
@@ -206,6 +221,7 @@ impl Case {
             ("durable", k) if k.is_livegate() => vec![Case::Durable],
             ("slow", _) => vec![Case::Slow],
             ("cluster", Kind::Livegate) => vec![Case::Cluster(Nodes::One), Case::Cluster(Nodes::Three)],
+            ("churn", k) if k.is_livegate() => vec![Case::Churn],
             _ => vec![],
         }
     }
@@ -303,6 +319,7 @@ pub async fn run(ctx: &Ctx<'_>, kind: Kind, case: Case, run: usize) -> Record {
         Case::Durable => durable(ctx, kind).await,
         Case::Slow => slow(ctx, kind).await,
         Case::Cluster(nodes) => cluster(ctx, nodes).await,
+        Case::Churn => churn(ctx, kind).await,
     };
     let out = out.unwrap_or_else(|e| {
         let mut o = Out::new();
@@ -434,6 +451,48 @@ async fn idle(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
     }
     sleep_secs(1.0).await;
     out.lo("server PSS after close (MiB)", server.sample().pss_bytes as f64 / MIB);
+    server.stop();
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------
+// churn
+// ---------------------------------------------------------------------------------------
+
+/// Cycles of `churn_users` new users (so new sessions), each subscribed to one of
+/// `churn_rooms` rooms, all connecting and then all leaving; the server's memory with
+/// nobody connected after each cycle.
+async fn churn(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
+    let s = ctx.sizes;
+    let mut server = Server::start(kind, LivegateOpts::default(), ctx.paths).await?;
+    sleep_secs(0.5).await;
+    let before = server.sample();
+    let rec = Rec::default();
+    let mut out = Out::new();
+    let mut after = Vec::new();
+    for cycle in 0..s.churn_cycles {
+        let specs: Vec<ConnSpec> = (0..s.churn_users).map(|i| ConnSpec { room: i % s.churn_rooms, slow: false }).collect();
+        let clients = load::open_clients(kind, server.addr, &specs, cycle * s.churn_users, &rec, &|d, n| {
+            (ctx.status)(format!("cycle {}/{}: connecting {d}/{n}", cycle + 1, s.churn_cycles))
+        })
+        .await?;
+        if clients.failed > 0 {
+            out.problems.push(format!("cycle {}: {} of {} connections failed", cycle + 1, clients.failed, specs.len()));
+        }
+        clients.close().await;
+        sleep_secs(s.idle_settle_secs).await;
+        after.push(server.sample());
+    }
+    let first = after.first().ok_or("no churn cycle ran")?;
+    let last = after.last().ok_or("no churn cycle ran")?;
+    out.lo("RSS before (MiB)", before.rss_bytes as f64 / MIB);
+    out.lo("RSS after cycle 1, nobody connected (MiB)", first.rss_bytes as f64 / MIB);
+    out.lo(&format!("RSS after cycle {}, nobody connected (MiB)", after.len()), last.rss_bytes as f64 / MIB);
+    out.lo("RSS growth after cycle 1 (%)", (last.rss_bytes as f64 / first.rss_bytes as f64 - 1.0) * 100.0);
+    out.lo(
+        "RSS left per session after cycle 1 (bytes)",
+        (last.rss_bytes as f64 - first.rss_bytes as f64) / ((after.len().max(2) - 1) * s.churn_users) as f64,
+    );
     server.stop();
     Ok(out)
 }
