@@ -77,8 +77,9 @@ where
 
     fn call(&self, (req, framed): (Request, Framed<T, h1::Codec>)) -> Self::Future {
         let app = self.app.clone();
-        // The handshake in a box of its own: what waits for the socket to close is
-        // only the receiver, not the handshake's state (about 1 KiB per connection).
+        // The handshake in a box of its own: what waits for the socket to close is only
+        // the receiver, not the handshake's state with the HTTP codec's leftover write
+        // buffer (about 5 KiB per idle connection in the bench).
         let handshake: LocalBoxFuture<'static, _> = Box::pin(handshake(app, req, framed));
         Box::pin(async move {
             if let Some(closed) = handshake.await? {
