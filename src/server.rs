@@ -39,8 +39,8 @@ use crate::store::{Store, StoreError};
 
 /// How long a finished connection may linger for the client to hang up first.
 const CLIENT_DISCONNECT_TIMEOUT: Duration = Duration::from_millis(200);
-/// How often expired token nonces are forgotten.
-const NONCE_PURGE_EVERY: Duration = Duration::from_secs(60);
+/// How often expired token nonces and migration times are forgotten.
+const PURGE_EVERY: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Error)]
 pub enum ServerError {
@@ -279,7 +279,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     let supervisor =
         Supervisor::new(lifecycle, registry, directory, rooms.clone(), server.handle(), timing, metrics, done_tx).start();
     let mut serving = actix_web::rt::spawn(server);
-    let purge = actix_web::rt::spawn(purge_nonces(store.clone()));
+    let purge = actix_web::rt::spawn(purge_expired(store.clone(), state.config.migration_window_secs * 1000));
     let simulator = demo.then(|| actix_web::rt::spawn(crate::demo::run_simulator(rooms.clone())));
     supervisor.send(Start).await.map_err(|e| ServerError::Startup(e.to_string()))?.map_err(ServerError::Startup)?;
     tracing::info!(addr = %local, node = %state.config.node, data_dir = %state.config.data_dir.display(), "ready");
@@ -359,14 +359,19 @@ pub fn tls_config(config: &Config) -> Result<Option<rustls::ServerConfig>, Serve
     config.tls_cert.as_ref().zip(config.tls_key.as_ref()).map(|(cert, key)| tls::server_config(cert, key)).transpose()
 }
 
-/// Forget expired token nonces now and then.
-async fn purge_nonces(store: Store) {
+/// Forget expired token nonces and migration times past their window now and then.
+async fn purge_expired(store: Store, migration_window_ms: u64) {
     loop {
-        actix_web::rt::time::sleep(NONCE_PURGE_EVERY).await;
+        actix_web::rt::time::sleep(PURGE_EVERY).await;
         match store.purge_nonces(now_ms()) {
             Ok(0) => {}
             Ok(n) => tracing::debug!(purged = n, "expired token nonces forgotten"),
             Err(error) => tracing::warn!(%error, "could not purge token nonces"),
+        }
+        match store.purge_migrations(now_ms(), migration_window_ms) {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(purged = n, "migration times past their window forgotten"),
+            Err(error) => tracing::warn!(%error, "could not purge migration times"),
         }
     }
 }

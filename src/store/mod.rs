@@ -293,6 +293,22 @@ impl Store {
         Ok(())
     }
 
+    /// Forget migration times older than `window_ms`: past its window a record budgets
+    /// nothing (the same as none). A record rewritten meanwhile stays.
+    pub fn purge_migrations(&self, now_ms: u64, window_ms: u64) -> Result<usize, StoreError> {
+        let mut removed = 0;
+        for item in self.user_migration.iter() {
+            let (key, value) = item?;
+            let record: MigrationRecord = records::decode("user_migration", &value)?;
+            if record.last_migration_ms.saturating_add(window_ms) <= now_ms
+                && self.user_migration.compare_and_swap(&key, Some(&value), None as Option<&[u8]>)?.is_ok()
+            {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     /// Queue a cluster directory write for replay (durable once the next flush returns).
     pub fn queue_directory_write(&self, write: &QueuedSessionWrite) -> Result<(), StoreError> {
         let id = self.db.generate_id()?;
@@ -430,6 +446,20 @@ mod tests {
         assert_eq!(room.events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![3, 4, 5]);
         let newest = store.load_room("r", 2).unwrap().unwrap();
         assert_eq!(newest.events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![4, 5]);
+    }
+
+    #[test]
+    fn migration_times_are_forgotten_once_past_their_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store.set_last_migration("old", 1_000).unwrap();
+        store.set_last_migration("recent", 5_000).unwrap();
+        // Window 3 s, now 6 s: "old" (budget free since 4 s) goes, "recent" (until 8 s) stays.
+        assert_eq!(store.purge_migrations(6_000, 3_000).unwrap(), 1);
+        assert_eq!(store.last_migration("old").unwrap(), None);
+        assert_eq!(store.last_migration("recent").unwrap(), Some(5_000));
+        assert_eq!(store.purge_migrations(8_000, 3_000).unwrap(), 1);
+        assert_eq!(store.last_migration("recent").unwrap(), None);
     }
 
     #[test]
