@@ -15,7 +15,7 @@ use super::backlog::Backlog;
 use super::messages::*;
 use super::registry::Registry;
 use super::room::RoomActor;
-use super::rooms::{Parked, Rooms};
+use super::rooms::Rooms;
 use super::socket::{ends_closing, Fault, Inbound, MessageReader, CLOSE_HANDSHAKE_TIMEOUT, FINISH_WITHIN};
 use super::wsio::{self, ReadError, WsActor, WsIo};
 use crate::core::limits::{burst_for, Strikes, TokenBucket};

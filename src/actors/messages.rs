@@ -105,6 +105,15 @@ pub struct Subscribe {
     pub automatic: bool,
 }
 
+/// A connection's automatic inbox subscription while the inbox room has no actor: kept
+/// in the rooms table, adopted by the room's next actor as a subscriber.
+pub struct Parked {
+    pub conn: ConnId,
+    pub to: Recipient<RoomUpdate>,
+    pub backlog: Arc<super::backlog::Backlog>,
+    pub generation: u64,
+}
+
 /// Remove a subscriber (no reply frame: the connection answers the client itself).
 /// Only subscriptions up to `generation` go: a late unsubscribe for a superseded
 /// subscribe never removes the newer one.

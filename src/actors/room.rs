@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 
 use super::backlog::{Backlog, Reserve};
 use super::messages::*;
-use super::rooms::{Parked, RoomsInner};
+use super::rooms::RoomsInner;
 use crate::cluster::roomlog::{self, AppendError, Appended, StreamEvent};
 use crate::cluster::{Cluster, ClusterError};
 use crate::core::batch::{BatchAction, BatchWindow};

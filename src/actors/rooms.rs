@@ -18,7 +18,6 @@ use actix::prelude::*;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use super::backlog::Backlog;
 use super::messages::*;
 use super::room::{RoomActor, RoomSettings, RoomStore};
 
@@ -31,14 +30,6 @@ pub enum RoomError {
     Unavailable(String),
     #[error(transparent)]
     Publish(#[from] PublishFailed),
-}
-
-/// A connection's automatic inbox subscription while the inbox room has no actor.
-pub struct Parked {
-    pub conn: ConnId,
-    pub to: Recipient<RoomUpdate>,
-    pub backlog: Arc<Backlog>,
-    pub generation: u64,
 }
 
 /// Room actors and parked subscribers, under one lock: a room is either live here or
