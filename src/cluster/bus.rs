@@ -238,7 +238,9 @@ pub async fn kick_remote(
     let mut closed = 0;
     let deadline = actix_web::rt::time::sleep(KICK_ANSWER_WAIT);
     tokio::pin!(deadline);
-    let mut recheck = actix_web::rt::time::interval(KICK_LIVENESS_RECHECK);
+    // The peers were just read: the first recheck is one period away, not at once.
+    let first_recheck = actix_web::rt::time::Instant::now() + KICK_LIVENESS_RECHECK;
+    let mut recheck = actix_web::rt::time::interval_at(first_recheck, KICK_LIVENESS_RECHECK);
     while !waiting_for.is_empty() {
         tokio::select! {
             answer = answers.next() => match answer.as_ref().and_then(|m| decode_kick_answer(&m.payload)) {
