@@ -49,6 +49,11 @@ pub struct Config {
     pub exclusive_devices: Vec<String>,
     pub migration_window_secs: u64,
     pub warmup_secs: u64,
+    /// A session with no connection for this long is forgotten (its id then gets a new one).
+    pub session_ttl_secs: u64,
+    /// Disconnected sessions kept in memory for fast reconnects; older ones are read back
+    /// from the store.
+    pub session_cache_max: usize,
     pub drain_wait_secs: u64,
     pub drain_spread_secs: u64,
     pub drain_grace_secs: u64,
@@ -151,6 +156,8 @@ impl Default for Config {
             exclusive_devices: vec!["phone".into(), "pc".into()],
             migration_window_secs: 600,
             warmup_secs: 120,
+            session_ttl_secs: 86_400,
+            session_cache_max: 10_000,
             drain_wait_secs: 15,
             drain_spread_secs: 5,
             drain_grace_secs: 30,
@@ -292,6 +299,10 @@ pub const KEYS: &[Key] = &[
         help: "A user's sessions move between nodes at most once per window [default: 600]" },
     Key { name: "warmup_secs", flag: "warmup-secs", kind: SECS, value_name: "SECS",
         help: "After a restart that finds sessions, validate reconnects against the store this long [default: 120]" },
+    Key { name: "session_ttl_secs", flag: "session-ttl-secs", kind: SECS, value_name: "SECS",
+        help: "A session with no connection for this long is deleted; reconnecting sooner keeps it [default: 86400]" },
+    Key { name: "session_cache_max", flag: "session-cache-max", kind: COUNT, value_name: "N",
+        help: "Disconnected sessions kept in memory; the rest are read from the store on reconnect [default: 10000]" },
     Key { name: "drain_wait_secs", flag: "drain-wait-secs", kind: SECS, value_name: "SECS",
         help: "On SIGTERM, report not-ready this long before closing connections [default: 15]" },
     Key { name: "drain_spread_secs", flag: "drain-spread-secs", kind: SECS, value_name: "SECS",
@@ -549,6 +560,8 @@ impl Config {
         at_most("history_size", self.history_size as u64, 1_000_000, "1000000")?;
         at_least("recovery_max_events", self.recovery_max_events, 1)?;
         at_least("room_idle_secs", self.room_idle_secs, 1)?;
+        at_least("session_ttl_secs", self.session_ttl_secs, 1)?;
+        at_least("session_cache_max", self.session_cache_max as u64, 1)?;
         at_least("store_cache_mb", self.store_cache_mb, 1)?;
         for block in &self.trusted_proxies {
             if block.parse::<crate::core::proxies::Cidr>().is_err() {

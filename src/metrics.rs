@@ -88,6 +88,12 @@ pub struct Metrics {
     pub recoveries: Family<ResultLabel, Counter>,
     pub directory_writes: Family<ResultLabel, Counter>,
     pub migrations: Counter,
+    pub sessions_expired: Counter,
+    /// Sessions with a connection here / disconnected ones in the memory cache / records
+    /// in the store (single node), as of the last scrape.
+    pub sessions_live: Gauge,
+    pub sessions_cached: Gauge,
+    pub sessions_stored: Gauge,
     /// Cluster mode: appends refused because another node appended to the room first.
     pub cluster_append_conflicts: Counter,
     /// Cluster mode: peers alive by heartbeat.
@@ -134,6 +140,10 @@ impl Metrics {
             recoveries: Family::default(),
             directory_writes: Family::default(),
             migrations: Counter::default(),
+            sessions_expired: Counter::default(),
+            sessions_live: Gauge::default(),
+            sessions_cached: Gauge::default(),
+            sessions_stored: Gauge::default(),
             cluster_append_conflicts: Counter::default(),
             cluster_peers_alive: Gauge::default(),
             migration_refusals: Counter::default(),
@@ -245,6 +255,10 @@ impl Metrics {
         r.register("recoveries", "Subscribes with since, by outcome", self.recoveries.clone());
         r.register("directory_writes", "Session directory writes, by result", self.directory_writes.clone());
         r.register("migrations", "Session owner changes", self.migrations.clone());
+        r.register("sessions_expired", "Sessions deleted after session_ttl_secs without a connection", self.sessions_expired.clone());
+        r.register("sessions_live", "Sessions with a connection on this node", self.sessions_live.clone());
+        r.register("sessions_cached", "Disconnected sessions kept in memory (at most session_cache_max)", self.sessions_cached.clone());
+        r.register("sessions_stored", "Session records in the embedded store (single node)", self.sessions_stored.clone());
         r.register("cluster_append_conflicts", "Cluster mode: room appends that lost to another node's and were retried", self.cluster_append_conflicts.clone());
         r.register("cluster_peers_alive", "Cluster mode: peer nodes heard within the heartbeat timeout", self.cluster_peers_alive.clone());
         r.register("migration_refusals", "Handshakes refused: migration budget spent", self.migration_refusals.clone());

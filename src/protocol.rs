@@ -344,6 +344,13 @@ pub struct StatusReply {
     pub subscriptions: u64,
     pub rooms_live: usize,
     pub rooms_parked: usize,
+    /// Sessions with a connection here.
+    pub sessions_live: usize,
+    /// Disconnected sessions kept in memory (at most `session_cache_max`).
+    pub sessions_cached: usize,
+    /// Session records in the embedded store; absent in cluster mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sessions_stored: Option<u64>,
     pub store_bytes: u64,
 }
 

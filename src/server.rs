@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::Actor;
+use actix::{Actor, Addr};
 use actix_web::dev::Service;
 use actix_http::HttpService;
 use actix_web::{web, App};
@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use thiserror::Error;
 
 use crate::actors::connection::ConnectionSettings;
-use crate::actors::directory::{Directory, Sessions};
+use crate::actors::directory::{Directory, DirectorySettings, ExpireSessions, Sessions};
 use crate::actors::liveness::{ClusterPeers, LivenessActor};
 use crate::actors::room::RoomStore;
 use crate::cluster::kv::KvSessions;
@@ -65,6 +65,7 @@ fn stream_limits(config: &Config) -> StreamLimits {
     StreamLimits {
         history_size: config.history_size as u64,
         nonce_ttl: Duration::from_secs(config.token_ttl_max_secs),
+        session_ttl: Duration::from_secs(config.session_ttl_secs),
     }
 }
 
@@ -140,14 +141,13 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     };
     let rooms = Rooms::start(room_store, room_settings(&config, metrics.clone()), threads());
     let registry = Registry::new(config.exclusive_devices.clone(), cluster.clone()).start();
-    let directory = Directory::new(
-        sessions.clone(),
-        config.node.clone(),
-        Duration::from_secs(config.migration_window_secs),
-        Duration::from_secs(config.warmup_secs),
-        metrics.clone(),
-    )
-    .start();
+    let directory_settings = DirectorySettings {
+        migration_window: Duration::from_secs(config.migration_window_secs),
+        warmup: Duration::from_secs(config.warmup_secs),
+        session_ttl: Duration::from_secs(config.session_ttl_secs),
+        session_cache_max: config.session_cache_max,
+    };
+    let directory = Directory::new(sessions.clone(), config.node.clone(), directory_settings, metrics.clone()).start();
     let local = listener.local_addr()?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     let url = config.public_url.clone().unwrap_or_else(|| format!("{scheme}://{local}"));
@@ -277,9 +277,10 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     .run();
     let (done_tx, done) = oneshot::channel();
     let supervisor =
-        Supervisor::new(lifecycle, registry, directory, rooms.clone(), server.handle(), timing, metrics, done_tx).start();
+        Supervisor::new(lifecycle, registry, directory.clone(), rooms.clone(), server.handle(), timing, metrics, done_tx).start();
     let mut serving = actix_web::rt::spawn(server);
     let purge = actix_web::rt::spawn(purge_expired(store.clone(), state.config.migration_window_secs * 1000));
+    let expire = actix_web::rt::spawn(expire_sessions(directory.clone(), Duration::from_secs(state.config.session_ttl_secs)));
     let simulator = demo.then(|| actix_web::rt::spawn(crate::demo::run_simulator(rooms.clone())));
     supervisor.send(Start).await.map_err(|e| ServerError::Startup(e.to_string()))?.map_err(ServerError::Startup)?;
     tracing::info!(addr = %local, node = %state.config.node, data_dir = %state.config.data_dir.display(), "ready");
@@ -314,6 +315,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     signals.abort();
     reloads.abort();
     purge.abort();
+    expire.abort();
     if let Some(simulator) = simulator {
         simulator.abort();
     }
@@ -372,6 +374,18 @@ async fn purge_expired(store: Store, migration_window_ms: u64) {
             Ok(0) => {}
             Ok(n) => tracing::debug!(purged = n, "migration times past their window forgotten"),
             Err(error) => tracing::warn!(%error, "could not purge migration times"),
+        }
+    }
+}
+
+/// Sweep sessions past their TTL a few times per TTL (at most every minute).
+async fn expire_sessions(directory: Addr<Directory>, session_ttl: Duration) {
+    let every = (session_ttl / 4).clamp(Duration::from_millis(250), PURGE_EVERY);
+    let mut ticks = actix_web::rt::time::interval_at(actix_web::rt::time::Instant::now() + every, every);
+    loop {
+        ticks.tick().await;
+        if directory.send(ExpireSessions).await.is_err() {
+            return;
         }
     }
 }

@@ -33,7 +33,7 @@ use common::process::full_history;
 use common::*;
 use futures_util::{SinkExt, StreamExt};
 use livegate::cluster::kv::KvSessions;
-use livegate::cluster::ClusterError;
+use livegate::cluster::{ClusterError, StreamLimits};
 use livegate::store::SessionRecord;
 use serde_json::{json, Value};
 use tokio::sync::watch;
@@ -1473,4 +1473,57 @@ fn route_stops_naming_a_killed_node_and_a_draining_node() {
         started.elapsed().as_secs_f64()
     );
     fail_with_logs(&cluster, "route", &failures, &LOG_NEEDLES);
+}
+
+#[test]
+fn session_records_leave_the_kv_bucket_after_the_ttl_unless_their_node_keeps_them_connected() {
+    let _serial = serial();
+    let cluster = Cluster::start(1, &["--session-ttl-secs", "2"]);
+    let rt = runtime();
+    let addr = cluster.addr(0);
+    let mut failures = Vec::new();
+    rt.block_on(async {
+        // The same limits as the node, or connecting would set the bucket's age limit back.
+        let day = Duration::from_secs(86_400);
+        let limits = StreamLimits { history_size: 1000, nonce_ttl: day, session_ttl: Duration::from_secs(2) };
+        let probe = livegate::cluster::Cluster::connect_with(&cluster.nats.url(), "probe", limits)
+            .await
+            .unwrap_or_else(|e| panic!("connect: {e:?}"));
+        let kv = KvSessions::open(&probe).await.unwrap_or_else(|e| panic!("open kv: {e:?}"));
+        let mut kept = WsClient::connect(addr, &cluster.http(0).mint_token("kept", "web"), None).await;
+        let gone = WsClient::connect(addr, &cluster.http(0).mint_token("gone", "web"), None).await;
+        let (kept_session, gone_session) = (kept.session().to_string(), gone.session().to_string());
+        gone.close().await;
+        let closed = Instant::now();
+        // The bucket's age limit is twice the TTL: the record goes 2 to 4 s after the close
+        // (nats-server expires entries about once a second).
+        let mut vanished = None;
+        while closed.elapsed() < Duration::from_secs(10) {
+            if kv.entry(&gone_session).await.expect("read the bucket").is_none() {
+                vanished = Some(closed.elapsed());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        match vanished {
+            None => failures.push("a disconnected session's record was still in the bucket 10 s after a 2 s TTL".to_string()),
+            Some(at) if at < Duration::from_millis(1900) => failures.push(format!("the record went {at:?} after the close, before the TTL")),
+            Some(_) => {}
+        }
+        // Older than the age limit by now, yet refreshed by its node while connected.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        if kv.entry(&kept_session).await.expect("read the bucket").is_none() {
+            failures.push(format!("the connected session's record left the bucket after {:?}", closed.elapsed()));
+        }
+        kept.assert_alive().await;
+        let tab = WsClient::connect(addr, &cluster.http(0).mint_token("kept", "web"), Some(&kept_session)).await;
+        if tab.session() != kept_session {
+            failures.push(format!("a second tab of the connected session got another id: {}", tab.welcome));
+        }
+        let late = WsClient::connect(addr, &cluster.http(0).mint_token("gone", "web"), Some(&gone_session)).await;
+        if late.session() == gone_session {
+            failures.push(format!("an expired session was reused: {}", late.welcome));
+        }
+    });
+    fail_with_logs(&cluster, "session expiry in cluster mode", &failures, &LOG_NEEDLES);
 }

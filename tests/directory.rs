@@ -217,3 +217,59 @@ async fn heartbeats_and_same_node_reconnects_do_not_write_the_directory() {
         "(after the close, after the reconnect) must both equal the count before ({before})"
     );
 }
+
+/// Reads `/v1/admin/status` until its session counts are as expected.
+fn wait_sessions(server: &TestServer, live: u64, cached: u64, stored: u64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, s) = server.http().request("GET", "/v1/admin/status", Auth::Key, Body::None);
+        assert_eq!(status, 200, "{s}");
+        if s["sessions_live"] == live && s["sessions_cached"] == cached && s["sessions_stored"] == stored {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: expected {live} live, {cached} cached, {stored} stored sessions: {s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test]
+async fn sessions_expire_a_ttl_after_their_last_connection_and_never_while_connected() {
+    let server = TestServer::start(|c| {
+        c.session_ttl_secs = 2;
+        c.session_cache_max = 2;
+    });
+    let mut kept = reconnect(&server, "u1", "web", None).await;
+    let s1 = kept.session().to_string();
+    let mut gone = Vec::new();
+    for user in ["u2", "u3", "u4"] {
+        let c = reconnect(&server, user, "web", None).await;
+        gone.push(c.session().to_string());
+        c.close().await;
+        // In order, so the cache's oldest entry is u2's.
+        wait_sessions(&server, 1, gone.len().min(2) as u64, 4.min(gone.len() as u64 + 1), "after a close");
+    }
+    // u2's session left the memory cache but is kept: the store knows this process saw it.
+    let back = reconnect(&server, "u2", "web", Some(&gone[0])).await;
+    assert_eq!(back.session(), gone[0], "a reconnect within the TTL keeps the session: {}", back.welcome);
+    back.close().await;
+    wait_sessions(&server, 1, 2, 4, "u2 closed again");
+
+    // Past the TTL every disconnected session is deleted; the connected one stays however long.
+    let closed = Instant::now();
+    wait_sessions(&server, 1, 0, 1, "after the TTL");
+    assert!(closed.elapsed() >= Duration::from_millis(1500), "deleted {:?} after the close, before the 2 s TTL", closed.elapsed());
+    assert!(metric_or_zero(&server, "livegate_sessions_expired_total") >= 3.0, "{}", server.http().metrics_text());
+    std::thread::sleep(Duration::from_secs(1));
+    kept.assert_alive().await;
+    let tab = reconnect(&server, "u1", "web", Some(&s1)).await;
+    assert_eq!(tab.session(), s1, "a session with a live connection never expires: {}", tab.welcome);
+    for (user, session) in ["u2", "u3", "u4"].iter().zip(&gone) {
+        let late = reconnect(&server, user, "web", Some(session)).await;
+        assert_ne!(late.session(), session, "an expired session gets a new id: {}", late.welcome);
+        late.close().await;
+    }
+    tab.close().await;
+    kept.close().await;
+    wait_sessions(&server, 0, 2, 4, "all closed");
+    wait_sessions(&server, 0, 0, 0, "nothing left a TTL later");
+}

@@ -1297,11 +1297,15 @@ async fn status_command_reports_what_is_connected() {
     assert_eq!(s["rooms_parked"], 2, "the two users' inboxes: {s}");
     assert_eq!(s["rooms_parked"].as_f64(), Some(m.one("livegate_rooms_parked")), "{s}");
     assert!(s["store_bytes"].as_u64().is_some_and(|b| b > 0), "{s}");
+    assert_eq!((&s["sessions_live"], &s["sessions_cached"], &s["sessions_stored"]), (&json!(2), &json!(0), &json!(2)), "{s}");
+    assert_eq!(s["sessions_stored"].as_f64(), Some(m.one("livegate_sessions_stored")), "{s}");
     assert!(s["uptime_secs"].as_u64().is_some_and(|u| u < 120), "{s}");
     let keys: BTreeSet<&str> = s.as_object().expect("object").keys().map(String::as_str).collect();
     let want: BTreeSet<&str> =
-        ["node", "version", "uptime_secs", "phase", "warmup", "connections", "subscriptions", "rooms_live", "rooms_parked", "store_bytes"]
-            .into();
+        ["node", "version", "uptime_secs", "phase", "warmup", "connections", "subscriptions", "rooms_live", "rooms_parked"]
+            .into_iter()
+            .chain(["sessions_live", "sessions_cached", "sessions_stored", "store_bytes"])
+            .collect();
     assert_eq!(keys, want);
 
     // The key may come from the environment as well.

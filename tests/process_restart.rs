@@ -128,3 +128,50 @@ async fn events_acknowledged_before_a_kill_9_mid_stream_survive_with_their_seqs(
     }
     eprintln!("{} acknowledged before kill -9; head {head} after restart", acked.len());
 }
+
+/// `/v1/admin/status` of `http` until `sessions_stored` is `stored`; the status then.
+fn wait_stored(http: &Http, stored: u64, within: Duration) -> Value {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let (code, status) = http.request("GET", "/v1/admin/status", Auth::Key, Body::None);
+        assert_eq!(code, 200, "{status}");
+        if status["sessions_stored"] == stored {
+            return status;
+        }
+        assert!(std::time::Instant::now() < deadline, "expected {stored} stored sessions within {within:?}: {status}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test]
+async fn a_session_connected_at_a_kill_9_expires_a_ttl_after_the_restart_not_before() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let data = root.path().join("data");
+    let flags = ["--session-ttl-secs", "4", "--warmup-secs", "30"];
+    let serve = ServeProcess::start(&data, &root.path().join("serve-1.log"), &flags);
+    let http = Http::new(serve.addr);
+    let connected = WsClient::connect(serve.addr, &http.mint_token("u1", "web"), None).await;
+    let left = WsClient::connect(serve.addr, &http.mint_token("u2", "web"), None).await;
+    let (s1, s2) = (connected.session().to_string(), left.session().to_string());
+    left.close().await;
+    let status = wait_stored(&http, 2, Duration::from_secs(5));
+    assert_eq!(status["sessions_live"], 1, "{status}");
+    std::thread::sleep(Duration::from_millis(2500));
+    serve.kill9();
+    drop(connected);
+
+    let serve = ServeProcess::start(&data, &root.path().join("serve-2.log"), &flags);
+    let restarted = std::time::Instant::now();
+    let http = Http::new(serve.addr);
+    // u2 left 2.5 s before the kill: gone 1.5 s after the restart. u1 was connected when
+    // the process died: its TTL counts from the restart.
+    wait_stored(&http, 1, Duration::from_secs(8));
+    let back = WsClient::connect(serve.addr, &http.mint_token("u1", "web"), Some(&s1)).await;
+    assert!(restarted.elapsed() < Duration::from_millis(3500), "the reconnect must come within the TTL; test machine too slow");
+    assert_eq!(back.session(), s1, "connected at the kill, so kept for a TTL after the restart: {}", back.welcome);
+    let late = WsClient::connect(serve.addr, &http.mint_token("u2", "web"), Some(&s2)).await;
+    assert_ne!(late.session(), s2, "expired: {}", late.welcome);
+    back.close().await;
+    late.close().await;
+    wait_stored(&http, 0, Duration::from_secs(10));
+}

@@ -63,10 +63,12 @@ pub struct Sizes {
     pub cluster_durable_rooms: usize,
     pub cluster_durable_publishers: usize,
     pub cluster_durable_secs: f64,
-    /// churn: cycles, new users per cycle, rooms they subscribe to.
+    /// churn: cycles, new users per cycle, rooms they subscribe to, and the servers'
+    /// `session_ttl_secs` (short, so sessions expire within the run).
     pub churn_cycles: usize,
     pub churn_users: usize,
     pub churn_rooms: usize,
+    pub churn_session_ttl_secs: u64,
 }
 
 impl Sizes {
@@ -112,6 +114,7 @@ impl Sizes {
             churn_cycles: 20,
             churn_users: 3_000,
             churn_rooms: 50,
+            churn_session_ttl_secs: 10,
         }
     }
 
@@ -157,6 +160,7 @@ impl Sizes {
             churn_cycles: 3,
             churn_users: 100,
             churn_rooms: 5,
+            churn_session_ttl_secs: 2,
         }
     }
 }
@@ -464,7 +468,8 @@ async fn idle(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
 /// nobody connected after each cycle.
 async fn churn(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
     let s = ctx.sizes;
-    let mut server = Server::start(kind, LivegateOpts::default(), ctx.paths).await?;
+    let lg = LivegateOpts { session_ttl_secs: Some(s.churn_session_ttl_secs), ..LivegateOpts::default() };
+    let mut server = Server::start(kind, lg, ctx.paths).await?;
     sleep_secs(0.5).await;
     let before = server.sample();
     let rec = Rec::default();
@@ -483,18 +488,38 @@ async fn churn(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
         sleep_secs(s.idle_settle_secs).await;
         after.push(server.sample());
     }
+    // Sessions of the last cycles expire a TTL after they left (swept every TTL/4).
+    (ctx.status)(format!("waiting {} s for the last sessions to expire", s.churn_session_ttl_secs * 3 / 2));
+    sleep_secs(s.churn_session_ttl_secs as f64 * 1.5).await;
+    let expired = server.sample();
     let first = after.first().ok_or("no churn cycle ran")?;
     let last = after.last().ok_or("no churn cycle ran")?;
     out.lo("RSS before (MiB)", before.rss_bytes as f64 / MIB);
     out.lo("RSS after cycle 1, nobody connected (MiB)", first.rss_bytes as f64 / MIB);
     out.lo(&format!("RSS after cycle {}, nobody connected (MiB)", after.len()), last.rss_bytes as f64 / MIB);
     out.lo("RSS growth after cycle 1 (%)", (last.rss_bytes as f64 / first.rss_bytes as f64 - 1.0) * 100.0);
+    out.lo("RSS 1.5 TTL after the last cycle (MiB)", expired.rss_bytes as f64 / MIB);
+    out.lo("data dir after the churn (MiB)", dir_bytes(&server.data_dir) as f64 / MIB);
+    out.lo("RSS growth after cycle 1, sessions expired (%)", (expired.rss_bytes as f64 / first.rss_bytes as f64 - 1.0) * 100.0);
     out.lo(
         "RSS left per session after cycle 1 (bytes)",
         (last.rss_bytes as f64 - first.rss_bytes as f64) / ((after.len().max(2) - 1) * s.churn_users) as f64,
     );
     server.stop();
     Ok(out)
+}
+
+/// Bytes of the files under `dir`.
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
 }
 
 // ---------------------------------------------------------------------------------------

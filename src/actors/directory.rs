@@ -4,12 +4,22 @@
 //! migration budget, and during warm-up after a restart validates sessions from the store
 //! instead of from memory. The records live in sled on a single node and in a NATS KV
 //! bucket in cluster mode ([`Sessions`] is that seam); the decisions are the same.
+//!
+//! In memory a session exists while a connection (or a handshake) holds a
+//! [`SessionLease`] on it, and then in a cache of at most `session_cache_max` entries;
+//! past that it is read back from the store, which remembers which process saw it. A
+//! session with no connection for `session_ttl_secs` is deleted by [`ExpireSessions`]
+//! (single node) or left to the KV bucket's age limit after its owner stops refreshing
+//! it (cluster mode).
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use lru::LruCache;
 
 use crate::cluster::kv::KvSessions;
 use crate::cluster::ClusterError;
@@ -26,13 +36,58 @@ pub struct OpenSession {
     pub asked: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
 pub struct SessionGrant {
     pub session: String,
     /// The node is in warm-up (reported in `welcome`).
     pub warmup: bool,
     pub migrated: bool,
+    /// Keeps the session in memory and unexpired until dropped with the connection.
+    pub lease: SessionLease,
 }
+
+/// A connection's hold on its session: dropping it tells the directory the connection
+/// (or the handshake that never became one) is gone.
+pub struct SessionLease {
+    session: String,
+    directory: Addr<Directory>,
+}
+
+impl Drop for SessionLease {
+    fn drop(&mut self) {
+        self.directory.do_send(ReleaseSession { session: std::mem::take(&mut self.session) });
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct ReleaseSession {
+    session: String,
+}
+
+/// Delete the sessions nobody has connected to for the TTL (single node); refresh the
+/// records of sessions connected here so the KV age limit spares them (cluster mode).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ExpireSessions;
+
+/// What the directory holds now, for `/v1/admin/status`.
+#[derive(Message)]
+#[rtype(result = "DirectoryCounts")]
+pub struct CountSessions;
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DirectoryCounts {
+    /// Sessions with a connection here.
+    pub live: usize,
+    /// Disconnected sessions in the memory cache.
+    pub cached: usize,
+    /// Records in the store (single node; `None` in cluster mode, where counting reads
+    /// every key).
+    pub stored: Option<u64>,
+}
+
+/// Expired sessions deleted per store pass; the directory serves handshakes in between.
+const EXPIRE_BATCH: usize = 1000;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum DirectoryError {
@@ -149,26 +204,49 @@ pub struct Directory {
     state: Arc<tokio::sync::Mutex<State>>,
 }
 
+/// How long sessions and their records live; see the module doc.
+#[derive(Debug, Clone, Copy)]
+pub struct DirectorySettings {
+    pub migration_window: Duration,
+    pub warmup: Duration,
+    pub session_ttl: Duration,
+    pub session_cache_max: usize,
+}
+
 struct State {
     sessions: Sessions,
     node: String,
     migration_window_ms: u64,
+    session_ttl_ms: u64,
     warmup: Duration,
     warmup_until: Option<Instant>,
-    /// Sessions this process created, migrated or validated.
-    known: HashMap<String, SessionRecord>,
+    /// This server start, as recorded with the sessions it has seen (a random id).
+    incarnation: u64,
+    /// Sessions leased by a connection or a handshake here.
+    live: HashMap<String, Live>,
+    /// Single node: sessions this process has seen whose last connection here closed,
+    /// least recently used first out.
+    recent: LruCache<String, SessionRecord>,
     metrics: Arc<Metrics>,
 }
 
+struct Live {
+    record: SessionRecord,
+    leases: u32,
+}
+
 impl Directory {
-    pub fn new(sessions: Sessions, node: String, migration_window: Duration, warmup: Duration, metrics: Arc<Metrics>) -> Self {
+    pub fn new(sessions: Sessions, node: String, settings: DirectorySettings, metrics: Arc<Metrics>) -> Self {
         let state = State {
             sessions,
             node,
-            migration_window_ms: migration_window.as_millis() as u64,
-            warmup,
+            migration_window_ms: settings.migration_window.as_millis() as u64,
+            session_ttl_ms: settings.session_ttl.as_millis() as u64,
+            warmup: settings.warmup,
             warmup_until: None,
-            known: HashMap::new(),
+            incarnation: u64::from_str_radix(&random_hex(8), 16).unwrap_or(1).max(1),
+            live: HashMap::new(),
+            recent: LruCache::new(NonZeroUsize::new(settings.session_cache_max).unwrap_or(NonZeroUsize::MIN)),
             metrics,
         };
         Directory { state: Arc::new(tokio::sync::Mutex::new(state)) }
@@ -194,19 +272,143 @@ impl State {
             Err(_) => "error",
         });
         let written = result?;
-        self.known.insert(written.session.clone(), written.clone());
+        if let Some(live) = self.live.get_mut(&written.session) {
+            live.record = written.clone();
+        } else if matches!(self.sessions, Sessions::Local(_)) {
+            self.recent.put(written.session.clone(), written.clone());
+        }
         Ok(written)
     }
 
+    /// What this process knows of `session`, or the store's record where the rules say
+    /// to read it: always in cluster mode (another node may have moved it), during
+    /// warm-up, and after it for a session this process saw but no longer caches.
+    async fn lookup(&mut self, session: &str, warmup: bool) -> Result<Option<SessionRecord>, DirectoryError> {
+        let remembered = match self.live.get(session) {
+            Some(live) => Some(live.record.clone()),
+            None => self.recent.get(session).cloned(),
+        };
+        if warmup && remembered.is_none() {
+            self.metrics.warmup_reconnect_attempts.inc();
+        }
+        match (&self.sessions, remembered) {
+            (Sessions::Local(_), Some(record)) => Ok(Some(record)),
+            (Sessions::Cluster(_), _) => self.sessions.session(session).await,
+            (Sessions::Local(store), None) if warmup => Ok(store.session(session)?),
+            (Sessions::Local(store), None) => match store.session_seen(session)? {
+                Some(seen) if seen.seen_by == self.incarnation => Ok(store.session(session)?),
+                _ => Ok(None),
+            },
+        }
+    }
+
+    /// One more lease on `record`'s session; the first is recorded in the store, so a
+    /// crash leaves the session marked connected rather than expiring under a client.
+    fn hold(&mut self, record: SessionRecord) -> Result<(), DirectoryError> {
+        self.recent.pop(&record.session);
+        match self.live.entry(record.session.clone()) {
+            Entry::Occupied(mut held) => {
+                held.get_mut().leases += 1;
+                held.get_mut().record = record;
+            }
+            Entry::Vacant(free) => {
+                if let Sessions::Local(store) = &self.sessions {
+                    store.session_connected(&record.session, self.incarnation)?;
+                }
+                free.insert(Live { record, leases: 1 });
+            }
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, session: &str) {
+        let Some(live) = self.live.get_mut(session) else { return };
+        live.leases -= 1;
+        if live.leases > 0 {
+            return;
+        }
+        let Some(Live { record, .. }) = self.live.remove(session) else { return };
+        if let Sessions::Local(store) = &self.sessions {
+            if let Err(error) = store.session_released(session, now_ms(), self.incarnation) {
+                tracing::warn!(session, %error, "could not record the session's last close; it expires from an earlier time");
+            }
+            self.recent.put(record.session.clone(), record);
+        }
+    }
+
+    /// One pass of expiry; `true` when there is more to do.
+    async fn expire_batch(&mut self, now: u64) -> bool {
+        match &self.sessions {
+            Sessions::Local(store) => {
+                let live = &self.live;
+                match store.expire_sessions(now.saturating_sub(self.session_ttl_ms), EXPIRE_BATCH, |s| live.contains_key(s)) {
+                    Ok((examined, deleted)) => {
+                        for session in &deleted {
+                            self.recent.pop(session);
+                        }
+                        if !deleted.is_empty() {
+                            tracing::debug!(expired = deleted.len(), "sessions past their TTL deleted");
+                            self.metrics.sessions_expired.inc_by(deleted.len() as u64);
+                        }
+                        examined == EXPIRE_BATCH
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "could not expire sessions");
+                        false
+                    }
+                }
+            }
+            Sessions::Cluster(kv) => {
+                kv.prune_cache(Duration::from_millis(self.session_ttl_ms), self.recent.cap().get());
+                // A record is written only on create and migration: refresh those held
+                // here before the bucket's age limit (twice the TTL) can reach them.
+                let stale: Vec<SessionRecord> = self
+                    .live
+                    .values()
+                    .filter(|l| l.record.updated_at_ms.saturating_add(self.session_ttl_ms / 2) <= now)
+                    .map(|l| l.record.clone())
+                    .collect();
+                for record in stale {
+                    let session = record.session.clone();
+                    let refreshed = SessionRecord { updated_at_ms: now, ..record.clone() };
+                    match self.write(Some(record.version), refreshed).await {
+                        Ok(_) => {}
+                        Err(WriteError::Stale(stale)) => tracing::info!(session, %stale, "session moved on; not refreshed"),
+                        Err(WriteError::Failed(error)) => {
+                            tracing::warn!(session, %error, "could not refresh the session record");
+                            return false;
+                        }
+                    }
+                }
+                false
+            }
+        }
+    }
+
+    fn counts(&self) -> DirectoryCounts {
+        DirectoryCounts {
+            live: self.live.len(),
+            cached: self.recent.len(),
+            stored: match &self.sessions {
+                Sessions::Local(store) => Some(store.sessions_stored()),
+                Sessions::Cluster(_) => None,
+            },
+        }
+    }
+
     /// Move every session of `user` owned elsewhere to this node: one budget charge.
-    async fn migrate_user(&mut self, user: &str, now: u64) -> Result<(), DirectoryError> {
+    async fn migrate_user(&mut self, user: &str, asked: &SessionRecord, now: u64) -> Result<(), DirectoryError> {
         let last = self.sessions.last_migration(user).await?;
         if let Err(refusal) = check_migration_budget(last, now, self.migration_window_ms) {
             self.metrics.migration_refusals.inc();
             tracing::info!(user, %refusal, "migration refused");
             return Err(refusal.into());
         }
-        for record in self.sessions.sessions_of_user(user).await? {
+        let mut records = self.sessions.sessions_of_user(user).await?;
+        if !records.iter().any(|r| r.session == asked.session) {
+            records.push(asked.clone());
+        }
+        for record in records {
             if record.owner == self.node {
                 continue;
             }
@@ -223,7 +425,7 @@ impl State {
         Ok(())
     }
 
-    async fn create(&mut self, user: &str, now: u64) -> Result<String, DirectoryError> {
+    async fn create(&mut self, user: &str, now: u64) -> Result<SessionRecord, DirectoryError> {
         let record = SessionRecord {
             session: random_hex(12),
             user: user.to_string(),
@@ -232,52 +434,49 @@ impl State {
             updated_at_ms: now,
         };
         match self.write(None, record).await {
-            Ok(written) => Ok(written.session),
+            Ok(written) => Ok(written),
             Err(WriteError::Stale(stale)) => Err(DirectoryError::Store(format!("a fresh session id was taken: {stale}"))),
             Err(WriteError::Failed(e)) => Err(e),
         }
     }
 
-    async fn open(&mut self, msg: OpenSession) -> Result<SessionGrant, DirectoryError> {
+    /// The session a handshake gets, held by one more lease (returned as the session id;
+    /// the caller wraps it in a [`SessionLease`]).
+    async fn open(&mut self, msg: OpenSession) -> Result<(String, bool, bool), DirectoryError> {
         let now = now_ms();
         let warmup = self.in_warmup();
         let asked = match msg.asked.as_deref().filter(|s| !s.is_empty()) {
             None => None,
-            Some(session) => match self.known.get(session) {
-                // In cluster mode another node may have moved the session meanwhile: read it.
-                Some(record) if matches!(self.sessions, Sessions::Local(_)) => Some(record.clone()),
-                Some(_) => self.sessions.session(session).await?,
-                None if warmup || matches!(self.sessions, Sessions::Cluster(_)) => {
-                    if warmup {
-                        self.metrics.warmup_reconnect_attempts.inc();
-                    }
-                    self.sessions.session(session).await?
-                }
-                None => None,
-            },
+            Some(session) => self.lookup(session, warmup).await?,
         };
         let view = asked.as_ref().map(|r| SessionView { user: &r.user, owner: &r.owner, version: r.version });
         let plan = plan_session(view, &msg.user, &self.node);
-        let (session, migrated) = match (plan, asked) {
-            (SessionPlan::Reuse, Some(record)) => {
-                self.known.insert(record.session.clone(), record.clone());
-                (record.session, false)
-            }
+        let (record, migrated) = match (plan, asked) {
+            (SessionPlan::Reuse, Some(record)) => (record, false),
             (SessionPlan::Migrate { .. }, Some(record)) => {
-                self.migrate_user(&msg.user, now).await?;
-                (record.session, true)
+                self.migrate_user(&msg.user, &record, now).await?;
+                let moved = self.recent.pop(&record.session).or_else(|| self.live.get(&record.session).map(|l| l.record.clone()));
+                (moved.unwrap_or(record), true)
             }
             _ => (self.create(&msg.user, now).await?, false),
         };
+        let session = record.session.clone();
+        self.hold(record)?;
         if warmup && msg.asked.as_deref() == Some(session.as_str()) {
             self.metrics.warmup_reconnect_successes.inc();
         }
-        Ok(SessionGrant { session, warmup, migrated })
+        Ok((session, warmup, migrated))
     }
 
     async fn reconcile(&mut self) -> Result<(usize, usize), DirectoryError> {
         // This node holds no connection yet: records it owned wait for their clients to
         // reconnect (here or elsewhere); nothing is rewritten in bulk.
+        if let Sessions::Local(store) = &self.sessions {
+            let orphans = store.release_orphaned_sessions(now_ms(), self.incarnation)?;
+            if orphans > 0 {
+                tracing::info!(sessions = orphans, "sessions left connected by the previous run count as closed now");
+            }
+        }
         let (sessions, owned) = self.sessions.count(&self.node).await?;
         if sessions > 0 && !self.warmup.is_zero() {
             self.warmup_until = Some(Instant::now() + self.warmup);
@@ -295,9 +494,46 @@ impl Actor for Directory {
 impl Handler<OpenSession> for Directory {
     type Result = ResponseFuture<Result<SessionGrant, DirectoryError>>;
 
-    fn handle(&mut self, msg: OpenSession, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: OpenSession, ctx: &mut Self::Context) -> Self::Result {
         let state = self.state.clone();
-        Box::pin(async move { state.lock().await.open(msg).await })
+        let directory = ctx.address();
+        Box::pin(async move {
+            let (session, warmup, migrated) = state.lock().await.open(msg).await?;
+            let lease = SessionLease { session: session.clone(), directory };
+            Ok(SessionGrant { session, warmup, migrated, lease })
+        })
+    }
+}
+
+impl Handler<ReleaseSession> for Directory {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, msg: ReleaseSession, _ctx: &mut Self::Context) -> Self::Result {
+        let state = self.state.clone();
+        Box::pin(async move { state.lock().await.release(&msg.session) })
+    }
+}
+
+impl Handler<ExpireSessions> for Directory {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _msg: ExpireSessions, _ctx: &mut Self::Context) -> Self::Result {
+        let state = self.state.clone();
+        Box::pin(async move {
+            // In batches, so handshakes are served between them.
+            while state.lock().await.expire_batch(now_ms()).await {
+                tokio::task::yield_now().await;
+            }
+        })
+    }
+}
+
+impl Handler<CountSessions> for Directory {
+    type Result = ResponseFuture<DirectoryCounts>;
+
+    fn handle(&mut self, _msg: CountSessions, _ctx: &mut Self::Context) -> Self::Result {
+        let state = self.state.clone();
+        Box::pin(async move { state.lock().await.counts() })
     }
 }
 

@@ -8,6 +8,10 @@
 //! replayed by version when NATS is back (a replay whose record moved on is dropped and
 //! logged). After `outage_limit` without NATS, new writes, and so new sessions, are
 //! refused instead of guessed.
+//!
+//! Records expire by the bucket's age limit (twice `session_ttl_secs`); the directory
+//! rewrites the records of sessions connected to this node every half TTL, and a new
+//! session prunes the user's list of ids whose records have gone.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -97,6 +101,19 @@ impl KvSessions {
         self.cache.lock().insert(record.session.clone(), Cached { record: record.clone(), at: Instant::now() });
     }
 
+    /// Forget cached records older than `max_age`, and the oldest beyond `keep`: the
+    /// cache only bridges an outage.
+    pub fn prune_cache(&self, max_age: Duration, keep: usize) {
+        let mut cache = self.cache.lock();
+        cache.retain(|_, c| c.at.elapsed() < max_age);
+        if cache.len() > keep {
+            let mut ages: Vec<Instant> = cache.values().map(|c| c.at).collect();
+            ages.sort_unstable();
+            let cutoff = ages[ages.len() - keep.max(1)];
+            cache.retain(|_, c| c.at >= cutoff);
+        }
+    }
+
     /// The record under `key` and its KV revision, straight from NATS.
     async fn read<T: serde::de::DeserializeOwned>(&self, key: String) -> Result<Option<(T, u64)>, ClusterError> {
         if !self.reachable() {
@@ -175,8 +192,19 @@ impl KvSessions {
                 Err(e) => return Err(ClusterError::Unavailable(e.to_string())),
             },
         }
+        // A new session also drops the ids whose records the bucket's age limit removed,
+        // so the user's list holds only sessions that still exist.
+        let mut expired = Vec::new();
+        if read_version.is_none() {
+            for session in self.user(&written.user).await?.map(|(u, _)| u.sessions).unwrap_or_default() {
+                if self.entry(&session).await?.is_none() {
+                    expired.push(session);
+                }
+            }
+        }
         let session = written.session.clone();
         self.update_user(&written.user, move |user| {
+            user.sessions.retain(|s| !expired.contains(s));
             if !user.sessions.contains(&session) {
                 user.sessions.push(session.clone());
             }

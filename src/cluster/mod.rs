@@ -64,6 +64,10 @@ pub struct StreamLimits {
     pub history_size: u64,
     /// How long used token nonces are remembered (the longest token lifetime).
     pub nonce_ttl: Duration,
+    /// `session_ttl_secs`: the session bucket's age limit is twice this, and a node
+    /// rewrites the records of its connected sessions every half TTL, so a record goes
+    /// between one and two TTLs after its last connection closed.
+    pub session_ttl: Duration,
 }
 
 /// The node's NATS connection and JetStream handles; cheap to clone.
@@ -82,7 +86,8 @@ pub struct Cluster {
 impl Cluster {
     /// Connect with default limits (tests and tools).
     pub async fn connect(url: &str, node: &str) -> Result<Cluster, ClusterError> {
-        let limits = StreamLimits { history_size: 1000, nonce_ttl: Duration::from_secs(86_400) };
+        let day = Duration::from_secs(86_400);
+        let limits = StreamLimits { history_size: 1000, nonce_ttl: day, session_ttl: day };
         Cluster::connect_with(url, node, limits).await
     }
 
@@ -122,7 +127,7 @@ impl Cluster {
             .map_err(ClusterError::nats)?;
         let created = rooms.cached_info().created;
         let epoch = format!("{:016x}", created.unix_timestamp_nanos() as u64);
-        let sessions_ttl = Duration::ZERO;
+        let sessions_ttl = limits.session_ttl * 2;
         for (bucket, ttl) in [(SESSIONS_BUCKET, sessions_ttl), (NONCES_BUCKET, limits.nonce_ttl), (META_BUCKET, Duration::ZERO)] {
             ensure_bucket(&js, bucket, ttl).await?;
         }
@@ -185,21 +190,29 @@ impl Cluster {
 /// nats-server 2.9): one message per subject, discard new, rollups allowed, deletes
 /// denied, direct get allowed.
 async fn ensure_bucket(js: &jetstream::Context, bucket: &str, ttl: Duration) -> Result<(), ClusterError> {
-    js.get_or_create_stream(stream::Config {
-        name: format!("KV_{bucket}"),
-        subjects: vec![format!("$KV.{bucket}.>")],
-        max_messages_per_subject: 1,
-        max_age: ttl,
-        discard: stream::DiscardPolicy::New,
-        allow_rollup: true,
-        deny_delete: true,
-        allow_direct: true,
-        storage: stream::StorageType::File,
-        duplicate_window: Duration::from_secs(120).min(if ttl.is_zero() { Duration::from_secs(120) } else { ttl }),
-        ..Default::default()
-    })
-    .await
-    .map_err(ClusterError::nats)?;
+    let duplicate_window = Duration::from_secs(120).min(if ttl.is_zero() { Duration::from_secs(120) } else { ttl });
+    let mut existing = js
+        .get_or_create_stream(stream::Config {
+            name: format!("KV_{bucket}"),
+            subjects: vec![format!("$KV.{bucket}.>")],
+            max_messages_per_subject: 1,
+            max_age: ttl,
+            discard: stream::DiscardPolicy::New,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            storage: stream::StorageType::File,
+            duplicate_window,
+            ..Default::default()
+        })
+        .await
+        .map_err(ClusterError::nats)?;
+    // A bucket made by a run with another TTL takes this one's.
+    let config = existing.info().await.map_err(ClusterError::nats)?.config.clone();
+    if config.max_age != ttl {
+        js.update_stream(stream::Config { max_age: ttl, duplicate_window, ..config }).await.map_err(ClusterError::nats)?;
+        tracing::info!(bucket, max_age_secs = ttl.as_secs(), "KV bucket age limit changed");
+    }
     Ok(())
 }
 

@@ -515,7 +515,8 @@ async fn upgrade_checked(
     };
     let id = state.next_conn.fetch_add(1, Ordering::Relaxed);
     let (settings, rooms, registry) = (state.connection.clone(), state.rooms.clone(), state.registry.clone());
-    let permit: Box<dyn Send> = Box::new(permit);
+    // The connection holds its place under the limits and its session until it ends.
+    let permit: Box<dyn Send> = Box::new((permit, grant.lease));
     Ok(accept(switching, state.config.max_frame_bytes, move |io| {
         Connection::new(id, identity, settings, rooms, registry, io, Some(permit)).start();
     }))
@@ -676,6 +677,7 @@ async fn status(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResp
     authorize(&req, &state)?;
     let connections = state.registry.send(crate::actors::messages::CountConnections).await.map_err(internal)?;
     let warmup = state.directory.send(crate::actors::directory::InWarmup).await.map_err(internal)?;
+    let sessions = state.directory.send(crate::actors::directory::CountSessions).await.map_err(internal)?;
     let phase = match state.lifecycle.phase() {
         Phase::Starting => "starting",
         Phase::Ready => "ready",
@@ -691,6 +693,9 @@ async fn status(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResp
         subscriptions: state.metrics.subscriptions.get().max(0) as u64,
         rooms_live: state.rooms.live_count(),
         rooms_parked: state.rooms.parked_count(),
+        sessions_live: sessions.live,
+        sessions_cached: sessions.cached,
+        sessions_stored: sessions.stored,
         store_bytes: state.store.size_on_disk().map_err(internal)?,
     };
     Ok(json(StatusCode::OK, protocol::to_json(&reply)))
@@ -699,6 +704,11 @@ async fn status(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResp
 async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     state.metrics.rooms_live.set(state.rooms.live_count() as i64);
     state.metrics.rooms_parked.set(state.rooms.parked_count() as i64);
+    if let Ok(sessions) = state.directory.send(crate::actors::directory::CountSessions).await {
+        state.metrics.sessions_live.set(sessions.live as i64);
+        state.metrics.sessions_cached.set(sessions.cached as i64);
+        state.metrics.sessions_stored.set(sessions.stored.unwrap_or(0) as i64);
+    }
     if let Ok(bytes) = state.store.size_on_disk() {
         state.metrics.store_bytes.set(bytes as i64);
     }

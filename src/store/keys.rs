@@ -21,6 +21,19 @@ pub fn user_session_key(user: &str, session: &str) -> Vec<u8> {
     key
 }
 
+/// `last_seen_ms session`: sessions by the time their last connection closed.
+pub fn expiry_key(last_seen_ms: u64, session: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(8 + session.len());
+    key.extend_from_slice(&last_seen_ms.to_be_bytes());
+    key.extend_from_slice(session.as_bytes());
+    key
+}
+
+pub fn split_expiry_key(key: &[u8]) -> Option<(u64, &str)> {
+    let (at, session) = key.split_first_chunk::<8>()?;
+    Some((u64::from_be_bytes(*at), std::str::from_utf8(session).ok()?))
+}
+
 pub fn seq_of_event_key(key: &[u8]) -> Option<u64> {
     let tail: [u8; 8] = key.get(key.len().checked_sub(8)?..)?.try_into().ok()?;
     Some(u64::from_be_bytes(tail))
@@ -38,5 +51,8 @@ mod tests {
         assert!(!event_key("ab", 1).starts_with(&room_prefix("a")));
         assert_eq!(seq_of_event_key(&event_key("r", 42)), Some(42));
         assert_eq!(seq_of_event_key(b"short"), None);
+        assert!(expiry_key(255, "b") < expiry_key(256, "a"));
+        assert_eq!(split_expiry_key(&expiry_key(7, "s1")), Some((7, "s1")));
+        assert_eq!(split_expiry_key(b"short"), None);
     }
 }

@@ -7,7 +7,9 @@
 //! `room_event` (room 0x00 seq → event), `token_nonce` (nonce → expiry),
 //! `session_owner` (session → owner record), `user_session` (user 0x00 session → ()),
 //! `user_migration` (user → last migration time), `directory_queue` (cluster mode: session
-//! writes made while NATS was unreachable, in order).
+//! writes made while NATS was unreachable, in order), `session_live` (session → the process
+//! holding a connection of it), `session_seen` (session → when its last connection closed),
+//! `session_expiry` (that time ‖ session → (), scanned by the expiry sweep).
 
 pub mod keys;
 pub mod records;
@@ -20,7 +22,9 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio::sync::oneshot;
 
-pub use records::{EventRecord, MigrationRecord, NonceRecord, QueuedSessionWrite, RoomHeadRecord, SessionRecord, UserRecord};
+pub use records::{
+    EventRecord, MigrationRecord, NonceRecord, QueuedSessionWrite, RoomHeadRecord, SeenRecord, SessionRecord, UserRecord,
+};
 
 use crate::core::sessions::{next_version, VersionError};
 
@@ -68,7 +72,12 @@ pub struct Store {
     user_session: sled::Tree,
     user_migration: sled::Tree,
     directory_queue: sled::Tree,
+    session_live: sled::Tree,
+    session_seen: sled::Tree,
+    session_expiry: sled::Tree,
     meta: sled::Tree,
+    /// Records in `session_owner`, counted at open and kept by every insert and delete.
+    sessions_stored: Arc<AtomicU64>,
     flusher: Arc<Flusher>,
     stats: Arc<FlushStats>,
 }
@@ -127,19 +136,43 @@ impl Store {
         let stats = Arc::new(FlushStats::default());
         let thread = spawn_flusher(db.clone(), receiver, stats.clone())?;
         let flusher = Arc::new(Flusher { requests: Some(requests), thread: Some(thread) });
-        Ok(Store {
+        let session_owner = db.open_tree("session_owner")?;
+        let sessions_stored = Arc::new(AtomicU64::new(session_owner.len() as u64));
+        let store = Store {
             room_head: db.open_tree("room_head")?,
             room_event: db.open_tree("room_event")?,
             token_nonce: db.open_tree("token_nonce")?,
-            session_owner: db.open_tree("session_owner")?,
+            session_owner,
             user_session: db.open_tree("user_session")?,
             user_migration: db.open_tree("user_migration")?,
             directory_queue: db.open_tree("directory_queue")?,
+            session_live: db.open_tree("session_live")?,
+            session_seen: db.open_tree("session_seen")?,
+            session_expiry: db.open_tree("session_expiry")?,
             meta,
+            sessions_stored,
             db,
             flusher,
             stats,
-        })
+        };
+        store.date_undated_sessions()?;
+        Ok(store)
+    }
+
+    /// Sessions written by a build before expiry count as seen when last written (once).
+    fn date_undated_sessions(&self) -> Result<(), StoreError> {
+        if self.meta.get("sessions_dated")?.is_some() {
+            return Ok(());
+        }
+        for item in self.session_owner.iter() {
+            let (key, value) = item?;
+            let record: SessionRecord = records::decode("session_owner", &value)?;
+            if !self.session_seen.contains_key(&key)? {
+                self.mark_seen(&record.session, SeenRecord { last_seen_ms: record.updated_at_ms, seen_by: 0 })?;
+            }
+        }
+        self.meta.insert("sessions_dated", &[1])?;
+        Ok(())
     }
 
     /// A named secret of 32 random bytes, created on first use and kept for good.
@@ -244,11 +277,15 @@ impl Store {
             .transpose()?;
         let version = next_version(read_version, stored_version)?;
         let written = SessionRecord { version, ..record.clone() };
+        let created = current.is_none();
         let swapped = self.session_owner.compare_and_swap(key, current, Some(records::encode(&written)))?;
         if swapped.is_err() {
             // Another writer got in between our read and our swap.
             let stored = self.session(&record.session)?.map(|r| r.version);
             return Err(VersionError::Stale { read: read_version, stored }.into());
+        }
+        if created {
+            self.sessions_stored.fetch_add(1, Ordering::Relaxed);
         }
         self.user_session.insert(keys::user_session_key(&record.user, &record.session), &[])?;
         Ok(written)
@@ -266,6 +303,91 @@ impl Store {
             }
         }
         Ok(sessions)
+    }
+
+    /// Records in the session directory now.
+    pub fn sessions_stored(&self) -> u64 {
+        self.sessions_stored.load(Ordering::Relaxed)
+    }
+
+    /// A session's first connection in process `incarnation` opened.
+    pub fn session_connected(&self, session: &str, incarnation: u64) -> Result<(), StoreError> {
+        self.session_live.insert(session.as_bytes(), &incarnation.to_be_bytes())?;
+        Ok(())
+    }
+
+    /// A session's last connection closed at `now_ms`; its expiry counts from then.
+    pub fn session_released(&self, session: &str, now_ms: u64, incarnation: u64) -> Result<(), StoreError> {
+        self.mark_seen(session, SeenRecord { last_seen_ms: now_ms, seen_by: incarnation })?;
+        self.session_live.remove(session.as_bytes())?;
+        Ok(())
+    }
+
+    /// When the session's last connection closed and which process saw it.
+    pub fn session_seen(&self, session: &str) -> Result<Option<SeenRecord>, StoreError> {
+        self.session_seen.get(session.as_bytes())?.map(|bytes| records::decode("session_seen", &bytes)).transpose()
+    }
+
+    fn mark_seen(&self, session: &str, seen: SeenRecord) -> Result<(), StoreError> {
+        self.session_expiry.insert(keys::expiry_key(seen.last_seen_ms, session), &[])?;
+        if let Some(previous) = self.session_seen.insert(session.as_bytes(), records::encode(&seen))? {
+            let previous: SeenRecord = records::decode("session_seen", &previous)?;
+            if previous.last_seen_ms != seen.last_seen_ms {
+                self.session_expiry.remove(keys::expiry_key(previous.last_seen_ms, session))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sessions an earlier process left marked connected (it stopped or crashed with them
+    /// open) count as released at `now_ms`, seen by that process. Reads only those entries.
+    pub fn release_orphaned_sessions(&self, now_ms: u64, incarnation: u64) -> Result<usize, StoreError> {
+        let mut released = 0;
+        for item in self.session_live.iter() {
+            let (key, value) = item?;
+            let seen_by = value.as_ref().try_into().map(u64::from_be_bytes).unwrap_or(0);
+            if seen_by == incarnation {
+                continue;
+            }
+            let session = String::from_utf8_lossy(&key).into_owned();
+            self.mark_seen(&session, SeenRecord { last_seen_ms: now_ms, seen_by })?;
+            self.session_live.remove(&key)?;
+            released += 1;
+        }
+        Ok(released)
+    }
+
+    /// Delete up to `limit` sessions whose last connection closed at or before
+    /// `cutoff_ms`, with their user-index entries, unless `is_live` says one is connected
+    /// again. Returns (entries examined, ids deleted); fewer examined than `limit` means
+    /// nothing older is left.
+    pub fn expire_sessions(
+        &self,
+        cutoff_ms: u64,
+        limit: usize,
+        is_live: impl Fn(&str) -> bool,
+    ) -> Result<(usize, Vec<String>), StoreError> {
+        let end = cutoff_ms.saturating_add(1).to_be_bytes();
+        let (mut examined, mut deleted) = (0, Vec::new());
+        for item in self.session_expiry.range(..&end[..]).take(limit) {
+            let (key, _) = item?;
+            examined += 1;
+            self.session_expiry.remove(&key)?;
+            let Some((at, session)) = keys::split_expiry_key(&key) else { continue };
+            // An entry replaced by a later close, or a session connected again, stays.
+            if self.session_seen(session)?.map(|s| s.last_seen_ms) != Some(at) || is_live(session) {
+                continue;
+            }
+            if let Some(bytes) = self.session_owner.remove(session.as_bytes())? {
+                let record: SessionRecord = records::decode("session_owner", &bytes)?;
+                self.user_session.remove(keys::user_session_key(&record.user, session))?;
+                self.sessions_stored.fetch_sub(1, Ordering::Relaxed);
+            }
+            self.session_seen.remove(session.as_bytes())?;
+            self.session_live.remove(session.as_bytes())?;
+            deleted.push(session.to_string());
+        }
+        Ok((examined, deleted))
     }
 
     /// How many sessions the directory holds, and how many of them `node` owns.
@@ -460,6 +582,53 @@ mod tests {
         assert_eq!(store.last_migration("recent").unwrap(), Some(5_000));
         assert_eq!(store.purge_migrations(8_000, 3_000).unwrap(), 1);
         assert_eq!(store.last_migration("recent").unwrap(), None);
+    }
+
+    #[test]
+    fn sessions_expire_from_their_last_close_unless_connected_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let record = |session: &str, user: &str| SessionRecord {
+            session: session.into(),
+            user: user.into(),
+            owner: "a".into(),
+            version: 0,
+            updated_at_ms: 1_000,
+        };
+        let store = Store::open(dir.path()).unwrap();
+        for (session, user) in [("s1", "u1"), ("s2", "u1"), ("s3", "u2"), ("s4", "u3")] {
+            store.write_session(None, &record(session, user)).unwrap();
+            store.session_connected(session, 7).unwrap();
+        }
+        assert_eq!(store.sessions_stored(), 4);
+        store.session_released("s1", 2_000, 7).unwrap();
+        store.session_released("s2", 2_000, 7).unwrap();
+        store.session_released("s2", 5_000, 7).unwrap(); // closed again later: expiry moves
+        store.session_released("s3", 2_000, 7).unwrap();
+        store.session_connected("s3", 7).unwrap(); // connected again; s4 never closed
+        let (examined, mut deleted) = store.expire_sessions(4_000, 100, |s| s == "s3").unwrap();
+        deleted.sort();
+        assert_eq!((examined, deleted), (2, vec!["s1".to_string()]));
+        assert_eq!(store.session("s1").unwrap(), None);
+        assert_eq!(store.sessions_of_user("u1").unwrap().iter().map(|r| r.session.as_str()).collect::<Vec<_>>(), ["s2"]);
+        assert_eq!(store.sessions_stored(), 3);
+        assert_eq!(store.expire_sessions(4_999, 100, |_| false).unwrap(), (0, vec![]));
+        assert_eq!(store.expire_sessions(5_000, 100, |_| false).unwrap(), (1, vec!["s2".to_string()]));
+        drop(store);
+
+        // A restart: s3 and s4 were left connected by process 7; they count as closed at
+        // the new start, seen by 7, and expire from then.
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.sessions_stored(), 2);
+        assert_eq!(store.release_orphaned_sessions(9_000, 8).unwrap(), 2);
+        assert_eq!(store.session_seen("s4").unwrap(), Some(SeenRecord { last_seen_ms: 9_000, seen_by: 7 }));
+        assert_eq!(store.release_orphaned_sessions(9_000, 8).unwrap(), 0);
+        assert_eq!(store.expire_sessions(8_999, 100, |_| false).unwrap(), (0, vec![]));
+        let (_, mut deleted) = store.expire_sessions(9_000, 1, |_| false).unwrap();
+        deleted.extend(store.expire_sessions(9_000, 1, |_| false).unwrap().1);
+        deleted.sort();
+        assert_eq!(deleted, ["s3", "s4"]);
+        assert_eq!(store.sessions_stored(), 0);
+        assert_eq!(store.sessions_of_user("u2").unwrap(), vec![]);
     }
 
     #[test]

@@ -40,6 +40,14 @@ pub struct SessionRecord {
     pub updated_at_ms: u64,
 }
 
+/// When a session's last connection closed, and which process saw it (a random id per
+/// server start: after warm-up a process accepts only sessions it has seen itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeenRecord {
+    pub last_seen_ms: u64,
+    pub seen_by: u64,
+}
+
 /// When a user's sessions last changed owner (the migration budget).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MigrationRecord {
