@@ -279,7 +279,11 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     let supervisor =
         Supervisor::new(lifecycle, registry, directory.clone(), rooms.clone(), server.handle(), timing, metrics, done_tx).start();
     let mut serving = actix_web::rt::spawn(server);
-    let purge = actix_web::rt::spawn(purge_expired(store.clone(), state.config.migration_window_secs * 1000));
+    let purge = actix_web::rt::spawn(purge_expired(
+        store.clone(),
+        state.config.migration_window_secs * 1000,
+        Duration::from_secs(state.config.token_ttl_max_secs),
+    ));
     let expire = actix_web::rt::spawn(expire_sessions(directory.clone(), Duration::from_secs(state.config.session_ttl_secs)));
     let simulator = demo.then(|| actix_web::rt::spawn(crate::demo::run_simulator(rooms.clone())));
     supervisor.send(Start).await.map_err(|e| ServerError::Startup(e.to_string()))?.map_err(ServerError::Startup)?;
@@ -361,10 +365,12 @@ pub fn tls_config(config: &Config) -> Result<Option<rustls::ServerConfig>, Serve
     config.tls_cert.as_ref().zip(config.tls_key.as_ref()).map(|(cert, key)| tls::server_config(cert, key)).transpose()
 }
 
-/// Forget expired token nonces and migration times past their window now and then.
-async fn purge_expired(store: Store, migration_window_ms: u64) {
+/// Forget expired token nonces and migration times past their window a few times per
+/// token lifetime (at most every minute).
+async fn purge_expired(store: Store, migration_window_ms: u64, token_ttl_max: Duration) {
+    let every = (token_ttl_max / 4).clamp(Duration::from_millis(250), PURGE_EVERY);
     loop {
-        actix_web::rt::time::sleep(PURGE_EVERY).await;
+        actix_web::rt::time::sleep(every).await;
         match store.purge_nonces(now_ms()) {
             Ok(0) => {}
             Ok(n) => tracing::debug!(purged = n, "expired token nonces forgotten"),
@@ -378,14 +384,28 @@ async fn purge_expired(store: Store, migration_window_ms: u64) {
     }
 }
 
+/// Hand memory freed by departed users back to the system. glibc's malloc keeps freed
+/// memory of its arenas for reuse; after a wave of users left and their sessions expired,
+/// that is most of the process's growth (measured: 18 of 51 MiB after a churn of 60,000
+/// sessions). Other allocators return memory themselves.
+fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu", not(feature = "mimalloc"), not(feature = "jemalloc")))]
+    // SAFETY: malloc_trim only walks and releases the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Sweep sessions past their TTL a few times per TTL (at most every minute).
 async fn expire_sessions(directory: Addr<Directory>, session_ttl: Duration) {
     let every = (session_ttl / 4).clamp(Duration::from_millis(250), PURGE_EVERY);
     let mut ticks = actix_web::rt::time::interval_at(actix_web::rt::time::Instant::now() + every, every);
     loop {
         ticks.tick().await;
-        if directory.send(ExpireSessions).await.is_err() {
-            return;
+        match directory.send(ExpireSessions).await {
+            Ok(0) => {}
+            Ok(_) => return_freed_memory(),
+            Err(_) => return,
         }
     }
 }

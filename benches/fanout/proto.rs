@@ -27,6 +27,10 @@ pub fn room_name(i: usize) -> String {
 
 /// Mints one livegate token per connection with `parallel` keep-alive clients; peers
 /// need none (their entries are `None`).
+/// Lifetime of the tokens [`credentials`] mints (the churn scenario shortens it, so
+/// their nonces expire within the run).
+pub static TOKEN_TTL_SECS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(900);
+
 pub async fn credentials(kind: Kind, addr: SocketAddr, n: usize, first_user: usize, parallel: usize) -> Result<Vec<Option<String>>, String> {
     if !kind.is_livegate() {
         return Ok(vec![None; n]);
@@ -44,7 +48,8 @@ pub async fn credentials(kind: Kind, addr: SocketAddr, n: usize, first_user: usi
                     return Ok::<_, String>(out);
                 }
                 next.set(i + 1);
-                let body = format!(r#"{{"user":"u{}","device":"web","ttl_secs":900}}"#, first_user + i);
+                let ttl = TOKEN_TTL_SECS.load(std::sync::atomic::Ordering::Relaxed);
+                let body = format!(r#"{{"user":"u{}","device":"web","ttl_secs":{ttl}}}"#, first_user + i);
                 let r = http.post("/v1/tokens", body.as_bytes()).await.map_err(|e| format!("mint token: {e}"))?;
                 if r.status != 201 {
                     return Err(format!("mint token: HTTP {} {}", r.status, String::from_utf8_lossy(&r.body)));

@@ -64,7 +64,8 @@ pub struct Sizes {
     pub cluster_durable_publishers: usize,
     pub cluster_durable_secs: f64,
     /// churn: cycles, new users per cycle, rooms they subscribe to, and the servers'
-    /// `session_ttl_secs` (short, so sessions expire within the run).
+    /// `session_ttl_secs` and token lifetime (short, so sessions and used-token nonces
+    /// expire within the run).
     pub churn_cycles: usize,
     pub churn_users: usize,
     pub churn_rooms: usize,
@@ -468,13 +469,21 @@ async fn idle(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
 /// nobody connected after each cycle.
 async fn churn(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
     let s = ctx.sizes;
-    let lg = LivegateOpts { session_ttl_secs: Some(s.churn_session_ttl_secs), ..LivegateOpts::default() };
+    let lg = LivegateOpts { ttl_secs: Some(s.churn_session_ttl_secs), ..LivegateOpts::default() };
+    crate::proto::TOKEN_TTL_SECS.store(s.churn_session_ttl_secs, std::sync::atomic::Ordering::Relaxed);
+    let result = churn_cycles(ctx, kind, lg).await;
+    crate::proto::TOKEN_TTL_SECS.store(900, std::sync::atomic::Ordering::Relaxed);
+    result
+}
+
+async fn churn_cycles(ctx: &Ctx<'_>, kind: Kind, lg: LivegateOpts) -> Result<Out, String> {
+    let s = ctx.sizes;
     let mut server = Server::start(kind, lg, ctx.paths).await?;
     sleep_secs(0.5).await;
     let before = server.sample();
     let rec = Rec::default();
     let mut out = Out::new();
-    let mut after = Vec::new();
+    let (mut after, mut dir_after) = (Vec::new(), Vec::new());
     for cycle in 0..s.churn_cycles {
         let specs: Vec<ConnSpec> = (0..s.churn_users).map(|i| ConnSpec { room: i % s.churn_rooms, slow: false }).collect();
         let clients = load::open_clients(kind, server.addr, &specs, cycle * s.churn_users, &rec, &|d, n| {
@@ -487,6 +496,7 @@ async fn churn(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
         clients.close().await;
         sleep_secs(s.idle_settle_secs).await;
         after.push(server.sample());
+        dir_after.push(dir_bytes(&server.data_dir));
     }
     // Sessions of the last cycles expire a TTL after they left (swept every TTL/4).
     (ctx.status)(format!("waiting {} s for the last sessions to expire", s.churn_session_ttl_secs * 3 / 2));
@@ -499,7 +509,12 @@ async fn churn(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
     out.lo(&format!("RSS after cycle {}, nobody connected (MiB)", after.len()), last.rss_bytes as f64 / MIB);
     out.lo("RSS growth after cycle 1 (%)", (last.rss_bytes as f64 / first.rss_bytes as f64 - 1.0) * 100.0);
     out.lo("RSS 1.5 TTL after the last cycle (MiB)", expired.rss_bytes as f64 / MIB);
-    out.lo("data dir after the churn (MiB)", dir_bytes(&server.data_dir) as f64 / MIB);
+    if let Some(mid) = after.get(after.len() / 2) {
+        out.lo(&format!("RSS after cycle {}, nobody connected (MiB)", after.len() / 2 + 1), mid.rss_bytes as f64 / MIB);
+    }
+    let half = dir_after.get(dir_after.len() / 2).copied().unwrap_or(0);
+    out.lo(&format!("data dir after cycle {} (MiB)", dir_after.len() / 2 + 1), half as f64 / MIB);
+    out.lo("data dir 1.5 TTL after the last cycle (MiB)", dir_bytes(&server.data_dir) as f64 / MIB);
     out.lo("RSS growth after cycle 1, sessions expired (%)", (expired.rss_bytes as f64 / first.rss_bytes as f64 - 1.0) * 100.0);
     out.lo(
         "RSS left per session after cycle 1 (bytes)",

@@ -114,13 +114,14 @@ pub fn nats_missing() -> Option<String> {
 pub struct LivegateOpts {
     pub batch_window_ms: u64,
     pub max_outbox_bytes: u64,
-    /// `session_ttl_secs`, as a variable (a build without sessions expiry only warns).
-    pub session_ttl_secs: Option<u64>,
+    /// `session_ttl_secs` and `token_ttl_max_secs`, as variables (a build without
+    /// session expiry only warns).
+    pub ttl_secs: Option<u64>,
 }
 
 impl Default for LivegateOpts {
     fn default() -> Self {
-        LivegateOpts { batch_window_ms: 100, max_outbox_bytes: 1 << 20, session_ttl_secs: None }
+        LivegateOpts { batch_window_ms: 100, max_outbox_bytes: 1 << 20, ttl_secs: None }
     }
 }
 
@@ -200,8 +201,9 @@ impl Server {
         for var in ["LIVEGATE_MAX_CONNECTIONS", "LIVEGATE_MAX_CONNECTIONS_PER_IP", "LIVEGATE_HANDSHAKES_PER_IP_PER_SEC"] {
             cmd.env(var, "0");
         }
-        if let Some(ttl) = lg.session_ttl_secs {
+        if let Some(ttl) = lg.ttl_secs {
             cmd.env("LIVEGATE_SESSION_TTL_SECS", ttl.to_string());
+            cmd.env("LIVEGATE_TOKEN_TTL_MAX_SECS", ttl.to_string());
         }
         cmd.arg("-c").arg(SERVER_CPU.to_string());
         match kind {

@@ -66,8 +66,9 @@ struct ReleaseSession {
 
 /// Delete the sessions nobody has connected to for the TTL (single node); refresh the
 /// records of sessions connected here so the KV age limit spares them (cluster mode).
+/// Replies with the number of sessions deleted.
 #[derive(Message)]
-#[rtype(result = "()")]
+#[rtype(result = "usize")]
 pub struct ExpireSessions;
 
 /// What the directory holds now, for `/v1/admin/status`.
@@ -336,8 +337,8 @@ impl State {
         }
     }
 
-    /// One pass of expiry; `true` when there is more to do.
-    async fn expire_batch(&mut self, now: u64) -> bool {
+    /// One pass of expiry: (sessions deleted, whether there is more to do).
+    async fn expire_batch(&mut self, now: u64) -> (usize, bool) {
         match &self.sessions {
             Sessions::Local(store) => {
                 let live = &self.live;
@@ -350,11 +351,11 @@ impl State {
                             tracing::debug!(expired = deleted.len(), "sessions past their TTL deleted");
                             self.metrics.sessions_expired.inc_by(deleted.len() as u64);
                         }
-                        examined == EXPIRE_BATCH
+                        (deleted.len(), examined == EXPIRE_BATCH)
                     }
                     Err(error) => {
                         tracing::warn!(%error, "could not expire sessions");
-                        false
+                        (0, false)
                     }
                 }
             }
@@ -376,11 +377,11 @@ impl State {
                         Err(WriteError::Stale(stale)) => tracing::info!(session, %stale, "session moved on; not refreshed"),
                         Err(WriteError::Failed(error)) => {
                             tracing::warn!(session, %error, "could not refresh the session record");
-                            return false;
+                            return (0, false);
                         }
                     }
                 }
-                false
+                (0, false)
             }
         }
     }
@@ -515,13 +516,19 @@ impl Handler<ReleaseSession> for Directory {
 }
 
 impl Handler<ExpireSessions> for Directory {
-    type Result = ResponseFuture<()>;
+    type Result = ResponseFuture<usize>;
 
     fn handle(&mut self, _msg: ExpireSessions, _ctx: &mut Self::Context) -> Self::Result {
         let state = self.state.clone();
         Box::pin(async move {
+            let mut deleted = 0;
             // In batches, so handshakes are served between them.
-            while state.lock().await.expire_batch(now_ms()).await {
+            loop {
+                let (batch, more) = state.lock().await.expire_batch(now_ms()).await;
+                deleted += batch;
+                if !more {
+                    return deleted;
+                }
                 tokio::task::yield_now().await;
             }
         })
