@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::{self, protocol::CloseFrame, Message};
 
 use crate::config::{Config, ConfigError, ConfigFlags, ENV_LOG_FORMAT};
+use crate::protocol::{close_meaning, CloseCode};
 
 const ABOUT: &str = "Real-time push gateway: WebSocket subscribers, HTTP publishers, durable per-room event logs";
 
@@ -1041,33 +1042,14 @@ async fn closed(ws: &mut WebSocket, frame: Option<CloseFrame<'static>>, welcomed
         return Ended::Final(format!("{what}; not reconnecting"));
     }
     let hint = match code {
-        1012 => first_number(reason).map(Duration::from_millis),
-        4029 => first_number(reason).map(Duration::from_secs),
+        c if c == CloseCode::ServiceRestart.code() => first_number(reason).map(Duration::from_millis),
+        c if c == CloseCode::MigrationBudget.code() => first_number(reason).map(Duration::from_secs),
         _ => None,
     }
     .map(|hint| hint.min(MAX_HINT));
     Ended::Retry { reason: what, hint, welcomed }
 }
 
-fn close_meaning(code: u16) -> &'static str {
-    match code {
-        1000 => "normal close",
-        1001 => "server stopping",
-        1008 => "protocol violation",
-        1009 => "frame too big",
-        1011 => "server error",
-        1012 => "server restarting",
-        4008 => "heartbeat timeout",
-        4009 => "too slow reading events",
-        4029 => "migration budget spent",
-        4501 => "replaced by a newer connection of the same user and device",
-        4502 => "kicked by an operator",
-        4503 => "token no longer valid",
-        4000..=4499 => "reconnect",
-        4500..=4999 => "do not reconnect",
-        _ => "unknown code",
-    }
-}
 
 /// The first token of `text` that is a whole number: a delay suggested in a close reason.
 fn first_number(text: &str) -> Option<u64> {

@@ -11,6 +11,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::protocol::CloseCode;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
     pub result: &'static str,
@@ -41,9 +43,18 @@ pub struct PeerLabel {
     pub peer: String,
 }
 
-/// Close codes reported as themselves; anything else is `other`.
-const KNOWN_CLOSE_CODES: &[&str] =
-    &["1000", "1001", "1002", "1003", "1005", "1006", "1007", "1008", "1009", "1011", "1012", "4008", "4009", "4029", "4501", "4502", "4503"];
+/// Codes a peer may close with that livegate never sends, reported as themselves; any
+/// other code outside [`CloseCode::ALL`] is `other`.
+const PEER_CLOSE_CODES: [u16; 2] = [1005, 1006];
+
+/// Each reported close code with its label text (made once, kept for the process).
+fn close_code_labels() -> &'static [(u16, &'static str)] {
+    static LABELS: std::sync::OnceLock<Vec<(u16, &'static str)>> = std::sync::OnceLock::new();
+    LABELS.get_or_init(|| {
+        let codes = CloseCode::ALL.iter().map(|c| c.code()).chain(PEER_CLOSE_CODES);
+        codes.map(|code| (code, &*Box::leak(code.to_string().into_boxed_str()))).collect()
+    })
+}
 
 /// Why handshakes are refused: the JSON error codes of the upgrade handler.
 const HANDSHAKE_REASONS: &[&str] =
@@ -177,8 +188,9 @@ impl Metrics {
         for limit in LIMITS {
             drop(self.limit_hits.get_or_create(&LimitLabel { limit }));
         }
-        for code in ["1000", "1001", "1006", "1012", "4008", "4009", "4501", "4502"] {
-            drop(self.disconnects.get_or_create(&CodeLabel { code }));
+        use CloseCode::*;
+        for code in [Normal, GoingAway, ServiceRestart, HeartbeatTimeout, SlowConsumer, Replaced, Kicked].map(CloseCode::code).into_iter().chain([1006]) {
+            drop(self.disconnects.get_or_create(&Metrics::close_code(code)));
         }
         self
     }
@@ -190,8 +202,7 @@ impl Metrics {
     }
 
     pub fn close_code(code: u16) -> CodeLabel {
-        let text = code.to_string();
-        CodeLabel { code: KNOWN_CLOSE_CODES.iter().find(|c| **c == text).copied().unwrap_or("other") }
+        CodeLabel { code: close_code_labels().iter().find(|(c, _)| *c == code).map_or("other", |(_, label)| *label) }
     }
 
     /// Count a directory write by outcome: `ok`, `stale` or `error`.

@@ -10,6 +10,103 @@ use serde_json::{Map, Value};
 /// Event `data` as the JSON text that was sent, validated but not re-encoded.
 pub type EventData = RawValue;
 
+/// The WebSocket close codes livegate sends, with what each means to a client: 4000–4499
+/// ask it to reconnect, 4500–4999 not to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseCode {
+    Normal,
+    GoingAway,
+    ProtocolError,
+    Unsupported,
+    InvalidPayload,
+    Policy,
+    TooBig,
+    ServerError,
+    ServiceRestart,
+    HeartbeatTimeout,
+    SlowConsumer,
+    MigrationBudget,
+    Replaced,
+    Kicked,
+    TokenInvalid,
+}
+
+impl CloseCode {
+    pub const ALL: [CloseCode; 15] = [
+        CloseCode::Normal,
+        CloseCode::GoingAway,
+        CloseCode::ProtocolError,
+        CloseCode::Unsupported,
+        CloseCode::InvalidPayload,
+        CloseCode::Policy,
+        CloseCode::TooBig,
+        CloseCode::ServerError,
+        CloseCode::ServiceRestart,
+        CloseCode::HeartbeatTimeout,
+        CloseCode::SlowConsumer,
+        CloseCode::MigrationBudget,
+        CloseCode::Replaced,
+        CloseCode::Kicked,
+        CloseCode::TokenInvalid,
+    ];
+
+    pub const fn code(self) -> u16 {
+        match self {
+            CloseCode::Normal => 1000,
+            CloseCode::GoingAway => 1001,
+            CloseCode::ProtocolError => 1002,
+            CloseCode::Unsupported => 1003,
+            CloseCode::InvalidPayload => 1007,
+            CloseCode::Policy => 1008,
+            CloseCode::TooBig => 1009,
+            CloseCode::ServerError => 1011,
+            CloseCode::ServiceRestart => 1012,
+            CloseCode::HeartbeatTimeout => 4008,
+            CloseCode::SlowConsumer => 4009,
+            CloseCode::MigrationBudget => 4029,
+            CloseCode::Replaced => 4501,
+            CloseCode::Kicked => 4502,
+            CloseCode::TokenInvalid => 4503,
+        }
+    }
+
+    pub fn from_code(code: u16) -> Option<CloseCode> {
+        CloseCode::ALL.into_iter().find(|c| c.code() == code)
+    }
+
+    pub const fn meaning(self) -> &'static str {
+        match self {
+            CloseCode::Normal => "normal close",
+            CloseCode::GoingAway => "server stopping",
+            CloseCode::ProtocolError => "WebSocket protocol error",
+            CloseCode::Unsupported => "unsupported message",
+            CloseCode::InvalidPayload => "text is not valid UTF-8",
+            CloseCode::Policy => "protocol violation",
+            CloseCode::TooBig => "frame too big",
+            CloseCode::ServerError => "server error",
+            CloseCode::ServiceRestart => "server restarting",
+            CloseCode::HeartbeatTimeout => "heartbeat timeout",
+            CloseCode::SlowConsumer => "too slow reading events",
+            CloseCode::MigrationBudget => "migration budget spent",
+            CloseCode::Replaced => "replaced by a newer connection of the same user and device",
+            CloseCode::Kicked => "kicked by an operator",
+            CloseCode::TokenInvalid => "token no longer valid",
+        }
+    }
+}
+
+/// What a close code received means, livegate's own or any other.
+pub fn close_meaning(code: u16) -> &'static str {
+    match CloseCode::from_code(code) {
+        Some(known) => known.meaning(),
+        None => match code {
+            4000..=4499 => "reconnect",
+            4500..=4999 => "do not reconnect",
+            _ => "unknown code",
+        },
+    }
+}
+
 /// Error codes sent in `error` frames and HTTP error bodies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorCode {

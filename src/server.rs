@@ -25,7 +25,7 @@ use crate::actors::room::RoomStore;
 use crate::cluster::kv::KvSessions;
 use crate::cluster::{Cluster, ClusterError, StreamLimits};
 use crate::core::heartbeats::Heartbeats;
-use crate::actors::registry::Registry;
+use crate::actors::registry::{Registry, UserBus};
 use crate::actors::room::RoomSettings;
 use crate::world::now_ms;
 use crate::actors::rooms::Rooms;
@@ -33,7 +33,8 @@ use crate::actors::supervisor::{DrainTiming, Signal, Start, Supervisor};
 use crate::config::{Config, ConfigError};
 use crate::core::seqlog::Retention;
 use crate::http::limits::{AccessList, ConnectionLimits};
-use crate::http::{self, AppState, Lifecycle, ReloadConfig};
+use crate::core::lifecycle::Lifecycle;
+use crate::http::{self, AppState, ReloadConfig};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
 
@@ -140,7 +141,8 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         None => (RoomStore::Local(store.clone()), Sessions::Local(store.clone())),
     };
     let rooms = Rooms::start(room_store, room_settings(&config, metrics.clone()), threads());
-    let registry = Registry::new(config.exclusive_devices.clone(), cluster.clone()).start();
+    let user_bus = cluster.clone().map(|cluster| Arc::new(ClusterUserBus(cluster)) as Arc<dyn UserBus>);
+    let registry = Registry::new(config.exclusive_devices.clone(), user_bus).start();
     let directory_settings = DirectorySettings {
         migration_window: Duration::from_secs(config.migration_window_secs),
         warmup: Duration::from_secs(config.warmup_secs),
@@ -393,6 +395,16 @@ fn return_freed_memory() {
     // SAFETY: malloc_trim only walks and releases the allocator's own free lists.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+/// The registry's announcements over the cluster's NATS subjects.
+struct ClusterUserBus(Cluster);
+
+impl UserBus for ClusterUserBus {
+    fn announce_replace(&self, user: &str, device: &str, at_ms: u64) {
+        let (cluster, user, device) = (self.0.clone(), user.to_string(), device.to_string());
+        actix::spawn(async move { crate::cluster::bus::announce_replace(&cluster, &user, &device, at_ms).await });
     }
 }
 

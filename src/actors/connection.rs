@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use actix_http::ws::{self, CloseCode, CloseReason};
+use actix_http::ws::{self, CloseReason};
 
 use super::backlog::Backlog;
 use super::messages::*;
@@ -21,27 +21,13 @@ use super::wsio::{self, ReadError, WsActor, WsIo};
 use crate::core::limits::{burst_for, Strikes, TokenBucket};
 use crate::core::names;
 use crate::core::sent::SentRange;
-use crate::protocol::{self, ClientOp, ClientRequest, ErrorCode};
+use crate::protocol::{self, ClientOp, ClientRequest, CloseCode, ErrorCode};
 
 /// Heartbeat periods without a word from the client before it is closed with 4008.
 const MISSED_HEARTBEATS: u32 = 3;
 /// `limit` of a `history` request that names none.
 pub const HISTORY_DEFAULT_LIMIT: usize = 100;
 
-pub mod close {
-    pub const NORMAL: u16 = 1000;
-    pub const GOING_AWAY: u16 = 1001;
-    pub const PROTOCOL_ERROR: u16 = 1002;
-    pub const UNSUPPORTED: u16 = 1003;
-    pub const INVALID_PAYLOAD: u16 = 1007;
-    pub const POLICY: u16 = 1008;
-    pub const TOO_BIG: u16 = 1009;
-    pub const SERVICE_RESTART: u16 = 1012;
-    pub const HEARTBEAT_TIMEOUT: u16 = 4008;
-    pub const SLOW_CONSUMER: u16 = 4009;
-    pub const REPLACED: u16 = 4501;
-    pub const KICKED: u16 = 4502;
-}
 
 /// What every connection shares.
 pub struct ConnectionSettings {
@@ -218,18 +204,19 @@ impl Connection {
         }
         // What it has not started to read is dropped, so the Close goes out next.
         self.io.discard_unsent();
-        self.close(ctx, close::SLOW_CONSUMER, "slow consumer: too many bytes queued");
+        self.close(ctx, CloseCode::SlowConsumer, "slow consumer: too many bytes queued");
     }
 
     /// Send a Close frame (after what is written already) and wait, bounded, for the
     /// client's Close. A second close, or `force`, stops at once.
-    fn close_with(&mut self, ctx: &mut Context<Self>, code: u16, reason: &str, force: bool) {
+    fn close_with(&mut self, ctx: &mut Context<Self>, code: CloseCode, reason: &str, force: bool) {
         if self.closing {
             ctx.stop();
             return;
         }
+        let code = code.code();
         tracing::debug!(conn = self.id, user = %self.identity.user, code, reason, force, "closing connection");
-        self.io.close(Some(CloseReason { code: CloseCode::from(code), description: Some(reason.to_string()) }));
+        self.io.close(Some(CloseReason { code: ws::CloseCode::from(code), description: Some(reason.to_string()) }));
         self.closing = true;
         self.close_code = Some(code);
         if force {
@@ -239,7 +226,7 @@ impl Connection {
         }
     }
 
-    fn close(&mut self, ctx: &mut Context<Self>, code: u16, reason: &str) {
+    fn close(&mut self, ctx: &mut Context<Self>, code: CloseCode, reason: &str) {
         self.close_with(ctx, code, reason, false);
     }
 
@@ -248,7 +235,7 @@ impl Connection {
             return;
         }
         if self.last_heard.elapsed() >= self.settings.heartbeat * MISSED_HEARTBEATS {
-            self.close(ctx, close::HEARTBEAT_TIMEOUT, "heartbeat timeout");
+            self.close(ctx, CloseCode::HeartbeatTimeout, "heartbeat timeout");
         } else {
             self.io.ping(b"");
         }
@@ -418,7 +405,7 @@ impl Connection {
         self.send_error(reference, code, message);
         if self.strikes.strike(self.settings.max_bad_messages, crate::world::now_ms()) {
             self.settings.metrics.limit_hit("bad_messages");
-            self.close(ctx, close::POLICY, "too many refused messages");
+            self.close(ctx, CloseCode::Policy, "too many refused messages");
         }
     }
 
@@ -458,7 +445,7 @@ impl Connection {
     fn check_subscribed(&mut self, ctx: &mut Context<Self>) {
         if !self.subscribed_once && !self.closing {
             self.settings.metrics.limit_hit("subscribe_timeout");
-            self.close(ctx, close::POLICY, "no subscribe in time");
+            self.close(ctx, CloseCode::Policy, "no subscribe in time");
         }
     }
 }

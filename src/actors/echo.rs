@@ -59,7 +59,7 @@ impl WsActor for EchoSocket {
             }
             Err(fault) => match fault.close_code() {
                 Some(code) => {
-                    let reason = CloseReason { code: CloseCode::from(code), description: Some(fault.reason().into()) };
+                    let reason = CloseReason { code: CloseCode::from(code.code()), description: Some(fault.reason().into()) };
                     self.io.close(Some(reason));
                     self.closing = true;
                     if fault.fails_connection() {

@@ -17,7 +17,7 @@ use crate::config::Peer;
 use crate::core::heartbeats::{Heartbeats, NodeInfo, Seen};
 use crate::core::liveness::{Change, Liveness};
 use crate::core::routing::{room_writer, route_cell, route_session, CellReport};
-use crate::http::{Lifecycle, Phase};
+use crate::core::lifecycle::Lifecycle;
 use crate::metrics::PeerLabel;
 use crate::world::now_ms;
 
@@ -109,7 +109,7 @@ impl LivenessActor {
             name: self.me.name.clone(),
             cell: self.me.cell.clone(),
             url: self.me.url.clone(),
-            draining: peers.lifecycle.phase() == Phase::Draining,
+            draining: peers.lifecycle.phase().is_draining(),
         };
         let cluster = peers.cluster.clone();
         ctx.spawn(
@@ -139,7 +139,7 @@ impl LivenessActor {
             }
         }
         // A draining node sends new clients elsewhere, unless nobody else is left.
-        if peers.lifecycle.phase() != Phase::Draining || alive.is_empty() {
+        if !peers.lifecycle.phase().is_draining() || alive.is_empty() {
             alive.push(self.me.name.clone());
         }
         (nodes, alive)

@@ -224,7 +224,7 @@ pub enum RoomUpdate {
 #[derive(Message, Clone)]
 #[rtype(result = "()")]
 pub struct CloseConnection {
-    pub code: u16,
+    pub code: crate::protocol::CloseCode,
     pub reason: String,
     pub force: bool,
 }

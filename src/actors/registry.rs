@@ -3,9 +3,9 @@
 //! 4501); other kinds (web tabs) may have many. Kicks close a user's connections and
 //! answer once each of them has handled its close.
 //!
-//! In cluster mode a new exclusive-device connection is announced on NATS, and every
-//! other node closes that user's older connection on that device ([`RemoteReplace`]);
-//! kicks reach the other nodes through `cluster::bus`.
+//! In cluster mode a new exclusive-device connection is announced through a [`UserBus`]
+//! (NATS), and every other node closes that user's older connection on that device
+//! ([`RemoteReplace`]); kicks reach the other nodes through `cluster::bus`.
 
 use std::collections::{HashMap, HashSet};
 
@@ -14,10 +14,9 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
-use super::connection::close;
 use super::messages::*;
-use crate::cluster::Cluster;
 use crate::core::drain::{drain_batches, reconnect_hint_ms};
+use crate::protocol::CloseCode;
 use crate::world::now_ms;
 
 struct Entry {
@@ -48,22 +47,30 @@ struct PendingKick {
     reply: oneshot::Sender<usize>,
 }
 
+/// What the registry tells the other nodes, in cluster mode. Defined here, implemented in
+/// the wiring over the cluster's bus, so the registry knows no transport.
+pub trait UserBus: Send + Sync {
+    /// `user` connected an exclusive `device` here at `at_ms`: older ones elsewhere go.
+    fn announce_replace(&self, user: &str, device: &str, at_ms: u64);
+}
+
 pub struct Registry {
     exclusive_devices: HashSet<String>,
     connections: HashMap<ConnId, Entry>,
     by_user: HashMap<Arc<str>, Vec<ConnId>>,
     kicks: Vec<PendingKick>,
-    cluster: Option<Cluster>,
+    /// Cluster mode: where other nodes hear of exclusive-device connections made here.
+    bus: Option<Arc<dyn UserBus>>,
 }
 
 impl Registry {
-    pub fn new(exclusive_devices: impl IntoIterator<Item = String>, cluster: Option<Cluster>) -> Self {
+    pub fn new(exclusive_devices: impl IntoIterator<Item = String>, bus: Option<Arc<dyn UserBus>>) -> Self {
         Registry {
             exclusive_devices: exclusive_devices.into_iter().collect(),
             connections: HashMap::new(),
             by_user: HashMap::new(),
             kicks: Vec::new(),
-            cluster,
+            bus,
         }
     }
 
@@ -76,7 +83,7 @@ impl Registry {
             if let Some(entry) = self.remove(old) {
                 tracing::debug!(conn = old, user, device, "replaced by a newer connection");
                 entry.to.do_send(CloseConnection {
-                    code: close::REPLACED,
+                    code: CloseCode::Replaced,
                     reason: "replaced by a newer connection of this user and device".into(),
                     force: false,
                 });
@@ -116,9 +123,8 @@ impl Handler<Register> for Registry {
         let since_ms = now_ms();
         if self.exclusive_devices.contains(&*msg.device) {
             self.replace(&msg.user, &msg.device, u64::MAX);
-            if let Some(cluster) = &self.cluster {
-                let (cluster, user, device) = (cluster.clone(), msg.user.to_string(), msg.device.to_string());
-                actix::spawn(async move { crate::cluster::bus::announce_replace(&cluster, &user, &device, since_ms).await });
+            if let Some(bus) = &self.bus {
+                bus.announce_replace(&msg.user, &msg.device, since_ms);
             }
         }
         self.by_user.entry(msg.user.clone()).or_default().push(msg.conn);
@@ -157,7 +163,7 @@ impl Handler<Kick> for Registry {
     /// or the close handshake timed out).
     fn handle(&mut self, msg: Kick, _ctx: &mut Self::Context) -> Self::Result {
         let targets = self.of_user(&msg.user, msg.device.as_deref());
-        let close = CloseConnection { code: close::KICKED, reason: "closed by an operator".into(), force: false };
+        let close = CloseConnection { code: CloseCode::Kicked, reason: "closed by an operator".into(), force: false };
         let mut waiting = HashSet::new();
         for id in &targets {
             if let Some(entry) = self.connections.get(id) {
@@ -206,7 +212,7 @@ impl Handler<DrainClose> for Registry {
                 for (i, to) in targets {
                     let hint = reconnect_hint_ms(i, total, hint_window);
                     to.do_send(CloseConnection {
-                        code: close::SERVICE_RESTART,
+                        code: CloseCode::ServiceRestart,
                         reason: format!("service restart: reconnect in {hint} ms"),
                         force: false,
                     });

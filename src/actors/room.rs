@@ -20,7 +20,6 @@ use tokio::sync::oneshot;
 
 use super::backlog::{Backlog, Reserve};
 use super::messages::*;
-use super::rooms::RoomsInner;
 use crate::cluster::roomlog::{self, AppendError, Appended, StreamEvent};
 use crate::cluster::{Cluster, ClusterError};
 use crate::core::batch::{BatchAction, BatchWindow};
@@ -94,12 +93,19 @@ struct ClusterLog {
     replay_after: Option<u64>,
 }
 
+/// What a room needs of the table that started it: a place to leave its automatic
+/// subscribers when it stops idle. Defined here, implemented by the rooms table, so a room
+/// does not know the table's type.
+pub trait RoomHome: Send + Sync {
+    fn retire(&self, room: &Arc<str>, addr: &Addr<RoomActor>, subscribers: Vec<Parked>);
+}
+
 pub struct RoomActor {
     name: Arc<str>,
     store: RoomStore,
     cluster: ClusterLog,
     settings: RoomSettings,
-    rooms: Weak<RoomsInner>,
+    home: Weak<dyn RoomHome>,
     state: RoomState,
     subscribers: HashMap<ConnId, Subscriber>,
     waiting: Vec<Waiter>,
@@ -126,7 +132,7 @@ fn render(room: &str, event: &EventRecord) -> Arc<Delivery> {
 
 impl RoomActor {
     /// Load the room from the store (a room never created starts `Absent`).
-    pub fn load(name: Arc<str>, store: RoomStore, settings: RoomSettings, rooms: Weak<RoomsInner>) -> Self {
+    pub fn load(name: Arc<str>, store: RoomStore, settings: RoomSettings, home: Weak<dyn RoomHome>) -> Self {
         let state = match &store {
             RoomStore::Local(local) => RoomActor::load_local(&name, local, &settings),
             RoomStore::Cluster(_) => RoomState::Loading,
@@ -135,7 +141,7 @@ impl RoomActor {
             name,
             store,
             cluster: ClusterLog::default(),
-            rooms,
+            home,
             state,
             subscribers: HashMap::new(),
             waiting: Vec::new(),
@@ -360,8 +366,8 @@ impl RoomActor {
                 .drain()
                 .map(|(conn, sub)| Parked { conn, to: sub.to, backlog: sub.backlog, generation: sub.generation })
                 .collect();
-            if let Some(rooms) = self.rooms.upgrade() {
-                rooms.retire(&self.name, &ctx.address(), parked);
+            if let Some(home) = self.home.upgrade() {
+                home.retire(&self.name, &ctx.address(), parked);
             }
             self.stopped = true;
             tracing::debug!(room = %self.name, "idle room stopped");

@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use super::messages::*;
-use super::room::{RoomActor, RoomSettings, RoomStore};
+use super::room::{RoomActor, RoomHome, RoomSettings, RoomStore};
 
 /// How often a request is retried against a freshly started room actor.
 const ATTEMPTS: usize = 3;
@@ -57,9 +57,12 @@ impl RoomsInner {
         }
     }
 
+}
+
+impl RoomHome for RoomsInner {
     /// An idle inbox room stops: drop it from the table and park its (automatic)
     /// subscribers for the next actor of the room.
-    pub(crate) fn retire(&self, room: &Arc<str>, addr: &Addr<RoomActor>, subscribers: Vec<Parked>) {
+    fn retire(&self, room: &Arc<str>, addr: &Addr<RoomActor>, subscribers: Vec<Parked>) {
         let mut tables = self.tables.lock();
         if tables.live.get(room).is_some_and(|current| current == addr) {
             tables.live.remove(room);
@@ -112,7 +115,8 @@ impl Rooms {
         let mut hasher = DefaultHasher::new();
         name.hash(&mut hasher);
         let arbiter = &self.inner.handles[hasher.finish() as usize % self.inner.handles.len()];
-        let (store, settings, weak) = (self.inner.store.clone(), self.inner.settings.clone(), Arc::downgrade(&self.inner));
+        let home: Arc<dyn RoomHome> = self.inner.clone();
+        let (store, settings, weak) = (self.inner.store.clone(), self.inner.settings.clone(), Arc::downgrade(&home));
         let actor_name = name.clone();
         let addr = RoomActor::start_in_arbiter(arbiter, move |_| {
             RoomActor::load(actor_name, store, settings, weak).adopting(adopted, replay_after)

@@ -8,7 +8,7 @@ use actix_http::ws::{self, CloseReason, ProtocolError};
 
 use super::wsio::ReadError;
 
-use super::connection::close;
+use crate::protocol::CloseCode;
 
 /// How long a socket whose Close went out waits for the client's Close.
 pub const CLOSE_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -44,11 +44,11 @@ pub enum Fault {
 
 impl Fault {
     /// The close code to send, or `None` when the socket has ended.
-    pub fn close_code(self) -> Option<u16> {
+    pub fn close_code(self) -> Option<CloseCode> {
         match self {
-            Fault::FrameTooBig | Fault::MessageTooBig => Some(close::TOO_BIG),
-            Fault::InvalidUtf8 => Some(close::INVALID_PAYLOAD),
-            Fault::Protocol => Some(close::PROTOCOL_ERROR),
+            Fault::FrameTooBig | Fault::MessageTooBig => Some(CloseCode::TooBig),
+            Fault::InvalidUtf8 => Some(CloseCode::InvalidPayload),
+            Fault::Protocol => Some(CloseCode::ProtocolError),
             Fault::Ended => None,
         }
     }

@@ -11,13 +11,13 @@ use actix::prelude::*;
 use actix_web::dev::ServerHandle;
 use tokio::sync::oneshot;
 
-use super::connection::close;
 use super::directory::{Directory, Reconcile};
 use super::messages::{CloseAll, CloseConnection, CountConnections, DrainClose};
 use super::registry::Registry;
 use super::rooms::Rooms;
-use crate::http::{Lifecycle, Phase};
+use crate::core::lifecycle::{Lifecycle, Phase};
 use crate::metrics::Metrics;
+use crate::protocol::CloseCode;
 
 /// How often the close phase checks whether everyone has left.
 const POLL: Duration = Duration::from_millis(100);
@@ -30,16 +30,6 @@ pub struct DrainTiming {
     pub wait: Duration,
     pub spread: Duration,
     pub grace: Duration,
-}
-
-/// Where a drain is; the value is exported as the `drain_phase` gauge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DrainPhase {
-    Serving = 0,
-    NotReady = 1,
-    Closing = 2,
-    Forced = 3,
-    Done = 4,
 }
 
 /// Reconcile the directory and turn ready.
@@ -61,7 +51,6 @@ pub struct Supervisor {
     server: ServerHandle,
     timing: DrainTiming,
     metrics: Arc<Metrics>,
-    phase: DrainPhase,
     began: Option<Instant>,
     closing_since: Option<Instant>,
     done: Option<oneshot::Sender<()>>,
@@ -86,16 +75,19 @@ impl Supervisor {
             server,
             timing,
             metrics,
-            phase: DrainPhase::Serving,
             began: None,
             closing_since: None,
             done: Some(done),
         }
     }
 
-    fn enter(&mut self, phase: DrainPhase) {
-        self.phase = phase;
-        self.metrics.drain_phase.set(phase as i64);
+    fn phase(&self) -> Phase {
+        self.lifecycle.phase()
+    }
+
+    fn enter(&mut self, phase: Phase) {
+        self.lifecycle.set(phase);
+        self.metrics.drain_phase.set(phase.drain_step());
     }
 
     fn elapsed_ms(&self) -> u64 {
@@ -103,10 +95,10 @@ impl Supervisor {
     }
 
     fn stop_accepting(&mut self, ctx: &mut Context<Self>) {
-        if self.phase != DrainPhase::NotReady {
+        if self.phase() != Phase::NotReady {
             return;
         }
-        self.enter(DrainPhase::Closing);
+        self.enter(Phase::Closing);
         self.closing_since = Some(Instant::now());
         // Graceful: the listener closes now; open connections keep being served.
         actix_web::rt::spawn(self.server.stop(true));
@@ -125,7 +117,7 @@ impl Supervisor {
     }
 
     fn check_left(&mut self, ctx: &mut Context<Self>) {
-        if self.phase != DrainPhase::Closing {
+        if self.phase() != Phase::Closing {
             return;
         }
         let deadline = self.timing.spread + self.timing.grace;
@@ -133,7 +125,7 @@ impl Supervisor {
         ctx.spawn(self.registry.send(CountConnections).into_actor(self).map(move |left, sup, ctx| {
             let left = left.unwrap_or(0);
             sup.metrics.drain_connections_left.set(left as i64);
-            if sup.phase != DrainPhase::Closing {
+            if sup.phase() != Phase::Closing {
                 return;
             }
             if left == 0 {
@@ -147,11 +139,11 @@ impl Supervisor {
     }
 
     fn force(&mut self, ctx: &mut Context<Self>) {
-        if matches!(self.phase, DrainPhase::Forced | DrainPhase::Done) {
+        if matches!(self.phase(), Phase::Forced | Phase::Done) {
             return;
         }
-        self.enter(DrainPhase::Forced);
-        let close = CloseConnection { code: close::SERVICE_RESTART, reason: "service restart: reconnect now".into(), force: true };
+        self.enter(Phase::Forced);
+        let close = CloseConnection { code: CloseCode::ServiceRestart, reason: "service restart: reconnect now".into(), force: true };
         ctx.spawn(self.registry.send(CloseAll { close }).into_actor(self).map(|left, sup, _| {
             tracing::info!(phase = "forced", connections_left = left.unwrap_or(0), elapsed_ms = sup.elapsed_ms(), "drain: closing what is left");
         }));
@@ -163,7 +155,7 @@ impl Supervisor {
     }
 
     fn finish(&mut self) {
-        self.enter(DrainPhase::Done);
+        self.enter(Phase::Done);
         self.metrics.drain_connections_left.set(0);
         if let Some(done) = self.done.take() {
             let _ = done.send(());
@@ -181,7 +173,10 @@ impl Handler<Start> for Supervisor {
     fn handle(&mut self, _msg: Start, _ctx: &mut Self::Context) -> Self::Result {
         Box::pin(self.directory.send(Reconcile).into_actor(self).map(|reply, sup, _| {
             reply.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
-            sup.lifecycle.set(Phase::Ready);
+            // A signal during the start has begun the drain already.
+            if sup.phase() == Phase::Starting {
+                sup.lifecycle.set(Phase::Ready);
+            }
             Ok(())
         }))
     }
@@ -191,22 +186,21 @@ impl Handler<Signal> for Supervisor {
     type Result = ();
 
     fn handle(&mut self, _msg: Signal, ctx: &mut Self::Context) {
-        match self.phase {
-            DrainPhase::Serving => {
+        match self.phase() {
+            Phase::Starting | Phase::Ready => {
                 self.began = Some(Instant::now());
-                self.lifecycle.set(Phase::Draining);
-                self.enter(DrainPhase::NotReady);
+                self.enter(Phase::NotReady);
                 let wait = self.timing.wait;
                 ctx.spawn(self.registry.send(CountConnections).into_actor(self).map(move |n, _, _| {
                     tracing::info!(phase = "not_ready", connections = n.unwrap_or(0), wait_ms = wait.as_millis() as u64, "drain: readiness off, new upgrades refused");
                 }));
                 ctx.run_later(wait, |sup, ctx| sup.stop_accepting(ctx));
             }
-            DrainPhase::NotReady | DrainPhase::Closing => {
+            Phase::NotReady | Phase::Closing => {
                 tracing::info!(elapsed_ms = self.elapsed_ms(), "second signal: forcing the close");
                 self.force(ctx);
             }
-            DrainPhase::Forced | DrainPhase::Done => {}
+            Phase::Forced | Phase::Done => {}
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Thin actix-web handlers: parse, authorise, send one actor message, map the reply to
 //! HTTP. Error bodies are `{"error":{"code","message"}}` with a fitting status.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use actix::{Actor, Addr};
@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use crate::actors::wsio::{Accepted, WsIo};
 use crate::actors::connection::{Connection, ConnectionSettings, Identity, HISTORY_DEFAULT_LIMIT};
+use crate::core::lifecycle::{Lifecycle, Phase};
 use crate::actors::directory::{Directory, DirectoryError, OpenSession, Sessions};
 use crate::actors::liveness::{LivenessActor, Route};
 use crate::actors::messages::Kick;
@@ -36,29 +37,6 @@ const PUBLISH_BODY_OVERHEAD: usize = 1024;
 /// Largest body of any other request.
 const SMALL_BODY_LIMIT: usize = 16 * 1024;
 
-/// Where the node is in its life; `/readyz` and the upgrade handler read it.
-#[derive(Debug, Default)]
-pub struct Lifecycle(AtomicU8);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    Starting = 0,
-    Ready = 1,
-    Draining = 2,
-}
-
-impl Lifecycle {
-    pub fn set(&self, phase: Phase) {
-        self.0.store(phase as u8, Ordering::SeqCst);
-    }
-    pub fn phase(&self) -> Phase {
-        match self.0.load(Ordering::SeqCst) {
-            0 => Phase::Starting,
-            1 => Phase::Ready,
-            _ => Phase::Draining,
-        }
-    }
-}
 
 /// Everything a handler needs, shared by all workers.
 pub struct AppState {
@@ -457,7 +435,7 @@ async fn upgrade_checked(
     query: web::Query<UpgradeQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    if state.lifecycle.phase() != Phase::Ready {
+    if !state.lifecycle.phase().accepts_connections() {
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, "node is not accepting connections"));
     }
     // A request that is not an upgrade, or that a limit refuses, must not spend a token.
@@ -678,11 +656,7 @@ async fn status(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResp
     let connections = state.registry.send(crate::actors::messages::CountConnections).await.map_err(internal)?;
     let warmup = state.directory.send(crate::actors::directory::InWarmup).await.map_err(internal)?;
     let sessions = state.directory.send(crate::actors::directory::CountSessions).await.map_err(internal)?;
-    let phase = match state.lifecycle.phase() {
-        Phase::Starting => "starting",
-        Phase::Ready => "ready",
-        Phase::Draining => "draining",
-    };
+    let phase = state.lifecycle.phase().name();
     let reply = protocol::StatusReply {
         node: state.config.node.clone(),
         version: env!("CARGO_PKG_VERSION"),
@@ -727,7 +701,6 @@ async fn healthz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
 async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     match state.lifecycle.phase() {
         Phase::Ready => json(StatusCode::OK, r#"{"status":"ready"}"#.into()),
-        Phase::Starting => json(StatusCode::SERVICE_UNAVAILABLE, protocol::error_body(ErrorCode::Unavailable, "starting")),
-        Phase::Draining => json(StatusCode::SERVICE_UNAVAILABLE, protocol::error_body(ErrorCode::Unavailable, "draining")),
+        other => json(StatusCode::SERVICE_UNAVAILABLE, protocol::error_body(ErrorCode::Unavailable, other.name())),
     }
 }
