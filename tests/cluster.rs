@@ -1478,9 +1478,9 @@ fn route_stops_naming_a_killed_node_and_a_draining_node() {
 #[test]
 fn session_records_leave_the_kv_bucket_after_the_ttl_unless_their_node_keeps_them_connected() {
     let _serial = serial();
-    let cluster = Cluster::start(1, &["--session-ttl-secs", "2"]);
+    let cluster = Cluster::start(2, &["--session-ttl-secs", "2"]);
     let rt = runtime();
-    let addr = cluster.addr(0);
+    let (addr, home) = (cluster.addr(1), cluster.addr(0));
     let mut failures = Vec::new();
     rt.block_on(async {
         // The same limits as the node, or connecting would set the bucket's age limit back.
@@ -1490,9 +1490,16 @@ fn session_records_leave_the_kv_bucket_after_the_ttl_unless_their_node_keeps_the
             .await
             .unwrap_or_else(|e| panic!("connect: {e:?}"));
         let kv = KvSessions::open(&probe).await.unwrap_or_else(|e| panic!("open kv: {e:?}"));
-        let mut kept = WsClient::connect(addr, &cluster.http(0).mint_token("kept", "web"), None).await;
-        let gone = WsClient::connect(addr, &cluster.http(0).mint_token("gone", "web"), None).await;
-        let (kept_session, gone_session) = (kept.session().to_string(), gone.session().to_string());
+        // "kept" starts on a and moves to b, so b refreshes a record it got by migration.
+        let first = WsClient::connect(home, &cluster.http(0).mint_token("kept", "web"), None).await;
+        let kept_session = first.session().to_string();
+        first.close().await;
+        let mut kept = WsClient::connect(addr, &cluster.http(1).mint_token("kept", "web"), Some(&kept_session)).await;
+        if kept.session() != kept_session {
+            failures.push(format!("the session did not move from a to b: {}", kept.welcome));
+        }
+        let gone = WsClient::connect(addr, &cluster.http(1).mint_token("gone", "web"), None).await;
+        let gone_session = gone.session().to_string();
         gone.close().await;
         let closed = Instant::now();
         // The bucket's age limit is twice the TTL: the record goes 2 to 4 s after the close
@@ -1512,15 +1519,17 @@ fn session_records_leave_the_kv_bucket_after_the_ttl_unless_their_node_keeps_the
         }
         // Older than the age limit by now, yet refreshed by its node while connected.
         tokio::time::sleep(Duration::from_secs(3)).await;
-        if kv.entry(&kept_session).await.expect("read the bucket").is_none() {
-            failures.push(format!("the connected session's record left the bucket after {:?}", closed.elapsed()));
+        match kv.entry(&kept_session).await.expect("read the bucket") {
+            None => failures.push(format!("the connected session's record left the bucket after {:?}", closed.elapsed())),
+            Some((record, _)) if record.owner != Cluster::name(1) => failures.push(format!("the record names owner {}", record.owner)),
+            Some(_) => {}
         }
         kept.assert_alive().await;
-        let tab = WsClient::connect(addr, &cluster.http(0).mint_token("kept", "web"), Some(&kept_session)).await;
+        let tab = WsClient::connect(addr, &cluster.http(1).mint_token("kept", "web"), Some(&kept_session)).await;
         if tab.session() != kept_session {
             failures.push(format!("a second tab of the connected session got another id: {}", tab.welcome));
         }
-        let late = WsClient::connect(addr, &cluster.http(0).mint_token("gone", "web"), Some(&gone_session)).await;
+        let late = WsClient::connect(addr, &cluster.http(1).mint_token("gone", "web"), Some(&gone_session)).await;
         if late.session() == gone_session {
             failures.push(format!("an expired session was reused: {}", late.welcome));
         }

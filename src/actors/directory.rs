@@ -374,7 +374,16 @@ impl State {
                     let refreshed = SessionRecord { updated_at_ms: now, ..record.clone() };
                     match self.write(Some(record.version), refreshed).await {
                         Ok(_) => {}
-                        Err(WriteError::Stale(stale)) => tracing::info!(session, %stale, "session moved on; not refreshed"),
+                        Err(WriteError::Stale(stale)) => {
+                            // Written meanwhile (by a migration here, or another node): the
+                            // next sweep refreshes it from what is stored, if still ours.
+                            tracing::info!(session, %stale, "session record changed; refreshed next sweep");
+                            if let Ok(Some(current)) = self.sessions.session(&session).await {
+                                if let Some(live) = self.live.get_mut(&session).filter(|_| current.owner == self.node) {
+                                    live.record = current;
+                                }
+                            }
+                        }
                         Err(WriteError::Failed(error)) => {
                             tracing::warn!(session, %error, "could not refresh the session record");
                             return (0, false);
@@ -398,7 +407,8 @@ impl State {
     }
 
     /// Move every session of `user` owned elsewhere to this node: one budget charge.
-    async fn migrate_user(&mut self, user: &str, asked: &SessionRecord, now: u64) -> Result<(), DirectoryError> {
+    /// Returns the asked session's record as it stands after the move.
+    async fn migrate_user(&mut self, user: &str, asked: &SessionRecord, now: u64) -> Result<SessionRecord, DirectoryError> {
         let last = self.sessions.last_migration(user).await?;
         if let Err(refusal) = check_migration_budget(last, now, self.migration_window_ms) {
             self.metrics.migration_refusals.inc();
@@ -409,6 +419,7 @@ impl State {
         if !records.iter().any(|r| r.session == asked.session) {
             records.push(asked.clone());
         }
+        let mut asked_now = asked.clone();
         for record in records {
             if record.owner == self.node {
                 continue;
@@ -416,14 +427,24 @@ impl State {
             let from = record.owner.clone();
             let moved = SessionRecord { owner: self.node.clone(), updated_at_ms: now, ..record.clone() };
             match self.write(Some(record.version), moved).await {
-                Ok(written) => tracing::info!(user, session = %written.session, from = %from, to = %self.node, version = written.version, "session migrated"),
-                Err(WriteError::Stale(stale)) => tracing::info!(user, session = %record.session, %stale, "migration lost a race; keeping the newer record"),
+                Ok(written) => {
+                    tracing::info!(user, session = %written.session, from = %from, to = %self.node, version = written.version, "session migrated");
+                    if written.session == asked.session {
+                        asked_now = written;
+                    }
+                }
+                Err(WriteError::Stale(stale)) => {
+                    tracing::info!(user, session = %record.session, %stale, "migration lost a race; keeping the newer record");
+                    if record.session == asked.session {
+                        asked_now = self.sessions.session(&asked.session).await?.unwrap_or(asked_now);
+                    }
+                }
                 Err(WriteError::Failed(e)) => return Err(e),
             }
         }
         self.sessions.set_last_migration(user, now).await?;
         self.metrics.migrations.inc();
-        Ok(())
+        Ok(asked_now)
     }
 
     async fn create(&mut self, user: &str, now: u64) -> Result<SessionRecord, DirectoryError> {
@@ -454,11 +475,7 @@ impl State {
         let plan = plan_session(view, &msg.user, &self.node);
         let (record, migrated) = match (plan, asked) {
             (SessionPlan::Reuse, Some(record)) => (record, false),
-            (SessionPlan::Migrate { .. }, Some(record)) => {
-                self.migrate_user(&msg.user, &record, now).await?;
-                let moved = self.recent.pop(&record.session).or_else(|| self.live.get(&record.session).map(|l| l.record.clone()));
-                (moved.unwrap_or(record), true)
-            }
+            (SessionPlan::Migrate { .. }, Some(record)) => (self.migrate_user(&msg.user, &record, now).await?, true),
             _ => (self.create(&msg.user, now).await?, false),
         };
         let session = record.session.clone();
