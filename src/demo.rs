@@ -1,11 +1,11 @@
 //! Demo mode (`livegate serve --demo`): a match simulator publishing into `match:1..4`
-//! through the same publish path as the HTTP API, a few events per second in all. The
+//! through the same [`Publisher`] as the HTTP API, a few events per second in all. The
 //! matches are the pure [`MatchSim`]; this module only drives it with time and randomness.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::actors::rooms::Rooms;
+use crate::actors::publish::Publisher;
 use crate::core::matchsim::MatchSim;
 use crate::protocol;
 use crate::world::random_u64;
@@ -15,7 +15,7 @@ const STEP: Duration = Duration::from_millis(200);
 pub const MATCHES: usize = 4;
 
 /// Publish simulated match events until the task is dropped.
-pub async fn run_simulator(rooms: Rooms) {
+pub async fn run_simulator(publisher: Publisher) {
     let mut sim = MatchSim::new(MATCHES);
     // Ids must not collide with those a previous run left in history.
     let run = format!("{:08x}", random_u64() as u32);
@@ -27,7 +27,7 @@ pub async fn run_simulator(rooms: Rooms) {
         let room = format!("match:{}", event.match_id);
         let id: Arc<str> = format!("demo-{run}-{n}").into();
         let data: Arc<str> = protocol::demo_event_data(&event).into();
-        if let Err(error) = rooms.publish(&room, id, data, None).await {
+        if let Err(error) = publisher.publish(&room, id, data, None).await {
             tracing::warn!(%room, %error, "demo event not published");
         }
     }

@@ -21,6 +21,7 @@ use thiserror::Error;
 use crate::actors::connection::ConnectionSettings;
 use crate::actors::directory::{Directory, DirectorySettings, ExpireSessions, Sessions};
 use crate::actors::liveness::{ClusterPeers, LivenessActor};
+use crate::actors::publish::Publisher;
 use crate::actors::room::RoomStore;
 use crate::cluster::kv::KvSessions;
 use crate::cluster::{Cluster, ClusterError, StreamLimits};
@@ -197,6 +198,10 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         spread: Duration::from_secs(config.drain_spread_secs),
         grace: Duration::from_secs(config.drain_grace_secs),
     };
+    let publisher = match &cluster {
+        Some(cluster) => Publisher::clustered(rooms.clone(), cluster.clone(), liveness.clone()),
+        None => Publisher::local(rooms.clone()),
+    };
     let state = web::Data::new(AppState {
         config: Arc::new(config),
         access: parking_lot::RwLock::new(access),
@@ -209,6 +214,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         sessions,
         cluster: cluster.clone(),
         liveness,
+        publisher: publisher.clone(),
         metrics: metrics.clone(),
         token_secret,
         connection,
@@ -287,7 +293,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         Duration::from_secs(state.config.token_ttl_max_secs),
     ));
     let expire = actix_web::rt::spawn(expire_sessions(directory.clone(), Duration::from_secs(state.config.session_ttl_secs)));
-    let simulator = demo.then(|| actix_web::rt::spawn(crate::demo::run_simulator(rooms.clone())));
+    let simulator = demo.then(|| actix_web::rt::spawn(crate::demo::run_simulator(publisher)));
     supervisor.send(Start).await.map_err(|e| ServerError::Startup(e.to_string()))?.map_err(ServerError::Startup)?;
     tracing::info!(addr = %local, node = %state.config.node, data_dir = %state.config.data_dir.display(), "ready");
 

@@ -7,6 +7,7 @@ pub mod directory;
 pub mod echo;
 pub mod liveness;
 pub mod messages;
+pub mod publish;
 pub mod registry;
 pub mod room;
 pub mod rooms;

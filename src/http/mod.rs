@@ -15,6 +15,7 @@ use crate::actors::connection::{Connection, ConnectionSettings, Identity, HISTOR
 use crate::core::lifecycle::{Lifecycle, Phase};
 use crate::actors::directory::{Directory, DirectoryError, OpenSession, Sessions};
 use crate::actors::liveness::{LivenessActor, Route};
+use crate::actors::publish::Publisher;
 use crate::actors::messages::Kick;
 use crate::actors::registry::Registry;
 use crate::world::{now_ms, random_bytes, random_hex};
@@ -55,6 +56,8 @@ pub struct AppState {
     /// Cluster mode: the NATS connection (nonces, kicks on other nodes).
     pub cluster: Option<crate::cluster::Cluster>,
     pub liveness: Addr<LivenessActor>,
+    /// Every publish goes through it (forwarded to the room's writer in cluster mode).
+    pub publisher: Publisher,
     pub metrics: Arc<Metrics>,
     pub token_secret: Vec<u8>,
     pub connection: Arc<ConnectionSettings>,
@@ -296,31 +299,6 @@ async fn message_user(
     append(&state, names::inbox_room(&user), request.id, &request.data, request.devices).await
 }
 
-/// Publish on the room's writer node in cluster mode (one writer per room, so appends
-/// rarely race), or here: on a single node, when this node is the writer, or when the
-/// writer cannot be reached (the stream's expected-sequence guard still orders appends).
-async fn publish_as_writer(
-    state: &AppState,
-    room: &str,
-    id: String,
-    data: &str,
-    devices: Option<Vec<String>>,
-) -> Result<crate::actors::messages::Published, RoomError> {
-    if let Some(cluster) = &state.cluster {
-        let writer = state.liveness.send(crate::actors::liveness::RoomWriter { room: room.to_string() }).await.ok().flatten();
-        if let Some(writer) = writer.filter(|w| *w != state.config.node) {
-            use crate::cluster::bus::{forward_publish, ForwardError};
-            match forward_publish(cluster, &writer, room, &id, data, devices.as_deref()).await {
-                Ok(published) => return Ok(published),
-                Err(ForwardError::Failed(error)) => return Err(error),
-                Err(ForwardError::Unreachable(why)) => {
-                    tracing::debug!(room, writer, why, "room writer unreachable; appending here");
-                }
-            }
-        }
-    }
-    state.rooms.publish(room, id.into(), data.into(), devices).await
-}
 
 /// Publish one event (size-checked, id checked or generated) and answer 201, or 200 for
 /// a duplicate id.
@@ -346,7 +324,7 @@ async fn append(
         }
         None => format!("lg-{}", random_hex(12)),
     };
-    let published = publish_as_writer(state, &room, id, data.get(), devices).await?;
+    let published = state.publisher.publish(&room, id.into(), data.get().into(), devices).await?;
     if published.duplicate {
         state.metrics.duplicates_rejected.inc();
     } else {
