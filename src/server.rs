@@ -20,13 +20,18 @@ use thiserror::Error;
 
 use crate::actors::connection::ConnectionSettings;
 use crate::actors::directory::{Directory, DirectorySettings, ExpireSessions, Sessions};
-use crate::actors::liveness::{ClusterPeers, LivenessActor};
+use crate::actors::liveness::{ClusterPeers, Heard, Left, LivenessActor};
+use crate::actors::messages::Kick;
+use crate::cluster::bus::{Appended, ForwardedPublish, NodeEvents};
+use crate::cluster::roomlog::StreamEvent;
+use crate::core::heartbeats::NodeInfo;
+use futures_util::future::LocalBoxFuture;
 use crate::actors::publish::Publisher;
 use crate::actors::room::RoomStore;
 use crate::cluster::kv::KvSessions;
 use crate::cluster::{Cluster, ClusterError, StreamLimits};
 use crate::core::heartbeats::Heartbeats;
-use crate::actors::registry::{Registry, UserBus};
+use crate::actors::registry::{Registry, RemoteReplace, UserBus};
 use crate::actors::room::RoomSettings;
 use crate::world::now_ms;
 use crate::actors::rooms::Rooms;
@@ -173,7 +178,8 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         .start(),
     };
     if let (Some(cluster), Sessions::Cluster(kv)) = (&cluster, &sessions) {
-        crate::cluster::bus::listen(cluster, rooms.clone(), registry.clone(), liveness.clone(), kv.clone()).await?;
+        let events = NodeActors { rooms: rooms.clone(), registry: registry.clone(), liveness: liveness.clone() };
+        crate::cluster::bus::listen(cluster, events, kv.clone()).await?;
     }
     let connection = Arc::new(ConnectionSettings {
         metrics: metrics.clone(),
@@ -411,6 +417,52 @@ impl UserBus for ClusterUserBus {
     fn announce_replace(&self, user: &str, device: &str, at_ms: u64) {
         let (cluster, user, device) = (self.0.clone(), user.to_string(), device.to_string());
         actix::spawn(async move { crate::cluster::bus::announce_replace(&cluster, &user, &device, at_ms).await });
+    }
+}
+
+/// What the other nodes send, handed to the actors that act on it.
+#[derive(Clone)]
+struct NodeActors {
+    rooms: Rooms,
+    registry: Addr<Registry>,
+    liveness: Addr<LivenessActor>,
+}
+
+impl NodeEvents for NodeActors {
+    fn live_event(&self, room: &str, event: StreamEvent) {
+        self.rooms.live_event(room, event);
+    }
+
+    fn peer_heard(&self, peer: NodeInfo) {
+        self.liveness.do_send(Heard(peer));
+    }
+
+    fn peer_left(&self, node: String) {
+        self.liveness.do_send(Left(node));
+    }
+
+    fn replaced(&self, user: String, device: String, at_ms: u64) {
+        self.registry.do_send(RemoteReplace { user, device, at_ms });
+    }
+
+    fn kick(&self, user: String, device: Option<String>) -> LocalBoxFuture<'static, usize> {
+        let registry = self.registry.clone();
+        Box::pin(async move { registry.send(Kick { user, device }).await.unwrap_or(0) })
+    }
+
+    fn publish(&self, publish: ForwardedPublish) -> LocalBoxFuture<'static, Result<Appended, String>> {
+        let rooms = self.rooms.clone();
+        Box::pin(async move {
+            let ForwardedPublish { room, id, data, devices } = publish;
+            match rooms.publish(&room, id.into(), data.into(), devices).await {
+                Ok(published) => Ok(Appended { seq: published.seq, epoch: published.epoch.to_string(), duplicate: published.duplicate }),
+                Err(error) => Err(error.to_string()),
+            }
+        })
+    }
+
+    fn reconnected(&self) {
+        self.rooms.resync_all();
     }
 }
 

@@ -43,8 +43,10 @@ impl Publisher {
             let writer = liveness.send(RoomWriter { room: room.to_string() }).await.ok().flatten();
             if let Some(writer) = writer.filter(|w| *w != cluster.node) {
                 match forward_publish(cluster, &writer, room, &id, &data, devices.as_deref()).await {
-                    Ok(published) => return Ok(published),
-                    Err(ForwardError::Failed(error)) => return Err(error),
+                    Ok(appended) => {
+                        return Ok(Published { seq: appended.seq, epoch: appended.epoch.into(), duplicate: appended.duplicate })
+                    }
+                    Err(ForwardError::Failed(why)) => return Err(RoomError::Unavailable(why)),
                     Err(ForwardError::Unreachable(why)) => {
                         tracing::debug!(room, writer, why, "room writer unreachable; appending here");
                     }

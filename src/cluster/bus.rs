@@ -1,22 +1,53 @@
-//! The node's NATS listeners, each a task that turns messages into actor messages:
-//! the live feed (`lg.live.>`) into [`Rooms::live_event`], heartbeats and goodbyes into
-//! the liveness actor, exclusive-device announcements into the registry, and kick
-//! requests into a registry kick answered with the count. A maintenance loop has every
-//! live room re-read the stream after NATS reconnects and replays queued directory writes.
+//! The node's NATS listeners, each a task that turns messages into calls of
+//! [`NodeEvents`]: the live feed (`lg.live.>`), heartbeats and goodbyes, exclusive-device
+//! announcements, kick requests (answered with the count) and publishes forwarded to this
+//! node as a room's writer. A maintenance loop reports NATS coming back and replays
+//! queued directory writes. The wiring implements [`NodeEvents`] over the actors; this
+//! module knows none of them.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
-use actix::Addr;
+use futures_util::future::LocalBoxFuture;
 use futures_util::StreamExt;
 
 use super::kv::KvSessions;
-use super::roomlog::decode_live;
+use super::roomlog::{decode_live, StreamEvent};
 use super::{decode_node, Cluster, ClusterError, HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, LIVE_SUBJECTS, REPLACE_SUBJECT};
-use crate::actors::liveness::{AlivePeers, Heard, Left, LivenessActor};
-use crate::actors::messages::{Kick, Published};
-use crate::actors::registry::{Registry, RemoteReplace};
-use crate::actors::rooms::{RoomError, Rooms};
+use crate::core::heartbeats::NodeInfo;
+
+/// What this node does with what the other nodes send it.
+pub trait NodeEvents: Clone + 'static {
+    /// A room's event as the stream republished it.
+    fn live_event(&self, room: &str, event: StreamEvent);
+    fn peer_heard(&self, peer: NodeInfo);
+    fn peer_left(&self, node: String);
+    /// Another node connected `user` on exclusive `device` at `at_ms`.
+    fn replaced(&self, user: String, device: String, at_ms: u64);
+    /// Close `user`'s connections here (on `device` when named); yields how many closed.
+    fn kick(&self, user: String, device: Option<String>) -> LocalBoxFuture<'static, usize>;
+    /// Append a publish forwarded to this node as the room's writer.
+    fn publish(&self, publish: ForwardedPublish) -> LocalBoxFuture<'static, Result<Appended, String>>;
+    /// NATS is back after an outage: rooms re-read their streams.
+    fn reconnected(&self);
+}
+
+/// A publish another node forwarded to this one, the room's writer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ForwardedPublish {
+    pub room: String,
+    pub id: String,
+    pub data: String,
+    pub devices: Option<Vec<String>>,
+}
+
+/// The writer's answer to a forwarded publish.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Appended {
+    pub seq: u64,
+    pub epoch: String,
+    pub duplicate: bool,
+}
 
 /// How often the maintenance loop looks at the connection and the directory queue.
 const MAINTENANCE_EVERY: Duration = Duration::from_millis(500);
@@ -30,13 +61,7 @@ const KICK_LIVENESS_RECHECK: Duration = Duration::from_millis(250);
 /// Subscribe to everything this node listens to and spawn the tasks on the current
 /// (actix) runtime. Subscriptions are made before returning, so nothing published
 /// after `listen` returns is missed.
-pub async fn listen(
-    cluster: &Cluster,
-    rooms: Rooms,
-    registry: Addr<Registry>,
-    liveness: Addr<LivenessActor>,
-    sessions: KvSessions,
-) -> Result<(), ClusterError> {
+pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSessions) -> Result<(), ClusterError> {
     let client = &cluster.client;
     let mut live = client.subscribe(LIVE_SUBJECTS).await.map_err(ClusterError::nats)?;
     let mut beats = client.subscribe(HEARTBEAT_SUBJECT).await.map_err(ClusterError::nats)?;
@@ -44,55 +69,55 @@ pub async fn listen(
     let mut replaces = client.subscribe(REPLACE_SUBJECT).await.map_err(ClusterError::nats)?;
     let mut kicks = client.subscribe(KICK_SUBJECT).await.map_err(ClusterError::nats)?;
     let mut forwarded = client.subscribe(publish_subject(&cluster.node)).await.map_err(ClusterError::nats)?;
-    let (publish_rooms, publish_client) = (rooms.clone(), client.clone());
+    let (publish_events, publish_client) = (events.clone(), client.clone());
     actix::spawn(async move {
         while let Some(message) = forwarded.next().await {
             let Some(reply) = message.reply.clone() else { continue };
-            let (rooms, client) = (publish_rooms.clone(), publish_client.clone());
+            let (events, client) = (publish_events.clone(), publish_client.clone());
             actix::spawn(async move {
                 let answer = match decode_forward(&message) {
-                    Some((room, id, data, devices)) => rooms.publish(&room, id.into(), data.into(), devices).await,
-                    None => Err(RoomError::Unavailable("malformed forwarded publish".into())),
+                    Some(publish) => events.publish(publish).await,
+                    None => Err("malformed forwarded publish".to_string()),
                 };
                 let _ = client.publish_with_headers(reply, encode_answer(&answer), Vec::<u8>::new().into()).await;
             });
         }
     });
-    let live_rooms = rooms.clone();
+    let live_events = events.clone();
     actix::spawn(async move {
         while let Some(message) = live.next().await {
             match decode_live(message.subject.as_str(), message.headers.as_ref(), &message.payload) {
-                Some((room, event)) => live_rooms.live_event(&room, event),
+                Some((room, event)) => live_events.live_event(&room, event),
                 None => tracing::debug!(subject = %message.subject, "ignoring a live message that is not a livegate event"),
             }
         }
     });
-    let to_liveness = liveness.clone();
+    let beat_events = events.clone();
     actix::spawn(async move {
         while let Some(message) = beats.next().await {
             if let Some(info) = decode_node(&message.payload) {
-                to_liveness.do_send(Heard(info));
+                beat_events.peer_heard(info);
             }
         }
     });
+    let leave_events = events.clone();
     actix::spawn(async move {
         while let Some(message) = leaves.next().await {
-            liveness.do_send(Left(String::from_utf8_lossy(&message.payload).into_owned()));
+            leave_events.peer_left(String::from_utf8_lossy(&message.payload).into_owned());
         }
     });
-    let me = cluster.node.clone();
-    let replace_registry = registry.clone();
+    let (me, replace_events) = (cluster.node.clone(), events.clone());
     actix::spawn(async move {
         while let Some(message) = replaces.next().await {
             match decode_user_command(&message.payload) {
                 Some((node, user, device, at_ms)) if node != me => {
-                    replace_registry.do_send(RemoteReplace { user, device, at_ms: at_ms.parse().unwrap_or(u64::MAX) })
+                    replace_events.replaced(user, device, at_ms.parse().unwrap_or(u64::MAX))
                 }
                 _ => {}
             }
         }
     });
-    let (me, kick_client) = (cluster.node.clone(), client.clone());
+    let (me, kick_client, kick_events) = (cluster.node.clone(), client.clone(), events.clone());
     actix::spawn(async move {
         while let Some(message) = kicks.next().await {
             let Some((node, user, device, _)) = decode_user_command(&message.payload) else { continue };
@@ -100,10 +125,10 @@ pub async fn listen(
             if node == me {
                 continue;
             }
-            let (registry, client, me) = (registry.clone(), kick_client.clone(), me.clone());
+            let (events, client, me) = (kick_events.clone(), kick_client.clone(), me.clone());
             actix::spawn(async move {
                 let device = (!device.is_empty()).then_some(device);
-                let closed = registry.send(Kick { user, device }).await.unwrap_or(0);
+                let closed = events.kick(user, device).await;
                 let _ = client.publish(reply, encode_kick_answer(&me, closed).into()).await;
             });
         }
@@ -116,7 +141,7 @@ pub async fn listen(
             let connected = maintenance.connected();
             if connected && !was_connected {
                 tracing::info!("NATS is back: rooms re-read their streams, queued directory writes replay");
-                rooms.resync_all();
+                events.reconnected();
             }
             if connected {
                 if let Err(error) = sessions.replay_queue().await {
@@ -134,15 +159,15 @@ fn publish_subject(node: &str) -> String {
     format!("lg.node.{}.publish", super::room_token(node))
 }
 
-fn decode_forward(message: &async_nats::Message) -> Option<(String, String, String, Option<Vec<String>>)> {
+fn decode_forward(message: &async_nats::Message) -> Option<ForwardedPublish> {
     let headers = message.headers.as_ref()?;
     let text = |name: &str| headers.get(name).map(|v| v.as_str().to_string());
     let devices = text("Lg-Devices").map(|d| d.split(',').map(str::to_string).collect());
     let data = String::from_utf8(message.payload.to_vec()).ok()?;
-    Some((text("Lg-Room")?, text("Lg-Id")?, data, devices))
+    Some(ForwardedPublish { room: text("Lg-Room")?, id: text("Lg-Id")?, data, devices })
 }
 
-fn encode_answer(answer: &Result<Published, RoomError>) -> async_nats::HeaderMap {
+fn encode_answer(answer: &Result<Appended, String>) -> async_nats::HeaderMap {
     let mut headers = async_nats::HeaderMap::new();
     match answer {
         Ok(published) => {
@@ -150,7 +175,7 @@ fn encode_answer(answer: &Result<Published, RoomError>) -> async_nats::HeaderMap
             headers.insert("Lg-Epoch", &*published.epoch);
             headers.insert("Lg-Duplicate", if published.duplicate { "1" } else { "0" });
         }
-        Err(error) => headers.insert("Lg-Error", error.to_string().replace(['\r', '\n'], " ").as_str()),
+        Err(error) => headers.insert("Lg-Error", error.replace(['\r', '\n'], " ").as_str()),
     }
     headers
 }
@@ -161,9 +186,9 @@ pub enum ForwardError {
     /// The writer could not be reached (gone, or NATS is away): publish here instead.
     #[error("room writer unreachable: {0}")]
     Unreachable(String),
-    /// The writer tried and failed.
-    #[error(transparent)]
-    Failed(#[from] RoomError),
+    /// The writer tried and failed; its reason.
+    #[error("room writer refused: {0}")]
+    Failed(String),
 }
 
 /// Have `writer` publish the event, as the one node that appends to `room`.
@@ -174,7 +199,7 @@ pub async fn forward_publish(
     id: &str,
     data: &str,
     devices: Option<&[String]>,
-) -> Result<Published, ForwardError> {
+) -> Result<Appended, ForwardError> {
     let mut headers = async_nats::HeaderMap::new();
     headers.insert("Lg-Room", room);
     headers.insert("Lg-Id", id);
@@ -190,11 +215,11 @@ pub async fn forward_publish(
     let headers = answer.headers.ok_or_else(|| ForwardError::Unreachable("answer without headers".into()))?;
     let text = |name: &str| headers.get(name).map(|v| v.as_str().to_string());
     if let Some(error) = text("Lg-Error") {
-        return Err(RoomError::Unavailable(error).into());
+        return Err(ForwardError::Failed(error));
     }
     let seq = text("Lg-Seq").and_then(|s| s.parse().ok()).ok_or_else(|| ForwardError::Unreachable("answer without seq".into()))?;
     let epoch = text("Lg-Epoch").ok_or_else(|| ForwardError::Unreachable("answer without epoch".into()))?;
-    Ok(Published { seq, epoch: epoch.into(), duplicate: text("Lg-Duplicate").as_deref() == Some("1") })
+    Ok(Appended { seq, epoch, duplicate: text("Lg-Duplicate").as_deref() == Some("1") })
 }
 
 /// `node\nuser\ndevice\nextra`: user and device names hold no newline.
@@ -220,13 +245,12 @@ pub async fn announce_replace(cluster: &Cluster, user: &str, device: &str, at_ms
 /// closed. Waits for an answer from every peer alive, asking the liveness table again
 /// while it waits, so a node that died just before or during the kick is waited for
 /// only until its heartbeats time out (or the deadline).
-pub async fn kick_remote(
+pub async fn kick_remote<Alive: std::future::Future<Output = Vec<String>>>(
     cluster: &Cluster,
-    liveness: &Addr<LivenessActor>,
+    alive: impl Fn() -> Alive,
     user: &str,
     device: Option<&str>,
 ) -> Result<usize, ClusterError> {
-    let alive = || async { liveness.send(AlivePeers).await.unwrap_or_default() };
     let mut waiting_for: HashSet<String> = alive().await.into_iter().collect();
     if waiting_for.is_empty() {
         return Ok(0);

@@ -353,7 +353,8 @@ async fn kick(
     let here = state.registry.send(Kick { user: user.clone(), device: device.clone() });
     let elsewhere = async {
         let Some(cluster) = &state.cluster else { return Ok(0) };
-        crate::cluster::bus::kick_remote(cluster, &state.liveness, &user, device.as_deref()).await.map_err(internal)
+        let alive = || async { state.liveness.send(crate::actors::liveness::AlivePeers).await.unwrap_or_default() };
+        crate::cluster::bus::kick_remote(cluster, alive, &user, device.as_deref()).await.map_err(internal)
     };
     let (here, elsewhere) = futures_util::future::join(here, elsewhere).await;
     let closed = here.map_err(internal)? + elsewhere?;
