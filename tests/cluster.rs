@@ -1536,3 +1536,21 @@ fn session_records_leave_the_kv_bucket_after_the_ttl_unless_their_node_keeps_the
     });
     fail_with_logs(&cluster, "session expiry in cluster mode", &failures, &LOG_NEEDLES);
 }
+
+#[test]
+fn the_session_bucket_takes_the_age_limit_of_the_last_node_to_open_it() {
+    let _serial = serial();
+    let nats = NatsServer::start();
+    let rt = runtime();
+    rt.block_on(async {
+        let day = Duration::from_secs(86_400);
+        let mut max_ages = Vec::new();
+        for session_ttl in [Duration::from_secs(5), Duration::from_secs(30)] {
+            let limits = StreamLimits { history_size: 1000, nonce_ttl: day, session_ttl };
+            let node = livegate::cluster::Cluster::connect_with(&nats.url(), "a", limits).await.unwrap_or_else(|e| panic!("connect: {e:?}"));
+            let mut bucket = node.js.get_stream("KV_lg_sessions").await.expect("the session bucket exists");
+            max_ages.push(bucket.info().await.expect("bucket info").config.max_age);
+        }
+        assert_eq!(max_ages, [Duration::from_secs(10), Duration::from_secs(60)], "twice session_ttl_secs, updated on open");
+    });
+}

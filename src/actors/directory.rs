@@ -26,7 +26,7 @@ use crate::cluster::ClusterError;
 use crate::core::sessions::{check_migration_budget, plan_session, BudgetError, SessionPlan, SessionView};
 use crate::metrics::Metrics;
 use crate::store::{SessionRecord, Store, StoreError};
-use crate::world::{now_ms, random_hex};
+use crate::world::{now_ms, random_hex, random_u64};
 
 /// Open a session for a handshake of `user`, which asked for `asked`.
 #[derive(Message)]
@@ -245,7 +245,7 @@ impl Directory {
             session_ttl_ms: settings.session_ttl.as_millis() as u64,
             warmup: settings.warmup,
             warmup_until: None,
-            incarnation: u64::from_str_radix(&random_hex(8), 16).unwrap_or(1).max(1),
+            incarnation: random_u64().max(1),
             live: HashMap::new(),
             recent: LruCache::new(NonZeroUsize::new(settings.session_cache_max).unwrap_or(NonZeroUsize::MIN)),
             metrics,

@@ -191,7 +191,7 @@ impl Cluster {
 /// denied, direct get allowed.
 async fn ensure_bucket(js: &jetstream::Context, bucket: &str, ttl: Duration) -> Result<(), ClusterError> {
     let duplicate_window = Duration::from_secs(120).min(if ttl.is_zero() { Duration::from_secs(120) } else { ttl });
-    let mut existing = js
+    let existing = js
         .get_or_create_stream(stream::Config {
             name: format!("KV_{bucket}"),
             subjects: vec![format!("$KV.{bucket}.>")],
@@ -208,7 +208,7 @@ async fn ensure_bucket(js: &jetstream::Context, bucket: &str, ttl: Duration) -> 
         .await
         .map_err(ClusterError::nats)?;
     // A bucket made by a run with another TTL takes this one's.
-    let config = existing.info().await.map_err(ClusterError::nats)?.config.clone();
+    let config = existing.cached_info().config.clone();
     if config.max_age != ttl {
         js.update_stream(stream::Config { max_age: ttl, duplicate_window, ..config }).await.map_err(ClusterError::nats)?;
         tracing::info!(bucket, max_age_secs = ttl.as_secs(), "KV bucket age limit changed");
