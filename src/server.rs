@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use thiserror::Error;
 
 use crate::actors::connection::ConnectionSettings;
-use crate::actors::directory::{Directory, DirectorySettings, ExpireSessions, Sessions};
+use crate::actors::directory::{Directory, DirectorySettings, ExpireSessions, SessionStore};
 use crate::actors::liveness::{ClusterPeers, Heard, Left, LivenessActor};
 use crate::actors::messages::Kick;
 use crate::actors::publish::Publisher;
@@ -38,6 +38,7 @@ use crate::core::heartbeats::NodeInfo;
 use crate::core::lifecycle::Lifecycle;
 use crate::core::seqlog::Retention;
 use crate::http::limits::{AccessList, ConnectionLimits};
+use crate::http::seams::{ClusterNodes, ClusterNonces, Nonces, NoOtherNodes, OtherNodes};
 use crate::http::{self, AppState, ReloadConfig};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
@@ -137,13 +138,17 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     };
     let device_kinds = config.exclusive_devices.iter().cloned().chain(["web".to_string()]);
     let metrics = Arc::new(Metrics::new(device_kinds));
-    let (room_store, sessions) = match &cluster {
+    let (room_store, kv) = match &cluster {
         Some(cluster) => {
             let outage_limit = Duration::from_secs(config.directory_outage_secs);
             let kv = KvSessions::open_with(cluster, Some(store.clone()), outage_limit).await?;
-            (RoomStore::Cluster(cluster.clone()), Sessions::Cluster(kv))
+            (RoomStore::Cluster(cluster.clone()), Some(kv))
         }
-        None => (RoomStore::Local(store.clone()), Sessions::Local(store.clone())),
+        None => (RoomStore::Local(store.clone()), None),
+    };
+    let sessions: Arc<dyn SessionStore> = match &kv {
+        Some(kv) => Arc::new(kv.clone()),
+        None => Arc::new(store.clone()),
     };
     let rooms = Rooms::start(room_store, room_settings(&config, metrics.clone()), threads());
     let user_bus = cluster.clone().map(|cluster| Arc::new(ClusterUserBus(cluster)) as Arc<dyn UserBus>);
@@ -176,7 +181,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         )
         .start(),
     };
-    if let (Some(cluster), Sessions::Cluster(kv)) = (&cluster, &sessions) {
+    if let (Some(cluster), Some(kv)) = (&cluster, &kv) {
         let events = NodeActors { rooms: rooms.clone(), registry: registry.clone(), liveness: liveness.clone() };
         crate::cluster::bus::listen(cluster, events, kv.clone()).await?;
     }
@@ -203,9 +208,14 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         spread: Duration::from_secs(config.drain_spread_secs),
         grace: Duration::from_secs(config.drain_grace_secs),
     };
-    let publisher = match &cluster {
-        Some(cluster) => Publisher::clustered(rooms.clone(), cluster.clone(), liveness.clone()),
-        None => Publisher::local(rooms.clone()),
+    // Each seam's implementation, chosen once: the embedded store alone, or NATS.
+    let (publisher, nonces, other_nodes): (_, Arc<dyn Nonces>, Arc<dyn OtherNodes>) = match &cluster {
+        Some(cluster) => (
+            Publisher::clustered(rooms.clone(), cluster.clone(), liveness.clone()),
+            Arc::new(ClusterNonces { cluster: cluster.clone(), store: store.clone() }),
+            Arc::new(ClusterNodes { cluster: cluster.clone(), liveness: liveness.clone() }),
+        ),
+        None => (Publisher::local(rooms.clone()), Arc::new(store.clone()), Arc::new(NoOtherNodes)),
     };
     let state = web::Data::new(AppState {
         config: Arc::new(config),
@@ -217,7 +227,8 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         registry: registry.clone(),
         directory: directory.clone(),
         sessions,
-        cluster: cluster.clone(),
+        nonces,
+        other_nodes,
         liveness,
         publisher: publisher.clone(),
         metrics: metrics.clone(),

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use crate::actors::wsio::{Accepted, WsIo};
 use crate::actors::connection::{Connection, ConnectionSettings, Identity, HISTORY_DEFAULT_LIMIT};
 use crate::core::lifecycle::{Lifecycle, Phase};
-use crate::actors::directory::{Directory, DirectoryError, OpenSession, Sessions};
+use crate::actors::directory::{Directory, DirectoryError, OpenSession, SessionStore};
 use crate::actors::liveness::{LivenessActor, Route};
 use crate::actors::publish::Publisher;
 use crate::actors::messages::Kick;
@@ -27,6 +27,7 @@ use crate::protocol::{self, ErrorCode, PublishReply, TokenReply};
 use crate::store::Store;
 
 pub mod limits;
+pub mod seams;
 pub mod upgrade;
 use limits::{AccessList, ConnectionLimits, SharedAccess};
 
@@ -52,9 +53,11 @@ pub struct AppState {
     pub registry: Addr<Registry>,
     pub directory: Addr<Directory>,
     /// Session records (sled, or the KV bucket in cluster mode), for routing questions.
-    pub sessions: Sessions,
-    /// Cluster mode: the NATS connection (nonces, kicks on other nodes).
-    pub cluster: Option<crate::cluster::Cluster>,
+    pub sessions: Arc<dyn SessionStore>,
+    /// Where token nonces are marked used (the store, or NATS in cluster mode).
+    pub nonces: Arc<dyn seams::Nonces>,
+    /// Kicks reach other nodes' connections through it (cluster mode).
+    pub other_nodes: Arc<dyn seams::OtherNodes>,
     pub liveness: Addr<LivenessActor>,
     /// Every publish goes through it (forwarded to the room's writer in cluster mode).
     pub publisher: Publisher,
@@ -351,13 +354,9 @@ async fn kick(
     check_user(&user)?;
     let device = query.into_inner().device;
     let here = state.registry.send(Kick { user: user.clone(), device: device.clone() });
-    let elsewhere = async {
-        let Some(cluster) = &state.cluster else { return Ok(0) };
-        let alive = || async { state.liveness.send(crate::actors::liveness::AlivePeers).await.unwrap_or_default() };
-        crate::cluster::bus::kick_remote(cluster, alive, &user, device.as_deref()).await.map_err(internal)
-    };
+    let elsewhere = state.other_nodes.kick(&user, device.as_deref());
     let (here, elsewhere) = futures_util::future::join(here, elsewhere).await;
-    let closed = here.map_err(internal)? + elsewhere?;
+    let closed = here.map_err(internal)? + elsewhere.map_err(internal)?;
     Ok(json(StatusCode::OK, protocol::to_json(&protocol::KickReply { closed })))
 }
 
@@ -432,17 +431,7 @@ async fn upgrade_checked(
         };
         ApiError::unauthorized(code, e.to_string())
     })?;
-    let fresh = match &state.cluster {
-        Some(cluster) => match cluster.use_nonce(&claims.nonce).await {
-            Ok(fresh) => fresh,
-            Err(error) => {
-                // NATS unreachable: the token stays single-use on this node at least.
-                tracing::warn!(%error, "token nonce checked on this node only");
-                state.store.use_nonce(&claims.nonce, claims.expires_at_ms).map_err(internal)?
-            }
-        },
-        None => state.store.use_nonce(&claims.nonce, claims.expires_at_ms).map_err(internal)?,
-    };
+    let fresh = state.nonces.use_nonce(&claims.nonce, claims.expires_at_ms).await.map_err(internal)?;
     if !fresh {
         return Err(ApiError::unauthorized(ErrorCode::TokenReplayed, "token was already used"));
     }
@@ -456,7 +445,7 @@ async fn upgrade_checked(
             return Err(error);
         }
         Err(DirectoryError::Unavailable(why)) => {
-            return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::DirectoryUnavailable, why));
+            return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::DirectoryUnavailable, why.to_string()));
         }
         Err(e) => return Err(internal(e)),
     };
