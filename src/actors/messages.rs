@@ -177,10 +177,13 @@ pub enum PublishFailed {
 #[rtype(result = "()")]
 pub struct LiveEvent(pub crate::cluster::roomlog::StreamEvent);
 
-/// Cluster mode: the live feed may have missed events (NATS reconnected): read the stream.
+/// Cluster mode: the live feed may have missed events (NATS reconnected): read the
+/// stream, `after` this long (rooms resync spread out, not all at once).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Resync;
+pub struct Resync {
+    pub after: std::time::Duration,
+}
 
 // ---- supervisor → room ----
 

@@ -589,8 +589,8 @@ impl Handler<LiveEvent> for RoomActor {
 impl Handler<Resync> for RoomActor {
     type Result = ();
 
-    fn handle(&mut self, _msg: Resync, ctx: &mut Self::Context) {
-        self.catch_up(ctx);
+    fn handle(&mut self, msg: Resync, ctx: &mut Self::Context) {
+        ctx.run_later(msg.after, |room, ctx| room.catch_up(ctx));
     }
 }
 

@@ -23,6 +23,10 @@ use super::room::{RoomActor, RoomHome, RoomSettings, RoomStore};
 
 /// How often a request is retried against a freshly started room actor.
 const ATTEMPTS: usize = 3;
+/// A resync after a NATS reconnect spreads the rooms' stream reads over this much per
+/// live room, and at most [`RESYNC_SPREAD_MAX`].
+const RESYNC_SPREAD_PER_ROOM: std::time::Duration = std::time::Duration::from_millis(2);
+const RESYNC_SPREAD_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum RoomError {
@@ -263,10 +267,15 @@ impl Rooms {
         addr.do_send(LiveEvent(event));
     }
 
-    /// Cluster mode: have every live room read what the live feed may have missed.
+    /// Cluster mode: have every live room read what the live feed may have missed, at
+    /// random moments over [`RESYNC_SPREAD_PER_ROOM`] × rooms (at most
+    /// [`RESYNC_SPREAD_MAX`]), so a reconnect does not send every read to NATS at once.
     pub fn resync_all(&self) {
-        for addr in self.inner.tables.lock().live.values() {
-            addr.do_send(Resync);
+        let tables = self.inner.tables.lock();
+        let spread = (RESYNC_SPREAD_PER_ROOM * tables.live.len() as u32).min(RESYNC_SPREAD_MAX);
+        for addr in tables.live.values() {
+            let after = spread.mul_f64(crate::world::random_u64() as f64 / u64::MAX as f64);
+            addr.do_send(Resync { after });
         }
     }
 

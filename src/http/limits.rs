@@ -13,7 +13,9 @@ use crate::config::{Config, ConfigError};
 use crate::core::limits::{burst_for, TokenBucket};
 use crate::core::proxies::{self, Cidr};
 
-/// Per-IP entries kept before idle ones are swept out.
+/// Per-IP entries kept before idle ones are swept out; after a sweep, the next one waits
+/// until the table has doubled, so sweeps cost O(1) per handshake amortised even when
+/// most entries hold connections.
 const SWEEP_ABOVE: usize = 10_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -43,10 +45,18 @@ struct IpEntry {
     handshakes: TokenBucket,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Counts {
     total: usize,
     per_ip: HashMap<IpAddr, IpEntry>,
+    /// The table size that starts the next sweep of idle entries.
+    sweep_above: usize,
+}
+
+impl Default for Counts {
+    fn default() -> Self {
+        Counts { total: 0, per_ip: HashMap::new(), sweep_above: SWEEP_ABOVE }
+    }
 }
 
 /// Connection and handshake limits, shared by every worker.
@@ -95,8 +105,9 @@ impl ConnectionLimits {
     pub fn admit(self: &Arc<Self>, ip: IpAddr, now_ms: u64) -> Result<ConnectionPermit, LimitRefusal> {
         let (rate, burst) = (self.handshakes_per_sec, burst_for(self.handshakes_per_sec));
         let mut counts = self.counts.lock();
-        if counts.per_ip.len() > SWEEP_ABOVE {
+        if counts.per_ip.len() > counts.sweep_above {
             counts.per_ip.retain(|_, e| e.connections > 0 || !e.handshakes.is_full(rate, burst, now_ms));
+            counts.sweep_above = SWEEP_ABOVE.max(2 * counts.per_ip.len());
         }
         let total = counts.total;
         let entry = counts
@@ -244,6 +255,27 @@ mod tests {
         assert_eq!(limits.admit(a, 0).unwrap_err(), LimitRefusal::HandshakeRate { rate: 2, retry_after_ms: 500 });
         drop(limits.admit(b, 0).expect("another address has its own budget"));
         drop(limits.admit(a, 500).expect("refilled"));
+    }
+
+    #[test]
+    fn idle_addresses_are_swept_and_connected_ones_kept() {
+        let limits = limits(0, 0, 10);
+        let ip = |i: u32| IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i));
+        // Addresses holding a connection are never swept: the table grows past the
+        // threshold and the next sweep waits until it has doubled.
+        let held: Vec<ConnectionPermit> = (0..SWEEP_ABOVE as u32 + 10).map(|i| limits.admit(ip(i), 0).unwrap()).collect();
+        assert_eq!(limits.counts.lock().per_ip.len(), SWEEP_ABOVE + 10);
+        assert_eq!(limits.counts.lock().sweep_above, 2 * (SWEEP_ABOVE + 1), "swept once, at the first entry past the threshold");
+        drop(held);
+        // Closed and with a full handshake bucket again (a second later), they are idle:
+        // the sweep that comes once the table has doubled drops them all.
+        let base = SWEEP_ABOVE as u32 + 10;
+        for i in 0..(SWEEP_ABOVE as u32 + 10) {
+            drop(limits.admit(ip(base + i), 1_000).unwrap());
+        }
+        let size = limits.counts.lock().per_ip.len();
+        assert!(size <= SWEEP_ABOVE + 10, "idle entries swept: {size} left");
+        assert_eq!(limits.open(), 0);
     }
 
     #[test]
