@@ -79,6 +79,9 @@ fn batch_histogram() -> Histogram {
 /// Every metric livegate keeps; one instance per server, shared by reference.
 pub struct Metrics {
     device_kinds: HashSet<String>,
+    /// Every metric registered under its name, built at the first scrape (the metrics
+    /// are shared handles, so one registry serves every scrape after it).
+    registry: std::sync::OnceLock<Registry>,
     pub connections_open: Family<DeviceLabel, Gauge>,
     pub connects: Counter,
     pub disconnects: Family<CodeLabel, Counter>,
@@ -131,6 +134,7 @@ impl Metrics {
     pub fn new(device_kinds: impl IntoIterator<Item = String>) -> Self {
         Metrics {
             device_kinds: device_kinds.into_iter().collect(),
+            registry: std::sync::OnceLock::new(),
             connections_open: Family::default(),
             connects: Counter::default(),
             disconnects: Family::default(),
@@ -235,6 +239,13 @@ impl Metrics {
 
     /// The text exposition of every metric.
     pub fn encode(&self) -> String {
+        let registry = self.registry.get_or_init(|| self.register_all());
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, registry).expect("writing to a String cannot fail");
+        out
+    }
+
+    fn register_all(&self) -> Registry {
         let mut r = Registry::with_prefix("livegate");
         r.register("connections_open", "WebSocket connections open, by device kind", self.connections_open.clone());
         r.register("connects", "WebSocket connections accepted", self.connects.clone());
@@ -294,9 +305,7 @@ impl Metrics {
             self.store_flush_latency.clone(),
         );
         r.register_with_unit("store_size", "Store size on disk", Unit::Bytes, self.store_bytes.clone());
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &r).expect("writing to a String cannot fail");
-        out
+        r
     }
 }
 
@@ -317,5 +326,11 @@ mod tests {
         let text = metrics.encode();
         assert!(text.contains("livegate_outbox_high_water_bytes 10"), "{text}");
         assert!(text.ends_with("# EOF\n"));
+        // The registry built at the first scrape shows later changes.
+        metrics.outbox_seen(12);
+        metrics.connects.inc();
+        let text = metrics.encode();
+        assert!(text.contains("livegate_outbox_high_water_bytes 12"), "{text}");
+        assert!(text.contains("livegate_connects_total 1"), "{text}");
     }
 }
