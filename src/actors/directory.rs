@@ -116,7 +116,7 @@ impl From<StoreError> for DirectoryError {
 impl From<ClusterError> for DirectoryError {
     fn from(e: ClusterError) -> Self {
         match e {
-            ClusterError::Unavailable(why) => DirectoryError::Unavailable(why),
+            ClusterError::Unavailable(why) => DirectoryError::Unavailable(why.to_string()),
             other => DirectoryError::Store(other.to_string()),
         }
     }

@@ -63,12 +63,12 @@ const KICK_LIVENESS_RECHECK: Duration = Duration::from_millis(250);
 /// after `listen` returns is missed.
 pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSessions) -> Result<(), ClusterError> {
     let client = &cluster.client;
-    let mut live = client.subscribe(LIVE_SUBJECTS).await.map_err(ClusterError::nats)?;
-    let mut beats = client.subscribe(HEARTBEAT_SUBJECT).await.map_err(ClusterError::nats)?;
-    let mut leaves = client.subscribe(LEAVE_SUBJECT).await.map_err(ClusterError::nats)?;
-    let mut replaces = client.subscribe(REPLACE_SUBJECT).await.map_err(ClusterError::nats)?;
-    let mut kicks = client.subscribe(KICK_SUBJECT).await.map_err(ClusterError::nats)?;
-    let mut forwarded = client.subscribe(publish_subject(&cluster.node)).await.map_err(ClusterError::nats)?;
+    let mut live = client.subscribe(LIVE_SUBJECTS).await?;
+    let mut beats = client.subscribe(HEARTBEAT_SUBJECT).await?;
+    let mut leaves = client.subscribe(LEAVE_SUBJECT).await?;
+    let mut replaces = client.subscribe(REPLACE_SUBJECT).await?;
+    let mut kicks = client.subscribe(KICK_SUBJECT).await?;
+    let mut forwarded = client.subscribe(publish_subject(&cluster.node)).await?;
     let (publish_events, publish_client) = (events.clone(), client.clone());
     actix::spawn(async move {
         while let Some(message) = forwarded.next().await {
@@ -256,9 +256,9 @@ pub async fn kick_remote<Alive: std::future::Future<Output = Vec<String>>>(
         return Ok(0);
     }
     let inbox = cluster.client.new_inbox();
-    let mut answers = cluster.client.subscribe(inbox.clone()).await.map_err(ClusterError::nats)?;
+    let mut answers = cluster.client.subscribe(inbox.clone()).await?;
     let body = encode_user_command(&cluster.node, user, device.unwrap_or(""), "");
-    cluster.client.publish_with_reply(KICK_SUBJECT, inbox, body.into()).await.map_err(ClusterError::nats)?;
+    cluster.client.publish_with_reply(KICK_SUBJECT, inbox, body.into()).await?;
     let mut closed = 0;
     let deadline = actix_web::rt::time::sleep(KICK_ANSWER_WAIT);
     tokio::pin!(deadline);
