@@ -449,13 +449,13 @@ impl NodeEvents for NodeActors {
         Box::pin(async move { registry.send(Kick { user, device }).await.unwrap_or(0) })
     }
 
-    fn publish(&self, publish: ForwardedPublish) -> LocalBoxFuture<'static, Result<Appended, String>> {
+    fn publish(&self, publish: ForwardedPublish) -> LocalBoxFuture<'static, Result<Appended, Box<dyn std::error::Error>>> {
         let rooms = self.rooms.clone();
         Box::pin(async move {
             let ForwardedPublish { room, id, data, devices } = publish;
             match rooms.publish(&room, id.into(), data.into(), devices).await {
                 Ok(published) => Ok(Appended { seq: published.seq, epoch: published.epoch.to_string(), duplicate: published.duplicate }),
-                Err(error) => Err(error.to_string()),
+                Err(error) => Err(error.into()),
             }
         })
     }
