@@ -286,7 +286,7 @@ impl Cluster {
         if !self.connected() {
             return Err(ClusterError::Unavailable(Unreachable::NotConnected));
         }
-        let key: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
+        let key = hex::encode(nonce);
         match self.nonces.create(&key, vec![1u8].into()).await {
             Ok(_) => Ok(true),
             Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(false),
@@ -337,16 +337,12 @@ async fn ensure_bucket(js: &jetstream::Context, bucket: &str, ttl: Duration) -> 
 
 /// A room name as one subject token (and KV key part): lowercase hex of its bytes.
 pub fn room_token(room: &str) -> String {
-    room.bytes().map(|b| format!("{b:02x}")).collect()
+    hex::encode(room)
 }
 
 /// The room a subject token names, if it is one [`room_token`] made.
 pub fn room_from_token(token: &str) -> Option<String> {
-    if token.len() % 2 != 0 {
-        return None;
-    }
-    let bytes: Option<Vec<u8>> = (0..token.len()).step_by(2).map(|i| u8::from_str_radix(token.get(i..i + 2)?, 16).ok()).collect();
-    String::from_utf8(bytes?).ok()
+    String::from_utf8(hex::decode(token).ok()?).ok()
 }
 
 /// Heartbeat body: `name\ncell\nurl\ndraining` (names and URLs hold no newline).
@@ -375,7 +371,7 @@ mod tests {
             assert!(token.bytes().all(|b| b.is_ascii_hexdigit()), "{token}");
             assert_eq!(room_from_token(&token).as_deref(), Some(room));
         }
-        for junk in ["6", "zz", "ff", "6g"] {
+        for junk in ["6", "zz", "ff", "6g", "+6"] {
             assert_eq!(room_from_token(junk), None, "{junk}");
         }
     }
