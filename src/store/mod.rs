@@ -514,7 +514,9 @@ fn open_with_lock_wait(path: &Path, cache_bytes: u64) -> Result<sled::Db, StoreE
     }
 }
 
-/// sled reports a held lock as a custom error wrapping `WouldBlock`.
+/// A held database lock. sled 0.34 formats the lock's own error into an `ErrorKind::Other`
+/// I/O error ("could not acquire lock on ..."), losing its kind, so its message is the one
+/// signal; `WouldBlock` covers a sled that keeps the kind.
 fn is_lock_error(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("could not acquire lock")
 }
