@@ -157,6 +157,29 @@ impl ErrorCode {
             ErrorCode::DirectoryUnavailable => "directory_unavailable",
         }
     }
+
+    /// The HTTP status an error answer with this code has (codes only sent in `error`
+    /// frames have one too, so the table is total). One exception is made by the handler:
+    /// `too_many_connections` for one address is 429 (see `http::admit`).
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::BadRequest | ErrorCode::UnknownOp | ErrorCode::BadRoom => 400,
+            ErrorCode::Unauthorized
+            | ErrorCode::MissingToken
+            | ErrorCode::InvalidToken
+            | ErrorCode::TokenExpired
+            | ErrorCode::TokenReplayed => 401,
+            ErrorCode::Forbidden | ErrorCode::ForbiddenOrigin => 403,
+            ErrorCode::NotFound => 404,
+            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::TooManySubscriptions | ErrorCode::MigrationBudget | ErrorCode::RateLimited => 429,
+            ErrorCode::Internal => 500,
+            ErrorCode::Unavailable
+            | ErrorCode::NoAliveNode
+            | ErrorCode::TooManyConnections
+            | ErrorCode::DirectoryUnavailable => 503,
+        }
+    }
 }
 
 /// A request from a client, after parsing. `reference` is the client's `ref`, echoed back.
@@ -548,6 +571,33 @@ mod tests {
         check(r#"{"op":"subscribe","room":"r","since":-1}"#, Err((None, ErrorCode::BadRequest)));
         check(r#"{"op":"subscribe","room":"r","extra":1}"#, Err((None, ErrorCode::BadRequest)));
         check(r#"{"op":"ping","ref":"x"}"#, Err((None, ErrorCode::BadRequest)));
+    }
+
+    /// The statuses the HTTP API promises for its codes (README, HTTP API; DESIGN.md §2–3).
+    #[test]
+    fn error_codes_carry_the_documented_status() {
+        let documented = [
+            (ErrorCode::BadRequest, 400),
+            (ErrorCode::BadRoom, 400),
+            (ErrorCode::Unauthorized, 401),
+            (ErrorCode::MissingToken, 401),
+            (ErrorCode::InvalidToken, 401),
+            (ErrorCode::TokenExpired, 401),
+            (ErrorCode::TokenReplayed, 401),
+            (ErrorCode::ForbiddenOrigin, 403),
+            (ErrorCode::NotFound, 404),
+            (ErrorCode::PayloadTooLarge, 413),
+            (ErrorCode::MigrationBudget, 429),
+            (ErrorCode::RateLimited, 429),
+            (ErrorCode::Internal, 500),
+            (ErrorCode::Unavailable, 503),
+            (ErrorCode::NoAliveNode, 503),
+            (ErrorCode::TooManyConnections, 503),
+            (ErrorCode::DirectoryUnavailable, 503),
+        ];
+        for (code, status) in documented {
+            assert_eq!(code.http_status(), status, "{}", code.as_str());
+        }
     }
 
     #[test]

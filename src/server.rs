@@ -359,28 +359,13 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
 
 /// The process's soft limit on open files.
 fn open_files_limit() -> u64 {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes into the struct it is given.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return 1024;
-    }
-    limit.rlim_cur
+    rlimit::Resource::NOFILE.get_soft().unwrap_or(1024)
 }
 
 /// Raise the soft open-file limit to the hard one, as a server holding many sockets
 /// should; returns the limit now in force.
 pub fn raise_open_files_limit() -> u64 {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit and setrlimit read and write only the struct they are given.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
-            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                limit = raised;
-            }
-        }
-    }
-    limit.rlim_cur
+    rlimit::increase_nofile_limit(u64::MAX).unwrap_or_else(|_| open_files_limit())
 }
 
 /// The TLS server configuration when `tls_cert` and `tls_key` are set, read from their
@@ -460,13 +445,13 @@ impl NodeEvents for NodeActors {
         Box::pin(async move { registry.send(Kick { user, device }).await.unwrap_or(0) })
     }
 
-    fn publish(&self, publish: ForwardedPublish) -> LocalBoxFuture<'static, Result<Appended, String>> {
+    fn publish(&self, publish: ForwardedPublish) -> LocalBoxFuture<'static, Result<Appended, Box<dyn std::error::Error>>> {
         let rooms = self.rooms.clone();
         Box::pin(async move {
             let ForwardedPublish { room, id, data, devices } = publish;
             match rooms.publish(&room, id.into(), data.into(), devices).await {
                 Ok(published) => Ok(Appended { seq: published.seq, epoch: published.epoch.to_string(), duplicate: published.duplicate }),
-                Err(error) => Err(error.to_string()),
+                Err(error) => Err(error.into()),
             }
         })
     }

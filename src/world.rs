@@ -19,7 +19,7 @@ pub fn random_bytes<const N: usize>() -> [u8; N] {
 pub fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
     getrandom::getrandom(&mut buf).expect("the OS provides randomness");
-    buf.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(buf)
 }
 
 pub fn random_u64() -> u64 {

@@ -6,6 +6,9 @@ use std::sync::Arc;
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
+use crate::cluster::ClusterError;
+use crate::store::StoreError;
+
 /// Process-unique id of one WebSocket connection.
 pub type ConnId = u64;
 
@@ -164,10 +167,53 @@ pub struct Published {
     pub duplicate: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+/// Why a room did not take a publish. `Clone`: a failed flush or stream read answers
+/// every publisher waiting on it with the same error.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum PublishFailed {
     #[error("the store could not take the event: {0}")]
-    Store(String),
+    Store(#[from] RoomLogError),
+    /// Cluster mode: other nodes kept appending first; the publisher may retry.
+    #[error("the store could not take the event: the room is contended; retry")]
+    Contended,
+}
+
+impl From<StoreError> for PublishFailed {
+    fn from(e: StoreError) -> Self {
+        PublishFailed::Store(e.into())
+    }
+}
+
+impl From<ClusterError> for PublishFailed {
+    fn from(e: ClusterError) -> Self {
+        PublishFailed::Store(e.into())
+    }
+}
+
+/// Why a room's log could not be read or written: sled on a single node, the room's
+/// stream in cluster mode. The cause is shared (`Arc`) so that one failure can answer
+/// many requests.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RoomLogError {
+    #[error(transparent)]
+    Store(Arc<StoreError>),
+    #[error(transparent)]
+    Cluster(Arc<ClusterError>),
+    /// Cluster mode: the room's stream has not been read yet.
+    #[error("room is not loaded")]
+    NotLoaded,
+}
+
+impl From<StoreError> for RoomLogError {
+    fn from(e: StoreError) -> Self {
+        RoomLogError::Store(Arc::new(e))
+    }
+}
+
+impl From<ClusterError> for RoomLogError {
+    fn from(e: ClusterError) -> Self {
+        RoomLogError::Cluster(Arc::new(e))
+    }
 }
 
 // ---- cluster live feed → room ----

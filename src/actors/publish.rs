@@ -46,9 +46,9 @@ impl Publisher {
                     Ok(appended) => {
                         return Ok(Published { seq: appended.seq, epoch: appended.epoch.into(), duplicate: appended.duplicate })
                     }
-                    Err(ForwardError::Failed(why)) => return Err(RoomError::Unavailable(why)),
-                    Err(ForwardError::Unreachable(why)) => {
-                        tracing::debug!(room, writer, why, "room writer unreachable; appending here");
+                    Err(ForwardError::Refused(refusal)) => return Err(RoomError::Writer(refusal)),
+                    Err(error @ (ForwardError::Unreachable(_) | ForwardError::Malformed(_))) => {
+                        tracing::debug!(room, writer, %error, "appending here");
                     }
                 }
             }

@@ -58,8 +58,8 @@ enum RoomState {
     /// Never created: no epoch yet. Reads answer empty; a write creates it.
     Absent,
     Live(SeqLog<Arc<Delivery>>),
-    /// The stored state could not be read; every request gets an error.
-    Failed(String),
+    /// The stored state could not be read; every request gets this error.
+    Failed(RoomLogError),
 }
 
 struct Subscriber {
@@ -192,7 +192,7 @@ impl RoomActor {
             }
             Err(error) => {
                 tracing::error!(room = %name, %error, "room state unreadable");
-                RoomState::Failed(error.to_string())
+                RoomState::Failed(error.into())
             }
         }
     }
@@ -215,17 +215,17 @@ impl RoomActor {
     }
 
     /// The room's log, creating the room (a new epoch, head 0) on first write.
-    fn live_log(&mut self) -> Result<&mut SeqLog<Arc<Delivery>>, String> {
+    fn live_log(&mut self) -> Result<&mut SeqLog<Arc<Delivery>>, RoomLogError> {
         if let (RoomState::Absent, RoomStore::Local(store)) = (&self.state, &self.store) {
             let epoch = random_hex(8);
-            store.create_room(&self.name, &epoch).map_err(|e| e.to_string())?;
+            store.create_room(&self.name, &epoch)?;
             tracing::debug!(room = %self.name, %epoch, "room created");
             self.state = RoomState::Live(SeqLog::restore(epoch, 0, Vec::new(), self.settings.retention));
         }
         match &mut self.state {
             RoomState::Live(log) => Ok(log),
             RoomState::Failed(why) => Err(why.clone()),
-            RoomState::Absent | RoomState::Loading => Err("room is not loaded".into()),
+            RoomState::Absent | RoomState::Loading => Err(RoomLogError::NotLoaded),
         }
     }
 
@@ -273,8 +273,9 @@ impl RoomActor {
         let RoomState::Live(log) = &mut self.state else { return };
         if let Err(error) = result {
             tracing::error!(room = %self.name, %error, "flush failed; publishers get an error, retrying");
+            let failed = PublishFailed::from(error);
             for waiter in self.waiting.drain(..) {
-                let _ = waiter.reply.send(Err(PublishFailed::Store(error.to_string())));
+                let _ = waiter.reply.send(Err(failed.clone()));
             }
             ctx.run_later(Duration::from_secs(1), |room, ctx| room.request_flush(ctx));
             return;
@@ -411,7 +412,7 @@ impl RoomActor {
             }
             Err(error) => {
                 tracing::warn!(room = %self.name, %error, "room could not be read from the stream; retrying");
-                self.state = RoomState::Failed(error.to_string());
+                self.state = RoomState::Failed(error.into());
                 ctx.run_later(Duration::from_secs(1), |room, ctx| {
                     if matches!(room.state, RoomState::Failed(_)) && !room.stopped {
                         room.start_loading(ctx);
@@ -429,7 +430,7 @@ impl RoomActor {
         let log = match self.live_log() {
             Ok(log) => log,
             Err(why) => {
-                let _ = msg.reply.send(Err(PublishFailed::Store(why)));
+                let _ = msg.reply.send(Err(why.into()));
                 return;
             }
         };
@@ -448,9 +449,8 @@ impl RoomActor {
         }
         let RoomStore::Cluster(cluster) = &self.store else { return };
         let RoomState::Live(log) = &self.state else {
-            let why = "room is not loaded".to_string();
             for msg in self.cluster.queue.drain(..) {
-                let _ = msg.reply.send(Err(PublishFailed::Store(why.clone())));
+                let _ = msg.reply.send(Err(RoomLogError::NotLoaded.into()));
             }
             return;
         };
@@ -499,7 +499,7 @@ impl RoomActor {
                 if self.cluster.conflicts >= APPEND_ATTEMPTS {
                     self.cluster.conflicts = 0;
                     if let Some(msg) = self.cluster.queue.pop_front() {
-                        let _ = msg.reply.send(Err(PublishFailed::Store("the room is contended; retry".into())));
+                        let _ = msg.reply.send(Err(PublishFailed::Contended));
                     }
                 }
                 self.catch_up(ctx);
@@ -508,7 +508,7 @@ impl RoomActor {
                 tracing::warn!(room = %self.name, %error, "append to the stream failed");
                 self.cluster.conflicts = 0;
                 if let Some(msg) = self.cluster.queue.pop_front() {
-                    let _ = msg.reply.send(Err(PublishFailed::Store(error.to_string())));
+                    let _ = msg.reply.send(Err(error.into()));
                 }
                 // A timed-out append may be stored anyway: read before the next one.
                 self.catch_up(ctx);
@@ -536,8 +536,9 @@ impl RoomActor {
                 }
                 Err(error) => {
                     tracing::warn!(room = %room.name, %error, "catching up from the stream failed; retrying");
+                    let failed = PublishFailed::from(error);
                     for msg in room.cluster.queue.drain(..) {
-                        let _ = msg.reply.send(Err(PublishFailed::Store(error.to_string())));
+                        let _ = msg.reply.send(Err(failed.clone()));
                     }
                     ctx.run_later(Duration::from_millis(500), |room, ctx| room.catch_up(ctx));
                 }
@@ -617,7 +618,7 @@ impl Handler<Publish> for RoomActor {
         let log = match self.live_log() {
             Ok(log) => log,
             Err(why) => {
-                let _ = msg.reply.send(Err(PublishFailed::Store(why)));
+                let _ = msg.reply.send(Err(why.into()));
                 return Ok(());
             }
         };
@@ -640,7 +641,7 @@ impl Handler<Publish> for RoomActor {
         };
         if let Err(error) = store.append_event(&name, log.epoch(), &record) {
             tracing::error!(room = %name, %error, "store write failed");
-            let _ = msg.reply.send(Err(PublishFailed::Store(error.to_string())));
+            let _ = msg.reply.send(Err(error.into()));
             return Ok(());
         }
         let rendered = render(&name, &record);
@@ -699,8 +700,8 @@ impl RoomActor {
         }
         let log = match self.live_log() {
             Ok(log) => log,
-            Err(message) => {
-                let generation = msg.generation;
+            Err(why) => {
+                let (generation, message) = (msg.generation, why.to_string());
                 msg.to.do_send(RoomUpdate::Refused { room: name, reference: msg.reference, message, generation });
                 return;
             }

@@ -20,6 +20,7 @@ use tokio::sync::oneshot;
 
 use super::messages::*;
 use super::room::{RoomActor, RoomHome, RoomSettings, RoomStore};
+use crate::cluster::bus::WriterRefusal;
 
 /// How often a request is retried against a freshly started room actor.
 const ATTEMPTS: usize = 3;
@@ -28,10 +29,17 @@ const ATTEMPTS: usize = 3;
 const RESYNC_SPREAD_PER_ROOM: std::time::Duration = std::time::Duration::from_millis(2);
 const RESYNC_SPREAD_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 
-#[derive(Debug, thiserror::Error, PartialEq)]
+#[derive(Debug, thiserror::Error)]
 pub enum RoomError {
+    /// Every attempt reached a room actor that had just stopped.
+    #[error("room is unavailable: room kept stopping")]
+    KeptStopping,
+    /// The room's actor ended with the publish in hand (the node is stopping).
+    #[error("room is unavailable: room stopped before answering")]
+    StoppedBeforeAnswering(#[source] oneshot::error::RecvError),
+    /// Cluster mode: the room's writer took the publish and failed.
     #[error("room is unavailable: {0}")]
-    Unavailable(String),
+    Writer(#[from] WriterRefusal),
     #[error(transparent)]
     Publish(#[from] PublishFailed),
 }
@@ -161,7 +169,7 @@ impl Rooms {
                 Ok(Err(RoomGone)) | Err(_) => self.forget(room, &addr),
             }
         }
-        Err(RoomError::Unavailable("room kept stopping".into()))
+        Err(RoomError::KeptStopping)
     }
 
     /// End a subscription whose room actor the connection does not know (parked, or
@@ -198,13 +206,13 @@ impl Rooms {
                 Ok(Ok(())) => {
                     return match answer.await {
                         Ok(result) => result.map_err(RoomError::from),
-                        Err(_) => Err(RoomError::Unavailable("room stopped before answering".into())),
+                        Err(gone) => Err(RoomError::StoppedBeforeAnswering(gone)),
                     }
                 }
                 Ok(Err(RoomGone)) | Err(_) => self.forget(room, &addr),
             }
         }
-        Err(RoomError::Unavailable("room kept stopping".into()))
+        Err(RoomError::KeptStopping)
     }
 
     /// Subscribe a connection; the room answers through `to`.
@@ -236,7 +244,7 @@ impl Rooms {
                 Ok(Err(RoomGone)) | Err(_) => self.forget(room, &addr),
             }
         }
-        Err(RoomError::Unavailable("room kept stopping".into()))
+        Err(RoomError::KeptStopping)
     }
 
     /// Read durable history of `room`.
@@ -248,7 +256,7 @@ impl Rooms {
                 Ok(Err(RoomGone)) | Err(_) => self.forget(room, &addr),
             }
         }
-        Err(RoomError::Unavailable("room kept stopping".into()))
+        Err(RoomError::KeptStopping)
     }
 
     /// Cluster mode: hand a live event to its room, if the room is live on this node (a

@@ -26,8 +26,9 @@ pub trait NodeEvents: Clone + 'static {
     fn replaced(&self, user: String, device: String, at_ms: u64);
     /// Close `user`'s connections here (on `device` when named); yields how many closed.
     fn kick(&self, user: String, device: Option<String>) -> LocalBoxFuture<'static, usize>;
-    /// Append a publish forwarded to this node as the room's writer.
-    fn publish(&self, publish: ForwardedPublish) -> LocalBoxFuture<'static, Result<Appended, String>>;
+    /// Append a publish forwarded to this node as the room's writer. An error is sent
+    /// back as its text (the forwarding node reads it as a [`WriterRefusal`]).
+    fn publish(&self, publish: ForwardedPublish) -> LocalBoxFuture<'static, Result<Appended, Box<dyn std::error::Error>>>;
     /// NATS is back after an outage: rooms re-read their streams.
     fn reconnected(&self);
 }
@@ -63,12 +64,12 @@ const KICK_LIVENESS_RECHECK: Duration = Duration::from_millis(250);
 /// after `listen` returns is missed.
 pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSessions) -> Result<(), ClusterError> {
     let client = &cluster.client;
-    let mut live = client.subscribe(LIVE_SUBJECTS).await.map_err(ClusterError::nats)?;
-    let mut beats = client.subscribe(HEARTBEAT_SUBJECT).await.map_err(ClusterError::nats)?;
-    let mut leaves = client.subscribe(LEAVE_SUBJECT).await.map_err(ClusterError::nats)?;
-    let mut replaces = client.subscribe(REPLACE_SUBJECT).await.map_err(ClusterError::nats)?;
-    let mut kicks = client.subscribe(KICK_SUBJECT).await.map_err(ClusterError::nats)?;
-    let mut forwarded = client.subscribe(publish_subject(&cluster.node)).await.map_err(ClusterError::nats)?;
+    let mut live = client.subscribe(LIVE_SUBJECTS).await?;
+    let mut beats = client.subscribe(HEARTBEAT_SUBJECT).await?;
+    let mut leaves = client.subscribe(LEAVE_SUBJECT).await?;
+    let mut replaces = client.subscribe(REPLACE_SUBJECT).await?;
+    let mut kicks = client.subscribe(KICK_SUBJECT).await?;
+    let mut forwarded = client.subscribe(publish_subject(&cluster.node)).await?;
     let (publish_events, publish_client) = (events.clone(), client.clone());
     actix::spawn(async move {
         while let Some(message) = forwarded.next().await {
@@ -77,7 +78,7 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
             actix::spawn(async move {
                 let answer = match decode_forward(&message) {
                     Some(publish) => events.publish(publish).await,
-                    None => Err("malformed forwarded publish".to_string()),
+                    None => Err(MalformedForward.into()),
                 };
                 let _ = client.publish_with_headers(reply, encode_answer(&answer), Vec::<u8>::new().into()).await;
             });
@@ -167,7 +168,12 @@ fn decode_forward(message: &async_nats::Message) -> Option<ForwardedPublish> {
     Some(ForwardedPublish { room: text("Lg-Room")?, id: text("Lg-Id")?, data, devices })
 }
 
-fn encode_answer(answer: &Result<Appended, String>) -> async_nats::HeaderMap {
+/// A forwarded publish this node could not read (not from a livegate node).
+#[derive(Debug, thiserror::Error)]
+#[error("malformed forwarded publish")]
+struct MalformedForward;
+
+fn encode_answer(answer: &Result<Appended, Box<dyn std::error::Error>>) -> async_nats::HeaderMap {
     let mut headers = async_nats::HeaderMap::new();
     match answer {
         Ok(published) => {
@@ -175,7 +181,7 @@ fn encode_answer(answer: &Result<Appended, String>) -> async_nats::HeaderMap {
             headers.insert("Lg-Epoch", &*published.epoch);
             headers.insert("Lg-Duplicate", if published.duplicate { "1" } else { "0" });
         }
-        Err(error) => headers.insert("Lg-Error", error.replace(['\r', '\n'], " ").as_str()),
+        Err(error) => headers.insert("Lg-Error", error.to_string().replace(['\r', '\n'], " ").as_str()),
     }
     headers
 }
@@ -185,11 +191,20 @@ fn encode_answer(answer: &Result<Appended, String>) -> async_nats::HeaderMap {
 pub enum ForwardError {
     /// The writer could not be reached (gone, or NATS is away): publish here instead.
     #[error("room writer unreachable: {0}")]
-    Unreachable(String),
-    /// The writer tried and failed; its reason.
+    Unreachable(#[from] async_nats::RequestError),
+    /// An answer without the named header is no livegate writer's: as unreachable.
+    #[error("room writer unreachable: answer without {0}")]
+    Malformed(&'static str),
+    /// The writer tried and failed.
     #[error("room writer refused: {0}")]
-    Failed(String),
+    Refused(#[source] WriterRefusal),
 }
+
+/// A room writer's reason for failing a forwarded publish, as it sent it: the error
+/// was typed on the writer and crosses NATS as its text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct WriterRefusal(pub String);
 
 /// Have `writer` publish the event, as the one node that appends to `room`.
 pub async fn forward_publish(
@@ -207,18 +222,14 @@ pub async fn forward_publish(
         headers.insert("Lg-Devices", devices.join(",").as_str());
     }
     let request = async_nats::Request::new().headers(headers).payload(data.to_string().into()).timeout(Some(FORWARD_WAIT));
-    let answer = cluster
-        .client
-        .send_request(publish_subject(writer), request)
-        .await
-        .map_err(|e| ForwardError::Unreachable(e.to_string()))?;
-    let headers = answer.headers.ok_or_else(|| ForwardError::Unreachable("answer without headers".into()))?;
+    let answer = cluster.client.send_request(publish_subject(writer), request).await?;
+    let headers = answer.headers.ok_or(ForwardError::Malformed("headers"))?;
     let text = |name: &str| headers.get(name).map(|v| v.as_str().to_string());
     if let Some(error) = text("Lg-Error") {
-        return Err(ForwardError::Failed(error));
+        return Err(ForwardError::Refused(WriterRefusal(error)));
     }
-    let seq = text("Lg-Seq").and_then(|s| s.parse().ok()).ok_or_else(|| ForwardError::Unreachable("answer without seq".into()))?;
-    let epoch = text("Lg-Epoch").ok_or_else(|| ForwardError::Unreachable("answer without epoch".into()))?;
+    let seq = text("Lg-Seq").and_then(|s| s.parse().ok()).ok_or(ForwardError::Malformed("seq"))?;
+    let epoch = text("Lg-Epoch").ok_or(ForwardError::Malformed("epoch"))?;
     Ok(Appended { seq, epoch, duplicate: text("Lg-Duplicate").as_deref() == Some("1") })
 }
 
@@ -256,9 +267,9 @@ pub async fn kick_remote<Alive: std::future::Future<Output = Vec<String>>>(
         return Ok(0);
     }
     let inbox = cluster.client.new_inbox();
-    let mut answers = cluster.client.subscribe(inbox.clone()).await.map_err(ClusterError::nats)?;
+    let mut answers = cluster.client.subscribe(inbox.clone()).await?;
     let body = encode_user_command(&cluster.node, user, device.unwrap_or(""), "");
-    cluster.client.publish_with_reply(KICK_SUBJECT, inbox, body.into()).await.map_err(ClusterError::nats)?;
+    cluster.client.publish_with_reply(KICK_SUBJECT, inbox, body.into()).await?;
     let mut closed = 0;
     let deadline = actix_web::rt::time::sleep(KICK_ANSWER_WAIT);
     tokio::pin!(deadline);

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::kv::{CreateErrorKind, Store as Bucket, UpdateErrorKind};
 use parking_lot::Mutex;
 
-use super::{room_token, Cluster, ClusterError, SESSIONS_BUCKET};
+use super::{room_token, Cluster, ClusterError, Unreachable, SESSIONS_BUCKET};
 use crate::core::sessions::{next_version, VersionError};
 use crate::store::records;
 use crate::store::{QueuedSessionWrite, SessionRecord, Store, UserRecord};
@@ -55,7 +55,7 @@ fn user_key(user: &str) -> String {
 }
 
 fn decode<T: serde::de::DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, ClusterError> {
-    records::decode(what, bytes).map_err(|e| ClusterError::Corrupt(e.to_string()))
+    records::decode(what, bytes).map_err(ClusterError::Corrupt)
 }
 
 impl KvSessions {
@@ -65,7 +65,7 @@ impl KvSessions {
     }
 
     pub async fn open_with(cluster: &Cluster, queue: Option<Store>, outage_limit: Duration) -> Result<KvSessions, ClusterError> {
-        let bucket = cluster.js.get_key_value(SESSIONS_BUCKET).await.map_err(ClusterError::nats)?;
+        let bucket = cluster.js.get_key_value(SESSIONS_BUCKET).await?;
         Ok(KvSessions {
             bucket,
             cluster: cluster.clone(),
@@ -117,9 +117,9 @@ impl KvSessions {
     /// The record under `key` and its KV revision, straight from NATS.
     async fn read<T: serde::de::DeserializeOwned>(&self, key: String) -> Result<Option<(T, u64)>, ClusterError> {
         if !self.reachable() {
-            return Err(ClusterError::Unavailable("not connected".into()));
+            return Err(ClusterError::Unavailable(Unreachable::NotConnected));
         }
-        let entry = self.bucket.entry(key).await.map_err(|e| ClusterError::Unavailable(e.to_string()))?;
+        let entry = self.bucket.entry(key).await?;
         match entry {
             Some(entry) if !entry.value.is_empty() => Ok(Some((decode("lg_sessions", &entry.value)?, entry.revision))),
             _ => Ok(None),
@@ -141,8 +141,8 @@ impl KvSessions {
                 }
                 Ok(found.map(|(record, _)| record))
             }
-            Err(ClusterError::Unavailable(why)) => {
-                self.note_outage(&ClusterError::Unavailable(why));
+            Err(error @ ClusterError::Unavailable(_)) => {
+                self.note_outage(&error);
                 let cache = self.cache.lock();
                 Ok(cache
                     .get(session)
@@ -159,8 +159,7 @@ impl KvSessions {
     /// is queued (until the outage is older than the limit, then refused).
     pub async fn write_session(&self, read_version: Option<u64>, record: &SessionRecord) -> Result<SessionRecord, ClusterError> {
         match self.write_now(read_version, record).await {
-            Err(ClusterError::Unavailable(why)) => {
-                let error = ClusterError::Unavailable(why);
+            Err(error @ ClusterError::Unavailable(_)) => {
                 self.note_outage(&error);
                 self.queue_write(read_version, record, error)
             }
@@ -184,12 +183,12 @@ impl KvSessions {
             None => match self.bucket.create(&key, value.into()).await {
                 Ok(_) => {}
                 Err(e) if e.kind() == CreateErrorKind::AlreadyExists => return Err(stale()),
-                Err(e) => return Err(ClusterError::Unavailable(e.to_string())),
+                Err(e) => return Err(e.into()),
             },
             Some((_, revision)) => match self.bucket.update(&key, value.into(), revision).await {
                 Ok(_) => {}
                 Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => return Err(stale()),
-                Err(e) => return Err(ClusterError::Unavailable(e.to_string())),
+                Err(e) => return Err(e.into()),
             },
         }
         // A new session also drops the ids whose records the bucket's age limit removed,
@@ -216,15 +215,12 @@ impl KvSessions {
     fn queue_write(&self, read_version: Option<u64>, record: &SessionRecord, error: ClusterError) -> Result<SessionRecord, ClusterError> {
         let (Some(queue), Some(outage)) = (&self.queue, self.outage()) else { return Err(error) };
         if outage >= self.outage_limit {
-            return Err(ClusterError::Unavailable(format!(
-                "session directory unreachable for {} s; new sessions are refused until it is back",
-                outage.as_secs()
-            )));
+            return Err(ClusterError::Unavailable(Unreachable::Outage(outage)));
         }
         let written = SessionRecord { version: read_version.map_or(1, |v| v + 1), ..record.clone() };
         queue
             .queue_directory_write(&QueuedSessionWrite { read_version, record: written.clone() })
-            .map_err(|e| ClusterError::Nats(format!("could not queue the write: {e}")))?;
+            .map_err(ClusterError::Queue)?;
         tracing::info!(session = %written.session, version = written.version, "directory write queued until NATS is back");
         self.remember(&written);
         Ok(written)
@@ -234,7 +230,7 @@ impl KvSessions {
     /// version it was based on. Returns (applied, dropped as stale).
     pub async fn replay_queue(&self) -> Result<(usize, usize), ClusterError> {
         let Some(queue) = &self.queue else { return Ok((0, 0)) };
-        let writes = queue.queued_directory_writes().map_err(|e| ClusterError::Nats(e.to_string()))?;
+        let writes = queue.queued_directory_writes().map_err(ClusterError::Queue)?;
         let (mut applied, mut dropped) = (0, 0);
         for (id, write) in writes {
             match self.write_now(write.read_version, &write.record).await {
@@ -245,7 +241,7 @@ impl KvSessions {
                 }
                 Err(e) => return Err(e),
             }
-            queue.remove_queued_directory_write(id).map_err(|e| ClusterError::Nats(e.to_string()))?;
+            queue.remove_queued_directory_write(id).map_err(ClusterError::Queue)?;
         }
         if applied + dropped > 0 {
             tracing::info!(applied, dropped, "queued directory writes replayed");
@@ -266,19 +262,21 @@ impl KvSessions {
             let mut record = current.map(|(r, _)| r).unwrap_or_default();
             change(&mut record);
             let value = records::encode(&record).into();
-            let result = match revision {
-                None => self.bucket.create(&key, value).await.map(drop).map_err(|e| e.kind() == CreateErrorKind::AlreadyExists),
-                Some(revision) => {
-                    self.bucket.update(&key, value, revision).await.map(drop).map_err(|e| e.kind() == UpdateErrorKind::WrongLastRevision)
-                }
-            };
-            match result {
-                Ok(()) => return Ok(()),
-                Err(true) => continue,
-                Err(false) => return Err(ClusterError::Unavailable(format!("could not update user {user}"))),
+            // Another writer in between: read again and retry.
+            match revision {
+                None => match self.bucket.create(&key, value).await {
+                    Ok(_) => return Ok(()),
+                    Err(e) if e.kind() == CreateErrorKind::AlreadyExists => continue,
+                    Err(e) => return Err(e.into()),
+                },
+                Some(revision) => match self.bucket.update(&key, value, revision).await {
+                    Ok(_) => return Ok(()),
+                    Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => continue,
+                    Err(e) => return Err(e.into()),
+                },
             }
         }
-        Err(ClusterError::Nats(format!("user {user}: too many concurrent updates")))
+        Err(ClusterError::Contended(user.to_string()))
     }
 
     /// Every session record of `user` (from the cache while NATS is unreachable).
@@ -311,7 +309,7 @@ impl KvSessions {
     pub async fn set_last_migration(&self, user: &str, at_ms: u64) -> Result<(), ClusterError> {
         match self.update_user(user, |u| u.last_migration_ms = Some(at_ms)).await {
             Err(ClusterError::Unavailable(why)) => {
-                tracing::warn!(user, why, "migration time not recorded: directory unreachable");
+                tracing::warn!(user, %why, "migration time not recorded: directory unreachable");
                 Ok(())
             }
             other => other,
@@ -322,10 +320,10 @@ impl KvSessions {
     /// would read every record).
     pub async fn count_sessions(&self) -> Result<usize, ClusterError> {
         use futures_util::StreamExt;
-        let mut keys = self.bucket.keys().await.map_err(ClusterError::nats)?;
+        let mut keys = self.bucket.keys().await?;
         let mut sessions = 0;
         while let Some(key) = keys.next().await {
-            sessions += usize::from(key.map_err(ClusterError::nats)?.starts_with("s."));
+            sessions += usize::from(key?.starts_with("s."));
         }
         Ok(sessions)
     }

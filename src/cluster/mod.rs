@@ -18,11 +18,15 @@ pub mod roomlog;
 
 use std::time::Duration;
 
+use async_nats::jetstream::context::{CreateStreamErrorKind, PublishErrorKind};
+use async_nats::jetstream::kv::{CreateErrorKind, EntryErrorKind, UpdateErrorKind, WatchErrorKind, WatcherErrorKind};
+use async_nats::jetstream::stream::{DirectGetErrorKind, PurgeErrorKind};
 use async_nats::jetstream::{self, kv as nats_kv, stream};
 use thiserror::Error;
 
 use crate::core::heartbeats::NodeInfo;
 use crate::core::sessions::VersionError;
+use crate::store::StoreError;
 
 /// The stream every room's events are stored in.
 pub const ROOMS_STREAM: &str = "LG_ROOMS";
@@ -40,21 +44,138 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Error)]
 pub enum ClusterError {
+    /// NATS could not be reached or gave no answer: callers may fall back (the session
+    /// directory's cache and queue, a nonce checked on this node only).
     #[error("NATS is unreachable: {0}")]
-    Unavailable(String),
+    Unavailable(#[source] Unreachable),
+    /// NATS answered, and refused (or async-nats refused before sending).
     #[error("NATS: {0}")]
-    Nats(String),
+    Nats(#[source] NatsError),
+    #[error("could not connect to NATS at {url}: {source}")]
+    Connect { url: String, source: async_nats::ConnectError },
     #[error(transparent)]
     Stale(#[from] VersionError),
     #[error("corrupt cluster record: {0}")]
-    Corrupt(String),
+    Corrupt(#[source] StoreError),
+    /// A record another node created first is not there when read.
+    #[error("corrupt cluster record: {0} vanished")]
+    Vanished(String),
+    /// The sled queue that keeps directory writes through an outage failed.
+    #[error("could not queue the write: {0}")]
+    Queue(#[source] StoreError),
+    /// A user's record kept changing under this node's read-modify-write.
+    #[error("user {0}: too many concurrent updates")]
+    Contended(String),
 }
 
-impl ClusterError {
-    pub fn nats(e: impl std::fmt::Display) -> Self {
-        ClusterError::Nats(e.to_string())
+/// Why NATS could not be reached.
+#[derive(Debug, Error)]
+pub enum Unreachable {
+    #[error("not connected")]
+    NotConnected,
+    /// The session directory has been unreachable longer than `directory_outage_secs`.
+    #[error("session directory unreachable for {} s; new sessions are refused until it is back", .0.as_secs())]
+    Outage(Duration),
+    /// A call that got no answer (timed out, connection lost, no JetStream responder).
+    #[error(transparent)]
+    NoAnswer(NatsError),
+}
+
+/// An async-nats error, typed as the call that failed returns it.
+#[derive(Debug, Error)]
+pub enum NatsError {
+    #[error(transparent)]
+    Stream(#[from] jetstream::context::CreateStreamError),
+    #[error(transparent)]
+    Bucket(#[from] jetstream::context::KeyValueError),
+    #[error(transparent)]
+    Entry(#[from] nats_kv::EntryError),
+    #[error(transparent)]
+    Create(#[from] nats_kv::CreateError),
+    #[error(transparent)]
+    Update(#[from] nats_kv::UpdateError),
+    #[error(transparent)]
+    Keys(#[from] nats_kv::WatchError),
+    #[error(transparent)]
+    Key(#[from] nats_kv::WatcherError),
+    #[error(transparent)]
+    Read(#[from] stream::DirectGetError),
+    #[error(transparent)]
+    Append(#[from] jetstream::context::PublishError),
+    #[error(transparent)]
+    Purge(#[from] stream::PurgeError),
+    #[error(transparent)]
+    Publish(#[from] async_nats::PublishError),
+    #[error(transparent)]
+    Subscribe(#[from] async_nats::SubscribeError),
+}
+
+impl NatsError {
+    /// Whether the call got no answer from NATS, judged by the error's kind: a timeout,
+    /// a lost connection, no JetStream responder. async-nats reports a lost connection as
+    /// `Other` for KV reads and writes, so those count as no answer too; an invalid key or
+    /// subject, a JetStream error response or a size limit is an answer.
+    pub fn no_answer(&self) -> bool {
+        match self {
+            NatsError::Stream(e) => matches!(e.kind(), CreateStreamErrorKind::TimedOut | CreateStreamErrorKind::JetStreamUnavailable),
+            // Opening a bucket at start-up, where nothing falls back: its kinds (the
+            // name, the bucket's stream, JetStream) do not tell a timeout apart.
+            NatsError::Bucket(_) => false,
+            NatsError::Entry(e) => matches!(e.kind(), EntryErrorKind::TimedOut | EntryErrorKind::Other),
+            NatsError::Create(e) => matches!(e.kind(), CreateErrorKind::Publish | CreateErrorKind::Other),
+            NatsError::Update(e) => matches!(e.kind(), UpdateErrorKind::TimedOut | UpdateErrorKind::Other),
+            NatsError::Keys(e) => matches!(e.kind(), WatchErrorKind::TimedOut | WatchErrorKind::Other),
+            NatsError::Key(e) => e.kind() == WatcherErrorKind::Other,
+            NatsError::Read(e) => match e.kind() {
+                DirectGetErrorKind::TimedOut | DirectGetErrorKind::Request | DirectGetErrorKind::Other => true,
+                DirectGetErrorKind::ErrorResponse(status, _) => status == async_nats::StatusCode::NO_RESPONDERS,
+                DirectGetErrorKind::NotFound | DirectGetErrorKind::InvalidSubject => false,
+            },
+            NatsError::Append(e) => {
+                matches!(e.kind(), PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe | PublishErrorKind::StreamNotFound)
+            }
+            NatsError::Purge(e) => matches!(e.kind(), PurgeErrorKind::TimedOut | PurgeErrorKind::Request),
+            NatsError::Publish(e) => e.kind() == async_nats::PublishErrorKind::Send,
+            NatsError::Subscribe(e) => e.kind() == async_nats::SubscribeErrorKind::Other,
+        }
     }
 }
+
+impl From<NatsError> for ClusterError {
+    fn from(e: NatsError) -> Self {
+        if e.no_answer() {
+            ClusterError::Unavailable(Unreachable::NoAnswer(e))
+        } else {
+            ClusterError::Nats(e)
+        }
+    }
+}
+
+/// `?` on any async-nats call: the error classified by its kind.
+macro_rules! from_nats_errors {
+    ($($error:ty),* $(,)?) => {$(
+        impl From<$error> for ClusterError {
+            fn from(e: $error) -> Self {
+                NatsError::from(e).into()
+            }
+        }
+    )*};
+}
+
+from_nats_errors!(
+    jetstream::context::CreateStreamError,
+    jetstream::context::KeyValueError,
+    nats_kv::EntryError,
+    nats_kv::CreateError,
+    nats_kv::UpdateError,
+    nats_kv::WatchError,
+    nats_kv::WatcherError,
+    stream::DirectGetError,
+    jetstream::context::PublishError,
+    stream::PurgeError,
+    async_nats::PublishError,
+    async_nats::SubscribeError,
+);
 
 /// Room retention on the stream (`history_size`). Age is not a stream limit: the stream
 /// would drop a quiet room's last event and with it the room's head, so rooms trim
@@ -109,7 +230,7 @@ impl Cluster {
             })
             .connect(url)
             .await
-            .map_err(|e| ClusterError::Unavailable(format!("{url}: {e}")))?;
+            .map_err(|source| ClusterError::Connect { url: url.to_string(), source })?;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(REQUEST_TIMEOUT);
         let rooms = js
@@ -123,16 +244,15 @@ impl Cluster {
                 republish: Some(stream::Republish { source: ROOM_SUBJECTS.into(), destination: LIVE_SUBJECTS.into(), headers_only: false }),
                 ..Default::default()
             })
-            .await
-            .map_err(ClusterError::nats)?;
+            .await?;
         let created = rooms.cached_info().created;
         let epoch = format!("{:016x}", created.unix_timestamp_nanos() as u64);
         let sessions_ttl = limits.session_ttl * 2;
         for (bucket, ttl) in [(SESSIONS_BUCKET, sessions_ttl), (NONCES_BUCKET, limits.nonce_ttl), (META_BUCKET, Duration::ZERO)] {
             ensure_bucket(&js, bucket, ttl).await?;
         }
-        let nonces = js.get_key_value(NONCES_BUCKET).await.map_err(ClusterError::nats)?;
-        let meta = js.get_key_value(META_BUCKET).await.map_err(ClusterError::nats)?;
+        let nonces = js.get_key_value(NONCES_BUCKET).await?;
+        let meta = js.get_key_value(META_BUCKET).await?;
         tracing::info!(url, node, stream = ROOMS_STREAM, %epoch, "cluster mode: joined through NATS");
         Ok(Cluster { client, js, node: node.to_string(), rooms, nonces, meta, epoch })
     }
@@ -154,29 +274,29 @@ impl Cluster {
         let key = format!("secret.{name}");
         match self.meta.create(&key, fresh.to_vec().into()).await {
             Ok(_) => return Ok(fresh.to_vec()),
-            Err(e) if e.kind() == nats_kv::CreateErrorKind::AlreadyExists => {}
-            Err(e) => return Err(ClusterError::nats(e)),
+            Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e.into()),
         }
-        let stored = self.meta.get(&key).await.map_err(ClusterError::nats)?;
-        stored.map(|b| b.to_vec()).ok_or_else(|| ClusterError::Corrupt(format!("{key} vanished")))
+        let stored = self.meta.get(&key).await?;
+        stored.map(|b| b.to_vec()).ok_or(ClusterError::Vanished(key))
     }
 
     /// Mark a token nonce used cluster-wide. `Ok(false)`: used before (a replay).
     pub async fn use_nonce(&self, nonce: &[u8; 16]) -> Result<bool, ClusterError> {
         if !self.connected() {
-            return Err(ClusterError::Unavailable("not connected".into()));
+            return Err(ClusterError::Unavailable(Unreachable::NotConnected));
         }
-        let key: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
+        let key = hex::encode(nonce);
         match self.nonces.create(&key, vec![1u8].into()).await {
             Ok(_) => Ok(true),
-            Err(e) if e.kind() == nats_kv::CreateErrorKind::AlreadyExists => Ok(false),
-            Err(e) => Err(ClusterError::Unavailable(e.to_string())),
+            Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(e.into()),
         }
     }
 
     /// Announce this node (every heartbeat period; `draining` when it takes no new clients).
     pub async fn heartbeat(&self, info: &NodeInfo) -> Result<(), ClusterError> {
-        self.client.publish(HEARTBEAT_SUBJECT, encode_node(info).into()).await.map_err(ClusterError::nats)
+        Ok(self.client.publish(HEARTBEAT_SUBJECT, encode_node(info).into()).await?)
     }
 
     /// Say goodbye, so peers stop routing here before the heartbeat times out.
@@ -205,12 +325,11 @@ async fn ensure_bucket(js: &jetstream::Context, bucket: &str, ttl: Duration) -> 
             duplicate_window,
             ..Default::default()
         })
-        .await
-        .map_err(ClusterError::nats)?;
+        .await?;
     // A bucket made by a run with another TTL takes this one's.
     let config = existing.cached_info().config.clone();
     if config.max_age != ttl {
-        js.update_stream(stream::Config { max_age: ttl, duplicate_window, ..config }).await.map_err(ClusterError::nats)?;
+        js.update_stream(stream::Config { max_age: ttl, duplicate_window, ..config }).await?;
         tracing::info!(bucket, max_age_secs = ttl.as_secs(), "KV bucket age limit changed");
     }
     Ok(())
@@ -218,16 +337,12 @@ async fn ensure_bucket(js: &jetstream::Context, bucket: &str, ttl: Duration) -> 
 
 /// A room name as one subject token (and KV key part): lowercase hex of its bytes.
 pub fn room_token(room: &str) -> String {
-    room.bytes().map(|b| format!("{b:02x}")).collect()
+    hex::encode(room)
 }
 
 /// The room a subject token names, if it is one [`room_token`] made.
 pub fn room_from_token(token: &str) -> Option<String> {
-    if token.len() % 2 != 0 {
-        return None;
-    }
-    let bytes: Option<Vec<u8>> = (0..token.len()).step_by(2).map(|i| u8::from_str_radix(token.get(i..i + 2)?, 16).ok()).collect();
-    String::from_utf8(bytes?).ok()
+    String::from_utf8(hex::decode(token).ok()?).ok()
 }
 
 /// Heartbeat body: `name\ncell\nurl\ndraining` (names and URLs hold no newline).
@@ -256,9 +371,37 @@ mod tests {
             assert!(token.bytes().all(|b| b.is_ascii_hexdigit()), "{token}");
             assert_eq!(room_from_token(&token).as_deref(), Some(room));
         }
-        for junk in ["6", "zz", "ff", "6g"] {
+        for junk in ["6", "zz", "ff", "6g", "+6"] {
             assert_eq!(room_from_token(junk), None, "{junk}");
         }
+    }
+
+    #[test]
+    fn nats_errors_are_classified_by_kind() {
+        use async_nats::StatusCode;
+        let unreachable = |e: ClusterError| matches!(e, ClusterError::Unavailable(Unreachable::NoAnswer(_)));
+        let cases: [(ClusterError, bool); 9] = [
+            (nats_kv::EntryError::new(EntryErrorKind::TimedOut).into(), true),
+            (nats_kv::EntryError::new(EntryErrorKind::InvalidKey).into(), false),
+            (nats_kv::UpdateError::new(UpdateErrorKind::TimedOut).into(), true),
+            (jetstream::context::PublishError::new(PublishErrorKind::StreamNotFound).into(), true),
+            (jetstream::context::PublishError::new(PublishErrorKind::BrokenPipe).into(), true),
+            (jetstream::context::PublishError::new(PublishErrorKind::MaxPayloadExceeded).into(), false),
+            (stream::DirectGetError::new(DirectGetErrorKind::ErrorResponse(StatusCode::NO_RESPONDERS, "no responders".into())).into(), true),
+            (stream::DirectGetError::new(DirectGetErrorKind::InvalidSubject).into(), false),
+            (stream::PurgeError::new(PurgeErrorKind::TimedOut).into(), true),
+        ];
+        for (error, expected) in cases {
+            let text = error.to_string();
+            assert_eq!(text.starts_with("NATS is unreachable: "), expected, "{text}");
+            assert_eq!(unreachable(error), expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn cluster_errors_cross_threads() {
+        fn send_sync<T: Send + Sync + 'static>() {}
+        send_sync::<ClusterError>();
     }
 
     #[test]

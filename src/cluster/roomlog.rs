@@ -9,7 +9,7 @@ use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::stream::DirectGetErrorKind;
 use async_nats::HeaderMap;
 
-use super::{room_token, Cluster, ClusterError};
+use super::{room_token, Cluster, ClusterError, Unreachable};
 use crate::store::EventRecord;
 
 const SEQ_HEADER: &str = "Lg-Seq";
@@ -67,7 +67,7 @@ pub async fn read_after(cluster: &Cluster, room: &str, after: u64) -> Result<Vec
     let last = match stream.direct_get_last_for_subject(subject.clone()).await {
         Ok(message) => message.sequence,
         Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(ClusterError::Unavailable(e.to_string())),
+        Err(e) => return Err(e.into()),
     };
     let mut events = Vec::new();
     let mut next = after + 1;
@@ -75,7 +75,7 @@ pub async fn read_after(cluster: &Cluster, room: &str, after: u64) -> Result<Vec
         let message = match stream.direct_get_next_for_subject(subject.clone(), Some(next)).await {
             Ok(message) => message,
             Err(e) if e.kind() == DirectGetErrorKind::NotFound => break,
-            Err(e) => return Err(ClusterError::Unavailable(e.to_string())),
+            Err(e) => return Err(e.into()),
         };
         next = message.sequence + 1;
         match decode(&message.headers, &message.payload) {
@@ -89,7 +89,7 @@ pub async fn read_after(cluster: &Cluster, room: &str, after: u64) -> Result<Vec
 /// Append `event` if the room's last stored message is still `expected_last` (0: none).
 pub async fn append(cluster: &Cluster, room: &str, expected_last: u64, event: &EventRecord) -> Result<Appended, AppendError> {
     if !cluster.connected() {
-        return Err(ClusterError::Unavailable("not connected".into()).into());
+        return Err(ClusterError::Unavailable(Unreachable::NotConnected).into());
     }
     let mut headers = HeaderMap::new();
     headers.insert(ID_HEADER, event.id.as_str());
@@ -102,19 +102,20 @@ pub async fn append(cluster: &Cluster, room: &str, expected_last: u64, event: &E
     let sent = cluster.js.publish_with_headers(room_subject(room), headers, event.data.clone().into()).await;
     let ack = match sent {
         Ok(future) => future.await,
-        Err(e) => return Err(ClusterError::Unavailable(e.to_string()).into()),
+        Err(e) => return Err(ClusterError::from(e).into()),
     };
     match ack {
         Ok(ack) => Ok(Appended { stream_seq: ack.sequence, duplicate: ack.duplicate }),
         Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Err(AppendError::Conflict),
-        Err(e) => Err(ClusterError::Unavailable(e.to_string()).into()),
+        Err(e) => Err(ClusterError::from(e).into()),
     }
 }
 
 /// Delete a room's stored events except the newest, which keeps the room's head (used
 /// once every event is older than the history TTL).
 pub async fn purge_expired(cluster: &Cluster, room: &str) -> Result<(), ClusterError> {
-    cluster.rooms_stream().purge().filter(room_subject(room)).keep(1).await.map(drop).map_err(|e| ClusterError::Unavailable(e.to_string()))
+    cluster.rooms_stream().purge().filter(room_subject(room)).keep(1).await?;
+    Ok(())
 }
 
 /// A live copy from `lg.live.<room>`: the room and its event, or `None` for anything else.

@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
+use subtle::{Choice, ConstantTimeEq};
 
 use crate::config::{Config, ConfigError};
 use crate::core::limits::{burst_for, TokenBucket};
@@ -184,9 +185,11 @@ impl AccessList {
         Ok(AccessList::new(primary, config))
     }
 
-    /// Whether `presented` is one of the keys, compared in constant time per key.
+    /// Whether `presented` is one of the keys, compared in constant time per key (every
+    /// key is compared, so the time does not tell which one matched).
     pub fn accepts_key(&self, presented: &str) -> bool {
-        self.api_keys.iter().fold(false, |found, key| found | constant_time_eq(presented.as_bytes(), key.as_bytes()))
+        let found = self.api_keys.iter().fold(Choice::from(0), |found, key| found | presented.as_bytes().ct_eq(key.as_bytes()));
+        found.into()
     }
 
     /// Whether a browser page from `origin` may connect; requests without `Origin` (not
@@ -205,10 +208,6 @@ impl AccessList {
     pub fn origin_count(&self) -> usize {
         self.allowed_origins.len()
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The access list as handlers read it.

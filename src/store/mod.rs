@@ -44,8 +44,11 @@ pub enum StoreError {
     Corrupt { tree: &'static str, why: String },
     #[error("store at {path} has schema version {found}; this build uses {expected}")]
     Schema { path: PathBuf, found: u32, expected: u32 },
+    /// The group flush failed; every request it served gets the same error.
     #[error("flush failed: {0}")]
-    Flush(String),
+    Flush(#[source] Arc<sled::Error>),
+    #[error("no randomness: {0}")]
+    Randomness(#[from] getrandom::Error),
     #[error("store is closed")]
     Closed,
     #[error(transparent)]
@@ -59,7 +62,7 @@ pub struct StoredRoom {
     pub events: Vec<EventRecord>,
 }
 
-type FlushWaiter = oneshot::Sender<Result<(), String>>;
+type FlushWaiter = oneshot::Sender<Result<(), Arc<sled::Error>>>;
 
 /// Handle to the store; cheap to clone, all clones share one database.
 #[derive(Clone)]
@@ -182,7 +185,7 @@ impl Store {
             return Ok(existing.to_vec());
         }
         let mut fresh = [0u8; 32];
-        getrandom::getrandom(&mut fresh).map_err(|e| StoreError::Flush(format!("no randomness: {e}")))?;
+        getrandom::getrandom(&mut fresh)?;
         // Two callers racing: the first insert wins and both read it back.
         let _ = self.meta.compare_and_swap(&key, None as Option<&[u8]>, Some(&fresh[..]))?;
         let stored = self.meta.get(&key)?.ok_or(StoreError::Closed)?;
@@ -511,7 +514,9 @@ fn open_with_lock_wait(path: &Path, cache_bytes: u64) -> Result<sled::Db, StoreE
     }
 }
 
-/// sled reports a held lock as a custom error wrapping `WouldBlock`.
+/// A held database lock. sled 0.34 formats the lock's own error into an `ErrorKind::Other`
+/// I/O error ("could not acquire lock on ..."), losing its kind, so its message is the one
+/// signal; `WouldBlock` covers a sled that keeps the kind.
 fn is_lock_error(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("could not acquire lock")
 }
@@ -527,7 +532,7 @@ fn spawn_flusher(
             while let Ok(first) = requests.recv() {
                 let mut waiters = vec![first];
                 waiters.extend(requests.try_iter());
-                let result = db.flush().map(drop).map_err(|e| e.to_string());
+                let result = db.flush().map(drop).map_err(Arc::new);
                 stats.flushes.fetch_add(1, Ordering::Relaxed);
                 if let Err(error) = &result {
                     tracing::error!(%error, waiters = waiters.len(), "store flush failed");
