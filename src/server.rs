@@ -25,7 +25,7 @@ use crate::actors::messages::Kick;
 use crate::actors::publish::Publisher;
 use crate::actors::registry::{Registry, RemoteReplace, UserBus};
 use crate::actors::room::RoomSettings;
-use crate::actors::room::RoomStore;
+use crate::actors::room::{LocalRoomLogs, RoomLogs, StreamRoomLogs};
 use crate::actors::rooms::Rooms;
 use crate::actors::supervisor::{DrainTiming, Signal, Start, Supervisor};
 use crate::cluster::bus::{Appended, ForwardedPublish, NodeEvents};
@@ -138,19 +138,20 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     };
     let device_kinds = config.exclusive_devices.iter().cloned().chain(["web".to_string()]);
     let metrics = Arc::new(Metrics::new(device_kinds));
-    let (room_store, kv) = match &cluster {
+    // Where rooms and sessions are kept, chosen once: the embedded store, or NATS.
+    let (room_logs, kv): (Arc<dyn RoomLogs>, _) = match &cluster {
         Some(cluster) => {
             let outage_limit = Duration::from_secs(config.directory_outage_secs);
             let kv = KvSessions::open_with(cluster, Some(store.clone()), outage_limit).await?;
-            (RoomStore::Cluster(cluster.clone()), Some(kv))
+            (Arc::new(StreamRoomLogs(cluster.clone())), Some(kv))
         }
-        None => (RoomStore::Local(store.clone()), None),
+        None => (Arc::new(LocalRoomLogs(store.clone())), None),
     };
     let sessions: Arc<dyn SessionStore> = match &kv {
         Some(kv) => Arc::new(kv.clone()),
         None => Arc::new(store.clone()),
     };
-    let rooms = Rooms::start(room_store, room_settings(&config, metrics.clone()), threads());
+    let rooms = Rooms::start(room_logs, room_settings(&config, metrics.clone()), threads());
     let user_bus = cluster.clone().map(|cluster| Arc::new(ClusterUserBus(cluster)) as Arc<dyn UserBus>);
     let registry = Registry::new(config.exclusive_devices.clone(), user_bus).start();
     let directory_settings = DirectorySettings {

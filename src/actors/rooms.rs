@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use super::messages::*;
-use super::room::{RoomActor, RoomHome, RoomSettings, RoomStore};
+use super::room::{RoomActor, RoomHome, RoomLogs, RoomSettings};
 use crate::cluster::bus::WriterRefusal;
 
 /// How often a request is retried against a freshly started room actor.
@@ -56,7 +56,7 @@ pub struct RoomsInner {
     tables: Mutex<Tables>,
     arbiters: Mutex<Vec<Arbiter>>,
     handles: Vec<ArbiterHandle>,
-    store: RoomStore,
+    logs: Arc<dyn RoomLogs>,
     settings: RoomSettings,
 }
 
@@ -94,7 +94,7 @@ pub struct Rooms {
 
 impl Rooms {
     /// Start `threads` room arbiters.
-    pub fn start(store: RoomStore, settings: RoomSettings, threads: usize) -> Rooms {
+    pub fn start(logs: Arc<dyn RoomLogs>, settings: RoomSettings, threads: usize) -> Rooms {
         let arbiters: Vec<Arbiter> = (0..threads.max(1)).map(|_| Arbiter::new()).collect();
         let handles = arbiters.iter().map(Arbiter::handle).collect();
         Rooms {
@@ -102,7 +102,7 @@ impl Rooms {
                 tables: Mutex::new(Tables::default()),
                 arbiters: Mutex::new(arbiters),
                 handles,
-                store,
+                logs,
                 settings,
             }),
         }
@@ -128,10 +128,11 @@ impl Rooms {
         name.hash(&mut hasher);
         let arbiter = &self.inner.handles[hasher.finish() as usize % self.inner.handles.len()];
         let home: Arc<dyn RoomHome> = self.inner.clone();
-        let (store, settings, weak) = (self.inner.store.clone(), self.inner.settings.clone(), Arc::downgrade(&home));
+        let (logs, settings, weak) = (self.inner.logs.clone(), self.inner.settings.clone(), Arc::downgrade(&home));
         let actor_name = name.clone();
         let addr = RoomActor::start_in_arbiter(arbiter, move |_| {
-            RoomActor::load(actor_name, store, settings, weak).adopting(adopted, replay_after)
+            let log = logs.open(&actor_name);
+            RoomActor::new(actor_name, log, settings, weak).adopting(adopted, replay_after)
         });
         tables.live.insert(name, addr.clone());
         addr

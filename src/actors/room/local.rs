@@ -1,0 +1,168 @@
+//! A room's log in the embedded store (single node). A publish is written to sled at
+//! once and appended to the room's log; it is delivered and acknowledged after the next
+//! (grouped) flush made it durable, so a subscriber never sees an event a crash could
+//! take back.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use tokio::sync::oneshot;
+
+use super::{render, spawn_then, RoomActor, RoomCore, RoomLog, RoomLogs, RoomState};
+use crate::actors::messages::*;
+use crate::core::seqlog::{Append, Entry, Retention, SeqLog};
+use crate::store::{EventRecord, Store, StoreError};
+use crate::world::{now_ms, random_hex};
+
+/// The embedded store's room logs.
+pub struct LocalRoomLogs(pub Store);
+
+impl RoomLogs for LocalRoomLogs {
+    fn open(&self, _room: &Arc<str>) -> Box<dyn RoomLog> {
+        Box::new(LocalLog { store: self.0.clone(), waiting: Vec::new(), flushing_since: None, flushing: false })
+    }
+}
+
+struct Waiter {
+    seq: u64,
+    duplicate: bool,
+    reply: oneshot::Sender<Result<Published, PublishFailed>>,
+}
+
+struct LocalLog {
+    store: Store,
+    /// Publishers waiting for their event's flush.
+    waiting: Vec<Waiter>,
+    /// When the running flush was requested.
+    flushing_since: Option<Instant>,
+    flushing: bool,
+}
+
+impl LocalLog {
+    /// Start a flush when events wait for one and none is running.
+    fn request_flush(&mut self, room: &RoomCore, ctx: &mut Context<RoomActor>) {
+        let RoomState::Live(log) = &room.state else { return };
+        if self.flushing || log.head() == log.durable() {
+            return;
+        }
+        self.flushing = true;
+        self.flushing_since = Some(Instant::now());
+        let upto = log.head();
+        spawn_then(ctx, self.store.flush_soon(), move |local: &mut LocalLog, room, result, ctx| local.flushed(room, upto, result, ctx));
+    }
+
+    fn flushed(&mut self, room: &mut RoomCore, upto: u64, result: Result<(), StoreError>, ctx: &mut Context<RoomActor>) {
+        self.flushing = false;
+        if let Some(since) = self.flushing_since.take() {
+            room.settings.metrics.store_flush_latency.observe(since.elapsed().as_secs_f64());
+        }
+        let RoomState::Live(log) = &mut room.state else { return };
+        if let Err(error) = result {
+            tracing::error!(room = %room.name, %error, "flush failed; publishers get an error, retrying");
+            let failed = PublishFailed::from(error);
+            for waiter in self.waiting.drain(..) {
+                let _ = waiter.reply.send(Err(failed.clone()));
+            }
+            super::later(ctx, Duration::from_secs(1), |local: &mut LocalLog, room, ctx| local.request_flush(room, ctx));
+            return;
+        }
+        let fresh: Vec<Arc<Delivery>> = log.mark_durable(upto).map(|e| e.payload.clone()).collect();
+        let epoch: Arc<str> = log.epoch().into();
+        room.deliver(fresh, ctx);
+        let (done, still): (Vec<_>, Vec<_>) = self.waiting.drain(..).partition(|w| w.seq <= upto);
+        self.waiting = still;
+        for waiter in done {
+            let _ = waiter.reply.send(Ok(Published { seq: waiter.seq, epoch: epoch.clone(), duplicate: waiter.duplicate }));
+        }
+        self.request_flush(room, ctx);
+    }
+
+    fn trim_below(&self, room: &RoomCore, first_kept: u64, why: &str) {
+        match self.store.trim_events(&room.name, first_kept) {
+            Ok(removed) => {
+                room.settings.metrics.history_trimmed.inc_by(removed as u64);
+            }
+            Err(error) => tracing::warn!(room = %room.name, %error, why, "could not delete history"),
+        }
+    }
+}
+
+impl RoomLog for LocalLog {
+    fn load(&mut self, room: &mut RoomCore, _ctx: &mut Context<RoomActor>) {
+        let (name, retention) = (&room.name, room.settings.retention);
+        room.state = match self.store.load_room(name, retention.max_events) {
+            Ok(None) => RoomState::Absent,
+            Ok(Some(stored)) => {
+                let entries = stored
+                    .events
+                    .into_iter()
+                    .map(|e| Entry { seq: e.seq, payload: render(name, &e), id: e.id.into(), ts_ms: e.ts_ms })
+                    .collect();
+                let log = SeqLog::restore(stored.head.epoch, stored.head.head, entries, retention);
+                if let Some(oldest) = log.oldest() {
+                    if let Err(error) = self.store.trim_events(name, oldest) {
+                        tracing::warn!(room = %name, %error, "could not trim history beyond retention");
+                    }
+                }
+                RoomState::Live(log)
+            }
+            Err(error) => {
+                tracing::error!(room = %name, %error, "room state unreadable");
+                RoomState::Failed(error.into())
+            }
+        };
+    }
+
+    fn create(&mut self, room: &str, retention: Retention) -> Result<SeqLog<Arc<Delivery>>, RoomLogError> {
+        let epoch = random_hex(8);
+        self.store.create_room(room, &epoch)?;
+        tracing::debug!(room, %epoch, "room created");
+        Ok(SeqLog::restore(epoch, 0, Vec::new(), retention))
+    }
+
+    fn publish(&mut self, room: &mut RoomCore, msg: Publish, ctx: &mut Context<RoomActor>) {
+        let name = room.name.clone();
+        let log = match room.live_log(self) {
+            Ok(log) => log,
+            Err(why) => {
+                let _ = msg.reply.send(Err(why.into()));
+                return;
+            }
+        };
+        if let Some(seq) = log.seq_of(&msg.id) {
+            if seq <= log.durable() {
+                let _ = msg.reply.send(Ok(Published { seq, epoch: log.epoch().into(), duplicate: true }));
+            } else {
+                self.waiting.push(Waiter { seq, duplicate: true, reply: msg.reply });
+            }
+            return;
+        }
+        let ts_ms = now_ms();
+        let record = EventRecord { seq: log.head() + 1, id: msg.id.to_string(), ts_ms, data: msg.data.to_string(), devices: msg.devices };
+        if let Err(error) = self.store.append_event(&name, log.epoch(), &record) {
+            tracing::error!(room = %name, %error, "store write failed");
+            let _ = msg.reply.send(Err(error.into()));
+            return;
+        }
+        let rendered = render(&name, &record);
+        match log.append(msg.id, ts_ms, |_| rendered) {
+            Append::Appended { seq, trimmed_below } => {
+                self.waiting.push(Waiter { seq, duplicate: false, reply: msg.reply });
+                if let Some(first_kept) = trimmed_below {
+                    self.trim_below(room, first_kept, "trimmed by size");
+                }
+            }
+            Append::Duplicate { .. } => unreachable!("checked by seq_of above"),
+        }
+        self.request_flush(room, ctx);
+    }
+
+    fn expired(&mut self, room: &RoomCore, first_kept: u64) {
+        self.trim_below(room, first_kept, "expired");
+    }
+
+    fn busy(&self) -> bool {
+        self.flushing || !self.waiting.is_empty()
+    }
+}

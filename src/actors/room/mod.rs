@@ -1,0 +1,471 @@
+//! One actor per live room: the room's [`SeqLog`], its subscribers, recovery, history
+//! reads, the batching window and idling. Durable events gather in the room's window;
+//! when it closes, its frame is rendered once and the same bytes go to every subscriber.
+//!
+//! Where the room's events are kept is the [`RoomLog`] seam: one per room, made by the
+//! [`RoomLogs`] the wiring chose at start-up — the embedded store ([`local`]) or the
+//! room's JetStream subject in cluster mode ([`stream`]). A log decides when an event is
+//! durable and hands it to the room ([`RoomCore::deliver`]); subscribers, recovery and
+//! batching are the same in both modes.
+
+mod local;
+mod stream;
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+
+pub use self::local::LocalRoomLogs;
+pub use self::stream::StreamRoomLogs;
+use super::backlog::{Backlog, Reserve};
+use super::messages::*;
+use crate::cluster::roomlog::StreamEvent;
+use crate::core::batch::{BatchAction, BatchWindow};
+use crate::core::seqlog::{Recovery, Retention, SeqLog};
+use crate::protocol;
+use crate::store::EventRecord;
+use crate::world::now_ms;
+
+/// Limits every room shares.
+#[derive(Clone)]
+pub struct RoomSettings {
+    pub metrics: Arc<crate::metrics::Metrics>,
+    pub retention: Retention,
+    pub recovery_max_events: u64,
+    /// A room with no subscribers and nothing pending stops after this long.
+    pub idle_stop: Duration,
+    /// How often a room trims expired history and checks whether it is idle.
+    pub tick: Duration,
+    /// How long durable events gather before they leave as one frame (0: every flush).
+    pub batch_window: Duration,
+}
+
+/// Makes each room's log; one implementation per backend, chosen once at start-up.
+pub trait RoomLogs: Send + Sync + 'static {
+    fn open(&self, room: &Arc<str>) -> Box<dyn RoomLog>;
+}
+
+/// Where one room's events are kept, as the room actor needs it. Its asynchronous work
+/// comes back through [`spawn_then`], [`wait_then`] and [`later`], which hand it its own
+/// state and the room's again.
+pub trait RoomLog: Any {
+    /// Fill `room.state` from what is stored (a log that reads asynchronously sets
+    /// `Loading` and holds the room's mailbox until it is done).
+    fn load(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>);
+    /// Create a room never written (a new epoch, head 0), on its first write or subscribe.
+    fn create(&mut self, room: &str, retention: Retention) -> Result<SeqLog<Arc<Delivery>>, RoomLogError>;
+    /// Store a publish and answer it once it is durable (a known id is a duplicate).
+    fn publish(&mut self, room: &mut RoomCore, msg: Publish, ctx: &mut Context<RoomActor>);
+    /// The room's log dropped its events below `first_kept` by age.
+    fn expired(&mut self, room: &RoomCore, first_kept: u64);
+    /// Whether requests still wait on the log (the room must not stop while they do).
+    fn busy(&self) -> bool;
+    /// A subscribe while the stored state cannot be read: `Some` refuses it now, `None`
+    /// keeps it for when the room loads.
+    fn hold_subscribe(&mut self, msg: Subscribe) -> Option<Subscribe> {
+        Some(msg)
+    }
+    /// A connection left before its held subscribe was answered.
+    fn unsubscribed(&mut self, _conn: ConnId, _generation: u64) {}
+    /// Another node's event (cluster mode).
+    fn live_event(&mut self, _room: &mut RoomCore, _event: StreamEvent, _ctx: &mut Context<RoomActor>) {}
+    /// Read what other writers added that this room may have missed.
+    fn catch_up(&mut self, _room: &mut RoomCore, _ctx: &mut Context<RoomActor>) {}
+    /// The room starts with parked subscribers, adopted for an event after `replay_after`.
+    fn adopted(&mut self, _replay_after: Option<u64>) {}
+}
+
+/// The log of type `L` of the room running `work`'s continuation.
+fn parts<L: RoomLog>(actor: &mut RoomActor) -> (&mut L, &mut RoomCore) {
+    let log = (actor.log.as_mut() as &mut dyn Any).downcast_mut::<L>().expect("a room's log keeps its type");
+    (log, &mut actor.core)
+}
+
+/// Run `work` on the room's context, then `then` with the room's log and the result.
+fn spawn_then<L: RoomLog, T: 'static>(
+    ctx: &mut Context<RoomActor>,
+    work: impl Future<Output = T> + 'static,
+    then: impl FnOnce(&mut L, &mut RoomCore, T, &mut Context<RoomActor>) + 'static,
+) {
+    ctx.spawn(actix::fut::wrap_future::<_, RoomActor>(work).map(move |out, actor, ctx| {
+        let (log, room) = parts::<L>(actor);
+        then(log, room, out, ctx)
+    }));
+}
+
+/// [`spawn_then`], holding the room's mailbox until `then` has run.
+fn wait_then<L: RoomLog, T: 'static>(
+    ctx: &mut Context<RoomActor>,
+    work: impl Future<Output = T> + 'static,
+    then: impl FnOnce(&mut L, &mut RoomCore, T, &mut Context<RoomActor>) + 'static,
+) {
+    ctx.wait(actix::fut::wrap_future::<_, RoomActor>(work).map(move |out, actor, ctx| {
+        let (log, room) = parts::<L>(actor);
+        then(log, room, out, ctx)
+    }));
+}
+
+/// Run `then` with the room's log after `after`.
+fn later<L: RoomLog>(
+    ctx: &mut Context<RoomActor>,
+    after: Duration,
+    then: impl FnOnce(&mut L, &mut RoomCore, &mut Context<RoomActor>) + 'static,
+) {
+    ctx.run_later(after, move |actor, ctx| {
+        let (log, room) = parts::<L>(actor);
+        then(log, room, ctx)
+    });
+}
+
+enum RoomState {
+    /// The retained events are being read (cluster mode).
+    Loading,
+    /// Never created: no epoch yet. Reads answer empty; a write creates it.
+    Absent,
+    Live(SeqLog<Arc<Delivery>>),
+    /// The stored state could not be read; every request gets this error.
+    Failed(RoomLogError),
+}
+
+struct Subscriber {
+    to: Recipient<RoomUpdate>,
+    backlog: Arc<Backlog>,
+    generation: u64,
+    /// A connection's automatic inbox subscription (see [`Parked`]).
+    automatic: bool,
+}
+
+/// What a room needs of the table that started it: a place to leave its automatic
+/// subscribers when it stops idle. Defined here, implemented by the rooms table, so a room
+/// does not know the table's type.
+pub trait RoomHome: Send + Sync {
+    fn retire(&self, room: &Arc<str>, addr: &Addr<RoomActor>, subscribers: Vec<Parked>);
+}
+
+pub struct RoomActor {
+    core: RoomCore,
+    log: Box<dyn RoomLog>,
+}
+
+/// What a room is whatever keeps its events: its log in memory, its subscribers and its
+/// window.
+pub struct RoomCore {
+    name: Arc<str>,
+    settings: RoomSettings,
+    home: Weak<dyn RoomHome>,
+    state: RoomState,
+    subscribers: HashMap<ConnId, Subscriber>,
+    /// Durable events not yet sent to subscribers (contiguous seqs), and the window that
+    /// sends them.
+    pending: Vec<Arc<Delivery>>,
+    window: BatchWindow,
+    last_active: Instant,
+    stopped: bool,
+}
+
+/// Render a stored event once for every subscriber.
+fn render(room: &str, event: &EventRecord) -> Arc<Delivery> {
+    Arc::new(Delivery {
+        seq: event.seq,
+        ts_ms: event.ts_ms,
+        json: protocol::render_event(room, event.seq, &event.id, event.ts_ms, &event.data).into(),
+        devices: event.devices.as_ref().map(|d| d.iter().map(|s| s.as_str().into()).collect()),
+    })
+}
+
+impl RoomActor {
+    /// A room kept in `log`; it is read when the actor starts.
+    pub fn new(name: Arc<str>, log: Box<dyn RoomLog>, settings: RoomSettings, home: Weak<dyn RoomHome>) -> Self {
+        let core = RoomCore {
+            name,
+            home,
+            state: RoomState::Loading,
+            subscribers: HashMap::new(),
+            pending: Vec::new(),
+            window: BatchWindow::new(settings.batch_window),
+            settings,
+            last_active: Instant::now(),
+            stopped: false,
+        };
+        RoomActor { core, log }
+    }
+
+    /// Take over the room's parked subscribers (automatic inbox subscriptions). They get
+    /// no `Subscribed`: everything this actor delivers is newer than what they were sent.
+    /// `replay_after` names the live event that started the room (cluster mode).
+    pub fn adopting(mut self, parked: Vec<Parked>, replay_after: Option<u64>) -> Self {
+        if !parked.is_empty() {
+            self.log.adopted(replay_after);
+        }
+        for p in parked {
+            let subscriber = Subscriber { to: p.to, backlog: p.backlog, generation: p.generation, automatic: true };
+            self.core.subscribers.insert(p.conn, subscriber);
+        }
+        self
+    }
+
+    fn tick(&mut self, ctx: &mut Context<Self>) {
+        let RoomActor { core, log } = self;
+        core.trim_expired(log.as_mut());
+        if !core.subscribers.is_empty() {
+            // A live copy lost while NATS reconnected is found here at the latest.
+            log.catch_up(core, ctx);
+        }
+        core.subscribers.retain(|_, sub| sub.to.connected());
+        // An inbox followed only by its users' automatic subscriptions parks them and
+        // stops like an unwatched room: its actor lives while messages come.
+        let unwatched = core.subscribers.values().all(|sub| sub.automatic);
+        let idle = unwatched && core.pending.is_empty() && !log.busy() && !matches!(core.state, RoomState::Loading);
+        if idle && core.last_active.elapsed() >= core.settings.idle_stop {
+            let parked: Vec<Parked> = core
+                .subscribers
+                .drain()
+                .map(|(conn, sub)| Parked { conn, to: sub.to, backlog: sub.backlog, generation: sub.generation })
+                .collect();
+            if let Some(home) = core.home.upgrade() {
+                home.retire(&core.name, &ctx.address(), parked);
+            }
+            core.stopped = true;
+            tracing::debug!(room = %core.name, "idle room stopped");
+            ctx.stop();
+        }
+    }
+}
+
+impl RoomCore {
+    /// Every request starts here: a stopped room sends the caller back to the rooms
+    /// table, a live one counts the request as activity.
+    fn admit(&mut self) -> Result<(), RoomGone> {
+        if self.stopped {
+            return Err(RoomGone);
+        }
+        self.last_active = Instant::now();
+        Ok(())
+    }
+
+    /// The room's log, creating the room (a new epoch, head 0) on first write.
+    fn live_log(&mut self, log: &mut dyn RoomLog) -> Result<&mut SeqLog<Arc<Delivery>>, RoomLogError> {
+        if let RoomState::Absent = self.state {
+            self.state = RoomState::Live(log.create(&self.name, self.settings.retention)?);
+        }
+        match &mut self.state {
+            RoomState::Live(log) => Ok(log),
+            RoomState::Failed(why) => Err(why.clone()),
+            RoomState::Absent | RoomState::Loading => Err(RoomLogError::NotLoaded),
+        }
+    }
+
+    fn trim_expired(&mut self, log: &mut dyn RoomLog) {
+        if let RoomState::Live(events) = &mut self.state {
+            if let Some(first_kept) = events.trim_expired(now_ms()) {
+                log.expired(self, first_kept);
+            }
+        }
+    }
+
+    /// Newly durable events join the open window; the first one opens it (window 0:
+    /// they leave at once). With nobody subscribed there is nobody to send them to: a
+    /// later subscriber starts after them (or gets them in its replay).
+    fn deliver(&mut self, fresh: Vec<Arc<Delivery>>, ctx: &mut Context<RoomActor>) {
+        if fresh.is_empty() || self.subscribers.is_empty() {
+            return;
+        }
+        self.pending.extend(fresh);
+        match self.window.on_event(Instant::now()) {
+            BatchAction::SendNow => self.close_window(),
+            BatchAction::ArmTimer(at) => {
+                ctx.run_later(at.saturating_duration_since(Instant::now()), |room, _| room.core.close_window());
+            }
+            BatchAction::Wait => {}
+        }
+    }
+
+    /// Send the window's events, rendered once, to every subscriber, evicting those too
+    /// far behind. The window's metrics are taken here, once, not per subscriber.
+    fn close_window(&mut self) {
+        self.window.on_sent();
+        if self.pending.is_empty() {
+            return;
+        }
+        let events = std::mem::take(&mut self.pending);
+        let metrics = &self.settings.metrics;
+        metrics.batch_events.observe(events.len() as f64);
+        metrics.delivery_latency.observe(now_ms().saturating_sub(events[0].ts_ms) as f64 / 1000.0);
+        for window in Window::cut(events) {
+            self.send_window(window);
+        }
+    }
+
+    fn send_window(&mut self, window: Arc<Window>) {
+        let bytes = window.frame.len();
+        let (name, metrics) = (&self.name, &self.settings.metrics);
+        // Subscribers that went away unsubscribe, and the tick prunes any left over.
+        self.subscribers.retain(|conn, sub| match sub.backlog.reserve(bytes) {
+            Reserve::Ok => {
+                sub.to.do_send(RoomUpdate::Events { room: name.clone(), window: window.clone() });
+                true
+            }
+            Reserve::EvictNow => {
+                tracing::info!(room = %name, conn, outstanding = sub.backlog.outstanding(), "slow consumer evicted");
+                metrics.slow_consumer_closes.inc();
+                sub.to.do_send(RoomUpdate::SlowConsumer);
+                false
+            }
+            Reserve::Evicted => false,
+        });
+    }
+
+    /// Add a subscriber at the durable head: it gets the replay up to that head now, and
+    /// of the open window's events only those after it (the connection drops the rest).
+    fn subscribe(&mut self, msg: Subscribe, log: &mut dyn RoomLog) {
+        self.trim_expired(log);
+        let max_events = self.settings.recovery_max_events;
+        let name = self.name.clone();
+        // A subscribe overtaken by a newer one of the same connection is void (the
+        // connection sees its generation is stale and never waits for an answer).
+        if self.subscribers.get(&msg.conn).is_some_and(|s| s.generation > msg.generation) {
+            return;
+        }
+        // An inbox never written to is not created for its automatic subscription.
+        if msg.automatic && matches!(self.state, RoomState::Absent) {
+            let subscriber = Subscriber { to: msg.to, backlog: msg.backlog, generation: msg.generation, automatic: true };
+            self.subscribers.insert(msg.conn, subscriber);
+            return;
+        }
+        let events = match self.live_log(log) {
+            Ok(events) => events,
+            Err(why) => {
+                let generation = msg.generation;
+                let message = why.to_string();
+                msg.to.do_send(RoomUpdate::Refused { room: name, reference: msg.reference, message, generation });
+                return;
+            }
+        };
+        let head = events.durable();
+        let (recovered, replay) = match msg.since {
+            None => (None, Vec::new()),
+            Some(since) => match events.recover(since, msg.epoch.as_deref(), max_events) {
+                Recovery::Replay(replayed) => (Some(true), replayed.into_iter().map(|e| e.payload.clone()).collect()),
+                Recovery::NotRecovered(why) => {
+                    tracing::debug!(room = %name, since, ?why, "recovery refused");
+                    (Some(false), Vec::new())
+                }
+            },
+        };
+        msg.to.do_send(RoomUpdate::Subscribed {
+            room: name,
+            epoch: events.epoch().into(),
+            head,
+            recovered,
+            replay,
+            reference: msg.reference,
+            generation: msg.generation,
+        });
+        let subscriber = Subscriber { to: msg.to, backlog: msg.backlog, generation: msg.generation, automatic: msg.automatic };
+        self.subscribers.insert(msg.conn, subscriber);
+    }
+}
+
+impl Actor for RoomActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.run_interval(self.core.settings.tick, |room, ctx| room.tick(ctx));
+        let RoomActor { core, log } = self;
+        log.load(core, ctx);
+    }
+}
+
+impl Handler<LiveEvent> for RoomActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: LiveEvent, ctx: &mut Self::Context) {
+        self.log.live_event(&mut self.core, msg.0, ctx);
+    }
+}
+
+impl Handler<Resync> for RoomActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Resync, ctx: &mut Self::Context) {
+        ctx.run_later(msg.after, |room, ctx| room.log.catch_up(&mut room.core, ctx));
+    }
+}
+
+impl Handler<Publish> for RoomActor {
+    type Result = Result<(), RoomGone>;
+
+    fn handle(&mut self, msg: Publish, ctx: &mut Self::Context) -> Self::Result {
+        self.core.admit()?;
+        self.log.publish(&mut self.core, msg, ctx);
+        Ok(())
+    }
+}
+
+impl Handler<Subscribe> for RoomActor {
+    type Result = Result<(), RoomGone>;
+
+    fn handle(&mut self, msg: Subscribe, _ctx: &mut Self::Context) -> Self::Result {
+        self.core.admit()?;
+        let msg = match self.core.state {
+            RoomState::Failed(_) => match self.log.hold_subscribe(msg) {
+                Some(refused) => refused,
+                None => return Ok(()),
+            },
+            _ => msg,
+        };
+        self.core.subscribe(msg, self.log.as_mut());
+        Ok(())
+    }
+}
+
+impl Handler<CloseWindow> for RoomActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: CloseWindow, _ctx: &mut Self::Context) {
+        self.core.close_window();
+    }
+}
+
+impl Handler<Unsubscribe> for RoomActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Unsubscribe, _ctx: &mut Self::Context) {
+        let core = &mut self.core;
+        if core.subscribers.get(&msg.conn).is_some_and(|s| s.generation <= msg.generation) {
+            core.subscribers.remove(&msg.conn);
+        }
+        self.log.unsubscribed(msg.conn, msg.generation);
+        core.last_active = Instant::now();
+    }
+}
+
+impl Handler<ReadHistory> for RoomActor {
+    type Result = Result<HistoryPage, RoomGone>;
+
+    fn handle(&mut self, msg: ReadHistory, _ctx: &mut Self::Context) -> Self::Result {
+        self.core.admit()?;
+        self.core.trim_expired(self.log.as_mut());
+        Ok(match &self.core.state {
+            RoomState::Absent | RoomState::Failed(_) | RoomState::Loading => HistoryPage {
+                epoch: None,
+                head: 0,
+                events: Vec::new(),
+                complete: matches!(self.core.state, RoomState::Absent),
+            },
+            RoomState::Live(log) => {
+                let (events, complete) = log.read(msg.since, msg.limit);
+                HistoryPage {
+                    epoch: Some(log.epoch().into()),
+                    head: log.durable(),
+                    events: events.into_iter().map(|e| e.payload.clone()).collect(),
+                    complete,
+                }
+            }
+        })
+    }
+}

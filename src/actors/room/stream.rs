@@ -1,0 +1,301 @@
+//! A room's log in cluster mode: the room's JetStream subject. The room loads the
+//! retained events when it starts, appends one event at a time with the stream's
+//! expected-sequence guard (catching up and retrying when another node wrote first),
+//! and takes other nodes' events from the live feed ([`LiveEvent`]), reading the stream
+//! to fill any gap. An event is delivered only once the stream stored it.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+
+use super::{later, render, spawn_then, wait_then, RoomActor, RoomCore, RoomLog, RoomLogs, RoomState};
+use crate::actors::messages::*;
+use crate::cluster::roomlog::{self, AppendError, Appended, LoadedRoom, StreamEvent};
+use crate::cluster::{Cluster, ClusterError};
+use crate::core::seqlog::{Entry, Retention, SeqLog};
+use crate::store::EventRecord;
+use crate::world::now_ms;
+
+/// How often an append that keeps losing to other nodes is retried before it fails.
+const APPEND_ATTEMPTS: u32 = 20;
+
+/// The cluster's room logs, one JetStream subject per room.
+pub struct StreamRoomLogs(pub Cluster);
+
+impl RoomLogs for StreamRoomLogs {
+    fn open(&self, _room: &Arc<str>) -> Box<dyn RoomLog> {
+        Box::new(StreamLog {
+            cluster: self.0.clone(),
+            last_stream_seq: 0,
+            queue: VecDeque::new(),
+            appending: false,
+            catching_up: false,
+            conflicts: 0,
+            waiting_subscribers: Vec::new(),
+            replay_after: None,
+        })
+    }
+}
+
+/// The append in flight and the publishes queued behind it.
+struct StreamLog {
+    cluster: Cluster,
+    /// Stream sequence of the newest event the log holds (0: none).
+    last_stream_seq: u64,
+    queue: VecDeque<Publish>,
+    appending: bool,
+    catching_up: bool,
+    /// Conflicts the front publish met so far.
+    conflicts: u32,
+    /// Subscribes that arrived while the stream could not be read.
+    waiting_subscribers: Vec<Subscribe>,
+    /// Parked subscribers adopted for a live event: once loaded, they get the events
+    /// after this seq (the live event and any that came while loading).
+    replay_after: Option<u64>,
+}
+
+fn entry(room: &str, event: &EventRecord) -> Entry<Arc<Delivery>> {
+    Entry { seq: event.seq, payload: render(room, event), id: event.id.as_str().into(), ts_ms: event.ts_ms }
+}
+
+impl StreamLog {
+    fn loaded(&mut self, room: &mut RoomCore, loaded: Result<LoadedRoom, ClusterError>, ctx: &mut Context<RoomActor>) {
+        match loaded {
+            Ok(stored) => {
+                let head = stored.events.last().map_or(0, |e| e.event.seq);
+                self.last_stream_seq = stored.events.last().map_or(0, |e| e.stream_seq);
+                let entries = stored.events.iter().map(|e| entry(&room.name, &e.event)).collect();
+                let log = SeqLog::restore(stored.epoch, head, entries, room.settings.retention);
+                let replay: Vec<Arc<Delivery>> = match self.replay_after.take() {
+                    Some(after) => log.read(after, usize::MAX).0.into_iter().map(|e| e.payload.clone()).collect(),
+                    None => Vec::new(),
+                };
+                room.state = RoomState::Live(log);
+                tracing::debug!(room = %room.name, head, adopted = room.subscribers.len(), "room loaded from the stream");
+                // The only subscribers yet are the adopted ones: requests wait for the load.
+                if !replay.is_empty() {
+                    for window in Window::cut(replay) {
+                        room.send_window(window);
+                    }
+                }
+                for waiting in std::mem::take(&mut self.waiting_subscribers) {
+                    room.subscribe(waiting, self);
+                }
+            }
+            Err(error) => {
+                tracing::warn!(room = %room.name, %error, "room could not be read from the stream; retrying");
+                room.state = RoomState::Failed(error.into());
+                later(ctx, Duration::from_secs(1), |stream: &mut StreamLog, room, ctx| {
+                    if matches!(room.state, RoomState::Failed(_)) && !room.stopped {
+                        stream.load(room, ctx);
+                    }
+                });
+            }
+        }
+    }
+
+    /// Start appending the first queued publish, unless an append or catch-up runs.
+    fn pump(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>) {
+        if self.appending || self.catching_up {
+            return;
+        }
+        let RoomState::Live(log) = &room.state else {
+            for msg in self.queue.drain(..) {
+                let _ = msg.reply.send(Err(RoomLogError::NotLoaded.into()));
+            }
+            return;
+        };
+        // A queued id the stream got meanwhile (a retry racing its original) is answered.
+        while let Some(seq) = self.queue.front().and_then(|front| log.seq_of(&front.id)) {
+            let msg = self.queue.pop_front().expect("front exists");
+            let _ = msg.reply.send(Ok(Published { seq, epoch: log.epoch().into(), duplicate: true }));
+        }
+        let Some(front) = self.queue.front() else { return };
+        let record = EventRecord {
+            seq: log.head() + 1,
+            id: front.id.to_string(),
+            ts_ms: now_ms(),
+            data: front.data.to_string(),
+            devices: front.devices.clone(),
+        };
+        self.appending = true;
+        let (cluster, name, expected) = (self.cluster.clone(), room.name.clone(), self.last_stream_seq);
+        let append = async move {
+            let result = roomlog::append(&cluster, &name, expected, &record).await;
+            (record, result)
+        };
+        spawn_then(ctx, append, |stream: &mut StreamLog, room, (record, result), ctx| stream.appended(room, record, result, ctx));
+    }
+
+    fn appended(&mut self, room: &mut RoomCore, record: EventRecord, result: Result<Appended, AppendError>, ctx: &mut Context<RoomActor>) {
+        self.appending = false;
+        match result {
+            Ok(Appended { stream_seq, duplicate: false }) => {
+                self.conflicts = 0;
+                let seq = record.seq;
+                self.apply(room, StreamEvent { stream_seq, event: record }, ctx);
+                if let (Some(msg), RoomState::Live(log)) = (self.queue.pop_front(), &room.state) {
+                    let _ = msg.reply.send(Ok(Published { seq, epoch: log.epoch().into(), duplicate: false }));
+                }
+                self.pump(room, ctx);
+            }
+            // Stored before (a retried publish): read what this node missed, then the
+            // queue answers it as a duplicate. Counted like a conflict, so an id whose
+            // event is no longer in the history cannot loop.
+            Ok(Appended { duplicate: true, .. }) | Err(AppendError::Conflict) => {
+                self.conflicts += 1;
+                if matches!(result, Err(AppendError::Conflict)) {
+                    room.settings.metrics.cluster_append_conflicts.inc();
+                }
+                if self.conflicts >= APPEND_ATTEMPTS {
+                    self.conflicts = 0;
+                    if let Some(msg) = self.queue.pop_front() {
+                        let _ = msg.reply.send(Err(PublishFailed::Contended));
+                    }
+                }
+                self.catch_up(room, ctx);
+            }
+            Err(AppendError::Cluster(error)) => {
+                tracing::warn!(room = %room.name, %error, "append to the stream failed");
+                self.conflicts = 0;
+                if let Some(msg) = self.queue.pop_front() {
+                    let _ = msg.reply.send(Err(error.into()));
+                }
+                // A timed-out append may be stored anyway: read before the next one.
+                self.catch_up(room, ctx);
+            }
+        }
+    }
+
+    /// Take an event from the stream: the next seq is appended and delivered, an older
+    /// one is ignored, and a gap is filled by reading the stream first.
+    fn apply(&mut self, room: &mut RoomCore, stored: StreamEvent, ctx: &mut Context<RoomActor>) {
+        let RoomState::Live(log) = &mut room.state else { return };
+        let seq = stored.event.seq;
+        if seq <= log.head() {
+            return;
+        }
+        if seq > log.head() + 1 {
+            self.catch_up(room, ctx);
+            return;
+        }
+        let payload = render(&room.name, &stored.event);
+        if log.append_sequenced(seq, stored.event.id.as_str().into(), stored.event.ts_ms, payload.clone()).is_ok() {
+            self.last_stream_seq = stored.stream_seq;
+            room.deliver(vec![payload], ctx);
+        }
+    }
+
+    /// [`StreamLog::apply`] for events read from the stream: when the stream no longer
+    /// holds the next seq (its retention dropped it), the log jumps to what it holds.
+    fn apply_or_jump(&mut self, room: &mut RoomCore, stored: StreamEvent, ctx: &mut Context<RoomActor>) {
+        if let RoomState::Live(log) = &mut room.state {
+            if stored.event.seq > log.head() + 1 {
+                tracing::warn!(room = %room.name, head = log.head(), next = stored.event.seq, "events beyond the stream's retention are gone; skipping ahead");
+                let epoch = log.epoch().to_string();
+                *log = SeqLog::restore(epoch, stored.event.seq - 1, Vec::new(), room.settings.retention);
+            }
+        }
+        self.apply(room, stored, ctx);
+    }
+}
+
+impl RoomLog for StreamLog {
+    fn load(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>) {
+        room.state = RoomState::Loading;
+        let (cluster, name) = (self.cluster.clone(), room.name.clone());
+        // Requests wait in the mailbox until the room is loaded.
+        let load = async move { roomlog::load(&cluster, &name).await };
+        wait_then(ctx, load, |stream: &mut StreamLog, room, loaded, ctx| stream.loaded(room, loaded, ctx));
+    }
+
+    /// The stream always names the room's epoch: a room is never absent here.
+    fn create(&mut self, _room: &str, _retention: Retention) -> Result<SeqLog<Arc<Delivery>>, RoomLogError> {
+        Err(RoomLogError::NotLoaded)
+    }
+
+    fn publish(&mut self, room: &mut RoomCore, msg: Publish, ctx: &mut Context<RoomActor>) {
+        let log = match room.live_log(self) {
+            Ok(log) => log,
+            Err(why) => {
+                let _ = msg.reply.send(Err(why.into()));
+                return;
+            }
+        };
+        if let Some(seq) = log.seq_of(&msg.id) {
+            let _ = msg.reply.send(Ok(Published { seq, epoch: log.epoch().into(), duplicate: true }));
+            return;
+        }
+        self.queue.push_back(msg);
+        self.pump(room, ctx);
+    }
+
+    /// The stream keeps the newest event (it holds the room's head): only a log emptied
+    /// by age is purged from it, down to that one.
+    fn expired(&mut self, room: &RoomCore, _first_kept: u64) {
+        let RoomState::Live(log) = &room.state else { return };
+        if log.oldest().is_some() {
+            return;
+        }
+        let (cluster, name) = (self.cluster.clone(), room.name.clone());
+        actix::spawn(async move {
+            if let Err(error) = roomlog::purge_expired(&cluster, &name).await {
+                tracing::warn!(room = %name, %error, "could not delete expired history from the stream");
+            }
+        });
+    }
+
+    fn busy(&self) -> bool {
+        !self.queue.is_empty() || !self.waiting_subscribers.is_empty() || self.appending
+    }
+
+    /// The subscriber waits for the room to load (retried every second) instead of being
+    /// refused for good.
+    fn hold_subscribe(&mut self, msg: Subscribe) -> Option<Subscribe> {
+        self.waiting_subscribers.push(msg);
+        None
+    }
+
+    fn unsubscribed(&mut self, conn: ConnId, generation: u64) {
+        self.waiting_subscribers.retain(|w| w.conn != conn || w.generation > generation);
+    }
+
+    fn live_event(&mut self, room: &mut RoomCore, event: StreamEvent, ctx: &mut Context<RoomActor>) {
+        self.apply(room, event, ctx);
+    }
+
+    /// Read what the stream holds beyond this node's head, then go on appending.
+    fn catch_up(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>) {
+        if self.catching_up || room.stopped || !matches!(room.state, RoomState::Live(_)) {
+            return;
+        }
+        self.catching_up = true;
+        let (cluster, name, after) = (self.cluster.clone(), room.name.clone(), self.last_stream_seq);
+        let read = async move { roomlog::read_after(&cluster, &name, after).await };
+        spawn_then(ctx, read, |stream: &mut StreamLog, room, result, ctx| {
+            stream.catching_up = false;
+            match result {
+                Ok(events) => {
+                    for event in events {
+                        stream.apply_or_jump(room, event, ctx);
+                    }
+                    stream.pump(room, ctx);
+                }
+                Err(error) => {
+                    tracing::warn!(room = %room.name, %error, "catching up from the stream failed; retrying");
+                    let failed = PublishFailed::from(error);
+                    for msg in stream.queue.drain(..) {
+                        let _ = msg.reply.send(Err(failed.clone()));
+                    }
+                    later(ctx, Duration::from_millis(500), |stream: &mut StreamLog, room, ctx| stream.catch_up(room, ctx));
+                }
+            }
+        });
+    }
+
+    fn adopted(&mut self, replay_after: Option<u64>) {
+        self.replay_after = replay_after;
+    }
+}
