@@ -1,114 +1,207 @@
 //! Typed configuration: defaults, then a TOML file, then `LIVEGATE_*` environment
 //! variables, then command-line flags (later wins). Validated once at start and passed
 //! explicitly; nothing else reads the environment.
+//!
+//! Each key is declared once, in the `config_keys!` list below: name, type, default, value
+//! name and help. The [`Config`] struct and its `Default`, the clap-derived [`ConfigFlags`],
+//! [`KEYS`] and the by-name setter the layers use all come from that list. Flags and
+//! variables stay text until [`Config::load`] parses them with the same rules as the file's
+//! values, so whichever layer holds a bad value, the message names it (`--heartbeat-secs`,
+//! `LIVEGATE_HEARTBEAT_SECS`, `heartbeat_secs in FILE`), and validation says which layer
+//! set the value it refuses. Secrets (`api_key`, `previous_api_keys`) are never echoed.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-/// Every key of the configuration. Durations are whole numbers in the unit their name ends with.
-#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Config {
-    /// Address the HTTP and WebSocket server listens on.
-    pub listen: SocketAddr,
-    /// Directory of the embedded sled store (and the generated API key file).
-    pub data_dir: PathBuf,
-    /// Key backends present as `Authorization: Bearer <api_key>`; generated and stored
-    /// under `data_dir` when absent.
-    pub api_key: Option<String>,
-    /// This node's name, reported in `welcome` and `/v1/route`.
-    pub node: String,
-    /// Per-room batching window: durable events leave as one frame per window; 0 sends
-    /// each flush at once.
-    pub batch_window_ms: u64,
-    /// Server ping interval; a connection silent for 3 intervals is closed with 4008.
-    pub heartbeat_secs: u64,
-    /// Events kept per room.
-    pub history_size: usize,
-    /// Events older than this are trimmed from history.
-    pub history_ttl_secs: u64,
-    /// Reverse proxies (addresses or blocks such as `10.0.0.0/8`) whose `X-Forwarded-For`
-    /// names the client address the per-IP limits count.
-    pub trusted_proxies: Vec<String>,
-    /// Largest page cache of the embedded store, in MiB.
-    pub store_cache_mb: u64,
-    /// A room nobody subscribes to (an inbox followed only by its users' automatic
-    /// subscriptions) stops its actor after this long without activity.
-    pub room_idle_secs: u64,
-    /// A recovery needing more events than this answers `recovered:false`.
-    pub recovery_max_events: u64,
-    /// Largest accepted event `data`, in bytes of JSON text.
-    pub max_event_bytes: usize,
-    /// Rooms one connection may subscribe to (the inbox room not counted).
-    pub max_subscriptions: usize,
-    /// Longest token lifetime `POST /v1/tokens` grants.
-    pub token_ttl_max_secs: u64,
-    /// Device kinds that keep one connection per user (newest wins).
-    pub exclusive_devices: Vec<String>,
-    pub migration_window_secs: u64,
-    pub warmup_secs: u64,
-    /// A session with no connection for this long is forgotten (its id then gets a new one).
-    pub session_ttl_secs: u64,
-    /// Disconnected sessions kept in memory for fast reconnects; older ones are read back
-    /// from the store.
-    pub session_cache_max: usize,
-    pub drain_wait_secs: u64,
-    pub drain_spread_secs: u64,
-    pub drain_grace_secs: u64,
-    /// Bytes a connection may have queued but unwritten before it is closed with 4009.
-    pub max_outbox_bytes: usize,
-    /// This node's cell (a group of nodes, e.g. a region).
-    pub cell: String,
-    /// URL clients use to reach this node (`/v1/route` answers it); default `http://<listen>`.
-    pub public_url: Option<String>,
-    /// Peer nodes, each `NAME=URL` or `NAME@CELL=URL` (cell defaults to this node's).
-    pub peers: Vec<String>,
-    /// How often each peer's `/healthz` is probed.
-    pub probe_interval_ms: u64,
-    /// Successful probes in a row before a peer counts as up again (one failure: down).
-    pub probe_up_after: u64,
-    /// API keys still accepted besides `api_key`, for rotation; reloaded on SIGHUP.
-    pub previous_api_keys: Vec<String>,
-    /// Browser origins allowed to open WebSockets (empty: any). Requests without an
-    /// `Origin` header (not from a browser) are always allowed.
-    pub allowed_origins: Vec<String>,
-    /// PEM certificate chain and private key: when both are set, the node serves HTTPS and WSS.
-    pub tls_cert: Option<PathBuf>,
-    pub tls_key: Option<PathBuf>,
-    /// Largest WebSocket frame a client may send.
-    pub max_frame_bytes: usize,
-    /// Largest client message, assembled from continuation frames.
-    pub max_message_bytes: usize,
-    /// WebSocket connections this node holds at most (0: no limit).
-    pub max_connections: usize,
-    /// WebSocket connections one client IP address may hold (0: no limit).
-    pub max_connections_per_ip: usize,
-    /// WebSocket handshakes per second one IP address may attempt, with a burst of twice that (0: no limit).
-    pub handshakes_per_ip_per_sec: u64,
-    /// Messages per second a connection may send, with a burst of twice that (0: no limit).
-    pub max_messages_per_sec: u64,
-    /// Refused client messages (malformed, over the rate) per minute before a close with 1008.
-    pub max_bad_messages: u64,
-    /// Largest `limit` of a history read.
-    pub max_history_limit: usize,
-    /// A connection that has not subscribed to any room this long after connecting is
-    /// closed with 1008 (0: never).
-    pub subscribe_timeout_secs: u64,
-    /// Time a client has to send a complete request head (and so a WebSocket upgrade).
-    pub handshake_timeout_ms: u64,
-    /// Test-only: `/v1/echo` echoes WebSocket messages without a token (for conformance suites).
-    pub ws_echo: bool,
-    /// Cluster mode: the NATS server (with JetStream) that joins the nodes. `None`: single node.
-    pub cluster_nats_url: Option<String>,
-    /// Cluster mode: after the directory (NATS) has been unreachable this long, new sessions
-    /// are refused instead of being queued.
-    pub directory_outage_secs: u64,
-    /// Cluster mode: how often this node announces itself; a peer not heard for three
-    /// periods is down.
-    pub cluster_heartbeat_ms: u64,
+/// The text `--help` shows after `[default: `: the default as written, unless given.
+macro_rules! shown {
+    ($default:expr) => { stringify!($default) };
+    ($default:expr => $shown:literal) => { $shown };
 }
+
+/// Declares the keys (see the invocation below for the syntax).
+macro_rules! config_keys {
+    ($($name:ident: $ty:ty = $default:expr $(=> $shown:literal)?, $value_name:literal, $help:literal;)*) => {
+        /// Every key of the configuration. Durations are whole numbers in the unit their name
+        /// ends with.
+        #[derive(Debug, Clone, PartialEq, serde::Serialize)]
+        pub struct Config {
+            $(#[doc = $help] pub $name: $ty,)*
+        }
+
+        impl Default for Config {
+            fn default() -> Self {
+                Config { $($name: $default,)* }
+            }
+        }
+
+        /// The configuration flags: `--config PATH` and one optional `--key-with-dashes VALUE`
+        /// per key, kept as text for [`Config::load`]. The flags are global: they may come
+        /// before or after a subcommand.
+        #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+        #[group(skip)]
+        pub struct ConfigFlags {
+            // `--config PATH` (when absent, `LIVEGATE_CONFIG` may name the file).
+            #[arg(long, global = true, help_heading = HELP_HEADING, value_name = "PATH", help = "TOML file with configuration keys (also LIVEGATE_CONFIG)")]
+            pub config: Option<PathBuf>,
+            $(#[arg(long, global = true, help_heading = HELP_HEADING, value_name = $value_name,
+                help = concat!($help, " [default: ", shown!($default $(=> $shown)?), "]"))]
+            $name: Option<String>,)*
+        }
+
+        /// Every key's name, in [`Config`] field order.
+        pub const KEYS: &[&str] = &[$(stringify!($name)),*];
+
+        impl Config {
+            /// Sets `key` from `raw`, checked against the key's type.
+            fn set(&mut self, key: &'static str, raw: Raw<'_>, origin: &Origin) -> Result<(), ConfigError> {
+                match key {
+                    $(stringify!($name) => self.$name = parse(key, raw, origin)?,)*
+                    _ => unreachable!("{key} is not in KEYS"),
+                }
+                Ok(())
+            }
+        }
+
+        impl ConfigFlags {
+            fn slot(&mut self, name: &str) -> Option<&mut Option<String>> {
+                match name {
+                    $(stringify!($name) => Some(&mut self.$name),)*
+                    _ => None,
+                }
+            }
+
+            /// The keys given as flags, with their text, in [`KEYS`] order.
+            fn given(&self) -> impl Iterator<Item = (&'static str, &str)> {
+                [$((stringify!($name), self.$name.as_deref())),*].into_iter().filter_map(|(key, text)| Some((key, text?)))
+            }
+        }
+    };
+}
+
+// `name: Type = default, "VALUE_NAME", "help";` — the help gets ` [default: default]`
+// appended; `default => "text"` shows `text` instead.
+config_keys! {
+    listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 7070)) => "127.0.0.1:7070", "ADDR",
+        "Address to listen on for HTTP and WebSocket";
+    data_dir: PathBuf = "./data".into() => "./data", "DIR",
+        "Directory of the embedded store and the generated API key";
+    api_key: Option<String> = None => "generated into DATA_DIR/api_key", "KEY",
+        "Key backends send as `Authorization: Bearer KEY` (16+ characters)";
+    node: String = default_node_name() => "the host name", "NAME",
+        "This node's name";
+    batch_window_ms: u64 = 100, "MS",
+        "Collect a room's events for this long before sending them as one frame; 0 sends at once";
+    heartbeat_secs: u64 = 30, "SECS",
+        "Server ping interval; a connection silent for 3 intervals is closed";
+    history_size: usize = 1000, "N",
+        "Events kept per room for recovery and history";
+    history_ttl_secs: u64 = 86400, "SECS",
+        "Events older than this are trimmed from history";
+    trusted_proxies: Vec<String> = Vec::new() => "none", "LIST",
+        "Reverse proxies (addresses or blocks like 10.0.0.0/8) whose X-Forwarded-For names the client for per-IP limits";
+    store_cache_mb: u64 = 64, "MIB",
+        "Largest page cache of the embedded store, in MiB";
+    room_idle_secs: u64 = 120, "SECS",
+        "A room nobody subscribes to frees its memory after this long idle; its history stays stored";
+    recovery_max_events: u64 = 1000, "N",
+        "A reconnecting client missing more events than this must reload its state";
+    max_event_bytes: usize = 65536, "BYTES",
+        "Largest accepted event data, in bytes of JSON";
+    max_subscriptions: usize = 128, "N",
+        "Rooms one connection may subscribe to";
+    token_ttl_max_secs: u64 = 86400, "SECS",
+        "Longest lifetime a minted token may ask for";
+    exclusive_devices: Vec<String> = vec!["phone".into(), "pc".into()] => "phone,pc", "LIST",
+        "Device kinds limited to one connection per user, newest wins";
+    migration_window_secs: u64 = 600, "SECS",
+        "A user's sessions move between nodes at most once per window";
+    warmup_secs: u64 = 120, "SECS",
+        "After a restart that finds sessions, validate reconnects against the store this long";
+    session_ttl_secs: u64 = 86400, "SECS",
+        "A session with no connection for this long is deleted; reconnecting sooner keeps it";
+    session_cache_max: usize = 10000, "N",
+        "Disconnected sessions kept in memory; the rest are read from the store on reconnect";
+    drain_wait_secs: u64 = 15, "SECS",
+        "On SIGTERM, report not-ready this long before closing connections";
+    drain_spread_secs: u64 = 5, "SECS",
+        "Spread the drain's reconnect requests over this long";
+    drain_grace_secs: u64 = 30, "SECS",
+        "Wait this long for clients to leave before closing them forcibly";
+    max_outbox_bytes: usize = 1048576, "BYTES",
+        "Bytes a connection may have queued before it is closed as too slow";
+    cell: String = "default".into() => "default", "CELL",
+        "This node's cell, a group of nodes such as a region";
+    public_url: Option<String> = None => "http://LISTEN", "URL",
+        "URL clients use to reach this node, answered by /v1/route";
+    peers: Vec<String> = Vec::new() => "none", "LIST",
+        "Peer nodes, each NAME=URL or NAME@CELL=URL, comma-separated";
+    probe_interval_ms: u64 = 1000, "MS",
+        "How often each peer's /healthz is probed";
+    probe_up_after: u64 = 3, "N",
+        "Successful probes in a row before a down peer counts as up";
+    previous_api_keys: Vec<String> = Vec::new() => "none", "LIST",
+        "API keys still accepted besides api_key, while backends move to the new one; reloaded on SIGHUP";
+    allowed_origins: Vec<String> = Vec::new() => "any", "LIST",
+        "Browser origins (scheme://host[:port]) allowed to open WebSockets; reloaded on SIGHUP";
+    tls_cert: Option<PathBuf> = None => "plain HTTP", "PEM",
+        "Certificate chain (PEM); with tls_key the node serves HTTPS and WSS";
+    tls_key: Option<PathBuf> = None => "none", "PEM",
+        "Private key (PEM) of tls_cert";
+    max_frame_bytes: usize = 65536, "BYTES",
+        "Largest WebSocket frame a client may send; larger closes with 1009";
+    max_message_bytes: usize = 65536, "BYTES",
+        "Largest client message assembled from fragments; larger closes with 1009";
+    max_connections: usize = 15000, "N",
+        "WebSocket connections this node holds, at most (open-file limit - 256) / 2; more are refused with 503; 0: only that bound";
+    max_connections_per_ip: usize = 1000, "N",
+        "WebSocket connections per client IP; more are refused with 429; 0: no limit";
+    handshakes_per_ip_per_sec: u64 = 100, "N",
+        "WebSocket handshakes per second per IP (burst: twice that); more get 429; 0: no limit";
+    max_messages_per_sec: u64 = 100, "N",
+        "Messages per second a connection may send (burst: twice that); more get error rate_limited; 0: no limit";
+    max_bad_messages: u64 = 100, "N",
+        "Refused messages (malformed or over the rate) per minute before the connection is closed with 1008";
+    max_history_limit: usize = 1000, "N",
+        "Largest limit a history read may ask for";
+    subscribe_timeout_secs: u64 = 0, "SECS",
+        "Close connections that subscribed to no room this long after connecting with 1008; 0: never";
+    handshake_timeout_ms: u64 = 5000, "MS",
+        "Time a client has to send a complete request head, e.g. the WebSocket upgrade";
+    ws_echo: bool = false, "BOOL",
+        "Test only: /v1/echo echoes WebSocket messages without a token, for conformance suites";
+    cluster_nats_url: Option<String> = None => "single node", "URL",
+        "Cluster mode: nats://HOST:PORT of a NATS server with JetStream shared by every node";
+    directory_outage_secs: u64 = 30, "SECS",
+        "Cluster mode: while NATS is unreachable, new sessions are queued this long, then refused";
+    cluster_heartbeat_ms: u64 = 1000, "MS",
+        "Cluster mode: heartbeat period; a peer not heard for 3 periods is down";
+}
+
+fn default_node_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_string()))
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "livegate".to_string())
+}
+
+const HELP_HEADING: &str = "Configuration (flags win over LIVEGATE_<KEY> variables, which win over the config file)";
+/// Prefix of every environment variable livegate reads.
+pub const ENV_PREFIX: &str = "LIVEGATE_";
+/// Environment variable naming the config file (same as `--config`).
+pub const ENV_CONFIG_FILE: &str = "LIVEGATE_CONFIG";
+/// Environment variable choosing the log format (same as `--log-format`).
+pub const ENV_LOG_FORMAT: &str = "LIVEGATE_LOG_FORMAT";
+/// `LIVEGATE_*` variables that are not configuration keys but are still known.
+const ENV_NOT_KEYS: &[&str] = &[ENV_CONFIG_FILE, ENV_LOG_FORMAT];
+/// Keys whose values are secrets: error messages never repeat them.
+const SECRET_KEYS: &[&str] = &["api_key", "previous_api_keys"];
+/// Shortest API key accepted, configured or read from the key file.
+pub const API_KEY_MIN_CHARS: usize = 16;
 
 /// A peer node, parsed from its `peers` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,243 +228,6 @@ fn parse_peer(entry: &str, own_cell: &str) -> Result<Peer, ConfigError> {
     Ok(Peer { name: name.to_string(), cell: cell.to_string(), url: url.trim_end_matches('/').to_string() })
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            listen: "127.0.0.1:7070".parse().expect("valid default address"),
-            data_dir: PathBuf::from("./data"),
-            api_key: None,
-            node: default_node_name(),
-            batch_window_ms: 100,
-            heartbeat_secs: 30,
-            history_size: 1000,
-            history_ttl_secs: 86_400,
-            room_idle_secs: 120,
-            store_cache_mb: 64,
-            trusted_proxies: Vec::new(),
-            recovery_max_events: 1000,
-            max_event_bytes: 65_536,
-            max_subscriptions: 128,
-            token_ttl_max_secs: 86_400,
-            exclusive_devices: vec!["phone".into(), "pc".into()],
-            migration_window_secs: 600,
-            warmup_secs: 120,
-            session_ttl_secs: 86_400,
-            session_cache_max: 10_000,
-            drain_wait_secs: 15,
-            drain_spread_secs: 5,
-            drain_grace_secs: 30,
-            max_outbox_bytes: 1_048_576,
-            cell: "default".into(),
-            public_url: None,
-            peers: Vec::new(),
-            probe_interval_ms: 1000,
-            probe_up_after: 3,
-            previous_api_keys: Vec::new(),
-            allowed_origins: Vec::new(),
-            tls_cert: None,
-            tls_key: None,
-            max_frame_bytes: 65_536,
-            max_message_bytes: 65_536,
-            max_connections: 15_000,
-            max_connections_per_ip: 1_000,
-            handshakes_per_ip_per_sec: 100,
-            max_messages_per_sec: 100,
-            max_bad_messages: 100,
-            max_history_limit: 1_000,
-            subscribe_timeout_secs: 0,
-            handshake_timeout_ms: 5_000,
-            ws_echo: false,
-            cluster_nats_url: None,
-            directory_outage_secs: 30,
-            cluster_heartbeat_ms: 1000,
-        }
-    }
-}
-
-fn default_node_name() -> String {
-    std::env::var("HOSTNAME")
-        .ok()
-        .filter(|h| !h.is_empty())
-        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_string()))
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "livegate".to_string())
-}
-
-// ---------------------------------------------------------------------------------------
-// The keys: one table drives the file, the environment, the flags and their help texts.
-// ---------------------------------------------------------------------------------------
-
-/// How a key's value is written, and so how a text value (environment, flag) is parsed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// A whole number; the text names the unit for error messages
-    /// ("a whole number of milliseconds").
-    Number(&'static str),
-    /// An IP address and port.
-    Address,
-    /// A filesystem path.
-    Path,
-    /// Free text.
-    Text,
-    /// A list of names; comma-separated in the environment and on the command line.
-    List,
-    /// `true` or `false`.
-    Bool,
-}
-
-impl Kind {
-    /// The expected form, as error messages say it.
-    pub fn expected(self) -> &'static str {
-        match self {
-            Kind::Number(form) => form,
-            Kind::Address => "an IP address and port such as 127.0.0.1:7070",
-            Kind::Path => "a directory path",
-            Kind::Text => "text",
-            Kind::List => "a comma-separated list such as phone,pc",
-            Kind::Bool => "true or false",
-        }
-    }
-}
-
-/// One configuration key: its name in the file, its flag, its kind and its help text.
-#[derive(Debug, Clone, Copy)]
-pub struct Key {
-    /// The name in the TOML file and, upper-cased after `LIVEGATE_`, in the environment.
-    pub name: &'static str,
-    /// The command-line flag without its leading dashes (`name` with `-` for `_`).
-    pub flag: &'static str,
-    pub kind: Kind,
-    /// Placeholder in `--help` (`--listen <ADDR>`).
-    pub value_name: &'static str,
-    pub help: &'static str,
-}
-
-impl Key {
-    /// The environment variable that sets this key: `LIVEGATE_` + the name in upper case.
-    pub fn env_var(&self) -> String {
-        format!("{ENV_PREFIX}{}", self.name.to_ascii_uppercase())
-    }
-}
-
-const MS: Kind = Kind::Number("a whole number of milliseconds");
-const SECS: Kind = Kind::Number("a whole number of seconds");
-const COUNT: Kind = Kind::Number("a whole number");
-const BYTES: Kind = Kind::Number("a whole number of bytes");
-
-/// Every configuration key, in `Config` field order. The one list: the TOML loader,
-/// the environment reader, the command-line flags and their help all come from here,
-/// and a unit test checks it against the fields of [`Config`].
-pub const KEYS: &[Key] = &[
-    Key { name: "listen", flag: "listen", kind: Kind::Address, value_name: "ADDR",
-        help: "Address to listen on for HTTP and WebSocket [default: 127.0.0.1:7070]" },
-    Key { name: "data_dir", flag: "data-dir", kind: Kind::Path, value_name: "DIR",
-        help: "Directory of the embedded store and the generated API key [default: ./data]" },
-    Key { name: "api_key", flag: "api-key", kind: Kind::Text, value_name: "KEY",
-        help: "Key backends send as `Authorization: Bearer KEY` (16+ characters) [default: generated into DATA_DIR/api_key]" },
-    Key { name: "node", flag: "node", kind: Kind::Text, value_name: "NAME",
-        help: "This node's name [default: the host name]" },
-    Key { name: "batch_window_ms", flag: "batch-window-ms", kind: MS, value_name: "MS",
-        help: "Collect a room's events for this long before sending them as one frame; 0 sends at once [default: 100]" },
-    Key { name: "heartbeat_secs", flag: "heartbeat-secs", kind: SECS, value_name: "SECS",
-        help: "Server ping interval; a connection silent for 3 intervals is closed [default: 30]" },
-    Key { name: "history_size", flag: "history-size", kind: COUNT, value_name: "N",
-        help: "Events kept per room for recovery and history [default: 1000]" },
-    Key { name: "history_ttl_secs", flag: "history-ttl-secs", kind: SECS, value_name: "SECS",
-        help: "Events older than this are trimmed from history [default: 86400]" },
-    Key { name: "trusted_proxies", flag: "trusted-proxies", kind: Kind::List, value_name: "LIST",
-        help: "Reverse proxies (addresses or blocks like 10.0.0.0/8) whose X-Forwarded-For names the client for per-IP limits [default: none]" },
-    Key { name: "store_cache_mb", flag: "store-cache-mb", kind: COUNT, value_name: "MIB",
-        help: "Largest page cache of the embedded store, in MiB [default: 64]" },
-    Key { name: "room_idle_secs", flag: "room-idle-secs", kind: SECS, value_name: "SECS",
-        help: "A room nobody subscribes to frees its memory after this long idle; its history stays stored [default: 120]" },
-    Key { name: "recovery_max_events", flag: "recovery-max-events", kind: COUNT, value_name: "N",
-        help: "A reconnecting client missing more events than this must reload its state [default: 1000]" },
-    Key { name: "max_event_bytes", flag: "max-event-bytes", kind: BYTES, value_name: "BYTES",
-        help: "Largest accepted event data, in bytes of JSON [default: 65536]" },
-    Key { name: "max_subscriptions", flag: "max-subscriptions", kind: COUNT, value_name: "N",
-        help: "Rooms one connection may subscribe to [default: 128]" },
-    Key { name: "token_ttl_max_secs", flag: "token-ttl-max-secs", kind: SECS, value_name: "SECS",
-        help: "Longest lifetime a minted token may ask for [default: 86400]" },
-    Key { name: "exclusive_devices", flag: "exclusive-devices", kind: Kind::List, value_name: "LIST",
-        help: "Device kinds limited to one connection per user, newest wins [default: phone,pc]" },
-    Key { name: "migration_window_secs", flag: "migration-window-secs", kind: SECS, value_name: "SECS",
-        help: "A user's sessions move between nodes at most once per window [default: 600]" },
-    Key { name: "warmup_secs", flag: "warmup-secs", kind: SECS, value_name: "SECS",
-        help: "After a restart that finds sessions, validate reconnects against the store this long [default: 120]" },
-    Key { name: "session_ttl_secs", flag: "session-ttl-secs", kind: SECS, value_name: "SECS",
-        help: "A session with no connection for this long is deleted; reconnecting sooner keeps it [default: 86400]" },
-    Key { name: "session_cache_max", flag: "session-cache-max", kind: COUNT, value_name: "N",
-        help: "Disconnected sessions kept in memory; the rest are read from the store on reconnect [default: 10000]" },
-    Key { name: "drain_wait_secs", flag: "drain-wait-secs", kind: SECS, value_name: "SECS",
-        help: "On SIGTERM, report not-ready this long before closing connections [default: 15]" },
-    Key { name: "drain_spread_secs", flag: "drain-spread-secs", kind: SECS, value_name: "SECS",
-        help: "Spread the drain's reconnect requests over this long [default: 5]" },
-    Key { name: "drain_grace_secs", flag: "drain-grace-secs", kind: SECS, value_name: "SECS",
-        help: "Wait this long for clients to leave before closing them forcibly [default: 30]" },
-    Key { name: "max_outbox_bytes", flag: "max-outbox-bytes", kind: BYTES, value_name: "BYTES",
-        help: "Bytes a connection may have queued before it is closed as too slow [default: 1048576]" },
-    Key { name: "cell", flag: "cell", kind: Kind::Text, value_name: "CELL",
-        help: "This node's cell, a group of nodes such as a region [default: default]" },
-    Key { name: "public_url", flag: "public-url", kind: Kind::Text, value_name: "URL",
-        help: "URL clients use to reach this node, answered by /v1/route [default: http://LISTEN]" },
-    Key { name: "peers", flag: "peers", kind: Kind::List, value_name: "LIST",
-        help: "Peer nodes, each NAME=URL or NAME@CELL=URL, comma-separated [default: none]" },
-    Key { name: "probe_interval_ms", flag: "probe-interval-ms", kind: MS, value_name: "MS",
-        help: "How often each peer's /healthz is probed [default: 1000]" },
-    Key { name: "probe_up_after", flag: "probe-up-after", kind: COUNT, value_name: "N",
-        help: "Successful probes in a row before a down peer counts as up [default: 3]" },
-    Key { name: "previous_api_keys", flag: "previous-api-keys", kind: Kind::List, value_name: "LIST",
-        help: "API keys still accepted besides api_key, while backends move to the new one; reloaded on SIGHUP [default: none]" },
-    Key { name: "allowed_origins", flag: "allowed-origins", kind: Kind::List, value_name: "LIST",
-        help: "Browser origins (scheme://host[:port]) allowed to open WebSockets; reloaded on SIGHUP [default: any]" },
-    Key { name: "tls_cert", flag: "tls-cert", kind: Kind::Path, value_name: "PEM",
-        help: "Certificate chain (PEM); with tls_key the node serves HTTPS and WSS [default: plain HTTP]" },
-    Key { name: "tls_key", flag: "tls-key", kind: Kind::Path, value_name: "PEM",
-        help: "Private key (PEM) of tls_cert [default: none]" },
-    Key { name: "max_frame_bytes", flag: "max-frame-bytes", kind: BYTES, value_name: "BYTES",
-        help: "Largest WebSocket frame a client may send; larger closes with 1009 [default: 65536]" },
-    Key { name: "max_message_bytes", flag: "max-message-bytes", kind: BYTES, value_name: "BYTES",
-        help: "Largest client message assembled from fragments; larger closes with 1009 [default: 65536]" },
-    Key { name: "max_connections", flag: "max-connections", kind: COUNT, value_name: "N",
-        help: "WebSocket connections this node holds, at most (open-file limit - 256) / 2; more are refused with 503; 0: only that bound [default: 15000]" },
-    Key { name: "max_connections_per_ip", flag: "max-connections-per-ip", kind: COUNT, value_name: "N",
-        help: "WebSocket connections per client IP; more are refused with 429; 0: no limit [default: 1000]" },
-    Key { name: "handshakes_per_ip_per_sec", flag: "handshakes-per-ip-per-sec", kind: COUNT, value_name: "N",
-        help: "WebSocket handshakes per second per IP (burst: twice that); more get 429; 0: no limit [default: 100]" },
-    Key { name: "max_messages_per_sec", flag: "max-messages-per-sec", kind: COUNT, value_name: "N",
-        help: "Messages per second a connection may send (burst: twice that); more get error rate_limited; 0: no limit [default: 100]" },
-    Key { name: "max_bad_messages", flag: "max-bad-messages", kind: COUNT, value_name: "N",
-        help: "Refused messages (malformed or over the rate) per minute before the connection is closed with 1008 [default: 100]" },
-    Key { name: "max_history_limit", flag: "max-history-limit", kind: COUNT, value_name: "N",
-        help: "Largest limit a history read may ask for [default: 1000]" },
-    Key { name: "subscribe_timeout_secs", flag: "subscribe-timeout-secs", kind: SECS, value_name: "SECS",
-        help: "Close connections that subscribed to no room this long after connecting with 1008; 0: never [default: 0]" },
-    Key { name: "handshake_timeout_ms", flag: "handshake-timeout-ms", kind: MS, value_name: "MS",
-        help: "Time a client has to send a complete request head, e.g. the WebSocket upgrade [default: 5000]" },
-    Key { name: "ws_echo", flag: "ws-echo", kind: Kind::Bool, value_name: "BOOL",
-        help: "Test only: /v1/echo echoes WebSocket messages without a token, for conformance suites [default: false]" },
-    Key { name: "cluster_nats_url", flag: "cluster-nats-url", kind: Kind::Text, value_name: "URL",
-        help: "Cluster mode: nats://HOST:PORT of a NATS server with JetStream shared by every node [default: single node]" },
-    Key { name: "directory_outage_secs", flag: "directory-outage-secs", kind: SECS, value_name: "SECS",
-        help: "Cluster mode: while NATS is unreachable, new sessions are queued this long, then refused [default: 30]" },
-    Key { name: "cluster_heartbeat_ms", flag: "cluster-heartbeat-ms", kind: MS, value_name: "MS",
-        help: "Cluster mode: heartbeat period; a peer not heard for 3 periods is down [default: 1000]" },
-];
-
-/// Prefix of every environment variable livegate reads.
-pub const ENV_PREFIX: &str = "LIVEGATE_";
-/// Environment variable naming the config file (same as `--config`).
-pub const ENV_CONFIG_FILE: &str = "LIVEGATE_CONFIG";
-/// Environment variable choosing the log format (same as `--log-format`).
-pub const ENV_LOG_FORMAT: &str = "LIVEGATE_LOG_FORMAT";
-/// `LIVEGATE_*` variables that are not configuration keys but are still known.
-const ENV_NOT_KEYS: &[&str] = &[ENV_CONFIG_FILE, ENV_LOG_FORMAT];
-
-fn key(name: &str) -> Option<&'static Key> {
-    KEYS.iter().find(|k| k.name == name)
-}
-
 // ---------------------------------------------------------------------------------------
 // Errors
 // ---------------------------------------------------------------------------------------
@@ -381,7 +237,7 @@ fn key(name: &str) -> Option<&'static Key> {
 pub enum Origin {
     File { path: PathBuf, key: &'static str },
     Env { var: String },
-    Flag { flag: &'static str },
+    Flag { key: &'static str },
 }
 
 impl fmt::Display for Origin {
@@ -389,69 +245,180 @@ impl fmt::Display for Origin {
         match self {
             Origin::File { path, key } => write!(f, "{key} in {}", path.display()),
             Origin::Env { var } => f.write_str(var),
-            Origin::Flag { flag } => write!(f, "--{flag}"),
+            Origin::Flag { key } => write!(f, "--{}", key.replace('_', "-")),
         }
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {reason}")]
-    ReadFile { path: PathBuf, reason: String },
-    #[error("config file {path} is not valid TOML: {reason}")]
-    ParseFile { path: PathBuf, reason: String },
+    #[error("cannot read config file {path}: {source}")]
+    ReadFile { path: PathBuf, source: std::io::Error },
+    #[error("config file {path} is not valid TOML: {}{}", source.message(), line.map(|n| format!(" (line {n})")).unwrap_or_default())]
+    ParseFile { path: PathBuf, line: Option<usize>, source: toml::de::Error },
     #[error("config file {path}: unknown key `{key}` (known keys: {})", known_keys())]
     UnknownKey { path: PathBuf, key: String },
     #[error("{origin}: expected {expected}, got {got}")]
     BadValue { origin: Origin, expected: &'static str, got: String },
-    #[error("{key} {problem}{}", set_by(origin))]
+    #[error("{key} {problem}{}", origin.as_ref().map(|o| format!(" (set by {o})")).unwrap_or_default())]
     Invalid { key: &'static str, problem: String, origin: Option<Origin> },
-    #[error("API key file {path}: {reason}")]
-    ApiKeyFile { path: PathBuf, reason: String },
+    #[error("API key file {path}: {source}")]
+    ApiKeyFile { path: PathBuf, source: std::io::Error },
+    #[error("API key file {path}: cannot create {dir}: {source}")]
+    DataDir { path: PathBuf, dir: PathBuf, source: std::io::Error },
+    #[error("API key file {path}: {problem}: delete it to have a new key generated, or set api_key")]
+    StoredApiKey { path: PathBuf, problem: &'static str },
     #[error("cannot generate an API key: no randomness available: {0}")]
-    Random(String),
+    Random(getrandom::Error),
 }
 
 fn known_keys() -> String {
-    KEYS.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+    KEYS.join(", ")
 }
 
-fn set_by(origin: &Option<Origin>) -> String {
-    match origin {
-        Some(origin) => format!(" (set by {origin})"),
-        None => String::new(),
+fn invalid(key: &'static str, problem: String) -> ConfigError {
+    ConfigError::Invalid { key, problem, origin: None }
+}
+
+// ---------------------------------------------------------------------------------------
+// Values: how each key's type is written
+// ---------------------------------------------------------------------------------------
+
+/// A value as a layer gives it: text (a variable or a flag) or TOML (the file).
+#[derive(Clone, Copy)]
+enum Raw<'a> {
+    Text(&'a str),
+    Toml(&'a toml::Value),
+}
+
+/// A type a key can have: how its values are written as text and in the file (`None`:
+/// not a value of the type), and what error messages call that form.
+trait Setting: Sized {
+    const FORM: &'static str;
+    fn from_text(text: &str) -> Option<Self>;
+    /// In the file: the text form, as a TOML string.
+    fn from_toml(value: &toml::Value) -> Option<Self> {
+        value.as_str().and_then(Self::from_text)
+    }
+}
+
+/// Parses `raw` as the type of `key`, or says what was expected (without echoing a secret).
+fn parse<T: Setting>(key: &'static str, raw: Raw<'_>, origin: &Origin) -> Result<T, ConfigError> {
+    let value = match raw {
+        Raw::Text(text) => T::from_text(text),
+        Raw::Toml(value) => T::from_toml(value),
+    };
+    value.ok_or_else(|| ConfigError::BadValue {
+        origin: origin.clone(),
+        // A number's unit is the one its key's name ends with.
+        expected: match (T::FORM, key.rsplit('_').next()) {
+            (WHOLE, Some("ms")) => "a whole number of milliseconds",
+            (WHOLE, Some("secs")) => "a whole number of seconds",
+            (WHOLE, Some("bytes")) => "a whole number of bytes",
+            (form, _) => form,
+        },
+        got: match raw {
+            _ if SECRET_KEYS.contains(&key) => "a value that is not shown (a secret)".to_string(),
+            Raw::Text(text) => format!("{text:?}"),
+            Raw::Toml(value) => value.to_string(),
+        },
+    })
+}
+
+const WHOLE: &str = "a whole number";
+
+// Up to i64::MAX, the largest number a TOML file (and check-config's output) holds.
+impl Setting for u64 {
+    const FORM: &'static str = WHOLE;
+    fn from_text(text: &str) -> Option<Self> {
+        text.trim().parse().ok().filter(|&n| i64::try_from(n).is_ok())
+    }
+    fn from_toml(value: &toml::Value) -> Option<Self> {
+        value.as_integer()?.try_into().ok()
+    }
+}
+
+impl Setting for usize {
+    const FORM: &'static str = WHOLE;
+    fn from_text(text: &str) -> Option<Self> {
+        u64::from_text(text)?.try_into().ok()
+    }
+    fn from_toml(value: &toml::Value) -> Option<Self> {
+        u64::from_toml(value)?.try_into().ok()
+    }
+}
+
+impl Setting for SocketAddr {
+    const FORM: &'static str = "an IP address and port such as 127.0.0.1:7070";
+    fn from_text(text: &str) -> Option<Self> {
+        text.trim().parse().ok()
+    }
+}
+
+impl Setting for PathBuf {
+    const FORM: &'static str = "a directory path";
+    fn from_text(text: &str) -> Option<Self> {
+        (!text.is_empty()).then(|| text.into())
+    }
+}
+
+impl Setting for String {
+    const FORM: &'static str = "text";
+    fn from_text(text: &str) -> Option<Self> {
+        Some(text.to_string())
+    }
+}
+
+impl Setting for bool {
+    const FORM: &'static str = "true or false";
+    fn from_text(text: &str) -> Option<Self> {
+        text.trim().parse().ok()
+    }
+    fn from_toml(value: &toml::Value) -> Option<Self> {
+        value.as_bool()
+    }
+}
+
+/// Comma-separated; in the file also an array of strings.
+impl Setting for Vec<String> {
+    const FORM: &'static str = "a comma-separated list such as phone,pc";
+    fn from_text(text: &str) -> Option<Self> {
+        Some(text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect())
+    }
+    fn from_toml(value: &toml::Value) -> Option<Self> {
+        match value.as_array() {
+            Some(items) => items.iter().map(|item| item.as_str().map(String::from)).collect(),
+            None => value.as_str().and_then(Self::from_text),
+        }
+    }
+}
+
+impl<T: Setting> Setting for Option<T> {
+    const FORM: &'static str = T::FORM;
+    fn from_text(text: &str) -> Option<Self> {
+        T::from_text(text).map(Some)
+    }
+    fn from_toml(value: &toml::Value) -> Option<Self> {
+        T::from_toml(value).map(Some)
     }
 }
 
 // ---------------------------------------------------------------------------------------
-// Command-line flags
+// Loading
 // ---------------------------------------------------------------------------------------
-
-/// The configuration flags: `--config PATH` and one optional `--key-with-dashes VALUE`
-/// per entry of [`KEYS`]. Values stay text here and are parsed by [`Config::load`], so a
-/// bad flag gets the same message as a bad environment variable. The flags are global:
-/// they may come before or after a subcommand.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ConfigFlags {
-    /// `--config PATH` (when absent, `LIVEGATE_CONFIG` may name the file).
-    pub config: Option<PathBuf>,
-    values: BTreeMap<&'static str, String>,
-}
-
-const HELP_HEADING: &str = "Configuration (flags win over LIVEGATE_<KEY> variables, which win over the config file)";
 
 impl ConfigFlags {
     /// Sets a key as if its flag were given; panics on a name that is not in [`KEYS`]
     /// (a programming error, not a user's).
     pub fn with(mut self, name: &str, value: impl Into<String>) -> Self {
-        let key = key(name).unwrap_or_else(|| panic!("no configuration key named {name:?}"));
-        self.values.insert(key.name, value.into());
+        let slot = self.slot(name).unwrap_or_else(|| panic!("no configuration key named {name:?}"));
+        *slot = Some(value.into());
         self
     }
 
     /// The value given for a key, as text.
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.values.get(name).map(String::as_str)
+        self.given().find(|(key, _)| *key == name).map(|(_, text)| text)
     }
 
     /// The config file to read: `--config`, else `LIVEGATE_CONFIG`, else none.
@@ -464,57 +431,6 @@ impl ConfigFlags {
     }
 }
 
-impl clap::FromArgMatches for ConfigFlags {
-    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
-        let mut flags = ConfigFlags::default();
-        flags.update_from_arg_matches(matches)?;
-        Ok(flags)
-    }
-
-    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
-        if let Some(path) = matches.get_one::<PathBuf>("config") {
-            self.config = Some(path.clone());
-        }
-        for key in KEYS {
-            if let Some(value) = matches.get_one::<String>(key.name) {
-                self.values.insert(key.name, value.clone());
-            }
-        }
-        Ok(())
-    }
-}
-
-impl clap::Args for ConfigFlags {
-    fn augment_args(cmd: clap::Command) -> clap::Command {
-        let config = clap::Arg::new("config")
-            .long("config")
-            .value_name("PATH")
-            .value_parser(clap::value_parser!(PathBuf))
-            .global(true)
-            .help_heading(HELP_HEADING)
-            .help("TOML file with configuration keys (also LIVEGATE_CONFIG)");
-        KEYS.iter().fold(cmd.arg(config), |cmd, key| {
-            cmd.arg(
-                clap::Arg::new(key.name)
-                    .long(key.flag)
-                    .value_name(key.value_name)
-                    .value_parser(clap::value_parser!(String))
-                    .global(true)
-                    .help_heading(HELP_HEADING)
-                    .help(key.help),
-            )
-        })
-    }
-
-    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
-        Self::augment_args(cmd)
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// Loading
-// ---------------------------------------------------------------------------------------
-
 /// The API key to use, and where it was written when it was generated just now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolvedApiKey {
@@ -522,9 +438,6 @@ pub struct ResolvedApiKey {
     /// `Some(path)` when no key existed and a new one was generated and stored there.
     pub generated_at: Option<PathBuf>,
 }
-
-/// Shortest API key accepted, configured or read from the key file.
-pub const API_KEY_MIN_CHARS: usize = 16;
 
 impl Config {
     /// Builds the configuration from its layers, later winning: defaults, the TOML `file`,
@@ -535,13 +448,46 @@ impl Config {
         env: impl IntoIterator<Item = (String, String)>,
         flags: &ConfigFlags,
     ) -> Result<Config, ConfigError> {
-        let mut layers = Layers::default();
+        let mut config = Config::default();
+        // Which layer set each key last, for validation messages.
+        let mut origins = BTreeMap::new();
+        let mut set = |key: &'static str, raw: Raw<'_>, origin: Origin| {
+            config.set(key, raw, &origin)?;
+            origins.insert(key, origin);
+            Ok::<_, ConfigError>(())
+        };
         if let Some(path) = file {
-            layers.add_file(path)?;
+            for (name, value) in &read_file(path)? {
+                let Some(key) = KEYS.iter().find(|key| *key == name) else {
+                    return Err(ConfigError::UnknownKey { path: path.to_path_buf(), key: name.clone() });
+                };
+                set(key, Raw::Toml(value), Origin::File { path: path.to_path_buf(), key })?;
+            }
         }
-        layers.add_env(env)?;
-        layers.add_flags(flags)?;
-        layers.finish()
+        for (var, text) in env {
+            let Some(rest) = var.strip_prefix(ENV_PREFIX) else { continue };
+            if ENV_NOT_KEYS.contains(&var.as_str()) {
+                continue;
+            }
+            let Some(key) = KEYS.iter().find(|key| key.to_ascii_uppercase() == rest) else {
+                tracing::warn!(
+                    "ignoring unknown environment variable {var}: livegate has no configuration key {:?}",
+                    rest.to_ascii_lowercase()
+                );
+                continue;
+            };
+            set(key, Raw::Text(&text), Origin::Env { var })?;
+        }
+        for (key, text) in flags.given() {
+            set(key, Raw::Text(text), Origin::Flag { key })?;
+        }
+        config.validate().map_err(|e| match e {
+            ConfigError::Invalid { key, problem, origin: None } => {
+                ConfigError::Invalid { key, problem, origin: origins.remove(key) }
+            }
+            other => other,
+        })?;
+        Ok(config)
     }
 
     /// [`Config::load`] with this process's environment and the file named by
@@ -554,69 +500,52 @@ impl Config {
 
     /// Checks every value; the first problem found is the error.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        at_most("batch_window_ms", self.batch_window_ms, 10_000, "10000 (10 seconds)")?;
-        at_least("heartbeat_secs", self.heartbeat_secs, 1)?;
-        at_least("history_size", self.history_size as u64, 1)?;
-        at_most("history_size", self.history_size as u64, 1_000_000, "1000000")?;
-        at_least("recovery_max_events", self.recovery_max_events, 1)?;
-        at_least("room_idle_secs", self.room_idle_secs, 1)?;
-        at_least("session_ttl_secs", self.session_ttl_secs, 1)?;
-        at_least("session_cache_max", self.session_cache_max as u64, 1)?;
-        at_least("store_cache_mb", self.store_cache_mb, 1)?;
-        for block in &self.trusted_proxies {
-            if block.parse::<crate::core::proxies::Cidr>().is_err() {
-                let problem = format!("entries are addresses or blocks such as 10.0.0.0/8 or ::1/128, got {block:?}");
-                return Err(invalid("trusted_proxies", problem));
-            }
+        within(&[
+            ("batch_window_ms", self.batch_window_ms, 0, Some((10_000, " (10 seconds)"))),
+            ("heartbeat_secs", self.heartbeat_secs, 1, None),
+            ("history_size", self.history_size as u64, 1, Some((1_000_000, ""))),
+            ("recovery_max_events", self.recovery_max_events, 1, None),
+            ("room_idle_secs", self.room_idle_secs, 1, None),
+            ("session_ttl_secs", self.session_ttl_secs, 1, None),
+            ("session_cache_max", self.session_cache_max as u64, 1, None),
+            ("store_cache_mb", self.store_cache_mb, 1, None),
+        ])?;
+        if let Some(block) = self.trusted_proxies.iter().find(|b| b.parse::<crate::core::proxies::Cidr>().is_err()) {
+            let problem = format!("entries are addresses or blocks such as 10.0.0.0/8 or ::1/128, got {block:?}");
+            return Err(invalid("trusted_proxies", problem));
         }
-        at_most("store_cache_mb", self.store_cache_mb, 1 << 20, "1048576 (1 TiB)")?;
-        at_least("max_event_bytes", self.max_event_bytes as u64, 16)?;
-        at_most("max_event_bytes", self.max_event_bytes as u64, MAX_EVENT_BYTES_LIMIT, "16777216 (16 MiB)")?;
-        at_least("max_subscriptions", self.max_subscriptions as u64, 1)?;
-        at_least("token_ttl_max_secs", self.token_ttl_max_secs, 1)?;
-        at_least("max_outbox_bytes", self.max_outbox_bytes as u64, 4096)?;
-        if !is_name(&self.node, 64) {
-            return Err(invalid(
-                "node",
-                format!("must be 1 to 64 characters from A-Z a-z 0-9 _ . -, got {:?}", self.node),
-            ));
+        within(&[
+            ("store_cache_mb", self.store_cache_mb, 0, Some((1 << 20, " (1 TiB)"))),
+            ("max_event_bytes", self.max_event_bytes as u64, 16, Some((16 << 20, " (16 MiB)"))),
+            ("max_subscriptions", self.max_subscriptions as u64, 1, None),
+            ("token_ttl_max_secs", self.token_ttl_max_secs, 1, None),
+            ("max_outbox_bytes", self.max_outbox_bytes as u64, 4096, None),
+        ])?;
+        name_rule("node", "must", &self.node, 64)?;
+        if let Some(chars) = self.api_key.as_ref().map(|key| key.chars().count()).filter(|&n| n < API_KEY_MIN_CHARS) {
+            // Never echo the key itself.
+            return Err(invalid("api_key", format!("must be at least {API_KEY_MIN_CHARS} characters long, got {chars}")));
         }
-        if let Some(api_key) = &self.api_key {
-            let chars = api_key.chars().count();
-            if chars < API_KEY_MIN_CHARS {
-                // Never echo the key itself.
-                return Err(invalid(
-                    "api_key",
-                    format!("must be at least {API_KEY_MIN_CHARS} characters long, got {chars}"),
-                ));
-            }
+        name_rule("cell", "must", &self.cell, 64)?;
+        within(&[
+            ("probe_interval_ms", self.probe_interval_ms, 50, None),
+            ("max_frame_bytes", self.max_frame_bytes as u64, 1024, Some((64 << 20, " (64 MiB)"))),
+            ("max_message_bytes", self.max_message_bytes as u64, 1024, Some((64 << 20, " (64 MiB)"))),
+            ("max_history_limit", self.max_history_limit as u64, 1, None),
+            ("handshake_timeout_ms", self.handshake_timeout_ms, 100, None),
+        ])?;
+        if self.previous_api_keys.iter().any(|key| key.chars().count() < API_KEY_MIN_CHARS) {
+            // Never echo a key.
+            return Err(invalid("previous_api_keys", format!("entries must be at least {API_KEY_MIN_CHARS} characters long")));
         }
-        if !is_name(&self.cell, 64) {
-            return Err(invalid("cell", format!("must be 1 to 64 characters from A-Z a-z 0-9 _ . -, got {:?}", self.cell)));
-        }
-        at_least("probe_interval_ms", self.probe_interval_ms, 50)?;
-        for (key, value) in [("max_frame_bytes", self.max_frame_bytes), ("max_message_bytes", self.max_message_bytes)] {
-            at_least(key, value as u64, 1024)?;
-            at_most(key, value as u64, MAX_CLIENT_MESSAGE_LIMIT, "67108864 (64 MiB)")?;
-        }
-        at_least("max_history_limit", self.max_history_limit as u64, 1)?;
-        at_least("handshake_timeout_ms", self.handshake_timeout_ms, 100)?;
-        for key in &self.previous_api_keys {
-            if key.chars().count() < API_KEY_MIN_CHARS {
-                // Never echo a key.
-                return Err(invalid("previous_api_keys", format!("entries must be at least {API_KEY_MIN_CHARS} characters long")));
-            }
-        }
-        for origin in &self.allowed_origins {
-            if !(origin.starts_with("http://") || origin.starts_with("https://")) || origin.ends_with('/') {
-                return Err(invalid("allowed_origins", format!("entries are scheme://host[:port] without a path, got {origin:?}")));
-            }
+        let bad_origin = |o: &&String| !(o.starts_with("http://") || o.starts_with("https://")) || o.ends_with('/');
+        if let Some(origin) = self.allowed_origins.iter().find(bad_origin) {
+            return Err(invalid("allowed_origins", format!("entries are scheme://host[:port] without a path, got {origin:?}")));
         }
         if self.tls_cert.is_some() != self.tls_key.is_some() {
             return Err(invalid("tls_cert", "and tls_key must be set together".to_string()));
         }
-        at_least("probe_up_after", self.probe_up_after, 1)?;
-        at_least("cluster_heartbeat_ms", self.cluster_heartbeat_ms, 50)?;
+        within(&[("probe_up_after", self.probe_up_after, 1, None), ("cluster_heartbeat_ms", self.cluster_heartbeat_ms, 50, None)])?;
         if let Some(url) = &self.cluster_nats_url {
             let bare = url.strip_prefix("nats://").or_else(|| url.strip_prefix("tls://"));
             if bare.is_none_or(|rest| rest.is_empty() || rest.contains('/')) {
@@ -627,20 +556,10 @@ impl Config {
                 return Err(invalid("peers", "must be empty in cluster mode: nodes find each other by heartbeats".to_string()));
             }
         }
-        for peer in self.peer_nodes()? {
-            if peer.name == self.node {
-                return Err(invalid("peers", format!("lists this node ({}) itself", self.node)));
-            }
+        if self.peer_nodes()?.iter().any(|peer| peer.name == self.node) {
+            return Err(invalid("peers", format!("lists this node ({}) itself", self.node)));
         }
-        for device in &self.exclusive_devices {
-            if !is_name(device, 32) {
-                return Err(invalid(
-                    "exclusive_devices",
-                    format!("entries must be 1 to 32 characters from A-Z a-z 0-9 _ . -, got {device:?}"),
-                ));
-            }
-        }
-        Ok(())
+        self.exclusive_devices.iter().try_for_each(|device| name_rule("exclusive_devices", "entries must", device, 32))
     }
 
     /// Where the API key is stored when it is not configured: `data_dir/api_key`.
@@ -657,9 +576,9 @@ impl Config {
         }
         let path = self.api_key_path();
         match std::fs::read_to_string(&path) {
-            Ok(text) => check_stored_key(&path, text).map(Some),
+            Ok(text) => check_stored_key(path, &text).map(Some),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(ConfigError::ApiKeyFile { path, reason: e.to_string() }),
+            Err(source) => Err(ConfigError::ApiKeyFile { path, source }),
         }
     }
 
@@ -671,13 +590,11 @@ impl Config {
             return Ok(ResolvedApiKey { key, generated_at: None });
         }
         let path = self.api_key_path();
-        let file_error = |e: std::io::Error| ConfigError::ApiKeyFile { path: path.clone(), reason: e.to_string() };
-        std::fs::create_dir_all(&self.data_dir).map_err(|e| ConfigError::ApiKeyFile {
-            path: path.clone(),
-            reason: format!("cannot create {}: {e}", self.data_dir.display()),
-        })?;
+        let file_error = |source| ConfigError::ApiKeyFile { path: path.clone(), source };
+        std::fs::create_dir_all(&self.data_dir)
+            .map_err(|source| ConfigError::DataDir { path: path.clone(), dir: self.data_dir.clone(), source })?;
         let mut bytes = [0u8; 32];
-        getrandom::getrandom(&mut bytes).map_err(|e| ConfigError::Random(e.to_string()))?;
+        getrandom::getrandom(&mut bytes).map_err(ConfigError::Random)?;
         let key = base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, bytes);
 
         use std::io::Write;
@@ -687,7 +604,7 @@ impl Config {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 let text = std::fs::read_to_string(&path).map_err(file_error)?;
-                let key = check_stored_key(&path, text)?;
+                let key = check_stored_key(path, &text)?;
                 return Ok(ResolvedApiKey { key, generated_at: None });
             }
             Err(e) => return Err(file_error(e)),
@@ -698,47 +615,51 @@ impl Config {
     }
 }
 
-/// Upper bound of `max_event_bytes`: 16 MiB.
-const MAX_EVENT_BYTES_LIMIT: u64 = 16 * 1024 * 1024;
-const MAX_CLIENT_MESSAGE_LIMIT: u64 = 64 * 1024 * 1024;
-
-fn check_stored_key(path: &Path, text: String) -> Result<String, ConfigError> {
-    let key = text.trim();
-    let problem = if key.is_empty() {
-        "is empty"
-    } else if key.chars().count() < API_KEY_MIN_CHARS {
-        "holds a key shorter than 16 characters"
-    } else {
-        return Ok(key.to_string());
+fn check_stored_key(path: PathBuf, text: &str) -> Result<String, ConfigError> {
+    let problem = match text.trim() {
+        "" => "is empty",
+        key if key.chars().count() < API_KEY_MIN_CHARS => "holds a key shorter than 16 characters",
+        key => return Ok(key.to_string()),
     };
-    Err(ConfigError::ApiKeyFile {
-        path: path.to_path_buf(),
-        reason: format!("{problem}: delete it to have a new key generated, or set api_key"),
-    })
+    Err(ConfigError::StoredApiKey { path, problem })
 }
 
-fn invalid(key: &'static str, problem: String) -> ConfigError {
-    ConfigError::Invalid { key, problem, origin: None }
-}
-
-fn at_least(key: &'static str, value: u64, min: u64) -> Result<(), ConfigError> {
-    if value < min {
-        return Err(invalid(key, format!("must be at least {min}, got {value}")));
+/// Each `(key, value, min, max)`: `value` is at least `min` and, when there is a `max`,
+/// at most that (with its note for the message, such as " (16 MiB)").
+fn within(bounds: &[(&'static str, u64, u64, Option<(u64, &str)>)]) -> Result<(), ConfigError> {
+    for &(key, value, min, max) in bounds {
+        if value < min {
+            return Err(invalid(key, format!("must be at least {min}, got {value}")));
+        }
+        if let Some((max, note)) = max.filter(|&(max, _)| value > max) {
+            return Err(invalid(key, format!("must be at most {max}{note}, got {value}")));
+        }
     }
     Ok(())
 }
 
-fn at_most(key: &'static str, value: u64, max: u64, max_text: &str) -> Result<(), ConfigError> {
-    if value > max {
-        return Err(invalid(key, format!("must be at most {max_text}, got {value}")));
+/// `value` is a name of at most `max` characters (see [`is_name`]); `must` starts the problem.
+fn name_rule(key: &'static str, must: &str, value: &str, max: usize) -> Result<(), ConfigError> {
+    if is_name(value, max) {
+        return Ok(());
     }
-    Ok(())
+    Err(invalid(key, format!("{must} be 1 to {max} characters from A-Z a-z 0-9 _ . -, got {value:?}")))
 }
 
 /// `[A-Za-z0-9_.-]{1,max}`.
 fn is_name(s: &str, max: usize) -> bool {
     (1..=max).contains(&s.len())
         && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// The config file as a TOML table.
+fn read_file(path: &Path) -> Result<toml::Table, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile { path: path.to_path_buf(), source })?;
+    text.parse().map_err(|source: toml::de::Error| {
+        // Name the line: "invalid basic string" alone does not say where.
+        let line = source.span().map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1);
+        ConfigError::ParseFile { path: path.to_path_buf(), line, source }
+    })
 }
 
 /// This process's environment as text pairs; variables that are not valid UTF-8 are
@@ -756,165 +677,6 @@ fn process_env() -> Vec<(String, String)> {
             _ => None,
         })
         .collect()
-}
-
-/// The layers seen so far: each key's value (as TOML, already checked against its kind)
-/// and where the winning value came from.
-#[derive(Default)]
-struct Layers {
-    values: toml::Table,
-    origins: BTreeMap<&'static str, Origin>,
-}
-
-impl Layers {
-    fn set(&mut self, key: &'static Key, value: toml::Value, origin: Origin) {
-        self.values.insert(key.name.to_string(), value);
-        self.origins.insert(key.name, origin);
-    }
-
-    fn add_file(&mut self, path: &Path) -> Result<(), ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::ReadFile { path: path.to_path_buf(), reason: e.to_string() })?;
-        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
-            // Name the line: "invalid basic string" alone does not say where.
-            let line = e.span().map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1);
-            let reason = match line {
-                Some(line) => format!("{} (line {line})", e.message()),
-                None => e.message().to_string(),
-            };
-            ConfigError::ParseFile { path: path.to_path_buf(), reason }
-        })?;
-        for (name, value) in table {
-            let Some(key) = key(&name) else {
-                return Err(ConfigError::UnknownKey { path: path.to_path_buf(), key: name });
-            };
-            let origin = Origin::File { path: path.to_path_buf(), key: key.name };
-            let value = from_toml(key, value, &origin)?;
-            self.set(key, value, origin);
-        }
-        Ok(())
-    }
-
-    fn add_env(&mut self, env: impl IntoIterator<Item = (String, String)>) -> Result<(), ConfigError> {
-        for (var, text) in env {
-            let Some(rest) = var.strip_prefix(ENV_PREFIX) else { continue };
-            if ENV_NOT_KEYS.contains(&var.as_str()) {
-                continue;
-            }
-            let Some(key) = KEYS.iter().find(|k| k.env_var() == var) else {
-                tracing::warn!(
-                    "ignoring unknown environment variable {var}: livegate has no configuration key {:?}",
-                    rest.to_ascii_lowercase()
-                );
-                continue;
-            };
-            let origin = Origin::Env { var };
-            let value = from_text(key, &text, &origin)?;
-            self.set(key, value, origin);
-        }
-        Ok(())
-    }
-
-    fn add_flags(&mut self, flags: &ConfigFlags) -> Result<(), ConfigError> {
-        for key in KEYS {
-            if let Some(text) = flags.get(key.name) {
-                let origin = Origin::Flag { flag: key.flag };
-                let value = from_text(key, text, &origin)?;
-                self.set(key, value, origin);
-            }
-        }
-        Ok(())
-    }
-
-    fn finish(self) -> Result<Config, ConfigError> {
-        let Layers { values, origins } = self;
-        // Every value was checked against its key's kind, so this only fails on a bug;
-        // the message still says what went wrong.
-        let config: Config = toml::Value::Table(values)
-            .try_into()
-            .map_err(|e: toml::de::Error| ConfigError::Invalid {
-                key: "config",
-                problem: format!("could not be assembled: {}", e.message()),
-                origin: None,
-            })?;
-        config.validate().map_err(|e| match e {
-            ConfigError::Invalid { key, problem, origin: None } => {
-                ConfigError::Invalid { key, problem, origin: origins.get(key).cloned() }
-            }
-            other => other,
-        })?;
-        Ok(config)
-    }
-}
-
-/// Keys whose values are secrets: error messages never repeat them.
-const SECRET_KEYS: &[&str] = &["api_key", "previous_api_keys"];
-
-/// A value as an error message may show it.
-fn shown(key: &Key, value: &str) -> String {
-    if SECRET_KEYS.contains(&key.name) {
-        "a value that is not shown (a secret)".to_string()
-    } else {
-        value.to_string()
-    }
-}
-
-/// Parses a text value (environment variable or flag) according to the key's kind.
-fn from_text(key: &Key, text: &str, origin: &Origin) -> Result<toml::Value, ConfigError> {
-    let bad =
-        || ConfigError::BadValue { origin: origin.clone(), expected: key.kind.expected(), got: shown(key, &format!("{text:?}")) };
-    Ok(match key.kind {
-        Kind::Number(_) => {
-            let n: u64 = text.trim().parse().map_err(|_| bad())?;
-            toml::Value::Integer(i64::try_from(n).map_err(|_| bad())?)
-        }
-        Kind::Address => {
-            let addr: SocketAddr = text.trim().parse().map_err(|_| bad())?;
-            toml::Value::String(addr.to_string())
-        }
-        Kind::Path => {
-            if text.is_empty() {
-                return Err(bad());
-            }
-            toml::Value::String(text.to_string())
-        }
-        Kind::Text => toml::Value::String(text.to_string()),
-        Kind::Bool => match text.trim() {
-            "true" => toml::Value::Boolean(true),
-            "false" => toml::Value::Boolean(false),
-            _ => return Err(bad()),
-        },
-        Kind::List => toml::Value::Array(
-            text.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(|s| toml::Value::String(s.to_string()))
-                .collect(),
-        ),
-    })
-}
-
-/// Checks a value from the TOML file against the key's kind. A list may also be written
-/// as one comma-separated string, as in the environment.
-fn from_toml(key: &Key, value: toml::Value, origin: &Origin) -> Result<toml::Value, ConfigError> {
-    let bad = |value: &toml::Value| ConfigError::BadValue {
-        origin: origin.clone(),
-        expected: key.kind.expected(),
-        got: shown(key, &value.to_string()),
-    };
-    match (key.kind, &value) {
-        (Kind::Number(_), toml::Value::Integer(n)) if *n >= 0 => Ok(value),
-        (Kind::Address, toml::Value::String(s)) => match s.trim().parse::<SocketAddr>() {
-            Ok(addr) => Ok(toml::Value::String(addr.to_string())),
-            Err(_) => Err(bad(&value)),
-        },
-        (Kind::Path, toml::Value::String(s)) if !s.is_empty() => Ok(value),
-        (Kind::Text, toml::Value::String(_)) => Ok(value),
-        (Kind::Bool, toml::Value::Boolean(_)) => Ok(value),
-        (Kind::List, toml::Value::String(s)) => from_text(key, s, origin),
-        (Kind::List, toml::Value::Array(items)) if items.iter().all(toml::Value::is_str) => Ok(value),
-        _ => Err(bad(&value)),
-    }
 }
 
 #[cfg(test)]

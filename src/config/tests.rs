@@ -248,21 +248,33 @@ fn keys_match_config_fields() {
     };
     let table = toml::Table::try_from(&config).unwrap();
     let fields: Vec<&str> = table.keys().map(String::as_str).collect();
-    let mut keys: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+    let mut keys: Vec<&str> = KEYS.to_vec();
     keys.sort();
     assert_eq!(keys, fields, "KEYS must list exactly the fields of Config");
-    for key in KEYS {
-        assert_eq!(key.flag, key.name.replace('_', "-"), "flag of {}", key.name);
-        // The declared kind accepts the default value: kinds and field types agree.
-        let origin = Origin::Flag { flag: key.flag };
-        from_toml(key, table[key.name].clone(), &origin)
-            .unwrap_or_else(|e| panic!("kind of {} does not fit its default: {e}", key.name));
+    let flags = <ConfigFlags as clap::Args>::augment_args(clap::Command::new("livegate"));
+    let help = |key: &str| {
+        let arg = flags.get_arguments().find(|arg| arg.get_id() == key).unwrap_or_else(|| panic!("no flag for {key}"));
+        assert_eq!(arg.get_long(), Some(key.replace('_', "-").as_str()), "flag of {key}");
+        arg.get_help().map(|help| help.to_string()).unwrap_or_default()
+    };
+    for &key in KEYS {
+        // The type accepts the value as check-config prints it: what it prints loads back.
+        let mut loaded = Config::default();
+        loaded
+            .set(key, Raw::Toml(&table[key]), &Origin::Flag { key })
+            .unwrap_or_else(|e| panic!("the type of {key} does not fit its default: {e}"));
+        assert_eq!(toml::Table::try_from(&loaded).unwrap()[key], table[key], "{key} loaded back");
         // The help text states the real default.
-        if let toml::Value::Integer(n) = table[key.name] {
-            assert!(key.help.ends_with(&format!("[default: {n}]")), "help of {} must end with [default: {n}]", key.name);
+        if let toml::Value::Integer(_) | toml::Value::Boolean(_) = table[key] {
+            let n = &table[key];
+            assert!(help(key).ends_with(&format!("[default: {n}]")), "help of {key} must end with [default: {n}]");
         }
     }
-    assert!(KEYS[0].help.ends_with(&format!("[default: {}]", Config::default().listen)));
+    let defaults = Config::default();
+    assert!(help("listen").ends_with(&format!("[default: {}]", defaults.listen)));
+    assert!(help("data_dir").ends_with(&format!("[default: {}]", defaults.data_dir.display())));
+    assert!(help("cell").ends_with(&format!("[default: {}]", defaults.cell)));
+    assert!(help("exclusive_devices").ends_with(&format!("[default: {}]", defaults.exclusive_devices.join(","))));
 }
 
 #[test]
@@ -343,12 +355,9 @@ fn api_key_file_problems() {
     let path = config.api_key_path();
     for (content, problem) in [("\n", "is empty"), ("short", "holds a key shorter than 16 characters")] {
         std::fs::write(&path, content).unwrap();
-        assert_eq!(
-            config.resolve_api_key(),
-            Err(ConfigError::ApiKeyFile {
-                path: path.clone(),
-                reason: format!("{problem}: delete it to have a new key generated, or set api_key"),
-            })
-        );
+        let error = config.resolve_api_key().unwrap_err();
+        assert!(matches!(&error, ConfigError::StoredApiKey { path: p, problem: got } if *p == path && *got == problem), "{error:?}");
+        let message = format!("{problem}: delete it to have a new key generated, or set api_key");
+        assert_eq!(error.to_string(), format!("API key file {}: {message}", path.display()));
     }
 }
