@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// The text `--help` shows after `[default: `: the default as written, unless given.
 macro_rules! shown {
@@ -25,7 +26,7 @@ macro_rules! shown {
 macro_rules! config_keys {
     ($($name:ident: $ty:ty = $default:expr $(=> $shown:literal)?, $value_name:literal, $help:literal;)*) => {
         /// Every key of the configuration. Durations are whole numbers in the unit their name
-        /// ends with.
+        /// ends with; accessors such as [`Config::heartbeat`] give them as [`Duration`]s.
         #[derive(Debug, Clone, PartialEq, serde::Serialize)]
         pub struct Config {
             $(#[doc = $help] pub $name: $ty,)*
@@ -178,6 +179,28 @@ config_keys! {
         "Cluster mode: while NATS is unreachable, new sessions are queued this long, then refused";
     cluster_heartbeat_ms: u64 = 1000, "MS",
         "Cluster mode: heartbeat period; a peer not heard for 3 periods is down";
+}
+
+/// A duration key as a [`Duration`], for the code that waits or ticks by it.
+macro_rules! durations {
+    ($($accessor:ident: $key:ident in $unit:ident,)*) => {
+        impl Config {
+            $(#[doc = concat!("`", stringify!($key), "` as a [`Duration`].")]
+            pub fn $accessor(&self) -> Duration {
+                Duration::$unit(self.$key)
+            })*
+        }
+    };
+}
+
+durations! {
+    batch_window: batch_window_ms in from_millis, heartbeat: heartbeat_secs in from_secs,
+    room_idle: room_idle_secs in from_secs, token_ttl_max: token_ttl_max_secs in from_secs,
+    migration_window: migration_window_secs in from_secs, warmup: warmup_secs in from_secs,
+    session_ttl: session_ttl_secs in from_secs, drain_wait: drain_wait_secs in from_secs,
+    drain_spread: drain_spread_secs in from_secs, drain_grace: drain_grace_secs in from_secs,
+    probe_interval: probe_interval_ms in from_millis, handshake_timeout: handshake_timeout_ms in from_millis,
+    directory_outage: directory_outage_secs in from_secs, cluster_heartbeat: cluster_heartbeat_ms in from_millis,
 }
 
 fn default_node_name() -> String {
