@@ -350,70 +350,37 @@ fn parse<T: Setting>(key: &'static str, raw: Raw<'_>, origin: &Origin) -> Result
 
 const WHOLE: &str = "a whole number";
 
-// Up to i64::MAX, the largest number a TOML file (and check-config's output) holds.
-impl Setting for u64 {
-    const FORM: &'static str = WHOLE;
-    fn from_text(text: &str) -> Option<Self> {
-        text.trim().parse().ok().filter(|&n| i64::try_from(n).is_ok())
-    }
-    fn from_toml(value: &toml::Value) -> Option<Self> {
-        value.as_integer()?.try_into().ok()
-    }
+/// `Type: form, |text| value from text[, |value| value from TOML];` — without the second,
+/// the file writes the text form as a TOML string.
+macro_rules! settings {
+    ($($ty:ty: $form:expr, |$text:ident| $from_text:expr $(, |$value:ident| $from_toml:expr)?;)*) => {$(
+        impl Setting for $ty {
+            const FORM: &'static str = $form;
+            fn from_text($text: &str) -> Option<Self> {
+                $from_text
+            }
+            $(fn from_toml($value: &toml::Value) -> Option<Self> {
+                $from_toml
+            })?
+        }
+    )*};
 }
 
-impl Setting for usize {
-    const FORM: &'static str = WHOLE;
-    fn from_text(text: &str) -> Option<Self> {
-        u64::from_text(text)?.try_into().ok()
-    }
-    fn from_toml(value: &toml::Value) -> Option<Self> {
-        u64::from_toml(value)?.try_into().ok()
-    }
-}
-
-impl Setting for SocketAddr {
-    const FORM: &'static str = "an IP address and port such as 127.0.0.1:7070";
-    fn from_text(text: &str) -> Option<Self> {
-        text.trim().parse().ok()
-    }
-}
-
-impl Setting for PathBuf {
-    const FORM: &'static str = "a directory path";
-    fn from_text(text: &str) -> Option<Self> {
-        (!text.is_empty()).then(|| text.into())
-    }
-}
-
-impl Setting for String {
-    const FORM: &'static str = "text";
-    fn from_text(text: &str) -> Option<Self> {
-        Some(text.to_string())
-    }
-}
-
-impl Setting for bool {
-    const FORM: &'static str = "true or false";
-    fn from_text(text: &str) -> Option<Self> {
-        text.trim().parse().ok()
-    }
-    fn from_toml(value: &toml::Value) -> Option<Self> {
-        value.as_bool()
-    }
-}
-
-/// Comma-separated; in the file also an array of strings.
-impl Setting for Vec<String> {
-    const FORM: &'static str = "a comma-separated list such as phone,pc";
-    fn from_text(text: &str) -> Option<Self> {
-        Some(text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect())
-    }
-    fn from_toml(value: &toml::Value) -> Option<Self> {
-        match value.as_array() {
+settings! {
+    // Up to i64::MAX, the largest number a TOML file (and check-config's output) holds.
+    u64: WHOLE, |text| text.trim().parse().ok().filter(|&n| i64::try_from(n).is_ok()), |value| value.as_integer()?.try_into().ok();
+    usize: WHOLE, |text| u64::from_text(text)?.try_into().ok(), |value| u64::from_toml(value)?.try_into().ok();
+    SocketAddr: "an IP address and port such as 127.0.0.1:7070", |text| text.trim().parse().ok();
+    PathBuf: "a directory path", |text| (!text.is_empty()).then(|| text.into());
+    String: "text", |text| Some(text.to_string());
+    bool: "true or false", |text| text.trim().parse().ok(), |value| value.as_bool();
+    // Comma-separated; in the file also an array of strings.
+    Vec<String>: "a comma-separated list such as phone,pc",
+        |text| Some(text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()),
+        |value| match value.as_array() {
             Some(items) => items.iter().map(|item| item.as_str().map(String::from)).collect(),
             None => value.as_str().and_then(Self::from_text),
-        }
-    }
+        };
 }
 
 impl<T: Setting> Setting for Option<T> {
