@@ -9,12 +9,23 @@
 //! values, so whichever layer holds a bad value, the message names it (`--heartbeat-secs`,
 //! `LIVEGATE_HEARTBEAT_SECS`, `heartbeat_secs in FILE`), and validation says which layer
 //! set the value it refuses. Secrets (`api_key`, `previous_api_keys`) are never echoed.
+//!
+//! `value` holds how each type is written (text and TOML); `api_key` the key file that
+//! `serve` generates under `data_dir` when no key is configured.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+mod api_key;
+#[cfg(test)]
+mod tests;
+mod value;
+
+pub use api_key::ResolvedApiKey;
+use value::{parse, Raw};
 
 /// The text `--help` shows after `[default: `: the default as written, unless given.
 macro_rules! shown {
@@ -304,96 +315,6 @@ fn invalid(key: &'static str, problem: String) -> ConfigError {
 }
 
 // ---------------------------------------------------------------------------------------
-// Values: how each key's type is written
-// ---------------------------------------------------------------------------------------
-
-/// A value as a layer gives it: text (a variable or a flag) or TOML (the file).
-#[derive(Clone, Copy)]
-enum Raw<'a> {
-    Text(&'a str),
-    Toml(&'a toml::Value),
-}
-
-/// A type a key can have: how its values are written as text and in the file (`None`:
-/// not a value of the type), and what error messages call that form.
-trait Setting: Sized {
-    const FORM: &'static str;
-    fn from_text(text: &str) -> Option<Self>;
-    /// In the file: the text form, as a TOML string.
-    fn from_toml(value: &toml::Value) -> Option<Self> {
-        value.as_str().and_then(Self::from_text)
-    }
-}
-
-/// Parses `raw` as the type of `key`, or says what was expected (without echoing a secret).
-fn parse<T: Setting>(key: &'static str, raw: Raw<'_>, origin: &Origin) -> Result<T, ConfigError> {
-    let value = match raw {
-        Raw::Text(text) => T::from_text(text),
-        Raw::Toml(value) => T::from_toml(value),
-    };
-    value.ok_or_else(|| ConfigError::BadValue {
-        origin: origin.clone(),
-        // A number's unit is the one its key's name ends with.
-        expected: match (T::FORM, key.rsplit('_').next()) {
-            (WHOLE, Some("ms")) => "a whole number of milliseconds",
-            (WHOLE, Some("secs")) => "a whole number of seconds",
-            (WHOLE, Some("bytes")) => "a whole number of bytes",
-            (form, _) => form,
-        },
-        got: match raw {
-            _ if SECRET_KEYS.contains(&key) => "a value that is not shown (a secret)".to_string(),
-            Raw::Text(text) => format!("{text:?}"),
-            Raw::Toml(value) => value.to_string(),
-        },
-    })
-}
-
-const WHOLE: &str = "a whole number";
-
-/// `Type: form, |text| value from text[, |value| value from TOML];` — without the second,
-/// the file writes the text form as a TOML string.
-macro_rules! settings {
-    ($($ty:ty: $form:expr, |$text:ident| $from_text:expr $(, |$value:ident| $from_toml:expr)?;)*) => {$(
-        impl Setting for $ty {
-            const FORM: &'static str = $form;
-            fn from_text($text: &str) -> Option<Self> {
-                $from_text
-            }
-            $(fn from_toml($value: &toml::Value) -> Option<Self> {
-                $from_toml
-            })?
-        }
-    )*};
-}
-
-settings! {
-    // Up to i64::MAX, the largest number a TOML file (and check-config's output) holds.
-    u64: WHOLE, |text| text.trim().parse().ok().filter(|&n| i64::try_from(n).is_ok()), |value| value.as_integer()?.try_into().ok();
-    usize: WHOLE, |text| u64::from_text(text)?.try_into().ok(), |value| u64::from_toml(value)?.try_into().ok();
-    SocketAddr: "an IP address and port such as 127.0.0.1:7070", |text| text.trim().parse().ok();
-    PathBuf: "a directory path", |text| (!text.is_empty()).then(|| text.into());
-    String: "text", |text| Some(text.to_string());
-    bool: "true or false", |text| text.trim().parse().ok(), |value| value.as_bool();
-    // Comma-separated; in the file also an array of strings.
-    Vec<String>: "a comma-separated list such as phone,pc",
-        |text| Some(text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()),
-        |value| match value.as_array() {
-            Some(items) => items.iter().map(|item| item.as_str().map(String::from)).collect(),
-            None => value.as_str().and_then(Self::from_text),
-        };
-}
-
-impl<T: Setting> Setting for Option<T> {
-    const FORM: &'static str = T::FORM;
-    fn from_text(text: &str) -> Option<Self> {
-        T::from_text(text).map(Some)
-    }
-    fn from_toml(value: &toml::Value) -> Option<Self> {
-        T::from_toml(value).map(Some)
-    }
-}
-
-// ---------------------------------------------------------------------------------------
 // Loading
 // ---------------------------------------------------------------------------------------
 
@@ -419,14 +340,6 @@ impl ConfigFlags {
                 .map(|(_, value)| PathBuf::from(value))
         })
     }
-}
-
-/// The API key to use, and where it was written when it was generated just now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResolvedApiKey {
-    pub key: String,
-    /// `Some(path)` when no key existed and a new one was generated and stored there.
-    pub generated_at: Option<PathBuf>,
 }
 
 impl Config {
@@ -551,67 +464,6 @@ impl Config {
         }
         self.exclusive_devices.iter().try_for_each(|device| name_rule("exclusive_devices", "entries must", device, 32))
     }
-
-    /// Where the API key is stored when it is not configured: `data_dir/api_key`.
-    pub fn api_key_path(&self) -> PathBuf {
-        self.data_dir.join("api_key")
-    }
-
-    /// The API key without generating one: the configured key, else the trimmed contents
-    /// of [`Config::api_key_path`] when that file exists, else `None`.
-    /// Client commands use this: they must never invent a key the server does not know.
-    pub fn existing_api_key(&self) -> Result<Option<String>, ConfigError> {
-        if let Some(key) = &self.api_key {
-            return Ok(Some(key.clone()));
-        }
-        let path = self.api_key_path();
-        match std::fs::read_to_string(&path) {
-            Ok(text) => check_stored_key(path, &text).map(Some),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(ConfigError::ApiKeyFile { path, source }),
-        }
-    }
-
-    /// The API key the server uses: [`Config::existing_api_key`], else a new random key
-    /// (32 bytes, base64url without padding) written to [`Config::api_key_path`] with mode
-    /// 0600, creating `data_dir` if needed.
-    pub fn resolve_api_key(&self) -> Result<ResolvedApiKey, ConfigError> {
-        if let Some(key) = self.existing_api_key()? {
-            return Ok(ResolvedApiKey { key, generated_at: None });
-        }
-        let path = self.api_key_path();
-        let file_error = |source| ConfigError::ApiKeyFile { path: path.clone(), source };
-        std::fs::create_dir_all(&self.data_dir)
-            .map_err(|source| ConfigError::DataDir { path: path.clone(), dir: self.data_dir.clone(), source })?;
-        let mut bytes = [0u8; 32];
-        getrandom::getrandom(&mut bytes).map_err(ConfigError::Random)?;
-        let key = base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, bytes);
-
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        // create_new: if another process wrote a key in the meantime, use that one.
-        let mut file = match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                let text = std::fs::read_to_string(&path).map_err(file_error)?;
-                let key = check_stored_key(path, &text)?;
-                return Ok(ResolvedApiKey { key, generated_at: None });
-            }
-            Err(e) => return Err(file_error(e)),
-        };
-        file.write_all(format!("{key}\n").as_bytes()).map_err(file_error)?;
-        file.sync_all().map_err(file_error)?;
-        Ok(ResolvedApiKey { key, generated_at: Some(path) })
-    }
-}
-
-fn check_stored_key(path: PathBuf, text: &str) -> Result<String, ConfigError> {
-    let problem = match text.trim() {
-        "" => "is empty",
-        key if key.chars().count() < API_KEY_MIN_CHARS => "holds a key shorter than 16 characters",
-        key => return Ok(key.to_string()),
-    };
-    Err(ConfigError::StoredApiKey { path, problem })
 }
 
 /// Each `(key, value, min, max)`: `value` is at least `min` and, when there is a `max`,
@@ -669,5 +521,3 @@ fn process_env() -> Vec<(String, String)> {
         .collect()
 }
 
-#[cfg(test)]
-mod tests;
