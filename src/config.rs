@@ -201,6 +201,9 @@ macro_rules! durations {
                 Duration::$unit(self.$key)
             })*
         }
+
+        #[cfg(test)]
+        const DURATIONS: &[(&str, fn(&Config) -> Duration)] = &[$((stringify!($key), Config::$accessor)),*];
     };
 }
 

@@ -278,6 +278,17 @@ fn keys_match_config_fields() {
 }
 
 #[test]
+fn durations_are_in_the_unit_their_key_names() {
+    for &(key, duration) in DURATIONS {
+        let mut config = Config::default();
+        config.set(key, Raw::Text("7"), &Origin::Flag { key }).unwrap();
+        let unit = if key.ends_with("_ms") { Duration::from_millis(1) } else { Duration::from_secs(1) };
+        assert!(key.ends_with("_ms") || key.ends_with("_secs"), "{key} names no unit");
+        assert_eq!(duration(&config), unit * 7, "{key}");
+    }
+}
+
+#[test]
 fn defaults_are_valid() {
     Config::default().validate().unwrap();
 }
