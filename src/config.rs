@@ -1,114 +1,244 @@
 //! Typed configuration: defaults, then a TOML file, then `LIVEGATE_*` environment
 //! variables, then command-line flags (later wins). Validated once at start and passed
 //! explicitly; nothing else reads the environment.
+//!
+//! Each key is declared once, in the `config_keys!` list below: name, type, default, value
+//! name and help. The [`Config`] struct and its `Default`, the clap-derived [`ConfigFlags`],
+//! [`KEYS`] and the by-name setter the layers use all come from that list. Flags and
+//! variables stay text until [`Config::load`] parses them with the same rules as the file's
+//! values, so whichever layer holds a bad value, the message names it (`--heartbeat-secs`,
+//! `LIVEGATE_HEARTBEAT_SECS`, `heartbeat_secs in FILE`), and validation says which layer
+//! set the value it refuses. Secrets (`api_key`, `previous_api_keys`) are never echoed.
+//!
+//! `value` holds how each type is written (text and TOML); `api_key` the key file that
+//! `serve` generates under `data_dir` when no key is configured.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-/// Every key of the configuration. Durations are whole numbers in the unit their name ends with.
-#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Config {
-    /// Address the HTTP and WebSocket server listens on.
-    pub listen: SocketAddr,
-    /// Directory of the embedded sled store (and the generated API key file).
-    pub data_dir: PathBuf,
-    /// Key backends present as `Authorization: Bearer <api_key>`; generated and stored
-    /// under `data_dir` when absent.
-    pub api_key: Option<String>,
-    /// This node's name, reported in `welcome` and `/v1/route`.
-    pub node: String,
-    /// Per-room batching window: durable events leave as one frame per window; 0 sends
-    /// each flush at once.
-    pub batch_window_ms: u64,
-    /// Server ping interval; a connection silent for 3 intervals is closed with 4008.
-    pub heartbeat_secs: u64,
-    /// Events kept per room.
-    pub history_size: usize,
-    /// Events older than this are trimmed from history.
-    pub history_ttl_secs: u64,
-    /// Reverse proxies (addresses or blocks such as `10.0.0.0/8`) whose `X-Forwarded-For`
-    /// names the client address the per-IP limits count.
-    pub trusted_proxies: Vec<String>,
-    /// Largest page cache of the embedded store, in MiB.
-    pub store_cache_mb: u64,
-    /// A room nobody subscribes to (an inbox followed only by its users' automatic
-    /// subscriptions) stops its actor after this long without activity.
-    pub room_idle_secs: u64,
-    /// A recovery needing more events than this answers `recovered:false`.
-    pub recovery_max_events: u64,
-    /// Largest accepted event `data`, in bytes of JSON text.
-    pub max_event_bytes: usize,
-    /// Rooms one connection may subscribe to (the inbox room not counted).
-    pub max_subscriptions: usize,
-    /// Longest token lifetime `POST /v1/tokens` grants.
-    pub token_ttl_max_secs: u64,
-    /// Device kinds that keep one connection per user (newest wins).
-    pub exclusive_devices: Vec<String>,
-    pub migration_window_secs: u64,
-    pub warmup_secs: u64,
-    /// A session with no connection for this long is forgotten (its id then gets a new one).
-    pub session_ttl_secs: u64,
-    /// Disconnected sessions kept in memory for fast reconnects; older ones are read back
-    /// from the store.
-    pub session_cache_max: usize,
-    pub drain_wait_secs: u64,
-    pub drain_spread_secs: u64,
-    pub drain_grace_secs: u64,
-    /// Bytes a connection may have queued but unwritten before it is closed with 4009.
-    pub max_outbox_bytes: usize,
-    /// This node's cell (a group of nodes, e.g. a region).
-    pub cell: String,
-    /// URL clients use to reach this node (`/v1/route` answers it); default `http://<listen>`.
-    pub public_url: Option<String>,
-    /// Peer nodes, each `NAME=URL` or `NAME@CELL=URL` (cell defaults to this node's).
-    pub peers: Vec<String>,
-    /// How often each peer's `/healthz` is probed.
-    pub probe_interval_ms: u64,
-    /// Successful probes in a row before a peer counts as up again (one failure: down).
-    pub probe_up_after: u64,
-    /// API keys still accepted besides `api_key`, for rotation; reloaded on SIGHUP.
-    pub previous_api_keys: Vec<String>,
-    /// Browser origins allowed to open WebSockets (empty: any). Requests without an
-    /// `Origin` header (not from a browser) are always allowed.
-    pub allowed_origins: Vec<String>,
-    /// PEM certificate chain and private key: when both are set, the node serves HTTPS and WSS.
-    pub tls_cert: Option<PathBuf>,
-    pub tls_key: Option<PathBuf>,
-    /// Largest WebSocket frame a client may send.
-    pub max_frame_bytes: usize,
-    /// Largest client message, assembled from continuation frames.
-    pub max_message_bytes: usize,
-    /// WebSocket connections this node holds at most (0: no limit).
-    pub max_connections: usize,
-    /// WebSocket connections one client IP address may hold (0: no limit).
-    pub max_connections_per_ip: usize,
-    /// WebSocket handshakes per second one IP address may attempt, with a burst of twice that (0: no limit).
-    pub handshakes_per_ip_per_sec: u64,
-    /// Messages per second a connection may send, with a burst of twice that (0: no limit).
-    pub max_messages_per_sec: u64,
-    /// Refused client messages (malformed, over the rate) per minute before a close with 1008.
-    pub max_bad_messages: u64,
-    /// Largest `limit` of a history read.
-    pub max_history_limit: usize,
-    /// A connection that has not subscribed to any room this long after connecting is
-    /// closed with 1008 (0: never).
-    pub subscribe_timeout_secs: u64,
-    /// Time a client has to send a complete request head (and so a WebSocket upgrade).
-    pub handshake_timeout_ms: u64,
-    /// Test-only: `/v1/echo` echoes WebSocket messages without a token (for conformance suites).
-    pub ws_echo: bool,
-    /// Cluster mode: the NATS server (with JetStream) that joins the nodes. `None`: single node.
-    pub cluster_nats_url: Option<String>,
-    /// Cluster mode: after the directory (NATS) has been unreachable this long, new sessions
-    /// are refused instead of being queued.
-    pub directory_outage_secs: u64,
-    /// Cluster mode: how often this node announces itself; a peer not heard for three
-    /// periods is down.
-    pub cluster_heartbeat_ms: u64,
+mod api_key;
+#[cfg(test)]
+mod tests;
+mod value;
+
+pub use api_key::ResolvedApiKey;
+use value::{parse, Raw};
+
+/// The text `--help` shows after `[default: `: the default as written, unless given.
+macro_rules! shown {
+    ($default:expr) => { stringify!($default) };
+    ($default:expr => $shown:literal) => { $shown };
 }
+
+/// Declares the keys (see the invocation below for the syntax).
+macro_rules! config_keys {
+    ($($name:ident: $ty:ty = $default:expr $(=> $shown:literal)?, $value_name:literal, $help:literal;)*) => {
+        /// Every key of the configuration. Durations are whole numbers in the unit their name
+        /// ends with; accessors such as [`Config::heartbeat`] give them as [`Duration`]s.
+        #[derive(Debug, Clone, PartialEq, serde::Serialize)]
+        pub struct Config {
+            $(#[doc = $help] pub $name: $ty,)*
+        }
+
+        impl Default for Config {
+            fn default() -> Self {
+                Config { $($name: $default,)* }
+            }
+        }
+
+        /// The configuration flags: `--config PATH` and one optional `--key-with-dashes VALUE`
+        /// per key, kept as text for [`Config::load`]. The flags are global: they may come
+        /// before or after a subcommand.
+        #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+        #[group(skip)]
+        pub struct ConfigFlags {
+            // `--config PATH` (when absent, `LIVEGATE_CONFIG` may name the file).
+            #[arg(long, global = true, help_heading = HELP_HEADING, value_name = "PATH", help = "TOML file with configuration keys (also LIVEGATE_CONFIG)")]
+            pub config: Option<PathBuf>,
+            $(#[arg(long, global = true, help_heading = HELP_HEADING, value_name = $value_name,
+                help = concat!($help, " [default: ", shown!($default $(=> $shown)?), "]"))]
+            $name: Option<String>,)*
+        }
+
+        /// Every key's name, in [`Config`] field order.
+        pub const KEYS: &[&str] = &[$(stringify!($name)),*];
+
+        impl Config {
+            /// Sets `key` from `raw`, checked against the key's type.
+            fn set(&mut self, key: &'static str, raw: Raw<'_>, origin: &Origin) -> Result<(), ConfigError> {
+                match key {
+                    $(stringify!($name) => self.$name = parse(key, raw, origin)?,)*
+                    _ => unreachable!("{key} is not in KEYS"),
+                }
+                Ok(())
+            }
+        }
+
+        impl ConfigFlags {
+            fn slot(&mut self, name: &str) -> Option<&mut Option<String>> {
+                match name {
+                    $(stringify!($name) => Some(&mut self.$name),)*
+                    _ => None,
+                }
+            }
+
+            /// The keys given as flags, with their text, in [`KEYS`] order.
+            fn given(&self) -> impl Iterator<Item = (&'static str, &str)> {
+                [$((stringify!($name), self.$name.as_deref())),*].into_iter().filter_map(|(key, text)| Some((key, text?)))
+            }
+        }
+    };
+}
+
+// `name: Type = default, "VALUE_NAME", "help";` — the help gets ` [default: default]`
+// appended; `default => "text"` shows `text` instead.
+config_keys! {
+    listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 7070)) => "127.0.0.1:7070", "ADDR",
+        "Address to listen on for HTTP and WebSocket";
+    data_dir: PathBuf = "./data".into() => "./data", "DIR",
+        "Directory of the embedded store and the generated API key";
+    api_key: Option<String> = None => "generated into DATA_DIR/api_key", "KEY",
+        "Key backends send as `Authorization: Bearer KEY` (16+ characters)";
+    node: String = default_node_name() => "the host name", "NAME",
+        "This node's name";
+    batch_window_ms: u64 = 100, "MS",
+        "Collect a room's events for this long before sending them as one frame; 0 sends at once";
+    heartbeat_secs: u64 = 30, "SECS",
+        "Server ping interval; a connection silent for 3 intervals is closed";
+    history_size: usize = 1000, "N",
+        "Events kept per room for recovery and history";
+    history_ttl_secs: u64 = 86400, "SECS",
+        "Events older than this are trimmed from history";
+    trusted_proxies: Vec<String> = Vec::new() => "none", "LIST",
+        "Reverse proxies (addresses or blocks like 10.0.0.0/8) whose X-Forwarded-For names the client for per-IP limits";
+    store_cache_mb: u64 = 64, "MIB",
+        "Largest page cache of the embedded store, in MiB";
+    room_idle_secs: u64 = 120, "SECS",
+        "A room nobody subscribes to frees its memory after this long idle; its history stays stored";
+    recovery_max_events: u64 = 1000, "N",
+        "A reconnecting client missing more events than this must reload its state";
+    max_event_bytes: usize = 65536, "BYTES",
+        "Largest accepted event data, in bytes of JSON";
+    max_subscriptions: usize = 128, "N",
+        "Rooms one connection may subscribe to";
+    token_ttl_max_secs: u64 = 86400, "SECS",
+        "Longest lifetime a minted token may ask for";
+    exclusive_devices: Vec<String> = vec!["phone".into(), "pc".into()] => "phone,pc", "LIST",
+        "Device kinds limited to one connection per user, newest wins";
+    migration_window_secs: u64 = 600, "SECS",
+        "A user's sessions move between nodes at most once per window";
+    warmup_secs: u64 = 120, "SECS",
+        "After a restart that finds sessions, validate reconnects against the store this long";
+    session_ttl_secs: u64 = 86400, "SECS",
+        "A session with no connection for this long is deleted; reconnecting sooner keeps it";
+    session_cache_max: usize = 10000, "N",
+        "Disconnected sessions kept in memory; the rest are read from the store on reconnect";
+    drain_wait_secs: u64 = 15, "SECS",
+        "On SIGTERM, report not-ready this long before closing connections";
+    drain_spread_secs: u64 = 5, "SECS",
+        "Spread the drain's reconnect requests over this long";
+    drain_grace_secs: u64 = 30, "SECS",
+        "Wait this long for clients to leave before closing them forcibly";
+    max_outbox_bytes: usize = 1048576, "BYTES",
+        "Bytes a connection may have queued before it is closed as too slow";
+    cell: String = "default".into() => "default", "CELL",
+        "This node's cell, a group of nodes such as a region";
+    public_url: Option<String> = None => "http://LISTEN", "URL",
+        "URL clients use to reach this node, answered by /v1/route";
+    peers: Vec<String> = Vec::new() => "none", "LIST",
+        "Peer nodes, each NAME=URL or NAME@CELL=URL, comma-separated";
+    probe_interval_ms: u64 = 1000, "MS",
+        "How often each peer's /healthz is probed";
+    probe_up_after: u64 = 3, "N",
+        "Successful probes in a row before a down peer counts as up";
+    previous_api_keys: Vec<String> = Vec::new() => "none", "LIST",
+        "API keys still accepted besides api_key, while backends move to the new one; reloaded on SIGHUP";
+    allowed_origins: Vec<String> = Vec::new() => "any", "LIST",
+        "Browser origins (scheme://host[:port]) allowed to open WebSockets; reloaded on SIGHUP";
+    tls_cert: Option<PathBuf> = None => "plain HTTP", "PEM",
+        "Certificate chain (PEM); with tls_key the node serves HTTPS and WSS";
+    tls_key: Option<PathBuf> = None => "none", "PEM",
+        "Private key (PEM) of tls_cert";
+    max_frame_bytes: usize = 65536, "BYTES",
+        "Largest WebSocket frame a client may send; larger closes with 1009";
+    max_message_bytes: usize = 65536, "BYTES",
+        "Largest client message assembled from fragments; larger closes with 1009";
+    max_connections: usize = 15000, "N",
+        "WebSocket connections this node holds, at most (open-file limit - 256) / 2; more are refused with 503; 0: only that bound";
+    max_connections_per_ip: usize = 1000, "N",
+        "WebSocket connections per client IP; more are refused with 429; 0: no limit";
+    handshakes_per_ip_per_sec: u64 = 100, "N",
+        "WebSocket handshakes per second per IP (burst: twice that); more get 429; 0: no limit";
+    max_messages_per_sec: u64 = 100, "N",
+        "Messages per second a connection may send (burst: twice that); more get error rate_limited; 0: no limit";
+    max_bad_messages: u64 = 100, "N",
+        "Refused messages (malformed or over the rate) per minute before the connection is closed with 1008";
+    max_history_limit: usize = 1000, "N",
+        "Largest limit a history read may ask for";
+    subscribe_timeout_secs: u64 = 0, "SECS",
+        "Close connections that subscribed to no room this long after connecting with 1008; 0: never";
+    handshake_timeout_ms: u64 = 5000, "MS",
+        "Time a client has to send a complete request head, e.g. the WebSocket upgrade";
+    ws_echo: bool = false, "BOOL",
+        "Test only: /v1/echo echoes WebSocket messages without a token, for conformance suites";
+    cluster_nats_url: Option<String> = None => "single node", "URL",
+        "Cluster mode: nats://HOST:PORT of a NATS server with JetStream shared by every node";
+    directory_outage_secs: u64 = 30, "SECS",
+        "Cluster mode: while NATS is unreachable, new sessions are queued this long, then refused";
+    cluster_heartbeat_ms: u64 = 1000, "MS",
+        "Cluster mode: heartbeat period; a peer not heard for 3 periods is down";
+}
+
+/// A duration key as a [`Duration`], for the code that waits or ticks by it.
+macro_rules! durations {
+    ($($accessor:ident: $key:ident in $unit:ident,)*) => {
+        impl Config {
+            $(#[doc = concat!("`", stringify!($key), "` as a [`Duration`].")]
+            pub fn $accessor(&self) -> Duration {
+                Duration::$unit(self.$key)
+            })*
+        }
+
+        #[cfg(test)]
+        const DURATIONS: &[(&str, fn(&Config) -> Duration)] = &[$((stringify!($key), Config::$accessor)),*];
+    };
+}
+
+durations! {
+    batch_window: batch_window_ms in from_millis, heartbeat: heartbeat_secs in from_secs,
+    room_idle: room_idle_secs in from_secs, token_ttl_max: token_ttl_max_secs in from_secs,
+    migration_window: migration_window_secs in from_secs, warmup: warmup_secs in from_secs,
+    session_ttl: session_ttl_secs in from_secs, drain_wait: drain_wait_secs in from_secs,
+    drain_spread: drain_spread_secs in from_secs, drain_grace: drain_grace_secs in from_secs,
+    probe_interval: probe_interval_ms in from_millis, handshake_timeout: handshake_timeout_ms in from_millis,
+    directory_outage: directory_outage_secs in from_secs, cluster_heartbeat: cluster_heartbeat_ms in from_millis,
+}
+
+fn default_node_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_string()))
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "livegate".to_string())
+}
+
+const HELP_HEADING: &str = "Configuration (flags win over LIVEGATE_<KEY> variables, which win over the config file)";
+/// Prefix of every environment variable livegate reads.
+pub const ENV_PREFIX: &str = "LIVEGATE_";
+/// Environment variable naming the config file (same as `--config`).
+pub const ENV_CONFIG_FILE: &str = "LIVEGATE_CONFIG";
+/// Environment variable choosing the log format (same as `--log-format`).
+pub const ENV_LOG_FORMAT: &str = "LIVEGATE_LOG_FORMAT";
+/// `LIVEGATE_*` variables that are not configuration keys but are still known.
+const ENV_NOT_KEYS: &[&str] = &[ENV_CONFIG_FILE, ENV_LOG_FORMAT];
+/// Keys whose values are secrets: error messages never repeat them.
+const SECRET_KEYS: &[&str] = &["api_key", "previous_api_keys"];
+/// Shortest API key accepted, configured or read from the key file.
+pub const API_KEY_MIN_CHARS: usize = 16;
 
 /// A peer node, parsed from its `peers` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,243 +265,6 @@ fn parse_peer(entry: &str, own_cell: &str) -> Result<Peer, ConfigError> {
     Ok(Peer { name: name.to_string(), cell: cell.to_string(), url: url.trim_end_matches('/').to_string() })
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            listen: "127.0.0.1:7070".parse().expect("valid default address"),
-            data_dir: PathBuf::from("./data"),
-            api_key: None,
-            node: default_node_name(),
-            batch_window_ms: 100,
-            heartbeat_secs: 30,
-            history_size: 1000,
-            history_ttl_secs: 86_400,
-            room_idle_secs: 120,
-            store_cache_mb: 64,
-            trusted_proxies: Vec::new(),
-            recovery_max_events: 1000,
-            max_event_bytes: 65_536,
-            max_subscriptions: 128,
-            token_ttl_max_secs: 86_400,
-            exclusive_devices: vec!["phone".into(), "pc".into()],
-            migration_window_secs: 600,
-            warmup_secs: 120,
-            session_ttl_secs: 86_400,
-            session_cache_max: 10_000,
-            drain_wait_secs: 15,
-            drain_spread_secs: 5,
-            drain_grace_secs: 30,
-            max_outbox_bytes: 1_048_576,
-            cell: "default".into(),
-            public_url: None,
-            peers: Vec::new(),
-            probe_interval_ms: 1000,
-            probe_up_after: 3,
-            previous_api_keys: Vec::new(),
-            allowed_origins: Vec::new(),
-            tls_cert: None,
-            tls_key: None,
-            max_frame_bytes: 65_536,
-            max_message_bytes: 65_536,
-            max_connections: 15_000,
-            max_connections_per_ip: 1_000,
-            handshakes_per_ip_per_sec: 100,
-            max_messages_per_sec: 100,
-            max_bad_messages: 100,
-            max_history_limit: 1_000,
-            subscribe_timeout_secs: 0,
-            handshake_timeout_ms: 5_000,
-            ws_echo: false,
-            cluster_nats_url: None,
-            directory_outage_secs: 30,
-            cluster_heartbeat_ms: 1000,
-        }
-    }
-}
-
-fn default_node_name() -> String {
-    std::env::var("HOSTNAME")
-        .ok()
-        .filter(|h| !h.is_empty())
-        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_string()))
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "livegate".to_string())
-}
-
-// ---------------------------------------------------------------------------------------
-// The keys: one table drives the file, the environment, the flags and their help texts.
-// ---------------------------------------------------------------------------------------
-
-/// How a key's value is written, and so how a text value (environment, flag) is parsed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// A whole number; the text names the unit for error messages
-    /// ("a whole number of milliseconds").
-    Number(&'static str),
-    /// An IP address and port.
-    Address,
-    /// A filesystem path.
-    Path,
-    /// Free text.
-    Text,
-    /// A list of names; comma-separated in the environment and on the command line.
-    List,
-    /// `true` or `false`.
-    Bool,
-}
-
-impl Kind {
-    /// The expected form, as error messages say it.
-    pub fn expected(self) -> &'static str {
-        match self {
-            Kind::Number(form) => form,
-            Kind::Address => "an IP address and port such as 127.0.0.1:7070",
-            Kind::Path => "a directory path",
-            Kind::Text => "text",
-            Kind::List => "a comma-separated list such as phone,pc",
-            Kind::Bool => "true or false",
-        }
-    }
-}
-
-/// One configuration key: its name in the file, its flag, its kind and its help text.
-#[derive(Debug, Clone, Copy)]
-pub struct Key {
-    /// The name in the TOML file and, upper-cased after `LIVEGATE_`, in the environment.
-    pub name: &'static str,
-    /// The command-line flag without its leading dashes (`name` with `-` for `_`).
-    pub flag: &'static str,
-    pub kind: Kind,
-    /// Placeholder in `--help` (`--listen <ADDR>`).
-    pub value_name: &'static str,
-    pub help: &'static str,
-}
-
-impl Key {
-    /// The environment variable that sets this key: `LIVEGATE_` + the name in upper case.
-    pub fn env_var(&self) -> String {
-        format!("{ENV_PREFIX}{}", self.name.to_ascii_uppercase())
-    }
-}
-
-const MS: Kind = Kind::Number("a whole number of milliseconds");
-const SECS: Kind = Kind::Number("a whole number of seconds");
-const COUNT: Kind = Kind::Number("a whole number");
-const BYTES: Kind = Kind::Number("a whole number of bytes");
-
-/// Every configuration key, in `Config` field order. The one list: the TOML loader,
-/// the environment reader, the command-line flags and their help all come from here,
-/// and a unit test checks it against the fields of [`Config`].
-pub const KEYS: &[Key] = &[
-    Key { name: "listen", flag: "listen", kind: Kind::Address, value_name: "ADDR",
-        help: "Address to listen on for HTTP and WebSocket [default: 127.0.0.1:7070]" },
-    Key { name: "data_dir", flag: "data-dir", kind: Kind::Path, value_name: "DIR",
-        help: "Directory of the embedded store and the generated API key [default: ./data]" },
-    Key { name: "api_key", flag: "api-key", kind: Kind::Text, value_name: "KEY",
-        help: "Key backends send as `Authorization: Bearer KEY` (16+ characters) [default: generated into DATA_DIR/api_key]" },
-    Key { name: "node", flag: "node", kind: Kind::Text, value_name: "NAME",
-        help: "This node's name [default: the host name]" },
-    Key { name: "batch_window_ms", flag: "batch-window-ms", kind: MS, value_name: "MS",
-        help: "Collect a room's events for this long before sending them as one frame; 0 sends at once [default: 100]" },
-    Key { name: "heartbeat_secs", flag: "heartbeat-secs", kind: SECS, value_name: "SECS",
-        help: "Server ping interval; a connection silent for 3 intervals is closed [default: 30]" },
-    Key { name: "history_size", flag: "history-size", kind: COUNT, value_name: "N",
-        help: "Events kept per room for recovery and history [default: 1000]" },
-    Key { name: "history_ttl_secs", flag: "history-ttl-secs", kind: SECS, value_name: "SECS",
-        help: "Events older than this are trimmed from history [default: 86400]" },
-    Key { name: "trusted_proxies", flag: "trusted-proxies", kind: Kind::List, value_name: "LIST",
-        help: "Reverse proxies (addresses or blocks like 10.0.0.0/8) whose X-Forwarded-For names the client for per-IP limits [default: none]" },
-    Key { name: "store_cache_mb", flag: "store-cache-mb", kind: COUNT, value_name: "MIB",
-        help: "Largest page cache of the embedded store, in MiB [default: 64]" },
-    Key { name: "room_idle_secs", flag: "room-idle-secs", kind: SECS, value_name: "SECS",
-        help: "A room nobody subscribes to frees its memory after this long idle; its history stays stored [default: 120]" },
-    Key { name: "recovery_max_events", flag: "recovery-max-events", kind: COUNT, value_name: "N",
-        help: "A reconnecting client missing more events than this must reload its state [default: 1000]" },
-    Key { name: "max_event_bytes", flag: "max-event-bytes", kind: BYTES, value_name: "BYTES",
-        help: "Largest accepted event data, in bytes of JSON [default: 65536]" },
-    Key { name: "max_subscriptions", flag: "max-subscriptions", kind: COUNT, value_name: "N",
-        help: "Rooms one connection may subscribe to [default: 128]" },
-    Key { name: "token_ttl_max_secs", flag: "token-ttl-max-secs", kind: SECS, value_name: "SECS",
-        help: "Longest lifetime a minted token may ask for [default: 86400]" },
-    Key { name: "exclusive_devices", flag: "exclusive-devices", kind: Kind::List, value_name: "LIST",
-        help: "Device kinds limited to one connection per user, newest wins [default: phone,pc]" },
-    Key { name: "migration_window_secs", flag: "migration-window-secs", kind: SECS, value_name: "SECS",
-        help: "A user's sessions move between nodes at most once per window [default: 600]" },
-    Key { name: "warmup_secs", flag: "warmup-secs", kind: SECS, value_name: "SECS",
-        help: "After a restart that finds sessions, validate reconnects against the store this long [default: 120]" },
-    Key { name: "session_ttl_secs", flag: "session-ttl-secs", kind: SECS, value_name: "SECS",
-        help: "A session with no connection for this long is deleted; reconnecting sooner keeps it [default: 86400]" },
-    Key { name: "session_cache_max", flag: "session-cache-max", kind: COUNT, value_name: "N",
-        help: "Disconnected sessions kept in memory; the rest are read from the store on reconnect [default: 10000]" },
-    Key { name: "drain_wait_secs", flag: "drain-wait-secs", kind: SECS, value_name: "SECS",
-        help: "On SIGTERM, report not-ready this long before closing connections [default: 15]" },
-    Key { name: "drain_spread_secs", flag: "drain-spread-secs", kind: SECS, value_name: "SECS",
-        help: "Spread the drain's reconnect requests over this long [default: 5]" },
-    Key { name: "drain_grace_secs", flag: "drain-grace-secs", kind: SECS, value_name: "SECS",
-        help: "Wait this long for clients to leave before closing them forcibly [default: 30]" },
-    Key { name: "max_outbox_bytes", flag: "max-outbox-bytes", kind: BYTES, value_name: "BYTES",
-        help: "Bytes a connection may have queued before it is closed as too slow [default: 1048576]" },
-    Key { name: "cell", flag: "cell", kind: Kind::Text, value_name: "CELL",
-        help: "This node's cell, a group of nodes such as a region [default: default]" },
-    Key { name: "public_url", flag: "public-url", kind: Kind::Text, value_name: "URL",
-        help: "URL clients use to reach this node, answered by /v1/route [default: http://LISTEN]" },
-    Key { name: "peers", flag: "peers", kind: Kind::List, value_name: "LIST",
-        help: "Peer nodes, each NAME=URL or NAME@CELL=URL, comma-separated [default: none]" },
-    Key { name: "probe_interval_ms", flag: "probe-interval-ms", kind: MS, value_name: "MS",
-        help: "How often each peer's /healthz is probed [default: 1000]" },
-    Key { name: "probe_up_after", flag: "probe-up-after", kind: COUNT, value_name: "N",
-        help: "Successful probes in a row before a down peer counts as up [default: 3]" },
-    Key { name: "previous_api_keys", flag: "previous-api-keys", kind: Kind::List, value_name: "LIST",
-        help: "API keys still accepted besides api_key, while backends move to the new one; reloaded on SIGHUP [default: none]" },
-    Key { name: "allowed_origins", flag: "allowed-origins", kind: Kind::List, value_name: "LIST",
-        help: "Browser origins (scheme://host[:port]) allowed to open WebSockets; reloaded on SIGHUP [default: any]" },
-    Key { name: "tls_cert", flag: "tls-cert", kind: Kind::Path, value_name: "PEM",
-        help: "Certificate chain (PEM); with tls_key the node serves HTTPS and WSS [default: plain HTTP]" },
-    Key { name: "tls_key", flag: "tls-key", kind: Kind::Path, value_name: "PEM",
-        help: "Private key (PEM) of tls_cert [default: none]" },
-    Key { name: "max_frame_bytes", flag: "max-frame-bytes", kind: BYTES, value_name: "BYTES",
-        help: "Largest WebSocket frame a client may send; larger closes with 1009 [default: 65536]" },
-    Key { name: "max_message_bytes", flag: "max-message-bytes", kind: BYTES, value_name: "BYTES",
-        help: "Largest client message assembled from fragments; larger closes with 1009 [default: 65536]" },
-    Key { name: "max_connections", flag: "max-connections", kind: COUNT, value_name: "N",
-        help: "WebSocket connections this node holds, at most (open-file limit - 256) / 2; more are refused with 503; 0: only that bound [default: 15000]" },
-    Key { name: "max_connections_per_ip", flag: "max-connections-per-ip", kind: COUNT, value_name: "N",
-        help: "WebSocket connections per client IP; more are refused with 429; 0: no limit [default: 1000]" },
-    Key { name: "handshakes_per_ip_per_sec", flag: "handshakes-per-ip-per-sec", kind: COUNT, value_name: "N",
-        help: "WebSocket handshakes per second per IP (burst: twice that); more get 429; 0: no limit [default: 100]" },
-    Key { name: "max_messages_per_sec", flag: "max-messages-per-sec", kind: COUNT, value_name: "N",
-        help: "Messages per second a connection may send (burst: twice that); more get error rate_limited; 0: no limit [default: 100]" },
-    Key { name: "max_bad_messages", flag: "max-bad-messages", kind: COUNT, value_name: "N",
-        help: "Refused messages (malformed or over the rate) per minute before the connection is closed with 1008 [default: 100]" },
-    Key { name: "max_history_limit", flag: "max-history-limit", kind: COUNT, value_name: "N",
-        help: "Largest limit a history read may ask for [default: 1000]" },
-    Key { name: "subscribe_timeout_secs", flag: "subscribe-timeout-secs", kind: SECS, value_name: "SECS",
-        help: "Close connections that subscribed to no room this long after connecting with 1008; 0: never [default: 0]" },
-    Key { name: "handshake_timeout_ms", flag: "handshake-timeout-ms", kind: MS, value_name: "MS",
-        help: "Time a client has to send a complete request head, e.g. the WebSocket upgrade [default: 5000]" },
-    Key { name: "ws_echo", flag: "ws-echo", kind: Kind::Bool, value_name: "BOOL",
-        help: "Test only: /v1/echo echoes WebSocket messages without a token, for conformance suites [default: false]" },
-    Key { name: "cluster_nats_url", flag: "cluster-nats-url", kind: Kind::Text, value_name: "URL",
-        help: "Cluster mode: nats://HOST:PORT of a NATS server with JetStream shared by every node [default: single node]" },
-    Key { name: "directory_outage_secs", flag: "directory-outage-secs", kind: SECS, value_name: "SECS",
-        help: "Cluster mode: while NATS is unreachable, new sessions are queued this long, then refused [default: 30]" },
-    Key { name: "cluster_heartbeat_ms", flag: "cluster-heartbeat-ms", kind: MS, value_name: "MS",
-        help: "Cluster mode: heartbeat period; a peer not heard for 3 periods is down [default: 1000]" },
-];
-
-/// Prefix of every environment variable livegate reads.
-pub const ENV_PREFIX: &str = "LIVEGATE_";
-/// Environment variable naming the config file (same as `--config`).
-pub const ENV_CONFIG_FILE: &str = "LIVEGATE_CONFIG";
-/// Environment variable choosing the log format (same as `--log-format`).
-pub const ENV_LOG_FORMAT: &str = "LIVEGATE_LOG_FORMAT";
-/// `LIVEGATE_*` variables that are not configuration keys but are still known.
-const ENV_NOT_KEYS: &[&str] = &[ENV_CONFIG_FILE, ENV_LOG_FORMAT];
-
-fn key(name: &str) -> Option<&'static Key> {
-    KEYS.iter().find(|k| k.name == name)
-}
-
 // ---------------------------------------------------------------------------------------
 // Errors
 // ---------------------------------------------------------------------------------------
@@ -381,7 +274,7 @@ fn key(name: &str) -> Option<&'static Key> {
 pub enum Origin {
     File { path: PathBuf, key: &'static str },
     Env { var: String },
-    Flag { flag: &'static str },
+    Flag { key: &'static str },
 }
 
 impl fmt::Display for Origin {
@@ -389,69 +282,57 @@ impl fmt::Display for Origin {
         match self {
             Origin::File { path, key } => write!(f, "{key} in {}", path.display()),
             Origin::Env { var } => f.write_str(var),
-            Origin::Flag { flag } => write!(f, "--{flag}"),
+            Origin::Flag { key } => write!(f, "--{}", key.replace('_', "-")),
         }
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {reason}")]
-    ReadFile { path: PathBuf, reason: String },
-    #[error("config file {path} is not valid TOML: {reason}")]
-    ParseFile { path: PathBuf, reason: String },
+    #[error("cannot read config file {path}: {source}")]
+    ReadFile { path: PathBuf, source: std::io::Error },
+    #[error("config file {path} is not valid TOML: {}{}", source.message(), line.map(|n| format!(" (line {n})")).unwrap_or_default())]
+    ParseFile { path: PathBuf, line: Option<usize>, source: toml::de::Error },
     #[error("config file {path}: unknown key `{key}` (known keys: {})", known_keys())]
     UnknownKey { path: PathBuf, key: String },
     #[error("{origin}: expected {expected}, got {got}")]
     BadValue { origin: Origin, expected: &'static str, got: String },
-    #[error("{key} {problem}{}", set_by(origin))]
+    #[error("{key} {problem}{}", origin.as_ref().map(|o| format!(" (set by {o})")).unwrap_or_default())]
     Invalid { key: &'static str, problem: String, origin: Option<Origin> },
-    #[error("API key file {path}: {reason}")]
-    ApiKeyFile { path: PathBuf, reason: String },
+    #[error("API key file {path}: {source}")]
+    ApiKeyFile { path: PathBuf, source: std::io::Error },
+    #[error("API key file {path}: cannot create {dir}: {source}")]
+    DataDir { path: PathBuf, dir: PathBuf, source: std::io::Error },
+    #[error("API key file {path}: {problem}: delete it to have a new key generated, or set api_key")]
+    StoredApiKey { path: PathBuf, problem: &'static str },
     #[error("cannot generate an API key: no randomness available: {0}")]
-    Random(String),
+    Random(getrandom::Error),
 }
 
 fn known_keys() -> String {
-    KEYS.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+    KEYS.join(", ")
 }
 
-fn set_by(origin: &Option<Origin>) -> String {
-    match origin {
-        Some(origin) => format!(" (set by {origin})"),
-        None => String::new(),
-    }
+fn invalid(key: &'static str, problem: String) -> ConfigError {
+    ConfigError::Invalid { key, problem, origin: None }
 }
 
 // ---------------------------------------------------------------------------------------
-// Command-line flags
+// Loading
 // ---------------------------------------------------------------------------------------
-
-/// The configuration flags: `--config PATH` and one optional `--key-with-dashes VALUE`
-/// per entry of [`KEYS`]. Values stay text here and are parsed by [`Config::load`], so a
-/// bad flag gets the same message as a bad environment variable. The flags are global:
-/// they may come before or after a subcommand.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ConfigFlags {
-    /// `--config PATH` (when absent, `LIVEGATE_CONFIG` may name the file).
-    pub config: Option<PathBuf>,
-    values: BTreeMap<&'static str, String>,
-}
-
-const HELP_HEADING: &str = "Configuration (flags win over LIVEGATE_<KEY> variables, which win over the config file)";
 
 impl ConfigFlags {
     /// Sets a key as if its flag were given; panics on a name that is not in [`KEYS`]
     /// (a programming error, not a user's).
     pub fn with(mut self, name: &str, value: impl Into<String>) -> Self {
-        let key = key(name).unwrap_or_else(|| panic!("no configuration key named {name:?}"));
-        self.values.insert(key.name, value.into());
+        let slot = self.slot(name).unwrap_or_else(|| panic!("no configuration key named {name:?}"));
+        *slot = Some(value.into());
         self
     }
 
     /// The value given for a key, as text.
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.values.get(name).map(String::as_str)
+        self.given().find(|(key, _)| *key == name).map(|(_, text)| text)
     }
 
     /// The config file to read: `--config`, else `LIVEGATE_CONFIG`, else none.
@@ -464,68 +345,6 @@ impl ConfigFlags {
     }
 }
 
-impl clap::FromArgMatches for ConfigFlags {
-    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
-        let mut flags = ConfigFlags::default();
-        flags.update_from_arg_matches(matches)?;
-        Ok(flags)
-    }
-
-    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
-        if let Some(path) = matches.get_one::<PathBuf>("config") {
-            self.config = Some(path.clone());
-        }
-        for key in KEYS {
-            if let Some(value) = matches.get_one::<String>(key.name) {
-                self.values.insert(key.name, value.clone());
-            }
-        }
-        Ok(())
-    }
-}
-
-impl clap::Args for ConfigFlags {
-    fn augment_args(cmd: clap::Command) -> clap::Command {
-        let config = clap::Arg::new("config")
-            .long("config")
-            .value_name("PATH")
-            .value_parser(clap::value_parser!(PathBuf))
-            .global(true)
-            .help_heading(HELP_HEADING)
-            .help("TOML file with configuration keys (also LIVEGATE_CONFIG)");
-        KEYS.iter().fold(cmd.arg(config), |cmd, key| {
-            cmd.arg(
-                clap::Arg::new(key.name)
-                    .long(key.flag)
-                    .value_name(key.value_name)
-                    .value_parser(clap::value_parser!(String))
-                    .global(true)
-                    .help_heading(HELP_HEADING)
-                    .help(key.help),
-            )
-        })
-    }
-
-    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
-        Self::augment_args(cmd)
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// Loading
-// ---------------------------------------------------------------------------------------
-
-/// The API key to use, and where it was written when it was generated just now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResolvedApiKey {
-    pub key: String,
-    /// `Some(path)` when no key existed and a new one was generated and stored there.
-    pub generated_at: Option<PathBuf>,
-}
-
-/// Shortest API key accepted, configured or read from the key file.
-pub const API_KEY_MIN_CHARS: usize = 16;
-
 impl Config {
     /// Builds the configuration from its layers, later winning: defaults, the TOML `file`,
     /// `LIVEGATE_<KEY>` variables from `env`, then `flags`; then validates it.
@@ -535,13 +354,46 @@ impl Config {
         env: impl IntoIterator<Item = (String, String)>,
         flags: &ConfigFlags,
     ) -> Result<Config, ConfigError> {
-        let mut layers = Layers::default();
+        let mut config = Config::default();
+        // Which layer set each key last, for validation messages.
+        let mut origins = BTreeMap::new();
+        let mut set = |key: &'static str, raw: Raw<'_>, origin: Origin| {
+            config.set(key, raw, &origin)?;
+            origins.insert(key, origin);
+            Ok::<_, ConfigError>(())
+        };
         if let Some(path) = file {
-            layers.add_file(path)?;
+            for (name, value) in &read_file(path)? {
+                let Some(key) = KEYS.iter().find(|key| *key == name) else {
+                    return Err(ConfigError::UnknownKey { path: path.to_path_buf(), key: name.clone() });
+                };
+                set(key, Raw::Toml(value), Origin::File { path: path.to_path_buf(), key })?;
+            }
         }
-        layers.add_env(env)?;
-        layers.add_flags(flags)?;
-        layers.finish()
+        for (var, text) in env {
+            let Some(rest) = var.strip_prefix(ENV_PREFIX) else { continue };
+            if ENV_NOT_KEYS.contains(&var.as_str()) {
+                continue;
+            }
+            let Some(key) = KEYS.iter().find(|key| key.to_ascii_uppercase() == rest) else {
+                tracing::warn!(
+                    "ignoring unknown environment variable {var}: livegate has no configuration key {:?}",
+                    rest.to_ascii_lowercase()
+                );
+                continue;
+            };
+            set(key, Raw::Text(&text), Origin::Env { var })?;
+        }
+        for (key, text) in flags.given() {
+            set(key, Raw::Text(text), Origin::Flag { key })?;
+        }
+        config.validate().map_err(|e| match e {
+            ConfigError::Invalid { key, problem, origin: None } => {
+                ConfigError::Invalid { key, problem, origin: origins.remove(key) }
+            }
+            other => other,
+        })?;
+        Ok(config)
     }
 
     /// [`Config::load`] with this process's environment and the file named by
@@ -554,69 +406,52 @@ impl Config {
 
     /// Checks every value; the first problem found is the error.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        at_most("batch_window_ms", self.batch_window_ms, 10_000, "10000 (10 seconds)")?;
-        at_least("heartbeat_secs", self.heartbeat_secs, 1)?;
-        at_least("history_size", self.history_size as u64, 1)?;
-        at_most("history_size", self.history_size as u64, 1_000_000, "1000000")?;
-        at_least("recovery_max_events", self.recovery_max_events, 1)?;
-        at_least("room_idle_secs", self.room_idle_secs, 1)?;
-        at_least("session_ttl_secs", self.session_ttl_secs, 1)?;
-        at_least("session_cache_max", self.session_cache_max as u64, 1)?;
-        at_least("store_cache_mb", self.store_cache_mb, 1)?;
-        for block in &self.trusted_proxies {
-            if block.parse::<crate::core::proxies::Cidr>().is_err() {
-                let problem = format!("entries are addresses or blocks such as 10.0.0.0/8 or ::1/128, got {block:?}");
-                return Err(invalid("trusted_proxies", problem));
-            }
+        within(&[
+            ("batch_window_ms", self.batch_window_ms, 0, Some((10_000, " (10 seconds)"))),
+            ("heartbeat_secs", self.heartbeat_secs, 1, None),
+            ("history_size", self.history_size as u64, 1, Some((1_000_000, ""))),
+            ("recovery_max_events", self.recovery_max_events, 1, None),
+            ("room_idle_secs", self.room_idle_secs, 1, None),
+            ("session_ttl_secs", self.session_ttl_secs, 1, None),
+            ("session_cache_max", self.session_cache_max as u64, 1, None),
+            ("store_cache_mb", self.store_cache_mb, 1, None),
+        ])?;
+        if let Some(block) = self.trusted_proxies.iter().find(|b| b.parse::<crate::core::proxies::Cidr>().is_err()) {
+            let problem = format!("entries are addresses or blocks such as 10.0.0.0/8 or ::1/128, got {block:?}");
+            return Err(invalid("trusted_proxies", problem));
         }
-        at_most("store_cache_mb", self.store_cache_mb, 1 << 20, "1048576 (1 TiB)")?;
-        at_least("max_event_bytes", self.max_event_bytes as u64, 16)?;
-        at_most("max_event_bytes", self.max_event_bytes as u64, MAX_EVENT_BYTES_LIMIT, "16777216 (16 MiB)")?;
-        at_least("max_subscriptions", self.max_subscriptions as u64, 1)?;
-        at_least("token_ttl_max_secs", self.token_ttl_max_secs, 1)?;
-        at_least("max_outbox_bytes", self.max_outbox_bytes as u64, 4096)?;
-        if !is_name(&self.node, 64) {
-            return Err(invalid(
-                "node",
-                format!("must be 1 to 64 characters from A-Z a-z 0-9 _ . -, got {:?}", self.node),
-            ));
+        within(&[
+            ("store_cache_mb", self.store_cache_mb, 0, Some((1 << 20, " (1 TiB)"))),
+            ("max_event_bytes", self.max_event_bytes as u64, 16, Some((16 << 20, " (16 MiB)"))),
+            ("max_subscriptions", self.max_subscriptions as u64, 1, None),
+            ("token_ttl_max_secs", self.token_ttl_max_secs, 1, None),
+            ("max_outbox_bytes", self.max_outbox_bytes as u64, 4096, None),
+        ])?;
+        name_rule("node", "must", &self.node, 64)?;
+        if let Some(chars) = self.api_key.as_ref().map(|key| key.chars().count()).filter(|&n| n < API_KEY_MIN_CHARS) {
+            // Never echo the key itself.
+            return Err(invalid("api_key", format!("must be at least {API_KEY_MIN_CHARS} characters long, got {chars}")));
         }
-        if let Some(api_key) = &self.api_key {
-            let chars = api_key.chars().count();
-            if chars < API_KEY_MIN_CHARS {
-                // Never echo the key itself.
-                return Err(invalid(
-                    "api_key",
-                    format!("must be at least {API_KEY_MIN_CHARS} characters long, got {chars}"),
-                ));
-            }
+        name_rule("cell", "must", &self.cell, 64)?;
+        within(&[
+            ("probe_interval_ms", self.probe_interval_ms, 50, None),
+            ("max_frame_bytes", self.max_frame_bytes as u64, 1024, Some((64 << 20, " (64 MiB)"))),
+            ("max_message_bytes", self.max_message_bytes as u64, 1024, Some((64 << 20, " (64 MiB)"))),
+            ("max_history_limit", self.max_history_limit as u64, 1, None),
+            ("handshake_timeout_ms", self.handshake_timeout_ms, 100, None),
+        ])?;
+        if self.previous_api_keys.iter().any(|key| key.chars().count() < API_KEY_MIN_CHARS) {
+            // Never echo a key.
+            return Err(invalid("previous_api_keys", format!("entries must be at least {API_KEY_MIN_CHARS} characters long")));
         }
-        if !is_name(&self.cell, 64) {
-            return Err(invalid("cell", format!("must be 1 to 64 characters from A-Z a-z 0-9 _ . -, got {:?}", self.cell)));
-        }
-        at_least("probe_interval_ms", self.probe_interval_ms, 50)?;
-        for (key, value) in [("max_frame_bytes", self.max_frame_bytes), ("max_message_bytes", self.max_message_bytes)] {
-            at_least(key, value as u64, 1024)?;
-            at_most(key, value as u64, MAX_CLIENT_MESSAGE_LIMIT, "67108864 (64 MiB)")?;
-        }
-        at_least("max_history_limit", self.max_history_limit as u64, 1)?;
-        at_least("handshake_timeout_ms", self.handshake_timeout_ms, 100)?;
-        for key in &self.previous_api_keys {
-            if key.chars().count() < API_KEY_MIN_CHARS {
-                // Never echo a key.
-                return Err(invalid("previous_api_keys", format!("entries must be at least {API_KEY_MIN_CHARS} characters long")));
-            }
-        }
-        for origin in &self.allowed_origins {
-            if !(origin.starts_with("http://") || origin.starts_with("https://")) || origin.ends_with('/') {
-                return Err(invalid("allowed_origins", format!("entries are scheme://host[:port] without a path, got {origin:?}")));
-            }
+        let bad_origin = |o: &&String| !(o.starts_with("http://") || o.starts_with("https://")) || o.ends_with('/');
+        if let Some(origin) = self.allowed_origins.iter().find(bad_origin) {
+            return Err(invalid("allowed_origins", format!("entries are scheme://host[:port] without a path, got {origin:?}")));
         }
         if self.tls_cert.is_some() != self.tls_key.is_some() {
             return Err(invalid("tls_cert", "and tls_key must be set together".to_string()));
         }
-        at_least("probe_up_after", self.probe_up_after, 1)?;
-        at_least("cluster_heartbeat_ms", self.cluster_heartbeat_ms, 50)?;
+        within(&[("probe_up_after", self.probe_up_after, 1, None), ("cluster_heartbeat_ms", self.cluster_heartbeat_ms, 50, None)])?;
         if let Some(url) = &self.cluster_nats_url {
             let bare = url.strip_prefix("nats://").or_else(|| url.strip_prefix("tls://"));
             if bare.is_none_or(|rest| rest.is_empty() || rest.contains('/')) {
@@ -627,118 +462,49 @@ impl Config {
                 return Err(invalid("peers", "must be empty in cluster mode: nodes find each other by heartbeats".to_string()));
             }
         }
-        for peer in self.peer_nodes()? {
-            if peer.name == self.node {
-                return Err(invalid("peers", format!("lists this node ({}) itself", self.node)));
-            }
+        if self.peer_nodes()?.iter().any(|peer| peer.name == self.node) {
+            return Err(invalid("peers", format!("lists this node ({}) itself", self.node)));
         }
-        for device in &self.exclusive_devices {
-            if !is_name(device, 32) {
-                return Err(invalid(
-                    "exclusive_devices",
-                    format!("entries must be 1 to 32 characters from A-Z a-z 0-9 _ . -, got {device:?}"),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Where the API key is stored when it is not configured: `data_dir/api_key`.
-    pub fn api_key_path(&self) -> PathBuf {
-        self.data_dir.join("api_key")
-    }
-
-    /// The API key without generating one: the configured key, else the trimmed contents
-    /// of [`Config::api_key_path`] when that file exists, else `None`.
-    /// Client commands use this: they must never invent a key the server does not know.
-    pub fn existing_api_key(&self) -> Result<Option<String>, ConfigError> {
-        if let Some(key) = &self.api_key {
-            return Ok(Some(key.clone()));
-        }
-        let path = self.api_key_path();
-        match std::fs::read_to_string(&path) {
-            Ok(text) => check_stored_key(&path, text).map(Some),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(ConfigError::ApiKeyFile { path, reason: e.to_string() }),
-        }
-    }
-
-    /// The API key the server uses: [`Config::existing_api_key`], else a new random key
-    /// (32 bytes, base64url without padding) written to [`Config::api_key_path`] with mode
-    /// 0600, creating `data_dir` if needed.
-    pub fn resolve_api_key(&self) -> Result<ResolvedApiKey, ConfigError> {
-        if let Some(key) = self.existing_api_key()? {
-            return Ok(ResolvedApiKey { key, generated_at: None });
-        }
-        let path = self.api_key_path();
-        let file_error = |e: std::io::Error| ConfigError::ApiKeyFile { path: path.clone(), reason: e.to_string() };
-        std::fs::create_dir_all(&self.data_dir).map_err(|e| ConfigError::ApiKeyFile {
-            path: path.clone(),
-            reason: format!("cannot create {}: {e}", self.data_dir.display()),
-        })?;
-        let mut bytes = [0u8; 32];
-        getrandom::getrandom(&mut bytes).map_err(|e| ConfigError::Random(e.to_string()))?;
-        let key = base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, bytes);
-
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        // create_new: if another process wrote a key in the meantime, use that one.
-        let mut file = match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                let text = std::fs::read_to_string(&path).map_err(file_error)?;
-                let key = check_stored_key(&path, text)?;
-                return Ok(ResolvedApiKey { key, generated_at: None });
-            }
-            Err(e) => return Err(file_error(e)),
-        };
-        file.write_all(format!("{key}\n").as_bytes()).map_err(file_error)?;
-        file.sync_all().map_err(file_error)?;
-        Ok(ResolvedApiKey { key, generated_at: Some(path) })
+        self.exclusive_devices.iter().try_for_each(|device| name_rule("exclusive_devices", "entries must", device, 32))
     }
 }
 
-/// Upper bound of `max_event_bytes`: 16 MiB.
-const MAX_EVENT_BYTES_LIMIT: u64 = 16 * 1024 * 1024;
-const MAX_CLIENT_MESSAGE_LIMIT: u64 = 64 * 1024 * 1024;
-
-fn check_stored_key(path: &Path, text: String) -> Result<String, ConfigError> {
-    let key = text.trim();
-    let problem = if key.is_empty() {
-        "is empty"
-    } else if key.chars().count() < API_KEY_MIN_CHARS {
-        "holds a key shorter than 16 characters"
-    } else {
-        return Ok(key.to_string());
-    };
-    Err(ConfigError::ApiKeyFile {
-        path: path.to_path_buf(),
-        reason: format!("{problem}: delete it to have a new key generated, or set api_key"),
-    })
-}
-
-fn invalid(key: &'static str, problem: String) -> ConfigError {
-    ConfigError::Invalid { key, problem, origin: None }
-}
-
-fn at_least(key: &'static str, value: u64, min: u64) -> Result<(), ConfigError> {
-    if value < min {
-        return Err(invalid(key, format!("must be at least {min}, got {value}")));
+/// Each `(key, value, min, max)`: `value` is at least `min` and, when there is a `max`,
+/// at most that (with its note for the message, such as " (16 MiB)").
+fn within(bounds: &[(&'static str, u64, u64, Option<(u64, &str)>)]) -> Result<(), ConfigError> {
+    for &(key, value, min, max) in bounds {
+        if value < min {
+            return Err(invalid(key, format!("must be at least {min}, got {value}")));
+        }
+        if let Some((max, note)) = max.filter(|&(max, _)| value > max) {
+            return Err(invalid(key, format!("must be at most {max}{note}, got {value}")));
+        }
     }
     Ok(())
 }
 
-fn at_most(key: &'static str, value: u64, max: u64, max_text: &str) -> Result<(), ConfigError> {
-    if value > max {
-        return Err(invalid(key, format!("must be at most {max_text}, got {value}")));
+/// `value` is a name of at most `max` characters (see [`is_name`]); `must` starts the problem.
+fn name_rule(key: &'static str, must: &str, value: &str, max: usize) -> Result<(), ConfigError> {
+    if is_name(value, max) {
+        return Ok(());
     }
-    Ok(())
+    Err(invalid(key, format!("{must} be 1 to {max} characters from A-Z a-z 0-9 _ . -, got {value:?}")))
 }
 
 /// `[A-Za-z0-9_.-]{1,max}`.
 fn is_name(s: &str, max: usize) -> bool {
     (1..=max).contains(&s.len())
         && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// The config file as a TOML table.
+fn read_file(path: &Path) -> Result<toml::Table, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile { path: path.to_path_buf(), source })?;
+    text.parse().map_err(|source: toml::de::Error| {
+        // Name the line: "invalid basic string" alone does not say where.
+        let line = source.span().map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1);
+        ConfigError::ParseFile { path: path.to_path_buf(), line, source }
+    })
 }
 
 /// This process's environment as text pairs; variables that are not valid UTF-8 are
@@ -758,517 +524,3 @@ fn process_env() -> Vec<(String, String)> {
         .collect()
 }
 
-/// The layers seen so far: each key's value (as TOML, already checked against its kind)
-/// and where the winning value came from.
-#[derive(Default)]
-struct Layers {
-    values: toml::Table,
-    origins: BTreeMap<&'static str, Origin>,
-}
-
-impl Layers {
-    fn set(&mut self, key: &'static Key, value: toml::Value, origin: Origin) {
-        self.values.insert(key.name.to_string(), value);
-        self.origins.insert(key.name, origin);
-    }
-
-    fn add_file(&mut self, path: &Path) -> Result<(), ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::ReadFile { path: path.to_path_buf(), reason: e.to_string() })?;
-        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
-            // Name the line: "invalid basic string" alone does not say where.
-            let line = e.span().map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1);
-            let reason = match line {
-                Some(line) => format!("{} (line {line})", e.message()),
-                None => e.message().to_string(),
-            };
-            ConfigError::ParseFile { path: path.to_path_buf(), reason }
-        })?;
-        for (name, value) in table {
-            let Some(key) = key(&name) else {
-                return Err(ConfigError::UnknownKey { path: path.to_path_buf(), key: name });
-            };
-            let origin = Origin::File { path: path.to_path_buf(), key: key.name };
-            let value = from_toml(key, value, &origin)?;
-            self.set(key, value, origin);
-        }
-        Ok(())
-    }
-
-    fn add_env(&mut self, env: impl IntoIterator<Item = (String, String)>) -> Result<(), ConfigError> {
-        for (var, text) in env {
-            let Some(rest) = var.strip_prefix(ENV_PREFIX) else { continue };
-            if ENV_NOT_KEYS.contains(&var.as_str()) {
-                continue;
-            }
-            let Some(key) = KEYS.iter().find(|k| k.env_var() == var) else {
-                tracing::warn!(
-                    "ignoring unknown environment variable {var}: livegate has no configuration key {:?}",
-                    rest.to_ascii_lowercase()
-                );
-                continue;
-            };
-            let origin = Origin::Env { var };
-            let value = from_text(key, &text, &origin)?;
-            self.set(key, value, origin);
-        }
-        Ok(())
-    }
-
-    fn add_flags(&mut self, flags: &ConfigFlags) -> Result<(), ConfigError> {
-        for key in KEYS {
-            if let Some(text) = flags.get(key.name) {
-                let origin = Origin::Flag { flag: key.flag };
-                let value = from_text(key, text, &origin)?;
-                self.set(key, value, origin);
-            }
-        }
-        Ok(())
-    }
-
-    fn finish(self) -> Result<Config, ConfigError> {
-        let Layers { values, origins } = self;
-        // Every value was checked against its key's kind, so this only fails on a bug;
-        // the message still says what went wrong.
-        let config: Config = toml::Value::Table(values)
-            .try_into()
-            .map_err(|e: toml::de::Error| ConfigError::Invalid {
-                key: "config",
-                problem: format!("could not be assembled: {}", e.message()),
-                origin: None,
-            })?;
-        config.validate().map_err(|e| match e {
-            ConfigError::Invalid { key, problem, origin: None } => {
-                ConfigError::Invalid { key, problem, origin: origins.get(key).cloned() }
-            }
-            other => other,
-        })?;
-        Ok(config)
-    }
-}
-
-/// Keys whose values are secrets: error messages never repeat them.
-const SECRET_KEYS: &[&str] = &["api_key", "previous_api_keys"];
-
-/// A value as an error message may show it.
-fn shown(key: &Key, value: &str) -> String {
-    if SECRET_KEYS.contains(&key.name) {
-        "a value that is not shown (a secret)".to_string()
-    } else {
-        value.to_string()
-    }
-}
-
-/// Parses a text value (environment variable or flag) according to the key's kind.
-fn from_text(key: &Key, text: &str, origin: &Origin) -> Result<toml::Value, ConfigError> {
-    let bad =
-        || ConfigError::BadValue { origin: origin.clone(), expected: key.kind.expected(), got: shown(key, &format!("{text:?}")) };
-    Ok(match key.kind {
-        Kind::Number(_) => {
-            let n: u64 = text.trim().parse().map_err(|_| bad())?;
-            toml::Value::Integer(i64::try_from(n).map_err(|_| bad())?)
-        }
-        Kind::Address => {
-            let addr: SocketAddr = text.trim().parse().map_err(|_| bad())?;
-            toml::Value::String(addr.to_string())
-        }
-        Kind::Path => {
-            if text.is_empty() {
-                return Err(bad());
-            }
-            toml::Value::String(text.to_string())
-        }
-        Kind::Text => toml::Value::String(text.to_string()),
-        Kind::Bool => match text.trim() {
-            "true" => toml::Value::Boolean(true),
-            "false" => toml::Value::Boolean(false),
-            _ => return Err(bad()),
-        },
-        Kind::List => toml::Value::Array(
-            text.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(|s| toml::Value::String(s.to_string()))
-                .collect(),
-        ),
-    })
-}
-
-/// Checks a value from the TOML file against the key's kind. A list may also be written
-/// as one comma-separated string, as in the environment.
-fn from_toml(key: &Key, value: toml::Value, origin: &Origin) -> Result<toml::Value, ConfigError> {
-    let bad = |value: &toml::Value| ConfigError::BadValue {
-        origin: origin.clone(),
-        expected: key.kind.expected(),
-        got: shown(key, &value.to_string()),
-    };
-    match (key.kind, &value) {
-        (Kind::Number(_), toml::Value::Integer(n)) if *n >= 0 => Ok(value),
-        (Kind::Address, toml::Value::String(s)) => match s.trim().parse::<SocketAddr>() {
-            Ok(addr) => Ok(toml::Value::String(addr.to_string())),
-            Err(_) => Err(bad(&value)),
-        },
-        (Kind::Path, toml::Value::String(s)) if !s.is_empty() => Ok(value),
-        (Kind::Text, toml::Value::String(_)) => Ok(value),
-        (Kind::Bool, toml::Value::Boolean(_)) => Ok(value),
-        (Kind::List, toml::Value::String(s)) => from_text(key, s, origin),
-        (Kind::List, toml::Value::Array(items)) if items.iter().all(toml::Value::is_str) => Ok(value),
-        _ => Err(bad(&value)),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// What a case expects: values of the loaded config (key, TOML text of the value),
-    /// or the exact error message, or its beginning. `FILE` stands for the file's path.
-    enum Expect {
-        Values(Vec<(&'static str, &'static str)>),
-        Error(String),
-        ErrorStarts(&'static str),
-    }
-    use Expect::*;
-
-    struct Case {
-        name: &'static str,
-        file: Option<&'static str>,
-        env: Vec<(&'static str, &'static str)>,
-        flags: Vec<(&'static str, &'static str)>,
-        expect: Expect,
-    }
-
-    fn case(name: &'static str, expect: Expect) -> Case {
-        Case { name, file: None, env: vec![], flags: vec![], expect }
-    }
-
-    impl Case {
-        fn file(mut self, text: &'static str) -> Self {
-            self.file = Some(text);
-            self
-        }
-        fn env(mut self, var: &'static str, value: &'static str) -> Self {
-            self.env.push((var, value));
-            self
-        }
-        fn flag(mut self, key: &'static str, value: &'static str) -> Self {
-            self.flags.push((key, value));
-            self
-        }
-    }
-
-    /// Loads one case and returns the config as a TOML table, or the error message with
-    /// the config file's path replaced by `FILE`.
-    fn check(case: &Case) -> Result<toml::Table, String> {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("livegate.toml");
-        if let Some(text) = case.file {
-            std::fs::write(&path, text).unwrap();
-        }
-        let env = case.env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
-        let flags = case.flags.iter().fold(ConfigFlags::default(), |f, (k, v)| f.with(k, *v));
-        match Config::load(case.file.map(|_| path.as_path()), env, &flags) {
-            Ok(config) => Ok(toml::Table::try_from(&config).unwrap()),
-            Err(e) => Err(e.to_string().replace(&path.display().to_string(), "FILE")),
-        }
-    }
-
-    #[test]
-    fn load_cases() {
-        let known = known_keys();
-        let cases = vec![
-            // Defaults and precedence: file < env < flag.
-            case("defaults", Values(vec![
-                ("listen", "\"127.0.0.1:7070\""),
-                ("batch_window_ms", "100"),
-                ("exclusive_devices", "[\"phone\", \"pc\"]"),
-                ("data_dir", "\"./data\""),
-            ])),
-            case("file", Values(vec![("batch_window_ms", "5"), ("heartbeat_secs", "30")]))
-                .file("batch_window_ms = 5"),
-            case("env over file", Values(vec![("batch_window_ms", "7"), ("history_size", "10")]))
-                .file("batch_window_ms = 5\nhistory_size = 10")
-                .env("LIVEGATE_BATCH_WINDOW_MS", "7"),
-            case("flag over env", Values(vec![("batch_window_ms", "0")]))
-                .file("batch_window_ms = 5")
-                .env("LIVEGATE_BATCH_WINDOW_MS", "7")
-                .flag("batch_window_ms", "0"),
-            case("flag over file", Values(vec![("data_dir", "\"/tmp/x\"")]))
-                .file("data_dir = \"/srv/livegate\"")
-                .flag("data_dir", "/tmp/x"),
-            case("every kind from env", Values(vec![
-                ("listen", "\"0.0.0.0:0\""),
-                ("data_dir", "\"/var/lib/livegate\""),
-                ("api_key", "\"0123456789abcdef\""),
-                ("node", "\"n-1.a_b\""),
-                ("exclusive_devices", "[\"tv\", \"watch\"]"),
-                ("max_outbox_bytes", "4096"),
-            ]))
-                .env("LIVEGATE_LISTEN", "0.0.0.0:0")
-                .env("LIVEGATE_DATA_DIR", "/var/lib/livegate")
-                .env("LIVEGATE_API_KEY", "0123456789abcdef")
-                .env("LIVEGATE_NODE", "n-1.a_b")
-                .env("LIVEGATE_EXCLUSIVE_DEVICES", "tv, watch")
-                .env("LIVEGATE_MAX_OUTBOX_BYTES", "4096"),
-            case("empty list", Values(vec![("exclusive_devices", "[]")]))
-                .flag("exclusive_devices", ""),
-            case("list in file as array", Values(vec![("exclusive_devices", "[\"phone\"]")]))
-                .file("exclusive_devices = [\"phone\"]"),
-            case("list in file as text", Values(vec![("exclusive_devices", "[\"phone\", \"tv\"]")]))
-                .file("exclusive_devices = \"phone,tv\""),
-            case("IPv6 listen", Values(vec![("listen", "\"[::1]:8080\"")]))
-                .file("listen = \"[::1]:8080\""),
-            case("bounds are inclusive", Values(vec![
-                ("batch_window_ms", "10000"), ("max_event_bytes", "16777216"), ("history_size", "1000000"),
-            ]))
-                .flag("batch_window_ms", "10000")
-                .flag("max_event_bytes", "16777216")
-                .flag("history_size", "1000000"),
-            case("small bounds", Values(vec![("max_event_bytes", "16"), ("heartbeat_secs", "1")]))
-                .env("LIVEGATE_MAX_EVENT_BYTES", "16")
-                .env("LIVEGATE_HEARTBEAT_SECS", "1"),
-            // Unknown and unrelated variables.
-            case("unknown env var ignored", Values(vec![("batch_window_ms", "100")]))
-                .env("LIVEGATE_BATCH_WINDOW", "fast")
-                .env("LIVEGATE_", "x")
-                .env("LIVEGATE_CONFIG", "/nonexistent.toml")
-                .env("LIVEGATE_LOG_FORMAT", "json")
-                .env("livegate_batch_window_ms", "fast")
-                .env("PATH", "/usr/bin"),
-            // The file.
-            case("unknown file key", Error(format!("config file FILE: unknown key `batch_window` (known keys: {known})")))
-                .file("batch_window = 5"),
-            case("section in file", Error(format!("config file FILE: unknown key `server` (known keys: {known})")))
-                .file("[server]\nlisten = \"127.0.0.1:1\""),
-            case("not TOML", ErrorStarts("config file FILE is not valid TOML: "))
-                .file("batch_window_ms = "),
-            case("text for a number in file", Error(
-                "batch_window_ms in FILE: expected a whole number of milliseconds, got \"100\"".into()))
-                .file("batch_window_ms = \"100\""),
-            case("negative in file", Error("history_size in FILE: expected a whole number, got -5".into()))
-                .file("history_size = -5"),
-            case("bad listen in file", Error(
-                "listen in FILE: expected an IP address and port such as 127.0.0.1:7070, got \"localhost:80\"".into()))
-                .file("listen = \"localhost:80\""),
-            case("number list in file", Error(
-                "exclusive_devices in FILE: expected a comma-separated list such as phone,pc, got [1]".into()))
-                .file("exclusive_devices = [1]"),
-            case("number for text in file", Error("node in FILE: expected text, got 5".into()))
-                .file("node = 5"),
-            case("empty data dir in file", Error("data_dir in FILE: expected a directory path, got \"\"".into()))
-                .file("data_dir = \"\""),
-            // Bad text values name the variable or the flag.
-            case("env not a number", Error(
-                "LIVEGATE_BATCH_WINDOW_MS: expected a whole number of milliseconds, got \"fast\"".into()))
-                .env("LIVEGATE_BATCH_WINDOW_MS", "fast"),
-            case("flag negative", Error("--heartbeat-secs: expected a whole number of seconds, got \"-1\"".into()))
-                .flag("heartbeat_secs", "-1"),
-            case("env too big", Error(
-                "LIVEGATE_MAX_OUTBOX_BYTES: expected a whole number of bytes, got \"18446744073709551615\"".into()))
-                .env("LIVEGATE_MAX_OUTBOX_BYTES", "18446744073709551615"),
-            case("env bad listen", Error(
-                "LIVEGATE_LISTEN: expected an IP address and port such as 127.0.0.1:7070, got \"127.0.0.1\"".into()))
-                .env("LIVEGATE_LISTEN", "127.0.0.1"),
-            case("flag empty data dir", Error("--data-dir: expected a directory path, got \"\"".into()))
-                .flag("data_dir", ""),
-            case("bad flag wins over good env", Error("--history-size: expected a whole number, got \"ten\"".into()))
-                .env("LIVEGATE_HISTORY_SIZE", "10")
-                .flag("history_size", "ten"),
-            // Validation names the key and what set it.
-            case("batch window too long", Error(
-                "batch_window_ms must be at most 10000 (10 seconds), got 10001 (set by --batch-window-ms)".into()))
-                .flag("batch_window_ms", "10001"),
-            case("heartbeat zero", Error("heartbeat_secs must be at least 1, got 0 (set by LIVEGATE_HEARTBEAT_SECS)".into()))
-                .env("LIVEGATE_HEARTBEAT_SECS", "0"),
-            case("history zero", Error("history_size must be at least 1, got 0 (set by history_size in FILE)".into()))
-                .file("history_size = 0"),
-            case("history too big", Error("history_size must be at most 1000000, got 1000001 (set by --history-size)".into()))
-                .flag("history_size", "1000001"),
-            case("recovery zero", Error("recovery_max_events must be at least 1, got 0 (set by --recovery-max-events)".into()))
-                .flag("recovery_max_events", "0"),
-            case("event bytes too small", Error("max_event_bytes must be at least 16, got 15 (set by --max-event-bytes)".into()))
-                .flag("max_event_bytes", "15"),
-            case("event bytes too big", Error(
-                "max_event_bytes must be at most 16777216 (16 MiB), got 16777217 (set by --max-event-bytes)".into()))
-                .flag("max_event_bytes", "16777217"),
-            case("subscriptions zero", Error("max_subscriptions must be at least 1, got 0 (set by --max-subscriptions)".into()))
-                .flag("max_subscriptions", "0"),
-            case("token ttl zero", Error("token_ttl_max_secs must be at least 1, got 0 (set by --token-ttl-max-secs)".into()))
-                .flag("token_ttl_max_secs", "0"),
-            case("outbox too small", Error("max_outbox_bytes must be at least 4096, got 4095 (set by --max-outbox-bytes)".into()))
-                .flag("max_outbox_bytes", "4095"),
-            case("empty node", Error("node must be 1 to 64 characters from A-Z a-z 0-9 _ . -, got \"\" (set by LIVEGATE_NODE)".into()))
-                .env("LIVEGATE_NODE", ""),
-            case("node with space", Error(
-                "node must be 1 to 64 characters from A-Z a-z 0-9 _ . -, got \"my node\" (set by --node)".into()))
-                .flag("node", "my node"),
-            case("node too long", ErrorStarts("node must be 1 to 64 characters from A-Z a-z 0-9 _ . -, got \"nnnn"))
-                .flag("node", "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"),
-            case("short api key, not echoed", Error(
-                "api_key must be at least 16 characters long, got 6 (set by LIVEGATE_API_KEY)".into()))
-                .env("LIVEGATE_API_KEY", "secret"),
-            case("mistyped key, not echoed", Error(
-                "api_key in FILE: expected text, got a value that is not shown (a secret)".into()))
-                .file("api_key = [\"0123456789abcdef-secret\"]"),
-            case("bool from env", Values(vec![("ws_echo", "true")])).env("LIVEGATE_WS_ECHO", "true"),
-            case("bool from file", Values(vec![("ws_echo", "false")])).file("ws_echo = false"),
-            case("bad bool", Error("--ws-echo: expected true or false, got \"yes\"".into())).flag("ws_echo", "yes"),
-            case("frame too small", Error("max_frame_bytes must be at least 1024, got 10 (set by --max-frame-bytes)".into()))
-                .flag("max_frame_bytes", "10"),
-            case("message too big", Error(
-                "max_message_bytes must be at most 67108864 (64 MiB), got 67108865 (set by LIVEGATE_MAX_MESSAGE_BYTES)".into()))
-                .env("LIVEGATE_MAX_MESSAGE_BYTES", "67108865"),
-            case("short previous key, not echoed", Error(
-                "previous_api_keys entries must be at least 16 characters long (set by previous_api_keys in FILE)".into()))
-                .file("previous_api_keys = [\"0123456789abcdef\", \"hunter2\"]"),
-            case("trusted proxies", Values(vec![("trusted_proxies", "[\"127.0.0.1\", \"10.0.0.0/8\"]")]))
-                .env("LIVEGATE_TRUSTED_PROXIES", "127.0.0.1,10.0.0.0/8"),
-            case("bad proxy block", Error(
-                "trusted_proxies entries are addresses or blocks such as 10.0.0.0/8 or ::1/128, got \"10.0.0.0/33\" (set by --trusted-proxies)".into()))
-                .flag("trusted_proxies", "10.0.0.0/33"),
-            case("store cache zero", Error("store_cache_mb must be at least 1, got 0 (set by store_cache_mb in FILE)".into()))
-                .file("store_cache_mb = 0"),
-            case("origin with path", Error(
-                "allowed_origins entries are scheme://host[:port] without a path, got \"https://a.example/\" (set by --allowed-origins)".into()))
-                .flag("allowed_origins", "https://a.example/"),
-            case("tls cert without key", Error("tls_cert and tls_key must be set together (set by --tls-cert)".into()))
-                .flag("tls_cert", "/etc/cert.pem"),
-            case("bad device name", Error(
-                "exclusive_devices entries must be 1 to 32 characters from A-Z a-z 0-9 _ . -, got \"tv remote\" (set by --exclusive-devices)".into()))
-                .flag("exclusive_devices", "phone,tv remote"),
-        ];
-        let mut failures = vec![];
-        for case in &cases {
-            let got = check(case);
-            let ok = match (&case.expect, &got) {
-                (Values(values), Ok(table)) => values.iter().all(|(key, want)| {
-                    table.get(*key).map(|v| v.to_string()).as_deref() == Some(*want)
-                }),
-                (Error(want), Err(msg)) => msg == want,
-                (ErrorStarts(want), Err(msg)) => msg.starts_with(want),
-                _ => false,
-            };
-            if !ok {
-                failures.push(format!("case {:?}: got {got:?}", case.name));
-            }
-        }
-        assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
-    }
-
-    #[test]
-    fn keys_match_config_fields() {
-        let config = Config {
-            api_key: Some("x".repeat(16)),
-            public_url: Some("http://x".into()),
-            tls_cert: Some("cert.pem".into()),
-            tls_key: Some("key.pem".into()),
-            cluster_nats_url: Some("nats://127.0.0.1:4222".into()),
-            ..Config::default()
-        };
-        let table = toml::Table::try_from(&config).unwrap();
-        let fields: Vec<&str> = table.keys().map(String::as_str).collect();
-        let mut keys: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
-        keys.sort();
-        assert_eq!(keys, fields, "KEYS must list exactly the fields of Config");
-        for key in KEYS {
-            assert_eq!(key.flag, key.name.replace('_', "-"), "flag of {}", key.name);
-            // The declared kind accepts the default value: kinds and field types agree.
-            let origin = Origin::Flag { flag: key.flag };
-            from_toml(key, table[key.name].clone(), &origin)
-                .unwrap_or_else(|e| panic!("kind of {} does not fit its default: {e}", key.name));
-            // The help text states the real default.
-            if let toml::Value::Integer(n) = table[key.name] {
-                assert!(key.help.ends_with(&format!("[default: {n}]")), "help of {} must end with [default: {n}]", key.name);
-            }
-        }
-        assert!(KEYS[0].help.ends_with(&format!("[default: {}]", Config::default().listen)));
-    }
-
-    #[test]
-    fn defaults_are_valid() {
-        Config::default().validate().unwrap();
-    }
-
-    #[derive(clap::Parser, Debug)]
-    struct TestCli {
-        #[command(flatten)]
-        config: ConfigFlags,
-        #[command(subcommand)]
-        command: Option<TestCommand>,
-    }
-
-    #[derive(clap::Subcommand, Debug)]
-    enum TestCommand {
-        Sub,
-    }
-
-    #[test]
-    fn flags_parse_before_and_after_a_subcommand() {
-        use clap::{CommandFactory, Parser};
-        TestCli::command().debug_assert();
-        let cli = TestCli::try_parse_from([
-            "livegate", "--batch-window-ms", "0", "sub", "--data-dir", "/d",
-            "--exclusive-devices", "phone,pc", "--config", "c.toml",
-        ])
-        .unwrap();
-        let expected = ConfigFlags::default()
-            .with("batch_window_ms", "0")
-            .with("data_dir", "/d")
-            .with("exclusive_devices", "phone,pc");
-        assert_eq!(cli.config, ConfigFlags { config: Some("c.toml".into()), ..expected });
-        assert!(TestCli::try_parse_from(["livegate", "--batch-window", "0"]).is_err());
-    }
-
-    #[test]
-    fn config_file_from_flag_or_env() {
-        let env = vec![("LIVEGATE_CONFIG".to_string(), "/etc/livegate.toml".to_string())];
-        assert_eq!(ConfigFlags::default().config_file(&env), Some(PathBuf::from("/etc/livegate.toml")));
-        let flags = ConfigFlags { config: Some("mine.toml".into()), ..ConfigFlags::default() };
-        assert_eq!(flags.config_file(&env), Some(PathBuf::from("mine.toml")));
-        assert_eq!(ConfigFlags::default().config_file(&[]), None);
-    }
-
-    #[test]
-    fn api_key_generated_once_then_reused() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let config = Config { data_dir: dir.path().join("not/yet/there"), ..Config::default() };
-        assert_eq!(config.existing_api_key().unwrap(), None, "clients find no key");
-        assert!(!config.data_dir.exists(), "looking for a key creates nothing");
-
-        let first = config.resolve_api_key().unwrap();
-        let path = config.api_key_path();
-        assert_eq!(first.generated_at.as_deref(), Some(path.as_path()));
-        assert_eq!(first.key.len(), 43, "32 bytes in base64url without padding");
-        assert!(first.key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600);
-
-        let second = config.resolve_api_key().unwrap();
-        assert_eq!(second, ResolvedApiKey { key: first.key.clone(), generated_at: None });
-        assert_eq!(config.existing_api_key().unwrap(), Some(first.key.clone()));
-
-        let configured = Config { api_key: Some("configured-key-0123".into()), ..config.clone() };
-        assert_eq!(configured.resolve_api_key().unwrap().key, "configured-key-0123");
-
-        std::fs::write(&path, "  spaced-key-0123456789 \n").unwrap();
-        assert_eq!(config.resolve_api_key().unwrap().key, "spaced-key-0123456789");
-    }
-
-    #[test]
-    fn api_key_file_problems() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = Config { data_dir: dir.path().to_path_buf(), ..Config::default() };
-        let path = config.api_key_path();
-        for (content, problem) in [("\n", "is empty"), ("short", "holds a key shorter than 16 characters")] {
-            std::fs::write(&path, content).unwrap();
-            assert_eq!(
-                config.resolve_api_key(),
-                Err(ConfigError::ApiKeyFile {
-                    path: path.clone(),
-                    reason: format!("{problem}: delete it to have a new key generated, or set api_key"),
-                })
-            );
-        }
-    }
-}

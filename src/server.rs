@@ -71,8 +71,8 @@ const HEARTBEATS_MISSED: u64 = 3;
 fn stream_limits(config: &Config) -> StreamLimits {
     StreamLimits {
         history_size: config.history_size as u64,
-        nonce_ttl: Duration::from_secs(config.token_ttl_max_secs),
-        session_ttl: Duration::from_secs(config.session_ttl_secs),
+        nonce_ttl: config.token_ttl_max(),
+        session_ttl: config.session_ttl(),
     }
 }
 
@@ -81,10 +81,10 @@ fn room_settings(config: &Config, metrics: Arc<Metrics>) -> RoomSettings {
         metrics,
         retention: Retention { max_events: config.history_size, max_age_ms: config.history_ttl_secs * 1000 },
         recovery_max_events: config.recovery_max_events,
-        idle_stop: Duration::from_secs(config.room_idle_secs),
+        idle_stop: config.room_idle(),
         // Often enough that an idle room stops within about its idle time.
         tick: Duration::from_secs(config.room_idle_secs.clamp(1, 10)),
-        batch_window: Duration::from_millis(config.batch_window_ms),
+        batch_window: config.batch_window(),
     }
 }
 
@@ -141,7 +141,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     // Where rooms and sessions are kept, chosen once: the embedded store, or NATS.
     let (room_logs, kv): (Arc<dyn RoomLogs>, _) = match &cluster {
         Some(cluster) => {
-            let outage_limit = Duration::from_secs(config.directory_outage_secs);
+            let outage_limit = config.directory_outage();
             let kv = KvSessions::open_with(cluster, Some(store.clone()), outage_limit).await?;
             (Arc::new(StreamRoomLogs(cluster.clone())), Some(kv))
         }
@@ -155,9 +155,9 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     let user_bus = cluster.clone().map(|cluster| Arc::new(ClusterUserBus(cluster)) as Arc<dyn UserBus>);
     let registry = Registry::new(config.exclusive_devices.clone(), user_bus).start();
     let directory_settings = DirectorySettings {
-        migration_window: Duration::from_secs(config.migration_window_secs),
-        warmup: Duration::from_secs(config.warmup_secs),
-        session_ttl: Duration::from_secs(config.session_ttl_secs),
+        migration_window: config.migration_window(),
+        warmup: config.warmup(),
+        session_ttl: config.session_ttl(),
         session_cache_max: config.session_cache_max,
     };
     let directory = Directory::new(sessions.clone(), config.node.clone(), directory_settings, metrics.clone()).start();
@@ -168,7 +168,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     let lifecycle = Arc::new(Lifecycle::default());
     let liveness = match &cluster {
         Some(cluster) => {
-            let interval = Duration::from_millis(config.cluster_heartbeat_ms);
+            let interval = config.cluster_heartbeat();
             let table = Heartbeats::new(interval.as_millis() as u64 * HEARTBEATS_MISSED);
             let peers = ClusterPeers { cluster: cluster.clone(), lifecycle: lifecycle.clone(), table };
             LivenessActor::clustered(me, interval, peers, metrics.clone()).start()
@@ -176,7 +176,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         None => LivenessActor::new(
             me,
             config.peer_nodes()?,
-            Duration::from_millis(config.probe_interval_ms),
+            config.probe_interval(),
             config.probe_up_after.min(u32::MAX as u64) as u32,
             metrics.clone(),
         )
@@ -189,7 +189,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     let connection = Arc::new(ConnectionSettings {
         metrics: metrics.clone(),
         node: config.node.clone(),
-        heartbeat: Duration::from_secs(config.heartbeat_secs),
+        heartbeat: config.heartbeat(),
         max_subscriptions: config.max_subscriptions,
         max_message_bytes: config.max_message_bytes,
         max_outbox_bytes: config.max_outbox_bytes,
@@ -203,11 +203,11 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         tracing::info!(configured = config.max_connections, max_connections, "connection limit bounded by the open-file limit");
     }
     let limits = Arc::new(ConnectionLimits::new(&config, max_connections));
-    let handshake_timeout = Duration::from_millis(config.handshake_timeout_ms);
+    let handshake_timeout = config.handshake_timeout();
     let timing = DrainTiming {
-        wait: Duration::from_secs(config.drain_wait_secs),
-        spread: Duration::from_secs(config.drain_spread_secs),
-        grace: Duration::from_secs(config.drain_grace_secs),
+        wait: config.drain_wait(),
+        spread: config.drain_spread(),
+        grace: config.drain_grace(),
     };
     // Each seam's implementation, chosen once: the embedded store alone, or NATS.
     let (publisher, nonces, other_nodes): (_, Arc<dyn Nonces>, Arc<dyn OtherNodes>) = match &cluster {
@@ -307,9 +307,9 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     let purge = actix_web::rt::spawn(purge_expired(
         store.clone(),
         state.config.migration_window_secs * 1000,
-        Duration::from_secs(state.config.token_ttl_max_secs),
+        state.config.token_ttl_max(),
     ));
-    let expire = actix_web::rt::spawn(expire_sessions(directory.clone(), Duration::from_secs(state.config.session_ttl_secs)));
+    let expire = actix_web::rt::spawn(expire_sessions(directory.clone(), state.config.session_ttl()));
     let simulator = demo.then(|| actix_web::rt::spawn(crate::demo::run_simulator(publisher)));
     supervisor.send(Start).await.map_err(|e| ServerError::Startup(e.to_string()))?.map_err(ServerError::Startup)?;
     tracing::info!(addr = %local, node = %state.config.node, data_dir = %state.config.data_dir.display(), "ready");

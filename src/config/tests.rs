@@ -1,0 +1,374 @@
+//! The configuration's table tests: one case per layer, value form and validation rule.
+
+use super::*;
+
+/// What a case expects: values of the loaded config (key, TOML text of the value),
+/// or the exact error message, or its beginning. `FILE` stands for the file's path.
+enum Expect {
+    Values(Vec<(&'static str, &'static str)>),
+    Error(String),
+    ErrorStarts(&'static str),
+}
+use Expect::*;
+
+struct Case {
+    name: &'static str,
+    file: Option<&'static str>,
+    env: Vec<(&'static str, &'static str)>,
+    flags: Vec<(&'static str, &'static str)>,
+    expect: Expect,
+}
+
+fn case(name: &'static str, expect: Expect) -> Case {
+    Case { name, file: None, env: vec![], flags: vec![], expect }
+}
+
+impl Case {
+    fn file(mut self, text: &'static str) -> Self {
+        self.file = Some(text);
+        self
+    }
+    fn env(mut self, var: &'static str, value: &'static str) -> Self {
+        self.env.push((var, value));
+        self
+    }
+    fn flag(mut self, key: &'static str, value: &'static str) -> Self {
+        self.flags.push((key, value));
+        self
+    }
+}
+
+/// Loads one case and returns the config as a TOML table, or the error message with
+/// the config file's path replaced by `FILE`.
+fn check(case: &Case) -> Result<toml::Table, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("livegate.toml");
+    if let Some(text) = case.file {
+        std::fs::write(&path, text).unwrap();
+    }
+    let env = case.env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+    let flags = case.flags.iter().fold(ConfigFlags::default(), |f, (k, v)| f.with(k, *v));
+    match Config::load(case.file.map(|_| path.as_path()), env, &flags) {
+        Ok(config) => Ok(toml::Table::try_from(&config).unwrap()),
+        Err(e) => Err(e.to_string().replace(&path.display().to_string(), "FILE")),
+    }
+}
+
+#[test]
+fn load_cases() {
+    let known = known_keys();
+    let cases = vec![
+        // Defaults and precedence: file < env < flag.
+        case("defaults", Values(vec![
+            ("listen", "\"127.0.0.1:7070\""),
+            ("batch_window_ms", "100"),
+            ("exclusive_devices", "[\"phone\", \"pc\"]"),
+            ("data_dir", "\"./data\""),
+        ])),
+        case("file", Values(vec![("batch_window_ms", "5"), ("heartbeat_secs", "30")]))
+            .file("batch_window_ms = 5"),
+        case("env over file", Values(vec![("batch_window_ms", "7"), ("history_size", "10")]))
+            .file("batch_window_ms = 5\nhistory_size = 10")
+            .env("LIVEGATE_BATCH_WINDOW_MS", "7"),
+        case("flag over env", Values(vec![("batch_window_ms", "0")]))
+            .file("batch_window_ms = 5")
+            .env("LIVEGATE_BATCH_WINDOW_MS", "7")
+            .flag("batch_window_ms", "0"),
+        case("flag over file", Values(vec![("data_dir", "\"/tmp/x\"")]))
+            .file("data_dir = \"/srv/livegate\"")
+            .flag("data_dir", "/tmp/x"),
+        case("every kind from env", Values(vec![
+            ("listen", "\"0.0.0.0:0\""),
+            ("data_dir", "\"/var/lib/livegate\""),
+            ("api_key", "\"0123456789abcdef\""),
+            ("node", "\"n-1.a_b\""),
+            ("exclusive_devices", "[\"tv\", \"watch\"]"),
+            ("max_outbox_bytes", "4096"),
+        ]))
+            .env("LIVEGATE_LISTEN", "0.0.0.0:0")
+            .env("LIVEGATE_DATA_DIR", "/var/lib/livegate")
+            .env("LIVEGATE_API_KEY", "0123456789abcdef")
+            .env("LIVEGATE_NODE", "n-1.a_b")
+            .env("LIVEGATE_EXCLUSIVE_DEVICES", "tv, watch")
+            .env("LIVEGATE_MAX_OUTBOX_BYTES", "4096"),
+        case("empty list", Values(vec![("exclusive_devices", "[]")]))
+            .flag("exclusive_devices", ""),
+        case("list in file as array", Values(vec![("exclusive_devices", "[\"phone\"]")]))
+            .file("exclusive_devices = [\"phone\"]"),
+        case("list in file as text", Values(vec![("exclusive_devices", "[\"phone\", \"tv\"]")]))
+            .file("exclusive_devices = \"phone,tv\""),
+        case("IPv6 listen", Values(vec![("listen", "\"[::1]:8080\"")]))
+            .file("listen = \"[::1]:8080\""),
+        case("bounds are inclusive", Values(vec![
+            ("batch_window_ms", "10000"), ("max_event_bytes", "16777216"), ("history_size", "1000000"),
+        ]))
+            .flag("batch_window_ms", "10000")
+            .flag("max_event_bytes", "16777216")
+            .flag("history_size", "1000000"),
+        case("small bounds", Values(vec![("max_event_bytes", "16"), ("heartbeat_secs", "1")]))
+            .env("LIVEGATE_MAX_EVENT_BYTES", "16")
+            .env("LIVEGATE_HEARTBEAT_SECS", "1"),
+        // Unknown and unrelated variables.
+        case("unknown env var ignored", Values(vec![("batch_window_ms", "100")]))
+            .env("LIVEGATE_BATCH_WINDOW", "fast")
+            .env("LIVEGATE_", "x")
+            .env("LIVEGATE_CONFIG", "/nonexistent.toml")
+            .env("LIVEGATE_LOG_FORMAT", "json")
+            .env("livegate_batch_window_ms", "fast")
+            .env("PATH", "/usr/bin"),
+        // The file.
+        case("unknown file key", Error(format!("config file FILE: unknown key `batch_window` (known keys: {known})")))
+            .file("batch_window = 5"),
+        case("section in file", Error(format!("config file FILE: unknown key `server` (known keys: {known})")))
+            .file("[server]\nlisten = \"127.0.0.1:1\""),
+        case("not TOML", ErrorStarts("config file FILE is not valid TOML: "))
+            .file("batch_window_ms = "),
+        case("text for a number in file", Error(
+            "batch_window_ms in FILE: expected a whole number of milliseconds, got \"100\"".into()))
+            .file("batch_window_ms = \"100\""),
+        case("negative in file", Error("history_size in FILE: expected a whole number, got -5".into()))
+            .file("history_size = -5"),
+        case("bad listen in file", Error(
+            "listen in FILE: expected an IP address and port such as 127.0.0.1:7070, got \"localhost:80\"".into()))
+            .file("listen = \"localhost:80\""),
+        case("number list in file", Error(
+            "exclusive_devices in FILE: expected a comma-separated list such as phone,pc, got [1]".into()))
+            .file("exclusive_devices = [1]"),
+        case("number for text in file", Error("node in FILE: expected text, got 5".into()))
+            .file("node = 5"),
+        case("empty data dir in file", Error("data_dir in FILE: expected a directory path, got \"\"".into()))
+            .file("data_dir = \"\""),
+        // Bad text values name the variable or the flag.
+        case("env not a number", Error(
+            "LIVEGATE_BATCH_WINDOW_MS: expected a whole number of milliseconds, got \"fast\"".into()))
+            .env("LIVEGATE_BATCH_WINDOW_MS", "fast"),
+        case("flag negative", Error("--heartbeat-secs: expected a whole number of seconds, got \"-1\"".into()))
+            .flag("heartbeat_secs", "-1"),
+        case("env too big", Error(
+            "LIVEGATE_MAX_OUTBOX_BYTES: expected a whole number of bytes, got \"18446744073709551615\"".into()))
+            .env("LIVEGATE_MAX_OUTBOX_BYTES", "18446744073709551615"),
+        case("env bad listen", Error(
+            "LIVEGATE_LISTEN: expected an IP address and port such as 127.0.0.1:7070, got \"127.0.0.1\"".into()))
+            .env("LIVEGATE_LISTEN", "127.0.0.1"),
+        case("flag empty data dir", Error("--data-dir: expected a directory path, got \"\"".into()))
+            .flag("data_dir", ""),
+        case("bad flag wins over good env", Error("--history-size: expected a whole number, got \"ten\"".into()))
+            .env("LIVEGATE_HISTORY_SIZE", "10")
+            .flag("history_size", "ten"),
+        // Validation names the key and what set it.
+        case("batch window too long", Error(
+            "batch_window_ms must be at most 10000 (10 seconds), got 10001 (set by --batch-window-ms)".into()))
+            .flag("batch_window_ms", "10001"),
+        case("heartbeat zero", Error("heartbeat_secs must be at least 1, got 0 (set by LIVEGATE_HEARTBEAT_SECS)".into()))
+            .env("LIVEGATE_HEARTBEAT_SECS", "0"),
+        case("history zero", Error("history_size must be at least 1, got 0 (set by history_size in FILE)".into()))
+            .file("history_size = 0"),
+        case("history too big", Error("history_size must be at most 1000000, got 1000001 (set by --history-size)".into()))
+            .flag("history_size", "1000001"),
+        case("recovery zero", Error("recovery_max_events must be at least 1, got 0 (set by --recovery-max-events)".into()))
+            .flag("recovery_max_events", "0"),
+        case("event bytes too small", Error("max_event_bytes must be at least 16, got 15 (set by --max-event-bytes)".into()))
+            .flag("max_event_bytes", "15"),
+        case("event bytes too big", Error(
+            "max_event_bytes must be at most 16777216 (16 MiB), got 16777217 (set by --max-event-bytes)".into()))
+            .flag("max_event_bytes", "16777217"),
+        case("subscriptions zero", Error("max_subscriptions must be at least 1, got 0 (set by --max-subscriptions)".into()))
+            .flag("max_subscriptions", "0"),
+        case("token ttl zero", Error("token_ttl_max_secs must be at least 1, got 0 (set by --token-ttl-max-secs)".into()))
+            .flag("token_ttl_max_secs", "0"),
+        case("outbox too small", Error("max_outbox_bytes must be at least 4096, got 4095 (set by --max-outbox-bytes)".into()))
+            .flag("max_outbox_bytes", "4095"),
+        case("empty node", Error("node must be 1 to 64 characters from A-Z a-z 0-9 _ . -, got \"\" (set by LIVEGATE_NODE)".into()))
+            .env("LIVEGATE_NODE", ""),
+        case("node with space", Error(
+            "node must be 1 to 64 characters from A-Z a-z 0-9 _ . -, got \"my node\" (set by --node)".into()))
+            .flag("node", "my node"),
+        case("node too long", ErrorStarts("node must be 1 to 64 characters from A-Z a-z 0-9 _ . -, got \"nnnn"))
+            .flag("node", "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"),
+        case("short api key, not echoed", Error(
+            "api_key must be at least 16 characters long, got 6 (set by LIVEGATE_API_KEY)".into()))
+            .env("LIVEGATE_API_KEY", "secret"),
+        case("mistyped key, not echoed", Error(
+            "api_key in FILE: expected text, got a value that is not shown (a secret)".into()))
+            .file("api_key = [\"0123456789abcdef-secret\"]"),
+        case("bool from env", Values(vec![("ws_echo", "true")])).env("LIVEGATE_WS_ECHO", "true"),
+        case("bool from file", Values(vec![("ws_echo", "false")])).file("ws_echo = false"),
+        case("bad bool", Error("--ws-echo: expected true or false, got \"yes\"".into())).flag("ws_echo", "yes"),
+        case("frame too small", Error("max_frame_bytes must be at least 1024, got 10 (set by --max-frame-bytes)".into()))
+            .flag("max_frame_bytes", "10"),
+        case("message too big", Error(
+            "max_message_bytes must be at most 67108864 (64 MiB), got 67108865 (set by LIVEGATE_MAX_MESSAGE_BYTES)".into()))
+            .env("LIVEGATE_MAX_MESSAGE_BYTES", "67108865"),
+        case("short previous key, not echoed", Error(
+            "previous_api_keys entries must be at least 16 characters long (set by previous_api_keys in FILE)".into()))
+            .file("previous_api_keys = [\"0123456789abcdef\", \"hunter2\"]"),
+        case("trusted proxies", Values(vec![("trusted_proxies", "[\"127.0.0.1\", \"10.0.0.0/8\"]")]))
+            .env("LIVEGATE_TRUSTED_PROXIES", "127.0.0.1,10.0.0.0/8"),
+        case("bad proxy block", Error(
+            "trusted_proxies entries are addresses or blocks such as 10.0.0.0/8 or ::1/128, got \"10.0.0.0/33\" (set by --trusted-proxies)".into()))
+            .flag("trusted_proxies", "10.0.0.0/33"),
+        case("store cache zero", Error("store_cache_mb must be at least 1, got 0 (set by store_cache_mb in FILE)".into()))
+            .file("store_cache_mb = 0"),
+        case("origin with path", Error(
+            "allowed_origins entries are scheme://host[:port] without a path, got \"https://a.example/\" (set by --allowed-origins)".into()))
+            .flag("allowed_origins", "https://a.example/"),
+        case("tls cert without key", Error("tls_cert and tls_key must be set together (set by --tls-cert)".into()))
+            .flag("tls_cert", "/etc/cert.pem"),
+        case("bad device name", Error(
+            "exclusive_devices entries must be 1 to 32 characters from A-Z a-z 0-9 _ . -, got \"tv remote\" (set by --exclusive-devices)".into()))
+            .flag("exclusive_devices", "phone,tv remote"),
+    ];
+    let mut failures = vec![];
+    for case in &cases {
+        let got = check(case);
+        let ok = match (&case.expect, &got) {
+            (Values(values), Ok(table)) => values.iter().all(|(key, want)| {
+                table.get(*key).map(|v| v.to_string()).as_deref() == Some(*want)
+            }),
+            (Error(want), Err(msg)) => msg == want,
+            (ErrorStarts(want), Err(msg)) => msg.starts_with(want),
+            _ => false,
+        };
+        if !ok {
+            failures.push(format!("case {:?}: got {got:?}", case.name));
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+}
+
+#[test]
+fn keys_match_config_fields() {
+    let config = Config {
+        api_key: Some("x".repeat(16)),
+        public_url: Some("http://x".into()),
+        tls_cert: Some("cert.pem".into()),
+        tls_key: Some("key.pem".into()),
+        cluster_nats_url: Some("nats://127.0.0.1:4222".into()),
+        ..Config::default()
+    };
+    let table = toml::Table::try_from(&config).unwrap();
+    let fields: Vec<&str> = table.keys().map(String::as_str).collect();
+    let mut keys: Vec<&str> = KEYS.to_vec();
+    keys.sort();
+    assert_eq!(keys, fields, "KEYS must list exactly the fields of Config");
+    let flags = <ConfigFlags as clap::Args>::augment_args(clap::Command::new("livegate"));
+    let help = |key: &str| {
+        let arg = flags.get_arguments().find(|arg| arg.get_id() == key).unwrap_or_else(|| panic!("no flag for {key}"));
+        assert_eq!(arg.get_long(), Some(key.replace('_', "-").as_str()), "flag of {key}");
+        arg.get_help().map(|help| help.to_string()).unwrap_or_default()
+    };
+    for &key in KEYS {
+        // The type accepts the value as check-config prints it: what it prints loads back.
+        let mut loaded = Config::default();
+        loaded
+            .set(key, Raw::Toml(&table[key]), &Origin::Flag { key })
+            .unwrap_or_else(|e| panic!("the type of {key} does not fit its default: {e}"));
+        assert_eq!(toml::Table::try_from(&loaded).unwrap()[key], table[key], "{key} loaded back");
+        // The help text states the real default.
+        if let toml::Value::Integer(_) | toml::Value::Boolean(_) = table[key] {
+            let n = &table[key];
+            assert!(help(key).ends_with(&format!("[default: {n}]")), "help of {key} must end with [default: {n}]");
+        }
+    }
+    let defaults = Config::default();
+    assert!(help("listen").ends_with(&format!("[default: {}]", defaults.listen)));
+    assert!(help("data_dir").ends_with(&format!("[default: {}]", defaults.data_dir.display())));
+    assert!(help("cell").ends_with(&format!("[default: {}]", defaults.cell)));
+    assert!(help("exclusive_devices").ends_with(&format!("[default: {}]", defaults.exclusive_devices.join(","))));
+}
+
+#[test]
+fn durations_are_in_the_unit_their_key_names() {
+    for &(key, duration) in DURATIONS {
+        let mut config = Config::default();
+        config.set(key, Raw::Text("7"), &Origin::Flag { key }).unwrap();
+        let unit = if key.ends_with("_ms") { Duration::from_millis(1) } else { Duration::from_secs(1) };
+        assert!(key.ends_with("_ms") || key.ends_with("_secs"), "{key} names no unit");
+        assert_eq!(duration(&config), unit * 7, "{key}");
+    }
+}
+
+#[test]
+fn defaults_are_valid() {
+    Config::default().validate().unwrap();
+}
+
+#[derive(clap::Parser, Debug)]
+struct TestCli {
+    #[command(flatten)]
+    config: ConfigFlags,
+    #[command(subcommand)]
+    command: Option<TestCommand>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum TestCommand {
+    Sub,
+}
+
+#[test]
+fn flags_parse_before_and_after_a_subcommand() {
+    use clap::{CommandFactory, Parser};
+    TestCli::command().debug_assert();
+    let cli = TestCli::try_parse_from([
+        "livegate", "--batch-window-ms", "0", "sub", "--data-dir", "/d",
+        "--exclusive-devices", "phone,pc", "--config", "c.toml",
+    ])
+    .unwrap();
+    let expected = ConfigFlags::default()
+        .with("batch_window_ms", "0")
+        .with("data_dir", "/d")
+        .with("exclusive_devices", "phone,pc");
+    assert_eq!(cli.config, ConfigFlags { config: Some("c.toml".into()), ..expected });
+    assert!(TestCli::try_parse_from(["livegate", "--batch-window", "0"]).is_err());
+}
+
+#[test]
+fn config_file_from_flag_or_env() {
+    let env = vec![("LIVEGATE_CONFIG".to_string(), "/etc/livegate.toml".to_string())];
+    assert_eq!(ConfigFlags::default().config_file(&env), Some(PathBuf::from("/etc/livegate.toml")));
+    let flags = ConfigFlags { config: Some("mine.toml".into()), ..ConfigFlags::default() };
+    assert_eq!(flags.config_file(&env), Some(PathBuf::from("mine.toml")));
+    assert_eq!(ConfigFlags::default().config_file(&[]), None);
+}
+
+#[test]
+fn api_key_generated_once_then_reused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config { data_dir: dir.path().join("not/yet/there"), ..Config::default() };
+    assert_eq!(config.existing_api_key().unwrap(), None, "clients find no key");
+    assert!(!config.data_dir.exists(), "looking for a key creates nothing");
+
+    let first = config.resolve_api_key().unwrap();
+    let path = config.api_key_path();
+    assert_eq!(first.generated_at.as_deref(), Some(path.as_path()));
+    assert_eq!(first.key.len(), 43, "32 bytes in base64url without padding");
+    assert!(first.key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+
+    let second = config.resolve_api_key().unwrap();
+    assert_eq!(second, ResolvedApiKey { key: first.key.clone(), generated_at: None });
+    assert_eq!(config.existing_api_key().unwrap(), Some(first.key.clone()));
+
+    let configured = Config { api_key: Some("configured-key-0123".into()), ..config.clone() };
+    assert_eq!(configured.resolve_api_key().unwrap().key, "configured-key-0123");
+
+    std::fs::write(&path, "  spaced-key-0123456789 \n").unwrap();
+    assert_eq!(config.resolve_api_key().unwrap().key, "spaced-key-0123456789");
+}
+
+#[test]
+fn api_key_file_problems() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config { data_dir: dir.path().to_path_buf(), ..Config::default() };
+    let path = config.api_key_path();
+    for (content, problem) in [("\n", "is empty"), ("short", "holds a key shorter than 16 characters")] {
+        std::fs::write(&path, content).unwrap();
+        let error = config.resolve_api_key().unwrap_err();
+        assert!(matches!(&error, ConfigError::StoredApiKey { path: p, problem: got } if *p == path && *got == problem), "{error:?}");
+        let message = format!("{problem}: delete it to have a new key generated, or set api_key");
+        assert_eq!(error.to_string(), format!("API key file {}: {message}", path.display()));
+    }
+}
