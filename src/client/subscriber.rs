@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::time::Instant;
@@ -19,7 +18,7 @@ use tokio_tungstenite::tungstenite::{self, protocol::CloseFrame, Message};
 
 use super::http::{encode, status_error};
 use super::{Client, ClientError};
-use crate::protocol::{close_meaning, CloseCode};
+use crate::protocol::{close_meaning, CloseCode, ErrorFrame, EventHead, Events, FrameHead, ServerOp, Subscribed, Welcome};
 
 /// What to follow, and as whom.
 #[derive(Debug, Clone)]
@@ -40,6 +39,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection that delivers nothing (not even a pong) for this long is dropped and
 /// redialled; at least 3 server heartbeats.
 const MIN_IDLE_LIMIT: Duration = Duration::from_secs(60);
+/// The server's heartbeat interval when its `welcome` cannot be read.
+const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(30);
 /// Lifetime of the token minted for each connection attempt.
 const TOKEN_TTL_SECS: u64 = 60;
 /// Longest server-suggested reconnect delay honoured.
@@ -99,54 +100,6 @@ impl Backoff {
         self.next = (self.next * 2).min(Self::MAX);
         delay
     }
-}
-
-#[derive(Deserialize)]
-struct FrameHead {
-    op: String,
-    #[serde(rename = "ref", default)]
-    reference: Option<i64>,
-}
-
-#[derive(Deserialize)]
-struct Welcome {
-    #[serde(default)]
-    session: Option<String>,
-    #[serde(default)]
-    node: Option<String>,
-    #[serde(default)]
-    heartbeat_ms: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct EventsFrame<'a> {
-    #[serde(borrow)]
-    events: Vec<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct EventHead {
-    room: String,
-    seq: u64,
-}
-
-#[derive(Deserialize)]
-struct Subscribed {
-    room: String,
-    epoch: String,
-    seq: u64,
-    #[serde(default)]
-    recovered: Option<bool>,
-}
-
-#[derive(Deserialize)]
-struct ErrorFrame {
-    #[serde(rename = "ref", default)]
-    reference: Option<i64>,
-    #[serde(default)]
-    code: String,
-    #[serde(default)]
-    message: String,
 }
 
 pub struct Subscriber {
@@ -301,23 +254,23 @@ impl Subscriber {
                 Some(Err(e)) => return Err(retry(format!("connection lost before welcome: {e}"), false)),
                 None => return Err(retry("connection closed before welcome", false)),
             };
-            if !matches!(serde_json::from_str::<FrameHead>(&text), Ok(head) if head.op == "welcome") {
+            if !matches!(serde_json::from_str::<FrameHead>(&text), Ok(head) if head.op == ServerOp::Welcome) {
                 tracing::debug!("ignoring a frame before welcome: {text}");
                 continue;
             }
-            let welcome: Welcome = serde_json::from_str(&text).unwrap_or(Welcome { session: None, node: None, heartbeat_ms: None });
-            let node = welcome.node.as_deref().unwrap_or("?");
-            match (&self.session, &welcome.session) {
+            // A welcome it cannot read still opens the connection.
+            let welcome = serde_json::from_str::<Welcome>(&text).ok();
+            let node = welcome.as_ref().map_or("?", |w| &w.node);
+            match (&self.session, welcome.as_ref().map(|w| &w.session)) {
                 (Some(old), Some(new)) if old != new => {
                     eprintln!("connected to node {node}: new session {new} (session {old} was not kept)")
                 }
                 (_, Some(new)) => eprintln!("connected to node {node} (session {new})"),
                 (_, None) => eprintln!("connected to node {node}"),
             }
-            if welcome.session.is_some() {
-                self.session = welcome.session;
-            }
-            return Ok(Duration::from_millis(welcome.heartbeat_ms.unwrap_or(30_000)));
+            let Some(welcome) = welcome else { return Ok(DEFAULT_HEARTBEAT) };
+            self.session = Some(welcome.session.into_owned());
+            return Ok(Duration::from_millis(welcome.heartbeat_ms));
         }
     }
 
@@ -365,21 +318,24 @@ impl Subscriber {
             eprintln!("ignoring a frame that is not a JSON object with an op: {text}");
             return None;
         };
-        match head.op.as_str() {
-            "events" => match serde_json::from_str::<EventsFrame>(text) {
+        match head.op {
+            ServerOp::Events => match serde_json::from_str::<Events>(text) {
                 Ok(frame) => return self.print_events(&frame.events),
                 Err(e) => eprintln!("ignoring a malformed events frame ({e}): {text}"),
             },
             // The automatic inbox notice names the room only; the inbox's events print
             // like any other room's.
-            "subscribed" if head.reference.is_none() => {}
-            "subscribed" => match serde_json::from_str::<Subscribed>(text) {
+            ServerOp::Subscribed if head.reference.is_none() => {}
+            ServerOp::Subscribed => match serde_json::from_str::<Subscribed>(text) {
                 Ok(reply) => self.subscribed(reply),
                 Err(e) => eprintln!("ignoring a malformed subscribed reply ({e}): {text}"),
             },
-            "error" => {
-                let error: ErrorFrame =
-                    serde_json::from_str(text).unwrap_or(ErrorFrame { reference: None, code: String::new(), message: text.into() });
+            ServerOp::Error => {
+                let error: ErrorFrame = serde_json::from_str(text).unwrap_or(ErrorFrame {
+                    reference: None,
+                    code: "".into(),
+                    message: text.into(),
+                });
                 let room = error
                     .reference
                     .and_then(|r| usize::try_from(r).ok())
@@ -395,8 +351,8 @@ impl Subscriber {
                     None => eprintln!("error from server: {}: {}", error.code, error.message),
                 }
             }
-            "pong" | "welcome" | "unsubscribed" => {}
-            other => tracing::debug!("ignoring a frame with op {other:?}"),
+            ServerOp::Pong | ServerOp::Welcome | ServerOp::Unsubscribed => {}
+            ServerOp::History | ServerOp::Unknown => tracing::debug!("ignoring a frame it does not follow: {text}"),
         }
         None
     }
@@ -409,7 +365,7 @@ impl Subscriber {
                 eprintln!("ignoring an event without room and seq: {}", raw.get());
                 continue;
             };
-            let state = self.state.entry(event.room).or_default();
+            let state = self.state.entry(event.room.into_owned()).or_default();
             if state.last_seq.is_some_and(|last| event.seq <= last) {
                 continue;
             }
@@ -431,7 +387,7 @@ impl Subscriber {
     }
 
     fn subscribed(&mut self, reply: Subscribed) {
-        let state = self.state.entry(reply.room.clone()).or_default();
+        let state = self.state.entry(reply.room.to_string()).or_default();
         let epoch_changed = state.epoch.as_ref().is_some_and(|epoch| *epoch != reply.epoch);
         let room = &reply.room;
         match (state.asked_since.take(), reply.recovered) {
@@ -452,7 +408,7 @@ impl Subscriber {
                 });
             }
         }
-        state.epoch = Some(reply.epoch);
+        state.epoch = Some(reply.epoch.into_owned());
     }
 }
 
@@ -539,12 +495,16 @@ mod tests {
         }
     }
 
+    fn reply(room: &'static str, epoch: &'static str, seq: u64, recovered: Option<bool>) -> Subscribed<'static> {
+        Subscribed { room: room.into(), epoch: epoch.into(), seq, recovered, reference: Some(1) }
+    }
+
     #[test]
     fn room_state_follows_replies_and_drops_duplicates() {
         let mut s = subscriber(&["r"], None, None);
         let out = Captured::default();
         s.out = Box::new(out.clone());
-        s.subscribed(Subscribed { room: "r".into(), epoch: "E".into(), seq: 5, recovered: None });
+        s.subscribed(reply("r", "E", 5, None));
         assert_eq!(s.state["r"].last_seq, Some(5), "live subscription starts at the head");
         let frame = r#"{"op":"events","events":[{"room":"r","seq":5,"data":1},{"room":"r","seq":6,"data":{"b":1,"a":2}}]}"#;
         assert!(s.handle_frame(frame).is_none());
@@ -558,12 +518,39 @@ mod tests {
 
         // Reconnect: recovery asked from 6 and granted keeps the position.
         s.state.get_mut("r").unwrap().asked_since = Some(6);
-        s.subscribed(Subscribed { room: "r".into(), epoch: "E".into(), seq: 9, recovered: Some(true) });
+        s.subscribed(reply("r", "E", 9, Some(true)));
         assert_eq!((s.state["r"].last_seq, s.state["r"].epoch.as_deref()), (Some(6), Some("E")));
 
         // Recovery refused after an epoch change: follow from the new head.
         s.state.get_mut("r").unwrap().asked_since = Some(6);
-        s.subscribed(Subscribed { room: "r".into(), epoch: "F".into(), seq: 2, recovered: Some(false) });
+        s.subscribed(reply("r", "F", 2, Some(false)));
         assert_eq!((s.state["r"].last_seq, s.state["r"].epoch.as_deref()), (Some(2), Some("F")));
+    }
+
+    #[test]
+    fn reads_the_frames_the_server_renders() {
+        use crate::protocol::{self, ErrorCode};
+        let mut s = subscriber(&["a", "b"], None, None);
+        let out = Captured::default();
+        s.out = Box::new(out.clone());
+        let frames = [
+            protocol::inbox_notice_frame("inbox:cli"),
+            protocol::subscribed_frame("a", "E", 3, None, Some(1)),
+            protocol::pong_frame(Some(7)),
+            protocol::unsubscribed_frame("a", Some(8)),
+        ];
+        for frame in &frames {
+            assert!(s.handle_frame(frame).is_none(), "{frame}");
+        }
+        assert_eq!((s.state["a"].last_seq, s.state["a"].epoch.as_deref()), (Some(3), Some("E")));
+        assert!(!s.state.contains_key("inbox:cli"), "the inbox notice is not a subscription reply");
+
+        s.state.get_mut("b").unwrap().asked_since = Some(4);
+        assert!(s.handle_frame(&protocol::error_frame(Some(2), ErrorCode::Forbidden, "no")).is_none());
+        assert_eq!(s.state["b"].asked_since, None, "a refused subscribe waits for no reply");
+
+        let event = protocol::render_event("a", 4, "id-4", 1_700_000_000_000, r#"{"goal": 1}"#);
+        assert!(s.handle_frame(&protocol::events_frame([event.as_str()], 0)).is_none());
+        assert_eq!(out.take(), format!("{event}\n"), "the event line is the server's rendering, byte for byte");
     }
 }
