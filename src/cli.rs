@@ -84,9 +84,9 @@ With --demo, also serves a live score page at / fed by a built-in match simulato
 Follow rooms as a WebSocket client: print each event as one compact JSON line on stdout
 ({\"room\",\"seq\",\"id\",\"ts_ms\",\"data\"}), notices on stderr.
 
-When the connection drops, reconnects (backoff 0.5 s, 1 s, 2 s, 4 s, then every 5 s) and
-resumes after the last event it printed, so no event is printed twice or missed while the
-server's history covers the gap; otherwise it says `recovery failed for ROOM: reload state`.
+When the connection drops, reconnects (after the delay the server suggests, else a random
+one below 0.5 s, 1 s, 2 s, 4 s, then 5 s) and resumes after the last event it printed, so
+no event is printed twice or missed while the server's history covers the gap; otherwise it says `recovery failed for ROOM: reload state`.
 Runs until Ctrl-C, or until the server closes the connection for good (codes 4500-4999).")]
     Subscribe(SubscribeArgs),
     /// Route sessions offline with the same pure function the server uses; one line each

@@ -18,6 +18,7 @@ use tokio_tungstenite::tungstenite::{self, protocol::CloseFrame, Message};
 
 use super::http::{encode, status_error};
 use super::{Client, ClientError};
+use crate::core::backoff::{Backoff, BackoffPolicy, Jitter};
 use crate::protocol::{close_meaning, CloseCode, ErrorFrame, EventHead, Events, FrameHead, ServerOp, Subscribed, Welcome};
 
 /// What to follow, and as whom.
@@ -45,6 +46,11 @@ const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(30);
 const TOKEN_TTL_SECS: u64 = 60;
 /// Longest server-suggested reconnect delay honoured.
 const MAX_HINT: Duration = Duration::from_secs(60);
+/// Reconnect delays, when the server suggested none: at random below 0.5 s, 1 s, 2 s, 4 s,
+/// then 5 s (full jitter, so subscribers dropped together do not return together); from
+/// the start again after a connection got its `welcome`.
+const RECONNECT: BackoffPolicy =
+    BackoffPolicy { first: Duration::from_millis(500), max: Duration::from_secs(5), jitter: Jitter::Full };
 
 type WebSocket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
@@ -74,32 +80,6 @@ enum Ended {
 
 fn retry(reason: impl Into<String>, welcomed: bool) -> Ended {
     Ended::Retry { reason: reason.into(), hint: None, welcomed }
-}
-
-/// Reconnect delays: 0.5 s, 1 s, 2 s, 4 s, then 5 s; back to the start after a
-/// connection got its `welcome`.
-#[derive(Debug)]
-struct Backoff {
-    next: Duration,
-}
-
-impl Backoff {
-    const FIRST: Duration = Duration::from_millis(500);
-    const MAX: Duration = Duration::from_secs(5);
-
-    fn new() -> Self {
-        Backoff { next: Self::FIRST }
-    }
-
-    fn reset(&mut self) {
-        self.next = Self::FIRST;
-    }
-
-    fn next_delay(&mut self) -> Duration {
-        let delay = self.next;
-        self.next = (self.next * 2).min(Self::MAX);
-        delay
-    }
 }
 
 pub struct Subscriber {
@@ -155,7 +135,7 @@ impl Subscriber {
     }
 
     pub async fn run(mut self) -> Result<(), ClientError> {
-        let mut backoff = Backoff::new();
+        let mut backoff = Backoff::new(RECONNECT);
         let mut ever_welcomed = false;
         loop {
             let (reason, hint) = match self.connect_once().await {
@@ -170,7 +150,7 @@ impl Subscriber {
                     (reason, hint)
                 }
             };
-            let delay = hint.unwrap_or_else(|| backoff.next_delay());
+            let delay = hint.unwrap_or_else(|| backoff.next_delay(crate::world::random_u64()));
             eprintln!("{reason}; reconnecting in {:.1} s", delay.as_secs_f64());
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
@@ -448,11 +428,12 @@ mod tests {
 
     #[test]
     fn backoff_doubles_to_five_seconds() {
-        let mut backoff = Backoff::new();
-        let delays: Vec<u64> = (0..7).map(|_| backoff.next_delay().as_millis() as u64).collect();
+        // The highest roll gives each delay's ceiling; any other roll, less.
+        let mut backoff = Backoff::new(RECONNECT);
+        let delays: Vec<u64> = (0..7).map(|_| backoff.next_delay(u64::MAX).as_millis() as u64).collect();
         assert_eq!(delays, [500, 1000, 2000, 4000, 5000, 5000, 5000]);
         backoff.reset();
-        assert_eq!(backoff.next_delay(), Duration::from_millis(500));
+        assert_eq!(backoff.next_delay(u64::MAX), Duration::from_millis(500));
     }
 
     #[test]
