@@ -6,6 +6,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -170,17 +171,12 @@ pub(super) fn transport_reason(transport: &ureq::Transport) -> String {
     }
 }
 
-/// Percent-encodes everything but `[A-Za-z0-9_.:~-]`, for a path segment or query value.
+/// Bytes that are percent-encoded: all but `[A-Za-z0-9_.:~-]`.
+const ENCODED: &AsciiSet = &NON_ALPHANUMERIC.remove(b'_').remove(b'.').remove(b':').remove(b'~').remove(b'-');
+
+/// Percent-encodes a path segment or query value.
 pub(super) fn encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'~' | b'-') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(text, ENCODED).to_string()
 }
 
 #[cfg(test)]
@@ -224,5 +220,6 @@ mod tests {
     fn encoding() {
         assert_eq!(encode("match:1"), "match:1");
         assert_eq!(encode("a b/c?d"), "a%20b%2Fc%3Fd");
+        assert_eq!(encode("_.~-é+%"), "_.~-%C3%A9%2B%25");
     }
 }
