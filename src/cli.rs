@@ -3,6 +3,8 @@
 //! for trying livegate out and for scripts. Clients read the server address (`listen`)
 //! and the API key (`api_key`, else `data_dir/api_key`) from the same configuration
 //! layers as the server, so the same flags, environment and config file work for both.
+//! The clients themselves are [`crate::client`]; this module is the command line, `serve`
+//! (signals, tracing) and the offline `route` and `check-config`.
 //!
 //! `main.rs` only calls [`main`]. Output convention: results go to stdout (a token, a
 //! publish reply, one JSON line per event), everything else to stderr; errors are one
@@ -254,7 +256,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::CheckConfig => check_config(&cli.config),
         Command::Status { server } => {
             init_tracing(format, "warn");
-            let reply = client(&cli.config, &server)?.get("/v1/admin/status")?;
+            let reply = client(&cli.config, &server)?.status()?;
             print_line(reply.trim())
         }
         Command::Subscribe(args) => {

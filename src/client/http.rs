@@ -96,6 +96,11 @@ impl Client {
             .map_err(|_| ClientError::UnexpectedReply { request: "POST /v1/tokens".into(), body: reply })
     }
 
+    /// `GET /v1/admin/status`: the server's reply (node, version, uptime, phase, counts).
+    pub fn status(&self) -> Result<String, ClientError> {
+        self.get("/v1/admin/status")
+    }
+
     /// `POST /v1/rooms/{room}/events`: the server's reply (room, seq, epoch, duplicate).
     pub fn publish(&self, room: &str, id: Option<String>, data: Value) -> Result<String, ClientError> {
         let mut body = serde_json::Map::new();
