@@ -3,29 +3,20 @@
 //! for trying livegate out and for scripts. Clients read the server address (`listen`)
 //! and the API key (`api_key`, else `data_dir/api_key`) from the same configuration
 //! layers as the server, so the same flags, environment and config file work for both.
+//! The clients themselves are [`crate::client`]; this module is the command line, `serve`
+//! (signals, tracing) and the offline `route` and `check-config`.
 //!
 //! `main.rs` only calls [`main`]. Output convention: results go to stdout (a token, a
 //! publish reply, one JSON line per event), everything else to stderr; errors are one
 //! line `livegate: <error>`, exit code 2 for bad configuration or arguments, 1 otherwise.
 
-use std::collections::HashMap;
-use std::future::Future;
 use std::io::Write;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::pin::Pin;
-use std::sync::Arc;
-use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use futures_util::{SinkExt, StreamExt};
-use serde::Deserialize;
-use serde_json::value::RawValue;
 use serde_json::Value;
-use tokio::time::Instant;
-use tokio_tungstenite::tungstenite::{self, protocol::CloseFrame, Message};
 
+use crate::client::{Client, ClientError, Subscriber, Subscription};
 use crate::config::{Config, ConfigError, ConfigFlags, ENV_LOG_FORMAT};
-use crate::protocol::{close_meaning, CloseCode};
 
 const ABOUT: &str = "Real-time push gateway: WebSocket subscribers, HTTP publishers, durable per-room event logs";
 
@@ -95,9 +86,9 @@ With --demo, also serves a live score page at / fed by a built-in match simulato
 Follow rooms as a WebSocket client: print each event as one compact JSON line on stdout
 ({\"room\",\"seq\",\"id\",\"ts_ms\",\"data\"}), notices on stderr.
 
-When the connection drops, reconnects (backoff 0.5 s, 1 s, 2 s, 4 s, then every 5 s) and
-resumes after the last event it printed, so no event is printed twice or missed while the
-server's history covers the gap; otherwise it says `recovery failed for ROOM: reload state`.
+When the connection drops, reconnects (after the delay the server suggests, else a random
+one below 0.5 s, 1 s, 2 s, 4 s, then 5 s) and resumes after the last event it printed, so
+no event is printed twice or missed while the server's history covers the gap; otherwise it says `recovery failed for ROOM: reload state`.
 Runs until Ctrl-C, or until the server closes the connection for good (codes 4500-4999).")]
     Subscribe(SubscribeArgs),
     /// Route sessions offline with the same pure function the server uses; one line each
@@ -203,6 +194,8 @@ pub struct SubscribeArgs {
 pub enum CliError {
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error(transparent)]
+    Client(#[from] ClientError),
     /// A bad argument, found before doing anything.
     #[error("{0}")]
     Usage(String),
@@ -214,7 +207,8 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Config(_) | CliError::Usage(_) => 2,
-            CliError::Failed(_) => 1,
+            CliError::Client(ClientError::Config(_) | ClientError::Usage(_)) => 2,
+            CliError::Client(_) | CliError::Failed(_) => 1,
         }
     }
 }
@@ -244,7 +238,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Token(args) => {
             init_tracing(format, "warn");
-            let token = Client::from_config(&cli.config, &args.server)?.mint_token(&args.user, &args.device, args.ttl)?;
+            let token = client(&cli.config, &args.server)?.mint_token(&args.user, &args.device, args.ttl)?;
             print_line(&token)
         }
         Command::Publish(args) => {
@@ -255,35 +249,29 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 ))
             })?;
             init_tracing(format, "warn");
-            let client = Client::from_config(&cli.config, &args.server)?;
-            let mut body = serde_json::Map::new();
-            if let Some(id) = args.id {
-                body.insert("id".into(), id.into());
-            }
-            body.insert("data".into(), data);
-            let reply = client.post(&format!("/v1/rooms/{}/events", encode(&args.room)), &Value::Object(body))?;
+            let reply = client(&cli.config, &args.server)?.publish(&args.room, args.id, data)?;
             print_line(reply.trim())
         }
         Command::Route(args) => route_offline(&args),
         Command::CheckConfig => check_config(&cli.config),
         Command::Status { server } => {
             init_tracing(format, "warn");
-            let reply = Client::from_config(&cli.config, &server)?.get("/v1/admin/status")?;
+            let reply = client(&cli.config, &server)?.status()?;
             print_line(reply.trim())
         }
         Command::Subscribe(args) => {
             init_tracing(format, "warn");
-            let client = Client::from_config(&cli.config, &args.server)?;
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| failed(format!("cannot start the async runtime: {e}")))?;
-            let result = runtime.block_on(Subscriber::new(client, args).run());
-            // Do not wait for a token request still in flight after Ctrl-C.
-            runtime.shutdown_background();
-            result
+            let client = client(&cli.config, &args.server)?;
+            let SubscribeArgs { rooms, since, epoch, user, device, server: _ } = args;
+            Ok(Subscriber::new(client, Subscription { rooms, since, epoch, user, device }).run_blocking()?)
         }
     }
+}
+
+/// The client of the server the configuration (or `--url`) names.
+fn client(flags: &ConfigFlags, server: &ServerUrl) -> Result<Client, CliError> {
+    let config = Config::load_from_process(flags)?;
+    Ok(Client::from_config(&config, server.url.as_deref())?)
 }
 
 /// `livegate check-config`: the effective configuration, validated, secrets masked.
@@ -449,732 +437,4 @@ fn reload_signals() -> std::io::Result<impl futures_util::Stream<Item = ()> + 's
         tracing::info!("SIGHUP received: reloading API keys and allowed origins");
         Some(((), hangup))
     }))
-}
-
-// ---------------------------------------------------------------------------------------
-// HTTP client
-// ---------------------------------------------------------------------------------------
-
-/// A server's address and API key, and an HTTP agent for it.
-struct Client {
-    /// `http://host:port`, no trailing slash.
-    base: String,
-    key: String,
-    agent: ureq::Agent,
-}
-
-impl Client {
-    fn from_config(flags: &ConfigFlags, server: &ServerUrl) -> Result<Client, CliError> {
-        let config = Config::load_from_process(flags)?;
-        let base = match &server.url {
-            Some(url) => normalize_url(url)?,
-            None if config.listen.port() == 0 => {
-                return Err(CliError::Usage(format!(
-                    "listen is {} (any free port), so the server's port is unknown: pass --url with the address it printed",
-                    config.listen
-                )))
-            }
-            None => format!("http://{}", connect_address(config.listen)),
-        };
-        let key = config.existing_api_key()?.ok_or_else(|| {
-            failed(format!(
-                "no API key: start the server once or set api_key (no key file at {})",
-                config.api_key_path().display()
-            ))
-        })?;
-        let agent = ureq::AgentBuilder::new()
-            .timeout_connect(Duration::from_secs(5))
-            .timeout(Duration::from_secs(30))
-            .build();
-        Ok(Client { base, key, agent })
-    }
-
-    /// `ws://host:port`.
-    fn ws_base(&self) -> String {
-        format!("ws://{}", self.base.trim_start_matches("http://"))
-    }
-
-    /// POSTs JSON with the API key; the reply body on a 2xx status, else an error naming
-    /// the status and the server's error code and message.
-    fn post(&self, path: &str, body: &Value) -> Result<String, CliError> {
-        let request = self.agent.post(&format!("{}{path}", self.base)).set("Authorization", &format!("Bearer {}", self.key));
-        self.reply("POST", path, request.send_json(body))
-    }
-
-    fn get(&self, path: &str) -> Result<String, CliError> {
-        let request = self.agent.get(&format!("{}{path}", self.base)).set("Authorization", &format!("Bearer {}", self.key));
-        self.reply("GET", path, request.call())
-    }
-
-    fn reply(&self, method: &str, path: &str, reply: Result<ureq::Response, ureq::Error>) -> Result<String, CliError> {
-        match reply {
-            Ok(response) => {
-                response.into_string().map_err(|e| failed(format!("{method} {path}: cannot read the reply: {e}")))
-            }
-            Err(ureq::Error::Status(status, response)) => Err(failed(format!(
-                "{method} {path}: {}",
-                status_error(status, &response.into_string().unwrap_or_default())
-            ))),
-            Err(ureq::Error::Transport(transport)) => Err(failed(format!(
-                "cannot reach livegate at {}: {}",
-                self.base,
-                transport_reason(&transport)
-            ))),
-        }
-    }
-
-    fn mint_token(&self, user: &str, device: &str, ttl_secs: u64) -> Result<String, CliError> {
-        let body = serde_json::json!({ "user": user, "device": device, "ttl_secs": ttl_secs });
-        let reply = self.post("/v1/tokens", &body)?;
-        #[derive(Deserialize)]
-        struct Minted {
-            token: String,
-        }
-        serde_json::from_str::<Minted>(&reply)
-            .map(|m| m.token)
-            .map_err(|_| failed(format!("POST /v1/tokens: unexpected reply {reply:?}")))
-    }
-}
-
-/// The address a client connects to for a listen address: loopback for "any".
-fn connect_address(listen: SocketAddr) -> SocketAddr {
-    match listen.ip() {
-        IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), listen.port()),
-        IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(Ipv6Addr::LOCALHOST.into(), listen.port()),
-        _ => listen,
-    }
-}
-
-/// `--url`: `http://host:port` (a bare `host:port` is taken as http); no TLS in this build.
-fn normalize_url(url: &str) -> Result<String, CliError> {
-    let url = url.trim();
-    let rest = match url.split_once("://") {
-        None => url.trim_end_matches('/'),
-        Some(("http", rest)) => rest.trim_end_matches('/'),
-        Some((scheme, _)) => {
-            return Err(CliError::Usage(format!("--url: only http:// URLs are supported, got a {scheme}:// URL")))
-        }
-    };
-    if rest.is_empty() || rest.contains('/') {
-        return Err(CliError::Usage(format!("--url: expected http://HOST:PORT, got {url:?}")));
-    }
-    Ok(format!("http://{rest}"))
-}
-
-/// One line for a non-2xx reply: `401 unauthorized: invalid API key`.
-fn status_error(status: u16, body: &str) -> String {
-    #[derive(Deserialize)]
-    struct ErrorBody {
-        error: ErrorDetail,
-    }
-    #[derive(Deserialize)]
-    struct ErrorDetail {
-        code: String,
-        #[serde(default)]
-        message: String,
-    }
-    let mut line = match serde_json::from_str::<ErrorBody>(body) {
-        Ok(ErrorBody { error }) if error.message.is_empty() => format!("server answered {status} {}", error.code),
-        Ok(ErrorBody { error }) => format!("server answered {status} {}: {}", error.code, error.message),
-        Err(_) => {
-            let text: String = body.split_whitespace().collect::<Vec<_>>().join(" ").chars().take(200).collect();
-            if text.is_empty() {
-                format!("server answered {status}")
-            } else {
-                format!("server answered {status}: {text}")
-            }
-        }
-    };
-    if status == 401 {
-        line.push_str(" (the API key must match the server's: --api-key, LIVEGATE_API_KEY or DATA_DIR/api_key)");
-    }
-    line
-}
-
-/// The most specific cause ureq gives ("Connection refused (os error 111)").
-fn transport_reason(transport: &ureq::Transport) -> String {
-    match (std::error::Error::source(transport), transport.message()) {
-        (Some(source), _) => source.to_string(),
-        (None, Some(message)) => format!("{}: {message}", transport.kind()),
-        (None, None) => transport.kind().to_string(),
-    }
-}
-
-/// Percent-encodes everything but `[A-Za-z0-9_.:~-]`, for a path segment or query value.
-fn encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'~' | b'-') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-// ---------------------------------------------------------------------------------------
-// subscribe
-// ---------------------------------------------------------------------------------------
-
-/// Interval of the client's `{"op":"ping"}`.
-const PING_EVERY: Duration = Duration::from_secs(20);
-/// Limit for each of: opening the WebSocket, receiving `welcome`.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// A connection that delivers nothing (not even a pong) for this long is dropped and
-/// redialled; at least 3 server heartbeats.
-const MIN_IDLE_LIMIT: Duration = Duration::from_secs(60);
-/// Lifetime of the token minted for each connection attempt.
-const TOKEN_TTL_SECS: u64 = 60;
-/// Longest server-suggested reconnect delay honoured.
-const MAX_HINT: Duration = Duration::from_secs(60);
-
-type WebSocket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-/// What the client knows about one room across connections.
-#[derive(Debug, Default)]
-struct RoomState {
-    epoch: Option<String>,
-    /// Highest seq printed (or the head at a live subscription): events at or below it
-    /// are never printed again, and a reconnect resumes after it.
-    last_seq: Option<u64>,
-    /// The `since` of the subscribe request waiting for its reply.
-    asked_since: Option<u64>,
-}
-
-/// How one connection attempt ended.
-enum Ended {
-    /// Ctrl-C: end the command successfully.
-    Interrupted,
-    /// Stdout is gone (for example `| head`): end quietly.
-    OutputClosed,
-    /// The server said not to reconnect (close codes 4500-4999).
-    Final(String),
-    /// Dial again after `hint` (from the server) or the backoff. `welcomed`: this attempt
-    /// got as far as the server's `welcome`.
-    Retry { reason: String, hint: Option<Duration>, welcomed: bool },
-}
-
-fn retry(reason: impl Into<String>, welcomed: bool) -> Ended {
-    Ended::Retry { reason: reason.into(), hint: None, welcomed }
-}
-
-/// Reconnect delays: 0.5 s, 1 s, 2 s, 4 s, then 5 s; back to the start after a
-/// connection got its `welcome`.
-#[derive(Debug)]
-struct Backoff {
-    next: Duration,
-}
-
-impl Backoff {
-    const FIRST: Duration = Duration::from_millis(500);
-    const MAX: Duration = Duration::from_secs(5);
-
-    fn new() -> Self {
-        Backoff { next: Self::FIRST }
-    }
-
-    fn reset(&mut self) {
-        self.next = Self::FIRST;
-    }
-
-    fn next_delay(&mut self) -> Duration {
-        let delay = self.next;
-        self.next = (self.next * 2).min(Self::MAX);
-        delay
-    }
-}
-
-#[derive(Deserialize)]
-struct FrameHead {
-    op: String,
-    #[serde(rename = "ref", default)]
-    reference: Option<i64>,
-}
-
-#[derive(Deserialize)]
-struct Welcome {
-    #[serde(default)]
-    session: Option<String>,
-    #[serde(default)]
-    node: Option<String>,
-    #[serde(default)]
-    heartbeat_ms: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct EventsFrame<'a> {
-    #[serde(borrow)]
-    events: Vec<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct EventHead {
-    room: String,
-    seq: u64,
-}
-
-#[derive(Deserialize)]
-struct Subscribed {
-    room: String,
-    epoch: String,
-    seq: u64,
-    #[serde(default)]
-    recovered: Option<bool>,
-}
-
-#[derive(Deserialize)]
-struct ErrorFrame {
-    #[serde(rename = "ref", default)]
-    reference: Option<i64>,
-    #[serde(default)]
-    code: String,
-    #[serde(default)]
-    message: String,
-}
-
-struct Subscriber {
-    client: Arc<Client>,
-    user: String,
-    device: String,
-    /// The rooms asked for, in order; request `ref` i+1 is `rooms[i]`.
-    rooms: Vec<String>,
-    state: HashMap<String, RoomState>,
-    /// The session from the last `welcome`, offered again on reconnect.
-    session: Option<String>,
-    interrupted: Pin<Box<dyn Future<Output = std::io::Result<()>>>>,
-    /// Where events are printed: stdout, or a buffer in tests.
-    out: Box<dyn Write>,
-}
-
-impl Subscriber {
-    fn new(client: Client, args: SubscribeArgs) -> Self {
-        let mut rooms: Vec<String> = vec![];
-        for room in args.rooms {
-            if !rooms.contains(&room) {
-                rooms.push(room);
-            }
-        }
-        let state = rooms
-            .iter()
-            .map(|room| {
-                let state = RoomState { epoch: args.epoch.clone(), last_seq: args.since, asked_since: None };
-                (room.clone(), state)
-            })
-            .collect();
-        Subscriber {
-            client: Arc::new(client),
-            user: args.user,
-            device: args.device,
-            rooms,
-            state,
-            session: None,
-            interrupted: Box::pin(tokio::signal::ctrl_c()),
-            out: Box::new(std::io::stdout()),
-        }
-    }
-
-    async fn run(mut self) -> Result<(), CliError> {
-        let mut backoff = Backoff::new();
-        let mut ever_welcomed = false;
-        loop {
-            let (reason, hint) = match self.connect_once().await {
-                Ended::Interrupted | Ended::OutputClosed => return Ok(()),
-                Ended::Final(message) => return Err(failed(message)),
-                Ended::Retry { reason, welcomed: false, .. } if !ever_welcomed => return Err(failed(reason)),
-                Ended::Retry { reason, hint, welcomed } => {
-                    if welcomed {
-                        ever_welcomed = true;
-                        backoff.reset();
-                    }
-                    (reason, hint)
-                }
-            };
-            let delay = hint.unwrap_or_else(|| backoff.next_delay());
-            eprintln!("{reason}; reconnecting in {:.1} s", delay.as_secs_f64());
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = &mut self.interrupted => return Ok(()),
-            }
-        }
-    }
-
-    /// One connection: mint a token, open the socket, wait for `welcome`, subscribe, then
-    /// print events until the connection ends.
-    async fn connect_once(&mut self) -> Ended {
-        let client = Arc::clone(&self.client);
-        let (user, device) = (self.user.clone(), self.device.clone());
-        let minting = tokio::task::spawn_blocking(move || client.mint_token(&user, &device, TOKEN_TTL_SECS));
-        let token = tokio::select! {
-            minted = minting => match minted {
-                Ok(Ok(token)) => token,
-                Ok(Err(e)) => return retry(e.to_string(), false),
-                Err(e) => return retry(format!("minting a token failed: {e}"), false),
-            },
-            _ = &mut self.interrupted => return Ended::Interrupted,
-        };
-
-        let mut url = format!("{}/v1/ws?token={}", self.client.ws_base(), encode(&token));
-        if let Some(session) = &self.session {
-            url.push_str(&format!("&session={}", encode(session)));
-        }
-        let connecting = tokio::time::timeout(CONNECT_TIMEOUT, tokio_tungstenite::connect_async(url));
-        let mut ws = tokio::select! {
-            connected = connecting => match connected {
-                Ok(Ok((ws, _response))) => ws,
-                Ok(Err(tungstenite::Error::Http(response))) => {
-                    let body = response.body().as_deref().map(String::from_utf8_lossy).unwrap_or_default();
-                    return retry(format!("WebSocket handshake refused: {}", status_error(response.status().as_u16(), &body)), false);
-                }
-                Ok(Err(e)) => return retry(format!("cannot open a WebSocket to {}: {e}", self.client.ws_base()), false),
-                Err(_) => return retry(format!("no WebSocket handshake from {} within {CONNECT_TIMEOUT:?}", self.client.ws_base()), false),
-            },
-            _ = &mut self.interrupted => return Ended::Interrupted,
-        };
-
-        let heartbeat = match self.await_welcome(&mut ws).await {
-            Ok(heartbeat) => heartbeat,
-            Err(ended) => return ended,
-        };
-        for (i, room) in self.rooms.iter().enumerate() {
-            let state = self.state.entry(room.clone()).or_default();
-            let mut request = serde_json::json!({ "op": "subscribe", "room": room, "ref": i + 1 });
-            if let Some(since) = state.last_seq {
-                request["since"] = since.into();
-            }
-            if let Some(epoch) = &state.epoch {
-                request["epoch"] = epoch.as_str().into();
-            }
-            state.asked_since = state.last_seq;
-            if let Err(e) = ws.send(Message::text(request.to_string())).await {
-                return retry(format!("connection lost while subscribing: {e}"), true);
-            }
-        }
-        self.follow(&mut ws, heartbeat).await
-    }
-
-    /// Waits for `welcome`; returns the server's heartbeat interval.
-    async fn await_welcome(&mut self, ws: &mut WebSocket) -> Result<Duration, Ended> {
-        let deadline = Instant::now() + CONNECT_TIMEOUT;
-        loop {
-            let message = tokio::select! {
-                message = ws.next() => message,
-                _ = tokio::time::sleep_until(deadline) => {
-                    return Err(retry(format!("no welcome from the server within {CONNECT_TIMEOUT:?}"), false));
-                }
-                _ = &mut self.interrupted => return Err(Ended::Interrupted),
-            };
-            let text = match message {
-                Some(Ok(Message::Text(text))) => text,
-                Some(Ok(Message::Close(frame))) => return Err(closed(ws, frame, false).await),
-                Some(Ok(_)) => continue,
-                Some(Err(e)) => return Err(retry(format!("connection lost before welcome: {e}"), false)),
-                None => return Err(retry("connection closed before welcome", false)),
-            };
-            if !matches!(serde_json::from_str::<FrameHead>(&text), Ok(head) if head.op == "welcome") {
-                tracing::debug!("ignoring a frame before welcome: {text}");
-                continue;
-            }
-            let welcome: Welcome = serde_json::from_str(&text).unwrap_or(Welcome { session: None, node: None, heartbeat_ms: None });
-            let node = welcome.node.as_deref().unwrap_or("?");
-            match (&self.session, &welcome.session) {
-                (Some(old), Some(new)) if old != new => {
-                    eprintln!("connected to node {node}: new session {new} (session {old} was not kept)")
-                }
-                (_, Some(new)) => eprintln!("connected to node {node} (session {new})"),
-                (_, None) => eprintln!("connected to node {node}"),
-            }
-            if welcome.session.is_some() {
-                self.session = welcome.session;
-            }
-            return Ok(Duration::from_millis(welcome.heartbeat_ms.unwrap_or(30_000)));
-        }
-    }
-
-    /// Reads frames until the connection ends, pinging every [`PING_EVERY`].
-    async fn follow(&mut self, ws: &mut WebSocket, heartbeat: Duration) -> Ended {
-        let idle_limit = (heartbeat * 3).max(MIN_IDLE_LIMIT);
-        let mut deadline = Instant::now() + idle_limit;
-        let mut ping = tokio::time::interval_at(Instant::now() + PING_EVERY, PING_EVERY);
-        loop {
-            tokio::select! {
-                message = ws.next() => {
-                    deadline = Instant::now() + idle_limit;
-                    match message {
-                        Some(Ok(Message::Text(text))) => {
-                            if let Some(ended) = self.handle_frame(&text) {
-                                return ended;
-                            }
-                        }
-                        Some(Ok(Message::Close(frame))) => return closed(ws, frame, true).await,
-                        Some(Ok(_)) => {} // pings are answered by tungstenite while we read
-                        Some(Err(e)) => return retry(format!("connection lost: {e}"), true),
-                        None => return retry("connection closed", true),
-                    }
-                }
-                _ = ping.tick() => {
-                    if let Err(e) = ws.send(Message::text(r#"{"op":"ping"}"#)).await {
-                        return retry(format!("connection lost: {e}"), true);
-                    }
-                }
-                _ = tokio::time::sleep_until(deadline) => {
-                    return retry(format!("nothing heard from the server for {} s", idle_limit.as_secs()), true);
-                }
-                _ = &mut self.interrupted => {
-                    let bye = CloseFrame { code: tungstenite::protocol::frame::coding::CloseCode::Normal, reason: "".into() };
-                    let _ = tokio::time::timeout(Duration::from_secs(1), ws.close(Some(bye))).await;
-                    return Ended::Interrupted;
-                }
-            }
-        }
-    }
-
-    /// Handles one text frame; `Some` when the command must stop.
-    fn handle_frame(&mut self, text: &str) -> Option<Ended> {
-        let Ok(head) = serde_json::from_str::<FrameHead>(text) else {
-            eprintln!("ignoring a frame that is not a JSON object with an op: {text}");
-            return None;
-        };
-        match head.op.as_str() {
-            "events" => match serde_json::from_str::<EventsFrame>(text) {
-                Ok(frame) => return self.print_events(&frame.events),
-                Err(e) => eprintln!("ignoring a malformed events frame ({e}): {text}"),
-            },
-            // The automatic inbox notice names the room only; the inbox's events print
-            // like any other room's.
-            "subscribed" if head.reference.is_none() => {}
-            "subscribed" => match serde_json::from_str::<Subscribed>(text) {
-                Ok(reply) => self.subscribed(reply),
-                Err(e) => eprintln!("ignoring a malformed subscribed reply ({e}): {text}"),
-            },
-            "error" => {
-                let error: ErrorFrame =
-                    serde_json::from_str(text).unwrap_or(ErrorFrame { reference: None, code: String::new(), message: text.into() });
-                let room = error
-                    .reference
-                    .and_then(|r| usize::try_from(r).ok())
-                    .and_then(|r| r.checked_sub(1))
-                    .and_then(|i| self.rooms.get(i));
-                match room {
-                    Some(room) => {
-                        if let Some(state) = self.state.get_mut(room) {
-                            state.asked_since = None;
-                        }
-                        eprintln!("error: subscribe {room} refused: {}: {}", error.code, error.message)
-                    }
-                    None => eprintln!("error from server: {}: {}", error.code, error.message),
-                }
-            }
-            "pong" | "welcome" | "unsubscribed" => {}
-            other => tracing::debug!("ignoring a frame with op {other:?}"),
-        }
-        None
-    }
-
-    /// Prints each event not printed before, as the server wrote it (one JSON line).
-    fn print_events(&mut self, events: &[&RawValue]) -> Option<Ended> {
-        let out = &mut self.out;
-        for raw in events {
-            let Ok(event) = serde_json::from_str::<EventHead>(raw.get()) else {
-                eprintln!("ignoring an event without room and seq: {}", raw.get());
-                continue;
-            };
-            let state = self.state.entry(event.room).or_default();
-            if state.last_seq.is_some_and(|last| event.seq <= last) {
-                continue;
-            }
-            state.last_seq = Some(event.seq);
-            let line = if raw.get().contains('\n') {
-                // Compact it: one event, one line.
-                serde_json::to_string(&serde_json::from_str::<Value>(raw.get()).unwrap_or(Value::Null)).unwrap_or_default()
-            } else {
-                raw.get().to_string()
-            };
-            if writeln!(out, "{line}").is_err() {
-                return Some(Ended::OutputClosed);
-            }
-        }
-        if out.flush().is_err() {
-            return Some(Ended::OutputClosed);
-        }
-        None
-    }
-
-    fn subscribed(&mut self, reply: Subscribed) {
-        let state = self.state.entry(reply.room.clone()).or_default();
-        let epoch_changed = state.epoch.as_ref().is_some_and(|epoch| *epoch != reply.epoch);
-        let room = &reply.room;
-        match (state.asked_since.take(), reply.recovered) {
-            (Some(since), Some(true)) => {
-                eprintln!("recovered {room} from seq {since}");
-                state.last_seq = Some(state.last_seq.unwrap_or(since).max(since));
-            }
-            (Some(_), Some(false)) => {
-                eprintln!("recovery failed for {room}: reload state");
-                // Missed events stay missed; follow from the head of the (maybe new) epoch.
-                state.last_seq = Some(reply.seq);
-            }
-            _ => {
-                eprintln!("subscribed to {room} (epoch {}, head seq {})", reply.epoch, reply.seq);
-                state.last_seq = Some(match state.last_seq {
-                    Some(last) if !epoch_changed => last.max(reply.seq),
-                    _ => reply.seq,
-                });
-            }
-        }
-        state.epoch = Some(reply.epoch);
-    }
-}
-
-/// The server closed the connection: finish the closing handshake, then decide.
-async fn closed(ws: &mut WebSocket, frame: Option<CloseFrame<'static>>, welcomed: bool) -> Ended {
-    let _ = tokio::time::timeout(Duration::from_secs(1), ws.close(None)).await;
-    let Some(frame) = frame else {
-        return retry("server closed the connection", welcomed);
-    };
-    let code = u16::from(frame.code);
-    let reason = frame.reason.trim();
-    let mut what = format!("server closed the connection with {code} ({})", close_meaning(code));
-    if !reason.is_empty() {
-        what.push_str(&format!(": {reason}"));
-    }
-    if (4500..=4999).contains(&code) {
-        return Ended::Final(format!("{what}; not reconnecting"));
-    }
-    let hint = match code {
-        c if c == CloseCode::ServiceRestart.code() => first_number(reason).map(Duration::from_millis),
-        c if c == CloseCode::MigrationBudget.code() => first_number(reason).map(Duration::from_secs),
-        _ => None,
-    }
-    .map(|hint| hint.min(MAX_HINT));
-    Ended::Retry { reason: what, hint, welcomed }
-}
-
-
-/// The first token of `text` that is a whole number: a delay suggested in a close reason.
-fn first_number(text: &str) -> Option<u64> {
-    text.split(|c: char| c.is_whitespace() || matches!(c, '=' | ':' | ',' | ';'))
-        .find_map(|token| token.parse().ok())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_to_five_seconds() {
-        let mut backoff = Backoff::new();
-        let delays: Vec<u64> = (0..7).map(|_| backoff.next_delay().as_millis() as u64).collect();
-        assert_eq!(delays, [500, 1000, 2000, 4000, 5000, 5000, 5000]);
-        backoff.reset();
-        assert_eq!(backoff.next_delay(), Duration::from_millis(500));
-    }
-
-    #[test]
-    fn urls() {
-        let cases = [
-            ("http://127.0.0.1:7070", Ok("http://127.0.0.1:7070")),
-            ("http://127.0.0.1:7070/", Ok("http://127.0.0.1:7070")),
-            ("localhost:7070", Ok("http://localhost:7070")),
-            ("https://example.com", Err(())),
-            ("http://host:1/v1", Err(())),
-            ("http://", Err(())),
-        ];
-        for (input, want) in cases {
-            let got = normalize_url(input).map_err(|_| ());
-            assert_eq!(got.as_deref(), want.as_deref().map_err(|_| &()), "{input}");
-        }
-        assert_eq!(connect_address("0.0.0.0:7070".parse().unwrap()).to_string(), "127.0.0.1:7070");
-        assert_eq!(connect_address("[::]:7070".parse().unwrap()).to_string(), "[::1]:7070");
-        assert_eq!(connect_address("10.1.2.3:1".parse().unwrap()).to_string(), "10.1.2.3:1");
-    }
-
-    #[test]
-    fn status_lines() {
-        let cases = [
-            (401, r#"{"error":{"code":"unauthorized","message":"bad key"}}"#,
-                "server answered 401 unauthorized: bad key (the API key must match the server's: --api-key, LIVEGATE_API_KEY or DATA_DIR/api_key)"),
-            (404, r#"{"error":{"code":"not_found"}}"#, "server answered 404 not_found"),
-            (502, "<html>\n bad gateway </html>", "server answered 502: <html> bad gateway </html>"),
-            (500, "", "server answered 500"),
-        ];
-        for (status, body, want) in cases {
-            assert_eq!(status_error(status, body), want);
-        }
-    }
-
-    #[test]
-    fn encoding_and_hints() {
-        assert_eq!(encode("match:1"), "match:1");
-        assert_eq!(encode("a b/c?d"), "a%20b%2Fc%3Fd");
-        assert_eq!(first_number("1500"), Some(1500));
-        assert_eq!(first_number("retry after 30 s"), Some(30));
-        assert_eq!(first_number("retry_after=12"), Some(12));
-        assert_eq!(first_number("node-2 draining"), None);
-    }
-
-    fn subscriber(rooms: &[&str], since: Option<u64>, epoch: Option<&str>) -> Subscriber {
-        let client = Client {
-            base: "http://127.0.0.1:1".into(),
-            key: "k".repeat(16),
-            agent: ureq::AgentBuilder::new().build(),
-        };
-        let args = SubscribeArgs {
-            rooms: rooms.iter().map(|r| r.to_string()).collect(),
-            since,
-            epoch: epoch.map(String::from),
-            user: "cli".into(),
-            device: "cli".into(),
-            server: ServerUrl { url: None },
-        };
-        Subscriber::new(client, args)
-    }
-
-    /// A writer whose bytes the test can read afterwards.
-    #[derive(Clone, Default)]
-    struct Captured(std::rc::Rc<std::cell::RefCell<Vec<u8>>>);
-
-    impl Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.borrow_mut().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl Captured {
-        fn take(&self) -> String {
-            String::from_utf8(std::mem::take(&mut *self.0.borrow_mut())).unwrap()
-        }
-    }
-
-    #[test]
-    fn room_state_follows_replies_and_drops_duplicates() {
-        let mut s = subscriber(&["r"], None, None);
-        let out = Captured::default();
-        s.out = Box::new(out.clone());
-        s.subscribed(Subscribed { room: "r".into(), epoch: "E".into(), seq: 5, recovered: None });
-        assert_eq!(s.state["r"].last_seq, Some(5), "live subscription starts at the head");
-        let frame = r#"{"op":"events","events":[{"room":"r","seq":5,"data":1},{"room":"r","seq":6,"data":{"b":1,"a":2}}]}"#;
-        assert!(s.handle_frame(frame).is_none());
-        assert_eq!(out.take(), "{\"room\":\"r\",\"seq\":6,\"data\":{\"b\":1,\"a\":2}}\n", "seq 5 dropped, 6 printed as sent");
-        assert!(s.handle_frame(frame).is_none());
-        assert_eq!(out.take(), "", "a replayed frame prints nothing");
-        let pretty = "{\"op\":\"events\",\"events\":[{\n \"room\": \"r\",\n \"seq\": 7}]}";
-        assert!(s.handle_frame(pretty).is_none());
-        assert_eq!(out.take(), "{\"room\":\"r\",\"seq\":7}\n", "one event, one line");
-        s.state.get_mut("r").unwrap().last_seq = Some(6);
-
-        // Reconnect: recovery asked from 6 and granted keeps the position.
-        s.state.get_mut("r").unwrap().asked_since = Some(6);
-        s.subscribed(Subscribed { room: "r".into(), epoch: "E".into(), seq: 9, recovered: Some(true) });
-        assert_eq!((s.state["r"].last_seq, s.state["r"].epoch.as_deref()), (Some(6), Some("E")));
-
-        // Recovery refused after an epoch change: follow from the new head.
-        s.state.get_mut("r").unwrap().asked_since = Some(6);
-        s.subscribed(Subscribed { room: "r".into(), epoch: "F".into(), seq: 2, recovered: Some(false) });
-        assert_eq!((s.state["r"].last_seq, s.state["r"].epoch.as_deref()), (Some(2), Some("F")));
-    }
 }

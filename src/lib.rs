@@ -14,10 +14,13 @@
 //! - [`demo`]: the `--demo` match simulator.
 //! - [`world`]: the wall clock and the OS random source, read only by actors and handlers.
 //! - [`config`]: typed configuration from file, environment and flags.
+//! - [`client`]: clients of a running server: the HTTP client and the reconnecting
+//!   terminal subscriber behind `token`, `publish`, `status` and `subscribe`.
 //! - [`cli`]: the command-line front end (`serve`, `token`, `publish`, `subscribe`).
 
 pub mod actors;
 pub mod cli;
+pub mod client;
 pub mod cluster;
 pub mod config;
 pub mod core;

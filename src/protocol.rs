@@ -1,7 +1,10 @@
 //! The JSON wire format, and the only module that knows it: client frames parsed into
-//! typed requests, server frames rendered from plain values, HTTP request and reply bodies.
+//! typed requests, server frames as types that the server renders and the terminal client
+//! (`client::subscriber`) reads back, HTTP request and reply bodies.
 //! An event is rendered once, when it is published, and the rendered text is shared by
 //! every subscriber's outbox and by history replies.
+
+use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -276,15 +279,137 @@ fn json_str(s: &str) -> String {
     serde_json::to_string(s).expect("strings always serialise")
 }
 
-fn with_ref(mut frame: Map<String, Value>, reference: Option<i64>) -> String {
-    if let Some(r) = reference {
-        frame.insert("ref".into(), r.into());
-    }
-    Value::Object(frame).to_string()
+// ---- Server frames ----
+//
+// One type per frame the server sends, serialized by the server and deserialized by the
+// terminal client (`client::subscriber`), so each frame has one definition. A client
+// reads the [`FrameHead`] first and then the frame its `op` names. Text fields are `Cow`:
+// borrowed when the server renders, and when a client reads text without escapes.
+
+/// The `op` of a server frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerOp {
+    Welcome,
+    Subscribed,
+    Unsubscribed,
+    Events,
+    History,
+    Pong,
+    Error,
+    /// An op this build does not know (a newer server's).
+    #[serde(other)]
+    Unknown,
 }
 
-fn object(pairs: Vec<(&str, Value)>) -> Map<String, Value> {
-    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+/// What every server frame starts with: its `op`, and the `ref` of the request it answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct FrameHead {
+    pub op: ServerOp,
+    #[serde(rename = "ref", default)]
+    pub reference: Option<i64>,
+}
+
+/// A frame the server sends, as it is serialized: `op` names the variant. `events` and
+/// `history` frames are written from already-rendered events by [`events_frame`] and
+/// [`history_frame`] instead (the same bytes as serializing [`Events`], checked in a test).
+#[derive(Debug, Serialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+pub enum ServerFrame<'a> {
+    Welcome(Welcome<'a>),
+    Subscribed(Subscribed<'a>),
+    #[serde(rename = "subscribed")]
+    InboxNotice(InboxNotice<'a>),
+    Unsubscribed(Unsubscribed<'a>),
+    Events(Events<'a>),
+    Pong(Pong),
+    Error(ErrorFrame<'a>),
+}
+
+/// `welcome`: the first frame on a connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Welcome<'a> {
+    #[serde(borrow)]
+    pub session: Cow<'a, str>,
+    #[serde(borrow)]
+    pub node: Cow<'a, str>,
+    pub heartbeat_ms: u64,
+    /// The node is still warming up after a start (sessions may move).
+    #[serde(default)]
+    pub warmup: bool,
+}
+
+/// `subscribed`: the reply to a `subscribe`, with the room's epoch and head; `recovered`
+/// when the request named a `since`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Subscribed<'a> {
+    #[serde(borrow)]
+    pub room: Cow<'a, str>,
+    #[serde(borrow)]
+    pub epoch: Cow<'a, str>,
+    pub seq: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovered: Option<bool>,
+    #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<i64>,
+}
+
+/// `subscribed` without epoch or head and without `ref`: the automatic subscription to
+/// the user's inbox, sent after `welcome`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InboxNotice<'a> {
+    #[serde(borrow)]
+    pub room: Cow<'a, str>,
+}
+
+/// `unsubscribed`: the reply to an `unsubscribe`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Unsubscribed<'a> {
+    #[serde(borrow)]
+    pub room: Cow<'a, str>,
+    #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<i64>,
+}
+
+/// `events`: rendered events (see [`render_event`]), in seq order per room.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Events<'a> {
+    #[serde(borrow)]
+    pub events: Vec<&'a RawValue>,
+}
+
+/// The fields of a rendered event that order it, read without touching the rest (a
+/// client prints the event as the server wrote it).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct EventHead<'a> {
+    #[serde(borrow)]
+    pub room: Cow<'a, str>,
+    pub seq: u64,
+}
+
+/// `pong`: the reply to a `ping`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pong {
+    #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<i64>,
+}
+
+/// `error`: a request refused (`ref` names it) or a fault of the connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorFrame<'a> {
+    #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<i64>,
+    /// One of [`ErrorCode::as_str`], or a newer server's.
+    #[serde(borrow, default)]
+    pub code: Cow<'a, str>,
+    #[serde(borrow, default)]
+    pub message: Cow<'a, str>,
+}
+
+/// A server frame as JSON text. Through a `Value`, whose map sorts the keys: the bytes
+/// livegate has always sent (key order is not part of the protocol).
+fn render(frame: &ServerFrame) -> String {
+    serde_json::to_value(frame).expect("server frames always serialise").to_string()
 }
 
 /// One event as it appears in `events` frames and history replies. `data` is JSON text.
@@ -317,48 +442,29 @@ pub fn events_frame<'a>(events: impl IntoIterator<Item = &'a str>, capacity: usi
 }
 
 pub fn welcome_frame(session: &str, node: &str, heartbeat_ms: u64, warmup: bool) -> String {
-    Value::Object(object(vec![
-        ("op", "welcome".into()),
-        ("session", session.into()),
-        ("node", node.into()),
-        ("heartbeat_ms", heartbeat_ms.into()),
-        ("warmup", warmup.into()),
-    ]))
-    .to_string()
+    render(&ServerFrame::Welcome(Welcome { session: session.into(), node: node.into(), heartbeat_ms, warmup }))
 }
 
 pub fn subscribed_frame(room: &str, epoch: &str, seq: u64, recovered: Option<bool>, reference: Option<i64>) -> String {
-    let mut frame = object(vec![
-        ("op", "subscribed".into()),
-        ("room", room.into()),
-        ("epoch", epoch.into()),
-        ("seq", seq.into()),
-    ]);
-    if let Some(recovered) = recovered {
-        frame.insert("recovered".into(), recovered.into());
-    }
-    with_ref(frame, reference)
+    render(&ServerFrame::Subscribed(Subscribed { room: room.into(), epoch: epoch.into(), seq, recovered, reference }))
 }
 
 /// The automatic subscription to the user's inbox, sent after `welcome`: the inbox is
 /// not read at connect, so it carries no epoch or head (a `subscribe` to it does).
 pub fn inbox_notice_frame(room: &str) -> String {
-    with_ref(object(vec![("op", "subscribed".into()), ("room", room.into())]), None)
+    render(&ServerFrame::InboxNotice(InboxNotice { room: room.into() }))
 }
 
 pub fn unsubscribed_frame(room: &str, reference: Option<i64>) -> String {
-    with_ref(object(vec![("op", "unsubscribed".into()), ("room", room.into())]), reference)
+    render(&ServerFrame::Unsubscribed(Unsubscribed { room: room.into(), reference }))
 }
 
 pub fn pong_frame(reference: Option<i64>) -> String {
-    with_ref(object(vec![("op", "pong".into())]), reference)
+    render(&ServerFrame::Pong(Pong { reference }))
 }
 
 pub fn error_frame(reference: Option<i64>, code: ErrorCode, message: &str) -> String {
-    with_ref(
-        object(vec![("op", "error".into()), ("code", code.as_str().into()), ("message", message.into())]),
-        reference,
-    )
+    render(&ServerFrame::Error(ErrorFrame { reference, code: code.as_str().into(), message: message.into() }))
 }
 
 /// The `history` reply frame; `events` are rendered events.
@@ -613,5 +719,67 @@ mod tests {
         assert_eq!(sub["recovered"], false);
         let body: Value = serde_json::from_str(&history_body("r", Some("E"), 1, [event.as_str()])).unwrap();
         assert_eq!(body["events"][0]["seq"], 3);
+    }
+
+    #[test]
+    fn server_frames_keep_their_bytes() {
+        let cases = [
+            (welcome_frame("s1", "n1", 30_000, false), r#"{"heartbeat_ms":30000,"node":"n1","op":"welcome","session":"s1","warmup":false}"#),
+            (subscribed_frame("r", "E", 4, Some(true), Some(2)), r#"{"epoch":"E","op":"subscribed","recovered":true,"ref":2,"room":"r","seq":4}"#),
+            (subscribed_frame("r", "E", 0, None, None), r#"{"epoch":"E","op":"subscribed","room":"r","seq":0}"#),
+            (inbox_notice_frame("inbox:u"), r#"{"op":"subscribed","room":"inbox:u"}"#),
+            (unsubscribed_frame("r", Some(3)), r#"{"op":"unsubscribed","ref":3,"room":"r"}"#),
+            (pong_frame(None), r#"{"op":"pong"}"#),
+            (error_frame(Some(5), ErrorCode::BadRoom, "bad \"x\""), r#"{"code":"bad_room","message":"bad \"x\"","op":"error","ref":5}"#),
+        ];
+        for (got, want) in cases {
+            assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn server_frames_read_back_as_their_types() {
+        let head = |text: &str| serde_json::from_str::<FrameHead>(text).unwrap();
+        let text = welcome_frame("s1", "n1", 30_000, true);
+        assert_eq!(head(&text), FrameHead { op: ServerOp::Welcome, reference: None });
+        let welcome: Welcome = serde_json::from_str(&text).unwrap();
+        assert_eq!(welcome, Welcome { session: "s1".into(), node: "n1".into(), heartbeat_ms: 30_000, warmup: true });
+
+        let text = subscribed_frame("r", "E", 4, Some(false), Some(2));
+        assert_eq!(head(&text), FrameHead { op: ServerOp::Subscribed, reference: Some(2) });
+        let reply: Subscribed = serde_json::from_str(&text).unwrap();
+        assert_eq!(reply, Subscribed { room: "r".into(), epoch: "E".into(), seq: 4, recovered: Some(false), reference: Some(2) });
+        let text = inbox_notice_frame("inbox:u");
+        assert_eq!(head(&text), FrameHead { op: ServerOp::Subscribed, reference: None });
+        assert_eq!(serde_json::from_str::<InboxNotice>(&text).unwrap().room, "inbox:u");
+        assert!(serde_json::from_str::<Subscribed>(&text).is_err(), "a notice is not a reply");
+
+        let text = unsubscribed_frame("r", Some(3));
+        assert_eq!(head(&text).op, ServerOp::Unsubscribed);
+        assert_eq!(serde_json::from_str::<Unsubscribed>(&text).unwrap(), Unsubscribed { room: "r".into(), reference: Some(3) });
+        assert_eq!(head(&pong_frame(Some(1))), FrameHead { op: ServerOp::Pong, reference: Some(1) });
+
+        let text = error_frame(Some(5), ErrorCode::BadRoom, "bad \"x\"\n");
+        assert_eq!(head(&text), FrameHead { op: ServerOp::Error, reference: Some(5) });
+        let error: ErrorFrame = serde_json::from_str(&text).unwrap();
+        assert_eq!((error.code.as_ref(), error.message.as_ref()), ("bad_room", "bad \"x\"\n"));
+
+        assert_eq!(head(&history_frame("r", None, 0, [], true, Some(2))), FrameHead { op: ServerOp::History, reference: Some(2) });
+        assert_eq!(head(r#"{"op":"later","ref":1}"#).op, ServerOp::Unknown);
+        assert!(serde_json::from_str::<FrameHead>(r#"{"ref":1}"#).is_err());
+    }
+
+    #[test]
+    fn events_frames_are_the_serialized_type() {
+        let first = render_event("r", 1, "a", 5, r#"{"k": [1, 2]}"#);
+        let second = render_event("r\"2", 2, "b", 6, "null");
+        let frame = events_frame([first.as_str(), second.as_str()], 0);
+        let parsed: Events = serde_json::from_str(&frame).unwrap();
+        let raw: Vec<&str> = parsed.events.iter().map(|e| e.get()).collect();
+        assert_eq!(raw, [first.as_str(), second.as_str()], "events pass through unchanged");
+        assert_eq!(serde_json::to_string(&ServerFrame::Events(parsed)).unwrap(), frame);
+        let heads: Vec<EventHead> = raw.iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+        assert_eq!(heads, [EventHead { room: "r".into(), seq: 1 }, EventHead { room: "r\"2".into(), seq: 2 }]);
+        assert_eq!(events_frame([], 0), serde_json::to_string(&ServerFrame::Events(Events { events: vec![] })).unwrap());
     }
 }

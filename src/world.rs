@@ -1,5 +1,6 @@
 //! The actors' one window on the world: the wall clock and the OS random source. The
-//! pure core never calls this; actors and handlers read it and pass the values in.
+//! pure core never calls this; actors, handlers and the terminal client read it and pass
+//! the values in.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
