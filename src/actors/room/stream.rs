@@ -14,12 +14,17 @@ use super::{later, render, spawn_then, wait_then, RoomActor, RoomCore, RoomLog, 
 use crate::actors::messages::*;
 use crate::cluster::roomlog::{self, AppendError, Appended, LoadedRoom, StreamEvent};
 use crate::cluster::{Cluster, ClusterError};
+use crate::core::backoff::{Backoff, BackoffPolicy, Jitter};
 use crate::core::seqlog::{Entry, Retention, SeqLog};
 use crate::store::EventRecord;
-use crate::world::now_ms;
+use crate::world::{now_ms, random_u64};
 
 /// How often an append that keeps losing to other nodes is retried before it fails.
 const APPEND_ATTEMPTS: u32 = 20;
+/// Reading the stream again after a failed load or catch-up: the rooms of a node that
+/// lost NATS together retry spread out, and less often the longer it lasts.
+const READ_RETRY: BackoffPolicy =
+    BackoffPolicy { first: Duration::from_millis(500), max: Duration::from_secs(5), jitter: Jitter::Full };
 
 /// The cluster's room logs, one JetStream subject per room.
 pub struct StreamRoomLogs(pub Cluster);
@@ -35,6 +40,7 @@ impl RoomLogs for StreamRoomLogs {
             conflicts: 0,
             waiting_subscribers: Vec::new(),
             replay_after: None,
+            read_retry: Backoff::new(READ_RETRY),
         })
     }
 }
@@ -54,6 +60,8 @@ struct StreamLog {
     /// Parked subscribers adopted for a live event: once loaded, they get the events
     /// after this seq (the live event and any that came while loading).
     replay_after: Option<u64>,
+    /// Failed loads or catch-ups in a row.
+    read_retry: Backoff,
 }
 
 fn entry(room: &str, event: &EventRecord) -> Entry<Arc<Delivery>> {
@@ -64,6 +72,7 @@ impl StreamLog {
     fn loaded(&mut self, room: &mut RoomCore, loaded: Result<LoadedRoom, ClusterError>, ctx: &mut Context<RoomActor>) {
         match loaded {
             Ok(stored) => {
+                self.read_retry.reset();
                 let head = stored.events.last().map_or(0, |e| e.event.seq);
                 self.last_stream_seq = stored.events.last().map_or(0, |e| e.stream_seq);
                 let entries = stored.events.iter().map(|e| entry(&room.name, &e.event)).collect();
@@ -87,7 +96,7 @@ impl StreamLog {
             Err(error) => {
                 tracing::warn!(room = %room.name, %error, "room could not be read from the stream; retrying");
                 room.state = RoomState::Failed(error.into());
-                later(ctx, Duration::from_secs(1), |stream: &mut StreamLog, room, ctx| {
+                later(ctx, self.read_retry.next_delay(random_u64()), |stream: &mut StreamLog, room, ctx| {
                     if matches!(room.state, RoomState::Failed(_)) && !room.stopped {
                         stream.load(room, ctx);
                     }
@@ -251,7 +260,7 @@ impl RoomLog for StreamLog {
         !self.queue.is_empty() || !self.waiting_subscribers.is_empty() || self.appending
     }
 
-    /// The subscriber waits for the room to load (retried every second) instead of being
+    /// The subscriber waits for the room to load (retried with backoff) instead of being
     /// refused for good.
     fn hold_subscribe(&mut self, msg: Subscribe) -> Option<Subscribe> {
         self.waiting_subscribers.push(msg);
@@ -278,6 +287,7 @@ impl RoomLog for StreamLog {
             stream.catching_up = false;
             match result {
                 Ok(events) => {
+                    stream.read_retry.reset();
                     for event in events {
                         stream.apply_or_jump(room, event, ctx);
                     }
@@ -289,7 +299,8 @@ impl RoomLog for StreamLog {
                     for msg in stream.queue.drain(..) {
                         let _ = msg.reply.send(Err(failed.clone()));
                     }
-                    later(ctx, Duration::from_millis(500), |stream: &mut StreamLog, room, ctx| stream.catch_up(room, ctx));
+                    let retry = stream.read_retry.next_delay(random_u64());
+                    later(ctx, retry, |stream: &mut StreamLog, room, ctx| stream.catch_up(room, ctx));
                 }
             }
         });
