@@ -92,12 +92,15 @@ fn threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
+/// Signals as a stream: each item is one signal.
+pub type Signals = Pin<Box<dyn Stream<Item = ()>>>;
+
 /// How a running node is steered from outside.
 pub struct Control {
     /// The first item starts a drain, a second one forces it (SIGTERM, SIGINT).
-    pub shutdown: Pin<Box<dyn Stream<Item = ()>>>,
+    pub shutdown: Signals,
     /// Each item reloads the API keys and allowed origins (SIGHUP).
-    pub reload: Pin<Box<dyn Stream<Item = ()>>>,
+    pub reload: Signals,
     /// Where a reload reads the configuration; `None` keeps the one given at start.
     pub reload_config: Option<ReloadConfig>,
     /// Adds the score page and the match simulator.
@@ -131,63 +134,169 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         Some(url) => Some(Cluster::connect_with(url, &config.node, stream_limits(&config)).await?),
         None => None,
     };
-    let token_secret = match &cluster {
-        // Every node verifies every other node's tokens.
-        Some(cluster) => cluster.secret("token", crate::world::random_bytes()).await?,
-        None => store.secret("token")?,
-    };
     let device_kinds = config.exclusive_devices.iter().cloned().chain(["web".to_string()]);
     let metrics = Arc::new(Metrics::new(device_kinds));
-    // Where rooms and sessions are kept, chosen once: the embedded store, or NATS.
-    let (room_logs, kv): (Arc<dyn RoomLogs>, _) = match &cluster {
-        Some(cluster) => {
-            let outage_limit = config.directory_outage();
-            let kv = KvSessions::open_with(cluster, Some(store.clone()), outage_limit).await?;
-            (Arc::new(StreamRoomLogs(cluster.clone())), Some(kv))
-        }
-        None => (Arc::new(LocalRoomLogs(store.clone())), None),
-    };
-    let sessions: Arc<dyn SessionStore> = match &kv {
-        Some(kv) => Arc::new(kv.clone()),
-        None => Arc::new(store.clone()),
-    };
-    let rooms = Rooms::start(room_logs, room_settings(&config, metrics.clone()), threads());
-    let user_bus = cluster.clone().map(|cluster| Arc::new(ClusterUserBus(cluster)) as Arc<dyn UserBus>);
-    let registry = Registry::new(config.exclusive_devices.clone(), user_bus).start();
+    let backends = Backends::open(&config, &store, cluster.as_ref()).await?;
+    let rooms = Rooms::start(backends.room_logs, room_settings(&config, metrics.clone()), threads());
+    let registry = Registry::new(config.exclusive_devices.clone(), backends.user_bus).start();
     let directory_settings = DirectorySettings {
         migration_window: config.migration_window(),
         warmup: config.warmup(),
         session_ttl: config.session_ttl(),
         session_cache_max: config.session_cache_max,
     };
-    let directory = Directory::new(sessions.clone(), config.node.clone(), directory_settings, metrics.clone()).start();
+    let directory = Directory::new(backends.sessions.clone(), config.node.clone(), directory_settings, metrics.clone()).start();
     let local = listener.local_addr()?;
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let url = config.public_url.clone().unwrap_or_else(|| format!("{scheme}://{local}"));
-    let me = crate::config::Peer { name: config.node.clone(), cell: config.cell.clone(), url };
     let lifecycle = Arc::new(Lifecycle::default());
-    let liveness = match &cluster {
+    let liveness = start_liveness(&config, this_node(&config, local, tls.is_some()), cluster.as_ref(), &lifecycle, &metrics)?;
+    if let (Some(cluster), Some(kv)) = (&cluster, &backends.kv) {
+        let events = NodeActors { rooms: rooms.clone(), registry: registry.clone(), liveness: liveness.clone() };
+        crate::cluster::bus::listen(cluster, events, kv.clone()).await?;
+    }
+    let max_connections = crate::http::limits::effective_max_connections(config.max_connections, open_files_limit());
+    if max_connections != config.max_connections {
+        tracing::info!(configured = config.max_connections, max_connections, "connection limit bounded by the open-file limit");
+    }
+    let timing = DrainTiming { wait: config.drain_wait(), spread: config.drain_spread(), grace: config.drain_grace() };
+    // The publish path and the kicks' reach, chosen once with the rest: one node, or NATS.
+    let (publisher, other_nodes): (_, Arc<dyn OtherNodes>) = match &cluster {
+        Some(cluster) => (
+            Publisher::clustered(rooms.clone(), cluster.clone(), liveness.clone()),
+            Arc::new(ClusterNodes { cluster: cluster.clone(), liveness: liveness.clone() }),
+        ),
+        None => (Publisher::local(rooms.clone()), Arc::new(NoOtherNodes)),
+    };
+    let state = web::Data::new(AppState {
+        limits: Arc::new(ConnectionLimits::new(&config, max_connections)),
+        connection: Arc::new(connection_settings(&config, metrics.clone())),
+        config: Arc::new(config),
+        access: parking_lot::RwLock::new(access),
+        reload: reload_config,
+        store: store.clone(),
+        rooms: rooms.clone(),
+        registry: registry.clone(),
+        directory: directory.clone(),
+        sessions: backends.sessions,
+        nonces: backends.nonces,
+        other_nodes,
+        liveness,
+        publisher: publisher.clone(),
+        metrics: metrics.clone(),
+        token_secret: backends.token_secret,
+        lifecycle: lifecycle.clone(),
+        next_conn: AtomicU64::new(1),
+        started: std::time::Instant::now(),
+        demo,
+    });
+    let server = http_server(listener, tls, state.clone(), &timing)?.run();
+    let (done_tx, done) = oneshot::channel();
+    let supervisor =
+        Supervisor::new(lifecycle, registry, directory.clone(), rooms.clone(), server.handle(), timing, metrics, done_tx).start();
+    let mut serving = actix_web::rt::spawn(server);
+    let config = state.config.clone();
+    let mut background = vec![
+        actix_web::rt::spawn(purge_expired(store.clone(), config.migration_window_secs * 1000, config.token_ttl_max())),
+        actix_web::rt::spawn(expire_sessions(directory, config.session_ttl())),
+    ];
+    if demo {
+        background.push(actix_web::rt::spawn(crate::demo::run_simulator(publisher)));
+    }
+    supervisor.send(Start).await.map_err(|e| ServerError::Startup(e.to_string()))?.map_err(ServerError::Startup)?;
+    tracing::info!(addr = %local, node = %config.node, data_dir = %config.data_dir.display(), "ready");
+    background.push(actix_web::rt::spawn(forward_signals(signals, supervisor)));
+    background.push(actix_web::rt::spawn(reload_on(reload, state.clone())));
+
+    let result = match select(done, &mut serving).await {
+        Either::Left(_) => {
+            // Drained: every connection is closed; let the HTTP server finish.
+            let _ = actix_web::rt::time::timeout(Duration::from_secs(5), &mut serving).await;
+            Ok(())
+        }
+        Either::Right((ended, _)) => match ended {
+            Ok(Err(e)) => Err(ServerError::Io(e)),
+            _ => Ok(()),
+        },
+    };
+    background.iter().for_each(|task| task.abort());
+    rooms.shutdown();
+    if let Some(cluster) = &cluster {
+        cluster.leave().await;
+    }
+    drop(state);
+    store.flush()?;
+    tracing::info!("store flushed; stopped");
+    result
+}
+
+/// Where this node keeps rooms, sessions and token nonces, whom it tells about users,
+/// and its token secret: the embedded store alone, or NATS. Chosen once, here.
+struct Backends {
+    room_logs: Arc<dyn RoomLogs>,
+    sessions: Arc<dyn SessionStore>,
+    /// Cluster mode: the KV directory, which the cluster bus also replays queued writes to.
+    kv: Option<KvSessions>,
+    nonces: Arc<dyn Nonces>,
+    user_bus: Option<Arc<dyn UserBus>>,
+    token_secret: Vec<u8>,
+}
+
+impl Backends {
+    async fn open(config: &Config, store: &Store, cluster: Option<&Cluster>) -> Result<Backends, ServerError> {
+        let Some(cluster) = cluster else {
+            return Ok(Backends {
+                room_logs: Arc::new(LocalRoomLogs(store.clone())),
+                sessions: Arc::new(store.clone()),
+                kv: None,
+                nonces: Arc::new(store.clone()),
+                user_bus: None,
+                token_secret: store.secret("token")?,
+            });
+        };
+        let kv = KvSessions::open_with(cluster, Some(store.clone()), config.directory_outage()).await?;
+        Ok(Backends {
+            room_logs: Arc::new(StreamRoomLogs(cluster.clone())),
+            sessions: Arc::new(kv.clone()),
+            kv: Some(kv),
+            nonces: Arc::new(ClusterNonces { cluster: cluster.clone(), store: store.clone() }),
+            user_bus: Some(Arc::new(ClusterUserBus(cluster.clone()))),
+            // Every node verifies every other node's tokens.
+            token_secret: cluster.secret("token", crate::world::random_bytes()).await?,
+        })
+    }
+}
+
+/// This node as `/v1/route` names it.
+fn this_node(config: &Config, local: std::net::SocketAddr, tls: bool) -> crate::config::Peer {
+    let scheme = if tls { "https" } else { "http" };
+    let url = config.public_url.clone().unwrap_or_else(|| format!("{scheme}://{local}"));
+    crate::config::Peer { name: config.node.clone(), cell: config.cell.clone(), url }
+}
+
+/// Peers from heartbeats on NATS (cluster mode), or from probing the configured peers.
+fn start_liveness(
+    config: &Config,
+    me: crate::config::Peer,
+    cluster: Option<&Cluster>,
+    lifecycle: &Arc<Lifecycle>,
+    metrics: &Arc<Metrics>,
+) -> Result<Addr<LivenessActor>, ServerError> {
+    Ok(match cluster {
         Some(cluster) => {
             let interval = config.cluster_heartbeat();
             let table = Heartbeats::new(interval.as_millis() as u64 * HEARTBEATS_MISSED);
             let peers = ClusterPeers { cluster: cluster.clone(), lifecycle: lifecycle.clone(), table };
             LivenessActor::clustered(me, interval, peers, metrics.clone()).start()
         }
-        None => LivenessActor::new(
-            me,
-            config.peer_nodes()?,
-            config.probe_interval(),
-            config.probe_up_after.min(u32::MAX as u64) as u32,
-            metrics.clone(),
-        )
-        .start(),
-    };
-    if let (Some(cluster), Some(kv)) = (&cluster, &kv) {
-        let events = NodeActors { rooms: rooms.clone(), registry: registry.clone(), liveness: liveness.clone() };
-        crate::cluster::bus::listen(cluster, events, kv.clone()).await?;
-    }
-    let connection = Arc::new(ConnectionSettings {
-        metrics: metrics.clone(),
+        None => {
+            let up_after = config.probe_up_after.min(u32::MAX as u64) as u32;
+            LivenessActor::new(me, config.peer_nodes()?, config.probe_interval(), up_after, metrics.clone()).start()
+        }
+    })
+}
+
+fn connection_settings(config: &Config, metrics: Arc<Metrics>) -> ConnectionSettings {
+    ConnectionSettings {
+        metrics,
         node: config.node.clone(),
         heartbeat: config.heartbeat(),
         max_subscriptions: config.max_subscriptions,
@@ -197,54 +306,23 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         max_bad_messages: config.max_bad_messages,
         max_history_limit: config.max_history_limit,
         subscribe_timeout: (config.subscribe_timeout_secs > 0).then(|| Duration::from_secs(config.subscribe_timeout_secs)),
-    });
-    let max_connections = crate::http::limits::effective_max_connections(config.max_connections, open_files_limit());
-    if max_connections != config.max_connections {
-        tracing::info!(configured = config.max_connections, max_connections, "connection limit bounded by the open-file limit");
     }
-    let limits = Arc::new(ConnectionLimits::new(&config, max_connections));
-    let handshake_timeout = config.handshake_timeout();
-    let timing = DrainTiming {
-        wait: config.drain_wait(),
-        spread: config.drain_spread(),
-        grace: config.drain_grace(),
-    };
-    // Each seam's implementation, chosen once: the embedded store alone, or NATS.
-    let (publisher, nonces, other_nodes): (_, Arc<dyn Nonces>, Arc<dyn OtherNodes>) = match &cluster {
-        Some(cluster) => (
-            Publisher::clustered(rooms.clone(), cluster.clone(), liveness.clone()),
-            Arc::new(ClusterNonces { cluster: cluster.clone(), store: store.clone() }),
-            Arc::new(ClusterNodes { cluster: cluster.clone(), liveness: liveness.clone() }),
-        ),
-        None => (Publisher::local(rooms.clone()), Arc::new(store.clone()), Arc::new(NoOtherNodes)),
-    };
-    let state = web::Data::new(AppState {
-        config: Arc::new(config),
-        access: parking_lot::RwLock::new(access),
-        reload: reload_config,
-        limits,
-        store: store.clone(),
-        rooms: rooms.clone(),
-        registry: registry.clone(),
-        directory: directory.clone(),
-        sessions,
-        nonces,
-        other_nodes,
-        liveness,
-        publisher: publisher.clone(),
-        metrics: metrics.clone(),
-        token_secret,
-        connection,
-        lifecycle: lifecycle.clone(),
-        next_conn: AtomicU64::new(1),
-        started: std::time::Instant::now(),
-        demo,
-    });
+}
 
-    let app_state = state.clone();
+/// The HTTP server on `listener` (TLS when configured), not yet running. Upgrade requests
+/// go through the same app (`http::upgrade`), then leave the HTTP layer for livegate's
+/// own WebSocket transport.
+fn http_server(
+    listener: std::net::TcpListener,
+    tls: Option<rustls::ServerConfig>,
+    state: web::Data<AppState>,
+    timing: &DrainTiming,
+) -> Result<actix_server::ServerBuilder, ServerError> {
+    let handshake_timeout = state.config.handshake_timeout();
+    let on_connect = Arc::new(http::on_connect(state.metrics.clone(), handshake_timeout));
     let make_app = move || {
         App::new()
-            .app_data(app_state.clone())
+            .app_data(state.clone())
             .wrap_fn(|req, service| {
                 if let Some(watch) = req.conn_data::<Arc<http::RequestWatch>>() {
                     watch.seen();
@@ -253,7 +331,6 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
             })
             .configure(http::configure)
     };
-    let on_connect = Arc::new(http::on_connect(metrics.clone(), handshake_timeout));
     let shutdown_timeout = timing.spread.as_secs() + timing.grace.as_secs() + 5;
     let builder = actix_server::Server::build()
         .workers(threads())
@@ -262,9 +339,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         .shutdown_timeout(shutdown_timeout);
     // On a stop, idle keep-alive connections close at once instead of lingering.
     let stopping = builder.graceful_shutdown_signal();
-    // One HTTP service per worker for either stream type (plain TCP, TLS). Upgrade
-    // requests go through the same app (`http::upgrade`), then leave the HTTP layer for
-    // livegate's own WebSocket transport.
+    // One HTTP service per worker for either stream type (plain TCP, TLS).
     macro_rules! http_service {
         ($io:ty) => {{
             let (make_app, on_connect, stopping) = (make_app.clone(), on_connect.clone(), stopping.clone());
@@ -289,7 +364,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
             }
         }};
     }
-    let server = match tls {
+    Ok(match tls {
         Some(tls) => {
             let service = http_service!(actix_tls::accept::rustls_0_23::TlsStream<actix_web::rt::net::TcpStream>);
             builder.listen("livegate", listener, move || service().rustls_0_23(tls.clone()))?
@@ -298,64 +373,23 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
             let service = http_service!(actix_web::rt::net::TcpStream);
             builder.listen("livegate", listener, move || service().tcp())?
         }
-    }
-    .run();
-    let (done_tx, done) = oneshot::channel();
-    let supervisor =
-        Supervisor::new(lifecycle, registry, directory.clone(), rooms.clone(), server.handle(), timing, metrics, done_tx).start();
-    let mut serving = actix_web::rt::spawn(server);
-    let purge = actix_web::rt::spawn(purge_expired(
-        store.clone(),
-        state.config.migration_window_secs * 1000,
-        state.config.token_ttl_max(),
-    ));
-    let expire = actix_web::rt::spawn(expire_sessions(directory.clone(), state.config.session_ttl()));
-    let simulator = demo.then(|| actix_web::rt::spawn(crate::demo::run_simulator(publisher)));
-    supervisor.send(Start).await.map_err(|e| ServerError::Startup(e.to_string()))?.map_err(ServerError::Startup)?;
-    tracing::info!(addr = %local, node = %state.config.node, data_dir = %state.config.data_dir.display(), "ready");
+    })
+}
 
-    let forward = supervisor.clone();
-    let signals = actix_web::rt::spawn(async move {
-        let mut signals = signals;
-        while signals.next().await.is_some() {
-            forward.do_send(Signal);
-        }
-    });
-    let reload_state = state.clone();
-    let reloads = actix_web::rt::spawn(async move {
-        let mut reload = reload;
-        while reload.next().await.is_some() {
-            if let Err(error) = http::reload_access(&reload_state) {
-                tracing::error!(%error, "reload failed; the access list is unchanged");
-            }
-        }
-    });
-    let result = match select(done, &mut serving).await {
-        Either::Left(_) => {
-            // Drained: every connection is closed; let the HTTP server finish.
-            let _ = actix_web::rt::time::timeout(Duration::from_secs(5), &mut serving).await;
-            Ok(())
-        }
-        Either::Right((ended, _)) => match ended {
-            Ok(Err(e)) => Err(ServerError::Io(e)),
-            _ => Ok(()),
-        },
-    };
-    signals.abort();
-    reloads.abort();
-    purge.abort();
-    expire.abort();
-    if let Some(simulator) = simulator {
-        simulator.abort();
+/// Each shutdown signal is one step of the drain.
+async fn forward_signals(mut signals: Signals, supervisor: Addr<Supervisor>) {
+    while signals.next().await.is_some() {
+        supervisor.do_send(Signal);
     }
-    rooms.shutdown();
-    if let Some(cluster) = &cluster {
-        cluster.leave().await;
+}
+
+/// Each reload signal reloads the access list.
+async fn reload_on(mut reload: Signals, state: web::Data<AppState>) {
+    while reload.next().await.is_some() {
+        if let Err(error) = http::reload_access(&state) {
+            tracing::error!(%error, "reload failed; the access list is unchanged");
+        }
     }
-    drop(state);
-    store.flush()?;
-    tracing::info!("store flushed; stopped");
-    result
 }
 
 /// The process's soft limit on open files.
