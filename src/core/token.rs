@@ -1,10 +1,13 @@
-//! Connection tokens: HMAC-SHA256 over {user, device, expiry, nonce, room patterns}.
-//! Pure: signing and verification take the secret and `now`; single use (the nonce) is
+//! Connection tokens and resume credentials: HMAC-SHA256 over what they grant. Pure:
+//! signing and verification take the secret and `now`; single use (the nonce) is
 //! enforced by the caller against the store.
 //!
-//! Wire form: `base64url(body) "." base64url(mac)`, body =
-//! `version u8 | expires_at_ms u64 BE | nonce [16] | str user | str device | u8 n | n × str room`,
-//! each `str` a u8 length then UTF-8 bytes.
+//! Wire form: `base64url(body) "." base64url(mac)`. A token's body =
+//! `1 u8 | expires_at_ms u64 BE | nonce [16] | str user | str device | u8 n | n × str room`;
+//! a resume credential's body (DESIGN §7) =
+//! `2 u8 | issued_at_ms u64 BE | expires_at_ms u64 BE | nonce [16] | str user | str device
+//! | str session | u8 n | n × str room`; each `str` a u8 length then UTF-8 bytes. The
+//! first byte keeps the two apart: neither verifies as the other.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -13,6 +16,7 @@ use sha2::Sha256;
 use thiserror::Error;
 
 const TOKEN_VERSION: u8 = 1;
+const RESUME_VERSION: u8 = 2;
 /// Longer tokens are rejected before any decoding.
 pub const MAX_TOKEN_LEN: usize = 4096;
 
@@ -24,6 +28,29 @@ pub struct Claims {
     pub nonce: [u8; 16],
     /// Room patterns the token may read (empty: any room).
     pub rooms: Vec<String>,
+}
+
+/// What a resume credential grants: a connection as the one that received it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resume {
+    pub user: String,
+    pub device: String,
+    pub session: String,
+    /// The room patterns of the token the first connection of the chain opened with.
+    pub rooms: Vec<String>,
+    /// When it was handed out: a kick or replace of the session after this revokes it.
+    pub issued_at_ms: u64,
+    pub expires_at_ms: u64,
+    pub nonce: [u8; 16],
+}
+
+impl Resume {
+    /// Whether a revocation of its session at `revoked_at_ms` (if any) voids it: every
+    /// credential handed out before that moment is void; the connection that replaced
+    /// the revoked one gets its credential at or after it, and keeps it.
+    pub fn revoked_by(&self, revoked_at_ms: Option<u64>) -> bool {
+        revoked_at_ms.is_some_and(|at| self.issued_at_ms < at)
+    }
 }
 
 #[derive(Debug, Error, PartialEq, Eq, Clone, Copy)]
@@ -74,6 +101,9 @@ impl<'a> Reader<'a> {
     fn u8(&mut self) -> Result<u8, TokenError> {
         Ok(self.take(1)?[0])
     }
+    fn u64(&mut self) -> Result<u64, TokenError> {
+        Ok(u64::from_be_bytes(self.take(8)?.try_into().map_err(|_| TokenError::Malformed)?))
+    }
     fn string(&mut self) -> Result<String, TokenError> {
         let len = self.u8()? as usize;
         String::from_utf8(self.take(len)?.to_vec()).map_err(|_| TokenError::Malformed)
@@ -85,7 +115,7 @@ fn decode_body(body: &[u8]) -> Result<Claims, TokenError> {
     if r.u8()? != TOKEN_VERSION {
         return Err(TokenError::Malformed);
     }
-    let expires_at_ms = u64::from_be_bytes(r.take(8)?.try_into().map_err(|_| TokenError::Malformed)?);
+    let expires_at_ms = r.u64()?;
     let nonce: [u8; 16] = r.take(16)?.try_into().map_err(|_| TokenError::Malformed)?;
     let user = r.string()?;
     let device = r.string()?;
@@ -97,28 +127,86 @@ fn decode_body(body: &[u8]) -> Result<Claims, TokenError> {
     Ok(Claims { user, device, expires_at_ms, nonce, rooms })
 }
 
-/// Sign `claims` with `secret`. Strings longer than 255 bytes are cut (callers validate
-/// names first, so this never happens with valid input).
-pub fn sign(secret: &[u8], claims: &Claims) -> String {
-    let body = encode_body(claims);
-    let mut mac = mac(secret);
-    mac.update(&body);
-    let tag = mac.finalize().into_bytes();
-    format!("{}.{}", URL_SAFE_NO_PAD.encode(&body), URL_SAFE_NO_PAD.encode(tag))
+fn encode_resume(resume: &Resume) -> Vec<u8> {
+    let mut body = Vec::with_capacity(80);
+    body.push(RESUME_VERSION);
+    body.extend_from_slice(&resume.issued_at_ms.to_be_bytes());
+    body.extend_from_slice(&resume.expires_at_ms.to_be_bytes());
+    body.extend_from_slice(&resume.nonce);
+    put_str(&mut body, &resume.user);
+    put_str(&mut body, &resume.device);
+    put_str(&mut body, &resume.session);
+    body.push(resume.rooms.len().min(255) as u8);
+    for room in resume.rooms.iter().take(255) {
+        put_str(&mut body, room);
+    }
+    body
 }
 
-/// Check the signature (in constant time) and the expiry of a token.
-pub fn verify(secret: &[u8], token: &str, now_ms: u64) -> Result<Claims, TokenError> {
-    if token.len() > MAX_TOKEN_LEN {
+fn decode_resume(body: &[u8]) -> Result<Resume, TokenError> {
+    let mut r = Reader(body);
+    if r.u8()? != RESUME_VERSION {
         return Err(TokenError::Malformed);
     }
-    let (body_b64, tag_b64) = token.split_once('.').ok_or(TokenError::Malformed)?;
+    let issued_at_ms = r.u64()?;
+    let expires_at_ms = r.u64()?;
+    let nonce: [u8; 16] = r.take(16)?.try_into().map_err(|_| TokenError::Malformed)?;
+    let user = r.string()?;
+    let device = r.string()?;
+    let session = r.string()?;
+    let n = r.u8()?;
+    let rooms = (0..n).map(|_| r.string()).collect::<Result<_, _>>()?;
+    if !r.0.is_empty() {
+        return Err(TokenError::Malformed);
+    }
+    Ok(Resume { user, device, session, rooms, issued_at_ms, expires_at_ms, nonce })
+}
+
+/// `base64url(body) "." base64url(mac)`.
+fn seal(secret: &[u8], body: &[u8]) -> String {
+    let mut mac = mac(secret);
+    mac.update(body);
+    let tag = mac.finalize().into_bytes();
+    format!("{}.{}", URL_SAFE_NO_PAD.encode(body), URL_SAFE_NO_PAD.encode(tag))
+}
+
+/// The body of a sealed text, once its length and MAC are checked (in constant time).
+fn open(secret: &[u8], sealed: &str) -> Result<Vec<u8>, TokenError> {
+    if sealed.len() > MAX_TOKEN_LEN {
+        return Err(TokenError::Malformed);
+    }
+    let (body_b64, tag_b64) = sealed.split_once('.').ok_or(TokenError::Malformed)?;
     let body = URL_SAFE_NO_PAD.decode(body_b64).map_err(|_| TokenError::Malformed)?;
     let tag = URL_SAFE_NO_PAD.decode(tag_b64).map_err(|_| TokenError::Malformed)?;
     let mut mac = mac(secret);
     mac.update(&body);
     mac.verify_slice(&tag).map_err(|_| TokenError::BadSignature)?;
-    let claims = decode_body(&body)?;
+    Ok(body)
+}
+
+/// Sign a resume credential with `secret` (the token secret).
+pub fn sign_resume(secret: &[u8], resume: &Resume) -> String {
+    seal(secret, &encode_resume(resume))
+}
+
+/// Check the signature and the expiry of a resume credential. A token is not one.
+pub fn verify_resume(secret: &[u8], credential: &str, now_ms: u64) -> Result<Resume, TokenError> {
+    let resume = decode_resume(&open(secret, credential)?)?;
+    if resume.expires_at_ms <= now_ms {
+        return Err(TokenError::Expired);
+    }
+    Ok(resume)
+}
+
+/// Sign `claims` with `secret`. Strings longer than 255 bytes are cut (callers validate
+/// names first, so this never happens with valid input).
+pub fn sign(secret: &[u8], claims: &Claims) -> String {
+    seal(secret, &encode_body(claims))
+}
+
+/// Check the signature (in constant time) and the expiry of a token.
+pub fn verify(secret: &[u8], token: &str, now_ms: u64) -> Result<Claims, TokenError> {
+    let claims = decode_body(&open(secret, token)?)?;
     if claims.expires_at_ms <= now_ms {
         return Err(TokenError::Expired);
     }
@@ -167,6 +255,55 @@ mod tests {
         for (token, secret, now, expected) in cases {
             assert_eq!(verify(secret, &token, now), Err(expected), "token {token:.40}");
         }
+    }
+
+    fn resume() -> Resume {
+        Resume {
+            user: "u1".into(),
+            device: "phone".into(),
+            session: "s1".into(),
+            rooms: vec!["match:*".into()],
+            issued_at_ms: 500,
+            expires_at_ms: 1_000,
+            nonce: [9; 16],
+        }
+    }
+
+    #[test]
+    fn resume_round_trip_and_rejections() {
+        let credential = sign_resume(b"secret", &resume());
+        assert_eq!(verify_resume(b"secret", &credential, 999), Ok(resume()));
+        let token = sign(b"secret", &claims());
+        let cases: Vec<(&str, String, &[u8], u64, TokenError)> = vec![
+            ("other secret", credential.clone(), b"other", 0, TokenError::BadSignature),
+            ("expired", credential.clone(), b"secret", 1_000, TokenError::Expired),
+            ("a token is not a resume credential", token.clone(), b"secret", 0, TokenError::Malformed),
+            ("too long", "a".repeat(MAX_TOKEN_LEN + 1), b"secret", 0, TokenError::Malformed),
+        ];
+        for (name, credential, secret, now, expected) in cases {
+            assert_eq!(verify_resume(secret, &credential, now), Err(expected), "{name}");
+        }
+        assert_eq!(verify(b"secret", &credential, 0), Err(TokenError::Malformed), "a resume credential is not a token");
+    }
+
+    #[test]
+    fn a_revocation_voids_credentials_issued_before_it() {
+        let issued_at_500 = resume();
+        let cases = [(None, false), (Some(499), false), (Some(500), false), (Some(501), true), (Some(10_000), true)];
+        for (revoked_at, voided) in cases {
+            assert_eq!(issued_at_500.revoked_by(revoked_at), voided, "revoked at {revoked_at:?}");
+        }
+    }
+
+    #[test]
+    fn truncated_or_padded_resume_bodies_are_malformed_not_panics() {
+        let full = encode_resume(&resume());
+        for cut in 0..full.len() {
+            assert_eq!(decode_resume(&full[..cut]), Err(TokenError::Malformed), "cut {cut}");
+        }
+        let mut padded = full.clone();
+        padded.push(0);
+        assert_eq!(decode_resume(&padded), Err(TokenError::Malformed));
     }
 
     #[test]
