@@ -9,7 +9,8 @@
 //! `user_migration` (user → last migration time), `directory_queue` (cluster mode: session
 //! writes made while NATS was unreachable, in order), `session_live` (session → the process
 //! holding a connection of it), `session_seen` (session → when its last connection closed),
-//! `session_expiry` (that time ‖ session → (), scanned by the expiry sweep).
+//! `session_expiry` (that time ‖ session → (), scanned by the expiry sweep),
+//! `session_revoked` (session → when its resume credentials were revoked).
 
 pub mod keys;
 pub mod records;
@@ -23,7 +24,7 @@ use thiserror::Error;
 use tokio::sync::oneshot;
 
 pub use records::{
-    EventRecord, MigrationRecord, NonceRecord, QueuedSessionWrite, RoomHeadRecord, SeenRecord, SessionRecord, UserRecord,
+    EventRecord, MigrationRecord, NonceRecord, QueuedSessionWrite, RevokedRecord, RoomHeadRecord, SeenRecord, SessionRecord, UserRecord,
 };
 
 use crate::core::sessions::{next_version, VersionError};
@@ -78,6 +79,7 @@ pub struct Store {
     session_live: sled::Tree,
     session_seen: sled::Tree,
     session_expiry: sled::Tree,
+    session_revoked: sled::Tree,
     meta: sled::Tree,
     /// Records in `session_owner`, counted at open and kept by every insert and delete.
     sessions_stored: Arc<AtomicU64>,
@@ -152,6 +154,7 @@ impl Store {
             session_live: db.open_tree("session_live")?,
             session_seen: db.open_tree("session_seen")?,
             session_expiry: db.open_tree("session_expiry")?,
+            session_revoked: db.open_tree("session_revoked")?,
             meta,
             sessions_stored,
             db,
@@ -246,7 +249,8 @@ impl Store {
         Ok(swapped.is_ok())
     }
 
-    /// Forget nonces of tokens that have expired anyway. Returns how many.
+    /// Forget nonces of tokens (and revocations of resume credentials) that have expired
+    /// anyway. Returns how many.
     pub fn purge_nonces(&self, now_ms: u64) -> Result<usize, StoreError> {
         let mut removed = 0;
         for item in self.token_nonce.iter() {
@@ -257,7 +261,34 @@ impl Store {
                 removed += 1;
             }
         }
+        for item in self.session_revoked.iter() {
+            let (key, value) = item?;
+            let record: RevokedRecord = records::decode("session_revoked", &value)?;
+            if record.keep_until_ms <= now_ms {
+                self.session_revoked.remove(key)?;
+                removed += 1;
+            }
+        }
         Ok(removed)
+    }
+
+    /// Void the resume credentials of `session` issued before `at_ms`; remembered until
+    /// `keep_until_ms` (when the last of them expires). A later revocation wins.
+    pub fn revoke_resumes(&self, session: &str, at_ms: u64, keep_until_ms: u64) -> Result<(), StoreError> {
+        let record = RevokedRecord { at_ms, keep_until_ms };
+        self.session_revoked.fetch_and_update(session.as_bytes(), |old| {
+            let newer = old
+                .and_then(|bytes| records::decode::<RevokedRecord>("session_revoked", bytes).ok())
+                .filter(|old| old.at_ms > at_ms);
+            Some(records::encode(newer.as_ref().unwrap_or(&record)))
+        })?;
+        Ok(())
+    }
+
+    /// When the resume credentials of `session` were last revoked, if they were.
+    pub fn resumes_revoked_at(&self, session: &str) -> Result<Option<u64>, StoreError> {
+        let record = self.session_revoked.get(session.as_bytes())?;
+        Ok(record.map(|bytes| records::decode::<RevokedRecord>("session_revoked", &bytes)).transpose()?.map(|r| r.at_ms))
     }
 
     /// The owner record of a session.
@@ -645,6 +676,24 @@ mod tests {
         assert!(store.use_nonce(&[2; 16], 300).unwrap());
         assert_eq!(store.purge_nonces(200).unwrap(), 1);
         assert!(!store.use_nonce(&[2; 16], 300).unwrap());
+    }
+
+    #[test]
+    fn resume_revocations_keep_the_latest_time_until_they_are_purged() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.resumes_revoked_at("s1").unwrap(), None);
+        store.revoke_resumes("s1", 100, 700).unwrap();
+        store.revoke_resumes("s1", 50, 650).unwrap();
+        assert_eq!(store.resumes_revoked_at("s1").unwrap(), Some(100), "an older revocation does not win");
+        store.revoke_resumes("s1", 200, 800).unwrap();
+        assert_eq!(store.resumes_revoked_at("s1").unwrap(), Some(200));
+        drop(store);
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.resumes_revoked_at("s1").unwrap(), Some(200), "kept across a restart");
+        assert_eq!(store.purge_nonces(799).unwrap(), 0);
+        assert_eq!(store.purge_nonces(800).unwrap(), 1);
+        assert_eq!(store.resumes_revoked_at("s1").unwrap(), None);
     }
 
     #[test]

@@ -75,6 +75,14 @@ pub struct NonceRecord {
     pub expires_at_ms: u64,
 }
 
+/// A session's resume credentials revoked (a kick or a replace) at `at_ms`: those issued
+/// before then are void. Kept until the last of them would have expired anyway.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RevokedRecord {
+    pub at_ms: u64,
+    pub keep_until_ms: u64,
+}
+
 pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
     let mut out = vec![RECORD_VERSION];
     let body = bincode::serde::encode_to_vec(record, bincode::config::standard())
