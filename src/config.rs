@@ -124,6 +124,8 @@ config_keys! {
         "Largest accepted event data, in bytes of JSON";
     max_subscriptions: usize = 128, "N",
         "Rooms one connection may subscribe to";
+    resume_ttl_secs: u64 = 600, "SECS",
+        "A resume credential (handed out in every welcome) reconnects without a new token for this long, once";
     token_ttl_max_secs: u64 = 86400, "SECS",
         "Longest lifetime a minted token may ask for";
     exclusive_devices: Vec<String> = vec!["phone".into(), "pc".into()] => "phone,pc", "LIST",
@@ -210,6 +212,7 @@ macro_rules! durations {
 durations! {
     batch_window: batch_window_ms in from_millis, heartbeat: heartbeat_secs in from_secs,
     room_idle: room_idle_secs in from_secs, token_ttl_max: token_ttl_max_secs in from_secs,
+    resume_ttl: resume_ttl_secs in from_secs,
     migration_window: migration_window_secs in from_secs, warmup: warmup_secs in from_secs,
     session_ttl: session_ttl_secs in from_secs, drain_wait: drain_wait_secs in from_secs,
     drain_spread: drain_spread_secs in from_secs, drain_grace: drain_grace_secs in from_secs,
@@ -425,6 +428,7 @@ impl Config {
             ("max_event_bytes", self.max_event_bytes as u64, 16, Some((16 << 20, " (16 MiB)"))),
             ("max_subscriptions", self.max_subscriptions as u64, 1, None),
             ("token_ttl_max_secs", self.token_ttl_max_secs, 1, None),
+            ("resume_ttl_secs", self.resume_ttl_secs, 1, None),
             ("max_outbox_bytes", self.max_outbox_bytes as u64, 4096, None),
         ])?;
         name_rule("node", "must", &self.node, 64)?;
