@@ -59,7 +59,15 @@ fn close_code_labels() -> &'static [(u16, &'static str)] {
 /// Why handshakes are refused: the JSON error codes of the upgrade handler.
 const HANDSHAKE_REASONS: &[&str] =
     &["missing_token", "invalid_token", "token_expired", "token_replayed", "unavailable", "migration_budget", "bad_request",
-      "internal", "too_many_connections", "rate_limited", "forbidden_origin", "directory_unavailable"];
+      "internal", "too_many_connections", "rate_limited", "forbidden_origin", "directory_unavailable", "resume_invalid"];
+
+/// The credentials a handshake may present.
+const CREDENTIALS: &[&str] = &["token", "resume"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CredentialLabel {
+    pub credential: &'static str,
+}
 
 /// The abuse limits, as `livegate_limit_hits_total{limit=…}` names them.
 pub const LIMITS: &[&str] = &[
@@ -86,6 +94,7 @@ pub struct Metrics {
     pub connects: Counter,
     pub disconnects: Family<CodeLabel, Counter>,
     pub handshake_rejections: Family<ReasonLabel, Counter>,
+    pub handshakes: Family<CredentialLabel, Counter>,
     pub limit_hits: Family<LimitLabel, Counter>,
     pub subscriptions: Gauge,
     pub rooms_live: Gauge,
@@ -139,6 +148,7 @@ impl Metrics {
             connects: Counter::default(),
             disconnects: Family::default(),
             handshake_rejections: Family::default(),
+            handshakes: Family::default(),
             limit_hits: Family::default(),
             subscriptions: Gauge::default(),
             rooms_live: Gauge::default(),
@@ -192,6 +202,9 @@ impl Metrics {
         for limit in LIMITS {
             drop(self.limit_hits.get_or_create(&LimitLabel { limit }));
         }
+        for credential in CREDENTIALS {
+            drop(self.handshakes.get_or_create(&CredentialLabel { credential }));
+        }
         use CloseCode::*;
         for code in [Normal, GoingAway, ServiceRestart, HeartbeatTimeout, SlowConsumer, Replaced, Kicked].map(CloseCode::code).into_iter().chain([1006]) {
             drop(self.disconnects.get_or_create(&Metrics::close_code(code)));
@@ -212,6 +225,12 @@ impl Metrics {
     /// Count a directory write by outcome: `ok`, `stale` or `error`.
     pub fn directory_write(&self, result: &'static str) {
         self.directory_writes.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    /// Count a handshake whose credential (a name from [`CREDENTIALS`]) was accepted.
+    pub fn handshake_credential(&self, credential: &'static str) {
+        debug_assert!(CREDENTIALS.contains(&credential), "unknown credential {credential}");
+        self.handshakes.get_or_create(&CredentialLabel { credential }).inc();
     }
 
     pub fn handshake_rejected(&self, reason: &'static str) {
@@ -251,6 +270,7 @@ impl Metrics {
         r.register("connects", "WebSocket connections accepted", self.connects.clone());
         r.register("disconnects", "WebSocket connections ended, by close code", self.disconnects.clone());
         r.register("handshake_rejections", "WebSocket upgrades refused, by reason", self.handshake_rejections.clone());
+        r.register("handshakes", "WebSocket handshakes whose credential was accepted, by credential (token, resume)", self.handshakes.clone());
         r.register("limit_hits", "Requests, handshakes or connections refused by an abuse limit", self.limit_hits.clone());
         r.register("subscriptions", "Room subscriptions held by connections", self.subscriptions.clone());
         r.register("rooms_live", "Rooms with a live actor", self.rooms_live.clone());

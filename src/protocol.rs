@@ -124,6 +124,8 @@ pub enum ErrorCode {
     InvalidToken,
     TokenExpired,
     TokenReplayed,
+    /// A resume credential that is malformed, spent, expired or revoked (DESIGN §7).
+    ResumeInvalid,
     MigrationBudget,
     NoAliveNode,
     NotFound,
@@ -149,6 +151,7 @@ impl ErrorCode {
             ErrorCode::InvalidToken => "invalid_token",
             ErrorCode::TokenExpired => "token_expired",
             ErrorCode::TokenReplayed => "token_replayed",
+            ErrorCode::ResumeInvalid => "resume_invalid",
             ErrorCode::MigrationBudget => "migration_budget",
             ErrorCode::NoAliveNode => "no_alive_node",
             ErrorCode::NotFound => "not_found",
@@ -171,7 +174,8 @@ impl ErrorCode {
             | ErrorCode::MissingToken
             | ErrorCode::InvalidToken
             | ErrorCode::TokenExpired
-            | ErrorCode::TokenReplayed => 401,
+            | ErrorCode::TokenReplayed
+            | ErrorCode::ResumeInvalid => 401,
             ErrorCode::Forbidden | ErrorCode::ForbiddenOrigin => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::PayloadTooLarge => 413,
@@ -337,6 +341,12 @@ pub struct Welcome<'a> {
     /// The node is still warming up after a start (sessions may move).
     #[serde(default)]
     pub warmup: bool,
+    /// A one-time credential that reopens this connection (`/v1/ws?resume=R`) without a
+    /// token, until `resume_expires_at_ms` (DESIGN §7).
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<Cow<'a, str>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_expires_at_ms: Option<u64>,
 }
 
 /// `subscribed`: the reply to a `subscribe`, with the room's epoch and head; `recovered`
@@ -441,8 +451,16 @@ pub fn events_frame<'a>(events: impl IntoIterator<Item = &'a str>, capacity: usi
     out
 }
 
-pub fn welcome_frame(session: &str, node: &str, heartbeat_ms: u64, warmup: bool) -> String {
-    render(&ServerFrame::Welcome(Welcome { session: session.into(), node: node.into(), heartbeat_ms, warmup }))
+/// `resume`: the connection's resume credential and when it expires.
+pub fn welcome_frame(session: &str, node: &str, heartbeat_ms: u64, warmup: bool, resume: Option<(&str, u64)>) -> String {
+    render(&ServerFrame::Welcome(Welcome {
+        session: session.into(),
+        node: node.into(),
+        heartbeat_ms,
+        warmup,
+        resume: resume.map(|(credential, _)| credential.into()),
+        resume_expires_at_ms: resume.map(|(_, expires)| expires),
+    }))
 }
 
 pub fn subscribed_frame(room: &str, epoch: &str, seq: u64, recovered: Option<bool>, reference: Option<i64>) -> String {
@@ -690,6 +708,7 @@ mod tests {
             (ErrorCode::InvalidToken, 401),
             (ErrorCode::TokenExpired, 401),
             (ErrorCode::TokenReplayed, 401),
+            (ErrorCode::ResumeInvalid, 401),
             (ErrorCode::ForbiddenOrigin, 403),
             (ErrorCode::NotFound, 404),
             (ErrorCode::PayloadTooLarge, 413),
@@ -724,7 +743,11 @@ mod tests {
     #[test]
     fn server_frames_keep_their_bytes() {
         let cases = [
-            (welcome_frame("s1", "n1", 30_000, false), r#"{"heartbeat_ms":30000,"node":"n1","op":"welcome","session":"s1","warmup":false}"#),
+            (welcome_frame("s1", "n1", 30_000, false, None), r#"{"heartbeat_ms":30000,"node":"n1","op":"welcome","session":"s1","warmup":false}"#),
+            (
+                welcome_frame("s1", "n1", 30_000, false, Some(("R", 7))),
+                r#"{"heartbeat_ms":30000,"node":"n1","op":"welcome","resume":"R","resume_expires_at_ms":7,"session":"s1","warmup":false}"#,
+            ),
             (subscribed_frame("r", "E", 4, Some(true), Some(2)), r#"{"epoch":"E","op":"subscribed","recovered":true,"ref":2,"room":"r","seq":4}"#),
             (subscribed_frame("r", "E", 0, None, None), r#"{"epoch":"E","op":"subscribed","room":"r","seq":0}"#),
             (inbox_notice_frame("inbox:u"), r#"{"op":"subscribed","room":"inbox:u"}"#),
@@ -740,10 +763,11 @@ mod tests {
     #[test]
     fn server_frames_read_back_as_their_types() {
         let head = |text: &str| serde_json::from_str::<FrameHead>(text).unwrap();
-        let text = welcome_frame("s1", "n1", 30_000, true);
+        let text = welcome_frame("s1", "n1", 30_000, true, None);
         assert_eq!(head(&text), FrameHead { op: ServerOp::Welcome, reference: None });
         let welcome: Welcome = serde_json::from_str(&text).unwrap();
-        assert_eq!(welcome, Welcome { session: "s1".into(), node: "n1".into(), heartbeat_ms: 30_000, warmup: true });
+        let expected = Welcome { session: "s1".into(), node: "n1".into(), heartbeat_ms: 30_000, warmup: true, resume: None, resume_expires_at_ms: None };
+        assert_eq!(welcome, expected);
 
         let text = subscribed_frame("r", "E", 4, Some(false), Some(2));
         assert_eq!(head(&text), FrameHead { op: ServerOp::Subscribed, reference: Some(2) });

@@ -18,7 +18,7 @@ use futures_util::stream::{self, Stream, StreamExt};
 use tokio::sync::oneshot;
 use thiserror::Error;
 
-use crate::actors::connection::ConnectionSettings;
+use crate::actors::connection::{ConnectionSettings, ResumeRevocations};
 use crate::actors::directory::{Directory, DirectorySettings, ExpireSessions, SessionStore};
 use crate::actors::liveness::{ClusterPeers, Heard, Left, LivenessActor};
 use crate::actors::messages::Kick;
@@ -38,7 +38,7 @@ use crate::core::heartbeats::NodeInfo;
 use crate::core::lifecycle::Lifecycle;
 use crate::core::seqlog::Retention;
 use crate::http::limits::{AccessList, ConnectionLimits};
-use crate::http::seams::{ClusterNodes, ClusterNonces, Nonces, NoOtherNodes, OtherNodes};
+use crate::http::seams::{ClusterNodes, ClusterNonces, Nonces, NoOtherNodes, OtherNodes, StoreNonces};
 use crate::http::{self, AppState, ReloadConfig};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
@@ -71,7 +71,8 @@ const HEARTBEATS_MISSED: u64 = 3;
 fn stream_limits(config: &Config) -> StreamLimits {
     StreamLimits {
         history_size: config.history_size as u64,
-        nonce_ttl: config.token_ttl_max(),
+        // Token nonces, resume nonces and resume revocations share the bucket.
+        nonce_ttl: config.token_ttl_max().max(config.resume_ttl()),
         session_ttl: config.session_ttl(),
     }
 }
@@ -168,7 +169,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     };
     let state = web::Data::new(AppState {
         limits: Arc::new(ConnectionLimits::new(&config, max_connections)),
-        connection: Arc::new(connection_settings(&config, metrics.clone())),
+        connection: Arc::new(connection_settings(&config, metrics.clone(), backends.nonces.clone())),
         config: Arc::new(config),
         access: parking_lot::RwLock::new(access),
         reload: reload_config,
@@ -247,7 +248,7 @@ impl Backends {
                 room_logs: Arc::new(LocalRoomLogs(store.clone())),
                 sessions: Arc::new(store.clone()),
                 kv: None,
-                nonces: Arc::new(store.clone()),
+                nonces: Arc::new(StoreNonces { store: store.clone(), resume_ttl: config.resume_ttl() }),
                 user_bus: None,
                 token_secret: store.secret("token")?,
             });
@@ -257,7 +258,10 @@ impl Backends {
             room_logs: Arc::new(StreamRoomLogs(cluster.clone())),
             sessions: Arc::new(kv.clone()),
             kv: Some(kv),
-            nonces: Arc::new(ClusterNonces { cluster: cluster.clone(), store: store.clone() }),
+            nonces: Arc::new(ClusterNonces {
+                cluster: cluster.clone(),
+                local: StoreNonces { store: store.clone(), resume_ttl: config.resume_ttl() },
+            }),
             user_bus: Some(Arc::new(ClusterUserBus(cluster.clone()))),
             // Every node verifies every other node's tokens.
             token_secret: cluster.secret("token", crate::world::random_bytes()).await?,
@@ -294,9 +298,10 @@ fn start_liveness(
     })
 }
 
-fn connection_settings(config: &Config, metrics: Arc<Metrics>) -> ConnectionSettings {
+fn connection_settings(config: &Config, metrics: Arc<Metrics>, revocations: Arc<dyn ResumeRevocations>) -> ConnectionSettings {
     ConnectionSettings {
         metrics,
+        revocations,
         node: config.node.clone(),
         heartbeat: config.heartbeat(),
         max_subscriptions: config.max_subscriptions,

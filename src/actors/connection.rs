@@ -30,8 +30,16 @@ pub const HISTORY_DEFAULT_LIMIT: usize = 100;
 
 
 /// What every connection shares.
+/// Where a kicked or replaced connection voids its session's resume credentials (DESIGN
+/// §7): the embedded store, or NATS in cluster mode. Defined here, implemented by the wiring.
+pub trait ResumeRevocations: Send + Sync {
+    /// Credentials of `session` issued at or before `upto_ms` stop working.
+    fn revoke(&self, session: &str, upto_ms: u64);
+}
+
 pub struct ConnectionSettings {
     pub metrics: Arc<crate::metrics::Metrics>,
+    pub revocations: Arc<dyn ResumeRevocations>,
     pub node: String,
     pub heartbeat: Duration,
     pub max_subscriptions: usize,
@@ -59,6 +67,23 @@ pub struct Identity {
     pub rooms: Vec<String>,
     /// Whether the node validated this session in warm-up (reported in `welcome`).
     pub warmup: bool,
+    /// This connection's one-time resume credential (sent in `welcome`).
+    pub resume: Option<ResumeGrant>,
+}
+
+/// A resume credential handed to a connection.
+#[derive(Clone)]
+pub struct ResumeGrant {
+    pub credential: String,
+    pub issued_at_ms: u64,
+    pub expires_at_ms: u64,
+}
+
+/// Never prints the credential: it opens a connection as its user.
+impl std::fmt::Debug for ResumeGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResumeGrant").field("issued_at_ms", &self.issued_at_ms).field("expires_at_ms", &self.expires_at_ms).finish_non_exhaustive()
+    }
 }
 
 struct Subscription {
@@ -456,7 +481,8 @@ impl Actor for Connection {
     fn started(&mut self, ctx: &mut Self::Context) {
         wsio::drive(ctx);
         let heartbeat_ms = self.settings.heartbeat.as_millis() as u64;
-        self.io.text(&protocol::welcome_frame(&self.identity.session, &self.settings.node, heartbeat_ms, self.identity.warmup));
+        let resume = self.identity.resume.as_ref().map(|grant| (grant.credential.as_str(), grant.expires_at_ms));
+        self.io.text(&protocol::welcome_frame(&self.identity.session, &self.settings.node, heartbeat_ms, self.identity.warmup, resume));
         self.subscribe_inbox(ctx);
         self.registry.do_send(Register {
             conn: self.id,
@@ -569,6 +595,17 @@ impl Handler<CloseConnection> for Connection {
     type Result = ();
 
     fn handle(&mut self, msg: CloseConnection, ctx: &mut Self::Context) {
+        // A kicked session must not come back with any credential handed out so far; a
+        // replaced connection not with its own (nor older ones), while the connection that
+        // replaced it, holding a newer one, keeps it.
+        let revoke_upto = match msg.code {
+            CloseCode::Kicked => Some(crate::world::now_ms()),
+            CloseCode::Replaced => self.identity.resume.as_ref().map(|grant| grant.issued_at_ms),
+            _ => None,
+        };
+        if let Some(upto) = revoke_upto {
+            self.settings.revocations.revoke(&self.identity.session, upto);
+        }
         self.close_with(ctx, msg.code, &msg.reason, msg.force);
     }
 }

@@ -19,7 +19,7 @@ pub mod roomlog;
 use std::time::Duration;
 
 use async_nats::jetstream::context::{CreateStreamErrorKind, PublishErrorKind};
-use async_nats::jetstream::kv::{CreateErrorKind, EntryErrorKind, UpdateErrorKind, WatchErrorKind, WatcherErrorKind};
+use async_nats::jetstream::kv::{CreateErrorKind, EntryErrorKind, PutErrorKind, UpdateErrorKind, WatchErrorKind, WatcherErrorKind};
 use async_nats::jetstream::stream::{DirectGetErrorKind, PurgeErrorKind};
 use async_nats::jetstream::{self, kv as nats_kv, stream};
 use thiserror::Error;
@@ -95,6 +95,8 @@ pub enum NatsError {
     #[error(transparent)]
     Update(#[from] nats_kv::UpdateError),
     #[error(transparent)]
+    Put(#[from] nats_kv::PutError),
+    #[error(transparent)]
     Keys(#[from] nats_kv::WatchError),
     #[error(transparent)]
     Key(#[from] nats_kv::WatcherError),
@@ -124,6 +126,7 @@ impl NatsError {
             NatsError::Entry(e) => matches!(e.kind(), EntryErrorKind::TimedOut | EntryErrorKind::Other),
             NatsError::Create(e) => matches!(e.kind(), CreateErrorKind::Publish | CreateErrorKind::Other),
             NatsError::Update(e) => matches!(e.kind(), UpdateErrorKind::TimedOut | UpdateErrorKind::Other),
+            NatsError::Put(e) => matches!(e.kind(), PutErrorKind::Publish | PutErrorKind::Ack),
             NatsError::Keys(e) => matches!(e.kind(), WatchErrorKind::TimedOut | WatchErrorKind::Other),
             NatsError::Key(e) => e.kind() == WatcherErrorKind::Other,
             NatsError::Read(e) => match e.kind() {
@@ -168,6 +171,7 @@ from_nats_errors!(
     nats_kv::EntryError,
     nats_kv::CreateError,
     nats_kv::UpdateError,
+    nats_kv::PutError,
     nats_kv::WatchError,
     nats_kv::WatcherError,
     stream::DirectGetError,
@@ -176,6 +180,11 @@ from_nats_errors!(
     async_nats::PublishError,
     async_nats::SubscribeError,
 );
+
+/// The nonce bucket's key of a session's resume revocation.
+fn revoked_key(session: &str) -> String {
+    format!("revoked.{}", hex::encode(session))
+}
 
 /// Room retention on the stream (`history_size`). Age is not a stream limit: the stream
 /// would drop a quiet room's last event and with it the room's head, so rooms trim
@@ -292,6 +301,25 @@ impl Cluster {
             Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(false),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Void `session`'s resume credentials issued before `at_ms`, on every node (the
+    /// record ages out with the nonce bucket, after the credentials would have expired).
+    pub async fn revoke_resumes(&self, session: &str, at_ms: u64) -> Result<(), ClusterError> {
+        if !self.connected() {
+            return Err(ClusterError::Unavailable(Unreachable::NotConnected));
+        }
+        self.nonces.put(revoked_key(session), at_ms.to_be_bytes().to_vec().into()).await?;
+        Ok(())
+    }
+
+    /// When `session`'s resume credentials were last revoked, if within the bucket's age.
+    pub async fn resumes_revoked_at(&self, session: &str) -> Result<Option<u64>, ClusterError> {
+        if !self.connected() {
+            return Err(ClusterError::Unavailable(Unreachable::NotConnected));
+        }
+        let value = self.nonces.get(revoked_key(session)).await?;
+        Ok(value.and_then(|bytes| <[u8; 8]>::try_from(bytes.as_ref()).ok()).map(u64::from_be_bytes))
     }
 
     /// Announce this node (every heartbeat period; `draining` when it takes no new clients).

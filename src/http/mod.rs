@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 
 use crate::actors::wsio::{Accepted, WsIo};
-use crate::actors::connection::{Connection, ConnectionSettings, Identity, HISTORY_DEFAULT_LIMIT};
+use crate::actors::connection::{Connection, ConnectionSettings, Identity, ResumeGrant, HISTORY_DEFAULT_LIMIT};
 use crate::core::lifecycle::{Lifecycle, Phase};
 use crate::actors::directory::{Directory, DirectoryError, OpenSession, SessionStore};
 use crate::actors::liveness::{LivenessActor, Route};
@@ -388,7 +388,66 @@ async fn read_history(
 #[derive(Deserialize)]
 struct UpgradeQuery {
     token: Option<String>,
+    /// A resume credential from an earlier `welcome`, instead of a token (DESIGN §7).
+    resume: Option<String>,
     session: Option<String>,
+}
+
+/// Who a handshake's credential says the client is.
+struct Credentialed {
+    user: String,
+    device: String,
+    rooms: Vec<String>,
+    /// The session to resume (a resume credential names it; a token may ask for one).
+    session: Option<String>,
+}
+
+/// Verify and spend the handshake's credential: a resume credential when given, else
+/// the token.
+async fn spend_credential(query: UpgradeQuery, state: &AppState) -> Result<Credentialed, ApiError> {
+    let now = now_ms();
+    if let Some(credential) = query.resume.as_deref() {
+        let invalid = |why: &str| api_error(ErrorCode::ResumeInvalid, format!("resume credential {why}; connect with a new token"));
+        let resume = token::verify_resume(&state.token_secret, credential, now).map_err(|e| invalid(&e.to_string().replace("token ", "")))?;
+        let revoked_at = state.nonces.resumes_revoked_at(&resume.session).await.map_err(internal)?;
+        if resume.revoked_by(revoked_at) {
+            return Err(invalid("was revoked (its session was kicked or replaced)"));
+        }
+        if !state.nonces.use_nonce(&resume.nonce, resume.expires_at_ms).await.map_err(internal)? {
+            return Err(invalid("was already used"));
+        }
+        state.metrics.handshake_credential("resume");
+        return Ok(Credentialed { user: resume.user, device: resume.device, rooms: resume.rooms, session: Some(resume.session) });
+    }
+    let token = query.token.as_deref().ok_or_else(|| api_error(ErrorCode::MissingToken, "missing token query parameter"))?;
+    let claims = token::verify(&state.token_secret, token, now).map_err(|e| {
+        let code = match e {
+            token::TokenError::Expired => ErrorCode::TokenExpired,
+            token::TokenError::Malformed | token::TokenError::BadSignature => ErrorCode::InvalidToken,
+        };
+        api_error(code, e.to_string())
+    })?;
+    if !state.nonces.use_nonce(&claims.nonce, claims.expires_at_ms).await.map_err(internal)? {
+        return Err(api_error(ErrorCode::TokenReplayed, "token was already used"));
+    }
+    state.metrics.handshake_credential("token");
+    Ok(Credentialed { user: claims.user, device: claims.device, rooms: claims.rooms, session: query.session })
+}
+
+/// A fresh one-time resume credential for the connection being opened.
+fn mint_resume(state: &AppState, who: &Credentialed, session: &str) -> ResumeGrant {
+    let now = now_ms();
+    let expires_at_ms = now.saturating_add(state.config.resume_ttl().as_millis() as u64);
+    let resume = token::Resume {
+        user: who.user.clone(),
+        device: who.device.clone(),
+        session: session.to_string(),
+        rooms: who.rooms.clone(),
+        issued_at_ms: now,
+        expires_at_ms,
+        nonce: random_bytes(),
+    };
+    ResumeGrant { credential: token::sign_resume(&state.token_secret, &resume), issued_at_ms: now, expires_at_ms }
 }
 
 /// The WebSocket upgrade; refusals are counted by their error code.
@@ -405,7 +464,7 @@ async fn upgrade(
     result
 }
 
-/// The token is verified and spent before anything is upgraded.
+/// The credential is verified and spent before anything is upgraded.
 async fn upgrade_checked(
     req: HttpRequest,
     query: web::Query<UpgradeQuery>,
@@ -418,23 +477,9 @@ async fn upgrade_checked(
     let switching = switching_protocols(&req)?;
     check_origin(&req, &state)?;
     let permit = admit(&req, &state)?;
-    let token = query
-        .token
-        .as_deref()
-        .ok_or_else(|| api_error(ErrorCode::MissingToken, "missing token query parameter"))?;
-    let claims = token::verify(&state.token_secret, token, now_ms()).map_err(|e| {
-        let code = match e {
-            token::TokenError::Expired => ErrorCode::TokenExpired,
-            token::TokenError::Malformed | token::TokenError::BadSignature => ErrorCode::InvalidToken,
-        };
-        api_error(code, e.to_string())
-    })?;
-    let fresh = state.nonces.use_nonce(&claims.nonce, claims.expires_at_ms).await.map_err(internal)?;
-    if !fresh {
-        return Err(api_error(ErrorCode::TokenReplayed, "token was already used"));
-    }
-    let asked = query.into_inner().session;
-    let grant = match state.directory.send(OpenSession { user: claims.user.clone(), asked }).await.map_err(internal)? {
+    let who = spend_credential(query.into_inner(), &state).await?;
+    let open = OpenSession { user: who.user.clone(), asked: who.session.clone() };
+    let grant = match state.directory.send(open).await.map_err(internal)? {
         Ok(grant) => grant,
         Err(DirectoryError::Budget(refusal)) => {
             let crate::core::sessions::BudgetError::Spent { retry_after_secs } = refusal;
@@ -448,12 +493,14 @@ async fn upgrade_checked(
     // The nonce (and any session record) must survive a crash, or a restart would reopen
     // a replay window.
     state.store.flush_soon().await.map_err(internal)?;
+    let resume = mint_resume(&state, &who, &grant.session);
     let identity = Identity {
-        user: claims.user.into(),
-        device: claims.device.into(),
+        user: who.user.into(),
+        device: who.device.into(),
         session: grant.session,
-        rooms: claims.rooms,
+        rooms: who.rooms,
         warmup: grant.warmup,
+        resume: Some(resume),
     };
     let id = state.next_conn.fetch_add(1, Ordering::Relaxed);
     let (settings, rooms, registry) = (state.connection.clone(), state.rooms.clone(), state.registry.clone());

@@ -272,8 +272,8 @@ impl Store {
         Ok(removed)
     }
 
-    /// Void the resume credentials of `session` issued before `at_ms`; remembered until
-    /// `keep_until_ms` (when the last of them expires). A later revocation wins.
+    /// Void the resume credentials of `session` issued at or before `at_ms`; remembered
+    /// until `keep_until_ms` (when the last of them expires). A later revocation wins.
     pub fn revoke_resumes(&self, session: &str, at_ms: u64, keep_until_ms: u64) -> Result<(), StoreError> {
         let record = RevokedRecord { at_ms, keep_until_ms };
         self.session_revoked.fetch_and_update(session.as_bytes(), |old| {

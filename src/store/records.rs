@@ -75,8 +75,8 @@ pub struct NonceRecord {
     pub expires_at_ms: u64,
 }
 
-/// A session's resume credentials revoked (a kick or a replace) at `at_ms`: those issued
-/// before then are void. Kept until the last of them would have expired anyway.
+/// A session's resume credentials revoked (a kick or a replace) up to `at_ms`: those
+/// issued at or before then are void. Kept until the last of them would have expired anyway.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RevokedRecord {
     pub at_ms: u64,
