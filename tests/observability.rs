@@ -370,6 +370,7 @@ const FAMILIES: &[(&str, &str, Option<&str>, &[&str])] = &[
     ("livegate_connects", "counter", None, &[]),
     ("livegate_disconnects", "counter", None, &["code"]),
     ("livegate_handshake_rejections", "counter", None, &["reason"]),
+    ("livegate_handshakes", "counter", None, &["credential"]),
     ("livegate_limit_hits", "counter", None, &["limit"]),
     ("livegate_subscriptions", "gauge", None, &[]),
     ("livegate_rooms_live", "gauge", None, &[]),
@@ -403,7 +404,7 @@ const CLOSE_CODES: &[&str] = &[
 ];
 const REASONS: &[&str] =
     &["missing_token", "invalid_token", "token_expired", "token_replayed", "unavailable", "migration_budget", "bad_request",
-      "internal", "too_many_connections", "rate_limited", "forbidden_origin", "directory_unavailable"];
+      "internal", "too_many_connections", "rate_limited", "forbidden_origin", "directory_unavailable", "resume_invalid"];
 /// The abuse limits `livegate_limit_hits_total` counts.
 const LIMITS: &[&str] = &[
     "connections", "connections_per_ip", "handshake_rate", "message_rate", "bad_messages", "subscriptions",
@@ -436,6 +437,7 @@ fn check_livegate(exp: &Exposition, devices: &[&str]) {
                     ("livegate_connections_open", "device") => Some(devices.iter().copied().chain(["web", "other"]).collect()),
                     ("livegate_disconnects", "code") => Some(CLOSE_CODES.to_vec()),
                     ("livegate_handshake_rejections", "reason") => Some(REASONS.to_vec()),
+                    ("livegate_handshakes", "credential") => Some(vec!["token", "resume"]),
                     ("livegate_limit_hits", "limit") => Some(LIMITS.to_vec()),
                     ("livegate_recoveries", "result") => Some(vec!["recovered", "not_recovered"]),
                     ("livegate_directory_writes", "result") => Some(vec!["ok", "stale", "error"]),
