@@ -79,11 +79,16 @@ fn encode_body(claims: &Claims) -> Vec<u8> {
     body.extend_from_slice(&claims.nonce);
     put_str(&mut body, &claims.user);
     put_str(&mut body, &claims.device);
-    body.push(claims.rooms.len().min(255) as u8);
-    for room in claims.rooms.iter().take(255) {
-        put_str(&mut body, room);
-    }
+    put_rooms(&mut body, &claims.rooms);
     body
+}
+
+/// A count byte, then each pattern as a `str` (at most 255).
+fn put_rooms(out: &mut Vec<u8>, rooms: &[String]) {
+    out.push(rooms.len().min(255) as u8);
+    for room in rooms.iter().take(255) {
+        put_str(out, room);
+    }
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -107,22 +112,34 @@ impl<'a> Reader<'a> {
         let len = self.u8()? as usize;
         String::from_utf8(self.take(len)?.to_vec()).map_err(|_| TokenError::Malformed)
     }
+    fn version(&mut self, expected: u8) -> Result<(), TokenError> {
+        if self.u8()? != expected {
+            return Err(TokenError::Malformed);
+        }
+        Ok(())
+    }
+    fn nonce(&mut self) -> Result<[u8; 16], TokenError> {
+        self.take(16)?.try_into().map_err(|_| TokenError::Malformed)
+    }
+    /// The room patterns, which end the body: anything after them is malformed.
+    fn rooms_to_end(&mut self) -> Result<Vec<String>, TokenError> {
+        let n = self.u8()?;
+        let rooms = (0..n).map(|_| self.string()).collect::<Result<_, _>>()?;
+        if !self.0.is_empty() {
+            return Err(TokenError::Malformed);
+        }
+        Ok(rooms)
+    }
 }
 
 fn decode_body(body: &[u8]) -> Result<Claims, TokenError> {
     let mut r = Reader(body);
-    if r.u8()? != TOKEN_VERSION {
-        return Err(TokenError::Malformed);
-    }
+    r.version(TOKEN_VERSION)?;
     let expires_at_ms = r.u64()?;
-    let nonce: [u8; 16] = r.take(16)?.try_into().map_err(|_| TokenError::Malformed)?;
+    let nonce = r.nonce()?;
     let user = r.string()?;
     let device = r.string()?;
-    let n = r.u8()?;
-    let rooms = (0..n).map(|_| r.string()).collect::<Result<_, _>>()?;
-    if !r.0.is_empty() {
-        return Err(TokenError::Malformed);
-    }
+    let rooms = r.rooms_to_end()?;
     Ok(Claims { user, device, expires_at_ms, nonce, rooms })
 }
 
@@ -135,29 +152,20 @@ fn encode_resume(resume: &Resume) -> Vec<u8> {
     put_str(&mut body, &resume.user);
     put_str(&mut body, &resume.device);
     put_str(&mut body, &resume.session);
-    body.push(resume.rooms.len().min(255) as u8);
-    for room in resume.rooms.iter().take(255) {
-        put_str(&mut body, room);
-    }
+    put_rooms(&mut body, &resume.rooms);
     body
 }
 
 fn decode_resume(body: &[u8]) -> Result<Resume, TokenError> {
     let mut r = Reader(body);
-    if r.u8()? != RESUME_VERSION {
-        return Err(TokenError::Malformed);
-    }
+    r.version(RESUME_VERSION)?;
     let issued_at_ms = r.u64()?;
     let expires_at_ms = r.u64()?;
-    let nonce: [u8; 16] = r.take(16)?.try_into().map_err(|_| TokenError::Malformed)?;
+    let nonce = r.nonce()?;
     let user = r.string()?;
     let device = r.string()?;
     let session = r.string()?;
-    let n = r.u8()?;
-    let rooms = (0..n).map(|_| r.string()).collect::<Result<_, _>>()?;
-    if !r.0.is_empty() {
-        return Err(TokenError::Malformed);
-    }
+    let rooms = r.rooms_to_end()?;
     Ok(Resume { user, device, session, rooms, issued_at_ms, expires_at_ms, nonce })
 }
 
