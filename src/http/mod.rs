@@ -408,7 +408,13 @@ async fn spend_credential(query: UpgradeQuery, state: &AppState) -> Result<Crede
     let now = now_ms();
     if let Some(credential) = query.resume.as_deref() {
         let invalid = |why: &str| api_error(ErrorCode::ResumeInvalid, format!("resume credential {why}; connect with a new token"));
-        let resume = token::verify_resume(&state.token_secret, credential, now).map_err(|e| invalid(&e.to_string().replace("token ", "")))?;
+        let resume = token::verify_resume(&state.token_secret, credential, now).map_err(|e| {
+            invalid(match e {
+                token::TokenError::Malformed => "is malformed",
+                token::TokenError::BadSignature => "has an invalid signature",
+                token::TokenError::Expired => "has expired",
+            })
+        })?;
         let revoked_at = state.nonces.resumes_revoked_at(&resume.session).await.map_err(internal)?;
         if resume.revoked_by(revoked_at) {
             return Err(invalid("was revoked (its session was kicked or replaced)"));
