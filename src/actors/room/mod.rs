@@ -85,16 +85,24 @@ fn parts<L: RoomLog>(actor: &mut RoomActor) -> (&mut L, &mut RoomCore) {
     (log, &mut actor.core)
 }
 
+/// `work` as an actor future whose output goes to `then`, with the room's log and state.
+fn continued<L: RoomLog, T: 'static>(
+    work: impl Future<Output = T> + 'static,
+    then: impl FnOnce(&mut L, &mut RoomCore, T, &mut Context<RoomActor>) + 'static,
+) -> impl ActorFuture<RoomActor, Output = ()> {
+    actix::fut::wrap_future::<_, RoomActor>(work).map(move |out, actor, ctx| {
+        let (log, room) = parts::<L>(actor);
+        then(log, room, out, ctx)
+    })
+}
+
 /// Run `work` on the room's context, then `then` with the room's log and the result.
 fn spawn_then<L: RoomLog, T: 'static>(
     ctx: &mut Context<RoomActor>,
     work: impl Future<Output = T> + 'static,
     then: impl FnOnce(&mut L, &mut RoomCore, T, &mut Context<RoomActor>) + 'static,
 ) {
-    ctx.spawn(actix::fut::wrap_future::<_, RoomActor>(work).map(move |out, actor, ctx| {
-        let (log, room) = parts::<L>(actor);
-        then(log, room, out, ctx)
-    }));
+    ctx.spawn(continued(work, then));
 }
 
 /// [`spawn_then`], holding the room's mailbox until `then` has run.
@@ -103,10 +111,7 @@ fn wait_then<L: RoomLog, T: 'static>(
     work: impl Future<Output = T> + 'static,
     then: impl FnOnce(&mut L, &mut RoomCore, T, &mut Context<RoomActor>) + 'static,
 ) {
-    ctx.wait(actix::fut::wrap_future::<_, RoomActor>(work).map(move |out, actor, ctx| {
-        let (log, room) = parts::<L>(actor);
-        then(log, room, out, ctx)
-    }));
+    ctx.wait(continued(work, then));
 }
 
 /// Run `then` with the room's log after `after`.
