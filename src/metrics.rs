@@ -92,6 +92,8 @@ pub struct Metrics {
     registry: std::sync::OnceLock<Registry>,
     pub connections_open: Family<DeviceLabel, Gauge>,
     pub connects: Counter,
+    /// Tokens signed by `POST /v1/tokens` (and the demo's token endpoint).
+    pub tokens_minted: Counter,
     pub disconnects: Family<CodeLabel, Counter>,
     pub handshake_rejections: Family<ReasonLabel, Counter>,
     pub handshakes: Family<CredentialLabel, Counter>,
@@ -146,6 +148,7 @@ impl Metrics {
             registry: std::sync::OnceLock::new(),
             connections_open: Family::default(),
             connects: Counter::default(),
+            tokens_minted: Counter::default(),
             disconnects: Family::default(),
             handshake_rejections: Family::default(),
             handshakes: Family::default(),
@@ -269,6 +272,7 @@ impl Metrics {
         r.register("connections_open", "WebSocket connections open, by device kind", self.connections_open.clone());
         r.register("connects", "WebSocket connections accepted", self.connects.clone());
         r.register("disconnects", "WebSocket connections ended, by close code", self.disconnects.clone());
+        r.register("tokens_minted", "Connection tokens signed (POST /v1/tokens, the demo's token endpoint)", self.tokens_minted.clone());
         r.register("handshake_rejections", "WebSocket upgrades refused, by reason", self.handshake_rejections.clone());
         r.register("handshakes", "WebSocket handshakes whose credential was accepted, by credential (token, resume)", self.handshakes.clone());
         r.register("limit_hits", "Requests, handshakes or connections refused by an abuse limit", self.limit_hits.clone());

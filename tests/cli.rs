@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod common;
+
 /// Bound for anything that should happen soon (a line, a reply, a reconnect).
 const WAIT: Duration = Duration::from_secs(30);
 /// How long to listen to conclude that nothing more arrives.
@@ -293,4 +295,70 @@ fn client_errors_before_connecting() {
         assert_eq!(ran.stderr.lines().count(), 1, "{args:?}: {}", ran.stderr);
         assert!(ran.stderr.starts_with(starts), "{args:?}: {}", ran.stderr);
     }
+}
+
+/// A counter of `server`'s `/metrics` (`name` with its labels); 0 when absent.
+fn metric(server: &Server, series: &str) -> f64 {
+    common::Http::new(server.addr).metric(series).unwrap_or(0.0)
+}
+
+#[test]
+fn the_subscriber_reconnects_after_a_drain_with_its_resume_credential_and_no_new_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path();
+    let server = Server::start(data, 0);
+    let port = server.addr.port();
+    let url = server.url();
+    let (_subscriber, mut events, mut notices) = Proc::spawn(
+        "subscriber",
+        livegate(&["subscribe", "match:1", "--user", "fan", "--data-dir", data.to_str().unwrap(), "--url", &url]),
+    );
+    notices.wait_for("`subscribed to match:1`", |l| l.starts_with("subscribed to match:1"));
+    client_ok(&server, data, &["publish", "match:1", "{\"goal\":1}"]);
+    assert_eq!(json(&events.wait_for("with event 1", |_| true))["seq"], 1);
+    assert_eq!(metric(&server, "livegate_tokens_minted_total"), 1.0, "one token for the first connection");
+
+    assert!(server.terminate().success());
+    notices.wait_for("about the drain's close", |l| l.contains("server closed the connection with 1012"));
+    let server = Server::start(data, port);
+    for goal in [2, 3] {
+        client_ok(&server, data, &["publish", "match:1", &format!("{{\"goal\":{goal}}}")]);
+    }
+    for seq in [2, 3] {
+        let event = json(&events.wait_for("with an event published after the restart", |_| true));
+        assert_eq!(event["seq"], seq, "every event, in order: {event}");
+    }
+    notices.wait_for("`recovered match:1 from seq 1`", |l| l == "recovered match:1 from seq 1");
+    assert_eq!(metric(&server, "livegate_tokens_minted_total"), 0.0, "the reconnect asked for no token");
+    assert_eq!(metric(&server, "livegate_handshakes_total{credential=\"resume\"}"), 1.0);
+    assert_eq!(metric(&server, "livegate_handshakes_total{credential=\"token\"}"), 0.0);
+    assert!(events.drain(QUIET).is_empty(), "no event twice");
+    assert!(!notices.seen.iter().any(|l| l.contains("resume credential refused")), "{:?}", notices.seen);
+}
+
+#[test]
+fn the_subscriber_falls_back_to_a_token_at_once_when_its_credential_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path();
+    let server = Server::start(data, 0);
+    let port = server.addr.port();
+    let url = server.url();
+    let (_subscriber, mut events, mut notices) = Proc::spawn(
+        "subscriber",
+        livegate(&["subscribe", "match:1", "--user", "fan", "--data-dir", data.to_str().unwrap(), "--url", &url]),
+    );
+    notices.wait_for("`subscribed to match:1`", |l| l.starts_with("subscribed to match:1"));
+    assert!(server.terminate().success());
+    notices.wait_for("about the drain's close", |l| l.contains("server closed the connection with 1012"));
+    // A new token secret: every credential signed before is now invalid.
+    let fresh = tempfile::tempdir().unwrap();
+    std::fs::copy(data.join("api_key"), fresh.path().join("api_key")).expect("the API key file");
+    let server = Server::start(fresh.path(), port);
+    notices.wait_for("about the refused credential", |l| l.starts_with("resume credential refused (server answered 401 resume_invalid"));
+    // Another data dir: the room's epoch is new, so its recovery fails.
+    notices.wait_for("about match:1", |l| l.starts_with("recovery failed for match:1"));
+    assert_eq!(metric(&server, "livegate_tokens_minted_total"), 1.0);
+    assert_eq!(metric(&server, "livegate_handshakes_total{credential=\"token\"}"), 1.0);
+    client_ok(&server, fresh.path(), &["publish", "match:1", "{\"goal\":1}"]);
+    assert_eq!(json(&events.wait_for("with the event", |_| true))["seq"], 1);
 }

@@ -371,6 +371,7 @@ const FAMILIES: &[(&str, &str, Option<&str>, &[&str])] = &[
     ("livegate_disconnects", "counter", None, &["code"]),
     ("livegate_handshake_rejections", "counter", None, &["reason"]),
     ("livegate_handshakes", "counter", None, &["credential"]),
+    ("livegate_tokens_minted", "counter", None, &[]),
     ("livegate_limit_hits", "counter", None, &["limit"]),
     ("livegate_subscriptions", "gauge", None, &[]),
     ("livegate_rooms_live", "gauge", None, &[]),

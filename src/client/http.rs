@@ -137,18 +137,26 @@ fn normalize_url(url: &str) -> Result<String, ClientError> {
     Ok(format!("http://{rest}"))
 }
 
+/// The server's JSON error body: `{"error":{"code":"...","message":"..."}}`.
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Deserialize)]
+struct ErrorDetail {
+    code: String,
+    #[serde(default)]
+    message: String,
+}
+
+/// The error code of a non-2xx reply's body (`resume_invalid`), when it has one.
+pub(super) fn error_code(body: &str) -> Option<String> {
+    serde_json::from_str::<ErrorBody>(body).ok().map(|b| b.error.code)
+}
+
 /// One line for a non-2xx reply: `401 unauthorized: invalid API key`.
 pub(super) fn status_error(status: u16, body: &str) -> String {
-    #[derive(Deserialize)]
-    struct ErrorBody {
-        error: ErrorDetail,
-    }
-    #[derive(Deserialize)]
-    struct ErrorDetail {
-        code: String,
-        #[serde(default)]
-        message: String,
-    }
     let mut line = match serde_json::from_str::<ErrorBody>(body) {
         Ok(ErrorBody { error }) if error.message.is_empty() => format!("server answered {status} {}", error.code),
         Ok(ErrorBody { error }) => format!("server answered {status} {}: {}", error.code, error.message),
@@ -219,6 +227,8 @@ mod tests {
         for (status, body, want) in cases {
             assert_eq!(status_error(status, body), want);
         }
+        assert_eq!(error_code(r#"{"error":{"code":"resume_invalid","message":"spent"}}"#).as_deref(), Some("resume_invalid"));
+        assert_eq!(error_code("<html>"), None);
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The terminal subscriber behind `livegate subscribe`: follows rooms over a WebSocket
-//! and prints each event once, as one JSON line, across reconnects. It mints a token per
-//! connection, resumes each room after the last event it printed, honours the server's
-//! close codes and reconnect hints, and prints notices on stderr.
+//! and prints each event once, as one JSON line, across reconnects. A reconnect presents
+//! the resume credential of the last `welcome` (DESIGN §7) and mints a token only when it
+//! has none, it expired, or the server refused it; it resumes each room after the last
+//! event it printed, honours the server's close codes and reconnect hints, and prints
+//! notices on stderr.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -16,7 +18,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::{self, protocol::CloseFrame, Message};
 
-use super::http::{encode, status_error};
+use super::http::{encode, error_code, status_error};
 use super::{Client, ClientError};
 use crate::core::backoff::{Backoff, BackoffPolicy, Jitter};
 use crate::protocol::{close_meaning, CloseCode, ErrorFrame, EventHead, Events, FrameHead, ServerOp, Subscribed, Welcome};
@@ -42,8 +44,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const MIN_IDLE_LIMIT: Duration = Duration::from_secs(60);
 /// The server's heartbeat interval when its `welcome` cannot be read.
 const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(30);
-/// Lifetime of the token minted for each connection attempt.
+/// Lifetime of a token minted for a connection attempt (one without a resume credential).
 const TOKEN_TTL_SECS: u64 = 60;
+/// A resume credential this close to its expiry is not presented (clock skew, the time
+/// the handshake takes): a token is minted instead.
+const RESUME_MARGIN_MS: u64 = 10_000;
 /// Longest server-suggested reconnect delay honoured.
 const MAX_HINT: Duration = Duration::from_secs(60);
 /// Reconnect delays, when the server suggested none: at random below 0.5 s, 1 s, 2 s, 4 s,
@@ -65,6 +70,13 @@ struct RoomState {
     asked_since: Option<u64>,
 }
 
+/// A one-time credential from a `welcome`, and when it expires (server clock).
+#[derive(Debug, Clone)]
+struct ResumeCredential {
+    credential: String,
+    expires_at_ms: u64,
+}
+
 /// How one connection attempt ended.
 enum Ended {
     /// Ctrl-C: end the command successfully.
@@ -76,6 +88,13 @@ enum Ended {
     /// Dial again after `hint` (from the server) or the backoff. `welcomed`: this attempt
     /// got as far as the server's `welcome`.
     Retry { reason: String, hint: Option<Duration>, welcomed: bool },
+}
+
+/// Why a dial did not open a WebSocket.
+enum Refused {
+    /// The server refused the resume credential (401 resume_invalid): `reason`.
+    Resume(String),
+    Ended(Ended),
 }
 
 fn retry(reason: impl Into<String>, welcomed: bool) -> Ended {
@@ -91,6 +110,9 @@ pub struct Subscriber {
     state: HashMap<String, RoomState>,
     /// The session from the last `welcome`, offered again on reconnect.
     session: Option<String>,
+    /// The resume credential from the last `welcome`: the next connection attempt's
+    /// credential while it has not expired and the server did not refuse it.
+    resume: Option<ResumeCredential>,
     interrupted: Pin<Box<dyn Future<Output = std::io::Result<()>>>>,
     /// Where events are printed: stdout, or a buffer in tests.
     out: Box<dyn Write>,
@@ -118,6 +140,7 @@ impl Subscriber {
             rooms,
             state,
             session: None,
+            resume: None,
             interrupted: Box::pin(tokio::signal::ctrl_c()),
             out: Box::new(std::io::stdout()),
         }
@@ -159,42 +182,29 @@ impl Subscriber {
         }
     }
 
-    /// One connection: mint a token, open the socket, wait for `welcome`, subscribe, then
-    /// print events until the connection ends.
+    /// One connection: open the socket (with the resume credential, else a new token),
+    /// wait for `welcome`, subscribe, then print events until the connection ends.
     async fn connect_once(&mut self) -> Ended {
-        let client = Arc::clone(&self.client);
-        let (user, device) = (self.user.clone(), self.device.clone());
-        let minting = tokio::task::spawn_blocking(move || client.mint_token(&user, &device, TOKEN_TTL_SECS));
-        let token = tokio::select! {
-            minted = minting => match minted {
-                Ok(Ok(token)) => token,
-                Ok(Err(e)) => return retry(e.to_string(), false),
-                Err(e) => return retry(format!("minting a token failed: {e}"), false),
-            },
-            _ = &mut self.interrupted => return Ended::Interrupted,
-        };
-
-        let mut url = format!("{}/v1/ws?token={}", self.client.ws_base(), encode(&token));
-        if let Some(session) = &self.session {
-            url.push_str(&format!("&session={}", encode(session)));
-        }
-        let connecting = tokio::time::timeout(CONNECT_TIMEOUT, tokio_tungstenite::connect_async(url));
-        let mut ws = tokio::select! {
-            connected = connecting => match connected {
-                Ok(Ok((ws, _response))) => ws,
-                Ok(Err(tungstenite::Error::Http(response))) => {
-                    let body = response.body().as_deref().map(String::from_utf8_lossy).unwrap_or_default();
-                    let refusal = status_error(response.status().as_u16(), &body);
-                    return retry(format!("WebSocket handshake refused: {refusal}"), false);
+        let mut ws = loop {
+            let resuming = self.usable_resume(crate::world::now_ms());
+            let url = match resuming {
+                Some(resume) => format!("{}/v1/ws?resume={}", self.client.ws_base(), encode(&resume.credential)),
+                None => match self.token_url().await {
+                    Ok(url) => url,
+                    Err(ended) => return ended,
+                },
+            };
+            match self.dial(url).await {
+                Ok(ws) => break ws,
+                // Spent, revoked (a kick), or signed with another secret: a new token at once.
+                Err(Refused::Resume(refusal)) => {
+                    self.resume = None;
+                    eprintln!("resume credential refused ({refusal}); connecting with a new token");
                 }
-                Ok(Err(e)) => return retry(format!("cannot open a WebSocket to {}: {e}", self.client.ws_base()), false),
-                Err(_) => {
-                    return retry(format!("no WebSocket handshake from {} within {CONNECT_TIMEOUT:?}", self.client.ws_base()), false)
-                }
-            },
-            _ = &mut self.interrupted => return Ended::Interrupted,
+                // Anything else keeps the credential for the next attempt.
+                Err(Refused::Ended(ended)) => return ended,
+            }
         };
-
         let heartbeat = match self.await_welcome(&mut ws).await {
             Ok(heartbeat) => heartbeat,
             Err(ended) => return ended,
@@ -214,6 +224,58 @@ impl Subscriber {
             }
         }
         self.follow(&mut ws, heartbeat).await
+    }
+
+    /// The last welcome's resume credential, unless it expires within [`RESUME_MARGIN_MS`].
+    fn usable_resume(&mut self, now_ms: u64) -> Option<ResumeCredential> {
+        if self.resume.as_ref().is_some_and(|r| r.expires_at_ms <= now_ms.saturating_add(RESUME_MARGIN_MS)) {
+            self.resume = None;
+        }
+        self.resume.clone()
+    }
+
+    /// Mints a token for one connection; the WebSocket URL that presents it.
+    async fn token_url(&mut self) -> Result<String, Ended> {
+        let client = Arc::clone(&self.client);
+        let (user, device) = (self.user.clone(), self.device.clone());
+        let minting = tokio::task::spawn_blocking(move || client.mint_token(&user, &device, TOKEN_TTL_SECS));
+        let token = tokio::select! {
+            minted = minting => match minted {
+                Ok(Ok(token)) => token,
+                Ok(Err(e)) => return Err(retry(e.to_string(), false)),
+                Err(e) => return Err(retry(format!("minting a token failed: {e}"), false)),
+            },
+            _ = &mut self.interrupted => return Err(Ended::Interrupted),
+        };
+        let mut url = format!("{}/v1/ws?token={}", self.client.ws_base(), encode(&token));
+        if let Some(session) = &self.session {
+            url.push_str(&format!("&session={}", encode(session)));
+        }
+        Ok(url)
+    }
+
+    /// Opens the WebSocket at `url`.
+    async fn dial(&mut self, url: String) -> Result<WebSocket, Refused> {
+        let resuming = url.contains("?resume=");
+        let connecting = tokio::time::timeout(CONNECT_TIMEOUT, tokio_tungstenite::connect_async(url));
+        let base = self.client.ws_base();
+        tokio::select! {
+            connected = connecting => match connected {
+                Ok(Ok((ws, _response))) => Ok(ws),
+                Ok(Err(tungstenite::Error::Http(response))) => {
+                    let body = response.body().as_deref().map(String::from_utf8_lossy).unwrap_or_default();
+                    let status = response.status().as_u16();
+                    let refusal = status_error(status, &body);
+                    if resuming && status == 401 && error_code(&body).as_deref() == Some("resume_invalid") {
+                        return Err(Refused::Resume(refusal));
+                    }
+                    Err(Refused::Ended(retry(format!("WebSocket handshake refused: {refusal}"), false)))
+                }
+                Ok(Err(e)) => Err(Refused::Ended(retry(format!("cannot open a WebSocket to {base}: {e}"), false))),
+                Err(_) => Err(Refused::Ended(retry(format!("no WebSocket handshake from {base} within {CONNECT_TIMEOUT:?}"), false))),
+            },
+            _ = &mut self.interrupted => Err(Refused::Ended(Ended::Interrupted)),
+        }
     }
 
     /// Waits for `welcome`; returns the server's heartbeat interval.
@@ -249,6 +311,13 @@ impl Subscriber {
                 (_, None) => eprintln!("connected to node {node}"),
             }
             let Some(welcome) = welcome else { return Ok(DEFAULT_HEARTBEAT) };
+            // A server without resume credentials: tokens from now on.
+            self.resume = match (welcome.resume, welcome.resume_expires_at_ms) {
+                (Some(credential), Some(expires_at_ms)) => {
+                    Some(ResumeCredential { credential: credential.into_owned(), expires_at_ms })
+                }
+                _ => None,
+            };
             self.session = Some(welcome.session.into_owned());
             return Ok(Duration::from_millis(welcome.heartbeat_ms));
         }
@@ -506,6 +575,20 @@ mod tests {
         s.state.get_mut("r").unwrap().asked_since = Some(6);
         s.subscribed(reply("r", "F", 2, Some(false)));
         assert_eq!((s.state["r"].last_seq, s.state["r"].epoch.as_deref()), (Some(2), Some("F")));
+    }
+
+    #[test]
+    fn a_resume_credential_is_presented_until_near_its_expiry() {
+        let mut s = subscriber(&["r"], None, None);
+        assert!(s.usable_resume(1_000).is_none(), "none before a welcome");
+        s.resume = Some(ResumeCredential { credential: "R".into(), expires_at_ms: 100_000 });
+        let cases = [(0, true), (100_000 - RESUME_MARGIN_MS - 1, true), (100_000 - RESUME_MARGIN_MS, false), (200_000, false)];
+        for (now, usable) in cases {
+            assert_eq!(s.usable_resume(now).map(|r| r.credential).as_deref(), usable.then_some("R"), "at {now}");
+        }
+        s.resume = Some(ResumeCredential { credential: "R".into(), expires_at_ms: 100_000 });
+        s.usable_resume(200_000);
+        assert!(s.resume.is_none(), "an expired credential is dropped");
     }
 
     #[test]

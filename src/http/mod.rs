@@ -270,6 +270,7 @@ fn issue_token(state: &AppState, user: String, device: String, ttl_secs: u64, ro
     let expires_at_ms = now_ms() + ttl_secs * 1000;
     let claims = token::Claims { user, device, expires_at_ms, nonce: random_bytes(), rooms };
     let reply = TokenReply { token: token::sign(&state.token_secret, &claims), expires_at_ms };
+    state.metrics.tokens_minted.inc();
     json(StatusCode::CREATED, protocol::to_json(&reply))
 }
 
