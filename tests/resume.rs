@@ -1,11 +1,14 @@
 //! Resume credentials (DESIGN §7): every `welcome` carries a one-time credential that
 //! reopens the connection with no token, as the same user, device, session and room
-//! patterns; it works once, across a graceful restart, and never after a kick.
+//! patterns; it works once, across a graceful restart and a kill -9, and never after a
+//! kick.
 
 mod common;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
+use common::process::ServeProcess;
 use common::*;
 use serde_json::json;
 
@@ -16,12 +19,12 @@ fn resume_of(client: &WsClient) -> String {
     resume.to_string()
 }
 
-fn resume_url(server: &TestServer, resume: &str) -> String {
-    format!("ws://{}/v1/ws?resume={}", server.addr, resume)
+fn resume_url(addr: SocketAddr, resume: &str) -> String {
+    format!("ws://{addr}/v1/ws?resume={resume}")
 }
 
-async fn assert_resume_refused(server: &TestServer, resume: &str, why: &str) {
-    match WsClient::try_connect_url(&resume_url(server, resume)).await {
+async fn assert_resume_refused(addr: SocketAddr, resume: &str, why: &str) {
+    match WsClient::try_connect_url(&resume_url(addr, resume)).await {
         Ok(c) => panic!("{why}: the resume must be refused, got welcome {}", c.welcome),
         Err(Rejected { status, body }) => {
             assert_eq!((status, error_code(&body)), (401, "resume_invalid"), "{why}: {body}");
@@ -40,7 +43,7 @@ async fn a_resume_keeps_user_device_session_and_rooms_and_works_once() {
     let resume = resume_of(&first);
     drop(first);
 
-    let mut again = WsClient::try_connect_url(&resume_url(&server, &resume)).await.expect("the resume opens a connection");
+    let mut again = WsClient::try_connect_url(&resume_url(server.addr, &resume)).await.expect("the resume opens a connection");
     assert_eq!(again.session(), session, "same session: {}", again.welcome);
     assert_ne!(resume_of(&again), resume, "each welcome carries a fresh credential");
     // Same room patterns: match:* is readable, another room is not.
@@ -53,10 +56,10 @@ async fn a_resume_keeps_user_device_session_and_rooms_and_works_once() {
     let event = again.recv_json().await;
     assert!(event.to_string().contains("\"hi\""), "inbox event for alice: {event}");
 
-    assert_resume_refused(&server, &resume, "a second use").await;
-    assert_resume_refused(&server, "not-a-credential", "garbage").await;
+    assert_resume_refused(server.addr, &resume, "a second use").await;
+    assert_resume_refused(server.addr, "not-a-credential", "garbage").await;
     let token = http.mint_token("alice", "phone");
-    assert_resume_refused(&server, &token, "a token is not a resume credential").await;
+    assert_resume_refused(server.addr, &token, "a token is not a resume credential").await;
     assert_eq!(http.metric("livegate_handshakes_total{credential=\"resume\"}"), Some(1.0));
     assert_eq!(http.metric("livegate_handshakes_total{credential=\"token\"}"), Some(1.0));
 }
@@ -70,12 +73,12 @@ async fn a_kicked_sessions_credential_is_refused() {
     let (status, reply) = http.request("DELETE", "/v1/users/bob/connections", Auth::Key, Body::None);
     assert_eq!((status, reply["closed"].as_u64()), (200, Some(1)), "{reply}");
     assert_eq!(client.close_code().await, Some(4502));
-    assert_resume_refused(&server, &resume, "after a kick").await;
+    assert_resume_refused(server.addr, &resume, "after a kick").await;
     // A new token still works, and its credential is good.
     let fresh = WsClient::connect(server.addr, &http.mint_token("bob", "web"), None).await;
     let resume = resume_of(&fresh);
     drop(fresh);
-    WsClient::try_connect_url(&resume_url(&server, &resume)).await.expect("a credential issued after the kick works");
+    WsClient::try_connect_url(&resume_url(server.addr, &resume)).await.expect("a credential issued after the kick works");
 }
 
 #[tokio::test]
@@ -89,10 +92,10 @@ async fn a_replaced_connections_credential_is_refused_and_its_replacements_works
     let new = WsClient::connect(server.addr, &http.mint_token("dave", "phone"), Some(old.session())).await;
     assert_eq!(old.close_code().await, Some(4501));
     let new_resume = resume_of(&new);
-    assert_resume_refused(&server, &old_resume, "the replaced connection's credential").await;
+    assert_resume_refused(server.addr, &old_resume, "the replaced connection's credential").await;
     drop(new);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    WsClient::try_connect_url(&resume_url(&server, &new_resume)).await.expect("the replacement's credential works");
+    WsClient::try_connect_url(&resume_url(server.addr, &new_resume)).await.expect("the replacement's credential works");
 }
 
 #[tokio::test]
@@ -106,9 +109,33 @@ async fn a_credential_works_after_a_graceful_restart_and_stays_single_use() {
     let addr = server.addr;
     let dir = tokio::task::spawn_blocking(move || server.stop()).await.unwrap();
     let server = tokio::task::spawn_blocking(move || TestServer::start_at(addr, dir, |_| {})).await.unwrap();
-    let again = WsClient::try_connect_url(&resume_url(&server, &resume)).await.expect("resume after a restart");
+    let again = WsClient::try_connect_url(&resume_url(server.addr, &resume)).await.expect("resume after a restart");
     assert_eq!(again.session(), session, "{}", again.welcome);
     drop(again);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_resume_refused(&server, &resume, "a second use after the restart").await;
+    assert_resume_refused(server.addr, &resume, "a second use after the restart").await;
+}
+
+#[tokio::test]
+async fn a_credential_works_after_a_kill_9_and_one_spent_before_it_stays_spent() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let data = root.path().join("data");
+    let serve = ServeProcess::start(&data, &root.path().join("serve-1.log"), &[]);
+    let first = WsClient::connect(serve.addr, &serve.http().mint_token("erin", "web"), None).await;
+    let session = first.session().to_string();
+    let spent = resume_of(&first);
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = WsClient::try_connect_url(&resume_url(serve.addr, &spent)).await.expect("the first resume");
+    let kept = resume_of(&second);
+    // No pause, no shutdown: the welcome came only after the spent nonce was durable.
+    serve.kill9();
+    drop(second);
+
+    let serve = ServeProcess::start(&data, &root.path().join("serve-2.log"), &[]);
+    assert_resume_refused(serve.addr, &spent, "a credential spent before the kill -9").await;
+    let again = WsClient::try_connect_url(&resume_url(serve.addr, &kept)).await.expect("the unspent credential after kill -9");
+    assert_eq!(again.session(), session, "the same session after kill -9: {}", again.welcome);
+    assert_eq!(serve.http().metric("livegate_handshakes_total{credential=\"resume\"}"), Some(1.0));
+    assert_eq!(serve.http().metric("livegate_handshakes_total{credential=\"token\"}"), Some(0.0));
 }
