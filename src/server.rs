@@ -151,7 +151,12 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     let lifecycle = Arc::new(Lifecycle::default());
     let liveness = start_liveness(&config, this_node(&config, local, tls.is_some()), cluster.as_ref(), &lifecycle, &metrics)?;
     if let (Some(cluster), Some(kv)) = (&cluster, &backends.kv) {
-        let events = NodeActors { rooms: rooms.clone(), registry: registry.clone(), liveness: liveness.clone() };
+        let events = NodeActors {
+            rooms: rooms.clone(),
+            registry: registry.clone(),
+            liveness: liveness.clone(),
+            nonces: backends.nonces.clone(),
+        };
         crate::cluster::bus::listen(cluster, events, kv.clone()).await?;
     }
     let max_connections = crate::http::limits::effective_max_connections(config.max_connections, open_files_limit());
@@ -261,6 +266,7 @@ impl Backends {
             nonces: Arc::new(ClusterNonces {
                 cluster: cluster.clone(),
                 local: StoreNonces { store: store.clone(), resume_ttl: config.resume_ttl() },
+                sending: Default::default(),
             }),
             user_bus: Some(Arc::new(ClusterUserBus(cluster.clone()))),
             // Every node verifies every other node's tokens.
@@ -461,6 +467,8 @@ struct NodeActors {
     rooms: Rooms,
     registry: Addr<Registry>,
     liveness: Addr<LivenessActor>,
+    /// A kick from another node is answered once its revocations are durable.
+    nonces: Arc<dyn Nonces>,
 }
 
 impl NodeEvents for NodeActors {
@@ -481,8 +489,14 @@ impl NodeEvents for NodeActors {
     }
 
     fn kick(&self, user: String, device: Option<String>) -> LocalBoxFuture<'static, usize> {
-        let registry = self.registry.clone();
-        Box::pin(async move { registry.send(Kick { user, device }).await.unwrap_or(0) })
+        let (registry, nonces) = (self.registry.clone(), self.nonces.clone());
+        Box::pin(async move {
+            let closed = registry.send(Kick { user, device }).await.unwrap_or(0);
+            if let Err(error) = nonces.revocations_durable().await {
+                tracing::warn!(%error, "kick: the revocations are not flushed");
+            }
+            closed
+        })
     }
 
     fn publish(&self, publish: ForwardedPublish) -> LocalBoxFuture<'static, Result<Appended, Box<dyn std::error::Error>>> {

@@ -1,7 +1,7 @@
 //! Resume credentials (DESIGN §7): every `welcome` carries a one-time credential that
 //! reopens the connection with no token, as the same user, device, session and room
 //! patterns; it works once, across a graceful restart and a kill -9, and never after a
-//! kick.
+//! kick, even when the process dies right after answering the kick.
 
 mod common;
 
@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::process::ServeProcess;
 use common::*;
+use futures_util::StreamExt;
 use serde_json::json;
 
 fn resume_of(client: &WsClient) -> String {
@@ -138,4 +139,36 @@ async fn a_credential_works_after_a_kill_9_and_one_spent_before_it_stays_spent()
     assert_eq!(again.session(), session, "the same session after kill -9: {}", again.welcome);
     assert_eq!(serve.http().metric("livegate_handshakes_total{credential=\"resume\"}"), Some(1.0));
     assert_eq!(serve.http().metric("livegate_handshakes_total{credential=\"token\"}"), Some(0.0));
+}
+
+#[tokio::test]
+async fn a_kick_answered_just_before_a_kill_9_stays_a_revocation() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let data = root.path().join("data");
+    let serve = ServeProcess::start(&data, &root.path().join("serve-1.log"), &[]);
+    let http = serve.http();
+    let mut client = WsClient::connect(serve.addr, &http.mint_token("frank", "web"), None).await;
+    let resume = resume_of(&client);
+    // The client answers the Close at once, as real clients do, so the kick is quick.
+    let reader = tokio::spawn(async move {
+        let code = client.close_code().await;
+        let _ = tokio::time::timeout(Duration::from_secs(3), async { while client.ws.next().await.is_some() {} }).await;
+        code
+    });
+    let kicked = std::time::Instant::now();
+    let (status, reply) = tokio::task::spawn_blocking(move || {
+        let answer = http.request("DELETE", "/v1/users/frank/connections", Auth::Key, Body::None);
+        // Right after the answer: nothing had time to flush on its own (sled: every 500 ms).
+        serve.kill9();
+        answer
+    })
+    .await
+    .unwrap();
+    let took = kicked.elapsed();
+    assert_eq!((status, reply["closed"].as_u64()), (200, Some(1)), "{reply}");
+    assert_eq!(reader.await.unwrap(), Some(4502));
+    // Over 500 ms, sled's own flush may have saved the revocation: the test proves less.
+    eprintln!("kick answered and the process killed {took:?} after the request");
+    let serve = ServeProcess::start(&data, &root.path().join("serve-2.log"), &[]);
+    assert_resume_refused(serve.addr, &resume, "a kicked session's credential after kill -9").await;
 }

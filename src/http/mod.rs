@@ -356,6 +356,10 @@ async fn kick(
     let elsewhere = state.other_nodes.kick(&user, device.as_deref());
     let (here, elsewhere) = futures_util::future::join(here, elsewhere).await;
     let closed = here.map_err(internal)? + elsewhere.map_err(internal)?;
+    // The kicked connections revoked their sessions' resume credentials before they
+    // stopped (other nodes before they answered): the answer waits until that is durable,
+    // so a crash right after it cannot bring the credentials back.
+    state.nonces.revocations_durable().await.map_err(internal)?;
     Ok(json(StatusCode::OK, protocol::to_json(&protocol::KickReply { closed })))
 }
 

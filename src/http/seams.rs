@@ -5,6 +5,8 @@
 //! Single node: the embedded store, and no other nodes. Cluster mode: NATS, falling back
 //! to this node's store.
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Addr;
@@ -22,6 +24,10 @@ pub trait Nonces: ResumeRevocations + 'static {
     fn use_nonce<'a>(&'a self, nonce: &'a [u8; 16], expires_at_ms: u64) -> LocalBoxFuture<'a, Result<bool, StoreError>>;
     /// When `session`'s resume credentials were last revoked (a kick or a replace).
     fn resumes_revoked_at<'a>(&'a self, session: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>>;
+    /// Resolves once every revocation asked for before the call is durable: the store
+    /// flushed and, in cluster mode, each NATS write acknowledged (or failed, when the
+    /// revocation holds on this node only). A kick answers only after this.
+    fn revocations_durable(&self) -> LocalBoxFuture<'_, Result<(), StoreError>>;
 }
 
 /// Single node: the embedded store; revocations are kept for `resume_ttl`.
@@ -37,6 +43,11 @@ impl Nonces for StoreNonces {
 
     fn resumes_revoked_at<'a>(&'a self, session: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>> {
         Box::pin(ready(self.store.resumes_revoked_at(session)))
+    }
+
+    fn revocations_durable(&self) -> LocalBoxFuture<'_, Result<(), StoreError>> {
+        // Revocations are written to the store at once; a flush makes them durable.
+        Box::pin(self.store.flush_soon())
     }
 }
 
@@ -55,21 +66,78 @@ impl ResumeRevocations for StoreNonces {
 pub struct ClusterNonces {
     pub cluster: Cluster,
     pub local: StoreNonces,
+    /// Revocations on their way to NATS.
+    pub sending: Arc<InFlight>,
 }
 
 impl ResumeRevocations for ClusterNonces {
     fn revoke(&self, session: &str, at_ms: u64) {
         self.local.revoke(session, at_ms);
         let (cluster, session) = (self.cluster.clone(), session.to_string());
+        let sent = InFlight::start(&self.sending);
         actix::spawn(async move {
             if let Err(error) = cluster.revoke_resumes(&session, at_ms).await {
                 tracing::warn!(session, %error, "resume credentials revoked on this node only");
             }
+            drop(sent);
         });
     }
 }
 
+/// Writes started and not yet finished, so a caller can wait for those started before
+/// it. Bounded by the writes in flight (each ends with its NATS request's timeout).
+#[derive(Default)]
+pub struct InFlight {
+    /// The next write's number, and the numbers of those still running.
+    running: parking_lot::Mutex<(u64, BTreeSet<u64>)>,
+    finished: tokio::sync::Notify,
+}
+
+/// One write in flight; finished when dropped (also when its task is cancelled).
+pub struct Sending {
+    to: Arc<InFlight>,
+    id: u64,
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        self.to.running.lock().1.remove(&self.id);
+        self.to.finished.notify_waiters();
+    }
+}
+
+impl InFlight {
+    pub fn start(this: &Arc<InFlight>) -> Sending {
+        let mut running = this.running.lock();
+        let id = running.0;
+        running.0 += 1;
+        running.1.insert(id);
+        Sending { to: Arc::clone(this), id }
+    }
+
+    /// Resolves once every write started before the call has finished.
+    pub async fn settled(&self) {
+        let before = self.running.lock().0;
+        loop {
+            let finished = self.finished.notified();
+            tokio::pin!(finished);
+            finished.as_mut().enable();
+            if self.running.lock().1.range(..before).next().is_none() {
+                return;
+            }
+            finished.await;
+        }
+    }
+}
+
 impl Nonces for ClusterNonces {
+    fn revocations_durable(&self) -> LocalBoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.sending.settled().await;
+            self.local.revocations_durable().await
+        })
+    }
+
     fn resumes_revoked_at<'a>(&'a self, session: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>> {
         Box::pin(async move {
             let here = self.local.store.resumes_revoked_at(session)?;
