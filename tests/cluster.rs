@@ -11,6 +11,8 @@
 //!   each under a steady publish load with subscribers that reconnect with `since`:
 //!   nothing acknowledged is lost, nothing is delivered twice;
 //! - exclusive devices (4501) and kicks (4502, with the count) across nodes;
+//! - a resume credential from one node opens the same session on another, once, and a
+//!   kick through either node voids it on both;
 //! - `/v1/route` stops naming a killed node, and a draining one, in time.
 //!
 //! nats-server must be installed (`/usr/sbin/nats-server`; `.ci/test` installs it): a
@@ -1331,6 +1333,85 @@ fn a_kick_on_b_closes_the_users_connections_on_every_node_and_counts_them() {
         started.elapsed().as_secs_f64()
     );
     fail_with_logs(&cluster, "kick", &failures, &LOG_NEEDLES);
+}
+
+/// The resume credential of `ws`'s welcome.
+fn resume_of(ws: &WsClient) -> String {
+    ws.welcome["resume"].as_str().unwrap_or_else(|| panic!("welcome without resume: {}", ws.welcome)).to_string()
+}
+
+/// A handshake on `addr` with resume credential `resume`.
+async fn try_resume(addr: SocketAddr, resume: &str) -> Result<WsClient, Rejected> {
+    WsClient::try_connect_url(&format!("ws://{addr}/v1/ws?resume={resume}")).await
+}
+
+/// `Err` unless the handshake was refused with 401 resume_invalid.
+fn refused_as_invalid(what: &str, attempt: Result<WsClient, Rejected>) -> Result<(), String> {
+    match attempt {
+        Ok(ws) => Err(format!("{what}: opened a connection: {}", ws.welcome)),
+        Err(r) if (r.status, error_code(&r.body)) == (401, "resume_invalid") => Ok(()),
+        Err(r) => Err(format!("{what}: {} {}, expected 401 resume_invalid", r.status, r.body)),
+    }
+}
+
+#[test]
+fn a_resume_credential_from_a_works_once_on_b_and_a_kick_through_a_voids_it_on_both() {
+    let _serial = serial();
+    let cluster = Cluster::start(2, &SHORT_DRAIN);
+    let rt = runtime();
+    let (a, b) = (cluster.addr(0), cluster.addr(1));
+    let user = "roamer";
+    let (status, body) = cluster.http(0).mint_token_raw(json!({"user": user, "device": "web", "rooms": ["match:*"]}));
+    assert_eq!(status, 201, "{body}");
+    let first = rt.block_on(WsClient::connect(a, body["token"].as_str().unwrap(), None));
+    let session = first.session().to_string();
+    let from_a = resume_of(&first);
+    rt.block_on(first.close());
+    std::thread::sleep(Duration::from_millis(200));
+
+    let mut failures = Vec::new();
+    let mut on_b = rt.block_on(try_resume(b, &from_a)).unwrap_or_else(|r| panic!("a's credential on b: {} {}", r.status, r.body));
+    if (on_b.session(), on_b.welcome["node"].as_str()) != (session.as_str(), Some(Cluster::name(1))) {
+        failures.push(format!("the credential from a must open session {session} on b: {}", on_b.welcome));
+    }
+    let (subscribed, refused) = rt.block_on(async { (on_b.subscribe("match:1").await, on_b.subscribe("news").await) });
+    if subscribed["op"] != "subscribed" || refused["code"] != "forbidden" {
+        failures.push(format!("the room patterns must travel with the credential: match:1 {subscribed}, news {refused}"));
+    }
+    let (status, reply) =
+        cluster.http(1).request("POST", &format!("/v1/users/{user}/messages"), Auth::Key, Body::Json(json!({"data": "hi"})));
+    assert_eq!(status, 201, "{reply}");
+    let inbox = rt.block_on(on_b.recv_json());
+    if !inbox.to_string().contains("\"hi\"") {
+        failures.push(format!("the user's inbox must reach the resumed connection: {inbox}"));
+    }
+    if let Err(e) = refused_as_invalid("a's credential again on a after b spent it", rt.block_on(try_resume(a, &from_a))) {
+        failures.push(e);
+    }
+
+    // A kick through a of the session now on b: b revokes, and answers a only once the
+    // revocation is in NATS, so a refuses b's latest credential as soon as the kick answers.
+    let latest = resume_of(&on_b);
+    let reader = rt.spawn(async move {
+        let code = on_b.close_code_within(WAIT).await;
+        let _ = tokio::time::timeout(Duration::from_secs(3), async { while on_b.ws.next().await.is_some() {} }).await;
+        code
+    });
+    let (status, reply) = cluster.http(0).request("DELETE", &format!("/v1/users/{user}/connections"), Auth::Key, Body::None);
+    if status != 200 || reply["closed"] != 1 {
+        failures.push(format!("kick on a: {status} {reply}, expected 200 with closed 1"));
+    }
+    let code = rt.block_on(reader).expect("reader");
+    if code != Some(4502) {
+        failures.push(format!("the kicked connection ended with {code:?}, expected 4502"));
+    }
+    if let Err(e) = refused_as_invalid("the kicked session's credential on a", rt.block_on(try_resume(a, &latest))) {
+        failures.push(e);
+    }
+    if let Err(e) = refused_as_invalid("the kicked session's credential on b", rt.block_on(try_resume(b, &latest))) {
+        failures.push(e);
+    }
+    fail_with_logs(&cluster, "resume across nodes", &failures, &LOG_NEEDLES);
 }
 
 // ---------------------------------------------------------------------------------------
