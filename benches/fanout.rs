@@ -11,11 +11,13 @@
 //! cargo bench --bench fanout -- --smoke                     # livegate only, tiny, fails on lost/duplicated deliveries
 //! cargo bench --bench fanout -- --scenario fanout --server livegate [--runs N]
 //! cargo bench --bench fanout -- --scenario cluster --server livegate   # issue 9: 3 nodes + NATS vs 1 node
+//! cargo bench --bench fanout -- --scenario reconnect --runs 3 [--reconnect-clients 2000]   # issue 18
 //! cargo bench --bench fanout -- --scenario fanout --server livegate,livegate-base,nchan \
 //!     --baseline-bin /path/to/older/livegate                # this build vs an older one, same run
 //! ```
 //!
-//! Scenarios: idle, fanout, rooms, hot, durable, slow, cluster (see `fanout/scenarios.rs`).
+//! Scenarios: idle, fanout, rooms, hot, durable, slow, cluster, churn, reconnect (see
+//! `fanout/scenarios.rs`; the reconnect wave in `fanout/reconnect.rs`).
 //! Peers (nginx + libnginx-mod-nchan, socket.io from npm) and nats-server (cluster) are
 //! installed by `benches/run`; without nats-server, `--all` and `--smoke` skip cluster.
 //! The report goes to `target/bench-report/` (`--all`), `…/smoke/` or `…/partial/`.
@@ -30,6 +32,8 @@ mod plots;
 mod procstat;
 #[path = "fanout/proto.rs"]
 mod proto;
+#[path = "fanout/reconnect.rs"]
+mod reconnect;
 #[path = "fanout/report.rs"]
 mod report;
 #[path = "fanout/scenarios.rs"]
@@ -56,7 +60,8 @@ struct Args {
     /// exits 1 on lost or duplicated deliveries and failed connections or publishes.
     #[arg(long)]
     smoke: bool,
-    /// Scenarios to run (comma-separated): idle, fanout, rooms, hot, durable, slow, cluster.
+    /// Scenarios to run (comma-separated): idle, fanout, rooms, hot, durable, slow, cluster,
+    /// churn, reconnect.
     #[arg(long, value_delimiter = ',')]
     scenario: Vec<String>,
     /// Servers to run (comma-separated): livegate, livegate-base (needs --baseline-bin),
@@ -73,6 +78,9 @@ struct Args {
     /// The idle scenario's two steps (connections), e.g. `--idle-sizes 9500,18000`.
     #[arg(long, value_delimiter = ',')]
     idle_sizes: Vec<usize>,
+    /// Clients of the reconnect scenario (default 2000; --smoke: 200).
+    #[arg(long)]
+    reconnect_clients: Option<usize>,
     /// Report directory.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -120,6 +128,9 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
             eprintln!("--idle-sizes takes two numbers, e.g. 9500,18000");
             return 2;
         }
+    }
+    if let Some(n) = args.reconnect_clients {
+        sizes.reconnect_clients = n.max(1);
     }
     if let Some(s) = args.step_secs {
         sizes.step_secs = s;
@@ -228,6 +239,9 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
     let total = started.elapsed();
     let mut meta = report::Meta::collect(&paths, nproc, runs, total, args.smoke, skipped);
     meta.load_start = load_start;
+    if let Some(table) = report::reconnect_table(&records) {
+        eprintln!("\nreconnect wave, {} clients (medians of {runs} run(s)):\n{table}", sizes.reconnect_clients);
+    }
     match report::write(&out_dir, &records, &sizes, &meta) {
         Ok(path) => eprintln!("report: {}", path.display()),
         Err(e) => eprintln!("writing the report failed: {e}"),

@@ -169,7 +169,9 @@ const GIVE_UP_AFTER: usize = 50;
 /// Bound of TCP connect and of the WebSocket upgrade.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-async fn connect(addr: SocketAddr, url: &str, slow: bool) -> Result<Ws, String> {
+/// A WebSocket to `addr` from the next source address; a refused upgrade's error names
+/// its status (`HTTP error: 401 Unauthorized`).
+pub async fn connect(addr: SocketAddr, url: &str, slow: bool) -> Result<Ws, String> {
     let n = NEXT_SOURCE.fetch_add(1, Ordering::Relaxed) % SOURCES;
     let src = SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 2 + n as u8), 0);
     let sock = TcpSocket::new_v4().map_err(|e| format!("socket: {e}"))?;

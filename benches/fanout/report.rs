@@ -329,6 +329,14 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
         }
     }
 
+    if let Some(table) = reconnect_table(records) {
+        let _ = writeln!(
+            md,
+            "\n## Reconnect wave (issue 18): resume credentials on vs off\n\n{} clients like livegate.js on one node over {} rooms; SIGTERM (drain, spread 2 s), then the node starts again on the same port and data dir. Backend calls = requests to the stand-in token endpoint from the SIGTERM until every client is subscribed again. Medians of the runs, (min–max) when they differ.\n\n{table}",
+            sizes.reconnect_clients, sizes.reconnect_rooms
+        );
+    }
+
     // Per-rate tables.
     for (case, title) in [(Case::Fanout, "fanout (1 room)"), (Case::Rooms, "rooms")] {
         let rates = step_rates(records, case);
@@ -402,6 +410,21 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
     Ok(path)
 }
 
+/// The reconnect wave's metrics side by side, mode on and off, with their ratio.
+pub fn reconnect_table(records: &[Record]) -> Option<String> {
+    let (on, off) = (Case::Reconnect(true), Case::Reconnect(false));
+    let first = records.iter().find(|r| (r.case == on || r.case == off) && !r.metrics.is_empty())?;
+    let mut md = String::from("| metric | resume on | resume off | on ÷ off |\n|---|---:|---:|---:|\n");
+    for m in &first.metrics {
+        let arrow = if m.higher_better { "↑" } else { "↓" };
+        let (a, b) = (values(records, Kind::Livegate, on, &m.name), values(records, Kind::Livegate, off, &m.name));
+        let (ma, mb) = (median(&a), median(&b));
+        let ratio = if ma.is_finite() && mb.is_finite() && mb != 0.0 { format!("{:.2}", ma / mb) } else { "—".into() };
+        let _ = writeln!(md, "| {} {arrow} | {} | {} | {ratio} |", m.name, cell(&a), cell(&b));
+    }
+    Some(md)
+}
+
 fn target_row(md: &mut String, name: &str, v: f64, judge: impl Fn(f64) -> (String, bool)) {
     if v.is_finite() {
         let (text, ok) = judge(v);
@@ -452,6 +475,10 @@ fn method_notes(s: &Sizes) -> Vec<String> {
         format!(
             "**cluster** (issue 9, livegate only): nats-server 2.9 (`-js`, fresh store) and nodes a, b, c (`--cluster-nats-url`, own data dirs, one API key), all four processes pinned to CPU 0 like every server here, so the cluster gets the same one core as the single node; {0} WebSocket subscribers on each of b and c over {1} rooms; {2} publishes/s on a ({3} s warm-up + {4} s measured) with publish→deliver latency, delivered %, and missing, duplicate and out-of-order (room `seq` going back) deliveries; then {5} closed-loop publishers on a over {6} rooms for {7} s (acked = JetStream acknowledged; single node: fsynced). Batch window {8} ms so latency shows the path, not the window. The baseline (\"1 node\") runs the same on one node without a cluster url, subscribers and publishes on that node. Server CPU is the sum over the processes; per-process figures are in the notes.",
             s.cluster_per_node, s.cluster_rooms, s.cluster_rate, s.warm_secs, s.cluster_secs, s.cluster_durable_publishers, s.cluster_durable_rooms, s.cluster_durable_secs, s.cluster_window_ms
+        ),
+        format!(
+            "**reconnect** (issue 18, livegate only): {} clients, each its own user, subscribed to one of {} rooms, behaving like livegate.js: after a close 1012 they wait the delay its reason suggests (`reconnect in N ms`) plus up to {} ms of jitter, after a failed attempt they back off in livegate.js's tiers (random × 0, 2, 5, 10, 30 s). Mode on: the next attempt presents the last welcome's resume credential, a token only when a resume is refused (401); mode off: every attempt first asks the stand-in token endpoint (a small HTTP server in the bench that counts calls and mints through livegate's `POST /v1/tokens`). Both modes in every run, one after the other, each on a fresh node.",
+            s.reconnect_clients, s.reconnect_rooms, crate::reconnect::HINT_JITTER_MS
         ),
         format!("Payloads are `{{\"bs\":SEQ,\"bt\":NS,\"pad\":\"…\"}}` with {} B padding (~100 B of JSON); livegate wraps them as `{{\"data\":…}}` and delivers only once durable.", s.pad),
         "livegate clients each use their own user (`u0`, `u1`, …, device `web`), as real clients would, so each connection also holds its user's inbox subscription; each token is minted over HTTP before the connection.".into(),

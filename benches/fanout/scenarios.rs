@@ -70,6 +70,9 @@ pub struct Sizes {
     pub churn_users: usize,
     pub churn_rooms: usize,
     pub churn_session_ttl_secs: u64,
+    /// reconnect: clients (livegate.js-like, one room each) and rooms they spread over.
+    pub reconnect_clients: usize,
+    pub reconnect_rooms: usize,
 }
 
 impl Sizes {
@@ -116,6 +119,8 @@ impl Sizes {
             churn_users: 3_000,
             churn_rooms: 50,
             churn_session_ttl_secs: 10,
+            reconnect_clients: 2_000,
+            reconnect_rooms: 20,
         }
     }
 
@@ -162,6 +167,8 @@ impl Sizes {
             churn_users: 100,
             churn_rooms: 5,
             churn_session_ttl_secs: 2,
+            reconnect_clients: 200,
+            reconnect_rooms: 5,
         }
     }
 }
@@ -179,6 +186,9 @@ pub enum Case {
     Cluster(Nodes),
     /// livegate only: user churn and the memory left behind.
     Churn,
+    /// livegate only: a drain and restart under clients like livegate.js, with resume
+    /// credentials (`true`) or a fresh token for every attempt (`false`).
+    Reconnect(bool),
 }
 
 /// The cluster scenario's two deployments, run one after the other in every run.
@@ -190,7 +200,7 @@ pub enum Nodes {
     Three,
 }
 
-pub const SCENARIOS: [&str; 8] = ["idle", "fanout", "rooms", "hot", "durable", "slow", "cluster", "churn"];
+pub const SCENARIOS: [&str; 9] = ["idle", "fanout", "rooms", "hot", "durable", "slow", "cluster", "churn", "reconnect"];
 
 impl Case {
     pub fn scenario(self) -> &'static str {
@@ -203,6 +213,7 @@ impl Case {
             Case::Slow => "slow",
             Case::Cluster(_) => "cluster",
             Case::Churn => "churn",
+            Case::Reconnect(_) => "reconnect",
         }
     }
 
@@ -211,6 +222,8 @@ impl Case {
             Case::Hot(w) if kind.is_livegate() => format!("hot, window {w} ms"),
             Case::Cluster(Nodes::One) => "cluster baseline: 1 node".into(),
             Case::Cluster(Nodes::Three) => "cluster: 3 nodes + NATS".into(),
+            Case::Reconnect(true) => "reconnect wave, resume on".into(),
+            Case::Reconnect(false) => "reconnect wave, resume off".into(),
             c => c.scenario().to_string(),
         }
     }
@@ -227,6 +240,7 @@ impl Case {
             ("slow", _) => vec![Case::Slow],
             ("cluster", Kind::Livegate) => vec![Case::Cluster(Nodes::One), Case::Cluster(Nodes::Three)],
             ("churn", k) if k.is_livegate() => vec![Case::Churn],
+            ("reconnect", Kind::Livegate) => vec![Case::Reconnect(true), Case::Reconnect(false)],
             _ => vec![],
         }
     }
@@ -325,6 +339,7 @@ pub async fn run(ctx: &Ctx<'_>, kind: Kind, case: Case, run: usize) -> Record {
         Case::Slow => slow(ctx, kind).await,
         Case::Cluster(nodes) => cluster(ctx, nodes).await,
         Case::Churn => churn(ctx, kind).await,
+        Case::Reconnect(resume) => reconnect(ctx, resume).await,
     };
     let out = out.unwrap_or_else(|e| {
         let mut o = Out::new();
@@ -521,6 +536,24 @@ async fn churn_cycles(ctx: &Ctx<'_>, kind: Kind, lg: LivegateOpts) -> Result<Out
         (last.rss_bytes as f64 - first.rss_bytes as f64) / ((after.len().max(2) - 1) * s.churn_users) as f64,
     );
     server.stop();
+    Ok(out)
+}
+
+/// The reconnect wave (`reconnect.rs`): backend calls and time to all back.
+async fn reconnect(ctx: &Ctx<'_>, resume: bool) -> Result<Out, String> {
+    let s = ctx.sizes;
+    let wave = crate::reconnect::wave(ctx.paths, s.reconnect_clients, s.reconnect_rooms, resume, ctx.status).await?;
+    let mut out = Out::new();
+    out.lo("backend token calls during the wave", wave.backend_calls as f64);
+    out.lo("backend token calls per client", wave.backend_calls as f64 / wave.clients as f64);
+    out.lo("SIGTERM to all reconnected and resubscribed (s)", wave.all_back.as_secs_f64());
+    out.lo("drain: SIGTERM to exit (s)", wave.drain.as_secs_f64());
+    out.lo("failed attempts during the wave", wave.failed_attempts as f64);
+    out.hi("handshakes with a resume credential (restarted node)", wave.resume_handshakes);
+    out.lo("handshakes with a token (restarted node)", wave.token_handshakes);
+    if resume && wave.backend_calls > 0 {
+        out.notes.push(format!("{} token calls with resume on (credentials refused or expired)", wave.backend_calls));
+    }
     Ok(out)
 }
 
