@@ -45,8 +45,12 @@ pub struct Wave {
     pub backend_calls: u64,
     /// SIGTERM → the last client's `subscribed` on the restarted node.
     pub all_back: Duration,
+    /// The median client: SIGTERM → its `subscribed` on the restarted node.
+    pub median_back: Duration,
     /// The drain itself: SIGTERM → the old process exited.
     pub drain: Duration,
+    /// SIGTERM → the restarted node answering `/readyz` 200.
+    pub ready_again: Duration,
     /// Connection attempts that failed during the wave (refused, 503, 401...).
     pub failed_attempts: u64,
     /// Handshakes the restarted node accepted, by credential.
@@ -190,8 +194,8 @@ async fn mint(livegate: SocketAddr, user: &str) -> (&'static str, String) {
 struct Shared {
     /// Clients subscribed since the wave started (before it: since the start).
     back: Cell<usize>,
-    /// Per client: subscribed since the wave started.
-    counted: RefCell<Vec<bool>>,
+    /// Per client: when it was subscribed since the wave started.
+    counted: RefCell<Vec<Option<Instant>>>,
     last_back: Cell<Option<Instant>>,
     failed: Cell<u64>,
     first_connects: Semaphore,
@@ -200,16 +204,17 @@ struct Shared {
 impl Shared {
     fn subscribed(&self, i: usize) {
         let mut counted = self.counted.borrow_mut();
-        if !counted[i] {
-            counted[i] = true;
+        if counted[i].is_none() {
+            let now = Instant::now();
+            counted[i] = Some(now);
             self.back.set(self.back.get() + 1);
-            self.last_back.set(Some(Instant::now()));
+            self.last_back.set(Some(now));
         }
     }
 
     /// From now on count the clients subscribed again.
     fn start_wave(&self) {
-        self.counted.borrow_mut().iter_mut().for_each(|c| *c = false);
+        self.counted.borrow_mut().iter_mut().for_each(|c| *c = None);
         self.back.set(0);
         self.failed.set(0);
     }
@@ -390,7 +395,7 @@ pub async fn wave(paths: &Paths, clients: usize, rooms: usize, resume_mode: bool
     let tokens = token_endpoint(addr, calls.clone()).await?;
     let shared = Rc::new(Shared {
         back: Cell::new(0),
-        counted: RefCell::new(vec![false; clients]),
+        counted: RefCell::new(vec![None; clients]),
         last_back: Cell::new(None),
         failed: Cell::new(0),
         first_connects: Semaphore::new(FIRST_CONNECTS),
@@ -425,13 +430,19 @@ pub async fn wave(paths: &Paths, clients: usize, rooms: usize, resume_mode: bool
         node.terminate().await?;
         let drain = sigterm.elapsed();
         node = Node::start(paths, addr, &data_dir, dir.path()).await?;
+        let ready_again = sigterm.elapsed();
         wait_all("reconnect wave").await?;
         let all_back = shared.last_back.get().map_or(Duration::ZERO, |t| t.duration_since(sigterm));
+        let mut back: Vec<Duration> = shared.counted.borrow().iter().flatten().map(|t| t.duration_since(sigterm)).collect();
+        back.sort_unstable();
+        let median_back = back.get(back.len() / 2).copied().unwrap_or_default();
         Ok::<_, String>(Wave {
             clients,
             backend_calls: calls.get() - calls_before,
             all_back,
+            median_back,
             drain,
+            ready_again,
             failed_attempts: shared.failed.get(),
             resume_handshakes: metric(addr, "livegate_handshakes_total{credential=\"resume\"}").await,
             token_handshakes: metric(addr, "livegate_handshakes_total{credential=\"token\"}").await,

@@ -547,7 +547,9 @@ async fn reconnect(ctx: &Ctx<'_>, resume: bool) -> Result<Out, String> {
     out.lo("backend token calls during the wave", wave.backend_calls as f64);
     out.lo("backend token calls per client", wave.backend_calls as f64 / wave.clients as f64);
     out.lo("SIGTERM to all reconnected and resubscribed (s)", wave.all_back.as_secs_f64());
+    out.lo("SIGTERM to the median client resubscribed (s)", wave.median_back.as_secs_f64());
     out.lo("drain: SIGTERM to exit (s)", wave.drain.as_secs_f64());
+    out.lo("SIGTERM to the restarted node ready (s)", wave.ready_again.as_secs_f64());
     out.lo("failed attempts during the wave", wave.failed_attempts as f64);
     out.hi("handshakes with a resume credential (restarted node)", wave.resume_handshakes);
     out.lo("handshakes with a token (restarted node)", wave.token_handshakes);
