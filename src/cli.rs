@@ -89,6 +89,8 @@ Follow rooms as a WebSocket client: print each event as one compact JSON line on
 When the connection drops, reconnects (after the delay the server suggests, else a random
 one below 0.5 s, 1 s, 2 s, 4 s, then 5 s) and resumes after the last event it printed, so
 no event is printed twice or missed while the server's history covers the gap; otherwise it says `recovery failed for ROOM: reload state`.
+A reconnect presents the resume credential of the last welcome, so it needs no new token;
+it mints one only when it has none, it expired, or the server refused it.
 Runs until Ctrl-C, or until the server closes the connection for good (codes 4500-4999).")]
     Subscribe(SubscribeArgs),
     /// Route sessions offline with the same pure function the server uses; one line each

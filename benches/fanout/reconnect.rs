@@ -457,11 +457,3 @@ pub async fn wave(paths: &Paths, clients: usize, rooms: usize, resume_mode: bool
     result
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn reads_the_drains_hint() {
-        assert_eq!(super::suggested_ms("service restart: reconnect in 1234 ms"), Some(1234));
-        assert_eq!(super::suggested_ms("service restart: reconnect now"), None);
-    }
-}
