@@ -300,8 +300,16 @@ impl RoomCore {
         let metrics = &self.settings.metrics;
         metrics.batch_events.observe(events.len() as f64);
         metrics.delivery_latency.observe(now_ms().saturating_sub(events[0].ts_ms) as f64 / 1000.0);
-        for window in Window::cut(events) {
+        for window in Window::cut(&self.epoch(), events) {
             self.send_window(window);
+        }
+    }
+
+    /// The room's epoch, for the windows it sends (empty while it has none: no window then).
+    fn epoch(&self) -> Arc<str> {
+        match &self.state {
+            RoomState::Live(log) => log.epoch().into(),
+            _ => "".into(),
         }
     }
 
