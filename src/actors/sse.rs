@@ -201,7 +201,7 @@ mod tests {
         pieces.iter().map(|p| String::from_utf8_lossy(p).into_owned()).collect()
     }
 
-    #[actix_web::rt::test]
+    #[tokio::test]
     async fn messages_then_close_end_the_body() {
         let (mut io, body) = stream();
         io.message("welcome", "{\"op\":\"welcome\"}");
@@ -222,7 +222,7 @@ mod tests {
         assert_eq!(io.queued_bytes(), 0);
     }
 
-    #[actix_web::rt::test]
+    #[tokio::test]
     async fn a_dropped_body_ends_the_stream_for_the_actor() {
         let (mut io, body) = stream();
         io.ping();
@@ -233,7 +233,7 @@ mod tests {
         assert_eq!(io.queued_bytes(), 0, "nothing is queued for a body that is gone");
     }
 
-    #[actix_web::rt::test]
+    #[tokio::test]
     async fn discarding_keeps_what_follows() {
         let (mut io, body) = stream();
         io.message("events", "{}");
