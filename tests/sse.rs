@@ -34,7 +34,10 @@ struct Message {
 impl Message {
     fn json(&self) -> Value {
         let data = self.data.as_deref().unwrap_or_else(|| panic!("message without data: {self:?}"));
-        serde_json::from_str(data).unwrap_or_else(|e| panic!("data is not JSON ({e}): {data:?}"))
+        serde_json::from_str(data).unwrap_or_else(|e| {
+            let end = data.len().min(300);
+            panic!("data is not JSON ({e}): {:?}… ({} bytes), ends {:?}", &data[..end], data.len(), &data[data.len().saturating_sub(120)..])
+        })
     }
 }
 
@@ -80,7 +83,10 @@ struct Sse {
 impl Sse {
     /// `GET path` with `extra` headers; a 200 is read up to its `welcome`.
     async fn open(addr: SocketAddr, path: &str, extra: &[(&str, &str)]) -> Result<Sse, Refused> {
-        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        Sse::open_on(TcpStream::connect(addr).await.expect("connect"), addr, path, extra).await
+    }
+
+    async fn open_on(mut stream: TcpStream, addr: SocketAddr, path: &str, extra: &[(&str, &str)]) -> Result<Sse, Refused> {
         let mut request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n");
         for (name, value) in extra {
             request.push_str(&format!("{name}: {value}\r\n"));
@@ -557,6 +563,66 @@ async fn the_node_limit_counts_streams_too() {
     let _sse = Sse::connect(server.addr, &token_query(&http, "u1", "")).await;
     let refused = Sse::open(server.addr, &format!("/v1/sse?{}", token_query(&http, "u2", "")), &[]).await.err().expect("node full");
     assert_eq!((refused.status, refused.code()), (503, "too_many_connections"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_is_not_read_is_closed_as_a_slow_consumer() {
+    // The default max_outbox_bytes (1 MiB).
+    let server = TestServer::start(|_| {});
+    let http = server.http();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let stream = socket.connect(server.addr).await.expect("connect");
+    let path = format!("/v1/sse?{}", token_query(&http, "stalled", "flood"));
+    let mut stalled = Sse::open_on(stream, server.addr, &path, &[]).await.expect("stream");
+    stalled.expect_subscribed(&["flood"]).await;
+
+    // About 8 MB while the client reads nothing: far more than the socket buffers hold,
+    // paced at about 4 MB/s so that no single window passes the bound by itself: what
+    // waits for the socket in the stream's own queue does.
+    let blob = "x".repeat(8 * 1024);
+    let publishers: Vec<_> = (0..4)
+        .map(|t| {
+            let (http, blob) = (http.clone(), blob.clone());
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                for i in 0..250 {
+                    if let Some(wait) = Duration::from_millis(8 * i).checked_sub(started.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
+                    http.publish_ok("flood", None, json!({"t": t, "i": i, "blob": blob}));
+                }
+            })
+        })
+        .collect();
+    for p in publishers {
+        p.join().expect("publisher");
+    }
+    assert!(
+        wait_until(WAIT, || http.metric("livegate_slow_consumer_closes_total").unwrap_or(0.0) >= 1.0),
+        "the stalled stream is evicted"
+    );
+    // It reads now: what the buffers held (whole messages, in seq order), then the close.
+    let (mut last, mut received) = (0, 0);
+    let close = loop {
+        match stalled.next_message(Duration::from_secs(20)).await {
+            Next::Message(m) if m.event.as_deref() == Some("events") => {
+                for event in m.json()["events"].as_array().unwrap() {
+                    assert!(seq_of(event) > last, "seqs ascend: {} after {last}", seq_of(event));
+                    last = seq_of(event);
+                    received += 1;
+                }
+            }
+            Next::Message(m) if m.event.as_deref() == Some("close") => break m.json(),
+            Next::Message(m) => panic!("unexpected {m:?}"),
+            Next::End => panic!("the stream ended without a close after {received} events"),
+            Next::Timeout => panic!("no close within 20 s after {received} events"),
+        }
+    };
+    assert_eq!(close["code"], 4009, "{close}");
+    assert!(received < 1000, "the stalled stream was cut off, not sent everything");
+    assert!(matches!(stalled.next_message(WAIT).await, Next::End), "the stream ends after its close");
+    assert!(wait_until(WAIT, || sse_metric(&http) == 0.0), "the evicted stream is released");
 }
 
 #[tokio::test]

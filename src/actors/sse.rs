@@ -32,9 +32,11 @@ const END: &[u8] = b"\n\n";
 
 #[derive(Default)]
 struct Shared {
-    /// Encoded pieces not yet taken by the body.
-    queue: VecDeque<Bytes>,
+    /// Encoded pieces not yet taken by the body, each marked when it ends a message.
+    queue: VecDeque<(Bytes, bool)>,
     queued: usize,
+    /// The body took part of a message, not its end yet.
+    mid_message: bool,
     /// The body waiting for something to write.
     body: Option<Waker>,
     /// The actor waiting for the body to end.
@@ -81,9 +83,11 @@ impl SseIo {
         if shared.finished || shared.gone {
             return;
         }
-        for piece in pieces {
+        let mut pieces = pieces.into_iter().peekable();
+        while let Some(piece) = pieces.next() {
             shared.queued += piece.len();
-            shared.queue.push_back(piece);
+            let last = pieces.peek().is_none();
+            shared.queue.push_back((piece, last));
         }
         if let Some(body) = shared.body.take() {
             body.wake();
@@ -114,14 +118,16 @@ impl SseIo {
         self.finish();
     }
 
-    /// Drop everything queued (a slow consumer's backlog), so a close queued next is the
-    /// next thing the client reads. The body takes whole pieces, so a message is never
-    /// cut in the middle: the pieces of a message are queued together and dropped
-    /// together.
+    /// Drop what is queued (a slow consumer's backlog), so a close queued next is the
+    /// next thing the client reads after the rest of a message the body already began.
     pub fn discard_unsent(&mut self) {
         let mut shared = self.shared.borrow_mut();
-        shared.queue.clear();
-        shared.queued = 0;
+        let keep = match shared.mid_message {
+            true => shared.queue.iter().position(|(_, last)| *last).map_or(0, |end| end + 1),
+            false => 0,
+        };
+        shared.queue.truncate(keep);
+        shared.queued = shared.queue.iter().map(|(piece, _)| piece.len()).sum();
     }
 
     /// Write nothing more: the body ends the response once the queue is empty.
@@ -166,8 +172,9 @@ impl futures_util::Stream for SseBody {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Self::Item>> {
         let mut shared = self.shared.borrow_mut();
-        if let Some(piece) = shared.queue.pop_front() {
+        if let Some((piece, last)) = shared.queue.pop_front() {
             shared.queued -= piece.len();
+            shared.mid_message = !last;
             if shared.queue.capacity() > 64 && shared.queue.is_empty() {
                 shared.queue = VecDeque::new();
             }
@@ -231,6 +238,19 @@ mod tests {
         assert_eq!(io.queued_bytes(), 0);
         io.ping();
         assert_eq!(io.queued_bytes(), 0, "nothing is queued for a body that is gone");
+    }
+
+    #[tokio::test]
+    async fn discarding_finishes_a_message_the_body_began() {
+        let (mut io, mut body) = stream();
+        io.events("r:E:1", Bytes::from_static(b"{}"));
+        io.events("r:E:2", Bytes::from_static(b"{}"));
+        let head = body.next().await.unwrap().unwrap();
+        assert_eq!(&head[..], b"event: events\nid: r:E:1\ndata: ");
+        io.discard_unsent();
+        io.close("{\"code\":4009}");
+        let pieces: Vec<Bytes> = body.map(|p| p.unwrap()).collect().await;
+        assert_eq!(text(pieces), "{}\n\nevent: close\ndata: {\"code\":4009}\n\n");
     }
 
     #[tokio::test]

@@ -413,8 +413,23 @@ struct Verified {
     who: Credentialed,
     nonce: [u8; 16],
     expires_at_ms: u64,
-    /// The metrics label of the credential: `token` or `resume`.
-    kind: &'static str,
+    kind: CredentialKind,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CredentialKind {
+    Token,
+    Resume,
+}
+
+impl CredentialKind {
+    /// The credential's label in `livegate_handshakes_total`.
+    fn label(self) -> &'static str {
+        match self {
+            CredentialKind::Token => "token",
+            CredentialKind::Resume => "resume",
+        }
+    }
 }
 
 fn resume_invalid(why: &str) -> ApiError {
@@ -438,7 +453,7 @@ async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<V
             return Err(resume_invalid("was revoked (its session was kicked or replaced)"));
         }
         let who = Credentialed { user: resume.user, device: resume.device, rooms: resume.rooms, session: Some(resume.session) };
-        return Ok(Verified { who, nonce: resume.nonce, expires_at_ms: resume.expires_at_ms, kind: "resume" });
+        return Ok(Verified { who, nonce: resume.nonce, expires_at_ms: resume.expires_at_ms, kind: CredentialKind::Resume });
     }
     let token = query.token.as_deref().ok_or_else(|| api_error(ErrorCode::MissingToken, "missing token query parameter"))?;
     let claims = token::verify(&state.token_secret, token, now).map_err(|e| {
@@ -449,18 +464,18 @@ async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<V
         api_error(code, e.to_string())
     })?;
     let who = Credentialed { user: claims.user, device: claims.device, rooms: claims.rooms, session: query.session };
-    Ok(Verified { who, nonce: claims.nonce, expires_at_ms: claims.expires_at_ms, kind: "token" })
+    Ok(Verified { who, nonce: claims.nonce, expires_at_ms: claims.expires_at_ms, kind: CredentialKind::Token })
 }
 
 /// Spend a verified credential's nonce: from here it opens nothing else.
 async fn spend_credential(verified: Verified, state: &AppState) -> Result<Credentialed, ApiError> {
     if !state.nonces.use_nonce(&verified.nonce, verified.expires_at_ms).await.map_err(internal)? {
         return Err(match verified.kind {
-            "resume" => resume_invalid("was already used"),
-            _ => api_error(ErrorCode::TokenReplayed, "token was already used"),
+            CredentialKind::Resume => resume_invalid("was already used"),
+            CredentialKind::Token => api_error(ErrorCode::TokenReplayed, "token was already used"),
         });
     }
-    state.metrics.handshake_credential(verified.kind);
+    state.metrics.handshake_credential(verified.kind.label());
     Ok(verified.who)
 }
 
@@ -562,8 +577,8 @@ async fn handshake<S>(
 /// Start a connection's actor on `io`.
 fn start_connection(state: &AppState, admitted: Admitted, io: Transport, rooms: Vec<InitialSubscription>) {
     let Admitted { id, identity, permit } = admitted;
-    let (settings, table, registry) = (state.connection.clone(), state.rooms.clone(), state.registry.clone());
-    Connection::new(id, identity, settings, table, registry, io, Some(permit)).subscribing(rooms).start();
+    let (settings, registry) = (state.connection.clone(), state.registry.clone());
+    Connection::new(id, identity, settings, state.rooms.clone(), registry, io, Some(permit)).subscribing(rooms).start();
 }
 
 /// The credential is verified and spent before anything is upgraded.

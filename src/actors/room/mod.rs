@@ -168,6 +168,8 @@ pub struct RoomCore {
     /// sends them.
     pending: Vec<Arc<Delivery>>,
     window: BatchWindow,
+    /// The epoch the last window carried, shared by the windows after it.
+    window_epoch: Option<Arc<str>>,
     last_active: Instant,
     stopped: bool,
 }
@@ -192,6 +194,7 @@ impl RoomActor {
             subscribers: HashMap::new(),
             pending: Vec::new(),
             window: BatchWindow::new(settings.batch_window),
+            window_epoch: None,
             settings,
             last_active: Instant::now(),
             stopped: false,
@@ -305,11 +308,16 @@ impl RoomCore {
         }
     }
 
-    /// The room's epoch, for the windows it sends (empty while it has none: no window then).
-    fn epoch(&self) -> Arc<str> {
-        match &self.state {
-            RoomState::Live(log) => log.epoch().into(),
-            _ => "".into(),
+    /// The room's epoch, for the windows it sends (empty while it has none: no window
+    /// then); kept between windows, so a window costs no allocation for it.
+    fn epoch(&mut self) -> Arc<str> {
+        let current = match &self.state {
+            RoomState::Live(log) => log.epoch(),
+            _ => "",
+        };
+        match &self.window_epoch {
+            Some(kept) if **kept == *current => kept.clone(),
+            _ => self.window_epoch.insert(current.into()).clone(),
         }
     }
 
