@@ -509,6 +509,22 @@ async fn a_kick_closes_the_stream_with_4502_and_voids_its_resume() {
 }
 
 #[tokio::test]
+async fn a_newer_connection_of_an_exclusive_device_replaces_the_stream_with_4501() {
+    let server = TestServer::start(|_| {});
+    let http = server.http();
+    let token = http.mint_token("u1", "phone");
+    let mut sse = Sse::connect(server.addr, &format!("token={token}&rooms=match:1")).await;
+    sse.expect_subscribed(&["match:1"]).await;
+    let resume = sse.resume();
+    let mut newer = WsClient::connect(server.addr, &http.mint_token("u1", "phone"), None).await;
+    let close = sse.expect_close().await;
+    assert_eq!(close["code"], 4501, "{close}");
+    let refused = Sse::open(server.addr, &format!("/v1/sse?resume={resume}"), &[]).await.err().expect("replaced: void");
+    assert_eq!((refused.status, refused.code()), (401, "resume_invalid"));
+    newer.assert_alive().await;
+}
+
+#[tokio::test]
 async fn resume_credentials_cross_between_websocket_and_sse() {
     let server = TestServer::start(|_| {});
     let http = server.http();
