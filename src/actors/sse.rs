@@ -13,6 +13,10 @@
 //! actor's [`SseIo::ended`] future, and the actor stops, releasing its registration,
 //! limits permit and gauges. After the actor's last message ([`SseIo::close`] or
 //! [`SseIo::finish`]) the body yields what is queued and then ends the response.
+//!
+//! Unlike a WebSocket, the stream stays in actix-http's HTTP/1 dispatcher (its read and
+//! write buffers) while it lasts: the price of being a plain HTTP response, which is what
+//! lets it through proxies that break the upgrade.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
