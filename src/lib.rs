@@ -7,8 +7,10 @@
 //! - [`cluster`]: cluster mode on NATS JetStream: room logs, the KV session directory,
 //!   heartbeats and cross-node user commands; the only module that knows NATS.
 //! - [`protocol`]: the JSON wire format; the only module that knows JSON.
-//! - [`actors`]: connection, room and registry actors and the messages between them.
-//! - [`http`]: thin actix-web handlers for `/v1/*`, health and the WebSocket upgrade.
+//! - [`actors`]: connection, room and registry actors and the messages between them; a
+//!   connection's transport (WebSocket or Server-Sent Events).
+//! - [`http`]: thin actix-web handlers for `/v1/*`, health, the WebSocket upgrade and the
+//!   SSE stream.
 //! - [`server`]: `run(listener, config, shutdown)` wires it all together.
 //! - [`metrics`]: counters and gauges behind `/metrics`.
 //! - [`demo`]: the `--demo` match simulator.

@@ -24,6 +24,14 @@ pub struct DeviceLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransportLabel {
+    pub transport: &'static str,
+}
+
+/// The transports a connection may use (`actors::transport::Transport::name`).
+const TRANSPORTS: &[&str] = &["websocket", "sse"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabel {
     pub code: &'static str,
 }
@@ -59,7 +67,9 @@ fn close_code_labels() -> &'static [(u16, &'static str)] {
 /// Why handshakes are refused: the JSON error codes of the upgrade handler.
 const HANDSHAKE_REASONS: &[&str] =
     &["missing_token", "invalid_token", "token_expired", "token_replayed", "unavailable", "migration_budget", "bad_request",
-      "internal", "too_many_connections", "rate_limited", "forbidden_origin", "directory_unavailable", "resume_invalid"];
+      "internal", "too_many_connections", "rate_limited", "forbidden_origin", "directory_unavailable", "resume_invalid",
+      // Only an SSE request names its rooms up front.
+      "bad_room", "too_many_subscriptions", "forbidden"];
 
 /// The credentials a handshake may present.
 const CREDENTIALS: &[&str] = &["token", "resume"];
@@ -91,6 +101,7 @@ pub struct Metrics {
     /// are shared handles, so one registry serves every scrape after it).
     registry: std::sync::OnceLock<Registry>,
     pub connections_open: Family<DeviceLabel, Gauge>,
+    pub connections_by_transport: Family<TransportLabel, Gauge>,
     pub connects: Counter,
     /// Tokens signed by `POST /v1/tokens` (and the demo's token endpoint).
     pub tokens_minted: Counter,
@@ -147,6 +158,7 @@ impl Metrics {
             device_kinds: device_kinds.into_iter().collect(),
             registry: std::sync::OnceLock::new(),
             connections_open: Family::default(),
+            connections_by_transport: Family::default(),
             connects: Counter::default(),
             tokens_minted: Counter::default(),
             disconnects: Family::default(),
@@ -192,6 +204,9 @@ impl Metrics {
     fn with_known_series(self) -> Self {
         for device in self.device_kinds.iter().cloned().chain(["other".to_string()]) {
             drop(self.connections_open.get_or_create(&DeviceLabel { device }));
+        }
+        for transport in TRANSPORTS {
+            drop(self.connections_by_transport.get_or_create(&TransportLabel { transport }));
         }
         for result in ["ok", "stale", "error"] {
             drop(self.directory_writes.get_or_create(&ResultLabel { result }));
@@ -269,12 +284,13 @@ impl Metrics {
 
     fn register_all(&self) -> Registry {
         let mut r = Registry::with_prefix("livegate");
-        r.register("connections_open", "WebSocket connections open, by device kind", self.connections_open.clone());
-        r.register("connects", "WebSocket connections accepted", self.connects.clone());
-        r.register("disconnects", "WebSocket connections ended, by close code", self.disconnects.clone());
+        r.register("connections_open", "Connections open (WebSocket and SSE), by device kind", self.connections_open.clone());
+        r.register("connections_by_transport", "Connections open, by transport (websocket, sse)", self.connections_by_transport.clone());
+        r.register("connects", "Connections accepted (WebSocket and SSE)", self.connects.clone());
+        r.register("disconnects", "Connections ended, by close code", self.disconnects.clone());
         r.register("tokens_minted", "Connection tokens signed (POST /v1/tokens, the demo's token endpoint)", self.tokens_minted.clone());
-        r.register("handshake_rejections", "WebSocket upgrades refused, by reason", self.handshake_rejections.clone());
-        r.register("handshakes", "WebSocket handshakes whose credential was accepted, by credential (token, resume)", self.handshakes.clone());
+        r.register("handshake_rejections", "WebSocket upgrades and SSE requests refused, by reason", self.handshake_rejections.clone());
+        r.register("handshakes", "Handshakes (WebSocket and SSE) whose credential was accepted, by credential (token, resume)", self.handshakes.clone());
         r.register("limit_hits", "Requests, handshakes or connections refused by an abuse limit", self.limit_hits.clone());
         r.register("subscriptions", "Room subscriptions held by connections", self.subscriptions.clone());
         r.register("rooms_live", "Rooms with a live actor", self.rooms_live.clone());

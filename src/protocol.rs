@@ -306,6 +306,22 @@ pub enum ServerOp {
     Unknown,
 }
 
+impl ServerOp {
+    /// The op as it is written (an SSE message's `event:` name).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ServerOp::Welcome => "welcome",
+            ServerOp::Subscribed => "subscribed",
+            ServerOp::Unsubscribed => "unsubscribed",
+            ServerOp::Events => "events",
+            ServerOp::History => "history",
+            ServerOp::Pong => "pong",
+            ServerOp::Error => "error",
+            ServerOp::Unknown => "unknown",
+        }
+    }
+}
+
 /// What every server frame starts with: its `op`, and the `ref` of the request it answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 pub struct FrameHead {
@@ -414,6 +430,20 @@ pub struct ErrorFrame<'a> {
     pub code: Cow<'a, str>,
     #[serde(borrow, default)]
     pub message: Cow<'a, str>,
+}
+
+/// The data of an SSE stream's last message, `event: close`: the close code and reason a
+/// WebSocket's Close frame would carry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CloseNotice<'a> {
+    pub code: u16,
+    #[serde(borrow)]
+    pub reason: Cow<'a, str>,
+}
+
+/// `{"code":C,"reason":"..."}`, the data of an SSE `event: close`.
+pub fn close_event(code: u16, reason: &str) -> String {
+    serde_json::to_string(&CloseNotice { code, reason: reason.into() }).expect("close notices always serialise")
 }
 
 /// A server frame as JSON text. Through a `Value`, whose map sorts the keys: the bytes
@@ -753,6 +783,7 @@ mod tests {
             (inbox_notice_frame("inbox:u"), r#"{"op":"subscribed","room":"inbox:u"}"#),
             (unsubscribed_frame("r", Some(3)), r#"{"op":"unsubscribed","ref":3,"room":"r"}"#),
             (pong_frame(None), r#"{"op":"pong"}"#),
+            (close_event(1012, "service restart: reconnect in 5 ms"), r#"{"code":1012,"reason":"service restart: reconnect in 5 ms"}"#),
             (error_frame(Some(5), ErrorCode::BadRoom, "bad \"x\""), r#"{"code":"bad_room","message":"bad \"x\"","op":"error","ref":5}"#),
         ];
         for (got, want) in cases {

@@ -365,6 +365,11 @@ fn http_server(
                     .client_disconnect_timeout(CLIENT_DISCONNECT_TIMEOUT)
                     // Frames are written whole; never hold one back for the next.
                     .tcp_nodelay(true)
+                    // A client that ends its side of the connection is gone: an SSE
+                    // stream's response stops at once (its connection is released now,
+                    // not at the next heartbeat's failed write). No client of this API
+                    // half-closes and then waits for an answer.
+                    .h1_allow_half_closed(false)
                     .graceful_shutdown_signal(move || {
                         let stopping = stopping.clone();
                         async move { stopping.notified().await }

@@ -367,6 +367,7 @@ fn check_histogram(name: &str, family: &Family) -> Result<(), String> {
 /// Every family: name, type, unit, label names.
 const FAMILIES: &[(&str, &str, Option<&str>, &[&str])] = &[
     ("livegate_connections_open", "gauge", None, &["device"]),
+    ("livegate_connections_by_transport", "gauge", None, &["transport"]),
     ("livegate_connects", "counter", None, &[]),
     ("livegate_disconnects", "counter", None, &["code"]),
     ("livegate_handshake_rejections", "counter", None, &["reason"]),
@@ -405,7 +406,8 @@ const CLOSE_CODES: &[&str] = &[
 ];
 const REASONS: &[&str] =
     &["missing_token", "invalid_token", "token_expired", "token_replayed", "unavailable", "migration_budget", "bad_request",
-      "internal", "too_many_connections", "rate_limited", "forbidden_origin", "directory_unavailable", "resume_invalid"];
+      "internal", "too_many_connections", "rate_limited", "forbidden_origin", "directory_unavailable", "resume_invalid",
+      "bad_room", "too_many_subscriptions", "forbidden"];
 /// The abuse limits `livegate_limit_hits_total` counts.
 const LIMITS: &[&str] = &[
     "connections", "connections_per_ip", "handshake_rate", "message_rate", "bad_messages", "subscriptions",
@@ -439,6 +441,7 @@ fn check_livegate(exp: &Exposition, devices: &[&str]) {
                     ("livegate_disconnects", "code") => Some(CLOSE_CODES.to_vec()),
                     ("livegate_handshake_rejections", "reason") => Some(REASONS.to_vec()),
                     ("livegate_handshakes", "credential") => Some(vec!["token", "resume"]),
+                    ("livegate_connections_by_transport", "transport") => Some(vec!["websocket", "sse"]),
                     ("livegate_limit_hits", "limit") => Some(LIMITS.to_vec()),
                     ("livegate_recoveries", "result") => Some(vec!["recovered", "not_recovered"]),
                     ("livegate_directory_writes", "result") => Some(vec!["ok", "stale", "error"]),
@@ -604,6 +607,8 @@ async fn counters_move_by_exactly_what_a_run_did() {
     assert_eq!(m.one("livegate_connects_total"), 3.0);
     assert_eq!(m.of("livegate_connections_open", "device", "web"), 2.0);
     assert_eq!(m.of("livegate_connections_open", "device", "phone"), 1.0);
+    assert_eq!(m.of("livegate_connections_by_transport", "transport", "websocket"), 3.0);
+    assert_eq!(m.of("livegate_connections_by_transport", "transport", "sse"), 0.0);
     assert_eq!(m.one("livegate_events_published_total"), 5.0);
     assert_eq!(m.one("livegate_duplicates_rejected_total"), 1.0);
     assert_eq!(m.one("livegate_events_delivered_total"), 15.0, "5 events × 3 subscribers");

@@ -2,14 +2,16 @@
 //! close codes. Rooms batch their events into windows and render each window's frame
 //! once; a connection writes that shared frame as it is, and renders its own only where
 //! it must filter (a replay overlapping what it sent, device-targeted inbox messages).
-//! The socket is livegate's own transport ([`wsio`]), driven inside this actor.
+//! The client is on a WebSocket (livegate's own transport, [`wsio`], driven inside this
+//! actor) or a Server-Sent Events stream ([`super::sse`]); [`Transport`] is the one place
+//! they differ, so everything else here is the same code for both.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use actix_http::ws::{self, CloseReason};
+use actix_http::ws;
 
 use super::backlog::Backlog;
 use super::messages::*;
@@ -17,11 +19,12 @@ use super::registry::Registry;
 use super::room::RoomActor;
 use super::rooms::Rooms;
 use super::socket::{ends_closing, Fault, Inbound, MessageReader, CLOSE_HANDSHAKE_TIMEOUT, FINISH_WITHIN};
+use super::transport::Transport;
 use super::wsio::{self, ReadError, WsActor, WsIo};
 use crate::core::limits::{burst_for, Strikes, TokenBucket};
 use crate::core::names;
 use crate::core::sent::SentRange;
-use crate::protocol::{self, ClientOp, ClientRequest, CloseCode, ErrorCode};
+use crate::protocol::{self, ClientOp, ClientRequest, CloseCode, ErrorCode, ServerOp};
 
 /// Heartbeat periods without a word from the client before it is closed with 4008.
 const MISSED_HEARTBEATS: u32 = 3;
@@ -69,6 +72,15 @@ pub struct Identity {
     pub warmup: bool,
     /// This connection's one-time resume credential (sent in `welcome`).
     pub resume: Option<ResumeGrant>,
+}
+
+/// A room a connection subscribes to as it starts (an SSE stream's `rooms`), with the
+/// position its cursor named, if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitialSubscription {
+    pub room: String,
+    pub since: Option<u64>,
+    pub epoch: Option<String>,
 }
 
 /// A resume credential handed to a connection.
@@ -136,7 +148,9 @@ pub struct Connection {
     /// This user's inbox room, subscribed automatically.
     inbox: Arc<str>,
     backlog: Arc<Backlog>,
-    io: WsIo,
+    io: Transport,
+    /// Subscribed once the connection has started (after `welcome`).
+    initial: Vec<InitialSubscription>,
     /// A Close frame was sent; waiting for the client's.
     closing: bool,
     /// The close code that ended (or is ending) the connection, for the metrics.
@@ -150,7 +164,7 @@ impl Connection {
         settings: Arc<ConnectionSettings>,
         rooms: Rooms,
         registry: Addr<Registry>,
-        io: WsIo,
+        io: Transport,
         permit: Option<Box<dyn Send>>,
     ) -> Self {
         let backlog = Arc::new(Backlog::new(settings.max_outbox_bytes));
@@ -159,6 +173,7 @@ impl Connection {
             inbox,
             backlog,
             io,
+            initial: Vec::new(),
             closing: false,
             close_code: None,
             id,
@@ -177,20 +192,26 @@ impl Connection {
         }
     }
 
+    /// Subscribe to `rooms` once started, right after `welcome`.
+    pub fn subscribing(mut self, rooms: Vec<InitialSubscription>) -> Self {
+        self.initial = rooms;
+        self
+    }
+
     /// Write a reply frame, unless our Close already went out (nothing may follow it).
-    fn reply(&mut self, frame: String) {
+    fn reply(&mut self, op: ServerOp, frame: String) {
         if !self.closing {
-            self.io.text(&frame);
+            self.io.text(op, &frame);
         }
     }
 
     fn send_error(&mut self, reference: Option<i64>, code: ErrorCode, message: &str) {
-        self.reply(protocol::error_frame(reference, code, message));
+        self.reply(ServerOp::Error, protocol::error_frame(reference, code, message));
     }
 
-    /// Write `events` (of one room, ascending) as `events` frames of bounded size.
-    fn write_events(&mut self, events: Vec<Arc<Delivery>>) {
-        for window in Window::cut(events) {
+    /// Write `events` (of one room of `epoch`, ascending) as `events` frames of bounded size.
+    fn write_events(&mut self, epoch: &Arc<str>, events: Vec<Arc<Delivery>>) {
+        for window in Window::cut(epoch, events) {
             self.write_window(&window);
         }
     }
@@ -199,13 +220,18 @@ impl Connection {
         let metrics = &self.settings.metrics;
         metrics.frames_written.inc();
         metrics.events_delivered.inc_by(window.events.len() as u64);
-        self.io.frame(window.frame.clone());
+        let subscriptions = &self.subscriptions;
+        self.io.window(window, || cursor(subscriptions));
     }
 
     /// A room's window: the shared frame when this connection sent none of it and no
     /// event is filtered by device; otherwise a frame of its own with what is left.
     fn on_window(&mut self, room: &str, window: &Window) {
         let Some(sub) = self.subscriptions.get_mut(room).filter(|s| s.live) else { return };
+        if sub.epoch.is_none() {
+            // An automatic inbox learns its epoch from its first window.
+            sub.epoch = Some(window.epoch.clone());
+        }
         let (first, last) = (window.first_seq(), window.last_seq());
         if last <= sub.floor {
             return;
@@ -217,7 +243,7 @@ impl Connection {
         let fresh = sub.unsent(&window.events, sub.floor, &self.identity.device);
         sub.sent.on_live_run(first.max(sub.floor + 1), last);
         if !fresh.is_empty() {
-            self.write_events(fresh);
+            self.write_events(&window.epoch, fresh);
         }
     }
 
@@ -240,8 +266,8 @@ impl Connection {
             return;
         }
         let code = code.code();
-        tracing::debug!(conn = self.id, user = %self.identity.user, code, reason, force, "closing connection");
-        self.io.close(Some(CloseReason { code: ws::CloseCode::from(code), description: Some(reason.to_string()) }));
+        tracing::debug!(conn = self.id, user = %self.identity.user, transport = self.io.name(), code, reason, force, "closing connection");
+        self.io.close(code, reason);
         self.closing = true;
         self.close_code = Some(code);
         if force {
@@ -259,10 +285,11 @@ impl Connection {
         if self.closing {
             return;
         }
-        if self.last_heard.elapsed() >= self.settings.heartbeat * MISSED_HEARTBEATS {
+        // An SSE client sends nothing: one that is gone shows up as its stream ending.
+        if self.io.reads() && self.last_heard.elapsed() >= self.settings.heartbeat * MISSED_HEARTBEATS {
             self.close(ctx, CloseCode::HeartbeatTimeout, "heartbeat timeout");
         } else {
-            self.io.ping(b"");
+            self.io.heartbeat();
         }
     }
 
@@ -283,7 +310,7 @@ impl Connection {
     fn handle_request(&mut self, request: ClientRequest, ctx: &mut Context<Self>) {
         let reference = request.reference;
         match request.op {
-            ClientOp::Ping => self.io.text(&protocol::pong_frame(reference)),
+            ClientOp::Ping => self.io.text(ServerOp::Pong, &protocol::pong_frame(reference)),
             ClientOp::Subscribe { room, since, epoch } => {
                 self.subscribed_once = true;
                 self.subscribe(room, since, epoch, reference, ctx)
@@ -293,7 +320,7 @@ impl Connection {
                     return self.send_error(reference, ErrorCode::BadRoom, &names::NameError::BadRoom.to_string());
                 }
                 self.unsubscribe(&room);
-                self.io.text(&protocol::unsubscribed_frame(&room, reference));
+                self.io.text(ServerOp::Unsubscribed, &protocol::unsubscribed_frame(&room, reference));
             }
             ClientOp::History { room, since, limit } => {
                 if let Err(code) = self.check_readable(&room) {
@@ -313,7 +340,7 @@ impl Connection {
                         let events = page.events.iter().filter(|e| e.is_for(device)).map(|e| &*e.json);
                         let frame =
                             protocol::history_frame(&room, page.epoch.as_deref(), page.head, events, page.complete, reference);
-                        conn.reply(frame)
+                        conn.reply(ServerOp::History, frame)
                     }
                     Err(e) => conn.send_error(reference, ErrorCode::Unavailable, &e.to_string()),
                 }));
@@ -397,7 +424,7 @@ impl Connection {
     /// the inbox has no actor (nothing is read until a message comes or the client asks).
     fn subscribe_inbox(&mut self, ctx: &mut Context<Self>) {
         let room = self.inbox.clone();
-        self.io.text(&protocol::inbox_notice_frame(&room));
+        self.io.text(ServerOp::Subscribed, &protocol::inbox_notice_frame(&room));
         self.settings.metrics.subscriptions.inc();
         self.next_generation += 1;
         let generation = self.next_generation;
@@ -446,7 +473,7 @@ impl Connection {
                 tracing::debug!(conn = self.id, ?reason, "client closed");
                 self.close_code = Some(reason.as_ref().map_or(1005, |r| u16::from(r.code)));
                 self.closing = true;
-                self.io.close(reason);
+                self.io.echo_close(reason);
                 ctx.stop();
             }
         }
@@ -466,6 +493,15 @@ impl Connection {
         }
     }
 
+    /// An SSE stream's body ended: the client is gone (or took our close): stop.
+    fn on_stream_end(&mut self, ctx: &mut Context<Self>) {
+        if !self.closing {
+            tracing::debug!(conn = self.id, user = %self.identity.user, "SSE client went away");
+        }
+        self.close_code.get_or_insert(1006);
+        ctx.stop();
+    }
+
     /// Close a connection that never subscribed to a room.
     fn check_subscribed(&mut self, ctx: &mut Context<Self>) {
         if !self.subscribed_once && !self.closing {
@@ -475,15 +511,36 @@ impl Connection {
     }
 }
 
+/// The cursor after what a connection has written: each room whose epoch it knows, at
+/// the last seq it sent there (an SSE `events` message's `id:`).
+fn cursor(subscriptions: &HashMap<Arc<str>, Subscription>) -> String {
+    let mut positions: Vec<(&str, &str, u64)> =
+        subscriptions.iter().filter_map(|(room, sub)| Some((&**room, sub.epoch.as_deref()?, sub.sent.last()))).collect();
+    positions.sort_unstable();
+    crate::core::sse::render_cursor(positions)
+}
+
 impl Actor for Connection {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        wsio::drive(ctx);
+        match &self.io {
+            Transport::Ws(_) => wsio::drive(ctx),
+            Transport::Sse(io) => {
+                ctx.spawn(io.ended().into_actor(self).map(|(), conn, ctx| conn.on_stream_end(ctx)));
+                // The stream names its rooms up front; it can never subscribe later.
+                self.subscribed_once = true;
+            }
+        }
         let heartbeat_ms = self.settings.heartbeat.as_millis() as u64;
         let resume = self.identity.resume.as_ref().map(|grant| (grant.credential.as_str(), grant.expires_at_ms));
-        self.io.text(&protocol::welcome_frame(&self.identity.session, &self.settings.node, heartbeat_ms, self.identity.warmup, resume));
+        let welcome = protocol::welcome_frame(&self.identity.session, &self.settings.node, heartbeat_ms, self.identity.warmup, resume);
+        self.io.text(ServerOp::Welcome, &welcome);
         self.subscribe_inbox(ctx);
+        for initial in std::mem::take(&mut self.initial) {
+            self.subscribed_once = true;
+            self.subscribe(initial.room, initial.since, initial.epoch, None, ctx);
+        }
         self.registry.do_send(Register {
             conn: self.id,
             user: self.identity.user.clone(),
@@ -496,8 +553,9 @@ impl Actor for Connection {
         }
         let metrics = &self.settings.metrics;
         metrics.connections_open.get_or_create(&metrics.device(&self.identity.device)).inc();
+        metrics.connections_by_transport.get_or_create(&crate::metrics::TransportLabel { transport: self.io.name() }).inc();
         metrics.connects.inc();
-        tracing::debug!(conn = self.id, user = %self.identity.user, device = %self.identity.device, "connected");
+        tracing::debug!(conn = self.id, user = %self.identity.user, device = %self.identity.device, transport = self.io.name(), "connected");
     }
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
@@ -509,6 +567,7 @@ impl Actor for Connection {
         }
         // The gauge first: a kick answers on Unregister and must find it already down.
         metrics.connections_open.get_or_create(&metrics.device(&self.identity.device)).dec();
+        metrics.connections_by_transport.get_or_create(&crate::metrics::TransportLabel { transport: self.io.name() }).dec();
         self.registry.do_send(Unregister { conn: self.id });
         // No close code at all means the socket just ended.
         metrics.disconnects.get_or_create(&crate::metrics::Metrics::close_code(self.close_code.unwrap_or(1006))).inc();
@@ -517,8 +576,11 @@ impl Actor for Connection {
 }
 
 impl WsActor for Connection {
-    fn io(&mut self) -> &mut WsIo {
-        &mut self.io
+    fn io(&mut self) -> Option<&mut WsIo> {
+        match &mut self.io {
+            Transport::Ws(io) => Some(io),
+            Transport::Sse(_) => None,
+        }
     }
 
     fn on_read(&mut self, item: Result<ws::Message, ReadError>, ctx: &mut Self::Context) {
@@ -564,13 +626,13 @@ impl Handler<RoomUpdate> for Connection {
                 if let Some(recovered) = recovered {
                     self.settings.metrics.recovery(recovered);
                 }
-                if !sub.automatic {
-                    self.io.text(&protocol::subscribed_frame(&room, &epoch, head, recovered, reference));
-                }
                 let fresh = sub.unsent(&replay, 0, &self.identity.device);
                 sub.sent.on_subscribed(head, replayed_after);
+                if !sub.automatic {
+                    self.io.text(ServerOp::Subscribed, &protocol::subscribed_frame(&room, &epoch, head, recovered, reference));
+                }
                 if !fresh.is_empty() {
-                    self.write_events(fresh);
+                    self.write_events(&epoch, fresh);
                 }
             }
             RoomUpdate::Events { room, window } => {

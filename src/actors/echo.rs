@@ -36,8 +36,8 @@ impl Actor for EchoSocket {
 }
 
 impl WsActor for EchoSocket {
-    fn io(&mut self) -> &mut WsIo {
-        &mut self.io
+    fn io(&mut self) -> Option<&mut WsIo> {
+        Some(&mut self.io)
     }
 
     fn on_read(&mut self, item: Result<ws::Message, ReadError>, ctx: &mut Self::Context) {

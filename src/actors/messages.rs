@@ -43,12 +43,18 @@ pub struct Window {
     pub frame: actix_web::web::Bytes,
     /// Some event names the devices it is for: each connection filters (inbox rooms).
     pub targeted: bool,
+    /// The room's epoch (an SSE stream's cursor names it).
+    pub epoch: Arc<str>,
+    /// The `events` JSON as SSE `data:` lines, made by the first SSE subscriber that
+    /// writes this window (a WebSocket never touches it): a slice of `frame` unless the
+    /// JSON has line breaks.
+    sse: std::sync::OnceLock<actix_web::web::Bytes>,
 }
 
 impl Window {
     /// Cut `events` (contiguous, ascending) into windows of at most about
     /// [`FRAME_TARGET_BYTES`], each rendered once.
-    pub fn cut(events: Vec<Arc<Delivery>>) -> Vec<Arc<Window>> {
+    pub fn cut(epoch: &Arc<str>, events: Vec<Arc<Delivery>>) -> Vec<Arc<Window>> {
         let mut windows = Vec::new();
         let mut rest = events.as_slice();
         while !rest.is_empty() {
@@ -64,10 +70,17 @@ impl Window {
                 targeted: chunk.iter().any(|e| e.devices.is_some()),
                 events: chunk.into(),
                 frame: super::wsio::encode_text(&frame),
+                epoch: epoch.clone(),
+                sse: std::sync::OnceLock::new(),
             }));
             rest = tail;
         }
         windows
+    }
+
+    /// The `events` JSON framed as SSE data, shared by every SSE subscriber.
+    pub fn sse_data(&self) -> actix_web::web::Bytes {
+        self.sse.get_or_init(|| super::sse::data(super::wsio::payload_of(&self.frame))).clone()
     }
 
     pub fn first_seq(&self) -> u64 {

@@ -12,5 +12,7 @@ pub mod registry;
 pub mod room;
 pub mod rooms;
 pub mod socket;
+pub mod sse;
 pub mod supervisor;
+pub mod transport;
 pub mod wsio;

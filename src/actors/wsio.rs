@@ -52,6 +52,18 @@ pub enum ReadError {
     Io(#[from] std::io::Error),
 }
 
+/// The payload of a frame [`encode_text`] made: the bytes after its header (server
+/// frames are unmasked, so the header is 2, 4 or 10 bytes by the payload's length).
+pub fn payload_of(frame: &Bytes) -> Bytes {
+    let header = match frame.get(1).map(|b| b & 0x7f) {
+        None => return Bytes::new(),
+        Some(126) => 4,
+        Some(127) => 10,
+        Some(_) => 2,
+    };
+    frame.slice(header.min(frame.len())..)
+}
+
 /// A whole frame, encoded as it goes on the wire (server frames are not masked).
 pub fn encode_text(text: &str) -> Bytes {
     let mut out = BytesMut::with_capacity(text.len() + 10);
@@ -307,7 +319,8 @@ fn message(frame: Frame) -> Result<ws::Message, ReadError> {
 
 /// An actor that owns a [`WsIo`] and takes the messages read from it.
 pub trait WsActor: Actor<Context = Context<Self>> {
-    fn io(&mut self) -> &mut WsIo;
+    /// The socket; `None` for an actor on another transport (nothing to drive).
+    fn io(&mut self) -> Option<&mut WsIo>;
 
     /// One whole frame, or the error that ended reading.
     fn on_read(&mut self, item: Result<ws::Message, ReadError>, ctx: &mut Context<Self>);
@@ -330,7 +343,7 @@ impl<A: WsActor> ActorFuture<A> for Pump {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, act: &mut A, ctx: &mut Context<A>, task: &mut TaskContext<'_>) -> Poll<()> {
-        let io = act.io();
+        let Some(io) = act.io() else { return Poll::Ready(()) };
         if !io.waker.as_ref().is_some_and(|w| w.will_wake(task.waker())) {
             io.waker = Some(task.waker().clone());
         }
@@ -339,7 +352,8 @@ impl<A: WsActor> ActorFuture<A> for Pump {
             if ctx.state().stopping() {
                 return Poll::Ready(());
             }
-            match act.io().poll_read(task) {
+            let Some(io) = act.io() else { return Poll::Ready(()) };
+            match io.poll_read(task) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(item)) => act.on_read(item, ctx),
                 Poll::Ready(None) => {
@@ -387,5 +401,18 @@ impl Accepted {
 
     pub fn start(self, io: WsIo) {
         (self.start)(io)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frames_payload_is_its_text() {
+        for len in [0, 1, 125, 126, 127, 65_535, 65_536, 300_000] {
+            let text = "x".repeat(len);
+            assert_eq!(payload_of(&encode_text(&text)), text.as_bytes(), "payload of {len} bytes");
+        }
     }
 }

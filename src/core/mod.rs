@@ -17,4 +17,5 @@ pub mod routing;
 pub mod sent;
 pub mod seqlog;
 pub mod sessions;
+pub mod sse;
 pub mod token;

@@ -14,6 +14,11 @@ impl SentRange {
         self.lo < seq && seq <= self.hi
     }
 
+    /// The last seq handled (0: none yet): what the client is caught up to.
+    pub fn last(&self) -> u64 {
+        self.hi
+    }
+
     /// A live event was handled (sent, or not for this device).
     pub fn on_live(&mut self, seq: u64) {
         if seq == self.hi + 1 {

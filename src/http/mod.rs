@@ -11,8 +11,9 @@ use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use futures_util::StreamExt;
 use serde::Deserialize;
 
+use crate::actors::transport::Transport;
 use crate::actors::wsio::{Accepted, WsIo};
-use crate::actors::connection::{Connection, ConnectionSettings, Identity, ResumeGrant, HISTORY_DEFAULT_LIMIT};
+use crate::actors::connection::{Connection, ConnectionSettings, Identity, InitialSubscription, ResumeGrant, HISTORY_DEFAULT_LIMIT};
 use crate::core::lifecycle::{Lifecycle, Phase};
 use crate::actors::directory::{Directory, DirectoryError, OpenSession, SessionStore};
 use crate::actors::liveness::{LivenessActor, Route};
@@ -29,6 +30,7 @@ use crate::store::Store;
 
 pub mod limits;
 pub mod seams;
+pub mod sse;
 pub mod upgrade;
 use limits::{AccessList, ConnectionLimits, SharedAccess};
 
@@ -196,6 +198,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/v1/users/{user}/connections", web::delete().to(kick))
         .route("/v1/route", web::get().to(route))
         .route("/v1/ws", web::get().to(upgrade))
+        .route("/v1/sse", web::get().to(sse::stream))
         .route("/healthz", web::get().to(healthz))
         .route("/readyz", web::get().to(readyz))
         .route("/metrics", web::get().to(metrics))
@@ -390,8 +393,10 @@ async fn read_history(
     Ok(json(StatusCode::OK, body))
 }
 
+/// The credential a connection presents: a token (optionally naming the session to
+/// resume) or a resume credential.
 #[derive(Deserialize)]
-struct UpgradeQuery {
+struct CredentialQuery {
     token: Option<String>,
     /// A resume credential from an earlier `welcome`, instead of a token (DESIGN §7).
     resume: Option<String>,
@@ -407,14 +412,42 @@ struct Credentialed {
     session: Option<String>,
 }
 
-/// Verify and spend the handshake's credential: a resume credential when given, else
-/// the token.
-async fn spend_credential(query: UpgradeQuery, state: &AppState) -> Result<Credentialed, ApiError> {
+/// A credential whose signature, expiry and revocation were checked; its nonce is not
+/// spent yet, so a request refused now leaves it usable.
+struct Verified {
+    who: Credentialed,
+    nonce: [u8; 16],
+    expires_at_ms: u64,
+    kind: CredentialKind,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CredentialKind {
+    Token,
+    Resume,
+}
+
+impl CredentialKind {
+    /// The credential's label in `livegate_handshakes_total`.
+    fn label(self) -> &'static str {
+        match self {
+            CredentialKind::Token => "token",
+            CredentialKind::Resume => "resume",
+        }
+    }
+}
+
+fn resume_invalid(why: &str) -> ApiError {
+    api_error(ErrorCode::ResumeInvalid, format!("resume credential {why}; connect with a new token"))
+}
+
+/// Verify the handshake's credential without spending it: a resume credential when
+/// given, else the token.
+async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<Verified, ApiError> {
     let now = now_ms();
     if let Some(credential) = query.resume.as_deref() {
-        let invalid = |why: &str| api_error(ErrorCode::ResumeInvalid, format!("resume credential {why}; connect with a new token"));
         let resume = token::verify_resume(&state.token_secret, credential, now).map_err(|e| {
-            invalid(match e {
+            resume_invalid(match e {
                 token::TokenError::Malformed => "is malformed",
                 token::TokenError::BadSignature => "has an invalid signature",
                 token::TokenError::Expired => "has expired",
@@ -422,13 +455,10 @@ async fn spend_credential(query: UpgradeQuery, state: &AppState) -> Result<Crede
         })?;
         let revoked_at = state.nonces.resumes_revoked_at(&resume.session).await.map_err(internal)?;
         if resume.revoked_by(revoked_at) {
-            return Err(invalid("was revoked (its session was kicked or replaced)"));
+            return Err(resume_invalid("was revoked (its session was kicked or replaced)"));
         }
-        if !state.nonces.use_nonce(&resume.nonce, resume.expires_at_ms).await.map_err(internal)? {
-            return Err(invalid("was already used"));
-        }
-        state.metrics.handshake_credential("resume");
-        return Ok(Credentialed { user: resume.user, device: resume.device, rooms: resume.rooms, session: Some(resume.session) });
+        let who = Credentialed { user: resume.user, device: resume.device, rooms: resume.rooms, session: Some(resume.session) };
+        return Ok(Verified { who, nonce: resume.nonce, expires_at_ms: resume.expires_at_ms, kind: CredentialKind::Resume });
     }
     let token = query.token.as_deref().ok_or_else(|| api_error(ErrorCode::MissingToken, "missing token query parameter"))?;
     let claims = token::verify(&state.token_secret, token, now).map_err(|e| {
@@ -438,11 +468,20 @@ async fn spend_credential(query: UpgradeQuery, state: &AppState) -> Result<Crede
         };
         api_error(code, e.to_string())
     })?;
-    if !state.nonces.use_nonce(&claims.nonce, claims.expires_at_ms).await.map_err(internal)? {
-        return Err(api_error(ErrorCode::TokenReplayed, "token was already used"));
+    let who = Credentialed { user: claims.user, device: claims.device, rooms: claims.rooms, session: query.session };
+    Ok(Verified { who, nonce: claims.nonce, expires_at_ms: claims.expires_at_ms, kind: CredentialKind::Token })
+}
+
+/// Spend a verified credential's nonce: from here it opens nothing else.
+async fn spend_credential(verified: Verified, state: &AppState) -> Result<Credentialed, ApiError> {
+    if !state.nonces.use_nonce(&verified.nonce, verified.expires_at_ms).await.map_err(internal)? {
+        return Err(match verified.kind {
+            CredentialKind::Resume => resume_invalid("was already used"),
+            CredentialKind::Token => api_error(ErrorCode::TokenReplayed, "token was already used"),
+        });
     }
-    state.metrics.handshake_credential("token");
-    Ok(Credentialed { user: claims.user, device: claims.device, rooms: claims.rooms, session: query.session })
+    state.metrics.handshake_credential(verified.kind.label());
+    Ok(verified.who)
 }
 
 /// A fresh one-time resume credential for the connection being opened.
@@ -464,31 +503,54 @@ fn mint_resume(state: &AppState, who: &Credentialed, session: &str) -> ResumeGra
 /// The WebSocket upgrade; refusals are counted by their error code.
 async fn upgrade(
     req: HttpRequest,
-    query: web::Query<UpgradeQuery>,
+    query: web::Query<CredentialQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let result = upgrade_checked(req, query, state.clone()).await;
     if let Err(refusal) = &result {
-        tracing::debug!(reason = refusal.code.as_str(), status = refusal.status.as_u16(), "handshake refused");
-        state.metrics.handshake_rejected(refusal.code.as_str());
+        refused(&state, refusal);
     }
     result
 }
 
-/// The credential is verified and spent before anything is upgraded.
-async fn upgrade_checked(
-    req: HttpRequest,
-    query: web::Query<UpgradeQuery>,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
+/// Count and log a refused handshake (WebSocket or SSE).
+fn refused(state: &AppState, refusal: &ApiError) {
+    tracing::debug!(reason = refusal.code.as_str(), status = refusal.status.as_u16(), "handshake refused");
+    state.metrics.handshake_rejected(refusal.code.as_str());
+}
+
+/// A connection the handshake admitted, ready for its actor.
+struct Admitted {
+    id: crate::actors::messages::ConnId,
+    identity: Identity,
+    /// Its place under the limits and its session lease, held until the connection ends.
+    permit: Box<dyn Send>,
+}
+
+/// The checks every connection's handshake makes (WebSocket and SSE), in one order,
+/// cheapest first, so that nothing a refusal could have avoided is spent:
+/// the node's phase (503 while draining); `shape`, the request itself (a WebSocket
+/// upgrade; an SSE request's rooms and cursor); the origin; the connection limits (a
+/// permit); the credential's signature, expiry and revocation; `authorise`, what the
+/// verified credential may do (an SSE request's rooms); only then the nonce is spent,
+/// the session opened in the directory and both flushed, and a resume credential minted.
+async fn handshake<S>(
+    req: &HttpRequest,
+    state: &AppState,
+    query: CredentialQuery,
+    shape: impl FnOnce() -> Result<S, ApiError>,
+    authorise: impl FnOnce(&S, &Credentialed) -> Result<(), ApiError>,
+) -> Result<(S, Admitted), ApiError> {
     if !state.lifecycle.phase().accepts_connections() {
         return Err(api_error(ErrorCode::Unavailable, "node is not accepting connections"));
     }
-    // A request that is not an upgrade, or that a limit refuses, must not spend a token.
-    let switching = switching_protocols(&req)?;
-    check_origin(&req, &state)?;
-    let permit = admit(&req, &state)?;
-    let who = spend_credential(query.into_inner(), &state).await?;
+    // A request that is malformed, or that a limit refuses, must not spend a token.
+    let shaped = shape()?;
+    check_origin(req, state)?;
+    let permit = admit(req, state)?;
+    let verified = verify_credential(query, state).await?;
+    authorise(&shaped, &verified.who)?;
+    let who = spend_credential(verified, state).await?;
     let open = OpenSession { user: who.user.clone(), asked: who.session.clone() };
     let grant = match state.directory.send(open).await.map_err(internal)? {
         Ok(grant) => grant,
@@ -504,7 +566,7 @@ async fn upgrade_checked(
     // The nonce (and any session record) must survive a crash, or a restart would reopen
     // a replay window.
     state.store.flush_soon().await.map_err(internal)?;
-    let resume = mint_resume(&state, &who, &grant.session);
+    let resume = mint_resume(state, &who, &grant.session);
     let identity = Identity {
         user: who.user.into(),
         device: who.device.into(),
@@ -514,11 +576,26 @@ async fn upgrade_checked(
         resume: Some(resume),
     };
     let id = state.next_conn.fetch_add(1, Ordering::Relaxed);
-    let (settings, rooms, registry) = (state.connection.clone(), state.rooms.clone(), state.registry.clone());
-    // The connection holds its place under the limits and its session until it ends.
-    let permit: Box<dyn Send> = Box::new((permit, grant.lease));
+    Ok((shaped, Admitted { id, identity, permit: Box::new((permit, grant.lease)) }))
+}
+
+/// Start a connection's actor on `io`.
+fn start_connection(state: &AppState, admitted: Admitted, io: Transport, rooms: Vec<InitialSubscription>) {
+    let Admitted { id, identity, permit } = admitted;
+    let (settings, registry) = (state.connection.clone(), state.registry.clone());
+    Connection::new(id, identity, settings, state.rooms.clone(), registry, io, Some(permit)).subscribing(rooms).start();
+}
+
+/// The credential is verified and spent before anything is upgraded.
+async fn upgrade_checked(
+    req: HttpRequest,
+    query: web::Query<CredentialQuery>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let (switching, admitted) = handshake(&req, &state, query.into_inner(), || switching_protocols(&req), |_, _| Ok(())).await?;
+    let started = state.clone();
     Ok(accept(switching, state.config.max_frame_bytes, move |io| {
-        Connection::new(id, identity, settings, rooms, registry, io, Some(permit)).start();
+        start_connection(&started, admitted, Transport::Ws(io), Vec::new());
     }))
 }
 
@@ -544,7 +621,7 @@ fn check_origin(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
         return Ok(());
     }
     state.metrics.limit_hit("origin");
-    Err(api_error(ErrorCode::ForbiddenOrigin, "this origin may not open WebSockets here"))
+    Err(api_error(ErrorCode::ForbiddenOrigin, "this origin may not connect here"))
 }
 
 /// A place for one more connection from this client address, within the node's limits.

@@ -168,6 +168,8 @@ pub struct RoomCore {
     /// sends them.
     pending: Vec<Arc<Delivery>>,
     window: BatchWindow,
+    /// The epoch the last window carried, shared by the windows after it.
+    window_epoch: Option<Arc<str>>,
     last_active: Instant,
     stopped: bool,
 }
@@ -192,6 +194,7 @@ impl RoomActor {
             subscribers: HashMap::new(),
             pending: Vec::new(),
             window: BatchWindow::new(settings.batch_window),
+            window_epoch: None,
             settings,
             last_active: Instant::now(),
             stopped: false,
@@ -300,8 +303,21 @@ impl RoomCore {
         let metrics = &self.settings.metrics;
         metrics.batch_events.observe(events.len() as f64);
         metrics.delivery_latency.observe(now_ms().saturating_sub(events[0].ts_ms) as f64 / 1000.0);
-        for window in Window::cut(events) {
+        for window in Window::cut(&self.epoch(), events) {
             self.send_window(window);
+        }
+    }
+
+    /// The room's epoch, for the windows it sends (empty while it has none: no window
+    /// then); kept between windows, so a window costs no allocation for it.
+    fn epoch(&mut self) -> Arc<str> {
+        let current = match &self.state {
+            RoomState::Live(log) => log.epoch(),
+            _ => "",
+        };
+        match &self.window_epoch {
+            Some(kept) if **kept == *current => kept.clone(),
+            _ => self.window_epoch.insert(current.into()).clone(),
         }
     }
 

@@ -81,11 +81,12 @@ impl StreamLog {
                     Some(after) => log.read(after, usize::MAX).0.into_iter().map(|e| e.payload.clone()).collect(),
                     None => Vec::new(),
                 };
+                let epoch: Arc<str> = log.epoch().into();
                 room.state = RoomState::Live(log);
                 tracing::debug!(room = %room.name, head, adopted = room.subscribers.len(), "room loaded from the stream");
                 // The only subscribers yet are the adopted ones: requests wait for the load.
                 if !replay.is_empty() {
-                    for window in Window::cut(replay) {
+                    for window in Window::cut(&epoch, replay) {
                         room.send_window(window);
                     }
                 }

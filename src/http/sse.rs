@@ -1,0 +1,161 @@
+//! `GET /v1/sse`: a connection over Server-Sent Events (DESIGN §8), for clients whose
+//! path breaks the WebSocket upgrade, and for `curl -N`. The request names its rooms
+//! (`rooms=R1,R2`) and optionally where it left off (`Last-Event-ID`, or `since=`, a
+//! cursor); it runs the same handshake checks as `/v1/ws` ([`super::handshake`]), and the
+//! stream is then an ordinary connection actor on the SSE transport
+//! ([`crate::actors::sse`]). Every answer, the stream and the refusals, carries CORS
+//! headers when the request's `Origin` is allowed.
+
+use actix_web::http::header::{HeaderValue, ACCESS_CONTROL_ALLOW_ORIGIN, VARY};
+use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
+use serde::Deserialize;
+
+use super::{api_error, handshake, refused, start_connection, ApiError, AppState, CredentialQuery, Credentialed};
+use crate::actors::connection::InitialSubscription;
+use crate::actors::sse;
+use crate::actors::transport::Transport;
+use crate::core::names;
+use crate::core::sse::{parse_cursor, parse_rooms, CursorEntry, RoomsError};
+use crate::protocol::ErrorCode;
+
+#[derive(Deserialize)]
+struct SseQuery {
+    token: Option<String>,
+    resume: Option<String>,
+    session: Option<String>,
+    /// Comma-separated room names; absent or empty: the inbox only.
+    rooms: Option<String>,
+    /// A cursor, when the client cannot send `Last-Event-ID`.
+    since: Option<String>,
+}
+
+/// What the request asks for, checked before any credential is looked at.
+struct Request {
+    rooms: Vec<String>,
+    cursor: Vec<CursorEntry>,
+}
+
+pub async fn stream(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
+    let mut response = match open(&req, &state).await {
+        Ok(response) => response,
+        Err(refusal) => {
+            refused(&state, &refusal);
+            refusal.error_response()
+        }
+    };
+    if let Some(origin) = allowed_origin(&req, &state) {
+        response.headers_mut().insert(ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        response.headers_mut().insert(VARY, HeaderValue::from_static("Origin"));
+    }
+    response
+}
+
+/// The request's `Origin`, when the access list allows it (a browser on another origin
+/// reads the answer only with it echoed).
+fn allowed_origin(req: &HttpRequest, state: &AppState) -> Option<HeaderValue> {
+    let origin = req.headers().get("origin")?;
+    state.access.read().allows_origin(Some(origin.to_str().ok()?)).then(|| origin.clone())
+}
+
+async fn open(req: &HttpRequest, state: &AppState) -> Result<HttpResponse, ApiError> {
+    let query = web::Query::<SseQuery>::from_query(req.query_string())
+        .map_err(|e| ApiError::bad_request(e.to_string()))?
+        .into_inner();
+    let credential = CredentialQuery { token: query.token, resume: query.resume, session: query.session };
+    let (rooms, since) = (query.rooms, query.since);
+    let shape = || parse_request(req, state, rooms.as_deref(), since.as_deref());
+    let (request, admitted) = handshake(req, state, credential, shape, authorise).await?;
+    let initial = initial_subscriptions(request, &admitted.identity.user);
+    let (io, body) = sse::stream();
+    start_connection(state, admitted, Transport::Sse(io), initial);
+    Ok(HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header(("Cache-Control", "no-cache"))
+        .insert_header(("X-Accel-Buffering", "no"))
+        .streaming(body))
+}
+
+/// The rooms and the cursor: `Last-Event-ID` wins over `since` (an `EventSource`
+/// reconnects with its first URL and a newer `Last-Event-ID`).
+fn parse_request(req: &HttpRequest, state: &AppState, rooms: Option<&str>, since: Option<&str>) -> Result<Request, ApiError> {
+    let max = state.config.max_subscriptions;
+    let rooms = parse_rooms(rooms, max).map_err(|e| match e {
+        RoomsError::BadRoom(_) => api_error(ErrorCode::BadRoom, e.to_string()),
+        RoomsError::TooMany { .. } => {
+            state.metrics.limit_hit("subscriptions");
+            api_error(ErrorCode::TooManySubscriptions, e.to_string())
+        }
+    })?;
+    let header = match req.headers().get("last-event-id") {
+        Some(value) => Some(value.to_str().map_err(|_| ApiError::bad_request("Last-Event-ID is not text"))?),
+        None => None,
+    };
+    let text = header.filter(|h| !h.is_empty()).or(since).unwrap_or("");
+    // A cursor names at most every subscribed room and the inbox.
+    let cursor = parse_cursor(text, max + 1).map_err(|e| ApiError::bad_request(format!("bad cursor: {e}")))?;
+    Ok(Request { rooms, cursor })
+}
+
+/// Every requested room must be readable with this credential (as a WebSocket
+/// subscribe checks it); checked before the credential is spent.
+fn authorise(request: &Request, who: &Credentialed) -> Result<(), ApiError> {
+    match request.rooms.iter().find(|room| !names::may_read(&who.user, &who.rooms, room)) {
+        Some(room) => Err(api_error(ErrorCode::Forbidden, format!("this credential may not read room {room}"))),
+        None => Ok(()),
+    }
+}
+
+/// The rooms to subscribe after `welcome`, each at its cursor position when the cursor
+/// names it; the user's inbox too when the cursor names it (it is subscribed
+/// automatically anyway, and recovered like any room from there).
+fn initial_subscriptions(request: Request, user: &str) -> Vec<InitialSubscription> {
+    let Request { rooms, mut cursor } = request;
+    let mut position = |room: &str| match cursor.iter().position(|e| e.room == room) {
+        Some(i) => {
+            let entry = cursor.swap_remove(i);
+            (Some(entry.seq), Some(entry.epoch))
+        }
+        None => (None, None),
+    };
+    let inbox = names::inbox_room(user);
+    let mut initial: Vec<InitialSubscription> = rooms
+        .into_iter()
+        .map(|room| {
+            let (since, epoch) = position(&room);
+            InitialSubscription { room, since, epoch }
+        })
+        .collect();
+    if !initial.iter().any(|s| s.room == inbox) {
+        if let (Some(since), epoch) = position(&inbox) {
+            initial.push(InitialSubscription { room: inbox, since: Some(since), epoch });
+        }
+    }
+    initial
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(room: &str, epoch: &str, seq: u64) -> CursorEntry {
+        CursorEntry { room: room.into(), epoch: epoch.into(), seq }
+    }
+
+    fn sub(room: &str, at: Option<(&str, u64)>) -> InitialSubscription {
+        InitialSubscription { room: room.into(), since: at.map(|a| a.1), epoch: at.map(|a| a.0.to_string()) }
+    }
+
+    #[test]
+    fn cursor_positions_go_to_their_rooms() {
+        let request = Request {
+            rooms: vec!["a".into(), "b".into()],
+            cursor: vec![entry("b", "E", 4), entry("elsewhere", "E", 9), entry("user:u1", "F", 2)],
+        };
+        let got = initial_subscriptions(request, "u1");
+        assert_eq!(got, vec![sub("a", None), sub("b", Some(("E", 4))), sub("user:u1", Some(("F", 2)))]);
+        let request = Request { rooms: vec!["user:u1".into()], cursor: vec![entry("user:u1", "F", 2)] };
+        assert_eq!(initial_subscriptions(request, "u1"), vec![sub("user:u1", Some(("F", 2)))]);
+        let request = Request { rooms: vec![], cursor: vec![entry("user:u2", "F", 2)] };
+        assert_eq!(initial_subscriptions(request, "u1"), vec![]);
+    }
+}
