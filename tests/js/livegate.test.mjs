@@ -54,7 +54,7 @@ describe('livegate.js with a scripted socket', () => {
   /** A client on a fake socket, welcomed and subscribed to `room` at head `head`. */
   async function subscribed(room, head, { epoch = 'E1', options = {} } = {}) {
     const Fake = fakeSocketClass();
-    const client = connect({ url: 'http://gw.test', getToken: async () => 'tok', WebSocket: Fake, timings: FAST, ...options });
+    const client = connect({ url: 'http://gw.test', getToken: async () => 'tok', WebSocket: Fake, fetch: null, timings: FAST, ...options });
     const log = recorder(client);
     const got = [];
     const reply = client.subscribe(room, (event) => got.push(event));
@@ -212,7 +212,7 @@ describe('livegate.js with a scripted socket', () => {
   test('every attempt gets a fresh token and offers the last session', { timeout: 10_000 }, async () => {
     const Fake = fakeSocketClass();
     let n = 0;
-    const client = connect({ url: 'https://gw.test/base/', getToken: async () => `t${++n}`, WebSocket: Fake, timings: FAST });
+    const client = connect({ url: 'https://gw.test/base/', getToken: async () => `t${++n}`, WebSocket: Fake, fetch: null, timings: FAST });
     try {
       const ws = await Fake.nth(0);
       assert.equal(ws.url, 'wss://gw.test/base/v1/ws?token=t1');
@@ -240,6 +240,7 @@ describe('livegate.js with a scripted socket', () => {
       url: 'http://gw.test',
       getToken: async () => 'tok',
       WebSocket: Fake,
+      fetch: null, // no SSE, no /readyz check: the plain WebSocket rules
       timings: { ...FAST, connectTimeoutMs: 50, pingMs: 20, idleMs: 60 },
     });
     const log = recorder(client);
@@ -280,6 +281,7 @@ describe('livegate.js with a scripted socket', () => {
         url: 'http://gw.test',
         getToken: async () => 'tok',
         WebSocket: Fake,
+        fetch: null, // no SSE, no /readyz check: the plain WebSocket rules
         random,
         timings: { ...FAST, backoffMs: tiers },
       });
@@ -325,6 +327,7 @@ describe('livegate.js with a scripted socket', () => {
       url: 'http://gw.test',
       getToken: async () => 'tok',
       WebSocket: Fake,
+      fetch: null, // no SSE, no /readyz check: the plain WebSocket rules
       random: () => 0.99999,
       timings: { ...FAST, backoffMs: [0, 40, 80], stableMs: 100 },
     });
@@ -378,6 +381,7 @@ describe('livegate.js with a scripted socket', () => {
       url: 'http://gw.test',
       getToken: async () => 'tok',
       WebSocket: Fake,
+      fetch: null, // no SSE, no /readyz check: the plain WebSocket rules
       random: () => 0.5,
       timings: { ...FAST, backoffMs: [0, 40, 60], restartJitterMs: 30 },
     });
@@ -408,7 +412,7 @@ describe('livegate.js with a scripted socket', () => {
 
     for (const code of [4500, 4501, 4502, 4503, 4999]) {
       const F = fakeSocketClass();
-      const c = connect({ url: 'http://gw.test', getToken: async () => 'tok', WebSocket: F, timings: FAST });
+      const c = connect({ url: 'http://gw.test', getToken: async () => 'tok', WebSocket: F, fetch: null, timings: FAST });
       const l = recorder(c);
       const ws = await F.nth(0);
       ws.welcome();
