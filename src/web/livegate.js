@@ -89,6 +89,8 @@ export const DEFAULT_TIMINGS = Object.freeze({
 
 /** Event ids remembered per room to drop repeats. */
 export const RECENT_IDS = 500;
+/** Largest SSE message (its data lines plus the line being read), in characters. */
+export const MAX_SSE_MESSAGE_CHARS = 64 * 1024 * 1024;
 /** Largest `limit` the server accepts for history. */
 const HISTORY_PAGE = 1000;
 /** Error codes that end a subscription instead of retrying it. */
@@ -561,7 +563,7 @@ export class LivegateClient {
     } else if (status === 404 && this._transportOption === 'auto' && this._Socket) {
       this._sseMissing = true;
       this._switchTransport('websocket', 'the server has no SSE endpoint');
-    } else if ((status === 400 || status === 403) && ['bad_room', 'too_many_subscriptions', 'forbidden'].includes(code)) {
+    } else if (['bad_room', 'too_many_subscriptions', 'forbidden'].includes(code)) {
       // A room of the request was refused: the rooms not yet subscribed are the suspects
       // (only the one the message names, when it names one).
       const fresh = [...link.rooms].filter((room) => this._rooms.get(room) && !this._rooms.get(room).subscribedOnce);
@@ -977,8 +979,9 @@ export class LivegateClient {
   _onSubscribed(frame) {
     const state = this._rooms.get(frame.room);
     if (this._sse) {
-      // SSE: one `subscribed` per requested room, right after welcome, without a ref.
-      if (!state || state.ref !== 'sse') return;
+      // SSE: one `subscribed` per requested room, right after welcome, without a ref
+      // (the automatic inbox's notice has no epoch: not a reply).
+      if (!state || state.ref !== 'sse' || frame.epoch == null) return;
     } else {
       // Only replies to this client's own requests count: the automatic inbox
       // subscription (no ref) and replies to superseded requests are ignored.
@@ -1221,10 +1224,12 @@ function cancelBody(response) {
  * or `\r` (also split across chunks); `data:` lines of one message are joined with `\n`;
  * one space after the colon is dropped; `: comment` lines go to `onComment`; a blank line
  * dispatches `{type, data, id}` (type `message` when no `event:` was given, `id` the
- * message's own `id:` or undefined).
+ * message's own `id:` or undefined). A message over `maxChars` throws a RangeError.
  */
 export class EventStreamParser {
-  constructor(onMessage, onComment = () => {}) {
+  constructor(onMessage, onComment = () => {}, maxChars = MAX_SSE_MESSAGE_CHARS) {
+    this._maxChars = maxChars;
+    this._size = 0; // characters of the data lines kept for the current message
     this._onMessage = onMessage;
     this._onComment = onComment;
     this._buffer = '';
@@ -1269,11 +1274,15 @@ export class EventStreamParser {
       start = next;
     }
     this._buffer = buffer.slice(start);
+    if (this._buffer.length + this._size > this._maxChars) {
+      throw new RangeError(`an event stream message over ${this._maxChars} characters`);
+    }
   }
 
   /** The stream ended: a message without its blank line is dropped (the standard's rule). */
   end() {
     this._buffer = '';
+    this._size = 0;
     this._type = '';
     this._data = [];
     this._id = undefined;
@@ -1285,6 +1294,7 @@ export class EventStreamParser {
       const any = this._data.length > 0;
       this._type = '';
       this._data = [];
+      this._size = 0;
       this._id = undefined;
       if (any) this._onMessage(message);
       return;
@@ -1303,6 +1313,8 @@ export class EventStreamParser {
         return;
       case 'data':
         this._data.push(value);
+        this._size += value.length + 1;
+        if (this._size > this._maxChars) throw new RangeError(`an event stream message over ${this._maxChars} characters`);
         return;
       case 'id':
         if (!value.includes('\0')) this._id = value;

@@ -452,6 +452,11 @@ test('EventStreamParser: the standard rules, in every split of the input', () =>
       assert.deepEqual(comments, ['hi']);
     }
   }
+  // Bounded: a message (or a line) over the limit throws instead of growing.
+  const small = new EventStreamParser(() => {}, () => {}, 100);
+  small.push(`data: ${'x'.repeat(50)}\n`);
+  assert.throws(() => small.push(`data: ${'y'.repeat(50)}\n`), RangeError);
+  assert.throws(() => new EventStreamParser(() => {}, () => {}, 100).push('z'.repeat(101)), RangeError);
   assert.equal(sseEndpointOf('ws://h:1/v1/ws'), 'http://h:1/v1/sse');
   assert.equal(sseEndpointOf('https://h/base/'), 'https://h/base/v1/sse');
 });
