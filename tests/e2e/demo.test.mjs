@@ -114,6 +114,9 @@ async function demoAcrossRestart(t, { transport, screenshots }) {
     args: [
       '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
       '--disable-background-networking', '--disable-component-update', '--disable-sync',
+      // A page fulfilled by the test (LIVEGATE_E2E_WEB=src) has no address for Chromium's
+      // local network access checks, which would then block its loopback WebSocket.
+      ...(process.env.LIVEGATE_E2E_WEB === 'src' ? ['--disable-features=LocalNetworkAccessChecks'] : []),
     ],
     viewport: { width: 1280, height: 900 },
     timeout: 15_000,
