@@ -25,8 +25,8 @@
 //   refused it. A browser WebSocket cannot see why a handshake failed, so a credential is
 //   tried in at most `resumeAttempts` (default 3) consecutive attempts that fail before
 //   `welcome`, then dropped; an attempt counts only when the server was up and ready
-//   (`GET /readyz` right after it answered 200): a server that is down or draining never
-//   saw the credential. Over SSE the refusal is visible (401 `resume_invalid`): the
+//   (`GET /readyz` right after it got an answer other than 503): a server that is down
+//   or draining never saw the credential, so a restart does not use the attempts up. Over SSE the refusal is visible (401 `resume_invalid`): the
 //   credential is dropped at once. `resume: false` turns this off (a token every attempt).
 //   The credential is never logged.
 // - Transports (`transport` option). `websocket`: WebSocket only. `sse`: Server-Sent
@@ -156,6 +156,7 @@ export class LivegateClient {
     this._nextRef = 1;
 
     this._ws = null; // the WebSocket of the current attempt or connection
+    this._wsAttempt = null; // what that attempt used: {transport, resume, quiet}
     this._sse = null; // the SSE link ({controller, rooms, ...}) of the current attempt or stream
     this._welcomed = false;
     this._state = 'idle';
@@ -439,7 +440,7 @@ export class LivegateClient {
       return;
     }
     this._ws = ws;
-    ws.attempt = attempt;
+    this._wsAttempt = attempt;
     this._welcomed = false;
     this._lastHeard = now();
     ws.onopen = null;
@@ -626,7 +627,7 @@ export class LivegateClient {
   _abandon(reason) {
     const ws = this._ws;
     const sse = this._sse;
-    const attempt = ws?.attempt ?? sse?.attempt;
+    const attempt = ws ? this._wsAttempt : sse?.attempt;
     if (ws) {
       this._detach(ws);
       try {
@@ -792,7 +793,7 @@ export class LivegateClient {
     const ws = this._ws;
     const sse = this._sse;
     const link = ws ?? sse;
-    const attempt = (ws ?? sse)?.attempt ?? { quiet: false, resume: null };
+    const attempt = (ws ? this._wsAttempt : sse?.attempt) ?? { quiet: false, resume: null };
     clearTimeout(this._timers.connect);
     this._timers.connect = null;
     this._welcomed = true;
