@@ -20,7 +20,9 @@
 //   it stops for good. It offers the session of the last `welcome` again.
 // - Reconnects without your backend. Every `welcome` carries a one-time resume credential
 //   and its expiry; the next attempt uses it (`resume=`, no `getToken()` call) while it has
-//   not expired (counted 30 s early, `timings.resumeMarginMs`, against clock skew).
+//   not expired (counted 30 s early, `timings.resumeMarginMs`, against clock skew; once
+//   an SSE response's Date header showed the server's clock off by more than 2 s, the
+//   expiry is moved onto the local clock by that much).
 //   `getToken()` is called only when there is no credential, it expired, or the server
 //   refused it. A browser WebSocket cannot see why a handshake failed, so a credential is
 //   tried in at most `resumeAttempts` (default 3) consecutive attempts that fail before
