@@ -2,32 +2,65 @@
 //
 //   import { connect } from '/livegate.js';
 //   const client = connect({
-//     url: 'https://push.example.com',              // the server; ws(s)://.../v1/ws is derived
+//     url: 'https://push.example.com',              // the server; /v1/ws and /v1/sse are derived
 //     getToken: async () => (await fetch('/my-backend/livegate-token')).text(),
+//     transport: 'auto',                            // 'auto' (default) | 'websocket' | 'sse'
 //   });
-//   client.on('connected', ({ session, node }) => ...);
+//   client.on('connected', ({ session, node, transport }) => ...);
 //   client.on('recovery_failed', ({ room }) => reloadOverHttp(room));
 //   client.subscribe('match:1', (event) => render(event));   // {room, seq, id, ts_ms, data}
-//   client.dropConnection();   // drop the socket to watch it reconnect and recover (demos)
+//   client.transport;          // 'websocket' or 'sse': the transport in use
+//   client.dropConnection();   // drop the connection to watch it reconnect and recover (demos)
 //
 // What it does for the application:
 // - Reconnects by itself. After Close 1012 (service restart) or 1001 it waits the delay
 //   the server suggests in the close reason (`... reconnect in 1234 ms`), or a random
 //   0-3 s; after any other loss it backs off with full jitter in tiers (about 0, 2, 5,
 //   10 s, then 30 s at most); after a Close 4500-4999 (replaced, kicked, token revoked)
-//   it stops for good. Every attempt asks `getToken()` for a fresh one-time token and
-//   offers the session of the last `welcome` again.
+//   it stops for good. It offers the session of the last `welcome` again.
+// - Reconnects without your backend. Every `welcome` carries a one-time resume credential
+//   and its expiry; the next attempt uses it (`resume=`, no `getToken()` call) while it has
+//   not expired (counted 30 s early, `timings.resumeMarginMs`, against clock skew; once
+//   an SSE response's Date header showed the server's clock off by more than 2 s, the
+//   expiry is moved onto the local clock by that much).
+//   `getToken()` is called only when there is no credential, it expired, or the server
+//   refused it. A browser WebSocket cannot see why a handshake failed, so a credential is
+//   tried in at most `resumeAttempts` (default 3) consecutive attempts that fail before
+//   `welcome`, then dropped; an attempt counts only when the server was up and ready
+//   (`GET /readyz` right after it got an answer other than 503): a server that is down
+//   or draining never saw the credential, so a restart does not use the attempts up. Over SSE the refusal is visible (401 `resume_invalid`): the
+//   credential is dropped at once. `resume: false` turns this off (a token every attempt).
+//   The credential is never logged.
+// - Transports (`transport` option). `websocket`: WebSocket only. `sse`: Server-Sent
+//   Events read with fetch() and a streamed body (no EventSource needed). `auto` (the
+//   default): WebSocket, and SSE from then on when two WebSocket attempts in a row fail
+//   before `welcome` while the server is up (a proxy that breaks the upgrade), or when
+//   there is no WebSocket constructor at all. `auto` goes back to WebSocket when the SSE
+//   endpoint is missing (404), or when SSE refuses the resume credential (the WebSocket
+//   failures may have been that credential). The application sees the same API and events
+//   either way; `client.transport` and the `connected` event say which is in use.
+// - SSE specifics: the stream names its rooms (`rooms=`), so subscribe() and unsubscribe()
+//   reopen it (the old request is aborted first) with the resume credential and `since=`
+//   the cursor: the last `id:` seen, with every subscribed room's own position (epoch and
+//   last delivered seq) written over it, so the server replays exactly what each room
+//   missed. `event: close` codes follow the WebSocket close-code rules above; `: ping`
+//   comments count as liveness and a stream silent for 3 heartbeats is reconnected. SSE
+//   has no client requests: `history()` rejects with code `unsupported` (read history over
+//   HTTP from your backend), and a gap in a room's stream is not filled with `history`
+//   but by reopening the stream from the room's last delivered seq: the server replays
+//   the rest exactly, or says it cannot (`recovery_failed`).
 // - Per room it remembers the epoch and the last seq delivered, resubscribes with
 //   `since` and `epoch` after a reconnect, and hands each event to the application
 //   exactly once and in seq order: events at or below the last delivered seq are
-//   dropped, a gap in the live stream is filled with `history` before later events are
-//   delivered, and the last 500 event ids of each room are remembered so a repeated id
-//   is dropped too. When the server cannot replay what was missed (`recovered:false`,
-//   or a gap history no longer covers) it emits `recovery_failed` with the room: reload
-//   that room's state over HTTP; delivery continues from the server's head.
+//   dropped, a gap in the live stream is filled with `history` (WebSocket) before later
+//   events are delivered, and the last 500 event ids of each room are remembered so a
+//   repeated id is dropped too. When the server cannot replay what was missed
+//   (`recovered:false`, or a gap history no longer covers) it emits `recovery_failed` with
+//   the room: reload that room's state over HTTP; delivery continues from the server's head.
 //
 // Works with the browser's WebSocket, Node's (22+, or 20 with --experimental-websocket)
-// or any constructor with the same shape passed as `WebSocket`.
+// or any constructor with the same shape passed as `WebSocket`; SSE needs fetch() with a
+// streamed response body (browsers, Node 18+).
 
 const OPEN = 1;
 
@@ -46,26 +79,40 @@ export const DEFAULT_TIMINGS = Object.freeze({
   /** Interval of the client's `ping`; null: the server's `heartbeat_ms` from welcome. */
   pingMs: null,
   /** Nothing heard from the server this long: the connection is dead, reconnect.
-   *  null: 2.5 ping intervals. */
+   *  null: 2.5 ping intervals (WebSocket), 3 heartbeats (SSE). */
   idleMs: null,
   /** A subscribe refused as `unavailable` is tried again after this long. */
   resubscribeMs: 1000,
+  /** A resume credential counts as expired this long before its expiry (clock skew). */
+  resumeMarginMs: 30000,
+  /** Longest wait for the `/readyz` check after a failed WebSocket attempt. */
+  probeTimeoutMs: 3000,
 });
 
 /** Event ids remembered per room to drop repeats. */
 export const RECENT_IDS = 500;
+/** Largest SSE message (its data lines plus the line being read), in characters. */
+export const MAX_SSE_MESSAGE_CHARS = 64 * 1024 * 1024;
 /** Largest `limit` the server accepts for history. */
 const HISTORY_PAGE = 1000;
 /** Error codes that end a subscription instead of retrying it. */
 const FINAL_SUBSCRIBE_ERRORS = new Set(['bad_request', 'bad_room', 'forbidden', 'too_many_subscriptions', 'unknown_op']);
+/** Consecutive WebSocket attempts failing before welcome after which `auto` uses SSE. */
+const WS_FAILURES_BEFORE_SSE = 2;
+const TRANSPORTS = new Set(['auto', 'websocket', 'sse']);
 
 /**
  * Opens a client. Options:
- * - `url`: the server's base URL (http(s):// or ws(s)://; `/v1/ws` is appended unless
- *   present). Defaults to the page's origin in a browser.
+ * - `url`: the server's base URL (http(s):// or ws(s)://; `/v1/ws` and `/v1/sse` are
+ *   appended). Defaults to the page's origin in a browser.
  * - `getToken()`: returns (a promise of) a fresh one-time token, or the `{token}` reply
- *   of `POST /v1/tokens`; called for every connection attempt.
+ *   of `POST /v1/tokens`; called for an attempt that has no usable resume credential.
+ * - `transport`: `'auto'` (default), `'websocket'` or `'sse'` (see the top of this file).
+ * - `resume`: false to never use resume credentials (default true).
+ * - `resumeAttempts`: consecutive failed WebSocket attempts a credential is tried in
+ *   before it is dropped (default 3).
  * - `WebSocket`: the constructor to use (default: the global one).
+ * - `fetch`: the fetch function for SSE and the `/readyz` check (default: the global one).
  * - `session`: a session id to resume on the first connection.
  * - `timings`: overrides of `DEFAULT_TIMINGS`.
  * - `random`: a function like Math.random (for tests).
@@ -78,17 +125,31 @@ export class LivegateClient {
   constructor(options = {}) {
     const { url, getToken, WebSocket: Socket, session, timings, random } = options;
     if (typeof getToken !== 'function') throw new TypeError('livegate: getToken must be a function');
-    this._Socket = Socket || globalThis.WebSocket;
-    if (typeof this._Socket !== 'function') {
+    const transport = options.transport ?? 'auto';
+    if (!TRANSPORTS.has(transport)) throw new TypeError(`livegate: transport must be 'auto', 'websocket' or 'sse', not ${transport}`);
+    this._Socket = typeof (Socket || globalThis.WebSocket) === 'function' ? Socket || globalThis.WebSocket : null;
+    const fetchFn = options.fetch === undefined ? globalThis.fetch : options.fetch;
+    this._fetch = typeof fetchFn === 'function' ? (input, init) => fetchFn(input, init) : null;
+    if (transport === 'websocket' && !this._Socket) {
       throw new TypeError('livegate: no WebSocket constructor (pass one as the WebSocket option)');
+    }
+    if (transport === 'sse' && !this._fetch) throw new TypeError('livegate: transport sse needs fetch()');
+    if (!this._Socket && !this._fetch) {
+      throw new TypeError('livegate: no WebSocket constructor and no fetch (pass one as the WebSocket option)');
     }
     const base = url ?? globalThis.location?.origin;
     if (!base) throw new TypeError('livegate: url is required outside a browser');
     this._endpoint = endpointOf(String(base));
+    this._sseEndpoint = sseEndpointOf(String(base));
+    this._readyz = this._sseEndpoint.replace(/\/v1\/sse$/, '/readyz');
+    this._transportOption = transport;
+    this._transport = transport === 'sse' || !this._Socket ? 'sse' : 'websocket';
     this._getToken = getToken;
     this._timings = { ...DEFAULT_TIMINGS, ...(timings || {}) };
     this._random = typeof random === 'function' ? random : Math.random;
     this._session = session ?? null;
+    this._resumeEnabled = options.resume !== false;
+    this._resumeAttempts = Math.max(1, Number(options.resumeAttempts ?? 3) || 3);
 
     this._listeners = new Map();
     this._rooms = new Map(); // room name -> RoomState
@@ -96,16 +157,39 @@ export class LivegateClient {
     this._queued = []; // requests waiting for a connection: [ref, ...]
     this._nextRef = 1;
 
-    this._ws = null;
+    this._ws = null; // the WebSocket of the current attempt or connection
+    this._wsAttempt = null; // what that attempt used: {transport, resume, quiet}
+    this._sse = null; // the SSE link ({controller, rooms, ...}) of the current attempt or stream
     this._welcomed = false;
     this._state = 'idle';
     this._closed = false; // close() called
     this._stopped = false; // the server said not to reconnect
     this._failures = 0; // attempts since the last stable connection
     this._attempts = 0;
+    this._attemptGen = 0;
     this._timers = { reconnect: null, connect: null, ping: null };
     this._lastHeard = 0;
     this._welcomedAt = 0;
+
+    /** The resume credential of the last welcome: {value, expiresAt (local clock)} or null. */
+    this._resume = null;
+    /** Consecutive failed attempts (server up) that used the current credential. */
+    this._resumeFailures = 0;
+    /** Consecutive failed WebSocket attempts (server up), for auto's fallback. */
+    this._wsFailures = 0;
+    /** `auto` went to SSE and found no SSE endpoint: do not go there again. */
+    this._sseMissing = false;
+    /** `auto` is on SSE because WebSocket attempts failed. */
+    this._fellBack = false;
+    /** The /readyz check of the last failed attempt; the next attempt waits for it. */
+    this._verdict = null;
+    /** Server clock minus local clock, from an SSE response's Date header. */
+    this._skewMs = 0;
+    /** The `id:` of the last SSE events message: the stream's cursor. */
+    this._cursor = null;
+    /** A reopen of the SSE stream (rooms changed, gap) is pending or under way. */
+    this._reopenPending = false;
+    this._quiet = false;
 
     this._schedule(() => this._attempt(), 0);
   }
@@ -122,6 +206,16 @@ export class LivegateClient {
     return this._session;
   }
 
+  /** The transport in use (or of the next attempt): 'websocket' or 'sse'. */
+  get transport() {
+    return this._transport;
+  }
+
+  /** Whether a resume credential is held for the next attempt (never the credential). */
+  get hasResume() {
+    return this._usableResume() != null;
+  }
+
   /** Where delivery of a room stands: `{epoch, seq}` (seq = last delivered), or null. */
   position(room) {
     const state = this._rooms.get(room);
@@ -129,10 +223,12 @@ export class LivegateClient {
   }
 
   /**
-   * Listens to `connecting` ({attempt}), `connected` ({session, node, warmup, heartbeatMs,
-   * resumed}), `disconnected` ({code, reason, reconnectInMs: null when not reconnecting}),
-   * `recovered` ({room, epoch, seq}), `recovery_failed` ({room, epoch, seq, reason}),
-   * `error` ({room?, code, message, error?}). Returns a function that removes the listener.
+   * Listens to `connecting` ({attempt, transport}), `connected` ({session, node, warmup,
+   * heartbeatMs, resumed, transport, credential: 'token' | 'resume'}), `disconnected`
+   * ({code, reason, reconnectInMs: null when not reconnecting}), `transport` ({from, to,
+   * reason}), `recovered` ({room, epoch, seq}), `recovery_failed` ({room, epoch, seq,
+   * reason}), `error` ({room?, code, message, error?}). Returns a function that removes
+   * the listener.
    */
   on(name, fn) {
     if (!this._listeners.has(name)) this._listeners.set(name, new Set());
@@ -149,7 +245,7 @@ export class LivegateClient {
    * (or after `options.since` in `options.epoch`, e.g. the head of a state loaded over
    * HTTP). Returns a promise of the first `subscribed` reply; it rejects when the server
    * refuses the room (the client forgets the room then). Subscribing again to the same
-   * room adds another handler.
+   * room adds another handler. Over SSE the stream is reopened with the new room.
    */
   subscribe(room, onEvent, options = {}) {
     if (typeof room !== 'string' || room === '') throw new TypeError('livegate: room must be a non-empty string');
@@ -171,27 +267,30 @@ export class LivegateClient {
       }
       state.waiters.push({ resolve, reject });
       this._rooms.set(room, state);
-      if (this._welcomed) this._sendSubscribe(state);
+      if (this._sse) this._roomsChanged();
+      else if (this._welcomed) this._sendSubscribe(state);
     });
     promise.catch(() => {}); // the caller may ignore it; errors also go to 'error'
     return promise;
   }
 
-  /** Stops delivering the room and tells the server. */
+  /** Stops delivering the room and tells the server (over SSE: reopens the stream). */
   unsubscribe(room) {
     const state = this._rooms.get(room);
     if (!state) return;
     this._rooms.delete(room);
     state.cancel();
     for (const waiter of state.waiters.splice(0)) waiter.reject(lgError('unsubscribed', `unsubscribed from ${room}`));
-    if (this._welcomed) this._send({ op: 'unsubscribe', room });
+    if (this._sse) this._roomsChanged();
+    else if (this._welcomed) this._send({ op: 'unsubscribe', room });
   }
 
   /**
    * Asks the server for up to `limit` events of `room` after `since`. Resolves with the
    * `history` reply `{room, epoch, head, events, complete}`; rejects on an `error` reply,
    * when the connection is lost before the reply, or on close(). While disconnected the
-   * request waits for the next connection.
+   * request waits for the next connection. Over SSE (no client requests) it rejects with
+   * code `unsupported`.
    */
   history(room, since = 0, limit = 100) {
     return this._request({ op: 'history', room, since, limit });
@@ -199,23 +298,29 @@ export class LivegateClient {
 
   /**
    * Drops the current connection as if it had been lost (to watch recovery in a demo, or
-   * in tests): the socket is closed with 4000, `disconnected` follows with that code, and
-   * the client reconnects by its backoff and resubscribes every room with `since`, like
-   * after any other loss. Returns false when there is no connection to drop.
+   * in tests): the socket is closed with 4000 (the SSE request aborted), `disconnected`
+   * follows with that code, and the client reconnects by its backoff and resubscribes
+   * every room with `since`, like after any other loss. Returns false when there is no
+   * connection to drop.
    */
   dropConnection(reason = 'dropped by the application') {
+    if (this._closed || this._stopped) return false;
     const ws = this._ws;
-    if (!ws || this._closed || this._stopped) return false;
-    this._detach(ws);
-    try {
-      ws.close(4000, String(reason).slice(0, 120));
-    } catch {
+    const sse = this._sse;
+    if (!ws && !sse) return false;
+    if (ws) {
+      this._detach(ws);
       try {
-        ws.close(4000); // the reason was refused (over 123 bytes of UTF-8)
+        ws.close(4000, String(reason).slice(0, 120));
       } catch {
-        // already closing
+        try {
+          ws.close(4000); // the reason was refused (over 123 bytes of UTF-8)
+        } catch {
+          // already closing
+        }
       }
     }
+    if (sse) this._detachSse(sse);
     this._lost(4000, reason);
     return true;
   }
@@ -225,14 +330,18 @@ export class LivegateClient {
     if (this._closed) return;
     this._closed = true;
     const ws = this._ws;
+    const sse = this._sse;
     this._clearTimers();
-    if (ws) {
-      this._detach(ws);
-      try {
-        ws.close(1000, 'client closed');
-      } catch {
-        // already closing
+    if (ws || sse) {
+      if (ws) {
+        this._detach(ws);
+        try {
+          ws.close(1000, 'client closed');
+        } catch {
+          // already closing
+        }
       }
+      if (sse) this._detachSse(sse);
       this._lost(1000, 'client closed');
     } else {
       this._state = 'closed';
@@ -244,37 +353,96 @@ export class LivegateClient {
     }
   }
 
+  // ---- credentials ----
+
+  /** The resume credential to use now, or null (none, expired, or resume is off). */
+  _usableResume() {
+    const held = this._resume;
+    if (!held || !this._resumeEnabled) return null;
+    if (now() >= held.expiresAt - this._timings.resumeMarginMs) {
+      this._resume = null;
+      return null;
+    }
+    return held.value;
+  }
+
+  /** Keeps the welcome's credential, its expiry moved onto the local clock. */
+  _keepResume(frame, receivedAt) {
+    this._resumeFailures = 0;
+    if (!this._resumeEnabled || typeof frame.resume !== 'string' || frame.resume === '') {
+      this._resume = null;
+      return;
+    }
+    const expires = Number(frame.resume_expires_at_ms);
+    // Without an expiry, trust it for a minute after receipt.
+    const expiresAt = Number.isFinite(expires) && expires > 0 ? expires - this._skewMs : receivedAt + 60000;
+    this._resume = { value: frame.resume, expiresAt };
+  }
+
+  _dropResume() {
+    this._resume = null;
+    this._resumeFailures = 0;
+  }
+
   // ---- connection lifecycle ----
 
   async _attempt() {
     this._timers.reconnect = null;
     if (this._closed || this._stopped) return;
-    this._attempts += 1;
-    this._state = 'connecting';
-    this._emit('connecting', { attempt: this._attempts });
-    let token;
-    try {
-      token = await this._getToken();
-      if (token && typeof token === 'object') token = token.token;
-      if (typeof token !== 'string' || token === '') throw new Error('getToken returned no token');
-    } catch (error) {
-      if (this._closed) return;
-      this._emit('error', { code: 'token', message: `getToken failed: ${error?.message ?? error}`, error });
-      this._afterLoss(1006, 'getToken failed', false);
-      return;
+    const gen = ++this._attemptGen;
+    if (this._verdict) {
+      await this._verdict;
+      if (gen !== this._attemptGen || this._closed || this._stopped) return;
     }
-    if (this._closed) return;
-    let url = `${this._endpoint}?token=${encodeURIComponent(token)}`;
-    if (this._session) url += `&session=${encodeURIComponent(this._session)}`;
+    this._attempts += 1;
+    const transport = this._transport;
+    const quiet = this._quiet;
+    this._quiet = false;
+    if (!quiet) {
+      this._state = 'connecting';
+      this._emit('connecting', { attempt: this._attempts, transport });
+    }
+    const resume = this._usableResume();
+    let token = null;
+    if (resume == null) {
+      try {
+        token = await this._getToken();
+        if (token && typeof token === 'object') token = token.token;
+        if (typeof token !== 'string' || token === '') throw new Error('getToken returned no token');
+      } catch (error) {
+        if (this._closed || gen !== this._attemptGen) return;
+        this._emit('error', { code: 'token', message: `getToken failed: ${error?.message ?? error}`, error });
+        this._afterLoss(1006, 'getToken failed', false);
+        return;
+      }
+      if (this._closed || this._stopped || gen !== this._attemptGen) return;
+    }
+    const attempt = { transport, resume, quiet };
+    if (transport === 'sse') this._openSse(attempt, token);
+    else this._openWebSocket(attempt, token);
+  }
+
+  /** The credential part of an attempt's query string. */
+  _credentialQuery(attempt, token) {
+    if (attempt.resume != null) return `resume=${encodeURIComponent(attempt.resume)}`;
+    let query = `token=${encodeURIComponent(token)}`;
+    if (this._session) query += `&session=${encodeURIComponent(this._session)}`;
+    return query;
+  }
+
+  _openWebSocket(attempt, token) {
+    const url = `${this._endpoint}?${this._credentialQuery(attempt, token)}`;
     let ws;
     try {
       ws = new this._Socket(url);
     } catch (error) {
-      this._emit('error', { code: 'socket', message: `cannot open a WebSocket: ${error?.message ?? error}`, error });
+      // The message of a constructor error may quote the URL: never pass it on.
+      this._emit('error', { code: 'socket', message: 'cannot open a WebSocket' });
       this._afterLoss(1006, 'cannot open a WebSocket', false);
       return;
     }
     this._ws = ws;
+    this._wsAttempt = attempt;
     this._welcomed = false;
     this._lastHeard = now();
     ws.onopen = null;
@@ -287,23 +455,191 @@ export class LivegateClient {
     ws.onclose = (event) => {
       if (this._ws !== ws) return;
       this._detach(ws);
-      this._lost(event?.code ?? 1006, event?.reason ?? '');
+      this._lost(event?.code ?? 1006, event?.reason ?? '', attempt);
     };
     this._timers.connect = setTimeout(() => {
       if (this._ws !== ws || this._welcomed) return;
-      this._abandon(ws, `no welcome within ${this._timings.connectTimeoutMs} ms`);
+      this._abandon(`no welcome within ${this._timings.connectTimeoutMs} ms`);
     }, this._timings.connectTimeoutMs);
   }
 
-  /** Gives up on a socket that stopped answering: no waiting for its close handshake. */
-  _abandon(ws, reason) {
-    this._detach(ws);
+  /** Opens an SSE stream for the current rooms with `since` = the cursor. */
+  async _openSse(attempt, token) {
+    const rooms = [...this._rooms.keys()];
+    let url = `${this._sseEndpoint}?${this._credentialQuery(attempt, token)}&rooms=${rooms.map(encodeURIComponent).join(',')}`;
+    const since = this._sseSince();
+    if (since) url += `&since=${encodeURIComponent(since)}`;
+    const controller = new AbortController();
+    const link = { controller, rooms: new Set(rooms), attempt, dead: false };
+    this._sse = link;
+    this._welcomed = false;
+    this._lastHeard = now();
+    this._timers.connect = setTimeout(() => {
+      if (this._sse !== link || this._welcomed) return;
+      this._abandon(`no welcome within ${this._timings.connectTimeoutMs} ms`);
+    }, this._timings.connectTimeoutMs);
+    let response;
     try {
-      ws.close(4000, reason.slice(0, 120));
-    } catch {
-      // not open yet or already closing
+      response = await this._fetch(url, { signal: controller.signal, cache: 'no-store', headers: { Accept: 'text/event-stream' } });
+    } catch (error) {
+      if (this._sse !== link) return;
+      this._detachSse(link);
+      this._lost(1006, `SSE request failed: ${error?.cause?.code ?? error?.message ?? error}`, attempt);
+      return;
     }
-    this._lost(1006, reason);
+    if (this._sse !== link) {
+      cancelBody(response);
+      return;
+    }
+    const date = Date.parse(response.headers?.get?.('date') ?? '');
+    if (Number.isFinite(date)) this._skewMs = Math.abs(date - now()) > 2000 ? date - now() : 0;
+    if (!response.ok) return this._sseRefused(link, response);
+    if (!response.body?.getReader) {
+      this._detachSse(link);
+      this._emit('error', { code: 'sse', message: 'this fetch() gives no streamed response body' });
+      this._lost(1006, 'no streamed body', attempt);
+      return;
+    }
+    const reader = response.body.getReader();
+    link.reader = reader;
+    const decoder = new TextDecoder();
+    const parser = new EventStreamParser(
+      (message) => this._sse === link && this._onSseMessage(link, message),
+      () => {},
+    );
+    try {
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (this._sse !== link) return;
+        if (done) break;
+        this._lastHeard = now();
+        parser.push(decoder.decode(value, { stream: true }));
+        if (this._sse !== link) return;
+      }
+      parser.push(decoder.decode());
+      parser.end();
+    } catch (error) {
+      if (this._sse !== link) return;
+      this._detachSse(link);
+      this._lost(1006, `SSE stream broke: ${error?.cause?.code ?? error?.name ?? 'error'}`, attempt);
+      return;
+    }
+    if (this._sse !== link) return;
+    this._detachSse(link);
+    this._lost(1006, 'SSE stream ended', attempt);
+  }
+
+  /** `since=` of the next SSE request: the last `id:` with each room's own position over it. */
+  _sseSince() {
+    const entries = new Map();
+    for (const entry of (this._cursor ?? '').split(',')) {
+      const seqAt = entry.lastIndexOf(':');
+      const epochAt = seqAt > 0 ? entry.lastIndexOf(':', seqAt - 1) : -1;
+      if (epochAt > 0) entries.set(entry.slice(0, epochAt), entry);
+    }
+    for (const state of this._rooms.values()) {
+      if (state.epoch != null && state.last != null) entries.set(state.room, `${state.room}:${state.epoch}:${state.last}`);
+    }
+    return [...entries.values()].join(',');
+  }
+
+  /** A non-2xx answer to an SSE request. */
+  async _sseRefused(link, response) {
+    let body = null;
+    try {
+      body = await response.json();
+    } catch {
+      // not JSON
+    }
+    if (this._sse !== link) return;
+    this._detachSse(link);
+    const status = response.status;
+    const code = body?.error?.code ?? `http_${status}`;
+    const message = String(body?.error?.message ?? `HTTP ${status}`);
+    const attempt = link.attempt;
+    if (code === 'resume_invalid') {
+      this._dropResume();
+      if (this._fellBack) {
+        // The WebSocket failures that brought auto here may have been this credential.
+        this._switchTransport('websocket', 'resume credential refused over SSE');
+      }
+    } else if (status === 404 && this._transportOption === 'auto' && this._Socket) {
+      this._sseMissing = true;
+      this._switchTransport('websocket', 'the server has no SSE endpoint');
+    } else if (['bad_room', 'too_many_subscriptions', 'forbidden'].includes(code)) {
+      // A room of the request was refused: the rooms not yet subscribed are the suspects
+      // (only the one the message names, when it names one).
+      const fresh = [...link.rooms].filter((room) => this._rooms.get(room) && !this._rooms.get(room).subscribedOnce);
+      const named = fresh.filter((room) => message.includes(room));
+      for (const room of named.length ? named : fresh) {
+        const state = this._rooms.get(room);
+        this._rooms.delete(room);
+        state.cancel();
+        this._emit('error', { room, code, message });
+        for (const waiter of state.waiters.splice(0)) waiter.reject(lgError(code, message));
+      }
+    }
+    this._emit('error', { code, message: `SSE request refused: HTTP ${status} ${code}` });
+    this._lost(1006, `HTTP ${status} ${code}`, attempt);
+  }
+
+  _onSseMessage(link, message) {
+    if (message.type === 'close') {
+      let detail = {};
+      try {
+        detail = JSON.parse(message.data);
+      } catch {
+        // no detail
+      }
+      this._detachSse(link);
+      this._lost(Number(detail?.code) || 1006, String(detail?.reason ?? ''), link.attempt);
+      return;
+    }
+    if (message.data === '') return;
+    this._onFrame(message.data);
+    if (message.type === 'events' && message.id != null && this._sse === link) this._cursor = message.id;
+  }
+
+  /** Subscriptions changed while on SSE: reopen the stream (once the current one is welcomed). */
+  _roomsChanged() {
+    const link = this._sse;
+    if (!link || !this._welcomed || this._reopenPending) return; // a welcome compares the rooms
+    this._reopenPending = true;
+    setTimeout(() => {
+      this._reopenPending = false;
+      if (this._sse !== link || this._closed || this._stopped) return;
+      if (sameSet(link.rooms, this._rooms)) return;
+      this._reopen(link);
+    }, 0);
+  }
+
+  /** Ends the stream `link` and opens the next at once, without telling the app. */
+  _reopen(link) {
+    this._detachSse(link);
+    this._welcomed = false;
+    clearTimeout(this._timers.connect);
+    clearInterval(this._timers.ping);
+    this._timers.connect = this._timers.ping = null;
+    for (const state of this._rooms.values()) state.connectionLost();
+    this._quiet = true;
+    this._schedule(() => this._attempt(), 0);
+  }
+
+  /** Gives up on the current attempt or connection: no waiting for a close handshake. */
+  _abandon(reason) {
+    const ws = this._ws;
+    const sse = this._sse;
+    const attempt = ws ? this._wsAttempt : sse?.attempt;
+    if (ws) {
+      this._detach(ws);
+      try {
+        ws.close(4000, reason.slice(0, 120));
+      } catch {
+        // not open yet or already closing
+      }
+    }
+    if (sse) this._detachSse(sse);
+    this._lost(1006, reason, attempt);
   }
 
   _detach(ws) {
@@ -311,11 +647,25 @@ export class LivegateClient {
     if (this._ws === ws) this._ws = null;
   }
 
+  _detachSse(link) {
+    if (!link.dead) {
+      link.dead = true;
+      try {
+        link.reader?.cancel().catch(() => {});
+      } catch {
+        // already done
+      }
+      link.controller.abort();
+    }
+    if (this._sse === link) this._sse = null;
+  }
+
   /** The current connection ended (or an attempt failed) with `code`. */
-  _lost(code, reason) {
+  _lost(code, reason, attempt = null) {
     const wasWelcomed = this._welcomed;
     this._welcomed = false;
     this._ws = null;
+    this._sse = null;
     this._clearTimers();
     this._rejectAll(lgError('disconnected', `connection lost (${code}${reason ? `: ${reason}` : ''})`), true);
     for (const state of this._rooms.values()) state.connectionLost();
@@ -325,7 +675,70 @@ export class LivegateClient {
       return;
     }
     if (wasWelcomed && now() - this._welcomedAt >= this._timings.stableMs) this._failures = 0;
+    if (!wasWelcomed && attempt && attempt.transport === 'websocket' && !(code >= 4500 && code <= 4999)) {
+      this._judgeWebSocketFailure(attempt);
+    }
     this._afterLoss(code, reason, wasWelcomed);
+  }
+
+  /**
+   * A WebSocket attempt failed before welcome, for a reason the browser does not show.
+   * If the server is up and ready (it could have looked at the credential, the upgrade
+   * could have gone through), the failure counts against the resume credential and, in
+   * `auto`, towards the SSE fallback; a server down or draining counts for nothing.
+   */
+  _judgeWebSocketFailure(attempt) {
+    const counts = () => {
+      if (attempt.resume != null && this._resume?.value === attempt.resume) {
+        this._resumeFailures += 1;
+        if (this._resumeFailures >= this._resumeAttempts) this._dropResume();
+      }
+      if (this._transportOption === 'auto' && this._fetch && !this._sseMissing && this._transport === 'websocket') {
+        this._wsFailures += 1;
+        if (this._wsFailures >= WS_FAILURES_BEFORE_SSE) this._switchTransport('sse', `${this._wsFailures} WebSocket attempts in a row failed`);
+      }
+    };
+    const needed = attempt.resume != null || (this._transportOption === 'auto' && this._fetch && !this._sseMissing);
+    if (!needed) return;
+    if (!this._fetch) return counts();
+    const previous = this._verdict;
+    const verdict = (async () => {
+      await previous;
+      if (await this._serverReady()) counts();
+    })();
+    this._verdict = verdict;
+    verdict.finally(() => {
+      if (this._verdict === verdict) this._verdict = null;
+    });
+  }
+
+  /** `GET /readyz`: true when the server answered and is not draining or starting. */
+  async _serverReady() {
+    const controller = new AbortController();
+    const timer = setTimeout(() => controller.abort(), this._timings.probeTimeoutMs);
+    try {
+      const init = { signal: controller.signal, cache: 'no-store' };
+      const origin = globalThis.location?.origin;
+      // Another origin without CORS headers: an opaque answer still says "up".
+      if (origin && new URL(this._readyz).origin !== origin) init.mode = 'no-cors';
+      const response = await this._fetch(this._readyz, init);
+      cancelBody(response);
+      return response.status !== 503;
+    } catch {
+      return false;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  _switchTransport(to, reason) {
+    const from = this._transport;
+    if (from === to) return;
+    this._transport = to;
+    this._wsFailures = 0;
+    this._fellBack = to === 'sse' && this._transportOption === 'auto';
+    if (to === 'sse') this._rejectAll(lgError('unsupported', 'history needs the WebSocket transport (now on SSE)'));
+    this._emit('transport', { from, to, reason });
   }
 
   /** Decides whether and when to reconnect after losing a connection with `code`. */
@@ -334,6 +747,7 @@ export class LivegateClient {
     if (code >= 4500 && code <= 4999) {
       this._stopped = true;
       this._state = 'stopped';
+      this._dropResume();
       const stopped = lgError('stopped', `server said not to reconnect (${code})`);
       this._rejectAll(stopped);
       for (const state of this._rooms.values()) for (const waiter of state.waiters.splice(0)) waiter.reject(stopped);
@@ -379,26 +793,61 @@ export class LivegateClient {
 
   _onWelcome(frame) {
     const ws = this._ws;
+    const sse = this._sse;
+    const link = ws ?? sse;
+    const attempt = (ws ? this._wsAttempt : sse?.attempt) ?? { quiet: false, resume: null };
     clearTimeout(this._timers.connect);
     this._timers.connect = null;
     this._welcomed = true;
     this._welcomedAt = now();
+    this._keepResume(frame, this._welcomedAt);
+    if (ws) this._wsFailures = 0;
     const resumed = this._session != null && frame.session === this._session;
     if (frame.session) this._session = frame.session;
     this._state = 'connected';
     const heartbeatMs = Number(frame.heartbeat_ms) || 30000;
     const pingMs = this._timings.pingMs ?? heartbeatMs;
-    const idleMs = this._timings.idleMs ?? Math.round(pingMs * 2.5);
+    const idleMs = this._timings.idleMs ?? Math.round(pingMs * (sse ? 3 : 2.5));
     this._timers.ping = setInterval(() => {
-      if (this._ws !== ws) return;
+      if ((this._ws ?? this._sse) !== link) return;
       if (now() - this._lastHeard > idleMs) {
-        this._abandon(ws, `nothing heard from the server for ${idleMs} ms`);
+        this._abandon(`nothing heard from the server for ${idleMs} ms`);
         return;
       }
-      this._send({ op: 'ping' });
-    }, pingMs);
-    this._emit('connected', { session: frame.session, node: frame.node, warmup: !!frame.warmup, heartbeatMs, resumed });
-    if (this._ws !== ws) return; // a listener closed the client
+      if (ws) this._send({ op: 'ping' }); // over SSE the server's `: ping` comments do
+    }, sse ? Math.min(pingMs, idleMs) : pingMs);
+    if (sse) {
+      // The stream subscribes its rooms itself: each one's `subscribed` comes next.
+      for (const room of sse.rooms) {
+        const state = this._rooms.get(room);
+        if (!state) continue;
+        state.cancel();
+        state.ref = 'sse';
+        state.awaiting = true;
+        state.quiet = attempt.quiet && state.subscribedOnce;
+      }
+      this._rejectAll(lgError('unsupported', 'history needs the WebSocket transport (connected over SSE)'));
+    }
+    if (!attempt.quiet) {
+      this._emit('connected', {
+        session: frame.session,
+        node: frame.node,
+        warmup: !!frame.warmup,
+        heartbeatMs,
+        resumed,
+        transport: sse ? 'sse' : 'websocket',
+        credential: attempt.resume != null ? 'resume' : 'token',
+      });
+    }
+    if ((this._ws ?? this._sse) !== link) return; // a listener closed the client
+    if (sse) {
+      if (!sameSet(sse.rooms, this._rooms)) {
+        // Rooms changed while this stream was being opened.
+        this._reopenPending = false;
+        this._roomsChanged();
+      }
+      return;
+    }
     for (const state of this._rooms.values()) this._sendSubscribe(state);
     for (const ref of this._queued.splice(0)) {
       const request = this._requests.get(ref);
@@ -426,13 +875,15 @@ export class LivegateClient {
     const promise = new Promise((resolve, reject) => {
       if (this._closed) return reject(lgError('closed', 'client closed'));
       if (this._stopped) return reject(lgError('stopped', 'server said not to reconnect'));
+      if (this._transport === 'sse') {
+        return reject(lgError('unsupported', `${fields.op} needs the WebSocket transport (SSE has no client requests)`));
+      }
       this._requests.set(ref, { resolve, reject, frame, sent: false });
       if (this._welcomed && this._send(frame)) this._requests.get(ref).sent = true;
       else this._queued.push(ref);
     });
     return promise;
   }
-
   /** Rejects pending requests: all, or (onlySent) those sent on the lost connection. */
   _rejectAll(error, onlySent = false) {
     for (const [ref, request] of this._requests) {
@@ -529,11 +980,19 @@ export class LivegateClient {
   }
 
   _onSubscribed(frame) {
-    // Only replies to this client's own requests count: the automatic inbox
-    // subscription (no ref) and replies to superseded requests are ignored.
-    if (frame.ref == null) return;
     const state = this._rooms.get(frame.room);
-    if (!state || state.ref !== frame.ref) return;
+    if (this._sse) {
+      // SSE: one `subscribed` per requested room, right after welcome, without a ref
+      // (the automatic inbox's notice has no epoch: not a reply).
+      if (!state || state.ref !== 'sse' || frame.epoch == null) return;
+    } else {
+      // Only replies to this client's own requests count: the automatic inbox
+      // subscription (no ref) and replies to superseded requests are ignored.
+      if (frame.ref == null) return;
+      if (!state || state.ref !== frame.ref) return;
+    }
+    const quiet = state.quiet;
+    state.quiet = false;
     state.ref = null;
     state.awaiting = false;
     const epochChanged = state.epoch != null && state.epoch !== frame.epoch;
@@ -553,7 +1012,7 @@ export class LivegateClient {
     for (const waiter of state.waiters.splice(0)) waiter.resolve(state.lastReply);
     if (failed) {
       this._emit('recovery_failed', { room: state.room, epoch: frame.epoch, seq: head, reason: 'not_recovered' });
-    } else if (frame.recovered === true) {
+    } else if (frame.recovered === true && !quiet) {
       this._emit('recovered', { room: state.room, epoch: frame.epoch, seq: head });
     }
     if (this._rooms.get(state.room) === state) this._drain(state);
@@ -567,13 +1026,23 @@ export class LivegateClient {
     }
     if (state.last != null && event.seq <= state.last) return; // already delivered
     if (state.last != null && event.seq > state.last + 1) {
+      if (this._sse) {
+        // No history requests over SSE: reopen the stream from the last delivered seq,
+        // which the server replays exactly (or answers recovered:false).
+        state.awaiting = true;
+        state.buffer = [];
+        const link = this._sse;
+        setTimeout(() => {
+          if (this._sse === link && !this._closed && !this._stopped) this._reopen(link);
+        }, 0);
+        return;
+      }
       state.buffer.push(event);
       this._fill(state, event.seq - 1);
       return;
     }
     this._deliver(state, event);
   }
-
   _deliver(state, event) {
     state.last = event.seq;
     if (event.id != null) {
@@ -676,6 +1145,8 @@ class RoomState {
     this.waiters = [];
     this.subscribedOnce = false;
     this.lastReply = null;
+    /** Reopened SSE stream: its `recovered` is not news to the app. */
+    this.quiet = false;
   }
 
   cancel() {
@@ -703,6 +1174,15 @@ function now() {
   return Date.now();
 }
 
+/** The SSE endpoint for a base URL: ws→http, wss→https, `/v1/sse` in place of `/v1/ws`. */
+export function sseEndpointOf(base) {
+  let url = base.trim().replace(/[?#].*$/, '');
+  url = url.replace(/^ws(s?):\/\//i, (_, s) => `http${s}://`);
+  if (!/^https?:\/\//i.test(url)) throw new TypeError(`livegate: not an http(s) or ws(s) URL: ${base}`);
+  url = url.replace(/\/+$/, '').replace(/\/v1\/(ws|sse)$/, '');
+  return `${url}/v1/sse`;
+}
+
 /** The WebSocket endpoint for a base URL: http→ws, https→wss, `/v1/ws` appended. */
 export function endpointOf(base) {
   let url = base.trim().replace(/[?#].*$/, '');
@@ -724,4 +1204,126 @@ export function suggestedDelayMs(reason) {
 function firstNumber(text) {
   const match = /\d+/.exec(text || '');
   return match ? Number(match[0]) : null;
+}
+
+/** Whether the set `a` holds exactly the keys of the map (or set) `b`. */
+function sameSet(a, b) {
+  if (a.size !== b.size) return false;
+  for (const key of b.keys()) if (!a.has(key)) return false;
+  return true;
+}
+
+/** Stops reading a response body nobody needs. */
+function cancelBody(response) {
+  try {
+    response?.body?.cancel?.().catch(() => {});
+  } catch {
+    // locked or gone
+  }
+}
+
+/**
+ * A `text/event-stream` parser (the HTML standard's rules): lines end with `\r\n`, `\n`
+ * or `\r` (also split across chunks); `data:` lines of one message are joined with `\n`;
+ * one space after the colon is dropped; `: comment` lines go to `onComment`; a blank line
+ * dispatches `{type, data, id}` (type `message` when no `event:` was given, `id` the
+ * message's own `id:` or undefined). A message over `maxChars` throws a RangeError.
+ */
+export class EventStreamParser {
+  constructor(onMessage, onComment = () => {}, maxChars = MAX_SSE_MESSAGE_CHARS) {
+    this._maxChars = maxChars;
+    this._size = 0; // characters of the data lines kept for the current message
+    this._onMessage = onMessage;
+    this._onComment = onComment;
+    this._buffer = '';
+    this._skipLf = false; // the last chunk ended with \r: a \n first in the next is its pair
+    this._type = '';
+    this._data = [];
+    this._id = undefined;
+    this._first = true;
+  }
+
+  /** Feeds decoded text. */
+  push(text) {
+    if (!text) return;
+    if (this._first) {
+      this._first = false;
+      if (text.charCodeAt(0) === 0xfeff) text = text.slice(1);
+    }
+    if (this._skipLf) {
+      this._skipLf = false;
+      if (text[0] === '\n') text = text.slice(1);
+    }
+    let buffer = this._buffer + text;
+    let start = 0;
+    for (;;) {
+      const cr = buffer.indexOf('\r', start);
+      const lf = buffer.indexOf('\n', start);
+      if (cr < 0 && lf < 0) break;
+      let end;
+      let next;
+      if (cr >= 0 && (lf < 0 || cr < lf)) {
+        end = cr;
+        if (cr + 1 < buffer.length) next = buffer[cr + 1] === '\n' ? cr + 2 : cr + 1;
+        else {
+          next = cr + 1;
+          this._skipLf = true;
+        }
+      } else {
+        end = lf;
+        next = lf + 1;
+      }
+      this._line(buffer.slice(start, end));
+      start = next;
+    }
+    this._buffer = buffer.slice(start);
+    if (this._buffer.length + this._size > this._maxChars) {
+      throw new RangeError(`an event stream message over ${this._maxChars} characters`);
+    }
+  }
+
+  /** The stream ended: a message without its blank line is dropped (the standard's rule). */
+  end() {
+    this._buffer = '';
+    this._size = 0;
+    this._type = '';
+    this._data = [];
+    this._id = undefined;
+  }
+
+  _line(line) {
+    if (line === '') {
+      const message = { type: this._type || 'message', data: this._data.join('\n'), id: this._id };
+      const any = this._data.length > 0;
+      this._type = '';
+      this._data = [];
+      this._size = 0;
+      this._id = undefined;
+      if (any) this._onMessage(message);
+      return;
+    }
+    if (line[0] === ':') {
+      this._onComment(line.slice(1).replace(/^ /, ''));
+      return;
+    }
+    const colon = line.indexOf(':');
+    const field = colon < 0 ? line : line.slice(0, colon);
+    let value = colon < 0 ? '' : line.slice(colon + 1);
+    if (value[0] === ' ') value = value.slice(1);
+    switch (field) {
+      case 'event':
+        this._type = value;
+        return;
+      case 'data':
+        this._data.push(value);
+        this._size += value.length + 1;
+        if (this._size > this._maxChars) throw new RangeError(`an event stream message over ${this._maxChars} characters`);
+        return;
+      case 'id':
+        if (!value.includes('\0')) this._id = value;
+        return;
+      default:
+        return; // retry and unknown fields
+    }
+  }
 }

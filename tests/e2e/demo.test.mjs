@@ -8,9 +8,15 @@
 // process on the same data dir and port). Afterwards every room's delivered seqs must run
 // without a gap or a duplicate, and the score shown must be the one in the room's last
 // event in the server's history. The screenshots go to target/e2e/ (not committed).
+// It runs twice: the page's default transport (auto: WebSocket) and `/?transport=sse`
+// (livegate.js over Server-Sent Events).
+//
+// The page and /livegate.js are the copies compiled into the binary. To try edits of
+// src/web/ without a rebuild, LIVEGATE_E2E_WEB=src serves them from the source tree
+// instead (tests/client_library.rs checks the binary serves exactly that file).
 
 import assert from 'node:assert/strict';
-import { existsSync, mkdirSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { after, test } from 'node:test';
 
@@ -73,7 +79,25 @@ const snapshot = (page) =>
     return demo;
   });
 
+/** Serves src/web/ instead of the binary's copies (LIVEGATE_E2E_WEB=src). */
+async function fromSource(page) {
+  if (process.env.LIVEGATE_E2E_WEB !== 'src') return;
+  const file = (name) => readFileSync(path.join(REPO, 'src/web', name), 'utf8');
+  await page.route((url) => url.pathname === '/livegate.js', (route) =>
+    route.fulfill({ status: 200, contentType: 'text/javascript; charset=utf-8', body: file('livegate.js') }));
+  await page.route((url) => url.pathname === '/', (route) =>
+    route.fulfill({ status: 200, contentType: 'text/html; charset=utf-8', body: file('demo.html') }));
+}
+
 test('the demo page shows live scores and recovers across a dropped connection and a server restart', { timeout: 60_000 }, async (t) => {
+  await demoAcrossRestart(t, { transport: null, screenshots: true });
+});
+
+test('the demo page over SSE (/?transport=sse) recovers across a dropped stream and a server restart', { timeout: 60_000 }, async (t) => {
+  await demoAcrossRestart(t, { transport: 'sse', screenshots: false });
+});
+
+async function demoAcrossRestart(t, { transport, screenshots }) {
   const started = Date.now();
   assert.ok(existsSync(CHROMIUM), `${CHROMIUM} is missing: apt-get install -y chromium`);
   const data = tempDir('livegate-e2e-');
@@ -90,6 +114,9 @@ test('the demo page shows live scores and recovers across a dropped connection a
     args: [
       '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
       '--disable-background-networking', '--disable-component-update', '--disable-sync',
+      // A page fulfilled by the test (LIVEGATE_E2E_WEB=src) has no address for Chromium's
+      // local network access checks, which would then block its loopback WebSocket.
+      ...(process.env.LIVEGATE_E2E_WEB === 'src' ? ['--disable-features=LocalNetworkAccessChecks'] : []),
     ],
     viewport: { width: 1280, height: 900 },
     timeout: 15_000,
@@ -103,13 +130,16 @@ test('the demo page shows live scores and recovers across a dropped connection a
   });
 
   // 1. The page loads, connects, and events arrive in every room.
-  await page.goto(server.url, { waitUntil: 'domcontentloaded', timeout: 10_000 });
+  await fromSource(page);
+  const pageUrl = transport ? `${server.url}/?transport=${transport}` : server.url;
+  await page.goto(pageUrl, { waitUntil: 'domcontentloaded', timeout: 10_000 });
   assert.equal(await page.title(), 'Live scores · livegate demo');
   assert.equal(await page.getAttribute('html', 'lang'), 'en');
   await waitInPage(page, 'the first connection', 10_000, () => window.__demo?.state === 'connected');
   await waitInPage(page, '3 events in every room', 15_000, ([rooms, min]) => rooms.every((room) => window.__demo.seqs[room].length >= min), [ROOMS, 3]);
   assert.equal(await page.locator('#status').getAttribute('data-state'), 'connected');
   assert.equal(await page.locator('article.match').count(), 4);
+  assert.equal(await page.evaluate(() => window.__demo.transport), transport ?? 'websocket', 'the transport in use');
   t.diagnostic(`events in every room after ${Date.now() - started} ms`);
 
   // 2. The page's own button drops the socket: the client reconnects and recovers each room.
@@ -182,6 +212,8 @@ test('the demo page shows live scores and recovers across a dropped connection a
     t.diagnostic(`${room}: seqs ${seqs[0]}..${seqs.at(-1)} (${seqs.length} delivered), score ${lastEvent.data.score.join('-')}`);
   }
   assert.deepEqual(pageErrors, [], 'no uncaught errors in the page');
+  assert.equal(demo.transport, transport ?? 'websocket', 'still on the same transport after the restart');
+  if (!screenshots) return;
 
   // 5. Artifacts: the desktop view, then the phone width (which must not scroll sideways).
   mkdirSync(ARTIFACTS, { recursive: true });
@@ -195,4 +227,4 @@ test('the demo page shows live scores and recovers across a dropped connection a
   await page.screenshot({ path: phone, fullPage: true });
   console.log(`screenshots: ${shot} ${phone}`);
   t.diagnostic(`screenshots: ${shot}, ${phone}; the test took ${Date.now() - started} ms`);
-});
+}

@@ -13,7 +13,6 @@ import { fakeSocketClass } from './support/fake-socket.mjs';
 import {
   WebSocketImpl,
   api,
-  gate,
   mintToken,
   nextEvent,
   publish,
@@ -54,7 +53,7 @@ describe('livegate.js with a scripted socket', () => {
   /** A client on a fake socket, welcomed and subscribed to `room` at head `head`. */
   async function subscribed(room, head, { epoch = 'E1', options = {} } = {}) {
     const Fake = fakeSocketClass();
-    const client = connect({ url: 'http://gw.test', getToken: async () => 'tok', WebSocket: Fake, timings: FAST, ...options });
+    const client = connect({ url: 'http://gw.test', getToken: async () => 'tok', WebSocket: Fake, fetch: null, timings: FAST, ...options });
     const log = recorder(client);
     const got = [];
     const reply = client.subscribe(room, (event) => got.push(event));
@@ -209,10 +208,10 @@ describe('livegate.js with a scripted socket', () => {
     }
   });
 
-  test('every attempt gets a fresh token and offers the last session', { timeout: 10_000 }, async () => {
+  test('without a resume credential, every attempt gets a fresh token and offers the last session', { timeout: 10_000 }, async () => {
     const Fake = fakeSocketClass();
     let n = 0;
-    const client = connect({ url: 'https://gw.test/base/', getToken: async () => `t${++n}`, WebSocket: Fake, timings: FAST });
+    const client = connect({ url: 'https://gw.test/base/', getToken: async () => `t${++n}`, WebSocket: Fake, fetch: null, timings: FAST });
     try {
       const ws = await Fake.nth(0);
       assert.equal(ws.url, 'wss://gw.test/base/v1/ws?token=t1');
@@ -240,6 +239,7 @@ describe('livegate.js with a scripted socket', () => {
       url: 'http://gw.test',
       getToken: async () => 'tok',
       WebSocket: Fake,
+      fetch: null, // no SSE, no /readyz check: the plain WebSocket rules
       timings: { ...FAST, connectTimeoutMs: 50, pingMs: 20, idleMs: 60 },
     });
     const log = recorder(client);
@@ -280,6 +280,7 @@ describe('livegate.js with a scripted socket', () => {
         url: 'http://gw.test',
         getToken: async () => 'tok',
         WebSocket: Fake,
+        fetch: null, // no SSE, no /readyz check: the plain WebSocket rules
         random,
         timings: { ...FAST, backoffMs: tiers },
       });
@@ -325,6 +326,7 @@ describe('livegate.js with a scripted socket', () => {
       url: 'http://gw.test',
       getToken: async () => 'tok',
       WebSocket: Fake,
+      fetch: null, // no SSE, no /readyz check: the plain WebSocket rules
       random: () => 0.99999,
       timings: { ...FAST, backoffMs: [0, 40, 80], stableMs: 100 },
     });
@@ -378,6 +380,7 @@ describe('livegate.js with a scripted socket', () => {
       url: 'http://gw.test',
       getToken: async () => 'tok',
       WebSocket: Fake,
+      fetch: null, // no SSE, no /readyz check: the plain WebSocket rules
       random: () => 0.5,
       timings: { ...FAST, backoffMs: [0, 40, 60], restartJitterMs: 30 },
     });
@@ -408,7 +411,7 @@ describe('livegate.js with a scripted socket', () => {
 
     for (const code of [4500, 4501, 4502, 4503, 4999]) {
       const F = fakeSocketClass();
-      const c = connect({ url: 'http://gw.test', getToken: async () => 'tok', WebSocket: F, timings: FAST });
+      const c = connect({ url: 'http://gw.test', getToken: async () => 'tok', WebSocket: F, fetch: null, timings: FAST });
       const l = recorder(c);
       const ws = await F.nth(0);
       ws.welcome();
@@ -501,12 +504,10 @@ describe('livegate.js against a real livegate server', () => {
   test('recovery after the connection is dropped without a close frame', { timeout: 30_000 }, async () => {
     const base = server.url;
     const proxy = await startProxy(server.port);
-    const tokens = gate();
     let minted = 0;
     const client = open({
       url: proxy.url,
       getToken: async () => {
-        await tokens.wait();
         minted += 1;
         return mintToken(base, 'dora', 'web');
       },
@@ -518,7 +519,9 @@ describe('livegate.js against a real livegate server', () => {
       for (let i = 1; i <= 3; i++) await publish(base, 'match:drop', { n: i }, `d-${i}`);
       await waitFor(() => got.length === 3, '3 events before the drop');
 
-      tokens.close(); // hold the reconnect until the missed events are published
+      // Hold the reconnect until the missed events are published: the reconnect uses the
+      // resume credential (no getToken call), so the proxy keeps it out.
+      proxy.hold();
       const lost = nextEvent(client, 'disconnected');
       proxy.dropAll();
       const detail = await lost;
@@ -527,7 +530,7 @@ describe('livegate.js against a real livegate server', () => {
 
       for (let i = 4; i <= 7; i++) await publish(base, 'match:drop', { n: i }, `d-${i}`);
       const recovered = nextEvent(client, 'recovered');
-      tokens.open();
+      proxy.release();
       assert.equal((await recovered).room, 'match:drop');
       await waitFor(() => got.length === 7, 'the 4 missed events');
 
@@ -539,7 +542,8 @@ describe('livegate.js against a real livegate server', () => {
       assert.equal(log.connected.length, 2);
       assert.equal(log.connected[1].session, log.connected[0].session, 'the session was kept');
       assert.equal(log.connected[1].resumed, true);
-      assert.equal(minted, 2, 'one fresh token per attempt');
+      assert.equal(minted, 1, 'the reconnect used the resume credential, not a token');
+      assert.deepEqual(log.connected.map((c) => c.credential), ['token', 'resume']);
       assert.equal(log.recovery_failed.length, 0);
     } finally {
       client.close();
@@ -552,6 +556,7 @@ describe('livegate.js against a real livegate server', () => {
     let calls = 0;
     const client = open({
       url: base,
+      transport: 'websocket', // (auto would take two refusals for a broken upgrade and try SSE)
       getToken: async () => (++calls <= 2 ? 'not-a-token' : mintToken(base, 'hana', 'web')),
     });
     const log = recorder(client);
@@ -569,21 +574,20 @@ describe('livegate.js against a real livegate server', () => {
     const trimmed = await startServer({ dataDir: small.dir, args: ['--history-size', '3'] });
     const proxy = await startProxy(trimmed.port);
     const base = trimmed.url;
-    const tokens = gate();
-    const client = open({ url: proxy.url, getToken: async () => (await tokens.wait(), mintToken(base, 'ivy', 'web')) });
+    const client = open({ url: proxy.url, getToken: () => mintToken(base, 'ivy', 'web') });
     const log = recorder(client);
     const got = [];
     try {
       await client.subscribe('match:trim', (e) => got.push(e));
       await publish(base, 'match:trim', { n: 1 });
       await waitFor(() => got.length === 1, 'the first event');
-      tokens.close();
+      proxy.hold(); // the reconnect waits until history has moved on
       const lost = nextEvent(client, 'disconnected');
       proxy.dropAll();
       await lost;
       for (let i = 2; i <= 7; i++) await publish(base, 'match:trim', { n: i }); // history keeps 5..7
       const failed = nextEvent(client, 'recovery_failed');
-      tokens.open();
+      proxy.release();
       const detail = await failed;
       assert.equal(detail.room, 'match:trim');
       assert.equal(detail.seq, 7);
@@ -652,14 +656,15 @@ describe('livegate.js across a server restart', () => {
     let server = await startServer({ dataDir: data.dir });
     const port = server.port;
     const base = server.url;
-    const tokens = gate();
+    // The client goes through a proxy that keeps its reconnect out until the missed events
+    // are published (the reconnect uses its resume credential: no getToken call to hold).
+    const proxy = await startProxy(port);
     let minted = 0;
     const client = connect({
-      url: base,
+      url: proxy.url,
       WebSocket: WebSocketImpl,
       timings: FAST,
       getToken: async () => {
-        await tokens.wait();
         minted += 1;
         return mintToken(base, 'rita', 'web');
       },
@@ -674,7 +679,7 @@ describe('livegate.js across a server restart', () => {
       await sendMessage(base, 'rita', { m: 1 }, 'm-1');
       await waitFor(() => got.length === 3 && inbox.length === 1, 'the events before the restart');
 
-      tokens.close(); // the reconnect waits until the missed events are published
+      proxy.hold(); // the reconnect waits until the missed events are published
       const drained = nextEvent(client, 'disconnected');
       const stopping = server.stop('SIGTERM');
       const detail = await drained;
@@ -690,7 +695,7 @@ describe('livegate.js across a server restart', () => {
       await sendMessage(base, 'rita', { m: 2 }, 'm-2');
       const recovered = [];
       client.on('recovered', (r) => recovered.push(r.room));
-      tokens.open();
+      proxy.release();
 
       await waitFor(() => got.length === 6 && inbox.length === 2, 'exactly the missed events', 15_000);
       for (let i = 7; i <= 8; i++) await publish(base, 'match:restart', { n: i }, `r-${i}`);
@@ -705,7 +710,7 @@ describe('livegate.js across a server restart', () => {
       assert.equal(log.recovery_failed.length, 0);
       assert.equal(log.connected.length, 2);
       assert.equal(log.connected[1].session, log.connected[0].session, 'the session survives the restart');
-      assert.equal(minted, 2);
+      assert.equal(minted, 1, 'the reconnect used the resume credential');
       const position = client.position('match:restart');
       assert.deepEqual(position, { epoch: first.epoch, seq: 8 }, 'same epoch after the restart');
 
@@ -713,6 +718,7 @@ describe('livegate.js across a server restart', () => {
       assert.deepEqual(seqs(page.events), range(1, 8));
     } finally {
       client.close();
+      await proxy.close();
       await server.stop('SIGKILL');
       data.remove();
     }

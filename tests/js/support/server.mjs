@@ -204,10 +204,46 @@ export function gate(initiallyOpen = true) {
 /**
  * A TCP proxy in front of `target` (host:port): `dropAll()` destroys every proxied
  * connection at once, without a WebSocket close: the "server drops the socket" case.
+ * `hold()` makes it refuse (reset) every new connection until `release()`: the server is
+ * unreachable. With `refuseUpgrade`, it reads the head of each connection's first
+ * request and refuses any with `Upgrade: websocket`, the way some corporate proxies
+ * break WebSockets: `'answer'` replies 502 and closes, `'reset'` destroys the connection;
+ * everything else is passed through. `upgradesRefused()` counts them.
  */
-export async function startProxy(targetPort) {
+export async function startProxy(targetPort, { refuseUpgrade = null } = {}) {
   const pairs = new Set();
+  let held = false;
+  let refused = 0;
   const server = net.createServer((client) => {
+    if (held) {
+      client.resetAndDestroy();
+      return;
+    }
+    client.on('error', () => client.destroy());
+    if (!refuseUpgrade) return pipe(client, Buffer.alloc(0));
+    // Read up to the end of the first request head, then decide.
+    let head = Buffer.alloc(0);
+    const onData = (chunk) => {
+      head = Buffer.concat([head, chunk]);
+      const end = head.indexOf('\r\n\r\n');
+      if (end < 0 && head.length < 16_384) return;
+      client.off('data', onData);
+      client.pause();
+      const text = head.subarray(0, end < 0 ? head.length : end).toString('latin1');
+      if (/^upgrade:\s*websocket\s*$/im.test(text)) {
+        refused += 1;
+        if (refuseUpgrade === 'reset') {
+          client.resetAndDestroy();
+        } else {
+          client.end('HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nContent-Length: 21\r\nConnection: close\r\n\r\nno WebSockets here.\r\n');
+        }
+        return;
+      }
+      pipe(client, head);
+    };
+    client.on('data', onData);
+  });
+  function pipe(client, head) {
     const upstream = net.connect(targetPort, '127.0.0.1');
     const pair = { client, upstream };
     pairs.add(pair);
@@ -218,13 +254,23 @@ export async function startProxy(targetPort) {
     };
     client.on('error', end).on('close', end);
     upstream.on('error', end).on('close', end);
+    if (head.length) upstream.write(head);
     client.pipe(upstream);
     upstream.pipe(client);
-  });
+    client.resume();
+  }
   await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
   return {
     url: `http://127.0.0.1:${server.address().port}`,
+    port: server.address().port,
     connections: () => pairs.size,
+    upgradesRefused: () => refused,
+    hold() {
+      held = true;
+    },
+    release() {
+      held = false;
+    },
     dropAll() {
       for (const { client, upstream } of pairs) {
         client.destroy();
@@ -237,4 +283,19 @@ export async function startProxy(targetPort) {
       return new Promise((resolve) => server.close(resolve));
     },
   };
+}
+
+/** The value of a counter in the server's /metrics (0 when absent). */
+export async function metric(base, name, labels = {}) {
+  const response = await fetch(`${base}/metrics`, { headers: { Authorization: `Bearer ${API_KEY}` }, signal: AbortSignal.timeout(10_000) });
+  const text = await response.text();
+  const want = Object.entries(labels).map(([k, v]) => `${k}="${v}"`);
+  let total = 0;
+  for (const line of text.split('\n')) {
+    if (!line.startsWith(name)) continue;
+    const match = /^([a-z_]+)(\{[^}]*\})?\s+([0-9.e+-]+)/.exec(line);
+    if (!match || match[1] !== name) continue;
+    if (want.every((w) => (match[2] ?? '').includes(w))) total += Number(match[3]);
+  }
+  return total;
 }
