@@ -674,6 +674,20 @@ async fn cors_for_allowed_origins_and_403_for_others() {
     let other = other.err().expect("a disallowed origin is refused");
     assert_eq!((other.status, other.code()), (403, "forbidden_origin"));
     assert_eq!(header(&other.headers, "access-control-allow-origin"), None);
+    // livegate.js reads /readyz after a failed handshake: a page on another origin must
+    // see its status (a draining node's 503 is not a refused credential).
+    let readyz = |origin: &'static str| async move {
+        let mut stream = TcpStream::connect(server.addr).await.expect("connect");
+        let request = format!("GET /readyz HTTP/1.1\r\nHost: x\r\nOrigin: {origin}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.expect("write");
+        let mut raw = Vec::new();
+        tokio::time::timeout(WAIT, stream.read_to_end(&mut raw)).await.expect("in time").expect("read");
+        String::from_utf8_lossy(&raw).to_ascii_lowercase()
+    };
+    let allowed = readyz("https://app.example").await;
+    assert!(allowed.starts_with("http/1.1 200") && allowed.contains("access-control-allow-origin: https://app.example"), "{allowed}");
+    let refused = readyz("https://evil.example").await;
+    assert!(!refused.contains("access-control-allow-origin"), "{refused}");
 }
 
 #[tokio::test]

@@ -800,9 +800,13 @@ async fn healthz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     Ok(json(StatusCode::OK, r#"{"status":"ok"}"#.into()))
 }
 
-async fn readyz(state: web::Data<AppState>) -> HttpResponse {
-    match state.lifecycle.phase() {
+/// Readiness, also read by livegate.js after a failed handshake (with CORS headers, so a
+/// page on another origin can tell a draining node from a refused credential).
+async fn readyz(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
+    let mut response = match state.lifecycle.phase() {
         Phase::Ready => json(StatusCode::OK, r#"{"status":"ready"}"#.into()),
         other => api_error(ErrorCode::Unavailable, other.name()).error_response(),
-    }
+    };
+    sse::with_cors(&req, &state, &mut response);
+    response
 }

@@ -43,11 +43,17 @@ pub async fn stream(req: HttpRequest, state: web::Data<AppState>) -> HttpRespons
             refusal.error_response()
         }
     };
-    if let Some(origin) = allowed_origin(&req, &state) {
+    with_cors(&req, &state, &mut response);
+    response
+}
+
+/// Echo the request's `Origin` when the access list allows it: a page on another origin
+/// reads an answer (the stream, a refusal, `/readyz`) only with it.
+pub(super) fn with_cors(req: &HttpRequest, state: &AppState, response: &mut HttpResponse) {
+    if let Some(origin) = allowed_origin(req, state) {
         response.headers_mut().insert(ACCESS_CONTROL_ALLOW_ORIGIN, origin);
         response.headers_mut().insert(VARY, HeaderValue::from_static("Origin"));
     }
-    response
 }
 
 /// The request's `Origin`, when the access list allows it (a browser on another origin

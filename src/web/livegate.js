@@ -717,10 +717,9 @@ export class LivegateClient {
     const controller = new AbortController();
     const timer = setTimeout(() => controller.abort(), this._timings.probeTimeoutMs);
     try {
+      // The server answers /readyz with CORS headers for the origins it allows, so a page
+      // on another origin reads the status too (a draining node's 503 must not count).
       const init = { signal: controller.signal, cache: 'no-store' };
-      const origin = globalThis.location?.origin;
-      // Another origin without CORS headers: an opaque answer still says "up".
-      if (origin && new URL(this._readyz).origin !== origin) init.mode = 'no-cors';
       const response = await this._fetch(this._readyz, init);
       cancelBody(response);
       return response.status !== 503;
