@@ -84,7 +84,7 @@ With --demo, also serves a live score page at / fed by a built-in match simulato
     /// Follow rooms as a WebSocket client: print each event as one JSON line
     #[command(long_about = "\
 Follow rooms as a WebSocket client: print each event as one compact JSON line on stdout
-({\"room\",\"seq\",\"id\",\"ts_ms\",\"data\"}), notices on stderr.
+({\"room\",\"seq\",\"id\",\"ts_ms\",\"data\"}; a client's publish also \"from\"), notices on stderr.
 
 When the connection drops, reconnects (after the delay the server suggests, else a random
 one below 0.5 s, 1 s, 2 s, 4 s, then 5 s) and resumes after the last event it printed, so

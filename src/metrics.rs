@@ -47,6 +47,16 @@ pub struct LimitLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
+/// What a client's `publish` op came to: appended, a duplicate id, or the error code it
+/// was refused with.
+pub const CLIENT_PUBLISH_OUTCOMES: &[&str] =
+    &["published", "duplicate", "forbidden", "bad_room", "payload_too_large", "bad_request", "rate_limited", "unavailable"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PeerLabel {
     pub peer: String,
 }
@@ -115,6 +125,8 @@ pub struct Metrics {
     pub events_published: Counter,
     pub events_delivered: Counter,
     pub duplicates_rejected: Counter,
+    /// Clients' `publish` ops, by outcome ([`CLIENT_PUBLISH_OUTCOMES`]).
+    pub client_publishes: Family<OutcomeLabel, Counter>,
     pub delivery_latency: Histogram,
     pub batch_events: Histogram,
     pub frames_written: Counter,
@@ -171,6 +183,7 @@ impl Metrics {
             events_published: Counter::default(),
             events_delivered: Counter::default(),
             duplicates_rejected: Counter::default(),
+            client_publishes: Family::default(),
             delivery_latency: latency_histogram(),
             batch_events: batch_histogram(),
             frames_written: Counter::default(),
@@ -220,6 +233,9 @@ impl Metrics {
         for limit in LIMITS {
             drop(self.limit_hits.get_or_create(&LimitLabel { limit }));
         }
+        for outcome in CLIENT_PUBLISH_OUTCOMES {
+            drop(self.client_publishes.get_or_create(&OutcomeLabel { outcome }));
+        }
         for credential in CREDENTIALS {
             drop(self.handshakes.get_or_create(&CredentialLabel { credential }));
         }
@@ -261,6 +277,12 @@ impl Metrics {
         self.limit_hits.get_or_create(&LimitLabel { limit }).inc();
     }
 
+    /// Count a client's `publish` op by its outcome (a name from [`CLIENT_PUBLISH_OUTCOMES`]).
+    pub fn client_publish(&self, outcome: &'static str) {
+        debug_assert!(CLIENT_PUBLISH_OUTCOMES.contains(&outcome), "unknown outcome {outcome}");
+        self.client_publishes.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
     pub fn recovery(&self, recovered: bool) {
         let result = if recovered { "recovered" } else { "not_recovered" };
         self.recoveries.get_or_create(&ResultLabel { result }).inc();
@@ -298,6 +320,11 @@ impl Metrics {
         r.register("events_published", "Events appended to rooms", self.events_published.clone());
         r.register("events_delivered", "Events written to client sockets", self.events_delivered.clone());
         r.register("duplicates_rejected", "Publishes answered as duplicates", self.duplicates_rejected.clone());
+        r.register(
+            "client_publishes",
+            "Clients' publish ops over WebSocket, by outcome (published, duplicate, or the error code)",
+            self.client_publishes.clone(),
+        );
         r.register_with_unit(
             "delivery_latency",
             "Publish to the room window leaving for its subscribers, of each window's oldest event",

@@ -201,6 +201,8 @@ pub enum ClientOp {
     Subscribe { room: String, since: Option<u64>, epoch: Option<String> },
     Unsubscribe { room: String },
     History { room: String, since: u64, limit: Option<usize> },
+    /// Client publish (DESIGN §9); `data` is the JSON text as sent.
+    Publish { room: String, id: Option<String>, data: String },
     Ping,
 }
 
@@ -237,6 +239,15 @@ struct HistoryFields {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct PublishFields {
+    room: String,
+    id: Option<String>,
+    /// Required (`null` is a value): re-encoded compactly, as the frame was parsed whole.
+    data: Value,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct NoFields {}
 
 /// Parse one client text frame.
@@ -267,6 +278,10 @@ pub fn parse_client_frame(text: &str) -> Result<ClientRequest, FrameError> {
         "history" => {
             let f: HistoryFields = serde_json::from_value(rest).map_err(bad)?;
             ClientOp::History { room: f.room, since: f.since, limit: f.limit }
+        }
+        "publish" => {
+            let f: PublishFields = serde_json::from_value(rest).map_err(bad)?;
+            ClientOp::Publish { room: f.room, id: f.id, data: f.data.to_string() }
         }
         "ping" => {
             let _: NoFields = serde_json::from_value(rest).map_err(bad)?;
@@ -299,6 +314,7 @@ pub enum ServerOp {
     Unsubscribed,
     Events,
     History,
+    Published,
     Pong,
     Error,
     /// An op this build does not know (a newer server's).
@@ -315,6 +331,7 @@ impl ServerOp {
             ServerOp::Unsubscribed => "unsubscribed",
             ServerOp::Events => "events",
             ServerOp::History => "history",
+            ServerOp::Published => "published",
             ServerOp::Pong => "pong",
             ServerOp::Error => "error",
             ServerOp::Unknown => "unknown",
@@ -342,6 +359,7 @@ pub enum ServerFrame<'a> {
     InboxNotice(InboxNotice<'a>),
     Unsubscribed(Unsubscribed<'a>),
     Events(Events<'a>),
+    Published(PublishedFrame<'a>),
     Pong(Pong),
     Error(ErrorFrame<'a>),
 }
@@ -413,6 +431,18 @@ pub struct EventHead<'a> {
     pub seq: u64,
 }
 
+/// `published`: the reply to a client's `publish`, once the event is durable; a
+/// repeated `id` answers `duplicate:true` with the first seq.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PublishedFrame<'a> {
+    #[serde(borrow)]
+    pub room: Cow<'a, str>,
+    pub seq: u64,
+    pub duplicate: bool,
+    #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<i64>,
+}
+
 /// `pong`: the reply to a `ping`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Pong {
@@ -453,9 +483,12 @@ fn render(frame: &ServerFrame) -> String {
 }
 
 /// One event as it appears in `events` frames and history replies. `data` is JSON text.
-pub fn render_event(room: &str, seq: u64, id: &str, ts_ms: u64, data: &str) -> String {
+/// `from`: the user whose connection published it (client publish), set by the server
+/// and outside `data`, so nothing a client writes can pose as it.
+pub fn render_event(room: &str, seq: u64, id: &str, ts_ms: u64, from: Option<&str>, data: &str) -> String {
+    let from = from.map(|user| format!(r#""from":{},"#, json_str(user))).unwrap_or_default();
     format!(
-        r#"{{"room":{},"seq":{seq},"id":{},"ts_ms":{ts_ms},"data":{data}}}"#,
+        r#"{{"room":{},"seq":{seq},"id":{},"ts_ms":{ts_ms},{from}"data":{data}}}"#,
         json_str(room),
         json_str(id)
     )
@@ -505,6 +538,10 @@ pub fn inbox_notice_frame(room: &str) -> String {
 
 pub fn unsubscribed_frame(room: &str, reference: Option<i64>) -> String {
     render(&ServerFrame::Unsubscribed(Unsubscribed { room: room.into(), reference }))
+}
+
+pub fn published_frame(room: &str, seq: u64, duplicate: bool, reference: Option<i64>) -> String {
+    render(&ServerFrame::Published(PublishedFrame { room: room.into(), seq, duplicate, reference }))
 }
 
 pub fn pong_frame(reference: Option<i64>) -> String {
@@ -567,6 +604,9 @@ pub struct TokenRequest {
     pub ttl_secs: u64,
     #[serde(default)]
     pub rooms: Vec<String>,
+    /// Room patterns the connection may publish to (DESIGN §9); none by default.
+    #[serde(default)]
+    pub publish: Vec<String>,
 }
 
 fn default_device() -> String {
@@ -725,6 +765,16 @@ mod tests {
         check(r#"{"op":"subscribe","room":"r","since":-1}"#, Err((None, ErrorCode::BadRequest)));
         check(r#"{"op":"subscribe","room":"r","extra":1}"#, Err((None, ErrorCode::BadRequest)));
         check(r#"{"op":"ping","ref":"x"}"#, Err((None, ErrorCode::BadRequest)));
+        check(
+            r#"{"op":"publish","room":"chat:1","id":"c-1","data":{"text": "hi"},"ref":5}"#,
+            req(Some(5), ClientOp::Publish { room: "chat:1".into(), id: Some("c-1".into()), data: r#"{"text":"hi"}"#.into() }),
+        );
+        check(
+            r#"{"op":"publish","room":"chat:1","data":null}"#,
+            req(None, ClientOp::Publish { room: "chat:1".into(), id: None, data: "null".into() }),
+        );
+        check(r#"{"op":"publish","room":"chat:1","ref":6}"#, Err((Some(6), ErrorCode::BadRequest)));
+        check(r#"{"op":"publish","room":"chat:1","data":1,"from":"admin"}"#, Err((None, ErrorCode::BadRequest)));
     }
 
     /// The statuses the HTTP API promises for its codes (README, HTTP API; DESIGN.md §2–3).
@@ -757,7 +807,7 @@ mod tests {
 
     #[test]
     fn server_frames_are_valid_json() {
-        let event = render_event("r\"1", 3, "id\n", 5, r#"{"k":[1,2]}"#);
+        let event = render_event("r\"1", 3, "id\n", 5, None, r#"{"k":[1,2]}"#);
         let frame = events_frame([event.as_str(), event.as_str()], 0);
         let parsed: Value = serde_json::from_str(&frame).unwrap();
         assert_eq!(parsed["events"][1]["room"], "r\"1");
@@ -768,6 +818,11 @@ mod tests {
         assert_eq!(sub["recovered"], false);
         let body: Value = serde_json::from_str(&history_body("r", Some("E"), 1, [event.as_str()])).unwrap();
         assert_eq!(body["events"][0]["seq"], 3);
+        assert_eq!(parsed["events"][0].get("from"), None, "a backend's event names no user");
+        let from: Value = serde_json::from_str(&render_event("r", 1, "a", 5, Some("u\"1"), r#"{"from":"x"}"#)).unwrap();
+        assert_eq!((from["from"].clone(), from["data"]["from"].clone()), (Value::from("u\"1"), Value::from("x")));
+        let published: Value = serde_json::from_str(&published_frame("r", 9, true, Some(4))).unwrap();
+        assert_eq!(published, serde_json::json!({"op":"published","room":"r","seq":9,"duplicate":true,"ref":4}));
     }
 
     #[test]
@@ -826,8 +881,8 @@ mod tests {
 
     #[test]
     fn events_frames_are_the_serialized_type() {
-        let first = render_event("r", 1, "a", 5, r#"{"k": [1, 2]}"#);
-        let second = render_event("r\"2", 2, "b", 6, "null");
+        let first = render_event("r", 1, "a", 5, None, r#"{"k": [1, 2]}"#);
+        let second = render_event("r\"2", 2, "b", 6, Some("u\"1"), "null");
         let frame = events_frame([first.as_str(), second.as_str()], 0);
         let parsed: Events = serde_json::from_str(&frame).unwrap();
         let raw: Vec<&str> = parsed.events.iter().map(|e| e.get()).collect();

@@ -174,7 +174,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     };
     let state = web::Data::new(AppState {
         limits: Arc::new(ConnectionLimits::new(&config, max_connections)),
-        connection: Arc::new(connection_settings(&config, metrics.clone(), backends.nonces.clone())),
+        connection: Arc::new(connection_settings(&config, metrics.clone(), backends.nonces.clone(), publisher.clone())),
         config: Arc::new(config),
         access: parking_lot::RwLock::new(access),
         reload: reload_config,
@@ -304,10 +304,17 @@ fn start_liveness(
     })
 }
 
-fn connection_settings(config: &Config, metrics: Arc<Metrics>, revocations: Arc<dyn ResumeRevocations>) -> ConnectionSettings {
+fn connection_settings(
+    config: &Config,
+    metrics: Arc<Metrics>,
+    revocations: Arc<dyn ResumeRevocations>,
+    publisher: Publisher,
+) -> ConnectionSettings {
     ConnectionSettings {
         metrics,
         revocations,
+        publisher,
+        max_event_bytes: config.max_event_bytes,
         node: config.node.clone(),
         heartbeat: config.heartbeat(),
         max_subscriptions: config.max_subscriptions,
@@ -507,8 +514,8 @@ impl NodeEvents for NodeActors {
     fn publish(&self, publish: ForwardedPublish) -> LocalBoxFuture<'static, Result<Appended, Box<dyn std::error::Error>>> {
         let rooms = self.rooms.clone();
         Box::pin(async move {
-            let ForwardedPublish { room, id, data, devices } = publish;
-            match rooms.publish(&room, id.into(), data.into(), devices).await {
+            let ForwardedPublish { room, id, data, devices, from } = publish;
+            match rooms.publish(&room, id.into(), data.into(), devices, from).await {
                 Ok(published) => Ok(Appended { seq: published.seq, epoch: published.epoch.to_string(), duplicate: published.duplicate }),
                 Err(error) => Err(error.into()),
             }

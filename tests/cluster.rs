@@ -13,7 +13,9 @@
 //! - exclusive devices (4501) and kicks (4502, with the count) across nodes;
 //! - a resume credential from one node opens the same session on another, once, and a
 //!   kick through either node voids it on both;
-//! - `/v1/route` stops naming a killed node, and a draining one, in time.
+//! - `/v1/route` stops naming a killed node, and a draining one, in time;
+//! - a client's publish on one node to a room another node writes reaches every node's
+//!   subscribers with its `from`.
 //!
 //! nats-server must be installed (`/usr/sbin/nats-server`; `.ci/test` installs it): a
 //! missing server fails the tests, it never skips them. Each test has its own NATS server,
@@ -444,6 +446,58 @@ fn a_room_whose_history_expired_keeps_its_head_on_every_node() {
     }
     let next = cluster.http(1).publish_ok(room, Some("ttl-4"), json!({"i": 4}));
     assert_eq!(next["seq"], 4, "{next}");
+}
+
+/// Client publish in a cluster (DESIGN §9): a client on B publishes to a room whose
+/// writer is A. The event is forwarded to A (with its `from`), appended to the stream
+/// and answered `published` on B once stored; A's and C's subscribers get it with
+/// `from`, and every node's history has it.
+#[test]
+fn a_client_publish_on_b_to_a_room_written_by_a_reaches_a_with_from() {
+    let _serial = serial();
+    let cluster = Cluster::start(3, &[]);
+    let rt = runtime();
+    let names: Vec<&str> = (0..3).map(Cluster::name).collect();
+    let room = (0..1000)
+        .map(|i| format!("chat:{i}"))
+        .find(|room| livegate::core::routing::room_writer(room, &names) == Some(Cluster::name(0)))
+        .expect("some room is written by a");
+    let mut failures = Vec::new();
+    rt.block_on(async {
+        let mut on_a = WsClient::connect(cluster.addr(0), &cluster.http(0).mint_token("reader-a", "web"), None).await;
+        let mut on_c = WsClient::connect(cluster.addr(2), &cluster.http(2).mint_token("reader-c", "web"), None).await;
+        on_a.subscribe_ok(&room).await;
+        on_c.subscribe_ok(&room).await;
+        let (status, body) = cluster.http(1).mint_token_raw(json!({"user": "writer-b", "publish": ["chat:*"]}));
+        assert_eq!(status, 201, "{body}");
+        let mut on_b = WsClient::connect(cluster.addr(1), body["token"].as_str().unwrap(), None).await;
+        let reply = on_b.request(json!({"op": "publish", "room": room, "id": "c-1", "data": {"text": "hi"}})).await;
+        if reply["op"] != "published" || reply["seq"] != 1 || reply["duplicate"] != false {
+            failures.push(format!("publish on b: {reply}"));
+        }
+        let again = on_b.request(json!({"op": "publish", "room": room, "id": "c-1", "data": {"text": "hi"}})).await;
+        if again["duplicate"] != true || again["seq"] != 1 {
+            failures.push(format!("the same id again on b: {again}, expected duplicate with seq 1"));
+        }
+        let refused = on_b.request(json!({"op": "publish", "room": "news:1", "data": {}})).await;
+        if refused["code"] != "forbidden" {
+            failures.push(format!("a room outside the patterns on b: {refused}"));
+        }
+        for (name, ws) in [("a", &mut on_a), ("c", &mut on_c)] {
+            let (events, other) = collect_events(ws, &room, 1, Duration::from_secs(10)).await;
+            match events.first() {
+                Some(e) if e["from"] == "writer-b" && e["seq"] == 1 && e["data"]["text"] == "hi" => {}
+                got => failures.push(format!("subscriber on {name}: {got:?}, also {other:?}")),
+            }
+        }
+    });
+    for node in 0..3 {
+        let page = cluster.http(node).history_ok(&room, Some(0), Some(10));
+        if page["head"] != 1 || page["events"][0]["from"] != "writer-b" {
+            failures.push(format!("history on {}: {page}", Cluster::name(node)));
+        }
+    }
+    fail_with_logs(&cluster, "cluster client publish", &failures, &LOG_NEEDLES);
 }
 
 /// Tokens are signed with a secret every node shares, and spent cluster-wide: a token

@@ -380,6 +380,7 @@ const FAMILIES: &[(&str, &str, Option<&str>, &[&str])] = &[
     ("livegate_events_published", "counter", None, &[]),
     ("livegate_events_delivered", "counter", None, &[]),
     ("livegate_duplicates_rejected", "counter", None, &[]),
+    ("livegate_client_publishes", "counter", None, &["outcome"]),
     ("livegate_delivery_latency_seconds", "histogram", Some("seconds"), &[]),
     ("livegate_batch_events", "histogram", None, &[]),
     ("livegate_frames_written", "counter", None, &[]),

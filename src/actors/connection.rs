@@ -15,6 +15,7 @@ use actix_http::ws;
 
 use super::backlog::Backlog;
 use super::messages::*;
+use super::publish::{Publisher, Submission};
 use super::registry::Registry;
 use super::room::RoomActor;
 use super::rooms::Rooms;
@@ -43,6 +44,10 @@ pub trait ResumeRevocations: Send + Sync {
 pub struct ConnectionSettings {
     pub metrics: Arc<crate::metrics::Metrics>,
     pub revocations: Arc<dyn ResumeRevocations>,
+    /// Clients' `publish` ops go through it, the HTTP API's path (cluster mode too).
+    pub publisher: Publisher,
+    /// Largest `data` of a client's publish.
+    pub max_event_bytes: usize,
     pub node: String,
     pub heartbeat: Duration,
     pub max_subscriptions: usize,
@@ -68,6 +73,8 @@ pub struct Identity {
     pub session: String,
     /// Room patterns from the token (empty: any room).
     pub rooms: Vec<String>,
+    /// Room patterns the token lets it publish to (empty: none; never an inbox).
+    pub publish: Vec<String>,
     /// Whether the node validated this session in warm-up (reported in `welcome`).
     pub warmup: bool,
     /// This connection's one-time resume credential (sent in `welcome`).
@@ -301,6 +308,9 @@ impl Connection {
         let rate = self.settings.max_messages_per_sec;
         if let Err(wait_ms) = self.message_rate.take(rate, burst_for(rate), crate::world::now_ms()) {
             self.settings.metrics.limit_hit("message_rate");
+            if matches!(request.op, ClientOp::Publish { .. }) {
+                self.settings.metrics.client_publish("rate_limited");
+            }
             let message = format!("more than {rate} messages per second; retry in {wait_ms} ms");
             return self.refuse(ctx, request.reference, ErrorCode::RateLimited, &message);
         }
@@ -311,6 +321,7 @@ impl Connection {
         let reference = request.reference;
         match request.op {
             ClientOp::Ping => self.io.text(ServerOp::Pong, &protocol::pong_frame(reference)),
+            ClientOp::Publish { room, id, data } => self.publish(room, id, data, reference, ctx),
             ClientOp::Subscribe { room, since, epoch } => {
                 self.subscribed_once = true;
                 self.subscribe(room, since, epoch, reference, ctx)
@@ -346,6 +357,47 @@ impl Connection {
                 }));
             }
         }
+    }
+
+    /// A client's publish (DESIGN §9): only to a room the token's publish patterns name
+    /// (never an inbox), through `Publisher::submit`, the HTTP API's path and checks;
+    /// `published` goes out once the event is durable. The event's `from` is this
+    /// connection's user, whatever the client sent.
+    fn publish(&mut self, room: String, id: Option<String>, data: String, reference: Option<i64>, ctx: &mut Context<Self>) {
+        let metrics = self.settings.metrics.clone();
+        if let Err(e) = names::check_room(&room) {
+            metrics.client_publish("bad_room");
+            return self.send_error(reference, ErrorCode::BadRoom, &e.to_string());
+        }
+        if !names::may_publish(&self.identity.publish, &room) {
+            metrics.client_publish("forbidden");
+            return self.send_error(reference, ErrorCode::Forbidden, &format!("this connection may not publish to room {room}"));
+        }
+        let event = Submission { id, data: data.into(), devices: None, from: Some(self.identity.user.to_string()) };
+        let (publisher, max) = (self.settings.publisher.clone(), self.settings.max_event_bytes);
+        let fut = async move {
+            let result = publisher.submit(&room, event, max).await;
+            (room, result)
+        };
+        ctx.spawn(fut.into_actor(self).map(move |(room, result), conn, _| match result {
+            Ok(published) => {
+                if published.duplicate {
+                    metrics.duplicates_rejected.inc();
+                    metrics.client_publish("duplicate");
+                } else {
+                    metrics.events_published.inc();
+                    metrics.client_publish("published");
+                }
+                let frame = protocol::published_frame(&room, published.seq, published.duplicate, reference);
+                conn.reply(ServerOp::Published, frame);
+            }
+            Err(error) => {
+                let code = error.code();
+                metrics.client_publish(code.as_str());
+                tracing::debug!(conn = conn.id, %room, %error, "client publish refused");
+                conn.send_error(reference, code, &error.to_string());
+            }
+        }));
     }
 
     fn check_readable(&self, room: &str) -> Result<(), (ErrorCode, String)> {

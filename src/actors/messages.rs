@@ -170,6 +170,8 @@ pub struct Publish {
     pub data: Arc<str>,
     /// Devices an inbox message is for (`None`: every device).
     pub devices: Option<Vec<String>>,
+    /// The publishing connection's user (client publish); `None`: a backend.
+    pub from: Option<String>,
     pub reply: oneshot::Sender<Result<Published, PublishFailed>>,
 }
 

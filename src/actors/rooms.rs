@@ -198,11 +198,12 @@ impl Rooms {
         id: Arc<str>,
         data: Arc<str>,
         devices: Option<Vec<String>>,
+        from: Option<String>,
     ) -> Result<Published, RoomError> {
         for _ in 0..ATTEMPTS {
             let addr = self.addr(room);
             let (reply, answer) = oneshot::channel();
-            let msg = Publish { id: id.clone(), data: data.clone(), devices: devices.clone(), reply };
+            let msg = Publish { id: id.clone(), data: data.clone(), devices: devices.clone(), from: from.clone(), reply };
             match addr.send(msg).await {
                 Ok(Ok(())) => {
                     return match answer.await {

@@ -401,7 +401,7 @@ impl Subscriber {
                 }
             }
             ServerOp::Pong | ServerOp::Welcome | ServerOp::Unsubscribed => {}
-            ServerOp::History | ServerOp::Unknown => tracing::debug!("ignoring a frame it does not follow: {text}"),
+            ServerOp::History | ServerOp::Published | ServerOp::Unknown => tracing::debug!("ignoring a frame it does not follow: {text}"),
         }
         None
     }
@@ -613,7 +613,7 @@ mod tests {
         assert!(s.handle_frame(&protocol::error_frame(Some(2), ErrorCode::Forbidden, "no")).is_none());
         assert_eq!(s.state["b"].asked_since, None, "a refused subscribe waits for no reply");
 
-        let event = protocol::render_event("a", 4, "id-4", 1_700_000_000_000, r#"{"goal": 1}"#);
+        let event = protocol::render_event("a", 4, "id-4", 1_700_000_000_000, None, r#"{"goal": 1}"#);
         assert!(s.handle_frame(&protocol::events_frame([event.as_str()], 0)).is_none());
         assert_eq!(out.take(), format!("{event}\n"), "the event line is the server's rendering, byte for byte");
     }

@@ -40,6 +40,8 @@ pub struct ForwardedPublish {
     pub id: String,
     pub data: String,
     pub devices: Option<Vec<String>>,
+    /// The publishing connection's user (client publish).
+    pub from: Option<String>,
 }
 
 /// The writer's answer to a forwarded publish.
@@ -165,7 +167,7 @@ fn decode_forward(message: &async_nats::Message) -> Option<ForwardedPublish> {
     let text = |name: &str| headers.get(name).map(|v| v.as_str().to_string());
     let devices = text("Lg-Devices").map(|d| d.split(',').map(str::to_string).collect());
     let data = String::from_utf8(message.payload.to_vec()).ok()?;
-    Some(ForwardedPublish { room: text("Lg-Room")?, id: text("Lg-Id")?, data, devices })
+    Some(ForwardedPublish { room: text("Lg-Room")?, id: text("Lg-Id")?, data, devices, from: text("Lg-From") })
 }
 
 /// A forwarded publish this node could not read (not from a livegate node).
@@ -214,10 +216,14 @@ pub async fn forward_publish(
     id: &str,
     data: &str,
     devices: Option<&[String]>,
+    from: Option<&str>,
 ) -> Result<Appended, ForwardError> {
     let mut headers = async_nats::HeaderMap::new();
     headers.insert("Lg-Room", room);
     headers.insert("Lg-Id", id);
+    if let Some(from) = from {
+        headers.insert("Lg-From", from);
+    }
     if let Some(devices) = devices {
         headers.insert("Lg-Devices", devices.join(",").as_str());
     }

@@ -1,6 +1,6 @@
 //! A room's log on JetStream. Each event is one message on `lg.room.<room>`: the payload
 //! is the event's JSON, headers carry the room seq, the publish time, the devices of an
-//! inbox message and the event id (`Nats-Msg-Id`, so a retried publish is stored once).
+//! inbox message, the publishing user of a client publish (`Lg-From`) and the event id (`Nats-Msg-Id`, so a retried publish is stored once).
 //! An append names the stream sequence of the room's last message
 //! (`Nats-Expected-Last-Subject-Sequence`): a writer that missed another node's append is
 //! refused, catches up and retries, so the room seq stays contiguous.
@@ -15,6 +15,7 @@ use crate::store::EventRecord;
 const SEQ_HEADER: &str = "Lg-Seq";
 const TS_HEADER: &str = "Lg-Ts";
 const DEVICES_HEADER: &str = "Lg-Devices";
+const FROM_HEADER: &str = "Lg-From";
 const ID_HEADER: &str = "Nats-Msg-Id";
 /// Set by the stream's republish on live copies: the message's stream sequence.
 const STREAM_SEQ_HEADER: &str = "Nats-Sequence";
@@ -99,6 +100,9 @@ pub async fn append(cluster: &Cluster, room: &str, expected_last: u64, event: &E
     if let Some(devices) = &event.devices {
         headers.insert(DEVICES_HEADER, devices.join(",").as_str());
     }
+    if let Some(from) = &event.from {
+        headers.insert(FROM_HEADER, from.as_str());
+    }
     let sent = cluster.js.publish_with_headers(room_subject(room), headers, event.data.clone().into()).await;
     let ack = match sent {
         Ok(future) => future.await,
@@ -135,5 +139,6 @@ fn decode(headers: &HeaderMap, payload: &[u8]) -> Option<EventRecord> {
         ts_ms: text(TS_HEADER)?.parse().ok()?,
         data: String::from_utf8(payload.to_vec()).ok()?,
         devices,
+        from: text(FROM_HEADER),
     })
 }

@@ -69,16 +69,47 @@ pub fn may_read(user: &str, patterns: &[String], room: &str) -> bool {
     if let Some(owner) = inbox_owner(room) {
         return owner == user;
     }
-    patterns.is_empty()
-        || patterns.iter().any(|p| match p.strip_suffix('*') {
-            Some(prefix) => room.starts_with(prefix),
-            None => p == room,
-        })
+    patterns.is_empty() || matches_any(patterns, room)
+}
+
+/// Whether a connection whose token grants publish `patterns` may publish to `room`
+/// (DESIGN §9). No patterns: no room. An inbox (`user:…`) never, not even the own and
+/// not even one a pattern names: inboxes are written by backends only, so a message
+/// there always comes from the server side.
+pub fn may_publish(patterns: &[String], room: &str) -> bool {
+    inbox_owner(room).is_none() && matches_any(patterns, room)
+}
+
+fn matches_any(patterns: &[String], room: &str) -> bool {
+    patterns.iter().any(|p| match p.strip_suffix('*') {
+        Some(prefix) => room.starts_with(prefix),
+        None => p == room,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn publish_rights() {
+        let patterns = |ps: &[&str]| ps.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+        let cases: &[(&[&str], &str, bool)] = &[
+            (&[], "chat:1", false),
+            (&["chat:*"], "chat:1", true),
+            (&["chat:*"], "chat:", true),
+            (&["chat:*"], "match:1", false),
+            (&["lobby"], "lobby", true),
+            (&["lobby"], "lobby2", false),
+            (&["user:*"], "user:u1", false),
+            (&["user:u1"], "user:u1", false),
+            (&["us*"], "user:u2", false),
+            (&["us*"], "usa", true),
+        ];
+        for (ps, room, ok) in cases {
+            assert_eq!(may_publish(&patterns(ps), room), *ok, "patterns {ps:?} room {room}");
+        }
+    }
 
     #[test]
     fn room_names() {

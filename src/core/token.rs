@@ -6,8 +6,12 @@
 //! `1 u8 | expires_at_ms u64 BE | nonce [16] | str user | str device | u8 n | n × str room`;
 //! a resume credential's body (DESIGN §7) =
 //! `2 u8 | issued_at_ms u64 BE | expires_at_ms u64 BE | nonce [16] | str user | str device
-//! | str session | u8 n | n × str room`; each `str` a u8 length then UTF-8 bytes. The
-//! first byte keeps the two apart: neither verifies as the other.
+//! | str session | u8 n | n × str room`; each `str` a u8 length then UTF-8 bytes. A
+//! token or credential that grants client publish (DESIGN §9) is format 3 or 4: the same
+//! body with a second pattern list, `u8 m | m × str publish pattern`, at its end. One
+//! without publish rights is still written as format 1 or 2, so builds that predate
+//! client publish read it, and formats 1 and 2 keep verifying (granting no publish).
+//! The first byte keeps tokens and credentials apart: neither verifies as the other.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -17,6 +21,10 @@ use thiserror::Error;
 
 const TOKEN_VERSION: u8 = 1;
 const RESUME_VERSION: u8 = 2;
+/// A token with publish patterns.
+const TOKEN_PUBLISH_VERSION: u8 = 3;
+/// A resume credential with publish patterns.
+const RESUME_PUBLISH_VERSION: u8 = 4;
 /// Longer tokens are rejected before any decoding.
 pub const MAX_TOKEN_LEN: usize = 4096;
 
@@ -28,6 +36,8 @@ pub struct Claims {
     pub nonce: [u8; 16],
     /// Room patterns the token may read (empty: any room).
     pub rooms: Vec<String>,
+    /// Room patterns the connection may publish to (empty: none).
+    pub publish: Vec<String>,
 }
 
 /// What a resume credential grants: a connection as the one that received it.
@@ -38,6 +48,8 @@ pub struct Resume {
     pub session: String,
     /// The room patterns of the token the first connection of the chain opened with.
     pub rooms: Vec<String>,
+    /// The publish patterns of that token (empty: none).
+    pub publish: Vec<String>,
     /// When it was handed out: a revocation of the session up to this moment voids it.
     pub issued_at_ms: u64,
     pub expires_at_ms: u64,
@@ -74,12 +86,15 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 
 fn encode_body(claims: &Claims) -> Vec<u8> {
     let mut body = Vec::with_capacity(64);
-    body.push(TOKEN_VERSION);
+    body.push(if claims.publish.is_empty() { TOKEN_VERSION } else { TOKEN_PUBLISH_VERSION });
     body.extend_from_slice(&claims.expires_at_ms.to_be_bytes());
     body.extend_from_slice(&claims.nonce);
     put_str(&mut body, &claims.user);
     put_str(&mut body, &claims.device);
     put_rooms(&mut body, &claims.rooms);
+    if !claims.publish.is_empty() {
+        put_rooms(&mut body, &claims.publish);
+    }
     body
 }
 
@@ -112,40 +127,48 @@ impl<'a> Reader<'a> {
         let len = self.u8()? as usize;
         String::from_utf8(self.take(len)?.to_vec()).map_err(|_| TokenError::Malformed)
     }
-    fn version(&mut self, expected: u8) -> Result<(), TokenError> {
-        if self.u8()? != expected {
-            return Err(TokenError::Malformed);
+    /// The format byte: `Ok(false)` for `plain`, `Ok(true)` for `with_publish` (the body
+    /// ends with publish patterns), anything else is malformed.
+    fn version(&mut self, plain: u8, with_publish: u8) -> Result<bool, TokenError> {
+        match self.u8()? {
+            v if v == plain => Ok(false),
+            v if v == with_publish => Ok(true),
+            _ => Err(TokenError::Malformed),
         }
-        Ok(())
     }
     fn nonce(&mut self) -> Result<[u8; 16], TokenError> {
         self.take(16)?.try_into().map_err(|_| TokenError::Malformed)
     }
-    /// The room patterns, which end the body: anything after them is malformed.
-    fn rooms_to_end(&mut self) -> Result<Vec<String>, TokenError> {
+    fn patterns(&mut self) -> Result<Vec<String>, TokenError> {
         let n = self.u8()?;
-        let rooms = (0..n).map(|_| self.string()).collect::<Result<_, _>>()?;
-        if !self.0.is_empty() {
+        (0..n).map(|_| self.string()).collect()
+    }
+    /// The room patterns and (`with_publish`) the publish patterns, which end the body:
+    /// anything after them is malformed.
+    fn patterns_to_end(&mut self, with_publish: bool) -> Result<(Vec<String>, Vec<String>), TokenError> {
+        let rooms = self.patterns()?;
+        let publish = if with_publish { self.patterns()? } else { Vec::new() };
+        if !self.0.is_empty() || (with_publish && publish.is_empty()) {
             return Err(TokenError::Malformed);
         }
-        Ok(rooms)
+        Ok((rooms, publish))
     }
 }
 
 fn decode_body(body: &[u8]) -> Result<Claims, TokenError> {
     let mut r = Reader(body);
-    r.version(TOKEN_VERSION)?;
+    let with_publish = r.version(TOKEN_VERSION, TOKEN_PUBLISH_VERSION)?;
     let expires_at_ms = r.u64()?;
     let nonce = r.nonce()?;
     let user = r.string()?;
     let device = r.string()?;
-    let rooms = r.rooms_to_end()?;
-    Ok(Claims { user, device, expires_at_ms, nonce, rooms })
+    let (rooms, publish) = r.patterns_to_end(with_publish)?;
+    Ok(Claims { user, device, expires_at_ms, nonce, rooms, publish })
 }
 
 fn encode_resume(resume: &Resume) -> Vec<u8> {
     let mut body = Vec::with_capacity(80);
-    body.push(RESUME_VERSION);
+    body.push(if resume.publish.is_empty() { RESUME_VERSION } else { RESUME_PUBLISH_VERSION });
     body.extend_from_slice(&resume.issued_at_ms.to_be_bytes());
     body.extend_from_slice(&resume.expires_at_ms.to_be_bytes());
     body.extend_from_slice(&resume.nonce);
@@ -153,20 +176,23 @@ fn encode_resume(resume: &Resume) -> Vec<u8> {
     put_str(&mut body, &resume.device);
     put_str(&mut body, &resume.session);
     put_rooms(&mut body, &resume.rooms);
+    if !resume.publish.is_empty() {
+        put_rooms(&mut body, &resume.publish);
+    }
     body
 }
 
 fn decode_resume(body: &[u8]) -> Result<Resume, TokenError> {
     let mut r = Reader(body);
-    r.version(RESUME_VERSION)?;
+    let with_publish = r.version(RESUME_VERSION, RESUME_PUBLISH_VERSION)?;
     let issued_at_ms = r.u64()?;
     let expires_at_ms = r.u64()?;
     let nonce = r.nonce()?;
     let user = r.string()?;
     let device = r.string()?;
     let session = r.string()?;
-    let rooms = r.rooms_to_end()?;
-    Ok(Resume { user, device, session, rooms, issued_at_ms, expires_at_ms, nonce })
+    let (rooms, publish) = r.patterns_to_end(with_publish)?;
+    Ok(Resume { user, device, session, rooms, publish, issued_at_ms, expires_at_ms, nonce })
 }
 
 /// `base64url(body) "." base64url(mac)`.
@@ -231,14 +257,40 @@ mod tests {
             expires_at_ms: 1_000,
             nonce: [7; 16],
             rooms: vec!["match:*".into()],
+            publish: Vec::new(),
         }
+    }
+
+    fn publisher() -> Claims {
+        Claims { publish: vec!["chat:*".into(), "lobby".into()], ..claims() }
     }
 
     #[test]
     fn round_trip() {
         let token = sign(b"secret", &claims());
         assert_eq!(verify(b"secret", &token, 999), Ok(claims()));
+        let token = sign(b"secret", &publisher());
+        assert_eq!(verify(b"secret", &token, 999), Ok(publisher()));
     }
+
+    #[test]
+    fn formats_name_whether_publish_patterns_follow() {
+        assert_eq!(encode_body(&claims())[0], TOKEN_VERSION, "no publish rights: the format older builds read");
+        assert_eq!(encode_body(&publisher())[0], TOKEN_PUBLISH_VERSION);
+        let plain = Resume { publish: Vec::new(), ..resume() };
+        assert_eq!(encode_resume(&plain)[0], RESUME_VERSION);
+        assert_eq!(encode_resume(&resume())[0], RESUME_PUBLISH_VERSION);
+        // A format-3 body whose publish list is empty is no body this build writes.
+        let mut empty_list = encode_body(&claims());
+        empty_list[0] = TOKEN_PUBLISH_VERSION;
+        empty_list.push(0);
+        assert_eq!(decode_body(&empty_list), Err(TokenError::Malformed));
+        // A format-1 body carrying a publish list is refused, not read as rights.
+        let mut smuggled = encode_body(&publisher());
+        smuggled[0] = TOKEN_VERSION;
+        assert_eq!(decode_body(&smuggled), Err(TokenError::Malformed));
+    }
+
 
     #[test]
     fn rejections() {
@@ -270,6 +322,7 @@ mod tests {
             device: "phone".into(),
             session: "s1".into(),
             rooms: vec!["match:*".into()],
+            publish: vec!["chat:*".into()],
             issued_at_ms: 500,
             expires_at_ms: 1_000,
             nonce: [9; 16],
@@ -281,7 +334,9 @@ mod tests {
         let credential = sign_resume(b"secret", &resume());
         assert_eq!(verify_resume(b"secret", &credential, 999), Ok(resume()));
         let token = sign(b"secret", &claims());
+        let publishing_token = sign(b"secret", &publisher());
         let cases: Vec<(&str, String, &[u8], u64, TokenError)> = vec![
+            ("a publishing token is not a resume credential", publishing_token, b"secret", 0, TokenError::Malformed),
             ("other secret", credential.clone(), b"other", 0, TokenError::BadSignature),
             ("expired", credential.clone(), b"secret", 1_000, TokenError::Expired),
             ("a token is not a resume credential", token.clone(), b"secret", 0, TokenError::Malformed),
@@ -315,12 +370,14 @@ mod tests {
 
     #[test]
     fn truncated_or_padded_bodies_are_malformed_not_panics() {
-        let full = encode_body(&claims());
-        for cut in 0..full.len() {
-            assert_eq!(decode_body(&full[..cut]), Err(TokenError::Malformed), "cut {cut}");
+        for claims in [claims(), publisher()] {
+            let full = encode_body(&claims);
+            for cut in 0..full.len() {
+                assert_eq!(decode_body(&full[..cut]), Err(TokenError::Malformed), "cut {cut}");
+            }
+            let mut padded = full.clone();
+            padded.push(0);
+            assert_eq!(decode_body(&padded), Err(TokenError::Malformed));
         }
-        let mut padded = full.clone();
-        padded.push(0);
-        assert_eq!(decode_body(&padded), Err(TokenError::Malformed));
     }
 }

@@ -17,7 +17,7 @@ use crate::actors::connection::{Connection, ConnectionSettings, Identity, Initia
 use crate::core::lifecycle::{Lifecycle, Phase};
 use crate::actors::directory::{Directory, DirectoryError, OpenSession, SessionStore};
 use crate::actors::liveness::{LivenessActor, Route};
-use crate::actors::publish::Publisher;
+use crate::actors::publish::{Publisher, SubmitError, Submission};
 use crate::actors::messages::Kick;
 use crate::actors::registry::Registry;
 use crate::world::{now_ms, random_bytes, random_hex};
@@ -117,6 +117,12 @@ impl ResponseError for ApiError {
 impl From<RoomError> for ApiError {
     fn from(e: RoomError) -> Self {
         api_error(ErrorCode::Unavailable, e.to_string())
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> Self {
+        api_error(e.code(), e.to_string())
     }
 }
 
@@ -261,17 +267,41 @@ async fn mint_token(req: HttpRequest, payload: web::Payload, state: web::Data<Ap
     if request.ttl_secs == 0 || request.ttl_secs > max_ttl {
         return Err(ApiError::bad_request(format!("ttl_secs must be between 1 and {max_ttl}")));
     }
-    for pattern in &request.rooms {
-        names::check_room(pattern.strip_suffix('*').filter(|p| !p.is_empty()).unwrap_or(pattern))
-            .map_err(|_| ApiError::bad_request(format!("room pattern {pattern:?} is not a room name, optionally ending in *")))?;
+    check_patterns("rooms", &request.rooms)?;
+    check_patterns("publish", &request.publish)?;
+    let grants = Grants { rooms: request.rooms, publish: request.publish };
+    Ok(issue_token(&state, request.user, request.device, request.ttl_secs, grants))
+}
+
+/// A token's room patterns: each a room name, optionally ending in `*`; at most 255
+/// (what the token's format holds).
+fn check_patterns(field: &str, patterns: &[String]) -> Result<(), ApiError> {
+    if patterns.len() > MAX_PATTERNS {
+        return Err(ApiError::bad_request(format!("{field} may hold at most {MAX_PATTERNS} patterns")));
     }
-    Ok(issue_token(&state, request.user, request.device, request.ttl_secs, request.rooms))
+    for pattern in patterns {
+        names::check_room(pattern.strip_suffix('*').filter(|p| !p.is_empty()).unwrap_or(pattern)).map_err(|_| {
+            ApiError::bad_request(format!("{field}: room pattern {pattern:?} is not a room name, optionally ending in *"))
+        })?;
+    }
+    Ok(())
+}
+
+/// Patterns per list a token holds.
+const MAX_PATTERNS: usize = 255;
+
+/// What a token lets its connection do: read `rooms` (empty: any), publish to `publish`
+/// (empty: nowhere).
+struct Grants {
+    rooms: Vec<String>,
+    publish: Vec<String>,
 }
 
 /// Sign a fresh one-time token (a new nonce) and answer it as 201 `{"token","expires_at_ms"}`.
-fn issue_token(state: &AppState, user: String, device: String, ttl_secs: u64, rooms: Vec<String>) -> HttpResponse {
+fn issue_token(state: &AppState, user: String, device: String, ttl_secs: u64, grants: Grants) -> HttpResponse {
     let expires_at_ms = now_ms() + ttl_secs * 1000;
-    let claims = token::Claims { user, device, expires_at_ms, nonce: random_bytes(), rooms };
+    let Grants { rooms, publish } = grants;
+    let claims = token::Claims { user, device, expires_at_ms, nonce: random_bytes(), rooms, publish };
     let reply = TokenReply { token: token::sign(&state.token_secret, &claims), expires_at_ms };
     state.metrics.tokens_minted.inc();
     json(StatusCode::CREATED, protocol::to_json(&reply))
@@ -309,8 +339,8 @@ async fn message_user(
 }
 
 
-/// Publish one event (size-checked, id checked or generated) and answer 201, or 200 for
-/// a duplicate id.
+/// Publish one event (size-checked, id checked or generated, by `Publisher::submit`) and
+/// answer 201, or 200 for a duplicate id.
 async fn append(
     state: &AppState,
     room: String,
@@ -318,18 +348,8 @@ async fn append(
     data: &protocol::EventData,
     devices: Option<Vec<String>>,
 ) -> Result<HttpResponse, ApiError> {
-    let max = state.config.max_event_bytes;
-    if data.get().len() > max {
-        return Err(api_error(ErrorCode::PayloadTooLarge, format!("event data is larger than max_event_bytes ({max})")));
-    }
-    let id = match id {
-        Some(id) => {
-            names::check_event_id(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
-            id
-        }
-        None => format!("lg-{}", random_hex(12)),
-    };
-    let published = state.publisher.publish(&room, id.into(), data.get().into(), devices).await?;
+    let event = Submission { id, data: data.get().into(), devices, from: None };
+    let published = state.publisher.submit(&room, event, state.config.max_event_bytes).await?;
     if published.duplicate {
         state.metrics.duplicates_rejected.inc();
     } else {
@@ -408,6 +428,7 @@ struct Credentialed {
     user: String,
     device: String,
     rooms: Vec<String>,
+    publish: Vec<String>,
     /// The session to resume (a resume credential names it; a token may ask for one).
     session: Option<String>,
 }
@@ -457,7 +478,13 @@ async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<V
         if resume.revoked_by(revoked_at) {
             return Err(resume_invalid("was revoked (its session was kicked or replaced)"));
         }
-        let who = Credentialed { user: resume.user, device: resume.device, rooms: resume.rooms, session: Some(resume.session) };
+        let who = Credentialed {
+            user: resume.user,
+            device: resume.device,
+            rooms: resume.rooms,
+            publish: resume.publish,
+            session: Some(resume.session),
+        };
         return Ok(Verified { who, nonce: resume.nonce, expires_at_ms: resume.expires_at_ms, kind: CredentialKind::Resume });
     }
     let token = query.token.as_deref().ok_or_else(|| api_error(ErrorCode::MissingToken, "missing token query parameter"))?;
@@ -468,7 +495,8 @@ async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<V
         };
         api_error(code, e.to_string())
     })?;
-    let who = Credentialed { user: claims.user, device: claims.device, rooms: claims.rooms, session: query.session };
+    let who =
+        Credentialed { user: claims.user, device: claims.device, rooms: claims.rooms, publish: claims.publish, session: query.session };
     Ok(Verified { who, nonce: claims.nonce, expires_at_ms: claims.expires_at_ms, kind: CredentialKind::Token })
 }
 
@@ -493,6 +521,7 @@ fn mint_resume(state: &AppState, who: &Credentialed, session: &str) -> ResumeGra
         device: who.device.clone(),
         session: session.to_string(),
         rooms: who.rooms.clone(),
+        publish: who.publish.clone(),
         issued_at_ms: now,
         expires_at_ms,
         nonce: random_bytes(),
@@ -572,6 +601,7 @@ async fn handshake<S>(
         device: who.device.into(),
         session: grant.session,
         rooms: who.rooms,
+        publish: who.publish,
         warmup: grant.warmup,
         resume: Some(resume),
     };
@@ -739,7 +769,7 @@ async fn demo_token(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
         return Err(not_in_demo_mode());
     }
     let user = format!("viewer-{}", random_hex(6));
-    Ok(issue_token(&state, user, "web".into(), 60, vec!["match:*".into()]))
+    Ok(issue_token(&state, user, "web".into(), 60, Grants { rooms: vec!["match:*".into()], publish: Vec::new() }))
 }
 
 /// The browser and Node client library, embedded in the binary.

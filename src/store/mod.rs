@@ -205,7 +205,7 @@ impl Store {
         let mut events = Vec::new();
         for item in self.room_event.scan_prefix(keys::room_prefix(room)).rev().take(max_events) {
             let (_, value) = item?;
-            events.push(records::decode::<EventRecord>("room_event", &value)?);
+            events.push(records::decode_event("room_event", &value)?);
         }
         events.reverse();
         // The event is written before the head: after a crash between the two, the
@@ -225,7 +225,7 @@ impl Store {
 
     /// Write an event and advance the room's head to it. Not durable until a flush.
     pub fn append_event(&self, room: &str, epoch: &str, event: &EventRecord) -> Result<(), StoreError> {
-        self.room_event.insert(keys::event_key(room, event.seq), records::encode(event))?;
+        self.room_event.insert(keys::event_key(room, event.seq), records::encode_event(event))?;
         let head = RoomHeadRecord { epoch: epoch.to_string(), head: event.seq };
         self.room_head.insert(room.as_bytes(), records::encode(&head))?;
         Ok(())
@@ -581,7 +581,7 @@ mod tests {
     use super::*;
 
     fn event(seq: u64) -> EventRecord {
-        EventRecord { seq, id: format!("e{seq}"), ts_ms: seq, data: "{}".into(), devices: None }
+        EventRecord { seq, id: format!("e{seq}"), ts_ms: seq, data: "{}".into(), devices: None, from: None }
     }
 
     #[test]

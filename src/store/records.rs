@@ -19,6 +19,9 @@ pub struct RoomHeadRecord {
 }
 
 /// One event of a room's history. `data` is the event's JSON text as published.
+/// Stored by [`encode_event`]: format [`RECORD_VERSION`] without `from` (what every
+/// build wrote before client publish, and still writes for backend publishes), format
+/// [`EVENT_FROM_VERSION`] with it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EventRecord {
     pub seq: u64,
@@ -27,6 +30,39 @@ pub struct EventRecord {
     pub data: String,
     /// Devices an inbox message is for (`None`: every device).
     pub devices: Option<Vec<String>>,
+    /// The user whose connection published it (client publish); `None`: a backend.
+    pub from: Option<String>,
+}
+
+/// Format byte of an event record that names its publishing user.
+pub const EVENT_FROM_VERSION: u8 = 2;
+
+/// An event record of format 1: the fields before `from`.
+#[derive(Serialize, Deserialize)]
+struct EventRecordV1 {
+    seq: u64,
+    id: String,
+    ts_ms: u64,
+    data: String,
+    devices: Option<Vec<String>>,
+}
+
+/// An event record: format 1 when it has no `from` (older builds read it), else 2.
+pub fn encode_event(event: &EventRecord) -> Vec<u8> {
+    if event.from.is_some() {
+        return encode_as(EVENT_FROM_VERSION, event);
+    }
+    let EventRecord { seq, id, ts_ms, data, devices, from: _ } = event.clone();
+    encode(&EventRecordV1 { seq, id, ts_ms, data, devices })
+}
+
+/// An event record of either format.
+pub fn decode_event(tree: &'static str, bytes: &[u8]) -> Result<EventRecord, StoreError> {
+    if bytes.first() == Some(&EVENT_FROM_VERSION) {
+        return decode_as(EVENT_FROM_VERSION, tree, bytes);
+    }
+    let EventRecordV1 { seq, id, ts_ms, data, devices } = decode(tree, bytes)?;
+    Ok(EventRecord { seq, id, ts_ms, data, devices, from: None })
 }
 
 /// Who owns a session. `version` is inside the value, so sled's whole-value
@@ -84,7 +120,11 @@ pub struct RevokedRecord {
 }
 
 pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
-    let mut out = vec![RECORD_VERSION];
+    encode_as(RECORD_VERSION, record)
+}
+
+fn encode_as<T: Serialize>(version: u8, record: &T) -> Vec<u8> {
+    let mut out = vec![version];
     let body = bincode::serde::encode_to_vec(record, bincode::config::standard())
         .expect("plain records always encode");
     out.extend_from_slice(&body);
@@ -92,10 +132,14 @@ pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
 }
 
 pub fn decode<T: DeserializeOwned>(tree: &'static str, bytes: &[u8]) -> Result<T, StoreError> {
+    decode_as(RECORD_VERSION, tree, bytes)
+}
+
+fn decode_as<T: DeserializeOwned>(expected: u8, tree: &'static str, bytes: &[u8]) -> Result<T, StoreError> {
     let corrupt = |why: String| StoreError::Corrupt { tree, why };
     let (version, body) = bytes.split_first().ok_or_else(|| corrupt("empty record".into()))?;
-    if *version != RECORD_VERSION {
-        return Err(corrupt(format!("record format {version}, this build reads {RECORD_VERSION}")));
+    if *version != expected {
+        return Err(corrupt(format!("record format {version}, this build reads {expected}")));
     }
     let config = bincode::config::standard().with_limit::<DECODE_LIMIT>();
     let (record, used) = bincode::serde::decode_from_slice(body, config).map_err(|e| corrupt(e.to_string()))?;
@@ -109,19 +153,40 @@ pub fn decode<T: DeserializeOwned>(tree: &'static str, bytes: &[u8]) -> Result<T
 mod tests {
     use super::*;
 
+    fn event(from: Option<&str>) -> EventRecord {
+        EventRecord {
+            seq: 7,
+            id: "e-7".into(),
+            ts_ms: 1,
+            data: r#"{"a":1}"#.into(),
+            devices: Some(vec!["phone".into()]),
+            from: from.map(str::to_string),
+        }
+    }
+
     #[test]
     fn round_trip_and_rejections() {
-        let event = EventRecord { seq: 7, id: "e-7".into(), ts_ms: 1, data: r#"{"a":1}"#.into(), devices: Some(vec!["phone".into()]) };
-        let bytes = encode(&event);
-        assert_eq!(bytes[0], RECORD_VERSION);
-        assert_eq!(decode::<EventRecord>("t", &bytes).unwrap(), event);
+        for (event, version) in [(event(None), RECORD_VERSION), (event(Some("u1")), EVENT_FROM_VERSION)] {
+            let bytes = encode_event(&event);
+            assert_eq!(bytes[0], version);
+            assert_eq!(decode_event("t", &bytes).unwrap(), event);
 
-        let mut wrong_version = bytes.clone();
-        wrong_version[0] = 9;
-        let mut trailing = bytes.clone();
-        trailing.push(0);
-        for bad in [vec![], wrong_version, bytes[..bytes.len() - 1].to_vec(), trailing] {
-            assert!(matches!(decode::<EventRecord>("t", &bad), Err(StoreError::Corrupt { .. })), "{bad:?}");
+            let mut wrong_version = bytes.clone();
+            wrong_version[0] = 9;
+            let mut trailing = bytes.clone();
+            trailing.push(0);
+            for bad in [vec![], wrong_version, bytes[..bytes.len() - 1].to_vec(), trailing] {
+                assert!(matches!(decode_event("t", &bad), Err(StoreError::Corrupt { .. })), "{bad:?}");
+            }
         }
+    }
+
+    #[test]
+    fn events_stored_before_client_publish_still_read() {
+        // The bytes a build without `from` wrote for this event (format 1).
+        let old = EventRecordV1 { seq: 7, id: "e-7".into(), ts_ms: 1, data: r#"{"a":1}"#.into(), devices: Some(vec!["phone".into()]) };
+        let bytes = encode(&old);
+        assert_eq!(bytes[0], 1);
+        assert_eq!(decode_event("t", &bytes).unwrap(), event(None));
     }
 }

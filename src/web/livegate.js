@@ -8,7 +8,9 @@
 //   });
 //   client.on('connected', ({ session, node, transport }) => ...);
 //   client.on('recovery_failed', ({ room }) => reloadOverHttp(room));
-//   client.subscribe('match:1', (event) => render(event));   // {room, seq, id, ts_ms, data}
+//   client.subscribe('match:1', (event) => render(event));   // {room, seq, id, ts_ms, from?, data}
+//   const { seq, duplicate } = await client.publish('chat:1', { text: 'hi' });  // needs a
+//                              // token with "publish":["chat:*"]; WebSocket only
 //   client.transport;          // 'websocket' or 'sse': the transport in use
 //   client.dropConnection();   // drop the connection to watch it reconnect and recover (demos)
 //
@@ -49,6 +51,15 @@
 //   HTTP from your backend), and a gap in a room's stream is not filled with `history`
 //   but by reopening the stream from the room's last delivered seq: the server replays
 //   the rest exactly, or says it cannot (`recovery_failed`).
+// - Client publish (DESIGN §9): `publish(room, data, {id})` sends the `publish` op and
+//   resolves with `{seq, duplicate, id}` once the server has stored the event (it is then
+//   durable); the token (and so each resume credential after it) must carry a `publish`
+//   pattern naming the room, and inboxes (`user:…`) are never publishable. Without an `id`
+//   the library makes one up, so publishing again with the resolved or rejected request's
+//   id is safe: a repeat answers `duplicate: true` with the first seq. Events a client
+//   published carry `from`, the publishing user, set by the server. Errors reject with
+//   the server's code (`forbidden`, `bad_room`, `payload_too_large`, `rate_limited`, ...);
+//   over SSE it rejects with code `unsupported` (publish from your backend instead).
 // - Per room it remembers the epoch and the last seq delivered, resubscribes with
 //   `since` and `epoch` after a reconnect, and hands each event to the application
 //   exactly once and in seq order: events at or below the last delivered seq are
@@ -294,6 +305,24 @@ export class LivegateClient {
    */
   history(room, since = 0, limit = 100) {
     return this._request({ op: 'history', room, since, limit });
+  }
+
+  /**
+   * Publishes `data` (any JSON value) to `room` as this connection's user. Resolves with
+   * `{seq, duplicate, id}` once the server has stored the event; rejects with the server's
+   * error code (`forbidden` outside the token's `publish` patterns, `bad_room`,
+   * `payload_too_large`, `rate_limited`, `bad_request`), when the connection is lost after
+   * the request went out (publish again with the same `id`: at most once is stored), or
+   * on close(). While disconnected the request waits for the next connection. Over SSE it
+   * rejects with code `unsupported`. `id`: the idempotency id (default: a random one).
+   */
+  publish(room, data, { id } = {}) {
+    const eventId = id ?? `c-${randomHex(8)}`;
+    return this._request({ op: 'publish', room, id: eventId, data }).then((reply) => ({
+      seq: reply.seq,
+      duplicate: reply.duplicate === true,
+      id: eventId,
+    }));
   }
 
   /**
@@ -736,7 +765,7 @@ export class LivegateClient {
     this._transport = to;
     this._wsFailures = 0;
     this._fellBack = to === 'sse' && this._transportOption === 'auto';
-    if (to === 'sse') this._rejectAll(lgError('unsupported', 'history needs the WebSocket transport (now on SSE)'));
+    if (to === 'sse') this._rejectAll(lgError('unsupported', 'history and publish need the WebSocket transport (now on SSE)'));
     this._emit('transport', { from, to, reason });
   }
 
@@ -825,7 +854,7 @@ export class LivegateClient {
         state.awaiting = true;
         state.quiet = attempt.quiet && state.subscribedOnce;
       }
-      this._rejectAll(lgError('unsupported', 'history needs the WebSocket transport (connected over SSE)'));
+      this._rejectAll(lgError('unsupported', 'history and publish need the WebSocket transport (connected over SSE)'));
     }
     if (!attempt.quiet) {
       this._emit('connected', {
@@ -915,6 +944,7 @@ export class LivegateClient {
         }
         return;
       case 'history':
+      case 'published':
       case 'unsubscribed':
       case 'pong':
         return this._reply(frame);
@@ -1161,6 +1191,14 @@ class RoomState {
   connectionLost() {
     this.cancel();
   }
+}
+
+/** `bytes` random bytes as hex (crypto when there is one: ids must not repeat). */
+function randomHex(bytes) {
+  const buffer = new Uint8Array(bytes);
+  if (globalThis.crypto?.getRandomValues) globalThis.crypto.getRandomValues(buffer);
+  else for (let i = 0; i < bytes; i++) buffer[i] = Math.floor(Math.random() * 256);
+  return Array.from(buffer, (b) => b.toString(16).padStart(2, '0')).join('');
 }
 
 function lgError(code, message) {

@@ -139,7 +139,7 @@ impl RoomLog for LocalLog {
             return;
         }
         let ts_ms = now_ms();
-        let record = EventRecord { seq: log.head() + 1, id: msg.id.to_string(), ts_ms, data: msg.data.to_string(), devices: msg.devices };
+        let record = EventRecord { seq: log.head() + 1, id: msg.id.to_string(), ts_ms, data: msg.data.to_string(), devices: msg.devices, from: msg.from };
         if let Err(error) = self.store.append_event(&name, log.epoch(), &record) {
             tracing::error!(room = %name, %error, "store write failed");
             let _ = msg.reply.send(Err(error.into()));

@@ -179,7 +179,7 @@ fn render(room: &str, event: &EventRecord) -> Arc<Delivery> {
     Arc::new(Delivery {
         seq: event.seq,
         ts_ms: event.ts_ms,
-        json: protocol::render_event(room, event.seq, &event.id, event.ts_ms, &event.data).into(),
+        json: protocol::render_event(room, event.seq, &event.id, event.ts_ms, event.from.as_deref(), &event.data).into(),
         devices: event.devices.as_ref().map(|d| d.iter().map(|s| s.as_str().into()).collect()),
     })
 }

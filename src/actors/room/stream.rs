@@ -129,6 +129,7 @@ impl StreamLog {
             ts_ms: now_ms(),
             data: front.data.to_string(),
             devices: front.devices.clone(),
+            from: front.from.clone(),
         };
         self.appending = true;
         let (cluster, name, expected) = (self.cluster.clone(), room.name.clone(), self.last_stream_seq);
