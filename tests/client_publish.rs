@@ -9,7 +9,9 @@ mod common;
 
 use common::process::ServeProcess;
 use common::*;
+use futures_util::SinkExt;
 use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::Message;
 
 /// A connection of `user` whose token carries `publish` (and reads any room).
 async fn publisher(server_addr: std::net::SocketAddr, http: &Http, user: &str, publish: Value) -> WsClient {
@@ -191,6 +193,38 @@ async fn publishes_count_against_the_message_rate() {
         Some(limited as f64),
         "{metrics}"
     );
+}
+
+#[tokio::test]
+async fn publishes_waiting_to_be_stored_are_bounded_even_without_a_message_rate() {
+    let server = TestServer::start(|c| c.max_messages_per_sec = 0);
+    let http = server.http();
+    let mut alice = publisher(server.addr, &http, "alice", json!(["chat:*"])).await;
+    // All in one write: the connection reads them far faster than the store takes them.
+    const SENT: i64 = 1000;
+    for i in 0..SENT {
+        let op = json!({"op": "publish", "room": "chat:1", "data": {"i": i}, "ref": i});
+        alice.ws.feed(Message::Text(op.to_string())).await.expect("queue a frame");
+    }
+    alice.ws.flush().await.expect("send the frames");
+    let mut answered = std::collections::BTreeSet::new();
+    let (mut published, mut limited) = (0, 0);
+    while answered.len() < SENT as usize {
+        let frame = alice.recv_json().await;
+        let Some(reference) = frame["ref"].as_i64() else { continue };
+        assert!(answered.insert(reference), "one answer per publish: {frame}");
+        match (frame["op"].as_str(), frame["code"].as_str()) {
+            (Some("published"), _) => published += 1,
+            (Some("error"), Some("rate_limited")) => limited += 1,
+            _ => panic!("unexpected answer {frame}"),
+        }
+    }
+    assert!(limited > 0, "more than 64 publishes waited at once and none was refused");
+    assert!(published >= 64, "{published} published");
+    assert_eq!(head_of(&http, "chat:1"), published, "exactly the published ones were appended");
+    // The connection stays usable: with nothing waiting, a publish goes through.
+    let reply = publish(&mut alice, "chat:1", None, json!({"after": true})).await;
+    assert_eq!(reply["op"], "published", "{reply}");
 }
 
 #[tokio::test]

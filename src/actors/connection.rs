@@ -31,6 +31,9 @@ use crate::protocol::{self, ClientOp, ClientRequest, CloseCode, ErrorCode, Serve
 const MISSED_HEARTBEATS: u32 = 3;
 /// `limit` of a `history` request that names none.
 pub const HISTORY_DEFAULT_LIMIT: usize = 100;
+/// A connection's publishes waiting to be durable; more are refused (`rate_limited`),
+/// so a client cannot pile up appends even with `max_messages_per_sec = 0`.
+pub const MAX_PUBLISHES_IN_FLIGHT: usize = 64;
 
 
 /// What every connection shares.
@@ -150,6 +153,8 @@ pub struct Connection {
     strikes: Strikes,
     /// Whether the client has subscribed to a room (the automatic inbox not counted).
     subscribed_once: bool,
+    /// This connection's publishes not yet answered (at most [`MAX_PUBLISHES_IN_FLIGHT`]).
+    publishing: usize,
     /// Held while the connection lives: its place in the connection limits.
     _permit: Option<Box<dyn Send>>,
     /// This user's inbox room, subscribed automatically.
@@ -194,6 +199,7 @@ impl Connection {
             message_rate: TokenBucket::new(burst_for(settings.max_messages_per_sec), crate::world::now_ms()),
             strikes: Strikes::default(),
             subscribed_once: false,
+            publishing: 0,
             _permit: permit,
             settings,
         }
@@ -373,29 +379,38 @@ impl Connection {
             metrics.client_publish("forbidden");
             return self.send_error(reference, ErrorCode::Forbidden, &format!("this connection may not publish to room {room}"));
         }
+        if self.publishing >= MAX_PUBLISHES_IN_FLIGHT {
+            metrics.client_publish("rate_limited");
+            let message = format!("at most {MAX_PUBLISHES_IN_FLIGHT} publishes may wait to be stored at once");
+            return self.send_error(reference, ErrorCode::RateLimited, &message);
+        }
+        self.publishing += 1;
         let event = Submission { id, data: data.into(), devices: None, from: Some(self.identity.user.to_string()) };
         let (publisher, max) = (self.settings.publisher.clone(), self.settings.max_event_bytes);
         let fut = async move {
             let result = publisher.submit(&room, event, max).await;
             (room, result)
         };
-        ctx.spawn(fut.into_actor(self).map(move |(room, result), conn, _| match result {
-            Ok(published) => {
-                if published.duplicate {
-                    metrics.duplicates_rejected.inc();
-                    metrics.client_publish("duplicate");
-                } else {
-                    metrics.events_published.inc();
-                    metrics.client_publish("published");
+        ctx.spawn(fut.into_actor(self).map(move |(room, result), conn, _| {
+            conn.publishing -= 1;
+            match result {
+                Ok(published) => {
+                    if published.duplicate {
+                        metrics.duplicates_rejected.inc();
+                        metrics.client_publish("duplicate");
+                    } else {
+                        metrics.events_published.inc();
+                        metrics.client_publish("published");
+                    }
+                    let frame = protocol::published_frame(&room, published.seq, published.duplicate, reference);
+                    conn.reply(ServerOp::Published, frame);
                 }
-                let frame = protocol::published_frame(&room, published.seq, published.duplicate, reference);
-                conn.reply(ServerOp::Published, frame);
-            }
-            Err(error) => {
-                let code = error.code();
-                metrics.client_publish(code.as_str());
-                tracing::debug!(conn = conn.id, %room, %error, "client publish refused");
-                conn.send_error(reference, code, &error.to_string());
+                Err(error) => {
+                    let code = error.code();
+                    metrics.client_publish(code.as_str());
+                    tracing::debug!(conn = conn.id, %room, %error, "client publish refused");
+                    conn.send_error(reference, code, &error.to_string());
+                }
             }
         }));
     }
