@@ -261,6 +261,13 @@ impl Metrics {
         self.directory_writes.get_or_create(&ResultLabel { result }).inc();
     }
 
+    /// Count an answered publish: a new event, or a duplicate of one (the HTTP API and
+    /// clients' `publish` op alike).
+    pub fn publish_answered(&self, duplicate: bool) {
+        let counter = if duplicate { &self.duplicates_rejected } else { &self.events_published };
+        counter.inc();
+    }
+
     /// Count a handshake whose credential (a name from [`CREDENTIALS`]) was accepted.
     pub fn handshake_credential(&self, credential: &'static str) {
         debug_assert!(CREDENTIALS.contains(&credential), "unknown credential {credential}");

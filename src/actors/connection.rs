@@ -395,13 +395,8 @@ impl Connection {
             conn.publishing -= 1;
             match result {
                 Ok(published) => {
-                    if published.duplicate {
-                        metrics.duplicates_rejected.inc();
-                        metrics.client_publish("duplicate");
-                    } else {
-                        metrics.events_published.inc();
-                        metrics.client_publish("published");
-                    }
+                    metrics.publish_answered(published.duplicate);
+                    metrics.client_publish(if published.duplicate { "duplicate" } else { "published" });
                     let frame = protocol::published_frame(&room, published.seq, published.duplicate, reference);
                     conn.reply(ServerOp::Published, frame);
                 }

@@ -350,11 +350,7 @@ async fn append(
 ) -> Result<HttpResponse, ApiError> {
     let event = Submission { id, data: data.get().into(), devices, from: None };
     let published = state.publisher.submit(&room, event, state.config.max_event_bytes).await?;
-    if published.duplicate {
-        state.metrics.duplicates_rejected.inc();
-    } else {
-        state.metrics.events_published.inc();
-    }
+    state.metrics.publish_answered(published.duplicate);
     let status = if published.duplicate { StatusCode::OK } else { StatusCode::CREATED };
     let reply = PublishReply { room, seq: published.seq, epoch: published.epoch.to_string(), duplicate: published.duplicate };
     Ok(json(status, protocol::to_json(&reply)))
