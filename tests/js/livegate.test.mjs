@@ -10,6 +10,7 @@ import { after, before, describe, test } from 'node:test';
 
 import { connect, endpointOf, suggestedDelayMs } from '../../src/web/livegate.js';
 import { fakeSocketClass } from './support/fake-socket.mjs';
+import { recorder } from './support/clients.mjs';
 import {
   WebSocketImpl,
   api,
@@ -32,13 +33,6 @@ const FAST = {
   connectTimeoutMs: 3000,
   stableMs: 60_000,
 };
-
-/** Records everything a client reports. */
-function recorder(client) {
-  const log = { connecting: [], connected: [], disconnected: [], recovered: [], recovery_failed: [], error: [] };
-  for (const name of Object.keys(log)) client.on(name, (detail) => log[name].push({ ...detail, at: Date.now() }));
-  return log;
-}
 
 /** Lets promise callbacks (history replies) run. */
 const tick = () => new Promise((resolve) => setImmediate(resolve));

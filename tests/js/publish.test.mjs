@@ -9,8 +9,9 @@ import { after, before, describe, test } from 'node:test';
 
 import { connect } from '../../src/web/livegate.js';
 import { WebSocketImpl, api, mintToken, nextEvent, startServer, tempDir } from './support/server.mjs';
+import { REAL_SERVER_TIMINGS } from './support/clients.mjs';
 
-const FAST = { backoffMs: [0, 50, 100, 200, 400], restartJitterMs: 200, connectTimeoutMs: 5000, stableMs: 60_000 };
+const FAST = REAL_SERVER_TIMINGS;
 
 async function publishToken(base, user, publish) {
   const { body } = await api(base, 'POST', '/v1/tokens', { user, device: 'web', ttl_secs: 60, publish });

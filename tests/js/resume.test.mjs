@@ -19,8 +19,9 @@ import {
   tempDir,
   waitFor,
 } from './support/server.mjs';
+import { REAL_SERVER_TIMINGS } from './support/clients.mjs';
 
-const FAST = { backoffMs: [0, 50, 100, 200, 400], restartJitterMs: 200, connectTimeoutMs: 5000, stableMs: 60_000 };
+const FAST = REAL_SERVER_TIMINGS;
 const CLIENTS = 200;
 const ROOMS = 10;
 

@@ -23,15 +23,10 @@ import {
   tempDir,
   waitFor,
 } from './support/server.mjs';
+import { REAL_SERVER_TIMINGS, recorder } from './support/clients.mjs';
 
-const FAST = { backoffMs: [0, 50, 100, 200, 400], restartJitterMs: 200, connectTimeoutMs: 5000, stableMs: 60_000 };
+const FAST = REAL_SERVER_TIMINGS;
 const range = (from, to) => Array.from({ length: to - from + 1 }, (_, i) => from + i);
-
-function recorder(client) {
-  const log = { connecting: [], connected: [], disconnected: [], transport: [], recovery_failed: [], error: [] };
-  for (const name of Object.keys(log)) client.on(name, (detail) => log[name].push(detail));
-  return log;
-}
 
 async function publishRange(base, room, from, to) {
   for (let n = from; n <= to; n++) await publish(base, room, { n }, `${room}-${n}`);

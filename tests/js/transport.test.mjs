@@ -10,17 +10,12 @@ import { describe, test } from 'node:test';
 import { EventStreamParser, connect, sseEndpointOf } from '../../src/web/livegate.js';
 import { fakeFetch } from './support/fake-fetch.mjs';
 import { fakeSocketClass } from './support/fake-socket.mjs';
+import { recorder } from './support/clients.mjs';
 import { sleep, waitFor } from './support/server.mjs';
 
 const FAST = { backoffMs: [0, 5, 10], restartJitterMs: 5, connectTimeoutMs: 3000, stableMs: 60_000 };
 const FAR = () => Date.now() + 600_000;
 const seqs = (events) => events.map((e) => e.seq);
-
-function recorder(client) {
-  const log = { connecting: [], connected: [], disconnected: [], recovered: [], recovery_failed: [], error: [], transport: [] };
-  for (const name of Object.keys(log)) client.on(name, (detail) => log[name].push(detail));
-  return log;
-}
 
 /** What a WebSocket attempt's URL carried. */
 function credentialOf(ws) {
