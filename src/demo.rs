@@ -27,7 +27,7 @@ pub async fn run_simulator(publisher: Publisher) {
         let room = format!("match:{}", event.match_id);
         let id: Arc<str> = format!("demo-{run}-{n}").into();
         let data: Arc<str> = protocol::demo_event_data(&event).into();
-        if let Err(error) = publisher.publish(&room, id, data, None, None).await {
+        if let Err(error) = publisher.publish(&room, id, data, None, None, None).await {
             tracing::warn!(%room, %error, "demo event not published");
         }
     }
