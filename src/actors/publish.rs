@@ -10,7 +10,7 @@ use std::sync::Arc;
 use actix::Addr;
 
 use super::liveness::{LivenessActor, RoomWriter};
-use super::messages::Published;
+use super::messages::{Published, StateView};
 use super::rooms::{RoomError, Rooms};
 use crate::cluster::bus::{forward_publish, forward_put_state, ForwardError, ForwardEvent};
 use crate::cluster::Cluster;
@@ -127,6 +127,11 @@ impl Publisher {
             }
         }
         Ok(self.rooms.put_state(room, data).await?)
+    }
+
+    /// `room`'s state, from the room on this node (DESIGN §9).
+    pub async fn state(&self, room: &str) -> Result<StateView, RoomError> {
+        self.rooms.state(room).await
     }
 
     /// Cluster mode: the room's writer, when it is another node.
