@@ -122,6 +122,8 @@ config_keys! {
         "A reconnecting client missing more events than this must reload its state";
     max_event_bytes: usize = 65536, "BYTES",
         "Largest accepted event data, in bytes of JSON";
+    max_state_bytes: usize = 65536, "BYTES",
+        "Largest room state a publish or PUT may carry, in bytes of JSON";
     max_subscriptions: usize = 128, "N",
         "Rooms one connection may subscribe to";
     resume_ttl_secs: u64 = 600, "SECS",
@@ -426,6 +428,7 @@ impl Config {
         within(&[
             ("store_cache_mb", self.store_cache_mb, 0, Some((1 << 20, " (1 TiB)"))),
             ("max_event_bytes", self.max_event_bytes as u64, 16, Some((16 << 20, " (16 MiB)"))),
+            ("max_state_bytes", self.max_state_bytes as u64, 16, Some((16 << 20, " (16 MiB)"))),
             ("max_subscriptions", self.max_subscriptions as u64, 1, None),
             ("token_ttl_max_secs", self.token_ttl_max_secs, 1, None),
             ("resume_ttl_secs", self.resume_ttl_secs, 1, None),

@@ -133,6 +133,8 @@ pub struct Metrics {
     pub outbox_high_water: Gauge,
     pub slow_consumer_closes: Counter,
     pub history_trimmed: Counter,
+    /// Store reads of a room's state (one per room load at most; DESIGN §9).
+    pub state_reads: Counter,
     pub recoveries: Family<ResultLabel, Counter>,
     pub directory_writes: Family<ResultLabel, Counter>,
     pub migrations: Counter,
@@ -190,6 +192,7 @@ impl Metrics {
             outbox_high_water: Gauge::default(),
             slow_consumer_closes: Counter::default(),
             history_trimmed: Counter::default(),
+            state_reads: Counter::default(),
             recoveries: Family::default(),
             directory_writes: Family::default(),
             migrations: Counter::default(),
@@ -348,6 +351,7 @@ impl Metrics {
         );
         r.register("slow_consumer_closes", "Connections closed with 4009", self.slow_consumer_closes.clone());
         r.register("history_trimmed", "Events dropped from history by size or age", self.history_trimmed.clone());
+        r.register("state_reads", "Store reads of a room's state (at most one per room load)", self.state_reads.clone());
         r.register("recoveries", "Subscribes with since, by outcome", self.recoveries.clone());
         r.register("directory_writes", "Session directory writes, by result", self.directory_writes.clone());
         r.register("migrations", "Session owner changes", self.migrations.clone());

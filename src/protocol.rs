@@ -198,11 +198,13 @@ pub struct ClientRequest {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClientOp {
-    Subscribe { room: String, since: Option<u64>, epoch: Option<String> },
+    /// `state`: answer with the room's state and the events after it (DESIGN §9).
+    Subscribe { room: String, since: Option<u64>, epoch: Option<String>, state: bool },
     Unsubscribe { room: String },
     History { room: String, since: u64, limit: Option<usize> },
     /// Client publish (DESIGN §9); `data` is the JSON text as sent.
-    Publish { room: String, id: Option<String>, data: String },
+    /// `state`: the room's state as of this event (JSON text); `null` or absent: none.
+    Publish { room: String, id: Option<String>, data: String, state: Option<String> },
     Ping,
 }
 
@@ -220,6 +222,8 @@ struct SubscribeFields {
     room: String,
     since: Option<u64>,
     epoch: Option<String>,
+    #[serde(default)]
+    state: bool,
 }
 
 #[derive(Deserialize)]
@@ -244,6 +248,8 @@ struct PublishFields {
     id: Option<String>,
     /// Required (`null` is a value): re-encoded compactly, as the frame was parsed whole.
     data: Value,
+    /// Optional; `null` is none.
+    state: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -269,7 +275,7 @@ pub fn parse_client_frame(text: &str) -> Result<ClientRequest, FrameError> {
     let op = match op.as_str() {
         "subscribe" => {
             let f: SubscribeFields = serde_json::from_value(rest).map_err(bad)?;
-            ClientOp::Subscribe { room: f.room, since: f.since, epoch: f.epoch }
+            ClientOp::Subscribe { room: f.room, since: f.since, epoch: f.epoch, state: f.state }
         }
         "unsubscribe" => {
             let f: RoomField = serde_json::from_value(rest).map_err(bad)?;
@@ -281,7 +287,7 @@ pub fn parse_client_frame(text: &str) -> Result<ClientRequest, FrameError> {
         }
         "publish" => {
             let f: PublishFields = serde_json::from_value(rest).map_err(bad)?;
-            ClientOp::Publish { room: f.room, id: f.id, data: f.data.to_string() }
+            ClientOp::Publish { room: f.room, id: f.id, data: f.data.to_string(), state: f.state.map(|s| s.to_string()) }
         }
         "ping" => {
             let _: NoFields = serde_json::from_value(rest).map_err(bad)?;
@@ -396,6 +402,41 @@ pub struct Subscribed<'a> {
     pub recovered: Option<bool>,
     #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
     pub reference: Option<i64>,
+    /// A subscribe with `"state":true` that got the state: `{"seq","data"}` or `null`
+    /// (kept as JSON text; present even when `null`).
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "present")]
+    pub state: Option<RawJson>,
+}
+
+/// JSON text kept as it is, compared by its text.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RawJson(pub Box<RawValue>);
+
+impl PartialEq for RawJson {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.get() == other.0.get()
+    }
+}
+
+impl RawJson {
+    /// Wrap JSON text this module rendered.
+    fn from_rendered(text: String) -> RawJson {
+        RawJson(RawValue::from_string(text).expect("rendered JSON is valid"))
+    }
+}
+
+/// A field that is there, even as `null`, is `Some`.
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<RawJson>, D::Error> {
+    Box::<RawValue>::deserialize(deserializer).map(|raw| Some(RawJson(raw)))
+}
+
+/// The `state` of a `subscribed`: `{"seq":S,"data":...}`, or `null` for a room without one.
+pub fn state_json(state: Option<(u64, &str)>) -> String {
+    match state {
+        Some((seq, data)) => format!(r#"{{"seq":{seq},"data":{data}}}"#),
+        None => "null".into(),
+    }
 }
 
 /// `subscribed` without epoch or head and without `ref`: the automatic subscription to
@@ -527,7 +568,21 @@ pub fn welcome_frame(session: &str, node: &str, heartbeat_ms: u64, warmup: bool,
 }
 
 pub fn subscribed_frame(room: &str, epoch: &str, seq: u64, recovered: Option<bool>, reference: Option<i64>) -> String {
-    render(&ServerFrame::Subscribed(Subscribed { room: room.into(), epoch: epoch.into(), seq, recovered, reference }))
+    render(&ServerFrame::Subscribed(Subscribed { room: room.into(), epoch: epoch.into(), seq, recovered, reference, state: None }))
+}
+
+/// [`subscribed_frame`] of a subscribe that asked for the state: `state` is the room's
+/// (`None`: it has none, rendered `null`).
+pub fn subscribed_state_frame(
+    room: &str,
+    epoch: &str,
+    seq: u64,
+    recovered: Option<bool>,
+    reference: Option<i64>,
+    state: Option<(u64, &str)>,
+) -> String {
+    let state = Some(RawJson::from_rendered(state_json(state)));
+    render(&ServerFrame::Subscribed(Subscribed { room: room.into(), epoch: epoch.into(), seq, recovered, reference, state }))
 }
 
 /// The automatic subscription to the user's inbox, sent after `welcome`: the inbox is
@@ -591,6 +646,33 @@ pub fn demo_event_data(event: &crate::core::matchsim::MatchEvent) -> String {
     .to_string()
 }
 
+/// The room state of a demo match (DESIGN §9): what the score page shows on load and
+/// what a restarted simulator resumes from.
+pub fn demo_state_data(match_id: u32, home: &str, away: &str, state: &crate::core::matchsim::MatchState) -> String {
+    serde_json::json!({
+        "match": match_id,
+        "home": home,
+        "away": away,
+        "minute": state.minute,
+        "score": state.score,
+        "status": state.status.as_str(),
+    })
+    .to_string()
+}
+
+/// A demo match's stored state, if it reads as one.
+pub fn parse_demo_state(text: &str) -> Option<crate::core::matchsim::MatchState> {
+    #[derive(Deserialize)]
+    struct Stored {
+        minute: u32,
+        score: [u32; 2],
+        status: String,
+    }
+    let stored: Stored = serde_json::from_str(text).ok()?;
+    let status = crate::core::matchsim::Status::parse(&stored.status)?;
+    Some(crate::core::matchsim::MatchState { minute: stored.minute, score: stored.score, status })
+}
+
 // ---- HTTP bodies ----
 
 /// `POST /v1/tokens`
@@ -629,6 +711,38 @@ pub struct TokenReply {
 pub struct PublishRequest {
     pub id: Option<String>,
     pub data: Box<RawValue>,
+    /// The room's state as of this event (DESIGN §9); `null` or absent: none.
+    pub state: Option<Box<RawValue>>,
+}
+
+/// `PUT /v1/rooms/{room}/state`: the room's state as of its head.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PutStateRequest {
+    pub data: Box<RawValue>,
+}
+
+pub fn parse_put_state_request(body: &[u8]) -> Result<PutStateRequest, String> {
+    serde_json::from_slice(body).map_err(|e| e.to_string())
+}
+
+/// Answer of `PUT /v1/rooms/{room}/state`: the seq the state is as of.
+#[derive(Debug, Serialize)]
+pub struct PutStateReply {
+    pub room: String,
+    pub epoch: String,
+    pub seq: u64,
+}
+
+/// The body of `GET /v1/rooms/{room}/state`: `seq` 0 and `data` null when the room has
+/// no state, `epoch` null for a room never written.
+pub fn state_body(room: &str, epoch: Option<&str>, seq: u64, data: Option<&str>) -> String {
+    format!(
+        r#"{{"room":{},"epoch":{},"seq":{seq},"data":{}}}"#,
+        json_str(room),
+        epoch.map_or_else(|| "null".to_string(), json_str),
+        data.unwrap_or("null")
+    )
 }
 
 /// `POST /v1/users/{user}/messages`: an event for the user's inbox room, optionally only
@@ -746,12 +860,22 @@ mod tests {
         check(r#"{"op":"ping","ref":7}"#, req(Some(7), ClientOp::Ping));
         check(
             r#"{"op":"subscribe","room":"match:1"}"#,
-            req(None, ClientOp::Subscribe { room: room(), since: None, epoch: None }),
+            req(None, ClientOp::Subscribe { room: room(), since: None, epoch: None, state: false }),
         );
         check(
             r#"{"op":"subscribe","room":"match:1","since":42,"epoch":"E","ref":1}"#,
-            req(Some(1), ClientOp::Subscribe { room: room(), since: Some(42), epoch: Some("E".into()) }),
+            req(Some(1), ClientOp::Subscribe { room: room(), since: Some(42), epoch: Some("E".into()), state: false }),
         );
+        check(
+            r#"{"op":"subscribe","room":"match:1","state":true}"#,
+            req(None, ClientOp::Subscribe { room: room(), since: None, epoch: None, state: true }),
+        );
+        check(
+            r#"{"op":"subscribe","room":"match:1","since":3,"state":false}"#,
+            req(None, ClientOp::Subscribe { room: room(), since: Some(3), epoch: None, state: false }),
+        );
+        check(r#"{"op":"subscribe","room":"r","state":1}"#, Err((None, ErrorCode::BadRequest)));
+        check(r#"{"op":"subscribe","room":"r","state":"yes"}"#, Err((None, ErrorCode::BadRequest)));
         check(r#"{"op":"unsubscribe","room":"match:1"}"#, req(None, ClientOp::Unsubscribe { room: room() }));
         check(
             r#"{"op":"history","room":"match:1","since":40,"limit":100}"#,
@@ -767,14 +891,52 @@ mod tests {
         check(r#"{"op":"ping","ref":"x"}"#, Err((None, ErrorCode::BadRequest)));
         check(
             r#"{"op":"publish","room":"chat:1","id":"c-1","data":{"text": "hi"},"ref":5}"#,
-            req(Some(5), ClientOp::Publish { room: "chat:1".into(), id: Some("c-1".into()), data: r#"{"text":"hi"}"#.into() }),
+            req(
+                Some(5),
+                ClientOp::Publish { room: "chat:1".into(), id: Some("c-1".into()), data: r#"{"text":"hi"}"#.into(), state: None },
+            ),
         );
         check(
             r#"{"op":"publish","room":"chat:1","data":null}"#,
-            req(None, ClientOp::Publish { room: "chat:1".into(), id: None, data: "null".into() }),
+            req(None, ClientOp::Publish { room: "chat:1".into(), id: None, data: "null".into(), state: None }),
         );
+        let publish = |state: Option<&str>| ClientOp::Publish { room: "chat:1".into(), id: None, data: "1".into(), state: state.map(Into::into) };
+        for (text, state) in [
+            (r#"{"op":"publish","room":"chat:1","data":1,"state":{"n": 1}}"#, Some(r#"{"n":1}"#)),
+            (r#"{"op":"publish","room":"chat:1","data":1,"state":[1, "x"]}"#, Some(r#"[1,"x"]"#)),
+            (r#"{"op":"publish","room":"chat:1","data":1,"state":0}"#, Some("0")),
+            (r#"{"op":"publish","room":"chat:1","data":1,"state":null}"#, None),
+        ] {
+            check(text, req(None, publish(state)));
+        }
         check(r#"{"op":"publish","room":"chat:1","ref":6}"#, Err((Some(6), ErrorCode::BadRequest)));
         check(r#"{"op":"publish","room":"chat:1","data":1,"from":"admin"}"#, Err((None, ErrorCode::BadRequest)));
+    }
+
+    #[test]
+    fn demo_states_read_back() {
+        use crate::core::matchsim::{MatchState, Status};
+        let state = MatchState { minute: 61, score: [3, 2], status: Status::Playing };
+        let text = demo_state_data(2, "Harbour FC", "City Rovers", &state);
+        assert_eq!(parse_demo_state(&text), Some(state), "{text}");
+        for bad in ["null", "{}", r#"{"minute":1,"score":[0,0],"status":"halftime"}"#, r#"{"minute":-1,"score":[0,0],"status":"playing"}"#] {
+            assert_eq!(parse_demo_state(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn state_bodies() {
+        let state = |body: &str| parse_publish_request(body.as_bytes()).map(|r| r.state.map(|s| s.get().to_string()));
+        assert_eq!(state(r#"{"data":1}"#), Ok(None));
+        assert_eq!(state(r#"{"data":1,"state":null}"#), Ok(None));
+        assert_eq!(state(r#"{"data":1,"state":{"last_id":"e-1"}}"#), Ok(Some(r#"{"last_id":"e-1"}"#.into())));
+        let put = |body: &str| parse_put_state_request(body.as_bytes()).map(|r| r.data.get().to_string());
+        assert_eq!(put(r#"{"data":{"a":1}}"#), Ok(r#"{"a":1}"#.into()));
+        assert_eq!(put(r#"{"data":null}"#), Ok("null".into()));
+        assert!(put(r#"{}"#).is_err(), "data is required");
+        assert!(put(r#"{"data":1,"seq":2}"#).is_err(), "unknown fields are refused");
+        assert!(parse_user_message_request(br#"{"data":1,"state":{}}"#).is_err(), "an inbox has no state");
+        assert_eq!(to_json(&PutStateReply { room: "r".into(), epoch: "E".into(), seq: 3 }), r#"{"room":"r","epoch":"E","seq":3}"#);
     }
 
     /// The statuses the HTTP API promises for its codes (README, HTTP API; DESIGN.md §2–3).
@@ -835,6 +997,16 @@ mod tests {
             ),
             (subscribed_frame("r", "E", 4, Some(true), Some(2)), r#"{"epoch":"E","op":"subscribed","recovered":true,"ref":2,"room":"r","seq":4}"#),
             (subscribed_frame("r", "E", 0, None, None), r#"{"epoch":"E","op":"subscribed","room":"r","seq":0}"#),
+            (
+                subscribed_state_frame("r", "E", 9, None, Some(1), Some((7, r#"{"b":1,"a":[2]}"#))),
+                r#"{"epoch":"E","op":"subscribed","ref":1,"room":"r","seq":9,"state":{"data":{"a":[2],"b":1},"seq":7}}"#,
+            ),
+            (
+                subscribed_state_frame("r", "E", 9, Some(false), None, None),
+                r#"{"epoch":"E","op":"subscribed","recovered":false,"room":"r","seq":9,"state":null}"#,
+            ),
+            (state_body("r\"", Some("E"), 7, Some(r#"{"a":1}"#)), r#"{"room":"r\"","epoch":"E","seq":7,"data":{"a":1}}"#),
+            (state_body("r", None, 0, None), r#"{"room":"r","epoch":null,"seq":0,"data":null}"#),
             (inbox_notice_frame("inbox:u"), r#"{"op":"subscribed","room":"inbox:u"}"#),
             (unsubscribed_frame("r", Some(3)), r#"{"op":"unsubscribed","ref":3,"room":"r"}"#),
             (pong_frame(None), r#"{"op":"pong"}"#),
@@ -858,7 +1030,16 @@ mod tests {
         let text = subscribed_frame("r", "E", 4, Some(false), Some(2));
         assert_eq!(head(&text), FrameHead { op: ServerOp::Subscribed, reference: Some(2) });
         let reply: Subscribed = serde_json::from_str(&text).unwrap();
-        assert_eq!(reply, Subscribed { room: "r".into(), epoch: "E".into(), seq: 4, recovered: Some(false), reference: Some(2) });
+        assert_eq!(
+            reply,
+            Subscribed { room: "r".into(), epoch: "E".into(), seq: 4, recovered: Some(false), reference: Some(2), state: None }
+        );
+        for state in [Some((3, r#"{"x":1}"#)), None] {
+            let text = subscribed_state_frame("r", "E", 4, None, None, state);
+            let reply: Subscribed = serde_json::from_str(&text).unwrap();
+            let got: Value = serde_json::from_str(reply.state.expect("a null state is there too").0.get()).unwrap();
+            assert_eq!(got, serde_json::from_str::<Value>(&state_json(state)).unwrap(), "{text}");
+        }
         let text = inbox_notice_frame("inbox:u");
         assert_eq!(head(&text), FrameHead { op: ServerOp::Subscribed, reference: None });
         assert_eq!(serde_json::from_str::<InboxNotice>(&text).unwrap().room, "inbox:u");

@@ -21,7 +21,7 @@ use thiserror::Error;
 use crate::actors::connection::{ConnectionSettings, ResumeRevocations};
 use crate::actors::directory::{Directory, DirectorySettings, ExpireSessions, SessionStore};
 use crate::actors::liveness::{ClusterPeers, Heard, Left, LivenessActor};
-use crate::actors::messages::Kick;
+use crate::actors::messages::{Kick, StateAt};
 use crate::actors::publish::Publisher;
 use crate::actors::registry::{Registry, RemoteReplace, UserBus};
 use crate::actors::room::RoomSettings;
@@ -30,7 +30,7 @@ use crate::actors::rooms::Rooms;
 use crate::actors::supervisor::{DrainTiming, Signal, Start, Supervisor};
 use crate::cluster::bus::{Appended, ForwardedPublish, NodeEvents};
 use crate::cluster::kv::KvSessions;
-use crate::cluster::roomlog::StreamEvent;
+use crate::cluster::roomlog::{StoredState, StreamEvent};
 use crate::cluster::{Cluster, ClusterError, StreamLimits};
 use crate::config::{Config, ConfigError};
 use crate::core::heartbeats::Heartbeats;
@@ -165,13 +165,14 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     }
     let timing = DrainTiming { wait: config.drain_wait(), spread: config.drain_spread(), grace: config.drain_grace() };
     // The publish path and the kicks' reach, chosen once with the rest: one node, or NATS.
-    let (publisher, other_nodes): (_, Arc<dyn OtherNodes>) = match &cluster {
+    let (publisher, other_nodes): (Publisher, Arc<dyn OtherNodes>) = match &cluster {
         Some(cluster) => (
             Publisher::clustered(rooms.clone(), cluster.clone(), liveness.clone()),
             Arc::new(ClusterNodes { cluster: cluster.clone(), liveness: liveness.clone() }),
         ),
         None => (Publisher::local(rooms.clone()), Arc::new(NoOtherNodes)),
     };
+    let publisher = publisher.with_max_state_bytes(config.max_state_bytes);
     let state = web::Data::new(AppState {
         limits: Arc::new(ConnectionLimits::new(&config, max_connections)),
         connection: Arc::new(connection_settings(&config, metrics.clone(), backends.nonces.clone(), publisher.clone())),
@@ -488,6 +489,10 @@ impl NodeEvents for NodeActors {
         self.rooms.live_event(room, event);
     }
 
+    fn live_state(&self, room: &str, state: StoredState, version: u64) {
+        self.rooms.live_state(room, StateAt { seq: state.seq, data: state.data.into() }, version);
+    }
+
     fn peer_heard(&self, peer: NodeInfo) {
         self.liveness.do_send(Heard(peer));
     }
@@ -514,8 +519,13 @@ impl NodeEvents for NodeActors {
     fn publish(&self, publish: ForwardedPublish) -> LocalBoxFuture<'static, Result<Appended, Box<dyn std::error::Error>>> {
         let rooms = self.rooms.clone();
         Box::pin(async move {
-            let ForwardedPublish { room, id, data, devices, from } = publish;
-            match rooms.publish(&room, id.into(), data.into(), devices, from).await {
+            let ForwardedPublish { room, id, data, devices, from, state, put_state } = publish;
+            let done = if put_state {
+                rooms.put_state(&room, data.into()).await
+            } else {
+                rooms.publish(&room, id.into(), data.into(), devices, from, state.map(Into::into)).await
+            };
+            match done {
                 Ok(published) => Ok(Appended { seq: published.seq, epoch: published.epoch.to_string(), duplicate: published.duplicate }),
                 Err(error) => Err(error.into()),
             }

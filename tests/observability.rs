@@ -387,6 +387,7 @@ const FAMILIES: &[(&str, &str, Option<&str>, &[&str])] = &[
     ("livegate_outbox_high_water_bytes", "gauge", Some("bytes"), &[]),
     ("livegate_slow_consumer_closes", "counter", None, &[]),
     ("livegate_history_trimmed", "counter", None, &[]),
+    ("livegate_state_reads", "counter", None, &[]),
     ("livegate_recoveries", "counter", None, &["result"]),
     ("livegate_directory_writes", "counter", None, &["result"]),
     ("livegate_migrations", "counter", None, &[]),

@@ -787,3 +787,38 @@ fn curl_n_prints_the_stream() {
     let _ = curl.wait();
     assert!(wait_until(Duration::from_secs(5), || sse_metric(&http) == 0.0), "curl's stream is released once curl is gone");
 }
+
+/// `state=1` (DESIGN §9): every room of the stream is subscribed with `state:true`; its
+/// `subscribed` message carries the state (or `null`), then the events after it come.
+#[tokio::test]
+async fn state_1_brings_each_rooms_state_and_the_events_after_it() {
+    let server = TestServer::start(|_| {});
+    let http = server.http();
+    for i in 1..=5 {
+        let mut body = json!({"id": format!("e{i}"), "data": {"i": i}});
+        if i == 3 {
+            body["state"] = json!({"upto": 3});
+        }
+        let (status, reply) = http.request("POST", "/v1/rooms/match:1/events", Auth::Key, Body::Json(body));
+        assert_eq!(status, 201, "{reply}");
+    }
+    http.publish_ok("match:2", None, json!({"plain": true}));
+    let query = format!("{}&state=1", token_query(&http, "u1", "match:1,match:2"));
+    let mut sse = Sse::connect(server.addr, &query).await;
+    let subscribed = sse.expect_subscribed(&["match:1", "match:2"]).await;
+    assert_eq!(subscribed["match:1"]["state"], json!({"seq": 3, "data": {"upto": 3}}), "{:?}", subscribed);
+    assert_eq!(subscribed["match:2"]["state"], Value::Null, "a room without a state: {:?}", subscribed);
+    let (events, _) = sse.events(3).await;
+    let mut got: Vec<(String, u64)> = events.iter().map(|e| (e["room"].as_str().unwrap().to_string(), e["seq"].as_u64().unwrap())).collect();
+    got.sort();
+    assert_eq!(got, [("match:1".to_string(), 4), ("match:1".to_string(), 5), ("match:2".to_string(), 1)]);
+    sse.assert_quiet(QUIET).await;
+
+    // Without the flag, no state; a flag that is not one is refused before the token is spent.
+    let mut plain = Sse::connect(server.addr, &token_query(&http, "u2", "match:1")).await;
+    assert_eq!(plain.expect_subscribed(&["match:1"]).await["match:1"].get("state"), None);
+    let token = http.mint_token("u3", "web");
+    let refused = Sse::open(server.addr, &format!("/v1/sse?token={token}&rooms=match:1&state=yes"), &[]).await;
+    assert_eq!(refused.err().map(|r| r.status), Some(400));
+    Sse::connect(server.addr, &format!("token={token}&rooms=match:1")).await;
+}

@@ -91,6 +91,8 @@ pub struct InitialSubscription {
     pub room: String,
     pub since: Option<u64>,
     pub epoch: Option<String>,
+    /// With the room's state (`state=1`; DESIGN §9).
+    pub state: bool,
 }
 
 /// A resume credential handed to a connection.
@@ -327,10 +329,10 @@ impl Connection {
         let reference = request.reference;
         match request.op {
             ClientOp::Ping => self.io.text(ServerOp::Pong, &protocol::pong_frame(reference)),
-            ClientOp::Publish { room, id, data } => self.publish(room, id, data, reference, ctx),
-            ClientOp::Subscribe { room, since, epoch } => {
+            ClientOp::Publish { room, id, data, state } => self.publish(room, id, data, state, reference, ctx),
+            ClientOp::Subscribe { room, since, epoch, state } => {
                 self.subscribed_once = true;
-                self.subscribe(room, since, epoch, reference, ctx)
+                self.subscribe(room, since, epoch, state, reference, ctx)
             }
             ClientOp::Unsubscribe { room } => {
                 if names::check_room(&room).is_err() {
@@ -369,7 +371,15 @@ impl Connection {
     /// (never an inbox), through `Publisher::submit`, the HTTP API's path and checks;
     /// `published` goes out once the event is durable. The event's `from` is this
     /// connection's user, whatever the client sent.
-    fn publish(&mut self, room: String, id: Option<String>, data: String, reference: Option<i64>, ctx: &mut Context<Self>) {
+    fn publish(
+        &mut self,
+        room: String,
+        id: Option<String>,
+        data: String,
+        state: Option<String>,
+        reference: Option<i64>,
+        ctx: &mut Context<Self>,
+    ) {
         let metrics = self.settings.metrics.clone();
         if let Err(e) = names::check_room(&room) {
             metrics.client_publish("bad_room");
@@ -385,7 +395,8 @@ impl Connection {
             return self.send_error(reference, ErrorCode::RateLimited, &message);
         }
         self.publishing += 1;
-        let event = Submission { id, data: data.into(), devices: None, from: Some(self.identity.user.to_string()) };
+        let from = Some(self.identity.user.to_string());
+        let event = Submission { id, data: data.into(), devices: None, from, state: state.map(Into::into) };
         let (publisher, max) = (self.settings.publisher.clone(), self.settings.max_event_bytes);
         let fut = async move {
             let result = publisher.submit(&room, event, max).await;
@@ -423,6 +434,7 @@ impl Connection {
         room: String,
         since: Option<u64>,
         epoch: Option<String>,
+        state: bool,
         reference: Option<i64>,
         ctx: &mut Context<Self>,
     ) {
@@ -453,7 +465,7 @@ impl Connection {
         let (rooms, conn, to) = (self.rooms.clone(), self.id, ctx.address().recipient());
         let name = room.clone();
         let backlog = self.backlog.clone();
-        let fut = async move { rooms.subscribe(&name, conn, to, backlog, since, epoch, reference, generation).await };
+        let fut = async move { rooms.subscribe(&name, conn, to, backlog, since, epoch, reference, generation, state).await };
         ctx.spawn(fut.into_actor(self).map(move |result, conn, _| {
             let current = conn.subscriptions.get_mut(&room).filter(|s| s.generation == generation);
             match (result, current) {
@@ -601,7 +613,7 @@ impl Actor for Connection {
         self.subscribe_inbox(ctx);
         for initial in std::mem::take(&mut self.initial) {
             self.subscribed_once = true;
-            self.subscribe(initial.room, initial.since, initial.epoch, None, ctx);
+            self.subscribe(initial.room, initial.since, initial.epoch, initial.state, None, ctx);
         }
         self.registry.do_send(Register {
             conn: self.id,
@@ -674,24 +686,37 @@ impl Handler<RoomUpdate> for Connection {
             return;
         }
         match update {
-            RoomUpdate::Subscribed { room, epoch, head, recovered, replay, reference, generation } => {
+            RoomUpdate::Subscribed { room, epoch, head, recovered, replay, reference, generation, state } => {
                 let Some(sub) = self.subscriptions.get_mut(&room).filter(|s| s.generation == generation) else {
                     return;
                 };
                 sub.live = true;
                 sub.floor = head;
-                if sub.epoch.as_ref().is_some_and(|seen| *seen != epoch) {
+                // A state starts the client's view of the room again: the events after
+                // it are sent even if this connection sent them before.
+                if sub.epoch.as_ref().is_some_and(|seen| *seen != epoch) || state.is_some() {
                     sub.sent = SentRange::default();
                 }
                 sub.epoch = Some(epoch.clone());
-                let replayed_after = if recovered == Some(true) { sub.since } else { None };
+                let replayed_after = match &state {
+                    Some(state) => Some(state.as_ref().map_or(0, |s| s.seq)),
+                    None if recovered == Some(true) => sub.since,
+                    None => None,
+                };
                 if let Some(recovered) = recovered {
                     self.settings.metrics.recovery(recovered);
                 }
                 let fresh = sub.unsent(&replay, 0, &self.identity.device);
                 sub.sent.on_subscribed(head, replayed_after);
                 if !sub.automatic {
-                    self.io.text(ServerOp::Subscribed, &protocol::subscribed_frame(&room, &epoch, head, recovered, reference));
+                    let frame = match &state {
+                        Some(state) => {
+                            let state = state.as_ref().map(|s| (s.seq, &*s.data));
+                            protocol::subscribed_state_frame(&room, &epoch, head, recovered, reference, state)
+                        }
+                        None => protocol::subscribed_frame(&room, &epoch, head, recovered, reference),
+                    };
+                    self.io.text(ServerOp::Subscribed, &frame);
                 }
                 if !fresh.is_empty() {
                     self.write_events(&epoch, fresh);

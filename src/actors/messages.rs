@@ -119,6 +119,9 @@ pub struct Subscribe {
     /// The connection's automatic inbox subscription: an inbox room with only these
     /// parks them in the rooms table when idle instead of keeping its actor.
     pub automatic: bool,
+    /// `"state":true`: without `since`, or when recovery fails, answer with the room's
+    /// state and the events after it (DESIGN §9).
+    pub state: bool,
 }
 
 /// A connection's automatic inbox subscription while the inbox room has no actor: kept
@@ -172,7 +175,40 @@ pub struct Publish {
     pub devices: Option<Vec<String>>,
     /// The publishing connection's user (client publish); `None`: a backend.
     pub from: Option<String>,
+    /// The room's state as of this event (JSON text), stored atomically with it.
+    pub state: Option<Arc<str>>,
     pub reply: oneshot::Sender<Result<Published, PublishFailed>>,
+}
+
+/// A room's state as of one of its events (DESIGN §9): what the room keeps in memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateAt {
+    pub seq: u64,
+    /// JSON text.
+    pub data: Arc<str>,
+}
+
+/// Set the room's state as of its current head (`PUT /v1/rooms/{room}/state`). Answered
+/// on `reply` once durable; the answer names the seq it was set at.
+#[derive(Message)]
+#[rtype(result = "Result<(), RoomGone>")]
+pub struct PutState {
+    pub data: Arc<str>,
+    pub reply: oneshot::Sender<Result<Published, PublishFailed>>,
+}
+
+/// Read the room's state (`GET /v1/rooms/{room}/state`), from memory.
+#[derive(Message)]
+#[rtype(result = "Result<StateView, RoomGone>")]
+pub struct ReadState;
+
+/// A room's state as `GET /v1/rooms/{room}/state` answers it: `seq` 0 and no data when
+/// none was ever set; `epoch` `None` for a room never created.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateView {
+    pub epoch: Option<Arc<str>>,
+    pub seq: u64,
+    pub data: Option<Arc<str>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -238,6 +274,15 @@ impl From<ClusterError> for RoomLogError {
 #[rtype(result = "()")]
 pub struct LiveEvent(pub crate::cluster::roomlog::StreamEvent);
 
+/// Cluster mode: a room's latest-state record as the room's writer stored it, with its
+/// sequence on the state stream (`version`, which orders the records).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct LiveState {
+    pub state: StateAt,
+    pub version: u64,
+}
+
 /// Cluster mode: the live feed may have missed events (NATS reconnected): read the
 /// stream, `after` this long (rooms resync spread out, not all at once).
 #[derive(Message)]
@@ -271,6 +316,10 @@ pub enum RoomUpdate {
         replay: Vec<Arc<Delivery>>,
         reference: Option<i64>,
         generation: u64,
+        /// `Some` when the subscribe asked for the state and gets it (no `since`, or a
+        /// failed recovery): the state (`None`: the room has none), and `replay` holds
+        /// the events after its seq.
+        state: Option<Option<StateAt>>,
     },
     /// A closed window of newly durable events, rendered once and shared by every
     /// subscriber.

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use actix::Addr;
 
 use super::liveness::{LivenessActor, RoomWriter};
-use super::messages::Published;
+use super::messages::{Published, StateView};
 use super::rooms::{RoomError, Rooms};
-use crate::cluster::bus::{forward_publish, ForwardError};
+use crate::cluster::bus::{forward_publish, forward_put_state, ForwardError, ForwardEvent};
 use crate::cluster::Cluster;
 use crate::core::names;
 use crate::protocol::ErrorCode;
@@ -27,6 +27,9 @@ pub struct Submission {
     pub devices: Option<Vec<String>>,
     /// The publishing connection's user (client publish); `None`: a backend.
     pub from: Option<String>,
+    /// The room's state as of this event (JSON text; DESIGN §9), stored atomically with
+    /// it. Never for an inbox.
+    pub state: Option<Arc<str>>,
 }
 
 /// Why a submitted event was not published.
@@ -34,6 +37,10 @@ pub struct Submission {
 pub enum SubmitError {
     #[error("event data is larger than max_event_bytes ({max})")]
     TooLarge { max: usize },
+    #[error("state is larger than max_state_bytes ({max})")]
+    StateTooLarge { max: usize },
+    #[error("inbox rooms have no state")]
+    StateOnInbox,
     #[error(transparent)]
     BadId(names::NameError),
     #[error(transparent)]
@@ -44,8 +51,8 @@ impl SubmitError {
     /// The error code an HTTP answer or an `error` frame carries.
     pub fn code(&self) -> ErrorCode {
         match self {
-            SubmitError::TooLarge { .. } => ErrorCode::PayloadTooLarge,
-            SubmitError::BadId(_) => ErrorCode::BadRequest,
+            SubmitError::TooLarge { .. } | SubmitError::StateTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            SubmitError::BadId(_) | SubmitError::StateOnInbox => ErrorCode::BadRequest,
             SubmitError::Room(_) => ErrorCode::Unavailable,
         }
     }
@@ -56,7 +63,12 @@ impl SubmitError {
 pub struct Publisher {
     rooms: Rooms,
     writers: Option<Writers>,
+    /// Largest state a publish or a `PUT` may carry (`max_state_bytes`).
+    max_state_bytes: usize,
 }
+
+/// `max_state_bytes` unless configured.
+pub const DEFAULT_MAX_STATE_BYTES: usize = 65536;
 
 /// Cluster mode: how to find and reach a room's writer.
 #[derive(Clone)]
@@ -67,19 +79,27 @@ struct Writers {
 
 impl Publisher {
     pub fn local(rooms: Rooms) -> Publisher {
-        Publisher { rooms, writers: None }
+        Publisher { rooms, writers: None, max_state_bytes: DEFAULT_MAX_STATE_BYTES }
     }
 
     pub fn clustered(rooms: Rooms, cluster: Cluster, liveness: Addr<LivenessActor>) -> Publisher {
-        Publisher { rooms, writers: Some(Writers { cluster, liveness }) }
+        Publisher { rooms, writers: Some(Writers { cluster, liveness }), max_state_bytes: DEFAULT_MAX_STATE_BYTES }
     }
 
-    /// Check an event's size (at most `max_event_bytes`) and id (or make one up), then
-    /// publish it: the one path of the HTTP API and of clients' `publish` op.
+    /// The largest state a publish or a `PUT` may carry (`max_state_bytes`).
+    pub fn with_max_state_bytes(mut self, max: usize) -> Publisher {
+        self.max_state_bytes = max;
+        self
+    }
+
+    /// Check an event's size (at most `max_event_bytes`), its state's (at most
+    /// `max_state_bytes`, never on an inbox) and id (or make one up), then publish it: the
+    /// one path of the HTTP API and of clients' `publish` op.
     pub async fn submit(&self, room: &str, event: Submission, max_event_bytes: usize) -> Result<Published, SubmitError> {
         if event.data.len() > max_event_bytes {
             return Err(SubmitError::TooLarge { max: max_event_bytes });
         }
+        check_state(room, event.state.as_deref(), self.max_state_bytes)?;
         let id = match event.id {
             Some(id) => {
                 names::check_event_id(&id).map_err(SubmitError::BadId)?;
@@ -87,7 +107,38 @@ impl Publisher {
             }
             None => format!("lg-{}", crate::world::random_hex(12)),
         };
-        Ok(self.publish(room, id.into(), event.data, event.devices, event.from).await?)
+        Ok(self.publish(room, id.into(), event.data, event.devices, event.from, event.state).await?)
+    }
+
+    /// Set `room`'s state as of its head (`PUT /v1/rooms/{room}/state`): checked like a
+    /// publish's state, then, in cluster mode, written by the room's writer.
+    pub async fn put_state(&self, room: &str, data: Arc<str>) -> Result<Published, SubmitError> {
+        check_state(room, Some(&data), self.max_state_bytes)?;
+        if let Some(writer) = self.remote_writer(room).await {
+            let Writers { cluster, .. } = self.writers.as_ref().expect("a remote writer is cluster mode");
+            match forward_put_state(cluster, &writer, room, &data).await {
+                Ok(appended) => {
+                    return Ok(Published { seq: appended.seq, epoch: appended.epoch.into(), duplicate: appended.duplicate })
+                }
+                Err(ForwardError::Refused(refusal)) => return Err(RoomError::Writer(refusal).into()),
+                Err(error @ (ForwardError::Unreachable(_) | ForwardError::Malformed(_))) => {
+                    tracing::debug!(room, writer, %error, "writing the state here");
+                }
+            }
+        }
+        Ok(self.rooms.put_state(room, data).await?)
+    }
+
+    /// `room`'s state, from the room on this node (DESIGN §9).
+    pub async fn state(&self, room: &str) -> Result<StateView, RoomError> {
+        self.rooms.state(room).await
+    }
+
+    /// Cluster mode: the room's writer, when it is another node.
+    async fn remote_writer(&self, room: &str) -> Option<String> {
+        let Writers { cluster, liveness } = self.writers.as_ref()?;
+        let writer = liveness.send(RoomWriter { room: room.to_string() }).await.ok().flatten();
+        writer.filter(|w| *w != cluster.node)
     }
 
     /// Append one event (already size- and id-checked) to `room`; the reply names its seq.
@@ -98,21 +149,33 @@ impl Publisher {
         data: Arc<str>,
         devices: Option<Vec<String>>,
         from: Option<String>,
+        state: Option<Arc<str>>,
     ) -> Result<Published, RoomError> {
-        if let Some(Writers { cluster, liveness }) = &self.writers {
-            let writer = liveness.send(RoomWriter { room: room.to_string() }).await.ok().flatten();
-            if let Some(writer) = writer.filter(|w| *w != cluster.node) {
-                match forward_publish(cluster, &writer, room, &id, &data, devices.as_deref(), from.as_deref()).await {
-                    Ok(appended) => {
-                        return Ok(Published { seq: appended.seq, epoch: appended.epoch.into(), duplicate: appended.duplicate })
-                    }
-                    Err(ForwardError::Refused(refusal)) => return Err(RoomError::Writer(refusal)),
-                    Err(error @ (ForwardError::Unreachable(_) | ForwardError::Malformed(_))) => {
-                        tracing::debug!(room, writer, %error, "appending here");
-                    }
+        if let Some(writer) = self.remote_writer(room).await {
+            let cluster = &self.writers.as_ref().expect("a remote writer is cluster mode").cluster;
+            let event = ForwardEvent { id: &id, data: &data, devices: devices.as_deref(), from: from.as_deref(), state: state.as_deref() };
+            match forward_publish(cluster, &writer, room, event).await {
+                Ok(appended) => {
+                    return Ok(Published { seq: appended.seq, epoch: appended.epoch.into(), duplicate: appended.duplicate })
+                }
+                Err(ForwardError::Refused(refusal)) => return Err(RoomError::Writer(refusal)),
+                Err(error @ (ForwardError::Unreachable(_) | ForwardError::Malformed(_))) => {
+                    tracing::debug!(room, writer, %error, "appending here");
                 }
             }
         }
-        self.rooms.publish(room, id, data, devices, from).await
+        self.rooms.publish(room, id, data, devices, from, state).await
     }
+}
+
+/// A state is at most `max` bytes of JSON and never an inbox's.
+fn check_state(room: &str, state: Option<&str>, max: usize) -> Result<(), SubmitError> {
+    let Some(state) = state else { return Ok(()) };
+    if names::inbox_owner(room).is_some() {
+        return Err(SubmitError::StateOnInbox);
+    }
+    if state.len() > max {
+        return Err(SubmitError::StateTooLarge { max });
+    }
+    Ok(())
 }

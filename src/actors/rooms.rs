@@ -164,6 +164,7 @@ impl Rooms {
                 reference: None,
                 generation: parked.generation,
                 automatic: true,
+                state: false,
             };
             match addr.send(msg).await {
                 Ok(Ok(())) => return Ok(Some(addr)),
@@ -199,11 +200,13 @@ impl Rooms {
         data: Arc<str>,
         devices: Option<Vec<String>>,
         from: Option<String>,
+        state: Option<Arc<str>>,
     ) -> Result<Published, RoomError> {
         for _ in 0..ATTEMPTS {
             let addr = self.addr(room);
             let (reply, answer) = oneshot::channel();
-            let msg = Publish { id: id.clone(), data: data.clone(), devices: devices.clone(), from: from.clone(), reply };
+            let msg =
+                Publish { id: id.clone(), data: data.clone(), devices: devices.clone(), from: from.clone(), state: state.clone(), reply };
             match addr.send(msg).await {
                 Ok(Ok(())) => {
                     return match answer.await {
@@ -217,6 +220,45 @@ impl Rooms {
         Err(RoomError::KeptStopping)
     }
 
+    /// Set `room`'s state as of its head; resolves once it is durable.
+    pub async fn put_state(&self, room: &str, data: Arc<str>) -> Result<Published, RoomError> {
+        for _ in 0..ATTEMPTS {
+            let addr = self.addr(room);
+            let (reply, answer) = oneshot::channel();
+            match addr.send(PutState { data: data.clone(), reply }).await {
+                Ok(Ok(())) => {
+                    return match answer.await {
+                        Ok(result) => result.map_err(RoomError::from),
+                        Err(gone) => Err(RoomError::StoppedBeforeAnswering(gone)),
+                    }
+                }
+                Ok(Err(RoomGone)) | Err(_) => self.forget(room, &addr),
+            }
+        }
+        Err(RoomError::KeptStopping)
+    }
+
+    /// `room`'s state, from the room's memory (the room reads it once, when it loads).
+    pub async fn state(&self, room: &str) -> Result<StateView, RoomError> {
+        for _ in 0..ATTEMPTS {
+            let addr = self.addr(room);
+            match addr.send(ReadState).await {
+                Ok(Ok(view)) => return Ok(view),
+                Ok(Err(RoomGone)) | Err(_) => self.forget(room, &addr),
+            }
+        }
+        Err(RoomError::KeptStopping)
+    }
+
+    /// Cluster mode: hand a latest-state record to its room, if the room is live here (a
+    /// room started later reads the record itself).
+    pub fn live_state(&self, room: &str, state: StateAt, version: u64) {
+        let addr = self.inner.tables.lock().live.get(room).cloned();
+        if let Some(addr) = addr {
+            addr.do_send(LiveState { state, version });
+        }
+    }
+
     /// Subscribe a connection; the room answers through `to`.
     pub async fn subscribe(
         &self,
@@ -228,6 +270,7 @@ impl Rooms {
         epoch: Option<String>,
         reference: Option<i64>,
         generation: u64,
+        state: bool,
     ) -> Result<Addr<RoomActor>, RoomError> {
         for _ in 0..ATTEMPTS {
             let addr = self.addr(room);
@@ -240,6 +283,7 @@ impl Rooms {
                 reference,
                 generation,
                 automatic: false,
+                state,
             };
             match addr.send(msg).await {
                 Ok(Ok(())) => return Ok(addr),

@@ -546,7 +546,7 @@ mod tests {
     }
 
     fn reply(room: &'static str, epoch: &'static str, seq: u64, recovered: Option<bool>) -> Subscribed<'static> {
-        Subscribed { room: room.into(), epoch: epoch.into(), seq, recovered, reference: Some(1) }
+        Subscribed { room: room.into(), epoch: epoch.into(), seq, recovered, reference: Some(1), state: None }
     }
 
     #[test]

@@ -12,14 +12,20 @@ use futures_util::future::LocalBoxFuture;
 use futures_util::StreamExt;
 
 use super::kv::KvSessions;
-use super::roomlog::{decode_live, StreamEvent};
-use super::{decode_node, Cluster, ClusterError, HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, LIVE_SUBJECTS, REPLACE_SUBJECT};
+use super::roomlog::{decode_live, decode_live_state, StoredState, StreamEvent};
+use super::{
+    decode_node, Cluster, ClusterError, HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, LIVE_STATE_SUBJECTS, LIVE_SUBJECTS,
+    REPLACE_SUBJECT,
+};
 use crate::core::heartbeats::NodeInfo;
 
 /// What this node does with what the other nodes send it.
 pub trait NodeEvents: Clone + 'static {
     /// A room's event as the stream republished it.
     fn live_event(&self, room: &str, event: StreamEvent);
+    /// A room's latest-state record as the state stream republished it, with its
+    /// sequence there.
+    fn live_state(&self, room: &str, state: StoredState, version: u64);
     fn peer_heard(&self, peer: NodeInfo);
     fn peer_left(&self, node: String);
     /// Another node connected `user` on exclusive `device` at `at_ms`.
@@ -42,6 +48,20 @@ pub struct ForwardedPublish {
     pub devices: Option<Vec<String>>,
     /// The publishing connection's user (client publish).
     pub from: Option<String>,
+    /// The room's state as of the event (DESIGN §9).
+    pub state: Option<String>,
+    /// Not an event but a `PUT` of the room's state (`data`), as of the writer's head.
+    pub put_state: bool,
+}
+
+/// An event to forward to the room's writer ([`forward_publish`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ForwardEvent<'a> {
+    pub id: &'a str,
+    pub data: &'a str,
+    pub devices: Option<&'a [String]>,
+    pub from: Option<&'a str>,
+    pub state: Option<&'a str>,
 }
 
 /// The writer's answer to a forwarded publish.
@@ -67,6 +87,16 @@ const KICK_LIVENESS_RECHECK: Duration = Duration::from_millis(250);
 pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSessions) -> Result<(), ClusterError> {
     let client = &cluster.client;
     let mut live = client.subscribe(LIVE_SUBJECTS).await?;
+    let mut live_states = client.subscribe(LIVE_STATE_SUBJECTS).await?;
+    let state_events = events.clone();
+    actix::spawn(async move {
+        while let Some(message) = live_states.next().await {
+            match decode_live_state(message.subject.as_str(), message.headers.as_ref(), &message.payload) {
+                Some((room, state, version)) => state_events.live_state(&room, state, version),
+                None => tracing::debug!(subject = %message.subject, "ignoring a live message that is not a livegate state"),
+            }
+        }
+    });
     let mut beats = client.subscribe(HEARTBEAT_SUBJECT).await?;
     let mut leaves = client.subscribe(LEAVE_SUBJECT).await?;
     let mut replaces = client.subscribe(REPLACE_SUBJECT).await?;
@@ -166,8 +196,18 @@ fn decode_forward(message: &async_nats::Message) -> Option<ForwardedPublish> {
     let headers = message.headers.as_ref()?;
     let text = |name: &str| headers.get(name).map(|v| v.as_str().to_string());
     let devices = text("Lg-Devices").map(|d| d.split(',').map(str::to_string).collect());
-    let data = String::from_utf8(message.payload.to_vec()).ok()?;
-    Some(ForwardedPublish { room: text("Lg-Room")?, id: text("Lg-Id")?, data, devices, from: text("Lg-From") })
+    // As on the stream: a state rides after the event's JSON, `Lg-State-Len` bytes long.
+    let payload = String::from_utf8(message.payload.to_vec()).ok()?;
+    let (data, state) = match text("Lg-State-Len") {
+        Some(len) => {
+            let at = payload.len().checked_sub(len.parse().ok()?)?;
+            (payload.get(..at)?.to_string(), Some(payload.get(at..)?.to_string()))
+        }
+        None => (payload, None),
+    };
+    let put_state = text("Lg-Put-State").as_deref() == Some("1");
+    let id = if put_state { String::new() } else { text("Lg-Id")? };
+    Some(ForwardedPublish { room: text("Lg-Room")?, id, data, devices, from: text("Lg-From"), state, put_state })
 }
 
 /// A forwarded publish this node could not read (not from a livegate node).
@@ -209,25 +249,41 @@ pub enum ForwardError {
 pub struct WriterRefusal(pub String);
 
 /// Have `writer` publish the event, as the one node that appends to `room`.
-pub async fn forward_publish(
-    cluster: &Cluster,
-    writer: &str,
-    room: &str,
-    id: &str,
-    data: &str,
-    devices: Option<&[String]>,
-    from: Option<&str>,
-) -> Result<Appended, ForwardError> {
+pub async fn forward_publish(cluster: &Cluster, writer: &str, room: &str, event: ForwardEvent<'_>) -> Result<Appended, ForwardError> {
     let mut headers = async_nats::HeaderMap::new();
     headers.insert("Lg-Room", room);
-    headers.insert("Lg-Id", id);
-    if let Some(from) = from {
+    headers.insert("Lg-Id", event.id);
+    if let Some(from) = event.from {
         headers.insert("Lg-From", from);
     }
-    if let Some(devices) = devices {
+    if let Some(devices) = event.devices {
         headers.insert("Lg-Devices", devices.join(",").as_str());
     }
-    let request = async_nats::Request::new().headers(headers).payload(data.to_string().into()).timeout(Some(FORWARD_WAIT));
+    let payload = match event.state {
+        Some(state) => {
+            headers.insert("Lg-State-Len", state.len().to_string().as_str());
+            [event.data, state].concat()
+        }
+        None => event.data.to_string(),
+    };
+    request_writer(cluster, writer, headers, payload).await
+}
+
+/// Have `writer` set the room's state as of its head (`PUT /v1/rooms/{room}/state`).
+pub async fn forward_put_state(cluster: &Cluster, writer: &str, room: &str, data: &str) -> Result<Appended, ForwardError> {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Lg-Room", room);
+    headers.insert("Lg-Put-State", "1");
+    request_writer(cluster, writer, headers, data.to_string()).await
+}
+
+async fn request_writer(
+    cluster: &Cluster,
+    writer: &str,
+    headers: async_nats::HeaderMap,
+    payload: String,
+) -> Result<Appended, ForwardError> {
+    let request = async_nats::Request::new().headers(headers).payload(payload.into()).timeout(Some(FORWARD_WAIT));
     let answer = cluster.client.send_request(publish_subject(writer), request).await?;
     let headers = answer.headers.ok_or(ForwardError::Malformed("headers"))?;
     let text = |name: &str| headers.get(name).map(|v| v.as_str().to_string());

@@ -32,6 +32,11 @@ use crate::store::StoreError;
 pub const ROOMS_STREAM: &str = "LG_ROOMS";
 pub const ROOM_SUBJECTS: &str = "lg.room.>";
 pub const LIVE_SUBJECTS: &str = "lg.live.>";
+/// Rooms' latest states, one message per room (DESIGN §9; see [`roomlog`]).
+pub const STATE_STREAM: &str = "LG_STATE";
+pub const STATE_SUBJECTS: &str = "lg.state.>";
+/// Where the state stream republishes what it stores, for the other nodes' rooms.
+pub const LIVE_STATE_SUBJECTS: &str = "lg.livestate.>";
 pub const SESSIONS_BUCKET: &str = "lg_sessions";
 pub const NONCES_BUCKET: &str = "lg_nonces";
 pub const META_BUCKET: &str = "lg_meta";
@@ -207,6 +212,7 @@ pub struct Cluster {
     pub js: jetstream::Context,
     pub node: String,
     rooms: stream::Stream,
+    states: stream::Stream,
     nonces: nats_kv::Store,
     meta: nats_kv::Store,
     /// The rooms stream's identity; every room's epoch in cluster mode.
@@ -254,6 +260,21 @@ impl Cluster {
                 ..Default::default()
             })
             .await?;
+        let states = js
+            .get_or_create_stream(stream::Config {
+                name: STATE_STREAM.into(),
+                subjects: vec![STATE_SUBJECTS.into()],
+                max_messages_per_subject: 1,
+                storage: stream::StorageType::File,
+                allow_direct: true,
+                republish: Some(stream::Republish {
+                    source: STATE_SUBJECTS.into(),
+                    destination: LIVE_STATE_SUBJECTS.into(),
+                    headers_only: false,
+                }),
+                ..Default::default()
+            })
+            .await?;
         let created = rooms.cached_info().created;
         let epoch = format!("{:016x}", created.unix_timestamp_nanos() as u64);
         let sessions_ttl = limits.session_ttl * 2;
@@ -263,11 +284,16 @@ impl Cluster {
         let nonces = js.get_key_value(NONCES_BUCKET).await?;
         let meta = js.get_key_value(META_BUCKET).await?;
         tracing::info!(url, node, stream = ROOMS_STREAM, %epoch, "cluster mode: joined through NATS");
-        Ok(Cluster { client, js, node: node.to_string(), rooms, nonces, meta, epoch })
+        Ok(Cluster { client, js, node: node.to_string(), rooms, states, nonces, meta, epoch })
     }
 
     pub fn rooms_stream(&self) -> &stream::Stream {
         &self.rooms
+    }
+
+    /// The rooms' latest states (one message per room subject).
+    pub fn state_stream(&self) -> &stream::Stream {
+        &self.states
     }
 
     pub fn epoch(&self) -> &str {

@@ -1,6 +1,17 @@
 //! A room's log on JetStream. Each event is one message on `lg.room.<room>`: the payload
 //! is the event's JSON, headers carry the room seq, the publish time, the devices of an
 //! inbox message, the publishing user of a client publish (`Lg-From`) and the event id (`Nats-Msg-Id`, so a retried publish is stored once).
+//!
+//! Room state (DESIGN §9): an event published with the room's state carries it in the
+//! same message, so the two are stored atomically: header `Lg-State-Len` names the
+//! state's length in bytes and the payload is the event's JSON followed by the state's.
+//! The room's writer then stores the state as the room's latest-state record on the
+//! `LG_STATE` stream (subject `lg.state.<room>`, one message per subject, header
+//! `Lg-Seq`), which outlives the history's trimming; a `PUT` of the state writes only
+//! that record. A crash between the event and the record leaves the state in the event:
+//! loading takes the newer of the record and the newest event that carries a state.
+//! `LG_STATE` republishes to `lg.livestate.<room>`, so other nodes' rooms learn a `PUT`.
+//!
 //! An append names the stream sequence of the room's last message
 //! (`Nats-Expected-Last-Subject-Sequence`): a writer that missed another node's append is
 //! refused, catches up and retries, so the room seq stays contiguous.
@@ -16,6 +27,7 @@ const SEQ_HEADER: &str = "Lg-Seq";
 const TS_HEADER: &str = "Lg-Ts";
 const DEVICES_HEADER: &str = "Lg-Devices";
 const FROM_HEADER: &str = "Lg-From";
+const STATE_LEN_HEADER: &str = "Lg-State-Len";
 const ID_HEADER: &str = "Nats-Msg-Id";
 /// Set by the stream's republish on live copies: the message's stream sequence.
 const STREAM_SEQ_HEADER: &str = "Nats-Sequence";
@@ -25,13 +37,27 @@ const STREAM_SEQ_HEADER: &str = "Nats-Sequence";
 pub struct StreamEvent {
     pub stream_seq: u64,
     pub event: EventRecord,
+    /// The room's state as of this event, when it was published with one.
+    pub state: Option<String>,
 }
 
-/// A room as the stream holds it: its retained events, oldest first.
+/// A room's state as of its event `seq` (JSON text).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredState {
+    pub seq: u64,
+    pub data: String,
+}
+
+/// A room as the stream holds it: its retained events, oldest first, and its latest
+/// state (the newer of the latest-state record and the events' states).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoadedRoom {
     pub epoch: String,
     pub events: Vec<StreamEvent>,
+    pub state: Option<StoredState>,
+    /// The latest-state record's sequence on `LG_STATE` (0: none): live copies of the
+    /// record at or below it are old news.
+    pub state_version: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +84,58 @@ pub fn room_subject(room: &str) -> String {
 /// Every retained event of `room`.
 pub async fn load(cluster: &Cluster, room: &str) -> Result<LoadedRoom, ClusterError> {
     let events = read_after(cluster, room, 0).await?;
-    Ok(LoadedRoom { epoch: cluster.epoch().to_string(), events })
+    let record = load_state(cluster, room).await?;
+    let state_version = record.as_ref().map_or(0, |(_, version)| *version);
+    let in_events = events.iter().rev().find_map(|e| Some(StoredState { seq: e.event.seq, data: e.state.clone()? }));
+    let state = newer(record.map(|(state, _)| state), in_events);
+    Ok(LoadedRoom { epoch: cluster.epoch().to_string(), events, state, state_version })
+}
+
+/// The newer of two states (by seq; the record when both name the same seq).
+fn newer(record: Option<StoredState>, in_events: Option<StoredState>) -> Option<StoredState> {
+    match (record, in_events) {
+        (Some(r), Some(e)) => Some(if e.seq > r.seq { e } else { r }),
+        (r, e) => r.or(e),
+    }
+}
+
+pub fn state_subject(room: &str) -> String {
+    format!("lg.state.{}", room_token(room))
+}
+
+/// The room's latest-state record, if it has one, with its sequence on `LG_STATE`.
+pub async fn load_state(cluster: &Cluster, room: &str) -> Result<Option<(StoredState, u64)>, ClusterError> {
+    match cluster.state_stream().direct_get_last_for_subject(state_subject(room)).await {
+        Ok(message) => Ok(decode_state(&message.headers, &message.payload).map(|state| (state, message.sequence))),
+        Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Store the room's latest-state record (the writer, after the event that carries it,
+/// or for a `PUT`); yields its sequence on `LG_STATE`.
+pub async fn write_state(cluster: &Cluster, room: &str, state: &StoredState) -> Result<u64, ClusterError> {
+    if !cluster.connected() {
+        return Err(ClusterError::Unavailable(Unreachable::NotConnected));
+    }
+    let mut headers = HeaderMap::new();
+    headers.insert(SEQ_HEADER, state.seq.to_string().as_str());
+    let sent = cluster.js.publish_with_headers(state_subject(room), headers, state.data.clone().into()).await?;
+    Ok(sent.await?.sequence)
+}
+
+/// A live copy from `lg.livestate.<room>`: the room, its latest state and the record's
+/// sequence on `LG_STATE` (which orders the records).
+pub fn decode_live_state(subject: &str, headers: Option<&HeaderMap>, payload: &[u8]) -> Option<(String, StoredState, u64)> {
+    let room = super::room_from_token(subject.strip_prefix("lg.livestate.")?)?;
+    let headers = headers?;
+    let version = headers.get(STREAM_SEQ_HEADER)?.as_str().parse().ok()?;
+    Some((room, decode_state(headers, payload)?, version))
+}
+
+fn decode_state(headers: &HeaderMap, payload: &[u8]) -> Option<StoredState> {
+    let seq = headers.get(SEQ_HEADER)?.as_str().parse().ok()?;
+    Some(StoredState { seq, data: String::from_utf8(payload.to_vec()).ok()? })
 }
 
 /// The room's events stored after stream sequence `after`, oldest first.
@@ -80,15 +157,22 @@ pub async fn read_after(cluster: &Cluster, room: &str, after: u64) -> Result<Vec
         };
         next = message.sequence + 1;
         match decode(&message.headers, &message.payload) {
-            Some(event) => events.push(StreamEvent { stream_seq: message.sequence, event }),
+            Some((event, state)) => events.push(StreamEvent { stream_seq: message.sequence, event, state }),
             None => tracing::warn!(room, stream_seq = message.sequence, "skipping a message that is not a livegate event"),
         }
     }
     Ok(events)
 }
 
-/// Append `event` if the room's last stored message is still `expected_last` (0: none).
-pub async fn append(cluster: &Cluster, room: &str, expected_last: u64, event: &EventRecord) -> Result<Appended, AppendError> {
+/// Append `event` (with the room's `state` as of it, in the same message) if the room's
+/// last stored message is still `expected_last` (0: none).
+pub async fn append(
+    cluster: &Cluster,
+    room: &str,
+    expected_last: u64,
+    event: &EventRecord,
+    state: Option<&str>,
+) -> Result<Appended, AppendError> {
     if !cluster.connected() {
         return Err(ClusterError::Unavailable(Unreachable::NotConnected).into());
     }
@@ -103,7 +187,14 @@ pub async fn append(cluster: &Cluster, room: &str, expected_last: u64, event: &E
     if let Some(from) = &event.from {
         headers.insert(FROM_HEADER, from.as_str());
     }
-    let sent = cluster.js.publish_with_headers(room_subject(room), headers, event.data.clone().into()).await;
+    let payload = match state {
+        Some(state) => {
+            headers.insert(STATE_LEN_HEADER, state.len().to_string().as_str());
+            [event.data.as_bytes(), state.as_bytes()].concat()
+        }
+        None => event.data.clone().into_bytes(),
+    };
+    let sent = cluster.js.publish_with_headers(room_subject(room), headers, payload.into()).await;
     let ack = match sent {
         Ok(future) => future.await,
         Err(e) => return Err(ClusterError::from(e).into()),
@@ -127,18 +218,53 @@ pub fn decode_live(subject: &str, headers: Option<&HeaderMap>, payload: &[u8]) -
     let room = super::room_from_token(subject.strip_prefix("lg.live.")?)?;
     let headers = headers?;
     let stream_seq = headers.get(STREAM_SEQ_HEADER)?.as_str().parse().ok()?;
-    Some((room, StreamEvent { stream_seq, event: decode(headers, payload)? }))
+    let (event, state) = decode(headers, payload)?;
+    Some((room, StreamEvent { stream_seq, event, state }))
 }
 
-fn decode(headers: &HeaderMap, payload: &[u8]) -> Option<EventRecord> {
+/// An event message: the event, and the state its payload carries after the event's JSON.
+fn decode(headers: &HeaderMap, payload: &[u8]) -> Option<(EventRecord, Option<String>)> {
     let text = |name: &str| headers.get(name).map(|v| v.as_str().to_string());
     let devices = text(DEVICES_HEADER).map(|d| d.split(',').map(str::to_string).collect());
-    Some(EventRecord {
+    let (data, state) = split_state(text(STATE_LEN_HEADER).as_deref(), payload)?;
+    let event = EventRecord {
         seq: text(SEQ_HEADER)?.parse().ok()?,
         id: text(ID_HEADER)?,
         ts_ms: text(TS_HEADER)?.parse().ok()?,
-        data: String::from_utf8(payload.to_vec()).ok()?,
+        data,
         devices,
         from: text(FROM_HEADER),
-    })
+    };
+    Some((event, state))
+}
+
+/// The payload's event JSON and state, split at the state's length (`Lg-State-Len`).
+fn split_state(state_len: Option<&str>, payload: &[u8]) -> Option<(String, Option<String>)> {
+    let Some(len) = state_len else {
+        return Some((String::from_utf8(payload.to_vec()).ok()?, None));
+    };
+    let len: usize = len.parse().ok()?;
+    let (data, state) = payload.split_at(payload.len().checked_sub(len)?);
+    Some((String::from_utf8(data.to_vec()).ok()?, Some(String::from_utf8(state.to_vec()).ok()?)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_state_rides_after_the_event_and_the_newer_state_wins() {
+        let split = |len: Option<&str>, payload: &str| split_state(len, payload.as_bytes());
+        assert_eq!(split(None, r#"{"a":1}"#), Some((r#"{"a":1}"#.into(), None)));
+        assert_eq!(split(Some("7"), r#"{"a":1}{"s":2}"#), Some((r#"{"a":1}"#.into(), Some(r#"{"s":2}"#.into()))));
+        assert_eq!(split(Some("0"), "null"), Some(("null".into(), Some(String::new()))));
+        assert_eq!(split(Some("9"), "short"), None, "a length beyond the payload");
+        assert_eq!(split(Some("x"), "null"), None);
+        let at = |seq: u64| Some(StoredState { seq, data: seq.to_string() });
+        assert_eq!(newer(at(3), at(5)), at(5));
+        assert_eq!(newer(at(5), at(3)), at(5));
+        assert_eq!(newer(None, at(3)), at(3));
+        assert_eq!(newer(at(3), None), at(3));
+        assert_eq!(newer(None, None), None);
+    }
 }

@@ -172,6 +172,12 @@ fn load_cases() {
         case("event bytes too big", Error(
             "max_event_bytes must be at most 16777216 (16 MiB), got 16777217 (set by --max-event-bytes)".into()))
             .flag("max_event_bytes", "16777217"),
+        case("state bytes too small", Error("max_state_bytes must be at least 16, got 15 (set by --max-state-bytes)".into()))
+            .flag("max_state_bytes", "15"),
+        case("state bytes too big", Error(
+            "max_state_bytes must be at most 16777216 (16 MiB), got 16777217 (set by LIVEGATE_MAX_STATE_BYTES)".into()))
+            .env("LIVEGATE_MAX_STATE_BYTES", "16777217"),
+        case("state bytes from the file", Values(vec![("max_state_bytes", "1024")])).file("max_state_bytes = 1024"),
         case("subscriptions zero", Error("max_subscriptions must be at least 1, got 0 (set by --max-subscriptions)".into()))
             .flag("max_subscriptions", "0"),
         case("token ttl zero", Error("token_ttl_max_secs must be at least 1, got 0 (set by --token-ttl-max-secs)".into()))

@@ -1,6 +1,8 @@
 //! The demo's football matches: a pure state machine that turns a random roll into the
 //! next match event (kick-off, goals, cards, corners, final whistle, then a new match).
 //! No clock and no randomness of its own: the driver passes a random number per step.
+//! Each match's [`MatchState`] (score, minute, status) is what the driver stores as the
+//! room's state with every event, and what a restarted simulator resumes from.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -41,6 +43,37 @@ const TEAMS: [(&str, &str); 4] = [("Lions", "Tigers"), ("Harbour FC", "City Rove
 /// Steps a finished match rests before the next kick-off.
 const REST_STEPS: u32 = 6;
 
+/// Where a match stands: stored as its room's state, resumed after a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatchState {
+    pub minute: u32,
+    pub score: [u32; 2],
+    pub status: Status,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Before the first kick-off.
+    Waiting,
+    Playing,
+    /// Full time; the next match kicks off after a rest.
+    Finished,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Waiting => "waiting",
+            Status::Playing => "playing",
+            Status::Finished => "finished",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Status> {
+        [Status::Waiting, Status::Playing, Status::Finished].into_iter().find(|s| s.as_str() == text)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Phase {
     Waiting,
@@ -73,6 +106,34 @@ impl MatchSim {
             .map(|(i, (home, away))| Match { id: i as u32 + 1, home, away, minute: 0, score: [0, 0], phase: Phase::Waiting })
             .collect();
         MatchSim { matches }
+    }
+
+    /// Where match `match_id` stands (`None`: no such match).
+    pub fn state(&self, match_id: u32) -> Option<MatchState> {
+        let m = self.matches.iter().find(|m| m.id == match_id)?;
+        let status = match m.phase {
+            Phase::Waiting => Status::Waiting,
+            Phase::Playing => Status::Playing,
+            Phase::Resting(_) => Status::Finished,
+        };
+        Some(MatchState { minute: m.minute, score: m.score, status })
+    }
+
+    /// Continue match `match_id` from a stored state instead of kicking off again (a
+    /// finished match rests, then the next one kicks off). Unknown ids and impossible
+    /// states (minute past 90) are ignored.
+    pub fn resume(&mut self, match_id: u32, state: MatchState) {
+        let Some(m) = self.matches.iter_mut().find(|m| m.id == match_id) else { return };
+        if state.minute > 90 {
+            return;
+        }
+        m.minute = state.minute;
+        m.score = state.score;
+        m.phase = match state.status {
+            Status::Waiting => Phase::Waiting,
+            Status::Playing => Phase::Playing,
+            Status::Finished => Phase::Resting(REST_STEPS),
+        };
     }
 
     pub fn rooms(&self) -> impl Iterator<Item = String> + '_ {
@@ -151,6 +212,49 @@ mod tests {
             assert_eq!(goals(b), goals(a) + u32::from(b.kind == Kind::Goal), "{a:?} -> {b:?}");
         }
         assert!(seen.iter().any(|e| e.kind == Kind::Goal));
+    }
+
+    #[test]
+    fn a_resumed_match_goes_on_from_its_state() {
+        let playing = MatchState { minute: 57, score: [2, 1], status: Status::Playing };
+        let cases = [
+            // (stored, what the next event of the match may be)
+            (playing, "goes on at minute 57 or later with 2-1"),
+            (MatchState { minute: 90, score: [0, 3], status: Status::Finished }, "rests, then kicks off"),
+            (MatchState { minute: 0, score: [0, 0], status: Status::Waiting }, "kicks off"),
+        ];
+        for (stored, why) in cases {
+            let mut sim = MatchSim::new(1);
+            sim.resume(1, stored);
+            assert_eq!(sim.state(1), Some(stored), "{why}");
+            let mut roll = 0x2545_f491_4f6c_dd1du64;
+            let next = loop {
+                roll ^= roll << 13;
+                roll ^= roll >> 7;
+                roll ^= roll << 17;
+                if let Some(event) = sim.step(roll) {
+                    break event;
+                }
+            };
+            match stored.status {
+                Status::Playing => {
+                    assert_ne!(next.kind, Kind::Kickoff, "{why}");
+                    assert!(next.minute >= 57, "{why}: {next:?}");
+                    assert!(next.score[0] >= 2 && next.score[1] >= 1, "{why}: {next:?}");
+                }
+                Status::Finished | Status::Waiting => assert_eq!((next.kind, next.score), (Kind::Kickoff, [0, 0]), "{why}"),
+            }
+        }
+        // Nonsense is ignored.
+        let mut sim = MatchSim::new(1);
+        sim.resume(1, MatchState { minute: 91, score: [1, 1], status: Status::Playing });
+        sim.resume(7, playing);
+        assert_eq!(sim.state(1), Some(MatchState { minute: 0, score: [0, 0], status: Status::Waiting }));
+        assert_eq!(sim.state(7), None);
+        for status in [Status::Waiting, Status::Playing, Status::Finished] {
+            assert_eq!(Status::parse(status.as_str()), Some(status));
+        }
+        assert_eq!(Status::parse("halftime"), None);
     }
 
     #[test]

@@ -46,6 +46,20 @@ pub struct CursorEntry {
 /// Longest epoch a cursor may carry (the store's are 16 hex digits).
 pub const MAX_EPOCH_LEN: usize = 64;
 
+/// A query flag such as `state=1`: `1`/`true` on, `0`/`false` or absent off.
+pub fn parse_flag(text: Option<&str>) -> Result<bool, FlagError> {
+    match text {
+        None | Some("0") | Some("false") => Ok(false),
+        Some("1") | Some("true") => Ok(true),
+        Some(other) => Err(FlagError(other.to_string())),
+    }
+}
+
+/// A flag that is neither on nor off.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not 1, 0, true or false")]
+pub struct FlagError(pub String);
+
 /// The rooms of a `rooms=R1,R2` parameter, in order, each once. Absent or empty: none.
 /// More than `max` distinct rooms is refused (the connection's subscription limit).
 pub fn parse_rooms(text: Option<&str>, max: usize) -> Result<Vec<String>, RoomsError> {
@@ -148,6 +162,16 @@ mod tests {
 
     fn rooms(list: &[&str]) -> Result<Vec<String>, RoomsError> {
         Ok(list.iter().map(|r| r.to_string()).collect())
+    }
+
+    #[test]
+    fn flags() {
+        for (text, want) in [(None, Ok(false)), (Some("0"), Ok(false)), (Some("false"), Ok(false)), (Some("1"), Ok(true)), (Some("true"), Ok(true))] {
+            assert_eq!(parse_flag(text), want, "{text:?}");
+        }
+        for bad in ["", "yes", "2", "TRUE"] {
+            assert_eq!(parse_flag(Some(bad)), Err(FlagError(bad.into())));
+        }
     }
 
     #[test]

@@ -200,6 +200,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/v1/tokens", web::post().to(mint_token))
         .route("/v1/rooms/{room}/events", web::post().to(publish))
         .route("/v1/rooms/{room}/events", web::get().to(read_history))
+        .route("/v1/rooms/{room}/state", web::put().to(put_state))
+        .route("/v1/rooms/{room}/state", web::get().to(read_state))
         .route("/v1/users/{user}/messages", web::post().to(message_user))
         .route("/v1/users/{user}/connections", web::delete().to(kick))
         .route("/v1/route", web::get().to(route))
@@ -316,9 +318,41 @@ async fn publish(
     authorize(&req, &state)?;
     let room = room.into_inner();
     check_room(&room)?;
-    let body = read_body(payload, state.config.max_event_bytes + PUBLISH_BODY_OVERHEAD).await?;
+    let limit = state.config.max_event_bytes + state.config.max_state_bytes + PUBLISH_BODY_OVERHEAD;
+    let body = read_body(payload, limit).await?;
     let request = protocol::parse_publish_request(&body).map_err(ApiError::bad_request)?;
-    append(&state, room, request.id, &request.data, None).await
+    let room_state = request.state.map(|s| s.get().into());
+    append(&state, room, request.id, &request.data, None, room_state).await
+}
+
+/// `PUT /v1/rooms/{room}/state`: the room's state as of its head (DESIGN §9), answered
+/// once durable with the seq it is as of.
+async fn put_state(
+    req: HttpRequest,
+    room: web::Path<String>,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let room = room.into_inner();
+    check_room(&room)?;
+    let body = read_body(payload, state.config.max_state_bytes + PUBLISH_BODY_OVERHEAD).await?;
+    let request = protocol::parse_put_state_request(&body).map_err(ApiError::bad_request)?;
+    let put = state.publisher.put_state(&room, request.data.get().into()).await?;
+    let reply = protocol::PutStateReply { room, epoch: put.epoch.to_string(), seq: put.seq };
+    Ok(json(StatusCode::OK, protocol::to_json(&reply)))
+}
+
+/// `GET /v1/rooms/{room}/state`: the room's state from its memory.
+async fn read_state(req: HttpRequest, room: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let room = room.into_inner();
+    check_room(&room)?;
+    if names::inbox_owner(&room).is_some() {
+        return Err(ApiError::bad_request("inbox rooms have no state"));
+    }
+    let view = state.rooms.state(&room).await?;
+    Ok(json(StatusCode::OK, protocol::state_body(&room, view.epoch.as_deref(), view.seq, view.data.as_deref())))
 }
 
 async fn message_user(
@@ -335,7 +369,7 @@ async fn message_user(
     for device in request.devices.iter().flatten() {
         names::check_device(device).map_err(|e| ApiError::bad_request(e.to_string()))?;
     }
-    append(&state, names::inbox_room(&user), request.id, &request.data, request.devices).await
+    append(&state, names::inbox_room(&user), request.id, &request.data, request.devices, None).await
 }
 
 
@@ -347,8 +381,9 @@ async fn append(
     id: Option<String>,
     data: &protocol::EventData,
     devices: Option<Vec<String>>,
+    room_state: Option<Arc<str>>,
 ) -> Result<HttpResponse, ApiError> {
-    let event = Submission { id, data: data.get().into(), devices, from: None };
+    let event = Submission { id, data: data.get().into(), devices, from: None, state: room_state };
     let published = state.publisher.submit(&room, event, state.config.max_event_bytes).await?;
     state.metrics.publish_answered(published.duplicate);
     let status = if published.duplicate { StatusCode::OK } else { StatusCode::CREATED };

@@ -15,7 +15,7 @@ use crate::actors::connection::InitialSubscription;
 use crate::actors::sse;
 use crate::actors::transport::Transport;
 use crate::core::names;
-use crate::core::sse::{parse_cursor, parse_rooms, CursorEntry, RoomsError};
+use crate::core::sse::{parse_cursor, parse_flag, parse_rooms, CursorEntry, RoomsError};
 use crate::protocol::ErrorCode;
 
 #[derive(Deserialize)]
@@ -27,12 +27,15 @@ struct SseQuery {
     rooms: Option<String>,
     /// A cursor, when the client cannot send `Last-Event-ID`.
     since: Option<String>,
+    /// `state=1`: every room is subscribed with `state:true` (DESIGN §9).
+    state: Option<String>,
 }
 
 /// What the request asks for, checked before any credential is looked at.
 struct Request {
     rooms: Vec<String>,
     cursor: Vec<CursorEntry>,
+    state: bool,
 }
 
 pub async fn stream(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
@@ -69,7 +72,8 @@ async fn open(req: &HttpRequest, state: &AppState) -> Result<HttpResponse, ApiEr
         .into_inner();
     let credential = CredentialQuery { token: query.token, resume: query.resume, session: query.session };
     let (rooms, since) = (query.rooms, query.since);
-    let shape = || parse_request(req, state, rooms.as_deref(), since.as_deref());
+    let with_state = parse_flag(query.state.as_deref()).map_err(|e| ApiError::bad_request(format!("state: {e}")))?;
+    let shape = || parse_request(req, state, rooms.as_deref(), since.as_deref(), with_state);
     let (request, admitted) = handshake(req, state, credential, shape, authorise).await?;
     let initial = initial_subscriptions(request, &admitted.identity.user);
     let (io, body) = sse::stream();
@@ -83,7 +87,13 @@ async fn open(req: &HttpRequest, state: &AppState) -> Result<HttpResponse, ApiEr
 
 /// The rooms and the cursor: `Last-Event-ID` wins over `since` (an `EventSource`
 /// reconnects with its first URL and a newer `Last-Event-ID`).
-fn parse_request(req: &HttpRequest, state: &AppState, rooms: Option<&str>, since: Option<&str>) -> Result<Request, ApiError> {
+fn parse_request(
+    req: &HttpRequest,
+    state: &AppState,
+    rooms: Option<&str>,
+    since: Option<&str>,
+    with_state: bool,
+) -> Result<Request, ApiError> {
     let max = state.config.max_subscriptions;
     let rooms = parse_rooms(rooms, max).map_err(|e| match e {
         RoomsError::BadRoom(_) => api_error(ErrorCode::BadRoom, e.to_string()),
@@ -99,7 +109,7 @@ fn parse_request(req: &HttpRequest, state: &AppState, rooms: Option<&str>, since
     let text = header.filter(|h| !h.is_empty()).or(since).unwrap_or("");
     // A cursor names at most every subscribed room and the inbox.
     let cursor = parse_cursor(text, max + 1).map_err(|e| ApiError::bad_request(format!("bad cursor: {e}")))?;
-    Ok(Request { rooms, cursor })
+    Ok(Request { rooms, cursor, state: with_state })
 }
 
 /// Every requested room must be readable with this credential (as a WebSocket
@@ -115,7 +125,7 @@ fn authorise(request: &Request, who: &Credentialed) -> Result<(), ApiError> {
 /// names it; the user's inbox too when the cursor names it (it is subscribed
 /// automatically anyway, and recovered like any room from there).
 fn initial_subscriptions(request: Request, user: &str) -> Vec<InitialSubscription> {
-    let Request { rooms, mut cursor } = request;
+    let Request { rooms, mut cursor, state } = request;
     let mut position = |room: &str| match cursor.iter().position(|e| e.room == room) {
         Some(i) => {
             let entry = cursor.swap_remove(i);
@@ -128,12 +138,12 @@ fn initial_subscriptions(request: Request, user: &str) -> Vec<InitialSubscriptio
         .into_iter()
         .map(|room| {
             let (since, epoch) = position(&room);
-            InitialSubscription { room, since, epoch }
+            InitialSubscription { room, since, epoch, state }
         })
         .collect();
     if !initial.iter().any(|s| s.room == inbox) {
         if let (Some(since), epoch) = position(&inbox) {
-            initial.push(InitialSubscription { room: inbox, since: Some(since), epoch });
+            initial.push(InitialSubscription { room: inbox, since: Some(since), epoch, state: false });
         }
     }
     initial
@@ -148,7 +158,7 @@ mod tests {
     }
 
     fn sub(room: &str, at: Option<(&str, u64)>) -> InitialSubscription {
-        InitialSubscription { room: room.into(), since: at.map(|a| a.1), epoch: at.map(|a| a.0.to_string()) }
+        InitialSubscription { room: room.into(), since: at.map(|a| a.1), epoch: at.map(|a| a.0.to_string()), state: false }
     }
 
     #[test]
@@ -156,12 +166,17 @@ mod tests {
         let request = Request {
             rooms: vec!["a".into(), "b".into()],
             cursor: vec![entry("b", "E", 4), entry("elsewhere", "E", 9), entry("user:u1", "F", 2)],
+            state: false,
         };
         let got = initial_subscriptions(request, "u1");
         assert_eq!(got, vec![sub("a", None), sub("b", Some(("E", 4))), sub("user:u1", Some(("F", 2)))]);
-        let request = Request { rooms: vec!["user:u1".into()], cursor: vec![entry("user:u1", "F", 2)] };
+        let request = Request { rooms: vec!["user:u1".into()], cursor: vec![entry("user:u1", "F", 2)], state: false };
         assert_eq!(initial_subscriptions(request, "u1"), vec![sub("user:u1", Some(("F", 2)))]);
-        let request = Request { rooms: vec![], cursor: vec![entry("user:u2", "F", 2)] };
+        let request = Request { rooms: vec![], cursor: vec![entry("user:u2", "F", 2)], state: false };
         assert_eq!(initial_subscriptions(request, "u1"), vec![]);
+        // state=1: every named room with its state; the inbox (no state) without.
+        let request = Request { rooms: vec!["a".into()], cursor: vec![entry("user:u1", "F", 2)], state: true };
+        let with_state = InitialSubscription { state: true, ..sub("a", None) };
+        assert_eq!(initial_subscriptions(request, "u1"), vec![with_state, sub("user:u1", Some(("F", 2)))]);
     }
 }

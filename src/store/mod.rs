@@ -10,7 +10,9 @@
 //! writes made while NATS was unreachable, in order), `session_live` (session → the process
 //! holding a connection of it), `session_seen` (session → when its last connection closed),
 //! `session_expiry` (that time ‖ session → (), scanned by the expiry sweep),
-//! `session_revoked` (session → when its resume credentials were revoked).
+//! `session_revoked` (session → when its resume credentials were revoked),
+//! `room_state` (room → its state as of a seq, written in one transaction with the event
+//! that carries it and the head).
 
 pub mod keys;
 pub mod records;
@@ -24,7 +26,8 @@ use thiserror::Error;
 use tokio::sync::oneshot;
 
 pub use records::{
-    EventRecord, MigrationRecord, NonceRecord, QueuedSessionWrite, RevokedRecord, RoomHeadRecord, SeenRecord, SessionRecord, UserRecord,
+    EventRecord, MigrationRecord, NonceRecord, QueuedSessionWrite, RevokedRecord, RoomHeadRecord, SeenRecord, SessionRecord, StateRecord,
+    UserRecord,
 };
 
 use crate::core::sessions::{next_version, VersionError};
@@ -61,6 +64,8 @@ pub enum StoreError {
 pub struct StoredRoom {
     pub head: RoomHeadRecord,
     pub events: Vec<EventRecord>,
+    /// The room's latest state, if one was ever set.
+    pub state: Option<StateRecord>,
 }
 
 type FlushWaiter = oneshot::Sender<Result<(), Arc<sled::Error>>>;
@@ -71,6 +76,7 @@ pub struct Store {
     db: sled::Db,
     room_head: sled::Tree,
     room_event: sled::Tree,
+    room_state: sled::Tree,
     token_nonce: sled::Tree,
     session_owner: sled::Tree,
     user_session: sled::Tree,
@@ -146,6 +152,7 @@ impl Store {
         let store = Store {
             room_head: db.open_tree("room_head")?,
             room_event: db.open_tree("room_event")?,
+            room_state: db.open_tree("room_state")?,
             token_nonce: db.open_tree("token_nonce")?,
             session_owner,
             user_session: db.open_tree("user_session")?,
@@ -213,7 +220,44 @@ impl Store {
         if let Some(last) = events.last() {
             head.head = head.head.max(last.seq);
         }
-        Ok(Some(StoredRoom { head, events }))
+        let state = self.room_state.get(room.as_bytes())?.map(|bytes| records::decode("room_state", &bytes)).transpose()?;
+        Ok(Some(StoredRoom { head, events, state }))
+    }
+
+    /// [`Store::append_event`] with the room's state as of this event: event, head and
+    /// state in one transaction, so after a crash the state never names an event that is
+    /// not there (nor the other way round). Not durable until a flush.
+    pub fn append_event_with_state(&self, room: &str, epoch: &str, event: &EventRecord, state: &str) -> Result<(), StoreError> {
+        use sled::transaction::{ConflictableTransactionError, TransactionError};
+        use sled::Transactional;
+        let event_bytes = records::encode_event(event);
+        let head = records::encode(&RoomHeadRecord { epoch: epoch.to_string(), head: event.seq });
+        let state = records::encode(&StateRecord { seq: event.seq, data: state.to_string() });
+        let key = keys::event_key(room, event.seq);
+        let written: Result<(), TransactionError<()>> =
+            (&self.room_event, &self.room_head, &self.room_state).transaction(|(events, heads, states)| {
+                events.insert(key.as_slice(), event_bytes.as_slice())?;
+                heads.insert(room.as_bytes(), head.as_slice())?;
+                states.insert(room.as_bytes(), state.as_slice())?;
+                Ok::<(), ConflictableTransactionError<()>>(())
+            });
+        match written {
+            Ok(()) => Ok(()),
+            Err(TransactionError::Storage(e)) => Err(e.into()),
+            Err(TransactionError::Abort(())) => unreachable!("the transaction never aborts"),
+        }
+    }
+
+    /// Set a room's state as of `seq` (its head): `PUT /v1/rooms/{room}/state`. Not
+    /// durable until a flush.
+    pub fn put_state(&self, room: &str, state: &StateRecord) -> Result<(), StoreError> {
+        self.room_state.insert(room.as_bytes(), records::encode(state))?;
+        Ok(())
+    }
+
+    /// A room's stored state (one read).
+    pub fn room_state(&self, room: &str) -> Result<Option<StateRecord>, StoreError> {
+        self.room_state.get(room.as_bytes())?.map(|bytes| records::decode("room_state", &bytes)).transpose()
     }
 
     /// Record a new room with its epoch and head 0.
@@ -604,6 +648,28 @@ mod tests {
         assert_eq!(room.events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![3, 4, 5]);
         let newest = store.load_room("r", 2).unwrap().unwrap();
         assert_eq!(newest.events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![4, 5]);
+    }
+
+    #[test]
+    fn a_state_is_stored_with_its_event_and_outlives_the_history() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path()).unwrap();
+            store.create_room("r", "E1").unwrap();
+            store.append_event("r", "E1", &event(1)).unwrap();
+            store.append_event_with_state("r", "E1", &event(2), r#"{"n":2}"#).unwrap();
+            store.append_event("r", "E1", &event(3)).unwrap();
+            assert_eq!(store.trim_events("r", 3).unwrap(), 2);
+            store.flush().unwrap();
+        }
+        let store = Store::open(dir.path()).unwrap();
+        let room = store.load_room("r", 10).unwrap().unwrap();
+        assert_eq!(room.head.head, 3);
+        assert_eq!(room.events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![3]);
+        assert_eq!(room.state, Some(StateRecord { seq: 2, data: r#"{"n":2}"#.into() }));
+        store.put_state("r", &StateRecord { seq: 3, data: "null".into() }).unwrap();
+        assert_eq!(store.room_state("r").unwrap(), Some(StateRecord { seq: 3, data: "null".into() }));
+        assert_eq!(store.room_state("other").unwrap(), None);
     }
 
     #[test]

@@ -65,6 +65,16 @@ pub fn decode_event(tree: &'static str, bytes: &[u8]) -> Result<EventRecord, Sto
     Ok(EventRecord { seq, id, ts_ms, data, devices, from: None })
 }
 
+/// A room's state as of event `seq` (DESIGN §9): the JSON text published with that
+/// event, or set by `PUT /v1/rooms/{room}/state` at the head then (`seq` 0: before any
+/// event). One per room, kept in `room_state` beside the head, so trimming the history
+/// never drops it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StateRecord {
+    pub seq: u64,
+    pub data: String,
+}
+
 /// Who owns a session. `version` is inside the value, so sled's whole-value
 /// compare-and-swap is a version check.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -179,6 +189,15 @@ mod tests {
                 assert!(matches!(decode_event("t", &bad), Err(StoreError::Corrupt { .. })), "{bad:?}");
             }
         }
+    }
+
+    #[test]
+    fn state_records_round_trip() {
+        let state = StateRecord { seq: 42, data: r#"{"score":[1,0]}"#.into() };
+        let bytes = encode(&state);
+        assert_eq!(bytes[0], RECORD_VERSION);
+        assert_eq!(decode::<StateRecord>("room_state", &bytes).unwrap(), state);
+        assert!(decode::<StateRecord>("room_state", &bytes[..bytes.len() - 1]).is_err());
     }
 
     #[test]

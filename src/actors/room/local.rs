@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use super::{render, spawn_then, RoomActor, RoomCore, RoomLog, RoomLogs, RoomState};
 use crate::actors::messages::*;
 use crate::core::seqlog::{Append, Entry, Retention, SeqLog};
-use crate::store::{EventRecord, Store, StoreError};
+use crate::store::{EventRecord, StateRecord, Store, StoreError};
 use crate::world::{now_ms, random_hex};
 
 /// The embedded store's room logs.
@@ -20,7 +20,7 @@ pub struct LocalRoomLogs(pub Store);
 
 impl RoomLogs for LocalRoomLogs {
     fn open(&self, _room: &Arc<str>) -> Box<dyn RoomLog> {
-        Box::new(LocalLog { store: self.0.clone(), waiting: Vec::new(), flushing_since: None, flushing: false })
+        Box::new(LocalLog { store: self.0.clone(), waiting: Vec::new(), flushing_since: None, flushing: false, putting: 0 })
     }
 }
 
@@ -37,6 +37,8 @@ struct LocalLog {
     /// When the running flush was requested.
     flushing_since: Option<Instant>,
     flushing: bool,
+    /// State writes waiting for their flush.
+    putting: usize,
 }
 
 impl LocalLog {
@@ -69,6 +71,7 @@ impl LocalLog {
         }
         let fresh: Vec<Arc<Delivery>> = log.mark_durable(upto).map(|e| e.payload.clone()).collect();
         let epoch: Arc<str> = log.epoch().into();
+        room.promote_states();
         room.deliver(fresh, ctx);
         let (done, still): (Vec<_>, Vec<_>) = self.waiting.drain(..).partition(|w| w.seq <= upto);
         self.waiting = still;
@@ -100,6 +103,8 @@ impl RoomLog for LocalLog {
                     .map(|e| Entry { seq: e.seq, payload: render(name, &e), id: e.id.into(), ts_ms: e.ts_ms })
                     .collect();
                 let log = SeqLog::restore(stored.head.epoch, stored.head.head, entries, retention);
+                room.settings.metrics.state_reads.inc();
+                room.current = stored.state.map(|s| StateAt { seq: s.seq, data: s.data.into() });
                 if let Some(oldest) = log.oldest() {
                     if let Err(error) = self.store.trim_events(name, oldest) {
                         tracing::warn!(room = %name, %error, "could not trim history beyond retention");
@@ -140,7 +145,11 @@ impl RoomLog for LocalLog {
         }
         let ts_ms = now_ms();
         let record = EventRecord { seq: log.head() + 1, id: msg.id.to_string(), ts_ms, data: msg.data.to_string(), devices: msg.devices, from: msg.from };
-        if let Err(error) = self.store.append_event(&name, log.epoch(), &record) {
+        let written = match &msg.state {
+            Some(state) => self.store.append_event_with_state(&name, log.epoch(), &record, state),
+            None => self.store.append_event(&name, log.epoch(), &record),
+        };
+        if let Err(error) = written {
             tracing::error!(room = %name, %error, "store write failed");
             let _ = msg.reply.send(Err(error.into()));
             return;
@@ -155,7 +164,43 @@ impl RoomLog for LocalLog {
             }
             Append::Duplicate { .. } => unreachable!("checked by seq_of above"),
         }
+        if let Some(data) = msg.state {
+            room.offer_state(StateAt { seq: record.seq, data });
+        }
         self.request_flush(room, ctx);
+    }
+
+    /// The state is written at once (as of the head, durable or not) and answered after
+    /// a flush; it becomes the room's state once the events up to its seq are durable.
+    fn put_state(&mut self, room: &mut RoomCore, msg: PutState, ctx: &mut Context<RoomActor>) {
+        let name = room.name.clone();
+        let (seq, epoch): (u64, Arc<str>) = match room.live_log(self) {
+            Ok(log) => (log.head(), log.epoch().into()),
+            Err(why) => {
+                let _ = msg.reply.send(Err(why.into()));
+                return;
+            }
+        };
+        if let Err(error) = self.store.put_state(&name, &StateRecord { seq, data: msg.data.to_string() }) {
+            tracing::error!(room = %name, %error, "store write failed");
+            let _ = msg.reply.send(Err(error.into()));
+            return;
+        }
+        self.putting += 1;
+        let (reply, data) = (msg.reply, msg.data);
+        spawn_then(ctx, self.store.flush_soon(), move |local: &mut LocalLog, room, result, _ctx| {
+            local.putting -= 1;
+            match result {
+                Ok(()) => {
+                    room.offer_state(StateAt { seq, data });
+                    let _ = reply.send(Ok(Published { seq, epoch, duplicate: false }));
+                }
+                Err(error) => {
+                    tracing::error!(room = %room.name, %error, "flush of a state failed");
+                    let _ = reply.send(Err(error.into()));
+                }
+            }
+        });
     }
 
     fn expired(&mut self, room: &RoomCore, first_kept: u64) {
@@ -163,6 +208,6 @@ impl RoomLog for LocalLog {
     }
 
     fn busy(&self) -> bool {
-        self.flushing || !self.waiting.is_empty()
+        self.flushing || !self.waiting.is_empty() || self.putting > 0
     }
 }

@@ -12,7 +12,7 @@ mod local;
 mod stream;
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -60,6 +60,8 @@ pub trait RoomLog: Any {
     fn create(&mut self, room: &str, retention: Retention) -> Result<SeqLog<Arc<Delivery>>, RoomLogError>;
     /// Store a publish and answer it once it is durable (a known id is a duplicate).
     fn publish(&mut self, room: &mut RoomCore, msg: Publish, ctx: &mut Context<RoomActor>);
+    /// Store the room's state as of its head and answer once it is durable.
+    fn put_state(&mut self, room: &mut RoomCore, msg: PutState, ctx: &mut Context<RoomActor>);
     /// The room's log dropped its events below `first_kept` by age.
     fn expired(&mut self, room: &RoomCore, first_kept: u64);
     /// Whether requests still wait on the log (the room must not stop while they do).
@@ -73,6 +75,8 @@ pub trait RoomLog: Any {
     fn unsubscribed(&mut self, _conn: ConnId, _generation: u64) {}
     /// Another node's event (cluster mode).
     fn live_event(&mut self, _room: &mut RoomCore, _event: StreamEvent, _ctx: &mut Context<RoomActor>) {}
+    /// Another node's latest-state record (cluster mode).
+    fn live_state(&mut self, _room: &mut RoomCore, _state: LiveState) {}
     /// Read what other writers added that this room may have missed.
     fn catch_up(&mut self, _room: &mut RoomCore, _ctx: &mut Context<RoomActor>) {}
     /// The room starts with parked subscribers, adopted for an event after `replay_after`.
@@ -170,6 +174,11 @@ pub struct RoomCore {
     window: BatchWindow,
     /// The epoch the last window carried, shared by the windows after it.
     window_epoch: Option<Arc<str>>,
+    /// The room's latest durable state (DESIGN §9), read once with the room; its seq is
+    /// at most the durable head.
+    current: Option<StateAt>,
+    /// States whose event is not durable yet, by seq: each becomes `current` when it is.
+    pending_states: VecDeque<StateAt>,
     last_active: Instant,
     stopped: bool,
 }
@@ -195,6 +204,8 @@ impl RoomActor {
             pending: Vec::new(),
             window: BatchWindow::new(settings.batch_window),
             window_epoch: None,
+            current: None,
+            pending_states: VecDeque::new(),
             settings,
             last_active: Instant::now(),
             stopped: false,
@@ -264,6 +275,36 @@ impl RoomCore {
             RoomState::Live(log) => Ok(log),
             RoomState::Failed(why) => Err(why.clone()),
             RoomState::Absent | RoomState::Loading => Err(RoomLogError::NotLoaded),
+        }
+    }
+
+    /// The durable head (0 while the room is not live).
+    fn durable_head(&self) -> u64 {
+        match &self.state {
+            RoomState::Live(log) => log.durable(),
+            _ => 0,
+        }
+    }
+
+    /// A state the log stored: the room's state once its seq is durable, unless a newer
+    /// one is (the later of two at one seq wins: a second `PUT` at the same head).
+    fn offer_state(&mut self, offered: StateAt) {
+        if self.current.as_ref().is_some_and(|current| current.seq > offered.seq) {
+            return;
+        }
+        let at = self.pending_states.partition_point(|p| p.seq <= offered.seq);
+        self.pending_states.insert(at, offered);
+        self.promote_states();
+    }
+
+    /// Pending states whose event became durable become the room's state, in seq order.
+    fn promote_states(&mut self) {
+        let durable = self.durable_head();
+        while self.pending_states.front().is_some_and(|p| p.seq <= durable) {
+            let state = self.pending_states.pop_front().expect("front exists");
+            if self.current.as_ref().is_none_or(|current| current.seq <= state.seq) {
+                self.current = Some(state);
+            }
         }
     }
 
@@ -357,6 +398,7 @@ impl RoomCore {
             self.subscribers.insert(msg.conn, subscriber);
             return;
         }
+        let current = self.current.clone();
         let events = match self.live_log(log) {
             Ok(events) => events,
             Err(why) => {
@@ -367,13 +409,29 @@ impl RoomCore {
             }
         };
         let head = events.durable();
-        let (recovered, replay) = match msg.since {
-            None => (None, Vec::new()),
+        // The state from memory and the retained events after its seq: no store read, no
+        // replay of the log to build it.
+        let snapshot = |events: &SeqLog<Arc<Delivery>>| {
+            let after = current.as_ref().map_or(0, |state| state.seq);
+            let replay: Vec<Arc<Delivery>> = events.read(after, usize::MAX).0.into_iter().map(|e| e.payload.clone()).collect();
+            (replay, Some(current.clone()))
+        };
+        let (recovered, replay, state) = match msg.since {
+            None if msg.state => {
+                let (replay, state) = snapshot(events);
+                (None, replay, state)
+            }
+            None => (None, Vec::new(), None),
             Some(since) => match events.recover(since, msg.epoch.as_deref(), max_events) {
-                Recovery::Replay(replayed) => (Some(true), replayed.into_iter().map(|e| e.payload.clone()).collect()),
+                Recovery::Replay(replayed) => (Some(true), replayed.into_iter().map(|e| e.payload.clone()).collect(), None),
                 Recovery::NotRecovered(why) => {
-                    tracing::debug!(room = %name, since, ?why, "recovery refused");
-                    (Some(false), Vec::new())
+                    tracing::debug!(room = %name, since, ?why, state = msg.state, "recovery refused");
+                    if msg.state {
+                        let (replay, state) = snapshot(events);
+                        (Some(false), replay, state)
+                    } else {
+                        (Some(false), Vec::new(), None)
+                    }
                 }
             },
         };
@@ -385,6 +443,7 @@ impl RoomCore {
             replay,
             reference: msg.reference,
             generation: msg.generation,
+            state,
         });
         let subscriber = Subscriber { to: msg.to, backlog: msg.backlog, generation: msg.generation, automatic: msg.automatic };
         self.subscribers.insert(msg.conn, subscriber);
@@ -441,6 +500,41 @@ impl Handler<Subscribe> for RoomActor {
         };
         self.core.subscribe(msg, self.log.as_mut());
         Ok(())
+    }
+}
+
+impl Handler<PutState> for RoomActor {
+    type Result = Result<(), RoomGone>;
+
+    fn handle(&mut self, msg: PutState, ctx: &mut Self::Context) -> Self::Result {
+        self.core.admit()?;
+        self.log.put_state(&mut self.core, msg, ctx);
+        Ok(())
+    }
+}
+
+impl Handler<ReadState> for RoomActor {
+    type Result = Result<StateView, RoomGone>;
+
+    fn handle(&mut self, _msg: ReadState, _ctx: &mut Self::Context) -> Self::Result {
+        self.core.admit()?;
+        let core = &self.core;
+        let epoch = match &core.state {
+            RoomState::Live(log) => Some(log.epoch().into()),
+            _ => None,
+        };
+        let (seq, data) = core.current.as_ref().map_or((0, None), |state| (state.seq, Some(state.data.clone())));
+        Ok(StateView { epoch, seq, data })
+    }
+}
+
+impl Handler<LiveState> for RoomActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: LiveState, _ctx: &mut Self::Context) {
+        if matches!(self.core.state, RoomState::Live(_)) {
+            self.log.live_state(&mut self.core, msg);
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use actix::prelude::*;
 
 use super::{later, render, spawn_then, wait_then, RoomActor, RoomCore, RoomLog, RoomLogs, RoomState};
 use crate::actors::messages::*;
-use crate::cluster::roomlog::{self, AppendError, Appended, LoadedRoom, StreamEvent};
+use crate::cluster::roomlog::{self, AppendError, Appended, LoadedRoom, StoredState, StreamEvent};
 use crate::cluster::{Cluster, ClusterError};
 use crate::core::backoff::{Backoff, BackoffPolicy, Jitter};
 use crate::core::seqlog::{Entry, Retention, SeqLog};
@@ -35,6 +35,8 @@ impl RoomLogs for StreamRoomLogs {
             cluster: self.0.clone(),
             last_stream_seq: 0,
             queue: VecDeque::new(),
+            puts: VecDeque::new(),
+            state_version: 0,
             appending: false,
             catching_up: false,
             conflicts: 0,
@@ -51,6 +53,11 @@ struct StreamLog {
     /// Stream sequence of the newest event the log holds (0: none).
     last_stream_seq: u64,
     queue: VecDeque<Publish>,
+    /// `PUT`s of the room's state, written between appends (each as of the head then).
+    puts: VecDeque<PutState>,
+    /// Sequence on `LG_STATE` of the newest latest-state record this room took.
+    state_version: u64,
+    /// An append or a state write is in flight.
     appending: bool,
     catching_up: bool,
     /// Conflicts the front publish met so far.
@@ -83,6 +90,11 @@ impl StreamLog {
                 };
                 let epoch: Arc<str> = log.epoch().into();
                 room.state = RoomState::Live(log);
+                room.settings.metrics.state_reads.inc();
+                self.state_version = self.state_version.max(stored.state_version);
+                if let Some(StoredState { seq, data }) = stored.state {
+                    room.offer_state(StateAt { seq, data: data.into() });
+                }
                 tracing::debug!(room = %room.name, head, adopted = room.subscribers.len(), "room loaded from the stream");
                 // The only subscribers yet are the adopted ones: requests wait for the load.
                 if !replay.is_empty() {
@@ -115,8 +127,38 @@ impl StreamLog {
             for msg in self.queue.drain(..) {
                 let _ = msg.reply.send(Err(RoomLogError::NotLoaded.into()));
             }
+            for put in self.puts.drain(..) {
+                let _ = put.reply.send(Err(RoomLogError::NotLoaded.into()));
+            }
             return;
         };
+        if let Some(put) = self.puts.pop_front() {
+            let state = StoredState { seq: log.head(), data: put.data.to_string() };
+            let epoch: Arc<str> = log.epoch().into();
+            self.appending = true;
+            let (cluster, name) = (self.cluster.clone(), room.name.clone());
+            let write = async move {
+                let result = roomlog::write_state(&cluster, &name, &state).await;
+                (state, result)
+            };
+            spawn_then(ctx, write, move |stream: &mut StreamLog, room, (state, result), ctx| {
+                stream.appending = false;
+                match result {
+                    Ok(version) => {
+                        stream.state_version = stream.state_version.max(version);
+                        let seq = state.seq;
+                        room.offer_state(StateAt { seq, data: state.data.into() });
+                        let _ = put.reply.send(Ok(Published { seq, epoch, duplicate: false }));
+                    }
+                    Err(error) => {
+                        tracing::warn!(room = %room.name, %error, "state write to the stream failed");
+                        let _ = put.reply.send(Err(error.into()));
+                    }
+                }
+                stream.pump(room, ctx);
+            });
+            return;
+        }
         // A queued id the stream got meanwhile (a retry racing its original) is answered.
         while let Some(seq) = self.queue.front().and_then(|front| log.seq_of(&front.id)) {
             let msg = self.queue.pop_front().expect("front exists");
@@ -131,22 +173,45 @@ impl StreamLog {
             devices: front.devices.clone(),
             from: front.from.clone(),
         };
+        let state = front.state.as_deref().map(str::to_string);
         self.appending = true;
         let (cluster, name, expected) = (self.cluster.clone(), room.name.clone(), self.last_stream_seq);
         let append = async move {
-            let result = roomlog::append(&cluster, &name, expected, &record).await;
-            (record, result)
+            let result = roomlog::append(&cluster, &name, expected, &record, state.as_deref()).await;
+            // The event carries its state; the latest-state record, written after it in
+            // order (one append at a time), keeps it once the history drops the event.
+            let mut version = None;
+            if let (Ok(Appended { duplicate: false, .. }), Some(data)) = (&result, &state) {
+                let latest = StoredState { seq: record.seq, data: data.clone() };
+                match roomlog::write_state(&cluster, &name, &latest).await {
+                    Ok(v) => version = Some(v),
+                    Err(error) => tracing::warn!(room = %name, %error, "latest-state record not written; the event keeps the state"),
+                }
+            }
+            (record, state, version, result)
         };
-        spawn_then(ctx, append, |stream: &mut StreamLog, room, (record, result), ctx| stream.appended(room, record, result, ctx));
+        spawn_then(ctx, append, |stream: &mut StreamLog, room, (record, state, version, result), ctx| {
+            if let Some(version) = version {
+                stream.state_version = stream.state_version.max(version);
+            }
+            stream.appended(room, record, state, result, ctx)
+        });
     }
 
-    fn appended(&mut self, room: &mut RoomCore, record: EventRecord, result: Result<Appended, AppendError>, ctx: &mut Context<RoomActor>) {
+    fn appended(
+        &mut self,
+        room: &mut RoomCore,
+        record: EventRecord,
+        state: Option<String>,
+        result: Result<Appended, AppendError>,
+        ctx: &mut Context<RoomActor>,
+    ) {
         self.appending = false;
         match result {
             Ok(Appended { stream_seq, duplicate: false }) => {
                 self.conflicts = 0;
                 let seq = record.seq;
-                self.apply(room, StreamEvent { stream_seq, event: record }, ctx);
+                self.apply(room, StreamEvent { stream_seq, event: record, state }, ctx);
                 if let (Some(msg), RoomState::Live(log)) = (self.queue.pop_front(), &room.state) {
                     let _ = msg.reply.send(Ok(Published { seq, epoch: log.epoch().into(), duplicate: false }));
                 }
@@ -195,6 +260,10 @@ impl StreamLog {
         let payload = render(&room.name, &stored.event);
         if log.append_sequenced(seq, stored.event.id.as_str().into(), stored.event.ts_ms, payload.clone()).is_ok() {
             self.last_stream_seq = stored.stream_seq;
+            match stored.state {
+                Some(data) => room.offer_state(StateAt { seq, data: data.into() }),
+                None => room.promote_states(),
+            }
             room.deliver(vec![payload], ctx);
         }
     }
@@ -259,7 +328,27 @@ impl RoomLog for StreamLog {
     }
 
     fn busy(&self) -> bool {
-        !self.queue.is_empty() || !self.waiting_subscribers.is_empty() || self.appending
+        !self.queue.is_empty() || !self.puts.is_empty() || !self.waiting_subscribers.is_empty() || self.appending
+    }
+
+    /// Queued with the publishes: written between appends, as of the head then.
+    fn put_state(&mut self, room: &mut RoomCore, msg: PutState, ctx: &mut Context<RoomActor>) {
+        if let Err(why) = room.live_log(self) {
+            let _ = msg.reply.send(Err(why.into()));
+            return;
+        }
+        self.puts.push_back(msg);
+        self.pump(room, ctx);
+    }
+
+    /// A latest-state record newer than any this room took (the records' stream order
+    /// decides, so a late copy never undoes a newer `PUT` at the same seq).
+    fn live_state(&mut self, room: &mut RoomCore, live: LiveState) {
+        if live.version <= self.state_version {
+            return;
+        }
+        self.state_version = live.version;
+        room.offer_state(live.state);
     }
 
     /// The subscriber waits for the room to load (retried with backoff) instead of being
