@@ -27,12 +27,15 @@ struct SseQuery {
     rooms: Option<String>,
     /// A cursor, when the client cannot send `Last-Event-ID`.
     since: Option<String>,
+    /// `1`: presence frames (`event: presence`) for every room of the stream.
+    presence: Option<String>,
 }
 
 /// What the request asks for, checked before any credential is looked at.
 struct Request {
     rooms: Vec<String>,
     cursor: Vec<CursorEntry>,
+    presence: bool,
 }
 
 pub async fn stream(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
@@ -68,8 +71,8 @@ async fn open(req: &HttpRequest, state: &AppState) -> Result<HttpResponse, ApiEr
         .map_err(|e| ApiError::bad_request(e.to_string()))?
         .into_inner();
     let credential = CredentialQuery { token: query.token, resume: query.resume, session: query.session };
-    let (rooms, since) = (query.rooms, query.since);
-    let shape = || parse_request(req, state, rooms.as_deref(), since.as_deref());
+    let (rooms, since, presence) = (query.rooms, query.since, query.presence);
+    let shape = || parse_request(req, state, rooms.as_deref(), since.as_deref(), presence.as_deref());
     let (request, admitted) = handshake(req, state, credential, shape, authorise).await?;
     let initial = initial_subscriptions(request, &admitted.identity.user);
     let (io, body) = sse::stream();
@@ -83,7 +86,18 @@ async fn open(req: &HttpRequest, state: &AppState) -> Result<HttpResponse, ApiEr
 
 /// The rooms and the cursor: `Last-Event-ID` wins over `since` (an `EventSource`
 /// reconnects with its first URL and a newer `Last-Event-ID`).
-fn parse_request(req: &HttpRequest, state: &AppState, rooms: Option<&str>, since: Option<&str>) -> Result<Request, ApiError> {
+fn parse_request(
+    req: &HttpRequest,
+    state: &AppState,
+    rooms: Option<&str>,
+    since: Option<&str>,
+    presence: Option<&str>,
+) -> Result<Request, ApiError> {
+    let presence = match presence {
+        None | Some("0") | Some("false") => false,
+        Some("1") | Some("true") => true,
+        Some(other) => return Err(ApiError::bad_request(format!("presence must be 1 or 0, got {other:?}"))),
+    };
     let max = state.config.max_subscriptions;
     let rooms = parse_rooms(rooms, max).map_err(|e| match e {
         RoomsError::BadRoom(_) => api_error(ErrorCode::BadRoom, e.to_string()),
@@ -99,7 +113,7 @@ fn parse_request(req: &HttpRequest, state: &AppState, rooms: Option<&str>, since
     let text = header.filter(|h| !h.is_empty()).or(since).unwrap_or("");
     // A cursor names at most every subscribed room and the inbox.
     let cursor = parse_cursor(text, max + 1).map_err(|e| ApiError::bad_request(format!("bad cursor: {e}")))?;
-    Ok(Request { rooms, cursor })
+    Ok(Request { rooms, cursor, presence })
 }
 
 /// Every requested room must be readable with this credential (as a WebSocket
@@ -115,7 +129,7 @@ fn authorise(request: &Request, who: &Credentialed) -> Result<(), ApiError> {
 /// names it; the user's inbox too when the cursor names it (it is subscribed
 /// automatically anyway, and recovered like any room from there).
 fn initial_subscriptions(request: Request, user: &str) -> Vec<InitialSubscription> {
-    let Request { rooms, mut cursor } = request;
+    let Request { rooms, mut cursor, presence } = request;
     let mut position = |room: &str| match cursor.iter().position(|e| e.room == room) {
         Some(i) => {
             let entry = cursor.swap_remove(i);
@@ -128,12 +142,12 @@ fn initial_subscriptions(request: Request, user: &str) -> Vec<InitialSubscriptio
         .into_iter()
         .map(|room| {
             let (since, epoch) = position(&room);
-            InitialSubscription { room, since, epoch }
+            InitialSubscription { room, since, epoch, presence }
         })
         .collect();
     if !initial.iter().any(|s| s.room == inbox) {
         if let (Some(since), epoch) = position(&inbox) {
-            initial.push(InitialSubscription { room: inbox, since: Some(since), epoch });
+            initial.push(InitialSubscription { room: inbox, since: Some(since), epoch, presence: false });
         }
     }
     initial
@@ -148,7 +162,7 @@ mod tests {
     }
 
     fn sub(room: &str, at: Option<(&str, u64)>) -> InitialSubscription {
-        InitialSubscription { room: room.into(), since: at.map(|a| a.1), epoch: at.map(|a| a.0.to_string()) }
+        InitialSubscription { room: room.into(), since: at.map(|a| a.1), epoch: at.map(|a| a.0.to_string()), presence: false }
     }
 
     #[test]
@@ -156,12 +170,13 @@ mod tests {
         let request = Request {
             rooms: vec!["a".into(), "b".into()],
             cursor: vec![entry("b", "E", 4), entry("elsewhere", "E", 9), entry("user:u1", "F", 2)],
+            presence: false,
         };
         let got = initial_subscriptions(request, "u1");
         assert_eq!(got, vec![sub("a", None), sub("b", Some(("E", 4))), sub("user:u1", Some(("F", 2)))]);
-        let request = Request { rooms: vec!["user:u1".into()], cursor: vec![entry("user:u1", "F", 2)] };
+        let request = Request { rooms: vec!["user:u1".into()], cursor: vec![entry("user:u1", "F", 2)], presence: false };
         assert_eq!(initial_subscriptions(request, "u1"), vec![sub("user:u1", Some(("F", 2)))]);
-        let request = Request { rooms: vec![], cursor: vec![entry("user:u2", "F", 2)] };
+        let request = Request { rooms: vec![], cursor: vec![entry("user:u2", "F", 2)], presence: false };
         assert_eq!(initial_subscriptions(request, "u1"), vec![]);
     }
 }
