@@ -146,6 +146,19 @@ pub struct LastSent {
 }
 
 impl LastSent {
+    /// The room as of the last frame, for a new subscriber: every member then in
+    /// `joined` (the frames after it bring it up to date like everyone else).
+    pub fn snapshot(&self) -> Diff {
+        if !self.sent_any {
+            return Diff { count: 0, joined: Some(Vec::new()), left: Some(Vec::new()) };
+        }
+        Diff {
+            count: self.count,
+            joined: self.members.as_ref().map(|members| members.iter().cloned().collect()),
+            left: self.members.as_ref().map(|_| Vec::new()),
+        }
+    }
+
     /// The frame that brings the subscribers from the last one to `now`, if anything
     /// changed; it is then what was last sent.
     pub fn diff(&mut self, now: View) -> Option<Diff> {
@@ -403,6 +416,12 @@ mod tests {
         for (i, (now, want)) in steps.into_iter().enumerate() {
             assert_eq!(last.diff(now), want, "step {i}");
         }
+        assert_eq!(last.snapshot(), Diff { count: 0, joined: Some(vec![]), left: Some(vec![]) });
+        last.diff(listed(&[b.clone(), c.clone()]));
+        assert_eq!(last.snapshot(), Diff { count: 2, joined: Some(vec![b.clone(), c.clone()]), left: Some(vec![]) });
+        last.diff(View { count: 3000, members: None });
+        assert_eq!(last.snapshot(), Diff { count: 3000, joined: None, left: None });
+        assert_eq!(LastSent::default().snapshot(), Diff { count: 0, joined: Some(vec![]), left: Some(vec![]) });
         let mut fresh = LastSent::default();
         assert_eq!(fresh.diff(View { count: 2000, members: None }), diff(2000, None, None));
     }

@@ -19,7 +19,7 @@ use super::{RoomActor, RoomCore};
 use crate::actors::backlog::Reserve;
 use crate::actors::messages::{ConnId, PresenceChanged, PresenceFrame, PresenceOff, RoomUpdate};
 use crate::cluster::presence::PresenceSender;
-use crate::core::presence::{self, Diff, LastSent, LocalMembers, Member, NodeTable, RemoteTables, Throttle, Throttled, View};
+use crate::core::presence::{self, LastSent, LocalMembers, Member, NodeTable, RemoteTables, Throttle, Throttled, View};
 use crate::protocol;
 use crate::world::now_ms;
 
@@ -278,17 +278,12 @@ impl RoomCore {
         }
     }
 
-    /// A subscriber that asked for presence gets who is there right after `Subscribed`
-    /// (every member in `joined`; null above `presence_members_max`).
+    /// A subscriber that asked for presence gets, right after `Subscribed`, the room as
+    /// of its last frame (every member then in `joined`; null above
+    /// `presence_members_max`): the frames after it apply to it as to everyone.
     pub(super) fn presence_snapshot(&mut self, conn: ConnId) {
         let Some(sub) = self.subscribers.get(&conn).filter(|sub| sub.presence) else { return };
-        let Ok(view) = self.presence.view(&self.name) else { return };
-        let diff = Diff {
-            count: view.count,
-            left: view.members.as_ref().map(|_| Vec::new()),
-            joined: view.members.map(|members| members.into_iter().collect()),
-        };
-        let frame = PresenceFrame::new(protocol::presence_frame(&self.name, &diff));
+        let frame = PresenceFrame::new(protocol::presence_frame(&self.name, &self.presence.last.snapshot()));
         send_presence(&self.name, sub, &frame, &self.settings.metrics);
     }
 }
