@@ -393,6 +393,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::cloned_ref_to_slice_refs)] // the table reads best with literal lists
     fn diffs_say_what_changed_since_the_last_frame() {
         let listed = |ms: &[Member]| View { count: ms.len(), members: Some(set(ms)) };
         let diff = |count, joined: Option<&[Member]>, left: Option<&[Member]>| {
