@@ -182,6 +182,10 @@ config_keys! {
         "Refused messages (malformed or over the rate) per minute before the connection is closed with 1008";
     max_history_limit: usize = 1000, "N",
         "Largest limit a history read may ask for";
+    presence_interval_ms: u64 = 1000, "MS",
+        "A room's presence frames (who joined and left) go out at most this often, only when something changed";
+    presence_members_max: usize = 1000, "N",
+        "Rooms with more members than this report only their count (members and joined/left are null)";
     subscribe_timeout_secs: u64 = 0, "SECS",
         "Close connections that subscribed to no room this long after connecting with 1008; 0: never";
     handshake_timeout_ms: u64 = 5000, "MS",
@@ -195,6 +199,10 @@ config_keys! {
     cluster_heartbeat_ms: u64 = 1000, "MS",
         "Cluster mode: heartbeat period; a peer not heard for 3 periods is down";
 }
+
+/// Largest `presence_members_max`: a node's member list of a room crosses NATS as one
+/// message (at most about 160 bytes a member, under NATS's 1 MiB payload).
+pub const PRESENCE_MEMBERS_MAX: u64 = 5000;
 
 /// A duration key as a [`Duration`], for the code that waits or ticks by it.
 macro_rules! durations {
@@ -218,7 +226,7 @@ durations! {
     migration_window: migration_window_secs in from_secs, warmup: warmup_secs in from_secs,
     session_ttl: session_ttl_secs in from_secs, drain_wait: drain_wait_secs in from_secs,
     drain_spread: drain_spread_secs in from_secs, drain_grace: drain_grace_secs in from_secs,
-    probe_interval: probe_interval_ms in from_millis, handshake_timeout: handshake_timeout_ms in from_millis,
+    probe_interval: probe_interval_ms in from_millis, presence_interval: presence_interval_ms in from_millis, handshake_timeout: handshake_timeout_ms in from_millis,
     directory_outage: directory_outage_secs in from_secs, cluster_heartbeat: cluster_heartbeat_ms in from_millis,
 }
 
@@ -446,6 +454,10 @@ impl Config {
             ("max_message_bytes", self.max_message_bytes as u64, 1024, Some((64 << 20, " (64 MiB)"))),
             ("max_history_limit", self.max_history_limit as u64, 1, None),
             ("handshake_timeout_ms", self.handshake_timeout_ms, 100, None),
+        ])?;
+        within(&[
+            ("presence_interval_ms", self.presence_interval_ms, 50, Some((60_000, " (1 minute)"))),
+            ("presence_members_max", self.presence_members_max as u64, 0, Some((PRESENCE_MEMBERS_MAX, ""))),
         ])?;
         if self.previous_api_keys.iter().any(|key| key.chars().count() < API_KEY_MIN_CHARS) {
             // Never echo a key.

@@ -7,6 +7,8 @@
 use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
+
+use crate::core::presence::{Diff, Member, View};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
@@ -135,6 +137,8 @@ pub enum ErrorCode {
     TooManyConnections,
     ForbiddenOrigin,
     DirectoryUnavailable,
+    /// The room's namespace keeps no presence (DESIGN §9).
+    PresenceOff,
 }
 
 impl ErrorCode {
@@ -161,6 +165,7 @@ impl ErrorCode {
             ErrorCode::TooManyConnections => "too_many_connections",
             ErrorCode::ForbiddenOrigin => "forbidden_origin",
             ErrorCode::DirectoryUnavailable => "directory_unavailable",
+            ErrorCode::PresenceOff => "presence_off",
         }
     }
 
@@ -177,7 +182,7 @@ impl ErrorCode {
             | ErrorCode::TokenReplayed
             | ErrorCode::ResumeInvalid => 401,
             ErrorCode::Forbidden | ErrorCode::ForbiddenOrigin => 403,
-            ErrorCode::NotFound => 404,
+            ErrorCode::NotFound | ErrorCode::PresenceOff => 404,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::TooManySubscriptions | ErrorCode::MigrationBudget | ErrorCode::RateLimited => 429,
             ErrorCode::Internal => 500,
@@ -198,13 +203,16 @@ pub struct ClientRequest {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClientOp {
-    /// `state`: answer with the room's state and the events after it (DESIGN §9).
-    Subscribe { room: String, since: Option<u64>, epoch: Option<String>, state: bool },
+    /// `state`: answer with the room's state and the events after it (DESIGN §9);
+    /// `presence`: the client wants the room's presence frames.
+    Subscribe { room: String, since: Option<u64>, epoch: Option<String>, state: bool, presence: bool },
     Unsubscribe { room: String },
     History { room: String, since: u64, limit: Option<usize> },
     /// Client publish (DESIGN §9); `data` is the JSON text as sent.
     /// `state`: the room's state as of this event (JSON text); `null` or absent: none.
     Publish { room: String, id: Option<String>, data: String, state: Option<String> },
+    /// Who is in the room now (DESIGN §9).
+    Presence { room: String },
     Ping,
 }
 
@@ -224,6 +232,8 @@ struct SubscribeFields {
     epoch: Option<String>,
     #[serde(default)]
     state: bool,
+    #[serde(default)]
+    presence: bool,
 }
 
 #[derive(Deserialize)]
@@ -275,7 +285,7 @@ pub fn parse_client_frame(text: &str) -> Result<ClientRequest, FrameError> {
     let op = match op.as_str() {
         "subscribe" => {
             let f: SubscribeFields = serde_json::from_value(rest).map_err(bad)?;
-            ClientOp::Subscribe { room: f.room, since: f.since, epoch: f.epoch, state: f.state }
+            ClientOp::Subscribe { room: f.room, since: f.since, epoch: f.epoch, state: f.state, presence: f.presence }
         }
         "unsubscribe" => {
             let f: RoomField = serde_json::from_value(rest).map_err(bad)?;
@@ -288,6 +298,10 @@ pub fn parse_client_frame(text: &str) -> Result<ClientRequest, FrameError> {
         "publish" => {
             let f: PublishFields = serde_json::from_value(rest).map_err(bad)?;
             ClientOp::Publish { room: f.room, id: f.id, data: f.data.to_string(), state: f.state.map(|s| s.to_string()) }
+        }
+        "presence" => {
+            let f: RoomField = serde_json::from_value(rest).map_err(bad)?;
+            ClientOp::Presence { room: f.room }
         }
         "ping" => {
             let _: NoFields = serde_json::from_value(rest).map_err(bad)?;
@@ -323,6 +337,8 @@ pub enum ServerOp {
     Published,
     Pong,
     Error,
+    /// A room's members (the `presence` reply) or who joined and left (DESIGN §9).
+    Presence,
     /// An op this build does not know (a newer server's).
     #[serde(other)]
     Unknown,
@@ -340,6 +356,7 @@ impl ServerOp {
             ServerOp::Published => "published",
             ServerOp::Pong => "pong",
             ServerOp::Error => "error",
+            ServerOp::Presence => "presence",
             ServerOp::Unknown => "unknown",
         }
     }
@@ -368,6 +385,10 @@ pub enum ServerFrame<'a> {
     Published(PublishedFrame<'a>),
     Pong(Pong),
     Error(ErrorFrame<'a>),
+    #[serde(rename = "presence")]
+    PresenceReply(PresenceReply<'a>),
+    #[serde(rename = "presence")]
+    PresenceDiff(PresenceDiff<'a>),
 }
 
 /// `welcome`: the first frame on a connection.
@@ -501,6 +522,76 @@ pub struct ErrorFrame<'a> {
     pub code: Cow<'a, str>,
     #[serde(borrow, default)]
     pub message: Cow<'a, str>,
+}
+
+/// One member of a room in presence answers and frames.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberJson<'a> {
+    #[serde(borrow)]
+    pub user: Cow<'a, str>,
+    #[serde(borrow)]
+    pub device: Cow<'a, str>,
+}
+
+impl<'a> From<&'a Member> for MemberJson<'a> {
+    fn from(m: &'a Member) -> Self {
+        MemberJson { user: Cow::Borrowed(&m.user), device: Cow::Borrowed(&m.device) }
+    }
+}
+
+fn members_json<'a>(members: Option<impl IntoIterator<Item = &'a Member>>) -> Option<Vec<MemberJson<'a>>> {
+    members.map(|ms| ms.into_iter().map(MemberJson::from).collect())
+}
+
+/// `presence` reply to the op (and, without `op` and `ref`, the body of
+/// `GET /v1/rooms/{room}/presence`): the distinct members across the cluster; `members`
+/// is null above `presence_members_max`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PresenceReply<'a> {
+    #[serde(borrow)]
+    pub room: Cow<'a, str>,
+    pub count: usize,
+    #[serde(borrow)]
+    pub members: Option<Vec<MemberJson<'a>>>,
+    #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<i64>,
+}
+
+/// `presence` frame to a subscriber that asked for it: who joined and left since the
+/// room's last frame (null, with the count alone, above `presence_members_max`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PresenceDiff<'a> {
+    #[serde(borrow)]
+    pub room: Cow<'a, str>,
+    pub count: usize,
+    #[serde(borrow)]
+    pub joined: Option<Vec<MemberJson<'a>>>,
+    #[serde(borrow)]
+    pub left: Option<Vec<MemberJson<'a>>>,
+}
+
+/// The reply to the `presence` op.
+pub fn presence_reply_frame(room: &str, view: &View, reference: Option<i64>) -> String {
+    let members = members_json(view.members.as_ref());
+    render(&ServerFrame::PresenceReply(PresenceReply { room: room.into(), count: view.count, members, reference }))
+}
+
+/// The body of `GET /v1/rooms/{room}/presence`.
+pub fn presence_body(room: &str, view: &View) -> String {
+    let members = members_json(view.members.as_ref());
+    serde_json::to_value(PresenceReply { room: room.into(), count: view.count, members, reference: None })
+        .expect("presence answers always serialise")
+        .to_string()
+}
+
+/// A room's presence frame, rendered once for every subscriber that asked.
+pub fn presence_frame(room: &str, diff: &Diff) -> String {
+    render(&ServerFrame::PresenceDiff(PresenceDiff {
+        room: room.into(),
+        count: diff.count,
+        joined: members_json(diff.joined.as_ref()),
+        left: members_json(diff.left.as_ref()),
+    }))
 }
 
 /// The data of an SSE stream's last message, `event: close`: the close code and reason a
@@ -860,22 +951,29 @@ mod tests {
         check(r#"{"op":"ping","ref":7}"#, req(Some(7), ClientOp::Ping));
         check(
             r#"{"op":"subscribe","room":"match:1"}"#,
-            req(None, ClientOp::Subscribe { room: room(), since: None, epoch: None, state: false }),
+            req(None, ClientOp::Subscribe { room: room(), since: None, epoch: None, state: false, presence: false }),
         );
         check(
             r#"{"op":"subscribe","room":"match:1","since":42,"epoch":"E","ref":1}"#,
-            req(Some(1), ClientOp::Subscribe { room: room(), since: Some(42), epoch: Some("E".into()), state: false }),
+            req(Some(1), ClientOp::Subscribe { room: room(), since: Some(42), epoch: Some("E".into()), state: false, presence: false }),
         );
         check(
             r#"{"op":"subscribe","room":"match:1","state":true}"#,
-            req(None, ClientOp::Subscribe { room: room(), since: None, epoch: None, state: true }),
+            req(None, ClientOp::Subscribe { room: room(), since: None, epoch: None, state: true, presence: false }),
         );
         check(
             r#"{"op":"subscribe","room":"match:1","since":3,"state":false}"#,
-            req(None, ClientOp::Subscribe { room: room(), since: Some(3), epoch: None, state: false }),
+            req(None, ClientOp::Subscribe { room: room(), since: Some(3), epoch: None, state: false, presence: false }),
         );
         check(r#"{"op":"subscribe","room":"r","state":1}"#, Err((None, ErrorCode::BadRequest)));
         check(r#"{"op":"subscribe","room":"r","state":"yes"}"#, Err((None, ErrorCode::BadRequest)));
+        check(
+            r#"{"op":"subscribe","room":"match:1","presence":true}"#,
+            req(None, ClientOp::Subscribe { room: room(), since: None, epoch: None, state: false, presence: true }),
+        );
+        check(r#"{"op":"subscribe","room":"r","presence":1}"#, Err((None, ErrorCode::BadRequest)));
+        check(r#"{"op":"presence","room":"match:1","ref":8}"#, req(Some(8), ClientOp::Presence { room: room() }));
+        check(r#"{"op":"presence","ref":9}"#, Err((Some(9), ErrorCode::BadRequest)));
         check(r#"{"op":"unsubscribe","room":"match:1"}"#, req(None, ClientOp::Unsubscribe { room: room() }));
         check(
             r#"{"op":"history","room":"match:1","since":40,"limit":100}"#,
@@ -953,6 +1051,7 @@ mod tests {
             (ErrorCode::ResumeInvalid, 401),
             (ErrorCode::ForbiddenOrigin, 403),
             (ErrorCode::NotFound, 404),
+            (ErrorCode::PresenceOff, 404),
             (ErrorCode::PayloadTooLarge, 413),
             (ErrorCode::MigrationBudget, 429),
             (ErrorCode::RateLimited, 429),
@@ -1058,6 +1157,29 @@ mod tests {
         assert_eq!(head(&history_frame("r", None, 0, [], true, Some(2))), FrameHead { op: ServerOp::History, reference: Some(2) });
         assert_eq!(head(r#"{"op":"later","ref":1}"#).op, ServerOp::Unknown);
         assert!(serde_json::from_str::<FrameHead>(r#"{"ref":1}"#).is_err());
+    }
+
+    #[test]
+    fn presence_frames() {
+        let (a, b) = (Member::new("ann", "web"), Member::new("bob", "phone"));
+        let view = View { count: 2, members: Some([a.clone(), b.clone()].into_iter().collect()) };
+        let reply: Value = serde_json::from_str(&presence_reply_frame("r", &view, Some(3))).unwrap();
+        let want = serde_json::json!({"op":"presence","room":"r","count":2,"ref":3,
+            "members":[{"user":"ann","device":"web"},{"user":"bob","device":"phone"}]});
+        assert_eq!(reply, want);
+        let body: Value = serde_json::from_str(&presence_body("r", &View { count: 5000, members: None })).unwrap();
+        assert_eq!(body, serde_json::json!({"room":"r","count":5000,"members":null}));
+        let diff = Diff { count: 1, joined: Some(vec![a]), left: Some(vec![b]) };
+        let text = presence_frame("r", &diff);
+        let frame: Value = serde_json::from_str(&text).unwrap();
+        let want = serde_json::json!({"op":"presence","room":"r","count":1,
+            "joined":[{"user":"ann","device":"web"}],"left":[{"user":"bob","device":"phone"}]});
+        assert_eq!(frame, want);
+        assert_eq!(serde_json::from_str::<FrameHead>(&text).unwrap().op, ServerOp::Presence);
+        let read: PresenceDiff = serde_json::from_str(&text).unwrap();
+        assert_eq!(read.joined.unwrap()[0].user, "ann");
+        let counted: Value = serde_json::from_str(&presence_frame("r", &Diff { count: 9, joined: None, left: None })).unwrap();
+        assert_eq!(counted, serde_json::json!({"op":"presence","room":"r","count":9,"joined":null,"left":null}));
     }
 
     #[test]

@@ -24,7 +24,7 @@ use crate::actors::liveness::{ClusterPeers, Heard, Left, LivenessActor};
 use crate::actors::messages::{Kick, StateAt};
 use crate::actors::publish::Publisher;
 use crate::actors::registry::{Registry, RemoteReplace, UserBus};
-use crate::actors::room::RoomSettings;
+use crate::actors::room::{PresenceHub, RoomSettings};
 use crate::actors::room::{LocalRoomLogs, RoomLogs, StreamRoomLogs};
 use crate::actors::rooms::Rooms;
 use crate::actors::supervisor::{DrainTiming, Signal, Start, Supervisor};
@@ -77,7 +77,7 @@ fn stream_limits(config: &Config) -> StreamLimits {
     }
 }
 
-fn room_settings(config: &Config, metrics: Arc<Metrics>) -> RoomSettings {
+fn room_settings(config: &Config, metrics: Arc<Metrics>, presence_hub: Arc<PresenceHub>) -> RoomSettings {
     RoomSettings {
         metrics,
         retention: Retention { max_events: config.history_size, max_age_ms: config.history_ttl_secs * 1000 },
@@ -86,6 +86,8 @@ fn room_settings(config: &Config, metrics: Arc<Metrics>) -> RoomSettings {
         // Often enough that an idle room stops within about its idle time.
         tick: Duration::from_secs(config.room_idle_secs.clamp(1, 10)),
         batch_window: config.batch_window(),
+        presence: true,
+        presence_hub,
     }
 }
 
@@ -138,7 +140,10 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     let device_kinds = config.exclusive_devices.iter().cloned().chain(["web".to_string()]);
     let metrics = Arc::new(Metrics::new(device_kinds));
     let backends = Backends::open(&config, &store, cluster.as_ref()).await?;
-    let rooms = Rooms::start(backends.room_logs, room_settings(&config, metrics.clone()), threads());
+    // Presence: this node's view of the other nodes' members (cluster mode: over NATS).
+    let presence_sender = cluster.as_ref().map(crate::cluster::presence::PresenceSender::start);
+    let presence = PresenceHub::new(config.presence_interval(), config.presence_members_max, presence_sender);
+    let rooms = Rooms::start(backends.room_logs, room_settings(&config, metrics.clone(), presence.clone()), threads());
     let registry = Registry::new(config.exclusive_devices.clone(), backends.user_bus).start();
     let directory_settings = DirectorySettings {
         migration_window: config.migration_window(),
@@ -149,15 +154,19 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     let directory = Directory::new(backends.sessions.clone(), config.node.clone(), directory_settings, metrics.clone()).start();
     let local = listener.local_addr()?;
     let lifecycle = Arc::new(Lifecycle::default());
-    let liveness = start_liveness(&config, this_node(&config, local, tls.is_some()), cluster.as_ref(), &lifecycle, &metrics)?;
+    let me = this_node(&config, local, tls.is_some());
+    let liveness = start_liveness(&config, me, cluster.as_ref(), &lifecycle, &metrics, &presence)?;
     if let (Some(cluster), Some(kv)) = (&cluster, &backends.kv) {
         let events = NodeActors {
             rooms: rooms.clone(),
             registry: registry.clone(),
             liveness: liveness.clone(),
             nonces: backends.nonces.clone(),
+            presence: presence.clone(),
         };
         crate::cluster::bus::listen(cluster, events, kv.clone()).await?;
+        crate::cluster::presence::listen(cluster, PresenceNodes(presence.clone())).await?;
+        presence.started();
     }
     let max_connections = crate::http::limits::effective_max_connections(config.max_connections, open_files_limit());
     if max_connections != config.max_connections {
@@ -290,12 +299,13 @@ fn start_liveness(
     cluster: Option<&Cluster>,
     lifecycle: &Arc<Lifecycle>,
     metrics: &Arc<Metrics>,
+    presence: &Arc<PresenceHub>,
 ) -> Result<Addr<LivenessActor>, ServerError> {
     Ok(match cluster {
         Some(cluster) => {
             let interval = config.cluster_heartbeat();
             let table = Heartbeats::new(interval.as_millis() as u64 * HEARTBEATS_MISSED);
-            let peers = ClusterPeers { cluster: cluster.clone(), lifecycle: lifecycle.clone(), table };
+            let peers = ClusterPeers { cluster: cluster.clone(), lifecycle: lifecycle.clone(), table, presence: presence.clone() };
             LivenessActor::clustered(me, interval, peers, metrics.clone()).start()
         }
         None => {
@@ -482,6 +492,7 @@ struct NodeActors {
     liveness: Addr<LivenessActor>,
     /// A kick from another node is answered once its revocations are durable.
     nonces: Arc<dyn Nonces>,
+    presence: Arc<PresenceHub>,
 }
 
 impl NodeEvents for NodeActors {
@@ -498,6 +509,7 @@ impl NodeEvents for NodeActors {
     }
 
     fn peer_left(&self, node: String) {
+        self.presence.node_gone(&node);
         self.liveness.do_send(Left(node));
     }
 
@@ -534,6 +546,21 @@ impl NodeEvents for NodeActors {
 
     fn reconnected(&self) {
         self.rooms.resync_all();
+        self.presence.reconnected();
+    }
+}
+
+/// The other nodes' presence tables and hellos, into the node's presence hub.
+#[derive(Clone)]
+struct PresenceNodes(Arc<PresenceHub>);
+
+impl crate::cluster::presence::PresenceEvents for PresenceNodes {
+    fn table(&self, node: String, room: String, table: crate::core::presence::NodeTable) {
+        self.0.remote_table(&node, &room, table);
+    }
+
+    fn hello(&self, node: String) {
+        self.0.hello(&node);
     }
 }
 

@@ -1820,3 +1820,107 @@ fn room_state_travels_with_its_event_outlives_trimming_and_a_killed_writer() {
     }
     fail_with_logs(&cluster, "cluster room state", &failures, &LOG_NEEDLES);
 }
+
+// ---------------------------------------------------------------------------------------
+// Presence across nodes (DESIGN §9)
+// ---------------------------------------------------------------------------------------
+
+const PRESENCE_INTERVAL_MS: u64 = 300;
+
+/// `GET /v1/rooms/{room}/presence` on node `i`: the count and the members.
+fn presence_on(cluster: &Cluster, i: usize, room: &str) -> (Value, Value) {
+    let (status, body) = cluster.http(i).request("GET", &format!("/v1/rooms/{room}/presence"), Auth::Key, Body::None);
+    assert_eq!(status, 200, "presence on {}: {body}", Cluster::name(i));
+    (body["count"].clone(), body["members"].clone())
+}
+
+/// Presence frames on `ws` until one has `count`; `None` after `within`.
+async fn presence_until(ws: &mut WsClient, count: u64, within: Duration) -> Option<Value> {
+    let deadline = Instant::now() + within;
+    loop {
+        let frame = ws.recv_within(deadline.saturating_duration_since(Instant::now())).await?;
+        if frame["op"] == "presence" && frame["count"] == count {
+            return Some(frame);
+        }
+    }
+}
+
+#[test]
+fn presence_counts_converge_across_three_nodes_and_a_killed_nodes_members_leave() {
+    let _serial = serial();
+    let started = Instant::now();
+    let mut flags = SHORT_DRAIN.to_vec();
+    let interval = PRESENCE_INTERVAL_MS.to_string();
+    flags.extend(["--presence-interval-ms", &interval]);
+    let mut cluster = Cluster::start(3, &flags);
+    let rt = runtime();
+    let room = "stage:1";
+    let member = |user: &str, device: &str| json!({"user": user, "device": device});
+    let mut failures = Vec::new();
+    // ann's web on a (watching) and again on b (one member), bob on b, cy twice on c.
+    let placement = [(0, "ann", "web", true), (1, "ann", "web", false), (1, "bob", "web", false), (2, "cy", "web", false), (2, "cy", "phone", false)];
+    let mut clients: Vec<(usize, WsClient)> = Vec::new();
+    for (node, user, device, presence) in placement {
+        let token = cluster.http(node).mint_token(user, device);
+        let addr = cluster.addr(node);
+        let ws = rt.block_on(async move {
+            let mut ws = WsClient::connect(addr, &token, None).await;
+            let reply = ws.request(json!({"op": "subscribe", "room": room, "presence": presence})).await;
+            assert_eq!(reply["op"], "subscribed", "{reply}");
+            ws
+        });
+        clients.push((node, ws));
+    }
+    let everyone = json!([member("ann", "web"), member("bob", "web"), member("cy", "phone"), member("cy", "web")]);
+    let joined_at = Instant::now();
+    for i in 0..3 {
+        let converged = wait_until(Duration::from_secs(10), || presence_on(&cluster, i, room) == (json!(4), everyone.clone()));
+        if !converged {
+            failures.push(format!("presence on {}: {:?}, expected 4 members {everyone}", Cluster::name(i), presence_on(&cluster, i, room)));
+        }
+    }
+    let converged_after = joined_at.elapsed();
+    let watcher = &mut clients[0].1;
+    if rt.block_on(presence_until(watcher, 4, Duration::from_secs(5))).is_none() {
+        failures.push("the watcher on a got no presence frame with count 4".into());
+    }
+
+    // kill -9 of c: its members leave within its heartbeat timeout (3 periods of 1 s).
+    clients.retain(|(node, _)| *node != 2);
+    cluster.take_node(2).kill9();
+    let killed_at = Instant::now();
+    let two = json!([member("ann", "web"), member("bob", "web")]);
+    let left = wait_until(Duration::from_secs(8), || {
+        presence_on(&cluster, 0, room) == (json!(2), two.clone()) && presence_on(&cluster, 1, room) == (json!(2), two.clone())
+    });
+    let left_after = killed_at.elapsed();
+    if !left {
+        failures.push(format!("after kill -9 of c: a {:?}, b {:?}", presence_on(&cluster, 0, room), presence_on(&cluster, 1, room)));
+    } else if left_after > Duration::from_secs(5) {
+        failures.push(format!("c's members left {left_after:?} after its kill, later than its heartbeat timeout (3 s) and a period"));
+    }
+    let watcher = &mut clients[0].1;
+    match rt.block_on(presence_until(watcher, 2, Duration::from_secs(5))) {
+        Some(frame) => {
+            if frame["left"] != json!([member("cy", "phone"), member("cy", "web")]) {
+                failures.push(format!("the watcher's frame after c died: {frame}"));
+            }
+        }
+        None => failures.push("the watcher on a got no frame with count 2 after c died".into()),
+    }
+
+    // c comes back empty: it says hello and learns a's and b's members at once.
+    cluster.start_node(2);
+    let restarted_at = Instant::now();
+    let learned = wait_until(Duration::from_secs(5), || presence_on(&cluster, 2, room) == (json!(2), two.clone()));
+    let learned_after = restarted_at.elapsed();
+    if !learned {
+        failures.push(format!("restarted c: {:?}, expected {two}", presence_on(&cluster, 2, room)));
+    }
+    eprintln!(
+        "presence across nodes: converged after {converged_after:?}; a killed node's members left after {left_after:?}; \
+         a restarted node learned the others' after {learned_after:?}; test took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    fail_with_logs(&cluster, "presence", &failures, &LOG_NEEDLES);
+}

@@ -93,6 +93,8 @@ pub struct InitialSubscription {
     pub epoch: Option<String>,
     /// With the room's state (`state=1`; DESIGN §9).
     pub state: bool,
+    /// Send the room's presence frames (`&presence=1`).
+    pub presence: bool,
 }
 
 /// A resume credential handed to a connection.
@@ -330,10 +332,11 @@ impl Connection {
         match request.op {
             ClientOp::Ping => self.io.text(ServerOp::Pong, &protocol::pong_frame(reference)),
             ClientOp::Publish { room, id, data, state } => self.publish(room, id, data, state, reference, ctx),
-            ClientOp::Subscribe { room, since, epoch, state } => {
+            ClientOp::Subscribe { room, since, epoch, state, presence } => {
                 self.subscribed_once = true;
-                self.subscribe(room, since, epoch, state, reference, ctx)
+                self.subscribe(room, since, epoch, state, presence, reference, ctx)
             }
+            ClientOp::Presence { room } => self.read_presence(room, reference, ctx),
             ClientOp::Unsubscribe { room } => {
                 if names::check_room(&room).is_err() {
                     return self.send_error(reference, ErrorCode::BadRoom, &names::NameError::BadRoom.to_string());
@@ -429,12 +432,27 @@ impl Connection {
         Ok(())
     }
 
+    /// The `presence` op: who is in a room this connection may read (DESIGN §9).
+    fn read_presence(&mut self, room: String, reference: Option<i64>, ctx: &mut Context<Self>) {
+        if let Err((code, message)) = self.check_readable(&room) {
+            return self.send_error(reference, code, &message);
+        }
+        let rooms = self.rooms.clone();
+        let fut = async move { rooms.presence(&room).await.map(|view| (room, view)) };
+        ctx.spawn(fut.into_actor(self).map(move |result, conn, _| match result {
+            Ok((room, Ok(view))) => conn.reply(ServerOp::Presence, protocol::presence_reply_frame(&room, &view, reference)),
+            Ok((_, Err(off))) => conn.send_error(reference, ErrorCode::PresenceOff, &off.to_string()),
+            Err(e) => conn.send_error(reference, ErrorCode::Unavailable, &e.to_string()),
+        }));
+    }
+
     fn subscribe(
         &mut self,
         room: String,
         since: Option<u64>,
         epoch: Option<String>,
         state: bool,
+        presence: bool,
         reference: Option<i64>,
         ctx: &mut Context<Self>,
     ) {
@@ -465,7 +483,10 @@ impl Connection {
         let (rooms, conn, to) = (self.rooms.clone(), self.id, ctx.address().recipient());
         let name = room.clone();
         let backlog = self.backlog.clone();
-        let fut = async move { rooms.subscribe(&name, conn, to, backlog, since, epoch, reference, generation, state).await };
+        let member = crate::core::presence::Member { user: self.identity.user.clone(), device: self.identity.device.clone() };
+        let fut = async move {
+            rooms.subscribe(&name, conn, to, backlog, since, epoch, reference, generation, state, member, presence).await
+        };
         ctx.spawn(fut.into_actor(self).map(move |result, conn, _| {
             let current = conn.subscriptions.get_mut(&room).filter(|s| s.generation == generation);
             match (result, current) {
@@ -613,7 +634,7 @@ impl Actor for Connection {
         self.subscribe_inbox(ctx);
         for initial in std::mem::take(&mut self.initial) {
             self.subscribed_once = true;
-            self.subscribe(initial.room, initial.since, initial.epoch, initial.state, None, ctx);
+            self.subscribe(initial.room, initial.since, initial.epoch, initial.state, initial.presence, None, ctx);
         }
         self.registry.do_send(Register {
             conn: self.id,
@@ -682,6 +703,9 @@ impl Handler<RoomUpdate> for Connection {
             self.settings.metrics.outbox_seen(self.backlog.outstanding());
             self.backlog.release(window.frame.len());
         }
+        if let RoomUpdate::Presence { frame, .. } = &update {
+            self.backlog.release(frame.frame.len());
+        }
         if self.closing {
             return;
         }
@@ -727,6 +751,11 @@ impl Handler<RoomUpdate> for Connection {
                 // The room bounds what waits in the mailbox; this, what waits in the socket.
                 if self.io.queued_bytes() > self.settings.max_outbox_bytes {
                     self.evict_slow(ctx);
+                }
+            }
+            RoomUpdate::Presence { room, frame } => {
+                if self.subscriptions.get(&room).is_some_and(|s| s.live) {
+                    self.io.presence(&frame);
                 }
             }
             RoomUpdate::SlowConsumer => self.evict_slow(ctx),

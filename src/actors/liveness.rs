@@ -48,6 +48,8 @@ pub struct ClusterPeers {
     pub cluster: Cluster,
     pub lifecycle: Arc<Lifecycle>,
     pub table: Heartbeats,
+    /// A dead peer's members leave every room's presence.
+    pub presence: Arc<super::room::PresenceHub>,
 }
 
 /// Which node should serve `session` (recorded on `recorded_owner`, if known) of `user`.
@@ -103,7 +105,10 @@ impl LivenessActor {
         let now = now_ms();
         for gone in peers.table.expire(now) {
             tracing::warn!(peer = %gone, "peer down: no heartbeat");
+            peers.presence.node_gone(&gone);
         }
+        let table = &peers.table;
+        peers.presence.sweep(|node| table.alive(now).any(|info| info.name == node), table.timeout_ms());
         self.metrics.cluster_peers_alive.set(peers.table.alive(now).count() as i64);
         let info = NodeInfo {
             name: self.me.name.clone(),

@@ -122,6 +122,11 @@ pub struct Subscribe {
     /// `"state":true`: without `since`, or when recovery fails, answer with the room's
     /// state and the events after it (DESIGN §9).
     pub state: bool,
+    /// Who subscribes, for the room's presence (`None`: the automatic inbox subscription,
+    /// which is no member).
+    pub member: Option<crate::core::presence::Member>,
+    /// The subscriber wants the room's presence frames.
+    pub presence: bool,
 }
 
 /// A connection's automatic inbox subscription while the inbox room has no actor: kept
@@ -267,6 +272,35 @@ impl From<ClusterError> for RoomLogError {
     }
 }
 
+/// Who is in the room now (DESIGN §9): the distinct members across the cluster.
+#[derive(Message)]
+#[rtype(result = "Result<Result<crate::core::presence::View, PresenceOff>, RoomGone>")]
+pub struct ReadPresence;
+
+/// The room's namespace keeps no presence (or the room is an inbox).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("this room keeps no presence")]
+pub struct PresenceOff;
+
+/// Cluster mode: another node's members of the room changed (or that node died).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PresenceChanged;
+
+/// A room's presence frame, rendered once for every subscriber that asked for it: the
+/// WebSocket frame and the JSON (an SSE `event: presence`).
+#[derive(Debug)]
+pub struct PresenceFrame {
+    pub frame: actix_web::web::Bytes,
+    pub json: Box<str>,
+}
+
+impl PresenceFrame {
+    pub fn new(json: String) -> Arc<PresenceFrame> {
+        Arc::new(PresenceFrame { frame: super::wsio::encode_text(&json), json: json.into() })
+    }
+}
+
 // ---- cluster live feed → room ----
 
 /// Cluster mode: an event another node (or this one) stored, from the live feed.
@@ -324,6 +358,9 @@ pub enum RoomUpdate {
     /// A closed window of newly durable events, rendered once and shared by every
     /// subscriber.
     Events { room: Arc<str>, window: Arc<Window> },
+    /// The room's presence changed (or, right after `Subscribed`, who is there): sent to
+    /// subscribers that asked; its size is reserved in the backlog like a window's.
+    Presence { room: Arc<str>, frame: Arc<PresenceFrame> },
     /// The connection's backlog went over its bound: stop and close with 4009.
     SlowConsumer,
     /// The room cannot serve (its stored state is unreadable); the subscription is void.

@@ -165,6 +165,8 @@ impl Rooms {
                 generation: parked.generation,
                 automatic: true,
                 state: false,
+                member: None,
+                presence: false,
             };
             match addr.send(msg).await {
                 Ok(Ok(())) => return Ok(Some(addr)),
@@ -259,7 +261,9 @@ impl Rooms {
         }
     }
 
-    /// Subscribe a connection; the room answers through `to`.
+    /// Subscribe a connection; the room answers through `to`. `member` is who subscribes
+    /// (for presence); `presence`: it wants the room's presence frames.
+    #[allow(clippy::too_many_arguments)]
     pub async fn subscribe(
         &self,
         room: &str,
@@ -271,6 +275,8 @@ impl Rooms {
         reference: Option<i64>,
         generation: u64,
         state: bool,
+        member: crate::core::presence::Member,
+        presence: bool,
     ) -> Result<Addr<RoomActor>, RoomError> {
         for _ in 0..ATTEMPTS {
             let addr = self.addr(room);
@@ -284,9 +290,32 @@ impl Rooms {
                 generation,
                 automatic: false,
                 state,
+                member: Some(member.clone()),
+                presence,
             };
             match addr.send(msg).await {
                 Ok(Ok(())) => return Ok(addr),
+                Ok(Err(RoomGone)) | Err(_) => self.forget(room, &addr),
+            }
+        }
+        Err(RoomError::KeptStopping)
+    }
+
+    /// Who is in `room` (DESIGN §9): asked of its live actor, which counts this node's
+    /// members; without one, no member is here and the other nodes' tables answer
+    /// (no actor is started, nothing is read).
+    pub async fn presence(&self, room: &str) -> Result<Result<crate::core::presence::View, PresenceOff>, RoomError> {
+        for _ in 0..ATTEMPTS {
+            let live = self.inner.tables.lock().live.get(room).filter(|addr| addr.connected()).cloned();
+            let Some(addr) = live else {
+                let settings = &self.inner.settings;
+                if !settings.presence || crate::core::names::inbox_owner(room).is_some() {
+                    return Ok(Err(PresenceOff));
+                }
+                return Ok(Ok(settings.presence_hub.view(room, None)));
+            };
+            match addr.send(ReadPresence).await {
+                Ok(Ok(view)) => return Ok(view),
                 Ok(Err(RoomGone)) | Err(_) => self.forget(room, &addr),
             }
         }

@@ -10,7 +10,7 @@
 
 use actix_http::ws::{self, CloseReason};
 
-use super::messages::Window;
+use super::messages::{PresenceFrame, Window};
 use super::sse::SseIo;
 use super::wsio::WsIo;
 use crate::protocol::{self, ServerOp};
@@ -49,6 +49,15 @@ impl Transport {
         match self {
             Transport::Ws(io) => io.frame(window.frame.clone()),
             Transport::Sse(io) => io.events(&cursor(), window.sse_data()),
+        }
+    }
+
+    /// A room's presence frame, rendered once for its subscribers: the WebSocket frame
+    /// as it is, or `event: presence` with the same JSON.
+    pub fn presence(&mut self, frame: &PresenceFrame) {
+        match self {
+            Transport::Ws(io) => io.frame(frame.frame.clone()),
+            Transport::Sse(io) => io.message(ServerOp::Presence.as_str(), &frame.json),
         }
     }
 

@@ -401,7 +401,7 @@ impl Subscriber {
                 }
             }
             ServerOp::Pong | ServerOp::Welcome | ServerOp::Unsubscribed => {}
-            ServerOp::History | ServerOp::Published | ServerOp::Unknown => tracing::debug!("ignoring a frame it does not follow: {text}"),
+            ServerOp::History | ServerOp::Published | ServerOp::Presence | ServerOp::Unknown => tracing::debug!("ignoring a frame it does not follow: {text}"),
         }
         None
     }

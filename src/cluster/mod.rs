@@ -8,12 +8,15 @@
 //! - [`kv`]: the session directory in the `lg_sessions` bucket (compare-and-set on
 //!   revisions), with a cache and a sled-backed queue for outages;
 //! - heartbeats on `lg.node.heartbeat`, and user commands (exclusive-device replacement,
-//!   kicks) on `lg.user.*`, handled here and in the liveness and registry actors.
+//!   kicks) on `lg.user.*`, handled here and in the liveness and registry actors;
+//! - [`presence`]: each node's members of each room on `lg.presence.room.<room>` (NATS
+//!   core), and a starting node's hello on `lg.presence.hello`.
 //!
 //! Room names travel hex-encoded in subjects and keys, so any valid room is a valid token.
 
 pub mod bus;
 pub mod kv;
+pub mod presence;
 pub mod roomlog;
 
 use std::time::Duration;

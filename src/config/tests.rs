@@ -105,6 +105,15 @@ fn load_cases() {
             .flag("batch_window_ms", "10000")
             .flag("max_event_bytes", "16777216")
             .flag("history_size", "1000000"),
+        case("presence bounds", Values(vec![("presence_interval_ms", "60000"), ("presence_members_max", "5000")]))
+            .flag("presence_interval_ms", "60000")
+            .flag("presence_members_max", "5000"),
+        case("presence interval too short", Error(
+            "presence_interval_ms must be at least 50, got 10 (set by LIVEGATE_PRESENCE_INTERVAL_MS)".into()))
+            .env("LIVEGATE_PRESENCE_INTERVAL_MS", "10"),
+        case("too many presence members", Error(
+            "presence_members_max must be at most 5000, got 5001 (set by --presence-members-max)".into()))
+            .flag("presence_members_max", "5001"),
         case("small bounds", Values(vec![("max_event_bytes", "16"), ("heartbeat_secs", "1")]))
             .env("LIVEGATE_MAX_EVENT_BYTES", "16")
             .env("LIVEGATE_HEARTBEAT_SECS", "1"),

@@ -66,6 +66,11 @@ impl Heartbeats {
         gone
     }
 
+    /// How long a peer stays alive without a heartbeat.
+    pub fn timeout_ms(&self) -> u64 {
+        self.timeout_ms
+    }
+
     fn fresh(&self, at_ms: u64, now_ms: u64) -> bool {
         now_ms.saturating_sub(at_ms) < self.timeout_ms
     }

@@ -202,6 +202,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/v1/rooms/{room}/events", web::get().to(read_history))
         .route("/v1/rooms/{room}/state", web::put().to(put_state))
         .route("/v1/rooms/{room}/state", web::get().to(read_state))
+        .route("/v1/rooms/{room}/presence", web::get().to(read_presence))
         .route("/v1/users/{user}/messages", web::post().to(message_user))
         .route("/v1/users/{user}/connections", web::delete().to(kick))
         .route("/v1/route", web::get().to(route))
@@ -442,6 +443,19 @@ async fn read_history(
     let page = state.rooms.history(&room, query.since, limit).await?;
     let body = protocol::history_body(&room, page.epoch.as_deref(), page.head, page.events.iter().map(|e| &*e.json));
     Ok(json(StatusCode::OK, body))
+}
+
+/// `GET /v1/rooms/{room}/presence`: the room's distinct members across the cluster
+/// (`members` null above `presence_members_max`); 404 `presence_off` where the room keeps
+/// none.
+async fn read_presence(req: HttpRequest, room: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let room = room.into_inner();
+    check_room(&room)?;
+    match state.rooms.presence(&room).await? {
+        Ok(view) => Ok(json(StatusCode::OK, protocol::presence_body(&room, &view))),
+        Err(off) => Err(api_error(ErrorCode::PresenceOff, off.to_string())),
+    }
 }
 
 /// The credential a connection presents: a token (optionally naming the session to

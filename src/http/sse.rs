@@ -29,6 +29,8 @@ struct SseQuery {
     since: Option<String>,
     /// `state=1`: every room is subscribed with `state:true` (DESIGN §9).
     state: Option<String>,
+    /// `1`: presence frames (`event: presence`) for every room of the stream.
+    presence: Option<String>,
 }
 
 /// What the request asks for, checked before any credential is looked at.
@@ -36,6 +38,7 @@ struct Request {
     rooms: Vec<String>,
     cursor: Vec<CursorEntry>,
     state: bool,
+    presence: bool,
 }
 
 pub async fn stream(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
@@ -71,9 +74,10 @@ async fn open(req: &HttpRequest, state: &AppState) -> Result<HttpResponse, ApiEr
         .map_err(|e| ApiError::bad_request(e.to_string()))?
         .into_inner();
     let credential = CredentialQuery { token: query.token, resume: query.resume, session: query.session };
-    let (rooms, since) = (query.rooms, query.since);
+    let (rooms, since, presence) = (query.rooms, query.since, query.presence);
     let with_state = parse_flag(query.state.as_deref()).map_err(|e| ApiError::bad_request(format!("state: {e}")))?;
-    let shape = || parse_request(req, state, rooms.as_deref(), since.as_deref(), with_state);
+    let with_presence = parse_flag(presence.as_deref()).map_err(|e| ApiError::bad_request(format!("presence: {e}")))?;
+    let shape = || parse_request(req, state, rooms.as_deref(), since.as_deref(), with_state, with_presence);
     let (request, admitted) = handshake(req, state, credential, shape, authorise).await?;
     let initial = initial_subscriptions(request, &admitted.identity.user);
     let (io, body) = sse::stream();
@@ -93,6 +97,7 @@ fn parse_request(
     rooms: Option<&str>,
     since: Option<&str>,
     with_state: bool,
+    presence: bool,
 ) -> Result<Request, ApiError> {
     let max = state.config.max_subscriptions;
     let rooms = parse_rooms(rooms, max).map_err(|e| match e {
@@ -109,7 +114,7 @@ fn parse_request(
     let text = header.filter(|h| !h.is_empty()).or(since).unwrap_or("");
     // A cursor names at most every subscribed room and the inbox.
     let cursor = parse_cursor(text, max + 1).map_err(|e| ApiError::bad_request(format!("bad cursor: {e}")))?;
-    Ok(Request { rooms, cursor, state: with_state })
+    Ok(Request { rooms, cursor, state: with_state, presence })
 }
 
 /// Every requested room must be readable with this credential (as a WebSocket
@@ -125,7 +130,7 @@ fn authorise(request: &Request, who: &Credentialed) -> Result<(), ApiError> {
 /// names it; the user's inbox too when the cursor names it (it is subscribed
 /// automatically anyway, and recovered like any room from there).
 fn initial_subscriptions(request: Request, user: &str) -> Vec<InitialSubscription> {
-    let Request { rooms, mut cursor, state } = request;
+    let Request { rooms, mut cursor, state, presence } = request;
     let mut position = |room: &str| match cursor.iter().position(|e| e.room == room) {
         Some(i) => {
             let entry = cursor.swap_remove(i);
@@ -138,12 +143,12 @@ fn initial_subscriptions(request: Request, user: &str) -> Vec<InitialSubscriptio
         .into_iter()
         .map(|room| {
             let (since, epoch) = position(&room);
-            InitialSubscription { room, since, epoch, state }
+            InitialSubscription { room, since, epoch, state, presence }
         })
         .collect();
     if !initial.iter().any(|s| s.room == inbox) {
         if let (Some(since), epoch) = position(&inbox) {
-            initial.push(InitialSubscription { room: inbox, since: Some(since), epoch, state: false });
+            initial.push(InitialSubscription { room: inbox, since: Some(since), epoch, state: false, presence: false });
         }
     }
     initial
@@ -158,7 +163,7 @@ mod tests {
     }
 
     fn sub(room: &str, at: Option<(&str, u64)>) -> InitialSubscription {
-        InitialSubscription { room: room.into(), since: at.map(|a| a.1), epoch: at.map(|a| a.0.to_string()), state: false }
+        InitialSubscription { room: room.into(), since: at.map(|a| a.1), epoch: at.map(|a| a.0.to_string()), state: false, presence: false }
     }
 
     #[test]
@@ -166,13 +171,13 @@ mod tests {
         let request = Request {
             rooms: vec!["a".into(), "b".into()],
             cursor: vec![entry("b", "E", 4), entry("elsewhere", "E", 9), entry("user:u1", "F", 2)],
-            state: false,
+            state: false, presence: false,
         };
         let got = initial_subscriptions(request, "u1");
         assert_eq!(got, vec![sub("a", None), sub("b", Some(("E", 4))), sub("user:u1", Some(("F", 2)))]);
-        let request = Request { rooms: vec!["user:u1".into()], cursor: vec![entry("user:u1", "F", 2)], state: false };
+        let request = Request { rooms: vec!["user:u1".into()], cursor: vec![entry("user:u1", "F", 2)], state: false, presence: false };
         assert_eq!(initial_subscriptions(request, "u1"), vec![sub("user:u1", Some(("F", 2)))]);
-        let request = Request { rooms: vec![], cursor: vec![entry("user:u2", "F", 2)], state: false };
+        let request = Request { rooms: vec![], cursor: vec![entry("user:u2", "F", 2)], state: false, presence: false };
         assert_eq!(initial_subscriptions(request, "u1"), vec![]);
         // state=1: every named room with its state; the inbox (no state) without.
         let request = Request { rooms: vec!["a".into()], cursor: vec![entry("user:u1", "F", 2)], state: true };

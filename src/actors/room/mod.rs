@@ -9,6 +9,7 @@
 //! batching are the same in both modes.
 
 mod local;
+mod presence;
 mod stream;
 
 use std::any::Any;
@@ -20,6 +21,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 
 pub use self::local::LocalRoomLogs;
+pub use self::presence::PresenceHub;
 pub use self::stream::StreamRoomLogs;
 use super::backlog::{Backlog, Reserve};
 use super::messages::*;
@@ -42,6 +44,10 @@ pub struct RoomSettings {
     pub tick: Duration,
     /// How long durable events gather before they leave as one frame (0: every flush).
     pub batch_window: Duration,
+    /// The room keeps presence (DESIGN §9; per namespace).
+    pub presence: bool,
+    /// The node's presence: interval, members bound, other nodes' tables.
+    pub presence_hub: Arc<PresenceHub>,
 }
 
 /// Makes each room's log; one implementation per backend, chosen once at start-up.
@@ -146,6 +152,8 @@ struct Subscriber {
     generation: u64,
     /// A connection's automatic inbox subscription (see [`Parked`]).
     automatic: bool,
+    /// Wants the room's presence frames.
+    presence: bool,
 }
 
 /// What a room needs of the table that started it: a place to leave its automatic
@@ -181,6 +189,7 @@ pub struct RoomCore {
     pending_states: VecDeque<StateAt>,
     last_active: Instant,
     stopped: bool,
+    presence: presence::RoomPresence,
 }
 
 /// Render a stored event once for every subscriber.
@@ -196,7 +205,9 @@ fn render(room: &str, event: &EventRecord) -> Arc<Delivery> {
 impl RoomActor {
     /// A room kept in `log`; it is read when the actor starts.
     pub fn new(name: Arc<str>, log: Box<dyn RoomLog>, settings: RoomSettings, home: Weak<dyn RoomHome>) -> Self {
+        let enabled = settings.presence && crate::core::names::inbox_owner(&name).is_none();
         let core = RoomCore {
+            presence: presence::RoomPresence::new(settings.presence_hub.clone(), enabled),
             name,
             home,
             state: RoomState::Loading,
@@ -221,7 +232,7 @@ impl RoomActor {
             self.log.adopted(replay_after);
         }
         for p in parked {
-            let subscriber = Subscriber { to: p.to, backlog: p.backlog, generation: p.generation, automatic: true };
+            let subscriber = Subscriber { to: p.to, backlog: p.backlog, generation: p.generation, automatic: true, presence: false };
             self.core.subscribers.insert(p.conn, subscriber);
         }
         self
@@ -234,7 +245,14 @@ impl RoomActor {
             // A live copy lost while NATS reconnected is found here at the latest.
             log.catch_up(core, ctx);
         }
-        core.subscribers.retain(|_, sub| sub.to.connected());
+        core.subscribers.retain(|conn, sub| {
+            let connected = sub.to.connected();
+            if !connected {
+                core.presence.leave(*conn);
+            }
+            connected
+        });
+        core.presence_poke(ctx);
         // An inbox followed only by its users' automatic subscriptions parks them and
         // stops like an unwatched room: its actor lives while messages come.
         let unwatched = core.subscribers.values().all(|sub| sub.automatic);
@@ -364,7 +382,7 @@ impl RoomCore {
 
     fn send_window(&mut self, window: Arc<Window>) {
         let bytes = window.frame.len();
-        let (name, metrics) = (&self.name, &self.settings.metrics);
+        let (name, metrics, presence) = (&self.name, &self.settings.metrics, &mut self.presence);
         // Subscribers that went away unsubscribe, and the tick prunes any left over.
         self.subscribers.retain(|conn, sub| match sub.backlog.reserve(bytes) {
             Reserve::Ok => {
@@ -375,9 +393,13 @@ impl RoomCore {
                 tracing::info!(room = %name, conn, outstanding = sub.backlog.outstanding(), "slow consumer evicted");
                 metrics.slow_consumer_closes.inc();
                 sub.to.do_send(RoomUpdate::SlowConsumer);
+                presence.leave(*conn);
                 false
             }
-            Reserve::Evicted => false,
+            Reserve::Evicted => {
+                presence.leave(*conn);
+                false
+            }
         });
     }
 
@@ -394,7 +416,8 @@ impl RoomCore {
         }
         // An inbox never written to is not created for its automatic subscription.
         if msg.automatic && matches!(self.state, RoomState::Absent) {
-            let subscriber = Subscriber { to: msg.to, backlog: msg.backlog, generation: msg.generation, automatic: true };
+            let subscriber =
+                Subscriber { to: msg.to, backlog: msg.backlog, generation: msg.generation, automatic: true, presence: false };
             self.subscribers.insert(msg.conn, subscriber);
             return;
         }
@@ -445,8 +468,12 @@ impl RoomCore {
             generation: msg.generation,
             state,
         });
-        let subscriber = Subscriber { to: msg.to, backlog: msg.backlog, generation: msg.generation, automatic: msg.automatic };
+        let presence = msg.presence && self.presence.enabled();
+        let subscriber =
+            Subscriber { to: msg.to, backlog: msg.backlog, generation: msg.generation, automatic: msg.automatic, presence };
         self.subscribers.insert(msg.conn, subscriber);
+        self.presence.join(msg.conn, msg.member);
+        self.presence_snapshot(msg.conn);
     }
 }
 
@@ -489,7 +516,7 @@ impl Handler<Publish> for RoomActor {
 impl Handler<Subscribe> for RoomActor {
     type Result = Result<(), RoomGone>;
 
-    fn handle(&mut self, msg: Subscribe, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: Subscribe, ctx: &mut Self::Context) -> Self::Result {
         self.core.admit()?;
         let msg = match self.core.state {
             RoomState::Failed(_) => match self.log.hold_subscribe(msg) {
@@ -499,6 +526,7 @@ impl Handler<Subscribe> for RoomActor {
             _ => msg,
         };
         self.core.subscribe(msg, self.log.as_mut());
+        self.core.presence_poke(ctx);
         Ok(())
     }
 }
@@ -549,13 +577,33 @@ impl Handler<CloseWindow> for RoomActor {
 impl Handler<Unsubscribe> for RoomActor {
     type Result = ();
 
-    fn handle(&mut self, msg: Unsubscribe, _ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: Unsubscribe, ctx: &mut Self::Context) {
         let core = &mut self.core;
         if core.subscribers.get(&msg.conn).is_some_and(|s| s.generation <= msg.generation) {
             core.subscribers.remove(&msg.conn);
+            core.presence.leave(msg.conn);
         }
         self.log.unsubscribed(msg.conn, msg.generation);
         core.last_active = Instant::now();
+        core.presence_poke(ctx);
+    }
+}
+
+impl Handler<ReadPresence> for RoomActor {
+    type Result = Result<Result<crate::core::presence::View, PresenceOff>, RoomGone>;
+
+    fn handle(&mut self, _msg: ReadPresence, _ctx: &mut Self::Context) -> Self::Result {
+        self.core.admit()?;
+        Ok(self.core.presence.view(&self.core.name))
+    }
+}
+
+impl Handler<PresenceChanged> for RoomActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: PresenceChanged, ctx: &mut Self::Context) {
+        self.core.presence.remote_changed();
+        self.core.presence_poke(ctx);
     }
 }
 
