@@ -12,6 +12,7 @@ pub mod limits;
 pub mod liveness;
 pub mod matchsim;
 pub mod names;
+pub mod namespaces;
 pub mod proxies;
 pub mod routing;
 pub mod sent;
