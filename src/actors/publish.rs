@@ -74,9 +74,15 @@ impl Publisher {
         Publisher { rooms, writers: Some(Writers { cluster, liveness }) }
     }
 
-    /// Check an event's size (at most `max_event_bytes`) and id (or make one up), then
-    /// publish it: the one path of the HTTP API and of clients' `publish` op.
-    pub async fn submit(&self, room: &str, event: Submission, max_event_bytes: usize) -> Result<Published, SubmitError> {
+    /// The largest event data `room` takes: its namespace's `max_event_bytes`.
+    pub fn max_event_bytes(&self, room: &str) -> usize {
+        self.rooms.options(room).max_event_bytes
+    }
+
+    /// Check an event's size (at most the room's `max_event_bytes`) and id (or make one
+    /// up), then publish it: the one path of the HTTP API and of clients' `publish` op.
+    pub async fn submit(&self, room: &str, event: Submission) -> Result<Published, SubmitError> {
+        let max_event_bytes = self.max_event_bytes(room);
         if event.data.len() > max_event_bytes {
             return Err(SubmitError::TooLarge { max: max_event_bytes });
         }

@@ -316,7 +316,7 @@ async fn publish(
     authorize(&req, &state)?;
     let room = room.into_inner();
     check_room(&room)?;
-    let body = read_body(payload, state.config.max_event_bytes + PUBLISH_BODY_OVERHEAD).await?;
+    let body = read_body(payload, state.publisher.max_event_bytes(&room) + PUBLISH_BODY_OVERHEAD).await?;
     let request = protocol::parse_publish_request(&body).map_err(ApiError::bad_request)?;
     append(&state, room, request.id, &request.data, None).await
 }
@@ -330,12 +330,13 @@ async fn message_user(
     authorize(&req, &state)?;
     let user = user.into_inner();
     check_user(&user)?;
-    let body = read_body(payload, state.config.max_event_bytes + PUBLISH_BODY_OVERHEAD).await?;
+    let inbox = names::inbox_room(&user);
+    let body = read_body(payload, state.publisher.max_event_bytes(&inbox) + PUBLISH_BODY_OVERHEAD).await?;
     let request = protocol::parse_user_message_request(&body).map_err(ApiError::bad_request)?;
     for device in request.devices.iter().flatten() {
         names::check_device(device).map_err(|e| ApiError::bad_request(e.to_string()))?;
     }
-    append(&state, names::inbox_room(&user), request.id, &request.data, request.devices).await
+    append(&state, inbox, request.id, &request.data, request.devices).await
 }
 
 
@@ -349,7 +350,7 @@ async fn append(
     devices: Option<Vec<String>>,
 ) -> Result<HttpResponse, ApiError> {
     let event = Submission { id, data: data.get().into(), devices, from: None };
-    let published = state.publisher.submit(&room, event, state.config.max_event_bytes).await?;
+    let published = state.publisher.submit(&room, event).await?;
     state.metrics.publish_answered(published.duplicate);
     let status = if published.duplicate { StatusCode::OK } else { StatusCode::CREATED };
     let reply = PublishReply { room, seq: published.seq, epoch: published.epoch.to_string(), duplicate: published.duplicate };
