@@ -292,6 +292,26 @@ fn check_config_prints_each_namespace_with_its_effective_options() {
     assert_eq!(again["namespace"], table["namespace"]);
 }
 
+/// The example file's namespaces (commented out there) are a valid configuration.
+#[test]
+fn the_example_namespaces_are_valid() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/data/livegate.example.toml")).unwrap();
+    let (_, section) = example.split_once("# Namespaces:").expect("a Namespaces section in the example");
+    let uncommented: String = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("# "))
+        .filter(|l| l.starts_with("[[namespace]]") || l.split_once(" = ").is_some_and(|(k, _)| !k.contains(' ')))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let path = write(dir.path(), "example-namespaces.toml", &uncommented);
+    let ran = livegate(&["check-config", "--config", &path.display().to_string()], dir.path());
+    assert_eq!(ran.code, Some(0), "{uncommented}\nstderr: {}", ran.stderr);
+    let table: toml::Table = ran.stdout.parse().unwrap();
+    let prefixes: Vec<&str> = table["namespace"].as_array().unwrap().iter().map(|n| n["prefix"].as_str().unwrap()).collect();
+    assert_eq!(prefixes, ["chat:", "scores:", "user:"], "{uncommented}");
+}
+
 #[test]
 fn a_bad_namespace_table_stops_check_config_and_serve_with_a_clear_message() {
     let dir = tempfile::tempdir().expect("tempdir");
