@@ -106,7 +106,8 @@ never on its order: two runs (on any machine) print the same bytes.")]
     /// Check the configuration and print the effective values, secrets masked
     #[command(long_about = "\
 Load the configuration exactly as `serve` would (file, LIVEGATE_* variables, flags), check
-every value, and print the effective configuration as TOML with the API key masked.
+every value, and print the effective configuration as TOML with the API key masked; each
+[[namespace]] table is printed with every room option in effect for its rooms.
 Exits 0 when it is valid, 2 with one line naming the bad key and where it was set.")]
     CheckConfig,
     /// Ask a running server for its status (node, version, uptime, phase, counts)
@@ -276,6 +277,10 @@ fn client(flags: &ConfigFlags, server: &ServerUrl) -> Result<Client, CliError> {
     Ok(Client::from_config(&config, server.url.as_deref())?)
 }
 
+/// Printed before the first `[[namespace]]` table by check-config.
+const NAMESPACES_NOTE: &str = "# Namespaces: a room takes the options of the longest prefix its name starts with (else\n\
+# the keys above); each table shows every option in effect, its own or the global one.\n[[namespace]]";
+
 /// `livegate check-config`: the effective configuration, validated, secrets masked.
 fn check_config(flags: &ConfigFlags) -> Result<(), CliError> {
     let mut config = Config::load_from_process(flags)?;
@@ -286,7 +291,10 @@ fn check_config(flags: &ConfigFlags) -> Result<(), CliError> {
     if config.api_key.is_some() {
         config.api_key = Some("********".into());
     }
+    // Each namespace with its effective options: its overrides, else the global keys.
+    config.namespaces = config.effective_namespaces()?;
     let text = toml::to_string(&config).map_err(|e| failed(format!("cannot print the configuration: {e}")))?;
+    let text = text.replacen("[[namespace]]", NAMESPACES_NOTE, 1);
     print_line(&format!("# configuration is valid; {key_note}\n{}", text.trim_end()))
 }
 

@@ -20,11 +20,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 mod api_key;
+mod namespaces;
 #[cfg(test)]
 mod tests;
 mod value;
 
 pub use api_key::ResolvedApiKey;
+pub use namespaces::{NamespaceTable, ROOM_KEYS};
 use value::{parse, Raw};
 
 /// The text `--help` shows after `[default: `: the default as written, unless given.
@@ -41,11 +43,14 @@ macro_rules! config_keys {
         #[derive(Debug, Clone, PartialEq, serde::Serialize)]
         pub struct Config {
             $(#[doc = $help] pub $name: $ty,)*
+            /// `[[namespace]]` tables (config file only), in file order: per-prefix room options.
+            #[serde(rename = "namespace", skip_serializing_if = "Vec::is_empty")]
+            pub namespaces: Vec<NamespaceTable>,
         }
 
         impl Default for Config {
             fn default() -> Self {
-                Config { $($name: $default,)* }
+                Config { $($name: $default,)* namespaces: Vec::new() }
             }
         }
 
@@ -312,6 +317,8 @@ pub enum ConfigError {
     BadValue { origin: Origin, expected: &'static str, got: String },
     #[error("{key} {problem}{}", origin.as_ref().map(|o| format!(" (set by {o})")).unwrap_or_default())]
     Invalid { key: &'static str, problem: String, origin: Option<Origin> },
+    #[error("{}{table}: {problem}", path.as_ref().map(|p| format!("config file {}: ", p.display())).unwrap_or_default())]
+    Namespace { path: Option<PathBuf>, table: String, problem: String },
     #[error("API key file {path}: {source}")]
     ApiKeyFile { path: PathBuf, source: std::io::Error },
     #[error("API key file {path}: cannot create {dir}: {source}")]
@@ -328,6 +335,18 @@ fn known_keys() -> String {
 
 fn invalid(key: &'static str, problem: String) -> ConfigError {
     ConfigError::Invalid { key, problem, origin: None }
+}
+
+impl ConfigError {
+    /// A `[[namespace]]` error, naming the file it is in.
+    fn in_file(self, file: &Path) -> ConfigError {
+        match self {
+            ConfigError::Namespace { path: None, table, problem } => {
+                ConfigError::Namespace { path: Some(file.to_path_buf()), table, problem }
+            }
+            other => other,
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -368,6 +387,7 @@ impl Config {
         flags: &ConfigFlags,
     ) -> Result<Config, ConfigError> {
         let mut config = Config::default();
+        let mut tables = Vec::new();
         // Which layer set each key last, for validation messages.
         let mut origins = BTreeMap::new();
         let mut set = |key: &'static str, raw: Raw<'_>, origin: Origin| {
@@ -377,6 +397,10 @@ impl Config {
         };
         if let Some(path) = file {
             for (name, value) in &read_file(path)? {
+                if name == "namespace" {
+                    tables = namespaces::read(path, value)?;
+                    continue;
+                }
                 let Some(key) = KEYS.iter().find(|key| *key == name) else {
                     return Err(ConfigError::UnknownKey { path: path.to_path_buf(), key: name.clone() });
                 };
@@ -400,11 +424,15 @@ impl Config {
         for (key, text) in flags.given() {
             set(key, Raw::Text(text), Origin::Flag { key })?;
         }
+        config.namespaces = tables;
         config.validate().map_err(|e| match e {
             ConfigError::Invalid { key, problem, origin: None } => {
                 ConfigError::Invalid { key, problem, origin: origins.remove(key) }
             }
-            other => other,
+            other => match file {
+                Some(path) => other.in_file(path),
+                None => other,
+            },
         })?;
         Ok(config)
     }
@@ -419,10 +447,14 @@ impl Config {
 
     /// Checks every value; the first problem found is the error.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let room_key = |key: &'static str, value: u64| {
+            let &(_, min, max) = ROOM_KEY_BOUNDS.iter().find(|(k, ..)| *k == key).expect("a room key");
+            (key, value, min, max)
+        };
         within(&[
-            ("batch_window_ms", self.batch_window_ms, 0, Some((10_000, " (10 seconds)"))),
+            room_key("batch_window_ms", self.batch_window_ms),
             ("heartbeat_secs", self.heartbeat_secs, 1, None),
-            ("history_size", self.history_size as u64, 1, Some((1_000_000, ""))),
+            room_key("history_size", self.history_size as u64),
             ("recovery_max_events", self.recovery_max_events, 1, None),
             ("room_idle_secs", self.room_idle_secs, 1, None),
             ("session_ttl_secs", self.session_ttl_secs, 1, None),
@@ -435,7 +467,7 @@ impl Config {
         }
         within(&[
             ("store_cache_mb", self.store_cache_mb, 0, Some((1 << 20, " (1 TiB)"))),
-            ("max_event_bytes", self.max_event_bytes as u64, 16, Some((16 << 20, " (16 MiB)"))),
+            room_key("max_event_bytes", self.max_event_bytes as u64),
             ("max_state_bytes", self.max_state_bytes as u64, 16, Some((16 << 20, " (16 MiB)"))),
             ("max_subscriptions", self.max_subscriptions as u64, 1, None),
             ("token_ttl_max_secs", self.token_ttl_max_secs, 1, None),
@@ -484,19 +516,36 @@ impl Config {
         if self.peer_nodes()?.iter().any(|peer| peer.name == self.node) {
             return Err(invalid("peers", format!("lists this node ({}) itself", self.node)));
         }
-        self.exclusive_devices.iter().try_for_each(|device| name_rule("exclusive_devices", "entries must", device, 32))
+        self.exclusive_devices.iter().try_for_each(|device| name_rule("exclusive_devices", "entries must", device, 32))?;
+        namespaces::check(&self.namespaces)
     }
+}
+
+/// An upper bound with its note for messages (" (16 MiB)"), if any.
+type UpperBound<'a> = Option<(u64, &'a str)>;
+
+/// The bounds of the keys a `[[namespace]]` may override, shared by the global keys and
+/// the namespaces' overrides (`history_ttl_secs` has none).
+const ROOM_KEY_BOUNDS: &[(&str, u64, UpperBound<'static>)] = &[
+    ("batch_window_ms", 0, Some((10_000, " (10 seconds)"))),
+    ("history_size", 1, Some((1_000_000, ""))),
+    ("max_event_bytes", 16, Some((16 << 20, " (16 MiB)"))),
+];
+
+/// What is wrong with `value` against `min` and `max` ("must be at least 1, got 0").
+fn bound_problem(value: u64, min: u64, max: UpperBound<'_>) -> Option<String> {
+    if value < min {
+        return Some(format!("must be at least {min}, got {value}"));
+    }
+    max.filter(|&(max, _)| value > max).map(|(max, note)| format!("must be at most {max}{note}, got {value}"))
 }
 
 /// Each `(key, value, min, max)`: `value` is at least `min` and, when there is a `max`,
 /// at most that (with its note for the message, such as " (16 MiB)").
 fn within(bounds: &[(&'static str, u64, u64, Option<(u64, &str)>)]) -> Result<(), ConfigError> {
     for &(key, value, min, max) in bounds {
-        if value < min {
-            return Err(invalid(key, format!("must be at least {min}, got {value}")));
-        }
-        if let Some((max, note)) = max.filter(|&(max, _)| value > max) {
-            return Err(invalid(key, format!("must be at most {max}{note}, got {value}")));
+        if let Some(problem) = bound_problem(value, min, max) {
+            return Err(invalid(key, problem));
         }
     }
     Ok(())

@@ -36,6 +36,7 @@ use crate::config::{Config, ConfigError};
 use crate::core::heartbeats::Heartbeats;
 use crate::core::heartbeats::NodeInfo;
 use crate::core::lifecycle::Lifecycle;
+use crate::core::namespaces::Namespaces;
 use crate::core::seqlog::Retention;
 use crate::http::limits::{AccessList, ConnectionLimits};
 use crate::http::seams::{ClusterNodes, ClusterNonces, Nonces, NoOtherNodes, OtherNodes, StoreNonces};
@@ -68,9 +69,10 @@ pub enum ServerError {
 /// A peer missing this many heartbeats in a row is down.
 const HEARTBEATS_MISSED: u64 = 3;
 
-fn stream_limits(config: &Config) -> StreamLimits {
+fn stream_limits(config: &Config, namespaces: &Namespaces) -> StreamLimits {
     StreamLimits {
-        history_size: config.history_size as u64,
+        // Every room's history fits, whatever its namespace; each room trims to its own.
+        history_size: namespaces.largest_history_size() as u64,
         // Token nonces, resume nonces and resume revocations share the bucket.
         nonce_ttl: config.token_ttl_max().max(config.resume_ttl()),
         session_ttl: config.session_ttl(),
@@ -132,9 +134,10 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     config.validate()?;
     let access = AccessList::new(config.resolve_api_key()?.key, &config);
     let tls = tls_config(&config)?;
+    let namespaces = Arc::new(config.room_namespaces()?);
     let store = Store::open_with_cache(&config.data_dir, config.store_cache_mb * 1024 * 1024)?;
     let cluster = match &config.cluster_nats_url {
-        Some(url) => Some(Cluster::connect_with(url, &config.node, stream_limits(&config)).await?),
+        Some(url) => Some(Cluster::connect_with(url, &config.node, stream_limits(&config, &namespaces)).await?),
         None => None,
     };
     let device_kinds = config.exclusive_devices.iter().cloned().chain(["web".to_string()]);
@@ -143,7 +146,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     // Presence: this node's view of the other nodes' members (cluster mode: over NATS).
     let presence_sender = cluster.as_ref().map(crate::cluster::presence::PresenceSender::start);
     let presence = PresenceHub::new(config.presence_interval(), config.presence_members_max, presence_sender);
-    let rooms = Rooms::start(backends.room_logs, room_settings(&config, metrics.clone(), presence.clone()), threads());
+    let rooms = Rooms::start(backends.room_logs, room_settings(&config, metrics.clone(), presence.clone()), namespaces, threads());
     let registry = Registry::new(config.exclusive_devices.clone(), backends.user_bus).start();
     let directory_settings = DirectorySettings {
         migration_window: config.migration_window(),
@@ -325,7 +328,6 @@ fn connection_settings(
         metrics,
         revocations,
         publisher,
-        max_event_bytes: config.max_event_bytes,
         node: config.node.clone(),
         heartbeat: config.heartbeat(),
         max_subscriptions: config.max_subscriptions,

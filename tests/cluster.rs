@@ -448,6 +448,51 @@ fn a_room_whose_history_expired_keeps_its_head_on_every_node() {
     assert_eq!(next["seq"], 4, "{next}");
 }
 
+/// Namespaces in cluster mode (DESIGN §9): the rooms stream keeps the largest
+/// namespace's history per room, not just the global `history_size`, and each room
+/// keeps its own namespace's size, on its writer and on a node that reads the stream.
+#[test]
+fn a_namespace_history_size_applies_on_every_node() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("namespaces.toml");
+    let text = "history_size = 4\n[[namespace]]\nprefix = \"long:\"\nhistory_size = 30\n[[namespace]]\nprefix = \"short:\"\nhistory_size = 2\n";
+    std::fs::write(&config, text).expect("write config");
+    let cluster = Cluster::start(2, &["--config", &config.display().to_string()]);
+    let rt = runtime();
+    // (room, seqs kept of 12)
+    let rooms: [(&str, Vec<u64>); 3] = [("long:1", (1..=12).collect()), ("short:1", vec![11, 12]), ("other:1", (9..=12).collect())];
+    for (room, _) in &rooms {
+        for i in 1..=12 {
+            cluster.http(0).publish_ok(room, Some(&format!("{room}-{i}")), json!({"i": i}));
+        }
+    }
+    let mut failures = Vec::new();
+    for node in 0..2 {
+        let http = cluster.http(node);
+        let token = http.mint_token("reader", "web");
+        let mut ws = rt.block_on(WsClient::connect(cluster.addr(node), &token, None));
+        for (room, kept) in &rooms {
+            let page = http.history_ok(room, Some(0), Some(100));
+            let got = seqs(page["events"].as_array().map(Vec::as_slice).unwrap_or_default());
+            if (&got, &page["head"]) != (kept, &json!(12)) {
+                failures.push(format!("{room} on {}: kept {got:?} (head {}), want {kept:?}", Cluster::name(node), page["head"]));
+            }
+            let reply = rt.block_on(ws.subscribe_since(room, 0, &page["epoch"]));
+            if reply["recovered"] != json!(kept.len() == 12) {
+                failures.push(format!("{room} on {}: recovery from 0 answered {reply}", Cluster::name(node)));
+            }
+            if reply["recovered"] == json!(true) {
+                let replayed = seqs(&rt.block_on(ws.next_events(12)));
+                if &replayed != kept {
+                    failures.push(format!("{room} on {}: replayed {replayed:?}", Cluster::name(node)));
+                }
+            }
+        }
+    }
+    fail_with_logs(&cluster, "namespace history in a cluster", &failures, &LOG_NEEDLES);
+}
+
 /// Client publish in a cluster (DESIGN §9): a client on B publishes to a room whose
 /// writer is A. The event is forwarded to A (with its `from`), appended to the stream
 /// and answered `published` on B once stored; A's and C's subscribers get it with

@@ -47,10 +47,9 @@ pub trait ResumeRevocations: Send + Sync {
 pub struct ConnectionSettings {
     pub metrics: Arc<crate::metrics::Metrics>,
     pub revocations: Arc<dyn ResumeRevocations>,
-    /// Clients' `publish` ops go through it, the HTTP API's path (cluster mode too).
+    /// Clients' `publish` ops go through it, the HTTP API's path (cluster mode too); it
+    /// knows each room's `max_event_bytes`.
     pub publisher: Publisher,
-    /// Largest `data` of a client's publish.
-    pub max_event_bytes: usize,
     pub node: String,
     pub heartbeat: Duration,
     pub max_subscriptions: usize,
@@ -400,9 +399,9 @@ impl Connection {
         self.publishing += 1;
         let from = Some(self.identity.user.to_string());
         let event = Submission { id, data: data.into(), devices: None, from, state: state.map(Into::into) };
-        let (publisher, max) = (self.settings.publisher.clone(), self.settings.max_event_bytes);
+        let publisher = self.settings.publisher.clone();
         let fut = async move {
-            let result = publisher.submit(&room, event, max).await;
+            let result = publisher.submit(&room, event).await;
             (room, result)
         };
         ctx.spawn(fut.into_actor(self).map(move |(room, result), conn, _| {

@@ -92,10 +92,21 @@ impl Publisher {
         self
     }
 
-    /// Check an event's size (at most `max_event_bytes`), its state's (at most
+    /// The largest event data `room` takes: its namespace's `max_event_bytes`.
+    pub fn max_event_bytes(&self, room: &str) -> usize {
+        self.rooms.options(room).max_event_bytes
+    }
+
+    /// The largest state a publish or a `PUT` may carry.
+    pub fn max_state_bytes(&self) -> usize {
+        self.max_state_bytes
+    }
+
+    /// Check an event's size (at most the room's `max_event_bytes`), its state's (at most
     /// `max_state_bytes`, never on an inbox) and id (or make one up), then publish it: the
     /// one path of the HTTP API and of clients' `publish` op.
-    pub async fn submit(&self, room: &str, event: Submission, max_event_bytes: usize) -> Result<Published, SubmitError> {
+    pub async fn submit(&self, room: &str, event: Submission) -> Result<Published, SubmitError> {
+        let max_event_bytes = self.max_event_bytes(room);
         if event.data.len() > max_event_bytes {
             return Err(SubmitError::TooLarge { max: max_event_bytes });
         }

@@ -21,6 +21,7 @@ use tokio::sync::oneshot;
 use super::messages::*;
 use super::room::{RoomActor, RoomHome, RoomLogs, RoomSettings};
 use crate::cluster::bus::WriterRefusal;
+use crate::core::namespaces::{Namespaces, RoomOptions};
 
 /// How often a request is retried against a freshly started room actor.
 const ATTEMPTS: usize = 3;
@@ -58,6 +59,8 @@ pub struct RoomsInner {
     handles: Vec<ArbiterHandle>,
     logs: Arc<dyn RoomLogs>,
     settings: RoomSettings,
+    /// Each room's retention, window and presence come from its namespace.
+    namespaces: Arc<Namespaces>,
 }
 
 impl RoomsInner {
@@ -93,8 +96,8 @@ pub struct Rooms {
 }
 
 impl Rooms {
-    /// Start `threads` room arbiters.
-    pub fn start(logs: Arc<dyn RoomLogs>, settings: RoomSettings, threads: usize) -> Rooms {
+    /// Start `threads` room arbiters; each room takes `settings` with its namespace's options.
+    pub fn start(logs: Arc<dyn RoomLogs>, settings: RoomSettings, namespaces: Arc<Namespaces>, threads: usize) -> Rooms {
         let arbiters: Vec<Arbiter> = (0..threads.max(1)).map(|_| Arbiter::new()).collect();
         let handles = arbiters.iter().map(Arbiter::handle).collect();
         Rooms {
@@ -104,8 +107,14 @@ impl Rooms {
                 handles,
                 logs,
                 settings,
+                namespaces,
             }),
         }
+    }
+
+    /// The options of `room`, from its namespace (else the global keys).
+    pub fn options(&self, room: &str) -> &RoomOptions {
+        self.inner.namespaces.resolve(room)
     }
 
     /// The actor of `room`, started (and loaded from the store) if it is not live.
@@ -128,7 +137,8 @@ impl Rooms {
         name.hash(&mut hasher);
         let arbiter = &self.inner.handles[hasher.finish() as usize % self.inner.handles.len()];
         let home: Arc<dyn RoomHome> = self.inner.clone();
-        let (logs, settings, weak) = (self.inner.logs.clone(), self.inner.settings.clone(), Arc::downgrade(&home));
+        let settings = self.inner.settings.with_options(self.options(room));
+        let (logs, weak) = (self.inner.logs.clone(), Arc::downgrade(&home));
         let actor_name = name.clone();
         let addr = RoomActor::start_in_arbiter(arbiter, move |_| {
             let log = logs.open(&actor_name);
@@ -308,11 +318,10 @@ impl Rooms {
         for _ in 0..ATTEMPTS {
             let live = self.inner.tables.lock().live.get(room).filter(|addr| addr.connected()).cloned();
             let Some(addr) = live else {
-                let settings = &self.inner.settings;
-                if !settings.presence || crate::core::names::inbox_owner(room).is_some() {
+                if !self.options(room).presence || crate::core::names::inbox_owner(room).is_some() {
                     return Ok(Err(PresenceOff));
                 }
-                return Ok(Ok(settings.presence_hub.view(room, None)));
+                return Ok(Ok(self.inner.settings.presence_hub.view(room, None)));
             };
             match addr.send(ReadPresence).await {
                 Ok(Ok(view)) => return Ok(view),

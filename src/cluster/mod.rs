@@ -194,7 +194,8 @@ fn revoked_key(session: &str) -> String {
     format!("revoked.{}", hex::encode(session))
 }
 
-/// Room retention on the stream (`history_size`). Age is not a stream limit: the stream
+/// Room retention on the stream (the largest `history_size` of any namespace: each room
+/// trims its own history to its namespace's size and age in memory). Age is not a stream limit: the stream
 /// would drop a quiet room's last event and with it the room's head, so rooms trim
 /// expired events themselves ([`roomlog::purge_expired`]).
 #[derive(Debug, Clone, Copy)]
@@ -278,6 +279,14 @@ impl Cluster {
                 ..Default::default()
             })
             .await?;
+        // A stream made with a smaller per-room limit (a namespace or history_size grew
+        // since) keeps fewer events than some room keeps: raise it, never lower it.
+        let kept = rooms.cached_info().config.max_messages_per_subject;
+        if kept > 0 && kept < limits.history_size as i64 {
+            let config = stream::Config { max_messages_per_subject: limits.history_size as i64, ..rooms.cached_info().config.clone() };
+            js.update_stream(&config).await?;
+            tracing::info!(stream = ROOMS_STREAM, from = kept, to = limits.history_size, "raised the rooms stream's events per room");
+        }
         let created = rooms.cached_info().created;
         let epoch = format!("{:016x}", created.unix_timestamp_nanos() as u64);
         let sessions_ttl = limits.session_ttl * 2;

@@ -213,6 +213,13 @@ pub async fn purge_expired(cluster: &Cluster, room: &str) -> Result<(), ClusterE
     Ok(())
 }
 
+/// Delete a room's stored events but the newest `keep` (a room whose namespace keeps
+/// fewer events than the stream's per-room limit).
+pub async fn purge_beyond(cluster: &Cluster, room: &str, keep: u64) -> Result<(), ClusterError> {
+    cluster.rooms_stream().purge().filter(room_subject(room)).keep(keep.max(1)).await?;
+    Ok(())
+}
+
 /// A live copy from `lg.live.<room>`: the room and its event, or `None` for anything else.
 pub fn decode_live(subject: &str, headers: Option<&HeaderMap>, payload: &[u8]) -> Option<(String, StreamEvent)> {
     let room = super::room_from_token(subject.strip_prefix("lg.live.")?)?;

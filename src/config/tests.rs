@@ -387,3 +387,116 @@ fn api_key_file_problems() {
         assert_eq!(error.to_string(), format!("API key file {}: {message}", path.display()));
     }
 }
+
+/// `[[namespace]]` tables: what loads, and every refusal naming the table.
+#[test]
+fn namespace_tables() {
+    let ok = "history_size = 100\n\
+        [[namespace]]\nprefix = \"chat:\"\nhistory_size = 5\nbatch_window_ms = 0\n\
+        [[namespace]]\nprefix = \"chat:vip:\"\npresence = false\nmax_event_bytes = 1024\nhistory_ttl_secs = 2\n\
+        [[namespace]]\nprefix = \"user:\"\n";
+    let cases: Vec<(&str, &str, Result<Vec<NamespaceTable>, String>)> = vec![
+        ("none", "history_size = 5", Ok(vec![])),
+        ("three", ok, Ok(vec![
+            NamespaceTable { prefix: "chat:".into(), history_size: Some(5), batch_window_ms: Some(0), ..Default::default() },
+            NamespaceTable {
+                prefix: "chat:vip:".into(),
+                presence: Some(false),
+                max_event_bytes: Some(1024),
+                history_ttl_secs: Some(2),
+                ..Default::default()
+            },
+            NamespaceTable { prefix: "user:".into(), ..Default::default() },
+        ])),
+        ("bounds are inclusive",
+            "[[namespace]]\nprefix = \"a\"\nhistory_size = 1000000\nbatch_window_ms = 10000\nmax_event_bytes = 16\nhistory_ttl_secs = 0",
+            Ok(vec![NamespaceTable {
+                prefix: "a".into(), history_size: Some(1_000_000), batch_window_ms: Some(10_000),
+                max_event_bytes: Some(16), history_ttl_secs: Some(0), ..Default::default()
+            }])),
+        ("no prefix", "[[namespace]]\nhistory_size = 5",
+            Err("config file FILE: [[namespace]] number 1: prefix is required (a room-name prefix such as \"chat:\")".into())),
+        ("empty prefix", "[[namespace]]\nprefix = \"a\"\n[[namespace]]\nprefix = \"\"",
+            Err("config file FILE: [[namespace]] number 2 (prefix \"\"): prefix must be 1 to 128 characters of A-Z a-z 0-9 _ . : - @, got \"\"".into())),
+        ("prefix not text", "[[namespace]]\nprefix = 5",
+            Err("config file FILE: [[namespace]] number 1: prefix: expected text, got 5".into())),
+        ("bad prefix", "[[namespace]]\nprefix = \"a b\"",
+            Err("config file FILE: [[namespace]] number 1 (prefix \"a b\"): prefix must be 1 to 128 characters of A-Z a-z 0-9 _ . : - @, got \"a b\"".into())),
+        ("duplicate prefix", "[[namespace]]\nprefix = \"chat:\"\n[[namespace]]\nprefix = \"x\"\n[[namespace]]\nprefix = \"chat:\"\nhistory_size = 3",
+            Err("config file FILE: [[namespace]] number 3 (prefix \"chat:\"): prefix \"chat:\" is already the prefix of namespace 1".into())),
+        ("unknown key", "[[namespace]]\nprefix = \"chat:\"\nhistory = 5",
+            Err("config file FILE: [[namespace]] number 1 (prefix \"chat:\"): unknown key `history` (known keys: prefix, history_size, history_ttl_secs, batch_window_ms, presence, max_event_bytes)".into())),
+        ("global key not per room", "[[namespace]]\nprefix = \"chat:\"\nheartbeat_secs = 5",
+            Err("config file FILE: [[namespace]] number 1 (prefix \"chat:\"): unknown key `heartbeat_secs` (known keys: prefix, history_size, history_ttl_secs, batch_window_ms, presence, max_event_bytes)".into())),
+        ("wrong type", "[[namespace]]\nprefix = \"chat:\"\nbatch_window_ms = \"fast\"",
+            Err("config file FILE: [[namespace]] number 1 (prefix \"chat:\"): batch_window_ms: expected a whole number of milliseconds, got \"fast\"".into())),
+        ("wrong bool", "[[namespace]]\nprefix = \"chat:\"\npresence = \"no\"",
+            Err("config file FILE: [[namespace]] number 1 (prefix \"chat:\"): presence: expected true or false, got \"no\"".into())),
+        ("negative", "[[namespace]]\nprefix = \"chat:\"\nhistory_ttl_secs = -1",
+            Err("config file FILE: [[namespace]] number 1 (prefix \"chat:\"): history_ttl_secs: expected a whole number of seconds, got -1".into())),
+        ("history zero", "[[namespace]]\nprefix = \"chat:\"\nhistory_size = 0",
+            Err("config file FILE: [[namespace]] number 1 (prefix \"chat:\"): history_size must be at least 1, got 0".into())),
+        ("history too big", "[[namespace]]\nprefix = \"a\"\n[[namespace]]\nprefix = \"b\"\nhistory_size = 1000001",
+            Err("config file FILE: [[namespace]] number 2 (prefix \"b\"): history_size must be at most 1000000, got 1000001".into())),
+        ("window too long", "[[namespace]]\nprefix = \"chat:\"\nbatch_window_ms = 10001",
+            Err("config file FILE: [[namespace]] number 1 (prefix \"chat:\"): batch_window_ms must be at most 10000 (10 seconds), got 10001".into())),
+        ("event bytes too small", "[[namespace]]\nprefix = \"chat:\"\nmax_event_bytes = 15",
+            Err("config file FILE: [[namespace]] number 1 (prefix \"chat:\"): max_event_bytes must be at least 16, got 15".into())),
+        ("event bytes too big", "[[namespace]]\nprefix = \"chat:\"\nmax_event_bytes = 16777217",
+            Err("config file FILE: [[namespace]] number 1 (prefix \"chat:\"): max_event_bytes must be at most 16777216 (16 MiB), got 16777217".into())),
+        ("not tables", "namespace = [\"chat:\"]",
+            Err("config file FILE: namespace: must be written as [[namespace]] tables, each with a prefix".into())),
+        ("a single table", "[namespace]\nprefix = \"chat:\"",
+            Err("config file FILE: namespace: must be written as [[namespace]] tables, each with a prefix".into())),
+    ];
+    let mut failures = vec![];
+    for (name, file, want) in &cases {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("livegate.toml");
+        std::fs::write(&path, file).unwrap();
+        let got = Config::load(Some(&path), Vec::new(), &ConfigFlags::default())
+            .map(|c| c.namespaces)
+            .map_err(|e| e.to_string().replace(&path.display().to_string(), "FILE"));
+        if &got != want {
+            failures.push(format!("case {name:?}:\n  got {got:?}\n want {want:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+}
+
+/// The effective options: overrides over the global keys, whichever layer set those.
+#[test]
+fn namespace_options_resolve_over_the_global_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("livegate.toml");
+    std::fs::write(&path, "[[namespace]]\nprefix = \"chat:\"\nhistory_size = 5\n[[namespace]]\nprefix = \"chat:vip:\"\npresence = false\n").unwrap();
+    let env = vec![("LIVEGATE_BATCH_WINDOW_MS".to_string(), "7".to_string())];
+    let config = Config::load(Some(&path), env, &ConfigFlags::default().with("history_size", "40")).unwrap();
+    let table = config.room_namespaces().unwrap();
+    let options = |room: &str| table.resolve(room).clone();
+    assert_eq!((options("chat:1").history_size, options("chat:1").batch_window_ms, options("chat:1").presence), (5, 7, true));
+    assert_eq!((options("chat:vip:1").history_size, options("chat:vip:1").presence), (40, false));
+    assert_eq!((options("lobby").history_size, options("lobby").presence, options("lobby").max_event_bytes), (40, true, 65536));
+    assert_eq!(table.largest_history_size(), 40);
+    let effective = config.effective_namespaces().unwrap();
+    assert_eq!(effective[0], NamespaceTable {
+        prefix: "chat:".into(),
+        history_size: Some(5),
+        history_ttl_secs: Some(86400),
+        batch_window_ms: Some(7),
+        presence: Some(true),
+        max_event_bytes: Some(65536),
+    });
+    // What check-config prints loads back to the same options.
+    let printed = toml::to_string(&Config { namespaces: effective.clone(), ..config.clone() }).unwrap();
+    std::fs::write(&path, &printed).unwrap();
+    let again = Config::load(Some(&path), Vec::new(), &ConfigFlags::default()).unwrap();
+    assert_eq!(again.namespaces, effective);
+    assert_eq!(again.room_namespaces().unwrap(), table);
+    // A config built in code is checked by validate too.
+    let dup = Config {
+        namespaces: vec![NamespaceTable { prefix: "a".into(), ..Default::default() }, NamespaceTable { prefix: "a".into(), ..Default::default() }],
+        ..Config::default()
+    };
+    assert_eq!(dup.validate().unwrap_err().to_string(), "[[namespace]] number 2 (prefix \"a\"): prefix \"a\" is already the prefix of namespace 1");
+}

@@ -13,6 +13,7 @@ pub mod liveness;
 pub mod matchsim;
 pub mod names;
 pub mod presence;
+pub mod namespaces;
 pub mod proxies;
 pub mod routing;
 pub mod sent;

@@ -319,7 +319,7 @@ async fn publish(
     authorize(&req, &state)?;
     let room = room.into_inner();
     check_room(&room)?;
-    let limit = state.config.max_event_bytes + state.config.max_state_bytes + PUBLISH_BODY_OVERHEAD;
+    let limit = state.publisher.max_event_bytes(&room) + state.publisher.max_state_bytes() + PUBLISH_BODY_OVERHEAD;
     let body = read_body(payload, limit).await?;
     let request = protocol::parse_publish_request(&body).map_err(ApiError::bad_request)?;
     let room_state = request.state.map(|s| s.get().into());
@@ -365,12 +365,13 @@ async fn message_user(
     authorize(&req, &state)?;
     let user = user.into_inner();
     check_user(&user)?;
-    let body = read_body(payload, state.config.max_event_bytes + PUBLISH_BODY_OVERHEAD).await?;
+    let inbox = names::inbox_room(&user);
+    let body = read_body(payload, state.publisher.max_event_bytes(&inbox) + PUBLISH_BODY_OVERHEAD).await?;
     let request = protocol::parse_user_message_request(&body).map_err(ApiError::bad_request)?;
     for device in request.devices.iter().flatten() {
         names::check_device(device).map_err(|e| ApiError::bad_request(e.to_string()))?;
     }
-    append(&state, names::inbox_room(&user), request.id, &request.data, request.devices, None).await
+    append(&state, inbox, request.id, &request.data, request.devices, None).await
 }
 
 
@@ -385,7 +386,7 @@ async fn append(
     room_state: Option<Arc<str>>,
 ) -> Result<HttpResponse, ApiError> {
     let event = Submission { id, data: data.get().into(), devices, from: None, state: room_state };
-    let published = state.publisher.submit(&room, event, state.config.max_event_bytes).await?;
+    let published = state.publisher.submit(&room, event).await?;
     state.metrics.publish_answered(published.duplicate);
     let status = if published.duplicate { StatusCode::OK } else { StatusCode::CREATED };
     let reply = PublishReply { room, seq: published.seq, epoch: published.epoch.to_string(), duplicate: published.duplicate };

@@ -32,7 +32,8 @@ use crate::protocol;
 use crate::store::EventRecord;
 use crate::world::now_ms;
 
-/// Limits every room shares.
+/// A room's limits: shared by every room, but for what its namespace sets
+/// ([`RoomSettings::with_options`]).
 #[derive(Clone)]
 pub struct RoomSettings {
     pub metrics: Arc<crate::metrics::Metrics>,
@@ -44,10 +45,23 @@ pub struct RoomSettings {
     pub tick: Duration,
     /// How long durable events gather before they leave as one frame (0: every flush).
     pub batch_window: Duration,
-    /// The room keeps presence (DESIGN §9; per namespace).
+    /// Whether the room keeps presence (its namespace's `presence`, default true).
     pub presence: bool,
     /// The node's presence: interval, members bound, other nodes' tables.
     pub presence_hub: Arc<PresenceHub>,
+}
+
+impl RoomSettings {
+    /// These settings with `options` (the room's namespace) for retention, window and
+    /// presence.
+    pub fn with_options(&self, options: &crate::core::namespaces::RoomOptions) -> RoomSettings {
+        RoomSettings {
+            retention: options.retention(),
+            batch_window: options.batch_window(),
+            presence: options.presence,
+            ..self.clone()
+        }
+    }
 }
 
 /// Makes each room's log; one implementation per backend, chosen once at start-up.

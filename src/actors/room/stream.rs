@@ -83,6 +83,16 @@ impl StreamLog {
                 let head = stored.events.last().map_or(0, |e| e.event.seq);
                 self.last_stream_seq = stored.events.last().map_or(0, |e| e.stream_seq);
                 let entries = stored.events.iter().map(|e| entry(&room.name, &e.event)).collect();
+                let keep = room.settings.retention.max_events;
+                if stored.events.len() > keep {
+                    // The stream keeps the largest namespace's history; this room keeps its own.
+                    let (cluster, name) = (self.cluster.clone(), room.name.clone());
+                    actix::spawn(async move {
+                        if let Err(error) = roomlog::purge_beyond(&cluster, &name, keep as u64).await {
+                            tracing::warn!(room = %name, %error, "could not delete history beyond the room's size from the stream");
+                        }
+                    });
+                }
                 let log = SeqLog::restore(stored.epoch, head, entries, room.settings.retention);
                 let replay: Vec<Arc<Delivery>> = match self.replay_after.take() {
                     Some(after) => log.read(after, usize::MAX).0.into_iter().map(|e| e.payload.clone()).collect(),
