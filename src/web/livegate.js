@@ -79,7 +79,9 @@
 //   there now: `{room, count, members}` (WebSocket only; over SSE it rejects with
 //   `unsupported`). Over SSE the stream asks with `presence=1`. The first subscribe of a
 //   room decides whether it asks for state and presence; a later subscribe to the same
-//   room adds its handlers to the same subscription.
+//   room adds its handlers to the same subscription. A server without room state or
+//   presence (older than this library) is told no more: the room is subscribed without
+//   it and an `error` with code `unsupported` says so.
 // - Per room it remembers the epoch and the last seq delivered, resubscribes with
 //   `since` and `epoch` after a reconnect, and hands each event to the application
 //   exactly once and in seq order: events at or below the last delivered seq are
@@ -1025,6 +1027,16 @@ export class LivegateClient {
     const state = frame.ref != null && [...this._rooms.values()].find((s) => s.ref === frame.ref);
     if (!state) {
       this._emit('error', { code: frame.code, message: frame.message });
+      return;
+    }
+    const unknown = frame.code === 'bad_request' && /unknown field `(state|presence)`/.exec(String(frame.message ?? ''));
+    if (unknown && (unknown[1] === 'state' ? state.wantState : state.wantPresence)) {
+      // A server older than room state or presence refuses the flag: go on without it.
+      if (unknown[1] === 'state') state.wantState = false;
+      else state.wantPresence = false;
+      const what = unknown[1] === 'state' ? 'room state' : 'presence';
+      this._emit('error', { room: state.room, code: 'unsupported', message: `the server has no ${what}: subscribed without it` });
+      this._sendSubscribe(state);
       return;
     }
     state.ref = null;

@@ -166,7 +166,7 @@ describe('room state with a scripted socket', () => {
     }
   });
 
-  test('a throwing onState is reported as an error and delivery goes on; a reply without state is reported', async () => {
+  test('a throwing onState is reported as an error and delivery goes on; a server without state or presence is subscribed without them', async () => {
     const { client, log, timeline, ws } = await welcomed();
     try {
       client.subscribe('r', (e) => timeline.push(e.seq), {
@@ -189,6 +189,25 @@ describe('room state with a scripted socket', () => {
       assert.deepEqual(log.error.at(-1).code, 'unsupported');
       assert.deepEqual(client.position('old'), { epoch: 'E', seq: 9 });
       assert.ok(!timeline.includes('state!'));
+
+      // A server that refuses the flags (unknown fields): subscribed again without each.
+      const older = client.subscribe('older', () => {}, { state: true, presence: true });
+      const first = await ws.expect('subscribe', (f) => f.room === 'older');
+      assert.equal(first.state, true);
+      ws.serverSend({ op: 'error', ref: first.ref, code: 'bad_request', message: 'subscribe: unknown field `presence`, expected one of `room`, `since`, `epoch`' });
+      const second = await ws.expect('subscribe', (f) => f.room === 'older' && f.ref !== first.ref);
+      assert.deepEqual([second.state, second.presence], [true, undefined]);
+      ws.serverSend({ op: 'error', ref: second.ref, code: 'bad_request', message: 'subscribe: unknown field `state`, expected one of `room`, `since`, `epoch`' });
+      const third = await ws.expect('subscribe', (f) => f.room === 'older' && f.ref !== first.ref && f.ref !== second.ref);
+      assert.deepEqual([third.state, third.presence], [undefined, undefined]);
+      ws.serverSend({ op: 'subscribed', room: 'older', epoch: 'E', seq: 4, ref: third.ref });
+      assert.equal((await older).seq, 4);
+      assert.deepEqual(log.error.slice(-2).map((e) => [e.room, e.code]), [['older', 'unsupported'], ['older', 'unsupported']]);
+      // Any other bad_request still ends the subscription.
+      const bad = client.subscribe('bad', () => {}, { state: true });
+      const badSub = await ws.expect('subscribe', (f) => f.room === 'bad');
+      ws.serverSend({ op: 'error', ref: badSub.ref, code: 'bad_request', message: 'subscribe: since without a number' });
+      await assert.rejects(bad, (error) => error.code === 'bad_request');
     } finally {
       client.close();
     }
