@@ -1142,7 +1142,7 @@ export class LivegateClient {
 
   /** A `presence` frame: the reply to `presence()` (it has a ref), or a room's changes. */
   _onPresence(frame) {
-    if (frame.ref != null && this._requests.has(frame.ref)) return this._reply(frame);
+    if (frame.ref != null) return this._reply(frame); // a reply (maybe to a request given up)
     const state = typeof frame.room === 'string' ? this._rooms.get(frame.room) : null;
     if (!state || state.presenceHandlers.size === 0) return;
     const detail = {
