@@ -1,5 +1,5 @@
-//! The command line. `serve` (the default) runs the gateway; `token`, `publish` and
-//! `subscribe` are small clients of a running server's public HTTP and WebSocket API,
+//! The command line. `serve` (the default) runs the gateway; `token`, `publish`,
+//! `subscribe`, `status`, `state` and `presence` are small clients of a running server's public HTTP and WebSocket API,
 //! for trying livegate out and for scripts. Clients read the server address (`listen`)
 //! and the API key (`api_key`, else `data_dir/api_key`) from the same configuration
 //! layers as the server, so the same flags, environment and config file work for both.
@@ -39,6 +39,7 @@ Examples:
   livegate serve --listen 0.0.0.0:7070 --data-dir /var/lib/livegate
   livegate subscribe match:1                  print the events of room match:1, one JSON line each
   livegate publish match:1 '{\"goal\":1}'       publish an event (in another terminal)
+  livegate state match:1                      print the room's state; `presence match:1`: who is in it
   T=$(livegate token u1 --device phone)       mint a WebSocket token for user u1";
 
 /// `livegate [CONFIG FLAGS] [COMMAND]`.
@@ -115,6 +116,20 @@ Exits 0 when it is valid, 2 with one line naming the bad key and where it was se
         #[command(flatten)]
         server: ServerUrl,
     },
+    /// Print a room's state (GET /v1/rooms/ROOM/state: room, epoch, seq, data)
+    #[command(after_help = "Example:\n  livegate state match:1\n  # {\"room\":\"match:1\",\"epoch\":\"...\",\"seq\":42,\"data\":{\"score\":[1,0]}}; seq 0 and data null when the room has none")]
+    State(RoomArgs),
+    /// Print who is in a room (GET /v1/rooms/ROOM/presence: room, count, members)
+    #[command(after_help = "Example:\n  livegate presence match:1\n  # {\"room\":\"match:1\",\"count\":2,\"members\":[{\"user\":\"u1\",\"device\":\"web\"},...]}; members null above presence_members_max")]
+    Presence(RoomArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RoomArgs {
+    /// Room to ask about, such as match:1
+    pub room: String,
+    #[command(flatten)]
+    pub server: ServerUrl,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -260,6 +275,16 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Status { server } => {
             init_tracing(format, "warn");
             let reply = client(&cli.config, &server)?.status()?;
+            print_line(reply.trim())
+        }
+        Command::State(args) => {
+            init_tracing(format, "warn");
+            let reply = client(&cli.config, &args.server)?.room_state(&args.room)?;
+            print_line(reply.trim())
+        }
+        Command::Presence(args) => {
+            init_tracing(format, "warn");
+            let reply = client(&cli.config, &args.server)?.room_presence(&args.room)?;
             print_line(reply.trim())
         }
         Command::Subscribe(args) => {

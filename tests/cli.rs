@@ -1,5 +1,7 @@
 //! The `livegate` binary as a user runs it: `serve` in a child process, and the client
-//! commands `token`, `publish` and `subscribe` against it, across a server restart.
+//! commands `token`, `publish` and `subscribe` against it, across a server restart;
+//! `state` and `presence` print the server's GET answers (these need the state and
+//! presence server branches of issue 19).
 //!
 //! Every wait has a deadline and every child process is killed when its handle drops,
 //! so a misbehaving binary fails a test instead of hanging it.
@@ -361,4 +363,102 @@ fn the_subscriber_falls_back_to_a_token_at_once_when_its_credential_is_refused()
     assert_eq!(metric(&server, "livegate_handshakes_total{credential=\"token\"}"), 1.0);
     client_ok(&server, fresh.path(), &["publish", "match:1", "{\"goal\":1}"]);
     assert_eq!(json(&events.wait_for("with the event", |_| true))["seq"], 1);
+}
+
+// ---- state and presence (issue 19) ----
+//
+// NEEDS THE SERVER SIDE: `GET /v1/rooms/{room}/state` and `.../presence` land on the
+// `state` and `presence` branches; until they are merged these tests fail (404 no route).
+
+/// `livegate ARGS --data-dir DATA --url URL` run to its end (successful or not).
+fn client_ran(server: &Server, data: &Path, args: &[&str]) -> Ran {
+    let url = server.url();
+    let all: Vec<&str> = args.iter().copied().chain(["--data-dir", data.to_str().unwrap(), "--url", &url]).collect();
+    run(&all)
+}
+
+/// The server's own answer to `GET path`, with the key the server generated in `data`.
+fn get_as_backend(server: &Server, data: &Path, path: &str) -> (u16, Value) {
+    let key = std::fs::read_to_string(data.join("api_key")).expect("the generated API key file");
+    let header = format!("Bearer {}", key.trim());
+    common::Http::new(server.addr).request("GET", path, common::Auth::Header(&header), common::Body::None)
+}
+
+#[test]
+fn state_prints_the_rooms_state_as_get_answers_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path();
+    let server = Server::start(data, 0);
+
+    let none = json(&client_ok(&server, data, &["state", "match:1"]));
+    assert_eq!((none["room"].as_str(), none["seq"].as_u64(), &none["data"]), (Some("match:1"), Some(0), &Value::Null), "no state yet: {none}");
+
+    let key = std::fs::read_to_string(data.join("api_key")).unwrap();
+    let header = format!("Bearer {}", key.trim());
+    let http = common::Http::new(server.addr);
+    let body = serde_json::json!({"id": "g-1", "data": {"goal": 1}, "state": {"score": [1, 0], "minute": 12}});
+    let (status, published) = http.request("POST", "/v1/rooms/match:1/events", common::Auth::Header(&header), common::Body::Json(body));
+    assert_eq!(status, 201, "a publish with state (needs the state branch): {published}");
+    client_ok(&server, data, &["publish", "match:1", "{\"goal\":2}"]); // no state: it stays at seq 1
+
+    let line = client_ok(&server, data, &["state", "match:1"]);
+    assert_eq!(line.lines().count(), 1, "one line: {line}");
+    let state = json(&line);
+    assert_eq!(state["seq"], 1, "{state}");
+    assert_eq!(state["data"], serde_json::json!({"score": [1, 0], "minute": 12}));
+    assert_eq!(state["epoch"], published["epoch"]);
+    assert_eq!((200, state), get_as_backend(&server, data, "/v1/rooms/match:1/state"), "exactly the GET answer");
+}
+
+#[test]
+fn presence_prints_who_is_in_the_room_as_get_answers_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path();
+    let server = Server::start(data, 0);
+
+    let empty = json(&client_ok(&server, data, &["presence", "lobby"]));
+    assert_eq!((empty["room"].as_str(), empty["count"].as_u64()), (Some("lobby"), Some(0)), "{empty}");
+
+    let url = server.url();
+    let (_fan, _events, mut notices) = Proc::spawn(
+        "subscriber",
+        livegate(&["subscribe", "lobby", "--user", "fan", "--device", "web", "--data-dir", data.to_str().unwrap(), "--url", &url]),
+    );
+    notices.wait_for("`subscribed to lobby`", |l| l.starts_with("subscribed to lobby"));
+    let deadline = Instant::now() + WAIT;
+    let present = loop {
+        let present = json(&client_ok(&server, data, &["presence", "lobby"]));
+        if present["count"] == 1 {
+            break present;
+        }
+        assert!(Instant::now() < deadline, "the subscriber never counted: {present}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(present["members"], serde_json::json!([{"user": "fan", "device": "web"}]), "{present}");
+    assert_eq!((200, present), get_as_backend(&server, data, "/v1/rooms/lobby/presence"), "exactly the GET answer");
+}
+
+#[test]
+fn state_and_presence_failures_exit_non_zero_with_the_servers_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path();
+    let server = Server::start(data, 0);
+    for command in ["state", "presence"] {
+        // A room name the server refuses: its 400 and error body, on one line.
+        let ran = client_ran(&server, data, &[command, "bad room!"]);
+        assert_eq!(ran.status.code(), Some(1), "{command}: {}", ran.stderr);
+        assert_eq!(ran.stdout, "", "{command}: nothing on stdout");
+        assert_eq!(ran.stderr.lines().count(), 1, "{command}: one line: {}", ran.stderr);
+        assert!(ran.stderr.starts_with(&format!("livegate: GET /v1/rooms/bad%20room%21/{command}: server answered 400 bad_room")), "{command}: {}", ran.stderr);
+
+        // The wrong API key: 401, with the hint where the key comes from.
+        let url = server.url();
+        let ran = run(&[command, "lobby", "--api-key", "wrong-key-0123456789", "--url", &url]);
+        assert_eq!(ran.status.code(), Some(1), "{command}: {}", ran.stderr);
+        assert!(ran.stderr.contains("server answered 401 unauthorized"), "{command}: {}", ran.stderr);
+    }
+    // Nothing listening: the usual unreachable line.
+    let ran = run(&["state", "lobby", "--api-key", "some-key-0123456789", "--url", "http://127.0.0.1:9"]);
+    assert_eq!(ran.status.code(), Some(1));
+    assert!(ran.stderr.starts_with("livegate: cannot reach livegate at http://127.0.0.1:9"), "{}", ran.stderr);
 }

@@ -1,7 +1,7 @@
 //! The HTTP client of the command line: a server's address and API key, and the requests
-//! `token`, `publish` and `status` send (on ureq, blocking). Replies come back as the
-//! server's text; failures as one-line [`ClientError`]s naming the status and the
-//! server's error code and message.
+//! `token`, `publish`, `status`, `state` and `presence` send (on ureq, blocking). Replies
+//! come back as the server's text; failures as one-line [`ClientError`]s naming the
+//! status and the server's error code and message.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
@@ -99,6 +99,16 @@ impl Client {
     /// `GET /v1/admin/status`: the server's reply (node, version, uptime, phase, counts).
     pub fn status(&self) -> Result<String, ClientError> {
         self.get("/v1/admin/status")
+    }
+
+    /// `GET /v1/rooms/{room}/state`: the server's reply (room, epoch, seq, data).
+    pub fn room_state(&self, room: &str) -> Result<String, ClientError> {
+        self.get(&format!("/v1/rooms/{}/state", encode(room)))
+    }
+
+    /// `GET /v1/rooms/{room}/presence`: the server's reply (room, count, members).
+    pub fn room_presence(&self, room: &str) -> Result<String, ClientError> {
+        self.get(&format!("/v1/rooms/{}/presence", encode(room)))
     }
 
     /// `POST /v1/rooms/{room}/events`: the server's reply (room, seq, epoch, duplicate).

@@ -11,6 +11,9 @@
 //   client.subscribe('match:1', (event) => render(event));   // {room, seq, id, ts_ms, from?, data}
 //   const { seq, duplicate } = await client.publish('chat:1', { text: 'hi' });  // needs a
 //                              // token with "publish":["chat:*"]; WebSocket only
+//   client.subscribe('match:1', render, { state: true, onState: (data, { seq }) => reset(data) });
+//   client.subscribe('match:1', render, { presence: true, onPresence: ({ count }) => show(count) });
+//   const { count, members } = await client.presence('match:1');   // WebSocket only
 //   client.transport;          // 'websocket' or 'sse': the transport in use
 //   client.dropConnection();   // drop the connection to watch it reconnect and recover (demos)
 //
@@ -60,6 +63,25 @@
 //   published carry `from`, the publishing user, set by the server. Errors reject with
 //   the server's code (`forbidden`, `bad_room`, `payload_too_large`, `rate_limited`, ...);
 //   over SSE it rejects with code `unsupported` (publish from your backend instead).
+// - Room state (DESIGN §9): `subscribe(room, onEvent, {state: true, onState})` asks for
+//   the room's state. The `subscribed` reply carries it as of some seq S (`{seq: S, data}`,
+//   or null: no state); `onState(data, {room, seq: S, epoch})` runs first, then exactly
+//   the events after S are delivered (none at or below S), then live. After a reconnect
+//   the usual `since` recovery runs; when the server cannot replay what was missed it
+//   answers with the state again: `onState` runs again (the state replaces everything
+//   delivered before), delivery continues after its seq and `recovered` is emitted with
+//   `state: true` instead of `recovery_failed`: the application needs no reload. Over SSE
+//   the stream asks with `state=1` when any of its rooms asked for state.
+// - Presence: `subscribe(room, onEvent, {presence: true, onPresence})` hands the server's
+//   presence frames to `onPresence({room, count, joined, left})` (`joined`/`left` are
+//   `{user, device}` lists, null above the server's members limit; at most one frame per
+//   `presence_interval_ms`, only when something changed). `presence(room)` asks who is
+//   there now: `{room, count, members}` (WebSocket only; over SSE it rejects with
+//   `unsupported`). Over SSE the stream asks with `presence=1`. The first subscribe of a
+//   room decides whether it asks for state and presence; a later subscribe to the same
+//   room adds its handlers to the same subscription. A server without room state or
+//   presence (older than this library) is told no more: the room is subscribed without
+//   it and an `error` with code `unsupported` says so.
 // - Per room it remembers the epoch and the last seq delivered, resubscribes with
 //   `since` and `epoch` after a reconnect, and hands each event to the application
 //   exactly once and in seq order: events at or below the last delivered seq are
@@ -237,7 +259,8 @@ export class LivegateClient {
    * Listens to `connecting` ({attempt, transport}), `connected` ({session, node, warmup,
    * heartbeatMs, resumed, transport, credential: 'token' | 'resume'}), `disconnected`
    * ({code, reason, reconnectInMs: null when not reconnecting}), `transport` ({from, to,
-   * reason}), `recovered` ({room, epoch, seq}), `recovery_failed` ({room, epoch, seq,
+   * reason}), `recovered` ({room, epoch, seq}; with `state: true` when the server could
+   * not replay but sent the room's state instead), `recovery_failed` ({room, epoch, seq,
    * reason}), `error` ({room?, code, message, error?}). Returns a function that removes
    * the listener.
    */
@@ -257,6 +280,10 @@ export class LivegateClient {
    * HTTP). Returns a promise of the first `subscribed` reply; it rejects when the server
    * refuses the room (the client forgets the room then). Subscribing again to the same
    * room adds another handler. Over SSE the stream is reopened with the new room.
+   * `options.state: true` with `options.onState(data, {room, seq, epoch})`: start from the
+   * room's state (the reply then also has `state`: null or `{seq, data}`); `options.presence:
+   * true` with `options.onPresence({room, count, joined, left})`: presence changes. See
+   * the top of this file.
    */
   subscribe(room, onEvent, options = {}) {
     if (typeof room !== 'string' || room === '') throw new TypeError('livegate: room must be a non-empty string');
@@ -266,12 +293,16 @@ export class LivegateClient {
       if (this._stopped) return reject(lgError('stopped', 'server said not to reconnect'));
       if (state) {
         if (onEvent) state.handlers.add(onEvent);
+        state.addHandlers(options);
         if (state.subscribedOnce) resolve(state.lastReply);
         else state.waiters.push({ resolve, reject });
         return;
       }
       state = new RoomState(room);
       if (onEvent) state.handlers.add(onEvent);
+      state.wantState = options.state === true;
+      state.wantPresence = options.presence === true;
+      state.addHandlers(options);
       if (options.since != null) {
         state.last = Number(options.since);
         state.epoch = options.epoch ?? null;
@@ -322,6 +353,23 @@ export class LivegateClient {
       seq: reply.seq,
       duplicate: reply.duplicate === true,
       id: eventId,
+    }));
+  }
+
+  /**
+   * Asks who is in `room` now (the `presence` op). Resolves with `{room, count, members}`:
+   * `members` lists the distinct `{user, device}` pairs with a subscription to the room
+   * (null above the server's `presence_members_max`); the token must allow reading the
+   * room. Rejects with the server's error code (`forbidden`, `bad_room`, `presence_off`
+   * for a room whose namespace turns presence off, ...), when the connection is lost
+   * after the request went out, or on close(). Over SSE it rejects with `unsupported`
+   * (ask `GET /v1/rooms/{room}/presence` from your backend instead).
+   */
+  presence(room) {
+    return this._request({ op: 'presence', room }).then((reply) => ({
+      room: reply.room,
+      count: Number(reply.count),
+      members: Array.isArray(reply.members) ? reply.members : null,
     }));
   }
 
@@ -498,6 +546,10 @@ export class LivegateClient {
     let url = `${this._sseEndpoint}?${this._credentialQuery(attempt, token)}&rooms=${rooms.map(encodeURIComponent).join(',')}`;
     const since = this._sseSince();
     if (since) url += `&since=${encodeURIComponent(since)}`;
+    // The stream's flags apply to all its rooms; a room that did not ask ignores them.
+    const subscriptions = [...this._rooms.values()];
+    if (subscriptions.some((state) => state.wantState)) url += '&state=1';
+    if (subscriptions.some((state) => state.wantPresence)) url += '&presence=1';
     const controller = new AbortController();
     const link = { controller, rooms: new Set(rooms), attempt, dead: false };
     this._sse = link;
@@ -765,7 +817,7 @@ export class LivegateClient {
     this._transport = to;
     this._wsFailures = 0;
     this._fellBack = to === 'sse' && this._transportOption === 'auto';
-    if (to === 'sse') this._rejectAll(lgError('unsupported', 'history and publish need the WebSocket transport (now on SSE)'));
+    if (to === 'sse') this._rejectAll(lgError('unsupported', 'history, publish and presence need the WebSocket transport (now on SSE)'));
     this._emit('transport', { from, to, reason });
   }
 
@@ -854,7 +906,7 @@ export class LivegateClient {
         state.awaiting = true;
         state.quiet = attempt.quiet && state.subscribedOnce;
       }
-      this._rejectAll(lgError('unsupported', 'history and publish need the WebSocket transport (connected over SSE)'));
+      this._rejectAll(lgError('unsupported', 'history, publish and presence need the WebSocket transport (connected over SSE)'));
     }
     if (!attempt.quiet) {
       this._emit('connected', {
@@ -943,6 +995,8 @@ export class LivegateClient {
           }
         }
         return;
+      case 'presence':
+        return this._onPresence(frame);
       case 'history':
       case 'published':
       case 'unsubscribed':
@@ -975,6 +1029,16 @@ export class LivegateClient {
       this._emit('error', { code: frame.code, message: frame.message });
       return;
     }
+    const unknown = frame.code === 'bad_request' && /unknown field `(state|presence)`/.exec(String(frame.message ?? ''));
+    if (unknown && (unknown[1] === 'state' ? state.wantState : state.wantPresence)) {
+      // A server older than room state or presence refuses the flag: go on without it.
+      if (unknown[1] === 'state') state.wantState = false;
+      else state.wantPresence = false;
+      const what = unknown[1] === 'state' ? 'room state' : 'presence';
+      this._emit('error', { room: state.room, code: 'unsupported', message: `the server has no ${what}: subscribed without it` });
+      this._sendSubscribe(state);
+      return;
+    }
     state.ref = null;
     state.awaiting = false;
     state.buffer = [];
@@ -1002,6 +1066,8 @@ export class LivegateClient {
       frame.since = state.last;
       if (state.epoch != null) frame.epoch = state.epoch;
     }
+    if (state.wantState) frame.state = true;
+    if (state.wantPresence) frame.presence = true;
     state.ref = ref;
     state.awaiting = true;
     state.buffer = [];
@@ -1026,9 +1092,20 @@ export class LivegateClient {
     state.awaiting = false;
     const epochChanged = state.epoch != null && state.epoch !== frame.epoch;
     const head = Number(frame.seq);
+    // The room's state, when this room asked for it and the reply starts from it (a first
+    // subscribe, or a recovery that failed): null (none) or {seq, data}.
+    const snapshot = state.wantState && frame.recovered !== true ? snapshotOf(frame) : undefined;
     let failed = false;
+    state.fromNothing = false;
     if (frame.recovered === true) {
       // The missed events follow this frame.
+    } else if (snapshot !== undefined) {
+      // The state stands for every event up to its seq: only the events after it follow
+      // (again, after a failed recovery: the state replaces what was delivered before).
+      state.last = snapshot ? snapshot.seq : 0;
+      state.fromNothing = snapshot == null;
+      state.ids.clear();
+      state.idOrder = [];
     } else if (frame.recovered === false) {
       failed = true;
       state.last = head;
@@ -1038,13 +1115,49 @@ export class LivegateClient {
     state.epoch = frame.epoch;
     state.subscribedOnce = true;
     state.lastReply = { room: frame.room, epoch: frame.epoch, seq: head, recovered: frame.recovered };
+    if (snapshot !== undefined) state.lastReply.state = snapshot;
     for (const waiter of state.waiters.splice(0)) waiter.resolve(state.lastReply);
-    if (failed) {
+    if (state.wantState && frame.recovered == null && snapshot === undefined) {
+      this._emit('error', { room: state.room, code: 'unsupported', message: 'the server sent no room state (it predates room state)' });
+    }
+    if (snapshot !== undefined) {
+      const meta = { room: state.room, seq: state.last, epoch: frame.epoch };
+      for (const handler of [...state.stateHandlers]) {
+        try {
+          handler(snapshot ? snapshot.data : null, meta);
+        } catch (error) {
+          this._emit('error', { room: state.room, code: 'handler', message: String(error?.message ?? error), error });
+        }
+      }
+      if (frame.recovered === false && !quiet) {
+        this._emit('recovered', { room: state.room, epoch: frame.epoch, seq: state.last, state: true });
+      }
+    } else if (failed) {
       this._emit('recovery_failed', { room: state.room, epoch: frame.epoch, seq: head, reason: 'not_recovered' });
     } else if (frame.recovered === true && !quiet) {
       this._emit('recovered', { room: state.room, epoch: frame.epoch, seq: head });
     }
     if (this._rooms.get(state.room) === state) this._drain(state);
+  }
+
+  /** A `presence` frame: the reply to `presence()` (it has a ref), or a room's changes. */
+  _onPresence(frame) {
+    if (frame.ref != null) return this._reply(frame); // a reply (maybe to a request given up)
+    const state = typeof frame.room === 'string' ? this._rooms.get(frame.room) : null;
+    if (!state || state.presenceHandlers.size === 0) return;
+    const detail = {
+      room: frame.room,
+      count: Number(frame.count),
+      joined: Array.isArray(frame.joined) ? frame.joined : null,
+      left: Array.isArray(frame.left) ? frame.left : null,
+    };
+    for (const handler of [...state.presenceHandlers]) {
+      try {
+        handler(detail);
+      } catch (error) {
+        this._emit('error', { room: state.room, code: 'handler', message: String(error?.message ?? error), error });
+      }
+    }
   }
 
   /** One event of a room from the live stream (or a replay). */
@@ -1054,7 +1167,11 @@ export class LivegateClient {
       return;
     }
     if (state.last != null && event.seq <= state.last) return; // already delivered
-    if (state.last != null && event.seq > state.last + 1) {
+    if (state.fromNothing) {
+      // The room had no state: its view starts with the first event that follows,
+      // wherever the retained history starts.
+      state.fromNothing = false;
+    } else if (state.last != null && event.seq > state.last + 1) {
       if (this._sse) {
         // No history requests over SSE: reopen the stream from the last delivered seq,
         // which the server replays exactly (or answers recovered:false).
@@ -1176,6 +1293,19 @@ class RoomState {
     this.lastReply = null;
     /** Reopened SSE stream: its `recovered` is not news to the app. */
     this.quiet = false;
+    /** Subscribed with `state: true` / `presence: true` (decided by the first subscribe). */
+    this.wantState = false;
+    this.wantPresence = false;
+    this.stateHandlers = new Set();
+    this.presenceHandlers = new Set();
+    /** Started from "no state": the first event after the reply is delivered, gap or not. */
+    this.fromNothing = false;
+  }
+
+  /** The `onState` / `onPresence` handlers of a subscribe's options. */
+  addHandlers(options) {
+    if (typeof options.onState === 'function') this.stateHandlers.add(options.onState);
+    if (typeof options.onPresence === 'function') this.presenceHandlers.add(options.onPresence);
   }
 
   cancel() {
@@ -1209,6 +1339,18 @@ function lgError(code, message) {
 
 function now() {
   return Date.now();
+}
+
+/**
+ * The room state a `subscribed` reply carries: undefined when it has no `state` key (a
+ * recovered reply, or a server without room state), null for "no state", else
+ * `{seq, data}` (a state without a usable seq counts as none).
+ */
+function snapshotOf(frame) {
+  if (!Object.prototype.hasOwnProperty.call(frame, 'state')) return undefined;
+  const state = frame.state;
+  if (!state || typeof state !== 'object' || !Number.isInteger(state.seq) || state.seq < 0) return null;
+  return { seq: state.seq, data: state.data === undefined ? null : state.data };
 }
 
 /** The SSE endpoint for a base URL: ws→http, wss→https, `/v1/sse` in place of `/v1/ws`. */
