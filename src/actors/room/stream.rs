@@ -92,7 +92,8 @@ impl StreamLog {
                 room.state = RoomState::Live(log);
                 room.settings.metrics.state_reads.inc();
                 self.state_version = self.state_version.max(stored.state_version);
-                if let Some(StoredState { seq, data }) = stored.state {
+                // A record beyond the stream's head belongs to a wiped stream (a new epoch).
+                if let Some(StoredState { seq, data }) = stored.state.filter(|state| state.seq <= head) {
                     room.offer_state(StateAt { seq, data: data.into() });
                 }
                 tracing::debug!(room = %room.name, head, adopted = room.subscribers.len(), "room loaded from the stream");
