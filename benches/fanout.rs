@@ -12,6 +12,7 @@
 //! cargo bench --bench fanout -- --scenario fanout --server livegate [--runs N]
 //! cargo bench --bench fanout -- --scenario cluster --server livegate   # issue 9: 3 nodes + NATS vs 1 node
 //! cargo bench --bench fanout -- --scenario reconnect --runs 3 [--reconnect-clients 2000]   # issue 18
+//! cargo bench --bench fanout -- --scenario state --server livegate --runs 3   # issue 19: join with state vs replay
 //! cargo bench --bench fanout -- --scenario fanout --server livegate,livegate-base,nchan \
 //!     --baseline-bin /path/to/older/livegate                # this build vs an older one, same run
 //! ```

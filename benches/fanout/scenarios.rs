@@ -73,6 +73,10 @@ pub struct Sizes {
     /// reconnect: clients (livegate.js-like, one room each) and rooms they spread over.
     pub reconnect_clients: usize,
     pub reconnect_rooms: usize,
+    /// state: events (each with the room's state) published before the joins, and the
+    /// clients that join with `state:true`, then again with `since=0`.
+    pub state_events: usize,
+    pub state_joins: usize,
 }
 
 impl Sizes {
@@ -121,6 +125,8 @@ impl Sizes {
             churn_session_ttl_secs: 10,
             reconnect_clients: 2_000,
             reconnect_rooms: 20,
+            state_events: 1000,
+            state_joins: 200,
         }
     }
 
@@ -169,6 +175,8 @@ impl Sizes {
             churn_session_ttl_secs: 2,
             reconnect_clients: 200,
             reconnect_rooms: 5,
+            state_events: 1000,
+            state_joins: 20,
         }
     }
 }
@@ -189,6 +197,9 @@ pub enum Case {
     /// livegate only: a drain and restart under clients like livegate.js, with resume
     /// credentials (`true`) or a fresh token for every attempt (`false`).
     Reconnect(bool),
+    /// livegate only: joining a room with `state:true` (the state from memory, the
+    /// events after it) against a replay of the whole history (`since=0`).
+    State,
 }
 
 /// The cluster scenario's two deployments, run one after the other in every run.
@@ -200,7 +211,7 @@ pub enum Nodes {
     Three,
 }
 
-pub const SCENARIOS: [&str; 9] = ["idle", "fanout", "rooms", "hot", "durable", "slow", "cluster", "churn", "reconnect"];
+pub const SCENARIOS: [&str; 10] = ["idle", "fanout", "rooms", "hot", "durable", "slow", "cluster", "churn", "reconnect", "state"];
 
 impl Case {
     pub fn scenario(self) -> &'static str {
@@ -214,6 +225,7 @@ impl Case {
             Case::Cluster(_) => "cluster",
             Case::Churn => "churn",
             Case::Reconnect(_) => "reconnect",
+            Case::State => "state",
         }
     }
 
@@ -241,6 +253,7 @@ impl Case {
             ("cluster", Kind::Livegate) => vec![Case::Cluster(Nodes::One), Case::Cluster(Nodes::Three)],
             ("churn", k) if k.is_livegate() => vec![Case::Churn],
             ("reconnect", Kind::Livegate) => vec![Case::Reconnect(true), Case::Reconnect(false)],
+            ("state", Kind::Livegate) => vec![Case::State],
             _ => vec![],
         }
     }
@@ -340,6 +353,7 @@ pub async fn run(ctx: &Ctx<'_>, kind: Kind, case: Case, run: usize) -> Record {
         Case::Cluster(nodes) => cluster(ctx, nodes).await,
         Case::Churn => churn(ctx, kind).await,
         Case::Reconnect(resume) => reconnect(ctx, resume).await,
+        Case::State => state_join(ctx).await,
     };
     let out = out.unwrap_or_else(|e| {
         let mut o = Out::new();
@@ -557,6 +571,108 @@ async fn reconnect(ctx: &Ctx<'_>, resume: bool) -> Result<Out, String> {
         out.notes.push(format!("{} token calls with resume on (credentials refused or expired)", wave.backend_calls));
     }
     Ok(out)
+}
+
+/// Room state on join (DESIGN §9): `state_events` events, each carrying the room's
+/// state, then `state_joins` clients join with `state:true` (the state from the room's
+/// memory, nothing after it to replay), then as many with `since=0` (a replay of the
+/// whole history). Per join: bytes and events received, time to the last of them, and
+/// the store reads of the state (`livegate_state_reads_total`) the joins caused.
+async fn state_join(ctx: &Ctx<'_>) -> Result<Out, String> {
+    let s = ctx.sizes;
+    let kind = Kind::Livegate;
+    let mut server = Server::start(kind, LivegateOpts::default(), ctx.paths).await?;
+    let room = "state:0";
+    let mut http = crate::http::HttpClient::new(server.addr, Some(crate::servers::API_KEY));
+    let pad = "x".repeat(s.pad);
+    for i in 1..=s.state_events {
+        (ctx.status)(format!("state: publishing {i}/{}", s.state_events));
+        let body = format!(r#"{{"id":"s-{i}","data":{{"i":{i},"pad":"{pad}"}},"state":{{"last":{i},"pad":"{pad}"}}}}"#);
+        let r = http.post(&format!("/v1/rooms/{room}/events"), body.as_bytes()).await.map_err(|e| format!("publish: {e}"))?;
+        if r.status != 201 {
+            return Err(format!("publish: HTTP {} {}", r.status, String::from_utf8_lossy(&r.body)));
+        }
+    }
+    let tokens = crate::proto::credentials(kind, server.addr, 2 * s.state_joins, 0, 4).await?;
+    let reads_before = crate::servers::metric(server.addr, "livegate_state_reads_total").await.unwrap_or(0.0);
+    let mut out = Out::new();
+    let mut epoch = String::new();
+    for (label, with_state) in [("state:true", true), ("since=0 replay", false)] {
+        let (mut bytes, mut events, mut micros) = (0usize, 0usize, 0u128);
+        for j in 0..s.state_joins {
+            (ctx.status)(format!("state: {label} join {}/{}", j + 1, s.state_joins));
+            let token = tokens[if with_state { j } else { s.state_joins + j }].as_deref();
+            let url = crate::proto::ws_url(kind, server.addr, room, token);
+            let mut ws = load::connect(server.addr, &url, false).await?;
+            let started = std::time::Instant::now();
+            let op = if with_state {
+                format!(r#"{{"op":"subscribe","room":"{room}","state":true,"ref":1}}"#)
+            } else {
+                format!(r#"{{"op":"subscribe","room":"{room}","since":0,"epoch":"{epoch}","ref":1}}"#)
+            };
+            futures_util::SinkExt::send(&mut ws, tokio_tungstenite::tungstenite::Message::Text(op)).await.map_err(|e| e.to_string())?;
+            let (got, got_bytes, last) = read_join(&mut ws, s.state_events as u64).await?;
+            micros += started.elapsed().as_micros();
+            if with_state && epoch.is_empty() {
+                epoch = last.ok_or("no epoch in subscribed")?;
+            }
+            bytes += got_bytes;
+            events += got;
+            let _ = futures_util::SinkExt::close(&mut ws).await;
+        }
+        let n = s.state_joins.max(1) as f64;
+        out.lo(&format!("{label}: bytes received per join"), bytes as f64 / n);
+        out.lo(&format!("{label}: events replayed per join"), events as f64 / n);
+        out.lo(&format!("{label}: time to caught up per join (ms)"), micros as f64 / n / 1000.0);
+    }
+    let reads = crate::servers::metric(server.addr, "livegate_state_reads_total").await.unwrap_or(0.0) - reads_before;
+    out.lo("store reads of the state for all joins", reads);
+    if reads > 1.0 {
+        out.problems.push(format!("{reads} store reads of the state for {} joins (at most the room's load)", s.state_joins));
+    }
+    server.stop();
+    Ok(out)
+}
+
+/// Reads a join's answer up to the room's head (`head` events published): the events
+/// received, the bytes of every frame after the welcome, and the `subscribed`'s epoch.
+async fn read_join(ws: &mut crate::proto::Ws, head: u64) -> Result<(usize, usize, Option<String>), String> {
+    use futures_util::StreamExt;
+    let (mut events, mut bytes, mut epoch, mut caught_up_to) = (0usize, 0usize, None, None::<u64>);
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(15), ws.next()).await.map_err(|_| "join timed out")?;
+        let text = match message {
+            Some(Ok(tokio_tungstenite::tungstenite::Message::Text(t))) => t,
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => return Err(e.to_string()),
+            None => return Err("socket ended during the join".into()),
+        };
+        let frame: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        match frame["op"].as_str() {
+            Some("welcome") => continue,
+            Some("subscribed") if frame["ref"] == 1 => {
+                bytes += text.len();
+                epoch = frame["epoch"].as_str().map(str::to_string);
+                if frame["recovered"] == false {
+                    return Err(format!("the replay was refused: {text}"));
+                }
+                // With a state, nothing after its seq when every event carried one.
+                caught_up_to = Some(frame["state"]["seq"].as_u64().unwrap_or(0));
+            }
+            Some("events") => {
+                bytes += text.len();
+                let list = frame["events"].as_array().cloned().unwrap_or_default();
+                events += list.len();
+                if let Some(last) = list.last().and_then(|e| e["seq"].as_u64()) {
+                    caught_up_to = Some(last);
+                }
+            }
+            _ => continue,
+        }
+        if caught_up_to == Some(head) {
+            return Ok((events, bytes, epoch));
+        }
+    }
 }
 
 /// Bytes of the files under `dir`.

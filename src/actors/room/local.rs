@@ -1,7 +1,8 @@
 //! A room's log in the embedded store (single node). A publish is written to sled at
 //! once and appended to the room's log; it is delivered and acknowledged after the next
 //! (grouped) flush made it durable, so a subscriber never sees an event a crash could
-//! take back.
+//! take back. A publish with a state writes event, head and state in one transaction;
+//! the state becomes the room's once that flush returns.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

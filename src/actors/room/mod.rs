@@ -7,6 +7,11 @@
 //! room's JetStream subject in cluster mode ([`stream`]). A log decides when an event is
 //! durable and hands it to the room ([`RoomCore::deliver`]); subscribers, recovery and
 //! batching are the same in both modes.
+//!
+//! A room also keeps its state (DESIGN §9) in memory: the latest state whose event is
+//! durable, read once with the room. A `state:true` subscribe gets it and the retained
+//! events after its seq, on the same ordered channel as a replay; nothing is read from
+//! the store for it and the log is never replayed to build it.
 
 mod local;
 mod presence;

@@ -2,7 +2,10 @@
 //! retained events when it starts, appends one event at a time with the stream's
 //! expected-sequence guard (catching up and retrying when another node wrote first),
 //! and takes other nodes' events from the live feed ([`LiveEvent`]), reading the stream
-//! to fill any gap. An event is delivered only once the stream stored it.
+//! to fill any gap. An event is delivered only once the stream stored it. A state rides
+//! in its event's message, then the writer stores it as the room's latest-state record
+//! (`PUT`s too, queued between appends); other nodes take those records from the live
+//! feed in the state stream's order.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -102,7 +105,8 @@ impl StreamLog {
                 room.state = RoomState::Live(log);
                 room.settings.metrics.state_reads.inc();
                 self.state_version = self.state_version.max(stored.state_version);
-                if let Some(StoredState { seq, data }) = stored.state {
+                // A record beyond the stream's head belongs to a wiped stream (a new epoch).
+                if let Some(StoredState { seq, data }) = stored.state.filter(|state| state.seq <= head) {
                     room.offer_state(StateAt { seq, data: data.into() });
                 }
                 tracing::debug!(room = %room.name, head, adopted = room.subscribers.len(), "room loaded from the stream");
