@@ -403,3 +403,38 @@ impl Rooms {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::core::namespaces::Overrides;
+    use crate::core::seqlog::Retention;
+
+    /// A room's settings take retention, window and presence from its namespace, and keep
+    /// the rest of the shared settings.
+    #[test]
+    fn room_settings_follow_the_rooms_namespace() {
+        let shared = RoomSettings {
+            metrics: Arc::new(crate::metrics::Metrics::new(Vec::new())),
+            retention: Retention { max_events: 1000, max_age_ms: 86_400_000 },
+            recovery_max_events: 77,
+            idle_stop: Duration::from_secs(120),
+            tick: Duration::from_secs(10),
+            batch_window: Duration::from_millis(100),
+            presence: true,
+        };
+        let global = RoomOptions { history_size: 1000, history_ttl_secs: 86_400, batch_window_ms: 100, presence: true, max_event_bytes: 65536 };
+        let quiet = Overrides { presence: Some(false), history_size: Some(5), batch_window_ms: Some(0), ..Overrides::default() };
+        let table = Namespaces::new(global, vec![("quiet:".into(), quiet)]).unwrap();
+        let room = shared.with_options(table.resolve("quiet:1"));
+        assert!(!room.presence, "presence = false in the namespace");
+        assert_eq!(room.retention, Retention { max_events: 5, max_age_ms: 86_400_000 });
+        assert_eq!(room.batch_window, Duration::ZERO);
+        assert_eq!((room.recovery_max_events, room.tick), (77, Duration::from_secs(10)), "the rest is shared");
+        let other = shared.with_options(table.resolve("lobby"));
+        assert!(other.presence, "default true");
+        assert_eq!((other.retention, other.batch_window), (shared.retention, shared.batch_window));
+    }
+}
