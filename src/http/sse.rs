@@ -180,7 +180,7 @@ mod tests {
         let request = Request { rooms: vec![], cursor: vec![entry("user:u2", "F", 2)], state: false, presence: false };
         assert_eq!(initial_subscriptions(request, "u1"), vec![]);
         // state=1: every named room with its state; the inbox (no state) without.
-        let request = Request { rooms: vec!["a".into()], cursor: vec![entry("user:u1", "F", 2)], state: true };
+        let request = Request { rooms: vec!["a".into()], cursor: vec![entry("user:u1", "F", 2)], state: true, presence: false };
         let with_state = InitialSubscription { state: true, ..sub("a", None) };
         assert_eq!(initial_subscriptions(request, "u1"), vec![with_state, sub("user:u1", Some(("F", 2)))]);
     }
