@@ -15,8 +15,9 @@
 //!   `check-config` and `serve` with exit 2 and one line naming the table;
 //! - `check-config` prints every namespace with its effective options.
 //!
-//! The presence switch (`presence = false`) resolves per room (unit tests in
-//! `core::namespaces`); its behaviour is tested with the presence feature.
+//! - the presence switch: under `presence = false` GET presence and the `presence` op
+//!   answer `presence_off` and a `presence:true` subscriber gets no presence frames,
+//!   while a room of another namespace counts its members.
 
 mod common;
 
@@ -27,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use common::process::ServeProcess;
 use common::*;
-use serde_json::{json, };
+use serde_json::{json, Value};
 
 /// Global keys and one namespace per behaviour under test.
 const CONFIG: &str = r#"
@@ -362,4 +363,41 @@ fn a_bad_namespace_table_stops_check_config_and_serve_with_a_clear_message() {
             assert!(ran.stdout.is_empty() || command == "serve", "{command} with {what}: {}", ran.stdout);
         }
     }
+}
+
+/// The next frame with `op` within `within` (other frames are skipped).
+async fn next_op(ws: &mut WsClient, op: &str, within: Duration) -> Option<Value> {
+    let deadline = Instant::now() + within;
+    loop {
+        let frame = ws.recv_within(deadline.saturating_duration_since(Instant::now())).await?;
+        if frame["op"] == op {
+            return Some(frame);
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_presence_switch_follows_the_namespace() {
+    let node = serve(&format!("presence_interval_ms = 200\n{CONFIG}"));
+    let http = node.server.http();
+    let mut ws = WsClient::connect(node.server.addr, &http.mint_token("viewer", "web"), None).await;
+    for room in ["big:1", "lobby"] {
+        let reply = ws.request(json!({"op": "subscribe", "room": room, "presence": true})).await;
+        assert_eq!(reply["op"], "subscribed", "a presence:true subscribe to {room} works either way: {reply}");
+    }
+    // The room that keeps presence counts its member and tells the subscriber.
+    let frame = next_op(&mut ws, "presence", Duration::from_secs(5)).await.expect("a presence frame for lobby");
+    assert_eq!((frame["room"].clone(), frame["count"].clone()), (json!("lobby"), json!(1)), "{frame}");
+    let (status, body) = http.request("GET", "/v1/rooms/lobby/presence", Auth::Key, Body::None);
+    assert_eq!((status, body["count"].clone()), (200, json!(1)), "{body}");
+    // Under presence = false: 404 presence_off over HTTP and as an op, and no frames.
+    let (status, body) = http.request("GET", "/v1/rooms/big:1/presence", Auth::Key, Body::None);
+    assert_eq!((status, body["error"]["code"].clone()), (404, json!("presence_off")), "{body}");
+    let reply = ws.request(json!({"op": "presence", "room": "big:1"})).await;
+    assert_eq!((reply["op"].clone(), reply["code"].clone()), (json!("error"), json!("presence_off")), "{reply}");
+    let mut second = WsClient::connect(node.server.addr, &http.mint_token("second", "web"), None).await;
+    let reply = second.request(json!({"op": "subscribe", "room": "big:1", "presence": true})).await;
+    assert_eq!(reply["op"], "subscribed", "{reply}");
+    let stray = next_op(&mut ws, "presence", Duration::from_millis(1000)).await;
+    assert!(stray.is_none(), "no presence frames from a room whose namespace keeps none: {stray:?}");
 }
