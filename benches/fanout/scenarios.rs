@@ -15,6 +15,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 
 use crate::load::{self, now_ns, secs_ns, ConnSpec, ConnSummary, Publisher, Rec};
+use crate::presence::Arm;
 use crate::procstat;
 use crate::servers::{Kind, LivegateCluster, LivegateOpts, Paths, Server, NODE_NAMES};
 
@@ -73,6 +74,15 @@ pub struct Sizes {
     /// reconnect: clients (livegate.js-like, one room each) and rooms they spread over.
     pub reconnect_clients: usize,
     pub reconnect_rooms: usize,
+    /// presence (issue 19): subscribers of the one room, how many of them take turns
+    /// leaving, leaves (each replaced by a new user) per second, the newcomer's delay
+    /// after the leave, publish rates and measured seconds per rate.
+    pub presence_subs: usize,
+    pub presence_pool: usize,
+    pub presence_churn_per_sec: f64,
+    pub presence_rejoin_ms: u64,
+    pub presence_rates: Vec<f64>,
+    pub presence_secs: f64,
 }
 
 impl Sizes {
@@ -121,6 +131,12 @@ impl Sizes {
             churn_session_ttl_secs: 10,
             reconnect_clients: 2_000,
             reconnect_rooms: 20,
+            presence_subs: 9_500,
+            presence_pool: 950,
+            presence_churn_per_sec: 95.0,
+            presence_rejoin_ms: 500,
+            presence_rates: vec![5.0, 100.0],
+            presence_secs: 5.0,
         }
     }
 
@@ -169,6 +185,12 @@ impl Sizes {
             churn_session_ttl_secs: 2,
             reconnect_clients: 200,
             reconnect_rooms: 5,
+            presence_subs: 200,
+            presence_pool: 40,
+            presence_churn_per_sec: 2.0,
+            presence_rejoin_ms: 500,
+            presence_rates: vec![5.0, 100.0],
+            presence_secs: 2.0,
         }
     }
 }
@@ -189,6 +211,9 @@ pub enum Case {
     /// livegate only: a drain and restart under clients like livegate.js, with resume
     /// credentials (`true`) or a fresh token for every attempt (`false`).
     Reconnect(bool),
+    /// livegate only: a hot room with churn, subscribing with presence on, off, or
+    /// (the `--baseline-bin` build) without the key.
+    Presence(Arm),
 }
 
 /// The cluster scenario's two deployments, run one after the other in every run.
@@ -200,7 +225,7 @@ pub enum Nodes {
     Three,
 }
 
-pub const SCENARIOS: [&str; 9] = ["idle", "fanout", "rooms", "hot", "durable", "slow", "cluster", "churn", "reconnect"];
+pub const SCENARIOS: [&str; 10] = ["idle", "fanout", "rooms", "hot", "durable", "slow", "cluster", "churn", "reconnect", "presence"];
 
 impl Case {
     pub fn scenario(self) -> &'static str {
@@ -214,6 +239,7 @@ impl Case {
             Case::Cluster(_) => "cluster",
             Case::Churn => "churn",
             Case::Reconnect(_) => "reconnect",
+            Case::Presence(_) => "presence",
         }
     }
 
@@ -224,6 +250,9 @@ impl Case {
             Case::Cluster(Nodes::Three) => "cluster: 3 nodes + NATS".into(),
             Case::Reconnect(true) => "reconnect wave, resume on".into(),
             Case::Reconnect(false) => "reconnect wave, resume off".into(),
+            Case::Presence(Arm::On) => "presence, subscribe presence:true".into(),
+            Case::Presence(Arm::Off) => "presence, subscribe presence:false".into(),
+            Case::Presence(Arm::Absent) => "presence, build without presence".into(),
             c => c.scenario().to_string(),
         }
     }
@@ -241,6 +270,8 @@ impl Case {
             ("cluster", Kind::Livegate) => vec![Case::Cluster(Nodes::One), Case::Cluster(Nodes::Three)],
             ("churn", k) if k.is_livegate() => vec![Case::Churn],
             ("reconnect", Kind::Livegate) => vec![Case::Reconnect(true), Case::Reconnect(false)],
+            ("presence", Kind::Livegate) => vec![Case::Presence(Arm::On), Case::Presence(Arm::Off)],
+            ("presence", Kind::LivegateBase) => vec![Case::Presence(Arm::Absent)],
             _ => vec![],
         }
     }
@@ -340,6 +371,7 @@ pub async fn run(ctx: &Ctx<'_>, kind: Kind, case: Case, run: usize) -> Record {
         Case::Cluster(nodes) => cluster(ctx, nodes).await,
         Case::Churn => churn(ctx, kind).await,
         Case::Reconnect(resume) => reconnect(ctx, resume).await,
+        Case::Presence(arm) => presence(ctx, kind, arm).await,
     };
     let out = out.unwrap_or_else(|e| {
         let mut o = Out::new();
@@ -374,7 +406,7 @@ async fn sleep_secs(s: f64) {
 }
 
 /// Waits until no event has arrived for 400 ms, or `max` seconds.
-async fn settle(rec: &Rec, max: f64) {
+pub async fn settle(rec: &Rec, max: f64) {
     let deadline = now_ns() + secs_ns(max);
     let (mut last, mut quiet) = (rec.borrow().events, 0);
     while now_ns() < deadline && quiet < 4 {
@@ -404,11 +436,11 @@ fn peak_sampler(pid: i32) -> (Rc<Cell<(u64, u64)>>, tokio::task::JoinHandle<()>)
     (peak, task)
 }
 
-fn self_cpu() -> f64 {
+pub fn self_cpu() -> f64 {
     procstat::cpu_secs(std::process::id() as i32).unwrap_or(0.0)
 }
 
-fn ms(h: &Histogram<u64>, q: f64) -> f64 {
+pub fn ms(h: &Histogram<u64>, q: f64) -> f64 {
     if h.is_empty() {
         f64::NAN
     } else {
@@ -555,6 +587,83 @@ async fn reconnect(ctx: &Ctx<'_>, resume: bool) -> Result<Out, String> {
     out.lo("handshakes with a token (restarted node)", wave.token_handshakes);
     if resume && wave.backend_calls > 0 {
         out.notes.push(format!("{} token calls with resume on (credentials refused or expired)", wave.backend_calls));
+    }
+    Ok(out)
+}
+
+/// The presence scenario (`presence.rs`): server CPU per delivery with and without
+/// presence, presence frames per client, the delivery check.
+async fn presence(ctx: &Ctx<'_>, kind: Kind, arm: Arm) -> Result<Out, String> {
+    let s = ctx.sizes;
+    let params = crate::presence::Params {
+        subs: s.presence_subs,
+        pool: s.presence_pool,
+        churn_per_sec: s.presence_churn_per_sec,
+        rejoin_ms: s.presence_rejoin_ms,
+        rates: s.presence_rates.clone(),
+        warm_secs: s.warm_secs,
+        secs: s.presence_secs,
+        settle_max_secs: s.settle_max_secs,
+        pad: s.pad,
+        publish_connections: s.publish_connections,
+    };
+    let r = crate::presence::run(ctx.paths, &params, kind, arm, ctx.status).await?;
+    let mut out = Out::new();
+    for st in &r.steps {
+        let rate = st.rate;
+        let secs = st.secs;
+        let per_cpu = if st.server_cpu > 0.0 { st.delivered as f64 / st.server_cpu } else { f64::NAN };
+        out.hi(&format!("deliveries per server CPU-s @{rate}/s"), per_cpu);
+        out.lo(&format!("server CPU µs per delivery @{rate}/s"), if st.delivered > 0 { st.server_cpu / st.delivered as f64 * 1e6 } else { f64::NAN });
+        out.lo(&format!("server CPU % @{rate}/s"), st.server_cpu / secs * 100.0);
+        out.hi(&format!("deliveries/s @{rate}/s"), st.delivered as f64 / secs);
+        out.hi(&format!("delivered % of publishes × subscribers @{rate}/s"), st.delivered as f64 / (st.expected as f64 * s.presence_subs as f64) * 100.0);
+        out.lo(&format!("p99 ms @{rate}/s"), ms(&st.hist, 0.99));
+        out.lo(&format!("presence frames per client per s @{rate}/s"), st.presence_frames as f64 / r.stable.max(1) as f64 / secs);
+        out.lo(&format!("leaves per s @{rate}/s"), st.leaves as f64 / secs);
+        out.lo(&format!("other processes' CPU % @{rate}/s"), st.other_cpu / secs * 100.0);
+        out.lo(&format!("load generator CPU % @{rate}/s"), st.client_cpu / secs * 100.0);
+        out.steps.push(Step {
+            rate,
+            delivered_per_s: st.delivered as f64 / secs,
+            expected_per_s: st.expected as f64 * s.presence_subs as f64 / secs,
+            frames_per_s: st.frames as f64 / secs,
+            server_cpu_util: st.server_cpu / secs,
+            per_cpu_s: per_cpu,
+            p50_ms: ms(&st.hist, 0.5),
+            p99_ms: ms(&st.hist, 0.99),
+            p999_ms: ms(&st.hist, 0.999),
+            client_cpu_util: st.client_cpu / secs,
+            other_cpu_util: st.other_cpu / secs,
+        });
+        if st.other_cpu / secs > 0.25 {
+            out.notes.push(format!("other processes on the machine used {:.0} % of a core at {rate}/s: numbers are disturbed", st.other_cpu / secs * 100.0));
+        }
+        if st.client_cpu / secs > 0.9 {
+            out.notes.push(format!("load generator CPU at {:.0} % at {rate}/s: deliveries may be client-bound", st.client_cpu / secs * 100.0));
+        }
+    }
+    out.lo("missing deliveries", r.missing as f64);
+    out.lo("duplicate deliveries", r.duplicates as f64);
+    out.hi("newcomers joined", r.rejoined as f64);
+    out.hi("last presence count seen", r.last_count.map(|c| c as f64).unwrap_or(f64::NAN));
+    if r.missing > 0 || r.duplicates > 0 || r.closed_by_server > 0 {
+        out.problems.push(format!("{} missing, {} duplicate deliveries, {} stable clients closed by the server", r.missing, r.duplicates, r.closed_by_server));
+    }
+    if r.failed_connects > 0 {
+        out.problems.push(format!("{} connections failed: {}", r.failed_connects, r.first_error.unwrap_or_default()));
+    }
+    if r.publish_errors > 0 {
+        out.problems.push(format!("{} publishes failed: {}", r.publish_errors, r.first_publish_error.unwrap_or_default()));
+    }
+    if arm != Arm::On && r.steps.iter().any(|s| s.presence_frames > 0) {
+        out.problems.push("presence frames reached subscribers that did not ask for them".into());
+    }
+    if arm == Arm::On && r.steps.iter().all(|s| s.presence_frames == 0) {
+        out.problems.push("no presence frame reached a subscriber that asked".into());
+    }
+    if r.tokens_ran_out {
+        out.notes.push("churn stopped early: the newcomers' tokens ran out".into());
     }
     Ok(out)
 }
