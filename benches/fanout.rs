@@ -13,12 +13,15 @@
 //! cargo bench --bench fanout -- --scenario cluster --server livegate   # issue 9: 3 nodes + NATS vs 1 node
 //! cargo bench --bench fanout -- --scenario reconnect --runs 3 [--reconnect-clients 2000]   # issue 18
 //! cargo bench --bench fanout -- --scenario state --server livegate --runs 3   # issue 19: join with state vs replay
+//! cargo bench --bench fanout -- --scenario presence --runs 3 --baseline-bin OLD   # issue 19 (--smoke: tiny)
 //! cargo bench --bench fanout -- --scenario fanout --server livegate,livegate-base,nchan \
 //!     --baseline-bin /path/to/older/livegate                # this build vs an older one, same run
 //! ```
 //!
-//! Scenarios: idle, fanout, rooms, hot, durable, slow, cluster, churn, reconnect (see
-//! `fanout/scenarios.rs`; the reconnect wave in `fanout/reconnect.rs`).
+//! Scenarios: idle, fanout, rooms, hot, durable, slow, cluster, churn, reconnect, presence
+//! (see `fanout/scenarios.rs`; the reconnect wave in `fanout/reconnect.rs`, the hot room
+//! with and without presence in `fanout/presence.rs`). `--smoke --scenario X` runs X alone
+//! at the smoke sizes.
 //! Peers (nginx + libnginx-mod-nchan, socket.io from npm) and nats-server (cluster) are
 //! installed by `benches/run`; without nats-server, `--all` and `--smoke` skip cluster.
 //! The report goes to `target/bench-report/` (`--all`), `…/smoke/` or `…/partial/`.
@@ -29,6 +32,8 @@ mod http;
 mod load;
 #[path = "fanout/plots.rs"]
 mod plots;
+#[path = "fanout/presence.rs"]
+mod presence;
 #[path = "fanout/procstat.rs"]
 mod procstat;
 #[path = "fanout/proto.rs"]
@@ -62,7 +67,7 @@ struct Args {
     #[arg(long)]
     smoke: bool,
     /// Scenarios to run (comma-separated): idle, fanout, rooms, hot, durable, slow, cluster,
-    /// churn, reconnect.
+    /// churn, reconnect, presence.
     #[arg(long, value_delimiter = ',')]
     scenario: Vec<String>,
     /// Servers to run (comma-separated): livegate, livegate-base (needs --baseline-bin),
@@ -137,7 +142,7 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
         sizes.step_secs = s;
         sizes.cluster_secs = s;
     }
-    let chosen = !(args.all || args.smoke || args.scenario.is_empty());
+    let chosen = !(args.all || args.scenario.is_empty());
     let mut scenarios: Vec<String> =
         if chosen { args.scenario.clone() } else { SCENARIOS.iter().map(|s| s.to_string()).collect() };
     if let Some(bad) = scenarios.iter().find(|s| !SCENARIOS.contains(&s.as_str())) {
@@ -157,7 +162,11 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
         }
     }
     let mut kinds: Vec<Kind> = if args.smoke && args.server.is_empty() {
-        vec![Kind::Livegate]
+        let mut k = vec![Kind::Livegate];
+        if args.baseline_bin.is_some() {
+            k.push(Kind::LivegateBase);
+        }
+        k
     } else if args.all || args.server.is_empty() {
         let mut k = Kind::ALL.to_vec();
         if args.baseline_bin.is_some() {
@@ -240,6 +249,9 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
     let total = started.elapsed();
     let mut meta = report::Meta::collect(&paths, nproc, runs, total, args.smoke, skipped);
     meta.load_start = load_start;
+    if let Some(table) = report::presence_table(&records) {
+        eprintln!("\npresence in one room of {} subscribers (medians of {runs} run(s)):\n{table}", sizes.presence_subs);
+    }
     if let Some(table) = report::reconnect_table(&records) {
         eprintln!("\nreconnect wave, {} clients (medians of {runs} run(s)):\n{table}", sizes.reconnect_clients);
     }

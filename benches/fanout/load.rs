@@ -88,14 +88,14 @@ impl Recorder {
         self.phases.iter_mut().rev().find(|p| t >= p.measure && t < p.end)
     }
 
-    fn on_frame(&mut self, now: u64) {
+    pub fn on_frame(&mut self, now: u64) {
         self.frames += 1;
         if let Some(p) = self.phase_of(now) {
             p.frames += 1;
         }
     }
 
-    fn on_event(&mut self, sent: u64, now: u64) {
+    pub fn on_event(&mut self, sent: u64, now: u64) {
         self.events += 1;
         if let Some(p) = self.phase_of(sent) {
             p.delivered += 1;

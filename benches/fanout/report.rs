@@ -329,6 +329,13 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
         }
     }
 
+    if let Some(table) = presence_table(records) {
+        let _ = writeln!(
+            md,
+            "\n## Presence (issue 19): one room of {} subscribers, with and without presence\n\n{} of them take turns leaving, {}/s, each replaced {} ms later by a new user; publishes at {:?}/s. Medians of the runs, (min–max) when they differ.\n\n{table}",
+            sizes.presence_subs, sizes.presence_pool, sizes.presence_churn_per_sec, sizes.presence_rejoin_ms, sizes.presence_rates
+        );
+    }
     if let Some(table) = reconnect_table(records) {
         let _ = writeln!(
             md,
@@ -410,6 +417,32 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
     Ok(path)
 }
 
+/// The presence scenario's arms side by side: this build with `presence:true`, with
+/// `presence:false`, and the `--baseline-bin` build; ratios of the medians, and what
+/// presence costs in server CPU per delivery.
+pub fn presence_table(records: &[Record]) -> Option<String> {
+    use crate::presence::Arm;
+    let arms = [(Kind::Livegate, Case::Presence(Arm::On)), (Kind::Livegate, Case::Presence(Arm::Off)), (Kind::LivegateBase, Case::Presence(Arm::Absent))];
+    let first = records.iter().find(|r| matches!(r.case, Case::Presence(_)) && !r.metrics.is_empty())?;
+    let ratio = |a: f64, b: f64| if a.is_finite() && b.is_finite() && b != 0.0 { format!("{:.2}", a / b) } else { "—".into() };
+    let mut md = String::from("| metric | presence:true | presence:false | build without presence | true ÷ false | true ÷ without |\n|---|---:|---:|---:|---:|---:|\n");
+    let mut cost = Vec::new();
+    for m in &first.metrics {
+        let arrow = if m.higher_better { "↑" } else { "↓" };
+        let v: Vec<Vec<f64>> = arms.iter().map(|&(k, c)| values(records, k, c, &m.name)).collect();
+        let med: Vec<f64> = v.iter().map(|x| median(x)).collect();
+        let _ = writeln!(md, "| {} {arrow} | {} | {} | {} | {} | {} |", m.name, cell(&v[0]), cell(&v[1]), cell(&v[2]), ratio(med[0], med[1]), ratio(med[0], med[2]));
+        if m.name.starts_with("server CPU µs per delivery") {
+            let pct = |b: f64| if med[0].is_finite() && b.is_finite() && b > 0.0 { format!("{:+.1} %", (med[0] / b - 1.0) * 100.0) } else { "—".into() };
+            cost.push(format!("| presence's server CPU per delivery{} | | | | {} | {} |", m.name.trim_start_matches("server CPU µs per delivery"), pct(med[1]), pct(med[2])));
+        }
+    }
+    for c in cost {
+        let _ = writeln!(md, "{c}");
+    }
+    Some(md)
+}
+
 /// The reconnect wave's metrics side by side, mode on and off, with their ratio.
 pub fn reconnect_table(records: &[Record]) -> Option<String> {
     let (on, off) = (Case::Reconnect(true), Case::Reconnect(false));
@@ -479,6 +512,10 @@ fn method_notes(s: &Sizes) -> Vec<String> {
         format!(
             "**reconnect** (issue 18, livegate only): {} clients, each its own user, subscribed to one of {} rooms, behaving like livegate.js: after a close 1012 they wait the delay its reason suggests (`reconnect in N ms`) plus up to {} ms of jitter, after a failed attempt they back off in livegate.js's tiers (random × 0, 2, 5, 10, 30 s). Mode on: the next attempt presents the last welcome's resume credential, a token only when a resume is refused (401); mode off: every attempt first asks the stand-in token endpoint (a small HTTP server in the bench that counts calls and mints through livegate's `POST /v1/tokens`). Both modes in every run, one after the other, each on a fresh node.",
             s.reconnect_clients, s.reconnect_rooms, crate::reconnect::HINT_JITTER_MS
+        ),
+        format!(
+            "**presence** (issue 19, livegate only): 1 room × {} WebSocket subscribers, each its own user; {}/s of the last {} leave (oldest first), each replaced {} ms later by a new user; publishes at {:?}/s, {} s warm-up + {} s measured each. Three arms per run, each on a fresh server: this build subscribing `\"presence\":true`, the same with `\"presence\":false`, and the `--baseline-bin` build without the key. Stable subscribers must get every event once; presence frames are counted per stable subscriber.",
+            s.presence_subs, s.presence_churn_per_sec, s.presence_pool, s.presence_rejoin_ms, s.presence_rates, s.warm_secs, s.presence_secs
         ),
         format!("Payloads are `{{\"bs\":SEQ,\"bt\":NS,\"pad\":\"…\"}}` with {} B padding (~100 B of JSON); livegate wraps them as `{{\"data\":…}}` and delivers only once durable.", s.pad),
         "livegate clients each use their own user (`u0`, `u1`, …, device `web`), as real clients would, so each connection also holds its user's inbox subscription; each token is minted over HTTP before the connection.".into(),

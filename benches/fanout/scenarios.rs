@@ -15,6 +15,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 
 use crate::load::{self, now_ns, secs_ns, ConnSpec, ConnSummary, Publisher, Rec};
+use crate::presence::Arm;
 use crate::procstat;
 use crate::servers::{Kind, LivegateCluster, LivegateOpts, Paths, Server, NODE_NAMES};
 
@@ -77,6 +78,15 @@ pub struct Sizes {
     /// clients that join with `state:true`, then again with `since=0`.
     pub state_events: usize,
     pub state_joins: usize,
+    /// presence (issue 19): subscribers of the one room, how many of them take turns
+    /// leaving, leaves (each replaced by a new user) per second, the newcomer's delay
+    /// after the leave, publish rates and measured seconds per rate.
+    pub presence_subs: usize,
+    pub presence_pool: usize,
+    pub presence_churn_per_sec: f64,
+    pub presence_rejoin_ms: u64,
+    pub presence_rates: Vec<f64>,
+    pub presence_secs: f64,
 }
 
 impl Sizes {
@@ -127,6 +137,12 @@ impl Sizes {
             reconnect_rooms: 20,
             state_events: 1000,
             state_joins: 200,
+            presence_subs: 9_500,
+            presence_pool: 950,
+            presence_churn_per_sec: 95.0,
+            presence_rejoin_ms: 500,
+            presence_rates: vec![5.0, 100.0],
+            presence_secs: 5.0,
         }
     }
 
@@ -177,6 +193,12 @@ impl Sizes {
             reconnect_rooms: 5,
             state_events: 1000,
             state_joins: 20,
+            presence_subs: 200,
+            presence_pool: 40,
+            presence_churn_per_sec: 2.0,
+            presence_rejoin_ms: 500,
+            presence_rates: vec![5.0, 100.0],
+            presence_secs: 2.0,
         }
     }
 }
@@ -200,6 +222,9 @@ pub enum Case {
     /// livegate only: joining a room with `state:true` (the state from memory, the
     /// events after it) against a replay of the whole history (`since=0`).
     State,
+    /// livegate only: a hot room with churn, subscribing with presence on, off, or
+    /// (the `--baseline-bin` build) without the key.
+    Presence(Arm),
 }
 
 /// The cluster scenario's two deployments, run one after the other in every run.
@@ -211,7 +236,7 @@ pub enum Nodes {
     Three,
 }
 
-pub const SCENARIOS: [&str; 10] = ["idle", "fanout", "rooms", "hot", "durable", "slow", "cluster", "churn", "reconnect", "state"];
+pub const SCENARIOS: [&str; 11] = ["idle", "fanout", "rooms", "hot", "durable", "slow", "cluster", "churn", "reconnect", "state", "presence"];
 
 impl Case {
     pub fn scenario(self) -> &'static str {
@@ -226,6 +251,7 @@ impl Case {
             Case::Churn => "churn",
             Case::Reconnect(_) => "reconnect",
             Case::State => "state",
+            Case::Presence(_) => "presence",
         }
     }
 
@@ -236,6 +262,9 @@ impl Case {
             Case::Cluster(Nodes::Three) => "cluster: 3 nodes + NATS".into(),
             Case::Reconnect(true) => "reconnect wave, resume on".into(),
             Case::Reconnect(false) => "reconnect wave, resume off".into(),
+            Case::Presence(Arm::On) => "presence, subscribe presence:true".into(),
+            Case::Presence(Arm::Off) => "presence, subscribe presence:false".into(),
+            Case::Presence(Arm::Absent) => "presence, build without presence".into(),
             c => c.scenario().to_string(),
         }
     }
@@ -254,6 +283,8 @@ impl Case {
             ("churn", k) if k.is_livegate() => vec![Case::Churn],
             ("reconnect", Kind::Livegate) => vec![Case::Reconnect(true), Case::Reconnect(false)],
             ("state", Kind::Livegate) => vec![Case::State],
+            ("presence", Kind::Livegate) => vec![Case::Presence(Arm::On), Case::Presence(Arm::Off)],
+            ("presence", Kind::LivegateBase) => vec![Case::Presence(Arm::Absent)],
             _ => vec![],
         }
     }
@@ -354,6 +385,7 @@ pub async fn run(ctx: &Ctx<'_>, kind: Kind, case: Case, run: usize) -> Record {
         Case::Churn => churn(ctx, kind).await,
         Case::Reconnect(resume) => reconnect(ctx, resume).await,
         Case::State => state_join(ctx).await,
+        Case::Presence(arm) => presence(ctx, kind, arm).await,
     };
     let out = out.unwrap_or_else(|e| {
         let mut o = Out::new();
@@ -388,7 +420,7 @@ async fn sleep_secs(s: f64) {
 }
 
 /// Waits until no event has arrived for 400 ms, or `max` seconds.
-async fn settle(rec: &Rec, max: f64) {
+pub async fn settle(rec: &Rec, max: f64) {
     let deadline = now_ns() + secs_ns(max);
     let (mut last, mut quiet) = (rec.borrow().events, 0);
     while now_ns() < deadline && quiet < 4 {
@@ -418,11 +450,11 @@ fn peak_sampler(pid: i32) -> (Rc<Cell<(u64, u64)>>, tokio::task::JoinHandle<()>)
     (peak, task)
 }
 
-fn self_cpu() -> f64 {
+pub fn self_cpu() -> f64 {
     procstat::cpu_secs(std::process::id() as i32).unwrap_or(0.0)
 }
 
-fn ms(h: &Histogram<u64>, q: f64) -> f64 {
+pub fn ms(h: &Histogram<u64>, q: f64) -> f64 {
     if h.is_empty() {
         f64::NAN
     } else {
@@ -673,6 +705,83 @@ async fn read_join(ws: &mut crate::proto::Ws, head: u64) -> Result<(usize, usize
             return Ok((events, bytes, epoch));
         }
     }
+}
+
+/// The presence scenario (`presence.rs`): server CPU per delivery with and without
+/// presence, presence frames per client, the delivery check.
+async fn presence(ctx: &Ctx<'_>, kind: Kind, arm: Arm) -> Result<Out, String> {
+    let s = ctx.sizes;
+    let params = crate::presence::Params {
+        subs: s.presence_subs,
+        pool: s.presence_pool,
+        churn_per_sec: s.presence_churn_per_sec,
+        rejoin_ms: s.presence_rejoin_ms,
+        rates: s.presence_rates.clone(),
+        warm_secs: s.warm_secs,
+        secs: s.presence_secs,
+        settle_max_secs: s.settle_max_secs,
+        pad: s.pad,
+        publish_connections: s.publish_connections,
+    };
+    let r = crate::presence::run(ctx.paths, &params, kind, arm, ctx.status).await?;
+    let mut out = Out::new();
+    for st in &r.steps {
+        let rate = st.rate;
+        let secs = st.secs;
+        let per_cpu = if st.server_cpu > 0.0 { st.delivered as f64 / st.server_cpu } else { f64::NAN };
+        out.hi(&format!("deliveries per server CPU-s @{rate}/s"), per_cpu);
+        out.lo(&format!("server CPU µs per delivery @{rate}/s"), if st.delivered > 0 { st.server_cpu / st.delivered as f64 * 1e6 } else { f64::NAN });
+        out.lo(&format!("server CPU % @{rate}/s"), st.server_cpu / secs * 100.0);
+        out.hi(&format!("deliveries/s @{rate}/s"), st.delivered as f64 / secs);
+        out.hi(&format!("delivered % of publishes × subscribers @{rate}/s"), st.delivered as f64 / (st.expected as f64 * s.presence_subs as f64) * 100.0);
+        out.lo(&format!("p99 ms @{rate}/s"), ms(&st.hist, 0.99));
+        out.lo(&format!("presence frames per client per s @{rate}/s"), st.presence_frames as f64 / r.stable.max(1) as f64 / secs);
+        out.lo(&format!("leaves per s @{rate}/s"), st.leaves as f64 / secs);
+        out.lo(&format!("other processes' CPU % @{rate}/s"), st.other_cpu / secs * 100.0);
+        out.lo(&format!("load generator CPU % @{rate}/s"), st.client_cpu / secs * 100.0);
+        out.steps.push(Step {
+            rate,
+            delivered_per_s: st.delivered as f64 / secs,
+            expected_per_s: st.expected as f64 * s.presence_subs as f64 / secs,
+            frames_per_s: st.frames as f64 / secs,
+            server_cpu_util: st.server_cpu / secs,
+            per_cpu_s: per_cpu,
+            p50_ms: ms(&st.hist, 0.5),
+            p99_ms: ms(&st.hist, 0.99),
+            p999_ms: ms(&st.hist, 0.999),
+            client_cpu_util: st.client_cpu / secs,
+            other_cpu_util: st.other_cpu / secs,
+        });
+        if st.other_cpu / secs > 0.25 {
+            out.notes.push(format!("other processes on the machine used {:.0} % of a core at {rate}/s: numbers are disturbed", st.other_cpu / secs * 100.0));
+        }
+        if st.client_cpu / secs > 0.9 {
+            out.notes.push(format!("load generator CPU at {:.0} % at {rate}/s: deliveries may be client-bound", st.client_cpu / secs * 100.0));
+        }
+    }
+    out.lo("missing deliveries", r.missing as f64);
+    out.lo("duplicate deliveries", r.duplicates as f64);
+    out.hi("newcomers joined", r.rejoined as f64);
+    out.hi("last presence count seen", r.last_count.map(|c| c as f64).unwrap_or(f64::NAN));
+    if r.missing > 0 || r.duplicates > 0 || r.closed_by_server > 0 {
+        out.problems.push(format!("{} missing, {} duplicate deliveries, {} stable clients closed by the server", r.missing, r.duplicates, r.closed_by_server));
+    }
+    if r.failed_connects > 0 {
+        out.problems.push(format!("{} connections failed: {}", r.failed_connects, r.first_error.unwrap_or_default()));
+    }
+    if r.publish_errors > 0 {
+        out.problems.push(format!("{} publishes failed: {}", r.publish_errors, r.first_publish_error.unwrap_or_default()));
+    }
+    if arm != Arm::On && r.steps.iter().any(|s| s.presence_frames > 0) {
+        out.problems.push("presence frames reached subscribers that did not ask for them".into());
+    }
+    if arm == Arm::On && r.steps.iter().all(|s| s.presence_frames == 0) {
+        out.problems.push("no presence frame reached a subscriber that asked".into());
+    }
+    if r.tokens_ran_out {
+        out.notes.push("churn stopped early: the newcomers' tokens ran out".into());
+    }
+    Ok(out)
 }
 
 /// Bytes of the files under `dir`.
