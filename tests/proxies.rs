@@ -26,6 +26,19 @@ impl Nginx {
             .into_iter()
             .find(|p| Path::new(p).exists())
             .expect("nginx not found: the README's test command (.ci/test) installs Debian's nginx");
+        // A port picked by binding port 0 and letting it go can be taken by another test's
+        // server before nginx binds it; then nginx exits and the probe below reaches the
+        // other server. So the probe asks for nginx by name, and a lost port is picked again.
+        for _ in 0..5 {
+            if let Some(nginx) = Nginx::try_start(binary, upstream) {
+                return nginx;
+            }
+        }
+        panic!("nginx did not start on a free port in 5 attempts");
+    }
+
+    /// nginx on a fresh port in front of `upstream`, or `None` when the port was lost.
+    fn try_start(binary: &str, upstream: SocketAddr) -> Option<Nginx> {
         let dir = tempfile::Builder::new().prefix("livegate-nginx-").tempdir().expect("tempdir");
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
@@ -71,16 +84,32 @@ http {{
             .spawn()
             .expect("start nginx");
         let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(addr).is_err() {
+        while !answers_as_nginx(addr) {
             if let Some(status) = child.try_wait().expect("nginx status") {
                 let log = std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default();
+                if log.contains("Address already in use") {
+                    return None;
+                }
                 panic!("nginx exited with {status}: {log}");
             }
             assert!(Instant::now() < deadline, "nginx did not listen on {addr} within 10 s");
             std::thread::sleep(Duration::from_millis(20));
         }
-        Nginx { addr, child, _dir: dir }
+        Some(Nginx { addr, child, _dir: dir })
     }
+}
+
+/// Whether what listens on `addr` is nginx (its `Server` header), not some other server.
+fn answers_as_nginx(addr: SocketAddr) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = TcpStream::connect(addr) else { return false };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    if stream.write_all(b"GET /nginx-probe HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).to_ascii_lowercase().contains("server: nginx")
 }
 
 impl Drop for Nginx {
