@@ -90,6 +90,7 @@ fn room_settings(config: &Config, metrics: Arc<Metrics>, presence_hub: Arc<Prese
         batch_window: config.batch_window(),
         presence: true,
         presence_hub,
+        occupancy: None,
     }
 }
 

@@ -425,6 +425,7 @@ mod tests {
             batch_window: Duration::from_millis(100),
             presence: true,
             presence_hub: crate::actors::room::PresenceHub::new(Duration::from_secs(1), 1000, None),
+            occupancy: None,
         };
         let global = RoomOptions { history_size: 1000, history_ttl_secs: 86_400, batch_window_ms: 100, presence: true, max_event_bytes: 65536 };
         let quiet = Overrides { presence: Some(false), history_size: Some(5), batch_window_ms: Some(0), ..Overrides::default() };

@@ -14,6 +14,7 @@
 //! the store for it and the log is never replayed to build it.
 
 mod local;
+mod occupancy;
 mod presence;
 mod stream;
 
@@ -26,6 +27,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 
 pub use self::local::LocalRoomLogs;
+pub use self::occupancy::Occupancy;
 pub use self::presence::PresenceHub;
 pub use self::stream::StreamRoomLogs;
 use super::backlog::{Backlog, Reserve};
@@ -54,6 +56,8 @@ pub struct RoomSettings {
     pub presence: bool,
     /// The node's presence: interval, members bound, other nodes' tables.
     pub presence_hub: Arc<PresenceHub>,
+    /// Told of the room's local occupancy edges (webhooks); `None` when nobody listens.
+    pub occupancy: Option<Arc<dyn Occupancy>>,
 }
 
 impl RoomSettings {
