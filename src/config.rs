@@ -176,7 +176,7 @@ config_keys! {
     max_message_bytes: usize = 65536, "BYTES",
         "Largest client message assembled from fragments; larger closes with 1009";
     max_connections: usize = 15000, "N",
-        "WebSocket connections this node holds, at most (open-file limit - 256) / 2; more are refused with 503; 0: only that bound";
+        "WebSocket connections this node holds, at most the open-file limit - 256; more are refused with 503; 0: only that bound";
     max_connections_per_ip: usize = 1000, "N",
         "WebSocket connections per client IP; more are refused with 429; 0: no limit";
     handshakes_per_ip_per_sec: u64 = 100, "N",
