@@ -193,31 +193,62 @@ fn prepare_connection(conn: &dyn std::any::Any) {
     }
 }
 
+/// The route table: each line registers one route in [`configure`] and is one entry of
+/// [`ROUTES`], so the list `/openapi.json` is checked against is what actix serves.
+macro_rules! routes {
+    ($($method:ident $path:literal => $handler:path,)*) => {
+        /// Every `(method, path)` the server registers, in registration order (paths as
+        /// actix templates, `{room}`); `GET /openapi.json` documents exactly these.
+        pub const ROUTES: &[(&str, &str)] = &[$((stringify!($method), $path)),*];
+
+        fn register_routes(cfg: &mut web::ServiceConfig) {
+            $(cfg.route($path, route_method!($method).to($handler));)*
+        }
+    };
+}
+
+/// The actix route guard of a method named in [`routes!`].
+macro_rules! route_method {
+    (GET) => { web::get() };
+    (POST) => { web::post() };
+    (PUT) => { web::put() };
+    (DELETE) => { web::delete() };
+}
+
+routes! {
+    POST "/v1/tokens" => mint_token,
+    POST "/v1/rooms/{room}/events" => publish,
+    GET "/v1/rooms/{room}/events" => read_history,
+    PUT "/v1/rooms/{room}/state" => put_state,
+    GET "/v1/rooms/{room}/state" => read_state,
+    GET "/v1/rooms/{room}/presence" => read_presence,
+    POST "/v1/users/{user}/messages" => message_user,
+    DELETE "/v1/users/{user}/connections" => kick,
+    GET "/v1/route" => route,
+    GET "/v1/ws" => upgrade,
+    GET "/v1/sse" => sse::stream,
+    GET "/healthz" => healthz,
+    GET "/readyz" => readyz,
+    GET "/metrics" => metrics,
+    GET "/livegate.js" => client_library,
+    GET "/livegate.d.ts" => client_types,
+    GET "/openapi.json" => openapi,
+    GET "/" => demo_page,
+    GET "/demo/token" => demo_token,
+    GET "/v1/admin/status" => status,
+    POST "/v1/admin/reload" => reload,
+    // Placeholders until the admin page lands (issue 20): its branch replaces both handlers.
+    GET "/v1/admin/overview" => admin_pending,
+    GET "/admin" => admin_pending,
+    GET "/v1/echo" => echo,
+}
+
 /// Register every route on an app.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.app_data(web::QueryConfig::default().error_handler(|err, _req| ApiError::bad_request(err.to_string()).into()))
-        .app_data(web::PathConfig::default().error_handler(|err, _req| ApiError::bad_request(err.to_string()).into()))
-        .route("/v1/tokens", web::post().to(mint_token))
-        .route("/v1/rooms/{room}/events", web::post().to(publish))
-        .route("/v1/rooms/{room}/events", web::get().to(read_history))
-        .route("/v1/rooms/{room}/state", web::put().to(put_state))
-        .route("/v1/rooms/{room}/state", web::get().to(read_state))
-        .route("/v1/rooms/{room}/presence", web::get().to(read_presence))
-        .route("/v1/users/{user}/messages", web::post().to(message_user))
-        .route("/v1/users/{user}/connections", web::delete().to(kick))
-        .route("/v1/route", web::get().to(route))
-        .route("/v1/ws", web::get().to(upgrade))
-        .route("/v1/sse", web::get().to(sse::stream))
-        .route("/healthz", web::get().to(healthz))
-        .route("/readyz", web::get().to(readyz))
-        .route("/metrics", web::get().to(metrics))
-        .route("/livegate.js", web::get().to(client_library))
-        .route("/", web::get().to(demo_page))
-        .route("/demo/token", web::get().to(demo_token))
-        .route("/v1/admin/status", web::get().to(status))
-        .route("/v1/admin/reload", web::post().to(reload))
-        .route("/v1/echo", web::get().to(echo))
-        .default_service(web::to(not_found));
+        .app_data(web::PathConfig::default().error_handler(|err, _req| ApiError::bad_request(err.to_string()).into()));
+    register_routes(cfg);
+    cfg.default_service(web::to(not_found));
 }
 
 async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
@@ -826,6 +857,34 @@ async fn client_library() -> HttpResponse {
         .content_type("text/javascript; charset=utf-8")
         .insert_header(("Cache-Control", "no-cache"))
         .body(CLIENT_LIBRARY)
+}
+
+/// TypeScript declarations of [`CLIENT_LIBRARY`], embedded in the binary.
+const CLIENT_TYPES: &str = include_str!("../web/livegate.d.ts");
+
+/// `GET /livegate.d.ts`: the declarations for `/livegate.js`.
+async fn client_types() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/typescript; charset=utf-8")
+        .insert_header(("Cache-Control", "no-cache"))
+        .body(CLIENT_TYPES)
+}
+
+/// The OpenAPI 3.1 description of every route in [`ROUTES`] (tests/openapi.rs checks
+/// the two against each other and against a validator).
+const OPENAPI: &str = include_str!("../web/openapi.json");
+
+/// `GET /openapi.json`: the HTTP API described for tools.
+async fn openapi() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .insert_header(("Cache-Control", "no-cache"))
+        .body(OPENAPI)
+}
+
+/// The admin overview and page are not in this build yet: a 404 that names them.
+async fn admin_pending(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    Err(api_error(ErrorCode::NotFound, format!("{} is not in this build", req.path())))
 }
 
 /// `GET /v1/admin/status`: what an operator asks first.

@@ -1,0 +1,354 @@
+// livegate.d.ts: TypeScript declarations for livegate.js, the browser and Node client of
+// livegate (served at /livegate.js, these at /livegate.d.ts). Save both side by side and
+// import the module as usual:
+//
+//   import { connect, type LivegateEvent } from './livegate.js';
+//   const client = connect({ url: 'https://push.example.com', getToken: () => fetchToken() });
+//   client.subscribe<{ score: [number, number] }>('match:1', (event) => show(event.data.score));
+//
+// Only the public API is declared; members starting with `_` are the library's own.
+// These declarations need no DOM or Node types: the WebSocket and fetch options are
+// described by the shape livegate.js uses, which the browser's and Node's satisfy.
+
+/** The transport a client uses now: WebSocket, or Server-Sent Events read with fetch(). */
+export type Transport = 'websocket' | 'sse';
+
+/** The `transport` option: `auto` (default) starts on WebSocket and falls back to SSE. */
+export type TransportOption = 'auto' | Transport;
+
+/** `client.state`: `idle` before the first attempt, `stopped` after a close 4500-4999, `closed` after close(). */
+export type ClientState = 'idle' | 'connecting' | 'connected' | 'disconnected' | 'stopped' | 'closed';
+
+/** What `getToken()` may return: the token, or the `{token}` reply of `POST /v1/tokens`. */
+export type TokenResult = string | { token: string };
+
+/** Delays of the client (all in milliseconds); `timings` overrides any of them. */
+export interface Timings {
+  /** Backoff tiers after a lost or failed connection; each delay is random() * tier. */
+  backoffMs: readonly number[];
+  /** After 1012/1001 without a suggested delay: random() * this. */
+  restartJitterMs: number;
+  /** Longest server-suggested delay honoured. */
+  maxHintMs: number;
+  /** No `welcome` this long after opening: give up on the attempt. */
+  connectTimeoutMs: number;
+  /** A connection that lasted this long starts the backoff from its first tier again. */
+  stableMs: number;
+  /** Interval of the client's `ping`; null: the server's `heartbeat_ms` from welcome. */
+  pingMs: number | null;
+  /** Nothing heard from the server this long: reconnect. null: 2.5 ping intervals (WebSocket), 3 heartbeats (SSE). */
+  idleMs: number | null;
+  /** A subscribe refused as `unavailable` is tried again after this long. */
+  resubscribeMs: number;
+  /** A resume credential counts as expired this long before its expiry (clock skew). */
+  resumeMarginMs: number;
+  /** Longest wait for the `/readyz` check after a failed WebSocket attempt. */
+  probeTimeoutMs: number;
+}
+
+/** A message event as livegate.js reads it from a socket. */
+export interface SocketMessage {
+  data: unknown;
+}
+
+/** A close event as livegate.js reads it from a socket. */
+export interface SocketClose {
+  code?: number;
+  reason?: string;
+}
+
+/**
+ * The shape of a WebSocket livegate.js drives (the browser's, Node's, or any with the
+ * same shape). The handlers are set by the library; `any` keeps the DOM's and Node's own
+ * handler types assignable.
+ */
+export interface WebSocketLike {
+  readonly readyState: number;
+  send(data: string): void;
+  close(code?: number, reason?: string): void;
+  onopen: ((event: any) => void) | null;
+  onmessage: ((event: any) => void) | null;
+  onerror: ((event: any) => void) | null;
+  onclose: ((event: any) => void) | null;
+}
+
+/** A WebSocket constructor: called with the `ws(s)://…/v1/ws?…` URL only. */
+export type WebSocketConstructor = new (url: string) => WebSocketLike;
+
+/** The part of a fetch() response livegate.js reads (SSE streams and `/readyz`). */
+export interface FetchResponseLike {
+  readonly ok: boolean;
+  readonly status: number;
+  readonly headers?: { get(name: string): string | null } | null;
+  readonly body?: {
+    getReader(): {
+      read(): Promise<{ done: boolean; value?: Uint8Array | undefined }>;
+      cancel(reason?: any): Promise<void>;
+    };
+    cancel?(reason?: any): Promise<void>;
+  } | null;
+  json(): Promise<any>;
+}
+
+/** A fetch function: called with a URL and `{signal, cache, headers}`. */
+export type FetchLike = (input: string, init?: any) => Promise<FetchResponseLike>;
+
+/** The options of `connect()` / `new LivegateClient()`. */
+export interface ClientOptions {
+  /** The server's base URL, http(s):// or ws(s):// (`/v1/ws` and `/v1/sse` are derived). Default: the page's origin in a browser. */
+  url?: string;
+  /** A fresh one-time token (or the `{token}` reply of `POST /v1/tokens`), for an attempt without a usable resume credential. */
+  getToken: () => TokenResult | PromiseLike<TokenResult>;
+  /** `'auto'` (default), `'websocket'` or `'sse'`. */
+  transport?: TransportOption;
+  /** false: never use resume credentials (a token every attempt). Default true. */
+  resume?: boolean;
+  /** Consecutive failed WebSocket attempts a resume credential is tried in before it is dropped. Default 3. */
+  resumeAttempts?: number;
+  /** The WebSocket constructor to use (default: the global one). */
+  WebSocket?: WebSocketConstructor;
+  /** The fetch function for SSE and the `/readyz` check (default: the global one; null: none, so no SSE). */
+  fetch?: FetchLike | null;
+  /** A session id to resume on the first connection. */
+  session?: string | null;
+  /** Overrides of `DEFAULT_TIMINGS`. */
+  timings?: Partial<Timings>;
+  /** A function like Math.random (for tests). */
+  random?: () => number;
+}
+
+/** One event of a room, as the server sent it. `data` is whatever was published. */
+export interface LivegateEvent<T = unknown> {
+  room: string;
+  seq: number;
+  /** The publisher's id, or one the server made up. */
+  id: string;
+  /** When the server accepted it (Unix ms). */
+  ts_ms: number;
+  /** The publishing user, for events a client published; set by the server. */
+  from?: string;
+  data: T;
+}
+
+/** A member of a room: one user on one device. */
+export interface Member {
+  user: string;
+  device: string;
+}
+
+/** A room's state as a `subscribed` reply carries it: as of `seq`. */
+export interface RoomSnapshot<S = unknown> {
+  seq: number;
+  data: S;
+}
+
+/** What `onState` is told alongside the state. */
+export interface StateMeta {
+  room: string;
+  /** The seq the state is as of (0 when the room has none); the events after it follow. */
+  seq: number;
+  epoch: string;
+}
+
+/** A presence frame: who joined and left since the room's last one. */
+export interface PresenceChange {
+  room: string;
+  count: number;
+  /** null above the server's `presence_members_max`. */
+  joined: Member[] | null;
+  left: Member[] | null;
+}
+
+/** The options of `subscribe()`. */
+export interface SubscribeOptions<S = unknown> {
+  /** Deliver the events after this seq (e.g. the head of a state loaded over HTTP). */
+  since?: number | null;
+  /** The epoch `since` belongs to. */
+  epoch?: string | null;
+  /** Start from the room's state: `onState` runs first, then the events after its seq. */
+  state?: boolean;
+  /** The room's state (null: none), before the events after it; again after a failed recovery. */
+  onState?: (data: S | null, meta: StateMeta) => void;
+  /** Ask the server for presence frames of the room. */
+  presence?: boolean;
+  /** Presence changes (at most one per `presence_interval_ms`, only when something changed). */
+  onPresence?: (change: PresenceChange) => void;
+}
+
+/** What a `subscribe()` promise resolves with: the room's first `subscribed` reply. */
+export interface SubscribedReply<S = unknown> {
+  room: string;
+  epoch: string;
+  /** The room's head when the server answered. */
+  seq: number;
+  /** Set when the subscribe named a `since`: whether the missed events follow. */
+  recovered?: boolean | undefined;
+  /** With `state: true`: the room's state, or null when it has none. */
+  state?: RoomSnapshot<S> | null;
+}
+
+/** What `history()` resolves with: the server's `history` frame. */
+export interface HistoryReply<T = unknown> {
+  op: 'history';
+  ref?: number;
+  room: string;
+  /** null for a room never published to. */
+  epoch: string | null;
+  head: number;
+  /** Whether every event after `since` (up to the head) is in `events`. */
+  complete: boolean;
+  events: LivegateEvent<T>[];
+}
+
+/** The options of `publish()`. */
+export interface PublishOptions {
+  /** The idempotency id (default: a random one); publishing again with it stores it at most once. */
+  id?: string;
+}
+
+/** What `publish()` resolves with once the event is stored. */
+export interface PublishResult {
+  seq: number;
+  /** true: the id was published before; `seq` is the first one's. */
+  duplicate: boolean;
+  /** The id the event was published with (the given one, or the one made up). */
+  id: string;
+}
+
+/** What `presence()` resolves with. */
+export interface PresenceReply {
+  room: string;
+  count: number;
+  /** The distinct members; null above the server's `presence_members_max`. */
+  members: Member[] | null;
+}
+
+/** Where delivery of a room stands: its epoch and the last seq delivered. */
+export interface Position {
+  epoch: string | null;
+  seq: number | null;
+}
+
+/**
+ * The error a promise rejects with: `code` is the server's error code (`forbidden`,
+ * `bad_room`, `presence_off`, `payload_too_large`, `rate_limited`, …) or the client's own
+ * (`closed`, `stopped`, `disconnected`, `unsubscribed`, `unsupported`).
+ */
+export interface LivegateError extends Error {
+  code: string;
+}
+
+/** The events `on()` listens to, with what each listener is given. */
+export interface ClientEvents {
+  connecting: { attempt: number; transport: Transport };
+  connected: {
+    session: string;
+    node: string;
+    warmup: boolean;
+    heartbeatMs: number;
+    /** The session of the previous welcome was kept. */
+    resumed: boolean;
+    transport: Transport;
+    /** What opened the connection. */
+    credential: 'token' | 'resume';
+  };
+  disconnected: {
+    code: number;
+    reason: string;
+    /** null when the client will not reconnect. */
+    reconnectInMs: number | null;
+    /** Whether the lost connection had been welcomed (absent when not reconnecting). */
+    welcomed?: boolean;
+  };
+  transport: { from: Transport; to: Transport; reason: string };
+  /** The missed events of a room follow (or, with `state: true`, its state replaced them). */
+  recovered: { room: string; epoch: string; seq: number; state?: true };
+  /** The server could not replay what a room missed: reload its state over HTTP. */
+  recovery_failed: {
+    room: string;
+    epoch: string | null;
+    seq: number;
+    /** `not_recovered`, `epoch_changed`, `history_trimmed`, or the code a history request failed with. */
+    reason: string;
+  };
+  /** `code`: a server error code, or the client's (`token`, `socket`, `sse`, `handler`, `unsupported`, `http_NNN`). */
+  error: { room?: string; code: string; message: string; error?: unknown };
+}
+
+/** The name of an event `on()` listens to. */
+export type ClientEventName = keyof ClientEvents;
+
+/** A reconnecting livegate client (see the top of livegate.js). */
+export declare class LivegateClient {
+  constructor(options: ClientOptions);
+  /** Where the client is in its life. */
+  readonly state: ClientState;
+  /** The session id of the last welcome (null before the first). */
+  readonly session: string | null;
+  /** The transport in use (or of the next attempt). */
+  readonly transport: Transport;
+  /** Whether a resume credential is held for the next attempt (never the credential). */
+  readonly hasResume: boolean;
+  /** Where delivery of a room stands, or null for a room not subscribed. */
+  position(room: string): Position | null;
+  /** Listens to an event; returns a function that removes the listener. */
+  on<K extends ClientEventName>(name: K, listener: (detail: ClientEvents[K]) => void): () => void;
+  off<K extends ClientEventName>(name: K, listener: (detail: ClientEvents[K]) => void): void;
+  /**
+   * Delivers the room's events to `onEvent` once each, in seq order. Resolves with the
+   * first `subscribed` reply; rejects (a `LivegateError`) when the server refuses the room.
+   */
+  subscribe<T = unknown, S = unknown>(
+    room: string,
+    onEvent?: ((event: LivegateEvent<T>) => void) | null,
+    options?: SubscribeOptions<S>,
+  ): Promise<SubscribedReply<S>>;
+  /** Stops delivering the room and tells the server (over SSE: reopens the stream). */
+  unsubscribe(room: string): void;
+  /** Up to `limit` (default 100) events of `room` after `since` (default 0); WebSocket only. */
+  history<T = unknown>(room: string, since?: number, limit?: number): Promise<HistoryReply<T>>;
+  /** Publishes `data` (any JSON value) as this connection's user, once stored; WebSocket only. */
+  publish(room: string, data: unknown, options?: PublishOptions): Promise<PublishResult>;
+  /** Who is in `room` now; WebSocket only. */
+  presence(room: string): Promise<PresenceReply>;
+  /** Drops the connection as if it had been lost (close 4000); false when there is none. */
+  dropConnection(reason?: string): boolean;
+  /** Closes for good: no reconnect, pending requests are rejected. */
+  close(): void;
+}
+
+/** Opens a client: `new LivegateClient(options)`. */
+export declare function connect(options: ClientOptions): LivegateClient;
+
+/** The defaults of the `timings` option. */
+export declare const DEFAULT_TIMINGS: Readonly<Timings>;
+/** Event ids remembered per room to drop repeats. */
+export declare const RECENT_IDS: number;
+/** Largest SSE message, in characters. */
+export declare const MAX_SSE_MESSAGE_CHARS: number;
+
+/** The SSE endpoint for a base URL (`…/v1/sse`); throws a TypeError for other schemes. */
+export declare function sseEndpointOf(base: string): string;
+/** The WebSocket endpoint for a base URL (`ws(s)://…/v1/ws`); throws a TypeError for other schemes. */
+export declare function endpointOf(base: string): string;
+/** The reconnect delay a 1012/1001 close reason suggests, in ms, or null. */
+export declare function suggestedDelayMs(reason: string | null | undefined): number | null;
+
+/** One message of an event stream. */
+export interface EventStreamMessage {
+  /** The `event:` field, `message` when none was given. */
+  type: string;
+  /** The `data:` lines joined with `\n`. */
+  data: string;
+  /** The message's own `id:`, if any. */
+  id: string | undefined;
+}
+
+/** A `text/event-stream` parser (the HTML standard's rules). */
+export declare class EventStreamParser {
+  constructor(onMessage: (message: EventStreamMessage) => void, onComment?: (text: string) => void, maxChars?: number);
+  /** Feeds decoded text; throws a RangeError for a message over `maxChars`. */
+  push(text: string): void;
+  /** The stream ended: a message without its blank line is dropped. */
+  end(): void;
+}

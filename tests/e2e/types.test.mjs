@@ -1,0 +1,257 @@
+// `GET /livegate.d.ts` (issue 20): the TypeScript declarations a real server serves are
+// checked with `tsc --noEmit --strict` against tests/e2e/types/example.ts (every option,
+// method, property and event of livegate.js) and tests/e2e/types/misuse.ts (misuses each
+// marked `@ts-expect-error`, so each must stay an error), a misuse without the marker must
+// fail tsc, and a guard compares the declarations with livegate.js itself (its exports,
+// the option names it reads, the events it emits and their fields, the public members).
+// Run from the repository root: `node --test tests/e2e/`. Needs target/release/livegate
+// (or LIVEGATE_BIN) and typescript: `npm install --no-save --prefix tests/e2e`.
+
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import path from 'node:path';
+import { after, before, test } from 'node:test';
+
+import { REPO, startServer, tempDir } from '../js/support/server.mjs';
+
+let ts;
+try {
+  ts = (await import('typescript')).default;
+} catch (error) {
+  throw new Error(`typescript is missing: npm install --no-save --prefix tests/e2e (${error.message})`);
+}
+const TSC = createRequire(import.meta.url).resolve('typescript/bin/tsc');
+const TYPES = path.join(REPO, 'tests/e2e/types');
+
+const cleanups = [];
+after(async () => {
+  for (const cleanup of cleanups.reverse()) await cleanup();
+});
+
+/** What the running server serves at /livegate.d.ts and /livegate.js. */
+const served = {};
+before(async () => {
+  const data = tempDir('livegate-types-');
+  cleanups.push(data.remove);
+  const server = await startServer({ dataDir: data.dir });
+  cleanups.push(() => server.stop());
+  for (const name of ['livegate.d.ts', 'livegate.js']) {
+    const response = await fetch(`${server.url}/${name}`, { signal: AbortSignal.timeout(10_000) });
+    assert.equal(response.status, 200, `GET /${name}`);
+    served[name] = { contentType: response.headers.get('content-type'), text: await response.text() };
+  }
+});
+
+/** Runs tsc on `files` (with the served livegate.d.ts beside them); {status, output}. */
+function tsc(files) {
+  const dir = tempDir('livegate-tsc-');
+  cleanups.push(dir.remove);
+  writeFileSync(path.join(dir.dir, 'livegate.d.ts'), served['livegate.d.ts'].text);
+  for (const [name, text] of Object.entries(files)) writeFileSync(path.join(dir.dir, name), text);
+  const config = {
+    compilerOptions: {
+      noEmit: true,
+      strict: true,
+      exactOptionalPropertyTypes: true,
+      noUnusedLocals: false,
+      target: 'es2022',
+      module: 'esnext',
+      moduleResolution: 'bundler',
+      lib: ['es2022', 'dom'],
+      types: [],
+    },
+    files: Object.keys(files),
+  };
+  writeFileSync(path.join(dir.dir, 'tsconfig.json'), JSON.stringify(config));
+  const run = spawnSync(process.execPath, [TSC, '-p', dir.dir, '--pretty', 'false'], { encoding: 'utf8', timeout: 120_000 });
+  return { status: run.status, output: `${run.stdout}${run.stderr}` };
+}
+
+const source = (name) => readFileSync(path.join(TYPES, name), 'utf8');
+
+test('the server serves src/web/livegate.d.ts as TypeScript', () => {
+  const { contentType, text } = served['livegate.d.ts'];
+  assert.match(contentType, /^application\/typescript/);
+  assert.equal(text, readFileSync(path.join(REPO, 'src/web/livegate.d.ts'), 'utf8'));
+  assert.equal(served['livegate.js'].text, readFileSync(path.join(REPO, 'src/web/livegate.js'), 'utf8'));
+});
+
+test('the typed example and the marked misuses pass tsc --strict against the served declarations', () => {
+  const { status, output } = tsc({ 'example.ts': source('example.ts'), 'misuse.ts': source('misuse.ts') });
+  assert.equal(status, 0, `tsc failed:\n${output}`);
+});
+
+test('tsc fails on a misuse (a wrong option type)', () => {
+  const bad = "import { connect } from './livegate.js';\nconnect({ getToken: () => 't', transport: 'carrier-pigeon' });\n";
+  const { status, output } = tsc({ 'bad.ts': bad });
+  assert.notEqual(status, 0, `tsc accepted transport: 'carrier-pigeon':\n${output}`);
+  assert.match(output, /bad\.ts\(2,\d+\): error TS2322/);
+  // A misuse marker on a line that is fine is an error too (so misuse.ts cannot rot).
+  const stale = "import { connect } from './livegate.js';\n// @ts-expect-error\nconnect({ getToken: () => 't' });\n";
+  const unused = tsc({ 'stale.ts': stale });
+  assert.notEqual(unused.status, 0, `tsc accepted an unused @ts-expect-error:\n${unused.output}`);
+});
+
+// ---- the guard: livegate.d.ts against livegate.js ----
+
+const nameOf = (node) => (node.name && (ts.isIdentifier(node.name) || ts.isStringLiteral(node.name)) ? node.name.text : null);
+
+function walk(node, visit) {
+  visit(node);
+  ts.forEachChild(node, (child) => walk(child, visit));
+}
+
+/** Property names read from the identifier `object` inside `node`: `object.x` and `const {x} = object`. */
+function readsOf(node, object) {
+  const names = new Set();
+  walk(node, (n) => {
+    if (ts.isPropertyAccessExpression(n) && ts.isIdentifier(n.expression) && n.expression.text === object) names.add(n.name.text);
+    if (ts.isVariableDeclaration(n) && n.initializer && ts.isIdentifier(n.initializer) && n.initializer.text === object && ts.isObjectBindingPattern(n.name)) {
+      for (const element of n.name.elements) names.add((element.propertyName ?? element.name).text);
+    }
+  });
+  return names;
+}
+
+/** What livegate.js exports and reads: its API as the code has it. */
+function jsApi(text) {
+  const file = ts.createSourceFile('livegate.js', text, ts.ScriptTarget.Latest, true, ts.ScriptKind.JS);
+  const api = { exports: new Set(), classes: {}, clientOptions: new Set(), subscribeOptions: new Set(), publishOptions: new Set(), timings: new Set(), timingReads: new Set(), events: {} };
+  for (const statement of file.statements) {
+    const exported = statement.modifiers?.some((m) => m.kind === ts.SyntaxKind.ExportKeyword);
+    if (ts.isClassDeclaration(statement)) {
+      const members = new Set();
+      for (const member of statement.members) {
+        const name = nameOf(member);
+        if (name && !name.startsWith('_') && !ts.isConstructorDeclaration(member)) members.add(name);
+      }
+      api.classes[statement.name.text] = { members, node: statement };
+    }
+    if (!exported) continue;
+    if (ts.isVariableStatement(statement)) {
+      for (const declaration of statement.declarationList.declarations) {
+        api.exports.add(declaration.name.text);
+        if (declaration.name.text === 'DEFAULT_TIMINGS') {
+          walk(declaration.initializer, (n) => {
+            if (ts.isObjectLiteralExpression(n) && n.parent === declaration.initializer) {
+              for (const property of n.properties) api.timings.add(nameOf(property));
+            }
+          });
+        }
+      }
+    } else if (statement.name) {
+      api.exports.add(statement.name.text);
+    }
+  }
+  const client = api.classes.LivegateClient?.node;
+  assert.ok(client, 'livegate.js has class LivegateClient');
+  for (const member of client.members) {
+    const name = ts.isConstructorDeclaration(member) ? 'constructor' : nameOf(member);
+    if (name === 'constructor') api.clientOptions = readsOf(member, 'options');
+    if (name === 'subscribe') for (const option of readsOf(member, 'options')) api.subscribeOptions.add(option);
+    if (name === 'publish') {
+      const pattern = member.parameters[2]?.name;
+      if (pattern && ts.isObjectBindingPattern(pattern)) for (const element of pattern.elements) api.publishOptions.add(element.name.text);
+    }
+  }
+  // subscribe() hands its options to RoomState.addHandlers.
+  const room = api.classes.RoomState?.node;
+  for (const member of room?.members ?? []) {
+    if (nameOf(member) === 'addHandlers') for (const option of readsOf(member, 'options')) api.subscribeOptions.add(option);
+  }
+  walk(file, (n) => {
+    if (ts.isPropertyAccessExpression(n) && ts.isPropertyAccessExpression(n.expression) && n.expression.name.text === '_timings') api.timingReads.add(n.name.text);
+    if (ts.isCallExpression(n) && ts.isPropertyAccessExpression(n.expression) && n.expression.name.text === '_emit') {
+      const [event, detail] = n.arguments;
+      if (!event || !ts.isStringLiteral(event)) return;
+      const fields = (api.events[event.text] ??= new Set());
+      if (detail && ts.isObjectLiteralExpression(detail)) for (const property of detail.properties) fields.add(nameOf(property));
+    }
+  });
+  return api;
+}
+
+/** What livegate.d.ts declares. */
+function dtsApi(text) {
+  const file = ts.createSourceFile('livegate.d.ts', text, ts.ScriptTarget.Latest, true, ts.ScriptKind.TS);
+  const api = { values: new Set(), interfaces: {}, classes: {} };
+  for (const statement of file.statements) {
+    const exported = statement.modifiers?.some((m) => m.kind === ts.SyntaxKind.ExportKeyword);
+    if (ts.isInterfaceDeclaration(statement)) {
+      const members = {};
+      for (const member of statement.members) members[nameOf(member)] = member;
+      api.interfaces[statement.name.text] = members;
+    } else if (ts.isClassDeclaration(statement)) {
+      const members = new Set();
+      for (const member of statement.members) if (!ts.isConstructorDeclaration(member)) members.add(nameOf(member));
+      api.classes[statement.name.text] = members;
+      if (exported) api.values.add(statement.name.text);
+    } else if (exported && ts.isFunctionDeclaration(statement)) {
+      api.values.add(statement.name.text);
+    } else if (exported && ts.isVariableStatement(statement)) {
+      for (const declaration of statement.declarationList.declarations) api.values.add(declaration.name.text);
+    }
+  }
+  return api;
+}
+
+const sorted = (set) => [...set].sort();
+function compareSets(problems, what, inJs, inDts) {
+  const missing = sorted(inJs).filter((name) => !inDts.has(name));
+  const extra = sorted(inDts).filter((name) => !inJs.has(name));
+  if (missing.length) problems.push(`${what}: in livegate.js, not declared: ${missing.join(', ')}`);
+  if (extra.length) problems.push(`${what}: declared, not in livegate.js: ${extra.join(', ')}`);
+}
+
+/** Every way livegate.d.ts and livegate.js disagree, as sentences. */
+function apiMismatches(jsText, dtsText) {
+  const js = jsApi(jsText);
+  const dts = dtsApi(dtsText);
+  const problems = [];
+  const keys = (name) => new Set(Object.keys(dts.interfaces[name] ?? {}));
+  compareSets(problems, 'exports', js.exports, dts.values);
+  compareSets(problems, 'connect() options', js.clientOptions, keys('ClientOptions'));
+  compareSets(problems, 'subscribe() options', js.subscribeOptions, keys('SubscribeOptions'));
+  compareSets(problems, 'publish() options', js.publishOptions, keys('PublishOptions'));
+  compareSets(problems, 'timings', js.timings, keys('Timings'));
+  const unknownTimings = sorted(js.timingReads).filter((name) => !js.timings.has(name));
+  if (unknownTimings.length) problems.push(`timings read but not in DEFAULT_TIMINGS: ${unknownTimings.join(', ')}`);
+  for (const name of ['LivegateClient', 'EventStreamParser']) {
+    compareSets(problems, `${name} members`, js.classes[name]?.members ?? new Set(), dts.classes[name] ?? new Set());
+  }
+  const events = dts.interfaces.ClientEvents ?? {};
+  compareSets(problems, 'events', new Set(Object.keys(js.events)), new Set(Object.keys(events)));
+  for (const [event, fields] of Object.entries(js.events)) {
+    const declared = events[event]?.type;
+    if (!declared || !ts.isTypeLiteralNode(declared)) continue;
+    const names = new Set(declared.members.map(nameOf));
+    const undeclared = sorted(fields).filter((field) => !names.has(field));
+    if (undeclared.length) problems.push(`event ${event}: fields emitted, not declared: ${undeclared.join(', ')}`);
+  }
+  return problems;
+}
+
+test('livegate.d.ts declares what livegate.js exports, reads and emits', () => {
+  const js = served['livegate.js'].text;
+  const dts = served['livegate.d.ts'].text;
+  const found = jsApi(js);
+  // The guard reads something: the options and events it compares are there.
+  assert.ok(found.clientOptions.has('getToken') && found.clientOptions.has('transport') && found.clientOptions.size >= 10, sorted(found.clientOptions).join());
+  assert.ok(found.subscribeOptions.has('onState') && found.subscribeOptions.has('presence'), sorted(found.subscribeOptions).join());
+  assert.ok(found.events.connected?.has('credential') && found.events.disconnected?.has('welcomed'));
+  assert.deepEqual(apiMismatches(js, dts), []);
+
+  // The guard can fail: an option the code starts reading, an event field it starts
+  // sending, a member the declarations lose.
+  const newOption = js.replace("const transport = options.transport ?? 'auto';", "const transport = options.transport ?? options.mode ?? 'auto';");
+  assert.notEqual(newOption, js);
+  assert.match(apiMismatches(newOption, dts).join('\n'), /connect\(\) options: in livegate\.js, not declared: mode/);
+  const newField = js.replace("this._emit('transport', { from, to, reason });", "this._emit('transport', { from, to, reason, at: now() });");
+  assert.notEqual(newField, js);
+  assert.match(apiMismatches(newField, dts).join('\n'), /event transport: fields emitted, not declared: at/);
+  const lostMember = dts.replace(/^ {2}dropConnection\(.*$/m, '');
+  assert.notEqual(lostMember, dts);
+  assert.match(apiMismatches(js, lostMember).join('\n'), /LivegateClient members: in livegate\.js, not declared: dropConnection/);
+});
