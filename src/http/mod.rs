@@ -28,6 +28,7 @@ use crate::core::{names, token};
 use crate::protocol::{self, ErrorCode, PublishReply, TokenReply};
 use crate::store::Store;
 
+pub mod admin;
 pub mod limits;
 pub mod seams;
 pub mod sse;
@@ -216,6 +217,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/demo/token", web::get().to(demo_token))
         .route("/v1/admin/status", web::get().to(status))
         .route("/v1/admin/reload", web::post().to(reload))
+        .route("/v1/admin/overview", web::get().to(admin::overview))
+        .route("/admin", web::get().to(admin::page))
         .route("/v1/echo", web::get().to(echo))
         .default_service(web::to(not_found));
 }
