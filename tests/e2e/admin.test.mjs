@@ -198,12 +198,22 @@ test('the admin page: login, live rooms, publish box, no key in URL or localStor
   const headBefore = appeared.head;
   assert.ok(Number(await page.locator('[data-stat="connections"]').textContent()) >= 1, 'the subscriber is counted');
 
-  // 5. Publish through the page's box: the page shows the seq, the head moves, and the
+  // 5. A publish the node refuses shows the error body; bad JSON never leaves the page.
+  const result = page.locator('#pub-result');
+  await page.getByLabel(/^Data/).fill('{"bad json"');
+  await page.getByRole('button', { name: 'Publish' }).click();
+  await result.filter({ hasText: 'not valid JSON' }).waitFor({ timeout: 5000 });
+  await page.getByLabel(/^Data/).fill('{"ok": true}');
+  await page.getByLabel('Room', { exact: true }).fill('bad room name!');
+  await page.getByRole('button', { name: 'Publish' }).click();
+  await result.filter({ hasText: 'Refused' }).waitFor({ timeout: 5000 });
+  assert.match(await result.textContent(), /^Refused: 400 bad_room: /);
+
+  // 6. Publish through the page's box: the page shows the seq, the head moves, and the
   //    subscriber receives the event.
   await page.getByLabel('Room', { exact: true }).fill(ROOM);
   await page.getByLabel(/^Data/).fill('{"from": "the admin page", "n": 1}');
   await page.getByRole('button', { name: 'Publish' }).click();
-  const result = page.locator('#pub-result');
   await result.filter({ hasText: 'seq' }).waitFor({ timeout: 5000 });
   const seq = Number(await result.getAttribute('data-seq'));
   assert.equal(seq, headBefore + 1, 'the first event of the room');
@@ -215,23 +225,20 @@ test('the admin page: login, live rooms, publish box, no key in URL or localStor
   const { body: history } = await api(server.url, 'GET', `/v1/rooms/${encodeURIComponent(ROOM)}/events?since=0`);
   assert.equal(history.head, seq, 'the server has it at that seq');
 
-  // A refused publish shows the error body.
-  await page.getByLabel(/^Data/).fill('{"bad json"');
-  await page.getByRole('button', { name: 'Publish' }).click();
-  await result.filter({ hasText: 'not valid JSON' }).waitFor({ timeout: 5000 });
-  await page.getByLabel(/^Data/).fill('{"ok": true}');
-  await page.getByLabel('Room', { exact: true }).fill('bad room name!');
-  await page.getByRole('button', { name: 'Publish' }).click();
-  await result.filter({ hasText: 'Refused' }).waitFor({ timeout: 5000 });
-  assert.match(await result.textContent(), /^Refused: 400 bad_room: /);
-
   // The publish rate moves: a few more events between polls.
   for (let i = 0; i < 10; i++) await api(server.url, 'POST', `/v1/rooms/${encodeURIComponent(ROOM)}/events`, { data: { i } });
   await page.waitForFunction(() => Number(document.querySelector('[data-stat="publish_rate"]').textContent) > 0, null, { timeout: 8000, polling: 100 });
   t.diagnostic(`publish rate shown: ${await page.locator('[data-stat="publish_rate"]').textContent()} / s`);
   await waitRow(page, ROOM, `${ROOM} at head ${seq + 10}`, (row) => row.head === seq + 10);
 
-  // 6. The key is in neither the URL nor localStorage; sessionStorage holds it.
+  // The box once more, so the screenshots show a publish that went through.
+  await page.getByLabel('Room', { exact: true }).fill(ROOM);
+  await page.getByLabel(/^Data/).fill('{"from": "the admin page", "n": 2}');
+  await page.getByRole('button', { name: 'Publish' }).click();
+  await result.filter({ hasText: `seq ${seq + 11}` }).waitFor({ timeout: 5000 });
+  await waitRow(page, ROOM, `${ROOM} at head ${seq + 11}`, (row) => row.head === seq + 11);
+
+  // 7. The key is in neither the URL nor localStorage; sessionStorage holds it.
   const storage = await page.evaluate(() => ({
     url: location.href,
     local: Object.fromEntries(Object.entries(localStorage)),
@@ -244,7 +251,7 @@ test('the admin page: login, live rooms, publish box, no key in URL or localStor
   assert.ok(overviewRequests.every((r) => !r.url.includes(API_KEY)), 'the key never rides in a request URL');
   assert.ok(overviewRequests.length >= 3, `the page polls (${overviewRequests.length} requests)`);
 
-  // 7. Screenshots at 1280 and 375 px, no horizontal scroll, no axe violation.
+  // 8. Screenshots at 1280 and 375 px, no horizontal scroll, no axe violation.
   mkdirSync(SCREENSHOTS, { recursive: true });
   await noSideScroll(page, 1280);
   assert.deepEqual(await axe(page), [], 'axe: no WCAG A/AA violation logged in');
@@ -259,7 +266,7 @@ test('the admin page: login, live rooms, publish box, no key in URL or localStor
   console.log(`screenshots: ${wide} ${phone}`);
   t.diagnostic(`screenshots: ${wide}, ${phone}`);
 
-  // 8. A reload keeps the tab logged in (sessionStorage); logging out forgets the key and
+  // 9. A reload keeps the tab logged in (sessionStorage); logging out forgets the key and
   //    shows no data again.
   await page.reload({ waitUntil: 'load' });
   await page.locator('#dashboard').waitFor({ state: 'visible', timeout: 5000 });
