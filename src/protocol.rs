@@ -873,6 +873,53 @@ pub struct StatusReply {
     pub store_bytes: u64,
 }
 
+/// `GET /v1/admin/overview`: what the admin page polls.
+#[derive(Debug, Serialize)]
+pub struct OverviewReply {
+    pub node: String,
+    pub version: &'static str,
+    /// `starting`, `ready` or `draining`.
+    pub phase: &'static str,
+    pub ts_ms: u64,
+    pub uptime_secs: u64,
+    /// This node first, then the peers it knows.
+    pub nodes: Vec<OverviewNode>,
+    pub connections: usize,
+    pub subscriptions: u64,
+    pub rooms_live: usize,
+    /// The busiest live rooms here (at most 20), busiest first.
+    pub rooms: Vec<OverviewRoom>,
+    pub counters: OverviewCounters,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OverviewNode {
+    pub node: String,
+    pub url: String,
+    /// `starting`, `ready` or `draining`; a probed peer may be `down`.
+    pub phase: &'static str,
+    #[serde(rename = "self")]
+    pub itself: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OverviewRoom {
+    pub room: String,
+    /// Explicit subscribers on this node.
+    pub subscribers: u64,
+    /// The room's durable head seq.
+    pub head: u64,
+}
+
+/// The node's monotonic totals since it started.
+#[derive(Debug, Serialize)]
+pub struct OverviewCounters {
+    pub publishes: u64,
+    pub deliveries: u64,
+    pub slow_consumers: u64,
+    pub migrations: u64,
+}
+
 /// `GET /v1/route`
 #[derive(Debug, Serialize)]
 pub struct RouteReply {

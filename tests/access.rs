@@ -98,6 +98,7 @@ fn keyed_endpoints() -> Vec<(&'static str, &'static str, Option<Value>, u16)> {
         ("DELETE", "/v1/users/u1/connections", None, 200),
         ("GET", "/v1/route?user=u1", None, 200),
         ("GET", "/v1/admin/status", None, 200),
+        ("GET", "/v1/admin/overview", None, 200),
         ("POST", "/v1/admin/reload", None, 200),
     ]
 }

@@ -312,6 +312,9 @@ async fn real_answers_match_the_documented_responses() {
     client.subscribe("lobby").await;
     add("GET", presence, "/v1/rooms/lobby/presence", true, None);
     add("GET", presence, "/v1/rooms/user:u1/presence", true, None);
+    // The admin overview while a room has a subscriber, so its rooms list is not empty.
+    add("GET", "/v1/admin/overview", "/v1/admin/overview", true, None);
+    add("GET", "/v1/admin/overview", "/v1/admin/overview", false, None);
     let messages = "/v1/users/{user}/messages";
     add("POST", messages, "/v1/users/u1/messages", true, Some(json!({"id": "m-1", "data": {"t": "hi"}, "devices": ["phone"]})));
     add("POST", messages, "/v1/users/u1/messages", true, Some(json!({"id": "m-1", "data": {"t": "hi"}})));
@@ -355,6 +358,7 @@ async fn real_answers_match_the_documented_responses() {
     add("GET", "/openapi.json", "/openapi.json", false, None);
     add("GET", "/", "/", false, None);
     add("GET", "/demo/token", "/demo/token", false, None);
+    add("GET", "/admin", "/admin", false, None);
     add("GET", "/v1/admin/status", "/v1/admin/status", true, None);
     add("GET", "/v1/admin/status", "/v1/admin/status", false, None);
     add("POST", "/v1/admin/reload", "/v1/admin/reload", true, None);
@@ -370,7 +374,7 @@ async fn real_answers_match_the_documented_responses() {
     // The token, publish and history answers above were real successes (not all errors).
     let statuses: BTreeSet<(String, u64)> =
         answers.iter().map(|a| (a["path"].as_str().unwrap().to_string(), a["status"].as_u64().unwrap())).collect();
-    for expected in [("/v1/tokens", 201), (events, 201), (events, 200), (state, 200), (presence, 200), (messages, 201), (kick, 200)] {
+    for expected in [("/v1/tokens", 201), (events, 201), (events, 200), (state, 200), (presence, 200), (messages, 201), (kick, 200), ("/v1/admin/overview", 200), ("/admin", 200)] {
         assert!(statuses.contains(&(expected.0.to_string(), expected.1)), "no {expected:?} among the answers: {statuses:?}");
     }
 

@@ -262,3 +262,49 @@ impl Handler<AlivePeers> for LivenessActor {
         self.cluster.as_ref().map_or_else(Vec::new, |p| p.table.alive(now_ms()).map(|info| info.name.clone()).collect())
     }
 }
+
+/// The nodes as this node sees them, itself first (the admin overview): in cluster mode
+/// the peers heard within the heartbeat timeout, with peers configured by `peers` the
+/// probed ones (down included), on a single node just itself.
+#[derive(Message)]
+#[rtype(result = "Vec<NodeView>")]
+pub struct Nodes;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    pub name: String,
+    pub url: String,
+    /// `ready`, `draining` or `down` for a peer; `None` for this node (whose phase the
+    /// caller reads from its lifecycle).
+    pub phase: Option<&'static str>,
+}
+
+impl Handler<Nodes> for LivenessActor {
+    type Result = Vec<NodeView>;
+
+    fn handle(&mut self, _msg: Nodes, _ctx: &mut Self::Context) -> Vec<NodeView> {
+        let me = NodeView { name: self.me.name.clone(), url: self.me.url.clone(), phase: None };
+        let peers: Vec<NodeView> = match &self.cluster {
+            Some(peers) => peers
+                .table
+                .alive(now_ms())
+                .filter(|info| info.name != self.me.name)
+                .map(|info| NodeView {
+                    name: info.name.clone(),
+                    url: info.url.clone(),
+                    phase: Some(if info.draining { "draining" } else { "ready" }),
+                })
+                .collect(),
+            None => self
+                .peers
+                .iter()
+                .map(|peer| NodeView {
+                    name: peer.name.clone(),
+                    url: peer.url.clone(),
+                    phase: Some(if self.table.is_alive(&peer.name) { "ready" } else { "down" }),
+                })
+                .collect(),
+        };
+        std::iter::once(me).chain(peers).collect()
+    }
+}

@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use super::messages::*;
-use super::room::{RoomActor, RoomHome, RoomLogs, RoomSettings};
+use super::room::{RoomActor, RoomHome, RoomLoad, RoomLogs, RoomSettings};
 use crate::cluster::bus::WriterRefusal;
 use crate::core::namespaces::{Namespaces, RoomOptions};
 
@@ -51,7 +51,19 @@ pub enum RoomError {
 struct Tables {
     live: HashMap<Arc<str>, Addr<RoomActor>>,
     parked: HashMap<Arc<str>, Vec<Parked>>,
+    /// What each live non-inbox room reports of its load (the admin overview); an entry
+    /// leaves with the room's `live` entry.
+    loads: HashMap<Arc<str>, Arc<RoomLoad>>,
 }
+
+/// The busiest rooms the admin overview lists, and how long one answer is reused: the
+/// pass over the live rooms runs at most once per [`BUSIEST_FRESH`], however many pages
+/// poll.
+pub const BUSIEST_MAX: usize = 20;
+const BUSIEST_FRESH: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// A live room as the admin overview lists it.
+pub type RoomLoadView = crate::core::busiest::RoomLoad<Arc<str>>;
 
 pub struct RoomsInner {
     tables: Mutex<Tables>,
@@ -61,6 +73,8 @@ pub struct RoomsInner {
     settings: RoomSettings,
     /// Each room's retention, window and presence come from its namespace.
     namespaces: Arc<Namespaces>,
+    /// The last answer of [`Rooms::busiest`] and when it was made.
+    busiest: Mutex<Option<(std::time::Instant, Arc<Vec<RoomLoadView>>)>>,
 }
 
 impl RoomsInner {
@@ -69,6 +83,7 @@ impl RoomsInner {
         let mut tables = self.tables.lock();
         if tables.live.get(room).is_some_and(|current| current == addr) {
             tables.live.remove(room);
+            tables.loads.remove(room);
         }
     }
 
@@ -81,6 +96,7 @@ impl RoomHome for RoomsInner {
         let mut tables = self.tables.lock();
         if tables.live.get(room).is_some_and(|current| current == addr) {
             tables.live.remove(room);
+            tables.loads.remove(room);
         }
         let subscribers: Vec<Parked> = subscribers.into_iter().filter(|p| p.to.connected()).collect();
         if !subscribers.is_empty() {
@@ -108,6 +124,7 @@ impl Rooms {
                 logs,
                 settings,
                 namespaces,
+                busiest: Mutex::new(None),
             }),
         }
     }
@@ -140,9 +157,14 @@ impl Rooms {
         let settings = self.inner.settings.with_options(self.options(room));
         let (logs, weak) = (self.inner.logs.clone(), Arc::downgrade(&home));
         let actor_name = name.clone();
+        let load = crate::core::names::inbox_owner(room).is_none().then(|| Arc::new(RoomLoad::default()));
+        match &load {
+            Some(load) => tables.loads.insert(name.clone(), load.clone()),
+            None => tables.loads.remove(room),
+        };
         let addr = RoomActor::start_in_arbiter(arbiter, move |_| {
             let log = logs.open(&actor_name);
-            RoomActor::new(actor_name, log, settings, weak).adopting(adopted, replay_after)
+            RoomActor::new(actor_name, log, settings, weak).adopting(adopted, replay_after).reporting(load)
         });
         tables.live.insert(name, addr.clone());
         addr
@@ -383,6 +405,31 @@ impl Rooms {
     /// Rooms with a live actor.
     pub fn live_count(&self) -> usize {
         self.inner.tables.lock().live.len()
+    }
+
+    /// The live non-inbox rooms with the most explicit subscribers here (at most
+    /// [`BUSIEST_MAX`]), busiest first, each with its durable head: what the rooms last
+    /// reported, read without a message or a store read, in one pass over the live rooms
+    /// at most every [`BUSIEST_FRESH`].
+    pub fn busiest(&self) -> Arc<Vec<RoomLoadView>> {
+        let mut cached = self.inner.busiest.lock();
+        if let Some((at, answer)) = cached.as_ref() {
+            if at.elapsed() < BUSIEST_FRESH {
+                return answer.clone();
+            }
+        }
+        let answer = {
+            let tables = self.inner.tables.lock();
+            let reported = tables.loads.iter().filter(|(room, _)| tables.live.get(*room).is_some_and(|addr| addr.connected())).map(
+                |(room, load)| {
+                    let (subscribers, head) = load.get();
+                    RoomLoadView { room: room.clone(), subscribers, head }
+                },
+            );
+            Arc::new(crate::core::busiest::busiest(reported, BUSIEST_MAX))
+        };
+        *cached = Some((std::time::Instant::now(), answer.clone()));
+        answer
     }
 
     /// Inbox rooms whose subscribers are parked (no actor).

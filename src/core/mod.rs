@@ -5,6 +5,7 @@
 
 pub mod backoff;
 pub mod batch;
+pub mod busiest;
 pub mod drain;
 pub mod heartbeats;
 pub mod lifecycle;

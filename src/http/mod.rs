@@ -28,6 +28,7 @@ use crate::core::{names, token};
 use crate::protocol::{self, ErrorCode, PublishReply, TokenReply};
 use crate::store::Store;
 
+pub mod admin;
 pub mod limits;
 pub mod seams;
 pub mod sse;
@@ -237,9 +238,8 @@ routes! {
     GET "/demo/token" => demo_token,
     GET "/v1/admin/status" => status,
     POST "/v1/admin/reload" => reload,
-    // Placeholders until the admin page lands (issue 20): its branch replaces both handlers.
-    GET "/v1/admin/overview" => admin_pending,
-    GET "/admin" => admin_pending,
+    GET "/v1/admin/overview" => admin::overview,
+    GET "/admin" => admin::page,
     GET "/v1/echo" => echo,
 }
 
@@ -880,11 +880,6 @@ async fn openapi() -> HttpResponse {
         .content_type("application/json")
         .insert_header(("Cache-Control", "no-cache"))
         .body(OPENAPI)
-}
-
-/// The admin overview and page are not in this build yet: a 404 that names them.
-async fn admin_pending(req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    Err(api_error(ErrorCode::NotFound, format!("{} is not in this build", req.path())))
 }
 
 /// `GET /v1/admin/status`: what an operator asks first.

@@ -13,6 +13,7 @@
 //! events after its seq, on the same ordered channel as a replay; nothing is read from
 //! the store for it and the log is never replayed to build it.
 
+mod load;
 mod local;
 mod occupancy;
 mod presence;
@@ -26,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
+pub use self::load::RoomLoad;
 pub use self::local::LocalRoomLogs;
 pub use self::occupancy::Occupancy;
 pub use self::presence::PresenceHub;
@@ -213,6 +215,9 @@ pub struct RoomCore {
     last_active: Instant,
     stopped: bool,
     presence: presence::RoomPresence,
+    /// Where the room reports its subscribers and head for the admin overview (not for
+    /// inboxes).
+    load: Option<Arc<RoomLoad>>,
 }
 
 /// Render a stored event once for every subscriber.
@@ -243,6 +248,7 @@ impl RoomActor {
             settings,
             last_active: Instant::now(),
             stopped: false,
+            load: None,
         };
         RoomActor { core, log }
     }
@@ -261,6 +267,13 @@ impl RoomActor {
         self
     }
 
+    /// Report the room's subscribers and head to `load` as they change (the admin
+    /// overview's busiest rooms).
+    pub fn reporting(mut self, load: Option<Arc<RoomLoad>>) -> Self {
+        self.core.load = load;
+        self
+    }
+
     fn tick(&mut self, ctx: &mut Context<Self>) {
         let RoomActor { core, log } = self;
         core.trim_expired(log.as_mut());
@@ -275,6 +288,7 @@ impl RoomActor {
             }
             connected
         });
+        core.report_load();
         core.presence_poke(ctx);
         // An inbox followed only by its users' automatic subscriptions parks them and
         // stops like an unwatched room: its actor lives while messages come.
@@ -316,6 +330,14 @@ impl RoomCore {
             RoomState::Live(log) => Ok(log),
             RoomState::Failed(why) => Err(why.clone()),
             RoomState::Absent | RoomState::Loading => Err(RoomLogError::NotLoaded),
+        }
+    }
+
+    /// Tell the load slot the room's subscribers and head. Only non-inbox rooms have a
+    /// slot, and their subscribers are all explicit (automatic ones are inboxes').
+    pub(super) fn report_load(&self) {
+        if let Some(load) = &self.load {
+            load.set(self.subscribers.len(), self.durable_head());
         }
     }
 
@@ -361,6 +383,7 @@ impl RoomCore {
     /// they leave at once). With nobody subscribed there is nobody to send them to: a
     /// later subscriber starts after them (or gets them in its replay).
     fn deliver(&mut self, fresh: Vec<Arc<Delivery>>, ctx: &mut Context<RoomActor>) {
+        self.report_load();
         if fresh.is_empty() || self.subscribers.is_empty() {
             return;
         }
@@ -388,6 +411,7 @@ impl RoomCore {
         for window in Window::cut(&self.epoch(), events) {
             self.send_window(window);
         }
+        self.report_load();
     }
 
     /// The room's epoch, for the windows it sends (empty while it has none: no window
@@ -507,6 +531,7 @@ impl Actor for RoomActor {
         ctx.run_interval(self.core.settings.tick, |room, ctx| room.tick(ctx));
         let RoomActor { core, log } = self;
         log.load(core, ctx);
+        core.report_load();
     }
 }
 
@@ -549,6 +574,7 @@ impl Handler<Subscribe> for RoomActor {
             _ => msg,
         };
         self.core.subscribe(msg, self.log.as_mut());
+        self.core.report_load();
         self.core.presence_poke(ctx);
         Ok(())
     }
@@ -608,6 +634,7 @@ impl Handler<Unsubscribe> for RoomActor {
         }
         self.log.unsubscribed(msg.conn, msg.generation);
         core.last_active = Instant::now();
+        core.report_load();
         core.presence_poke(ctx);
     }
 }

@@ -119,6 +119,7 @@ impl StreamLog {
                 for waiting in std::mem::take(&mut self.waiting_subscribers) {
                     room.subscribe(waiting, self);
                 }
+                room.report_load();
             }
             Err(error) => {
                 tracing::warn!(room = %room.name, %error, "room could not be read from the stream; retrying");
