@@ -213,6 +213,8 @@ pub struct RoomCore {
     last_active: Instant,
     stopped: bool,
     presence: presence::RoomPresence,
+    /// Whether the occupancy seam was last told the room has subscribers here.
+    occupied: bool,
 }
 
 /// Render a stored event once for every subscriber.
@@ -243,6 +245,7 @@ impl RoomActor {
             settings,
             last_active: Instant::now(),
             stopped: false,
+            occupied: false,
         };
         RoomActor { core, log }
     }
@@ -276,6 +279,7 @@ impl RoomActor {
             connected
         });
         core.presence_poke(ctx);
+        core.occupancy_check();
         // An inbox followed only by its users' automatic subscriptions parks them and
         // stops like an unwatched room: its actor lives while messages come.
         let unwatched = core.subscribers.values().all(|sub| sub.automatic);
@@ -305,6 +309,20 @@ impl RoomCore {
         }
         self.last_active = Instant::now();
         Ok(())
+    }
+
+    /// Tell the occupancy seam when the room's subscribers here went from none to some
+    /// or back. Inboxes never: their subscribers are their users' own connections.
+    fn occupancy_check(&mut self) {
+        let Some(occupancy) = &self.settings.occupancy else { return };
+        if crate::core::names::inbox_owner(&self.name).is_some() {
+            return;
+        }
+        let occupied = !self.subscribers.is_empty();
+        if occupied != self.occupied {
+            self.occupied = occupied;
+            occupancy.changed(&self.name, occupied, now_ms());
+        }
     }
 
     /// The room's log, creating the room (a new epoch, head 0) on first write.
@@ -388,6 +406,7 @@ impl RoomCore {
         for window in Window::cut(&self.epoch(), events) {
             self.send_window(window);
         }
+        self.occupancy_check();
     }
 
     /// The room's epoch, for the windows it sends (empty while it has none: no window
@@ -550,6 +569,7 @@ impl Handler<Subscribe> for RoomActor {
         };
         self.core.subscribe(msg, self.log.as_mut());
         self.core.presence_poke(ctx);
+        self.core.occupancy_check();
         Ok(())
     }
 }
@@ -609,6 +629,7 @@ impl Handler<Unsubscribe> for RoomActor {
         self.log.unsubscribed(msg.conn, msg.generation);
         core.last_active = Instant::now();
         core.presence_poke(ctx);
+        core.occupancy_check();
     }
 }
 
