@@ -12,6 +12,7 @@ pub mod limits;
 pub mod liveness;
 pub mod matchsim;
 pub mod names;
+pub mod occupancy;
 pub mod presence;
 pub mod namespaces;
 pub mod proxies;
