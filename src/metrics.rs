@@ -18,6 +18,12 @@ pub struct ResultLabel {
     pub result: &'static str,
 }
 
+/// A cluster-wide occupancy decision: `occupied` or `vacated`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EdgeLabel {
+    pub edge: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DeviceLabel {
     pub device: String,
@@ -143,6 +149,8 @@ pub struct Metrics {
     /// in the store (single node), as of the last scrape.
     pub sessions_live: Gauge,
     pub sessions_cached: Gauge,
+    /// Cluster mode: rooms' cluster-wide occupancy decisions this node reported.
+    pub occupancy_edges: Family<EdgeLabel, Counter>,
     pub sessions_stored: Gauge,
     /// Cluster mode: appends refused because another node appended to the room first.
     pub cluster_append_conflicts: Counter,
@@ -199,6 +207,7 @@ impl Metrics {
             sessions_expired: Counter::default(),
             sessions_live: Gauge::default(),
             sessions_cached: Gauge::default(),
+            occupancy_edges: Family::default(),
             sessions_stored: Gauge::default(),
             cluster_append_conflicts: Counter::default(),
             cluster_peers_alive: Gauge::default(),
@@ -358,6 +367,7 @@ impl Metrics {
         r.register("sessions_expired", "Sessions deleted after session_ttl_secs without a connection", self.sessions_expired.clone());
         r.register("sessions_live", "Sessions with a connection on this node", self.sessions_live.clone());
         r.register("sessions_cached", "Disconnected sessions kept in memory (at most session_cache_max)", self.sessions_cached.clone());
+        r.register("occupancy_edges", "Cluster-wide room occupancy decisions reported by this node, by edge", self.occupancy_edges.clone());
         r.register("sessions_stored", "Session records in the embedded store (single node)", self.sessions_stored.clone());
         r.register("cluster_append_conflicts", "Cluster mode: room appends that lost to another node's and were retried", self.cluster_append_conflicts.clone());
         r.register("cluster_peers_alive", "Cluster mode: peer nodes heard within the heartbeat timeout", self.cluster_peers_alive.clone());

@@ -30,6 +30,7 @@ use crate::actors::rooms::Rooms;
 use crate::actors::supervisor::{DrainTiming, Signal, Start, Supervisor};
 use crate::cluster::bus::{Appended, ForwardedPublish, NodeEvents};
 use crate::cluster::kv::KvSessions;
+use crate::cluster::occupancy::{ClusterOccupancy, Report as OccupancyReport};
 use crate::cluster::roomlog::{StoredState, StreamEvent};
 use crate::cluster::{Cluster, ClusterError, StreamLimits};
 use crate::config::{Config, ConfigError};
@@ -94,6 +95,22 @@ fn room_settings(config: &Config, metrics: Arc<Metrics>, presence_hub: Arc<Prese
     }
 }
 
+/// After how long without heartbeats a peer is down.
+fn peer_timeout(config: &Config) -> Duration {
+    config.cluster_heartbeat() * HEARTBEATS_MISSED as u32
+}
+
+/// Where cluster-wide occupancy decisions go (each also counted in
+/// `livegate_occupancy_edges_total`); `None` turns cluster occupancy off.
+fn occupancy_report(_config: &Config, metrics: &Arc<Metrics>) -> Option<OccupancyReport> {
+    let webhooks: Option<OccupancyReport> = None;
+    let (metrics, webhooks) = (metrics.clone(), webhooks?);
+    Some(Arc::new(move |room: &str, occupied: bool, ts_ms: u64| {
+        metrics.occupancy_edges.get_or_create(&crate::metrics::EdgeLabel { edge: if occupied { "occupied" } else { "vacated" } }).inc();
+        webhooks(room, occupied, ts_ms);
+    }))
+}
+
 fn threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
 }
@@ -147,7 +164,14 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     // Presence: this node's view of the other nodes' members (cluster mode: over NATS).
     let presence_sender = cluster.as_ref().map(crate::cluster::presence::PresenceSender::start);
     let presence = PresenceHub::new(config.presence_interval(), config.presence_members_max, presence_sender);
-    let rooms = Rooms::start(backends.room_logs, room_settings(&config, metrics.clone(), presence.clone()), namespaces, threads());
+    // Cluster mode: rooms' occupancy decided cluster-wide (off without a place to report it).
+    let occupancy = match (&cluster, occupancy_report(&config, &metrics)) {
+        (Some(cluster), Some(report)) => Some(ClusterOccupancy::open(cluster, peer_timeout(&config), report).await?),
+        _ => None,
+    };
+    let mut settings = room_settings(&config, metrics.clone(), presence.clone());
+    settings.occupancy = occupancy.clone().map(|o| o as Arc<dyn crate::actors::room::Occupancy>);
+    let rooms = Rooms::start(backends.room_logs, settings, namespaces, threads());
     let registry = Registry::new(config.exclusive_devices.clone(), backends.user_bus).start();
     let directory_settings = DirectorySettings {
         migration_window: config.migration_window(),
@@ -171,6 +195,9 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         crate::cluster::bus::listen(cluster, events, kv.clone()).await?;
         crate::cluster::presence::listen(cluster, PresenceNodes(presence.clone())).await?;
         presence.started();
+        if let Some(occupancy) = &occupancy {
+            occupancy.start(OccupancyPeers(liveness.clone())).await?;
+        }
     }
     let max_connections = crate::http::limits::effective_max_connections(config.max_connections, open_files_limit());
     if max_connections != config.max_connections {
@@ -239,6 +266,9 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     };
     background.iter().for_each(|task| task.abort());
     rooms.shutdown();
+    if let Some(occupancy) = &occupancy {
+        occupancy.leave(crate::cluster::occupancy::LEAVE_WAIT).await;
+    }
     if let Some(cluster) = &cluster {
         cluster.leave().await;
     }
@@ -550,6 +580,27 @@ impl NodeEvents for NodeActors {
     fn reconnected(&self) {
         self.rooms.resync_all();
         self.presence.reconnected();
+    }
+}
+
+impl crate::actors::room::Occupancy for ClusterOccupancy {
+    fn changed(&self, room: &str, occupied: bool, now_ms: u64) {
+        self.local_edge(room, occupied, now_ms);
+    }
+}
+
+/// Rooms' writers and the peers alive, for cluster occupancy, from the liveness actor.
+struct OccupancyPeers(Addr<LivenessActor>);
+
+impl crate::cluster::occupancy::Peers for OccupancyPeers {
+    fn writer(&self, room: &str) -> LocalBoxFuture<'static, Option<String>> {
+        let asked = self.0.send(crate::actors::liveness::RoomWriter { room: room.to_string() });
+        Box::pin(async move { asked.await.ok().flatten() })
+    }
+
+    fn alive(&self) -> LocalBoxFuture<'static, Vec<String>> {
+        let asked = self.0.send(crate::actors::liveness::AlivePeers);
+        Box::pin(async move { asked.await.unwrap_or_default() })
     }
 }
 
