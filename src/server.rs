@@ -28,6 +28,7 @@ use crate::actors::room::{PresenceHub, RoomSettings};
 use crate::actors::room::{LocalRoomLogs, RoomLogs, StreamRoomLogs};
 use crate::actors::rooms::Rooms;
 use crate::actors::supervisor::{DrainTiming, Signal, Start, Supervisor};
+use crate::actors::webhooks::{WebhookSettings, Webhooks};
 use crate::cluster::bus::{Appended, ForwardedPublish, NodeEvents};
 use crate::cluster::kv::KvSessions;
 use crate::cluster::roomlog::{StoredState, StreamEvent};
@@ -147,7 +148,22 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     // Presence: this node's view of the other nodes' members (cluster mode: over NATS).
     let presence_sender = cluster.as_ref().map(crate::cluster::presence::PresenceSender::start);
     let presence = PresenceHub::new(config.presence_interval(), config.presence_members_max, presence_sender);
-    let rooms = Rooms::start(backends.room_logs, room_settings(&config, metrics.clone(), presence.clone()), namespaces, threads());
+    // Webhooks (webhook_url): the queue in the store, resumed now, sent by its own threads.
+    let webhooks = match WebhookSettings::from_config(&config) {
+        Some(settings) => {
+            Some(Webhooks::start(store.clone(), metrics.clone(), settings).map_err(|e| ServerError::Startup(e.to_string()))?)
+        }
+        None => None,
+    };
+    let mut shared_room_settings = room_settings(&config, metrics.clone(), presence.clone());
+    shared_room_settings.occupancy = match (&webhooks, &cluster) {
+        // One node: each room's local edge is the node's edge, a webhook.
+        (Some(webhooks), None) => Some(Arc::new(webhooks.clone()) as Arc<dyn crate::actors::room::Occupancy>),
+        // Cluster mode: a room's edges are decided across the nodes (cluster::occupancy,
+        // wired to the webhooks separately); no local edge makes a webhook by itself.
+        _ => None,
+    };
+    let rooms = Rooms::start(backends.room_logs, shared_room_settings, namespaces, threads());
     let registry = Registry::new(config.exclusive_devices.clone(), backends.user_bus).start();
     let directory_settings = DirectorySettings {
         migration_window: config.migration_window(),
@@ -188,7 +204,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     let publisher = publisher.with_max_state_bytes(config.max_state_bytes);
     let state = web::Data::new(AppState {
         limits: Arc::new(ConnectionLimits::new(&config, max_connections)),
-        connection: Arc::new(connection_settings(&config, metrics.clone(), backends.nonces.clone(), publisher.clone())),
+        connection: Arc::new(connection_settings(&config, metrics.clone(), backends.nonces.clone(), publisher.clone(), webhooks.clone())),
         config: Arc::new(config),
         access: parking_lot::RwLock::new(access),
         reload: reload_config,
@@ -239,6 +255,11 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     };
     background.iter().for_each(|task| task.abort());
     rooms.shutdown();
+    // After the rooms (the last vacated edges are queued), before the flush: what is not
+    // delivered stays queued for the next start.
+    if let Some(webhooks) = &webhooks {
+        webhooks.stop();
+    }
     if let Some(cluster) = &cluster {
         cluster.leave().await;
     }
@@ -324,6 +345,7 @@ fn connection_settings(
     metrics: Arc<Metrics>,
     revocations: Arc<dyn ResumeRevocations>,
     publisher: Publisher,
+    webhooks: Option<Webhooks>,
 ) -> ConnectionSettings {
     ConnectionSettings {
         metrics,
@@ -338,6 +360,7 @@ fn connection_settings(
         max_bad_messages: config.max_bad_messages,
         max_history_limit: config.max_history_limit,
         subscribe_timeout: (config.subscribe_timeout_secs > 0).then(|| Duration::from_secs(config.subscribe_timeout_secs)),
+        webhooks,
     }
 }
 

@@ -21,3 +21,4 @@ pub mod seqlog;
 pub mod sessions;
 pub mod sse;
 pub mod token;
+pub mod webhooks;
