@@ -87,6 +87,9 @@ const HANDSHAKE_REASONS: &[&str] =
       // Only an SSE request names its rooms up front.
       "bad_room", "too_many_subscriptions", "forbidden"];
 
+/// Why a webhook is given up (`livegate_webhooks_dropped_total{reason=…}`).
+pub const WEBHOOK_DROP_REASONS: &[&str] = &["queue_full", "rejected"];
+
 /// The credentials a handshake may present.
 const CREDENTIALS: &[&str] = &["token", "resume"];
 
@@ -165,6 +168,13 @@ pub struct Metrics {
     pub drain_connections_left: Gauge,
     pub store_flush_latency: Histogram,
     pub store_bytes: Gauge,
+    /// Webhooks waiting in the store's queue (in flight included).
+    pub webhooks_queued: Gauge,
+    pub webhooks_delivered: Counter,
+    /// Webhook attempts that will be retried (timeout, no connection, 408, 429, 5xx).
+    pub webhook_attempts_failed: Counter,
+    /// Webhooks given up: `queue_full` (not queued) or `rejected` (a 4xx answer).
+    pub webhooks_dropped: Family<ReasonLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -220,6 +230,10 @@ impl Metrics {
             drain_connections_left: Gauge::default(),
             store_flush_latency: latency_histogram(),
             store_bytes: Gauge::default(),
+            webhooks_queued: Gauge::default(),
+            webhooks_delivered: Counter::default(),
+            webhook_attempts_failed: Counter::default(),
+            webhooks_dropped: Family::default(),
         }
         .with_known_series()
     }
@@ -247,6 +261,9 @@ impl Metrics {
         }
         for outcome in CLIENT_PUBLISH_OUTCOMES {
             drop(self.client_publishes.get_or_create(&OutcomeLabel { outcome }));
+        }
+        for reason in WEBHOOK_DROP_REASONS {
+            drop(self.webhooks_dropped.get_or_create(&ReasonLabel { reason }));
         }
         for credential in CREDENTIALS {
             drop(self.handshakes.get_or_create(&CredentialLabel { credential }));
@@ -300,6 +317,12 @@ impl Metrics {
     pub fn client_publish(&self, outcome: &'static str) {
         debug_assert!(CLIENT_PUBLISH_OUTCOMES.contains(&outcome), "unknown outcome {outcome}");
         self.client_publishes.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    /// Count a webhook given up (a reason from [`WEBHOOK_DROP_REASONS`]).
+    pub fn webhook_dropped(&self, reason: &'static str) {
+        debug_assert!(WEBHOOK_DROP_REASONS.contains(&reason), "unknown reason {reason}");
+        self.webhooks_dropped.get_or_create(&ReasonLabel { reason }).inc();
     }
 
     pub fn recovery(&self, recovered: bool) {
@@ -393,6 +416,18 @@ impl Metrics {
             self.store_flush_latency.clone(),
         );
         r.register_with_unit("store_size", "Store size on disk", Unit::Bytes, self.store_bytes.clone());
+        r.register("webhooks_queued", "Webhooks waiting in the store's queue, in flight included", self.webhooks_queued.clone());
+        r.register("webhooks_delivered", "Webhooks answered with 2xx", self.webhooks_delivered.clone());
+        r.register(
+            "webhook_attempts_failed",
+            "Webhook attempts to be retried (timeout, no connection, 408, 429, 5xx)",
+            self.webhook_attempts_failed.clone(),
+        );
+        r.register(
+            "webhooks_dropped",
+            "Webhooks given up: queue_full (webhook_queue_max reached) or rejected (a 4xx answer)",
+            self.webhooks_dropped.clone(),
+        );
         r
     }
 }

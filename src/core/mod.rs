@@ -22,3 +22,4 @@ pub mod seqlog;
 pub mod sessions;
 pub mod sse;
 pub mod token;
+pub mod webhooks;

@@ -213,7 +213,9 @@ pub struct RoomCore {
     last_active: Instant,
     stopped: bool,
     presence: presence::RoomPresence,
-    /// Whether the occupancy seam was last told the room has subscribers here.
+    /// Told of the room's occupancy edges (`None` for an inbox, or when nobody listens).
+    occupancy: Option<Arc<dyn Occupancy>>,
+    /// Whether the last edge told was "occupied": the room has an explicit subscriber.
     occupied: bool,
 }
 
@@ -230,8 +232,11 @@ fn render(room: &str, event: &EventRecord) -> Arc<Delivery> {
 impl RoomActor {
     /// A room kept in `log`; it is read when the actor starts.
     pub fn new(name: Arc<str>, log: Box<dyn RoomLog>, settings: RoomSettings, home: Weak<dyn RoomHome>) -> Self {
-        let enabled = settings.presence && crate::core::names::inbox_owner(&name).is_none();
+        let inbox = crate::core::names::inbox_owner(&name).is_some();
+        let enabled = settings.presence && !inbox;
         let core = RoomCore {
+            occupancy: settings.occupancy.clone().filter(|_| !inbox),
+            occupied: false,
             presence: presence::RoomPresence::new(settings.presence_hub.clone(), enabled),
             name,
             home,
@@ -245,7 +250,6 @@ impl RoomActor {
             settings,
             last_active: Instant::now(),
             stopped: false,
-            occupied: false,
         };
         RoomActor { core, log }
     }
@@ -278,8 +282,8 @@ impl RoomActor {
             }
             connected
         });
-        core.presence_poke(ctx);
         core.occupancy_check();
+        core.presence_poke(ctx);
         // An inbox followed only by its users' automatic subscriptions parks them and
         // stops like an unwatched room: its actor lives while messages come.
         let unwatched = core.subscribers.values().all(|sub| sub.automatic);
@@ -294,6 +298,7 @@ impl RoomActor {
                 home.retire(&core.name, &ctx.address(), parked);
             }
             core.stopped = true;
+            core.occupancy_check();
             tracing::debug!(room = %core.name, "idle room stopped");
             ctx.stop();
         }
@@ -309,20 +314,6 @@ impl RoomCore {
         }
         self.last_active = Instant::now();
         Ok(())
-    }
-
-    /// Tell the occupancy seam when the room's subscribers here went from none to some
-    /// or back. Inboxes never: their subscribers are their users' own connections.
-    fn occupancy_check(&mut self) {
-        let Some(occupancy) = &self.settings.occupancy else { return };
-        if crate::core::names::inbox_owner(&self.name).is_some() {
-            return;
-        }
-        let occupied = !self.subscribers.is_empty();
-        if occupied != self.occupied {
-            self.occupied = occupied;
-            occupancy.changed(&self.name, occupied, now_ms());
-        }
     }
 
     /// The room's log, creating the room (a new epoch, head 0) on first write.
@@ -406,7 +397,6 @@ impl RoomCore {
         for window in Window::cut(&self.epoch(), events) {
             self.send_window(window);
         }
-        self.occupancy_check();
     }
 
     /// The room's epoch, for the windows it sends (empty while it has none: no window
@@ -424,6 +414,7 @@ impl RoomCore {
 
     fn send_window(&mut self, window: Arc<Window>) {
         let bytes = window.frame.len();
+        let before = self.subscribers.len();
         let (name, metrics, presence) = (&self.name, &self.settings.metrics, &mut self.presence);
         // Subscribers that went away unsubscribe, and the tick prunes any left over.
         self.subscribers.retain(|conn, sub| match sub.backlog.reserve(bytes) {
@@ -443,6 +434,22 @@ impl RoomCore {
                 false
             }
         });
+        if self.subscribers.len() != before {
+            self.occupancy_check();
+        }
+    }
+
+    /// Tell the occupancy seam when the room's explicit subscribers went from none to
+    /// some, or from some to none (called wherever subscribers come and go; an inbox has
+    /// no seam). Cheap: a room other than an inbox has only explicit subscribers, so the
+    /// first one answers.
+    fn occupancy_check(&mut self) {
+        let Some(occupancy) = &self.occupancy else { return };
+        let occupied = self.subscribers.values().any(|sub| !sub.automatic);
+        if occupied != self.occupied {
+            self.occupied = occupied;
+            occupancy.changed(&self.name, occupied, now_ms());
+        }
     }
 
     /// Add a subscriber at the durable head: it gets the replay up to that head now, and
@@ -461,6 +468,7 @@ impl RoomCore {
             let subscriber =
                 Subscriber { to: msg.to, backlog: msg.backlog, generation: msg.generation, automatic: true, presence: false };
             self.subscribers.insert(msg.conn, subscriber);
+            self.occupancy_check();
             return;
         }
         let current = self.current.clone();
@@ -514,6 +522,7 @@ impl RoomCore {
         let subscriber =
             Subscriber { to: msg.to, backlog: msg.backlog, generation: msg.generation, automatic: msg.automatic, presence };
         self.subscribers.insert(msg.conn, subscriber);
+        self.occupancy_check();
         self.presence.join(msg.conn, msg.member);
         self.presence_snapshot(msg.conn);
     }
@@ -526,6 +535,16 @@ impl Actor for RoomActor {
         ctx.run_interval(self.core.settings.tick, |room, ctx| room.tick(ctx));
         let RoomActor { core, log } = self;
         log.load(core, ctx);
+    }
+}
+
+/// A room that ends with explicit subscribers (its arbiter stopped at shutdown) reports
+/// it is vacated: nobody is subscribed to it on this node any more.
+impl Drop for RoomCore {
+    fn drop(&mut self) {
+        if let Some(occupancy) = self.occupancy.as_ref().filter(|_| self.occupied) {
+            occupancy.changed(&self.name, false, now_ms());
+        }
     }
 }
 
@@ -569,7 +588,6 @@ impl Handler<Subscribe> for RoomActor {
         };
         self.core.subscribe(msg, self.log.as_mut());
         self.core.presence_poke(ctx);
-        self.core.occupancy_check();
         Ok(())
     }
 }
@@ -625,11 +643,11 @@ impl Handler<Unsubscribe> for RoomActor {
         if core.subscribers.get(&msg.conn).is_some_and(|s| s.generation <= msg.generation) {
             core.subscribers.remove(&msg.conn);
             core.presence.leave(msg.conn);
+            core.occupancy_check();
         }
         self.log.unsubscribed(msg.conn, msg.generation);
         core.last_active = Instant::now();
         core.presence_poke(ctx);
-        core.occupancy_check();
     }
 }
 
