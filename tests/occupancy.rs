@@ -10,6 +10,8 @@
 //! - `kill -9` of the only node left with a room's subscribers: the survivors remove the
 //!   dead node from the room's record once its heartbeats stop, and the room is vacated
 //!   once;
+//! - a drain (SIGTERM) takes the node out of its rooms' records: a room it shared keeps
+//!   its `occupied`, a room only it held is vacated once;
 //! - `livegate_occupancy_edges_total{edge}` across the nodes counts the same decisions.
 //!
 //! nats-server must be installed (a missing one fails the test). Every wait is bounded;
@@ -226,18 +228,58 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
         failures.push(format!("match:9 vacated by the dead node itself: {got:?}"));
     }
 
-    // Signed, and counted on the nodes that decided (c's counts died with it).
+    // A drain of b: b's subscribers go with it and b leaves its records. match:7 keeps
+    // a's subscriber (nothing happens), match:8 had only b's (vacated once).
+    let on = |node: usize, user: &str, subscribed: &'static [&'static str]| {
+        let token = cluster.http(node).mint_token(user, "web");
+        let addr = cluster.addr(node);
+        rt.block_on(async move {
+            let mut ws = WsClient::connect(addr, &token, None).await;
+            for room in subscribed {
+                ws.subscribe_ok(room).await;
+            }
+            ws
+        })
+    };
+    let ws_a7 = on(0, "viewer-a7", &["match:7"]);
+    let _ws_b = on(1, "viewer-b78", &["match:7", "match:8"]);
+    if !wait_until(WAIT, || receiver.of_room("match:7").len() == 1 && receiver.of_room("match:8").len() == 1) {
+        failures.push(format!("before b's drain: match:7 {:?}, match:8 {:?}", receiver.of_room("match:7"), receiver.of_room("match:8")));
+    }
+    let mut b = cluster.take_node(1);
+    b.signal("TERM");
+    if b.wait_exit(Duration::from_secs(20)).is_none() {
+        failures.push("b did not finish its drain within 20 s".into());
+    }
+    let drained = wait_until(WAIT, || receiver.of_room("match:8").len() >= 2);
+    std::thread::sleep(Duration::from_secs(2));
+    let (seven, eight) = (receiver.of_room("match:7"), receiver.of_room("match:8"));
+    let kinds = |got: &[(String, String)]| got.iter().map(|(kind, _)| kind.clone()).collect::<Vec<_>>();
+    if seven.len() != 1 {
+        failures.push(format!("match:7 after b drained, a still subscribed: {seven:?}, expected only the {OCCUPIED}"));
+    }
+    if !drained || kinds(&eight) != [OCCUPIED, VACATED] {
+        failures.push(format!("match:8 after its only node drained: {eight:?}"));
+    }
+    rt.block_on(ws_a7.close());
+    if !wait_until(WAIT, || receiver.of_room("match:7").len() >= 2) || kinds(&receiver.of_room("match:7")) != [OCCUPIED, VACATED] {
+        failures.push(format!("match:7 after a's subscriber left too: {:?}", receiver.of_room("match:7")));
+    }
+
+    // Signed, and counted on the nodes that decided (the stopped nodes' counts went
+    // with them).
     let unsigned = receiver.got.lock().unwrap().iter().filter(|(_, s)| !s.as_deref().is_some_and(|s| s.starts_with("sha256="))).count();
     if unsigned > 0 {
         failures.push(format!("{unsigned} webhook(s) without an X-Livegate-Signature"));
     }
+    let running: Vec<&str> = cluster.running().into_iter().map(Cluster::name).collect();
     let decided_by_survivors = |kind: &str| {
-        receiver.webhooks().iter().filter(|w| w["type"] == kind && w["node"] != "c").count() as f64
+        receiver.webhooks().iter().filter(|w| w["type"] == kind && running.iter().any(|n| w["node"] == *n)).count() as f64
     };
     for (edge, kind) in [("occupied", OCCUPIED), ("vacated", VACATED)] {
         let counted = edges_counted(&cluster, edge);
         if counted != decided_by_survivors(kind) {
-            failures.push(format!("livegate_occupancy_edges_total{{edge={edge}}} on a and b: {counted}, webhooks from them: {}", decided_by_survivors(kind)));
+            failures.push(format!("livegate_occupancy_edges_total{{edge={edge}}} on {running:?}: {counted}, webhooks from them: {}", decided_by_survivors(kind)));
         }
     }
     eprintln!("occupancy: {} webhooks; a killed node's room vacated {cleaned_after:?} after the kill", receiver.webhooks().len());
