@@ -12,6 +12,8 @@
 //!   once;
 //! - a drain (SIGTERM) takes the node out of its rooms' records: a room it shared keeps
 //!   its `occupied`, a room only it held is vacated once;
+//! - NATS killed while a room's last subscriber leaves: nothing is decided meanwhile, and
+//!   the room is vacated once NATS is back;
 //! - `livegate_occupancy_edges_total{edge}` across the nodes counts the same decisions.
 //!
 //! nats-server must be installed (a missing one fails the test). Every wait is bounded;
@@ -125,6 +127,17 @@ fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
 fn edges_counted(cluster: &Cluster, edge: &str) -> f64 {
     let series = format!("livegate_occupancy_edges_total{{edge=\"{edge}\"}}");
     cluster.running().iter().map(|&i| cluster.http(i).metric(&series).unwrap_or(0.0)).sum()
+}
+
+/// A client on node a (index 0) subscribed to `room`.
+fn on_a(cluster: &Cluster, rt: &tokio::runtime::Runtime, user: &str, room: &'static str) -> WsClient {
+    let token = cluster.http(0).mint_token(user, "web");
+    let addr = cluster.addr(0);
+    rt.block_on(async move {
+        let mut ws = WsClient::connect(addr, &token, None).await;
+        ws.subscribe_ok(room).await;
+        ws
+    })
 }
 
 const OCCUPIED: &str = "room_occupied";
@@ -266,6 +279,26 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
         failures.push(format!("match:7 after a's subscriber left too: {:?}", receiver.of_room("match:7")));
     }
 
+    // NATS away: a's last subscriber of match:5 leaves meanwhile; the decision waits in
+    // a's queue and is made once NATS is back.
+    let ws_a5 = on_a(&cluster, &rt, "viewer-a5", "match:5");
+    if !wait_until(WAIT, || receiver.of_room("match:5").len() == 1) {
+        failures.push(format!("match:5 with a subscriber on a: {:?}", receiver.of_room("match:5")));
+    }
+    cluster.nats.kill9();
+    rt.block_on(ws_a5.close());
+    std::thread::sleep(Duration::from_secs(2));
+    if receiver.of_room("match:5").len() != 1 {
+        failures.push(format!("match:5 decided while NATS was away: {:?}", receiver.of_room("match:5")));
+    }
+    cluster.nats.restart();
+    let back_at = Instant::now();
+    let replayed = wait_until(Duration::from_secs(20), || receiver.of_room("match:5").len() >= 2);
+    let replayed_after = back_at.elapsed();
+    if !replayed || kinds(&receiver.of_room("match:5")) != [OCCUPIED, VACATED] {
+        failures.push(format!("match:5 after NATS came back: {:?} ({replayed_after:?})", receiver.of_room("match:5")));
+    }
+
     // Signed, and counted on the nodes that decided (the stopped nodes' counts went
     // with them).
     let unsigned = receiver.got.lock().unwrap().iter().filter(|(_, s)| !s.as_deref().is_some_and(|s| s.starts_with("sha256="))).count();
@@ -282,7 +315,11 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
             failures.push(format!("livegate_occupancy_edges_total{{edge={edge}}} on {running:?}: {counted}, webhooks from them: {}", decided_by_survivors(kind)));
         }
     }
-    eprintln!("occupancy: {} webhooks; a killed node's room vacated {cleaned_after:?} after the kill", receiver.webhooks().len());
+    eprintln!(
+        "occupancy: {} webhooks; a killed node's room vacated {cleaned_after:?} after the kill; \
+         a decision held through a NATS outage made {replayed_after:?} after NATS was back",
+        receiver.webhooks().len()
+    );
     if !failures.is_empty() {
         let lines = cluster.log_lines(&["occupancy", "webhook", "panic"]);
         panic!("{} failure(s):\n  {}\nwebhooks: {}\nlog lines:\n  {}", failures.len(), failures.join("\n  "), json!(receiver.webhooks()), lines.join("\n  "));
