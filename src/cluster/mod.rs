@@ -457,7 +457,7 @@ mod tests {
     fn nats_errors_are_classified_by_kind() {
         use async_nats::StatusCode;
         let unreachable = |e: ClusterError| matches!(e, ClusterError::Unavailable(Unreachable::NoAnswer(_)));
-        let cases: [(ClusterError, bool); 9] = [
+        let cases: [(ClusterError, bool); 11] = [
             (nats_kv::EntryError::new(EntryErrorKind::TimedOut).into(), true),
             (nats_kv::EntryError::new(EntryErrorKind::InvalidKey).into(), false),
             (nats_kv::UpdateError::new(UpdateErrorKind::TimedOut).into(), true),
@@ -467,6 +467,8 @@ mod tests {
             (stream::DirectGetError::new(DirectGetErrorKind::ErrorResponse(StatusCode::NO_RESPONDERS, "no responders".into())).into(), true),
             (stream::DirectGetError::new(DirectGetErrorKind::InvalidSubject).into(), false),
             (stream::PurgeError::new(PurgeErrorKind::TimedOut).into(), true),
+            (stream::DeleteMessageError::new(stream::DeleteMessageErrorKind::TimedOut).into(), true),
+            (stream::DeleteMessageError::new(stream::DeleteMessageErrorKind::Request).into(), true),
         ];
         for (error, expected) in cases {
             let text = error.to_string();
