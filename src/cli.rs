@@ -316,6 +316,9 @@ fn check_config(flags: &ConfigFlags) -> Result<(), CliError> {
     if config.api_key.is_some() {
         config.api_key = Some("********".into());
     }
+    if !config.webhook_secret.is_empty() {
+        config.webhook_secret = "********".into();
+    }
     // Each namespace with its effective options: its overrides, else the global keys.
     config.namespaces = config.effective_namespaces()?;
     let text = toml::to_string(&config).map_err(|e| failed(format!("cannot print the configuration: {e}")))?;

@@ -203,6 +203,14 @@ config_keys! {
         "Cluster mode: while NATS is unreachable, new sessions are queued this long, then refused";
     cluster_heartbeat_ms: u64 = 1000, "MS",
         "Cluster mode: heartbeat period; a peer not heard for 3 periods is down";
+    webhook_url: String = String::new() => "off", "URL",
+        "POST room_occupied, room_vacated and client_published webhooks to this http:// or https:// URL; empty: no webhooks";
+    webhook_secret: String = String::new() => "none", "SECRET",
+        "Key of each webhook's X-Livegate-Signature (HMAC-SHA256 of the body); required with webhook_url";
+    webhook_queue_max: usize = 10000, "N",
+        "Webhooks queued in the store at most; a new one when full is dropped (counted and logged)";
+    webhook_timeout_ms: u64 = 5000, "MS",
+        "Time one webhook attempt may take; then it is retried";
 }
 
 /// Largest `presence_members_max`: a node's member list of a room crosses NATS as one
@@ -233,6 +241,7 @@ durations! {
     drain_spread: drain_spread_secs in from_secs, drain_grace: drain_grace_secs in from_secs,
     probe_interval: probe_interval_ms in from_millis, presence_interval: presence_interval_ms in from_millis, handshake_timeout: handshake_timeout_ms in from_millis,
     directory_outage: directory_outage_secs in from_secs, cluster_heartbeat: cluster_heartbeat_ms in from_millis,
+    webhook_timeout: webhook_timeout_ms in from_millis,
 }
 
 fn default_node_name() -> String {
@@ -254,7 +263,7 @@ pub const ENV_LOG_FORMAT: &str = "LIVEGATE_LOG_FORMAT";
 /// `LIVEGATE_*` variables that are not configuration keys but are still known.
 const ENV_NOT_KEYS: &[&str] = &[ENV_CONFIG_FILE, ENV_LOG_FORMAT];
 /// Keys whose values are secrets: error messages never repeat them.
-const SECRET_KEYS: &[&str] = &["api_key", "previous_api_keys"];
+const SECRET_KEYS: &[&str] = &["api_key", "previous_api_keys", "webhook_secret"];
 /// Shortest API key accepted, configured or read from the key file.
 pub const API_KEY_MIN_CHARS: usize = 16;
 
@@ -517,7 +526,35 @@ impl Config {
             return Err(invalid("peers", format!("lists this node ({}) itself", self.node)));
         }
         self.exclusive_devices.iter().try_for_each(|device| name_rule("exclusive_devices", "entries must", device, 32))?;
+        self.validate_webhooks()?;
         namespaces::check(&self.namespaces)
+    }
+}
+
+impl Config {
+    /// Whether webhooks are on (`webhook_url` set).
+    pub fn webhooks_enabled(&self) -> bool {
+        !self.webhook_url.is_empty()
+    }
+
+    fn validate_webhooks(&self) -> Result<(), ConfigError> {
+        within(&[
+            ("webhook_queue_max", self.webhook_queue_max as u64, 1, Some((10_000_000, ""))),
+            ("webhook_timeout_ms", self.webhook_timeout_ms, 100, Some((600_000, " (10 minutes)"))),
+        ])?;
+        if !self.webhooks_enabled() {
+            return Ok(());
+        }
+        let url = &self.webhook_url;
+        let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
+        if rest.is_none_or(|rest| rest.is_empty() || rest.starts_with('/') || rest.contains(char::is_whitespace)) {
+            // Not echoed: the URL may carry a token.
+            return Err(invalid("webhook_url", "must be an http:// or https:// URL with a host, such as https://backend.example/hooks".to_string()));
+        }
+        if self.webhook_secret.is_empty() {
+            return Err(invalid("webhook_secret", "must be set when webhook_url is: every webhook is signed with it".to_string()));
+        }
+        Ok(())
     }
 }
 

@@ -18,6 +18,12 @@ pub struct ResultLabel {
     pub result: &'static str,
 }
 
+/// A cluster-wide occupancy decision: `occupied` or `vacated`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EdgeLabel {
+    pub edge: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DeviceLabel {
     pub device: String,
@@ -81,6 +87,9 @@ const HANDSHAKE_REASONS: &[&str] =
       // Only an SSE request names its rooms up front.
       "bad_room", "too_many_subscriptions", "forbidden"];
 
+/// Why a webhook is given up (`livegate_webhooks_dropped_total{reason=…}`).
+pub const WEBHOOK_DROP_REASONS: &[&str] = &["queue_full", "rejected"];
+
 /// The credentials a handshake may present.
 const CREDENTIALS: &[&str] = &["token", "resume"];
 
@@ -143,6 +152,8 @@ pub struct Metrics {
     /// in the store (single node), as of the last scrape.
     pub sessions_live: Gauge,
     pub sessions_cached: Gauge,
+    /// Cluster mode: rooms' cluster-wide occupancy decisions this node reported.
+    pub occupancy_edges: Family<EdgeLabel, Counter>,
     pub sessions_stored: Gauge,
     /// Cluster mode: appends refused because another node appended to the room first.
     pub cluster_append_conflicts: Counter,
@@ -157,6 +168,13 @@ pub struct Metrics {
     pub drain_connections_left: Gauge,
     pub store_flush_latency: Histogram,
     pub store_bytes: Gauge,
+    /// Webhooks waiting in the store's queue (in flight included).
+    pub webhooks_queued: Gauge,
+    pub webhooks_delivered: Counter,
+    /// Webhook attempts that will be retried (timeout, no connection, 408, 429, 5xx).
+    pub webhook_attempts_failed: Counter,
+    /// Webhooks given up: `queue_full` (not queued) or `rejected` (a 4xx answer).
+    pub webhooks_dropped: Family<ReasonLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -199,6 +217,7 @@ impl Metrics {
             sessions_expired: Counter::default(),
             sessions_live: Gauge::default(),
             sessions_cached: Gauge::default(),
+            occupancy_edges: Family::default(),
             sessions_stored: Gauge::default(),
             cluster_append_conflicts: Counter::default(),
             cluster_peers_alive: Gauge::default(),
@@ -211,6 +230,10 @@ impl Metrics {
             drain_connections_left: Gauge::default(),
             store_flush_latency: latency_histogram(),
             store_bytes: Gauge::default(),
+            webhooks_queued: Gauge::default(),
+            webhooks_delivered: Counter::default(),
+            webhook_attempts_failed: Counter::default(),
+            webhooks_dropped: Family::default(),
         }
         .with_known_series()
     }
@@ -238,6 +261,9 @@ impl Metrics {
         }
         for outcome in CLIENT_PUBLISH_OUTCOMES {
             drop(self.client_publishes.get_or_create(&OutcomeLabel { outcome }));
+        }
+        for reason in WEBHOOK_DROP_REASONS {
+            drop(self.webhooks_dropped.get_or_create(&ReasonLabel { reason }));
         }
         for credential in CREDENTIALS {
             drop(self.handshakes.get_or_create(&CredentialLabel { credential }));
@@ -291,6 +317,12 @@ impl Metrics {
     pub fn client_publish(&self, outcome: &'static str) {
         debug_assert!(CLIENT_PUBLISH_OUTCOMES.contains(&outcome), "unknown outcome {outcome}");
         self.client_publishes.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    /// Count a webhook given up (a reason from [`WEBHOOK_DROP_REASONS`]).
+    pub fn webhook_dropped(&self, reason: &'static str) {
+        debug_assert!(WEBHOOK_DROP_REASONS.contains(&reason), "unknown reason {reason}");
+        self.webhooks_dropped.get_or_create(&ReasonLabel { reason }).inc();
     }
 
     pub fn recovery(&self, recovered: bool) {
@@ -358,6 +390,7 @@ impl Metrics {
         r.register("sessions_expired", "Sessions deleted after session_ttl_secs without a connection", self.sessions_expired.clone());
         r.register("sessions_live", "Sessions with a connection on this node", self.sessions_live.clone());
         r.register("sessions_cached", "Disconnected sessions kept in memory (at most session_cache_max)", self.sessions_cached.clone());
+        r.register("occupancy_edges", "Cluster-wide room occupancy decisions reported by this node, by edge", self.occupancy_edges.clone());
         r.register("sessions_stored", "Session records in the embedded store (single node)", self.sessions_stored.clone());
         r.register("cluster_append_conflicts", "Cluster mode: room appends that lost to another node's and were retried", self.cluster_append_conflicts.clone());
         r.register("cluster_peers_alive", "Cluster mode: peer nodes heard within the heartbeat timeout", self.cluster_peers_alive.clone());
@@ -383,6 +416,18 @@ impl Metrics {
             self.store_flush_latency.clone(),
         );
         r.register_with_unit("store_size", "Store size on disk", Unit::Bytes, self.store_bytes.clone());
+        r.register("webhooks_queued", "Webhooks waiting in the store's queue, in flight included", self.webhooks_queued.clone());
+        r.register("webhooks_delivered", "Webhooks answered with 2xx", self.webhooks_delivered.clone());
+        r.register(
+            "webhook_attempts_failed",
+            "Webhook attempts to be retried (timeout, no connection, 408, 429, 5xx)",
+            self.webhook_attempts_failed.clone(),
+        );
+        r.register(
+            "webhooks_dropped",
+            "Webhooks given up: queue_full (webhook_queue_max reached) or rejected (a 4xx answer)",
+            self.webhooks_dropped.clone(),
+        );
         r
     }
 }

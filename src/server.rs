@@ -28,8 +28,10 @@ use crate::actors::room::{PresenceHub, RoomSettings};
 use crate::actors::room::{LocalRoomLogs, RoomLogs, StreamRoomLogs};
 use crate::actors::rooms::Rooms;
 use crate::actors::supervisor::{DrainTiming, Signal, Start, Supervisor};
+use crate::actors::webhooks::{WebhookEvent, WebhookSettings, Webhooks};
 use crate::cluster::bus::{Appended, ForwardedPublish, NodeEvents};
 use crate::cluster::kv::KvSessions;
+use crate::cluster::occupancy::{ClusterOccupancy, Report as OccupancyReport};
 use crate::cluster::roomlog::{StoredState, StreamEvent};
 use crate::cluster::{Cluster, ClusterError, StreamLimits};
 use crate::config::{Config, ConfigError};
@@ -94,6 +96,22 @@ fn room_settings(config: &Config, metrics: Arc<Metrics>, presence_hub: Arc<Prese
     }
 }
 
+/// After how long without heartbeats a peer is down.
+fn peer_timeout(config: &Config) -> Duration {
+    config.cluster_heartbeat() * HEARTBEATS_MISSED as u32
+}
+
+/// Where cluster-wide occupancy decisions go: the webhooks (each also counted in
+/// `livegate_occupancy_edges_total`); `None` (webhooks off) turns cluster occupancy off.
+fn occupancy_report(metrics: &Arc<Metrics>, webhooks: Option<&Webhooks>) -> Option<OccupancyReport> {
+    let (metrics, webhooks) = (metrics.clone(), webhooks?.clone());
+    Some(Arc::new(move |room: &str, occupied: bool, ts_ms: u64| {
+        metrics.occupancy_edges.get_or_create(&crate::metrics::EdgeLabel { edge: if occupied { "occupied" } else { "vacated" } }).inc();
+        let room = room.to_string();
+        webhooks.enqueue(if occupied { WebhookEvent::RoomOccupied { room, ts_ms } } else { WebhookEvent::RoomVacated { room, ts_ms } });
+    }))
+}
+
 fn threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
 }
@@ -147,7 +165,27 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     // Presence: this node's view of the other nodes' members (cluster mode: over NATS).
     let presence_sender = cluster.as_ref().map(crate::cluster::presence::PresenceSender::start);
     let presence = PresenceHub::new(config.presence_interval(), config.presence_members_max, presence_sender);
-    let rooms = Rooms::start(backends.room_logs, room_settings(&config, metrics.clone(), presence.clone()), namespaces, threads());
+    // Webhooks (webhook_url): the queue in the store, resumed now, sent by its own threads.
+    let webhooks = match WebhookSettings::from_config(&config) {
+        Some(settings) => {
+            Some(Webhooks::start(store.clone(), metrics.clone(), settings).map_err(|e| ServerError::Startup(e.to_string()))?)
+        }
+        None => None,
+    };
+    // Cluster mode: rooms' occupancy decided cluster-wide (off without webhooks).
+    let occupancy = match (&cluster, occupancy_report(&metrics, webhooks.as_ref())) {
+        (Some(cluster), Some(report)) => Some(ClusterOccupancy::open(cluster, peer_timeout(&config), report).await?),
+        _ => None,
+    };
+    let mut shared_room_settings = room_settings(&config, metrics.clone(), presence.clone());
+    shared_room_settings.occupancy = match (&webhooks, &cluster) {
+        // One node: each room's local edge is the node's edge, a webhook.
+        (Some(webhooks), None) => Some(Arc::new(webhooks.clone()) as Arc<dyn crate::actors::room::Occupancy>),
+        // Cluster mode: a room's edges are decided across the nodes (cluster::occupancy),
+        // which reports to the webhooks; no local edge makes a webhook by itself.
+        _ => occupancy.clone().map(|o| o as Arc<dyn crate::actors::room::Occupancy>),
+    };
+    let rooms = Rooms::start(backends.room_logs, shared_room_settings, namespaces, threads());
     let registry = Registry::new(config.exclusive_devices.clone(), backends.user_bus).start();
     let directory_settings = DirectorySettings {
         migration_window: config.migration_window(),
@@ -171,6 +209,9 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         crate::cluster::bus::listen(cluster, events, kv.clone()).await?;
         crate::cluster::presence::listen(cluster, PresenceNodes(presence.clone())).await?;
         presence.started();
+        if let Some(occupancy) = &occupancy {
+            occupancy.start(OccupancyPeers(liveness.clone())).await?;
+        }
     }
     let max_connections = crate::http::limits::effective_max_connections(config.max_connections, open_files_limit());
     if max_connections != config.max_connections {
@@ -188,7 +229,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     let publisher = publisher.with_max_state_bytes(config.max_state_bytes);
     let state = web::Data::new(AppState {
         limits: Arc::new(ConnectionLimits::new(&config, max_connections)),
-        connection: Arc::new(connection_settings(&config, metrics.clone(), backends.nonces.clone(), publisher.clone())),
+        connection: Arc::new(connection_settings(&config, metrics.clone(), backends.nonces.clone(), publisher.clone(), webhooks.clone())),
         config: Arc::new(config),
         access: parking_lot::RwLock::new(access),
         reload: reload_config,
@@ -239,6 +280,16 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     };
     background.iter().for_each(|task| task.abort());
     rooms.shutdown();
+    // The node's rooms leave their occupancy records (the vacated edges it decides go
+    // to the webhooks), before the webhooks stop.
+    if let Some(occupancy) = &occupancy {
+        occupancy.leave(crate::cluster::occupancy::LEAVE_WAIT).await;
+    }
+    // After the rooms (the last vacated edges are queued), before the flush: what is not
+    // delivered stays queued for the next start.
+    if let Some(webhooks) = &webhooks {
+        webhooks.stop();
+    }
     if let Some(cluster) = &cluster {
         cluster.leave().await;
     }
@@ -324,6 +375,7 @@ fn connection_settings(
     metrics: Arc<Metrics>,
     revocations: Arc<dyn ResumeRevocations>,
     publisher: Publisher,
+    webhooks: Option<Webhooks>,
 ) -> ConnectionSettings {
     ConnectionSettings {
         metrics,
@@ -338,6 +390,7 @@ fn connection_settings(
         max_bad_messages: config.max_bad_messages,
         max_history_limit: config.max_history_limit,
         subscribe_timeout: (config.subscribe_timeout_secs > 0).then(|| Duration::from_secs(config.subscribe_timeout_secs)),
+        webhooks,
     }
 }
 
@@ -550,6 +603,27 @@ impl NodeEvents for NodeActors {
     fn reconnected(&self) {
         self.rooms.resync_all();
         self.presence.reconnected();
+    }
+}
+
+impl crate::actors::room::Occupancy for ClusterOccupancy {
+    fn changed(&self, room: &str, occupied: bool, now_ms: u64) {
+        self.local_edge(room, occupied, now_ms);
+    }
+}
+
+/// Rooms' writers and the peers alive, for cluster occupancy, from the liveness actor.
+struct OccupancyPeers(Addr<LivenessActor>);
+
+impl crate::cluster::occupancy::Peers for OccupancyPeers {
+    fn writer(&self, room: &str) -> LocalBoxFuture<'static, Option<String>> {
+        let asked = self.0.send(crate::actors::liveness::RoomWriter { room: room.to_string() });
+        Box::pin(async move { asked.await.ok().flatten() })
+    }
+
+    fn alive(&self) -> LocalBoxFuture<'static, Vec<String>> {
+        let asked = self.0.send(crate::actors::liveness::AlivePeers);
+        Box::pin(async move { asked.await.unwrap_or_default() })
     }
 }
 

@@ -65,6 +65,9 @@ pub struct ConnectionSettings {
     pub max_history_limit: usize,
     /// Close a connection that has not subscribed to a room by then (None: never).
     pub subscribe_timeout: Option<Duration>,
+    /// Told of every client publish once it is durable (`client_published`); `None`:
+    /// webhooks are off.
+    pub webhooks: Option<super::webhooks::Webhooks>,
 }
 
 /// Who is connected, as the token said.
@@ -398,6 +401,8 @@ impl Connection {
         }
         self.publishing += 1;
         let from = Some(self.identity.user.to_string());
+        // What the webhook tells, kept only when webhooks are on.
+        let told = self.settings.webhooks.is_some().then(|| (id.clone(), data.clone()));
         let event = Submission { id, data: data.into(), devices: None, from, state: state.map(Into::into) };
         let publisher = self.settings.publisher.clone();
         let fut = async move {
@@ -410,6 +415,10 @@ impl Connection {
                 Ok(published) => {
                     metrics.publish_answered(published.duplicate);
                     metrics.client_publish(if published.duplicate { "duplicate" } else { "published" });
+                    // A duplicate's webhook was queued with the original publish.
+                    if let (Some(webhooks), Some((event_id, data)), false) = (&conn.settings.webhooks, told, published.duplicate) {
+                        conn.tell_published(webhooks, &room, published.seq, event_id, data);
+                    }
                     let frame = protocol::published_frame(&room, published.seq, published.duplicate, reference);
                     conn.reply(ServerOp::Published, frame);
                 }
@@ -421,6 +430,23 @@ impl Connection {
                 }
             }
         }));
+    }
+
+    /// Queue the `client_published` webhook of this connection's durable publish.
+    fn tell_published(&self, webhooks: &super::webhooks::Webhooks, room: &str, seq: u64, event_id: Option<String>, data: String) {
+        let Some(data) = protocol::event_data(data) else {
+            // The op's data was parsed as JSON; this cannot happen.
+            return tracing::error!(conn = self.id, %room, seq, "client publish data is not JSON: no webhook");
+        };
+        webhooks.enqueue(super::webhooks::WebhookEvent::ClientPublished {
+            room: room.to_string(),
+            ts_ms: crate::world::now_ms(),
+            user: self.identity.user.to_string(),
+            device: Some(self.identity.device.to_string()),
+            seq,
+            event_id,
+            data,
+        });
     }
 
     fn check_readable(&self, room: &str) -> Result<(), (ErrorCode, String)> {

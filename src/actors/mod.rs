@@ -15,4 +15,5 @@ pub mod socket;
 pub mod sse;
 pub mod supervisor;
 pub mod transport;
+pub mod webhooks;
 pub mod wsio;

@@ -9,6 +9,9 @@
 //!   revisions), with a cache and a sled-backed queue for outages;
 //! - heartbeats on `lg.node.heartbeat`, and user commands (exclusive-device replacement,
 //!   kicks) on `lg.user.*`, handled here and in the liveness and registry actors;
+//! - [`occupancy`]: cluster-wide room occupancy in the `lg_occupancy` bucket (one record
+//!   per occupied room: its nodes with subscribers), changes forwarded to each room's
+//!   writer on `lg.node.<node>.occupancy`;
 //! - [`presence`]: each node's members of each room on `lg.presence.room.<room>` (NATS
 //!   core), and a starting node's hello on `lg.presence.hello`.
 //!
@@ -16,6 +19,7 @@
 
 pub mod bus;
 pub mod kv;
+pub mod occupancy;
 pub mod presence;
 pub mod roomlog;
 
@@ -74,6 +78,9 @@ pub enum ClusterError {
     /// A user's record kept changing under this node's read-modify-write.
     #[error("user {0}: too many concurrent updates")]
     Contended(String),
+    /// A room's occupancy record kept changing under this node's compare-and-set.
+    #[error("room {0}: too many concurrent occupancy updates")]
+    RoomContended(String),
 }
 
 /// Why NATS could not be reached.
@@ -115,6 +122,8 @@ pub enum NatsError {
     #[error(transparent)]
     Purge(#[from] stream::PurgeError),
     #[error(transparent)]
+    Delete(#[from] stream::DeleteMessageError),
+    #[error(transparent)]
     Publish(#[from] async_nats::PublishError),
     #[error(transparent)]
     Subscribe(#[from] async_nats::SubscribeError),
@@ -146,6 +155,7 @@ impl NatsError {
                 matches!(e.kind(), PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe | PublishErrorKind::StreamNotFound)
             }
             NatsError::Purge(e) => matches!(e.kind(), PurgeErrorKind::TimedOut | PurgeErrorKind::Request),
+            NatsError::Delete(e) => matches!(e.kind(), stream::DeleteMessageErrorKind::TimedOut | stream::DeleteMessageErrorKind::Request),
             NatsError::Publish(e) => e.kind() == async_nats::PublishErrorKind::Send,
             NatsError::Subscribe(e) => e.kind() == async_nats::SubscribeErrorKind::Other,
         }
@@ -185,6 +195,7 @@ from_nats_errors!(
     stream::DirectGetError,
     jetstream::context::PublishError,
     stream::PurgeError,
+    stream::DeleteMessageError,
     async_nats::PublishError,
     async_nats::SubscribeError,
 );
@@ -446,7 +457,7 @@ mod tests {
     fn nats_errors_are_classified_by_kind() {
         use async_nats::StatusCode;
         let unreachable = |e: ClusterError| matches!(e, ClusterError::Unavailable(Unreachable::NoAnswer(_)));
-        let cases: [(ClusterError, bool); 9] = [
+        let cases: [(ClusterError, bool); 11] = [
             (nats_kv::EntryError::new(EntryErrorKind::TimedOut).into(), true),
             (nats_kv::EntryError::new(EntryErrorKind::InvalidKey).into(), false),
             (nats_kv::UpdateError::new(UpdateErrorKind::TimedOut).into(), true),
@@ -456,6 +467,8 @@ mod tests {
             (stream::DirectGetError::new(DirectGetErrorKind::ErrorResponse(StatusCode::NO_RESPONDERS, "no responders".into())).into(), true),
             (stream::DirectGetError::new(DirectGetErrorKind::InvalidSubject).into(), false),
             (stream::PurgeError::new(PurgeErrorKind::TimedOut).into(), true),
+            (stream::DeleteMessageError::new(stream::DeleteMessageErrorKind::TimedOut).into(), true),
+            (stream::DeleteMessageError::new(stream::DeleteMessageErrorKind::Request).into(), true),
         ];
         for (error, expected) in cases {
             let text = error.to_string();

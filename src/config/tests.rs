@@ -229,6 +229,50 @@ fn load_cases() {
             .flag("allowed_origins", "https://a.example/"),
         case("tls cert without key", Error("tls_cert and tls_key must be set together (set by --tls-cert)".into()))
             .flag("tls_cert", "/etc/cert.pem"),
+        // Webhooks.
+        case("webhook defaults", Values(vec![
+            ("webhook_url", "\"\""), ("webhook_secret", "\"\""), ("webhook_queue_max", "10000"), ("webhook_timeout_ms", "5000"),
+        ])),
+        case("webhooks on", Values(vec![
+            ("webhook_url", "\"https://backend.example/hooks?k=1\""), ("webhook_queue_max", "5"), ("webhook_timeout_ms", "100"),
+        ]))
+            .file("webhook_url = \"https://backend.example/hooks?k=1\"\nwebhook_secret = \"s3cret\"")
+            .env("LIVEGATE_WEBHOOK_QUEUE_MAX", "5")
+            .flag("webhook_timeout_ms", "100"),
+        case("webhook over plain http", Values(vec![("webhook_url", "\"http://127.0.0.1:9000/h\"")]))
+            .flag("webhook_url", "http://127.0.0.1:9000/h")
+            .env("LIVEGATE_WEBHOOK_SECRET", "s"),
+        case("webhook url without secret", Error(
+            "webhook_secret must be set when webhook_url is: every webhook is signed with it".into()))
+            .flag("webhook_url", "http://127.0.0.1:9000/h"),
+        case("webhook url with an empty secret", Error(
+            "webhook_secret must be set when webhook_url is: every webhook is signed with it (set by LIVEGATE_WEBHOOK_SECRET)".into()))
+            .flag("webhook_url", "http://127.0.0.1:9000/h")
+            .env("LIVEGATE_WEBHOOK_SECRET", ""),
+        case("webhook url of another scheme, not echoed", Error(
+            "webhook_url must be an http:// or https:// URL with a host, such as https://backend.example/hooks (set by webhook_url in FILE)".into()))
+            .file("webhook_url = \"ftp://token@backend.example/hooks\"\nwebhook_secret = \"s\""),
+        case("webhook url without a host", Error(
+            "webhook_url must be an http:// or https:// URL with a host, such as https://backend.example/hooks (set by --webhook-url)".into()))
+            .flag("webhook_url", "http:///hooks")
+            .flag("webhook_secret", "s"),
+        case("webhook url without a scheme", ErrorStarts("webhook_url must be an http:// or https:// URL"))
+            .flag("webhook_url", "backend.example/hooks")
+            .flag("webhook_secret", "s"),
+        case("webhook secret alone is harmless", Values(vec![("webhook_url", "\"\"")])).flag("webhook_secret", "s"),
+        case("webhook queue zero", Error("webhook_queue_max must be at least 1, got 0 (set by --webhook-queue-max)".into()))
+            .flag("webhook_queue_max", "0"),
+        case("webhook queue too big", Error(
+            "webhook_queue_max must be at most 10000000, got 10000001 (set by LIVEGATE_WEBHOOK_QUEUE_MAX)".into()))
+            .env("LIVEGATE_WEBHOOK_QUEUE_MAX", "10000001"),
+        case("webhook timeout too short", Error("webhook_timeout_ms must be at least 100, got 99 (set by --webhook-timeout-ms)".into()))
+            .flag("webhook_timeout_ms", "99"),
+        case("webhook timeout too long", Error(
+            "webhook_timeout_ms must be at most 600000 (10 minutes), got 600001 (set by --webhook-timeout-ms)".into()))
+            .flag("webhook_timeout_ms", "600001"),
+        case("webhook secret mistyped, not echoed", Error(
+            "webhook_secret in FILE: expected text, got a value that is not shown (a secret)".into()))
+            .file("webhook_secret = [\"hunter2\"]"),
         case("bad device name", Error(
             "exclusive_devices entries must be 1 to 32 characters from A-Z a-z 0-9 _ . -, got \"tv remote\" (set by --exclusive-devices)".into()))
             .flag("exclusive_devices", "phone,tv remote"),

@@ -12,7 +12,8 @@
 //! `session_expiry` (that time ‖ session → (), scanned by the expiry sweep),
 //! `session_revoked` (session → when its resume credentials were revoked),
 //! `room_state` (room → its state as of a seq, written in one transaction with the event
-//! that carries it and the head).
+//! that carries it and the head), `webhooks` (queue seq → a webhook waiting to be
+//! delivered, in queue order).
 
 pub mod keys;
 pub mod records;
@@ -27,7 +28,7 @@ use tokio::sync::oneshot;
 
 pub use records::{
     EventRecord, MigrationRecord, NonceRecord, QueuedSessionWrite, RevokedRecord, RoomHeadRecord, SeenRecord, SessionRecord, StateRecord,
-    UserRecord,
+    UserRecord, WebhookRecord,
 };
 
 use crate::core::sessions::{next_version, VersionError};
@@ -86,6 +87,7 @@ pub struct Store {
     session_seen: sled::Tree,
     session_expiry: sled::Tree,
     session_revoked: sled::Tree,
+    webhooks: sled::Tree,
     meta: sled::Tree,
     /// Records in `session_owner`, counted at open and kept by every insert and delete.
     sessions_stored: Arc<AtomicU64>,
@@ -162,6 +164,7 @@ impl Store {
             session_seen: db.open_tree("session_seen")?,
             session_expiry: db.open_tree("session_expiry")?,
             session_revoked: db.open_tree("session_revoked")?,
+            webhooks: db.open_tree("webhooks")?,
             meta,
             sessions_stored,
             db,
@@ -535,6 +538,37 @@ impl Store {
         Ok(())
     }
 
+    /// Queue webhook `seq` (larger than every queued seq). Durable once a flush returns.
+    pub fn queue_webhook(&self, seq: u64, record: &WebhookRecord) -> Result<(), StoreError> {
+        self.webhooks.insert(seq.to_be_bytes(), records::encode(record))?;
+        Ok(())
+    }
+
+    /// Up to `limit` queued webhooks from seq `start` on, in queue order.
+    pub fn queued_webhooks(&self, start: u64, limit: usize) -> Result<Vec<(u64, WebhookRecord)>, StoreError> {
+        let mut queued = Vec::new();
+        for item in self.webhooks.range(start.to_be_bytes()..).take(limit) {
+            let (key, value) = item?;
+            queued.push((webhook_seq(&key)?, records::decode("webhooks", &value)?));
+        }
+        Ok(queued)
+    }
+
+    /// Queued webhook `seq`, if it is still queued.
+    pub fn queued_webhook(&self, seq: u64) -> Result<Option<WebhookRecord>, StoreError> {
+        self.webhooks.get(seq.to_be_bytes())?.map(|value| records::decode("webhooks", &value)).transpose()
+    }
+
+    /// The last queued webhook's seq (`None`: the queue is empty).
+    pub fn last_webhook_seq(&self) -> Result<Option<u64>, StoreError> {
+        self.webhooks.last()?.map(|(key, _)| webhook_seq(&key)).transpose()
+    }
+
+    pub fn remove_webhook(&self, seq: u64) -> Result<(), StoreError> {
+        self.webhooks.remove(seq.to_be_bytes())?;
+        Ok(())
+    }
+
     /// A liveness probe: a real read and an idempotent write.
     pub fn probe(&self) -> Result<(), StoreError> {
         self.meta.get("schema_version")?;
@@ -573,6 +607,11 @@ impl Store {
     pub fn size_on_disk(&self) -> Result<u64, StoreError> {
         Ok(self.db.size_on_disk()?)
     }
+}
+
+fn webhook_seq(key: &[u8]) -> Result<u64, StoreError> {
+    let bytes: [u8; 8] = key.try_into().map_err(|_| StoreError::Corrupt { tree: "webhooks", why: "key is not 8 bytes".into() })?;
+    Ok(u64::from_be_bytes(bytes))
 }
 
 fn open_with_lock_wait(path: &Path, cache_bytes: u64) -> Result<sled::Db, StoreError> {
@@ -760,6 +799,30 @@ mod tests {
         assert_eq!(store.purge_nonces(799).unwrap(), 0);
         assert_eq!(store.purge_nonces(800).unwrap(), 1);
         assert_eq!(store.resumes_revoked_at("s1").unwrap(), None);
+    }
+
+    #[test]
+    fn webhooks_queue_in_order_survive_reopen_and_page() {
+        let dir = tempfile::tempdir().unwrap();
+        let record = |n: u64| WebhookRecord { room: format!("r{}", n % 2), id: format!("w-{n}"), body: format!(r#"{{"n":{n}}}"#) };
+        {
+            let store = Store::open(dir.path()).unwrap();
+            assert_eq!(store.last_webhook_seq().unwrap(), None);
+            // 255 before 256: the keys sort by number, not by their first byte.
+            for seq in [1, 2, 255, 256, 300] {
+                store.queue_webhook(seq, &record(seq)).unwrap();
+            }
+            store.remove_webhook(2).unwrap();
+            store.flush().unwrap();
+        }
+        let store = Store::open(dir.path()).unwrap();
+        let seqs = |list: Vec<(u64, WebhookRecord)>| list.into_iter().map(|(seq, _)| seq).collect::<Vec<_>>();
+        assert_eq!(seqs(store.queued_webhooks(0, 100).unwrap()), [1, 255, 256, 300]);
+        assert_eq!(seqs(store.queued_webhooks(255, 2).unwrap()), [255, 256]);
+        assert_eq!(seqs(store.queued_webhooks(301, 2).unwrap()), Vec::<u64>::new());
+        assert_eq!(store.queued_webhook(256).unwrap(), Some(record(256)));
+        assert_eq!(store.queued_webhook(2).unwrap(), None);
+        assert_eq!(store.last_webhook_seq().unwrap(), Some(300));
     }
 
     #[test]

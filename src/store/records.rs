@@ -129,6 +129,15 @@ pub struct RevokedRecord {
     pub keep_until_ms: u64,
 }
 
+/// A queued webhook (DESIGN §10): its room (the lane it waits in), its id and its JSON
+/// body as sent, rendered once when it was queued. Signed when it is sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhookRecord {
+    pub room: String,
+    pub id: String,
+    pub body: String,
+}
+
 pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
     encode_as(RECORD_VERSION, record)
 }
@@ -189,6 +198,15 @@ mod tests {
                 assert!(matches!(decode_event("t", &bad), Err(StoreError::Corrupt { .. })), "{bad:?}");
             }
         }
+    }
+
+    #[test]
+    fn webhook_records_round_trip() {
+        let record = WebhookRecord { room: "lobby".into(), id: "w-1".into(), body: r#"{"id":"w-1"}"#.into() };
+        let bytes = encode(&record);
+        assert_eq!(bytes[0], RECORD_VERSION);
+        assert_eq!(decode::<WebhookRecord>("webhooks", &bytes).unwrap(), record);
+        assert!(decode::<WebhookRecord>("webhooks", &bytes[..bytes.len() - 1]).is_err());
     }
 
     #[test]

@@ -218,6 +218,10 @@ pub struct RoomCore {
     /// Where the room reports its subscribers and head for the admin overview (not for
     /// inboxes).
     load: Option<Arc<RoomLoad>>,
+    /// Told of the room's occupancy edges (`None` for an inbox, or when nobody listens).
+    occupancy: Option<Arc<dyn Occupancy>>,
+    /// Whether the last edge told was "occupied": the room has an explicit subscriber.
+    occupied: bool,
 }
 
 /// Render a stored event once for every subscriber.
@@ -233,8 +237,11 @@ fn render(room: &str, event: &EventRecord) -> Arc<Delivery> {
 impl RoomActor {
     /// A room kept in `log`; it is read when the actor starts.
     pub fn new(name: Arc<str>, log: Box<dyn RoomLog>, settings: RoomSettings, home: Weak<dyn RoomHome>) -> Self {
-        let enabled = settings.presence && crate::core::names::inbox_owner(&name).is_none();
+        let inbox = crate::core::names::inbox_owner(&name).is_some();
+        let enabled = settings.presence && !inbox;
         let core = RoomCore {
+            occupancy: settings.occupancy.clone().filter(|_| !inbox),
+            occupied: false,
             presence: presence::RoomPresence::new(settings.presence_hub.clone(), enabled),
             name,
             home,
@@ -289,6 +296,7 @@ impl RoomActor {
             connected
         });
         core.report_load();
+        core.occupancy_check();
         core.presence_poke(ctx);
         // An inbox followed only by its users' automatic subscriptions parks them and
         // stops like an unwatched room: its actor lives while messages come.
@@ -304,6 +312,7 @@ impl RoomActor {
                 home.retire(&core.name, &ctx.address(), parked);
             }
             core.stopped = true;
+            core.occupancy_check();
             tracing::debug!(room = %core.name, "idle room stopped");
             ctx.stop();
         }
@@ -429,6 +438,7 @@ impl RoomCore {
 
     fn send_window(&mut self, window: Arc<Window>) {
         let bytes = window.frame.len();
+        let before = self.subscribers.len();
         let (name, metrics, presence) = (&self.name, &self.settings.metrics, &mut self.presence);
         // Subscribers that went away unsubscribe, and the tick prunes any left over.
         self.subscribers.retain(|conn, sub| match sub.backlog.reserve(bytes) {
@@ -448,6 +458,22 @@ impl RoomCore {
                 false
             }
         });
+        if self.subscribers.len() != before {
+            self.occupancy_check();
+        }
+    }
+
+    /// Tell the occupancy seam when the room's explicit subscribers went from none to
+    /// some, or from some to none (called wherever subscribers come and go; an inbox has
+    /// no seam). Cheap: a room other than an inbox has only explicit subscribers, so the
+    /// first one answers.
+    fn occupancy_check(&mut self) {
+        let Some(occupancy) = &self.occupancy else { return };
+        let occupied = self.subscribers.values().any(|sub| !sub.automatic);
+        if occupied != self.occupied {
+            self.occupied = occupied;
+            occupancy.changed(&self.name, occupied, now_ms());
+        }
     }
 
     /// Add a subscriber at the durable head: it gets the replay up to that head now, and
@@ -466,6 +492,7 @@ impl RoomCore {
             let subscriber =
                 Subscriber { to: msg.to, backlog: msg.backlog, generation: msg.generation, automatic: true, presence: false };
             self.subscribers.insert(msg.conn, subscriber);
+            self.occupancy_check();
             return;
         }
         let current = self.current.clone();
@@ -519,6 +546,7 @@ impl RoomCore {
         let subscriber =
             Subscriber { to: msg.to, backlog: msg.backlog, generation: msg.generation, automatic: msg.automatic, presence };
         self.subscribers.insert(msg.conn, subscriber);
+        self.occupancy_check();
         self.presence.join(msg.conn, msg.member);
         self.presence_snapshot(msg.conn);
     }
@@ -532,6 +560,16 @@ impl Actor for RoomActor {
         let RoomActor { core, log } = self;
         log.load(core, ctx);
         core.report_load();
+    }
+}
+
+/// A room that ends with explicit subscribers (its arbiter stopped at shutdown) reports
+/// it is vacated: nobody is subscribed to it on this node any more.
+impl Drop for RoomCore {
+    fn drop(&mut self) {
+        if let Some(occupancy) = self.occupancy.as_ref().filter(|_| self.occupied) {
+            occupancy.changed(&self.name, false, now_ms());
+        }
     }
 }
 
@@ -631,6 +669,7 @@ impl Handler<Unsubscribe> for RoomActor {
         if core.subscribers.get(&msg.conn).is_some_and(|s| s.generation <= msg.generation) {
             core.subscribers.remove(&msg.conn);
             core.presence.leave(msg.conn);
+            core.occupancy_check();
         }
         self.log.unsubscribed(msg.conn, msg.generation);
         core.last_active = Instant::now();
