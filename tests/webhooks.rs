@@ -479,7 +479,7 @@ async fn a_publish_from_a_connection_that_closes_at_once_still_has_its_webhook()
     drop(alice);
     let deadline = Instant::now() + WAIT;
     while http.history_ok("chat:gone", Some(0), Some(10))["head"] != 1 {
-        assert!(Instant::now() < deadline, "the publish was not stored; log:\n{}", serve.log_text());
+        assert!(Instant::now() < deadline, "a publish op read before the close is stored; log:\n{}", serve.log_text());
         std::thread::sleep(Duration::from_millis(20));
     }
     let want = expect(&[("chat:gone", "client_published:1")]);

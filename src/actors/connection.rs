@@ -448,15 +448,10 @@ impl Connection {
             }
             (room, result)
         };
-        // With webhooks on the publish is a task of its own: a connection that closes while
-        // its event is being stored still has the webhook queued.
-        let fut: std::pin::Pin<Box<dyn std::future::Future<Output = Option<_>>>> = if self.settings.webhooks.is_some() {
-            let task = actix::spawn(fut);
-            Box::pin(async move { task.await.ok() })
-        } else {
-            Box::pin(async move { Some(fut.await) })
-        };
-        ctx.spawn(fut.into_actor(self).map(move |done, conn, _| {
+        // The publish is a task of its own, not the actor's: a publish op read before its
+        // connection closed is still stored, and its webhook queued, once it is durable.
+        let task = actix::spawn(fut);
+        ctx.spawn(async move { task.await.ok() }.into_actor(self).map(move |done, conn, _| {
             conn.publishing -= 1;
             let Some((room, result)) = done else { return };
             match result {
