@@ -467,6 +467,26 @@ async fn a_4xx_drops_that_webhook_and_its_room_goes_on() {
     assert!(serve.log_text().contains("webhook rejected by the receiver"), "{}", serve.log_text());
 }
 
+#[tokio::test]
+async fn a_publish_from_a_connection_that_closes_at_once_still_has_its_webhook() {
+    let receiver = Receiver::start(always(200));
+    let root = tempfile::tempdir().unwrap();
+    let serve = serve(root.path(), "serve.log", &receiver, &[]);
+    let http = serve.http();
+    let mut alice = chatter(serve.addr, "alice").await;
+    // No subscription, no answer awaited: the publish op, then the socket is gone.
+    alice.send_json(&json!({"op": "publish", "room": "chat:gone", "id": "g-1", "data": {"bye": 1}})).await;
+    drop(alice);
+    let deadline = Instant::now() + WAIT;
+    while http.history_ok("chat:gone", Some(0), Some(10))["head"] != 1 {
+        assert!(Instant::now() < deadline, "a publish op read before the close is stored; log:\n{}", serve.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let want = expect(&[("chat:gone", "client_published:1")]);
+    let delivered = receiver.wait_delivered(ARRIVE, "the closed connection's publish", |d| first_deliveries(d) == want);
+    assert_eq!(delivered[0].body["event_id"], "g-1");
+}
+
 #[test]
 fn a_bad_webhook_config_stops_the_start_with_a_clear_error() {
     let root = tempfile::tempdir().unwrap();

@@ -114,6 +114,33 @@ impl std::fmt::Debug for ResumeGrant {
     }
 }
 
+/// A client publish's `client_published` webhook, waiting for the event to be durable.
+struct PublishedWebhook {
+    webhooks: super::webhooks::Webhooks,
+    user: String,
+    device: String,
+    event_id: Option<String>,
+    data: String,
+}
+
+impl PublishedWebhook {
+    fn enqueue(self, room: &str, seq: u64) {
+        let Some(data) = protocol::event_data(self.data) else {
+            // The op's data was parsed as JSON; this cannot happen.
+            return tracing::error!(%room, seq, "client publish data is not JSON: no webhook");
+        };
+        self.webhooks.enqueue(super::webhooks::WebhookEvent::ClientPublished {
+            room: room.to_string(),
+            ts_ms: crate::world::now_ms(),
+            user: self.user,
+            device: Some(self.device),
+            seq,
+            event_id: self.event_id,
+            data,
+        });
+    }
+}
+
 struct Subscription {
     generation: u64,
     /// Known once the room acknowledged the subscribe.
@@ -401,24 +428,36 @@ impl Connection {
         }
         self.publishing += 1;
         let from = Some(self.identity.user.to_string());
-        // What the webhook tells, kept only when webhooks are on.
-        let told = self.settings.webhooks.is_some().then(|| (id.clone(), data.clone()));
+        // What the `client_published` webhook tells, kept only when webhooks are on.
+        let told = self.settings.webhooks.clone().map(|webhooks| PublishedWebhook {
+            webhooks,
+            user: self.identity.user.to_string(),
+            device: self.identity.device.to_string(),
+            event_id: id.clone(),
+            data: data.clone(),
+        });
         let event = Submission { id, data: data.into(), devices: None, from, state: state.map(Into::into) };
         let publisher = self.settings.publisher.clone();
         let fut = async move {
             let result = publisher.submit(&room, event).await;
+            // Queued once durable, before the answer; a duplicate's went with the original.
+            if let (Some(told), Ok(published)) = (told, &result) {
+                if !published.duplicate {
+                    told.enqueue(&room, published.seq);
+                }
+            }
             (room, result)
         };
-        ctx.spawn(fut.into_actor(self).map(move |(room, result), conn, _| {
+        // The publish is a task of its own, not the actor's: a publish op read before its
+        // connection closed is still stored, and its webhook queued, once it is durable.
+        let task = actix::spawn(fut);
+        ctx.spawn(async move { task.await.ok() }.into_actor(self).map(move |done, conn, _| {
             conn.publishing -= 1;
+            let Some((room, result)) = done else { return };
             match result {
                 Ok(published) => {
                     metrics.publish_answered(published.duplicate);
                     metrics.client_publish(if published.duplicate { "duplicate" } else { "published" });
-                    // A duplicate's webhook was queued with the original publish.
-                    if let (Some(webhooks), Some((event_id, data)), false) = (&conn.settings.webhooks, told, published.duplicate) {
-                        conn.tell_published(webhooks, &room, published.seq, event_id, data);
-                    }
                     let frame = protocol::published_frame(&room, published.seq, published.duplicate, reference);
                     conn.reply(ServerOp::Published, frame);
                 }
@@ -430,23 +469,6 @@ impl Connection {
                 }
             }
         }));
-    }
-
-    /// Queue the `client_published` webhook of this connection's durable publish.
-    fn tell_published(&self, webhooks: &super::webhooks::Webhooks, room: &str, seq: u64, event_id: Option<String>, data: String) {
-        let Some(data) = protocol::event_data(data) else {
-            // The op's data was parsed as JSON; this cannot happen.
-            return tracing::error!(conn = self.id, %room, seq, "client publish data is not JSON: no webhook");
-        };
-        webhooks.enqueue(super::webhooks::WebhookEvent::ClientPublished {
-            room: room.to_string(),
-            ts_ms: crate::world::now_ms(),
-            user: self.identity.user.to_string(),
-            device: Some(self.identity.device.to_string()),
-            seq,
-            event_id,
-            data,
-        });
     }
 
     fn check_readable(&self, room: &str) -> Result<(), (ErrorCode, String)> {
