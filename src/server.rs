@@ -168,7 +168,12 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     // Webhooks (webhook_url): the queue in the store, resumed now, sent by its own threads.
     let webhooks = match WebhookSettings::from_config(&config) {
         Some(settings) => {
-            Some(Webhooks::start(store.clone(), metrics.clone(), settings).map_err(|e| ServerError::Startup(e.to_string()))?)
+            let webhooks = Webhooks::start(store.clone(), metrics.clone(), settings).map_err(|e| ServerError::Startup(e.to_string()))?;
+            // One node, before any subscribe: rooms a crash left occupied are empty now.
+            if cluster.is_none() {
+                webhooks.vacate_left_over(now_ms()).map_err(|e| ServerError::Startup(e.to_string()))?;
+            }
+            Some(webhooks)
         }
         None => None,
     };

@@ -352,6 +352,28 @@ async fn every_webhook_arrives_signed_and_in_order_per_room_through_failures() {
     let keys: Vec<&String> = occupied.body.as_object().unwrap().keys().collect();
     assert_eq!(keys.len(), 5, "id, type, room, ts_ms, node: {}", occupied.raw);
 
+    // Every body is what the served OpenAPI document's `webhooks` says of its type: each
+    // required field there, no field it does not name.
+    let (status, document) = http.request("GET", "/openapi.json", Auth::None, Body::None);
+    assert_eq!(status, 200);
+    for attempt in &delivered {
+        let schema = match attempt.body["type"].as_str() {
+            Some("room_occupied") => "RoomOccupiedWebhook",
+            Some("room_vacated") => "RoomVacatedWebhook",
+            Some("client_published") => "ClientPublishedWebhook",
+            other => panic!("undocumented webhook type {other:?}: {}", attempt.raw),
+        };
+        let schema = &document["components"]["schemas"][schema];
+        let documented = schema["properties"].as_object().unwrap_or_else(|| panic!("no schema {schema}"));
+        let fields = attempt.body.as_object().unwrap();
+        for required in schema["required"].as_array().unwrap() {
+            assert!(fields.contains_key(required.as_str().unwrap()), "{required} missing from {}", attempt.raw);
+        }
+        for field in fields.keys() {
+            assert!(documented.contains_key(field), "{field} is not in the OpenAPI document's webhook: {}", attempt.raw);
+        }
+    }
+
     wait_metric(&http, "livegate_webhooks_queued", 0.0, &serve);
     assert_eq!(metric(&http, "livegate_webhooks_delivered_total"), Some(10.0));
     assert_eq!(metric(&http, "livegate_webhook_attempts_failed_total"), Some(20.0));
@@ -394,7 +416,8 @@ async fn webhooks_queued_while_the_receiver_fails_arrive_after_sigterm_and_kill_
     drop(alice);
 
     // Third run, and the receiver takes webhooks again: everything arrives, in order per
-    // room, each room's earlier runs first.
+    // room, each room's earlier runs first; the rooms the kill left occupied are vacated
+    // (nobody can be subscribed to them at start), so every occupied has its vacated.
     receiver.set_policy(always(200));
     let serve3 = serve(root.path(), "serve-3.log", &receiver, &[]);
     let want = expect(&[
@@ -406,14 +429,23 @@ async fn webhooks_queued_while_the_receiver_fails_arrive_after_sigterm_and_kill_
         ("chat:two", "room_vacated"),
         ("chat:two", "room_occupied"),
         ("chat:two", &format!("client_published:{b2}")),
+        ("chat:two", "room_vacated"),
         ("chat:three", "room_occupied"),
         ("chat:three", &format!("client_published:{c1}")),
+        ("chat:three", "room_vacated"),
     ]);
     let delivered = receiver.wait_delivered(ARRIVE, "the queued webhooks", |d| first_deliveries(d) == want);
     assert_eq!(first_deliveries(&delivered), want);
     check_attempts(&receiver.attempts(), &[]);
     wait_metric(&serve3.http(), "livegate_webhooks_queued", 0.0, &serve3);
     assert!(serve3.log_text().contains("webhooks resumed from the store"), "{}", serve3.log_text());
+    assert!(serve3.log_text().contains("a previous run left occupied"), "{}", serve3.log_text());
+    // Once vacated, they are not vacated again at the next start.
+    drop(serve3);
+    let serve4 = serve(root.path(), "serve-4.log", &receiver, &[]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(metric(&serve4.http(), "livegate_webhooks_queued"), Some(0.0), "{}", serve4.log_text());
+    assert_eq!(first_deliveries(&receiver.delivered()), want, "nothing new after a clean restart");
 }
 
 #[tokio::test]

@@ -122,6 +122,10 @@ pub struct WebhookSettings {
     pub node: String,
     /// Attempts in flight at once (rooms sent to in parallel).
     pub max_in_flight: usize,
+    /// Note in the store which rooms were told occupied, so a start after a crash can
+    /// vacate them ([`Webhooks::vacate_left_over`]); one node only: in a cluster another
+    /// node may still hold the room's subscribers.
+    pub note_occupancy: bool,
 }
 
 impl WebhookSettings {
@@ -134,6 +138,7 @@ impl WebhookSettings {
             timeout: config.webhook_timeout(),
             node: config.node.clone(),
             max_in_flight: rules::MAX_IN_FLIGHT,
+            note_occupancy: config.cluster_nats_url.is_none(),
         })
     }
 }
@@ -151,6 +156,7 @@ struct Shared {
     metrics: Arc<Metrics>,
     node: String,
     queue_max: usize,
+    note_occupancy: bool,
     /// The queue's count and next seq; held while a webhook is written and announced, so
     /// the scheduler hears of them in seq order.
     queue: Mutex<Queue>,
@@ -214,6 +220,7 @@ impl Webhooks {
             metrics,
             node: settings.node.clone(),
             queue_max: settings.queue_max,
+            note_occupancy: settings.note_occupancy,
             queue: Mutex::new(Queue { next_seq, queued: resumed.len(), wake: Some(wake.clone()) }),
         });
         let (jobs, taken) = mpsc::channel::<Job>();
@@ -272,6 +279,16 @@ impl Webhooks {
         }
         queue.next_seq += 1;
         queue.queued += 1;
+        let occupied = match &event {
+            WebhookEvent::RoomOccupied { .. } => Some(true),
+            WebhookEvent::RoomVacated { .. } => Some(false),
+            WebhookEvent::ClientPublished { .. } => None,
+        };
+        if let Some(occupied) = occupied.filter(|_| shared.note_occupancy) {
+            if let Err(error) = shared.store.note_webhook_occupancy(&record.room, occupied) {
+                tracing::warn!(room = %record.room, %error, "could not note the room's occupancy for a restart");
+            }
+        }
         shared.metrics.webhooks_queued.set(queue.queued as i64);
         if let Some(wake) = &queue.wake {
             let _ = wake.send(Wake::Queued { room: record.room, seq });
@@ -279,6 +296,20 @@ impl Webhooks {
         drop(queue);
         // Durable soon, with whatever else is being written; nothing waits for it.
         drop(shared.store.flush_soon());
+    }
+
+    /// Queue `room_vacated` for every room a previous run told occupied and never
+    /// vacated (it was killed with subscribers): at start, before anyone can subscribe, no
+    /// room has a subscriber, so each such receiver's room is empty now. Returns how many.
+    pub fn vacate_left_over(&self, now_ms: u64) -> Result<usize, WebhookError> {
+        let rooms = self.shared.store.rooms_noted_occupied()?;
+        for room in &rooms {
+            self.enqueue(WebhookEvent::RoomVacated { room: room.clone(), ts_ms: now_ms });
+        }
+        if !rooms.is_empty() {
+            tracing::info!(rooms = rooms.len(), "room_vacated queued for the rooms a previous run left occupied");
+        }
+        Ok(rooms.len())
     }
 
     /// Webhooks queued (in flight included).

@@ -13,7 +13,8 @@
 //! `session_revoked` (session → when its resume credentials were revoked),
 //! `room_state` (room → its state as of a seq, written in one transaction with the event
 //! that carries it and the head), `webhooks` (queue seq → a webhook waiting to be
-//! delivered, in queue order).
+//! delivered, in queue order), `webhook_occupied` (room → (): its `room_occupied` was
+//! queued, its `room_vacated` not yet; one node only).
 
 pub mod keys;
 pub mod records;
@@ -88,6 +89,7 @@ pub struct Store {
     session_expiry: sled::Tree,
     session_revoked: sled::Tree,
     webhooks: sled::Tree,
+    webhook_occupied: sled::Tree,
     meta: sled::Tree,
     /// Records in `session_owner`, counted at open and kept by every insert and delete.
     sessions_stored: Arc<AtomicU64>,
@@ -165,6 +167,7 @@ impl Store {
             session_expiry: db.open_tree("session_expiry")?,
             session_revoked: db.open_tree("session_revoked")?,
             webhooks: db.open_tree("webhooks")?,
+            webhook_occupied: db.open_tree("webhook_occupied")?,
             meta,
             sessions_stored,
             db,
@@ -567,6 +570,29 @@ impl Store {
     pub fn remove_webhook(&self, seq: u64) -> Result<(), StoreError> {
         self.webhooks.remove(seq.to_be_bytes())?;
         Ok(())
+    }
+
+    /// Note that `room`'s `room_occupied` webhook was queued (`occupied`) or its
+    /// `room_vacated` was: the rooms still noted after a crash are owed a `room_vacated`.
+    pub fn note_webhook_occupancy(&self, room: &str, occupied: bool) -> Result<(), StoreError> {
+        if occupied {
+            self.webhook_occupied.insert(room.as_bytes(), &[][..])?;
+        } else {
+            self.webhook_occupied.remove(room.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// The rooms whose `room_occupied` was queued and whose `room_vacated` was not.
+    pub fn rooms_noted_occupied(&self) -> Result<Vec<String>, StoreError> {
+        self.webhook_occupied
+            .iter()
+            .keys()
+            .map(|key| {
+                let key = key?;
+                String::from_utf8(key.to_vec()).map_err(|_| StoreError::Corrupt { tree: "webhook_occupied", why: "room is not UTF-8".into() })
+            })
+            .collect()
     }
 
     /// A liveness probe: a real read and an idempotent write.
