@@ -56,20 +56,6 @@ fn runtime() -> tokio::runtime::Runtime {
 /// Short drains, so a SIGTERM'd node is gone in a second or two.
 const SHORT_DRAIN: [&str; 6] = ["--drain-wait-secs", "0", "--drain-spread-secs", "1", "--drain-grace-secs", "5"];
 
-/// Polls until `cond` holds; false after `within`.
-fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn fail_with_logs(cluster: &Cluster, test: &str, failures: &[String], needles: &[&str]) {
     if failures.is_empty() {
         return;

@@ -41,20 +41,6 @@ fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
 
-/// Polls until `cond` holds; false after `within`.
-fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// The delay in a 1012 reason `service restart: reconnect in <N> ms`.
 fn reconnect_hint_ms(reason: &str) -> Option<u64> {
     let rest = &reason[reason.find("reconnect in ")? + "reconnect in ".len()..];

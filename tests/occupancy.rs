@@ -110,19 +110,6 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime")
 }
 
-fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-}
-
 /// `livegate_occupancy_edges_total{edge}` summed over the running nodes.
 fn edges_counted(cluster: &Cluster, edge: &str) -> f64 {
     let series = format!("livegate_occupancy_edges_total{{edge=\"{edge}\"}}");

@@ -338,17 +338,6 @@ fn sse_metric(http: &Http) -> f64 {
     http.metric("livegate_connections_by_transport{transport=\"sse\"}").unwrap_or(-1.0)
 }
 
-fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    cond()
-}
-
 /// The `seq` of every event, checked to be of `room`.
 fn seqs_of(events: &[Value], room: &str) -> Vec<u64> {
     events

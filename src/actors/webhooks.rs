@@ -533,6 +533,7 @@ mod tests {
             timeout: Duration::from_millis(200),
             node: "n1".into(),
             max_in_flight: 2,
+            note_occupancy: true,
         };
         {
             let metrics = Arc::new(Metrics::default());
@@ -556,11 +557,16 @@ mod tests {
         assert_eq!(rooms, ["r0", "r1", "r2"]);
         let body: serde_json::Value = serde_json::from_str(&queued[1].1.body).unwrap();
         assert_eq!(body, serde_json::json!({"id": queued[1].1.id, "type": "room_occupied", "room": "r1", "ts_ms": 1, "node": "n1"}));
+        // Only the rooms whose room_occupied was queued are owed a room_vacated.
+        assert_eq!(store.rooms_noted_occupied().unwrap(), ["r0", "r1", "r2"]);
         let metrics = Arc::new(Metrics::default());
         let webhooks = Webhooks::start(store, metrics.clone(), settings).unwrap();
         assert_eq!((webhooks.queued(), metrics.webhooks_queued.get()), (3, 3), "resumed from the store");
         webhooks.changed("r9", false, 9);
         assert_eq!(metrics.webhooks_dropped.get_or_create(&crate::metrics::ReasonLabel { reason: "queue_full" }).get(), 1);
+        // A room_vacated the full queue dropped leaves its room noted, to be vacated later.
+        assert_eq!(webhooks.vacate_left_over(10).unwrap(), 3);
+        assert_eq!(webhooks.shared.store.rooms_noted_occupied().unwrap(), ["r0", "r1", "r2"]);
         webhooks.stop();
     }
 }

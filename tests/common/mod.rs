@@ -227,6 +227,20 @@ pub fn test_config(dir: &Path, addr: SocketAddr) -> Config {
 // HTTP (blocking; call from sync code or directly from a test body)
 // ---------------------------------------------------------------------------------------
 
+/// Polls `cond` (blocking, every 10 ms) until it holds; false after `within`.
+pub fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 pub enum Auth<'a> {
     None,
     Key,
