@@ -1,6 +1,6 @@
 //! The table of live room actors: finds or starts the actor of a room on one of the room
-//! arbiters (chosen by hashing the name), and retries a request once when the room it
-//! reached had just stopped for idleness. A lookup table, not a message path: requests
+//! arbiters (chosen by hashing the name), and asks a room's successor when the actor a
+//! request reached had just stopped for idleness (`Rooms::ask`). A lookup table, not a message path: requests
 //! still go to rooms as messages.
 //!
 //! It also holds the parked subscribers of inbox rooms without an actor: a connection's
@@ -226,6 +226,55 @@ impl Rooms {
         self.inner.forget(room, addr);
     }
 
+    /// Ask `room`'s actor (started if need be) the message `make` builds. An actor that
+    /// had just stopped is forgotten and its successor asked, [`ATTEMPTS`] times in all;
+    /// the answer comes with the actor that gave it.
+    async fn ask_at<M, T>(&self, room: &str, mut make: impl FnMut() -> M) -> Result<(Addr<RoomActor>, T), RoomError>
+    where
+        M: Message<Result = Result<T, RoomGone>> + Send + 'static,
+        T: Send + 'static,
+        RoomActor: Handler<M>,
+    {
+        for _ in 0..ATTEMPTS {
+            let addr = self.addr(room);
+            match addr.send(make()).await {
+                Ok(Ok(answer)) => return Ok((addr, answer)),
+                Ok(Err(RoomGone)) | Err(_) => self.forget(room, &addr),
+            }
+        }
+        Err(RoomError::KeptStopping)
+    }
+
+    /// [`Rooms::ask_at`], for the answer alone.
+    async fn ask<M, T>(&self, room: &str, make: impl FnMut() -> M) -> Result<T, RoomError>
+    where
+        M: Message<Result = Result<T, RoomGone>> + Send + 'static,
+        T: Send + 'static,
+        RoomActor: Handler<M>,
+    {
+        self.ask_at(room, make).await.map(|(_, answer)| answer)
+    }
+
+    /// Ask for a write that answers once durable: `make` builds the message around the
+    /// reply channel, and the room's answer on it is the result.
+    async fn write<M>(&self, room: &str, mut make: impl FnMut(oneshot::Sender<Result<Published, PublishFailed>>) -> M) -> Result<Published, RoomError>
+    where
+        M: Message<Result = Result<(), RoomGone>> + Send + 'static,
+        RoomActor: Handler<M>,
+    {
+        let mut answer = None;
+        self.ask(room, || {
+            let (reply, waiting) = oneshot::channel();
+            answer = Some(waiting);
+            make(reply)
+        })
+        .await?;
+        match answer.expect("asked at least once").await {
+            Ok(result) => result.map_err(RoomError::from),
+            Err(gone) => Err(RoomError::StoppedBeforeAnswering(gone)),
+        }
+    }
+
     /// Append an event to `room`; resolves once it is durable.
     pub async fn publish(
         &self,
@@ -236,52 +285,25 @@ impl Rooms {
         from: Option<String>,
         state: Option<Arc<str>>,
     ) -> Result<Published, RoomError> {
-        for _ in 0..ATTEMPTS {
-            let addr = self.addr(room);
-            let (reply, answer) = oneshot::channel();
-            let msg =
-                Publish { id: id.clone(), data: data.clone(), devices: devices.clone(), from: from.clone(), state: state.clone(), reply };
-            match addr.send(msg).await {
-                Ok(Ok(())) => {
-                    return match answer.await {
-                        Ok(result) => result.map_err(RoomError::from),
-                        Err(gone) => Err(RoomError::StoppedBeforeAnswering(gone)),
-                    }
-                }
-                Ok(Err(RoomGone)) | Err(_) => self.forget(room, &addr),
-            }
-        }
-        Err(RoomError::KeptStopping)
+        self.write(room, |reply| Publish {
+            id: id.clone(),
+            data: data.clone(),
+            devices: devices.clone(),
+            from: from.clone(),
+            state: state.clone(),
+            reply,
+        })
+        .await
     }
 
     /// Set `room`'s state as of its head; resolves once it is durable.
     pub async fn put_state(&self, room: &str, data: Arc<str>) -> Result<Published, RoomError> {
-        for _ in 0..ATTEMPTS {
-            let addr = self.addr(room);
-            let (reply, answer) = oneshot::channel();
-            match addr.send(PutState { data: data.clone(), reply }).await {
-                Ok(Ok(())) => {
-                    return match answer.await {
-                        Ok(result) => result.map_err(RoomError::from),
-                        Err(gone) => Err(RoomError::StoppedBeforeAnswering(gone)),
-                    }
-                }
-                Ok(Err(RoomGone)) | Err(_) => self.forget(room, &addr),
-            }
-        }
-        Err(RoomError::KeptStopping)
+        self.write(room, |reply| PutState { data: data.clone(), reply }).await
     }
 
     /// `room`'s state, from the room's memory (the room reads it once, when it loads).
     pub async fn state(&self, room: &str) -> Result<StateView, RoomError> {
-        for _ in 0..ATTEMPTS {
-            let addr = self.addr(room);
-            match addr.send(ReadState).await {
-                Ok(Ok(view)) => return Ok(view),
-                Ok(Err(RoomGone)) | Err(_) => self.forget(room, &addr),
-            }
-        }
-        Err(RoomError::KeptStopping)
+        self.ask(room, || ReadState).await
     }
 
     /// Cluster mode: hand a latest-state record to its room, if the room is live here (a
@@ -310,27 +332,20 @@ impl Rooms {
         member: crate::core::presence::Member,
         presence: bool,
     ) -> Result<Addr<RoomActor>, RoomError> {
-        for _ in 0..ATTEMPTS {
-            let addr = self.addr(room);
-            let msg = Subscribe {
-                conn,
-                to: to.clone(),
-                backlog: backlog.clone(),
-                since,
-                epoch: epoch.clone(),
-                reference,
-                generation,
-                automatic: false,
-                state,
-                member: Some(member.clone()),
-                presence,
-            };
-            match addr.send(msg).await {
-                Ok(Ok(())) => return Ok(addr),
-                Ok(Err(RoomGone)) | Err(_) => self.forget(room, &addr),
-            }
-        }
-        Err(RoomError::KeptStopping)
+        let subscribe = || Subscribe {
+            conn,
+            to: to.clone(),
+            backlog: backlog.clone(),
+            since,
+            epoch: epoch.clone(),
+            reference,
+            generation,
+            automatic: false,
+            state,
+            member: Some(member.clone()),
+            presence,
+        };
+        self.ask_at(room, subscribe).await.map(|(addr, ())| addr)
     }
 
     /// Who is in `room` (DESIGN §9): asked of its live actor, which counts this node's
@@ -355,14 +370,7 @@ impl Rooms {
 
     /// Read durable history of `room`.
     pub async fn history(&self, room: &str, since: u64, limit: usize) -> Result<HistoryPage, RoomError> {
-        for _ in 0..ATTEMPTS {
-            let addr = self.addr(room);
-            match addr.send(ReadHistory { since, limit }).await {
-                Ok(Ok(page)) => return Ok(page),
-                Ok(Err(RoomGone)) | Err(_) => self.forget(room, &addr),
-            }
-        }
-        Err(RoomError::KeptStopping)
+        self.ask(room, || ReadHistory { since, limit }).await
     }
 
     /// Cluster mode: hand a live event to its room, if the room is live on this node (a
