@@ -8,26 +8,24 @@
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
-use super::{authorize, internal, json, ApiError, AppState};
+use actix_web::http::header::{HeaderValue, CONTENT_SECURITY_POLICY, REFERRER_POLICY};
+use super::{authorize, embedded, internal, json, ApiError, AppState};
 use crate::actors::liveness::Nodes;
 use crate::actors::messages::CountConnections;
 use crate::protocol::{self, OverviewCounters, OverviewNode, OverviewReply, OverviewRoom};
 use crate::world::now_ms;
 
-const ADMIN_PAGE: &str = include_str!("../web/admin.html");
-
 /// `GET /admin`: the page; it holds no data until the key is entered.
 pub async fn page() -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type("text/html; charset=utf-8")
-        .insert_header(("Cache-Control", "no-cache"))
-        // The page talks only to this origin and loads nothing from elsewhere.
-        .insert_header((
-            "Content-Security-Policy",
-            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:; form-action 'none'; frame-ancestors 'none'; base-uri 'none'",
-        ))
-        .insert_header(("Referrer-Policy", "no-referrer"))
-        .body(ADMIN_PAGE)
+    let mut page = embedded("text/html; charset=utf-8", include_str!("../web/admin.html"));
+    let headers = page.headers_mut();
+    // The page talks only to this origin and loads nothing from elsewhere.
+    headers.insert(
+        CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:; form-action 'none'; frame-ancestors 'none'; base-uri 'none'"),
+    );
+    headers.insert(REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    page
 }
 
 /// `GET /v1/admin/overview`.

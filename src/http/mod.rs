@@ -368,7 +368,7 @@ async fn put_state(
     authorize(&req, &state)?;
     let room = room.into_inner();
     check_room(&room)?;
-    let body = read_body(payload, state.config.max_state_bytes + PUBLISH_BODY_OVERHEAD).await?;
+    let body = read_body(payload, state.publisher.max_state_bytes() + PUBLISH_BODY_OVERHEAD).await?;
     let request = protocol::parse_put_state_request(&body).map_err(ApiError::bad_request)?;
     let put = state.publisher.put_state(&room, request.data.get().into()).await?;
     let reply = protocol::PutStateReply { room, epoch: put.epoch.to_string(), seq: put.seq };
@@ -826,8 +826,6 @@ async fn route(req: HttpRequest, query: web::Query<RouteQuery>, state: web::Data
     }
 }
 
-const DEMO_PAGE: &str = include_str!("../web/demo.html");
-
 fn not_in_demo_mode() -> ApiError {
     api_error(ErrorCode::NotFound, "the demo runs with `livegate serve --demo`")
 }
@@ -836,7 +834,7 @@ async fn demo_page(state: web::Data<AppState>) -> Result<HttpResponse, ApiError>
     if !state.demo {
         return Err(not_in_demo_mode());
     }
-    Ok(HttpResponse::Ok().content_type("text/html; charset=utf-8").insert_header(("Cache-Control", "no-cache")).body(DEMO_PAGE))
+    Ok(embedded("text/html; charset=utf-8", include_str!("../web/demo.html")))
 }
 
 /// A one-time token for a random demo viewer, limited to the match rooms. Demo mode
@@ -849,37 +847,26 @@ async fn demo_token(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
     Ok(issue_token(&state, user, "web".into(), 60, Grants { rooms: vec!["match:*".into()], publish: Vec::new() }))
 }
 
-/// The browser and Node client library, embedded in the binary.
-const CLIENT_LIBRARY: &str = include_str!("../web/livegate.js");
+/// A file embedded in the binary, served as it is; `no-cache` so an upgrade is seen at
+/// once.
+pub(crate) fn embedded(content_type: &'static str, body: &'static str) -> HttpResponse {
+    HttpResponse::Ok().content_type(content_type).insert_header(("Cache-Control", "no-cache")).body(body)
+}
 
+/// `GET /livegate.js`: the browser and Node client library.
 async fn client_library() -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type("text/javascript; charset=utf-8")
-        .insert_header(("Cache-Control", "no-cache"))
-        .body(CLIENT_LIBRARY)
+    embedded("text/javascript; charset=utf-8", include_str!("../web/livegate.js"))
 }
 
-/// TypeScript declarations of [`CLIENT_LIBRARY`], embedded in the binary.
-const CLIENT_TYPES: &str = include_str!("../web/livegate.d.ts");
-
-/// `GET /livegate.d.ts`: the declarations for `/livegate.js`.
+/// `GET /livegate.d.ts`: the TypeScript declarations for `/livegate.js`.
 async fn client_types() -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type("application/typescript; charset=utf-8")
-        .insert_header(("Cache-Control", "no-cache"))
-        .body(CLIENT_TYPES)
+    embedded("application/typescript; charset=utf-8", include_str!("../web/livegate.d.ts"))
 }
 
-/// The OpenAPI 3.1 description of every route in [`ROUTES`] (tests/openapi.rs checks
-/// the two against each other and against a validator).
-const OPENAPI: &str = include_str!("../web/openapi.json");
-
-/// `GET /openapi.json`: the HTTP API described for tools.
+/// `GET /openapi.json`: the OpenAPI 3.1 description of every route in [`ROUTES`]
+/// (tests/openapi.rs checks the two against each other and against a validator).
 async fn openapi() -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type("application/json")
-        .insert_header(("Cache-Control", "no-cache"))
-        .body(OPENAPI)
+    embedded("application/json", include_str!("../web/openapi.json"))
 }
 
 /// `GET /v1/admin/status`: what an operator asks first.
