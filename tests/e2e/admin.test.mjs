@@ -15,36 +15,19 @@
 import assert from 'node:assert/strict';
 import { existsSync, mkdirSync } from 'node:fs';
 import path from 'node:path';
-import { after, test } from 'node:test';
+import { test } from 'node:test';
 import { createRequire } from 'node:module';
 
 import { API_KEY, REPO, api, mintToken, sleep, startServer, tempDir } from '../js/support/server.mjs';
 import { MiniWebSocket } from '../js/support/mini-websocket.mjs';
+import { CHROMIUM, cleanup, launchBrowser } from './support.mjs';
 
-const CHROMIUM = process.env.CHROMIUM_BIN || '/usr/bin/chromium';
 const SCREENSHOTS = path.join(REPO, 'tests/e2e/screenshots');
 const ROOM = 'admin:e2e';
 const NODE = 'admin-e2e-node';
 const require = createRequire(import.meta.url);
 
-let chromium;
-try {
-  ({ chromium } = await import('playwright-core'));
-} catch (error) {
-  throw new Error(`playwright-core is missing: npm install --no-save --prefix tests/e2e (${error.message})`);
-}
 const AXE = require.resolve('axe-core/axe.min.js');
-
-const cleanups = [];
-after(async () => {
-  for (const cleanup of cleanups.reverse()) {
-    try {
-      await cleanup();
-    } catch (error) {
-      console.error('cleanup failed:', error);
-    }
-  }
-});
 
 /** A protocol-level WebSocket subscriber: its frames, and a wait for one that matches. */
 async function subscriber(base, user, room) {
@@ -122,22 +105,12 @@ test('the admin page: login, live rooms, publish box, no key in URL or localStor
   assert.ok(existsSync(CHROMIUM), `${CHROMIUM} is missing: apt-get install -y chromium`);
   const data = tempDir('livegate-admin-e2e-');
   const profile = tempDir('livegate-admin-chromium-');
-  cleanups.push(() => data.remove(), () => profile.remove());
+  cleanup(() => data.remove(), () => profile.remove());
   const server = await startServer({ dataDir: data.dir, args: ['--node', NODE] });
-  cleanups.push(() => server.stop('SIGTERM', 5000));
+  cleanup(() => server.stop('SIGTERM', 5000));
   t.diagnostic(`server at ${server.url}`);
 
-  const context = await chromium.launchPersistentContext(profile.dir, {
-    executablePath: CHROMIUM,
-    headless: true,
-    args: [
-      '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-      '--disable-background-networking', '--disable-component-update', '--disable-sync',
-    ],
-    viewport: { width: 1280, height: 800 },
-    timeout: 15_000,
-  });
-  cleanups.push(() => context.close());
+  const context = await launchBrowser(profile.dir, { viewport: { width: 1280, height: 800 } });
   const page = context.pages()[0] ?? (await context.newPage());
   const pageErrors = [];
   page.on('pageerror', (error) => pageErrors.push(String(error)));
@@ -192,7 +165,7 @@ test('the admin page: login, live rooms, publish box, no key in URL or localStor
 
   // 4. A real WebSocket subscriber: its room appears with 1 subscriber.
   const viewer = await subscriber(server.url, 'viewer-1', ROOM);
-  cleanups.push(() => viewer.close());
+  cleanup(() => viewer.close());
   const appeared = await waitRow(page, ROOM, `${ROOM} with 1 subscriber`, (row) => row.subscribers === 1);
   t.diagnostic(`room row: ${appeared.text}`);
   const headBefore = appeared.head;

@@ -20,32 +20,14 @@
 import assert from 'node:assert/strict';
 import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
-import { after, test } from 'node:test';
+import { test } from 'node:test';
 
 import { REPO, api, startServer, startServerOnPort, sleep, tempDir } from '../js/support/server.mjs';
+import { CHROMIUM, cleanup, launchBrowser } from './support.mjs';
 
-const CHROMIUM = process.env.CHROMIUM_BIN || '/usr/bin/chromium';
 const ROOMS = ['match:1', 'match:2', 'match:3', 'match:4'];
 const ARTIFACTS = path.join(REPO, 'target/e2e');
 const DEMO = ['--demo'];
-
-let chromium;
-try {
-  ({ chromium } = await import('playwright-core'));
-} catch (error) {
-  throw new Error(`playwright-core is missing: npm install --no-save --prefix tests/e2e playwright-core@1 (${error.message})`);
-}
-
-const cleanups = [];
-after(async () => {
-  for (const cleanup of cleanups.reverse()) {
-    try {
-      await cleanup();
-    } catch (error) {
-      console.error('cleanup failed:', error);
-    }
-  }
-});
 
 /** Evaluates `fn(arg)` in the page until it returns something truthy; throws after `ms`. */
 async function waitInPage(page, what, ms, fn, arg) {
@@ -101,20 +83,12 @@ test('the demo page over SSE (/?transport=sse) recovers across a dropped stream 
 
 /** A headless Chromium with its profile in `dir`; page errors are collected, console warnings logged. */
 async function openBrowser(t, dir) {
-  const context = await chromium.launchPersistentContext(dir, {
-    executablePath: CHROMIUM,
-    headless: true,
-    args: [
-      '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-      '--disable-background-networking', '--disable-component-update', '--disable-sync',
-      // A page fulfilled by the test (LIVEGATE_E2E_WEB=src) has no address for Chromium's
-      // local network access checks, which would then block its loopback WebSocket.
-      ...(process.env.LIVEGATE_E2E_WEB === 'src' ? ['--disable-features=LocalNetworkAccessChecks'] : []),
-    ],
+  const context = await launchBrowser(dir, {
     viewport: { width: 1280, height: 900 },
-    timeout: 15_000,
+    // A page fulfilled by the test (LIVEGATE_E2E_WEB=src) has no address for Chromium's
+    // local network access checks, which would then block its loopback WebSocket.
+    args: process.env.LIVEGATE_E2E_WEB === 'src' ? ['--disable-features=LocalNetworkAccessChecks'] : [],
   });
-  cleanups.push(() => context.close());
   const pageErrors = [];
   const watch = async (page) => {
     page.on('pageerror', (error) => pageErrors.push(String(error)));
@@ -135,10 +109,10 @@ async function demoAcrossRestart(t, { transport, screenshots }) {
   assert.ok(existsSync(CHROMIUM), `${CHROMIUM} is missing: apt-get install -y chromium`);
   const data = tempDir('livegate-e2e-');
   const profile = tempDir('livegate-e2e-chromium-');
-  cleanups.push(() => data.remove(), () => profile.remove());
+  cleanup(() => data.remove(), () => profile.remove());
 
   let server = await startServer({ dataDir: data.dir, args: DEMO });
-  cleanups.push(() => server.stop('SIGTERM', 5000)); // SIGKILL after 5 s
+  cleanup(() => server.stop('SIGTERM', 5000)); // SIGKILL after 5 s
   t.diagnostic(`server 1 at ${server.url}`);
   const { page, pageErrors } = await openBrowser(t, profile.dir);
 
@@ -248,9 +222,9 @@ test('after a reload each card\'s score comes from the room state, and "N watchi
   assert.ok(existsSync(CHROMIUM), `${CHROMIUM} is missing: apt-get install -y chromium`);
   const data = tempDir('livegate-e2e-');
   const profile = tempDir('livegate-e2e-chromium-');
-  cleanups.push(() => data.remove(), () => profile.remove());
+  cleanup(() => data.remove(), () => profile.remove());
   const server = await startServer({ dataDir: data.dir, args: DEMO });
-  cleanups.push(() => server.stop('SIGTERM', 5000));
+  cleanup(() => server.stop('SIGTERM', 5000));
   const { page, newPage, pageErrors } = await openBrowser(t, profile.dir);
 
   await page.goto(server.url, { waitUntil: 'domcontentloaded', timeout: 10_000 });
