@@ -1,7 +1,7 @@
 //! The table of live room actors: finds or starts the actor of a room on one of the room
 //! arbiters (chosen by hashing the name), and asks a room's successor when the actor a
-//! request reached had just stopped for idleness (`Rooms::ask`). A lookup table, not a message path: requests
-//! still go to rooms as messages.
+//! request reached had just stopped for idleness (`Rooms::ask`). A lookup table, not a
+//! message path: requests still go to rooms as messages.
 //!
 //! It also holds the parked subscribers of inbox rooms without an actor: a connection's
 //! automatic inbox subscription costs an entry here, not an actor and a store read. The
