@@ -1,9 +1,11 @@
 // What the browser tests share: playwright-core driving Debian's Chromium (never a
 // browser download of its own), and cleanups that run after every test of a file.
 
+import assert from 'node:assert/strict';
+import { existsSync } from 'node:fs';
 import { after } from 'node:test';
 
-export const CHROMIUM = process.env.CHROMIUM_BIN || '/usr/bin/chromium';
+const CHROMIUM = process.env.CHROMIUM_BIN || '/usr/bin/chromium';
 
 let chromium;
 try {
@@ -23,7 +25,7 @@ after(async () => {
   }
 });
 
-/** Runs `fn` after the file's tests, latest first; a failing cleanup is logged, not fatal. */
+/** Runs each of `fns` after the file's tests, latest first; a failing one is logged, not fatal. */
 export const cleanup = (...fns) => cleanups.push(...fns);
 
 /**
@@ -31,6 +33,7 @@ export const cleanup = (...fns) => cleanups.push(...fns);
  * off the network this machine does not have (background fetches are refused otherwise).
  */
 export async function launchBrowser(dir, { viewport, args = [] }) {
+  assert.ok(existsSync(CHROMIUM), `${CHROMIUM} is missing: apt-get install -y chromium`);
   const context = await chromium.launchPersistentContext(dir, {
     executablePath: CHROMIUM,
     headless: true,
