@@ -1,0 +1,1 @@
+//! Hostile clients: credentials (filled in by issue 29's work).

@@ -1,0 +1,1 @@
+//! Hostile clients: rooms (filled in by issue 29's work).
