@@ -319,6 +319,9 @@ fn check_config(flags: &ConfigFlags) -> Result<(), CliError> {
     if !config.webhook_secret.is_empty() {
         config.webhook_secret = "********".into();
     }
+    // URLs may carry credentials in their userinfo or query.
+    config.webhook_url = crate::core::redact::url_for_log(&config.webhook_url);
+    config.cluster_nats_url = config.cluster_nats_url.as_deref().map(crate::core::redact::url_for_log);
     // Each namespace with its effective options: its overrides, else the global keys.
     config.namespaces = config.effective_namespaces()?;
     let text = toml::to_string(&config).map_err(|e| failed(format!("cannot print the configuration: {e}")))?;

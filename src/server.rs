@@ -505,17 +505,29 @@ pub fn tls_config(config: &Config) -> Result<Option<rustls::ServerConfig>, Serve
 }
 
 /// Forget expired token nonces and migration times past their window a few times per
-/// token lifetime (at most every minute).
+/// token lifetime (at most every minute). Each purge reads only its time index's due
+/// entries, on a blocking thread: store I/O never runs on the system arbiter.
 async fn purge_expired(store: Store, migration_window_ms: u64, token_ttl_max: Duration) {
     let every = (token_ttl_max / 4).clamp(Duration::from_millis(250), PURGE_EVERY);
     loop {
         actix_web::rt::time::sleep(every).await;
-        match store.purge_nonces(now_ms()) {
+        let store = store.clone();
+        let purged = actix_web::rt::task::spawn_blocking(move || {
+            (store.purge_nonces(now_ms()), store.purge_migrations(now_ms(), migration_window_ms))
+        });
+        let (nonces, migrations) = match purged.await {
+            Ok(results) => results,
+            Err(error) => {
+                tracing::error!(%error, "the purge thread failed");
+                continue;
+            }
+        };
+        match nonces {
             Ok(0) => {}
             Ok(n) => tracing::debug!(purged = n, "expired token nonces forgotten"),
             Err(error) => tracing::warn!(%error, "could not purge token nonces"),
         }
-        match store.purge_migrations(now_ms(), migration_window_ms) {
+        match migrations {
             Ok(0) => {}
             Ok(n) => tracing::debug!(purged = n, "migration times past their window forgotten"),
             Err(error) => tracing::warn!(%error, "could not purge migration times"),

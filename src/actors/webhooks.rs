@@ -23,6 +23,7 @@ use parking_lot::Mutex;
 use super::room::Occupancy;
 use crate::config::Config;
 use crate::core::names;
+use crate::core::redact::url_for_log;
 use crate::core::webhooks::{self as rules, Attempt, Kind, Lanes, Verdict, ID_HEADER, SIGNATURE_HEADER};
 use crate::metrics::Metrics;
 use crate::protocol::{self, EventData, WebhookBody};
@@ -422,7 +423,7 @@ impl Sender {
                 shared.metrics.webhook_attempts_failed.inc();
                 // The first failure of a webhook is worth a warning; its retries are not.
                 if job.retries == 0 {
-                    tracing::warn!(room = %record.room, id = %record.id, ?attempt, %detail, "webhook attempt failed; retrying with backoff");
+                    tracing::warn!(room = %record.room, id = %record.id, url = %url_for_log(&self.url), ?attempt, %detail, "webhook attempt failed; retrying with backoff");
                 } else {
                     tracing::debug!(room = %record.room, id = %record.id, ?attempt, %detail, retries = job.retries, "webhook attempt failed");
                 }
@@ -452,7 +453,7 @@ impl Sender {
                 let timed_out = std::error::Error::source(&transport)
                     .and_then(|source| source.downcast_ref::<std::io::Error>())
                     .is_some_and(|io| matches!(io.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock));
-                (if timed_out { Attempt::Timeout } else { Attempt::Unreachable }, transport.to_string())
+                (if timed_out { Attempt::Timeout } else { Attempt::Unreachable }, transport_detail(&transport))
             }
         }
     }
@@ -468,6 +469,21 @@ impl Sender {
         queue.queued = queue.queued.saturating_sub(1);
         shared.metrics.webhooks_queued.set(queue.queued as i64);
     }
+}
+
+/// What went wrong without an answer, without the URL: ureq's own text starts with the
+/// whole URL, whose userinfo or query may hold the receiver's credentials.
+fn transport_detail(transport: &ureq::Transport) -> String {
+    let mut detail = transport.kind().to_string();
+    if let Some(message) = transport.message() {
+        detail.push_str(": ");
+        detail.push_str(message);
+    }
+    if let Some(source) = std::error::Error::source(transport) {
+        detail.push_str(": ");
+        detail.push_str(&source.to_string());
+    }
+    detail
 }
 
 #[cfg(test)]
@@ -509,6 +525,19 @@ mod tests {
         ];
         for (event, want) in cases {
             assert_eq!(event.body("w1", "n1"), want);
+        }
+    }
+
+    #[test]
+    fn a_failed_attempt_is_described_without_the_urls_credentials() {
+        // Nothing listens on port 1: a transport error, whose own text names the URL.
+        let url = "http://hook:s3cret@127.0.0.1:1/hooks?key=abc";
+        let Err(ureq::Error::Transport(transport)) = ureq::post(url).send_string("{}") else { panic!("port 1 answered") };
+        assert!(transport.to_string().contains("key=abc"), "ureq's text has the URL: {transport}");
+        let detail = transport_detail(&transport);
+        assert!(detail.starts_with("Connection Failed"), "{detail}");
+        for secret in ["s3cret", "key=abc", "hook:"] {
+            assert!(!detail.contains(secret), "{detail}");
         }
     }
 

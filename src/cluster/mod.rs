@@ -32,6 +32,7 @@ use async_nats::jetstream::{self, kv as nats_kv, stream};
 use thiserror::Error;
 
 use crate::core::heartbeats::NodeInfo;
+use crate::core::redact::url_for_log;
 use crate::core::sessions::VersionError;
 use crate::store::StoreError;
 
@@ -63,6 +64,7 @@ pub enum ClusterError {
     /// NATS answered, and refused (or async-nats refused before sending).
     #[error("NATS: {0}")]
     Nats(#[source] NatsError),
+    /// `url` as [`url_for_log`] shows it: without its credentials.
     #[error("could not connect to NATS at {url}: {source}")]
     Connect { url: String, source: async_nats::ConnectError },
     #[error(transparent)]
@@ -260,7 +262,7 @@ impl Cluster {
             })
             .connect(url)
             .await
-            .map_err(|source| ClusterError::Connect { url: url.to_string(), source })?;
+            .map_err(|source| ClusterError::Connect { url: url_for_log(url), source })?;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(REQUEST_TIMEOUT);
         let rooms = js
@@ -306,7 +308,7 @@ impl Cluster {
         }
         let nonces = js.get_key_value(NONCES_BUCKET).await?;
         let meta = js.get_key_value(META_BUCKET).await?;
-        tracing::info!(url, node, stream = ROOMS_STREAM, %epoch, "cluster mode: joined through NATS");
+        tracing::info!(url = %url_for_log(url), node, stream = ROOMS_STREAM, %epoch, "cluster mode: joined through NATS");
         Ok(Cluster { client, js, node: node.to_string(), rooms, states, nonces, meta, epoch })
     }
 

@@ -17,6 +17,7 @@ pub mod occupancy;
 pub mod presence;
 pub mod namespaces;
 pub mod proxies;
+pub mod redact;
 pub mod routing;
 pub mod sent;
 pub mod seqlog;

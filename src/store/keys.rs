@@ -21,17 +21,28 @@ pub fn user_session_key(user: &str, session: &str) -> Vec<u8> {
     key
 }
 
+/// `at_ms key`: an entry of a time index (records by a time of theirs), so a purge reads
+/// only the prefix up to its cutoff.
+pub fn timed_key(at_ms: u64, key: &[u8]) -> Vec<u8> {
+    let mut timed = Vec::with_capacity(8 + key.len());
+    timed.extend_from_slice(&at_ms.to_be_bytes());
+    timed.extend_from_slice(key);
+    timed
+}
+
+pub fn split_timed_key(timed: &[u8]) -> Option<(u64, &[u8])> {
+    let (at, key) = timed.split_first_chunk::<8>()?;
+    Some((u64::from_be_bytes(*at), key))
+}
+
 /// `last_seen_ms session`: sessions by the time their last connection closed.
 pub fn expiry_key(last_seen_ms: u64, session: &str) -> Vec<u8> {
-    let mut key = Vec::with_capacity(8 + session.len());
-    key.extend_from_slice(&last_seen_ms.to_be_bytes());
-    key.extend_from_slice(session.as_bytes());
-    key
+    timed_key(last_seen_ms, session.as_bytes())
 }
 
 pub fn split_expiry_key(key: &[u8]) -> Option<(u64, &str)> {
-    let (at, session) = key.split_first_chunk::<8>()?;
-    Some((u64::from_be_bytes(*at), std::str::from_utf8(session).ok()?))
+    let (at, session) = split_timed_key(key)?;
+    Some((at, std::str::from_utf8(session).ok()?))
 }
 
 pub fn seq_of_event_key(key: &[u8]) -> Option<u64> {
@@ -54,5 +65,8 @@ mod tests {
         assert!(expiry_key(255, "b") < expiry_key(256, "a"));
         assert_eq!(split_expiry_key(&expiry_key(7, "s1")), Some((7, "s1")));
         assert_eq!(split_expiry_key(b"short"), None);
+        assert!(timed_key(255, &[9; 16]) < timed_key(256, &[0; 16]));
+        assert_eq!(split_timed_key(&timed_key(7, &[1, 2])), Some((7, &[1u8, 2][..])));
+        assert_eq!(split_timed_key(&[0; 7]), None);
     }
 }

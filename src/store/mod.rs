@@ -11,6 +11,9 @@
 //! holding a connection of it), `session_seen` (session → when its last connection closed),
 //! `session_expiry` (that time ‖ session → (), scanned by the expiry sweep),
 //! `session_revoked` (session → when its resume credentials were revoked),
+//! `nonce_expiry`, `revoked_expiry` and `migration_expiry` (time ‖ key → (): the time
+//! indexes of `token_nonce`, `session_revoked` and `user_migration`, so a purge reads only
+//! what is due, see [`TimeIndex`]),
 //! `room_state` (room → its state as of a seq, written in one transaction with the event
 //! that carries it and the head), `webhooks` (queue seq → a webhook waiting to be
 //! delivered, in queue order), `webhook_occupied` (room → (): its `room_occupied` was
@@ -34,8 +37,12 @@ pub use records::{
 
 use crate::core::sessions::{next_version, VersionError};
 
-/// Version of the tree layout; a store written by another layout is refused at open.
-pub const SCHEMA_VERSION: u32 = 1;
+/// Version of the tree layout; a store written by another layout is refused at open,
+/// except [`SCHEMA_UNINDEXED`], which is upgraded in place.
+pub const SCHEMA_VERSION: u32 = 2;
+/// The layout before the time indexes (`nonce_expiry`, `revoked_expiry`,
+/// `migration_expiry`): opening such a store indexes its records once and makes it 2.
+pub const SCHEMA_UNINDEXED: u32 = 1;
 /// sled's page cache unless configured (`store_cache_mb`); sled's own default is 1 GiB.
 pub const DEFAULT_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 /// How long `open` retries while another process (or a server instance being stopped)
@@ -91,6 +98,12 @@ pub struct Store {
     webhooks: sled::Tree,
     webhook_occupied: sled::Tree,
     meta: sled::Tree,
+    /// `token_nonce` by expiry.
+    nonces_by_expiry: TimeIndex,
+    /// `session_revoked` by the time it may be forgotten.
+    revocations_by_expiry: TimeIndex,
+    /// `user_migration` by migration time.
+    migrations_by_time: TimeIndex,
     /// Records in `session_owner`, counted at open and kept by every insert and delete.
     sessions_stored: Arc<AtomicU64>,
     flusher: Arc<Flusher>,
@@ -133,39 +146,53 @@ impl Store {
         let path = dir.join("db");
         let db = open_with_lock_wait(&path, cache_bytes)?;
         let meta = db.open_tree("meta")?;
-        match meta.get("schema_version")? {
+        let found = match meta.get("schema_version")? {
             None => {
                 meta.insert("schema_version", &SCHEMA_VERSION.to_be_bytes())?;
+                SCHEMA_VERSION
             }
             Some(found) => {
                 let found = u32::from_be_bytes(found.as_ref().try_into().map_err(|_| StoreError::Corrupt {
                     tree: "meta",
                     why: "schema_version is not 4 bytes".into(),
                 })?);
-                if found != SCHEMA_VERSION {
+                if found != SCHEMA_VERSION && found != SCHEMA_UNINDEXED {
                     return Err(StoreError::Schema { path, found, expected: SCHEMA_VERSION });
                 }
+                found
             }
-        }
+        };
         let (requests, receiver) = mpsc::channel();
         let stats = Arc::new(FlushStats::default());
         let thread = spawn_flusher(db.clone(), receiver, stats.clone())?;
         let flusher = Arc::new(Flusher { requests: Some(requests), thread: Some(thread) });
         let session_owner = db.open_tree("session_owner")?;
         let sessions_stored = Arc::new(AtomicU64::new(session_owner.len() as u64));
+        let token_nonce = db.open_tree("token_nonce")?;
+        let session_revoked = db.open_tree("session_revoked")?;
+        let user_migration = db.open_tree("user_migration")?;
         let store = Store {
             room_head: db.open_tree("room_head")?,
             room_event: db.open_tree("room_event")?,
             room_state: db.open_tree("room_state")?,
-            token_nonce: db.open_tree("token_nonce")?,
+            nonces_by_expiry: TimeIndex::open(&db, "nonce_expiry", &token_nonce, "token_nonce", |value| {
+                records::decode::<NonceRecord>("token_nonce", value).map(|r| r.expires_at_ms)
+            })?,
+            revocations_by_expiry: TimeIndex::open(&db, "revoked_expiry", &session_revoked, "session_revoked", |value| {
+                records::decode::<RevokedRecord>("session_revoked", value).map(|r| r.keep_until_ms)
+            })?,
+            migrations_by_time: TimeIndex::open(&db, "migration_expiry", &user_migration, "user_migration", |value| {
+                records::decode::<MigrationRecord>("user_migration", value).map(|r| r.last_migration_ms)
+            })?,
+            token_nonce,
             session_owner,
             user_session: db.open_tree("user_session")?,
-            user_migration: db.open_tree("user_migration")?,
+            user_migration,
             directory_queue: db.open_tree("directory_queue")?,
             session_live: db.open_tree("session_live")?,
             session_seen: db.open_tree("session_seen")?,
             session_expiry: db.open_tree("session_expiry")?,
-            session_revoked: db.open_tree("session_revoked")?,
+            session_revoked,
             webhooks: db.open_tree("webhooks")?,
             webhook_occupied: db.open_tree("webhook_occupied")?,
             meta,
@@ -175,7 +202,24 @@ impl Store {
             stats,
         };
         store.date_undated_sessions()?;
+        if found == SCHEMA_UNINDEXED {
+            store.index_unindexed()?;
+        }
         Ok(store)
+    }
+
+    /// Upgrade from [`SCHEMA_UNINDEXED`]: index every record of the trees purged by time
+    /// (one walk, once; an undecodable record is logged and removed, as a purge would),
+    /// then mark the store with the current layout. Durable before the store is used.
+    fn index_unindexed(&self) -> Result<(), StoreError> {
+        let mut indexed = 0;
+        for index in [&self.nonces_by_expiry, &self.revocations_by_expiry, &self.migrations_by_time] {
+            indexed += index.index_all()?;
+        }
+        self.meta.insert("schema_version", &SCHEMA_VERSION.to_be_bytes())?;
+        self.db.flush()?;
+        tracing::info!(indexed, from = SCHEMA_UNINDEXED, to = SCHEMA_VERSION, "store upgraded: expiry times indexed");
+        Ok(())
     }
 
     /// Sessions written by a build before expiry count as seen when last written (once).
@@ -295,29 +339,18 @@ impl Store {
     /// Mark a token nonce used. `Ok(false)` when it was used before (a replay).
     pub fn use_nonce(&self, nonce: &[u8; 16], expires_at_ms: u64) -> Result<bool, StoreError> {
         let record = records::encode(&NonceRecord { expires_at_ms });
+        // Indexed first: a replay adds the same entry again (same token, same expiry).
+        self.nonces_by_expiry.note(nonce, expires_at_ms)?;
         let swapped = self.token_nonce.compare_and_swap(nonce, None as Option<&[u8]>, Some(record))?;
         Ok(swapped.is_ok())
     }
 
     /// Forget nonces of tokens (and revocations of resume credentials) that have expired
-    /// anyway. Returns how many.
+    /// anyway, reading only their time indexes up to `now_ms`. Returns how many.
     pub fn purge_nonces(&self, now_ms: u64) -> Result<usize, StoreError> {
         let mut removed = 0;
-        for item in self.token_nonce.iter() {
-            let (key, value) = item?;
-            let record: NonceRecord = records::decode("token_nonce", &value)?;
-            if record.expires_at_ms <= now_ms {
-                self.token_nonce.remove(key)?;
-                removed += 1;
-            }
-        }
-        for item in self.session_revoked.iter() {
-            let (key, value) = item?;
-            let record: RevokedRecord = records::decode("session_revoked", &value)?;
-            if record.keep_until_ms <= now_ms {
-                self.session_revoked.remove(key)?;
-                removed += 1;
-            }
+        for index in [&self.nonces_by_expiry, &self.revocations_by_expiry] {
+            removed += index.purge(now_ms)?;
         }
         Ok(removed)
     }
@@ -326,6 +359,8 @@ impl Store {
     /// until `keep_until_ms` (when the last of them expires). A later revocation wins.
     pub fn revoke_resumes(&self, session: &str, at_ms: u64, keep_until_ms: u64) -> Result<(), StoreError> {
         let record = RevokedRecord { at_ms, keep_until_ms };
+        // Whichever record stays, its own time was indexed when it was written.
+        self.revocations_by_expiry.note(session.as_bytes(), keep_until_ms)?;
         self.session_revoked.fetch_and_update(session.as_bytes(), |old| {
             let newer = old
                 .and_then(|bytes| records::decode::<RevokedRecord>("session_revoked", bytes).ok())
@@ -495,6 +530,7 @@ impl Store {
 
     pub fn set_last_migration(&self, user: &str, at_ms: u64) -> Result<(), StoreError> {
         let record = MigrationRecord { last_migration_ms: at_ms };
+        self.migrations_by_time.note(user.as_bytes(), at_ms)?;
         self.user_migration.insert(user.as_bytes(), records::encode(&record))?;
         Ok(())
     }
@@ -502,17 +538,10 @@ impl Store {
     /// Forget migration times older than `window_ms`: past its window a record budgets
     /// nothing (the same as none). A record rewritten meanwhile stays.
     pub fn purge_migrations(&self, now_ms: u64, window_ms: u64) -> Result<usize, StoreError> {
-        let mut removed = 0;
-        for item in self.user_migration.iter() {
-            let (key, value) = item?;
-            let record: MigrationRecord = records::decode("user_migration", &value)?;
-            if record.last_migration_ms.saturating_add(window_ms) <= now_ms
-                && self.user_migration.compare_and_swap(&key, Some(&value), None as Option<&[u8]>)?.is_ok()
-            {
-                removed += 1;
-            }
+        match now_ms.checked_sub(window_ms) {
+            Some(cutoff) => self.migrations_by_time.purge(cutoff),
+            None => Ok(0),
         }
-        Ok(removed)
     }
 
     /// Queue a cluster directory write for replay (durable once the next flush returns).
@@ -632,6 +661,89 @@ impl Store {
     /// Bytes the database occupies on disk.
     pub fn size_on_disk(&self) -> Result<u64, StoreError> {
         Ok(self.db.size_on_disk()?)
+    }
+}
+
+/// A tree's records indexed by a time of theirs (an expiry, or a time a window counts
+/// from): entries `time ‖ key → ()` in a tree of their own, written before the record,
+/// so [`TimeIndex::purge`] reads only the entries up to its cutoff instead of walking
+/// the records. A record rewritten with a later time has a later entry too; the earlier
+/// one finds it newer and leaves it. Adding a purged tree is one more `TimeIndex` and
+/// one more line in its purge.
+#[derive(Clone)]
+struct TimeIndex {
+    entries: sled::Tree,
+    records: sled::Tree,
+    /// The records' tree, for logs.
+    name: &'static str,
+    /// The time a record is indexed by.
+    time_of: fn(&[u8]) -> Result<u64, StoreError>,
+}
+
+impl TimeIndex {
+    fn open(
+        db: &sled::Db,
+        index: &'static str,
+        records: &sled::Tree,
+        name: &'static str,
+        time_of: fn(&[u8]) -> Result<u64, StoreError>,
+    ) -> Result<TimeIndex, StoreError> {
+        Ok(TimeIndex { entries: db.open_tree(index)?, records: records.clone(), name, time_of })
+    }
+
+    /// Record `key` as due at `at_ms` (before the record itself is written).
+    fn note(&self, key: &[u8], at_ms: u64) -> Result<(), StoreError> {
+        self.entries.insert(keys::timed_key(at_ms, key), &[][..])?;
+        Ok(())
+    }
+
+    /// Remove the records whose time is at or before `cutoff_ms`, reading only the index
+    /// entries due by then. An undecodable record (or index entry) is logged with its key
+    /// and removed: it would never be due otherwise, and it never stops the purge.
+    /// Returns how many records were removed.
+    fn purge(&self, cutoff_ms: u64) -> Result<usize, StoreError> {
+        let end = cutoff_ms.saturating_add(1).to_be_bytes();
+        let mut removed = 0;
+        for entry in self.entries.range(..&end[..]).keys() {
+            let entry = entry?;
+            self.entries.remove(&entry)?;
+            let Some((_, key)) = keys::split_timed_key(&entry) else {
+                tracing::warn!(tree = self.name, entry = %hex::encode(&entry), "index entry too short: removed");
+                continue;
+            };
+            let Some(value) = self.records.get(key)? else { continue };
+            match (self.time_of)(&value) {
+                // Rewritten since with a later time: its own entry comes later.
+                Ok(at) if at > cutoff_ms => continue,
+                Ok(_) => {}
+                Err(error) => tracing::warn!(tree = self.name, key = %hex::encode(key), %error, "undecodable record removed by the purge"),
+            }
+            // Unless it was rewritten in the meantime.
+            if self.records.compare_and_swap(key, Some(&value), None as Option<&[u8]>)?.is_ok() {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Index every record (a store written before the index); an undecodable record is
+    /// logged and removed. Returns how many were indexed.
+    fn index_all(&self) -> Result<usize, StoreError> {
+        let mut indexed = 0;
+        for item in self.records.iter() {
+            let (key, value) = item?;
+            match (self.time_of)(&value) {
+                Ok(at) => {
+                    self.note(&key, at)?;
+                    indexed += 1;
+                }
+                Err(error) => {
+                    tracing::warn!(tree = self.name, key = %hex::encode(&key), %error, "undecodable record removed while indexing");
+                    self.records.remove(&key)?;
+                }
+            }
+        }
+        Ok(indexed)
     }
 }
 
@@ -807,6 +919,79 @@ mod tests {
         assert!(store.use_nonce(&[2; 16], 300).unwrap());
         assert_eq!(store.purge_nonces(200).unwrap(), 1);
         assert!(!store.use_nonce(&[2; 16], 300).unwrap());
+    }
+
+    #[test]
+    fn an_undecodable_nonce_is_removed_and_never_stops_the_purge() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        for (n, expires) in [(1u8, 100), (2, 100), (3, 150), (4, 300)] {
+            assert!(store.use_nonce(&[n; 16], expires).unwrap());
+        }
+        store.token_nonce.insert([2u8; 16], &[9, 9, 9][..]).unwrap();
+        store.token_nonce.insert([3u8; 16], &[][..]).unwrap();
+        store.revoke_resumes("s1", 10, 120).unwrap();
+        store.session_revoked.insert("s1", &[records::RECORD_VERSION][..]).unwrap();
+        // An index entry too short to name a key.
+        store.nonces_by_expiry.entries.insert([0u8; 3], &[][..]).unwrap();
+        assert_eq!(store.purge_nonces(200).unwrap(), 4, "1, the corrupt 2 and 3, and s1's revocation");
+        assert_eq!(store.token_nonce.len(), 1);
+        assert!(!store.use_nonce(&[4; 16], 300).unwrap(), "the one not due is still spent");
+        assert_eq!(store.resumes_revoked_at("s1").unwrap(), None);
+        assert_eq!(store.nonces_by_expiry.entries.len(), 1, "only the entry not due is left");
+        assert_eq!(store.purge_nonces(300).unwrap(), 1);
+        assert_eq!((store.token_nonce.len(), store.nonces_by_expiry.entries.len()), (0, 0));
+    }
+
+    #[test]
+    fn a_purge_reads_only_what_is_due() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        for n in 0..1_000u64 {
+            let mut nonce = [0u8; 16];
+            nonce[..8].copy_from_slice(&n.to_be_bytes());
+            assert!(store.use_nonce(&nonce, 1_000 + n).unwrap());
+        }
+        // A record the index does not know is never read: a purge cannot trip on it.
+        store.token_nonce.insert([0xff; 16], &b"garbage"[..]).unwrap();
+        assert_eq!(store.purge_nonces(1_009).unwrap(), 10);
+        assert_eq!(store.nonces_by_expiry.entries.len(), 990);
+        assert_eq!(store.token_nonce.len(), 991);
+    }
+
+    /// A data dir written by the layout before the time indexes (schema 1): it opens, its
+    /// records are indexed once (an undecodable one is dropped) and purged from then on.
+    #[test]
+    fn a_store_without_time_indexes_is_upgraded_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = sled::Config::new().path(dir.path().join("db")).open().unwrap();
+            db.open_tree("meta").unwrap().insert("schema_version", &1u32.to_be_bytes()).unwrap();
+            let nonces = db.open_tree("token_nonce").unwrap();
+            nonces.insert([1u8; 16], records::encode(&NonceRecord { expires_at_ms: 100 })).unwrap();
+            nonces.insert([2u8; 16], records::encode(&NonceRecord { expires_at_ms: 300 })).unwrap();
+            nonces.insert([3u8; 16], &[7u8, 7][..]).unwrap();
+            let revoked = db.open_tree("session_revoked").unwrap();
+            revoked.insert("s1", records::encode(&RevokedRecord { at_ms: 50, keep_until_ms: 150 })).unwrap();
+            let migrations = db.open_tree("user_migration").unwrap();
+            migrations.insert("u1", records::encode(&MigrationRecord { last_migration_ms: 1_000 })).unwrap();
+            db.flush().unwrap();
+        }
+        let store = Store::open(dir.path()).unwrap();
+        let schema = store.meta.get("schema_version").unwrap().unwrap();
+        assert_eq!(schema.as_ref(), &SCHEMA_VERSION.to_be_bytes());
+        assert_eq!(store.token_nonce.len(), 2, "the undecodable record is gone");
+        assert!(!store.use_nonce(&[1; 16], 100).unwrap(), "old nonces are still spent");
+        assert_eq!(store.resumes_revoked_at("s1").unwrap(), Some(50));
+        assert_eq!(store.purge_nonces(200).unwrap(), 2);
+        assert!(store.use_nonce(&[1; 16], 100).unwrap(), "purged");
+        assert!(!store.use_nonce(&[2; 16], 300).unwrap());
+        assert_eq!(store.purge_migrations(4_000, 3_000).unwrap(), 1);
+        drop(store);
+        // Upgraded once: the next open finds schema 2 and indexes nothing again.
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.purge_nonces(400).unwrap(), 2);
+        assert_eq!(store.token_nonce.len(), 0);
     }
 
     #[test]

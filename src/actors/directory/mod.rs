@@ -103,6 +103,10 @@ const EXPIRE_BATCH: usize = 1000;
 
 /// Lock stripes serialising the handshakes of users whose ids hash alike.
 const USER_STRIPES: usize = 64;
+/// The leased-sessions table is shrunk when its capacity is this many times its size...
+const SPARSE_FACTOR: usize = 4;
+/// ...and above this many entries' worth (small tables are not worth a rehash).
+const SHRINK_ABOVE: usize = 1024;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum DirectoryError {
@@ -381,6 +385,11 @@ impl Shared {
     fn expire_batch(&self, now: u64) -> (usize, bool) {
         let mut memory = self.memory.lock();
         let Memory { live, recent, .. } = &mut *memory;
+        // A wave of users that left leaves the table's capacity at its peak: give it back
+        // once the table is far below it (the sweep then trims the allocator).
+        if live.capacity() > SPARSE_FACTOR * live.len().max(SHRINK_ABOVE) {
+            live.shrink_to(live.len() * 2);
+        }
         let is_live = |session: &str| live.contains_key(session);
         let pass = ExpiryPass {
             now_ms: now,
