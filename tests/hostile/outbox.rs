@@ -285,7 +285,10 @@ fn bound_kib() -> u64 {
 }
 
 fn check(what: &str, flood: &Flood, code: Option<u16>) {
-    eprintln!("{what}: {flood:?}, close code {code:?}");
+    eprintln!(
+        "{what}: peak RSS growth {} KiB, {} bytes of requests written, writes stalled: {}, closed 4009 after {:?} s, close code {code:?}",
+        flood.growth_kib, flood.written, flood.stalled, flood.closed_after
+    );
     let bound = bound_kib();
     assert!(
         flood.growth_kib <= bound,
