@@ -5,6 +5,10 @@
 //! The client is on a WebSocket (livegate's own transport, [`wsio`], driven inside this
 //! actor) or a Server-Sent Events stream ([`super::sse`]); [`Transport`] is the one place
 //! they differ, so everything else here is the same code for both.
+//!
+//! Every byte held for the connection is counted in its [`Backlog`] against
+//! `max_outbox_bytes` (`core::outbox`): over it the socket is not read, and after the
+//! grace the connection is closed with 4009.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,6 +28,7 @@ use super::transport::Transport;
 use super::wsio::{self, ReadError, WsActor, WsIo};
 use crate::core::limits::{burst_for, Strikes, TokenBucket};
 use crate::core::names;
+use crate::core::outbox::{Outbox, Verdict};
 use crate::core::sent::SentRange;
 use crate::protocol::{self, ClientOp, ClientRequest, CloseCode, ErrorCode, ServerOp};
 
@@ -188,6 +193,14 @@ pub struct Connection {
     subscribed_once: bool,
     /// This connection's publishes not yet answered (at most [`MAX_PUBLISHES_IN_FLIGHT`]).
     publishing: usize,
+    /// History and presence requests whose answers have not come back (with the
+    /// subscribes not yet answered, at most `core::outbox::MAX_ANSWERS_PENDING`; then
+    /// the socket is not read).
+    answers_pending: usize,
+    /// The bound on what is held for this connection, and since when it is over it.
+    outbox: Outbox,
+    /// A timer is set to look at the outbox again when the grace ends.
+    grace_timer: bool,
     /// Held while the connection lives: its place in the connection limits.
     _permit: Option<Box<dyn Send>>,
     /// This user's inbox room, subscribed automatically.
@@ -209,10 +222,11 @@ impl Connection {
         settings: Arc<ConnectionSettings>,
         rooms: Rooms,
         registry: Addr<Registry>,
-        io: Transport,
+        mut io: Transport,
         permit: Option<Box<dyn Send>>,
     ) -> Self {
         let backlog = Arc::new(Backlog::new(settings.max_outbox_bytes));
+        io.count_into(backlog.clone());
         let inbox = names::inbox_room(&identity.user).into();
         Connection {
             inbox,
@@ -233,6 +247,9 @@ impl Connection {
             strikes: Strikes::default(),
             subscribed_once: false,
             publishing: 0,
+            answers_pending: 0,
+            outbox: Outbox::new(settings.max_outbox_bytes, crate::core::outbox::GRACE_MS),
+            grace_timer: false,
             _permit: permit,
             settings,
         }
@@ -304,6 +321,47 @@ impl Connection {
         self.close(ctx, CloseCode::SlowConsumer, "slow consumer: too many bytes queued");
     }
 
+    /// Every byte held for this connection against its bound: over it for the grace,
+    /// close with 4009; over it, look again when the grace ends.
+    fn check_outbox(&mut self, ctx: &mut Context<Self>) {
+        if self.closing {
+            return;
+        }
+        let held = self.backlog.held();
+        // The clock is read only over the bound: this runs before every frame read.
+        let now_ms = if self.outbox.full(held) { crate::world::now_ms() } else { 0 };
+        match self.outbox.observe(held, now_ms) {
+            Verdict::Under => {}
+            Verdict::Over { close_in_ms } => {
+                if !self.grace_timer {
+                    self.grace_timer = true;
+                    ctx.run_later(Duration::from_millis(close_in_ms), |conn, ctx| {
+                        conn.grace_timer = false;
+                        conn.answered(ctx);
+                    });
+                }
+            }
+            Verdict::Close => {
+                tracing::info!(conn = self.id, user = %self.identity.user, held, "slow consumer: over the outbox bound for the grace");
+                self.evict_slow(ctx);
+            }
+        }
+    }
+
+    /// An answer came in (or the grace's timer fired), on one of the actor's futures
+    /// that may run after the reader decided not to read: count it against the bound and
+    /// have the reader look again (nothing else would wake it).
+    fn answered(&mut self, ctx: &mut Context<Self>) {
+        self.check_outbox(ctx);
+        self.io.wake_reader();
+    }
+
+    /// Requests whose answers have not come back: history and presence reads, and
+    /// subscribes the room has not answered yet.
+    fn pending_answers(&self) -> usize {
+        self.answers_pending + self.subscriptions.values().filter(|s| !s.live).count()
+    }
+
     /// Send a Close frame (after what is written already) and wait, bounded, for the
     /// client's Close. A second close, or `force`, stops at once.
     fn close_with(&mut self, ctx: &mut Context<Self>, code: CloseCode, reason: &str, force: bool) {
@@ -336,6 +394,7 @@ impl Connection {
             self.close(ctx, CloseCode::HeartbeatTimeout, "heartbeat timeout");
         } else {
             self.io.heartbeat();
+            self.check_outbox(ctx);
         }
     }
 
@@ -385,18 +444,30 @@ impl Connection {
                 }
                 let rooms = self.rooms.clone();
                 let fut = async move { rooms.history(&room, since, limit).await.map(|page| (room, page)) };
-                ctx.spawn(fut.into_actor(self).map(move |result, conn, _| match result {
-                    Ok((room, page)) => {
-                        let device = &conn.identity.device;
-                        let events = page.events.iter().filter(|e| e.is_for(device)).map(|e| &*e.json);
-                        let frame =
-                            protocol::history_frame(&room, page.epoch.as_deref(), page.head, events, page.complete, reference);
-                        conn.reply(ServerOp::History, frame)
+                self.answers_pending += 1;
+                ctx.spawn(fut.into_actor(self).map(move |result, conn, ctx| {
+                    conn.answers_pending -= 1;
+                    match result {
+                        Ok((room, page)) => conn.reply_history(&room, &page, reference),
+                        Err(e) => conn.send_error(reference, ErrorCode::Unavailable, &e.to_string()),
                     }
-                    Err(e) => conn.send_error(reference, ErrorCode::Unavailable, &e.to_string()),
+                    conn.answered(ctx);
                 }));
             }
         }
+    }
+
+    /// A history page, cut to what fits under the outbox bound (at least one event; then
+    /// `complete` is false and the client reads on after the last seq it got).
+    fn reply_history(&mut self, room: &str, page: &HistoryPage, reference: Option<i64>) {
+        let device = &self.identity.device;
+        let events: Vec<&str> = page.events.iter().filter(|e| e.is_for(device)).map(|e| &*e.json).collect();
+        let epoch = page.epoch.as_deref();
+        let overhead = protocol::history_frame(room, epoch, page.head, std::iter::empty(), false, reference).len();
+        let fits = self.outbox.page_fits(self.backlog.held(), overhead, events.iter().map(|e| e.len()));
+        let complete = page.complete && fits == events.len();
+        let frame = protocol::history_frame(room, epoch, page.head, events[..fits].iter().copied(), complete, reference);
+        self.reply(ServerOp::History, frame)
     }
 
     /// A client's publish (DESIGN §9): only to a room the token's publish patterns name
@@ -451,7 +522,7 @@ impl Connection {
         // The publish is a task of its own, not the actor's: a publish op read before its
         // connection closed is still stored, and its webhook queued, once it is durable.
         let task = actix::spawn(fut);
-        ctx.spawn(async move { task.await.ok() }.into_actor(self).map(move |done, conn, _| {
+        ctx.spawn(async move { task.await.ok() }.into_actor(self).map(move |done, conn, ctx| {
             conn.publishing -= 1;
             let Some((room, result)) = done else { return };
             match result {
@@ -468,6 +539,7 @@ impl Connection {
                     conn.send_error(reference, code, &error.to_string());
                 }
             }
+            conn.answered(ctx);
         }));
     }
 
@@ -486,10 +558,15 @@ impl Connection {
         }
         let rooms = self.rooms.clone();
         let fut = async move { rooms.presence(&room).await.map(|view| (room, view)) };
-        ctx.spawn(fut.into_actor(self).map(move |result, conn, _| match result {
-            Ok((room, Ok(view))) => conn.reply(ServerOp::Presence, protocol::presence_reply_frame(&room, &view, reference)),
-            Ok((_, Err(off))) => conn.send_error(reference, ErrorCode::PresenceOff, &off.to_string()),
-            Err(e) => conn.send_error(reference, ErrorCode::Unavailable, &e.to_string()),
+        self.answers_pending += 1;
+        ctx.spawn(fut.into_actor(self).map(move |result, conn, ctx| {
+            conn.answers_pending -= 1;
+            match result {
+                Ok((room, Ok(view))) => conn.reply(ServerOp::Presence, protocol::presence_reply_frame(&room, &view, reference)),
+                Ok((_, Err(off))) => conn.send_error(reference, ErrorCode::PresenceOff, &off.to_string()),
+                Err(e) => conn.send_error(reference, ErrorCode::Unavailable, &e.to_string()),
+            }
+            conn.answered(ctx);
         }));
     }
 
@@ -725,6 +802,14 @@ impl WsActor for Connection {
         }
     }
 
+    /// Not while over the outbox bound or with too many answers pending: what a request
+    /// read now would add could not be bounded. After our Close, only the client's
+    /// Close matters, and reading goes on to see it.
+    fn may_read(&mut self, ctx: &mut Self::Context) -> bool {
+        self.check_outbox(ctx);
+        self.closing || self.outbox.may_read(self.backlog.held(), self.pending_answers())
+    }
+
     fn on_read(&mut self, item: Result<ws::Message, ReadError>, ctx: &mut Self::Context) {
         self.last_heard = Instant::now();
         let read = self.reader.read(item);
@@ -747,7 +832,7 @@ impl Handler<RoomUpdate> for Connection {
     fn handle(&mut self, update: RoomUpdate, ctx: &mut Self::Context) {
         // What a room reserved for this window leaves the backlog whatever happens next.
         if let RoomUpdate::Events { window, .. } = &update {
-            self.settings.metrics.outbox_seen(self.backlog.outstanding());
+            self.settings.metrics.outbox_seen(self.backlog.held());
             self.backlog.release(window.frame.len());
         }
         if let RoomUpdate::Presence { frame, .. } = &update {
@@ -793,13 +878,7 @@ impl Handler<RoomUpdate> for Connection {
                     self.write_events(&epoch, fresh);
                 }
             }
-            RoomUpdate::Events { room, window } => {
-                self.on_window(&room, &window);
-                // The room bounds what waits in the mailbox; this, what waits in the socket.
-                if self.io.queued_bytes() > self.settings.max_outbox_bytes {
-                    self.evict_slow(ctx);
-                }
-            }
+            RoomUpdate::Events { room, window } => self.on_window(&room, &window),
             RoomUpdate::Presence { room, frame } => {
                 if self.subscriptions.get(&room).is_some_and(|s| s.live) {
                     self.io.presence(&frame);
@@ -813,6 +892,8 @@ impl Handler<RoomUpdate> for Connection {
                 }
             }
         }
+        // A replay, or a frame this connection rendered itself, may have taken it over.
+        self.check_outbox(ctx);
     }
 }
 

@@ -2,8 +2,8 @@
 //! `/v1/sse` stream, and the response body actix-web streams it from.
 //!
 //! [`SseIo`] is the actor's end: a queue of encoded messages (`event:`, `id:`, `data:`
-//! lines), counted like [`super::wsio::WsIo`]'s write queue so the connection's
-//! `max_outbox_bytes` bound covers it. [`SseBody`] is the response body's end, polled by
+//! lines), counted like [`super::wsio::WsIo`]'s write queue (and into the connection's
+//! backlog, [`SseIo::count_into`]) so the connection's `max_outbox_bytes` bound covers it. [`SseBody`] is the response body's end, polled by
 //! actix-http's dispatcher when it has room to write. Both live on the HTTP worker's
 //! thread (the actor is started by the handler there), so they share the queue in an
 //! `Rc<RefCell>` without locks.
@@ -27,6 +27,7 @@ use std::task::{Context as TaskContext, Poll, Waker};
 
 use actix_web::web::Bytes;
 
+use super::backlog::Backlog;
 use crate::core::sse::data_lines;
 
 /// The comment sent every heartbeat.
@@ -39,6 +40,8 @@ struct Shared {
     /// Encoded pieces not yet taken by the body, each marked when it ends a message.
     queue: VecDeque<(Bytes, bool)>,
     queued: usize,
+    /// Where `queued` is also counted: the connection's backlog.
+    counter: Option<std::sync::Arc<Backlog>>,
     /// The body took part of a message, not its end yet.
     mid_message: bool,
     /// The body waiting for something to write.
@@ -49,6 +52,15 @@ struct Shared {
     finished: bool,
     /// The body ended the response or was dropped: nothing more can be written.
     gone: bool,
+}
+
+impl Shared {
+    fn set_queued(&mut self, bytes: usize) {
+        self.queued = bytes;
+        if let Some(counter) = &self.counter {
+            counter.set_queued(bytes);
+        }
+    }
 }
 
 /// The actor's end of one SSE stream.
@@ -82,6 +94,13 @@ impl SseIo {
         self.shared.borrow().queued
     }
 
+    /// Count what is queued in `backlog` too, from now on (the connection's bound).
+    pub fn count_into(&mut self, backlog: std::sync::Arc<Backlog>) {
+        let mut shared = self.shared.borrow_mut();
+        backlog.set_queued(shared.queued);
+        shared.counter = Some(backlog);
+    }
+
     fn push(&mut self, pieces: impl IntoIterator<Item = Bytes>) {
         let mut shared = self.shared.borrow_mut();
         if shared.finished || shared.gone {
@@ -89,7 +108,8 @@ impl SseIo {
         }
         let mut pieces = pieces.into_iter().peekable();
         while let Some(piece) = pieces.next() {
-            shared.queued += piece.len();
+            let queued = shared.queued + piece.len();
+            shared.set_queued(queued);
             let last = pieces.peek().is_none();
             shared.queue.push_back((piece, last));
         }
@@ -131,7 +151,8 @@ impl SseIo {
             false => 0,
         };
         shared.queue.truncate(keep);
-        shared.queued = shared.queue.iter().map(|(piece, _)| piece.len()).sum();
+        let queued = shared.queue.iter().map(|(piece, _)| piece.len()).sum();
+        shared.set_queued(queued);
     }
 
     /// Write nothing more: the body ends the response once the queue is empty.
@@ -164,7 +185,7 @@ impl SseBody {
         let mut shared = self.shared.borrow_mut();
         shared.gone = true;
         shared.queue.clear();
-        shared.queued = 0;
+        shared.set_queued(0);
         if let Some(actor) = shared.actor.take() {
             actor.wake();
         }
@@ -177,7 +198,8 @@ impl futures_util::Stream for SseBody {
     fn poll_next(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Self::Item>> {
         let mut shared = self.shared.borrow_mut();
         if let Some((piece, last)) = shared.queue.pop_front() {
-            shared.queued -= piece.len();
+            let queued = shared.queued - piece.len();
+            shared.set_queued(queued);
             shared.mid_message = !last;
             if shared.queue.capacity() > 64 && shared.queue.is_empty() {
                 shared.queue = VecDeque::new();

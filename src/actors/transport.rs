@@ -92,12 +92,19 @@ impl Transport {
         }
     }
 
-    /// Bytes queued and not yet written (the socket's queue, or not yet taken by the
-    /// response body): with the backlog, what `max_outbox_bytes` bounds.
-    pub fn queued_bytes(&self) -> usize {
+    /// Count what the transport queues in `backlog` too (the connection's one bound).
+    pub fn count_into(&mut self, backlog: std::sync::Arc<super::backlog::Backlog>) {
         match self {
-            Transport::Ws(io) => io.queued_bytes(),
-            Transport::Sse(io) => io.queued_bytes(),
+            Transport::Ws(io) => io.count_into(backlog),
+            Transport::Sse(io) => io.count_into(backlog),
+        }
+    }
+
+    /// Have a WebSocket look again whether it may read (its actor's task is woken); an
+    /// SSE client sends nothing.
+    pub fn wake_reader(&self) {
+        if let Transport::Ws(io) = self {
+            io.wake();
         }
     }
 

@@ -7,7 +7,11 @@
 //!   of a frame not complete yet, so an idle connection holds no read buffer.
 //! - Writing is a queue of encoded frames written with vectored writes: a room window's
 //!   frame is encoded once ([`encode_text`]) and every subscriber queues the same bytes.
-//!   The queue is counted ([`WsIo::queued_bytes`]) so the owner can bound it.
+//!   The queue is counted ([`WsIo::queued_bytes`], and into the connection's
+//!   [`Backlog`] once [`WsIo::count_into`] gave it one) so the owner can bound it.
+//! - The owner decides before each frame is read whether to read at all
+//!   ([`WsActor::may_read`]): a connection over its outbox bound is not read from, so the
+//!   kernel's buffers fill and TCP pushes back on the client.
 //! - The actor owns the socket, so a client that stops reading never freezes the actor:
 //!   its timers still run, and stopping the actor ends the socket ([`WsIo::finish`]).
 //!
@@ -25,6 +29,8 @@ use actix::fut::ActorFuture;
 use actix_codec::{AsyncRead, AsyncWrite, Decoder, Encoder, ReadBuf};
 use actix_http::ws::{self, CloseReason, Codec, Frame, Message, OpCode, Parser, ProtocolError};
 use actix_web::web::{Bytes, BytesMut};
+
+use super::backlog::Backlog;
 
 /// Bytes read per system call into the thread's scratch buffer.
 const SCRATCH_BYTES: usize = 16 * 1024;
@@ -81,6 +87,8 @@ pub struct WsIo {
     /// Bytes of `queue[0]` already written.
     written: usize,
     queued: usize,
+    /// Where `queued` is also counted: the connection's backlog (None: not bounded).
+    counter: Option<std::sync::Arc<Backlog>>,
     /// The owning actor's task, to write from outside the poll (a handler, a timer).
     waker: Option<Waker>,
     /// The read side ended (end of stream or an error was reported).
@@ -101,6 +109,7 @@ impl WsIo {
             queue: VecDeque::new(),
             written: 0,
             queued: 0,
+            counter: None,
             waker: None,
             read_done: false,
             broken: false,
@@ -118,13 +127,34 @@ impl WsIo {
         self.queued
     }
 
+    /// Wake the owning actor's task, so its owner decides again whether to read (an
+    /// answer it waited for came in on another of the actor's futures).
+    pub fn wake(&self) {
+        if let Some(waker) = &self.waker {
+            waker.wake_by_ref();
+        }
+    }
+
+    /// Count what is queued in `backlog` too, from now on (the connection's bound).
+    pub fn count_into(&mut self, backlog: std::sync::Arc<Backlog>) {
+        backlog.set_queued(self.queued);
+        self.counter = Some(backlog);
+    }
+
+    fn set_queued(&mut self, bytes: usize) {
+        self.queued = bytes;
+        if let Some(counter) = &self.counter {
+            counter.set_queued(bytes);
+        }
+    }
+
     /// Queue an already encoded frame (shared bytes, not copied) and write what the
     /// socket takes now.
     pub fn frame(&mut self, frame: Bytes) {
         if self.broken || frame.is_empty() {
             return;
         }
-        self.queued += frame.len();
+        self.set_queued(self.queued + frame.len());
         self.queue.push_back(frame);
         self.write_now();
     }
@@ -161,7 +191,7 @@ impl WsIo {
     pub fn discard_unsent(&mut self) {
         let keep = usize::from(self.written > 0).min(self.queue.len());
         self.queue.truncate(keep);
-        self.queued = self.queue.front().map_or(0, |f| f.len() - self.written);
+        self.set_queued(self.queue.front().map_or(0, |f| f.len() - self.written));
     }
 
     fn write_now(&mut self) {
@@ -199,7 +229,7 @@ impl WsIo {
     }
 
     fn advance(&mut self, mut n: usize) {
-        self.queued -= n;
+        self.set_queued(self.queued - n);
         while n > 0 {
             let Some(front) = self.queue.front() else { break };
             let left = front.len() - self.written;
@@ -216,7 +246,7 @@ impl WsIo {
     fn break_writing(&mut self) {
         self.broken = true;
         self.queue.clear();
-        self.queued = 0;
+        self.set_queued(0);
         self.written = 0;
     }
 
@@ -273,6 +303,10 @@ impl WsIo {
     pub fn finish(&mut self, within: Duration) {
         let mut io = std::mem::replace(self, WsIo::new(Box::new(Gone), BytesMut::new(), 0));
         io.waker = None;
+        // The connection is gone: what its socket still writes is no room's concern.
+        if let Some(counter) = io.counter.take() {
+            counter.set_queued(0);
+        }
         let done = async move {
             let _ = std::future::poll_fn(|cx| io.poll_write(cx)).await;
             let _ = std::future::poll_fn(|cx| Pin::new(&mut *io.stream).poll_shutdown(cx)).await;
@@ -322,6 +356,13 @@ pub trait WsActor: Actor<Context = Context<Self>> {
     /// The socket; `None` for an actor on another transport (nothing to drive).
     fn io(&mut self) -> Option<&mut WsIo>;
 
+    /// Whether the next frame may be read now (checked before each one). `false` leaves
+    /// the socket unread until the actor's task is woken again: by the socket taking
+    /// what is queued, a message, a timer or a future of the actor ending.
+    fn may_read(&mut self, _ctx: &mut Context<Self>) -> bool {
+        true
+    }
+
     /// One whole frame, or the error that ended reading.
     fn on_read(&mut self, item: Result<ws::Message, ReadError>, ctx: &mut Context<Self>);
 
@@ -351,6 +392,9 @@ impl<A: WsActor> ActorFuture<A> for Pump {
         for _ in 0..FRAMES_PER_TURN {
             if ctx.state().stopping() {
                 return Poll::Ready(());
+            }
+            if !act.may_read(ctx) {
+                return Poll::Pending;
             }
             let Some(io) = act.io() else { return Poll::Ready(()) };
             match io.poll_read(task) {

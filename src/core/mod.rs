@@ -13,6 +13,7 @@ pub mod limits;
 pub mod liveness;
 pub mod matchsim;
 pub mod names;
+pub mod outbox;
 pub mod occupancy;
 pub mod presence;
 pub mod namespaces;
