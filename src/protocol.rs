@@ -834,7 +834,7 @@ pub struct PutStateReply {
 }
 
 /// The body of `GET /v1/rooms/{room}/state`: `seq` 0 and `data` null when the room has
-/// no state, `epoch` null for a room never written.
+/// no state, `epoch` null while the room cannot be read.
 pub fn state_body(room: &str, epoch: Option<&str>, seq: u64, data: Option<&str>) -> String {
     format!(
         r#"{{"room":{},"epoch":{},"seq":{seq},"data":{}}}"#,
