@@ -183,6 +183,8 @@ config_keys! {
         "WebSocket handshakes per second per IP (burst: twice that); more get 429; 0: no limit";
     max_messages_per_sec: u64 = 100, "N",
         "Messages per second a connection may send (burst: twice that); more get error rate_limited; 0: no limit";
+    max_room_starts_per_sec: u64 = 10, "N",
+        "Rooms without a live actor on this node one connection may subscribe to or read per second (burst: twice that, at least max_subscriptions); more get error rate_limited; 0: no limit";
     max_bad_messages: u64 = 100, "N",
         "Refused messages (malformed or over the rate) per minute before the connection is closed with 1008";
     max_history_limit: usize = 1000, "N",
@@ -211,6 +213,8 @@ config_keys! {
         "Webhooks queued in the store at most; a new one when full is dropped (counted and logged)";
     webhook_timeout_ms: u64 = 5000, "MS",
         "Time one webhook attempt may take; then it is retried";
+    webhook_vacated_delay_ms: u64 = 3000, "MS",
+        "A room's room_vacated waits this long; a room joined again meanwhile (a page reload) sends neither room_vacated nor room_occupied; 0: at once";
 }
 
 /// Largest `presence_members_max`: a node's member list of a room crosses NATS as one
@@ -241,7 +245,7 @@ durations! {
     drain_spread: drain_spread_secs in from_secs, drain_grace: drain_grace_secs in from_secs,
     probe_interval: probe_interval_ms in from_millis, presence_interval: presence_interval_ms in from_millis, handshake_timeout: handshake_timeout_ms in from_millis,
     directory_outage: directory_outage_secs in from_secs, cluster_heartbeat: cluster_heartbeat_ms in from_millis,
-    webhook_timeout: webhook_timeout_ms in from_millis,
+    webhook_timeout: webhook_timeout_ms in from_millis, webhook_vacated_delay: webhook_vacated_delay_ms in from_millis,
 }
 
 fn default_node_name() -> String {
@@ -541,6 +545,7 @@ impl Config {
         within(&[
             ("webhook_queue_max", self.webhook_queue_max as u64, 1, Some((10_000_000, ""))),
             ("webhook_timeout_ms", self.webhook_timeout_ms, 100, Some((600_000, " (10 minutes)"))),
+            ("webhook_vacated_delay_ms", self.webhook_vacated_delay_ms, 0, Some((600_000, " (10 minutes)"))),
         ])?;
         if !self.webhooks_enabled() {
             return Ok(());

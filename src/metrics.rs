@@ -101,7 +101,7 @@ pub struct CredentialLabel {
 /// The abuse limits, as `livegate_limit_hits_total{limit=…}` names them.
 pub const LIMITS: &[&str] = &[
     "connections", "connections_per_ip", "handshake_rate", "message_rate", "bad_messages", "subscriptions",
-    "history_limit", "subscribe_timeout", "frame_size", "message_size", "origin", "handshake_timeout",
+    "history_limit", "subscribe_timeout", "frame_size", "message_size", "origin", "handshake_timeout", "room_starts",
 ];
 
 fn latency_histogram() -> Histogram {

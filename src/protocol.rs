@@ -251,15 +251,22 @@ struct HistoryFields {
     limit: Option<usize>,
 }
 
+/// A `publish` frame read again for its fields: `data` and `state` as the client's bytes
+/// (key order, number spelling and whitespace kept, as an HTTP publish keeps them).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PublishFields {
+    /// Read (and checked) by [`parse_client_frame`] already.
+    #[serde(rename = "ref")]
+    _reference: Option<serde::de::IgnoredAny>,
+    #[serde(rename = "op")]
+    _op: serde::de::IgnoredAny,
     room: String,
     id: Option<String>,
-    /// Required (`null` is a value): re-encoded compactly, as the frame was parsed whole.
-    data: Value,
+    /// Required (`null` is a value).
+    data: Box<RawValue>,
     /// Optional; `null` is none.
-    state: Option<Value>,
+    state: Option<Box<RawValue>>,
 }
 
 #[derive(Deserialize)]
@@ -296,8 +303,9 @@ pub fn parse_client_frame(text: &str) -> Result<ClientRequest, FrameError> {
             ClientOp::History { room: f.room, since: f.since, limit: f.limit }
         }
         "publish" => {
-            let f: PublishFields = serde_json::from_value(rest).map_err(bad)?;
-            ClientOp::Publish { room: f.room, id: f.id, data: f.data.to_string(), state: f.state.map(|s| s.to_string()) }
+            // The frame again, for `data` and `state` as sent (the map above re-encodes).
+            let f: PublishFields = serde_json::from_str(text).map_err(bad)?;
+            ClientOp::Publish { room: f.room, id: f.id, data: f.data.get().to_string(), state: f.state.map(|s| s.get().to_string()) }
         }
         "presence" => {
             let f: RoomField = serde_json::from_value(rest).map_err(bad)?;
@@ -826,7 +834,7 @@ pub struct PutStateReply {
 }
 
 /// The body of `GET /v1/rooms/{room}/state`: `seq` 0 and `data` null when the room has
-/// no state, `epoch` null for a room never written.
+/// no state, `epoch` null while the room cannot be read.
 pub fn state_body(room: &str, epoch: Option<&str>, seq: u64, data: Option<&str>) -> String {
     format!(
         r#"{{"room":{},"epoch":{},"seq":{seq},"data":{}}}"#,
@@ -1070,7 +1078,7 @@ mod tests {
             r#"{"op":"publish","room":"chat:1","id":"c-1","data":{"text": "hi"},"ref":5}"#,
             req(
                 Some(5),
-                ClientOp::Publish { room: "chat:1".into(), id: Some("c-1".into()), data: r#"{"text":"hi"}"#.into(), state: None },
+                ClientOp::Publish { room: "chat:1".into(), id: Some("c-1".into()), data: r#"{"text": "hi"}"#.into(), state: None },
             ),
         );
         check(
@@ -1079,14 +1087,20 @@ mod tests {
         );
         let publish = |state: Option<&str>| ClientOp::Publish { room: "chat:1".into(), id: None, data: "1".into(), state: state.map(Into::into) };
         for (text, state) in [
-            (r#"{"op":"publish","room":"chat:1","data":1,"state":{"n": 1}}"#, Some(r#"{"n":1}"#)),
-            (r#"{"op":"publish","room":"chat:1","data":1,"state":[1, "x"]}"#, Some(r#"[1,"x"]"#)),
+            (r#"{"op":"publish","room":"chat:1","data":1,"state":{"n": 1}}"#, Some(r#"{"n": 1}"#)),
+            (r#"{"op":"publish","room":"chat:1","data":1,"state":[1, "x"]}"#, Some(r#"[1, "x"]"#)),
             (r#"{"op":"publish","room":"chat:1","data":1,"state":0}"#, Some("0")),
             (r#"{"op":"publish","room":"chat:1","data":1,"state":null}"#, None),
         ] {
             check(text, req(None, publish(state)));
         }
         check(r#"{"op":"publish","room":"chat:1","ref":6}"#, Err((Some(6), ErrorCode::BadRequest)));
+        // The data as sent: key order, numbers beyond 64 bits and spacing kept.
+        check(
+            r#"{"ref":7,"op":"publish","data":{"b":1,"a":18446744073709551616000, "c":1.50},"room":"chat:1"}"#,
+            req(Some(7), ClientOp::Publish { room: "chat:1".into(), id: None, data: r#"{"b":1,"a":18446744073709551616000, "c":1.50}"#.into(), state: None }),
+        );
+        check(r#"{"op":"publish","room":"chat:1","data":1,"data":2}"#, Err((None, ErrorCode::BadRequest)));
         check(r#"{"op":"publish","room":"chat:1","data":1,"from":"admin"}"#, Err((None, ErrorCode::BadRequest)));
     }
 

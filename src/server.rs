@@ -25,7 +25,7 @@ use crate::actors::messages::{Kick, StateAt};
 use crate::actors::publish::Publisher;
 use crate::actors::registry::{Registry, RemoteReplace, UserBus};
 use crate::actors::room::{PresenceHub, RoomSettings};
-use crate::actors::room::{LocalRoomLogs, RoomLogs, StreamRoomLogs};
+use crate::actors::room::{DelayedVacate, LocalRoomLogs, Occupancy, RoomLogs, StreamRoomLogs};
 use crate::actors::rooms::Rooms;
 use crate::actors::supervisor::{DrainTiming, Signal, Start, Supervisor};
 use crate::actors::webhooks::{WebhookEvent, WebhookSettings, Webhooks};
@@ -183,13 +183,20 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         _ => None,
     };
     let mut shared_room_settings = room_settings(&config, metrics.clone(), presence.clone());
-    shared_room_settings.occupancy = match (&webhooks, &cluster) {
+    let local_edges = match (&webhooks, &cluster) {
         // One node: each room's local edge is the node's edge, a webhook.
-        (Some(webhooks), None) => Some(Arc::new(webhooks.clone()) as Arc<dyn crate::actors::room::Occupancy>),
+        (Some(webhooks), None) => Some(Arc::new(webhooks.clone()) as Arc<dyn Occupancy>),
         // Cluster mode: a room's edges are decided across the nodes (cluster::occupancy),
         // which reports to the webhooks; no local edge makes a webhook by itself.
-        _ => occupancy.clone().map(|o| o as Arc<dyn crate::actors::room::Occupancy>),
+        _ => occupancy.clone().map(|o| o as Arc<dyn Occupancy>),
     };
+    // In both modes a room's `vacated` waits `webhook_vacated_delay_ms` on its node, and
+    // a room joined again meanwhile reports nothing (not even to the cluster's records).
+    let vacate_delay = match local_edges.clone() {
+        Some(edges) if config.webhook_vacated_delay_ms > 0 => Some(DelayedVacate::start(edges, config.webhook_vacated_delay())?),
+        _ => None,
+    };
+    shared_room_settings.occupancy = vacate_delay.clone().map(|d| d as Arc<dyn Occupancy>).or(local_edges);
     let rooms = Rooms::start(backends.room_logs, shared_room_settings, namespaces, threads());
     let registry = Registry::new(config.exclusive_devices.clone(), backends.user_bus).start();
     let directory_settings = DirectorySettings {
@@ -285,6 +292,11 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     };
     background.iter().for_each(|task| task.abort());
     rooms.shutdown();
+    // The rooms' `vacated` edges still waiting go on now, before the rooms leave their
+    // records and the webhooks stop.
+    if let Some(vacate_delay) = &vacate_delay {
+        vacate_delay.stop();
+    }
     // The node's rooms leave their occupancy records (the vacated edges it decides go
     // to the webhooks), before the webhooks stop.
     if let Some(occupancy) = &occupancy {
@@ -320,7 +332,7 @@ impl Backends {
     async fn open(config: &Config, store: &Store, cluster: Option<&Cluster>) -> Result<Backends, ServerError> {
         let Some(cluster) = cluster else {
             return Ok(Backends {
-                room_logs: Arc::new(LocalRoomLogs(store.clone())),
+                room_logs: Arc::new(LocalRoomLogs::new(store.clone())?),
                 sessions: Arc::new(store.clone()),
                 kv: None,
                 nonces: Arc::new(StoreNonces { store: store.clone(), resume_ttl: config.resume_ttl() }),
@@ -393,6 +405,7 @@ fn connection_settings(
         max_outbox_bytes: config.max_outbox_bytes,
         max_messages_per_sec: config.max_messages_per_sec,
         max_bad_messages: config.max_bad_messages,
+        max_room_starts_per_sec: config.max_room_starts_per_sec,
         max_history_limit: config.max_history_limit,
         subscribe_timeout: (config.subscribe_timeout_secs > 0).then(|| Duration::from_secs(config.subscribe_timeout_secs)),
         webhooks,
@@ -623,7 +636,7 @@ impl NodeEvents for NodeActors {
     }
 }
 
-impl crate::actors::room::Occupancy for ClusterOccupancy {
+impl Occupancy for ClusterOccupancy {
     fn changed(&self, room: &str, occupied: bool, now_ms: u64) {
         self.local_edge(room, occupied, now_ms);
     }

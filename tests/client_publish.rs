@@ -145,9 +145,12 @@ async fn a_repeated_id_answers_duplicate_with_the_first_seq() {
     let again = publish(&mut alice, "chat:1", Some("c-1"), json!({"n": 1})).await;
     assert_eq!((&again["op"], &again["seq"], &again["duplicate"]), (&json!("published"), &first["seq"], &json!(true)), "{again}");
     assert_eq!(head_of(&http, "chat:1"), 2, "the duplicate appended nothing");
-    // The HTTP API sees the same ids: a backend retrying the client's id is a duplicate too.
+    // A client's ids are its user's (issue 29): a backend's publish with one is an event
+    // of its own, never swallowed as the client's duplicate; its retry is its own.
     let (status, reply) = http.publish("chat:1", Some("c-2"), json!({"n": 2}));
-    assert_eq!((status, &reply["duplicate"], &reply["seq"]), (200, &json!(true), &json!(2)), "{reply}");
+    assert_eq!((status, &reply["duplicate"], &reply["seq"]), (201, &json!(false), &json!(3)), "{reply}");
+    let (status, reply) = http.publish("chat:1", Some("c-2"), json!({"n": 2}));
+    assert_eq!((status, &reply["duplicate"], &reply["seq"]), (200, &json!(true), &json!(3)), "{reply}");
 }
 
 #[tokio::test]

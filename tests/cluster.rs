@@ -482,7 +482,8 @@ fn a_namespace_history_size_applies_on_every_node() {
 /// Client publish in a cluster (DESIGN §9): a client on B publishes to a room whose
 /// writer is A. The event is forwarded to A (with its `from`), appended to the stream
 /// and answered `published` on B once stored; A's and C's subscribers get it with
-/// `from`, and every node's history has it.
+/// `from`, and every node's history has it; a backend's later publish with the client's
+/// id is an event of its own.
 #[test]
 fn a_client_publish_on_b_to_a_room_written_by_a_reaches_a_with_from() {
     let _serial = serial();
@@ -514,17 +515,23 @@ fn a_client_publish_on_b_to_a_room_written_by_a_reaches_a_with_from() {
         if refused["code"] != "forbidden" {
             failures.push(format!("a room outside the patterns on b: {refused}"));
         }
+        // A backend's publish with the client's id (through c, so forwarded to a) is a
+        // new event: a client's ids are its user's (issue 29), on the stream too.
+        let (status, backend) = cluster.http(2).publish(&room, Some("c-1"), json!({"text": "backend"}));
+        if status != 201 || backend["seq"] != 2 || backend["duplicate"] != false {
+            failures.push(format!("a backend publish with the client's id: {status} {backend}"));
+        }
         for (name, ws) in [("a", &mut on_a), ("c", &mut on_c)] {
-            let (events, other) = collect_events(ws, &room, 1, Duration::from_secs(10)).await;
-            match events.first() {
-                Some(e) if e["from"] == "writer-b" && e["seq"] == 1 && e["data"]["text"] == "hi" => {}
-                got => failures.push(format!("subscriber on {name}: {got:?}, also {other:?}")),
+            let (events, other) = collect_events(ws, &room, 2, Duration::from_secs(10)).await;
+            let seen: Vec<(&Value, &Value, Option<&Value>)> = events.iter().map(|e| (&e["seq"], &e["id"], e.get("from"))).collect();
+            if seen != [(&json!(1), &json!("c-1"), Some(&json!("writer-b"))), (&json!(2), &json!("c-1"), None)] || events[0]["data"]["text"] != "hi" {
+                failures.push(format!("subscriber on {name}: {events:?}, also {other:?}"));
             }
         }
     });
     for node in 0..3 {
         let page = cluster.http(node).history_ok(&room, Some(0), Some(10));
-        if page["head"] != 1 || page["events"][0]["from"] != "writer-b" {
+        if page["head"] != 2 || page["events"][0]["from"] != "writer-b" || page["events"][1]["id"] != "c-1" {
             failures.push(format!("history on {}: {page}", Cluster::name(node)));
         }
     }

@@ -413,7 +413,7 @@ const REASONS: &[&str] =
 /// The abuse limits `livegate_limit_hits_total` counts.
 const LIMITS: &[&str] = &[
     "connections", "connections_per_ip", "handshake_rate", "message_rate", "bad_messages", "subscriptions",
-    "history_limit", "subscribe_timeout", "frame_size", "message_size", "origin", "handshake_timeout",
+    "history_limit", "subscribe_timeout", "frame_size", "message_size", "origin", "handshake_timeout", "room_starts",
 ];
 /// Label names that would make cardinality unbounded (one series per user, room, ...).
 const UNBOUNDED_LABELS: &[&str] =

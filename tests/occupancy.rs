@@ -14,6 +14,8 @@
 //!   its `occupied`, a room only it held is vacated once;
 //! - NATS killed while a room's last subscriber leaves: nothing is decided meanwhile, and
 //!   the room is vacated once NATS is back;
+//! - a subscribe/unsubscribe loop, and a reload that moves to another node within
+//!   `webhook_vacated_delay_ms`, make no webhook beyond the room's one `room_occupied`;
 //! - `livegate_occupancy_edges_total{edge}` across the nodes counts the same decisions.
 //!
 //! nats-server must be installed (a missing one fails the test). Every wait is bounded;
@@ -129,6 +131,8 @@ fn on_a(cluster: &Cluster, rt: &tokio::runtime::Runtime, user: &str, room: &'sta
 
 const OCCUPIED: &str = "room_occupied";
 const VACATED: &str = "room_vacated";
+/// `webhook_vacated_delay_ms`'s default: a room's `room_vacated` waits this long.
+const VACATE_DELAY: Duration = Duration::from_secs(3);
 
 #[test]
 fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
@@ -200,6 +204,34 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
         } else if got[0].1 != got[1].1 {
             failures.push(format!("{room}: decided on two nodes {got:?}: one room's webhooks should queue on its writer"));
         }
+    }
+
+    // A subscribe/unsubscribe loop on a, then a reload that moves to b (a's connection
+    // closes, b's subscribes within webhook_vacated_delay_ms): one occupied and nothing
+    // else, not even while the delay runs out; the leave from b is the one vacated.
+    let mut looping = on_a(&cluster, &rt, "viewer-6", "match:6");
+    rt.block_on(async {
+        for _ in 0..20 {
+            looping.unsubscribe("match:6").await;
+            looping.subscribe_ok("match:6").await;
+        }
+        looping.close().await;
+    });
+    let token = cluster.http(1).mint_token("viewer-6", "web");
+    let addr = cluster.addr(1);
+    let reloaded = rt.block_on(async move {
+        let mut ws = WsClient::connect(addr, &token, None).await;
+        ws.subscribe_ok("match:6").await;
+        ws
+    });
+    std::thread::sleep(VACATE_DELAY + Duration::from_secs(2));
+    let kinds_of = |room: &str| receiver.of_room(room).into_iter().map(|(kind, _)| kind).collect::<Vec<_>>();
+    if kinds_of("match:6") != [OCCUPIED] {
+        failures.push(format!("match:6 after a loop on a and a reload onto b: {:?}, expected one {OCCUPIED}", receiver.of_room("match:6")));
+    }
+    rt.block_on(reloaded.close());
+    if !wait_until(WAIT, || receiver.of_room("match:6").len() >= 2) || kinds_of("match:6") != [OCCUPIED, VACATED] {
+        failures.push(format!("match:6 after its last subscriber left b: {:?}", receiver.of_room("match:6")));
     }
 
     // kill -9 of the only node left in match:9: the survivors vacate it once c's
@@ -274,7 +306,8 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
     }
     cluster.nats.kill9();
     rt.block_on(ws_a5.close());
-    std::thread::sleep(Duration::from_secs(2));
+    // Past the vacated delay: a's edge is due while NATS is still away.
+    std::thread::sleep(VACATE_DELAY + Duration::from_secs(2));
     if receiver.of_room("match:5").len() != 1 {
         failures.push(format!("match:5 decided while NATS was away: {:?}", receiver.of_room("match:5")));
     }

@@ -519,6 +519,69 @@ async fn a_publish_from_a_connection_that_closes_at_once_still_has_its_webhook()
     assert_eq!(delivered[0].body["event_id"], "g-1");
 }
 
+/// The occupancy webhooks of `room` delivered so far, in order (one per id).
+fn occupancy_of(receiver: &Receiver, room: &str) -> Vec<String> {
+    first_deliveries(&receiver.delivered()).remove(room).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_subscribe_loop_and_a_reload_make_one_occupied_and_one_vacated() {
+    let receiver = Receiver::start(always(200));
+    let root = tempfile::tempdir().unwrap();
+    let serve = serve(root.path(), "serve.log", &receiver, &[]);
+    let (occupied, vacated) = ("room_occupied".to_string(), "room_vacated".to_string());
+
+    // 50 subscribe/unsubscribe pairs: one room_occupied, and one room_vacated once the
+    // room has stayed empty for `webhook_vacated_delay_ms` (3 s by default).
+    let mut alice = chatter(serve.addr, "alice").await;
+    for _ in 0..50 {
+        alice.subscribe_ok("chat:loop").await;
+        alice.unsubscribe("chat:loop").await;
+    }
+    receiver.wait_delivered(ARRIVE, "the loop's room_occupied", |_| !occupancy_of(&receiver, "chat:loop").is_empty());
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(occupancy_of(&receiver, "chat:loop"), [occupied.clone()], "nothing else within the delay");
+    receiver.wait_delivered(ARRIVE, "the loop's room_vacated", |_| occupancy_of(&receiver, "chat:loop").len() >= 2);
+    std::thread::sleep(QUIET);
+    assert_eq!(occupancy_of(&receiver, "chat:loop"), [occupied.clone(), vacated.clone()], "{}", serve.log_text());
+
+    // A reload: the page's connection closes and a new one subscribes again within the
+    // delay. Past the delay, neither hook was sent.
+    let mut page = chatter(serve.addr, "bob").await;
+    page.subscribe_ok("chat:reload").await;
+    receiver.wait_delivered(ARRIVE, "the reload room's room_occupied", |_| !occupancy_of(&receiver, "chat:reload").is_empty());
+    page.close().await;
+    let mut page = chatter(serve.addr, "bob").await;
+    page.subscribe_ok("chat:reload").await;
+    std::thread::sleep(Duration::from_millis(3500));
+    assert_eq!(occupancy_of(&receiver, "chat:reload"), [occupied.clone()], "a reload sends no webhook");
+    let left = now_ms();
+    page.close().await;
+    receiver.wait_delivered(ARRIVE, "the reload room's room_vacated", |_| occupancy_of(&receiver, "chat:reload").len() >= 2);
+    assert_eq!(occupancy_of(&receiver, "chat:reload"), [occupied, vacated]);
+    // The room_vacated tells when the room was left, not when the delay ran out.
+    let told = receiver.delivered().iter().find(|a| a.body["room"] == "chat:reload" && a.body["type"] == "room_vacated").unwrap().body.clone();
+    let ts = told["ts_ms"].as_u64().unwrap();
+    assert!(ts >= left && ts < left + 1000, "room_vacated ts_ms {ts}, left at {left}");
+    check_attempts(&receiver.attempts(), &[]);
+    assert_eq!(metric(&serve.http(), "livegate_webhooks_dropped_total"), Some(0.0));
+}
+
+#[tokio::test]
+async fn a_client_published_webhook_carries_the_data_as_the_client_sent_it() {
+    let receiver = Receiver::start(always(200));
+    let root = tempfile::tempdir().unwrap();
+    let serve = serve(root.path(), "serve.log", &receiver, &[]);
+    let mut alice = chatter(serve.addr, "alice").await;
+    let data = r#"{"b":1,"a":18446744073709551616000}"#;
+    alice.send_text(format!(r#"{{"op":"publish","room":"chat:raw","ref":1,"data":{data}}}"#)).await;
+    let reply = alice.wait_for_ref(1, &json!("publish")).await;
+    assert_eq!(reply["op"], "published", "{reply}");
+    let delivered = receiver.wait_delivered(ARRIVE, "the publish's webhook", |d| d.iter().any(|a| a.body["room"] == "chat:raw"));
+    let raw = &delivered.iter().find(|a| a.body["room"] == "chat:raw").unwrap().raw;
+    assert!(raw.contains(&format!(r#""data":{data}"#)), "the data as the client sent it: {raw}");
+}
+
 #[test]
 fn a_bad_webhook_config_stops_the_start_with_a_clear_error() {
     let root = tempfile::tempdir().unwrap();

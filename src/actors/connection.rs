@@ -26,7 +26,7 @@ use super::rooms::Rooms;
 use super::socket::{ends_closing, Fault, Inbound, MessageReader, CLOSE_HANDSHAKE_TIMEOUT, FINISH_WITHIN};
 use super::transport::Transport;
 use super::wsio::{self, ReadError, WsActor, WsIo};
-use crate::core::limits::{burst_for, Strikes, TokenBucket};
+use crate::core::limits::{burst_for, room_start_burst, Strikes, TokenBucket};
 use crate::core::names;
 use crate::core::outbox::{Outbox, Verdict};
 use crate::core::sent::SentRange;
@@ -66,6 +66,9 @@ pub struct ConnectionSettings {
     pub max_messages_per_sec: u64,
     /// Refused client messages per minute before a close with 1008.
     pub max_bad_messages: u64,
+    /// Room actors a connection may start per second (a subscribe or history read of a
+    /// room not live here); burst [`room_start_burst`]; 0: no limit.
+    pub max_room_starts_per_sec: u64,
     /// Largest `limit` of a history read.
     pub max_history_limit: usize,
     /// Close a connection that has not subscribed to a room by then (None: never).
@@ -187,6 +190,8 @@ pub struct Connection {
     reader: MessageReader,
     /// Client messages allowed now, refilled at `max_messages_per_sec`.
     message_rate: TokenBucket,
+    /// Room actors this connection may start now, refilled at `max_room_starts_per_sec`.
+    room_starts: TokenBucket,
     /// Refused messages this minute.
     strikes: Strikes,
     /// Whether the client has subscribed to a room (the automatic inbox not counted).
@@ -244,6 +249,10 @@ impl Connection {
             last_heard: Instant::now(),
             reader: MessageReader::new(settings.max_message_bytes),
             message_rate: TokenBucket::new(burst_for(settings.max_messages_per_sec), crate::world::now_ms()),
+            room_starts: TokenBucket::new(
+                room_start_burst(settings.max_room_starts_per_sec, settings.max_subscriptions),
+                crate::world::now_ms(),
+            ),
             strikes: Strikes::default(),
             subscribed_once: false,
             publishing: 0,
@@ -442,6 +451,9 @@ impl Connection {
                     self.settings.metrics.limit_hit("history_limit");
                     return self.refuse(ctx, reference, ErrorCode::BadRequest, &format!("limit must be at most {max}"));
                 }
+                if !self.may_start_room(&room, reference, ctx) {
+                    return;
+                }
                 let rooms = self.rooms.clone();
                 let fut = async move { rooms.history(&room, since, limit).await.map(|page| (room, page)) };
                 self.answers_pending += 1;
@@ -543,6 +555,27 @@ impl Connection {
         }));
     }
 
+    /// A request to a room with no live actor here starts one: it takes one of the
+    /// connection's room starts, and without one it is refused (`rate_limited`, counted
+    /// as `room_starts`, a strike like any refused message). A room that stops between
+    /// this look and the request is started anyway: at most one start per request.
+    fn may_start_room(&mut self, room: &str, reference: Option<i64>, ctx: &mut Context<Self>) -> bool {
+        let rate = self.settings.max_room_starts_per_sec;
+        if rate == 0 || self.rooms.is_live(room) {
+            return true;
+        }
+        let burst = room_start_burst(rate, self.settings.max_subscriptions);
+        match self.room_starts.take(rate, burst, crate::world::now_ms()) {
+            Ok(()) => true,
+            Err(wait_ms) => {
+                self.settings.metrics.limit_hit("room_starts");
+                let message = format!("more than {rate} new rooms per second; retry in {wait_ms} ms");
+                self.refuse(ctx, reference, ErrorCode::RateLimited, &message);
+                false
+            }
+        }
+    }
+
     fn check_readable(&self, room: &str) -> Result<(), (ErrorCode, String)> {
         names::check_room(room).map_err(|e| (ErrorCode::BadRoom, e.to_string()))?;
         if !names::may_read(&self.identity.user, &self.identity.rooms, room) {
@@ -597,6 +630,9 @@ impl Connection {
                 (None, SentRange::default())
             }
         };
+        if !self.may_start_room(&room, reference, ctx) {
+            return;
+        }
         self.unsubscribe(&room);
         self.settings.metrics.subscriptions.inc();
         self.next_generation += 1;

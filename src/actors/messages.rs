@@ -158,7 +158,8 @@ pub struct ReadHistory {
 
 #[derive(Debug, Clone)]
 pub struct HistoryPage {
-    /// `None` for a room that was never created.
+    /// `None` while the room cannot be read (a room never written has the epoch its
+    /// first write will store).
     pub epoch: Option<Arc<str>>,
     pub head: u64,
     /// Events, oldest first.
@@ -208,7 +209,7 @@ pub struct PutState {
 pub struct ReadState;
 
 /// A room's state as `GET /v1/rooms/{room}/state` answers it: `seq` 0 and no data when
-/// none was ever set; `epoch` `None` for a room never created.
+/// none was ever set; `epoch` `None` while the room cannot be read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StateView {
     pub epoch: Option<Arc<str>>,

@@ -410,6 +410,11 @@ impl Rooms {
         }
     }
 
+    /// Whether `room` has a live actor now (a request to it starts none).
+    pub fn is_live(&self, room: &str) -> bool {
+        self.inner.tables.lock().live.get(room).is_some_and(|addr| addr.connected())
+    }
+
     /// Rooms with a live actor.
     pub fn live_count(&self) -> usize {
         self.inner.tables.lock().live.len()

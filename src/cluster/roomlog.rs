@@ -1,6 +1,8 @@
 //! A room's log on JetStream. Each event is one message on `lg.room.<room>`: the payload
 //! is the event's JSON, headers carry the room seq, the publish time, the devices of an
-//! inbox message, the publishing user of a client publish (`Lg-From`) and the event id (`Nats-Msg-Id`, so a retried publish is stored once).
+//! inbox message, the publishing user of a client publish (`Lg-From`) and the event id
+//! (`Nats-Msg-Id`, so a retried publish is stored once; a client's id behind its user and
+//! a space, `core::names::idempotency_key`, so it never takes a backend's).
 //!
 //! Room state (DESIGN §9): an event published with the room's state carries it in the
 //! same message, so the two are stored atomically: header `Lg-State-Len` names the
@@ -21,6 +23,7 @@ use async_nats::jetstream::stream::DirectGetErrorKind;
 use async_nats::HeaderMap;
 
 use super::{room_token, Cluster, ClusterError, Unreachable};
+use crate::core::names;
 use crate::store::EventRecord;
 
 const SEQ_HEADER: &str = "Lg-Seq";
@@ -177,7 +180,8 @@ pub async fn append(
         return Err(ClusterError::Unavailable(Unreachable::NotConnected).into());
     }
     let mut headers = HeaderMap::new();
-    headers.insert(ID_HEADER, event.id.as_str());
+    // JetStream's own deduplication goes by this header: a client's id under its user.
+    headers.insert(ID_HEADER, names::idempotency_key(&event.id, event.from.as_deref()).as_str());
     headers.insert("Nats-Expected-Last-Subject-Sequence", expected_last.to_string().as_str());
     headers.insert(SEQ_HEADER, event.seq.to_string().as_str());
     headers.insert(TS_HEADER, event.ts_ms.to_string().as_str());
@@ -234,13 +238,14 @@ fn decode(headers: &HeaderMap, payload: &[u8]) -> Option<(EventRecord, Option<St
     let text = |name: &str| headers.get(name).map(|v| v.as_str().to_string());
     let devices = text(DEVICES_HEADER).map(|d| d.split(',').map(str::to_string).collect());
     let (data, state) = split_state(text(STATE_LEN_HEADER).as_deref(), payload)?;
+    let from = text(FROM_HEADER);
     let event = EventRecord {
         seq: text(SEQ_HEADER)?.parse().ok()?,
-        id: text(ID_HEADER)?,
+        id: names::id_of_key(&text(ID_HEADER)?, from.as_deref()).to_string(),
         ts_ms: text(TS_HEADER)?.parse().ok()?,
         data,
         devices,
-        from: text(FROM_HEADER),
+        from,
     };
     Some((event, state))
 }

@@ -42,6 +42,13 @@ pub fn burst_for(rate: u64) -> u64 {
     rate.saturating_mul(2).max(1)
 }
 
+/// The burst of a connection's room starts: twice the rate, and at least
+/// `max_subscriptions`, so a connection may subscribe to all the rooms it is allowed at
+/// once on a node where none is live yet (after a restart), and to more only at the rate.
+pub fn room_start_burst(rate: u64, max_subscriptions: usize) -> u64 {
+    burst_for(rate).max(max_subscriptions as u64)
+}
+
 /// Strikes against a connection (refused messages) in the current minute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Strikes {
@@ -103,5 +110,8 @@ mod tests {
         assert!(!strikes.strike(3, 10 + STRIKE_WINDOW_MS));
         assert_eq!(burst_for(0), 1);
         assert_eq!(burst_for(50), 100);
+        assert_eq!(room_start_burst(10, 128), 128);
+        assert_eq!(room_start_burst(100, 128), 200);
+        assert_eq!(room_start_burst(0, 0), 1);
     }
 }

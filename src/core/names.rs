@@ -80,6 +80,23 @@ pub fn may_publish(patterns: &[String], room: &str) -> bool {
     inbox_owner(room).is_none() && matches_any(patterns, room)
 }
 
+/// The key an event's idempotency id is kept under in its room: a backend's id as it is,
+/// a client's (`from`: its user) behind its user and a space. Neither event ids nor user
+/// ids hold a space, so a client's id never takes a backend's or another user's, and a
+/// client retrying its own publish still finds it.
+pub fn idempotency_key(id: &str, from: Option<&str>) -> String {
+    match from {
+        Some(user) => format!("{user} {id}"),
+        None => id.to_string(),
+    }
+}
+
+/// The id an event was published with, from its [`idempotency_key`] (a key without the
+/// user's prefix is the id itself, as events stored before the keys carried users).
+pub fn id_of_key<'a>(key: &'a str, from: Option<&str>) -> &'a str {
+    from.and_then(|user| key.strip_prefix(user)?.strip_prefix(' ')).unwrap_or(key)
+}
+
 fn matches_any(patterns: &[String], room: &str) -> bool {
     patterns.iter().any(|p| match p.strip_suffix('*') {
         Some(prefix) => room.starts_with(prefix),
@@ -165,5 +182,23 @@ mod tests {
         for (user, patterns, room, ok) in cases {
             assert_eq!(may_read(user, patterns, room), *ok, "{user} {patterns:?} {room}");
         }
+    }
+
+    #[test]
+    fn idempotency_keys_keep_clients_apart_from_backends_and_each_other() {
+        let cases: &[(&str, Option<&str>, &str)] = &[
+            ("sys-42", None, "sys-42"),
+            ("sys-42", Some("mallory"), "mallory sys-42"),
+            ("sys-42", Some("eve@x.org"), "eve@x.org sys-42"),
+        ];
+        for (id, from, key) in cases {
+            assert_eq!(idempotency_key(id, *from), *key);
+            assert_eq!(id_of_key(key, *from), *id, "{key}");
+        }
+        // An id stored under the bare id (before keys carried users) reads as itself.
+        assert_eq!(id_of_key("sys-42", Some("mallory")), "sys-42");
+        assert_eq!(id_of_key("malloryx sys-42", Some("mallory")), "malloryx sys-42");
+        // No backend id can be a client's key: ids hold no space.
+        assert!(check_event_id(&idempotency_key("sys-42", Some("mallory"))).is_err());
     }
 }

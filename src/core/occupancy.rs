@@ -1,4 +1,6 @@
-//! Cluster-wide room occupancy as pure state (DESIGN §10): which nodes have subscribers
+//! Room occupancy as pure state (DESIGN §10): a node's `vacated` edges held back for
+//! `webhook_vacated_delay_ms` ([`VacateDelay`]: a room left and joined again within it
+//! reports neither edge, in both modes), and, cluster-wide, which nodes have subscribers
 //! in a room ([`Occupants`], one record per occupied room, with its encoding), what a
 //! change of that set decides ([`Edge`]: the first node in is `occupied`, the last one
 //! out is `vacated`), and one node's queue of rooms whose record must catch up with its
@@ -265,6 +267,84 @@ impl LocalRooms {
     }
 }
 
+/// A node's rooms whose last local subscriber left less than the delay ago: their
+/// `vacated` edge waits, and a room joined again meanwhile (a page reload, a
+/// subscribe/unsubscribe loop) reports neither that `vacated` nor the next `occupied`.
+/// Pusher's channel webhooks wait the same way.
+///
+/// Times: `now_ms` on a monotonic clock (when an edge is due), `ts_ms` on the wall clock
+/// (what the edge reports: when the room was left). Edges of one room alternate, as a
+/// room reports them.
+///
+/// Bound: one waiting entry per room left in the last delay, and one queue entry per
+/// `vacated` edge of the last delay (a cancelled one leaves when it comes due).
+#[derive(Debug)]
+pub struct VacateDelay {
+    delay_ms: u64,
+    /// Room → (due at, left at `ts_ms`).
+    waiting: HashMap<Arc<str>, (u64, u64)>,
+    /// (due at, room), in the order the rooms were left (so by due time).
+    due: VecDeque<(u64, Arc<str>)>,
+}
+
+impl VacateDelay {
+    pub fn new(delay_ms: u64) -> VacateDelay {
+        VacateDelay { delay_ms, waiting: HashMap::new(), due: VecDeque::new() }
+    }
+
+    /// A room's local edge: whether to report it now. A `vacated` waits (unless the
+    /// delay is 0); an `occupied` while the room's `vacated` waits cancels both.
+    pub fn edge(&mut self, room: &str, occupied: bool, now_ms: u64, ts_ms: u64) -> bool {
+        if occupied {
+            return self.waiting.remove(room).is_none();
+        }
+        if self.delay_ms == 0 {
+            return true;
+        }
+        if !self.waiting.contains_key(room) {
+            let room: Arc<str> = room.into();
+            let at = now_ms.saturating_add(self.delay_ms);
+            self.waiting.insert(room.clone(), (at, ts_ms));
+            self.due.push_back((at, room));
+        }
+        false
+    }
+
+    /// The `vacated` edges due by `now_ms`: each room with when it was left (`ts_ms`).
+    pub fn due(&mut self, now_ms: u64) -> Vec<(Arc<str>, u64)> {
+        let mut due = Vec::new();
+        while let Some((at, _)) = self.due.front().filter(|(at, _)| *at <= now_ms) {
+            let at = *at;
+            let (_, room) = self.due.pop_front().expect("front exists");
+            // Cancelled, or left again later (a newer entry is queued for that).
+            if self.waiting.get(&room).is_some_and(|(due_at, _)| *due_at == at) {
+                let (_, ts_ms) = self.waiting.remove(&room).expect("just found");
+                due.push((room, ts_ms));
+            }
+        }
+        due
+    }
+
+    /// When the next queued entry comes due (it may have been cancelled).
+    pub fn next_due(&self) -> Option<u64> {
+        self.due.front().map(|(at, _)| *at)
+    }
+
+    /// Every waiting `vacated` edge at once (the node stops), in the order the rooms were
+    /// left.
+    pub fn drain(&mut self) -> Vec<(Arc<str>, u64)> {
+        let mut left: Vec<(u64, Arc<str>, u64)> = self.waiting.drain().map(|(room, (at, ts_ms))| (at, room, ts_ms)).collect();
+        left.sort();
+        self.due.clear();
+        left.into_iter().map(|(_, room, ts_ms)| (room, ts_ms)).collect()
+    }
+
+    /// Rooms whose `vacated` waits.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,5 +475,49 @@ mod tests {
         assert_eq!(rooms.next(), None);
         assert!(!rooms.finished(&job("a", false, 9), true));
         assert!(rooms.is_empty());
+    }
+
+    #[test]
+    fn a_room_left_and_joined_within_the_delay_reports_nothing() {
+        let mut delay = VacateDelay::new(3_000);
+        // (room, occupied, now, ts) → reported now.
+        let steps: &[(&str, bool, u64, u64, bool)] = &[
+            ("r", true, 0, 100, true),
+            ("r", false, 10, 110, false),
+            // A reload: joined again within the delay, neither edge.
+            ("r", true, 2_000, 2_100, false),
+            ("r", false, 2_500, 2_600, false),
+            ("s", true, 2_600, 2_700, true),
+            ("s", false, 2_700, 2_800, false),
+        ];
+        for (room, occupied, now, ts, told) in steps {
+            assert_eq!(delay.edge(room, *occupied, *now, *ts), *told, "{room} {occupied} at {now}");
+        }
+        assert_eq!(delay.waiting(), 2);
+        // r's first vacate was cancelled; its second is due at 5 500, s's at 5 700.
+        assert_eq!(delay.next_due(), Some(3_010));
+        assert_eq!(delay.due(3_010), vec![]);
+        assert_eq!(delay.due(5_499), vec![]);
+        assert_eq!(delay.due(5_600), vec![("r".into(), 2_600)]);
+        assert_eq!(delay.next_due(), Some(5_700));
+        assert_eq!(delay.due(9_000), vec![("s".into(), 2_800)]);
+        assert_eq!((delay.waiting(), delay.next_due()), (0, None));
+        // After its vacated went out, a room's next occupied is reported again.
+        assert!(delay.edge("r", true, 9_100, 9_200));
+    }
+
+    #[test]
+    fn a_stop_reports_every_waiting_vacate_and_no_delay_reports_at_once() {
+        let mut delay = VacateDelay::new(1_000);
+        for (room, now) in [("b", 5), ("a", 7)] {
+            delay.edge(room, true, now, now);
+            delay.edge(room, false, now, now + 100);
+        }
+        assert_eq!(delay.drain(), vec![("b".into(), 105), ("a".into(), 107)]);
+        assert_eq!((delay.waiting(), delay.next_due()), (0, None));
+        let mut none = VacateDelay::new(0);
+        assert!(none.edge("r", true, 0, 0));
+        assert!(none.edge("r", false, 0, 0));
+        assert_eq!(none.waiting(), 0);
     }
 }

@@ -14,6 +14,8 @@ use std::sync::Arc;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry<T> {
     pub seq: u64,
+    /// The key the event's idempotency id is kept under (livegate's keeps a client's ids
+    /// apart from backends' and other users': `names::idempotency_key`).
     pub id: Arc<str>,
     pub ts_ms: u64,
     pub payload: T,

@@ -3,7 +3,8 @@
 //! for a flush and one flusher thread turns every request that arrived meanwhile into a
 //! single `sled::Db::flush` (one fsync for many events).
 //!
-//! Trees: `meta` (schema version, token secret), `room_head` (room → epoch + head),
+//! Trees: `meta` (schema version, token secret, the epoch of new rooms), `room_head`
+//! (room → epoch + head; written by a room's first publish or state, never by a read),
 //! `room_event` (room 0x00 seq → event), `token_nonce` (nonce → expiry),
 //! `session_owner` (session → owner record), `user_session` (user 0x00 session → ()),
 //! `user_migration` (user → last migration time), `directory_queue` (cluster mode: session
@@ -251,6 +252,26 @@ impl Store {
         let stored = self.meta.get(&key)?.ok_or(StoreError::Closed)?;
         self.db.flush()?;
         Ok(stored.to_vec())
+    }
+
+    /// The epoch of every room first written by this store (16 hex digits), made on first
+    /// use and kept for good (`meta` key `rooms_epoch`). A room never published to has no
+    /// record and answers this epoch, and its first publish stores it: a client told the
+    /// epoch of an empty room recovers with it, across restarts too. A new data directory
+    /// makes a new one, so its rooms' seqs are never taken for an old directory's.
+    pub fn rooms_epoch(&self) -> Result<String, StoreError> {
+        const KEY: &str = "rooms_epoch";
+        if let Some(existing) = self.meta.get(KEY)? {
+            return String::from_utf8(existing.to_vec()).map_err(|_| StoreError::Corrupt { tree: "meta", why: "rooms_epoch is not UTF-8".into() });
+        }
+        let mut fresh = [0u8; 8];
+        getrandom::getrandom(&mut fresh)?;
+        let fresh = hex::encode(fresh);
+        // Two callers racing: the first insert wins and both read it back.
+        let _ = self.meta.compare_and_swap(KEY, None as Option<&[u8]>, Some(fresh.as_bytes()))?;
+        let stored = self.meta.get(KEY)?.ok_or(StoreError::Closed)?;
+        self.db.flush()?;
+        String::from_utf8(stored.to_vec()).map_err(|_| StoreError::Corrupt { tree: "meta", why: "rooms_epoch is not UTF-8".into() })
     }
 
     /// The room's head and its newest `max_events` events, or `None` for a room never created.

@@ -3,6 +3,10 @@
 //! (grouped) flush made it durable, so a subscriber never sees an event a crash could
 //! take back. A publish with a state writes event, head and state in one transaction;
 //! the state becomes the room's once that flush returns.
+//!
+//! A room never written has no record: loading it costs one read, and it answers head 0
+//! in the store's [`Store::rooms_epoch`], which its first publish (or state) stores with
+//! it. Subscribes, history and presence of such a room write nothing.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,18 +14,37 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use super::{render, spawn_then, RoomActor, RoomCore, RoomLog, RoomLogs, RoomState};
+use super::{id_key, publish_key, render, spawn_then, RoomActor, RoomCore, RoomLog, RoomLogs, RoomState};
 use crate::actors::messages::*;
-use crate::core::seqlog::{Append, Entry, Retention, SeqLog};
+use crate::core::seqlog::{Append, Entry, SeqLog};
 use crate::store::{EventRecord, StateRecord, Store, StoreError};
-use crate::world::{now_ms, random_hex};
+use crate::world::now_ms;
 
 /// The embedded store's room logs.
-pub struct LocalRoomLogs(pub Store);
+pub struct LocalRoomLogs {
+    store: Store,
+    /// The epoch of rooms never written ([`Store::rooms_epoch`]).
+    epoch: Arc<str>,
+}
+
+impl LocalRoomLogs {
+    pub fn new(store: Store) -> Result<LocalRoomLogs, StoreError> {
+        let epoch = store.rooms_epoch()?.into();
+        Ok(LocalRoomLogs { store, epoch })
+    }
+}
 
 impl RoomLogs for LocalRoomLogs {
     fn open(&self, _room: &Arc<str>) -> Box<dyn RoomLog> {
-        Box::new(LocalLog { store: self.0.clone(), waiting: Vec::new(), flushing_since: None, flushing: false, putting: 0 })
+        Box::new(LocalLog {
+            store: self.store.clone(),
+            new_epoch: self.epoch.clone(),
+            stored: false,
+            waiting: Vec::new(),
+            flushing_since: None,
+            flushing: false,
+            putting: 0,
+        })
     }
 }
 
@@ -33,6 +56,10 @@ struct Waiter {
 
 struct LocalLog {
     store: Store,
+    /// The epoch a room never written answers and stores with its first write.
+    new_epoch: Arc<str>,
+    /// The room has a record (its head, with its epoch) in the store.
+    stored: bool,
     /// Publishers waiting for their event's flush.
     waiting: Vec<Waiter>,
     /// When the running flush was requested.
@@ -96,12 +123,13 @@ impl RoomLog for LocalLog {
     fn load(&mut self, room: &mut RoomCore, _ctx: &mut Context<RoomActor>) {
         let (name, retention) = (&room.name, room.settings.retention);
         room.state = match self.store.load_room(name, retention.max_events) {
-            Ok(None) => RoomState::Absent,
+            Ok(None) => RoomState::Live(SeqLog::restore(self.new_epoch.to_string(), 0, Vec::new(), retention)),
             Ok(Some(stored)) => {
+                self.stored = true;
                 let entries = stored
                     .events
                     .into_iter()
-                    .map(|e| Entry { seq: e.seq, payload: render(name, &e), id: e.id.into(), ts_ms: e.ts_ms })
+                    .map(|e| Entry { seq: e.seq, payload: render(name, &e), id: id_key(&e), ts_ms: e.ts_ms })
                     .collect();
                 let log = SeqLog::restore(stored.head.epoch, stored.head.head, entries, retention);
                 room.settings.metrics.state_reads.inc();
@@ -120,23 +148,17 @@ impl RoomLog for LocalLog {
         };
     }
 
-    fn create(&mut self, room: &str, retention: Retention) -> Result<SeqLog<Arc<Delivery>>, RoomLogError> {
-        let epoch = random_hex(8);
-        self.store.create_room(room, &epoch)?;
-        tracing::debug!(room, %epoch, "room created");
-        Ok(SeqLog::restore(epoch, 0, Vec::new(), retention))
-    }
-
     fn publish(&mut self, room: &mut RoomCore, msg: Publish, ctx: &mut Context<RoomActor>) {
         let name = room.name.clone();
-        let log = match room.live_log(self) {
+        let log = match room.live_log() {
             Ok(log) => log,
             Err(why) => {
                 let _ = msg.reply.send(Err(why.into()));
                 return;
             }
         };
-        if let Some(seq) = log.seq_of(&msg.id) {
+        let key = publish_key(&msg);
+        if let Some(seq) = log.seq_of(&key) {
             if seq <= log.durable() {
                 let _ = msg.reply.send(Ok(Published { seq, epoch: log.epoch().into(), duplicate: true }));
             } else {
@@ -155,8 +177,9 @@ impl RoomLog for LocalLog {
             let _ = msg.reply.send(Err(error.into()));
             return;
         }
+        self.stored = true;
         let rendered = render(&name, &record);
-        match log.append(msg.id, ts_ms, |_| rendered) {
+        match log.append(key, ts_ms, |_| rendered) {
             Append::Appended { seq, trimmed_below } => {
                 self.waiting.push(Waiter { seq, duplicate: false, reply: msg.reply });
                 if let Some(first_kept) = trimmed_below {
@@ -175,18 +198,21 @@ impl RoomLog for LocalLog {
     /// a flush; it becomes the room's state once the events up to its seq are durable.
     fn put_state(&mut self, room: &mut RoomCore, msg: PutState, ctx: &mut Context<RoomActor>) {
         let name = room.name.clone();
-        let (seq, epoch): (u64, Arc<str>) = match room.live_log(self) {
+        let (seq, epoch): (u64, Arc<str>) = match room.live_log() {
             Ok(log) => (log.head(), log.epoch().into()),
             Err(why) => {
                 let _ = msg.reply.send(Err(why.into()));
                 return;
             }
         };
-        if let Err(error) = self.store.put_state(&name, &StateRecord { seq, data: msg.data.to_string() }) {
+        // A room's first write stores its record (with its epoch) too.
+        let created = if self.stored { Ok(()) } else { self.store.create_room(&name, &epoch) };
+        if let Err(error) = created.and_then(|()| self.store.put_state(&name, &StateRecord { seq, data: msg.data.to_string() })) {
             tracing::error!(room = %name, %error, "store write failed");
             let _ = msg.reply.send(Err(error.into()));
             return;
         }
+        self.stored = true;
         self.putting += 1;
         let (reply, data) = (msg.reply, msg.data);
         spawn_then(ctx, self.store.flush_soon(), move |local: &mut LocalLog, room, result, _ctx| {

@@ -29,13 +29,14 @@ use actix::prelude::*;
 
 pub use self::load::RoomLoad;
 pub use self::local::LocalRoomLogs;
-pub use self::occupancy::Occupancy;
+pub use self::occupancy::{DelayedVacate, Occupancy};
 pub use self::presence::PresenceHub;
 pub use self::stream::StreamRoomLogs;
 use super::backlog::{Backlog, Reserve};
 use super::messages::*;
 use crate::cluster::roomlog::StreamEvent;
 use crate::core::batch::{BatchAction, BatchWindow};
+use crate::core::names;
 use crate::core::seqlog::{Recovery, Retention, SeqLog};
 use crate::protocol;
 use crate::store::EventRecord;
@@ -87,8 +88,6 @@ pub trait RoomLog: Any {
     /// Fill `room.state` from what is stored (a log that reads asynchronously sets
     /// `Loading` and holds the room's mailbox until it is done).
     fn load(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>);
-    /// Create a room never written (a new epoch, head 0), on its first write or subscribe.
-    fn create(&mut self, room: &str, retention: Retention) -> Result<SeqLog<Arc<Delivery>>, RoomLogError>;
     /// Store a publish and answer it once it is durable (a known id is a duplicate).
     fn publish(&mut self, room: &mut RoomCore, msg: Publish, ctx: &mut Context<RoomActor>);
     /// Store the room's state as of its head and answer once it is durable.
@@ -164,8 +163,8 @@ fn later<L: RoomLog>(
 enum RoomState {
     /// The retained events are being read (cluster mode).
     Loading,
-    /// Never created: no epoch yet. Reads answer empty; a write creates it.
-    Absent,
+    /// The room's log; a room never written is live too, at head 0 in the epoch its first
+    /// write will store (nothing is written before that).
     Live(SeqLog<Arc<Delivery>>),
     /// The stored state could not be read; every request gets this error.
     Failed(RoomLogError),
@@ -191,7 +190,12 @@ pub trait RoomHome: Send + Sync {
 pub struct RoomActor {
     core: RoomCore,
     log: Box<dyn RoomLog>,
+    /// A [`RoomActor::linger`] check is armed.
+    lingering: bool,
 }
+
+/// How long a room never written to lives without a subscriber or a request.
+const EMPTY_ROOM_LINGER: Duration = Duration::from_secs(1);
 
 /// What a room is whatever keeps its events: its log in memory, its subscribers and its
 /// window.
@@ -222,6 +226,20 @@ pub struct RoomCore {
     occupancy: Option<Arc<dyn Occupancy>>,
     /// Whether the last edge told was "occupied": the room has an explicit subscriber.
     occupied: bool,
+}
+
+/// The key a stored event's idempotency id is kept under in its room's log: a client's
+/// ids are its user's alone ([`names::idempotency_key`]).
+fn id_key(event: &EventRecord) -> Arc<str> {
+    names::idempotency_key(&event.id, event.from.as_deref()).into()
+}
+
+/// [`id_key`] of a publish not yet stored.
+fn publish_key(msg: &Publish) -> Arc<str> {
+    match &msg.from {
+        Some(user) => names::idempotency_key(&msg.id, Some(user.as_str())).into(),
+        None => msg.id.clone(),
+    }
 }
 
 /// Render a stored event once for every subscriber.
@@ -257,7 +275,7 @@ impl RoomActor {
             stopped: false,
             load: None,
         };
-        RoomActor { core, log }
+        RoomActor { core, log, lingering: false }
     }
 
     /// Take over the room's parked subscribers (automatic inbox subscriptions). They get
@@ -282,7 +300,7 @@ impl RoomActor {
     }
 
     fn tick(&mut self, ctx: &mut Context<Self>) {
-        let RoomActor { core, log } = self;
+        let RoomActor { core, log, .. } = self;
         core.trim_expired(log.as_mut());
         if !core.subscribers.is_empty() {
             // A live copy lost while NATS reconnected is found here at the latest.
@@ -298,11 +316,26 @@ impl RoomActor {
         core.report_load();
         core.occupancy_check();
         core.presence_poke(ctx);
-        // An inbox followed only by its users' automatic subscriptions parks them and
-        // stops like an unwatched room: its actor lives while messages come.
-        let unwatched = core.subscribers.values().all(|sub| sub.automatic);
-        let idle = unwatched && core.pending.is_empty() && !log.busy() && !matches!(core.state, RoomState::Loading);
-        if idle && core.last_active.elapsed() >= core.settings.idle_stop {
+        self.stop_if_idle(ctx);
+    }
+
+    /// Stop an unwatched room with nothing pending once it has been idle for
+    /// `room_idle_secs`, or for [`EMPTY_ROOM_LINGER`] when it was never written (it
+    /// holds nothing a restart would not read back). An inbox followed only by its users'
+    /// automatic subscriptions parks them and stops like an unwatched room: its actor
+    /// lives while messages come.
+    fn stop_if_idle(&mut self, ctx: &mut Context<Self>) {
+        let RoomActor { core, log, .. } = self;
+        if core.stopped {
+            return;
+        }
+        let idle = core.unwatched()
+            && core.pending.is_empty()
+            && !log.busy()
+            && !matches!(core.state, RoomState::Loading)
+            && core.presence.settled();
+        let after = if core.never_written() { EMPTY_ROOM_LINGER.min(core.settings.idle_stop) } else { core.settings.idle_stop };
+        if idle && core.last_active.elapsed() >= after {
             let parked: Vec<Parked> = core
                 .subscribers
                 .drain()
@@ -317,6 +350,23 @@ impl RoomActor {
             ctx.stop();
         }
     }
+
+    /// A room that may be empty and unwatched checks again after [`EMPTY_ROOM_LINGER`]
+    /// (one timer at a time) instead of waiting for its tick: a client reading or leaving
+    /// rooms nobody writes to keeps their actors for about a second, not `room_idle_secs`.
+    fn linger(&mut self, ctx: &mut Context<Self>) {
+        let core = &self.core;
+        let may_be_empty = core.never_written() || matches!(core.state, RoomState::Loading);
+        if self.lingering || core.stopped || !may_be_empty || !core.unwatched() {
+            return;
+        }
+        self.lingering = true;
+        ctx.run_later(EMPTY_ROOM_LINGER, |room, ctx| {
+            room.lingering = false;
+            room.stop_if_idle(ctx);
+            room.linger(ctx);
+        });
+    }
 }
 
 impl RoomCore {
@@ -330,16 +380,25 @@ impl RoomCore {
         Ok(())
     }
 
-    /// The room's log, creating the room (a new epoch, head 0) on first write.
-    fn live_log(&mut self, log: &mut dyn RoomLog) -> Result<&mut SeqLog<Arc<Delivery>>, RoomLogError> {
-        if let RoomState::Absent = self.state {
-            self.state = RoomState::Live(log.create(&self.name, self.settings.retention)?);
-        }
+    /// The room's log, once it is loaded.
+    fn live_log(&mut self) -> Result<&mut SeqLog<Arc<Delivery>>, RoomLogError> {
         match &mut self.state {
             RoomState::Live(log) => Ok(log),
             RoomState::Failed(why) => Err(why.clone()),
-            RoomState::Absent | RoomState::Loading => Err(RoomLogError::NotLoaded),
+            RoomState::Loading => Err(RoomLogError::NotLoaded),
         }
+    }
+
+    /// A room nobody ever published to (nor set a state of): nothing of it is stored, so
+    /// its actor need not wait `room_idle_secs` once nobody uses it.
+    fn never_written(&self) -> bool {
+        let empty = matches!(&self.state, RoomState::Live(log) if log.head() == 0);
+        empty && self.current.is_none() && self.pending_states.is_empty()
+    }
+
+    /// No subscriber but automatic inbox subscriptions.
+    fn unwatched(&self) -> bool {
+        self.subscribers.values().all(|sub| sub.automatic)
     }
 
     /// Tell the load slot the room's subscribers and head. Only non-inbox rooms have a
@@ -487,16 +546,8 @@ impl RoomCore {
         if self.subscribers.get(&msg.conn).is_some_and(|s| s.generation > msg.generation) {
             return;
         }
-        // An inbox never written to is not created for its automatic subscription.
-        if msg.automatic && matches!(self.state, RoomState::Absent) {
-            let subscriber =
-                Subscriber { to: msg.to, backlog: msg.backlog, generation: msg.generation, automatic: true, presence: false };
-            self.subscribers.insert(msg.conn, subscriber);
-            self.occupancy_check();
-            return;
-        }
         let current = self.current.clone();
-        let events = match self.live_log(log) {
+        let events = match self.live_log() {
             Ok(events) => events,
             Err(why) => {
                 let generation = msg.generation;
@@ -557,9 +608,10 @@ impl Actor for RoomActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.run_interval(self.core.settings.tick, |room, ctx| room.tick(ctx));
-        let RoomActor { core, log } = self;
+        let RoomActor { core, log, .. } = self;
         log.load(core, ctx);
         core.report_load();
+        self.linger(ctx);
     }
 }
 
@@ -675,6 +727,7 @@ impl Handler<Unsubscribe> for RoomActor {
         core.last_active = Instant::now();
         core.report_load();
         core.presence_poke(ctx);
+        self.linger(ctx);
     }
 }
 
@@ -703,12 +756,7 @@ impl Handler<ReadHistory> for RoomActor {
         self.core.admit()?;
         self.core.trim_expired(self.log.as_mut());
         Ok(match &self.core.state {
-            RoomState::Absent | RoomState::Failed(_) | RoomState::Loading => HistoryPage {
-                epoch: None,
-                head: 0,
-                events: Vec::new(),
-                complete: matches!(self.core.state, RoomState::Absent),
-            },
+            RoomState::Failed(_) | RoomState::Loading => HistoryPage { epoch: None, head: 0, events: Vec::new(), complete: false },
             RoomState::Live(log) => {
                 let (events, complete) = log.read(msg.since, msg.limit);
                 HistoryPage {

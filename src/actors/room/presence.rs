@@ -212,6 +212,12 @@ impl RoomPresence {
         }
     }
 
+    /// Nothing changed since the last frame and table went out (a room stops only then,
+    /// so the other nodes never keep members it had).
+    pub(super) fn settled(&self) -> bool {
+        !self.dirty
+    }
+
     /// Another node's table of the room changed.
     pub(super) fn remote_changed(&mut self) {
         self.dirty |= self.enabled;

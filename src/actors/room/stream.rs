@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
-use super::{later, render, spawn_then, wait_then, RoomActor, RoomCore, RoomLog, RoomLogs, RoomState};
+use super::{id_key, later, publish_key, render, spawn_then, wait_then, RoomActor, RoomCore, RoomLog, RoomLogs, RoomState};
 use crate::actors::messages::*;
 use crate::cluster::roomlog::{self, AppendError, Appended, LoadedRoom, StoredState, StreamEvent};
 use crate::cluster::{Cluster, ClusterError};
 use crate::core::backoff::{Backoff, BackoffPolicy, Jitter};
-use crate::core::seqlog::{Entry, Retention, SeqLog};
+use crate::core::seqlog::{Entry, SeqLog};
 use crate::store::EventRecord;
 use crate::world::{now_ms, random_u64};
 
@@ -75,7 +75,7 @@ struct StreamLog {
 }
 
 fn entry(room: &str, event: &EventRecord) -> Entry<Arc<Delivery>> {
-    Entry { seq: event.seq, payload: render(room, event), id: event.id.as_str().into(), ts_ms: event.ts_ms }
+    Entry { seq: event.seq, payload: render(room, event), id: id_key(event), ts_ms: event.ts_ms }
 }
 
 impl StreamLog {
@@ -175,7 +175,7 @@ impl StreamLog {
             return;
         }
         // A queued id the stream got meanwhile (a retry racing its original) is answered.
-        while let Some(seq) = self.queue.front().and_then(|front| log.seq_of(&front.id)) {
+        while let Some(seq) = self.queue.front().and_then(|front| log.seq_of(&publish_key(front))) {
             let msg = self.queue.pop_front().expect("front exists");
             let _ = msg.reply.send(Ok(Published { seq, epoch: log.epoch().into(), duplicate: true }));
         }
@@ -273,7 +273,7 @@ impl StreamLog {
             return;
         }
         let payload = render(&room.name, &stored.event);
-        if log.append_sequenced(seq, stored.event.id.as_str().into(), stored.event.ts_ms, payload.clone()).is_ok() {
+        if log.append_sequenced(seq, id_key(&stored.event), stored.event.ts_ms, payload.clone()).is_ok() {
             self.last_stream_seq = stored.stream_seq;
             match stored.state {
                 Some(data) => room.offer_state(StateAt { seq, data: data.into() }),
@@ -306,20 +306,15 @@ impl RoomLog for StreamLog {
         wait_then(ctx, load, |stream: &mut StreamLog, room, loaded, ctx| stream.loaded(room, loaded, ctx));
     }
 
-    /// The stream always names the room's epoch: a room is never absent here.
-    fn create(&mut self, _room: &str, _retention: Retention) -> Result<SeqLog<Arc<Delivery>>, RoomLogError> {
-        Err(RoomLogError::NotLoaded)
-    }
-
     fn publish(&mut self, room: &mut RoomCore, msg: Publish, ctx: &mut Context<RoomActor>) {
-        let log = match room.live_log(self) {
+        let log = match room.live_log() {
             Ok(log) => log,
             Err(why) => {
                 let _ = msg.reply.send(Err(why.into()));
                 return;
             }
         };
-        if let Some(seq) = log.seq_of(&msg.id) {
+        if let Some(seq) = log.seq_of(&publish_key(&msg)) {
             let _ = msg.reply.send(Ok(Published { seq, epoch: log.epoch().into(), duplicate: true }));
             return;
         }
@@ -348,7 +343,7 @@ impl RoomLog for StreamLog {
 
     /// Queued with the publishes: written between appends, as of the head then.
     fn put_state(&mut self, room: &mut RoomCore, msg: PutState, ctx: &mut Context<RoomActor>) {
-        if let Err(why) = room.live_log(self) {
+        if let Err(why) = room.live_log() {
             let _ = msg.reply.send(Err(why.into()));
             return;
         }

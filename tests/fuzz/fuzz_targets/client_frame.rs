@@ -1,6 +1,7 @@
 //! `protocol::parse_client_frame` on arbitrary text: every input is either a request or a
 //! `FrameError`, never a panic. The connection hands the parser whatever a client sent in
 //! a text frame, so this is the first thing a hostile client reaches after the upgrade.
+//! A publish's `data` and `state` are kept as the client's bytes (issue 29).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -16,6 +17,11 @@ fn check(text: &str) {
                 &request.op
             {
                 assert!(text.len() >= room.len(), "room {room:?} longer than the frame {text:?}");
+            }
+            // A publish keeps `data` and `state` as the client's bytes: slices of the frame.
+            if let ClientOp::Publish { data, state, .. } = &request.op {
+                assert!(text.contains(data.as_str()), "data {data:?} is not the frame's bytes {text:?}");
+                assert!(state.as_deref().is_none_or(|s| text.contains(s)), "state {state:?} is not the frame's bytes {text:?}");
             }
         }
         Err(error) => assert!(!error.message.is_empty(), "empty error message for {text:?}"),
