@@ -1,7 +1,9 @@
 //! The connection registry: every live connection by id and by (user, device). Exclusive
 //! device kinds keep one connection per user (a newer one replaces the older, closed with
 //! 4501); other kinds (web tabs) may have many. Kicks close a user's connections and
-//! answer once each of them has handled its close.
+//! answer once each of them has handled its close. Kicks are remembered for a while
+//! (`core::kicks`): a connection whose handshake checked its credential before a kick
+//! was durable, and registers after the kick looked for connections, is closed as kicked.
 //!
 //! In cluster mode a new exclusive-device connection is announced through a [`UserBus`]
 //! (NATS), and every other node closes that user's older connection on that device
@@ -16,6 +18,7 @@ use actix::prelude::*;
 
 use super::messages::*;
 use crate::core::drain::{drain_batches, reconnect_hint_ms};
+use crate::core::kicks::{Admission, RecentKicks};
 use crate::protocol::CloseCode;
 use crate::world::now_ms;
 
@@ -36,6 +39,11 @@ pub struct RemoteReplace {
     pub device: String,
     pub at_ms: u64,
 }
+
+/// How long a kick is remembered for connections registering after it. A handshake
+/// slower than this from its credential check to its registration, with a kick
+/// forgotten meanwhile, is closed as kicked (`Admission::TooOld`).
+const KICK_MEMORY: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Longest a kick waits for its connections to stop.
 const KICK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -59,6 +67,8 @@ pub struct Registry {
     connections: HashMap<ConnId, Entry>,
     by_user: HashMap<Arc<str>, Vec<ConnId>>,
     kicks: Vec<PendingKick>,
+    /// Kicks of the last `KICK_MEMORY`, for connections that register after them.
+    recent_kicks: RecentKicks,
     /// Cluster mode: where other nodes hear of exclusive-device connections made here.
     bus: Option<Arc<dyn UserBus>>,
 }
@@ -70,6 +80,7 @@ impl Registry {
             connections: HashMap::new(),
             by_user: HashMap::new(),
             kicks: Vec::new(),
+            recent_kicks: RecentKicks::new(KICK_MEMORY.as_millis() as u64),
             bus,
         }
     }
@@ -121,6 +132,14 @@ impl Handler<Register> for Registry {
 
     fn handle(&mut self, msg: Register, _ctx: &mut Self::Context) {
         let since_ms = now_ms();
+        let credential = msg.credential;
+        let admission = self.recent_kicks.admit(&msg.user, &msg.device, credential.issued_at_ms, credential.checked_at_ms, since_ms);
+        if admission != Admission::Clear {
+            // Closed as kicked, which also revokes the resume credential its welcome held.
+            tracing::info!(conn = msg.conn, user = %msg.user, ?admission, "a connection registering after a kick is closed");
+            msg.to.do_send(CloseConnection { code: CloseCode::Kicked, reason: "closed by an operator".into(), force: false });
+            return;
+        }
         if self.exclusive_devices.contains(&*msg.device) {
             self.replace(&msg.user, &msg.device, u64::MAX);
             if let Some(bus) = &self.bus {
@@ -162,6 +181,7 @@ impl Handler<Kick> for Registry {
     /// Answers once every kicked connection has stopped (its client answered the Close,
     /// or the close handshake timed out).
     fn handle(&mut self, msg: Kick, _ctx: &mut Self::Context) -> Self::Result {
+        self.recent_kicks.remember(&msg.user, msg.device.as_deref(), msg.at_ms, now_ms());
         let targets = self.of_user(&msg.user, msg.device.as_deref());
         let close = CloseConnection { code: CloseCode::Kicked, reason: "closed by an operator".into(), force: false };
         let mut waiting = HashSet::new();

@@ -21,6 +21,14 @@ pub fn user_session_key(user: &str, session: &str) -> Vec<u8> {
     key
 }
 
+/// `user` (a kick of every device) or `user 0x00 device` (a kick of one device).
+pub fn user_kick_key(user: &str, device: Option<&str>) -> Vec<u8> {
+    match device {
+        None => user.as_bytes().to_vec(),
+        Some(device) => user_session_key(user, device),
+    }
+}
+
 /// `last_seen_ms session`: sessions by the time their last connection closed.
 pub fn expiry_key(last_seen_ms: u64, session: &str) -> Vec<u8> {
     let mut key = Vec::with_capacity(8 + session.len());
