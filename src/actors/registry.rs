@@ -250,3 +250,53 @@ impl Handler<CountConnections> for Registry {
         self.connections.len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::actors::connection::CredentialTimes;
+
+    /// In a connection's place: notes the close codes it is sent.
+    struct Closes(Arc<parking_lot::Mutex<Vec<CloseCode>>>);
+
+    impl Actor for Closes {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<CloseConnection> for Closes {
+        type Result = ();
+        fn handle(&mut self, msg: CloseConnection, _ctx: &mut Context<Self>) {
+            self.0.lock().push(msg.code);
+        }
+    }
+
+    /// The race of issue 29 item 3: a handshake checked the durable kicks just before a
+    /// kick, and its connection registers just after the kick looked for connections.
+    #[test]
+    fn a_connection_registering_after_a_kick_with_an_older_credential_is_closed_as_kicked() {
+        actix_web::rt::System::new().block_on(async {
+            let registry = Registry::new(Vec::<String>::new(), None).start();
+            let codes = Arc::new(parking_lot::Mutex::new(Vec::new()));
+            let conn = Closes(codes.clone()).start();
+            let at_ms = now_ms();
+            let kick = Kick { user: "u".into(), device: None, at_ms };
+            assert_eq!(registry.send(kick).await.unwrap(), 0, "nobody registered yet");
+            let register = |id, user: &str, issued_at_ms| Register {
+                conn: id,
+                user: user.into(),
+                device: "web".into(),
+                to: conn.clone().recipient(),
+                credential: CredentialTimes { issued_at_ms, checked_at_ms: at_ms - 1 },
+            };
+            registry.send(register(1, "u", at_ms - 5)).await.unwrap();
+            registry.send(register(2, "u", at_ms + 1)).await.unwrap();
+            registry.send(register(3, "v", at_ms - 5)).await.unwrap();
+            assert_eq!(registry.send(CountConnections).await.unwrap(), 2, "the credential issued after, and another user's");
+            // The mailbox is in order: the marker comes after whatever the registry sent.
+            conn.send(CloseConnection { code: CloseCode::Normal, reason: String::new(), force: false }).await.unwrap();
+            assert_eq!(*codes.lock(), [CloseCode::Kicked, CloseCode::Normal]);
+        });
+    }
+}
