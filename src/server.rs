@@ -335,7 +335,7 @@ impl Backends {
                 room_logs: Arc::new(LocalRoomLogs::new(store.clone())?),
                 sessions: Arc::new(store.clone()),
                 kv: None,
-                nonces: Arc::new(StoreNonces { store: store.clone(), resume_ttl: config.resume_ttl() }),
+                nonces: Arc::new(StoreNonces::new(store, config)),
                 user_bus: None,
                 token_secret: store.secret("token")?,
             });
@@ -347,7 +347,7 @@ impl Backends {
             kv: Some(kv),
             nonces: Arc::new(ClusterNonces {
                 cluster: cluster.clone(),
-                local: StoreNonces { store: store.clone(), resume_ttl: config.resume_ttl() },
+                local: StoreNonces::new(store, config),
                 sending: Default::default(),
             }),
             user_bus: Some(Arc::new(ClusterUserBus(cluster.clone()))),
@@ -526,9 +526,9 @@ async fn purge_expired(store: Store, migration_window_ms: u64, token_ttl_max: Du
         actix_web::rt::time::sleep(every).await;
         let store = store.clone();
         let purged = actix_web::rt::task::spawn_blocking(move || {
-            (store.purge_nonces(now_ms()), store.purge_migrations(now_ms(), migration_window_ms))
+            (store.purge_nonces(now_ms()), store.purge_kicks(now_ms()), store.purge_migrations(now_ms(), migration_window_ms))
         });
-        let (nonces, migrations) = match purged.await {
+        let (nonces, kicks, migrations) = match purged.await {
             Ok(results) => results,
             Err(error) => {
                 tracing::error!(%error, "the purge thread failed");
@@ -539,6 +539,11 @@ async fn purge_expired(store: Store, migration_window_ms: u64, token_ttl_max: Du
             Ok(0) => {}
             Ok(n) => tracing::debug!(purged = n, "expired token nonces forgotten"),
             Err(error) => tracing::warn!(%error, "could not purge token nonces"),
+        }
+        match kicks {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(purged = n, "kicks older than every credential forgotten"),
+            Err(error) => tracing::warn!(%error, "could not purge kicks"),
         }
         match migrations {
             Ok(0) => {}
@@ -603,10 +608,15 @@ impl NodeEvents for NodeActors {
         self.registry.do_send(RemoteReplace { user, device, at_ms });
     }
 
-    fn kick(&self, user: String, device: Option<String>) -> LocalBoxFuture<'static, usize> {
+    fn kick(&self, user: String, device: Option<String>, at_ms: u64) -> LocalBoxFuture<'static, usize> {
         let (registry, nonces) = (self.registry.clone(), self.nonces.clone());
         Box::pin(async move {
-            let closed = registry.send(Kick { user, device }).await.unwrap_or(0);
+            // The asking node recorded the kick in NATS before it asked; this node's store
+            // gets it too, so it holds here while NATS is away.
+            if let Err(error) = nonces.kick_user(&user, device.as_deref(), at_ms).await {
+                tracing::warn!(%error, user, "kick: not recorded in this node's store");
+            }
+            let closed = registry.send(Kick { user, device, at_ms }).await.unwrap_or(0);
             if let Err(error) = nonces.revocations_durable().await {
                 tracing::warn!(%error, "kick: the revocations are not flushed");
             }

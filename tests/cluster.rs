@@ -12,7 +12,8 @@
 //!   nothing acknowledged is lost, nothing is delivered twice;
 //! - exclusive devices (4501) and kicks (4502, with the count) across nodes;
 //! - a resume credential from one node opens the same session on another, once, and a
-//!   kick through either node voids it on both;
+//!   kick through either node voids it on both, also when the user was connected nowhere
+//!   (and the tokens minted before it);
 //! - `/v1/route` stops naming a killed node, and a draining one, in time;
 //! - a client's publish on one node to a room another node writes reaches every node's
 //!   subscribers with its `from`.
@@ -1504,6 +1505,44 @@ fn a_resume_credential_from_a_works_once_on_b_and_a_kick_through_a_voids_it_on_b
         failures.push(e);
     }
     fail_with_logs(&cluster, "resume across nodes", &failures, &LOG_NEEDLES);
+}
+
+#[test]
+fn a_kick_on_a_voids_on_b_the_credentials_of_a_user_connected_nowhere() {
+    let _serial = serial();
+    let cluster = Cluster::start(2, &SHORT_DRAIN);
+    let rt = runtime();
+    let (a, b) = (cluster.addr(0), cluster.addr(1));
+    let user = "leaver";
+    let first = rt.block_on(WsClient::connect(a, &try_mint(a, user, "web").expect("token"), None));
+    let kept = resume_of(&first);
+    rt.block_on(first.close());
+    let saved_token = try_mint(a, user, "web").expect("token");
+    let gone = wait_until(WAIT, || cluster.http(0).metric_total("livegate_connections_open") == 0.0);
+    assert!(gone, "the client's connection on a must be gone before the kick");
+
+    let mut failures = Vec::new();
+    let (status, reply) = cluster.http(0).request("DELETE", &format!("/v1/users/{user}/connections"), Auth::Key, Body::None);
+    if status != 200 || reply["closed"] != 0 {
+        failures.push(format!("kick on a: {status} {reply}, expected 200 with closed 0"));
+    }
+    if let Err(e) = refused_as_invalid("a's resume credential on b after the kick on a", rt.block_on(try_resume(b, &kept))) {
+        failures.push(e);
+    }
+    match rt.block_on(try_ws(b, saved_token, None)) {
+        Err(e) if e.contains("401") && e.contains("invalid_token") => {}
+        Err(e) => failures.push(format!("a token minted before the kick, on b: {e}, expected 401 invalid_token")),
+        Ok(ws) => failures.push(format!("a token minted before the kick opened a connection on b: {}", ws.welcome)),
+    }
+    match try_mint(b, user, "web") {
+        Ok(token) => {
+            if let Err(e) = rt.block_on(try_ws(b, token, None)) {
+                failures.push(format!("a token minted after the kick: {e}"));
+            }
+        }
+        Err(e) => failures.push(e),
+    }
+    fail_with_logs(&cluster, "kick of a user connected nowhere", &failures, &LOG_NEEDLES);
 }
 
 // ---------------------------------------------------------------------------------------

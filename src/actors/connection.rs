@@ -92,6 +92,18 @@ pub struct Identity {
     pub warmup: bool,
     /// This connection's one-time resume credential (sent in `welcome`).
     pub resume: Option<ResumeGrant>,
+    /// When the credential it opened with was issued and checked against the kicks.
+    pub credential: CredentialTimes,
+}
+
+/// The times the registry judges a registering connection by (`core::kicks`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CredentialTimes {
+    /// When the credential was issued (a token without an issue time: the earliest it
+    /// could have been).
+    pub issued_at_ms: u64,
+    /// When the handshake read the durable kicks.
+    pub checked_at_ms: u64,
 }
 
 /// A room a connection subscribes to as it starts (an SSE stream's `rooms`), with the
@@ -801,6 +813,7 @@ impl Actor for Connection {
             user: self.identity.user.clone(),
             device: self.identity.device.clone(),
             to: ctx.address().recipient(),
+            credential: self.identity.credential,
         });
         ctx.run_interval(self.settings.heartbeat, |conn, ctx| conn.heartbeat(ctx));
         if let Some(timeout) = self.settings.subscribe_timeout {

@@ -389,6 +389,8 @@ pub struct Register {
     pub user: Arc<str>,
     pub device: Arc<str>,
     pub to: Recipient<CloseConnection>,
+    /// A kick the handshake's check missed closes it (`core::kicks`).
+    pub credential: super::connection::CredentialTimes,
 }
 
 #[derive(Message)]
@@ -404,6 +406,9 @@ pub struct Unregister {
 pub struct Kick {
     pub user: String,
     pub device: Option<String>,
+    /// When the kick was made (its durable record says the same): the registry remembers
+    /// it for connections that register later with an older credential.
+    pub at_ms: u64,
 }
 
 /// Close every connection; replies with how many were asked to close.

@@ -1,7 +1,9 @@
 //! The connection registry: every live connection by id and by (user, device). Exclusive
 //! device kinds keep one connection per user (a newer one replaces the older, closed with
 //! 4501); other kinds (web tabs) may have many. Kicks close a user's connections and
-//! answer once each of them has handled its close.
+//! answer once each of them has handled its close. Kicks are remembered for a while
+//! (`core::kicks`): a connection whose handshake checked its credential before a kick
+//! was durable, and registers after the kick looked for connections, is closed as kicked.
 //!
 //! In cluster mode a new exclusive-device connection is announced through a [`UserBus`]
 //! (NATS), and every other node closes that user's older connection on that device
@@ -16,6 +18,7 @@ use actix::prelude::*;
 
 use super::messages::*;
 use crate::core::drain::{drain_batches, reconnect_hint_ms};
+use crate::core::kicks::{Admission, RecentKicks};
 use crate::protocol::CloseCode;
 use crate::world::now_ms;
 
@@ -36,6 +39,11 @@ pub struct RemoteReplace {
     pub device: String,
     pub at_ms: u64,
 }
+
+/// How long a kick is remembered for connections registering after it. A handshake
+/// slower than this from its credential check to its registration, with a kick
+/// forgotten meanwhile, is closed as kicked (`Admission::TooOld`).
+const KICK_MEMORY: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Longest a kick waits for its connections to stop.
 const KICK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -59,6 +67,8 @@ pub struct Registry {
     connections: HashMap<ConnId, Entry>,
     by_user: HashMap<Arc<str>, Vec<ConnId>>,
     kicks: Vec<PendingKick>,
+    /// Kicks of the last `KICK_MEMORY`, for connections that register after them.
+    recent_kicks: RecentKicks,
     /// Cluster mode: where other nodes hear of exclusive-device connections made here.
     bus: Option<Arc<dyn UserBus>>,
 }
@@ -70,6 +80,7 @@ impl Registry {
             connections: HashMap::new(),
             by_user: HashMap::new(),
             kicks: Vec::new(),
+            recent_kicks: RecentKicks::new(KICK_MEMORY.as_millis() as u64),
             bus,
         }
     }
@@ -121,6 +132,14 @@ impl Handler<Register> for Registry {
 
     fn handle(&mut self, msg: Register, _ctx: &mut Self::Context) {
         let since_ms = now_ms();
+        let credential = msg.credential;
+        let admission = self.recent_kicks.admit(&msg.user, &msg.device, credential.issued_at_ms, credential.checked_at_ms, since_ms);
+        if admission != Admission::Clear {
+            // Closed as kicked, which also revokes the resume credential its welcome held.
+            tracing::info!(conn = msg.conn, user = %msg.user, ?admission, "a connection registering after a kick is closed");
+            msg.to.do_send(CloseConnection { code: CloseCode::Kicked, reason: "closed by an operator".into(), force: false });
+            return;
+        }
         if self.exclusive_devices.contains(&*msg.device) {
             self.replace(&msg.user, &msg.device, u64::MAX);
             if let Some(bus) = &self.bus {
@@ -162,6 +181,7 @@ impl Handler<Kick> for Registry {
     /// Answers once every kicked connection has stopped (its client answered the Close,
     /// or the close handshake timed out).
     fn handle(&mut self, msg: Kick, _ctx: &mut Self::Context) -> Self::Result {
+        self.recent_kicks.remember(&msg.user, msg.device.as_deref(), msg.at_ms, now_ms());
         let targets = self.of_user(&msg.user, msg.device.as_deref());
         let close = CloseConnection { code: CloseCode::Kicked, reason: "closed by an operator".into(), force: false };
         let mut waiting = HashSet::new();
@@ -228,5 +248,55 @@ impl Handler<CountConnections> for Registry {
 
     fn handle(&mut self, _msg: CountConnections, _ctx: &mut Self::Context) -> usize {
         self.connections.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::actors::connection::CredentialTimes;
+
+    /// In a connection's place: notes the close codes it is sent.
+    struct Closes(Arc<parking_lot::Mutex<Vec<CloseCode>>>);
+
+    impl Actor for Closes {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<CloseConnection> for Closes {
+        type Result = ();
+        fn handle(&mut self, msg: CloseConnection, _ctx: &mut Context<Self>) {
+            self.0.lock().push(msg.code);
+        }
+    }
+
+    /// The race of issue 29 item 3: a handshake checked the durable kicks just before a
+    /// kick, and its connection registers just after the kick looked for connections.
+    #[test]
+    fn a_connection_registering_after_a_kick_with_an_older_credential_is_closed_as_kicked() {
+        actix_web::rt::System::new().block_on(async {
+            let registry = Registry::new(Vec::<String>::new(), None).start();
+            let codes = Arc::new(parking_lot::Mutex::new(Vec::new()));
+            let conn = Closes(codes.clone()).start();
+            let at_ms = now_ms();
+            let kick = Kick { user: "u".into(), device: None, at_ms };
+            assert_eq!(registry.send(kick).await.unwrap(), 0, "nobody registered yet");
+            let register = |id, user: &str, issued_at_ms| Register {
+                conn: id,
+                user: user.into(),
+                device: "web".into(),
+                to: conn.clone().recipient(),
+                credential: CredentialTimes { issued_at_ms, checked_at_ms: at_ms - 1 },
+            };
+            registry.send(register(1, "u", at_ms - 5)).await.unwrap();
+            registry.send(register(2, "u", at_ms + 1)).await.unwrap();
+            registry.send(register(3, "v", at_ms - 5)).await.unwrap();
+            assert_eq!(registry.send(CountConnections).await.unwrap(), 2, "the credential issued after, and another user's");
+            // The mailbox is in order: the marker comes after whatever the registry sent.
+            conn.send(CloseConnection { code: CloseCode::Normal, reason: String::new(), force: false }).await.unwrap();
+            assert_eq!(*codes.lock(), [CloseCode::Kicked, CloseCode::Normal]);
+        });
     }
 }

@@ -31,7 +31,8 @@ pub trait NodeEvents: Clone + 'static {
     /// Another node connected `user` on exclusive `device` at `at_ms`.
     fn replaced(&self, user: String, device: String, at_ms: u64);
     /// Close `user`'s connections here (on `device` when named); yields how many closed.
-    fn kick(&self, user: String, device: Option<String>) -> LocalBoxFuture<'static, usize>;
+    /// `at_ms`: when the kick was made on the node that asked.
+    fn kick(&self, user: String, device: Option<String>, at_ms: u64) -> LocalBoxFuture<'static, usize>;
     /// Append a publish forwarded to this node as the room's writer. An error is sent
     /// back as its text (the forwarding node reads it as a [`WriterRefusal`]).
     fn publish(&self, publish: ForwardedPublish) -> LocalBoxFuture<'static, Result<Appended, Box<dyn std::error::Error>>>;
@@ -142,18 +143,15 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
     let (me, replace_events) = (cluster.node.clone(), events.clone());
     actix::spawn(async move {
         while let Some(message) = replaces.next().await {
-            match decode_user_command(&message.payload) {
-                Some((node, user, device, at_ms)) if node != me => {
-                    replace_events.replaced(user, device, at_ms.parse().unwrap_or(u64::MAX))
-                }
-                _ => {}
+            if let Some((user, device, at_ms)) = decode_replace(&message.payload, &me) {
+                replace_events.replaced(user, device, at_ms);
             }
         }
     });
     let (me, kick_client, kick_events) = (cluster.node.clone(), client.clone(), events.clone());
     actix::spawn(async move {
         while let Some(message) = kicks.next().await {
-            let Some((node, user, device, _)) = decode_user_command(&message.payload) else { continue };
+            let Some((node, user, device, at_ms)) = decode_user_command(&message.payload) else { continue };
             let Some(reply) = message.reply else { continue };
             if node == me {
                 continue;
@@ -161,7 +159,10 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
             let (events, client, me) = (kick_events.clone(), kick_client.clone(), me.clone());
             actix::spawn(async move {
                 let device = (!device.is_empty()).then_some(device);
-                let closed = events.kick(user, device).await;
+                // A node of a build before kicks carried their time sends none: now is
+                // the nearest to it.
+                let at_ms = at_ms.parse().unwrap_or_else(|_| crate::world::now_ms());
+                let closed = events.kick(user, device, at_ms).await;
                 let _ = client.publish(reply, encode_kick_answer(&me, closed).into()).await;
             });
         }
@@ -306,6 +307,23 @@ fn decode_user_command(body: &[u8]) -> Option<(String, String, String, String)> 
     Some((parts.next()?.into(), parts.next()?.into(), parts.next()?.into(), parts.next()?.into()))
 }
 
+/// Another node's replacement announcement: `(user, device, at_ms)`, or `None` for this
+/// node's own and for one that does not decode. A malformed time is ignored with a
+/// warning: read as "always", it would replace every connection of the device.
+fn decode_replace(body: &[u8], me: &str) -> Option<(String, String, u64)> {
+    let (node, user, device, at_ms) = decode_user_command(body)?;
+    if node == me {
+        return None;
+    }
+    match at_ms.parse() {
+        Ok(at_ms) => Some((user, device, at_ms)),
+        Err(_) => {
+            tracing::warn!(node, user, device, at_ms, "ignoring a replacement with a malformed time");
+            None
+        }
+    }
+}
+
 /// Tell the other nodes that `user` connected on exclusive `device` at `at_ms`.
 pub async fn announce_replace(cluster: &Cluster, user: &str, device: &str, at_ms: u64) {
     let body = encode_user_command(&cluster.node, user, device, &at_ms.to_string());
@@ -323,6 +341,7 @@ pub async fn kick_remote<Alive: std::future::Future<Output = Vec<String>>>(
     alive: impl Fn() -> Alive,
     user: &str,
     device: Option<&str>,
+    at_ms: u64,
 ) -> Result<usize, ClusterError> {
     let mut waiting_for: HashSet<String> = alive().await.into_iter().collect();
     if waiting_for.is_empty() {
@@ -330,7 +349,7 @@ pub async fn kick_remote<Alive: std::future::Future<Output = Vec<String>>>(
     }
     let inbox = cluster.client.new_inbox();
     let mut answers = cluster.client.subscribe(inbox.clone()).await?;
-    let body = encode_user_command(&cluster.node, user, device.unwrap_or(""), "");
+    let body = encode_user_command(&cluster.node, user, device.unwrap_or(""), &at_ms.to_string());
     cluster.client.publish_with_reply(KICK_SUBJECT, inbox, body.into()).await?;
     let mut closed = 0;
     let deadline = actix_web::rt::time::sleep(KICK_ANSWER_WAIT);
@@ -382,5 +401,16 @@ mod tests {
         assert_eq!(decode_user_command(b"a\nb"), None);
         assert_eq!(decode_kick_answer(encode_kick_answer("b", 3).as_bytes()), Some(("b".into(), 3)));
         assert_eq!(decode_kick_answer(b"3"), None);
+    }
+
+    #[test]
+    fn a_replacement_with_a_malformed_time_is_ignored_not_read_as_always() {
+        let at = |extra: &str| decode_replace(encode_user_command("a", "u", "phone", extra).as_bytes(), "b");
+        assert_eq!(at("17"), Some(("u".into(), "phone".into(), 17)));
+        for malformed in ["", "soon", "-1", "18446744073709551616", "1.5"] {
+            assert_eq!(at(malformed), None, "{malformed:?}");
+        }
+        let own = encode_user_command("b", "u", "phone", "17");
+        assert_eq!(decode_replace(own.as_bytes(), "b"), None, "this node's own announcement");
     }
 }

@@ -202,6 +202,22 @@ from_nats_errors!(
     async_nats::SubscribeError,
 );
 
+/// Compare-and-set rounds a kick record gets against other kicks of the same user.
+const KICK_WRITE_ATTEMPTS: usize = 8;
+
+/// The nonce bucket's key of a user's kick (of every device, or of `device`).
+fn kicked_key(user: &str, device: Option<&str>) -> String {
+    match device {
+        None => format!("kicked.{}", hex::encode(user)),
+        Some(device) => format!("kicked.{}.{}", hex::encode(user), hex::encode(device)),
+    }
+}
+
+/// A kick time as the nonce bucket holds it.
+fn decode_ms(bytes: &[u8]) -> Option<u64> {
+    <[u8; 8]>::try_from(bytes).ok().map(u64::from_be_bytes)
+}
+
 /// The nonce bucket's key of a session's resume revocation.
 fn revoked_key(session: &str) -> String {
     format!("revoked.{}", hex::encode(session))
@@ -354,6 +370,56 @@ impl Cluster {
         }
     }
 
+    /// Give back a nonce [`Cluster::use_nonce`] just marked (nobody else can have marked
+    /// it since): the connection it was spent for was refused before it opened.
+    pub async fn unuse_nonce(&self, nonce: &[u8; 16]) -> Result<(), ClusterError> {
+        if !self.connected() {
+            return Err(ClusterError::Unavailable(Unreachable::NotConnected));
+        }
+        self.nonces.delete(hex::encode(nonce)).await?;
+        Ok(())
+    }
+
+    /// Void every credential of `user` (on `device` only, when given) issued at or before
+    /// `at_ms`, on every node; a later kick wins (compare-and-set on the record). The
+    /// record ages out with the nonce bucket, after the credentials would have expired.
+    pub async fn record_kick(&self, user: &str, device: Option<&str>, at_ms: u64) -> Result<(), ClusterError> {
+        if !self.connected() {
+            return Err(ClusterError::Unavailable(Unreachable::NotConnected));
+        }
+        let key = kicked_key(user, device);
+        let value = || at_ms.to_be_bytes().to_vec().into();
+        for _ in 0..KICK_WRITE_ATTEMPTS {
+            let current = self.nonces.entry(&key).await?.filter(|e| e.operation == nats_kv::Operation::Put);
+            let written = match current {
+                Some(entry) if decode_ms(&entry.value).is_some_and(|stored| stored >= at_ms) => return Ok(()),
+                Some(entry) => match self.nonces.update(&key, value(), entry.revision).await {
+                    Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => false,
+                    other => other.map(|_| true)?,
+                },
+                None => match self.nonces.create(&key, value()).await {
+                    Err(e) if e.kind() == CreateErrorKind::AlreadyExists => false,
+                    other => other.map(|_| true)?,
+                },
+            };
+            if written {
+                return Ok(());
+            }
+        }
+        Err(ClusterError::Contended(user.to_string()))
+    }
+
+    /// When `user` was last kicked on every device or on `device`, whichever is later,
+    /// if within the bucket's age.
+    pub async fn kicked_at(&self, user: &str, device: &str) -> Result<Option<u64>, ClusterError> {
+        if !self.connected() {
+            return Err(ClusterError::Unavailable(Unreachable::NotConnected));
+        }
+        let (every, one) =
+            futures_util::future::join(self.nonces.get(kicked_key(user, None)), self.nonces.get(kicked_key(user, Some(device)))).await;
+        Ok(every?.and_then(|b| decode_ms(&b)).max(one?.and_then(|b| decode_ms(&b))))
+    }
+
     /// Void `session`'s resume credentials issued before `at_ms`, on every node (the
     /// record ages out with the nonce bucket, after the credentials would have expired).
     pub async fn revoke_resumes(&self, session: &str, at_ms: u64) -> Result<(), ClusterError> {
@@ -370,7 +436,7 @@ impl Cluster {
             return Err(ClusterError::Unavailable(Unreachable::NotConnected));
         }
         let value = self.nonces.get(revoked_key(session)).await?;
-        Ok(value.and_then(|bytes| <[u8; 8]>::try_from(bytes.as_ref()).ok()).map(u64::from_be_bytes))
+        Ok(value.and_then(|bytes| decode_ms(&bytes)))
     }
 
     /// Announce this node (every heartbeat period; `draining` when it takes no new clients).

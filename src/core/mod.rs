@@ -8,6 +8,7 @@ pub mod batch;
 pub mod busiest;
 pub mod drain;
 pub mod heartbeats;
+pub mod kicks;
 pub mod lifecycle;
 pub mod limits;
 pub mod liveness;

@@ -16,7 +16,7 @@ pub const MAX_EVENT_ID_LEN: usize = 128;
 
 #[derive(Debug, Error, PartialEq, Eq, Clone)]
 pub enum NameError {
-    #[error("room names are 1 to 128 characters of A-Z a-z 0-9 _ . : -")]
+    #[error("room names are 1 to 128 characters of A-Z a-z 0-9 _ . : - (and @ in an inbox, user:<id>)")]
     BadRoom,
     #[error("user ids are 1 to 123 characters of A-Z a-z 0-9 _ . : - @")]
     BadUser,
@@ -30,8 +30,12 @@ fn is_room_char(c: u8) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b':' | b'-')
 }
 
+/// A room name: room characters, or the inbox of a valid user id (`user:<id>`, so the
+/// `@` a user id may hold is allowed there and nowhere else).
 pub fn check_room(room: &str) -> Result<(), NameError> {
-    let ok = (1..=MAX_ROOM_LEN).contains(&room.len()) && room.bytes().all(is_room_char);
+    let plain = room.bytes().all(is_room_char);
+    let inbox = || inbox_owner(room).is_some_and(|owner| check_user(owner).is_ok());
+    let ok = (1..=MAX_ROOM_LEN).contains(&room.len()) && (plain || inbox());
     ok.then_some(()).ok_or(NameError::BadRoom)
 }
 
@@ -144,6 +148,12 @@ mod tests {
             ("ünïcode", false),
             ("nul\0", false),
             ("star*", false),
+            ("user:ann@example.com", true),
+            ("user:", true),
+            ("ann@example.com", false),
+            ("match:a@b", false),
+            ("user:@", true),
+            ("user:a b@c", false),
         ];
         for (room, ok) in cases {
             assert_eq!(check_room(room).is_ok(), *ok, "room {room:?}");
@@ -156,6 +166,11 @@ mod tests {
         assert_eq!(check_user(""), Err(NameError::BadUser));
         assert_eq!(check_user(&"u".repeat(124)), Err(NameError::BadUser));
         assert!(check_room(&inbox_room(&"u".repeat(123))).is_ok());
+        // Every valid user id's inbox is a valid room: its owner reads and recovers it.
+        for user in ["alice@example.com", "@", "a@b@c", &format!("{}@", "u".repeat(122))] {
+            assert!(check_user(user).is_ok(), "{user}");
+            assert!(check_room(&inbox_room(user)).is_ok(), "the inbox of {user}");
+        }
         assert!(check_device("phone").is_ok());
         assert_eq!(check_device("ph:one"), Err(NameError::BadDevice));
         assert_eq!(check_device(&"d".repeat(33)), Err(NameError::BadDevice));

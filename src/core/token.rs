@@ -11,6 +11,10 @@
 //! body with a second pattern list, `u8 m | m × str publish pattern`, at its end. One
 //! without publish rights is still written as format 1 or 2, so builds that predate
 //! client publish read it, and formats 1 and 2 keep verifying (granting no publish).
+//! A token that says when it was minted (so a later kick of its user voids it) is format
+//! 5: `5 u8 | issued_at_ms u64 BE | expires_at_ms u64 BE | nonce [16] | str user | str
+//! device | u8 n | n × str room | u8 m | m × str publish pattern` (m may be 0); this
+//! build mints only format 5, and formats 1 and 3 keep verifying with no issue time.
 //! The first byte keeps tokens and credentials apart: neither verifies as the other.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -25,6 +29,8 @@ const RESUME_VERSION: u8 = 2;
 const TOKEN_PUBLISH_VERSION: u8 = 3;
 /// A resume credential with publish patterns.
 const RESUME_PUBLISH_VERSION: u8 = 4;
+/// A token with its issue time (and a publish pattern list, possibly empty).
+const TOKEN_ISSUED_VERSION: u8 = 5;
 /// Longer tokens are rejected before any decoding.
 pub const MAX_TOKEN_LEN: usize = 4096;
 
@@ -32,6 +38,8 @@ pub const MAX_TOKEN_LEN: usize = 4096;
 pub struct Claims {
     pub user: String,
     pub device: String,
+    /// When it was minted (format 5); `None` for formats 1 and 3, which do not say.
+    pub issued_at_ms: Option<u64>,
     pub expires_at_ms: u64,
     pub nonce: [u8; 16],
     /// Room patterns the token may read (empty: any room).
@@ -54,6 +62,21 @@ pub struct Resume {
     pub issued_at_ms: u64,
     pub expires_at_ms: u64,
     pub nonce: [u8; 16],
+}
+
+impl Claims {
+    /// When the token was minted, for the kick rule ([`voided_by_kick`]): a token that
+    /// does not say (formats 1 and 3) counts as minted at the earliest it could have
+    /// been, `max_ttl_ms` before its expiry, so a kick never lets an old one through.
+    pub fn issued_at_or_earliest(&self, max_ttl_ms: u64) -> u64 {
+        self.issued_at_ms.unwrap_or(self.expires_at_ms.saturating_sub(max_ttl_ms))
+    }
+}
+
+/// Whether a kick of the credential's user (and device) at `kicked_at_ms` (if any) voids
+/// a credential issued at `issued_at_ms`: every one issued at or before the kick is void.
+pub fn voided_by_kick(issued_at_ms: u64, kicked_at_ms: Option<u64>) -> bool {
+    kicked_at_ms.is_some_and(|at| issued_at_ms <= at)
 }
 
 impl Resume {
@@ -85,7 +108,18 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 }
 
 fn encode_body(claims: &Claims) -> Vec<u8> {
-    let mut body = Vec::with_capacity(64);
+    let mut body = Vec::with_capacity(72);
+    if let Some(issued_at_ms) = claims.issued_at_ms {
+        body.push(TOKEN_ISSUED_VERSION);
+        body.extend_from_slice(&issued_at_ms.to_be_bytes());
+        body.extend_from_slice(&claims.expires_at_ms.to_be_bytes());
+        body.extend_from_slice(&claims.nonce);
+        put_str(&mut body, &claims.user);
+        put_str(&mut body, &claims.device);
+        put_rooms(&mut body, &claims.rooms);
+        put_rooms(&mut body, &claims.publish);
+        return body;
+    }
     body.push(if claims.publish.is_empty() { TOKEN_VERSION } else { TOKEN_PUBLISH_VERSION });
     body.extend_from_slice(&claims.expires_at_ms.to_be_bytes());
     body.extend_from_slice(&claims.nonce);
@@ -156,6 +190,20 @@ impl<'a> Reader<'a> {
 }
 
 fn decode_body(body: &[u8]) -> Result<Claims, TokenError> {
+    if body.first() == Some(&TOKEN_ISSUED_VERSION) {
+        let mut r = Reader(&body[1..]);
+        let issued_at_ms = Some(r.u64()?);
+        let expires_at_ms = r.u64()?;
+        let nonce = r.nonce()?;
+        let user = r.string()?;
+        let device = r.string()?;
+        let rooms = r.patterns()?;
+        let publish = r.patterns()?;
+        if !r.0.is_empty() {
+            return Err(TokenError::Malformed);
+        }
+        return Ok(Claims { user, device, issued_at_ms, expires_at_ms, nonce, rooms, publish });
+    }
     let mut r = Reader(body);
     let with_publish = r.version(TOKEN_VERSION, TOKEN_PUBLISH_VERSION)?;
     let expires_at_ms = r.u64()?;
@@ -163,7 +211,7 @@ fn decode_body(body: &[u8]) -> Result<Claims, TokenError> {
     let user = r.string()?;
     let device = r.string()?;
     let (rooms, publish) = r.patterns_to_end(with_publish)?;
-    Ok(Claims { user, device, expires_at_ms, nonce, rooms, publish })
+    Ok(Claims { user, device, issued_at_ms: None, expires_at_ms, nonce, rooms, publish })
 }
 
 fn encode_resume(resume: &Resume) -> Vec<u8> {
@@ -254,6 +302,7 @@ mod tests {
         Claims {
             user: "u1".into(),
             device: "phone".into(),
+            issued_at_ms: None,
             expires_at_ms: 1_000,
             nonce: [7; 16],
             rooms: vec!["match:*".into()],
@@ -265,8 +314,16 @@ mod tests {
         Claims { publish: vec!["chat:*".into(), "lobby".into()], ..claims() }
     }
 
+    fn issued() -> Claims {
+        Claims { issued_at_ms: Some(400), ..claims() }
+    }
+
     #[test]
     fn round_trip() {
+        for claims in [issued(), Claims { publish: vec!["chat:*".into()], ..issued() }] {
+            let token = sign(b"secret", &claims);
+            assert_eq!(verify(b"secret", &token, 999), Ok(claims));
+        }
         let token = sign(b"secret", &claims());
         assert_eq!(verify(b"secret", &token, 999), Ok(claims()));
         let token = sign(b"secret", &publisher());
@@ -289,6 +346,27 @@ mod tests {
         let mut smuggled = encode_body(&publisher());
         smuggled[0] = TOKEN_VERSION;
         assert_eq!(decode_body(&smuggled), Err(TokenError::Malformed));
+        assert_eq!(encode_body(&issued())[0], TOKEN_ISSUED_VERSION, "a token that says when it was minted");
+    }
+
+    #[test]
+    fn a_kick_voids_what_was_issued_up_to_it_and_a_token_without_an_issue_time_counts_as_old() {
+        const DAY: u64 = 86_400_000;
+        let cases = [
+            // (issued at, kicked at, voided)
+            (500, None, false),
+            (500, Some(499), false),
+            (500, Some(500), true),
+            (500, Some(10_000), true),
+        ];
+        for (issued_at, kicked_at, voided) in cases {
+            assert_eq!(voided_by_kick(issued_at, kicked_at), voided, "issued {issued_at}, kicked {kicked_at:?}");
+        }
+        let minted = Claims { issued_at_ms: Some(DAY + 5), expires_at_ms: DAY + 60_000, ..claims() };
+        assert_eq!(minted.issued_at_or_earliest(DAY), DAY + 5);
+        let unknown = Claims { issued_at_ms: None, ..minted.clone() };
+        assert_eq!(unknown.issued_at_or_earliest(DAY), 60_000, "the earliest it could have been minted");
+        assert_eq!(Claims { expires_at_ms: 10, ..unknown }.issued_at_or_earliest(DAY), 0);
     }
 
 
@@ -370,7 +448,7 @@ mod tests {
 
     #[test]
     fn truncated_or_padded_bodies_are_malformed_not_panics() {
-        for claims in [claims(), publisher()] {
+        for claims in [claims(), publisher(), issued()] {
             let full = encode_body(&claims);
             for cut in 0..full.len() {
                 assert_eq!(decode_body(&full[..cut]), Err(TokenError::Malformed), "cut {cut}");

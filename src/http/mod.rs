@@ -13,7 +13,9 @@ use serde::Deserialize;
 
 use crate::actors::transport::Transport;
 use crate::actors::wsio::{Accepted, WsIo};
-use crate::actors::connection::{Connection, ConnectionSettings, Identity, InitialSubscription, ResumeGrant, HISTORY_DEFAULT_LIMIT};
+use crate::actors::connection::{
+    Connection, ConnectionSettings, CredentialTimes, Identity, InitialSubscription, ResumeGrant, HISTORY_DEFAULT_LIMIT,
+};
 use crate::core::lifecycle::{Lifecycle, Phase};
 use crate::actors::directory::{Directory, DirectoryError, OpenSession, SessionStore};
 use crate::actors::liveness::{LivenessActor, Route};
@@ -333,9 +335,10 @@ struct Grants {
 
 /// Sign a fresh one-time token (a new nonce) and answer it as 201 `{"token","expires_at_ms"}`.
 fn issue_token(state: &AppState, user: String, device: String, ttl_secs: u64, grants: Grants) -> HttpResponse {
-    let expires_at_ms = now_ms() + ttl_secs * 1000;
+    let issued_at_ms = now_ms();
+    let expires_at_ms = issued_at_ms + ttl_secs * 1000;
     let Grants { rooms, publish } = grants;
-    let claims = token::Claims { user, device, expires_at_ms, nonce: random_bytes(), rooms, publish };
+    let claims = token::Claims { user, device, issued_at_ms: Some(issued_at_ms), expires_at_ms, nonce: random_bytes(), rooms, publish };
     let reply = TokenReply { token: token::sign(&state.token_secret, &claims), expires_at_ms };
     state.metrics.tokens_minted.inc();
     json(StatusCode::CREATED, protocol::to_json(&reply))
@@ -439,14 +442,29 @@ async fn kick(
     let user = user.into_inner();
     check_user(&user)?;
     let device = query.into_inner().device;
-    let here = state.registry.send(Kick { user: user.clone(), device: device.clone() });
-    let elsewhere = state.other_nodes.kick(&user, device.as_deref());
+    if let Some(device) = &device {
+        names::check_device(device).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    }
+    // The door first: every credential issued to the user up to now is void once this is
+    // durable, connected or not, on every node. Only then are the connections looked
+    // for, so a handshake that checked before the record was there is either registered
+    // by then (and closed below) or registers later and meets the registry's memory of
+    // this kick (`core::kicks`).
+    let at_ms = now_ms();
+    state.nonces.kick_user(&user, device.as_deref(), at_ms).await.map_err(internal)?;
+    let here = state.registry.send(Kick { user: user.clone(), device: device.clone(), at_ms });
+    let elsewhere = state.other_nodes.kick(&user, device.as_deref(), at_ms);
     let (here, elsewhere) = futures_util::future::join(here, elsewhere).await;
     let closed = here.map_err(internal)? + elsewhere.map_err(internal)?;
     // The kicked connections revoked their sessions' resume credentials before they
     // stopped (other nodes before they answered): the answer waits until that is durable,
     // so a crash right after it cannot bring the credentials back.
     state.nonces.revocations_durable().await.map_err(internal)?;
+    // A token minted after this answer must be issued after the kick (the rule is "at or
+    // before"): never answer within the kick's own millisecond.
+    while now_ms() <= at_ms {
+        actix_web::rt::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
     Ok(json(StatusCode::OK, protocol::to_json(&protocol::KickReply { closed })))
 }
 
@@ -517,6 +535,17 @@ struct Verified {
     nonce: [u8; 16],
     expires_at_ms: u64,
     kind: CredentialKind,
+    times: CredentialTimes,
+}
+
+/// A spent credential: who it names, and where its nonce was marked, to give it back if
+/// the handshake is refused with something the client is told to retry.
+struct Spent {
+    who: Credentialed,
+    nonce: [u8; 16],
+    spent_in: seams::SpentIn,
+    kind: CredentialKind,
+    times: CredentialTimes,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -542,6 +571,8 @@ fn resume_invalid(why: &str) -> ApiError {
 /// Verify the handshake's credential without spending it: a resume credential when
 /// given, else the token.
 async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<Verified, ApiError> {
+    // Read before the revocations are: a kick this check misses was durable only after
+    // it, which is what the registry's memory of kicks is judged by (`core::kicks`).
     let now = now_ms();
     if let Some(credential) = query.resume.as_deref() {
         let resume = token::verify_resume(&state.token_secret, credential, now).map_err(|e| {
@@ -551,10 +582,18 @@ async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<V
                 token::TokenError::Expired => "has expired",
             })
         })?;
-        let revoked_at = state.nonces.resumes_revoked_at(&resume.session).await.map_err(internal)?;
-        if resume.revoked_by(revoked_at) {
+        let (revoked_at, kicked_at) = futures_util::future::join(
+            state.nonces.resumes_revoked_at(&resume.session),
+            state.nonces.kicked_at(&resume.user, &resume.device),
+        )
+        .await;
+        if resume.revoked_by(revoked_at.map_err(internal)?) {
             return Err(resume_invalid("was revoked (its session was kicked or replaced)"));
         }
+        if token::voided_by_kick(resume.issued_at_ms, kicked_at.map_err(internal)?) {
+            return Err(resume_invalid("was revoked (its user was kicked)"));
+        }
+        let times = CredentialTimes { issued_at_ms: resume.issued_at_ms, checked_at_ms: now };
         let who = Credentialed {
             user: resume.user,
             device: resume.device,
@@ -562,7 +601,7 @@ async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<V
             publish: resume.publish,
             session: Some(resume.session),
         };
-        return Ok(Verified { who, nonce: resume.nonce, expires_at_ms: resume.expires_at_ms, kind: CredentialKind::Resume });
+        return Ok(Verified { who, nonce: resume.nonce, expires_at_ms: resume.expires_at_ms, kind: CredentialKind::Resume, times });
     }
     let token = query.token.as_deref().ok_or_else(|| api_error(ErrorCode::MissingToken, "missing token query parameter"))?;
     let claims = token::verify(&state.token_secret, token, now).map_err(|e| {
@@ -572,21 +611,50 @@ async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<V
         };
         api_error(code, e.to_string())
     })?;
+    let issued_at_ms = claims.issued_at_or_earliest(state.config.token_ttl_max().as_millis() as u64);
+    if token::voided_by_kick(issued_at_ms, state.nonces.kicked_at(&claims.user, &claims.device).await.map_err(internal)?) {
+        return Err(api_error(ErrorCode::InvalidToken, "token was revoked: its user was kicked after it was minted"));
+    }
+    let times = CredentialTimes { issued_at_ms, checked_at_ms: now };
     let who =
         Credentialed { user: claims.user, device: claims.device, rooms: claims.rooms, publish: claims.publish, session: query.session };
-    Ok(Verified { who, nonce: claims.nonce, expires_at_ms: claims.expires_at_ms, kind: CredentialKind::Token })
+    Ok(Verified { who, nonce: claims.nonce, expires_at_ms: claims.expires_at_ms, kind: CredentialKind::Token, times })
 }
 
-/// Spend a verified credential's nonce: from here it opens nothing else.
-async fn spend_credential(verified: Verified, state: &AppState) -> Result<Credentialed, ApiError> {
-    if !state.nonces.use_nonce(&verified.nonce, verified.expires_at_ms).await.map_err(internal)? {
-        return Err(match verified.kind {
+/// Spend a verified credential's nonce: from here it opens nothing else, unless it is
+/// given back ([`give_back`]).
+async fn spend_credential(verified: Verified, state: &AppState) -> Result<Spent, ApiError> {
+    let Verified { who, nonce, expires_at_ms, kind, times } = verified;
+    let Some(spent_in) = state.nonces.use_nonce(&nonce, expires_at_ms).await.map_err(internal)? else {
+        return Err(match kind {
             CredentialKind::Resume => resume_invalid("was already used"),
             CredentialKind::Token => api_error(ErrorCode::TokenReplayed, "token was already used"),
         });
+    };
+    Ok(Spent { who, nonce, spent_in, kind, times })
+}
+
+/// A refusal the client is told to retry (`migration_budget`, `directory_unavailable`)
+/// leaves its credential usable: the nonce this handshake marked is given back. Nothing
+/// was opened with it, and while it was marked no other handshake could spend it, so a
+/// credential still opens at most one connection.
+async fn give_back(state: &AppState, spent: &Spent) {
+    if let Err(error) = state.nonces.unuse_nonce(&spent.nonce, spent.spent_in).await {
+        tracing::warn!(%error, "a refused handshake's credential stays spent");
     }
-    state.metrics.handshake_credential(verified.kind.label());
-    Ok(verified.who)
+}
+
+/// The directory's refusals of a session, as answers; `true` when the client is told to
+/// retry (the credential is given back).
+fn directory_refusal(error: DirectoryError) -> (ApiError, bool) {
+    match error {
+        DirectoryError::Budget(refusal) => {
+            let crate::core::sessions::BudgetError::Spent { retry_after_secs } = refusal;
+            (api_error(ErrorCode::MigrationBudget, refusal.to_string()).retry_after(retry_after_secs), true)
+        }
+        DirectoryError::Unavailable(why) => (api_error(ErrorCode::DirectoryUnavailable, why.to_string()), true),
+        other => (internal(other), false),
+    }
 }
 
 /// A fresh one-time resume credential for the connection being opened.
@@ -640,6 +708,7 @@ struct Admitted {
 /// permit); the credential's signature, expiry and revocation; `authorise`, what the
 /// verified credential may do (an SSE request's rooms); only then the nonce is spent,
 /// the session opened in the directory and both flushed, and a resume credential minted.
+/// A directory refusal the client is told to retry gives the nonce back.
 async fn handshake<S>(
     req: &HttpRequest,
     state: &AppState,
@@ -656,19 +725,20 @@ async fn handshake<S>(
     let permit = admit(req, state)?;
     let verified = verify_credential(query, state).await?;
     authorise(&shaped, &verified.who)?;
-    let who = spend_credential(verified, state).await?;
-    let open = OpenSession { user: who.user.clone(), asked: who.session.clone() };
+    let spent = spend_credential(verified, state).await?;
+    let open = OpenSession { user: spent.who.user.clone(), asked: spent.who.session.clone() };
     let grant = match state.directory.send(open).await.map_err(internal)? {
         Ok(grant) => grant,
-        Err(DirectoryError::Budget(refusal)) => {
-            let crate::core::sessions::BudgetError::Spent { retry_after_secs } = refusal;
-            return Err(api_error(ErrorCode::MigrationBudget, refusal.to_string()).retry_after(retry_after_secs));
+        Err(error) => {
+            let (refusal, retry) = directory_refusal(error);
+            if retry {
+                give_back(state, &spent).await;
+            }
+            return Err(refusal);
         }
-        Err(DirectoryError::Unavailable(why)) => {
-            return Err(api_error(ErrorCode::DirectoryUnavailable, why.to_string()));
-        }
-        Err(e) => return Err(internal(e)),
     };
+    state.metrics.handshake_credential(spent.kind.label());
+    let Spent { who, times, .. } = spent;
     // The nonce (and any session record) must survive a crash, or a restart would reopen
     // a replay window.
     state.store.flush_soon().await.map_err(internal)?;
@@ -681,6 +751,7 @@ async fn handshake<S>(
         publish: who.publish,
         warmup: grant.warmup,
         resume: Some(resume),
+        credential: times,
     };
     let id = state.next_conn.fetch_add(1, Ordering::Relaxed);
     Ok((shaped, Admitted { id, identity, permit: Box::new((permit, grant.lease)) }))

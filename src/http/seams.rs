@@ -1,6 +1,7 @@
 //! What the handlers need of the rest of the deployment, as traits the wiring picks once
-//! at start-up: where a credential's nonce is marked used and a session's resume
-//! credentials are revoked ([`Nonces`], with the connections' [`ResumeRevocations`]),
+//! at start-up: where a credential's nonce is marked used (and given back), a session's
+//! resume credentials are revoked and a user's kicks are recorded ([`Nonces`], with the
+//! connections' [`ResumeRevocations`]),
 //! and how a kick reaches the user's connections on other nodes ([`OtherNodes`]).
 //! Single node: the embedded store, and no other nodes. Cluster mode: NATS, falling back
 //! to this node's store.
@@ -17,11 +18,33 @@ use crate::actors::liveness::{AlivePeers, LivenessActor};
 use crate::cluster::{Cluster, ClusterError};
 use crate::store::{Store, StoreError};
 
+/// Where a nonce was marked used, so that giving it back undoes exactly that mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpentIn {
+    /// This node's store (one node, or NATS was away).
+    Store,
+    /// NATS (cluster mode).
+    Nats,
+}
+
 /// Marks token and resume nonces used, so a credential opens one connection only, and
-/// says when a session's resume credentials were revoked.
+/// says when a session's resume credentials were revoked and when a user was kicked.
 pub trait Nonces: ResumeRevocations + 'static {
-    /// `true` the first time `nonce` is used; it is remembered until `expires_at_ms`.
-    fn use_nonce<'a>(&'a self, nonce: &'a [u8; 16], expires_at_ms: u64) -> LocalBoxFuture<'a, Result<bool, StoreError>>;
+    /// Where `nonce` was marked, the first time it is used (`None`: used before); it is
+    /// remembered until `expires_at_ms`.
+    fn use_nonce<'a>(&'a self, nonce: &'a [u8; 16], expires_at_ms: u64) -> LocalBoxFuture<'a, Result<Option<SpentIn>, StoreError>>;
+    /// Give back a nonce this handshake just marked used where it was marked, because the
+    /// handshake was refused before anything opened (a refusal the client is told to
+    /// retry). While it was marked nobody else could use it, so it still opens at most
+    /// one connection.
+    fn unuse_nonce<'a>(&'a self, nonce: &'a [u8; 16], spent: SpentIn) -> LocalBoxFuture<'a, Result<(), StoreError>>;
+    /// Record that `user` (on `device` only, when given) was kicked at `at_ms`: every
+    /// credential issued to them at or before then is void. Resolves once that is
+    /// durable (the store flushed; in cluster mode NATS acknowledged, or failed and the
+    /// kick holds on this node only).
+    fn kick_user<'a>(&'a self, user: &'a str, device: Option<&'a str>, at_ms: u64) -> LocalBoxFuture<'a, Result<(), StoreError>>;
+    /// When `user` was last kicked on every device or on `device`, whichever is later.
+    fn kicked_at<'a>(&'a self, user: &'a str, device: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>>;
     /// When `session`'s resume credentials were last revoked (a kick or a replace).
     fn resumes_revoked_at<'a>(&'a self, session: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>>;
     /// Resolves once every revocation asked for before the call is durable: the store
@@ -30,15 +53,46 @@ pub trait Nonces: ResumeRevocations + 'static {
     fn revocations_durable(&self) -> LocalBoxFuture<'_, Result<(), StoreError>>;
 }
 
-/// Single node: the embedded store; revocations are kept for `resume_ttl`.
+/// Single node: the embedded store; revocations are kept for `resume_ttl`, kicks for
+/// `credential_ttl`.
 pub struct StoreNonces {
     pub store: Store,
     pub resume_ttl: Duration,
+    /// The longest a credential lives (`token_ttl_max` or `resume_ttl`): how long a kick
+    /// has something to void.
+    pub credential_ttl: Duration,
+}
+
+impl StoreNonces {
+    pub fn new(store: &Store, config: &crate::config::Config) -> Self {
+        let credential_ttl = config.token_ttl_max().max(config.resume_ttl());
+        StoreNonces { store: store.clone(), resume_ttl: config.resume_ttl(), credential_ttl }
+    }
+
+    fn record_kick(&self, user: &str, device: Option<&str>, at_ms: u64) -> Result<(), StoreError> {
+        let keep_until = at_ms.saturating_add(self.credential_ttl.as_millis() as u64);
+        self.store.record_kick(user, device, at_ms, keep_until)
+    }
 }
 
 impl Nonces for StoreNonces {
-    fn use_nonce<'a>(&'a self, nonce: &'a [u8; 16], expires_at_ms: u64) -> LocalBoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(ready(self.store.use_nonce(nonce, expires_at_ms)))
+    fn use_nonce<'a>(&'a self, nonce: &'a [u8; 16], expires_at_ms: u64) -> LocalBoxFuture<'a, Result<Option<SpentIn>, StoreError>> {
+        Box::pin(ready(self.store.use_nonce(nonce, expires_at_ms).map(|fresh| fresh.then_some(SpentIn::Store))))
+    }
+
+    fn unuse_nonce<'a>(&'a self, nonce: &'a [u8; 16], _spent: SpentIn) -> LocalBoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(ready(self.store.unuse_nonce(nonce)))
+    }
+
+    fn kick_user<'a>(&'a self, user: &'a str, device: Option<&'a str>, at_ms: u64) -> LocalBoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.record_kick(user, device, at_ms)?;
+            self.store.flush_soon().await
+        })
+    }
+
+    fn kicked_at<'a>(&'a self, user: &'a str, device: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>> {
+        Box::pin(ready(self.store.kicked_at(user, device)))
     }
 
     fn resumes_revoked_at<'a>(&'a self, session: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>> {
@@ -151,13 +205,51 @@ impl Nonces for ClusterNonces {
         })
     }
 
-    fn use_nonce<'a>(&'a self, nonce: &'a [u8; 16], expires_at_ms: u64) -> LocalBoxFuture<'a, Result<bool, StoreError>> {
+    fn use_nonce<'a>(&'a self, nonce: &'a [u8; 16], expires_at_ms: u64) -> LocalBoxFuture<'a, Result<Option<SpentIn>, StoreError>> {
         Box::pin(async move {
             match self.cluster.use_nonce(nonce).await {
-                Ok(fresh) => Ok(fresh),
+                Ok(fresh) => Ok(fresh.then_some(SpentIn::Nats)),
                 Err(error) => {
                     tracing::warn!(%error, "token nonce checked on this node only");
-                    self.local.store.use_nonce(nonce, expires_at_ms)
+                    self.local.use_nonce(nonce, expires_at_ms).await
+                }
+            }
+        })
+    }
+
+    fn unuse_nonce<'a>(&'a self, nonce: &'a [u8; 16], spent: SpentIn) -> LocalBoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            match spent {
+                SpentIn::Store => self.local.store.unuse_nonce(nonce),
+                SpentIn::Nats => {
+                    if let Err(error) = self.cluster.unuse_nonce(nonce).await {
+                        // It stays spent: the client gets a new credential, as before.
+                        tracing::warn!(%error, "a refused handshake's nonce could not be given back");
+                    }
+                    Ok(())
+                }
+            }
+        })
+    }
+
+    fn kick_user<'a>(&'a self, user: &'a str, device: Option<&'a str>, at_ms: u64) -> LocalBoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.local.record_kick(user, device, at_ms)?;
+            if let Err(error) = self.cluster.record_kick(user, device, at_ms).await {
+                tracing::warn!(user, %error, "kick recorded on this node only");
+            }
+            self.local.store.flush_soon().await
+        })
+    }
+
+    fn kicked_at<'a>(&'a self, user: &'a str, device: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>> {
+        Box::pin(async move {
+            let here = self.local.store.kicked_at(user, device)?;
+            match self.cluster.kicked_at(user, device).await {
+                Ok(there) => Ok(here.max(there)),
+                Err(error) => {
+                    tracing::warn!(%error, "kicks checked on this node only");
+                    Ok(here)
                 }
             }
         })
@@ -166,15 +258,16 @@ impl Nonces for ClusterNonces {
 
 /// Closes a user's connections held by other nodes.
 pub trait OtherNodes: Send + Sync + 'static {
-    /// Connections of `user` (of `device` only, when given) closed elsewhere.
-    fn kick<'a>(&'a self, user: &'a str, device: Option<&'a str>) -> LocalBoxFuture<'a, Result<usize, ClusterError>>;
+    /// Connections of `user` (of `device` only, when given) closed elsewhere, for a kick
+    /// made at `at_ms`.
+    fn kick<'a>(&'a self, user: &'a str, device: Option<&'a str>, at_ms: u64) -> LocalBoxFuture<'a, Result<usize, ClusterError>>;
 }
 
 /// A single node: there is nobody else to ask.
 pub struct NoOtherNodes;
 
 impl OtherNodes for NoOtherNodes {
-    fn kick<'a>(&'a self, _user: &'a str, _device: Option<&'a str>) -> LocalBoxFuture<'a, Result<usize, ClusterError>> {
+    fn kick<'a>(&'a self, _user: &'a str, _device: Option<&'a str>, _at_ms: u64) -> LocalBoxFuture<'a, Result<usize, ClusterError>> {
         Box::pin(ready(Ok(0)))
     }
 }
@@ -186,8 +279,8 @@ pub struct ClusterNodes {
 }
 
 impl OtherNodes for ClusterNodes {
-    fn kick<'a>(&'a self, user: &'a str, device: Option<&'a str>) -> LocalBoxFuture<'a, Result<usize, ClusterError>> {
+    fn kick<'a>(&'a self, user: &'a str, device: Option<&'a str>, at_ms: u64) -> LocalBoxFuture<'a, Result<usize, ClusterError>> {
         let alive = || async { self.liveness.send(AlivePeers).await.unwrap_or_default() };
-        Box::pin(async move { crate::cluster::bus::kick_remote(&self.cluster, alive, user, device).await })
+        Box::pin(async move { crate::cluster::bus::kick_remote(&self.cluster, alive, user, device, at_ms).await })
     }
 }

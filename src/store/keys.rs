@@ -35,6 +35,14 @@ pub fn split_timed_key(timed: &[u8]) -> Option<(u64, &[u8])> {
     Some((u64::from_be_bytes(*at), key))
 }
 
+/// `user` (a kick of every device) or `user 0x00 device` (a kick of one device).
+pub fn user_kick_key(user: &str, device: Option<&str>) -> Vec<u8> {
+    match device {
+        None => user.as_bytes().to_vec(),
+        Some(device) => user_session_key(user, device),
+    }
+}
+
 /// `last_seen_ms session`: sessions by the time their last connection closed.
 pub fn expiry_key(last_seen_ms: u64, session: &str) -> Vec<u8> {
     timed_key(last_seen_ms, session.as_bytes())

@@ -12,9 +12,10 @@
 //! holding a connection of it), `session_seen` (session → when its last connection closed),
 //! `session_expiry` (that time ‖ session → (), scanned by the expiry sweep),
 //! `session_revoked` (session → when its resume credentials were revoked),
-//! `nonce_expiry`, `revoked_expiry` and `migration_expiry` (time ‖ key → (): the time
-//! indexes of `token_nonce`, `session_revoked` and `user_migration`, so a purge reads only
-//! what is due, see [`TimeIndex`]),
+//! `user_kicked` (user, or user 0x00 device → when they were last kicked),
+//! `nonce_expiry`, `revoked_expiry`, `migration_expiry` and `kick_expiry` (time ‖ key → ():
+//! the time indexes of `token_nonce`, `session_revoked`, `user_migration` and
+//! `user_kicked`, so a purge reads only what is due, see [`TimeIndex`]),
 //! `room_state` (room → its state as of a seq, written in one transaction with the event
 //! that carries it and the head), `webhooks` (queue seq → a webhook waiting to be
 //! delivered, in queue order), `webhook_occupied` (room → (): its `room_occupied` was
@@ -96,6 +97,7 @@ pub struct Store {
     session_seen: sled::Tree,
     session_expiry: sled::Tree,
     session_revoked: sled::Tree,
+    user_kicked: sled::Tree,
     webhooks: sled::Tree,
     webhook_occupied: sled::Tree,
     meta: sled::Tree,
@@ -105,6 +107,8 @@ pub struct Store {
     revocations_by_expiry: TimeIndex,
     /// `user_migration` by migration time.
     migrations_by_time: TimeIndex,
+    /// `user_kicked` by the time it may be forgotten.
+    kicks_by_expiry: TimeIndex,
     /// Records in `session_owner`, counted at open and kept by every insert and delete.
     sessions_stored: Arc<AtomicU64>,
     flusher: Arc<Flusher>,
@@ -172,6 +176,7 @@ impl Store {
         let token_nonce = db.open_tree("token_nonce")?;
         let session_revoked = db.open_tree("session_revoked")?;
         let user_migration = db.open_tree("user_migration")?;
+        let user_kicked = db.open_tree("user_kicked")?;
         let store = Store {
             room_head: db.open_tree("room_head")?,
             room_event: db.open_tree("room_event")?,
@@ -185,6 +190,9 @@ impl Store {
             migrations_by_time: TimeIndex::open(&db, "migration_expiry", &user_migration, "user_migration", |value| {
                 records::decode::<MigrationRecord>("user_migration", value).map(|r| r.last_migration_ms)
             })?,
+            kicks_by_expiry: TimeIndex::open(&db, "kick_expiry", &user_kicked, "user_kicked", |value| {
+                records::decode::<RevokedRecord>("user_kicked", value).map(|r| r.keep_until_ms)
+            })?,
             token_nonce,
             session_owner,
             user_session: db.open_tree("user_session")?,
@@ -194,6 +202,7 @@ impl Store {
             session_seen: db.open_tree("session_seen")?,
             session_expiry: db.open_tree("session_expiry")?,
             session_revoked,
+            user_kicked,
             webhooks: db.open_tree("webhooks")?,
             webhook_occupied: db.open_tree("webhook_occupied")?,
             meta,
@@ -364,6 +373,48 @@ impl Store {
         self.nonces_by_expiry.note(nonce, expires_at_ms)?;
         let swapped = self.token_nonce.compare_and_swap(nonce, None as Option<&[u8]>, Some(record))?;
         Ok(swapped.is_ok())
+    }
+
+    /// Give back a nonce [`Store::use_nonce`] just marked: the connection it was spent for
+    /// was refused before it opened (a refusal the client is told to retry).
+    pub fn unuse_nonce(&self, nonce: &[u8; 16]) -> Result<(), StoreError> {
+        self.token_nonce.remove(nonce)?;
+        Ok(())
+    }
+
+    /// Void every credential of `user` (of its `device` only, when given) issued at or
+    /// before `at_ms`; remembered until `keep_until_ms` (when the last of them expires).
+    /// A later kick wins.
+    pub fn record_kick(&self, user: &str, device: Option<&str>, at_ms: u64, keep_until_ms: u64) -> Result<(), StoreError> {
+        let record = RevokedRecord { at_ms, keep_until_ms };
+        let key = keys::user_kick_key(user, device);
+        self.kicks_by_expiry.note(&key, keep_until_ms)?;
+        self.user_kicked.fetch_and_update(key, |old| {
+            let newer = old
+                .and_then(|bytes| records::decode::<RevokedRecord>("user_kicked", bytes).ok())
+                .filter(|old| old.at_ms > at_ms);
+            Some(records::encode(newer.as_ref().unwrap_or(&record)))
+        })?;
+        Ok(())
+    }
+
+    /// When `user` was last kicked on every device or on `device`, whichever is later.
+    pub fn kicked_at(&self, user: &str, device: &str) -> Result<Option<u64>, StoreError> {
+        let mut latest = None;
+        for key in [keys::user_kick_key(user, None), keys::user_kick_key(user, Some(device))] {
+            if let Some(bytes) = self.user_kicked.get(key)? {
+                let at = records::decode::<RevokedRecord>("user_kicked", &bytes)?.at_ms;
+                latest = latest.max(Some(at));
+            }
+        }
+        Ok(latest)
+    }
+
+    /// Forget kicks older than every credential they could void, reading only the due
+    /// entries of their time index; a record that does not decode is removed, never left
+    /// to stop the purge.
+    pub fn purge_kicks(&self, now_ms: u64) -> Result<usize, StoreError> {
+        self.kicks_by_expiry.purge(now_ms)
     }
 
     /// Forget nonces of tokens (and revocations of resume credentials) that have expired
@@ -1013,6 +1064,42 @@ mod tests {
         let store = Store::open(dir.path()).unwrap();
         assert_eq!(store.purge_nonces(400).unwrap(), 2);
         assert_eq!(store.token_nonce.len(), 0);
+    }
+
+    #[test]
+    fn a_nonce_given_back_can_be_spent_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        assert!(store.use_nonce(&[1; 16], 100).unwrap());
+        store.unuse_nonce(&[1; 16]).unwrap();
+        assert!(store.use_nonce(&[1; 16], 100).unwrap());
+        assert!(!store.use_nonce(&[1; 16], 100).unwrap());
+    }
+
+    #[test]
+    fn kicks_keep_the_latest_time_per_user_and_device_until_they_are_purged() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.kicked_at("u@x", "web").unwrap(), None);
+        store.record_kick("u@x", Some("phone"), 300, 900).unwrap();
+        assert_eq!(store.kicked_at("u@x", "web").unwrap(), None, "a kick of the phone leaves the web");
+        assert_eq!(store.kicked_at("u@x", "phone").unwrap(), Some(300));
+        store.record_kick("u@x", None, 100, 700).unwrap();
+        store.record_kick("u@x", None, 50, 650).unwrap();
+        assert_eq!(store.kicked_at("u@x", "web").unwrap(), Some(100), "an older kick does not win");
+        assert_eq!(store.kicked_at("u@x", "phone").unwrap(), Some(300), "the later of the two");
+        assert_eq!(store.kicked_at("u", "web").unwrap(), None, "another user");
+        drop(store);
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.kicked_at("u@x", "web").unwrap(), Some(100), "kept across a restart");
+        assert_eq!(store.purge_kicks(699).unwrap(), 0);
+        assert_eq!(store.purge_kicks(700).unwrap(), 1);
+        assert_eq!(store.kicked_at("u@x", "web").unwrap(), None);
+        assert_eq!(store.kicked_at("u@x", "phone").unwrap(), Some(300));
+        store.kicks_by_expiry.note(b"bad", 800).unwrap();
+        store.user_kicked.insert(b"bad", &b"\xff"[..]).unwrap();
+        assert_eq!(store.purge_kicks(800).unwrap(), 1, "an undecodable record is removed, not an error");
+        assert_eq!(store.purge_kicks(900).unwrap(), 1);
     }
 
     #[test]

@@ -121,8 +121,9 @@ pub struct NonceRecord {
     pub expires_at_ms: u64,
 }
 
-/// A session's resume credentials revoked (a kick or a replace) up to `at_ms`: those
-/// issued at or before then are void. Kept until the last of them would have expired anyway.
+/// A session's resume credentials revoked (a kick or a replace) up to `at_ms`, or a user
+/// (or one device of theirs) kicked at `at_ms`: what was issued at or before then is void.
+/// Kept until the last of them would have expired anyway.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RevokedRecord {
     pub at_ms: u64,

@@ -13,6 +13,8 @@ use livegate::core::token::{self, Claims, TokenError};
 struct ClaimsInput {
     user: String,
     device: String,
+    /// A token minted by this build says when (format 5); `None`: formats 1 and 3.
+    issued_at_ms: Option<u64>,
     expires_at_ms: u64,
     nonce: [u8; 16],
     rooms: Vec<String>,
@@ -52,7 +54,7 @@ fuzz_target!(|input: Input| {
 
     // 2. Round trip of arbitrary claims.
     let c = input.claims;
-    let claims = Claims { user: c.user, device: c.device, expires_at_ms: c.expires_at_ms, nonce: c.nonce, rooms: c.rooms, publish: Vec::new() };
+    let claims = Claims { user: c.user, device: c.device, issued_at_ms: c.issued_at_ms, expires_at_ms: c.expires_at_ms, nonce: c.nonce, rooms: c.rooms, publish: Vec::new() };
     let signed = token::sign(&input.secret, &claims);
     // Verify a moment before the expiry (when there is one).
     let now = claims.expires_at_ms.saturating_sub(1);
@@ -65,7 +67,7 @@ fuzz_target!(|input: Input| {
     } else {
         match &verified {
             Ok(got) => {
-                assert_eq!((got.expires_at_ms, got.nonce), (claims.expires_at_ms, claims.nonce));
+                assert_eq!((got.issued_at_ms, got.expires_at_ms, got.nonce), (claims.issued_at_ms, claims.expires_at_ms, claims.nonce));
                 assert!(is_cut_of(&got.user, &claims.user) && is_cut_of(&got.device, &claims.device), "{got:?}");
                 assert_eq!(got.rooms.len(), claims.rooms.len().min(WIRE_MAX));
                 for (g, r) in got.rooms.iter().zip(&claims.rooms) {
