@@ -97,13 +97,16 @@ impl ConnectionLimits {
         if self.trusted_proxies.is_empty() {
             return peer;
         }
-        let forwarded: Vec<&str> = headers.get_all("x-forwarded-for").filter_map(|v| v.to_str().ok()).collect();
-        let real_ip = headers.get("x-real-ip").and_then(|v| v.to_str().ok());
+        // As bytes: a value that is not text is a bad entry, not a missing header.
+        let forwarded: Vec<&[u8]> = headers.get_all("x-forwarded-for").map(|v| v.as_bytes()).collect();
+        let real_ip = headers.get("x-real-ip").map(|v| v.as_bytes());
         proxies::client_ip(peer, &forwarded, real_ip, &self.trusted_proxies)
     }
 
     /// Count a handshake from `ip` against its rate, then take a place for its connection.
+    /// An IPv6 address counts under its /64 ([`proxies::limit_key`]).
     pub fn admit(self: &Arc<Self>, ip: IpAddr, now_ms: u64) -> Result<ConnectionPermit, LimitRefusal> {
+        let ip = proxies::limit_key(ip);
         let (rate, burst) = (self.handshakes_per_sec, burst_for(self.handshakes_per_sec));
         let mut counts = self.counts.lock();
         if counts.per_ip.len() > counts.sweep_above {
@@ -254,6 +257,16 @@ mod tests {
         assert_eq!(limits.admit(a, 0).unwrap_err(), LimitRefusal::HandshakeRate { rate: 2, retry_after_ms: 500 });
         drop(limits.admit(b, 0).expect("another address has its own budget"));
         drop(limits.admit(a, 500).expect("refilled"));
+    }
+
+    #[test]
+    fn an_ipv6_64_is_one_address() {
+        let limits = limits(0, 2, 0);
+        let _one = limits.admit("2001:db8:0:1::1".parse().unwrap(), 0).unwrap();
+        let _two = limits.admit("2001:db8:0:1::2".parse().unwrap(), 0).unwrap();
+        let third = limits.admit("2001:db8:0:1:ffff::3".parse().unwrap(), 0);
+        assert_eq!(third.unwrap_err(), LimitRefusal::PerIp(2), "a new address in the same /64");
+        limits.admit("2001:db8:0:2::1".parse().unwrap(), 0).expect("the next /64 is another address");
     }
 
     #[test]
