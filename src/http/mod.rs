@@ -287,6 +287,15 @@ fn check_user(user: &str) -> Result<(), ApiError> {
     names::check_user(user).map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
+/// A session id a client names (`session=`; empty: none); it becomes a store key and a
+/// NATS subject, so a bad one is refused before anything is spent.
+fn check_session(session: Option<&str>) -> Result<(), ApiError> {
+    match session.filter(|s| !s.is_empty()) {
+        Some(session) => names::check_session(session).map_err(|e| ApiError::bad_request(e.to_string())),
+        None => Ok(()),
+    }
+}
+
 fn check_room(room: &str) -> Result<(), ApiError> {
     names::check_room(room).map_err(|e| api_error(ErrorCode::BadRoom, e.to_string()))
 }
@@ -651,6 +660,7 @@ async fn handshake<S>(
         return Err(api_error(ErrorCode::Unavailable, "node is not accepting connections"));
     }
     // A request that is malformed, or that a limit refuses, must not spend a token.
+    check_session(query.session.as_deref())?;
     let shaped = shape()?;
     check_origin(req, state)?;
     let permit = admit(req, state)?;
@@ -807,6 +817,7 @@ struct RouteQuery {
 async fn route(req: HttpRequest, query: web::Query<RouteQuery>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
     let RouteQuery { session, user } = query.into_inner();
+    check_session(session.as_deref())?;
     let session = session.filter(|s| !s.is_empty());
     let user = user.filter(|u| !u.is_empty());
     if session.is_none() && user.is_none() {
