@@ -243,6 +243,10 @@ routes! {
     GET "/v1/echo" => echo,
 }
 
+/// The routes that answer with a WebSocket: the only ones an upgrade request reaches
+/// (`upgrade`).
+pub const WEBSOCKET_ROUTES: &[&str] = &["/v1/ws", "/v1/echo"];
+
 /// Register every route on an app.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.app_data(web::QueryConfig::default().error_handler(|err, _req| ApiError::bad_request(err.to_string()).into()))
