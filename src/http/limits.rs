@@ -149,19 +149,27 @@ impl Drop for ConnectionPermit {
 /// Descriptors one WebSocket connection holds: its socket (the transport owns it, so no
 /// duplicate is needed to shut a stuck one down).
 const FDS_PER_CONNECTION: u64 = 1;
-/// Descriptors left for the store, the listener, HTTP requests and peer probes.
+/// Descriptors left for the store, the listener, outgoing requests and peer probes.
 const RESERVED_FDS: u64 = 256;
 
-/// How many connections the process's open-file limit leaves room for. Past it, accept
-/// fails and the whole API (publishes included) stalls, so the connection limit must stay
-/// below it: better a clear 503 than a node that stops answering.
+/// How many sockets the process's open-file limit leaves room for: the budget that
+/// streams (WebSocket, SSE) and plain HTTP sockets share. Past it, accept fails and the
+/// whole API (publishes included) stalls: better a clear refusal than a node that stops
+/// answering.
 pub fn connection_capacity(open_files: u64) -> usize {
     (open_files.saturating_sub(RESERVED_FDS) / FDS_PER_CONNECTION).max(1) as usize
 }
 
-/// The connection limit in force: the configured one (0: none), bounded by the capacity.
-pub fn effective_max_connections(configured: usize, open_files: u64) -> usize {
-    let capacity = connection_capacity(open_files);
+/// The plain HTTP sockets' places in force: `max_http_connections` (at least 1), at most
+/// half the budget.
+pub fn effective_max_http_connections(configured: usize, open_files: u64) -> usize {
+    configured.clamp(1, (connection_capacity(open_files) / 2).max(1))
+}
+
+/// The connection limit in force: the configured one (0: none), bounded by what the
+/// plain HTTP sockets' `http_places` leave of the budget.
+pub fn effective_max_connections(configured: usize, open_files: u64, http_places: usize) -> usize {
+    let capacity = connection_capacity(open_files).saturating_sub(http_places).max(1);
     if configured == 0 { capacity } else { configured.min(capacity) }
 }
 
@@ -295,9 +303,14 @@ mod tests {
         assert_eq!(connection_capacity(1024), 768);
         assert_eq!(connection_capacity(20_000), 19_744);
         assert_eq!(connection_capacity(100), 1);
-        assert_eq!(effective_max_connections(15_000, 20_000), 15_000);
-        assert_eq!(effective_max_connections(0, 20_000), 19_744);
-        assert_eq!(effective_max_connections(500, 20_000), 500);
+        assert_eq!(effective_max_http_connections(1024, 20_000), 1024);
+        assert_eq!(effective_max_http_connections(0, 20_000), 1);
+        assert_eq!(effective_max_http_connections(1024, 1024), 384, "at most half the budget");
+        assert_eq!(effective_max_connections(15_000, 20_000, 1024), 15_000);
+        assert_eq!(effective_max_connections(0, 20_000, 1024), 18_720, "what the plain HTTP places leave");
+        assert_eq!(effective_max_connections(19_000, 20_000, 1024), 18_720);
+        assert_eq!(effective_max_connections(500, 20_000, 1024), 500);
+        assert_eq!(effective_max_connections(15_000, 1024, 384), 384);
     }
 
     #[test]
