@@ -196,7 +196,7 @@ config_keys! {
     subscribe_timeout_secs: u64 = 0, "SECS",
         "Close connections that subscribed to no room this long after connecting with 1008; 0: never";
     handshake_timeout_ms: u64 = 5000, "MS",
-        "Time a client has to send a complete request head, e.g. the WebSocket upgrade";
+        "Time a client has to send a complete request head: the first from the connection's start, each later one from the end of the previous answer";
     ws_echo: bool = false, "BOOL",
         "Test only: /v1/echo echoes WebSocket messages without a token, for conformance suites";
     cluster_nats_url: Option<String> = None => "single node", "URL",
