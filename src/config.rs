@@ -176,7 +176,9 @@ config_keys! {
     max_message_bytes: usize = 65536, "BYTES",
         "Largest client message assembled from fragments; larger closes with 1009";
     max_connections: usize = 15000, "N",
-        "WebSocket connections this node holds, at most the open-file limit - 256; more are refused with 503; 0: only that bound";
+        "WebSocket and SSE connections this node holds, at most the open-file limit - 256 - max_http_connections; more are refused with 503; 0: only that bound";
+    max_http_connections: usize = 1024, "N",
+        "Plain HTTP sockets (requests, keep-alive, handshakes not yet upgraded) this node holds, at most half the open-file limit - 256; more are closed at once";
     max_connections_per_ip: usize = 1000, "N",
         "WebSocket connections per client IP; more are refused with 429; 0: no limit";
     handshakes_per_ip_per_sec: u64 = 100, "N",
@@ -196,7 +198,7 @@ config_keys! {
     subscribe_timeout_secs: u64 = 0, "SECS",
         "Close connections that subscribed to no room this long after connecting with 1008; 0: never";
     handshake_timeout_ms: u64 = 5000, "MS",
-        "Time a client has to send a complete request head, e.g. the WebSocket upgrade";
+        "Time a client has to send a complete request head: the first from the connection's start, each later one from the end of the previous answer";
     ws_echo: bool = false, "BOOL",
         "Test only: /v1/echo echoes WebSocket messages without a token, for conformance suites";
     cluster_nats_url: Option<String> = None => "single node", "URL",
@@ -499,6 +501,7 @@ impl Config {
             ("max_message_bytes", self.max_message_bytes as u64, 1024, Some((64 << 20, " (64 MiB)"))),
             ("max_history_limit", self.max_history_limit as u64, 1, None),
             ("handshake_timeout_ms", self.handshake_timeout_ms, 100, None),
+            ("max_http_connections", self.max_http_connections as u64, 1, None),
         ])?;
         within(&[
             ("presence_interval_ms", self.presence_interval_ms, 50, Some((60_000, " (1 minute)"))),

@@ -102,6 +102,7 @@ pub struct CredentialLabel {
 pub const LIMITS: &[&str] = &[
     "connections", "connections_per_ip", "handshake_rate", "message_rate", "bad_messages", "subscriptions",
     "history_limit", "subscribe_timeout", "frame_size", "message_size", "origin", "handshake_timeout", "room_starts",
+    "http_connections",
 ];
 
 fn latency_histogram() -> Histogram {
@@ -168,6 +169,10 @@ pub struct Metrics {
     pub drain_connections_left: Gauge,
     pub store_flush_latency: Histogram,
     pub store_bytes: Gauge,
+    /// Plain HTTP sockets open (not WebSocket or SSE streams), as of the last scrape.
+    pub http_connections: Gauge,
+    /// Liveness probes of the store (a read and an idempotent write) made for `/healthz`.
+    pub store_probes: Counter,
     /// Webhooks waiting in the store's queue (in flight included).
     pub webhooks_queued: Gauge,
     pub webhooks_delivered: Counter,
@@ -230,6 +235,8 @@ impl Metrics {
             drain_connections_left: Gauge::default(),
             store_flush_latency: latency_histogram(),
             store_bytes: Gauge::default(),
+            store_probes: Counter::default(),
+            http_connections: Gauge::default(),
             webhooks_queued: Gauge::default(),
             webhooks_delivered: Counter::default(),
             webhook_attempts_failed: Counter::default(),
@@ -416,6 +423,8 @@ impl Metrics {
             self.store_flush_latency.clone(),
         );
         r.register_with_unit("store_size", "Store size on disk", Unit::Bytes, self.store_bytes.clone());
+        r.register("http_connections", "Plain HTTP sockets open (requests, keep-alive, handshakes not yet upgraded)", self.http_connections.clone());
+        r.register("store_probes", "Liveness probes of the store (a read and an idempotent write) made for /healthz", self.store_probes.clone());
         r.register("webhooks_queued", "Webhooks waiting in the store's queue, in flight included", self.webhooks_queued.clone());
         r.register("webhooks_delivered", "Webhooks answered with 2xx", self.webhooks_delivered.clone());
         r.register(

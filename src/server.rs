@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::{Actor, Addr};
-use actix_web::dev::Service;
+use actix_web::rt::net::TcpStream;
 use actix_http::HttpService;
+use actix_service::ServiceFactoryExt;
 use actix_web::{web, App};
 use futures_util::future::{select, Either, LocalBoxFuture};
 use futures_util::stream::{self, Stream, StreamExt};
@@ -41,12 +42,15 @@ use crate::core::lifecycle::Lifecycle;
 use crate::core::namespaces::Namespaces;
 use crate::core::seqlog::Retention;
 use crate::http::limits::{AccessList, ConnectionLimits};
+use crate::http::sockets::{SocketState, Timed};
 use crate::http::seams::{ClusterNodes, ClusterNonces, Nonces, NoOtherNodes, OtherNodes, StoreNonces};
 use crate::http::{self, AppState, ReloadConfig};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
 use crate::world::now_ms;
 
+/// How long a keep-alive connection may wait, idle, for a next request.
+const KEEP_ALIVE: Duration = Duration::from_secs(5);
 /// How long a finished connection may linger for the client to hang up first.
 const CLIENT_DISCONNECT_TIMEOUT: Duration = Duration::from_millis(200);
 /// How often expired token nonces and migration times are forgotten.
@@ -225,9 +229,17 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
             occupancy.start(OccupancyPeers(liveness.clone())).await?;
         }
     }
-    let max_connections = crate::http::limits::effective_max_connections(config.max_connections, open_files_limit());
-    if max_connections != config.max_connections {
-        tracing::info!(configured = config.max_connections, max_connections, "connection limit bounded by the open-file limit");
+    // The open-file budget, shared: plain HTTP sockets' places first, streams get the rest.
+    let open_files = open_files_limit();
+    let max_http_connections = crate::http::limits::effective_max_http_connections(config.max_http_connections, open_files);
+    let max_connections = crate::http::limits::effective_max_connections(config.max_connections, open_files, max_http_connections);
+    if max_connections != config.max_connections || max_http_connections != config.max_http_connections {
+        tracing::info!(
+            configured = config.max_connections,
+            max_connections,
+            max_http_connections,
+            "connection limits bounded by the open-file limit"
+        );
     }
     let timing = DrainTiming { wait: config.drain_wait(), spread: config.drain_spread(), grace: config.drain_grace() };
     // The publish path and the kicks' reach, chosen once with the rest: one node, or NATS.
@@ -241,6 +253,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     let publisher = publisher.with_max_state_bytes(config.max_state_bytes);
     let state = web::Data::new(AppState {
         limits: Arc::new(ConnectionLimits::new(&config, max_connections)),
+        sockets: crate::http::sockets::SocketBudget::new(max_http_connections, metrics.clone()),
         connection: Arc::new(connection_settings(&config, metrics.clone(), backends.nonces.clone(), publisher.clone(), webhooks.clone())),
         config: Arc::new(config),
         access: parking_lot::RwLock::new(access),
@@ -259,6 +272,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         lifecycle: lifecycle.clone(),
         next_conn: AtomicU64::new(1),
         started: std::time::Instant::now(),
+        health: Default::default(),
         demo,
     });
     let server = http_server(listener, tls, state.clone(), &timing)?.run();
@@ -423,6 +437,7 @@ fn http_server(
 ) -> Result<actix_server::ServerBuilder, ServerError> {
     let handshake_timeout = state.config.handshake_timeout();
     let on_connect = Arc::new(http::on_connect(state.metrics.clone(), handshake_timeout));
+    let budget = state.sockets.clone();
     let make_app = move || {
         App::new()
             .app_data(state.clone())
@@ -430,9 +445,27 @@ fn http_server(
                 if let Some(watch) = req.conn_data::<Arc<http::RequestWatch>>() {
                     watch.seen();
                 }
-                service.call(req)
+                http::sockets::watch_request(req, service)
             })
             .configure(http::configure)
+    };
+    // Every accepted socket takes a plain HTTP place first (none free: closed at once)
+    // and reads through the head deadline's wrapper.
+    let accept = move || {
+        let budget = budget.clone();
+        actix_service::fn_service(move |io: TcpStream| {
+            let state = SocketState::open(&budget, handshake_timeout);
+            async move {
+                let Some(state) = state else {
+                    tracing::debug!(peer = ?io.peer_addr().ok(), "no place for another plain HTTP socket; closed");
+                    return Err(std::io::Error::other("no place for another plain HTTP socket"));
+                };
+                // Frames are written whole; never hold one back for the next.
+                io.set_nodelay(true)?;
+                let peer = io.peer_addr().ok();
+                Ok::<_, std::io::Error>(Timed::new(io, state, peer))
+            }
+        })
     };
     let shutdown_timeout = timing.spread.as_secs() + timing.grace.as_secs() + 5;
     let builder = actix_server::Server::build()
@@ -450,13 +483,14 @@ fn http_server(
                 let (on_connect, stopping) = (on_connect.clone(), stopping.clone());
                 let app = || actix_service::map_config(make_app(), |_| actix_web::dev::AppConfig::default());
                 HttpService::build()
-                    // Slowloris: a request head (so a WebSocket upgrade) must arrive in time.
+                    // Slowloris: the first request head (so a WebSocket upgrade) must arrive
+                    // in time; `Timed` times every later one.
                     .client_request_timeout(handshake_timeout)
+                    // An idle keep-alive connection (not a byte of a next request) closes.
+                    .keep_alive(KEEP_ALIVE)
                     // After a last response drop the TCP connection promptly instead of
                     // lingering actix's default second: clients wait for the server's FIN.
                     .client_disconnect_timeout(CLIENT_DISCONNECT_TIMEOUT)
-                    // Frames are written whole; never hold one back for the next.
-                    .tcp_nodelay(true)
                     // A client that ends its side of the connection is gone: an SSE
                     // stream's response stops at once (its connection is released now,
                     // not at the next heartbeat's failed write). No client of this API
@@ -473,13 +507,34 @@ fn http_server(
         }};
     }
     Ok(match tls {
-        Some(tls) => {
-            let service = http_service!(actix_tls::accept::rustls_0_23::TlsStream<actix_web::rt::net::TcpStream>);
-            builder.listen("livegate", listener, move || service().rustls_0_23(tls.clone()))?
+        Some(mut tls) => {
+            use actix_tls::accept::rustls_0_23::{Acceptor, TlsStream};
+            use actix_tls::accept::TlsError;
+            let service = http_service!(TlsStream<Timed<TcpStream>>);
+            tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+            let acceptor = Acceptor::new(tls);
+            builder.listen("livegate", listener, move || {
+                accept()
+                    .map_err(TlsError::Tls)
+                    .and_then(acceptor.clone().map_init_err(|_| ()).map_err(TlsError::into_service_error))
+                    .and_then(|io: TlsStream<Timed<TcpStream>>| async move {
+                        let peer = io.get_ref().0.peer();
+                        Ok((io, actix_http::Protocol::Http1, peer))
+                    })
+                    .and_then(service().map_err(TlsError::Service))
+            })?
         }
         None => {
-            let service = http_service!(actix_web::rt::net::TcpStream);
-            builder.listen("livegate", listener, move || service().tcp())?
+            let service = http_service!(Timed<TcpStream>);
+            builder.listen("livegate", listener, move || {
+                accept()
+                    .map_err(actix_http::error::DispatchError::Io)
+                    .and_then(|io: Timed<TcpStream>| async move {
+                        let peer = io.peer();
+                        Ok((io, actix_http::Protocol::Http1, peer))
+                    })
+                    .and_then(service())
+            })?
         }
     })
 }

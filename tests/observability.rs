@@ -414,6 +414,7 @@ const REASONS: &[&str] =
 const LIMITS: &[&str] = &[
     "connections", "connections_per_ip", "handshake_rate", "message_rate", "bad_messages", "subscriptions",
     "history_limit", "subscribe_timeout", "frame_size", "message_size", "origin", "handshake_timeout", "room_starts",
+    "http_connections",
 ];
 /// Label names that would make cardinality unbounded (one series per user, room, ...).
 const UNBOUNDED_LABELS: &[&str] =

@@ -187,3 +187,58 @@ async fn without_trusted_proxies_everything_behind_nginx_is_one_address() {
     let third = open(nginx.addr, &server, "127.0.0.6", &[]).await.err();
     assert_eq!(third, Some((429, "too_many_connections".into())), "all three come from nginx's 127.0.0.1");
 }
+
+/// A WebSocket handshake written by hand from `from` to `to`, with `extra` header lines
+/// (raw bytes: a header need not be text); the answer's status, and the socket (open
+/// while the connection is).
+fn raw_handshake(to: SocketAddr, from: &str, token: &str, extra: &[u8]) -> (u16, TcpStream) {
+    use std::io::{Read, Write};
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    socket.bind(&SocketAddr::new(ip(from), 0).into()).expect("bind");
+    socket.connect(&to.into()).expect("connect");
+    let mut stream: TcpStream = socket.into();
+    stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let mut request = format!(
+        "GET /v1/ws?token={token} HTTP/1.1\r\nHost: livegate\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+    )
+    .into_bytes();
+    request.extend_from_slice(extra);
+    request.extend_from_slice(b"\r\n");
+    stream.write_all(&request).expect("write the handshake");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            other => panic!("handshake answer cut short ({other:?}): {:?}", String::from_utf8_lossy(&head)),
+        }
+    }
+    let status = String::from_utf8_lossy(&head).split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status");
+    (status, stream)
+}
+
+/// Issue 29 item 5: an `X-Forwarded-For` value that is not ASCII was dropped as if there
+/// were none, and the client's own `X-Real-IP` (which nginx passes through) named the
+/// address instead: a client could dodge its per-IP limits and spend another address's.
+/// Now such a header is garbage in the list: nginx's own entry to its right still names
+/// the client, and `X-Real-IP` is not read when `X-Forwarded-For` is there.
+#[tokio::test]
+async fn x_forwarded_for_that_is_not_text_does_not_let_x_real_ip_pick_the_address() {
+    let server = TestServer::start(|c| {
+        c.trusted_proxies = vec!["127.0.0.1".into()];
+        c.max_connections_per_ip = 1;
+    });
+    let nginx = Nginx::start(server.addr);
+    // The attacker (127.0.0.2) names the victim (127.0.0.9) in X-Real-IP, with an
+    // X-Forwarded-For of bytes that are not text.
+    let forged = b"X-Forwarded-For: \xff\xfe\xc3\r\nX-Real-IP: 127.0.0.9\r\n";
+    let (status, _attacker) = raw_handshake(nginx.addr, "127.0.0.2", &server.mint_token("attacker", "web"), forged);
+    assert_eq!(status, 101, "the attacker's own first connection");
+    // Counted under the attacker's own address: its second is over its limit...
+    let (status, _) = raw_handshake(nginx.addr, "127.0.0.2", &server.mint_token("attacker", "web"), b"X-Real-IP: 127.0.0.8\r\n");
+    assert_eq!(status, 429, "the attacker's second connection, with another forged X-Real-IP");
+    // ...and the victim's place is untouched.
+    let (status, _victim) = raw_handshake(nginx.addr, "127.0.0.9", &server.mint_token("victim", "web"), b"");
+    assert_eq!(status, 101, "the victim's address was charged for the attacker's connection");
+}

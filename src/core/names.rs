@@ -13,6 +13,8 @@ pub const MAX_USER_LEN: usize = MAX_ROOM_LEN - INBOX_PREFIX.len();
 pub const MAX_DEVICE_LEN: usize = 32;
 /// Longest event id.
 pub const MAX_EVENT_ID_LEN: usize = 128;
+/// Longest session id a client may name (the node makes 24 hex digits).
+pub const MAX_SESSION_LEN: usize = 64;
 
 #[derive(Debug, Error, PartialEq, Eq, Clone)]
 pub enum NameError {
@@ -24,6 +26,8 @@ pub enum NameError {
     BadDevice,
     #[error("event ids are 1 to 128 printable ASCII characters")]
     BadEventId,
+    #[error("session ids are 1 to 64 characters of A-Z a-z 0-9 _ . -")]
+    BadSession,
 }
 
 fn is_room_char(c: u8) -> bool {
@@ -54,6 +58,14 @@ pub fn check_device(device: &str) -> Result<(), NameError> {
 pub fn check_event_id(id: &str) -> Result<(), NameError> {
     let ok = (1..=MAX_EVENT_ID_LEN).contains(&id.len()) && id.bytes().all(|c| c.is_ascii_graphic());
     ok.then_some(()).ok_or(NameError::BadEventId)
+}
+
+/// A session id a client names (`session=`, to resume it): it becomes a store key and, in
+/// cluster mode, part of a NATS subject, so it is short and plain.
+pub fn check_session(session: &str) -> Result<(), NameError> {
+    let ok = (1..=MAX_SESSION_LEN).contains(&session.len())
+        && session.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'));
+    ok.then_some(()).ok_or(NameError::BadSession)
 }
 
 /// The inbox room of a user: `user:<id>`.
@@ -215,5 +227,27 @@ mod tests {
         assert_eq!(id_of_key("malloryx sys-42", Some("mallory")), "malloryx sys-42");
         // No backend id can be a client's key: ids hold no space.
         assert!(check_event_id(&idempotency_key("sys-42", Some("mallory"))).is_err());
+    }
+
+    #[test]
+    fn session_ids() {
+        let max = "s".repeat(MAX_SESSION_LEN);
+        let long = "s".repeat(MAX_SESSION_LEN + 1);
+        let cases: &[(&str, bool)] = &[
+            ("0123456789abcdef01234567", true),
+            ("no-such-session", true),
+            ("A.b_c-9", true),
+            (&max, true),
+            ("", false),
+            (&long, false),
+            ("a.*", false),
+            ("a>b", false),
+            ("with space", false),
+            ("ses:sion", false),
+            ("ünï", false),
+        ];
+        for (session, ok) in cases {
+            assert_eq!(check_session(session).is_ok(), *ok, "session {session:?}");
+        }
     }
 }

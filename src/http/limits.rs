@@ -97,13 +97,16 @@ impl ConnectionLimits {
         if self.trusted_proxies.is_empty() {
             return peer;
         }
-        let forwarded: Vec<&str> = headers.get_all("x-forwarded-for").filter_map(|v| v.to_str().ok()).collect();
-        let real_ip = headers.get("x-real-ip").and_then(|v| v.to_str().ok());
+        // As bytes: a value that is not text is a bad entry, not a missing header.
+        let forwarded: Vec<&[u8]> = headers.get_all("x-forwarded-for").map(|v| v.as_bytes()).collect();
+        let real_ip = headers.get("x-real-ip").map(|v| v.as_bytes());
         proxies::client_ip(peer, &forwarded, real_ip, &self.trusted_proxies)
     }
 
     /// Count a handshake from `ip` against its rate, then take a place for its connection.
+    /// An IPv6 address counts under its /64 ([`proxies::limit_key`]).
     pub fn admit(self: &Arc<Self>, ip: IpAddr, now_ms: u64) -> Result<ConnectionPermit, LimitRefusal> {
+        let ip = proxies::limit_key(ip);
         let (rate, burst) = (self.handshakes_per_sec, burst_for(self.handshakes_per_sec));
         let mut counts = self.counts.lock();
         if counts.per_ip.len() > counts.sweep_above {
@@ -146,19 +149,27 @@ impl Drop for ConnectionPermit {
 /// Descriptors one WebSocket connection holds: its socket (the transport owns it, so no
 /// duplicate is needed to shut a stuck one down).
 const FDS_PER_CONNECTION: u64 = 1;
-/// Descriptors left for the store, the listener, HTTP requests and peer probes.
+/// Descriptors left for the store, the listener, outgoing requests and peer probes.
 const RESERVED_FDS: u64 = 256;
 
-/// How many connections the process's open-file limit leaves room for. Past it, accept
-/// fails and the whole API (publishes included) stalls, so the connection limit must stay
-/// below it: better a clear 503 than a node that stops answering.
+/// How many sockets the process's open-file limit leaves room for: the budget that
+/// streams (WebSocket, SSE) and plain HTTP sockets share. Past it, accept fails and the
+/// whole API (publishes included) stalls: better a clear refusal than a node that stops
+/// answering.
 pub fn connection_capacity(open_files: u64) -> usize {
     (open_files.saturating_sub(RESERVED_FDS) / FDS_PER_CONNECTION).max(1) as usize
 }
 
-/// The connection limit in force: the configured one (0: none), bounded by the capacity.
-pub fn effective_max_connections(configured: usize, open_files: u64) -> usize {
-    let capacity = connection_capacity(open_files);
+/// The plain HTTP sockets' places in force: `max_http_connections` (at least 1), at most
+/// half the budget.
+pub fn effective_max_http_connections(configured: usize, open_files: u64) -> usize {
+    configured.clamp(1, (connection_capacity(open_files) / 2).max(1))
+}
+
+/// The connection limit in force: the configured one (0: none), bounded by what the
+/// plain HTTP sockets' `http_places` leave of the budget.
+pub fn effective_max_connections(configured: usize, open_files: u64, http_places: usize) -> usize {
+    let capacity = connection_capacity(open_files).saturating_sub(http_places).max(1);
     if configured == 0 { capacity } else { configured.min(capacity) }
 }
 
@@ -257,6 +268,16 @@ mod tests {
     }
 
     #[test]
+    fn an_ipv6_64_is_one_address() {
+        let limits = limits(0, 2, 0);
+        let _one = limits.admit("2001:db8:0:1::1".parse().unwrap(), 0).unwrap();
+        let _two = limits.admit("2001:db8:0:1::2".parse().unwrap(), 0).unwrap();
+        let third = limits.admit("2001:db8:0:1:ffff::3".parse().unwrap(), 0);
+        assert_eq!(third.unwrap_err(), LimitRefusal::PerIp(2), "a new address in the same /64");
+        limits.admit("2001:db8:0:2::1".parse().unwrap(), 0).expect("the next /64 is another address");
+    }
+
+    #[test]
     fn idle_addresses_are_swept_and_connected_ones_kept() {
         let limits = limits(0, 0, 10);
         let ip = |i: u32| IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i));
@@ -282,9 +303,14 @@ mod tests {
         assert_eq!(connection_capacity(1024), 768);
         assert_eq!(connection_capacity(20_000), 19_744);
         assert_eq!(connection_capacity(100), 1);
-        assert_eq!(effective_max_connections(15_000, 20_000), 15_000);
-        assert_eq!(effective_max_connections(0, 20_000), 19_744);
-        assert_eq!(effective_max_connections(500, 20_000), 500);
+        assert_eq!(effective_max_http_connections(1024, 20_000), 1024);
+        assert_eq!(effective_max_http_connections(0, 20_000), 1);
+        assert_eq!(effective_max_http_connections(1024, 1024), 384, "at most half the budget");
+        assert_eq!(effective_max_connections(15_000, 20_000, 1024), 15_000);
+        assert_eq!(effective_max_connections(0, 20_000, 1024), 18_720, "what the plain HTTP places leave");
+        assert_eq!(effective_max_connections(19_000, 20_000, 1024), 18_720);
+        assert_eq!(effective_max_connections(500, 20_000, 1024), 500);
+        assert_eq!(effective_max_connections(15_000, 1024, 384), 384);
     }
 
     #[test]

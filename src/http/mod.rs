@@ -33,6 +33,7 @@ use crate::store::Store;
 pub mod admin;
 pub mod limits;
 pub mod seams;
+pub mod sockets;
 pub mod sse;
 pub mod upgrade;
 use limits::{AccessList, ConnectionLimits, SharedAccess};
@@ -54,6 +55,8 @@ pub struct AppState {
     /// Where a reload reads the configuration; `None` keeps the one the node started with.
     pub reload: Option<ReloadConfig>,
     pub limits: Arc<ConnectionLimits>,
+    /// Plain HTTP sockets' places in the open-file budget (`max_http_connections`).
+    pub sockets: Arc<sockets::SocketBudget>,
     pub store: Store,
     pub rooms: Rooms,
     pub registry: Addr<Registry>,
@@ -73,6 +76,8 @@ pub struct AppState {
     pub lifecycle: Arc<Lifecycle>,
     pub next_conn: AtomicU64,
     pub started: std::time::Instant,
+    /// The last store probe behind `/healthz`.
+    pub health: HealthProbe,
     /// Demo mode: the score page at `/` and unauthenticated demo tokens.
     pub demo: bool,
 }
@@ -175,22 +180,27 @@ pub fn on_connect(
             metrics: metrics.clone(),
         };
         data.insert(Arc::new(watch));
-        prepare_connection(conn);
+        prepare_connection(conn, data);
     }
 }
 
-/// Bound how long unacknowledged data may wait: the kernel's backstop for a peer that
+/// Hand the socket's place and head deadline ([`sockets::SocketState`]) to its requests,
+/// and bound how long unacknowledged data may wait: the kernel's backstop for a peer that
 /// vanished (the connection's own timers handle one that stopped reading).
-fn prepare_connection(conn: &dyn std::any::Any) {
+fn prepare_connection(conn: &dyn std::any::Any, data: &mut actix_web::dev::Extensions) {
     use actix_tls::accept::rustls_0_23::TlsStream;
-    let stream = match conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
+    use actix_web::rt::net::TcpStream;
+    let timed = match conn.downcast_ref::<sockets::Timed<TcpStream>>() {
         Some(plain) => plain,
-        None => match conn.downcast_ref::<TlsStream<actix_web::rt::net::TcpStream>>() {
+        None => match conn.downcast_ref::<TlsStream<sockets::Timed<TcpStream>>>() {
             Some(tls) => tls.get_ref().0,
             None => return,
         },
     };
-    let socket = socket2::SockRef::from(stream);
+    if let Some(state) = timed.state() {
+        data.insert(state.clone());
+    }
+    let socket = socket2::SockRef::from(timed.get_ref());
     if let Err(error) = socket.set_tcp_user_timeout(Some(TCP_USER_TIMEOUT)) {
         tracing::debug!(%error, "could not set TCP_USER_TIMEOUT");
     }
@@ -245,6 +255,10 @@ routes! {
     GET "/v1/echo" => echo,
 }
 
+/// The routes that answer with a WebSocket: the only ones an upgrade request reaches
+/// (`upgrade`).
+pub const WEBSOCKET_ROUTES: &[&str] = &["/v1/ws", "/v1/echo"];
+
 /// Register every route on an app.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.app_data(web::QueryConfig::default().error_handler(|err, _req| ApiError::bad_request(err.to_string()).into()))
@@ -287,6 +301,15 @@ async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::Bytes
 
 fn check_user(user: &str) -> Result<(), ApiError> {
     names::check_user(user).map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+/// A session id a client names (`session=`; empty: none); it becomes a store key and a
+/// NATS subject, so a bad one is refused before anything is spent.
+fn check_session(session: Option<&str>) -> Result<(), ApiError> {
+    match session.filter(|s| !s.is_empty()) {
+        Some(session) => names::check_session(session).map_err(|e| ApiError::bad_request(e.to_string())),
+        None => Ok(()),
+    }
 }
 
 fn check_room(room: &str) -> Result<(), ApiError> {
@@ -720,6 +743,7 @@ async fn handshake<S>(
         return Err(api_error(ErrorCode::Unavailable, "node is not accepting connections"));
     }
     // A request that is malformed, or that a limit refuses, must not spend a token.
+    check_session(query.session.as_deref())?;
     let shaped = shape()?;
     check_origin(req, state)?;
     let permit = admit(req, state)?;
@@ -878,6 +902,7 @@ struct RouteQuery {
 async fn route(req: HttpRequest, query: web::Query<RouteQuery>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
     let RouteQuery { session, user } = query.into_inner();
+    check_session(session.as_deref())?;
     let session = session.filter(|s| !s.is_empty());
     let user = user.filter(|u| !u.is_empty());
     if session.is_none() && user.is_none() {
@@ -976,16 +1001,51 @@ async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     if let Ok(bytes) = state.store.size_on_disk() {
         state.metrics.store_bytes.set(bytes as i64);
     }
+    state.metrics.http_connections.set(state.sockets.open() as i64);
     HttpResponse::Ok()
         .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
         .body(state.metrics.encode())
 }
 
 /// Liveness: a real store read and an idempotent write, so a peer probing this node
-/// learns whether it can serve, not only whether the port is open.
+/// learns whether it can serve, not only whether the port is open. At most one probe per
+/// [`HEALTH_PROBE_EVERY_MS`]: a flood of unauthenticated calls costs no store writes.
 async fn healthz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    state.store.probe().map_err(internal)?;
+    if !state.health.check(&state.store, &state.metrics, now_ms()) {
+        return Err(api_error(ErrorCode::Internal, "the store probe failed; see the server log"));
+    }
     Ok(json(StatusCode::OK, r#"{"status":"ok"}"#.into()))
+}
+
+/// How often `/healthz` really probes the store; the answers in between repeat the last
+/// probe's outcome.
+const HEALTH_PROBE_EVERY_MS: u64 = 1000;
+
+/// The last store probe behind `/healthz`: when (ms) and whether it succeeded.
+#[derive(Default)]
+pub struct HealthProbe(parking_lot::Mutex<Option<(u64, bool)>>);
+
+impl HealthProbe {
+    /// Whether the store can serve: the last probe's outcome while it is recent, else a
+    /// new probe (callers meanwhile wait for it and share its outcome).
+    fn check(&self, store: &Store, metrics: &Metrics, now_ms: u64) -> bool {
+        let mut last = self.0.lock();
+        if let Some((at, healthy)) = *last {
+            if (at..at + HEALTH_PROBE_EVERY_MS).contains(&now_ms) {
+                return healthy;
+            }
+        }
+        metrics.store_probes.inc();
+        let healthy = match store.probe() {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::error!(%error, "store probe failed");
+                false
+            }
+        };
+        *last = Some((now_ms, healthy));
+        healthy
+    }
 }
 
 /// Readiness, also read by livegate.js after a failed handshake (with CORS headers, so a

@@ -4,7 +4,10 @@
 //! accepts answers 101 with [`Accepted`] in the response's extensions: this writes the
 //! 101, takes the socket out of the HTTP layer (its 8 KiB buffers are dropped) and
 //! starts the connection's actor on livegate's own transport. Any other answer is
-//! written as it is and the connection then ends.
+//! written as it is and the connection then ends. A request that is not a WebSocket
+//! handshake on a WebSocket route (`GET /v1/sse` with `Upgrade: websocket`, say) is
+//! refused here with 400 before the app sees it: nothing is checked or spent, and no
+//! handler's streaming answer is ever held in this hook.
 //!
 //! The HTTP layer's future for the connection lasts until the socket is closed, so the
 //! server counts the connection and a graceful stop waits for it: the connection actors
@@ -15,10 +18,11 @@
 use std::rc::Rc;
 
 use actix_codec::{AsyncRead, AsyncWrite, Framed};
-use actix_http::body::BodySize;
+use actix_http::body::{BodySize, BoxBody};
 use actix_http::{h1, ConnectionType, Request};
 use actix_service::{Service, ServiceFactory};
 use actix_web::dev::ServiceResponse;
+use actix_web::ResponseError;
 use futures_util::future::LocalBoxFuture;
 use futures_util::SinkExt;
 use tokio::sync::oneshot;
@@ -76,6 +80,10 @@ where
     actix_service::always_ready!();
 
     fn call(&self, (req, framed): (Request, Framed<T, h1::Codec>)) -> Self::Future {
+        if let Err(refusal) = websocket_handshake(&req) {
+            tracing::debug!(path = req.path(), "upgrade refused: not a WebSocket handshake on a WebSocket route");
+            return Box::pin(async move { write_refusal(framed, refusal.error_response().into()).await });
+        }
         let app = self.app.clone();
         // The handshake in a box of its own: what waits for the socket to close is only
         // the receiver, not the handshake's state with the HTTP codec's leftover write
@@ -118,25 +126,50 @@ where
             Ok(Some(closed))
         }
         _ => {
-            // Not upgraded: the answer as it is, then the connection ends.
-            let (head, body) = response.into_parts();
-            let body =
-                actix_web::body::to_bytes_limited(body, BODY_LIMIT).await.ok().and_then(Result::ok).unwrap_or_default();
-            let mut head = head;
-            head.head_mut().set_connection_type(ConnectionType::Close);
-            let size = BodySize::Sized(body.len() as u64);
-            // Head and body in one write: some clients read a refusal's body only from
-            // what arrived with its head.
-            framed.feed(h1::Message::Item((head, size))).await?;
-            if !body.is_empty() {
-                framed.feed(h1::Message::Chunk(Some(body))).await?;
-            }
-            framed.feed(h1::Message::Chunk(None)).await?;
-            // `close` only shuts the socket down: write the buffer first.
-            framed.flush().await?;
-            let _ = framed.close().await;
+            write_refusal(framed, response).await?;
             Ok(None)
         }
     }
 }
 
+/// Whether `req` may go on to the app as an upgrade: a route that answers with a WebSocket
+/// ([`super::WEBSOCKET_ROUTES`]) and `Upgrade: websocket`. The route's handler checks the
+/// rest of the handshake.
+fn websocket_handshake(req: &Request) -> Result<(), super::ApiError> {
+    let websocket = req
+        .head()
+        .headers
+        .get(actix_http::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("websocket"));
+    if websocket && super::WEBSOCKET_ROUTES.contains(&req.path()) {
+        return Ok(());
+    }
+    let routes = super::WEBSOCKET_ROUTES.join(" and ");
+    Err(super::api_error(
+        crate::protocol::ErrorCode::BadRequest,
+        format!("only a WebSocket handshake (Upgrade: websocket) to {routes} upgrades the connection; send this request without Upgrade"),
+    ))
+}
+
+/// Write an answer that does not upgrade, then end the connection.
+async fn write_refusal<T>(mut framed: Framed<T, h1::Codec>, response: actix_http::Response<BoxBody>) -> Result<(), actix_web::Error>
+where
+    T: AsyncRead + AsyncWrite + Unpin + 'static,
+{
+    let (mut head, body) = response.into_parts();
+    let body = actix_web::body::to_bytes_limited(body, BODY_LIMIT).await.ok().and_then(Result::ok).unwrap_or_default();
+    head.head_mut().set_connection_type(ConnectionType::Close);
+    let size = BodySize::Sized(body.len() as u64);
+    // Head and body in one write: some clients read a refusal's body only from what
+    // arrived with its head.
+    framed.feed(h1::Message::Item((head, size))).await?;
+    if !body.is_empty() {
+        framed.feed(h1::Message::Chunk(Some(body))).await?;
+    }
+    framed.feed(h1::Message::Chunk(None)).await?;
+    // `close` only shuts the socket down: write the buffer first.
+    framed.flush().await?;
+    let _ = framed.close().await;
+    Ok(())
+}
