@@ -41,19 +41,6 @@ fn hits(server: &TestServer, limit: &str) -> f64 {
     })
 }
 
-/// The server still does its whole job for a newcomer: a fresh connection subscribes,
-/// an event published over HTTP reaches it, `/healthz` is 200.
-async fn assert_serves(server: &TestServer, user: &str, room: &str) {
-    let (status, body) = server.http().request("GET", "/healthz", Auth::None, Body::None);
-    assert_eq!(status, 200, "/healthz: {body}");
-    let mut c = server.client(user).await;
-    c.subscribe_ok(room).await;
-    server.http().publish_ok(room, None, json!({"still": "serving"}));
-    let events = c.next_events(1).await;
-    assert_eq!(events[0]["data"], json!({"still": "serving"}), "{events:?}");
-    c.close().await;
-}
-
 /// A handshake that must be refused: its status, error code and headers.
 async fn refused(server: &TestServer, token: &str, from: Option<IpAddr>) -> RejectedWithHeaders {
     match WsClient::try_connect_custom(server.addr, Some(token), from, &[]).await {

@@ -207,6 +207,19 @@ impl Drop for TestServer {
     }
 }
 
+/// The server still does its whole job for a newcomer: a fresh connection subscribes,
+/// an event published over HTTP reaches it, `/healthz` is 200.
+pub async fn assert_serves(server: &TestServer, user: &str, room: &str) {
+    let (status, body) = server.http().request("GET", "/healthz", Auth::None, Body::None);
+    assert_eq!(status, 200, "/healthz: {body}");
+    let mut c = server.client(user).await;
+    c.subscribe_ok(room).await;
+    server.http().publish_ok(room, None, json!({"still": "serving"}));
+    let events = c.next_events(1).await;
+    assert_eq!(events[0]["data"], json!({"still": "serving"}), "{events:?}");
+    c.close().await;
+}
+
 /// The configuration tests start from: port 0, temp dir, fixed key and node name, fast
 /// drain so `stop()` is quick. Everything else is the product default.
 pub fn test_config(dir: &Path, addr: SocketAddr) -> Config {

@@ -33,17 +33,6 @@ async fn chatter(server: &TestServer, user: &str) -> WsClient {
     WsClient::connect(server.addr, body["token"].as_str().unwrap(), None).await
 }
 
-/// The server still does its whole job for a newcomer: it subscribes, and an event
-/// published over HTTP reaches it.
-async fn assert_serves(server: &TestServer, user: &str, room: &str) {
-    let mut c = server.client(user).await;
-    c.subscribe_ok(room).await;
-    server.http().publish_ok(room, None, json!({"still": "serving"}));
-    let events = c.next_events(1).await;
-    assert_eq!(events[0]["data"], json!({"still": "serving"}), "{events:?}");
-    c.close().await;
-}
-
 #[tokio::test]
 async fn rooms_never_published_to_leave_nothing_stored_and_their_actors_go_soon() {
     let server = TestServer::start(|c| c.max_messages_per_sec = 0);
