@@ -4,6 +4,13 @@
 //! has none, it expired, or the server refused it; it resumes each room after the last
 //! event it printed, honours the server's close codes and reconnect hints, and prints
 //! notices on stderr.
+//!
+//! Where it connects follows the server's routing (issue 30): a handshake on a node that
+//! does not serve the session is closed with 4421 naming the node and URL that does, and
+//! the subscriber dials that node at once with the same credential (at most
+//! [`MAX_FOLLOWS`] times in a row without a welcome). It keeps dialling the session's
+//! node from then on; when that node cannot be reached it goes back through the address
+//! it was given, with `avoid=NODE`.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -49,6 +56,8 @@ const TOKEN_TTL_SECS: u64 = 60;
 /// A resume credential this close to its expiry is not presented (clock skew, the time
 /// the handshake takes): a token is minted instead.
 const RESUME_MARGIN_MS: u64 = 10_000;
+/// Redirects (close 4421) followed in a row without a welcome before backing off.
+const MAX_FOLLOWS: u32 = 3;
 /// Longest server-suggested reconnect delay honoured.
 const MAX_HINT: Duration = Duration::from_secs(60);
 /// Reconnect delays, when the server suggested none: at random below 0.5 s, 1 s, 2 s, 4 s,
@@ -88,6 +97,11 @@ enum Ended {
     /// Dial again after `hint` (from the server) or the backoff. `welcomed`: this attempt
     /// got as far as the server's `welcome`.
     Retry { reason: String, hint: Option<Duration>, welcomed: bool },
+    /// The session is served by `node` at `url` (close 4421): dial it at once.
+    Moved { node: String, url: String },
+    /// The session's node (`node`) could not be reached: dial the given address at once,
+    /// asking it to avoid that node.
+    Unreachable { node: String, reason: String },
 }
 
 /// Why a dial did not open a WebSocket.
@@ -113,6 +127,11 @@ pub struct Subscriber {
     /// The resume credential from the last `welcome`: the next connection attempt's
     /// credential while it has not expired and the server did not refuse it.
     resume: Option<ResumeCredential>,
+    /// The node that serves the session and its WebSocket base URL, once a redirect named
+    /// it: dialled instead of the given address.
+    home: Option<(String, String)>,
+    /// A node the next handshake asks the server to avoid (it could not be reached).
+    avoid: Option<String>,
     interrupted: Pin<Box<dyn Future<Output = std::io::Result<()>>>>,
     /// Where events are printed: stdout, or a buffer in tests.
     out: Box<dyn Write>,
@@ -141,6 +160,8 @@ impl Subscriber {
             state,
             session: None,
             resume: None,
+            home: None,
+            avoid: None,
             interrupted: Box::pin(tokio::signal::ctrl_c()),
             out: Box::new(std::io::stdout()),
         }
@@ -160,14 +181,32 @@ impl Subscriber {
     pub async fn run(mut self) -> Result<(), ClientError> {
         let mut backoff = Backoff::new(RECONNECT);
         let mut ever_welcomed = false;
+        let mut follows = 0;
         loop {
             let (reason, hint) = match self.connect_once().await {
                 Ended::Interrupted | Ended::OutputClosed => return Ok(()),
                 Ended::Final(message) => return Err(ClientError::Disconnected(message)),
+                Ended::Moved { node, url } if follows < MAX_FOLLOWS => {
+                    follows += 1;
+                    eprintln!("the session is served by node {node}: connecting to {url}");
+                    self.home = Some((node, ws_base_of(&url)));
+                    continue;
+                }
+                Ended::Moved { node, url } => {
+                    self.home = Some((node.clone(), ws_base_of(&url)));
+                    (format!("sent to node {node} {follows} times in a row"), None)
+                }
+                Ended::Unreachable { node, reason } => {
+                    eprintln!("{reason}; connecting through {} instead", self.client.ws_base());
+                    self.home = None;
+                    self.avoid = Some(node);
+                    continue;
+                }
                 Ended::Retry { reason, welcomed: false, .. } if !ever_welcomed => return Err(ClientError::Disconnected(reason)),
                 Ended::Retry { reason, hint, welcomed } => {
                     if welcomed {
                         ever_welcomed = true;
+                        follows = 0;
                         backoff.reset();
                     }
                     (reason, hint)
@@ -187,13 +226,16 @@ impl Subscriber {
     async fn connect_once(&mut self) -> Ended {
         let mut ws = loop {
             let resuming = self.usable_resume(crate::world::now_ms());
-            let url = match resuming {
-                Some(resume) => format!("{}/v1/ws?resume={}", self.client.ws_base(), encode(&resume.credential)),
+            let mut url = match resuming {
+                Some(resume) => format!("{}/v1/ws?resume={}", self.base(), encode(&resume.credential)),
                 None => match self.token_url().await {
                     Ok(url) => url,
                     Err(ended) => return ended,
                 },
             };
+            if let Some(node) = self.avoid.take() {
+                url.push_str(&format!("&avoid={}", encode(&node)));
+            }
             match self.dial(url).await {
                 Ok(ws) => break ws,
                 // Spent, revoked (a kick), or signed with another secret: a new token at once.
@@ -247,18 +289,28 @@ impl Subscriber {
             },
             _ = &mut self.interrupted => return Err(Ended::Interrupted),
         };
-        let mut url = format!("{}/v1/ws?token={}", self.client.ws_base(), encode(&token));
+        let mut url = format!("{}/v1/ws?token={}", self.base(), encode(&token));
         if let Some(session) = &self.session {
             url.push_str(&format!("&session={}", encode(session)));
         }
         Ok(url)
     }
 
+    /// Where to dial: the session's node once known, else the address given.
+    fn base(&self) -> String {
+        self.home.as_ref().map_or_else(|| self.client.ws_base(), |(_, base)| base.clone())
+    }
+
     /// Opens the WebSocket at `url`.
     async fn dial(&mut self, url: String) -> Result<WebSocket, Refused> {
         let resuming = url.contains("?resume=");
         let connecting = tokio::time::timeout(CONNECT_TIMEOUT, tokio_tungstenite::connect_async(url));
-        let base = self.client.ws_base();
+        let base = self.base();
+        // The session's node, unreachable: back through the given address, avoiding it.
+        let unreachable = |home: &Option<(String, String)>, reason: String| match home {
+            Some((node, _)) => Refused::Ended(Ended::Unreachable { node: node.clone(), reason }),
+            None => Refused::Ended(retry(reason, false)),
+        };
         tokio::select! {
             connected = connecting => match connected {
                 Ok(Ok((ws, _response))) => Ok(ws),
@@ -271,8 +323,8 @@ impl Subscriber {
                     }
                     Err(Refused::Ended(retry(format!("WebSocket handshake refused: {refusal}"), false)))
                 }
-                Ok(Err(e)) => Err(Refused::Ended(retry(format!("cannot open a WebSocket to {base}: {e}"), false))),
-                Err(_) => Err(Refused::Ended(retry(format!("no WebSocket handshake from {base} within {CONNECT_TIMEOUT:?}"), false))),
+                Ok(Err(e)) => Err(unreachable(&self.home, format!("cannot open a WebSocket to {base}: {e}"))),
+                Err(_) => Err(unreachable(&self.home, format!("no WebSocket handshake from {base} within {CONNECT_TIMEOUT:?}"))),
             },
             _ = &mut self.interrupted => Err(Refused::Ended(Ended::Interrupted)),
         }
@@ -296,9 +348,21 @@ impl Subscriber {
                 Some(Err(e)) => return Err(retry(format!("connection lost before welcome: {e}"), false)),
                 None => return Err(retry("connection closed before welcome", false)),
             };
-            if !matches!(serde_json::from_str::<FrameHead>(&text), Ok(head) if head.op == ServerOp::Welcome) {
-                tracing::debug!("ignoring a frame before welcome: {text}");
-                continue;
+            match serde_json::from_str::<FrameHead>(&text) {
+                Ok(head) if head.op == ServerOp::Welcome => {}
+                Ok(head) if head.op == ServerOp::Error => {
+                    // Sent to the session's node: its close 4421 follows; go at once.
+                    if let Ok(ErrorFrame { node: Some(node), url: Some(url), .. }) = serde_json::from_str::<ErrorFrame>(&text) {
+                        let _ = tokio::time::timeout(Duration::from_secs(1), ws.close(None)).await;
+                        return Err(Ended::Moved { node: node.into_owned(), url: url.into_owned() });
+                    }
+                    eprintln!("error before welcome: {text}");
+                    continue;
+                }
+                _ => {
+                    tracing::debug!("ignoring a frame before welcome: {text}");
+                    continue;
+                }
             }
             // A welcome it cannot read still opens the connection.
             let welcome = serde_json::from_str::<Welcome>(&text).ok();
@@ -478,6 +542,9 @@ async fn closed(ws: &mut WebSocket, frame: Option<CloseFrame<'static>>, welcomed
     if (4500..=4999).contains(&code) {
         return Ended::Final(format!("{what}; not reconnecting"));
     }
+    if code == CloseCode::WrongNode.code() && !reason.is_empty() {
+        return Ended::Moved { node: "?".into(), url: reason.to_string() };
+    }
     let hint = match code {
         c if c == CloseCode::ServiceRestart.code() => first_number(reason).map(Duration::from_millis),
         c if c == CloseCode::MigrationBudget.code() => first_number(reason).map(Duration::from_secs),
@@ -485,6 +552,18 @@ async fn closed(ws: &mut WebSocket, frame: Option<CloseFrame<'static>>, welcomed
     }
     .map(|hint| hint.min(MAX_HINT));
     Ended::Retry { reason: what, hint, welcomed }
+}
+
+/// `ws://…` or `wss://…` for a node's base URL as the server names it (`http(s)://…`).
+fn ws_base_of(url: &str) -> String {
+    let url = url.trim_end_matches('/');
+    if let Some(rest) = url.strip_prefix("https://") {
+        format!("wss://{rest}")
+    } else if let Some(rest) = url.strip_prefix("http://") {
+        format!("ws://{rest}")
+    } else {
+        url.to_string()
+    }
 }
 
 /// The first token of `text` that is a whole number: a delay suggested in a close reason.
