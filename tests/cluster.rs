@@ -274,11 +274,19 @@ fn a_client_moving_from_a_to_c_recovers_exactly_the_missed_events() {
         ids.push(id);
     }
 
-    // On C, with the same session, since 50 and the epoch learnt on A.
+    // On C, with the same session: A is alive and owns it, so C sends the client there
+    // (4421 naming a), spending nothing. The client says it cannot reach A (`avoid=a`),
+    // and C takes the session: a move the route did not choose, charged to the budget.
     let token = cluster.http(2).mint_token("mover", "web");
-    let mut ws = match rt.block_on(WsClient::try_connect(cluster.addr(2), Some(&token), Some(&session))) {
+    match rt.block_on(WsClient::try_connect(cluster.addr(2), Some(&token), Some(&session))) {
+        Err(r) if r.status == 421 && r.body["error"]["node"] == "a" => {}
+        Err(r) => failures.push(format!("reconnect on c with a's session: expected 4421 naming a, got {} {}", r.status, r.body)),
+        Ok(ws) => failures.push(format!("reconnect on c with a's session was accepted although a is alive: {}", ws.welcome)),
+    }
+    let avoiding = format!("{}&avoid=a", ws_url(cluster.addr(2), Some(&token), Some(&session)));
+    let mut ws = match rt.block_on(WsClient::try_connect_url(&avoiding)) {
         Ok(ws) => ws,
-        Err(r) => panic!("reconnect on c with session {session}: {} {}", r.status, r.body),
+        Err(r) => panic!("reconnect on c with session {session} avoiding a (same token, still unspent): {} {}", r.status, r.body),
     };
     if ws.session() != session {
         failures.push(format!("session {session} (recorded on a) was not kept on c: welcome {}", ws.welcome));
@@ -308,6 +316,25 @@ fn a_client_moving_from_a_to_c_recovers_exactly_the_missed_events() {
     failures.extend(other);
     if seqs(&live) != vec![81] || live.first().map(|e| &e["id"]) != Some(&json!("mv-live")) {
         failures.push(format!("live event after the move: {live:?}"));
+    }
+    // Back to b, avoiding c: a second move the route did not choose inside the migration
+    // window is refused with 4029 (retry-after seconds in the reason), token unspent.
+    rt.block_on(ws.close());
+    let token = cluster.http(1).mint_token("mover", "web");
+    let avoiding = format!("{}&avoid=c", ws_url(cluster.addr(1), Some(&token), Some(&session)));
+    match rt.block_on(WsClient::try_connect_url_with_headers(&avoiding)) {
+        Err(r) if r.status == 429 && r.header("close-code") == Some("4029") => {
+            let secs: u64 = r.header("retry-after").and_then(|s| s.parse().ok()).unwrap_or(0);
+            if !(1..=600).contains(&secs) {
+                failures.push(format!("4029's reason must be the seconds to wait (1..=600), got {:?}", r.header("retry-after")));
+            }
+        }
+        Err(r) => failures.push(format!("second avoided move: expected close 4029, got {} {} {:?}", r.status, r.body, r.headers)),
+        Ok(ws) => failures.push(format!("a second avoided move inside the window was allowed: {}", ws.welcome)),
+    }
+    let (back, sent_to) = rt.block_on(WsClient::connect_following(cluster.addr(1), &token, Some(&session)));
+    if back.session() != session || back.welcome["node"] != "c" || sent_to.as_deref() != Some("c") {
+        failures.push(format!("the refused token, used again through b, must be sent to c and keep the session: sent to {sent_to:?}, {}", back.welcome));
     }
     eprintln!("move a -> c: test took {:.1} s", started.elapsed().as_secs_f64());
     fail_with_logs(&cluster, "move a -> c", &failures, &LOG_NEEDLES);

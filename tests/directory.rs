@@ -1,6 +1,6 @@
 //! The session directory seen from outside (DESIGN.md §4 "Sessions", "Directory",
-//! "Warm-up after failover"; issue 3): the migration budget across restarts under another
-//! node name, sessions refused for another user's token (in memory and during warm-up),
+//! "Warm-up after failover"; issue 3): forced moves across restarts under another node
+//! name (never refused), sessions refused for another user's token (in memory and during warm-up),
 //! the warm-up flag and its window, and directory writes not caused by heartbeats.
 
 mod common;
@@ -73,30 +73,16 @@ async fn two_owner_changes(window_secs: u64, sleep_before_third: Duration) -> (S
     (session, a2)
 }
 
+/// A move the owner's loss forces is never refused, however recent the last one (issue
+/// 30): node-a is gone when node-b takes its sessions, and node-b is gone when node-a
+/// takes them back, well inside the 600 s window. Before routing decided, the second move
+/// was refused with 429 for ten minutes. (The budget, which only charges moves the route
+/// did not choose, is tested in tests/cluster.rs with `avoid`.)
 #[tokio::test]
-async fn second_migration_inside_the_window_is_refused_with_429_and_retry_after() {
+async fn moves_forced_by_a_gone_owner_are_never_refused_inside_the_window() {
     let (session, a2) = two_owner_changes(600, Duration::ZERO).await;
-    let token = a2.mint_token("u1", "web");
-    match WsClient::try_connect_with_headers(a2.addr, Some(&token), Some(&session)).await {
-        Ok(c) => panic!("a second migration inside the 600 s window must be refused, got welcome {}", c.welcome),
-        Err(r) => {
-            assert_eq!(r.status, 429, "refusal status: {} {:?}", r.body, r.headers);
-            assert_eq!(error_code(&r.body), "migration_budget", "{}", r.body);
-            let retry = r.header("retry-after").unwrap_or_else(|| panic!("no Retry-After header: {:?}", r.headers));
-            let secs: u64 = retry.trim().parse().unwrap_or_else(|e| panic!("Retry-After {retry:?} is not whole seconds: {e}"));
-            assert!((1..=600).contains(&secs), "Retry-After {secs} must be in 1..=600");
-        }
-    }
-    assert_eq!(a2.http().metric("livegate_migration_refusals_total"), Some(1.0), "{}", a2.http().metrics_text());
-    assert_eq!(metric_or_zero(&a2, "livegate_migrations_total"), 0.0, "the refused handshake is no migration");
-    assert_eq!(a2.http().metric_total("livegate_connections_open"), 0.0, "nothing was upgraded");
-}
-
-#[tokio::test]
-async fn second_migration_after_the_window_is_allowed() {
-    let (session, a2) = two_owner_changes(1, Duration::from_millis(1500)).await;
     let c = reconnect(&a2, "u1", "web", Some(&session)).await;
-    assert_eq!(c.session(), session, "after the 1 s window the second migration is allowed: {}", c.welcome);
+    assert_eq!(c.session(), session, "the second forced move keeps the session: {}", c.welcome);
     assert_eq!(c.welcome["node"], "node-a", "{}", c.welcome);
     assert_eq!(a2.http().metric("livegate_migrations_total"), Some(1.0), "{}", a2.http().metrics_text());
     assert_eq!(metric_or_zero(&a2, "livegate_migration_refusals_total"), 0.0);

@@ -14,9 +14,19 @@ fn route(http: &Http, query: &str) -> (u16, Value) {
     http.request("GET", &format!("/v1/route?{query}"), Auth::Key, Body::None)
 }
 
-/// The node `/v1/route?user=u1` answers (asserting 200).
+/// A session id whose placement among node-a and node-b is node-a: in peers mode a
+/// session's node is the rendezvous choice of its id, so this one routes to node-a while
+/// node-a is up, and to the only other node while it is down.
+fn session_placed_on_node_a() -> String {
+    (0..)
+        .map(|i| format!("s{i}"))
+        .find(|s| livegate::core::routing::rendezvous(s, ["node-a", "node-b"]) == Some("node-a"))
+        .expect("some id lands on node-a")
+}
+
+/// The node `/v1/route?session=<placed on node-a>` answers (asserting 200).
 fn routed_node(http: &Http) -> String {
-    let (status, body) = route(http, "user=u1");
+    let (status, body) = route(http, &format!("session={}", session_placed_on_node_a()));
     assert_eq!(status, 200, "route: {body}");
     body["node"].as_str().unwrap_or_else(|| panic!("no node in {body}")).to_string()
 }
@@ -41,7 +51,9 @@ fn route_without_peers_answers_the_node_itself() {
     let (status, body) = route(&http, "");
     assert_eq!(status, 400, "neither session nor user: {body}");
     let (status, body) = http.request("GET", "/v1/route?user=u1", Auth::None, Body::None);
-    assert_eq!(status, 401, "the API key is required: {body}");
+    assert_eq!(status, 401, "the API key is required to ask by user: {body}");
+    let (status, body) = http.request("GET", "/v1/route?session=nosuch", Auth::None, Body::None);
+    assert_eq!((status, body["node"].as_str()), (200, Some("solo")), "a client may ask for its session without the key: {body}");
 }
 
 #[test]
@@ -78,10 +90,10 @@ fn peer_goes_down_after_one_failed_probe_and_comes_back_after_several() {
     });
     let http = a.http();
 
-    // P comes up: node-a sorts before node-b, so it is the answer once up.
+    // P comes up: the session is placed on node-a, so node-a is the answer once up.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let (status, body) = route(&http, "user=u1");
+        let (status, body) = route(&http, &format!("session={}", session_placed_on_node_a()));
         assert_eq!(status, 200, "{body}");
         if body["node"] == "node-a" {
             assert_eq!(body["url"], format!("http://{p_addr}"), "the peer's configured URL: {body}");
@@ -140,4 +152,58 @@ fn peer_goes_down_after_one_failed_probe_and_comes_back_after_several() {
     );
     let p2 = restarter.join().expect("restart thread");
     drop(p2);
+}
+
+/// Peers mode (issue 30): two nodes that list each other, no shared directory. A session
+/// made on node-a is placed on node-a (its id is drawn until the rendezvous choice is
+/// node-a), so a reconnect through node-b is sent there: a WebSocket is accepted and
+/// closed with 4421 naming node-a and its URL, SSE gets 421 with the same, and neither
+/// spends the token, which then opens the session on node-a. Before, node-b answered with
+/// a new session of its own, and the two nodes disagreed about where the session lived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_send_a_reconnect_to_the_node_that_made_its_session() {
+    let b_addr = dead_addr();
+    let a = TestServer::start(|c| {
+        c.node = "node-a".into();
+        c.peers = vec![format!("node-b=http://{b_addr}")];
+        c.probe_interval_ms = 50;
+        c.probe_up_after = 1;
+    });
+    let a_addr = a.addr;
+    let b = TestServer::start_at(b_addr, tempfile::tempdir().expect("tempdir"), |c| {
+        c.node = "node-b".into();
+        c.peers = vec![format!("node-a=http://{a_addr}")];
+        c.probe_interval_ms = 50;
+        c.probe_up_after = 1;
+    });
+    let up = |http: &Http, peer: &str| http.metric(&format!("livegate_peer_up{{peer=\"{peer}\"}}")) == Some(1.0);
+    assert!(wait_until(Duration::from_secs(5), || up(&a.http(), "node-b") && up(&b.http(), "node-a")), "peers never up");
+
+    let first = WsClient::connect(a.addr, &a.mint_token("u1", "web"), None).await;
+    let session = first.session().to_string();
+    first.close().await;
+    // Both nodes answer node-a for it, without an API key.
+    for node in [&a, &b] {
+        let (status, body) = node.http().request("GET", &format!("/v1/route?session={session}"), Auth::None, Body::None);
+        assert_eq!((status, body["node"].as_str()), (200, Some("node-a")), "{body}");
+    }
+
+    let token = b.mint_token("u1", "web");
+    match WsClient::try_connect_with_headers(b.addr, Some(&token), Some(&session)).await {
+        Err(r) => {
+            assert_eq!((r.status, r.header("close-code")), (421, Some("4421")), "{} {:?}", r.body, r.headers);
+            assert_eq!(r.body["error"]["code"], "wrong_node", "{}", r.body);
+            assert_eq!(r.body["error"]["node"], "node-a", "{}", r.body);
+            assert_eq!(r.body["error"]["url"], format!("http://{a_addr}"), "{}", r.body);
+            assert_eq!(r.header("close-reason"), Some(format!("http://{a_addr}").as_str()), "the close reason is the URL");
+        }
+        Ok(c) => panic!("node-b accepted node-a's session: {}", c.welcome),
+    }
+    let (status, body) =
+        b.http().request("GET", &format!("/v1/sse?token={token}&session={session}"), Auth::None, Body::None);
+    assert_eq!((status, body["error"]["code"].as_str(), body["error"]["node"].as_str()), (421, Some("wrong_node"), Some("node-a")), "{body}");
+    assert_eq!(b.http().metric("livegate_handshakes_redirected_total"), Some(2.0), "{}", b.http().metrics_text());
+    // The token was not spent: it opens the session where it lives.
+    let (there, sent_to) = WsClient::connect_following(b.addr, &token, Some(&session)).await;
+    assert_eq!((there.session(), there.welcome["node"].as_str(), sent_to.as_deref()), (session.as_str(), Some("node-a"), Some("node-a")), "{}", there.welcome);
 }

@@ -614,9 +614,56 @@ impl WsClient {
             next_ref: 1,
         };
         let welcome = client.recv_json().await;
+        if welcome["op"] == "error" {
+            return Err(client.refused_after_upgrade(welcome).await);
+        }
         assert_eq!(welcome["op"], "welcome", "first frame must be welcome, got {welcome}");
         client.welcome = welcome;
         Ok(client)
+    }
+
+    /// A refusal the server sends on an accepted socket (browsers cannot read a refused
+    /// upgrade): an `error` frame, then close 4421 (wrong node) or 4029 (migration
+    /// budget). Reported as its HTTP twin (421, or 429 with `retry-after` from the close
+    /// reason) with the frame as the error body and the close as `close-code`/`close-reason`.
+    async fn refused_after_upgrade(mut self, frame: Value) -> RejectedWithHeaders {
+        let (code, reason) = match self.read_incoming(WAIT).await {
+            Incoming::Close(Some(code), reason) => (code, reason),
+            other => panic!("an error frame before welcome must be followed by a close, got {other:?} after {frame}"),
+        };
+        let status = match code {
+            4421 => 421,
+            4029 => 429,
+            other => panic!("error frame {frame} before welcome, then close {other} {reason:?}"),
+        };
+        let mut headers = vec![("close-code".to_string(), code.to_string()), ("close-reason".to_string(), reason.clone())];
+        if code == 4029 {
+            headers.push(("retry-after".to_string(), reason));
+        }
+        let mut error = frame;
+        if let Some(object) = error.as_object_mut() {
+            object.remove("op");
+        }
+        RejectedWithHeaders { status, body: serde_json::json!({ "error": error }), headers }
+    }
+
+    /// Connects with `token` (and `session`) through `addr`, following one wrong-node
+    /// refusal to the node it names, as livegate.js does; returns the client and the
+    /// node it was sent to, if any.
+    pub async fn connect_following(addr: SocketAddr, token: &str, session: Option<&str>) -> (WsClient, Option<String>) {
+        match WsClient::try_connect(addr, Some(token), session).await {
+            Ok(client) => (client, None),
+            Err(r) if r.status == 421 => {
+                let url = r.body["error"]["url"].as_str().unwrap_or_else(|| panic!("421 without url: {}", r.body));
+                let node = r.body["error"]["node"].as_str().unwrap_or_default().to_string();
+                let to: SocketAddr = url.trim_start_matches("http://").trim_end_matches('/').parse().expect("node URL host:port");
+                match WsClient::try_connect(to, Some(token), session).await {
+                    Ok(client) => (client, Some(node)),
+                    Err(r) => panic!("sent to {node} ({url}), refused there: {} {}", r.status, r.body),
+                }
+            }
+            Err(r) => panic!("handshake rejected: {} {}", r.status, r.body),
+        }
     }
 
     pub fn session(&self) -> &str {
