@@ -1,0 +1,245 @@
+// livegate.js lands on the session's node (issue 30): a handshake on the wrong node is
+// refused with where to go (WebSocket close 4421, SSE HTTP 421 `wrong_node`), the client
+// follows at once with the same credential, remembers the node, and falls back through
+// the address it was given (`avoid=<node>`) when that node cannot be reached.
+// Run from the repository root: `node --test tests/js/` (the real-server tests need
+// target/release/livegate: `cargo build --release`).
+
+import assert from 'node:assert/strict';
+import { describe, test } from 'node:test';
+
+import { connect } from '../../src/web/livegate.js';
+import { fakeSocketClass } from './support/fake-socket.mjs';
+import { fakeFetch } from './support/fake-fetch.mjs';
+import { recorder } from './support/clients.mjs';
+
+/** Backoff tiers long enough that a reconnect within them can only be a follow. */
+const SLOW_BACKOFF = {
+  backoffMs: [5000, 5000, 5000],
+  restartJitterMs: 5000,
+  connectTimeoutMs: 3000,
+  stableMs: 60_000,
+};
+
+const params = (socket) => Object.fromEntries(new URL(socket.url).searchParams);
+const hostOf = (socket) => new URL(socket.url).host;
+
+/** A fetch for the /readyz checks only: `down` hosts throw (unreachable), the rest answer 200. */
+function readyzFetch(down = new Set()) {
+  const fn = async (url) => {
+    const target = new URL(url);
+    fn.probes.push(target.host);
+    if (down.has(target.host)) throw new TypeError('fetch failed');
+    return new Response('{"status":"ready"}', { status: 200 });
+  };
+  fn.probes = [];
+  return fn;
+}
+
+describe('livegate.js follows wrong_node refusals (scripted socket)', () => {
+  test('close 4421: reconnects at once to the node in the reason, with the same token and session, then goes there first', { timeout: 10_000 }, async () => {
+    const Fake = fakeSocketClass();
+    let tokens = 0;
+    const client = connect({
+      url: 'http://gw.test',
+      session: 'S1',
+      getToken: async () => `t${++tokens}`,
+      WebSocket: Fake,
+      fetch: readyzFetch(),
+      transport: 'websocket',
+      random: () => 1,
+      timings: SLOW_BACKOFF,
+    });
+    const log = recorder(client);
+    const redirects = [];
+    client.on('redirect', (r) => redirects.push(r));
+    try {
+      const ws0 = await Fake.nth(0);
+      assert.equal(hostOf(ws0), 'gw.test');
+      assert.deepEqual(params(ws0), { token: 't1', session: 'S1' });
+      ws0.open();
+      ws0.serverSend({ op: 'error', code: 'wrong_node', message: 'session S1 lives on a', node: 'a', url: 'http://a.test:7001' });
+      ws0.serverClose(4421, 'http://a.test:7001');
+      const ws1 = await Fake.nth(1, 1000); // no backoff: the tiers are 5 s here
+      assert.equal(ws1.url, 'ws://a.test:7001/v1/ws?token=t1&session=S1', 'the same, unspent token');
+      assert.equal(tokens, 1, 'getToken is not asked again');
+      assert.deepEqual(log.disconnected.map((d) => [d.code, d.reconnectInMs]), [[4421, 0]]);
+      assert.deepEqual(redirects, [{ node: 'a', url: 'http://a.test:7001', avoid: null, reason: 'wrong_node' }]);
+      assert.equal(log.error.length, 0, 'a refusal to follow is not an error');
+      ws1.welcome('S1', { node: 'a', resume: 'R1', resume_expires_at_ms: Date.now() + 600_000 });
+      assert.equal(log.connected.at(-1).node, 'a');
+
+      // Lost: the next attempt goes to node a first, with the resume credential.
+      ws1.serverClose(4008, 'heartbeat timeout');
+      const ws2 = await Fake.nth(2, 7000);
+      assert.equal(ws2.url, 'ws://a.test:7001/v1/ws?resume=R1');
+      // A drain of node a (1012) sends the next attempt through the given address.
+      ws2.welcome('S1', { node: 'a', resume: 'R2', resume_expires_at_ms: Date.now() + 600_000 });
+      ws2.serverClose(1012, 'service restart: reconnect in 1 ms');
+      const ws3 = await Fake.nth(3, 1000);
+      assert.equal(ws3.url, 'ws://gw.test/v1/ws?resume=R2');
+    } finally {
+      client.close();
+    }
+  });
+
+  test('close 4421 with an empty reason follows the wrong_node frame; a resume credential is not counted as failed', { timeout: 10_000 }, async () => {
+    const Fake = fakeSocketClass();
+    const fetch = readyzFetch();
+    const client = connect({ url: 'http://gw.test', getToken: async () => 'tok', WebSocket: Fake, fetch, transport: 'websocket', resumeAttempts: 1, random: () => 1, timings: SLOW_BACKOFF });
+    try {
+      const ws0 = await Fake.nth(0);
+      ws0.welcome('S1', { node: 'b', resume: 'R1', resume_expires_at_ms: Date.now() + 600_000 });
+      client.dropConnection();
+      const long = `https://${'x'.repeat(120)}.example/`;
+      // Plain http given, https named: allowed (never the other way round).
+      for (let n = 1; n <= 2; n++) {
+        const ws = await Fake.nth(n, 7000);
+        ws.open();
+        ws.serverSend({ op: 'error', code: 'wrong_node', message: 'elsewhere', node: 'a', url: long });
+        ws.serverClose(4421, '');
+      }
+      const ws3 = await Fake.nth(3, 1000);
+      assert.equal(ws3.url, `wss://${'x'.repeat(120)}.example/v1/ws?resume=R1`);
+      assert.ok(client.hasResume, 'refusals that named a node do not use up the credential');
+      assert.equal(fetch.probes.length, 0, 'nothing to judge: the server said why');
+    } finally {
+      client.close();
+    }
+  });
+
+  test('at most 3 refusals are followed in a row without a welcome, then the client backs off through the given address', { timeout: 15_000 }, async () => {
+    const Fake = fakeSocketClass();
+    const client = connect({
+      url: 'http://gw.test',
+      session: 'S1',
+      getToken: async () => 'tok',
+      WebSocket: Fake,
+      fetch: null,
+      random: () => 0.5,
+      timings: { ...SLOW_BACKOFF, backoffMs: [300, 300] },
+    });
+    const log = recorder(client);
+    try {
+      for (let n = 0; n < 4; n++) {
+        const ws = await Fake.nth(n, 1000);
+        assert.equal(hostOf(ws), n === 0 ? 'gw.test' : n % 2 ? 'a.test' : 'b.test');
+        ws.open();
+        ws.serverClose(4421, n % 2 ? 'http://b.test' : 'http://a.test');
+      }
+      assert.deepEqual(log.disconnected.map((d) => d.reconnectInMs), [0, 0, 0, 150], 'the 4th refusal backs off');
+      const ws4 = await Fake.nth(4, 1000);
+      assert.equal(hostOf(ws4), 'gw.test');
+      // A welcome resets the count.
+      ws4.open();
+      ws4.serverClose(4421, 'http://a.test');
+      const ws5 = await Fake.nth(5, 1000);
+      assert.equal(hostOf(ws5), 'a.test');
+      ws5.welcome('S1', { node: 'a' });
+      assert.equal(client.state, 'connected');
+    } finally {
+      client.close();
+    }
+  });
+
+  test('a refusal naming plain http is not followed from https (the credential would travel in the clear)', { timeout: 10_000 }, async () => {
+    const Fake = fakeSocketClass();
+    const client = connect({ url: 'https://gw.test', getToken: async () => 'tok', WebSocket: Fake, fetch: null, random: () => 0.5, timings: { ...SLOW_BACKOFF, backoffMs: [100] } });
+    const log = recorder(client);
+    try {
+      const ws0 = await Fake.nth(0);
+      ws0.open();
+      ws0.serverClose(4421, 'http://a.test');
+      const ws1 = await Fake.nth(1, 1000);
+      assert.equal(hostOf(ws1), 'gw.test');
+      assert.deepEqual(log.disconnected.map((d) => d.reconnectInMs), [50]);
+    } finally {
+      client.close();
+    }
+  });
+
+  test('the named node unreachable: back through the given address once with avoid=<node>, the same token', { timeout: 10_000 }, async () => {
+    const Fake = fakeSocketClass();
+    const down = new Set(['a.test']);
+    const fetch = readyzFetch(down);
+    let tokens = 0;
+    const client = connect({ url: 'http://gw.test', session: 'S1', getToken: async () => `t${++tokens}`, WebSocket: Fake, fetch, transport: 'websocket', random: () => 1, timings: SLOW_BACKOFF });
+    const redirects = [];
+    client.on('redirect', (r) => redirects.push(r));
+    try {
+      const ws0 = await Fake.nth(0);
+      ws0.open();
+      ws0.serverSend({ op: 'error', code: 'wrong_node', message: 'elsewhere', node: 'a', url: 'http://a.test' });
+      ws0.serverClose(4421, 'http://a.test');
+      const ws1 = await Fake.nth(1, 1000);
+      assert.equal(hostOf(ws1), 'a.test');
+      ws1.fail(); // connection refused: no open, close 1006
+      const ws2 = await Fake.nth(2, 1000);
+      assert.equal(ws2.url, 'ws://gw.test/v1/ws?token=t1&session=S1&avoid=a');
+      assert.deepEqual(fetch.probes, ['a.test']);
+      assert.deepEqual(redirects.map((r) => [r.reason, r.node, r.avoid]), [['wrong_node', 'a', null], ['unreachable', null, 'a']]);
+      // The given address answers with another node: the chain keeps avoiding a.
+      ws2.open();
+      ws2.serverClose(4421, 'http://c.test');
+      const ws3 = await Fake.nth(3, 1000);
+      assert.equal(ws3.url, 'ws://c.test/v1/ws?token=t1&session=S1&avoid=a');
+      ws3.welcome('S1', { node: 'c', resume: 'R1', resume_expires_at_ms: Date.now() + 600_000 });
+      client.dropConnection();
+      const ws4 = await Fake.nth(4, 7000);
+      assert.equal(ws4.url, 'ws://c.test/v1/ws?resume=R1', 'the avoid was for one handshake chain only');
+      // The remembered node unreachable: the given address next, avoiding it.
+      down.add('c.test');
+      ws4.fail();
+      const ws5 = await Fake.nth(5, 1000);
+      assert.equal(ws5.url, 'ws://gw.test/v1/ws?resume=R1&avoid=c');
+      assert.ok(client.hasResume, 'an unreachable node did not see the credential');
+    } finally {
+      client.close();
+    }
+  });
+
+  test('close 4029 waits the retry-after seconds of its reason', { timeout: 10_000 }, async () => {
+    const Fake = fakeSocketClass();
+    const client = connect({ url: 'http://gw.test', getToken: async () => 'tok', WebSocket: Fake, fetch: null, random: () => 0, timings: { ...SLOW_BACKOFF, backoffMs: [0] } });
+    const log = recorder(client);
+    try {
+      const ws0 = await Fake.nth(0);
+      ws0.open();
+      const before = Date.now();
+      ws0.serverClose(4029, '1');
+      assert.deepEqual(log.disconnected.map((d) => [d.code, d.reconnectInMs]), [[4029, 1000]]);
+      const ws1 = await Fake.nth(1, 3000);
+      assert.ok(ws1.createdAt - before >= 990, 'waited the second');
+    } finally {
+      client.close();
+    }
+  });
+});
+
+describe('livegate.js follows wrong_node refusals over SSE (scripted fetch)', () => {
+  test('HTTP 421 wrong_node: the next request goes to the named node with the same token; 429 waits Retry-After', { timeout: 10_000 }, async () => {
+    const fetch = fakeFetch();
+    let tokens = 0;
+    const client = connect({ url: 'http://gw.test', session: 'S1', getToken: async () => `t${++tokens}`, fetch, transport: 'sse', random: () => 0, timings: { ...SLOW_BACKOFF, backoffMs: [0] } });
+    const log = recorder(client);
+    try {
+      client.subscribe('r1', () => {});
+      const s0 = await fetch.nth(0);
+      assert.equal(s0.url.host, 'gw.test');
+      s0.respond(421, { error: { code: 'wrong_node', message: 'session S1 lives on a', node: 'a', url: 'http://a.test:7001' } });
+      const s1 = await fetch.nth(1, 1000);
+      assert.equal(s1.url.origin + s1.url.pathname, 'http://a.test:7001/v1/sse');
+      assert.deepEqual([s1.params.token, s1.params.session, s1.params.rooms], ['t1', 'S1', 'r1']);
+      assert.equal(tokens, 1);
+      assert.equal(log.error.length, 0);
+      s1.respond(429, { error: { code: 'migration_budget', message: 'retry after 1 s' } });
+      const s2 = await fetch.nth(2, 3000);
+      assert.ok(s2.createdAt - s1.createdAt >= 990, 'waited the retry-after second');
+      assert.equal(log.disconnected.at(-1).code, 4029);
+      assert.equal(log.disconnected.at(-1).reconnectInMs, 1000);
+    } finally {
+      client.close();
+    }
+  });
+});
+
