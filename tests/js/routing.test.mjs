@@ -6,12 +6,14 @@
 // target/release/livegate: `cargo build --release`).
 
 import assert from 'node:assert/strict';
-import { describe, test } from 'node:test';
+import { after, before, describe, test } from 'node:test';
 
 import { connect } from '../../src/web/livegate.js';
 import { fakeSocketClass } from './support/fake-socket.mjs';
 import { fakeFetch } from './support/fake-fetch.mjs';
-import { recorder } from './support/clients.mjs';
+import { REAL_SERVER_TIMINGS, recorder } from './support/clients.mjs';
+import { WebSocketImpl, mintToken, publish, waitFor } from './support/server.mjs';
+import { startCluster, startForwarder, startNats } from './support/nodes.mjs';
 
 /** Backoff tiers long enough that a reconnect within them can only be a follow. */
 const SLOW_BACKOFF = {
@@ -243,3 +245,139 @@ describe('livegate.js follows wrong_node refusals over SSE (scripted fetch)', ()
   });
 });
 
+
+// ---------------------------------------------------------------------------------------
+// Two real nodes, a and b, in cluster mode (one NATS: the shared directory, token secret
+// and rooms), behind a forwarder the test points at either one (the load balancer the
+// client is given). Node a's public URL goes through a gate, so a test can make a
+// unreachable for clients while the cluster still sees it alive.
+// ---------------------------------------------------------------------------------------
+
+describe('livegate.js lands on the session\'s node (two real nodes)', () => {
+  let nats;
+  let cluster;
+  let gate;
+  let balancer;
+  before(async () => {
+    nats = await startNats();
+    gate = await startForwarder(0);
+    cluster = await startCluster({ nats, names: ['a', 'b'], publicUrls: { a: gate.url } });
+    gate.point(cluster.nodes.a.port);
+    balancer = await startForwarder(cluster.nodes.a.port);
+  });
+  after(async () => {
+    await balancer?.close();
+    await gate?.close();
+    await cluster?.stop();
+    await nats?.stop();
+  });
+
+  /**
+   * A client through the balancer (pointed at a) with a session on a, subscribed to
+   * `room`; then the balancer points at b, the connection is cut, `missed` events are
+   * published while the client cannot get in, and it is let in again.
+   */
+  async function sessionOnAThenThroughB({ user, room, transport, missed }) {
+    const { a, b } = cluster.nodes;
+    balancer.point(a.port);
+    let tokens = 0;
+    const client = connect({
+      url: balancer.url,
+      WebSocket: WebSocketImpl,
+      transport,
+      timings: REAL_SERVER_TIMINGS,
+      getToken: async () => {
+        tokens += 1;
+        return mintToken(b.url, user);
+      },
+    });
+    const log = recorder(client);
+    const redirects = [];
+    client.on('redirect', (r) => redirects.push(r));
+    const timeline = [];
+    for (const name of ['connecting', 'connected', 'disconnected']) client.on(name, (d) => timeline.push([name, d]));
+    const got = [];
+    await client.subscribe(room, (event) => got.push(event.data.n));
+    assert.equal(log.connected.at(-1).node, 'a');
+    const session = client.session;
+    await publish(a.url, room, { n: 0 });
+    await waitFor(() => got.length === 1, 'the first event');
+
+    balancer.hold();
+    balancer.point(b.port);
+    balancer.dropAll();
+    gate.dropAll();
+    await waitFor(() => client.state !== 'connected', 'the client to notice');
+    for (let n = 1; n <= missed; n++) await publish(n % 2 ? a.url : b.url, room, { n });
+    const connectedBefore = log.connected.length;
+    balancer.release();
+    await waitFor(() => log.connected.length > connectedBefore, 'the client back', 15_000);
+    return { client, log, redirects, got, session, timeline, tokens: () => tokens, connectedBefore };
+  }
+
+  for (const transport of ['websocket', 'sse']) {
+    test(`${transport}: a session on a reconnecting through b lands on a within one extra round trip, its credential unspent, nothing lost`, { timeout: 60_000 }, async () => {
+      const room = `route-${transport}:1`;
+      const run = await sessionOnAThenThroughB({ user: `lands-${transport}`, room, transport, missed: 3 });
+      const { client, log, redirects, got, session } = run;
+      try {
+        const back = log.connected.slice(run.connectedBefore);
+        assert.deepEqual(back.map((c) => [c.node, c.session, c.resumed, c.credential, c.transport]), [['a', session, true, 'resume', transport]]);
+        // Attempts while the balancer held them off failed before reaching anyone; from
+        // the first that got through: one refused by b, one welcomed by a.
+        assert.deepEqual(redirects.map((r) => [r.reason, r.node, r.url, r.avoid]), [['wrong_node', 'a', gate.url, null]]);
+        const refused = log.disconnected.filter((d) => d.code === 4421);
+        assert.equal(refused.length, 1, JSON.stringify(log.disconnected));
+        assert.equal(refused[0].reconnectInMs, 0);
+        // b's refusal, then exactly one handshake: a's welcome.
+        const refusedAt = run.timeline.findIndex(([name, d]) => name === 'disconnected' && d.code === 4421);
+        assert.deepEqual(run.timeline.slice(refusedAt - 1).map(([name]) => name), ['connecting', 'disconnected', 'connecting', 'connected']);
+        assert.equal(run.tokens(), 1, 'the resume credential did it: no token asked for');
+        await waitFor(() => got.length === 4, 'the missed events', 10_000);
+        assert.deepEqual(got, [0, 1, 2, 3]);
+        assert.deepEqual(log.error.filter((e) => e.code !== 'token'), []);
+
+        // Reconnects go to a first now: the balancer sees none of them.
+        const through = balancer.accepted();
+        client.dropConnection();
+        await waitFor(() => log.connected.length > run.connectedBefore + 1, 'the client back again');
+        assert.equal(log.connected.at(-1).node, 'a');
+        assert.equal(balancer.accepted(), through, 'the reconnect went straight to a');
+        assert.equal(redirects.length, 1);
+        await publish(cluster.nodes.b.url, room, { n: 4 });
+        await waitFor(() => got.length === 5, 'a live event');
+        assert.deepEqual(got, [0, 1, 2, 3, 4]);
+      } finally {
+        client.close();
+      }
+    });
+  }
+
+  test('websocket: a session on a with a unreachable for clients falls back through b with avoid=a and lands on b', { timeout: 60_000 }, async () => {
+    const room = 'route-fallback:1';
+    const run = await sessionOnAThenThroughB({ user: 'fallback', room, transport: 'websocket', missed: 1 });
+    const { client, log, redirects, got } = run;
+    try {
+      assert.equal(log.connected.at(-1).node, 'a');
+      // a stays alive for the cluster; clients cannot reach its public URL any more.
+      gate.block(/./);
+      const connectedBefore = log.connected.length;
+      client.dropConnection();
+      await waitFor(() => log.connected.length > connectedBefore, 'the client back', 20_000);
+      assert.deepEqual(log.connected.slice(connectedBefore).map((c) => [c.node, c.session, c.resumed]), [['b', run.session, true]]);
+      assert.deepEqual(redirects.map((r) => [r.reason, r.node, r.avoid]), [['wrong_node', 'a', null], ['unreachable', null, 'a']]);
+      await publish(cluster.nodes.b.url, room, { n: 2 });
+      await waitFor(() => got.length === 3, 'the events, a live one on b');
+      assert.deepEqual(got, [0, 1, 2]);
+      // b is where it lives now: a reconnect through the balancer lands there directly.
+      const n = log.connected.length;
+      client.dropConnection();
+      await waitFor(() => log.connected.length > n, 'the client back again');
+      assert.equal(log.connected.at(-1).node, 'b');
+      assert.equal(redirects.length, 2);
+    } finally {
+      gate.unblock();
+      client.close();
+    }
+  });
+});
