@@ -249,25 +249,29 @@ describe('livegate.js follows wrong_node refusals over SSE (scripted fetch)', ()
 // ---------------------------------------------------------------------------------------
 // Two real nodes, a and b, in cluster mode (one NATS: the shared directory, token secret
 // and rooms), behind a forwarder the test points at either one (the load balancer the
-// client is given). Node a's public URL goes through a gate, so a test can make a
-// unreachable for clients while the cluster still sees it alive.
+// client is given). Each node's public URL goes through a gate of its own, so a test can
+// make a node unreachable for clients while the cluster still sees it alive.
 // ---------------------------------------------------------------------------------------
 
 describe('livegate.js lands on the session\'s node (two real nodes)', () => {
   let nats;
   let cluster;
-  let gate;
+  let gate; // node a's
+  let gateB;
   let balancer;
   before(async () => {
     nats = await startNats();
     gate = await startForwarder(0);
-    cluster = await startCluster({ nats, names: ['a', 'b'], publicUrls: { a: gate.url } });
+    gateB = await startForwarder(0);
+    cluster = await startCluster({ nats, names: ['a', 'b'], publicUrls: { a: gate.url, b: gateB.url } });
     gate.point(cluster.nodes.a.port);
+    gateB.point(cluster.nodes.b.port);
     balancer = await startForwarder(cluster.nodes.a.port);
   });
   after(async () => {
     await balancer?.close();
     await gate?.close();
+    await gateB?.close();
     await cluster?.stop();
     await nats?.stop();
   });
@@ -353,31 +357,43 @@ describe('livegate.js lands on the session\'s node (two real nodes)', () => {
     });
   }
 
-  test('websocket: a session on a with a unreachable for clients falls back through b with avoid=a and lands on b', { timeout: 60_000 }, async () => {
-    const room = 'route-fallback:1';
-    const run = await sessionOnAThenThroughB({ user: 'fallback', room, transport: 'websocket', missed: 1 });
-    const { client, log, redirects, got } = run;
-    try {
-      assert.equal(log.connected.at(-1).node, 'a');
-      // a stays alive for the cluster; clients cannot reach its public URL any more.
-      gate.block(/./);
-      const connectedBefore = log.connected.length;
-      client.dropConnection();
-      await waitFor(() => log.connected.length > connectedBefore, 'the client back', 20_000);
-      assert.deepEqual(log.connected.slice(connectedBefore).map((c) => [c.node, c.session, c.resumed]), [['b', run.session, true]]);
-      assert.deepEqual(redirects.map((r) => [r.reason, r.node, r.avoid]), [['wrong_node', 'a', null], ['unreachable', null, 'a']]);
-      await publish(cluster.nodes.b.url, room, { n: 2 });
-      await waitFor(() => got.length === 3, 'the events, a live one on b');
-      assert.deepEqual(got, [0, 1, 2]);
-      // b is where it lives now: a reconnect through the balancer lands there directly.
-      const n = log.connected.length;
-      client.dropConnection();
-      await waitFor(() => log.connected.length > n, 'the client back again');
-      assert.equal(log.connected.at(-1).node, 'b');
-      assert.equal(redirects.length, 2);
-    } finally {
-      gate.unblock();
-      client.close();
-    }
-  });
+  for (const transport of ['websocket', 'sse']) {
+    test(`${transport}: a unreachable for clients: back through b with avoid=a, lands on b; a second move the route did not choose waits the budget's retry-after`, { timeout: 60_000 }, async () => {
+      const room = `route-fallback-${transport}:1`;
+      const run = await sessionOnAThenThroughB({ user: `fallback-${transport}`, room, transport, missed: 1 });
+      const { client, log, redirects, got } = run;
+      try {
+        assert.equal(log.connected.at(-1).node, 'a');
+        // a stays alive for the cluster; clients cannot reach its public URL any more.
+        gate.block(/./);
+        const connectedBefore = log.connected.length;
+        client.dropConnection();
+        await waitFor(() => log.connected.length > connectedBefore, 'the client back', 20_000);
+        assert.deepEqual(log.connected.slice(connectedBefore).map((c) => [c.node, c.session, c.resumed]), [['b', run.session, true]]);
+        assert.deepEqual(redirects.map((r) => [r.reason, r.node, r.avoid]), [['wrong_node', 'a', null], ['unreachable', null, 'a']]);
+        await publish(cluster.nodes.b.url, room, { n: 2 });
+        await waitFor(() => got.length === 3, 'the events, a live one on b');
+        assert.deepEqual(got, [0, 1, 2]);
+
+        // The session moved once (a to b, not the route's choice). Now b is the one clients
+        // cannot reach and the balancer sends them to a: a names b, b is unreachable, a is
+        // asked to avoid b: a second move in the window, refused for the budget (4029 /
+        // HTTP 429), and the client waits the retry-after it was given.
+        gate.unblock();
+        gateB.block(/./);
+        balancer.point(cluster.nodes.a.port);
+        const refusedBefore = log.disconnected.length;
+        client.dropConnection();
+        const budget = await waitFor(() => log.disconnected.slice(refusedBefore).find((d) => d.code === 4029), 'the budget refusal', 20_000);
+        assert.ok(budget.reconnectInMs >= 1000, `waits the retry-after: ${JSON.stringify(budget)}`);
+        assert.ok(budget.reconnectInMs <= 60_000, "at most timings.maxHintMs");
+        assert.deepEqual(redirects.slice(2).map((r) => [r.reason, r.node, r.avoid]), [['wrong_node', 'b', null], ['unreachable', null, 'b']]);
+        assert.ok(client.hasResume, 'the refused credential is kept');
+      } finally {
+        gate.unblock();
+        gateB.unblock();
+        client.close();
+      }
+    });
+  }
 });
