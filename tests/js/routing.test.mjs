@@ -386,7 +386,7 @@ describe('livegate.js lands on the session\'s node (two real nodes)', () => {
         client.dropConnection();
         const budget = await waitFor(() => log.disconnected.slice(refusedBefore).find((d) => d.code === 4029), 'the budget refusal', 20_000);
         assert.ok(budget.reconnectInMs >= 1000, `waits the retry-after: ${JSON.stringify(budget)}`);
-        assert.ok(budget.reconnectInMs <= 60_000, "at most timings.maxHintMs");
+        assert.ok(budget.reconnectInMs <= 60_000, 'at most timings.maxHintMs');
         assert.deepEqual(redirects.slice(2).map((r) => [r.reason, r.node, r.avoid]), [['wrong_node', 'b', null], ['unreachable', null, 'b']]);
         assert.ok(client.hasResume, 'the refused credential is kept');
       } finally {
