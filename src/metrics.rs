@@ -148,6 +148,8 @@ pub struct Metrics {
     pub recoveries: Family<ResultLabel, Counter>,
     pub directory_writes: Family<ResultLabel, Counter>,
     pub migrations: Counter,
+    /// Handshakes sent to the node that serves their session (421 or close 4421).
+    pub handshakes_redirected: Counter,
     pub sessions_expired: Counter,
     /// Sessions with a connection here / disconnected ones in the memory cache / records
     /// in the store (single node), as of the last scrape.
@@ -219,6 +221,7 @@ impl Metrics {
             recoveries: Family::default(),
             directory_writes: Family::default(),
             migrations: Counter::default(),
+            handshakes_redirected: Counter::default(),
             sessions_expired: Counter::default(),
             sessions_live: Gauge::default(),
             sessions_cached: Gauge::default(),
@@ -394,6 +397,11 @@ impl Metrics {
         r.register("recoveries", "Subscribes with since, by outcome", self.recoveries.clone());
         r.register("directory_writes", "Session directory writes, by result", self.directory_writes.clone());
         r.register("migrations", "Session owner changes", self.migrations.clone());
+        r.register(
+            "handshakes_redirected",
+            "Handshakes sent to the node that serves their session (HTTP 421 or close 4421)",
+            self.handshakes_redirected.clone(),
+        );
         r.register("sessions_expired", "Sessions deleted after session_ttl_secs without a connection", self.sessions_expired.clone());
         r.register("sessions_live", "Sessions with a connection on this node", self.sessions_live.clone());
         r.register("sessions_cached", "Disconnected sessions kept in memory (at most session_cache_max)", self.sessions_cached.clone());

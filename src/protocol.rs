@@ -31,13 +31,15 @@ pub enum CloseCode {
     HeartbeatTimeout,
     SlowConsumer,
     MigrationBudget,
+    /// The session is served by another node: reconnect to the URL in the reason.
+    WrongNode,
     Replaced,
     Kicked,
     TokenInvalid,
 }
 
 impl CloseCode {
-    pub const ALL: [CloseCode; 15] = [
+    pub const ALL: [CloseCode; 16] = [
         CloseCode::Normal,
         CloseCode::GoingAway,
         CloseCode::ProtocolError,
@@ -50,6 +52,7 @@ impl CloseCode {
         CloseCode::HeartbeatTimeout,
         CloseCode::SlowConsumer,
         CloseCode::MigrationBudget,
+        CloseCode::WrongNode,
         CloseCode::Replaced,
         CloseCode::Kicked,
         CloseCode::TokenInvalid,
@@ -69,6 +72,7 @@ impl CloseCode {
             CloseCode::HeartbeatTimeout => 4008,
             CloseCode::SlowConsumer => 4009,
             CloseCode::MigrationBudget => 4029,
+            CloseCode::WrongNode => 4421,
             CloseCode::Replaced => 4501,
             CloseCode::Kicked => 4502,
             CloseCode::TokenInvalid => 4503,
@@ -93,6 +97,7 @@ impl CloseCode {
             CloseCode::HeartbeatTimeout => "heartbeat timeout",
             CloseCode::SlowConsumer => "too slow reading events",
             CloseCode::MigrationBudget => "migration budget spent",
+            CloseCode::WrongNode => "served by another node: reconnect to the URL in the reason",
             CloseCode::Replaced => "replaced by a newer connection of the same user and device",
             CloseCode::Kicked => "kicked by an operator",
             CloseCode::TokenInvalid => "token no longer valid",
@@ -129,6 +134,8 @@ pub enum ErrorCode {
     /// A resume credential that is malformed, spent, expired or revoked (DESIGN §7).
     ResumeInvalid,
     MigrationBudget,
+    /// The session is served by another node, named with its URL (issue 30).
+    WrongNode,
     NoAliveNode,
     NotFound,
     Unavailable,
@@ -157,6 +164,7 @@ impl ErrorCode {
             ErrorCode::TokenReplayed => "token_replayed",
             ErrorCode::ResumeInvalid => "resume_invalid",
             ErrorCode::MigrationBudget => "migration_budget",
+            ErrorCode::WrongNode => "wrong_node",
             ErrorCode::NoAliveNode => "no_alive_node",
             ErrorCode::NotFound => "not_found",
             ErrorCode::Unavailable => "unavailable",
@@ -184,6 +192,7 @@ impl ErrorCode {
             ErrorCode::Forbidden | ErrorCode::ForbiddenOrigin => 403,
             ErrorCode::NotFound | ErrorCode::PresenceOff => 404,
             ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::WrongNode => 421,
             ErrorCode::TooManySubscriptions | ErrorCode::MigrationBudget | ErrorCode::RateLimited => 429,
             ErrorCode::Internal => 500,
             ErrorCode::Unavailable
@@ -530,6 +539,11 @@ pub struct ErrorFrame<'a> {
     pub code: Cow<'a, str>,
     #[serde(borrow, default)]
     pub message: Cow<'a, str>,
+    /// `wrong_node`: the node that serves the session, and its base URL.
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<Cow<'a, str>>,
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<Cow<'a, str>>,
 }
 
 /// One member of a room in presence answers and frames.
@@ -703,7 +717,13 @@ pub fn pong_frame(reference: Option<i64>) -> String {
 }
 
 pub fn error_frame(reference: Option<i64>, code: ErrorCode, message: &str) -> String {
-    render(&ServerFrame::Error(ErrorFrame { reference, code: code.as_str().into(), message: message.into() }))
+    render(&ServerFrame::Error(ErrorFrame { reference, code: code.as_str().into(), message: message.into(), node: None, url: None }))
+}
+
+/// The `error` frame a WebSocket gets before its close 4421: where its session is served.
+pub fn wrong_node_frame(message: &str, node: &str, url: &str) -> String {
+    let code = ErrorCode::WrongNode.as_str().into();
+    render(&ServerFrame::Error(ErrorFrame { reference: None, code, message: message.into(), node: Some(node.into()), url: Some(url.into()) }))
 }
 
 /// The `history` reply frame; `events` are rendered events.
@@ -965,6 +985,13 @@ pub fn history_body<'a>(room: &str, epoch: Option<&str>, head: u64, events: impl
 /// `{"error":{"code","message"}}`
 pub fn error_body(code: ErrorCode, message: &str) -> String {
     serde_json::json!({"error": {"code": code.as_str(), "message": message}}).to_string()
+}
+
+/// `{"error":{"code":"wrong_node","message","node","url"}}`: the HTTP answer (421) to a
+/// handshake on a node that does not serve its session.
+pub fn wrong_node_body(message: &str, node: &str, url: &str) -> String {
+    let code = ErrorCode::WrongNode.as_str();
+    serde_json::json!({"error": {"code": code, "message": message, "node": node, "url": url}}).to_string()
 }
 
 pub fn parse_token_request(body: &[u8]) -> Result<TokenRequest, String> {

@@ -21,7 +21,7 @@ use thiserror::Error;
 
 use crate::actors::connection::{ConnectionSettings, ResumeRevocations};
 use crate::actors::directory::{Directory, DirectorySettings, ExpireSessions, SessionStore};
-use crate::actors::liveness::{ClusterPeers, Heard, Left, LivenessActor};
+use crate::actors::liveness::{ClusterPeers, Heard, Left, LivenessActor, Router};
 use crate::actors::messages::{Kick, StateAt};
 use crate::actors::publish::Publisher;
 use crate::actors::registry::{Registry, RemoteReplace, UserBus};
@@ -36,7 +36,6 @@ use crate::cluster::occupancy::{ClusterOccupancy, Report as OccupancyReport};
 use crate::cluster::roomlog::{StoredState, StreamEvent};
 use crate::cluster::{Cluster, ClusterError, StreamLimits};
 use crate::config::{Config, ConfigError};
-use crate::core::heartbeats::Heartbeats;
 use crate::core::heartbeats::NodeInfo;
 use crate::core::lifecycle::Lifecycle;
 use crate::core::namespaces::Namespaces;
@@ -209,11 +208,13 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         session_ttl: config.session_ttl(),
         session_cache_max: config.session_cache_max,
     };
-    let directory = Directory::new(backends.sessions.clone(), config.node.clone(), directory_settings, metrics.clone()).start();
     let local = listener.local_addr()?;
     let lifecycle = Arc::new(Lifecycle::default());
     let me = this_node(&config, local, tls.is_some());
-    let liveness = start_liveness(&config, me, cluster.as_ref(), &lifecycle, &metrics, &presence)?;
+    let router = Arc::new(router(&config, me, cluster.is_some(), &lifecycle)?);
+    let directory =
+        Directory::new(backends.sessions.clone(), router.clone(), directory_settings, metrics.clone()).start();
+    let liveness = start_liveness(&config, router.clone(), cluster.as_ref(), &metrics, &presence);
     if let (Some(cluster), Some(kv)) = (&cluster, &backends.kv) {
         let events = NodeActors {
             rooms: rooms.clone(),
@@ -226,7 +227,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         crate::cluster::presence::listen(cluster, PresenceNodes(presence.clone())).await?;
         presence.started();
         if let Some(occupancy) = &occupancy {
-            occupancy.start(OccupancyPeers(liveness.clone())).await?;
+            occupancy.start(OccupancyPeers(router.clone())).await?;
         }
     }
     // The open-file budget, shared: plain HTTP sockets' places first, streams get the rest.
@@ -245,8 +246,8 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     // The publish path and the kicks' reach, chosen once with the rest: one node, or NATS.
     let (publisher, other_nodes): (Publisher, Arc<dyn OtherNodes>) = match &cluster {
         Some(cluster) => (
-            Publisher::clustered(rooms.clone(), cluster.clone(), liveness.clone()),
-            Arc::new(ClusterNodes { cluster: cluster.clone(), liveness: liveness.clone() }),
+            Publisher::clustered(rooms.clone(), cluster.clone(), router.clone()),
+            Arc::new(ClusterNodes { cluster: cluster.clone(), router: router.clone() }),
         ),
         None => (Publisher::local(rooms.clone()), Arc::new(NoOtherNodes)),
     };
@@ -266,6 +267,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         nonces: backends.nonces,
         other_nodes,
         liveness,
+        router: router.clone(),
         publisher: publisher.clone(),
         metrics: metrics.clone(),
         token_secret: backends.token_secret,
@@ -378,27 +380,35 @@ fn this_node(config: &Config, local: std::net::SocketAddr, tls: bool) -> crate::
     crate::config::Peer { name: config.node.clone(), cell: config.cell.clone(), url }
 }
 
-/// Peers from heartbeats on NATS (cluster mode), or from probing the configured peers.
+/// The routing view: peers from heartbeats on NATS (cluster mode), or the configured
+/// peers, probed. Nodes that started within `migration_window_secs` rank first for the
+/// sessions a release moves.
+fn router(config: &Config, me: crate::config::Peer, clustered: bool, lifecycle: &Arc<Lifecycle>) -> Result<Router, ServerError> {
+    let up_after = config.probe_up_after.min(u32::MAX as u64) as u32;
+    let release_window = config.migration_window();
+    Ok(if clustered {
+        let timeout = config.cluster_heartbeat() * HEARTBEATS_MISSED as u32;
+        Router::clustered(me, timeout, up_after, lifecycle.clone(), release_window)
+    } else {
+        Router::probed(me, config.peer_nodes()?, up_after, lifecycle.clone(), release_window)
+    })
+}
+
+/// The liveness actor: heartbeats on NATS (cluster mode), or probes of the configured peers.
 fn start_liveness(
     config: &Config,
-    me: crate::config::Peer,
+    router: Arc<Router>,
     cluster: Option<&Cluster>,
-    lifecycle: &Arc<Lifecycle>,
     metrics: &Arc<Metrics>,
     presence: &Arc<PresenceHub>,
-) -> Result<Addr<LivenessActor>, ServerError> {
-    Ok(match cluster {
+) -> Addr<LivenessActor> {
+    match cluster {
         Some(cluster) => {
-            let interval = config.cluster_heartbeat();
-            let table = Heartbeats::new(interval.as_millis() as u64 * HEARTBEATS_MISSED);
-            let peers = ClusterPeers { cluster: cluster.clone(), lifecycle: lifecycle.clone(), table, presence: presence.clone() };
-            LivenessActor::clustered(me, interval, peers, metrics.clone()).start()
+            let peers = ClusterPeers { cluster: cluster.clone(), presence: presence.clone() };
+            LivenessActor::clustered(router, config.cluster_heartbeat(), peers, metrics.clone()).start()
         }
-        None => {
-            let up_after = config.probe_up_after.min(u32::MAX as u64) as u32;
-            LivenessActor::new(me, config.peer_nodes()?, config.probe_interval(), up_after, metrics.clone()).start()
-        }
-    })
+        None => LivenessActor::probing(router, config.probe_interval(), metrics.clone()).start(),
+    }
 }
 
 fn connection_settings(
@@ -707,18 +717,16 @@ impl Occupancy for ClusterOccupancy {
     }
 }
 
-/// Rooms' writers and the peers alive, for cluster occupancy, from the liveness actor.
-struct OccupancyPeers(Addr<LivenessActor>);
+/// Rooms' writers and the peers alive, for cluster occupancy, from the router.
+struct OccupancyPeers(Arc<Router>);
 
 impl crate::cluster::occupancy::Peers for OccupancyPeers {
     fn writer(&self, room: &str) -> LocalBoxFuture<'static, Option<String>> {
-        let asked = self.0.send(crate::actors::liveness::RoomWriter { room: room.to_string() });
-        Box::pin(async move { asked.await.ok().flatten() })
+        Box::pin(std::future::ready(self.0.room_writer(room)))
     }
 
     fn alive(&self) -> LocalBoxFuture<'static, Vec<String>> {
-        let asked = self.0.send(crate::actors::liveness::AlivePeers);
-        Box::pin(async move { asked.await.unwrap_or_default() })
+        Box::pin(std::future::ready(self.0.peers_heard()))
     }
 }
 

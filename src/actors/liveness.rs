@@ -1,23 +1,32 @@
-//! The liveness actor: probes each peer's `/healthz` (which does a real store read and
-//! write) every `probe_interval`, feeds the outcomes to the pure [`Liveness`] table, and
-//! answers routing questions with the pure routing functions over the nodes alive now.
-//! This node is always a candidate.
+//! The liveness actor and the [`Router`] it keeps current. The actor probes each peer's
+//! `/healthz` (which does a real store read and write, and says whether the peer is
+//! draining) every `probe_interval` and feeds the outcomes to the pure [`Liveness`]
+//! table; in cluster mode there is no peer list: nodes announce themselves by heartbeats
+//! on NATS (the pure [`Heartbeats`] table), a peer is up after `probe_up_after`
+//! heartbeats in a row and down when not heard for three periods.
 //!
-//! In cluster mode there is no peer list: nodes announce themselves by heartbeats on NATS
-//! (the pure [`Heartbeats`] table), a peer not heard for three periods is down, and a
+//! The [`Router`] holds those tables behind a short lock and answers every routing
+//! question with the one pure function, [`route`]: `/v1/route`, the directory's
+//! handshake decisions and the room writers all read it, so they cannot disagree. A
 //! draining node (this one included) stops being a candidate at once.
+//!
+//! In peers mode each node keeps its own directory, so no record says who owns a
+//! session: its owner is the rendezvous choice among all configured nodes (this one
+//! included), and a node mints only session ids whose choice is itself. Any two nodes
+//! that see the same peers alive give the same answer.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
+use parking_lot::Mutex;
 
 use crate::cluster::Cluster;
 use crate::config::Peer;
 use crate::core::heartbeats::{Heartbeats, NodeInfo, Seen};
-use crate::core::liveness::{Change, Liveness};
-use crate::core::routing::{room_writer, route_cell, route_session, CellReport};
 use crate::core::lifecycle::Lifecycle;
+use crate::core::liveness::{Change, Liveness};
+use crate::core::routing::{rendezvous, room_writer, route, Candidate, Reason, RouteQuestion};
 use crate::metrics::PeerLabel;
 use crate::world::now_ms;
 
@@ -31,90 +40,231 @@ pub struct Heard(pub NodeInfo);
 #[rtype(result = "()")]
 pub struct Left(pub String);
 
-/// Cluster mode: which node appends `room`'s events now (one writer per room).
-#[derive(Message)]
-#[rtype(result = "Option<String>")]
-pub struct RoomWriter {
-    pub room: String,
-}
-
-/// Cluster mode: the names of the peers alive now (draining ones included).
-#[derive(Message)]
-#[rtype(result = "Vec<String>")]
-pub struct AlivePeers;
-
-/// Cluster mode: this node's heartbeats and the table of its peers' heartbeats.
+/// Cluster mode: this node's heartbeats, sent by the actor.
 pub struct ClusterPeers {
     pub cluster: Cluster,
-    pub lifecycle: Arc<Lifecycle>,
-    pub table: Heartbeats,
     /// A dead peer's members leave every room's presence.
     pub presence: Arc<super::room::PresenceHub>,
 }
 
-/// Which node should serve `session` (recorded on `recorded_owner`, if known) of `user`.
-#[derive(Message)]
-#[rtype(result = "Result<RouteAnswer, NoAliveNode>")]
-pub struct Route {
-    pub session: String,
-    pub user: String,
-    pub recorded_owner: Option<String>,
-}
-
+/// Where a session is served, as [`Router::route`] answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteAnswer {
     pub node: String,
     pub url: String,
+    pub reason: Reason,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct NoAliveNode(pub String);
 
-pub struct LivenessActor {
-    metrics: std::sync::Arc<crate::metrics::Metrics>,
+/// How the router learns about peers.
+enum Peers {
+    /// `peers` in the configuration, probed over HTTP (none: a single node).
+    Probed { peers: Vec<Peer>, table: Liveness, draining: std::collections::BTreeSet<String> },
+    /// Cluster mode: heartbeats on NATS.
+    Heard(Heartbeats),
+}
+
+/// The routing view every decision reads; see the module doc.
+pub struct Router {
     me: Peer,
-    peers: Vec<Peer>,
-    table: Liveness,
+    started_at_ms: u64,
+    lifecycle: Arc<Lifecycle>,
+    release_window_ms: u64,
+    peers: Mutex<Peers>,
+}
+
+/// A node as the router sees it now.
+struct NodeNow {
+    peer: Peer,
+    alive: bool,
+    draining: bool,
+    started_at_ms: u64,
+}
+
+impl Router {
+    /// Peers from the configuration, probed; up after `up_after` successes in a row.
+    pub fn probed(me: Peer, peers: Vec<Peer>, up_after: u32, lifecycle: Arc<Lifecycle>, release_window: Duration) -> Router {
+        let table = Liveness::new(peers.iter().map(|p| p.name.clone()), up_after);
+        let peers = Peers::Probed { peers, table, draining: Default::default() };
+        Router::new(me, peers, lifecycle, release_window)
+    }
+
+    /// Cluster mode: peers from heartbeats, down after `timeout`, up after `up_after` in a row.
+    pub fn clustered(me: Peer, timeout: Duration, up_after: u32, lifecycle: Arc<Lifecycle>, release_window: Duration) -> Router {
+        Router::new(me, Peers::Heard(Heartbeats::new(timeout.as_millis() as u64, up_after)), lifecycle, release_window)
+    }
+
+    fn new(me: Peer, peers: Peers, lifecycle: Arc<Lifecycle>, release_window: Duration) -> Router {
+        let release_window_ms = release_window.as_millis() as u64;
+        Router { me, started_at_ms: now_ms(), lifecycle, release_window_ms, peers: Mutex::new(peers) }
+    }
+
+    pub fn me(&self) -> &Peer {
+        &self.me
+    }
+
+    fn draining(&self) -> bool {
+        self.lifecycle.phase().is_draining()
+    }
+
+    /// This node and its peers (known, up or not) as seen at `now`.
+    fn nodes_now(&self, now: u64) -> Vec<NodeNow> {
+        let me = NodeNow { peer: self.me.clone(), alive: true, draining: self.draining(), started_at_ms: self.started_at_ms };
+        let mut nodes = vec![me];
+        match &*self.peers.lock() {
+            Peers::Probed { peers, table, draining } => nodes.extend(peers.iter().map(|peer| NodeNow {
+                peer: peer.clone(),
+                alive: table.is_alive(&peer.name),
+                draining: draining.contains(&peer.name),
+                started_at_ms: 0,
+            })),
+            Peers::Heard(table) => nodes.extend(table.alive(now).filter(|info| info.name != self.me.name).map(|info| NodeNow {
+                peer: Peer { name: info.name.clone(), cell: info.cell.clone(), url: info.url.clone() },
+                alive: true,
+                draining: info.draining,
+                started_at_ms: info.started_at_ms,
+            })),
+        }
+        nodes
+    }
+
+    /// Peers mode: the node that owns `session` (there is no shared record of it).
+    fn placement<'a>(&self, session: &str, nodes: &'a [NodeNow]) -> Option<&'a str> {
+        rendezvous(session, nodes.iter().map(|n| n.peer.name.as_str()))
+    }
+
+    fn probed_mode(&self) -> bool {
+        matches!(&*self.peers.lock(), Peers::Probed { .. })
+    }
+
+    /// Whether a session's node follows from its id alone (peers mode and a single
+    /// node), rather than from a directory record (cluster mode).
+    pub fn placement_decides(&self) -> bool {
+        self.probed_mode()
+    }
+
+    /// Whether a new session with this id would be routed here: always in cluster mode
+    /// (the record names its owner), in peers mode when the id's placement is this node.
+    pub fn places_here(&self, session: &str) -> bool {
+        if !self.probed_mode() {
+            return true;
+        }
+        let nodes = self.nodes_now(now_ms());
+        self.placement(session, &nodes) == Some(self.me.name.as_str())
+    }
+
+    /// Which node serves `session` of `user`, recorded on `recorded_owner` (cluster mode;
+    /// ignored in peers mode, where the placement is the owner); `avoid` names a node the
+    /// client could not reach.
+    pub fn route(&self, session: &str, user: &str, recorded_owner: Option<&str>, avoid: Option<&str>) -> Result<RouteAnswer, NoAliveNode> {
+        let now = now_ms();
+        let nodes = self.nodes_now(now);
+        let owner = if self.probed_mode() { self.placement(session, &nodes) } else { recorded_owner };
+        let candidates: Vec<Candidate> = nodes
+            .iter()
+            .map(|n| Candidate { name: &n.peer.name, cell: &n.peer.cell, alive: n.alive, draining: n.draining, started_at_ms: n.started_at_ms })
+            .collect();
+        let question =
+            RouteQuestion { session, user, recorded_owner: owner, avoid, now_ms: now, release_window_ms: self.release_window_ms };
+        let routed = route(&question, &candidates).map_err(|e| NoAliveNode(e.to_string()))?;
+        let node = nodes.iter().find(|n| n.peer.name == routed.node).expect("routed among the nodes");
+        Ok(RouteAnswer { node: node.peer.name.clone(), url: node.peer.url.clone(), reason: routed.reason })
+    }
+
+    /// Cluster mode: which node appends `room`'s events now (one writer per room).
+    pub fn room_writer(&self, room: &str) -> Option<String> {
+        let nodes = self.nodes_now(now_ms());
+        if self.probed_mode() {
+            return None;
+        }
+        let taking: Vec<&str> = nodes.iter().filter(|n| n.alive && !n.draining).map(|n| n.peer.name.as_str()).collect();
+        let alive: Vec<&str> = nodes.iter().filter(|n| n.alive).map(|n| n.peer.name.as_str()).collect();
+        room_writer(room, if taking.is_empty() { &alive } else { &taking }).map(str::to_string)
+    }
+
+    /// Cluster mode: the names of the peers heard now (draining ones and those not yet up
+    /// included).
+    pub fn peers_heard(&self) -> Vec<String> {
+        match &*self.peers.lock() {
+            Peers::Heard(table) => table.recent(now_ms()).map(|info| info.name.clone()).collect(),
+            Peers::Probed { .. } => Vec::new(),
+        }
+    }
+
+    /// The nodes as this node sees them, itself first (the admin overview): in cluster
+    /// mode the peers up now, with peers configured by `peers` the probed ones (down
+    /// included), on a single node just itself.
+    pub fn overview(&self) -> Vec<NodeView> {
+        let nodes = self.nodes_now(now_ms());
+        nodes
+            .into_iter()
+            .enumerate()
+            .map(|(i, n)| NodeView {
+                name: n.peer.name,
+                url: n.peer.url,
+                phase: (i > 0).then_some(match (n.alive, n.draining) {
+                    (false, _) => "down",
+                    (true, true) => "draining",
+                    (true, false) => "ready",
+                }),
+            })
+            .collect()
+    }
+}
+
+pub struct LivenessActor {
+    metrics: Arc<crate::metrics::Metrics>,
+    router: Arc<Router>,
     interval: Duration,
     cluster: Option<ClusterPeers>,
 }
 
 impl LivenessActor {
-    pub fn new(
-        me: Peer,
-        peers: Vec<Peer>,
-        interval: Duration,
-        up_after: u32,
-        metrics: std::sync::Arc<crate::metrics::Metrics>,
-    ) -> Self {
-        let table = Liveness::new(peers.iter().map(|p| p.name.clone()), up_after);
-        for peer in &peers {
-            metrics.peer_up.get_or_create(&PeerLabel { peer: peer.name.clone() }).set(0);
+    /// Probes the router's configured peers every `interval` (none: a single node).
+    pub fn probing(router: Arc<Router>, interval: Duration, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        if let Peers::Probed { peers, .. } = &*router.peers.lock() {
+            for peer in peers {
+                metrics.peer_up.get_or_create(&PeerLabel { peer: peer.name.clone() }).set(0);
+            }
         }
-        LivenessActor { metrics, me, peers, table, interval, cluster: None }
+        LivenessActor { metrics, router, interval, cluster: None }
     }
 
-    /// Cluster mode: peers come from heartbeats every `interval`, down after three missed.
-    pub fn clustered(me: Peer, interval: Duration, peers: ClusterPeers, metrics: Arc<crate::metrics::Metrics>) -> Self {
-        LivenessActor { metrics, me, peers: Vec::new(), table: Liveness::new([], 1), interval, cluster: Some(peers) }
+    /// Cluster mode: heartbeats every `interval`.
+    pub fn clustered(router: Arc<Router>, interval: Duration, peers: ClusterPeers, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        LivenessActor { metrics, router, interval, cluster: Some(peers) }
     }
 
     fn beat(&mut self, ctx: &mut Context<Self>) {
-        let Some(peers) = &mut self.cluster else { return };
+        let Some(peers) = &self.cluster else { return };
         let now = now_ms();
-        for gone in peers.table.expire(now) {
+        let (gone, alive, recent): (Vec<String>, usize, Vec<String>) = match &mut *self.router.peers.lock() {
+            Peers::Heard(table) => {
+                let gone = table.expire(now);
+                (gone, table.alive(now).count(), table.recent(now).map(|info| info.name.clone()).collect())
+            }
+            Peers::Probed { .. } => return,
+        };
+        for gone in gone {
             tracing::warn!(peer = %gone, "peer down: no heartbeat");
             peers.presence.node_gone(&gone);
         }
-        let table = &peers.table;
-        peers.presence.sweep(|node| table.alive(now).any(|info| info.name == node), table.timeout_ms());
-        self.metrics.cluster_peers_alive.set(peers.table.alive(now).count() as i64);
+        let timeout_ms = match &*self.router.peers.lock() {
+            Peers::Heard(table) => table.timeout_ms(),
+            Peers::Probed { .. } => return,
+        };
+        peers.presence.sweep(|node| recent.iter().any(|name| name == node), timeout_ms);
+        self.metrics.cluster_peers_alive.set(alive as i64);
+        let me = self.router.me();
         let info = NodeInfo {
-            name: self.me.name.clone(),
-            cell: self.me.cell.clone(),
-            url: self.me.url.clone(),
-            draining: peers.lifecycle.phase().is_draining(),
+            name: me.name.clone(),
+            cell: me.cell.clone(),
+            url: me.url.clone(),
+            draining: self.router.draining(),
+            started_at_ms: self.router.started_at_ms,
         };
         let cluster = peers.cluster.clone();
         ctx.spawn(
@@ -127,54 +277,43 @@ impl LivenessActor {
         );
     }
 
-    /// The nodes routing may choose among, and which of them take new connections.
-    fn candidates(&self) -> (Vec<Peer>, Vec<String>) {
-        let Some(peers) = &self.cluster else {
-            let nodes: Vec<Peer> = std::iter::once(&self.me).chain(&self.peers).cloned().collect();
-            let alive = nodes.iter().filter(|n| self.is_alive(&n.name)).map(|n| n.name.clone()).collect();
-            return (nodes, alive);
-        };
-        let now = now_ms();
-        let mut nodes = vec![self.me.clone()];
-        let mut alive = Vec::new();
-        for info in peers.table.alive(now) {
-            nodes.push(Peer { name: info.name.clone(), cell: info.cell.clone(), url: info.url.clone() });
-            if !info.draining {
-                alive.push(info.name.clone());
-            }
-        }
-        // A draining node sends new clients elsewhere, unless nobody else is left.
-        if !peers.lifecycle.phase().is_draining() || alive.is_empty() {
-            alive.push(self.me.name.clone());
-        }
-        (nodes, alive)
-    }
-
     fn probe_all(&mut self, ctx: &mut Context<Self>) {
         let timeout = self.interval.max(Duration::from_millis(200));
-        for peer in self.peers.clone() {
+        let peers = match &*self.router.peers.lock() {
+            Peers::Probed { peers, .. } => peers.clone(),
+            Peers::Heard(_) => return,
+        };
+        for peer in peers {
             let url = format!("{}/healthz", peer.url);
-            let probe = actix_web::rt::task::spawn_blocking(move || {
-                let agent = ureq::AgentBuilder::new().timeout(timeout).build();
-                agent.get(&url).call().is_ok()
-            });
-            ctx.spawn(probe.into_actor(self).map(move |ok, actor, _| {
-                let ok = ok.unwrap_or(false);
-                let change = actor.table.on_probe(&peer.name, ok);
+            let probe = actix_web::rt::task::spawn_blocking(move || probe(&url, timeout));
+            ctx.spawn(probe.into_actor(self).map(move |outcome, actor, _| {
+                let outcome = outcome.unwrap_or(None);
+                let mut guard = actor.router.peers.lock();
+                let Peers::Probed { table, draining, .. } = &mut *guard else { return };
+                match outcome {
+                    Some(true) => draining.insert(peer.name.clone()),
+                    _ => draining.remove(&peer.name),
+                };
+                let change = table.on_probe(&peer.name, outcome.is_some());
+                let up = i64::from(table.is_alive(&peer.name));
+                drop(guard);
                 match change {
                     Some(Change::WentDown) => tracing::warn!(peer = %peer.name, "peer down"),
                     Some(Change::CameUp) => tracing::info!(peer = %peer.name, "peer up"),
                     None => {}
                 }
-                let up = i64::from(actor.table.is_alive(&peer.name));
                 actor.metrics.peer_up.get_or_create(&PeerLabel { peer: peer.name.clone() }).set(up);
             }));
         }
     }
+}
 
-    fn is_alive(&self, name: &str) -> bool {
-        name == self.me.name || self.table.is_alive(name)
-    }
+/// One probe of a peer's `/healthz`: `None` when it failed, else whether it is draining.
+fn probe(url: &str, timeout: Duration) -> Option<bool> {
+    let agent = ureq::AgentBuilder::new().timeout(timeout).build();
+    let response = agent.get(url).call().ok()?;
+    let body = response.into_string().unwrap_or_default();
+    Some(body.contains(r#""draining":true"#))
 }
 
 impl Actor for LivenessActor {
@@ -184,34 +323,10 @@ impl Actor for LivenessActor {
         if self.cluster.is_some() {
             self.beat(ctx);
             ctx.run_interval(self.interval, |actor, ctx| actor.beat(ctx));
-        }
-        if !self.peers.is_empty() {
+        } else if matches!(&*self.router.peers.lock(), Peers::Probed { peers, .. } if !peers.is_empty()) {
             self.probe_all(ctx);
             ctx.run_interval(self.interval, |actor, ctx| actor.probe_all(ctx));
         }
-    }
-}
-
-impl Handler<Route> for LivenessActor {
-    type Result = Result<RouteAnswer, NoAliveNode>;
-
-    fn handle(&mut self, msg: Route, _ctx: &mut Self::Context) -> Self::Result {
-        let (nodes, alive_names) = self.candidates();
-        let is_alive = |name: &str| alive_names.iter().any(|n| n == name);
-        // One report per cell: healthy while any of its nodes is alive.
-        let mut cells: Vec<CellReport> = Vec::new();
-        for node in &nodes {
-            cells.push(CellReport { name: &node.cell, healthy: nodes.iter().any(|n| n.cell == node.cell && is_alive(&n.name)) });
-        }
-        let find = |name: &str| nodes.iter().find(|n| n.name == name);
-        let home = msg.recorded_owner.as_deref().and_then(find).map_or(self.me.cell.as_str(), |n| &n.cell);
-        let cell = route_cell(&msg.user, home, &cells).map_err(|e| NoAliveNode(e.to_string()))?;
-        let owners: Vec<&str> = nodes.iter().filter(|n| n.cell == cell).map(|n| n.name.as_str()).collect();
-        let alive: Vec<&str> = owners.iter().copied().filter(|n| is_alive(n)).collect();
-        let chosen = route_session(&msg.session, msg.recorded_owner.as_deref(), &owners, &alive)
-            .map_err(|e| NoAliveNode(e.to_string()))?;
-        let node = find(chosen).expect("chosen among the nodes");
-        Ok(RouteAnswer { node: node.name.clone(), url: node.url.clone() })
     }
 }
 
@@ -219,12 +334,15 @@ impl Handler<Heard> for LivenessActor {
     type Result = ();
 
     fn handle(&mut self, msg: Heard, _ctx: &mut Self::Context) {
-        let Some(peers) = &mut self.cluster else { return };
-        if msg.0.name == self.me.name {
+        if msg.0.name == self.router.me().name {
             return;
         }
         let (name, draining) = (msg.0.name.clone(), msg.0.draining);
-        match peers.table.heard(msg.0, now_ms()) {
+        let seen = match &mut *self.router.peers.lock() {
+            Peers::Heard(table) => table.heard(msg.0, now_ms()),
+            Peers::Probed { .. } => return,
+        };
+        match seen {
             Seen::Joined => tracing::info!(peer = %name, draining, "peer up"),
             Seen::DrainingChanged => tracing::info!(peer = %name, draining, "peer draining changed"),
             Seen::Unchanged => {}
@@ -236,40 +354,17 @@ impl Handler<Left> for LivenessActor {
     type Result = ();
 
     fn handle(&mut self, msg: Left, _ctx: &mut Self::Context) {
-        if let Some(peers) = &mut self.cluster {
-            if peers.table.left(&msg.0) {
-                tracing::info!(peer = %msg.0, "peer left");
-            }
+        let left = match &mut *self.router.peers.lock() {
+            Peers::Heard(table) => table.left(&msg.0),
+            Peers::Probed { .. } => false,
+        };
+        if left {
+            tracing::info!(peer = %msg.0, "peer left");
         }
     }
 }
 
-impl Handler<RoomWriter> for LivenessActor {
-    type Result = Option<String>;
-
-    fn handle(&mut self, msg: RoomWriter, _ctx: &mut Self::Context) -> Option<String> {
-        self.cluster.as_ref()?;
-        let (_, alive) = self.candidates();
-        let alive: Vec<&str> = alive.iter().map(String::as_str).collect();
-        room_writer(&msg.room, &alive).map(str::to_string)
-    }
-}
-
-impl Handler<AlivePeers> for LivenessActor {
-    type Result = Vec<String>;
-
-    fn handle(&mut self, _msg: AlivePeers, _ctx: &mut Self::Context) -> Vec<String> {
-        self.cluster.as_ref().map_or_else(Vec::new, |p| p.table.alive(now_ms()).map(|info| info.name.clone()).collect())
-    }
-}
-
-/// The nodes as this node sees them, itself first (the admin overview): in cluster mode
-/// the peers heard within the heartbeat timeout, with peers configured by `peers` the
-/// probed ones (down included), on a single node just itself.
-#[derive(Message)]
-#[rtype(result = "Vec<NodeView>")]
-pub struct Nodes;
-
+/// A node in the admin overview.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeView {
     pub name: String,
@@ -277,34 +372,4 @@ pub struct NodeView {
     /// `ready`, `draining` or `down` for a peer; `None` for this node (whose phase the
     /// caller reads from its lifecycle).
     pub phase: Option<&'static str>,
-}
-
-impl Handler<Nodes> for LivenessActor {
-    type Result = Vec<NodeView>;
-
-    fn handle(&mut self, _msg: Nodes, _ctx: &mut Self::Context) -> Vec<NodeView> {
-        let me = NodeView { name: self.me.name.clone(), url: self.me.url.clone(), phase: None };
-        let peers: Vec<NodeView> = match &self.cluster {
-            Some(peers) => peers
-                .table
-                .alive(now_ms())
-                .filter(|info| info.name != self.me.name)
-                .map(|info| NodeView {
-                    name: info.name.clone(),
-                    url: info.url.clone(),
-                    phase: Some(if info.draining { "draining" } else { "ready" }),
-                })
-                .collect(),
-            None => self
-                .peers
-                .iter()
-                .map(|peer| NodeView {
-                    name: peer.name.clone(),
-                    url: peer.url.clone(),
-                    phase: Some(if self.table.is_alive(&peer.name) { "ready" } else { "down" }),
-                })
-                .collect(),
-        };
-        std::iter::once(me).chain(peers).collect()
-    }
 }

@@ -7,9 +7,8 @@
 
 use std::sync::Arc;
 
-use actix::Addr;
 
-use super::liveness::{LivenessActor, RoomWriter};
+use super::liveness::Router;
 use super::messages::{Published, StateView};
 use super::rooms::{RoomError, Rooms};
 use crate::cluster::bus::{forward_publish, forward_put_state, ForwardError, ForwardEvent};
@@ -74,7 +73,7 @@ pub const DEFAULT_MAX_STATE_BYTES: usize = 65536;
 #[derive(Clone)]
 struct Writers {
     cluster: Cluster,
-    liveness: Addr<LivenessActor>,
+    router: Arc<Router>,
 }
 
 impl Publisher {
@@ -82,8 +81,8 @@ impl Publisher {
         Publisher { rooms, writers: None, max_state_bytes: DEFAULT_MAX_STATE_BYTES }
     }
 
-    pub fn clustered(rooms: Rooms, cluster: Cluster, liveness: Addr<LivenessActor>) -> Publisher {
-        Publisher { rooms, writers: Some(Writers { cluster, liveness }), max_state_bytes: DEFAULT_MAX_STATE_BYTES }
+    pub fn clustered(rooms: Rooms, cluster: Cluster, router: Arc<Router>) -> Publisher {
+        Publisher { rooms, writers: Some(Writers { cluster, router }), max_state_bytes: DEFAULT_MAX_STATE_BYTES }
     }
 
     /// The largest state a publish or a `PUT` may carry (`max_state_bytes`).
@@ -147,9 +146,8 @@ impl Publisher {
 
     /// Cluster mode: the room's writer, when it is another node.
     async fn remote_writer(&self, room: &str) -> Option<String> {
-        let Writers { cluster, liveness } = self.writers.as_ref()?;
-        let writer = liveness.send(RoomWriter { room: room.to_string() }).await.ok().flatten();
-        writer.filter(|w| *w != cluster.node)
+        let Writers { cluster, router } = self.writers.as_ref()?;
+        router.room_writer(room).filter(|w| *w != cluster.node)
     }
 
     /// Append one event (already size- and id-checked) to `room`; the reply names its seq.

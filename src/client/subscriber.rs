@@ -384,6 +384,8 @@ impl Subscriber {
                     reference: None,
                     code: "".into(),
                     message: text.into(),
+                    node: None,
+                    url: None,
                 });
                 let room = error
                     .reference

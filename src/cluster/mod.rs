@@ -490,19 +490,24 @@ pub fn room_from_token(token: &str) -> Option<String> {
     String::from_utf8(hex::decode(token).ok()?).ok()
 }
 
-/// Heartbeat body: `name\ncell\nurl\ndraining` (names and URLs hold no newline).
+/// Heartbeat body: `name\ncell\nurl\ndraining\nstarted_at_ms` (names and URLs hold no
+/// newline; a body without the last line comes from a node of an earlier build).
 pub fn encode_node(info: &NodeInfo) -> String {
-    format!("{}\n{}\n{}\n{}", info.name, info.cell, info.url, u8::from(info.draining))
+    format!("{}\n{}\n{}\n{}\n{}", info.name, info.cell, info.url, u8::from(info.draining), info.started_at_ms)
 }
 
 pub fn decode_node(body: &[u8]) -> Option<NodeInfo> {
     let text = std::str::from_utf8(body).ok()?;
     let mut parts = text.split('\n');
     let (name, cell, url, draining) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let started_at_ms = match parts.next() {
+        Some(text) => text.parse().ok()?,
+        None => 0,
+    };
     if name.is_empty() || parts.next().is_some() {
         return None;
     }
-    Some(NodeInfo { name: name.into(), cell: cell.into(), url: url.into(), draining: draining == "1" })
+    Some(NodeInfo { name: name.into(), cell: cell.into(), url: url.into(), draining: draining == "1", started_at_ms })
 }
 
 #[cfg(test)]
@@ -553,9 +558,11 @@ mod tests {
 
     #[test]
     fn heartbeat_bodies_round_trip() {
-        let info = NodeInfo { name: "a".into(), cell: "eu".into(), url: "http://127.0.0.1:1".into(), draining: true };
+        let info = NodeInfo { name: "a".into(), cell: "eu".into(), url: "http://127.0.0.1:1".into(), draining: true, started_at_ms: 1_700_000_000_123 };
         assert_eq!(decode_node(encode_node(&info).as_bytes()), Some(info));
-        for junk in ["", "a", "a\nb\nc", "\nb\nc\n0", "a\nb\nc\n0\nextra"] {
+        let earlier_build = decode_node(b"a\neu\nhttp://x\n0").expect("a body without the start time");
+        assert_eq!(earlier_build.started_at_ms, 0);
+        for junk in ["", "a", "a\nb\nc", "\nb\nc\n0", "a\nb\nc\n0\nextra", "a\nb\nc\n0\n5\nmore"] {
             assert_eq!(decode_node(junk.as_bytes()), None, "{junk:?}");
         }
     }

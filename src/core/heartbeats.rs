@@ -1,6 +1,7 @@
-//! The cluster's liveness table, fed by heartbeats: a peer is alive while it was heard
-//! within the timeout, and a draining peer is alive but no longer a routing candidate.
-//! Pure: the caller passes each heartbeat and the time.
+//! The cluster's liveness table, fed by heartbeats: a peer is up once it was heard
+//! `up_after` times in a row (each within the timeout of the one before) and stays up
+//! while it is heard within the timeout; a draining peer is up but no longer a routing
+//! candidate. Down fast, up carefully. Pure: the caller passes each heartbeat and the time.
 
 use std::collections::BTreeMap;
 
@@ -12,11 +13,13 @@ pub struct NodeInfo {
     pub url: String,
     /// The node is draining: it still serves its connections but takes no new ones.
     pub draining: bool,
+    /// When the node started (ms since the epoch; 0 from a node that does not say).
+    pub started_at_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Seen {
-    /// First heartbeat of a peer, or the first after it was down.
+    /// The heartbeat that made a peer up (its `up_after`-th in a row).
     Joined,
     /// Started or stopped draining.
     DrainingChanged,
@@ -24,25 +27,40 @@ pub enum Seen {
 }
 
 #[derive(Debug, Clone)]
+struct Heard {
+    info: NodeInfo,
+    at_ms: u64,
+    /// Heartbeats in a row, each within the timeout of the one before.
+    in_a_row: u32,
+}
+
+#[derive(Debug, Clone)]
 pub struct Heartbeats {
     timeout_ms: u64,
-    peers: BTreeMap<String, (NodeInfo, u64)>,
+    up_after: u32,
+    peers: BTreeMap<String, Heard>,
 }
 
 impl Heartbeats {
-    pub fn new(timeout_ms: u64) -> Self {
-        Heartbeats { timeout_ms, peers: BTreeMap::new() }
+    pub fn new(timeout_ms: u64, up_after: u32) -> Self {
+        Heartbeats { timeout_ms, up_after: up_after.max(1), peers: BTreeMap::new() }
     }
 
     /// Record a heartbeat heard at `now_ms`.
     pub fn heard(&mut self, info: NodeInfo, now_ms: u64) -> Seen {
-        let seen = match self.peers.get(&info.name) {
-            Some((old, at)) if self.fresh(*at, now_ms) => {
-                if old.draining != info.draining { Seen::DrainingChanged } else { Seen::Unchanged }
-            }
-            _ => Seen::Joined,
+        let up_after = self.up_after;
+        let (in_a_row, was_draining) = match self.peers.get(&info.name) {
+            Some(last) if self.fresh(last.at_ms, now_ms) => (last.in_a_row.saturating_add(1), Some(last.info.draining)),
+            _ => (1, None),
         };
-        self.peers.insert(info.name.clone(), (info, now_ms));
+        let seen = if in_a_row == up_after {
+            Seen::Joined
+        } else if in_a_row > up_after && was_draining != Some(info.draining) {
+            Seen::DrainingChanged
+        } else {
+            Seen::Unchanged
+        };
+        self.peers.insert(info.name.clone(), Heard { info, at_ms: now_ms, in_a_row });
         seen
     }
 
@@ -51,19 +69,19 @@ impl Heartbeats {
         self.peers.remove(name).is_some()
     }
 
-    /// Forget peers not heard within the timeout; returns their names.
+    /// Forget peers not heard within the timeout; returns the names of those that were up.
     pub fn expire(&mut self, now_ms: u64) -> Vec<String> {
         let timeout = self.timeout_ms;
-        let gone: Vec<String> = self
+        let stale: Vec<(String, bool)> = self
             .peers
             .iter()
-            .filter(|(_, (_, at))| now_ms.saturating_sub(*at) >= timeout)
-            .map(|(name, _)| name.clone())
+            .filter(|(_, heard)| now_ms.saturating_sub(heard.at_ms) >= timeout)
+            .map(|(name, heard)| (name.clone(), heard.in_a_row >= self.up_after))
             .collect();
-        for name in &gone {
+        for (name, _) in &stale {
             self.peers.remove(name);
         }
-        gone
+        stale.into_iter().filter(|(_, was_up)| *was_up).map(|(name, _)| name).collect()
     }
 
     /// How long a peer stays alive without a heartbeat.
@@ -75,12 +93,21 @@ impl Heartbeats {
         now_ms.saturating_sub(at_ms) < self.timeout_ms
     }
 
-    /// Peers heard within the timeout at `now_ms`, by name.
+    /// Peers up at `now_ms`, by name.
     pub fn alive(&self, now_ms: u64) -> impl Iterator<Item = &NodeInfo> {
-        self.peers.values().filter(move |(_, at)| self.fresh(*at, now_ms)).map(|(info, _)| info)
+        self.peers
+            .values()
+            .filter(move |heard| self.fresh(heard.at_ms, now_ms) && heard.in_a_row >= self.up_after)
+            .map(|heard| &heard.info)
     }
 
-    /// Alive peers that take new connections.
+    /// Peers heard within the timeout at `now_ms`, up or not yet (a node that is
+    /// starting already has members in rooms' presence).
+    pub fn recent(&self, now_ms: u64) -> impl Iterator<Item = &NodeInfo> {
+        self.peers.values().filter(move |heard| self.fresh(heard.at_ms, now_ms)).map(|heard| &heard.info)
+    }
+
+    /// Up peers that take new connections.
     pub fn candidates(&self, now_ms: u64) -> impl Iterator<Item = &NodeInfo> {
         self.alive(now_ms).filter(|info| !info.draining)
     }
@@ -91,7 +118,7 @@ mod tests {
     use super::*;
 
     fn info(name: &str, draining: bool) -> NodeInfo {
-        NodeInfo { name: name.into(), cell: "c".into(), url: format!("http://{name}"), draining }
+        NodeInfo { name: name.into(), cell: "c".into(), url: format!("http://{name}"), draining, started_at_ms: 0 }
     }
 
     fn names<'a>(it: impl Iterator<Item = &'a NodeInfo>) -> Vec<&'a str> {
@@ -100,7 +127,7 @@ mod tests {
 
     #[test]
     fn alive_while_heard_within_the_timeout() {
-        let mut table = Heartbeats::new(3000);
+        let mut table = Heartbeats::new(3000, 1);
         let steps: &[(u64, Option<(&str, bool)>, Option<Seen>, &[&str], &[&str])] = &[
             (0, Some(("b", false)), Some(Seen::Joined), &["b"], &["b"]),
             (1000, Some(("c", false)), Some(Seen::Joined), &["b", "c"], &["b", "c"]),
@@ -121,8 +148,32 @@ mod tests {
     }
 
     #[test]
+    fn up_only_after_several_heartbeats_in_a_row() {
+        let mut table = Heartbeats::new(3000, 3);
+        let steps: &[(u64, Seen, &[&str], &[&str])] = &[
+            (0, Seen::Unchanged, &[], &["b"]),
+            (1000, Seen::Unchanged, &[], &["b"]),
+            (2000, Seen::Joined, &["b"], &["b"]),
+            (3000, Seen::Unchanged, &["b"], &["b"]),
+            // A gap longer than the timeout: down, and three in a row again.
+            (6500, Seen::Unchanged, &[], &["b"]),
+            (7000, Seen::Unchanged, &[], &["b"]),
+            (8000, Seen::Joined, &["b"], &["b"]),
+        ];
+        for (i, (now, seen, alive, recent)) in steps.iter().enumerate() {
+            assert_eq!(table.heard(info("b", false), *now), *seen, "step {i}");
+            assert_eq!(names(table.alive(*now)), *alive, "step {i}");
+            assert_eq!(names(table.recent(*now)), *recent, "step {i}");
+        }
+        // Only a peer that was up is reported down when it goes quiet; one heard once stays heard.
+        table.heard(info("c", false), 9000);
+        assert_eq!(table.expire(11_000), vec!["b".to_string()]);
+        assert_eq!(names(table.recent(11_000)), vec!["c"]);
+    }
+
+    #[test]
     fn expire_and_leave() {
-        let mut table = Heartbeats::new(3000);
+        let mut table = Heartbeats::new(3000, 1);
         table.heard(info("b", false), 0);
         table.heard(info("c", false), 2000);
         assert_eq!(table.expire(2999), Vec::<String>::new());

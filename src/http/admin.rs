@@ -10,7 +10,6 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use actix_web::http::header::{HeaderValue, CONTENT_SECURITY_POLICY, REFERRER_POLICY};
 use super::{authorize, embedded, internal, json, ApiError, AppState};
-use crate::actors::liveness::Nodes;
 use crate::actors::messages::CountConnections;
 use crate::protocol::{self, OverviewCounters, OverviewNode, OverviewReply, OverviewRoom};
 use crate::world::now_ms;
@@ -33,7 +32,7 @@ pub async fn overview(req: HttpRequest, state: web::Data<AppState>) -> Result<Ht
     authorize(&req, &state)?;
     let connections = state.registry.send(CountConnections).await.map_err(internal)?;
     let phase = state.lifecycle.phase().name();
-    let nodes = state.liveness.send(Nodes).await.map_err(internal)?;
+    let nodes = state.router.overview();
     let nodes = nodes
         .into_iter()
         .map(|n| OverviewNode { itself: n.phase.is_none(), phase: n.phase.unwrap_or(phase), node: n.name, url: n.url })

@@ -18,7 +18,7 @@ use crate::actors::connection::{
 };
 use crate::core::lifecycle::{Lifecycle, Phase};
 use crate::actors::directory::{Directory, DirectoryError, OpenSession, SessionStore};
-use crate::actors::liveness::{LivenessActor, Route};
+use crate::actors::liveness::{LivenessActor, Router};
 use crate::actors::publish::{Publisher, SubmitError, Submission};
 use crate::actors::messages::Kick;
 use crate::actors::registry::Registry;
@@ -27,7 +27,7 @@ use crate::actors::rooms::{RoomError, Rooms};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::core::{names, token};
-use crate::protocol::{self, ErrorCode, PublishReply, TokenReply};
+use crate::protocol::{self, CloseCode, ErrorCode, PublishReply, TokenReply};
 use crate::store::Store;
 
 pub mod admin;
@@ -68,6 +68,8 @@ pub struct AppState {
     /// Kicks reach other nodes' connections through it (cluster mode).
     pub other_nodes: Arc<dyn seams::OtherNodes>,
     pub liveness: Addr<LivenessActor>,
+    /// Where sessions are served: `/v1/route` and the handshakes ask it.
+    pub router: Arc<Router>,
     /// Every publish goes through it (forwarded to the room's writer in cluster mode).
     pub publisher: Publisher,
     pub metrics: Arc<Metrics>,
@@ -90,12 +92,20 @@ pub struct ApiError {
     code: ErrorCode,
     message: String,
     retry_after_secs: Option<u64>,
+    /// `wrong_node`: the node that serves the session, and its URL.
+    elsewhere: Option<Box<(String, String)>>,
 }
 
 /// The error answer for `code`, with the code's HTTP status.
 pub fn api_error(code: ErrorCode, message: impl Into<String>) -> ApiError {
     let status = StatusCode::from_u16(code.http_status()).expect("ErrorCode::http_status names valid statuses");
-    ApiError { status, code, message: message.into(), retry_after_secs: None }
+    ApiError { status, code, message: message.into(), retry_after_secs: None, elsewhere: None }
+}
+
+/// A handshake on a node that does not serve its session: 421 naming the node that does.
+fn wrong_node(node: String, url: String) -> ApiError {
+    let message = format!("this session is served by node {node}: connect to {url}");
+    ApiError { elsewhere: Some(Box::new((node, url))), ..api_error(ErrorCode::WrongNode, message) }
 }
 
 impl ApiError {
@@ -118,7 +128,11 @@ impl ResponseError for ApiError {
         if let Some(secs) = self.retry_after_secs {
             reply.insert_header(("Retry-After", secs.to_string()));
         }
-        reply.content_type("application/json").body(protocol::error_body(self.code, &self.message))
+        let body = match &self.elsewhere {
+            Some(elsewhere) => protocol::wrong_node_body(&self.message, &elsewhere.0, &elsewhere.1),
+            None => protocol::error_body(self.code, &self.message),
+        };
+        reply.content_type("application/json").body(body)
     }
 }
 
@@ -539,6 +553,9 @@ struct CredentialQuery {
     /// A resume credential from an earlier `welcome`, instead of a token (DESIGN §7).
     resume: Option<String>,
     session: Option<String>,
+    /// A node the client could not reach when it was sent there (issue 30): not a
+    /// candidate for this handshake.
+    avoid: Option<String>,
 }
 
 /// Who a handshake's credential says the client is.
@@ -676,6 +693,8 @@ fn directory_refusal(error: DirectoryError) -> (ApiError, bool) {
             (api_error(ErrorCode::MigrationBudget, refusal.to_string()).retry_after(retry_after_secs), true)
         }
         DirectoryError::Unavailable(why) => (api_error(ErrorCode::DirectoryUnavailable, why.to_string()), true),
+        DirectoryError::Elsewhere { node, url } => (wrong_node(node, url), true),
+        DirectoryError::NoAliveNode(why) => (api_error(ErrorCode::NoAliveNode, why.to_string()), true),
         other => (internal(other), false),
     }
 }
@@ -697,17 +716,53 @@ fn mint_resume(state: &AppState, who: &Credentialed, session: &str) -> ResumeGra
     ResumeGrant { credential: token::sign_resume(&state.token_secret, &resume), issued_at_ms: now, expires_at_ms }
 }
 
-/// The WebSocket upgrade; refusals are counted by their error code.
+/// The WebSocket upgrade; refusals are counted by their error code. A browser cannot
+/// read a refused upgrade, so the refusals a client must act on (go to another node,
+/// wait before moving) accept the socket and close it at once with a close code:
+/// 4421 whose reason is the URL to use (after an `error` frame naming node and URL, for
+/// URLs longer than a close reason), 4029 whose reason is the seconds to wait.
 async fn upgrade(
     req: HttpRequest,
     query: web::Query<CredentialQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let result = upgrade_checked(req, query, state.clone()).await;
-    if let Err(refusal) = &result {
-        refused(&state, refusal);
+    let refusal = match upgrade_checked(req.clone(), query, state.clone()).await {
+        Ok(accepted) => return Ok(accepted),
+        Err(refusal) => refusal,
+    };
+    refused(&state, &refusal);
+    let closing = match (refusal.code, &refusal.elsewhere, refusal.retry_after_secs) {
+        (ErrorCode::WrongNode, Some(elsewhere), _) => {
+            let (node, url) = &**elsewhere;
+            let reason = if url.len() <= MAX_CLOSE_REASON { url.clone() } else { String::new() };
+            Some((protocol::wrong_node_frame(&refusal.message, node, url), CloseCode::WrongNode, reason))
+        }
+        (ErrorCode::MigrationBudget, _, Some(secs)) => {
+            Some((protocol::error_frame(None, refusal.code, &refusal.message), CloseCode::MigrationBudget, secs.to_string()))
+        }
+        _ => None,
+    };
+    let (Some((frame, code, reason)), Ok(switching)) = (closing, switching_protocols(&req)) else { return Err(refusal) };
+    Ok(accept(switching, state.config.max_frame_bytes, move |mut io| {
+        io.text(&frame);
+        io.close(Some(actix_http::ws::CloseReason { code: code.code().into(), description: Some(reason) }));
+        io.finish(REFUSAL_CLOSE_WITHIN);
+    }))
+}
+
+/// The longest close reason a WebSocket close frame carries (125 bytes less the code).
+const MAX_CLOSE_REASON: usize = 123;
+/// How long an accepted-and-refused socket may take to read its close.
+const REFUSAL_CLOSE_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A node name given by a client (`avoid`): at most 255 bytes of printable ASCII.
+fn check_node_name(node: Option<&str>) -> Result<(), ApiError> {
+    match node {
+        Some(name) if name.len() > 255 || !name.bytes().all(|b| b.is_ascii_graphic()) => {
+            Err(ApiError::bad_request("avoid must name a node: at most 255 printable ASCII characters"))
+        }
+        _ => Ok(()),
     }
-    result
 }
 
 /// Count and log a refused handshake (WebSocket or SSE).
@@ -744,13 +799,15 @@ async fn handshake<S>(
     }
     // A request that is malformed, or that a limit refuses, must not spend a token.
     check_session(query.session.as_deref())?;
+    check_node_name(query.avoid.as_deref())?;
+    let avoid = query.avoid.clone().filter(|node| !node.is_empty());
     let shaped = shape()?;
     check_origin(req, state)?;
     let permit = admit(req, state)?;
     let verified = verify_credential(query, state).await?;
     authorise(&shaped, &verified.who)?;
     let spent = spend_credential(verified, state).await?;
-    let open = OpenSession { user: spent.who.user.clone(), asked: spent.who.session.clone() };
+    let open = OpenSession { user: spent.who.user.clone(), asked: spent.who.session.clone(), avoid };
     let grant = match state.directory.send(open).await.map_err(internal)? {
         Ok(grant) => grant,
         Err(error) => {
@@ -897,10 +954,13 @@ struct RouteQuery {
     user: Option<String>,
 }
 
-/// Which node a client should connect to: cell routing, then session routing, over the
-/// nodes alive now.
+/// Which node a client should connect to: the router's answer over the nodes alive now.
+/// A client may ask for its own session without the API key (the answer names a node
+/// and its public URL, nothing of the session); asking by user needs the key.
 async fn route(req: HttpRequest, query: web::Query<RouteQuery>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
+    if query.user.as_deref().is_some_and(|u| !u.is_empty()) || query.session.as_deref().is_none_or(str::is_empty) {
+        authorize(&req, &state)?;
+    }
     let RouteQuery { session, user } = query.into_inner();
     check_session(session.as_deref())?;
     let session = session.filter(|s| !s.is_empty());
@@ -915,8 +975,7 @@ async fn route(req: HttpRequest, query: web::Query<RouteQuery>, state: web::Data
     let user = user.or_else(|| recorded.as_ref().map(|r| r.user.clone())).unwrap_or_default();
     // A client without a session is routed by its user id.
     let session = session.unwrap_or_else(|| names::inbox_room(&user));
-    let question = Route { session, user, recorded_owner: recorded.map(|r| r.owner) };
-    match state.liveness.send(question).await.map_err(internal)? {
+    match state.router.route(&session, &user, recorded.as_ref().map(|r| r.owner.as_str()), None) {
         Ok(answer) => Ok(json(StatusCode::OK, protocol::to_json(&protocol::RouteReply { node: answer.node, url: answer.url }))),
         Err(none) => Err(api_error(ErrorCode::NoAliveNode, none.to_string())),
     }
@@ -1014,7 +1073,9 @@ async fn healthz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     if !state.health.check(&state.store, &state.metrics, now_ms()) {
         return Err(api_error(ErrorCode::Internal, "the store probe failed; see the server log"));
     }
-    Ok(json(StatusCode::OK, r#"{"status":"ok"}"#.into()))
+    // Peers read `draining` to stop routing here (see `actors::liveness`).
+    let body = if state.lifecycle.phase().is_draining() { r#"{"status":"ok","draining":true}"# } else { r#"{"status":"ok"}"# };
+    Ok(json(StatusCode::OK, body.into()))
 }
 
 /// How often `/healthz` really probes the store; the answers in between repeat the last

@@ -10,11 +10,10 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::Addr;
 use futures_util::future::{ready, LocalBoxFuture};
 
 use crate::actors::connection::ResumeRevocations;
-use crate::actors::liveness::{AlivePeers, LivenessActor};
+use crate::actors::liveness::Router;
 use crate::cluster::{Cluster, ClusterError};
 use crate::store::{Store, StoreError};
 
@@ -275,12 +274,12 @@ impl OtherNodes for NoOtherNodes {
 /// Cluster mode: the kick goes over NATS and waits for the nodes alive now.
 pub struct ClusterNodes {
     pub cluster: Cluster,
-    pub liveness: Addr<LivenessActor>,
+    pub router: Arc<Router>,
 }
 
 impl OtherNodes for ClusterNodes {
     fn kick<'a>(&'a self, user: &'a str, device: Option<&'a str>, at_ms: u64) -> LocalBoxFuture<'a, Result<usize, ClusterError>> {
-        let alive = || async { self.liveness.send(AlivePeers).await.unwrap_or_default() };
+        let alive = || async { self.router.peers_heard() };
         Box::pin(async move { crate::cluster::bus::kick_remote(&self.cluster, alive, user, device, at_ms).await })
     }
 }

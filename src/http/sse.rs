@@ -23,6 +23,8 @@ struct SseQuery {
     token: Option<String>,
     resume: Option<String>,
     session: Option<String>,
+    /// A node the client could not reach (see the WebSocket handshake).
+    avoid: Option<String>,
     /// Comma-separated room names; absent or empty: the inbox only.
     rooms: Option<String>,
     /// A cursor, when the client cannot send `Last-Event-ID`.
@@ -73,7 +75,7 @@ async fn open(req: &HttpRequest, state: &AppState) -> Result<HttpResponse, ApiEr
     let query = web::Query::<SseQuery>::from_query(req.query_string())
         .map_err(|e| ApiError::bad_request(e.to_string()))?
         .into_inner();
-    let credential = CredentialQuery { token: query.token, resume: query.resume, session: query.session };
+    let credential = CredentialQuery { token: query.token, resume: query.resume, session: query.session, avoid: query.avoid };
     let (rooms, since, presence) = (query.rooms, query.since, query.presence);
     let with_state = parse_flag(query.state.as_deref()).map_err(|e| ApiError::bad_request(format!("state: {e}")))?;
     let with_presence = parse_flag(presence.as_deref()).map_err(|e| ApiError::bad_request(format!("presence: {e}")))?;

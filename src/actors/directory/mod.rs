@@ -1,8 +1,14 @@
 //! The session directory actor: decides which session a handshake gets and records
 //! session ownership in the store with version checks. It writes only when a session is
-//! created or migrates (never on heartbeats), charges every owner change to the user's
-//! migration budget, and during warm-up after a restart validates sessions from the store
-//! instead of from memory. Where the records live is the [`SessionStore`] seam, chosen once
+//! created or migrates (never on heartbeats), and during warm-up after a restart
+//! validates sessions from the store instead of from memory.
+//!
+//! Where a session is served is the [`Router`]'s answer, never this node's wish: a
+//! handshake for a session the router places on another live node is refused with that
+//! node's name and URL ([`DirectoryError::Elsewhere`]); a move the router forces (the
+//! owner drains or is gone) is made and never refused; a move it did not choose (the
+//! client could not reach the owner and said so with `avoid`) is charged to the user's
+//! migration budget. New session ids are drawn until the router places them here. Where the records live is the [`SessionStore`] seam, chosen once
 //! at start-up: the embedded store on a single node ([`embedded`]), the NATS KV bucket in
 //! cluster mode ([`kv`]); the decisions are the same.
 //!
@@ -33,6 +39,7 @@ use futures_util::future::LocalBoxFuture;
 use lru::LruCache;
 use parking_lot::Mutex;
 
+use super::liveness::Router;
 use crate::cluster::ClusterError;
 use crate::core::sessions::{check_migration_budget, plan_session, BudgetError, SessionPlan, SessionView, VersionError};
 use crate::metrics::Metrics;
@@ -45,6 +52,8 @@ use crate::world::{now_ms, random_hex, random_u64};
 pub struct OpenSession {
     pub user: String,
     pub asked: Option<String>,
+    /// A node the client could not reach (the handshake's `avoid`).
+    pub avoid: Option<String>,
 }
 
 pub struct SessionGrant {
@@ -112,6 +121,11 @@ const SHRINK_ABOVE: usize = 1024;
 pub enum DirectoryError {
     #[error(transparent)]
     Budget(#[from] BudgetError),
+    /// The session is served by another live node: the client goes there.
+    #[error("session served by node {node} ({url})")]
+    Elsewhere { node: String, url: String },
+    #[error("no node can serve the session: {0}")]
+    NoAliveNode(#[source] super::liveness::NoAliveNode),
     /// Cluster mode: NATS has been unreachable too long to hand out new sessions.
     #[error("{0}")]
     Unavailable(#[source] Arc<ClusterError>),
@@ -242,6 +256,7 @@ pub struct DirectorySettings {
 
 struct Shared {
     sessions: Arc<dyn SessionStore>,
+    router: Arc<Router>,
     node: String,
     migration_window_ms: u64,
     session_ttl_ms: u64,
@@ -270,7 +285,8 @@ struct Live {
 }
 
 impl Directory {
-    pub fn new(sessions: Arc<dyn SessionStore>, node: String, settings: DirectorySettings, metrics: Arc<Metrics>) -> Self {
+    pub fn new(sessions: Arc<dyn SessionStore>, router: Arc<Router>, settings: DirectorySettings, metrics: Arc<Metrics>) -> Self {
+        let node = router.me().name.clone();
         let memory = Memory {
             warmup_until: None,
             live: HashMap::new(),
@@ -278,6 +294,7 @@ impl Directory {
         };
         let shared = Shared {
             sessions,
+            router,
             node,
             migration_window_ms: settings.migration_window.as_millis() as u64,
             session_ttl_ms: settings.session_ttl.as_millis() as u64,
@@ -459,14 +476,17 @@ impl Shared {
         DirectoryCounts { live: memory.live.len(), cached: memory.recent.len(), stored: self.sessions.stored() }
     }
 
-    /// Move every session of `user` owned elsewhere to this node: one budget charge.
+    /// Move every session of `user` owned elsewhere to this node. A move the router
+    /// forced is always made; one it did not choose (`charged`) is one budget charge.
     /// Returns the asked session's record as it stands after the move.
-    async fn migrate_user(&self, user: &str, asked: &SessionRecord, now: u64) -> Result<SessionRecord, DirectoryError> {
-        let last = self.sessions.last_migration(user).await?;
-        if let Err(refusal) = check_migration_budget(last, now, self.migration_window_ms) {
-            self.metrics.migration_refusals.inc();
-            tracing::info!(user, %refusal, "migration refused");
-            return Err(refusal.into());
+    async fn migrate_user(&self, user: &str, asked: &SessionRecord, now: u64, charged: bool) -> Result<SessionRecord, DirectoryError> {
+        if charged {
+            let last = self.sessions.last_migration(user).await?;
+            if let Err(refusal) = check_migration_budget(last, now, self.migration_window_ms) {
+                self.metrics.migration_refusals.inc();
+                tracing::info!(user, %refusal, "migration refused");
+                return Err(refusal.into());
+            }
         }
         let mut records = self.sessions.sessions_of_user(user).await?;
         if !records.iter().any(|r| r.session == asked.session) {
@@ -495,14 +515,27 @@ impl Shared {
                 Err(WriteError::Failed(e)) => return Err(e),
             }
         }
-        self.sessions.set_last_migration(user, now).await?;
+        if charged {
+            self.sessions.set_last_migration(user, now).await?;
+        }
         self.metrics.migrations.inc();
         Ok(asked_now)
     }
 
+    /// Draws until the router places the id here (one draw in cluster mode and on a
+    /// single node; about one per configured node in peers mode).
+    fn new_session_id(&self) -> String {
+        loop {
+            let id = random_hex(12);
+            if self.router.places_here(&id) {
+                return id;
+            }
+        }
+    }
+
     async fn create(&self, user: &str, now: u64) -> Result<SessionRecord, DirectoryError> {
         let record = SessionRecord {
-            session: random_hex(12),
+            session: self.new_session_id(),
             user: user.to_string(),
             owner: self.node.clone(),
             version: 0,
@@ -527,9 +560,27 @@ impl Shared {
         };
         let view = asked.as_ref().map(|r| SessionView { user: &r.user, owner: &r.owner, version: r.version });
         let plan = plan_session(view, &msg.user, &self.node);
+        // Where the asked session is served: the router's answer for a session of this
+        // user that a node owns, and (peers mode, where no record names owners across
+        // nodes) for any asked session, known here or not.
+        let asked_id = msg.asked.as_deref().filter(|s| !s.is_empty());
+        let owned = matches!(plan, SessionPlan::Reuse | SessionPlan::Migrate { .. });
+        let charged = match asked_id {
+            Some(session) if owned || (asked.is_none() && self.router.placement_decides()) => {
+                let owner = asked.as_ref().map(|r| r.owner.as_str());
+                let routed = self.router.route(session, &msg.user, owner, msg.avoid.as_deref()).map_err(DirectoryError::NoAliveNode)?;
+                if routed.node != self.node {
+                    self.metrics.handshakes_redirected.inc();
+                    tracing::debug!(session, user = %msg.user, to = %routed.node, "handshake sent to the session's node");
+                    return Err(DirectoryError::Elsewhere { node: routed.node, url: routed.url });
+                }
+                !routed.reason.forced()
+            }
+            _ => false,
+        };
         let (record, migrated) = match (plan, asked) {
             (SessionPlan::Reuse, Some(record)) => (record, false),
-            (SessionPlan::Migrate { .. }, Some(record)) => (self.migrate_user(&msg.user, &record, now).await?, true),
+            (SessionPlan::Migrate { .. }, Some(record)) => (self.migrate_user(&msg.user, &record, now, charged).await?, true),
             _ => (self.create(&msg.user, now).await?, false),
         };
         let session = record.session.clone();
