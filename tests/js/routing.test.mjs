@@ -383,8 +383,10 @@ describe('livegate.js lands on the session\'s node (two real nodes)', () => {
         gateB.block(/./);
         balancer.point(cluster.nodes.a.port);
         const refusedBefore = log.disconnected.length;
-        client.dropConnection();
-        const budget = await waitFor(() => log.disconnected.slice(refusedBefore).find((d) => d.code === 4029), 'the budget refusal', 20_000);
+        // Cut every connection through the balancer: the stream on b, and the idle ones
+        // fetch() keeps alive (they would carry the next SSE request to b).
+        balancer.dropAll();
+        const budget = await waitFor(() => log.disconnected.slice(refusedBefore).find((d) => d.code === 4029), 'the budget refusal', 20_000).catch((e) => { throw new Error(`${e.message}: ${JSON.stringify({ d: log.disconnected.slice(refusedBefore), r: redirects, c: log.connected.slice(-2), e: log.error })}`); });
         assert.ok(budget.reconnectInMs >= 1000, `waits the retry-after: ${JSON.stringify(budget)}`);
         assert.ok(budget.reconnectInMs <= 60_000, 'at most timings.maxHintMs');
         assert.deepEqual(redirects.slice(2).map((r) => [r.reason, r.node, r.avoid]), [['wrong_node', 'b', null], ['unreachable', null, 'b']]);
