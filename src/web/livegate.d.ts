@@ -261,6 +261,20 @@ export interface ClientEvents {
     welcomed?: boolean;
   };
   transport: { from: Transport; to: Transport; reason: string };
+  /**
+   * The next attempt goes to `url` at once: a node refused the handshake naming the
+   * session's node (`wrong_node`), or that node could not be reached and the given
+   * address is asked to avoid it (`unreachable`).
+   */
+  redirect: {
+    /** The node to connect to (null: the given address decides). */
+    node: string | null;
+    /** Its http(s) base URL. */
+    url: string;
+    /** The node the attempt asks to be kept away from (`avoid=`), if any. */
+    avoid: string | null;
+    reason: 'wrong_node' | 'unreachable';
+  };
   /** The missed events of a room follow (or, with `state: true`, its state replaced them). */
   recovered: { room: string; epoch: string; seq: number; state?: true };
   /** The server could not replay what a room missed: reload its state over HTTP. */

@@ -36,6 +36,17 @@
 //   or draining never saw the credential, so a restart does not use the attempts up. Over SSE the refusal is visible (401 `resume_invalid`): the
 //   credential is dropped at once. `resume: false` turns this off (a token every attempt).
 //   The credential is never logged.
+// - Lands on the session's node. A handshake on a node that is not the session's node
+//   is refused with where to go: WebSocket close 4421 (reason: the node's URL, or the
+//   `wrong_node` frame before it), SSE HTTP 421 (`{"error":{"code":"wrong_node","url",
+//   "node"}}`). The client reconnects there at once with the same credential (the refusal
+//   did not spend it) and session, no backoff, not a failure (at most 3 such hops in a row
+//   without a welcome, then it backs off). After a welcome there, reconnects go to that
+//   node first. When that node cannot be reached (and its `/readyz` does not answer), the
+//   next attempt goes through the given address with `avoid=<node>`. A close 4029 or an
+//   HTTP 429 (the session's migration budget) waits the retry-after seconds it carries.
+//   A 1012/1001 from that node sends the next attempt through the given address. The
+//   `redirect` event ({node, url, avoid, reason: 'wrong_node' | 'unreachable'}) tells.
 // - Transports (`transport` option). `websocket`: WebSocket only. `sse`: Server-Sent
 //   Events read with fetch() and a streamed body (no EventSource needed). `auto` (the
 //   default): WebSocket, and SSE from then on when two WebSocket attempts in a row fail
@@ -133,6 +144,8 @@ const FINAL_SUBSCRIBE_ERRORS = new Set(['bad_request', 'bad_room', 'forbidden', 
 /** Consecutive WebSocket attempts failing before welcome after which `auto` uses SSE. */
 const WS_FAILURES_BEFORE_SSE = 2;
 const TRANSPORTS = new Set(['auto', 'websocket', 'sse']);
+/** Refusals (`wrong_node`) followed in a row without a welcome before backing off. */
+const MAX_FOLLOWS = 3;
 
 /**
  * Opens a client. Options:
@@ -174,7 +187,8 @@ export class LivegateClient {
     if (!base) throw new TypeError('livegate: url is required outside a browser');
     this._endpoint = endpointOf(String(base));
     this._sseEndpoint = sseEndpointOf(String(base));
-    this._readyz = this._sseEndpoint.replace(/\/v1\/sse$/, '/readyz');
+    this._readyz = readyzOf(this._sseEndpoint);
+    this._secure = /^https:/i.test(this._sseEndpoint);
     this._transportOption = transport;
     this._transport = transport === 'sse' || !this._Socket ? 'sse' : 'websocket';
     this._getToken = getToken;
@@ -223,6 +237,16 @@ export class LivegateClient {
     /** A reopen of the SSE stream (rooms changed, gap) is pending or under way. */
     this._reopenPending = false;
     this._quiet = false;
+    /**
+     * Where the next attempt goes instead of the given address, once: a refusal named a
+     * node (`{base, node, avoid, token}`), or that node was unreachable (`{avoid, token}`:
+     * the given address, told to avoid it). `token`: the unspent token to offer again.
+     */
+    this._target = null;
+    /** The node the session lives on, after a welcome from a node a refusal named: {base, node}. */
+    this._home = null;
+    /** Refusals followed (and unreachable nodes avoided) since the last welcome. */
+    this._follows = 0;
 
     this._schedule(() => this._attempt(), 0);
   }
@@ -259,7 +283,7 @@ export class LivegateClient {
    * Listens to `connecting` ({attempt, transport}), `connected` ({session, node, warmup,
    * heartbeatMs, resumed, transport, credential: 'token' | 'resume'}), `disconnected`
    * ({code, reason, reconnectInMs: null when not reconnecting}), `transport` ({from, to,
-   * reason}), `recovered` ({room, epoch, seq}; with `state: true` when the server could
+   * reason}), `redirect` ({node, url, avoid, reason}: the next attempt goes to `url`), `recovered` ({room, epoch, seq}; with `state: true` when the server could
    * not replay but sent the room's state instead), `recovery_failed` ({room, epoch, seq,
    * reason}), `error` ({room?, code, message, error?}). Returns a function that removes
    * the listener.
@@ -475,13 +499,19 @@ export class LivegateClient {
     const transport = this._transport;
     const quiet = this._quiet;
     this._quiet = false;
+    // A refusal's node (or the given address avoiding an unreachable one), else the node
+    // the session lives on, else the given address.
+    const target = this._target;
+    const where = target ?? this._home;
     if (!quiet) {
       this._state = 'connecting';
       this._emit('connecting', { attempt: this._attempts, transport });
     }
     const resume = this._usableResume();
     let token = null;
-    if (resume == null) {
+    if (resume == null && target?.token) {
+      token = target.token; // refused unspent (or never seen): offered again
+    } else if (resume == null) {
       try {
         token = await this._getToken();
         if (token && typeof token === 'object') token = token.token;
@@ -494,21 +524,37 @@ export class LivegateClient {
       }
       if (this._closed || this._stopped || gen !== this._attemptGen) return;
     }
-    const attempt = { transport, resume, quiet };
+    if (this._target === target) this._target = null;
+    const attempt = {
+      transport,
+      resume,
+      quiet,
+      token,
+      base: where?.base ?? null, // null: the given address
+      node: where?.base ? where.node ?? null : null,
+      avoid: target?.avoid ?? null,
+      opened: false, // the server answered (WebSocket open, or an HTTP response)
+      named: null, // the `wrong_node` frame's {url, node}
+    };
     if (transport === 'sse') this._openSse(attempt, token);
     else this._openWebSocket(attempt, token);
   }
 
   /** The credential part of an attempt's query string. */
   _credentialQuery(attempt, token) {
-    if (attempt.resume != null) return `resume=${encodeURIComponent(attempt.resume)}`;
-    let query = `token=${encodeURIComponent(token)}`;
-    if (this._session) query += `&session=${encodeURIComponent(this._session)}`;
+    let query;
+    if (attempt.resume != null) query = `resume=${encodeURIComponent(attempt.resume)}`;
+    else {
+      query = `token=${encodeURIComponent(token)}`;
+      if (this._session) query += `&session=${encodeURIComponent(this._session)}`;
+    }
+    if (attempt.avoid != null) query += `&avoid=${encodeURIComponent(attempt.avoid)}`;
     return query;
   }
 
   _openWebSocket(attempt, token) {
-    const url = `${this._endpoint}?${this._credentialQuery(attempt, token)}`;
+    const endpoint = attempt.base ? endpointOf(attempt.base) : this._endpoint;
+    const url = `${endpoint}?${this._credentialQuery(attempt, token)}`;
     let ws;
     try {
       ws = new this._Socket(url);
@@ -522,7 +568,9 @@ export class LivegateClient {
     this._wsAttempt = attempt;
     this._welcomed = false;
     this._lastHeard = now();
-    ws.onopen = null;
+    ws.onopen = () => {
+      attempt.opened = true;
+    };
     ws.onmessage = (message) => {
       if (this._ws !== ws) return;
       this._lastHeard = now();
@@ -543,7 +591,8 @@ export class LivegateClient {
   /** Opens an SSE stream for the current rooms with `since` = the cursor. */
   async _openSse(attempt, token) {
     const rooms = [...this._rooms.keys()];
-    let url = `${this._sseEndpoint}?${this._credentialQuery(attempt, token)}&rooms=${rooms.map(encodeURIComponent).join(',')}`;
+    const endpoint = attempt.base ? sseEndpointOf(attempt.base) : this._sseEndpoint;
+    let url = `${endpoint}?${this._credentialQuery(attempt, token)}&rooms=${rooms.map(encodeURIComponent).join(',')}`;
     const since = this._sseSince();
     if (since) url += `&since=${encodeURIComponent(since)}`;
     // The stream's flags apply to all its rooms; a room that did not ask ignores them.
@@ -572,6 +621,7 @@ export class LivegateClient {
       cancelBody(response);
       return;
     }
+    attempt.opened = true;
     const date = Date.parse(response.headers?.get?.('date') ?? '');
     if (Number.isFinite(date)) this._skewMs = Math.abs(date - now()) > 2000 ? date - now() : 0;
     if (!response.ok) return this._sseRefused(link, response);
@@ -638,6 +688,19 @@ export class LivegateClient {
     const code = body?.error?.code ?? `http_${status}`;
     const message = String(body?.error?.message ?? `HTTP ${status}`);
     const attempt = link.attempt;
+    if (status === 421 && code === 'wrong_node') {
+      // Not this node's session: the body names the node to use (not an error).
+      attempt.named = { url: body.error.url, node: body.error.node };
+      this._lost(4421, String(body.error.url ?? ''), attempt);
+      return;
+    }
+    if (status === 429) {
+      // Told to wait (the migration budget, or a rate limit): Retry-After seconds.
+      const seconds = firstNumber(response.headers?.get?.('retry-after') ?? '') ?? firstNumber(message);
+      this._emit('error', { code, message: `SSE request refused: HTTP ${status} ${code}` });
+      this._lost(4029, seconds != null ? String(seconds) : '', attempt);
+      return;
+    }
     if (code === 'resume_invalid') {
       this._dropResume();
       if (this._fellBack) {
@@ -756,10 +819,83 @@ export class LivegateClient {
       return;
     }
     if (wasWelcomed && now() - this._welcomedAt >= this._timings.stableMs) this._failures = 0;
-    if (!wasWelcomed && attempt && attempt.transport === 'websocket' && !(code >= 4500 && code <= 4999)) {
+    if (wasWelcomed && (code === 1012 || code === 1001) && attempt?.base) {
+      // The node restarts or goes away: the given address knows where the session goes.
+      this._home = null;
+    }
+    const told = code >= 4500 && code <= 4999;
+    if (!wasWelcomed && attempt && code === 4421 && this._follow(attempt, code, reason)) return;
+    if (!wasWelcomed && attempt?.base && !attempt.opened && !told) {
+      this._unreached(attempt, code, reason);
+      return;
+    }
+    // 4421 and 4029 are refusals the server explained: the credential was not spent.
+    if (!wasWelcomed && attempt && attempt.transport === 'websocket' && !told && code !== 4421 && code !== 4029) {
       this._judgeWebSocketFailure(attempt);
     }
     this._afterLoss(code, reason, wasWelcomed);
+  }
+
+  /**
+   * A handshake refused as `wrong_node` (close 4421 or HTTP 421): reconnect at once to the
+   * node it named, with the same credential and session, without counting a failure.
+   * False (an ordinary failure, with backoff) when it named nothing usable, or after
+   * `MAX_FOLLOWS` refusals in a row without a welcome (two nodes sending it back and forth).
+   */
+  _follow(attempt, code, reason) {
+    const text = String(reason ?? '').trim();
+    const url = /^(https?|wss?):\/\//i.test(text) ? text : String(attempt.named?.url ?? '');
+    let base;
+    try {
+      base = baseOf(url);
+    } catch {
+      return false;
+    }
+    // Never from https to plain http: the credential would travel in the clear.
+    if (this._secure && !/^https:/i.test(base)) return false;
+    if (this._follows >= MAX_FOLLOWS) {
+      this._follows = 0;
+      this._target = null;
+      return false;
+    }
+    this._follows += 1;
+    const node = typeof attempt.named?.node === 'string' ? attempt.named.node : null;
+    // An attempt that avoided an unreachable node keeps avoiding it down the chain.
+    this._target = { base, node, avoid: attempt.avoid, token: attempt.token };
+    this._state = 'disconnected';
+    this._emit('disconnected', { code, reason, reconnectInMs: 0, welcomed: false });
+    this._emit('redirect', { node, url: base, avoid: attempt.avoid, reason: 'wrong_node' });
+    this._schedule(() => this._attempt(), 0);
+    return true;
+  }
+
+  /**
+   * An attempt to a node a refusal named (or the session's node) failed before the server
+   * answered. If the node's `/readyz` does not answer either (or says draining), it is
+   * unreachable: reconnect at once through the given address, asking it to avoid the node
+   * (the token, never seen, is offered again). Otherwise the attempt failed like any other.
+   */
+  async _unreached(attempt, code, reason) {
+    this._state = 'disconnected';
+    const gen = this._attemptGen;
+    const reachable = attempt.transport === 'websocket' && this._fetch ? await this._serverReady(readyzOf(sseEndpointOf(attempt.base))) : false;
+    if (this._closed || this._stopped || gen !== this._attemptGen || this._ws || this._sse) return;
+    if (reachable) {
+      if (attempt.transport === 'websocket') this._judgeWebSocketFailure(attempt, true);
+      this._afterLoss(code, reason, false);
+      return;
+    }
+    this._home = null;
+    if (attempt.node == null || this._follows >= MAX_FOLLOWS) {
+      this._follows = 0;
+      this._afterLoss(code, reason, false); // the given address next, after a backoff
+      return;
+    }
+    this._follows += 1;
+    this._target = { base: null, node: null, avoid: attempt.node, token: attempt.token };
+    this._emit('disconnected', { code, reason, reconnectInMs: 0, welcomed: false });
+    this._emit('redirect', { node: null, url: this._sseEndpoint.replace(/\/v1\/sse$/, ''), avoid: attempt.node, reason: 'unreachable' });
+    this._schedule(() => this._attempt(), 0);
   }
 
   /**
@@ -768,7 +904,7 @@ export class LivegateClient {
    * could have gone through), the failure counts against the resume credential and, in
    * `auto`, towards the SSE fallback; a server down or draining counts for nothing.
    */
-  _judgeWebSocketFailure(attempt) {
+  _judgeWebSocketFailure(attempt, ready = false) {
     const counts = () => {
       if (attempt.resume != null && this._resume?.value === attempt.resume) {
         this._resumeFailures += 1;
@@ -781,11 +917,12 @@ export class LivegateClient {
     };
     const needed = attempt.resume != null || (this._transportOption === 'auto' && this._fetch && !this._sseMissing);
     if (!needed) return;
-    if (!this._fetch) return counts();
+    if (!this._fetch || ready) return counts();
+    const readyz = attempt.base ? readyzOf(sseEndpointOf(attempt.base)) : this._readyz;
     const previous = this._verdict;
     const verdict = (async () => {
       await previous;
-      if (await this._serverReady()) counts();
+      if (await this._serverReady(readyz)) counts();
     })();
     this._verdict = verdict;
     verdict.finally(() => {
@@ -794,14 +931,14 @@ export class LivegateClient {
   }
 
   /** `GET /readyz`: true when the server answered and is not draining or starting. */
-  async _serverReady() {
+  async _serverReady(readyz = this._readyz) {
     const controller = new AbortController();
     const timer = setTimeout(() => controller.abort(), this._timings.probeTimeoutMs);
     try {
       // The server answers /readyz with CORS headers for the origins it allows, so a page
       // on another origin reads the status too (a draining node's 503 must not count).
       const init = { signal: controller.signal, cache: 'no-store' };
-      const response = await this._fetch(this._readyz, init);
+      const response = await this._fetch(readyz, init);
       cancelBody(response);
       return response.status !== 503;
     } catch {
@@ -882,6 +1019,9 @@ export class LivegateClient {
     this._welcomedAt = now();
     this._keepResume(frame, this._welcomedAt);
     if (ws) this._wsFailures = 0;
+    this._follows = 0;
+    // Welcomed by a node a refusal named: the session lives there, reconnects go there first.
+    this._home = attempt.base ? { base: attempt.base, node: typeof frame.node === 'string' ? frame.node : attempt.node } : null;
     const resumed = this._session != null && frame.session === this._session;
     if (frame.session) this._session = frame.session;
     this._state = 'connected';
@@ -982,6 +1122,12 @@ export class LivegateClient {
       return; // not JSON: nothing this client understands
     }
     if (!frame || typeof frame !== 'object') return;
+    if (frame.op === 'error' && frame.code === 'wrong_node' && !this._welcomed) {
+      // The 4421 close that follows names the node; this frame too (when the URL is too long for the reason).
+      const attempt = this._ws ? this._wsAttempt : this._sse?.attempt;
+      if (attempt) attempt.named = { url: frame.url, node: frame.node };
+      return;
+    }
     switch (frame.op) {
       case 'welcome':
         return this._onWelcome(frame);
@@ -1351,6 +1497,16 @@ function snapshotOf(frame) {
   const state = frame.state;
   if (!state || typeof state !== 'object' || !Number.isInteger(state.seq) || state.seq < 0) return null;
   return { seq: state.seq, data: state.data === undefined ? null : state.data };
+}
+
+/** The `/readyz` of the node whose SSE endpoint is `sseEndpoint`. */
+function readyzOf(sseEndpoint) {
+  return sseEndpoint.replace(/\/v1\/sse$/, '/readyz');
+}
+
+/** The http(s) base URL of a node (its `public_url`, ws(s):// accepted), without a path to /v1. */
+function baseOf(url) {
+  return sseEndpointOf(url).replace(/\/v1\/sse$/, '');
 }
 
 /** The SSE endpoint for a base URL: ws→http, wss→https, `/v1/sse` in place of `/v1/ws`. */

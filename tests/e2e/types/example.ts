@@ -103,6 +103,10 @@ client.on('disconnected', ({ code, reason, reconnectInMs, welcomed }) => {
   console.log(welcomed ?? false);
 });
 client.on('transport', ({ from, to, reason }) => console.log(from, to, reason));
+client.on('redirect', ({ node, url, avoid, reason }) => {
+  const why: 'wrong_node' | 'unreachable' = reason;
+  console.log(node ?? 'the given address', url, avoid ?? 'none', why);
+});
 client.on('recovered', ({ room, epoch, seq, state }) => console.log(room, epoch, seq, state === true));
 client.on('recovery_failed', ({ room, epoch, seq, reason }) => console.log(room, epoch ?? 'none', seq, reason));
 const onError = (e: ClientEvents['error']) => console.log(e.room ?? '', e.code, e.message, e.error);
