@@ -92,11 +92,11 @@ struct ClientState {
     subscribed: HashSet<String>,
     /// Seqs handed to the application, per room, in order.
     events: HashMap<String, Vec<u64>>,
-    /// Close frames the client's sockets received: (code, reason, "lb" | "direct").
-    closes: Vec<(u16, String, String)>,
-    /// Upgrades answered with an HTTP status instead of 101: (status, via).
-    refusals: Vec<(u16, String)>,
-    recovery_failed: Vec<String>,
+    /// Close frames the client's sockets received: (when, code, reason, "lb" | "direct").
+    closes: Vec<(Instant, u16, String, String)>,
+    /// Upgrades answered with an HTTP status instead of 101: (when, status, via).
+    refusals: Vec<(Instant, u16, String)>,
+    recovery_failed: Vec<(Instant, String)>,
     errors: Vec<String>,
 }
 
@@ -136,9 +136,9 @@ impl SwarmState {
                 client.subscribed.insert(text("r"));
             }
             "ev" => client.events.entry(text("r")).or_default().push(v["s"].as_u64().unwrap_or(0)),
-            "close" => client.closes.push((v["code"].as_u64().unwrap_or(0) as u16, text("reason"), text("via"))),
-            "refused" => client.refusals.push((v["status"].as_u64().unwrap_or(0) as u16, text("via"))),
-            "rfail" => client.recovery_failed.push(text("r")),
+            "close" => client.closes.push((Instant::now(), v["code"].as_u64().unwrap_or(0) as u16, text("reason"), text("via"))),
+            "refused" => client.refusals.push((Instant::now(), v["status"].as_u64().unwrap_or(0) as u16, text("via"))),
+            "rfail" => client.recovery_failed.push((Instant::now(), text("r"))),
             "err" => client.errors.push(format!("{}: {}", text("code"), text("message"))),
             _ => self.junk.push(line.to_string()),
         }
@@ -403,32 +403,45 @@ fn check_delivery(swarm: &mut Swarm, heads: &HashMap<String, u64>, stage: &str, 
     });
 }
 
-/// Closes 4029, HTTP 429 refusals, session changes, recovery failures.
-fn check_refusals(swarm: &Swarm, failures: &mut Vec<String>) {
+/// Between `from` and `to`: closes 4029 and HTTP 429 refusals (the migration budget),
+/// session changes (a client given a new session instead of keeping its own) and
+/// recovery failures; one line each, with the first few clients.
+fn check_refusals(swarm: &Swarm, stage: &str, from: Instant, to: Instant, failures: &mut Vec<String>) {
     swarm.with(|s| {
+        let (mut budget, mut too_many, mut changed, mut unrecovered) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (c, client) in s.clients.iter().enumerate() {
-            let budget_closes: Vec<_> = client.closes.iter().filter(|(code, _, _)| *code == 4029).collect();
-            if !budget_closes.is_empty() {
-                failures.push(format!("client {c}: refused for the migration budget with close 4029: {budget_closes:?}"));
+            let within = |at: &Instant| *at >= from && *at < to;
+            let closes = client.closes.iter().filter(|(at, code, _, _)| within(at) && *code == 4029).count();
+            if closes > 0 {
+                budget.push(format!("client {c}: {closes}"));
             }
-            let too_many: Vec<_> = client.refusals.iter().filter(|(status, _)| *status == 429).collect();
-            if !too_many.is_empty() {
-                failures.push(format!("client {c}: handshake refused with HTTP 429: {too_many:?}"));
+            let refused = client.refusals.iter().filter(|(at, status, _)| within(at) && *status == 429).count();
+            if refused > 0 {
+                too_many.push(format!("client {c}: {refused}"));
             }
-            let sessions: Vec<&str> = client.welcomes.iter().map(|w| w.session.as_str()).collect::<Vec<_>>();
-            let mut distinct: Vec<&str> = Vec::new();
-            for s in sessions {
-                if distinct.last() != Some(&s) {
-                    distinct.push(s);
-                }
+            let new_sessions: Vec<(&str, &str)> = client
+                .welcomes
+                .windows(2)
+                .filter(|w| within(&w[1].at) && w[0].session != w[1].session)
+                .map(|w| (w[0].session.as_str(), w[1].session.as_str()))
+                .collect();
+            if !new_sessions.is_empty() {
+                changed.push(format!("client {c}: {new_sessions:?}"));
             }
-            if distinct.len() > 1 {
-                failures.push(format!("client {c}: its session changed {} time(s): {distinct:?}", distinct.len() - 1));
-            }
-            if !client.recovery_failed.is_empty() {
-                failures.push(format!("client {c}: recovery_failed for {:?}", client.recovery_failed));
+            let rooms: Vec<&str> = client.recovery_failed.iter().filter(|(at, _)| within(at)).map(|(_, r)| r.as_str()).collect();
+            if !rooms.is_empty() {
+                unrecovered.push(format!("client {c}: {rooms:?}"));
             }
         }
+        let mut report = |what: &str, list: &[String]| {
+            if !list.is_empty() {
+                failures.push(format!("{stage}: {} client(s) {what}: {:?}", list.len(), &list[..list.len().min(8)]));
+            }
+        };
+        report("closed with 4029 (migration budget)", &budget);
+        report("refused with HTTP 429", &too_many);
+        report("changed session", &changed);
+        report("got recovery_failed", &unrecovered);
     });
 }
 
@@ -456,10 +469,10 @@ fn tallies(swarm: &Swarm) -> (BTreeMap<String, usize>, BTreeMap<String, usize>) 
         let mut closes: BTreeMap<String, usize> = BTreeMap::new();
         let mut refusals: BTreeMap<String, usize> = BTreeMap::new();
         for client in &s.clients {
-            for (code, _, via) in &client.closes {
+            for (_, code, _, via) in &client.closes {
                 *closes.entry(format!("{code} via {via}")).or_default() += 1;
             }
-            for (status, via) in &client.refusals {
+            for (_, status, via) in &client.refusals {
                 *refusals.entry(format!("{status} via {via}")).or_default() += 1;
             }
         }
@@ -490,7 +503,11 @@ fn wait_back(swarm: &mut Swarm, gone: &[(String, Instant)], stage: &str, failure
             .iter()
             .enumerate()
             .filter(|(_, c)| !back(c, gone))
-            .map(|(i, c)| format!("{i} (last welcome {:?}, closes {:?}, refusals {:?})", c.welcomes.last().map(|w| &w.node), c.closes.iter().rev().take(3).collect::<Vec<_>>(), c.refusals.iter().rev().take(3).collect::<Vec<_>>()))
+            .map(|(i, c)| {
+                let closes: Vec<_> = c.closes.iter().rev().take(3).map(|(_, code, reason, via)| (code, reason, via)).collect();
+                let refusals: Vec<_> = c.refusals.iter().rev().take(3).map(|(_, status, via)| (status, via)).collect();
+                format!("{i} (last welcome {:?}, last closes {closes:?}, last refusals {refusals:?})", c.welcomes.last().map(|w| &w.node))
+            })
             .collect()
     });
     failures.push(format!("{stage}: {} client(s) not back {BACK_LIMIT:?} after the drained node exited: {:?}", out.len(), &out[..out.len().min(10)]));
@@ -583,7 +600,8 @@ fn a_rolling_release_behind_a_round_robin_balancer_moves_each_session_once_and_r
     if !over1.is_empty() {
         failures.push(format!("release 1: {} session(s) moved more than once", over1.len()));
     }
-    check_refusals(&swarm, &mut failures);
+    let cut = Instant::now();
+    check_refusals(&swarm, "start and release 1", started, cut, &mut failures);
     let heads1 = publisher.heads();
     check_delivery(&mut swarm, &heads1, "release 1", &mut failures);
     let after1 = welcomes_by_node(&swarm);
@@ -629,7 +647,7 @@ fn a_rolling_release_behind_a_round_robin_balancer_moves_each_session_once_and_r
         let head = heads.entry(room.clone()).or_insert(0);
         *head = (*head).max(*seq);
     }
-    check_refusals(&swarm, &mut failures);
+    check_refusals(&swarm, "release 2", cut, Instant::now(), &mut failures);
     check_delivery(&mut swarm, &heads, "release 2", &mut failures);
     failures.extend(published.errors.iter().take(10).map(|e| format!("publisher: {e}")));
     let reader = cluster.http(cluster.running()[0]);
