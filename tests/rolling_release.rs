@@ -97,6 +97,8 @@ struct ClientState {
     /// Upgrades answered with an HTTP status instead of 101: (when, status, via).
     refusals: Vec<(Instant, u16, String)>,
     recovery_failed: Vec<(Instant, String)>,
+    /// livegate.js's `redirect` events: where a refusal sent it, or why ("node reason").
+    redirects: Vec<String>,
     errors: Vec<String>,
 }
 
@@ -138,6 +140,7 @@ impl SwarmState {
             "ev" => client.events.entry(text("r")).or_default().push(v["s"].as_u64().unwrap_or(0)),
             "close" => client.closes.push((Instant::now(), v["code"].as_u64().unwrap_or(0) as u16, text("reason"), text("via"))),
             "refused" => client.refusals.push((Instant::now(), v["status"].as_u64().unwrap_or(0) as u16, text("via"))),
+            "redirect" => client.redirects.push(format!("{} {}", text("node"), text("reason"))),
             "rfail" => client.recovery_failed.push((Instant::now(), text("r"))),
             "err" => client.errors.push(format!("{}: {}", text("code"), text("message"))),
             _ => self.junk.push(line.to_string()),
@@ -663,8 +666,12 @@ fn a_rolling_release_behind_a_round_robin_balancer_moves_each_session_once_and_r
     }
     let after2 = welcomes_by_node(&swarm);
     let (closes, refusals) = tallies(&swarm);
-    let (welcomes, errors): (usize, Vec<String>) = swarm.with(|s| {
-        (s.clients.iter().map(|c| c.welcomes.len()).sum(), s.clients.iter().flat_map(|c| c.errors.iter().cloned()).take(10).collect())
+    let (welcomes, redirects, errors): (usize, usize, Vec<String>) = swarm.with(|s| {
+        (
+            s.clients.iter().map(|c| c.welcomes.len()).sum(),
+            s.clients.iter().map(|c| c.redirects.len()).sum(),
+            s.clients.iter().flat_map(|c| c.errors.iter().cloned()).take(10).collect(),
+        )
     });
     eprintln!(
         "release 2 (in place): clients after {after2:?}; moves per session {hist2:?} ({} session(s) moved more than once); \
@@ -673,7 +680,7 @@ fn a_rolling_release_behind_a_round_robin_balancer_moves_each_session_once_and_r
         back2.zip(first_term2).map(|(b, t)| b - t)
     );
     eprintln!(
-        "both releases: {} acks ({:?} per room), publish refusals {:?}; {welcomes} welcomes; closes {closes:?}; refused upgrades \
+        "both releases: {} acks ({:?} per room), publish refusals {:?}; {welcomes} welcomes, {redirects} redirects followed; closes {closes:?}; refused upgrades \
          {refusals:?}; balancer (accepted, unrouted) {:?}; first client errors {errors:?}; test took {:.1} s",
         published.acks.len(),
         heads,

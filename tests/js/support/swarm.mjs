@@ -9,20 +9,27 @@
 //   {"t":"lost","c":7,"code":1012,"welcomed":true}         the client's `disconnected`
 //   {"t":"close","c":7,"code":4421,"reason":"...","via":"lb"|"direct"}  a socket's close
 //   {"t":"refused","c":7,"status":429,"via":"lb"|"direct"} an upgrade answered with HTTP
+//   {"t":"redirect","c":7,"node":"a","reason":"wrong_node"} livegate.js follows a refusal
 //   {"t":"rfail","c":7,"r":"room"}                         recovery_failed
 //   {"t":"err","c":7,"code":"...","message":"..."}
 //   {"t":"ready"}  every client created;  {"t":"bye"}  every client closed (then exit)
 //
 // Configuration (environment): SWARM_URL (the address clients are given), SWARM_CLIENTS,
-// SWARM_ROOMS (comma-separated), SWARM_ROOMS_PER_CLIENT, SWARM_USER_PREFIX, SWARM_API_KEY.
+// SWARM_ROOMS (comma-separated), SWARM_ROOMS_PER_CLIENT, SWARM_USER_PREFIX, SWARM_API_KEY;
+// SWARM_LIBRARY, a path to another livegate.js to run instead of src/web/livegate.js
+// (another branch's, say; the server serves the one it was built with).
 // Closing stdin closes every client and ends the process.
 //
 // The WebSocket is the tests' MiniWebSocket (Node 20 has no global WebSocket without a
 // flag), subclassed only to report closes and refused upgrades with their HTTP status
 // (which a browser would not show; livegate.js does not see it either).
 
-import { connect } from '../../../src/web/livegate.js';
+import { pathToFileURL } from 'node:url';
+
 import { MiniWebSocket } from './mini-websocket.mjs';
+
+const library = process.env.SWARM_LIBRARY ? pathToFileURL(process.env.SWARM_LIBRARY).href : '../../../src/web/livegate.js';
+const { connect } = await import(library);
 
 const url = process.env.SWARM_URL;
 const count = Number(process.env.SWARM_CLIENTS ?? 200);
@@ -90,6 +97,7 @@ for (let c = 0; c < count; c += 1) {
   });
   client.on('connected', ({ session, node, resumed }) => emit({ t: 'welcome', c, node, session, resumed, ms: Date.now() }));
   client.on('disconnected', ({ code, welcomed }) => emit({ t: 'lost', c, code, welcomed: !!welcomed }));
+  client.on('redirect', ({ node, reason }) => emit({ t: 'redirect', c, node, reason }));
   client.on('recovery_failed', ({ room }) => emit({ t: 'rfail', c, r: room }));
   client.on('error', ({ code, message }) => emit({ t: 'err', c, code, message: String(message).slice(0, 200) }));
   for (let k = 0; k < perClient; k += 1) {
