@@ -1,8 +1,9 @@
 //! Routing as pure functions: same inputs give the same answer in any process, whatever
 //! the order or repetition of the inputs. No I/O, no clock, no global state.
 //!
-//! - [`route_session`]: which node serves a session — the recorded owner while it is a
-//!   candidate and alive, else the lexicographically first alive candidate.
+//! - [`route`]: which node serves a session — the recorded owner while it is alive and
+//!   not draining, else a rendezvous choice that spreads (nodes of a release in progress
+//!   first); [`route_session`] is its short form for peers that never drain.
 //! - [`route_cell`]: which cell serves a user — the home cell while healthy, else the
 //!   first healthy cell by name; several reports of one cell are AND-merged.
 //! - [`room_writer`]: which node appends a room's events in cluster mode — the candidate
@@ -25,30 +26,157 @@ pub enum RouteError {
     NoAliveOwner,
 }
 
-/// The node for `session`. `recorded` is the owner the directory holds (if any),
-/// `owners` the candidate nodes, `alive` the nodes currently alive.
+/// A node routing may choose, as this node sees it now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidate<'a> {
+    pub name: &'a str,
+    pub cell: &'a str,
+    /// Probed or heard alive now.
+    pub alive: bool,
+    /// Draining: it keeps its connections but takes no new ones.
+    pub draining: bool,
+    /// When it started (0: unknown). Nodes started within the release window rank first
+    /// for sessions that must move.
+    pub started_at_ms: u64,
+}
+
+/// What is asked of [`route`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteQuestion<'a> {
+    pub session: &'a str,
+    pub user: &'a str,
+    /// The owner the directory records for the session, if any.
+    pub recorded_owner: Option<&'a str>,
+    /// A node the client could not reach: not a candidate for this question.
+    pub avoid: Option<&'a str>,
+    pub now_ms: u64,
+    /// How long after its start a node counts as part of a release in progress.
+    pub release_window_ms: u64,
+}
+
+/// Why [`route`] chose its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// The recorded owner, alive and not draining: the session stays.
+    Owner,
+    /// No recorded owner (a new session, or one nobody remembers): spread.
+    Unowned,
+    /// The recorded owner is draining: a move the owner's release forces.
+    OwnerDraining,
+    /// The recorded owner is not alive (or not a candidate): a move its loss forces.
+    OwnerGone,
+    /// The recorded owner is alive but the client could not reach it: a move the route
+    /// did not choose (the migration budget applies).
+    OwnerAvoided,
+}
+
+impl Reason {
+    /// Whether moving the session here is forced on it (never refused by the budget).
+    pub fn forced(self) -> bool {
+        matches!(self, Reason::OwnerDraining | Reason::OwnerGone)
+    }
+}
+
+/// The node that serves a session, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Routed<'a> {
+    pub node: &'a str,
+    pub cell: &'a str,
+    pub reason: Reason,
+}
+
+/// Where a session is served: the rule every node applies, so any two nodes with the
+/// same view of the candidates give the same answer, whatever the order of the inputs.
+///
+/// 1. The cell: the recorded owner's cell when the owner is a known candidate, else the
+///    user's rendezvous cell (so the answer does not depend on which node is asked);
+///    while that cell has no alive node, the first healthy cell by name ([`route_cell`]).
+/// 2. The recorded owner keeps the session while it is alive and not draining.
+/// 3. Otherwise rendezvous hashing of the session over the cell's alive, non-draining
+///    candidates (all alive ones if every one drains), so new sessions and the sessions
+///    of a lost node spread, and a node's loss moves only its own sessions. When the
+///    session must move (its owner drains or is gone), the candidates started within
+///    the release window rank first: during a rolling release, a drained node's sessions
+///    go to the nodes the release brought, which the release will not drain again.
+pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> Result<Routed<'a>, RouteError> {
+    if question.session.is_empty() {
+        return Err(RouteError::EmptySession);
+    }
+    if candidates.is_empty() {
+        return Err(RouteError::NoOwners);
+    }
+    if candidates.iter().any(|c| c.name.is_empty()) {
+        return Err(RouteError::EmptyOwnerName);
+    }
+    // One entry per name: alive only if every report says so, draining if any does.
+    let mut merged: BTreeMap<&'a str, Candidate<'a>> = BTreeMap::new();
+    for candidate in candidates {
+        let entry = merged.entry(candidate.name).or_insert(Candidate { alive: true, draining: false, ..*candidate });
+        entry.alive &= candidate.alive;
+        entry.draining |= candidate.draining;
+        entry.started_at_ms = entry.started_at_ms.max(candidate.started_at_ms);
+        entry.cell = entry.cell.min(candidate.cell);
+    }
+    // What this question may use: alive, and not the node the client could not reach.
+    let usable = |c: &Candidate| c.alive && question.avoid != Some(c.name);
+    let owner = question.recorded_owner.and_then(|name| merged.get(name));
+    let home = match owner {
+        Some(owner) => owner.cell,
+        None => rendezvous(question.user, merged.values().map(|c| c.cell)).unwrap_or_default(),
+    };
+    let reports: Vec<CellReport> = merged
+        .values()
+        .map(|c| CellReport { name: c.cell, healthy: merged.values().any(|o| o.cell == c.cell && usable(o)) })
+        .collect();
+    let cell = if merged.values().all(|c| c.cell == home) {
+        home
+    } else {
+        route_cell(question.user, home, &reports).map_err(|_| RouteError::NoAliveOwner)?
+    };
+    let reason = match owner {
+        Some(owner) if owner.alive && !owner.draining && question.avoid == Some(owner.name) => Reason::OwnerAvoided,
+        Some(owner) if owner.alive && !owner.draining && owner.cell == cell => {
+            return Ok(Routed { node: owner.name, cell, reason: Reason::Owner });
+        }
+        Some(owner) if owner.alive && owner.draining => Reason::OwnerDraining,
+        Some(_) => Reason::OwnerGone,
+        None if question.recorded_owner.is_some() => Reason::OwnerGone,
+        None => Reason::Unowned,
+    };
+    let alive: Vec<&Candidate<'a>> = merged.values().filter(|c| c.cell == cell && usable(c)).collect();
+    let taking: Vec<&Candidate<'a>> = alive.iter().copied().filter(|c| !c.draining).collect();
+    let mut pool = if taking.is_empty() { alive } else { taking };
+    if reason != Reason::Unowned {
+        let fresh = |c: &Candidate| c.started_at_ms > 0 && question.now_ms < c.started_at_ms.saturating_add(question.release_window_ms);
+        if pool.iter().any(|c| fresh(c)) {
+            pool.retain(|c| fresh(c));
+        }
+    }
+    let node = rendezvous(question.session, pool.iter().map(|c| c.name)).ok_or(RouteError::NoAliveOwner)?;
+    Ok(Routed { node, cell, reason })
+}
+
+/// The node for `session` among `owners`, as [`route`] answers it for candidates that
+/// never drain and started long ago: the recorded owner while it is alive, else the
+/// rendezvous choice among the alive owners.
 pub fn route_session<'a>(
     session: &str,
     recorded: Option<&str>,
     owners: &[&'a str],
     alive: &[&str],
 ) -> Result<&'a str, RouteError> {
-    if session.is_empty() {
-        return Err(RouteError::EmptySession);
-    }
-    if owners.is_empty() {
-        return Err(RouteError::NoOwners);
-    }
-    if owners.iter().any(|o| o.is_empty()) {
-        return Err(RouteError::EmptyOwnerName);
-    }
-    let is_alive = |owner: &str| alive.contains(&owner);
-    if let Some(kept) = recorded.and_then(|r| owners.iter().copied().find(|o| *o == r)) {
-        if is_alive(kept) {
-            return Ok(kept);
-        }
-    }
-    owners.iter().copied().filter(|o| is_alive(o)).min().ok_or(RouteError::NoAliveOwner)
+    let candidates: Vec<Candidate<'a>> = owners
+        .iter()
+        .map(|name| Candidate { name, cell: "", alive: alive.contains(name), draining: false, started_at_ms: 0 })
+        .collect();
+    let question = RouteQuestion { session, user: "", recorded_owner: recorded, avoid: None, now_ms: 0, release_window_ms: 0 };
+    route(&question, &candidates).map(|routed| routed.node)
+}
+
+/// The item whose (key, item) hash is highest, ties broken by the smaller item: the
+/// rendezvous choice, the same in every process whatever the order of `items`.
+pub fn rendezvous<'a>(key: &str, items: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    items.into_iter().max_by_key(|item| (writer_hash(key, item), std::cmp::Reverse(*item)))
 }
 
 /// One health report of a cell.
@@ -87,7 +215,7 @@ pub fn route_cell<'a>(user: &str, home: &str, cells: &[CellReport<'a>]) -> Resul
 /// The node that appends `room`'s events: the candidate whose (room, node) hash is
 /// highest, ties broken by name. `None` without candidates.
 pub fn room_writer<'a>(room: &str, candidates: &[&'a str]) -> Option<&'a str> {
-    candidates.iter().copied().max_by_key(|node| (writer_hash(room, node), std::cmp::Reverse(*node)))
+    rendezvous(room, candidates.iter().copied())
 }
 
 /// FNV-1a over the room, a separator and the node, then a 64-bit finaliser (names that
@@ -110,14 +238,20 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn node<'a>(name: &'a str, alive: bool, draining: bool, started_at_ms: u64) -> Candidate<'a> {
+        Candidate { name, cell: "", alive, draining, started_at_ms }
+    }
+
+    fn ask<'a>(session: &'a str, recorded_owner: Option<&'a str>) -> RouteQuestion<'a> {
+        RouteQuestion { session, user: "u1", recorded_owner, avoid: None, now_ms: 1_000_000, release_window_ms: 600_000 }
+    }
+
     #[test]
     fn session_table() {
         type Case<'a> = (&'a str, Option<&'a str>, &'a [&'a str], &'a [&'a str], Result<&'a str, RouteError>);
         let cases: &[Case] = &[
             ("s1", Some("b"), &["a", "b", "c"], &["a", "b", "c"], Ok("b")),
-            ("s1", Some("b"), &["a", "b", "c"], &["a", "c"], Ok("a")),
-            ("s1", Some("z"), &["c", "b"], &["b", "c", "z"], Ok("b")),
-            ("s1", None, &["c", "b", "a"], &["c", "b"], Ok("b")),
+            ("s1", Some("z"), &["c", "b"], &["b", "z"], Ok("b")),
             ("s1", Some("a"), &["a"], &["a"], Ok("a")),
             ("s1", Some("a"), &["b", "b"], &["b"], Ok("b")),
             ("", Some("a"), &["a"], &["a"], Err(RouteError::EmptySession)),
@@ -129,6 +263,118 @@ mod tests {
         for (session, recorded, owners, alive, expected) in cases {
             assert_eq!(&route_session(session, *recorded, owners, alive), expected, "{session} {recorded:?} {owners:?} {alive:?}");
         }
+        // Without a live owner, the rendezvous choice among the alive ones.
+        for session in ["s1", "s2", "s3", "s4"] {
+            let expected = rendezvous(session, ["a", "c"]);
+            assert_eq!(route_session(session, Some("b"), &["a", "b", "c"], &["a", "c"]).ok(), expected);
+            assert_eq!(route_session(session, None, &["c", "b", "a"], &["c", "a"]).ok(), expected);
+        }
+    }
+
+    #[test]
+    fn reasons_and_the_budget() {
+        let all = [node("a", true, false, 1), node("b", true, false, 1), node("c", true, false, 1)];
+        let routed = |q: RouteQuestion, nodes: &[Candidate<'static>]| route(&q, nodes).unwrap();
+        let kept = routed(ask("s", Some("b")), &all);
+        assert_eq!((kept.node, kept.reason), ("b", Reason::Owner));
+        assert!(!kept.reason.forced());
+        let draining = [all[0], node("b", true, true, 1), all[2]];
+        let moved = routed(ask("s", Some("b")), &draining);
+        assert_eq!(moved.reason, Reason::OwnerDraining);
+        assert!(moved.reason.forced() && moved.node != "b");
+        let gone = [all[0], node("b", false, false, 1), all[2]];
+        let moved = routed(ask("s", Some("b")), &gone);
+        assert_eq!(moved.reason, Reason::OwnerGone);
+        assert!(moved.reason.forced() && moved.node != "b");
+        assert_eq!(routed(ask("s", Some("zz")), &all).reason, Reason::OwnerGone, "an owner nobody knows is gone");
+        let avoided = routed(RouteQuestion { avoid: Some("b"), ..ask("s", Some("b")) }, &all);
+        assert_eq!(avoided.reason, Reason::OwnerAvoided);
+        assert!(!avoided.reason.forced() && avoided.node != "b");
+        // Avoiding a node that is gone anyway does not make the move optional.
+        assert_eq!(routed(RouteQuestion { avoid: Some("b"), ..ask("s", Some("b")) }, &gone).reason, Reason::OwnerGone);
+        let new = routed(ask("s", None), &all);
+        assert_eq!(new.reason, Reason::Unowned);
+        // Every node draining: the owner keeps serving rather than nobody.
+        let all_draining = [node("a", true, true, 1), node("b", true, true, 1)];
+        assert_eq!(routed(ask("s", Some("b")), &all_draining).node, "b");
+    }
+
+    #[test]
+    fn sessions_without_a_live_owner_spread_over_three_nodes() {
+        let nodes = [node("a", true, false, 1), node("b", true, false, 1), node("c", true, false, 1)];
+        let mut counts = BTreeMap::new();
+        for i in 0..1000 {
+            let session = format!("{i:012x}");
+            *counts.entry(route(&ask(&session, None), &nodes).unwrap().node).or_insert(0) += 1;
+        }
+        // 1,000 sessions: a, b, c each get a third, give or take what chance gives.
+        assert!(counts.values().all(|n| (280..=390).contains(n)), "uneven: {counts:?}");
+        // The same for the sessions of a lost node: they do not pile onto one survivor.
+        let without_a = [node("a", false, false, 1), nodes[1], nodes[2]];
+        let mut moved = BTreeMap::new();
+        for i in 0..1000 {
+            let session = format!("{i:012x}");
+            let q = ask(&session, Some("a"));
+            *moved.entry(route(&q, &without_a).unwrap().node).or_insert(0) += 1;
+        }
+        assert!(moved.values().all(|n| (420..=580).contains(n)), "uneven failover: {moved:?}");
+        eprintln!("1,000 sessions over a, b, c: {counts:?}; with a gone: {moved:?}");
+    }
+
+    /// A rolling release as Kubernetes does it: for each old node in turn a new node joins,
+    /// then the old one drains and its sessions move. Returns how many moves each session
+    /// made. `new_names`: the new nodes have new names; else the old ones restart in place.
+    fn release(sessions: usize, new_names: bool) -> Vec<usize> {
+        let window = 600_000;
+        let mut now = 10_000_000u64;
+        let mut nodes: Vec<(String, bool, u64)> = ["a", "b", "c"].iter().map(|n| (n.to_string(), false, 1)).collect();
+        let route_now = |nodes: &[(String, bool, u64)], session: &str, owner: Option<&str>, now: u64| -> String {
+            let candidates: Vec<Candidate> = nodes.iter().map(|(n, d, s)| node(n, true, *d, *s)).collect();
+            let q = RouteQuestion { session, user: "u", recorded_owner: owner, avoid: None, now_ms: now, release_window_ms: window };
+            route(&q, &candidates).unwrap().node.to_string()
+        };
+        let ids: Vec<String> = (0..sessions).map(|i| format!("{i:012x}")).collect();
+        let mut owners: Vec<String> = ids.iter().map(|s| route_now(&nodes, s, None, now)).collect();
+        let mut moves = vec![0; sessions];
+        for (step, old) in ["a", "b", "c"].iter().enumerate() {
+            now += 30_000;
+            let old_index = nodes.iter().position(|(n, _, _)| n == old).unwrap();
+            if new_names {
+                nodes.push((["d", "e", "f"][step].to_string(), false, now));
+            }
+            now += 30_000;
+            nodes[old_index].1 = true; // drains
+            for (i, id) in ids.iter().enumerate() {
+                let to = route_now(&nodes, id, Some(&owners[i]), now);
+                if to != owners[i] {
+                    moves[i] += 1;
+                    owners[i] = to;
+                }
+            }
+            if new_names {
+                nodes.remove(old_index);
+            } else {
+                nodes[old_index] = (old.to_string(), false, now + 5_000); // back, restarted
+            }
+        }
+        moves
+    }
+
+    #[test]
+    fn a_release_with_new_names_moves_each_session_at_most_once() {
+        let moves = release(1000, true);
+        assert!(moves.iter().all(|m| *m == 1), "moves per session: {:?}", moves.iter().max());
+    }
+
+    #[test]
+    fn a_release_in_place_moves_each_session_at_most_twice() {
+        let moves = release(1000, false);
+        let mut histogram = BTreeMap::new();
+        for m in &moves {
+            *histogram.entry(*m).or_insert(0) += 1;
+        }
+        assert!(moves.iter().all(|m| *m <= 2), "moves per session: {histogram:?}");
+        eprintln!("in-place release of a, b, c: sessions by moves made {histogram:?}");
     }
 
     fn cells<'a>(reports: &[(&'a str, bool)]) -> Vec<CellReport<'a>> {
@@ -162,26 +408,29 @@ mod tests {
 
     proptest! {
         #[test]
-        fn session_route_ignores_order_and_duplicates(
+        fn route_ignores_order_and_duplicates(
             recorded in proptest::option::of(name()),
-            owners in proptest::collection::vec(name(), 1..6),
-            alive in proptest::collection::vec(name(), 0..6),
+            nodes in proptest::collection::vec((name(), "[xy]", any::<bool>(), any::<bool>(), 0u64..3), 1..7),
+            avoid in proptest::option::of(name()),
             seed in any::<u64>(),
         ) {
-            let owners_ref: Vec<&str> = owners.iter().map(String::as_str).collect();
-            let alive_ref: Vec<&str> = alive.iter().map(String::as_str).collect();
-            let expected = route_session("s", recorded.as_deref(), &owners_ref, &alive_ref);
-            let mut shuffled_owners = owners_ref.clone();
-            let mut shuffled_alive = alive_ref.clone();
-            shuffled_owners.rotate_left(seed as usize % owners_ref.len());
-            shuffled_owners.reverse();
-            shuffled_owners.push(owners_ref[seed as usize % owners_ref.len()]);
-            shuffled_alive.reverse();
-            shuffled_alive.extend(alive_ref.iter().take(2));
-            prop_assert_eq!(route_session("s", recorded.as_deref(), &shuffled_owners, &shuffled_alive), expected.clone());
-            prop_assert_eq!(route_session("s", recorded.as_deref(), &owners_ref, &alive_ref), expected.clone());
-            if let Ok(chosen) = expected {
-                prop_assert!(alive_ref.contains(&chosen) && owners_ref.contains(&chosen));
+            let candidates: Vec<Candidate> = nodes
+                .iter()
+                .map(|(name, cell, alive, draining, started)| Candidate { name, cell, alive: *alive, draining: *draining, started_at_ms: started * 500_000 })
+                .collect();
+            let q = RouteQuestion { session: "s", user: "u", recorded_owner: recorded.as_deref(), avoid: avoid.as_deref(), now_ms: 1_000_000, release_window_ms: 600_000 };
+            let expected = route(&q, &candidates);
+            let mut shuffled = candidates.clone();
+            shuffled.rotate_left(seed as usize % candidates.len());
+            shuffled.reverse();
+            prop_assert_eq!(route(&q, &shuffled), expected.clone());
+            if let Ok(routed) = expected {
+                let chosen: Vec<&Candidate> = candidates.iter().filter(|c| c.name == routed.node).collect();
+                prop_assert!(chosen.iter().all(|c| c.alive), "chose a node not alive: {:?}", routed);
+                prop_assert!(avoid.as_deref() != Some(routed.node), "chose the avoided node: {:?}", routed);
+                if routed.reason == Reason::Owner {
+                    prop_assert_eq!(Some(routed.node), recorded.as_deref());
+                }
             }
         }
 
