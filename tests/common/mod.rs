@@ -7,6 +7,7 @@
 
 #![allow(dead_code)]
 
+pub mod balancer;
 pub mod nats;
 pub mod process;
 

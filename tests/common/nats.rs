@@ -176,8 +176,9 @@ impl Drop for NatsServer {
 // Several livegate nodes on one NATS server
 // ---------------------------------------------------------------------------------------
 
-/// Node names by index.
-pub const NODE_NAMES: [&str; 5] = ["a", "b", "c", "d", "e"];
+/// Node names by index; nodes past the first `n` join with [`Cluster::add_node`] (a
+/// rolling release's new names).
+pub const NODE_NAMES: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "h"];
 /// How long the nodes may take to hear each other after a start.
 pub const PEERS_LIMIT: Duration = Duration::from_secs(20);
 
@@ -242,6 +243,18 @@ impl Cluster {
         let mut flags: Vec<&str> = vec!["--cluster-nats-url", &url];
         flags.extend(self.extra.iter().map(String::as_str));
         self.nodes[i] = Some(ServeProcess::start_named(&data, &log, Cluster::name(i), &flags));
+    }
+
+    /// Starts a node with the next unused name (`d` after `a`..`c`, and so on) and its own
+    /// data dir, as a release's new pod; returns its index once `/readyz` is 200. Call
+    /// [`wait_peers`](Self::wait_peers) to wait until every node counts it alive.
+    pub fn add_node(&mut self) -> usize {
+        let i = self.nodes.len();
+        assert!(i < NODE_NAMES.len(), "at most {} node names", NODE_NAMES.len());
+        self.nodes.push(None);
+        self.starts.push(0);
+        self.start_node(i);
+        i
     }
 
     pub fn is_running(&self, i: usize) -> bool {
