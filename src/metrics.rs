@@ -82,7 +82,7 @@ fn close_code_labels() -> &'static [(u16, &'static str)] {
 
 /// Why handshakes are refused: the JSON error codes of the upgrade handler.
 const HANDSHAKE_REASONS: &[&str] =
-    &["missing_token", "invalid_token", "token_expired", "token_replayed", "unavailable", "migration_budget", "bad_request",
+    &["missing_token", "invalid_token", "token_expired", "token_replayed", "unavailable", "migration_budget", "wrong_node", "bad_request",
       "internal", "too_many_connections", "rate_limited", "forbidden_origin", "directory_unavailable", "resume_invalid",
       // Only an SSE request names its rooms up front.
       "bad_room", "too_many_subscriptions", "forbidden"];

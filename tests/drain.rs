@@ -104,14 +104,10 @@ impl Publisher {
         let (t, s) = (target.clone(), stop.clone());
         let thread = std::thread::spawn(move || {
             let mut report = PublisherReport::default();
-            let mut next_due = Instant::now();
+            let mut pacer = Pacer::new(every);
             let mut n = 0usize;
             while !s.load(Ordering::SeqCst) {
-                let now = Instant::now();
-                if next_due > now {
-                    std::thread::sleep(next_due - now);
-                }
-                next_due = next_due.max(now) + every;
+                pacer.wait();
                 let room = n % rooms;
                 let id = format!("p-{n}");
                 let path = format!("/v1/rooms/{}/events", room_name(room));

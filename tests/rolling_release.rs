@@ -292,14 +292,10 @@ impl Publisher {
         let (s, r) = (stop.clone(), report.clone());
         let thread = std::thread::spawn(move || {
             let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(5)).max_idle_connections(0).build();
-            let mut next_due = Instant::now();
+            let mut pacer = Pacer::new(PUBLISH_EVERY);
             let mut n = 0usize;
             while !s.load(Ordering::SeqCst) {
-                let now = Instant::now();
-                if next_due > now {
-                    std::thread::sleep(next_due - now);
-                }
-                next_due = next_due.max(now) + PUBLISH_EVERY;
+                pacer.wait();
                 let room = room(n % ROOMS);
                 let id = format!("p-{n}");
                 let url = format!("http://{addr}/v1/rooms/{room}/events");

@@ -56,14 +56,22 @@ fn two_processes_route_1000_sessions_identically() {
     let text = String::from_utf8(first).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 1000);
+    let alive: Vec<&str> = names.iter().copied().filter(|n| !down.contains(n)).collect();
+    let mut spread = std::collections::BTreeMap::new();
     for (line, owner) in lines.iter().zip(&recorded) {
-        let (_, node) = line.split_once(' ').unwrap();
+        let (session, node) = line.split_once(' ').unwrap();
         assert!(names.contains(&node) && !down.contains(&node), "{line}: not an alive node");
         match owner {
             Some(o) if names.contains(o) && !down.contains(o) => assert_eq!(node, *o, "{line}: alive owner not kept"),
-            _ => assert_eq!(node, "node-b", "{line}: fallback is the first alive node by name"),
+            _ => {
+                let expected = livegate::core::routing::rendezvous(session, alive.iter().copied());
+                assert_eq!(Some(node), expected, "{line}: without a live owner, the rendezvous choice among the alive nodes");
+                *spread.entry(node).or_insert(0) += 1;
+            }
         }
     }
+    // Sessions without a live owner spread over the alive nodes instead of piling onto one.
+    assert!(spread.len() == alive.len() && spread.values().all(|n| *n > 0), "no spread: {spread:?}");
 }
 
 #[test]

@@ -203,7 +203,16 @@ async fn peers_send_a_reconnect_to_the_node_that_made_its_session() {
         b.http().request("GET", &format!("/v1/sse?token={token}&session={session}"), Auth::None, Body::None);
     assert_eq!((status, body["error"]["code"].as_str(), body["error"]["node"].as_str()), (421, Some("wrong_node"), Some("node-a")), "{body}");
     assert_eq!(b.http().metric("livegate_handshakes_redirected_total"), Some(2.0), "{}", b.http().metrics_text());
-    // The token was not spent: it opens the session where it lives.
-    let (there, sent_to) = WsClient::connect_following(b.addr, &token, Some(&session)).await;
-    assert_eq!((there.session(), there.welcome["node"].as_str(), sent_to.as_deref()), (session.as_str(), Some("node-a"), Some("node-a")), "{}", there.welcome);
+    // In peers mode each node signs its own tokens: the client opens the session on
+    // node-a with a token of node-a's.
+    let there = WsClient::connect(a.addr, &a.mint_token("u1", "web"), Some(&session)).await;
+    assert_eq!((there.session(), there.welcome["node"].as_str()), (session.as_str(), Some("node-a")), "{}", there.welcome);
+    there.close().await;
+    // node-b's token was not spent by its two refusals: with node-a gone, it opens on b.
+    let a_dir = tokio::task::spawn_blocking(move || a.stop()).await.unwrap();
+    assert!(wait_until(Duration::from_secs(5), || !up(&b.http(), "node-a")), "node-a still up on b");
+    let on_b = WsClient::try_connect(b.addr, Some(&token), Some(&session)).await;
+    let on_b = on_b.unwrap_or_else(|r| panic!("the token refused twice with wrong_node, once node-a is gone: {} {}", r.status, r.body));
+    assert_eq!(on_b.welcome["node"], "node-b", "{}", on_b.welcome);
+    drop(a_dir);
 }

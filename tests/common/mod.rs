@@ -242,6 +242,28 @@ pub fn test_config(dir: &Path, addr: SocketAddr) -> Config {
 // ---------------------------------------------------------------------------------------
 
 /// Polls `cond` (blocking, every 10 ms) until it holds; false after `within`.
+/// Paces a loop at one round per `every` (a publisher's steady rate): [`Pacer::wait`]
+/// sleeps until the next round is due; a late round starts at once and the schedule
+/// goes on from it, without bursts to catch up.
+pub struct Pacer {
+    every: Duration,
+    next_due: Instant,
+}
+
+impl Pacer {
+    pub fn new(every: Duration) -> Pacer {
+        Pacer { every, next_due: Instant::now() }
+    }
+
+    pub fn wait(&mut self) {
+        let now = Instant::now();
+        if self.next_due > now {
+            std::thread::sleep(self.next_due - now);
+        }
+        self.next_due = self.next_due.max(now) + self.every;
+    }
+}
+
 pub fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + within;
     loop {

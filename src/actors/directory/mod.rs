@@ -40,6 +40,7 @@ use lru::LruCache;
 use parking_lot::Mutex;
 
 use super::liveness::Router;
+use crate::core::routing::Reason;
 use crate::cluster::ClusterError;
 use crate::core::sessions::{check_migration_budget, plan_session, BudgetError, SessionPlan, SessionView, VersionError};
 use crate::metrics::Metrics;
@@ -574,7 +575,9 @@ impl Shared {
                     tracing::debug!(session, user = %msg.user, to = %routed.node, "handshake sent to the session's node");
                     return Err(DirectoryError::Elsewhere { node: routed.node, url: routed.url });
                 }
-                !routed.reason.forced()
+                // Only a move the route did not choose is charged: one forced on the
+                // session (owner draining or gone, or recorded under a name no node has).
+                routed.reason == Reason::OwnerAvoided
             }
             _ => false,
         };
