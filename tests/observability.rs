@@ -407,7 +407,7 @@ const CLOSE_CODES: &[&str] = &[
     "4503", "other",
 ];
 const REASONS: &[&str] =
-    &["missing_token", "invalid_token", "token_expired", "token_replayed", "unavailable", "migration_budget", "bad_request",
+    &["missing_token", "invalid_token", "token_expired", "token_replayed", "unavailable", "migration_budget", "wrong_node", "bad_request",
       "internal", "too_many_connections", "rate_limited", "forbidden_origin", "directory_unavailable", "resume_invalid",
       "bad_room", "too_many_subscriptions", "forbidden"];
 /// The abuse limits `livegate_limit_hits_total` counts.

@@ -75,6 +75,13 @@ impl Reason {
     pub fn forced(self) -> bool {
         matches!(self, Reason::OwnerDraining | Reason::OwnerGone)
     }
+
+    /// Whether a move for this reason is charged to the user's migration budget: only
+    /// one the route did not choose. A forced move, or one of a session recorded under a
+    /// name no node has, never is.
+    pub fn charged(self) -> bool {
+        self == Reason::OwnerAvoided
+    }
 }
 
 /// The node that serves a session, and why.
@@ -277,7 +284,7 @@ mod tests {
         let routed = |q: RouteQuestion, nodes: &[Candidate<'static>]| route(&q, nodes).unwrap();
         let kept = routed(ask("s", Some("b")), &all);
         assert_eq!((kept.node, kept.reason), ("b", Reason::Owner));
-        assert!(!kept.reason.forced());
+        assert!(!kept.reason.forced() && !kept.reason.charged());
         let draining = [all[0], node("b", true, true, 1), all[2]];
         let moved = routed(ask("s", Some("b")), &draining);
         assert_eq!(moved.reason, Reason::OwnerDraining);
@@ -289,7 +296,7 @@ mod tests {
         assert_eq!(routed(ask("s", Some("zz")), &all).reason, Reason::OwnerGone, "an owner nobody knows is gone");
         let avoided = routed(RouteQuestion { avoid: Some("b"), ..ask("s", Some("b")) }, &all);
         assert_eq!(avoided.reason, Reason::OwnerAvoided);
-        assert!(!avoided.reason.forced() && avoided.node != "b");
+        assert!(!avoided.reason.forced() && avoided.reason.charged() && avoided.node != "b");
         // Avoiding a node that is gone anyway does not make the move optional.
         assert_eq!(routed(RouteQuestion { avoid: Some("b"), ..ask("s", Some("b")) }, &gone).reason, Reason::OwnerGone);
         let new = routed(ask("s", None), &all);

@@ -8,9 +8,11 @@
 //! node's name and URL ([`DirectoryError::Elsewhere`]); a move the router forces (the
 //! owner drains or is gone) is made and never refused; a move it did not choose (the
 //! client could not reach the owner and said so with `avoid`) is charged to the user's
-//! migration budget. New session ids are drawn until the router places them here. Where the records live is the [`SessionStore`] seam, chosen once
-//! at start-up: the embedded store on a single node ([`embedded`]), the NATS KV bucket in
-//! cluster mode ([`kv`]); the decisions are the same.
+//! migration budget. New session ids are drawn until the router places them here.
+//!
+//! Where the records live is the [`SessionStore`] seam, chosen once at start-up: the
+//! embedded store on a single node ([`embedded`]), the NATS KV bucket in cluster mode
+//! ([`kv`]); the decisions are the same.
 //!
 //! Handshakes of one user are served one at a time, in arrival order (a lock stripe per
 //! user hash, held across the store's I/O); handshakes of other users go on meanwhile.
@@ -40,7 +42,6 @@ use lru::LruCache;
 use parking_lot::Mutex;
 
 use super::liveness::Router;
-use crate::core::routing::Reason;
 use crate::cluster::ClusterError;
 use crate::core::sessions::{check_migration_budget, plan_session, BudgetError, SessionPlan, SessionView, VersionError};
 use crate::metrics::Metrics;
@@ -575,9 +576,7 @@ impl Shared {
                     tracing::debug!(session, user = %msg.user, to = %routed.node, "handshake sent to the session's node");
                     return Err(DirectoryError::Elsewhere { node: routed.node, url: routed.url });
                 }
-                // Only a move the route did not choose is charged: one forced on the
-                // session (owner draining or gone, or recorded under a name no node has).
-                routed.reason == Reason::OwnerAvoided
+                routed.reason.charged()
             }
             _ => false,
         };
