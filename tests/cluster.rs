@@ -26,6 +26,7 @@
 
 mod common;
 
+use livegate::core::routing::RESTART_GRACE_MS;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -259,6 +260,7 @@ fn a_client_that_cannot_reach_its_owner_moves_once_and_recovers_exactly_the_miss
     let _serial = serial();
     let started = Instant::now();
     let cluster = Cluster::start(3, &SHORT_DRAIN);
+    let cluster_ready = Instant::now();
     let rt = runtime();
     let room = "move:1";
     let b = cluster.http(1);
@@ -292,6 +294,9 @@ fn a_client_that_cannot_reach_its_owner_moves_once_and_recovers_exactly_the_miss
     // there (4421 naming a), spending nothing. The client says it cannot reach a
     // (`avoid=a`), and the session moves to the route's choice among b and c: a move the
     // route did not choose, charged to the budget.
+    // A client that says it cannot reach a node started moments ago is believed without
+    // charge (it was restarting): wait until the nodes are older than that grace.
+    std::thread::sleep((cluster_ready + Duration::from_millis(RESTART_GRACE_MS + 500)).saturating_duration_since(Instant::now()));
     let token = cluster.http(2).mint_token("mover", "web");
     match rt.block_on(WsClient::try_connect(cluster.addr(2), Some(&token), Some(&session))) {
         Err(r) if r.status == 421 && r.body["error"]["node"] == "a" => {}

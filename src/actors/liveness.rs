@@ -106,8 +106,10 @@ impl Router {
         &self.me
     }
 
+    /// This node takes no new connections: it drains, or it is still starting (so a
+    /// restarted node is no candidate, and sends no client its way, before it is ready).
     fn draining(&self) -> bool {
-        self.lifecycle.phase().is_draining()
+        !self.lifecycle.phase().accepts_connections()
     }
 
     /// This node and its peers (known, up or not) as seen at `now`.

@@ -26,6 +26,10 @@ pub enum RouteError {
     NoAliveOwner,
 }
 
+/// For this long after a node starts, a client that says it could not reach it (`avoid`)
+/// is believed without charge: it was restarting. Its sessions' moves are forced.
+pub const RESTART_GRACE_MS: u64 = 10_000;
+
 /// A node routing may choose, as this node sees it now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Candidate<'a> {
@@ -140,7 +144,14 @@ pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> 
     } else {
         route_cell(question.user, home, &reports).map_err(|_| RouteError::NoAliveOwner)?
     };
+    let fresh = |c: &Candidate| c.started_at_ms > 0 && question.now_ms < c.started_at_ms.saturating_add(question.release_window_ms);
+    let just_restarted = |c: &Candidate| c.started_at_ms > 0 && question.now_ms < c.started_at_ms.saturating_add(RESTART_GRACE_MS);
     let reason = match owner {
+        // An owner that (re)started moments ago was unreachable to its clients while it
+        // restarted: a move away from it is forced, not charged.
+        Some(owner) if owner.alive && !owner.draining && question.avoid == Some(owner.name) && just_restarted(owner) => {
+            Reason::OwnerGone
+        }
         Some(owner) if owner.alive && !owner.draining && question.avoid == Some(owner.name) => Reason::OwnerAvoided,
         Some(owner) if owner.alive && !owner.draining && owner.cell == cell => {
             return Ok(Routed { node: owner.name, cell, reason: Reason::Owner });
@@ -154,7 +165,6 @@ pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> 
     let taking: Vec<&Candidate<'a>> = alive.iter().copied().filter(|c| !c.draining).collect();
     let mut pool = if taking.is_empty() { alive } else { taking };
     if reason != Reason::Unowned {
-        let fresh = |c: &Candidate| c.started_at_ms > 0 && question.now_ms < c.started_at_ms.saturating_add(question.release_window_ms);
         if pool.iter().any(|c| fresh(c)) {
             pool.retain(|c| fresh(c));
         }
@@ -297,6 +307,10 @@ mod tests {
         let avoided = routed(RouteQuestion { avoid: Some("b"), ..ask("s", Some("b")) }, &all);
         assert_eq!(avoided.reason, Reason::OwnerAvoided);
         assert!(!avoided.reason.forced() && avoided.reason.charged() && avoided.node != "b");
+        // Avoiding an owner that restarted within the release window: forced (its clients
+        // could not reach it while it restarted).
+        let restarted = [all[0], node("b", true, false, 1_000_000 - RESTART_GRACE_MS + 1), all[2]];
+        assert_eq!(routed(RouteQuestion { avoid: Some("b"), ..ask("s", Some("b")) }, &restarted).reason, Reason::OwnerGone);
         // Avoiding a node that is gone anyway does not make the move optional.
         assert_eq!(routed(RouteQuestion { avoid: Some("b"), ..ask("s", Some("b")) }, &gone).reason, Reason::OwnerGone);
         let new = routed(ask("s", None), &all);

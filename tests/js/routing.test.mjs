@@ -12,7 +12,7 @@ import { connect } from '../../src/web/livegate.js';
 import { fakeSocketClass } from './support/fake-socket.mjs';
 import { fakeFetch } from './support/fake-fetch.mjs';
 import { REAL_SERVER_TIMINGS, recorder } from './support/clients.mjs';
-import { WebSocketImpl, mintToken, publish, waitFor } from './support/server.mjs';
+import { WebSocketImpl, mintToken, publish, sleep, waitFor } from './support/server.mjs';
 import { startCluster, startForwarder, startNats } from './support/nodes.mjs';
 
 /** Backoff tiers long enough that a reconnect within them can only be a follow. */
@@ -259,11 +259,16 @@ describe('livegate.js lands on the session\'s node (two real nodes)', () => {
   let gate; // node a's
   let gateB;
   let balancer;
+  // The server believes a client that cannot reach a node started less than 10 s ago
+  // without charging its budget (the node was restarting): budget tests wait past that.
+  let clusterReadyAt;
+  const RESTART_GRACE_MS = 10_000;
   before(async () => {
     nats = await startNats();
     gate = await startForwarder(0);
     gateB = await startForwarder(0);
     cluster = await startCluster({ nats, names: ['a', 'b'], publicUrls: { a: gate.url, b: gateB.url } });
+    clusterReadyAt = Date.now();
     gate.point(cluster.nodes.a.port);
     gateB.point(cluster.nodes.b.port);
     balancer = await startForwarder(cluster.nodes.a.port);
@@ -359,6 +364,7 @@ describe('livegate.js lands on the session\'s node (two real nodes)', () => {
 
   for (const transport of ['websocket', 'sse']) {
     test(`${transport}: a unreachable for clients: back through b with avoid=a, lands on b; a second move the route did not choose waits the budget's retry-after`, { timeout: 60_000 }, async () => {
+      await sleep(Math.max(0, clusterReadyAt + RESTART_GRACE_MS + 500 - Date.now()));
       const room = `route-fallback-${transport}:1`;
       const run = await sessionOnAThenThroughB({ user: `fallback-${transport}`, room, transport, missed: 1 });
       const { client, log, redirects, got } = run;
