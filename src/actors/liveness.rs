@@ -178,10 +178,10 @@ impl Router {
 
     /// Cluster mode: which node appends `room`'s events now (one writer per room).
     pub fn room_writer(&self, room: &str) -> Option<String> {
-        let nodes = self.nodes_now(now_ms());
         if self.probed_mode() {
             return None;
         }
+        let nodes = self.nodes_now(now_ms());
         let taking: Vec<&str> = nodes.iter().filter(|n| n.alive && !n.draining).map(|n| n.peer.name.as_str()).collect();
         let alive: Vec<&str> = nodes.iter().filter(|n| n.alive).map(|n| n.peer.name.as_str()).collect();
         room_writer(room, if taking.is_empty() { &alive } else { &taking }).map(str::to_string)
@@ -243,10 +243,11 @@ impl LivenessActor {
     fn beat(&mut self, ctx: &mut Context<Self>) {
         let Some(peers) = &self.cluster else { return };
         let now = now_ms();
-        let (gone, alive, recent): (Vec<String>, usize, Vec<String>) = match &mut *self.router.peers.lock() {
+        let (gone, alive, recent, timeout_ms) = match &mut *self.router.peers.lock() {
             Peers::Heard(table) => {
                 let gone = table.expire(now);
-                (gone, table.alive(now).count(), table.recent(now).map(|info| info.name.clone()).collect())
+                let recent: Vec<String> = table.recent(now).map(|info| info.name.clone()).collect();
+                (gone, table.alive(now).count(), recent, table.timeout_ms())
             }
             Peers::Probed { .. } => return,
         };
@@ -254,10 +255,6 @@ impl LivenessActor {
             tracing::warn!(peer = %gone, "peer down: no heartbeat");
             peers.presence.node_gone(&gone);
         }
-        let timeout_ms = match &*self.router.peers.lock() {
-            Peers::Heard(table) => table.timeout_ms(),
-            Peers::Probed { .. } => return,
-        };
         peers.presence.sweep(|node| recent.iter().any(|name| name == node), timeout_ms);
         self.metrics.cluster_peers_alive.set(alive as i64);
         let me = self.router.me();
