@@ -30,6 +30,9 @@ use crate::core::routing::{rendezvous, room_writer, route, Candidate, Reason, Ro
 use crate::metrics::PeerLabel;
 use crate::world::now_ms;
 
+/// How long [`Router::answers_ready`] waits for a node's `/readyz`.
+const READY_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// Cluster mode: a peer's heartbeat.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -174,6 +177,21 @@ impl Router {
         let routed = route(&question, &candidates).map_err(|e| NoAliveNode(e.to_string()))?;
         let node = nodes.iter().find(|n| n.peer.name == routed.node).expect("routed among the nodes");
         Ok(RouteAnswer { node: node.peer.name.clone(), url: node.peer.url.clone(), reason: routed.reason })
+    }
+
+    /// Whether `node` answers its own `/readyz` with 200 now. Asked before a move is
+    /// charged to a user's budget: a client that could not reach its owner may have seen
+    /// the owner's readiness go off before the owner's heartbeat said so here, and a
+    /// move away from a node that is not ready is forced, never charged. A node this one
+    /// cannot reach either counts as not ready.
+    pub async fn answers_ready(&self, node: &str) -> bool {
+        let url = self.nodes_now(now_ms()).into_iter().find(|n| n.peer.name == node).map(|n| format!("{}/readyz", n.peer.url));
+        let Some(url) = url else { return false };
+        let asked = actix_web::rt::task::spawn_blocking(move || {
+            let agent = ureq::AgentBuilder::new().timeout(READY_PROBE_TIMEOUT).build();
+            agent.get(&url).call().is_ok_and(|response| response.status() == 200)
+        });
+        asked.await.unwrap_or(false)
     }
 
     /// Cluster mode: which node appends `room`'s events now (one writer per room).
@@ -322,10 +340,33 @@ impl Actor for LivenessActor {
         if self.cluster.is_some() {
             self.beat(ctx);
             ctx.run_interval(self.interval, |actor, ctx| actor.beat(ctx));
+            // Readiness on or off is told at once, not at the next beat: a drain's clients
+            // reconnect elsewhere within milliseconds, and the node they reach must already
+            // count this one draining.
+            let mut phases = self.router.lifecycle.watch();
+            let me = ctx.address();
+            actix::spawn(async move {
+                while phases.changed().await.is_ok() && me.connected() {
+                    me.do_send(PhaseChanged);
+                }
+            });
         } else if matches!(&*self.router.peers.lock(), Peers::Probed { peers, .. } if !peers.is_empty()) {
             self.probe_all(ctx);
             ctx.run_interval(self.interval, |actor, ctx| actor.probe_all(ctx));
         }
+    }
+}
+
+/// This node's lifecycle phase changed: beat now.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct PhaseChanged;
+
+impl Handler<PhaseChanged> for LivenessActor {
+    type Result = ();
+
+    fn handle(&mut self, _: PhaseChanged, ctx: &mut Self::Context) {
+        self.beat(ctx);
     }
 }
 

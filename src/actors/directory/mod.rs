@@ -576,7 +576,16 @@ impl Shared {
                     tracing::debug!(session, user = %msg.user, to = %routed.node, "handshake sent to the session's node");
                     return Err(DirectoryError::Elsewhere { node: routed.node, url: routed.url });
                 }
-                routed.reason.charged()
+                // The client could not reach an owner this node counts ready: charged only
+                // if the owner says so itself (its readiness goes off before its heartbeat
+                // tells the others that it drains).
+                let charged = routed.reason.charged() && self.router.answers_ready(owner.unwrap_or_default()).await;
+                if charged {
+                    tracing::info!(session, user = %msg.user, owner = ?owner, "move charged to the budget: the client could not reach its ready owner");
+                } else if routed.reason.charged() {
+                    tracing::debug!(session, user = %msg.user, owner = ?owner, "the owner the client avoided is not ready: a forced move");
+                }
+                charged
             }
             _ => false,
         };
