@@ -1322,6 +1322,74 @@ fn nats_server_restarted_under_load_loses_nothing_and_queued_directory_writes_re
     fail_with_logs(&cluster, "nats-server restart under load", &failures, &LOG_NEEDLES);
 }
 
+/// A move charged to a user's migration budget while NATS is down is not dropped: the
+/// node that made it keeps the charge in its store, writes it to the directory when NATS
+/// is back, and from then on every node refuses the user's next unchosen move inside the
+/// window (4029). Heartbeats every 2 s keep the peers alive through the 3 s outage, so the
+/// move is one the route did not choose (its owner alive and ready), not a forced one.
+#[test]
+fn a_move_charged_during_a_nats_outage_reaches_the_directory_and_every_node_refuses_the_next() {
+    let _serial = serial();
+    let started = Instant::now();
+    let mut flags = SHORT_DRAIN.to_vec();
+    flags.extend(["--cluster-heartbeat-ms", "2000", "--probe-up-after", "1"]);
+    let mut cluster = Cluster::start(3, &flags);
+    let cluster_ready = Instant::now();
+    let rt = runtime();
+    let mut failures = Vec::new();
+
+    let token = cluster.http(0).mint_token("outage-mover", "web");
+    let ws = rt.block_on(WsClient::connect(cluster.addr(0), &token, None));
+    let session = ws.session().to_string();
+    rt.block_on(ws.close());
+    // b and c read the session's record (and so can route it from their cache while NATS
+    // is down): each sends the client to a, spending nothing.
+    for i in [1, 2] {
+        let token = cluster.http(i).mint_token("outage-mover", "web");
+        if let Ok(ws) = rt.block_on(WsClient::try_connect(cluster.addr(i), Some(&token), Some(&session))) {
+            panic!("{} accepted a session owned by a, which is alive: {}", Cluster::name(i), ws.welcome);
+        }
+    }
+    // Past the restart grace: an avoid= of a is charged, not believed as a restart.
+    std::thread::sleep((cluster_ready + Duration::from_millis(RESTART_GRACE_MS + 500)).saturating_duration_since(Instant::now()));
+
+    let token = cluster.http(1).mint_token("outage-mover", "web");
+    cluster.nats.kill9();
+    std::thread::sleep(Duration::from_millis(300)); // the nodes notice the lost connection
+    let here = match rt.block_on(connect_avoiding(cluster.addr(1), &token, &session, "a")) {
+        Ok(ws) => {
+            let here = ws.welcome["node"].as_str().unwrap_or_default().to_string();
+            if ws.session() != session || !["b", "c"].contains(&here.as_str()) {
+                failures.push(format!("avoiding a during the outage, the session must move to b or c: {}", ws.welcome));
+            }
+            rt.block_on(ws.close());
+            here
+        }
+        Err(r) => panic!("an avoided move during the NATS outage (the first inside the window) was refused: {} {}", r.status, r.body),
+    };
+    cluster.nats.restart();
+    // The node that made the move writes its charge when NATS is back.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cluster.log_lines(&["charges=1"]).is_empty() {
+        if Instant::now() > deadline {
+            fail_with_logs(&cluster, "charge during outage", &["the charge was not replayed within 20 s".into()], &LOG_NEEDLES);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    cluster.wait_peers(Duration::from_secs(20));
+
+    // Away from its new node, through a: a second unchosen move inside the window,
+    // refused wherever it is decided, with the credential unspent.
+    let token = cluster.http(0).mint_token("outage-mover", "web");
+    match rt.block_on(connect_avoiding(cluster.addr(0), &token, &session, &here)) {
+        Err(r) if r.status == 429 && r.header("close-code") == Some("4029") => {}
+        Err(r) => failures.push(format!("second avoided move after the outage: expected close 4029, got {} {}", r.status, r.body)),
+        Ok(ws) => failures.push(format!("the charge made during the outage was lost: a second avoided move was allowed: {}", ws.welcome)),
+    }
+    eprintln!("charge during outage: moved to {here}; test took {:.1} s", started.elapsed().as_secs_f64());
+    fail_with_logs(&cluster, "charge during outage", &failures, &LOG_NEEDLES);
+}
+
 // ---------------------------------------------------------------------------------------
 // (g) rolling restart of all three nodes under load
 // ---------------------------------------------------------------------------------------

@@ -6,14 +6,16 @@
 //! While NATS is unreachable, reads come from a local cache (fresh for [`CACHE_TTL`];
 //! after that only records this node owns are trusted), and writes are queued in sled and
 //! replayed by version when NATS is back (a replay whose record moved on is dropped and
-//! logged). After `outage_limit` without NATS, new writes, and so new sessions, are
+//! logged). A move charged to a user's migration budget is kept in this node's store
+//! as well, so the budget still holds during an outage (for the charges this node made)
+//! and the charge reaches the directory when NATS is back. After `outage_limit` without NATS, new writes, and so new sessions, are
 //! refused instead of guessed.
 //!
 //! Records expire by the bucket's age limit (twice `session_ttl_secs`); the directory
 //! rewrites the records of sessions connected to this node every half TTL, and a new
 //! session prunes the user's list of ids whose records have gone.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,6 +46,10 @@ pub struct KvSessions {
     outage_limit: Duration,
     cache: Arc<Mutex<HashMap<String, Cached>>>,
     outage_since: Arc<Mutex<Option<Instant>>>,
+    /// Users whose budget charge is kept in this node's store but not yet in the
+    /// directory (`None` until the first replay, which writes every kept charge: a
+    /// restart forgets which were pending).
+    charges_pending: Arc<Mutex<Option<HashSet<String>>>>,
 }
 
 fn session_key(session: &str) -> String {
@@ -73,6 +79,7 @@ impl KvSessions {
             outage_limit,
             cache: Arc::new(Mutex::new(HashMap::new())),
             outage_since: Arc::new(Mutex::new(None)),
+            charges_pending: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -243,8 +250,9 @@ impl KvSessions {
             }
             queue.remove_queued_directory_write(id).map_err(ClusterError::Queue)?;
         }
-        if applied + dropped > 0 {
-            tracing::info!(applied, dropped, "queued directory writes replayed");
+        let charges = self.replay_charges().await?;
+        if applied + dropped + charges > 0 {
+            tracing::info!(applied, dropped, charges, "queued directory writes and budget charges replayed");
         }
         self.note_reachable();
         Ok((applied, dropped))
@@ -298,22 +306,75 @@ impl KvSessions {
         }
     }
 
+    /// The user's last move charged to the budget: the directory's, or one this node
+    /// charged itself and has not yet written there (kept in its store until the window
+    /// passes), whichever is later. While NATS is unreachable only this node's charges are
+    /// known.
     pub async fn last_migration(&self, user: &str) -> Result<Option<u64>, ClusterError> {
+        let here = self.charged_here(user)?;
         match self.user(user).await {
-            Ok(record) => Ok(record.and_then(|(r, _)| r.last_migration_ms)),
-            Err(ClusterError::Unavailable(_)) => Ok(None),
+            Ok(record) => Ok(record.and_then(|(r, _)| r.last_migration_ms).max(here)),
+            Err(error @ ClusterError::Unavailable(_)) => {
+                self.note_outage(&error);
+                Ok(here)
+            }
             Err(e) => Err(e),
         }
     }
 
+    fn charged_here(&self, user: &str) -> Result<Option<u64>, ClusterError> {
+        match &self.queue {
+            Some(store) => store.last_migration(user).map_err(ClusterError::Queue),
+            None => Ok(None),
+        }
+    }
+
+    /// Charge a move to the user's budget: in this node's store first (so an outage cannot
+    /// lose it), then in the directory; while NATS is unreachable the charge waits there
+    /// and [`replay_queue`](Self::replay_queue) writes it when NATS is back.
     pub async fn set_last_migration(&self, user: &str, at_ms: u64) -> Result<(), ClusterError> {
-        match self.update_user(user, |u| u.last_migration_ms = Some(at_ms)).await {
-            Err(ClusterError::Unavailable(why)) => {
-                tracing::warn!(user, %why, "migration time not recorded: directory unreachable");
+        if let Some(store) = &self.queue {
+            store.set_last_migration(user, at_ms).map_err(ClusterError::Queue)?;
+        }
+        match self.update_user(user, |u| u.last_migration_ms = u.last_migration_ms.max(Some(at_ms))).await {
+            Err(error @ ClusterError::Unavailable(_)) => {
+                self.note_outage(&error);
+                match &self.queue {
+                    Some(_) => {
+                        if let Some(pending) = self.charges_pending.lock().as_mut() {
+                            pending.insert(user.to_string());
+                        }
+                        tracing::info!(user, "migration charge kept on this node until NATS is back");
+                    }
+                    None => tracing::warn!(user, %error, "migration charge not recorded: directory unreachable"),
+                }
                 Ok(())
             }
             other => other,
         }
+    }
+
+    /// Write the budget charges kept on this node while NATS was unreachable (after a
+    /// start: every kept one still inside its window) into the directory; a later charge
+    /// already there wins.
+    async fn replay_charges(&self) -> Result<usize, ClusterError> {
+        let Some(store) = &self.queue else { return Ok(0) };
+        let pending = self.charges_pending.lock().clone();
+        if pending.as_ref().is_some_and(HashSet::is_empty) {
+            return Ok(0);
+        }
+        let mut charges = store.migrations().map_err(ClusterError::Queue)?;
+        if let Some(pending) = &pending {
+            charges.retain(|(user, _)| pending.contains(user));
+        }
+        for (user, at_ms) in &charges {
+            self.update_user(user, |u| u.last_migration_ms = u.last_migration_ms.max(Some(*at_ms))).await?;
+            if let Some(pending) = self.charges_pending.lock().as_mut() {
+                pending.remove(user);
+            }
+        }
+        self.charges_pending.lock().get_or_insert_with(HashSet::new);
+        Ok(charges.len())
     }
 
     /// How many sessions the directory holds (this node's share is not counted: that

@@ -607,6 +607,18 @@ impl Store {
         Ok(())
     }
 
+    /// Every user's migration time still kept (the purge forgets those past their window).
+    pub fn migrations(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        let mut found = Vec::new();
+        for item in self.user_migration.iter() {
+            let (key, value) = item?;
+            let user = String::from_utf8(key.to_vec())
+                .map_err(|_| StoreError::Corrupt { tree: "user_migration", why: "key is not UTF-8".into() })?;
+            found.push((user, records::decode::<MigrationRecord>("user_migration", &value)?.last_migration_ms));
+        }
+        Ok(found)
+    }
+
     /// Forget migration times older than `window_ms`: past its window a record budgets
     /// nothing (the same as none). A record rewritten meanwhile stays.
     pub fn purge_migrations(&self, now_ms: u64, window_ms: u64) -> Result<usize, StoreError> {
