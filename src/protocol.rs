@@ -841,8 +841,8 @@ pub struct PutStateRequest {
     pub data: Box<RawValue>,
 }
 
-pub fn parse_put_state_request(body: &[u8]) -> Result<PutStateRequest, String> {
-    serde_json::from_slice(body).map_err(|e| e.to_string())
+pub fn parse_put_state_request(body: &[u8]) -> Result<PutStateRequest, serde_json::Error> {
+    serde_json::from_slice(body)
 }
 
 /// Answer of `PUT /v1/rooms/{room}/state`: the seq the state is as of.
@@ -874,8 +874,8 @@ pub struct UserMessageRequest {
     pub devices: Option<Vec<String>>,
 }
 
-pub fn parse_user_message_request(body: &[u8]) -> Result<UserMessageRequest, String> {
-    serde_json::from_slice(body).map_err(|e| e.to_string())
+pub fn parse_user_message_request(body: &[u8]) -> Result<UserMessageRequest, serde_json::Error> {
+    serde_json::from_slice(body)
 }
 
 /// `GET /v1/admin/status`
@@ -994,12 +994,12 @@ pub fn wrong_node_body(message: &str, node: &str, url: &str) -> String {
     serde_json::json!({"error": {"code": code, "message": message, "node": node, "url": url}}).to_string()
 }
 
-pub fn parse_token_request(body: &[u8]) -> Result<TokenRequest, String> {
-    serde_json::from_slice(body).map_err(|e| e.to_string())
+pub fn parse_token_request(body: &[u8]) -> Result<TokenRequest, serde_json::Error> {
+    serde_json::from_slice(body)
 }
 
-pub fn parse_publish_request(body: &[u8]) -> Result<PublishRequest, String> {
-    serde_json::from_slice(body).map_err(|e| e.to_string())
+pub fn parse_publish_request(body: &[u8]) -> Result<PublishRequest, serde_json::Error> {
+    serde_json::from_slice(body)
 }
 
 /// Answer of `POST /v1/admin/reload`: how many API keys and allowed origins are in force.
@@ -1144,11 +1144,11 @@ mod tests {
 
     #[test]
     fn state_bodies() {
-        let state = |body: &str| parse_publish_request(body.as_bytes()).map(|r| r.state.map(|s| s.get().to_string()));
+        let state = |body: &str| parse_publish_request(body.as_bytes()).map(|r| r.state.map(|s| s.get().to_string())).map_err(|e| e.to_string());
         assert_eq!(state(r#"{"data":1}"#), Ok(None));
         assert_eq!(state(r#"{"data":1,"state":null}"#), Ok(None));
         assert_eq!(state(r#"{"data":1,"state":{"last_id":"e-1"}}"#), Ok(Some(r#"{"last_id":"e-1"}"#.into())));
-        let put = |body: &str| parse_put_state_request(body.as_bytes()).map(|r| r.data.get().to_string());
+        let put = |body: &str| parse_put_state_request(body.as_bytes()).map(|r| r.data.get().to_string()).map_err(|e| e.to_string());
         assert_eq!(put(r#"{"data":{"a":1}}"#), Ok(r#"{"a":1}"#.into()));
         assert_eq!(put(r#"{"data":null}"#), Ok("null".into()));
         assert!(put(r#"{}"#).is_err(), "data is required");

@@ -4,6 +4,7 @@
 //! `main` and the tests call the same code; the caller owns the listener and the signals.
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -28,8 +29,8 @@ use crate::actors::registry::{Registry, RemoteReplace, UserBus};
 use crate::actors::room::{PresenceHub, RoomSettings};
 use crate::actors::room::{DelayedVacate, LocalRoomLogs, Occupancy, RoomLogs, StreamRoomLogs};
 use crate::actors::rooms::Rooms;
-use crate::actors::supervisor::{DrainTiming, Signal, Start, Supervisor};
-use crate::actors::webhooks::{WebhookEvent, WebhookSettings, Webhooks};
+use crate::actors::supervisor::{DrainTiming, Signal, Start, StartError, Supervisor};
+use crate::actors::webhooks::{WebhookError, WebhookEvent, WebhookSettings, Webhooks};
 use crate::cluster::bus::{Appended, ForwardedPublish, NodeEvents};
 use crate::cluster::kv::KvSessions;
 use crate::cluster::occupancy::{ClusterOccupancy, Report as OccupancyReport};
@@ -64,9 +65,17 @@ pub enum ServerError {
     #[error("server I/O: {0}")]
     Io(#[from] std::io::Error),
     #[error("startup failed: {0}")]
-    Startup(String),
-    #[error("TLS: {0}")]
-    Tls(String),
+    Start(#[from] StartError),
+    #[error("webhooks: {0}")]
+    Webhooks(#[from] WebhookError),
+    #[error("startup failed: the supervisor is gone: {0}")]
+    SupervisorGone(#[source] actix::MailboxError),
+    #[error("TLS: cannot read the {what} from {}: {source}", path.display())]
+    TlsPem { what: &'static str, path: PathBuf, source: rustls::pki_types::pem::Error },
+    #[error("TLS: cannot read the certificate chain from {}: no CERTIFICATE block", path.display())]
+    TlsNoCertificate { path: PathBuf },
+    #[error("TLS: certificate {} and key {}: {source}", cert.display(), key.display())]
+    TlsConfig { cert: PathBuf, key: PathBuf, source: rustls::Error },
     #[error("cluster: {0}")]
     Cluster(#[from] ClusterError),
 }
@@ -171,10 +180,10 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     // Webhooks (webhook_url): the queue in the store, resumed now, sent by its own threads.
     let webhooks = match WebhookSettings::from_config(&config) {
         Some(settings) => {
-            let webhooks = Webhooks::start(store.clone(), metrics.clone(), settings).map_err(|e| ServerError::Startup(e.to_string()))?;
+            let webhooks = Webhooks::start(store.clone(), metrics.clone(), settings)?;
             // One node, before any subscribe: rooms a crash left occupied are empty now.
             if cluster.is_none() {
-                webhooks.vacate_left_over(now_ms()).map_err(|e| ServerError::Startup(e.to_string()))?;
+                webhooks.vacate_left_over(now_ms())?;
             }
             Some(webhooks)
         }
@@ -290,7 +299,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     if demo {
         background.push(actix_web::rt::spawn(crate::demo::run_simulator(publisher)));
     }
-    supervisor.send(Start).await.map_err(|e| ServerError::Startup(e.to_string()))?.map_err(ServerError::Startup)?;
+    supervisor.send(Start).await.map_err(ServerError::SupervisorGone)??;
     tracing::info!(addr = %local, node = %config.node, data_dir = %config.data_dir.display(), "ready");
     background.push(actix_web::rt::spawn(forward_signals(signals, supervisor)));
     background.push(actix_web::rt::spawn(reload_on(reload, state.clone())));
@@ -769,19 +778,17 @@ mod tls {
     use super::ServerError;
 
     pub fn server_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, ServerError> {
-        let failed = |what: &str, path: &Path, e: &dyn std::fmt::Display| {
-            ServerError::Tls(format!("cannot read the {what} from {}: {e}", path.display()))
-        };
+        let failed = |what: &'static str, path: &Path, source| ServerError::TlsPem { what, path: path.to_path_buf(), source };
         let certs = CertificateDer::pem_file_iter(cert)
             .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| failed("certificate chain", cert, &e))?;
+            .map_err(|e| failed("certificate chain", cert, e))?;
         if certs.is_empty() {
-            return Err(failed("certificate chain", cert, &"no CERTIFICATE block"));
+            return Err(ServerError::TlsNoCertificate { path: cert.to_path_buf() });
         }
-        let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| failed("private key", key, &e))?;
+        let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| failed("private key", key, e))?;
         rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()
             .and_then(|builder| builder.with_no_client_auth().with_single_cert(certs, key_der))
-            .map_err(|e| ServerError::Tls(format!("certificate {} and key {}: {e}", cert.display(), key.display())))
+            .map_err(|source| ServerError::TlsConfig { cert: cert.to_path_buf(), key: key.to_path_buf(), source })
     }
 }

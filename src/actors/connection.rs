@@ -49,6 +49,24 @@ pub trait ResumeRevocations: Send + Sync {
     fn revoke(&self, session: &str, upto_ms: u64);
 }
 
+
+/// Why a connection may not read a room (`subscribe`, `history`, `presence`).
+#[derive(Debug, thiserror::Error)]
+enum Unreadable {
+    #[error(transparent)]
+    BadName(#[from] names::NameError),
+    #[error("this connection may not read room {0}")]
+    Forbidden(String),
+}
+
+impl Unreadable {
+    fn code(&self) -> ErrorCode {
+        match self {
+            Unreadable::BadName(_) => ErrorCode::BadRoom,
+            Unreadable::Forbidden(_) => ErrorCode::Forbidden,
+        }
+    }
+}
 pub struct ConnectionSettings {
     pub metrics: Arc<crate::metrics::Metrics>,
     pub revocations: Arc<dyn ResumeRevocations>,
@@ -454,8 +472,8 @@ impl Connection {
                 self.io.text(ServerOp::Unsubscribed, &protocol::unsubscribed_frame(&room, reference));
             }
             ClientOp::History { room, since, limit } => {
-                if let Err(code) = self.check_readable(&room) {
-                    return self.send_error(reference, code.0, &code.1);
+                if let Err(why) = self.check_readable(&room) {
+                    return self.send_error(reference, why.code(), &why.to_string());
                 }
                 let max = self.settings.max_history_limit;
                 let limit = limit.unwrap_or(HISTORY_DEFAULT_LIMIT.min(max));
@@ -588,18 +606,18 @@ impl Connection {
         }
     }
 
-    fn check_readable(&self, room: &str) -> Result<(), (ErrorCode, String)> {
-        names::check_room(room).map_err(|e| (ErrorCode::BadRoom, e.to_string()))?;
+    fn check_readable(&self, room: &str) -> Result<(), Unreadable> {
+        names::check_room(room)?;
         if !names::may_read(&self.identity.user, &self.identity.rooms, room) {
-            return Err((ErrorCode::Forbidden, format!("this connection may not read room {room}")));
+            return Err(Unreadable::Forbidden(room.to_string()));
         }
         Ok(())
     }
 
     /// The `presence` op: who is in a room this connection may read (DESIGN §9).
     fn read_presence(&mut self, room: String, reference: Option<i64>, ctx: &mut Context<Self>) {
-        if let Err((code, message)) = self.check_readable(&room) {
-            return self.send_error(reference, code, &message);
+        if let Err(why) = self.check_readable(&room) {
+            return self.send_error(reference, why.code(), &why.to_string());
         }
         let rooms = self.rooms.clone();
         let fut = async move { rooms.presence(&room).await.map(|view| (room, view)) };
@@ -625,8 +643,8 @@ impl Connection {
         reference: Option<i64>,
         ctx: &mut Context<Self>,
     ) {
-        if let Err((code, message)) = self.check_readable(&room) {
-            return self.send_error(reference, code, &message);
+        if let Err(why) = self.check_readable(&room) {
+            return self.send_error(reference, why.code(), &why.to_string());
         }
         let room: Arc<str> = room.into();
         // A resubscribe keeps what was already sent, so nothing goes out twice.

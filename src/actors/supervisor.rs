@@ -11,7 +11,7 @@ use actix::prelude::*;
 use actix_web::dev::ServerHandle;
 use tokio::sync::oneshot;
 
-use super::directory::{Directory, Reconcile};
+use super::directory::{Directory, DirectoryError, Reconcile};
 use super::messages::{CloseAll, CloseConnection, CountConnections, DrainClose};
 use super::registry::Registry;
 use super::rooms::Rooms;
@@ -34,8 +34,17 @@ pub struct DrainTiming {
 
 /// Reconcile the directory and turn ready.
 #[derive(Message)]
-#[rtype(result = "Result<(), String>")]
+#[rtype(result = "Result<(), StartError>")]
 pub struct Start;
+
+/// Why [`Start`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("the directory actor is gone: {0}")]
+    DirectoryGone(#[from] MailboxError),
+    #[error("reconciling the directory: {0}")]
+    Reconcile(#[from] DirectoryError),
+}
 
 /// A shutdown signal (SIGTERM, SIGINT, or the caller's shutdown future).
 #[derive(Message)]
@@ -168,11 +177,11 @@ impl Actor for Supervisor {
 }
 
 impl Handler<Start> for Supervisor {
-    type Result = ResponseActFuture<Self, Result<(), String>>;
+    type Result = ResponseActFuture<Self, Result<(), StartError>>;
 
     fn handle(&mut self, _msg: Start, _ctx: &mut Self::Context) -> Self::Result {
         Box::pin(self.directory.send(Reconcile).into_actor(self).map(|reply, sup, _| {
-            reply.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+            reply??;
             // A signal during the start has begun the drain already.
             if sup.phase() == Phase::Starting {
                 sup.lifecycle.set(Phase::Ready);

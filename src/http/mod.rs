@@ -333,7 +333,7 @@ fn check_room(room: &str) -> Result<(), ApiError> {
 async fn mint_token(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
     let body = read_body(payload, SMALL_BODY_LIMIT).await?;
-    let request = protocol::parse_token_request(&body).map_err(ApiError::bad_request)?;
+    let request = protocol::parse_token_request(&body).map_err(|e| ApiError::bad_request(e.to_string()))?;
     check_user(&request.user)?;
     names::check_device(&request.device).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let max_ttl = state.config.token_ttl_max_secs;
@@ -392,7 +392,7 @@ async fn publish(
     check_room(&room)?;
     let limit = state.publisher.max_event_bytes(&room) + state.publisher.max_state_bytes() + PUBLISH_BODY_OVERHEAD;
     let body = read_body(payload, limit).await?;
-    let request = protocol::parse_publish_request(&body).map_err(ApiError::bad_request)?;
+    let request = protocol::parse_publish_request(&body).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let room_state = request.state.map(|s| s.get().into());
     append(&state, room, request.id, &request.data, None, room_state).await
 }
@@ -409,7 +409,7 @@ async fn put_state(
     let room = room.into_inner();
     check_room(&room)?;
     let body = read_body(payload, state.publisher.max_state_bytes() + PUBLISH_BODY_OVERHEAD).await?;
-    let request = protocol::parse_put_state_request(&body).map_err(ApiError::bad_request)?;
+    let request = protocol::parse_put_state_request(&body).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let put = state.publisher.put_state(&room, request.data.get().into()).await?;
     let reply = protocol::PutStateReply { room, epoch: put.epoch.to_string(), seq: put.seq };
     Ok(json(StatusCode::OK, protocol::to_json(&reply)))
@@ -438,7 +438,7 @@ async fn message_user(
     check_user(&user)?;
     let inbox = names::inbox_room(&user);
     let body = read_body(payload, state.publisher.max_event_bytes(&inbox) + PUBLISH_BODY_OVERHEAD).await?;
-    let request = protocol::parse_user_message_request(&body).map_err(ApiError::bad_request)?;
+    let request = protocol::parse_user_message_request(&body).map_err(|e| ApiError::bad_request(e.to_string()))?;
     for device in request.devices.iter().flatten() {
         names::check_device(device).map_err(|e| ApiError::bad_request(e.to_string()))?;
     }
