@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::actors::messages::NewEvent;
 use crate::actors::publish::Publisher;
 use crate::core::matchsim::MatchSim;
 use crate::protocol;
@@ -43,7 +44,7 @@ pub async fn run_simulator(publisher: Publisher) {
         let id: Arc<str> = format!("demo-{run}-{n}").into();
         let data: Arc<str> = protocol::demo_event_data(&event).into();
         let state = sim.state(event.match_id).map(|s| protocol::demo_state_data(event.match_id, event.home, event.away, &s).into());
-        if let Err(error) = publisher.publish(&room, id, data, None, None, state).await {
+        if let Err(error) = publisher.publish(&room, NewEvent { id, data, devices: None, from: None, state }).await {
             tracing::warn!(%room, %error, "demo event not published");
         }
     }

@@ -23,7 +23,7 @@ use thiserror::Error;
 use crate::actors::connection::{ConnectionSettings, ResumeRevocations};
 use crate::actors::directory::{Directory, DirectorySettings, ExpireSessions, SessionStore};
 use crate::actors::liveness::{ClusterPeers, Heard, Left, LivenessActor, Router};
-use crate::actors::messages::{Kick, StateAt};
+use crate::actors::messages::{Kick, NewEvent, StateAt};
 use crate::actors::publish::Publisher;
 use crate::actors::registry::{Registry, RemoteReplace, UserBus};
 use crate::actors::room::{PresenceHub, RoomSettings};
@@ -705,7 +705,7 @@ impl NodeEvents for NodeActors {
             let done = if put_state {
                 rooms.put_state(&room, data.into()).await
             } else {
-                rooms.publish(&room, id.into(), data.into(), devices, from, state.map(Into::into)).await
+                rooms.publish(&room, NewEvent { id: id.into(), data: data.into(), devices, from, state: state.map(Into::into) }).await
             };
             match done {
                 Ok(published) => Ok(Appended { seq: published.seq, epoch: published.epoch.to_string(), duplicate: published.duplicate }),

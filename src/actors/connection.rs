@@ -674,9 +674,9 @@ impl Connection {
         let name = room.clone();
         let backlog = self.backlog.clone();
         let member = crate::core::presence::Member { user: self.identity.user.clone(), device: self.identity.device.clone() };
-        let fut = async move {
-            rooms.subscribe(&name, conn, to, backlog, since, epoch, reference, generation, state, member, presence).await
-        };
+        let subscribe =
+            Subscribe { conn, to, backlog, since, epoch, reference, generation, automatic: false, state, member: Some(member), presence };
+        let fut = async move { rooms.subscribe(&name, subscribe).await };
         ctx.spawn(fut.into_actor(self).map(move |result, conn, _| {
             let current = conn.subscriptions.get_mut(&room).filter(|s| s.generation == generation);
             match (result, current) {

@@ -102,7 +102,7 @@ pub struct RoomGone;
 
 /// Add a subscriber. The room answers through `to` with [`RoomUpdate::Subscribed`]
 /// (carrying any replay) before it sends that subscriber any live events.
-#[derive(Message)]
+#[derive(Message, Clone)]
 #[rtype(result = "Result<(), RoomGone>")]
 pub struct Subscribe {
     pub conn: ConnId,
@@ -169,6 +169,22 @@ pub struct HistoryPage {
 }
 
 // ---- http → room ----
+
+/// An event on its way into a room's sequence, its checks done: what
+/// [`Publisher::publish`](super::publish::Publisher::publish) and
+/// [`Rooms::publish`](super::rooms::Rooms::publish) take.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    pub id: Arc<str>,
+    /// The event's JSON text.
+    pub data: Arc<str>,
+    /// Devices an inbox message is for (`None`: every device).
+    pub devices: Option<Vec<String>>,
+    /// The publishing connection's user (client publish); `None`: a backend.
+    pub from: Option<String>,
+    /// The room's state as of this event (JSON text), stored atomically with it.
+    pub state: Option<Arc<str>>,
+}
 
 /// Append an event. The room answers on `reply` once the event is durable.
 #[derive(Message)]

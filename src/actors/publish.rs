@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 
 use super::liveness::Router;
-use super::messages::{Published, StateView};
+use super::messages::{NewEvent, Published, StateView};
 use super::rooms::{RoomError, Rooms};
 use crate::cluster::bus::{forward_publish, forward_put_state, ForwardError, ForwardEvent};
 use crate::cluster::Cluster;
@@ -61,7 +61,7 @@ impl SubmitError {
 #[derive(Clone)]
 pub struct Publisher {
     rooms: Rooms,
-    writers: Option<Writers>,
+    mode: Mode,
     /// Largest state a publish or a `PUT` may carry (`max_state_bytes`).
     max_state_bytes: usize,
 }
@@ -69,20 +69,22 @@ pub struct Publisher {
 /// `max_state_bytes` unless configured.
 pub const DEFAULT_MAX_STATE_BYTES: usize = 65536;
 
-/// Cluster mode: how to find and reach a room's writer.
+/// Where a room's events are appended.
 #[derive(Clone)]
-struct Writers {
-    cluster: Cluster,
-    router: Arc<Router>,
+enum Mode {
+    /// On this node, always.
+    Local,
+    /// By the room's writer: the router names it, the cluster reaches it.
+    Clustered { cluster: Cluster, router: Arc<Router> },
 }
 
 impl Publisher {
     pub fn local(rooms: Rooms) -> Publisher {
-        Publisher { rooms, writers: None, max_state_bytes: DEFAULT_MAX_STATE_BYTES }
+        Publisher { rooms, mode: Mode::Local, max_state_bytes: DEFAULT_MAX_STATE_BYTES }
     }
 
     pub fn clustered(rooms: Rooms, cluster: Cluster, router: Arc<Router>) -> Publisher {
-        Publisher { rooms, writers: Some(Writers { cluster, router }), max_state_bytes: DEFAULT_MAX_STATE_BYTES }
+        Publisher { rooms, mode: Mode::Clustered { cluster, router }, max_state_bytes: DEFAULT_MAX_STATE_BYTES }
     }
 
     /// The largest state a publish or a `PUT` may carry (`max_state_bytes`).
@@ -117,15 +119,15 @@ impl Publisher {
             }
             None => format!("lg-{}", crate::world::random_hex(12)),
         };
-        Ok(self.publish(room, id.into(), event.data, event.devices, event.from, event.state).await?)
+        let Submission { data, devices, from, state, .. } = event;
+        Ok(self.publish(room, NewEvent { id: id.into(), data, devices, from, state }).await?)
     }
 
     /// Set `room`'s state as of its head (`PUT /v1/rooms/{room}/state`): checked like a
     /// publish's state, then, in cluster mode, written by the room's writer.
     pub async fn put_state(&self, room: &str, data: Arc<str>) -> Result<Published, SubmitError> {
         check_state(room, Some(&data), self.max_state_bytes)?;
-        if let Some(writer) = self.remote_writer(room).await {
-            let Writers { cluster, .. } = self.writers.as_ref().expect("a remote writer is cluster mode");
+        if let Some((cluster, writer)) = self.remote_writer(room).await {
             match forward_put_state(cluster, &writer, room, &data).await {
                 Ok(appended) => {
                     return Ok(Published { seq: appended.seq, epoch: appended.epoch.into(), duplicate: appended.duplicate })
@@ -144,26 +146,25 @@ impl Publisher {
         self.rooms.state(room).await
     }
 
-    /// Cluster mode: the room's writer, when it is another node.
-    async fn remote_writer(&self, room: &str) -> Option<String> {
-        let Writers { cluster, router } = self.writers.as_ref()?;
-        router.room_writer(room).filter(|w| *w != cluster.node)
+    /// Cluster mode: the room's writer, when it is another node, and how to reach it.
+    async fn remote_writer(&self, room: &str) -> Option<(&Cluster, String)> {
+        match &self.mode {
+            Mode::Local => None,
+            Mode::Clustered { cluster, router } => router.room_writer(room).filter(|w| *w != cluster.node).map(|w| (cluster, w)),
+        }
     }
 
     /// Append one event (already size- and id-checked) to `room`; the reply names its seq.
-    pub async fn publish(
-        &self,
-        room: &str,
-        id: Arc<str>,
-        data: Arc<str>,
-        devices: Option<Vec<String>>,
-        from: Option<String>,
-        state: Option<Arc<str>>,
-    ) -> Result<Published, RoomError> {
-        if let Some(writer) = self.remote_writer(room).await {
-            let cluster = &self.writers.as_ref().expect("a remote writer is cluster mode").cluster;
-            let event = ForwardEvent { id: &id, data: &data, devices: devices.as_deref(), from: from.as_deref(), state: state.as_deref() };
-            match forward_publish(cluster, &writer, room, event).await {
+    pub async fn publish(&self, room: &str, event: NewEvent) -> Result<Published, RoomError> {
+        if let Some((cluster, writer)) = self.remote_writer(room).await {
+            let forward = ForwardEvent {
+                id: &event.id,
+                data: &event.data,
+                devices: event.devices.as_deref(),
+                from: event.from.as_deref(),
+                state: event.state.as_deref(),
+            };
+            match forward_publish(cluster, &writer, room, forward).await {
                 Ok(appended) => {
                     return Ok(Published { seq: appended.seq, epoch: appended.epoch.into(), duplicate: appended.duplicate })
                 }
@@ -173,7 +174,7 @@ impl Publisher {
                 }
             }
         }
-        self.rooms.publish(room, id, data, devices, from, state).await
+        self.rooms.publish(room, event).await
     }
 }
 

@@ -276,22 +276,10 @@ impl Rooms {
     }
 
     /// Append an event to `room`; resolves once it is durable.
-    pub async fn publish(
-        &self,
-        room: &str,
-        id: Arc<str>,
-        data: Arc<str>,
-        devices: Option<Vec<String>>,
-        from: Option<String>,
-        state: Option<Arc<str>>,
-    ) -> Result<Published, RoomError> {
-        self.write(room, |reply| Publish {
-            id: id.clone(),
-            data: data.clone(),
-            devices: devices.clone(),
-            from: from.clone(),
-            state: state.clone(),
-            reply,
+    pub async fn publish(&self, room: &str, event: NewEvent) -> Result<Published, RoomError> {
+        self.write(room, |reply| {
+            let NewEvent { id, data, devices, from, state } = event.clone();
+            Publish { id, data, devices, from, state, reply }
         })
         .await
     }
@@ -315,37 +303,11 @@ impl Rooms {
         }
     }
 
-    /// Subscribe a connection; the room answers through `to`. `member` is who subscribes
-    /// (for presence); `presence`: it wants the room's presence frames.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn subscribe(
-        &self,
-        room: &str,
-        conn: ConnId,
-        to: Recipient<RoomUpdate>,
-        backlog: Arc<super::backlog::Backlog>,
-        since: Option<u64>,
-        epoch: Option<String>,
-        reference: Option<i64>,
-        generation: u64,
-        state: bool,
-        member: crate::core::presence::Member,
-        presence: bool,
-    ) -> Result<Addr<RoomActor>, RoomError> {
-        let subscribe = || Subscribe {
-            conn,
-            to: to.clone(),
-            backlog: backlog.clone(),
-            since,
-            epoch: epoch.clone(),
-            reference,
-            generation,
-            automatic: false,
-            state,
-            member: Some(member.clone()),
-            presence,
-        };
-        self.ask_at(room, subscribe).await.map(|(addr, ())| addr)
+    /// Subscribe a connection (`subscribe.automatic` is false: the automatic inbox
+    /// subscription goes through [`subscribe_inbox`](Self::subscribe_inbox)); the room
+    /// answers through `subscribe.to`.
+    pub async fn subscribe(&self, room: &str, subscribe: Subscribe) -> Result<Addr<RoomActor>, RoomError> {
+        self.ask_at(room, || subscribe.clone()).await.map(|(addr, ())| addr)
     }
 
     /// Who is in `room` (DESIGN §9): asked of its live actor, which counts this node's
