@@ -286,6 +286,11 @@ impl Metrics {
     }
 
     /// The label a device name is reported under.
+    /// Connections open now (WebSocket and SSE): the load a heartbeat announces.
+    pub fn connections_now(&self) -> u64 {
+        TRANSPORTS.iter().map(|&transport| self.connections_by_transport.get_or_create(&TransportLabel { transport }).get().max(0) as u64).sum()
+    }
+
     pub fn device(&self, device: &str) -> DeviceLabel {
         let known = self.device_kinds.contains(device);
         DeviceLabel { device: if known { device.to_string() } else { "other".to_string() } }

@@ -129,7 +129,12 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
     let beat_events = events.clone();
     actix::spawn(async move {
         while let Some(message) = beats.next().await {
-            if let Some(info) = decode_node(&message.payload) {
+            if let Some(mut info) = decode_node(&message.payload) {
+                info.connections = message
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get(super::CONNECTIONS_HEADER))
+                    .and_then(|v| v.as_str().parse().ok());
                 beat_events.peer_heard(info);
             }
         }
