@@ -30,7 +30,9 @@ use crate::actors::room::{DelayedVacate, LocalRoomLogs, Occupancy, RoomLogs, Str
 use crate::actors::rooms::Rooms;
 use crate::actors::supervisor::{DrainTiming, Signal, Start, Supervisor};
 use crate::actors::webhooks::{WebhookEvent, WebhookSettings, Webhooks};
+use crate::actors::rebalance::{Rebalancer, Shed};
 use crate::cluster::bus::{Appended, ForwardedPublish, NodeEvents};
+use crate::core::rebalance::Order;
 use crate::cluster::kv::KvSessions;
 use crate::cluster::occupancy::{ClusterOccupancy, Report as OccupancyReport};
 use crate::cluster::roomlog::{StoredState, StreamEvent};
@@ -215,6 +217,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     let directory =
         Directory::new(backends.sessions.clone(), router.clone(), directory_settings, metrics.clone()).start();
     let liveness = start_liveness(&config, router.clone(), cluster.as_ref(), &metrics, &presence);
+    let rebalance = Rebalancer::start(directory.clone(), registry.clone(), router.clone(), lifecycle.clone(), metrics.clone());
     if let (Some(cluster), Some(kv)) = (&cluster, &backends.kv) {
         let events = NodeActors {
             rooms: rooms.clone(),
@@ -222,6 +225,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
             liveness: liveness.clone(),
             nonces: backends.nonces.clone(),
             presence: presence.clone(),
+            rebalance: rebalance.actor.clone(),
         };
         crate::cluster::bus::listen(cluster, events, kv.clone()).await?;
         crate::cluster::presence::listen(cluster, PresenceNodes(presence.clone())).await?;
@@ -268,6 +272,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         other_nodes,
         liveness,
         router: router.clone(),
+        rebalance,
         publisher: publisher.clone(),
         metrics: metrics.clone(),
         token_secret: backends.token_secret,
@@ -649,6 +654,7 @@ struct NodeActors {
     /// A kick from another node is answered once its revocations are durable.
     nonces: Arc<dyn Nonces>,
     presence: Arc<PresenceHub>,
+    rebalance: Addr<Rebalancer>,
 }
 
 impl NodeEvents for NodeActors {
@@ -708,6 +714,10 @@ impl NodeEvents for NodeActors {
     fn reconnected(&self) {
         self.rooms.resync_all();
         self.presence.reconnected();
+    }
+
+    fn rebalance(&self, order: Order) {
+        self.rebalance.do_send(Shed(order));
     }
 }
 

@@ -127,6 +127,12 @@ impl Pacer {
         }
     }
 
+    /// Give back a move taken but not made (a skipped user): it costs the rate nothing.
+    pub fn refund(&mut self, now_ms: u64) {
+        self.refill(now_ms);
+        self.credit = (self.credit + 1000).min(u64::from(BURST) * 1000);
+    }
+
     /// How long from `now_ms` until the next move is allowed (0: now).
     pub fn wait_ms(&mut self, now_ms: u64) -> u64 {
         self.refill(now_ms);
@@ -213,6 +219,15 @@ mod tests {
             assert_eq!(pacer.take(*now), *taken, "step {i}");
             assert_eq!(pacer.wait_ms(*now), *wait, "step {i}");
         }
+        // A refund gives back a move, never more than the burst.
+        let mut pacer = Pacer::new(4, 0);
+        assert!(pacer.take(0));
+        pacer.refund(0);
+        assert!(pacer.take(0));
+        pacer.refund(0);
+        pacer.refund(0);
+        assert!(pacer.take(0));
+        assert!(!pacer.take(0));
         // The clock going back grants nothing.
         let mut pacer = Pacer::new(1, 10_000);
         assert!(pacer.take(10_000));

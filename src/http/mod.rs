@@ -70,6 +70,8 @@ pub struct AppState {
     pub liveness: Addr<LivenessActor>,
     /// Where sessions are served: `/v1/route` and the handshakes ask it.
     pub router: Arc<Router>,
+    /// This node's part of rebalances, and what it planned (`/v1/admin/rebalance`).
+    pub rebalance: crate::actors::rebalance::Rebalance,
     /// Every publish goes through it (forwarded to the room's writer in cluster mode).
     pub publisher: Publisher,
     pub metrics: Arc<Metrics>,
