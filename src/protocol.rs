@@ -1045,6 +1045,8 @@ pub struct RebalanceShare {
     pub node: String,
     /// Connections it hands over.
     pub connections: u64,
+    /// Its part of the operation's rate (by share, at least 1).
+    pub per_second: u32,
     /// It acknowledged its order.
     pub accepted: bool,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -58,9 +58,9 @@ pub struct Issued {
     pub per_second: u32,
     pub mean: u64,
     pub at_ms: u64,
-    /// Each shedding node, its connections to hand over, and whether it took the order
-    /// (`Err`: why not).
-    pub shares: Vec<(String, u64, Result<(), String>)>,
+    /// Each shedding node, its connections to hand over, its rate (its part of
+    /// `per_second`), and whether it took the order (`Err`: why not).
+    pub shares: Vec<(String, u64, u32, Result<(), String>)>,
 }
 
 #[derive(Debug, Clone)]

@@ -94,8 +94,12 @@ pub async fn rebalance(req: HttpRequest, payload: web::Payload, state: web::Data
     let plan = rebalance::plan(&taking, &to, request.limit).map_err(|e| api_error(ErrorCode::Conflict, e.to_string()))?;
     let id = random_hex(8);
     let mut shares = Vec::with_capacity(plan.shares.len());
+    let total = plan.total().max(1);
     for share in &plan.shares {
-        let order = Order { id: id.clone(), to: to.clone(), to_url: to_url.clone(), connections: share.connections, per_second };
+        // The operation's rate is split by share, so every node finishes at about the same
+        // time and the cluster goes no faster than `per_second` (at least 1 per node).
+        let rate = (u64::from(per_second) * share.connections / total).max(1) as u32;
+        let order = Order { id: id.clone(), to: to.clone(), to_url: to_url.clone(), connections: share.connections, per_second: rate };
         let given = if share.node == state.config.node {
             state.rebalance.actor.send(Shed(order)).await.map_err(|e| e.to_string())
         } else {
@@ -104,7 +108,7 @@ pub async fn rebalance(req: HttpRequest, payload: web::Payload, state: web::Data
         if let Err(error) = &given {
             tracing::warn!(node = %share.node, %error, "rebalance: a node did not take its order");
         }
-        shares.push((share.node.clone(), share.connections, given));
+        shares.push((share.node.clone(), share.connections, rate, given));
     }
     tracing::info!(id, to, per_second, total = plan.total(), mean = plan.mean, "rebalance planned");
     let issued = Issued { id, to, per_second, mean: plan.mean, at_ms: now_ms(), shares };
@@ -151,9 +155,10 @@ fn plan_reply(issued: &Issued) -> RebalancePlanReply {
         shares: issued
             .shares
             .iter()
-            .map(|(node, connections, given)| RebalanceShare {
+            .map(|(node, connections, per_second, given)| RebalanceShare {
                 node: node.clone(),
                 connections: *connections,
+                per_second: *per_second,
                 accepted: given.is_ok(),
                 error: given.as_ref().err().cloned(),
             })
