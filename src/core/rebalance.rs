@@ -94,6 +94,25 @@ pub fn plan(loads: &[Load<'_>], target: &str, limit: Option<u64>) -> Result<Plan
     Ok(Plan { to: target.to_string(), mean, shares })
 }
 
+impl Plan {
+    /// Each share's part of the operation's `per_second`, in proportion to its
+    /// connections (largest remainders get the rest), so the shedding nodes finish at
+    /// about the same time and together go no faster than `per_second`; at least 1 each
+    /// (so with more shedding nodes than `per_second`, that many per second).
+    pub fn rates(&self, per_second: u32) -> Vec<u32> {
+        let total = self.total().max(1);
+        let exact: Vec<(u64, u64)> = self.shares.iter().map(|s| ((u64::from(per_second) * s.connections) / total, (u64::from(per_second) * s.connections) % total)).collect();
+        let mut rates: Vec<u64> = exact.iter().map(|(floor, _)| *floor).collect();
+        let left = u64::from(per_second).saturating_sub(rates.iter().sum());
+        let mut order: Vec<usize> = (0..rates.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(exact[i].1));
+        for &i in order.iter().take(left as usize) {
+            rates[i] += 1;
+        }
+        rates.into_iter().map(|r| r.max(1) as u32).collect()
+    }
+}
+
 /// How many moves a rebalance may make now: a token bucket of [`BURST`] moves, filled at
 /// `per_second`. Over any interval of `t` seconds it allows at most `per_second × t + BURST`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,6 +208,26 @@ mod tests {
         // Order and repetition do not matter.
         check(&[("b", 30), ("c", 0), ("a", 30), ("a", 12)], "c", None, Ok((20, &[("a", 10), ("b", 10)])));
         check(&[("a", 30), ("b", 30)], "c", None, Err(PlanError::UnknownTarget("c".into())));
+    }
+
+    #[test]
+    fn rates_split_by_share() {
+        let plan = |shares: &[u64]| Plan {
+            to: "t".into(),
+            mean: 0,
+            shares: shares.iter().enumerate().map(|(i, c)| Share { node: format!("n{i}"), connections: *c }).collect(),
+        };
+        let cases: &[(&[u64], u32, &[u32])] = &[
+            (&[10, 10], 5, &[3, 2]),
+            (&[10, 10], 20, &[10, 10]),
+            (&[30, 10], 8, &[6, 2]),
+            (&[30, 10], 1, &[1, 1]),
+            (&[1, 1, 1], 2, &[1, 1, 1]),
+            (&[], 5, &[]),
+        ];
+        for (shares, per_second, expected) in cases {
+            assert_eq!(plan(shares).rates(*per_second), *expected, "{shares:?} at {per_second}/s");
+        }
     }
 
     #[test]

@@ -94,11 +94,7 @@ pub async fn rebalance(req: HttpRequest, payload: web::Payload, state: web::Data
     let plan = rebalance::plan(&taking, &to, request.limit).map_err(|e| api_error(ErrorCode::Conflict, e.to_string()))?;
     let id = random_hex(8);
     let mut shares = Vec::with_capacity(plan.shares.len());
-    let total = plan.total().max(1);
-    for share in &plan.shares {
-        // The operation's rate is split by share, so every node finishes at about the same
-        // time and the cluster goes no faster than `per_second` (at least 1 per node).
-        let rate = (u64::from(per_second) * share.connections / total).max(1) as u32;
+    for (share, rate) in plan.shares.iter().zip(plan.rates(per_second)) {
         let order = Order { id: id.clone(), to: to.clone(), to_url: to_url.clone(), connections: share.connections, per_second: rate };
         let given = if share.node == state.config.node {
             state.rebalance.actor.send(Shed(order)).await.map_err(|e| e.to_string())
