@@ -7,8 +7,10 @@
 //!   the stream's republish to `lg.live.<room>`;
 //! - [`kv`]: the session directory in the `lg_sessions` bucket (compare-and-set on
 //!   revisions), with a cache and a sled-backed queue for outages;
-//! - heartbeats on `lg.node.heartbeat`, and user commands (exclusive-device replacement,
-//!   kicks) on `lg.user.*`, handled here and in the liveness and registry actors;
+//! - heartbeats on `lg.node.heartbeat` (each node's open connections in a header), and
+//!   user commands (exclusive-device replacement, kicks) on `lg.user.*`, handled here and
+//!   in the liveness and registry actors; a rebalance's orders on
+//!   `lg.node.<node>.rebalance` (`bus::send_order`);
 //! - [`occupancy`]: cluster-wide room occupancy in the `lg_occupancy` bucket (one record
 //!   per occupied room: its nodes with subscribers), changes forwarded to each room's
 //!   writer on `lg.node.<node>.occupancy`;
