@@ -377,6 +377,7 @@ fn a_new_node_gets_its_share_at_the_asked_rate() {
     if issued["id"] != plan["id"] {
         failures.push(format!("GET on the planning node shows the plan: {issued}"));
     }
+    println!("progress on {}: {}", Cluster::name(0), rebalance_status(&a));
     let moved_users: u64 = [&a, &b].iter().map(|h| rebalance_status(h)["shedding"]["users"].as_u64().unwrap_or(0)).sum();
     if moved_users != total as u64 {
         failures.push(format!("the shedding nodes report {moved_users} users moved"));
