@@ -36,6 +36,8 @@ pub struct TransportLabel {
 
 /// The transports a connection may use (`actors::transport::Transport::name`).
 const TRANSPORTS: &[&str] = &["websocket", "sse"];
+/// Why a rebalance skips a user (`livegate_rebalance_skipped_total{reason=…}`).
+pub const REBALANCE_SKIP_REASONS: &[&str] = &["budget", "gone", "error"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabel {
@@ -163,6 +165,12 @@ pub struct Metrics {
     /// Cluster mode: peers alive by heartbeat.
     pub cluster_peers_alive: Gauge,
     pub migration_refusals: Counter,
+    /// Rebalance (issue 30): users handed over to another node, their connections closed
+    /// with 4421, users skipped by reason, and connections this node still has to hand over.
+    pub rebalance_moves: Counter,
+    pub rebalance_connections_moved: Counter,
+    pub rebalance_skipped: Family<ReasonLabel, Counter>,
+    pub rebalance_pending: Gauge,
     pub peer_up: Family<PeerLabel, Gauge>,
     pub warmup_active: Gauge,
     pub warmup_reconnect_attempts: Counter,
@@ -230,6 +238,10 @@ impl Metrics {
             cluster_append_conflicts: Counter::default(),
             cluster_peers_alive: Gauge::default(),
             migration_refusals: Counter::default(),
+            rebalance_moves: Counter::default(),
+            rebalance_connections_moved: Counter::default(),
+            rebalance_skipped: Family::default(),
+            rebalance_pending: Gauge::default(),
             peer_up: Family::default(),
             warmup_active: Gauge::default(),
             warmup_reconnect_attempts: Counter::default(),
@@ -275,6 +287,9 @@ impl Metrics {
         for reason in WEBHOOK_DROP_REASONS {
             drop(self.webhooks_dropped.get_or_create(&ReasonLabel { reason }));
         }
+        for reason in REBALANCE_SKIP_REASONS {
+            drop(self.rebalance_skipped.get_or_create(&ReasonLabel { reason }));
+        }
         for credential in CREDENTIALS {
             drop(self.handshakes.get_or_create(&CredentialLabel { credential }));
         }
@@ -283,6 +298,11 @@ impl Metrics {
             drop(self.disconnects.get_or_create(&Metrics::close_code(code)));
         }
         self
+    }
+
+    /// Connections open now (WebSocket and SSE): the load a heartbeat announces.
+    pub fn connections_now(&self) -> u64 {
+        TRANSPORTS.iter().map(|&transport| self.connections_by_transport.get_or_create(&TransportLabel { transport }).get().max(0) as u64).sum()
     }
 
     /// The label a device name is reported under.
@@ -327,6 +347,12 @@ impl Metrics {
     pub fn client_publish(&self, outcome: &'static str) {
         debug_assert!(CLIENT_PUBLISH_OUTCOMES.contains(&outcome), "unknown outcome {outcome}");
         self.client_publishes.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    /// Count a user a rebalance skipped (a reason from [`REBALANCE_SKIP_REASONS`]).
+    pub fn rebalance_skipped(&self, reason: &'static str) {
+        debug_assert!(REBALANCE_SKIP_REASONS.contains(&reason), "unknown reason {reason}");
+        self.rebalance_skipped.get_or_create(&ReasonLabel { reason }).inc();
     }
 
     /// Count a webhook given up (a reason from [`WEBHOOK_DROP_REASONS`]).
@@ -410,6 +436,10 @@ impl Metrics {
         r.register("cluster_append_conflicts", "Cluster mode: room appends that lost to another node's and were retried", self.cluster_append_conflicts.clone());
         r.register("cluster_peers_alive", "Cluster mode: peer nodes heard within the heartbeat timeout", self.cluster_peers_alive.clone());
         r.register("migration_refusals", "Handshakes refused: migration budget spent", self.migration_refusals.clone());
+        r.register("rebalance_moves", "Rebalance: users handed over to another node", self.rebalance_moves.clone());
+        r.register("rebalance_connections_moved", "Rebalance: connections closed with 4421 towards the node their users were handed to", self.rebalance_connections_moved.clone());
+        r.register("rebalance_skipped", "Rebalance: users not moved (budget: migration budget spent; gone: no session here any more; error: the directory failed)", self.rebalance_skipped.clone());
+        r.register("rebalance_pending", "Rebalance: connections this node still has to hand over", self.rebalance_pending.clone());
         r.register("peer_up", "1 while a peer node passes its probes", self.peer_up.clone());
         r.register("warmup_active", "1 while the node is in warm-up", self.warmup_active.clone());
         r.register(

@@ -146,6 +146,9 @@ pub enum ErrorCode {
     DirectoryUnavailable,
     /// The room's namespace keeps no presence (DESIGN §9).
     PresenceOff,
+    /// The request cannot be done in the cluster's present state (a rebalance towards a
+    /// node that is not alive and taking connections, or outside cluster mode).
+    Conflict,
 }
 
 impl ErrorCode {
@@ -174,6 +177,7 @@ impl ErrorCode {
             ErrorCode::ForbiddenOrigin => "forbidden_origin",
             ErrorCode::DirectoryUnavailable => "directory_unavailable",
             ErrorCode::PresenceOff => "presence_off",
+            ErrorCode::Conflict => "conflict",
         }
     }
 
@@ -191,6 +195,7 @@ impl ErrorCode {
             | ErrorCode::ResumeInvalid => 401,
             ErrorCode::Forbidden | ErrorCode::ForbiddenOrigin => 403,
             ErrorCode::NotFound | ErrorCode::PresenceOff => 404,
+            ErrorCode::Conflict => 409,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::WrongNode => 421,
             ErrorCode::TooManySubscriptions | ErrorCode::MigrationBudget | ErrorCode::RateLimited => 429,
@@ -1002,6 +1007,89 @@ pub fn parse_publish_request(body: &[u8]) -> Result<PublishRequest, serde_json::
     serde_json::from_slice(body)
 }
 
+/// `POST /v1/admin/rebalance` (an empty body: all defaults).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RebalanceRequest {
+    /// The node to fill (default: the node answering).
+    pub to: Option<String>,
+    pub per_second: Option<u32>,
+    /// Connections to move at most, in all.
+    pub limit: Option<u64>,
+}
+
+pub fn parse_rebalance_request(body: &[u8]) -> Result<RebalanceRequest, serde_json::Error> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(RebalanceRequest::default());
+    }
+    serde_json::from_slice(body)
+}
+
+/// A rebalance as its planning node issued it (the 202 of `POST /v1/admin/rebalance`,
+/// and `issued` in `GET`).
+#[derive(Debug, Serialize)]
+pub struct RebalancePlanReply {
+    pub id: String,
+    pub to: String,
+    pub per_second: u32,
+    /// The mean load the plan levels towards.
+    pub mean: u64,
+    /// Connections to move in all.
+    pub total: u64,
+    pub at_ms: u64,
+    pub shares: Vec<RebalanceShare>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RebalanceShare {
+    pub node: String,
+    /// Connections it hands over.
+    pub connections: u64,
+    /// Its part of the operation's rate (by share, at least 1).
+    pub per_second: u32,
+    /// It acknowledged its order.
+    pub accepted: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// This node's part of the last rebalance it was given.
+#[derive(Debug, Serialize)]
+pub struct RebalanceShedding {
+    pub id: String,
+    pub to: String,
+    pub per_second: u32,
+    pub planned: u64,
+    pub moved: u64,
+    pub users: u64,
+    pub skipped_budget: u64,
+    pub skipped_gone: u64,
+    pub errors: u64,
+    pub started_at_ms: u64,
+    pub finished_at_ms: Option<u64>,
+    /// `running`, `done`, `no_more_users`, `target_gone`, `draining` or `replaced`.
+    pub state: &'static str,
+}
+
+/// A node's load as this node hears it.
+#[derive(Debug, Serialize)]
+pub struct RebalanceLoad {
+    pub node: String,
+    /// `null`: a node of an earlier build that does not say.
+    pub connections: Option<u64>,
+    pub draining: bool,
+}
+
+/// `GET /v1/admin/rebalance`
+#[derive(Debug, Serialize)]
+pub struct RebalanceStatusReply {
+    pub node: String,
+    pub issued: Option<RebalancePlanReply>,
+    pub shedding: Option<RebalanceShedding>,
+    /// Every node this one hears, itself first (empty outside cluster mode).
+    pub loads: Vec<RebalanceLoad>,
+}
+
 /// Answer of `POST /v1/admin/reload`: how many API keys and allowed origins are in force.
 #[derive(Debug, Serialize)]
 pub struct ReloadReply {
@@ -1172,6 +1260,7 @@ mod tests {
             (ErrorCode::ForbiddenOrigin, 403),
             (ErrorCode::NotFound, 404),
             (ErrorCode::PresenceOff, 404),
+            (ErrorCode::Conflict, 409),
             (ErrorCode::PayloadTooLarge, 413),
             (ErrorCode::MigrationBudget, 429),
             (ErrorCode::RateLimited, 429),

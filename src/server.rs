@@ -29,6 +29,7 @@ use crate::actors::registry::{Registry, RemoteReplace, UserBus};
 use crate::actors::room::{PresenceHub, RoomSettings};
 use crate::actors::room::{DelayedVacate, LocalRoomLogs, Occupancy, RoomLogs, StreamRoomLogs};
 use crate::actors::rooms::Rooms;
+use crate::actors::rebalance::{Rebalancer, Shed};
 use crate::actors::supervisor::{DrainTiming, Signal, Start, StartError, Supervisor};
 use crate::actors::webhooks::{WebhookError, WebhookEvent, WebhookSettings, Webhooks};
 use crate::cluster::bus::{Appended, ForwardedPublish, NodeEvents};
@@ -40,6 +41,7 @@ use crate::config::{Config, ConfigError};
 use crate::core::heartbeats::NodeInfo;
 use crate::core::lifecycle::Lifecycle;
 use crate::core::namespaces::Namespaces;
+use crate::core::rebalance::Order;
 use crate::core::seqlog::Retention;
 use crate::http::limits::{AccessList, ConnectionLimits};
 use crate::http::sockets::{SocketState, Timed};
@@ -224,6 +226,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
     let directory =
         Directory::new(backends.sessions.clone(), router.clone(), directory_settings, metrics.clone()).start();
     let liveness = start_liveness(&config, router.clone(), cluster.as_ref(), &metrics, &presence);
+    let rebalance = Rebalancer::start(directory.clone(), registry.clone(), router.clone(), lifecycle.clone(), metrics.clone());
     if let (Some(cluster), Some(kv)) = (&cluster, &backends.kv) {
         let events = NodeActors {
             rooms: rooms.clone(),
@@ -231,6 +234,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
             liveness: liveness.clone(),
             nonces: backends.nonces.clone(),
             presence: presence.clone(),
+            rebalance: rebalance.actor.clone(),
         };
         crate::cluster::bus::listen(cluster, events, kv.clone()).await?;
         crate::cluster::presence::listen(cluster, PresenceNodes(presence.clone())).await?;
@@ -277,6 +281,7 @@ pub async fn run_controlled(listener: std::net::TcpListener, config: Config, con
         other_nodes,
         liveness,
         router: router.clone(),
+        rebalance,
         publisher: publisher.clone(),
         metrics: metrics.clone(),
         token_secret: backends.token_secret,
@@ -658,6 +663,7 @@ struct NodeActors {
     /// A kick from another node is answered once its revocations are durable.
     nonces: Arc<dyn Nonces>,
     presence: Arc<PresenceHub>,
+    rebalance: Addr<Rebalancer>,
 }
 
 impl NodeEvents for NodeActors {
@@ -717,6 +723,10 @@ impl NodeEvents for NodeActors {
     fn reconnected(&self) {
         self.rooms.resync_all();
         self.presence.reconnected();
+    }
+
+    fn rebalance(&self, order: Order) {
+        self.rebalance.do_send(Shed(order));
     }
 }
 

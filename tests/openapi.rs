@@ -362,6 +362,11 @@ async fn real_answers_match_the_documented_responses() {
     add("GET", "/v1/admin/status", "/v1/admin/status", true, None);
     add("GET", "/v1/admin/status", "/v1/admin/status", false, None);
     add("POST", "/v1/admin/reload", "/v1/admin/reload", true, None);
+    // A single node: the progress is empty, and a rebalance is refused (409 conflict).
+    add("GET", "/v1/admin/rebalance", "/v1/admin/rebalance", true, None);
+    add("GET", "/v1/admin/rebalance", "/v1/admin/rebalance", false, None);
+    add("POST", "/v1/admin/rebalance", "/v1/admin/rebalance", true, Some(json!({})));
+    add("POST", "/v1/admin/rebalance", "/v1/admin/rebalance", true, Some(json!({"per_second": 0})));
     add("GET", "/v1/echo", "/v1/echo", false, None);
 
     // An SSE stream that opens: its first bytes, with the documented media type.
@@ -374,7 +379,7 @@ async fn real_answers_match_the_documented_responses() {
     // The token, publish and history answers above were real successes (not all errors).
     let statuses: BTreeSet<(String, u64)> =
         answers.iter().map(|a| (a["path"].as_str().unwrap().to_string(), a["status"].as_u64().unwrap())).collect();
-    for expected in [("/v1/tokens", 201), (events, 201), (events, 200), (state, 200), (presence, 200), (messages, 201), (kick, 200), ("/v1/admin/overview", 200), ("/admin", 200)] {
+    for expected in [("/v1/tokens", 201), (events, 201), (events, 200), (state, 200), (presence, 200), (messages, 201), (kick, 200), ("/v1/admin/overview", 200), ("/admin", 200), ("/v1/admin/rebalance", 409), ("/v1/admin/rebalance", 400)] {
         assert!(statuses.contains(&(expected.0.to_string(), expected.1)), "no {expected:?} among the answers: {statuses:?}");
     }
 

@@ -85,6 +85,19 @@ struct NodeNow {
     alive: bool,
     draining: bool,
     started_at_ms: u64,
+    /// Its open connections as its heartbeats say (`None`: not said, or this node).
+    connections: Option<u64>,
+}
+
+/// A node as a rebalance sees it ([`Router::loads`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeLoad {
+    pub name: String,
+    pub url: String,
+    /// Draining or still starting: takes no connections.
+    pub draining: bool,
+    /// Connections open on it (`None`: an earlier build that does not say).
+    pub connections: Option<u64>,
 }
 
 impl Router {
@@ -117,7 +130,7 @@ impl Router {
 
     /// This node and its peers (known, up or not) as seen at `now`.
     fn nodes_now(&self, now: u64) -> Vec<NodeNow> {
-        let me = NodeNow { peer: self.me.clone(), alive: true, draining: self.draining(), started_at_ms: self.started_at_ms };
+        let me = NodeNow { peer: self.me.clone(), alive: true, draining: self.draining(), started_at_ms: self.started_at_ms, connections: None };
         let mut nodes = vec![me];
         match &*self.peers.lock() {
             Peers::Probed { peers, table, draining } => nodes.extend(peers.iter().map(|peer| NodeNow {
@@ -125,12 +138,14 @@ impl Router {
                 alive: table.is_alive(&peer.name),
                 draining: draining.contains(&peer.name),
                 started_at_ms: 0,
+                connections: None,
             })),
             Peers::Heard(table) => nodes.extend(table.alive(now).filter(|info| info.name != self.me.name).map(|info| NodeNow {
                 peer: Peer { name: info.name.clone(), cell: info.cell.clone(), url: info.url.clone() },
                 alive: true,
                 draining: info.draining,
                 started_at_ms: info.started_at_ms,
+                connections: info.connections,
             })),
         }
         nodes
@@ -203,6 +218,28 @@ impl Router {
         let taking: Vec<&str> = nodes.iter().filter(|n| n.alive && !n.draining).map(|n| n.peer.name.as_str()).collect();
         let alive: Vec<&str> = nodes.iter().filter(|n| n.alive).map(|n| n.peer.name.as_str()).collect();
         room_writer(room, if taking.is_empty() { &alive } else { &taking }).map(str::to_string)
+    }
+
+    /// Cluster mode: this node (with `own_connections`) and the peers up now, with the
+    /// loads their heartbeats announce; `None` outside cluster mode, where no node knows
+    /// the others' loads.
+    pub fn loads(&self, own_connections: u64) -> Option<Vec<NodeLoad>> {
+        if self.probed_mode() {
+            return None;
+        }
+        let nodes = self.nodes_now(now_ms());
+        Some(
+            nodes
+                .into_iter()
+                .enumerate()
+                .map(|(i, n)| NodeLoad {
+                    name: n.peer.name,
+                    url: n.peer.url,
+                    draining: n.draining,
+                    connections: if i == 0 { Some(own_connections) } else { n.connections },
+                })
+                .collect(),
+        )
     }
 
     /// Cluster mode: the names of the peers heard now (draining ones and those not yet up
@@ -282,6 +319,7 @@ impl LivenessActor {
             url: me.url.clone(),
             draining: self.router.draining(),
             started_at_ms: self.router.started_at_ms,
+            connections: Some(self.metrics.connections_now()),
         };
         let cluster = peers.cluster.clone();
         ctx.spawn(

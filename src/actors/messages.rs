@@ -446,3 +446,23 @@ pub struct DrainClose {
 #[derive(Message)]
 #[rtype(result = "usize")]
 pub struct CountConnections;
+
+// ---- rebalance ↔ registry ----
+
+/// The users with connections here and how many each has, oldest registration first
+/// (a rebalance's candidates); at most `limit` of them.
+#[derive(Message)]
+#[rtype(result = "Vec<(String, usize)>")]
+pub struct UsersHere {
+    pub limit: usize,
+}
+
+/// A rebalance handed `user`'s sessions over to another node: close the user's
+/// connections here with 4421, whose reason is that node's URL, so its clients reconnect
+/// there at once. Replies with how many were closed.
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct HandOverUser {
+    pub user: String,
+    pub url: String,
+}

@@ -8,6 +8,7 @@ pub mod echo;
 pub mod liveness;
 pub mod messages;
 pub mod publish;
+pub mod rebalance;
 pub mod registry;
 pub mod room;
 pub mod rooms;

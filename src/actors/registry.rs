@@ -243,6 +243,34 @@ impl Handler<DrainClose> for Registry {
     }
 }
 
+impl Handler<UsersHere> for Registry {
+    type Result = MessageResult<UsersHere>;
+
+    fn handle(&mut self, msg: UsersHere, _ctx: &mut Self::Context) -> Self::Result {
+        let mut users: Vec<(u64, &Arc<str>, usize)> = self
+            .by_user
+            .iter()
+            .map(|(user, ids)| (ids.iter().filter_map(|id| self.connections.get(id)).map(|e| e.since_ms).min().unwrap_or(0), user, ids.len()))
+            .collect();
+        users.sort_unstable();
+        MessageResult(users.into_iter().take(msg.limit).map(|(_, user, count)| (user.to_string(), count)).collect())
+    }
+}
+
+impl Handler<HandOverUser> for Registry {
+    type Result = usize;
+
+    fn handle(&mut self, msg: HandOverUser, _ctx: &mut Self::Context) -> usize {
+        let targets = self.of_user(&msg.user, None);
+        for id in &targets {
+            if let Some(entry) = self.connections.get(id) {
+                entry.to.do_send(CloseConnection { code: CloseCode::WrongNode, reason: msg.url.clone(), force: false });
+            }
+        }
+        targets.len()
+    }
+}
+
 impl Handler<CountConnections> for Registry {
     type Result = usize;
 

@@ -18,6 +18,7 @@ use super::{
     REPLACE_SUBJECT,
 };
 use crate::core::heartbeats::NodeInfo;
+use crate::core::rebalance::Order;
 
 /// What this node does with what the other nodes send it.
 pub trait NodeEvents: Clone + 'static {
@@ -38,6 +39,8 @@ pub trait NodeEvents: Clone + 'static {
     fn publish(&self, publish: ForwardedPublish) -> LocalBoxFuture<'static, Result<Appended, Box<dyn std::error::Error>>>;
     /// NATS is back after an outage: rooms re-read their streams.
     fn reconnected(&self);
+    /// Another node planned a rebalance in which this node hands connections over.
+    fn rebalance(&self, order: Order);
 }
 
 /// A publish another node forwarded to this one, the room's writer.
@@ -103,6 +106,20 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
     let mut replaces = client.subscribe(REPLACE_SUBJECT).await?;
     let mut kicks = client.subscribe(KICK_SUBJECT).await?;
     let mut forwarded = client.subscribe(publish_subject(&cluster.node)).await?;
+    let mut orders = client.subscribe(rebalance_subject(&cluster.node)).await?;
+    let (order_events, order_client) = (events.clone(), client.clone());
+    actix::spawn(async move {
+        while let Some(message) = orders.next().await {
+            let order = decode_order(&message.payload);
+            let answer = if order.is_some() { "ok" } else { "malformed" };
+            if let Some(order) = order {
+                order_events.rebalance(order);
+            }
+            if let Some(reply) = message.reply {
+                let _ = order_client.publish(reply, answer.into()).await;
+            }
+        }
+    });
     let (publish_events, publish_client) = (events.clone(), client.clone());
     actix::spawn(async move {
         while let Some(message) = forwarded.next().await {
@@ -129,7 +146,12 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
     let beat_events = events.clone();
     actix::spawn(async move {
         while let Some(message) = beats.next().await {
-            if let Some(info) = decode_node(&message.payload) {
+            if let Some(mut info) = decode_node(&message.payload) {
+                info.connections = message
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get(super::CONNECTIONS_HEADER))
+                    .and_then(|v| v.as_str().parse().ok());
                 beat_events.peer_heard(info);
             }
         }
@@ -186,6 +208,42 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
         }
     });
     Ok(())
+}
+
+/// Where a node takes its part of a rebalance ([`send_order`]).
+fn rebalance_subject(node: &str) -> String {
+    format!("lg.node.{}.rebalance", super::room_token(node))
+}
+
+/// Longest a rebalance order waits for the shedding node's acknowledgement.
+const ORDER_WAIT: Duration = Duration::from_secs(2);
+
+/// `id\nto\nto_url\nconnections\nper_second` (names, ids and URLs hold no newline).
+fn encode_order(order: &Order) -> String {
+    format!("{}\n{}\n{}\n{}\n{}", order.id, order.to, order.to_url, order.connections, order.per_second)
+}
+
+fn decode_order(body: &[u8]) -> Option<Order> {
+    let text = std::str::from_utf8(body).ok()?;
+    let mut parts = text.split('\n');
+    let order = Order {
+        id: parts.next()?.into(),
+        to: parts.next()?.into(),
+        to_url: parts.next()?.into(),
+        connections: parts.next()?.parse().ok()?,
+        per_second: parts.next()?.parse().ok()?,
+    };
+    (parts.next().is_none() && !order.to.is_empty()).then_some(order)
+}
+
+/// Give `node` its part of a rebalance; `Ok` once it acknowledged the order.
+pub async fn send_order(cluster: &Cluster, node: &str, order: &Order) -> Result<(), ForwardError> {
+    let request = async_nats::Request::new().payload(encode_order(order).into()).timeout(Some(ORDER_WAIT));
+    let answer = cluster.client.send_request(rebalance_subject(node), request).await?;
+    match &answer.payload[..] {
+        b"ok" => Ok(()),
+        _ => Err(ForwardError::Malformed("ok")),
+    }
 }
 
 /// Where a node takes publishes forwarded to it as a room's writer.
@@ -393,6 +451,15 @@ fn decode_kick_answer(payload: &[u8]) -> Option<(String, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rebalance_orders_round_trip() {
+        let order = Order { id: "r1".into(), to: "c".into(), to_url: "http://c:7070".into(), connections: 12, per_second: 5 };
+        assert_eq!(decode_order(encode_order(&order).as_bytes()), Some(order));
+        for junk in ["", "r1\nc\nu\n12", "r1\nc\nu\nx\n5", "r1\n\nu\n1\n5", "r1\nc\nu\n1\n5\nmore"] {
+            assert_eq!(decode_order(junk.as_bytes()), None, "{junk:?}");
+        }
+    }
 
     #[test]
     fn user_commands_round_trip() {

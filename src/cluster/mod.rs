@@ -7,8 +7,10 @@
 //!   the stream's republish to `lg.live.<room>`;
 //! - [`kv`]: the session directory in the `lg_sessions` bucket (compare-and-set on
 //!   revisions), with a cache and a sled-backed queue for outages;
-//! - heartbeats on `lg.node.heartbeat`, and user commands (exclusive-device replacement,
-//!   kicks) on `lg.user.*`, handled here and in the liveness and registry actors;
+//! - heartbeats on `lg.node.heartbeat` (each node's open connections in a header), and
+//!   user commands (exclusive-device replacement, kicks) on `lg.user.*`, handled here and
+//!   in the liveness and registry actors; a rebalance's orders on
+//!   `lg.node.<node>.rebalance` (`bus::send_order`);
 //! - [`occupancy`]: cluster-wide room occupancy in the `lg_occupancy` bucket (one record
 //!   per occupied room: its nodes with subscribers), changes forwarded to each room's
 //!   writer on `lg.node.<node>.occupancy`;
@@ -50,6 +52,8 @@ pub const NONCES_BUCKET: &str = "lg_nonces";
 pub const META_BUCKET: &str = "lg_meta";
 pub const HEARTBEAT_SUBJECT: &str = "lg.node.heartbeat";
 pub const LEAVE_SUBJECT: &str = "lg.node.leave";
+/// A heartbeat's header with the node's open connections (absent from earlier builds).
+pub const CONNECTIONS_HEADER: &str = "Lg-Connections";
 pub const REPLACE_SUBJECT: &str = "lg.user.replace";
 pub const KICK_SUBJECT: &str = "lg.user.kick";
 /// How long one NATS request may take before the node treats NATS as unreachable.
@@ -440,8 +444,14 @@ impl Cluster {
     }
 
     /// Announce this node (every heartbeat period; `draining` when it takes no new clients).
+    /// The load rides in a header ([`CONNECTIONS_HEADER`]), not the body: a node of an
+    /// earlier build refuses a body with a line more, and would count this one dead.
     pub async fn heartbeat(&self, info: &NodeInfo) -> Result<(), ClusterError> {
-        Ok(self.client.publish(HEARTBEAT_SUBJECT, encode_node(info).into()).await?)
+        let mut headers = async_nats::HeaderMap::new();
+        if let Some(connections) = info.connections {
+            headers.insert(CONNECTIONS_HEADER, connections.to_string().as_str());
+        }
+        Ok(self.client.publish_with_headers(HEARTBEAT_SUBJECT, headers, encode_node(info).into()).await?)
     }
 
     /// Say goodbye, so peers stop routing here before the heartbeat times out.
@@ -507,7 +517,7 @@ pub fn decode_node(body: &[u8]) -> Option<NodeInfo> {
     if name.is_empty() || parts.next().is_some() {
         return None;
     }
-    Some(NodeInfo { name: name.into(), cell: cell.into(), url: url.into(), draining: draining == "1", started_at_ms })
+    Some(NodeInfo { name: name.into(), cell: cell.into(), url: url.into(), draining: draining == "1", started_at_ms, connections: None })
 }
 
 #[cfg(test)]
@@ -558,7 +568,7 @@ mod tests {
 
     #[test]
     fn heartbeat_bodies_round_trip() {
-        let info = NodeInfo { name: "a".into(), cell: "eu".into(), url: "http://127.0.0.1:1".into(), draining: true, started_at_ms: 1_700_000_000_123 };
+        let info = NodeInfo { name: "a".into(), cell: "eu".into(), url: "http://127.0.0.1:1".into(), draining: true, started_at_ms: 1_700_000_000_123, connections: None };
         assert_eq!(decode_node(encode_node(&info).as_bytes()), Some(info));
         let earlier_build = decode_node(b"a\neu\nhttp://x\n0").expect("a body without the start time");
         assert_eq!(earlier_build.started_at_ms, 0);

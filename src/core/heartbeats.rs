@@ -15,6 +15,9 @@ pub struct NodeInfo {
     pub draining: bool,
     /// When the node started (ms since the epoch; 0 from a node that does not say).
     pub started_at_ms: u64,
+    /// Connections open on the node (`None` from a node of a build that does not say):
+    /// what a rebalance plans with (`core::rebalance`).
+    pub connections: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,7 +121,7 @@ mod tests {
     use super::*;
 
     fn info(name: &str, draining: bool) -> NodeInfo {
-        NodeInfo { name: name.into(), cell: "c".into(), url: format!("http://{name}"), draining, started_at_ms: 0 }
+        NodeInfo { name: name.into(), cell: "c".into(), url: format!("http://{name}"), draining, started_at_ms: 0, connections: None }
     }
 
     fn names<'a>(it: impl Iterator<Item = &'a NodeInfo>) -> Vec<&'a str> {

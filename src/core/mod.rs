@@ -19,6 +19,7 @@ pub mod occupancy;
 pub mod presence;
 pub mod namespaces;
 pub mod proxies;
+pub mod rebalance;
 pub mod redact;
 pub mod routing;
 pub mod sent;

@@ -5,14 +5,23 @@
 //! live rooms, the busiest rooms with their heads, and the node's monotonic counters
 //! (the page turns them into rates). Every part is read from memory: the registry's
 //! count, the rooms' load slots, the liveness actor's table, the metrics.
+//!
+//! `POST /v1/admin/rebalance` (issue 30, scale-out's controlled entry) plans a rebalance
+//! towards a node over the loads the heartbeats carry (`core::rebalance::plan`) and gives
+//! each shedding node its order (this node directly, the others through
+//! [`super::seams::OtherNodes`]); `GET` shows the last plan made here, this node's part
+//! of the last one it was given, and the loads it hears.
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use actix_web::http::header::{HeaderValue, CONTENT_SECURITY_POLICY, REFERRER_POLICY};
-use super::{authorize, embedded, internal, json, ApiError, AppState};
+use super::{api_error, authorize, embedded, internal, json, read_body, ApiError, AppState, SMALL_BODY_LIMIT};
 use crate::actors::messages::CountConnections;
-use crate::protocol::{self, OverviewCounters, OverviewNode, OverviewReply, OverviewRoom};
-use crate::world::now_ms;
+use crate::actors::rebalance::{Issued, Shed};
+use crate::core::rebalance::{self, Load, Order};
+use crate::protocol::{self, ErrorCode, OverviewCounters, OverviewNode, OverviewReply, OverviewRoom};
+use crate::protocol::{RebalanceLoad, RebalancePlanReply, RebalanceShare, RebalanceShedding, RebalanceStatusReply};
+use crate::world::{now_ms, random_hex};
 
 /// `GET /admin`: the page; it holds no data until the key is entered.
 pub async fn page() -> HttpResponse {
@@ -63,4 +72,92 @@ pub async fn overview(req: HttpRequest, state: web::Data<AppState>) -> Result<Ht
         },
     };
     Ok(json(StatusCode::OK, protocol::to_json(&reply)))
+}
+
+/// `POST /v1/admin/rebalance`: plan, hand out the orders, answer 202 with the plan.
+pub async fn rebalance(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let body = read_body(payload, SMALL_BODY_LIMIT).await?;
+    let request = protocol::parse_rebalance_request(&body).map_err(|e| api_error(ErrorCode::BadRequest, e.to_string()))?;
+    let per_second = rebalance::per_second(request.per_second).map_err(|e| api_error(ErrorCode::BadRequest, e.to_string()))?;
+    let Some(loads) = state.router.loads(state.metrics.connections_now()) else {
+        return Err(api_error(ErrorCode::Conflict, "rebalance needs cluster mode (cluster_nats_url): sessions have no shared owner here"));
+    };
+    let to = request.to.unwrap_or_else(|| state.config.node.clone());
+    let target = loads.iter().find(|n| n.name == to);
+    let Some(target) = target.filter(|n| !n.draining) else {
+        let why = if target.is_some() { "is draining or starting" } else { "is not an alive node this node hears" };
+        return Err(api_error(ErrorCode::Conflict, format!("cannot rebalance towards {to}: it {why}")));
+    };
+    let to_url = target.url.clone();
+    let taking: Vec<Load> = loads.iter().filter(|n| !n.draining).map(|n| Load { node: &n.name, connections: n.connections.unwrap_or(0) }).collect();
+    let plan = rebalance::plan(&taking, &to, request.limit).map_err(|e| api_error(ErrorCode::Conflict, e.to_string()))?;
+    let id = random_hex(8);
+    let mut shares = Vec::with_capacity(plan.shares.len());
+    for (share, rate) in plan.shares.iter().zip(plan.rates(per_second)) {
+        let order = Order { id: id.clone(), to: to.clone(), to_url: to_url.clone(), connections: share.connections, per_second: rate };
+        let given = if share.node == state.config.node {
+            state.rebalance.actor.send(Shed(order)).await.map_err(|e| e.to_string())
+        } else {
+            state.other_nodes.rebalance(&share.node, &order).await
+        };
+        if let Err(error) = &given {
+            tracing::warn!(node = %share.node, %error, "rebalance: a node did not take its order");
+        }
+        shares.push((share.node.clone(), share.connections, rate, given));
+    }
+    tracing::info!(id, to, per_second, total = plan.total(), mean = plan.mean, "rebalance planned");
+    let issued = Issued { id, to, per_second, mean: plan.mean, at_ms: now_ms(), shares };
+    let reply = plan_reply(&issued);
+    state.rebalance.status.lock().issued = Some(issued);
+    Ok(json(StatusCode::ACCEPTED, protocol::to_json(&reply)))
+}
+
+/// `GET /v1/admin/rebalance`: the last plan made here, this node's part, the loads heard.
+pub async fn rebalance_status(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let status = state.rebalance.status.lock().clone();
+    let loads = state.router.loads(state.metrics.connections_now()).unwrap_or_default();
+    let reply = RebalanceStatusReply {
+        node: state.config.node.clone(),
+        issued: status.issued.as_ref().map(plan_reply),
+        shedding: status.shedding.map(|s| RebalanceShedding {
+            id: s.id,
+            to: s.to,
+            per_second: s.per_second,
+            planned: s.planned,
+            moved: s.moved,
+            users: s.users,
+            skipped_budget: s.skipped_budget,
+            skipped_gone: s.skipped_gone,
+            errors: s.errors,
+            started_at_ms: s.started_at_ms,
+            finished_at_ms: s.finished_at_ms,
+            state: s.outcome.unwrap_or("running"),
+        }),
+        loads: loads.into_iter().map(|n| RebalanceLoad { node: n.name, connections: n.connections, draining: n.draining }).collect(),
+    };
+    Ok(json(StatusCode::OK, protocol::to_json(&reply)))
+}
+
+fn plan_reply(issued: &Issued) -> RebalancePlanReply {
+    RebalancePlanReply {
+        id: issued.id.clone(),
+        to: issued.to.clone(),
+        per_second: issued.per_second,
+        mean: issued.mean,
+        total: issued.shares.iter().map(|s| s.1).sum(),
+        at_ms: issued.at_ms,
+        shares: issued
+            .shares
+            .iter()
+            .map(|(node, connections, per_second, given)| RebalanceShare {
+                node: node.clone(),
+                connections: *connections,
+                per_second: *per_second,
+                accepted: given.is_ok(),
+                error: given.as_ref().err().cloned(),
+            })
+            .collect(),
+    }
 }

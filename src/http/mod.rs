@@ -44,7 +44,7 @@ pub type ReloadConfig = Box<dyn Fn() -> Result<Config, crate::config::ConfigErro
 /// Bytes a publish body may carry beyond `max_event_bytes` (id, field names).
 const PUBLISH_BODY_OVERHEAD: usize = 1024;
 /// Largest body of any other request.
-const SMALL_BODY_LIMIT: usize = 16 * 1024;
+pub(crate) const SMALL_BODY_LIMIT: usize = 16 * 1024;
 
 
 /// Everything a handler needs, shared by all workers.
@@ -70,6 +70,8 @@ pub struct AppState {
     pub liveness: Addr<LivenessActor>,
     /// Where sessions are served: `/v1/route` and the handshakes ask it.
     pub router: Arc<Router>,
+    /// This node's part of rebalances, and what it planned (`/v1/admin/rebalance`).
+    pub rebalance: crate::actors::rebalance::Rebalance,
     /// Every publish goes through it (forwarded to the room's writer in cluster mode).
     pub publisher: Publisher,
     pub metrics: Arc<Metrics>,
@@ -265,6 +267,8 @@ routes! {
     GET "/v1/admin/status" => status,
     POST "/v1/admin/reload" => reload,
     GET "/v1/admin/overview" => admin::overview,
+    POST "/v1/admin/rebalance" => admin::rebalance,
+    GET "/v1/admin/rebalance" => admin::rebalance_status,
     GET "/admin" => admin::page,
     GET "/v1/echo" => echo,
 }
@@ -301,7 +305,7 @@ fn authorize(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
     }
 }
 
-async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::Bytes, ApiError> {
+pub(crate) async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::Bytes, ApiError> {
     let mut body = web::BytesMut::new();
     while let Some(chunk) = payload.next().await {
         let chunk = chunk.map_err(|e| ApiError::bad_request(format!("could not read body: {e}")))?;

@@ -15,6 +15,7 @@ use futures_util::future::{ready, LocalBoxFuture};
 use crate::actors::connection::ResumeRevocations;
 use crate::actors::liveness::Router;
 use crate::cluster::{Cluster, ClusterError};
+use crate::core::rebalance::Order;
 use crate::store::{Store, StoreError};
 
 /// Where a nonce was marked used, so that giving it back undoes exactly that mark.
@@ -260,6 +261,8 @@ pub trait OtherNodes: Send + Sync + 'static {
     /// Connections of `user` (of `device` only, when given) closed elsewhere, for a kick
     /// made at `at_ms`.
     fn kick<'a>(&'a self, user: &'a str, device: Option<&'a str>, at_ms: u64) -> LocalBoxFuture<'a, Result<usize, ClusterError>>;
+    /// Give `node` its part of a rebalance; `Err` with why when it did not acknowledge.
+    fn rebalance<'a>(&'a self, node: &'a str, order: &'a Order) -> LocalBoxFuture<'a, Result<(), String>>;
 }
 
 /// A single node: there is nobody else to ask.
@@ -268,6 +271,10 @@ pub struct NoOtherNodes;
 impl OtherNodes for NoOtherNodes {
     fn kick<'a>(&'a self, _user: &'a str, _device: Option<&'a str>, _at_ms: u64) -> LocalBoxFuture<'a, Result<usize, ClusterError>> {
         Box::pin(ready(Ok(0)))
+    }
+
+    fn rebalance<'a>(&'a self, node: &'a str, _order: &'a Order) -> LocalBoxFuture<'a, Result<(), String>> {
+        Box::pin(ready(Err(format!("no other node: {node} is unknown"))))
     }
 }
 
@@ -281,5 +288,9 @@ impl OtherNodes for ClusterNodes {
     fn kick<'a>(&'a self, user: &'a str, device: Option<&'a str>, at_ms: u64) -> LocalBoxFuture<'a, Result<usize, ClusterError>> {
         let alive = || async { self.router.peers_heard() };
         Box::pin(async move { crate::cluster::bus::kick_remote(&self.cluster, alive, user, device, at_ms).await })
+    }
+
+    fn rebalance<'a>(&'a self, node: &'a str, order: &'a Order) -> LocalBoxFuture<'a, Result<(), String>> {
+        Box::pin(async move { crate::cluster::bus::send_order(&self.cluster, node, order).await.map_err(|e| e.to_string()) })
     }
 }

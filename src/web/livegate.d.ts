@@ -263,8 +263,9 @@ export interface ClientEvents {
   transport: { from: Transport; to: Transport; reason: string };
   /**
    * The next attempt goes to `url` at once: a node refused the handshake naming the
-   * session's node (`wrong_node`), or that node could not be reached and the given
-   * address is asked to avoid it (`unreachable`).
+   * session's node (`wrong_node`; also a connection closed 4421 after its welcome, when a
+   * rebalance handed the session over to that node, `node` null), or that node could not
+   * be reached and the given address is asked to avoid it (`unreachable`).
    */
   redirect: {
     /** The node to connect to (null: the given address decides). */

@@ -45,7 +45,9 @@
 //   node first. When that node cannot be reached (and its `/readyz` does not answer), the
 //   next attempt goes through the given address with `avoid=<node>`. A close 4029 or an
 //   HTTP 429 (the session's migration budget) waits the retry-after seconds it carries.
-//   A 1012/1001 from that node sends the next attempt through the given address. The
+//   A 1012/1001 from that node sends the next attempt through the given address. A
+//   connection closed with 4421 after its welcome (its node handed the session over, a
+//   rebalance) reconnects at once to the URL in the reason, with its resume credential. The
 //   `redirect` event ({node, url, avoid, reason: 'wrong_node' | 'unreachable'}) tells.
 // - Transports (`transport` option). `websocket`: WebSocket only. `sse`: Server-Sent
 //   Events read with fetch() and a streamed body (no EventSource needed). `auto` (the
@@ -824,6 +826,7 @@ export class LivegateClient {
       this._home = null;
     }
     const told = code >= 4500 && code <= 4999;
+    if (wasWelcomed && code === 4421 && this._handedOver(code, reason)) return;
     if (!wasWelcomed && attempt && code === 4421 && this._follow(attempt, code, reason)) return;
     if (!wasWelcomed && attempt?.base && !attempt.opened && !told) {
       this._unreached(attempt, code, reason);
@@ -834,6 +837,32 @@ export class LivegateClient {
       this._judgeWebSocketFailure(attempt);
     }
     this._afterLoss(code, reason, wasWelcomed);
+  }
+
+  /**
+   * A connection that was welcomed and then closed with 4421: its node handed the session
+   * over to the node whose URL is the reason (an operator's rebalance). Reconnect there at
+   * once with the resume credential the welcome gave (else a new token), no backoff, not
+   * a failure. False (an ordinary loss) when the reason is no usable URL.
+   */
+  _handedOver(code, reason) {
+    const text = String(reason ?? '').trim();
+    if (!/^(https?|wss?):\/\//i.test(text)) return false;
+    let base;
+    try {
+      base = baseOf(text);
+    } catch {
+      return false;
+    }
+    // Never from https to plain http: the credential would travel in the clear.
+    if (this._secure && !/^https:/i.test(base)) return false;
+    this._target = { base, node: null, avoid: null, token: null };
+    this._home = null;
+    this._state = 'disconnected';
+    this._emit('disconnected', { code, reason, reconnectInMs: 0, welcomed: true });
+    this._emit('redirect', { node: null, url: base, avoid: null, reason: 'wrong_node' });
+    this._schedule(() => this._attempt(), 0);
+    return true;
   }
 
   /**

@@ -85,6 +85,41 @@ describe('livegate.js follows wrong_node refusals (scripted socket)', () => {
     }
   });
 
+  test('close 4421 after a welcome (a rebalance handed the session over): reconnects at once to the URL with the resume credential', { timeout: 10_000 }, async () => {
+    const Fake = fakeSocketClass();
+    let tokens = 0;
+    const client = connect({
+      url: 'http://gw.test',
+      getToken: async () => `t${++tokens}`,
+      WebSocket: Fake,
+      fetch: readyzFetch(),
+      transport: 'websocket',
+      random: () => 1,
+      timings: SLOW_BACKOFF,
+    });
+    const log = recorder(client);
+    const redirects = [];
+    client.on('redirect', (r) => redirects.push(r));
+    try {
+      const ws0 = await Fake.nth(0);
+      ws0.open();
+      ws0.welcome('S1', { node: 'a', resume: 'R1', resume_expires_at_ms: Date.now() + 600_000 });
+      ws0.serverClose(4421, 'http://c.test:7003');
+      const ws1 = await Fake.nth(1, 1000); // no backoff: the tiers are 5 s here
+      assert.equal(ws1.url, 'ws://c.test:7003/v1/ws?resume=R1', 'the welcome\'s resume credential, at the URL given');
+      assert.equal(tokens, 1, 'getToken is not asked again');
+      assert.deepEqual(log.disconnected.map((d) => [d.code, d.reconnectInMs, d.welcomed]), [[4421, 0, true]]);
+      assert.deepEqual(redirects, [{ node: null, url: 'http://c.test:7003', avoid: null, reason: 'wrong_node' }]);
+      assert.equal(log.error.length, 0);
+      // A 4421 after a welcome without a URL is an ordinary loss (backoff), not a follow.
+      ws1.welcome('S1', { node: 'c', resume: 'R2', resume_expires_at_ms: Date.now() + 600_000 });
+      ws1.serverClose(4421, '');
+      await assert.rejects(Fake.nth(2, 500));
+    } finally {
+      client.close();
+    }
+  });
+
   test('close 4421 with an empty reason follows the wrong_node frame; a resume credential is not counted as failed', { timeout: 10_000 }, async () => {
     const Fake = fakeSocketClass();
     const fetch = readyzFetch();

@@ -27,7 +27,10 @@
 //! it (cluster mode).
 
 mod embedded;
+mod handover;
 mod kv;
+
+pub use handover::{HandOver, HandedOver};
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;

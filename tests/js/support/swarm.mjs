@@ -6,8 +6,8 @@
 //   {"t":"welcome","c":7,"node":"b","session":"S","resumed":true,"ms":...}
 //   {"t":"sub","c":7,"r":"room"}                         first `subscribed` of a room
 //   {"t":"ev","c":7,"r":"room","s":12}                    an event handed to the app
-//   {"t":"lost","c":7,"code":1012,"welcomed":true}         the client's `disconnected`
-//   {"t":"close","c":7,"code":4421,"reason":"...","via":"lb"|"direct"}  a socket's close
+//   {"t":"lost","c":7,"code":1012,"welcomed":true,"ms":...} the client's `disconnected`
+//   {"t":"close","c":7,"code":4421,"reason":"...","via":"lb"|"direct","ms":...}  a socket's close
 //   {"t":"refused","c":7,"status":429,"via":"lb"|"direct"} an upgrade answered with HTTP
 //   {"t":"redirect","c":7,"node":"a","reason":"wrong_node"} livegate.js follows a refusal
 //   {"t":"rfail","c":7,"r":"room"}                         recovery_failed
@@ -65,7 +65,7 @@ function socketFor(c) {
     }
     _finish() {
       if (!this._finished && this._closeReceived) {
-        emit({ t: 'close', c, code: this._closeReceived.code, reason: this._closeReceived.reason, via: this._via });
+        emit({ t: 'close', c, code: this._closeReceived.code, reason: this._closeReceived.reason, via: this._via, ms: Date.now() });
       }
       super._finish();
     }
@@ -96,7 +96,7 @@ for (let c = 0; c < count; c += 1) {
     timings: { backoffMs: [0, 200, 500, 1000, 2000], restartJitterMs: 500, connectTimeoutMs: 5000, probeTimeoutMs: 2000 },
   });
   client.on('connected', ({ session, node, resumed }) => emit({ t: 'welcome', c, node, session, resumed, ms: Date.now() }));
-  client.on('disconnected', ({ code, welcomed }) => emit({ t: 'lost', c, code, welcomed: !!welcomed }));
+  client.on('disconnected', ({ code, welcomed }) => emit({ t: 'lost', c, code, welcomed: !!welcomed, ms: Date.now() }));
   client.on('redirect', ({ node, reason }) => emit({ t: 'redirect', c, node, reason }));
   client.on('recovery_failed', ({ room }) => emit({ t: 'rfail', c, r: room }));
   client.on('error', ({ code, message }) => emit({ t: 'err', c, code, message: String(message).slice(0, 200) }));
