@@ -13,7 +13,7 @@ import { fakeSocketClass } from './support/fake-socket.mjs';
 import { fakeFetch } from './support/fake-fetch.mjs';
 import { REAL_SERVER_TIMINGS, recorder } from './support/clients.mjs';
 import { WebSocketImpl, mintToken, publish, sleep, waitFor } from './support/server.mjs';
-import { startCluster, startForwarder, startNats } from './support/nodes.mjs';
+import { CLIENTS_ONLY, startCluster, startForwarder, startNats } from './support/nodes.mjs';
 
 /** Backoff tiers long enough that a reconnect within them can only be a follow. */
 const SLOW_BACKOFF = {
@@ -405,8 +405,9 @@ describe('livegate.js lands on the session\'s node (two real nodes)', () => {
       const { client, log, redirects, got } = run;
       try {
         assert.equal(log.connected.at(-1).node, 'a');
-        // a stays alive for the cluster; clients cannot reach its public URL any more.
-        gate.block(/./);
+        // a stays alive for the cluster (its peers' readiness probes still pass); clients
+        // cannot reach its public URL any more.
+        gate.block(CLIENTS_ONLY);
         const connectedBefore = log.connected.length;
         client.dropConnection();
         await waitFor(() => log.connected.length > connectedBefore, 'the client back', 20_000);
@@ -421,7 +422,7 @@ describe('livegate.js lands on the session\'s node (two real nodes)', () => {
         // asked to avoid b: a second move in the window, refused for the budget (4029 /
         // HTTP 429), and the client waits the retry-after it was given.
         gate.unblock();
-        gateB.block(/./);
+        gateB.block(CLIENTS_ONLY);
         balancer.point(cluster.nodes.a.port);
         const refusedBefore = log.disconnected.length;
         // Cut every connection through the balancer: the stream on b, and the idle ones

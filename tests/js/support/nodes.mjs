@@ -95,10 +95,18 @@ export async function startCluster({ nats, names, publicUrls = {}, args = [] }) 
  * A TCP forwarder: `point(port)` chooses where new connections go (the "load balancer"
  * the client is given); `dropAll()` cuts every forwarded connection; `hold()` resets new
  * connections until `release()`; `block(filter)` resets connections whose first request
- * line matches `filter` (a RegExp) until `unblock()`, passing the rest through (a node
- * whose address clients cannot reach while the cluster still can). `accepted()` counts
+ * head (request line and headers) matches `filter` (a RegExp) until `unblock()`, passing
+ * the rest through (a node whose address clients cannot reach while the cluster still
+ * can: see `CLIENTS_ONLY`). `accepted()` counts
  * the connections forwarded.
  */
+/**
+ * A `block` filter for every request but the nodes' own (a node asks another's `/readyz`
+ * with ureq before it charges a client's move away from it to the budget): the node is
+ * out of the clients' reach, not the cluster's.
+ */
+export const CLIENTS_ONLY = /^(?![\s\S]*\r\nuser-agent: ureq\/)/i;
+
 export async function startForwarder(targetPort) {
   let target = targetPort;
   let held = false;
@@ -111,12 +119,12 @@ export async function startForwarder(targetPort) {
     let head = Buffer.alloc(0);
     const onData = (chunk) => {
       head = Buffer.concat([head, chunk]);
-      const end = head.indexOf('\r\n');
+      const end = head.indexOf('\r\n\r\n');
       if (end < 0 && head.length < 8192) return;
       client.off('data', onData);
       client.pause();
-      const line = head.subarray(0, end < 0 ? head.length : end).toString('latin1');
-      if (blocked && blocked.test(line)) return client.resetAndDestroy();
+      const request = head.subarray(0, end < 0 ? head.length : end).toString('latin1');
+      if (blocked && blocked.test(request)) return client.resetAndDestroy();
       accepted += 1;
       const upstream = net.connect(target, '127.0.0.1');
       const pair = { client, upstream };
