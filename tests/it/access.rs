@@ -27,6 +27,7 @@ fn assert_error(reply: &Value, code: &str, what: &str) {
 
 #[tokio::test]
 async fn room_patterns_limit_what_a_token_reads_and_other_inboxes_are_always_forbidden() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     http.publish_ok("match:1", None, json!("m1"));
@@ -113,6 +114,7 @@ fn call(http: &Http, method: &str, path: &str, auth: Auth, body: &Option<Value>)
 
 #[tokio::test]
 async fn every_api_key_endpoint_refuses_a_missing_or_wrong_key_with_401_and_does_nothing() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     // A connection that a refused kick must not touch.
@@ -169,6 +171,7 @@ fn echoes(text: &str, token: &str) -> bool {
 
 #[tokio::test]
 async fn refused_handshakes_never_echo_the_presented_token() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let token = server.mint_token("alice", "web");
     // Tampered.
@@ -205,6 +208,7 @@ async fn refused_handshakes_never_echo_the_presented_token() {
 
 #[tokio::test]
 async fn origin_allow_list_refuses_other_pages_with_403_and_keeps_their_token() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.allowed_origins = vec!["https://app.example".into(), "http://localhost:3000".into()]);
     let token = server.mint_token("alice", "web");
     let origins_refused =
@@ -273,6 +277,7 @@ fn publish_with(http: &Http, key: &str, room: &str, data: Value) -> (u16, Value)
 
 #[tokio::test]
 async fn api_keys_rotate_by_sighup_and_admin_reload_while_clients_stay_connected() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     let config = dir.path().join("livegate.toml");
@@ -356,6 +361,7 @@ async fn api_keys_rotate_by_sighup_and_admin_reload_while_clients_stay_connected
 
 #[tokio::test]
 async fn a_failed_reload_never_echoes_the_keys_in_the_file() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     let config = dir.path().join("livegate.toml");

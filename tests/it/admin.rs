@@ -50,6 +50,7 @@ fn listed(body: &Value, name: &str, subscribers: u64, head: u64) -> bool {
 
 #[test]
 fn the_overview_needs_the_api_key() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     for (auth, why) in [
@@ -66,6 +67,7 @@ fn the_overview_needs_the_api_key() {
 
 #[test]
 fn the_overview_has_every_field_the_page_reads() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let body = overview(&server);
     assert_eq!(body["node"], NODE);
@@ -88,6 +90,7 @@ fn the_overview_has_every_field_the_page_reads() {
 
 #[tokio::test]
 async fn a_subscribed_room_is_listed_with_its_subscribers_and_head() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let mut alice = server.client("alice").await;
     alice.subscribe_ok("lobby").await;
@@ -126,6 +129,7 @@ async fn a_subscribed_room_is_listed_with_its_subscribers_and_head() {
 
 #[tokio::test]
 async fn at_most_the_twenty_busiest_rooms_are_listed() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     // Room r{i} gets i subscribers (1..=25), from 25 connections.
     let mut clients = Vec::new();
@@ -150,6 +154,7 @@ async fn at_most_the_twenty_busiest_rooms_are_listed() {
 
 #[test]
 fn the_admin_page_is_served_without_a_key_and_holds_no_data() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let url = format!("http://{}/admin", server.addr);
     let response = ureq::get(&url).call().expect("GET /admin");

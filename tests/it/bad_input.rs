@@ -30,6 +30,7 @@ async fn expect_ws_error(client: &mut WsClient, text: &str, code: &str) -> Value
 
 #[tokio::test]
 async fn ws_mistakes_get_error_frames_and_the_connection_stays_open() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let mut c = server.client("alice").await;
 
@@ -65,6 +66,7 @@ async fn ws_mistakes_get_error_frames_and_the_connection_stays_open() {
 
 #[tokio::test]
 async fn too_many_subscriptions_is_an_error_and_unsubscribing_frees_a_slot() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.max_subscriptions = 3);
     let mut c = server.client("alice").await;
     for room in ["a", "b", "c"] {
@@ -88,6 +90,7 @@ async fn too_many_subscriptions_is_an_error_and_unsubscribing_frees_a_slot() {
 
 #[tokio::test]
 async fn text_frame_over_64_kib_closes_with_1009() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
 
     // Just under the limit: answered (pong or an error about the extra field), not closed.
@@ -110,6 +113,7 @@ async fn text_frame_over_64_kib_closes_with_1009() {
 
 #[tokio::test]
 async fn fragmented_messages_are_assembled_and_capped() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let mut c = server.client("alice").await;
 
@@ -132,6 +136,7 @@ async fn fragmented_messages_are_assembled_and_capped() {
 
 #[tokio::test]
 async fn garbage_frames_under_the_abuse_threshold_keep_the_connection() {
+    let _gate = crate::common::gate!();
     let seed = test_seed(0xBAD_1A7E);
     let mut rng = Rng::new(seed);
     // Below max_bad_messages a broken client is answered, not closed (tests/it/limits.rs
@@ -163,6 +168,7 @@ async fn garbage_frames_under_the_abuse_threshold_keep_the_connection() {
 
 #[tokio::test]
 async fn oversized_event_is_413_and_not_stored() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.max_event_bytes = 1024);
     let http = server.http();
     let mut c = server.client("alice").await;
@@ -191,6 +197,7 @@ async fn oversized_event_is_413_and_not_stored() {
 
 #[tokio::test]
 async fn bad_http_requests_get_json_errors() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let publish = |path: &str, auth: Auth, body: Body| http.request("POST", path, auth, body);
@@ -235,6 +242,7 @@ async fn bad_http_requests_get_json_errors() {
 
 #[tokio::test]
 async fn http_history_needs_the_api_key() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     http.publish_ok("secret", None, json!("s"));
@@ -246,6 +254,7 @@ async fn http_history_needs_the_api_key() {
 
 #[tokio::test]
 async fn duplicate_publish_returns_the_first_seq_and_is_delivered_once() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut c = server.client("alice").await;
@@ -280,6 +289,7 @@ async fn duplicate_publish_returns_the_first_seq_and_is_delivered_once() {
 
 #[tokio::test]
 async fn concurrent_publishes_of_one_id_make_one_event() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut c = server.client("alice").await;
@@ -307,6 +317,7 @@ async fn concurrent_publishes_of_one_id_make_one_event() {
 
 #[tokio::test]
 async fn duplicate_publish_is_recognised_after_restart() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let first = server.http().publish_ok("idem", Some("retry-me"), json!("once"));
     let dir = server.stop();

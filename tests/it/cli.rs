@@ -213,6 +213,7 @@ fn json(line: &str) -> Value {
 
 #[test]
 fn publish_and_subscribe_across_a_server_restart() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path();
     let server = Server::start(data, 0);
@@ -255,6 +256,7 @@ fn publish_and_subscribe_across_a_server_restart() {
 
 #[test]
 fn publish_rejects_invalid_json_before_any_request() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().unwrap();
     // Nothing listens on port 9 and there is no key: only the argument is checked.
     let ran = run(&["publish", "match:1", "{goal:1", "--data-dir", dir.path().to_str().unwrap(), "--url", "http://127.0.0.1:9"]);
@@ -266,6 +268,7 @@ fn publish_rejects_invalid_json_before_any_request() {
 
 #[test]
 fn wrong_api_key_is_reported_as_unauthorized() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), 0);
     let url = server.url();
@@ -281,6 +284,7 @@ fn wrong_api_key_is_reported_as_unauthorized() {
 
 #[test]
 fn client_errors_before_connecting() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap();
     let cases: [(&[&str], &str); 3] = [
@@ -306,6 +310,7 @@ fn metric(server: &Server, series: &str) -> f64 {
 
 #[test]
 fn the_subscriber_reconnects_after_a_drain_with_its_resume_credential_and_no_new_token() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path();
     let server = Server::start(data, 0);
@@ -340,6 +345,7 @@ fn the_subscriber_reconnects_after_a_drain_with_its_resume_credential_and_no_new
 
 #[test]
 fn the_subscriber_falls_back_to_a_token_at_once_when_its_credential_is_refused() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path();
     let server = Server::start(data, 0);
@@ -386,6 +392,7 @@ fn get_as_backend(server: &Server, data: &Path, path: &str) -> (u16, Value) {
 
 #[test]
 fn state_prints_the_rooms_state_as_get_answers_it() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path();
     let server = Server::start(data, 0);
@@ -412,6 +419,7 @@ fn state_prints_the_rooms_state_as_get_answers_it() {
 
 #[test]
 fn presence_prints_who_is_in_the_room_as_get_answers_it() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path();
     let server = Server::start(data, 0);
@@ -440,6 +448,7 @@ fn presence_prints_who_is_in_the_room_as_get_answers_it() {
 
 #[test]
 fn state_and_presence_failures_exit_non_zero_with_the_servers_error() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path();
     let server = Server::start(data, 0);

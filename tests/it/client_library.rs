@@ -7,6 +7,7 @@ use common::*;
 
 #[tokio::test]
 async fn livegate_js_is_served_as_an_es_module() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let response = ureq::get(&format!("http://{}/livegate.js", server.addr)).call().expect("GET /livegate.js");
     assert_eq!(response.status(), 200);

@@ -34,6 +34,7 @@ fn head_of(http: &Http, room: &str) -> u64 {
 
 #[tokio::test]
 async fn an_allowed_publish_is_durable_delivered_with_from_and_in_history() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut reader = server.client("bob").await;
@@ -67,6 +68,7 @@ async fn an_allowed_publish_is_durable_delivered_with_from_and_in_history() {
 
 #[tokio::test]
 async fn from_cannot_be_forged_by_the_op_or_the_data() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut reader = server.client("bob").await;
@@ -90,6 +92,7 @@ async fn from_cannot_be_forged_by_the_op_or_the_data() {
 
 #[tokio::test]
 async fn rooms_outside_the_patterns_inboxes_and_tokens_without_publish_are_forbidden() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut alice = publisher(server.addr, &http, "alice", json!(["chat:*", "user:alice", "user:*"])).await;
@@ -125,6 +128,7 @@ async fn rooms_outside_the_patterns_inboxes_and_tokens_without_publish_are_forbi
 
 #[tokio::test]
 async fn patterns_are_validated_when_the_token_is_minted() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     for publish in [json!(["bad room"]), json!(["*"]), json!("chat:*"), json!([1])] {
@@ -137,6 +141,7 @@ async fn patterns_are_validated_when_the_token_is_minted() {
 
 #[tokio::test]
 async fn a_repeated_id_answers_duplicate_with_the_first_seq() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut alice = publisher(server.addr, &http, "alice", json!(["chat:*"])).await;
@@ -155,6 +160,7 @@ async fn a_repeated_id_answers_duplicate_with_the_first_seq() {
 
 #[tokio::test]
 async fn data_over_max_event_bytes_is_refused_like_the_http_publish() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.max_event_bytes = 100);
     let http = server.http();
     let big = json!({"text": "x".repeat(200)});
@@ -171,6 +177,7 @@ async fn data_over_max_event_bytes_is_refused_like_the_http_publish() {
 
 #[tokio::test]
 async fn publishes_count_against_the_message_rate() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.max_messages_per_sec = 2);
     let http = server.http();
     let mut alice = publisher(server.addr, &http, "alice", json!(["chat:*"])).await;
@@ -200,6 +207,7 @@ async fn publishes_count_against_the_message_rate() {
 
 #[tokio::test]
 async fn publishes_waiting_to_be_stored_are_bounded_even_without_a_message_rate() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.max_messages_per_sec = 0);
     let http = server.http();
     let mut alice = publisher(server.addr, &http, "alice", json!(["chat:*"])).await;
@@ -232,6 +240,7 @@ async fn publishes_waiting_to_be_stored_are_bounded_even_without_a_message_rate(
 
 #[tokio::test]
 async fn a_resumed_connection_keeps_its_publish_rights() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let first = publisher(server.addr, &http, "alice", json!(["chat:*"])).await;
@@ -254,6 +263,7 @@ async fn a_resumed_connection_keeps_its_publish_rights() {
 
 #[tokio::test]
 async fn a_published_event_survives_kill_9_right_after_the_reply() {
+    let _gate = crate::common::gate!();
     let root = tempfile::tempdir().expect("tempdir");
     let data = root.path().join("data");
     let serve = ServeProcess::start(&data, &root.path().join("serve-1.log"), &[]);

@@ -158,6 +158,7 @@ async fn collect_events(ws: &mut WsClient, room: &str, n: usize, within: Duratio
 
 #[test]
 fn publish_on_a_reaches_subscribers_on_a_b_and_c_in_order_exactly_once() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let started = Instant::now();
     let cluster = Cluster::start(3, &SHORT_DRAIN);
@@ -257,6 +258,7 @@ fn publish_on_a_reaches_subscribers_on_a_b_and_c_in_order_exactly_once() {
 
 #[test]
 fn a_client_that_cannot_reach_its_owner_moves_once_and_recovers_exactly_the_missed_events() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let started = Instant::now();
     let cluster = Cluster::start(3, &SHORT_DRAIN);
@@ -370,6 +372,7 @@ fn a_client_that_cannot_reach_its_owner_moves_once_and_recovers_exactly_the_miss
 
 #[test]
 fn two_nodes_publishing_to_one_room_at_once_make_one_contiguous_sequence() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let started = Instant::now();
     let cluster = Cluster::start(3, &SHORT_DRAIN);
@@ -469,6 +472,7 @@ fn two_nodes_publishing_to_one_room_at_once_make_one_contiguous_sequence() {
 /// same head, expired events are not served, and the next event continues the sequence.
 #[test]
 fn a_room_whose_history_expired_keeps_its_head_on_every_node() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let cluster = Cluster::start(3, &["--history-ttl-secs", "1"]);
     let room = "ttl:1";
@@ -491,6 +495,7 @@ fn a_room_whose_history_expired_keeps_its_head_on_every_node() {
 /// keeps its own namespace's size, on its writer and on a node that reads the stream.
 #[test]
 fn a_namespace_history_size_applies_on_every_node() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("namespaces.toml");
@@ -538,6 +543,7 @@ fn a_namespace_history_size_applies_on_every_node() {
 /// id is an event of its own.
 #[test]
 fn a_client_publish_on_b_to_a_room_written_by_a_reaches_a_with_from() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let cluster = Cluster::start(3, &[]);
     let rt = runtime();
@@ -594,6 +600,7 @@ fn a_client_publish_on_b_to_a_room_written_by_a_reaches_a_with_from() {
 /// minted on A opens a connection on B, and the same token is then refused on A.
 #[test]
 fn a_token_minted_on_one_node_works_once_on_any_node() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let cluster = Cluster::start(2, &[]);
     let rt = runtime();
@@ -615,6 +622,7 @@ fn a_token_minted_on_one_node_works_once_on_any_node() {
 
 #[test]
 fn a_stale_directory_write_from_one_node_loses_to_the_other() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let started = Instant::now();
     let nats = NatsServer::start();
@@ -1128,6 +1136,7 @@ impl LoadOutcome {
 
 #[test]
 fn kill_9_of_a_node_under_load_loses_nothing_acknowledged() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let started = Instant::now();
     let mut cluster = Cluster::start(3, &SHORT_DRAIN);
@@ -1170,6 +1179,7 @@ fn kill_9_of_a_node_under_load_loses_nothing_acknowledged() {
 
 #[test]
 fn nats_server_restarted_under_load_loses_nothing_and_queued_directory_writes_replay() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let started = Instant::now();
     // New sessions are accepted for 1 s of outage (writes queued), refused after that.
@@ -1329,6 +1339,7 @@ fn nats_server_restarted_under_load_loses_nothing_and_queued_directory_writes_re
 /// move is one the route did not choose (its owner alive and ready), not a forced one.
 #[test]
 fn a_move_charged_during_a_nats_outage_reaches_the_directory_and_every_node_refuses_the_next() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let started = Instant::now();
     let mut flags = SHORT_DRAIN.to_vec();
@@ -1396,6 +1407,7 @@ fn a_move_charged_during_a_nats_outage_reaches_the_directory_and_every_node_refu
 
 #[test]
 fn rolling_restart_of_all_nodes_under_load_has_no_abnormal_close_no_loss_no_duplicate() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let started = Instant::now();
     let mut cluster = Cluster::start(3, &SHORT_DRAIN);
@@ -1450,6 +1462,7 @@ fn rolling_restart_of_all_nodes_under_load_has_no_abnormal_close_no_loss_no_dupl
 
 #[test]
 fn a_newer_phone_on_b_replaces_the_older_phone_on_a_with_4501() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let started = Instant::now();
     let cluster = Cluster::start(3, &SHORT_DRAIN);
@@ -1477,6 +1490,7 @@ fn a_newer_phone_on_b_replaces_the_older_phone_on_a_with_4501() {
 
 #[test]
 fn a_kick_on_b_closes_the_users_connections_on_every_node_and_counts_them() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let started = Instant::now();
     let mut cluster = Cluster::start(3, &SHORT_DRAIN);
@@ -1565,6 +1579,7 @@ fn refused_as_invalid(what: &str, attempt: Result<WsClient, Rejected>) -> Result
 
 #[test]
 fn a_resume_credential_from_a_works_once_on_b_and_a_kick_through_a_voids_it_on_both() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let cluster = Cluster::start(2, &SHORT_DRAIN);
     let rt = runtime();
@@ -1628,6 +1643,7 @@ fn a_resume_credential_from_a_works_once_on_b_and_a_kick_through_a_voids_it_on_b
 
 #[test]
 fn a_kick_on_a_voids_on_b_the_credentials_of_a_user_connected_nowhere() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let cluster = Cluster::start(2, &SHORT_DRAIN);
     let rt = runtime();
@@ -1718,6 +1734,7 @@ fn route_stays_without(cluster: &Cluster, nodes: &[usize], queries: &[String], g
 
 #[test]
 fn route_stops_naming_a_killed_node_and_a_draining_node() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let started = Instant::now();
     // b's drain waits 3 s before closing anything, so it answers while draining.
@@ -1811,6 +1828,7 @@ fn route_stops_naming_a_killed_node_and_a_draining_node() {
 
 #[test]
 fn session_records_leave_the_kv_bucket_after_the_ttl_unless_their_node_keeps_them_connected() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let cluster = Cluster::start(2, &["--session-ttl-secs", "2"]);
     let rt = runtime();
@@ -1876,6 +1894,7 @@ fn session_records_leave_the_kv_bucket_after_the_ttl_unless_their_node_keeps_the
 
 #[test]
 fn the_session_bucket_takes_the_age_limit_of_the_last_node_to_open_it() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let nats = NatsServer::start();
     let rt = runtime();
@@ -1919,6 +1938,7 @@ fn state_of(http: &Http, room: &str) -> Value {
 /// writer and reaches the other nodes; a kill -9 of the writer loses no acknowledged state.
 #[test]
 fn room_state_travels_with_its_event_outlives_trimming_and_a_killed_writer() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let mut cluster = Cluster::start(3, &["--history-size", "20"]);
     cluster.wait_peers(Duration::from_secs(20));
@@ -2049,6 +2069,7 @@ async fn presence_until(ws: &mut WsClient, count: u64, within: Duration) -> Opti
 
 #[test]
 fn presence_counts_converge_across_three_nodes_and_a_killed_nodes_members_leave() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let started = Instant::now();
     let mut flags = SHORT_DRAIN.to_vec();

@@ -121,6 +121,7 @@ fn read_case_report(path: &Path) -> Value {
 
 #[test]
 fn autobahn_fuzzingclient_cases_1_to_10_pass() {
+    let _gate = crate::common::gate!();
     let wstest = wstest_path();
     let dir = tempfile::Builder::new().prefix("livegate-autobahn-").tempdir().expect("tempdir");
     let data = dir.path().join("data");

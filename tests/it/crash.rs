@@ -33,6 +33,7 @@ struct Acked {
 
 #[test]
 fn kill_9_ten_times_during_a_publish_stream_loses_no_acknowledged_event() {
+    let _gate = crate::common::gate!();
     let started = Instant::now();
     let mut rng = Rng::new(test_seed(0x6b69_6c6c_2d39));
     let root = tempfile::tempdir().expect("tempdir");

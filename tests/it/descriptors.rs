@@ -34,6 +34,7 @@ async fn settle(pid: u32, want: usize) -> usize {
 
 #[tokio::test]
 async fn one_descriptor_per_websocket_and_none_extra_for_http() {
+    let _gate = crate::common::gate!();
     let root = tempfile::tempdir().expect("tempdir");
     let serve = ServeProcess::start(&root.path().join("data"), &root.path().join("serve.log"), &[]);
     let http = Http::new(serve.addr);

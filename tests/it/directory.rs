@@ -80,6 +80,7 @@ async fn two_owner_changes(window_secs: u64, sleep_before_third: Duration) -> (S
 /// did not choose, is tested in tests/it/cluster.rs with `avoid`.)
 #[tokio::test]
 async fn moves_forced_by_a_gone_owner_are_never_refused_inside_the_window() {
+    let _gate = crate::common::gate!();
     let (session, a2) = two_owner_changes(600, Duration::ZERO).await;
     let c = reconnect(&a2, "u1", "web", Some(&session)).await;
     assert_eq!(c.session(), session, "the second forced move keeps the session: {}", c.welcome);
@@ -90,6 +91,7 @@ async fn moves_forced_by_a_gone_owner_are_never_refused_inside_the_window() {
 
 #[tokio::test]
 async fn another_users_token_never_gets_the_session_in_memory_or_during_warmup() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.warmup_secs = 30);
     let c1 = reconnect(&server, "u1", "web", None).await;
     let session = c1.session().to_string();
@@ -117,6 +119,7 @@ async fn another_users_token_never_gets_the_session_in_memory_or_during_warmup()
 
 #[tokio::test]
 async fn warmup_flag_true_after_a_restart_with_sessions_and_false_after_the_window() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.warmup_secs = 2);
     let c1 = reconnect(&server, "u1", "web", None).await;
     assert_eq!(c1.welcome["warmup"], false, "a start with an empty directory has no warm-up: {}", c1.welcome);
@@ -167,6 +170,7 @@ async fn warmup_flag_true_after_a_restart_with_sessions_and_false_after_the_wind
 
 #[tokio::test]
 async fn heartbeats_and_same_node_reconnects_do_not_write_the_directory() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.heartbeat_secs = 1);
     let mut clients = Vec::new();
     for i in 0..5 {
@@ -220,6 +224,7 @@ fn wait_sessions(server: &TestServer, live: u64, cached: u64, stored: u64, what:
 
 #[tokio::test]
 async fn sessions_expire_a_ttl_after_their_last_connection_and_never_while_connected() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| {
         c.session_ttl_secs = 2;
         c.session_cache_max = 2;

@@ -323,6 +323,7 @@ async fn drained_client(id: usize, first: SocketAddr, token: String, shared: Arc
 
 #[test]
 fn sigterm_drains_200_clients_with_1012_and_the_successor_loses_nothing() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     let root = tempfile::tempdir().expect("tempdir");
     let data = root.path().join("data");
@@ -672,6 +673,7 @@ fn start_long_drain(root: &Path) -> ServeProcess {
 
 #[test]
 fn a_second_sigterm_during_a_long_drain_wait_closes_with_1012_and_exits_at_once() {
+    let _gate = crate::common::gate!();
     let _serial = serial();
     const N: usize = 20;
     let root = tempfile::tempdir().expect("tempdir");

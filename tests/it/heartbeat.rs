@@ -94,6 +94,7 @@ fn parse_frame(buf: &[u8]) -> Option<(u8, Vec<u8>, usize)> {
 
 #[tokio::test]
 async fn silent_client_is_closed_with_4008_after_three_intervals() {
+    let _gate = crate::common::gate!();
     let server = one_second_heartbeat();
     let mut dead = DeadClient::connect(&server).await;
     let started = std::time::Instant::now();
@@ -127,6 +128,7 @@ async fn silent_client_is_closed_with_4008_after_three_intervals() {
 
 #[tokio::test]
 async fn client_answering_pings_stays_connected() {
+    let _gate = crate::common::gate!();
     let server = one_second_heartbeat();
     let mut c = server.client("alice").await;
     // Keep reading (tungstenite answers each server ping) for 5 intervals.
@@ -138,6 +140,7 @@ async fn client_answering_pings_stays_connected() {
 
 #[tokio::test]
 async fn client_sending_ping_ops_stays_connected_without_reading() {
+    let _gate = crate::common::gate!();
     let server = one_second_heartbeat();
     let mut c = server.client("alice").await;
     for i in 0..10 {
@@ -153,6 +156,7 @@ async fn client_sending_ping_ops_stays_connected_without_reading() {
 
 #[tokio::test]
 async fn websocket_ping_from_the_client_is_answered_with_pong() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let mut c = server.client("alice").await;
     c.send_message(Message::Ping(b"are-you-there".to_vec())).await;

@@ -29,6 +29,7 @@ fn message(http: &Http, user: &str, id: &str, devices: Option<&[&str]>) -> Value
 
 #[tokio::test]
 async fn reconnecting_device_recovers_exactly_its_missed_inbox_messages_then_live() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut phone = client_on(&server, "u1", "phone", None).await;
@@ -118,6 +119,7 @@ async fn kick(http: &Http, path: &str, expected: Vec<&mut WsClient>) -> Kicked {
 
 #[tokio::test]
 async fn kick_answers_how_many_connections_it_closed() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut tab1 = client_on(&server, "u1", "web", None).await;
@@ -154,6 +156,7 @@ async fn kick_answers_how_many_connections_it_closed() {
 /// connections already excludes them.
 #[tokio::test]
 async fn kick_reply_comes_once_the_connections_are_closed() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut tabs = Vec::new();
@@ -181,6 +184,7 @@ async fn kick_reply_comes_once_the_connections_are_closed() {
 /// completion must not cancel the second: live events keep coming.
 #[tokio::test]
 async fn resubscribe_before_the_first_subscribe_completes_keeps_live_delivery() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let head = http.publish_ok("match:1", Some("e-1"), json!(1));
@@ -231,6 +235,7 @@ fn wait_rooms(http: &Http, live: u64, parked: u64, what: &str) {
 
 #[tokio::test]
 async fn inbox_rooms_start_with_their_first_message_and_park_again_when_idle() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.room_idle_secs = 1);
     let http = server.http();
     let mut phone = client_on(&server, "u1", "phone", None).await;

@@ -4,6 +4,9 @@
 //!
 //! Run one area with its module path as the filter:
 //! `cargo test --release --test it cluster::` (or `hostile::memory::`, ...).
+//!
+//! Tests of different modules do not run at the same time, as when each was a binary:
+//! every test enters `common::concurrency`'s gate first (the rule is written there).
 
 mod common;
 

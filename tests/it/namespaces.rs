@@ -111,6 +111,7 @@ async fn recover_from_zero(ws: &mut WsClient, http: &Http, room: &str) -> (bool,
 
 #[tokio::test]
 async fn history_size_follows_the_longest_matching_prefix() {
+    let _gate = crate::common::gate!();
     let node = serve(CONFIG);
     let http = node.server.http();
     // (room, events published, seqs kept)
@@ -145,6 +146,7 @@ async fn history_size_follows_the_longest_matching_prefix() {
 
 #[tokio::test]
 async fn history_age_follows_the_namespace() {
+    let _gate = crate::common::gate!();
     let node = serve(CONFIG);
     let http = node.server.http();
     publish_n(&http, "brief:a", 3);
@@ -164,6 +166,7 @@ async fn frames_of(ws: &mut WsClient, n: usize) -> Vec<usize> {
 
 #[tokio::test]
 async fn the_batching_window_follows_the_namespace() {
+    let _gate = crate::common::gate!();
     let node = serve(CONFIG);
     let http = node.server.http();
     let token = http.mint_token("reader", "web");
@@ -191,6 +194,7 @@ async fn the_batching_window_follows_the_namespace() {
 
 #[tokio::test]
 async fn max_event_bytes_follows_the_namespace_over_http_and_the_publish_op() {
+    let _gate = crate::common::gate!();
     let node = serve(CONFIG);
     let http = node.server.http();
     let text = |n: usize| json!("x".repeat(n));
@@ -266,6 +270,7 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 
 #[test]
 fn check_config_prints_each_namespace_with_its_effective_options() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = write(dir.path(), "ok.toml", CONFIG);
     let ran = livegate(&["check-config", "--config", &path.display().to_string(), "--history-ttl-secs", "600"], dir.path());
@@ -296,6 +301,7 @@ fn check_config_prints_each_namespace_with_its_effective_options() {
 /// The example file's namespaces (commented out there) are a valid configuration.
 #[test]
 fn the_example_namespaces_are_valid() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().expect("tempdir");
     let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/data/livegate.example.toml")).unwrap();
     let (_, section) = example.split_once("# Namespaces:").expect("a Namespaces section in the example");
@@ -315,6 +321,7 @@ fn the_example_namespaces_are_valid() {
 
 #[test]
 fn a_bad_namespace_table_stops_check_config_and_serve_with_a_clear_message() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().expect("tempdir");
     let cases = [
         (
@@ -378,6 +385,7 @@ async fn next_op(ws: &mut WsClient, op: &str, within: Duration) -> Option<Value>
 
 #[tokio::test]
 async fn the_presence_switch_follows_the_namespace() {
+    let _gate = crate::common::gate!();
     let node = serve(&format!("presence_interval_ms = 200\n{CONFIG}"));
     let http = node.server.http();
     let mut ws = WsClient::connect(node.server.addr, &http.mint_token("viewer", "web"), None).await;

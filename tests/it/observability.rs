@@ -520,6 +520,7 @@ fn assert_counters_zero(exp: &Exposition, when: &str) {
 
 #[test]
 fn strict_parser_rejects_malformed_expositions() {
+    let _gate = crate::common::gate!();
     let good = [
         "# HELP a_x Things.",
         "# TYPE a_x counter",
@@ -580,6 +581,7 @@ const ROOM: &str = "obs:room";
 
 #[tokio::test]
 async fn counters_move_by_exactly_what_a_run_did() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.history_size = 4);
     let http = server.http();
     let fresh = scrape(&http, DEVICES);
@@ -744,6 +746,7 @@ async fn close_politely(mut c: WsClient) {
 /// the socket. Neither is a protocol error (1002).
 #[tokio::test]
 async fn disconnects_count_the_clients_close_code_and_1006_for_a_vanished_socket() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     for i in 0..3 {
@@ -786,6 +789,7 @@ async fn disconnects_count_the_clients_close_code_and_1006_for_a_vanished_socket
 
 #[tokio::test]
 async fn drain_shows_in_metrics_and_a_restart_starts_counting_from_zero() {
+    let _gate = crate::common::gate!();
     let root = tempfile::tempdir().expect("tempdir");
     let data = root.path().join("data");
     let flags = ["--drain-wait-secs", "1", "--drain-spread-secs", "0", "--drain-grace-secs", "3"];
@@ -876,6 +880,7 @@ async fn drain_shows_in_metrics_and_a_restart_starts_counting_from_zero() {
 
 #[tokio::test]
 async fn exposition_is_strict_openmetrics_with_bounded_labels() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
 
@@ -1050,6 +1055,7 @@ fn secrets(tokens: &[String]) -> Vec<String> {
 
 #[tokio::test]
 async fn debug_logs_of_a_full_run_hold_no_key_and_no_token_pretty() {
+    let _gate = crate::common::gate!();
     let (output, tokens) = full_run_output("pretty").await;
     assert_no_secret(&output, &secrets(&tokens), "the pretty debug log");
     // The log is not empty by accident: lifecycle lines at debug, drain lines at info.
@@ -1062,6 +1068,7 @@ async fn debug_logs_of_a_full_run_hold_no_key_and_no_token_pretty() {
 
 #[tokio::test]
 async fn debug_logs_of_a_full_run_hold_no_key_and_no_token_json() {
+    let _gate = crate::common::gate!();
     let (output, tokens) = full_run_output("json").await;
     assert_no_secret(&output, &secrets(&tokens), "the JSON debug log");
     let mut messages: Vec<(String, String)> = Vec::new();
@@ -1142,6 +1149,7 @@ fn refused(ran: &Ran, what: &str) -> String {
 
 #[test]
 fn check_config_accepts_the_example_and_refuses_bad_files_clearly() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().expect("tempdir");
     let cwd = dir.path();
 
@@ -1215,6 +1223,7 @@ fn check_config_accepts_the_example_and_refuses_bad_files_clearly() {
 /// the line (and column) the TOML parser stopped at.
 #[test]
 fn check_config_names_the_line_of_a_toml_syntax_error() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("broken.toml");
     std::fs::write(&path, "batch_window_ms = 100\nheartbeat_secs = 30\nlisten = \"127.0.0.1:7070\nhistory_size = 10\n").unwrap();
@@ -1225,6 +1234,7 @@ fn check_config_names_the_line_of_a_toml_syntax_error() {
 
 #[test]
 fn check_config_never_prints_the_api_key() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().expect("tempdir");
     let cwd = dir.path();
     let in_file = cwd.join("key.toml");
@@ -1280,6 +1290,7 @@ fn status_with_connections(http: &Http, n: u64) -> Value {
 
 #[tokio::test]
 async fn status_command_reports_what_is_connected() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let cwd = tempfile::tempdir().expect("tempdir");

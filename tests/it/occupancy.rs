@@ -136,6 +136,7 @@ const VACATE_DELAY: Duration = Duration::from_secs(3);
 
 #[test]
 fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
+    let _gate = crate::common::gate!();
     let receiver = Receiver::start();
     let flags = [
         "--drain-wait-secs", "0", "--drain-spread-secs", "1", "--drain-grace-secs", "5",

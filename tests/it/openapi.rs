@@ -109,6 +109,7 @@ fn error_codes_in_source() -> BTreeSet<String> {
 
 #[test]
 fn the_served_document_passes_the_openapi_validator() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let doc = served_document(&server);
     assert_eq!(doc["openapi"], "3.1.0");
@@ -132,6 +133,7 @@ fn the_served_document_passes_the_openapi_validator() {
 
 #[test]
 fn every_registered_route_is_documented_and_every_documented_one_registered() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let doc = served_document(&server);
     let documented = documented_operations(&doc);
@@ -230,6 +232,7 @@ fn is_no_route(status: u16, body: &str, method: &str, path: &str) -> bool {
 
 #[test]
 fn every_route_in_the_table_reaches_a_handler() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     // The check can tell: a path nobody registered, and a registered path with a method it
     // does not have, get the router's own 404.
@@ -267,6 +270,7 @@ fn check_answers(doc: &Value, answers: &[Value], dir: &Path, name: &str) -> (boo
 
 #[tokio::test(flavor = "multi_thread")]
 async fn real_answers_match_the_documented_responses() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let doc = served_document(&server);
     let s = &server;

@@ -75,6 +75,7 @@ fn get_presence(http: &Http, room: &str) -> (u16, Value) {
 
 #[tokio::test]
 async fn counts_members_once_per_user_and_device_and_follows_who_leaves() {
+    let _gate = crate::common::gate!();
     let server = start(1000);
     let http = server.http();
     let mut ann = connect(&server, "ann", "web").await;
@@ -132,6 +133,7 @@ async fn counts_members_once_per_user_and_device_and_follows_who_leaves() {
 
 #[tokio::test]
 async fn frames_come_at_most_once_per_interval_and_only_on_change() {
+    let _gate = crate::common::gate!();
     let server = start(1000);
     let mut watcher = connect(&server, "watcher", "web").await;
     watch(&mut watcher, "busy:1").await;
@@ -180,6 +182,7 @@ async fn frames_come_at_most_once_per_interval_and_only_on_change() {
 
 #[tokio::test]
 async fn above_members_max_only_counts_are_sent() {
+    let _gate = crate::common::gate!();
     let server = start(2);
     let http = server.http();
     let mut ann = connect(&server, "ann", "web").await;
@@ -210,6 +213,7 @@ async fn above_members_max_only_counts_are_sent() {
 
 #[tokio::test]
 async fn the_http_answer_and_the_op_follow_the_rules_of_reading() {
+    let _gate = crate::common::gate!();
     let server = start(1000);
     let http = server.http();
     // An empty room, no actor: nobody.
@@ -314,6 +318,7 @@ impl SseStream {
 
 #[tokio::test]
 async fn sse_streams_get_presence_messages_with_presence_1() {
+    let _gate = crate::common::gate!();
     let server = start(1000);
     let token = server.mint_token("sse-user", "tv");
     let mut sse = SseStream::open(server.addr, &format!("token={token}&rooms=show:1&presence=1")).await;

@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 #[tokio::test]
 async fn acknowledged_events_and_used_tokens_survive_kill_9() {
+    let _gate = crate::common::gate!();
     let root = tempfile::tempdir().expect("tempdir");
     let data = root.path().join("data");
     let serve = ServeProcess::start(&data, &root.path().join("serve-1.log"), &[]);
@@ -75,6 +76,7 @@ async fn acknowledged_events_and_used_tokens_survive_kill_9() {
 
 #[tokio::test]
 async fn events_acknowledged_before_a_kill_9_mid_stream_survive_with_their_seqs() {
+    let _gate = crate::common::gate!();
     let root = tempfile::tempdir().expect("tempdir");
     let data = root.path().join("data");
     // Keep everything, so every acknowledged event can be looked up afterwards.
@@ -145,6 +147,7 @@ fn wait_stored(http: &Http, stored: u64, within: Duration) -> Value {
 
 #[tokio::test]
 async fn a_session_connected_at_a_kill_9_expires_a_ttl_after_the_restart_not_before() {
+    let _gate = crate::common::gate!();
     let root = tempfile::tempdir().expect("tempdir");
     let data = root.path().join("data");
     let flags = ["--session-ttl-secs", "4", "--warmup-secs", "30"];

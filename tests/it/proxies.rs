@@ -132,6 +132,7 @@ async fn open(to: SocketAddr, server: &TestServer, from: &str, headers: &[(&str,
 
 #[tokio::test]
 async fn behind_a_trusted_nginx_each_client_address_has_its_own_limit() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| {
         c.trusted_proxies = vec!["127.0.0.1".into()];
         c.max_connections_per_ip = 2;
@@ -180,6 +181,7 @@ async fn behind_a_trusted_nginx_each_client_address_has_its_own_limit() {
 
 #[tokio::test]
 async fn without_trusted_proxies_everything_behind_nginx_is_one_address() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.max_connections_per_ip = 2);
     let nginx = Nginx::start(server.addr);
     let _a = open(nginx.addr, &server, "127.0.0.2", &[]).await.expect("first");
@@ -225,6 +227,7 @@ fn raw_handshake(to: SocketAddr, from: &str, token: &str, extra: &[u8]) -> (u16,
 /// the client, and `X-Real-IP` is not read when `X-Forwarded-For` is there.
 #[tokio::test]
 async fn x_forwarded_for_that_is_not_text_does_not_let_x_real_ip_pick_the_address() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| {
         c.trusted_proxies = vec!["127.0.0.1".into()];
         c.max_connections_per_ip = 1;

@@ -134,6 +134,7 @@ async fn run_client(id: usize, addr: SocketAddr, http: Http, epochs: Vec<Value>,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_client_gets_every_event_once_in_order_across_random_reconnects() {
+    let _gate = crate::common::gate!();
     let seed = test_seed(0x11FE_6A7E);
     let server = TestServer::start(|_| {});
     let http = server.http();

@@ -35,6 +35,7 @@ async fn assert_resume_refused(addr: SocketAddr, resume: &str, why: &str) {
 
 #[tokio::test]
 async fn a_resume_keeps_user_device_session_and_rooms_and_works_once() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let (status, body) = http.mint_token_raw(json!({"user": "alice", "device": "phone", "rooms": ["match:*"]}));
@@ -67,6 +68,7 @@ async fn a_resume_keeps_user_device_session_and_rooms_and_works_once() {
 
 #[tokio::test]
 async fn a_kicked_sessions_credential_is_refused() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut client = WsClient::connect(server.addr, &http.mint_token("bob", "web"), None).await;
@@ -84,6 +86,7 @@ async fn a_kicked_sessions_credential_is_refused() {
 
 #[tokio::test]
 async fn a_replaced_connections_credential_is_refused_and_its_replacements_works() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     // phone is an exclusive device: the second connection replaces the first (4501).
@@ -101,6 +104,7 @@ async fn a_replaced_connections_credential_is_refused_and_its_replacements_works
 
 #[tokio::test]
 async fn a_credential_works_after_a_graceful_restart_and_stays_single_use() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let client = WsClient::connect(server.addr, &server.mint_token("carol", "web"), None).await;
     let session = client.session().to_string();
@@ -119,6 +123,7 @@ async fn a_credential_works_after_a_graceful_restart_and_stays_single_use() {
 
 #[tokio::test]
 async fn a_credential_works_after_a_kill_9_and_one_spent_before_it_stays_spent() {
+    let _gate = crate::common::gate!();
     let root = tempfile::tempdir().expect("tempdir");
     let data = root.path().join("data");
     let serve = ServeProcess::start(&data, &root.path().join("serve-1.log"), &[]);
@@ -143,6 +148,7 @@ async fn a_credential_works_after_a_kill_9_and_one_spent_before_it_stays_spent()
 
 #[tokio::test]
 async fn a_kick_answered_just_before_a_kill_9_stays_a_revocation() {
+    let _gate = crate::common::gate!();
     let root = tempfile::tempdir().expect("tempdir");
     let data = root.path().join("data");
     let serve = ServeProcess::start(&data, &root.path().join("serve-1.log"), &[]);

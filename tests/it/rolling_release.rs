@@ -547,6 +547,7 @@ fn drain(cluster: &mut Cluster, i: usize, failures: &mut Vec<String>) -> Instant
 
 #[test]
 fn a_rolling_release_behind_a_round_robin_balancer_moves_each_session_once_and_refuses_nobody() {
+    let _gate = crate::common::gate!();
     let started = Instant::now();
     let mut cluster = Cluster::start(3, &FLAGS);
     let balancer = Balancer::start(&[cluster.addr(0), cluster.addr(1), cluster.addr(2)]);

@@ -24,6 +24,7 @@ fn route(nodes: &std::path::Path, sessions: &std::path::Path) -> Vec<u8> {
 
 #[test]
 fn two_processes_route_1000_sessions_identically() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().unwrap();
     let names = ["node-c", "node-a", "node-f", "node-b", "node-e", "node-d", "node-g"];
     let down = ["node-a", "node-e"];
@@ -76,6 +77,7 @@ fn two_processes_route_1000_sessions_identically() {
 
 #[test]
 fn route_reports_errors_per_session_and_rejects_bad_files() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().unwrap();
     let nodes = dir.path().join("nodes");
     std::fs::write(&nodes, "a down\nb down\n").unwrap();

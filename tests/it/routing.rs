@@ -39,6 +39,7 @@ fn dead_addr() -> SocketAddr {
 
 #[test]
 fn route_without_peers_answers_the_node_itself() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.node = "solo".into());
     let http = server.http();
     for query in ["user=u1", "session=nosuch", "session=nosuch&user=u1"] {
@@ -58,6 +59,7 @@ fn route_without_peers_answers_the_node_itself() {
 
 #[test]
 fn route_with_every_peer_down_still_answers_self() {
+    let _gate = crate::common::gate!();
     let (d1, d2) = (dead_addr(), dead_addr());
     let server = TestServer::start(|c| {
         c.node = "node-z".into();
@@ -78,6 +80,7 @@ fn route_with_every_peer_down_still_answers_self() {
 
 #[test]
 fn peer_goes_down_after_one_failed_probe_and_comes_back_after_several() {
+    let _gate = crate::common::gate!();
     const INTERVAL: Duration = Duration::from_millis(100);
     let peer_tweak = |c: &mut livegate::config::Config| c.node = "node-a".into();
     let p = TestServer::start(peer_tweak);
@@ -162,6 +165,7 @@ fn peer_goes_down_after_one_failed_probe_and_comes_back_after_several() {
 /// a new session of its own, and the two nodes disagreed about where the session lived.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peers_send_a_reconnect_to_the_node_that_made_its_session() {
+    let _gate = crate::common::gate!();
     let b_addr = dead_addr();
     let a = TestServer::start(|c| {
         c.node = "node-a".into();

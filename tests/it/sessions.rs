@@ -8,6 +8,7 @@ use common::*;
 
 #[tokio::test]
 async fn handshake_keeps_a_session_of_the_same_user_only() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let first = server.client("alice").await;
     let session = first.session().to_string();
@@ -30,6 +31,7 @@ async fn handshake_keeps_a_session_of_the_same_user_only() {
 
 #[tokio::test]
 async fn unknown_session_gets_a_fresh_one() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let token = server.mint_token("alice", "web");
     let c = WsClient::connect(server.addr, &token, Some("no-such-session")).await;

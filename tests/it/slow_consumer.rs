@@ -13,6 +13,7 @@ use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_that_stops_reading_is_cut_off_and_readers_are_not() {
+    let _gate = crate::common::gate!();
     // Default max_outbox_bytes (1 MiB) and batching window (100 ms).
     let server = TestServer::start(|c| c.history_size = 10);
     let http = server.http();

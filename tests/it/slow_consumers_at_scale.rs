@@ -107,6 +107,7 @@ async fn reader(mut ws: WsClient, first_head: u64, total: u64, done: Arc<AtomicU
 
 #[test]
 fn one_percent_of_100_clients_stop_reading_they_are_evicted_and_memory_stays_bounded() {
+    let _gate = crate::common::gate!();
     let root = tempfile::tempdir().expect("tempdir");
     // Default max_outbox_bytes (1 MiB) and batching window; a short history.
     let server = ServeProcess::start(&root.path().join("data"), &root.path().join("serve.log"), &["--history-size", "10"]);

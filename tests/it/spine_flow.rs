@@ -31,6 +31,7 @@ fn publish_n(http: &Http, room: &str, prefix: &str, n: usize) -> Vec<Value> {
 
 #[tokio::test]
 async fn minted_token_connects_and_welcome_names_session_node_and_heartbeat() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let before = now_ms();
     let (status, body) = server.http().mint_token_raw(json!({"user": "alice", "device": "web", "ttl_secs": 60}));
@@ -60,6 +61,7 @@ async fn minted_token_connects_and_welcome_names_session_node_and_heartbeat() {
 
 #[tokio::test]
 async fn subscriber_receives_a_burst_in_seq_order_in_batched_frames() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut client = server.client("alice").await;
@@ -122,6 +124,7 @@ async fn subscriber_receives_a_burst_in_seq_order_in_batched_frames() {
 
 #[tokio::test]
 async fn one_frame_per_room_per_window() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.batch_window_ms = 300);
     let http = server.http();
     let mut client = server.client("alice").await;
@@ -168,6 +171,7 @@ async fn one_frame_per_room_per_window() {
 
 #[tokio::test]
 async fn batch_window_zero_sends_each_event_at_once() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.batch_window_ms = 0);
     let http = server.http();
     let mut client = server.client("alice").await;
@@ -189,6 +193,7 @@ async fn batch_window_zero_sends_each_event_at_once() {
 
 #[tokio::test]
 async fn two_subscribers_get_the_same_events_and_other_rooms_stay_out() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut a = server.client("alice").await;
@@ -215,6 +220,7 @@ async fn two_subscribers_get_the_same_events_and_other_rooms_stay_out() {
 
 #[tokio::test]
 async fn unsubscribe_stops_delivery_and_refs_are_echoed() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut client = server.client("alice").await;
@@ -243,6 +249,7 @@ async fn unsubscribe_stops_delivery_and_refs_are_echoed() {
 
 #[tokio::test]
 async fn live_only_subscribe_gets_no_history() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     publish_n(&http, "old-news", "a", 3);
@@ -257,6 +264,7 @@ async fn live_only_subscribe_gets_no_history() {
 
 #[tokio::test]
 async fn epoch_from_subscribing_to_a_fresh_room_is_good_for_recovery() {
+    let _gate = crate::common::gate!();
     // A client learns the epoch only from `subscribed` (events do not carry it), so the
     // epoch announced for a room nobody has published to yet must be the one its events
     // get.
@@ -281,6 +289,7 @@ async fn epoch_from_subscribing_to_a_fresh_room_is_good_for_recovery() {
 
 #[tokio::test]
 async fn resubscribe_with_since_and_epoch_gets_exactly_the_missed_events_then_live() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut client = server.client("alice").await;
@@ -338,6 +347,7 @@ async fn assert_not_recovered(server: &TestServer, room: &str, since: u64, epoch
 
 #[tokio::test]
 async fn not_recovered_when_the_epoch_differs() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let replies = publish_n(&server.http(), "r", "e", 3);
     assert_ne!(replies[0]["epoch"], json!("some-other-epoch"));
@@ -346,6 +356,7 @@ async fn not_recovered_when_the_epoch_differs() {
 
 #[tokio::test]
 async fn not_recovered_when_history_was_trimmed_past_since() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.history_size = 5);
     let http = server.http();
     let replies = publish_n(&http, "r", "e", 20);
@@ -371,6 +382,7 @@ async fn not_recovered_when_history_was_trimmed_past_since() {
 
 #[tokio::test]
 async fn not_recovered_when_more_than_recovery_max_events_are_missing() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.recovery_max_events = 5);
     let replies = publish_n(&server.http(), "r", "e", 12);
     let epoch = replies[0]["epoch"].clone();
@@ -389,6 +401,7 @@ async fn not_recovered_when_more_than_recovery_max_events_are_missing() {
 
 #[tokio::test]
 async fn not_recovered_when_since_is_ahead_of_head() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let replies = publish_n(&server.http(), "r", "e", 3);
     let epoch = replies[0]["epoch"].clone();
@@ -397,6 +410,7 @@ async fn not_recovered_when_since_is_ahead_of_head() {
 
 #[tokio::test]
 async fn restart_keeps_head_epoch_history_and_recovery() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let replies = publish_n(&http, "match:1", "a", 10);
@@ -440,6 +454,7 @@ async fn restart_keeps_head_epoch_history_and_recovery() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connected_client_is_told_1012_on_shutdown_and_recovers_after_restart() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let mut client = server.client("alice").await;
     client.subscribe_ok("live").await;
@@ -469,6 +484,7 @@ async fn connected_client_is_told_1012_on_shutdown_and_recovers_after_restart() 
 
 #[tokio::test]
 async fn events_older_than_history_ttl_leave_history() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.history_ttl_secs = 1);
     let http = server.http();
     let replies = publish_n(&http, "ttl", "old", 3);
@@ -494,6 +510,7 @@ async fn events_older_than_history_ttl_leave_history() {
 
 #[tokio::test]
 async fn http_history_and_history_op_equal_the_live_stream() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut client = server.client("alice").await;
@@ -553,6 +570,7 @@ async fn http_history_and_history_op_equal_the_live_stream() {
 
 #[tokio::test]
 async fn subscribing_twice_does_not_duplicate_delivery() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut client = server.client("alice").await;
@@ -566,6 +584,7 @@ async fn subscribing_twice_does_not_duplicate_delivery() {
 
 #[tokio::test]
 async fn http_history_limit_defaults_to_100_and_unknown_room_is_empty() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let handles: Vec<_> = (0..4)

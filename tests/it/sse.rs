@@ -355,6 +355,7 @@ fn seqs_of(events: &[Value], room: &str) -> Vec<u64> {
 
 #[tokio::test]
 async fn events_arrive_batched_in_seq_order_with_a_cursor() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.batch_window_ms = 300);
     let http = server.http();
     let mut sse = Sse::connect(server.addr, &token_query(&http, "u1", "match:1")).await;
@@ -378,6 +379,7 @@ async fn events_arrive_batched_in_seq_order_with_a_cursor() {
 
 #[tokio::test]
 async fn last_event_id_and_since_replay_exactly_what_was_missed() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut first = Sse::connect(server.addr, &token_query(&http, "u1", "match:1,match:2")).await;
@@ -448,6 +450,7 @@ async fn last_event_id_and_since_replay_exactly_what_was_missed() {
 
 #[tokio::test]
 async fn refused_requests_leave_the_token_usable() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.max_subscriptions = 2);
     let http = server.http();
     let token = mint_with_rooms(&http, "u1", json!(["match:*"]));
@@ -480,6 +483,7 @@ async fn refused_requests_leave_the_token_usable() {
 
 #[tokio::test]
 async fn a_kick_closes_the_stream_with_4502_and_voids_its_resume() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut sse = Sse::connect(server.addr, &token_query(&http, "u1", "match:1")).await;
@@ -499,6 +503,7 @@ async fn a_kick_closes_the_stream_with_4502_and_voids_its_resume() {
 
 #[tokio::test]
 async fn a_newer_connection_of_an_exclusive_device_replaces_the_stream_with_4501() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let token = http.mint_token("u1", "phone");
@@ -515,6 +520,7 @@ async fn a_newer_connection_of_an_exclusive_device_replaces_the_stream_with_4501
 
 #[tokio::test]
 async fn resume_credentials_cross_between_websocket_and_sse() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let sse = Sse::connect(server.addr, &token_query(&http, "u1", "")).await;
@@ -540,6 +546,7 @@ async fn resume_credentials_cross_between_websocket_and_sse() {
 
 #[tokio::test]
 async fn a_stream_counts_against_the_connection_limits_and_is_released_on_disconnect() {
+    let _gate = crate::common::gate!();
     // The default heartbeat (30 s): the release must not wait for a failed ping.
     let server = TestServer::start(|c| c.max_connections_per_ip = 1);
     let http = server.http();
@@ -563,6 +570,7 @@ async fn a_stream_counts_against_the_connection_limits_and_is_released_on_discon
 
 #[tokio::test]
 async fn the_node_limit_counts_streams_too() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.max_connections = 1);
     let http = server.http();
     let _sse = Sse::connect(server.addr, &token_query(&http, "u1", "")).await;
@@ -572,6 +580,7 @@ async fn the_node_limit_counts_streams_too() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_that_is_not_read_is_closed_as_a_slow_consumer() {
+    let _gate = crate::common::gate!();
     // The default max_outbox_bytes (1 MiB).
     let server = TestServer::start(|_| {});
     let http = server.http();
@@ -632,6 +641,7 @@ async fn a_stream_that_is_not_read_is_closed_as_a_slow_consumer() {
 
 #[tokio::test]
 async fn raw_newlines_in_event_data_arrive_as_valid_json() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut sse = Sse::connect(server.addr, &token_query(&http, "u1", "match:1")).await;
@@ -647,6 +657,7 @@ async fn raw_newlines_in_event_data_arrive_as_valid_json() {
 
 #[tokio::test]
 async fn cors_for_allowed_origins_and_403_for_others() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.allowed_origins = vec!["https://app.example".into()]);
     let http = server.http();
     let query = token_query(&http, "u1", "match:1");
@@ -681,6 +692,7 @@ async fn cors_for_allowed_origins_and_403_for_others() {
 
 #[tokio::test]
 async fn pings_arrive_every_heartbeat_and_silence_is_no_timeout() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.heartbeat_secs = 1);
     let http = server.http();
     let mut sse = Sse::connect(server.addr, &token_query(&http, "u1", "")).await;
@@ -704,6 +716,7 @@ async fn pings_arrive_every_heartbeat_and_silence_is_no_timeout() {
 
 #[test]
 fn a_drain_ends_the_stream_with_close_1012() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::Builder::new().prefix("livegate-sse-drain-").tempdir().unwrap();
     let data = dir.path().join("data");
     let log = dir.path().join("serve.log");
@@ -731,6 +744,7 @@ fn a_drain_ends_the_stream_with_close_1012() {
 
 #[test]
 fn curl_n_prints_the_stream() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let url = format!("http://{}/v1/sse?{}", server.addr, token_query(&http, "u1", "match:1"));
@@ -781,6 +795,7 @@ fn curl_n_prints_the_stream() {
 /// `subscribed` message carries the state (or `null`), then the events after it come.
 #[tokio::test]
 async fn state_1_brings_each_rooms_state_and_the_events_after_it() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     for i in 1..=5 {

@@ -50,6 +50,7 @@ fn ids_by_seq(http: &Http, room: &str) -> HashMap<u64, String> {
 
 #[tokio::test]
 async fn a_late_subscriber_gets_the_state_at_s_and_exactly_the_events_after_it() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     // 300 events; every 7th carries the state, naming its own event.
@@ -94,6 +95,7 @@ async fn a_late_subscriber_gets_the_state_at_s_and_exactly_the_events_after_it()
 
 #[tokio::test]
 async fn the_state_is_read_once_when_the_room_loads_and_never_rebuilt_from_the_log() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     for i in 1..=50u64 {
@@ -114,6 +116,7 @@ async fn the_state_is_read_once_when_the_room_loads_and_never_rebuilt_from_the_l
 
 #[tokio::test]
 async fn a_failed_recovery_brings_the_state_and_the_events_after_it() {
+    let _gate = crate::common::gate!();
     // History keeps 50 events: a `since` of 3 is too old once 120 were published.
     let server = TestServer::start(|c| c.history_size = 50);
     let http = server.http();
@@ -161,6 +164,7 @@ async fn a_failed_recovery_brings_the_state_and_the_events_after_it() {
 
 #[tokio::test]
 async fn concurrent_publishers_every_state_names_the_event_that_produced_it() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.batch_window_ms = 0);
     let http = server.http();
     let writers: Vec<_> = (0..4)
@@ -209,6 +213,7 @@ async fn concurrent_publishers_every_state_names_the_event_that_produced_it() {
 
 #[tokio::test]
 async fn put_and_get_round_trip_as_of_the_head() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     // A room never written: seq 0, data null, and the epoch its first write keeps.
@@ -254,6 +259,7 @@ async fn put_and_get_round_trip_as_of_the_head() {
 
 #[tokio::test]
 async fn too_large_states_are_refused_with_413_and_inboxes_have_none() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.max_state_bytes = 64);
     let http = server.http();
     let big = json!({"text": "x".repeat(80)});
@@ -293,6 +299,7 @@ async fn too_large_states_are_refused_with_413_and_inboxes_have_none() {
 
 #[tokio::test]
 async fn an_acknowledged_state_survives_kill_9() {
+    let _gate = crate::common::gate!();
     let root = tempfile::tempdir().expect("tempdir");
     let data = root.path().join("data");
     let serve = ServeProcess::start(&data, &root.path().join("serve-1.log"), &[]);
@@ -322,6 +329,7 @@ async fn an_acknowledged_state_survives_kill_9() {
 /// playing does not kick off again, its minute and score never go back.
 #[tokio::test]
 async fn the_demo_resumes_each_match_from_its_stored_state() {
+    let _gate = crate::common::gate!();
     let root = tempfile::tempdir().expect("tempdir");
     let data = root.path().join("data");
     let serve = ServeProcess::start(&data, &root.path().join("serve-1.log"), &["--demo"]);

@@ -165,6 +165,7 @@ async fn next_json(ws: &mut Wss) -> Value {
 
 #[tokio::test]
 async fn https_and_wss_with_a_self_signed_certificate_mint_subscribe_publish_receive() {
+    let _gate = crate::common::gate!();
     let (server, tls, _cert) = tls_server().await;
     let addr = server.addr;
 
@@ -208,6 +209,7 @@ async fn https_and_wss_with_a_self_signed_certificate_mint_subscribe_publish_rec
 
 #[tokio::test]
 async fn plain_http_and_ws_on_the_tls_port_get_no_normal_answer() {
+    let _gate = crate::common::gate!();
     let (server, tls, _cert) = tls_server().await;
 
     // Plain HTTP: whatever comes back (a TLS alert, or nothing) is not an HTTP response,
@@ -253,6 +255,7 @@ async fn tls_server() -> (TestServer, TlsConnector, SelfSigned) {
 /// answer (no `public_url` configured) must be an `https://` URL.
 #[tokio::test]
 async fn route_names_an_https_url_for_a_tls_node() {
+    let _gate = crate::common::gate!();
     let (server, tls, _cert) = tls_server().await;
     let (status, body) = https(server.addr, &tls, "GET", "/v1/route?user=alice", true, None).await;
     assert_eq!(status, 200, "{body}");
@@ -300,6 +303,7 @@ fn serve_with_missing_certificate() -> (std::process::ExitStatus, String, String
 
 #[test]
 fn unreadable_certificate_files_fail_the_start_and_name_the_file() {
+    let _gate = crate::common::gate!();
     let (status, stdout, stderr) = serve_with_missing_certificate();
     assert!(!status.success(), "serve with a missing certificate must fail; stdout {stdout} stderr {stderr}");
     assert!(
@@ -312,6 +316,7 @@ fn unreadable_certificate_files_fail_the_start_and_name_the_file() {
 /// the node serves: it must not be printed by a node about to fail on its certificate.
 #[test]
 fn a_node_that_cannot_load_its_certificate_never_announces_a_listener() {
+    let _gate = crate::common::gate!();
     let (status, stdout, stderr) = serve_with_missing_certificate();
     assert!(!status.success(), "stdout {stdout} stderr {stderr}");
     assert!(!stdout.contains("listening on"), "announced a listener, then failed: stdout {stdout:?} stderr {stderr:?}");

@@ -31,6 +31,7 @@ fn flip(token: &str, at: usize) -> String {
 
 #[tokio::test]
 async fn replayed_token_is_refused_before_upgrade() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let token = server.mint_token("alice", "web");
     let mut first = WsClient::connect(server.addr, &token, None).await;
@@ -45,6 +46,7 @@ async fn replayed_token_is_refused_before_upgrade() {
 
 #[tokio::test]
 async fn expired_token_is_refused() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let (status, body) = server.http().mint_token_raw(json!({"user": "alice", "device": "web", "ttl_secs": 1}));
     assert_eq!(status, 201, "{body}");
@@ -58,6 +60,7 @@ async fn expired_token_is_refused() {
 
 #[tokio::test]
 async fn tampered_token_is_refused() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let token = server.mint_token("alice", "web");
     assert!(token.len() > 16, "token looks too short to carry a signature: {token}");
@@ -78,12 +81,14 @@ async fn tampered_token_is_refused() {
 
 #[tokio::test]
 async fn missing_token_is_refused() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     assert_rejected(&server, None, "missing_token").await;
 }
 
 #[tokio::test]
 async fn used_token_stays_refused_after_restart_and_unused_one_still_works() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let used = server.mint_token("alice", "web");
     let unused = server.mint_token("bob", "web");
@@ -99,6 +104,7 @@ async fn used_token_stays_refused_after_restart_and_unused_one_still_works() {
 
 #[tokio::test]
 async fn minting_needs_the_api_key_and_respects_the_ttl_bound() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.token_ttl_max_secs = 300);
     let http = server.http();
     let body = json!({"user": "alice"});

@@ -14,6 +14,7 @@ async fn client_on(server: &TestServer, user: &str, device: &str) -> WsClient {
 
 #[tokio::test]
 async fn another_users_inbox_is_forbidden() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let mut c = server.client("alice").await;
 
@@ -32,6 +33,7 @@ async fn another_users_inbox_is_forbidden() {
 
 #[tokio::test]
 async fn messages_reach_every_connection_of_the_user_without_subscribing() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut tab1 = server.client("alice").await;
@@ -57,6 +59,7 @@ async fn messages_reach_every_connection_of_the_user_without_subscribing() {
 
 #[tokio::test]
 async fn messages_for_named_devices_reach_only_those() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut phone = client_on(&server, "alice", "phone").await;
@@ -73,6 +76,7 @@ async fn messages_for_named_devices_reach_only_those() {
 
 #[tokio::test]
 async fn exclusive_device_newest_connection_wins_with_4501_and_web_keeps_many_tabs() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let mut old_phone = client_on(&server, "alice", "phone").await;
     let mut new_phone = client_on(&server, "alice", "phone").await;
@@ -88,6 +92,7 @@ async fn exclusive_device_newest_connection_wins_with_4501_and_web_keeps_many_ta
 
 #[tokio::test]
 async fn operator_kick_closes_the_users_connections_with_4502() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut phone = client_on(&server, "alice", "phone").await;

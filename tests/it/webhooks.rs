@@ -298,6 +298,7 @@ fn wait_metric(http: &Http, name: &str, want: f64, serve: &ServeProcess) {
 
 #[tokio::test]
 async fn every_webhook_arrives_signed_and_in_order_per_room_through_failures() {
+    let _gate = crate::common::gate!();
     let receiver = Receiver::start(fail_first(2));
     let root = tempfile::tempdir().unwrap();
     let serve = serve(root.path(), "serve.log", &receiver, &[]);
@@ -382,6 +383,7 @@ async fn every_webhook_arrives_signed_and_in_order_per_room_through_failures() {
 
 #[tokio::test]
 async fn webhooks_queued_while_the_receiver_fails_arrive_after_sigterm_and_kill_9() {
+    let _gate = crate::common::gate!();
     let receiver = Receiver::start(always(503));
     let root = tempfile::tempdir().unwrap();
 
@@ -450,6 +452,7 @@ async fn webhooks_queued_while_the_receiver_fails_arrive_after_sigterm_and_kill_
 
 #[tokio::test]
 async fn a_full_queue_drops_new_webhooks_and_counts_them() {
+    let _gate = crate::common::gate!();
     let receiver = Receiver::start(always(500));
     let root = tempfile::tempdir().unwrap();
     let serve = serve(root.path(), "serve.log", &receiver, &["--webhook-queue-max", "3"]);
@@ -479,6 +482,7 @@ async fn a_full_queue_drops_new_webhooks_and_counts_them() {
 
 #[tokio::test]
 async fn a_4xx_drops_that_webhook_and_its_room_goes_on() {
+    let _gate = crate::common::gate!();
     // Every client publish is refused for good (410); occupancy webhooks are taken.
     let receiver = Receiver::start(Box::new(|body, _| if body["type"] == "client_published" { 410 } else { 200 }));
     let root = tempfile::tempdir().unwrap();
@@ -501,6 +505,7 @@ async fn a_4xx_drops_that_webhook_and_its_room_goes_on() {
 
 #[tokio::test]
 async fn a_publish_from_a_connection_that_closes_at_once_still_has_its_webhook() {
+    let _gate = crate::common::gate!();
     let receiver = Receiver::start(always(200));
     let root = tempfile::tempdir().unwrap();
     let serve = serve(root.path(), "serve.log", &receiver, &[]);
@@ -526,6 +531,7 @@ fn occupancy_of(receiver: &Receiver, room: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn a_subscribe_loop_and_a_reload_make_one_occupied_and_one_vacated() {
+    let _gate = crate::common::gate!();
     let receiver = Receiver::start(always(200));
     let root = tempfile::tempdir().unwrap();
     let serve = serve(root.path(), "serve.log", &receiver, &[]);
@@ -569,6 +575,7 @@ async fn a_subscribe_loop_and_a_reload_make_one_occupied_and_one_vacated() {
 
 #[tokio::test]
 async fn a_client_published_webhook_carries_the_data_as_the_client_sent_it() {
+    let _gate = crate::common::gate!();
     let receiver = Receiver::start(always(200));
     let root = tempfile::tempdir().unwrap();
     let serve = serve(root.path(), "serve.log", &receiver, &[]);
@@ -584,6 +591,7 @@ async fn a_client_published_webhook_carries_the_data_as_the_client_sent_it() {
 
 #[test]
 fn a_bad_webhook_config_stops_the_start_with_a_clear_error() {
+    let _gate = crate::common::gate!();
     let root = tempfile::tempdir().unwrap();
     let cases: [(&[&str], &str); 4] = [
         (&["--webhook-url", "http://127.0.0.1:9/hooks"], "webhook_secret must be set when webhook_url is"),

@@ -4,12 +4,19 @@
 //!
 //! Every wait is bounded: a helper that waits takes or uses a timeout and panics with
 //! what it was waiting for, so a misbehaving server fails a test instead of hanging it.
+//!
+//! Every test enters `concurrency`'s gate first (`let _gate = crate::common::gate!();`):
+//! tests of different modules never run at the same time, as when each module was a
+//! test binary of its own; the rule and why are in `concurrency.rs`.
 
 #![allow(dead_code)]
 
 pub mod balancer;
+pub mod concurrency;
 pub mod nats;
 pub mod process;
+
+pub(crate) use concurrency::gate;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

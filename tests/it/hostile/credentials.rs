@@ -43,6 +43,7 @@ fn kick(http: &Http, user: &str) -> u64 {
 
 #[tokio::test]
 async fn a_kick_voids_the_resume_credential_and_the_unused_token_of_a_disconnected_user() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let client = WsClient::connect(server.addr, &http.mint_token("mallory", "web"), None).await;
@@ -68,6 +69,7 @@ async fn a_kick_voids_the_resume_credential_and_the_unused_token_of_a_disconnect
 
 #[tokio::test]
 async fn a_kick_of_one_device_leaves_the_users_other_devices_in() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let phone = WsClient::connect(server.addr, &http.mint_token("peggy", "phone"), None).await;
@@ -83,6 +85,7 @@ async fn a_kick_of_one_device_leaves_the_users_other_devices_in() {
 
 #[tokio::test]
 async fn a_kick_answered_just_before_a_kill_9_still_voids_the_disconnected_users_credentials() {
+    let _gate = crate::common::gate!();
     let root = tempfile::tempdir().expect("tempdir");
     let data = root.path().join("data");
     let serve = ServeProcess::start(&data, &root.path().join("serve-1.log"), &[]);
@@ -115,6 +118,7 @@ async fn a_kick_answered_just_before_a_kill_9_still_voids_the_disconnected_users
 
 #[tokio::test]
 async fn a_user_id_with_an_at_sign_reads_and_recovers_its_own_inbox() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let user = "ann@example.com";

@@ -89,6 +89,7 @@ async fn answered_then_partial(addr: SocketAddr, from: IpAddr, second: &[u8]) ->
 /// trickles it.
 #[tokio::test]
 async fn a_half_sent_second_request_on_a_keep_alive_connection_is_cut_off() {
+    let _gate = crate::common::gate!();
     const TIMEOUT: Duration = Duration::from_millis(1000);
     let server = TestServer::start(|c| c.handshake_timeout_ms = TIMEOUT.as_millis() as u64);
     let mut held = Vec::new();
@@ -148,6 +149,7 @@ async fn a_half_sent_second_request_on_a_keep_alive_connection_is_cut_off() {
 /// are late), an honest client connects again.
 #[tokio::test]
 async fn plain_http_sockets_are_bounded_and_websockets_keep_their_place() {
+    let _gate = crate::common::gate!();
     const PLACES: usize = 16;
     const TIMEOUT: Duration = Duration::from_millis(1500);
     let server = TestServer::start(|c| {
@@ -222,6 +224,7 @@ async fn plain_http_sockets_are_bounded_and_websockets_keep_their_place() {
 /// is not a WebSocket handshake on a WebSocket route, before the app sees it.
 #[tokio::test]
 async fn an_sse_request_asking_for_an_upgrade_is_refused_and_spends_nothing() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let token = server.mint_token("ghost", "web");
     let mut stream = connect_from(server.addr, ip("127.0.0.2")).await;
@@ -252,6 +255,7 @@ async fn an_sse_request_asking_for_an_upgrade_is_refused_and_spends_nothing() {
 /// before anything is spent, on both transports.
 #[tokio::test]
 async fn a_bad_session_id_is_refused_before_the_token_is_spent() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let token = server.mint_token("sess", "web");
     let long = "s".repeat(10_000);
@@ -275,6 +279,7 @@ async fn a_bad_session_id_is_refused_before_the_token_is_spent() {
 /// a /64 now counts as one.
 #[tokio::test]
 async fn the_addresses_of_one_ipv6_64_share_their_per_ip_limit() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| {
         c.trusted_proxies = vec!["127.0.0.1".into()];
         c.max_connections_per_ip = 2;
@@ -295,6 +300,7 @@ async fn the_addresses_of_one_ipv6_64_share_their_per_ip_limit() {
 /// now costs at most one store probe per second.
 #[tokio::test]
 async fn a_flood_of_healthz_costs_no_store_writes() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let probes = || http.metric("livegate_store_probes_total").expect("livegate_store_probes_total");

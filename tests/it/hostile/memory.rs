@@ -84,6 +84,7 @@ fn address(i: usize) -> IpAddr {
 /// 21.6–23.1 MiB, 0.90–0.94 of this one.
 #[test]
 fn memory_is_a_level_not_a_slope_under_user_churn() {
+    let _gate = crate::common::gate!();
     let root = tempfile::tempdir().expect("tempdir");
     let server = ServeProcess::start(
         &root.path().join("data"),

@@ -301,6 +301,7 @@ fn check(what: &str, flood: &Flood, code: Option<u16>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_requests_from_a_client_that_does_not_read_stay_within_the_outbox() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().unwrap();
     let server = serve(&dir);
     let http = server.http();
@@ -326,6 +327,7 @@ async fn history_requests_from_a_client_that_does_not_read_stay_within_the_outbo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pings_at_line_rate_from_a_client_that_does_not_read_stay_within_the_outbox() {
+    let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().unwrap();
     let server = serve(&dir);
     let http = server.http();
@@ -350,6 +352,7 @@ async fn pings_at_line_rate_from_a_client_that_does_not_read_stay_within_the_out
 
 #[tokio::test]
 async fn a_history_page_is_cut_to_the_outbox_and_paging_on_reads_everything() {
+    let _gate = crate::common::gate!();
     let server = crate::common::TestServer::start(|c| c.max_outbox_bytes = 16 * 1024);
     let http = server.http();
     fill_room(&http, "paged", 300);

@@ -35,6 +35,7 @@ async fn chatter(server: &TestServer, user: &str) -> WsClient {
 
 #[tokio::test]
 async fn rooms_never_published_to_leave_nothing_stored_and_their_actors_go_soon() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.max_messages_per_sec = 0);
     let http = server.http();
     let mut attacker = server.client("mallory").await;
@@ -94,6 +95,7 @@ async fn rooms_never_published_to_leave_nothing_stored_and_their_actors_go_soon(
 
 #[tokio::test]
 async fn a_connection_starting_rooms_fast_is_refused_past_its_budget() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut attacker = server.client("mallory").await;
@@ -133,6 +135,7 @@ async fn publish(client: &mut WsClient, id: &str, data: Value) -> Value {
 
 #[tokio::test]
 async fn a_clients_idempotency_id_never_takes_a_backends() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
     let mut watcher = server.client("watcher").await;
@@ -196,6 +199,7 @@ async fn raw_events_frame(client: &mut WsClient) -> String {
 
 #[tokio::test]
 async fn a_clients_published_data_reaches_subscribers_byte_for_byte() {
+    let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.max_event_bytes = 64);
     let mut watcher = server.client("watcher").await;
     watcher.subscribe_ok("chat:raw").await;
