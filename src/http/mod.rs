@@ -1023,7 +1023,7 @@ async fn client_types() -> HttpResponse {
 }
 
 /// `GET /openapi.json`: the OpenAPI 3.1 description of every route in [`ROUTES`]
-/// (tests/openapi.rs checks the two against each other and against a validator).
+/// (tests/it/openapi.rs checks the two against each other and against a validator).
 async fn openapi() -> HttpResponse {
     embedded("application/json", include_str!("../web/openapi.json"))
 }

@@ -15,7 +15,7 @@
 //
 // The page and /livegate.js are the copies compiled into the binary. To try edits of
 // src/web/ without a rebuild, LIVEGATE_E2E_WEB=src serves them from the source tree
-// instead (tests/client_library.rs checks the binary serves exactly that file).
+// instead (tests/it/client_library.rs checks the binary serves exactly that file).
 
 import assert from 'node:assert/strict';
 import { mkdirSync, readFileSync } from 'node:fs';

@@ -1,4 +1,4 @@
-"""Checks real answers of a running livegate against its OpenAPI document (tests/openapi.rs).
+"""Checks real answers of a running livegate against its OpenAPI document (tests/it/openapi.rs).
 
 Usage: check_answers.py OPENAPI_JSON ANSWERS_JSON
 

@@ -1,0 +1,98 @@
+//! The layering rule of ARCHITECTURE.md, checked on the source: every `crate::` path a
+//! module names (in `use` lines and in code) belongs to its own layer or one below.
+//! Layers, lowest first: core and world; protocol, config and store; metrics, cluster and
+//! client; actors; http and demo; server; cli; and the crate roots.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// The layer of a top-level module of `src/`.
+fn layer(module: &str) -> usize {
+    match module {
+        "core" | "world" => 0,
+        "protocol" | "config" | "store" => 1,
+        // client: a client of the public API, kept below actors and handlers so it
+        // cannot reach the server's insides.
+        "metrics" | "cluster" | "client" => 2,
+        "actors" => 3,
+        "http" | "demo" => 4,
+        "server" => 5,
+        "cli" => 6,
+        "lib" | "main" => 7,
+        other => panic!("src/{other}: a top-level module the layering rule does not know; give it a layer here and in ARCHITECTURE.md"),
+    }
+}
+
+/// Upward imports not yet removed: file, the module it reaches up to. Empty, and it should
+/// stay so: a lower layer that needs a higher one defines a trait the wiring implements.
+const KNOWN_UPWARD: &[(&str, &str)] = &[];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read src") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level modules `text` names as `crate::<module>`.
+fn named_modules(text: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for (at, _) in text.match_indices("crate::") {
+        let before = text[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let rest = &text[at + "crate::".len()..];
+        let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        assert!(!rest.starts_with('{'), "`crate::{{…}}` hides which modules it names; write one path per module");
+        if !name.is_empty() {
+            found.insert(name);
+        }
+    }
+    found
+}
+
+#[test]
+fn no_module_imports_a_layer_above_its_own() {
+    let _gate = crate::common::gate!();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut upward = Vec::new();
+    let mut allowed_seen = BTreeSet::new();
+    for file in &files {
+        let relative = file.strip_prefix(&src).expect("under src").to_string_lossy().replace('\\', "/");
+        let own = relative.split(['/', '.']).next().expect("a name").to_string();
+        let text = std::fs::read_to_string(file).expect("read");
+        for module in named_modules(&text) {
+            if module == own || !src.join(&module).exists() && !src.join(format!("{module}.rs")).exists() {
+                continue;
+            }
+            if layer(&module) > layer(&own) {
+                if KNOWN_UPWARD.contains(&(relative.as_str(), module.as_str())) {
+                    allowed_seen.insert((relative.clone(), module));
+                } else {
+                    upward.push(format!("src/{relative} (layer {}) names crate::{module} (layer {})", layer(&own), layer(&module)));
+                }
+            }
+        }
+    }
+    assert!(upward.is_empty(), "imports that run up the layers:\n  {}", upward.join("\n  "));
+    for (file, module) in KNOWN_UPWARD {
+        assert!(
+            allowed_seen.contains(&(file.to_string(), module.to_string())),
+            "src/{file} no longer reaches up to {module}: remove it from KNOWN_UPWARD"
+        );
+    }
+}
+
+#[test]
+fn module_names_are_found_in_paths_and_use_lines() {
+    let _gate = crate::common::gate!();
+    let text = "use crate::core::x;\nlet a = crate::store::open();\nmy_crate::nope;\n";
+    assert_eq!(named_modules(text), ["core", "store"].map(String::from).into());
+}

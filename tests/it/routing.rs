@@ -1,0 +1,222 @@
+//! `GET /v1/route` over a real liveness table (DESIGN.md §4 "Routing", "Liveness table";
+//! issue 3): the node itself is always a candidate; a peer is marked down after one failed
+//! probe and up only after `probe_up_after` successful probes in a row.
+
+use crate::common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+fn route(http: &Http, query: &str) -> (u16, Value) {
+    http.request("GET", &format!("/v1/route?{query}"), Auth::Key, Body::None)
+}
+
+/// A session id whose placement among node-a and node-b is node-a: in peers mode a
+/// session's node is the rendezvous choice of its id, so this one routes to node-a while
+/// node-a is up, and to the only other node while it is down.
+fn session_placed_on_node_a() -> String {
+    (0..)
+        .map(|i| format!("s{i}"))
+        .find(|s| livegate::core::routing::rendezvous(s, ["node-a", "node-b"]) == Some("node-a"))
+        .expect("some id lands on node-a")
+}
+
+/// The node `/v1/route?session=<placed on node-a>` answers (asserting 200).
+fn routed_node(http: &Http) -> String {
+    let (status, body) = route(http, &format!("session={}", session_placed_on_node_a()));
+    assert_eq!(status, 200, "route: {body}");
+    body["node"].as_str().unwrap_or_else(|| panic!("no node in {body}")).to_string()
+}
+
+/// An address nothing listens on.
+fn dead_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+#[test]
+fn route_without_peers_answers_the_node_itself() {
+    let _gate = crate::common::gate!();
+    let server = TestServer::start(|c| c.node = "solo".into());
+    let http = server.http();
+    for query in ["user=u1", "session=nosuch", "session=nosuch&user=u1"] {
+        let (status, body) = route(&http, query);
+        assert_eq!(status, 200, "{query}: {body}");
+        assert_eq!(body["node"], "solo", "{query}: {body}");
+        let url = body["url"].as_str().unwrap_or_else(|| panic!("{query}: no url in {body}"));
+        assert!(url.contains(&format!(":{}", server.addr.port())), "{query}: url {url} must carry port {}", server.addr.port());
+    }
+    let (status, body) = route(&http, "");
+    assert_eq!(status, 400, "neither session nor user: {body}");
+    let (status, body) = http.request("GET", "/v1/route?user=u1", Auth::None, Body::None);
+    assert_eq!(status, 401, "the API key is required to ask by user: {body}");
+    let (status, body) = http.request("GET", "/v1/route?session=nosuch", Auth::None, Body::None);
+    assert_eq!((status, body["node"].as_str()), (200, Some("solo")), "a client may ask for its session without the key: {body}");
+}
+
+#[test]
+fn route_with_every_peer_down_still_answers_self() {
+    let _gate = crate::common::gate!();
+    let (d1, d2) = (dead_addr(), dead_addr());
+    let server = TestServer::start(|c| {
+        c.node = "node-z".into();
+        c.peers = vec![format!("node-a=http://{d1}"), format!("node-0@other=http://{d2}")];
+        c.probe_interval_ms = 50;
+        c.probe_up_after = 1;
+    });
+    let http = server.http();
+    let until = Instant::now() + Duration::from_millis(600);
+    while Instant::now() < until {
+        let (status, body) = route(&http, "user=u1");
+        assert_eq!(status, 200, "self is always a candidate: {body}");
+        assert_eq!(body["node"], "node-z", "{body}");
+        assert!(body["url"].as_str().is_some_and(|u| u.contains(&format!(":{}", server.addr.port()))), "{body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn peer_goes_down_after_one_failed_probe_and_comes_back_after_several() {
+    let _gate = crate::common::gate!();
+    const INTERVAL: Duration = Duration::from_millis(100);
+    let peer_tweak = |c: &mut livegate::config::Config| c.node = "node-a".into();
+    let p = TestServer::start(peer_tweak);
+    let p_addr = p.addr;
+    let a = TestServer::start(|c| {
+        c.node = "node-b".into();
+        c.peers = vec![format!("node-a=http://{p_addr}")];
+        c.probe_interval_ms = 100;
+        c.probe_up_after = 3;
+    });
+    let http = a.http();
+
+    // P comes up: the session is placed on node-a, so node-a is the answer once up.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, body) = route(&http, &format!("session={}", session_placed_on_node_a()));
+        assert_eq!(status, 200, "{body}");
+        if body["node"] == "node-a" {
+            assert_eq!(body["url"], format!("http://{p_addr}"), "the peer's configured URL: {body}");
+            break;
+        }
+        assert_eq!(body["node"], "node-b", "{body}");
+        assert!(Instant::now() < deadline, "route never answered node-a within 5 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Down fast: one failed probe.
+    let dir = p.stop();
+    let stopped = Instant::now();
+    while routed_node(&http) != "node-b" {
+        assert!(stopped.elapsed() <= Duration::from_secs(1), "peer still routed to 1 s after it stopped");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let down_after = stopped.elapsed();
+    // And it stays down while P is away.
+    let until = Instant::now() + 3 * INTERVAL;
+    while Instant::now() < until {
+        assert_eq!(routed_node(&http), "node-b", "a stopped peer must stay down");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Up carefully: P is back on the same port; the answer stays node-b for at least one
+    // probe interval after P's /healthz answers, then becomes node-a within 3 s.
+    let restarter = std::thread::spawn(move || TestServer::start_at(p_addr, dir, peer_tweak));
+    let p_http = Http::new(p_addr);
+    let restart_began = Instant::now();
+    let mut health_at: Option<Instant> = None;
+    let flipped_at = loop {
+        if health_at.is_none() && matches!(p_http.try_request("GET", "/healthz", Auth::None, Body::None), Ok((200, _))) {
+            health_at = Some(Instant::now());
+        }
+        let node = routed_node(&http);
+        if node == "node-a" {
+            let now = Instant::now();
+            assert!(health_at.is_some(), "route answered node-a before P's /healthz answered");
+            break now;
+        }
+        assert_eq!(node, "node-b");
+        if let Some(h) = health_at {
+            assert!(h.elapsed() <= Duration::from_secs(3), "peer not routed to 3 s after its /healthz answered");
+        }
+        assert!(restart_began.elapsed() <= Duration::from_secs(20), "P did not come back within 20 s");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let healthy_at = health_at.expect("health seen");
+    let up_after = flipped_at.duration_since(healthy_at);
+    eprintln!("down after {down_after:?}; up {up_after:?} after P's /healthz first answered");
+    assert!(
+        up_after >= INTERVAL,
+        "with probe_up_after = 3 and 100 ms probes the peer must stay down for at least one interval after it \
+         answers again; it was routed to {up_after:?} after its /healthz answered"
+    );
+    let p2 = restarter.join().expect("restart thread");
+    drop(p2);
+}
+
+/// Peers mode (issue 30): two nodes that list each other, no shared directory. A session
+/// made on node-a is placed on node-a (its id is drawn until the rendezvous choice is
+/// node-a), so a reconnect through node-b is sent there: a WebSocket is accepted and
+/// closed with 4421 naming node-a and its URL, SSE gets 421 with the same, and neither
+/// spends the token, which then opens the session on node-a. Before, node-b answered with
+/// a new session of its own, and the two nodes disagreed about where the session lived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_send_a_reconnect_to_the_node_that_made_its_session() {
+    let _gate = crate::common::gate!();
+    let b_addr = dead_addr();
+    let a = TestServer::start(|c| {
+        c.node = "node-a".into();
+        c.peers = vec![format!("node-b=http://{b_addr}")];
+        c.probe_interval_ms = 50;
+        c.probe_up_after = 1;
+    });
+    let a_addr = a.addr;
+    let b = TestServer::start_at(b_addr, tempfile::tempdir().expect("tempdir"), |c| {
+        c.node = "node-b".into();
+        c.peers = vec![format!("node-a=http://{a_addr}")];
+        c.probe_interval_ms = 50;
+        c.probe_up_after = 1;
+    });
+    let up = |http: &Http, peer: &str| http.metric(&format!("livegate_peer_up{{peer=\"{peer}\"}}")) == Some(1.0);
+    assert!(wait_until(Duration::from_secs(5), || up(&a.http(), "node-b") && up(&b.http(), "node-a")), "peers never up");
+
+    let first = WsClient::connect(a.addr, &a.mint_token("u1", "web"), None).await;
+    let session = first.session().to_string();
+    first.close().await;
+    // Both nodes answer node-a for it, without an API key.
+    for node in [&a, &b] {
+        let (status, body) = node.http().request("GET", &format!("/v1/route?session={session}"), Auth::None, Body::None);
+        assert_eq!((status, body["node"].as_str()), (200, Some("node-a")), "{body}");
+    }
+
+    let token = b.mint_token("u1", "web");
+    match WsClient::try_connect_with_headers(b.addr, Some(&token), Some(&session)).await {
+        Err(r) => {
+            assert_eq!((r.status, r.header("close-code")), (421, Some("4421")), "{} {:?}", r.body, r.headers);
+            assert_eq!(r.body["error"]["code"], "wrong_node", "{}", r.body);
+            assert_eq!(r.body["error"]["node"], "node-a", "{}", r.body);
+            assert_eq!(r.body["error"]["url"], format!("http://{a_addr}"), "{}", r.body);
+            assert_eq!(r.header("close-reason"), Some(format!("http://{a_addr}").as_str()), "the close reason is the URL");
+        }
+        Ok(c) => panic!("node-b accepted node-a's session: {}", c.welcome),
+    }
+    let (status, body) =
+        b.http().request("GET", &format!("/v1/sse?token={token}&session={session}"), Auth::None, Body::None);
+    assert_eq!((status, body["error"]["code"].as_str(), body["error"]["node"].as_str()), (421, Some("wrong_node"), Some("node-a")), "{body}");
+    assert_eq!(b.http().metric("livegate_handshakes_redirected_total"), Some(2.0), "{}", b.http().metrics_text());
+    // In peers mode each node signs its own tokens: the client opens the session on
+    // node-a with a token of node-a's.
+    let there = WsClient::connect(a.addr, &a.mint_token("u1", "web"), Some(&session)).await;
+    assert_eq!((there.session(), there.welcome["node"].as_str()), (session.as_str(), Some("node-a")), "{}", there.welcome);
+    there.close().await;
+    // node-b's token was not spent by its two refusals: with node-a gone, it opens on b.
+    let a_dir = tokio::task::spawn_blocking(move || a.stop()).await.unwrap();
+    assert!(wait_until(Duration::from_secs(5), || !up(&b.http(), "node-a")), "node-a still up on b");
+    let on_b = WsClient::try_connect(b.addr, Some(&token), Some(&session)).await;
+    let on_b = on_b.unwrap_or_else(|r| panic!("the token refused twice with wrong_node, once node-a is gone: {} {}", r.status, r.body));
+    assert_eq!(on_b.welcome["node"], "node-b", "{}", on_b.welcome);
+    drop(a_dir);
+}
