@@ -39,6 +39,7 @@ mod resume;
 mod rolling_release;
 mod route_cli;
 mod routing;
+mod scale_out;
 mod sessions;
 mod slow_consumer;
 mod slow_consumers_at_scale;

@@ -15,7 +15,7 @@
 //!
 //! Needs `node` (Node 20+) and `/usr/sbin/nats-server`; a missing one fails the test.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader};
@@ -235,6 +235,7 @@ fn rebalance_status(http: &Http) -> Value {
 
 #[test]
 fn a_new_node_gets_its_share_at_the_asked_rate() {
+    let _gate = crate::common::gate!();
     let started = Instant::now();
     let mut cluster = Cluster::start(2, &FLAGS);
     let balancer = Balancer::start(&[cluster.addr(0), cluster.addr(1)]);
