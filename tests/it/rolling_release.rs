@@ -30,9 +30,7 @@
 use crate::common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -41,6 +39,7 @@ use std::time::{Duration, Instant};
 use common::balancer::Balancer;
 use common::nats::Cluster;
 use common::process::full_history;
+use common::swarm::{ClientState, Swarm, SwarmSpec, SwarmState};
 use common::*;
 use serde_json::{json, Value};
 
@@ -72,170 +71,6 @@ const FLAGS: [&str; 12] = [
 
 fn room(k: usize) -> String {
     format!("roll:{k}")
-}
-
-// ---------------------------------------------------------------------------------------
-// The Node process running the clients, and what its lines say
-// ---------------------------------------------------------------------------------------
-
-#[derive(Debug, Clone)]
-struct Welcome {
-    at: Instant,
-    node: String,
-    session: String,
-}
-
-#[derive(Debug, Default)]
-struct ClientState {
-    welcomes: Vec<Welcome>,
-    connected: bool,
-    subscribed: HashSet<String>,
-    /// Seqs handed to the application, per room, in order.
-    events: HashMap<String, Vec<u64>>,
-    /// Close frames the client's sockets received: (when, code, reason, "lb" | "direct").
-    closes: Vec<(Instant, u16, String, String)>,
-    /// Upgrades answered with an HTTP status instead of 101: (when, status, via).
-    refusals: Vec<(Instant, u16, String)>,
-    recovery_failed: Vec<(Instant, String)>,
-    /// livegate.js's `redirect` events: where a refusal sent it, or why ("node reason").
-    redirects: Vec<String>,
-    errors: Vec<String>,
-}
-
-#[derive(Debug, Default)]
-struct SwarmState {
-    clients: Vec<ClientState>,
-    ready: bool,
-    bye: bool,
-    /// Lines that were not understood.
-    junk: Vec<String>,
-}
-
-impl SwarmState {
-    fn take(&mut self, line: &str) {
-        let Ok(v) = serde_json::from_str::<Value>(line) else {
-            self.junk.push(line.to_string());
-            return;
-        };
-        let text = |k: &str| v[k].as_str().unwrap_or("").to_string();
-        match v["t"].as_str() {
-            Some("ready") => return self.ready = true,
-            Some("bye") => return self.bye = true,
-            _ => {}
-        }
-        let Some(c) = v["c"].as_u64().map(|c| c as usize).filter(|&c| c < self.clients.len()) else {
-            self.junk.push(line.to_string());
-            return;
-        };
-        let client = &mut self.clients[c];
-        match v["t"].as_str().unwrap_or("") {
-            "welcome" => {
-                client.welcomes.push(Welcome { at: Instant::now(), node: text("node"), session: text("session") });
-                client.connected = true;
-            }
-            "lost" => client.connected = false,
-            "sub" => {
-                client.subscribed.insert(text("r"));
-            }
-            "ev" => client.events.entry(text("r")).or_default().push(v["s"].as_u64().unwrap_or(0)),
-            "close" => client.closes.push((Instant::now(), v["code"].as_u64().unwrap_or(0) as u16, text("reason"), text("via"))),
-            "refused" => client.refusals.push((Instant::now(), v["status"].as_u64().unwrap_or(0) as u16, text("via"))),
-            "redirect" => client.redirects.push(format!("{} {}", text("node"), text("reason"))),
-            "rfail" => client.recovery_failed.push((Instant::now(), text("r"))),
-            "err" => client.errors.push(format!("{}: {}", text("code"), text("message"))),
-            _ => self.junk.push(line.to_string()),
-        }
-    }
-}
-
-struct Swarm {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    state: Arc<Mutex<SwarmState>>,
-    reader: Option<JoinHandle<()>>,
-}
-
-impl Swarm {
-    /// `node tests/js/support/swarm.mjs` with `CLIENTS` clients given `url`; its stderr
-    /// goes to `log`.
-    fn start(url: &str, log: &std::path::Path) -> Swarm {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/js/support/swarm.mjs");
-        let rooms: Vec<String> = (0..ROOMS).map(room).collect();
-        let mut child = Command::new("node")
-            .arg(script)
-            .env("SWARM_URL", url)
-            .env("SWARM_CLIENTS", CLIENTS.to_string())
-            .env("SWARM_ROOMS", rooms.join(","))
-            .env("SWARM_ROOMS_PER_CLIENT", ROOMS_PER_CLIENT.to_string())
-            .env("SWARM_USER_PREFIX", "roll-u")
-            .env("SWARM_API_KEY", API_KEY)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(std::fs::File::create(log).expect("swarm log")))
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot run `node` ({e}): this test needs Node 20+ (`apt-get install -y nodejs`; .ci/test does this)")
-            });
-        let state = Arc::new(Mutex::new(SwarmState {
-            clients: (0..CLIENTS).map(|_| ClientState::default()).collect(),
-            ..SwarmState::default()
-        }));
-        let stdout = child.stdout.take().expect("swarm stdout");
-        let s = state.clone();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                s.lock().unwrap().take(&line);
-            }
-        });
-        let stdin = child.stdin.take();
-        Swarm { child, stdin, state, reader: Some(reader) }
-    }
-
-    fn with<T>(&self, f: impl FnOnce(&SwarmState) -> T) -> T {
-        f(&self.state.lock().unwrap())
-    }
-
-    /// Waits up to `within` for `cond`; returns whether it held.
-    fn wait(&mut self, within: Duration, mut cond: impl FnMut(&SwarmState) -> bool) -> bool {
-        let deadline = Instant::now() + within;
-        loop {
-            if self.with(&mut cond) {
-                return true;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("the Node swarm exited with {status}");
-            }
-            if Instant::now() > deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Closes stdin (the clients close, the process exits), waits a bounded time.
-    fn finish(mut self) {
-        drop(self.stdin.take());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if let Some(reader) = self.reader.take() {
-            let _ = reader.join();
-        }
-    }
-}
-
-impl Drop for Swarm {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Whether client `c` is connected to a live node: welcomed since its last loss, and
@@ -551,7 +386,9 @@ fn a_rolling_release_behind_a_round_robin_balancer_moves_each_session_once_and_r
     let started = Instant::now();
     let mut cluster = Cluster::start(3, &FLAGS);
     let balancer = Balancer::start(&[cluster.addr(0), cluster.addr(1), cluster.addr(2)]);
-    let mut swarm = Swarm::start(&balancer.url(), &cluster.root().join("swarm.log"));
+    let rooms: Vec<String> = (0..ROOMS).map(room).collect();
+    let spec = SwarmSpec { clients: CLIENTS, rooms: &rooms, rooms_per_client: ROOMS_PER_CLIENT, user_prefix: "roll-u" };
+    let mut swarm = Swarm::start(&balancer.url(), &spec, &cluster.root().join("swarm.log"));
     let mut failures: Vec<String> = Vec::new();
 
     // Everyone connected and subscribed before the first publish, so every subscriber

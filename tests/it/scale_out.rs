@@ -17,9 +17,7 @@
 
 use crate::common;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -28,6 +26,7 @@ use std::time::{Duration, Instant};
 use common::balancer::Balancer;
 use common::nats::Cluster;
 use common::process::metric;
+use common::swarm::{Swarm, SwarmSpec, SwarmState};
 use common::*;
 use serde_json::{json, Value};
 
@@ -45,139 +44,6 @@ fn room(k: usize) -> String {
 
 fn rooms_of(c: usize) -> Vec<String> {
     (0..ROOMS_PER_CLIENT).map(|k| room((c + k) % ROOMS)).collect()
-}
-
-#[derive(Debug, Clone)]
-struct Welcome {
-    node: String,
-    session: String,
-}
-
-#[derive(Debug, Default)]
-struct ClientState {
-    welcomes: Vec<Welcome>,
-    connected: bool,
-    subscribed: HashSet<String>,
-    events: HashMap<String, Vec<u64>>,
-    /// (client clock ms, code) of each `disconnected` after a welcome.
-    lost_welcomed: Vec<(u64, u16)>,
-    closes: Vec<u16>,
-    refusals: Vec<u16>,
-    recovery_failed: usize,
-}
-
-#[derive(Debug, Default)]
-struct SwarmState {
-    clients: Vec<ClientState>,
-    ready: bool,
-}
-
-impl SwarmState {
-    fn take(&mut self, line: &str) {
-        let Ok(v) = serde_json::from_str::<Value>(line) else { return };
-        let text = |k: &str| v[k].as_str().unwrap_or("").to_string();
-        if v["t"] == "ready" {
-            self.ready = true;
-            return;
-        }
-        let Some(client) = v["c"].as_u64().and_then(|c| self.clients.get_mut(c as usize)) else { return };
-        match v["t"].as_str().unwrap_or("") {
-            "welcome" => {
-                client.welcomes.push(Welcome { node: text("node"), session: text("session") });
-                client.connected = true;
-            }
-            "lost" => {
-                client.connected = false;
-                if v["welcomed"] == true {
-                    client.lost_welcomed.push((v["ms"].as_u64().unwrap_or(0), v["code"].as_u64().unwrap_or(0) as u16));
-                }
-            }
-            "sub" => {
-                client.subscribed.insert(text("r"));
-            }
-            "ev" => client.events.entry(text("r")).or_default().push(v["s"].as_u64().unwrap_or(0)),
-            "close" => client.closes.push(v["code"].as_u64().unwrap_or(0) as u16),
-            "refused" => client.refusals.push(v["status"].as_u64().unwrap_or(0) as u16),
-            "rfail" => client.recovery_failed += 1,
-            _ => {}
-        }
-    }
-}
-
-struct Swarm {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    state: Arc<Mutex<SwarmState>>,
-}
-
-impl Swarm {
-    fn start(url: &str, log: &std::path::Path) -> Swarm {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/js/support/swarm.mjs");
-        let rooms: Vec<String> = (0..ROOMS).map(room).collect();
-        let mut child = Command::new("node")
-            .arg(script)
-            .env("SWARM_URL", url)
-            .env("SWARM_CLIENTS", CLIENTS.to_string())
-            .env("SWARM_ROOMS", rooms.join(","))
-            .env("SWARM_ROOMS_PER_CLIENT", ROOMS_PER_CLIENT.to_string())
-            .env("SWARM_USER_PREFIX", "scale-u")
-            .env("SWARM_API_KEY", API_KEY)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(std::fs::File::create(log).expect("swarm log")))
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run `node` ({e}): this test needs Node 20+"));
-        let state = Arc::new(Mutex::new(SwarmState { clients: (0..CLIENTS).map(|_| ClientState::default()).collect(), ready: false }));
-        let stdout = child.stdout.take().expect("swarm stdout");
-        let s = state.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                s.lock().unwrap().take(&line);
-            }
-        });
-        let stdin = child.stdin.take();
-        Swarm { child, stdin, state }
-    }
-
-    fn with<T>(&self, f: impl FnOnce(&SwarmState) -> T) -> T {
-        f(&self.state.lock().unwrap())
-    }
-
-    fn wait(&mut self, within: Duration, mut cond: impl FnMut(&SwarmState) -> bool) -> bool {
-        let deadline = Instant::now() + within;
-        loop {
-            if self.with(&mut cond) {
-                return true;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("the Node swarm exited with {status}");
-            }
-            if Instant::now() > deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Where each client was last welcomed, counted per node.
-    fn distribution(&self) -> BTreeMap<String, usize> {
-        self.with(|s| {
-            let mut by_node = BTreeMap::new();
-            for client in s.clients.iter().filter(|c| c.connected) {
-                *by_node.entry(client.welcomes.last().map(|w| w.node.clone()).unwrap_or_default()).or_default() += 1;
-            }
-            by_node
-        })
-    }
-}
-
-impl Drop for Swarm {
-    fn drop(&mut self) {
-        drop(self.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Publishes `{"n": n}` with id `p-n` to room `n % ROOMS` every `PUBLISH_EVERY` through
@@ -240,7 +106,9 @@ fn a_new_node_gets_its_share_at_the_asked_rate() {
     let mut cluster = Cluster::start(2, &FLAGS);
     let balancer = Balancer::start(&[cluster.addr(0), cluster.addr(1)]);
     let log = cluster.root().join("swarm.log");
-    let mut swarm = Swarm::start(&balancer.url(), &log);
+    let rooms: Vec<String> = (0..ROOMS).map(room).collect();
+    let spec = SwarmSpec { clients: CLIENTS, rooms: &rooms, rooms_per_client: ROOMS_PER_CLIENT, user_prefix: "scale-u" };
+    let mut swarm = Swarm::start(&balancer.url(), &spec, &log);
     let all_in = |s: &SwarmState| {
         s.ready && s.clients.iter().enumerate().all(|(c, client)| client.connected && rooms_of(c).iter().all(|r| client.subscribed.contains(r)))
     };
@@ -331,10 +199,12 @@ fn a_new_node_gets_its_share_at_the_asked_rate() {
     swarm.with(|s| {
         let mut times = Vec::new();
         for (i, client) in s.clients.iter().enumerate() {
-            if client.closes.contains(&4029) || client.refusals.contains(&429) {
-                failures.push(format!("client {i} refused for the budget: closes {:?} refusals {:?}", client.closes, client.refusals));
+            let closes: Vec<u16> = client.closes.iter().map(|(_, code, _, _)| *code).collect();
+            let refusals: Vec<u16> = client.refusals.iter().map(|(_, status, _)| *status).collect();
+            if closes.contains(&4029) || refusals.contains(&429) {
+                failures.push(format!("client {i} refused for the budget: closes {closes:?} refusals {refusals:?}"));
             }
-            if client.recovery_failed > 0 {
+            if !client.recovery_failed.is_empty() {
                 failures.push(format!("client {i}: recovery failed"));
             }
             let sessions: HashSet<&str> = client.welcomes.iter().map(|w| w.session.as_str()).collect();
@@ -343,7 +213,7 @@ fn a_new_node_gets_its_share_at_the_asked_rate() {
             }
             let nodes: Vec<&str> = client.welcomes.iter().map(|w| w.node.as_str()).collect();
             let moves = nodes.windows(2).filter(|w| w[0] != w[1]).count();
-            let handed: Vec<u64> = client.lost_welcomed.iter().filter(|(_, code)| *code == 4421).map(|(ms, _)| *ms).collect();
+            let handed: Vec<u64> = client.losses.iter().filter(|l| l.welcomed && l.code == 4421).map(|l| l.client_ms).collect();
             if moves > 1 || handed.len() > 1 || handed.len() != moves {
                 failures.push(format!("client {i}: {moves} moves, {} handovers: {nodes:?}", handed.len()));
             }

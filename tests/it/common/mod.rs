@@ -15,6 +15,7 @@ pub mod balancer;
 pub mod concurrency;
 pub mod nats;
 pub mod process;
+pub mod swarm;
 
 pub(crate) use concurrency::gate;
 
