@@ -1027,7 +1027,7 @@ pub fn parse_rebalance_request(body: &[u8]) -> Result<RebalanceRequest, serde_js
 
 /// A rebalance as its planning node issued it (the 202 of `POST /v1/admin/rebalance`,
 /// and `issued` in `GET`).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct RebalancePlanReply {
     pub id: String,
     pub to: String,
@@ -1040,7 +1040,7 @@ pub struct RebalancePlanReply {
     pub shares: Vec<RebalanceShare>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct RebalanceShare {
     pub node: String,
     /// Connections it hands over.
@@ -1054,7 +1054,7 @@ pub struct RebalanceShare {
 }
 
 /// This node's part of the last rebalance it was given.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct RebalanceShedding {
     pub id: String,
     pub to: String,

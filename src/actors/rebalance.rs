@@ -28,6 +28,7 @@ use super::registry::Registry;
 use crate::core::lifecycle::Lifecycle;
 use crate::core::rebalance::{Order, Pacer};
 use crate::metrics::Metrics;
+use crate::protocol::{RebalancePlanReply, RebalanceShedding};
 use crate::world::now_ms;
 
 /// Moves in flight at once (each waits on the directory's store).
@@ -42,45 +43,14 @@ const MAX_CLOSE_REASON: usize = 123;
 #[rtype(result = "()")]
 pub struct Shed(pub Order);
 
-/// What a rebalance did, as the admin API shows it.
+/// What a rebalance did, as the admin API shows it (kept in its answer's form).
 #[derive(Debug, Clone, Default)]
 pub struct RebalanceStatus {
     /// The last rebalance this node planned (answered `POST /v1/admin/rebalance`).
-    pub issued: Option<Issued>,
-    /// This node's part of the last rebalance it was given (by itself or another node).
-    pub shedding: Option<Shedding>,
-}
-
-#[derive(Debug, Clone)]
-pub struct Issued {
-    pub id: String,
-    pub to: String,
-    pub per_second: u32,
-    pub mean: u64,
-    pub at_ms: u64,
-    /// Each shedding node, its connections to hand over, its rate (its part of
-    /// `per_second`), and whether it took the order (`Err`: why not).
-    pub shares: Vec<(String, u64, u32, Result<(), String>)>,
-}
-
-#[derive(Debug, Clone)]
-pub struct Shedding {
-    pub id: String,
-    pub to: String,
-    pub per_second: u32,
-    /// Connections to hand over.
-    pub planned: u64,
-    /// Connections closed with 4421 so far, and the users they belonged to.
-    pub moved: u64,
-    pub users: u64,
-    pub skipped_budget: u64,
-    pub skipped_gone: u64,
-    pub errors: u64,
-    pub started_at_ms: u64,
-    /// `None` while it runs.
-    pub finished_at_ms: Option<u64>,
-    /// Why it stopped: `done`, `no_more_users`, `target_gone`, `draining`, `replaced`.
-    pub outcome: Option<&'static str>,
+    pub issued: Option<RebalancePlanReply>,
+    /// This node's part of the last rebalance it was given (by itself or another node);
+    /// its `state` is `running` until it ends.
+    pub shedding: Option<RebalanceShedding>,
 }
 
 /// What handlers hold: the actor and the status it keeps.
@@ -139,7 +109,7 @@ impl Rebalancer {
         let now = now_ms();
         update(&self.status, |s| {
             s.finished_at_ms = Some(now);
-            s.outcome = Some(outcome);
+            s.state = outcome;
         });
         tracing::info!(id = %running.order.id, to = %running.order.to, outcome, moved = running.committed, "rebalance: this node's part ended");
     }
@@ -264,7 +234,7 @@ impl Rebalancer {
     }
 }
 
-fn update(status: &Mutex<RebalanceStatus>, f: impl FnOnce(&mut Shedding)) {
+fn update(status: &Mutex<RebalanceStatus>, f: impl FnOnce(&mut RebalanceShedding)) {
     if let Some(shedding) = status.lock().shedding.as_mut() {
         f(shedding);
     }
@@ -288,7 +258,7 @@ impl Handler<Shed> for Rebalancer {
             let now = now_ms();
             let queue: VecDeque<(String, usize)> = users.unwrap_or_default().into();
             tracing::info!(id = %order.id, to = %order.to, connections = order.connections, per_second = order.per_second, users = queue.len(), "rebalance: this node hands connections over");
-            actor.status.lock().shedding = Some(Shedding {
+            actor.status.lock().shedding = Some(RebalanceShedding {
                 id: order.id.clone(),
                 to: order.to.clone(),
                 per_second: order.per_second,
@@ -300,7 +270,7 @@ impl Handler<Shed> for Rebalancer {
                 errors: 0,
                 started_at_ms: now,
                 finished_at_ms: None,
-                outcome: None,
+                state: "running",
             });
             actor.orders += 1;
             let generation = actor.orders;

@@ -17,10 +17,10 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use actix_web::http::header::{HeaderValue, CONTENT_SECURITY_POLICY, REFERRER_POLICY};
 use super::{api_error, authorize, embedded, internal, json, read_body, ApiError, AppState, SMALL_BODY_LIMIT};
 use crate::actors::messages::CountConnections;
-use crate::actors::rebalance::{Issued, Shed};
+use crate::actors::rebalance::Shed;
 use crate::core::rebalance::{self, Load, Order};
 use crate::protocol::{self, ErrorCode, OverviewCounters, OverviewNode, OverviewReply, OverviewRoom};
-use crate::protocol::{RebalanceLoad, RebalancePlanReply, RebalanceShare, RebalanceShedding, RebalanceStatusReply};
+use crate::protocol::{RebalanceLoad, RebalancePlanReply, RebalanceShare, RebalanceStatusReply};
 use crate::world::{now_ms, random_hex};
 
 /// `GET /admin`: the page; it holds no data until the key is entered.
@@ -104,12 +104,17 @@ pub async fn rebalance(req: HttpRequest, payload: web::Payload, state: web::Data
         if let Err(error) = &given {
             tracing::warn!(node = %share.node, %error, "rebalance: a node did not take its order");
         }
-        shares.push((share.node.clone(), share.connections, rate, given));
+        shares.push(RebalanceShare {
+            node: share.node.clone(),
+            connections: share.connections,
+            per_second: rate,
+            accepted: given.is_ok(),
+            error: given.err(),
+        });
     }
     tracing::info!(id, to, per_second, total = plan.total(), mean = plan.mean, "rebalance planned");
-    let issued = Issued { id, to, per_second, mean: plan.mean, at_ms: now_ms(), shares };
-    let reply = plan_reply(&issued);
-    state.rebalance.status.lock().issued = Some(issued);
+    let reply = RebalancePlanReply { id, to, per_second, mean: plan.mean, total: plan.total(), at_ms: now_ms(), shares };
+    state.rebalance.status.lock().issued = Some(reply.clone());
     Ok(json(StatusCode::ACCEPTED, protocol::to_json(&reply)))
 }
 
@@ -120,44 +125,9 @@ pub async fn rebalance_status(req: HttpRequest, state: web::Data<AppState>) -> R
     let loads = state.router.loads(state.metrics.connections_now()).unwrap_or_default();
     let reply = RebalanceStatusReply {
         node: state.config.node.clone(),
-        issued: status.issued.as_ref().map(plan_reply),
-        shedding: status.shedding.map(|s| RebalanceShedding {
-            id: s.id,
-            to: s.to,
-            per_second: s.per_second,
-            planned: s.planned,
-            moved: s.moved,
-            users: s.users,
-            skipped_budget: s.skipped_budget,
-            skipped_gone: s.skipped_gone,
-            errors: s.errors,
-            started_at_ms: s.started_at_ms,
-            finished_at_ms: s.finished_at_ms,
-            state: s.outcome.unwrap_or("running"),
-        }),
+        issued: status.issued,
+        shedding: status.shedding,
         loads: loads.into_iter().map(|n| RebalanceLoad { node: n.name, connections: n.connections, draining: n.draining }).collect(),
     };
     Ok(json(StatusCode::OK, protocol::to_json(&reply)))
-}
-
-fn plan_reply(issued: &Issued) -> RebalancePlanReply {
-    RebalancePlanReply {
-        id: issued.id.clone(),
-        to: issued.to.clone(),
-        per_second: issued.per_second,
-        mean: issued.mean,
-        total: issued.shares.iter().map(|s| s.1).sum(),
-        at_ms: issued.at_ms,
-        shares: issued
-            .shares
-            .iter()
-            .map(|(node, connections, per_second, given)| RebalanceShare {
-                node: node.clone(),
-                connections: *connections,
-                per_second: *per_second,
-                accepted: given.is_ok(),
-                error: given.as_ref().err().cloned(),
-            })
-            .collect(),
-    }
 }
