@@ -1419,14 +1419,7 @@ fn rolling_restart_of_all_nodes_under_load_has_no_abnormal_close_no_loss_no_dupl
     for i in 0..3 {
         load.node_down(i);
         let signal_at = Instant::now();
-        cluster.node(i).signal("TERM");
-        let mut old = cluster.take_node(i);
-        match old.wait_exit(Duration::from_secs(20)) {
-            Some(status) if status.success() => {}
-            Some(status) => failures.push(format!("node {} exited with {status} after SIGTERM", Cluster::name(i))),
-            None => panic!("node {} still running 20 s after SIGTERM; logs:\n{}", Cluster::name(i), cluster.logs()),
-        }
-        let drained = signal_at.elapsed();
+        let drained = cluster.drain_node(i, &mut failures) - signal_at;
         cluster.start_node(i);
         load.node_up(i, cluster.addr(i));
         cluster.wait_peers(Duration::from_secs(20));

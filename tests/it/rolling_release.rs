@@ -364,18 +364,6 @@ fn fail_with_logs(cluster: &Cluster, failures: &[String]) {
     );
 }
 
-/// SIGTERM to node `i` (already out of the balancer); waits for its exit; returns when.
-fn drain(cluster: &mut Cluster, i: usize, failures: &mut Vec<String>) -> Instant {
-    cluster.node(i).signal("TERM");
-    let mut old = cluster.take_node(i);
-    match old.wait_exit(Duration::from_secs(20)) {
-        Some(status) if status.success() => {}
-        Some(status) => failures.push(format!("node {} exited with {status} after SIGTERM", Cluster::name(i))),
-        None => panic!("node {} still running 20 s after SIGTERM; logs:\n{}", Cluster::name(i), cluster.logs()),
-    }
-    Instant::now()
-}
-
 // ---------------------------------------------------------------------------------------
 // The test
 // ---------------------------------------------------------------------------------------
@@ -424,7 +412,7 @@ fn a_rolling_release_behind_a_round_robin_balancer_moves_each_session_once_and_r
         balancer.remove(cluster.addr(old));
         let term = Instant::now();
         first_term1.get_or_insert(term);
-        let exited = drain(&mut cluster, old, &mut failures);
+        let exited = cluster.drain_node(old, &mut failures);
         gone.push((Cluster::name(old).to_string(), exited));
         let stage = format!("release 1, {} -> {}", Cluster::name(old), Cluster::name(new));
         back1 = wait_back(&mut swarm, &gone, &stage, &mut failures);
@@ -463,7 +451,7 @@ fn a_rolling_release_behind_a_round_robin_balancer_moves_each_session_once_and_r
         balancer.remove(cluster.addr(i));
         let term = Instant::now();
         first_term2.get_or_insert(term);
-        let exited = drain(&mut cluster, i, &mut failures);
+        let exited = cluster.drain_node(i, &mut failures);
         gone.push((Cluster::name(i).to_string(), exited));
         cluster.start_node(i);
         cluster.wait_peers(Duration::from_secs(20));

@@ -275,6 +275,20 @@ impl Cluster {
         self.nodes[i].take().unwrap_or_else(|| panic!("node {} is not running", Cluster::name(i)))
     }
 
+    /// SIGTERM to node `i` and wait (20 s at most) for its exit; returns when it exited.
+    /// An exit that is not a success is pushed to `failures`; a node still running after
+    /// 20 s fails the test with the logs.
+    pub fn drain_node(&mut self, i: usize, failures: &mut Vec<String>) -> Instant {
+        self.node(i).signal("TERM");
+        let mut old = self.take_node(i);
+        match old.wait_exit(Duration::from_secs(20)) {
+            Some(status) if status.success() => {}
+            Some(status) => failures.push(format!("node {} exited with {status} after SIGTERM", Cluster::name(i))),
+            None => panic!("node {} still running 20 s after SIGTERM; logs:\n{}", Cluster::name(i), self.logs()),
+        }
+        Instant::now()
+    }
+
     pub fn addr(&self, i: usize) -> SocketAddr {
         self.node(i).addr
     }
