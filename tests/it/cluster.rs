@@ -1677,6 +1677,31 @@ fn a_kick_on_a_voids_on_b_the_credentials_of_a_user_connected_nowhere() {
 // (j) routing leaves killed and draining nodes
 // ---------------------------------------------------------------------------------------
 
+/// A node tells its peers it drains at once, not at its next heartbeat: with a period of
+/// 10 s, b shows a as draining within a second of a's SIGTERM (a's drain waits 5 s before
+/// it closes anything). Clients a drain lets go reach the other nodes within
+/// milliseconds, and those must already count a as draining (issue 30: the in-place
+/// release's 4029s came from that gap).
+#[test]
+fn a_node_announces_its_drain_to_its_peers_at_once_not_at_its_next_heartbeat() {
+    let _gate = crate::common::gate!();
+    let _serial = serial();
+    let flags = ["--cluster-heartbeat-ms", "10000", "--probe-up-after", "1", "--drain-wait-secs", "5", "--drain-spread-secs", "1", "--drain-grace-secs", "5"];
+    let cluster = Cluster::start(2, &flags);
+    let phase_of_a_on_b = || {
+        let (status, body) = cluster.http(1).request("GET", "/v1/admin/overview", Auth::Key, Body::None);
+        assert_eq!(status, 200, "overview on b: {body}");
+        let nodes = body["nodes"].as_array().cloned().unwrap_or_default();
+        nodes.iter().find(|n| n["node"] == "a").map(|n| n["phase"].as_str().unwrap_or("").to_string())
+    };
+    assert_eq!(phase_of_a_on_b().as_deref(), Some("ready"), "b hears a before the drain");
+    let term = Instant::now();
+    cluster.node(0).signal("TERM");
+    let seen = wait_until(Duration::from_secs(1), || phase_of_a_on_b().as_deref() == Some("draining"));
+    assert!(seen, "1 s after a's SIGTERM b still shows a as {:?} (the heartbeat period is 10 s)", phase_of_a_on_b());
+    eprintln!("b showed a as draining {:?} after a's SIGTERM", term.elapsed());
+}
+
 /// Polls `/v1/route` for each query on each node until no answer names `gone` (and every
 /// request answers); returns how long it took, or the last answers.
 fn wait_route_without(
