@@ -3,8 +3,9 @@
 //! when a prefix became durable; only durable events are ever replayed or read.
 //!
 //! Invariants: sequence numbers are contiguous from 1; `durable <= head`; history holds a
-//! contiguous run of seqs ending at `head`; an id maps to a seq only while its event is in
-//! history.
+//! contiguous run of seqs ending at `head`, of which at most `max_events` are durable (an
+//! event not yet durable is never trimmed: appends in flight bound the rest); an id maps
+//! to a seq only while its event is in history.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -210,9 +211,12 @@ impl<T> SeqLog<T> {
         self.history.iter().skip(start).take_while(move |e| e.seq <= durable)
     }
 
+    /// Drop the oldest durable events over `max_events`. An event not durable yet is
+    /// kept whatever the count: its subscribers have not had it (more appends than
+    /// `max_events` between two flushes would otherwise never reach them).
     fn trim_to_count(&mut self) -> bool {
         let mut trimmed = false;
-        while self.history.len() > self.retention.max_events {
+        while self.history.len() > self.retention.max_events && self.history.front().is_some_and(|e| e.seq <= self.durable) {
             self.drop_front();
             trimmed = true;
         }
@@ -238,8 +242,8 @@ mod tests {
         let mut log = SeqLog::restore("E".into(), 0, vec![], RETAIN);
         for i in 1..=n {
             log.append(format!("id-{i}").into(), i * 10, |seq| seq);
+            let _ = log.mark_durable(i.min(durable)).count();
         }
-        let _ = log.mark_durable(durable).count();
         log
     }
 
@@ -250,7 +254,12 @@ mod tests {
     #[test]
     fn append_assigns_contiguous_seqs_and_trims_by_count() {
         let mut log = SeqLog::restore("E".into(), 0, vec![], RETAIN);
-        let results: Vec<_> = (1..=7).map(|i| log.append(format!("e{i}").into(), 0, |s| s)).collect();
+        let mut append = |i: u64| {
+            let appended = log.append(format!("e{i}").into(), 0, |s| s);
+            let _ = log.mark_durable(i).count();
+            appended
+        };
+        let results: Vec<_> = (1..=7).map(&mut append).collect();
         assert_eq!(results[0], Append::Appended { seq: 1, trimmed_below: None });
         assert_eq!(results[4], Append::Appended { seq: 5, trimmed_below: None });
         assert_eq!(results[5], Append::Appended { seq: 6, trimmed_below: Some(2) });
@@ -260,12 +269,26 @@ mod tests {
     }
 
     #[test]
+    fn events_not_durable_yet_are_never_trimmed() {
+        // More appends between two flushes than history keeps: each still reaches the
+        // subscribers once durable (found by `core::sim`).
+        let mut log = SeqLog::restore("E".into(), 0, vec![], RETAIN);
+        for i in 1..=8 {
+            assert_eq!(log.append(format!("e{i}").into(), 0, |s| s), Append::Appended { seq: i, trimmed_below: None });
+        }
+        assert_eq!(log.mark_durable(8).map(|e| e.seq).collect::<Vec<_>>(), (1..=8).collect::<Vec<_>>());
+        assert!(matches!(log.append("e9".into(), 0, |s| s), Append::Appended { seq: 9, trimmed_below: Some(5) }));
+        assert_eq!(log.oldest(), Some(5));
+    }
+
+    #[test]
     fn duplicate_ids_within_history_only() {
         let mut log = log_with(3, 3);
         assert_eq!(log.append("id-2".into(), 0, |s| s), Append::Duplicate { seq: 2 });
         assert_eq!(log.head(), 3);
         for i in 4..=8 {
             log.append(format!("id-{i}").into(), 0, |s| s);
+            let _ = log.mark_durable(i).count();
         }
         // id-2 has left history (5 kept: 4..=8), so it is new again.
         assert_eq!(log.seq_of("id-2"), None);
