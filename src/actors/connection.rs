@@ -10,14 +10,13 @@
 //! `max_outbox_bytes` (`core::outbox`): over it the socket is not read, and after the
 //! grace the connection is closed with 4009.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use actix_http::ws;
 
-use super::backlog::Backlog;
+use crate::core::backlog::Backlog;
 use super::messages::*;
 use super::publish::{Publisher, Submission};
 use super::registry::Registry;
@@ -29,7 +28,7 @@ use super::wsio::{self, ReadError, WsActor, WsIo};
 use crate::core::limits::{burst_for, room_start_burst, Strikes, TokenBucket};
 use crate::core::names;
 use crate::core::outbox::{Outbox, Verdict};
-use crate::core::sent::SentRange;
+use crate::core::subscriptions::{Answer, Subscription, Subscriptions, WindowPlan};
 use crate::protocol::{self, ClientOp, ClientRequest, CloseCode, ErrorCode, ServerOp};
 
 /// Heartbeat periods without a word from the client before it is closed with 4008.
@@ -179,43 +178,14 @@ impl PublishedWebhook {
     }
 }
 
-struct Subscription {
-    generation: u64,
-    /// Known once the room acknowledged the subscribe.
-    room: Option<Addr<RoomActor>>,
-    /// Live once the room's `Subscribed` arrived; events before it are dropped.
-    live: bool,
-    /// The room's epoch, once known.
-    epoch: Option<Arc<str>>,
-    /// What this connection has sent of the room: nothing in it is sent again, also
-    /// across a resubscribe with an older `since`.
-    sent: SentRange,
-    /// The `since` of the pending subscribe.
-    since: Option<u64>,
-    /// The room's head when the subscribe was answered: live events up to it were
-    /// published before the subscribe (a room window still carrying them) and are dropped.
-    floor: u64,
-    /// The automatic inbox subscription: announced at connect without epoch or head,
-    /// so the room's answer (if the inbox has a live actor) is not written.
-    automatic: bool,
-}
-
-impl Subscription {
-    /// Of `events`, those after `floor` that this connection has not sent and that are
-    /// for `device`.
-    fn unsent(&self, events: &[Arc<Delivery>], floor: u64, device: &str) -> Vec<Arc<Delivery>> {
-        events.iter().filter(|e| e.seq > floor && !self.sent.contains(e.seq) && e.is_for(device)).cloned().collect()
-    }
-}
-
 pub struct Connection {
     id: ConnId,
     identity: Identity,
     settings: Arc<ConnectionSettings>,
     rooms: Rooms,
     registry: Addr<Registry>,
-    subscriptions: HashMap<Arc<str>, Subscription>,
-    next_generation: u64,
+    /// Its subscriptions and what it sent of each (`core::subscriptions`).
+    subscriptions: Subscriptions<Addr<RoomActor>>,
     last_heard: Instant,
     reader: MessageReader,
     /// Client messages allowed now, refilled at `max_messages_per_sec`.
@@ -238,8 +208,6 @@ pub struct Connection {
     grace_timer: bool,
     /// Held while the connection lives: its place in the connection limits.
     _permit: Option<Box<dyn Send>>,
-    /// This user's inbox room, subscribed automatically.
-    inbox: Arc<str>,
     backlog: Arc<Backlog>,
     io: Transport,
     /// Subscribed once the connection has started (after `welcome`).
@@ -264,7 +232,7 @@ impl Connection {
         io.count_into(backlog.clone());
         let inbox = names::inbox_room(&identity.user).into();
         Connection {
-            inbox,
+            subscriptions: Subscriptions::new(inbox, identity.device.clone(), settings.max_subscriptions),
             backlog,
             io,
             initial: Vec::new(),
@@ -274,8 +242,6 @@ impl Connection {
             identity,
             rooms,
             registry,
-            subscriptions: HashMap::new(),
-            next_generation: 0,
             last_heard: Instant::now(),
             reader: MessageReader::new(settings.max_message_bytes),
             message_rate: TokenBucket::new(burst_for(settings.max_messages_per_sec), crate::world::now_ms()),
@@ -323,29 +289,16 @@ impl Connection {
         metrics.frames_written.inc();
         metrics.events_delivered.inc_by(window.events.len() as u64);
         let subscriptions = &self.subscriptions;
-        self.io.window(window, || cursor(subscriptions));
+        self.io.window(window, || crate::core::sse::render_cursor(subscriptions.positions()));
     }
 
-    /// A room's window: the shared frame when this connection sent none of it and no
-    /// event is filtered by device; otherwise a frame of its own with what is left.
+    /// A room's window: the shared frame, a frame of the connection's own, or nothing,
+    /// as the subscription machine decides.
     fn on_window(&mut self, room: &str, window: &Window) {
-        let Some(sub) = self.subscriptions.get_mut(room).filter(|s| s.live) else { return };
-        if sub.epoch.is_none() {
-            // An automatic inbox learns its epoch from its first window.
-            sub.epoch = Some(window.epoch.clone());
-        }
-        let (first, last) = (window.first_seq(), window.last_seq());
-        if last <= sub.floor {
-            return;
-        }
-        if !window.targeted && first > sub.floor && !sub.sent.overlaps(first, last) {
-            sub.sent.on_live_run(first, last);
-            return self.write_window(window);
-        }
-        let fresh = sub.unsent(&window.events, sub.floor, &self.identity.device);
-        sub.sent.on_live_run(first.max(sub.floor + 1), last);
-        if !fresh.is_empty() {
-            self.write_events(&window.epoch, fresh);
+        match self.subscriptions.on_window(room, &window.epoch, &window.events, window.targeted) {
+            WindowPlan::Nothing => {}
+            WindowPlan::Shared => self.write_window(window),
+            WindowPlan::Own(fresh) => self.write_events(&window.epoch, fresh),
         }
     }
 
@@ -398,7 +351,7 @@ impl Connection {
     /// Requests whose answers have not come back: history and presence reads, and
     /// subscribes the room has not answered yet.
     fn pending_answers(&self) -> usize {
-        self.answers_pending + self.subscriptions.values().filter(|s| !s.live).count()
+        self.answers_pending + self.subscriptions.unanswered()
     }
 
     /// Send a Close frame (after what is written already) and wait, bounded, for the
@@ -412,6 +365,7 @@ impl Connection {
         tracing::debug!(conn = self.id, user = %self.identity.user, transport = self.io.name(), code, reason, force, "closing connection");
         self.io.close(code, reason);
         self.closing = true;
+        self.subscriptions.close();
         self.close_code = Some(code);
         if force {
             ctx.stop();
@@ -647,29 +601,20 @@ impl Connection {
             return self.send_error(reference, why.code(), &why.to_string());
         }
         let room: Arc<str> = room.into();
-        // A resubscribe keeps what was already sent, so nothing goes out twice.
-        let (epoch_seen, sent) = match self.subscriptions.get(&room) {
-            Some(old) => (old.epoch.clone(), old.sent),
-            None => {
-                let counted = self.subscriptions.keys().filter(|r| r.as_ref() != self.inbox.as_ref()).count();
-                if *room != *self.inbox && counted >= self.settings.max_subscriptions {
-                    self.settings.metrics.limit_hit("subscriptions");
-                    let message = format!("at most {} subscriptions per connection", self.settings.max_subscriptions);
-                    return self.send_error(reference, ErrorCode::TooManySubscriptions, &message);
-                }
-                (None, SentRange::default())
-            }
-        };
+        if let Err(too_many) = self.subscriptions.admits(&room) {
+            self.settings.metrics.limit_hit("subscriptions");
+            return self.send_error(reference, ErrorCode::TooManySubscriptions, &too_many.to_string());
+        }
         if !self.may_start_room(&room, reference, ctx) {
             return;
         }
-        self.unsubscribe(&room);
-        self.settings.metrics.subscriptions.inc();
-        self.next_generation += 1;
-        let generation = self.next_generation;
-        let pending =
-            Subscription { generation, room: None, live: false, epoch: epoch_seen, sent, since, floor: 0, automatic: false };
-        self.subscriptions.insert(room.clone(), pending);
+        let (generation, replaced) = self.subscriptions.begin(room.clone(), since);
+        match replaced {
+            Some(old) => self.leave(&room, old),
+            None => {
+                self.settings.metrics.subscriptions.inc();
+            }
+        }
         let (rooms, conn, to) = (self.rooms.clone(), self.id, ctx.address().recipient());
         let name = room.clone();
         let backlog = self.backlog.clone();
@@ -677,28 +622,28 @@ impl Connection {
         let subscribe =
             Subscribe { conn, to, backlog, since, epoch, reference, generation, automatic: false, state, member: Some(member), presence };
         let fut = async move { rooms.subscribe(&name, subscribe).await };
-        ctx.spawn(fut.into_actor(self).map(move |result, conn, _| {
-            let current = conn.subscriptions.get_mut(&room).filter(|s| s.generation == generation);
-            match (result, current) {
-                (Ok(addr), Some(sub)) => sub.room = Some(addr),
-                (Ok(addr), None) => addr.do_send(Unsubscribe { conn: conn.id, generation }),
-                (Err(e), Some(_)) => {
-                    conn.unsubscribe(&room);
-                    conn.send_error(reference, ErrorCode::Unavailable, &e.to_string());
+        ctx.spawn(fut.into_actor(self).map(move |result, conn, _| match result {
+            Ok(addr) => {
+                if let Err(stale) = conn.subscriptions.attach(&room, generation, addr) {
+                    stale.do_send(Unsubscribe { conn: conn.id, generation });
                 }
-                (Err(_), None) => {}
             }
+            Err(e) if conn.subscriptions.is_current(&room, generation) => {
+                conn.unsubscribe(&room);
+                conn.send_error(reference, ErrorCode::Unavailable, &e.to_string());
+            }
+            Err(_) => {}
         }));
     }
 
     fn unsubscribe(&mut self, room: &str) {
-        let Some(sub) = self.subscriptions.remove(room) else { return };
+        let Some(sub) = self.subscriptions.end(room) else { return };
         self.settings.metrics.subscriptions.dec();
         self.leave(room, sub);
     }
 
     /// Tell the room (or the rooms table, for a parked inbox) that `sub` ended.
-    fn leave(&self, room: &str, sub: Subscription) {
+    fn leave(&self, room: &str, sub: Subscription<Addr<RoomActor>>) {
         match sub.room {
             Some(addr) => addr.do_send(Unsubscribe { conn: self.id, generation: sub.generation }),
             None => self.rooms.release(room, self.id, sub.generation),
@@ -708,30 +653,19 @@ impl Connection {
     /// The automatic inbox subscription: announced now, parked in the rooms table while
     /// the inbox has no actor (nothing is read until a message comes or the client asks).
     fn subscribe_inbox(&mut self, ctx: &mut Context<Self>) {
-        let room = self.inbox.clone();
+        let room = self.subscriptions.inbox().clone();
         self.io.text(ServerOp::Subscribed, &protocol::inbox_notice_frame(&room));
         self.settings.metrics.subscriptions.inc();
-        self.next_generation += 1;
-        let generation = self.next_generation;
-        let sub = Subscription {
-            generation,
-            room: None,
-            live: true,
-            epoch: None,
-            sent: SentRange::default(),
-            since: None,
-            floor: 0,
-            automatic: true,
-        };
-        self.subscriptions.insert(room.clone(), sub);
+        let generation = self.subscriptions.begin_inbox();
         let parked = Parked { conn: self.id, to: ctx.address().recipient(), backlog: self.backlog.clone(), generation };
         let rooms = self.rooms.clone();
         let fut = async move { rooms.subscribe_inbox(&room, parked).await.map(|addr| (room, addr)) };
         ctx.spawn(fut.into_actor(self).map(move |result, conn, _| match result {
-            Ok((room, Some(addr))) => match conn.subscriptions.get_mut(&room).filter(|s| s.generation == generation) {
-                Some(sub) => sub.room = Some(addr),
-                None => addr.do_send(Unsubscribe { conn: conn.id, generation }),
-            },
+            Ok((room, Some(addr))) => {
+                if let Err(stale) = conn.subscriptions.attach(&room, generation, addr) {
+                    stale.do_send(Unsubscribe { conn: conn.id, generation });
+                }
+            }
             Ok((_, None)) => {}
             Err(error) => tracing::warn!(conn = conn.id, %error, "automatic inbox subscription failed"),
         }));
@@ -758,6 +692,7 @@ impl Connection {
                 tracing::debug!(conn = self.id, ?reason, "client closed");
                 self.close_code = Some(reason.as_ref().map_or(1005, |r| u16::from(r.code)));
                 self.closing = true;
+                self.subscriptions.close();
                 self.io.echo_close(reason);
                 ctx.stop();
             }
@@ -794,15 +729,6 @@ impl Connection {
             self.close(ctx, CloseCode::Policy, "no subscribe in time");
         }
     }
-}
-
-/// The cursor after what a connection has written: each room whose epoch it knows, at
-/// the last seq it sent there (an SSE `events` message's `id:`).
-fn cursor(subscriptions: &HashMap<Arc<str>, Subscription>) -> String {
-    let mut positions: Vec<(&str, &str, u64)> =
-        subscriptions.iter().filter_map(|(room, sub)| Some((&**room, sub.epoch.as_deref()?, sub.sent.last()))).collect();
-    positions.sort_unstable();
-    crate::core::sse::render_cursor(positions)
 }
 
 impl Actor for Connection {
@@ -848,7 +774,8 @@ impl Actor for Connection {
         self.io.finish(FINISH_WITHIN);
         let metrics = &self.settings.metrics;
         metrics.subscriptions.dec_by(self.subscriptions.len() as i64);
-        for (room, sub) in std::mem::take(&mut self.subscriptions) {
+        let ended: Vec<_> = self.subscriptions.drain().collect();
+        for (room, sub) in ended {
             self.leave(&room, sub);
         }
         // The gauge first: a kick answers on Unregister and must find it already down.
@@ -910,28 +837,13 @@ impl Handler<RoomUpdate> for Connection {
         }
         match update {
             RoomUpdate::Subscribed { room, epoch, head, recovered, replay, reference, generation, state } => {
-                let Some(sub) = self.subscriptions.get_mut(&room).filter(|s| s.generation == generation) else {
-                    return;
-                };
-                sub.live = true;
-                sub.floor = head;
-                // A state starts the client's view of the room again: the events after
-                // it are sent even if this connection sent them before.
-                if sub.epoch.as_ref().is_some_and(|seen| *seen != epoch) || state.is_some() {
-                    sub.sent = SentRange::default();
-                }
-                sub.epoch = Some(epoch.clone());
-                let replayed_after = match &state {
-                    Some(state) => Some(state.as_ref().map_or(0, |s| s.seq)),
-                    None if recovered == Some(true) => sub.since,
-                    None => None,
-                };
+                let state_seq = state.as_ref().map(|state| state.as_ref().map_or(0, |s| s.seq));
+                let answer = Answer { room: &room, generation, epoch: &epoch, head, recovered, state_seq, replay: &replay };
+                let Some(answered) = self.subscriptions.on_subscribed(answer) else { return };
                 if let Some(recovered) = recovered {
                     self.settings.metrics.recovery(recovered);
                 }
-                let fresh = sub.unsent(&replay, 0, &self.identity.device);
-                sub.sent.on_subscribed(head, replayed_after);
-                if !sub.automatic {
+                if answered.announce {
                     let frame = match &state {
                         Some(state) => {
                             let state = state.as_ref().map(|s| (s.seq, &*s.data));
@@ -941,20 +853,21 @@ impl Handler<RoomUpdate> for Connection {
                     };
                     self.io.text(ServerOp::Subscribed, &frame);
                 }
-                if !fresh.is_empty() {
-                    self.write_events(&epoch, fresh);
+                if !answered.fresh.is_empty() {
+                    self.write_events(&epoch, answered.fresh);
                 }
             }
             RoomUpdate::Events { room, window } => self.on_window(&room, &window),
             RoomUpdate::Presence { room, frame } => {
-                if self.subscriptions.get(&room).is_some_and(|s| s.live) {
+                if self.subscriptions.is_live(&room) {
                     self.io.presence(&frame);
                 }
             }
             RoomUpdate::SlowConsumer => self.evict_slow(ctx),
             RoomUpdate::Refused { room, reference, message, generation } => {
-                if self.subscriptions.get(&room).is_some_and(|s| s.generation == generation) {
-                    self.unsubscribe(&room);
+                if let Some(refused) = self.subscriptions.on_refused(&room, generation) {
+                    self.settings.metrics.subscriptions.dec();
+                    self.leave(&room, refused);
                     self.send_error(reference, ErrorCode::Unavailable, &message);
                 }
             }

@@ -29,6 +29,15 @@ impl Delivery {
     }
 }
 
+impl crate::core::subscriptions::Addressed for Delivery {
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+    fn is_for(&self, device: &str) -> bool {
+        Delivery::is_for(self, device)
+    }
+}
+
 /// An `events` frame is cut after this many bytes of events (at least one event each).
 pub const FRAME_TARGET_BYTES: usize = 256 * 1024;
 
@@ -108,7 +117,7 @@ pub struct Subscribe {
     pub conn: ConnId,
     pub to: Recipient<RoomUpdate>,
     /// The connection's backlog: the room reserves what it sends there.
-    pub backlog: Arc<super::backlog::Backlog>,
+    pub backlog: Arc<crate::core::backlog::Backlog>,
     /// Last seq the client saw; `None` subscribes live only.
     pub since: Option<u64>,
     pub epoch: Option<String>,
@@ -134,7 +143,7 @@ pub struct Subscribe {
 pub struct Parked {
     pub conn: ConnId,
     pub to: Recipient<RoomUpdate>,
-    pub backlog: Arc<super::backlog::Backlog>,
+    pub backlog: Arc<crate::core::backlog::Backlog>,
     pub generation: u64,
 }
 

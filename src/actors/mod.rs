@@ -1,7 +1,6 @@
 //! The actors: thin shells that own state, pass `now` into the pure core and carry out
 //! what it decides. They talk only through the message types in [`messages`].
 
-pub mod backlog;
 pub mod connection;
 pub mod directory;
 pub mod echo;

@@ -27,7 +27,7 @@ use std::task::{Context as TaskContext, Poll, Waker};
 
 use actix_web::web::Bytes;
 
-use super::backlog::Backlog;
+use crate::core::backlog::Backlog;
 use crate::core::sse::data_lines;
 
 /// The comment sent every heartbeat.

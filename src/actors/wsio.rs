@@ -30,7 +30,7 @@ use actix_codec::{AsyncRead, AsyncWrite, Decoder, Encoder, ReadBuf};
 use actix_http::ws::{self, CloseReason, Codec, Frame, Message, OpCode, Parser, ProtocolError};
 use actix_web::web::{Bytes, BytesMut};
 
-use super::backlog::Backlog;
+use crate::core::backlog::Backlog;
 
 /// Bytes read per system call into the thread's scratch buffer.
 const SCRATCH_BYTES: usize = 16 * 1024;

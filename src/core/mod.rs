@@ -3,6 +3,7 @@
 //! a tokio watch channel, which is no I/O either). Actors call into it with `now`
 //! and carry out what it returns.
 
+pub mod backlog;
 pub mod backoff;
 pub mod batch;
 pub mod busiest;
@@ -17,6 +18,7 @@ pub mod names;
 pub mod outbox;
 pub mod occupancy;
 pub mod presence;
+pub mod room;
 pub mod namespaces;
 pub mod proxies;
 pub mod rebalance;
@@ -25,6 +27,9 @@ pub mod routing;
 pub mod sent;
 pub mod seqlog;
 pub mod sessions;
+#[cfg(test)]
+mod sim;
 pub mod sse;
+pub mod subscriptions;
 pub mod token;
 pub mod webhooks;

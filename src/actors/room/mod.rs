@@ -20,7 +20,7 @@ mod presence;
 mod stream;
 
 use std::any::Any;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -32,12 +32,13 @@ pub use self::local::LocalRoomLogs;
 pub use self::occupancy::{DelayedVacate, Occupancy};
 pub use self::presence::PresenceHub;
 pub use self::stream::StreamRoomLogs;
-use super::backlog::{Backlog, Reserve};
+use crate::core::backlog::{Backlog, Reserve};
 use super::messages::*;
 use crate::cluster::roomlog::StreamEvent;
-use crate::core::batch::{BatchAction, BatchWindow};
+use crate::core::batch::BatchAction;
+use crate::core::room::{answer_subscribe, Ask, Joined, Member, Members, Outgoing};
 use crate::core::names;
-use crate::core::seqlog::{Recovery, Retention, SeqLog};
+use crate::core::seqlog::{Retention, SeqLog};
 use crate::protocol;
 use crate::store::EventRecord;
 use crate::world::now_ms;
@@ -170,12 +171,10 @@ enum RoomState {
     Failed(RoomLogError),
 }
 
+/// Where a subscriber's updates go (`core::room::Member`'s sink).
 struct Subscriber {
     to: Recipient<RoomUpdate>,
     backlog: Arc<Backlog>,
-    generation: u64,
-    /// A connection's automatic inbox subscription (see [`Parked`]).
-    automatic: bool,
     /// Wants the room's presence frames.
     presence: bool,
 }
@@ -204,11 +203,10 @@ pub struct RoomCore {
     settings: RoomSettings,
     home: Weak<dyn RoomHome>,
     state: RoomState,
-    subscribers: HashMap<ConnId, Subscriber>,
+    subscribers: Members<Subscriber>,
     /// Durable events not yet sent to subscribers (contiguous seqs), and the window that
     /// sends them.
-    pending: Vec<Arc<Delivery>>,
-    window: BatchWindow,
+    outgoing: Outgoing<Arc<Delivery>>,
     /// The epoch the last window carried, shared by the windows after it.
     window_epoch: Option<Arc<str>>,
     /// The room's latest durable state (DESIGN §9), read once with the room; its seq is
@@ -264,9 +262,8 @@ impl RoomActor {
             name,
             home,
             state: RoomState::Loading,
-            subscribers: HashMap::new(),
-            pending: Vec::new(),
-            window: BatchWindow::new(settings.batch_window),
+            subscribers: Members::default(),
+            outgoing: Outgoing::new(settings.batch_window),
             window_epoch: None,
             current: None,
             pending_states: VecDeque::new(),
@@ -286,8 +283,8 @@ impl RoomActor {
             self.log.adopted(replay_after);
         }
         for p in parked {
-            let subscriber = Subscriber { to: p.to, backlog: p.backlog, generation: p.generation, automatic: true, presence: false };
-            self.core.subscribers.insert(p.conn, subscriber);
+            let sink = Subscriber { to: p.to, backlog: p.backlog, presence: false };
+            self.core.subscribers.join(p.conn, Member { generation: p.generation, automatic: true, sink });
         }
         self
     }
@@ -306,10 +303,10 @@ impl RoomActor {
             // A live copy lost while NATS reconnected is found here at the latest.
             log.catch_up(core, ctx);
         }
-        core.subscribers.retain(|conn, sub| {
-            let connected = sub.to.connected();
+        core.subscribers.retain(|conn, member| {
+            let connected = member.sink.to.connected();
             if !connected {
-                core.presence.leave(*conn);
+                core.presence.leave(conn);
             }
             connected
         });
@@ -330,7 +327,7 @@ impl RoomActor {
             return;
         }
         let idle = core.unwatched()
-            && core.pending.is_empty()
+            && core.outgoing.is_empty()
             && !log.busy()
             && !matches!(core.state, RoomState::Loading)
             && core.presence.settled();
@@ -339,7 +336,7 @@ impl RoomActor {
             let parked: Vec<Parked> = core
                 .subscribers
                 .drain()
-                .map(|(conn, sub)| Parked { conn, to: sub.to, backlog: sub.backlog, generation: sub.generation })
+                .map(|(conn, member)| Parked { conn, to: member.sink.to, backlog: member.sink.backlog, generation: member.generation })
                 .collect();
             if let Some(home) = core.home.upgrade() {
                 home.retire(&core.name, &ctx.address(), parked);
@@ -398,7 +395,7 @@ impl RoomCore {
 
     /// No subscriber but automatic inbox subscriptions.
     fn unwatched(&self) -> bool {
-        self.subscribers.values().all(|sub| sub.automatic)
+        self.subscribers.unwatched()
     }
 
     /// Tell the load slot the room's subscribers and head. Only non-inbox rooms have a
@@ -452,11 +449,7 @@ impl RoomCore {
     /// later subscriber starts after them (or gets them in its replay).
     fn deliver(&mut self, fresh: Vec<Arc<Delivery>>, ctx: &mut Context<RoomActor>) {
         self.report_load();
-        if fresh.is_empty() || self.subscribers.is_empty() {
-            return;
-        }
-        self.pending.extend(fresh);
-        match self.window.on_event(Instant::now()) {
+        match self.outgoing.on_durable(fresh, !self.subscribers.is_empty(), Instant::now()) {
             BatchAction::SendNow => self.close_window(),
             BatchAction::ArmTimer(at) => {
                 ctx.run_later(at.saturating_duration_since(Instant::now()), |room, _| room.core.close_window());
@@ -468,11 +461,10 @@ impl RoomCore {
     /// Send the window's events, rendered once, to every subscriber, evicting those too
     /// far behind. The window's metrics are taken here, once, not per subscriber.
     fn close_window(&mut self) {
-        self.window.on_sent();
-        if self.pending.is_empty() {
+        let events = self.outgoing.close();
+        if events.is_empty() {
             return;
         }
-        let events = std::mem::take(&mut self.pending);
         let metrics = &self.settings.metrics;
         metrics.batch_events.observe(events.len() as f64);
         metrics.delivery_latency.observe(now_ms().saturating_sub(events[0].ts_ms) as f64 / 1000.0);
@@ -500,20 +492,20 @@ impl RoomCore {
         let before = self.subscribers.len();
         let (name, metrics, presence) = (&self.name, &self.settings.metrics, &mut self.presence);
         // Subscribers that went away unsubscribe, and the tick prunes any left over.
-        self.subscribers.retain(|conn, sub| match sub.backlog.reserve(bytes) {
+        self.subscribers.retain(|conn, member| match member.sink.backlog.reserve(bytes) {
             Reserve::Ok => {
-                sub.to.do_send(RoomUpdate::Events { room: name.clone(), window: window.clone() });
+                member.sink.to.do_send(RoomUpdate::Events { room: name.clone(), window: window.clone() });
                 true
             }
             Reserve::EvictNow => {
-                tracing::info!(room = %name, conn, outstanding = sub.backlog.outstanding(), "slow consumer evicted");
+                tracing::info!(room = %name, conn, outstanding = member.sink.backlog.outstanding(), "slow consumer evicted");
                 metrics.slow_consumer_closes.inc();
-                sub.to.do_send(RoomUpdate::SlowConsumer);
-                presence.leave(*conn);
+                member.sink.to.do_send(RoomUpdate::SlowConsumer);
+                presence.leave(conn);
                 false
             }
             Reserve::Evicted => {
-                presence.leave(*conn);
+                presence.leave(conn);
                 false
             }
         });
@@ -528,22 +520,22 @@ impl RoomCore {
     /// first one answers.
     fn occupancy_check(&mut self) {
         let Some(occupancy) = &self.occupancy else { return };
-        let occupied = self.subscribers.values().any(|sub| !sub.automatic);
+        let occupied = self.subscribers.occupied();
         if occupied != self.occupied {
             self.occupied = occupied;
             occupancy.changed(&self.name, occupied, now_ms());
         }
     }
 
-    /// Add a subscriber at the durable head: it gets the replay up to that head now, and
-    /// of the open window's events only those after it (the connection drops the rest).
+    /// Add a subscriber at the durable head: it gets the answer `core::room` gives from
+    /// the log (a replay up to that head, the state), and of the open window's events only
+    /// those after it (the connection drops the rest).
     fn subscribe(&mut self, msg: Subscribe, log: &mut dyn RoomLog) {
         self.trim_expired(log);
-        let max_events = self.settings.recovery_max_events;
-        let name = self.name.clone();
+        let (name, max_events) = (self.name.clone(), self.settings.recovery_max_events);
         // A subscribe overtaken by a newer one of the same connection is void (the
         // connection sees its generation is stale and never waits for an answer).
-        if self.subscribers.get(&msg.conn).is_some_and(|s| s.generation > msg.generation) {
+        if self.subscribers.admits(msg.conn, msg.generation) == Joined::Stale {
             return;
         }
         let current = self.current.clone();
@@ -556,47 +548,25 @@ impl RoomCore {
                 return;
             }
         };
-        let head = events.durable();
-        // The state from memory and the retained events after its seq: no store read, no
-        // replay of the log to build it.
-        let snapshot = |events: &SeqLog<Arc<Delivery>>| {
-            let after = current.as_ref().map_or(0, |state| state.seq);
-            let replay: Vec<Arc<Delivery>> = events.read(after, usize::MAX).0.into_iter().map(|e| e.payload.clone()).collect();
-            (replay, Some(current.clone()))
-        };
-        let (recovered, replay, state) = match msg.since {
-            None if msg.state => {
-                let (replay, state) = snapshot(events);
-                (None, replay, state)
-            }
-            None => (None, Vec::new(), None),
-            Some(since) => match events.recover(since, msg.epoch.as_deref(), max_events) {
-                Recovery::Replay(replayed) => (Some(true), replayed.into_iter().map(|e| e.payload.clone()).collect(), None),
-                Recovery::NotRecovered(why) => {
-                    tracing::debug!(room = %name, since, ?why, state = msg.state, "recovery refused");
-                    if msg.state {
-                        let (replay, state) = snapshot(events);
-                        (Some(false), replay, state)
-                    } else {
-                        (Some(false), Vec::new(), None)
-                    }
-                }
-            },
-        };
+        let ask = Ask { since: msg.since, epoch: msg.epoch.as_deref(), state: msg.state };
+        let state_seq = current.as_ref().map_or(0, |state| state.seq);
+        let answer = answer_subscribe(events, ask, state_seq, max_events);
+        if let Some(why) = answer.refused {
+            tracing::debug!(room = %name, since = msg.since, ?why, state = msg.state, "recovery refused");
+        }
         msg.to.do_send(RoomUpdate::Subscribed {
             room: name,
             epoch: events.epoch().into(),
-            head,
-            recovered,
-            replay,
+            head: answer.head,
+            recovered: answer.recovered,
+            replay: answer.replay,
             reference: msg.reference,
             generation: msg.generation,
-            state,
+            state: answer.with_state.then_some(current),
         });
         let presence = msg.presence && self.presence.enabled();
-        let subscriber =
-            Subscriber { to: msg.to, backlog: msg.backlog, generation: msg.generation, automatic: msg.automatic, presence };
-        self.subscribers.insert(msg.conn, subscriber);
+        let sink = Subscriber { to: msg.to, backlog: msg.backlog, presence };
+        self.subscribers.join(msg.conn, Member { generation: msg.generation, automatic: msg.automatic, sink });
         self.occupancy_check();
         self.presence.join(msg.conn, msg.member);
         self.presence_snapshot(msg.conn);
@@ -718,8 +688,7 @@ impl Handler<Unsubscribe> for RoomActor {
 
     fn handle(&mut self, msg: Unsubscribe, ctx: &mut Self::Context) {
         let core = &mut self.core;
-        if core.subscribers.get(&msg.conn).is_some_and(|s| s.generation <= msg.generation) {
-            core.subscribers.remove(&msg.conn);
+        if core.subscribers.leave(msg.conn, msg.generation).is_some() {
             core.presence.leave(msg.conn);
             core.occupancy_check();
         }

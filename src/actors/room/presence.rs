@@ -16,7 +16,7 @@ use actix::prelude::*;
 use parking_lot::Mutex;
 
 use super::{RoomActor, RoomCore};
-use crate::actors::backlog::Reserve;
+use crate::core::backlog::Reserve;
 use crate::actors::messages::{ConnId, PresenceChanged, PresenceFrame, PresenceOff, RoomUpdate};
 use crate::cluster::presence::PresenceSender;
 use crate::core::presence::{self, LastSent, LocalMembers, Member, NodeTable, RemoteTables, Throttle, Throttled, View};
@@ -278,8 +278,8 @@ impl RoomCore {
         }
         if let Some(diff) = diff {
             let frame = PresenceFrame::new(protocol::presence_frame(&name, &diff));
-            for sub in self.subscribers.values().filter(|sub| sub.presence) {
-                send_presence(&name, sub, &frame, &self.settings.metrics);
+            for (_, member) in self.subscribers.iter().filter(|(_, member)| member.sink.presence) {
+                send_presence(&name, &member.sink, &frame, &self.settings.metrics);
             }
         }
     }
@@ -288,7 +288,7 @@ impl RoomCore {
     /// of its last frame (every member then in `joined`; null above
     /// `presence_members_max`): the frames after it apply to it as to everyone.
     pub(super) fn presence_snapshot(&mut self, conn: ConnId) {
-        let Some(sub) = self.subscribers.get(&conn).filter(|sub| sub.presence) else { return };
+        let Some(sub) = self.subscribers.get(conn).map(|member| &member.sink).filter(|sub| sub.presence) else { return };
         let frame = PresenceFrame::new(protocol::presence_frame(&self.name, &self.presence.last.snapshot()));
         send_presence(&self.name, sub, &frame, &self.settings.metrics);
     }
