@@ -1,6 +1,7 @@
 //! Demo mode (`livegate serve --demo`): a match simulator publishing into `match:1..4`
 //! through the same [`Publisher`] as the HTTP API, a few events per second in all. The
-//! matches are the pure [`MatchSim`]; this module only drives it with time and randomness.
+//! matches are the pure [`MatchSim`]; this module only drives it with time and randomness,
+//! and writes its events and states as JSON (the demo's own, not the wire format).
 //! Every event carries its match's state (score, minute, status) as the room's state, and
 //! a restarted simulator resumes each match from its stored state instead of kicking off
 //! again.
@@ -8,10 +9,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::Deserialize;
+
 use crate::actors::messages::NewEvent;
 use crate::actors::publish::Publisher;
-use crate::core::matchsim::MatchSim;
-use crate::protocol;
+use crate::core::matchsim::{MatchEvent, MatchSim, MatchState, Status};
 use crate::world::random_u64;
 
 /// One simulator step this often (about half of the steps produce an event).
@@ -25,7 +27,7 @@ pub async fn run_simulator(publisher: Publisher) {
         let room = format!("match:{match_id}");
         match publisher.state(&room).await {
             Ok(view) => {
-                if let Some(stored) = view.data.as_deref().and_then(protocol::parse_demo_state) {
+                if let Some(stored) = view.data.as_deref().and_then(parse_state) {
                     tracing::info!(%room, minute = stored.minute, status = stored.status.as_str(), "demo match resumed");
                     sim.resume(match_id, stored);
                 }
@@ -42,10 +44,67 @@ pub async fn run_simulator(publisher: Publisher) {
         n += 1;
         let room = format!("match:{}", event.match_id);
         let id: Arc<str> = format!("demo-{run}-{n}").into();
-        let data: Arc<str> = protocol::demo_event_data(&event).into();
-        let state = sim.state(event.match_id).map(|s| protocol::demo_state_data(event.match_id, event.home, event.away, &s).into());
+        let data: Arc<str> = event_data(&event).into();
+        let state = sim.state(event.match_id).map(|s| state_data(event.match_id, event.home, event.away, &s).into());
         if let Err(error) = publisher.publish(&room, NewEvent { id, data, devices: None, from: None, state }).await {
             tracing::warn!(%room, %error, "demo event not published");
+        }
+    }
+}
+
+/// The `data` of a demo match event.
+fn event_data(event: &MatchEvent) -> String {
+    serde_json::json!({
+        "type": event.kind.as_str(),
+        "match": event.match_id,
+        "home": event.home,
+        "away": event.away,
+        "minute": event.minute,
+        "team": event.team.map(|side| if side == 0 { "home" } else { "away" }),
+        "score": event.score,
+        "text": event.text,
+    })
+    .to_string()
+}
+
+/// The room state of a demo match (DESIGN §9): what the score page shows on load and
+/// what a restarted simulator resumes from.
+fn state_data(match_id: u32, home: &str, away: &str, state: &MatchState) -> String {
+    serde_json::json!({
+        "match": match_id,
+        "home": home,
+        "away": away,
+        "minute": state.minute,
+        "score": state.score,
+        "status": state.status.as_str(),
+    })
+    .to_string()
+}
+
+/// A demo match's stored state, if it reads as one.
+fn parse_state(text: &str) -> Option<MatchState> {
+    #[derive(Deserialize)]
+    struct Stored {
+        minute: u32,
+        score: [u32; 2],
+        status: String,
+    }
+    let stored: Stored = serde_json::from_str(text).ok()?;
+    let status = Status::parse(&stored.status)?;
+    Some(MatchState { minute: stored.minute, score: stored.score, status })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demo_states_read_back() {
+        let state = MatchState { minute: 61, score: [3, 2], status: Status::Playing };
+        let text = state_data(2, "Harbour FC", "City Rovers", &state);
+        assert_eq!(parse_state(&text), Some(state), "{text}");
+        for bad in ["null", "{}", r#"{"minute":1,"score":[0,0],"status":"halftime"}"#, r#"{"minute":-1,"score":[0,0],"status":"playing"}"#] {
+            assert_eq!(parse_state(bad), None, "{bad}");
         }
     }
 }

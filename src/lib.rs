@@ -3,10 +3,11 @@
 //! # Layout
 //!
 //! - [`core`]: pure decisions (sequence log, batching window, tokens, names); no I/O, no clock.
-//! - [`store`]: the embedded sled store; the only module that touches sled.
+//! - [`store`]: the embedded sled store, a typed facade per subsystem; the only module
+//!   that touches sled.
 //! - [`cluster`]: cluster mode on NATS JetStream: room logs, the KV session directory,
 //!   heartbeats and cross-node user commands; the only module that knows NATS.
-//! - [`protocol`]: the JSON wire format; the only module that knows JSON.
+//! - [`protocol`]: the JSON wire format; the only module that knows it.
 //! - [`actors`]: connection, room and registry actors and the messages between them; a
 //!   connection's transport (WebSocket or Server-Sent Events).
 //! - [`http`]: thin actix-web handlers for `/v1/*`, health, the WebSocket upgrade and the

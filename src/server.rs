@@ -367,7 +367,7 @@ impl Backends {
                 kv: None,
                 nonces: Arc::new(StoreNonces::new(store, config)),
                 user_bus: None,
-                token_secret: store.secret("token")?,
+                token_secret: store.credentials().secret("token")?,
             });
         };
         let kv = KvSessions::open_with(cluster, Some(store.clone()), config.directory_outage()).await?;
@@ -605,7 +605,7 @@ async fn purge_expired(store: Store, migration_window_ms: u64, token_ttl_max: Du
         actix_web::rt::time::sleep(every).await;
         let store = store.clone();
         let purged = actix_web::rt::task::spawn_blocking(move || {
-            (store.purge_nonces(now_ms()), store.purge_kicks(now_ms()), store.purge_migrations(now_ms(), migration_window_ms))
+            (store.credentials().purge(now_ms()), store.kicks().purge(now_ms()), store.migrations().purge(now_ms(), migration_window_ms))
         });
         let (nonces, kicks, migrations) = match purged.await {
             Ok(results) => results,

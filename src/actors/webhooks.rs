@@ -197,7 +197,7 @@ impl Webhooks {
         let mut resumed: Vec<(String, u64)> = Vec::new();
         let mut from = 0;
         loop {
-            let page = store.queued_webhooks(from, RESUME_PAGE)?;
+            let page = store.webhooks().page(from, RESUME_PAGE)?;
             let Some(&(last, _)) = page.last() else { break };
             resumed.extend(page.into_iter().map(|(seq, record)| (record.room, seq)));
             match last.checked_add(1) {
@@ -205,7 +205,7 @@ impl Webhooks {
                 None => break,
             }
         }
-        let next_seq = store.last_webhook_seq()?.map_or(0, |last| last.saturating_add(1));
+        let next_seq = store.webhooks().last_seq()?.map_or(0, |last| last.saturating_add(1));
         metrics.webhooks_queued.set(resumed.len() as i64);
         if !resumed.is_empty() {
             tracing::info!(queued = resumed.len(), "webhooks resumed from the store");
@@ -273,7 +273,7 @@ impl Webhooks {
             return;
         }
         let seq = queue.next_seq;
-        if let Err(error) = shared.store.queue_webhook(seq, &record) {
+        if let Err(error) = shared.store.webhooks().push(seq, &record) {
             drop(queue);
             tracing::error!(room = %record.room, kind = event.kind().as_str(), %error, "webhook not queued: the store refused it");
             return;
@@ -286,7 +286,7 @@ impl Webhooks {
             WebhookEvent::ClientPublished { .. } => None,
         };
         if let Some(occupied) = occupied.filter(|_| shared.note_occupancy) {
-            if let Err(error) = shared.store.note_webhook_occupancy(&record.room, occupied) {
+            if let Err(error) = shared.store.webhooks().note_occupancy(&record.room, occupied) {
                 tracing::warn!(room = %record.room, %error, "could not note the room's occupancy for a restart");
             }
         }
@@ -303,7 +303,7 @@ impl Webhooks {
     /// vacated (it was killed with subscribers): at start, before anyone can subscribe, no
     /// room has a subscriber, so each such receiver's room is empty now. Returns how many.
     pub fn vacate_left_over(&self, now_ms: u64) -> Result<usize, WebhookError> {
-        let rooms = self.shared.store.rooms_noted_occupied()?;
+        let rooms = self.shared.store.webhooks().noted_occupied()?;
         for room in &rooms {
             self.enqueue(WebhookEvent::RoomVacated { room: room.clone(), ts_ms: now_ms });
         }
@@ -396,7 +396,7 @@ impl Sender {
 
     fn attempt(&self, job: &Job) -> Verdict {
         let shared = &self.shared;
-        let record = match shared.store.queued_webhook(job.seq) {
+        let record = match shared.store.webhooks().get(job.seq) {
             Ok(Some(record)) => record,
             // Gone already: nothing to send, its room goes on.
             Ok(None) => return Verdict::Delivered,
@@ -461,7 +461,7 @@ impl Sender {
     /// Take webhook `seq` off the queue (delivered or given up).
     fn remove(&self, seq: u64) {
         let shared = &self.shared;
-        if let Err(error) = shared.store.remove_webhook(seq) {
+        if let Err(error) = shared.store.webhooks().remove(seq) {
             // It stays queued and is sent again at the next start: at least once still holds.
             tracing::error!(seq, %error, "webhook done but not removed from the store");
         }
@@ -581,13 +581,13 @@ mod tests {
             webhooks.shared.store.flush().unwrap();
         }
         let store = Store::open(dir.path()).unwrap();
-        let queued = store.queued_webhooks(0, 10).unwrap();
+        let queued = store.webhooks().page(0, 10).unwrap();
         let rooms: Vec<&str> = queued.iter().map(|(_, record)| record.room.as_str()).collect();
         assert_eq!(rooms, ["r0", "r1", "r2"]);
         let body: serde_json::Value = serde_json::from_str(&queued[1].1.body).unwrap();
         assert_eq!(body, serde_json::json!({"id": queued[1].1.id, "type": "room_occupied", "room": "r1", "ts_ms": 1, "node": "n1"}));
         // Only the rooms whose room_occupied was queued are owed a room_vacated.
-        assert_eq!(store.rooms_noted_occupied().unwrap(), ["r0", "r1", "r2"]);
+        assert_eq!(store.webhooks().noted_occupied().unwrap(), ["r0", "r1", "r2"]);
         let metrics = Arc::new(Metrics::default());
         let webhooks = Webhooks::start(store, metrics.clone(), settings).unwrap();
         assert_eq!((webhooks.queued(), metrics.webhooks_queued.get()), (3, 3), "resumed from the store");
@@ -595,7 +595,7 @@ mod tests {
         assert_eq!(metrics.webhooks_dropped.get_or_create(&crate::metrics::ReasonLabel { reason: "queue_full" }).get(), 1);
         // A room_vacated the full queue dropped leaves its room noted, to be vacated later.
         assert_eq!(webhooks.vacate_left_over(10).unwrap(), 3);
-        assert_eq!(webhooks.shared.store.rooms_noted_occupied().unwrap(), ["r0", "r1", "r2"]);
+        assert_eq!(webhooks.shared.store.webhooks().noted_occupied().unwrap(), ["r0", "r1", "r2"]);
         webhooks.stop();
     }
 }

@@ -226,7 +226,7 @@ impl KvSessions {
         }
         let written = SessionRecord { version: read_version.map_or(1, |v| v + 1), ..record.clone() };
         queue
-            .queue_directory_write(&QueuedSessionWrite { read_version, record: written.clone() })
+            .directory_queue().push(&QueuedSessionWrite { read_version, record: written.clone() })
             .map_err(ClusterError::Queue)?;
         tracing::info!(session = %written.session, version = written.version, "directory write queued until NATS is back");
         self.remember(&written);
@@ -237,7 +237,7 @@ impl KvSessions {
     /// version it was based on. Returns (applied, dropped as stale).
     pub async fn replay_queue(&self) -> Result<(usize, usize), ClusterError> {
         let Some(queue) = &self.queue else { return Ok((0, 0)) };
-        let writes = queue.queued_directory_writes().map_err(ClusterError::Queue)?;
+        let writes = queue.directory_queue().all().map_err(ClusterError::Queue)?;
         let (mut applied, mut dropped) = (0, 0);
         for (id, write) in writes {
             match self.write_now(write.read_version, &write.record).await {
@@ -248,7 +248,7 @@ impl KvSessions {
                 }
                 Err(e) => return Err(e),
             }
-            queue.remove_queued_directory_write(id).map_err(ClusterError::Queue)?;
+            queue.directory_queue().remove(id).map_err(ClusterError::Queue)?;
         }
         let charges = self.replay_charges().await?;
         if applied + dropped + charges > 0 {
@@ -324,7 +324,7 @@ impl KvSessions {
 
     fn charged_here(&self, user: &str) -> Result<Option<u64>, ClusterError> {
         match &self.queue {
-            Some(store) => store.last_migration(user).map_err(ClusterError::Queue),
+            Some(store) => store.migrations().last(user).map_err(ClusterError::Queue),
             None => Ok(None),
         }
     }
@@ -334,7 +334,7 @@ impl KvSessions {
     /// and [`replay_queue`](Self::replay_queue) writes it when NATS is back.
     pub async fn set_last_migration(&self, user: &str, at_ms: u64) -> Result<(), ClusterError> {
         if let Some(store) = &self.queue {
-            store.set_last_migration(user, at_ms).map_err(ClusterError::Queue)?;
+            store.migrations().set_last(user, at_ms).map_err(ClusterError::Queue)?;
         }
         match self.update_user(user, |u| u.last_migration_ms = u.last_migration_ms.max(Some(at_ms))).await {
             Err(error @ ClusterError::Unavailable(_)) => {
@@ -363,7 +363,7 @@ impl KvSessions {
         if pending.as_ref().is_some_and(HashSet::is_empty) {
             return Ok(0);
         }
-        let mut charges = store.migrations().map_err(ClusterError::Queue)?;
+        let mut charges = store.migrations().all().map_err(ClusterError::Queue)?;
         if let Some(pending) = &pending {
             charges.retain(|(user, _)| pending.contains(user));
         }

@@ -71,17 +71,17 @@ impl StoreNonces {
 
     fn record_kick(&self, user: &str, device: Option<&str>, at_ms: u64) -> Result<(), StoreError> {
         let keep_until = at_ms.saturating_add(self.credential_ttl.as_millis() as u64);
-        self.store.record_kick(user, device, at_ms, keep_until)
+        self.store.kicks().record(user, device, at_ms, keep_until)
     }
 }
 
 impl Nonces for StoreNonces {
     fn use_nonce<'a>(&'a self, nonce: &'a [u8; 16], expires_at_ms: u64) -> LocalBoxFuture<'a, Result<Option<SpentIn>, StoreError>> {
-        Box::pin(ready(self.store.use_nonce(nonce, expires_at_ms).map(|fresh| fresh.then_some(SpentIn::Store))))
+        Box::pin(ready(self.store.credentials().use_nonce(nonce, expires_at_ms).map(|fresh| fresh.then_some(SpentIn::Store))))
     }
 
     fn unuse_nonce<'a>(&'a self, nonce: &'a [u8; 16], _spent: SpentIn) -> LocalBoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(ready(self.store.unuse_nonce(nonce)))
+        Box::pin(ready(self.store.credentials().unuse_nonce(nonce)))
     }
 
     fn kick_user<'a>(&'a self, user: &'a str, device: Option<&'a str>, at_ms: u64) -> LocalBoxFuture<'a, Result<(), StoreError>> {
@@ -92,11 +92,11 @@ impl Nonces for StoreNonces {
     }
 
     fn kicked_at<'a>(&'a self, user: &'a str, device: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>> {
-        Box::pin(ready(self.store.kicked_at(user, device)))
+        Box::pin(ready(self.store.kicks().kicked_at(user, device)))
     }
 
     fn resumes_revoked_at<'a>(&'a self, session: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>> {
-        Box::pin(ready(self.store.resumes_revoked_at(session)))
+        Box::pin(ready(self.store.credentials().resumes_revoked_at(session)))
     }
 
     fn revocations_durable(&self) -> LocalBoxFuture<'_, Result<(), StoreError>> {
@@ -108,7 +108,7 @@ impl Nonces for StoreNonces {
 impl ResumeRevocations for StoreNonces {
     fn revoke(&self, session: &str, at_ms: u64) {
         let keep_until = at_ms.saturating_add(self.resume_ttl.as_millis() as u64);
-        if let Err(error) = self.store.revoke_resumes(session, at_ms, keep_until) {
+        if let Err(error) = self.store.credentials().revoke_resumes(session, at_ms, keep_until) {
             tracing::warn!(session, %error, "could not revoke the session's resume credentials");
         }
     }
@@ -194,7 +194,7 @@ impl Nonces for ClusterNonces {
 
     fn resumes_revoked_at<'a>(&'a self, session: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>> {
         Box::pin(async move {
-            let here = self.local.store.resumes_revoked_at(session)?;
+            let here = self.local.store.credentials().resumes_revoked_at(session)?;
             match self.cluster.resumes_revoked_at(session).await {
                 Ok(there) => Ok(here.max(there)),
                 Err(error) => {
@@ -220,7 +220,7 @@ impl Nonces for ClusterNonces {
     fn unuse_nonce<'a>(&'a self, nonce: &'a [u8; 16], spent: SpentIn) -> LocalBoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             match spent {
-                SpentIn::Store => self.local.store.unuse_nonce(nonce),
+                SpentIn::Store => self.local.store.credentials().unuse_nonce(nonce),
                 SpentIn::Nats => {
                     if let Err(error) = self.cluster.unuse_nonce(nonce).await {
                         // It stays spent: the client gets a new credential, as before.
@@ -244,7 +244,7 @@ impl Nonces for ClusterNonces {
 
     fn kicked_at<'a>(&'a self, user: &'a str, device: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>> {
         Box::pin(async move {
-            let here = self.local.store.kicked_at(user, device)?;
+            let here = self.local.store.kicks().kicked_at(user, device)?;
             match self.cluster.kicked_at(user, device).await {
                 Ok(there) => Ok(here.max(there)),
                 Err(error) => {

@@ -98,8 +98,8 @@ fn registered_routes() -> BTreeSet<(String, String)> {
 
 /// The error codes `ErrorCode::as_str` names, read from its source.
 fn error_codes_in_source() -> BTreeSet<String> {
-    let source = include_str!("../../src/protocol.rs");
-    let start = source.find("pub fn as_str(self) -> &'static str").expect("ErrorCode::as_str in src/protocol.rs");
+    let source = include_str!("../../src/protocol/codes.rs");
+    let start = source.find("pub fn as_str(self) -> &'static str").expect("ErrorCode::as_str in src/protocol/codes.rs");
     let body = &source[start..start + source[start..].find("\n    }\n").expect("end of as_str")];
     body.lines()
         .filter_map(|line| line.trim().strip_prefix("ErrorCode::"))
@@ -180,7 +180,7 @@ fn every_registered_route_is_documented_and_every_documented_one_registered() {
         .collect();
     let codes = error_codes_in_source();
     assert!(codes.len() >= 20, "read the codes of ErrorCode::as_str: {codes:?}");
-    assert_eq!(listed, codes, "ErrorCode in /openapi.json and in src/protocol.rs");
+    assert_eq!(listed, codes, "ErrorCode in /openapi.json and in src/protocol/codes.rs");
 
     // The three webhooks of the contract, each with its type and the signature header.
     let webhooks = doc["webhooks"].as_object().expect("a webhooks object");

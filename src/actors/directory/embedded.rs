@@ -18,27 +18,27 @@ impl From<StoreError> for WriteError {
 
 impl SessionStore for Store {
     fn session<'a>(&'a self, session: &'a str) -> LocalBoxFuture<'a, Result<Option<SessionRecord>, DirectoryError>> {
-        Box::pin(ready(Store::session(self, session).map_err(Into::into)))
+        Box::pin(ready(self.sessions().get(session).map_err(Into::into)))
     }
 
     fn write<'a>(&'a self, read_version: Option<u64>, record: &'a SessionRecord) -> LocalBoxFuture<'a, Result<SessionRecord, WriteError>> {
-        Box::pin(ready(self.write_session(read_version, record).map_err(Into::into)))
+        Box::pin(ready(self.sessions().write(read_version, record).map_err(Into::into)))
     }
 
     fn sessions_of_user<'a>(&'a self, user: &'a str) -> LocalBoxFuture<'a, Result<Vec<SessionRecord>, DirectoryError>> {
-        Box::pin(ready(Store::sessions_of_user(self, user).map_err(Into::into)))
+        Box::pin(ready(self.sessions().of_user(user).map_err(Into::into)))
     }
 
     fn last_migration<'a>(&'a self, user: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, DirectoryError>> {
-        Box::pin(ready(Store::last_migration(self, user).map_err(Into::into)))
+        Box::pin(ready(self.migrations().last(user).map_err(Into::into)))
     }
 
     fn set_last_migration<'a>(&'a self, user: &'a str, at_ms: u64) -> LocalBoxFuture<'a, Result<(), DirectoryError>> {
-        Box::pin(ready(Store::set_last_migration(self, user, at_ms).map_err(Into::into)))
+        Box::pin(ready(self.migrations().set_last(user, at_ms).map_err(Into::into)))
     }
 
     fn count<'a>(&'a self, node: &'a str) -> LocalBoxFuture<'a, Result<(usize, usize), DirectoryError>> {
-        Box::pin(ready(self.count_sessions(node).map_err(Into::into)))
+        Box::pin(ready(self.sessions().count(node).map_err(Into::into)))
     }
 
     fn memory_is_current(&self) -> bool {
@@ -49,10 +49,10 @@ impl SessionStore for Store {
     /// has seen (the rest belong to a run before the restart and are treated as new).
     fn recall<'a>(&'a self, session: &'a str, warmup: bool, incarnation: u64) -> LocalBoxFuture<'a, Result<Option<SessionRecord>, DirectoryError>> {
         let recalled = if warmup {
-            Store::session(self, session)
+            self.sessions().get(session)
         } else {
-            match self.session_seen(session) {
-                Ok(Some(seen)) if seen.seen_by == incarnation => Store::session(self, session),
+            match self.sessions().seen(session) {
+                Ok(Some(seen)) if seen.seen_by == incarnation => self.sessions().get(session),
                 Ok(_) => Ok(None),
                 Err(e) => Err(e),
             }
@@ -61,24 +61,24 @@ impl SessionStore for Store {
     }
 
     fn connected(&self, session: &str, incarnation: u64) -> Result<(), DirectoryError> {
-        Ok(self.session_connected(session, incarnation)?)
+        Ok(self.sessions().connected(session, incarnation)?)
     }
 
     fn released(&self, session: &str, now_ms: u64, incarnation: u64) -> Result<(), DirectoryError> {
-        Ok(self.session_released(session, now_ms, incarnation)?)
+        Ok(self.sessions().released(session, now_ms, incarnation)?)
     }
 
     fn release_orphans(&self, now_ms: u64, incarnation: u64) -> Result<usize, DirectoryError> {
-        Ok(self.release_orphaned_sessions(now_ms, incarnation)?)
+        Ok(self.sessions().release_orphans(now_ms, incarnation)?)
     }
 
     fn expire(&self, pass: &ExpiryPass<'_>) -> Result<Expired, DirectoryError> {
         let cutoff = pass.now_ms.saturating_sub(pass.ttl_ms);
-        let (examined, deleted) = self.expire_sessions(cutoff, pass.batch, pass.is_live)?;
+        let (examined, deleted) = self.sessions().expire(cutoff, pass.batch, pass.is_live)?;
         Ok(Expired { more: examined == pass.batch, deleted })
     }
 
     fn stored(&self) -> Option<u64> {
-        Some(self.sessions_stored())
+        Some(self.sessions().stored())
     }
 }

@@ -5,8 +5,8 @@
 //! the state becomes the room's once that flush returns.
 //!
 //! A room never written has no record: loading it costs one read, and it answers head 0
-//! in the store's [`Store::rooms_epoch`], which its first publish (or state) stores with
-//! it. Subscribes, history and presence of such a room write nothing.
+//! in the store's [`Rooms::epoch`](crate::store::Rooms::epoch), which its first publish
+//! (or state) stores with it. Subscribes, history and presence of such a room write nothing.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,13 +23,13 @@ use crate::world::now_ms;
 /// The embedded store's room logs.
 pub struct LocalRoomLogs {
     store: Store,
-    /// The epoch of rooms never written ([`Store::rooms_epoch`]).
+    /// The epoch of rooms never written ([`Rooms::epoch`](crate::store::Rooms::epoch)).
     epoch: Arc<str>,
 }
 
 impl LocalRoomLogs {
     pub fn new(store: Store) -> Result<LocalRoomLogs, StoreError> {
-        let epoch = store.rooms_epoch()?.into();
+        let epoch = store.rooms().epoch()?.into();
         Ok(LocalRoomLogs { store, epoch })
     }
 }
@@ -110,7 +110,7 @@ impl LocalLog {
     }
 
     fn trim_below(&self, room: &RoomCore, first_kept: u64, why: &str) {
-        match self.store.trim_events(&room.name, first_kept) {
+        match self.store.rooms().trim(&room.name, first_kept) {
             Ok(removed) => {
                 room.settings.metrics.history_trimmed.inc_by(removed as u64);
             }
@@ -122,7 +122,7 @@ impl LocalLog {
 impl RoomLog for LocalLog {
     fn load(&mut self, room: &mut RoomCore, _ctx: &mut Context<RoomActor>) {
         let (name, retention) = (&room.name, room.settings.retention);
-        room.state = match self.store.load_room(name, retention.max_events) {
+        room.state = match self.store.rooms().load(name, retention.max_events) {
             Ok(None) => RoomState::Live(SeqLog::restore(self.new_epoch.to_string(), 0, Vec::new(), retention)),
             Ok(Some(stored)) => {
                 self.stored = true;
@@ -135,7 +135,7 @@ impl RoomLog for LocalLog {
                 room.settings.metrics.state_reads.inc();
                 room.current = stored.state.map(|s| StateAt { seq: s.seq, data: s.data.into() });
                 if let Some(oldest) = log.oldest() {
-                    if let Err(error) = self.store.trim_events(name, oldest) {
+                    if let Err(error) = self.store.rooms().trim(name, oldest) {
                         tracing::warn!(room = %name, %error, "could not trim history beyond retention");
                     }
                 }
@@ -169,8 +169,8 @@ impl RoomLog for LocalLog {
         let ts_ms = now_ms();
         let record = EventRecord { seq: log.head() + 1, id: msg.id.to_string(), ts_ms, data: msg.data.to_string(), devices: msg.devices, from: msg.from };
         let written = match &msg.state {
-            Some(state) => self.store.append_event_with_state(&name, log.epoch(), &record, state),
-            None => self.store.append_event(&name, log.epoch(), &record),
+            Some(state) => self.store.rooms().append_with_state(&name, log.epoch(), &record, state),
+            None => self.store.rooms().append(&name, log.epoch(), &record),
         };
         if let Err(error) = written {
             tracing::error!(room = %name, %error, "store write failed");
@@ -206,8 +206,8 @@ impl RoomLog for LocalLog {
             }
         };
         // A room's first write stores its record (with its epoch) too.
-        let created = if self.stored { Ok(()) } else { self.store.create_room(&name, &epoch) };
-        if let Err(error) = created.and_then(|()| self.store.put_state(&name, &StateRecord { seq, data: msg.data.to_string() })) {
+        let created = if self.stored { Ok(()) } else { self.store.rooms().create(&name, &epoch) };
+        if let Err(error) = created.and_then(|()| self.store.rooms().put_state(&name, &StateRecord { seq, data: msg.data.to_string() })) {
             tracing::error!(room = %name, %error, "store write failed");
             let _ = msg.reply.send(Err(error.into()));
             return;

@@ -76,9 +76,9 @@ async fn rooms_never_published_to_leave_nothing_stored_and_their_actors_go_soon(
     let dir = server.stop();
     {
         let store = Store::open(dir.path()).expect("open the stopped server's store");
-        let stored: Vec<&String> = cold.iter().chain(&read).filter(|room| store.load_room(room, 1).unwrap().is_some()).collect();
+        let stored: Vec<&String> = cold.iter().chain(&read).filter(|room| store.rooms().load(room, 1).unwrap().is_some()).collect();
         assert!(stored.is_empty(), "{} rooms never published to have a record: {stored:?}", stored.len());
-        assert!(store.load_room("later", 10).unwrap().is_some(), "a published room is stored");
+        assert!(store.rooms().load("later", 10).unwrap().is_some(), "a published room is stored");
     }
 
     // After a restart the epochs answered before still recover: the empty room with

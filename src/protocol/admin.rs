@@ -1,0 +1,163 @@
+//! The bodies of the admin API (`/v1/admin/*`): the node's status, the overview the
+//! admin page polls, a rebalance's request and its progress, and the reload's answer.
+
+use serde::{Deserialize, Serialize};
+
+/// `GET /v1/admin/status`
+#[derive(Debug, Serialize)]
+pub struct StatusReply {
+    pub node: String,
+    pub version: &'static str,
+    pub uptime_secs: u64,
+    /// `starting`, `ready` or `draining`.
+    pub phase: &'static str,
+    pub warmup: bool,
+    pub connections: usize,
+    pub subscriptions: u64,
+    pub rooms_live: usize,
+    pub rooms_parked: usize,
+    /// Sessions with a connection here.
+    pub sessions_live: usize,
+    /// Disconnected sessions kept in memory (at most `session_cache_max`).
+    pub sessions_cached: usize,
+    /// Session records in the embedded store; absent in cluster mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sessions_stored: Option<u64>,
+    pub store_bytes: u64,
+}
+
+/// `GET /v1/admin/overview`: what the admin page polls.
+#[derive(Debug, Serialize)]
+pub struct OverviewReply {
+    pub node: String,
+    pub version: &'static str,
+    /// `starting`, `ready` or `draining`.
+    pub phase: &'static str,
+    pub ts_ms: u64,
+    pub uptime_secs: u64,
+    /// This node first, then the peers it knows.
+    pub nodes: Vec<OverviewNode>,
+    pub connections: usize,
+    pub subscriptions: u64,
+    pub rooms_live: usize,
+    /// The busiest live rooms here (at most 20), busiest first.
+    pub rooms: Vec<OverviewRoom>,
+    pub counters: OverviewCounters,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OverviewNode {
+    pub node: String,
+    pub url: String,
+    /// `starting`, `ready` or `draining`; a probed peer may be `down`.
+    pub phase: &'static str,
+    #[serde(rename = "self")]
+    pub itself: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OverviewRoom {
+    pub room: String,
+    /// Explicit subscribers on this node.
+    pub subscribers: u64,
+    /// The room's durable head seq.
+    pub head: u64,
+}
+
+/// The node's monotonic totals since it started.
+#[derive(Debug, Serialize)]
+pub struct OverviewCounters {
+    pub publishes: u64,
+    pub deliveries: u64,
+    pub slow_consumers: u64,
+    pub migrations: u64,
+}
+/// `POST /v1/admin/rebalance` (an empty body: all defaults).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RebalanceRequest {
+    /// The node to fill (default: the node answering).
+    pub to: Option<String>,
+    pub per_second: Option<u32>,
+    /// Connections to move at most, in all.
+    pub limit: Option<u64>,
+}
+
+pub fn parse_rebalance_request(body: &[u8]) -> Result<RebalanceRequest, serde_json::Error> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(RebalanceRequest::default());
+    }
+    serde_json::from_slice(body)
+}
+
+/// A rebalance as its planning node issued it (the 202 of `POST /v1/admin/rebalance`,
+/// and `issued` in `GET`).
+#[derive(Debug, Clone, Serialize)]
+pub struct RebalancePlanReply {
+    pub id: String,
+    pub to: String,
+    pub per_second: u32,
+    /// The mean load the plan levels towards.
+    pub mean: u64,
+    /// Connections to move in all.
+    pub total: u64,
+    pub at_ms: u64,
+    pub shares: Vec<RebalanceShare>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RebalanceShare {
+    pub node: String,
+    /// Connections it hands over.
+    pub connections: u64,
+    /// Its part of the operation's rate (by share, at least 1).
+    pub per_second: u32,
+    /// It acknowledged its order.
+    pub accepted: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// This node's part of the last rebalance it was given.
+#[derive(Debug, Clone, Serialize)]
+pub struct RebalanceShedding {
+    pub id: String,
+    pub to: String,
+    pub per_second: u32,
+    pub planned: u64,
+    pub moved: u64,
+    pub users: u64,
+    pub skipped_budget: u64,
+    pub skipped_gone: u64,
+    pub errors: u64,
+    pub started_at_ms: u64,
+    pub finished_at_ms: Option<u64>,
+    /// `running`, `done`, `no_more_users`, `target_gone`, `draining` or `replaced`.
+    pub state: &'static str,
+}
+
+/// A node's load as this node hears it.
+#[derive(Debug, Serialize)]
+pub struct RebalanceLoad {
+    pub node: String,
+    /// `null`: a node of an earlier build that does not say.
+    pub connections: Option<u64>,
+    pub draining: bool,
+}
+
+/// `GET /v1/admin/rebalance`
+#[derive(Debug, Serialize)]
+pub struct RebalanceStatusReply {
+    pub node: String,
+    pub issued: Option<RebalancePlanReply>,
+    pub shedding: Option<RebalanceShedding>,
+    /// Every node this one hears, itself first (empty outside cluster mode).
+    pub loads: Vec<RebalanceLoad>,
+}
+
+/// Answer of `POST /v1/admin/reload`: how many API keys and allowed origins are in force.
+#[derive(Debug, Serialize)]
+pub struct ReloadReply {
+    pub api_keys: usize,
+    pub allowed_origins: usize,
+}

@@ -1,0 +1,231 @@
+//! The codes livegate answers with: the WebSocket close codes (with what each means to a
+//! client) and the error codes of `error` frames and HTTP error bodies (with their HTTP
+//! status).
+
+/// The WebSocket close codes livegate sends, with what each means to a client: 4000–4499
+/// ask it to reconnect, 4500–4999 not to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseCode {
+    Normal,
+    GoingAway,
+    ProtocolError,
+    Unsupported,
+    InvalidPayload,
+    Policy,
+    TooBig,
+    ServerError,
+    ServiceRestart,
+    HeartbeatTimeout,
+    SlowConsumer,
+    MigrationBudget,
+    /// The session is served by another node: reconnect to the URL in the reason.
+    WrongNode,
+    Replaced,
+    Kicked,
+    TokenInvalid,
+}
+
+impl CloseCode {
+    pub const ALL: [CloseCode; 16] = [
+        CloseCode::Normal,
+        CloseCode::GoingAway,
+        CloseCode::ProtocolError,
+        CloseCode::Unsupported,
+        CloseCode::InvalidPayload,
+        CloseCode::Policy,
+        CloseCode::TooBig,
+        CloseCode::ServerError,
+        CloseCode::ServiceRestart,
+        CloseCode::HeartbeatTimeout,
+        CloseCode::SlowConsumer,
+        CloseCode::MigrationBudget,
+        CloseCode::WrongNode,
+        CloseCode::Replaced,
+        CloseCode::Kicked,
+        CloseCode::TokenInvalid,
+    ];
+
+    pub const fn code(self) -> u16 {
+        match self {
+            CloseCode::Normal => 1000,
+            CloseCode::GoingAway => 1001,
+            CloseCode::ProtocolError => 1002,
+            CloseCode::Unsupported => 1003,
+            CloseCode::InvalidPayload => 1007,
+            CloseCode::Policy => 1008,
+            CloseCode::TooBig => 1009,
+            CloseCode::ServerError => 1011,
+            CloseCode::ServiceRestart => 1012,
+            CloseCode::HeartbeatTimeout => 4008,
+            CloseCode::SlowConsumer => 4009,
+            CloseCode::MigrationBudget => 4029,
+            CloseCode::WrongNode => 4421,
+            CloseCode::Replaced => 4501,
+            CloseCode::Kicked => 4502,
+            CloseCode::TokenInvalid => 4503,
+        }
+    }
+
+    pub fn from_code(code: u16) -> Option<CloseCode> {
+        CloseCode::ALL.into_iter().find(|c| c.code() == code)
+    }
+
+    pub const fn meaning(self) -> &'static str {
+        match self {
+            CloseCode::Normal => "normal close",
+            CloseCode::GoingAway => "server stopping",
+            CloseCode::ProtocolError => "WebSocket protocol error",
+            CloseCode::Unsupported => "unsupported message",
+            CloseCode::InvalidPayload => "text is not valid UTF-8",
+            CloseCode::Policy => "protocol violation",
+            CloseCode::TooBig => "frame too big",
+            CloseCode::ServerError => "server error",
+            CloseCode::ServiceRestart => "server restarting",
+            CloseCode::HeartbeatTimeout => "heartbeat timeout",
+            CloseCode::SlowConsumer => "too slow reading events",
+            CloseCode::MigrationBudget => "migration budget spent",
+            CloseCode::WrongNode => "served by another node: reconnect to the URL in the reason",
+            CloseCode::Replaced => "replaced by a newer connection of the same user and device",
+            CloseCode::Kicked => "kicked by an operator",
+            CloseCode::TokenInvalid => "token no longer valid",
+        }
+    }
+}
+
+/// What a close code received means, livegate's own or any other.
+pub fn close_meaning(code: u16) -> &'static str {
+    match CloseCode::from_code(code) {
+        Some(known) => known.meaning(),
+        None => match code {
+            4000..=4499 => "reconnect",
+            4500..=4999 => "do not reconnect",
+            _ => "unknown code",
+        },
+    }
+}
+
+/// Error codes sent in `error` frames and HTTP error bodies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    BadRequest,
+    UnknownOp,
+    BadRoom,
+    Forbidden,
+    TooManySubscriptions,
+    PayloadTooLarge,
+    Unauthorized,
+    MissingToken,
+    InvalidToken,
+    TokenExpired,
+    TokenReplayed,
+    /// A resume credential that is malformed, spent, expired or revoked (DESIGN §7).
+    ResumeInvalid,
+    MigrationBudget,
+    /// The session is served by another node, named with its URL (issue 30).
+    WrongNode,
+    NoAliveNode,
+    NotFound,
+    Unavailable,
+    Internal,
+    RateLimited,
+    TooManyConnections,
+    ForbiddenOrigin,
+    DirectoryUnavailable,
+    /// The room's namespace keeps no presence (DESIGN §9).
+    PresenceOff,
+    /// The request cannot be done in the cluster's present state (a rebalance towards a
+    /// node that is not alive and taking connections, or outside cluster mode).
+    Conflict,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::UnknownOp => "unknown_op",
+            ErrorCode::BadRoom => "bad_room",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::TooManySubscriptions => "too_many_subscriptions",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::MissingToken => "missing_token",
+            ErrorCode::InvalidToken => "invalid_token",
+            ErrorCode::TokenExpired => "token_expired",
+            ErrorCode::TokenReplayed => "token_replayed",
+            ErrorCode::ResumeInvalid => "resume_invalid",
+            ErrorCode::MigrationBudget => "migration_budget",
+            ErrorCode::WrongNode => "wrong_node",
+            ErrorCode::NoAliveNode => "no_alive_node",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::Unavailable => "unavailable",
+            ErrorCode::Internal => "internal",
+            ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::TooManyConnections => "too_many_connections",
+            ErrorCode::ForbiddenOrigin => "forbidden_origin",
+            ErrorCode::DirectoryUnavailable => "directory_unavailable",
+            ErrorCode::PresenceOff => "presence_off",
+            ErrorCode::Conflict => "conflict",
+        }
+    }
+
+    /// The HTTP status an error answer with this code has (codes only sent in `error`
+    /// frames have one too, so the table is total). One exception is made by the handler:
+    /// `too_many_connections` for one address is 429 (see `http::admit`).
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::BadRequest | ErrorCode::UnknownOp | ErrorCode::BadRoom => 400,
+            ErrorCode::Unauthorized
+            | ErrorCode::MissingToken
+            | ErrorCode::InvalidToken
+            | ErrorCode::TokenExpired
+            | ErrorCode::TokenReplayed
+            | ErrorCode::ResumeInvalid => 401,
+            ErrorCode::Forbidden | ErrorCode::ForbiddenOrigin => 403,
+            ErrorCode::NotFound | ErrorCode::PresenceOff => 404,
+            ErrorCode::Conflict => 409,
+            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::WrongNode => 421,
+            ErrorCode::TooManySubscriptions | ErrorCode::MigrationBudget | ErrorCode::RateLimited => 429,
+            ErrorCode::Internal => 500,
+            ErrorCode::Unavailable
+            | ErrorCode::NoAliveNode
+            | ErrorCode::TooManyConnections
+            | ErrorCode::DirectoryUnavailable => 503,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The statuses the HTTP API promises for its codes (README, HTTP API; DESIGN.md §2–3).
+    #[test]
+    fn error_codes_carry_the_documented_status() {
+        let documented = [
+            (ErrorCode::BadRequest, 400),
+            (ErrorCode::BadRoom, 400),
+            (ErrorCode::Unauthorized, 401),
+            (ErrorCode::MissingToken, 401),
+            (ErrorCode::InvalidToken, 401),
+            (ErrorCode::TokenExpired, 401),
+            (ErrorCode::TokenReplayed, 401),
+            (ErrorCode::ResumeInvalid, 401),
+            (ErrorCode::ForbiddenOrigin, 403),
+            (ErrorCode::NotFound, 404),
+            (ErrorCode::PresenceOff, 404),
+            (ErrorCode::Conflict, 409),
+            (ErrorCode::PayloadTooLarge, 413),
+            (ErrorCode::MigrationBudget, 429),
+            (ErrorCode::RateLimited, 429),
+            (ErrorCode::Internal, 500),
+            (ErrorCode::Unavailable, 503),
+            (ErrorCode::NoAliveNode, 503),
+            (ErrorCode::TooManyConnections, 503),
+            (ErrorCode::DirectoryUnavailable, 503),
+        ];
+        for (code, status) in documented {
+            assert_eq!(code.http_status(), status, "{}", code.as_str());
+        }
+    }
+}
