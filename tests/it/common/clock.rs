@@ -1,10 +1,10 @@
 //! Time in the tests: the only place they sleep. A test waits for something it can
-//! observe by polling it ([`wait_until`], [`wait_for`], their async twins), spreads load
-//! over time on purpose through [`Pacer`] or [`pace`], and lets the product's own clock
-//! run through [`let_time_pass`] where the elapsed time is the behaviour under test
-//! (a token's expiry, a TTL, a delay before which nothing may happen). Each pace and
-//! each wait for the clock says why; `tests/count-sleeps` counts them apart and fails on
-//! any other sleep.
+//! observe by polling it ([`wait_until`], [`wait_for`] and their `_every`/`_async`
+//! kin), spreads load over time on purpose through [`Pacer`] or [`pace`], and lets the
+//! product's own clock run through [`let_time_pass`] where the elapsed time is the
+//! behaviour under test (a token's expiry, a TTL, a delay before which nothing may
+//! happen). Each pace and each wait for the clock says why; `tests/count-sleeps` counts
+//! them apart and fails on any other sleep.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -41,12 +41,7 @@ pub fn wait_for_every<T>(within: Duration, every: Duration, mut look: impl FnMut
     }
 }
 
-/// [`wait_until`] for a condition that awaits (a request, a read of the bucket).
-pub async fn wait_until_async<F: Future<Output = bool>>(within: Duration, cond: impl FnMut() -> F) -> bool {
-    wait_until_every_async(within, POLL_EVERY, cond).await
-}
-
-/// [`wait_until_every`] for a condition that awaits.
+/// [`wait_until_every`] for a condition that awaits (a request, a read of the bucket).
 pub async fn wait_until_every_async<F: Future<Output = bool>>(
     within: Duration,
     every: Duration,
@@ -58,11 +53,6 @@ pub async fn wait_until_every_async<F: Future<Output = bool>>(
     })
     .await
     .is_some()
-}
-
-/// [`wait_for`] for a look that awaits.
-pub async fn wait_for_async<T, F: Future<Output = Option<T>>>(within: Duration, look: impl FnMut() -> F) -> Option<T> {
-    wait_for_every_async(within, POLL_EVERY, look).await
 }
 
 /// [`wait_for_every`] for a look that awaits.
