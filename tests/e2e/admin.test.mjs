@@ -18,9 +18,9 @@ import path from 'node:path';
 import { test } from 'node:test';
 import { createRequire } from 'node:module';
 
-import { API_KEY, REPO, api, mintToken, sleep, startServer, tempDir } from '../js/support/server.mjs';
+import { API_KEY, REPO, api, letTimePass, mintToken, startServer, tempDir, waitFor } from '../js/support/server.mjs';
 import { MiniWebSocket } from '../js/support/mini-websocket.mjs';
-import { cleanup, launchBrowser } from './support.mjs';
+import { cleanup, launchBrowser, resize } from './support.mjs';
 
 const SCREENSHOTS = path.join(REPO, 'tests/e2e/screenshots');
 const ROOM = 'admin:e2e';
@@ -92,13 +92,14 @@ const roomRow = (page, room) =>
   }, room);
 
 async function waitRow(page, room, what, ok, ms = 10_000) {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const row = await roomRow(page, room);
-    if (row && ok(row)) return row;
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}; the row: ${JSON.stringify(row)}`);
-    await sleep(100);
-  }
+  let row;
+  const found = async () => {
+    row = await roomRow(page, room);
+    return row && ok(row) ? row : null;
+  };
+  return waitFor(found, what, ms, 100).catch(() => {
+    throw new Error(`timed out after ${ms} ms waiting for ${what}; the row: ${JSON.stringify(row)}`);
+  });
 }
 
 test('the admin page: login, live rooms, publish box, no key in URL or localStorage, screenshots, axe', { timeout: 90_000 }, async (t) => {
@@ -135,7 +136,7 @@ test('the admin page: login, live rooms, publish box, no key in URL or localStor
   assert.equal(await page.locator('#nodes tbody tr').count(), 0, 'no nodes before login');
   const shown = await page.evaluate(() => document.body.innerText);
   assert.ok(!shown.includes(NODE) && !shown.includes('127.0.0.1'), `no node data before login: ${shown}`);
-  await sleep(300);
+  await letTimePass(300, 'the page asks nothing before a key is entered');
   assert.deepEqual(overviewRequests, [], 'the page asks nothing before a key is entered');
   assert.deepEqual(await axe(page), [], 'axe: no WCAG A/AA violation logged out');
 
@@ -229,8 +230,7 @@ test('the admin page: login, live rooms, publish box, no key in URL or localStor
   assert.deepEqual(await axe(page), [], 'axe: no WCAG A/AA violation logged in');
   const wide = path.join(SCREENSHOTS, 'admin-1280.png');
   await page.screenshot({ path: wide, fullPage: true });
-  await page.setViewportSize({ width: 375, height: 800 });
-  await sleep(300);
+  await resize(page, 375, 800);
   await noSideScroll(page, 375);
   assert.deepEqual(await axe(page), [], 'axe: no WCAG A/AA violation at 375 px');
   const phone = path.join(SCREENSHOTS, 'admin-375.png');
@@ -249,7 +249,7 @@ test('the admin page: login, live rooms, publish box, no key in URL or localStor
   assert.equal(await page.locator('#rooms tbody tr').count(), 0, 'the rooms are gone from the page');
   assert.equal(await page.evaluate(() => sessionStorage.length + localStorage.length), 0, 'the key is forgotten');
   const polls = overviewRequests.length;
-  await sleep(2500);
+  await letTimePass(2500, 'several of the page\'s polling periods');
   assert.equal(overviewRequests.length, polls, 'no polling after logging out');
   assert.deepEqual(await axe(page), [], 'axe: no WCAG A/AA violation after logging out');
 

@@ -22,8 +22,8 @@ import { mkdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 
-import { REPO, api, startServer, startServerOnPort, sleep, tempDir } from '../js/support/server.mjs';
-import { cleanup, launchBrowser } from './support.mjs';
+import { REPO, api, startServer, startServerOnPort, tempDir, waitFor } from '../js/support/server.mjs';
+import { cleanup, launchBrowser, resize } from './support.mjs';
 
 const ROOMS = ['match:1', 'match:2', 'match:3', 'match:4'];
 const ARTIFACTS = path.join(REPO, 'target/e2e');
@@ -161,8 +161,7 @@ async function demoAcrossRestart(t, { transport, screenshots }) {
 
   // 4. No gap, no duplicate; the score shown is the score of the room's last event.
   let last;
-  const deadline = Date.now() + 10_000;
-  for (;;) {
+  const caughtUp = async () => {
     const demo = await snapshot(page);
     const history = {};
     for (const room of ROOMS) {
@@ -172,9 +171,10 @@ async function demoAcrossRestart(t, { transport, screenshots }) {
     last = { demo, history };
     // The page read first: the history then holds at least what the page saw. Compare
     // once every room's newest event is on the page too (events keep coming, ~1/s a room).
-    if (ROOMS.every((room) => demo.seqs[room].at(-1) === history[room].head) || Date.now() > deadline) break;
-    await sleep(150);
-  }
+    return ROOMS.every((room) => demo.seqs[room].at(-1) === history[room].head);
+  };
+  // Not caught up within 10 s: the assertions below say where the page and history differ.
+  await waitFor(caughtUp, 'the page at every room\'s head', 10_000, 150).catch(() => {});
   const { demo, history } = last;
   assert.deepEqual(demo.recoveryFailed, [], 'no room failed to recover');
   for (const room of ROOMS) {
@@ -204,8 +204,7 @@ async function demoAcrossRestart(t, { transport, screenshots }) {
   mkdirSync(ARTIFACTS, { recursive: true });
   const shot = path.join(ARTIFACTS, 'demo.png');
   await page.screenshot({ path: shot, fullPage: true });
-  await page.setViewportSize({ width: 375, height: 812 });
-  await sleep(100);
+  await resize(page, 375, 812);
   const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
   assert.ok(overflow <= 0, `the page scrolls sideways by ${overflow} px at 375 px`);
   const phone = path.join(ARTIFACTS, 'demo-phone.png');

@@ -28,6 +28,12 @@ after(async () => {
 /** Runs each of `fns` after the file's tests, latest first; a failing one is logged, not fatal. */
 export const cleanup = (...fns) => cleanups.push(...fns);
 
+/** Resizes the page and waits until it has painted two frames at the new size. */
+export async function resize(page, width, height) {
+  await page.setViewportSize({ width, height });
+  await page.evaluate(() => new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve))));
+}
+
 /**
  * A headless Chromium with its profile in `dir`, closed after the tests. The flags keep it
  * off the network this machine does not have (background fetches are refused otherwise).

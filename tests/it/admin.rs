@@ -14,7 +14,7 @@
 
 use crate::common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
@@ -27,17 +27,12 @@ fn overview(server: &TestServer) -> Value {
 
 /// Polls the overview until `ok` holds (the rooms' answer is reused for up to 0.5 s).
 fn overview_until(server: &TestServer, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let body = overview(server);
-        if ok(&body) {
-            return body;
-        }
-        if Instant::now() > deadline {
-            panic!("timed out waiting for {what}; the last overview: {body:#}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut last = Value::Null;
+    wait_for_every(WAIT, Duration::from_millis(50), || {
+        last = overview(server);
+        ok(&last).then(|| last.clone())
+    })
+    .unwrap_or_else(|| panic!("timed out waiting for {what}; the last overview: {last:#}"))
 }
 
 fn room<'a>(body: &'a Value, name: &str) -> Option<&'a Value> {

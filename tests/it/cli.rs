@@ -59,14 +59,8 @@ impl Proc {
     }
 
     fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "{} did not exit within {timeout:?}", self.name);
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        common::wait_for_every(timeout, Duration::from_millis(50), || self.child.try_wait().expect("try_wait"))
+            .unwrap_or_else(|| panic!("{} did not exit within {timeout:?}", self.name))
     }
 }
 
@@ -162,7 +156,7 @@ impl Server {
                 "server did not report listening; stdout:\n{}\nstderr:\n{errors}",
                 stdout.seen.join("\n")
             );
-            std::thread::sleep(Duration::from_millis(250));
+            common::pace(Duration::from_millis(250), "a refused bind of the same port is retried at 4/s");
         }
         unreachable!()
     }
@@ -433,15 +427,12 @@ fn presence_prints_who_is_in_the_room_as_get_answers_it() {
         livegate(&["subscribe", "lobby", "--user", "fan", "--device", "web", "--data-dir", data.to_str().unwrap(), "--url", &url]),
     );
     notices.wait_for("`subscribed to lobby`", |l| l.starts_with("subscribed to lobby"));
-    let deadline = Instant::now() + WAIT;
-    let present = loop {
-        let present = json(&client_ok(&server, data, &["presence", "lobby"]));
-        if present["count"] == 1 {
-            break present;
-        }
-        assert!(Instant::now() < deadline, "the subscriber never counted: {present}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let mut present = Value::Null;
+    let counted = common::wait_until_every(WAIT, Duration::from_millis(100), || {
+        present = json(&client_ok(&server, data, &["presence", "lobby"]));
+        present["count"] == 1
+    });
+    assert!(counted, "the subscriber never counted: {present}");
     assert_eq!(present["members"], serde_json::json!([{"user": "fan", "device": "web"}]), "{present}");
     assert_eq!((200, present), get_as_backend(&server, data, "/v1/rooms/lobby/presence"), "exactly the GET answer");
 }

@@ -298,7 +298,7 @@ fn a_client_that_cannot_reach_its_owner_moves_once_and_recovers_exactly_the_miss
     // route did not choose, charged to the budget.
     // A client that says it cannot reach a node started moments ago is believed without
     // charge (it was restarting): wait until the nodes are older than that grace.
-    std::thread::sleep((cluster_ready + Duration::from_millis(RESTART_GRACE_MS + 500)).saturating_duration_since(Instant::now()));
+    common::let_time_pass_until(cluster_ready + Duration::from_millis(RESTART_GRACE_MS + 500), "the nodes outlive the restart grace");
     let token = cluster.http(2).mint_token("mover", "web");
     match rt.block_on(WsClient::try_connect(cluster.addr(2), Some(&token), Some(&session))) {
         Err(r) if r.status == 421 && r.body["error"]["node"] == "a" => {}
@@ -479,7 +479,8 @@ fn a_room_whose_history_expired_keeps_its_head_on_every_node() {
     for i in 1..=3 {
         cluster.http(0).publish_ok(room, Some(&format!("ttl-{i}")), json!({"i": i}));
     }
-    std::thread::sleep(Duration::from_millis(2500));
+    // No node but the writer may read the room before it expires: nothing to poll.
+    common::let_time_pass(Duration::from_millis(2500), "the 1 s history TTL runs out");
     // Only the room's writer holds it in memory; the other nodes read the stream now.
     for node in 0..3 {
         let page = cluster.http(node).history_ok(room, None, None);
@@ -781,7 +782,7 @@ impl Publisher {
                         report.errors.push(format!("{id} not acknowledged by any node within 30 s"));
                         break;
                     }
-                    std::thread::sleep(Duration::from_millis(20));
+                    common::pace(Duration::from_millis(20), "a refused publish is retried at 50/s");
                 }
                 n += 1;
             }
@@ -906,7 +907,7 @@ async fn load_client(id: usize, user: String, room: String, home: usize, shared:
                 report.errors.push(format!("could not reconnect within {LOAD_CLIENT_LIMIT:?} (last seq {last})"));
                 return report;
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            common::pace_async(Duration::from_millis(100), "a client that found no node retries at 10/s").await;
         };
         report.nodes.push(node);
         if reply["op"] != "subscribed" {
@@ -1142,12 +1143,12 @@ fn kill_9_of_a_node_under_load_loses_nothing_acknowledged() {
     let mut cluster = Cluster::start(3, &SHORT_DRAIN);
     let rt = runtime();
     let load = Load::start(&rt, &cluster, "kill", 3, 30, Duration::from_millis(10));
-    std::thread::sleep(Duration::from_millis(1500)); // load runs on all three nodes
+    common::pace(Duration::from_millis(1500), "load runs on all three nodes");
     // Killed with publishes in flight on it; then no client or publisher picks it again.
     let killed_at = Instant::now();
     cluster.take_node(0).kill9();
     load.node_down(0);
-    std::thread::sleep(Duration::from_secs(4)); // load goes on without a, across its detection
+    common::pace(Duration::from_secs(4), "load goes on without a, across its detection");
     let outcome = load.finish(&rt, &cluster.http(1));
     let mut failures = Vec::new();
     outcome.check(&mut failures);
@@ -1188,7 +1189,7 @@ fn nats_server_restarted_under_load_loses_nothing_and_queued_directory_writes_re
     let mut cluster = Cluster::start(3, &flags);
     let rt = runtime();
     let load = Load::start(&rt, &cluster, "natsdown", 3, 9, Duration::from_millis(10));
-    std::thread::sleep(Duration::from_millis(1500)); // load with NATS up
+    common::pace(Duration::from_millis(1500), "load with NATS up");
     let mut failures = Vec::new();
 
     let down_at = Instant::now();
@@ -1196,7 +1197,8 @@ fn nats_server_restarted_under_load_loses_nothing_and_queued_directory_writes_re
 
     // A new session on b while NATS is down: the handshake works, its directory write waits.
     let b = cluster.addr(1);
-    std::thread::sleep(Duration::from_millis(300)); // let b notice the lost connection
+    // No node tells whether it has noticed (its /readyz stays 200): nothing to poll.
+    common::let_time_pass(Duration::from_millis(300), "b notices the lost NATS connection");
     let outage_client = match try_mint(b, "outage-user", "web") {
         Ok(token) => match rt.block_on(try_ws(b, token, None)) {
             Ok(mut ws) => {
@@ -1220,7 +1222,7 @@ fn nats_server_restarted_under_load_loses_nothing_and_queued_directory_writes_re
         other => failures.push(format!("publish on c with NATS down: expected 503, got {other:?}")),
     }
     // Past directory_outage_secs, a new session is refused instead of guessed.
-    std::thread::sleep(Duration::from_millis(2500).saturating_sub(down_at.elapsed()));
+    common::let_time_pass_until(down_at + Duration::from_millis(2500), "past directory_outage_secs (1 s)");
     match try_mint(b, "late-outage-user", "web") {
         Ok(token) => match rt.block_on(try_ws(b, token, None)) {
             Ok(ws) => failures.push(format!(
@@ -1233,7 +1235,7 @@ fn nats_server_restarted_under_load_loses_nothing_and_queued_directory_writes_re
         },
         Err(e) => failures.push(format!("token on b during the NATS outage: {e}")),
     }
-    std::thread::sleep(Duration::from_secs(3).saturating_sub(down_at.elapsed())); // the outage lasts 3 s under load
+    common::pace(Duration::from_secs(3).saturating_sub(down_at.elapsed()), "the outage lasts 3 s under load");
     cluster.nats.restart();
     let up_at = Instant::now();
 
@@ -1250,7 +1252,7 @@ fn nats_server_restarted_under_load_loses_nothing_and_queued_directory_writes_re
         }
         back_after.push(up_at.elapsed());
     }
-    std::thread::sleep(Duration::from_secs(2)); // load with NATS back
+    common::pace(Duration::from_secs(2), "load with NATS back");
     let outcome = load.finish(&rt, &cluster.http(0));
     outcome.check(&mut failures);
     for c in &outcome.clients {
@@ -1270,15 +1272,16 @@ fn nats_server_restarted_under_load_loses_nothing_and_queued_directory_writes_re
         let recorded = rt.block_on(async {
             let probe = livegate::cluster::Cluster::connect(&url, "probe").await.map_err(|e| format!("connect: {e:?}"))?;
             let kv = KvSessions::open(&probe).await.map_err(|e| format!("open kv: {e:?}"))?;
-            let deadline = Instant::now() + Duration::from_secs(15);
-            loop {
-                match kv.entry(&session).await {
-                    Ok(Some((record, _))) => return Ok(record),
-                    Ok(None) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(100)).await,
-                    Ok(None) => return Err(format!("no directory record for {session} 15 s after NATS came back")),
-                    Err(e) => return Err(format!("read {session}: {e:?}")),
+            let (kv, session) = (&kv, &session);
+            common::wait_for_every_async(Duration::from_secs(15), Duration::from_millis(100), || async move {
+                match kv.entry(session).await {
+                    Ok(Some((record, _))) => Some(Ok(record)),
+                    Ok(None) => None,
+                    Err(e) => Some(Err(format!("read {session}: {e:?}"))),
                 }
-            }
+            })
+            .await
+            .unwrap_or_else(|| Err(format!("no directory record for {session} 15 s after NATS came back")))
         });
         match recorded {
             Ok(record) if record.owner == "b" && record.user == "outage-user" => {}
@@ -1362,11 +1365,12 @@ fn a_move_charged_during_a_nats_outage_reaches_the_directory_and_every_node_refu
         }
     }
     // Past the restart grace: an avoid= of a is charged, not believed as a restart.
-    std::thread::sleep((cluster_ready + Duration::from_millis(RESTART_GRACE_MS + 500)).saturating_duration_since(Instant::now()));
+    common::let_time_pass_until(cluster_ready + Duration::from_millis(RESTART_GRACE_MS + 500), "the nodes outlive the restart grace");
 
     let token = cluster.http(1).mint_token("outage-mover", "web");
     cluster.nats.kill9();
-    std::thread::sleep(Duration::from_millis(300)); // the nodes notice the lost connection
+    // No node tells whether it has noticed (its /readyz stays 200): nothing to poll.
+    common::let_time_pass(Duration::from_millis(300), "the nodes notice the lost NATS connection");
     let here = match rt.block_on(connect_avoiding(cluster.addr(1), &token, &session, "a")) {
         Ok(ws) => {
             let here = ws.welcome["node"].as_str().unwrap_or_default().to_string();
@@ -1380,12 +1384,8 @@ fn a_move_charged_during_a_nats_outage_reaches_the_directory_and_every_node_refu
     };
     cluster.nats.restart();
     // The node that made the move writes its charge when NATS is back.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while cluster.log_lines(&["charges=1"]).is_empty() {
-        if Instant::now() > deadline {
-            fail_with_logs(&cluster, "charge during outage", &["the charge was not replayed within 20 s".into()], &LOG_NEEDLES);
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    if !common::wait_until_every(Duration::from_secs(20), Duration::from_millis(100), || !cluster.log_lines(&["charges=1"]).is_empty()) {
+        fail_with_logs(&cluster, "charge during outage", &["the charge was not replayed within 20 s".into()], &LOG_NEEDLES);
     }
     cluster.wait_peers(Duration::from_secs(20));
 
@@ -1413,7 +1413,7 @@ fn rolling_restart_of_all_nodes_under_load_has_no_abnormal_close_no_loss_no_dupl
     let mut cluster = Cluster::start(3, &SHORT_DRAIN);
     let rt = runtime();
     let load = Load::start(&rt, &cluster, "roll", 3, 30, Duration::from_millis(10));
-    std::thread::sleep(Duration::from_secs(1)); // load on the whole cluster
+    common::pace(Duration::from_secs(1), "load on the whole cluster");
     let mut failures = Vec::new();
     let mut drains = Vec::new();
     for i in 0..3 {
@@ -1424,7 +1424,7 @@ fn rolling_restart_of_all_nodes_under_load_has_no_abnormal_close_no_loss_no_dupl
         load.node_up(i, cluster.addr(i));
         cluster.wait_peers(Duration::from_secs(20));
         drains.push((Cluster::name(i), drained, signal_at.elapsed()));
-        std::thread::sleep(Duration::from_secs(1)); // load on the whole cluster again
+        common::pace(Duration::from_secs(1), "load on the whole cluster again");
     }
     let outcome = load.finish(&rt, &cluster.http(0));
     outcome.check(&mut failures);
@@ -1584,7 +1584,8 @@ fn a_resume_credential_from_a_works_once_on_b_and_a_kick_through_a_voids_it_on_b
     let session = first.session().to_string();
     let from_a = resume_of(&first);
     rt.block_on(first.close());
-    std::thread::sleep(Duration::from_millis(200));
+    cluster.http(0).wait_metric_total("livegate_connections_open", 0.0, WAIT);
+    cluster.http(0).wait_metric_total("livegate_sessions_live", 0.0, WAIT);
 
     let mut failures = Vec::new();
     // a is alive and owns the session, so b would send the client there (4421); this
@@ -1734,9 +1735,11 @@ fn wait_route_without(
 
 /// Asserts that for `during`, no answer on `nodes` names `gone`.
 fn route_stays_without(cluster: &Cluster, nodes: &[usize], queries: &[String], gone: &str, during: Duration) -> Vec<String> {
-    let end = Instant::now() + during;
     let mut bad = Vec::new();
-    while Instant::now() < end && bad.is_empty() {
+    common::let_time_pass_checking(during, Duration::from_millis(50), "a node that left stays unrouted", || {
+        if !bad.is_empty() {
+            return;
+        }
         for &i in nodes {
             for q in queries {
                 let answer = route(&cluster.http(i), q);
@@ -1745,8 +1748,7 @@ fn route_stays_without(cluster: &Cluster, nodes: &[usize], queries: &[String], g
                 }
             }
         }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    });
     bad
 }
 
@@ -1877,21 +1879,18 @@ fn session_records_leave_the_kv_bucket_after_the_ttl_unless_their_node_keeps_the
         let closed = Instant::now();
         // The bucket's age limit is twice the TTL: the record goes 2 to 4 s after the close
         // (nats-server expires entries about once a second).
-        let mut vanished = None;
-        while closed.elapsed() < Duration::from_secs(10) {
-            if kv.entry(&gone_session).await.expect("read the bucket").is_none() {
-                vanished = Some(closed.elapsed());
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let (kv, gone_session) = (&kv, &gone_session);
+        let vanished = common::wait_for_every_async(Duration::from_secs(10), Duration::from_millis(100), || async move {
+            kv.entry(gone_session).await.expect("read the bucket").is_none().then(|| closed.elapsed())
+        })
+        .await;
         match vanished {
             None => failures.push("a disconnected session's record was still in the bucket 10 s after a 2 s TTL".to_string()),
             Some(at) if at < Duration::from_millis(1900) => failures.push(format!("the record went {at:?} after the close, before the TTL")),
             Some(_) => {}
         }
         // Older than the age limit by now, yet refreshed by its node while connected.
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        common::let_time_pass_async(Duration::from_secs(3), "past the bucket's age limit").await;
         match kv.entry(&kept_session).await.expect("read the bucket") {
             None => failures.push(format!("the connected session's record left the bucket after {:?}", closed.elapsed())),
             Some((record, _)) if record.owner != Cluster::name(1) => failures.push(format!("the record names owner {}", record.owner)),

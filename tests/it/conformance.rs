@@ -69,16 +69,11 @@ fn run_suite(wstest: &Path, spec: &Path, dir: &Path) -> (std::process::ExitStatu
         .spawn()
         .unwrap_or_else(|e| panic!("run {}: {e}", wstest.display()));
     let mut child = Wstest(child);
-    let status = loop {
-        if let Some(status) = child.0.try_wait().expect("try_wait wstest") {
-            break status;
-        }
-        if started.elapsed() > SUITE_LIMIT {
-            drop(child);
-            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
-            panic!("wstest did not finish within {SUITE_LIMIT:?}; its output ends:\n{}", tail(&text, 40));
-        }
-        std::thread::sleep(Duration::from_millis(200));
+    let Some(status) = common::wait_for_every(SUITE_LIMIT, Duration::from_millis(200), || child.0.try_wait().expect("try_wait wstest"))
+    else {
+        drop(child);
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        panic!("wstest did not finish within {SUITE_LIMIT:?}; its output ends:\n{}", tail(&text, 40));
     };
     (status, std::fs::read_to_string(&log_path).unwrap_or_default(), started.elapsed())
 }

@@ -136,17 +136,14 @@ fn kill_9_ten_times_during_a_publish_stream_loses_no_acknowledged_event() {
             })
             .collect();
         let kill_after = Duration::from_millis(rng.range(KILL_AFTER_MS.0, KILL_AFTER_MS.1));
-        std::thread::sleep(kill_after);
+        common::pace(kill_after, "publishers run until a random moment of the kill");
         server.kill9();
         // Bound the publishers even if one did not notice the kill.
         let joined = Instant::now();
         let mut this_round = 0;
         for p in publishers {
-            while !p.is_finished() {
-                if joined.elapsed() > Duration::from_secs(30) {
-                    stop.store(true, Ordering::SeqCst);
-                }
-                std::thread::sleep(Duration::from_millis(10));
+            if !common::wait_until(Duration::from_secs(30).saturating_sub(joined.elapsed()), || p.is_finished()) {
+                stop.store(true, Ordering::SeqCst);
             }
             for a in p.join().expect("publisher") {
                 if Some(&a.epoch) != epochs[a.room].as_ref() {

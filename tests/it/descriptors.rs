@@ -7,7 +7,7 @@ use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::process::ServeProcess;
 use common::*;
@@ -20,16 +20,11 @@ fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).expect("read /proc/PID/fd").count()
 }
 
-/// Waits (bounded) until the process holds `want` descriptors; returns what it holds.
+/// Waits (bounded: past the keep-alive and 10 s more) until the process holds `want`
+/// descriptors; returns what it holds.
 async fn settle(pid: u32, want: usize) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let now = open_fds(pid);
-        if now == want || Instant::now() >= deadline {
-            return now;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_every_async(KEEP_ALIVE_EXPIRED + Duration::from_secs(10), Duration::from_millis(50), || async move { open_fds(pid) == want }).await;
+    open_fds(pid)
 }
 
 #[tokio::test]
@@ -43,7 +38,7 @@ async fn one_descriptor_per_websocket_and_none_extra_for_http() {
     // pooled keep-alive connection is let expire (the server closes it after 5 s).
     http.publish_ok("fd:room", None, serde_json::json!(0));
     let tokens: Vec<String> = (0..SOCKETS).map(|i| http.mint_token(&format!("fd-user-{i}"), "web")).collect();
-    tokio::time::sleep(KEEP_ALIVE_EXPIRED).await;
+    let_time_pass_async(KEEP_ALIVE_EXPIRED, "the server closes the idle keep-alive connection after 5 s").await;
     let before = open_fds(pid);
 
     let mut clients = Vec::new();
@@ -84,7 +79,6 @@ async fn one_descriptor_per_websocket_and_none_extra_for_http() {
     for client in clients {
         client.close().await;
     }
-    tokio::time::sleep(KEEP_ALIVE_EXPIRED).await;
     let after = settle(pid, before).await;
     assert_eq!(after, before, "descriptors after every connection closed");
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use livegate::config::Config;
+use serde_json::Value;
 
 const WRITES_OK: &str = r#"livegate_directory_writes_total{result="ok"}"#;
 
@@ -32,7 +33,7 @@ fn metric_or_zero(server: &TestServer, series: &str) -> f64 {
 
 /// node-a → node-b (migration 1) → node-a (migration 2) on one data dir. Returns the
 /// session of u1 and the third server, after asserting the first migration.
-async fn two_owner_changes(window_secs: u64, sleep_before_third: Duration) -> (String, TestServer) {
+async fn two_owner_changes(window_secs: u64) -> (String, TestServer) {
     // node-a: u1 gets a session; u9 gets two.
     let a = TestServer::start(node_named("node-a", 30, window_secs));
     let c = reconnect(&a, "u1", "web", None).await;
@@ -68,7 +69,6 @@ async fn two_owner_changes(window_secs: u64, sleep_before_third: Duration) -> (S
     c9.close().await;
     let dir = b.stop();
 
-    std::thread::sleep(sleep_before_third);
     let a2 = TestServer::start_in(dir, node_named("node-a", 30, window_secs));
     (session, a2)
 }
@@ -81,7 +81,7 @@ async fn two_owner_changes(window_secs: u64, sleep_before_third: Duration) -> (S
 #[tokio::test]
 async fn moves_forced_by_a_gone_owner_are_never_refused_inside_the_window() {
     let _gate = crate::common::gate!();
-    let (session, a2) = two_owner_changes(600, Duration::ZERO).await;
+    let (session, a2) = two_owner_changes(600).await;
     let c = reconnect(&a2, "u1", "web", Some(&session)).await;
     assert_eq!(c.session(), session, "the second forced move keeps the session: {}", c.welcome);
     assert_eq!(c.welcome["node"], "node-a", "{}", c.welcome);
@@ -145,12 +145,11 @@ async fn warmup_flag_true_after_a_restart_with_sessions_and_false_after_the_wind
     // The window ends 2 s after the start; the gauge must say so without any handshake
     // (checked at the end, so the handshake checks below run either way).
     let deadline = started + Duration::from_millis(3500);
-    std::thread::sleep((started + Duration::from_millis(2200)).saturating_duration_since(Instant::now()));
-    let mut gauge = server.http().metric("livegate_warmup_active");
-    while gauge != Some(0.0) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
+    let mut gauge = None;
+    wait_until_every(deadline.saturating_duration_since(Instant::now()), Duration::from_millis(50), || {
         gauge = server.http().metric("livegate_warmup_active");
-    }
+        gauge == Some(0.0)
+    });
     let fresh = reconnect(&server, "u3", "web", None).await;
     assert_eq!(fresh.welcome["warmup"], false, "after the window: {}", fresh.welcome);
     // After the window only sessions this process has seen are known.
@@ -210,16 +209,14 @@ async fn heartbeats_and_same_node_reconnects_do_not_write_the_directory() {
 
 /// Reads `/v1/admin/status` until its session counts are as expected.
 fn wait_sessions(server: &TestServer, live: u64, cached: u64, stored: u64, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (status, s) = server.http().request("GET", "/v1/admin/status", Auth::Key, Body::None);
-        assert_eq!(status, 200, "{s}");
-        if s["sessions_live"] == live && s["sessions_cached"] == cached && s["sessions_stored"] == stored {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: expected {live} live, {cached} cached, {stored} stored sessions: {s}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut s = Value::Null;
+    let reached = wait_until_every(Duration::from_secs(10), Duration::from_millis(50), || {
+        let (status, body) = server.http().request("GET", "/v1/admin/status", Auth::Key, Body::None);
+        assert_eq!(status, 200, "{body}");
+        s = body;
+        s["sessions_live"] == live && s["sessions_cached"] == cached && s["sessions_stored"] == stored
+    });
+    assert!(reached, "{what}: expected {live} live, {cached} cached, {stored} stored sessions: {s}");
 }
 
 #[tokio::test]
@@ -250,7 +247,7 @@ async fn sessions_expire_a_ttl_after_their_last_connection_and_never_while_conne
     wait_sessions(&server, 1, 0, 1, "after the TTL");
     assert!(closed.elapsed() >= Duration::from_millis(1500), "deleted {:?} after the close, before the 2 s TTL", closed.elapsed());
     assert!(metric_or_zero(&server, "livegate_sessions_expired_total") >= 3.0, "{}", server.http().metrics_text());
-    std::thread::sleep(Duration::from_secs(1));
+    let_time_pass_async(Duration::from_secs(1), "past the TTL, a connected session is still not expired").await;
     kept.assert_alive().await;
     let tab = reconnect(&server, "u1", "web", Some(&s1)).await;
     assert_eq!(tab.session(), s1, "a session with a live connection never expires: {}", tab.welcome);

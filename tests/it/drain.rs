@@ -139,7 +139,7 @@ impl Publisher {
                             break;
                         }
                     }
-                    std::thread::sleep(Duration::from_millis(25));
+                    common::pace(Duration::from_millis(25), "a refused publish is retried at 40/s");
                 }
                 n += 1;
             }
@@ -360,7 +360,7 @@ fn sigterm_drains_200_clients_with_1012_and_the_successor_loses_nothing() {
 
     // A steady publish stream, then SIGTERM while it runs.
     let publisher = Publisher::start(old_http.clone(), room_name, ROOMS, PUBLISH_EVERY);
-    std::thread::sleep(Duration::from_secs(3));
+    common::pace(Duration::from_secs(3), "the publish stream runs before the SIGTERM");
     let signal_at = Instant::now();
     shared.signal_at.set(signal_at).expect("signal time set once");
     old.signal("TERM");
@@ -425,7 +425,7 @@ fn sigterm_drains_200_clients_with_1012_and_the_successor_loses_nothing() {
     if !all_back {
         failures.push(format!("only {} of {CLIENTS} clients resubscribed within 60 s", shared.resubscribed.load(Ordering::SeqCst)));
     }
-    std::thread::sleep(Duration::from_secs(2)); // live publishes on the successor
+    common::pace(Duration::from_secs(2), "live publishes on the successor");
     let published = publisher.stop();
 
     // What the successor holds is the reference: every client must end with exactly it.
@@ -697,7 +697,7 @@ fn a_second_sigterm_during_a_long_drain_wait_closes_with_1012_and_exits_at_once(
         wait_until(Duration::from_millis(500), || matches!(http.try_request("GET", "/readyz", Auth::None, Body::None), Ok((503, _)))),
         "/readyz not 503 within 500 ms of SIGTERM"
     );
-    std::thread::sleep(Duration::from_secs(1));
+    common::let_time_pass(Duration::from_secs(1), "a second of the 30 s drain_wait: nothing closes, the server runs");
     let mut failures = Vec::new();
     if !server.running() {
         failures.push(format!("the server exited {:?} after the first SIGTERM, inside a 30 s drain_wait", first.elapsed()));

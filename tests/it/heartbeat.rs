@@ -145,7 +145,7 @@ async fn client_sending_ping_ops_stays_connected_without_reading() {
     let mut c = server.client("alice").await;
     for i in 0..10 {
         c.send_json(&json!({"op": "ping", "ref": 1000 + i})).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        common::pace_async(Duration::from_millis(500), "a ping op every half heartbeat, over five heartbeats").await;
     }
     for i in 0..10 {
         let reply = c.recv_json().await;

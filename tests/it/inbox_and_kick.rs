@@ -221,16 +221,14 @@ async fn resubscribe_before_the_first_subscribe_completes_keeps_live_delivery() 
 
 /// Reads `/v1/admin/status` until `rooms_live` and `rooms_parked` are as expected.
 fn wait_rooms(http: &Http, live: u64, parked: u64, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (status, s) = http.request("GET", "/v1/admin/status", Auth::Key, Body::None);
-        assert_eq!(status, 200, "{s}");
-        if s["rooms_live"] == live && s["rooms_parked"] == parked {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: expected {live} live and {parked} parked rooms: {s}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut s = Value::Null;
+    let reached = common::wait_until_every(Duration::from_secs(20), Duration::from_millis(50), || {
+        let (status, body) = http.request("GET", "/v1/admin/status", Auth::Key, Body::None);
+        assert_eq!(status, 200, "{body}");
+        s = body;
+        s["rooms_live"] == live && s["rooms_parked"] == parked
+    });
+    assert!(reached, "{what}: expected {live} live and {parked} parked rooms: {s}");
 }
 
 #[tokio::test]
@@ -267,7 +265,7 @@ async fn inbox_rooms_start_with_their_first_message_and_park_again_when_idle() {
     assert_eq!(seqs(&web.next_events(1).await), vec![4]);
     assert_eq!(seqs(&phone.next_events(1).await), vec![4]);
     // A watched inbox keeps its actor.
-    std::thread::sleep(Duration::from_secs(3));
+    common::let_time_pass(Duration::from_secs(3), "past room_idle_secs, a watched inbox is still live");
     wait_rooms(&http, 1, 1, "u1's inbox with an explicit subscriber, idle");
     for c in [&mut phone, &mut web, &mut other] {
         c.assert_quiet(QUIET).await;

@@ -52,19 +52,21 @@ async fn refused(server: &TestServer, token: &str, from: Option<IpAddr>) -> Reje
 /// Retries a handshake with the same token until it is accepted (a place freed up
 /// asynchronously); returns the client and how many refusals it took.
 async fn connect_when_free(server: &TestServer, token: &str, from: Option<IpAddr>, expect: (u16, &str)) -> (WsClient, u32) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut refusals = 0;
-    loop {
+    let refusals = std::cell::Cell::new(0);
+    let counted = &refusals;
+    let client = wait_for_every_async(Duration::from_secs(5), Duration::from_millis(50), || async move {
         match WsClient::try_connect_custom(server.addr, Some(token), from, &[]).await {
-            Ok(c) => return (c, refusals),
+            Ok(c) => Some(c),
             Err(r) => {
                 assert_eq!((r.status, error_code(&r.body)), expect, "while waiting for a free place: {}", r.body);
-                refusals += 1;
-                assert!(Instant::now() < deadline, "a closed connection did not give its place back within 5 s");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                counted.set(counted.get() + 1);
+                None
             }
         }
-    }
+    })
+    .await
+    .expect("a closed connection did not give its place back within 5 s");
+    (client, refusals.get())
 }
 
 #[tokio::test]
@@ -187,7 +189,7 @@ async fn handshake_rate_per_ip_is_429_with_retry_after_and_the_refused_token_sta
     }
 
     // After Retry-After the very same token works: the refusal did not spend it.
-    tokio::time::sleep(Duration::from_secs(retry_after) + Duration::from_millis(50)).await;
+    let_time_pass_async(Duration::from_secs(retry_after) + Duration::from_millis(50), "Retry-After").await;
     let mut late = WsClient::connect_custom(server.addr, &tokens[4], two, &[]).await;
     late.subscribe_ok("rate").await;
     server.http().publish_ok("rate", None, json!("after the wait"));
@@ -270,7 +272,7 @@ async fn messages_over_the_rate_get_rate_limited_and_are_not_processed() {
     c.assert_quiet(QUIET).await;
 
     // Below the rate everything works again on the same connection.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let_time_pass_async(Duration::from_millis(1100), "the message rate's bucket refills").await;
     c.subscribe_ok("rl").await;
     server.http().publish_ok("rl", None, json!("arrives"));
     assert_eq!(c.next_events(1).await[0]["data"], "arrives");
@@ -458,7 +460,7 @@ async fn subscribe_timeout_closes_connections_that_never_subscribe_and_spares_su
     inbox.subscribe_ok("user:ibx").await;
 
     // Talking is not subscribing.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let_time_pass_async(Duration::from_millis(300), "a third of the 1 s subscribe timeout").await;
     idle.assert_alive().await;
     assert_eq!(idle.close_code_within(Duration::from_secs(3)).await, Some(1008), "no subscribe within 1 s");
     let after = start.elapsed();
@@ -467,7 +469,7 @@ async fn subscribe_timeout_closes_connections_that_never_subscribe_and_spares_su
     assert_eq!(hits(&server, "subscribe_timeout"), 1.0);
 
     // Well past the timeout the subscribers are still connected and served.
-    tokio::time::sleep(Duration::from_millis(2000u64.saturating_sub(start.elapsed().as_millis() as u64))).await;
+    let_time_pass_async(Duration::from_secs(2).saturating_sub(start.elapsed()), "twice the 1 s subscribe timeout").await;
     sub.assert_alive().await;
     inbox.assert_alive().await;
     http.publish_ok("news", None, json!("still here"));
@@ -497,16 +499,16 @@ async fn slowloris(addr: SocketAddr, head: &'static str, trickle: Option<Duratio
             None => {
                 let _ = write.write_all(head.as_bytes()).await;
                 // Keep the write side open: a half-close would end the request.
-                tokio::time::sleep(Duration::from_secs(30)).await;
+                pace_async(Duration::from_secs(30), "the attacker holds its half-sent head until aborted").await;
             }
             Some(every) => {
                 for b in head.bytes() {
                     if write.write_all(&[b]).await.is_err() {
                         break;
                     }
-                    tokio::time::sleep(every).await;
+                    pace_async(every, "the attacker trickles its head byte by byte").await;
                 }
-                tokio::time::sleep(Duration::from_secs(30)).await;
+                pace_async(Duration::from_secs(30), "the attacker holds its head until aborted").await;
             }
         }
         drop(write);
@@ -542,7 +544,7 @@ async fn slowloris_request_heads_are_cut_off_while_other_clients_are_served() {
         attackers.push(tokio::spawn(slowloris(server.addr, FULL, Some(Duration::from_millis(100)))));
     }
     // Meanwhile a normal client connects and receives a published event.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    pace_async(Duration::from_millis(100), "the attackers' heads are under way").await;
     let mut c = server.client("alice").await;
     c.subscribe_ok("live").await;
     server.http().publish_ok("live", None, json!("during the attack"));

@@ -151,7 +151,7 @@ async fn history_age_follows_the_namespace() {
     let http = node.server.http();
     publish_n(&http, "brief:a", 3);
     publish_n(&http, "lasting:a", 3);
-    std::thread::sleep(Duration::from_millis(2500));
+    wait_until_every(Duration::from_secs(10), Duration::from_millis(100), || held(&http, "brief:a").0.is_empty());
     assert_eq!(held(&http, "brief:a"), (vec![], 3), "brief: keeps events 1 s");
     assert_eq!(held(&http, "lasting:a"), (vec![1, 2, 3], 3), "the global TTL is a day");
     let mut ws = WsClient::connect(node.server.addr, &http.mint_token("reader", "web"), None).await;

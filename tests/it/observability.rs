@@ -491,18 +491,13 @@ const DEVICES: &[&str] = &["phone", "pc"];
 
 /// Polls `/metrics` until `series` (name plus exact labels) has `want`; panics after 5 s.
 fn wait_metric(http: &Http, name: &str, labels: &[(&str, &str)], want: f64) -> Exposition {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    let mut got = 0.0;
+    common::wait_for(Duration::from_secs(5), || {
         let exp = scrape(http, DEVICES);
-        let got = exp.get(name, labels).unwrap_or(0.0);
-        if got == want {
-            return exp;
-        }
-        if Instant::now() > deadline {
-            panic!("{name}{labels:?} is {got}, expected {want} within 5 s\n{}", http.metrics_text());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        got = exp.get(name, labels).unwrap_or(0.0);
+        (got == want).then_some(exp)
+    })
+    .unwrap_or_else(|| panic!("{name}{labels:?} is {got}, expected {want} within 5 s\n{}", http.metrics_text()))
 }
 
 /// Every `_total` sample is 0 and every histogram empty.
@@ -759,14 +754,8 @@ async fn disconnects_count_the_clients_close_code_and_1006_for_a_vanished_socket
         c.subscribe_ok("leave:room").await;
         drop(c); // TCP closed, no Close frame
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let m = loop {
-        let m = scrape(&http, DEVICES);
-        if m.sum("livegate_disconnects_total") == 6.0 || Instant::now() > deadline {
-            break m;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    common::wait_until(Duration::from_secs(5), || scrape(&http, DEVICES).sum("livegate_disconnects_total") == 6.0);
+    let m = scrape(&http, DEVICES);
     let by_code: BTreeMap<String, f64> = m
         .samples()
         .filter(|s| s.name == "livegate_disconnects_total" && s.value > 0.0)
@@ -813,20 +802,14 @@ async fn drain_shows_in_metrics_and_a_restart_starts_counting_from_zero() {
     // SIGTERM: during the 1 s drain wait the node is not ready, but still answers
     // /metrics and /v1/admin/status.
     serve.signal("TERM");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let (phase, status) = loop {
-        if let Ok((200, Value::String(text))) = http.try_request("GET", "/metrics", Auth::None, Body::None) {
-            let exp = parse_exposition(&text).unwrap_or_else(|e| panic!("/metrics during the drain: {e}\n{text}"));
-            check_livegate(&exp, DEVICES);
-            let phase = exp.one("livegate_drain_phase");
-            if phase >= 1.0 {
-                let status = http.try_request("GET", "/v1/admin/status", Auth::Key, Body::None);
-                break (phase, status);
-            }
-        }
-        assert!(Instant::now() < deadline, "livegate_drain_phase never rose above 0 within 5 s of SIGTERM");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let (phase, status) = common::wait_for(Duration::from_secs(5), || {
+        let Ok((200, Value::String(text))) = http.try_request("GET", "/metrics", Auth::None, Body::None) else { return None };
+        let exp = parse_exposition(&text).unwrap_or_else(|e| panic!("/metrics during the drain: {e}\n{text}"));
+        check_livegate(&exp, DEVICES);
+        let phase = exp.one("livegate_drain_phase");
+        (phase >= 1.0).then(|| (phase, http.try_request("GET", "/v1/admin/status", Auth::Key, Body::None)))
+    })
+    .expect("livegate_drain_phase never rose above 0 within 5 s of SIGTERM");
     eprintln!("drain phase seen: {phase}; status then: {status:?}");
     match status {
         Ok((200, s)) => assert_eq!(s["phase"], "draining", "{s}"),
@@ -1005,9 +988,7 @@ async fn full_run_output(format: &str) -> (String, Vec<String>) {
     tampered.push(if last == 'A' { 'B' } else { 'A' });
     tokens.push(tampered.clone());
     assert_eq!(error_code(&rejected(WsClient::try_connect(serve.addr, Some(&tampered), None).await).body), "invalid_token");
-    if let Some(left) = Duration::from_millis(1100).checked_sub(minted_at.elapsed()) {
-        tokio::time::sleep(left).await;
-    }
+    common::let_time_pass_async(Duration::from_millis(1100).saturating_sub(minted_at.elapsed()), "the 1 s token's expiry").await;
     assert_eq!(error_code(&rejected(WsClient::try_connect(serve.addr, Some(&short_lived), None).await).body), "token_expired");
     assert_eq!(error_code(&rejected(WsClient::try_connect(serve.addr, None, Some(&bob_session)).await).body), "missing_token");
 
@@ -1026,8 +1007,7 @@ async fn full_run_output(format: &str) -> (String, Vec<String>) {
     let _ = b.read_incoming(Duration::from_secs(2)).await;
     let exit = serve.wait_exit(Duration::from_secs(15)).expect("process exits after the drain");
     assert!(exit.success(), "exit {exit}");
-    std::thread::sleep(Duration::from_millis(50)); // let the stdout reader reach EOF
-    let mut output = serve.stdout_lines().join("\n");
+    let mut output = serve.stdout_to_end(Duration::from_secs(5)).join("\n");
     output.push('\n');
     output.push_str(&serve.log_text());
     (output, tokens)
@@ -1276,16 +1256,14 @@ fn check_config_never_prints_the_api_key() {
 
 /// `/v1/admin/status` until its `connections` is `n` (registration is asynchronous).
 fn status_with_connections(http: &Http, n: u64) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    let mut last = Value::Null;
+    common::wait_for(Duration::from_secs(5), || {
         let (code, s) = http.request("GET", "/v1/admin/status", Auth::Key, Body::None);
         assert_eq!(code, 200, "{s}");
-        if s["connections"] == n {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "status never showed {n} connections: {s}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        last = s;
+        (last["connections"] == n).then(|| last.clone())
+    })
+    .unwrap_or_else(|| panic!("status never showed {n} connections: {last}"))
 }
 
 #[tokio::test]

@@ -163,7 +163,7 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
     }
     let occupied = wait_until(WAIT, || rooms.iter().all(|r| !receiver.of_room(r).is_empty()));
     // Late duplicates (a second node deciding the same edge) would come within this.
-    std::thread::sleep(Duration::from_secs(2));
+    common::let_time_pass(Duration::from_secs(2), "no second room_occupied from another node");
     for room in rooms {
         let got = receiver.of_room(room);
         if !occupied || got.len() != 1 || got[0].0 != OCCUPIED {
@@ -177,7 +177,7 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
         ws_a.close().await;
         ws_b.close().await;
     });
-    std::thread::sleep(Duration::from_secs(2));
+    common::let_time_pass(Duration::from_secs(2), "nothing vacated while c keeps its subscriber");
     for room in rooms {
         let got = receiver.of_room(room);
         if got.iter().any(|(kind, _)| kind == VACATED) {
@@ -196,7 +196,7 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
     }
     rt.block_on(ws_c.close());
     let vacated = wait_until(WAIT, || rooms.iter().all(|r| receiver.of_room(r).len() >= 2));
-    std::thread::sleep(Duration::from_secs(2));
+    common::let_time_pass(Duration::from_secs(2), "no second room_vacated from another node");
     for room in rooms {
         let got = receiver.of_room(room);
         let kinds: Vec<&str> = got.iter().map(|(kind, _)| kind.as_str()).collect();
@@ -225,7 +225,7 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
         ws.subscribe_ok("match:6").await;
         ws
     });
-    std::thread::sleep(VACATE_DELAY + Duration::from_secs(2));
+    common::let_time_pass(VACATE_DELAY + Duration::from_secs(2), "past the vacated delay, a reload sent nothing");
     let kinds_of = |room: &str| receiver.of_room(room).into_iter().map(|(kind, _)| kind).collect::<Vec<_>>();
     if kinds_of("match:6") != [OCCUPIED] {
         failures.push(format!("match:6 after a loop on a and a reload onto b: {:?}, expected one {OCCUPIED}", receiver.of_room("match:6")));
@@ -252,7 +252,7 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
     let cleaned = wait_until(Duration::from_secs(20), || receiver.of_room("match:9").len() >= 2);
     let cleaned_after = killed_at.elapsed();
     drop(ws_dead);
-    std::thread::sleep(Duration::from_secs(2));
+    common::let_time_pass(Duration::from_secs(2), "no second room_vacated for the dead node's room");
     let got = receiver.of_room("match:9");
     let kinds: Vec<&str> = got.iter().map(|(kind, _)| kind.as_str()).collect();
     if !cleaned || kinds != [OCCUPIED, VACATED] {
@@ -285,7 +285,7 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
         failures.push("b did not finish its drain within 20 s".into());
     }
     let drained = wait_until(WAIT, || receiver.of_room("match:8").len() >= 2);
-    std::thread::sleep(Duration::from_secs(2));
+    common::let_time_pass(Duration::from_secs(2), "nothing for match:7, which keeps a's subscriber");
     let (seven, eight) = (receiver.of_room("match:7"), receiver.of_room("match:8"));
     let kinds = |got: &[(String, String)]| got.iter().map(|(kind, _)| kind.clone()).collect::<Vec<_>>();
     if seven.len() != 1 {
@@ -308,7 +308,7 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
     cluster.nats.kill9();
     rt.block_on(ws_a5.close());
     // Past the vacated delay: a's edge is due while NATS is still away.
-    std::thread::sleep(VACATE_DELAY + Duration::from_secs(2));
+    common::let_time_pass(VACATE_DELAY + Duration::from_secs(2), "a's vacated edge falls due while NATS is away");
     if receiver.of_room("match:5").len() != 1 {
         failures.push(format!("match:5 decided while NATS was away: {:?}", receiver.of_room("match:5")));
     }

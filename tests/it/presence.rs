@@ -156,7 +156,7 @@ async fn frames_come_at_most_once_per_interval_and_only_on_change() {
             if i % 3 == 2 {
                 open.remove(0).close().await;
             }
-            tokio::time::sleep(Duration::from_millis(30)).await;
+            common::pace_async(Duration::from_millis(30), "a client comes or goes every 30 ms").await;
         }
         open
     });

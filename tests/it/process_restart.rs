@@ -102,7 +102,7 @@ async fn events_acknowledged_before_a_kill_9_mid_stream_survive_with_their_seqs(
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
+    common::pace(Duration::from_millis(500), "publishers run flat out, so the kill lands among publishes in flight");
     serve.kill9();
     let acked: Vec<(String, u64, Value)> = handles.into_iter().flat_map(|h| h.join().expect("publisher")).collect();
     assert!(acked.len() >= 10, "publishers got only {} acks before the kill", acked.len());
@@ -133,16 +133,14 @@ async fn events_acknowledged_before_a_kill_9_mid_stream_survive_with_their_seqs(
 
 /// `/v1/admin/status` of `http` until `sessions_stored` is `stored`; the status then.
 fn wait_stored(http: &Http, stored: u64, within: Duration) -> Value {
-    let deadline = std::time::Instant::now() + within;
-    loop {
+    let mut last = Value::Null;
+    common::wait_for_every(within, Duration::from_millis(50), || {
         let (code, status) = http.request("GET", "/v1/admin/status", Auth::Key, Body::None);
         assert_eq!(code, 200, "{status}");
-        if status["sessions_stored"] == stored {
-            return status;
-        }
-        assert!(std::time::Instant::now() < deadline, "expected {stored} stored sessions within {within:?}: {status}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        last = status;
+        (last["sessions_stored"] == stored).then(|| last.clone())
+    })
+    .unwrap_or_else(|| panic!("expected {stored} stored sessions within {within:?}: {last}"))
 }
 
 #[tokio::test]
@@ -159,7 +157,7 @@ async fn a_session_connected_at_a_kill_9_expires_a_ttl_after_the_restart_not_bef
     left.close().await;
     let status = wait_stored(&http, 2, Duration::from_secs(5));
     assert_eq!(status["sessions_live"], 1, "{status}");
-    std::thread::sleep(Duration::from_millis(2500));
+    common::let_time_pass(Duration::from_millis(2500), "u2's 4 s session TTL runs 2.5 s before the kill");
     serve.kill9();
     drop(connected);
 

@@ -8,7 +8,7 @@ use crate::common;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -83,17 +83,19 @@ http {{
             .stderr(Stdio::piped())
             .spawn()
             .expect("start nginx");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !answers_as_nginx(addr) {
-            if let Some(status) = child.try_wait().expect("nginx status") {
-                let log = std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default();
-                if log.contains("Address already in use") {
-                    return None;
-                }
-                panic!("nginx exited with {status}: {log}");
+        let exited = common::wait_for(Duration::from_secs(10), || {
+            if answers_as_nginx(addr) {
+                return Some(None);
             }
-            assert!(Instant::now() < deadline, "nginx did not listen on {addr} within 10 s");
-            std::thread::sleep(Duration::from_millis(20));
+            child.try_wait().expect("nginx status").map(Some)
+        })
+        .unwrap_or_else(|| panic!("nginx did not listen on {addr} within 10 s"));
+        if let Some(status) = exited {
+            let log = std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default();
+            if log.contains("Address already in use") {
+                return None;
+            }
+            panic!("nginx exited with {status}: {log}");
         }
         Some(Nginx { addr, child, _dir: dir })
     }
@@ -166,17 +168,14 @@ async fn behind_a_trusted_nginx_each_client_address_has_its_own_limit() {
         c.assert_alive().await;
     }
     held.remove(0).close().await;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match open(via, &server, "127.0.0.2", &[]).await {
-            Ok(c) => {
-                held.push(c);
-                break;
-            }
-            Err(refused) => assert!(Instant::now() < deadline, "127.0.0.2's place never came back: {refused:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let refused = std::cell::RefCell::new(None);
+    let last_refusal = &refused;
+    let back = common::wait_for_every_async(Duration::from_secs(5), Duration::from_millis(50), || {
+        let attempt = open(via, &server, "127.0.0.2", &[]);
+        async move { attempt.await.map_err(|r| *last_refusal.borrow_mut() = Some(r)).ok() }
+    })
+    .await;
+    held.push(back.unwrap_or_else(|| panic!("127.0.0.2's place never came back: {:?}", refused.borrow())));
 }
 
 #[tokio::test]

@@ -80,7 +80,7 @@ async fn run_client(id: usize, addr: SocketAddr, http: Http, epochs: Vec<Value>,
                     drop(ws); // abrupt: no Close frame
                 }
                 drops += 1;
-                tokio::time::sleep(Duration::from_millis(rng.range(0, 30))).await;
+                common::pace_async(Duration::from_millis(rng.range(0, 30)), "a dropped client reconnects after a random pause").await;
                 continue 'connection;
             }
             let frame = match ws.read_incoming(STALL).await {
@@ -167,7 +167,7 @@ async fn every_client_gets_every_event_once_in_order_across_random_reconnects() 
                 for i in 1..EVENTS {
                     // Pace the publishers (about 2 s in all) so clients drop and
                     // resubscribe while events are still being published.
-                    std::thread::sleep(Duration::from_millis(rng.range(0, 20)));
+                    common::pace(Duration::from_millis(rng.range(0, 20)), "publishers spread over about 2 s");
                     let reply = http.publish_ok(&room_name(r), Some(&format!("e-{i}")), json!({"room": r, "i": i}));
                     acked.push(seq_of(&reply));
                 }

@@ -33,6 +33,12 @@ async fn assert_resume_refused(addr: SocketAddr, resume: &str, why: &str) {
     }
 }
 
+/// Waits until the server has seen every connection close: none open, no session live.
+fn all_closed(http: &Http) {
+    http.wait_metric_total("livegate_connections_open", 0.0, WAIT);
+    http.wait_metric_total("livegate_sessions_live", 0.0, WAIT);
+}
+
 #[tokio::test]
 async fn a_resume_keeps_user_device_session_and_rooms_and_works_once() {
     let _gate = crate::common::gate!();
@@ -92,13 +98,13 @@ async fn a_replaced_connections_credential_is_refused_and_its_replacements_works
     // phone is an exclusive device: the second connection replaces the first (4501).
     let mut old = WsClient::connect(server.addr, &http.mint_token("dave", "phone"), None).await;
     let old_resume = resume_of(&old);
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    let_time_pass_async(Duration::from_millis(5), "the replacement connects a few milliseconds later").await;
     let new = WsClient::connect(server.addr, &http.mint_token("dave", "phone"), Some(old.session())).await;
     assert_eq!(old.close_code().await, Some(4501));
     let new_resume = resume_of(&new);
     assert_resume_refused(server.addr, &old_resume, "the replaced connection's credential").await;
     drop(new);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    all_closed(&http);
     WsClient::try_connect_url(&resume_url(server.addr, &new_resume)).await.expect("the replacement's credential works");
 }
 
@@ -110,14 +116,14 @@ async fn a_credential_works_after_a_graceful_restart_and_stays_single_use() {
     let session = client.session().to_string();
     let resume = resume_of(&client);
     drop(client);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    all_closed(&server.http());
     let addr = server.addr;
     let dir = tokio::task::spawn_blocking(move || server.stop()).await.unwrap();
     let server = tokio::task::spawn_blocking(move || TestServer::start_at(addr, dir, |_| {})).await.unwrap();
     let again = WsClient::try_connect_url(&resume_url(server.addr, &resume)).await.expect("resume after a restart");
     assert_eq!(again.session(), session, "{}", again.welcome);
     drop(again);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    all_closed(&server.http());
     assert_resume_refused(server.addr, &resume, "a second use after the restart").await;
 }
 
@@ -131,7 +137,7 @@ async fn a_credential_works_after_a_kill_9_and_one_spent_before_it_stays_spent()
     let session = first.session().to_string();
     let spent = resume_of(&first);
     drop(first);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    all_closed(&serve.http());
     let second = WsClient::try_connect_url(&resume_url(serve.addr, &spent)).await.expect("the first resume");
     let kept = resume_of(&second);
     // No pause, no shutdown: the welcome came only after the spent nonce was durable.

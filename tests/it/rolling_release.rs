@@ -157,7 +157,7 @@ impl Publisher {
                         r.lock().unwrap().errors.push(format!("{id} not acknowledged within 30 s (last: {status} {body})"));
                         break;
                     }
-                    std::thread::sleep(Duration::from_millis(50));
+                    common::pace(Duration::from_millis(50), "a refused publish is retried at 20/s");
                 }
                 n += 1;
             }
@@ -396,7 +396,7 @@ fn a_rolling_release_behind_a_round_robin_balancer_moves_each_session_once_and_r
     // The first nodes must have started longer than the migration window ago: in
     // production they have been up for days when a release begins.
     let oldest_ok = (0..3).map(|i| cluster.node(i).started).max().expect("nodes") + MIGRATION_WINDOW + Duration::from_secs(1);
-    std::thread::sleep(oldest_ok.saturating_duration_since(Instant::now()).max(Duration::from_secs(1)));
+    common::let_time_pass(oldest_ok.saturating_duration_since(Instant::now()).max(Duration::from_secs(1)), "the first nodes outlive the migration window");
 
     // ---- Release 1: new names, one at a time, surge first (data/k8s/deployment.yaml).
     let release1 = Instant::now();
@@ -465,7 +465,7 @@ fn a_rolling_release_behind_a_round_robin_balancer_moves_each_session_once_and_r
     let (hist2, over2) = histogram(&swarm, release2, end2);
 
     // ---- The end: stop publishing, everything acknowledged delivered, and stored.
-    std::thread::sleep(Duration::from_secs(1));
+    common::pace(Duration::from_secs(1), "publishes go on after the second release");
     let published = publisher.stop();
     let mut heads: HashMap<String, u64> = HashMap::new();
     for (room, seq, _) in &published.acks {

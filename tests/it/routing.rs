@@ -68,14 +68,12 @@ fn route_with_every_peer_down_still_answers_self() {
         c.probe_up_after = 1;
     });
     let http = server.http();
-    let until = Instant::now() + Duration::from_millis(600);
-    while Instant::now() < until {
+    common::let_time_pass_checking(Duration::from_millis(600), Duration::from_millis(50), "probes of dead peers", || {
         let (status, body) = route(&http, "user=u1");
         assert_eq!(status, 200, "self is always a candidate: {body}");
         assert_eq!(body["node"], "node-z", "{body}");
         assert!(body["url"].as_str().is_some_and(|u| u.contains(&format!(":{}", server.addr.port()))), "{body}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    });
 }
 
 #[test]
@@ -94,33 +92,28 @@ fn peer_goes_down_after_one_failed_probe_and_comes_back_after_several() {
     let http = a.http();
 
     // P comes up: the session is placed on node-a, so node-a is the answer once up.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    let up = common::wait_until_every(Duration::from_secs(5), Duration::from_millis(20), || {
         let (status, body) = route(&http, &format!("session={}", session_placed_on_node_a()));
         assert_eq!(status, 200, "{body}");
         if body["node"] == "node-a" {
             assert_eq!(body["url"], format!("http://{p_addr}"), "the peer's configured URL: {body}");
-            break;
+            return true;
         }
         assert_eq!(body["node"], "node-b", "{body}");
-        assert!(Instant::now() < deadline, "route never answered node-a within 5 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        false
+    });
+    assert!(up, "route never answered node-a within 5 s");
 
     // Down fast: one failed probe.
     let dir = p.stop();
     let stopped = Instant::now();
-    while routed_node(&http) != "node-b" {
-        assert!(stopped.elapsed() <= Duration::from_secs(1), "peer still routed to 1 s after it stopped");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let down = common::wait_until(Duration::from_secs(1), || routed_node(&http) == "node-b");
+    assert!(down && stopped.elapsed() <= Duration::from_secs(1), "peer still routed to 1 s after it stopped");
     let down_after = stopped.elapsed();
     // And it stays down while P is away.
-    let until = Instant::now() + 3 * INTERVAL;
-    while Instant::now() < until {
+    common::let_time_pass_checking(3 * INTERVAL, Duration::from_millis(20), "three probe intervals with P away", || {
         assert_eq!(routed_node(&http), "node-b", "a stopped peer must stay down");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    });
 
     // Up carefully: P is back on the same port; the answer stays node-b for at least one
     // probe interval after P's /healthz answers, then becomes node-a within 3 s.
@@ -128,7 +121,7 @@ fn peer_goes_down_after_one_failed_probe_and_comes_back_after_several() {
     let p_http = Http::new(p_addr);
     let restart_began = Instant::now();
     let mut health_at: Option<Instant> = None;
-    let flipped_at = loop {
+    let flipped_at = common::wait_for_every(Duration::from_secs(30), Duration::from_millis(5), || {
         if health_at.is_none() && matches!(p_http.try_request("GET", "/healthz", Auth::None, Body::None), Ok((200, _))) {
             health_at = Some(Instant::now());
         }
@@ -136,15 +129,16 @@ fn peer_goes_down_after_one_failed_probe_and_comes_back_after_several() {
         if node == "node-a" {
             let now = Instant::now();
             assert!(health_at.is_some(), "route answered node-a before P's /healthz answered");
-            break now;
+            return Some(now);
         }
         assert_eq!(node, "node-b");
         if let Some(h) = health_at {
             assert!(h.elapsed() <= Duration::from_secs(3), "peer not routed to 3 s after its /healthz answered");
         }
         assert!(restart_began.elapsed() <= Duration::from_secs(20), "P did not come back within 20 s");
-        std::thread::sleep(Duration::from_millis(5));
-    };
+        None
+    })
+    .expect("P came back");
     let healthy_at = health_at.expect("health seen");
     let up_after = flipped_at.duration_since(healthy_at);
     eprintln!("down after {down_after:?}; up {up_after:?} after P's /healthz first answered");

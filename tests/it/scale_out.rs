@@ -62,7 +62,7 @@ impl Publisher {
         let thread = std::thread::spawn(move || {
             let mut n = 0usize;
             while !s.load(Ordering::SeqCst) {
-                std::thread::sleep(PUBLISH_EVERY);
+                common::pace(PUBLISH_EVERY, "the publisher's rate");
                 let room = room(n % ROOMS);
                 let id = format!("p-{n}");
                 let first = Instant::now();
@@ -73,7 +73,7 @@ impl Publisher {
                         break;
                     }
                     assert!(first.elapsed() < Duration::from_secs(20), "{id} not acknowledged: {status} {body}");
-                    std::thread::sleep(Duration::from_millis(50));
+                    common::pace(Duration::from_millis(50), "a refused publish is retried at 20/s");
                 }
                 n += 1;
             }
@@ -134,16 +134,13 @@ fn a_new_node_gets_its_share_at_the_asked_rate() {
     let new = cluster.http(c);
     let name = Cluster::name(c);
     // It hears the others' loads in their heartbeats.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let loads = rebalance_status(&new)["loads"].clone();
+    let mut loads = Value::Null;
+    let heard_all = common::wait_until_every(Duration::from_secs(10), Duration::from_millis(100), || {
+        loads = rebalance_status(&new)["loads"].clone();
         let heard: u64 = loads.as_array().unwrap().iter().filter_map(|l| l["connections"].as_u64()).sum();
-        if heard == CLIENTS as u64 && loads.as_array().unwrap().len() == 3 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the new node hears every load: {loads}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        heard == CLIENTS as u64 && loads.as_array().unwrap().len() == 3
+    });
+    assert!(heard_all, "the new node hears every load: {loads}");
     assert_eq!(swarm.distribution().get(name), None, "nobody moved by itself");
 
     let asked_at = Instant::now();
@@ -162,17 +159,15 @@ fn a_new_node_gets_its_share_at_the_asked_rate() {
     // Every shedding node says it is done.
     let deadline = Instant::now() + Duration::from_secs(10);
     for http in [&a, &b] {
-        loop {
-            let status = rebalance_status(http);
-            if status["shedding"]["state"] == "done" || status["shedding"].is_null() {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the shedding finishes: {status}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let mut status = Value::Null;
+        let done = common::wait_until_every(deadline.saturating_duration_since(Instant::now()), Duration::from_millis(100), || {
+            status = rebalance_status(http);
+            status["shedding"]["state"] == "done" || status["shedding"].is_null()
+        });
+        assert!(done, "the shedding finishes: {status}");
     }
     let took = asked_at.elapsed();
-    std::thread::sleep(Duration::from_millis(1500));
+    common::pace(Duration::from_millis(1500), "publishes go on after the moves");
     let heads = publisher.stop();
     let all_back = |s: &SwarmState| s.clients.iter().all(|c| c.connected);
     assert!(swarm.wait(Duration::from_secs(10), all_back), "every client connected at the end");

@@ -36,10 +36,7 @@ async fn client_that_stops_reading_is_cut_off_and_readers_are_not() {
                 let started = Instant::now();
                 for i in 0..per_thread {
                     // thread t sends event i no earlier than i × 8 ms after it started
-                    let due = Duration::from_millis(8 * i as u64);
-                    if let Some(wait) = due.checked_sub(started.elapsed()) {
-                        std::thread::sleep(wait);
-                    }
+                    common::pace_until(started + Duration::from_millis(8 * i as u64), "about 4 MB/s");
                     http.publish_ok("flood", None, json!({"t": t, "i": i, "blob": blob}));
                 }
             })

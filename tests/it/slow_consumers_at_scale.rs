@@ -131,7 +131,7 @@ fn one_percent_of_100_clients_stop_reading_they_are_evicted_and_memory_stays_bou
             readers.push(rt.spawn(reader(ws, first_head, total, done.clone())));
         }
     }
-    std::thread::sleep(Duration::from_millis(500));
+    http.wait_metric_total("livegate_connections_open", CLIENTS as f64, common::WAIT);
     let rss_before = server.rss_kib();
     let open_before = metric(&http, "livegate_connections_open");
 
@@ -144,9 +144,7 @@ fn one_percent_of_100_clients_stop_reading_they_are_evicted_and_memory_stays_bou
             std::thread::spawn(move || {
                 let began = Instant::now();
                 for i in 0..PER_PUBLISHER {
-                    if let Some(wait) = (PERIOD * i as u32).checked_sub(began.elapsed()) {
-                        std::thread::sleep(wait);
-                    }
+                    common::pace_until(began + PERIOD * i as u32, "each publisher's steady rate");
                     http.publish_ok(ROOM, Some(&format!("t{t}-{i}")), json!({"t": t, "i": i, "blob": blob}));
                 }
             })
@@ -160,7 +158,7 @@ fn one_percent_of_100_clients_stop_reading_they_are_evicted_and_memory_stays_bou
     let mut peak_open = 0.0f64;
     let readers_count = CLIENTS - STALLED;
     let stream_deadline = started + Duration::from_secs(120);
-    loop {
+    common::wait_until_every(stream_deadline.saturating_duration_since(Instant::now()), Duration::from_millis(100), || {
         let elapsed = started.elapsed();
         if evicted_at.is_none() && metric(&http, "livegate_slow_consumer_closes_total").is_some_and(|n| n >= STALLED as f64) {
             evicted_at = Some(elapsed);
@@ -178,18 +176,16 @@ fn one_percent_of_100_clients_stop_reading_they_are_evicted_and_memory_stays_bou
         let publishing = publishers.iter().any(|p| !p.is_finished());
         let reading = done.load(Ordering::SeqCst) < readers_count;
         let waiting_eviction = gone_at.is_none() && evicted_at.is_none() && logged_at.is_none() && elapsed < EVICTED_WITHIN + Duration::from_secs(5);
-        if (!publishing && !reading && !waiting_eviction) || Instant::now() > stream_deadline {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        !publishing && !reading && !waiting_eviction
+    });
     for p in publishers {
         p.join().expect("publisher");
     }
     let stream_time = started.elapsed();
     let reports: Vec<ReaderReport> =
         rt.block_on(async { futures_util::future::join_all(readers).await }).into_iter().map(|r| r.expect("reader")).collect();
-    std::thread::sleep(Duration::from_millis(500));
+    // Every connection gone (readers closed, stalled ones evicted) before the RSS reading.
+    common::wait_until(Duration::from_secs(5), || http.metric_total("livegate_connections_open") == 0.0);
     let rss_after = server.rss_kib();
     let rss_peak = server.vm_kib("VmHWM");
 

@@ -601,9 +601,7 @@ async fn a_stream_that_is_not_read_is_closed_as_a_slow_consumer() {
             std::thread::spawn(move || {
                 let started = Instant::now();
                 for i in 0..250 {
-                    if let Some(wait) = Duration::from_millis(8 * i).checked_sub(started.elapsed()) {
-                        std::thread::sleep(wait);
-                    }
+                    common::pace_until(started + Duration::from_millis(8 * i), "about 4 MB/s");
                     http.publish_ok("flood", None, json!({"t": t, "i": i, "blob": blob}));
                 }
             })

@@ -7,7 +7,7 @@
 use crate::common;
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::process::ServeProcess;
 use common::*;
@@ -183,7 +183,7 @@ async fn concurrent_publishers_every_state_names_the_event_that_produced_it() {
     // Subscribers join while the publishers race; each state names the event at its seq.
     let mut joined = Vec::new();
     for n in 0..6 {
-        tokio::time::sleep(Duration::from_millis(40)).await;
+        common::pace_async(Duration::from_millis(40), "subscribers join all through the publishers' race").await;
         let mut client = server.client(&format!("s{n}")).await;
         let reply = subscribe_state(&mut client, "race", None).await;
         joined.push((client, reply));
@@ -335,18 +335,13 @@ async fn the_demo_resumes_each_match_from_its_stored_state() {
     let serve = ServeProcess::start(&data, &root.path().join("serve-1.log"), &["--demo"]);
     let http = Http::new(serve.addr);
     // Wait until some match is playing, past kick-off.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let (room, before) = loop {
-        assert!(Instant::now() < deadline, "no demo match got going");
-        let playing = (1..=4).map(|m| format!("match:{m}")).find_map(|room| {
+    let (room, before) = common::wait_for_every(Duration::from_secs(60), Duration::from_millis(200), || {
+        (1..=4).map(|m| format!("match:{m}")).find_map(|room| {
             let state = get_state(&http, &room);
             (state["data"]["status"] == "playing" && state["data"]["minute"].as_u64() >= Some(5)).then_some((room, state))
-        });
-        if let Some(found) = playing {
-            break found;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+        })
+    })
+    .expect("no demo match got going");
     assert_eq!(before["data"]["match"], json!(room.trim_start_matches("match:").parse::<u64>().unwrap()), "{before}");
     // Every event carried its match's state: the state names the head. The demo goes on
     // publishing, so compare only readings with no event between them.
@@ -366,15 +361,10 @@ async fn the_demo_resumes_each_match_from_its_stored_state() {
     let head = stored["seq"].as_u64().unwrap();
     assert!(stored["data"]["status"] == "playing" || stored["data"]["status"] == "finished", "{stored}");
     // The next event of that match, after the restart.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let next = loop {
-        assert!(Instant::now() < deadline, "the demo did not go on in {room}");
-        let events = http.history_ok(&room, Some(head), Some(1))["events"].clone();
-        if let Some(event) = events.as_array().and_then(|e| e.first()).cloned() {
-            break event;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let next = common::wait_for_every(Duration::from_secs(60), Duration::from_millis(100), || {
+        http.history_ok(&room, Some(head), Some(1))["events"].as_array().and_then(|e| e.first()).cloned()
+    })
+    .unwrap_or_else(|| panic!("the demo did not go on in {room}"));
     if stored["data"]["status"] == "playing" {
         assert_ne!(next["data"]["type"], "kickoff", "a playing match goes on: {stored} then {next}");
         assert!(next["data"]["minute"].as_u64().unwrap() >= minute, "{stored} then {next}");

@@ -9,7 +9,7 @@ use crate::common;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{TestServer, API_KEY, WAIT};
 use futures_util::{SinkExt, StreamExt};
@@ -119,8 +119,7 @@ fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
 
 /// Waits until `GET /readyz` over HTTPS answers 200.
 async fn wait_ready_tls(server: &TestServer, tls: &TlsConnector) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let ready = common::wait_until_every_async(Duration::from_secs(20), Duration::from_millis(50), || async {
         assert!(!server.thread_finished(), "the TLS server stopped before it became ready");
         let probe = tokio::time::timeout(Duration::from_secs(2), async {
             let mut s = tls_stream(server.addr, tls).await.ok()?;
@@ -131,12 +130,10 @@ async fn wait_ready_tls(server: &TestServer, tls: &TlsConnector) {
             parse_response(&raw)
         })
         .await;
-        if let Ok(Some((200, _))) = probe {
-            return;
-        }
-        assert!(Instant::now() < deadline, "the TLS server was not ready (GET /readyz over HTTPS) within 20 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        matches!(probe, Ok(Some((200, _))))
+    })
+    .await;
+    assert!(ready, "the TLS server was not ready (GET /readyz over HTTPS) within 20 s");
 }
 
 type Wss = tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>;
@@ -282,18 +279,14 @@ fn serve_with_missing_certificate() -> (std::process::ExitStatus, String, String
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("run livegate serve");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while child.try_wait().expect("try_wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let output = child.wait_with_output().expect("output");
-            panic!(
-                "serve with a missing certificate was still running after 15 s; stdout {} stderr {}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    if !common::wait_until(Duration::from_secs(15), || child.try_wait().expect("try_wait").is_some()) {
+        let _ = child.kill();
+        let output = child.wait_with_output().expect("output");
+        panic!(
+            "serve with a missing certificate was still running after 15 s; stdout {} stderr {}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
     let output = child.wait_with_output().expect("output");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();

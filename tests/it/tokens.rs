@@ -40,7 +40,7 @@ async fn replayed_token_is_refused_before_upgrade() {
     first.assert_alive().await;
     drop(first);
     // Nor does closing the first connection free the token again.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.http().wait_metric_total("livegate_connections_open", 0.0, WAIT);
     assert_rejected(&server, Some(&token), "token_replayed").await;
 }
 
@@ -54,7 +54,7 @@ async fn expired_token_is_refused() {
     let expires = body["expires_at_ms"].as_u64().expect("expires_at_ms");
     let wait = expires.saturating_sub(now_ms()) + 1_100;
     assert!(wait <= 2_500, "a 1 s token expires within about 1 s: {body}");
-    tokio::time::sleep(Duration::from_millis(wait)).await;
+    let_time_pass_async(Duration::from_millis(wait), "the 1 s token's expiry").await;
     assert_rejected(&server, Some(&token), "token_expired").await;
 }
 

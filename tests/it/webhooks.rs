@@ -16,7 +16,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::process::{metric, ServeProcess};
 use common::*;
@@ -94,17 +94,8 @@ impl Receiver {
 
     /// Waits until `done` holds for the delivered attempts; panics after `within`.
     fn wait_delivered(&self, within: Duration, what: &str, done: impl Fn(&[Attempt]) -> bool) -> Vec<Attempt> {
-        let deadline = Instant::now() + within;
-        loop {
-            let delivered = self.delivered();
-            if done(&delivered) {
-                return delivered;
-            }
-            if Instant::now() > deadline {
-                panic!("{what} not delivered within {within:?}; attempts: {:#?}", summary(&self.attempts()));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_for_every(within, Duration::from_millis(20), || Some(self.delivered()).filter(|d| done(d)))
+            .unwrap_or_else(|| panic!("{what} not delivered within {within:?}; attempts: {:#?}", summary(&self.attempts())))
     }
 }
 
@@ -279,17 +270,12 @@ async fn publish(client: &mut WsClient, room: &str, id: Option<&str>, data: Valu
 }
 
 fn wait_metric(http: &Http, name: &str, want: f64, serve: &ServeProcess) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let got = metric(http, name);
-        if got == Some(want) {
-            return;
-        }
-        if Instant::now() > deadline {
-            panic!("{name} is {got:?}, not {want}, after {WAIT:?}; log:\n{}", serve.log_text());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut got = None;
+    let reached = wait_until_every(WAIT, Duration::from_millis(20), || {
+        got = metric(http, name);
+        got == Some(want)
+    });
+    assert!(reached, "{name} is {got:?}, not {want}, after {WAIT:?}; log:\n{}", serve.log_text());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -412,8 +398,9 @@ async fn webhooks_queued_while_the_receiver_fails_arrive_after_sigterm_and_kill_
     alice.subscribe_ok("chat:three").await;
     let c1 = publish(&mut alice, "chat:three", None, json!(3)).await;
     wait_metric(&serve2.http(), "livegate_webhooks_queued", 10.0, &serve2);
-    // Let the group flush asked for by the last enqueue finish.
-    std::thread::sleep(Duration::from_millis(500));
+    // Let the group flush asked for by the last enqueue finish (nothing tells which flush
+    // made a given enqueue durable).
+    let_time_pass(Duration::from_millis(500), "the group flush after the last webhook enqueue");
     serve2.kill9();
     drop(alice);
 
@@ -445,7 +432,7 @@ async fn webhooks_queued_while_the_receiver_fails_arrive_after_sigterm_and_kill_
     // Once vacated, they are not vacated again at the next start.
     drop(serve3);
     let serve4 = serve(root.path(), "serve-4.log", &receiver, &[]);
-    std::thread::sleep(Duration::from_millis(500));
+    let_time_pass(Duration::from_millis(500), "nothing is queued for the rooms after a clean restart");
     assert_eq!(metric(&serve4.http(), "livegate_webhooks_queued"), Some(0.0), "{}", serve4.log_text());
     assert_eq!(first_deliveries(&receiver.delivered()), want, "nothing new after a clean restart");
 }
@@ -471,7 +458,7 @@ async fn a_full_queue_drops_new_webhooks_and_counts_them() {
     let want = expect(&[("r1", "room_occupied"), ("r2", "room_occupied"), ("r3", "room_occupied")]);
     receiver.wait_delivered(ARRIVE, "the queued webhooks", |d| first_deliveries(d) == want);
     wait_metric(&http, "livegate_webhooks_queued", 0.0, &serve);
-    std::thread::sleep(QUIET);
+    let_time_pass(QUIET, "nothing arrives for the dropped r4 and r5");
     assert_eq!(first_deliveries(&receiver.delivered()), want, "nothing for r4 and r5");
     // With room again, new webhooks are queued.
     alice.unsubscribe("r4").await;
@@ -514,11 +501,8 @@ async fn a_publish_from_a_connection_that_closes_at_once_still_has_its_webhook()
     // No subscription, no answer awaited: the publish op, then the socket is gone.
     alice.send_json(&json!({"op": "publish", "room": "chat:gone", "id": "g-1", "data": {"bye": 1}})).await;
     drop(alice);
-    let deadline = Instant::now() + WAIT;
-    while http.history_ok("chat:gone", Some(0), Some(10))["head"] != 1 {
-        assert!(Instant::now() < deadline, "a publish op read before the close is stored; log:\n{}", serve.log_text());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let stored = wait_until_every(WAIT, Duration::from_millis(20), || http.history_ok("chat:gone", Some(0), Some(10))["head"] == 1);
+    assert!(stored, "a publish op read before the close is stored; log:\n{}", serve.log_text());
     let want = expect(&[("chat:gone", "client_published:1")]);
     let delivered = receiver.wait_delivered(ARRIVE, "the closed connection's publish", |d| first_deliveries(d) == want);
     assert_eq!(delivered[0].body["event_id"], "g-1");
@@ -545,10 +529,10 @@ async fn a_subscribe_loop_and_a_reload_make_one_occupied_and_one_vacated() {
         alice.unsubscribe("chat:loop").await;
     }
     receiver.wait_delivered(ARRIVE, "the loop's room_occupied", |_| !occupancy_of(&receiver, "chat:loop").is_empty());
-    std::thread::sleep(Duration::from_secs(1));
+    let_time_pass(Duration::from_secs(1), "within the 3 s vacated delay nothing else is sent");
     assert_eq!(occupancy_of(&receiver, "chat:loop"), [occupied.clone()], "nothing else within the delay");
     receiver.wait_delivered(ARRIVE, "the loop's room_vacated", |_| occupancy_of(&receiver, "chat:loop").len() >= 2);
-    std::thread::sleep(QUIET);
+    let_time_pass(QUIET, "no second room_vacated follows");
     assert_eq!(occupancy_of(&receiver, "chat:loop"), [occupied.clone(), vacated.clone()], "{}", serve.log_text());
 
     // A reload: the page's connection closes and a new one subscribes again within the
@@ -559,7 +543,7 @@ async fn a_subscribe_loop_and_a_reload_make_one_occupied_and_one_vacated() {
     page.close().await;
     let mut page = chatter(serve.addr, "bob").await;
     page.subscribe_ok("chat:reload").await;
-    std::thread::sleep(Duration::from_millis(3500));
+    let_time_pass(Duration::from_millis(3500), "past the 3 s vacated delay, a reload sent no webhook");
     assert_eq!(occupancy_of(&receiver, "chat:reload"), [occupied.clone()], "a reload sends no webhook");
     let left = now_ms();
     page.close().await;

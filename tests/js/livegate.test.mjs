@@ -18,7 +18,7 @@ import {
   nextEvent,
   publish,
   sendMessage,
-  sleep,
+  letTimePass,
   startProxy,
   startServer,
   startServerOnPort,
@@ -257,7 +257,7 @@ describe('livegate.js with a scripted socket', () => {
       const keepAlive = setInterval(() => third.serverSend({ op: 'pong' }), 10);
       third.serverSend({ op: 'subscribed', room: 'r', epoch: 'E', seq: 0, ref: sub.ref });
       await subscribed;
-      await sleep(200);
+      await letTimePass(200, 'past idleMs (60 ms) the pongs keep the connection');
       clearInterval(keepAlive);
       assert.equal(Fake.sockets.length, 3);
       assert.equal(client.state, 'connected');
@@ -333,7 +333,7 @@ describe('livegate.js with a scripted socket', () => {
       }
       const ws = await Fake.nth(3);
       ws.welcome();
-      await sleep(120); // stable
+      await letTimePass(120, 'the connection counts as stable');
       ws.serverClose(4008, 'heartbeat timeout');
       await Fake.nth(4);
       assert.deepEqual(log.disconnected.map((d) => d.reconnectInMs), [0, 39, 79, 0]);
@@ -410,7 +410,7 @@ describe('livegate.js with a scripted socket', () => {
       const ws = await F.nth(0);
       ws.welcome();
       ws.serverClose(code, 'go away');
-      await sleep(150); // several backoff tiers' worth
+      await letTimePass(150, 'several backoff tiers: no reconnect');
       assert.equal(F.sockets.length, 1, `${code}: the client reconnected`);
       assert.equal(l.connecting.length, 1);
       assert.deepEqual(l.disconnected.map((d) => [d.code, d.reconnectInMs]), [[code, null]]);
@@ -462,7 +462,7 @@ describe('livegate.js against a real livegate server', () => {
     for (let i = 1; i <= 5; i++) await publish(base, 'match:live', { goal: i }, `g-${i}`);
     await publish(base, 'match:live', { goal: 5 }, 'g-5'); // an idempotent retry: no new event
     await waitFor(() => got.length >= 5, '5 live events');
-    await sleep(300);
+    await letTimePass(300, 'the idempotent retry brings no sixth event');
     assert.deepEqual(seqs(got), [1, 2, 3, 4, 5]);
     assert.deepEqual(got.map((e) => e.data.goal), [1, 2, 3, 4, 5]);
 
@@ -484,12 +484,12 @@ describe('livegate.js against a real livegate server', () => {
     await sendMessage(base, 'alice', { hi: 1 }, 'm-1');
     await sendMessage(base, 'alice', { hi: 2 }, 'm-2');
     await waitFor(() => inbox.length >= 2, 'two inbox messages');
-    await sleep(300);
+    await letTimePass(300, 'no inbox message arrives twice');
     assert.deepEqual(inbox.map((e) => e.data.hi), [1, 2]);
 
     client.unsubscribe('match:live');
     await publish(base, 'match:live', { goal: 6 }, 'g-6');
-    await sleep(300);
+    await letTimePass(300, 'nothing arrives after the unsubscribe');
     assert.equal(got.length, 5, 'nothing after unsubscribe');
     assert.equal(log.disconnected.length, 0);
     assert.equal(log.connecting.length, 1);
@@ -530,7 +530,7 @@ describe('livegate.js against a real livegate server', () => {
 
       await publish(base, 'match:drop', { n: 8 }, 'd-8');
       await waitFor(() => got.length === 8, 'live again');
-      await sleep(300);
+      await letTimePass(300, 'no event arrives twice');
       assert.deepEqual(seqs(got), range(1, 8));
       assert.deepEqual(got.map((e) => e.data.n), range(1, 8));
       assert.equal(log.connected.length, 2);
@@ -587,7 +587,7 @@ describe('livegate.js against a real livegate server', () => {
       assert.equal(detail.seq, 7);
       await publish(base, 'match:trim', { n: 8 });
       await waitFor(() => got.length === 2, 'live after the failed recovery');
-      await sleep(300);
+      await letTimePass(300, 'nothing is replayed');
       assert.deepEqual(seqs(got), [1, 8], 'nothing replayed, nothing twice: the app reloads over HTTP');
       assert.equal(log.recovered.length, 0);
       assert.deepEqual(client.position('match:trim').seq, 8);
@@ -614,7 +614,7 @@ describe('livegate.js against a real livegate server', () => {
     assert.equal(detail.code, 4501, JSON.stringify(detail));
     assert.equal(detail.reconnectInMs, null);
 
-    await sleep(1000); // many times the injected backoff tiers
+    await letTimePass(1000, 'many times the injected backoff tiers: no reconnect');
     assert.equal(first.state, 'stopped');
     assert.equal(firstTokens, 1, 'the replaced client asked for no new token');
     assert.equal(firstLog.connecting.length, 1);
@@ -637,7 +637,7 @@ describe('livegate.js against a real livegate server', () => {
     assert.deepEqual(body, { closed: 1 });
     const detail = await kicked;
     assert.equal(detail.code, 4502, JSON.stringify(detail));
-    await sleep(1000);
+    await letTimePass(1000, 'many times the backoff: a kicked client does not reconnect');
     assert.equal(client.state, 'stopped');
     assert.equal(tokens, 1);
     assert.equal(log.connecting.length, 1);
@@ -695,7 +695,7 @@ describe('livegate.js across a server restart', () => {
       for (let i = 7; i <= 8; i++) await publish(base, 'match:restart', { n: i }, `r-${i}`);
       await sendMessage(base, 'rita', { m: 3 }, 'm-3');
       await waitFor(() => got.length === 8 && inbox.length === 3, 'live events after the restart');
-      await sleep(400);
+      await letTimePass(400, 'no event arrives twice');
 
       assert.deepEqual(seqs(got), range(1, 8));
       assert.deepEqual(got.map((e) => e.data.n), range(1, 8));

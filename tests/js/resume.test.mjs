@@ -12,7 +12,7 @@ import {
   metric,
   mintToken,
   publish,
-  sleep,
+  letTimePass,
   startProxy,
   startServer,
   startServerOnPort,
@@ -77,12 +77,12 @@ async function drainAndRestart({ resume }) {
 
     server = await startServerOnPort({ dataDir: data.dir, port: server.port });
     for (let r = 0; r < ROOMS; r++) for (let n = 2; n <= 4; n++) await publish(base, `drain:${r}`, { n });
-    await sleep(300); // a few more failed attempts against the held proxy
+    await letTimePass(300, 'a few more of the clients\' failed attempts against the held proxy');
     proxy.release();
     await waitFor(() => got.every((s) => s.length >= 4), 'the missed events everywhere', 30_000);
     for (let r = 0; r < ROOMS; r++) await publish(base, `drain:${r}`, { n: 5 });
     await waitFor(() => got.every((s) => s.length >= 5), 'live again everywhere', 15_000);
-    await sleep(300);
+    await letTimePass(300, 'no event arrives twice');
     return {
       calls: tokenCalls - initialCalls,
       got,

@@ -12,7 +12,7 @@ import { connect } from '../../src/web/livegate.js';
 import { fakeSocketClass } from './support/fake-socket.mjs';
 import { fakeFetch } from './support/fake-fetch.mjs';
 import { REAL_SERVER_TIMINGS, recorder } from './support/clients.mjs';
-import { WebSocketImpl, mintToken, publish, sleep, waitFor } from './support/server.mjs';
+import { WebSocketImpl, letTimePass, mintToken, publish, waitFor } from './support/server.mjs';
 import { CLIENTS_ONLY, startCluster, startForwarder, startNats } from './support/nodes.mjs';
 
 /** Backoff tiers long enough that a reconnect within them can only be a follow. */
@@ -399,7 +399,7 @@ describe('livegate.js lands on the session\'s node (two real nodes)', () => {
 
   for (const transport of ['websocket', 'sse']) {
     test(`${transport}: a unreachable for clients: back through b with avoid=a, lands on b; a second move the route did not choose waits the budget's retry-after`, { timeout: 60_000 }, async () => {
-      await sleep(Math.max(0, clusterReadyAt + RESTART_GRACE_MS + 500 - Date.now()));
+      await letTimePass(Math.max(0, clusterReadyAt + RESTART_GRACE_MS + 500 - Date.now()), 'the nodes outlive the restart grace');
       const room = `route-fallback-${transport}:1`;
       const run = await sessionOnAThenThroughB({ user: `fallback-${transport}`, room, transport, missed: 1 });
       const { client, log, redirects, got } = run;

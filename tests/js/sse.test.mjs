@@ -16,7 +16,8 @@ import {
   mintToken,
   nextEvent,
   publish,
-  sleep,
+  letTimePass,
+  pace,
   startProxy,
   startServer,
   startServerOnPort,
@@ -79,7 +80,7 @@ describe('livegate.js over SSE against a real server', () => {
         await waitFor(() => got.length === 15 && client.state === 'connected', 'the events missed during the restart', 20_000);
         await publishRange(base, 'sse:auto', 16, 18);
         await waitFor(() => got.length === 18, 'live after the restart');
-        await sleep(300);
+        await letTimePass(300, 'no event arrives twice');
 
         assert.deepEqual(got, range(1, 18));
         assert.equal(client.transport, 'sse', 'still SSE');
@@ -123,7 +124,7 @@ describe('livegate.js over SSE against a real server', () => {
         while (!stop) {
           published += 1;
           await publish(base, 'sse:a', { n: published }, `a-${published}`);
-          await sleep(5);
+          await pace(5, 'room a gets an event every 5 ms');
         }
       })();
       await client.subscribe('sse:b', handler('b'));
@@ -140,11 +141,11 @@ describe('livegate.js over SSE against a real server', () => {
       await publishRange(base, 'sse:b', 6, 6);
       await waitFor(() => got.b.length === 6, 'room b again');
       client.unsubscribe('sse:c');
-      await sleep(200);
+      await pace(200, 'room a is published to across the last reopen');
       stop = true;
       await publisher;
       await waitFor(() => got.a.length === published, `all ${published} events of room a`, 15_000);
-      await sleep(300);
+      await letTimePass(300, 'no event arrives twice');
 
       assert.deepEqual(got.a, range(1, published), 'room a: every event once, in order, across the reopens');
       assert.deepEqual(got.c, [1, 2, 3, 4]);
@@ -178,7 +179,7 @@ describe('livegate.js over SSE against a real server', () => {
       const detail = await kicked;
       assert.equal(detail.code, 4502, JSON.stringify(detail));
       assert.equal(detail.reconnectInMs, null);
-      await sleep(1000);
+      await letTimePass(1000, 'many times the backoff: a kicked stream does not reopen');
       assert.equal(client.state, 'stopped');
       assert.equal(calls, 1);
       assert.equal(log.connecting.length, 1);

@@ -19,7 +19,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
 import { connect } from '../../src/web/livegate.js';
-import { API_KEY, WebSocketImpl, api, mintToken, startProxy, startServer, tempDir, waitFor } from './support/server.mjs';
+import { API_KEY, WebSocketImpl, api, metric, mintToken, startProxy, startServer, tempDir, waitFor } from './support/server.mjs';
 import { REAL_SERVER_TIMINGS, recorder } from './support/clients.mjs';
 
 const FAST = REAL_SERVER_TIMINGS;
@@ -216,8 +216,9 @@ describe('presence against a real server (needs the presence branch)', () => {
       assert.ok(joined.includes('dee'), `dee joined in a presence frame: ${JSON.stringify(heard)}`);
 
       // One tab closes: dee is still there. Both closed: dee left.
+      const connections = await metric(base, 'livegate_connections_open');
       clients.at(-1).close();
-      await new Promise((r) => setTimeout(r, 300));
+      await waitFor(async () => (await metric(base, 'livegate_connections_open')) === connections - 1, 'the closed tab gone from the server');
       assert.equal((await watcher.presence(room)).count, 4, 'the other tab keeps dee present');
       clients.at(-2).close();
       await waitFor(async () => (await watcher.presence(room)).count === 3, 'dee gone with both tabs');

@@ -11,7 +11,7 @@ import { EventStreamParser, connect, sseEndpointOf } from '../../src/web/livegat
 import { fakeFetch } from './support/fake-fetch.mjs';
 import { fakeSocketClass } from './support/fake-socket.mjs';
 import { recorder } from './support/clients.mjs';
-import { sleep, waitFor } from './support/server.mjs';
+import { letTimePass, pace, waitFor } from './support/clock.mjs';
 
 const FAST = { backoffMs: [0, 5, 10], restartJitterMs: 5, connectTimeoutMs: 3000, stableMs: 60_000 };
 const FAR = () => Date.now() + 600_000;
@@ -165,7 +165,7 @@ describe('resume credentials over WebSocket', () => {
       const ws = await Fake.nth(0);
       ws.welcome('S1', { resume: 'R1', resume_expires_at_ms: FAR() });
       ws.serverClose(code, 'go away');
-      await sleep(50);
+      await letTimePass(50, 'past the backoff: no reconnect');
       assert.equal(Fake.sockets.length, 1);
       assert.equal(client.state, 'stopped');
       assert.equal(client.hasResume, false);
@@ -297,7 +297,7 @@ describe('transport sse', () => {
         'event: events\nid: a:E:2,b:E:11\ndata: ' + JSON.stringify(events('a', 2)) + '\n\n';
       for (let i = 0; i < text.length; i += 3) {
         sse.send(text.slice(i, i + 3));
-        await sleep(0);
+        await pace(0, 'each chunk in a task of its own');
       }
       await waitFor(() => got.a.length === 2 && got.b.length === 1, 'the three events');
       assert.deepEqual(got.a.map((e) => e.data), [{ t: 'two\nlines' }, { n: 2 }]);
@@ -381,7 +381,7 @@ describe('transport sse', () => {
       // `: ping` every 20 ms keeps it alive well past 3 heartbeats (120 ms).
       for (let i = 0; i < 10; i++) {
         sse.send(': ping\n\n');
-        await sleep(20);
+        await pace(20, 'a ping every 20 ms, across three heartbeats');
       }
       assert.equal(fetch.streams.length, 1);
       const before = Date.now();
@@ -400,7 +400,7 @@ describe('transport sse', () => {
       third.open();
       third.welcome('S1', { resume: 'R3', resume_expires_at_ms: FAR() });
       third.message('close', { code: 4502, reason: 'kicked' });
-      await sleep(100);
+      await letTimePass(100, 'past the backoff: no reconnect after 4502');
       assert.equal(fetch.streams.length, 3, 'no reconnect after 4502');
       assert.equal(client.state, 'stopped');
       assert.deepEqual(log.disconnected.at(-1), { code: 4502, reason: 'kicked', reconnectInMs: null });

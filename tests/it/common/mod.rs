@@ -12,11 +12,13 @@
 #![allow(dead_code)]
 
 pub mod balancer;
+pub mod clock;
 pub mod concurrency;
 pub mod nats;
 pub mod process;
 pub mod swarm;
 
+pub use clock::*;
 pub(crate) use concurrency::gate;
 
 use std::collections::VecDeque;
@@ -73,14 +75,8 @@ impl TestServer {
     /// Starts a server on `dir` listening on the given address (for example the address
     /// of a server stopped a moment ago), retrying the bind for up to 10 s.
     pub fn start_at(addr: SocketAddr, dir: TempDir, tweak: impl FnOnce(&mut Config)) -> TestServer {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let listener = loop {
-            match std::net::TcpListener::bind(addr) {
-                Ok(l) => break l,
-                Err(e) if Instant::now() > deadline => panic!("could not bind {addr} again within 10 s: {e}"),
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
-            }
-        };
+        let listener = wait_for(Duration::from_secs(10), || std::net::TcpListener::bind(addr).ok())
+            .unwrap_or_else(|| panic!("could not bind {addr} again within 10 s: {:?}", std::net::TcpListener::bind(addr).err()));
         TestServer::start_on_listener(listener, dir, tweak)
     }
 
@@ -131,21 +127,15 @@ impl TestServer {
     }
 
     fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
         let http = self.http();
-        loop {
-            if self.thread.as_ref().map_or(true, |t| t.is_finished()) {
-                let result = self.thread.take().map(|t| t.join());
-                panic!("server exited before it became ready: {result:?}");
-            }
-            if let Ok((200, _)) = http.try_request("GET", "/readyz", Auth::None, Body::None) {
-                return;
-            }
-            if Instant::now() > deadline {
-                panic!("server on {} not ready (GET /readyz != 200) within 20 s", self.addr);
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let ready = wait_until(Duration::from_secs(20), || {
+            self.thread_finished() || matches!(http.try_request("GET", "/readyz", Auth::None, Body::None), Ok((200, _)))
+        });
+        if self.thread_finished() {
+            let result = self.thread.take().map(|t| t.join());
+            panic!("server exited before it became ready: {result:?}");
         }
+        assert!(ready, "server on {} not ready (GET /readyz != 200) within 20 s", self.addr);
     }
 
     /// Signals shutdown, waits (bounded) for `run` to return, and hands back the data dir
@@ -160,13 +150,7 @@ impl TestServer {
             let _ = tx.send(());
         }
         if let Some(thread) = self.thread.take() {
-            let deadline = Instant::now() + limit;
-            while !thread.is_finished() {
-                if Instant::now() > deadline {
-                    panic!("server on {} did not stop within {limit:?} after shutdown", self.addr);
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            assert!(wait_until(limit, || thread.is_finished()), "server on {} did not stop within {limit:?} after shutdown", self.addr);
             match thread.join() {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => panic!("server::run returned an error: {e}"),
@@ -248,42 +232,6 @@ pub fn test_config(dir: &Path, addr: SocketAddr) -> Config {
 // ---------------------------------------------------------------------------------------
 // HTTP (blocking; call from sync code or directly from a test body)
 // ---------------------------------------------------------------------------------------
-
-/// Polls `cond` (blocking, every 10 ms) until it holds; false after `within`.
-/// Paces a loop at one round per `every` (a publisher's steady rate): [`Pacer::wait`]
-/// sleeps until the next round is due; a late round starts at once and the schedule
-/// goes on from it, without bursts to catch up.
-pub struct Pacer {
-    every: Duration,
-    next_due: Instant,
-}
-
-impl Pacer {
-    pub fn new(every: Duration) -> Pacer {
-        Pacer { every, next_due: Instant::now() }
-    }
-
-    pub fn wait(&mut self) {
-        let now = Instant::now();
-        if self.next_due > now {
-            std::thread::sleep(self.next_due - now);
-        }
-        self.next_due = self.next_due.max(now) + self.every;
-    }
-}
-
-pub fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 pub enum Auth<'a> {
     None,
@@ -396,6 +344,13 @@ impl Http {
     /// `livegate_directory_writes_total{result="ok"}`); `None` when the series is absent.
     pub fn metric(&self, series: &str) -> Option<f64> {
         metric_value(&self.metrics_text(), series)
+    }
+
+    /// Polls `/metrics` until metric `name`, summed over its labels as in
+    /// [`Http::metric_total`], reads `want`; panics after `within` with the exposition.
+    pub fn wait_metric_total(&self, name: &str, want: f64, within: Duration) {
+        let reached = wait_until_every(within, Duration::from_millis(20), || self.metric_total(name) == want);
+        assert!(reached, "{name} is not {want} within {within:?}:\n{}", self.metrics_text());
     }
 
     /// The sum of all series of metric `name`, whatever their labels; 0 when absent.

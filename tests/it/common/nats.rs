@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 use super::process::{metric, ServeProcess};
-use super::{Auth, Body, Http};
+use super::{wait_for_every, wait_until_every, Auth, Body, Http};
 
 /// Where Debian's `nats-server` package installs the server.
 pub const NATS_SERVER: &str = "/usr/sbin/nats-server";
@@ -107,21 +107,23 @@ impl NatsServer {
             .stderr(Stdio::from(log))
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {NATS_SERVER}: {e}"));
-        let deadline = Instant::now() + NATS_START_LIMIT;
-        loop {
+        let outcome = wait_for_every(NATS_START_LIMIT, Duration::from_millis(20), || {
             if let Some(status) = child.try_wait().expect("try_wait nats-server") {
-                return Err(format!("nats-server exited with {status} on port {port}; log:\n{}", self.log_text()));
+                return Some(Err(format!("nats-server exited with {status} on port {port}; log:\n{}", self.log_text())));
             }
-            if port_open(self.port) && self.log_text().contains("Server is ready") {
+            (port_open(self.port) && self.log_text().contains("Server is ready")).then_some(Ok(()))
+        });
+        match outcome {
+            Some(Ok(())) => {
                 self.child = Some(child);
-                return Ok(());
+                Ok(())
             }
-            if Instant::now() > deadline {
+            Some(Err(e)) => Err(e),
+            None => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("nats-server not accepting on {port} within {NATS_START_LIMIT:?}; log:\n{}", self.log_text()));
+                Err(format!("nats-server not accepting on {port} within {NATS_START_LIMIT:?}; log:\n{}", self.log_text()))
             }
-            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -150,14 +152,15 @@ impl NatsServer {
     /// (bounded) until it accepts connections. Retries while the port is still taken.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "restart() of a running nats-server: kill9() it first");
-        let deadline = Instant::now() + NATS_START_LIMIT;
-        loop {
-            match self.spawn() {
-                Ok(()) => return,
-                Err(e) if Instant::now() > deadline => panic!("nats-server did not restart on port {}: {e}", self.port),
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        let mut last = String::new();
+        let started = wait_for_every(NATS_START_LIMIT, Duration::from_millis(100), || match self.spawn() {
+            Ok(()) => Some(()),
+            Err(e) => {
+                last = e;
+                None
             }
-        }
+        });
+        assert!(started.is_some(), "nats-server did not restart on port {}: {last}", self.port);
     }
 
     /// The current process's log.
@@ -307,28 +310,24 @@ impl Cluster {
     pub fn wait_peers(&self, within: Duration) {
         let running = self.running();
         let want = (running.len() - 1) as f64;
-        let deadline = Instant::now() + within;
-        loop {
-            let seen: Vec<(&str, Option<f64>, bool)> = running
+        let mut seen = Vec::new();
+        let formed = wait_until_every(within, Duration::from_millis(50), || {
+            seen = running
                 .iter()
                 .map(|&i| {
                     let http = self.http(i);
                     let ready = matches!(http.try_request("GET", "/readyz", Auth::None, Body::None), Ok((200, _)));
                     (Cluster::name(i), metric(&http, "livegate_cluster_peers_alive"), ready)
                 })
-                .collect();
-            if seen.iter().all(|(_, peers, ready)| *ready && *peers == Some(want)) {
-                return;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "cluster not formed within {within:?}: (node, livegate_cluster_peers_alive, ready) = {seen:?}, \
-                     want {want} peers each; logs:\n{}",
-                    self.logs()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+                .collect::<Vec<(&str, Option<f64>, bool)>>();
+            seen.iter().all(|(_, peers, ready)| *ready && *peers == Some(want))
+        });
+        assert!(
+            formed,
+            "cluster not formed within {within:?}: (node, livegate_cluster_peers_alive, ready) = {seen:?}, \
+             want {want} peers each; logs:\n{}",
+            self.logs()
+        );
     }
 
     /// Every node log (all starts) and the NATS logs, for a failure message.

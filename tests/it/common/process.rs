@@ -11,7 +11,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::{Auth, Body, Http, API_KEY, NODE};
+use super::{wait_for, wait_until, Auth, Body, Http, API_KEY, NODE};
 
 /// How long a start may take until `/readyz` answers 200.
 pub const START_LIMIT: Duration = Duration::from_secs(30);
@@ -110,19 +110,16 @@ impl ServeProcess {
         };
         let started = Instant::now();
         let http = Http::new(addr);
-        loop {
+        let ready = wait_until(deadline.saturating_duration_since(Instant::now()), || {
             if let Some(status) = child.try_wait().expect("try_wait") {
                 panic!("livegate serve exited with {status} before becoming ready; log:\n{}", log_text(log));
             }
-            if let Ok((200, _)) = http.try_request("GET", "/readyz", Auth::None, Body::None) {
-                break;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("livegate serve on {addr} not ready within {START_LIMIT:?}; log:\n{}", log_text(log));
-            }
-            std::thread::sleep(Duration::from_millis(20));
+            matches!(http.try_request("GET", "/readyz", Auth::None, Body::None), Ok((200, _)))
+        });
+        if !ready {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("livegate serve on {addr} not ready within {START_LIMIT:?}; log:\n{}", log_text(log));
         }
         ServeProcess { child, addr, log: log.to_path_buf(), started, stdout: rx }
     }
@@ -146,16 +143,7 @@ impl ServeProcess {
 
     /// Waits up to `within` for the process to exit; `None` if it is still running.
     pub fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return Some(status);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_for(within, || self.child.try_wait().expect("try_wait"))
     }
 
     /// Whether the process is still running.
@@ -193,6 +181,17 @@ impl ServeProcess {
     /// Stdout lines printed after the listening line, so far.
     pub fn stdout_lines(&self) -> Vec<String> {
         self.stdout.try_iter().collect()
+    }
+
+    /// Every stdout line not read yet, through the end of the stream (the process has
+    /// exited and the reader reached EOF); waits at most `within` for the end.
+    pub fn stdout_to_end(&self, within: Duration) -> Vec<String> {
+        let deadline = Instant::now() + within;
+        let mut lines = Vec::new();
+        while let Ok(line) = self.stdout.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            lines.push(line);
+        }
+        lines
     }
 }
 

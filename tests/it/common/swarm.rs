@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::API_KEY;
+use super::{wait_until, wait_until_every, API_KEY};
 
 /// What the swarm runs: `clients` clients, each its own user (`user_prefix` and its
 /// index), subscribed to `rooms_per_client` of `rooms` (client `c` takes rooms `c`,
@@ -158,19 +158,16 @@ impl Swarm {
 
     /// Waits up to `within` for `cond`; returns whether it held.
     pub fn wait(&mut self, within: Duration, mut cond: impl FnMut(&SwarmState) -> bool) -> bool {
-        let deadline = Instant::now() + within;
-        loop {
-            if self.with(&mut cond) {
+        let (state, child) = (&self.state, &mut self.child);
+        wait_until_every(within, Duration::from_millis(20), || {
+            if cond(&state.lock().unwrap()) {
                 return true;
             }
-            if let Ok(Some(status)) = self.child.try_wait() {
+            if let Ok(Some(status)) = child.try_wait() {
                 panic!("the Node swarm exited with {status}");
             }
-            if Instant::now() > deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            false
+        })
     }
 
     /// Where each connected client was last welcomed, counted per node.
@@ -187,13 +184,7 @@ impl Swarm {
     /// Closes stdin (the clients close, the process exits), waits a bounded time.
     pub fn finish(mut self) {
         drop(self.stdin.take());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until(Duration::from_secs(10), || matches!(self.child.try_wait(), Ok(Some(_))));
         let _ = self.child.kill();
         let _ = self.child.wait();
         if let Some(reader) = self.reader.take() {

@@ -104,7 +104,7 @@ async fn a_half_sent_second_request_on_a_keep_alive_connection_is_cut_off() {
             if write.write_all(&[*b]).await.is_err() {
                 return;
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            pace_async(Duration::from_millis(200), "the trickler sends a byte every 200 ms").await;
         }
     });
     let started = Instant::now();
@@ -136,7 +136,7 @@ async fn a_half_sent_second_request_on_a_keep_alive_connection_is_cut_off() {
     for _ in 0..3 {
         steady.write_all(HEALTHZ).await.expect("request");
         assert_eq!(read_answer(&mut steady, Duration::from_secs(5)).await.map(|a| a.0), Some(200));
-        tokio::time::sleep(TIMEOUT / 2).await;
+        let_time_pass_async(TIMEOUT / 2, "an idle keep-alive pause shorter than the head timeout").await;
     }
     client.assert_alive().await;
 }
@@ -180,7 +180,8 @@ async fn plain_http_sockets_are_bounded_and_websockets_keep_their_place() {
         .collect();
     // While the crowd holds every plain place, the WebSockets keep theirs: a ping
     // through each is answered.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Nothing to poll: /metrics would need one of the plain places the crowd holds.
+    let_time_pass_async(Duration::from_millis(300), "the crowd's sockets are accepted and hold every plain place").await;
     for c in &mut streams {
         c.assert_alive().await;
     }

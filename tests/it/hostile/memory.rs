@@ -128,7 +128,7 @@ fn memory_is_a_level_not_a_slope_under_user_churn() {
         }
         // The sweep trims the allocator right after it deleted; the purge of the cycle's
         // token nonces runs every 500 ms. Let both happen.
-        std::thread::sleep(Duration::from_millis(600));
+        let_time_pass(Duration::from_millis(600), "the allocator trim after the sweep and the 500 ms nonce purge");
         rss.push(server.rss_kib());
         eprintln!("cycle {cycle}: RSS {} KiB after the sweep ({:.1} s)", rss[cycle], started.elapsed().as_secs_f64());
     }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::common::process::ServeProcess;
-use crate::common::{Http, WsClient};
+use crate::common::{pace, Http, WsClient, WAIT};
 
 /// The server's `max_outbox_bytes` in these tests (the default, 1 MiB).
 const OUTBOX: u64 = 1024 * 1024;
@@ -157,7 +157,7 @@ impl RssSampler {
                 if let Some(rss) = rss_kib(pid) {
                     peak = peak.max(rss);
                 }
-                std::thread::sleep(Duration::from_millis(20));
+                pace(Duration::from_millis(20), "RSS sampled every 20 ms");
             }
             peak
         });
@@ -211,7 +211,7 @@ async fn with_honest_subscriber<T: Send + 'static>(
     let publisher = std::thread::spawn(move || {
         for i in 1..=LIVE_EVENTS {
             http.publish_ok("live", None, json!({"n": i}));
-            std::thread::sleep(Duration::from_millis(20));
+            pace(Duration::from_millis(20), "the live room gets an event every 20 ms");
         }
     });
     let events = honest.next_events_within_or_none(LIVE_EVENTS as usize, FLOOD_FOR + Duration::from_secs(10)).await;
@@ -240,8 +240,9 @@ struct Flood {
 /// until the server closes it as a slow consumer or [`FLOOD_FOR`] passes, sampling RSS.
 fn flood(addr: SocketAddr, pid: u32, token: String, mut next: impl FnMut(Duration) -> Option<Vec<u8>>) -> (Flood, Option<u16>) {
     let http = Http::new(addr);
+    let open_before = http.metric_total("livegate_connections_open");
     let mut client = StalledClient::connect(addr, &token);
-    std::thread::sleep(Duration::from_millis(200));
+    http.wait_metric_total("livegate_connections_open", open_before + 1.0, WAIT);
     let baseline = rss_kib(pid).expect("server RSS");
     let sampler = RssSampler::start(pid);
     let started = Instant::now();
@@ -314,7 +315,7 @@ async fn history_requests_from_a_client_that_does_not_read_stay_within_the_outbo
         flood(addr, pid, token, move |elapsed| {
             let due = (elapsed.as_millis() / 10) as u32;
             if sent >= due {
-                std::thread::sleep(Duration::from_millis(2));
+                pace(Duration::from_millis(2), "history requests at one per 10 ms");
                 return None;
             }
             sent += 1;
@@ -338,7 +339,7 @@ async fn pings_at_line_rate_from_a_client_that_does_not_read_stay_within_the_out
     let (result, code) = with_honest_subscriber(&server, move || {
         flood(addr, pid, token, move |_| {
             if budget < batch.len() as u64 {
-                std::thread::sleep(Duration::from_millis(5));
+                pace(Duration::from_millis(5), "the ping budget is spent");
                 return None;
             }
             budget -= batch.len() as u64;

@@ -2,6 +2,8 @@
 // fill, duplicates, backoff): the test plays the server by calling `serverSend` and
 // `serverClose` and reads what the client sent from `sent`.
 
+import { waitFor } from './clock.mjs';
+
 /**
  * Returns a WebSocket-shaped class whose instances are recorded in `Fake.sockets`.
  * `behaviour(socket)` runs right after construction (e.g. fail at once).
@@ -92,15 +94,10 @@ export function fakeSocketClass(behaviour = (socket) => socket.open()) {
 
     /** Waits until the client sent a frame with `op` (and matching `filter`). */
     async expect(op, filter = () => true, ms = 2000) {
-      const deadline = Date.now() + ms;
-      for (;;) {
-        const frame = this.sent.find((f) => f.op === op && filter(f));
-        if (frame) return frame;
-        if (Date.now() > deadline) {
-          throw new Error(`client sent no ${op} frame within ${ms} ms; sent: ${JSON.stringify(this.sent)}`);
-        }
-        await new Promise((r) => setTimeout(r, 2));
-      }
+      const sent = () => this.sent.find((f) => f.op === op && filter(f));
+      return waitFor(sent, `a ${op} frame`, ms, 2).catch(() => {
+        throw new Error(`client sent no ${op} frame within ${ms} ms; sent: ${JSON.stringify(this.sent)}`);
+      });
     }
   }
   return FakeSocket;

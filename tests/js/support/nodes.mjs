@@ -6,7 +6,7 @@ import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import net from 'node:net';
 
-import { api, sleep, startServer, tempDir, waitFor } from './server.mjs';
+import { api, startServer, tempDir, waitFor } from './server.mjs';
 
 export const NATS_SERVER = process.env.NATS_SERVER_BIN || '/usr/sbin/nats-server';
 
@@ -178,4 +178,3 @@ export async function startForwarder(targetPort) {
   };
 }
 
-export { sleep };

@@ -8,6 +8,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
+import { pace } from './clock.mjs';
 import { MiniWebSocket } from './mini-websocket.mjs';
 
 export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
@@ -116,7 +117,7 @@ export async function startServerOnPort({ dataDir, port, withinMs = 10_000, args
       return await startServer({ dataDir, port, args });
     } catch (error) {
       if (Date.now() > deadline) throw error;
-      await sleep(100);
+      await pace(100, 'a refused start on a port not free yet is retried at 10/s');
     }
   }
 }
@@ -154,20 +155,7 @@ export async function sendMessage(base, user, data, id) {
   return body;
 }
 
-export function sleep(ms) {
-  return new Promise((resolve) => setTimeout(resolve, ms));
-}
-
-/** Polls `check()` until it returns a truthy value; throws after `ms` with `what`. */
-export async function waitFor(check, what, ms = 10_000) {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const value = await check();
-    if (value) return value;
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
-    await sleep(10);
-  }
-}
+export { letTimePass, pace, waitFor } from './clock.mjs';
 
 /** Resolves with the detail of the next `name` event of a livegate client. */
 export function nextEvent(client, name, ms = 10_000, filter = () => true) {

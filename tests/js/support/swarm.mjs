@@ -26,6 +26,7 @@
 
 import { pathToFileURL } from 'node:url';
 
+import { pace } from './clock.mjs';
 import { MiniWebSocket } from './mini-websocket.mjs';
 
 const library = process.env.SWARM_LIBRARY ? pathToFileURL(process.env.SWARM_LIBRARY).href : '../../../src/web/livegate.js';
@@ -108,7 +109,7 @@ for (let c = 0; c < count; c += 1) {
   }
   clients.push(client);
   // A crowd arriving over about two seconds, not in one burst.
-  await new Promise((resolve) => setTimeout(resolve, 10));
+  await pace(10, 'a client every 10 ms');
 }
 emit({ t: 'ready' });
 
