@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use actix_http::ws;
 
-use crate::core::backlog::Backlog;
 use super::messages::*;
 use super::publish::{Publisher, Submission};
 use super::registry::Registry;
@@ -25,6 +24,7 @@ use super::rooms::Rooms;
 use super::socket::{ends_closing, Fault, Inbound, MessageReader, CLOSE_HANDSHAKE_TIMEOUT, FINISH_WITHIN};
 use super::transport::Transport;
 use super::wsio::{self, ReadError, WsActor, WsIo};
+use crate::core::backlog::Backlog;
 use crate::core::limits::{burst_for, room_start_burst, Strikes, TokenBucket};
 use crate::core::names;
 use crate::core::outbox::{Outbox, Verdict};
