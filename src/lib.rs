@@ -14,6 +14,7 @@
 //! - [`server`]: `run(listener, config, shutdown)` wires it all together.
 //! - [`metrics`]: counters and gauges behind `/metrics`.
 //! - [`demo`]: the `--demo` match simulator.
+//! - [`tasks`]: background tasks with an owner that ends them at its stop.
 //! - [`world`]: the wall clock and the OS random source, read only by actors and handlers.
 //! - [`config`]: typed configuration from file, environment and flags.
 //! - [`client`]: clients of a running server: the HTTP client and the reconnecting
@@ -32,4 +33,5 @@ pub mod metrics;
 pub mod protocol;
 pub mod server;
 pub mod store;
+pub mod tasks;
 pub mod world;
