@@ -11,7 +11,8 @@
 //!   connection's transport (WebSocket or Server-Sent Events).
 //! - [`http`]: thin actix-web handlers for `/v1/*`, health, the WebSocket upgrade and the
 //!   SSE stream.
-//! - [`server`]: `run(listener, config, shutdown)` wires it all together.
+//! - [`server`]: `run(listener, config, shutdown)`; its `Node` wires it all together
+//!   (`build`), serves, and stops it in order (`shutdown`).
 //! - [`metrics`]: counters and gauges behind `/metrics`.
 //! - [`demo`]: the `--demo` match simulator.
 //! - [`tasks`]: background tasks with an owner that ends them at its stop.

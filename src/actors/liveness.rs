@@ -43,6 +43,12 @@ pub struct Heard(pub NodeInfo);
 #[rtype(result = "()")]
 pub struct Left(pub String);
 
+/// The node is stopping: no heartbeat or probe after this one (the actor stops, and its
+/// timers and futures with it).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Stop;
+
 /// Cluster mode: this node's heartbeats, sent by the actor.
 pub struct ClusterPeers {
     pub cluster: Cluster,
@@ -381,13 +387,17 @@ impl Actor for LivenessActor {
             // Readiness on or off is told at once, not at the next beat: a drain's clients
             // reconnect elsewhere within milliseconds, and the node they reach must already
             // count this one draining.
+            // The actor's own future: it ends when the actor stops.
             let mut phases = self.router.lifecycle.watch();
             let me = ctx.address();
-            actix::spawn(async move {
-                while phases.changed().await.is_ok() && me.connected() {
-                    me.do_send(PhaseChanged);
+            ctx.spawn(
+                async move {
+                    while phases.changed().await.is_ok() {
+                        me.do_send(PhaseChanged);
+                    }
                 }
-            });
+                .into_actor(self),
+            );
         } else if matches!(&*self.router.peers.lock(), Peers::Probed { peers, .. } if !peers.is_empty()) {
             self.probe_all(ctx);
             ctx.run_interval(self.interval, |actor, ctx| actor.probe_all(ctx));
@@ -405,6 +415,14 @@ impl Handler<PhaseChanged> for LivenessActor {
 
     fn handle(&mut self, _: PhaseChanged, ctx: &mut Self::Context) {
         self.beat(ctx);
+    }
+}
+
+impl Handler<Stop> for LivenessActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
+        ctx.stop();
     }
 }
 
