@@ -82,6 +82,9 @@ pub struct Router {
     started_at_ms: u64,
     lifecycle: Arc<Lifecycle>,
     release_window_ms: u64,
+    /// Whether `peers` is `Peers::Probed`, fixed at construction: read without the lock,
+    /// so a routing question takes the lock once.
+    probed: bool,
     peers: Mutex<Peers>,
 }
 
@@ -121,7 +124,8 @@ impl Router {
 
     fn new(me: Peer, peers: Peers, lifecycle: Arc<Lifecycle>, release_window: Duration) -> Router {
         let release_window_ms = release_window.as_millis() as u64;
-        Router { me, started_at_ms: now_ms(), lifecycle, release_window_ms, peers: Mutex::new(peers) }
+        let probed = matches!(peers, Peers::Probed { .. });
+        Router { me, started_at_ms: now_ms(), lifecycle, release_window_ms, probed, peers: Mutex::new(peers) }
     }
 
     pub fn me(&self) -> &Peer {
@@ -163,7 +167,7 @@ impl Router {
     }
 
     fn probed_mode(&self) -> bool {
-        matches!(&*self.peers.lock(), Peers::Probed { .. })
+        self.probed
     }
 
     /// Whether a session's node follows from its id alone (peers mode and a single
