@@ -390,8 +390,7 @@ impl Actor for LivenessActor {
             ctx.run_interval(self.interval, |actor, ctx| actor.beat(ctx));
             // Readiness on or off is told at once, not at the next beat: a drain's clients
             // reconnect elsewhere within milliseconds, and the node they reach must already
-            // count this one draining.
-            // The actor's own future: it ends when the actor stops.
+            // count this one draining. The watch is the actor's own future: it ends with it.
             let mut phases = self.router.lifecycle.watch();
             let me = ctx.address();
             ctx.spawn(

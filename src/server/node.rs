@@ -318,10 +318,13 @@ impl Node {
     ///    alive again.
     /// 9. The handlers' state goes and the store is flushed.
     pub async fn shutdown(mut self) -> Result<(), ServerError> {
-        if self.drained.is_some() {
-            self.http.stop(false).await;
+        // Finished: `serve` saw it end (and took its outcome; a JoinHandle is polled once).
+        if !self.serving.is_finished() {
+            if self.drained.is_some() {
+                self.http.stop(false).await;
+            }
+            let _ = actix_web::rt::time::timeout(HTTP_STOP_WAIT, &mut self.serving).await;
         }
-        let _ = actix_web::rt::time::timeout(HTTP_STOP_WAIT, &mut self.serving).await;
         self.timers.stop(TASKS_STOP_WAIT).await;
         if let Some(parts) = &mut self.cluster {
             let aborted = parts.bus.stop(LISTENERS_STOP_WAIT).await + parts.presence.stop(TASKS_STOP_WAIT).await;
