@@ -12,9 +12,11 @@
 //!   connection's transport (WebSocket or Server-Sent Events).
 //! - [`http`]: thin actix-web handlers for `/v1/*`, health, the WebSocket upgrade and the
 //!   SSE stream.
-//! - [`server`]: `run(listener, config, shutdown)` wires it all together.
+//! - [`server`]: `run(listener, config, shutdown)`; its `Node` wires it all together
+//!   (`build`), serves, and stops it in order (`shutdown`).
 //! - [`metrics`]: counters and gauges behind `/metrics`.
 //! - [`demo`]: the `--demo` match simulator.
+//! - [`tasks`]: background tasks with an owner that ends them at its stop.
 //! - [`world`]: the wall clock and the OS random source, read only by actors and handlers.
 //! - [`config`]: typed configuration from file, environment and flags.
 //! - [`client`]: clients of a running server: the HTTP client and the reconnecting
@@ -33,4 +35,5 @@ pub mod metrics;
 pub mod protocol;
 pub mod server;
 pub mod store;
+pub mod tasks;
 pub mod world;

@@ -113,16 +113,6 @@ pub struct Identity {
     pub credential: CredentialTimes,
 }
 
-/// The times the registry judges a registering connection by (`core::kicks`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CredentialTimes {
-    /// When the credential was issued (a token without an issue time: the earliest it
-    /// could have been).
-    pub issued_at_ms: u64,
-    /// When the handshake read the durable kicks.
-    pub checked_at_ms: u64,
-}
-
 /// A room a connection subscribes to as it starts (an SSE stream's `rooms`), with the
 /// position its cursor named, if any.
 #[derive(Debug, Clone, PartialEq, Eq)]

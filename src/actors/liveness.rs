@@ -43,6 +43,12 @@ pub struct Heard(pub NodeInfo);
 #[rtype(result = "()")]
 pub struct Left(pub String);
 
+/// The node is stopping: no heartbeat or probe after this one (the actor stops, and its
+/// timers and futures with it).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Stop;
+
 /// Cluster mode: this node's heartbeats, sent by the actor.
 pub struct ClusterPeers {
     pub cluster: Cluster,
@@ -76,6 +82,9 @@ pub struct Router {
     started_at_ms: u64,
     lifecycle: Arc<Lifecycle>,
     release_window_ms: u64,
+    /// Whether `peers` is `Peers::Probed`, fixed at construction: read without the lock,
+    /// so a routing question takes the lock once.
+    probed: bool,
     peers: Mutex<Peers>,
 }
 
@@ -115,7 +124,8 @@ impl Router {
 
     fn new(me: Peer, peers: Peers, lifecycle: Arc<Lifecycle>, release_window: Duration) -> Router {
         let release_window_ms = release_window.as_millis() as u64;
-        Router { me, started_at_ms: now_ms(), lifecycle, release_window_ms, peers: Mutex::new(peers) }
+        let probed = matches!(peers, Peers::Probed { .. });
+        Router { me, started_at_ms: now_ms(), lifecycle, release_window_ms, probed, peers: Mutex::new(peers) }
     }
 
     pub fn me(&self) -> &Peer {
@@ -157,7 +167,7 @@ impl Router {
     }
 
     fn probed_mode(&self) -> bool {
-        matches!(&*self.peers.lock(), Peers::Probed { .. })
+        self.probed
     }
 
     /// Whether a session's node follows from its id alone (peers mode and a single
@@ -380,14 +390,17 @@ impl Actor for LivenessActor {
             ctx.run_interval(self.interval, |actor, ctx| actor.beat(ctx));
             // Readiness on or off is told at once, not at the next beat: a drain's clients
             // reconnect elsewhere within milliseconds, and the node they reach must already
-            // count this one draining.
+            // count this one draining. The watch is the actor's own future: it ends with it.
             let mut phases = self.router.lifecycle.watch();
             let me = ctx.address();
-            actix::spawn(async move {
-                while phases.changed().await.is_ok() && me.connected() {
-                    me.do_send(PhaseChanged);
+            ctx.spawn(
+                async move {
+                    while phases.changed().await.is_ok() {
+                        me.do_send(PhaseChanged);
+                    }
                 }
-            });
+                .into_actor(self),
+            );
         } else if matches!(&*self.router.peers.lock(), Peers::Probed { peers, .. } if !peers.is_empty()) {
             self.probe_all(ctx);
             ctx.run_interval(self.interval, |actor, ctx| actor.probe_all(ctx));
@@ -405,6 +418,14 @@ impl Handler<PhaseChanged> for LivenessActor {
 
     fn handle(&mut self, _: PhaseChanged, ctx: &mut Self::Context) {
         self.beat(ctx);
+    }
+}
+
+impl Handler<Stop> for LivenessActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
+        ctx.stop();
     }
 }
 

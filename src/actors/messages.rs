@@ -415,7 +415,17 @@ pub struct Register {
     pub device: Arc<str>,
     pub to: Recipient<CloseConnection>,
     /// A kick the handshake's check missed closes it (`core::kicks`).
-    pub credential: super::connection::CredentialTimes,
+    pub credential: CredentialTimes,
+}
+
+/// The times the registry judges a registering connection by (`core::kicks`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CredentialTimes {
+    /// When the credential was issued (a token without an issue time: the earliest it
+    /// could have been).
+    pub issued_at_ms: u64,
+    /// When the handshake read the durable kicks.
+    pub checked_at_ms: u64,
 }
 
 #[derive(Message)]

@@ -284,7 +284,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::actors::connection::CredentialTimes;
+    use crate::actors::messages::CredentialTimes;
 
     /// In a connection's place: notes the close codes it is sent.
     struct Closes(Arc<parking_lot::Mutex<Vec<CloseCode>>>);

@@ -1,9 +1,10 @@
 //! The node's NATS listeners, each a task that turns messages into calls of
 //! [`NodeEvents`]: the live feed (`lg.live.>`), heartbeats and goodbyes, exclusive-device
 //! announcements, kick requests (answered with the count) and publishes forwarded to this
-//! node as a room's writer. A maintenance loop reports NATS coming back and replays
-//! queued directory writes. The wiring implements [`NodeEvents`] over the actors; this
-//! module knows none of them.
+//! node as a room's writer (at most [`MAX_FORWARDS_RUNNING`] at once). A maintenance
+//! loop reports NATS coming back and replays queued directory writes. Every task is
+//! owned by the [`Tasks`] `listen` returns. The wiring implements [`NodeEvents`] over the
+//! actors; this module knows none of them.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -19,6 +20,7 @@ use super::{
 };
 use crate::core::heartbeats::NodeInfo;
 use crate::core::rebalance::Order;
+use crate::tasks::Tasks;
 
 /// What this node does with what the other nodes send it.
 pub trait NodeEvents: Clone + 'static {
@@ -84,16 +86,25 @@ const FORWARD_WAIT: Duration = Duration::from_secs(5);
 const KICK_ANSWER_WAIT: Duration = Duration::from_secs(12);
 /// How often a kick waiting for answers asks which peers are still alive.
 const KICK_LIVENESS_RECHECK: Duration = Duration::from_millis(250);
+/// Publishes forwarded to this node appended at once; more wait in the subscription's
+/// queue (async-nats holds 65,536, then drops and counts a slow consumer; the forwarding
+/// node then appends itself after [`FORWARD_WAIT`]).
+pub const MAX_FORWARDS_RUNNING: usize = 256;
+/// Other nodes' kicks carried out at once (each waits up to 10 s for its closes); more
+/// wait in the subscription's queue, as forwarded publishes do.
+pub const MAX_KICKS_RUNNING: usize = 64;
 
-/// Subscribe to everything this node listens to and spawn the tasks on the current
-/// (actix) runtime. Subscriptions are made before returning, so nothing published
-/// after `listen` returns is missed.
-pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSessions) -> Result<(), ClusterError> {
+/// Subscribe to everything this node listens to and spawn the listening tasks on the
+/// current (actix) runtime, owned by the returned [`Tasks`]. Subscriptions are made
+/// before returning, so nothing published after `listen` returns is missed. On the
+/// owner's stop, forwarded publishes and kicks already taken are still answered.
+pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSessions) -> Result<Tasks, ClusterError> {
     let client = &cluster.client;
+    let mut tasks = Tasks::default();
     let mut live = client.subscribe(LIVE_SUBJECTS).await?;
     let mut live_states = client.subscribe(LIVE_STATE_SUBJECTS).await?;
     let state_events = events.clone();
-    actix::spawn(async move {
+    tasks.spawn(async move {
         while let Some(message) = live_states.next().await {
             match decode_live_state(message.subject.as_str(), message.headers.as_ref(), &message.payload) {
                 Some((room, state, version)) => state_events.live_state(&room, state, version),
@@ -104,11 +115,11 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
     let mut beats = client.subscribe(HEARTBEAT_SUBJECT).await?;
     let mut leaves = client.subscribe(LEAVE_SUBJECT).await?;
     let mut replaces = client.subscribe(REPLACE_SUBJECT).await?;
-    let mut kicks = client.subscribe(KICK_SUBJECT).await?;
-    let mut forwarded = client.subscribe(publish_subject(&cluster.node)).await?;
+    let kicks = client.subscribe(KICK_SUBJECT).await?;
+    let forwarded = client.subscribe(publish_subject(&cluster.node)).await?;
     let mut orders = client.subscribe(rebalance_subject(&cluster.node)).await?;
     let (order_events, order_client) = (events.clone(), client.clone());
-    actix::spawn(async move {
+    tasks.spawn(async move {
         while let Some(message) = orders.next().await {
             let order = decode_order(&message.payload);
             let answer = if order.is_some() { "ok" } else { "malformed" };
@@ -121,21 +132,21 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
         }
     });
     let (publish_events, publish_client) = (events.clone(), client.clone());
-    actix::spawn(async move {
-        while let Some(message) = forwarded.next().await {
-            let Some(reply) = message.reply.clone() else { continue };
+    tasks.spawn_with_stop(|stop| {
+        forwarded.take_until(stop.requested()).for_each_concurrent(MAX_FORWARDS_RUNNING, move |message| {
             let (events, client) = (publish_events.clone(), publish_client.clone());
-            actix::spawn(async move {
+            async move {
+                let Some(reply) = message.reply.clone() else { return };
                 let answer = match decode_forward(&message) {
                     Some(publish) => events.publish(publish).await,
                     None => Err(MalformedForward.into()),
                 };
                 let _ = client.publish_with_headers(reply, encode_answer(&answer), Vec::<u8>::new().into()).await;
-            });
-        }
+            }
+        })
     });
     let live_events = events.clone();
-    actix::spawn(async move {
+    tasks.spawn(async move {
         while let Some(message) = live.next().await {
             match decode_live(message.subject.as_str(), message.headers.as_ref(), &message.payload) {
                 Some((room, event)) => live_events.live_event(&room, event),
@@ -144,7 +155,7 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
         }
     });
     let beat_events = events.clone();
-    actix::spawn(async move {
+    tasks.spawn(async move {
         while let Some(message) = beats.next().await {
             if let Some(mut info) = decode_node(&message.payload) {
                 info.connections = message
@@ -157,13 +168,13 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
         }
     });
     let leave_events = events.clone();
-    actix::spawn(async move {
+    tasks.spawn(async move {
         while let Some(message) = leaves.next().await {
             leave_events.peer_left(String::from_utf8_lossy(&message.payload).into_owned());
         }
     });
     let (me, replace_events) = (cluster.node.clone(), events.clone());
-    actix::spawn(async move {
+    tasks.spawn(async move {
         while let Some(message) = replaces.next().await {
             if let Some((user, device, at_ms)) = decode_replace(&message.payload, &me) {
                 replace_events.replaced(user, device, at_ms);
@@ -171,26 +182,26 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
         }
     });
     let (me, kick_client, kick_events) = (cluster.node.clone(), client.clone(), events.clone());
-    actix::spawn(async move {
-        while let Some(message) = kicks.next().await {
-            let Some((node, user, device, at_ms)) = decode_user_command(&message.payload) else { continue };
-            let Some(reply) = message.reply else { continue };
-            if node == me {
-                continue;
-            }
+    tasks.spawn_with_stop(|stop| {
+        kicks.take_until(stop.requested()).for_each_concurrent(MAX_KICKS_RUNNING, move |message| {
             let (events, client, me) = (kick_events.clone(), kick_client.clone(), me.clone());
-            actix::spawn(async move {
+            async move {
+                let Some((node, user, device, at_ms)) = decode_user_command(&message.payload) else { return };
+                let Some(reply) = message.reply else { return };
+                if node == me {
+                    return;
+                }
                 let device = (!device.is_empty()).then_some(device);
                 // A node of a build before kicks carried their time sends none: now is
                 // the nearest to it.
                 let at_ms = at_ms.parse().unwrap_or_else(|_| crate::world::now_ms());
                 let closed = events.kick(user, device, at_ms).await;
                 let _ = client.publish(reply, encode_kick_answer(&me, closed).into()).await;
-            });
-        }
+            }
+        })
     });
     let maintenance = cluster.clone();
-    actix::spawn(async move {
+    tasks.spawn(async move {
         let mut was_connected = true;
         loop {
             actix_web::rt::time::sleep(MAINTENANCE_EVERY).await;
@@ -207,7 +218,7 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
             was_connected = connected;
         }
     });
-    Ok(())
+    Ok(tasks)
 }
 
 /// Where a node takes its part of a rebalance ([`send_order`]).

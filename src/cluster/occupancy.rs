@@ -39,11 +39,15 @@ use tokio::sync::Notify;
 use super::{room_from_token, room_token, Cluster, ClusterError, Unreachable};
 use crate::core::backoff::{Backoff, BackoffPolicy, Jitter};
 use crate::core::occupancy::{apply, remove_dead, Applied, Edge, Job, LocalRooms, Occupants};
+use crate::tasks::Tasks;
 use crate::world::{now_ms, random_u64};
 
 pub const OCCUPANCY_BUCKET: &str = "lg_occupancy";
 /// Concurrent reconciliations on one node (different rooms).
 const WORKERS: usize = 4;
+/// Other nodes' changes applied at once as a room's writer; more wait in the
+/// subscription's queue (then the asking node records its change itself).
+pub const MAX_ANSWERS_RUNNING: usize = 64;
 /// Locks the writer takes per room (by hash), so one room's changes apply one at a time.
 const LOCK_SHARDS: usize = 64;
 /// Reads and writes of one record before giving up on a room that keeps changing.
@@ -122,25 +126,28 @@ impl ClusterOccupancy {
         }))
     }
 
-    /// Take forwarded changes as a writer, start the workers and the sweeps, on the
-    /// current (actix) runtime. Subscribed before returning.
-    pub async fn start(self: &Arc<Self>, peers: impl Peers) -> Result<(), ClusterError> {
+    /// Take forwarded changes as a writer (at most [`MAX_ANSWERS_RUNNING`] at once),
+    /// start the workers and the sweeps, on the current (actix) runtime, owned by the
+    /// [`Tasks`] returned: stop them after [`ClusterOccupancy::leave`], which needs the
+    /// workers. Subscribed before returning.
+    pub async fn start(self: &Arc<Self>, peers: impl Peers) -> Result<Tasks, ClusterError> {
         let peers: Rc<dyn Peers> = Rc::new(peers);
-        let mut forwarded = self.cluster.client.subscribe(occupancy_subject(&self.cluster.node)).await?;
+        let forwarded = self.cluster.client.subscribe(occupancy_subject(&self.cluster.node)).await?;
+        let mut tasks = Tasks::default();
         let this = self.clone();
-        actix::spawn(async move {
-            while let Some(message) = forwarded.next().await {
+        tasks.spawn_with_stop(|stop| {
+            forwarded.take_until(stop.requested()).for_each_concurrent(MAX_ANSWERS_RUNNING, move |message| {
                 let this = this.clone();
-                actix::spawn(async move { this.answer(message).await });
-            }
+                async move { this.answer(message).await }
+            })
         });
         for _ in 0..WORKERS {
             let (this, peers) = (self.clone(), peers.clone());
-            actix::spawn(async move { this.work(peers).await });
+            tasks.spawn(async move { this.work(peers).await });
         }
         let this = self.clone();
-        actix::spawn(async move { this.watch(peers).await });
-        Ok(())
+        tasks.spawn(async move { this.watch(peers).await });
+        Ok(tasks)
     }
 
     /// The node is stopping: remove it from every record it is in, waiting at most `wait`.

@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 
 use super::{room_from_token, room_token, Cluster, ClusterError};
 use crate::core::presence::{Member, NodeTable};
+use crate::tasks::Tasks;
 
 pub const ROOM_SUBJECTS: &str = "lg.presence.room.*";
 pub const HELLO_SUBJECT: &str = "lg.presence.hello";
@@ -79,11 +80,14 @@ pub struct PresenceSender {
 }
 
 impl PresenceSender {
-    /// Start the sending task on the current (actix) runtime.
-    pub fn start(cluster: &Cluster) -> PresenceSender {
+    /// Start the sending task on the current (actix) runtime, owned by the [`Tasks`]
+    /// returned (what is queued when it stops is not sent: the node's goodbye drops its
+    /// tables on every other node anyway).
+    pub fn start(cluster: &Cluster) -> (PresenceSender, Tasks) {
         let (queue, mut next) = mpsc::unbounded_channel();
         let cluster = cluster.clone();
-        actix::spawn(async move {
+        let mut tasks = Tasks::default();
+        tasks.spawn(async move {
             while let Some(out) = next.recv().await {
                 let (subject, body) = match out {
                     Outgoing::Table(room, table) => (room_subject(&room), encode(&cluster.node, &table)),
@@ -94,7 +98,7 @@ impl PresenceSender {
                 }
             }
         });
-        PresenceSender { queue }
+        (PresenceSender { queue }, tasks)
     }
 
     /// This node's members of `room` (count 0: none any more).
@@ -108,13 +112,14 @@ impl PresenceSender {
     }
 }
 
-/// Listen to the other nodes' tables and hellos (this node's own are skipped).
-/// Subscribed before returning.
-pub async fn listen(cluster: &Cluster, events: impl PresenceEvents) -> Result<(), ClusterError> {
+/// Listen to the other nodes' tables and hellos (this node's own are skipped), in tasks
+/// owned by the [`Tasks`] returned. Subscribed before returning.
+pub async fn listen(cluster: &Cluster, events: impl PresenceEvents) -> Result<Tasks, ClusterError> {
     let mut tables = cluster.client.subscribe(ROOM_SUBJECTS).await?;
     let mut hellos = cluster.client.subscribe(HELLO_SUBJECT).await?;
     let (me, table_events) = (cluster.node.clone(), events.clone());
-    actix::spawn(async move {
+    let mut tasks = Tasks::default();
+    tasks.spawn(async move {
         while let Some(message) = tables.next().await {
             let room = message.subject.as_str().rsplit('.').next().and_then(room_from_token);
             match (room, decode(&message.payload)) {
@@ -125,7 +130,7 @@ pub async fn listen(cluster: &Cluster, events: impl PresenceEvents) -> Result<()
         }
     });
     let me = cluster.node.clone();
-    actix::spawn(async move {
+    tasks.spawn(async move {
         while let Some(message) = hellos.next().await {
             let node = String::from_utf8_lossy(&message.payload).into_owned();
             if node != me {
@@ -133,7 +138,7 @@ pub async fn listen(cluster: &Cluster, events: impl PresenceEvents) -> Result<()
             }
         }
     });
-    Ok(())
+    Ok(tasks)
 }
 
 #[cfg(test)]

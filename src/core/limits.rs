@@ -1,18 +1,29 @@
-//! Abuse limits as pure state: a token bucket for rates and a per-minute strike count for
-//! refused messages. Time is a parameter (milliseconds); nothing here reads a clock.
+//! Abuse limits as pure state: a token bucket for rates (also a rebalance's pace) and a
+//! per-minute strike count for refused messages. Time is a parameter (milliseconds); nothing here reads a clock.
 
 /// A token bucket: `rate` tokens per second, holding at most `burst`. A rate of 0 means
-/// no limit.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// no limit. Counted in thousandths of a token, so refills are exact: a millisecond at
+/// `rate` per second adds `rate` thousandths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenBucket {
-    tokens: f64,
+    thousandths: u64,
     last_ms: u64,
 }
+
+/// One token, in thousandths.
+const TOKEN: u64 = 1000;
 
 impl TokenBucket {
     /// A full bucket at `now_ms`.
     pub fn new(burst: u64, now_ms: u64) -> Self {
-        TokenBucket { tokens: burst as f64, last_ms: now_ms }
+        TokenBucket { thousandths: burst.saturating_mul(TOKEN), last_ms: now_ms }
+    }
+
+    /// What came in since the last look (time going back adds nothing).
+    fn refill(&mut self, rate: u64, burst: u64, now_ms: u64) {
+        let elapsed = now_ms.saturating_sub(self.last_ms);
+        self.last_ms = self.last_ms.max(now_ms);
+        self.thousandths = self.thousandths.saturating_add(elapsed.saturating_mul(rate)).min(burst.saturating_mul(TOKEN));
     }
 
     /// Take one token if there is one. On refusal, the milliseconds until one is back.
@@ -20,20 +31,34 @@ impl TokenBucket {
         if rate == 0 {
             return Ok(());
         }
-        let elapsed = now_ms.saturating_sub(self.last_ms) as f64 / 1000.0;
-        self.last_ms = self.last_ms.max(now_ms);
-        self.tokens = (self.tokens + elapsed * rate as f64).min(burst as f64);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
+        self.refill(rate, burst, now_ms);
+        if self.thousandths >= TOKEN {
+            self.thousandths -= TOKEN;
             Ok(())
         } else {
-            Err((((1.0 - self.tokens) / rate as f64) * 1000.0).ceil() as u64)
+            Err(self.wait_ms(rate, burst, now_ms))
         }
+    }
+
+    /// Give back a token taken but not spent; the bucket still holds at most `burst`.
+    pub fn refund(&mut self, rate: u64, burst: u64, now_ms: u64) {
+        self.refill(rate, burst, now_ms);
+        self.thousandths = self.thousandths.saturating_add(TOKEN).min(burst.saturating_mul(TOKEN));
+    }
+
+    /// Milliseconds from `now_ms` until a token is there (0: now).
+    pub fn wait_ms(&mut self, rate: u64, burst: u64, now_ms: u64) -> u64 {
+        if rate == 0 {
+            return 0;
+        }
+        self.refill(rate, burst, now_ms);
+        TOKEN.saturating_sub(self.thousandths).div_ceil(rate)
     }
 
     /// Whether the bucket would be full again by `now_ms` (the entry can be forgotten).
     pub fn is_full(&self, rate: u64, burst: u64, now_ms: u64) -> bool {
-        rate == 0 || self.tokens + now_ms.saturating_sub(self.last_ms) as f64 / 1000.0 * rate as f64 >= burst as f64
+        let refilled = now_ms.saturating_sub(self.last_ms).saturating_mul(rate);
+        rate == 0 || self.thousandths.saturating_add(refilled) >= burst.saturating_mul(TOKEN)
     }
 }
 

@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 
 use thiserror::Error;
 
+use super::limits::TokenBucket;
+
 /// The largest `per_second` an operator may ask for.
 pub const MAX_PER_SECOND: u32 = 1000;
 /// `per_second` when the operator names none.
@@ -113,49 +115,37 @@ impl Plan {
     }
 }
 
-/// How many moves a rebalance may make now: a token bucket of [`BURST`] moves, filled at
-/// `per_second`. Over any interval of `t` seconds it allows at most `per_second × t + BURST`.
+/// How many moves a rebalance may make now: a [`TokenBucket`] of [`BURST`] moves, filled
+/// at `per_second`. Over any interval of `t` seconds it allows at most `per_second × t + BURST`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pacer {
     per_second: u32,
-    /// In thousandths of a move.
-    credit: u64,
-    at_ms: u64,
+    bucket: TokenBucket,
 }
 
 impl Pacer {
     /// Starts with one move allowed.
     pub fn new(per_second: u32, now_ms: u64) -> Pacer {
-        Pacer { per_second: per_second.max(1), credit: 1000, at_ms: now_ms }
-    }
-
-    fn refill(&mut self, now_ms: u64) {
-        let elapsed = now_ms.saturating_sub(self.at_ms);
-        self.credit = (self.credit + elapsed.saturating_mul(u64::from(self.per_second))).min(u64::from(BURST) * 1000);
-        self.at_ms = self.at_ms.max(now_ms);
+        Pacer { per_second: per_second.max(1), bucket: TokenBucket::new(u64::from(BURST), now_ms) }
     }
 
     /// Take one move if one is allowed at `now_ms`.
     pub fn take(&mut self, now_ms: u64) -> bool {
-        self.refill(now_ms);
-        if self.credit >= 1000 {
-            self.credit -= 1000;
-            true
-        } else {
-            false
-        }
+        self.bucket.take(self.rate(), u64::from(BURST), now_ms).is_ok()
     }
 
     /// Give back a move taken but not made (a skipped user): it costs the rate nothing.
     pub fn refund(&mut self, now_ms: u64) {
-        self.refill(now_ms);
-        self.credit = (self.credit + 1000).min(u64::from(BURST) * 1000);
+        self.bucket.refund(self.rate(), u64::from(BURST), now_ms);
     }
 
     /// How long from `now_ms` until the next move is allowed (0: now).
     pub fn wait_ms(&mut self, now_ms: u64) -> u64 {
-        self.refill(now_ms);
-        (1000u64.saturating_sub(self.credit)).div_ceil(u64::from(self.per_second))
+        self.bucket.wait_ms(self.rate(), u64::from(BURST), now_ms)
+    }
+
+    fn rate(&self) -> u64 {
+        u64::from(self.per_second)
     }
 
     pub fn per_second(&self) -> u32 {

@@ -13,9 +13,8 @@ use serde::Deserialize;
 
 use crate::actors::transport::Transport;
 use crate::actors::wsio::{Accepted, WsIo};
-use crate::actors::connection::{
-    Connection, ConnectionSettings, CredentialTimes, Identity, InitialSubscription, ResumeGrant, HISTORY_DEFAULT_LIMIT,
-};
+use crate::actors::connection::{Connection, ConnectionSettings, Identity, InitialSubscription, ResumeGrant, HISTORY_DEFAULT_LIMIT};
+use crate::actors::messages::CredentialTimes;
 use crate::core::lifecycle::{Lifecycle, Phase};
 use crate::actors::directory::{Directory, DirectoryError, OpenSession, SessionStore};
 use crate::actors::liveness::{LivenessActor, Router};
