@@ -36,7 +36,7 @@ impl LocalRoomLogs {
 
 impl RoomLogs for LocalRoomLogs {
     fn open(&self, _room: &Arc<str>) -> Log {
-        Log::Local(LocalLog {
+        Log::Local(Box::new(LocalLog {
             store: self.store.clone(),
             new_epoch: self.epoch.clone(),
             stored: false,
@@ -44,7 +44,7 @@ impl RoomLogs for LocalRoomLogs {
             flushing_since: None,
             flushing: false,
             putting: 0,
-        })
+        }))
     }
 }
 
@@ -73,7 +73,7 @@ pub struct LocalLog {
 impl LogPart for LocalLog {
     fn part(log: &mut Log) -> Option<&mut Self> {
         match log {
-            Log::Local(local) => Some(local),
+            Log::Local(local) => Some(local.as_mut()),
             _ => None,
         }
     }

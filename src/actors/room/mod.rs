@@ -87,16 +87,16 @@ pub trait RoomLogs: Send + Sync + 'static {
 /// One room's log. An enum rather than a trait object: each kind's asynchronous work
 /// comes back to its own type ([`LogPart`]), and only the stream answers [`Log::shared`].
 pub enum Log {
-    Local(local::LocalLog),
-    Stream(stream::StreamLog),
+    Local(Box<local::LocalLog>),
+    Stream(Box<stream::StreamLog>),
 }
 
 impl Log {
     /// What every log does.
     fn common(&mut self) -> &mut dyn RoomLog {
         match self {
-            Log::Local(local) => local,
-            Log::Stream(stream) => stream,
+            Log::Local(local) => local.as_mut(),
+            Log::Stream(stream) => stream.as_mut(),
         }
     }
 
@@ -104,7 +104,7 @@ impl Log {
     fn shared(&mut self) -> Option<&mut dyn SharedLog> {
         match self {
             Log::Local(_) => None,
-            Log::Stream(stream) => Some(stream),
+            Log::Stream(stream) => Some(stream.as_mut()),
         }
     }
 }

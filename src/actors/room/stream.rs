@@ -34,7 +34,7 @@ pub struct StreamRoomLogs(pub Cluster);
 
 impl RoomLogs for StreamRoomLogs {
     fn open(&self, _room: &Arc<str>) -> Log {
-        Log::Stream(StreamLog {
+        Log::Stream(Box::new(StreamLog {
             cluster: self.0.clone(),
             last_stream_seq: 0,
             queue: VecDeque::new(),
@@ -46,7 +46,7 @@ impl RoomLogs for StreamRoomLogs {
             waiting_subscribers: Vec::new(),
             replay_after: None,
             read_retry: Backoff::new(READ_RETRY),
-        })
+        }))
     }
 }
 
@@ -82,7 +82,7 @@ fn entry(room: &str, event: &EventRecord) -> Entry<Arc<Delivery>> {
 impl LogPart for StreamLog {
     fn part(log: &mut Log) -> Option<&mut Self> {
         match log {
-            Log::Stream(stream) => Some(stream),
+            Log::Stream(stream) => Some(stream.as_mut()),
             _ => None,
         }
     }
