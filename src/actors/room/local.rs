@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use super::{id_key, publish_key, render, spawn_then, RoomActor, RoomCore, RoomLog, RoomLogs, RoomState};
+use super::{id_key, publish_key, render, spawn_then, Log, LogPart, RoomActor, RoomCore, RoomLog, RoomLogs};
 use crate::actors::messages::*;
 use crate::core::seqlog::{Append, Entry, SeqLog};
 use crate::store::{EventRecord, StateRecord, Store, StoreError};
@@ -35,8 +35,8 @@ impl LocalRoomLogs {
 }
 
 impl RoomLogs for LocalRoomLogs {
-    fn open(&self, _room: &Arc<str>) -> Box<dyn RoomLog> {
-        Box::new(LocalLog {
+    fn open(&self, _room: &Arc<str>) -> Log {
+        Log::Local(Box::new(LocalLog {
             store: self.store.clone(),
             new_epoch: self.epoch.clone(),
             stored: false,
@@ -44,7 +44,7 @@ impl RoomLogs for LocalRoomLogs {
             flushing_since: None,
             flushing: false,
             putting: 0,
-        })
+        }))
     }
 }
 
@@ -54,7 +54,8 @@ struct Waiter {
     reply: oneshot::Sender<Result<Published, PublishFailed>>,
 }
 
-struct LocalLog {
+/// One room's log in the embedded store.
+pub struct LocalLog {
     store: Store,
     /// The epoch a room never written answers and stores with its first write.
     new_epoch: Arc<str>,
@@ -69,10 +70,19 @@ struct LocalLog {
     putting: usize,
 }
 
+impl LogPart for LocalLog {
+    fn part(log: &mut Log) -> Option<&mut Self> {
+        match log {
+            Log::Local(local) => Some(local.as_mut()),
+            _ => None,
+        }
+    }
+}
+
 impl LocalLog {
     /// Start a flush when events wait for one and none is running.
     fn request_flush(&mut self, room: &RoomCore, ctx: &mut Context<RoomActor>) {
-        let RoomState::Live(log) = &room.state else { return };
+        let Some(log) = room.live() else { return };
         if self.flushing || log.head() == log.durable() {
             return;
         }
@@ -85,11 +95,11 @@ impl LocalLog {
     fn flushed(&mut self, room: &mut RoomCore, upto: u64, result: Result<(), StoreError>, ctx: &mut Context<RoomActor>) {
         self.flushing = false;
         if let Some(since) = self.flushing_since.take() {
-            room.settings.metrics.store_flush_latency.observe(since.elapsed().as_secs_f64());
+            room.metrics().store_flush_latency.observe(since.elapsed().as_secs_f64());
         }
-        let RoomState::Live(log) = &mut room.state else { return };
+        let Ok(log) = room.live_log() else { return };
         if let Err(error) = result {
-            tracing::error!(room = %room.name, %error, "flush failed; publishers get an error, retrying");
+            tracing::error!(room = %room.name(), %error, "flush failed; publishers get an error, retrying");
             let failed = PublishFailed::from(error);
             for waiter in self.waiting.drain(..) {
                 let _ = waiter.reply.send(Err(failed.clone()));
@@ -99,7 +109,6 @@ impl LocalLog {
         }
         let fresh: Vec<Arc<Delivery>> = log.mark_durable(upto).map(|e| e.payload.clone()).collect();
         let epoch: Arc<str> = log.epoch().into();
-        room.promote_states();
         room.deliver(fresh, ctx);
         let (done, still): (Vec<_>, Vec<_>) = self.waiting.drain(..).partition(|w| w.seq <= upto);
         self.waiting = still;
@@ -110,20 +119,21 @@ impl LocalLog {
     }
 
     fn trim_below(&self, room: &RoomCore, first_kept: u64, why: &str) {
-        match self.store.rooms().trim(&room.name, first_kept) {
+        match self.store.rooms().trim(room.name(), first_kept) {
             Ok(removed) => {
-                room.settings.metrics.history_trimmed.inc_by(removed as u64);
+                room.metrics().history_trimmed.inc_by(removed as u64);
             }
-            Err(error) => tracing::warn!(room = %room.name, %error, why, "could not delete history"),
+            Err(error) => tracing::warn!(room = %room.name(), %error, why, "could not delete history"),
         }
     }
 }
 
 impl RoomLog for LocalLog {
     fn load(&mut self, room: &mut RoomCore, _ctx: &mut Context<RoomActor>) {
-        let (name, retention) = (&room.name, room.settings.retention);
-        room.state = match self.store.rooms().load(name, retention.max_events) {
-            Ok(None) => RoomState::Live(SeqLog::restore(self.new_epoch.to_string(), 0, Vec::new(), retention)),
+        let (name, retention) = (room.name().clone(), room.retention());
+        let name = &name;
+        match self.store.rooms().load(name, retention.max_events) {
+            Ok(None) => room.go_live(SeqLog::restore(self.new_epoch.to_string(), 0, Vec::new(), retention)),
             Ok(Some(stored)) => {
                 self.stored = true;
                 let entries = stored
@@ -132,24 +142,23 @@ impl RoomLog for LocalLog {
                     .map(|e| Entry { seq: e.seq, payload: render(name, &e), id: id_key(&e), ts_ms: e.ts_ms })
                     .collect();
                 let log = SeqLog::restore(stored.head.epoch, stored.head.head, entries, retention);
-                room.settings.metrics.state_reads.inc();
-                room.current = stored.state.map(|s| StateAt { seq: s.seq, data: s.data.into() });
+                room.restore_state(stored.state.map(|s| StateAt { seq: s.seq, data: s.data.into() }));
                 if let Some(oldest) = log.oldest() {
                     if let Err(error) = self.store.rooms().trim(name, oldest) {
                         tracing::warn!(room = %name, %error, "could not trim history beyond retention");
                     }
                 }
-                RoomState::Live(log)
+                room.go_live(log);
             }
             Err(error) => {
                 tracing::error!(room = %name, %error, "room state unreadable");
-                RoomState::Failed(error.into())
+                room.fail(error.into());
             }
-        };
+        }
     }
 
     fn publish(&mut self, room: &mut RoomCore, msg: Publish, ctx: &mut Context<RoomActor>) {
-        let name = room.name.clone();
+        let name = room.name().clone();
         let log = match room.live_log() {
             Ok(log) => log,
             Err(why) => {
@@ -197,7 +206,7 @@ impl RoomLog for LocalLog {
     /// The state is written at once (as of the head, durable or not) and answered after
     /// a flush; it becomes the room's state once the events up to its seq are durable.
     fn put_state(&mut self, room: &mut RoomCore, msg: PutState, ctx: &mut Context<RoomActor>) {
-        let name = room.name.clone();
+        let name = room.name().clone();
         let (seq, epoch): (u64, Arc<str>) = match room.live_log() {
             Ok(log) => (log.head(), log.epoch().into()),
             Err(why) => {
@@ -223,7 +232,7 @@ impl RoomLog for LocalLog {
                     let _ = reply.send(Ok(Published { seq, epoch, duplicate: false }));
                 }
                 Err(error) => {
-                    tracing::error!(room = %room.name, %error, "flush of a state failed");
+                    tracing::error!(room = %room.name(), %error, "flush of a state failed");
                     let _ = reply.send(Err(error.into()));
                 }
             }

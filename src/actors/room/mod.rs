@@ -2,11 +2,14 @@
 //! reads, the batching window and idling. Durable events gather in the room's window;
 //! when it closes, its frame is rendered once and the same bytes go to every subscriber.
 //!
-//! Where the room's events are kept is the [`RoomLog`] seam: one per room, made by the
-//! [`RoomLogs`] the wiring chose at start-up — the embedded store ([`local`]) or the
-//! room's JetStream subject in cluster mode ([`stream`]). A log decides when an event is
-//! durable and hands it to the room ([`RoomCore::deliver`]); subscribers, recovery and
-//! batching are the same in both modes.
+//! Where the room's events are kept is the room's [`Log`], made by the [`RoomLogs`] the
+//! wiring chose at start-up — the embedded store ([`local`]) or the room's JetStream
+//! subject in cluster mode ([`stream`]). What every log does is [`RoomLog`]; what only a
+//! log shared with other nodes does (their events, a subscribe held while the stream is
+//! away) is [`SharedLog`], reached through [`Log::shared`]. A log decides when an event
+//! is durable and hands it to the room ([`RoomCore::deliver`]), and changes the room only
+//! through [`RoomCore`]'s methods; subscribers, recovery and batching are the same in both
+//! modes.
 //!
 //! A room also keeps its state (DESIGN §9) in memory: the latest state whose event is
 //! durable, read once with the room. A `state:true` subscribe gets it and the retained
@@ -19,7 +22,6 @@ mod occupancy;
 mod presence;
 mod stream;
 
-use std::any::Any;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::{Arc, Weak};
@@ -79,15 +81,40 @@ impl RoomSettings {
 
 /// Makes each room's log; one implementation per backend, chosen once at start-up.
 pub trait RoomLogs: Send + Sync + 'static {
-    fn open(&self, room: &Arc<str>) -> Box<dyn RoomLog>;
+    fn open(&self, room: &Arc<str>) -> Log;
+}
+
+/// One room's log. An enum rather than a trait object: each kind's asynchronous work
+/// comes back to its own type ([`LogPart`]), and only the stream answers [`Log::shared`].
+pub enum Log {
+    Local(Box<local::LocalLog>),
+    Stream(Box<stream::StreamLog>),
+}
+
+impl Log {
+    /// What every log does.
+    fn common(&mut self) -> &mut dyn RoomLog {
+        match self {
+            Log::Local(local) => local.as_mut(),
+            Log::Stream(stream) => stream.as_mut(),
+        }
+    }
+
+    /// What only a log shared with other nodes does (`None` on a single node).
+    fn shared(&mut self) -> Option<&mut dyn SharedLog> {
+        match self {
+            Log::Local(_) => None,
+            Log::Stream(stream) => Some(stream.as_mut()),
+        }
+    }
 }
 
 /// Where one room's events are kept, as the room actor needs it. Its asynchronous work
 /// comes back through [`spawn_then`], [`wait_then`] and [`later`], which hand it its own
 /// state and the room's again.
-pub trait RoomLog: Any {
-    /// Fill `room.state` from what is stored (a log that reads asynchronously sets
-    /// `Loading` and holds the room's mailbox until it is done).
+pub trait RoomLog {
+    /// Make the room live from what is stored, or failed (a log that reads
+    /// asynchronously keeps it loading and holds the room's mailbox until it is done).
     fn load(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>);
     /// Store a publish and answer it once it is durable (a known id is a duplicate).
     fn publish(&mut self, room: &mut RoomCore, msg: Publish, ctx: &mut Context<RoomActor>);
@@ -97,42 +124,49 @@ pub trait RoomLog: Any {
     fn expired(&mut self, room: &RoomCore, first_kept: u64);
     /// Whether requests still wait on the log (the room must not stop while they do).
     fn busy(&self) -> bool;
-    /// A subscribe while the stored state cannot be read: `Some` refuses it now, `None`
-    /// keeps it for when the room loads.
-    fn hold_subscribe(&mut self, msg: Subscribe) -> Option<Subscribe> {
-        Some(msg)
-    }
-    /// A connection left before its held subscribe was answered.
-    fn unsubscribed(&mut self, _conn: ConnId, _generation: u64) {}
-    /// Another node's event (cluster mode).
-    fn live_event(&mut self, _room: &mut RoomCore, _event: StreamEvent, _ctx: &mut Context<RoomActor>) {}
-    /// Another node's latest-state record (cluster mode).
-    fn live_state(&mut self, _room: &mut RoomCore, _state: LiveState) {}
-    /// Read what other writers added that this room may have missed.
-    fn catch_up(&mut self, _room: &mut RoomCore, _ctx: &mut Context<RoomActor>) {}
-    /// The room starts with parked subscribers, adopted for an event after `replay_after`.
-    fn adopted(&mut self, _replay_after: Option<u64>) {}
 }
 
-/// The log of type `L` of the room running `work`'s continuation.
-fn parts<L: RoomLog>(actor: &mut RoomActor) -> (&mut L, &mut RoomCore) {
-    let log = (actor.log.as_mut() as &mut dyn Any).downcast_mut::<L>().expect("a room's log keeps its type");
-    (log, &mut actor.core)
+/// What only a log other nodes write too needs of the room (cluster mode).
+pub trait SharedLog {
+    /// A subscribe while the stored state cannot be read, kept for when the room loads.
+    fn hold_subscribe(&mut self, msg: Subscribe);
+    /// A connection left before its held subscribe was answered.
+    fn unsubscribed(&mut self, conn: ConnId, generation: u64);
+    /// Another node's event.
+    fn live_event(&mut self, room: &mut RoomCore, event: StreamEvent, ctx: &mut Context<RoomActor>);
+    /// Another node's latest-state record.
+    fn live_state(&mut self, room: &mut RoomCore, state: LiveState);
+    /// Read what other writers added that this room may have missed.
+    fn catch_up(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>);
+    /// The room starts with parked subscribers, adopted for an event after `replay_after`.
+    fn adopted(&mut self, replay_after: Option<u64>);
+}
+
+/// A kind of log, found again in the room's [`Log`] by its own continuations.
+trait LogPart: RoomLog + 'static {
+    fn part(log: &mut Log) -> Option<&mut Self>;
+}
+
+/// The log of kind `L` of the room running `work`'s continuation. A room's log never
+/// changes kind, so a continuation always finds the log that spawned it.
+fn parts<L: LogPart>(actor: &mut RoomActor) -> Option<(&mut L, &mut RoomCore)> {
+    Some((L::part(&mut actor.log)?, &mut actor.core))
 }
 
 /// `work` as an actor future whose output goes to `then`, with the room's log and state.
-fn continued<L: RoomLog, T: 'static>(
+fn continued<L: LogPart, T: 'static>(
     work: impl Future<Output = T> + 'static,
     then: impl FnOnce(&mut L, &mut RoomCore, T, &mut Context<RoomActor>) + 'static,
 ) -> impl ActorFuture<RoomActor, Output = ()> {
     actix::fut::wrap_future::<_, RoomActor>(work).map(move |out, actor, ctx| {
-        let (log, room) = parts::<L>(actor);
-        then(log, room, out, ctx)
+        if let Some((log, room)) = parts::<L>(actor) {
+            then(log, room, out, ctx)
+        }
     })
 }
 
 /// Run `work` on the room's context, then `then` with the room's log and the result.
-fn spawn_then<L: RoomLog, T: 'static>(
+fn spawn_then<L: LogPart, T: 'static>(
     ctx: &mut Context<RoomActor>,
     work: impl Future<Output = T> + 'static,
     then: impl FnOnce(&mut L, &mut RoomCore, T, &mut Context<RoomActor>) + 'static,
@@ -141,7 +175,7 @@ fn spawn_then<L: RoomLog, T: 'static>(
 }
 
 /// [`spawn_then`], holding the room's mailbox until `then` has run.
-fn wait_then<L: RoomLog, T: 'static>(
+fn wait_then<L: LogPart, T: 'static>(
     ctx: &mut Context<RoomActor>,
     work: impl Future<Output = T> + 'static,
     then: impl FnOnce(&mut L, &mut RoomCore, T, &mut Context<RoomActor>) + 'static,
@@ -150,14 +184,15 @@ fn wait_then<L: RoomLog, T: 'static>(
 }
 
 /// Run `then` with the room's log after `after`.
-fn later<L: RoomLog>(
+fn later<L: LogPart>(
     ctx: &mut Context<RoomActor>,
     after: Duration,
     then: impl FnOnce(&mut L, &mut RoomCore, &mut Context<RoomActor>) + 'static,
 ) {
     ctx.run_later(after, move |actor, ctx| {
-        let (log, room) = parts::<L>(actor);
-        then(log, room, ctx)
+        if let Some((log, room)) = parts::<L>(actor) {
+            then(log, room, ctx)
+        }
     });
 }
 
@@ -188,7 +223,7 @@ pub trait RoomHome: Send + Sync {
 
 pub struct RoomActor {
     core: RoomCore,
-    log: Box<dyn RoomLog>,
+    log: Log,
     /// A [`RoomActor::linger`] check is armed.
     lingering: bool,
 }
@@ -252,7 +287,7 @@ fn render(room: &str, event: &EventRecord) -> Arc<Delivery> {
 
 impl RoomActor {
     /// A room kept in `log`; it is read when the actor starts.
-    pub fn new(name: Arc<str>, log: Box<dyn RoomLog>, settings: RoomSettings, home: Weak<dyn RoomHome>) -> Self {
+    pub fn new(name: Arc<str>, log: Log, settings: RoomSettings, home: Weak<dyn RoomHome>) -> Self {
         let inbox = crate::core::names::inbox_owner(&name).is_some();
         let enabled = settings.presence && !inbox;
         let core = RoomCore {
@@ -279,8 +314,8 @@ impl RoomActor {
     /// no `Subscribed`: everything this actor delivers is newer than what they were sent.
     /// `replay_after` names the live event that started the room (cluster mode).
     pub fn adopting(mut self, parked: Vec<Parked>, replay_after: Option<u64>) -> Self {
-        if !parked.is_empty() {
-            self.log.adopted(replay_after);
+        if let Some(shared) = self.log.shared().filter(|_| !parked.is_empty()) {
+            shared.adopted(replay_after);
         }
         for p in parked {
             let sink = Subscriber { to: p.to, backlog: p.backlog, presence: false };
@@ -298,10 +333,10 @@ impl RoomActor {
 
     fn tick(&mut self, ctx: &mut Context<Self>) {
         let RoomActor { core, log, .. } = self;
-        core.trim_expired(log.as_mut());
-        if !core.subscribers.is_empty() {
+        core.trim_expired(log.common());
+        if let Some(shared) = log.shared().filter(|_| !core.subscribers.is_empty()) {
             // A live copy lost while NATS reconnected is found here at the latest.
-            log.catch_up(core, ctx);
+            shared.catch_up(core, ctx);
         }
         core.subscribers.retain(|conn, member| {
             let connected = member.sink.to.connected();
@@ -328,7 +363,7 @@ impl RoomActor {
         }
         let idle = core.unwatched()
             && core.outgoing.is_empty()
-            && !log.busy()
+            && !log.common().busy()
             && !matches!(core.state, RoomState::Loading)
             && core.presence.settled();
         let after = if core.never_written() { EMPTY_ROOM_LINGER.min(core.settings.idle_stop) } else { core.settings.idle_stop };
@@ -377,8 +412,91 @@ impl RoomCore {
         Ok(())
     }
 
+    pub(super) fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    pub(super) fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.settings.metrics
+    }
+
+    /// How much history the room keeps (its namespace's).
+    pub(super) fn retention(&self) -> Retention {
+        self.settings.retention
+    }
+
+    /// The room stopped: nothing more is done for it.
+    pub(super) fn is_stopped(&self) -> bool {
+        self.stopped
+    }
+
+    pub(super) fn is_live(&self) -> bool {
+        matches!(self.state, RoomState::Live(_))
+    }
+
+    /// The stored state could not be read (every request gets the error).
+    pub(super) fn is_failed(&self) -> bool {
+        matches!(self.state, RoomState::Failed(_))
+    }
+
+    /// The log is being read; requests wait in the mailbox.
+    pub(super) fn start_loading(&mut self) {
+        self.state = RoomState::Loading;
+    }
+
+    /// The log is read: the room answers from `events`.
+    pub(super) fn go_live(&mut self, events: SeqLog<Arc<Delivery>>) {
+        self.state = RoomState::Live(events);
+    }
+
+    /// The room's state as stored, read with the room: it is the room's state.
+    pub(super) fn restore_state(&mut self, state: Option<StateAt>) {
+        self.settings.metrics.state_reads.inc();
+        self.current = state;
+    }
+
+    /// The log could not be read: every request gets `why` until it is.
+    pub(super) fn fail(&mut self, why: RoomLogError) {
+        self.state = RoomState::Failed(why);
+    }
+
+    /// Explicit and automatic subscribers.
+    pub(super) fn subscriber_count(&self) -> usize {
+        self.subscribers.len()
+    }
+
     /// The room's log, once it is loaded.
-    fn live_log(&mut self) -> Result<&mut SeqLog<Arc<Delivery>>, RoomLogError> {
+    pub(super) fn live(&self) -> Option<&SeqLog<Arc<Delivery>>> {
+        match &self.state {
+            RoomState::Live(log) => Some(log),
+            _ => None,
+        }
+    }
+
+    /// The events before `head` are gone from where the log keeps them: the room's log
+    /// starts again after them, empty, in its epoch.
+    pub(super) fn skip_to(&mut self, head: u64) {
+        let retention = self.settings.retention;
+        if let RoomState::Live(log) = &mut self.state {
+            *log = SeqLog::restore(log.epoch().to_string(), head, Vec::new(), retention);
+        }
+    }
+
+    /// Send the adopted subscribers (the only ones yet) every event after `after` at
+    /// once, outside any window.
+    pub(super) fn replay_adopted(&mut self, after: u64) {
+        let RoomState::Live(log) = &self.state else { return };
+        let replay: Vec<Arc<Delivery>> = log.read(after, usize::MAX).0.into_iter().map(|e| e.payload.clone()).collect();
+        if replay.is_empty() {
+            return;
+        }
+        for window in Window::cut(&self.epoch(), replay) {
+            self.send_window(window);
+        }
+    }
+
+    /// The room's log, once it is loaded, or why not.
+    pub(super) fn live_log(&mut self) -> Result<&mut SeqLog<Arc<Delivery>>, RoomLogError> {
         match &mut self.state {
             RoomState::Live(log) => Ok(log),
             RoomState::Failed(why) => Err(why.clone()),
@@ -416,7 +534,7 @@ impl RoomCore {
 
     /// A state the log stored: the room's state once its seq is durable, unless a newer
     /// one is (the later of two at one seq wins: a second `PUT` at the same head).
-    fn offer_state(&mut self, offered: StateAt) {
+    pub(super) fn offer_state(&mut self, offered: StateAt) {
         if self.current.as_ref().is_some_and(|current| current.seq > offered.seq) {
             return;
         }
@@ -444,10 +562,12 @@ impl RoomCore {
         }
     }
 
-    /// Newly durable events join the open window; the first one opens it (window 0:
-    /// they leave at once). With nobody subscribed there is nobody to send them to: a
-    /// later subscriber starts after them (or gets them in its replay).
-    fn deliver(&mut self, fresh: Vec<Arc<Delivery>>, ctx: &mut Context<RoomActor>) {
+    /// Newly durable events: the states they made durable become the room's, and they
+    /// join the open window; the first one opens it (window 0: they leave at once). With
+    /// nobody subscribed there is nobody to send them to: a later subscriber starts after
+    /// them (or gets them in its replay).
+    pub(super) fn deliver(&mut self, fresh: Vec<Arc<Delivery>>, ctx: &mut Context<RoomActor>) {
+        self.promote_states();
         self.report_load();
         match self.outgoing.on_durable(fresh, !self.subscribers.is_empty(), Instant::now()) {
             BatchAction::SendNow => self.close_window(),
@@ -530,7 +650,7 @@ impl RoomCore {
     /// Add a subscriber at the durable head: it gets the answer `core::room` gives from
     /// the log (a replay up to that head, the state), and of the open window's events only
     /// those after it (the connection drops the rest).
-    fn subscribe(&mut self, msg: Subscribe, log: &mut dyn RoomLog) {
+    pub(super) fn subscribe(&mut self, msg: Subscribe, log: &mut dyn RoomLog) {
         self.trim_expired(log);
         let (name, max_events) = (self.name.clone(), self.settings.recovery_max_events);
         // A subscribe overtaken by a newer one of the same connection is void (the
@@ -579,7 +699,7 @@ impl Actor for RoomActor {
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.run_interval(self.core.settings.tick, |room, ctx| room.tick(ctx));
         let RoomActor { core, log, .. } = self;
-        log.load(core, ctx);
+        log.common().load(core, ctx);
         core.report_load();
         self.linger(ctx);
     }
@@ -599,7 +719,9 @@ impl Handler<LiveEvent> for RoomActor {
     type Result = ();
 
     fn handle(&mut self, msg: LiveEvent, ctx: &mut Self::Context) {
-        self.log.live_event(&mut self.core, msg.0, ctx);
+        if let Some(shared) = self.log.shared() {
+            shared.live_event(&mut self.core, msg.0, ctx);
+        }
     }
 }
 
@@ -607,7 +729,11 @@ impl Handler<Resync> for RoomActor {
     type Result = ();
 
     fn handle(&mut self, msg: Resync, ctx: &mut Self::Context) {
-        ctx.run_later(msg.after, |room, ctx| room.log.catch_up(&mut room.core, ctx));
+        ctx.run_later(msg.after, |room, ctx| {
+            if let Some(shared) = room.log.shared() {
+                shared.catch_up(&mut room.core, ctx);
+            }
+        });
     }
 }
 
@@ -616,7 +742,7 @@ impl Handler<Publish> for RoomActor {
 
     fn handle(&mut self, msg: Publish, ctx: &mut Self::Context) -> Self::Result {
         self.core.admit()?;
-        self.log.publish(&mut self.core, msg, ctx);
+        self.log.common().publish(&mut self.core, msg, ctx);
         Ok(())
     }
 }
@@ -626,14 +752,13 @@ impl Handler<Subscribe> for RoomActor {
 
     fn handle(&mut self, msg: Subscribe, ctx: &mut Self::Context) -> Self::Result {
         self.core.admit()?;
-        let msg = match self.core.state {
-            RoomState::Failed(_) => match self.log.hold_subscribe(msg) {
-                Some(refused) => refused,
-                None => return Ok(()),
-            },
-            _ => msg,
-        };
-        self.core.subscribe(msg, self.log.as_mut());
+        // While the stored state cannot be read a shared log holds the subscribe (it is
+        // read again with backoff); a local one's room refuses it.
+        if let Some(shared) = self.log.shared().filter(|_| self.core.is_failed()) {
+            shared.hold_subscribe(msg);
+            return Ok(());
+        }
+        self.core.subscribe(msg, self.log.common());
         self.core.report_load();
         self.core.presence_poke(ctx);
         Ok(())
@@ -645,7 +770,7 @@ impl Handler<PutState> for RoomActor {
 
     fn handle(&mut self, msg: PutState, ctx: &mut Self::Context) -> Self::Result {
         self.core.admit()?;
-        self.log.put_state(&mut self.core, msg, ctx);
+        self.log.common().put_state(&mut self.core, msg, ctx);
         Ok(())
     }
 }
@@ -669,8 +794,8 @@ impl Handler<LiveState> for RoomActor {
     type Result = ();
 
     fn handle(&mut self, msg: LiveState, _ctx: &mut Self::Context) {
-        if matches!(self.core.state, RoomState::Live(_)) {
-            self.log.live_state(&mut self.core, msg);
+        if let Some(shared) = self.log.shared().filter(|_| self.core.is_live()) {
+            shared.live_state(&mut self.core, msg);
         }
     }
 }
@@ -692,7 +817,9 @@ impl Handler<Unsubscribe> for RoomActor {
             core.presence.leave(msg.conn);
             core.occupancy_check();
         }
-        self.log.unsubscribed(msg.conn, msg.generation);
+        if let Some(shared) = self.log.shared() {
+            shared.unsubscribed(msg.conn, msg.generation);
+        }
         core.last_active = Instant::now();
         core.report_load();
         core.presence_poke(ctx);
@@ -723,7 +850,7 @@ impl Handler<ReadHistory> for RoomActor {
 
     fn handle(&mut self, msg: ReadHistory, _ctx: &mut Self::Context) -> Self::Result {
         self.core.admit()?;
-        self.core.trim_expired(self.log.as_mut());
+        self.core.trim_expired(self.log.common());
         Ok(match &self.core.state {
             RoomState::Failed(_) | RoomState::Loading => HistoryPage { epoch: None, head: 0, events: Vec::new(), complete: false },
             RoomState::Live(log) => {

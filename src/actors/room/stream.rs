@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
-use super::{id_key, later, publish_key, render, spawn_then, wait_then, RoomActor, RoomCore, RoomLog, RoomLogs, RoomState};
+use super::{id_key, later, publish_key, render, spawn_then, wait_then, Log, LogPart, RoomActor, RoomCore, RoomLog, RoomLogs, SharedLog};
 use crate::actors::messages::*;
 use crate::cluster::roomlog::{self, AppendError, Appended, LoadedRoom, StoredState, StreamEvent};
 use crate::cluster::{Cluster, ClusterError};
@@ -33,8 +33,8 @@ const READ_RETRY: BackoffPolicy =
 pub struct StreamRoomLogs(pub Cluster);
 
 impl RoomLogs for StreamRoomLogs {
-    fn open(&self, _room: &Arc<str>) -> Box<dyn RoomLog> {
-        Box::new(StreamLog {
+    fn open(&self, _room: &Arc<str>) -> Log {
+        Log::Stream(Box::new(StreamLog {
             cluster: self.0.clone(),
             last_stream_seq: 0,
             queue: VecDeque::new(),
@@ -46,12 +46,13 @@ impl RoomLogs for StreamRoomLogs {
             waiting_subscribers: Vec::new(),
             replay_after: None,
             read_retry: Backoff::new(READ_RETRY),
-        })
+        }))
     }
 }
 
-/// The append in flight and the publishes queued behind it.
-struct StreamLog {
+/// One room's log on its JetStream subject: the append in flight and the publishes
+/// queued behind it.
+pub struct StreamLog {
     cluster: Cluster,
     /// Stream sequence of the newest event the log holds (0: none).
     last_stream_seq: u64,
@@ -78,6 +79,15 @@ fn entry(room: &str, event: &EventRecord) -> Entry<Arc<Delivery>> {
     Entry { seq: event.seq, payload: render(room, event), id: id_key(event), ts_ms: event.ts_ms }
 }
 
+impl LogPart for StreamLog {
+    fn part(log: &mut Log) -> Option<&mut Self> {
+        match log {
+            Log::Stream(stream) => Some(stream.as_mut()),
+            _ => None,
+        }
+    }
+}
+
 impl StreamLog {
     fn loaded(&mut self, room: &mut RoomCore, loaded: Result<LoadedRoom, ClusterError>, ctx: &mut Context<RoomActor>) {
         match loaded {
@@ -85,36 +95,27 @@ impl StreamLog {
                 self.read_retry.reset();
                 let head = stored.events.last().map_or(0, |e| e.event.seq);
                 self.last_stream_seq = stored.events.last().map_or(0, |e| e.stream_seq);
-                let entries = stored.events.iter().map(|e| entry(&room.name, &e.event)).collect();
-                let keep = room.settings.retention.max_events;
+                let name = room.name().clone();
+                let entries = stored.events.iter().map(|e| entry(&name, &e.event)).collect();
+                let keep = room.retention().max_events;
                 if stored.events.len() > keep {
                     // The stream keeps the largest namespace's history; this room keeps its own.
-                    let (cluster, name) = (self.cluster.clone(), room.name.clone());
+                    let (cluster, name) = (self.cluster.clone(), name.clone());
                     actix::spawn(async move {
                         if let Err(error) = roomlog::purge_beyond(&cluster, &name, keep as u64).await {
                             tracing::warn!(room = %name, %error, "could not delete history beyond the room's size from the stream");
                         }
                     });
                 }
-                let log = SeqLog::restore(stored.epoch, head, entries, room.settings.retention);
-                let replay: Vec<Arc<Delivery>> = match self.replay_after.take() {
-                    Some(after) => log.read(after, usize::MAX).0.into_iter().map(|e| e.payload.clone()).collect(),
-                    None => Vec::new(),
-                };
-                let epoch: Arc<str> = log.epoch().into();
-                room.state = RoomState::Live(log);
-                room.settings.metrics.state_reads.inc();
+                room.go_live(SeqLog::restore(stored.epoch, head, entries, room.retention()));
                 self.state_version = self.state_version.max(stored.state_version);
                 // A record beyond the stream's head belongs to a wiped stream (a new epoch).
-                if let Some(StoredState { seq, data }) = stored.state.filter(|state| state.seq <= head) {
-                    room.offer_state(StateAt { seq, data: data.into() });
-                }
-                tracing::debug!(room = %room.name, head, adopted = room.subscribers.len(), "room loaded from the stream");
+                let state = stored.state.filter(|state| state.seq <= head);
+                room.restore_state(state.map(|StoredState { seq, data }| StateAt { seq, data: data.into() }));
+                tracing::debug!(room = %name, head, adopted = room.subscriber_count(), "room loaded from the stream");
                 // The only subscribers yet are the adopted ones: requests wait for the load.
-                if !replay.is_empty() {
-                    for window in Window::cut(&epoch, replay) {
-                        room.send_window(window);
-                    }
+                if let Some(after) = self.replay_after.take() {
+                    room.replay_adopted(after);
                 }
                 for waiting in std::mem::take(&mut self.waiting_subscribers) {
                     room.subscribe(waiting, self);
@@ -122,10 +123,10 @@ impl StreamLog {
                 room.report_load();
             }
             Err(error) => {
-                tracing::warn!(room = %room.name, %error, "room could not be read from the stream; retrying");
-                room.state = RoomState::Failed(error.into());
+                tracing::warn!(room = %room.name(), %error, "room could not be read from the stream; retrying");
+                room.fail(error.into());
                 later(ctx, self.read_retry.next_delay(random_u64()), |stream: &mut StreamLog, room, ctx| {
-                    if matches!(room.state, RoomState::Failed(_)) && !room.stopped {
+                    if room.is_failed() && !room.is_stopped() {
                         stream.load(room, ctx);
                     }
                 });
@@ -138,7 +139,7 @@ impl StreamLog {
         if self.appending || self.catching_up {
             return;
         }
-        let RoomState::Live(log) = &room.state else {
+        let Some(log) = room.live() else {
             for msg in self.queue.drain(..) {
                 let _ = msg.reply.send(Err(RoomLogError::NotLoaded.into()));
             }
@@ -151,7 +152,7 @@ impl StreamLog {
             let state = StoredState { seq: log.head(), data: put.data.to_string() };
             let epoch: Arc<str> = log.epoch().into();
             self.appending = true;
-            let (cluster, name) = (self.cluster.clone(), room.name.clone());
+            let (cluster, name) = (self.cluster.clone(), room.name().clone());
             let write = async move {
                 let result = roomlog::write_state(&cluster, &name, &state).await;
                 (state, result)
@@ -166,7 +167,7 @@ impl StreamLog {
                         let _ = put.reply.send(Ok(Published { seq, epoch, duplicate: false }));
                     }
                     Err(error) => {
-                        tracing::warn!(room = %room.name, %error, "state write to the stream failed");
+                        tracing::warn!(room = %room.name(), %error, "state write to the stream failed");
                         let _ = put.reply.send(Err(error.into()));
                     }
                 }
@@ -190,7 +191,7 @@ impl StreamLog {
         };
         let state = front.state.as_deref().map(str::to_string);
         self.appending = true;
-        let (cluster, name, expected) = (self.cluster.clone(), room.name.clone(), self.last_stream_seq);
+        let (cluster, name, expected) = (self.cluster.clone(), room.name().clone(), self.last_stream_seq);
         let append = async move {
             let result = roomlog::append(&cluster, &name, expected, &record, state.as_deref()).await;
             // The event carries its state; the latest-state record, written after it in
@@ -227,7 +228,7 @@ impl StreamLog {
                 self.conflicts = 0;
                 let seq = record.seq;
                 self.apply(room, StreamEvent { stream_seq, event: record, state }, ctx);
-                if let (Some(msg), RoomState::Live(log)) = (self.queue.pop_front(), &room.state) {
+                if let (Some(msg), Some(log)) = (self.queue.pop_front(), room.live()) {
                     let _ = msg.reply.send(Ok(Published { seq, epoch: log.epoch().into(), duplicate: false }));
                 }
                 self.pump(room, ctx);
@@ -238,7 +239,7 @@ impl StreamLog {
             Ok(Appended { duplicate: true, .. }) | Err(AppendError::Conflict) => {
                 self.conflicts += 1;
                 if matches!(result, Err(AppendError::Conflict)) {
-                    room.settings.metrics.cluster_append_conflicts.inc();
+                    room.metrics().cluster_append_conflicts.inc();
                 }
                 if self.conflicts >= APPEND_ATTEMPTS {
                     self.conflicts = 0;
@@ -249,7 +250,7 @@ impl StreamLog {
                 self.catch_up(room, ctx);
             }
             Err(AppendError::Cluster(error)) => {
-                tracing::warn!(room = %room.name, %error, "append to the stream failed");
+                tracing::warn!(room = %room.name(), %error, "append to the stream failed");
                 self.conflicts = 0;
                 if let Some(msg) = self.queue.pop_front() {
                     let _ = msg.reply.send(Err(error.into()));
@@ -263,21 +264,21 @@ impl StreamLog {
     /// Take an event from the stream: the next seq is appended and delivered, an older
     /// one is ignored, and a gap is filled by reading the stream first.
     fn apply(&mut self, room: &mut RoomCore, stored: StreamEvent, ctx: &mut Context<RoomActor>) {
-        let RoomState::Live(log) = &mut room.state else { return };
+        let Some(head) = room.live().map(|log| log.head()) else { return };
         let seq = stored.event.seq;
-        if seq <= log.head() {
+        if seq <= head {
             return;
         }
-        if seq > log.head() + 1 {
+        if seq > head + 1 {
             self.catch_up(room, ctx);
             return;
         }
-        let payload = render(&room.name, &stored.event);
+        let payload = render(room.name(), &stored.event);
+        let Ok(log) = room.live_log() else { return };
         if log.append_sequenced(seq, id_key(&stored.event), stored.event.ts_ms, payload.clone()).is_ok() {
             self.last_stream_seq = stored.stream_seq;
-            match stored.state {
-                Some(data) => room.offer_state(StateAt { seq, data: data.into() }),
-                None => room.promote_states(),
+            if let Some(data) = stored.state {
+                room.offer_state(StateAt { seq, data: data.into() });
             }
             room.deliver(vec![payload], ctx);
         }
@@ -286,12 +287,10 @@ impl StreamLog {
     /// [`StreamLog::apply`] for events read from the stream: when the stream no longer
     /// holds the next seq (its retention dropped it), the log jumps to what it holds.
     fn apply_or_jump(&mut self, room: &mut RoomCore, stored: StreamEvent, ctx: &mut Context<RoomActor>) {
-        if let RoomState::Live(log) = &mut room.state {
-            if stored.event.seq > log.head() + 1 {
-                tracing::warn!(room = %room.name, head = log.head(), next = stored.event.seq, "events beyond the stream's retention are gone; skipping ahead");
-                let epoch = log.epoch().to_string();
-                *log = SeqLog::restore(epoch, stored.event.seq - 1, Vec::new(), room.settings.retention);
-            }
+        let next = stored.event.seq;
+        if let Some(head) = room.live().map(|log| log.head()).filter(|head| next > head + 1) {
+            tracing::warn!(room = %room.name(), head, next, "events beyond the stream's retention are gone; skipping ahead");
+            room.skip_to(next - 1);
         }
         self.apply(room, stored, ctx);
     }
@@ -299,8 +298,8 @@ impl StreamLog {
 
 impl RoomLog for StreamLog {
     fn load(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>) {
-        room.state = RoomState::Loading;
-        let (cluster, name) = (self.cluster.clone(), room.name.clone());
+        room.start_loading();
+        let (cluster, name) = (self.cluster.clone(), room.name().clone());
         // Requests wait in the mailbox until the room is loaded.
         let load = async move { roomlog::load(&cluster, &name).await };
         wait_then(ctx, load, |stream: &mut StreamLog, room, loaded, ctx| stream.loaded(room, loaded, ctx));
@@ -325,11 +324,11 @@ impl RoomLog for StreamLog {
     /// The stream keeps the newest event (it holds the room's head): only a log emptied
     /// by age is purged from it, down to that one.
     fn expired(&mut self, room: &RoomCore, _first_kept: u64) {
-        let RoomState::Live(log) = &room.state else { return };
+        let Some(log) = room.live() else { return };
         if log.oldest().is_some() {
             return;
         }
-        let (cluster, name) = (self.cluster.clone(), room.name.clone());
+        let (cluster, name) = (self.cluster.clone(), room.name().clone());
         actix::spawn(async move {
             if let Err(error) = roomlog::purge_expired(&cluster, &name).await {
                 tracing::warn!(room = %name, %error, "could not delete expired history from the stream");
@@ -350,7 +349,9 @@ impl RoomLog for StreamLog {
         self.puts.push_back(msg);
         self.pump(room, ctx);
     }
+}
 
+impl SharedLog for StreamLog {
     /// A latest-state record newer than any this room took (the records' stream order
     /// decides, so a late copy never undoes a newer `PUT` at the same seq).
     fn live_state(&mut self, room: &mut RoomCore, live: LiveState) {
@@ -363,9 +364,8 @@ impl RoomLog for StreamLog {
 
     /// The subscriber waits for the room to load (retried with backoff) instead of being
     /// refused for good.
-    fn hold_subscribe(&mut self, msg: Subscribe) -> Option<Subscribe> {
+    fn hold_subscribe(&mut self, msg: Subscribe) {
         self.waiting_subscribers.push(msg);
-        None
     }
 
     fn unsubscribed(&mut self, conn: ConnId, generation: u64) {
@@ -378,11 +378,11 @@ impl RoomLog for StreamLog {
 
     /// Read what the stream holds beyond this node's head, then go on appending.
     fn catch_up(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>) {
-        if self.catching_up || room.stopped || !matches!(room.state, RoomState::Live(_)) {
+        if self.catching_up || room.is_stopped() || !room.is_live() {
             return;
         }
         self.catching_up = true;
-        let (cluster, name, after) = (self.cluster.clone(), room.name.clone(), self.last_stream_seq);
+        let (cluster, name, after) = (self.cluster.clone(), room.name().clone(), self.last_stream_seq);
         let read = async move { roomlog::read_after(&cluster, &name, after).await };
         spawn_then(ctx, read, |stream: &mut StreamLog, room, result, ctx| {
             stream.catching_up = false;
@@ -395,7 +395,7 @@ impl RoomLog for StreamLog {
                     stream.pump(room, ctx);
                 }
                 Err(error) => {
-                    tracing::warn!(room = %room.name, %error, "catching up from the stream failed; retrying");
+                    tracing::warn!(room = %room.name(), %error, "catching up from the stream failed; retrying");
                     let failed = PublishFailed::from(error);
                     for msg in stream.queue.drain(..) {
                         let _ = msg.reply.send(Err(failed.clone()));
