@@ -618,16 +618,27 @@ impl Connection {
                     stale.do_send(Unsubscribe { conn: conn.id, generation });
                 }
             }
-            Err(e) if conn.subscriptions.is_current(&room, generation) => {
-                conn.unsubscribe(&room);
-                conn.send_error(reference, ErrorCode::Unavailable, &e.to_string());
-            }
-            Err(_) => {}
+            Err(e) => conn.refused(&room, generation, reference, &e.to_string()),
         }));
     }
 
     fn unsubscribe(&mut self, room: &str) {
-        let Some(sub) = self.subscriptions.end(room) else { return };
+        if let Some(sub) = self.subscriptions.end(room) {
+            self.ended(room, sub);
+        }
+    }
+
+    /// Generation `generation` of the room's subscribe was refused (by the room, or the
+    /// room could not be reached): if it is still current it ends, and the client is told.
+    fn refused(&mut self, room: &str, generation: u64, reference: Option<i64>, message: &str) {
+        if let Some(sub) = self.subscriptions.on_refused(room, generation) {
+            self.ended(room, sub);
+            self.send_error(reference, ErrorCode::Unavailable, message);
+        }
+    }
+
+    /// A subscription ended: count it and leave the room.
+    fn ended(&mut self, room: &str, sub: Subscription<Addr<RoomActor>>) {
         self.settings.metrics.subscriptions.dec();
         self.leave(room, sub);
     }
@@ -854,13 +865,7 @@ impl Handler<RoomUpdate> for Connection {
                 }
             }
             RoomUpdate::SlowConsumer => self.evict_slow(ctx),
-            RoomUpdate::Refused { room, reference, message, generation } => {
-                if let Some(refused) = self.subscriptions.on_refused(&room, generation) {
-                    self.settings.metrics.subscriptions.dec();
-                    self.leave(&room, refused);
-                    self.send_error(reference, ErrorCode::Unavailable, &message);
-                }
-            }
+            RoomUpdate::Refused { room, reference, message, generation } => self.refused(&room, generation, reference, &message),
         }
         // A replay, or a frame this connection rendered itself, may have taken it over.
         self.check_outbox(ctx);

@@ -241,19 +241,20 @@ impl Sim {
         let events = self.outgoing.close();
         for window in events.chunks(self.window_events) {
             let bytes = window.len() * EVENT_BYTES;
-            let mut evicted = Vec::new();
+            // Each member's update: the window, or `None` for an eviction.
+            let mut sends = Vec::new();
             self.members.retain(|conn, member| match member.sink.1.reserve(bytes) {
                 Reserve::Ok => {
-                    evicted.push((conn, Some(window.to_vec())));
+                    sends.push((conn, Some(window.to_vec())));
                     true
                 }
                 Reserve::EvictNow => {
-                    evicted.push((conn, None));
+                    sends.push((conn, None));
                     false
                 }
                 Reserve::Evicted => false,
             });
-            for (conn, window) in evicted {
+            for (conn, window) in sends {
                 let update = match window {
                     Some(events) => Update::Window(events),
                     None => Update::SlowConsumer,

@@ -196,7 +196,7 @@ impl<R> Subscriptions<R> {
     }
 
     /// Whether generation `generation` is the room's current subscription.
-    pub fn is_current(&self, room: &str, generation: u64) -> bool {
+    fn is_current(&self, room: &str, generation: u64) -> bool {
         self.by_room.get(room).is_some_and(|s| s.generation == generation)
     }
 
