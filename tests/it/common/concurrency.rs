@@ -37,7 +37,9 @@ static CHANGED: Condvar = Condvar::new();
 
 /// Held for the length of a test; leaving the gate lets the next group in.
 pub struct Pass {
-    _private: (),
+    /// When the test got in: with `LIVEGATE_TEST_TIMES=FILE` set, each test appends
+    /// `SECONDS<TAB>NAME` there as it leaves, to see where the suite's time goes.
+    entered: std::time::Instant,
 }
 
 /// The group of a test: the first module under the crate root (`it::hostile::memory` is
@@ -64,7 +66,7 @@ pub fn enter(module_path: &'static str) -> Pass {
             state.inside += 1;
             // The next in the queue may be of the same group.
             CHANGED.notify_all();
-            return Pass { _private: () };
+            return Pass { entered: std::time::Instant::now() };
         }
         state = CHANGED.wait(state).unwrap_or_else(|e| e.into_inner());
     }
@@ -72,6 +74,14 @@ pub fn enter(module_path: &'static str) -> Pass {
 
 impl Drop for Pass {
     fn drop(&mut self) {
+        if let Some(path) = std::env::var_os("LIVEGATE_TEST_TIMES") {
+            use std::io::Write;
+            let name = std::thread::current().name().unwrap_or("?").to_owned();
+            let line = format!("{:.2}\t{name}\n", self.entered.elapsed().as_secs_f64());
+            if let Ok(mut file) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+                let _ = file.write_all(line.as_bytes());
+            }
+        }
         let mut state = STATE.lock().unwrap_or_else(|e| e.into_inner());
         state.inside -= 1;
         if state.inside == 0 {
