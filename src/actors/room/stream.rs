@@ -41,6 +41,7 @@ impl RoomLogs for StreamRoomLogs {
             puts: VecDeque::new(),
             state_version: 0,
             appending: false,
+            front_in_flight: false,
             catching_up: false,
             conflicts: 0,
             waiting_subscribers: Vec::new(),
@@ -63,6 +64,9 @@ pub struct StreamLog {
     state_version: u64,
     /// An append or a state write is in flight.
     appending: bool,
+    /// The append in flight is of the front publish, which no failed catch-up answered
+    /// meanwhile: its result answers it.
+    front_in_flight: bool,
     catching_up: bool,
     /// Conflicts the front publish met so far.
     conflicts: u32,
@@ -191,6 +195,7 @@ impl StreamLog {
         };
         let state = front.state.as_deref().map(str::to_string);
         self.appending = true;
+        self.front_in_flight = true;
         let (cluster, name, expected) = (self.cluster.clone(), room.name().clone(), self.last_stream_seq);
         let append = async move {
             let result = roomlog::append(&cluster, &name, expected, &record, state.as_deref()).await;
@@ -223,12 +228,16 @@ impl StreamLog {
         ctx: &mut Context<RoomActor>,
     ) {
         self.appending = false;
+        // Its publish, unless a failed catch-up answered it meanwhile: then the result
+        // answers nobody (the front is a later publish, not appended yet).
+        let answers_front = std::mem::take(&mut self.front_in_flight);
+        let answered = |queue: &mut VecDeque<Publish>| if answers_front { queue.pop_front() } else { None };
         match result {
             Ok(Appended { stream_seq, duplicate: false }) => {
                 self.conflicts = 0;
                 let seq = record.seq;
                 self.apply(room, StreamEvent { stream_seq, event: record, state }, ctx);
-                if let (Some(msg), Some(log)) = (self.queue.pop_front(), room.live()) {
+                if let (Some(msg), Some(log)) = (answered(&mut self.queue), room.live()) {
                     let _ = msg.reply.send(Ok(Published { seq, epoch: log.epoch().into(), duplicate: false }));
                 }
                 self.pump(room, ctx);
@@ -243,7 +252,7 @@ impl StreamLog {
                 }
                 if self.conflicts >= APPEND_ATTEMPTS {
                     self.conflicts = 0;
-                    if let Some(msg) = self.queue.pop_front() {
+                    if let Some(msg) = answered(&mut self.queue) {
                         let _ = msg.reply.send(Err(PublishFailed::Contended));
                     }
                 }
@@ -252,7 +261,7 @@ impl StreamLog {
             Err(AppendError::Cluster(error)) => {
                 tracing::warn!(room = %room.name(), %error, "append to the stream failed");
                 self.conflicts = 0;
-                if let Some(msg) = self.queue.pop_front() {
+                if let Some(msg) = answered(&mut self.queue) {
                     let _ = msg.reply.send(Err(error.into()));
                 }
                 // A timed-out append may be stored anyway: read before the next one.
@@ -397,6 +406,8 @@ impl SharedLog for StreamLog {
                 Err(error) => {
                     tracing::warn!(room = %room.name(), %error, "catching up from the stream failed; retrying");
                     let failed = PublishFailed::from(error);
+                    // The publish of an append in flight too: its result answers nobody.
+                    stream.front_in_flight = false;
                     for msg in stream.queue.drain(..) {
                         let _ = msg.reply.send(Err(failed.clone()));
                     }
