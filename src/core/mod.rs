@@ -3,6 +3,7 @@
 //! a tokio watch channel, which is no I/O either). Actors call into it with `now`
 //! and carry out what it returns.
 
+pub mod append;
 pub mod backlog;
 pub mod backoff;
 pub mod batch;

@@ -5,11 +5,10 @@
 //! to fill any gap. An event is delivered only once the stream stored it. A state rides
 //! in its event's message, then the writer stores it as the room's latest-state record
 //! (`PUT`s too, queued between appends); other nodes take those records from the live
-//! feed in the state stream's order.
+//! feed in the state stream's order. What to do next is decided by `core::append`'s
+//! [`Pipeline`]; this file carries it out with NATS and the room.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix::prelude::*;
 
@@ -17,17 +16,10 @@ use super::{id_key, later, publish_key, render, spawn_then, wait_then, Log, LogP
 use crate::actors::messages::*;
 use crate::cluster::roomlog::{self, AppendError, Appended, LoadedRoom, StoredState, StreamEvent};
 use crate::cluster::{Cluster, ClusterError};
-use crate::core::backoff::{Backoff, BackoffPolicy, Jitter};
+use crate::core::append::{Action, Outcome, Pipeline, Reply, Sequenced};
 use crate::core::seqlog::{Entry, SeqLog};
 use crate::store::EventRecord;
 use crate::world::{now_ms, random_u64};
-
-/// How often an append that keeps losing to other nodes is retried before it fails.
-const APPEND_ATTEMPTS: u32 = 20;
-/// Reading the stream again after a failed load or catch-up: the rooms of a node that
-/// lost NATS together retry spread out, and less often the longer it lasts.
-const READ_RETRY: BackoffPolicy =
-    BackoffPolicy { first: Duration::from_millis(500), max: Duration::from_secs(5), jitter: Jitter::Full };
 
 /// The cluster's room logs, one JetStream subject per room.
 pub struct StreamRoomLogs(pub Cluster);
@@ -36,43 +28,32 @@ impl RoomLogs for StreamRoomLogs {
     fn open(&self, _room: &Arc<str>) -> Log {
         Log::Stream(Box::new(StreamLog {
             cluster: self.0.clone(),
-            last_stream_seq: 0,
-            queue: VecDeque::new(),
-            puts: VecDeque::new(),
-            state_version: 0,
-            appending: false,
-            catching_up: false,
-            conflicts: 0,
+            appends: Pipeline::default(),
             waiting_subscribers: Vec::new(),
             replay_after: None,
-            read_retry: Backoff::new(READ_RETRY),
         }))
     }
 }
 
-/// One room's log on its JetStream subject: the append in flight and the publishes
-/// queued behind it.
+/// One room's log on its JetStream subject: `core::append` decides what goes to the
+/// stream and when; this carries it out.
 pub struct StreamLog {
     cluster: Cluster,
-    /// Stream sequence of the newest event the log holds (0: none).
-    last_stream_seq: u64,
-    queue: VecDeque<Publish>,
-    /// `PUT`s of the room's state, written between appends (each as of the head then).
-    puts: VecDeque<PutState>,
-    /// Sequence on `LG_STATE` of the newest latest-state record this room took.
-    state_version: u64,
-    /// An append or a state write is in flight.
-    appending: bool,
-    catching_up: bool,
-    /// Conflicts the front publish met so far.
-    conflicts: u32,
+    appends: Pipeline<Publish, PutState, StreamEvent, PublishFailed>,
     /// Subscribes that arrived while the stream could not be read.
     waiting_subscribers: Vec<Subscribe>,
     /// Parked subscribers adopted for a live event: once loaded, they get the events
     /// after this seq (the live event and any that came while loading).
     replay_after: Option<u64>,
-    /// Failed loads or catch-ups in a row.
-    read_retry: Backoff,
+}
+
+impl Sequenced for StreamEvent {
+    fn seq(&self) -> u64 {
+        self.event.seq
+    }
+    fn stream_seq(&self) -> u64 {
+        self.stream_seq
+    }
 }
 
 fn entry(room: &str, event: &EventRecord) -> Entry<Arc<Delivery>> {
@@ -92,9 +73,8 @@ impl StreamLog {
     fn loaded(&mut self, room: &mut RoomCore, loaded: Result<LoadedRoom, ClusterError>, ctx: &mut Context<RoomActor>) {
         match loaded {
             Ok(stored) => {
-                self.read_retry.reset();
                 let head = stored.events.last().map_or(0, |e| e.event.seq);
-                self.last_stream_seq = stored.events.last().map_or(0, |e| e.stream_seq);
+                self.appends.loaded(stored.events.last().map_or(0, |e| e.stream_seq), stored.state_version);
                 let name = room.name().clone();
                 let entries = stored.events.iter().map(|e| entry(&name, &e.event)).collect();
                 let keep = room.retention().max_events;
@@ -108,7 +88,6 @@ impl StreamLog {
                     });
                 }
                 room.go_live(SeqLog::restore(stored.epoch, head, entries, room.retention()));
-                self.state_version = self.state_version.max(stored.state_version);
                 // A record beyond the stream's head belongs to a wiped stream (a new epoch).
                 let state = stored.state.filter(|state| state.seq <= head);
                 room.restore_state(state.map(|StoredState { seq, data }| StateAt { seq, data: data.into() }));
@@ -125,7 +104,7 @@ impl StreamLog {
             Err(error) => {
                 tracing::warn!(room = %room.name(), %error, "room could not be read from the stream; retrying");
                 room.fail(error.into());
-                later(ctx, self.read_retry.next_delay(random_u64()), |stream: &mut StreamLog, room, ctx| {
+                later(ctx, self.appends.load_failed(random_u64()), |stream: &mut StreamLog, room, ctx| {
                     if room.is_failed() && !room.is_stopped() {
                         stream.load(room, ctx);
                     }
@@ -134,55 +113,33 @@ impl StreamLog {
         }
     }
 
-    /// Start appending the first queued publish, unless an append or catch-up runs.
-    fn pump(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>) {
-        if self.appending || self.catching_up {
-            return;
-        }
-        let Some(log) = room.live() else {
-            for msg in self.queue.drain(..) {
-                let _ = msg.reply.send(Err(RoomLogError::NotLoaded.into()));
-            }
-            for put in self.puts.drain(..) {
-                let _ = put.reply.send(Err(RoomLogError::NotLoaded.into()));
-            }
-            return;
-        };
-        if let Some(put) = self.puts.pop_front() {
-            let state = StoredState { seq: log.head(), data: put.data.to_string() };
-            let epoch: Arc<str> = log.epoch().into();
-            self.appending = true;
-            let (cluster, name) = (self.cluster.clone(), room.name().clone());
-            let write = async move {
-                let result = roomlog::write_state(&cluster, &name, &state).await;
-                (state, result)
-            };
-            spawn_then(ctx, write, move |stream: &mut StreamLog, room, (state, result), ctx| {
-                stream.appending = false;
-                match result {
-                    Ok(version) => {
-                        stream.state_version = stream.state_version.max(version);
-                        let seq = state.seq;
-                        room.offer_state(StateAt { seq, data: state.data.into() });
-                        let _ = put.reply.send(Ok(Published { seq, epoch, duplicate: false }));
-                    }
-                    Err(error) => {
-                        tracing::warn!(room = %room.name(), %error, "state write to the stream failed");
-                        let _ = put.reply.send(Err(error.into()));
-                    }
+    /// Carry out what the machine decides, one action at a time, until it is idle.
+    fn drive(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>) {
+        while let Some(action) = self.appends.poll(room.live(), room.is_stopped()) {
+            match action {
+                Action::Append { expected, seq } => self.append(room, expected, seq, ctx),
+                Action::WriteState { put, seq } => self.write_state(room, put, seq, ctx),
+                Action::CatchUp { after } => self.read_after(room, after, ctx),
+                Action::Answer { publish, reply } => answer(room, publish, reply),
+                Action::RefusePut(put) => {
+                    let _ = put.reply.send(Err(RoomLogError::NotLoaded.into()));
                 }
-                stream.pump(room, ctx);
-            });
-            return;
+                Action::Deliver(stored) => deliver(room, stored, ctx),
+                Action::SkipAhead { head, next } => {
+                    tracing::warn!(room = %room.name(), head, next, "events beyond the stream's retention are gone; skipping ahead");
+                    room.skip_to(next - 1);
+                }
+                Action::RetryCatchUp { after } => later(ctx, after, |stream: &mut StreamLog, room, ctx| stream.catch_up(room, ctx)),
+            }
         }
-        // A queued id the stream got meanwhile (a retry racing its original) is answered.
-        while let Some(seq) = self.queue.front().and_then(|front| log.seq_of(&publish_key(front))) {
-            let msg = self.queue.pop_front().expect("front exists");
-            let _ = msg.reply.send(Ok(Published { seq, epoch: log.epoch().into(), duplicate: true }));
-        }
-        let Some(front) = self.queue.front() else { return };
+    }
+
+    /// Append the publish in flight as event `seq`, if the room's last message is still
+    /// `expected`; then store its state as the room's latest-state record.
+    fn append(&mut self, room: &RoomCore, expected: u64, seq: u64, ctx: &mut Context<RoomActor>) {
+        let front = self.appends.appending().expect("an append is of the publish in flight");
         let record = EventRecord {
-            seq: log.head() + 1,
+            seq,
             id: front.id.to_string(),
             ts_ms: now_ms(),
             data: front.data.to_string(),
@@ -190,8 +147,7 @@ impl StreamLog {
             from: front.from.clone(),
         };
         let state = front.state.as_deref().map(str::to_string);
-        self.appending = true;
-        let (cluster, name, expected) = (self.cluster.clone(), room.name().clone(), self.last_stream_seq);
+        let (cluster, name) = (self.cluster.clone(), room.name().clone());
         let append = async move {
             let result = roomlog::append(&cluster, &name, expected, &record, state.as_deref()).await;
             // The event carries its state; the latest-state record, written after it in
@@ -208,91 +164,95 @@ impl StreamLog {
         };
         spawn_then(ctx, append, |stream: &mut StreamLog, room, (record, state, version, result), ctx| {
             if let Some(version) = version {
-                stream.state_version = stream.state_version.max(version);
+                stream.appends.state_recorded(version);
             }
-            stream.appended(room, record, state, result, ctx)
+            let outcome = match result {
+                Ok(Appended { stream_seq, duplicate: false }) => Outcome::Stored(StreamEvent { stream_seq, event: record, state }),
+                Ok(Appended { duplicate: true, .. }) => Outcome::Duplicate,
+                Err(AppendError::Conflict) => {
+                    room.metrics().cluster_append_conflicts.inc();
+                    Outcome::Conflict
+                }
+                Err(AppendError::Cluster(error)) => {
+                    tracing::warn!(room = %room.name(), %error, "append to the stream failed");
+                    Outcome::Failed(error.into())
+                }
+            };
+            stream.appends.appended(outcome);
+            stream.drive(room, ctx);
         });
     }
 
-    fn appended(
-        &mut self,
-        room: &mut RoomCore,
-        record: EventRecord,
-        state: Option<String>,
-        result: Result<Appended, AppendError>,
-        ctx: &mut Context<RoomActor>,
-    ) {
-        self.appending = false;
-        match result {
-            Ok(Appended { stream_seq, duplicate: false }) => {
-                self.conflicts = 0;
-                let seq = record.seq;
-                self.apply(room, StreamEvent { stream_seq, event: record, state }, ctx);
-                if let (Some(msg), Some(log)) = (self.queue.pop_front(), room.live()) {
-                    let _ = msg.reply.send(Ok(Published { seq, epoch: log.epoch().into(), duplicate: false }));
+    /// Store `put` as the room's latest-state record at `seq`, and answer it.
+    fn write_state(&mut self, room: &RoomCore, put: PutState, seq: u64, ctx: &mut Context<RoomActor>) {
+        let log = room.live().expect("a state write starts on a live log");
+        let state = StoredState { seq, data: put.data.to_string() };
+        let epoch: Arc<str> = log.epoch().into();
+        let (cluster, name) = (self.cluster.clone(), room.name().clone());
+        let write = async move {
+            let result = roomlog::write_state(&cluster, &name, &state).await;
+            (state, result)
+        };
+        spawn_then(ctx, write, move |stream: &mut StreamLog, room, (state, result), ctx| {
+            match result {
+                Ok(version) => {
+                    stream.appends.state_written(Some(version));
+                    let seq = state.seq;
+                    room.offer_state(StateAt { seq, data: state.data.into() });
+                    let _ = put.reply.send(Ok(Published { seq, epoch, duplicate: false }));
                 }
-                self.pump(room, ctx);
+                Err(error) => {
+                    stream.appends.state_written(None);
+                    tracing::warn!(room = %room.name(), %error, "state write to the stream failed");
+                    let _ = put.reply.send(Err(error.into()));
+                }
             }
-            // Stored before (a retried publish): read what this node missed, then the
-            // queue answers it as a duplicate. Counted like a conflict, so an id whose
-            // event is no longer in the history cannot loop.
-            Ok(Appended { duplicate: true, .. }) | Err(AppendError::Conflict) => {
-                self.conflicts += 1;
-                if matches!(result, Err(AppendError::Conflict)) {
-                    room.metrics().cluster_append_conflicts.inc();
-                }
-                if self.conflicts >= APPEND_ATTEMPTS {
-                    self.conflicts = 0;
-                    if let Some(msg) = self.queue.pop_front() {
-                        let _ = msg.reply.send(Err(PublishFailed::Contended));
-                    }
-                }
-                self.catch_up(room, ctx);
-            }
-            Err(AppendError::Cluster(error)) => {
-                tracing::warn!(room = %room.name(), %error, "append to the stream failed");
-                self.conflicts = 0;
-                if let Some(msg) = self.queue.pop_front() {
-                    let _ = msg.reply.send(Err(error.into()));
-                }
-                // A timed-out append may be stored anyway: read before the next one.
-                self.catch_up(room, ctx);
-            }
-        }
+            stream.drive(room, ctx);
+        });
     }
 
-    /// Take an event from the stream: the next seq is appended and delivered, an older
-    /// one is ignored, and a gap is filled by reading the stream first.
-    fn apply(&mut self, room: &mut RoomCore, stored: StreamEvent, ctx: &mut Context<RoomActor>) {
-        let Some(head) = room.live().map(|log| log.head()) else { return };
-        let seq = stored.event.seq;
-        if seq <= head {
-            return;
-        }
-        if seq > head + 1 {
-            self.catch_up(room, ctx);
-            return;
-        }
-        let payload = render(room.name(), &stored.event);
-        let Ok(log) = room.live_log() else { return };
-        if log.append_sequenced(seq, id_key(&stored.event), stored.event.ts_ms, payload.clone()).is_ok() {
-            self.last_stream_seq = stored.stream_seq;
-            if let Some(data) = stored.state {
-                room.offer_state(StateAt { seq, data: data.into() });
+    /// Read what the stream holds after stream sequence `after`.
+    fn read_after(&mut self, room: &RoomCore, after: u64, ctx: &mut Context<RoomActor>) {
+        let (cluster, name) = (self.cluster.clone(), room.name().clone());
+        let read = async move { roomlog::read_after(&cluster, &name, after).await };
+        spawn_then(ctx, read, |stream: &mut StreamLog, room, result, ctx| {
+            match result {
+                Ok(events) => stream.appends.caught_up(events),
+                Err(error) => {
+                    tracing::warn!(room = %room.name(), %error, "catching up from the stream failed; retrying");
+                    stream.appends.catch_up_failed(PublishFailed::from(error), random_u64());
+                }
             }
-            room.deliver(vec![payload], ctx);
-        }
+            stream.drive(room, ctx);
+        });
     }
+}
 
-    /// [`StreamLog::apply`] for events read from the stream: when the stream no longer
-    /// holds the next seq (its retention dropped it), the log jumps to what it holds.
-    fn apply_or_jump(&mut self, room: &mut RoomCore, stored: StreamEvent, ctx: &mut Context<RoomActor>) {
-        let next = stored.event.seq;
-        if let Some(head) = room.live().map(|log| log.head()).filter(|head| next > head + 1) {
-            tracing::warn!(room = %room.name(), head, next, "events beyond the stream's retention are gone; skipping ahead");
-            room.skip_to(next - 1);
+/// Answer a publish (a stored one with the room's epoch).
+fn answer(room: &RoomCore, publish: Publish, reply: Reply<PublishFailed>) {
+    let result = match reply {
+        Reply::Stored { seq, duplicate } => {
+            let Some(log) = room.live() else { return };
+            Ok(Published { seq, epoch: log.epoch().into(), duplicate })
         }
-        self.apply(room, stored, ctx);
+        Reply::NotLoaded => Err(RoomLogError::NotLoaded.into()),
+        Reply::Contended => Err(PublishFailed::Contended),
+        Reply::Failed(failed) => Err(failed),
+    };
+    let _ = publish.reply.send(result);
+}
+
+/// The room's next event, stored by the stream: into the room's log, and to its
+/// subscribers.
+fn deliver(room: &mut RoomCore, stored: StreamEvent, ctx: &mut Context<RoomActor>) {
+    let seq = stored.event.seq;
+    let payload = render(room.name(), &stored.event);
+    let Ok(log) = room.live_log() else { return };
+    if log.append_sequenced(seq, id_key(&stored.event), stored.event.ts_ms, payload.clone()).is_ok() {
+        if let Some(data) = stored.state {
+            room.offer_state(StateAt { seq, data: data.into() });
+        }
+        room.deliver(vec![payload], ctx);
     }
 }
 
@@ -313,12 +273,8 @@ impl RoomLog for StreamLog {
                 return;
             }
         };
-        if let Some(seq) = log.seq_of(&publish_key(&msg)) {
-            let _ = msg.reply.send(Ok(Published { seq, epoch: log.epoch().into(), duplicate: true }));
-            return;
-        }
-        self.queue.push_back(msg);
-        self.pump(room, ctx);
+        self.appends.publish(publish_key(&msg), msg, log);
+        self.drive(room, ctx);
     }
 
     /// The stream keeps the newest event (it holds the room's head): only a log emptied
@@ -337,7 +293,7 @@ impl RoomLog for StreamLog {
     }
 
     fn busy(&self) -> bool {
-        !self.queue.is_empty() || !self.puts.is_empty() || !self.waiting_subscribers.is_empty() || self.appending
+        self.appends.busy() || !self.waiting_subscribers.is_empty()
     }
 
     /// Queued with the publishes: written between appends, as of the head then.
@@ -346,8 +302,8 @@ impl RoomLog for StreamLog {
             let _ = msg.reply.send(Err(why.into()));
             return;
         }
-        self.puts.push_back(msg);
-        self.pump(room, ctx);
+        self.appends.put(msg);
+        self.drive(room, ctx);
     }
 }
 
@@ -355,11 +311,9 @@ impl SharedLog for StreamLog {
     /// A latest-state record newer than any this room took (the records' stream order
     /// decides, so a late copy never undoes a newer `PUT` at the same seq).
     fn live_state(&mut self, room: &mut RoomCore, live: LiveState) {
-        if live.version <= self.state_version {
-            return;
+        if self.appends.live_state(live.version) {
+            room.offer_state(live.state);
         }
-        self.state_version = live.version;
-        room.offer_state(live.state);
     }
 
     /// The subscriber waits for the room to load (retried with backoff) instead of being
@@ -373,38 +327,14 @@ impl SharedLog for StreamLog {
     }
 
     fn live_event(&mut self, room: &mut RoomCore, event: StreamEvent, ctx: &mut Context<RoomActor>) {
-        self.apply(room, event, ctx);
+        self.appends.live_event(event);
+        self.drive(room, ctx);
     }
 
     /// Read what the stream holds beyond this node's head, then go on appending.
     fn catch_up(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>) {
-        if self.catching_up || room.is_stopped() || !room.is_live() {
-            return;
-        }
-        self.catching_up = true;
-        let (cluster, name, after) = (self.cluster.clone(), room.name().clone(), self.last_stream_seq);
-        let read = async move { roomlog::read_after(&cluster, &name, after).await };
-        spawn_then(ctx, read, |stream: &mut StreamLog, room, result, ctx| {
-            stream.catching_up = false;
-            match result {
-                Ok(events) => {
-                    stream.read_retry.reset();
-                    for event in events {
-                        stream.apply_or_jump(room, event, ctx);
-                    }
-                    stream.pump(room, ctx);
-                }
-                Err(error) => {
-                    tracing::warn!(room = %room.name(), %error, "catching up from the stream failed; retrying");
-                    let failed = PublishFailed::from(error);
-                    for msg in stream.queue.drain(..) {
-                        let _ = msg.reply.send(Err(failed.clone()));
-                    }
-                    let retry = stream.read_retry.next_delay(random_u64());
-                    later(ctx, retry, |stream: &mut StreamLog, room, ctx| stream.catch_up(room, ctx));
-                }
-            }
-        });
+        self.appends.catch_up();
+        self.drive(room, ctx);
     }
 
     fn adopted(&mut self, replay_after: Option<u64>) {
