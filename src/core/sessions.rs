@@ -42,7 +42,7 @@ pub enum BudgetError {
 pub fn check_migration_budget(last_migration_ms: Option<u64>, now_ms: u64, window_ms: u64) -> Result<(), BudgetError> {
     match last_migration_ms {
         Some(last) if now_ms < last.saturating_add(window_ms) => {
-            let wait_ms = last + window_ms - now_ms;
+            let wait_ms = last.saturating_add(window_ms) - now_ms;
             Err(BudgetError::Spent { retry_after_secs: wait_ms.div_ceil(1000).max(1) })
         }
         _ => Ok(()),
