@@ -25,14 +25,12 @@ use super::socket::{ends_closing, Fault, Inbound, MessageReader, CLOSE_HANDSHAKE
 use super::transport::Transport;
 use super::wsio::{self, ReadError, WsActor, WsIo};
 use crate::core::backlog::Backlog;
-use crate::core::limits::{burst_for, room_start_burst, Strikes, TokenBucket};
+use crate::core::limits::{self, burst_for, room_start_burst, Strikes, TokenBucket};
 use crate::core::names;
 use crate::core::outbox::{Outbox, Verdict};
 use crate::core::subscriptions::{Answer, Subscription, Subscriptions, WindowPlan};
 use crate::protocol::{self, ClientOp, ClientRequest, CloseCode, ErrorCode, ServerOp};
 
-/// Heartbeat periods without a word from the client before it is closed with 4008.
-const MISSED_HEARTBEATS: u32 = 3;
 /// `limit` of a `history` request that names none.
 pub const HISTORY_DEFAULT_LIMIT: usize = 100;
 /// A connection's publishes waiting to be durable; more are refused (`rate_limited`),
@@ -372,8 +370,7 @@ impl Connection {
         if self.closing {
             return;
         }
-        // An SSE client sends nothing: one that is gone shows up as its stream ending.
-        if self.io.reads() && self.last_heard.elapsed() >= self.settings.heartbeat * MISSED_HEARTBEATS {
+        if limits::client_timed_out(self.io.reads(), self.last_heard.elapsed(), self.settings.heartbeat) {
             self.close(ctx, CloseCode::HeartbeatTimeout, "heartbeat timeout");
         } else {
             self.io.heartbeat();
@@ -419,12 +416,13 @@ impl Connection {
                 if let Err(why) = self.check_readable(&room) {
                     return self.send_error(reference, why.code(), &why.to_string());
                 }
-                let max = self.settings.max_history_limit;
-                let limit = limit.unwrap_or(HISTORY_DEFAULT_LIMIT.min(max));
-                if limit > max {
-                    self.settings.metrics.limit_hit("history_limit");
-                    return self.refuse(ctx, reference, ErrorCode::BadRequest, &format!("limit must be at most {max}"));
-                }
+                let limit = match limits::history_limit(limit, HISTORY_DEFAULT_LIMIT, self.settings.max_history_limit) {
+                    Ok(limit) => limit,
+                    Err(too_high) => {
+                        self.settings.metrics.limit_hit("history_limit");
+                        return self.refuse(ctx, reference, ErrorCode::BadRequest, &too_high.to_string());
+                    }
+                };
                 if !self.may_start_room(&room, reference, ctx) {
                     return;
                 }

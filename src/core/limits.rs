@@ -95,9 +95,72 @@ impl Strikes {
     }
 }
 
+/// A `history` read asked for more events than `max_history_limit` allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("limit must be at most {max}")]
+pub struct HistoryLimitTooHigh {
+    pub max: usize,
+}
+
+/// How many events a `history` read returns: the `limit` asked, else `default` (never
+/// above `max`); a limit above `max` is refused, not cut.
+pub fn history_limit(asked: Option<usize>, default: usize, max: usize) -> Result<usize, HistoryLimitTooHigh> {
+    match asked {
+        Some(limit) if limit > max => Err(HistoryLimitTooHigh { max }),
+        Some(limit) => Ok(limit),
+        None => Ok(default.min(max)),
+    }
+}
+
+/// Heartbeat periods without a word from a client before it is closed (4008).
+pub const MISSED_HEARTBEATS: u32 = 3;
+
+/// Whether a connection's client went silent for too long: `silent_for` since it was last
+/// heard, against `MISSED_HEARTBEATS` periods of `heartbeat`. Only a client that can speak
+/// counts (a WebSocket, `reads`); an SSE client sends nothing, and one that is gone shows
+/// up as its stream ending.
+pub fn client_timed_out(reads: bool, silent_for: std::time::Duration, heartbeat: std::time::Duration) -> bool {
+    reads && silent_for >= heartbeat * MISSED_HEARTBEATS
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn history_limit_takes_the_ask_or_the_default_and_refuses_above_the_max() {
+        // (asked, default, max) -> answer
+        let table = [
+            (None, 100, 1000, Ok(100)),
+            (None, 100, 50, Ok(50)),
+            (Some(0), 100, 1000, Ok(0)),
+            (Some(1000), 100, 1000, Ok(1000)),
+            (Some(1001), 100, 1000, Err(HistoryLimitTooHigh { max: 1000 })),
+            (Some(usize::MAX), 100, 1000, Err(HistoryLimitTooHigh { max: 1000 })),
+        ];
+        for (asked, default, max, want) in table {
+            assert_eq!(history_limit(asked, default, max), want, "asked {asked:?}, default {default}, max {max}");
+        }
+        assert_eq!(HistoryLimitTooHigh { max: 7 }.to_string(), "limit must be at most 7");
+    }
+
+    #[test]
+    fn a_client_times_out_after_three_silent_heartbeats_and_an_sse_client_never() {
+        use std::time::Duration;
+        let beat = Duration::from_secs(10);
+        // (reads, silent for) -> timed out
+        let table = [
+            (true, Duration::ZERO, false),
+            (true, Duration::from_millis(29_999), false),
+            (true, Duration::from_secs(30), true),
+            (true, Duration::from_secs(3600), true),
+            (false, Duration::from_secs(30), false),
+            (false, Duration::from_secs(3600), false),
+        ];
+        for (reads, silent, want) in table {
+            assert_eq!(client_timed_out(reads, silent, beat), want, "reads {reads}, silent {silent:?}");
+        }
+    }
 
     #[test]
     fn bucket_table() {
