@@ -77,7 +77,7 @@ async fn two_owner_changes(window_secs: u64) -> (String, TestServer) {
 /// 30): node-a is gone when node-b takes its sessions, and node-b is gone when node-a
 /// takes them back, well inside the 600 s window. Before routing decided, the second move
 /// was refused with 429 for ten minutes. (The budget, which only charges moves the route
-/// did not choose, is tested in tests/it/cluster.rs with `avoid`.)
+/// did not choose, is tested in tests/it/cluster/ with `avoid`.)
 #[tokio::test]
 async fn moves_forced_by_a_gone_owner_are_never_refused_inside_the_window() {
     let _gate = crate::common::gate!();

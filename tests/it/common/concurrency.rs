@@ -10,17 +10,32 @@
 //!
 //! The one binary keeps that rule: every test enters the gate first,
 //! `let _gate = crate::common::gate!();`, with its top-level module (the former file, or
-//! directory for `hostile`) as its group. Tests of one group run together, as many at a
-//! time as libtest runs; a test of another group waits until the group inside has left.
-//! Waiting tests are served first come, first served, so no group waits for ever.
-//! A module's own `serial()` lock (cluster, drain, limits) still runs that module's tests
-//! one at a time. libtest orders tests by name, so a module's tests come one after
-//! another and the gate rarely has to switch groups.
+//! directory for `hostile` and `cluster`) as its group. Tests of one group run together,
+//! as many at a time as the group's width: one per core, as libtest ran them, unless
+//! [`WIDER`] names the group; a test of another group waits until the group inside has
+//! left. Waiting tests are served first come, first served, so no group waits for ever.
+//! A module's own `serial()` lock (drain, limits) still runs that module's tests one at a
+//! time. libtest orders tests by name, so a module's tests come one after another and the
+//! gate rarely has to switch groups. `.cargo/config.toml` sets `RUST_TEST_THREADS` to the
+//! widest group's width, so libtest offers the gate that many tests at once.
 //!
 //! The test `every_test_enters_the_gate` checks that no test in `tests/it/` skips it.
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex};
+
+/// Groups that run more tests at once than there are cores, and how many: tests that spend
+/// their time waiting on the wall clock, each with servers, dirs and ports of its own.
+/// The cluster tests start a nats-server and two to four nodes each and wait on
+/// heartbeats, drains, TTLs and outages: one at a time, they kept about 5 % of this 2-core
+/// machine busy for five minutes.
+pub const WIDER: &[(&str, usize)] = &[("cluster", 4)];
+
+/// How many tests of `group` run at once.
+fn width_of(group: &str) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    WIDER.iter().find(|(name, _)| *name == group).map_or(cores, |&(_, width)| width.max(cores))
+}
 
 struct State {
     /// The group whose tests are running; `None` when no test is.
@@ -59,7 +74,7 @@ pub fn enter(module_path: &'static str) -> Pass {
     state.queue.push_back(ticket);
     loop {
         let first = state.queue.front() == Some(&ticket);
-        let fits = state.group.is_none() || state.group == Some(group);
+        let fits = state.group.is_none() || (state.group == Some(group) && state.inside < width_of(group));
         if first && fits {
             state.queue.pop_front();
             state.group = Some(group);

@@ -1,5 +1,5 @@
 // Many livegate.js clients in one Node process, for the Rust tests that drive a cluster
-// (tests/it/rolling_release.rs). Each client is its own user with a token minted for it
+// (tests/it/cluster/rolling_release.rs). Each client is its own user with a token minted for it
 // (through the one address it is given, as a backend would), a session, and its rooms.
 // It prints one JSON line to stdout per thing the test counts:
 //
