@@ -22,11 +22,9 @@ const WAIT: Duration = Duration::from_secs(30);
 /// How long to listen to conclude that nothing more arrives.
 const QUIET: Duration = Duration::from_millis(1500);
 
-const BIN: &str = env!("CARGO_BIN_EXE_livegate");
-
 /// `livegate ARGS` with a clean environment: no `LIVEGATE_*` from the caller, quiet logs.
 fn livegate(args: &[&str]) -> Command {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(crate::common::livegate_bin());
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("LIVEGATE_") {
             cmd.env_remove(name);

@@ -49,7 +49,7 @@ fn wstest_path() -> PathBuf {
         panic!("LIVEGATE_WSTEST is not set: {hint}");
     };
     let path = PathBuf::from(value);
-    let path = if path.is_relative() { Path::new(env!("CARGO_MANIFEST_DIR")).join(path) } else { path };
+    let path = if path.is_relative() { Path::new(crate::common::REPO).join(path) } else { path };
     assert!(path.is_file(), "LIVEGATE_WSTEST={} does not exist: {hint}", path.display());
     path
 }

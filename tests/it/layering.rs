@@ -59,7 +59,7 @@ fn named_modules(text: &str) -> BTreeSet<String> {
 #[test]
 fn no_module_imports_a_layer_above_its_own() {
     let _gate = crate::common::gate!();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let src = Path::new(crate::common::REPO).join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
     let mut upward = Vec::new();

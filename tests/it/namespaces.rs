@@ -235,7 +235,7 @@ struct Ran {
 
 /// Runs the binary with `args` (no `LIVEGATE_*` variables) for at most 20 s.
 fn livegate(args: &[&str], cwd: &Path) -> Ran {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_livegate"));
+    let mut cmd = Command::new(crate::common::livegate_bin());
     cmd.args(args).current_dir(cwd).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     for (k, _) in std::env::vars() {
         if k.starts_with("LIVEGATE_") || k == "RUST_LOG" {
@@ -303,7 +303,7 @@ fn check_config_prints_each_namespace_with_its_effective_options() {
 fn the_example_namespaces_are_valid() {
     let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().expect("tempdir");
-    let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/data/livegate.example.toml")).unwrap();
+    let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/livegate.example.toml")).unwrap();
     let (_, section) = example.split_once("# Namespaces:").expect("a Namespaces section in the example");
     let uncommented: String = section
         .lines()

@@ -1079,7 +1079,7 @@ struct Ran {
 /// Runs the binary with `args` in `cwd`, without the test's `LIVEGATE_*` and `RUST_LOG`
 /// variables, plus `env`; at most 20 s.
 fn livegate(args: &[&str], env: &[(&str, &str)], cwd: &Path) -> Ran {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_livegate"));
+    let mut cmd = Command::new(crate::common::livegate_bin());
     cmd.args(args).current_dir(cwd).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     for (k, _) in std::env::vars() {
         if k.starts_with("LIVEGATE_") || k == "RUST_LOG" {
@@ -1107,7 +1107,7 @@ fn livegate(args: &[&str], env: &[(&str, &str)], cwd: &Path) -> Ran {
     }
 }
 
-const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/livegate.example.toml");
+const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/livegate.example.toml");
 
 /// check-config succeeded: exit 0, nothing on stderr, the note line, then TOML.
 fn effective(ran: &Ran, what: &str) -> toml::Table {

@@ -25,7 +25,7 @@ fn validator() -> PathBuf {
         panic!("LIVEGATE_OPENAPI_VALIDATOR is not set: {hint}");
     };
     let path = PathBuf::from(value);
-    let path = if path.is_relative() { Path::new(env!("CARGO_MANIFEST_DIR")).join(path) } else { path };
+    let path = if path.is_relative() { Path::new(crate::common::REPO).join(path) } else { path };
     assert!(path.is_file(), "LIVEGATE_OPENAPI_VALIDATOR={} does not exist: {hint}", path.display());
     path
 }
@@ -262,7 +262,7 @@ fn check_answers(doc: &Value, answers: &[Value], dir: &Path, name: &str) -> (boo
     let answers_file = dir.join(format!("{name}-answers.json"));
     std::fs::write(&doc_file, serde_json::to_vec(doc).unwrap()).unwrap();
     std::fs::write(&answers_file, serde_json::to_vec_pretty(answers).unwrap()).unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openapi/check_answers.py");
+    let script = Path::new(crate::common::REPO).join("tests/openapi/check_answers.py");
     let output = Command::new(venv_python()).arg(script).arg(&doc_file).arg(&answers_file).output().expect("run check_answers.py");
     let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     (output.status.success(), text)

@@ -11,7 +11,7 @@ fn xorshift(state: &mut u64) -> u64 {
 }
 
 fn route(nodes: &std::path::Path, sessions: &std::path::Path) -> Vec<u8> {
-    let out = Command::new(env!("CARGO_BIN_EXE_livegate"))
+    let out = Command::new(crate::common::livegate_bin())
         .args(["route", "--nodes"])
         .arg(nodes)
         .arg("--sessions")
@@ -86,7 +86,7 @@ fn route_reports_errors_per_session_and_rejects_bad_files() {
     assert_eq!(String::from_utf8(route(&nodes, &sessions)).unwrap(), "s1 error: no alive owner\n");
 
     std::fs::write(&nodes, "a sideways\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_livegate"))
+    let out = Command::new(crate::common::livegate_bin())
         .args(["route", "--nodes"])
         .arg(&nodes)
         .arg("--sessions")

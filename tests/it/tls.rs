@@ -265,7 +265,7 @@ async fn route_names_an_https_url_for_a_tls_node() {
 fn serve_with_missing_certificate() -> (std::process::ExitStatus, String, String) {
     let dir = tempfile::tempdir().expect("tempdir");
     let missing = dir.path().join("no-such-cert.pem");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_livegate"))
+    let mut child = std::process::Command::new(crate::common::livegate_bin())
         .args(["serve", "--listen", "127.0.0.1:0", "--api-key", API_KEY])
         .arg("--data-dir")
         .arg(dir.path().join("data"))

@@ -584,7 +584,7 @@ fn a_bad_webhook_config_stops_the_start_with_a_clear_error() {
         (&["--webhook-url", "http://127.0.0.1:9/hooks", "--webhook-secret", "s", "--webhook-queue-max", "0"], "webhook_queue_max must be at least 1"),
     ];
     for (flags, message) in cases {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_livegate"));
+        let mut cmd = Command::new(crate::common::livegate_bin());
         for (name, _) in std::env::vars_os() {
             if name.to_string_lossy().starts_with("LIVEGATE_") {
                 cmd.env_remove(name);

@@ -131,7 +131,7 @@ fn every_test_enters_the_gate() {
         }
     }
     let mut files = Vec::new();
-    rust_files(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it"), &mut files);
+    rust_files(&std::path::Path::new(crate::common::REPO).join("tests/it"), &mut files);
     let mut missing = Vec::new();
     for file in &files {
         let text = std::fs::read_to_string(file).expect("read test file");

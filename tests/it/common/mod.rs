@@ -23,7 +23,7 @@ pub(crate) use concurrency::gate;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,20 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+/// The repository's root: the integration tests are the package in `tests/it`.
+pub const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+
+/// The `livegate` binary under test: the build beside this test binary
+/// (`target/release/livegate`). `cargo test` builds it with the tests, for the root
+/// package's `tests/binary.rs`.
+pub fn livegate_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    // target/release/deps/it-HASH
+    let bin = exe.parent().and_then(Path::parent).map(|dir| dir.join("livegate")).expect("target dir");
+    assert!(bin.exists(), "{} not found: build it with `cargo build --release` (cargo test builds it)", bin.display());
+    bin
+}
 
 /// The API key every test server is started with.
 pub const API_KEY: &str = "test-api-key-0123456789";

@@ -57,7 +57,7 @@ impl ServeProcess {
     }
 
     fn spawn_as(data_dir: &Path, log: &Path, node: &str, key: &[&str], extra: &[&str], env: &[(&str, &str)]) -> ServeProcess {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_livegate"));
+        let mut cmd = Command::new(crate::common::livegate_bin());
         cmd.arg("serve")
             .args(["--listen", "127.0.0.1:0"])
             .arg("--data-dir")

@@ -120,7 +120,7 @@ impl Swarm {
     /// `node tests/js/support/swarm.mjs` as `spec` says, its clients given `url`; its
     /// stderr goes to `log`.
     pub fn start(url: &str, spec: &SwarmSpec<'_>, log: &Path) -> Swarm {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/js/support/swarm.mjs");
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/js/support/swarm.mjs");
         let mut child = Command::new("node")
             .arg(script)
             .env("SWARM_URL", url)
