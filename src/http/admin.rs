@@ -17,6 +17,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use actix_web::http::header::{HeaderValue, CONTENT_SECURITY_POLICY, REFERRER_POLICY};
 use super::{api_error, authorize, embedded, internal, json, read_body, ApiError, AppState, SMALL_BODY_LIMIT};
 use crate::actors::messages::CountConnections;
+use super::seams::OrderNotTaken;
 use crate::actors::rebalance::Shed;
 use crate::core::rebalance::{self, Load, Order};
 use crate::protocol::{self, ErrorCode, OverviewCounters, OverviewNode, OverviewReply, OverviewRoom};
@@ -97,7 +98,7 @@ pub async fn rebalance(req: HttpRequest, payload: web::Payload, state: web::Data
     for (share, rate) in plan.shares.iter().zip(plan.rates(per_second)) {
         let order = Order { id: id.clone(), to: to.clone(), to_url: to_url.clone(), connections: share.connections, per_second: rate };
         let given = if share.node == state.config.node {
-            state.rebalance.actor.send(Shed(order)).await.map_err(|e| e.to_string())
+            state.rebalance.actor.send(Shed(order)).await.map_err(OrderNotTaken::from)
         } else {
             state.other_nodes.rebalance(&share.node, &order).await
         };
@@ -109,7 +110,7 @@ pub async fn rebalance(req: HttpRequest, payload: web::Payload, state: web::Data
             connections: share.connections,
             per_second: rate,
             accepted: given.is_ok(),
-            error: given.err(),
+            error: given.err().map(|error| error.to_string()),
         });
     }
     tracing::info!(id, to, per_second, total = plan.total(), mean = plan.mean, "rebalance planned");

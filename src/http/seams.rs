@@ -14,6 +14,7 @@ use futures_util::future::{ready, LocalBoxFuture};
 
 use crate::actors::connection::ResumeRevocations;
 use crate::actors::liveness::Router;
+use crate::cluster::bus::ForwardError;
 use crate::cluster::{Cluster, ClusterError};
 use crate::core::rebalance::Order;
 use crate::store::{Store, StoreError};
@@ -262,7 +263,21 @@ pub trait OtherNodes: Send + Sync + 'static {
     /// made at `at_ms`.
     fn kick<'a>(&'a self, user: &'a str, device: Option<&'a str>, at_ms: u64) -> LocalBoxFuture<'a, Result<usize, ClusterError>>;
     /// Give `node` its part of a rebalance; `Err` with why when it did not acknowledge.
-    fn rebalance<'a>(&'a self, node: &'a str, order: &'a Order) -> LocalBoxFuture<'a, Result<(), String>>;
+    fn rebalance<'a>(&'a self, node: &'a str, order: &'a Order) -> LocalBoxFuture<'a, Result<(), OrderNotTaken>>;
+}
+
+/// Why a node did not take its part of a rebalance (the plan's `shares[].error`).
+#[derive(Debug, thiserror::Error)]
+pub enum OrderNotTaken {
+    /// A single node has nobody else to give a share to.
+    #[error("no other node: {0} is unknown")]
+    UnknownNode(String),
+    /// The order did not reach the node over NATS, or the node refused it.
+    #[error(transparent)]
+    Cluster(#[from] ForwardError),
+    /// This node's own rebalancer is gone (it is shutting down).
+    #[error("this node's rebalancer is gone: {0}")]
+    Stopped(#[from] actix::MailboxError),
 }
 
 /// A single node: there is nobody else to ask.
@@ -273,8 +288,8 @@ impl OtherNodes for NoOtherNodes {
         Box::pin(ready(Ok(0)))
     }
 
-    fn rebalance<'a>(&'a self, node: &'a str, _order: &'a Order) -> LocalBoxFuture<'a, Result<(), String>> {
-        Box::pin(ready(Err(format!("no other node: {node} is unknown"))))
+    fn rebalance<'a>(&'a self, node: &'a str, _order: &'a Order) -> LocalBoxFuture<'a, Result<(), OrderNotTaken>> {
+        Box::pin(ready(Err(OrderNotTaken::UnknownNode(node.to_string()))))
     }
 }
 
@@ -290,7 +305,7 @@ impl OtherNodes for ClusterNodes {
         Box::pin(async move { crate::cluster::bus::kick_remote(&self.cluster, alive, user, device, at_ms).await })
     }
 
-    fn rebalance<'a>(&'a self, node: &'a str, order: &'a Order) -> LocalBoxFuture<'a, Result<(), String>> {
-        Box::pin(async move { crate::cluster::bus::send_order(&self.cluster, node, order).await.map_err(|e| e.to_string()) })
+    fn rebalance<'a>(&'a self, node: &'a str, order: &'a Order) -> LocalBoxFuture<'a, Result<(), OrderNotTaken>> {
+        Box::pin(async move { Ok(crate::cluster::bus::send_order(&self.cluster, node, order).await?) })
     }
 }
