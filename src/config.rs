@@ -175,8 +175,8 @@ config_keys! {
         "Largest WebSocket frame a client may send; larger closes with 1009";
     max_message_bytes: usize = 65536, "BYTES",
         "Largest client message assembled from fragments; larger closes with 1009";
-    max_connections: usize = 15000, "N",
-        "WebSocket and SSE connections this node holds, at most the open-file limit - 256 - max_http_connections; more are refused with 503; 0: only that bound";
+    max_connections: usize = 0, "N",
+        "WebSocket and SSE connections this node holds; more are refused with 503. 0 (the default): as many as the open-file limit allows (limit - 256 - max_http_connections); a larger value is bounded by that too";
     max_http_connections: usize = 1024, "N",
         "Plain HTTP sockets (requests, keep-alive, handshakes not yet upgraded) this node holds, at most half the open-file limit - 256; more are closed at once";
     max_connections_per_ip: usize = 1000, "N",

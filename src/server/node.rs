@@ -203,14 +203,13 @@ impl Node {
         let open_files = open_files_limit();
         let max_http_connections = crate::http::limits::effective_max_http_connections(config.max_http_connections, open_files);
         let max_connections = crate::http::limits::effective_max_connections(config.max_connections, open_files, max_http_connections);
-        if max_connections != config.max_connections || max_http_connections != config.max_http_connections {
-            tracing::info!(
-                configured = config.max_connections,
-                max_connections,
-                max_http_connections,
-                "connection limits bounded by the open-file limit"
-            );
-        }
+        tracing::info!(
+            open_files,
+            configured = config.max_connections,
+            max_connections,
+            max_http_connections,
+            "connection limits in force (max_connections 0: what the open-file limit allows)"
+        );
         let timing = DrainTiming { wait: config.drain_wait(), spread: config.drain_spread(), grace: config.drain_grace() };
         // The publish path and the kicks' reach, chosen once with the rest: one node, or NATS.
         let (publisher, other_nodes): (Publisher, Arc<dyn OtherNodes>) = match &cluster {
