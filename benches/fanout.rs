@@ -4,7 +4,9 @@
 //! to CPU 1, raises its fd limit, opens WebSocket clients from 127.0.0.2… in each
 //! server's own protocol, publishes over HTTP with a sequence number and send time in
 //! every payload, and records latency (HDR histograms), deliveries, gaps and duplicates,
-//! and the server's CPU time and memory from `/proc`.
+//! and the server's CPU time and memory from `/proc`. Beside every fanout step it measures
+//! the machine's floor (`fanout/floor.rs`: one `write()` per subscriber per round, same
+//! subscribers, rounds and frame size) and reports each server's CPU per frame ÷ floor.
 //!
 //! ```text
 //! cargo bench --bench fanout -- --all                       # everything, 3 interleaved runs, report + plots
@@ -26,6 +28,8 @@
 //! installed by `benches/run`; without nats-server, `--all` and `--smoke` skip cluster.
 //! The report goes to `target/bench-report/` (`--all`), `…/smoke/` or `…/partial/`.
 
+#[path = "fanout/floor.rs"]
+mod floor;
 #[path = "fanout/http.rs"]
 mod http;
 #[path = "fanout/load.rs"]

@@ -54,6 +54,8 @@ pub struct Phase {
     pub delivered: u64,
     pub published: u64,
     pub frames: u64,
+    /// Bytes of those frames on the wire, WebSocket header included.
+    pub frame_bytes: u64,
 }
 
 impl Phase {
@@ -80,6 +82,7 @@ impl Recorder {
             delivered: 0,
             published: 0,
             frames: 0,
+            frame_bytes: 0,
         });
         self.phases.len() - 1
     }
@@ -88,10 +91,12 @@ impl Recorder {
         self.phases.iter_mut().rev().find(|p| t >= p.measure && t < p.end)
     }
 
-    pub fn on_frame(&mut self, now: u64) {
+    /// A text frame whose payload is `len` bytes arrived at `now`.
+    pub fn on_frame(&mut self, now: u64, len: usize) {
         self.frames += 1;
         if let Some(p) = self.phase_of(now) {
             p.frames += 1;
+            p.frame_bytes += ws_frame_bytes(len) as u64;
         }
     }
 
@@ -111,6 +116,16 @@ impl Recorder {
 }
 
 pub type Rec = Rc<RefCell<Recorder>>;
+
+/// Bytes on the wire of a server's unmasked, unfragmented WebSocket frame with a
+/// `len`-byte payload (RFC 6455 §5.2: a 2-byte header, plus 2 or 8 for the longer lengths).
+pub fn ws_frame_bytes(len: usize) -> usize {
+    len + match len {
+        0..=125 => 2,
+        126..=65535 => 4,
+        _ => 10,
+    }
+}
 
 // ---------------------------------------------------------------------------------------
 // Clients
@@ -298,7 +313,7 @@ async fn read_loop(kind: Kind, ws: &mut Ws, slow: bool, rec: &Rec, stop: &mut wa
                 Some(Ok(Message::Text(t))) => {
                     let now = now_ns();
                     let mut r = rec.borrow_mut();
-                    r.on_frame(now);
+                    r.on_frame(now, t.len());
                     proto::scan_events(t.as_bytes(), |seq, sent| {
                         sum.received += 1;
                         if seen.insert(seq) {

@@ -188,7 +188,7 @@ async fn open_one(addr: SocketAddr, token: &str, arm: Arm, stable: bool, rec: Re
                             continue;
                         }
                         let mut r = rec.borrow_mut();
-                        r.on_frame(now);
+                        r.on_frame(now, b.len());
                         proto::scan_events(b, |seq, sent| {
                             out.received += 1;
                             let (w, bit) = ((seq / 64) as usize, seq % 64);

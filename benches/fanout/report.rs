@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::floor::Floor;
 use crate::plots;
-use crate::scenarios::{Case, Nodes, Record, Sizes, SCENARIOS};
+use crate::scenarios::{Case, FloorStep, Nodes, Record, Sizes, SCENARIOS};
 use crate::servers::{Kind, Paths};
 
 pub struct Meta {
@@ -84,6 +85,23 @@ pub fn one_line(r: &Record) -> String {
                 st.server_cpu_util * 100.0,
                 st.client_cpu_util * 100.0,
                 st.other_cpu_util * 100.0
+            );
+        }
+    }
+    for f in &r.floors {
+        if let Ok(floor) = &f.floor {
+            let _ = write!(
+                s,
+                "\n    floor beside {}/s ({} sockets, {:.1} rounds/s, {} B frames): {} µs CPU per write, {} writes per CPU-s, CPU {:.0} %; server {} µs per frame = {:.2}× the floor",
+                fmt(f.rate),
+                f.subscribers,
+                f.rounds_per_s,
+                f.frame_bytes,
+                fmt(floor.us_per_write()),
+                fmt(floor.writes_per_cpu_s()),
+                floor.cpu_util() * 100.0,
+                fmt(f.server_us_per_frame),
+                f.times_floor()
             );
         }
     }
@@ -215,7 +233,7 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
     }
 
     // Main table.
-    let _ = writeln!(md, "## Results\n\nMedian of the runs, (min–max) when they differ. Ratio = livegate median / peer median (livegate/livegate (before): this build ÷ the `--baseline-bin` build, same run); the arrow says which direction is better.\n");
+    let _ = writeln!(md, "## Results\n\nMedian of the runs, (min–max) when they differ. Ratio = livegate median / peer median (livegate/livegate (before): this build ÷ the `--baseline-bin` build, same run); the arrow says which direction is better. fanout's `floor:` and `÷ floor` rows are each server's own floor, measured beside its run (see the floor section below).\n");
     let mut head = String::from("| scenario | metric | ");
     let mut rule = String::from("|---|---|");
     for k in &kinds {
@@ -380,6 +398,13 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
         }
     }
 
+    if let Some(table) = floor_table(records) {
+        let _ = writeln!(
+            md,
+            "\n## fanout against the machine's floor (issue 32)\n\nBeside every fanout step, once the server has stopped: the floor (`benches/fanout/floor.rs`), one `write()` per subscriber per round on loopback TCP from a thread pinned to CPU 0, a thread on CPU 1 draining every socket, with the step's reading subscribers, one round per frame a subscriber received per second, and frames of the step's mean received size (WebSocket header included). Floor CPU = the writer thread's alone (`getrusage(RUSAGE_THREAD)`; on loopback it includes the receiver's TCP work, as the servers' CPU does). ÷ floor = server CPU per delivered frame ÷ floor CPU per write. Medians of the runs.\n\n{table}"
+        );
+    }
+
     // Plots.
     let _ = writeln!(md, "\n## Plots\n");
     if let Some(rate) = plots::cdf_rate(records, sizes) {
@@ -458,6 +483,49 @@ pub fn reconnect_table(records: &[Record]) -> Option<String> {
     Some(md)
 }
 
+/// The fanout steps of every server beside the floor measured with that server's
+/// subscribers, rounds and frame size; "not measured" with the reason when no run got one.
+pub fn floor_table(records: &[Record]) -> Option<String> {
+    let fanout: Vec<&Record> = records.iter().filter(|r| r.case == Case::Fanout && !r.floors.is_empty()).collect();
+    if fanout.is_empty() {
+        return None;
+    }
+    let mut md = String::from(
+        "| publishes/s | server | frames per subscriber per s | frame bytes | server CPU µs per frame | floor CPU µs per write | floor writes per CPU-s | floor CPU % | ÷ floor |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for rate in step_rates(records, Case::Fanout) {
+        for k in servers_in(records) {
+            let steps: Vec<&FloorStep> =
+                fanout.iter().filter(|r| r.server == k).flat_map(|r| r.floors.iter().filter(|f| f.rate == rate)).collect();
+            if steps.is_empty() {
+                continue;
+            }
+            let col = |f: &dyn Fn(&FloorStep) -> f64| cell(&steps.iter().map(|s| f(s)).collect::<Vec<_>>());
+            let of_floor = |f: fn(&Floor) -> f64| col(&|s| s.floor.as_ref().map_or(f64::NAN, f));
+            let floor_cols = match steps.iter().find_map(|s| s.floor.as_ref().err()) {
+                Some(why) if steps.iter().all(|s| s.floor.is_err()) => format!("not measured: {why} | — | — | —"),
+                _ => format!(
+                    "{} | {} | {} | {}",
+                    of_floor(Floor::us_per_write),
+                    of_floor(Floor::writes_per_cpu_s),
+                    of_floor(|f| f.cpu_util() * 100.0),
+                    col(&FloorStep::times_floor)
+                ),
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {floor_cols} |",
+                fmt(rate),
+                k.title(),
+                col(&|s| s.rounds_per_s),
+                col(&|s| s.frame_bytes as f64),
+                col(&|s| s.server_us_per_frame)
+            );
+        }
+    }
+    Some(md)
+}
+
 fn target_row(md: &mut String, name: &str, v: f64, judge: impl Fn(f64) -> (String, bool)) {
     if v.is_finite() {
         let (text, ok) = judge(v);
@@ -491,6 +559,10 @@ fn method_notes(s: &Sizes) -> Vec<String> {
         format!(
             "**fanout**: 1 room × {} subscribers; open-loop publishing over HTTP at {:?} publishes/s, {} s warm-up + {} s measured per step; a step is the last one when p99 passes 2 s or fewer than half the deliveries arrive. Latency = receive time − intended send time (queueing in the publisher counts).",
             s.fanout_subs, s.fanout_rates, s.warm_secs, s.step_secs
+        ),
+        format!(
+            "**floor** (issue 32, beside fanout): after each server's fanout, for every step it ran, {} s of one `write()` per reading subscriber per round on loopback TCP (writer thread on CPU 0, a reader thread on CPU 1 draining with epoll), one round per frame a subscriber received per second, frames of the step's mean received WebSocket frame (text payload + 2-byte header, 4 above 125 bytes); floor CPU per write = the writer thread's CPU (`getrusage(RUSAGE_THREAD)`) ÷ writes.",
+            s.floor_secs
         ),
         format!("**rooms**: {} rooms × {} subscribers, publishes round-robin over the rooms at {:?} publishes/s in total.", s.rooms, s.per_room, s.rooms_rates),
         format!(
@@ -540,6 +612,14 @@ fn json(records: &[Record]) -> serde_json::Value {
                         "frames_per_s": s.frames_per_s, "server_cpu_util": s.server_cpu_util, "per_cpu_s": s.per_cpu_s,
                         "p50_ms": s.p50_ms, "p99_ms": s.p99_ms, "p999_ms": s.p999_ms, "client_cpu_util": s.client_cpu_util,
                         "other_cpu_util": s.other_cpu_util,
+                    })).collect::<Vec<_>>(),
+                    "floors": r.floors.iter().map(|f| serde_json::json!({
+                        "rate": f.rate, "subscribers": f.subscribers, "rounds_per_s": f.rounds_per_s,
+                        "frame_bytes": f.frame_bytes, "server_us_per_frame": f.server_us_per_frame,
+                        "floor_us_per_write": f.floor.as_ref().map_or(f64::NAN, Floor::us_per_write),
+                        "floor_writes_per_cpu_s": f.floor.as_ref().map_or(f64::NAN, Floor::writes_per_cpu_s),
+                        "floor_cpu_util": f.floor.as_ref().map_or(f64::NAN, Floor::cpu_util),
+                        "times_floor": f.times_floor(), "floor_error": f.floor.as_ref().err(),
                     })).collect::<Vec<_>>(),
                     "problems": r.problems,
                     "notes": r.notes,

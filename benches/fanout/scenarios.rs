@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
+use crate::floor::{self, Floor};
 use crate::load::{self, now_ns, secs_ns, ConnSpec, ConnSummary, Publisher, Rec};
 use crate::presence::Arm;
 use crate::procstat;
@@ -87,6 +88,8 @@ pub struct Sizes {
     pub presence_rejoin_ms: u64,
     pub presence_rates: Vec<f64>,
     pub presence_secs: f64,
+    /// Measured seconds of the floor beside each fanout step (issue 32).
+    pub floor_secs: f64,
 }
 
 impl Sizes {
@@ -143,6 +146,7 @@ impl Sizes {
             presence_rejoin_ms: 500,
             presence_rates: vec![5.0, 100.0],
             presence_secs: 5.0,
+            floor_secs: 2.0,
         }
     }
 
@@ -199,6 +203,7 @@ impl Sizes {
             presence_rejoin_ms: 500,
             presence_rates: vec![5.0, 100.0],
             presence_secs: 2.0,
+            floor_secs: 1.0,
         }
     }
 }
@@ -314,6 +319,27 @@ pub struct Step {
     pub other_cpu_util: f64,
 }
 
+/// The floor measured beside one fanout step of a server, with that step's subscribers,
+/// frames per subscriber per second and mean frame size (issue 32).
+#[derive(Clone, Debug)]
+pub struct FloorStep {
+    pub rate: f64,
+    pub subscribers: usize,
+    pub rounds_per_s: f64,
+    pub frame_bytes: usize,
+    /// The server's CPU per frame it delivered in the step.
+    pub server_us_per_frame: f64,
+    /// The floor, or why it was not measured.
+    pub floor: Result<Floor, String>,
+}
+
+impl FloorStep {
+    /// Server CPU per delivered frame ÷ the floor's CPU per write.
+    pub fn times_floor(&self) -> f64 {
+        self.floor.as_ref().map_or(f64::NAN, |f| self.server_us_per_frame / f.us_per_write())
+    }
+}
+
 pub struct Record {
     pub run: usize,
     pub server: Kind,
@@ -327,6 +353,8 @@ pub struct Record {
     pub problems: Vec<String>,
     /// Worth knowing, not wrong: overload, a busy load generator.
     pub notes: Vec<String>,
+    /// fanout: the floor beside each step.
+    pub floors: Vec<FloorStep>,
     pub secs: f64,
 }
 
@@ -348,11 +376,12 @@ struct Out {
     cdfs: Vec<(f64, Histogram<u64>)>,
     problems: Vec<String>,
     notes: Vec<String>,
+    floors: Vec<FloorStep>,
 }
 
 impl Out {
     fn new() -> Out {
-        Out { metrics: Vec::new(), steps: Vec::new(), cdfs: Vec::new(), problems: Vec::new(), notes: Vec::new() }
+        Out { metrics: Vec::new(), steps: Vec::new(), cdfs: Vec::new(), problems: Vec::new(), notes: Vec::new(), floors: Vec::new() }
     }
     fn hi(&mut self, name: &str, value: f64) {
         self.metrics.push(Metric { name: name.into(), value, higher_better: true });
@@ -371,7 +400,12 @@ pub async fn run(ctx: &Ctx<'_>, kind: Kind, case: Case, run: usize) -> Record {
         Case::Fanout => {
             let s = ctx.sizes;
             let plan = Plan::new(1, s.fanout_subs, s.fanout_rates.clone(), s.fanout_ref_rate, s.pad, s.step_secs);
-            stepped(ctx, kind, &plan).await.map(|r| r.headline("", s.fanout_ref_rate))
+            stepped(ctx, kind, &plan).await.map(|r| {
+                let floors = floors_beside(ctx, &r);
+                let mut out = r.headline("", s.fanout_ref_rate);
+                floor_metrics(&mut out, floors, s.fanout_ref_rate);
+                out
+            })
         }
         Case::Rooms => {
             let s = ctx.sizes;
@@ -402,6 +436,7 @@ pub async fn run(ctx: &Ctx<'_>, kind: Kind, case: Case, run: usize) -> Record {
         cdfs: out.cdfs,
         problems: out.problems,
         notes: out.notes,
+        floors: out.floors,
         secs: t0.elapsed().as_secs_f64(),
     }
 }
@@ -830,6 +865,8 @@ struct SteppedResult {
     peak: (u64, u64),
     pss_after: u64,
     overloaded_at: Option<f64>,
+    /// Mean WebSocket frame received per step, header included (bytes).
+    bytes_per_frame: Vec<f64>,
 }
 
 impl SteppedResult {
@@ -975,8 +1012,10 @@ async fn stepped(ctx: &Ctx<'_>, kind: Kind, plan: &Plan) -> Result<SteppedResult
     let r = rec.borrow();
     let mut steps = Vec::new();
     let mut hists = Vec::new();
+    let mut bytes_per_frame = Vec::new();
     for (p, (&rate, &(scpu, ccpu, other))) in r.phases.iter().zip(plan.rates.iter().zip(cpu.iter())) {
         let secs = p.secs();
+        bytes_per_frame.push(if p.frames > 0 { p.frame_bytes as f64 / p.frames as f64 } else { f64::NAN });
         steps.push(Step {
             rate,
             delivered_per_s: p.delivered as f64 / secs,
@@ -1012,7 +1051,47 @@ async fn stepped(ctx: &Ctx<'_>, kind: Kind, plan: &Plan) -> Result<SteppedResult
         peak: peak.get(),
         pss_after: after.pss_bytes,
         overloaded_at,
+        bytes_per_frame,
     })
+}
+
+/// The floor (`floor.rs`) beside every step of a fan-out, the server stopped: as many
+/// subscribers as read, one round per frame each received per second (the publish rate
+/// when every event is its own frame; a batching server's windows otherwise) and frames
+/// of the step's mean received size, WebSocket header included.
+fn floors_beside(ctx: &Ctx<'_>, r: &SteppedResult) -> Vec<FloorStep> {
+    let subscribers = r.summaries.iter().filter(|c| c.connected && !c.slow).count();
+    let mut floors = Vec::new();
+    for (st, &bytes) in r.steps.iter().zip(&r.bytes_per_frame) {
+        let rounds_per_s = st.frames_per_s / subscribers.max(1) as f64;
+        let frame_bytes = if bytes.is_finite() { bytes.round() as usize } else { 0 };
+        (ctx.status)(format!("floor beside {}/s: {subscribers} sockets, {rounds_per_s:.1} rounds/s, {frame_bytes}-byte frames", st.rate));
+        let floor = if st.frames_per_s > 0.0 {
+            floor::measure(subscribers, rounds_per_s, frame_bytes, ctx.sizes.floor_secs)
+        } else {
+            Err("no frame was delivered in the step".into())
+        };
+        let server_us_per_frame = if st.frames_per_s > 0.0 { st.server_cpu_util / st.frames_per_s * 1e6 } else { f64::NAN };
+        floors.push(FloorStep { rate: st.rate, subscribers, rounds_per_s, frame_bytes, server_us_per_frame, floor });
+    }
+    floors
+}
+
+/// The floor's figures at the reference rate as metrics (NaN when not measured, so the
+/// rows stay), failures as notes.
+fn floor_metrics(out: &mut Out, floors: Vec<FloorStep>, ref_rate: f64) {
+    for f in &floors {
+        if let Err(e) = &f.floor {
+            out.notes.push(format!("floor beside {}/s not measured: {e}", f.rate));
+        }
+    }
+    let at_ref = floors.iter().find(|f| (f.rate - ref_rate).abs() < 1e-9);
+    let floor = at_ref.and_then(|f| f.floor.as_ref().ok());
+    out.lo(&format!("server CPU µs per frame @{ref_rate}/s"), at_ref.map_or(f64::NAN, |f| f.server_us_per_frame));
+    out.lo(&format!("floor: CPU µs per write @{ref_rate}/s"), floor.map_or(f64::NAN, Floor::us_per_write));
+    out.hi(&format!("floor: writes per CPU-s @{ref_rate}/s"), floor.map_or(f64::NAN, Floor::writes_per_cpu_s));
+    out.lo(&format!("server CPU per frame ÷ floor @{ref_rate}/s"), at_ref.map_or(f64::NAN, FloorStep::times_floor));
+    out.floors = floors;
 }
 
 async fn hot(ctx: &Ctx<'_>, kind: Kind, window: u64) -> Result<Out, String> {
