@@ -2,6 +2,9 @@
 //! close codes. Rooms batch their events into windows and render each window's frame
 //! once; a connection writes that shared frame as it is, and renders its own only where
 //! it must filter (a replay overlapping what it sent, device-targeted inbox messages).
+//! On a plain-TCP WebSocket the room's thread does that write itself whenever nothing
+//! the rooms posted waits in the mailbox ([`super::link`]); the decision is the same
+//! subscription machine's either way.
 //! The client is on a WebSocket (livegate's own transport, [`wsio`], driven inside this
 //! actor) or a Server-Sent Events stream ([`super::sse`]); [`Transport`] is the one place
 //! they differ, so everything else here is the same code for both.
@@ -29,6 +32,7 @@ use crate::core::limits::{self, burst_for, room_start_burst, Strikes, TokenBucke
 use crate::core::names;
 use crate::core::outbox::{Outbox, Verdict};
 use crate::core::subscriptions::{Answer, Subscription, Subscriptions, WindowPlan};
+use super::link::ConnectionLink;
 use crate::protocol::{self, ClientOp, ClientRequest, CloseCode, ErrorCode, ServerOp};
 
 /// `limit` of a `history` request that names none.
@@ -172,8 +176,9 @@ pub struct Connection {
     settings: Arc<ConnectionSettings>,
     rooms: Rooms,
     registry: Addr<Registry>,
-    /// Its subscriptions and what it sent of each (`core::subscriptions`).
-    subscriptions: Subscriptions<Addr<RoomActor>>,
+    /// Its subscriptions and what it sent of each (`core::subscriptions`), shared with
+    /// the rooms that write its windows from their threads (`link`).
+    link: Arc<ConnectionLink>,
     last_heard: Instant,
     reader: MessageReader,
     /// Client messages allowed now, refilled at `max_messages_per_sec`.
@@ -215,12 +220,15 @@ impl Connection {
         registry: Addr<Registry>,
         mut io: Transport,
         permit: Option<Box<dyn Send>>,
+        to: Recipient<RoomUpdate>,
     ) -> Self {
         let backlog = Arc::new(Backlog::new(settings.max_outbox_bytes));
         io.count_into(backlog.clone());
         let inbox = names::inbox_room(&identity.user).into();
+        let machine = Subscriptions::new(inbox, identity.device.clone(), settings.max_subscriptions);
+        let link = ConnectionLink::new(machine, backlog.clone(), io.outgoing(), to, settings.metrics.clone());
         Connection {
-            subscriptions: Subscriptions::new(inbox, identity.device.clone(), settings.max_subscriptions),
+            link: Arc::new(link),
             backlog,
             io,
             initial: Vec::new(),
@@ -276,14 +284,15 @@ impl Connection {
         let metrics = &self.settings.metrics;
         metrics.frames_written.inc();
         metrics.events_delivered.inc_by(window.events.len() as u64);
-        let subscriptions = &self.subscriptions;
-        self.io.window(window, || crate::core::sse::render_cursor(subscriptions.positions()));
+        let link = &self.link;
+        self.io.window(window, || crate::core::sse::render_cursor(link.machine().positions()));
     }
 
     /// A room's window: the shared frame, a frame of the connection's own, or nothing,
     /// as the subscription machine decides.
     fn on_window(&mut self, room: &str, window: &Window) {
-        match self.subscriptions.on_window(room, &window.epoch, &window.events, window.targeted) {
+        let plan = self.link.machine().on_window(room, &window.epoch, &window.events, window.targeted);
+        match plan {
             WindowPlan::Nothing => {}
             WindowPlan::Shared => self.write_window(window),
             WindowPlan::Own(fresh) => self.write_events(&window.epoch, fresh),
@@ -339,7 +348,7 @@ impl Connection {
     /// Requests whose answers have not come back: history and presence reads, and
     /// subscribes the room has not answered yet.
     fn pending_answers(&self) -> usize {
-        self.answers_pending + self.subscriptions.unanswered()
+        self.answers_pending + self.link.machine().unanswered()
     }
 
     /// Send a Close frame (after what is written already) and wait, bounded, for the
@@ -351,9 +360,10 @@ impl Connection {
         }
         let code = code.code();
         tracing::debug!(conn = self.id, user = %self.identity.user, transport = self.io.name(), code, reason, force, "closing connection");
+        // The machine first: a room writing from its thread sends nothing after the Close.
+        self.link.machine().close();
         self.io.close(code, reason);
         self.closing = true;
-        self.subscriptions.close();
         self.close_code = Some(code);
         if force {
             ctx.stop();
@@ -589,30 +599,31 @@ impl Connection {
             return self.send_error(reference, why.code(), &why.to_string());
         }
         let room: Arc<str> = room.into();
-        if let Err(too_many) = self.subscriptions.admits(&room) {
+        let admitted = self.link.machine().admits(&room);
+        if let Err(too_many) = admitted {
             self.settings.metrics.limit_hit("subscriptions");
             return self.send_error(reference, ErrorCode::TooManySubscriptions, &too_many.to_string());
         }
         if !self.may_start_room(&room, reference, ctx) {
             return;
         }
-        let (generation, replaced) = self.subscriptions.begin(room.clone(), since);
+        let (generation, replaced) = self.link.machine().begin(room.clone(), since);
         match replaced {
             Some(old) => self.leave(&room, old),
             None => {
                 self.settings.metrics.subscriptions.inc();
             }
         }
-        let (rooms, conn, to) = (self.rooms.clone(), self.id, ctx.address().recipient());
+        let (rooms, conn, to) = (self.rooms.clone(), self.id, self.link.clone());
         let name = room.clone();
-        let backlog = self.backlog.clone();
         let member = crate::core::presence::Member { user: self.identity.user.clone(), device: self.identity.device.clone() };
         let subscribe =
-            Subscribe { conn, to, backlog, since, epoch, reference, generation, automatic: false, state, member: Some(member), presence };
+            Subscribe { conn, to, since, epoch, reference, generation, automatic: false, state, member: Some(member), presence };
         let fut = async move { rooms.subscribe(&name, subscribe).await };
         ctx.spawn(fut.into_actor(self).map(move |result, conn, _| match result {
             Ok(addr) => {
-                if let Err(stale) = conn.subscriptions.attach(&room, generation, addr) {
+                let attached = conn.link.machine().attach(&room, generation, addr);
+                if let Err(stale) = attached {
                     stale.do_send(Unsubscribe { conn: conn.id, generation });
                 }
             }
@@ -621,7 +632,8 @@ impl Connection {
     }
 
     fn unsubscribe(&mut self, room: &str) {
-        if let Some(sub) = self.subscriptions.end(room) {
+        let ended = self.link.machine().end(room);
+        if let Some(sub) = ended {
             self.ended(room, sub);
         }
     }
@@ -629,7 +641,8 @@ impl Connection {
     /// Generation `generation` of the room's subscribe was refused (by the room, or the
     /// room could not be reached): if it is still current it ends, and the client is told.
     fn refused(&mut self, room: &str, generation: u64, reference: Option<i64>, message: &str) {
-        if let Some(sub) = self.subscriptions.on_refused(room, generation) {
+        let refused = self.link.machine().on_refused(room, generation);
+        if let Some(sub) = refused {
             self.ended(room, sub);
             self.send_error(reference, ErrorCode::Unavailable, message);
         }
@@ -652,16 +665,17 @@ impl Connection {
     /// The automatic inbox subscription: announced now, parked in the rooms table while
     /// the inbox has no actor (nothing is read until a message comes or the client asks).
     fn subscribe_inbox(&mut self, ctx: &mut Context<Self>) {
-        let room = self.subscriptions.inbox().clone();
+        let room = self.link.machine().inbox().clone();
         self.io.text(ServerOp::Subscribed, &protocol::inbox_notice_frame(&room));
         self.settings.metrics.subscriptions.inc();
-        let generation = self.subscriptions.begin_inbox();
-        let parked = Parked { conn: self.id, to: ctx.address().recipient(), backlog: self.backlog.clone(), generation };
+        let generation = self.link.machine().begin_inbox();
+        let parked = Parked { conn: self.id, to: self.link.clone(), generation };
         let rooms = self.rooms.clone();
         let fut = async move { rooms.subscribe_inbox(&room, parked).await.map(|addr| (room, addr)) };
         ctx.spawn(fut.into_actor(self).map(move |result, conn, _| match result {
             Ok((room, Some(addr))) => {
-                if let Err(stale) = conn.subscriptions.attach(&room, generation, addr) {
+                let attached = conn.link.machine().attach(&room, generation, addr);
+                if let Err(stale) = attached {
                     stale.do_send(Unsubscribe { conn: conn.id, generation });
                 }
             }
@@ -691,7 +705,7 @@ impl Connection {
                 tracing::debug!(conn = self.id, ?reason, "client closed");
                 self.close_code = Some(reason.as_ref().map_or(1005, |r| u16::from(r.code)));
                 self.closing = true;
-                self.subscriptions.close();
+                self.link.machine().close();
                 self.io.echo_close(reason);
                 ctx.stop();
             }
@@ -772,8 +786,8 @@ impl Actor for Connection {
     fn stopped(&mut self, _ctx: &mut Self::Context) {
         self.io.finish(FINISH_WITHIN);
         let metrics = &self.settings.metrics;
-        metrics.subscriptions.dec_by(self.subscriptions.len() as i64);
-        let ended: Vec<_> = self.subscriptions.drain().collect();
+        let ended: Vec<_> = self.link.machine().drain().collect();
+        metrics.subscriptions.dec_by(ended.len() as i64);
         for (room, sub) in ended {
             self.leave(&room, sub);
         }
@@ -823,6 +837,15 @@ impl Handler<RoomUpdate> for Connection {
     type Result = ();
 
     fn handle(&mut self, update: RoomUpdate, ctx: &mut Self::Context) {
+        self.on_update(update, ctx);
+        // Only now, with what it wrote queued: rooms may write to the socket directly again.
+        self.link.handled();
+    }
+}
+
+impl Connection {
+    /// A room's update, taken off the mailbox.
+    fn on_update(&mut self, update: RoomUpdate, ctx: &mut Context<Self>) {
         // What a room reserved for this window leaves the backlog whatever happens next.
         if let RoomUpdate::Events { window, .. } = &update {
             self.settings.metrics.outbox_seen(self.backlog.held());
@@ -838,7 +861,7 @@ impl Handler<RoomUpdate> for Connection {
             RoomUpdate::Subscribed { room, epoch, head, recovered, replay, reference, generation, state } => {
                 let state_seq = state.as_ref().map(|state| state.as_ref().map_or(0, |s| s.seq));
                 let answer = Answer { room: &room, generation, epoch: &epoch, head, recovered, state_seq, replay: &replay };
-                let Some(answered) = self.subscriptions.on_subscribed(answer) else { return };
+                let Some(answered) = self.link.machine().on_subscribed(answer) else { return };
                 if let Some(recovered) = recovered {
                     self.settings.metrics.recovery(recovered);
                 }
@@ -858,7 +881,7 @@ impl Handler<RoomUpdate> for Connection {
             }
             RoomUpdate::Events { room, window } => self.on_window(&room, &window),
             RoomUpdate::Presence { room, frame } => {
-                if self.subscriptions.is_live(&room) {
+                if self.link.machine().is_live(&room) {
                     self.io.presence(&frame);
                 }
             }

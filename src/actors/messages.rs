@@ -109,15 +109,30 @@ pub struct RoomGone;
 
 // ---- connection → room ----
 
+/// How a room reaches one subscribing connection. Every update goes through `post`, in
+/// order; a window goes through `window`, which the connection may decide and write from
+/// the room's own thread (`actors::link`) instead of taking it off its mailbox.
+pub trait Outlet: Send + Sync {
+    /// Every byte held for the connection: the room reserves a frame's size here before
+    /// it sends it, and evicts a connection over its bound.
+    fn backlog(&self) -> &crate::core::backlog::Backlog;
+    /// Send an update to the connection's mailbox (after everything posted before it).
+    fn post(&self, update: RoomUpdate);
+    /// A window of the room's, its size reserved in the backlog: written now, or posted.
+    fn window(&self, room: &Arc<str>, window: &Arc<Window>) {
+        self.post(RoomUpdate::Events { room: room.clone(), window: window.clone() });
+    }
+    /// Whether the connection still takes updates (its actor is alive).
+    fn connected(&self) -> bool;
+}
+
 /// Add a subscriber. The room answers through `to` with [`RoomUpdate::Subscribed`]
 /// (carrying any replay) before it sends that subscriber any live events.
 #[derive(Message, Clone)]
 #[rtype(result = "Result<(), RoomGone>")]
 pub struct Subscribe {
     pub conn: ConnId,
-    pub to: Recipient<RoomUpdate>,
-    /// The connection's backlog: the room reserves what it sends there.
-    pub backlog: Arc<crate::core::backlog::Backlog>,
+    pub to: Arc<dyn Outlet>,
     /// Last seq the client saw; `None` subscribes live only.
     pub since: Option<u64>,
     pub epoch: Option<String>,
@@ -142,8 +157,7 @@ pub struct Subscribe {
 /// in the rooms table, adopted by the room's next actor as a subscriber.
 pub struct Parked {
     pub conn: ConnId,
-    pub to: Recipient<RoomUpdate>,
-    pub backlog: Arc<crate::core::backlog::Backlog>,
+    pub to: Arc<dyn Outlet>,
     pub generation: u64,
 }
 

@@ -4,6 +4,7 @@
 pub mod connection;
 pub mod directory;
 pub mod echo;
+pub mod link;
 pub mod liveness;
 pub mod messages;
 pub mod publish;

@@ -190,7 +190,6 @@ impl Rooms {
             let msg = Subscribe {
                 conn: parked.conn,
                 to: parked.to.clone(),
-                backlog: parked.backlog.clone(),
                 since: None,
                 epoch: None,
                 reference: None,

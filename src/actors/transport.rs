@@ -100,6 +100,15 @@ impl Transport {
         }
     }
 
+    /// The write side rooms may write windows to from their own threads: a WebSocket on
+    /// plain TCP (TLS and SSE frames go through the connection's mailbox).
+    pub fn outgoing(&self) -> Option<std::sync::Arc<super::wsio::Outgoing>> {
+        match self {
+            Transport::Ws(io) => Some(io.outgoing()).filter(|out| out.direct()),
+            Transport::Sse(_) => None,
+        }
+    }
+
     /// Have a WebSocket look again whether it may read (its actor's task is woken); an
     /// SSE client sends nothing.
     pub fn wake_reader(&self) {

@@ -7,6 +7,8 @@
 //!   of a frame not complete yet, so an idle connection holds no read buffer.
 //! - Writing is a queue of encoded frames written with vectored writes: a room window's
 //!   frame is encoded once ([`encode_text`]) and every subscriber queues the same bytes.
+//!   The queue and, on plain TCP, the descriptor sit behind one lock ([`Outgoing`]), so a
+//!   room's thread writes a shared frame to an idle socket itself, with no wake-up.
 //!   The queue is counted ([`WsIo::queued_bytes`], and into the connection's
 //!   [`Backlog`] once [`WsIo::count_into`] gave it one) so the owner can bound it.
 //! - The owner decides before each frame is read whether to read at all
@@ -20,6 +22,8 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io::IoSlice;
+use std::os::fd::RawFd;
+use std::sync::Arc;
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::Duration;
@@ -29,6 +33,7 @@ use actix::fut::ActorFuture;
 use actix_codec::{AsyncRead, AsyncWrite, Decoder, Encoder, ReadBuf};
 use actix_http::ws::{self, CloseReason, Codec, Frame, Message, OpCode, Parser, ProtocolError};
 use actix_web::web::{Bytes, BytesMut};
+use parking_lot::Mutex;
 
 use crate::core::backlog::Backlog;
 
@@ -82,37 +87,196 @@ pub struct WsIo {
     codec: Codec,
     /// Bytes of a frame not complete yet (empty, and unallocated, between frames).
     read: BytesMut,
+    /// What is queued to write, shared with rooms that write windows straight to the
+    /// socket ([`Outgoing::write_shared`]).
+    out: Arc<Outgoing>,
+    /// The read side ended (end of stream or an error was reported).
+    read_done: bool,
+    /// Dropped once the socket is closed.
+    finished: Option<Finished>,
+}
+
+/// The write side of one WebSocket, behind one lock: its queue of encoded frames and,
+/// on plain TCP, the socket's descriptor, so a room's thread can write a shared frame
+/// itself when nothing is queued before it. Every write, the actor's and a room's, is
+/// made holding the lock, so frames never interleave and leave in the order queued.
+pub struct Outgoing {
+    state: Mutex<OutQueue>,
+}
+
+struct OutQueue {
     /// Encoded frames not yet written; the first may be partly written.
     queue: VecDeque<Bytes>,
     /// Bytes of `queue[0]` already written.
     written: usize,
     queued: usize,
     /// Where `queued` is also counted: the connection's backlog (None: not bounded).
-    counter: Option<std::sync::Arc<Backlog>>,
-    /// The owning actor's task, to write from outside the poll (a handler, a timer).
+    counter: Option<Arc<Backlog>>,
+    /// The owning actor's task, to write from outside the poll (a handler, a timer, a
+    /// room that queued behind a full socket).
     waker: Option<Waker>,
-    /// The read side ended (end of stream or an error was reported).
-    read_done: bool,
+    /// The socket's descriptor for writes from another thread: plain TCP only, and only
+    /// while the socket is open ([`WsIo::finish`] and drop clear it first).
+    fd: Option<RawFd>,
     /// Writing failed: everything queued is dropped from now on.
     broken: bool,
-    /// Dropped once the socket is closed.
-    finished: Option<Finished>,
+    /// The actor is gone: frames from rooms are dropped; what is queued is being
+    /// written by the finishing task.
+    sealed: bool,
+}
+
+/// What [`Outgoing::write_shared`] did with a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wrote {
+    /// All of it is on the socket.
+    Written,
+    /// Some or all of it waits in the queue; the actor was woken to write it.
+    Queued,
+    /// The socket is gone or broken: dropped.
+    Dropped,
+}
+
+impl OutQueue {
+    fn set_queued(&mut self, bytes: usize) {
+        self.queued = bytes;
+        if let Some(counter) = &self.counter {
+            counter.set_queued(bytes);
+        }
+    }
+
+    fn push(&mut self, frame: Bytes) {
+        self.set_queued(self.queued + frame.len());
+        self.queue.push_back(frame);
+    }
+
+    fn wake(&self) {
+        if let Some(waker) = &self.waker {
+            waker.wake_by_ref();
+        }
+    }
+
+    /// Write queued frames through `stream` until the queue is empty or the socket is full.
+    fn poll_write(&mut self, stream: &mut dyn Stream, cx: &mut TaskContext<'_>) -> Poll<()> {
+        let mut stream = Pin::new(stream);
+        while !self.queue.is_empty() && !self.broken {
+            let mut slices = [IoSlice::new(&[]); SLICES_PER_WRITE];
+            let mut count = 0;
+            for (i, frame) in self.queue.iter().take(SLICES_PER_WRITE).enumerate() {
+                slices[i] = IoSlice::new(if i == 0 { &frame[self.written..] } else { frame });
+                count += 1;
+            }
+            match stream.as_mut().poll_write_vectored(cx, &slices[..count]) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => self.break_writing(),
+                Poll::Ready(Ok(n)) => self.advance(n),
+            }
+        }
+        if self.queue.capacity() > 64 && self.queue.is_empty() {
+            self.queue = VecDeque::new();
+        }
+        // TLS keeps records in its own buffer until flushed; plain TCP flushes at once.
+        match stream.as_mut().poll_flush(cx) {
+            Poll::Ready(Err(_)) => self.break_writing(),
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Ok(())) => {}
+        }
+        Poll::Ready(())
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        self.set_queued(self.queued - n);
+        while n > 0 {
+            let Some(front) = self.queue.front() else { break };
+            let left = front.len() - self.written;
+            if n < left {
+                self.written += n;
+                return;
+            }
+            n -= left;
+            self.written = 0;
+            self.queue.pop_front();
+        }
+    }
+
+    fn break_writing(&mut self) {
+        self.broken = true;
+        self.queue.clear();
+        self.set_queued(0);
+        self.written = 0;
+    }
+}
+
+impl Outgoing {
+    fn new(fd: Option<RawFd>) -> Arc<Self> {
+        Arc::new(Outgoing {
+            state: Mutex::new(OutQueue {
+                queue: VecDeque::new(),
+                written: 0,
+                queued: 0,
+                counter: None,
+                waker: None,
+                fd,
+                broken: false,
+                sealed: false,
+            }),
+        })
+    }
+
+    /// Whether frames can be written from another thread (plain TCP, still open).
+    pub fn direct(&self) -> bool {
+        self.state.lock().fd.is_some()
+    }
+
+    /// A frame encoded once and shared (a room's window), from any thread. With nothing
+    /// queued before it, it is written to the socket now, without a wake-up; whatever the
+    /// socket does not take waits in the queue, and the actor is woken to write it.
+    /// Callers that decide whether to write (the connection's subscription machine) hold
+    /// their own lock across this call, so the decision and the write are one step.
+    pub fn write_shared(&self, frame: &Bytes) -> Wrote {
+        let mut out = self.state.lock();
+        if out.broken || out.sealed || frame.is_empty() {
+            return Wrote::Dropped;
+        }
+        let fd = match out.fd {
+            Some(fd) if out.queue.is_empty() => fd,
+            _ => {
+                out.push(frame.clone());
+                out.wake();
+                return Wrote::Queued;
+            }
+        };
+        let sent = send_now(fd, frame);
+        if sent == frame.len() {
+            return Wrote::Written;
+        }
+        // Partly written, full (EAGAIN), or an error the actor's own write will meet.
+        out.push(frame.slice(sent..));
+        out.wake();
+        Wrote::Queued
+    }
+}
+
+/// One non-blocking send of `bytes` on `fd`: how many bytes the socket took (0 when it
+/// took none or failed; the caller queues the rest and the owner's write sees any error).
+fn send_now(fd: RawFd, bytes: &[u8]) -> usize {
+    // SAFETY: `fd` is an open socket: it is only read under the `Outgoing` lock, and the
+    // socket's owner clears it under that lock before the socket can be closed. The
+    // buffer is a live slice. MSG_NOSIGNAL: a reset peer gives EPIPE, not SIGPIPE.
+    let sent = unsafe { libc::send(fd, bytes.as_ptr().cast(), bytes.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    usize::try_from(sent).unwrap_or(0)
 }
 
 impl WsIo {
     /// `leftover`: bytes the HTTP layer read past the upgrade request (the first frames).
-    pub fn new(stream: Box<dyn Stream>, leftover: BytesMut, max_frame_bytes: usize) -> Self {
+    /// `fd`: the socket's descriptor when it is plain TCP (rooms may then write to it
+    /// from their threads); `None` for TLS.
+    pub fn new(stream: Box<dyn Stream>, leftover: BytesMut, max_frame_bytes: usize, fd: Option<RawFd>) -> Self {
         WsIo {
             stream,
             codec: Codec::new().max_size(max_frame_bytes),
             read: leftover,
-            queue: VecDeque::new(),
-            written: 0,
-            queued: 0,
-            counter: None,
-            waker: None,
+            out: Outgoing::new(fd),
             read_done: false,
-            broken: false,
             finished: None,
         }
     }
@@ -122,41 +286,40 @@ impl WsIo {
         self.finished = Some(finished);
     }
 
+    /// The write side, for rooms to write shared frames to (see [`Outgoing`]).
+    pub fn outgoing(&self) -> Arc<Outgoing> {
+        self.out.clone()
+    }
+
     /// Bytes queued and not yet written to the socket.
     pub fn queued_bytes(&self) -> usize {
-        self.queued
+        self.out.state.lock().queued
     }
 
     /// Wake the owning actor's task, so its owner decides again whether to read (an
     /// answer it waited for came in on another of the actor's futures).
     pub fn wake(&self) {
-        if let Some(waker) = &self.waker {
-            waker.wake_by_ref();
-        }
+        self.out.state.lock().wake();
     }
 
     /// Count what is queued in `backlog` too, from now on (the connection's bound).
-    pub fn count_into(&mut self, backlog: std::sync::Arc<Backlog>) {
-        backlog.set_queued(self.queued);
-        self.counter = Some(backlog);
-    }
-
-    fn set_queued(&mut self, bytes: usize) {
-        self.queued = bytes;
-        if let Some(counter) = &self.counter {
-            counter.set_queued(bytes);
-        }
+    pub fn count_into(&mut self, backlog: Arc<Backlog>) {
+        let mut out = self.out.state.lock();
+        backlog.set_queued(out.queued);
+        out.counter = Some(backlog);
     }
 
     /// Queue an already encoded frame (shared bytes, not copied) and write what the
     /// socket takes now.
     pub fn frame(&mut self, frame: Bytes) {
-        if self.broken || frame.is_empty() {
+        let mut out = self.out.state.lock();
+        if out.broken || frame.is_empty() {
             return;
         }
-        self.set_queued(self.queued + frame.len());
-        self.queue.push_back(frame);
-        self.write_now();
+        out.push(frame);
+        if let Some(waker) = out.waker.clone() {
+            let _ = out.poll_write(&mut *self.stream, &mut TaskContext::from_waker(&waker));
+        }
     }
 
     pub fn text(&mut self, text: &str) {
@@ -189,65 +352,11 @@ impl WsIo {
     /// Drop every queued frame no byte of which is written yet (a slow consumer's backlog),
     /// so a Close queued next goes out as soon as the client reads at all.
     pub fn discard_unsent(&mut self) {
-        let keep = usize::from(self.written > 0).min(self.queue.len());
-        self.queue.truncate(keep);
-        self.set_queued(self.queue.front().map_or(0, |f| f.len() - self.written));
-    }
-
-    fn write_now(&mut self) {
-        if let Some(waker) = self.waker.clone() {
-            let mut cx = TaskContext::from_waker(&waker);
-            let _ = self.poll_write(&mut cx);
-        }
-    }
-
-    /// Write queued frames until the queue is empty or the socket is full.
-    fn poll_write(&mut self, cx: &mut TaskContext<'_>) -> Poll<()> {
-        while !self.queue.is_empty() && !self.broken {
-            let mut slices = [IoSlice::new(&[]); SLICES_PER_WRITE];
-            let mut count = 0;
-            for (i, frame) in self.queue.iter().take(SLICES_PER_WRITE).enumerate() {
-                slices[i] = IoSlice::new(if i == 0 { &frame[self.written..] } else { frame });
-                count += 1;
-            }
-            match Pin::new(&mut *self.stream).poll_write_vectored(cx, &slices[..count]) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => self.break_writing(),
-                Poll::Ready(Ok(n)) => self.advance(n),
-            }
-        }
-        if self.queue.capacity() > 64 && self.queue.is_empty() {
-            self.queue = VecDeque::new();
-        }
-        // TLS keeps records in its own buffer until flushed; plain TCP flushes at once.
-        match Pin::new(&mut *self.stream).poll_flush(cx) {
-            Poll::Ready(Err(_)) => self.break_writing(),
-            Poll::Pending => return Poll::Pending,
-            Poll::Ready(Ok(())) => {}
-        }
-        Poll::Ready(())
-    }
-
-    fn advance(&mut self, mut n: usize) {
-        self.set_queued(self.queued - n);
-        while n > 0 {
-            let Some(front) = self.queue.front() else { break };
-            let left = front.len() - self.written;
-            if n < left {
-                self.written += n;
-                return;
-            }
-            n -= left;
-            self.written = 0;
-            self.queue.pop_front();
-        }
-    }
-
-    fn break_writing(&mut self) {
-        self.broken = true;
-        self.queue.clear();
-        self.set_queued(0);
-        self.written = 0;
+        let mut out = self.out.state.lock();
+        let keep = usize::from(out.written > 0).min(out.queue.len());
+        out.queue.truncate(keep);
+        let left = out.queue.front().map_or(0, |f| f.len() - out.written);
+        out.set_queued(left);
     }
 
     /// The next whole frame as a message, `Ready(None)` once the stream has ended.
@@ -297,23 +406,43 @@ impl WsIo {
         }
     }
 
+    /// Stop other threads writing: the descriptor is forgotten and rooms' frames are
+    /// dropped from now on (before the socket can be closed).
+    fn seal(&self) {
+        let mut out = self.out.state.lock();
+        out.fd = None;
+        out.sealed = true;
+        out.waker = None;
+    }
+
     /// When the actor stops: write what is still queued (a Close frame), bounded by
     /// `within`, end the stream (FIN, or TLS close_notify) and close the socket. This
     /// `WsIo` is left with no socket.
     pub fn finish(&mut self, within: Duration) {
-        let mut io = std::mem::replace(self, WsIo::new(Box::new(Gone), BytesMut::new(), 0));
-        io.waker = None;
+        self.seal();
+        let mut io = std::mem::replace(self, WsIo::new(Box::new(Gone), BytesMut::new(), 0, None));
         // The connection is gone: what its socket still writes is no room's concern.
-        if let Some(counter) = io.counter.take() {
+        if let Some(counter) = io.out.state.lock().counter.take() {
             counter.set_queued(0);
         }
         let done = async move {
-            let _ = std::future::poll_fn(|cx| io.poll_write(cx)).await;
+            let _ = std::future::poll_fn(|cx| {
+                let out = io.out.clone();
+                let mut out = out.state.lock();
+                out.poll_write(&mut *io.stream, cx)
+            })
+            .await;
             let _ = std::future::poll_fn(|cx| Pin::new(&mut *io.stream).poll_shutdown(cx)).await;
         };
         actix::spawn(async move {
             let _ = tokio::time::timeout(within, done).await;
         });
+    }
+}
+
+impl Drop for WsIo {
+    fn drop(&mut self) {
+        self.seal();
     }
 }
 
@@ -385,10 +514,13 @@ impl<A: WsActor> ActorFuture<A> for Pump {
 
     fn poll(self: Pin<&mut Self>, act: &mut A, ctx: &mut Context<A>, task: &mut TaskContext<'_>) -> Poll<()> {
         let Some(io) = act.io() else { return Poll::Ready(()) };
-        if !io.waker.as_ref().is_some_and(|w| w.will_wake(task.waker())) {
-            io.waker = Some(task.waker().clone());
+        {
+            let mut out = io.out.state.lock();
+            if !out.waker.as_ref().is_some_and(|w| w.will_wake(task.waker())) {
+                out.waker = Some(task.waker().clone());
+            }
+            let _ = out.poll_write(&mut *io.stream, task);
         }
-        let _ = io.poll_write(task);
         for _ in 0..FRAMES_PER_TURN {
             if ctx.state().stopping() {
                 return Poll::Ready(());
@@ -451,6 +583,82 @@ impl Accepted {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connected pair on loopback: the server's end as a `WsIo` that rooms may write
+    /// to directly, and the client's end, blocking, with a small receive buffer.
+    async fn pair() -> (WsIo, std::net::TcpStream) {
+        use std::os::fd::AsRawFd;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        socket2::SockRef::from(&server).set_send_buffer_size(4096).unwrap();
+        socket2::SockRef::from(&client).set_recv_buffer_size(4096).unwrap();
+        let server = tokio::net::TcpStream::from_std(server).unwrap();
+        let fd = server.as_raw_fd();
+        (WsIo::new(Box::new(server), BytesMut::new(), 1 << 20, Some(fd)), client)
+    }
+
+    fn read_exactly(client: &mut std::net::TcpStream, n: usize) -> Vec<u8> {
+        use std::io::Read;
+        let mut got = vec![0; n];
+        client.read_exact(&mut got).unwrap();
+        got
+    }
+
+    #[tokio::test]
+    async fn a_shared_frame_goes_straight_out_when_nothing_is_queued() {
+        let (io, mut client) = pair().await;
+        let out = io.outgoing();
+        assert!(out.direct());
+        let frame = encode_text("hello");
+        assert_eq!(out.write_shared(&frame), Wrote::Written);
+        assert_eq!(io.queued_bytes(), 0);
+        assert_eq!(read_exactly(&mut client, frame.len()), frame.to_vec());
+    }
+
+    #[tokio::test]
+    async fn behind_a_full_socket_frames_queue_and_leave_whole_and_in_order() {
+        let (mut io, mut client) = pair().await;
+        let out = io.outgoing();
+        let frames: Vec<Bytes> = (0..400).map(|i| encode_text(&format!("{i:04}{}", "x".repeat(1_000)))).collect();
+        let mut outcomes = Vec::new();
+        for (i, frame) in frames.iter().enumerate() {
+            // The actor's own frames share the queue with the rooms' (a reply between windows).
+            if i == 200 {
+                io.text("reply");
+            }
+            outcomes.push(out.write_shared(frame));
+        }
+        assert_eq!(outcomes[0], Wrote::Written);
+        assert_eq!(outcomes.last(), Some(&Wrote::Queued), "the socket filled up: {outcomes:?}");
+        assert!(io.queued_bytes() > 0);
+        let expected: Vec<u8> = frames[..200]
+            .iter()
+            .chain(std::iter::once(&encode_text("reply")))
+            .chain(&frames[200..])
+            .flat_map(|f| f.to_vec())
+            .collect();
+        let reader = std::thread::spawn(move || read_exactly(&mut client, expected.len()) == expected);
+        std::future::poll_fn(|cx| {
+            let out = io.out.clone();
+            let mut out = out.state.lock();
+            out.poll_write(&mut *io.stream, cx)
+        })
+        .await;
+        assert_eq!(io.queued_bytes(), 0);
+        assert!(reader.join().unwrap(), "every byte arrives once, in the order queued");
+    }
+
+    #[tokio::test]
+    async fn once_the_socket_is_finished_rooms_write_nothing() {
+        let (mut io, _client) = pair().await;
+        let out = io.outgoing();
+        // The finishing write runs on the actor's thread's local task set.
+        tokio::task::LocalSet::new().run_until(async { io.finish(Duration::from_millis(100)) }).await;
+        assert!(!out.direct(), "the descriptor is forgotten before the socket can close");
+        assert_eq!(out.write_shared(&encode_text("late")), Wrote::Dropped);
+    }
 
     #[test]
     fn a_frames_payload_is_its_text() {

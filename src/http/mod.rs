@@ -845,7 +845,11 @@ async fn handshake<S>(
 fn start_connection(state: &AppState, admitted: Admitted, io: Transport, rooms: Vec<InitialSubscription>) {
     let Admitted { id, identity, permit } = admitted;
     let (settings, registry) = (state.connection.clone(), state.registry.clone());
-    Connection::new(id, identity, settings, state.rooms.clone(), registry, io, Some(permit)).subscribing(rooms).start();
+    let rooms_table = state.rooms.clone();
+    Connection::create(move |ctx: &mut actix::Context<Connection>| {
+        use actix::AsyncContext;
+        Connection::new(id, identity, settings, rooms_table, registry, io, Some(permit), ctx.address().recipient()).subscribing(rooms)
+    });
 }
 
 /// The credential is verified and spent before anything is upgraded.

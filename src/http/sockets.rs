@@ -222,6 +222,13 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Timed<T> {
     }
 }
 
+/// The descriptor of `io` when it is a plain TCP socket of this server (`None` for TLS):
+/// what a WebSocket's rooms may write to from their own threads.
+pub fn plain_tcp_fd(io: &dyn std::any::Any) -> Option<std::os::fd::RawFd> {
+    use std::os::fd::AsRawFd;
+    io.downcast_ref::<Timed<TcpStream>>().map(|timed| timed.io.as_raw_fd())
+}
+
 /// The TLS acceptor reads readiness through it.
 impl ActixStream for Timed<TcpStream> {
     fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<Ready>> {

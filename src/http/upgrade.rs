@@ -119,7 +119,8 @@ where
         Some(accepted) if response.status() == actix_http::StatusCode::SWITCHING_PROTOCOLS => {
             framed.send(h1::Message::Item((response.drop_body(), BodySize::None))).await?;
             let parts = framed.into_parts();
-            let mut io = WsIo::new(Box::new(parts.io), parts.read_buf, accepted.max_frame_bytes);
+            let fd = super::sockets::plain_tcp_fd(&parts.io);
+            let mut io = WsIo::new(Box::new(parts.io), parts.read_buf, accepted.max_frame_bytes, fd);
             let (finished, closed) = Finished::new();
             io.hold(finished);
             accepted.start(io);

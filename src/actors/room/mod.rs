@@ -34,7 +34,7 @@ pub use self::local::LocalRoomLogs;
 pub use self::occupancy::{DelayedVacate, Occupancy};
 pub use self::presence::PresenceHub;
 pub use self::stream::StreamRoomLogs;
-use crate::core::backlog::{Backlog, Reserve};
+use crate::core::backlog::Reserve;
 use super::messages::*;
 use crate::cluster::roomlog::StreamEvent;
 use crate::core::batch::BatchAction;
@@ -208,8 +208,7 @@ enum RoomState {
 
 /// Where a subscriber's updates go (`core::room::Member`'s sink).
 struct Subscriber {
-    to: Recipient<RoomUpdate>,
-    backlog: Arc<Backlog>,
+    to: Arc<dyn Outlet>,
     /// Wants the room's presence frames.
     presence: bool,
 }
@@ -318,7 +317,7 @@ impl RoomActor {
             shared.adopted(replay_after);
         }
         for p in parked {
-            let sink = Subscriber { to: p.to, backlog: p.backlog, presence: false };
+            let sink = Subscriber { to: p.to, presence: false };
             self.core.subscribers.join(p.conn, Member { generation: p.generation, automatic: true, sink });
         }
         self
@@ -371,7 +370,7 @@ impl RoomActor {
             let parked: Vec<Parked> = core
                 .subscribers
                 .drain()
-                .map(|(conn, member)| Parked { conn, to: member.sink.to, backlog: member.sink.backlog, generation: member.generation })
+                .map(|(conn, member)| Parked { conn, to: member.sink.to, generation: member.generation })
                 .collect();
             if let Some(home) = core.home.upgrade() {
                 home.retire(&core.name, &ctx.address(), parked);
@@ -612,15 +611,15 @@ impl RoomCore {
         let before = self.subscribers.len();
         let (name, metrics, presence) = (&self.name, &self.settings.metrics, &mut self.presence);
         // Subscribers that went away unsubscribe, and the tick prunes any left over.
-        self.subscribers.retain(|conn, member| match member.sink.backlog.reserve(bytes) {
+        self.subscribers.retain(|conn, member| match member.sink.to.backlog().reserve(bytes) {
             Reserve::Ok => {
-                member.sink.to.do_send(RoomUpdate::Events { room: name.clone(), window: window.clone() });
+                member.sink.to.window(name, &window);
                 true
             }
             Reserve::EvictNow => {
-                tracing::info!(room = %name, conn, outstanding = member.sink.backlog.outstanding(), "slow consumer evicted");
+                tracing::info!(room = %name, conn, outstanding = member.sink.to.backlog().outstanding(), "slow consumer evicted");
                 metrics.slow_consumer_closes.inc();
-                member.sink.to.do_send(RoomUpdate::SlowConsumer);
+                member.sink.to.post(RoomUpdate::SlowConsumer);
                 presence.leave(conn);
                 false
             }
@@ -664,7 +663,7 @@ impl RoomCore {
             Err(why) => {
                 let generation = msg.generation;
                 let message = why.to_string();
-                msg.to.do_send(RoomUpdate::Refused { room: name, reference: msg.reference, message, generation });
+                msg.to.post(RoomUpdate::Refused { room: name, reference: msg.reference, message, generation });
                 return;
             }
         };
@@ -674,7 +673,7 @@ impl RoomCore {
         if let Some(why) = answer.refused {
             tracing::debug!(room = %name, since = msg.since, ?why, state = msg.state, "recovery refused");
         }
-        msg.to.do_send(RoomUpdate::Subscribed {
+        msg.to.post(RoomUpdate::Subscribed {
             room: name,
             epoch: events.epoch().into(),
             head: answer.head,
@@ -685,7 +684,7 @@ impl RoomCore {
             state: answer.with_state.then_some(current),
         });
         let presence = msg.presence && self.presence.enabled();
-        let sink = Subscriber { to: msg.to, backlog: msg.backlog, presence };
+        let sink = Subscriber { to: msg.to, presence };
         self.subscribers.join(msg.conn, Member { generation: msg.generation, automatic: msg.automatic, sink });
         self.occupancy_check();
         self.presence.join(msg.conn, msg.member);

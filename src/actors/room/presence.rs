@@ -298,11 +298,11 @@ impl RoomCore {
 /// window's (a subscriber over its bound is told to close; the room drops it when it
 /// unsubscribes, or at the tick).
 fn send_presence(room: &Arc<str>, sub: &super::Subscriber, frame: &Arc<PresenceFrame>, metrics: &crate::metrics::Metrics) {
-    match sub.backlog.reserve(frame.frame.len()) {
-        Reserve::Ok => sub.to.do_send(RoomUpdate::Presence { room: room.clone(), frame: frame.clone() }),
+    match sub.to.backlog().reserve(frame.frame.len()) {
+        Reserve::Ok => sub.to.post(RoomUpdate::Presence { room: room.clone(), frame: frame.clone() }),
         Reserve::EvictNow => {
             metrics.slow_consumer_closes.inc();
-            sub.to.do_send(RoomUpdate::SlowConsumer);
+            sub.to.post(RoomUpdate::SlowConsumer);
         }
         Reserve::Evicted => {}
     }
