@@ -219,7 +219,6 @@ impl Connection {
         rooms: Rooms,
         registry: Addr<Registry>,
         mut io: Transport,
-        permit: Option<Box<dyn Send>>,
         to: Recipient<RoomUpdate>,
     ) -> Self {
         let backlog = Arc::new(Backlog::new(settings.max_outbox_bytes));
@@ -251,9 +250,15 @@ impl Connection {
             answers_pending: 0,
             outbox: Outbox::new(settings.max_outbox_bytes, crate::core::outbox::GRACE_MS),
             grace_timer: false,
-            _permit: permit,
+            _permit: None,
             settings,
         }
+    }
+
+    /// Hold `permit` (its place in the connection limits) while the connection lives.
+    pub fn holding(mut self, permit: Box<dyn Send>) -> Self {
+        self._permit = Some(permit);
+        self
     }
 
     /// Subscribe to `rooms` once started, right after `welcome`.

@@ -848,7 +848,9 @@ fn start_connection(state: &AppState, admitted: Admitted, io: Transport, rooms: 
     let rooms_table = state.rooms.clone();
     Connection::create(move |ctx: &mut actix::Context<Connection>| {
         use actix::AsyncContext;
-        Connection::new(id, identity, settings, rooms_table, registry, io, Some(permit), ctx.address().recipient()).subscribing(rooms)
+        Connection::new(id, identity, settings, rooms_table, registry, io, ctx.address().recipient())
+            .holding(permit)
+            .subscribing(rooms)
     });
 }
 
