@@ -30,6 +30,7 @@ use crate::protocol::{self, CloseCode, ErrorCode, PublishReply, TokenReply};
 use crate::store::Store;
 
 pub mod admin;
+pub mod durable;
 pub mod limits;
 pub mod seams;
 pub mod sockets;
@@ -60,6 +61,8 @@ pub struct AppState {
     pub rooms: Rooms,
     pub registry: Addr<Registry>,
     pub directory: Addr<Directory>,
+    /// Handshakes wait here for their spent nonce and session to be durable (group commit).
+    pub handshake_flushes: Arc<durable::HandshakeFlushes>,
     /// Session records (sled, or the KV bucket in cluster mode), for routing questions.
     pub sessions: Arc<dyn SessionStore>,
     /// Where token nonces are marked used (the store, or NATS in cluster mode).
@@ -824,8 +827,8 @@ async fn handshake<S>(
     state.metrics.handshake_credential(spent.kind.label());
     let Spent { who, times, .. } = spent;
     // The nonce (and any session record) must survive a crash, or a restart would reopen
-    // a replay window.
-    state.store.flush_soon().await.map_err(internal)?;
+    // a replay window. Concurrent handshakes share the flush (`durable`).
+    state.handshake_flushes.durable().await.map_err(internal)?;
     let resume = mint_resume(state, &who, &grant.session);
     let identity = Identity {
         user: who.user.into(),

@@ -231,6 +231,7 @@ impl Node {
             rooms: rooms.clone(),
             registry: registry.clone(),
             directory: directory.clone(),
+            handshake_flushes: crate::http::durable::HandshakeFlushes::new(store.clone()),
             sessions: backends.sessions,
             nonces: backends.nonces,
             other_nodes,
