@@ -28,6 +28,8 @@
 //! installed by `benches/run`; without nats-server, `--all` and `--smoke` skip cluster.
 //! The report goes to `target/bench-report/` (`--all`), `…/smoke/` or `…/partial/`.
 
+#[path = "fanout/connects.rs"]
+mod connects;
 #[path = "fanout/floor.rs"]
 mod floor;
 #[path = "fanout/http.rs"]
@@ -71,7 +73,7 @@ struct Args {
     #[arg(long)]
     smoke: bool,
     /// Scenarios to run (comma-separated): idle, fanout, rooms, hot, durable, slow, cluster,
-    /// churn, reconnect, presence.
+    /// churn, reconnect, presence, connects.
     #[arg(long, value_delimiter = ',')]
     scenario: Vec<String>,
     /// Servers to run (comma-separated): livegate, livegate-base (needs --baseline-bin),

@@ -178,7 +178,7 @@ impl Clients {
 const SOURCES: usize = 64;
 static NEXT_SOURCE: AtomicUsize = AtomicUsize::new(0);
 /// Handshakes in flight at once.
-const CONNECT_PARALLEL: usize = 256;
+pub const CONNECT_PARALLEL: usize = 256;
 /// Failed connections after which the rest of a batch is not tried.
 const GIVE_UP_AFTER: usize = 50;
 /// Bound of TCP connect and of the WebSocket upgrade.

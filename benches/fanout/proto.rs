@@ -94,26 +94,30 @@ async fn send(ws: &mut Ws, text: &str) -> Result<(), String> {
     ws.send(Message::Text(text.to_string())).await.map_err(|e| e.to_string())
 }
 
+/// livegate: reads the `welcome`, subscribes to `room` and waits for its `subscribed`;
+/// returns the welcome frame (its `resume` credential reopens the connection).
+pub async fn subscribe_welcomed(ws: &mut Ws, room: &str) -> Result<String, String> {
+    let welcome = next_text(ws).await?;
+    if !welcome.contains(r#""op":"welcome""#) {
+        return Err(format!("expected welcome, got {welcome}"));
+    }
+    send(ws, &format!(r#"{{"op":"subscribe","room":"{room}","ref":1}}"#)).await?;
+    // The inbox's own `subscribed` (without ref) may come first.
+    loop {
+        let t = next_text(ws).await?;
+        if t.contains(r#""op":"subscribed""#) && t.contains(r#""ref":1"#) {
+            return Ok(welcome);
+        }
+        if t.contains(r#""op":"error""#) {
+            return Err(format!("subscribe refused: {t}"));
+        }
+    }
+}
+
 /// Completes the server's own subscribe handshake on an upgraded socket.
 pub async fn subscribe(kind: Kind, ws: &mut Ws, room: &str) -> Result<(), String> {
     match kind {
-        Kind::Livegate | Kind::LivegateBase => {
-            let welcome = next_text(ws).await?;
-            if !welcome.contains(r#""op":"welcome""#) {
-                return Err(format!("expected welcome, got {welcome}"));
-            }
-            send(ws, &format!(r#"{{"op":"subscribe","room":"{room}","ref":1}}"#)).await?;
-            // The inbox's own `subscribed` (without ref) may come first.
-            loop {
-                let t = next_text(ws).await?;
-                if t.contains(r#""op":"subscribed""#) && t.contains(r#""ref":1"#) {
-                    return Ok(());
-                }
-                if t.contains(r#""op":"error""#) {
-                    return Err(format!("subscribe refused: {t}"));
-                }
-            }
-        }
+        Kind::Livegate | Kind::LivegateBase => subscribe_welcomed(ws, room).await.map(drop),
         // The upgrade itself subscribes.
         Kind::Nchan => Ok(()),
         Kind::SocketIo => {

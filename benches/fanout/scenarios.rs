@@ -224,6 +224,8 @@ pub enum Case {
     /// livegate only: a drain and restart under clients like livegate.js, with resume
     /// credentials (`true`) or a fresh token for every attempt (`false`).
     Reconnect(bool),
+    /// livegate only: a flood of handshakes with tokens, then again with resume credentials.
+    Connects,
     /// livegate only: joining a room with `state:true` (the state from memory, the
     /// events after it) against a replay of the whole history (`since=0`).
     State,
@@ -241,7 +243,7 @@ pub enum Nodes {
     Three,
 }
 
-pub const SCENARIOS: [&str; 11] = ["idle", "fanout", "rooms", "hot", "durable", "slow", "cluster", "churn", "reconnect", "state", "presence"];
+pub const SCENARIOS: [&str; 12] = ["idle", "fanout", "rooms", "hot", "durable", "slow", "cluster", "churn", "reconnect", "state", "presence", "connects"];
 
 impl Case {
     pub fn scenario(self) -> &'static str {
@@ -257,6 +259,7 @@ impl Case {
             Case::Reconnect(_) => "reconnect",
             Case::State => "state",
             Case::Presence(_) => "presence",
+            Case::Connects => "connects",
         }
     }
 
@@ -290,6 +293,7 @@ impl Case {
             ("state", Kind::Livegate) => vec![Case::State],
             ("presence", Kind::Livegate) => vec![Case::Presence(Arm::On), Case::Presence(Arm::Off)],
             ("presence", Kind::LivegateBase) => vec![Case::Presence(Arm::Absent)],
+            ("connects", k) if k.is_livegate() => vec![Case::Connects],
             _ => vec![],
         }
     }
@@ -420,6 +424,7 @@ pub async fn run(ctx: &Ctx<'_>, kind: Kind, case: Case, run: usize) -> Record {
         Case::Reconnect(resume) => reconnect(ctx, resume).await,
         Case::State => state_join(ctx).await,
         Case::Presence(arm) => presence(ctx, kind, arm).await,
+        Case::Connects => connects(ctx, kind).await,
     };
     let out = out.unwrap_or_else(|e| {
         let mut o = Out::new();
@@ -552,6 +557,54 @@ async fn idle(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
     }
     sleep_secs(1.0).await;
     out.lo("server PSS after close (MiB)", server.sample().pss_bytes as f64 / MIB);
+    server.stop();
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------
+// connects
+// ---------------------------------------------------------------------------------------
+
+/// Handshakes per second with tokens (the idle scenario's first step), then the same
+/// clients again with their resume credentials; `idle[0]` clients over `idle_rooms` rooms.
+async fn connects(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
+    let s = ctx.sizes;
+    let n = s.idle[0];
+    let mut server = Server::start(kind, LivegateOpts::default(), ctx.paths).await?;
+    sleep_secs(0.5).await;
+    let mut out = Out::new();
+    let tokens = crate::proto::credentials(kind, server.addr, n, 0, 8).await?;
+    let rooms: Vec<String> = (0..n).map(|i| crate::proto::room_name(i % s.idle_rooms)).collect();
+    let with_tokens = tokens.iter().zip(&rooms).map(|(t, r)| (crate::proto::ws_url(kind, server.addr, r, t.as_deref()), r.clone())).collect();
+    (ctx.status)(format!("{n} handshakes with tokens"));
+    let cpu = server.sample().cpu_secs;
+    let first = crate::connects::flood(server.addr, with_tokens).await;
+    let token_cpu = server.sample().cpu_secs - cpu;
+    out.hi("connects per second, token", first.per_second());
+    out.lo("server CPU µs per connect, token", token_cpu * 1e6 / first.sockets.len().max(1) as f64);
+    if first.failed > 0 {
+        out.problems.push(format!("{} of {n} token handshakes failed: {}", first.failed, first.first_error.clone().unwrap_or_default()));
+    }
+    let resumes: Vec<(String, String)> = first
+        .resumes
+        .iter()
+        .zip(&rooms)
+        .filter_map(|(c, r)| c.as_ref().map(|c| (format!("ws://{}/v1/ws?resume={c}", server.addr), r.clone())))
+        .collect();
+    first.close().await;
+    (ctx.status)("closed; waiting for the server to let go".into());
+    sleep_secs(s.idle_settle_secs).await;
+    (ctx.status)(format!("{} handshakes with resume credentials", resumes.len()));
+    let cpu = server.sample().cpu_secs;
+    let second = crate::connects::flood(server.addr, resumes).await;
+    let resume_cpu = server.sample().cpu_secs - cpu;
+    out.hi("connects per second, resume", second.per_second());
+    out.lo("server CPU µs per connect, resume", resume_cpu * 1e6 / second.sockets.len().max(1) as f64);
+    if second.failed > 0 {
+        out.problems.push(format!("{} resume handshakes failed: {}", second.failed, second.first_error.clone().unwrap_or_default()));
+    }
+    second.close().await;
+    sleep_secs(0.5).await;
     server.stop();
     Ok(out)
 }

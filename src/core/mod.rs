@@ -9,6 +9,7 @@ pub mod backoff;
 pub mod batch;
 pub mod busiest;
 pub mod drain;
+pub mod group_commit;
 pub mod heartbeats;
 pub mod kicks;
 pub mod lifecycle;

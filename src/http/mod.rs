@@ -16,7 +16,7 @@ use crate::actors::wsio::{Accepted, WsIo};
 use crate::actors::connection::{Connection, ConnectionSettings, Identity, InitialSubscription, ResumeGrant, HISTORY_DEFAULT_LIMIT};
 use crate::actors::messages::CredentialTimes;
 use crate::core::lifecycle::{Lifecycle, Phase};
-use crate::actors::directory::{Directory, DirectoryError, OpenSession, SessionStore};
+use crate::actors::directory::{Directory, DirectoryError, OpenSession, SessionOpener, SessionStore};
 use crate::actors::liveness::{LivenessActor, Router};
 use crate::actors::publish::{Publisher, SubmitError, Submission};
 use crate::actors::messages::Kick;
@@ -30,6 +30,7 @@ use crate::protocol::{self, CloseCode, ErrorCode, PublishReply, TokenReply};
 use crate::store::Store;
 
 pub mod admin;
+pub mod durable;
 pub mod limits;
 pub mod seams;
 pub mod sockets;
@@ -60,6 +61,10 @@ pub struct AppState {
     pub rooms: Rooms,
     pub registry: Addr<Registry>,
     pub directory: Addr<Directory>,
+    /// Handshakes open their sessions through it, on their own thread.
+    pub session_opener: SessionOpener,
+    /// Handshakes wait here for their spent nonce and session to be durable (group commit).
+    pub handshake_flushes: Arc<durable::HandshakeFlushes>,
     /// Session records (sled, or the KV bucket in cluster mode), for routing questions.
     pub sessions: Arc<dyn SessionStore>,
     /// Where token nonces are marked used (the store, or NATS in cluster mode).
@@ -811,7 +816,7 @@ async fn handshake<S>(
     authorise(&shaped, &verified.who)?;
     let spent = spend_credential(verified, state).await?;
     let open = OpenSession { user: spent.who.user.clone(), asked: spent.who.session.clone(), avoid };
-    let grant = match state.directory.send(open).await.map_err(internal)? {
+    let grant = match state.session_opener.open(open).await {
         Ok(grant) => grant,
         Err(error) => {
             let (refusal, retry) = directory_refusal(error);
@@ -824,8 +829,8 @@ async fn handshake<S>(
     state.metrics.handshake_credential(spent.kind.label());
     let Spent { who, times, .. } = spent;
     // The nonce (and any session record) must survive a crash, or a restart would reopen
-    // a replay window.
-    state.store.flush_soon().await.map_err(internal)?;
+    // a replay window. Concurrent handshakes share the flush (`durable`).
+    state.handshake_flushes.durable().await.map_err(internal)?;
     let resume = mint_resume(state, &who, &grant.session);
     let identity = Identity {
         user: who.user.into(),

@@ -171,8 +171,8 @@ impl Node {
         let lifecycle = Arc::new(Lifecycle::default());
         let me = this_node(&config, addr, tls.is_some());
         let router = Arc::new(router(&config, me, cluster.is_some(), &lifecycle)?);
-        let directory =
-            Directory::new(backends.sessions.clone(), router.clone(), directory_settings, metrics.clone()).start();
+        let (directory, session_opener) =
+            Directory::new(backends.sessions.clone(), router.clone(), directory_settings, metrics.clone()).start_with_opener();
         let liveness = start_liveness(&config, router.clone(), cluster.as_ref(), &metrics, &presence);
         let rebalance = Rebalancer::start(directory.clone(), registry.clone(), router.clone(), lifecycle.clone(), metrics.clone());
         let cluster = match (cluster, &backends.kv) {
@@ -231,6 +231,8 @@ impl Node {
             rooms: rooms.clone(),
             registry: registry.clone(),
             directory: directory.clone(),
+            session_opener,
+            handshake_flushes: crate::http::durable::HandshakeFlushes::new(store.clone()),
             sessions: backends.sessions,
             nonces: backends.nonces,
             other_nodes,

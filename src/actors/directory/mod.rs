@@ -626,6 +626,34 @@ impl Actor for Directory {
     type Context = Context<Self>;
 }
 
+impl Directory {
+    /// Start the actor, and return with its address the [`SessionOpener`] that handshakes
+    /// open their sessions with.
+    pub fn start_with_opener(self) -> (Addr<Directory>, SessionOpener) {
+        let shared = self.shared.clone();
+        let directory = self.start();
+        (directory.clone(), SessionOpener { shared, directory })
+    }
+}
+
+/// Opens a handshake's session on the handshake's own thread: the same decisions and
+/// locks as [`OpenSession`] sent to the actor, without the two hand-offs between threads
+/// (and their wake-ups) of a round trip through its mailbox. The lease it grants still
+/// tells the actor when the connection is gone.
+#[derive(Clone)]
+pub struct SessionOpener {
+    shared: Arc<Shared>,
+    directory: Addr<Directory>,
+}
+
+impl SessionOpener {
+    pub async fn open(&self, msg: OpenSession) -> Result<SessionGrant, DirectoryError> {
+        let (session, warmup, migrated) = self.shared.open(msg).await?;
+        let lease = SessionLease { session: session.clone(), directory: self.directory.clone() };
+        Ok(SessionGrant { session, warmup, migrated, lease })
+    }
+}
+
 impl Handler<OpenSession> for Directory {
     type Result = ResponseFuture<Result<SessionGrant, DirectoryError>>;
 
