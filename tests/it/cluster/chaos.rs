@@ -139,3 +139,41 @@ fn killing_the_room_streams_leading_nats_server_then_another_loses_and_repeats_n
     }
     fail_with_logs(&cluster, "chaos: NATS servers killed", &failures, &LOG_NEEDLES);
 }
+
+/// Streams and buckets made with one replica (before the NATS cluster grew, or by an
+/// earlier build) are raised to three by the next node that starts with three, never
+/// left at one; the node that asks for one leaves them at three.
+#[test]
+fn streams_made_with_one_replica_are_raised_to_three() {
+    let _gate = crate::common::gate!();
+    let started = Instant::now();
+    let dir = tempfile::Builder::new().prefix("livegate-replicas-").tempdir().expect("tempdir");
+    let nats = NatsCluster::start_in(dir.path());
+    let rt = runtime();
+    let day = Duration::from_secs(86_400);
+    let limits = |replicas| StreamLimits { history_size: 1000, nonce_ttl: day, session_ttl: day, replicas: Some(replicas) };
+    let replicas_now = |probe: &livegate::cluster::Cluster| -> Vec<(&str, Result<usize, String>)> {
+        STREAMS.iter().map(|&s| (s, rt.block_on(stream_state(probe, s)).map(|(n, _, _)| n.max(1)))).collect()
+    };
+    let mut failures = Vec::new();
+    let one = rt.block_on(livegate::cluster::Cluster::connect_with(&nats.urls(), "old", limits(1))).unwrap_or_else(|e| panic!("connect with R1: {e}"));
+    for (stream, got) in replicas_now(&one) {
+        if got != Ok(1) {
+            failures.push(format!("{stream} made with cluster_replicas 1: {got:?}"));
+        }
+    }
+    let three = rt.block_on(livegate::cluster::Cluster::connect_with(&nats.urls(), "new", limits(3))).unwrap_or_else(|e| panic!("connect with R3: {e}"));
+    for (stream, got) in replicas_now(&three) {
+        if got != Ok(3) {
+            failures.push(format!("{stream} after a node with cluster_replicas 3: {got:?}, expected raised to 3"));
+        }
+    }
+    let again = rt.block_on(livegate::cluster::Cluster::connect_with(&nats.urls(), "old-again", limits(1))).unwrap_or_else(|e| panic!("connect with R1 again: {e}"));
+    for (stream, got) in replicas_now(&again) {
+        if got != Ok(3) {
+            failures.push(format!("{stream} after a node with cluster_replicas 1 again: {got:?}, expected left at 3"));
+        }
+    }
+    eprintln!("R1 streams raised to R3: test took {:.1} s", started.elapsed().as_secs_f64());
+    assert!(failures.is_empty(), "{}\nNATS logs:\n{}", failures.join("\n"), nats.logs());
+}
