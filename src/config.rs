@@ -201,8 +201,10 @@ config_keys! {
         "Time a client has to send a complete request head: the first from the connection's start, each later one from the end of the previous answer";
     ws_echo: bool = false, "BOOL",
         "Test only: /v1/echo echoes WebSocket messages without a token, for conformance suites";
-    cluster_nats_url: Option<String> = None => "single node", "URL",
-        "Cluster mode: nats://HOST:PORT of a NATS server with JetStream shared by every node";
+    cluster_nats_url: Option<String> = None => "single node", "URLS",
+        "Cluster mode: nats://HOST:PORT of the NATS servers (with JetStream) every node joins through, comma-separated: the seeds to connect and reconnect to";
+    cluster_replicas: Option<u64> = None => "3 when NATS has three or more JetStream servers, else 1", "N",
+        "Cluster mode: replicas (1 or 3) of every stream and KV bucket livegate creates; an existing one with fewer is raised";
     directory_outage_secs: u64 = 30, "SECS",
         "Cluster mode: while NATS is unreachable, new sessions are queued this long, then refused";
     cluster_heartbeat_ms: u64 = 1000, "MS",
@@ -248,6 +250,12 @@ durations! {
     probe_interval: probe_interval_ms in from_millis, presence_interval: presence_interval_ms in from_millis, handshake_timeout: handshake_timeout_ms in from_millis,
     directory_outage: directory_outage_secs in from_secs, cluster_heartbeat: cluster_heartbeat_ms in from_millis,
     webhook_timeout: webhook_timeout_ms in from_millis, webhook_vacated_delay: webhook_vacated_delay_ms in from_millis,
+}
+
+/// The seed URLs of a `cluster_nats_url`: its comma-separated entries, trimmed, empty
+/// ones left out (one URL is a list of one).
+pub fn nats_seeds(urls: &str) -> Vec<&str> {
+    urls.split(',').map(str::trim).filter(|url| !url.is_empty()).collect()
 }
 
 fn default_node_name() -> String {
@@ -519,11 +527,21 @@ impl Config {
             return Err(invalid("tls_cert", "and tls_key must be set together".to_string()));
         }
         within(&[("probe_up_after", self.probe_up_after, 1, None), ("cluster_heartbeat_ms", self.cluster_heartbeat_ms, 50, None)])?;
-        if let Some(url) = &self.cluster_nats_url {
-            let bare = url.strip_prefix("nats://").or_else(|| url.strip_prefix("tls://"));
-            if bare.is_none_or(|rest| rest.is_empty() || rest.contains('/')) {
-                // Not echoed: the URL may carry credentials.
-                return Err(invalid("cluster_nats_url", "must be nats://HOST:PORT or tls://HOST:PORT".to_string()));
+        if let Some(replicas) = self.cluster_replicas.filter(|r| ![1, 3].contains(r)) {
+            return Err(invalid("cluster_replicas", format!("must be 1 or 3, got {replicas}")));
+        }
+        if let Some(urls) = &self.cluster_nats_url {
+            let seeds = nats_seeds(urls);
+            let bad = |url: &&str| {
+                let bare = url.strip_prefix("nats://").or_else(|| url.strip_prefix("tls://"));
+                bare.is_none_or(|rest| rest.is_empty() || rest.contains('/'))
+            };
+            if seeds.is_empty() || seeds.iter().any(bad) {
+                // Not echoed: the URLs may carry credentials.
+                return Err(invalid(
+                    "cluster_nats_url",
+                    "must be nats://HOST:PORT or tls://HOST:PORT, or several of them separated by commas".to_string(),
+                ));
             }
             if !self.peers.is_empty() {
                 return Err(invalid("peers", "must be empty in cluster mode: nodes find each other by heartbeats".to_string()));

@@ -1,5 +1,6 @@
-//! Cluster mode: several nodes joined through one NATS server with JetStream, never a
-//! home-made protocol. This module owns every NATS subject, stream and bucket name and
+//! Cluster mode: several nodes joined through NATS with JetStream (one server, or a
+//! cluster of servers the client reconnects to any of), never a home-made protocol.
+//! Every stream and bucket has the same replicas ([`Cluster::replicas`]). This module owns every NATS subject, stream and bucket name and
 //! the connection; the parts that use it are:
 //!
 //! - [`roomlog`]: each room's events on the `LG_ROOMS` stream (subject `lg.room.<room>`),
@@ -58,6 +59,9 @@ pub const REPLACE_SUBJECT: &str = "lg.user.replace";
 pub const KICK_SUBJECT: &str = "lg.user.kick";
 /// How long one NATS request may take before the node treats NATS as unreachable.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// The replicas of every stream and bucket when NATS has this many JetStream servers or
+/// more (and `cluster_replicas` is not set): a majority survives losing one server.
+pub const REPLICATED: usize = 3;
 
 #[derive(Debug, Error)]
 pub enum ClusterError {
@@ -240,6 +244,9 @@ pub struct StreamLimits {
     /// rewrites the records of its connected sessions every half TTL, so a record goes
     /// between one and two TTLs after its last connection closed.
     pub session_ttl: Duration,
+    /// `cluster_replicas`: the replicas of every stream and bucket; `None`: [`REPLICATED`]
+    /// when NATS has that many JetStream servers, else 1.
+    pub replicas: Option<usize>,
 }
 
 /// The node's NATS connection and JetStream handles; cheap to clone.
@@ -248,6 +255,8 @@ pub struct Cluster {
     pub client: async_nats::Client,
     pub js: jetstream::Context,
     pub node: String,
+    /// The replicas of every stream and bucket this node creates or raises.
+    pub replicas: usize,
     rooms: stream::Stream,
     states: stream::Stream,
     nonces: nats_kv::Store,
@@ -260,13 +269,17 @@ impl Cluster {
     /// Connect with default limits (tests and tools).
     pub async fn connect(url: &str, node: &str) -> Result<Cluster, ClusterError> {
         let day = Duration::from_secs(86_400);
-        let limits = StreamLimits { history_size: 1000, nonce_ttl: day, session_ttl: day };
+        let limits = StreamLimits { history_size: 1000, nonce_ttl: day, session_ttl: day, replicas: None };
         Cluster::connect_with(url, node, limits).await
     }
 
-    /// Connect to NATS (retrying in the background after the first success), and create
-    /// the stream and buckets when they do not exist yet.
-    pub async fn connect_with(url: &str, node: &str, limits: StreamLimits) -> Result<Cluster, ClusterError> {
+    /// Connect to NATS through any of `urls` (comma-separated seeds; reconnecting in the
+    /// background after the first success, to any seed or server NATS tells of), and
+    /// create the streams and buckets when they do not exist yet, each with the replicas
+    /// of [`Cluster::replicas`] (an existing one with fewer is raised).
+    pub async fn connect_with(urls: &str, node: &str, limits: StreamLimits) -> Result<Cluster, ClusterError> {
+        let url = urls;
+        let seeds = crate::config::nats_seeds(urls);
         let client = async_nats::ConnectOptions::new()
             .name(format!("livegate {node}"))
             .connection_timeout(REQUEST_TIMEOUT)
@@ -280,11 +293,18 @@ impl Cluster {
                     other => tracing::info!(event = %other, "NATS event"),
                 }
             })
-            .connect(url)
+            .connect(seeds)
             .await
             .map_err(|source| ClusterError::Connect { url: url_for_log(url), source })?;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(REQUEST_TIMEOUT);
+        let replicas = match limits.replicas {
+            Some(replicas) => {
+                tracing::info!(replicas, "cluster mode: streams and buckets with the configured replicas (cluster_replicas)");
+                replicas
+            }
+            None => default_replicas(&client, &js, node).await?,
+        };
         let rooms = js
             .get_or_create_stream(stream::Config {
                 name: ROOMS_STREAM.into(),
@@ -294,6 +314,7 @@ impl Cluster {
                 allow_direct: true,
                 duplicate_window: Duration::from_secs(120),
                 republish: Some(stream::Republish { source: ROOM_SUBJECTS.into(), destination: LIVE_SUBJECTS.into(), headers_only: false }),
+                num_replicas: replicas,
                 ..Default::default()
             })
             .await?;
@@ -309,27 +330,31 @@ impl Cluster {
                     destination: LIVE_STATE_SUBJECTS.into(),
                     headers_only: false,
                 }),
+                num_replicas: replicas,
                 ..Default::default()
             })
             .await?;
+        raise_replicas(&js, &states.cached_info().config, replicas).await?;
         // A stream made with a smaller per-room limit (a namespace or history_size grew
         // since) keeps fewer events than some room keeps: raise it, never lower it.
         let kept = rooms.cached_info().config.max_messages_per_subject;
+        let mut config = rooms.cached_info().config.clone();
         if kept > 0 && kept < limits.history_size as i64 {
-            let config = stream::Config { max_messages_per_subject: limits.history_size as i64, ..rooms.cached_info().config.clone() };
+            config = stream::Config { max_messages_per_subject: limits.history_size as i64, ..config };
             js.update_stream(&config).await?;
             tracing::info!(stream = ROOMS_STREAM, from = kept, to = limits.history_size, "raised the rooms stream's events per room");
         }
+        raise_replicas(&js, &config, replicas).await?;
         let created = rooms.cached_info().created;
         let epoch = format!("{:016x}", created.unix_timestamp_nanos() as u64);
         let sessions_ttl = limits.session_ttl * 2;
         for (bucket, ttl) in [(SESSIONS_BUCKET, sessions_ttl), (NONCES_BUCKET, limits.nonce_ttl), (META_BUCKET, Duration::ZERO)] {
-            ensure_bucket(&js, bucket, ttl).await?;
+            ensure_bucket(&js, bucket, ttl, replicas).await?;
         }
         let nonces = js.get_key_value(NONCES_BUCKET).await?;
         let meta = js.get_key_value(META_BUCKET).await?;
-        tracing::info!(url = %url_for_log(url), node, stream = ROOMS_STREAM, %epoch, "cluster mode: joined through NATS");
-        Ok(Cluster { client, js, node: node.to_string(), rooms, states, nonces, meta, epoch })
+        tracing::info!(url = %url_for_log(url), node, stream = ROOMS_STREAM, %epoch, replicas, "cluster mode: joined through NATS");
+        Ok(Cluster { client, js, node: node.to_string(), replicas, rooms, states, nonces, meta, epoch })
     }
 
     pub fn rooms_stream(&self) -> &stream::Stream {
@@ -464,7 +489,7 @@ impl Cluster {
 /// Create a KV bucket's stream by hand (async-nats' `create_key_value` fails against
 /// nats-server 2.9): one message per subject, discard new, rollups allowed, deletes
 /// denied, direct get allowed.
-async fn ensure_bucket(js: &jetstream::Context, bucket: &str, ttl: Duration) -> Result<(), ClusterError> {
+async fn ensure_bucket(js: &jetstream::Context, bucket: &str, ttl: Duration, replicas: usize) -> Result<(), ClusterError> {
     let duplicate_window = Duration::from_secs(120).min(if ttl.is_zero() { Duration::from_secs(120) } else { ttl });
     let existing = js
         .get_or_create_stream(stream::Config {
@@ -478,16 +503,72 @@ async fn ensure_bucket(js: &jetstream::Context, bucket: &str, ttl: Duration) -> 
             allow_direct: true,
             storage: stream::StorageType::File,
             duplicate_window,
+            num_replicas: replicas,
             ..Default::default()
         })
         .await?;
     // A bucket made by a run with another TTL takes this one's.
-    let config = existing.cached_info().config.clone();
+    let mut config = existing.cached_info().config.clone();
     if config.max_age != ttl {
-        js.update_stream(stream::Config { max_age: ttl, duplicate_window, ..config }).await?;
+        config = stream::Config { max_age: ttl, duplicate_window, ..config };
+        js.update_stream(&config).await?;
         tracing::info!(bucket, max_age_secs = ttl.as_secs(), "KV bucket age limit changed");
     }
+    raise_replicas(js, &config, replicas).await
+}
+
+/// A stream (or a bucket's) made with fewer replicas than `replicas` (by an earlier
+/// build, or before NATS had three servers) is raised to them, and this is logged: a
+/// replicated NATS with an R1 stream still loses it with one server. Never lowered: a
+/// node configured with fewer replicas leaves the stream as it is, with a warning.
+pub(crate) async fn raise_replicas(js: &jetstream::Context, config: &stream::Config, replicas: usize) -> Result<(), ClusterError> {
+    // 0 is what a stream made without a count reports: one replica.
+    let has = config.num_replicas.max(1);
+    if has < replicas {
+        js.update_stream(stream::Config { num_replicas: replicas, ..config.clone() }).await?;
+        tracing::warn!(stream = %config.name, from = has, to = replicas, "raised the stream's replicas");
+    } else if has > replicas {
+        tracing::warn!(stream = %config.name, has, configured = replicas, "the stream has more replicas than configured; left as it is");
+    }
     Ok(())
+}
+
+/// The replicas when `cluster_replicas` is not set: [`REPLICATED`] when NATS has that
+/// many JetStream servers, else 1, logged. JetStream tells no client how many servers it
+/// has, so a server outside a NATS cluster counts one, and in a cluster a small memory
+/// stream of this node's asks JetStream to place [`REPLICATED`] replicas: placed, there
+/// are that many (the stream is deleted at once); refused, there are fewer.
+async fn default_replicas(client: &async_nats::Client, js: &jetstream::Context, node: &str) -> Result<usize, ClusterError> {
+    let info = client.server_info();
+    let Some(nats_cluster) = info.cluster.filter(|name| !name.is_empty()) else {
+        tracing::info!(server = %info.server_name, replicas = 1, "NATS is one server (no NATS cluster): streams and buckets with one replica");
+        return Ok(1);
+    };
+    let probe = format!("LG_PROBE_{}", hex::encode(node));
+    let placed = js
+        .create_stream(stream::Config {
+            name: probe.clone(),
+            subjects: vec![format!("lg.probe.{}", hex::encode(node))],
+            storage: stream::StorageType::Memory,
+            num_replicas: REPLICATED,
+            max_messages: 1,
+            ..Default::default()
+        })
+        .await;
+    match placed {
+        Ok(_) => {
+            if let Err(e) = js.delete_stream(&probe).await {
+                tracing::warn!(stream = %probe, error = %e, "could not delete the replicas probe stream");
+            }
+            tracing::info!(%nats_cluster, replicas = REPLICATED, "NATS has {REPLICATED} or more JetStream servers: streams and buckets with {REPLICATED} replicas");
+            Ok(REPLICATED)
+        }
+        Err(e) if matches!(e.kind(), CreateStreamErrorKind::JetStream(_)) => {
+            tracing::warn!(%nats_cluster, replicas = 1, error = %e, "NATS cannot place {REPLICATED} replicas (fewer JetStream servers): streams and buckets with one replica");
+            Ok(1)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A room name as one subject token (and KV key part): lowercase hex of its bytes.

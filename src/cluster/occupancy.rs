@@ -110,9 +110,11 @@ impl ClusterOccupancy {
                 allow_direct: true,
                 storage: stream::StorageType::File,
                 duplicate_window: Duration::from_secs(120),
+                num_replicas: cluster.replicas,
                 ..Default::default()
             })
             .await?;
+        super::raise_replicas(&cluster.js, &stream.cached_info().config, cluster.replicas).await?;
         let bucket = cluster.js.get_key_value(OCCUPANCY_BUCKET).await?;
         Ok(Arc::new(ClusterOccupancy {
             cluster: cluster.clone(),

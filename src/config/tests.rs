@@ -229,6 +229,15 @@ fn load_cases() {
             .flag("allowed_origins", "https://a.example/"),
         case("tls cert without key", Error("tls_cert and tls_key must be set together (set by --tls-cert)".into()))
             .flag("tls_cert", "/etc/cert.pem"),
+        // Cluster mode: one NATS URL or several seeds, and the replicas.
+        case("nats seeds", Values(vec![("cluster_nats_url", "\"nats://n1:4222, nats://n2:4222,nats://n3:4222\""), ("cluster_replicas", "3")]))
+            .flag("cluster_nats_url", "nats://n1:4222, nats://n2:4222,nats://n3:4222")
+            .env("LIVEGATE_CLUSTER_REPLICAS", "3"),
+        case("one nats url", Values(vec![("cluster_nats_url", "\"tls://n1:4222\"")])).file("cluster_nats_url = \"tls://n1:4222\""),
+        case("a bad nats seed", ErrorStarts("cluster_nats_url must be nats://HOST:PORT or tls://HOST:PORT, or several"))
+            .flag("cluster_nats_url", "nats://n1:4222,n2:4222"),
+        case("two replicas", Error("cluster_replicas must be 1 or 3, got 2 (set by --cluster-replicas)".into()))
+            .flag("cluster_replicas", "2"),
         // Webhooks.
         case("webhook defaults", Values(vec![
             ("webhook_url", "\"\""), ("webhook_secret", "\"\""), ("webhook_queue_max", "10000"), ("webhook_timeout_ms", "5000"),
@@ -303,6 +312,7 @@ fn keys_match_config_fields() {
         tls_cert: Some("cert.pem".into()),
         tls_key: Some("key.pem".into()),
         cluster_nats_url: Some("nats://127.0.0.1:4222".into()),
+        cluster_replicas: Some(3),
         ..Config::default()
     };
     let table = toml::Table::try_from(&config).unwrap();
@@ -316,6 +326,7 @@ fn keys_match_config_fields() {
         assert_eq!(arg.get_long(), Some(key.replace('_', "-").as_str()), "flag of {key}");
         arg.get_help().map(|help| help.to_string()).unwrap_or_default()
     };
+    let default_table = toml::Table::try_from(&Config::default()).unwrap();
     for &key in KEYS {
         // The type accepts the value as check-config prints it: what it prints loads back.
         let mut loaded = Config::default();
@@ -323,8 +334,9 @@ fn keys_match_config_fields() {
             .set(key, Raw::Toml(&table[key]), &Origin::Flag { key })
             .unwrap_or_else(|e| panic!("the type of {key} does not fit its default: {e}"));
         assert_eq!(toml::Table::try_from(&loaded).unwrap()[key], table[key], "{key} loaded back");
-        // The help text states the real default.
-        if let toml::Value::Integer(_) | toml::Value::Boolean(_) = table[key] {
+        // The help text states the real default (a key with none, such as
+        // cluster_replicas, says in words what happens without it).
+        if let (toml::Value::Integer(_) | toml::Value::Boolean(_), true) = (&table[key], default_table.contains_key(key)) {
             let n = &table[key];
             assert!(help(key).ends_with(&format!("[default: {n}]")), "help of {key} must end with [default: {n}]");
         }

@@ -369,6 +369,7 @@ fn stream_limits(config: &Config, namespaces: &Namespaces) -> StreamLimits {
         // Token nonces, resume nonces and resume revocations share the bucket.
         nonce_ttl: config.token_ttl_max().max(config.resume_ttl()),
         session_ttl: config.session_ttl(),
+        replicas: config.cluster_replicas.map(|replicas| replicas as usize),
     }
 }
 

@@ -9,10 +9,10 @@ use super::*;
 // ---------------------------------------------------------------------------------------
 
 /// Where each node takes clients and publishes now (`None`: killed, draining, restarting).
-type Addrs = Arc<Mutex<Vec<Option<SocketAddr>>>>;
+pub(super) type Addrs = Arc<Mutex<Vec<Option<SocketAddr>>>>;
 
 #[derive(Clone, Debug)]
-struct Ack {
+pub(super) struct Ack {
     room: String,
     id: String,
     seq: u64,
@@ -22,13 +22,33 @@ struct Ack {
 }
 
 #[derive(Default, Debug)]
-struct PublisherReport {
-    acks: Vec<Ack>,
+pub(super) struct PublisherReport {
+    pub(super) acks: Vec<Ack>,
     /// Failed attempts by "node status" (status 0: transport error).
-    refusals: BTreeMap<String, usize>,
-    errors: Vec<String>,
+    pub(super) refusals: BTreeMap<String, usize>,
+    /// Publishes attempted (each id once, however often it was retried).
+    pub(super) published: usize,
+    pub(super) errors: Vec<String>,
     /// How long it was before an attempt got an ack again, per outage (longest first).
-    stalls: Vec<Duration>,
+    pub(super) stalls: Vec<Duration>,
+}
+
+impl PublisherReport {
+    /// Several publishers' reports as one.
+    fn merge(reports: Vec<PublisherReport>) -> PublisherReport {
+        let mut all = PublisherReport::default();
+        for report in reports {
+            all.acks.extend(report.acks);
+            for (key, n) in report.refusals {
+                *all.refusals.entry(key).or_default() += n;
+            }
+            all.published += report.published;
+            all.errors.extend(report.errors);
+            all.stalls.extend(report.stalls);
+        }
+        all.stalls.sort_unstable_by(|a, b| b.cmp(a));
+        all
+    }
 }
 
 struct Publisher {
@@ -37,21 +57,23 @@ struct Publisher {
 }
 
 impl Publisher {
-    /// Publishes `{"n": n}` with id `p-n` to `rooms[n % len]` every `every`, on the nodes
-    /// of `addrs` in turn; a failed attempt is retried (same id) on the next node.
-    fn start(addrs: Addrs, rooms: Vec<String>, every: Duration) -> Publisher {
+    /// Publishes `{"n": n}` with id `PREFIX-n` to `rooms[n % len]` every `every`, on the
+    /// nodes of `addrs` in turn from node `first`; a failed attempt (an error status or no
+    /// answer) is retried (same id) on the next node, as the README tells users to.
+    fn start(addrs: Addrs, rooms: Vec<String>, every: Duration, prefix: String, first: usize) -> Publisher {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = std::thread::spawn(move || {
             let mut report = PublisherReport::default();
             let mut https: HashMap<SocketAddr, Http> = HashMap::new();
-            let mut cursor = 0usize;
+            let mut cursor = first;
             let mut pacer = Pacer::new(every);
             let mut n = 0usize;
             while !s.load(Ordering::SeqCst) {
                 pacer.wait();
                 let room = rooms[n % rooms.len()].clone();
-                let id = format!("p-{n}");
+                let id = format!("{prefix}-{n}");
+                report.published += 1;
                 let body = json!({"id": id, "data": {"n": n}});
                 let path = format!("/v1/rooms/{room}/events");
                 let first_try = Instant::now();
@@ -123,24 +145,24 @@ struct LoadShared {
 
 #[derive(Debug, Clone)]
 #[allow(dead_code)] // the fields are for the failure messages
-enum Ending {
+pub(super) enum Ending {
     Close(Option<u16>, String),
     /// The stream ended or failed without a Close frame (1006 to a client).
     Abnormal(String),
 }
 
 #[derive(Debug)]
-struct ClientReport {
-    id: usize,
-    room: String,
-    home: usize,
+pub(super) struct ClientReport {
+    pub(super) id: usize,
+    pub(super) room: String,
+    pub(super) home: usize,
     /// (seq, id) of every event of the room, in arrival order.
-    got: Vec<(u64, String)>,
+    pub(super) got: Vec<(u64, String)>,
     /// How each connection ended, with the node it was on.
-    endings: Vec<(usize, Ending)>,
+    pub(super) endings: Vec<(usize, Ending)>,
     /// The nodes connected to, in order.
-    nodes: Vec<usize>,
-    errors: Vec<String>,
+    pub(super) nodes: Vec<usize>,
+    pub(super) errors: Vec<String>,
 }
 
 const LOAD_CLIENT_LIMIT: Duration = Duration::from_secs(90);
@@ -285,25 +307,48 @@ async fn load_client(id: usize, user: String, room: String, home: usize, shared:
 
 /// What a load run ends with: the final histories (read on `reader`), the publisher's
 /// report and every client's report, checked against each other.
-struct LoadOutcome {
-    histories: HashMap<String, (Vec<Value>, Value, u64)>,
-    published: PublisherReport,
-    clients: Vec<ClientReport>,
+pub(super) struct LoadOutcome {
+    pub(super) histories: HashMap<String, (Vec<Value>, Value, u64)>,
+    pub(super) published: PublisherReport,
+    pub(super) clients: Vec<ClientReport>,
 }
 
-struct Load {
+pub(super) struct Load {
     rooms: Vec<String>,
     addrs: Addrs,
     shared: Arc<LoadShared>,
     targets_tx: watch::Sender<Option<HashMap<String, u64>>>,
     clients: Vec<tokio::task::JoinHandle<ClientReport>>,
-    publisher: Option<Publisher>,
+    publishers: Vec<Publisher>,
 }
 
 impl Load {
     /// `clients` subscribers spread over the nodes and rooms, all subscribed before the
     /// publisher starts.
-    fn start(rt: &tokio::runtime::Runtime, cluster: &Cluster, prefix: &str, rooms: usize, clients: usize, every: Duration) -> Load {
+    pub(super) fn start<N: Nats>(rt: &tokio::runtime::Runtime, cluster: &Cluster<N>, prefix: &str, rooms: usize, clients: usize, every: Duration) -> Load {
+        let mut load = Load::subscribed(rt, cluster, prefix, rooms, clients);
+        load.publishers.push(Publisher::start(load.addrs.clone(), load.rooms.clone(), every, "p".into(), 0));
+        load
+    }
+
+    /// [`Load::start`] with one publisher per node (ids `p<node>-n`), each starting on
+    /// its node, every `every`.
+    pub(super) fn start_everywhere<N: Nats>(
+        rt: &tokio::runtime::Runtime,
+        cluster: &Cluster<N>,
+        prefix: &str,
+        rooms: usize,
+        clients: usize,
+        every: Duration,
+    ) -> Load {
+        let mut load = Load::subscribed(rt, cluster, prefix, rooms, clients);
+        for i in 0..cluster.len() {
+            load.publishers.push(Publisher::start(load.addrs.clone(), load.rooms.clone(), every, format!("p{i}"), i));
+        }
+        load
+    }
+
+    fn subscribed<N: Nats>(rt: &tokio::runtime::Runtime, cluster: &Cluster<N>, prefix: &str, rooms: usize, clients: usize) -> Load {
         let rooms: Vec<String> = (0..rooms).map(|r| format!("{prefix}:{r}")).collect();
         let addrs: Addrs = Arc::new(Mutex::new((0..cluster.len()).map(|i| Some(cluster.addr(i))).collect()));
         let (targets_tx, targets_rx) = watch::channel(None);
@@ -327,12 +372,11 @@ impl Load {
                 cluster.logs()
             );
         }
-        let publisher = Publisher::start(addrs.clone(), rooms.clone(), every);
-        Load { rooms, addrs, shared, targets_tx, clients: handles, publisher: Some(publisher) }
+        Load { rooms, addrs, shared, targets_tx, clients: handles, publishers: Vec::new() }
     }
 
     /// Node `i` takes no clients and publishes (set before killing or draining it).
-    fn node_down(&self, i: usize) {
+    pub(super) fn node_down(&self, i: usize) {
         self.addrs.lock().unwrap()[i] = None;
     }
 
@@ -342,8 +386,8 @@ impl Load {
 
     /// Stops the publisher, reads the final histories on `reader`, lets the clients catch
     /// up to them and collects everything.
-    fn finish(mut self, rt: &tokio::runtime::Runtime, reader: &Http) -> LoadOutcome {
-        let published = self.publisher.take().expect("publisher").stop();
+    pub(super) fn finish(mut self, rt: &tokio::runtime::Runtime, reader: &Http) -> LoadOutcome {
+        let published = PublisherReport::merge(std::mem::take(&mut self.publishers).into_iter().map(Publisher::stop).collect());
         let histories: HashMap<String, (Vec<Value>, Value, u64)> =
             self.rooms.iter().map(|r| (r.clone(), full_history(reader, r, 0))).collect();
         let targets = histories.iter().map(|(r, h)| (r.clone(), h.2)).collect();
@@ -367,7 +411,7 @@ impl Load {
 impl LoadOutcome {
     /// Nothing acknowledged lost, histories contiguous without a repeated id, every
     /// client holding exactly 1..=head of its room with the history's ids, in order.
-    fn check(&self, failures: &mut Vec<String>) {
+    pub(super) fn check(&self, failures: &mut Vec<String>) {
         let mut lost = 0usize;
         let mut acked: HashMap<&str, u64> = HashMap::new();
         for a in &self.published.acks {
@@ -433,7 +477,7 @@ impl LoadOutcome {
         }
     }
 
-    fn summary(&self) -> String {
+    pub(super) fn summary(&self) -> String {
         let heads: BTreeMap<&String, u64> = self.histories.iter().map(|(r, h)| (r, h.2)).collect();
         let reconnects: usize = self.clients.iter().map(|c| c.endings.len()).sum();
         format!(

@@ -30,6 +30,7 @@
 //! (webhooks from the room's writer) and [`rolling_release`] (the seed's incident: 200
 //! livegate.js clients behind a balancer).
 
+mod chaos;
 mod fanout;
 mod load;
 mod occupancy;
@@ -48,7 +49,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::nats::{Cluster, NatsServer};
+use common::nats::{Cluster, Nats, NatsServer};
 use common::process::full_history;
 use common::*;
 use futures_util::{SinkExt, StreamExt};
@@ -66,7 +67,7 @@ fn runtime() -> tokio::runtime::Runtime {
 /// Short drains, so a SIGTERM'd node is gone in a second or two.
 const SHORT_DRAIN: [&str; 6] = ["--drain-wait-secs", "0", "--drain-spread-secs", "1", "--drain-grace-secs", "5"];
 
-fn fail_with_logs(cluster: &Cluster, test: &str, failures: &[String], needles: &[&str]) {
+fn fail_with_logs<N: Nats>(cluster: &Cluster<N>, test: &str, failures: &[String], needles: &[&str]) {
     if failures.is_empty() {
         return;
     }

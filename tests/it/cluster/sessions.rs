@@ -326,7 +326,7 @@ fn session_records_leave_the_kv_bucket_after_the_ttl_unless_their_node_keeps_the
     rt.block_on(async {
         // The same limits as the node, or connecting would set the bucket's age limit back.
         let day = Duration::from_secs(86_400);
-        let limits = StreamLimits { history_size: 1000, nonce_ttl: day, session_ttl: Duration::from_secs(2) };
+        let limits = StreamLimits { history_size: 1000, nonce_ttl: day, session_ttl: Duration::from_secs(2), replicas: None };
         let probe = livegate::cluster::Cluster::connect_with(&cluster.nats.url(), "probe", limits)
             .await
             .unwrap_or_else(|e| panic!("connect: {e:?}"));
@@ -387,7 +387,7 @@ fn the_session_bucket_takes_the_age_limit_of_the_last_node_to_open_it() {
         let day = Duration::from_secs(86_400);
         let mut max_ages = Vec::new();
         for session_ttl in [Duration::from_secs(5), Duration::from_secs(30)] {
-            let limits = StreamLimits { history_size: 1000, nonce_ttl: day, session_ttl };
+            let limits = StreamLimits { history_size: 1000, nonce_ttl: day, session_ttl, replicas: None };
             let node = livegate::cluster::Cluster::connect_with(&nats.url(), "a", limits).await.unwrap_or_else(|e| panic!("connect: {e:?}"));
             let mut bucket = node.js.get_stream("KV_lg_sessions").await.expect("the session bucket exists");
             max_ages.push(bucket.info().await.expect("bucket info").config.max_age);

