@@ -8,7 +8,6 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Instant;
 
-use futures_util::SinkExt;
 use tokio::sync::Semaphore;
 
 use crate::load::{self, CONNECT_PARALLEL};

@@ -567,6 +567,20 @@ async fn idle(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
 
 /// Handshakes per second with tokens (the idle scenario's first step), then the same
 /// clients again with their resume credentials; `idle[0]` clients over `idle_rooms` rooms.
+/// One flood of handshakes (`how`: "token" or "resume"), its rate and the server's CPU per
+/// connect into `out`.
+async fn timed_flood(server: &Server, out: &mut Out, how: &str, clients: Vec<(String, String)>) -> crate::connects::Flood {
+    let cpu = server.sample().cpu_secs;
+    let flood = crate::connects::flood(server.addr, clients).await;
+    let spent = server.sample().cpu_secs - cpu;
+    out.hi(&format!("connects per second, {how}"), flood.per_second());
+    out.lo(&format!("server CPU µs per connect, {how}"), spent * 1e6 / flood.sockets.len().max(1) as f64);
+    if flood.failed > 0 {
+        out.problems.push(format!("{} {how} handshakes failed: {}", flood.failed, flood.first_error.clone().unwrap_or_default()));
+    }
+    flood
+}
+
 async fn connects(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
     let s = ctx.sizes;
     let n = s.idle[0];
@@ -577,14 +591,7 @@ async fn connects(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
     let rooms: Vec<String> = (0..n).map(|i| crate::proto::room_name(i % s.idle_rooms)).collect();
     let with_tokens = tokens.iter().zip(&rooms).map(|(t, r)| (crate::proto::ws_url(kind, server.addr, r, t.as_deref()), r.clone())).collect();
     (ctx.status)(format!("{n} handshakes with tokens"));
-    let cpu = server.sample().cpu_secs;
-    let first = crate::connects::flood(server.addr, with_tokens).await;
-    let token_cpu = server.sample().cpu_secs - cpu;
-    out.hi("connects per second, token", first.per_second());
-    out.lo("server CPU µs per connect, token", token_cpu * 1e6 / first.sockets.len().max(1) as f64);
-    if first.failed > 0 {
-        out.problems.push(format!("{} of {n} token handshakes failed: {}", first.failed, first.first_error.clone().unwrap_or_default()));
-    }
+    let first = timed_flood(&server, &mut out, "token", with_tokens).await;
     let resumes: Vec<(String, String)> = first
         .resumes
         .iter()
@@ -595,14 +602,7 @@ async fn connects(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
     (ctx.status)("closed; waiting for the server to let go".into());
     sleep_secs(s.idle_settle_secs).await;
     (ctx.status)(format!("{} handshakes with resume credentials", resumes.len()));
-    let cpu = server.sample().cpu_secs;
-    let second = crate::connects::flood(server.addr, resumes).await;
-    let resume_cpu = server.sample().cpu_secs - cpu;
-    out.hi("connects per second, resume", second.per_second());
-    out.lo("server CPU µs per connect, resume", resume_cpu * 1e6 / second.sockets.len().max(1) as f64);
-    if second.failed > 0 {
-        out.problems.push(format!("{} resume handshakes failed: {}", second.failed, second.first_error.clone().unwrap_or_default()));
-    }
+    let second = timed_flood(&server, &mut out, "resume", resumes).await;
     second.close().await;
     sleep_secs(0.5).await;
     server.stop();
