@@ -51,9 +51,7 @@ use crate::metrics::Metrics;
 use crate::store::{SessionRecord, StoreError};
 use crate::world::{now_ms, random_hex, random_u64};
 
-/// Open a session for a handshake of `user`, which asked for `asked`.
-#[derive(Message)]
-#[rtype(result = "Result<SessionGrant, DirectoryError>")]
+/// Open a session for a handshake of `user`, which asked for `asked` ([`SessionOpener`]).
 pub struct OpenSession {
     pub user: String,
     pub asked: Option<String>,
@@ -636,9 +634,9 @@ impl Directory {
     }
 }
 
-/// Opens a handshake's session on the handshake's own thread: the same decisions and
-/// locks as [`OpenSession`] sent to the actor, without the two hand-offs between threads
-/// (and their wake-ups) of a round trip through its mailbox. The lease it grants still
+/// Opens a handshake's session on the handshake's own thread, with the directory's shared
+/// decisions and locks, without the two hand-offs between threads (and their wake-ups) of
+/// a round trip through the actor's mailbox. The lease it grants still
 /// tells the actor when the connection is gone.
 #[derive(Clone)]
 pub struct SessionOpener {
@@ -651,20 +649,6 @@ impl SessionOpener {
         let (session, warmup, migrated) = self.shared.open(msg).await?;
         let lease = SessionLease { session: session.clone(), directory: self.directory.clone() };
         Ok(SessionGrant { session, warmup, migrated, lease })
-    }
-}
-
-impl Handler<OpenSession> for Directory {
-    type Result = ResponseFuture<Result<SessionGrant, DirectoryError>>;
-
-    fn handle(&mut self, msg: OpenSession, ctx: &mut Self::Context) -> Self::Result {
-        let shared = self.shared.clone();
-        let directory = ctx.address();
-        Box::pin(async move {
-            let (session, warmup, migrated) = shared.open(msg).await?;
-            let lease = SessionLease { session: session.clone(), directory };
-            Ok(SessionGrant { session, warmup, migrated, lease })
-        })
     }
 }
 
