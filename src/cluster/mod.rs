@@ -1,7 +1,8 @@
 //! Cluster mode: several nodes joined through NATS with JetStream (one server, or a
 //! cluster of servers the client reconnects to any of), never a home-made protocol.
-//! Every stream and bucket has the same replicas ([`Cluster::replicas`]). This module owns every NATS subject, stream and bucket name and
-//! the connection; the parts that use it are:
+//! Every stream and bucket has the same replicas ([`Cluster::replicas`]). This module
+//! owns every NATS subject, stream and bucket name and the connection; the parts that use
+//! it are:
 //!
 //! - [`roomlog`]: each room's events on the `LG_ROOMS` stream (subject `lg.room.<room>`),
 //!   sequenced with the expected-last-subject-sequence guard, fanned out live through
@@ -278,7 +279,6 @@ impl Cluster {
     /// create the streams and buckets when they do not exist yet, each with the replicas
     /// of [`Cluster::replicas`] (an existing one with fewer is raised).
     pub async fn connect_with(urls: &str, node: &str, limits: StreamLimits) -> Result<Cluster, ClusterError> {
-        let url = urls;
         let seeds = crate::config::nats_seeds(urls);
         let client = async_nats::ConnectOptions::new()
             .name(format!("livegate {node}"))
@@ -295,7 +295,7 @@ impl Cluster {
             })
             .connect(seeds)
             .await
-            .map_err(|source| ClusterError::Connect { url: url_for_log(url), source })?;
+            .map_err(|source| ClusterError::Connect { url: url_for_log(urls), source })?;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(REQUEST_TIMEOUT);
         let replicas = match limits.replicas {
@@ -353,7 +353,7 @@ impl Cluster {
         }
         let nonces = js.get_key_value(NONCES_BUCKET).await?;
         let meta = js.get_key_value(META_BUCKET).await?;
-        tracing::info!(url = %url_for_log(url), node, stream = ROOMS_STREAM, %epoch, replicas, "cluster mode: joined through NATS");
+        tracing::info!(url = %url_for_log(urls), node, stream = ROOMS_STREAM, %epoch, replicas, "cluster mode: joined through NATS");
         Ok(Cluster { client, js, node: node.to_string(), replicas, rooms, states, nonces, meta, epoch })
     }
 
