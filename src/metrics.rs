@@ -366,6 +366,12 @@ impl Metrics {
         self.recoveries.get_or_create(&ResultLabel { result }).inc();
     }
 
+    /// One `events` frame carrying `events` events was written to a connection.
+    pub fn frame_written(&self, events: usize) {
+        self.frames_written.inc();
+        self.events_delivered.inc_by(events as u64);
+    }
+
     /// Raise the outbox high-water mark to `bytes` if it is higher.
     pub fn outbox_seen(&self, bytes: usize) {
         let bytes = bytes as i64;

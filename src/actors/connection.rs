@@ -31,7 +31,7 @@ use crate::core::backlog::Backlog;
 use crate::core::limits::{self, burst_for, room_start_burst, Strikes, TokenBucket};
 use crate::core::names;
 use crate::core::outbox::{Outbox, Verdict};
-use crate::core::subscriptions::{Answer, Subscription, Subscriptions, WindowPlan};
+use crate::core::subscriptions::{Answer, Subscription, Subscriptions};
 use super::link::ConnectionLink;
 use crate::protocol::{self, ClientOp, ClientRequest, CloseCode, ErrorCode, ServerOp};
 
@@ -201,7 +201,6 @@ pub struct Connection {
     grace_timer: bool,
     /// Held while the connection lives: its place in the connection limits.
     _permit: Option<Box<dyn Send>>,
-    backlog: Arc<Backlog>,
     io: Transport,
     /// Subscribed once the connection has started (after `welcome`).
     initial: Vec<InitialSubscription>,
@@ -225,10 +224,9 @@ impl Connection {
         io.count_into(backlog.clone());
         let inbox = names::inbox_room(&identity.user).into();
         let machine = Subscriptions::new(inbox, identity.device.clone(), settings.max_subscriptions);
-        let link = ConnectionLink::new(machine, backlog.clone(), io.outgoing(), to, settings.metrics.clone());
+        let link = ConnectionLink::new(machine, backlog, io.outgoing(), to, settings.metrics.clone());
         Connection {
             link: Arc::new(link),
-            backlog,
             io,
             initial: Vec::new(),
             closing: false,
@@ -286,9 +284,7 @@ impl Connection {
     }
 
     fn write_window(&mut self, window: &Window) {
-        let metrics = &self.settings.metrics;
-        metrics.frames_written.inc();
-        metrics.events_delivered.inc_by(window.events.len() as u64);
+        self.settings.metrics.frame_written(window.events.len());
         let link = &self.link;
         self.io.window(window, || crate::core::sse::render_cursor(link.machine().positions()));
     }
@@ -297,17 +293,13 @@ impl Connection {
     /// as the subscription machine decides.
     fn on_window(&mut self, room: &str, window: &Window) {
         let plan = self.link.machine().on_window(room, &window.epoch, &window.events, window.targeted);
-        match plan {
-            WindowPlan::Nothing => {}
-            WindowPlan::Shared => self.write_window(window),
-            WindowPlan::Own(fresh) => self.write_events(&window.epoch, fresh),
-        }
+        window.frames_for(plan, |frame| self.write_window(frame));
     }
 
     /// Close as a slow consumer: nothing more is queued for a client that does not read.
     fn evict_slow(&mut self, ctx: &mut Context<Self>) {
         // Counted by whoever evicts first: a room (which saw the backlog) or this actor.
-        if self.backlog.evict() {
+        if self.link.backlog().evict() {
             self.settings.metrics.slow_consumer_closes.inc();
         }
         // What it has not started to read is dropped, so the Close goes out next.
@@ -321,7 +313,7 @@ impl Connection {
         if self.closing {
             return;
         }
-        let held = self.backlog.held();
+        let held = self.link.backlog().held();
         // The clock is read only over the bound: this runs before every frame read.
         let now_ms = if self.outbox.full(held) { crate::world::now_ms() } else { 0 };
         match self.outbox.observe(held, now_ms) {
@@ -463,7 +455,7 @@ impl Connection {
         let events: Vec<&str> = page.events.iter().filter(|e| e.is_for(device)).map(|e| &*e.json).collect();
         let epoch = page.epoch.as_deref();
         let overhead = protocol::history_frame(room, epoch, page.head, std::iter::empty(), false, reference).len();
-        let fits = self.outbox.page_fits(self.backlog.held(), overhead, events.iter().map(|e| e.len()));
+        let fits = self.outbox.page_fits(self.link.backlog().held(), overhead, events.iter().map(|e| e.len()));
         let complete = page.complete && fits == events.len();
         let frame = protocol::history_frame(room, epoch, page.head, events[..fits].iter().copied(), complete, reference);
         self.reply(ServerOp::History, frame)
@@ -819,7 +811,7 @@ impl WsActor for Connection {
     /// Close matters, and reading goes on to see it.
     fn may_read(&mut self, ctx: &mut Self::Context) -> bool {
         self.check_outbox(ctx);
-        self.closing || self.outbox.may_read(self.backlog.held(), self.pending_answers())
+        self.closing || self.outbox.may_read(self.link.backlog().held(), self.pending_answers())
     }
 
     fn on_read(&mut self, item: Result<ws::Message, ReadError>, ctx: &mut Self::Context) {
@@ -853,11 +845,11 @@ impl Connection {
     fn on_update(&mut self, update: RoomUpdate, ctx: &mut Context<Self>) {
         // What a room reserved for this window leaves the backlog whatever happens next.
         if let RoomUpdate::Events { window, .. } = &update {
-            self.settings.metrics.outbox_seen(self.backlog.held());
-            self.backlog.release(window.frame.len());
+            self.settings.metrics.outbox_seen(self.link.backlog().held());
+            self.link.backlog().release(window.frame.len());
         }
         if let RoomUpdate::Presence { frame, .. } = &update {
-            self.backlog.release(frame.frame.len());
+            self.link.backlog().release(frame.frame.len());
         }
         if self.closing {
             return;

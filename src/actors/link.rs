@@ -21,7 +21,7 @@ use super::messages::{Outlet, RoomUpdate, Window};
 use super::room::RoomActor;
 use super::wsio::Outgoing;
 use crate::core::backlog::Backlog;
-use crate::core::subscriptions::{Subscriptions, WindowPlan};
+use crate::core::subscriptions::Subscriptions;
 use crate::metrics::Metrics;
 
 pub type Machine = Subscriptions<Addr<RoomActor>>;
@@ -58,11 +58,6 @@ impl ConnectionLink {
         let _ = self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(1)));
     }
 
-    fn write(&self, out: &Outgoing, window: &Window) {
-        self.metrics.frames_written.inc();
-        self.metrics.events_delivered.inc_by(window.events.len() as u64);
-        let _ = out.write_shared(&window.frame);
-    }
 }
 
 impl Outlet for ConnectionLink {
@@ -82,16 +77,13 @@ impl Outlet for ConnectionLink {
         };
         self.metrics.outbox_seen(self.backlog.held());
         {
+            // Held across the writes: the decision and the write are one step.
             let mut machine = self.machine.lock();
-            match machine.on_window(room, &window.epoch, &window.events, window.targeted) {
-                WindowPlan::Nothing => {}
-                WindowPlan::Shared => self.write(out, window),
-                WindowPlan::Own(fresh) => {
-                    for own in Window::cut(&window.epoch, fresh) {
-                        self.write(out, &own);
-                    }
-                }
-            }
+            let plan = machine.on_window(room, &window.epoch, &window.events, window.targeted);
+            window.frames_for(plan, |frame| {
+                self.metrics.frame_written(frame.events.len());
+                let _ = out.write_shared(&frame.frame);
+            });
         }
         self.backlog.release(window.frame.len());
     }

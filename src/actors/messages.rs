@@ -87,6 +87,22 @@ impl Window {
         windows
     }
 
+    /// Hand `write` the frames `plan` (the connection's machine's decision about this
+    /// window) says to write: this window's shared frame, frames of the events left for
+    /// the connection, or none.
+    pub fn frames_for(&self, plan: crate::core::subscriptions::WindowPlan<Arc<Delivery>>, mut write: impl FnMut(&Window)) {
+        use crate::core::subscriptions::WindowPlan;
+        match plan {
+            WindowPlan::Nothing => {}
+            WindowPlan::Shared => write(self),
+            WindowPlan::Own(fresh) => {
+                for own in Window::cut(&self.epoch, fresh) {
+                    write(&own);
+                }
+            }
+        }
+    }
+
     /// The `events` JSON framed as SSE data, shared by every SSE subscriber.
     pub fn sse_data(&self) -> actix_web::web::Bytes {
         self.sse.get_or_init(|| super::sse::data(super::wsio::payload_of(&self.frame))).clone()
