@@ -164,6 +164,8 @@ pub struct Metrics {
     pub cluster_append_conflicts: Counter,
     /// Cluster mode: peers alive by heartbeat.
     pub cluster_peers_alive: Gauge,
+    /// Cluster mode: live copies (events and state records) rooms here took from NATS.
+    pub cluster_live_copies: Counter,
     pub migration_refusals: Counter,
     /// Rebalance (issue 30): users handed over to another node, their connections closed
     /// with 4421, users skipped by reason, and connections this node still has to hand over.
@@ -237,6 +239,7 @@ impl Metrics {
             sessions_stored: Gauge::default(),
             cluster_append_conflicts: Counter::default(),
             cluster_peers_alive: Gauge::default(),
+            cluster_live_copies: Counter::default(),
             migration_refusals: Counter::default(),
             rebalance_moves: Counter::default(),
             rebalance_connections_moved: Counter::default(),
@@ -441,6 +444,11 @@ impl Metrics {
         r.register("sessions_stored", "Session records in the embedded store (single node)", self.sessions_stored.clone());
         r.register("cluster_append_conflicts", "Cluster mode: room appends that lost to another node's and were retried", self.cluster_append_conflicts.clone());
         r.register("cluster_peers_alive", "Cluster mode: peer nodes heard within the heartbeat timeout", self.cluster_peers_alive.clone());
+        r.register(
+            "cluster_live_copies",
+            "Cluster mode: rooms' live events and state records this node received from NATS (only rooms with subscribers here, and a few seconds after the last left)",
+            self.cluster_live_copies.clone(),
+        );
         r.register("migration_refusals", "Handshakes refused: migration budget spent", self.migration_refusals.clone());
         r.register("rebalance_moves", "Rebalance: users handed over to another node", self.rebalance_moves.clone());
         r.register("rebalance_connections_moved", "Rebalance: connections closed with 4421 towards the node their users were handed to", self.rebalance_connections_moved.clone());

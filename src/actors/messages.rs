@@ -359,15 +359,9 @@ impl PresenceFrame {
 
 // ---- cluster live feed → room ----
 
-/// Cluster mode: an event another node (or this one) stored, from the live feed.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct LiveEvent(pub crate::cluster::roomlog::StreamEvent);
-
 /// Cluster mode: a room's latest-state record as the room's writer stored it, with its
-/// sequence on the state stream (`version`, which orders the records).
-#[derive(Message)]
-#[rtype(result = "()")]
+/// sequence on the state stream (`version`, which orders the records). Not a message:
+/// the room takes it from its own live feed.
 pub struct LiveState {
     pub state: StateAt,
     pub version: u64,

@@ -7,7 +7,8 @@
 //! automatic inbox subscription costs an entry here, not an actor and a store read. The
 //! room actor started for the inbox's first message (or history read, or explicit
 //! subscribe) adopts them, and an inbox room whose only subscribers are automatic parks
-//! them here again when it goes idle.
+//! them here again when it goes idle. In cluster mode each parked inbox is watched for
+//! what other nodes store in it (`RoomLogs::watch_parked`), which starts its actor.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
@@ -19,7 +20,7 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use super::messages::*;
-use super::room::{RoomActor, RoomHome, RoomLoad, RoomLogs, RoomSettings};
+use super::room::{ParkedWatch, RoomActor, RoomHome, RoomLoad, RoomLogs, RoomSettings};
 use crate::cluster::bus::WriterRefusal;
 use crate::core::namespaces::{Namespaces, RoomOptions};
 
@@ -51,6 +52,9 @@ pub enum RoomError {
 struct Tables {
     live: HashMap<Arc<str>, Addr<RoomActor>>,
     parked: HashMap<Arc<str>, Vec<Parked>>,
+    /// Cluster mode: the watch of each parked inbox; an entry lives and leaves with its
+    /// `parked` entry.
+    watches: HashMap<Arc<str>, ParkedWatch>,
     /// What each live non-inbox room reports of its load (the admin overview); an entry
     /// leaves with the room's `live` entry.
     loads: HashMap<Arc<str>, Arc<RoomLoad>>,
@@ -78,6 +82,40 @@ pub struct RoomsInner {
 }
 
 impl RoomsInner {
+    /// Park `subscribers` of `room` (no actor), watched from the first one on; `head`:
+    /// what they were sent, when a retiring actor knows it. Yields the new watch's
+    /// readiness, to wait for.
+    fn park(
+        self: &Arc<Self>,
+        tables: &mut Tables,
+        room: &Arc<str>,
+        subscribers: impl IntoIterator<Item = Parked>,
+        head: Option<u64>,
+    ) -> Option<oneshot::Receiver<()>> {
+        let waiting = tables.parked.entry(room.clone()).or_default();
+        waiting.retain(|p| p.to.connected());
+        waiting.extend(subscribers);
+        if waiting.is_empty() {
+            tables.parked.remove(room);
+            tables.watches.remove(room);
+            return None;
+        }
+        if tables.watches.contains_key(room) {
+            return None;
+        }
+        let weak = Arc::downgrade(self);
+        let name = room.clone();
+        let wake = Box::new(move |after: u64| {
+            if let Some(inner) = weak.upgrade() {
+                Rooms { inner }.wake_parked(&name, after);
+            }
+        });
+        let mut watch = self.logs.watch_parked(room, head, wake)?;
+        let ready = watch.ready();
+        tables.watches.insert(room.clone(), watch);
+        ready
+    }
+
     /// Drop `room` from the table if `addr` is still its actor.
     pub(crate) fn forget(&self, room: &str, addr: &Addr<RoomActor>) {
         let mut tables = self.tables.lock();
@@ -92,7 +130,7 @@ impl RoomsInner {
 impl RoomHome for RoomsInner {
     /// An idle inbox room stops: drop it from the table and park its (automatic)
     /// subscribers for the next actor of the room.
-    fn retire(&self, room: &Arc<str>, addr: &Addr<RoomActor>, subscribers: Vec<Parked>) {
+    fn retire(self: Arc<Self>, room: &Arc<str>, addr: &Addr<RoomActor>, subscribers: Vec<Parked>, head: u64) {
         let mut tables = self.tables.lock();
         if tables.live.get(room).is_some_and(|current| current == addr) {
             tables.live.remove(room);
@@ -100,7 +138,9 @@ impl RoomHome for RoomsInner {
         }
         let subscribers: Vec<Parked> = subscribers.into_iter().filter(|p| p.to.connected()).collect();
         if !subscribers.is_empty() {
-            tables.parked.entry(room.clone()).or_default().extend(subscribers);
+            // Nothing waits for the watch: what is stored before it begins, after `head`,
+            // wakes the room as soon as it does.
+            drop(self.park(&mut tables, room, subscribers, Some(head)));
         }
     }
 }
@@ -150,6 +190,8 @@ impl Rooms {
         }
         let name: Arc<str> = room.into();
         let adopted = tables.parked.remove(room).unwrap_or_default();
+        // The actor takes the room's live feed before it reads the stream.
+        tables.watches.remove(room);
         let mut hasher = DefaultHasher::new();
         name.hash(&mut hasher);
         let arbiter = &self.inner.handles[hasher.finish() as usize % self.inner.handles.len()];
@@ -173,6 +215,8 @@ impl Rooms {
     /// A connection's automatic inbox subscription: parked when the inbox has no actor
     /// (nothing is read), else subscribed to the live actor, which answers with a
     /// [`RoomUpdate::Subscribed`] the connection keeps to itself. `Some` names that actor.
+    /// In cluster mode a new parked inbox's watch is subscribed before this returns, so
+    /// everything stored after it reaches the connection.
     pub async fn subscribe_inbox(&self, room: &str, parked: Parked) -> Result<Option<Addr<RoomActor>>, RoomError> {
         for _ in 0..ATTEMPTS {
             let addr = {
@@ -180,9 +224,11 @@ impl Rooms {
                 match tables.live.get(room).filter(|addr| addr.connected()) {
                     Some(addr) => addr.clone(),
                     None => {
-                        let waiting = tables.parked.entry(room.into()).or_default();
-                        waiting.retain(|p| p.to.connected());
-                        waiting.push(parked);
+                        let ready = self.inner.park(&mut tables, &room.into(), [parked], None);
+                        drop(tables);
+                        if let Some(ready) = ready {
+                            let _ = ready.await;
+                        }
                         return Ok(None);
                     }
                 }
@@ -215,6 +261,7 @@ impl Rooms {
             waiting.retain(|p| p.conn != conn || p.generation > generation);
             if waiting.is_empty() {
                 tables.parked.remove(room);
+                tables.watches.remove(room);
             }
         } else if let Some(addr) = tables.live.get(room) {
             addr.do_send(Unsubscribe { conn, generation });
@@ -293,15 +340,6 @@ impl Rooms {
         self.ask(room, || ReadState).await
     }
 
-    /// Cluster mode: hand a latest-state record to its room, if the room is live here (a
-    /// room started later reads the record itself).
-    pub fn live_state(&self, room: &str, state: StateAt, version: u64) {
-        let addr = self.inner.tables.lock().live.get(room).cloned();
-        if let Some(addr) = addr {
-            addr.do_send(LiveState { state, version });
-        }
-    }
-
     /// Subscribe a connection (`subscribe.automatic` is false: the automatic inbox
     /// subscription goes through [`subscribe_inbox`](Self::subscribe_inbox)); the room
     /// answers through `subscribe.to`.
@@ -334,20 +372,13 @@ impl Rooms {
         self.ask(room, || ReadHistory { since, limit }).await
     }
 
-    /// Cluster mode: hand a live event to its room, if the room is live on this node (a
-    /// room started later reads the stream itself). A parked inbox starts its actor,
-    /// which sends its parked subscribers everything from this event on.
-    pub fn live_event(&self, room: &str, event: crate::cluster::roomlog::StreamEvent) {
+    /// Cluster mode: another node stored an event after seq `after` in a parked inbox:
+    /// its actor starts and sends the parked subscribers everything after `after`.
+    fn wake_parked(&self, room: &str, after: u64) {
         let mut tables = self.inner.tables.lock();
-        let addr = match tables.live.get(room) {
-            Some(addr) => addr.clone(),
-            None if tables.parked.contains_key(room) => {
-                self.live_or_start(&mut tables, room, Some(event.event.seq.saturating_sub(1)))
-            }
-            None => return,
-        };
-        drop(tables);
-        addr.do_send(LiveEvent(event));
+        if tables.parked.contains_key(room) {
+            self.live_or_start(&mut tables, room, Some(after));
+        }
     }
 
     /// Cluster mode: have every live room read what the live feed may have missed, at

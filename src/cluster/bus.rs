@@ -1,5 +1,5 @@
 //! The node's NATS listeners, each a task that turns messages into calls of
-//! [`NodeEvents`]: the live feed (`lg.live.>`), heartbeats and goodbyes, exclusive-device
+//! [`NodeEvents`]: heartbeats and goodbyes, exclusive-device
 //! announcements, kick requests (answered with the count) and publishes forwarded to this
 //! node as a room's writer (at most [`MAX_FORWARDS_RUNNING`] at once). A maintenance
 //! loop reports NATS coming back and replays queued directory writes. Every task is
@@ -13,22 +13,14 @@ use futures_util::future::LocalBoxFuture;
 use futures_util::StreamExt;
 
 use super::kv::KvSessions;
-use super::roomlog::{decode_live, decode_live_state, StoredState, StreamEvent};
-use super::{
-    decode_node, Cluster, ClusterError, HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, LIVE_STATE_SUBJECTS, LIVE_SUBJECTS,
-    REPLACE_SUBJECT,
-};
+use super::{decode_node, Cluster, ClusterError, HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, REPLACE_SUBJECT};
 use crate::core::heartbeats::NodeInfo;
 use crate::core::rebalance::Order;
 use crate::tasks::Tasks;
 
-/// What this node does with what the other nodes send it.
+/// What this node does with what the other nodes send it. Rooms' live events are not
+/// here: each room watches its own ([`super::roomlog::watch`]).
 pub trait NodeEvents: Clone + 'static {
-    /// A room's event as the stream republished it.
-    fn live_event(&self, room: &str, event: StreamEvent);
-    /// A room's latest-state record as the state stream republished it, with its
-    /// sequence there.
-    fn live_state(&self, room: &str, state: StoredState, version: u64);
     fn peer_heard(&self, peer: NodeInfo);
     fn peer_left(&self, node: String);
     /// Another node connected `user` on exclusive `device` at `at_ms`.
@@ -101,17 +93,6 @@ pub const MAX_KICKS_RUNNING: usize = 64;
 pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSessions) -> Result<Tasks, ClusterError> {
     let client = &cluster.client;
     let mut tasks = Tasks::default();
-    let mut live = client.subscribe(LIVE_SUBJECTS).await?;
-    let mut live_states = client.subscribe(LIVE_STATE_SUBJECTS).await?;
-    let state_events = events.clone();
-    tasks.spawn(async move {
-        while let Some(message) = live_states.next().await {
-            match decode_live_state(message.subject.as_str(), message.headers.as_ref(), &message.payload) {
-                Some((room, state, version)) => state_events.live_state(&room, state, version),
-                None => tracing::debug!(subject = %message.subject, "ignoring a live message that is not a livegate state"),
-            }
-        }
-    });
     let mut beats = client.subscribe(HEARTBEAT_SUBJECT).await?;
     let mut leaves = client.subscribe(LEAVE_SUBJECT).await?;
     let mut replaces = client.subscribe(REPLACE_SUBJECT).await?;
@@ -144,15 +125,6 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
                 let _ = client.publish_with_headers(reply, encode_answer(&answer), Vec::<u8>::new().into()).await;
             }
         })
-    });
-    let live_events = events.clone();
-    tasks.spawn(async move {
-        while let Some(message) = live.next().await {
-            match decode_live(message.subject.as_str(), message.headers.as_ref(), &message.payload) {
-                Some((room, event)) => live_events.live_event(&room, event),
-                None => tracing::debug!(subject = %message.subject, "ignoring a live message that is not a livegate event"),
-            }
-        }
     });
     let beat_events = events.clone();
     tasks.spawn(async move {

@@ -6,7 +6,8 @@
 //!
 //! - [`roomlog`]: each room's events on the `LG_ROOMS` stream (subject `lg.room.<room>`),
 //!   sequenced with the expected-last-subject-sequence guard, fanned out live through
-//!   the stream's republish to `lg.live.<room>`;
+//!   the stream's republish to `lg.live.<room>`, which a node subscribes to only while
+//!   it has subscribers in the room (interest-based fan-out);
 //! - [`kv`]: the session directory in the `lg_sessions` bucket (compare-and-set on
 //!   revisions), with a cache and a sled-backed queue for outages;
 //! - heartbeats on `lg.node.heartbeat` (each node's open connections in a header), and
@@ -138,6 +139,8 @@ pub enum NatsError {
     Publish(#[from] async_nats::PublishError),
     #[error(transparent)]
     Subscribe(#[from] async_nats::SubscribeError),
+    #[error(transparent)]
+    Flush(#[from] async_nats::client::FlushError),
 }
 
 impl NatsError {
@@ -169,6 +172,8 @@ impl NatsError {
             NatsError::Delete(e) => matches!(e.kind(), stream::DeleteMessageErrorKind::TimedOut | stream::DeleteMessageErrorKind::Request),
             NatsError::Publish(e) => e.kind() == async_nats::PublishErrorKind::Send,
             NatsError::Subscribe(e) => e.kind() == async_nats::SubscribeErrorKind::Other,
+            // Either kind is the connection's: the client could not send, or got no pong.
+            NatsError::Flush(_) => true,
         }
     }
 }
@@ -209,6 +214,7 @@ from_nats_errors!(
     stream::DeleteMessageError,
     async_nats::PublishError,
     async_nats::SubscribeError,
+    async_nats::client::FlushError,
 );
 
 /// Compare-and-set rounds a kick record gets against other kicks of the same user.

@@ -17,12 +17,19 @@
 //! An append names the stream sequence of the room's last message
 //! (`Nats-Expected-Last-Subject-Sequence`): a writer that missed another node's append is
 //! refused, catches up and retries, so the room seq stays contiguous.
+//!
+//! Interest-based fan-out: a node takes a room's live copies only while it watches the
+//! room ([`watch`]: one subscription to `lg.live.<room>`, one to `lg.livestate.<room>`),
+//! so NATS routes each event only to the nodes that asked for its room.
+
+use std::pin::Pin;
 
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::stream::DirectGetErrorKind;
 use async_nats::HeaderMap;
+use futures_util::{Stream, StreamExt};
 
-use super::{room_token, Cluster, ClusterError, Unreachable};
+use super::{room_token, Cluster, ClusterError, Unreachable, REQUEST_TIMEOUT};
 use crate::core::names;
 use crate::store::EventRecord;
 
@@ -222,6 +229,56 @@ pub async fn purge_expired(cluster: &Cluster, room: &str) -> Result<(), ClusterE
 pub async fn purge_beyond(cluster: &Cluster, room: &str, keep: u64) -> Result<(), ClusterError> {
     cluster.rooms_stream().purge().filter(room_subject(room)).keep(keep.max(1)).await?;
     Ok(())
+}
+
+/// What a room's live subjects carry.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LiveItem {
+    /// An event the rooms stream stored.
+    Event(StreamEvent),
+    /// A latest-state record the state stream stored, with its sequence there.
+    State(StoredState, u64),
+}
+
+/// A room's live copies, for as long as it is held: dropping it unsubscribes.
+pub type LiveFeed = Pin<Box<dyn Stream<Item = LiveItem> + Send>>;
+
+/// Subscribe to `room`'s live events (and its latest-state records with `states`). The
+/// server has the subscriptions when this returns (the connection is flushed), so every
+/// message stored after that reaches the feed; what came before is the caller's to read.
+/// Copies that do not decode are dropped (logged at debug).
+pub async fn watch(cluster: &Cluster, room: &str, states: bool) -> Result<LiveFeed, ClusterError> {
+    let token = room_token(room);
+    let events = cluster.client.subscribe(format!("lg.live.{token}")).await?.filter_map(|message| {
+        let event = decode_live(message.subject.as_str(), message.headers.as_ref(), &message.payload).map(|(_, e)| LiveItem::Event(e));
+        if event.is_none() {
+            tracing::debug!(subject = %message.subject, "ignoring a live message that is not a livegate event");
+        }
+        std::future::ready(event)
+    });
+    let feed: LiveFeed = if states {
+        let records = cluster.client.subscribe(format!("lg.livestate.{token}")).await?.filter_map(|message| {
+            let record = decode_live_state(message.subject.as_str(), message.headers.as_ref(), &message.payload);
+            std::future::ready(record.map(|(_, state, version)| LiveItem::State(state, version)))
+        });
+        Box::pin(futures_util::stream::select(events, records))
+    } else {
+        Box::pin(events)
+    };
+    match tokio::time::timeout(REQUEST_TIMEOUT, cluster.client.flush()).await {
+        Ok(Ok(())) => Ok(feed),
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => Err(ClusterError::Unavailable(Unreachable::NotConnected)),
+    }
+}
+
+/// The room seq of `room`'s newest stored event (`None`: the stream holds none).
+pub async fn last_seq(cluster: &Cluster, room: &str) -> Result<Option<u64>, ClusterError> {
+    match cluster.rooms_stream().direct_get_last_for_subject(room_subject(room)).await {
+        Ok(message) => Ok(message.headers.get(SEQ_HEADER).and_then(|v| v.as_str().parse().ok())),
+        Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A live copy from `lg.live.<room>`: the room and its event, or `None` for anything else.

@@ -248,6 +248,12 @@ impl<P, S, E: Sequenced, X: Clone> Pipeline<P, S, E, X> {
         true
     }
 
+    /// The stream sequence of the newest event the room took: a read of what it missed
+    /// starts after it.
+    pub fn read_from(&self) -> u64 {
+        self.last_stream_seq
+    }
+
     /// An event from the live feed (another node's, or this node's own).
     pub fn live_event(&mut self, event: E) {
         self.todo.push_back(Todo::Take { event, read: false });

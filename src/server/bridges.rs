@@ -9,14 +9,13 @@ use actix::Addr;
 use futures_util::future::LocalBoxFuture;
 
 use crate::actors::liveness::{Heard, Left, LivenessActor, Router};
-use crate::actors::messages::{Kick, NewEvent, StateAt};
+use crate::actors::messages::{Kick, NewEvent};
 use crate::actors::rebalance::{Rebalancer, Shed};
 use crate::actors::registry::{Registry, RemoteReplace, UserBus};
 use crate::actors::room::{Occupancy, PresenceHub};
 use crate::actors::rooms::Rooms;
 use crate::cluster::bus::{Appended, ForwardedPublish, NodeEvents};
 use crate::cluster::occupancy::ClusterOccupancy;
-use crate::cluster::roomlog::{StoredState, StreamEvent};
 use crate::cluster::Cluster;
 use crate::core::heartbeats::NodeInfo;
 use crate::core::rebalance::Order;
@@ -45,14 +44,6 @@ pub(super) struct NodeActors {
 }
 
 impl NodeEvents for NodeActors {
-    fn live_event(&self, room: &str, event: StreamEvent) {
-        self.rooms.live_event(room, event);
-    }
-
-    fn live_state(&self, room: &str, state: StoredState, version: u64) {
-        self.rooms.live_state(room, StateAt { seq: state.seq, data: state.data.into() }, version);
-    }
-
     fn peer_heard(&self, peer: NodeInfo) {
         self.liveness.do_send(Heard(peer));
     }

@@ -36,7 +36,7 @@ pub use self::presence::PresenceHub;
 pub use self::stream::StreamRoomLogs;
 use crate::core::backlog::Reserve;
 use super::messages::*;
-use crate::cluster::roomlog::StreamEvent;
+use crate::cluster::roomlog::{LiveItem, StreamEvent};
 use crate::core::batch::BatchAction;
 use crate::core::room::{answer_subscribe, Ask, Joined, Member, Members, Outgoing};
 use crate::core::names;
@@ -82,7 +82,42 @@ impl RoomSettings {
 /// Makes each room's log; one implementation per backend, chosen once at start-up.
 pub trait RoomLogs: Send + Sync + 'static {
     fn open(&self, room: &Arc<str>) -> Log;
+
+    /// Watch `room`, an inbox whose subscribers are parked (no actor), for what other
+    /// nodes store: `wake(after)` when an event after seq `after` arrives, and for what
+    /// was stored after `head` (what the parked subscribers were sent) before the watch
+    /// began. `None` on a single node, where every write goes through the room's actor.
+    fn watch_parked(&self, _room: &Arc<str>, _head: Option<u64>, _wake: Box<dyn Fn(u64)>) -> Option<ParkedWatch> {
+        None
+    }
 }
+
+/// A parked inbox's watch ([`RoomLogs::watch_parked`]): its task ends when this is dropped.
+pub struct ParkedWatch {
+    task: tokio::task::AbortHandle,
+    /// Resolves once the watch is subscribed (taken by the first to wait for it).
+    ready: Option<tokio::sync::oneshot::Receiver<()>>,
+}
+
+impl ParkedWatch {
+    pub fn new(task: tokio::task::AbortHandle, ready: tokio::sync::oneshot::Receiver<()>) -> Self {
+        ParkedWatch { task, ready: Some(ready) }
+    }
+
+    /// What to await until the watch is subscribed (once).
+    pub fn ready(&mut self) -> Option<tokio::sync::oneshot::Receiver<()>> {
+        self.ready.take()
+    }
+}
+
+impl Drop for ParkedWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A room taking its live feed again before it answers (cluster mode, [`SharedLog::refeed`]).
+pub type Refeed = std::pin::Pin<Box<dyn ActorFuture<RoomActor, Output = ()>>>;
 
 /// One room's log. An enum rather than a trait object: each kind's asynchronous work
 /// comes back to its own type ([`LogPart`]), and only the stream answers [`Log::shared`].
@@ -136,6 +171,13 @@ pub trait SharedLog {
     fn live_event(&mut self, room: &mut RoomCore, event: StreamEvent, ctx: &mut Context<RoomActor>);
     /// Another node's latest-state record.
     fn live_state(&mut self, room: &mut RoomCore, state: LiveState);
+    /// A room that dropped its live feed takes it again and reads what it missed: the
+    /// work to hold the mailbox for before answering a subscribe or a read (`None`: the
+    /// room has its feed). Held subscribes are answered at its end.
+    fn refeed(&mut self, room: &RoomCore) -> Option<Refeed>;
+    /// The room's subscribers may have changed (its tick, an unsubscribe): a feed
+    /// unwatched long enough is dropped.
+    fn subscribers_changed(&mut self, room: &RoomCore, ctx: &mut Context<RoomActor>);
     /// Read what other writers added that this room may have missed.
     fn catch_up(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>);
     /// The room starts with parked subscribers, adopted for an event after `replay_after`.
@@ -217,7 +259,8 @@ struct Subscriber {
 /// subscribers when it stops idle. Defined here, implemented by the rooms table, so a room
 /// does not know the table's type.
 pub trait RoomHome: Send + Sync {
-    fn retire(&self, room: &Arc<str>, addr: &Addr<RoomActor>, subscribers: Vec<Parked>);
+    /// `head`: the room's durable head, the last event its subscribers were sent.
+    fn retire(self: Arc<Self>, room: &Arc<str>, addr: &Addr<RoomActor>, subscribers: Vec<Parked>, head: u64);
 }
 
 pub struct RoomActor {
@@ -344,6 +387,9 @@ impl RoomActor {
             }
             connected
         });
+        if let Some(shared) = log.shared() {
+            shared.subscribers_changed(core, ctx);
+        }
         core.report_load();
         core.occupancy_check();
         core.presence_poke(ctx);
@@ -373,7 +419,7 @@ impl RoomActor {
                 .map(|(conn, member)| Parked { conn, to: member.sink.to, generation: member.generation })
                 .collect();
             if let Some(home) = core.home.upgrade() {
-                home.retire(&core.name, &ctx.address(), parked);
+                home.retire(&core.name, &ctx.address(), parked, core.durable_head());
             }
             core.stopped = true;
             core.occupancy_check();
@@ -714,14 +760,23 @@ impl Drop for RoomCore {
     }
 }
 
-impl Handler<LiveEvent> for RoomActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: LiveEvent, ctx: &mut Self::Context) {
-        if let Some(shared) = self.log.shared() {
-            shared.live_event(&mut self.core, msg.0, ctx);
+/// The room's live feed (cluster mode), while it holds one.
+impl StreamHandler<LiveItem> for RoomActor {
+    fn handle(&mut self, item: LiveItem, ctx: &mut Self::Context) {
+        let Some(shared) = self.log.shared() else { return };
+        self.core.settings.metrics.cluster_live_copies.inc();
+        match item {
+            LiveItem::Event(event) => shared.live_event(&mut self.core, event, ctx),
+            LiveItem::State(state, version) if self.core.is_live() => {
+                shared.live_state(&mut self.core, LiveState { state: StateAt { seq: state.seq, data: state.data.into() }, version })
+            }
+            LiveItem::State(..) => {}
         }
     }
+
+    /// The feed ends with the node's NATS connection (the node is stopping); the room
+    /// goes on without it.
+    fn finished(&mut self, _ctx: &mut Self::Context) {}
 }
 
 impl Handler<Resync> for RoomActor {
@@ -752,10 +807,18 @@ impl Handler<Subscribe> for RoomActor {
     fn handle(&mut self, msg: Subscribe, ctx: &mut Self::Context) -> Self::Result {
         self.core.admit()?;
         // While the stored state cannot be read a shared log holds the subscribe (it is
-        // read again with backoff); a local one's room refuses it.
-        if let Some(shared) = self.log.shared().filter(|_| self.core.is_failed()) {
-            shared.hold_subscribe(msg);
-            return Ok(());
+        // read again with backoff); a local one's room refuses it. A room that dropped
+        // its live feed holds it until it has the feed again and what it missed.
+        if let Some(shared) = self.log.shared() {
+            if self.core.is_failed() {
+                shared.hold_subscribe(msg);
+                return Ok(());
+            }
+            if let Some(refeed) = shared.refeed(&self.core) {
+                shared.hold_subscribe(msg);
+                ctx.wait(refeed);
+                return Ok(());
+            }
         }
         self.core.subscribe(msg, self.log.common());
         self.core.report_load();
@@ -774,10 +837,18 @@ impl Handler<PutState> for RoomActor {
     }
 }
 
-impl Handler<ReadState> for RoomActor {
-    type Result = Result<StateView, RoomGone>;
+impl RoomActor {
+    /// `answer`, once the room holds its live feed: at once, or (cluster mode, a room
+    /// that dropped it) after taking it again and reading what it missed, holding the
+    /// mailbox meanwhile.
+    fn when_fed<R: 'static>(&mut self, answer: impl FnOnce(&mut RoomActor) -> R + 'static) -> AtomicResponse<Self, R> {
+        match self.log.shared().and_then(|shared| shared.refeed(&self.core)) {
+            Some(refeed) => AtomicResponse::new(Box::pin(refeed.map(move |(), room, _| answer(room)))),
+            None => AtomicResponse::new(Box::pin(actix::fut::ready(answer(self)))),
+        }
+    }
 
-    fn handle(&mut self, _msg: ReadState, _ctx: &mut Self::Context) -> Self::Result {
+    fn read_state(&mut self) -> Result<StateView, RoomGone> {
         self.core.admit()?;
         let core = &self.core;
         let epoch = match &core.state {
@@ -787,15 +858,30 @@ impl Handler<ReadState> for RoomActor {
         let (seq, data) = core.current.as_ref().map_or((0, None), |state| (state.seq, Some(state.data.clone())));
         Ok(StateView { epoch, seq, data })
     }
+
+    fn read_history(&mut self, msg: ReadHistory) -> Result<HistoryPage, RoomGone> {
+        self.core.admit()?;
+        self.core.trim_expired(self.log.common());
+        Ok(match &self.core.state {
+            RoomState::Failed(_) | RoomState::Loading => HistoryPage { epoch: None, head: 0, events: Vec::new(), complete: false },
+            RoomState::Live(log) => {
+                let (events, complete) = log.read(msg.since, msg.limit);
+                HistoryPage {
+                    epoch: Some(log.epoch().into()),
+                    head: log.durable(),
+                    events: events.into_iter().map(|e| e.payload.clone()).collect(),
+                    complete,
+                }
+            }
+        })
+    }
 }
 
-impl Handler<LiveState> for RoomActor {
-    type Result = ();
+impl Handler<ReadState> for RoomActor {
+    type Result = AtomicResponse<Self, Result<StateView, RoomGone>>;
 
-    fn handle(&mut self, msg: LiveState, _ctx: &mut Self::Context) {
-        if let Some(shared) = self.log.shared().filter(|_| self.core.is_live()) {
-            shared.live_state(&mut self.core, msg);
-        }
+    fn handle(&mut self, _msg: ReadState, _ctx: &mut Self::Context) -> Self::Result {
+        self.when_fed(|room| room.read_state())
     }
 }
 
@@ -818,6 +904,7 @@ impl Handler<Unsubscribe> for RoomActor {
         }
         if let Some(shared) = self.log.shared() {
             shared.unsubscribed(msg.conn, msg.generation);
+            shared.subscribers_changed(core, ctx);
         }
         core.last_active = Instant::now();
         core.report_load();
@@ -845,22 +932,9 @@ impl Handler<PresenceChanged> for RoomActor {
 }
 
 impl Handler<ReadHistory> for RoomActor {
-    type Result = Result<HistoryPage, RoomGone>;
+    type Result = AtomicResponse<Self, Result<HistoryPage, RoomGone>>;
 
     fn handle(&mut self, msg: ReadHistory, _ctx: &mut Self::Context) -> Self::Result {
-        self.core.admit()?;
-        self.core.trim_expired(self.log.common());
-        Ok(match &self.core.state {
-            RoomState::Failed(_) | RoomState::Loading => HistoryPage { epoch: None, head: 0, events: Vec::new(), complete: false },
-            RoomState::Live(log) => {
-                let (events, complete) = log.read(msg.since, msg.limit);
-                HistoryPage {
-                    epoch: Some(log.epoch().into()),
-                    head: log.durable(),
-                    events: events.into_iter().map(|e| e.payload.clone()).collect(),
-                    complete,
-                }
-            }
-        })
+        self.when_fed(move |room| room.read_history(msg))
     }
 }

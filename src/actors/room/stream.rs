@@ -7,19 +7,37 @@
 //! (`PUT`s too, queued between appends); other nodes take those records from the live
 //! feed in the state stream's order. What to do next is decided by `core::append`'s
 //! [`Pipeline`]; this file carries it out with NATS and the room.
+//!
+//! Interest-based fan-out: the room subscribes to its own live subjects before it reads
+//! the stream, keeps them while it has subscribers (and [`FEED_LINGER`] after), and drops
+//! them then (`core::interest`). A room without its feed subscribes again and reads what
+//! it missed before it answers a subscribe or a read, holding its mailbox meanwhile. An
+//! inbox whose subscribers are parked (no actor) is watched by the rooms table through
+//! [`StreamRoomLogs`]'s `watch_parked`, which wakes it for its next event.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use futures_util::StreamExt;
 
-use super::{id_key, later, publish_key, render, spawn_then, wait_then, Log, LogPart, RoomActor, RoomCore, RoomLog, RoomLogs, SharedLog};
+use super::{
+    continued, id_key, later, publish_key, render, spawn_then, wait_then, Log, LogPart, ParkedWatch, Refeed, RoomActor, RoomCore, RoomLog,
+    RoomLogs, SharedLog,
+};
 use crate::actors::messages::*;
-use crate::cluster::roomlog::{self, AppendError, Appended, LoadedRoom, StoredState, StreamEvent};
+use crate::cluster::roomlog::{self, AppendError, Appended, LiveFeed, LiveItem, LoadedRoom, StoredState, StreamEvent};
 use crate::cluster::{Cluster, ClusterError};
 use crate::core::append::{Action, Outcome, Pipeline, Reply, Sequenced};
+use crate::core::backoff::{Backoff, BackoffPolicy, Jitter};
+use crate::core::interest::{Interest, Verdict, FEED_LINGER};
 use crate::core::seqlog::{Entry, SeqLog};
 use crate::store::EventRecord;
 use crate::world::{now_ms, random_u64};
+
+/// How a parked inbox's watch retries a subscription NATS refused or did not answer.
+const PARKED_WATCH_RETRY: BackoffPolicy =
+    BackoffPolicy { first: Duration::from_millis(200), max: Duration::from_secs(5), jitter: Jitter::Full };
 
 /// The cluster's room logs, one JetStream subject per room.
 pub struct StreamRoomLogs(pub Cluster);
@@ -31,7 +49,45 @@ impl RoomLogs for StreamRoomLogs {
             appends: Pipeline::default(),
             waiting_subscribers: Vec::new(),
             replay_after: None,
+            interest: Interest::default(),
+            feed: None,
+            check_armed: false,
         }))
+    }
+
+    /// Watch the room's live events from a task on the current thread until the watch
+    /// is dropped: `wake(after)` for each event (after its seq − 1) and, once subscribed,
+    /// for what was stored after `head` meanwhile. A watch that cannot subscribe tries
+    /// again with backoff.
+    fn watch_parked(&self, room: &Arc<str>, head: Option<u64>, wake: Box<dyn Fn(u64)>) -> Option<ParkedWatch> {
+        let (cluster, room) = (self.0.clone(), room.clone());
+        let (ready, waiting) = tokio::sync::oneshot::channel();
+        let task = actix::spawn(async move {
+            let mut retry = Backoff::new(PARKED_WATCH_RETRY);
+            let mut feed = loop {
+                match roomlog::watch(&cluster, &room, false).await {
+                    Ok(feed) => break feed,
+                    Err(error) => {
+                        tracing::warn!(room = %room, %error, "could not watch a parked inbox; retrying");
+                        actix_web::rt::time::sleep(retry.next_delay(crate::world::random_u64())).await;
+                    }
+                }
+            };
+            let _ = ready.send(());
+            if let Some(head) = head {
+                match roomlog::last_seq(&cluster, &room).await {
+                    Ok(Some(last)) if last > head => wake(head),
+                    Ok(_) => {}
+                    Err(error) => tracing::warn!(room = %room, %error, "could not read a parked inbox's head; its next event wakes it"),
+                }
+            }
+            while let Some(item) = feed.next().await {
+                if let LiveItem::Event(event) = item {
+                    wake(event.event.seq.saturating_sub(1));
+                }
+            }
+        });
+        Some(ParkedWatch::new(task.abort_handle(), waiting))
     }
 }
 
@@ -45,6 +101,12 @@ pub struct StreamLog {
     /// Parked subscribers adopted for a live event: once loaded, they get the events
     /// after this seq (the live event and any that came while loading).
     replay_after: Option<u64>,
+    /// Whether the room holds its live feed ([`crate::core::interest`]).
+    interest: Interest,
+    /// The feed's subscription, running in the room's context while it holds one.
+    feed: Option<SpawnHandle>,
+    /// A timer for the next [`StreamLog::check_interest`] is armed.
+    check_armed: bool,
 }
 
 impl Sequenced for StreamEvent {
@@ -70,9 +132,10 @@ impl LogPart for StreamLog {
 }
 
 impl StreamLog {
-    fn loaded(&mut self, room: &mut RoomCore, loaded: Result<LoadedRoom, ClusterError>, ctx: &mut Context<RoomActor>) {
+    fn loaded(&mut self, room: &mut RoomCore, loaded: Result<(LiveFeed, LoadedRoom), ClusterError>, ctx: &mut Context<RoomActor>) {
         match loaded {
-            Ok(stored) => {
+            Ok((feed, stored)) => {
+                self.attach(feed, ctx);
                 let head = stored.events.last().map_or(0, |e| e.event.seq);
                 self.appends.loaded(stored.events.last().map_or(0, |e| e.stream_seq), stored.state_version);
                 let name = room.name().clone();
@@ -111,6 +174,36 @@ impl StreamLog {
                 });
             }
         }
+    }
+
+    /// Drop the feed once the room has had no subscriber for [`FEED_LINGER`], checking
+    /// again when that is due (one timer at a time).
+    fn check_interest(&mut self, room: &RoomCore, ctx: &mut Context<RoomActor>) {
+        let watched = room.subscriber_count() > 0 || !self.waiting_subscribers.is_empty();
+        let now = Instant::now();
+        match self.interest.check(watched, now) {
+            Verdict::Keep => {}
+            Verdict::Drop => {
+                if let Some(feed) = self.feed.take() {
+                    ctx.cancel_future(feed);
+                }
+                tracing::debug!(room = %room.name(), linger_ms = FEED_LINGER.as_millis() as u64, "no subscriber here: live feed dropped");
+            }
+            Verdict::CheckAt(at) if !self.check_armed => {
+                self.check_armed = true;
+                later(ctx, at.saturating_duration_since(now), |stream: &mut StreamLog, room, ctx| {
+                    stream.check_armed = false;
+                    stream.check_interest(room, ctx);
+                });
+            }
+            Verdict::CheckAt(_) => {}
+        }
+    }
+
+    /// Take the room's live copies from `feed`, in the room's context.
+    fn attach(&mut self, feed: LiveFeed, ctx: &mut Context<RoomActor>) {
+        self.feed = Some(ctx.add_stream(feed));
+        self.interest.started();
     }
 
     /// Carry out what the machine decides, one action at a time, until it is idle.
@@ -260,8 +353,12 @@ impl RoomLog for StreamLog {
     fn load(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>) {
         room.start_loading();
         let (cluster, name) = (self.cluster.clone(), room.name().clone());
-        // Requests wait in the mailbox until the room is loaded.
-        let load = async move { roomlog::load(&cluster, &name).await };
+        // Requests wait in the mailbox until the room is loaded. The feed comes first, so
+        // nothing stored between the read and the subscription is missed.
+        let load = async move {
+            let feed = roomlog::watch(&cluster, &name, true).await?;
+            Ok((feed, roomlog::load(&cluster, &name).await?))
+        };
         wait_then(ctx, load, |stream: &mut StreamLog, room, loaded, ctx| stream.loaded(room, loaded, ctx));
     }
 
@@ -330,6 +427,46 @@ impl SharedLog for StreamLog {
         self.appends.live_event(event);
         self.drive(room, ctx);
     }
+
+    fn subscribers_changed(&mut self, room: &RoomCore, ctx: &mut Context<RoomActor>) {
+        self.check_interest(room, ctx);
+    }
+
+    /// Without its feed: subscribe again, read what was stored meanwhile (and the
+    /// latest-state record), then answer the subscribes held.
+    fn refeed(&mut self, room: &RoomCore) -> Option<Refeed> {
+        if !room.is_live() || !self.interest.refeed() {
+            return None;
+        }
+        let (cluster, name, after) = (self.cluster.clone(), room.name().clone(), self.appends.read_from());
+        let refeed = async move {
+            let feed = roomlog::watch(&cluster, &name, true).await?;
+            let missed = roomlog::read_after(&cluster, &name, after).await?;
+            Ok::<_, ClusterError>((feed, missed, roomlog::load_state(&cluster, &name).await?))
+        };
+        Some(Box::pin(continued(refeed, |stream: &mut StreamLog, room, result, ctx| {
+            match result {
+                Ok((feed, missed, record)) => {
+                    tracing::debug!(room = %room.name(), missed = missed.len(), "room watched again: live feed back");
+                    stream.attach(feed, ctx);
+                    stream.appends.caught_up(missed);
+                    stream.drive(room, ctx);
+                    let head = room.live().map_or(0, |log| log.durable());
+                    if let Some((state, version)) = record.filter(|(state, _)| state.seq <= head) {
+                        stream.live_state(room, LiveState { state: StateAt { seq: state.seq, data: state.data.into() }, version });
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(room = %room.name(), %error, "could not take the room's live feed again; answering from what it holds");
+                    stream.interest.failed();
+                }
+            }
+            for waiting in std::mem::take(&mut stream.waiting_subscribers) {
+                room.subscribe(waiting, stream);
+            }
+        })))
+    }
+
 
     /// Read what the stream holds beyond this node's head, then go on appending.
     fn catch_up(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>) {

@@ -25,13 +25,15 @@
 //! (`common::concurrency::WIDER`). Every wait is bounded; on failure the node logs are kept (the
 //! path is printed).
 //!
-//! The areas, one module each: [`fanout`], [`load`] (kills, outages and restarts under
+//! The areas, one module each: [`fanout`], [`interest`] (a node takes only its rooms'
+//! events), [`load`] (kills, outages and restarts under
 //! load), [`sessions`], [`routing`], [`state`] (room state and presence), [`occupancy`]
 //! (webhooks from the room's writer) and [`rolling_release`] (the seed's incident: 200
 //! livegate.js clients behind a balancer).
 
 mod chaos;
 mod fanout;
+mod interest;
 mod load;
 mod occupancy;
 mod rolling_release;
