@@ -123,6 +123,7 @@ mod tests {
         feed.failed();
         assert!(feed.refeed(), "a failed subscribe is tried again by the next request");
         feed.started();
-        assert!(feed.fed() && !feed.check(true, at(30_000)));
+        assert!(feed.fed());
+        assert_eq!(feed.check(true, at(30_000)), Verdict::Keep);
     }
 }
