@@ -228,10 +228,11 @@ fn traffic_note(what: &str, nodes: usize, w: &Window) -> String {
         .iter()
         .map(|n| match w.traffic.get(*n) {
             Some(t) => format!(
-                "{n} in {:.0} msgs/s {:.1} KiB/s, out {:.0} msgs/s",
+                "{n} in {:.0} msgs/s {:.1} KiB/s, out {:.0} msgs/s, {} subscriptions",
                 t.msgs_in as f64 / w.secs,
                 t.bytes_in as f64 / w.secs / 1024.0,
-                t.msgs_out as f64 / w.secs
+                t.msgs_out as f64 / w.secs,
+                t.subscriptions
             ),
             None => format!("{n} not found in /connz"),
         })

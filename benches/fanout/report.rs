@@ -332,7 +332,7 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
     if let Some(table) = cluster_table(records) {
         let _ = writeln!(
             md,
-            "\n## Cluster (issues 9 and 33): 1, 3 and 4 nodes, one or three NATS servers, both builds\n\nThe same load on every deployment: {} rooms × {} subscribers, each room's subscribers on one node; {} publishes/s to every room through every node (latency, NATS traffic, CPU per 1k acks), then {} closed-loop publishers the same way (acked publishes/s). Medians of the runs, (min–max) when they differ; ratio rows are this build ÷ the `--baseline-bin` build, same run.\n\n{table}",
+            "\n## Cluster (issues 9 and 33): 1, 3 and 4 nodes, one or three NATS servers, both builds\n\nThe same load on every deployment: {} rooms × {} subscribers, each room's subscribers on one node; {} publishes/s to every room through every node (latency, NATS traffic, CPU per 1k acks), then {} closed-loop publishers the same way (acked publishes/s). Medians of the runs, (min–max) when they differ; ratio rows are this build ÷ the `--baseline-bin` build, same run. The NATS messages into a node are the live events of the rooms it is subscribed to (with broadcast fan-out: every room's), the publishes other nodes forward to it as the rooms' writer, the replies to the publishes it forwards, JetStream's acks of its appends, and heartbeats; the notes give each node's figures and NATS subscriptions.\n\n{table}",
             sizes.cluster_rooms, sizes.cluster_per_room, sizes.cluster_rate, sizes.cluster_durable_publishers
         );
     }

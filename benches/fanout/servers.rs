@@ -523,6 +523,8 @@ pub struct Traffic {
     /// Messages and bytes the client sent (`in_msgs`, `in_bytes`).
     pub msgs_out: u64,
     pub bytes_out: u64,
+    /// The client's subscriptions at the time (`subscriptions`; not a counter).
+    pub subscriptions: u64,
 }
 
 impl Traffic {
@@ -533,6 +535,7 @@ impl Traffic {
             bytes_in: self.bytes_in.saturating_sub(before.bytes_in),
             msgs_out: self.msgs_out.saturating_sub(before.msgs_out),
             bytes_out: self.bytes_out.saturating_sub(before.bytes_out),
+            subscriptions: self.subscriptions,
         }
     }
 }
@@ -556,6 +559,7 @@ pub async fn node_traffic(nats: &Nats) -> Result<std::collections::HashMap<Strin
             t.bytes_in += n("out_bytes");
             t.msgs_out += n("in_msgs");
             t.bytes_out += n("in_bytes");
+            t.subscriptions += n("subscriptions");
         }
     }
     Ok(by_node)
