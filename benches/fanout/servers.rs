@@ -498,10 +498,51 @@ impl Nats {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        // A meta leader is not yet a JetStream that places three replicas: wait until the
+        // leader counts every other server as a current peer (/jsz) and every server's
+        // /healthz says JetStream is fine. Before that a node's first request can time
+        // out, or its R3 stream find "no suitable peers for placement", and the node
+        // exits at start.
+        while !nats.meta_cluster_complete().await {
+            if started.elapsed() > NATS_LEADER_TIMEOUT {
+                return Err(format!("the NATS cluster's meta leader did not see all {count} servers current within {NATS_LEADER_TIMEOUT:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for server in &nats.servers {
+            let addr = SocketAddr::from(([127, 0, 0, 1], server.monitor_port));
+            loop {
+                if matches!(HttpClient::new(addr, None).get("/healthz").await, Ok(r) if r.status == 200) {
+                    break;
+                }
+                if started.elapsed() > NATS_LEADER_TIMEOUT {
+                    return Err(format!("nats-server {} not healthy (/healthz) within {NATS_LEADER_TIMEOUT:?}", server.name));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
         for server in &mut nats.servers {
             server.ready_log_len = server.log_text().len();
         }
         Ok(nats)
+    }
+
+    /// Whether a server's `/jsz` names a meta leader and, as the leader, counts every
+    /// other server as a current, online peer.
+    async fn meta_cluster_complete(&self) -> bool {
+        for server in &self.servers {
+            let addr = SocketAddr::from(([127, 0, 0, 1], server.monitor_port));
+            let Ok(r) = HttpClient::new(addr, None).get("/jsz").await else { continue };
+            let Ok(v) = serde_json::from_slice::<serde_json::Value>(&r.body) else { continue };
+            let meta = &v["meta_cluster"];
+            if meta["leader"].as_str() != Some(server.name.as_str()) {
+                continue;
+            }
+            let peers = meta["replicas"].as_array().map(Vec::as_slice).unwrap_or_default();
+            let current = peers.iter().filter(|p| p["current"].as_bool() == Some(true) && p["offline"].as_bool() != Some(true)).count();
+            return current + 1 >= self.servers.len();
+        }
+        false
     }
 
     /// What the nodes get as `--cluster-nats-url`: every server's URL, comma-separated.
