@@ -525,7 +525,14 @@ pub fn cluster_table(records: &[Record]) -> Option<String> {
             }
             let pct = |v: &[f64]| {
                 let m = median(v);
-                if m.is_finite() { format!("{:+.0} %", (m - 1.0) * 100.0) } else { "—".into() }
+                let change = ((m - 1.0) * 100.0).round();
+                if !m.is_finite() {
+                    "—".into()
+                } else if change == 0.0 {
+                    "±0 %".into()
+                } else {
+                    format!("{change:+.0} %")
+                }
             };
             summary.push(format!(
                 "{}: NATS messages into each existing node {}, its CPU per acknowledged publish {}",
