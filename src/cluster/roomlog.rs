@@ -1,8 +1,10 @@
 //! A room's log on JetStream. Each event is one message on `lg.room.<room>`: the payload
 //! is the event's JSON, headers carry the room seq, the publish time, the devices of an
-//! inbox message, the publishing user of a client publish (`Lg-From`) and the event id
-//! (`Nats-Msg-Id`, so a retried publish is stored once; a client's id behind its user and
-//! a space, `core::names::idempotency_key`, so it never takes a backend's).
+//! inbox message, the publishing user of a client publish (`Lg-From`) and the event's
+//! idempotency key (`Lg-Key`: the id, a client's behind its user and a space,
+//! `core::names::idempotency_key`, so it never takes a backend's). JetStream's
+//! deduplication key (`Nats-Msg-Id`) is the room's token and that key, so a retried
+//! publish is stored once and an id used in another room is that room's own.
 //!
 //! Room state (DESIGN §9): an event published with the room's state carries it in the
 //! same message, so the two are stored atomically: header `Lg-State-Len` names the
@@ -38,7 +40,11 @@ const TS_HEADER: &str = "Lg-Ts";
 const DEVICES_HEADER: &str = "Lg-Devices";
 const FROM_HEADER: &str = "Lg-From";
 const STATE_LEN_HEADER: &str = "Lg-State-Len";
-const ID_HEADER: &str = "Nats-Msg-Id";
+/// The event's idempotency key ([`names::idempotency_key`]).
+const KEY_HEADER: &str = "Lg-Key";
+/// JetStream's deduplication key ([`dedup_id`]); events stored before `Lg-Key` existed
+/// carry their idempotency key here alone.
+const DEDUP_HEADER: &str = "Nats-Msg-Id";
 /// Set by the stream's republish on live copies: the message's stream sequence.
 const STREAM_SEQ_HEADER: &str = "Nats-Sequence";
 
@@ -187,8 +193,9 @@ pub async fn append(
         return Err(ClusterError::Unavailable(Unreachable::NotConnected).into());
     }
     let mut headers = HeaderMap::new();
-    // JetStream's own deduplication goes by this header: a client's id under its user.
-    headers.insert(ID_HEADER, names::idempotency_key(&event.id, event.from.as_deref()).as_str());
+    let key = names::idempotency_key(&event.id, event.from.as_deref());
+    headers.insert(DEDUP_HEADER, dedup_id(room, &key).as_str());
+    headers.insert(KEY_HEADER, key.as_str());
     headers.insert("Nats-Expected-Last-Subject-Sequence", expected_last.to_string().as_str());
     headers.insert(SEQ_HEADER, event.seq.to_string().as_str());
     headers.insert(TS_HEADER, event.ts_ms.to_string().as_str());
@@ -215,6 +222,13 @@ pub async fn append(
         Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Err(AppendError::Conflict),
         Err(e) => Err(ClusterError::from(e).into()),
     }
+}
+
+/// JetStream's deduplication key of an event: its idempotency key within its room.
+/// JetStream remembers ids per stream, and one stream holds every room, so the room is
+/// part of it: an id used again in another room is a new event there.
+fn dedup_id(room: &str, key: &str) -> String {
+    format!("{} {key}", room_token(room))
 }
 
 /// Delete a room's stored events except the newest, which keeps the room's head (used
@@ -298,7 +312,7 @@ fn decode(headers: &HeaderMap, payload: &[u8]) -> Option<(EventRecord, Option<St
     let from = text(FROM_HEADER);
     let event = EventRecord {
         seq: text(SEQ_HEADER)?.parse().ok()?,
-        id: names::id_of_key(&text(ID_HEADER)?, from.as_deref()).to_string(),
+        id: names::id_of_key(&text(KEY_HEADER).or_else(|| text(DEDUP_HEADER))?, from.as_deref()).to_string(),
         ts_ms: text(TS_HEADER)?.parse().ok()?,
         data,
         devices,

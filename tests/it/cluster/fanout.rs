@@ -434,3 +434,33 @@ fn a_client_publish_on_b_to_a_room_written_by_a_reaches_a_with_from() {
     }
     fail_with_logs(&cluster, "cluster client publish", &failures, &LOG_NEEDLES);
 }
+
+/// Ids are per room in cluster mode too (JetStream deduplicates per stream, and one
+/// stream holds every room): the same id in two rooms is two events, and in one room a
+/// duplicate with the first seq, whichever node it is published through.
+#[test]
+fn the_same_id_in_two_rooms_is_two_events_and_in_one_room_a_duplicate() {
+    let _gate = crate::common::gate!();
+    let cluster = Cluster::start(2, &SHORT_DRAIN);
+    let mut failures = Vec::new();
+    for (room, via) in [("ids:one", 0), ("ids:two", 1), ("ids:three", 0)] {
+        let (status, reply) = cluster.http(via).publish(room, Some("shared-id"), json!({ "room": room }));
+        if status != 201 || reply["seq"] != 1 || reply["duplicate"] != false {
+            failures.push(format!("first publish of shared-id to {room}: {status} {reply}"));
+        }
+    }
+    for via in [0, 1] {
+        let (status, reply) = cluster.http(via).publish("ids:two", Some("shared-id"), json!({ "again": via }));
+        if status != 200 || reply["seq"] != 1 || reply["duplicate"] != true {
+            failures.push(format!("shared-id again in ids:two through {}: {status} {reply}", Cluster::name(via)));
+        }
+    }
+    for room in ["ids:one", "ids:two", "ids:three"] {
+        let page = cluster.http(1).history_ok(room, Some(0), None);
+        let events = page["events"].as_array().cloned().unwrap_or_default();
+        if events.len() != 1 || events[0]["id"] != "shared-id" || events[0]["data"]["room"] != room {
+            failures.push(format!("history of {room}: {page}"));
+        }
+    }
+    fail_with_logs(&cluster, "ids per room", &failures, &["WARN", "ERROR"]);
+}
