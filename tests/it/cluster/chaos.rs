@@ -1,13 +1,33 @@
 //! Chaos with real processes (issue 33): a replicated NATS as users deploy it (three
 //! current nats-servers in one JetStream cluster, `common::nats::NatsCluster`, every
 //! stream and bucket with three replicas) under three livegate nodes, with subscribers
-//! and publishers on every node, while nats-servers are killed with SIGKILL. Publishers
-//! retry with the same id after a refusal or no answer, as the README tells users to;
-//! every acknowledged publish must reach every subscriber once, in order, nothing
-//! missing (`load::LoadOutcome::check`).
+//! and publishers on every node, while something breaks:
+//!
+//! - nats-servers are killed with SIGKILL (the rooms stream's leader, then another);
+//! - node a is cut off from NATS and from its clients for 10 s, then healed (and from
+//!   NATS only, its clients still connected to it);
+//! - node a's links get 200 ms more latency each way and 2 % loss for 10 s;
+//! - every node is restarted in turn (SIGTERM, start again, ready, next).
+//!
+//! Publishers retry with the same id after a refusal or no answer, as the README tells
+//! users to; every acknowledged publish must reach every subscriber once, in order,
+//! nothing missing (`load::LoadOutcome::check`). Where connections are lost, clients move
+//! to a live node by themselves (`load::Reach`: they give up a connection silent for 2.5
+//! ping intervals, as livegate.js does) and each test prints how long it was until every
+//! client was receiving again.
+//!
+//! The cut and the degraded link are a `common::link::Link` (TCP proxies the test
+//! controls) rather than network namespaces and `tc netem`: it needs no root and leaves
+//! nothing behind on the machine when a test dies, it touches only node a's sockets while
+//! other tests run beside on the same loopback, and the processes run unchanged. Node a's
+//! NATS seeds are the link's proxies in front of the three servers, which advertise no
+//! other address (`--no_advertise`), so every reconnect of a goes through the link too.
+//! What the link does instead of dropping packets (it holds bytes; a "lost" segment costs
+//! a retransmission timeout and blocks what follows) is described in `common::link`.
 
-use super::load::Load;
+use super::load::{Ending, Load, LoadOutcome, Reach};
 use super::*;
+use common::link::{Condition, Link};
 use common::nats::NatsCluster;
 
 /// The streams and buckets livegate creates (webhooks off: no occupancy bucket).
@@ -54,6 +74,14 @@ fn every_node_publishes<N: Nats>(cluster: &Cluster<N>, since: Instant, failures:
     since.elapsed()
 }
 
+/// Publishing pauses 4 to 9 s after each kill, and that is NATS's Raft, not livegate:
+/// the surviving servers wait out a randomised election timeout (nats-server's
+/// `minElectionTimeout`..`maxElectionTimeout`, 4..9 s, compiled in, no option) before the
+/// rooms stream gets a new leader. Meanwhile every append is refused at once (no
+/// responders: 503 within milliseconds, not after `REQUEST_TIMEOUT`) and each node sees
+/// the lost connection within milliseconds, so the nodes publish again as soon as the new
+/// leader exists. A server stopped with SIGTERM hands its leaderships over before it exits
+/// (measured: publishing again 0.1 s after the signal).
 #[test]
 fn killing_the_room_streams_leading_nats_server_then_another_loses_and_repeats_nothing_acknowledged() {
     let _gate = crate::common::gate!();
@@ -176,4 +204,203 @@ fn streams_made_with_one_replica_are_raised_to_three() {
     }
     eprintln!("R1 streams raised to R3: test took {:.1} s", started.elapsed().as_secs_f64());
     assert!(failures.is_empty(), "{}\nNATS logs:\n{}", failures.join("\n"), nats.logs());
+}
+
+/// The server's ping interval in the tests below (`--heartbeat-secs`), so that a client
+/// tells a dead connection in seconds.
+const PING_SECS: &str = "1";
+/// A connection silent this long is given up: 2.5 ping intervals, as livegate.js does.
+const SILENCE_LIMIT: Duration = Duration::from_millis(2500);
+/// How long a publisher or a client waits for an answer before it tries another node.
+const ANSWER_WITHIN: Duration = Duration::from_secs(3);
+/// How long node a is cut off, or its links degraded.
+const TROUBLE_FOR: Duration = Duration::from_secs(10);
+
+/// The flags of the nodes below: short drains and a ping every [`PING_SECS`].
+fn chaos_flags() -> Vec<&'static str> {
+    let mut flags = SHORT_DRAIN.to_vec();
+    flags.extend(["--heartbeat-secs", PING_SECS]);
+    flags
+}
+
+/// Three nodes on three replicated nats-servers, node a behind two links: its NATS seeds
+/// are `nats`'s proxies in front of the servers (which advertise no other address), and
+/// the load reaches it through `clients`.
+fn cluster_with_a_behind(nats: &Link, clients: &Link) -> (Cluster<NatsCluster>, Reach) {
+    let cluster = Cluster::start_replicated_with(3, &chaos_flags(), &["--no_advertise"], |i, servers| (i == 0).then(|| nats.proxy_urls(&servers.urls())));
+    let mut reach = Reach::direct(&cluster);
+    reach.addrs[0] = clients.proxy(cluster.addr(0));
+    reach.answer_within = ANSWER_WITHIN;
+    reach.silence_limit = Some(SILENCE_LIMIT);
+    (cluster, reach)
+}
+
+/// How long after `since` every client was receiving again, as printed; a failure when
+/// some client never was.
+fn every_client_back(outcome: &LoadOutcome, since: Instant, until: Instant, what: &str, failures: &mut Vec<String>) -> (Option<Duration>, String) {
+    match outcome.every_client_back(since, until) {
+        Ok(back) => (Some(back), format!("{:.1} s", back.as_secs_f64())),
+        Err(never) => {
+            failures.push(format!("clients {never:?} received nothing after {what}"));
+            (None, format!("never for clients {never:?}"))
+        }
+    }
+}
+
+/// What every test below prints: published, acknowledged, delivered, and how long it was
+/// until every client was receiving again (`back`).
+fn figures(outcome: &LoadOutcome, back: &str) -> String {
+    format!(
+        "{} published, {} acknowledged, {} delivered to {} subscribers, every client back after {back}",
+        outcome.published.published,
+        outcome.published.acks.len(),
+        outcome.delivered(),
+        outcome.clients.len()
+    )
+}
+
+/// `trouble` on node a's link to NATS (and, when `clients_too`, on its link to its
+/// clients) for [`TROUBLE_FOR`] under load, then healed: nothing acknowledged is lost or
+/// repeated, every node publishes again, and when a's clients were cut off too, every one
+/// of them has moved to another node by itself.
+fn node_a_in_trouble(name: &str, trouble: Condition, clients_too: bool) {
+    let started = Instant::now();
+    let (nats_link, clients_link) = (Link::start(), Link::start());
+    let (cluster, reach) = cluster_with_a_behind(&nats_link, &clients_link);
+    let troubled: Vec<&Link> = if clients_too { vec![&nats_link, &clients_link] } else { vec![&nats_link] };
+    let formed = started.elapsed();
+    let rt = runtime();
+    let mut failures = Vec::new();
+    let load = Load::start_everywhere_via(&rt, &cluster, &reach, "chaos", 3, 18, Duration::from_millis(30));
+    common::pace(Duration::from_millis(1500), "load on every node before the trouble");
+
+    let trouble_at = Instant::now();
+    troubled.iter().for_each(|link| link.set(trouble));
+    common::pace(TROUBLE_FOR, "node a's trouble lasts 10 s under load");
+    troubled.iter().for_each(|link| link.set(Condition::Up));
+    let healed_at = Instant::now();
+    // Through the link: a publishes again by itself, and so do the others.
+    let a = Http::with_timeout(reach.addrs[0], ANSWER_WITHIN);
+    if !wait_until(BACK_LIMIT, || matches!(a.try_request("POST", "/v1/rooms/chaos:probe-a/events", Auth::Key, Body::Json(json!({"data": 1}))), Ok((200 | 201, _)))) {
+        failures.push(format!("node a did not publish through the healed link within {BACK_LIMIT:?}"));
+    }
+    let a_back = healed_at.elapsed();
+    every_node_publishes(&cluster, healed_at, &mut failures);
+    common::pace(Duration::from_secs(2), "load on every node after the heal");
+
+    let outcome = load.finish(&rt, &cluster.http(1));
+    outcome.check(&mut failures);
+    let mut endings: BTreeMap<String, usize> = BTreeMap::new();
+    for c in &outcome.clients {
+        for (node, ending) in &c.endings {
+            let kind = match ending {
+                Ending::Close(code, _) => format!("close {code:?}"),
+                Ending::Abnormal(_) => "abnormal".into(),
+                Ending::Silent(_) => "silent".into(),
+            };
+            *endings.entry(format!("{} {kind}", Cluster::name(*node))).or_default() += 1;
+        }
+        if clients_too && trouble == Condition::Cut && c.home == 0 && !c.nodes.iter().any(|&n| n != 0) {
+            failures.push(format!("client {} of a never moved to another node: {:?}", c.id, c.endings));
+        }
+    }
+    // A client the trouble cannot move (its link is fine) is back after the heal at best.
+    let (since, what) = if clients_too { (trouble_at, "the start of the trouble") } else { (healed_at, "the heal") };
+    let (_, back) = every_client_back(&outcome, since, Instant::now(), what, &mut failures);
+    let figures = figures(&outcome, &format!("{back} (counted from {what})"));
+    eprintln!(
+        "chaos, {name}: {figures}; a publishing through the link {:.1} s after the heal; endings {endings:?}; {}; \
+         cluster formed in {:.1} s; test took {:.1} s",
+        a_back.as_secs_f64(),
+        outcome.summary(),
+        formed.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    fail_with_logs(&cluster, &format!("chaos: {name}"), &failures, &LOG_NEEDLES);
+}
+
+#[test]
+fn node_cut_off_from_nats_and_its_clients_for_10_s_loses_and_repeats_nothing_acknowledged() {
+    let _gate = crate::common::gate!();
+    node_a_in_trouble("node a cut off from NATS and its clients for 10 s", Condition::Cut, true);
+}
+
+/// The split the cut above does not make: a's clients still reach it, but a reaches no
+/// NATS server. Its publishes are refused (never acknowledged unstored), its clients stay
+/// and get what they missed once the link is back.
+#[test]
+fn node_cut_off_from_nats_only_for_10_s_loses_and_repeats_nothing_acknowledged() {
+    let _gate = crate::common::gate!();
+    node_a_in_trouble("node a cut off from NATS only for 10 s", Condition::Cut, false);
+}
+
+#[test]
+fn node_with_200_ms_more_latency_and_2_percent_loss_loses_and_repeats_nothing_acknowledged() {
+    let _gate = crate::common::gate!();
+    let degraded = Condition::Degraded { one_way: Duration::from_millis(200), loss: 0.02 };
+    node_a_in_trouble("node a with 200 ms more latency each way and 2 % loss for 10 s", degraded, true);
+}
+
+#[test]
+fn rolling_restart_on_replicated_nats_loses_and_repeats_nothing_acknowledged() {
+    let _gate = crate::common::gate!();
+    let started = Instant::now();
+    let mut cluster = Cluster::start_replicated(3, &chaos_flags());
+    let formed = started.elapsed();
+    let rt = runtime();
+    let mut failures = Vec::new();
+    let mut reach = Reach::direct(&cluster);
+    reach.answer_within = ANSWER_WITHIN;
+    reach.silence_limit = Some(SILENCE_LIMIT);
+    let load = Load::start_everywhere_via(&rt, &cluster, &reach, "chaos", 3, 18, Duration::from_millis(30));
+    common::pace(Duration::from_secs(1), "load on every node before the restarts");
+    // (node, SIGTERM sent, exited, ready again)
+    let mut steps = Vec::new();
+    for i in 0..cluster.len() {
+        // A balancer stops sending to a node told to stop.
+        load.node_down(i);
+        let signal_at = Instant::now();
+        let exited = cluster.drain_node(i, &mut failures);
+        cluster.start_node(i);
+        load.node_up(i, cluster.addr(i));
+        cluster.wait_peers(common::nats::PEERS_LIMIT);
+        steps.push((i, signal_at, exited, Instant::now()));
+        common::pace(Duration::from_secs(1), "load on every node between restarts");
+    }
+    let outcome = load.finish(&rt, &cluster.http(0));
+    outcome.check(&mut failures);
+    for c in &outcome.clients {
+        for (node, ending) in &c.endings {
+            if !matches!(ending, Ending::Close(Some(1012), _)) {
+                failures.push(format!("client {} on {}: ending {ending:?}, expected a 1012 close", c.id, Cluster::name(*node)));
+            }
+        }
+    }
+    let ends: Vec<Instant> = steps.iter().skip(1).map(|s| s.1).chain([Instant::now()]).collect();
+    let mut longest = Some(Duration::ZERO);
+    let per_step: Vec<String> = steps
+        .iter()
+        .zip(&ends)
+        .map(|(&(i, signal_at, exited, ready), &until)| {
+            let what = format!("{}'s SIGTERM", Cluster::name(i));
+            let (took, back) = every_client_back(&outcome, signal_at, until, &what, &mut failures);
+            longest = longest.zip(took).map(|(a, b)| a.max(b));
+            format!(
+                "{}: exited {:.1} s after SIGTERM, ready {:.1} s after, every client back after {back}",
+                Cluster::name(i),
+                (exited - signal_at).as_secs_f64(),
+                (ready - signal_at).as_secs_f64()
+            )
+        })
+        .collect();
+    let longest = longest.map_or("never".to_string(), |d| format!("{:.1} s at most per restart", d.as_secs_f64()));
+    let figures = figures(&outcome, &longest);
+    eprintln!(
+        "chaos, rolling restart of a, b, c on three replicated nats-servers: {figures}; {}; {}; cluster formed in {:.1} s; test took {:.1} s",
+        per_step.join("; "),
+        outcome.summary(),
+        formed.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    fail_with_logs(&cluster, "chaos: rolling restart", &failures, &LOG_NEEDLES);
 }

@@ -11,6 +11,28 @@ use super::*;
 /// Where each node takes clients and publishes now (`None`: killed, draining, restarting).
 pub(super) type Addrs = Arc<Mutex<Vec<Option<SocketAddr>>>>;
 
+/// How the load's clients and publishers reach the nodes, and when they give up on one.
+#[derive(Clone, Debug)]
+pub(super) struct Reach {
+    /// Where node `i` takes clients and publishes: its own address, or a link's proxy in
+    /// front of it (`common::link`).
+    pub(super) addrs: Vec<SocketAddr>,
+    /// How long a publish or a token request may go unanswered before it is retried on
+    /// another node.
+    pub(super) answer_within: Duration,
+    /// A connection nothing came from (not even a ping) for this long is given up, and
+    /// its client reconnects elsewhere, as livegate.js does after 2.5 ping intervals.
+    /// `None`: only a close or an end ends a connection.
+    pub(super) silence_limit: Option<Duration>,
+}
+
+impl Reach {
+    /// Every node at its own address, answers awaited 20 s, connections never given up.
+    pub(super) fn direct<N: Nats>(cluster: &Cluster<N>) -> Reach {
+        Reach { addrs: (0..cluster.len()).map(|i| cluster.addr(i)).collect(), answer_within: Duration::from_secs(20), silence_limit: None }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(super) struct Ack {
     room: String,
@@ -60,7 +82,7 @@ impl Publisher {
     /// Publishes `{"n": n}` with id `PREFIX-n` to `rooms[n % len]` every `every`, on the
     /// nodes of `addrs` in turn from node `first`; a failed attempt (an error status or no
     /// answer) is retried (same id) on the next node, as the README tells users to.
-    fn start(addrs: Addrs, rooms: Vec<String>, every: Duration, prefix: String, first: usize) -> Publisher {
+    fn start(addrs: Addrs, answer_within: Duration, rooms: Vec<String>, every: Duration, prefix: String, first: usize) -> Publisher {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = std::thread::spawn(move || {
@@ -84,7 +106,7 @@ impl Publisher {
                         (0..len).map(|k| (cursor + k) % len).find_map(|i| addrs[i].map(|a| (i, a)))
                     };
                     if let Some((node, addr)) = target {
-                        let http = https.entry(addr).or_insert_with(|| Http::new(addr));
+                        let http = https.entry(addr).or_insert_with(|| Http::with_timeout(addr, answer_within));
                         match http.try_request("POST", &path, Auth::Key, Body::Json(body.clone())) {
                             Ok((status @ (200 | 201), reply)) => {
                                 let seq = reply["seq"].as_u64().unwrap_or(0);
@@ -138,6 +160,8 @@ impl Publisher {
 
 struct LoadShared {
     addrs: Addrs,
+    answer_within: Duration,
+    silence_limit: Option<Duration>,
     ready: AtomicUsize,
     /// Every room's final head, once the publisher has stopped.
     targets: watch::Receiver<Option<HashMap<String, u64>>>,
@@ -149,6 +173,8 @@ pub(super) enum Ending {
     Close(Option<u16>, String),
     /// The stream ended or failed without a Close frame (1006 to a client).
     Abnormal(String),
+    /// Nothing came for this long ([`Reach::silence_limit`]): the client gave up on it.
+    Silent(Duration),
 }
 
 #[derive(Debug)]
@@ -158,8 +184,12 @@ pub(super) struct ClientReport {
     pub(super) home: usize,
     /// (seq, id) of every event of the room, in arrival order.
     pub(super) got: Vec<(u64, String)>,
+    /// When each of `got` arrived.
+    pub(super) arrivals: Vec<Instant>,
     /// How each connection ended, with the node it was on.
     pub(super) endings: Vec<(usize, Ending)>,
+    /// When each of `endings` happened.
+    pub(super) ended_at: Vec<Instant>,
     /// The nodes connected to, in order.
     pub(super) nodes: Vec<usize>,
     pub(super) errors: Vec<String>,
@@ -172,13 +202,14 @@ const LOAD_CLIENT_LIMIT: Duration = Duration::from_secs(90);
 /// and the frames that came before it.
 async fn attach(
     addr: SocketAddr,
+    answer_within: Duration,
     user: &str,
     room: &str,
     since: Option<(u64, Value)>,
 ) -> Result<(WsClient, Value, Vec<Value>), String> {
     let token = {
         let user = user.to_string();
-        tokio::task::spawn_blocking(move || try_mint(addr, &user, "web")).await.map_err(|e| e.to_string())??
+        tokio::task::spawn_blocking(move || try_mint_within(addr, &user, "web", answer_within)).await.map_err(|e| e.to_string())??
     };
     let mut ws = try_ws(addr, token, None).await?;
     let mut req = json!({"op": "subscribe", "room": room, "ref": 1});
@@ -206,11 +237,21 @@ async fn attach(
     }
 }
 
-/// A subscriber of `room` that starts on node `home` and, whenever its connection ends,
-/// reconnects to another node taking clients and resubscribes with `since` + epoch,
-/// until it holds the room's final head.
+/// A subscriber of `room` that starts on node `home` and, whenever its connection ends
+/// (or stays silent past [`Reach::silence_limit`]), reconnects to another node taking
+/// clients and resubscribes with `since` + epoch, until it holds the room's final head.
 async fn load_client(id: usize, user: String, room: String, home: usize, shared: Arc<LoadShared>) -> ClientReport {
-    let mut report = ClientReport { id, room: room.clone(), home, got: Vec::new(), endings: Vec::new(), nodes: Vec::new(), errors: Vec::new() };
+    let mut report = ClientReport {
+        id,
+        room: room.clone(),
+        home,
+        got: Vec::new(),
+        arrivals: Vec::new(),
+        endings: Vec::new(),
+        ended_at: Vec::new(),
+        nodes: Vec::new(),
+        errors: Vec::new(),
+    };
     let deadline = Instant::now() + LOAD_CLIENT_LIMIT;
     let mut last = 0u64;
     let mut epoch = Value::Null;
@@ -229,7 +270,7 @@ async fn load_client(id: usize, user: String, room: String, home: usize, shared:
             attempt += 1;
             if let Some((i, addr)) = candidate {
                 let since = if first { None } else { Some((last, epoch.clone())) };
-                match attach(addr, &user, &room, since).await {
+                match attach(addr, shared.answer_within, &user, &room, since).await {
                     Ok(ok) => {
                         node = i;
                         break ok;
@@ -273,7 +314,7 @@ async fn load_client(id: usize, user: String, room: String, home: usize, shared:
         }
         for frame in before {
             if frame["op"] == "events" {
-                take_events(&frame, &room, &mut last, &mut report.got, &mut report.errors);
+                report.take(&frame, &mut last);
             }
         }
         let mut targets = shared.targets.clone();
@@ -288,20 +329,48 @@ async fn load_client(id: usize, user: String, room: String, home: usize, shared:
                 return report;
             }
             match ws.next_incoming(Duration::from_millis(200)).await {
-                Incoming::Json(frame) => take_events(&frame, &room, &mut last, &mut report.got, &mut report.errors),
-                Incoming::Timeout => {}
+                Incoming::Json(frame) => report.take(&frame, &mut last),
+                Incoming::Timeout => {
+                    let silent = ws.last_heard.elapsed();
+                    if shared.silence_limit.is_some_and(|limit| silent > limit) {
+                        // Dropped, not closed: a close handshake would wait on the dead link.
+                        report.ended(node, Ending::Silent(silent));
+                        continue 'connections;
+                    }
+                }
                 Incoming::Close(code, reason) => {
-                    report.endings.push((node, Ending::Close(code, reason)));
+                    report.ended(node, Ending::Close(code, reason));
                     // Let tungstenite answer the Close, then leave.
                     let _ = tokio::time::timeout(Duration::from_secs(1), async { while ws.ws.next().await.is_some() {} }).await;
                     continue 'connections;
                 }
                 Incoming::Ended(e) => {
-                    report.endings.push((node, Ending::Abnormal(e)));
+                    report.ended(node, Ending::Abnormal(e));
                     continue 'connections;
                 }
             }
         }
+    }
+}
+
+impl ClientReport {
+    /// The events of the room in `frame`, checked to follow `last`, stamped with now.
+    fn take(&mut self, frame: &Value, last: &mut u64) {
+        let before = self.got.len();
+        take_events(frame, &self.room, last, &mut self.got, &mut self.errors);
+        self.arrivals.resize(self.got.len().max(before), Instant::now());
+    }
+
+    fn ended(&mut self, node: usize, how: Ending) {
+        self.endings.push((node, how));
+        self.ended_at.push(Instant::now());
+    }
+
+    /// When this client was receiving again after `since`: its first event after `since`
+    /// and after the last of its connections that ended before `until`.
+    pub(super) fn back_at(&self, since: Instant, until: Instant) -> Option<Instant> {
+        let lost = self.ended_at.iter().copied().filter(|&t| t >= since && t < until).max().unwrap_or(since);
+        self.arrivals.iter().copied().find(|&t| t > lost)
     }
 }
 
@@ -326,8 +395,9 @@ impl Load {
     /// `clients` subscribers spread over the nodes and rooms, all subscribed before the
     /// publisher starts.
     pub(super) fn start<N: Nats>(rt: &tokio::runtime::Runtime, cluster: &Cluster<N>, prefix: &str, rooms: usize, clients: usize, every: Duration) -> Load {
-        let mut load = Load::subscribed(rt, cluster, prefix, rooms, clients);
-        load.publishers.push(Publisher::start(load.addrs.clone(), load.rooms.clone(), every, "p".into(), 0));
+        let reach = Reach::direct(cluster);
+        let mut load = Load::subscribed(rt, cluster, &reach, prefix, rooms, clients);
+        load.publishers.push(Publisher::start(load.addrs.clone(), reach.answer_within, load.rooms.clone(), every, "p".into(), 0));
         load
     }
 
@@ -341,18 +411,37 @@ impl Load {
         clients: usize,
         every: Duration,
     ) -> Load {
-        let mut load = Load::subscribed(rt, cluster, prefix, rooms, clients);
+        Load::start_everywhere_via(rt, cluster, &Reach::direct(cluster), prefix, rooms, clients, every)
+    }
+
+    /// [`Load::start_everywhere`] with the nodes reached as `reach` says.
+    pub(super) fn start_everywhere_via<N: Nats>(
+        rt: &tokio::runtime::Runtime,
+        cluster: &Cluster<N>,
+        reach: &Reach,
+        prefix: &str,
+        rooms: usize,
+        clients: usize,
+        every: Duration,
+    ) -> Load {
+        let mut load = Load::subscribed(rt, cluster, reach, prefix, rooms, clients);
         for i in 0..cluster.len() {
-            load.publishers.push(Publisher::start(load.addrs.clone(), load.rooms.clone(), every, format!("p{i}"), i));
+            load.publishers.push(Publisher::start(load.addrs.clone(), reach.answer_within, load.rooms.clone(), every, format!("p{i}"), i));
         }
         load
     }
 
-    fn subscribed<N: Nats>(rt: &tokio::runtime::Runtime, cluster: &Cluster<N>, prefix: &str, rooms: usize, clients: usize) -> Load {
+    fn subscribed<N: Nats>(rt: &tokio::runtime::Runtime, cluster: &Cluster<N>, reach: &Reach, prefix: &str, rooms: usize, clients: usize) -> Load {
         let rooms: Vec<String> = (0..rooms).map(|r| format!("{prefix}:{r}")).collect();
-        let addrs: Addrs = Arc::new(Mutex::new((0..cluster.len()).map(|i| Some(cluster.addr(i))).collect()));
+        let addrs: Addrs = Arc::new(Mutex::new(reach.addrs.iter().copied().map(Some).collect()));
         let (targets_tx, targets_rx) = watch::channel(None);
-        let shared = Arc::new(LoadShared { addrs: addrs.clone(), ready: AtomicUsize::new(0), targets: targets_rx });
+        let shared = Arc::new(LoadShared {
+            addrs: addrs.clone(),
+            answer_within: reach.answer_within,
+            silence_limit: reach.silence_limit,
+            ready: AtomicUsize::new(0),
+            targets: targets_rx,
+        });
         let handles: Vec<_> = (0..clients)
             .map(|i| {
                 let (user, room, home) = (format!("{prefix}-u{i}"), rooms[i % rooms.len()].clone(), i % cluster.len());
@@ -380,7 +469,7 @@ impl Load {
         self.addrs.lock().unwrap()[i] = None;
     }
 
-    fn node_up(&self, i: usize, addr: SocketAddr) {
+    pub(super) fn node_up(&self, i: usize, addr: SocketAddr) {
         self.addrs.lock().unwrap()[i] = Some(addr);
     }
 
@@ -475,6 +564,22 @@ impl LoadOutcome {
         if missing + duplicated > 0 {
             failures.push(format!("over all clients: {missing} events missing, {duplicated} delivered twice"));
         }
+    }
+
+    /// How long after `since` every client was connected and receiving again
+    /// ([`ClientReport::back_at`], endings before `until`), or the clients that never were.
+    pub(super) fn every_client_back(&self, since: Instant, until: Instant) -> Result<Duration, Vec<usize>> {
+        let backs: Vec<(usize, Option<Instant>)> = self.clients.iter().map(|c| (c.id, c.back_at(since, until))).collect();
+        let never: Vec<usize> = backs.iter().filter(|(_, b)| b.is_none()).map(|(id, _)| *id).collect();
+        if !never.is_empty() {
+            return Err(never);
+        }
+        Ok(backs.iter().filter_map(|(_, b)| *b).max().map_or(Duration::ZERO, |last| last - since))
+    }
+
+    /// Events delivered to all clients together (each client's copy counts).
+    pub(super) fn delivered(&self) -> usize {
+        self.clients.iter().map(|c| c.got.len()).sum()
     }
 
     pub(super) fn summary(&self) -> String {

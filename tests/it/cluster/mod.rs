@@ -89,7 +89,12 @@ const LOG_NEEDLES: [&str; 6] = ["WARN", "ERROR", "nats", "peer", "drain", "direc
 
 /// A token for `user`/`device` minted on `addr`, or why not.
 fn try_mint(addr: SocketAddr, user: &str, device: &str) -> Result<String, String> {
-    match Http::new(addr).try_request("POST", "/v1/tokens", Auth::Key, Body::Json(json!({"user": user, "device": device}))) {
+    try_mint_within(addr, user, device, Duration::from_secs(20))
+}
+
+/// [`try_mint`], giving up when `addr` does not answer `within`.
+fn try_mint_within(addr: SocketAddr, user: &str, device: &str, within: Duration) -> Result<String, String> {
+    match Http::with_timeout(addr, within).try_request("POST", "/v1/tokens", Auth::Key, Body::Json(json!({"user": user, "device": device}))) {
         Ok((201, body)) => body["token"].as_str().map(str::to_string).ok_or_else(|| format!("no token in {body}")),
         Ok((status, body)) => Err(format!("POST /v1/tokens on {addr}: {status} {body}")),
         Err(e) => Err(format!("POST /v1/tokens on {addr}: {e}")),

@@ -14,6 +14,7 @@
 pub mod balancer;
 pub mod clock;
 pub mod concurrency;
+pub mod link;
 pub mod nats;
 pub mod process;
 pub mod swarm;
@@ -267,7 +268,13 @@ pub struct Http {
 
 impl Http {
     pub fn new(addr: SocketAddr) -> Http {
-        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(20)).build();
+        Http::with_timeout(addr, Duration::from_secs(20))
+    }
+
+    /// An [`Http`] whose requests give up after `timeout` (a client that retries
+    /// elsewhere when a node does not answer).
+    pub fn with_timeout(addr: SocketAddr, timeout: Duration) -> Http {
+        let agent = ureq::AgentBuilder::new().timeout(timeout).build();
         Http { addr, agent }
     }
 
@@ -481,6 +488,9 @@ pub struct WsClient {
     /// Events already read out of a frame but not yet handed out.
     pending_events: VecDeque<Value>,
     next_ref: u64,
+    /// When the server was last heard from (any frame, pings included): a client tells a
+    /// dead connection from a quiet one by it, as livegate.js does.
+    pub last_heard: Instant,
 }
 
 fn percent_encode(s: &str) -> String {
@@ -612,6 +622,7 @@ impl WsClient {
             inbox_subscribed: None,
             pending_events: VecDeque::new(),
             next_ref: 1,
+            last_heard: Instant::now(),
         };
         let welcome = client.recv_json().await;
         if welcome["op"] == "error" {
@@ -679,6 +690,9 @@ impl WsClient {
                 Err(_) => return Incoming::Timeout,
                 Ok(n) => n,
             };
+            if matches!(next, Some(Ok(_))) {
+                self.last_heard = Instant::now();
+            }
             match next {
                 None => return Incoming::Ended("stream ended".into()),
                 Some(Err(e)) => return Incoming::Ended(e.to_string()),

@@ -217,6 +217,12 @@ pub const NATS_CLUSTER_LIMIT: Duration = Duration::from_secs(20);
 impl NatsCluster {
     /// Starts three servers under `dir`; returns once JetStream has a meta leader.
     pub fn start_in(dir: &Path) -> NatsCluster {
+        NatsCluster::start_in_with(dir, &[])
+    }
+
+    /// [`NatsCluster::start_in`] with `more` arguments to every server (`--no_advertise`,
+    /// so that clients keep to their seeds instead of learning the servers' addresses).
+    pub fn start_in_with(dir: &Path, more: &[&str]) -> NatsCluster {
         let binary = current_nats_server();
         let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
         let servers = (0..3)
@@ -226,7 +232,7 @@ impl NatsCluster {
                 std::fs::create_dir_all(&store).expect("create a NATS store dir");
                 let routes: Vec<String> =
                     ports.iter().enumerate().filter(|&(j, _)| j != k).map(|(_, (_, route))| format!("nats://127.0.0.1:{route}")).collect();
-                let args = vec![
+                let args: Vec<String> = [
                     "--server_name".to_string(),
                     format!("n{}", k + 1),
                     "--cluster_name".to_string(),
@@ -235,7 +241,10 @@ impl NatsCluster {
                     format!("nats://127.0.0.1:{}", ports[k].1),
                     "--routes".to_string(),
                     routes.join(","),
-                ];
+                ]
+                .into_iter()
+                .chain(more.iter().map(|a| a.to_string()))
+                .collect();
                 NatsServer { child: None, binary: binary.clone(), args, port: ports[k].0, store, log: PathBuf::new(), dir, starts: 0, _own: None }
             })
             .collect();
@@ -318,6 +327,8 @@ pub const PEERS_LIMIT: Duration = Duration::from_secs(20);
 pub struct Cluster<N: Nats = NatsServer> {
     pub nats: N,
     nodes: Vec<Option<ServeProcess>>,
+    /// Node `i`'s `--cluster-nats-url` when not the NATS's own seeds (a link in between).
+    seeds: Vec<Option<String>>,
     extra: Vec<String>,
     starts: Vec<usize>,
     root: Option<TempDir>,
@@ -346,14 +357,34 @@ impl Cluster<NatsCluster> {
         let nats = NatsCluster::start_in(root.path());
         Cluster::start_on(nats, root, n, extra)
     }
+
+    /// [`Cluster::start_replicated`] with `nats_args` to every nats-server
+    /// ([`NatsCluster::start_in_with`]) and, for the nodes `seeds` names, other seeds
+    /// than the servers' own URLs (proxies of a `common::link` in front of them).
+    pub fn start_replicated_with(
+        n: usize,
+        extra: &[&str],
+        nats_args: &[&str],
+        seeds: impl Fn(usize, &NatsCluster) -> Option<String>,
+    ) -> Cluster<NatsCluster> {
+        let root = tempfile::Builder::new().prefix("livegate-cluster-").tempdir().expect("tempdir");
+        let nats = NatsCluster::start_in_with(root.path(), nats_args);
+        let seeds = (0..n).map(|i| seeds(i, &nats)).collect();
+        Cluster::start_with_seeds(nats, root, n, extra, seeds)
+    }
 }
 
 impl<N: Nats> Cluster<N> {
     fn start_on(nats: N, root: TempDir, n: usize, extra: &[&str]) -> Cluster<N> {
+        Cluster::start_with_seeds(nats, root, n, extra, vec![None; n])
+    }
+
+    fn start_with_seeds(nats: N, root: TempDir, n: usize, extra: &[&str], seeds: Vec<Option<String>>) -> Cluster<N> {
         assert!((1..=NODE_NAMES.len()).contains(&n), "1..={} nodes", NODE_NAMES.len());
         let mut cluster = Cluster {
             nats,
             nodes: (0..n).map(|_| None).collect(),
+            seeds,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             starts: vec![0; n],
             root: Some(root),
@@ -385,7 +416,7 @@ impl<N: Nats> Cluster<N> {
         let data = self.data_dir(i);
         std::fs::create_dir_all(&data).expect("node data dir");
         let log = self.root().join(format!("node-{}-{}.log", Cluster::name(i), self.starts[i]));
-        let url = self.nats.seeds();
+        let url = self.seeds[i].clone().unwrap_or_else(|| self.nats.seeds());
         let mut flags: Vec<&str> = vec!["--cluster-nats-url", &url];
         flags.extend(self.extra.iter().map(String::as_str));
         self.nodes[i] = Some(ServeProcess::start_named(&data, &log, Cluster::name(i), &flags));
@@ -398,6 +429,7 @@ impl<N: Nats> Cluster<N> {
         let i = self.nodes.len();
         assert!(i < NODE_NAMES.len(), "at most {} node names", NODE_NAMES.len());
         self.nodes.push(None);
+        self.seeds.push(None);
         self.starts.push(0);
         self.start_node(i);
         i
