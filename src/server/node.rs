@@ -34,6 +34,7 @@ use crate::cluster::occupancy::{ClusterOccupancy, Report as OccupancyReport, LEA
 use crate::cluster::presence::PresenceSender;
 use crate::cluster::{Cluster, StreamLimits};
 use crate::config::Config;
+use crate::core::backoff::{Backoff, BackoffPolicy, Jitter};
 use crate::core::lifecycle::Lifecycle;
 use crate::core::namespaces::Namespaces;
 use crate::core::seqlog::Retention;
@@ -47,6 +48,13 @@ use crate::world::now_ms;
 
 /// How long the HTTP server gets to finish after the drain closed every connection.
 const HTTP_STOP_WAIT: Duration = Duration::from_secs(5);
+/// How long a starting node keeps trying to join NATS before it gives up and exits: a
+/// NATS cluster started at the same time (pods started together) refuses to place
+/// streams until its servers found each other and elected leaders.
+pub const CLUSTER_JOIN_WAIT: Duration = Duration::from_secs(60);
+/// The pause between two attempts to join, doubling from the first.
+const CLUSTER_JOIN_RETRY: BackoffPolicy =
+    BackoffPolicy { first: Duration::from_millis(250), max: Duration::from_secs(5), jitter: Jitter::None };
 /// How long publishes and kicks other nodes sent and this node took get to be answered
 /// at shutdown (the forwarding node waits as long, then appends itself).
 const LISTENERS_STOP_WAIT: Duration = Duration::from_secs(5);
@@ -99,6 +107,31 @@ struct ClusterParts {
     occupancy: Option<(Arc<ClusterOccupancy>, Tasks)>,
 }
 
+/// Connect to NATS and set up the streams and buckets ([`Cluster::connect_with`]),
+/// trying again for up to [`CLUSTER_JOIN_WAIT`]: NATS may be starting too, or forming its
+/// cluster (no stream leader yet, replicas not placeable). Each failure is logged.
+async fn join_cluster(url: &str, node: &str, limits: StreamLimits) -> Result<Cluster, crate::cluster::ClusterError> {
+    let started = std::time::Instant::now();
+    let mut retry = Backoff::new(CLUSTER_JOIN_RETRY);
+    loop {
+        match Cluster::connect_with(url, node, limits).await {
+            Ok(cluster) => return Ok(cluster),
+            Err(error) if started.elapsed() < CLUSTER_JOIN_WAIT => {
+                let delay = retry.next_delay(0);
+                tracing::warn!(
+                    %error,
+                    attempt = retry.attempts(),
+                    retry_in_ms = delay.as_millis() as u64,
+                    gives_up_in_s = CLUSTER_JOIN_WAIT.saturating_sub(started.elapsed()).as_secs(),
+                    "could not join the cluster through NATS yet; trying again"
+                );
+                actix_web::rt::time::sleep(delay).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
 impl Node {
     /// Wire a node on `listener`: validate the configuration, open the store (and
     /// connect to NATS in cluster mode), start the actors, the cluster's listeners and
@@ -112,7 +145,7 @@ impl Node {
         let namespaces = Arc::new(config.room_namespaces()?);
         let store = Store::open_with_cache(&config.data_dir, config.store_cache_mb * 1024 * 1024)?;
         let cluster = match &config.cluster_nats_url {
-            Some(url) => Some(Cluster::connect_with(url, &config.node, stream_limits(&config, &namespaces)).await?),
+            Some(url) => Some(join_cluster(url, &config.node, stream_limits(&config, &namespaces)).await?),
             None => None,
         };
         let device_kinds = config.exclusive_devices.iter().cloned().chain(["web".to_string()]);

@@ -909,3 +909,27 @@ fn rolling_restart_of_all_nodes_under_load_has_no_abnormal_close_no_loss_no_dupl
     );
     fail_with_logs(&cluster, "rolling restart under load", &failures, &LOG_NEEDLES);
 }
+
+/// A node started while its NATS server is not up yet (pods started together) keeps
+/// trying to join, says so in its log, and becomes ready once NATS is there, instead of
+/// exiting at once.
+#[test]
+fn a_node_started_before_its_nats_server_waits_and_joins() {
+    let _gate = crate::common::gate!();
+    let root = tempfile::Builder::new().prefix("livegate-join-").tempdir().expect("tempdir");
+    let mut nats = NatsServer::start_in(root.path());
+    nats.kill9();
+    let (url, data, log) = (nats.url(), root.path().join("data-a"), root.path().join("node-a.log"));
+    std::fs::create_dir_all(&data).expect("data dir");
+    let starting = {
+        let (data, log) = (data.clone(), log.clone());
+        std::thread::spawn(move || common::process::ServeProcess::start_named(&data, &log, "a", &["--cluster-nats-url", &url]))
+    };
+    common::pace(Duration::from_secs(2), "the node starts while NATS is down");
+    nats.restart();
+    let node = starting.join().expect("the node became ready once NATS was up");
+    let reply = node.http().publish_ok("join:1", Some("join-1"), json!({ "n": 1 }));
+    assert_eq!(reply["seq"], 1, "{reply}");
+    let text = node.log_text();
+    assert!(text.contains("could not join the cluster through NATS yet"), "the node says it is waiting for NATS:\n{text}");
+}
