@@ -163,6 +163,9 @@ impl StreamLog {
                     room.subscribe(waiting, self);
                 }
                 room.report_load();
+                // A room loaded for a publish or a read, with nobody subscribed, keeps
+                // its feed only for the linger.
+                self.check_interest(room, ctx);
             }
             Err(error) => {
                 tracing::warn!(room = %room.name(), %error, "room could not be read from the stream; retrying");
@@ -464,6 +467,7 @@ impl SharedLog for StreamLog {
             for waiting in std::mem::take(&mut stream.waiting_subscribers) {
                 room.subscribe(waiting, stream);
             }
+            stream.check_interest(room, ctx);
         })))
     }
 
