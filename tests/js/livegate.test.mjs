@@ -8,7 +8,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
-import { connect, endpointOf, suggestedDelayMs } from '../../src/web/livegate.js';
+import { connect, endpointOf, suggestedDelayMs } from '../../clients/js/livegate.js';
 import { fakeSocketClass } from './support/fake-socket.mjs';
 import { recorder } from './support/clients.mjs';
 import {
@@ -309,7 +309,7 @@ describe('livegate.js with a scripted socket', () => {
     assert.ok(new Set(jittered.delays.slice(4)).size > 1, `no jitter at the cap: ${jittered.delays}`);
 
     // The defaults are the documented tiers.
-    const { DEFAULT_TIMINGS } = await import('../../src/web/livegate.js');
+    const { DEFAULT_TIMINGS } = await import('../../clients/js/livegate.js');
     assert.deepEqual([...DEFAULT_TIMINGS.backoffMs], [0, 2000, 5000, 10000, 30000]);
     assert.equal(DEFAULT_TIMINGS.restartJitterMs, 3000);
   });

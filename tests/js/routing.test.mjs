@@ -8,7 +8,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
-import { connect } from '../../src/web/livegate.js';
+import { connect } from '../../clients/js/livegate.js';
 import { fakeSocketClass } from './support/fake-socket.mjs';
 import { fakeFetch } from './support/fake-fetch.mjs';
 import { REAL_SERVER_TIMINGS, recorder } from './support/clients.mjs';

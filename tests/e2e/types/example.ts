@@ -17,6 +17,7 @@ import {
   type ClientEvents,
   type ClientOptions,
   type ClientState,
+  type Clock,
   type EventStreamMessage,
   type FetchLike,
   type HistoryReply,
@@ -60,6 +61,11 @@ const timings: Partial<Timings> = {
   probeTimeoutMs: 2000,
 };
 
+// A virtual clock for tests: only now() here, the real timers for the rest.
+let virtualNow = 0;
+const clock: Clock = { now: () => virtualNow, setTimeout: (fn, ms) => setTimeout(fn, ms), clearTimeout: (handle) => clearTimeout(handle) };
+virtualNow += 1;
+
 const options: ClientOptions = {
   url: 'https://push.example.com',
   getToken: async () => {
@@ -74,6 +80,7 @@ const options: ClientOptions = {
   session: null,
   timings,
   random: Math.random,
+  clock,
 };
 
 const client: LivegateClient = connect(options);

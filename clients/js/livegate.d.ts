@@ -1,6 +1,8 @@
 // livegate.d.ts: TypeScript declarations for livegate.js, the browser and Node client of
-// livegate (served at /livegate.js, these at /livegate.d.ts). Save both side by side and
-// import the module as usual:
+// livegate (served at /livegate.js with its modules under /livegate/, these at
+// /livegate.d.ts; the npm package in clients/js/ is the same files). Install the package,
+// or save livegate.js, its livegate/ modules and this file side by side, and import the
+// module as usual:
 //
 //   import { connect, type LivegateEvent } from './livegate.js';
 //   const client = connect({ url: 'https://push.example.com', getToken: () => fetchToken() });
@@ -115,6 +117,12 @@ export interface ClientOptions {
   timings?: Partial<Timings>;
   /** A function like Math.random (for tests). */
   random?: () => number;
+  /**
+   * The time the client reads and the timers it sets (for tests: a virtual clock runs
+   * reconnects, backoff, heartbeats and credential expiry without waiting). Any function
+   * left out is the real one.
+   */
+  clock?: Clock;
 }
 
 /** One event of a room, as the server sent it. `data` is whatever was published. */
@@ -334,6 +342,15 @@ export declare class LivegateClient {
 
 /** Opens a client: `new LivegateClient(options)`. */
 export declare function connect(options: ClientOptions): LivegateClient;
+
+/** Time as the client sees it: the `clock` option. */
+export interface Clock {
+  /** The current time in milliseconds since the epoch, like Date.now(). */
+  now?: () => number;
+  /** Runs `fn` once after `ms`; returns a handle for clearTimeout. */
+  setTimeout?: (fn: () => void, ms: number) => unknown;
+  clearTimeout?: (handle: any) => void;
+}
 
 /** The defaults of the `timings` option. */
 export declare const DEFAULT_TIMINGS: Readonly<Timings>;

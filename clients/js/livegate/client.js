@@ -1,153 +1,19 @@
-// livegate.js: the browser and Node client of livegate (an ES module, no build step).
-//
-//   import { connect } from '/livegate.js';
-//   const client = connect({
-//     url: 'https://push.example.com',              // the server; /v1/ws and /v1/sse are derived
-//     getToken: async () => (await fetch('/my-backend/livegate-token')).text(),
-//     transport: 'auto',                            // 'auto' (default) | 'websocket' | 'sse'
-//   });
-//   client.on('connected', ({ session, node, transport }) => ...);
-//   client.on('recovery_failed', ({ room }) => reloadOverHttp(room));
-//   client.subscribe('match:1', (event) => render(event));   // {room, seq, id, ts_ms, from?, data}
-//   const { seq, duplicate } = await client.publish('chat:1', { text: 'hi' });  // needs a
-//                              // token with "publish":["chat:*"]; WebSocket only
-//   client.subscribe('match:1', render, { state: true, onState: (data, { seq }) => reset(data) });
-//   client.subscribe('match:1', render, { presence: true, onPresence: ({ count }) => show(count) });
-//   const { count, members } = await client.presence('match:1');   // WebSocket only
-//   client.transport;          // 'websocket' or 'sse': the transport in use
-//   client.dropConnection();   // drop the connection to watch it reconnect and recover (demos)
-//
-// What it does for the application:
-// - Reconnects by itself. After Close 1012 (service restart) or 1001 it waits the delay
-//   the server suggests in the close reason (`... reconnect in 1234 ms`), or a random
-//   0-3 s; after any other loss it backs off with full jitter in tiers (about 0, 2, 5,
-//   10 s, then 30 s at most); after a Close 4500-4999 (replaced, kicked, token revoked)
-//   it stops for good. It offers the session of the last `welcome` again.
-// - Reconnects without your backend. Every `welcome` carries a one-time resume credential
-//   and its expiry; the next attempt uses it (`resume=`, no `getToken()` call) while it has
-//   not expired (counted 30 s early, `timings.resumeMarginMs`, against clock skew; once
-//   an SSE response's Date header showed the server's clock off by more than 2 s, the
-//   expiry is moved onto the local clock by that much).
-//   `getToken()` is called only when there is no credential, it expired, or the server
-//   refused it. A browser WebSocket cannot see why a handshake failed, so a credential is
-//   tried in at most `resumeAttempts` (default 3) consecutive attempts that fail before
-//   `welcome`, then dropped; an attempt counts only when the server was up and ready
-//   (`GET /readyz` right after it got an answer other than 503): a server that is down
-//   or draining never saw the credential, so a restart does not use the attempts up. Over SSE the refusal is visible (401 `resume_invalid`): the
-//   credential is dropped at once. `resume: false` turns this off (a token every attempt).
-//   The credential is never logged.
-// - Lands on the session's node. A handshake on a node that is not the session's node
-//   is refused with where to go: WebSocket close 4421 (reason: the node's URL, or the
-//   `wrong_node` frame before it), SSE HTTP 421 (`{"error":{"code":"wrong_node","url",
-//   "node"}}`). The client reconnects there at once with the same credential (the refusal
-//   did not spend it) and session, no backoff, not a failure (at most 3 such hops in a row
-//   without a welcome, then it backs off). After a welcome there, reconnects go to that
-//   node first. When that node cannot be reached (and its `/readyz` does not answer), the
-//   next attempt goes through the given address with `avoid=<node>`. A close 4029 or an
-//   HTTP 429 (the session's migration budget) waits the retry-after seconds it carries.
-//   A 1012/1001 from that node sends the next attempt through the given address. A
-//   connection closed with 4421 after its welcome (its node handed the session over, a
-//   rebalance) reconnects at once to the URL in the reason, with its resume credential. The
-//   `redirect` event ({node, url, avoid, reason: 'wrong_node' | 'unreachable'}) tells.
-// - Transports (`transport` option). `websocket`: WebSocket only. `sse`: Server-Sent
-//   Events read with fetch() and a streamed body (no EventSource needed). `auto` (the
-//   default): WebSocket, and SSE from then on when two WebSocket attempts in a row fail
-//   before `welcome` while the server is up (a proxy that breaks the upgrade), or when
-//   there is no WebSocket constructor at all. `auto` goes back to WebSocket when the SSE
-//   endpoint is missing (404), or when SSE refuses the resume credential (the WebSocket
-//   failures may have been that credential). The application sees the same API and events
-//   either way; `client.transport` and the `connected` event say which is in use.
-// - SSE specifics: the stream names its rooms (`rooms=`), so subscribe() and unsubscribe()
-//   reopen it (the old request is aborted first) with the resume credential and `since=`
-//   the cursor: the last `id:` seen, with every subscribed room's own position (epoch and
-//   last delivered seq) written over it, so the server replays exactly what each room
-//   missed. `event: close` codes follow the WebSocket close-code rules above; `: ping`
-//   comments count as liveness and a stream silent for 3 heartbeats is reconnected. SSE
-//   has no client requests: `history()` rejects with code `unsupported` (read history over
-//   HTTP from your backend), and a gap in a room's stream is not filled with `history`
-//   but by reopening the stream from the room's last delivered seq: the server replays
-//   the rest exactly, or says it cannot (`recovery_failed`).
-// - Client publish (DESIGN §9): `publish(room, data, {id})` sends the `publish` op and
-//   resolves with `{seq, duplicate, id}` once the server has stored the event (it is then
-//   durable); the token (and so each resume credential after it) must carry a `publish`
-//   pattern naming the room, and inboxes (`user:…`) are never publishable. Without an `id`
-//   the library makes one up, so publishing again with the resolved or rejected request's
-//   id is safe: a repeat answers `duplicate: true` with the first seq. Events a client
-//   published carry `from`, the publishing user, set by the server. Errors reject with
-//   the server's code (`forbidden`, `bad_room`, `payload_too_large`, `rate_limited`, ...);
-//   over SSE it rejects with code `unsupported` (publish from your backend instead).
-// - Room state (DESIGN §9): `subscribe(room, onEvent, {state: true, onState})` asks for
-//   the room's state. The `subscribed` reply carries it as of some seq S (`{seq: S, data}`,
-//   or null: no state); `onState(data, {room, seq: S, epoch})` runs first, then exactly
-//   the events after S are delivered (none at or below S), then live. After a reconnect
-//   the usual `since` recovery runs; when the server cannot replay what was missed it
-//   answers with the state again: `onState` runs again (the state replaces everything
-//   delivered before), delivery continues after its seq and `recovered` is emitted with
-//   `state: true` instead of `recovery_failed`: the application needs no reload. Over SSE
-//   the stream asks with `state=1` when any of its rooms asked for state.
-// - Presence: `subscribe(room, onEvent, {presence: true, onPresence})` hands the server's
-//   presence frames to `onPresence({room, count, joined, left})` (`joined`/`left` are
-//   `{user, device}` lists, null above the server's members limit; at most one frame per
-//   `presence_interval_ms`, only when something changed). `presence(room)` asks who is
-//   there now: `{room, count, members}` (WebSocket only; over SSE it rejects with
-//   `unsupported`). Over SSE the stream asks with `presence=1`. The first subscribe of a
-//   room decides whether it asks for state and presence; a later subscribe to the same
-//   room adds its handlers to the same subscription. A server without room state or
-//   presence (older than this library) is told no more: the room is subscribed without
-//   it and an `error` with code `unsupported` says so.
-// - Per room it remembers the epoch and the last seq delivered, resubscribes with
-//   `since` and `epoch` after a reconnect, and hands each event to the application
-//   exactly once and in seq order: events at or below the last delivered seq are
-//   dropped, a gap in the live stream is filled with `history` (WebSocket) before later
-//   events are delivered, and the last 500 event ids of each room are remembered so a
-//   repeated id is dropped too. When the server cannot replay what was missed
-//   (`recovered:false`, or a gap history no longer covers) it emits `recovery_failed` with
-//   the room: reload that room's state over HTTP; delivery continues from the server's head.
-//
-// Works with the browser's WebSocket, Node's (22+, or 20 with --experimental-websocket)
-// or any constructor with the same shape passed as `WebSocket`; SSE needs fetch() with a
-// streamed response body (browsers, Node 18+).
+// The client: LivegateClient, the object connect() returns. It owns the connection's
+// life (attempts, the welcome, losses and reconnects, redirects to the session's node,
+// the WebSocket→SSE fallback), the requests waiting for replies, and the delivery of each
+// room's events once and in order. The transports (transport-websocket.js,
+// transport-sse.js) move frames, credentials.js keeps the resume credential,
+// connection.js holds the timings and the reconnect policy, subscriptions.js each room's
+// position, and clock.js the time. The behaviour is described at the top of livegate.js.
 
-const OPEN = 1;
-
-/** Defaults of the `timings` option (all in milliseconds). */
-export const DEFAULT_TIMINGS = Object.freeze({
-  /** Backoff tiers after a lost or failed connection; each delay is random() * tier. */
-  backoffMs: Object.freeze([0, 2000, 5000, 10000, 30000]),
-  /** After 1012/1001 without a suggested delay: random() * this. */
-  restartJitterMs: 3000,
-  /** Longest server-suggested delay honoured. */
-  maxHintMs: 60000,
-  /** No `welcome` this long after opening the socket: give up on the attempt. */
-  connectTimeoutMs: 10000,
-  /** A connection that lasted this long starts the backoff from its first tier again. */
-  stableMs: 10000,
-  /** Interval of the client's `ping`; null: the server's `heartbeat_ms` from welcome. */
-  pingMs: null,
-  /** Nothing heard from the server this long: the connection is dead, reconnect.
-   *  null: 2.5 ping intervals (WebSocket), 3 heartbeats (SSE). */
-  idleMs: null,
-  /** A subscribe refused as `unavailable` is tried again after this long. */
-  resubscribeMs: 1000,
-  /** A resume credential counts as expired this long before its expiry (clock skew). */
-  resumeMarginMs: 30000,
-  /** Longest wait for the `/readyz` check after a failed WebSocket attempt. */
-  probeTimeoutMs: 3000,
-});
-
-/** Event ids remembered per room to drop repeats. */
-export const RECENT_IDS = 500;
-/** Largest SSE message (its data lines plus the line being read), in characters. */
-export const MAX_SSE_MESSAGE_CHARS = 64 * 1024 * 1024;
-/** Largest `limit` the server accepts for history. */
-const HISTORY_PAGE = 1000;
-/** Error codes that end a subscription instead of retrying it. */
-const FINAL_SUBSCRIBE_ERRORS = new Set(['bad_request', 'bad_room', 'forbidden', 'too_many_subscriptions', 'unknown_op']);
-/** Consecutive WebSocket attempts failing before welcome after which `auto` uses SSE. */
-const WS_FAILURES_BEFORE_SSE = 2;
-const TRANSPORTS = new Set(['auto', 'websocket', 'sse']);
-/** Refusals (`wrong_node`) followed in a row without a welcome before backing off. */
-const MAX_FOLLOWS = 3;
+import { clockFrom, repeat } from './clock.js';
+import { DEFAULT_TIMINGS, MAX_FOLLOWS, TRANSPORT_OPTIONS, WS_FAILURES_BEFORE_SSE, reconnectDelayMs, toldToStop } from './connection.js';
+import { ResumeCredential } from './credentials.js';
+import { livegateError as lgError } from './errors.js';
+import { FINAL_SUBSCRIBE_ERRORS, HISTORY_PAGE, RoomState, snapshotOf } from './subscriptions.js';
+import { SseTransport, cancelBody } from './transport-sse.js';
+import { WebSocketTransport } from './transport-websocket.js';
+import { baseOf, endpointOf, looksLikeUrl, readyzOf, sseEndpointOf } from './urls.js';
 
 /**
  * Opens a client. Options:
@@ -164,6 +30,8 @@ const MAX_FOLLOWS = 3;
  * - `session`: a session id to resume on the first connection.
  * - `timings`: overrides of `DEFAULT_TIMINGS`.
  * - `random`: a function like Math.random (for tests).
+ * - `clock`: `{now, setTimeout, clearTimeout}` to use instead of the real ones (for tests;
+ *   see clock.js).
  */
 export function connect(options) {
   return new LivegateClient(options);
@@ -171,10 +39,10 @@ export function connect(options) {
 
 export class LivegateClient {
   constructor(options = {}) {
-    const { url, getToken, WebSocket: Socket, session, timings, random } = options;
+    const { url, getToken, WebSocket: Socket, session, timings, random, clock } = options;
     if (typeof getToken !== 'function') throw new TypeError('livegate: getToken must be a function');
     const transport = options.transport ?? 'auto';
-    if (!TRANSPORTS.has(transport)) throw new TypeError(`livegate: transport must be 'auto', 'websocket' or 'sse', not ${transport}`);
+    if (!TRANSPORT_OPTIONS.has(transport)) throw new TypeError(`livegate: transport must be 'auto', 'websocket' or 'sse', not ${transport}`);
     this._Socket = typeof (Socket || globalThis.WebSocket) === 'function' ? Socket || globalThis.WebSocket : null;
     const fetchFn = options.fetch === undefined ? globalThis.fetch : options.fetch;
     this._fetch = typeof fetchFn === 'function' ? (input, init) => fetchFn(input, init) : null;
@@ -196,9 +64,15 @@ export class LivegateClient {
     this._getToken = getToken;
     this._timings = { ...DEFAULT_TIMINGS, ...(timings || {}) };
     this._random = typeof random === 'function' ? random : Math.random;
+    this._clock = clockFrom(clock);
     this._session = session ?? null;
-    this._resumeEnabled = options.resume !== false;
-    this._resumeAttempts = Math.max(1, Number(options.resumeAttempts ?? 3) || 3);
+    /** The resume credential of the last welcome. */
+    this._credential = new ResumeCredential({
+      enabled: options.resume !== false,
+      attempts: Math.max(1, Number(options.resumeAttempts ?? 3) || 3),
+      marginMs: this._timings.resumeMarginMs,
+      clock: this._clock,
+    });
 
     this._listeners = new Map();
     this._rooms = new Map(); // room name -> RoomState
@@ -206,9 +80,12 @@ export class LivegateClient {
     this._queued = []; // requests waiting for a connection: [ref, ...]
     this._nextRef = 1;
 
-    this._ws = null; // the WebSocket of the current attempt or connection
-    this._wsAttempt = null; // what that attempt used: {transport, resume, quiet}
-    this._sse = null; // the SSE link ({controller, rooms, ...}) of the current attempt or stream
+    /**
+     * The current attempt or connection: {transport, attempt, rooms}: `attempt` is what it
+     * used ({transport, resume, quiet, ...}), `rooms` the rooms an SSE stream names (null
+     * over WebSocket).
+     */
+    this._link = null;
     this._welcomed = false;
     this._state = 'idle';
     this._closed = false; // close() called
@@ -216,14 +93,11 @@ export class LivegateClient {
     this._failures = 0; // attempts since the last stable connection
     this._attempts = 0;
     this._attemptGen = 0;
+    /** reconnect, connect: the clock's timer handles; ping: the function that stops it. */
     this._timers = { reconnect: null, connect: null, ping: null };
     this._lastHeard = 0;
     this._welcomedAt = 0;
 
-    /** The resume credential of the last welcome: {value, expiresAt (local clock)} or null. */
-    this._resume = null;
-    /** Consecutive failed attempts (server up) that used the current credential. */
-    this._resumeFailures = 0;
     /** Consecutive failed WebSocket attempts (server up), for auto's fallback. */
     this._wsFailures = 0;
     /** `auto` went to SSE and found no SSE endpoint: do not go there again. */
@@ -272,7 +146,7 @@ export class LivegateClient {
 
   /** Whether a resume credential is held for the next attempt (never the credential). */
   get hasResume() {
-    return this._usableResume() != null;
+    return this._credential.usable() != null;
   }
 
   /** Where delivery of a room stands: `{epoch, seq}` (seq = last delivered), or null. */
@@ -335,7 +209,7 @@ export class LivegateClient {
       }
       state.waiters.push({ resolve, reject });
       this._rooms.set(room, state);
-      if (this._sse) this._roomsChanged();
+      if (this._stream()) this._roomsChanged();
       else if (this._welcomed) this._sendSubscribe(state);
     });
     promise.catch(() => {}); // the caller may ignore it; errors also go to 'error'
@@ -349,7 +223,7 @@ export class LivegateClient {
     this._rooms.delete(room);
     state.cancel();
     for (const waiter of state.waiters.splice(0)) waiter.reject(lgError('unsubscribed', `unsubscribed from ${room}`));
-    if (this._sse) this._roomsChanged();
+    if (this._stream()) this._roomsChanged();
     else if (this._welcomed) this._send({ op: 'unsubscribe', room });
   }
 
@@ -408,22 +282,9 @@ export class LivegateClient {
    */
   dropConnection(reason = 'dropped by the application') {
     if (this._closed || this._stopped) return false;
-    const ws = this._ws;
-    const sse = this._sse;
-    if (!ws && !sse) return false;
-    if (ws) {
-      this._detach(ws);
-      try {
-        ws.close(4000, String(reason).slice(0, 120));
-      } catch {
-        try {
-          ws.close(4000); // the reason was refused (over 123 bytes of UTF-8)
-        } catch {
-          // already closing
-        }
-      }
-    }
-    if (sse) this._detachSse(sse);
+    const link = this._link;
+    if (!link) return false;
+    this._drop(link, 4000, String(reason));
     this._lost(4000, reason);
     return true;
   }
@@ -432,19 +293,10 @@ export class LivegateClient {
   close() {
     if (this._closed) return;
     this._closed = true;
-    const ws = this._ws;
-    const sse = this._sse;
+    const link = this._link;
     this._clearTimers();
-    if (ws || sse) {
-      if (ws) {
-        this._detach(ws);
-        try {
-          ws.close(1000, 'client closed');
-        } catch {
-          // already closing
-        }
-      }
-      if (sse) this._detachSse(sse);
+    if (link) {
+      this._drop(link, 1000, 'client closed');
       this._lost(1000, 'client closed');
     } else {
       this._state = 'closed';
@@ -454,37 +306,6 @@ export class LivegateClient {
       state.cancel();
       for (const waiter of state.waiters.splice(0)) waiter.reject(lgError('closed', 'client closed'));
     }
-  }
-
-  // ---- credentials ----
-
-  /** The resume credential to use now, or null (none, expired, or resume is off). */
-  _usableResume() {
-    const held = this._resume;
-    if (!held || !this._resumeEnabled) return null;
-    if (now() >= held.expiresAt - this._timings.resumeMarginMs) {
-      this._resume = null;
-      return null;
-    }
-    return held.value;
-  }
-
-  /** Keeps the welcome's credential, its expiry moved onto the local clock. */
-  _keepResume(frame, receivedAt) {
-    this._resumeFailures = 0;
-    if (!this._resumeEnabled || typeof frame.resume !== 'string' || frame.resume === '') {
-      this._resume = null;
-      return;
-    }
-    const expires = Number(frame.resume_expires_at_ms);
-    // Without an expiry, trust it for a minute after receipt.
-    const expiresAt = Number.isFinite(expires) && expires > 0 ? expires - this._skewMs : receivedAt + 60000;
-    this._resume = { value: frame.resume, expiresAt };
-  }
-
-  _dropResume() {
-    this._resume = null;
-    this._resumeFailures = 0;
   }
 
   // ---- connection lifecycle ----
@@ -509,7 +330,7 @@ export class LivegateClient {
       this._state = 'connecting';
       this._emit('connecting', { attempt: this._attempts, transport });
     }
-    const resume = this._usableResume();
+    const resume = this._credential.usable();
     let token = null;
     if (resume == null && target?.token) {
       token = target.token; // refused unspent (or never seen): offered again
@@ -557,41 +378,23 @@ export class LivegateClient {
   _openWebSocket(attempt, token) {
     const endpoint = attempt.base ? endpointOf(attempt.base) : this._endpoint;
     const url = `${endpoint}?${this._credentialQuery(attempt, token)}`;
-    let ws;
+    const link = { transport: new WebSocketTransport(this._Socket), attempt, rooms: null };
+    this._link = link;
+    this._welcomed = false;
+    this._lastHeard = this._clock.now();
     try {
-      ws = new this._Socket(url);
+      link.transport.open(url, this._handlersOf(link));
     } catch (error) {
-      // The message of a constructor error may quote the URL: never pass it on.
-      this._emit('error', { code: 'socket', message: 'cannot open a WebSocket' });
-      this._afterLoss(1006, 'cannot open a WebSocket', false);
+      this._link = null;
+      this._emit('error', { code: 'socket', message: error.message });
+      this._afterLoss(1006, error.message, false);
       return;
     }
-    this._ws = ws;
-    this._wsAttempt = attempt;
-    this._welcomed = false;
-    this._lastHeard = now();
-    ws.onopen = () => {
-      attempt.opened = true;
-    };
-    ws.onmessage = (message) => {
-      if (this._ws !== ws) return;
-      this._lastHeard = now();
-      this._onFrame(message.data);
-    };
-    ws.onerror = () => {}; // a close event follows
-    ws.onclose = (event) => {
-      if (this._ws !== ws) return;
-      this._detach(ws);
-      this._lost(event?.code ?? 1006, event?.reason ?? '', attempt);
-    };
-    this._timers.connect = setTimeout(() => {
-      if (this._ws !== ws || this._welcomed) return;
-      this._abandon(`no welcome within ${this._timings.connectTimeoutMs} ms`);
-    }, this._timings.connectTimeoutMs);
+    this._watchForWelcome(link);
   }
 
   /** Opens an SSE stream for the current rooms with `since` = the cursor. */
-  async _openSse(attempt, token) {
+  _openSse(attempt, token) {
     const rooms = [...this._rooms.keys()];
     const endpoint = attempt.base ? sseEndpointOf(attempt.base) : this._sseEndpoint;
     let url = `${endpoint}?${this._credentialQuery(attempt, token)}&rooms=${rooms.map(encodeURIComponent).join(',')}`;
@@ -601,65 +404,63 @@ export class LivegateClient {
     const subscriptions = [...this._rooms.values()];
     if (subscriptions.some((state) => state.wantState)) url += '&state=1';
     if (subscriptions.some((state) => state.wantPresence)) url += '&presence=1';
-    const controller = new AbortController();
-    const link = { controller, rooms: new Set(rooms), attempt, dead: false };
-    this._sse = link;
+    const link = { transport: new SseTransport(this._fetch), attempt, rooms: new Set(rooms) };
+    this._link = link;
     this._welcomed = false;
-    this._lastHeard = now();
-    this._timers.connect = setTimeout(() => {
-      if (this._sse !== link || this._welcomed) return;
+    this._lastHeard = this._clock.now();
+    this._watchForWelcome(link);
+    link.transport.open(url, this._handlersOf(link));
+  }
+
+  /** No `welcome` on `link` within the connect timeout: give up on the attempt. */
+  _watchForWelcome(link) {
+    this._timers.connect = this._clock.setTimeout(() => {
+      if (this._link !== link || this._welcomed) return;
       this._abandon(`no welcome within ${this._timings.connectTimeoutMs} ms`);
     }, this._timings.connectTimeoutMs);
-    let response;
-    try {
-      response = await this._fetch(url, { signal: controller.signal, cache: 'no-store', headers: { Accept: 'text/event-stream' } });
-    } catch (error) {
-      if (this._sse !== link) return;
-      this._detachSse(link);
-      this._lost(1006, `SSE request failed: ${error?.cause?.code ?? error?.message ?? error}`, attempt);
-      return;
-    }
-    if (this._sse !== link) {
-      cancelBody(response);
-      return;
-    }
-    attempt.opened = true;
-    const date = Date.parse(response.headers?.get?.('date') ?? '');
-    if (Number.isFinite(date)) this._skewMs = Math.abs(date - now()) > 2000 ? date - now() : 0;
-    if (!response.ok) return this._sseRefused(link, response);
-    if (!response.body?.getReader) {
-      this._detachSse(link);
-      this._emit('error', { code: 'sse', message: 'this fetch() gives no streamed response body' });
-      this._lost(1006, 'no streamed body', attempt);
-      return;
-    }
-    const reader = response.body.getReader();
-    link.reader = reader;
-    const decoder = new TextDecoder();
-    const parser = new EventStreamParser(
-      (message) => this._sse === link && this._onSseMessage(link, message),
-      () => {},
-    );
-    try {
-      for (;;) {
-        const { done, value } = await reader.read();
-        if (this._sse !== link) return;
-        if (done) break;
-        this._lastHeard = now();
-        parser.push(decoder.decode(value, { stream: true }));
-        if (this._sse !== link) return;
-      }
-      parser.push(decoder.decode());
-      parser.end();
-    } catch (error) {
-      if (this._sse !== link) return;
-      this._detachSse(link);
-      this._lost(1006, `SSE stream broke: ${error?.cause?.code ?? error?.name ?? 'error'}`, attempt);
-      return;
-    }
-    if (this._sse !== link) return;
-    this._detachSse(link);
-    this._lost(1006, 'SSE stream ended', attempt);
+  }
+
+  /** What the transport of `link` reports to, while `link` is the current one. */
+  _handlersOf(link) {
+    const current = () => this._link === link;
+    return {
+      onOpen: (info) => {
+        // The server answered (the upgrade went through, or an HTTP response came).
+        link.attempt.opened = true;
+        const date = info?.date;
+        if (current() && Number.isFinite(date)) {
+          const now = this._clock.now();
+          this._skewMs = Math.abs(date - now) > 2000 ? date - now : 0;
+        }
+      },
+      onHeard: () => {
+        if (current()) this._lastHeard = this._clock.now();
+      },
+      onFrame: (text, meta) => {
+        if (!current()) return;
+        this._onFrame(text);
+        if (meta?.type === 'events' && meta.id != null && current()) this._cursor = meta.id;
+      },
+      onClose: (code, reason) => {
+        if (!current()) return;
+        this._link = null;
+        this._lost(code, reason, link.attempt);
+      },
+      onRefused: (refusal) => {
+        if (!current()) return;
+        this._link = null;
+        this._refused(link, refusal);
+      },
+      onProblem: (code, message) => {
+        if (current()) this._emit('error', { code, message });
+      },
+    };
+  }
+
+  /** The current link when its transport is a stream that names its rooms (SSE), else null. */
+  _stream() {
+    const link = this._link;
+    return link && !link.transport.requests ? link : null;
   }
 
   /** `since=` of the next SSE request: the last `id:` with each room's own position over it. */
@@ -676,35 +477,25 @@ export class LivegateClient {
     return [...entries.values()].join(',');
   }
 
-  /** A non-2xx answer to an SSE request. */
-  async _sseRefused(link, response) {
-    let body = null;
-    try {
-      body = await response.json();
-    } catch {
-      // not JSON
-    }
-    if (this._sse !== link) return;
-    this._detachSse(link);
-    const status = response.status;
-    const code = body?.error?.code ?? `http_${status}`;
-    const message = String(body?.error?.message ?? `HTTP ${status}`);
+  /** A non-2xx answer to an SSE request: `refusal` is {status, code, message, error, retryAfterSeconds}. */
+  _refused(link, refusal) {
+    const { status, code, message } = refusal;
     const attempt = link.attempt;
     if (status === 421 && code === 'wrong_node') {
       // Not this node's session: the body names the node to use (not an error).
-      attempt.named = { url: body.error.url, node: body.error.node };
-      this._lost(4421, String(body.error.url ?? ''), attempt);
+      attempt.named = { url: refusal.error?.url, node: refusal.error?.node };
+      this._lost(4421, String(refusal.error?.url ?? ''), attempt);
       return;
     }
     if (status === 429) {
       // Told to wait (the migration budget, or a rate limit): Retry-After seconds.
-      const seconds = firstNumber(response.headers?.get?.('retry-after') ?? '') ?? firstNumber(message);
+      const seconds = refusal.retryAfterSeconds;
       this._emit('error', { code, message: `SSE request refused: HTTP ${status} ${code}` });
       this._lost(4029, seconds != null ? String(seconds) : '', attempt);
       return;
     }
     if (code === 'resume_invalid') {
-      this._dropResume();
+      this._credential.drop();
       if (this._fellBack) {
         // The WebSocket failures that brought auto here may have been this credential.
         this._switchTransport('websocket', 'resume credential refused over SSE');
@@ -729,31 +520,14 @@ export class LivegateClient {
     this._lost(1006, `HTTP ${status} ${code}`, attempt);
   }
 
-  _onSseMessage(link, message) {
-    if (message.type === 'close') {
-      let detail = {};
-      try {
-        detail = JSON.parse(message.data);
-      } catch {
-        // no detail
-      }
-      this._detachSse(link);
-      this._lost(Number(detail?.code) || 1006, String(detail?.reason ?? ''), link.attempt);
-      return;
-    }
-    if (message.data === '') return;
-    this._onFrame(message.data);
-    if (message.type === 'events' && message.id != null && this._sse === link) this._cursor = message.id;
-  }
-
   /** Subscriptions changed while on SSE: reopen the stream (once the current one is welcomed). */
   _roomsChanged() {
-    const link = this._sse;
+    const link = this._stream();
     if (!link || !this._welcomed || this._reopenPending) return; // a welcome compares the rooms
     this._reopenPending = true;
-    setTimeout(() => {
+    this._clock.setTimeout(() => {
       this._reopenPending = false;
-      if (this._sse !== link || this._closed || this._stopped) return;
+      if (this._link !== link || this._closed || this._stopped) return;
       if (sameSet(link.rooms, this._rooms)) return;
       this._reopen(link);
     }, 0);
@@ -761,10 +535,10 @@ export class LivegateClient {
 
   /** Ends the stream `link` and opens the next at once, without telling the app. */
   _reopen(link) {
-    this._detachSse(link);
+    this._drop(link);
     this._welcomed = false;
-    clearTimeout(this._timers.connect);
-    clearInterval(this._timers.ping);
+    this._clock.clearTimeout(this._timers.connect);
+    this._timers.ping?.();
     this._timers.connect = this._timers.ping = null;
     for (const state of this._rooms.values()) state.connectionLost();
     this._quiet = true;
@@ -773,45 +547,22 @@ export class LivegateClient {
 
   /** Gives up on the current attempt or connection: no waiting for a close handshake. */
   _abandon(reason) {
-    const ws = this._ws;
-    const sse = this._sse;
-    const attempt = ws ? this._wsAttempt : sse?.attempt;
-    if (ws) {
-      this._detach(ws);
-      try {
-        ws.close(4000, reason.slice(0, 120));
-      } catch {
-        // not open yet or already closing
-      }
-    }
-    if (sse) this._detachSse(sse);
-    this._lost(1006, reason, attempt);
+    const link = this._link;
+    if (link) this._drop(link, 4000, reason);
+    this._lost(1006, reason, link?.attempt ?? null);
   }
 
-  _detach(ws) {
-    ws.onopen = ws.onmessage = ws.onerror = ws.onclose = null;
-    if (this._ws === ws) this._ws = null;
-  }
-
-  _detachSse(link) {
-    if (!link.dead) {
-      link.dead = true;
-      try {
-        link.reader?.cancel().catch(() => {});
-      } catch {
-        // already done
-      }
-      link.controller.abort();
-    }
-    if (this._sse === link) this._sse = null;
+  /** Ends `link`'s transport (closing a socket with `code`); its handlers are not called again. */
+  _drop(link, code = 1000, reason = '') {
+    link.transport.close(code, reason);
+    if (this._link === link) this._link = null;
   }
 
   /** The current connection ended (or an attempt failed) with `code`. */
   _lost(code, reason, attempt = null) {
     const wasWelcomed = this._welcomed;
     this._welcomed = false;
-    this._ws = null;
-    this._sse = null;
+    this._link = null;
     this._clearTimers();
     this._rejectAll(lgError('disconnected', `connection lost (${code}${reason ? `: ${reason}` : ''})`), true);
     for (const state of this._rooms.values()) state.connectionLost();
@@ -820,12 +571,12 @@ export class LivegateClient {
       this._emit('disconnected', { code, reason, reconnectInMs: null });
       return;
     }
-    if (wasWelcomed && now() - this._welcomedAt >= this._timings.stableMs) this._failures = 0;
+    if (wasWelcomed && this._clock.now() - this._welcomedAt >= this._timings.stableMs) this._failures = 0;
     if (wasWelcomed && (code === 1012 || code === 1001) && attempt?.base) {
       // The node restarts or goes away: the given address knows where the session goes.
       this._home = null;
     }
-    const told = code >= 4500 && code <= 4999;
+    const told = toldToStop(code);
     if (wasWelcomed && code === 4421 && this._handedOver(code, reason)) return;
     if (!wasWelcomed && attempt && code === 4421 && this._follow(attempt, code, reason)) return;
     if (!wasWelcomed && attempt?.base && !attempt.opened && !told) {
@@ -847,7 +598,7 @@ export class LivegateClient {
    */
   _handedOver(code, reason) {
     const text = String(reason ?? '').trim();
-    if (!/^(https?|wss?):\/\//i.test(text)) return false;
+    if (!looksLikeUrl(text)) return false;
     let base;
     try {
       base = baseOf(text);
@@ -873,7 +624,7 @@ export class LivegateClient {
    */
   _follow(attempt, code, reason) {
     const text = String(reason ?? '').trim();
-    const url = /^(https?|wss?):\/\//i.test(text) ? text : String(attempt.named?.url ?? '');
+    const url = looksLikeUrl(text) ? text : String(attempt.named?.url ?? '');
     let base;
     try {
       base = baseOf(url);
@@ -908,7 +659,7 @@ export class LivegateClient {
     this._state = 'disconnected';
     const gen = this._attemptGen;
     const reachable = attempt.transport === 'websocket' && this._fetch ? await this._serverReady(readyzOf(sseEndpointOf(attempt.base))) : false;
-    if (this._closed || this._stopped || gen !== this._attemptGen || this._ws || this._sse) return;
+    if (this._closed || this._stopped || gen !== this._attemptGen || this._link) return;
     if (reachable) {
       if (attempt.transport === 'websocket') this._judgeWebSocketFailure(attempt, true);
       this._afterLoss(code, reason, false);
@@ -935,10 +686,7 @@ export class LivegateClient {
    */
   _judgeWebSocketFailure(attempt, ready = false) {
     const counts = () => {
-      if (attempt.resume != null && this._resume?.value === attempt.resume) {
-        this._resumeFailures += 1;
-        if (this._resumeFailures >= this._resumeAttempts) this._dropResume();
-      }
+      this._credential.failedWith(attempt.resume);
       if (this._transportOption === 'auto' && this._fetch && !this._sseMissing && this._transport === 'websocket') {
         this._wsFailures += 1;
         if (this._wsFailures >= WS_FAILURES_BEFORE_SSE) this._switchTransport('sse', `${this._wsFailures} WebSocket attempts in a row failed`);
@@ -962,7 +710,7 @@ export class LivegateClient {
   /** `GET /readyz`: true when the server answered and is not draining or starting. */
   async _serverReady(readyz = this._readyz) {
     const controller = new AbortController();
-    const timer = setTimeout(() => controller.abort(), this._timings.probeTimeoutMs);
+    const timer = this._clock.setTimeout(() => controller.abort(), this._timings.probeTimeoutMs);
     try {
       // The server answers /readyz with CORS headers for the origins it allows, so a page
       // on another origin reads the status too (a draining node's 503 must not count).
@@ -973,7 +721,7 @@ export class LivegateClient {
     } catch {
       return false;
     } finally {
-      clearTimeout(timer);
+      this._clock.clearTimeout(timer);
     }
   }
 
@@ -990,10 +738,10 @@ export class LivegateClient {
   /** Decides whether and when to reconnect after losing a connection with `code`. */
   _afterLoss(code, reason, wasWelcomed) {
     this._state = 'disconnected';
-    if (code >= 4500 && code <= 4999) {
+    if (toldToStop(code)) {
       this._stopped = true;
       this._state = 'stopped';
-      this._dropResume();
+      this._credential.drop();
       const stopped = lgError('stopped', `server said not to reconnect (${code})`);
       this._rejectAll(stopped);
       for (const state of this._rooms.values()) for (const waiter of state.waiters.splice(0)) waiter.reject(stopped);
@@ -1007,46 +755,33 @@ export class LivegateClient {
   }
 
   _reconnectDelay(code, reason) {
-    const t = this._timings;
-    if (code === 1012 || code === 1001) {
-      const hint = suggestedDelayMs(reason);
-      if (hint != null) return Math.min(hint, t.maxHintMs);
-      return Math.floor(this._random() * t.restartJitterMs);
-    }
-    const tiers = t.backoffMs;
-    const tier = tiers[Math.min(this._failures, tiers.length - 1)];
-    this._failures += 1;
-    let delay = Math.floor(this._random() * tier);
-    if (code === 4029) {
-      // Migration budget spent: the reason carries the retry-after seconds.
-      const seconds = firstNumber(reason);
-      if (seconds != null) delay = Math.max(delay, Math.min(seconds * 1000, t.maxHintMs));
-    }
+    const delay = reconnectDelayMs(code, reason, this._failures, this._timings, this._random);
+    if (code !== 1012 && code !== 1001) this._failures += 1;
     return delay;
   }
 
   _schedule(fn, delay) {
-    clearTimeout(this._timers.reconnect);
-    this._timers.reconnect = setTimeout(fn, delay);
+    this._clock.clearTimeout(this._timers.reconnect);
+    this._timers.reconnect = this._clock.setTimeout(fn, delay);
   }
 
   _clearTimers() {
-    clearTimeout(this._timers.reconnect);
-    clearTimeout(this._timers.connect);
-    clearInterval(this._timers.ping);
+    this._clock.clearTimeout(this._timers.reconnect);
+    this._clock.clearTimeout(this._timers.connect);
+    this._timers.ping?.();
     this._timers = { reconnect: null, connect: null, ping: null };
   }
 
   _onWelcome(frame) {
-    const ws = this._ws;
-    const sse = this._sse;
-    const link = ws ?? sse;
-    const attempt = (ws ? this._wsAttempt : sse?.attempt) ?? { quiet: false, resume: null };
-    clearTimeout(this._timers.connect);
+    const link = this._link;
+    const sse = this._stream();
+    const ws = link && !sse ? link : null;
+    const attempt = link?.attempt ?? { quiet: false, resume: null };
+    this._clock.clearTimeout(this._timers.connect);
     this._timers.connect = null;
     this._welcomed = true;
-    this._welcomedAt = now();
-    this._keepResume(frame, this._welcomedAt);
+    this._welcomedAt = this._clock.now();
+    this._credential.keep(frame, this._welcomedAt, this._skewMs);
     if (ws) this._wsFailures = 0;
     this._follows = 0;
     // Welcomed by a node a refusal named: the session lives there, reconnects go there first.
@@ -1057,14 +792,14 @@ export class LivegateClient {
     const heartbeatMs = Number(frame.heartbeat_ms) || 30000;
     const pingMs = this._timings.pingMs ?? heartbeatMs;
     const idleMs = this._timings.idleMs ?? Math.round(pingMs * (sse ? 3 : 2.5));
-    this._timers.ping = setInterval(() => {
-      if ((this._ws ?? this._sse) !== link) return;
-      if (now() - this._lastHeard > idleMs) {
+    this._timers.ping = repeat(this._clock, sse ? Math.min(pingMs, idleMs) : pingMs, () => {
+      if (this._link !== link) return;
+      if (this._clock.now() - this._lastHeard > idleMs) {
         this._abandon(`nothing heard from the server for ${idleMs} ms`);
         return;
       }
       if (ws) this._send({ op: 'ping' }); // over SSE the server's `: ping` comments do
-    }, sse ? Math.min(pingMs, idleMs) : pingMs);
+    });
     if (sse) {
       // The stream subscribes its rooms itself: each one's `subscribed` comes next.
       for (const room of sse.rooms) {
@@ -1088,7 +823,7 @@ export class LivegateClient {
         credential: attempt.resume != null ? 'resume' : 'token',
       });
     }
-    if ((this._ws ?? this._sse) !== link) return; // a listener closed the client
+    if (this._link !== link) return; // a listener closed the client
     if (sse) {
       if (!sameSet(sse.rooms, this._rooms)) {
         // Rooms changed while this stream was being opened.
@@ -1108,14 +843,7 @@ export class LivegateClient {
   // ---- frames ----
 
   _send(frame) {
-    const ws = this._ws;
-    if (!ws || ws.readyState !== OPEN) return false;
-    try {
-      ws.send(JSON.stringify(frame));
-      return true;
-    } catch {
-      return false;
-    }
+    return this._link ? this._link.transport.send(frame) : false;
   }
 
   _request(fields) {
@@ -1153,7 +881,7 @@ export class LivegateClient {
     if (!frame || typeof frame !== 'object') return;
     if (frame.op === 'error' && frame.code === 'wrong_node' && !this._welcomed) {
       // The 4421 close that follows names the node; this frame too (when the URL is too long for the reason).
-      const attempt = this._ws ? this._wsAttempt : this._sse?.attempt;
+      const attempt = this._link?.attempt;
       if (attempt) attempt.named = { url: frame.url, node: frame.node };
       return;
     }
@@ -1224,11 +952,12 @@ export class LivegateClient {
       return;
     }
     // unavailable and the like: try again shortly on this connection.
-    const ws = this._ws;
-    state.retry = setTimeout(() => {
+    const link = this._link;
+    const timer = this._clock.setTimeout(() => {
       state.retry = null;
-      if (this._ws === ws && this._welcomed && this._rooms.get(state.room) === state) this._sendSubscribe(state);
+      if (this._link === link && this._welcomed && this._rooms.get(state.room) === state) this._sendSubscribe(state);
     }, this._timings.resubscribeMs);
+    state.retry = () => this._clock.clearTimeout(timer);
   }
 
   // ---- rooms ----
@@ -1251,7 +980,7 @@ export class LivegateClient {
 
   _onSubscribed(frame) {
     const state = this._rooms.get(frame.room);
-    if (this._sse) {
+    if (this._stream()) {
       // SSE: one `subscribed` per requested room, right after welcome, without a ref
       // (the automatic inbox's notice has no epoch: not a reply).
       if (!state || state.ref !== 'sse' || frame.epoch == null) return;
@@ -1279,8 +1008,7 @@ export class LivegateClient {
       // (again, after a failed recovery: the state replaces what was delivered before).
       state.last = snapshot ? snapshot.seq : 0;
       state.fromNothing = snapshot == null;
-      state.ids.clear();
-      state.idOrder = [];
+      state.forgetIds();
     } else if (frame.recovered === false) {
       failed = true;
       state.last = head;
@@ -1347,14 +1075,14 @@ export class LivegateClient {
       // wherever the retained history starts.
       state.fromNothing = false;
     } else if (state.last != null && event.seq > state.last + 1) {
-      if (this._sse) {
+      const stream = this._stream();
+      if (stream) {
         // No history requests over SSE: reopen the stream from the last delivered seq,
         // which the server replays exactly (or answers recovered:false).
         state.awaiting = true;
         state.buffer = [];
-        const link = this._sse;
-        setTimeout(() => {
-          if (this._sse === link && !this._closed && !this._stopped) this._reopen(link);
+        this._clock.setTimeout(() => {
+          if (this._link === stream && !this._closed && !this._stopped) this._reopen(stream);
         }, 0);
         return;
       }
@@ -1364,14 +1092,10 @@ export class LivegateClient {
     }
     this._deliver(state, event);
   }
+
   _deliver(state, event) {
     state.last = event.seq;
-    if (event.id != null) {
-      if (state.ids.has(event.id)) return; // a repeat of an id already delivered
-      state.ids.add(event.id);
-      state.idOrder.push(event.id);
-      if (state.idOrder.length > RECENT_IDS) state.ids.delete(state.idOrder.shift());
-    }
+    if (!state.firstDelivery(event.id)) return; // a repeat of an id already delivered
     for (const handler of [...state.handlers]) {
       try {
         handler(event);
@@ -1445,59 +1169,6 @@ export class LivegateClient {
   }
 }
 
-/** What the client knows about one subscribed room across connections. */
-class RoomState {
-  constructor(room) {
-    this.room = room;
-    this.handlers = new Set();
-    this.epoch = null;
-    /** Seq of the last event delivered (or the head the subscription started at). */
-    this.last = null;
-    this.ids = new Set();
-    this.idOrder = [];
-    /** Ref of the subscribe waiting for its reply. */
-    this.ref = null;
-    /** Waiting for `subscribed`: events are buffered. */
-    this.awaiting = false;
-    /** A gap is being filled: later events are buffered. */
-    this.filling = null;
-    this.buffer = [];
-    this.retry = null;
-    this.waiters = [];
-    this.subscribedOnce = false;
-    this.lastReply = null;
-    /** Reopened SSE stream: its `recovered` is not news to the app. */
-    this.quiet = false;
-    /** Subscribed with `state: true` / `presence: true` (decided by the first subscribe). */
-    this.wantState = false;
-    this.wantPresence = false;
-    this.stateHandlers = new Set();
-    this.presenceHandlers = new Set();
-    /** Started from "no state": the first event after the reply is delivered, gap or not. */
-    this.fromNothing = false;
-  }
-
-  /** The `onState` / `onPresence` handlers of a subscribe's options. */
-  addHandlers(options) {
-    if (typeof options.onState === 'function') this.stateHandlers.add(options.onState);
-    if (typeof options.onPresence === 'function') this.presenceHandlers.add(options.onPresence);
-  }
-
-  cancel() {
-    clearTimeout(this.retry);
-    this.retry = null;
-    this.filling = null;
-    this.awaiting = false;
-    this.ref = null;
-    this.buffer = [];
-  }
-
-  /** The connection ended: the server replays from `last` on the next one. */
-  connectionLost() {
-    this.cancel();
-  }
-}
-
 /** `bytes` random bytes as hex (crypto when there is one: ids must not repeat). */
 function randomHex(bytes) {
   const buffer = new Uint8Array(bytes);
@@ -1506,188 +1177,9 @@ function randomHex(bytes) {
   return Array.from(buffer, (b) => b.toString(16).padStart(2, '0')).join('');
 }
 
-function lgError(code, message) {
-  const error = new Error(message || code);
-  error.code = code;
-  return error;
-}
-
-function now() {
-  return Date.now();
-}
-
-/**
- * The room state a `subscribed` reply carries: undefined when it has no `state` key (a
- * recovered reply, or a server without room state), null for "no state", else
- * `{seq, data}` (a state without a usable seq counts as none).
- */
-function snapshotOf(frame) {
-  if (!Object.prototype.hasOwnProperty.call(frame, 'state')) return undefined;
-  const state = frame.state;
-  if (!state || typeof state !== 'object' || !Number.isInteger(state.seq) || state.seq < 0) return null;
-  return { seq: state.seq, data: state.data === undefined ? null : state.data };
-}
-
-/** The `/readyz` of the node whose SSE endpoint is `sseEndpoint`. */
-function readyzOf(sseEndpoint) {
-  return sseEndpoint.replace(/\/v1\/sse$/, '/readyz');
-}
-
-/** The http(s) base URL of a node (its `public_url`, ws(s):// accepted), without a path to /v1. */
-function baseOf(url) {
-  return sseEndpointOf(url).replace(/\/v1\/sse$/, '');
-}
-
-/** The SSE endpoint for a base URL: ws→http, wss→https, `/v1/sse` in place of `/v1/ws`. */
-export function sseEndpointOf(base) {
-  let url = base.trim().replace(/[?#].*$/, '');
-  url = url.replace(/^ws(s?):\/\//i, (_, s) => `http${s}://`);
-  if (!/^https?:\/\//i.test(url)) throw new TypeError(`livegate: not an http(s) or ws(s) URL: ${base}`);
-  url = url.replace(/\/+$/, '').replace(/\/v1\/(ws|sse)$/, '');
-  return `${url}/v1/sse`;
-}
-
-/** The WebSocket endpoint for a base URL: http→ws, https→wss, `/v1/ws` appended. */
-export function endpointOf(base) {
-  let url = base.trim().replace(/[?#].*$/, '');
-  url = url.replace(/^http(s?):\/\//i, (_, s) => `ws${s}://`);
-  if (!/^wss?:\/\//i.test(url)) throw new TypeError(`livegate: not an http(s) or ws(s) URL: ${base}`);
-  url = url.replace(/\/+$/, '');
-  if (!/\/v1\/ws$/.test(url)) url += '/v1/ws';
-  return url;
-}
-
-/** The reconnect delay a 1012/1001 close reason suggests, in ms (`reconnect in 1234 ms`). */
-export function suggestedDelayMs(reason) {
-  if (!reason) return null;
-  const ms = /(\d+)\s*ms\b/.exec(reason);
-  if (ms) return Number(ms[1]);
-  return firstNumber(reason);
-}
-
-function firstNumber(text) {
-  const match = /\d+/.exec(text || '');
-  return match ? Number(match[0]) : null;
-}
-
 /** Whether the set `a` holds exactly the keys of the map (or set) `b`. */
 function sameSet(a, b) {
   if (a.size !== b.size) return false;
   for (const key of b.keys()) if (!a.has(key)) return false;
   return true;
-}
-
-/** Stops reading a response body nobody needs. */
-function cancelBody(response) {
-  try {
-    response?.body?.cancel?.().catch(() => {});
-  } catch {
-    // locked or gone
-  }
-}
-
-/**
- * A `text/event-stream` parser (the HTML standard's rules): lines end with `\r\n`, `\n`
- * or `\r` (also split across chunks); `data:` lines of one message are joined with `\n`;
- * one space after the colon is dropped; `: comment` lines go to `onComment`; a blank line
- * dispatches `{type, data, id}` (type `message` when no `event:` was given, `id` the
- * message's own `id:` or undefined). A message over `maxChars` throws a RangeError.
- */
-export class EventStreamParser {
-  constructor(onMessage, onComment = () => {}, maxChars = MAX_SSE_MESSAGE_CHARS) {
-    this._maxChars = maxChars;
-    this._size = 0; // characters of the data lines kept for the current message
-    this._onMessage = onMessage;
-    this._onComment = onComment;
-    this._buffer = '';
-    this._skipLf = false; // the last chunk ended with \r: a \n first in the next is its pair
-    this._type = '';
-    this._data = [];
-    this._id = undefined;
-    this._first = true;
-  }
-
-  /** Feeds decoded text. */
-  push(text) {
-    if (!text) return;
-    if (this._first) {
-      this._first = false;
-      if (text.charCodeAt(0) === 0xfeff) text = text.slice(1);
-    }
-    if (this._skipLf) {
-      this._skipLf = false;
-      if (text[0] === '\n') text = text.slice(1);
-    }
-    let buffer = this._buffer + text;
-    let start = 0;
-    for (;;) {
-      const cr = buffer.indexOf('\r', start);
-      const lf = buffer.indexOf('\n', start);
-      if (cr < 0 && lf < 0) break;
-      let end;
-      let next;
-      if (cr >= 0 && (lf < 0 || cr < lf)) {
-        end = cr;
-        if (cr + 1 < buffer.length) next = buffer[cr + 1] === '\n' ? cr + 2 : cr + 1;
-        else {
-          next = cr + 1;
-          this._skipLf = true;
-        }
-      } else {
-        end = lf;
-        next = lf + 1;
-      }
-      this._line(buffer.slice(start, end));
-      start = next;
-    }
-    this._buffer = buffer.slice(start);
-    if (this._buffer.length + this._size > this._maxChars) {
-      throw new RangeError(`an event stream message over ${this._maxChars} characters`);
-    }
-  }
-
-  /** The stream ended: a message without its blank line is dropped (the standard's rule). */
-  end() {
-    this._buffer = '';
-    this._size = 0;
-    this._type = '';
-    this._data = [];
-    this._id = undefined;
-  }
-
-  _line(line) {
-    if (line === '') {
-      const message = { type: this._type || 'message', data: this._data.join('\n'), id: this._id };
-      const any = this._data.length > 0;
-      this._type = '';
-      this._data = [];
-      this._size = 0;
-      this._id = undefined;
-      if (any) this._onMessage(message);
-      return;
-    }
-    if (line[0] === ':') {
-      this._onComment(line.slice(1).replace(/^ /, ''));
-      return;
-    }
-    const colon = line.indexOf(':');
-    const field = colon < 0 ? line : line.slice(0, colon);
-    let value = colon < 0 ? '' : line.slice(colon + 1);
-    if (value[0] === ' ') value = value.slice(1);
-    switch (field) {
-      case 'event':
-        this._type = value;
-        return;
-      case 'data':
-        this._data.push(value);
-        this._size += value.length + 1;
-        if (this._size > this._maxChars) throw new RangeError(`an event stream message over ${this._maxChars} characters`);
-        return;
-      case 'id':
-        if (!value.includes('\0')) this._id = value;
-        return;
-      default:
-        return; // retry and unknown fields
-    }
-  }
 }
