@@ -19,7 +19,12 @@ export type Transport = 'websocket' | 'sse';
 export type TransportOption = 'auto' | Transport;
 
 /** `client.state`: `idle` before the first attempt, `stopped` after a close 4500-4999, `closed` after close(). */
-export type ClientState = 'idle' | 'connecting' | 'connected' | 'disconnected' | 'stopped' | 'closed';
+/**
+ * The connection's state: `disconnected` (none; the next attempt is scheduled, also before
+ * the first), `connecting`, `connected` (welcomed), `closed` (for good: close(), or the
+ * server said not to reconnect with a close 4500-4999). The `state` event tells each change.
+ */
+export type ClientState = 'disconnected' | 'connecting' | 'connected' | 'closed';
 
 /** What `getToken()` may return: the token, or the `{token}` reply of `POST /v1/tokens`. */
 export type TokenResult = string | { token: string };
@@ -248,6 +253,8 @@ export interface LivegateError extends Error {
 
 /** The events `on()` listens to, with what each listener is given. */
 export interface ClientEvents {
+  /** The connection's state changed (`reason`: why, in words, for logs). */
+  state: { previous: ClientState; state: ClientState; reason: string };
   connecting: { attempt: number; transport: Transport };
   connected: {
     session: string;

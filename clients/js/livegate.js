@@ -18,6 +18,8 @@
 //   client.subscribe('match:1', render, { presence: true, onPresence: ({ count }) => show(count) });
 //   const { count, members } = await client.presence('match:1');   // WebSocket only
 //   client.transport;          // 'websocket' or 'sse': the transport in use
+//   client.state;              // 'disconnected' | 'connecting' | 'connected' | 'closed'
+//   client.on('state', ({ previous, state, reason }) => log(previous, '->', state, reason));
 //   client.dropConnection();   // drop the connection to watch it reconnect and recover (demos)
 //
 // What it does for the application:

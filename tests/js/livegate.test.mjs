@@ -266,6 +266,48 @@ describe('livegate.js with a scripted socket', () => {
     }
   });
 
+  test('the connection machine: one state at a time, each change a state event with its reason', { timeout: 10_000 }, async () => {
+    const Fake = fakeSocketClass();
+    const client = connect({ url: 'http://gw.test', getToken: async () => 'tok', WebSocket: Fake, fetch: null, timings: FAST });
+    const log = recorder(client);
+    const changes = () => log.state.map((c) => `${c.previous}>${c.state}`);
+    try {
+      assert.equal(client.state, 'disconnected', 'before the first attempt');
+      const ws = await Fake.nth(0);
+      assert.equal(client.state, 'connecting');
+      ws.welcome();
+      assert.equal(client.state, 'connected');
+      assert.match(log.state.at(-1).reason, /welcomed by fake over websocket/);
+      ws.serverClose(4008, 'heartbeat timeout');
+      assert.equal(client.state, 'disconnected');
+      assert.match(log.state.at(-1).reason, /lost \(4008: heartbeat timeout\), reconnecting in 0 ms/);
+      const ws2 = await Fake.nth(1);
+      ws2.welcome();
+      ws2.serverClose(4502, 'kicked');
+      assert.equal(client.state, 'closed');
+      assert.match(log.state.at(-1).reason, /server said not to reconnect \(4502: kicked\)/);
+      assert.deepEqual(changes(), [
+        'disconnected>connecting', 'connecting>connected', 'connected>disconnected',
+        'disconnected>connecting', 'connecting>connected', 'connected>closed',
+      ]);
+      await assert.rejects(client.subscribe('r', () => {}), (e) => e.code === 'stopped');
+      client.close();
+      assert.equal(log.state.length, 6, 'closed is final: close() after it changes nothing');
+    } finally {
+      client.close();
+    }
+
+    // close() from connected: one change, the client's reason; requests refused as closed.
+    const F = fakeSocketClass();
+    const c = connect({ url: 'http://gw.test', getToken: async () => 'tok', WebSocket: F, fetch: null, timings: FAST });
+    const l = recorder(c);
+    (await F.nth(0)).welcome();
+    c.close();
+    assert.deepEqual(l.state.map((s) => [s.previous, s.state, s.reason]).at(-1), ['connected', 'closed', 'client closed']);
+    assert.deepEqual(l.disconnected.map((d) => [d.code, d.reconnectInMs]), [[1000, null]]);
+    await assert.rejects(c.history('r'), (e) => e.code === 'closed');
+  });
+
   test('backoff tiers are bounded: full jitter under about 0, 2, 5, 10 s, then 30 s', { timeout: 10_000 }, async () => {
     const tiers = [0, 20, 50, 80, 120];
     async function delaysWith(random, attempts) {
@@ -414,7 +456,7 @@ describe('livegate.js with a scripted socket', () => {
       assert.equal(F.sockets.length, 1, `${code}: the client reconnected`);
       assert.equal(l.connecting.length, 1);
       assert.deepEqual(l.disconnected.map((d) => [d.code, d.reconnectInMs]), [[code, null]]);
-      assert.equal(c.state, 'stopped');
+      assert.equal(c.state, 'closed');
       await assert.rejects(c.history('r', 0, 1), /not to reconnect/);
       c.close();
     }
@@ -615,7 +657,7 @@ describe('livegate.js against a real livegate server', () => {
     assert.equal(detail.reconnectInMs, null);
 
     await letTimePass(1000, 'many times the injected backoff tiers: no reconnect');
-    assert.equal(first.state, 'stopped');
+    assert.equal(first.state, 'closed');
     assert.equal(firstTokens, 1, 'the replaced client asked for no new token');
     assert.equal(firstLog.connecting.length, 1);
     assert.equal(second.state, 'connected');
@@ -638,7 +680,7 @@ describe('livegate.js against a real livegate server', () => {
     const detail = await kicked;
     assert.equal(detail.code, 4502, JSON.stringify(detail));
     await letTimePass(1000, 'many times the backoff: a kicked client does not reconnect');
-    assert.equal(client.state, 'stopped');
+    assert.equal(client.state, 'closed');
     assert.equal(tokens, 1);
     assert.equal(log.connecting.length, 1);
   });

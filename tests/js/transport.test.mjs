@@ -167,7 +167,7 @@ describe('resume credentials over WebSocket', () => {
       ws.serverClose(code, 'go away');
       await letTimePass(50, 'past the backoff: no reconnect');
       assert.equal(Fake.sockets.length, 1);
-      assert.equal(client.state, 'stopped');
+      assert.equal(client.state, 'closed');
       assert.equal(client.hasResume, false);
       client.close();
     }
@@ -402,7 +402,7 @@ describe('transport sse', () => {
       third.message('close', { code: 4502, reason: 'kicked' });
       await letTimePass(100, 'past the backoff: no reconnect after 4502');
       assert.equal(fetch.streams.length, 3, 'no reconnect after 4502');
-      assert.equal(client.state, 'stopped');
+      assert.equal(client.state, 'closed');
       assert.deepEqual(log.disconnected.at(-1), { code: 4502, reason: 'kicked', reconnectInMs: null });
     } finally {
       client.close();

@@ -7,7 +7,7 @@
 // position, and clock.js the time. The behaviour is described at the top of livegate.js.
 
 import { clockFrom, repeat } from './clock.js';
-import { DEFAULT_TIMINGS, MAX_FOLLOWS, TRANSPORT_OPTIONS, WS_FAILURES_BEFORE_SSE, reconnectDelayMs, toldToStop } from './connection.js';
+import { ConnectionMachine, DEFAULT_TIMINGS, MAX_FOLLOWS, TRANSPORT_OPTIONS, TransportOrder, WS_FAILURES_BEFORE_SSE, reconnectDelayMs, toldToStop } from './connection.js';
 import { ResumeCredential } from './credentials.js';
 import { livegateError as lgError } from './errors.js';
 import { FINAL_SUBSCRIBE_ERRORS, HISTORY_PAGE, RoomState, snapshotOf } from './subscriptions.js';
@@ -59,8 +59,8 @@ export class LivegateClient {
     this._sseEndpoint = sseEndpointOf(String(base));
     this._readyz = readyzOf(this._sseEndpoint);
     this._secure = /^https:/i.test(this._sseEndpoint);
-    this._transportOption = transport;
-    this._transport = transport === 'sse' || !this._Socket ? 'sse' : 'websocket';
+    /** The transports to try, in order, and the one in use. */
+    this._order = new TransportOrder(transport, { webSocket: !!this._Socket, fetch: !!this._fetch });
     this._getToken = getToken;
     this._timings = { ...DEFAULT_TIMINGS, ...(timings || {}) };
     this._random = typeof random === 'function' ? random : Math.random;
@@ -81,38 +81,28 @@ export class LivegateClient {
     this._nextRef = 1;
 
     /**
-     * The current attempt or connection: {transport, attempt, rooms}: `attempt` is what it
-     * used ({transport, resume, quiet, ...}), `rooms` the rooms an SSE stream names (null
-     * over WebSocket).
+     * The current attempt or connection: {transport, attempt, rooms, welcomed, welcomedAt,
+     * reopenPending}: `attempt` is what it used ({transport, resume, quiet, ...}), `rooms`
+     * the rooms an SSE stream names (null over WebSocket), `welcomed` whether its
+     * `welcome` came (at `welcomedAt`), `reopenPending` whether an SSE stream is about to
+     * be reopened for changed rooms.
      */
     this._link = null;
-    this._welcomed = false;
-    this._state = 'idle';
-    this._closed = false; // close() called
-    this._stopped = false; // the server said not to reconnect
+    /** The connection's state: `state`, and the `state` event on each change. */
+    this._machine = new ConnectionMachine((change) => this._emit('state', { previous: change.previous, state: change.state, reason: change.reason }));
     this._failures = 0; // attempts since the last stable connection
     this._attempts = 0;
     this._attemptGen = 0;
     /** reconnect, connect: the clock's timer handles; ping: the function that stops it. */
     this._timers = { reconnect: null, connect: null, ping: null };
     this._lastHeard = 0;
-    this._welcomedAt = 0;
 
-    /** Consecutive failed WebSocket attempts (server up), for auto's fallback. */
-    this._wsFailures = 0;
-    /** `auto` went to SSE and found no SSE endpoint: do not go there again. */
-    this._sseMissing = false;
-    /** `auto` is on SSE because WebSocket attempts failed. */
-    this._fellBack = false;
     /** The /readyz check of the last failed attempt; the next attempt waits for it. */
     this._verdict = null;
     /** Server clock minus local clock, from an SSE response's Date header. */
     this._skewMs = 0;
     /** The `id:` of the last SSE events message: the stream's cursor. */
     this._cursor = null;
-    /** A reopen of the SSE stream (rooms changed, gap) is pending or under way. */
-    this._reopenPending = false;
-    this._quiet = false;
     /**
      * Where the next attempt goes instead of the given address, once: a refusal named a
      * node (`{base, node, avoid, token}`), or that node was unreachable (`{avoid, token}`:
@@ -129,9 +119,12 @@ export class LivegateClient {
 
   // ---- public API ----
 
-  /** 'connecting' | 'connected' | 'disconnected' | 'stopped' (45xx) | 'closed' (close()). */
+  /**
+   * 'disconnected' | 'connecting' | 'connected' | 'closed' (for good: close(), or a close
+   * 4500-4999 from the server). The `state` event tells each change and its reason.
+   */
   get state() {
-    return this._state;
+    return this._machine.state;
   }
 
   /** The session id of the last welcome (null before the first). */
@@ -141,7 +134,7 @@ export class LivegateClient {
 
   /** The transport in use (or of the next attempt): 'websocket' or 'sse'. */
   get transport() {
-    return this._transport;
+    return this._order.current;
   }
 
   /** Whether a resume credential is held for the next attempt (never the credential). */
@@ -189,8 +182,8 @@ export class LivegateClient {
     if (typeof room !== 'string' || room === '') throw new TypeError('livegate: room must be a non-empty string');
     let state = this._rooms.get(room);
     const promise = new Promise((resolve, reject) => {
-      if (this._closed) return reject(lgError('closed', 'client closed'));
-      if (this._stopped) return reject(lgError('stopped', 'server said not to reconnect'));
+      const refusal = this._refusalWhenClosed();
+      if (refusal) return reject(refusal);
       if (state) {
         if (onEvent) state.handlers.add(onEvent);
         state.addHandlers(options);
@@ -210,7 +203,7 @@ export class LivegateClient {
       state.waiters.push({ resolve, reject });
       this._rooms.set(room, state);
       if (this._stream()) this._roomsChanged();
-      else if (this._welcomed) this._sendSubscribe(state);
+      else if (this._link?.welcomed) this._sendSubscribe(state);
     });
     promise.catch(() => {}); // the caller may ignore it; errors also go to 'error'
     return promise;
@@ -224,7 +217,7 @@ export class LivegateClient {
     state.cancel();
     for (const waiter of state.waiters.splice(0)) waiter.reject(lgError('unsubscribed', `unsubscribed from ${room}`));
     if (this._stream()) this._roomsChanged();
-    else if (this._welcomed) this._send({ op: 'unsubscribe', room });
+    else if (this._link?.welcomed) this._send({ op: 'unsubscribe', room });
   }
 
   /**
@@ -281,25 +274,23 @@ export class LivegateClient {
    * connection to drop.
    */
   dropConnection(reason = 'dropped by the application') {
-    if (this._closed || this._stopped) return false;
+    if (this._machine.closed) return false;
     const link = this._link;
     if (!link) return false;
     this._drop(link, 4000, String(reason));
-    this._lost(4000, reason);
+    this._lost(4000, reason, null, link);
     return true;
   }
 
   /** Closes the connection for good: no reconnect, pending requests are rejected. */
   close() {
-    if (this._closed) return;
-    this._closed = true;
+    if (this._machine.closedBy === 'client') return;
+    this._machine.transition('closed', 'client closed', 'client');
     const link = this._link;
     this._clearTimers();
     if (link) {
       this._drop(link, 1000, 'client closed');
-      this._lost(1000, 'client closed');
-    } else {
-      this._state = 'closed';
+      this._lost(1000, 'client closed', null, link);
     }
     this._rejectAll(lgError('closed', 'client closed'));
     for (const state of this._rooms.values()) {
@@ -310,24 +301,30 @@ export class LivegateClient {
 
   // ---- connection lifecycle ----
 
-  async _attempt() {
+  /** The rejection for a request or subscribe made once closed, or null while not closed. */
+  _refusalWhenClosed() {
+    if (!this._machine.closed) return null;
+    if (this._machine.closedBy === 'server') return lgError('stopped', 'server said not to reconnect');
+    return lgError('closed', 'client closed');
+  }
+
+  /** Opens the next connection; `quiet`: an SSE stream reopened for its rooms (no events). */
+  async _attempt({ quiet = false } = {}) {
     this._timers.reconnect = null;
-    if (this._closed || this._stopped) return;
+    if (this._machine.closed) return;
     const gen = ++this._attemptGen;
     if (this._verdict) {
       await this._verdict;
-      if (gen !== this._attemptGen || this._closed || this._stopped) return;
+      if (gen !== this._attemptGen || this._machine.closed) return;
     }
     this._attempts += 1;
-    const transport = this._transport;
-    const quiet = this._quiet;
-    this._quiet = false;
+    const transport = this._order.current;
     // A refusal's node (or the given address avoiding an unreachable one), else the node
     // the session lives on, else the given address.
     const target = this._target;
     const where = target ?? this._home;
     if (!quiet) {
-      this._state = 'connecting';
+      this._machine.transition('connecting', `attempt ${this._attempts} over ${transport}`);
       this._emit('connecting', { attempt: this._attempts, transport });
     }
     const resume = this._credential.usable();
@@ -340,12 +337,12 @@ export class LivegateClient {
         if (token && typeof token === 'object') token = token.token;
         if (typeof token !== 'string' || token === '') throw new Error('getToken returned no token');
       } catch (error) {
-        if (this._closed || gen !== this._attemptGen) return;
+        if (this._machine.closedBy === 'client' || gen !== this._attemptGen) return;
         this._emit('error', { code: 'token', message: `getToken failed: ${error?.message ?? error}`, error });
         this._afterLoss(1006, 'getToken failed', false);
         return;
       }
-      if (this._closed || this._stopped || gen !== this._attemptGen) return;
+      if (this._machine.closed || gen !== this._attemptGen) return;
     }
     if (this._target === target) this._target = null;
     const attempt = {
@@ -378,9 +375,8 @@ export class LivegateClient {
   _openWebSocket(attempt, token) {
     const endpoint = attempt.base ? endpointOf(attempt.base) : this._endpoint;
     const url = `${endpoint}?${this._credentialQuery(attempt, token)}`;
-    const link = { transport: new WebSocketTransport(this._Socket), attempt, rooms: null };
+    const link = newLink(new WebSocketTransport(this._Socket), attempt, null);
     this._link = link;
-    this._welcomed = false;
     this._lastHeard = this._clock.now();
     try {
       link.transport.open(url, this._handlersOf(link));
@@ -404,9 +400,8 @@ export class LivegateClient {
     const subscriptions = [...this._rooms.values()];
     if (subscriptions.some((state) => state.wantState)) url += '&state=1';
     if (subscriptions.some((state) => state.wantPresence)) url += '&presence=1';
-    const link = { transport: new SseTransport(this._fetch), attempt, rooms: new Set(rooms) };
+    const link = newLink(new SseTransport(this._fetch), attempt, new Set(rooms));
     this._link = link;
-    this._welcomed = false;
     this._lastHeard = this._clock.now();
     this._watchForWelcome(link);
     link.transport.open(url, this._handlersOf(link));
@@ -415,7 +410,7 @@ export class LivegateClient {
   /** No `welcome` on `link` within the connect timeout: give up on the attempt. */
   _watchForWelcome(link) {
     this._timers.connect = this._clock.setTimeout(() => {
-      if (this._link !== link || this._welcomed) return;
+      if (this._link !== link || link.welcomed) return;
       this._abandon(`no welcome within ${this._timings.connectTimeoutMs} ms`);
     }, this._timings.connectTimeoutMs);
   }
@@ -444,7 +439,7 @@ export class LivegateClient {
       onClose: (code, reason) => {
         if (!current()) return;
         this._link = null;
-        this._lost(code, reason, link.attempt);
+        this._lost(code, reason, link.attempt, link);
       },
       onRefused: (refusal) => {
         if (!current()) return;
@@ -484,25 +479,26 @@ export class LivegateClient {
     if (status === 421 && code === 'wrong_node') {
       // Not this node's session: the body names the node to use (not an error).
       attempt.named = { url: refusal.error?.url, node: refusal.error?.node };
-      this._lost(4421, String(refusal.error?.url ?? ''), attempt);
+      this._lost(4421, String(refusal.error?.url ?? ''), attempt, link);
       return;
     }
     if (status === 429) {
       // Told to wait (the migration budget, or a rate limit): Retry-After seconds.
       const seconds = refusal.retryAfterSeconds;
       this._emit('error', { code, message: `SSE request refused: HTTP ${status} ${code}` });
-      this._lost(4029, seconds != null ? String(seconds) : '', attempt);
+      this._lost(4029, seconds != null ? String(seconds) : '', attempt, link);
       return;
     }
     if (code === 'resume_invalid') {
       this._credential.drop();
-      if (this._fellBack) {
+      if (this._order.fellBack) {
         // The WebSocket failures that brought auto here may have been this credential.
-        this._switchTransport('websocket', 'resume credential refused over SSE');
+        this._switchTransport(this._order.names[0], 'resume credential refused over SSE');
       }
-    } else if (status === 404 && this._transportOption === 'auto' && this._Socket) {
-      this._sseMissing = true;
-      this._switchTransport('websocket', 'the server has no SSE endpoint');
+    } else if (status === 404 && this._order.names.length > 1) {
+      const from = this._order.current;
+      this._order.remove('sse');
+      this._announceTransport(from, 'the server has no SSE endpoint');
     } else if (['bad_room', 'too_many_subscriptions', 'forbidden'].includes(code)) {
       // A room of the request was refused: the rooms not yet subscribed are the suspects
       // (only the one the message names, when it names one).
@@ -517,17 +513,17 @@ export class LivegateClient {
       }
     }
     this._emit('error', { code, message: `SSE request refused: HTTP ${status} ${code}` });
-    this._lost(1006, `HTTP ${status} ${code}`, attempt);
+    this._lost(1006, `HTTP ${status} ${code}`, attempt, link);
   }
 
   /** Subscriptions changed while on SSE: reopen the stream (once the current one is welcomed). */
   _roomsChanged() {
     const link = this._stream();
-    if (!link || !this._welcomed || this._reopenPending) return; // a welcome compares the rooms
-    this._reopenPending = true;
+    if (!link || !link.welcomed || link.reopenPending) return; // a welcome compares the rooms
+    link.reopenPending = true;
     this._clock.setTimeout(() => {
-      this._reopenPending = false;
-      if (this._link !== link || this._closed || this._stopped) return;
+      link.reopenPending = false;
+      if (this._link !== link || this._machine.closed) return;
       if (sameSet(link.rooms, this._rooms)) return;
       this._reopen(link);
     }, 0);
@@ -536,20 +532,18 @@ export class LivegateClient {
   /** Ends the stream `link` and opens the next at once, without telling the app. */
   _reopen(link) {
     this._drop(link);
-    this._welcomed = false;
     this._clock.clearTimeout(this._timers.connect);
     this._timers.ping?.();
     this._timers.connect = this._timers.ping = null;
     for (const state of this._rooms.values()) state.connectionLost();
-    this._quiet = true;
-    this._schedule(() => this._attempt(), 0);
+    this._schedule(() => this._attempt({ quiet: true }), 0);
   }
 
   /** Gives up on the current attempt or connection: no waiting for a close handshake. */
   _abandon(reason) {
     const link = this._link;
     if (link) this._drop(link, 4000, reason);
-    this._lost(1006, reason, link?.attempt ?? null);
+    this._lost(1006, reason, link?.attempt ?? null, link);
   }
 
   /** Ends `link`'s transport (closing a socket with `code`); its handlers are not called again. */
@@ -558,20 +552,22 @@ export class LivegateClient {
     if (this._link === link) this._link = null;
   }
 
-  /** The current connection ended (or an attempt failed) with `code`. */
-  _lost(code, reason, attempt = null) {
-    const wasWelcomed = this._welcomed;
-    this._welcomed = false;
+  /**
+   * The current connection ended (or an attempt failed) with `code`: `ended` is its link
+   * (whether it was welcomed, and when), `attempt` what the attempt used when it matters
+   * for what comes next (null: a loss the client caused).
+   */
+  _lost(code, reason, attempt = null, ended = null) {
+    const wasWelcomed = ended?.welcomed === true;
     this._link = null;
     this._clearTimers();
     this._rejectAll(lgError('disconnected', `connection lost (${code}${reason ? `: ${reason}` : ''})`), true);
     for (const state of this._rooms.values()) state.connectionLost();
-    if (this._closed) {
-      this._state = 'closed';
+    if (this._machine.closed) {
       this._emit('disconnected', { code, reason, reconnectInMs: null });
       return;
     }
-    if (wasWelcomed && this._clock.now() - this._welcomedAt >= this._timings.stableMs) this._failures = 0;
+    if (wasWelcomed && this._clock.now() - ended.welcomedAt >= this._timings.stableMs) this._failures = 0;
     if (wasWelcomed && (code === 1012 || code === 1001) && attempt?.base) {
       // The node restarts or goes away: the given address knows where the session goes.
       this._home = null;
@@ -609,7 +605,7 @@ export class LivegateClient {
     if (this._secure && !/^https:/i.test(base)) return false;
     this._target = { base, node: null, avoid: null, token: null };
     this._home = null;
-    this._state = 'disconnected';
+    this._machine.transition('disconnected', `handed over to ${base}`);
     this._emit('disconnected', { code, reason, reconnectInMs: 0, welcomed: true });
     this._emit('redirect', { node: null, url: base, avoid: null, reason: 'wrong_node' });
     this._schedule(() => this._attempt(), 0);
@@ -642,7 +638,7 @@ export class LivegateClient {
     const node = typeof attempt.named?.node === 'string' ? attempt.named.node : null;
     // An attempt that avoided an unreachable node keeps avoiding it down the chain.
     this._target = { base, node, avoid: attempt.avoid, token: attempt.token };
-    this._state = 'disconnected';
+    this._machine.transition('disconnected', `refused as wrong_node: ${base} has the session`);
     this._emit('disconnected', { code, reason, reconnectInMs: 0, welcomed: false });
     this._emit('redirect', { node, url: base, avoid: attempt.avoid, reason: 'wrong_node' });
     this._schedule(() => this._attempt(), 0);
@@ -656,10 +652,10 @@ export class LivegateClient {
    * (the token, never seen, is offered again). Otherwise the attempt failed like any other.
    */
   async _unreached(attempt, code, reason) {
-    this._state = 'disconnected';
+    this._machine.transition('disconnected', `${attempt.base} did not answer`);
     const gen = this._attemptGen;
     const reachable = attempt.transport === 'websocket' && this._fetch ? await this._serverReady(readyzOf(sseEndpointOf(attempt.base))) : false;
-    if (this._closed || this._stopped || gen !== this._attemptGen || this._link) return;
+    if (this._machine.closed || gen !== this._attemptGen || this._link) return;
     if (reachable) {
       if (attempt.transport === 'websocket') this._judgeWebSocketFailure(attempt, true);
       this._afterLoss(code, reason, false);
@@ -687,12 +683,13 @@ export class LivegateClient {
   _judgeWebSocketFailure(attempt, ready = false) {
     const counts = () => {
       this._credential.failedWith(attempt.resume);
-      if (this._transportOption === 'auto' && this._fetch && !this._sseMissing && this._transport === 'websocket') {
-        this._wsFailures += 1;
-        if (this._wsFailures >= WS_FAILURES_BEFORE_SSE) this._switchTransport('sse', `${this._wsFailures} WebSocket attempts in a row failed`);
+      const order = this._order;
+      if (order.current === 'websocket' && order.hasFallback) {
+        order.failures += 1;
+        if (order.failures >= WS_FAILURES_BEFORE_SSE) this._switchTransport(order.names[order.index + 1], `${order.failures} WebSocket attempts in a row failed`);
       }
     };
-    const needed = attempt.resume != null || (this._transportOption === 'auto' && this._fetch && !this._sseMissing);
+    const needed = attempt.resume != null || this._order.hasFallback;
     if (!needed) return;
     if (!this._fetch || ready) return counts();
     const readyz = attempt.base ? readyzOf(sseEndpointOf(attempt.base)) : this._readyz;
@@ -726,21 +723,24 @@ export class LivegateClient {
   }
 
   _switchTransport(to, reason) {
-    const from = this._transport;
+    const from = this._order.current;
     if (from === to) return;
-    this._transport = to;
-    this._wsFailures = 0;
-    this._fellBack = to === 'sse' && this._transportOption === 'auto';
+    this._order.use(to);
+    this._announceTransport(from, reason);
+  }
+
+  /** The transport in use changed from `from`: requests it cannot carry fail, the app is told. */
+  _announceTransport(from, reason) {
+    const to = this._order.current;
+    if (from === to) return;
     if (to === 'sse') this._rejectAll(lgError('unsupported', 'history, publish and presence need the WebSocket transport (now on SSE)'));
     this._emit('transport', { from, to, reason });
   }
 
   /** Decides whether and when to reconnect after losing a connection with `code`. */
   _afterLoss(code, reason, wasWelcomed) {
-    this._state = 'disconnected';
     if (toldToStop(code)) {
-      this._stopped = true;
-      this._state = 'stopped';
+      this._machine.transition('closed', `server said not to reconnect (${code}${reason ? `: ${reason}` : ''})`, 'server');
       this._credential.drop();
       const stopped = lgError('stopped', `server said not to reconnect (${code})`);
       this._rejectAll(stopped);
@@ -749,8 +749,9 @@ export class LivegateClient {
       return;
     }
     const delay = this._reconnectDelay(code, reason);
+    this._machine.transition('disconnected', `lost (${code}${reason ? `: ${reason}` : ''}), reconnecting in ${delay} ms`);
     this._emit('disconnected', { code, reason, reconnectInMs: delay, welcomed: wasWelcomed });
-    if (this._closed || this._stopped) return;
+    if (this._machine.closed) return;
     this._schedule(() => this._attempt(), delay);
   }
 
@@ -779,16 +780,16 @@ export class LivegateClient {
     const attempt = link?.attempt ?? { quiet: false, resume: null };
     this._clock.clearTimeout(this._timers.connect);
     this._timers.connect = null;
-    this._welcomed = true;
-    this._welcomedAt = this._clock.now();
-    this._credential.keep(frame, this._welcomedAt, this._skewMs);
-    if (ws) this._wsFailures = 0;
+    link.welcomed = true;
+    link.welcomedAt = this._clock.now();
+    this._credential.keep(frame, link.welcomedAt, this._skewMs);
+    if (ws) this._order.failures = 0;
     this._follows = 0;
     // Welcomed by a node a refusal named: the session lives there, reconnects go there first.
     this._home = attempt.base ? { base: attempt.base, node: typeof frame.node === 'string' ? frame.node : attempt.node } : null;
     const resumed = this._session != null && frame.session === this._session;
     if (frame.session) this._session = frame.session;
-    this._state = 'connected';
+    this._machine.transition('connected', `welcomed by ${frame.node ?? 'the server'} over ${link.transport.name}`);
     const heartbeatMs = Number(frame.heartbeat_ms) || 30000;
     const pingMs = this._timings.pingMs ?? heartbeatMs;
     const idleMs = this._timings.idleMs ?? Math.round(pingMs * (sse ? 3 : 2.5));
@@ -827,7 +828,7 @@ export class LivegateClient {
     if (sse) {
       if (!sameSet(sse.rooms, this._rooms)) {
         // Rooms changed while this stream was being opened.
-        this._reopenPending = false;
+        sse.reopenPending = false;
         this._roomsChanged();
       }
       return;
@@ -850,13 +851,13 @@ export class LivegateClient {
     const ref = this._nextRef++;
     const frame = { ...fields, ref };
     const promise = new Promise((resolve, reject) => {
-      if (this._closed) return reject(lgError('closed', 'client closed'));
-      if (this._stopped) return reject(lgError('stopped', 'server said not to reconnect'));
-      if (this._transport === 'sse') {
+      const refusal = this._refusalWhenClosed();
+      if (refusal) return reject(refusal);
+      if (this._order.current === 'sse') {
         return reject(lgError('unsupported', `${fields.op} needs the WebSocket transport (SSE has no client requests)`));
       }
       this._requests.set(ref, { resolve, reject, frame, sent: false });
-      if (this._welcomed && this._send(frame)) this._requests.get(ref).sent = true;
+      if (this._link?.welcomed && this._send(frame)) this._requests.get(ref).sent = true;
       else this._queued.push(ref);
     });
     return promise;
@@ -879,7 +880,7 @@ export class LivegateClient {
       return; // not JSON: nothing this client understands
     }
     if (!frame || typeof frame !== 'object') return;
-    if (frame.op === 'error' && frame.code === 'wrong_node' && !this._welcomed) {
+    if (frame.op === 'error' && frame.code === 'wrong_node' && !this._link?.welcomed) {
       // The 4421 close that follows names the node; this frame too (when the URL is too long for the reason).
       const attempt = this._link?.attempt;
       if (attempt) attempt.named = { url: frame.url, node: frame.node };
@@ -955,7 +956,7 @@ export class LivegateClient {
     const link = this._link;
     const timer = this._clock.setTimeout(() => {
       state.retry = null;
-      if (this._link === link && this._welcomed && this._rooms.get(state.room) === state) this._sendSubscribe(state);
+      if (this._link === link && link?.welcomed && this._rooms.get(state.room) === state) this._sendSubscribe(state);
     }, this._timings.resubscribeMs);
     state.retry = () => this._clock.clearTimeout(timer);
   }
@@ -1082,7 +1083,7 @@ export class LivegateClient {
         state.awaiting = true;
         state.buffer = [];
         this._clock.setTimeout(() => {
-          if (this._link === stream && !this._closed && !this._stopped) this._reopen(stream);
+          if (this._link === stream && !this._machine.closed) this._reopen(stream);
         }, 0);
         return;
       }
@@ -1167,6 +1168,11 @@ export class LivegateClient {
       }
     }
   }
+}
+
+/** A new attempt's link (see `LivegateClient._link`). */
+function newLink(transport, attempt, rooms) {
+  return { transport, attempt, rooms, welcomed: false, welcomedAt: 0, reopenPending: false };
 }
 
 /** `bytes` random bytes as hex (crypto when there is one: ids must not repeat). */

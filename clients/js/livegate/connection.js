@@ -1,6 +1,8 @@
-// The connection machine's policy: how long the client waits and when it gives up. The
-// timings (all overridable with the `timings` option), the close-code rules (which codes
-// stop the client, which carry a suggested delay) and the backoff between attempts.
+// The connection machine: its four states and the one place they change
+// (`ConnectionMachine.transition`), the order the transports are tried in, and the policy
+// it follows: the timings (all overridable with the `timings` option), the close-code
+// rules (which codes stop the client, which carry a suggested delay) and the backoff
+// between attempts.
 
 import { firstNumber, suggestedDelayMs } from './urls.js';
 
@@ -35,6 +37,101 @@ export const WS_FAILURES_BEFORE_SSE = 2;
 export const MAX_FOLLOWS = 3;
 /** The `transport` option's values. */
 export const TRANSPORT_OPTIONS = new Set(['auto', 'websocket', 'sse']);
+
+/**
+ * The connection's states. `disconnected`: no connection, one is scheduled (also before
+ * the first attempt); `connecting`: an attempt is under way; `connected`: welcomed (an SSE
+ * stream reopened for its rooms stays `connected`); `closed`: for good, by close() or
+ * because the server said not to come back (a close 4500-4999).
+ */
+export const STATES = Object.freeze(['disconnected', 'connecting', 'connected', 'closed']);
+
+/** The transitions the machine takes; any other is refused. `closed` is final. */
+const NEXT = Object.freeze({
+  disconnected: new Set(['connecting', 'closed']),
+  connecting: new Set(['connected', 'disconnected', 'closed']),
+  connected: new Set(['disconnected', 'closed']),
+  closed: new Set(),
+});
+
+export class ConnectionMachine {
+  /** `onChange({previous, state, reason})` runs after each transition. */
+  constructor(onChange) {
+    this.state = 'disconnected';
+    this.reason = 'not connected yet';
+    /** Once closed: `client` (close()) or `server` (told not to come back). */
+    this.closedBy = null;
+    this._onChange = onChange;
+  }
+
+  /** Whether the client is closed for good. */
+  get closed() {
+    return this.state === 'closed';
+  }
+
+  /**
+   * Moves to `state` for `reason` (and, into `closed`, `closedBy`). Staying in the same
+   * state or a transition the machine does not take changes nothing; returns whether it
+   * moved.
+   */
+  transition(state, reason, closedBy = null) {
+    const previous = this.state;
+    if (state === previous || !NEXT[previous].has(state)) return false;
+    this.state = state;
+    this.reason = reason;
+    if (state === 'closed') this.closedBy = closedBy ?? 'client';
+    this._onChange({ previous, state, reason });
+    return true;
+  }
+}
+
+/**
+ * The transports to try, in order (the fallback order as data): the `transport` option
+ * with what the runtime has gives `['websocket', 'sse']` (auto), `['websocket']` or
+ * `['sse']`. The client uses the first, moves to the next after `WS_FAILURES_BEFORE_SSE`
+ * consecutive failures of the one in use, and back to the first when the fallback turns
+ * out wrong; a transport the server lacks is removed.
+ */
+export class TransportOrder {
+  constructor(option, { webSocket, fetch }) {
+    if (option === 'websocket') this.names = ['websocket'];
+    else if (option === 'sse' || !webSocket) this.names = ['sse'];
+    else this.names = fetch ? ['websocket', 'sse'] : ['websocket'];
+    this.index = 0;
+    /** Consecutive attempts of the transport in use that failed before welcome (server up). */
+    this.failures = 0;
+  }
+
+  /** The transport in use (or of the next attempt). */
+  get current() {
+    return this.names[this.index];
+  }
+
+  /** Whether a later transport is in use because earlier ones failed. */
+  get fellBack() {
+    return this.index > 0;
+  }
+
+  /** Whether there is a transport to fall back to after the one in use. */
+  get hasFallback() {
+    return this.index < this.names.length - 1;
+  }
+
+  /** Uses `name` from now on (it must be in the order). */
+  use(name) {
+    this.index = Math.max(0, this.names.indexOf(name));
+    this.failures = 0;
+  }
+
+  /** Removes `name` (the server has no such endpoint) unless it is the only one left. */
+  remove(name) {
+    if (this.names.length < 2 || !this.names.includes(name)) return false;
+    const current = this.current;
+    this.names = this.names.filter((n) => n !== name);
+    this.use(current === name ? this.names[0] : current);
+    return true;
+  }
+}
 
 /** A close 4500-4999 (replaced, kicked, token revoked): the server says not to come back. */
 export function toldToStop(code) {
