@@ -188,6 +188,49 @@ export interface SubscribeOptions<S = unknown> {
   onPresence?: (change: PresenceChange) => void;
 }
 
+/** The options of `subscribe(room, options)`. */
+export interface SubscriptionOptions {
+  /** Deliver the events after this seq (e.g. the head of a state loaded over HTTP). */
+  since?: number | null;
+  /** The epoch `since` belongs to. */
+  epoch?: string | null;
+  /** Start from the room's state: a `state` event first, then the events after its seq. */
+  state?: boolean;
+  /** Presence changes of the room as `presence` events. */
+  presence?: boolean;
+}
+
+/** A Subscription's state. */
+export type SubscriptionState = 'unsubscribed' | 'subscribing' | 'subscribed';
+
+/** The events of a Subscription and what each carries. */
+export interface SubscriptionEvents<T = unknown, S = unknown> {
+  /** One event of the room, once and in seq order. */
+  event: LivegateEvent<T>;
+  /** The room's state (null: none) as of `seq`; the events after it follow. */
+  state: { room: string; data: S | null; seq: number; epoch: string };
+  presence: PresenceChange;
+  subscribing: { room: string };
+  subscribed: SubscribedReply<S>;
+  unsubscribed: { room: string; code: string; reason: string };
+  recovered: { room: string; epoch: string; seq: number; state?: true };
+  recovery_failed: { room: string; epoch: string | null; seq: number; reason: string };
+  error: { room?: string; code: string; message: string; error?: unknown };
+}
+
+/** One subscription of the application to a room (`client.subscribe(room, options)`). */
+export declare class Subscription<T = unknown, S = unknown> {
+  readonly room: string;
+  readonly state: SubscriptionState;
+  /** Listens to one of its events; returns a function that removes the listener. */
+  on<K extends keyof SubscriptionEvents<T, S>>(name: K, listener: (detail: SubscriptionEvents<T, S>[K]) => void): () => void;
+  off<K extends keyof SubscriptionEvents<T, S>>(name: K, listener: (detail: SubscriptionEvents<T, S>[K]) => void): void;
+  /** The first `subscribed` reply; rejects (a `LivegateError`) when the room is refused or the subscription ends first. */
+  ready(): Promise<SubscribedReply<S>>;
+  /** Ends this subscription only; the server's ends with the room's last one. */
+  unsubscribe(): void;
+}
+
 /** What a `subscribe()` promise resolves with: the room's first `subscribed` reply. */
 export interface SubscribedReply<S = unknown> {
   room: string;
@@ -325,15 +368,23 @@ export declare class LivegateClient {
   on<K extends ClientEventName>(name: K, listener: (detail: ClientEvents[K]) => void): () => void;
   off<K extends ClientEventName>(name: K, listener: (detail: ClientEvents[K]) => void): void;
   /**
-   * Delivers the room's events to `onEvent` once each, in seq order. Resolves with the
-   * first `subscribed` reply; rejects (a `LivegateError`) when the server refuses the room.
+   * A subscription to the room: its events once each, in seq order, after `since` (else
+   * from now on), from the room's state with `state: true`, presence with `presence:
+   * true`. Subscriptions to one room share one server subscription; each gets what it
+   * asked for and `unsubscribe()` ends only itself.
+   */
+  subscribe<T = unknown, S = unknown>(room: string, options?: SubscriptionOptions): Subscription<T, S>;
+  /**
+   * The form of earlier releases, kept for one release: delivers the room's events to
+   * `onEvent` once each, in seq order. Resolves with the first `subscribed` reply; rejects
+   * (a `LivegateError`) when the server refuses the room.
    */
   subscribe<T = unknown, S = unknown>(
     room: string,
-    onEvent?: ((event: LivegateEvent<T>) => void) | null,
+    onEvent: ((event: LivegateEvent<T>) => void) | null | undefined,
     options?: SubscribeOptions<S>,
   ): Promise<SubscribedReply<S>>;
-  /** Stops delivering the room and tells the server (over SSE: reopens the stream). */
+  /** Ends every subscription of the room and tells the server (over SSE: reopens the stream). */
   unsubscribe(room: string): void;
   /** Up to `limit` (default 100) events of `room` after `since` (default 0); WebSocket only. */
   history<T = unknown>(room: string, since?: number, limit?: number): Promise<HistoryReply<T>>;
@@ -363,6 +414,8 @@ export interface Clock {
 export declare const DEFAULT_TIMINGS: Readonly<Timings>;
 /** Event ids remembered per room to drop repeats. */
 export declare const RECENT_IDS: number;
+/** Most events a room holds back while subscribing or filling a gap before it subscribes again from its last delivered seq. */
+export declare const MAX_HELD_EVENTS: number;
 /** Largest SSE message, in characters. */
 export declare const MAX_SSE_MESSAGE_CHARS: number;
 

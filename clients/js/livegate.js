@@ -11,11 +11,15 @@
 //   });
 //   client.on('connected', ({ session, node, transport }) => ...);
 //   client.on('recovery_failed', ({ room }) => reloadOverHttp(room));
-//   client.subscribe('match:1', (event) => render(event));   // {room, seq, id, ts_ms, from?, data}
+//   const match = client.subscribe('match:1', { state: true, presence: true });  // a Subscription
+//   match.on('state', ({ data, seq }) => reset(data));       // first, then the events after seq
+//   match.on('event', (event) => render(event));              // {room, seq, id, ts_ms, from?, data}
+//   match.on('presence', ({ count }) => show(count));
+//   match.unsubscribe();                                      // this subscription only
 //   const { seq, duplicate } = await client.publish('chat:1', { text: 'hi' });  // needs a
 //                              // token with "publish":["chat:*"]; WebSocket only
-//   client.subscribe('match:1', render, { state: true, onState: (data, { seq }) => reset(data) });
-//   client.subscribe('match:1', render, { presence: true, onPresence: ({ count }) => show(count) });
+//   client.subscribe('match:1', render, { state: true, onState });  // the earlier form, a
+//                              // promise of the reply: kept for one release
 //   const { count, members } = await client.presence('match:1');   // WebSocket only
 //   client.transport;          // 'websocket' or 'sse': the transport in use
 //   client.state;              // 'disconnected' | 'connecting' | 'connected' | 'closed'
@@ -95,9 +99,19 @@
 //   `{user, device}` lists, null above the server's members limit; at most one frame per
 //   `presence_interval_ms`, only when something changed). `presence(room)` asks who is
 //   there now: `{room, count, members}` (WebSocket only; over SSE it rejects with
-//   `unsupported`). Over SSE the stream asks with `presence=1`. The first subscribe of a
-//   room decides whether it asks for state and presence; a later subscribe to the same
-//   room adds its handlers to the same subscription. A server without room state or
+//   `unsupported`). Over SSE the stream asks with `presence=1`.
+// - Subscriptions (subscriptions.js): `subscribe(room, {since, epoch, state, presence})`
+//   returns a Subscription (states `unsubscribed`, `subscribing`, `subscribed`; events
+//   `event`, `state`, `presence`, `recovered`, `recovery_failed`, `error`, and one per
+//   state). Several subscriptions to one room share one server subscription and each gets
+//   what it asked for: one asking for presence later makes the room subscribe again from
+//   where it is, with presence; one asking for state later makes it start from the state
+//   again (the others that asked get it too; the others get the events it stands for, read
+//   with history); one with an earlier `since` makes the server replay from there, each
+//   subscription skipping what it had. A room holds back at most MAX_HELD_EVENTS events
+//   while its subscribe is answered or a gap filled; past that it subscribes again from
+//   its last delivered seq. `unsubscribe(room)` ends every subscription of the room. A
+//   server without room state or
 //   presence (older than this library) is told no more: the room is subscribed without
 //   it and an `error` with code `unsupported` says so.
 // - Per room it remembers the epoch and the last seq delivered, resubscribes with
@@ -115,6 +129,6 @@
 
 export { connect, LivegateClient } from './livegate/client.js';
 export { DEFAULT_TIMINGS } from './livegate/connection.js';
-export { RECENT_IDS } from './livegate/subscriptions.js';
+export { MAX_HELD_EVENTS, RECENT_IDS, Subscription } from './livegate/subscriptions.js';
 export { EventStreamParser, MAX_SSE_MESSAGE_CHARS } from './livegate/event-stream.js';
 export { endpointOf, sseEndpointOf, suggestedDelayMs } from './livegate/urls.js';

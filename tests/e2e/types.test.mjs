@@ -180,16 +180,16 @@ function jsApi({ entry, code }) {
   for (const member of client.members) {
     const name = ts.isConstructorDeclaration(member) ? 'constructor' : nameOf(member);
     if (name === 'constructor') api.clientOptions = readsOf(member, 'options');
-    if (name === 'subscribe') for (const option of readsOf(member, 'options')) api.subscribeOptions.add(option);
+    // subscribe() and the _subscription() it makes read the subscribe options.
+    if (name === 'subscribe' || name === '_subscription') for (const option of readsOf(member, 'options')) api.subscribeOptions.add(option);
     if (name === 'publish') {
       const pattern = member.parameters[2]?.name;
       if (pattern && ts.isObjectBindingPattern(pattern)) for (const element of pattern.elements) api.publishOptions.add(element.name.text);
     }
   }
-  // subscribe() hands its options to RoomState.addHandlers.
-  const room = api.classes.RoomState?.node;
-  for (const member of room?.members ?? []) {
-    if (nameOf(member) === 'addHandlers') for (const option of readsOf(member, 'options')) api.subscribeOptions.add(option);
+  // The Subscription reads its options in its constructor.
+  for (const member of api.classes.Subscription?.node.members ?? []) {
+    if (ts.isConstructorDeclaration(member)) for (const option of readsOf(member, 'options')) api.subscribeOptions.add(option);
   }
   walk(file, (n) => {
     if (ts.isPropertyAccessExpression(n) && ts.isPropertyAccessExpression(n.expression) && n.expression.name.text === '_timings') api.timingReads.add(n.name.text);

@@ -10,7 +10,7 @@ import { clockFrom, repeat } from './clock.js';
 import { ConnectionMachine, DEFAULT_TIMINGS, MAX_FOLLOWS, TRANSPORT_OPTIONS, TransportOrder, WS_FAILURES_BEFORE_SSE, reconnectDelayMs, toldToStop } from './connection.js';
 import { ResumeCredential } from './credentials.js';
 import { livegateError as lgError } from './errors.js';
-import { FINAL_SUBSCRIBE_ERRORS, HISTORY_PAGE, RoomState, snapshotOf } from './subscriptions.js';
+import { FINAL_SUBSCRIBE_ERRORS, HISTORY_PAGE, MAX_HELD_EVENTS, RoomState, Subscription, snapshotOf } from './subscriptions.js';
 import { SseTransport, cancelBody } from './transport-sse.js';
 import { WebSocketTransport } from './transport-websocket.js';
 import { baseOf, endpointOf, looksLikeUrl, readyzOf, sseEndpointOf } from './urls.js';
@@ -168,56 +168,112 @@ export class LivegateClient {
   }
 
   /**
-   * Delivers the room's events to `onEvent(event)` once each, in seq order, from now on
-   * (or after `options.since` in `options.epoch`, e.g. the head of a state loaded over
-   * HTTP). Returns a promise of the first `subscribed` reply; it rejects when the server
-   * refuses the room (the client forgets the room then). Subscribing again to the same
-   * room adds another handler. Over SSE the stream is reopened with the new room.
-   * `options.state: true` with `options.onState(data, {room, seq, epoch})`: start from the
-   * room's state (the reply then also has `state`: null or `{seq, data}`); `options.presence:
-   * true` with `options.onPresence({room, count, joined, left})`: presence changes. See
-   * the top of this file.
+   * `subscribe(room, {since, epoch, state, presence})` returns a Subscription (see
+   * subscriptions.js): its own events (`event`, `state`, `presence`, `recovered`,
+   * `recovery_failed`, `error`, `subscribing`, `subscribed`, `unsubscribed`), state and
+   * `unsubscribe()`. It starts after `since` (in `epoch`, e.g. the head of a state loaded
+   * over HTTP), else from now on; `state: true` starts it from the room's state;
+   * `presence: true` adds presence changes. Several subscriptions to one room share one
+   * server subscription and each gets what it asked for.
+   *
+   * Compatibility for one release: `subscribe(room, onEvent, options)` (a function or null
+   * second) returns a promise of the first `subscribed` reply, with `options.onState(data,
+   * {room, seq, epoch})` and `options.onPresence(change)` as listeners.
    */
-  subscribe(room, onEvent, options = {}) {
+  subscribe(room, onEvent, options) {
     if (typeof room !== 'string' || room === '') throw new TypeError('livegate: room must be a non-empty string');
+    if (typeof onEvent !== 'function' && options === undefined) return this._subscription(room, onEvent ?? {});
+    options = options ?? {};
+    // As before: a later subscribe's onPresence joins the room's presence when it has it.
+    const joinsPresence = typeof options.onPresence === 'function' && this._rooms.get(room)?.wantPresence === true;
+    const sub = this._subscription(room, joinsPresence ? { ...options, presence: true } : options);
+    if (typeof onEvent === 'function') sub.on('event', onEvent);
+    const onState = options.onState;
+    if (typeof onState === 'function') sub.on('state', ({ data, room: name, seq, epoch }) => onState(data, { room: name, seq, epoch }));
+    if (typeof options.onPresence === 'function') sub.on('presence', options.onPresence);
+    return sub.ready();
+  }
+
+  /** Stops delivering the room to every subscription of it and tells the server (over SSE: reopens the stream). */
+  unsubscribe(room) {
+    const state = this._rooms.get(room);
+    if (!state) return;
+    for (const sub of [...state.subs]) sub._end('unsubscribed', `unsubscribed from ${room}`);
+    this._forgetRoom(state);
+  }
+
+  /** A new Subscription on `room` with `options` {since, epoch, state, presence}. */
+  _subscription(room, options) {
+    const sub = new Subscription(room, options, (ended) => this._subscriptionEnded(ended));
+    const refusal = this._refusalWhenClosed();
+    if (refusal) {
+      sub._end(refusal.code, refusal.message);
+      return sub;
+    }
     let state = this._rooms.get(room);
-    const promise = new Promise((resolve, reject) => {
-      const refusal = this._refusalWhenClosed();
-      if (refusal) return reject(refusal);
-      if (state) {
-        if (onEvent) state.handlers.add(onEvent);
-        state.addHandlers(options);
-        if (state.subscribedOnce) resolve(state.lastReply);
-        else state.waiters.push({ resolve, reject });
-        return;
-      }
+    if (!state) {
       state = new RoomState(room);
-      if (onEvent) state.handlers.add(onEvent);
-      state.wantState = options.state === true;
-      state.wantPresence = options.presence === true;
-      state.addHandlers(options);
+      state.add(sub);
       if (options.since != null) {
         state.last = Number(options.since);
         state.epoch = options.epoch ?? null;
       }
-      state.waiters.push({ resolve, reject });
       this._rooms.set(room, state);
+      sub._subscribing();
       if (this._stream()) this._roomsChanged();
       else if (this._link?.welcomed) this._sendSubscribe(state);
-    });
-    promise.catch(() => {}); // the caller may ignore it; errors also go to 'error'
-    return promise;
+      return sub;
+    }
+    // A later subscription of a subscribed room shares its server subscription. The
+    // others keep their place; it starts at its `since`, its state, or the room's position.
+    for (const other of state.subs) other.floor ??= state.last;
+    if (sub.floor == null) sub.floor = state.last;
+    let again = state.add(sub);
+    if (sub.wantsState && state.wantState) {
+      // Its own state: the room starts from the state again (the others that asked for
+      // state get it too; the events they are owed come after it, and the rest of the
+      // room's subscriptions get what the state stands for as events).
+      state.fromState = true;
+      again = true;
+    } else if (sub.floor != null && state.last != null && sub.floor < state.last) {
+      // Events the room delivered before this subscription came: the room goes back to
+      // its `since` and the server replays them; the others skip what they had.
+      state.last = sub.floor;
+      state.forgetIds();
+      again = true;
+    }
+    sub._subscribing();
+    if (again) this._resubscribe(state);
+    else if (state.subscribedOnce) {
+      // Told after the caller had the object to listen on.
+      queueMicrotask(() => {
+        if (sub.state === 'subscribing' && state.subs.has(sub) && !state.awaiting) sub._subscribed(state.lastReply);
+      });
+    }
+    return sub;
   }
 
-  /** Stops delivering the room and tells the server (over SSE: reopens the stream). */
-  unsubscribe(room) {
-    const state = this._rooms.get(room);
-    if (!state) return;
-    this._rooms.delete(room);
+  /** A subscription ended by its own unsubscribe(): the room goes with its last one. */
+  _subscriptionEnded(sub) {
+    const state = this._rooms.get(sub.room);
+    if (!state || !state.subs.has(sub)) return;
+    state.subs.delete(sub);
+    if (state.subs.size === 0) this._forgetRoom(state);
+  }
+
+  /** Stops delivering `state`'s room and tells the server. */
+  _forgetRoom(state) {
+    if (this._rooms.get(state.room) !== state) return;
+    this._rooms.delete(state.room);
     state.cancel();
-    for (const waiter of state.waiters.splice(0)) waiter.reject(lgError('unsubscribed', `unsubscribed from ${room}`));
     if (this._stream()) this._roomsChanged();
-    else if (this._link?.welcomed) this._send({ op: 'unsubscribe', room });
+    else if (this._link?.welcomed) this._send({ op: 'unsubscribe', room: state.room });
+  }
+
+  /** Subscribes `state`'s room again for what it asks now (the stream reopens over SSE). */
+  _resubscribe(state) {
+    if (this._stream()) this._roomsChanged(true);
+    else if (this._link?.welcomed) this._sendSubscribe(state);
   }
 
   /**
@@ -295,7 +351,7 @@ export class LivegateClient {
     this._rejectAll(lgError('closed', 'client closed'));
     for (const state of this._rooms.values()) {
       state.cancel();
-      for (const waiter of state.waiters.splice(0)) waiter.reject(lgError('closed', 'client closed'));
+      for (const sub of [...state.subs]) sub._end('closed', 'client closed');
     }
   }
 
@@ -467,7 +523,8 @@ export class LivegateClient {
       if (epochAt > 0) entries.set(entry.slice(0, epochAt), entry);
     }
     for (const state of this._rooms.values()) {
-      if (state.epoch != null && state.last != null) entries.set(state.room, `${state.room}:${state.epoch}:${state.last}`);
+      if (state.fromState) entries.delete(state.room); // to start from its state, not replay
+      else if (state.epoch != null && state.last != null) entries.set(state.room, `${state.room}:${state.epoch}:${state.last}`);
     }
     return [...entries.values()].join(',');
   }
@@ -509,22 +566,29 @@ export class LivegateClient {
         this._rooms.delete(room);
         state.cancel();
         this._emit('error', { room, code, message });
-        for (const waiter of state.waiters.splice(0)) waiter.reject(lgError(code, message));
+        this._tellSubscriptions(state, 'error', { room, code, message });
+        for (const sub of [...state.subs]) sub._end(code, message);
       }
     }
     this._emit('error', { code, message: `SSE request refused: HTTP ${status} ${code}` });
     this._lost(1006, `HTTP ${status} ${code}`, attempt, link);
   }
 
-  /** Subscriptions changed while on SSE: reopen the stream (once the current one is welcomed). */
-  _roomsChanged() {
+  /**
+   * Subscriptions changed while on SSE: reopen the stream (once the current one is
+   * welcomed). `flags`: a room asks for more (state, presence) or starts from its state:
+   * reopen even with the same rooms.
+   */
+  _roomsChanged(flags = false) {
     const link = this._stream();
-    if (!link || !link.welcomed || link.reopenPending) return; // a welcome compares the rooms
+    if (!link) return;
+    if (flags) link.flagsChanged = true;
+    if (!link.welcomed || link.reopenPending) return; // a welcome compares the rooms
     link.reopenPending = true;
     this._clock.setTimeout(() => {
       link.reopenPending = false;
       if (this._link !== link || this._machine.closed) return;
-      if (sameSet(link.rooms, this._rooms)) return;
+      if (sameSet(link.rooms, this._rooms) && !link.flagsChanged) return;
       this._reopen(link);
     }, 0);
   }
@@ -562,7 +626,10 @@ export class LivegateClient {
     this._link = null;
     this._clearTimers();
     this._rejectAll(lgError('disconnected', `connection lost (${code}${reason ? `: ${reason}` : ''})`), true);
-    for (const state of this._rooms.values()) state.connectionLost();
+    for (const state of this._rooms.values()) {
+      state.connectionLost();
+      for (const sub of state.subs) if (sub.state === 'subscribed') sub._subscribing();
+    }
     if (this._machine.closed) {
       this._emit('disconnected', { code, reason, reconnectInMs: null });
       return;
@@ -744,7 +811,7 @@ export class LivegateClient {
       this._credential.drop();
       const stopped = lgError('stopped', `server said not to reconnect (${code})`);
       this._rejectAll(stopped);
-      for (const state of this._rooms.values()) for (const waiter of state.waiters.splice(0)) waiter.reject(stopped);
+      for (const state of this._rooms.values()) for (const sub of [...state.subs]) sub._end('stopped', stopped.message);
       this._emit('disconnected', { code, reason, reconnectInMs: null });
       return;
     }
@@ -826,7 +893,7 @@ export class LivegateClient {
     }
     if (this._link !== link) return; // a listener closed the client
     if (sse) {
-      if (!sameSet(sse.rooms, this._rooms)) {
+      if (!sameSet(sse.rooms, this._rooms) || sse.flagsChanged) {
         // Rooms changed while this stream was being opened.
         sse.reopenPending = false;
         this._roomsChanged();
@@ -936,10 +1003,14 @@ export class LivegateClient {
     const unknown = frame.code === 'bad_request' && /unknown field `(state|presence)`/.exec(String(frame.message ?? ''));
     if (unknown && (unknown[1] === 'state' ? state.wantState : state.wantPresence)) {
       // A server older than room state or presence refuses the flag: go on without it.
-      if (unknown[1] === 'state') state.wantState = false;
-      else state.wantPresence = false;
+      if (unknown[1] === 'state') {
+        state.wantState = false;
+        state.fromState = false;
+      } else state.wantPresence = false;
+      state.lacks[unknown[1]] = true;
       const what = unknown[1] === 'state' ? 'room state' : 'presence';
       this._emit('error', { room: state.room, code: 'unsupported', message: `the server has no ${what}: subscribed without it` });
+      this._tellSubscriptions(state, 'error', { room: state.room, code: 'unsupported', message: `the server has no ${what}: subscribed without it` });
       this._sendSubscribe(state);
       return;
     }
@@ -947,9 +1018,10 @@ export class LivegateClient {
     state.awaiting = false;
     state.buffer = [];
     this._emit('error', { room: state.room, code: frame.code, message: frame.message });
+    this._tellSubscriptions(state, 'error', { room: state.room, code: frame.code, message: frame.message });
     if (FINAL_SUBSCRIBE_ERRORS.has(frame.code)) {
       this._rooms.delete(state.room);
-      for (const waiter of state.waiters.splice(0)) waiter.reject(lgError(frame.code, frame.message));
+      for (const sub of [...state.subs]) sub._end(frame.code, frame.message);
       return;
     }
     // unavailable and the like: try again shortly on this connection.
@@ -967,7 +1039,7 @@ export class LivegateClient {
     state.cancel();
     const ref = this._nextRef++;
     const frame = { op: 'subscribe', room: state.room, ref };
-    if (state.last != null) {
+    if (state.last != null && !state.fromState) {
       frame.since = state.last;
       if (state.epoch != null) frame.epoch = state.epoch;
     }
@@ -1007,8 +1079,12 @@ export class LivegateClient {
     } else if (snapshot !== undefined) {
       // The state stands for every event up to its seq: only the events after it follow
       // (again, after a failed recovery: the state replaces what was delivered before).
-      state.last = snapshot ? snapshot.seq : 0;
-      state.fromNothing = snapshot == null;
+      // Subscriptions that did not ask for state keep their place: the room goes on from
+      // the lowest of them, and they get the events the state stands for.
+      const from = snapshot ? snapshot.seq : 0;
+      const behind = state.lowestPositionWithoutState();
+      state.last = behind != null && behind < from ? behind : from;
+      state.fromNothing = snapshot == null && behind == null;
       state.forgetIds();
     } else if (frame.recovered === false) {
       failed = true;
@@ -1017,29 +1093,34 @@ export class LivegateClient {
       state.last = head;
     }
     state.epoch = frame.epoch;
+    state.fromState = false;
     state.subscribedOnce = true;
     state.lastReply = { room: frame.room, epoch: frame.epoch, seq: head, recovered: frame.recovered };
     if (snapshot !== undefined) state.lastReply.state = snapshot;
-    for (const waiter of state.waiters.splice(0)) waiter.resolve(state.lastReply);
+    for (const sub of [...state.subs]) sub._subscribed(state.lastReply);
     if (state.wantState && frame.recovered == null && snapshot === undefined) {
       this._emit('error', { room: state.room, code: 'unsupported', message: 'the server sent no room state (it predates room state)' });
     }
     if (snapshot !== undefined) {
-      const meta = { room: state.room, seq: state.last, epoch: frame.epoch };
-      for (const handler of [...state.stateHandlers]) {
-        try {
-          handler(snapshot ? snapshot.data : null, meta);
-        } catch (error) {
-          this._emit('error', { room: state.room, code: 'handler', message: String(error?.message ?? error), error });
-        }
+      const from = snapshot ? snapshot.seq : 0;
+      const detail = { room: state.room, data: snapshot ? snapshot.data : null, seq: from, epoch: frame.epoch };
+      for (const sub of [...state.subs]) {
+        if (!sub.wantsState) continue;
+        sub.floor = snapshot ? from : null;
+        sub._tell('state', detail, (error) => this._handlerThrew(state, error));
       }
       if (frame.recovered === false && !quiet) {
-        this._emit('recovered', { room: state.room, epoch: frame.epoch, seq: state.last, state: true });
+        this._emit('recovered', { room: state.room, epoch: frame.epoch, seq: from, state: true });
+        this._tellSubscriptions(state, 'recovered', { room: state.room, epoch: frame.epoch, seq: from, state: true });
       }
+      // Subscriptions without state behind it: what the state stands for, as events.
+      if (state.last < from && !this._stream() && this._rooms.get(state.room) === state) this._fill(state, from);
     } else if (failed) {
       this._emit('recovery_failed', { room: state.room, epoch: frame.epoch, seq: head, reason: 'not_recovered' });
+      this._tellSubscriptions(state, 'recovery_failed', { room: state.room, epoch: frame.epoch, seq: head, reason: 'not_recovered' });
     } else if (frame.recovered === true && !quiet) {
       this._emit('recovered', { room: state.room, epoch: frame.epoch, seq: head });
+      this._tellSubscriptions(state, 'recovered', { room: state.room, epoch: frame.epoch, seq: head });
     }
     if (this._rooms.get(state.room) === state) this._drain(state);
   }
@@ -1048,25 +1129,22 @@ export class LivegateClient {
   _onPresence(frame) {
     if (frame.ref != null) return this._reply(frame); // a reply (maybe to a request given up)
     const state = typeof frame.room === 'string' ? this._rooms.get(frame.room) : null;
-    if (!state || state.presenceHandlers.size === 0) return;
+    if (!state) return;
     const detail = {
       room: frame.room,
       count: Number(frame.count),
       joined: Array.isArray(frame.joined) ? frame.joined : null,
       left: Array.isArray(frame.left) ? frame.left : null,
     };
-    for (const handler of [...state.presenceHandlers]) {
-      try {
-        handler(detail);
-      } catch (error) {
-        this._emit('error', { room: state.room, code: 'handler', message: String(error?.message ?? error), error });
-      }
+    for (const sub of [...state.subs]) {
+      if (sub.wantsPresence) sub._tell('presence', detail, (error) => this._handlerThrew(state, error));
     }
   }
 
   /** One event of a room from the live stream (or a replay). */
   _accept(state, event) {
     if (state.awaiting || state.filling) {
+      if (state.buffer.length >= MAX_HELD_EVENTS) return this._overflow(state);
       state.buffer.push(event);
       return;
     }
@@ -1097,13 +1175,40 @@ export class LivegateClient {
   _deliver(state, event) {
     state.last = event.seq;
     if (!state.firstDelivery(event.id)) return; // a repeat of an id already delivered
-    for (const handler of [...state.handlers]) {
-      try {
-        handler(event);
-      } catch (error) {
-        this._emit('error', { room: state.room, code: 'handler', message: String(error?.message ?? error), error });
-      }
+    for (const sub of [...state.subs]) {
+      if (sub.floor != null && event.seq <= sub.floor) continue; // it had this one (or its state covers it)
+      sub.floor = event.seq;
+      sub._tell('event', event, (error) => this._handlerThrew(state, error));
     }
+  }
+
+  /** What an application's listener on `state`'s room threw: an `error` (code `handler`). */
+  _handlerThrew(state, error) {
+    this._emit('error', { room: state.room, code: 'handler', message: String(error?.message ?? error), error });
+  }
+
+  /** Hands a room's event to the listeners of each of its subscriptions. */
+  _tellSubscriptions(state, name, detail) {
+    for (const sub of [...state.subs]) sub._tell(name, detail, (error) => this._handlerThrew(state, error));
+  }
+
+  /**
+   * The room holds `MAX_HELD_EVENTS` events back already: drop them and subscribe again
+   * from the last delivered seq (over SSE: reopen the stream from there); the server
+   * replays them.
+   */
+  _overflow(state) {
+    const stream = this._stream();
+    if (!stream) {
+      this._sendSubscribe(state);
+      return;
+    }
+    state.filling = null;
+    state.awaiting = true;
+    state.buffer = [];
+    this._clock.setTimeout(() => {
+      if (this._link === stream && !this._machine.closed) this._reopen(stream);
+    }, 0);
   }
 
   /** Feeds the buffered events through `_accept` again, in seq order. */
@@ -1149,6 +1254,7 @@ export class LivegateClient {
   _gapLost(state, target, reason) {
     state.last = Math.max(state.last, target);
     this._emit('recovery_failed', { room: state.room, epoch: state.epoch, seq: target, reason });
+    this._tellSubscriptions(state, 'recovery_failed', { room: state.room, epoch: state.epoch, seq: target, reason });
     if (this._rooms.get(state.room) === state) this._drain(state);
   }
 
@@ -1172,7 +1278,7 @@ export class LivegateClient {
 
 /** A new attempt's link (see `LivegateClient._link`). */
 function newLink(transport, attempt, rooms) {
-  return { transport, attempt, rooms, welcomed: false, welcomedAt: 0, reopenPending: false };
+  return { transport, attempt, rooms, welcomed: false, welcomedAt: 0, reopenPending: false, flagsChanged: false };
 }
 
 /** `bytes` random bytes as hex (crypto when there is one: ids must not repeat). */
