@@ -186,3 +186,35 @@ describe('Subscription objects', () => {
     }
   });
 });
+
+describe('protocol features from welcome', () => {
+  test('a server whose welcome lists no state or presence is never asked for them; one without the list is', async () => {
+    const clock = new VirtualClock();
+    const Fake = fakeSocketClass(undefined, clock);
+    const client = connect({ clock: clock.option, url: 'http://gw.test', getToken: async () => 'tok', WebSocket: Fake, fetch: null, random: () => 0 });
+    const log = recorder(client);
+    try {
+      const ws = await Fake.nth(0);
+      ws.welcome('S1', { features: ['publish'] });
+      const heard = listen(client.subscribe('m', { state: true, presence: true }));
+      const sub = await ws.expect('subscribe');
+      assert.deepEqual([sub.state, sub.presence], [undefined, undefined], 'not asked: the welcome did not list them');
+      assert.deepEqual(log.error.map((e) => [e.room, e.code]), [['m', 'unsupported'], ['m', 'unsupported']]);
+      assert.deepEqual(heard.filter(([n]) => n === 'error').map(([, e]) => e.code), ['unsupported', 'unsupported']);
+      await assert.rejects(client.presence('m'), (e) => e.code === 'unsupported');
+      assert.equal(ws.frames('presence').length, 0);
+
+      // A server before `features` (no list) is asked, and answers for itself.
+      ws.serverClose(1012, 'reconnect in 0 ms');
+      const ws1 = await Fake.nth(1, 10_000);
+      ws1.welcome('S1');
+      const heardOld = listen(client.subscribe('n', { presence: true }));
+      const asked = await ws1.expect('subscribe', (f) => f.room === 'n');
+      assert.equal(asked.presence, true);
+      ws1.serverSend({ op: 'subscribed', room: 'n', epoch: 'E', seq: 0, ref: asked.ref });
+      assert.equal(heardOld.at(-1)[0], 'subscribed');
+    } finally {
+      client.close();
+    }
+  });
+});

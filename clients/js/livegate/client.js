@@ -99,6 +99,12 @@ export class LivegateClient {
 
     /** The /readyz check of the last failed attempt; the next attempt waits for it. */
     this._verdict = null;
+    /**
+     * The optional parts of the protocol the server announced in its last welcome
+     * (`features`: `state`, `presence`, `publish`), or null: a server before that field,
+     * asked anyway (it refuses what it lacks, see `_onError`).
+     */
+    this._features = null;
     /** Server clock minus local clock, from an SSE response's Date header. */
     this._skewMs = 0;
     /** The `id:` of the last SSE events message: the stream's cursor. */
@@ -297,6 +303,7 @@ export class LivegateClient {
    * rejects with code `unsupported`. `id`: the idempotency id (default: a random one).
    */
   publish(room, data, { id } = {}) {
+    if (this._serverLacks('publish')) return Promise.reject(lgError('unsupported', 'the server has no client publish'));
     const eventId = id ?? `c-${randomHex(8)}`;
     return this._request({ op: 'publish', room, id: eventId, data }).then((reply) => ({
       seq: reply.seq,
@@ -315,6 +322,7 @@ export class LivegateClient {
    * (ask `GET /v1/rooms/{room}/presence` from your backend instead).
    */
   presence(room) {
+    if (this._serverLacks('presence')) return Promise.reject(lgError('unsupported', 'the server has no presence'));
     return this._request({ op: 'presence', room }).then((reply) => ({
       room: reply.room,
       count: Number(reply.count),
@@ -454,6 +462,7 @@ export class LivegateClient {
     if (since) url += `&since=${encodeURIComponent(since)}`;
     // The stream's flags apply to all its rooms; a room that did not ask ignores them.
     const subscriptions = [...this._rooms.values()];
+    for (const state of subscriptions) this._withoutUnannounced(state);
     if (subscriptions.some((state) => state.wantState)) url += '&state=1';
     if (subscriptions.some((state) => state.wantPresence)) url += '&presence=1';
     const link = newLink(new SseTransport(this._fetch), attempt, new Set(rooms));
@@ -850,6 +859,7 @@ export class LivegateClient {
     link.welcomed = true;
     link.welcomedAt = this._clock.now();
     this._credential.keep(frame, link.welcomedAt, this._skewMs);
+    this._features = Array.isArray(frame.features) ? new Set(frame.features.filter((f) => typeof f === 'string')) : null;
     if (ws) this._order.failures = 0;
     this._follows = 0;
     // Welcomed by a node a refusal named: the session lives there, reconnects go there first.
@@ -1000,7 +1010,8 @@ export class LivegateClient {
       this._emit('error', { code: frame.code, message: frame.message });
       return;
     }
-    const unknown = frame.code === 'bad_request' && /unknown field `(state|presence)`/.exec(String(frame.message ?? ''));
+    // A server before `features` in welcome refuses a flag it lacks as an unknown field.
+    const unknown = this._features == null && frame.code === 'bad_request' && /unknown field `(state|presence)`/.exec(String(frame.message ?? ''));
     if (unknown && (unknown[1] === 'state' ? state.wantState : state.wantPresence)) {
       // A server older than room state or presence refuses the flag: go on without it.
       if (unknown[1] === 'state') {
@@ -1043,12 +1054,37 @@ export class LivegateClient {
       frame.since = state.last;
       if (state.epoch != null) frame.epoch = state.epoch;
     }
+    this._withoutUnannounced(state);
     if (state.wantState) frame.state = true;
     if (state.wantPresence) frame.presence = true;
     state.ref = ref;
     state.awaiting = true;
     state.buffer = [];
     this._send(frame);
+  }
+
+  /** Whether the server's welcome announced features and `feature` is not among them. */
+  _serverLacks(feature) {
+    return this._features != null && !this._features.has(feature);
+  }
+
+  /**
+   * A room asking for room state or presence the server did not announce: it goes on
+   * without them (never asked), and the application hears why.
+   */
+  _withoutUnannounced(state) {
+    for (const [flag, what] of [['state', 'room state'], ['presence', 'presence']]) {
+      if (!(flag === 'state' ? state.wantState : state.wantPresence) || !this._serverLacks(flag)) continue;
+      if (flag === 'state') {
+        state.wantState = false;
+        state.fromState = false;
+      } else state.wantPresence = false;
+      state.lacks[flag] = true;
+      const message = `the server has no ${what}: subscribed without it`;
+      this._emit('error', { room: state.room, code: 'unsupported', message });
+      // Told after subscribe() returned, so the new subscription's listeners hear it too.
+      queueMicrotask(() => this._tellSubscriptions(state, 'error', { room: state.room, code: 'unsupported', message }));
+    }
   }
 
   _onSubscribed(frame) {
