@@ -265,6 +265,7 @@ routes! {
     GET "/metrics" => metrics,
     GET "/livegate.js" => client_library,
     GET "/livegate.d.ts" => client_types,
+    GET "/livegate/{file}" => client_module,
     GET "/openapi.json" => openapi,
     GET "/" => demo_page,
     GET "/demo/token" => demo_token,
@@ -1022,14 +1023,39 @@ pub(crate) fn embedded(content_type: &'static str, body: &'static str) -> HttpRe
     HttpResponse::Ok().content_type(content_type).insert_header(("Cache-Control", "no-cache")).body(body)
 }
 
-/// `GET /livegate.js`: the browser and Node client library.
+/// `GET /livegate.js`: the browser and Node client library's entry module. The files are
+/// the npm package's (clients/js/), so what the server hands out and what npm installs
+/// never differ.
 async fn client_library() -> HttpResponse {
-    embedded("text/javascript; charset=utf-8", include_str!("../web/livegate.js"))
+    embedded("text/javascript; charset=utf-8", include_str!("../../clients/js/livegate.js"))
 }
 
 /// `GET /livegate.d.ts`: the TypeScript declarations for `/livegate.js`.
 async fn client_types() -> HttpResponse {
-    embedded("application/typescript; charset=utf-8", include_str!("../web/livegate.d.ts"))
+    embedded("application/typescript; charset=utf-8", include_str!("../../clients/js/livegate.d.ts"))
+}
+
+/// The modules `/livegate.js` imports (`./livegate/{file}`), by file name: only these are
+/// served.
+pub const CLIENT_MODULES: &[(&str, &str)] = &[
+    ("client.js", include_str!("../../clients/js/livegate/client.js")),
+    ("clock.js", include_str!("../../clients/js/livegate/clock.js")),
+    ("connection.js", include_str!("../../clients/js/livegate/connection.js")),
+    ("credentials.js", include_str!("../../clients/js/livegate/credentials.js")),
+    ("errors.js", include_str!("../../clients/js/livegate/errors.js")),
+    ("event-stream.js", include_str!("../../clients/js/livegate/event-stream.js")),
+    ("subscriptions.js", include_str!("../../clients/js/livegate/subscriptions.js")),
+    ("transport-sse.js", include_str!("../../clients/js/livegate/transport-sse.js")),
+    ("transport-websocket.js", include_str!("../../clients/js/livegate/transport-websocket.js")),
+    ("urls.js", include_str!("../../clients/js/livegate/urls.js")),
+];
+
+/// `GET /livegate/{file}`: one module of the client library; 404 for any other name.
+async fn client_module(file: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    match CLIENT_MODULES.iter().find(|(name, _)| *name == file.as_str()) {
+        Some((_, body)) => Ok(embedded("text/javascript; charset=utf-8", body)),
+        None => Err(api_error(ErrorCode::NotFound, "no such module of the client library")),
+    }
 }
 
 /// `GET /openapi.json`: the OpenAPI 3.1 description of every route in [`ROUTES`]

@@ -95,7 +95,16 @@ pub struct Welcome<'a> {
     pub resume: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_expires_at_ms: Option<u64>,
+    /// What the protocol offers beyond v1's subscribe and history ([`FEATURES`]): a client
+    /// decides by this list, never by an error's text. Absent from servers before it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
 }
+
+/// The optional parts of the protocol this server has, named in every `welcome`: room
+/// state (`subscribe` with `state`), presence (`presence` on subscribe, the `presence` op)
+/// and client publish (the `publish` op).
+pub const FEATURES: &[&str] = &["presence", "publish", "state"];
 
 /// `subscribed`: the reply to a `subscribe`, with the room's epoch and head; `recovered`
 /// when the request named a `since`.
@@ -328,6 +337,7 @@ pub fn welcome_frame(session: &str, node: &str, heartbeat_ms: u64, warmup: bool,
         warmup,
         resume: resume.map(|(credential, _)| credential.into()),
         resume_expires_at_ms: resume.map(|(_, expires)| expires),
+        features: FEATURES.iter().map(|feature| (*feature).to_string()).collect(),
     }))
 }
 
@@ -431,10 +441,13 @@ mod tests {
     #[test]
     fn server_frames_keep_their_bytes() {
         let cases = [
-            (welcome_frame("s1", "n1", 30_000, false, None), r#"{"heartbeat_ms":30000,"node":"n1","op":"welcome","session":"s1","warmup":false}"#),
+            (
+                welcome_frame("s1", "n1", 30_000, false, None),
+                r#"{"features":["presence","publish","state"],"heartbeat_ms":30000,"node":"n1","op":"welcome","session":"s1","warmup":false}"#,
+            ),
             (
                 welcome_frame("s1", "n1", 30_000, false, Some(("R", 7))),
-                r#"{"heartbeat_ms":30000,"node":"n1","op":"welcome","resume":"R","resume_expires_at_ms":7,"session":"s1","warmup":false}"#,
+                r#"{"features":["presence","publish","state"],"heartbeat_ms":30000,"node":"n1","op":"welcome","resume":"R","resume_expires_at_ms":7,"session":"s1","warmup":false}"#,
             ),
             (subscribed_frame("r", "E", 4, Some(true), Some(2)), r#"{"epoch":"E","op":"subscribed","recovered":true,"ref":2,"room":"r","seq":4}"#),
             (subscribed_frame("r", "E", 0, None, None), r#"{"epoch":"E","op":"subscribed","room":"r","seq":0}"#),
@@ -465,8 +478,12 @@ mod tests {
         let text = welcome_frame("s1", "n1", 30_000, true, None);
         assert_eq!(head(&text), FrameHead { op: ServerOp::Welcome, reference: None });
         let welcome: Welcome = serde_json::from_str(&text).unwrap();
-        let expected = Welcome { session: "s1".into(), node: "n1".into(), heartbeat_ms: 30_000, warmup: true, resume: None, resume_expires_at_ms: None };
+        let features = FEATURES.iter().map(|feature| (*feature).to_string()).collect();
+        let expected = Welcome { session: "s1".into(), node: "n1".into(), heartbeat_ms: 30_000, warmup: true, resume: None, resume_expires_at_ms: None, features };
         assert_eq!(welcome, expected);
+        // A welcome from a server before `features` reads as one without them.
+        let old: Welcome = serde_json::from_str(r#"{"op":"welcome","session":"s","node":"n","heartbeat_ms":1}"#).unwrap();
+        assert!(old.features.is_empty());
 
         let text = subscribed_frame("r", "E", 4, Some(false), Some(2));
         assert_eq!(head(&text), FrameHead { op: ServerOp::Subscribed, reference: Some(2) });

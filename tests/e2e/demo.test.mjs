@@ -13,9 +13,10 @@
 // each card's score comes from the room state, and that "N watching" counts the open
 // pages (room state and presence, issue 19: needs those server branches).
 //
-// The page and /livegate.js are the copies compiled into the binary. To try edits of
-// src/web/ without a rebuild, LIVEGATE_E2E_WEB=src serves them from the source tree
-// instead (tests/it/client_library.rs checks the binary serves exactly that file).
+// The page and /livegate.js (with its /livegate/ modules) are the copies compiled into the
+// binary. To try edits of src/web/demo.html and clients/js/ without a rebuild,
+// LIVEGATE_E2E_WEB=src serves them from the source tree instead
+// (tests/it/client_library.rs checks the binary serves exactly those files).
 
 import assert from 'node:assert/strict';
 import { mkdirSync, readFileSync } from 'node:fs';
@@ -23,7 +24,7 @@ import path from 'node:path';
 import { test } from 'node:test';
 
 import { REPO, api, startServer, startServerOnPort, tempDir, waitFor } from '../js/support/server.mjs';
-import { cleanup, launchBrowser, resize } from './support.mjs';
+import { cleanup, clientFromSource, launchBrowser, resize } from './support.mjs';
 
 const ROOMS = ['match:1', 'match:2', 'match:3', 'match:4'];
 const ARTIFACTS = path.join(REPO, 'target/e2e');
@@ -63,12 +64,11 @@ const snapshot = (page) =>
     return demo;
   });
 
-/** Serves src/web/ instead of the binary's copies (LIVEGATE_E2E_WEB=src). */
+/** Serves src/web/demo.html and clients/js/ instead of the binary's copies (LIVEGATE_E2E_WEB=src). */
 async function fromSource(page) {
   if (process.env.LIVEGATE_E2E_WEB !== 'src') return;
   const file = (name) => readFileSync(path.join(REPO, 'src/web', name), 'utf8');
-  await page.route((url) => url.pathname === '/livegate.js', (route) =>
-    route.fulfill({ status: 200, contentType: 'text/javascript; charset=utf-8', body: file('livegate.js') }));
+  await clientFromSource(page);
   await page.route((url) => url.pathname === '/', (route) =>
     route.fulfill({ status: 200, contentType: 'text/html; charset=utf-8', body: file('demo.html') }));
 }

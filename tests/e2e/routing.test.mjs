@@ -6,17 +6,15 @@
 // (or LIVEGATE_BIN), Debian's chromium and nats-server, and playwright-core.
 //
 // Two nodes, a and b, in cluster mode behind a forwarder the test points at either (the
-// address the page was given). The page and src/web/livegate.js are served by the test
+// address the page was given). The page and clients/js/livegate.js are served by the test
 // (so the client under test is the source tree's), from the forwarder's origin.
 
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
-import path from 'node:path';
 import { test } from 'node:test';
 
-import { REPO, mintToken, publish, tempDir } from '../js/support/server.mjs';
+import { mintToken, publish, tempDir } from '../js/support/server.mjs';
 import { startCluster, startForwarder, startNats } from '../js/support/nodes.mjs';
-import { cleanup, launchBrowser } from './support.mjs';
+import { cleanup, clientFromSource, launchBrowser } from './support.mjs';
 
 const PAGE = `<!doctype html><meta charset="utf-8"><title>routing</title>
 <script type="module">
@@ -54,8 +52,7 @@ test('Chromium: a session on a reconnecting through b is closed with 4421 and la
   const pageErrors = [];
   page.on('pageerror', (error) => pageErrors.push(String(error)));
   await page.exposeFunction('mintToken', (user) => mintToken(b.url, user));
-  await page.route((url) => url.pathname === '/livegate.js', (route) =>
-    route.fulfill({ status: 200, contentType: 'text/javascript; charset=utf-8', body: readFileSync(path.join(REPO, 'src/web/livegate.js'), 'utf8') }));
+  await clientFromSource(page);
   await page.route((url) => url.pathname === '/routing.html', (route) => route.fulfill({ status: 200, contentType: 'text/html; charset=utf-8', body: PAGE }));
   await page.goto(`${balancer.url}/routing.html`, { waitUntil: 'domcontentloaded', timeout: 10_000 });
 

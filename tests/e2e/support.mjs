@@ -2,8 +2,11 @@
 // browser download of its own), and cleanups that run after every test of a file.
 
 import assert from 'node:assert/strict';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
+import path from 'node:path';
 import { after } from 'node:test';
+
+import { REPO } from '../js/support/server.mjs';
 
 const CHROMIUM = process.env.CHROMIUM_BIN || '/usr/bin/chromium';
 
@@ -53,4 +56,19 @@ export async function launchBrowser(dir, { viewport, args = [] }) {
   });
   cleanup(() => context.close());
   return context;
+}
+
+/**
+ * Makes `page` load the client library from the source tree (clients/js: `/livegate.js`
+ * and the modules it imports from `/livegate/`) instead of the server's copies.
+ */
+export async function clientFromSource(page) {
+  const dir = path.join(REPO, 'clients/js');
+  const file = (pathname) => (pathname === '/livegate.js' ? 'livegate.js' : /^\/livegate\/[a-z-]+\.js$/.test(pathname) ? pathname.slice(1) : null);
+  await page.route((url) => file(url.pathname) != null, (route) =>
+    route.fulfill({
+      status: 200,
+      contentType: 'text/javascript; charset=utf-8',
+      body: readFileSync(path.join(dir, file(new URL(route.request().url()).pathname)), 'utf8'),
+    }));
 }

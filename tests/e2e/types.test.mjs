@@ -3,7 +3,8 @@
 // method, property and event of livegate.js) and tests/e2e/types/misuse.ts (misuses each
 // marked `@ts-expect-error`, so each must stay an error), a misuse without the marker must
 // fail tsc, and a guard compares the declarations with livegate.js itself (its exports,
-// the option names it reads, the events it emits and their fields, the public members).
+// the option names it reads, the events it emits and their fields, the public members:
+// the entry's exports, and the rest read from every module it imports from /livegate/).
 // Run from the repository root: `node --test tests/e2e/`. Needs target/release/livegate
 // (or LIVEGATE_BIN) and typescript: `npm install --no-save --prefix tests/e2e`.
 
@@ -30,8 +31,11 @@ after(async () => {
   for (const cleanup of cleanups.reverse()) await cleanup();
 });
 
-/** What the running server serves at /livegate.d.ts and /livegate.js. */
+/** What the running server serves at /livegate.d.ts, /livegate.js and /livegate/{file}
+ * (the modules the entry imports, and what they import), by path under the root. */
 const served = {};
+/** The modules' paths (`livegate/client.js`, ...), in the order they were found. */
+const modules = [];
 before(async () => {
   const data = tempDir('livegate-types-');
   cleanups.push(data.remove);
@@ -42,7 +46,25 @@ before(async () => {
     assert.equal(response.status, 200, `GET /${name}`);
     served[name] = { contentType: response.headers.get('content-type'), text: await response.text() };
   }
+  const pending = [...importsOf(served['livegate.js'].text, '')];
+  while (pending.length) {
+    const name = pending.shift();
+    if (served[name]) continue;
+    const response = await fetch(`${server.url}/${name}`, { signal: AbortSignal.timeout(10_000) });
+    assert.equal(response.status, 200, `GET /${name}`);
+    served[name] = { contentType: response.headers.get('content-type'), text: await response.text() };
+    modules.push(name);
+    pending.push(...importsOf(served[name].text, path.posix.dirname(name)));
+  }
 });
+
+/** The paths (under the root) of the modules `text`, at `dir`, imports or re-exports. */
+function importsOf(text, dir) {
+  return [...text.matchAll(/^(?:import|export)\b[^;]*?from '(\.[^']+)';/gms)].map((m) => path.posix.normalize(path.posix.join(dir, m[1])));
+}
+
+/** The modules' code, one text (the guard reads the whole library in it). */
+const moduleCode = () => modules.map((name) => served[name].text).join('\n');
 
 /** Runs tsc on `files` (with the served livegate.d.ts beside them); {status, output}. */
 function tsc(files) {
@@ -71,11 +93,16 @@ function tsc(files) {
 
 const source = (name) => readFileSync(path.join(TYPES, name), 'utf8');
 
-test('the server serves src/web/livegate.d.ts as TypeScript', () => {
+test('the server serves clients/js/ (livegate.d.ts as TypeScript, each module as JavaScript)', () => {
   const { contentType, text } = served['livegate.d.ts'];
   assert.match(contentType, /^application\/typescript/);
-  assert.equal(text, readFileSync(path.join(REPO, 'src/web/livegate.d.ts'), 'utf8'));
-  assert.equal(served['livegate.js'].text, readFileSync(path.join(REPO, 'src/web/livegate.js'), 'utf8'));
+  const file = (name) => readFileSync(path.join(REPO, 'clients/js', name), 'utf8');
+  assert.equal(text, file('livegate.d.ts'));
+  assert.ok(modules.includes('livegate/client.js') && modules.includes('livegate/transport-sse.js'), modules.join());
+  for (const name of ['livegate.js', ...modules]) {
+    assert.match(served[name].contentType, /^text\/javascript/, name);
+    assert.equal(served[name].text, file(name), `/${name} is clients/js/${name}`);
+  }
 });
 
 test('the typed example and the marked misuses pass tsc --strict against the served declarations', () => {
@@ -115,9 +142,9 @@ function readsOf(node, object) {
   return names;
 }
 
-/** What livegate.js exports and reads: its API as the code has it. */
-function jsApi(text) {
-  const file = ts.createSourceFile('livegate.js', text, ts.ScriptTarget.Latest, true, ts.ScriptKind.JS);
+/** What livegate.js exports (`entry`: its re-exports) and the modules' `code` reads: its API as the code has it. */
+function jsApi({ entry, code }) {
+  const file = ts.createSourceFile('livegate-modules.js', code, ts.ScriptTarget.Latest, true, ts.ScriptKind.JS);
   const api = { exports: new Set(), classes: {}, clientOptions: new Set(), subscribeOptions: new Set(), publishOptions: new Set(), timings: new Set(), timingReads: new Set(), events: {} };
   for (const statement of file.statements) {
     const exported = statement.modifiers?.some((m) => m.kind === ts.SyntaxKind.ExportKeyword);
@@ -132,7 +159,6 @@ function jsApi(text) {
     if (!exported) continue;
     if (ts.isVariableStatement(statement)) {
       for (const declaration of statement.declarationList.declarations) {
-        api.exports.add(declaration.name.text);
         if (declaration.name.text === 'DEFAULT_TIMINGS') {
           walk(declaration.initializer, (n) => {
             if (ts.isObjectLiteralExpression(n) && n.parent === declaration.initializer) {
@@ -141,8 +167,12 @@ function jsApi(text) {
           });
         }
       }
-    } else if (statement.name) {
-      api.exports.add(statement.name.text);
+    }
+  }
+  const entryFile = ts.createSourceFile('livegate.js', entry, ts.ScriptTarget.Latest, true, ts.ScriptKind.JS);
+  for (const statement of entryFile.statements) {
+    if (ts.isExportDeclaration(statement) && statement.exportClause && ts.isNamedExports(statement.exportClause)) {
+      for (const element of statement.exportClause.elements) api.exports.add(element.name.text);
     }
   }
   const client = api.classes.LivegateClient?.node;
@@ -150,16 +180,16 @@ function jsApi(text) {
   for (const member of client.members) {
     const name = ts.isConstructorDeclaration(member) ? 'constructor' : nameOf(member);
     if (name === 'constructor') api.clientOptions = readsOf(member, 'options');
-    if (name === 'subscribe') for (const option of readsOf(member, 'options')) api.subscribeOptions.add(option);
+    // subscribe() and the _subscription() it makes read the subscribe options.
+    if (name === 'subscribe' || name === '_subscription') for (const option of readsOf(member, 'options')) api.subscribeOptions.add(option);
     if (name === 'publish') {
       const pattern = member.parameters[2]?.name;
       if (pattern && ts.isObjectBindingPattern(pattern)) for (const element of pattern.elements) api.publishOptions.add(element.name.text);
     }
   }
-  // subscribe() hands its options to RoomState.addHandlers.
-  const room = api.classes.RoomState?.node;
-  for (const member of room?.members ?? []) {
-    if (nameOf(member) === 'addHandlers') for (const option of readsOf(member, 'options')) api.subscribeOptions.add(option);
+  // The Subscription reads its options in its constructor.
+  for (const member of api.classes.Subscription?.node.members ?? []) {
+    if (ts.isConstructorDeclaration(member)) for (const option of readsOf(member, 'options')) api.subscribeOptions.add(option);
   }
   walk(file, (n) => {
     if (ts.isPropertyAccessExpression(n) && ts.isPropertyAccessExpression(n.expression) && n.expression.name.text === '_timings') api.timingReads.add(n.name.text);
@@ -234,9 +264,12 @@ function apiMismatches(jsText, dtsText) {
 }
 
 test('livegate.d.ts declares what livegate.js exports, reads and emits', () => {
-  const js = served['livegate.js'].text;
+  const entry = served['livegate.js'].text;
+  const code = moduleCode();
+  const js = { entry, code };
   const dts = served['livegate.d.ts'].text;
   const found = jsApi(js);
+  assert.ok(found.exports.has('connect') && found.exports.has('EventStreamParser'), sorted(found.exports).join());
   // The guard reads something: the options and events it compares are there.
   assert.ok(found.clientOptions.has('getToken') && found.clientOptions.has('transport') && found.clientOptions.size >= 10, sorted(found.clientOptions).join());
   assert.ok(found.subscribeOptions.has('onState') && found.subscribeOptions.has('presence'), sorted(found.subscribeOptions).join());
@@ -245,11 +278,11 @@ test('livegate.d.ts declares what livegate.js exports, reads and emits', () => {
 
   // The guard can fail: an option the code starts reading, an event field it starts
   // sending, a member the declarations lose.
-  const newOption = js.replace("const transport = options.transport ?? 'auto';", "const transport = options.transport ?? options.mode ?? 'auto';");
-  assert.notEqual(newOption, js);
+  const newOption = { entry, code: code.replace("const transport = options.transport ?? 'auto';", "const transport = options.transport ?? options.mode ?? 'auto';") };
+  assert.notEqual(newOption.code, code);
   assert.match(apiMismatches(newOption, dts).join('\n'), /connect\(\) options: in livegate\.js, not declared: mode/);
-  const newField = js.replace("this._emit('transport', { from, to, reason });", "this._emit('transport', { from, to, reason, at: now() });");
-  assert.notEqual(newField, js);
+  const newField = { entry, code: code.replace("this._emit('transport', { from, to, reason });", "this._emit('transport', { from, to, reason, at: now() });") };
+  assert.notEqual(newField.code, code);
   assert.match(apiMismatches(newField, dts).join('\n'), /event transport: fields emitted, not declared: at/);
   const lostMember = dts.replace(/^ {2}dropConnection\(.*$/m, '');
   assert.notEqual(lostMember, dts);

@@ -1,18 +1,55 @@
-//! The server hands out the client library itself: `GET /livegate.js` is the ES module
-//! from src/web/livegate.js, served as JavaScript so browsers will run it.
+//! The server hands out the client library itself: `GET /livegate.js` is the entry ES
+//! module and `GET /livegate/{file}` the modules it imports, byte for byte the files of
+//! the npm package in clients/js/, served as JavaScript so browsers will run them.
 
 use crate::common;
 
 use common::*;
 
+/// `GET path` on the server: (status, content type, body).
+fn get(server: &TestServer, path: &str) -> (u16, String, String) {
+    let response = match ureq::get(&format!("http://{}{path}", server.addr)).call() {
+        Ok(response) => response,
+        Err(ureq::Error::Status(_, response)) => response,
+        Err(error) => panic!("GET {path}: {error}"),
+    };
+    let status = response.status();
+    let content_type = response.content_type().to_string();
+    (status, content_type, response.into_string().unwrap())
+}
+
 #[tokio::test]
 async fn livegate_js_is_served_as_an_es_module() {
     let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
-    let response = ureq::get(&format!("http://{}/livegate.js", server.addr)).call().expect("GET /livegate.js");
-    assert_eq!(response.status(), 200);
-    assert!(response.content_type().starts_with("text/javascript"), "{}", response.content_type());
-    let body = response.into_string().unwrap();
-    assert_eq!(body, include_str!("../../src/web/livegate.js"));
-    assert!(body.contains("export function connect("));
+    let (status, content_type, body) = get(&server, "/livegate.js");
+    assert_eq!(status, 200);
+    assert!(content_type.starts_with("text/javascript"), "{content_type}");
+    assert_eq!(body, include_str!("../../clients/js/livegate.js"));
+    assert!(body.contains("export { connect"), "the entry exports connect");
+}
+
+#[tokio::test]
+async fn every_module_the_entry_imports_is_served_and_nothing_else() {
+    let _gate = crate::common::gate!();
+    let server = TestServer::start(|_| {});
+    let dir = std::path::Path::new(REPO).join("clients/js/livegate");
+    let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+        .expect("clients/js/livegate")
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.ends_with(".js"))
+        .collect();
+    on_disk.sort();
+    let served: Vec<String> = livegate::http::CLIENT_MODULES.iter().map(|(name, _)| name.to_string()).collect();
+    assert_eq!(served, on_disk, "the server's table lists every module of clients/js/livegate/, sorted");
+    for name in &on_disk {
+        let (status, content_type, body) = get(&server, &format!("/livegate/{name}"));
+        assert_eq!(status, 200, "GET /livegate/{name}");
+        assert!(content_type.starts_with("text/javascript"), "{name}: {content_type}");
+        assert_eq!(body, std::fs::read_to_string(dir.join(name)).unwrap(), "/livegate/{name} is the package's file");
+    }
+    for missing in ["/livegate/nothing.js", "/livegate/..%2Fclient.js", "/livegate/"] {
+        let (status, _, _) = get(&server, missing);
+        assert_eq!(status, 404, "GET {missing}");
+    }
 }

@@ -359,6 +359,8 @@ async fn real_answers_match_the_documented_responses() {
     add("GET", "/metrics", "/metrics", false, None);
     add("GET", "/livegate.js", "/livegate.js", false, None);
     add("GET", "/livegate.d.ts", "/livegate.d.ts", false, None);
+    add("GET", "/livegate/{file}", "/livegate/client.js", false, None);
+    add("GET", "/livegate/{file}", "/livegate/no-such-module.js", false, None);
     add("GET", "/openapi.json", "/openapi.json", false, None);
     add("GET", "/", "/", false, None);
     add("GET", "/demo/token", "/demo/token", false, None);

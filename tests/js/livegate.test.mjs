@@ -8,8 +8,9 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
-import { connect, endpointOf, suggestedDelayMs } from '../../src/web/livegate.js';
+import { DEFAULT_TIMINGS, connect, endpointOf, suggestedDelayMs } from '../../clients/js/livegate.js';
 import { fakeSocketClass } from './support/fake-socket.mjs';
+import { VirtualClock } from './support/virtual-clock.mjs';
 import { recorder } from './support/clients.mjs';
 import {
   WebSocketImpl,
@@ -227,38 +228,46 @@ describe('livegate.js with a scripted socket', () => {
     assert.equal(suggestedDelayMs(''), null);
   });
 
-  test('a server that never welcomes, or goes silent, is given up on', { timeout: 10_000 }, async () => {
-    const Fake = fakeSocketClass();
+  test('a server that never welcomes, or goes silent, is given up on (default timings, virtual time)', { timeout: 10_000 }, async () => {
+    const clock = new VirtualClock();
+    const Fake = fakeSocketClass(undefined, clock);
     const client = connect({
+      clock: clock.option,
       url: 'http://gw.test',
       getToken: async () => 'tok',
       WebSocket: Fake,
       fetch: null, // no SSE, no /readyz check: the plain WebSocket rules
-      timings: { ...FAST, connectTimeoutMs: 50, pingMs: 20, idleMs: 60 },
+      random: () => 0, // every backoff 0: the times below are the timeouts alone
     });
     const log = recorder(client);
     try {
       const mute = await Fake.nth(0); // opens, never says welcome
-      const next = await Fake.nth(1);
-      assert.ok(next.createdAt - mute.createdAt >= 45, 'waited for the connect timeout');
+      const next = await Fake.nth(1, 60_000);
+      assert.equal(next.createdAt - mute.createdAt, DEFAULT_TIMINGS.connectTimeoutMs, 'gave up after the connect timeout, to the ms');
       assert.equal(log.disconnected[0].code, 1006);
-      assert.match(log.disconnected[0].reason, /no welcome within 50 ms/);
+      assert.match(log.disconnected[0].reason, /no welcome within 10000 ms/);
       assert.equal(mute.closedByClient?.code, 4000);
 
-      next.welcome();
-      await next.expect('ping'); // the client pings every pingMs
-      const third = await Fake.nth(2); // nobody answers: dropped after idleMs
-      assert.ok(third.createdAt - next.createdAt >= 55);
-      assert.match(log.disconnected[1].reason, /nothing heard from the server for 60 ms/);
+      next.welcome(); // heartbeat_ms 30000: a ping every 30 s, silent after 75 s
+      const welcomedAt = clock.now();
+      await clock.until(() => next.frames('ping').length > 0, 'a ping', 60_000);
+      assert.equal(clock.now() - welcomedAt, 30_000, 'the client pings every heartbeat');
+      const third = await Fake.nth(2, 5 * 60_000); // nobody answers: dropped at the first check past 75 s
+      assert.equal(third.createdAt - welcomedAt, 90_000);
+      assert.match(log.disconnected[1].reason, /nothing heard from the server for 75000 ms/);
       const subscribed = client.subscribe('r', () => {});
       third.welcome();
       const sub = await third.expect('subscribe');
-      // Pongs keep it alive.
-      const keepAlive = setInterval(() => third.serverSend({ op: 'pong' }), 10);
       third.serverSend({ op: 'subscribed', room: 'r', epoch: 'E', seq: 0, ref: sub.ref });
       await subscribed;
-      await letTimePass(200, 'past idleMs (60 ms) the pongs keep the connection');
-      clearInterval(keepAlive);
+      // Each ping answered: ten minutes pass on one connection.
+      for (let minute = 0; minute < 10; minute++) {
+        await clock.advance(30_000);
+        third.serverSend({ op: 'pong' });
+        await clock.advance(30_000);
+        third.serverSend({ op: 'pong' });
+      }
+      assert.equal(third.frames('ping').length, 20);
       assert.equal(Fake.sockets.length, 3);
       assert.equal(client.state, 'connected');
     } finally {
@@ -266,21 +275,64 @@ describe('livegate.js with a scripted socket', () => {
     }
   });
 
-  test('backoff tiers are bounded: full jitter under about 0, 2, 5, 10 s, then 30 s', { timeout: 10_000 }, async () => {
-    const tiers = [0, 20, 50, 80, 120];
+  test('the connection machine: one state at a time, each change a state event with its reason', { timeout: 10_000 }, async () => {
+    const Fake = fakeSocketClass();
+    const client = connect({ url: 'http://gw.test', getToken: async () => 'tok', WebSocket: Fake, fetch: null, timings: FAST });
+    const log = recorder(client);
+    const changes = () => log.state.map((c) => `${c.previous}>${c.state}`);
+    try {
+      assert.equal(client.state, 'disconnected', 'before the first attempt');
+      const ws = await Fake.nth(0);
+      assert.equal(client.state, 'connecting');
+      ws.welcome();
+      assert.equal(client.state, 'connected');
+      assert.match(log.state.at(-1).reason, /welcomed by fake over websocket/);
+      ws.serverClose(4008, 'heartbeat timeout');
+      assert.equal(client.state, 'disconnected');
+      assert.match(log.state.at(-1).reason, /lost \(4008: heartbeat timeout\), reconnecting in 0 ms/);
+      const ws2 = await Fake.nth(1);
+      ws2.welcome();
+      ws2.serverClose(4502, 'kicked');
+      assert.equal(client.state, 'closed');
+      assert.match(log.state.at(-1).reason, /server said not to reconnect \(4502: kicked\)/);
+      assert.deepEqual(changes(), [
+        'disconnected>connecting', 'connecting>connected', 'connected>disconnected',
+        'disconnected>connecting', 'connecting>connected', 'connected>closed',
+      ]);
+      await assert.rejects(client.subscribe('r', () => {}), (e) => e.code === 'stopped');
+      client.close();
+      assert.equal(log.state.length, 6, 'closed is final: close() after it changes nothing');
+    } finally {
+      client.close();
+    }
+
+    // close() from connected: one change, the client's reason; requests refused as closed.
+    const F = fakeSocketClass();
+    const c = connect({ url: 'http://gw.test', getToken: async () => 'tok', WebSocket: F, fetch: null, timings: FAST });
+    const l = recorder(c);
+    (await F.nth(0)).welcome();
+    c.close();
+    assert.deepEqual(l.state.map((s) => [s.previous, s.state, s.reason]).at(-1), ['connected', 'closed', 'client closed']);
+    assert.deepEqual(l.disconnected.map((d) => [d.code, d.reconnectInMs]), [[1000, null]]);
+    await assert.rejects(c.history('r'), (e) => e.code === 'closed');
+  });
+
+  test('backoff tiers are bounded: full jitter under about 0, 2, 5, 10 s, then 30 s (virtual time)', { timeout: 10_000 }, async () => {
+    const tiers = [...DEFAULT_TIMINGS.backoffMs];
     async function delaysWith(random, attempts) {
-      const Fake = fakeSocketClass((socket) => socket.fail()); // every attempt fails at once
+      const clock = new VirtualClock();
+      const Fake = fakeSocketClass((socket) => socket.fail(), clock); // every attempt fails at once
       const client = connect({
+        clock: clock.option,
         url: 'http://gw.test',
         getToken: async () => 'tok',
         WebSocket: Fake,
         fetch: null, // no SSE, no /readyz check: the plain WebSocket rules
         random,
-        timings: { ...FAST, backoffMs: tiers },
       });
       const log = recorder(client);
       try {
-        await Fake.nth(attempts - 1);
+        await Fake.nth(attempts - 1, 10 * 60_000);
       } finally {
         client.close();
       }
@@ -289,13 +341,10 @@ describe('livegate.js with a scripted socket', () => {
       return { delays: log.disconnected.slice(0, attempts - 1).map((d) => d.reconnectInMs), waited, log };
     }
 
-    // random() just under 1: each delay is its tier.
+    // random() just under 1: each delay is its tier, and each attempt comes exactly then.
     const top = await delaysWith(() => 0.99999, 9);
-    assert.deepEqual(top.delays, [0, 19, 49, 79, 119, 119, 119, 119]);
-    top.waited.forEach((ms, i) => {
-      assert.ok(ms >= top.delays[i] - 2, `attempt ${i + 1} came after ${ms} ms, before its ${top.delays[i]} ms`);
-      assert.ok(ms <= top.delays[i] + 500, `attempt ${i + 1} came after ${ms} ms, long after its ${top.delays[i]} ms`);
-    });
+    assert.deepEqual(top.delays, [0, 1999, 4999, 9999, 29999, 29999, 29999, 29999]);
+    assert.deepEqual(top.waited, top.delays);
     assert.ok(top.log.disconnected.slice(0, 8).every((d) => d.code === 1006));
 
     // A seeded generator: every delay within [0, tier), not all the same.
@@ -306,37 +355,38 @@ describe('livegate.js with a scripted socket', () => {
       const tier = tiers[Math.min(i, tiers.length - 1)];
       assert.ok(ms >= 0 && ms <= tier, `delay ${i} = ${ms} outside [0, ${tier}]`);
     });
+    assert.deepEqual(jittered.waited, jittered.delays);
     assert.ok(new Set(jittered.delays.slice(4)).size > 1, `no jitter at the cap: ${jittered.delays}`);
 
     // The defaults are the documented tiers.
-    const { DEFAULT_TIMINGS } = await import('../../src/web/livegate.js');
-    assert.deepEqual([...DEFAULT_TIMINGS.backoffMs], [0, 2000, 5000, 10000, 30000]);
+    assert.deepEqual(tiers, [0, 2000, 5000, 10000, 30000]);
     assert.equal(DEFAULT_TIMINGS.restartJitterMs, 3000);
   });
 
-  test('a connection that stayed up for stableMs starts the backoff from the first tier again', { timeout: 10_000 }, async () => {
-    const Fake = fakeSocketClass();
+  test('a connection that stayed up for stableMs starts the backoff from the first tier again (virtual time)', { timeout: 10_000 }, async () => {
+    const clock = new VirtualClock();
+    const Fake = fakeSocketClass(undefined, clock);
     const client = connect({
+      clock: clock.option,
       url: 'http://gw.test',
       getToken: async () => 'tok',
       WebSocket: Fake,
       fetch: null, // no SSE, no /readyz check: the plain WebSocket rules
       random: () => 0.99999,
-      timings: { ...FAST, backoffMs: [0, 40, 80], stableMs: 100 },
     });
     const log = recorder(client);
     try {
       for (let i = 0; i < 3; i++) {
-        const ws = await Fake.nth(i);
+        const ws = await Fake.nth(i, 60_000);
         ws.welcome();
         ws.serverClose(4008, 'heartbeat timeout'); // short-lived: the tiers climb
       }
-      const ws = await Fake.nth(3);
+      const ws = await Fake.nth(3, 60_000);
       ws.welcome();
-      await letTimePass(120, 'the connection counts as stable');
+      await clock.advance(DEFAULT_TIMINGS.stableMs); // the connection counts as stable
       ws.serverClose(4008, 'heartbeat timeout');
-      await Fake.nth(4);
-      assert.deepEqual(log.disconnected.map((d) => d.reconnectInMs), [0, 39, 79, 0]);
+      await Fake.nth(4, 60_000);
+      assert.deepEqual(log.disconnected.map((d) => d.reconnectInMs), [0, 1999, 4999, 0]);
     } finally {
       client.close();
     }
@@ -368,53 +418,57 @@ describe('livegate.js with a scripted socket', () => {
     }
   });
 
-  test('close codes: 1012/1001 wait the suggested delay or 0-3 s; 4000-4499 back off; 4500-4999 stop', { timeout: 10_000 }, async () => {
-    const Fake = fakeSocketClass();
+  test('close codes: 1012/1001 wait the suggested delay or 0-3 s; 4000-4499 back off; 4500-4999 stop (virtual time)', { timeout: 10_000 }, async () => {
+    const clock = new VirtualClock();
+    const Fake = fakeSocketClass(undefined, clock);
     const client = connect({
+      clock: clock.option,
       url: 'http://gw.test',
       getToken: async () => 'tok',
       WebSocket: Fake,
       fetch: null, // no SSE, no /readyz check: the plain WebSocket rules
       random: () => 0.5,
-      timings: { ...FAST, backoffMs: [0, 40, 60], restartJitterMs: 30 },
     });
     const log = recorder(client);
     try {
       const closes = [
-        [1012, 'service restart: reconnect in 37 ms', 37],
-        [1012, '', 15], // 0.5 * restartJitterMs
-        [1001, 'going away', 15],
+        [1012, 'service restart: reconnect in 3700 ms', 3700],
+        [1012, '', 1500], // 0.5 * restartJitterMs
+        [1001, 'going away', 1500],
         [1001, 'reconnect in 9 ms', 9],
+        [1012, 'reconnect in 600000 ms', 60000], // at most maxHintMs
         [4008, 'heartbeat timeout', 0], // backoff: first tier
-        [4009, 'slow consumer', 20], // second tier, 0.5 * 40
-        [1011, 'internal', 30], // third tier
+        [4009, 'slow consumer', 1000], // second tier, 0.5 * 2000
+        [1011, 'internal', 2500], // third tier
       ];
       for (const [i, [code, reason, expected]] of closes.entries()) {
-        const ws = await Fake.nth(i);
+        const ws = await Fake.nth(i, 120_000);
         ws.welcome();
-        const before = Date.now();
+        const before = clock.now();
         ws.serverClose(code, reason);
         const last = log.disconnected.at(-1);
         assert.deepEqual([last.code, last.reason, last.reconnectInMs], [code, reason, expected]);
-        const next = await Fake.nth(i + 1);
-        assert.ok(next.createdAt - before >= expected - 2, `${code}: reconnected too early`);
+        const next = await Fake.nth(i + 1, 120_000);
+        assert.equal(next.createdAt - before, expected, `${code} ${reason}: reconnected after its delay, to the ms`);
       }
     } finally {
       client.close();
     }
 
     for (const code of [4500, 4501, 4502, 4503, 4999]) {
-      const F = fakeSocketClass();
-      const c = connect({ url: 'http://gw.test', getToken: async () => 'tok', WebSocket: F, fetch: null, timings: FAST });
+      const c2 = new VirtualClock();
+      const F = fakeSocketClass(undefined, c2);
+      const c = connect({ clock: c2.option, url: 'http://gw.test', getToken: async () => 'tok', WebSocket: F, fetch: null });
       const l = recorder(c);
       const ws = await F.nth(0);
       ws.welcome();
       ws.serverClose(code, 'go away');
-      await letTimePass(150, 'several backoff tiers: no reconnect');
+      await c2.advance(60 * 60_000); // an hour: no reconnect
+      assert.equal(c2.pending, 0, `${code}: no timer left`);
       assert.equal(F.sockets.length, 1, `${code}: the client reconnected`);
       assert.equal(l.connecting.length, 1);
       assert.deepEqual(l.disconnected.map((d) => [d.code, d.reconnectInMs]), [[code, null]]);
-      assert.equal(c.state, 'stopped');
+      assert.equal(c.state, 'closed');
       await assert.rejects(c.history('r', 0, 1), /not to reconnect/);
       c.close();
     }
@@ -615,7 +669,7 @@ describe('livegate.js against a real livegate server', () => {
     assert.equal(detail.reconnectInMs, null);
 
     await letTimePass(1000, 'many times the injected backoff tiers: no reconnect');
-    assert.equal(first.state, 'stopped');
+    assert.equal(first.state, 'closed');
     assert.equal(firstTokens, 1, 'the replaced client asked for no new token');
     assert.equal(firstLog.connecting.length, 1);
     assert.equal(second.state, 'connected');
@@ -638,7 +692,7 @@ describe('livegate.js against a real livegate server', () => {
     const detail = await kicked;
     assert.equal(detail.code, 4502, JSON.stringify(detail));
     await letTimePass(1000, 'many times the backoff: a kicked client does not reconnect');
-    assert.equal(client.state, 'stopped');
+    assert.equal(client.state, 'closed');
     assert.equal(tokens, 1);
     assert.equal(log.connecting.length, 1);
   });

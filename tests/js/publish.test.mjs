@@ -7,7 +7,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
-import { connect } from '../../src/web/livegate.js';
+import { connect } from '../../clients/js/livegate.js';
 import { WebSocketImpl, api, mintToken, nextEvent, startServer, tempDir, waitFor } from './support/server.mjs';
 import { REAL_SERVER_TIMINGS } from './support/clients.mjs';
 

@@ -8,8 +8,9 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
-import { connect } from '../../src/web/livegate.js';
+import { connect } from '../../clients/js/livegate.js';
 import { fakeSocketClass } from './support/fake-socket.mjs';
+import { VirtualClock } from './support/virtual-clock.mjs';
 import { fakeFetch } from './support/fake-fetch.mjs';
 import { REAL_SERVER_TIMINGS, recorder } from './support/clients.mjs';
 import { WebSocketImpl, letTimePass, mintToken, publish, waitFor } from './support/server.mjs';
@@ -38,11 +39,13 @@ function readyzFetch(down = new Set()) {
   return fn;
 }
 
-describe('livegate.js follows wrong_node refusals (scripted socket)', () => {
+describe('livegate.js follows wrong_node refusals (scripted socket, virtual time)', () => {
   test('close 4421: reconnects at once to the node in the reason, with the same token and session, then goes there first', { timeout: 10_000 }, async () => {
-    const Fake = fakeSocketClass();
+    const clock = new VirtualClock();
+    const Fake = fakeSocketClass(undefined, clock);
     let tokens = 0;
     const client = connect({
+      clock: clock.option,
       url: 'http://gw.test',
       session: 'S1',
       getToken: async () => `t${++tokens}`,
@@ -68,7 +71,7 @@ describe('livegate.js follows wrong_node refusals (scripted socket)', () => {
       assert.deepEqual(log.disconnected.map((d) => [d.code, d.reconnectInMs]), [[4421, 0]]);
       assert.deepEqual(redirects, [{ node: 'a', url: 'http://a.test:7001', avoid: null, reason: 'wrong_node' }]);
       assert.equal(log.error.length, 0, 'a refusal to follow is not an error');
-      ws1.welcome('S1', { node: 'a', resume: 'R1', resume_expires_at_ms: Date.now() + 600_000 });
+      ws1.welcome('S1', { node: 'a', resume: 'R1', resume_expires_at_ms: clock.now() + 600_000 });
       assert.equal(log.connected.at(-1).node, 'a');
 
       // Lost: the next attempt goes to node a first, with the resume credential.
@@ -76,7 +79,7 @@ describe('livegate.js follows wrong_node refusals (scripted socket)', () => {
       const ws2 = await Fake.nth(2, 7000);
       assert.equal(ws2.url, 'ws://a.test:7001/v1/ws?resume=R1');
       // A drain of node a (1012) sends the next attempt through the given address.
-      ws2.welcome('S1', { node: 'a', resume: 'R2', resume_expires_at_ms: Date.now() + 600_000 });
+      ws2.welcome('S1', { node: 'a', resume: 'R2', resume_expires_at_ms: clock.now() + 600_000 });
       ws2.serverClose(1012, 'service restart: reconnect in 1 ms');
       const ws3 = await Fake.nth(3, 1000);
       assert.equal(ws3.url, 'ws://gw.test/v1/ws?resume=R2');
@@ -86,9 +89,11 @@ describe('livegate.js follows wrong_node refusals (scripted socket)', () => {
   });
 
   test('close 4421 after a welcome (a rebalance handed the session over): reconnects at once to the URL with the resume credential', { timeout: 10_000 }, async () => {
-    const Fake = fakeSocketClass();
+    const clock = new VirtualClock();
+    const Fake = fakeSocketClass(undefined, clock);
     let tokens = 0;
     const client = connect({
+      clock: clock.option,
       url: 'http://gw.test',
       getToken: async () => `t${++tokens}`,
       WebSocket: Fake,
@@ -103,7 +108,7 @@ describe('livegate.js follows wrong_node refusals (scripted socket)', () => {
     try {
       const ws0 = await Fake.nth(0);
       ws0.open();
-      ws0.welcome('S1', { node: 'a', resume: 'R1', resume_expires_at_ms: Date.now() + 600_000 });
+      ws0.welcome('S1', { node: 'a', resume: 'R1', resume_expires_at_ms: clock.now() + 600_000 });
       ws0.serverClose(4421, 'http://c.test:7003');
       const ws1 = await Fake.nth(1, 1000); // no backoff: the tiers are 5 s here
       assert.equal(ws1.url, 'ws://c.test:7003/v1/ws?resume=R1', 'the welcome\'s resume credential, at the URL given');
@@ -112,7 +117,7 @@ describe('livegate.js follows wrong_node refusals (scripted socket)', () => {
       assert.deepEqual(redirects, [{ node: null, url: 'http://c.test:7003', avoid: null, reason: 'wrong_node' }]);
       assert.equal(log.error.length, 0);
       // A 4421 after a welcome without a URL is an ordinary loss (backoff), not a follow.
-      ws1.welcome('S1', { node: 'c', resume: 'R2', resume_expires_at_ms: Date.now() + 600_000 });
+      ws1.welcome('S1', { node: 'c', resume: 'R2', resume_expires_at_ms: clock.now() + 600_000 });
       ws1.serverClose(4421, '');
       await assert.rejects(Fake.nth(2, 500));
     } finally {
@@ -121,12 +126,13 @@ describe('livegate.js follows wrong_node refusals (scripted socket)', () => {
   });
 
   test('close 4421 with an empty reason follows the wrong_node frame; a resume credential is not counted as failed', { timeout: 10_000 }, async () => {
-    const Fake = fakeSocketClass();
+    const clock = new VirtualClock();
+    const Fake = fakeSocketClass(undefined, clock);
     const fetch = readyzFetch();
-    const client = connect({ url: 'http://gw.test', getToken: async () => 'tok', WebSocket: Fake, fetch, transport: 'websocket', resumeAttempts: 1, random: () => 1, timings: SLOW_BACKOFF });
+    const client = connect({ clock: clock.option, url: 'http://gw.test', getToken: async () => 'tok', WebSocket: Fake, fetch, transport: 'websocket', resumeAttempts: 1, random: () => 1, timings: SLOW_BACKOFF });
     try {
       const ws0 = await Fake.nth(0);
-      ws0.welcome('S1', { node: 'b', resume: 'R1', resume_expires_at_ms: Date.now() + 600_000 });
+      ws0.welcome('S1', { node: 'b', resume: 'R1', resume_expires_at_ms: clock.now() + 600_000 });
       client.dropConnection();
       const long = `https://${'x'.repeat(120)}.example/`;
       // Plain http given, https named: allowed (never the other way round).
@@ -146,8 +152,10 @@ describe('livegate.js follows wrong_node refusals (scripted socket)', () => {
   });
 
   test('at most 3 refusals are followed in a row without a welcome, then the client backs off through the given address', { timeout: 15_000 }, async () => {
-    const Fake = fakeSocketClass();
+    const clock = new VirtualClock();
+    const Fake = fakeSocketClass(undefined, clock);
     const client = connect({
+      clock: clock.option,
       url: 'http://gw.test',
       session: 'S1',
       getToken: async () => 'tok',
@@ -180,8 +188,9 @@ describe('livegate.js follows wrong_node refusals (scripted socket)', () => {
   });
 
   test('a refusal naming plain http is not followed from https (the credential would travel in the clear)', { timeout: 10_000 }, async () => {
-    const Fake = fakeSocketClass();
-    const client = connect({ url: 'https://gw.test', getToken: async () => 'tok', WebSocket: Fake, fetch: null, random: () => 0.5, timings: { ...SLOW_BACKOFF, backoffMs: [100] } });
+    const clock = new VirtualClock();
+    const Fake = fakeSocketClass(undefined, clock);
+    const client = connect({ clock: clock.option, url: 'https://gw.test', getToken: async () => 'tok', WebSocket: Fake, fetch: null, random: () => 0.5, timings: { ...SLOW_BACKOFF, backoffMs: [100] } });
     const log = recorder(client);
     try {
       const ws0 = await Fake.nth(0);
@@ -196,11 +205,12 @@ describe('livegate.js follows wrong_node refusals (scripted socket)', () => {
   });
 
   test('the named node unreachable: back through the given address once with avoid=<node>, the same token', { timeout: 10_000 }, async () => {
-    const Fake = fakeSocketClass();
+    const clock = new VirtualClock();
+    const Fake = fakeSocketClass(undefined, clock);
     const down = new Set(['a.test']);
     const fetch = readyzFetch(down);
     let tokens = 0;
-    const client = connect({ url: 'http://gw.test', session: 'S1', getToken: async () => `t${++tokens}`, WebSocket: Fake, fetch, transport: 'websocket', random: () => 1, timings: SLOW_BACKOFF });
+    const client = connect({ clock: clock.option, url: 'http://gw.test', session: 'S1', getToken: async () => `t${++tokens}`, WebSocket: Fake, fetch, transport: 'websocket', random: () => 1, timings: SLOW_BACKOFF });
     const redirects = [];
     client.on('redirect', (r) => redirects.push(r));
     try {
@@ -220,7 +230,7 @@ describe('livegate.js follows wrong_node refusals (scripted socket)', () => {
       ws2.serverClose(4421, 'http://c.test');
       const ws3 = await Fake.nth(3, 1000);
       assert.equal(ws3.url, 'ws://c.test/v1/ws?token=t1&session=S1&avoid=a');
-      ws3.welcome('S1', { node: 'c', resume: 'R1', resume_expires_at_ms: Date.now() + 600_000 });
+      ws3.welcome('S1', { node: 'c', resume: 'R1', resume_expires_at_ms: clock.now() + 600_000 });
       client.dropConnection();
       const ws4 = await Fake.nth(4, 7000);
       assert.equal(ws4.url, 'ws://c.test/v1/ws?resume=R1', 'the avoid was for one handshake chain only');
@@ -236,13 +246,14 @@ describe('livegate.js follows wrong_node refusals (scripted socket)', () => {
   });
 
   test('close 4029 waits the retry-after seconds of its reason', { timeout: 10_000 }, async () => {
-    const Fake = fakeSocketClass();
-    const client = connect({ url: 'http://gw.test', getToken: async () => 'tok', WebSocket: Fake, fetch: null, random: () => 0, timings: { ...SLOW_BACKOFF, backoffMs: [0] } });
+    const clock = new VirtualClock();
+    const Fake = fakeSocketClass(undefined, clock);
+    const client = connect({ clock: clock.option, url: 'http://gw.test', getToken: async () => 'tok', WebSocket: Fake, fetch: null, random: () => 0, timings: { ...SLOW_BACKOFF, backoffMs: [0] } });
     const log = recorder(client);
     try {
       const ws0 = await Fake.nth(0);
       ws0.open();
-      const before = Date.now();
+      const before = clock.now();
       ws0.serverClose(4029, '1');
       assert.deepEqual(log.disconnected.map((d) => [d.code, d.reconnectInMs]), [[4029, 1000]]);
       const ws1 = await Fake.nth(1, 3000);

@@ -8,7 +8,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 
-import { connect } from '../../src/web/livegate.js';
+import { connect } from '../../clients/js/livegate.js';
 import {
   WebSocketImpl,
   api,
@@ -180,7 +180,7 @@ describe('livegate.js over SSE against a real server', () => {
       assert.equal(detail.code, 4502, JSON.stringify(detail));
       assert.equal(detail.reconnectInMs, null);
       await letTimePass(1000, 'many times the backoff: a kicked stream does not reopen');
-      assert.equal(client.state, 'stopped');
+      assert.equal(client.state, 'closed');
       assert.equal(calls, 1);
       assert.equal(log.connecting.length, 1);
       assert.equal(client.hasResume, false);

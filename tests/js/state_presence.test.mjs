@@ -18,7 +18,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
-import { connect } from '../../src/web/livegate.js';
+import { connect } from '../../clients/js/livegate.js';
 import { API_KEY, WebSocketImpl, api, metric, mintToken, startProxy, startServer, tempDir, waitFor } from './support/server.mjs';
 import { REAL_SERVER_TIMINGS, recorder } from './support/clients.mjs';
 

@@ -8,7 +8,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 
-import { connect } from '../../src/web/livegate.js';
+import { connect } from '../../clients/js/livegate.js';
 import { fakeFetch } from './support/fake-fetch.mjs';
 import { fakeSocketClass } from './support/fake-socket.mjs';
 import { recorder } from './support/clients.mjs';

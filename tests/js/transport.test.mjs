@@ -7,11 +7,12 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 
-import { EventStreamParser, connect, sseEndpointOf } from '../../src/web/livegate.js';
+import { EventStreamParser, connect, sseEndpointOf } from '../../clients/js/livegate.js';
 import { fakeFetch } from './support/fake-fetch.mjs';
 import { fakeSocketClass } from './support/fake-socket.mjs';
 import { recorder } from './support/clients.mjs';
 import { letTimePass, pace, waitFor } from './support/clock.mjs';
+import { VirtualClock } from './support/virtual-clock.mjs';
 
 const FAST = { backoffMs: [0, 5, 10], restartJitterMs: 5, connectTimeoutMs: 3000, stableMs: 60_000 };
 const FAR = () => Date.now() + 600_000;
@@ -157,17 +158,49 @@ describe('resume credentials over WebSocket', () => {
     }
   });
 
-  test('4501/4502 stop the client and drop the credential', async () => {
+  test('a credential is used until resumeMarginMs before its expiry, on the local clock (virtual time)', async () => {
+    const clock = new VirtualClock();
+    const Fake = fakeSocketClass(undefined, clock);
+    const getToken = tokens();
+    const client = connect({ clock: clock.option, url: 'http://gw.test', getToken, WebSocket: Fake, fetch: fakeFetch({ clock }), transport: 'websocket', random: () => 0 });
+    try {
+      const ws0 = await Fake.nth(0);
+      ws0.welcome('S1', { resume: 'R1', resume_expires_at_ms: clock.now() + 10 * 60_000 });
+      // Nine minutes on, every ping answered: still a minute before the margin.
+      for (let step = 0; step < 18; step++) {
+        await clock.advance(30_000);
+        ws0.serverSend({ op: 'pong' });
+      }
+      assert.equal(Fake.sockets.length, 1, 'one connection all along');
+      assert.equal(client.hasResume, true);
+      client.dropConnection();
+      const ws1 = await Fake.nth(1);
+      assert.deepEqual(credentialOf(ws1), { token: null, resume: 'R1', session: null });
+      ws1.welcome('S1', { resume: 'R2', resume_expires_at_ms: clock.now() + 60_000 });
+      await clock.advance(29_999); // R2 counts as expired 30 s early
+      assert.equal(client.hasResume, true);
+      await clock.advance(1);
+      assert.equal(client.hasResume, false);
+      client.dropConnection();
+      assert.deepEqual(credentialOf(await Fake.nth(2)), { token: 't2', resume: null, session: 'S1' });
+      assert.equal(getToken.calls(), 2);
+    } finally {
+      client.close();
+    }
+  });
+
+  test('4501/4502 stop the client and drop the credential (virtual time)', async () => {
     for (const code of [4501, 4502]) {
-      const Fake = fakeSocketClass();
+      const clock = new VirtualClock();
+      const Fake = fakeSocketClass(undefined, clock);
       const getToken = tokens();
-      const client = connect({ url: 'http://gw.test', getToken, WebSocket: Fake, fetch: fakeFetch(), timings: FAST });
+      const client = connect({ clock: clock.option, url: 'http://gw.test', getToken, WebSocket: Fake, fetch: fakeFetch({ clock }) });
       const ws = await Fake.nth(0);
-      ws.welcome('S1', { resume: 'R1', resume_expires_at_ms: FAR() });
+      ws.welcome('S1', { resume: 'R1', resume_expires_at_ms: clock.now() + 600_000 });
       ws.serverClose(code, 'go away');
-      await letTimePass(50, 'past the backoff: no reconnect');
+      await clock.advance(60 * 60_000); // an hour: no reconnect
       assert.equal(Fake.sockets.length, 1);
-      assert.equal(client.state, 'stopped');
+      assert.equal(client.state, 'closed');
       assert.equal(client.hasResume, false);
       client.close();
     }
@@ -175,6 +208,27 @@ describe('resume credentials over WebSocket', () => {
 });
 
 describe('transport auto', () => {
+  test('the fallback in the default timings: two WebSocket failures, their backoff, then SSE (virtual time)', async () => {
+    const clock = new VirtualClock();
+    const Fake = fakeSocketClass((socket) => socket.fail(), clock); // a proxy breaks every upgrade
+    const fetch = fakeFetch({ ready: 'up', clock });
+    const client = connect({ clock: clock.option, url: 'http://gw.test', getToken: tokens(), WebSocket: Fake, fetch, random: () => 0.99999 });
+    const log = recorder(client);
+    try {
+      const sse = await fetch.nth(0, 60_000);
+      assert.deepEqual(Fake.sockets.map((s) => s.createdAt - Fake.sockets[0].createdAt), [0, 0], 'the first tier is 0 ms');
+      assert.equal(sse.createdAt - Fake.sockets[1].createdAt, 1999, 'SSE after the second tier');
+      assert.deepEqual(log.transport.map((t) => [t.from, t.to, t.reason]), [['websocket', 'sse', '2 WebSocket attempts in a row failed']]);
+      assert.equal(fetch.probes, 2, 'each failure counted only once /readyz said the server is up');
+      sse.open();
+      sse.welcome('S1');
+      await clock.until(() => client.state === 'connected', 'connected over SSE', 1000);
+      assert.equal(log.connected.at(-1).transport, 'sse');
+    } finally {
+      client.close();
+    }
+  });
+
   test('two WebSocket attempts failing while the server is up: SSE from then on, with the credential', async () => {
     const Fake = fakeSocketClass((socket) => (Fake.failing ? socket.fail() : socket.open()));
     const fetch = fakeFetch({ ready: 'up' });
@@ -402,7 +456,7 @@ describe('transport sse', () => {
       third.message('close', { code: 4502, reason: 'kicked' });
       await letTimePass(100, 'past the backoff: no reconnect after 4502');
       assert.equal(fetch.streams.length, 3, 'no reconnect after 4502');
-      assert.equal(client.state, 'stopped');
+      assert.equal(client.state, 'closed');
       assert.deepEqual(log.disconnected.at(-1), { code: 4502, reason: 'kicked', reconnectInMs: null });
     } finally {
       client.close();

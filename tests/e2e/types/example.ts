@@ -10,13 +10,16 @@ import {
   endpointOf,
   EventStreamParser,
   LivegateClient,
+  MAX_HELD_EVENTS,
   MAX_SSE_MESSAGE_CHARS,
   RECENT_IDS,
+  Subscription,
   sseEndpointOf,
   suggestedDelayMs,
   type ClientEvents,
   type ClientOptions,
   type ClientState,
+  type Clock,
   type EventStreamMessage,
   type FetchLike,
   type HistoryReply,
@@ -29,6 +32,8 @@ import {
   type PublishResult,
   type StateMeta,
   type SubscribedReply,
+  type SubscriptionOptions,
+  type SubscriptionState,
   type Timings,
   type Transport,
   type WebSocketConstructor,
@@ -60,6 +65,11 @@ const timings: Partial<Timings> = {
   probeTimeoutMs: 2000,
 };
 
+// A virtual clock for tests: only now() here, the real timers for the rest.
+let virtualNow = 0;
+const clock: Clock = { now: () => virtualNow, setTimeout: (fn, ms) => setTimeout(fn, ms), clearTimeout: (handle) => clearTimeout(handle) };
+virtualNow += 1;
+
 const options: ClientOptions = {
   url: 'https://push.example.com',
   getToken: async () => {
@@ -74,6 +84,7 @@ const options: ClientOptions = {
   session: null,
   timings,
   random: Math.random,
+  clock,
 };
 
 const client: LivegateClient = connect(options);
@@ -135,9 +146,26 @@ const subscribed: Promise<SubscribedReply<MatchState>> = client.subscribe<Score,
 subscribed.then((reply) => {
   console.log(reply.room, reply.epoch, reply.seq, reply.recovered, reply.state?.seq, reply.state?.data.score);
 });
-client.subscribe('lobby');
+const lobby: Subscription = client.subscribe('lobby');
 client.subscribe('lobby', null);
 client.unsubscribe('lobby');
+
+// Subscription objects: each its own listeners, state and unsubscribe().
+const match: Subscription<Score, MatchState> = client.subscribe<Score, MatchState>('match:2', { since: 3, epoch: 'E', state: true, presence: true });
+const subscriptionState: SubscriptionState = match.state;
+const stopEvents = match.on('event', (event) => console.log(event.data.home, event.seq));
+match.on('state', ({ room, data, seq, epoch }) => console.log(room, data?.minute, seq, epoch));
+match.on('presence', ({ count }) => console.log(count));
+match.on('subscribing', ({ room }) => console.log(room));
+match.on('subscribed', (reply) => console.log(reply.seq, reply.state?.data.score));
+match.on('unsubscribed', ({ code, reason }) => console.log(code, reason));
+match.on('recovered', ({ seq }) => console.log(seq));
+match.on('recovery_failed', ({ reason }) => console.log(reason));
+match.on('error', ({ code }) => console.log(code));
+stopEvents();
+match.ready().then((reply) => console.log(reply.epoch, subscriptionState, MAX_HELD_EVENTS, lobby.room));
+const subscriptionOptions: SubscriptionOptions = { presence: true };
+client.subscribe('lobby', subscriptionOptions).unsubscribe();
 
 async function requests(): Promise<void> {
   const history: HistoryReply<Score> = await client.history<Score>('match:1', 40, 100);

@@ -11,7 +11,7 @@ export const REAL_SERVER_TIMINGS = Object.freeze({
 
 /** Every event a client emits about its connection, as it came. */
 export function recorder(client) {
-  const log = { connecting: [], connected: [], disconnected: [], recovered: [], recovery_failed: [], error: [], transport: [] };
+  const log = { state: [], connecting: [], connected: [], disconnected: [], recovered: [], recovery_failed: [], error: [], transport: [] };
   for (const name of Object.keys(log)) client.on(name, (detail) => log[name].push(detail));
   return log;
 }

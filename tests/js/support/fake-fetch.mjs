@@ -3,9 +3,10 @@
 // `Fake.streams`; the test answers it with `respond(status, body)` or `open()`, then
 // writes the event stream with `send(text)` (split wherever the test likes), `end()` or
 // `fail()`. `/readyz` is answered by `Fake.ready` ('up': 200, 'draining': 503, 'down': a
-// network error) and counted in `Fake.probes`.
+// network error) and counted in `Fake.probes`. With a `clock` (support/virtual-clock.mjs,
+// the client's), requests are stamped with its time and `nth` moves it on instead of waiting.
 
-export function fakeFetch({ ready = 'up' } = {}) {
+export function fakeFetch({ ready = 'up', clock = null } = {}) {
   const streams = [];
   const waiters = [];
   const encoder = new TextEncoder();
@@ -25,7 +26,7 @@ export function fakeFetch({ ready = 'up' } = {}) {
         url: target,
         init,
         aborted: false,
-        createdAt: Date.now(),
+        createdAt: clock ? clock.now() : Date.now(),
         params: Object.fromEntries(target.searchParams),
         respond(status, body) {
           resolve(new Response(JSON.stringify(body), { status, headers: { 'Content-Type': 'application/json' } }));
@@ -75,6 +76,12 @@ export function fakeFetch({ ready = 'up' } = {}) {
   /** Resolves with the n-th SSE request (0-based) once the client made it. */
   fetchFn.nth = (n, ms = 5000) => {
     if (streams[n]) return Promise.resolve(streams[n]);
+    if (clock) {
+      return new Promise((resolve, reject) => {
+        waiters.push({ n, resolve });
+        clock.until(() => streams[n], `SSE request #${n}`, ms).catch(reject);
+      });
+    }
     return new Promise((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error(`no SSE request #${n} within ${ms} ms`)), ms);
       waiters.push({ n, resolve: (s) => (clearTimeout(timer), resolve(s)) });

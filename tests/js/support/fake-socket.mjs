@@ -6,17 +6,27 @@ import { waitFor } from './clock.mjs';
 
 /**
  * Returns a WebSocket-shaped class whose instances are recorded in `Fake.sockets`.
- * `behaviour(socket)` runs right after construction (e.g. fail at once).
+ * `behaviour(socket)` runs right after construction (e.g. fail at once). With a `clock`
+ * (support/virtual-clock.mjs, the one the client was given), sockets are stamped with its
+ * time and `nth` moves that clock on instead of waiting.
  */
-export function fakeSocketClass(behaviour = (socket) => socket.open()) {
+export function fakeSocketClass(behaviour = (socket) => socket.open(), clock = null) {
   const sockets = [];
   const waiters = [];
   class FakeSocket {
     static sockets = sockets;
 
-    /** Resolves with the n-th socket (0-based) once the client created it. */
+    /** Resolves with the n-th socket (0-based) once the client created it (within `ms`, virtual with a clock). */
     static nth(n, ms = 5000) {
       if (sockets[n]) return Promise.resolve(sockets[n]);
+      if (clock) {
+        // Resolved by the constructor itself, as without a clock: the test runs before
+        // the socket's behaviour; the clock runs timers until then.
+        return new Promise((resolve, reject) => {
+          waiters.push({ n, resolve });
+          clock.until(() => sockets[n], `socket #${n}`, ms).catch(reject);
+        });
+      }
       return new Promise((resolve, reject) => {
         const timer = setTimeout(() => reject(new Error(`no socket #${n} within ${ms} ms`)), ms);
         waiters.push({ n, resolve: (s) => (clearTimeout(timer), resolve(s)) });
@@ -28,7 +38,7 @@ export function fakeSocketClass(behaviour = (socket) => socket.open()) {
       this.readyState = 0;
       this.sent = [];
       this.closedByClient = null;
-      this.createdAt = Date.now();
+      this.createdAt = clock ? clock.now() : Date.now();
       this.onopen = this.onmessage = this.onclose = this.onerror = null;
       sockets.push(this);
       for (const waiter of waiters.filter((w) => w.n === sockets.length - 1)) waiter.resolve(this);

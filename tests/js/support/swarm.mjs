@@ -16,7 +16,7 @@
 //
 // Configuration (environment): SWARM_URL (the address clients are given), SWARM_CLIENTS,
 // SWARM_ROOMS (comma-separated), SWARM_ROOMS_PER_CLIENT, SWARM_USER_PREFIX, SWARM_API_KEY;
-// SWARM_LIBRARY, a path to another livegate.js to run instead of src/web/livegate.js
+// SWARM_LIBRARY, a path to another livegate.js to run instead of clients/js/livegate.js
 // (another branch's, say; the server serves the one it was built with).
 // Closing stdin closes every client and ends the process.
 //
@@ -29,7 +29,7 @@ import { pathToFileURL } from 'node:url';
 import { pace } from './clock.mjs';
 import { MiniWebSocket } from './mini-websocket.mjs';
 
-const library = process.env.SWARM_LIBRARY ? pathToFileURL(process.env.SWARM_LIBRARY).href : '../../../src/web/livegate.js';
+const library = process.env.SWARM_LIBRARY ? pathToFileURL(process.env.SWARM_LIBRARY).href : '../../../clients/js/livegate.js';
 const { connect } = await import(library);
 
 const url = process.env.SWARM_URL;

@@ -1,6 +1,8 @@
 // livegate.d.ts: TypeScript declarations for livegate.js, the browser and Node client of
-// livegate (served at /livegate.js, these at /livegate.d.ts). Save both side by side and
-// import the module as usual:
+// livegate (served at /livegate.js with its modules under /livegate/, these at
+// /livegate.d.ts; the npm package in clients/js/ is the same files). Install the package,
+// or save livegate.js, its livegate/ modules and this file side by side, and import the
+// module as usual:
 //
 //   import { connect, type LivegateEvent } from './livegate.js';
 //   const client = connect({ url: 'https://push.example.com', getToken: () => fetchToken() });
@@ -17,7 +19,12 @@ export type Transport = 'websocket' | 'sse';
 export type TransportOption = 'auto' | Transport;
 
 /** `client.state`: `idle` before the first attempt, `stopped` after a close 4500-4999, `closed` after close(). */
-export type ClientState = 'idle' | 'connecting' | 'connected' | 'disconnected' | 'stopped' | 'closed';
+/**
+ * The connection's state: `disconnected` (none; the next attempt is scheduled, also before
+ * the first), `connecting`, `connected` (welcomed), `closed` (for good: close(), or the
+ * server said not to reconnect with a close 4500-4999). The `state` event tells each change.
+ */
+export type ClientState = 'disconnected' | 'connecting' | 'connected' | 'closed';
 
 /** What `getToken()` may return: the token, or the `{token}` reply of `POST /v1/tokens`. */
 export type TokenResult = string | { token: string };
@@ -115,6 +122,12 @@ export interface ClientOptions {
   timings?: Partial<Timings>;
   /** A function like Math.random (for tests). */
   random?: () => number;
+  /**
+   * The time the client reads and the timers it sets (for tests: a virtual clock runs
+   * reconnects, backoff, heartbeats and credential expiry without waiting). Any function
+   * left out is the real one.
+   */
+  clock?: Clock;
 }
 
 /** One event of a room, as the server sent it. `data` is whatever was published. */
@@ -173,6 +186,49 @@ export interface SubscribeOptions<S = unknown> {
   presence?: boolean;
   /** Presence changes (at most one per `presence_interval_ms`, only when something changed). */
   onPresence?: (change: PresenceChange) => void;
+}
+
+/** The options of `subscribe(room, options)`. */
+export interface SubscriptionOptions {
+  /** Deliver the events after this seq (e.g. the head of a state loaded over HTTP). */
+  since?: number | null;
+  /** The epoch `since` belongs to. */
+  epoch?: string | null;
+  /** Start from the room's state: a `state` event first, then the events after its seq. */
+  state?: boolean;
+  /** Presence changes of the room as `presence` events. */
+  presence?: boolean;
+}
+
+/** A Subscription's state. */
+export type SubscriptionState = 'unsubscribed' | 'subscribing' | 'subscribed';
+
+/** The events of a Subscription and what each carries. */
+export interface SubscriptionEvents<T = unknown, S = unknown> {
+  /** One event of the room, once and in seq order. */
+  event: LivegateEvent<T>;
+  /** The room's state (null: none) as of `seq`; the events after it follow. */
+  state: { room: string; data: S | null; seq: number; epoch: string };
+  presence: PresenceChange;
+  subscribing: { room: string };
+  subscribed: SubscribedReply<S>;
+  unsubscribed: { room: string; code: string; reason: string };
+  recovered: { room: string; epoch: string; seq: number; state?: true };
+  recovery_failed: { room: string; epoch: string | null; seq: number; reason: string };
+  error: { room?: string; code: string; message: string; error?: unknown };
+}
+
+/** One subscription of the application to a room (`client.subscribe(room, options)`). */
+export declare class Subscription<T = unknown, S = unknown> {
+  readonly room: string;
+  readonly state: SubscriptionState;
+  /** Listens to one of its events; returns a function that removes the listener. */
+  on<K extends keyof SubscriptionEvents<T, S>>(name: K, listener: (detail: SubscriptionEvents<T, S>[K]) => void): () => void;
+  off<K extends keyof SubscriptionEvents<T, S>>(name: K, listener: (detail: SubscriptionEvents<T, S>[K]) => void): void;
+  /** The first `subscribed` reply; rejects (a `LivegateError`) when the room is refused or the subscription ends first. */
+  ready(): Promise<SubscribedReply<S>>;
+  /** Ends this subscription only; the server's ends with the room's last one. */
+  unsubscribe(): void;
 }
 
 /** What a `subscribe()` promise resolves with: the room's first `subscribed` reply. */
@@ -240,6 +296,8 @@ export interface LivegateError extends Error {
 
 /** The events `on()` listens to, with what each listener is given. */
 export interface ClientEvents {
+  /** The connection's state changed (`reason`: why, in words, for logs). */
+  state: { previous: ClientState; state: ClientState; reason: string };
   connecting: { attempt: number; transport: Transport };
   connected: {
     session: string;
@@ -310,15 +368,23 @@ export declare class LivegateClient {
   on<K extends ClientEventName>(name: K, listener: (detail: ClientEvents[K]) => void): () => void;
   off<K extends ClientEventName>(name: K, listener: (detail: ClientEvents[K]) => void): void;
   /**
-   * Delivers the room's events to `onEvent` once each, in seq order. Resolves with the
-   * first `subscribed` reply; rejects (a `LivegateError`) when the server refuses the room.
+   * A subscription to the room: its events once each, in seq order, after `since` (else
+   * from now on), from the room's state with `state: true`, presence with `presence:
+   * true`. Subscriptions to one room share one server subscription; each gets what it
+   * asked for and `unsubscribe()` ends only itself.
+   */
+  subscribe<T = unknown, S = unknown>(room: string, options?: SubscriptionOptions): Subscription<T, S>;
+  /**
+   * The form of earlier releases, kept for one release: delivers the room's events to
+   * `onEvent` once each, in seq order. Resolves with the first `subscribed` reply; rejects
+   * (a `LivegateError`) when the server refuses the room.
    */
   subscribe<T = unknown, S = unknown>(
     room: string,
-    onEvent?: ((event: LivegateEvent<T>) => void) | null,
+    onEvent: ((event: LivegateEvent<T>) => void) | null | undefined,
     options?: SubscribeOptions<S>,
   ): Promise<SubscribedReply<S>>;
-  /** Stops delivering the room and tells the server (over SSE: reopens the stream). */
+  /** Ends every subscription of the room and tells the server (over SSE: reopens the stream). */
   unsubscribe(room: string): void;
   /** Up to `limit` (default 100) events of `room` after `since` (default 0); WebSocket only. */
   history<T = unknown>(room: string, since?: number, limit?: number): Promise<HistoryReply<T>>;
@@ -335,10 +401,21 @@ export declare class LivegateClient {
 /** Opens a client: `new LivegateClient(options)`. */
 export declare function connect(options: ClientOptions): LivegateClient;
 
+/** Time as the client sees it: the `clock` option. */
+export interface Clock {
+  /** The current time in milliseconds since the epoch, like Date.now(). */
+  now?: () => number;
+  /** Runs `fn` once after `ms`; returns a handle for clearTimeout. */
+  setTimeout?: (fn: () => void, ms: number) => unknown;
+  clearTimeout?: (handle: any) => void;
+}
+
 /** The defaults of the `timings` option. */
 export declare const DEFAULT_TIMINGS: Readonly<Timings>;
 /** Event ids remembered per room to drop repeats. */
 export declare const RECENT_IDS: number;
+/** Most events a room holds back while subscribing or filling a gap before it subscribes again from its last delivered seq. */
+export declare const MAX_HELD_EVENTS: number;
 /** Largest SSE message, in characters. */
 export declare const MAX_SSE_MESSAGE_CHARS: number;
 

@@ -1,0 +1,1333 @@
+// The client: LivegateClient, the object connect() returns. It owns the connection's
+// life (attempts, the welcome, losses and reconnects, redirects to the session's node,
+// the WebSocket→SSE fallback), the requests waiting for replies, and the delivery of each
+// room's events once and in order. The transports (transport-websocket.js,
+// transport-sse.js) move frames, credentials.js keeps the resume credential,
+// connection.js holds the timings and the reconnect policy, subscriptions.js each room's
+// position, and clock.js the time. The behaviour is described at the top of livegate.js.
+
+import { clockFrom, repeat } from './clock.js';
+import { ConnectionMachine, DEFAULT_TIMINGS, MAX_FOLLOWS, TRANSPORT_OPTIONS, TransportOrder, WS_FAILURES_BEFORE_SSE, reconnectDelayMs, toldToStop } from './connection.js';
+import { ResumeCredential } from './credentials.js';
+import { livegateError as lgError } from './errors.js';
+import { FINAL_SUBSCRIBE_ERRORS, HISTORY_PAGE, MAX_HELD_EVENTS, RoomState, Subscription, snapshotOf } from './subscriptions.js';
+import { SseTransport, cancelBody } from './transport-sse.js';
+import { WebSocketTransport } from './transport-websocket.js';
+import { baseOf, endpointOf, looksLikeUrl, readyzOf, sseEndpointOf } from './urls.js';
+
+/**
+ * Opens a client. Options:
+ * - `url`: the server's base URL (http(s):// or ws(s)://; `/v1/ws` and `/v1/sse` are
+ *   appended). Defaults to the page's origin in a browser.
+ * - `getToken()`: returns (a promise of) a fresh one-time token, or the `{token}` reply
+ *   of `POST /v1/tokens`; called for an attempt that has no usable resume credential.
+ * - `transport`: `'auto'` (default), `'websocket'` or `'sse'` (see the top of this file).
+ * - `resume`: false to never use resume credentials (default true).
+ * - `resumeAttempts`: consecutive failed WebSocket attempts a credential is tried in
+ *   before it is dropped (default 3).
+ * - `WebSocket`: the constructor to use (default: the global one).
+ * - `fetch`: the fetch function for SSE and the `/readyz` check (default: the global one).
+ * - `session`: a session id to resume on the first connection.
+ * - `timings`: overrides of `DEFAULT_TIMINGS`.
+ * - `random`: a function like Math.random (for tests).
+ * - `clock`: `{now, setTimeout, clearTimeout}` to use instead of the real ones (for tests;
+ *   see clock.js).
+ */
+export function connect(options) {
+  return new LivegateClient(options);
+}
+
+export class LivegateClient {
+  constructor(options = {}) {
+    const { url, getToken, WebSocket: Socket, session, timings, random, clock } = options;
+    if (typeof getToken !== 'function') throw new TypeError('livegate: getToken must be a function');
+    const transport = options.transport ?? 'auto';
+    if (!TRANSPORT_OPTIONS.has(transport)) throw new TypeError(`livegate: transport must be 'auto', 'websocket' or 'sse', not ${transport}`);
+    this._Socket = typeof (Socket || globalThis.WebSocket) === 'function' ? Socket || globalThis.WebSocket : null;
+    const fetchFn = options.fetch === undefined ? globalThis.fetch : options.fetch;
+    this._fetch = typeof fetchFn === 'function' ? (input, init) => fetchFn(input, init) : null;
+    if (transport === 'websocket' && !this._Socket) {
+      throw new TypeError('livegate: no WebSocket constructor (pass one as the WebSocket option)');
+    }
+    if (transport === 'sse' && !this._fetch) throw new TypeError('livegate: transport sse needs fetch()');
+    if (!this._Socket && !this._fetch) {
+      throw new TypeError('livegate: no WebSocket constructor and no fetch (pass one as the WebSocket option)');
+    }
+    const base = url ?? globalThis.location?.origin;
+    if (!base) throw new TypeError('livegate: url is required outside a browser');
+    this._endpoint = endpointOf(String(base));
+    this._sseEndpoint = sseEndpointOf(String(base));
+    this._readyz = readyzOf(this._sseEndpoint);
+    this._secure = /^https:/i.test(this._sseEndpoint);
+    /** The transports to try, in order, and the one in use. */
+    this._order = new TransportOrder(transport, { webSocket: !!this._Socket, fetch: !!this._fetch });
+    this._getToken = getToken;
+    this._timings = { ...DEFAULT_TIMINGS, ...(timings || {}) };
+    this._random = typeof random === 'function' ? random : Math.random;
+    this._clock = clockFrom(clock);
+    this._session = session ?? null;
+    /** The resume credential of the last welcome. */
+    this._credential = new ResumeCredential({
+      enabled: options.resume !== false,
+      attempts: Math.max(1, Number(options.resumeAttempts ?? 3) || 3),
+      marginMs: this._timings.resumeMarginMs,
+      clock: this._clock,
+    });
+
+    this._listeners = new Map();
+    this._rooms = new Map(); // room name -> RoomState
+    this._requests = new Map(); // ref -> {resolve, reject, frame}
+    this._queued = []; // requests waiting for a connection: [ref, ...]
+    this._nextRef = 1;
+
+    /**
+     * The current attempt or connection: {transport, attempt, rooms, welcomed, welcomedAt,
+     * reopenPending}: `attempt` is what it used ({transport, resume, quiet, ...}), `rooms`
+     * the rooms an SSE stream names (null over WebSocket), `welcomed` whether its
+     * `welcome` came (at `welcomedAt`), `reopenPending` whether an SSE stream is about to
+     * be reopened for changed rooms.
+     */
+    this._link = null;
+    /** The connection's state: `state`, and the `state` event on each change. */
+    this._machine = new ConnectionMachine((change) => this._emit('state', { previous: change.previous, state: change.state, reason: change.reason }));
+    this._failures = 0; // attempts since the last stable connection
+    this._attempts = 0;
+    this._attemptGen = 0;
+    /** reconnect, connect: the clock's timer handles; ping: the function that stops it. */
+    this._timers = { reconnect: null, connect: null, ping: null };
+    this._lastHeard = 0;
+
+    /** The /readyz check of the last failed attempt; the next attempt waits for it. */
+    this._verdict = null;
+    /**
+     * The optional parts of the protocol the server announced in its last welcome
+     * (`features`: `state`, `presence`, `publish`), or null: a server before that field,
+     * asked anyway (it refuses what it lacks, see `_onError`).
+     */
+    this._features = null;
+    /** Server clock minus local clock, from an SSE response's Date header. */
+    this._skewMs = 0;
+    /** The `id:` of the last SSE events message: the stream's cursor. */
+    this._cursor = null;
+    /**
+     * Where the next attempt goes instead of the given address, once: a refusal named a
+     * node (`{base, node, avoid, token}`), or that node was unreachable (`{avoid, token}`:
+     * the given address, told to avoid it). `token`: the unspent token to offer again.
+     */
+    this._target = null;
+    /** The node the session lives on, after a welcome from a node a refusal named: {base, node}. */
+    this._home = null;
+    /** Refusals followed (and unreachable nodes avoided) since the last welcome. */
+    this._follows = 0;
+
+    this._schedule(() => this._attempt(), 0);
+  }
+
+  // ---- public API ----
+
+  /**
+   * 'disconnected' | 'connecting' | 'connected' | 'closed' (for good: close(), or a close
+   * 4500-4999 from the server). The `state` event tells each change and its reason.
+   */
+  get state() {
+    return this._machine.state;
+  }
+
+  /** The session id of the last welcome (null before the first). */
+  get session() {
+    return this._session;
+  }
+
+  /** The transport in use (or of the next attempt): 'websocket' or 'sse'. */
+  get transport() {
+    return this._order.current;
+  }
+
+  /** Whether a resume credential is held for the next attempt (never the credential). */
+  get hasResume() {
+    return this._credential.usable() != null;
+  }
+
+  /** Where delivery of a room stands: `{epoch, seq}` (seq = last delivered), or null. */
+  position(room) {
+    const state = this._rooms.get(room);
+    return state ? { epoch: state.epoch, seq: state.last } : null;
+  }
+
+  /**
+   * Listens to `connecting` ({attempt, transport}), `connected` ({session, node, warmup,
+   * heartbeatMs, resumed, transport, credential: 'token' | 'resume'}), `disconnected`
+   * ({code, reason, reconnectInMs: null when not reconnecting}), `transport` ({from, to,
+   * reason}), `redirect` ({node, url, avoid, reason}: the next attempt goes to `url`), `recovered` ({room, epoch, seq}; with `state: true` when the server could
+   * not replay but sent the room's state instead), `recovery_failed` ({room, epoch, seq,
+   * reason}), `error` ({room?, code, message, error?}). Returns a function that removes
+   * the listener.
+   */
+  on(name, fn) {
+    if (!this._listeners.has(name)) this._listeners.set(name, new Set());
+    this._listeners.get(name).add(fn);
+    return () => this.off(name, fn);
+  }
+
+  off(name, fn) {
+    this._listeners.get(name)?.delete(fn);
+  }
+
+  /**
+   * `subscribe(room, {since, epoch, state, presence})` returns a Subscription (see
+   * subscriptions.js): its own events (`event`, `state`, `presence`, `recovered`,
+   * `recovery_failed`, `error`, `subscribing`, `subscribed`, `unsubscribed`), state and
+   * `unsubscribe()`. It starts after `since` (in `epoch`, e.g. the head of a state loaded
+   * over HTTP), else from now on; `state: true` starts it from the room's state;
+   * `presence: true` adds presence changes. Several subscriptions to one room share one
+   * server subscription and each gets what it asked for.
+   *
+   * Compatibility for one release: `subscribe(room, onEvent, options)` (a function or null
+   * second) returns a promise of the first `subscribed` reply, with `options.onState(data,
+   * {room, seq, epoch})` and `options.onPresence(change)` as listeners.
+   */
+  subscribe(room, onEvent, options) {
+    if (typeof room !== 'string' || room === '') throw new TypeError('livegate: room must be a non-empty string');
+    if (typeof onEvent !== 'function' && options === undefined) return this._subscription(room, onEvent ?? {});
+    options = options ?? {};
+    // As before: a later subscribe's onPresence joins the room's presence when it has it.
+    const joinsPresence = typeof options.onPresence === 'function' && this._rooms.get(room)?.wantPresence === true;
+    const sub = this._subscription(room, joinsPresence ? { ...options, presence: true } : options);
+    if (typeof onEvent === 'function') sub.on('event', onEvent);
+    const onState = options.onState;
+    if (typeof onState === 'function') sub.on('state', ({ data, room: name, seq, epoch }) => onState(data, { room: name, seq, epoch }));
+    if (typeof options.onPresence === 'function') sub.on('presence', options.onPresence);
+    return sub.ready();
+  }
+
+  /** Stops delivering the room to every subscription of it and tells the server (over SSE: reopens the stream). */
+  unsubscribe(room) {
+    const state = this._rooms.get(room);
+    if (!state) return;
+    for (const sub of [...state.subs]) sub._end('unsubscribed', `unsubscribed from ${room}`);
+    this._forgetRoom(state);
+  }
+
+  /** A new Subscription on `room` with `options` {since, epoch, state, presence}. */
+  _subscription(room, options) {
+    const sub = new Subscription(room, options, (ended) => this._subscriptionEnded(ended));
+    const refusal = this._refusalWhenClosed();
+    if (refusal) {
+      sub._end(refusal.code, refusal.message);
+      return sub;
+    }
+    let state = this._rooms.get(room);
+    if (!state) {
+      state = new RoomState(room);
+      state.add(sub);
+      if (options.since != null) {
+        state.last = Number(options.since);
+        state.epoch = options.epoch ?? null;
+      }
+      this._rooms.set(room, state);
+      sub._subscribing();
+      if (this._stream()) this._roomsChanged();
+      else if (this._link?.welcomed) this._sendSubscribe(state);
+      return sub;
+    }
+    // A later subscription of a subscribed room shares its server subscription. The
+    // others keep their place; it starts at its `since`, its state, or the room's position.
+    for (const other of state.subs) other.floor ??= state.last;
+    if (sub.floor == null) sub.floor = state.last;
+    let again = state.add(sub);
+    if (sub.wantsState && state.wantState) {
+      // Its own state: the room starts from the state again (the others that asked for
+      // state get it too; the events they are owed come after it, and the rest of the
+      // room's subscriptions get what the state stands for as events).
+      state.fromState = true;
+      again = true;
+    } else if (sub.floor != null && state.last != null && sub.floor < state.last) {
+      // Events the room delivered before this subscription came: the room goes back to
+      // its `since` and the server replays them; the others skip what they had.
+      state.last = sub.floor;
+      state.forgetIds();
+      again = true;
+    }
+    sub._subscribing();
+    if (again) this._resubscribe(state);
+    else if (state.subscribedOnce) {
+      // Told after the caller had the object to listen on.
+      queueMicrotask(() => {
+        if (sub.state === 'subscribing' && state.subs.has(sub) && !state.awaiting) sub._subscribed(state.lastReply);
+      });
+    }
+    return sub;
+  }
+
+  /** A subscription ended by its own unsubscribe(): the room goes with its last one. */
+  _subscriptionEnded(sub) {
+    const state = this._rooms.get(sub.room);
+    if (!state || !state.subs.has(sub)) return;
+    state.subs.delete(sub);
+    if (state.subs.size === 0) this._forgetRoom(state);
+  }
+
+  /** Stops delivering `state`'s room and tells the server. */
+  _forgetRoom(state) {
+    if (this._rooms.get(state.room) !== state) return;
+    this._rooms.delete(state.room);
+    state.cancel();
+    if (this._stream()) this._roomsChanged();
+    else if (this._link?.welcomed) this._send({ op: 'unsubscribe', room: state.room });
+  }
+
+  /** Subscribes `state`'s room again for what it asks now (the stream reopens over SSE). */
+  _resubscribe(state) {
+    if (this._stream()) this._roomsChanged(true);
+    else if (this._link?.welcomed) this._sendSubscribe(state);
+  }
+
+  /**
+   * Asks the server for up to `limit` events of `room` after `since`. Resolves with the
+   * `history` reply `{room, epoch, head, events, complete}`; rejects on an `error` reply,
+   * when the connection is lost before the reply, or on close(). While disconnected the
+   * request waits for the next connection. Over SSE (no client requests) it rejects with
+   * code `unsupported`.
+   */
+  history(room, since = 0, limit = 100) {
+    return this._request({ op: 'history', room, since, limit });
+  }
+
+  /**
+   * Publishes `data` (any JSON value) to `room` as this connection's user. Resolves with
+   * `{seq, duplicate, id}` once the server has stored the event; rejects with the server's
+   * error code (`forbidden` outside the token's `publish` patterns, `bad_room`,
+   * `payload_too_large`, `rate_limited`, `bad_request`), when the connection is lost after
+   * the request went out (publish again with the same `id`: at most once is stored), or
+   * on close(). While disconnected the request waits for the next connection. Over SSE it
+   * rejects with code `unsupported`. `id`: the idempotency id (default: a random one).
+   */
+  publish(room, data, { id } = {}) {
+    if (this._serverLacks('publish')) return Promise.reject(lgError('unsupported', 'the server has no client publish'));
+    const eventId = id ?? `c-${randomHex(8)}`;
+    return this._request({ op: 'publish', room, id: eventId, data }).then((reply) => ({
+      seq: reply.seq,
+      duplicate: reply.duplicate === true,
+      id: eventId,
+    }));
+  }
+
+  /**
+   * Asks who is in `room` now (the `presence` op). Resolves with `{room, count, members}`:
+   * `members` lists the distinct `{user, device}` pairs with a subscription to the room
+   * (null above the server's `presence_members_max`); the token must allow reading the
+   * room. Rejects with the server's error code (`forbidden`, `bad_room`, `presence_off`
+   * for a room whose namespace turns presence off, ...), when the connection is lost
+   * after the request went out, or on close(). Over SSE it rejects with `unsupported`
+   * (ask `GET /v1/rooms/{room}/presence` from your backend instead).
+   */
+  presence(room) {
+    if (this._serverLacks('presence')) return Promise.reject(lgError('unsupported', 'the server has no presence'));
+    return this._request({ op: 'presence', room }).then((reply) => ({
+      room: reply.room,
+      count: Number(reply.count),
+      members: Array.isArray(reply.members) ? reply.members : null,
+    }));
+  }
+
+  /**
+   * Drops the current connection as if it had been lost (to watch recovery in a demo, or
+   * in tests): the socket is closed with 4000 (the SSE request aborted), `disconnected`
+   * follows with that code, and the client reconnects by its backoff and resubscribes
+   * every room with `since`, like after any other loss. Returns false when there is no
+   * connection to drop.
+   */
+  dropConnection(reason = 'dropped by the application') {
+    if (this._machine.closed) return false;
+    const link = this._link;
+    if (!link) return false;
+    this._drop(link, 4000, String(reason));
+    this._lost(4000, reason, null, link);
+    return true;
+  }
+
+  /** Closes the connection for good: no reconnect, pending requests are rejected. */
+  close() {
+    if (this._machine.closedBy === 'client') return;
+    this._machine.transition('closed', 'client closed', 'client');
+    const link = this._link;
+    this._clearTimers();
+    if (link) {
+      this._drop(link, 1000, 'client closed');
+      this._lost(1000, 'client closed', null, link);
+    }
+    this._rejectAll(lgError('closed', 'client closed'));
+    for (const state of this._rooms.values()) {
+      state.cancel();
+      for (const sub of [...state.subs]) sub._end('closed', 'client closed');
+    }
+  }
+
+  // ---- connection lifecycle ----
+
+  /** The rejection for a request or subscribe made once closed, or null while not closed. */
+  _refusalWhenClosed() {
+    if (!this._machine.closed) return null;
+    if (this._machine.closedBy === 'server') return lgError('stopped', 'server said not to reconnect');
+    return lgError('closed', 'client closed');
+  }
+
+  /** Opens the next connection; `quiet`: an SSE stream reopened for its rooms (no events). */
+  async _attempt({ quiet = false } = {}) {
+    this._timers.reconnect = null;
+    if (this._machine.closed) return;
+    const gen = ++this._attemptGen;
+    if (this._verdict) {
+      await this._verdict;
+      if (gen !== this._attemptGen || this._machine.closed) return;
+    }
+    this._attempts += 1;
+    const transport = this._order.current;
+    // A refusal's node (or the given address avoiding an unreachable one), else the node
+    // the session lives on, else the given address.
+    const target = this._target;
+    const where = target ?? this._home;
+    if (!quiet) {
+      this._machine.transition('connecting', `attempt ${this._attempts} over ${transport}`);
+      this._emit('connecting', { attempt: this._attempts, transport });
+    }
+    const resume = this._credential.usable();
+    let token = null;
+    if (resume == null && target?.token) {
+      token = target.token; // refused unspent (or never seen): offered again
+    } else if (resume == null) {
+      try {
+        token = await this._getToken();
+        if (token && typeof token === 'object') token = token.token;
+        if (typeof token !== 'string' || token === '') throw new Error('getToken returned no token');
+      } catch (error) {
+        if (this._machine.closedBy === 'client' || gen !== this._attemptGen) return;
+        this._emit('error', { code: 'token', message: `getToken failed: ${error?.message ?? error}`, error });
+        this._afterLoss(1006, 'getToken failed', false);
+        return;
+      }
+      if (this._machine.closed || gen !== this._attemptGen) return;
+    }
+    if (this._target === target) this._target = null;
+    const attempt = {
+      transport,
+      resume,
+      quiet,
+      token,
+      base: where?.base ?? null, // null: the given address
+      node: where?.base ? where.node ?? null : null,
+      avoid: target?.avoid ?? null,
+      opened: false, // the server answered (WebSocket open, or an HTTP response)
+      named: null, // the `wrong_node` frame's {url, node}
+    };
+    if (transport === 'sse') this._openSse(attempt, token);
+    else this._openWebSocket(attempt, token);
+  }
+
+  /** The credential part of an attempt's query string. */
+  _credentialQuery(attempt, token) {
+    let query;
+    if (attempt.resume != null) query = `resume=${encodeURIComponent(attempt.resume)}`;
+    else {
+      query = `token=${encodeURIComponent(token)}`;
+      if (this._session) query += `&session=${encodeURIComponent(this._session)}`;
+    }
+    if (attempt.avoid != null) query += `&avoid=${encodeURIComponent(attempt.avoid)}`;
+    return query;
+  }
+
+  _openWebSocket(attempt, token) {
+    const endpoint = attempt.base ? endpointOf(attempt.base) : this._endpoint;
+    const url = `${endpoint}?${this._credentialQuery(attempt, token)}`;
+    const link = newLink(new WebSocketTransport(this._Socket), attempt, null);
+    this._link = link;
+    this._lastHeard = this._clock.now();
+    try {
+      link.transport.open(url, this._handlersOf(link));
+    } catch (error) {
+      this._link = null;
+      this._emit('error', { code: 'socket', message: error.message });
+      this._afterLoss(1006, error.message, false);
+      return;
+    }
+    this._watchForWelcome(link);
+  }
+
+  /** Opens an SSE stream for the current rooms with `since` = the cursor. */
+  _openSse(attempt, token) {
+    const rooms = [...this._rooms.keys()];
+    const endpoint = attempt.base ? sseEndpointOf(attempt.base) : this._sseEndpoint;
+    let url = `${endpoint}?${this._credentialQuery(attempt, token)}&rooms=${rooms.map(encodeURIComponent).join(',')}`;
+    const since = this._sseSince();
+    if (since) url += `&since=${encodeURIComponent(since)}`;
+    // The stream's flags apply to all its rooms; a room that did not ask ignores them.
+    const subscriptions = [...this._rooms.values()];
+    for (const state of subscriptions) this._withoutUnannounced(state);
+    if (subscriptions.some((state) => state.wantState)) url += '&state=1';
+    if (subscriptions.some((state) => state.wantPresence)) url += '&presence=1';
+    const link = newLink(new SseTransport(this._fetch), attempt, new Set(rooms));
+    this._link = link;
+    this._lastHeard = this._clock.now();
+    this._watchForWelcome(link);
+    link.transport.open(url, this._handlersOf(link));
+  }
+
+  /** No `welcome` on `link` within the connect timeout: give up on the attempt. */
+  _watchForWelcome(link) {
+    this._timers.connect = this._clock.setTimeout(() => {
+      if (this._link !== link || link.welcomed) return;
+      this._abandon(`no welcome within ${this._timings.connectTimeoutMs} ms`);
+    }, this._timings.connectTimeoutMs);
+  }
+
+  /** What the transport of `link` reports to, while `link` is the current one. */
+  _handlersOf(link) {
+    const current = () => this._link === link;
+    return {
+      onOpen: (info) => {
+        // The server answered (the upgrade went through, or an HTTP response came).
+        link.attempt.opened = true;
+        const date = info?.date;
+        if (current() && Number.isFinite(date)) {
+          const now = this._clock.now();
+          this._skewMs = Math.abs(date - now) > 2000 ? date - now : 0;
+        }
+      },
+      onHeard: () => {
+        if (current()) this._lastHeard = this._clock.now();
+      },
+      onFrame: (text, meta) => {
+        if (!current()) return;
+        this._onFrame(text);
+        if (meta?.type === 'events' && meta.id != null && current()) this._cursor = meta.id;
+      },
+      onClose: (code, reason) => {
+        if (!current()) return;
+        this._link = null;
+        this._lost(code, reason, link.attempt, link);
+      },
+      onRefused: (refusal) => {
+        if (!current()) return;
+        this._link = null;
+        this._refused(link, refusal);
+      },
+      onProblem: (code, message) => {
+        if (current()) this._emit('error', { code, message });
+      },
+    };
+  }
+
+  /** The current link when its transport is a stream that names its rooms (SSE), else null. */
+  _stream() {
+    const link = this._link;
+    return link && !link.transport.requests ? link : null;
+  }
+
+  /** `since=` of the next SSE request: the last `id:` with each room's own position over it. */
+  _sseSince() {
+    const entries = new Map();
+    for (const entry of (this._cursor ?? '').split(',')) {
+      const seqAt = entry.lastIndexOf(':');
+      const epochAt = seqAt > 0 ? entry.lastIndexOf(':', seqAt - 1) : -1;
+      if (epochAt > 0) entries.set(entry.slice(0, epochAt), entry);
+    }
+    for (const state of this._rooms.values()) {
+      if (state.fromState) entries.delete(state.room); // to start from its state, not replay
+      else if (state.epoch != null && state.last != null) entries.set(state.room, `${state.room}:${state.epoch}:${state.last}`);
+    }
+    return [...entries.values()].join(',');
+  }
+
+  /** A non-2xx answer to an SSE request: `refusal` is {status, code, message, error, retryAfterSeconds}. */
+  _refused(link, refusal) {
+    const { status, code, message } = refusal;
+    const attempt = link.attempt;
+    if (status === 421 && code === 'wrong_node') {
+      // Not this node's session: the body names the node to use (not an error).
+      attempt.named = { url: refusal.error?.url, node: refusal.error?.node };
+      this._lost(4421, String(refusal.error?.url ?? ''), attempt, link);
+      return;
+    }
+    if (status === 429) {
+      // Told to wait (the migration budget, or a rate limit): Retry-After seconds.
+      const seconds = refusal.retryAfterSeconds;
+      this._emit('error', { code, message: `SSE request refused: HTTP ${status} ${code}` });
+      this._lost(4029, seconds != null ? String(seconds) : '', attempt, link);
+      return;
+    }
+    if (code === 'resume_invalid') {
+      this._credential.drop();
+      if (this._order.fellBack) {
+        // The WebSocket failures that brought auto here may have been this credential.
+        this._switchTransport(this._order.names[0], 'resume credential refused over SSE');
+      }
+    } else if (status === 404 && this._order.names.length > 1) {
+      const from = this._order.current;
+      this._order.remove('sse');
+      this._announceTransport(from, 'the server has no SSE endpoint');
+    } else if (['bad_room', 'too_many_subscriptions', 'forbidden'].includes(code)) {
+      // A room of the request was refused: the rooms not yet subscribed are the suspects
+      // (only the one the message names, when it names one).
+      const fresh = [...link.rooms].filter((room) => this._rooms.get(room) && !this._rooms.get(room).subscribedOnce);
+      const named = fresh.filter((room) => message.includes(room));
+      for (const room of named.length ? named : fresh) {
+        const state = this._rooms.get(room);
+        this._rooms.delete(room);
+        state.cancel();
+        this._emit('error', { room, code, message });
+        this._tellSubscriptions(state, 'error', { room, code, message });
+        for (const sub of [...state.subs]) sub._end(code, message);
+      }
+    }
+    this._emit('error', { code, message: `SSE request refused: HTTP ${status} ${code}` });
+    this._lost(1006, `HTTP ${status} ${code}`, attempt, link);
+  }
+
+  /**
+   * Subscriptions changed while on SSE: reopen the stream (once the current one is
+   * welcomed). `flags`: a room asks for more (state, presence) or starts from its state:
+   * reopen even with the same rooms.
+   */
+  _roomsChanged(flags = false) {
+    const link = this._stream();
+    if (!link) return;
+    if (flags) link.flagsChanged = true;
+    if (!link.welcomed || link.reopenPending) return; // a welcome compares the rooms
+    link.reopenPending = true;
+    this._clock.setTimeout(() => {
+      link.reopenPending = false;
+      if (this._link !== link || this._machine.closed) return;
+      if (sameSet(link.rooms, this._rooms) && !link.flagsChanged) return;
+      this._reopen(link);
+    }, 0);
+  }
+
+  /** Ends the stream `link` and opens the next at once, without telling the app. */
+  _reopen(link) {
+    this._drop(link);
+    this._clock.clearTimeout(this._timers.connect);
+    this._timers.ping?.();
+    this._timers.connect = this._timers.ping = null;
+    for (const state of this._rooms.values()) state.connectionLost();
+    this._schedule(() => this._attempt({ quiet: true }), 0);
+  }
+
+  /** Gives up on the current attempt or connection: no waiting for a close handshake. */
+  _abandon(reason) {
+    const link = this._link;
+    if (link) this._drop(link, 4000, reason);
+    this._lost(1006, reason, link?.attempt ?? null, link);
+  }
+
+  /** Ends `link`'s transport (closing a socket with `code`); its handlers are not called again. */
+  _drop(link, code = 1000, reason = '') {
+    link.transport.close(code, reason);
+    if (this._link === link) this._link = null;
+  }
+
+  /**
+   * The current connection ended (or an attempt failed) with `code`: `ended` is its link
+   * (whether it was welcomed, and when), `attempt` what the attempt used when it matters
+   * for what comes next (null: a loss the client caused).
+   */
+  _lost(code, reason, attempt = null, ended = null) {
+    const wasWelcomed = ended?.welcomed === true;
+    this._link = null;
+    this._clearTimers();
+    this._rejectAll(lgError('disconnected', `connection lost (${code}${reason ? `: ${reason}` : ''})`), true);
+    for (const state of this._rooms.values()) {
+      state.connectionLost();
+      for (const sub of state.subs) if (sub.state === 'subscribed') sub._subscribing();
+    }
+    if (this._machine.closed) {
+      this._emit('disconnected', { code, reason, reconnectInMs: null });
+      return;
+    }
+    if (wasWelcomed && this._clock.now() - ended.welcomedAt >= this._timings.stableMs) this._failures = 0;
+    if (wasWelcomed && (code === 1012 || code === 1001) && attempt?.base) {
+      // The node restarts or goes away: the given address knows where the session goes.
+      this._home = null;
+    }
+    const told = toldToStop(code);
+    if (wasWelcomed && code === 4421 && this._handedOver(code, reason)) return;
+    if (!wasWelcomed && attempt && code === 4421 && this._follow(attempt, code, reason)) return;
+    if (!wasWelcomed && attempt?.base && !attempt.opened && !told) {
+      this._unreached(attempt, code, reason);
+      return;
+    }
+    // 4421 and 4029 are refusals the server explained: the credential was not spent.
+    if (!wasWelcomed && attempt && attempt.transport === 'websocket' && !told && code !== 4421 && code !== 4029) {
+      this._judgeWebSocketFailure(attempt);
+    }
+    this._afterLoss(code, reason, wasWelcomed);
+  }
+
+  /**
+   * A connection that was welcomed and then closed with 4421: its node handed the session
+   * over to the node whose URL is the reason (an operator's rebalance). Reconnect there at
+   * once with the resume credential the welcome gave (else a new token), no backoff, not
+   * a failure. False (an ordinary loss) when the reason is no usable URL.
+   */
+  _handedOver(code, reason) {
+    const text = String(reason ?? '').trim();
+    if (!looksLikeUrl(text)) return false;
+    let base;
+    try {
+      base = baseOf(text);
+    } catch {
+      return false;
+    }
+    // Never from https to plain http: the credential would travel in the clear.
+    if (this._secure && !/^https:/i.test(base)) return false;
+    this._target = { base, node: null, avoid: null, token: null };
+    this._home = null;
+    this._machine.transition('disconnected', `handed over to ${base}`);
+    this._emit('disconnected', { code, reason, reconnectInMs: 0, welcomed: true });
+    this._emit('redirect', { node: null, url: base, avoid: null, reason: 'wrong_node' });
+    this._schedule(() => this._attempt(), 0);
+    return true;
+  }
+
+  /**
+   * A handshake refused as `wrong_node` (close 4421 or HTTP 421): reconnect at once to the
+   * node it named, with the same credential and session, without counting a failure.
+   * False (an ordinary failure, with backoff) when it named nothing usable, or after
+   * `MAX_FOLLOWS` refusals in a row without a welcome (two nodes sending it back and forth).
+   */
+  _follow(attempt, code, reason) {
+    const text = String(reason ?? '').trim();
+    const url = looksLikeUrl(text) ? text : String(attempt.named?.url ?? '');
+    let base;
+    try {
+      base = baseOf(url);
+    } catch {
+      return false;
+    }
+    // Never from https to plain http: the credential would travel in the clear.
+    if (this._secure && !/^https:/i.test(base)) return false;
+    if (this._follows >= MAX_FOLLOWS) {
+      this._follows = 0;
+      this._target = null;
+      return false;
+    }
+    this._follows += 1;
+    const node = typeof attempt.named?.node === 'string' ? attempt.named.node : null;
+    // An attempt that avoided an unreachable node keeps avoiding it down the chain.
+    this._target = { base, node, avoid: attempt.avoid, token: attempt.token };
+    this._machine.transition('disconnected', `refused as wrong_node: ${base} has the session`);
+    this._emit('disconnected', { code, reason, reconnectInMs: 0, welcomed: false });
+    this._emit('redirect', { node, url: base, avoid: attempt.avoid, reason: 'wrong_node' });
+    this._schedule(() => this._attempt(), 0);
+    return true;
+  }
+
+  /**
+   * An attempt to a node a refusal named (or the session's node) failed before the server
+   * answered. If the node's `/readyz` does not answer either (or says draining), it is
+   * unreachable: reconnect at once through the given address, asking it to avoid the node
+   * (the token, never seen, is offered again). Otherwise the attempt failed like any other.
+   */
+  async _unreached(attempt, code, reason) {
+    this._machine.transition('disconnected', `${attempt.base} did not answer`);
+    const gen = this._attemptGen;
+    const reachable = attempt.transport === 'websocket' && this._fetch ? await this._serverReady(readyzOf(sseEndpointOf(attempt.base))) : false;
+    if (this._machine.closed || gen !== this._attemptGen || this._link) return;
+    if (reachable) {
+      if (attempt.transport === 'websocket') this._judgeWebSocketFailure(attempt, true);
+      this._afterLoss(code, reason, false);
+      return;
+    }
+    this._home = null;
+    if (attempt.node == null || this._follows >= MAX_FOLLOWS) {
+      this._follows = 0;
+      this._afterLoss(code, reason, false); // the given address next, after a backoff
+      return;
+    }
+    this._follows += 1;
+    this._target = { base: null, node: null, avoid: attempt.node, token: attempt.token };
+    this._emit('disconnected', { code, reason, reconnectInMs: 0, welcomed: false });
+    this._emit('redirect', { node: null, url: this._sseEndpoint.replace(/\/v1\/sse$/, ''), avoid: attempt.node, reason: 'unreachable' });
+    this._schedule(() => this._attempt(), 0);
+  }
+
+  /**
+   * A WebSocket attempt failed before welcome, for a reason the browser does not show.
+   * If the server is up and ready (it could have looked at the credential, the upgrade
+   * could have gone through), the failure counts against the resume credential and, in
+   * `auto`, towards the SSE fallback; a server down or draining counts for nothing.
+   */
+  _judgeWebSocketFailure(attempt, ready = false) {
+    const counts = () => {
+      this._credential.failedWith(attempt.resume);
+      const order = this._order;
+      if (order.current === 'websocket' && order.hasFallback) {
+        order.failures += 1;
+        if (order.failures >= WS_FAILURES_BEFORE_SSE) this._switchTransport(order.names[order.index + 1], `${order.failures} WebSocket attempts in a row failed`);
+      }
+    };
+    const needed = attempt.resume != null || this._order.hasFallback;
+    if (!needed) return;
+    if (!this._fetch || ready) return counts();
+    const readyz = attempt.base ? readyzOf(sseEndpointOf(attempt.base)) : this._readyz;
+    const previous = this._verdict;
+    const verdict = (async () => {
+      await previous;
+      if (await this._serverReady(readyz)) counts();
+    })();
+    this._verdict = verdict;
+    verdict.finally(() => {
+      if (this._verdict === verdict) this._verdict = null;
+    });
+  }
+
+  /** `GET /readyz`: true when the server answered and is not draining or starting. */
+  async _serverReady(readyz = this._readyz) {
+    const controller = new AbortController();
+    const timer = this._clock.setTimeout(() => controller.abort(), this._timings.probeTimeoutMs);
+    try {
+      // The server answers /readyz with CORS headers for the origins it allows, so a page
+      // on another origin reads the status too (a draining node's 503 must not count).
+      const init = { signal: controller.signal, cache: 'no-store' };
+      const response = await this._fetch(readyz, init);
+      cancelBody(response);
+      return response.status !== 503;
+    } catch {
+      return false;
+    } finally {
+      this._clock.clearTimeout(timer);
+    }
+  }
+
+  _switchTransport(to, reason) {
+    const from = this._order.current;
+    if (from === to) return;
+    this._order.use(to);
+    this._announceTransport(from, reason);
+  }
+
+  /** The transport in use changed from `from`: requests it cannot carry fail, the app is told. */
+  _announceTransport(from, reason) {
+    const to = this._order.current;
+    if (from === to) return;
+    if (to === 'sse') this._rejectAll(lgError('unsupported', 'history, publish and presence need the WebSocket transport (now on SSE)'));
+    this._emit('transport', { from, to, reason });
+  }
+
+  /** Decides whether and when to reconnect after losing a connection with `code`. */
+  _afterLoss(code, reason, wasWelcomed) {
+    if (toldToStop(code)) {
+      this._machine.transition('closed', `server said not to reconnect (${code}${reason ? `: ${reason}` : ''})`, 'server');
+      this._credential.drop();
+      const stopped = lgError('stopped', `server said not to reconnect (${code})`);
+      this._rejectAll(stopped);
+      for (const state of this._rooms.values()) for (const sub of [...state.subs]) sub._end('stopped', stopped.message);
+      this._emit('disconnected', { code, reason, reconnectInMs: null });
+      return;
+    }
+    const delay = this._reconnectDelay(code, reason);
+    this._machine.transition('disconnected', `lost (${code}${reason ? `: ${reason}` : ''}), reconnecting in ${delay} ms`);
+    this._emit('disconnected', { code, reason, reconnectInMs: delay, welcomed: wasWelcomed });
+    if (this._machine.closed) return;
+    this._schedule(() => this._attempt(), delay);
+  }
+
+  _reconnectDelay(code, reason) {
+    const delay = reconnectDelayMs(code, reason, this._failures, this._timings, this._random);
+    if (code !== 1012 && code !== 1001) this._failures += 1;
+    return delay;
+  }
+
+  _schedule(fn, delay) {
+    this._clock.clearTimeout(this._timers.reconnect);
+    this._timers.reconnect = this._clock.setTimeout(fn, delay);
+  }
+
+  _clearTimers() {
+    this._clock.clearTimeout(this._timers.reconnect);
+    this._clock.clearTimeout(this._timers.connect);
+    this._timers.ping?.();
+    this._timers = { reconnect: null, connect: null, ping: null };
+  }
+
+  _onWelcome(frame) {
+    const link = this._link;
+    const sse = this._stream();
+    const ws = link && !sse ? link : null;
+    const attempt = link?.attempt ?? { quiet: false, resume: null };
+    this._clock.clearTimeout(this._timers.connect);
+    this._timers.connect = null;
+    link.welcomed = true;
+    link.welcomedAt = this._clock.now();
+    this._credential.keep(frame, link.welcomedAt, this._skewMs);
+    this._features = Array.isArray(frame.features) ? new Set(frame.features.filter((f) => typeof f === 'string')) : null;
+    if (ws) this._order.failures = 0;
+    this._follows = 0;
+    // Welcomed by a node a refusal named: the session lives there, reconnects go there first.
+    this._home = attempt.base ? { base: attempt.base, node: typeof frame.node === 'string' ? frame.node : attempt.node } : null;
+    const resumed = this._session != null && frame.session === this._session;
+    if (frame.session) this._session = frame.session;
+    this._machine.transition('connected', `welcomed by ${frame.node ?? 'the server'} over ${link.transport.name}`);
+    const heartbeatMs = Number(frame.heartbeat_ms) || 30000;
+    const pingMs = this._timings.pingMs ?? heartbeatMs;
+    const idleMs = this._timings.idleMs ?? Math.round(pingMs * (sse ? 3 : 2.5));
+    this._timers.ping = repeat(this._clock, sse ? Math.min(pingMs, idleMs) : pingMs, () => {
+      if (this._link !== link) return;
+      if (this._clock.now() - this._lastHeard > idleMs) {
+        this._abandon(`nothing heard from the server for ${idleMs} ms`);
+        return;
+      }
+      if (ws) this._send({ op: 'ping' }); // over SSE the server's `: ping` comments do
+    });
+    if (sse) {
+      // The stream subscribes its rooms itself: each one's `subscribed` comes next.
+      for (const room of sse.rooms) {
+        const state = this._rooms.get(room);
+        if (!state) continue;
+        state.cancel();
+        state.ref = 'sse';
+        state.awaiting = true;
+        state.quiet = attempt.quiet && state.subscribedOnce;
+      }
+      this._rejectAll(lgError('unsupported', 'history, publish and presence need the WebSocket transport (connected over SSE)'));
+    }
+    if (!attempt.quiet) {
+      this._emit('connected', {
+        session: frame.session,
+        node: frame.node,
+        warmup: !!frame.warmup,
+        heartbeatMs,
+        resumed,
+        transport: sse ? 'sse' : 'websocket',
+        credential: attempt.resume != null ? 'resume' : 'token',
+      });
+    }
+    if (this._link !== link) return; // a listener closed the client
+    if (sse) {
+      if (!sameSet(sse.rooms, this._rooms) || sse.flagsChanged) {
+        // Rooms changed while this stream was being opened.
+        sse.reopenPending = false;
+        this._roomsChanged();
+      }
+      return;
+    }
+    for (const state of this._rooms.values()) this._sendSubscribe(state);
+    for (const ref of this._queued.splice(0)) {
+      const request = this._requests.get(ref);
+      if (request && this._send(request.frame)) request.sent = true;
+      else if (request) this._queued.push(ref);
+    }
+  }
+
+  // ---- frames ----
+
+  _send(frame) {
+    return this._link ? this._link.transport.send(frame) : false;
+  }
+
+  _request(fields) {
+    const ref = this._nextRef++;
+    const frame = { ...fields, ref };
+    const promise = new Promise((resolve, reject) => {
+      const refusal = this._refusalWhenClosed();
+      if (refusal) return reject(refusal);
+      if (this._order.current === 'sse') {
+        return reject(lgError('unsupported', `${fields.op} needs the WebSocket transport (SSE has no client requests)`));
+      }
+      this._requests.set(ref, { resolve, reject, frame, sent: false });
+      if (this._link?.welcomed && this._send(frame)) this._requests.get(ref).sent = true;
+      else this._queued.push(ref);
+    });
+    return promise;
+  }
+  /** Rejects pending requests: all, or (onlySent) those sent on the lost connection. */
+  _rejectAll(error, onlySent = false) {
+    for (const [ref, request] of this._requests) {
+      if (onlySent && !request.sent) continue;
+      this._requests.delete(ref);
+      request.reject(error);
+    }
+    if (!onlySent) this._queued.length = 0;
+  }
+
+  _onFrame(text) {
+    let frame;
+    try {
+      frame = JSON.parse(typeof text === 'string' ? text : new TextDecoder().decode(text));
+    } catch {
+      return; // not JSON: nothing this client understands
+    }
+    if (!frame || typeof frame !== 'object') return;
+    if (frame.op === 'error' && frame.code === 'wrong_node' && !this._link?.welcomed) {
+      // The 4421 close that follows names the node; this frame too (when the URL is too long for the reason).
+      const attempt = this._link?.attempt;
+      if (attempt) attempt.named = { url: frame.url, node: frame.node };
+      return;
+    }
+    switch (frame.op) {
+      case 'welcome':
+        return this._onWelcome(frame);
+      case 'subscribed':
+        return this._onSubscribed(frame);
+      case 'events':
+        if (Array.isArray(frame.events)) {
+          for (const event of frame.events) {
+            const state = event && this._rooms.get(event.room);
+            if (state && Number.isInteger(event.seq)) this._accept(state, event);
+          }
+        }
+        return;
+      case 'presence':
+        return this._onPresence(frame);
+      case 'history':
+      case 'published':
+      case 'unsubscribed':
+      case 'pong':
+        return this._reply(frame);
+      case 'error':
+        return this._onError(frame);
+      default:
+        return;
+    }
+  }
+
+  _reply(frame) {
+    if (frame.ref == null) return;
+    const request = this._requests.get(frame.ref);
+    if (!request) return;
+    this._requests.delete(frame.ref);
+    request.resolve(frame);
+  }
+
+  _onError(frame) {
+    const request = frame.ref != null && this._requests.get(frame.ref);
+    if (request) {
+      this._requests.delete(frame.ref);
+      request.reject(lgError(frame.code, frame.message));
+      return;
+    }
+    const state = frame.ref != null && [...this._rooms.values()].find((s) => s.ref === frame.ref);
+    if (!state) {
+      this._emit('error', { code: frame.code, message: frame.message });
+      return;
+    }
+    // A server before `features` in welcome refuses a flag it lacks as an unknown field.
+    const unknown = this._features == null && frame.code === 'bad_request' && /unknown field `(state|presence)`/.exec(String(frame.message ?? ''));
+    if (unknown && (unknown[1] === 'state' ? state.wantState : state.wantPresence)) {
+      // A server older than room state or presence refuses the flag: go on without it.
+      if (unknown[1] === 'state') {
+        state.wantState = false;
+        state.fromState = false;
+      } else state.wantPresence = false;
+      state.lacks[unknown[1]] = true;
+      const what = unknown[1] === 'state' ? 'room state' : 'presence';
+      this._emit('error', { room: state.room, code: 'unsupported', message: `the server has no ${what}: subscribed without it` });
+      this._tellSubscriptions(state, 'error', { room: state.room, code: 'unsupported', message: `the server has no ${what}: subscribed without it` });
+      this._sendSubscribe(state);
+      return;
+    }
+    state.ref = null;
+    state.awaiting = false;
+    state.buffer = [];
+    this._emit('error', { room: state.room, code: frame.code, message: frame.message });
+    this._tellSubscriptions(state, 'error', { room: state.room, code: frame.code, message: frame.message });
+    if (FINAL_SUBSCRIBE_ERRORS.has(frame.code)) {
+      this._rooms.delete(state.room);
+      for (const sub of [...state.subs]) sub._end(frame.code, frame.message);
+      return;
+    }
+    // unavailable and the like: try again shortly on this connection.
+    const link = this._link;
+    const timer = this._clock.setTimeout(() => {
+      state.retry = null;
+      if (this._link === link && link?.welcomed && this._rooms.get(state.room) === state) this._sendSubscribe(state);
+    }, this._timings.resubscribeMs);
+    state.retry = () => this._clock.clearTimeout(timer);
+  }
+
+  // ---- rooms ----
+
+  _sendSubscribe(state) {
+    state.cancel();
+    const ref = this._nextRef++;
+    const frame = { op: 'subscribe', room: state.room, ref };
+    if (state.last != null && !state.fromState) {
+      frame.since = state.last;
+      if (state.epoch != null) frame.epoch = state.epoch;
+    }
+    this._withoutUnannounced(state);
+    if (state.wantState) frame.state = true;
+    if (state.wantPresence) frame.presence = true;
+    state.ref = ref;
+    state.awaiting = true;
+    state.buffer = [];
+    this._send(frame);
+  }
+
+  /** Whether the server's welcome announced features and `feature` is not among them. */
+  _serverLacks(feature) {
+    return this._features != null && !this._features.has(feature);
+  }
+
+  /**
+   * A room asking for room state or presence the server did not announce: it goes on
+   * without them (never asked), and the application hears why.
+   */
+  _withoutUnannounced(state) {
+    for (const [flag, what] of [['state', 'room state'], ['presence', 'presence']]) {
+      if (!(flag === 'state' ? state.wantState : state.wantPresence) || !this._serverLacks(flag)) continue;
+      if (flag === 'state') {
+        state.wantState = false;
+        state.fromState = false;
+      } else state.wantPresence = false;
+      state.lacks[flag] = true;
+      const message = `the server has no ${what}: subscribed without it`;
+      this._emit('error', { room: state.room, code: 'unsupported', message });
+      // Told after subscribe() returned, so the new subscription's listeners hear it too.
+      queueMicrotask(() => this._tellSubscriptions(state, 'error', { room: state.room, code: 'unsupported', message }));
+    }
+  }
+
+  _onSubscribed(frame) {
+    const state = this._rooms.get(frame.room);
+    if (this._stream()) {
+      // SSE: one `subscribed` per requested room, right after welcome, without a ref
+      // (the automatic inbox's notice has no epoch: not a reply).
+      if (!state || state.ref !== 'sse' || frame.epoch == null) return;
+    } else {
+      // Only replies to this client's own requests count: the automatic inbox
+      // subscription (no ref) and replies to superseded requests are ignored.
+      if (frame.ref == null) return;
+      if (!state || state.ref !== frame.ref) return;
+    }
+    const quiet = state.quiet;
+    state.quiet = false;
+    state.ref = null;
+    state.awaiting = false;
+    const epochChanged = state.epoch != null && state.epoch !== frame.epoch;
+    const head = Number(frame.seq);
+    // The room's state, when this room asked for it and the reply starts from it (a first
+    // subscribe, or a recovery that failed): null (none) or {seq, data}.
+    const snapshot = state.wantState && frame.recovered !== true ? snapshotOf(frame) : undefined;
+    let failed = false;
+    state.fromNothing = false;
+    if (frame.recovered === true) {
+      // The missed events follow this frame.
+    } else if (snapshot !== undefined) {
+      // The state stands for every event up to its seq: only the events after it follow
+      // (again, after a failed recovery: the state replaces what was delivered before).
+      // Subscriptions that did not ask for state keep their place: the room goes on from
+      // the lowest of them, and they get the events the state stands for.
+      const from = snapshot ? snapshot.seq : 0;
+      const behind = state.lowestPositionWithoutState();
+      state.last = behind != null && behind < from ? behind : from;
+      state.fromNothing = snapshot == null && behind == null;
+      state.forgetIds();
+    } else if (frame.recovered === false) {
+      failed = true;
+      state.last = head;
+    } else if (state.last == null || epochChanged) {
+      state.last = head;
+    }
+    state.epoch = frame.epoch;
+    state.fromState = false;
+    state.subscribedOnce = true;
+    state.lastReply = { room: frame.room, epoch: frame.epoch, seq: head, recovered: frame.recovered };
+    if (snapshot !== undefined) state.lastReply.state = snapshot;
+    for (const sub of [...state.subs]) sub._subscribed(state.lastReply);
+    if (state.wantState && frame.recovered == null && snapshot === undefined) {
+      this._emit('error', { room: state.room, code: 'unsupported', message: 'the server sent no room state (it predates room state)' });
+    }
+    if (snapshot !== undefined) {
+      const from = snapshot ? snapshot.seq : 0;
+      const detail = { room: state.room, data: snapshot ? snapshot.data : null, seq: from, epoch: frame.epoch };
+      for (const sub of [...state.subs]) {
+        if (!sub.wantsState) continue;
+        sub.floor = snapshot ? from : null;
+        sub._tell('state', detail, (error) => this._handlerThrew(state, error));
+      }
+      if (frame.recovered === false && !quiet) {
+        this._emit('recovered', { room: state.room, epoch: frame.epoch, seq: from, state: true });
+        this._tellSubscriptions(state, 'recovered', { room: state.room, epoch: frame.epoch, seq: from, state: true });
+      }
+      // Subscriptions without state behind it: what the state stands for, as events.
+      if (state.last < from && !this._stream() && this._rooms.get(state.room) === state) this._fill(state, from);
+    } else if (failed) {
+      this._emit('recovery_failed', { room: state.room, epoch: frame.epoch, seq: head, reason: 'not_recovered' });
+      this._tellSubscriptions(state, 'recovery_failed', { room: state.room, epoch: frame.epoch, seq: head, reason: 'not_recovered' });
+    } else if (frame.recovered === true && !quiet) {
+      this._emit('recovered', { room: state.room, epoch: frame.epoch, seq: head });
+      this._tellSubscriptions(state, 'recovered', { room: state.room, epoch: frame.epoch, seq: head });
+    }
+    if (this._rooms.get(state.room) === state) this._drain(state);
+  }
+
+  /** A `presence` frame: the reply to `presence()` (it has a ref), or a room's changes. */
+  _onPresence(frame) {
+    if (frame.ref != null) return this._reply(frame); // a reply (maybe to a request given up)
+    const state = typeof frame.room === 'string' ? this._rooms.get(frame.room) : null;
+    if (!state) return;
+    const detail = {
+      room: frame.room,
+      count: Number(frame.count),
+      joined: Array.isArray(frame.joined) ? frame.joined : null,
+      left: Array.isArray(frame.left) ? frame.left : null,
+    };
+    for (const sub of [...state.subs]) {
+      if (sub.wantsPresence) sub._tell('presence', detail, (error) => this._handlerThrew(state, error));
+    }
+  }
+
+  /** One event of a room from the live stream (or a replay). */
+  _accept(state, event) {
+    if (state.awaiting || state.filling) {
+      if (state.buffer.length >= MAX_HELD_EVENTS) return this._overflow(state);
+      state.buffer.push(event);
+      return;
+    }
+    if (state.last != null && event.seq <= state.last) return; // already delivered
+    if (state.fromNothing) {
+      // The room had no state: its view starts with the first event that follows,
+      // wherever the retained history starts.
+      state.fromNothing = false;
+    } else if (state.last != null && event.seq > state.last + 1) {
+      const stream = this._stream();
+      if (stream) {
+        // No history requests over SSE: reopen the stream from the last delivered seq,
+        // which the server replays exactly (or answers recovered:false).
+        state.awaiting = true;
+        state.buffer = [];
+        this._clock.setTimeout(() => {
+          if (this._link === stream && !this._machine.closed) this._reopen(stream);
+        }, 0);
+        return;
+      }
+      state.buffer.push(event);
+      this._fill(state, event.seq - 1);
+      return;
+    }
+    this._deliver(state, event);
+  }
+
+  _deliver(state, event) {
+    state.last = event.seq;
+    if (!state.firstDelivery(event.id)) return; // a repeat of an id already delivered
+    for (const sub of [...state.subs]) {
+      if (sub.floor != null && event.seq <= sub.floor) continue; // it had this one (or its state covers it)
+      sub.floor = event.seq;
+      sub._tell('event', event, (error) => this._handlerThrew(state, error));
+    }
+  }
+
+  /** What an application's listener on `state`'s room threw: an `error` (code `handler`). */
+  _handlerThrew(state, error) {
+    this._emit('error', { room: state.room, code: 'handler', message: String(error?.message ?? error), error });
+  }
+
+  /** Hands a room's event to the listeners of each of its subscriptions. */
+  _tellSubscriptions(state, name, detail) {
+    for (const sub of [...state.subs]) sub._tell(name, detail, (error) => this._handlerThrew(state, error));
+  }
+
+  /**
+   * The room holds `MAX_HELD_EVENTS` events back already: drop them and subscribe again
+   * from the last delivered seq (over SSE: reopen the stream from there); the server
+   * replays them.
+   */
+  _overflow(state) {
+    const stream = this._stream();
+    if (!stream) {
+      this._sendSubscribe(state);
+      return;
+    }
+    state.filling = null;
+    state.awaiting = true;
+    state.buffer = [];
+    this._clock.setTimeout(() => {
+      if (this._link === stream && !this._machine.closed) this._reopen(stream);
+    }, 0);
+  }
+
+  /** Feeds the buffered events through `_accept` again, in seq order. */
+  _drain(state) {
+    const buffered = state.buffer.sort((a, b) => a.seq - b.seq);
+    state.buffer = [];
+    for (const event of buffered) this._accept(state, event);
+  }
+
+  /** Fetches the events after `state.last` up to `target` with history, then drains. */
+  _fill(state, target) {
+    const token = {};
+    state.filling = token;
+    const limit = Math.min(target - state.last, HISTORY_PAGE);
+    this._request({ op: 'history', room: state.room, since: state.last, limit }).then(
+      (reply) => {
+        if (state.filling !== token || this._rooms.get(state.room) !== state) return;
+        state.filling = null;
+        if (reply.epoch !== state.epoch) {
+          return this._gapLost(state, target, 'epoch_changed');
+        }
+        let progressed = false;
+        for (const event of Array.isArray(reply.events) ? reply.events : []) {
+          if (!Number.isInteger(event?.seq) || event.seq <= state.last || event.seq > target) continue;
+          if (event.seq !== state.last + 1) break; // trimmed: history has a hole too
+          this._deliver(state, event);
+          progressed = true;
+        }
+        if (state.last >= target) return this._drain(state);
+        if (progressed) return this._fill(state, target); // the next page
+        this._gapLost(state, target, 'history_trimmed');
+      },
+      (error) => {
+        if (state.filling !== token) return;
+        state.filling = null;
+        if (error?.code === 'disconnected' || error?.code === 'closed' || error?.code === 'stopped') return;
+        if (this._rooms.get(state.room) === state) this._gapLost(state, target, error?.code ?? 'history_failed');
+      },
+    );
+  }
+
+  /** A gap history cannot fill: tell the application and go on after it. */
+  _gapLost(state, target, reason) {
+    state.last = Math.max(state.last, target);
+    this._emit('recovery_failed', { room: state.room, epoch: state.epoch, seq: target, reason });
+    this._tellSubscriptions(state, 'recovery_failed', { room: state.room, epoch: state.epoch, seq: target, reason });
+    if (this._rooms.get(state.room) === state) this._drain(state);
+  }
+
+  _emit(name, detail) {
+    const listeners = this._listeners.get(name);
+    if (!listeners || listeners.size === 0) {
+      if (name === 'error' && detail?.error && typeof console !== 'undefined') {
+        console.error('livegate:', detail.message, detail.error);
+      }
+      return;
+    }
+    for (const fn of [...listeners]) {
+      try {
+        fn(detail);
+      } catch (error) {
+        if (typeof console !== 'undefined') console.error(`livegate: a ${name} listener threw`, error);
+      }
+    }
+  }
+}
+
+/** A new attempt's link (see `LivegateClient._link`). */
+function newLink(transport, attempt, rooms) {
+  return { transport, attempt, rooms, welcomed: false, welcomedAt: 0, reopenPending: false, flagsChanged: false };
+}
+
+/** `bytes` random bytes as hex (crypto when there is one: ids must not repeat). */
+function randomHex(bytes) {
+  const buffer = new Uint8Array(bytes);
+  if (globalThis.crypto?.getRandomValues) globalThis.crypto.getRandomValues(buffer);
+  else for (let i = 0; i < bytes; i++) buffer[i] = Math.floor(Math.random() * 256);
+  return Array.from(buffer, (b) => b.toString(16).padStart(2, '0')).join('');
+}
+
+/** Whether the set `a` holds exactly the keys of the map (or set) `b`. */
+function sameSet(a, b) {
+  if (a.size !== b.size) return false;
+  for (const key of b.keys()) if (!a.has(key)) return false;
+  return true;
+}
