@@ -216,7 +216,8 @@ impl Rooms {
     /// (nothing is read), else subscribed to the live actor, which answers with a
     /// [`RoomUpdate::Subscribed`] the connection keeps to itself. `Some` names that actor.
     /// In cluster mode a new parked inbox's watch is subscribed before this returns, so
-    /// everything stored after it reaches the connection.
+    /// everything stored after it reaches the connection (unless NATS is away: then after
+    /// one attempt, at most NATS's request timeout).
     pub async fn subscribe_inbox(&self, room: &str, parked: Parked) -> Result<Option<Addr<RoomActor>>, RoomError> {
         for _ in 0..ATTEMPTS {
             let addr = {

@@ -64,8 +64,15 @@ impl RoomLogs for StreamRoomLogs {
         let (ready, waiting) = tokio::sync::oneshot::channel();
         let task = actix::spawn(async move {
             let mut retry = Backoff::new(PARKED_WATCH_RETRY);
+            // Whoever waits is let go after the first attempt, watched or not: while NATS
+            // is away a connection must not wait for it (what it misses, it recovers).
+            let mut ready = Some(ready);
             let mut feed = loop {
-                match roomlog::watch(&cluster, &room, false).await {
+                let attempt = roomlog::watch(&cluster, &room, false).await;
+                if let Some(ready) = ready.take() {
+                    let _ = ready.send(());
+                }
+                match attempt {
                     Ok(feed) => break feed,
                     Err(error) => {
                         tracing::warn!(room = %room, %error, "could not watch a parked inbox; retrying");
@@ -73,7 +80,6 @@ impl RoomLogs for StreamRoomLogs {
                     }
                 }
             };
-            let _ = ready.send(());
             if let Some(head) = head {
                 match roomlog::last_seq(&cluster, &room).await {
                     Ok(Some(last)) if last > head => wake(head),
