@@ -140,13 +140,12 @@ pub async fn write_state(cluster: &Cluster, room: &str, state: &StoredState) -> 
     Ok(sent.await?.sequence)
 }
 
-/// A live copy from `lg.livestate.<room>`: the room, its latest state and the record's
-/// sequence on `LG_STATE` (which orders the records).
-pub fn decode_live_state(subject: &str, headers: Option<&HeaderMap>, payload: &[u8]) -> Option<(String, StoredState, u64)> {
-    let room = super::room_from_token(subject.strip_prefix("lg.livestate.")?)?;
+/// A live copy from `lg.livestate.<room>` ([`watch`] knows the room): its latest state
+/// and the record's sequence on `LG_STATE` (which orders the records).
+fn decode_live_state(headers: Option<&HeaderMap>, payload: &[u8]) -> Option<(StoredState, u64)> {
     let headers = headers?;
     let version = headers.get(STREAM_SEQ_HEADER)?.as_str().parse().ok()?;
-    Some((room, decode_state(headers, payload)?, version))
+    Some((decode_state(headers, payload)?, version))
 }
 
 fn decode_state(headers: &HeaderMap, payload: &[u8]) -> Option<StoredState> {
@@ -264,7 +263,7 @@ pub type LiveFeed = Pin<Box<dyn Stream<Item = LiveItem> + Send>>;
 pub async fn watch(cluster: &Cluster, room: &str, states: bool) -> Result<LiveFeed, ClusterError> {
     let token = room_token(room);
     let events = cluster.client.subscribe(format!("lg.live.{token}")).await?.filter_map(|message| {
-        let event = decode_live(message.subject.as_str(), message.headers.as_ref(), &message.payload).map(|(_, e)| LiveItem::Event(e));
+        let event = decode_live(message.headers.as_ref(), &message.payload).map(LiveItem::Event);
         if event.is_none() {
             tracing::debug!(subject = %message.subject, "ignoring a live message that is not a livegate event");
         }
@@ -272,8 +271,8 @@ pub async fn watch(cluster: &Cluster, room: &str, states: bool) -> Result<LiveFe
     });
     let feed: LiveFeed = if states {
         let records = cluster.client.subscribe(format!("lg.livestate.{token}")).await?.filter_map(|message| {
-            let record = decode_live_state(message.subject.as_str(), message.headers.as_ref(), &message.payload);
-            std::future::ready(record.map(|(_, state, version)| LiveItem::State(state, version)))
+            let record = decode_live_state(message.headers.as_ref(), &message.payload);
+            std::future::ready(record.map(|(state, version)| LiveItem::State(state, version)))
         });
         Box::pin(futures_util::stream::select(events, records))
     } else {
@@ -295,13 +294,13 @@ pub async fn last_seq(cluster: &Cluster, room: &str) -> Result<Option<u64>, Clus
     }
 }
 
-/// A live copy from `lg.live.<room>`: the room and its event, or `None` for anything else.
-pub fn decode_live(subject: &str, headers: Option<&HeaderMap>, payload: &[u8]) -> Option<(String, StreamEvent)> {
-    let room = super::room_from_token(subject.strip_prefix("lg.live.")?)?;
+/// A live copy from `lg.live.<room>` ([`watch`] knows the room): its event, or `None`
+/// for anything else.
+fn decode_live(headers: Option<&HeaderMap>, payload: &[u8]) -> Option<StreamEvent> {
     let headers = headers?;
     let stream_seq = headers.get(STREAM_SEQ_HEADER)?.as_str().parse().ok()?;
     let (event, state) = decode(headers, payload)?;
-    Some((room, StreamEvent { stream_seq, event, state }))
+    Some(StreamEvent { stream_seq, event, state })
 }
 
 /// An event message: the event, and the state its payload carries after the event's JSON.

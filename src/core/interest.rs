@@ -55,11 +55,6 @@ impl Interest {
         off
     }
 
-    /// Whether the room has its feed (or is getting it).
-    pub fn fed(&self) -> bool {
-        self.state != State::Off
-    }
-
     /// The subscription is in place.
     pub fn started(&mut self) {
         self.state = State::On { unwatched_since: None };
@@ -101,7 +96,7 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let mut feed = Interest::default();
-        assert!(feed.fed() && !feed.refeed(), "a loading room is getting its feed");
+        assert!(!feed.refeed(), "a loading room is getting its feed");
         assert_eq!(feed.check(false, at(0)), Verdict::Keep, "nothing to drop while subscribing");
         feed.started();
         let steps = [
@@ -117,13 +112,12 @@ mod tests {
         for (watched, ms, verdict) in steps {
             assert_eq!(feed.check(watched, at(ms)), verdict, "watched {watched} at {ms} ms");
         }
-        assert!(!feed.fed());
         assert!(feed.refeed(), "the first subscribe or read after subscribes again");
         assert!(!feed.refeed(), "once");
         feed.failed();
         assert!(feed.refeed(), "a failed subscribe is tried again by the next request");
         feed.started();
-        assert!(feed.fed());
+        assert!(!feed.refeed(), "a fed room does not subscribe again");
         assert_eq!(feed.check(true, at(30_000)), Verdict::Keep);
     }
 }
