@@ -3,8 +3,10 @@
 //! explicitly; nothing else reads the environment.
 //!
 //! Each key is declared once, in the `config_keys!` list below: name, type, default, value
-//! name and help. The [`Config`] struct and its `Default`, the clap-derived [`ConfigFlags`],
-//! [`KEYS`] and the by-name setter the layers use all come from that list. Flags and
+//! name, help and any details. The [`Config`] struct and its `Default`, the clap-derived
+//! [`ConfigFlags`], [`KEYS`], [`KEY_DOCS`] (what `livegate reference config` prints) and
+//! the by-name setter the layers use all come from that list; the numeric keys' bounds are
+//! the one table [`BOUNDS`], which validation enforces and the reference prints. Flags and
 //! variables stay text until [`Config::load`] parses them with the same rules as the file's
 //! values, so whichever layer holds a bad value, the message names it (`--heartbeat-secs`,
 //! `LIVEGATE_HEARTBEAT_SECS`, `heartbeat_secs in FILE`), and validation says which layer
@@ -37,7 +39,7 @@ macro_rules! shown {
 
 /// Declares the keys (see the invocation below for the syntax).
 macro_rules! config_keys {
-    ($($name:ident: $ty:ty = $default:expr $(=> $shown:literal)?, $value_name:literal, $help:literal;)*) => {
+    ($($name:ident: $ty:ty = $default:expr $(=> $shown:literal)?, $value_name:literal, $help:literal $(, $details:literal)?;)*) => {
         /// Every key of the configuration. Durations are whole numbers in the unit their name
         /// ends with; accessors such as [`Config::heartbeat`] give them as [`Duration`]s.
         #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -71,6 +73,16 @@ macro_rules! config_keys {
         /// Every key's name, in [`Config`] field order.
         pub const KEYS: &[&str] = &[$(stringify!($name)),*];
 
+        /// Every key as the reference describes it, in [`KEYS`] order.
+        pub const KEY_DOCS: &[KeyDoc] = &[$(KeyDoc {
+            name: stringify!($name),
+            form: <$ty as value::Setting>::FORM,
+            default: shown!($default $(=> $shown)?),
+            value_name: $value_name,
+            help: $help,
+            details: concat!("" $(, $details)?),
+        }),*];
+
         impl Config {
             /// Sets `key` from `raw`, checked against the key's type.
             fn set(&mut self, key: &'static str, raw: Raw<'_>, origin: &Origin) -> Result<(), ConfigError> {
@@ -98,8 +110,9 @@ macro_rules! config_keys {
     };
 }
 
-// `name: Type = default, "VALUE_NAME", "help";` — the help gets ` [default: default]`
-// appended; `default => "text"` shows `text` instead.
+// `name: Type = default, "VALUE_NAME", "help"[, "details"];` — the help (one line, for
+// `--help`) gets ` [default: default]` appended; `default => "text"` shows `text` instead.
+// Details, if any, follow the help in the reference (`livegate reference config`) only.
 config_keys! {
     listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 7070)) => "127.0.0.1:7070", "ADDR",
         "Address to listen on for HTTP and WebSocket";
@@ -112,17 +125,20 @@ config_keys! {
     batch_window_ms: u64 = 100, "MS",
         "Collect a room's events for this long before sending them as one frame; 0 sends at once";
     heartbeat_secs: u64 = 30, "SECS",
-        "Server ping interval; a connection silent for 3 intervals is closed";
+        "Server ping interval; a connection silent for 3 intervals is closed with 4008";
     history_size: usize = 1000, "N",
         "Events kept per room for recovery and history";
     history_ttl_secs: u64 = 86400, "SECS",
         "Events older than this are trimmed from history";
     trusted_proxies: Vec<String> = Vec::new() => "none", "LIST",
-        "Reverse proxies (addresses or blocks like 10.0.0.0/8) whose X-Forwarded-For names the client for per-IP limits";
+        "Reverse proxies (addresses or blocks like 10.0.0.0/8) whose X-Forwarded-For names the client for per-IP limits",
+        "A request from one of them counts against the per-IP limits as the right-most untrusted address of `X-Forwarded-For` (or `X-Real-IP`).";
     store_cache_mb: u64 = 64, "MIB",
-        "Largest page cache of the embedded store, in MiB";
+        "Largest page cache of the embedded store, in MiB",
+        "The store's own default would be 1 GiB.";
     room_idle_secs: u64 = 120, "SECS",
-        "A room nobody subscribes to frees its memory after this long idle; its history stays stored";
+        "A room nobody subscribes to frees its memory after this long idle; its history stays stored",
+        "An inbox followed only by its users' automatic subscriptions counts as idle.";
     recovery_max_events: u64 = 1000, "N",
         "A reconnecting client missing more events than this must reload its state";
     max_event_bytes: usize = 65536, "BYTES",
@@ -130,7 +146,7 @@ config_keys! {
     max_state_bytes: usize = 65536, "BYTES",
         "Largest room state a publish or PUT may carry, in bytes of JSON";
     max_subscriptions: usize = 128, "N",
-        "Rooms one connection may subscribe to";
+        "Rooms one connection may subscribe to, its inbox not counted";
     resume_ttl_secs: u64 = 600, "SECS",
         "A resume credential (handed out in every welcome) reconnects without a new token for this long, once";
     token_ttl_max_secs: u64 = 86400, "SECS",
@@ -142,7 +158,8 @@ config_keys! {
     warmup_secs: u64 = 120, "SECS",
         "After a restart that finds sessions, validate reconnects against the store this long";
     session_ttl_secs: u64 = 86400, "SECS",
-        "A session with no connection for this long is deleted; reconnecting sooner keeps it";
+        "A session with no connection for this long is deleted; reconnecting sooner keeps it",
+        "Cluster mode: deleted within one to two TTLs; every node must use the same value.";
     session_cache_max: usize = 10000, "N",
         "Disconnected sessions kept in memory; the rest are read from the store on reconnect";
     drain_wait_secs: u64 = 15, "SECS",
@@ -152,7 +169,8 @@ config_keys! {
     drain_grace_secs: u64 = 30, "SECS",
         "Wait this long for clients to leave before closing them forcibly";
     max_outbox_bytes: usize = 1048576, "BYTES",
-        "Bytes a connection may have queued before it is closed as too slow";
+        "Bytes a connection may have queued before it is closed as too slow",
+        "Everything held for one connection counts (events, replays, replies, pongs). Over it the socket is not read, and a connection still over it 5 s later is closed with 4009.";
     cell: String = "default".into() => "default", "CELL",
         "This node's cell, a group of nodes such as a region";
     public_url: Option<String> = None => "http://LISTEN", "URL",
@@ -166,7 +184,7 @@ config_keys! {
     previous_api_keys: Vec<String> = Vec::new() => "none", "LIST",
         "API keys still accepted besides api_key, while backends move to the new one; reloaded on SIGHUP";
     allowed_origins: Vec<String> = Vec::new() => "any", "LIST",
-        "Browser origins (scheme://host[:port]) allowed to open WebSockets; reloaded on SIGHUP";
+        "Browser origins (scheme://host[:port]) allowed to open WebSockets and SSE streams; reloaded on SIGHUP";
     tls_cert: Option<PathBuf> = None => "plain HTTP", "PEM",
         "Certificate chain (PEM); with tls_key the node serves HTTPS and WSS";
     tls_key: Option<PathBuf> = None => "none", "PEM",
@@ -180,7 +198,8 @@ config_keys! {
     max_http_connections: usize = 1024, "N",
         "Plain HTTP sockets (requests, keep-alive, handshakes not yet upgraded) this node holds, at most half the open-file limit - 256; more are closed at once";
     max_connections_per_ip: usize = 1000, "N",
-        "WebSocket connections per client IP; more are refused with 429; 0: no limit";
+        "WebSocket and SSE connections per client IP; more are refused with 429; 0: no limit",
+        "An IPv6 address counts by its /64.";
     handshakes_per_ip_per_sec: u64 = 100, "N",
         "WebSocket handshakes per second per IP (burst: twice that); more get 429; 0: no limit";
     max_messages_per_sec: u64 = 100, "N",
@@ -190,9 +209,10 @@ config_keys! {
     max_bad_messages: u64 = 100, "N",
         "Refused messages (malformed or over the rate) per minute before the connection is closed with 1008";
     max_history_limit: usize = 1000, "N",
-        "Largest limit a history read may ask for";
+        "Largest limit a history read may ask for; more is refused with bad_request";
     presence_interval_ms: u64 = 1000, "MS",
-        "A room's presence frames (who joined and left) go out at most this often, only when something changed";
+        "A room's presence frames (who joined and left) go out at most this often, only when something changed",
+        "In a cluster, a node's table of a room's members goes to the other nodes at this pace too.";
     presence_members_max: usize = 1000, "N",
         "Rooms with more members than this report only their count (members and joined/left are null)";
     subscribe_timeout_secs: u64 = 0, "SECS",
@@ -206,13 +226,14 @@ config_keys! {
     cluster_replicas: Option<u64> = None => "3 when NATS has three or more JetStream servers, else 1", "N",
         "Cluster mode: replicas (1 or 3) of every stream and KV bucket livegate creates; an existing one with fewer is raised";
     directory_outage_secs: u64 = 30, "SECS",
-        "Cluster mode: while NATS is unreachable, new sessions are queued this long, then refused";
+        "Cluster mode: while NATS is unreachable, new sessions are queued this long, then refused with 503";
     cluster_heartbeat_ms: u64 = 1000, "MS",
         "Cluster mode: heartbeat period; a peer not heard for 3 periods is down";
     webhook_url: String = String::new() => "off", "URL",
         "POST room_occupied, room_vacated and client_published webhooks to this http:// or https:// URL; empty: no webhooks";
     webhook_secret: String = String::new() => "none", "SECRET",
-        "Key of each webhook's X-Livegate-Signature (HMAC-SHA256 of the body); required with webhook_url";
+        "Key of each webhook's X-Livegate-Signature (HMAC-SHA256 of the body); required with webhook_url",
+        "`check-config` masks it.";
     webhook_queue_max: usize = 10000, "N",
         "Webhooks queued in the store at most; a new one when full is dropped (counted and logged)";
     webhook_timeout_ms: u64 = 5000, "MS",
@@ -224,6 +245,49 @@ config_keys! {
 /// Largest `presence_members_max`: a node's member list of a room crosses NATS as one
 /// message (at most about 160 bytes a member, under NATS's 1 MiB payload).
 pub const PRESENCE_MEMBERS_MAX: u64 = 5000;
+
+/// One key as `livegate reference config` describes it; [`KEY_DOCS`] holds every key's,
+/// taken from the `config_keys!` list.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyDoc {
+    pub name: &'static str,
+    /// How a value of the key's type is written, as error messages say it.
+    form: &'static str,
+    /// The default as `--help` shows it.
+    pub default: &'static str,
+    pub value_name: &'static str,
+    /// The one line `--help` shows.
+    pub help: &'static str,
+    /// More than `--help` says; empty when nothing.
+    pub details: &'static str,
+}
+
+impl KeyDoc {
+    /// How a value is written ("a whole number of seconds", "true or false", ...).
+    pub fn form(&self) -> &'static str {
+        value::expected(self.form, self.name)
+    }
+
+    /// The environment variable: `LIVEGATE_<KEY>`.
+    pub fn env_var(&self) -> String {
+        format!("{ENV_PREFIX}{}", self.name.to_ascii_uppercase())
+    }
+
+    /// The command-line flag: `--key-with-dashes`.
+    pub fn flag(&self) -> String {
+        format!("--{}", self.name.replace('_', "-"))
+    }
+
+    /// The key's bounds from [`BOUNDS`] as text ("1 to 10000 (10 seconds)", "at least 1"),
+    /// or the rule a value that is not a number must follow.
+    pub fn bounds(&self) -> Option<String> {
+        let range = bounds_of(self.name).map(|(min, max)| match max {
+            Some((max, note)) => format!("{min} to {max}{note}"),
+            None => format!("at least {min}"),
+        });
+        range.or_else(|| rule_of(self.name))
+    }
+}
 
 /// A duration key as a [`Duration`], for the code that waits or ticks by it.
 macro_rules! durations {
@@ -470,50 +534,43 @@ impl Config {
 
     /// Checks every value; the first problem found is the error.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let room_key = |key: &'static str, value: u64| {
-            let &(_, min, max) = ROOM_KEY_BOUNDS.iter().find(|(k, ..)| *k == key).expect("a room key");
-            (key, value, min, max)
-        };
         within(&[
-            room_key("batch_window_ms", self.batch_window_ms),
-            ("heartbeat_secs", self.heartbeat_secs, 1, None),
-            room_key("history_size", self.history_size as u64),
-            ("recovery_max_events", self.recovery_max_events, 1, None),
-            ("room_idle_secs", self.room_idle_secs, 1, None),
-            ("session_ttl_secs", self.session_ttl_secs, 1, None),
-            ("session_cache_max", self.session_cache_max as u64, 1, None),
-            ("store_cache_mb", self.store_cache_mb, 1, None),
+            bounded("batch_window_ms", self.batch_window_ms),
+            bounded("heartbeat_secs", self.heartbeat_secs),
+            bounded("history_size", self.history_size as u64),
+            bounded("recovery_max_events", self.recovery_max_events),
+            bounded("room_idle_secs", self.room_idle_secs),
+            bounded("session_ttl_secs", self.session_ttl_secs),
+            bounded("session_cache_max", self.session_cache_max as u64),
+            bounded("store_cache_mb", self.store_cache_mb),
         ])?;
         if let Some(block) = self.trusted_proxies.iter().find(|b| b.parse::<crate::core::proxies::Cidr>().is_err()) {
             let problem = format!("entries are addresses or blocks such as 10.0.0.0/8 or ::1/128, got {block:?}");
             return Err(invalid("trusted_proxies", problem));
         }
         within(&[
-            ("store_cache_mb", self.store_cache_mb, 0, Some((1 << 20, " (1 TiB)"))),
-            room_key("max_event_bytes", self.max_event_bytes as u64),
-            ("max_state_bytes", self.max_state_bytes as u64, 16, Some((16 << 20, " (16 MiB)"))),
-            ("max_subscriptions", self.max_subscriptions as u64, 1, None),
-            ("token_ttl_max_secs", self.token_ttl_max_secs, 1, None),
-            ("resume_ttl_secs", self.resume_ttl_secs, 1, None),
-            ("max_outbox_bytes", self.max_outbox_bytes as u64, 4096, None),
+            bounded("max_event_bytes", self.max_event_bytes as u64),
+            bounded("max_state_bytes", self.max_state_bytes as u64),
+            bounded("max_subscriptions", self.max_subscriptions as u64),
+            bounded("token_ttl_max_secs", self.token_ttl_max_secs),
+            bounded("resume_ttl_secs", self.resume_ttl_secs),
+            bounded("max_outbox_bytes", self.max_outbox_bytes as u64),
         ])?;
-        name_rule("node", "must", &self.node, 64)?;
+        name_rule("node", "must", &self.node)?;
         if let Some(chars) = self.api_key.as_ref().map(|key| key.chars().count()).filter(|&n| n < API_KEY_MIN_CHARS) {
             // Never echo the key itself.
             return Err(invalid("api_key", format!("must be at least {API_KEY_MIN_CHARS} characters long, got {chars}")));
         }
-        name_rule("cell", "must", &self.cell, 64)?;
+        name_rule("cell", "must", &self.cell)?;
         within(&[
-            ("probe_interval_ms", self.probe_interval_ms, 50, None),
-            ("max_frame_bytes", self.max_frame_bytes as u64, 1024, Some((64 << 20, " (64 MiB)"))),
-            ("max_message_bytes", self.max_message_bytes as u64, 1024, Some((64 << 20, " (64 MiB)"))),
-            ("max_history_limit", self.max_history_limit as u64, 1, None),
-            ("handshake_timeout_ms", self.handshake_timeout_ms, 100, None),
-            ("max_http_connections", self.max_http_connections as u64, 1, None),
-        ])?;
-        within(&[
-            ("presence_interval_ms", self.presence_interval_ms, 50, Some((60_000, " (1 minute)"))),
-            ("presence_members_max", self.presence_members_max as u64, 0, Some((PRESENCE_MEMBERS_MAX, ""))),
+            bounded("probe_interval_ms", self.probe_interval_ms),
+            bounded("max_frame_bytes", self.max_frame_bytes as u64),
+            bounded("max_message_bytes", self.max_message_bytes as u64),
+            bounded("max_history_limit", self.max_history_limit as u64),
+            bounded("handshake_timeout_ms", self.handshake_timeout_ms),
+            bounded("max_http_connections", self.max_http_connections as u64),
+            bounded("presence_interval_ms", self.presence_interval_ms),
+            bounded("presence_members_max", self.presence_members_max as u64),
         ])?;
         if self.previous_api_keys.iter().any(|key| key.chars().count() < API_KEY_MIN_CHARS) {
             // Never echo a key.
@@ -526,8 +583,8 @@ impl Config {
         if self.tls_cert.is_some() != self.tls_key.is_some() {
             return Err(invalid("tls_cert", "and tls_key must be set together".to_string()));
         }
-        within(&[("probe_up_after", self.probe_up_after, 1, None), ("cluster_heartbeat_ms", self.cluster_heartbeat_ms, 50, None)])?;
-        if let Some(replicas) = self.cluster_replicas.filter(|r| ![1, 3].contains(r)) {
+        within(&[bounded("probe_up_after", self.probe_up_after), bounded("cluster_heartbeat_ms", self.cluster_heartbeat_ms)])?;
+        if let Some(replicas) = self.cluster_replicas.filter(|r| !CLUSTER_REPLICAS.contains(r)) {
             return Err(invalid("cluster_replicas", format!("must be 1 or 3, got {replicas}")));
         }
         if let Some(urls) = &self.cluster_nats_url {
@@ -550,7 +607,7 @@ impl Config {
         if self.peer_nodes()?.iter().any(|peer| peer.name == self.node) {
             return Err(invalid("peers", format!("lists this node ({}) itself", self.node)));
         }
-        self.exclusive_devices.iter().try_for_each(|device| name_rule("exclusive_devices", "entries must", device, 32))?;
+        self.exclusive_devices.iter().try_for_each(|device| name_rule("exclusive_devices", "entries must", device))?;
         self.validate_webhooks()?;
         namespaces::check(&self.namespaces)
     }
@@ -564,9 +621,9 @@ impl Config {
 
     fn validate_webhooks(&self) -> Result<(), ConfigError> {
         within(&[
-            ("webhook_queue_max", self.webhook_queue_max as u64, 1, Some((10_000_000, ""))),
-            ("webhook_timeout_ms", self.webhook_timeout_ms, 100, Some((600_000, " (10 minutes)"))),
-            ("webhook_vacated_delay_ms", self.webhook_vacated_delay_ms, 0, Some((600_000, " (10 minutes)"))),
+            bounded("webhook_queue_max", self.webhook_queue_max as u64),
+            bounded("webhook_timeout_ms", self.webhook_timeout_ms),
+            bounded("webhook_vacated_delay_ms", self.webhook_vacated_delay_ms),
         ])?;
         if !self.webhooks_enabled() {
             return Ok(());
@@ -585,15 +642,52 @@ impl Config {
 }
 
 /// An upper bound with its note for messages (" (16 MiB)"), if any.
-type UpperBound<'a> = Option<(u64, &'a str)>;
+pub type UpperBound<'a> = Option<(u64, &'a str)>;
 
-/// The bounds of the keys a `[[namespace]]` may override, shared by the global keys and
-/// the namespaces' overrides (`history_ttl_secs` has none).
-const ROOM_KEY_BOUNDS: &[(&str, u64, UpperBound<'static>)] = &[
+/// The numeric keys' bounds: key, least value, and the largest with its note for
+/// messages (" (16 MiB)"), if any. [`Config::validate`] checks them (and the namespaces'
+/// overrides of the same keys) and the reference (`livegate reference config`) prints
+/// them, so this table is the one place a bound is written.
+pub const BOUNDS: &[(&str, u64, UpperBound<'static>)] = &[
     ("batch_window_ms", 0, Some((10_000, " (10 seconds)"))),
+    ("heartbeat_secs", 1, None),
     ("history_size", 1, Some((1_000_000, ""))),
+    ("store_cache_mb", 1, Some((1 << 20, " (1 TiB)"))),
+    ("room_idle_secs", 1, None),
+    ("recovery_max_events", 1, None),
     ("max_event_bytes", 16, Some((16 << 20, " (16 MiB)"))),
+    ("max_state_bytes", 16, Some((16 << 20, " (16 MiB)"))),
+    ("max_subscriptions", 1, None),
+    ("resume_ttl_secs", 1, None),
+    ("token_ttl_max_secs", 1, None),
+    ("session_ttl_secs", 1, None),
+    ("session_cache_max", 1, None),
+    ("max_outbox_bytes", 4096, None),
+    ("probe_interval_ms", 50, None),
+    ("probe_up_after", 1, None),
+    ("max_frame_bytes", 1024, Some((64 << 20, " (64 MiB)"))),
+    ("max_message_bytes", 1024, Some((64 << 20, " (64 MiB)"))),
+    ("max_http_connections", 1, None),
+    ("max_history_limit", 1, None),
+    ("presence_interval_ms", 50, Some((60_000, " (1 minute)"))),
+    ("presence_members_max", 0, Some((PRESENCE_MEMBERS_MAX, ""))),
+    ("handshake_timeout_ms", 100, None),
+    ("cluster_heartbeat_ms", 50, None),
+    ("webhook_queue_max", 1, Some((10_000_000, ""))),
+    ("webhook_timeout_ms", 100, Some((600_000, " (10 minutes)"))),
+    ("webhook_vacated_delay_ms", 0, Some((600_000, " (10 minutes)"))),
 ];
+
+/// The bounds of `key` in [`BOUNDS`], if it has any.
+pub fn bounds_of(key: &str) -> Option<(u64, UpperBound<'static>)> {
+    BOUNDS.iter().find(|(k, ..)| *k == key).map(|&(_, min, max)| (min, max))
+}
+
+/// `(key, value, min, max)` for [`within`], the bounds from [`BOUNDS`].
+fn bounded(key: &'static str, value: u64) -> (&'static str, u64, u64, UpperBound<'static>) {
+    let (min, max) = bounds_of(key).unwrap_or_else(|| panic!("{key} has no entry in BOUNDS"));
+    (key, value, min, max)
+}
 
 /// What is wrong with `value` against `min` and `max` ("must be at least 1, got 0").
 fn bound_problem(value: u64, min: u64, max: UpperBound<'_>) -> Option<String> {
@@ -614,8 +708,31 @@ fn within(bounds: &[(&'static str, u64, u64, Option<(u64, &str)>)]) -> Result<()
     Ok(())
 }
 
-/// `value` is a name of at most `max` characters (see [`is_name`]); `must` starts the problem.
-fn name_rule(key: &'static str, must: &str, value: &str, max: usize) -> Result<(), ConfigError> {
+/// The keys whose values (or, for lists, entries) are names: key and longest name.
+const NAME_KEYS: &[(&str, usize)] = &[("node", 64), ("cell", 64), ("exclusive_devices", 32)];
+
+/// The replica counts `cluster_replicas` may ask for.
+const CLUSTER_REPLICAS: [u64; 2] = [1, 3];
+
+/// The rule of a key that is not a number in a range ([`BOUNDS`]), as the reference
+/// states it: names ([`NAME_KEYS`]), API keys ([`API_KEY_MIN_CHARS`]), replicas.
+fn rule_of(key: &str) -> Option<String> {
+    if let Some(&(_, max)) = NAME_KEYS.iter().find(|(k, _)| *k == key) {
+        let each = if key == "exclusive_devices" { "each " } else { "" };
+        return Some(format!("{each}1 to {max} characters from A-Z a-z 0-9 _ . -"));
+    }
+    match key {
+        "api_key" => Some(format!("at least {API_KEY_MIN_CHARS} characters")),
+        "previous_api_keys" => Some(format!("each at least {API_KEY_MIN_CHARS} characters")),
+        "cluster_replicas" => Some(format!("{} or {}", CLUSTER_REPLICAS[0], CLUSTER_REPLICAS[1])),
+        _ => None,
+    }
+}
+
+/// `value` is a name of at most the key's length in [`NAME_KEYS`] (see [`is_name`]);
+/// `must` starts the problem.
+fn name_rule(key: &'static str, must: &str, value: &str) -> Result<(), ConfigError> {
+    let max = NAME_KEYS.iter().find(|(k, _)| *k == key).map_or_else(|| panic!("{key} is not in NAME_KEYS"), |&(_, max)| max);
     if is_name(value, max) {
         return Ok(());
     }

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use super::value::{parse, Raw};
-use super::{bound_problem, Config, ConfigError, Origin, ROOM_KEY_BOUNDS};
+use super::{bound_problem, bounds_of, Config, ConfigError, Origin};
 use crate::core::namespaces::{NamespaceError, Namespaces, Overrides, RoomOptions};
 
 /// The keys a `[[namespace]]` table may hold besides `prefix`.
@@ -124,7 +124,7 @@ pub(super) fn check(tables: &[NamespaceTable]) -> Result<(), ConfigError> {
         ];
         for (key, value) in values {
             let Some(value) = value else { continue };
-            let Some(&(_, min, max)) = ROOM_KEY_BOUNDS.iter().find(|(k, ..)| *k == key) else { continue };
+            let Some((min, max)) = bounds_of(key) else { continue };
             if let Some(text) = bound_problem(value, min, max) {
                 return Err(problem(index, Some(&table.prefix), format!("{key} {text}")));
             }

@@ -141,11 +141,11 @@ fn load_cases() {
             "listen in FILE: expected an IP address and port such as 127.0.0.1:7070, got \"localhost:80\"".into()))
             .file("listen = \"localhost:80\""),
         case("number list in file", Error(
-            "exclusive_devices in FILE: expected a comma-separated list such as phone,pc, got [1]".into()))
+            "exclusive_devices in FILE: expected a comma-separated list, got [1]".into()))
             .file("exclusive_devices = [1]"),
         case("number for text in file", Error("node in FILE: expected text, got 5".into()))
             .file("node = 5"),
-        case("empty data dir in file", Error("data_dir in FILE: expected a directory path, got \"\"".into()))
+        case("empty data dir in file", Error("data_dir in FILE: expected a path, got \"\"".into()))
             .file("data_dir = \"\""),
         // Bad text values name the variable or the flag.
         case("env not a number", Error(
@@ -159,7 +159,7 @@ fn load_cases() {
         case("env bad listen", Error(
             "LIVEGATE_LISTEN: expected an IP address and port such as 127.0.0.1:7070, got \"127.0.0.1\"".into()))
             .env("LIVEGATE_LISTEN", "127.0.0.1"),
-        case("flag empty data dir", Error("--data-dir: expected a directory path, got \"\"".into()))
+        case("flag empty data dir", Error("--data-dir: expected a path, got \"\"".into()))
             .flag("data_dir", ""),
         case("bad flag wins over good env", Error("--history-size: expected a whole number, got \"ten\"".into()))
             .env("LIVEGATE_HISTORY_SIZE", "10")
@@ -555,4 +555,45 @@ fn namespace_options_resolve_over_the_global_keys() {
         ..Config::default()
     };
     assert_eq!(dup.validate().unwrap_err().to_string(), "[[namespace]] number 2 (prefix \"a\"): prefix \"a\" is already the prefix of namespace 1");
+}
+
+/// Every bound of `BOUNDS` is what validation enforces: the least and the largest value
+/// load, one past either is refused naming the key. So the reference, which prints the
+/// table, tells the truth.
+#[test]
+fn every_bound_in_the_table_is_enforced() {
+    let load = |key: &str, value: u64| Config::load(None, Vec::new(), &ConfigFlags::default().with(key, value.to_string()));
+    for &(key, min, max) in BOUNDS {
+        assert!(KEYS.contains(&key), "{key} in BOUNDS is not a key");
+        assert!(load(key, min).is_ok(), "{key} = {min} (its least) is refused: {:?}", load(key, min).err());
+        if min > 0 {
+            let error = load(key, min - 1).expect_err(key).to_string();
+            assert!(error.starts_with(&format!("{key} must be at least {min}")), "{key} = {}: {error}", min - 1);
+        }
+        if let Some((max, _)) = max {
+            assert!(load(key, max).is_ok(), "{key} = {max} (its largest) is refused: {:?}", load(key, max).err());
+            let error = load(key, max + 1).expect_err(key).to_string();
+            assert!(error.starts_with(&format!("{key} must be at most {max}")), "{key} = {}: {error}", max + 1);
+        }
+    }
+    // The rules of the keys that are not numbers in a range, as the reference states them.
+    let refused = |key: &str, value: String| {
+        let error = Config::load(None, Vec::new(), &ConfigFlags::default().with(key, value.clone())).expect_err(key).to_string();
+        assert!(error.starts_with(key), "{key} = {value}: {error}");
+    };
+    for &(key, max) in NAME_KEYS {
+        assert!(rule_of(key).unwrap().contains(&format!("1 to {max} characters")));
+        assert!(Config::load(None, Vec::new(), &ConfigFlags::default().with(key, "a".repeat(max))).is_ok(), "{key}");
+        refused(key, "a".repeat(max + 1));
+    }
+    refused("api_key", "k".repeat(API_KEY_MIN_CHARS - 1));
+    refused("cluster_replicas", "2".into());
+    assert_eq!(rule_of("cluster_replicas").as_deref(), Some("1 or 3"));
+    let described: Vec<&str> = KEY_DOCS.iter().map(|doc| doc.name).collect();
+    assert_eq!(described, KEYS);
+    let heartbeat = KEY_DOCS.iter().find(|doc| doc.name == "heartbeat_secs").unwrap();
+    assert_eq!(
+        (heartbeat.form(), heartbeat.env_var().as_str(), heartbeat.flag().as_str(), heartbeat.bounds().as_deref()),
+        ("a whole number of seconds", "LIVEGATE_HEARTBEAT_SECS", "--heartbeat-secs", Some("at least 1"))
+    );
 }

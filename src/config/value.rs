@@ -33,13 +33,7 @@ pub(super) fn parse<T: Setting>(key: &'static str, raw: Raw<'_>, origin: &Origin
     };
     value.ok_or_else(|| ConfigError::BadValue {
         origin: origin.clone(),
-        // A number's unit is the one its key's name ends with.
-        expected: match (T::FORM, key.rsplit('_').next()) {
-            (WHOLE, Some("ms")) => "a whole number of milliseconds",
-            (WHOLE, Some("secs")) => "a whole number of seconds",
-            (WHOLE, Some("bytes")) => "a whole number of bytes",
-            (form, _) => form,
-        },
+        expected: expected(T::FORM, key),
         got: match raw {
             _ if SECRET_KEYS.contains(&key) => "a value that is not shown (a secret)".to_string(),
             Raw::Text(text) => format!("{text:?}"),
@@ -49,6 +43,17 @@ pub(super) fn parse<T: Setting>(key: &'static str, raw: Raw<'_>, origin: &Origin
 }
 
 const WHOLE: &str = "a whole number";
+
+/// How a value of `key`, of a type written as `form`, is written: a number's unit is the
+/// one the key's name ends with.
+pub(super) fn expected(form: &'static str, key: &str) -> &'static str {
+    match (form, key.rsplit('_').next()) {
+        (WHOLE, Some("ms")) => "a whole number of milliseconds",
+        (WHOLE, Some("secs")) => "a whole number of seconds",
+        (WHOLE, Some("bytes")) => "a whole number of bytes",
+        (form, _) => form,
+    }
+}
 
 /// `Type: form, |text| value from text[, |value| value from TOML];` — without the second,
 /// the file writes the text form as a TOML string.
@@ -71,11 +76,11 @@ settings! {
     u64: WHOLE, |text| text.trim().parse().ok().filter(|&n| i64::try_from(n).is_ok()), |value| value.as_integer()?.try_into().ok();
     usize: WHOLE, |text| u64::from_text(text)?.try_into().ok(), |value| u64::from_toml(value)?.try_into().ok();
     SocketAddr: "an IP address and port such as 127.0.0.1:7070", |text| text.trim().parse().ok();
-    PathBuf: "a directory path", |text| (!text.is_empty()).then(|| text.into());
+    PathBuf: "a path", |text| (!text.is_empty()).then(|| text.into());
     String: "text", |text| Some(text.to_string());
     bool: "true or false", |text| text.trim().parse().ok(), |value| value.as_bool();
     // Comma-separated; in the file also an array of strings.
-    Vec<String>: "a comma-separated list such as phone,pc",
+    Vec<String>: "a comma-separated list",
         |text| Some(text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()),
         |value| match value.as_array() {
             Some(items) => items.iter().map(|item| item.as_str().map(String::from)).collect(),
