@@ -66,6 +66,12 @@ impl CloseCode {
         }
     }
 
+    /// Whether a client should reconnect after this close: every code but 4500–4999
+    /// (the rule `close_meaning` and the client library follow).
+    pub const fn reconnect(self) -> bool {
+        !matches!(self.code(), 4500..=4999)
+    }
+
     pub fn from_code(code: u16) -> Option<CloseCode> {
         CloseCode::ALL.into_iter().find(|c| c.code() == code)
     }
@@ -88,6 +94,25 @@ impl CloseCode {
             CloseCode::Replaced => "replaced by a newer connection of the same user and device",
             CloseCode::Kicked => "kicked by an operator",
             CloseCode::TokenInvalid => "token no longer valid",
+        }
+    }
+}
+
+impl CloseCode {
+    /// When the server sends the code and what its reason carries, beyond [`CloseCode::meaning`];
+    /// empty when the meaning says it all.
+    pub const fn detail(self) -> &'static str {
+        match self {
+            CloseCode::Policy => "Too many refused messages (max_bad_messages a minute), or no subscribe within subscribe_timeout_secs.",
+            CloseCode::TooBig => "A frame over max_frame_bytes or a message over max_message_bytes.",
+            CloseCode::ServiceRestart => "The node is draining: reconnect now (after the delay the reason suggests, if any) and resume with `since`.",
+            CloseCode::HeartbeatTimeout => "Nothing (frames, pings or pongs) arrived from the client for three heartbeat_secs intervals.",
+            CloseCode::SlowConsumer => "More than max_outbox_bytes waited for the connection for longer than the grace.",
+            CloseCode::MigrationBudget => "The reason is the seconds to wait before reconnecting.",
+            CloseCode::WrongNode => "The reason is the URL of the node that serves the session: connect there with the same credential. After a welcome: a rebalance handed the session over.",
+            CloseCode::Replaced => "Only for exclusive_devices: a newer connection of the user on the same device kind.",
+            CloseCode::Kicked => "`DELETE /v1/users/{user}/connections`; the credentials issued to the user before it are void.",
+            _ => "",
         }
     }
 }
@@ -139,6 +164,63 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    pub const ALL: [ErrorCode; 24] = [
+        ErrorCode::BadRequest,
+        ErrorCode::UnknownOp,
+        ErrorCode::BadRoom,
+        ErrorCode::Forbidden,
+        ErrorCode::TooManySubscriptions,
+        ErrorCode::PayloadTooLarge,
+        ErrorCode::Unauthorized,
+        ErrorCode::MissingToken,
+        ErrorCode::InvalidToken,
+        ErrorCode::TokenExpired,
+        ErrorCode::TokenReplayed,
+        ErrorCode::ResumeInvalid,
+        ErrorCode::MigrationBudget,
+        ErrorCode::WrongNode,
+        ErrorCode::NoAliveNode,
+        ErrorCode::NotFound,
+        ErrorCode::Unavailable,
+        ErrorCode::Internal,
+        ErrorCode::RateLimited,
+        ErrorCode::TooManyConnections,
+        ErrorCode::ForbiddenOrigin,
+        ErrorCode::DirectoryUnavailable,
+        ErrorCode::PresenceOff,
+        ErrorCode::Conflict,
+    ];
+
+    /// What the code tells a client or backend, in one line (the reference's text).
+    pub const fn meaning(self) -> &'static str {
+        match self {
+            ErrorCode::BadRequest => "The request is malformed: not JSON, a field missing or of the wrong type, or a value out of range (such as a history limit above max_history_limit).",
+            ErrorCode::UnknownOp => "A WebSocket message names an op the server does not know.",
+            ErrorCode::BadRoom => "The room name is not valid (`[A-Za-z0-9_.:-]{1,128}`, an inbox `user:<id>`), or names a room the request does not apply to.",
+            ErrorCode::Forbidden => "The connection's token does not allow this room: it is outside the token's `rooms` (read) or `publish` patterns.",
+            ErrorCode::TooManySubscriptions => "The connection already holds max_subscriptions rooms.",
+            ErrorCode::PayloadTooLarge => "Event data over max_event_bytes, or a state over max_state_bytes.",
+            ErrorCode::Unauthorized => "The API key is missing or wrong (`Authorization: Bearer KEY`).",
+            ErrorCode::MissingToken => "A WebSocket or SSE handshake without a token or resume credential.",
+            ErrorCode::InvalidToken => "The token is malformed, not signed by this cluster, or was minted before a kick of its user: mint a new one.",
+            ErrorCode::TokenExpired => "The token's lifetime has passed: mint a new one.",
+            ErrorCode::TokenReplayed => "The token was already used for a connection (tokens are good for one): mint a new one.",
+            ErrorCode::ResumeInvalid => "The resume credential is malformed, spent, expired or voided by a kick: connect with a new token.",
+            ErrorCode::MigrationBudget => "The user's sessions already changed node within migration_window_secs: retry after the seconds the answer names, with the same credential.",
+            ErrorCode::WrongNode => "The session is served by another node: connect to the URL the answer names, with the same credential.",
+            ErrorCode::NoAliveNode => "No node is alive to serve the session (`GET /v1/route`).",
+            ErrorCode::NotFound => "No such route, or the thing asked for is off (the echo socket, the demo).",
+            ErrorCode::Unavailable => "The node cannot do it now (starting, draining, or its store or the cluster failed): retry, on another node if it is draining.",
+            ErrorCode::Internal => "An unexpected server error; the server's log says more.",
+            ErrorCode::RateLimited => "Over a rate: handshakes per IP, messages per connection or room starts per connection; slow down.",
+            ErrorCode::TooManyConnections => "The node holds max_connections connections (503), or the client's address holds max_connections_per_ip (429).",
+            ErrorCode::ForbiddenOrigin => "The browser's `Origin` is not one of allowed_origins.",
+            ErrorCode::DirectoryUnavailable => "Cluster mode: the session directory (NATS) has been unreachable for directory_outage_secs; retry with the same credential.",
+            ErrorCode::PresenceOff => "The room keeps no presence: an inbox, or a room whose namespace sets `presence = false`.",
+            ErrorCode::Conflict => "Not possible in the cluster's present state: a rebalance towards a node that is not alive and taking connections, or outside cluster mode.",
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorCode::BadRequest => "bad_request",
@@ -198,6 +280,15 @@ impl ErrorCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_code_is_listed_once() {
+        let names: std::collections::BTreeSet<&str> = ErrorCode::ALL.iter().map(|code| code.as_str()).collect();
+        assert_eq!(names.len(), ErrorCode::ALL.len());
+        let codes: std::collections::BTreeSet<u16> = CloseCode::ALL.iter().map(|code| code.code()).collect();
+        assert_eq!(codes.len(), CloseCode::ALL.len());
+        assert!(CloseCode::SlowConsumer.reconnect() && !CloseCode::Kicked.reconnect());
+    }
 
     /// The statuses the HTTP API promises for its codes (README, HTTP API; DESIGN.md §2–3).
     #[test]
