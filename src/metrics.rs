@@ -89,6 +89,14 @@ const HANDSHAKE_REASONS: &[&str] =
       // Only an SSE request names its rooms up front.
       "bad_room", "too_many_subscriptions", "forbidden"];
 
+/// Labels whose values are not a fixed list, with how the reference describes them:
+/// the others' series are all created at start (`with_known_series`).
+pub const OPEN_LABELS: &[(&str, &str)] = &[
+    ("device", "each of `exclusive_devices`, `web` and `other`"),
+    ("peer", "each peer of `peers`"),
+    ("code", "each close code livegate sends (see [Close codes](close-codes.md)), `1005`, `1006` (the socket just ended) and `other`"),
+];
+
 /// Why a webhook is given up (`livegate_webhooks_dropped_total{reason=…}`).
 pub const WEBHOOK_DROP_REASONS: &[&str] = &["queue_full", "rejected"];
 
@@ -166,6 +174,8 @@ pub struct Metrics {
     pub cluster_peers_alive: Gauge,
     /// Cluster mode: live copies (events and state records) rooms here took from NATS.
     pub cluster_live_copies: Counter,
+    /// Cluster mode: 1 while this node's NATS connection is up, as of its last heartbeat.
+    pub cluster_nats_connected: Gauge,
     pub migration_refusals: Counter,
     /// Rebalance (issue 30): users handed over to another node, their connections closed
     /// with 4421, users skipped by reason, and connections this node still has to hand over.
@@ -240,6 +250,7 @@ impl Metrics {
             cluster_append_conflicts: Counter::default(),
             cluster_peers_alive: Gauge::default(),
             cluster_live_copies: Counter::default(),
+            cluster_nats_connected: Gauge::default(),
             migration_refusals: Counter::default(),
             rebalance_moves: Counter::default(),
             rebalance_connections_moved: Counter::default(),
@@ -274,6 +285,9 @@ impl Metrics {
         }
         for result in ["ok", "stale", "error"] {
             drop(self.directory_writes.get_or_create(&ResultLabel { result }));
+        }
+        for edge in ["occupied", "vacated"] {
+            drop(self.occupancy_edges.get_or_create(&EdgeLabel { edge }));
         }
         for result in ["recovered", "not_recovered"] {
             drop(self.recoveries.get_or_create(&ResultLabel { result }));
@@ -404,7 +418,7 @@ impl Metrics {
         r.register("subscriptions", "Room subscriptions held by connections", self.subscriptions.clone());
         r.register("rooms_live", "Rooms with a live actor", self.rooms_live.clone());
         r.register("rooms_parked", "Inbox rooms whose automatic subscribers wait without an actor", self.rooms_parked.clone());
-        r.register("events_published", "Events appended to rooms", self.events_published.clone());
+        r.register("events_published", "Events appended to rooms (HTTP and client publishes)", self.events_published.clone());
         r.register("events_delivered", "Events written to client sockets", self.events_delivered.clone());
         r.register("duplicates_rejected", "Publishes answered as duplicates", self.duplicates_rejected.clone());
         r.register(
@@ -414,7 +428,7 @@ impl Metrics {
         );
         r.register_with_unit(
             "delivery_latency",
-            "Publish to the room window leaving for its subscribers, of each window's oldest event",
+            "Publish to the room window leaving for its subscribers, of each window's oldest event (so it includes the flush and the whole window)",
             Unit::Seconds,
             self.delivery_latency.clone(),
         );
@@ -440,7 +454,7 @@ impl Metrics {
         r.register("sessions_expired", "Sessions deleted after session_ttl_secs without a connection", self.sessions_expired.clone());
         r.register("sessions_live", "Sessions with a connection on this node", self.sessions_live.clone());
         r.register("sessions_cached", "Disconnected sessions kept in memory (at most session_cache_max)", self.sessions_cached.clone());
-        r.register("occupancy_edges", "Cluster-wide room occupancy decisions reported by this node, by edge", self.occupancy_edges.clone());
+        r.register("occupancy_edges", "Cluster mode with webhooks: rooms' cluster-wide occupancy decisions this node made, by edge (each becomes a room_occupied or room_vacated webhook)", self.occupancy_edges.clone());
         r.register("sessions_stored", "Session records in the embedded store (single node)", self.sessions_stored.clone());
         r.register("cluster_append_conflicts", "Cluster mode: room appends that lost to another node's and were retried", self.cluster_append_conflicts.clone());
         r.register("cluster_peers_alive", "Cluster mode: peer nodes heard within the heartbeat timeout", self.cluster_peers_alive.clone());
@@ -449,12 +463,17 @@ impl Metrics {
             "Cluster mode: rooms' live events and state records this node received from NATS (only rooms with subscribers here, and a few seconds after the last left)",
             self.cluster_live_copies.clone(),
         );
+        r.register(
+            "cluster_nats_connected",
+            "Cluster mode: 1 while this node is connected to NATS, 0 while it reconnects (checked every cluster_heartbeat_ms; 0 outside cluster mode)",
+            self.cluster_nats_connected.clone(),
+        );
         r.register("migration_refusals", "Handshakes refused: migration budget spent", self.migration_refusals.clone());
         r.register("rebalance_moves", "Rebalance: users handed over to another node", self.rebalance_moves.clone());
         r.register("rebalance_connections_moved", "Rebalance: connections closed with 4421 towards the node their users were handed to", self.rebalance_connections_moved.clone());
         r.register("rebalance_skipped", "Rebalance: users not moved (budget: migration budget spent; gone: no session here any more; error: the directory failed)", self.rebalance_skipped.clone());
         r.register("rebalance_pending", "Rebalance: connections this node still has to hand over", self.rebalance_pending.clone());
-        r.register("peer_up", "1 while a peer node passes its probes", self.peer_up.clone());
+        r.register("peer_up", "1 while a configured peer (peers) passes its probes", self.peer_up.clone());
         r.register("warmup_active", "1 while the node is in warm-up", self.warmup_active.clone());
         r.register(
             "warmup_reconnect_attempts",
@@ -475,8 +494,8 @@ impl Metrics {
             self.store_flush_latency.clone(),
         );
         r.register_with_unit("store_size", "Store size on disk", Unit::Bytes, self.store_bytes.clone());
-        r.register("http_connections", "Plain HTTP sockets open (requests, keep-alive, handshakes not yet upgraded)", self.http_connections.clone());
-        r.register("store_probes", "Liveness probes of the store (a read and an idempotent write) made for /healthz", self.store_probes.clone());
+        r.register("http_connections", "Plain HTTP sockets open (requests, keep-alive, handshakes not yet upgraded), at most max_http_connections", self.http_connections.clone());
+        r.register("store_probes", "Liveness probes of the store (a read and an idempotent write) made for /healthz, at most one a second", self.store_probes.clone());
         r.register("webhooks_queued", "Webhooks waiting in the store's queue, in flight included", self.webhooks_queued.clone());
         r.register("webhooks_delivered", "Webhooks answered with 2xx", self.webhooks_delivered.clone());
         r.register(

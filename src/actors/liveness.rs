@@ -322,6 +322,7 @@ impl LivenessActor {
         }
         peers.presence.sweep(|node| recent.iter().any(|name| name == node), timeout_ms);
         self.metrics.cluster_peers_alive.set(alive as i64);
+        self.metrics.cluster_nats_connected.set(i64::from(peers.cluster.connected()));
         let me = self.router.me();
         let info = NodeInfo {
             name: me.name.clone(),
