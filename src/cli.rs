@@ -4,7 +4,8 @@
 //! and the API key (`api_key`, else `data_dir/api_key`) from the same configuration
 //! layers as the server, so the same flags, environment and config file work for both.
 //! The clients themselves are [`crate::client`]; this module is the command line, `serve`
-//! (signals, tracing) and the offline `route` and `check-config`.
+//! (signals, tracing) and the offline `route`, `check-config` and `reference` (the
+//! Markdown references of [`crate::reference`]).
 //!
 //! `main.rs` only calls [`main`]. Output convention: results go to stdout (a token, a
 //! publish reply, one JSON line per event), everything else to stderr; errors are one
@@ -17,6 +18,7 @@ use serde_json::Value;
 
 use crate::client::{Client, ClientError, Subscriber, Subscription};
 use crate::config::{Config, ConfigError, ConfigFlags, ENV_LOG_FORMAT};
+use crate::reference::Reference;
 
 const ABOUT: &str = "Real-time push gateway: WebSocket subscribers, HTTP publishers, durable per-room event logs";
 
@@ -111,6 +113,16 @@ every value, and print the effective configuration as TOML with the API key mask
 [[namespace]] table is printed with every room option in effect for its rooms.
 Exits 0 when it is valid, 2 with one line naming the bad key and where it was set.")]
     CheckConfig,
+    /// Print a reference as Markdown, generated from the code: config, metrics, errors, close-codes
+    #[command(long_about = "\
+Print a reference as Markdown, generated from the one definition in the code: every
+configuration key (type, default, bounds, variable, flag), every metric /metrics exports,
+the error codes with their HTTP statuses, or the WebSocket close codes. The book's pages
+docs/src/reference/*.md are exactly this output.")]
+    Reference {
+        #[arg(value_enum)]
+        which: Reference,
+    },
     /// Ask a running server for its status (node, version, uptime, phase, counts)
     Status {
         #[command(flatten)]
@@ -272,6 +284,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Route(args) => route_offline(&args),
         Command::CheckConfig => check_config(&cli.config),
+        Command::Reference { which } => print_line(which.markdown().trim_end()),
         Command::Status { server } => {
             init_tracing(format, "warn");
             let reply = client(&cli.config, &server)?.status()?;

@@ -21,6 +21,8 @@
 //! - [`config`]: typed configuration from file, environment and flags.
 //! - [`client`]: clients of a running server: the HTTP client and the reconnecting
 //!   terminal subscriber behind `token`, `publish`, `status` and `subscribe`.
+//! - [`reference`]: the Markdown references `livegate reference` prints (configuration,
+//!   metrics, error and close codes), generated from their definitions.
 //! - [`cli`]: the command-line front end (`serve`, `token`, `publish`, `subscribe`).
 
 pub mod actors;
@@ -33,6 +35,7 @@ pub mod demo;
 pub mod http;
 pub mod metrics;
 pub mod protocol;
+pub mod reference;
 pub mod server;
 pub mod store;
 pub mod tasks;

@@ -1,7 +1,7 @@
 //! The layering rule of ARCHITECTURE.md, checked on the source: every `crate::` path a
 //! module names (in `use` lines and in code) belongs to its own layer or one below.
 //! Layers, lowest first: core, world and tasks; protocol, config and store; metrics,
-//! cluster and client; actors; http and demo; server; cli; and the crate roots.
+//! cluster, client and reference; actors; http and demo; server; cli; and the crate roots.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -13,7 +13,8 @@ fn layer(module: &str) -> usize {
         "protocol" | "config" | "store" => 1,
         // client: a client of the public API, kept below actors and handlers so it
         // cannot reach the server's insides.
-        "metrics" | "cluster" | "client" => 2,
+        // reference: the references printed from config, protocol and metrics.
+        "metrics" | "cluster" | "client" | "reference" => 2,
         "actors" => 3,
         "http" | "demo" => 4,
         "server" => 5,
