@@ -34,6 +34,7 @@ mod presence;
 mod process_restart;
 mod proxies;
 mod recovery_stress;
+mod reference;
 mod resume;
 mod route_cli;
 mod routing;
