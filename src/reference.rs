@@ -263,7 +263,7 @@ mod tests {
         let rows = page.lines().filter(|line| line.starts_with("| `livegate_")).count();
         assert_eq!(rows, registered, "{page}");
         assert!(page.contains("| `livegate_connects_total` | counter | — |"), "{page}");
-        assert!(page.contains("`limit`: `connections`, `connections_per_ip`"), "{page}");
+        assert!(page.contains("`limit`: `bad_messages`, `connections`, `connections_per_ip`"), "{page}");
         assert!(page.contains("`le`: 16 buckets, 0.0005 to"), "{page}");
     }
 
