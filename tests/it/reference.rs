@@ -10,9 +10,11 @@
 //! - every metric name a query of `data/grafana/livegate.json` (each `expr`, and the
 //!   template variables' `definition`) names is one `/metrics`
 //!   of a running single node exports (with its `_total`, `_bucket`, `_sum` or `_count`
-//!   sample suffix). A family with no series until it is configured (`livegate_peer_up`:
-//!   one per configured peer) is checked against the metrics page instead, whose rows
-//!   come from the same registry; the test says which names it checked that way.
+//!   sample suffix), on a single node and on a cluster node (a real nats-server), where
+//!   the NATS connection gauge must read 1. A family with no series until it is
+//!   configured (`livegate_peer_up`: one per configured peer, peers mode) is checked
+//!   against the metrics page instead, whose rows come from the same registry; the test
+//!   names the only one allowed that way.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -23,7 +25,7 @@ use livegate::protocol::{CloseCode, ErrorCode};
 use livegate::reference::Reference;
 use serde_json::Value;
 
-use crate::common::process::ServeProcess;
+use crate::common::process::{metric, ServeProcess};
 use crate::common::REPO;
 
 /// Where the dashboard lives, from the repository's root.
@@ -183,43 +185,64 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
     names
 }
 
-#[test]
-fn the_dashboard_queries_only_metrics_livegate_exports() {
-    let _gate = crate::common::gate!();
+/// The dashboard's JSON, after the checks of its form: the templated datasource and a
+/// p99 over the latency histogram's buckets.
+fn dashboard() -> Value {
     let path = Path::new(REPO).join(DASHBOARD);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     let dashboard: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{DASHBOARD} is not JSON: {e}"));
     assert!(text.contains("${DS_PROMETHEUS}"), "{DASHBOARD}: panels should use the templated datasource ${{DS_PROMETHEUS}}");
     let templated = dashboard["templating"]["list"].as_array().into_iter().flatten().any(|v| v["type"] == "datasource" && v["query"] == "prometheus");
     assert!(templated, "{DASHBOARD}: no Prometheus datasource variable in templating.list");
+    dashboard
+}
 
+/// Every metric name the dashboard queries.
+fn queried_metrics() -> BTreeSet<String> {
     let mut all = Vec::new();
-    exprs(&dashboard, &mut all);
+    exprs(&dashboard(), &mut all);
     assert!(all.len() >= 15, "{DASHBOARD}: only {} queries", all.len());
-    let queried: BTreeSet<String> = all.iter().flat_map(|expr| metric_names(expr)).collect();
     let latency = "livegate_delivery_latency_seconds_bucket";
     assert!(all.iter().any(|e| e.contains("histogram_quantile(0.99") && e.contains(latency)), "{DASHBOARD}: no p99 over {latency}");
-
-    let (_, samples) = scraped(&scrape_real_binary());
-    let metrics_page = page(Reference::Metrics);
-    let mut unknown = Vec::new();
-    let mut by_page = Vec::new();
-    for name in &queried {
-        if samples.contains(name) {
-            continue;
-        }
-        if metrics_page.contains(&format!("| `{name}` |")) {
-            by_page.push(name.clone());
-        } else {
-            unknown.push(name.clone());
-        }
-    }
-    assert!(unknown.is_empty(), "{DASHBOARD} queries metrics livegate does not export: {unknown:?}");
-    // Only the per-peer gauge is allowed to be absent from a single node's scrape.
-    assert_eq!(by_page, ["livegate_peer_up"], "checked against {} instead of /metrics", Reference::Metrics.page());
+    let queried: BTreeSet<String> = all.iter().flat_map(|expr| metric_names(expr)).collect();
     for wanted in ["livegate_connections_by_transport", "livegate_slow_consumer_closes_total", "livegate_limit_hits_total", "livegate_cluster_nats_connected"] {
         assert!(queried.contains(wanted), "{DASHBOARD} does not show {wanted}");
     }
+    queried
+}
+
+/// The queried names `scrape` has no sample of: those the metrics page lists, and those
+/// it does not either.
+fn missing_from(scrape: &str, queried: &BTreeSet<String>) -> (Vec<String>, Vec<String>) {
+    let (_, samples) = scraped(scrape);
+    let metrics_page = page(Reference::Metrics);
+    queried.iter().filter(|name| !samples.contains(*name)).cloned().partition(|name| metrics_page.contains(&format!("| `{name}` |")))
+}
+
+#[test]
+fn the_dashboard_queries_only_metrics_a_single_node_exports() {
+    let _gate = crate::common::gate!();
+    let queried = queried_metrics();
+    let (by_page, unknown) = missing_from(&scrape_real_binary(), &queried);
+    assert!(unknown.is_empty(), "{DASHBOARD} queries metrics livegate does not export: {unknown:?}");
+    // Only the per-peer gauge may be absent from a single node's scrape: it has a series
+    // per configured peer (peers mode), and the metrics page lists it.
+    assert_eq!(by_page, ["livegate_peer_up"], "checked against {} instead of /metrics", Reference::Metrics.page());
+}
+
+/// In cluster mode (one node on a real nats-server), the cluster row's metrics are there
+/// with values: the node says it is connected to NATS.
+#[test]
+fn the_dashboard_queries_only_metrics_a_cluster_node_exports() {
+    let _gate = crate::common::gate!();
+    let queried = queried_metrics();
+    let cluster = crate::common::nats::Cluster::start(1, &[]);
+    let http = cluster.http(0);
+    let connected = crate::common::wait_until(crate::common::WAIT, || metric(&http, "livegate_cluster_nats_connected") == Some(1.0));
+    assert!(connected, "livegate_cluster_nats_connected is not 1 on a cluster node:\n{}", http.metrics_text());
+    let (by_page, unknown) = missing_from(&http.metrics_text(), &queried);
+    assert!(unknown.is_empty(), "{DASHBOARD} queries metrics livegate does not export: {unknown:?}");
+    assert_eq!(by_page, ["livegate_peer_up"], "a cluster node lacks these");
 }
 
 #[test]
