@@ -480,6 +480,33 @@ describe('transport sse', () => {
       client.close();
     }
   });
+
+  test('a refusal names its room in a field: that room is refused, the other new one stays (the message is never read)', async () => {
+    const { fetch, client, log } = await streaming(['a']);
+    try {
+      const kept = client.subscribe('b', { state: false });
+      const refused = client.subscribe('c', { state: false });
+      const reopened = await fetch.nth(1);
+      assert.equal(reopened.params.rooms, 'a,b,c');
+      reopened.respond(403, { error: { code: 'forbidden', room: 'c', message: 'b b b' } });
+      await assert.rejects(refused.ready(), (e) => e.code === 'forbidden');
+      const again = await fetch.nth(2);
+      assert.equal(again.params.rooms, 'a,b');
+      assert.equal(kept.state, 'subscribing');
+      assert.deepEqual(log.error.filter((e) => e.room).map((e) => [e.room, e.code]), [['c', 'forbidden']]);
+      // Without the field (an older server), every room not yet subscribed is a suspect.
+      const other = client.subscribe('d', { state: false });
+      again.open();
+      again.welcome('S1');
+      const third = await fetch.nth(3);
+      assert.equal(third.params.rooms, 'a,b,d');
+      third.respond(403, { error: { code: 'forbidden', message: 'room d is not allowed' } });
+      await assert.rejects(other.ready(), (e) => e.code === 'forbidden');
+      assert.equal(kept.state, 'unsubscribed', 'b was not subscribed yet either');
+    } finally {
+      client.close();
+    }
+  });
 });
 
 test('EventStreamParser: the standard rules, in every split of the input', () => {

@@ -566,10 +566,10 @@ export class LivegateClient {
       this._order.remove('sse');
       this._announceTransport(from, 'the server has no SSE endpoint');
     } else if (['bad_room', 'too_many_subscriptions', 'forbidden'].includes(code)) {
-      // A room of the request was refused: the rooms not yet subscribed are the suspects
-      // (only the one the message names, when it names one).
+      // A room of the request was refused: the one the answer's `room` field names, else
+      // (no field: too many rooms, or an older server) every room not yet subscribed.
       const fresh = [...link.rooms].filter((room) => this._rooms.get(room) && !this._rooms.get(room).subscribedOnce);
-      const named = fresh.filter((room) => message.includes(room));
+      const named = typeof refusal.error?.room === 'string' ? fresh.filter((room) => room === refusal.error.room) : [];
       for (const room of named.length ? named : fresh) {
         const state = this._rooms.get(room);
         this._rooms.delete(room);
@@ -1005,24 +1005,32 @@ export class LivegateClient {
       request.reject(lgError(frame.code, frame.message));
       return;
     }
-    const state = frame.ref != null && [...this._rooms.values()].find((s) => s.ref === frame.ref);
+    const room = typeof frame.room === 'string' ? frame.room : undefined;
+    // A subscribe's refusal: by its ref, or over SSE (the stream's subscribes have no
+    // ref) by the room the frame names.
+    const state =
+      frame.ref != null
+        ? [...this._rooms.values()].find((s) => s.ref === frame.ref)
+        : room != null && this._stream() && this._rooms.get(room)?.ref === 'sse' && this._rooms.get(room);
     if (!state) {
-      this._emit('error', { code: frame.code, message: frame.message });
+      this._emit('error', room != null ? { room, code: frame.code, message: frame.message } : { code: frame.code, message: frame.message });
       return;
     }
-    // A server before `features` in welcome refuses a flag it lacks as an unknown field.
-    const unknown = this._features == null && frame.code === 'bad_request' && /unknown field `(state|presence)`/.exec(String(frame.message ?? ''));
-    if (unknown && (unknown[1] === 'state' ? state.wantState : state.wantPresence)) {
-      // A server older than room state or presence refuses the flag: go on without it.
-      if (unknown[1] === 'state') {
+    // A server before `features` in welcome refuses a flag it lacks as a bad request: the
+    // newest flag asked (presence, then state) is taken as lacking, and the room asked
+    // again without it (the message is for people, never read).
+    const flag = this._features == null && frame.code === 'bad_request' && (state.wantPresence ? 'presence' : state.wantState ? 'state' : null);
+    if (flag) {
+      if (flag === 'state') {
         state.wantState = false;
         state.fromState = false;
       } else state.wantPresence = false;
-      state.lacks[unknown[1]] = true;
-      const what = unknown[1] === 'state' ? 'room state' : 'presence';
-      this._emit('error', { room: state.room, code: 'unsupported', message: `the server has no ${what}: subscribed without it` });
-      this._tellSubscriptions(state, 'error', { room: state.room, code: 'unsupported', message: `the server has no ${what}: subscribed without it` });
-      this._sendSubscribe(state);
+      state.lacks[flag] = true;
+      const what = flag === 'state' ? 'room state' : 'presence';
+      const detail = { room: state.room, code: 'unsupported', message: `the server has no ${what}: subscribed without it` };
+      this._emit('error', detail);
+      this._tellSubscriptions(state, 'error', detail);
+      this._resubscribe(state);
       return;
     }
     state.ref = null;
@@ -1039,7 +1047,7 @@ export class LivegateClient {
     const link = this._link;
     const timer = this._clock.setTimeout(() => {
       state.retry = null;
-      if (this._link === link && link?.welcomed && this._rooms.get(state.room) === state) this._sendSubscribe(state);
+      if (this._link === link && link?.welcomed && this._rooms.get(state.room) === state) this._resubscribe(state);
     }, this._timings.resubscribeMs);
     state.retry = () => this._clock.clearTimeout(timer);
   }
