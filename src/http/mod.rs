@@ -1069,6 +1069,7 @@ pub const CLIENT_MODULES: &[(&str, &str)] = &[
     ("clock.js", include_str!("../../clients/js/livegate/clock.js")),
     ("connection.js", include_str!("../../clients/js/livegate/connection.js")),
     ("credentials.js", include_str!("../../clients/js/livegate/credentials.js")),
+    ("emitter.js", include_str!("../../clients/js/livegate/emitter.js")),
     ("errors.js", include_str!("../../clients/js/livegate/errors.js")),
     ("event-stream.js", include_str!("../../clients/js/livegate/event-stream.js")),
     ("subscriptions.js", include_str!("../../clients/js/livegate/subscriptions.js")),

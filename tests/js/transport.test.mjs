@@ -317,6 +317,41 @@ describe('transport auto', () => {
   });
 });
 
+describe('the transports option', () => {
+  test("transports: ['websocket'] never falls back: WebSocket attempts go on failing, no SSE request (virtual time)", async () => {
+    const clock = new VirtualClock();
+    const Fake = fakeSocketClass((socket) => socket.fail(), clock);
+    const fetch = fakeFetch({ ready: 'up', clock });
+    const client = connect({ clock: clock.option, url: 'http://gw.test', getToken: tokens(), WebSocket: Fake, fetch, transports: ['websocket'], random: () => 0.99999 });
+    const log = recorder(client);
+    try {
+      await Fake.nth(5, 120_000);
+      assert.equal(fetch.streams.length, 0, 'no SSE request');
+      assert.deepEqual(log.transport, []);
+      assert.equal(client.transport, 'websocket');
+    } finally {
+      client.close();
+    }
+  });
+
+  test('an unknown, repeated or misordered transport throws at construction; the deprecated transport still works', () => {
+    const base = { url: 'http://gw.test', getToken: () => 't', WebSocket: fakeSocketClass(), fetch: fakeFetch() };
+    const refused = (options, pattern) => assert.throws(() => connect({ ...base, ...options }), (e) => e instanceof TypeError && pattern.test(e.message), JSON.stringify(options));
+    refused({ transports: ['websocket', 'carrier-pigeon'] }, /unknown transport "carrier-pigeon"/);
+    refused({ transports: [] }, /non-empty list/);
+    refused({ transports: 'sse' }, /non-empty list/);
+    refused({ transports: ['sse', 'sse'] }, /twice/);
+    refused({ transports: ['sse', 'websocket'] }, /SSE does not fall back to WebSocket/);
+    refused({ transports: ['sse'], transport: 'sse' }, /not both/);
+    refused({ transport: 'pigeon' }, /transport must be/);
+    for (const [options, first] of [[{}, 'websocket'], [{ transports: ['sse'] }, 'sse'], [{ transport: 'sse' }, 'sse'], [{ transport: 'auto' }, 'websocket']]) {
+      const client = connect({ ...base, ...options });
+      assert.equal(client.transport, first, JSON.stringify(options));
+      client.close();
+    }
+  });
+});
+
 describe('transport sse', () => {
   /** A client on the scripted fetch, welcomed over SSE and subscribed to `rooms`. */
   async function streaming(rooms, { timings = {}, heartbeatMs = 30000 } = {}) {
