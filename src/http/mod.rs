@@ -936,8 +936,8 @@ fn admit(req: &HttpRequest, state: &AppState) -> Result<limits::ConnectionPermit
             limits::LimitRefusal::Node(_) => api_error(ErrorCode::TooManyConnections, refusal.to_string()),
             // The one status that is not its code's. The HTTP API documents one code for
             // both connection limits, `too_many_connections`: 503 when the node is full
-            // (try another node), 429 when this address holds too many (README, limits
-            // table); the handshake-refusal metric is labelled by that code. Splitting it
+            // (try another node), 429 when this address holds too many (docs/src/security.md,
+            // the limits table); the handshake-refusal metric is labelled by that code. Splitting it
             // would change what clients and dashboards see, so the status is set here.
             limits::LimitRefusal::PerIp(_) => {
                 let mut error = api_error(ErrorCode::TooManyConnections, refusal.to_string());
