@@ -15,8 +15,15 @@
 /** The transport a client uses now: WebSocket, or Server-Sent Events read with fetch(). */
 export type Transport = 'websocket' | 'sse';
 
-/** The `transport` option: `auto` (default) starts on WebSocket and falls back to SSE. */
+/** The deprecated `transport` option (one release): `auto` is `transports: ['websocket', 'sse']`. */
 export type TransportOption = 'auto' | Transport;
+
+/**
+ * The `transports` option: the transports to use, in fallback order. The default
+ * `['websocket', 'sse']` falls back to SSE after failed WebSocket attempts; one name
+ * disables the fallback. SSE never falls back to WebSocket.
+ */
+export type TransportList = readonly ['websocket', 'sse'] | readonly ['websocket'] | readonly ['sse'];
 
 /** `client.state`: `idle` before the first attempt, `stopped` after a close 4500-4999, `closed` after close(). */
 /**
@@ -106,7 +113,9 @@ export interface ClientOptions {
   url?: string;
   /** A fresh one-time token (or the `{token}` reply of `POST /v1/tokens`), for an attempt without a usable resume credential. */
   getToken: () => TokenResult | PromiseLike<TokenResult>;
-  /** `'auto'` (default), `'websocket'` or `'sse'`. */
+  /** The transports in fallback order: `['websocket', 'sse']` (default), or one of them (no fallback). An unknown name throws. */
+  transports?: TransportList;
+  /** Deprecated (one release): `'auto'`, `'websocket'` or `'sse'`; give `transports` instead (not both). */
   transport?: TransportOption;
   /** false: never use resume credentials (a token every attempt). Default true. */
   resume?: boolean;

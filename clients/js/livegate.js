@@ -7,7 +7,7 @@
 //   const client = connect({
 //     url: 'https://push.example.com',              // the server; /v1/ws and /v1/sse are derived
 //     getToken: async () => (await fetch('/my-backend/livegate-token')).text(),
-//     transport: 'auto',                            // 'auto' (default) | 'websocket' | 'sse'
+//     transports: ['websocket', 'sse'],             // the default fallback order; ['sse']: SSE only
 //   });
 //   client.on('connected', ({ session, node, transport }) => ...);
 //   client.on('recovery_failed', ({ room }) => reloadOverHttp(room));
@@ -58,14 +58,17 @@
 //   connection closed with 4421 after its welcome (its node handed the session over, a
 //   rebalance) reconnects at once to the URL in the reason, with its resume credential. The
 //   `redirect` event ({node, url, avoid, reason: 'wrong_node' | 'unreachable'}) tells.
-// - Transports (`transport` option). `websocket`: WebSocket only. `sse`: Server-Sent
-//   Events read with fetch() and a streamed body (no EventSource needed). `auto` (the
-//   default): WebSocket, and SSE from then on when two WebSocket attempts in a row fail
-//   before `welcome` while the server is up (a proxy that breaks the upgrade), or when
-//   there is no WebSocket constructor at all. `auto` goes back to WebSocket when the SSE
-//   endpoint is missing (404), or when SSE refuses the resume credential (the WebSocket
-//   failures may have been that credential). The application sees the same API and events
-//   either way; `client.transport` and the `connected` event say which is in use.
+// - Transports (`transports` option, the fallback order as data). `['websocket']`:
+//   WebSocket only. `['sse']`: Server-Sent Events read with fetch() and a streamed body
+//   (no EventSource needed). `['websocket', 'sse']` (the default): WebSocket, and SSE from
+//   then on when two WebSocket attempts in a row fail before `welcome` while the server is
+//   up (a proxy that breaks the upgrade), or when there is no WebSocket constructor at
+//   all; back to WebSocket when the SSE endpoint is missing (404), or when SSE refuses the
+//   resume credential (the WebSocket failures may have been that credential). An unknown
+//   name, a repeated one or SSE before WebSocket throws at construction. The deprecated
+//   `transport: 'auto' | 'websocket' | 'sse'` still works for one release. The application
+//   sees the same API and events either way; `client.transport` and the `connected` event
+//   say which is in use.
 // - SSE specifics: the stream names its rooms (`rooms=`), so subscribe() and unsubscribe()
 //   reopen it (the old request is aborted first) with the resume credential and `since=`
 //   the cursor: the last `id:` seen, with every subscribed room's own position (epoch and

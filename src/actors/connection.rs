@@ -272,8 +272,9 @@ impl Connection {
         }
     }
 
-    fn send_error(&mut self, reference: Option<i64>, code: ErrorCode, message: &str) {
-        self.reply(ServerOp::Error, protocol::error_frame(reference, code, message));
+    /// An `error` frame; `room`: the room the refused request named, if it named one.
+    fn send_error(&mut self, reference: Option<i64>, room: Option<&str>, code: ErrorCode, message: &str) {
+        self.reply(ServerOp::Error, protocol::error_frame(reference, room, code, message));
     }
 
     /// Write `events` (of one room of `epoch`, ascending) as `events` frames of bounded size.
@@ -388,7 +389,7 @@ impl Connection {
     fn handle_text(&mut self, text: &str, ctx: &mut Context<Self>) {
         let request = match protocol::parse_client_frame(text) {
             Ok(request) => request,
-            Err(e) => return self.refuse(ctx, e.reference, e.code, &e.message),
+            Err(e) => return self.refuse(ctx, e.reference, e.room.as_deref(), e.code, &e.message),
         };
         let rate = self.settings.max_messages_per_sec;
         if let Err(wait_ms) = self.message_rate.take(rate, burst_for(rate), crate::world::now_ms()) {
@@ -397,7 +398,7 @@ impl Connection {
                 self.settings.metrics.client_publish("rate_limited");
             }
             let message = format!("more than {rate} messages per second; retry in {wait_ms} ms");
-            return self.refuse(ctx, request.reference, ErrorCode::RateLimited, &message);
+            return self.refuse(ctx, request.reference, request.op.room(), ErrorCode::RateLimited, &message);
         }
         self.handle_request(request, ctx)
     }
@@ -414,33 +415,33 @@ impl Connection {
             ClientOp::Presence { room } => self.read_presence(room, reference, ctx),
             ClientOp::Unsubscribe { room } => {
                 if names::check_room(&room).is_err() {
-                    return self.send_error(reference, ErrorCode::BadRoom, &names::NameError::BadRoom.to_string());
+                    return self.send_error(reference, Some(&room), ErrorCode::BadRoom, &names::NameError::BadRoom.to_string());
                 }
                 self.unsubscribe(&room);
                 self.io.text(ServerOp::Unsubscribed, &protocol::unsubscribed_frame(&room, reference));
             }
             ClientOp::History { room, since, limit } => {
                 if let Err(why) = self.check_readable(&room) {
-                    return self.send_error(reference, why.code(), &why.to_string());
+                    return self.send_error(reference, Some(&room), why.code(), &why.to_string());
                 }
                 let limit = match limits::history_limit(limit, HISTORY_DEFAULT_LIMIT, self.settings.max_history_limit) {
                     Ok(limit) => limit,
                     Err(too_high) => {
                         self.settings.metrics.limit_hit("history_limit");
-                        return self.refuse(ctx, reference, ErrorCode::BadRequest, &too_high.to_string());
+                        return self.refuse(ctx, reference, Some(&room), ErrorCode::BadRequest, &too_high.to_string());
                     }
                 };
                 if !self.may_start_room(&room, reference, ctx) {
                     return;
                 }
                 let rooms = self.rooms.clone();
-                let fut = async move { rooms.history(&room, since, limit).await.map(|page| (room, page)) };
+                let fut = async move { (rooms.history(&room, since, limit).await, room) };
                 self.answers_pending += 1;
-                ctx.spawn(fut.into_actor(self).map(move |result, conn, ctx| {
+                ctx.spawn(fut.into_actor(self).map(move |(result, room), conn, ctx| {
                     conn.answers_pending -= 1;
                     match result {
-                        Ok((room, page)) => conn.reply_history(&room, &page, reference),
-                        Err(e) => conn.send_error(reference, ErrorCode::Unavailable, &e.to_string()),
+                        Ok(page) => conn.reply_history(&room, &page, reference),
+                        Err(e) => conn.send_error(reference, Some(&room), ErrorCode::Unavailable, &e.to_string()),
                     }
                     conn.answered(ctx);
                 }));
@@ -477,16 +478,16 @@ impl Connection {
         let metrics = self.settings.metrics.clone();
         if let Err(e) = names::check_room(&room) {
             metrics.client_publish("bad_room");
-            return self.send_error(reference, ErrorCode::BadRoom, &e.to_string());
+            return self.send_error(reference, Some(&room), ErrorCode::BadRoom, &e.to_string());
         }
         if !names::may_publish(&self.identity.publish, &room) {
             metrics.client_publish("forbidden");
-            return self.send_error(reference, ErrorCode::Forbidden, &format!("this connection may not publish to room {room}"));
+            return self.send_error(reference, Some(&room), ErrorCode::Forbidden, &format!("this connection may not publish to room {room}"));
         }
         if self.publishing >= MAX_PUBLISHES_IN_FLIGHT {
             metrics.client_publish("rate_limited");
             let message = format!("at most {MAX_PUBLISHES_IN_FLIGHT} publishes may wait to be stored at once");
-            return self.send_error(reference, ErrorCode::RateLimited, &message);
+            return self.send_error(reference, Some(&room), ErrorCode::RateLimited, &message);
         }
         self.publishing += 1;
         let from = Some(self.identity.user.to_string());
@@ -527,7 +528,7 @@ impl Connection {
                     let code = error.code();
                     metrics.client_publish(code.as_str());
                     tracing::debug!(conn = conn.id, %room, %error, "client publish refused");
-                    conn.send_error(reference, code, &error.to_string());
+                    conn.send_error(reference, Some(&room), code, &error.to_string());
                 }
             }
             conn.answered(ctx);
@@ -549,7 +550,7 @@ impl Connection {
             Err(wait_ms) => {
                 self.settings.metrics.limit_hit("room_starts");
                 let message = format!("more than {rate} new rooms per second; retry in {wait_ms} ms");
-                self.refuse(ctx, reference, ErrorCode::RateLimited, &message);
+                self.refuse(ctx, reference, Some(room), ErrorCode::RateLimited, &message);
                 false
             }
         }
@@ -566,17 +567,17 @@ impl Connection {
     /// The `presence` op: who is in a room this connection may read (DESIGN §9).
     fn read_presence(&mut self, room: String, reference: Option<i64>, ctx: &mut Context<Self>) {
         if let Err(why) = self.check_readable(&room) {
-            return self.send_error(reference, why.code(), &why.to_string());
+            return self.send_error(reference, Some(&room), why.code(), &why.to_string());
         }
         let rooms = self.rooms.clone();
-        let fut = async move { rooms.presence(&room).await.map(|view| (room, view)) };
+        let fut = async move { (rooms.presence(&room).await, room) };
         self.answers_pending += 1;
-        ctx.spawn(fut.into_actor(self).map(move |result, conn, ctx| {
+        ctx.spawn(fut.into_actor(self).map(move |(result, room), conn, ctx| {
             conn.answers_pending -= 1;
             match result {
-                Ok((room, Ok(view))) => conn.reply(ServerOp::Presence, protocol::presence_reply_frame(&room, &view, reference)),
-                Ok((_, Err(off))) => conn.send_error(reference, ErrorCode::PresenceOff, &off.to_string()),
-                Err(e) => conn.send_error(reference, ErrorCode::Unavailable, &e.to_string()),
+                Ok(Ok(view)) => conn.reply(ServerOp::Presence, protocol::presence_reply_frame(&room, &view, reference)),
+                Ok(Err(off)) => conn.send_error(reference, Some(&room), ErrorCode::PresenceOff, &off.to_string()),
+                Err(e) => conn.send_error(reference, Some(&room), ErrorCode::Unavailable, &e.to_string()),
             }
             conn.answered(ctx);
         }));
@@ -593,13 +594,13 @@ impl Connection {
         ctx: &mut Context<Self>,
     ) {
         if let Err(why) = self.check_readable(&room) {
-            return self.send_error(reference, why.code(), &why.to_string());
+            return self.send_error(reference, Some(&room), why.code(), &why.to_string());
         }
         let room: Arc<str> = room.into();
         let admitted = self.link.machine().admits(&room);
         if let Err(too_many) = admitted {
             self.settings.metrics.limit_hit("subscriptions");
-            return self.send_error(reference, ErrorCode::TooManySubscriptions, &too_many.to_string());
+            return self.send_error(reference, Some(&room), ErrorCode::TooManySubscriptions, &too_many.to_string());
         }
         if !self.may_start_room(&room, reference, ctx) {
             return;
@@ -641,7 +642,7 @@ impl Connection {
         let refused = self.link.machine().on_refused(room, generation);
         if let Some(sub) = refused {
             self.ended(room, sub);
-            self.send_error(reference, ErrorCode::Unavailable, message);
+            self.send_error(reference, Some(room), ErrorCode::Unavailable, message);
         }
     }
 
@@ -682,8 +683,8 @@ impl Connection {
     }
 
     /// A refused message: answer it, and close with 1008 once a client keeps sending them.
-    fn refuse(&mut self, ctx: &mut Context<Self>, reference: Option<i64>, code: ErrorCode, message: &str) {
-        self.send_error(reference, code, message);
+    fn refuse(&mut self, ctx: &mut Context<Self>, reference: Option<i64>, room: Option<&str>, code: ErrorCode, message: &str) {
+        self.send_error(reference, room, code, message);
         if self.strikes.strike(self.settings.max_bad_messages, crate::world::now_ms()) {
             self.settings.metrics.limit_hit("bad_messages");
             self.close(ctx, CloseCode::Policy, "too many refused messages");
@@ -694,7 +695,7 @@ impl Connection {
         match inbound {
             Inbound::Text(text) => self.handle_text(&text, ctx),
             Inbound::Binary(_) => {
-                self.refuse(ctx, None, ErrorCode::BadRequest, "binary frames are not part of the protocol; send JSON text")
+                self.refuse(ctx, None, None, ErrorCode::BadRequest, "binary frames are not part of the protocol; send JSON text")
             }
             Inbound::Ping(payload) => self.io.pong(&payload),
             Inbound::Nothing => {}

@@ -448,6 +448,7 @@ impl Subscriber {
                     reference: None,
                     code: "".into(),
                     message: text.into(),
+                    room: None,
                     node: None,
                     url: None,
                 });
@@ -691,7 +692,7 @@ mod tests {
         assert!(!s.state.contains_key("inbox:cli"), "the inbox notice is not a subscription reply");
 
         s.state.get_mut("b").unwrap().asked_since = Some(4);
-        assert!(s.handle_frame(&protocol::error_frame(Some(2), ErrorCode::Forbidden, "no")).is_none());
+        assert!(s.handle_frame(&protocol::error_frame(Some(2), None, ErrorCode::Forbidden, "no")).is_none());
         assert_eq!(s.state["b"].asked_since, None, "a refused subscribe waits for no reply");
 
         let event = protocol::render_event("a", 4, "id-4", 1_700_000_000_000, None, r#"{"goal": 1}"#);

@@ -32,7 +32,8 @@ use std::time::Duration;
 
 use async_nats::jetstream::context::{CreateStreamErrorKind, PublishErrorKind};
 use async_nats::jetstream::kv::{CreateErrorKind, EntryErrorKind, PutErrorKind, UpdateErrorKind, WatchErrorKind, WatcherErrorKind};
-use async_nats::jetstream::stream::{DirectGetErrorKind, PurgeErrorKind};
+use async_nats::jetstream::ErrorCode;
+use async_nats::jetstream::stream::{LastRawMessageErrorKind, PurgeErrorKind};
 use async_nats::jetstream::{self, kv as nats_kv, stream};
 use thiserror::Error;
 
@@ -127,8 +128,9 @@ pub enum NatsError {
     Keys(#[from] nats_kv::WatchError),
     #[error(transparent)]
     Key(#[from] nats_kv::WatcherError),
+    /// A read of a stream, answered by its leader (`roomlog`: what a room knows).
     #[error(transparent)]
-    Read(#[from] stream::DirectGetError),
+    Read(#[from] stream::LastRawMessageError),
     #[error(transparent)]
     Append(#[from] jetstream::context::PublishError),
     #[error(transparent)]
@@ -160,10 +162,13 @@ impl NatsError {
             NatsError::Put(e) => matches!(e.kind(), PutErrorKind::Publish | PutErrorKind::Ack),
             NatsError::Keys(e) => matches!(e.kind(), WatchErrorKind::TimedOut | WatchErrorKind::Other),
             NatsError::Key(e) => e.kind() == WatcherErrorKind::Other,
+            // A stream between leaders answers "not available", or nothing (`Other`).
             NatsError::Read(e) => match e.kind() {
-                DirectGetErrorKind::TimedOut | DirectGetErrorKind::Request | DirectGetErrorKind::Other => true,
-                DirectGetErrorKind::ErrorResponse(status, _) => status == async_nats::StatusCode::NO_RESPONDERS,
-                DirectGetErrorKind::NotFound | DirectGetErrorKind::InvalidSubject => false,
+                LastRawMessageErrorKind::Other => true,
+                LastRawMessageErrorKind::JetStream(e) => {
+                    [ErrorCode::CLUSTER_NOT_AVAILABLE, ErrorCode::STREAM_OFFLINE].contains(&e.error_code())
+                }
+                LastRawMessageErrorKind::NoMessageFound | LastRawMessageErrorKind::InvalidSubject => false,
             },
             NatsError::Append(e) => {
                 matches!(e.kind(), PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe | PublishErrorKind::StreamNotFound)
@@ -208,7 +213,7 @@ from_nats_errors!(
     nats_kv::PutError,
     nats_kv::WatchError,
     nats_kv::WatcherError,
-    stream::DirectGetError,
+    stream::LastRawMessageError,
     jetstream::context::PublishError,
     stream::PurgeError,
     stream::DeleteMessageError,
@@ -625,17 +630,22 @@ mod tests {
 
     #[test]
     fn nats_errors_are_classified_by_kind() {
-        use async_nats::StatusCode;
+        let js_error = |code: u64| -> jetstream::Error {
+            serde_json::from_value(serde_json::json!({"code": 503, "err_code": code, "description": "test"})).expect("a JetStream error")
+        };
+        let read = |kind| ClusterError::from(stream::LastRawMessageError::new(kind));
         let unreachable = |e: ClusterError| matches!(e, ClusterError::Unavailable(Unreachable::NoAnswer(_)));
-        let cases: [(ClusterError, bool); 11] = [
+        let cases: [(ClusterError, bool); 13] = [
             (nats_kv::EntryError::new(EntryErrorKind::TimedOut).into(), true),
             (nats_kv::EntryError::new(EntryErrorKind::InvalidKey).into(), false),
             (nats_kv::UpdateError::new(UpdateErrorKind::TimedOut).into(), true),
             (jetstream::context::PublishError::new(PublishErrorKind::StreamNotFound).into(), true),
             (jetstream::context::PublishError::new(PublishErrorKind::BrokenPipe).into(), true),
             (jetstream::context::PublishError::new(PublishErrorKind::MaxPayloadExceeded).into(), false),
-            (stream::DirectGetError::new(DirectGetErrorKind::ErrorResponse(StatusCode::NO_RESPONDERS, "no responders".into())).into(), true),
-            (stream::DirectGetError::new(DirectGetErrorKind::InvalidSubject).into(), false),
+            (read(LastRawMessageErrorKind::Other), true),
+            (read(LastRawMessageErrorKind::JetStream(js_error(ErrorCode::CLUSTER_NOT_AVAILABLE.0))), true),
+            (read(LastRawMessageErrorKind::JetStream(js_error(ErrorCode::STREAM_NOT_FOUND.0))), false),
+            (read(LastRawMessageErrorKind::NoMessageFound), false),
             (stream::PurgeError::new(PurgeErrorKind::TimedOut).into(), true),
             (stream::DeleteMessageError::new(stream::DeleteMessageErrorKind::TimedOut).into(), true),
             (stream::DeleteMessageError::new(stream::DeleteMessageErrorKind::Request).into(), true),

@@ -16,6 +16,12 @@
 //! loading takes the newer of the record and the newest event that carries a state.
 //! `LG_STATE` republishes to `lg.livestate.<room>`, so other nodes' rooms learn a `PUT`.
 //!
+//! Every read here is answered by the stream's leader (JetStream's `STREAM.MSG.GET`),
+//! never a direct get: with replicas, a direct get may be answered by a follower that has
+//! not applied the newest appends yet, and a room that loaded from one would start behind
+//! its own clients (a client that saw seq 379 told `subscribed` at 376, then sent 377–379
+//! again). What a room knows comes from the one server that ordered it.
+//!
 //! An append names the stream sequence of the room's last message
 //! (`Nats-Expected-Last-Subject-Sequence`): a writer that missed another node's append is
 //! refused, catches up and retries, so the room seq stays contiguous.
@@ -27,7 +33,7 @@
 use std::pin::Pin;
 
 use async_nats::jetstream::context::PublishErrorKind;
-use async_nats::jetstream::stream::DirectGetErrorKind;
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::HeaderMap;
 use futures_util::{Stream, StreamExt};
 
@@ -121,9 +127,9 @@ pub fn state_subject(room: &str) -> String {
 
 /// The room's latest-state record, if it has one, with its sequence on `LG_STATE`.
 pub async fn load_state(cluster: &Cluster, room: &str) -> Result<Option<(StoredState, u64)>, ClusterError> {
-    match cluster.state_stream().direct_get_last_for_subject(state_subject(room)).await {
+    match cluster.state_stream().get_last_raw_message_by_subject(&state_subject(room)).await {
         Ok(message) => Ok(decode_state(&message.headers, &message.payload).map(|state| (state, message.sequence))),
-        Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
         Err(e) => Err(e.into()),
     }
 }
@@ -157,17 +163,17 @@ fn decode_state(headers: &HeaderMap, payload: &[u8]) -> Option<StoredState> {
 pub async fn read_after(cluster: &Cluster, room: &str, after: u64) -> Result<Vec<StreamEvent>, ClusterError> {
     let subject = room_subject(room);
     let stream = cluster.rooms_stream();
-    let last = match stream.direct_get_last_for_subject(subject.clone()).await {
+    let last = match stream.get_last_raw_message_by_subject(&subject).await {
         Ok(message) => message.sequence,
-        Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(Vec::new()),
         Err(e) => return Err(e.into()),
     };
     let mut events = Vec::new();
     let mut next = after + 1;
     while next <= last {
-        let message = match stream.direct_get_next_for_subject(subject.clone(), Some(next)).await {
+        let message = match stream.get_first_raw_message_by_subject(&subject, next).await {
             Ok(message) => message,
-            Err(e) if e.kind() == DirectGetErrorKind::NotFound => break,
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => break,
             Err(e) => return Err(e.into()),
         };
         next = message.sequence + 1;
@@ -287,9 +293,9 @@ pub async fn watch(cluster: &Cluster, room: &str, states: bool) -> Result<LiveFe
 
 /// The room seq of `room`'s newest stored event (`None`: the stream holds none).
 pub async fn last_seq(cluster: &Cluster, room: &str) -> Result<Option<u64>, ClusterError> {
-    match cluster.rooms_stream().direct_get_last_for_subject(room_subject(room)).await {
+    match cluster.rooms_stream().get_last_raw_message_by_subject(&room_subject(room)).await {
         Ok(message) => Ok(message.headers.get(SEQ_HEADER).and_then(|v| v.as_str().parse().ok())),
-        Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
         Err(e) => Err(e.into()),
     }
 }

@@ -64,6 +64,16 @@ pub fn answer_subscribe<T: Clone>(log: &SeqLog<T>, ask: Ask<'_>, state_seq: u64,
     }
 }
 
+/// Whether the subscriber saw events in the room's epoch that `log` has not taken yet.
+/// A log other nodes append to (cluster mode) can be behind its own clients (a live copy
+/// still in flight, a client moved from another node): such a room reads what the stream
+/// holds beyond its head before answering, so the answer neither refuses the recovery nor
+/// sends the client those events again. A log only this node writes is never behind an
+/// acknowledged event: there the ask is a client's error, answered `recovered:false`.
+pub fn seen_beyond_head<T>(log: &SeqLog<T>, ask: Ask<'_>) -> bool {
+    ask.since.is_some_and(|since| since > log.durable()) && ask.epoch.is_none_or(|epoch| epoch == log.epoch())
+}
+
 /// One subscriber of the room.
 #[derive(Debug)]
 pub struct Member<S> {
@@ -203,6 +213,22 @@ mod tests {
 
     fn ask(since: Option<u64>, state: bool) -> Ask<'static> {
         Ask { since, epoch: None, state }
+    }
+
+    #[test]
+    fn a_client_ahead_of_the_head_in_the_rooms_epoch_is_seen_beyond_it() {
+        let log = log(10, 5);
+        let cases = [
+            (Ask { since: Some(11), epoch: None, state: false }, true),
+            (Ask { since: Some(11), epoch: Some("e"), state: true }, true),
+            (Ask { since: Some(11), epoch: Some("other"), state: false }, false),
+            (Ask { since: Some(10), epoch: Some("e"), state: false }, false),
+            (Ask { since: Some(3), epoch: None, state: false }, false),
+            (Ask { since: None, epoch: None, state: true }, false),
+        ];
+        for (ask, beyond) in cases {
+            assert_eq!(seen_beyond_head(&log, ask), beyond, "{ask:?}");
+        }
     }
 
     #[test]

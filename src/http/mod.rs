@@ -100,12 +100,14 @@ pub struct ApiError {
     retry_after_secs: Option<u64>,
     /// `wrong_node`: the node that serves the session, and its URL.
     elsewhere: Option<Box<(String, String)>>,
+    /// The room the refused request named (in its path, or an SSE request's `rooms`).
+    room: Option<String>,
 }
 
 /// The error answer for `code`, with the code's HTTP status.
 pub fn api_error(code: ErrorCode, message: impl Into<String>) -> ApiError {
     let status = StatusCode::from_u16(code.http_status()).expect("ErrorCode::http_status names valid statuses");
-    ApiError { status, code, message: message.into(), retry_after_secs: None, elsewhere: None }
+    ApiError { status, code, message: message.into(), retry_after_secs: None, elsewhere: None, room: None }
 }
 
 /// A handshake on a node that does not serve its session: 421 naming the node that does.
@@ -123,6 +125,16 @@ impl ApiError {
         self.retry_after_secs = Some(secs);
         self
     }
+    /// Name `room` in the answer: the refused request named it.
+    pub(crate) fn about(mut self, room: &str) -> Self {
+        self.room = Some(room.to_string());
+        self
+    }
+}
+
+/// `result`, its error naming `room` (a request to a room's path).
+fn in_room<T>(room: &str, result: Result<T, ApiError>) -> Result<T, ApiError> {
+    result.map_err(|e| e.about(room))
 }
 
 impl ResponseError for ApiError {
@@ -136,7 +148,7 @@ impl ResponseError for ApiError {
         }
         let body = match &self.elsewhere {
             Some(elsewhere) => protocol::wrong_node_body(&self.message, &elsewhere.0, &elsewhere.1),
-            None => protocol::error_body(self.code, &self.message),
+            None => protocol::error_body(self.code, &self.message, self.room.as_deref()),
         };
         reply.content_type("application/json").body(body)
     }
@@ -396,14 +408,17 @@ async fn publish(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
     let room = room.into_inner();
-    check_room(&room)?;
-    let limit = state.publisher.max_event_bytes(&room) + state.publisher.max_state_bytes() + PUBLISH_BODY_OVERHEAD;
-    let body = read_body(payload, limit).await?;
-    let request = protocol::parse_publish_request(&body).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let room_state = request.state.map(|s| s.get().into());
-    append(&state, room, request.id, &request.data, None, room_state).await
+    let answer = async {
+        authorize(&req, &state)?;
+        check_room(&room)?;
+        let limit = state.publisher.max_event_bytes(&room) + state.publisher.max_state_bytes() + PUBLISH_BODY_OVERHEAD;
+        let body = read_body(payload, limit).await?;
+        let request = protocol::parse_publish_request(&body).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let room_state = request.state.map(|s| s.get().into());
+        append(&state, room.clone(), request.id, &request.data, None, room_state).await
+    };
+    in_room(&room, answer.await)
 }
 
 /// `PUT /v1/rooms/{room}/state`: the room's state as of its head (DESIGN §9), answered
@@ -414,26 +429,32 @@ async fn put_state(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
     let room = room.into_inner();
-    check_room(&room)?;
-    let body = read_body(payload, state.publisher.max_state_bytes() + PUBLISH_BODY_OVERHEAD).await?;
-    let request = protocol::parse_put_state_request(&body).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let put = state.publisher.put_state(&room, request.data.get().into()).await?;
+    let answer = async {
+        authorize(&req, &state)?;
+        check_room(&room)?;
+        let body = read_body(payload, state.publisher.max_state_bytes() + PUBLISH_BODY_OVERHEAD).await?;
+        let request = protocol::parse_put_state_request(&body).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        Ok(state.publisher.put_state(&room, request.data.get().into()).await?)
+    };
+    let put = in_room(&room, answer.await)?;
     let reply = protocol::PutStateReply { room, epoch: put.epoch.to_string(), seq: put.seq };
     Ok(json(StatusCode::OK, protocol::to_json(&reply)))
 }
 
 /// `GET /v1/rooms/{room}/state`: the room's state from its memory.
 async fn read_state(req: HttpRequest, room: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
     let room = room.into_inner();
-    check_room(&room)?;
-    if names::inbox_owner(&room).is_some() {
-        return Err(ApiError::bad_request("inbox rooms have no state"));
-    }
-    let view = state.rooms.state(&room).await?;
-    Ok(json(StatusCode::OK, protocol::state_body(&room, view.epoch.as_deref(), view.seq, view.data.as_deref())))
+    let answer = async {
+        authorize(&req, &state)?;
+        check_room(&room)?;
+        if names::inbox_owner(&room).is_some() {
+            return Err(ApiError::bad_request("inbox rooms have no state"));
+        }
+        let view = state.rooms.state(&room).await?;
+        Ok(json(StatusCode::OK, protocol::state_body(&room, view.epoch.as_deref(), view.seq, view.data.as_deref())))
+    };
+    in_room(&room, answer.await)
 }
 
 async fn message_user(
@@ -527,31 +548,37 @@ async fn read_history(
     query: web::Query<HistoryQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
     let room = room.into_inner();
-    check_room(&room)?;
-    let max = state.config.max_history_limit;
-    let limit = query.limit.unwrap_or(HISTORY_DEFAULT_LIMIT.min(max));
-    if limit > max {
-        state.metrics.limit_hit("history_limit");
-        return Err(ApiError::bad_request(format!("limit must be at most {max}")));
-    }
-    let page = state.rooms.history(&room, query.since, limit).await?;
-    let body = protocol::history_body(&room, page.epoch.as_deref(), page.head, page.events.iter().map(|e| &*e.json));
-    Ok(json(StatusCode::OK, body))
+    let answer = async {
+        authorize(&req, &state)?;
+        check_room(&room)?;
+        let max = state.config.max_history_limit;
+        let limit = query.limit.unwrap_or(HISTORY_DEFAULT_LIMIT.min(max));
+        if limit > max {
+            state.metrics.limit_hit("history_limit");
+            return Err(ApiError::bad_request(format!("limit must be at most {max}")));
+        }
+        let page = state.rooms.history(&room, query.since, limit).await?;
+        let body = protocol::history_body(&room, page.epoch.as_deref(), page.head, page.events.iter().map(|e| &*e.json));
+        Ok(json(StatusCode::OK, body))
+    };
+    in_room(&room, answer.await)
 }
 
 /// `GET /v1/rooms/{room}/presence`: the room's distinct members across the cluster
 /// (`members` null above `presence_members_max`); 404 `presence_off` where the room keeps
 /// none.
 async fn read_presence(req: HttpRequest, room: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
     let room = room.into_inner();
-    check_room(&room)?;
-    match state.rooms.presence(&room).await? {
-        Ok(view) => Ok(json(StatusCode::OK, protocol::presence_body(&room, &view))),
-        Err(off) => Err(api_error(ErrorCode::PresenceOff, off.to_string())),
-    }
+    let answer = async {
+        authorize(&req, &state)?;
+        check_room(&room)?;
+        match state.rooms.presence(&room).await? {
+            Ok(view) => Ok(json(StatusCode::OK, protocol::presence_body(&room, &view))),
+            Err(off) => Err(api_error(ErrorCode::PresenceOff, off.to_string())),
+        }
+    };
+    in_room(&room, answer.await)
 }
 
 /// The credential a connection presents: a token (optionally naming the session to
@@ -747,7 +774,7 @@ async fn upgrade(
             Some((protocol::wrong_node_frame(&refusal.message, node, url), CloseCode::WrongNode, reason))
         }
         (ErrorCode::MigrationBudget, _, Some(secs)) => {
-            Some((protocol::error_frame(None, refusal.code, &refusal.message), CloseCode::MigrationBudget, secs.to_string()))
+            Some((protocol::error_frame(None, None, refusal.code, &refusal.message), CloseCode::MigrationBudget, secs.to_string()))
         }
         _ => None,
     };
@@ -909,8 +936,8 @@ fn admit(req: &HttpRequest, state: &AppState) -> Result<limits::ConnectionPermit
             limits::LimitRefusal::Node(_) => api_error(ErrorCode::TooManyConnections, refusal.to_string()),
             // The one status that is not its code's. The HTTP API documents one code for
             // both connection limits, `too_many_connections`: 503 when the node is full
-            // (try another node), 429 when this address holds too many (README, limits
-            // table); the handshake-refusal metric is labelled by that code. Splitting it
+            // (try another node), 429 when this address holds too many (docs/src/security.md,
+            // the limits table); the handshake-refusal metric is labelled by that code. Splitting it
             // would change what clients and dashboards see, so the status is set here.
             limits::LimitRefusal::PerIp(_) => {
                 let mut error = api_error(ErrorCode::TooManyConnections, refusal.to_string());
@@ -1042,6 +1069,7 @@ pub const CLIENT_MODULES: &[(&str, &str)] = &[
     ("clock.js", include_str!("../../clients/js/livegate/clock.js")),
     ("connection.js", include_str!("../../clients/js/livegate/connection.js")),
     ("credentials.js", include_str!("../../clients/js/livegate/credentials.js")),
+    ("emitter.js", include_str!("../../clients/js/livegate/emitter.js")),
     ("errors.js", include_str!("../../clients/js/livegate/errors.js")),
     ("event-stream.js", include_str!("../../clients/js/livegate/event-stream.js")),
     ("subscriptions.js", include_str!("../../clients/js/livegate/subscriptions.js")),

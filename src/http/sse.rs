@@ -103,7 +103,7 @@ fn parse_request(
 ) -> Result<Request, ApiError> {
     let max = state.config.max_subscriptions;
     let rooms = parse_rooms(rooms, max).map_err(|e| match e {
-        RoomsError::BadRoom(_) => api_error(ErrorCode::BadRoom, e.to_string()),
+        RoomsError::BadRoom(ref room) => api_error(ErrorCode::BadRoom, e.to_string()).about(room),
         RoomsError::TooMany { .. } => {
             state.metrics.limit_hit("subscriptions");
             api_error(ErrorCode::TooManySubscriptions, e.to_string())
@@ -123,7 +123,7 @@ fn parse_request(
 /// subscribe checks it); checked before the credential is spent.
 fn authorise(request: &Request, who: &Credentialed) -> Result<(), ApiError> {
     match request.rooms.iter().find(|room| !names::may_read(&who.user, &who.rooms, room)) {
-        Some(room) => Err(api_error(ErrorCode::Forbidden, format!("this credential may not read room {room}"))),
+        Some(room) => Err(api_error(ErrorCode::Forbidden, format!("this credential may not read room {room}")).about(room)),
         None => Ok(()),
     }
 }

@@ -1,5 +1,5 @@
 //! Client frames: a WebSocket text frame parsed into a typed [`ClientRequest`], or a
-//! [`FrameError`] that says why not (with the `ref`, when it could be read).
+//! [`FrameError`] that says why not (with the `ref` and the `room`, when they could be read).
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -29,12 +29,28 @@ pub enum ClientOp {
     Ping,
 }
 
-/// Why a client frame could not be parsed; carries the `ref` when it could be read.
+/// Why a client frame could not be parsed; carries the `ref` and the `room` when they
+/// could be read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FrameError {
     pub reference: Option<i64>,
+    pub room: Option<String>,
     pub code: ErrorCode,
     pub message: String,
+}
+
+impl ClientOp {
+    /// The room the request names, if it names one.
+    pub fn room(&self) -> Option<&str> {
+        match self {
+            ClientOp::Subscribe { room, .. }
+            | ClientOp::Unsubscribe { room }
+            | ClientOp::History { room, .. }
+            | ClientOp::Publish { room, .. }
+            | ClientOp::Presence { room } => Some(room),
+            ClientOp::Ping => None,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -88,9 +104,11 @@ struct NoFields {}
 
 /// Parse one client text frame.
 pub fn parse_client_frame(text: &str) -> Result<ClientRequest, FrameError> {
-    let fail = |reference, code, message: String| FrameError { reference, code, message };
+    let fail = |reference, code, message: String| FrameError { reference, room: None, code, message };
     let mut fields: Map<String, Value> = serde_json::from_str(text)
         .map_err(|e| fail(None, ErrorCode::BadRequest, format!("frame is not a JSON object: {e}")))?;
+    // A frame refused for another field still names its room to the client.
+    let room = fields.get("room").and_then(Value::as_str).map(str::to_string);
     let reference = match fields.remove("ref") {
         None | Some(Value::Null) => None,
         Some(Value::Number(n)) if n.is_i64() => n.as_i64(),
@@ -101,7 +119,7 @@ pub fn parse_client_frame(text: &str) -> Result<ClientRequest, FrameError> {
         _ => return Err(fail(reference, ErrorCode::BadRequest, "missing string field op".into())),
     };
     let rest = Value::Object(fields);
-    let bad = |e: serde_json::Error| fail(reference, ErrorCode::BadRequest, format!("{op}: {e}"));
+    let bad = |e: serde_json::Error| FrameError { room: room.clone(), ..fail(reference, ErrorCode::BadRequest, format!("{op}: {e}")) };
     let op = match op.as_str() {
         "subscribe" => {
             let f: SubscribeFields = serde_json::from_value(rest).map_err(bad)?;
@@ -219,5 +237,17 @@ mod tests {
         );
         check(r#"{"op":"publish","room":"chat:1","data":1,"data":2}"#, Err((None, ErrorCode::BadRequest)));
         check(r#"{"op":"publish","room":"chat:1","data":1,"from":"admin"}"#, Err((None, ErrorCode::BadRequest)));
+    }
+
+    #[test]
+    fn refusals_name_the_room_the_frame_named() {
+        let room = |text: &str| parse_client_frame(text).err().map(|e| e.room);
+        assert_eq!(room(r#"{"op":"subscribe","room":"r","since":"x","ref":1}"#), Some(Some("r".into())));
+        assert_eq!(room(r#"{"op":"history","room":"h","limit":-1}"#), Some(Some("h".into())));
+        assert_eq!(room(r#"{"op":"subscribe","room":7}"#), Some(None), "not a room name");
+        assert_eq!(room(r#"{"op":"unknown","room":"r"}"#), Some(None));
+        let op = |text: &str| parse_client_frame(text).unwrap().op;
+        assert_eq!(op(r#"{"op":"presence","room":"p"}"#).room(), Some("p"));
+        assert_eq!(op(r#"{"op":"ping"}"#).room(), None);
     }
 }

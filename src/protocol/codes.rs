@@ -290,7 +290,7 @@ mod tests {
         assert!(CloseCode::SlowConsumer.reconnect() && !CloseCode::Kicked.reconnect());
     }
 
-    /// The statuses the HTTP API promises for its codes (README, HTTP API; DESIGN.md §2–3).
+    /// The statuses the HTTP API promises for its codes (docs/src/http-api.md; DESIGN.md §2–3).
     #[test]
     fn error_codes_carry_the_documented_status() {
         let documented = [

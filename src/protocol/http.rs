@@ -135,9 +135,13 @@ pub fn history_body<'a>(room: &str, epoch: Option<&str>, head: u64, events: impl
     out
 }
 
-/// `{"error":{"code","message"}}`
-pub fn error_body(code: ErrorCode, message: &str) -> String {
-    serde_json::json!({"error": {"code": code.as_str(), "message": message}}).to_string()
+/// `{"error":{"code","message"}}`, with `"room"` when the refused request named one.
+pub fn error_body(code: ErrorCode, message: &str, room: Option<&str>) -> String {
+    let mut error = serde_json::json!({"code": code.as_str(), "message": message});
+    if let Some(room) = room {
+        error["room"] = room.into();
+    }
+    serde_json::json!({ "error": error }).to_string()
 }
 
 /// `{"error":{"code":"wrong_node","message","node","url"}}`: the HTTP answer (421) to a

@@ -218,6 +218,10 @@ pub struct ErrorFrame<'a> {
     pub code: Cow<'a, str>,
     #[serde(borrow, default)]
     pub message: Cow<'a, str>,
+    /// The room the refused request named (subscribe, unsubscribe, history, presence,
+    /// publish), so a client never reads it out of `message`.
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub room: Option<Cow<'a, str>>,
     /// `wrong_node`: the node that serves the session, and its base URL.
     #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     pub node: Option<Cow<'a, str>>,
@@ -377,14 +381,23 @@ pub fn pong_frame(reference: Option<i64>) -> String {
     render(&ServerFrame::Pong(Pong { reference }))
 }
 
-pub fn error_frame(reference: Option<i64>, code: ErrorCode, message: &str) -> String {
-    render(&ServerFrame::Error(ErrorFrame { reference, code: code.as_str().into(), message: message.into(), node: None, url: None }))
+/// An `error` frame; `room`: the room the refused request named, if it named one.
+pub fn error_frame(reference: Option<i64>, room: Option<&str>, code: ErrorCode, message: &str) -> String {
+    let (code, message, room) = (code.as_str().into(), message.into(), room.map(Into::into));
+    render(&ServerFrame::Error(ErrorFrame { reference, code, message, room, node: None, url: None }))
 }
 
 /// The `error` frame a WebSocket gets before its close 4421: where its session is served.
 pub fn wrong_node_frame(message: &str, node: &str, url: &str) -> String {
     let code = ErrorCode::WrongNode.as_str().into();
-    render(&ServerFrame::Error(ErrorFrame { reference: None, code, message: message.into(), node: Some(node.into()), url: Some(url.into()) }))
+    render(&ServerFrame::Error(ErrorFrame {
+        reference: None,
+        code,
+        message: message.into(),
+        room: None,
+        node: Some(node.into()),
+        url: Some(url.into()),
+    }))
 }
 
 /// The `history` reply frame; `events` are rendered events.
@@ -465,7 +478,11 @@ mod tests {
             (unsubscribed_frame("r", Some(3)), r#"{"op":"unsubscribed","ref":3,"room":"r"}"#),
             (pong_frame(None), r#"{"op":"pong"}"#),
             (close_event(1012, "service restart: reconnect in 5 ms"), r#"{"code":1012,"reason":"service restart: reconnect in 5 ms"}"#),
-            (error_frame(Some(5), ErrorCode::BadRoom, "bad \"x\""), r#"{"code":"bad_room","message":"bad \"x\"","op":"error","ref":5}"#),
+            (error_frame(Some(5), None, ErrorCode::BadRoom, "bad \"x\""), r#"{"code":"bad_room","message":"bad \"x\"","op":"error","ref":5}"#),
+            (
+                error_frame(Some(6), Some("a:b"), ErrorCode::Forbidden, "no"),
+                r#"{"code":"forbidden","message":"no","op":"error","ref":6,"room":"a:b"}"#,
+            ),
         ];
         for (got, want) in cases {
             assert_eq!(got, want);
@@ -508,7 +525,7 @@ mod tests {
         assert_eq!(serde_json::from_str::<Unsubscribed>(&text).unwrap(), Unsubscribed { room: "r".into(), reference: Some(3) });
         assert_eq!(head(&pong_frame(Some(1))), FrameHead { op: ServerOp::Pong, reference: Some(1) });
 
-        let text = error_frame(Some(5), ErrorCode::BadRoom, "bad \"x\"\n");
+        let text = error_frame(Some(5), None, ErrorCode::BadRoom, "bad \"x\"\n");
         assert_eq!(head(&text), FrameHead { op: ServerOp::Error, reference: Some(5) });
         let error: ErrorFrame = serde_json::from_str(&text).unwrap();
         assert_eq!((error.code.as_ref(), error.message.as_ref()), ("bad_room", "bad \"x\"\n"));

@@ -3,8 +3,9 @@
 // method, property and event of livegate.js) and tests/e2e/types/misuse.ts (misuses each
 // marked `@ts-expect-error`, so each must stay an error), a misuse without the marker must
 // fail tsc, and a guard compares the declarations with livegate.js itself (its exports,
-// the option names it reads, the events it emits and their fields, the public members:
-// the entry's exports, and the rest read from every module it imports from /livegate/).
+// the option names it reads, the events it emits and their fields, the public members of
+// every class it exports, the events a Subscription tells: the entry's exports, and the
+// rest read from every module it imports from /livegate/).
 // Run from the repository root: `node --test tests/e2e/`. Needs target/release/livegate
 // (or LIVEGATE_BIN) and typescript: `npm install --no-save --prefix tests/e2e`.
 
@@ -145,16 +146,23 @@ function readsOf(node, object) {
 /** What livegate.js exports (`entry`: its re-exports) and the modules' `code` reads: its API as the code has it. */
 function jsApi({ entry, code }) {
   const file = ts.createSourceFile('livegate-modules.js', code, ts.ScriptTarget.Latest, true, ts.ScriptKind.JS);
-  const api = { exports: new Set(), classes: {}, clientOptions: new Set(), subscribeOptions: new Set(), publishOptions: new Set(), timings: new Set(), timingReads: new Set(), events: {} };
+  const api = { exports: new Set(), classes: {}, clientOptions: new Set(), subscribeOptions: new Set(), publishOptions: new Set(), timings: new Set(), timingReads: new Set(), events: {}, subscriptionEvents: new Set() };
   for (const statement of file.statements) {
     const exported = statement.modifiers?.some((m) => m.kind === ts.SyntaxKind.ExportKeyword);
     if (ts.isClassDeclaration(statement)) {
       const members = new Set();
+      const fields = new Set();
       for (const member of statement.members) {
         const name = nameOf(member);
         if (name && !name.startsWith('_') && !ts.isConstructorDeclaration(member)) members.add(name);
+        // `this.x = ...` in the constructor: a field (public when declared).
+        if (ts.isConstructorDeclaration(member)) {
+          walk(member, (n) => {
+            if (ts.isBinaryExpression(n) && n.operatorToken.kind === ts.SyntaxKind.EqualsToken && ts.isPropertyAccessExpression(n.left) && n.left.expression.kind === ts.SyntaxKind.ThisKeyword) fields.add(n.left.name.text);
+          });
+        }
       }
-      api.classes[statement.name.text] = { members, node: statement };
+      api.classes[statement.name.text] = { members, fields, node: statement };
     }
     if (!exported) continue;
     if (ts.isVariableStatement(statement)) {
@@ -193,6 +201,12 @@ function jsApi({ entry, code }) {
   }
   walk(file, (n) => {
     if (ts.isPropertyAccessExpression(n) && ts.isPropertyAccessExpression(n.expression) && n.expression.name.text === '_timings') api.timingReads.add(n.name.text);
+    // A Subscription's events: `sub._tell('x', ...)`, `this._tellSubscriptions(state, 'x', ...)`, `this._move('x', ...)`.
+    if (ts.isCallExpression(n) && ts.isPropertyAccessExpression(n.expression)) {
+      const position = { _tell: 0, _move: 0, _tellSubscriptions: 1 }[n.expression.name.text];
+      const name = position != null ? n.arguments[position] : null;
+      if (name && ts.isStringLiteral(name)) api.subscriptionEvents.add(name.text);
+    }
     if (ts.isCallExpression(n) && ts.isPropertyAccessExpression(n.expression) && n.expression.name.text === '_emit') {
       const [event, detail] = n.arguments;
       if (!event || !ts.isStringLiteral(event)) return;
@@ -215,8 +229,13 @@ function dtsApi(text) {
       api.interfaces[statement.name.text] = members;
     } else if (ts.isClassDeclaration(statement)) {
       const members = new Set();
-      for (const member of statement.members) if (!ts.isConstructorDeclaration(member)) members.add(nameOf(member));
-      api.classes[statement.name.text] = members;
+      const properties = new Set();
+      for (const member of statement.members) {
+        if (ts.isConstructorDeclaration(member)) continue;
+        // A plain property may be a field the constructor sets; methods and accessors are members.
+        (ts.isPropertyDeclaration(member) ? properties : members).add(nameOf(member));
+      }
+      api.classes[statement.name.text] = { members, properties };
       if (exported) api.values.add(statement.name.text);
     } else if (exported && ts.isFunctionDeclaration(statement)) {
       api.values.add(statement.name.text);
@@ -248,9 +267,17 @@ function apiMismatches(jsText, dtsText) {
   compareSets(problems, 'timings', js.timings, keys('Timings'));
   const unknownTimings = sorted(js.timingReads).filter((name) => !js.timings.has(name));
   if (unknownTimings.length) problems.push(`timings read but not in DEFAULT_TIMINGS: ${unknownTimings.join(', ')}`);
-  for (const name of ['LivegateClient', 'EventStreamParser']) {
-    compareSets(problems, `${name} members`, js.classes[name]?.members ?? new Set(), dts.classes[name] ?? new Set());
+  // Every class the entry exports: its methods and accessors both ways; a property the
+  // declarations name must be a member or a field its constructor sets.
+  for (const name of sorted(js.exports).filter((name) => js.classes[name])) {
+    const { members, fields } = js.classes[name];
+    const declared = dts.classes[name] ?? { members: new Set(), properties: new Set() };
+    const declaredPlain = new Set([...declared.properties].filter((p) => !members.has(p)));
+    compareSets(problems, `${name} members`, members, new Set([...declared.members, ...[...declared.properties].filter((p) => members.has(p))]));
+    const unset = sorted(declaredPlain).filter((p) => !fields.has(p));
+    if (unset.length) problems.push(`${name} members: declared, not in livegate.js: ${unset.join(', ')}`);
   }
+  compareSets(problems, 'Subscription events', js.subscriptionEvents, keys('SubscriptionEvents'));
   const events = dts.interfaces.ClientEvents ?? {};
   compareSets(problems, 'events', new Set(Object.keys(js.events)), new Set(Object.keys(events)));
   for (const [event, fields] of Object.entries(js.events)) {
@@ -274,11 +301,13 @@ test('livegate.d.ts declares what livegate.js exports, reads and emits', () => {
   assert.ok(found.clientOptions.has('getToken') && found.clientOptions.has('transport') && found.clientOptions.size >= 10, sorted(found.clientOptions).join());
   assert.ok(found.subscribeOptions.has('onState') && found.subscribeOptions.has('presence'), sorted(found.subscribeOptions).join());
   assert.ok(found.events.connected?.has('credential') && found.events.disconnected?.has('welcomed'));
+  assert.ok(found.exports.has('Subscription') && found.classes.Subscription.members.has('unsubscribe'), sorted(found.classes.Subscription?.members ?? []).join());
+  assert.ok(found.subscriptionEvents.has('event') && found.subscriptionEvents.has('unsubscribed'), sorted(found.subscriptionEvents).join());
   assert.deepEqual(apiMismatches(js, dts), []);
 
   // The guard can fail: an option the code starts reading, an event field it starts
   // sending, a member the declarations lose.
-  const newOption = { entry, code: code.replace("const transport = options.transport ?? 'auto';", "const transport = options.transport ?? options.mode ?? 'auto';") };
+  const newOption = { entry, code: code.replace('random, clock, transport, transports: order } = options;', 'random, clock, transport, transports: order, mode } = options;') };
   assert.notEqual(newOption.code, code);
   assert.match(apiMismatches(newOption, dts).join('\n'), /connect\(\) options: in livegate\.js, not declared: mode/);
   const newField = { entry, code: code.replace("this._emit('transport', { from, to, reason });", "this._emit('transport', { from, to, reason, at: now() });") };
@@ -287,4 +316,15 @@ test('livegate.d.ts declares what livegate.js exports, reads and emits', () => {
   const lostMember = dts.replace(/^ {2}dropConnection\(.*$/m, '');
   assert.notEqual(lostMember, dts);
   assert.match(apiMismatches(js, lostMember).join('\n'), /LivegateClient members: in livegate\.js, not declared: dropConnection/);
+  // A Subscription method the declarations lose, one they invent, an event it starts telling.
+  const lostReady = dts.replace(/^ {2}ready\(\): Promise<SubscribedReply<S>>;$/m, '');
+  assert.notEqual(lostReady, dts);
+  assert.match(apiMismatches(js, lostReady).join('\n'), /Subscription members: in livegate\.js, not declared: ready/);
+  const invented = dts.replace(/^ {2}unsubscribe\(\): void;$/m, '  unsubscribe(): void;\n  pause(): void;\n  readonly paused: boolean;');
+  assert.notEqual(invented, dts);
+  assert.match(apiMismatches(js, invented).join('\n'), /Subscription members: declared, not in livegate\.js: pause/);
+  assert.match(apiMismatches(js, invented).join('\n'), /Subscription members: declared, not in livegate\.js: paused/);
+  const newEvent = { entry, code: code.replace("this._move('subscribing', { room: this.room });", "this._move('subscribing', { room: this.room });\n    this._tell('paused', {});") };
+  assert.notEqual(newEvent.code, code);
+  assert.match(apiMismatches(newEvent, dts).join('\n'), /Subscription events: in livegate\.js, not declared: paused/);
 });

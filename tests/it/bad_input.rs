@@ -1,7 +1,8 @@
 //! Bad input never breaks the gateway: WebSocket mistakes get an `error` frame with a
 //! code and the connection stays open; oversized frames close with 1009; bad HTTP
 //! requests get 400/401/413 JSON errors; duplicate publishes are recognised. After all
-//! of it the server still serves.
+//! of it the server still serves. A refusal of a request that named a room names it in
+//! its `room` field, over WebSocket and HTTP.
 
 use crate::common;
 
@@ -328,4 +329,51 @@ async fn duplicate_publish_is_recognised_after_restart() {
     assert_eq!(again["duplicate"], true, "{again}");
     let h = server.http().history_ok("idem", Some(0), None);
     assert_eq!(h["head"], 1, "{h}");
+}
+
+#[tokio::test]
+async fn ws_refusals_name_the_room_the_request_named() {
+    let _gate = crate::common::gate!();
+    let server = TestServer::start(|c| c.max_history_limit = 10);
+    let http = server.http();
+    let (status, body) = http.mint_token_raw(json!({"user": "alice", "rooms": ["match:*"], "publish": ["chat:*"]}));
+    assert_eq!(status, 201, "{body}");
+    let mut c = WsClient::connect(server.addr, body["token"].as_str().unwrap(), None).await;
+    let cases = [
+        (json!({"op": "subscribe", "room": "secret:1", "ref": 1}), "forbidden", Some("secret:1")),
+        (json!({"op": "subscribe", "room": "bad room", "ref": 2}), "bad_room", Some("bad room")),
+        (json!({"op": "subscribe", "room": "match:1", "since": "ten", "ref": 3}), "bad_request", Some("match:1")),
+        (json!({"op": "unsubscribe", "room": "é", "ref": 4}), "bad_room", Some("é")),
+        (json!({"op": "history", "room": "match:2", "since": 0, "limit": 11, "ref": 5}), "bad_request", Some("match:2")),
+        (json!({"op": "history", "room": "secret:2", "since": 0, "ref": 6}), "forbidden", Some("secret:2")),
+        (json!({"op": "presence", "room": "secret:3", "ref": 7}), "forbidden", Some("secret:3")),
+        (json!({"op": "publish", "room": "match:1", "data": 1, "ref": 8}), "forbidden", Some("match:1")),
+        (json!({"op": "ping", "extra": 1, "ref": 9}), "bad_request", None),
+        (json!({"op": "dance", "room": "match:1", "ref": 10}), "unknown_op", None),
+    ];
+    for (request, code, room) in cases {
+        let reply = expect_ws_error(&mut c, &request.to_string(), code).await;
+        assert_eq!(reply["room"].as_str(), room, "{request} -> {reply}");
+    }
+}
+
+#[tokio::test]
+async fn http_refusals_of_a_rooms_route_name_the_room() {
+    let _gate = crate::common::gate!();
+    let server = TestServer::start(|c| c.max_history_limit = 10);
+    let http = server.http();
+    let cases = [
+        ("GET", "/v1/rooms/match:1/events?limit=11", Auth::Key, Body::None, 400, "bad_request", Some("match:1")),
+        ("POST", "/v1/rooms/match:2/events", Auth::Key, Body::Raw("{"), 400, "bad_request", Some("match:2")),
+        ("POST", "/v1/rooms/match:3/events", Auth::None, Body::Json(json!({"data": 1})), 401, "unauthorized", Some("match:3")),
+        ("GET", "/v1/rooms/user:u1/state", Auth::Key, Body::None, 400, "bad_request", Some("user:u1")),
+        ("PUT", "/v1/rooms/match:4/state", Auth::Key, Body::Json(json!({})), 400, "bad_request", Some("match:4")),
+        ("GET", "/v1/rooms/bad%20room/presence", Auth::Key, Body::None, 400, "bad_room", Some("bad room")),
+        ("POST", "/v1/tokens", Auth::Key, Body::Json(json!({})), 400, "bad_request", None),
+    ];
+    for (method, path, auth, body, status, code, room) in cases {
+        let (got, answer) = http.request(method, path, auth, body);
+        assert_eq!((got, error_code(&answer)), (status, code), "{method} {path}: {answer}");
+        assert_eq!(answer["error"]["room"].as_str(), room, "{method} {path}: {answer}");
+    }
 }

@@ -567,7 +567,7 @@ async fn slowloris_request_heads_are_cut_off_while_other_clients_are_served() {
     assert_serves(&server, "bob", "after-slowloris").await;
 }
 
-/// Issue 8 asks for a metric for every limit and the README says "Every refusal is
+/// Issue 8 asks for a metric for every limit and the book says (docs/src/security.md) "Every refusal is
 /// counted in `livegate_limit_hits_total{limit=…}`": a request head cut off by
 /// `handshake_timeout_ms` is such a refusal.
 #[tokio::test]

@@ -13,6 +13,7 @@ mod common;
 mod access;
 mod admin;
 mod bad_input;
+mod book;
 mod cli;
 mod client_library;
 mod client_publish;

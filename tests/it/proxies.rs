@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use common::*;
 
-/// nginx in the foreground (one process) in front of `upstream`, with the README's
-/// WebSocket proxy settings.
+/// nginx in the foreground (one process) in front of `upstream`, with the book's
+/// WebSocket proxy settings (docs/src/security.md).
 struct Nginx {
     addr: SocketAddr,
     child: Child,
@@ -25,7 +25,7 @@ impl Nginx {
         let binary = ["/usr/sbin/nginx", "/usr/bin/nginx"]
             .into_iter()
             .find(|p| Path::new(p).exists())
-            .expect("nginx not found: the README's test command (.ci/test) installs Debian's nginx");
+            .expect("nginx not found: the test command (.ci/test) installs Debian's nginx");
         // A port picked by binding port 0 and letting it go can be taken by another test's
         // server before nginx binds it; then nginx exits and the probe below reaches the
         // other server. So the probe asks for nginx by name, and a lost port is picked again.

@@ -454,20 +454,22 @@ async fn refused_requests_leave_the_token_usable() {
     let server = TestServer::start(|c| c.max_subscriptions = 2);
     let http = server.http();
     let token = mint_with_rooms(&http, "u1", json!(["match:*"]));
-    let cases: &[(&str, &[(&str, &str)], u16, &str)] = &[
-        ("rooms=match:1&since=match:1:E", &[], 400, "bad_request"),
-        ("rooms=match:1&since=match:1:E:x", &[], 400, "bad_request"),
-        ("rooms=match:1", &[("Last-Event-ID", "nonsense")], 400, "bad_request"),
-        ("rooms=match:1,bad/room", &[], 400, "bad_room"),
-        ("rooms=match:1,match:2,match:3", &[], 429, "too_many_subscriptions"),
-        ("rooms=match:1,secret:1", &[], 403, "forbidden"),
-        ("rooms=user:u2", &[], 403, "forbidden"),
+    // The last column: the room the refusal names in `error.room` (a client matches on it).
+    let cases: &[(&str, &[(&str, &str)], u16, &str, Option<&str>)] = &[
+        ("rooms=match:1&since=match:1:E", &[], 400, "bad_request", None),
+        ("rooms=match:1&since=match:1:E:x", &[], 400, "bad_request", None),
+        ("rooms=match:1", &[("Last-Event-ID", "nonsense")], 400, "bad_request", None),
+        ("rooms=match:1,bad/room", &[], 400, "bad_room", Some("bad/room")),
+        ("rooms=match:1,match:2,match:3", &[], 429, "too_many_subscriptions", None),
+        ("rooms=match:1,secret:1", &[], 403, "forbidden", Some("secret:1")),
+        ("rooms=user:u2", &[], 403, "forbidden", Some("user:u2")),
     ];
-    for (query, headers, status, code) in cases {
+    for (query, headers, status, code, room) in cases {
         let refused = Sse::open(server.addr, &format!("/v1/sse?token={token}&{query}"), headers).await;
         let refused = refused.err().unwrap_or_else(|| panic!("{query} must be refused"));
         assert_eq!((refused.status, refused.code()), (*status, *code), "{query}: {:?}", refused.body);
         assert!(refused.body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{:?}", refused.body);
+        assert_eq!(refused.body["error"]["room"].as_str(), *room, "{query}: {:?}", refused.body);
     }
     assert_eq!(http.metric("livegate_handshake_rejections_total{reason=\"forbidden\"}"), Some(2.0));
     // Still unspent: it opens a stream now, once.

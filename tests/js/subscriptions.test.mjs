@@ -1,7 +1,9 @@
 // Subscription objects (issue 34): `client.subscribe(room, {since, state, presence})`
 // returns a Subscription with its own states, events and unsubscribe(); several of them
 // share one server subscription and each gets what it asked for; a room holds back a
-// bounded number of events. Scripted socket, virtual time.
+// bounded number of events (one more and it resubscribes with `since`; the application
+// still sees every event once and in order), over WebSocket and over SSE. Scripted socket
+// and scripted fetch, virtual time.
 // Run from the repository root: `node --test tests/js/`.
 
 import assert from 'node:assert/strict';
@@ -9,11 +11,25 @@ import { describe, test } from 'node:test';
 
 import { connect } from '../../clients/js/livegate.js';
 import { MAX_HELD_EVENTS } from '../../clients/js/livegate/subscriptions.js';
+import { fakeFetch } from './support/fake-fetch.mjs';
 import { fakeSocketClass } from './support/fake-socket.mjs';
 import { recorder } from './support/clients.mjs';
 import { VirtualClock } from './support/virtual-clock.mjs';
 
 const seqs = (events) => events.map((e) => e.seq);
+/** The whole numbers from `from` to `to`, both included. */
+const range = (from, to) => Array.from({ length: to - from + 1 }, (_, i) => from + i);
+/** An SSE `events` message's data: `room`'s events of `list` (seqs). */
+const sseEvents = (room, list) => ({ op: 'events', events: list.map((seq) => ({ room, seq, id: `${room}-${seq}`, ts_ms: 1, data: { n: seq } })) });
+
+/** A client on the scripted fetch (SSE only) and a virtual clock, not yet connected. */
+function streamingClient() {
+  const clock = new VirtualClock();
+  const fetch = fakeFetch({ clock });
+  const client = connect({ clock: clock.option, url: 'https://gw.test', getToken: async () => 't1', transports: ['sse'], fetch, random: () => 0 });
+  const log = recorder(client);
+  return { clock, fetch, client, log };
+}
 
 /** A client on a scripted socket and a virtual clock, welcomed. */
 async function welcomed() {
@@ -178,9 +194,145 @@ describe('Subscription objects', () => {
       const second = await ws.expect('subscribe', (f) => f.ref !== first.ref);
       assert.deepEqual([second.since, second.epoch], [10, 'E'], 'from the last delivered seq, nothing held any more');
       ws.serverSend({ op: 'subscribed', room: 'busy', epoch: 'E', seq: 10, recovered: true, ref: first.ref }); // superseded: ignored
-      ws.serverSend({ op: 'subscribed', room: 'busy', epoch: 'E', seq: 12, recovered: true, ref: second.ref });
-      ws.events('busy', 11, 12, 13);
-      assert.deepEqual(heard.events(), [11, 12, 13]);
+      const last = 11 + MAX_HELD_EVENTS;
+      ws.serverSend({ op: 'subscribed', room: 'busy', epoch: 'E', seq: last, recovered: true, ref: second.ref });
+      ws.events('busy', ...range(11, last)); // the replay
+      ws.events('busy', last - 1, last, last + 1); // the live stream, overlapping it
+      assert.deepEqual(heard.events(), range(11, last + 1), 'every event once, in order');
+    } finally {
+      client.close();
+    }
+  });
+});
+
+describe('the bound on held events', () => {
+  test(`more than ${MAX_HELD_EVENTS} events while a gap is filled: the room resubscribes with since, each event once and in order`, async () => {
+    const { client, ws } = await welcomed();
+    try {
+      const heard = listen(client.subscribe('busy', { since: 10, epoch: 'E' }));
+      const first = await ws.expect('subscribe');
+      ws.serverSend({ op: 'subscribed', room: 'busy', epoch: 'E', seq: 10, recovered: true, ref: first.ref });
+      ws.events('busy', 11, 13); // 12 is missing: a history request fills the gap
+      const history = await ws.expect('history');
+      assert.deepEqual([history.room, history.since, history.limit], ['busy', 11, 1]);
+      // The history reply is slow; the live stream is not.
+      const last = 13 + MAX_HELD_EVENTS;
+      ws.events('busy', ...range(14, last));
+      const second = await ws.expect('subscribe', (f) => f.ref !== first.ref);
+      assert.deepEqual([second.since, second.epoch], [11, 'E'], 'from the last delivered seq');
+      ws.serverSend({ op: 'history', ref: history.ref, room: 'busy', epoch: 'E', head: last, events: [{ room: 'busy', seq: 12, id: 'e-12', ts_ms: 1, data: {} }], complete: true }); // given up: ignored
+      ws.serverSend({ op: 'subscribed', room: 'busy', epoch: 'E', seq: last, recovered: true, ref: second.ref });
+      ws.events('busy', ...range(12, last));
+      ws.events('busy', last + 1);
+      assert.deepEqual(heard.events(), range(11, last + 1), 'every event once, in order');
+    } finally {
+      client.close();
+    }
+  });
+
+  test(`over SSE, more than ${MAX_HELD_EVENTS} events before a room's subscribed: the stream reopens from its position, each event once and in order`, async () => {
+    const { clock, fetch, client } = streamingClient();
+    try {
+      const heard = listen(client.subscribe('busy', { since: 10, epoch: 'E' }));
+      const sse = await fetch.nth(0);
+      assert.deepEqual([sse.params.rooms, sse.params.since], ['busy', 'busy:E:10']);
+      sse.open();
+      sse.welcome('S1', { resume: 'R1', resume_expires_at_ms: clock.now() + 600_000 });
+      const last = 11 + MAX_HELD_EVENTS;
+      sse.message('events', sseEvents('busy', range(11, last)), `busy:E:${last}`); // before its subscribed
+      const again = await fetch.nth(1);
+      assert.deepEqual([again.params.rooms, again.params.since, again.params.resume], ['busy', 'busy:E:10', 'R1'], 'from the last delivered seq, not the stream id');
+      assert.equal(heard.events().length, 0);
+      again.open();
+      again.welcome('S1', { resume: 'R2', resume_expires_at_ms: clock.now() + 600_000 });
+      again.message('subscribed', { op: 'subscribed', room: 'busy', epoch: 'E', seq: last, recovered: true });
+      again.message('events', sseEvents('busy', range(11, last + 1)), `busy:E:${last + 1}`);
+      await clock.until(() => heard.events().length >= last + 1 - 10, 'the replay delivered', 1000);
+      assert.deepEqual(heard.events(), range(11, last + 1), 'every event once, in order');
+    } finally {
+      client.close();
+    }
+  });
+});
+
+describe('Subscription objects over SSE', () => {
+  test('two share the stream\'s one subscription; each unsubscribes only itself; state and presence asked by a later one are honoured', async () => {
+    const { clock, fetch, client } = streamingClient();
+    try {
+      const a = client.subscribe('r');
+      const heardA = listen(a);
+      const sse = await fetch.nth(0);
+      assert.deepEqual(sse.params, { token: 't1', rooms: 'r' });
+      sse.open();
+      sse.welcome('S1', { resume: 'R1', resume_expires_at_ms: clock.now() + 600_000 });
+      sse.message('subscribed', { op: 'subscribed', room: 'r', epoch: 'E', seq: 4 });
+      sse.message('events', sseEvents('r', [5]), 'r:E:5');
+      await clock.until(() => heardA.events().length === 1, 'a first event');
+
+      const b = client.subscribe('r');
+      const heardB = listen(b);
+      await clock.until(() => b.state === 'subscribed', 'b subscribed');
+      await clock.advance(1000);
+      assert.equal(fetch.streams.length, 1, 'the same rooms, nothing more asked: the stream is not reopened');
+      sse.message('events', sseEvents('r', [6, 7]), 'r:E:7');
+      await clock.until(() => heardB.events().length === 2, 'events to both');
+      assert.deepEqual([heardA.events(), heardB.events()], [[5, 6, 7], [6, 7]]);
+
+      a.unsubscribe();
+      assert.equal(a.state, 'unsubscribed');
+      await clock.advance(1000);
+      assert.equal(fetch.streams.length, 1, 'the room keeps its other subscription');
+      sse.message('events', sseEvents('r', [8]), 'r:E:8');
+      await clock.until(() => heardB.events().length === 3, 'b goes on');
+      assert.deepEqual(heardA.events(), [5, 6, 7], 'nothing after its own unsubscribe');
+
+      // A later subscription asks for the room's state and presence: the stream reopens asking for both.
+      const c = client.subscribe('r', { state: true, presence: true });
+      const heardC = listen(c);
+      const reopened = await fetch.nth(1);
+      assert.equal(reopened.params.rooms, 'r');
+      assert.deepEqual([reopened.params.state, reopened.params.presence, reopened.params.resume], ['1', '1', 'R1']);
+      reopened.open();
+      reopened.welcome('S1', { resume: 'R2', resume_expires_at_ms: clock.now() + 600_000 });
+      reopened.message('subscribed', { op: 'subscribed', room: 'r', epoch: 'E', seq: 9, state: { seq: 7, data: { n: 7 } } });
+      reopened.message('events', sseEvents('r', [8, 9]), 'r:E:9');
+      reopened.message('presence', { op: 'presence', room: 'r', count: 1, joined: [{ user: 'u', device: 'web' }], left: [] });
+      await clock.until(() => heardC.some(([name]) => name === 'presence'), 'presence to c');
+      assert.deepEqual(heardC.filter(([name]) => name === 'state').map(([, s]) => [s.seq, s.data]), [[7, { n: 7 }]]);
+      assert.deepEqual(heardC.events(), [8, 9], 'the events after its state');
+      assert.deepEqual(heardB.events(), [6, 7, 8, 9], 'b: each event once, its state not asked');
+      assert.equal(heardB.some(([name]) => name === 'state' || name === 'presence'), false, 'b asked for neither');
+
+      c.unsubscribe();
+      b.unsubscribe();
+      await clock.until(() => fetch.streams.length === 3, 'the stream reopened without the room');
+      assert.equal(fetch.streams[2].params.rooms, '');
+    } finally {
+      client.close();
+    }
+  });
+});
+
+describe('refusals over SSE', () => {
+  test('an error frame naming a room of the stream (no ref) reaches that room: forbidden ends it, unavailable reopens the stream', async () => {
+    const { clock, fetch, client, log } = streamingClient();
+    try {
+      const a = client.subscribe('a');
+      const b = client.subscribe('b');
+      const c = client.subscribe('c');
+      const sse = await fetch.nth(0);
+      assert.equal(sse.params.rooms, 'a,b,c');
+      sse.open();
+      sse.welcome('S1', { resume: 'R1', resume_expires_at_ms: clock.now() + 600_000 });
+      sse.message('subscribed', { op: 'subscribed', room: 'a', epoch: 'E', seq: 0 });
+      sse.message('error', { op: 'error', room: 'b', code: 'forbidden', message: 'a b c' });
+      sse.message('error', { op: 'error', room: 'c', code: 'unavailable', message: 'a b c' });
+      await assert.rejects(b.ready(), (e) => e.code === 'forbidden');
+      assert.deepEqual([a.state, b.state, c.state], ['subscribed', 'unsubscribed', 'subscribing']);
+      assert.deepEqual(log.error.map((e) => [e.room, e.code]), [['b', 'forbidden'], ['c', 'unavailable']]);
+      const again = await fetch.nth(1);
+      assert.equal(again.params.rooms, 'a,c', 'c asked again, b not');
+      assert.ok(again.createdAt - sse.createdAt >= 1000, 'after resubscribeMs');
     } finally {
       client.close();
     }

@@ -317,6 +317,41 @@ describe('transport auto', () => {
   });
 });
 
+describe('the transports option', () => {
+  test("transports: ['websocket'] never falls back: WebSocket attempts go on failing, no SSE request (virtual time)", async () => {
+    const clock = new VirtualClock();
+    const Fake = fakeSocketClass((socket) => socket.fail(), clock);
+    const fetch = fakeFetch({ ready: 'up', clock });
+    const client = connect({ clock: clock.option, url: 'http://gw.test', getToken: tokens(), WebSocket: Fake, fetch, transports: ['websocket'], random: () => 0.99999 });
+    const log = recorder(client);
+    try {
+      await Fake.nth(5, 120_000);
+      assert.equal(fetch.streams.length, 0, 'no SSE request');
+      assert.deepEqual(log.transport, []);
+      assert.equal(client.transport, 'websocket');
+    } finally {
+      client.close();
+    }
+  });
+
+  test('an unknown, repeated or misordered transport throws at construction; the deprecated transport still works', () => {
+    const base = { url: 'http://gw.test', getToken: () => 't', WebSocket: fakeSocketClass(), fetch: fakeFetch() };
+    const refused = (options, pattern) => assert.throws(() => connect({ ...base, ...options }), (e) => e instanceof TypeError && pattern.test(e.message), JSON.stringify(options));
+    refused({ transports: ['websocket', 'carrier-pigeon'] }, /unknown transport "carrier-pigeon"/);
+    refused({ transports: [] }, /non-empty list/);
+    refused({ transports: 'sse' }, /non-empty list/);
+    refused({ transports: ['sse', 'sse'] }, /twice/);
+    refused({ transports: ['sse', 'websocket'] }, /SSE does not fall back to WebSocket/);
+    refused({ transports: ['sse'], transport: 'sse' }, /not both/);
+    refused({ transport: 'pigeon' }, /transport must be/);
+    for (const [options, first] of [[{}, 'websocket'], [{ transports: ['sse'] }, 'sse'], [{ transport: 'sse' }, 'sse'], [{ transport: 'auto' }, 'websocket']]) {
+      const client = connect({ ...base, ...options });
+      assert.equal(client.transport, first, JSON.stringify(options));
+      client.close();
+    }
+  });
+});
+
 describe('transport sse', () => {
   /** A client on the scripted fetch, welcomed over SSE and subscribed to `rooms`. */
   async function streaming(rooms, { timings = {}, heartbeatMs = 30000 } = {}) {
@@ -476,6 +511,33 @@ describe('transport sse', () => {
       assert.equal(again.params.rooms, 'a');
       assert.ok(log.error.some((e) => e.room === 'user:other' && e.code === 'forbidden'));
       assert.equal(client.position('user:other'), null);
+    } finally {
+      client.close();
+    }
+  });
+
+  test('a refusal names its room in a field: that room is refused, the other new one stays (the message is never read)', async () => {
+    const { fetch, client, log } = await streaming(['a']);
+    try {
+      const kept = client.subscribe('b', { state: false });
+      const refused = client.subscribe('c', { state: false });
+      const reopened = await fetch.nth(1);
+      assert.equal(reopened.params.rooms, 'a,b,c');
+      reopened.respond(403, { error: { code: 'forbidden', room: 'c', message: 'b b b' } });
+      await assert.rejects(refused.ready(), (e) => e.code === 'forbidden');
+      const again = await fetch.nth(2);
+      assert.equal(again.params.rooms, 'a,b');
+      assert.equal(kept.state, 'subscribing');
+      assert.deepEqual(log.error.filter((e) => e.room).map((e) => [e.room, e.code]), [['c', 'forbidden']]);
+      // Without the field (an older server), every room not yet subscribed is a suspect.
+      const other = client.subscribe('d', { state: false });
+      again.open();
+      again.welcome('S1');
+      const third = await fetch.nth(3);
+      assert.equal(third.params.rooms, 'a,b,d');
+      third.respond(403, { error: { code: 'forbidden', message: 'room d is not allowed' } });
+      await assert.rejects(other.ready(), (e) => e.code === 'forbidden');
+      assert.equal(kept.state, 'unsubscribed', 'b was not subscribed yet either');
     } finally {
       client.close();
     }

@@ -4,11 +4,24 @@
 // room's events once and in order. The transports (transport-websocket.js,
 // transport-sse.js) move frames, credentials.js keeps the resume credential,
 // connection.js holds the timings and the reconnect policy, subscriptions.js each room's
-// position, and clock.js the time. The behaviour is described at the top of livegate.js.
+// position, emitter.js the listeners, and clock.js the time. The behaviour is described at
+// the top of livegate.js.
 
 import { clockFrom, repeat } from './clock.js';
-import { ConnectionMachine, DEFAULT_TIMINGS, MAX_FOLLOWS, TRANSPORT_OPTIONS, TransportOrder, WS_FAILURES_BEFORE_SSE, reconnectDelayMs, toldToStop } from './connection.js';
+import {
+  ConnectionMachine,
+  DEFAULT_TIMINGS,
+  MAX_FOLLOWS,
+  TRANSPORTS,
+  TRANSPORT_OPTION_LISTS,
+  TransportOrder,
+  WS_FAILURES_BEFORE_SSE,
+  checkTransports,
+  reconnectDelayMs,
+  toldToStop,
+} from './connection.js';
 import { ResumeCredential } from './credentials.js';
+import { Listeners } from './emitter.js';
 import { livegateError as lgError } from './errors.js';
 import { FINAL_SUBSCRIBE_ERRORS, HISTORY_PAGE, MAX_HELD_EVENTS, RoomState, Subscription, snapshotOf } from './subscriptions.js';
 import { SseTransport, cancelBody } from './transport-sse.js';
@@ -21,7 +34,11 @@ import { baseOf, endpointOf, looksLikeUrl, readyzOf, sseEndpointOf } from './url
  *   appended). Defaults to the page's origin in a browser.
  * - `getToken()`: returns (a promise of) a fresh one-time token, or the `{token}` reply
  *   of `POST /v1/tokens`; called for an attempt that has no usable resume credential.
- * - `transport`: `'auto'` (default), `'websocket'` or `'sse'` (see the top of this file).
+ * - `transports`: the transports to use, in fallback order: `['websocket', 'sse']`
+ *   (default; SSE after `WS_FAILURES_BEFORE_SSE` failed WebSocket attempts), `['websocket']`
+ *   or `['sse']` (one: no fallback). An unknown name throws a TypeError.
+ * - `transport`: deprecated (for one release), `'auto'`, `'websocket'` or `'sse'`: the
+ *   same as `transports` of all, or of one.
  * - `resume`: false to never use resume credentials (default true).
  * - `resumeAttempts`: consecutive failed WebSocket attempts a credential is tried in
  *   before it is dropped (default 3).
@@ -39,17 +56,16 @@ export function connect(options) {
 
 export class LivegateClient {
   constructor(options = {}) {
-    const { url, getToken, WebSocket: Socket, session, timings, random, clock } = options;
+    const { url, getToken, WebSocket: Socket, session, timings, random, clock, transport, transports: order } = options;
     if (typeof getToken !== 'function') throw new TypeError('livegate: getToken must be a function');
-    const transport = options.transport ?? 'auto';
-    if (!TRANSPORT_OPTIONS.has(transport)) throw new TypeError(`livegate: transport must be 'auto', 'websocket' or 'sse', not ${transport}`);
+    const transports = transportsOf(transport, order);
     this._Socket = typeof (Socket || globalThis.WebSocket) === 'function' ? Socket || globalThis.WebSocket : null;
     const fetchFn = options.fetch === undefined ? globalThis.fetch : options.fetch;
     this._fetch = typeof fetchFn === 'function' ? (input, init) => fetchFn(input, init) : null;
-    if (transport === 'websocket' && !this._Socket) {
+    if (transports.length === 1 && transports[0] === 'websocket' && !this._Socket) {
       throw new TypeError('livegate: no WebSocket constructor (pass one as the WebSocket option)');
     }
-    if (transport === 'sse' && !this._fetch) throw new TypeError('livegate: transport sse needs fetch()');
+    if (transports.length === 1 && transports[0] === 'sse' && !this._fetch) throw new TypeError('livegate: transport sse needs fetch()');
     if (!this._Socket && !this._fetch) {
       throw new TypeError('livegate: no WebSocket constructor and no fetch (pass one as the WebSocket option)');
     }
@@ -60,7 +76,7 @@ export class LivegateClient {
     this._readyz = readyzOf(this._sseEndpoint);
     this._secure = /^https:/i.test(this._sseEndpoint);
     /** The transports to try, in order, and the one in use. */
-    this._order = new TransportOrder(transport, { webSocket: !!this._Socket, fetch: !!this._fetch });
+    this._order = new TransportOrder(transports, { webSocket: !!this._Socket, fetch: !!this._fetch });
     this._getToken = getToken;
     this._timings = { ...DEFAULT_TIMINGS, ...(timings || {}) };
     this._random = typeof random === 'function' ? random : Math.random;
@@ -74,7 +90,7 @@ export class LivegateClient {
       clock: this._clock,
     });
 
-    this._listeners = new Map();
+    this._listeners = new Listeners();
     this._rooms = new Map(); // room name -> RoomState
     this._requests = new Map(); // ref -> {resolve, reject, frame}
     this._queued = []; // requests waiting for a connection: [ref, ...]
@@ -164,13 +180,11 @@ export class LivegateClient {
    * the listener.
    */
   on(name, fn) {
-    if (!this._listeners.has(name)) this._listeners.set(name, new Set());
-    this._listeners.get(name).add(fn);
-    return () => this.off(name, fn);
+    return this._listeners.on(name, fn);
   }
 
   off(name, fn) {
-    this._listeners.get(name)?.delete(fn);
+    this._listeners.off(name, fn);
   }
 
   /**
@@ -566,10 +580,10 @@ export class LivegateClient {
       this._order.remove('sse');
       this._announceTransport(from, 'the server has no SSE endpoint');
     } else if (['bad_room', 'too_many_subscriptions', 'forbidden'].includes(code)) {
-      // A room of the request was refused: the rooms not yet subscribed are the suspects
-      // (only the one the message names, when it names one).
+      // A room of the request was refused: the one the answer's `room` field names, else
+      // (no field: too many rooms, or an older server) every room not yet subscribed.
       const fresh = [...link.rooms].filter((room) => this._rooms.get(room) && !this._rooms.get(room).subscribedOnce);
-      const named = fresh.filter((room) => message.includes(room));
+      const named = typeof refusal.error?.room === 'string' ? fresh.filter((room) => room === refusal.error.room) : [];
       for (const room of named.length ? named : fresh) {
         const state = this._rooms.get(room);
         this._rooms.delete(room);
@@ -1005,24 +1019,32 @@ export class LivegateClient {
       request.reject(lgError(frame.code, frame.message));
       return;
     }
-    const state = frame.ref != null && [...this._rooms.values()].find((s) => s.ref === frame.ref);
+    const room = typeof frame.room === 'string' ? frame.room : undefined;
+    // A subscribe's refusal: by its ref, or over SSE (the stream's subscribes have no
+    // ref) by the room the frame names.
+    const state =
+      frame.ref != null
+        ? [...this._rooms.values()].find((s) => s.ref === frame.ref)
+        : room != null && this._stream() && this._rooms.get(room)?.ref === 'sse' && this._rooms.get(room);
     if (!state) {
-      this._emit('error', { code: frame.code, message: frame.message });
+      this._emit('error', room != null ? { room, code: frame.code, message: frame.message } : { code: frame.code, message: frame.message });
       return;
     }
-    // A server before `features` in welcome refuses a flag it lacks as an unknown field.
-    const unknown = this._features == null && frame.code === 'bad_request' && /unknown field `(state|presence)`/.exec(String(frame.message ?? ''));
-    if (unknown && (unknown[1] === 'state' ? state.wantState : state.wantPresence)) {
-      // A server older than room state or presence refuses the flag: go on without it.
-      if (unknown[1] === 'state') {
+    // A server before `features` in welcome refuses a flag it lacks as a bad request: the
+    // newest flag asked (presence, then state) is taken as lacking, and the room asked
+    // again without it (the message is for people, never read).
+    const flag = this._features == null && frame.code === 'bad_request' && (state.wantPresence ? 'presence' : state.wantState ? 'state' : null);
+    if (flag) {
+      if (flag === 'state') {
         state.wantState = false;
         state.fromState = false;
       } else state.wantPresence = false;
-      state.lacks[unknown[1]] = true;
-      const what = unknown[1] === 'state' ? 'room state' : 'presence';
-      this._emit('error', { room: state.room, code: 'unsupported', message: `the server has no ${what}: subscribed without it` });
-      this._tellSubscriptions(state, 'error', { room: state.room, code: 'unsupported', message: `the server has no ${what}: subscribed without it` });
-      this._sendSubscribe(state);
+      state.lacks[flag] = true;
+      const what = flag === 'state' ? 'room state' : 'presence';
+      const detail = { room: state.room, code: 'unsupported', message: `the server has no ${what}: subscribed without it` };
+      this._emit('error', detail);
+      this._tellSubscriptions(state, 'error', detail);
+      this._resubscribe(state);
       return;
     }
     state.ref = null;
@@ -1039,7 +1061,7 @@ export class LivegateClient {
     const link = this._link;
     const timer = this._clock.setTimeout(() => {
       state.retry = null;
-      if (this._link === link && link?.welcomed && this._rooms.get(state.room) === state) this._sendSubscribe(state);
+      if (this._link === link && link?.welcomed && this._rooms.get(state.room) === state) this._resubscribe(state);
     }, this._timings.resubscribeMs);
     state.retry = () => this._clock.clearTimeout(timer);
   }
@@ -1295,21 +1317,32 @@ export class LivegateClient {
   }
 
   _emit(name, detail) {
-    const listeners = this._listeners.get(name);
-    if (!listeners || listeners.size === 0) {
+    if (!this._listeners.has(name)) {
       if (name === 'error' && detail?.error && typeof console !== 'undefined') {
         console.error('livegate:', detail.message, detail.error);
       }
       return;
     }
-    for (const fn of [...listeners]) {
-      try {
-        fn(detail);
-      } catch (error) {
-        if (typeof console !== 'undefined') console.error(`livegate: a ${name} listener threw`, error);
-      }
-    }
+    this._listeners.emit(name, detail, (error) => {
+      if (typeof console !== 'undefined') console.error(`livegate: a ${name} listener threw`, error);
+    });
   }
+}
+
+/**
+ * The `transports` option (`order`) checked, or the deprecated `transport` as a list;
+ * both: an error.
+ */
+function transportsOf(transport, order) {
+  if (transport !== undefined && order !== undefined) {
+    throw new TypeError('livegate: give transports or the deprecated transport, not both');
+  }
+  if (transport !== undefined) {
+    const list = Object.prototype.hasOwnProperty.call(TRANSPORT_OPTION_LISTS, transport) ? TRANSPORT_OPTION_LISTS[transport] : null;
+    if (!list) throw new TypeError(`livegate: transport must be 'auto', 'websocket' or 'sse', not ${transport}`);
+    return [...list];
+  }
+  return checkTransports(order ?? TRANSPORTS);
 }
 
 /** A new attempt's link (see `LivegateClient._link`). */

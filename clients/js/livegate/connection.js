@@ -35,8 +35,28 @@ export const DEFAULT_TIMINGS = Object.freeze({
 export const WS_FAILURES_BEFORE_SSE = 2;
 /** Refusals (`wrong_node`) followed in a row without a welcome before backing off. */
 export const MAX_FOLLOWS = 3;
-/** The `transport` option's values. */
-export const TRANSPORT_OPTIONS = new Set(['auto', 'websocket', 'sse']);
+/** The transports, and the default of the `transports` option: the fallback order. */
+export const TRANSPORTS = Object.freeze(['websocket', 'sse']);
+
+/**
+ * The `transports` option checked: a non-empty list of distinct names of `TRANSPORTS`,
+ * in that order (a failed WebSocket says nothing of why, so it falls back to SSE; a
+ * refused SSE request says why, so SSE never falls back to WebSocket). One name: no
+ * fallback. Throws a TypeError naming what is wrong.
+ */
+export function checkTransports(list) {
+  const shown = JSON.stringify(list);
+  if (!Array.isArray(list) || list.length === 0) throw new TypeError(`livegate: transports must be a non-empty list of 'websocket' and 'sse', not ${shown}`);
+  for (const name of list) {
+    if (!TRANSPORTS.includes(name)) throw new TypeError(`livegate: unknown transport ${JSON.stringify(name)} in transports (known: 'websocket', 'sse')`);
+  }
+  if (new Set(list).size !== list.length) throw new TypeError(`livegate: transports names a transport twice: ${shown}`);
+  if (list.indexOf('sse') === 0 && list.length > 1) throw new TypeError(`livegate: transports ${shown}: SSE does not fall back to WebSocket; use ['websocket', 'sse']`);
+  return [...list];
+}
+
+/** The deprecated `transport` option (one release) as a `transports` list. */
+export const TRANSPORT_OPTION_LISTS = Object.freeze({ auto: TRANSPORTS, websocket: ['websocket'], sse: ['sse'] });
 
 /**
  * The connection's states. `disconnected`: no connection, one is scheduled (also before
@@ -86,17 +106,16 @@ export class ConnectionMachine {
 }
 
 /**
- * The transports to try, in order (the fallback order as data): the `transport` option
- * with what the runtime has gives `['websocket', 'sse']` (auto), `['websocket']` or
- * `['sse']`. The client uses the first, moves to the next after `WS_FAILURES_BEFORE_SSE`
- * consecutive failures of the one in use, and back to the first when the fallback turns
- * out wrong; a transport the server lacks is removed.
+ * The transports to try, in order (the fallback order as data): the `transports` option
+ * (checked by `checkTransports`) less what the runtime lacks (`webSocket`: a WebSocket
+ * constructor, `fetch`: for SSE), never empty. The client uses the first, moves to the
+ * next after `WS_FAILURES_BEFORE_SSE` consecutive failures of the one in use, and back to
+ * the first when the fallback turns out wrong; a transport the server lacks is removed.
  */
 export class TransportOrder {
-  constructor(option, { webSocket, fetch }) {
-    if (option === 'websocket') this.names = ['websocket'];
-    else if (option === 'sse' || !webSocket) this.names = ['sse'];
-    else this.names = fetch ? ['websocket', 'sse'] : ['websocket'];
+  constructor(names, { webSocket, fetch }) {
+    const usable = names.filter((name) => (name === 'websocket' ? webSocket : fetch));
+    this.names = usable.length ? usable : [names[0]];
     this.index = 0;
     /** Consecutive attempts of the transport in use that failed before welcome (server up). */
     this.failures = 0;

@@ -4,6 +4,8 @@
 // Subscription objects: several of them share one room (one server subscription), each
 // with its own listeners, its own position and what it asked for (state, presence).
 
+import { Listeners } from './emitter.js';
+
 /** Event ids remembered per room to drop repeats. */
 export const RECENT_IDS = 500;
 /** Largest `limit` the server accepts for history: the page a gap is filled with. */
@@ -138,7 +140,7 @@ export class Subscription {
     /** Seq of the last event this subscription was given (or its state's, or its `since`); null: from the room's next. */
     this.floor = options.since != null ? Number(options.since) : null;
     this._state = 'unsubscribed';
-    this._listeners = new Map();
+    this._listeners = new Listeners();
     this._waiters = [];
     this._reply = null;
     this._detach = detach;
@@ -151,13 +153,11 @@ export class Subscription {
 
   /** Listens to one of the subscription's events; returns a function that removes the listener. */
   on(name, fn) {
-    if (!this._listeners.has(name)) this._listeners.set(name, new Set());
-    this._listeners.get(name).add(fn);
-    return () => this.off(name, fn);
+    return this._listeners.on(name, fn);
   }
 
   off(name, fn) {
-    this._listeners.get(name)?.delete(fn);
+    this._listeners.off(name, fn);
   }
 
   /**
@@ -206,13 +206,9 @@ export class Subscription {
 
   /** Hands `detail` to the listeners of `name`; what a listener throws goes to `onThrow`. */
   _tell(name, detail, onThrow = null) {
-    for (const fn of [...(this._listeners.get(name) ?? [])]) {
-      try {
-        fn(detail);
-      } catch (error) {
-        if (onThrow) onThrow(error);
-        else if (typeof console !== 'undefined') console.error(`livegate: a ${name} listener of ${this.room} threw`, error);
-      }
-    }
+    this._listeners.emit(name, detail, (error) => {
+      if (onThrow) onThrow(error);
+      else if (typeof console !== 'undefined') console.error(`livegate: a ${name} listener of ${this.room} threw`, error);
+    });
   }
 }

@@ -38,7 +38,7 @@ use crate::core::backlog::Reserve;
 use super::messages::*;
 use crate::cluster::roomlog::{LiveItem, StreamEvent};
 use crate::core::batch::BatchAction;
-use crate::core::room::{answer_subscribe, Ask, Joined, Member, Members, Outgoing};
+use crate::core::room::{answer_subscribe, seen_beyond_head, Ask, Joined, Member, Members, Outgoing};
 use crate::core::names;
 use crate::core::seqlog::{Retention, SeqLog};
 use crate::protocol;
@@ -175,6 +175,10 @@ pub trait SharedLog {
     /// work to hold the mailbox for before answering a subscribe or a read (`None`: the
     /// room has its feed). Held subscribes are answered at its end.
     fn refeed(&mut self, room: &RoomCore) -> Option<Refeed>;
+    /// A subscriber saw events beyond the room's head (`core::room::seen_beyond_head`):
+    /// the work to hold the mailbox for, reading what the room missed, before the held
+    /// subscribes are answered.
+    fn read_ahead(&mut self, room: &RoomCore) -> Refeed;
     /// The room's subscribers may have changed (its tick, an unsubscribe): a feed
     /// unwatched long enough is dropped.
     fn subscribers_changed(&mut self, room: &RoomCore, ctx: &mut Context<RoomActor>);
@@ -817,6 +821,13 @@ impl Handler<Subscribe> for RoomActor {
             if let Some(refeed) = shared.refeed(&self.core) {
                 shared.hold_subscribe(msg);
                 ctx.wait(refeed);
+                return Ok(());
+            }
+            let ask = Ask { since: msg.since, epoch: msg.epoch.as_deref(), state: msg.state };
+            if self.core.live().is_some_and(|log| seen_beyond_head(log, ask)) {
+                let read = shared.read_ahead(&self.core);
+                shared.hold_subscribe(msg);
+                ctx.wait(read);
                 return Ok(());
             }
         }

@@ -138,6 +138,13 @@ impl LogPart for StreamLog {
 }
 
 impl StreamLog {
+    /// Answer the subscribes held while the room loaded, refed or read ahead.
+    fn answer_held(&mut self, room: &mut RoomCore) {
+        for waiting in std::mem::take(&mut self.waiting_subscribers) {
+            room.subscribe(waiting, self);
+        }
+    }
+
     fn loaded(&mut self, room: &mut RoomCore, loaded: Result<(LiveFeed, LoadedRoom), ClusterError>, ctx: &mut Context<RoomActor>) {
         match loaded {
             Ok((feed, stored)) => {
@@ -165,9 +172,7 @@ impl StreamLog {
                 if let Some(after) = self.replay_after.take() {
                     room.replay_adopted(after);
                 }
-                for waiting in std::mem::take(&mut self.waiting_subscribers) {
-                    room.subscribe(waiting, self);
-                }
+                self.answer_held(room);
                 room.report_load();
                 // A room loaded for a publish or a read, with nobody subscribed, keeps
                 // its feed only for the linger.
@@ -470,11 +475,28 @@ impl SharedLog for StreamLog {
                     stream.interest.failed();
                 }
             }
-            for waiting in std::mem::take(&mut stream.waiting_subscribers) {
-                room.subscribe(waiting, stream);
-            }
+            stream.answer_held(room);
             stream.check_interest(room, ctx);
         })))
+    }
+
+    /// A subscriber saw events beyond the room's head: read what the stream holds after
+    /// it, then answer the subscribes held (from what the room has then, whatever the
+    /// read did: a client that claims more than was stored is refused the recovery).
+    fn read_ahead(&mut self, room: &RoomCore) -> Refeed {
+        let (cluster, name, after) = (self.cluster.clone(), room.name().clone(), self.appends.read_from());
+        let read = async move { roomlog::read_after(&cluster, &name, after).await };
+        Box::pin(continued(read, |stream: &mut StreamLog, room, result, ctx| {
+            match result {
+                Ok(missed) => {
+                    tracing::debug!(room = %room.name(), missed = missed.len(), "a subscriber was ahead of the room: read what it missed");
+                    stream.appends.caught_up(missed);
+                    stream.drive(room, ctx);
+                }
+                Err(error) => tracing::warn!(room = %room.name(), %error, "a subscriber was ahead of the room and the stream could not be read"),
+            }
+            stream.answer_held(room);
+        }))
     }
 
 

@@ -76,7 +76,7 @@ const options: ClientOptions = {
     const reply = await fetch('/my-backend/livegate-token');
     return (await reply.json()) as { token: string };
   },
-  transport: 'auto',
+  transports: ['websocket', 'sse'],
   resume: true,
   resumeAttempts: 3,
   WebSocket: socket,
@@ -88,8 +88,10 @@ const options: ClientOptions = {
 };
 
 const client: LivegateClient = connect(options);
-const other = new LivegateClient({ getToken: () => 'a-token', transport: 'sse', fetch: null, session: 'S1' });
-new LivegateClient({ getToken: () => Promise.resolve('t'), transport: 'websocket' });
+const other = new LivegateClient({ getToken: () => 'a-token', transports: ['sse'], fetch: null, session: 'S1' });
+new LivegateClient({ getToken: () => Promise.resolve('t'), transports: ['websocket'] });
+// The earlier option, kept for one release.
+new LivegateClient({ getToken: () => 't', transport: 'auto' });
 
 const state: ClientState = client.state;
 const session: string | null = client.session;

@@ -9,6 +9,10 @@ import { connect, LivegateClient } from './livegate.js';
 connect({ url: 'http://localhost:7070' });
 // @ts-expect-error transport is 'auto' | 'websocket' | 'sse'
 connect({ getToken: () => 't', transport: 'carrier-pigeon' });
+// @ts-expect-error transports names 'websocket' and 'sse' only
+connect({ getToken: () => 't', transports: ['websocket', 'carrier-pigeon'] });
+// @ts-expect-error SSE does not fall back to WebSocket
+connect({ getToken: () => 't', transports: ['sse', 'websocket'] });
 // @ts-expect-error getToken returns a token, not a number
 connect({ getToken: () => 42 });
 // @ts-expect-error resumeAttempts is a number

@@ -9,8 +9,8 @@
 //! - node a's links get 200 ms more latency each way and 2 % loss for 10 s;
 //! - every node is restarted in turn (SIGTERM, start again, ready, next).
 //!
-//! Publishers retry with the same id after a refusal or no answer, as the README tells
-//! users to; every acknowledged publish must reach every subscriber once, in order,
+//! Publishers retry with the same id after a refusal or no answer, as the book tells
+//! users to (docs/src/cluster.md, docs/src/troubleshooting.md); every acknowledged publish must reach every subscriber once, in order,
 //! nothing missing (`load::LoadOutcome::check`). Where connections are lost, clients move
 //! to a live node by themselves (`load::Reach`: they give up a connection silent for 2.5
 //! ping intervals, as livegate.js does) and each test prints how long it was until every

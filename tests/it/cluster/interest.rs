@@ -11,8 +11,13 @@
 //! 4. a subscriber comes back to the node whose room dropped its feed, with `since` from
 //!    before what it missed: the room takes its feed again and reads what it missed
 //!    first, so the replay and the history are complete, and live events follow.
+//!
+//! And a room that has its feed can still be behind a client: the live copy of an event
+//! may be on its way to the node while the client, which got it elsewhere, subscribes
+//! there with that event's seq. The room reads what the stream holds before answering.
 
 use super::*;
+use common::link::{Condition, Link};
 use livegate::core::interest::FEED_LINGER;
 
 const COPIES: &str = "livegate_cluster_live_copies_total";
@@ -186,4 +191,45 @@ fn a_parked_inbox_on_one_node_gets_messages_published_through_another() {
     }
     expect_events(&rt, &mut on_c, "the user parked again on c", &inbox, 4, 5, &mut failures);
     fail_with_logs(&cluster, "a parked inbox across nodes", &failures, &["WARN", "ERROR"]);
+}
+
+/// Node b's link to NATS carries 300 ms more each way, so its room learns each event 300
+/// ms after a, the room's writer, stored it. A client that got event 6 on a and subscribes
+/// on b with `since` 6 meanwhile is answered `recovered:true` at head 6 (b read the stream
+/// first), and never gets event 6 a second time when b's live copy arrives; b's own
+/// subscriber gets every event once.
+#[test]
+fn a_subscriber_ahead_of_a_rooms_live_copies_is_answered_after_the_room_reads_the_stream() {
+    let _gate = crate::common::gate!();
+    let link = Link::start();
+    let cluster = Cluster::start_replicated_with(3, &SHORT_DRAIN, &["--no_advertise"], |i, servers| (i == 1).then(|| link.proxy_urls(&servers.urls())));
+    let rt = runtime();
+    let mut failures = Vec::new();
+    let names: Vec<&str> = (0..3).map(Cluster::name).collect();
+    let room = (0..)
+        .map(|k| format!("ahead:{k}"))
+        .find(|room| livegate::core::routing::room_writer(room, &names) == Some(names[0]))
+        .expect("some room is a's");
+    let subscriber = |node: usize, user: &str| {
+        let (token, addr) = (cluster.http(node).mint_token(user, "web"), cluster.addr(node));
+        rt.block_on(WsClient::connect(addr, &token, None))
+    };
+    let mut watcher = subscriber(1, "ahead-watcher");
+    let epoch = rt.block_on(watcher.subscribe_ok(&room))["epoch"].clone();
+    publish_range(&cluster, &room, 1, 5, &[0], &mut failures);
+    expect_events(&rt, &mut watcher, "b's subscriber", &room, 1, 5, &mut failures);
+
+    // Connected before the link slows down: its handshake writes the session directory.
+    let mut mover = subscriber(1, "ahead-mover");
+    link.set(Condition::Degraded { one_way: Duration::from_millis(300), loss: 0.0 });
+    publish_range(&cluster, &room, 6, 6, &[0], &mut failures);
+    let reply = rt.block_on(mover.subscribe_since(&room, 6, &epoch));
+    if reply["op"] != "subscribed" || reply["recovered"] != true || reply["seq"] != 6 {
+        failures.push(format!("subscribe on b since 6 while b's copy of 6 was on its way: {reply}, expected recovered at seq 6"));
+    }
+    link.set(Condition::Up);
+    publish_range(&cluster, &room, 7, 8, &[0], &mut failures);
+    expect_events(&rt, &mut mover, "the client that had 6 already", &room, 7, 8, &mut failures);
+    expect_events(&rt, &mut watcher, "b's subscriber", &room, 6, 8, &mut failures);
+    fail_with_logs(&cluster, "a subscriber ahead of the room's live copies", &failures, &LOG_NEEDLES);
 }

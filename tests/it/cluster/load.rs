@@ -81,7 +81,8 @@ struct Publisher {
 impl Publisher {
     /// Publishes `{"n": n}` with id `PREFIX-n` to `rooms[n % len]` every `every`, on the
     /// nodes of `addrs` in turn from node `first`; a failed attempt (an error status or no
-    /// answer) is retried (same id) on the next node, as the README tells users to.
+    /// answer) is retried (same id) on the next node, as the book tells users to
+    /// (docs/src/troubleshooting.md).
     fn start(addrs: Addrs, answer_within: Duration, rooms: Vec<String>, every: Duration, prefix: String, first: usize) -> Publisher {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
