@@ -39,6 +39,20 @@ fn publish_range<N: Nats>(cluster: &Cluster<N>, room: &str, from: u64, to: u64, 
     }
 }
 
+/// A room node a writes (named `prefix:k`), so the other nodes only forward its publishes.
+fn room_of_a(prefix: &str, names: &[&str]) -> String {
+    (0..)
+        .map(|k| format!("{prefix}:{k}"))
+        .find(|room| livegate::core::routing::room_writer(room, names) == Some(names[0]))
+        .expect("some room is a's")
+}
+
+/// A WebSocket client of `user` on node `node`.
+fn connect<N: Nats>(rt: &tokio::runtime::Runtime, cluster: &Cluster<N>, node: usize, user: &str) -> WsClient {
+    let (token, addr) = (cluster.http(node).mint_token(user, "web"), cluster.addr(node));
+    rt.block_on(WsClient::connect(addr, &token, None))
+}
+
 /// Checks that `ws` gets exactly events `from..=to` of `room`, in order.
 fn expect_events(rt: &tokio::runtime::Runtime, ws: &mut WsClient, who: &str, room: &str, from: u64, to: u64, failures: &mut Vec<String>) {
     let want: Vec<u64> = (from..=to).collect();
@@ -56,15 +70,8 @@ fn a_node_takes_a_rooms_events_only_while_it_has_subscribers_there() {
     let rt = runtime();
     let mut failures = Vec::new();
     let names: Vec<&str> = (0..3).map(Cluster::name).collect();
-    // A room node a writes, so the others only forward its publishes.
-    let room = (0..)
-        .map(|k| format!("interest:{k}"))
-        .find(|room| livegate::core::routing::room_writer(room, &names) == Some(names[0]))
-        .expect("some room is a's");
-    let subscriber = |node: usize, user: &str| {
-        let (token, addr) = (cluster.http(node).mint_token(user, "web"), cluster.addr(node));
-        rt.block_on(WsClient::connect(addr, &token, None))
-    };
+    let room = room_of_a("interest", &names);
+    let subscriber = |node: usize, user: &str| connect(&rt, &cluster, node, user);
 
     // 1. Subscribers on the writer only.
     let mut on_a = subscriber(0, "interest-a");
@@ -206,14 +213,8 @@ fn a_subscriber_ahead_of_a_rooms_live_copies_is_answered_after_the_room_reads_th
     let rt = runtime();
     let mut failures = Vec::new();
     let names: Vec<&str> = (0..3).map(Cluster::name).collect();
-    let room = (0..)
-        .map(|k| format!("ahead:{k}"))
-        .find(|room| livegate::core::routing::room_writer(room, &names) == Some(names[0]))
-        .expect("some room is a's");
-    let subscriber = |node: usize, user: &str| {
-        let (token, addr) = (cluster.http(node).mint_token(user, "web"), cluster.addr(node));
-        rt.block_on(WsClient::connect(addr, &token, None))
-    };
+    let room = room_of_a("ahead", &names);
+    let subscriber = |node: usize, user: &str| connect(&rt, &cluster, node, user);
     let mut watcher = subscriber(1, "ahead-watcher");
     let epoch = rt.block_on(watcher.subscribe_ok(&room))["epoch"].clone();
     publish_range(&cluster, &room, 1, 5, &[0], &mut failures);
