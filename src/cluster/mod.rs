@@ -456,7 +456,7 @@ impl Cluster {
             return Err(ClusterError::Unavailable(Unreachable::NotConnected));
         }
         let (every, one) =
-            futures_util::future::join(self.nonces.get(kicked_key(user, None)), self.nonces.get(kicked_key(user, Some(device)))).await;
+            futures_util::future::join(leader_get(&self.nonces, &kicked_key(user, None)), leader_get(&self.nonces, &kicked_key(user, Some(device)))).await;
         Ok(every?.and_then(|b| decode_ms(&b)).max(one?.and_then(|b| decode_ms(&b))))
     }
 
@@ -475,7 +475,7 @@ impl Cluster {
         if !self.connected() {
             return Err(ClusterError::Unavailable(Unreachable::NotConnected));
         }
-        let value = self.nonces.get(revoked_key(session)).await?;
+        let value = leader_get(&self.nonces, &revoked_key(session)).await?;
         Ok(value.and_then(|bytes| decode_ms(&bytes)))
     }
 
@@ -494,6 +494,21 @@ impl Cluster {
     pub async fn leave(&self) {
         let _ = self.client.publish(LEAVE_SUBJECT, self.node.clone().into()).await;
         let _ = self.client.flush().await;
+    }
+}
+
+/// `key`'s value in `bucket` as its stream's leader has it (`None`: none, or deleted).
+/// A bucket's `get` is a direct get, which a replica that has not applied the newest write
+/// may answer; the checks that void credentials (a kick, a revocation just written on
+/// another node) read here instead.
+async fn leader_get(bucket: &nats_kv::Store, key: &str) -> Result<Option<Vec<u8>>, ClusterError> {
+    match bucket.stream.get_last_raw_message_by_subject(&format!("{}{key}", bucket.prefix)).await {
+        Ok(message) => {
+            let deleted = message.headers.get("KV-Operation").is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"));
+            Ok((!deleted).then(|| message.payload.to_vec()))
+        }
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => Err(e.into()),
     }
 }
 
