@@ -177,8 +177,8 @@ pub trait SharedLog {
     fn refeed(&mut self, room: &RoomCore) -> Option<Refeed>;
     /// A subscriber saw events beyond the room's head (`core::room::seen_beyond_head`):
     /// the work to hold the mailbox for, reading what the room missed, before the held
-    /// subscribes are answered.
-    fn read_ahead(&mut self, room: &RoomCore) -> Refeed;
+    /// subscribes are answered (`None`: the log cannot be read now; answer as it is).
+    fn read_ahead(&mut self, room: &RoomCore) -> Option<Refeed>;
     /// The room's subscribers may have changed (its tick, an unsubscribe): a feed
     /// unwatched long enough is dropped.
     fn subscribers_changed(&mut self, room: &RoomCore, ctx: &mut Context<RoomActor>);
@@ -824,8 +824,8 @@ impl Handler<Subscribe> for RoomActor {
                 return Ok(());
             }
             let ask = Ask { since: msg.since, epoch: msg.epoch.as_deref(), state: msg.state };
-            if self.core.live().is_some_and(|log| seen_beyond_head(log, ask)) {
-                let read = shared.read_ahead(&self.core);
+            let ahead = self.core.live().is_some_and(|log| seen_beyond_head(log, ask));
+            if let Some(read) = ahead.then(|| shared.read_ahead(&self.core)).flatten() {
                 shared.hold_subscribe(msg);
                 ctx.wait(read);
                 return Ok(());

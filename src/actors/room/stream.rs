@@ -483,10 +483,14 @@ impl SharedLog for StreamLog {
     /// A subscriber saw events beyond the room's head: read what the stream holds after
     /// it, then answer the subscribes held (from what the room has then, whatever the
     /// read did: a client that claims more than was stored is refused the recovery).
-    fn read_ahead(&mut self, room: &RoomCore) -> Refeed {
+    /// Not while NATS is unreachable: the read would hold the room for a timeout.
+    fn read_ahead(&mut self, room: &RoomCore) -> Option<Refeed> {
+        if !self.cluster.connected() {
+            return None;
+        }
         let (cluster, name, after) = (self.cluster.clone(), room.name().clone(), self.appends.read_from());
         let read = async move { roomlog::read_after(&cluster, &name, after).await };
-        Box::pin(continued(read, |stream: &mut StreamLog, room, result, ctx| {
+        Some(Box::pin(continued(read, |stream: &mut StreamLog, room, result, ctx| {
             match result {
                 Ok(missed) => {
                     tracing::debug!(room = %room.name(), missed = missed.len(), "a subscriber was ahead of the room: read what it missed");
@@ -496,7 +500,7 @@ impl SharedLog for StreamLog {
                 Err(error) => tracing::warn!(room = %room.name(), %error, "a subscriber was ahead of the room and the stream could not be read"),
             }
             stream.answer_held(room);
-        }))
+        })))
     }
 
 
