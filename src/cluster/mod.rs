@@ -272,7 +272,9 @@ pub struct Cluster {
     rooms: stream::Stream,
     states: stream::Stream,
     nonces: nats_kv::Store,
-    meta: nats_kv::Store,
+    /// The key every node signs and checks connection tokens with (the `lg_meta` bucket's
+    /// `secret.token`: the first node to join makes it).
+    token_secret: Vec<u8>,
     /// The rooms stream's identity; every room's epoch in cluster mode.
     epoch: String,
 }
@@ -364,8 +366,9 @@ impl Cluster {
         }
         let nonces = js.get_key_value(NONCES_BUCKET).await?;
         let meta = js.get_key_value(META_BUCKET).await?;
+        let token_secret = shared_secret(&meta, "token", crate::world::random_bytes()).await?;
         tracing::info!(url = %url_for_log(urls), node, stream = ROOMS_STREAM, %epoch, replicas, "cluster mode: joined through NATS");
-        Ok(Cluster { client, js, node: node.to_string(), replicas, rooms, states, nonces, meta, epoch })
+        Ok(Cluster { client, js, node: node.to_string(), replicas, rooms, states, nonces, token_secret, epoch })
     }
 
     pub fn rooms_stream(&self) -> &stream::Stream {
@@ -385,16 +388,9 @@ impl Cluster {
         self.client.connection_state() == async_nats::connection::State::Connected
     }
 
-    /// A cluster-wide secret of 32 random bytes: the first node to ask creates it.
-    pub async fn secret(&self, name: &str, fresh: [u8; 32]) -> Result<Vec<u8>, ClusterError> {
-        let key = format!("secret.{name}");
-        match self.meta.create(&key, fresh.to_vec().into()).await {
-            Ok(_) => return Ok(fresh.to_vec()),
-            Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e.into()),
-        }
-        let stored = self.meta.get(&key).await?;
-        stored.map(|b| b.to_vec()).ok_or(ClusterError::Vanished(key))
+    /// The key every node signs and checks connection tokens with.
+    pub fn token_secret(&self) -> &[u8] {
+        &self.token_secret
     }
 
     /// Mark a token nonce used cluster-wide. `Ok(false)`: used before (a replay).
@@ -495,6 +491,20 @@ impl Cluster {
         let _ = self.client.publish(LEAVE_SUBJECT, self.node.clone().into()).await;
         let _ = self.client.flush().await;
     }
+}
+
+/// A cluster-wide secret of 32 random bytes in `meta`: the first node to ask creates it
+/// with `fresh`, the others read it. Read as part of joining ([`Cluster::connect_with`]),
+/// so a node that starts while the NATS cluster settles tries again with the rest; from
+/// the leader, since a bucket just made may have no replica serving direct gets yet.
+async fn shared_secret(meta: &nats_kv::Store, name: &str, fresh: [u8; 32]) -> Result<Vec<u8>, ClusterError> {
+    let key = format!("secret.{name}");
+    match meta.create(&key, fresh.to_vec().into()).await {
+        Ok(_) => return Ok(fresh.to_vec()),
+        Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e.into()),
+    }
+    leader_get(meta, &key).await?.ok_or(ClusterError::Vanished(key))
 }
 
 /// `key`'s value in `bucket` as its stream's leader has it (`None`: none, or deleted).

@@ -474,7 +474,7 @@ impl Backends {
             }),
             user_bus: Some(Arc::new(ClusterUserBus(cluster.clone()))),
             // Every node verifies every other node's tokens.
-            token_secret: cluster.secret("token", crate::world::random_bytes()).await?,
+            token_secret: cluster.token_secret().to_vec(),
         })
     }
 }
