@@ -512,11 +512,15 @@ async fn shared_secret(meta: &nats_kv::Store, name: &str, fresh: [u8; 32]) -> Re
 /// may answer; the checks that void credentials (a kick, a revocation just written on
 /// another node) read here instead.
 async fn leader_get(bucket: &nats_kv::Store, key: &str) -> Result<Option<Vec<u8>>, ClusterError> {
-    match bucket.stream.get_last_raw_message_by_subject(&format!("{}{key}", bucket.prefix)).await {
-        Ok(message) => {
-            let deleted = message.headers.get("KV-Operation").is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"));
-            Ok((!deleted).then(|| message.payload.to_vec()))
-        }
+    let message = last_message(&bucket.stream, &format!("{}{key}", bucket.prefix)).await?;
+    Ok(message.filter(|m| !m.headers.get("KV-Operation").is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"))).map(|m| m.payload.to_vec()))
+}
+
+/// The newest message on `subject` as `stream`'s leader has it (`None`: the stream holds
+/// none). Never a direct get, which a replica that lags its leader may answer.
+pub(crate) async fn last_message(stream: &stream::Stream, subject: &str) -> Result<Option<jetstream::message::StreamMessage>, ClusterError> {
+    match stream.get_last_raw_message_by_subject(subject).await {
+        Ok(message) => Ok(Some(message)),
         Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
         Err(e) => Err(e.into()),
     }

@@ -37,7 +37,7 @@ use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::HeaderMap;
 use futures_util::{Stream, StreamExt};
 
-use super::{room_token, Cluster, ClusterError, Unreachable, REQUEST_TIMEOUT};
+use super::{last_message, room_token, Cluster, ClusterError, Unreachable, REQUEST_TIMEOUT};
 use crate::core::names;
 use crate::store::EventRecord;
 
@@ -127,11 +127,8 @@ pub fn state_subject(room: &str) -> String {
 
 /// The room's latest-state record, if it has one, with its sequence on `LG_STATE`.
 pub async fn load_state(cluster: &Cluster, room: &str) -> Result<Option<(StoredState, u64)>, ClusterError> {
-    match cluster.state_stream().get_last_raw_message_by_subject(&state_subject(room)).await {
-        Ok(message) => Ok(decode_state(&message.headers, &message.payload).map(|state| (state, message.sequence))),
-        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+    let message = last_message(cluster.state_stream(), &state_subject(room)).await?;
+    Ok(message.and_then(|m| Some((decode_state(&m.headers, &m.payload)?, m.sequence))))
 }
 
 /// Store the room's latest-state record (the writer, after the event that carries it,
@@ -163,10 +160,8 @@ fn decode_state(headers: &HeaderMap, payload: &[u8]) -> Option<StoredState> {
 pub async fn read_after(cluster: &Cluster, room: &str, after: u64) -> Result<Vec<StreamEvent>, ClusterError> {
     let subject = room_subject(room);
     let stream = cluster.rooms_stream();
-    let last = match stream.get_last_raw_message_by_subject(&subject).await {
-        Ok(message) => message.sequence,
-        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(Vec::new()),
-        Err(e) => return Err(e.into()),
+    let Some(last) = last_message(stream, &subject).await?.map(|m| m.sequence) else {
+        return Ok(Vec::new());
     };
     let mut events = Vec::new();
     let mut next = after + 1;
@@ -293,11 +288,8 @@ pub async fn watch(cluster: &Cluster, room: &str, states: bool) -> Result<LiveFe
 
 /// The room seq of `room`'s newest stored event (`None`: the stream holds none).
 pub async fn last_seq(cluster: &Cluster, room: &str) -> Result<Option<u64>, ClusterError> {
-    match cluster.rooms_stream().get_last_raw_message_by_subject(&room_subject(room)).await {
-        Ok(message) => Ok(message.headers.get(SEQ_HEADER).and_then(|v| v.as_str().parse().ok())),
-        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+    let message = last_message(cluster.rooms_stream(), &room_subject(room)).await?;
+    Ok(message.and_then(|m| m.headers.get(SEQ_HEADER)?.as_str().parse().ok()))
 }
 
 /// A live copy from `lg.live.<room>` ([`watch`] knows the room): its event, or `None`
