@@ -55,6 +55,12 @@ impl Interest {
         off
     }
 
+    /// Subscribing (and reading what was missed) is in flight: requests that need the
+    /// feed wait for it.
+    pub fn starting(&self) -> bool {
+        self.state == State::Starting
+    }
+
     /// The subscription is in place.
     pub fn started(&mut self) {
         self.state = State::On { unwatched_since: None };
@@ -114,6 +120,7 @@ mod tests {
         }
         assert!(feed.refeed(), "the first subscribe or read after subscribes again");
         assert!(!feed.refeed(), "once");
+        assert!(feed.starting(), "the others wait for it");
         feed.failed();
         assert!(feed.refeed(), "a failed subscribe is tried again by the next request");
         feed.started();

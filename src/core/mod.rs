@@ -11,6 +11,7 @@ pub mod busiest;
 pub mod drain;
 pub mod group_commit;
 pub mod heartbeats;
+pub mod holds;
 pub mod interest;
 pub mod kicks;
 pub mod lifecycle;
