@@ -66,9 +66,9 @@ pub fn answer_subscribe<T: Clone>(log: &SeqLog<T>, ask: Ask<'_>, state_seq: u64,
 
 /// Whether the subscriber saw events in the room's epoch that `log` has not taken yet.
 /// A log other nodes append to (cluster mode) can be behind its own clients (a live copy
-/// still in flight, a client moved from another node): such a room reads what the stream
-/// holds beyond its head before answering, so the answer neither refuses the recovery nor
-/// sends the client those events again. A log only this node writes is never behind an
+/// still in flight, a client moved from another node): such a room holds the subscribe
+/// until its head reaches `since` (`core::holds`, at most `AHEAD_WAIT`), so the answer
+/// neither refuses the recovery nor sends the client those events again. A log only this node writes is never behind an
 /// acknowledged event: there the ask is a client's error, answered `recovered:false`.
 pub fn seen_beyond_head<T>(log: &SeqLog<T>, ask: Ask<'_>) -> bool {
     ask.since.is_some_and(|since| since > log.durable()) && ask.epoch.is_none_or(|epoch| epoch == log.epoch())

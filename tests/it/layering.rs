@@ -97,3 +97,37 @@ fn module_names_are_found_in_paths_and_use_lines() {
     let text = "use crate::core::x;\nlet a = crate::store::open();\nmy_crate::nope;\n";
     assert_eq!(named_modules(text), ["core", "store"].map(String::from).into());
 }
+
+/// ARCHITECTURE.md's "no round trip under a mailbox": no actor holds its mailbox while a
+/// future runs (`ctx.wait`, `AtomicResponse`) or blocks its thread on one (`block_on`,
+/// `thread::sleep`). An actor that needs a read starts it beside its mailbox and holds
+/// only the requests that wait for it (a room: `core::holds`). Blocking calls count in
+/// code that runs on an actor's context; the webhook sender's own threads may sleep.
+#[test]
+fn no_actor_holds_its_mailbox_while_it_waits() {
+    let _gate = crate::common::gate!();
+    let actors = Path::new(crate::common::REPO).join("src/actors");
+    let mut files = Vec::new();
+    rust_files(&actors, &mut files);
+    assert!(files.len() > 10, "the actors' sources are found");
+    let mut found = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("read");
+        let on_a_context = text.contains("ctx");
+        // Unit tests may run their own system.
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for (n, line) in code.lines().enumerate() {
+            let line = line.trim_start();
+            if line.starts_with("//") {
+                continue;
+            }
+            for needle in ["ctx.wait(", "AtomicResponse", "block_on(", "thread::sleep("] {
+                let blocking = needle == "block_on(" || needle == "thread::sleep(";
+                if line.contains(needle) && (on_a_context || !blocking) {
+                    found.push(format!("{}:{}: {needle}", file.display(), n + 1));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "actors that hold their mailbox or thread while they wait:\n  {}", found.join("\n  "));
+}

@@ -38,6 +38,7 @@ use crate::core::backlog::Reserve;
 use super::messages::*;
 use crate::cluster::roomlog::{LiveItem, StreamEvent};
 use crate::core::batch::BatchAction;
+use crate::core::holds::{Holds, Released, RoomNow, Until, AHEAD_WAIT};
 use crate::core::room::{answer_subscribe, seen_beyond_head, Ask, Joined, Member, Members, Outgoing};
 use crate::core::names;
 use crate::core::seqlog::{Retention, SeqLog};
@@ -116,9 +117,6 @@ impl Drop for ParkedWatch {
     }
 }
 
-/// A room taking its live feed again before it answers (cluster mode, [`SharedLog::refeed`]).
-pub type Refeed = std::pin::Pin<Box<dyn ActorFuture<RoomActor, Output = ()>>>;
-
 /// One room's log. An enum rather than a trait object: each kind's asynchronous work
 /// comes back to its own type ([`LogPart`]), and only the stream answers [`Log::shared`].
 pub enum Log {
@@ -145,11 +143,11 @@ impl Log {
 }
 
 /// Where one room's events are kept, as the room actor needs it. Its asynchronous work
-/// comes back through [`spawn_then`], [`wait_then`] and [`later`], which hand it its own
-/// state and the room's again.
+/// comes back through [`spawn_then`] and [`later`], which hand it its own state and the
+/// room's again; the room's mailbox is never held while that work is in flight.
 pub trait RoomLog {
     /// Make the room live from what is stored, or failed (a log that reads
-    /// asynchronously keeps it loading and holds the room's mailbox until it is done).
+    /// asynchronously keeps it loading: requests that need the log are held meanwhile).
     fn load(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>);
     /// Store a publish and answer it once it is durable (a known id is a duplicate).
     fn publish(&mut self, room: &mut RoomCore, msg: Publish, ctx: &mut Context<RoomActor>);
@@ -163,22 +161,21 @@ pub trait RoomLog {
 
 /// What only a log other nodes write too needs of the room (cluster mode).
 pub trait SharedLog {
-    /// A subscribe while the stored state cannot be read, kept for when the room loads.
-    fn hold_subscribe(&mut self, msg: Subscribe);
-    /// A connection left before its held subscribe was answered.
-    fn unsubscribed(&mut self, conn: ConnId, generation: u64);
     /// Another node's event.
     fn live_event(&mut self, room: &mut RoomCore, event: StreamEvent, ctx: &mut Context<RoomActor>);
     /// Another node's latest-state record.
     fn live_state(&mut self, room: &mut RoomCore, state: LiveState);
-    /// A room that dropped its live feed takes it again and reads what it missed: the
-    /// work to hold the mailbox for before answering a subscribe or a read (`None`: the
-    /// room has its feed). Held subscribes are answered at its end.
-    fn refeed(&mut self, room: &RoomCore) -> Option<Refeed>;
-    /// A subscriber saw events beyond the room's head (`core::room::seen_beyond_head`):
-    /// the work to hold the mailbox for, reading what the room missed, before the held
-    /// subscribes are answered (`None`: the log cannot be read now; answer as it is).
-    fn read_ahead(&mut self, room: &RoomCore) -> Option<Refeed>;
+    /// Whether a subscribe or a read must wait for the room's live feed: a live room
+    /// that dropped it starts taking it again (subscribe, read what it missed) beside
+    /// its mailbox, once; `true` while that is in flight.
+    fn refeeding(&mut self, room: &RoomCore, ctx: &mut Context<RoomActor>) -> bool;
+    /// No retake of the live feed is in flight.
+    fn fed(&self) -> bool;
+    /// A subscriber saw events up to `since`, beyond the room's head: when the room has
+    /// seen an event at or after `since` announced on its feed, it reads what it missed
+    /// (one read at a time); otherwise nothing is read (the live copy may be on its way,
+    /// or the client claims more than was stored).
+    fn ahead(&mut self, room: &mut RoomCore, since: u64, ctx: &mut Context<RoomActor>);
     /// The room's subscribers may have changed (its tick, an unsubscribe): a feed
     /// unwatched long enough is dropped.
     fn subscribers_changed(&mut self, room: &RoomCore, ctx: &mut Context<RoomActor>);
@@ -199,14 +196,16 @@ fn parts<L: LogPart>(actor: &mut RoomActor) -> Option<(&mut L, &mut RoomCore)> {
     Some((L::part(&mut actor.log)?, &mut actor.core))
 }
 
-/// `work` as an actor future whose output goes to `then`, with the room's log and state.
+/// `work` as an actor future whose output goes to `then`, with the room's log and state;
+/// then the requests the room held for it are served.
 fn continued<L: LogPart, T: 'static>(
     work: impl Future<Output = T> + 'static,
     then: impl FnOnce(&mut L, &mut RoomCore, T, &mut Context<RoomActor>) + 'static,
 ) -> impl ActorFuture<RoomActor, Output = ()> {
     actix::fut::wrap_future::<_, RoomActor>(work).map(move |out, actor, ctx| {
         if let Some((log, room)) = parts::<L>(actor) {
-            then(log, room, out, ctx)
+            then(log, room, out, ctx);
+            actor.release_held(ctx);
         }
     })
 }
@@ -220,15 +219,6 @@ fn spawn_then<L: LogPart, T: 'static>(
     ctx.spawn(continued(work, then));
 }
 
-/// [`spawn_then`], holding the room's mailbox until `then` has run.
-fn wait_then<L: LogPart, T: 'static>(
-    ctx: &mut Context<RoomActor>,
-    work: impl Future<Output = T> + 'static,
-    then: impl FnOnce(&mut L, &mut RoomCore, T, &mut Context<RoomActor>) + 'static,
-) {
-    ctx.wait(continued(work, then));
-}
-
 /// Run `then` with the room's log after `after`.
 fn later<L: LogPart>(
     ctx: &mut Context<RoomActor>,
@@ -237,7 +227,8 @@ fn later<L: LogPart>(
 ) {
     ctx.run_later(after, move |actor, ctx| {
         if let Some((log, room)) = parts::<L>(actor) {
-            then(log, room, ctx)
+            then(log, room, ctx);
+            actor.release_held(ctx);
         }
     });
 }
@@ -272,6 +263,17 @@ pub struct RoomActor {
     log: Log,
     /// A [`RoomActor::linger`] check is armed.
     lingering: bool,
+    /// When the timer for the held requests' next deadline fires, if one is armed.
+    release_at: Option<Instant>,
+}
+
+/// A request the room may hold while a read it needs is in flight (`core::holds`).
+pub(super) enum Request {
+    Subscribe(Subscribe),
+    Publish(Publish),
+    Put(PutState),
+    ReadState(tokio::sync::oneshot::Sender<Result<StateView, RoomGone>>),
+    ReadHistory(ReadHistory, tokio::sync::oneshot::Sender<Result<HistoryPage, RoomGone>>),
 }
 
 /// How long a room never written to lives without a subscriber or a request.
@@ -305,6 +307,9 @@ pub struct RoomCore {
     occupancy: Option<Arc<dyn Occupancy>>,
     /// Whether the last edge told was "occupied": the room has an explicit subscriber.
     occupied: bool,
+    /// Requests waiting for a read in flight (the log loading, the feed coming back, a
+    /// subscriber's `since`), while the room serves the others.
+    held: Holds<Request>,
 }
 
 /// The key a stored event's idempotency id is kept under in its room's log: a client's
@@ -352,8 +357,9 @@ impl RoomActor {
             last_active: Instant::now(),
             stopped: false,
             load: None,
+            held: Holds::default(),
         };
-        RoomActor { core, log, lingering: false }
+        RoomActor { core, log, lingering: false, release_at: None }
     }
 
     /// Take over the room's parked subscribers (automatic inbox subscriptions). They get
@@ -413,6 +419,7 @@ impl RoomActor {
         let idle = core.unwatched()
             && core.outgoing.is_empty()
             && !log.common().busy()
+            && core.held.is_empty()
             && !matches!(core.state, RoomState::Loading)
             && core.presence.settled();
         let after = if core.never_written() { EMPTY_ROOM_LINGER.min(core.settings.idle_stop) } else { core.settings.idle_stop };
@@ -512,6 +519,11 @@ impl RoomCore {
     /// Explicit and automatic subscribers.
     pub(super) fn subscriber_count(&self) -> usize {
         self.subscribers.len()
+    }
+
+    /// Subscribes held until a read in flight is done: the room is watched.
+    pub(super) fn held_subscribes(&self) -> usize {
+        self.held.count(|request| matches!(request, Request::Subscribe(_)))
     }
 
     /// The room's log, once it is loaded.
@@ -776,6 +788,7 @@ impl StreamHandler<LiveItem> for RoomActor {
             }
             LiveItem::State(..) => {}
         }
+        self.release_held(ctx);
     }
 
     /// The feed ends with the node's NATS connection (the node is stopping); the room
@@ -795,85 +808,114 @@ impl Handler<Resync> for RoomActor {
     }
 }
 
-impl Handler<Publish> for RoomActor {
-    type Result = Result<(), RoomGone>;
-
-    fn handle(&mut self, msg: Publish, ctx: &mut Self::Context) -> Self::Result {
-        self.core.admit()?;
-        self.log.common().publish(&mut self.core, msg, ctx);
-        Ok(())
-    }
-}
-
-impl Handler<Subscribe> for RoomActor {
-    type Result = Result<(), RoomGone>;
-
-    fn handle(&mut self, msg: Subscribe, ctx: &mut Self::Context) -> Self::Result {
-        self.core.admit()?;
-        // While the stored state cannot be read a shared log holds the subscribe (it is
-        // read again with backoff); a local one's room refuses it. A room that dropped
-        // its live feed holds it until it has the feed again and what it missed.
-        if let Some(shared) = self.log.shared() {
-            if self.core.is_failed() {
-                shared.hold_subscribe(msg);
-                return Ok(());
-            }
-            if let Some(refeed) = shared.refeed(&self.core) {
-                shared.hold_subscribe(msg);
-                ctx.wait(refeed);
-                return Ok(());
-            }
-            let ask = Ask { since: msg.since, epoch: msg.epoch.as_deref(), state: msg.state };
-            let ahead = self.core.live().is_some_and(|log| seen_beyond_head(log, ask));
-            if let Some(read) = ahead.then(|| shared.read_ahead(&self.core)).flatten() {
-                shared.hold_subscribe(msg);
-                ctx.wait(read);
-                return Ok(());
-            }
-        }
-        self.core.subscribe(msg, self.log.common());
-        self.core.report_load();
-        self.core.presence_poke(ctx);
-        Ok(())
-    }
-}
-
-impl Handler<PutState> for RoomActor {
-    type Result = Result<(), RoomGone>;
-
-    fn handle(&mut self, msg: PutState, ctx: &mut Self::Context) -> Self::Result {
-        self.core.admit()?;
-        self.log.common().put_state(&mut self.core, msg, ctx);
-        Ok(())
-    }
-}
-
 impl RoomActor {
-    /// `answer`, once the room holds its live feed: at once, or (cluster mode, a room
-    /// that dropped it) after taking it again and reading what it missed, holding the
-    /// mailbox meanwhile.
-    fn when_fed<R: 'static>(&mut self, answer: impl FnOnce(&mut RoomActor) -> R + 'static) -> AtomicResponse<Self, R> {
-        match self.log.shared().and_then(|shared| shared.refeed(&self.core)) {
-            Some(refeed) => AtomicResponse::new(Box::pin(refeed.map(move |(), room, _| answer(room)))),
-            None => AtomicResponse::new(Box::pin(actix::fut::ready(answer(self)))),
+    /// Serve `request` now, or hold it until what it needs is read (`patient`: a
+    /// request whose wait ran out, or that found the room full of held ones, is
+    /// answered from what the room has).
+    fn serve(&mut self, request: Request, patient: bool, ctx: &mut Context<Self>) {
+        let until = if patient { self.must_wait(&request, ctx) } else { None };
+        let request = match until {
+            Some(until) => match self.core.held.hold(until, request) {
+                Ok(()) => return self.arm_release(ctx),
+                Err(request) => {
+                    tracing::debug!(room = %self.core.name, held = self.core.held.len(), "room holds all it may: answered at once");
+                    request
+                }
+            },
+            None => request,
+        };
+        self.answer(request, ctx);
+    }
+
+    /// What `request` must wait for before it is answered, starting the read it waits
+    /// on where there is one (beside the mailbox: the room goes on serving the others).
+    fn must_wait(&mut self, request: &Request, ctx: &mut Context<Self>) -> Option<Until> {
+        let RoomActor { core, log, .. } = self;
+        if matches!(core.state, RoomState::Loading) {
+            return Some(Until::Loaded);
+        }
+        let shared = log.shared()?;
+        if let Request::Publish(_) | Request::Put(_) = request {
+            return None;
+        }
+        if let Request::Subscribe(_) = request {
+            // The stored state is read again with backoff: the subscriber waits for
+            // it instead of being refused for good.
+            if core.is_failed() {
+                return Some(Until::Loaded);
+            }
+        }
+        if shared.refeeding(core, ctx) {
+            return Some(Until::Fed);
+        }
+        let Request::Subscribe(msg) = request else { return None };
+        let ask = Ask { since: msg.since, epoch: msg.epoch.as_deref(), state: msg.state };
+        let since = msg.since.filter(|_| core.live().is_some_and(|log| seen_beyond_head(log, ask)))?;
+        shared.ahead(core, since, ctx);
+        Some(Until::Head { since, deadline: Instant::now() + AHEAD_WAIT })
+    }
+
+    /// Answer `request` from what the room has now.
+    fn answer(&mut self, request: Request, ctx: &mut Context<Self>) {
+        match request {
+            Request::Subscribe(msg) => {
+                self.core.subscribe(msg, self.log.common());
+                self.core.report_load();
+                self.core.presence_poke(ctx);
+            }
+            Request::Publish(msg) => self.log.common().publish(&mut self.core, msg, ctx),
+            Request::Put(msg) => self.log.common().put_state(&mut self.core, msg, ctx),
+            Request::ReadState(reply) => {
+                let _ = reply.send(Ok(self.read_state()));
+            }
+            Request::ReadHistory(msg, reply) => {
+                let _ = reply.send(Ok(self.read_history(msg)));
+            }
         }
     }
 
-    fn read_state(&mut self) -> Result<StateView, RoomGone> {
-        self.core.admit()?;
+    /// Serve the held requests whose wait is over (after every read the room's log
+    /// finishes, every live copy and every deadline).
+    fn release_held(&mut self, ctx: &mut Context<Self>) {
+        if self.core.held.is_empty() {
+            return;
+        }
+        let fed = self.log.shared().is_none_or(|shared| shared.fed());
+        let room = RoomNow { loaded: self.core.is_live(), fed, head: self.core.durable_head() };
+        for (request, why) in self.core.held.release(room, Instant::now()) {
+            self.serve(request, why == Released::Ready, ctx);
+        }
+        self.arm_release(ctx);
+    }
+
+    /// A timer for the held requests' next deadline (one at a time, the earliest).
+    fn arm_release(&mut self, ctx: &mut Context<Self>) {
+        let Some(at) = self.core.held.next_deadline() else { return };
+        if self.release_at.is_some_and(|armed| armed <= at) {
+            return;
+        }
+        self.release_at = Some(at);
+        ctx.run_later(at.saturating_duration_since(Instant::now()), move |room, ctx| {
+            if room.release_at == Some(at) {
+                room.release_at = None;
+            }
+            room.release_held(ctx);
+        });
+    }
+
+    fn read_state(&self) -> StateView {
         let core = &self.core;
         let epoch = match &core.state {
             RoomState::Live(log) => Some(log.epoch().into()),
             _ => None,
         };
         let (seq, data) = core.current.as_ref().map_or((0, None), |state| (state.seq, Some(state.data.clone())));
-        Ok(StateView { epoch, seq, data })
+        StateView { epoch, seq, data }
     }
 
-    fn read_history(&mut self, msg: ReadHistory) -> Result<HistoryPage, RoomGone> {
-        self.core.admit()?;
+    fn read_history(&mut self, msg: ReadHistory) -> HistoryPage {
         self.core.trim_expired(self.log.common());
-        Ok(match &self.core.state {
+        match &self.core.state {
             RoomState::Failed(_) | RoomState::Loading => HistoryPage { epoch: None, head: 0, events: Vec::new(), complete: false },
             RoomState::Live(log) => {
                 let (events, complete) = log.read(msg.since, msg.limit);
@@ -884,15 +926,59 @@ impl RoomActor {
                     complete,
                 }
             }
-        })
+        }
     }
 }
 
-impl Handler<ReadState> for RoomActor {
-    type Result = AtomicResponse<Self, Result<StateView, RoomGone>>;
+impl Handler<Publish> for RoomActor {
+    type Result = Result<(), RoomGone>;
 
-    fn handle(&mut self, _msg: ReadState, _ctx: &mut Self::Context) -> Self::Result {
-        self.when_fed(|room| room.read_state())
+    fn handle(&mut self, msg: Publish, ctx: &mut Self::Context) -> Self::Result {
+        self.core.admit()?;
+        self.serve(Request::Publish(msg), true, ctx);
+        Ok(())
+    }
+}
+
+/// A subscribe waits, held by the room (never in its mailbox), while the room loads or
+/// its stored state cannot be read, while it takes its live feed again, and while its
+/// `since` is beyond the room's head (at most [`AHEAD_WAIT`]).
+impl Handler<Subscribe> for RoomActor {
+    type Result = Result<(), RoomGone>;
+
+    fn handle(&mut self, msg: Subscribe, ctx: &mut Self::Context) -> Self::Result {
+        self.core.admit()?;
+        self.serve(Request::Subscribe(msg), true, ctx);
+        Ok(())
+    }
+}
+
+impl Handler<PutState> for RoomActor {
+    type Result = Result<(), RoomGone>;
+
+    fn handle(&mut self, msg: PutState, ctx: &mut Self::Context) -> Self::Result {
+        self.core.admit()?;
+        self.serve(Request::Put(msg), true, ctx);
+        Ok(())
+    }
+}
+
+/// A request answered once the room serves it (maybe after holding it): a room that
+/// stopped meanwhile sends the caller back to the rooms table.
+fn answered<T: 'static>(reply: tokio::sync::oneshot::Receiver<Result<T, RoomGone>>) -> ResponseFuture<Result<T, RoomGone>> {
+    Box::pin(async move { reply.await.unwrap_or(Err(RoomGone)) })
+}
+
+impl Handler<ReadState> for RoomActor {
+    type Result = ResponseFuture<Result<StateView, RoomGone>>;
+
+    fn handle(&mut self, _msg: ReadState, ctx: &mut Self::Context) -> Self::Result {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        match self.core.admit() {
+            Ok(()) => self.serve(Request::ReadState(reply), true, ctx),
+            Err(gone) => drop(reply.send(Err(gone))),
+        }
+        answered(answer)
     }
 }
 
@@ -913,8 +999,8 @@ impl Handler<Unsubscribe> for RoomActor {
             core.presence.leave(msg.conn);
             core.occupancy_check();
         }
+        core.held.retain(|held| !matches!(held, Request::Subscribe(w) if w.conn == msg.conn && w.generation <= msg.generation));
         if let Some(shared) = self.log.shared() {
-            shared.unsubscribed(msg.conn, msg.generation);
             shared.subscribers_changed(core, ctx);
         }
         core.last_active = Instant::now();
@@ -943,9 +1029,14 @@ impl Handler<PresenceChanged> for RoomActor {
 }
 
 impl Handler<ReadHistory> for RoomActor {
-    type Result = AtomicResponse<Self, Result<HistoryPage, RoomGone>>;
+    type Result = ResponseFuture<Result<HistoryPage, RoomGone>>;
 
-    fn handle(&mut self, msg: ReadHistory, _ctx: &mut Self::Context) -> Self::Result {
-        self.when_fed(move |room| room.read_history(msg))
+    fn handle(&mut self, msg: ReadHistory, ctx: &mut Self::Context) -> Self::Result {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        match self.core.admit() {
+            Ok(()) => self.serve(Request::ReadHistory(msg, reply), true, ctx),
+            Err(gone) => drop(reply.send(Err(gone))),
+        }
+        answered(answer)
     }
 }

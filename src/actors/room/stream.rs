@@ -11,7 +11,8 @@
 //! Interest-based fan-out: the room subscribes to its own live subjects before it reads
 //! the stream, keeps them while it has subscribers (and [`FEED_LINGER`] after), and drops
 //! them then (`core::interest`). A room without its feed subscribes again and reads what
-//! it missed before it answers a subscribe or a read, holding its mailbox meanwhile. An
+//! it missed before it answers a subscribe or a read, which it holds meanwhile
+//! (`core::holds`) while it goes on serving publishes and its other subscribers. An
 //! inbox whose subscribers are parked (no actor) is watched by the rooms table through
 //! [`StreamRoomLogs`]'s `watch_parked`, which wakes it for its next event.
 
@@ -22,8 +23,8 @@ use actix::prelude::*;
 use futures_util::StreamExt;
 
 use super::{
-    continued, id_key, later, publish_key, render, spawn_then, wait_then, Log, LogPart, ParkedWatch, Refeed, RoomActor, RoomCore, RoomLog,
-    RoomLogs, SharedLog,
+    id_key, later, publish_key, render, spawn_then, Log, LogPart, ParkedWatch, RoomActor, RoomCore, RoomLog, RoomLogs,
+    SharedLog,
 };
 use crate::actors::messages::*;
 use crate::cluster::roomlog::{self, AppendError, Appended, LiveFeed, LiveItem, LoadedRoom, StoredState, StreamEvent};
@@ -47,7 +48,7 @@ impl RoomLogs for StreamRoomLogs {
         Log::Stream(Box::new(StreamLog {
             cluster: self.0.clone(),
             appends: Pipeline::default(),
-            waiting_subscribers: Vec::new(),
+            announced: 0,
             replay_after: None,
             interest: Interest::default(),
             feed: None,
@@ -102,8 +103,9 @@ impl RoomLogs for StreamRoomLogs {
 pub struct StreamLog {
     cluster: Cluster,
     appends: Pipeline<Publish, PutState, StreamEvent, PublishFailed>,
-    /// Subscribes that arrived while the stream could not be read.
-    waiting_subscribers: Vec<Subscribe>,
+    /// The newest event seq the room has seen on its feed or read: a subscriber whose
+    /// `since` is beyond the head but not beyond this makes the room read what it missed.
+    announced: u64,
     /// Parked subscribers adopted for a live event: once loaded, they get the events
     /// after this seq (the live event and any that came while loading).
     replay_after: Option<u64>,
@@ -138,18 +140,12 @@ impl LogPart for StreamLog {
 }
 
 impl StreamLog {
-    /// Answer the subscribes held while the room loaded, refed or read ahead.
-    fn answer_held(&mut self, room: &mut RoomCore) {
-        for waiting in std::mem::take(&mut self.waiting_subscribers) {
-            room.subscribe(waiting, self);
-        }
-    }
-
     fn loaded(&mut self, room: &mut RoomCore, loaded: Result<(LiveFeed, LoadedRoom), ClusterError>, ctx: &mut Context<RoomActor>) {
         match loaded {
             Ok((feed, stored)) => {
                 self.attach(feed, ctx);
                 let head = stored.events.last().map_or(0, |e| e.event.seq);
+                self.announced = self.announced.max(head);
                 self.appends.loaded(stored.events.last().map_or(0, |e| e.stream_seq), stored.state_version);
                 let name = room.name().clone();
                 let entries = stored.events.iter().map(|e| entry(&name, &e.event)).collect();
@@ -172,7 +168,6 @@ impl StreamLog {
                 if let Some(after) = self.replay_after.take() {
                     room.replay_adopted(after);
                 }
-                self.answer_held(room);
                 room.report_load();
                 // A room loaded for a publish or a read, with nobody subscribed, keeps
                 // its feed only for the linger.
@@ -193,7 +188,7 @@ impl StreamLog {
     /// Drop the feed once the room has had no subscriber for [`FEED_LINGER`], checking
     /// again when that is due (one timer at a time).
     fn check_interest(&mut self, room: &RoomCore, ctx: &mut Context<RoomActor>) {
-        let watched = room.subscriber_count() > 0 || !self.waiting_subscribers.is_empty();
+        let watched = room.subscriber_count() > 0 || room.held_subscribes() > 0;
         let now = Instant::now();
         match self.interest.check(watched, now) {
             Verdict::Keep => {}
@@ -367,13 +362,14 @@ impl RoomLog for StreamLog {
     fn load(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>) {
         room.start_loading();
         let (cluster, name) = (self.cluster.clone(), room.name().clone());
-        // Requests wait in the mailbox until the room is loaded. The feed comes first, so
-        // nothing stored between the read and the subscription is missed.
+        // Requests that need the log are held until the room is loaded (the mailbox
+        // is not). The feed comes first, so nothing stored between the read and the
+        // subscription is missed.
         let load = async move {
             let feed = roomlog::watch(&cluster, &name, true).await?;
             Ok((feed, roomlog::load(&cluster, &name).await?))
         };
-        wait_then(ctx, load, |stream: &mut StreamLog, room, loaded, ctx| stream.loaded(room, loaded, ctx));
+        spawn_then(ctx, load, |stream: &mut StreamLog, room, loaded, ctx| stream.loaded(room, loaded, ctx));
     }
 
     fn publish(&mut self, room: &mut RoomCore, msg: Publish, ctx: &mut Context<RoomActor>) {
@@ -404,7 +400,7 @@ impl RoomLog for StreamLog {
     }
 
     fn busy(&self) -> bool {
-        self.appends.busy() || !self.waiting_subscribers.is_empty()
+        self.appends.busy()
     }
 
     /// Queued with the publishes: written between appends, as of the head then.
@@ -427,17 +423,8 @@ impl SharedLog for StreamLog {
         }
     }
 
-    /// The subscriber waits for the room to load (retried with backoff) instead of being
-    /// refused for good.
-    fn hold_subscribe(&mut self, msg: Subscribe) {
-        self.waiting_subscribers.push(msg);
-    }
-
-    fn unsubscribed(&mut self, conn: ConnId, generation: u64) {
-        self.waiting_subscribers.retain(|w| w.conn != conn || w.generation > generation);
-    }
-
     fn live_event(&mut self, room: &mut RoomCore, event: StreamEvent, ctx: &mut Context<RoomActor>) {
+        self.announced = self.announced.max(event.event.seq);
         self.appends.live_event(event);
         self.drive(room, ctx);
     }
@@ -447,10 +434,14 @@ impl SharedLog for StreamLog {
     }
 
     /// Without its feed: subscribe again, read what was stored meanwhile (and the
-    /// latest-state record), then answer the subscribes held.
-    fn refeed(&mut self, room: &RoomCore) -> Option<Refeed> {
-        if !room.is_live() || !self.interest.refeed() {
-            return None;
+    /// latest-state record) beside the mailbox; the requests held for it are served when
+    /// it is done, whatever it found.
+    fn refeeding(&mut self, room: &RoomCore, ctx: &mut Context<RoomActor>) -> bool {
+        if !room.is_live() {
+            return false;
+        }
+        if !self.interest.refeed() {
+            return self.interest.starting();
         }
         let (cluster, name, after) = (self.cluster.clone(), room.name().clone(), self.appends.read_from());
         let refeed = async move {
@@ -458,11 +449,14 @@ impl SharedLog for StreamLog {
             let missed = roomlog::read_after(&cluster, &name, after).await?;
             Ok::<_, ClusterError>((feed, missed, roomlog::load_state(&cluster, &name).await?))
         };
-        Some(Box::pin(continued(refeed, |stream: &mut StreamLog, room, result, ctx| {
+        spawn_then(ctx, refeed, |stream: &mut StreamLog, room, result, ctx| {
             match result {
                 Ok((feed, missed, record)) => {
                     tracing::debug!(room = %room.name(), missed = missed.len(), "room watched again: live feed back");
                     stream.attach(feed, ctx);
+                    if let Some(last) = missed.last() {
+                        stream.announced = stream.announced.max(last.event.seq);
+                    }
                     stream.appends.caught_up(missed);
                     stream.drive(room, ctx);
                     let head = room.live().map_or(0, |log| log.durable());
@@ -475,34 +469,24 @@ impl SharedLog for StreamLog {
                     stream.interest.failed();
                 }
             }
-            stream.answer_held(room);
             stream.check_interest(room, ctx);
-        })))
+        });
+        true
     }
 
-    /// A subscriber saw events beyond the room's head: read what the stream holds after
-    /// it, then answer the subscribes held (from what the room has then, whatever the
-    /// read did: a client that claims more than was stored is refused the recovery).
-    /// Not while NATS is unreachable: the read would hold the room for a timeout.
-    fn read_ahead(&mut self, room: &RoomCore) -> Option<Refeed> {
-        if !self.cluster.connected() {
-            return None;
+    fn fed(&self) -> bool {
+        !self.interest.starting()
+    }
+
+    /// Only an event the room has seen announced is read for: a `since` beyond every
+    /// announced seq costs no read (the live copy may be on its way, and the held
+    /// subscriber is answered when it comes or when its wait runs out).
+    fn ahead(&mut self, room: &mut RoomCore, since: u64, ctx: &mut Context<RoomActor>) {
+        if since <= self.announced {
+            self.appends.catch_up();
+            self.drive(room, ctx);
         }
-        let (cluster, name, after) = (self.cluster.clone(), room.name().clone(), self.appends.read_from());
-        let read = async move { roomlog::read_after(&cluster, &name, after).await };
-        Some(Box::pin(continued(read, |stream: &mut StreamLog, room, result, ctx| {
-            match result {
-                Ok(missed) => {
-                    tracing::debug!(room = %room.name(), missed = missed.len(), "a subscriber was ahead of the room: read what it missed");
-                    stream.appends.caught_up(missed);
-                    stream.drive(room, ctx);
-                }
-                Err(error) => tracing::warn!(room = %room.name(), %error, "a subscriber was ahead of the room and the stream could not be read"),
-            }
-            stream.answer_held(room);
-        })))
     }
-
 
     /// Read what the stream holds beyond this node's head, then go on appending.
     fn catch_up(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>) {

@@ -36,6 +36,7 @@ mod fanout;
 mod interest;
 mod load;
 mod occupancy;
+mod room_reads;
 mod rolling_release;
 mod routing;
 mod sessions;

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+use super::link::Link;
 use super::process::{metric, ServeProcess};
 use super::{wait_for_every, wait_until_every, Auth, Body, Http};
 
@@ -346,6 +347,15 @@ impl Cluster {
 
     pub fn name(i: usize) -> &'static str {
         NODE_NAMES[i]
+    }
+
+    /// [`Cluster::start`] with every node reaching the nats-server through `link`'s
+    /// proxies (the link's condition is the NATS hop's: a latency, a cut).
+    pub fn start_linked(n: usize, extra: &[&str], link: &Link) -> Cluster {
+        let root = tempfile::Builder::new().prefix("livegate-cluster-").tempdir().expect("tempdir");
+        let nats = NatsServer::start_in(root.path());
+        let seeds = (0..n).map(|_| Some(link.proxy_urls(&nats.url()))).collect();
+        Cluster::start_with_seeds(nats, root, n, extra, seeds)
     }
 }
 
