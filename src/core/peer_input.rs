@@ -29,6 +29,10 @@ pub const MAX_PEER_URL_LEN: usize = 256;
 /// Ten million is far above what one process serves (each connection is a descriptor).
 pub const MAX_NODE_CONNECTIONS: u64 = 10_000_000;
 
+/// How far ahead of this node's clock a peer's time may be (clock skew): a kick "made"
+/// later than that would void credentials not yet issued.
+pub const MAX_PEER_CLOCK_AHEAD_MS: u64 = 60_000;
+
 /// Why a peer's message was not taken. `what` names the message and field.
 #[derive(Debug, Error, PartialEq, Eq, Clone)]
 pub enum PeerInputError {
@@ -111,6 +115,12 @@ pub fn count(what: &'static str, text: &str, cap: u64) -> Result<Count, PeerInpu
     }
     let claimed = text.parse::<u64>().unwrap_or(u64::MAX);
     Ok(Count { value: claimed.min(cap), clamped: claimed > cap })
+}
+
+/// A time a peer names (ms since the epoch), at most [`MAX_PEER_CLOCK_AHEAD_MS`] after
+/// `now_ms`.
+pub fn peer_time(at_ms: u64, now_ms: u64) -> u64 {
+    at_ms.min(now_ms.saturating_add(MAX_PEER_CLOCK_AHEAD_MS))
 }
 
 /// `"0"` or `"1"`.
@@ -196,6 +206,9 @@ mod tests {
         for bad in ["", "-5", "5 ", "five", &"9".repeat(65)] {
             assert_eq!(count("c", bad, 10), Err(PeerInputError::BadNumber("c")), "{bad:?}");
         }
+        assert_eq!(peer_time(5, 1_000), 5);
+        assert_eq!(peer_time(u64::MAX, 1_000), 1_000 + MAX_PEER_CLOCK_AHEAD_MS);
+        assert_eq!(peer_time(u64::MAX, u64::MAX - 1), u64::MAX);
         assert_eq!(flag("f", "1"), Ok(true));
         assert_eq!(flag("f", "0"), Ok(false));
         assert_eq!(flag("f", "true"), Err(PeerInputError::BadFlag("f")));
