@@ -570,7 +570,7 @@ mod tests {
             ("r1\nc\nu\n-1\n5", PeerInputError::BadNumber("order connections")),
             ("r1\n\nu\n1\n5", PeerInputError::BadName("order target")),
             ("r 1\nc\nu\n1\n5", PeerInputError::BadName("order id")),
-            (&huge, PeerInputError::TooLarge { what: "order", len: huge.len(), max: peer_input::MAX_ORDER_BYTES }),
+            (huge.as_str(), PeerInputError::TooLarge { what: "order", len: huge.len(), max: peer_input::MAX_ORDER_BYTES }),
         ];
         for (junk, error) in cases {
             assert_eq!(decode_order(junk.as_bytes()).as_ref().map(|_| ()), Err(error), "{junk:?}");

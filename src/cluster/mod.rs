@@ -725,10 +725,10 @@ mod tests {
             ("a\ne u\nhttp://x\n0", PeerInputError::BadName("heartbeat cell")),
             ("a\neu\nhttp://attacker.example/ x\n0", PeerInputError::BadUrl("heartbeat url")),
             ("a\neu\njavascript:x\n0", PeerInputError::BadUrl("heartbeat url")),
-            (&long_url, PeerInputError::BadUrl("heartbeat url")),
+            (long_url.as_str(), PeerInputError::BadUrl("heartbeat url")),
             ("a\neu\nhttp://x\nyes", PeerInputError::BadFlag("heartbeat draining")),
             ("a\neu\nhttp://x\n0\n-1", PeerInputError::BadNumber("heartbeat start time")),
-            (&huge, PeerInputError::TooLarge { what: "heartbeat", len: huge.len(), max: peer_input::MAX_HEARTBEAT_BYTES }),
+            (huge.as_str(), PeerInputError::TooLarge { what: "heartbeat", len: huge.len(), max: peer_input::MAX_HEARTBEAT_BYTES }),
         ];
         for (junk, error) in cases {
             assert_eq!(decode_node(junk.as_bytes()).as_ref(), Err(error), "{junk:?}");
@@ -744,7 +744,7 @@ mod tests {
         for claim in ["1000000000000000", "18446744073709551615", "99999999999999999999999"] {
             assert_eq!(read(claim), Ok(Some(Count { value: MAX_NODE_CONNECTIONS, clamped: true })), "{claim}");
         }
-        for junk in ["", "-1", "1e15", "lots", &"9".repeat(100)] {
+        for junk in ["", "-1", "1e15", "lots", "9".repeat(100).as_str()] {
             assert!(read(junk).is_err(), "{junk:?}");
         }
     }

@@ -170,17 +170,17 @@ mod tests {
 
     #[test]
     fn names_and_urls() {
-        for good in ["a", "node-1.eu_west", &"n".repeat(64)] {
+        for good in ["a", "node-1.eu_west", "n".repeat(64).as_str()] {
             assert_eq!(node_name("n", good), Ok(good));
         }
-        for bad in ["", "a b", "a/b", "é", "a\r", &"n".repeat(65)] {
+        for bad in ["", "a b", "a/b", "é", "a\r", "n".repeat(65).as_str()] {
             assert_eq!(node_name("n", bad), Err(PeerInputError::BadName("n")), "{bad:?}");
         }
         for good in ["http://127.0.0.1:7070", "https://lb.example/node-a", "http://[::1]:1"] {
             assert_eq!(url("u", good), Ok(good));
         }
         let long = format!("http://{}", "h".repeat(MAX_PEER_URL_LEN));
-        for bad in ["", "http://", "http:///x", "ftp://x", "javascript:alert(1)", "http://a b", "http://a\u{7f}", "http://é", "http://x\n", &long] {
+        for bad in ["", "http://", "http:///x", "ftp://x", "javascript:alert(1)", "http://a b", "http://a\u{7f}", "http://é", "http://x\n", long.as_str()] {
             assert_eq!(url("u", bad), Err(PeerInputError::BadUrl("u")), "{bad:?}");
         }
     }
@@ -203,7 +203,7 @@ mod tests {
         for (text, cap, want) in cases {
             assert_eq!(count("c", text, *cap), Ok(*want), "{text}");
         }
-        for bad in ["", "-5", "5 ", "five", &"9".repeat(65)] {
+        for bad in ["", "-5", "5 ", "five", "9".repeat(65).as_str()] {
             assert_eq!(count("c", bad, 10), Err(PeerInputError::BadNumber("c")), "{bad:?}");
         }
         assert_eq!(peer_time(5, 1_000), 5);

@@ -129,7 +129,7 @@ fn a_peer_claiming_absurd_loads_stalls_no_worker() {
     }
     // A heartbeat that does not parse is dropped and counted, and the node stays well.
     let mut nats = RawNats::connect(&cluster.nats.url());
-    for junk in ["a b\ndefault\nhttp://x\n0\n1", "mallory\ndefault\nhttp://attacker.example/ x\n0\n1", &"x".repeat(5000)] {
+    for junk in ["a b\ndefault\nhttp://x\n0\n1", "mallory\ndefault\nhttp://attacker.example/ x\n0\n1", "x".repeat(5000).as_str()] {
         nats.publish("lg.node.heartbeat", None, &[("Lg-Connections", "5")], junk.as_bytes());
     }
     nats.publish("lg.node.heartbeat", None, &[("Lg-Connections", "lots")], b"mallory\ndefault\nhttp://x\n0\n1");
