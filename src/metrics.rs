@@ -191,7 +191,7 @@ pub struct Metrics {
     /// Rebalance orders this node refused (their target is itself, unknown or draining).
     pub rebalance_orders_refused: Family<ReasonLabel, Counter>,
     /// Cluster mode: peers' messages dropped unparsed, and claims clamped, by kind
-    /// (`cluster::bus::PEER_MESSAGE_KINDS`).
+    /// (`core::peer_input::MESSAGE_KINDS`).
     pub peer_messages_dropped: Family<KindLabel, Counter>,
     pub peer_claims_clamped: Family<KindLabel, Counter>,
     pub peer_up: Family<PeerLabel, Gauge>,
@@ -324,7 +324,7 @@ impl Metrics {
         for reason in crate::core::rebalance::ORDER_REFUSED_REASONS {
             drop(self.rebalance_orders_refused.get_or_create(&ReasonLabel { reason }));
         }
-        for kind in crate::cluster::bus::PEER_MESSAGE_KINDS {
+        for kind in crate::core::peer_input::MESSAGE_KINDS {
             drop(self.peer_messages_dropped.get_or_create(&KindLabel { kind }));
         }
         for credential in CREDENTIALS {
@@ -398,13 +398,13 @@ impl Metrics {
         self.rebalance_orders_refused.get_or_create(&ReasonLabel { reason }).inc();
     }
 
-    /// Count a peer's message dropped unparsed (a kind from `cluster::bus::PEER_MESSAGE_KINDS`).
+    /// Count a peer's message dropped unparsed (a kind from `core::peer_input::MESSAGE_KINDS`).
     pub fn peer_message_dropped(&self, kind: &'static str) {
-        debug_assert!(crate::cluster::bus::PEER_MESSAGE_KINDS.contains(&kind), "unknown kind {kind}");
+        debug_assert!(crate::core::peer_input::MESSAGE_KINDS.contains(&kind), "unknown kind {kind}");
         self.peer_messages_dropped.get_or_create(&KindLabel { kind }).inc();
     }
 
-    /// Count a peer's claim clamped to its cap (a kind from `cluster::bus::PEER_MESSAGE_KINDS`).
+    /// Count a peer's claim clamped to its cap (a kind from `core::peer_input::MESSAGE_KINDS`).
     pub fn peer_claim_clamped(&self, kind: &'static str) {
         self.peer_claims_clamped.get_or_create(&KindLabel { kind }).inc();
     }

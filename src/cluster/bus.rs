@@ -39,15 +39,12 @@ pub trait NodeEvents: Clone + 'static {
     /// Another node planned a rebalance in which this node hands connections over;
     /// yields whether this node took it.
     fn rebalance(&self, order: Order) -> LocalBoxFuture<'static, Result<(), OrderRefused>>;
-    /// A peer's message of `kind` (a [`PEER_MESSAGE_KINDS`] name) was dropped: it did not
+    /// A peer's message of `kind` (a `peer_input::MESSAGE_KINDS` name) was dropped: it did not
     /// parse ([`PeerInputError`]).
     fn dropped(&self, kind: &'static str);
     /// A peer's message of `kind` claimed a count above its cap, and was taken clamped.
     fn clamped(&self, kind: &'static str);
 }
-
-/// The kinds of peer messages a node reads (`livegate_peer_messages_dropped_total{kind}`).
-pub const PEER_MESSAGE_KINDS: &[&str] = &["heartbeat", "leave", "order", "replace", "kick", "kick_answer"];
 
 /// How often at most a listener logs the peer messages it dropped (each one is counted).
 const DROP_WARN_EVERY: Duration = Duration::from_secs(1);

@@ -12,6 +12,9 @@ use thiserror::Error;
 
 use super::names;
 
+/// The kinds of peer messages a node reads (`livegate_peer_messages_dropped_total{kind}`).
+pub const MESSAGE_KINDS: &[&str] = &["heartbeat", "leave", "order", "replace", "kick", "kick_answer"];
+
 /// Largest heartbeat body (name, cell, URL, draining, start time).
 pub const MAX_HEARTBEAT_BYTES: usize = 1024;
 /// Largest heartbeat header value (`Lg-Connections`).
