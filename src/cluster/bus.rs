@@ -303,13 +303,13 @@ fn decode_order(body: &[u8]) -> Result<(Order, bool), PeerInputError> {
 
 /// Give `node` its part of a rebalance towards `to_url` (for nodes of earlier builds);
 /// `Ok` once it acknowledged the order.
-pub async fn send_order(cluster: &Cluster, node: &str, order: &Order, to_url: &str) -> Result<(), ForwardError> {
+pub async fn send_order(cluster: &Cluster, node: &str, order: &Order, to_url: &str) -> Result<(), OrderError> {
     let request = async_nats::Request::new().payload(encode_order(order, to_url).into()).timeout(Some(ORDER_WAIT));
     let answer = cluster.client.send_request(rebalance_subject(node), request).await?;
     match &answer.payload[..] {
         b"ok" => Ok(()),
-        refused if refused.starts_with(b"refused: ") => Err(ForwardError::OrderRefused(String::from_utf8_lossy(&refused[9..]).into_owned())),
-        _ => Err(ForwardError::Malformed("ok")),
+        refused if refused.starts_with(b"refused: ") => Err(OrderError::Refused(String::from_utf8_lossy(&refused[9..]).into_owned())),
+        _ => Err(OrderError::Malformed),
     }
 }
 
@@ -366,9 +366,19 @@ pub enum ForwardError {
     /// The writer tried and failed.
     #[error("room writer refused: {0}")]
     Refused(#[source] WriterRefusal),
-    /// The node refused a rebalance order (`core::rebalance::OrderRefused`, as its text).
+}
+
+/// Why a node did not acknowledge its part of a rebalance ([`send_order`]).
+#[derive(Debug, thiserror::Error)]
+pub enum OrderError {
+    #[error("node unreachable: {0}")]
+    Unreachable(#[from] async_nats::RequestError),
+    /// The node refused it (`core::rebalance::OrderRefused`, as its text).
     #[error("order refused: {0}")]
-    OrderRefused(String),
+    Refused(String),
+    /// An answer neither `ok` nor a refusal: not a livegate node's.
+    #[error("the node answered neither ok nor a refusal")]
+    Malformed,
 }
 
 /// A room writer's reason for failing a forwarded publish, as it sent it: the error

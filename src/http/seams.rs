@@ -14,7 +14,7 @@ use futures_util::future::{ready, LocalBoxFuture};
 
 use crate::actors::connection::ResumeRevocations;
 use crate::actors::liveness::Router;
-use crate::cluster::bus::ForwardError;
+use crate::cluster::bus::OrderError;
 use crate::cluster::{Cluster, ClusterError};
 use crate::core::rebalance::Order;
 use crate::store::{Store, StoreError};
@@ -276,7 +276,7 @@ pub enum OrderNotTaken {
     UnknownNode(String),
     /// The order did not reach the node over NATS, or the node refused it.
     #[error(transparent)]
-    Cluster(#[from] ForwardError),
+    Cluster(#[from] OrderError),
     /// This node refused its own part (the target is itself, or not alive and taking).
     #[error(transparent)]
     Refused(#[from] crate::core::rebalance::OrderRefused),
