@@ -326,6 +326,7 @@ impl Metrics {
         }
         for kind in crate::core::peer_input::MESSAGE_KINDS {
             drop(self.peer_messages_dropped.get_or_create(&KindLabel { kind }));
+            drop(self.peer_claims_clamped.get_or_create(&KindLabel { kind }));
         }
         for credential in CREDENTIALS {
             drop(self.handshakes.get_or_create(&CredentialLabel { credential }));
