@@ -50,6 +50,11 @@ pub struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LimitLabel {
     pub limit: &'static str,
 }
@@ -183,6 +188,12 @@ pub struct Metrics {
     pub rebalance_connections_moved: Counter,
     pub rebalance_skipped: Family<ReasonLabel, Counter>,
     pub rebalance_pending: Gauge,
+    /// Rebalance orders this node refused (their target is itself, unknown or draining).
+    pub rebalance_orders_refused: Family<ReasonLabel, Counter>,
+    /// Cluster mode: peers' messages dropped unparsed, and claims clamped, by kind
+    /// (`core::peer_input::MESSAGE_KINDS`).
+    pub peer_messages_dropped: Family<KindLabel, Counter>,
+    pub peer_claims_clamped: Family<KindLabel, Counter>,
     pub peer_up: Family<PeerLabel, Gauge>,
     pub warmup_active: Gauge,
     pub warmup_reconnect_attempts: Counter,
@@ -256,6 +267,9 @@ impl Metrics {
             rebalance_connections_moved: Counter::default(),
             rebalance_skipped: Family::default(),
             rebalance_pending: Gauge::default(),
+            rebalance_orders_refused: Family::default(),
+            peer_messages_dropped: Family::default(),
+            peer_claims_clamped: Family::default(),
             peer_up: Family::default(),
             warmup_active: Gauge::default(),
             warmup_reconnect_attempts: Counter::default(),
@@ -306,6 +320,13 @@ impl Metrics {
         }
         for reason in REBALANCE_SKIP_REASONS {
             drop(self.rebalance_skipped.get_or_create(&ReasonLabel { reason }));
+        }
+        for reason in crate::core::rebalance::ORDER_REFUSED_REASONS {
+            drop(self.rebalance_orders_refused.get_or_create(&ReasonLabel { reason }));
+        }
+        for kind in crate::core::peer_input::MESSAGE_KINDS {
+            drop(self.peer_messages_dropped.get_or_create(&KindLabel { kind }));
+            drop(self.peer_claims_clamped.get_or_create(&KindLabel { kind }));
         }
         for credential in CREDENTIALS {
             drop(self.handshakes.get_or_create(&CredentialLabel { credential }));
@@ -370,6 +391,23 @@ impl Metrics {
     pub fn rebalance_skipped(&self, reason: &'static str) {
         debug_assert!(REBALANCE_SKIP_REASONS.contains(&reason), "unknown reason {reason}");
         self.rebalance_skipped.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// Count a rebalance order refused (a reason from `core::rebalance::ORDER_REFUSED_REASONS`).
+    pub fn rebalance_order_refused(&self, reason: &'static str) {
+        debug_assert!(crate::core::rebalance::ORDER_REFUSED_REASONS.contains(&reason), "unknown reason {reason}");
+        self.rebalance_orders_refused.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// Count a peer's message dropped unparsed (a kind from `core::peer_input::MESSAGE_KINDS`).
+    pub fn peer_message_dropped(&self, kind: &'static str) {
+        debug_assert!(crate::core::peer_input::MESSAGE_KINDS.contains(&kind), "unknown kind {kind}");
+        self.peer_messages_dropped.get_or_create(&KindLabel { kind }).inc();
+    }
+
+    /// Count a peer's claim clamped to its cap (a kind from `core::peer_input::MESSAGE_KINDS`).
+    pub fn peer_claim_clamped(&self, kind: &'static str) {
+        self.peer_claims_clamped.get_or_create(&KindLabel { kind }).inc();
     }
 
     /// Count a webhook given up (a reason from [`WEBHOOK_DROP_REASONS`]).
@@ -473,6 +511,21 @@ impl Metrics {
         r.register("rebalance_connections_moved", "Rebalance: connections closed with 4421 towards the node their users were handed to", self.rebalance_connections_moved.clone());
         r.register("rebalance_skipped", "Rebalance: users not moved (budget: migration budget spent; gone: no session here any more; error: the directory failed)", self.rebalance_skipped.clone());
         r.register("rebalance_pending", "Rebalance: connections this node still has to hand over", self.rebalance_pending.clone());
+        r.register(
+            "rebalance_orders_refused",
+            "Rebalance orders refused (itself: the target is this node; unknown_target: not a node this node hears alive; target_draining: draining or starting)",
+            self.rebalance_orders_refused.clone(),
+        );
+        r.register(
+            "peer_messages_dropped",
+            "Cluster mode: messages from peers dropped because they did not parse (too large, malformed, a bad name, URL or number), by kind",
+            self.peer_messages_dropped.clone(),
+        );
+        r.register(
+            "peer_claims_clamped",
+            "Cluster mode: messages from peers taken with a count clamped to its cap (a node's connections at most 10,000,000), by kind",
+            self.peer_claims_clamped.clone(),
+        );
         r.register("peer_up", "1 while a configured peer (peers) passes its probes", self.peer_up.clone());
         r.register("warmup_active", "1 while the node is in warm-up", self.warmup_active.clone());
         r.register(

@@ -6,7 +6,11 @@
 //! A move takes one user with connections here, oldest first: the directory hands the
 //! user's sessions over to the target (budget checked, versioned write, charge recorded:
 //! [`HandOver`]); then the registry closes the user's connections with 4421 whose reason
-//! is the target's URL ([`HandOverUser`]), and the clients reconnect there. A user whose
+//! is the target's URL ([`HandOverUser`]), and the clients reconnect there. That URL is
+//! the target's as this node's [`Router`] knows it (`core::rebalance::target_url`),
+//! never one an order carries: an order whose target is this node, or not a node it hears
+//! alive and taking connections, is refused and counted
+//! (`livegate_rebalance_orders_refused_total`). A user whose
 //! budget is spent, or whose sessions moved meanwhile, is skipped and costs no move.
 //! The operation stops when its connections are moved, when it runs out of users, when
 //! the target is no longer alive and taking connections, or when this node drains.
@@ -26,7 +30,7 @@ use super::liveness::Router;
 use super::messages::{HandOverUser, UsersHere};
 use super::registry::Registry;
 use crate::core::lifecycle::Lifecycle;
-use crate::core::rebalance::{Order, Pacer};
+use crate::core::rebalance::{target_url, Known, Order, OrderRefused, Pacer};
 use crate::metrics::Metrics;
 use crate::protocol::{RebalancePlanReply, RebalanceShedding};
 use crate::world::now_ms;
@@ -38,9 +42,11 @@ const TARGET_CHECK_EVERY_MS: u64 = 1000;
 /// The longest close reason (a WebSocket close frame's 125 bytes less the code).
 const MAX_CLOSE_REASON: usize = 123;
 
-/// Start this node's part of a rebalance; one already running is replaced.
+/// Start this node's part of a rebalance; one already running is replaced. Refused (and
+/// the one running kept) when the order's target is not another node this node hears
+/// alive and taking connections.
 #[derive(Message)]
-#[rtype(result = "()")]
+#[rtype(result = "Result<(), OrderRefused>")]
 pub struct Shed(pub Order);
 
 /// What a rebalance did, as the admin API shows it (kept in its answer's form).
@@ -74,6 +80,8 @@ pub struct Rebalancer {
 
 struct Running {
     order: Order,
+    /// The target's URL as the router knows it (checked again with the target).
+    url: String,
     pacer: Pacer,
     /// Users with connections here, oldest first, not yet tried (bounded by the
     /// connections on this node when the order came).
@@ -114,9 +122,12 @@ impl Rebalancer {
         tracing::info!(id = %running.order.id, to = %running.order.to, outcome, moved = running.committed, "rebalance: this node's part ended");
     }
 
-    /// Whether the target is alive and takes connections, as this node sees it now.
-    fn target_takes(&self, to: &str) -> bool {
-        self.router.loads(0).unwrap_or_default().iter().any(|n| n.name == to && !n.draining)
+    /// The target's URL, when it is another node alive and taking connections as this
+    /// node's router sees it now.
+    fn target_url(&self, to: &str) -> Result<String, OrderRefused> {
+        let nodes = self.router.loads(0).unwrap_or_default();
+        let known: Vec<Known> = nodes.iter().map(|n| Known { name: &n.name, url: &n.url, draining: n.draining }).collect();
+        target_url(to, &self.router.me().name, &known).map(str::to_string)
     }
 
     /// Start every move the pacer allows now, then wait for the next.
@@ -130,8 +141,13 @@ impl Rebalancer {
         if now.saturating_sub(running.target_checked_ms) >= TARGET_CHECK_EVERY_MS {
             running.target_checked_ms = now;
             let to = running.order.to.clone();
-            if !self.target_takes(&to) {
-                return self.finish("target_gone", ctx);
+            match self.target_url(&to) {
+                Ok(url) => {
+                    if let Some(running) = self.running.as_mut() {
+                        running.url = url;
+                    }
+                }
+                Err(_) => return self.finish("target_gone", ctx),
             }
         }
         let Some(running) = self.running.as_mut() else { return };
@@ -145,7 +161,7 @@ impl Rebalancer {
             running.committed += connections as u64;
             let generation = running.generation;
             let (directory, registry) = (self.directory.clone(), self.registry.clone());
-            let (to, url) = (running.order.to.clone(), running.order.to_url.clone());
+            let (to, url) = (running.order.to.clone(), running.url.clone());
             let url = if url.len() <= MAX_CLOSE_REASON { url } else { String::new() };
             let task = async move {
                 let handed = directory.send(HandOver { user: user.clone(), to }).await;
@@ -157,7 +173,7 @@ impl Rebalancer {
             };
             moves.push((task, generation, connections));
         }
-        self.metrics.rebalance_pending.set(running.order.connections.saturating_sub(running.committed) as i64);
+        self.metrics.rebalance_pending.set(i64::try_from(running.order.connections.saturating_sub(running.committed)).unwrap_or(i64::MAX));
         if running.in_flight == 0 && (running.committed >= running.order.connections || running.queue.is_empty()) {
             let outcome = if running.committed >= running.order.connections { "done" } else { "no_more_users" };
             return self.finish(outcome, ctx);
@@ -245,10 +261,18 @@ impl Actor for Rebalancer {
 }
 
 impl Handler<Shed> for Rebalancer {
-    type Result = ResponseActFuture<Self, ()>;
+    type Result = ResponseActFuture<Self, Result<(), OrderRefused>>;
 
     fn handle(&mut self, msg: Shed, ctx: &mut Self::Context) -> Self::Result {
         let order = msg.0;
+        let url = match self.target_url(&order.to) {
+            Ok(url) => url,
+            Err(refused) => {
+                tracing::warn!(id = %order.id, to = %order.to, reason = refused.reason(), "rebalance: order refused");
+                self.metrics.rebalance_order_refused(refused.reason());
+                return Box::pin(fut::ready(Err(refused)));
+            }
+        };
         if self.running.is_some() {
             self.finish("replaced", ctx);
         }
@@ -277,6 +301,7 @@ impl Handler<Shed> for Rebalancer {
             actor.running = Some(Running {
                 pacer: Pacer::new(order.per_second, now),
                 order,
+                url,
                 queue,
                 in_flight: 0,
                 committed: 0,
@@ -285,6 +310,7 @@ impl Handler<Shed> for Rebalancer {
                 poll: None,
             });
             actor.poll(ctx);
+            Ok(())
         }))
     }
 }

@@ -6,16 +6,19 @@
 //! owned by the [`Tasks`] `listen` returns. The wiring implements [`NodeEvents`] over the
 //! actors; this module knows none of them.
 
+use std::cell::RefCell;
 use std::collections::HashSet;
-use std::time::Duration;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use futures_util::future::LocalBoxFuture;
 use futures_util::StreamExt;
 
 use super::kv::KvSessions;
-use super::{decode_node, Cluster, ClusterError, HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, REPLACE_SUBJECT};
+use super::{decode_connections, decode_node, Cluster, ClusterError, CONNECTIONS_HEADER, HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, REPLACE_SUBJECT};
 use crate::core::heartbeats::NodeInfo;
-use crate::core::rebalance::Order;
+use crate::core::peer_input::{self, PeerInputError};
+use crate::core::rebalance::{self, Order, OrderRefused};
 use crate::tasks::Tasks;
 
 /// What this node does with what the other nodes send it. Rooms' live events are not
@@ -33,8 +36,49 @@ pub trait NodeEvents: Clone + 'static {
     fn publish(&self, publish: ForwardedPublish) -> LocalBoxFuture<'static, Result<Appended, Box<dyn std::error::Error>>>;
     /// NATS is back after an outage: rooms re-read their streams.
     fn reconnected(&self);
-    /// Another node planned a rebalance in which this node hands connections over.
-    fn rebalance(&self, order: Order);
+    /// Another node planned a rebalance in which this node hands connections over;
+    /// yields whether this node took it.
+    fn rebalance(&self, order: Order) -> LocalBoxFuture<'static, Result<(), OrderRefused>>;
+    /// A peer's message of `kind` (a `peer_input::MESSAGE_KINDS` name) was dropped: it did not
+    /// parse ([`PeerInputError`]).
+    fn dropped(&self, kind: &'static str);
+    /// A peer's message of `kind` claimed a count above its cap, and was taken clamped.
+    fn clamped(&self, kind: &'static str);
+}
+
+/// How often at most a listener logs the peer messages it dropped (each one is counted).
+const DROP_WARN_EVERY: Duration = Duration::from_secs(1);
+
+/// A listener's dropped peer messages: every one counted ([`NodeEvents::dropped`]), one
+/// warning per [`DROP_WARN_EVERY`] with how many since the last, so a flood of junk does
+/// not flood the log.
+struct Drops<E> {
+    events: E,
+    kind: &'static str,
+    warned: Option<Instant>,
+    since: u64,
+}
+
+impl<E: NodeEvents> Drops<E> {
+    fn new(events: E, kind: &'static str) -> Self {
+        Drops { events, kind, warned: None, since: 0 }
+    }
+
+    fn dropped(&mut self, error: &PeerInputError) {
+        self.events.dropped(self.kind);
+        self.since += 1;
+        let now = Instant::now();
+        if self.warned.is_none_or(|at| now.duration_since(at) >= DROP_WARN_EVERY) {
+            tracing::warn!(kind = self.kind, %error, dropped = self.since, "dropped a malformed message from a peer");
+            self.warned = Some(now);
+            self.since = 0;
+        }
+    }
+
+    fn clamped(&mut self, what: &'static str) {
+        self.events.clamped(self.kind);
+        tracing::debug!(kind = self.kind, what, "a peer claimed more than the cap: clamped");
+    }
 }
 
 /// A publish another node forwarded to this one, the room's writer.
@@ -100,13 +144,24 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
     let forwarded = client.subscribe(publish_subject(&cluster.node)).await?;
     let mut orders = client.subscribe(rebalance_subject(&cluster.node)).await?;
     let (order_events, order_client) = (events.clone(), client.clone());
+    let mut order_drops = Drops::new(events.clone(), "order");
     tasks.spawn(async move {
         while let Some(message) = orders.next().await {
-            let order = decode_order(&message.payload);
-            let answer = if order.is_some() { "ok" } else { "malformed" };
-            if let Some(order) = order {
-                order_events.rebalance(order);
-            }
+            let answer = match decode_order(&message.payload) {
+                Ok((order, clamped)) => {
+                    if clamped {
+                        order_drops.clamped("connections");
+                    }
+                    match order_events.rebalance(order).await {
+                        Ok(()) => "ok".to_string(),
+                        Err(refused) => format!("refused: {refused}"),
+                    }
+                }
+                Err(error) => {
+                    order_drops.dropped(&error);
+                    "malformed".to_string()
+                }
+            };
             if let Some(reply) = message.reply {
                 let _ = order_client.publish(reply, answer.into()).await;
             }
@@ -127,47 +182,65 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
         })
     });
     let beat_events = events.clone();
+    let mut beat_drops = Drops::new(events.clone(), "heartbeat");
     tasks.spawn(async move {
         while let Some(message) = beats.next().await {
-            if let Some(mut info) = decode_node(&message.payload) {
-                info.connections = message
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get(super::CONNECTIONS_HEADER))
-                    .and_then(|v| v.as_str().parse().ok());
-                beat_events.peer_heard(info);
+            let header = message.headers.as_ref().and_then(|h| h.get(CONNECTIONS_HEADER)).map(|v| v.as_str().as_bytes());
+            match decode_node(&message.payload).and_then(|info| Ok((info, decode_connections(header)?))) {
+                Ok((mut info, connections)) => {
+                    if connections.is_some_and(|c| c.clamped) {
+                        beat_drops.clamped("connections");
+                    }
+                    info.connections = connections.map(|c| c.value);
+                    beat_events.peer_heard(info);
+                }
+                Err(error) => beat_drops.dropped(&error),
             }
         }
     });
     let leave_events = events.clone();
+    let mut leave_drops = Drops::new(events.clone(), "leave");
     tasks.spawn(async move {
         while let Some(message) = leaves.next().await {
-            leave_events.peer_left(String::from_utf8_lossy(&message.payload).into_owned());
+            let node = peer_input::text("leave", &message.payload, peer_input::MAX_NODE_NAME_LEN)
+                .and_then(|text| peer_input::node_name("leave", text));
+            match node {
+                Ok(node) => leave_events.peer_left(node.to_string()),
+                Err(error) => leave_drops.dropped(&error),
+            }
         }
     });
     let (me, replace_events) = (cluster.node.clone(), events.clone());
+    let mut replace_drops = Drops::new(events.clone(), "replace");
     tasks.spawn(async move {
         while let Some(message) = replaces.next().await {
-            if let Some((user, device, at_ms)) = decode_replace(&message.payload, &me) {
-                replace_events.replaced(user, device, at_ms);
+            match decode_replace(&message.payload, &me) {
+                Ok(Some((user, device, at_ms))) => replace_events.replaced(user, device, at_ms),
+                Ok(None) => {}
+                Err(error) => replace_drops.dropped(&error),
             }
         }
     });
     let (me, kick_client, kick_events) = (cluster.node.clone(), client.clone(), events.clone());
+    let kick_drops = Rc::new(RefCell::new(Drops::new(events.clone(), "kick")));
     tasks.spawn_with_stop(|stop| {
         kicks.take_until(stop.requested()).for_each_concurrent(MAX_KICKS_RUNNING, move |message| {
-            let (events, client, me) = (kick_events.clone(), kick_client.clone(), me.clone());
+            let (events, client, me, drops) = (kick_events.clone(), kick_client.clone(), me.clone(), kick_drops.clone());
             async move {
-                let Some((node, user, device, at_ms)) = decode_user_command(&message.payload) else { return };
+                let command = match decode_user_command(&message.payload) {
+                    Ok(command) => command,
+                    Err(error) => return drops.borrow_mut().dropped(&error),
+                };
                 let Some(reply) = message.reply else { return };
-                if node == me {
+                if command.node == me {
                     return;
                 }
-                let device = (!device.is_empty()).then_some(device);
+                let device = (!command.device.is_empty()).then_some(command.device);
                 // A node of a build before kicks carried their time sends none: now is
-                // the nearest to it.
-                let at_ms = at_ms.parse().unwrap_or_else(|_| crate::world::now_ms());
-                let closed = events.kick(user, device, at_ms).await;
+                // the nearest to it. A time far ahead of this node's clock is cut back.
+                let now = crate::world::now_ms();
+                let at_ms = peer_input::peer_time(peer_input::number("kick time", &command.extra).unwrap_or(now), now);
+                let closed = events.kick(command.user, device, at_ms).await;
                 let _ = client.publish(reply, encode_kick_answer(&me, closed).into()).await;
             }
         })
@@ -202,30 +275,41 @@ fn rebalance_subject(node: &str) -> String {
 const ORDER_WAIT: Duration = Duration::from_secs(2);
 
 /// `id\nto\nto_url\nconnections\nper_second` (names, ids and URLs hold no newline).
-fn encode_order(order: &Order) -> String {
-    format!("{}\n{}\n{}\n{}\n{}", order.id, order.to, order.to_url, order.connections, order.per_second)
+/// `to_url` is the target's URL as the planning node sees it, written for nodes of
+/// earlier builds, which send their clients there; this build never reads it
+/// ([`decode_order`]): the shedding node takes the URL from its own view of the cluster.
+fn encode_order(order: &Order, to_url: &str) -> String {
+    format!("{}\n{}\n{}\n{}\n{}", order.id, order.to, to_url, order.connections, order.per_second)
 }
 
-fn decode_order(body: &[u8]) -> Option<Order> {
-    let text = std::str::from_utf8(body).ok()?;
-    let mut parts = text.split('\n');
+/// An order, read as client input is: at most [`peer_input::MAX_ORDER_BYTES`], five
+/// fields, an id and a target by the node-name rule, connections clamped to
+/// [`peer_input::MAX_NODE_CONNECTIONS`] and `per_second` to 1..=[`rebalance::MAX_PER_SECOND`]
+/// (the bool: something was clamped). The third field (the URL an earlier build reads)
+/// is skipped unread.
+fn decode_order(body: &[u8]) -> Result<(Order, bool), PeerInputError> {
+    let text = peer_input::text("order", body, peer_input::MAX_ORDER_BYTES)?;
+    let fields = peer_input::fields("order", text, 5, 5, "5")?;
+    let connections = peer_input::count("order connections", fields[3], peer_input::MAX_NODE_CONNECTIONS)?;
+    let per_second = peer_input::count("order per_second", fields[4], u64::from(rebalance::MAX_PER_SECOND))?;
     let order = Order {
-        id: parts.next()?.into(),
-        to: parts.next()?.into(),
-        to_url: parts.next()?.into(),
-        connections: parts.next()?.parse().ok()?,
-        per_second: parts.next()?.parse().ok()?,
+        id: peer_input::node_name("order id", fields[0])?.into(),
+        to: peer_input::node_name("order target", fields[1])?.into(),
+        connections: connections.value,
+        per_second: (per_second.value as u32).max(1),
     };
-    (parts.next().is_none() && !order.to.is_empty()).then_some(order)
+    Ok((order, connections.clamped || per_second.clamped || per_second.value == 0))
 }
 
-/// Give `node` its part of a rebalance; `Ok` once it acknowledged the order.
-pub async fn send_order(cluster: &Cluster, node: &str, order: &Order) -> Result<(), ForwardError> {
-    let request = async_nats::Request::new().payload(encode_order(order).into()).timeout(Some(ORDER_WAIT));
+/// Give `node` its part of a rebalance towards `to_url` (for nodes of earlier builds);
+/// `Ok` once it acknowledged the order.
+pub async fn send_order(cluster: &Cluster, node: &str, order: &Order, to_url: &str) -> Result<(), OrderError> {
+    let request = async_nats::Request::new().payload(encode_order(order, to_url).into()).timeout(Some(ORDER_WAIT));
     let answer = cluster.client.send_request(rebalance_subject(node), request).await?;
     match &answer.payload[..] {
         b"ok" => Ok(()),
-        _ => Err(ForwardError::Malformed("ok")),
+        refused if refused.starts_with(b"refused: ") => Err(OrderError::Refused(String::from_utf8_lossy(&refused[9..]).into_owned())),
+        _ => Err(OrderError::Malformed),
     }
 }
 
@@ -282,6 +366,19 @@ pub enum ForwardError {
     /// The writer tried and failed.
     #[error("room writer refused: {0}")]
     Refused(#[source] WriterRefusal),
+}
+
+/// Why a node did not acknowledge its part of a rebalance ([`send_order`]).
+#[derive(Debug, thiserror::Error)]
+pub enum OrderError {
+    #[error("node unreachable: {0}")]
+    Unreachable(#[from] async_nats::RequestError),
+    /// The node refused it (`core::rebalance::OrderRefused`, as its text).
+    #[error("order refused: {0}")]
+    Refused(String),
+    /// An answer neither `ok` nor a refusal: not a livegate node's.
+    #[error("the node answered neither ok nor a refusal")]
+    Malformed,
 }
 
 /// A room writer's reason for failing a forwarded publish, as it sent it: the error
@@ -342,27 +439,40 @@ fn encode_user_command(node: &str, user: &str, device: &str, extra: &str) -> Str
     format!("{node}\n{user}\n{device}\n{extra}")
 }
 
-fn decode_user_command(body: &[u8]) -> Option<(String, String, String, String)> {
-    let text = std::str::from_utf8(body).ok()?;
-    let mut parts = text.splitn(4, '\n');
-    Some((parts.next()?.into(), parts.next()?.into(), parts.next()?.into(), parts.next()?.into()))
+/// A user command ([`encode_user_command`]) as another node sent it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct UserCommand {
+    node: String,
+    user: String,
+    /// Empty: every device.
+    device: String,
+    extra: String,
+}
+
+/// A user command, read as client input is: at most
+/// [`peer_input::MAX_USER_COMMAND_BYTES`], a node name, a user and a device by the
+/// clients' rules; `extra` is read by the command.
+fn decode_user_command(body: &[u8]) -> Result<UserCommand, PeerInputError> {
+    let text = peer_input::text("user command", body, peer_input::MAX_USER_COMMAND_BYTES)?;
+    let fields = peer_input::fields("user command", text, 4, 4, "4")?;
+    Ok(UserCommand {
+        node: peer_input::node_name("user command node", fields[0])?.into(),
+        user: peer_input::user("user command user", fields[1])?.into(),
+        device: peer_input::device("user command device", fields[2])?.into(),
+        extra: fields[3].into(),
+    })
 }
 
 /// Another node's replacement announcement: `(user, device, at_ms)`, or `None` for this
-/// node's own and for one that does not decode. A malformed time is ignored with a
-/// warning: read as "always", it would replace every connection of the device.
-fn decode_replace(body: &[u8], me: &str) -> Option<(String, String, u64)> {
-    let (node, user, device, at_ms) = decode_user_command(body)?;
-    if node == me {
-        return None;
+/// node's own. A malformed time is refused: read as "always", it would replace every
+/// connection of the device; a time far ahead of now is read as now.
+fn decode_replace(body: &[u8], me: &str) -> Result<Option<(String, String, u64)>, PeerInputError> {
+    let command = decode_user_command(body)?;
+    if command.node == me {
+        return Ok(None);
     }
-    match at_ms.parse() {
-        Ok(at_ms) => Some((user, device, at_ms)),
-        Err(_) => {
-            tracing::warn!(node, user, device, at_ms, "ignoring a replacement with a malformed time");
-            None
-        }
-    }
+    let at_ms = peer_input::number("replacement time", &command.extra)?;
+    Ok(Some((command.user, command.device, peer_input::peer_time(at_ms, crate::world::now_ms()))))
 }
 
 /// Tell the other nodes that `user` connected on exclusive `device` at `at_ms`.
@@ -392,7 +502,8 @@ pub async fn kick_remote<Alive: std::future::Future<Output = Vec<String>>>(
     let mut answers = cluster.client.subscribe(inbox.clone()).await?;
     let body = encode_user_command(&cluster.node, user, device.unwrap_or(""), &at_ms.to_string());
     cluster.client.publish_with_reply(KICK_SUBJECT, inbox, body.into()).await?;
-    let mut closed = 0;
+    let mut closed: usize = 0;
+    let mut answered: HashSet<String> = HashSet::new();
     let deadline = actix_web::rt::time::sleep(KICK_ANSWER_WAIT);
     tokio::pin!(deadline);
     // The peers were just read: the first recheck is one period away, not at once.
@@ -400,13 +511,16 @@ pub async fn kick_remote<Alive: std::future::Future<Output = Vec<String>>>(
     let mut recheck = actix_web::rt::time::interval_at(first_recheck, KICK_LIVENESS_RECHECK);
     while !waiting_for.is_empty() {
         tokio::select! {
-            answer = answers.next() => match answer.as_ref().and_then(|m| decode_kick_answer(&m.payload)) {
-                Some((node, count)) => {
+            answer = answers.next() => match answer.as_ref().map(|m| decode_kick_answer(&m.payload)) {
+                // One answer per node counts (a peer repeating itself adds nothing).
+                Some(Ok((node, count))) => {
                     waiting_for.remove(&node);
-                    closed += count;
+                    if answered.insert(node) {
+                        closed = closed.saturating_add(count);
+                    }
                 }
-                None if answer.is_none() => break,
-                None => tracing::debug!(user, "kick: ignoring a malformed answer"),
+                None => break,
+                Some(Err(error)) => tracing::debug!(user, %error, "kick: ignoring a malformed answer"),
             },
             _ = recheck.tick() => {
                 let alive: HashSet<String> = alive().await.into_iter().collect();
@@ -426,41 +540,79 @@ fn encode_kick_answer(node: &str, closed: usize) -> String {
     format!("{node}\n{closed}")
 }
 
-fn decode_kick_answer(payload: &[u8]) -> Option<(String, usize)> {
-    let (node, closed) = std::str::from_utf8(payload).ok()?.split_once('\n')?;
-    Some((node.to_string(), closed.parse().ok()?))
+/// A kick answer, read as client input is: a node name and a count clamped to
+/// [`peer_input::MAX_NODE_CONNECTIONS`].
+fn decode_kick_answer(payload: &[u8]) -> Result<(String, usize), PeerInputError> {
+    let text = peer_input::text("kick answer", payload, peer_input::MAX_USER_COMMAND_BYTES)?;
+    let fields = peer_input::fields("kick answer", text, 2, 2, "2")?;
+    let node = peer_input::node_name("kick answer node", fields[0])?;
+    let closed = peer_input::count("kick answer count", fields[1], peer_input::MAX_NODE_CONNECTIONS)?;
+    Ok((node.to_string(), closed.value as usize))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::peer_input::MAX_NODE_CONNECTIONS;
 
     #[test]
-    fn rebalance_orders_round_trip() {
-        let order = Order { id: "r1".into(), to: "c".into(), to_url: "http://c:7070".into(), connections: 12, per_second: 5 };
-        assert_eq!(decode_order(encode_order(&order).as_bytes()), Some(order));
-        for junk in ["", "r1\nc\nu\n12", "r1\nc\nu\nx\n5", "r1\n\nu\n1\n5", "r1\nc\nu\n1\n5\nmore"] {
-            assert_eq!(decode_order(junk.as_bytes()), None, "{junk:?}");
+    fn rebalance_orders_round_trip_without_their_url() {
+        let order = Order { id: "a1b2".into(), to: "c".into(), connections: 12, per_second: 5 };
+        let body = encode_order(&order, "http://c:7070");
+        assert_eq!(body, "a1b2\nc\nhttp://c:7070\n12\n5", "the format earlier builds read");
+        assert_eq!(decode_order(body.as_bytes()), Ok((order.clone(), false)));
+        // The URL in an order is never read: whatever it says, the order is the same.
+        assert_eq!(decode_order(b"a1b2\nc\nhttp://attacker.example:8080\n12\n5"), Ok((order, false)));
+        // Absurd numbers are clamped, not obeyed.
+        let (order, clamped) = decode_order(b"r\nc\nu\n18446744073709551615\n4000000000").unwrap();
+        assert!(clamped);
+        assert_eq!((order.connections, order.per_second), (MAX_NODE_CONNECTIONS, rebalance::MAX_PER_SECOND));
+        assert_eq!(decode_order(b"r\nc\nu\n1\n0").map(|(o, c)| (o.per_second, c)), Ok((1, true)));
+        let huge = format!("r\nc\n{}\n1\n5", "u".repeat(2000));
+        let cases: &[(&str, PeerInputError)] = &[
+            ("", PeerInputError::Fields { what: "order", got: 1, expected: "5" }),
+            ("r1\nc\nu\n12", PeerInputError::Fields { what: "order", got: 4, expected: "5" }),
+            ("r1\nc\nu\n1\n5\nmore", PeerInputError::Fields { what: "order", got: 6, expected: "5" }),
+            ("r1\nc\nu\nx\n5", PeerInputError::BadNumber("order connections")),
+            ("r1\nc\nu\n-1\n5", PeerInputError::BadNumber("order connections")),
+            ("r1\n\nu\n1\n5", PeerInputError::BadName("order target")),
+            ("r 1\nc\nu\n1\n5", PeerInputError::BadName("order id")),
+            (huge.as_str(), PeerInputError::TooLarge { what: "order", len: huge.len(), max: peer_input::MAX_ORDER_BYTES }),
+        ];
+        for (junk, error) in cases {
+            assert_eq!(decode_order(junk.as_bytes()).as_ref().map(|_| ()), Err(error), "{junk:?}");
         }
     }
 
     #[test]
     fn user_commands_round_trip() {
         let body = encode_user_command("a", "u@x", "phone", "17");
-        assert_eq!(decode_user_command(body.as_bytes()), Some(("a".into(), "u@x".into(), "phone".into(), "17".into())));
-        assert_eq!(decode_user_command(b"a\nb"), None);
-        assert_eq!(decode_kick_answer(encode_kick_answer("b", 3).as_bytes()), Some(("b".into(), 3)));
-        assert_eq!(decode_kick_answer(b"3"), None);
+        let command = UserCommand { node: "a".into(), user: "u@x".into(), device: "phone".into(), extra: "17".into() };
+        assert_eq!(decode_user_command(body.as_bytes()), Ok(command));
+        assert!(decode_user_command(encode_user_command("a", "u", "", "").as_bytes()).is_ok(), "every device");
+        for junk in ["a\nb", "a\nu\nd\n1\nmore", "a b\nu\nd\n1", "a\n\nd\n1", "a\nu u\nd\n1", "a\nu\nd:x\n1"] {
+            assert!(decode_user_command(junk.as_bytes()).is_err(), "{junk:?}");
+        }
+        let long = encode_user_command("a", &"u".repeat(600), "d", "1");
+        assert!(matches!(decode_user_command(long.as_bytes()), Err(PeerInputError::TooLarge { .. })));
+        assert_eq!(decode_kick_answer(encode_kick_answer("b", 3).as_bytes()), Ok(("b".into(), 3)));
+        assert_eq!(decode_kick_answer(b"b\n18446744073709551615"), Ok(("b".into(), MAX_NODE_CONNECTIONS as usize)));
+        for junk in ["3", "b\n-3", "b\n3\n4", "\n3"] {
+            assert!(decode_kick_answer(junk.as_bytes()).is_err(), "{junk:?}");
+        }
     }
 
     #[test]
     fn a_replacement_with_a_malformed_time_is_ignored_not_read_as_always() {
         let at = |extra: &str| decode_replace(encode_user_command("a", "u", "phone", extra).as_bytes(), "b");
-        assert_eq!(at("17"), Some(("u".into(), "phone".into(), 17)));
+        assert_eq!(at("17"), Ok(Some(("u".into(), "phone".into(), 17))));
         for malformed in ["", "soon", "-1", "18446744073709551616", "1.5"] {
-            assert_eq!(at(malformed), None, "{malformed:?}");
+            assert_eq!(at(malformed), Err(PeerInputError::BadNumber("replacement time")), "{malformed:?}");
         }
+        // A time in the far future is cut back to about now.
+        let (_, _, at_ms) = at("18446744073709551615").unwrap().unwrap();
+        assert!(at_ms <= crate::world::now_ms() + peer_input::MAX_PEER_CLOCK_AHEAD_MS);
         let own = encode_user_command("b", "u", "phone", "17");
-        assert_eq!(decode_replace(own.as_bytes(), "b"), None, "this node's own announcement");
+        assert_eq!(decode_replace(own.as_bytes(), "b"), Ok(None), "this node's own announcement");
     }
 }

@@ -38,6 +38,7 @@ use async_nats::jetstream::{self, kv as nats_kv, stream};
 use thiserror::Error;
 
 use crate::core::heartbeats::NodeInfo;
+use crate::core::peer_input::{self, PeerInputError};
 use crate::core::redact::url_for_log;
 use crate::core::sessions::VersionError;
 use crate::store::StoreError;
@@ -627,18 +628,32 @@ pub fn encode_node(info: &NodeInfo) -> String {
     format!("{}\n{}\n{}\n{}\n{}", info.name, info.cell, info.url, u8::from(info.draining), info.started_at_ms)
 }
 
-pub fn decode_node(body: &[u8]) -> Option<NodeInfo> {
-    let text = std::str::from_utf8(body).ok()?;
-    let mut parts = text.split('\n');
-    let (name, cell, url, draining) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    let started_at_ms = match parts.next() {
-        Some(text) => text.parse().ok()?,
+/// A heartbeat body, read as client input is (`core::peer_input`): at most
+/// [`peer_input::MAX_HEARTBEAT_BYTES`], a node name and cell by the configuration's rule,
+/// an http(s) URL, `0` or `1`, a number.
+pub fn decode_node(body: &[u8]) -> Result<NodeInfo, PeerInputError> {
+    let text = peer_input::text("heartbeat", body, peer_input::MAX_HEARTBEAT_BYTES)?;
+    let fields = peer_input::fields("heartbeat", text, 4, 5, "4 or 5")?;
+    let started_at_ms = match fields.get(4) {
+        Some(text) => peer_input::number("heartbeat start time", text)?,
         None => 0,
     };
-    if name.is_empty() || parts.next().is_some() {
-        return None;
-    }
-    Some(NodeInfo { name: name.into(), cell: cell.into(), url: url.into(), draining: draining == "1", started_at_ms, connections: None })
+    Ok(NodeInfo {
+        name: peer_input::node_name("heartbeat name", fields[0])?.into(),
+        cell: peer_input::node_name("heartbeat cell", fields[1])?.into(),
+        url: peer_input::url("heartbeat url", fields[2])?.into(),
+        draining: peer_input::flag("heartbeat draining", fields[3])?,
+        started_at_ms,
+        connections: None,
+    })
+}
+
+/// A heartbeat's [`CONNECTIONS_HEADER`] (absent from earlier builds), clamped to
+/// [`peer_input::MAX_NODE_CONNECTIONS`].
+pub fn decode_connections(value: Option<&[u8]>) -> Result<Option<peer_input::Count>, PeerInputError> {
+    let Some(value) = value else { return Ok(None) };
+    let text = peer_input::text("heartbeat connections", value, peer_input::MAX_HEADER_BYTES)?;
+    peer_input::count("heartbeat connections", text, peer_input::MAX_NODE_CONNECTIONS).map(Some)
 }
 
 #[cfg(test)]
@@ -695,11 +710,42 @@ mod tests {
     #[test]
     fn heartbeat_bodies_round_trip() {
         let info = NodeInfo { name: "a".into(), cell: "eu".into(), url: "http://127.0.0.1:1".into(), draining: true, started_at_ms: 1_700_000_000_123, connections: None };
-        assert_eq!(decode_node(encode_node(&info).as_bytes()), Some(info));
+        assert_eq!(decode_node(encode_node(&info).as_bytes()), Ok(info));
         let earlier_build = decode_node(b"a\neu\nhttp://x\n0").expect("a body without the start time");
         assert_eq!(earlier_build.started_at_ms, 0);
-        for junk in ["", "a", "a\nb\nc", "\nb\nc\n0", "a\nb\nc\n0\nextra", "a\nb\nc\n0\n5\nmore"] {
-            assert_eq!(decode_node(junk.as_bytes()), None, "{junk:?}");
+        let long_url = format!("a\neu\nhttp://{}\n0", "x".repeat(300));
+        let huge = format!("a\neu\nhttp://x\n0\n{}", "1".repeat(2000));
+        let cases: &[(&str, PeerInputError)] = &[
+            ("", PeerInputError::Fields { what: "heartbeat", got: 1, expected: "4 or 5" }),
+            ("a", PeerInputError::Fields { what: "heartbeat", got: 1, expected: "4 or 5" }),
+            ("a\nb\nhttp://c", PeerInputError::Fields { what: "heartbeat", got: 3, expected: "4 or 5" }),
+            ("\nb\nhttp://c\n0", PeerInputError::BadName("heartbeat name")),
+            ("a\nb\nhttp://c\n0\n5\nmore", PeerInputError::Fields { what: "heartbeat", got: 6, expected: "4 or 5" }),
+            ("a b\neu\nhttp://x\n0", PeerInputError::BadName("heartbeat name")),
+            ("a\ne u\nhttp://x\n0", PeerInputError::BadName("heartbeat cell")),
+            ("a\neu\nhttp://attacker.example/ x\n0", PeerInputError::BadUrl("heartbeat url")),
+            ("a\neu\njavascript:x\n0", PeerInputError::BadUrl("heartbeat url")),
+            (long_url.as_str(), PeerInputError::BadUrl("heartbeat url")),
+            ("a\neu\nhttp://x\nyes", PeerInputError::BadFlag("heartbeat draining")),
+            ("a\neu\nhttp://x\n0\n-1", PeerInputError::BadNumber("heartbeat start time")),
+            (huge.as_str(), PeerInputError::TooLarge { what: "heartbeat", len: huge.len(), max: peer_input::MAX_HEARTBEAT_BYTES }),
+        ];
+        for (junk, error) in cases {
+            assert_eq!(decode_node(junk.as_bytes()).as_ref(), Err(error), "{junk:?}");
+        }
+    }
+
+    #[test]
+    fn a_heartbeat_claims_at_most_the_cap() {
+        use peer_input::{Count, MAX_NODE_CONNECTIONS};
+        let read = |v: &str| decode_connections(Some(v.as_bytes()));
+        assert_eq!(decode_connections(None), Ok(None), "an earlier build says nothing");
+        assert_eq!(read("42"), Ok(Some(Count { value: 42, clamped: false })));
+        for claim in ["1000000000000000", "18446744073709551615", "99999999999999999999999"] {
+            assert_eq!(read(claim), Ok(Some(Count { value: MAX_NODE_CONNECTIONS, clamped: true })), "{claim}");
+        }
+        for junk in ["", "-1", "1e15", "lots", "9".repeat(100).as_str()] {
+            assert!(read(junk).is_err(), "{junk:?}");
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod liveness;
 pub mod matchsim;
 pub mod names;
 pub mod outbox;
+pub mod peer_input;
 pub mod occupancy;
 pub mod presence;
 pub mod room;

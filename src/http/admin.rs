@@ -96,11 +96,14 @@ pub async fn rebalance(req: HttpRequest, payload: web::Payload, state: web::Data
     let id = random_hex(8);
     let mut shares = Vec::with_capacity(plan.shares.len());
     for (share, rate) in plan.shares.iter().zip(plan.rates(per_second)) {
-        let order = Order { id: id.clone(), to: to.clone(), to_url: to_url.clone(), connections: share.connections, per_second: rate };
+        let order = Order { id: id.clone(), to: to.clone(), connections: share.connections, per_second: rate };
         let given = if share.node == state.config.node {
-            state.rebalance.actor.send(Shed(order)).await.map_err(OrderNotTaken::from)
+            match state.rebalance.actor.send(Shed(order)).await {
+                Ok(taken) => taken.map_err(OrderNotTaken::from),
+                Err(stopped) => Err(OrderNotTaken::from(stopped)),
+            }
         } else {
-            state.other_nodes.rebalance(&share.node, &order).await
+            state.other_nodes.rebalance(&share.node, &order, &to_url).await
         };
         if let Err(error) = &given {
             tracing::warn!(node = %share.node, %error, "rebalance: a node did not take its order");

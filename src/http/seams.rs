@@ -14,7 +14,7 @@ use futures_util::future::{ready, LocalBoxFuture};
 
 use crate::actors::connection::ResumeRevocations;
 use crate::actors::liveness::Router;
-use crate::cluster::bus::ForwardError;
+use crate::cluster::bus::OrderError;
 use crate::cluster::{Cluster, ClusterError};
 use crate::core::rebalance::Order;
 use crate::store::{Store, StoreError};
@@ -263,7 +263,9 @@ pub trait OtherNodes: Send + Sync + 'static {
     /// made at `at_ms`.
     fn kick<'a>(&'a self, user: &'a str, device: Option<&'a str>, at_ms: u64) -> LocalBoxFuture<'a, Result<usize, ClusterError>>;
     /// Give `node` its part of a rebalance; `Err` with why when it did not acknowledge.
-    fn rebalance<'a>(&'a self, node: &'a str, order: &'a Order) -> LocalBoxFuture<'a, Result<(), OrderNotTaken>>;
+    /// `to_url`: the target's URL as this node knows it, for nodes of earlier builds (this
+    /// build's nodes take it from their own view of the cluster).
+    fn rebalance<'a>(&'a self, node: &'a str, order: &'a Order, to_url: &'a str) -> LocalBoxFuture<'a, Result<(), OrderNotTaken>>;
 }
 
 /// Why a node did not take its part of a rebalance (the plan's `shares[].error`).
@@ -274,7 +276,10 @@ pub enum OrderNotTaken {
     UnknownNode(String),
     /// The order did not reach the node over NATS, or the node refused it.
     #[error(transparent)]
-    Cluster(#[from] ForwardError),
+    Cluster(#[from] OrderError),
+    /// This node refused its own part (the target is itself, or not alive and taking).
+    #[error(transparent)]
+    Refused(#[from] crate::core::rebalance::OrderRefused),
     /// This node's own rebalancer is gone (it is shutting down).
     #[error("this node's rebalancer is gone: {0}")]
     Stopped(#[from] actix::MailboxError),
@@ -288,7 +293,7 @@ impl OtherNodes for NoOtherNodes {
         Box::pin(ready(Ok(0)))
     }
 
-    fn rebalance<'a>(&'a self, node: &'a str, _order: &'a Order) -> LocalBoxFuture<'a, Result<(), OrderNotTaken>> {
+    fn rebalance<'a>(&'a self, node: &'a str, _order: &'a Order, _to_url: &'a str) -> LocalBoxFuture<'a, Result<(), OrderNotTaken>> {
         Box::pin(ready(Err(OrderNotTaken::UnknownNode(node.to_string()))))
     }
 }
@@ -305,7 +310,7 @@ impl OtherNodes for ClusterNodes {
         Box::pin(async move { crate::cluster::bus::kick_remote(&self.cluster, alive, user, device, at_ms).await })
     }
 
-    fn rebalance<'a>(&'a self, node: &'a str, order: &'a Order) -> LocalBoxFuture<'a, Result<(), OrderNotTaken>> {
-        Box::pin(async move { Ok(crate::cluster::bus::send_order(&self.cluster, node, order).await?) })
+    fn rebalance<'a>(&'a self, node: &'a str, order: &'a Order, to_url: &'a str) -> LocalBoxFuture<'a, Result<(), OrderNotTaken>> {
+        Box::pin(async move { Ok(crate::cluster::bus::send_order(&self.cluster, node, order, to_url).await?) })
     }
 }

@@ -18,7 +18,7 @@ use crate::cluster::bus::{Appended, ForwardedPublish, NodeEvents};
 use crate::cluster::occupancy::ClusterOccupancy;
 use crate::cluster::Cluster;
 use crate::core::heartbeats::NodeInfo;
-use crate::core::rebalance::Order;
+use crate::core::rebalance::{Order, OrderRefused};
 use crate::http::seams::Nonces;
 
 /// The registry's announcements over the cluster's NATS subjects.
@@ -41,6 +41,7 @@ pub(super) struct NodeActors {
     pub(super) nonces: Arc<dyn Nonces>,
     pub(super) presence: Arc<PresenceHub>,
     pub(super) rebalance: Addr<Rebalancer>,
+    pub(super) metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl NodeEvents for NodeActors {
@@ -94,8 +95,18 @@ impl NodeEvents for NodeActors {
         self.presence.reconnected();
     }
 
-    fn rebalance(&self, order: Order) {
-        self.rebalance.do_send(Shed(order));
+    fn rebalance(&self, order: Order) -> LocalBoxFuture<'static, Result<(), OrderRefused>> {
+        let rebalance = self.rebalance.clone();
+        // A rebalancer gone (the node stops) takes no order: as if it were not there.
+        Box::pin(async move { rebalance.send(Shed(order)).await.unwrap_or(Err(OrderRefused::UnknownTarget)) })
+    }
+
+    fn dropped(&self, kind: &'static str) {
+        self.metrics.peer_message_dropped(kind);
+    }
+
+    fn clamped(&self, kind: &'static str) {
+        self.metrics.peer_claim_clamped(kind);
     }
 }
 

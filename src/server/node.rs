@@ -217,6 +217,7 @@ impl Node {
                     nonces: backends.nonces.clone(),
                     presence: presence.clone(),
                     rebalance: rebalance.actor.clone(),
+                    metrics: metrics.clone(),
                 };
                 let bus = crate::cluster::bus::listen(&cluster, events, kv.clone()).await?;
                 let presence_listeners = crate::cluster::presence::listen(&cluster, PresenceNodes(presence.clone())).await?;

@@ -564,3 +564,117 @@ impl<N: Nats> Drop for Cluster<N> {
         }
     }
 }
+
+/// A bare NATS client over TCP speaking the text protocol (CONNECT, PUB, HPUB, SUB),
+/// for tests that play a peer no livegate node would be: forged heartbeats and orders
+/// published as anyone with access to NATS could.
+pub struct RawNats {
+    writer: std::net::TcpStream,
+    reader: std::io::BufReader<std::net::TcpStream>,
+    inboxes: u64,
+}
+
+impl RawNats {
+    /// Connects to `url` (`nats://127.0.0.1:PORT`) and waits for the server's PONG.
+    pub fn connect(url: &str) -> RawNats {
+        let addr = url.trim_start_matches("nats://");
+        let writer = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("raw NATS connect to {addr}: {e}"));
+        writer.set_read_timeout(Some(Duration::from_secs(10))).expect("read timeout");
+        let reader = std::io::BufReader::new(writer.try_clone().expect("clone the socket"));
+        let mut nats = RawNats { writer, reader, inboxes: 0 };
+        let info = nats.line();
+        assert!(info.starts_with("INFO "), "NATS greeted with {info:?}");
+        nats.send(b"CONNECT {\"verbose\":false,\"pedantic\":false,\"headers\":true,\"no_responders\":true,\"protocol\":1,\"name\":\"forger\"}\r\n");
+        nats.flush();
+        nats
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        use std::io::Write;
+        self.writer.write_all(bytes).expect("write to NATS");
+    }
+
+    fn line(&mut self) -> String {
+        use std::io::BufRead;
+        // A read that times out reads as the end ("").
+        let mut line = String::new();
+        let _ = self.reader.read_line(&mut line);
+        line.trim_end().to_string()
+    }
+
+    /// PING, and wait for the PONG: everything sent before was processed by the server.
+    pub fn flush(&mut self) {
+        self.send(b"PING\r\n");
+        loop {
+            match self.line().as_str() {
+                "PONG" => return,
+                "PING" => self.send(b"PONG\r\n"),
+                "+OK" => {}
+                "" => panic!("NATS closed the connection"),
+                other if other.starts_with("-ERR") => panic!("NATS: {other}"),
+                _ => {}
+            }
+        }
+    }
+
+    /// Publishes `body` on `subject` with `headers` (HPUB when there are any), to `reply`.
+    pub fn publish(&mut self, subject: &str, reply: Option<&str>, headers: &[(&str, &str)], body: &[u8]) {
+        let reply = reply.map(|r| format!(" {r}")).unwrap_or_default();
+        let mut out = Vec::new();
+        if headers.is_empty() {
+            out.extend_from_slice(format!("PUB {subject}{reply} {}\r\n", body.len()).as_bytes());
+        } else {
+            let mut block = String::from("NATS/1.0\r\n");
+            for (name, value) in headers {
+                block.push_str(&format!("{name}: {value}\r\n"));
+            }
+            block.push_str("\r\n");
+            out.extend_from_slice(format!("HPUB {subject}{reply} {} {}\r\n", block.len(), block.len() + body.len()).as_bytes());
+            out.extend_from_slice(block.as_bytes());
+        }
+        out.extend_from_slice(body);
+        out.extend_from_slice(b"\r\n");
+        self.send(&out);
+    }
+
+    /// Publishes `body` on `subject` and returns the first answer's payload within
+    /// `within` (`None`: no answer, or NATS said no one listens).
+    pub fn request(&mut self, subject: &str, body: &[u8], within: Duration) -> Option<Vec<u8>> {
+        use std::io::Read;
+        self.inboxes += 1;
+        let inbox = format!("_INBOX.forger.{}", self.inboxes);
+        let sid = self.inboxes;
+        self.send(format!("SUB {inbox} {sid}\r\nUNSUB {sid} 1\r\n").as_bytes());
+        self.publish(subject, Some(&inbox), &[], body);
+        self.writer.set_read_timeout(Some(within)).expect("read timeout");
+        let deadline = Instant::now() + within;
+        let answer = loop {
+            if Instant::now() >= deadline {
+                break None;
+            }
+            let line = self.line();
+            let words: Vec<&str> = line.split(' ').collect();
+            match words.first().copied() {
+                Some("PING") => self.send(b"PONG\r\n"),
+                Some("MSG") => {
+                    let len: usize = words.last().and_then(|n| n.parse().ok()).expect("MSG size");
+                    let mut payload = vec![0; len + 2];
+                    self.reader.read_exact(&mut payload).expect("MSG payload");
+                    payload.truncate(len);
+                    break Some(payload);
+                }
+                Some("HMSG") => {
+                    // Only NATS's own status answers (503: no responders) carry headers here.
+                    let total: usize = words.last().and_then(|n| n.parse().ok()).expect("HMSG size");
+                    let mut rest = vec![0; total + 2];
+                    self.reader.read_exact(&mut rest).expect("HMSG payload");
+                    break None;
+                }
+                Some("") | None => break None,
+                _ => {}
+            }
+        };
+        self.writer.set_read_timeout(Some(Duration::from_secs(10))).expect("read timeout");
+        answer
+    }
+}
