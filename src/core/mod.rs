@@ -21,6 +21,7 @@ pub mod names;
 pub mod outbox;
 pub mod occupancy;
 pub mod presence;
+pub mod probes;
 pub mod room;
 pub mod namespaces;
 pub mod proxies;
