@@ -31,6 +31,7 @@ pub mod routing;
 pub mod sent;
 pub mod seqlog;
 pub mod sessions;
+pub mod spent;
 #[cfg(test)]
 mod sim;
 pub mod sse;
