@@ -25,7 +25,9 @@
 //! (`common::concurrency::WIDER`). Every wait is bounded; on failure the node logs are kept (the
 //! path is printed).
 //!
-//! The areas, one module each: [`fanout`], [`interest`] (a node takes only its rooms'
+//! The areas, one module each: [`fanout`], [`handshake_floods`] (floods of handshakes
+//! that must cost other users nothing: a slow peer avoided, spent credentials replayed),
+//! [`interest`] (a node takes only its rooms'
 //! events), [`load`] (kills, outages and restarts under
 //! load), [`sessions`], [`routing`], [`state`] (room state and presence), [`occupancy`]
 //! (webhooks from the room's writer) and [`rolling_release`] (the seed's incident: 200
@@ -33,6 +35,7 @@
 
 mod chaos;
 mod fanout;
+mod handshake_floods;
 mod interest;
 mod load;
 mod occupancy;

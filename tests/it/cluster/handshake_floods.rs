@@ -1,0 +1,199 @@
+//! Floods of handshakes that cost other users (issue 46, holes 4 and 5): a credential
+//! looping on a given-back refusal while avoiding a slow peer must not delay other users'
+//! welcomes, and a replayed spent credential must cost no NATS message.
+
+use super::*;
+
+use livegate::core::heartbeats::NodeInfo;
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+
+use common::link::{Condition, Link};
+
+/// The user lock stripes of the directory (`USER_STRIPES`).
+const STRIPES: u64 = 64;
+
+/// The stripe a build with fixed hash keys puts `user` on (std's `DefaultHasher` with
+/// its default keys, as the directory hashed before its keys were random). Victims
+/// chosen on the attacker's stripe by it share a stripe with the attacker on such a
+/// build; on a build with random keys only by chance, so every victim is checked.
+fn fixed_key_stripe(user: &str) -> u64 {
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(user) % STRIPES
+}
+
+/// A peer `slow` whose `/readyz` answers 450 ms late (node b's, behind a link of 225 ms
+/// each way), up in node a's view (it heartbeats as a node that started an hour ago),
+/// owns 8 sessions of `mallory`, whose migration budget is spent. Eight attacker loops
+/// connect to a with `session=S&avoid=slow` (10 a second each, under the per-IP
+/// handshake limit): each move is charged, the spent budget refuses it (4029) and the
+/// token is given back, so it loops. Victims, among them users a fixed-key build puts on
+/// mallory's stripe, each connect alone to a meanwhile: every welcome within 300 ms.
+/// (Before: a's handshake probed `slow`'s `/readyz` under mallory's stripe, 450 ms per
+/// loop, and the victims on that stripe waited seconds.)
+#[test]
+fn victims_on_a_stripe_get_their_welcome_while_a_looping_credential_avoids_a_slow_peer() {
+    let _gate = crate::common::gate!();
+    let cluster = Cluster::start(2, &["--handshakes-per-ip-per-sec", "1000"]);
+    let (a, b) = (cluster.addr(0), cluster.addr(1));
+    let rt = runtime();
+    let link = Link::start();
+    let slow_url = format!("http://{}", link.proxy(b));
+    link.set(Condition::Degraded { one_way: Duration::from_millis(225), loss: 0.0 });
+    let attackers = 8;
+    let mallory = "mallory";
+
+    let (kv, peer) = rt.block_on(async {
+        let peer = livegate::cluster::Cluster::connect(&cluster.nats.url(), "slow").await.unwrap_or_else(|e| panic!("connect: {e:?}"));
+        let kv = KvSessions::open(&peer).await.unwrap_or_else(|e| panic!("open kv: {e:?}"));
+        (kv, peer)
+    });
+    // The fake peer's heartbeats, until the test ends.
+    let stop = Arc::new(AtomicBool::new(false));
+    let beats = {
+        let (stop, peer, url) = (stop.clone(), peer.clone(), slow_url.clone());
+        let started_at_ms = now_ms() - 3_600_000;
+        rt.spawn(async move {
+            let info = NodeInfo { name: "slow".into(), cell: "default".into(), url, draining: false, started_at_ms, connections: Some(0) };
+            while !stop.load(Ordering::Relaxed) {
+                if let Err(e) = peer.heartbeat(&info).await {
+                    eprintln!("slow's heartbeat: {e}");
+                }
+                pace_async(Duration::from_millis(250), "the fake peer's heartbeats").await;
+            }
+        })
+    };
+    let heard = wait_until(Duration::from_secs(10), || cluster.http(0).metric("livegate_cluster_peers_alive") == Some(2.0));
+    assert!(heard, "a does not count slow alive: {:?}", cluster.http(0).metric("livegate_cluster_peers_alive"));
+
+    // mallory's sessions, owned by slow, and her budget spent.
+    let sessions: Vec<String> = (0..attackers).map(|i| format!("mallory-session-{i}")).collect();
+    rt.block_on(async {
+        for session in &sessions {
+            let record = SessionRecord { session: session.clone(), user: mallory.into(), owner: "slow".into(), version: 0, updated_at_ms: now_ms() };
+            kv.write_session(None, &record).await.unwrap_or_else(|e| panic!("write {session}: {e:?}"));
+        }
+        kv.set_last_migration(mallory, now_ms()).await.unwrap_or_else(|e| panic!("spend mallory's budget: {e:?}"));
+    });
+
+    // Victims: four a fixed-key build puts on mallory's stripe, and twenty others.
+    let stripe = fixed_key_stripe(mallory);
+    let mut victims: Vec<String> = (0..).map(|i| format!("victim-{i}")).filter(|u| fixed_key_stripe(u) == stripe).take(4).collect();
+    victims.extend((0..20).map(|i| format!("bystander-{i}")));
+    let welcome_within = |user: &str| -> Duration {
+        let token = try_mint(a, user, "web").unwrap_or_else(|e| panic!("{e}"));
+        let started = Instant::now();
+        let ws = rt.block_on(WsClient::try_connect(a, Some(&token), None)).unwrap_or_else(|r| panic!("{user} refused: {} {}", r.status, r.body));
+        let took = started.elapsed();
+        rt.block_on(ws.close());
+        took
+    };
+    let before: Vec<Duration> = (0..4).map(|i| welcome_within(&format!("before-{i}"))).collect();
+
+    // The attack.
+    let loops = Arc::new(AtomicUsize::new(0));
+    let mut failures = Vec::new();
+    let attack: Vec<_> = sessions
+        .iter()
+        .map(|session| {
+            let token = try_mint(a, mallory, "web").unwrap_or_else(|e| panic!("{e}"));
+            let url = format!("{}&avoid=slow", ws_url(a, Some(&token), Some(session)));
+            let (stop, loops) = (stop.clone(), loops.clone());
+            rt.spawn(async move {
+                let mut unexpected = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    match WsClient::try_connect_url(&url).await {
+                        Err(r) if r.status == 429 => {}
+                        Err(r) => unexpected.push(format!("{} {}", r.status, r.body)),
+                        Ok(ws) => unexpected.push(format!("an avoided move with a spent budget was allowed: {}", ws.welcome)),
+                    }
+                    loops.fetch_add(1, Ordering::Relaxed);
+                    pace_async(Duration::from_millis(100), "an attacker's handshake rate").await;
+                }
+                unexpected
+            })
+        })
+        .collect();
+    let attacking = wait_until(Duration::from_secs(10), || loops.load(Ordering::Relaxed) >= 2 * attackers);
+    assert!(attacking, "the attackers made only {} handshakes in 10 s", loops.load(Ordering::Relaxed));
+    let attack_started = Instant::now();
+    let loops_before = loops.load(Ordering::Relaxed);
+    let during: Vec<(String, Duration)> = victims.iter().map(|user| (user.clone(), welcome_within(user))).collect();
+    let attack_rate = (loops.load(Ordering::Relaxed) - loops_before) as f64 / attack_started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for attacker in attack {
+        for e in rt.block_on(attacker).expect("attacker task") {
+            if failures.len() < 10 {
+                failures.push(format!("attacker: {e}"));
+            }
+        }
+    }
+    rt.block_on(beats).expect("heartbeat task");
+
+    let ms = |d: &Duration| d.as_secs_f64() * 1000.0;
+    let mut sorted: Vec<f64> = during.iter().map(|(_, d)| ms(d)).collect();
+    sorted.sort_by(f64::total_cmp);
+    eprintln!(
+        "welcome before the attack: {:?} ms; during it ({attack_rate:.0} attacker handshakes/s): p50 {:.1} ms, max {:.1} ms; \
+         victims on mallory's fixed-key stripe: {:?} ms",
+        before.iter().map(|d| ms(d).round()).collect::<Vec<_>>(),
+        sorted[sorted.len() / 2],
+        sorted[sorted.len() - 1],
+        during.iter().take(4).map(|(_, d)| ms(d).round()).collect::<Vec<_>>(),
+    );
+    for (user, took) in &during {
+        if *took > Duration::from_millis(300) {
+            failures.push(format!("{user} waited {took:?} for its welcome during the attack (at most 300 ms)"));
+        }
+    }
+    fail_with_logs(&cluster, "victims_on_a_stripe", &failures, &LOG_NEEDLES);
+}
+
+/// `in_msgs` of the NATS server's `/varz` on `monitor`: every message its clients sent.
+fn nats_in_msgs(monitor: u16) -> f64 {
+    let http = Http::new(SocketAddr::from(([127, 0, 0, 1], monitor)));
+    let (status, varz) = http.request("GET", "/varz", Auth::None, Body::None);
+    assert_eq!(status, 200, "/varz: {varz}");
+    varz["in_msgs"].as_f64().unwrap_or_else(|| panic!("/varz without in_msgs: {varz}"))
+}
+
+/// A spent token and a spent resume credential, each replayed 100 times to both nodes
+/// (the node that spent it and the other): at most 0.5 NATS messages per replay, counted
+/// by the NATS server (`/varz` `in_msgs`, heartbeats included). (Before: the kick and
+/// revocation reads and the nonce's create ran for every replay, 4 to 5 messages each.)
+#[test]
+fn a_replayed_spent_credential_costs_no_nats_message() {
+    let _gate = crate::common::gate!();
+    let (cluster, monitor) = Cluster::start_monitored(2, &["--handshakes-per-ip-per-sec", "1000"]);
+    let rt = runtime();
+    let (a, b) = (cluster.addr(0), cluster.addr(1));
+    let token = try_mint(a, "replayer", "web").unwrap_or_else(|e| panic!("{e}"));
+    let first = rt.block_on(WsClient::connect(a, &token, None));
+    let spent_resume = first.welcome["resume"].as_str().expect("resume").to_string();
+    let second = rt.block_on(WsClient::try_connect_url(&format!("ws://{a}/v1/ws?resume={spent_resume}")))
+        .unwrap_or_else(|r| panic!("the resume credential, first use: {} {}", r.status, r.body));
+    let replays = 100;
+    let mut failures = Vec::new();
+    let mut figures = Vec::new();
+    for (kind, url_on, code) in [
+        ("token", Box::new(|addr: SocketAddr| ws_url(addr, Some(&token), None)) as Box<dyn Fn(SocketAddr) -> String>, "token_replayed"),
+        ("resume credential", Box::new(|addr: SocketAddr| format!("ws://{addr}/v1/ws?resume={spent_resume}")), "resume_invalid"),
+    ] {
+        let before = nats_in_msgs(monitor);
+        for i in 0..replays {
+            let addr = if i % 2 == 0 { a } else { b };
+            match rt.block_on(WsClient::try_connect_url(&url_on(addr))) {
+                Err(r) if (r.status, error_code(&r.body)) == (401, code) => {}
+                Err(r) => failures.push(format!("spent {kind} replay {i} on {addr}: {} {}, expected 401 {code}", r.status, r.body)),
+                Ok(ws) => failures.push(format!("spent {kind} replay {i} on {addr} opened a connection: {}", ws.welcome)),
+            }
+        }
+        let per_replay = (nats_in_msgs(monitor) - before) / replays as f64;
+        figures.push(format!("{kind}: {per_replay:.2} NATS messages per replay"));
+        if per_replay > 0.5 {
+            failures.push(format!("a replayed spent {kind} cost {per_replay:.2} NATS messages (at most 0.5)"));
+        }
+    }
+    eprintln!("{}", figures.join("; "));
+    rt.block_on(first.close());
+    rt.block_on(second.close());
+    fail_with_logs(&cluster, "a_replayed_spent_credential", &failures, &LOG_NEEDLES);
+}
