@@ -248,7 +248,8 @@ impl Router {
             }
         };
         // A probe whose task ended without answering (it panicked) counts as not ready.
-        answer.wait_for(Option::is_some).await.map(|ready| ready.unwrap_or(false)).unwrap_or(false)
+        let ready = answer.wait_for(Option::is_some).await.map(|ready| ready.unwrap_or(false)).unwrap_or(false);
+        ready
     }
 
     /// Cluster mode: which node appends `room`'s events now (one writer per room).

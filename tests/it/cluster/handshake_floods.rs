@@ -173,10 +173,11 @@ fn a_replayed_spent_credential_costs_no_nats_message() {
     let replays = 100;
     let mut failures = Vec::new();
     let mut figures = Vec::new();
-    for (kind, url_on, code) in [
-        ("token", Box::new(|addr: SocketAddr| ws_url(addr, Some(&token), None)) as Box<dyn Fn(SocketAddr) -> String>, "token_replayed"),
-        ("resume credential", Box::new(|addr: SocketAddr| format!("ws://{addr}/v1/ws?resume={spent_resume}")), "resume_invalid"),
-    ] {
+    let token_url = |addr: SocketAddr| ws_url(addr, Some(&token), None);
+    let resume_url = |addr: SocketAddr| format!("ws://{addr}/v1/ws?resume={spent_resume}");
+    let kinds: [(&str, &dyn Fn(SocketAddr) -> String, &str); 2] =
+        [("token", &token_url, "token_replayed"), ("resume credential", &resume_url, "resume_invalid")];
+    for (kind, url_on, code) in kinds {
         let before = nats_in_msgs(monitor);
         for i in 0..replays {
             let addr = if i % 2 == 0 { a } else { b };
