@@ -20,59 +20,77 @@ fn fixed_key_stripe(user: &str) -> u64 {
     BuildHasherDefault::<DefaultHasher>::default().hash_one(user) % STRIPES
 }
 
-/// A peer `slow` whose `/readyz` answers 450 ms late (node b's, behind a link of 225 ms
-/// each way), up in node a's view (it heartbeats as a node that started an hour ago),
-/// owns 8 sessions of `mallory`, whose migration budget is spent. Eight attacker loops
-/// connect to a with `session=S&avoid=slow` (10 a second each, under the per-IP
-/// handshake limit): each move is charged, the spent budget refuses it (4029) and the
-/// token is given back, so it loops. Victims, among them users a fixed-key build puts on
-/// mallory's stripe, each connect alone to a meanwhile: every welcome within 300 ms.
-/// (Before: a's handshake probed `slow`'s `/readyz` under mallory's stripe, 450 ms per
-/// loop, and the victims on that stripe waited seconds.)
-#[test]
-fn victims_on_a_stripe_get_their_welcome_while_a_looping_credential_avoids_a_slow_peer() {
-    let _gate = crate::common::gate!();
-    let cluster = Cluster::start(2, &["--handshakes-per-ip-per-sec", "1000"]);
-    let (a, b) = (cluster.addr(0), cluster.addr(1));
-    let rt = runtime();
-    let link = Link::start();
-    let slow_url = format!("http://{}", link.proxy(b));
-    link.set(Condition::Degraded { one_way: Duration::from_millis(225), loss: 0.0 });
-    let attackers = 8;
-    let mallory = "mallory";
+/// A fake peer `slow`, up in the nodes' view: it heartbeats as a node started an hour
+/// ago, and its URL is node b's behind a link of 225 ms each way, so its `/readyz`
+/// answers 450 ms late. Its heartbeats stop when it is dropped.
+struct SlowPeer {
+    link: Link,
+    kv: KvSessions,
+    stop: Arc<AtomicBool>,
+}
 
-    let (kv, peer) = rt.block_on(async {
-        let peer = livegate::cluster::Cluster::connect(&cluster.nats.url(), "slow").await.unwrap_or_else(|e| panic!("connect: {e:?}"));
-        let kv = KvSessions::open(&peer).await.unwrap_or_else(|e| panic!("open kv: {e:?}"));
-        (kv, peer)
-    });
-    // The fake peer's heartbeats, until the test ends.
-    let stop = Arc::new(AtomicBool::new(false));
-    let beats = {
-        let (stop, peer, url) = (stop.clone(), peer.clone(), slow_url.clone());
-        let started_at_ms = now_ms() - 3_600_000;
+impl SlowPeer {
+    fn start(cluster: &Cluster, rt: &tokio::runtime::Runtime) -> SlowPeer {
+        let link = Link::start();
+        let url = format!("http://{}", link.proxy(cluster.addr(1)));
+        link.set(Condition::Degraded { one_way: Duration::from_millis(225), loss: 0.0 });
+        let (kv, peer) = rt.block_on(async {
+            let peer = livegate::cluster::Cluster::connect(&cluster.nats.url(), "slow").await.unwrap_or_else(|e| panic!("connect: {e:?}"));
+            let kv = KvSessions::open(&peer).await.unwrap_or_else(|e| panic!("open kv: {e:?}"));
+            (kv, peer)
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let beating = stop.clone();
+        let info = NodeInfo { name: "slow".into(), cell: "default".into(), url, draining: false, started_at_ms: now_ms() - 3_600_000, connections: Some(0) };
         rt.spawn(async move {
-            let info = NodeInfo { name: "slow".into(), cell: "default".into(), url, draining: false, started_at_ms, connections: Some(0) };
-            while !stop.load(Ordering::Relaxed) {
+            while !beating.load(Ordering::Relaxed) {
                 if let Err(e) = peer.heartbeat(&info).await {
                     eprintln!("slow's heartbeat: {e}");
                 }
                 pace_async(Duration::from_millis(250), "the fake peer's heartbeats").await;
             }
-        })
-    };
-    let heard = wait_until(Duration::from_secs(10), || cluster.http(0).metric("livegate_cluster_peers_alive") == Some(2.0));
-    assert!(heard, "a does not count slow alive: {:?}", cluster.http(0).metric("livegate_cluster_peers_alive"));
+        });
+        let heard = wait_until(Duration::from_secs(10), || cluster.http(0).metric("livegate_cluster_peers_alive") == Some(2.0));
+        assert!(heard, "a does not count slow alive: {:?}", cluster.http(0).metric("livegate_cluster_peers_alive"));
+        SlowPeer { link, kv, stop }
+    }
 
+    /// `session` of `user`, recorded as owned by `slow`.
+    fn owns(&self, rt: &tokio::runtime::Runtime, user: &str, session: &str) {
+        let record = SessionRecord { session: session.into(), user: user.into(), owner: "slow".into(), version: 0, updated_at_ms: now_ms() };
+        rt.block_on(self.kv.write_session(None, &record)).unwrap_or_else(|e| panic!("write {session}: {e:?}"));
+    }
+}
+
+impl Drop for SlowPeer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A peer `slow` whose `/readyz` answers 450 ms late ([`SlowPeer`]) owns 8 sessions of
+/// `mallory`, whose migration budget is spent. Eight attacker loops connect to a with
+/// `session=S&avoid=slow` (10 a second each, under the per-IP handshake limit): each
+/// move would be charged, the spent budget refuses it (4029) and the token is given
+/// back, so it loops. Victims, among them users a fixed-key build puts on mallory's
+/// stripe, each connect alone to a meanwhile: every welcome within 300 ms. (Before: a's
+/// handshake probed `slow`'s `/readyz` under mallory's stripe, 450 ms per loop, and the
+/// victims on that stripe waited seconds.)
+#[test]
+fn victims_on_a_stripe_get_their_welcome_while_a_looping_credential_avoids_a_slow_peer() {
+    let _gate = crate::common::gate!();
+    let cluster = Cluster::start(2, &["--handshakes-per-ip-per-sec", "1000"]);
+    let a = cluster.addr(0);
+    let rt = runtime();
+    let slow = SlowPeer::start(&cluster, &rt);
+    let attackers = 8;
+    let mallory = "mallory";
     // mallory's sessions, owned by slow, and her budget spent.
     let sessions: Vec<String> = (0..attackers).map(|i| format!("mallory-session-{i}")).collect();
-    rt.block_on(async {
-        for session in &sessions {
-            let record = SessionRecord { session: session.clone(), user: mallory.into(), owner: "slow".into(), version: 0, updated_at_ms: now_ms() };
-            kv.write_session(None, &record).await.unwrap_or_else(|e| panic!("write {session}: {e:?}"));
-        }
-        kv.set_last_migration(mallory, now_ms()).await.unwrap_or_else(|e| panic!("spend mallory's budget: {e:?}"));
-    });
+    for session in &sessions {
+        slow.owns(&rt, mallory, session);
+    }
+    rt.block_on(slow.kv.set_last_migration(mallory, now_ms())).unwrap_or_else(|e| panic!("spend mallory's budget: {e:?}"));
 
     // Victims: four a fixed-key build puts on mallory's stripe, and twenty others.
     let stripe = fixed_key_stripe(mallory);
@@ -89,6 +107,7 @@ fn victims_on_a_stripe_get_their_welcome_while_a_looping_credential_avoids_a_slo
     let before: Vec<Duration> = (0..4).map(|i| welcome_within(&format!("before-{i}"))).collect();
 
     // The attack.
+    let stop = Arc::new(AtomicBool::new(false));
     let loops = Arc::new(AtomicUsize::new(0));
     let mut failures = Vec::new();
     let attack: Vec<_> = sessions
@@ -126,7 +145,6 @@ fn victims_on_a_stripe_get_their_welcome_while_a_looping_credential_avoids_a_slo
             }
         }
     }
-    rt.block_on(beats).expect("heartbeat task");
 
     let ms = |d: &Duration| d.as_secs_f64() * 1000.0;
     let mut sorted: Vec<f64> = during.iter().map(|(_, d)| ms(d)).collect();
@@ -144,7 +162,65 @@ fn victims_on_a_stripe_get_their_welcome_while_a_looping_credential_avoids_a_slo
             failures.push(format!("{user} waited {took:?} for its welcome during the attack (at most 300 ms)"));
         }
     }
+    drop(slow);
     fail_with_logs(&cluster, "victims_on_a_stripe", &failures, &LOG_NEEDLES);
+}
+
+/// Eight users whose sessions `slow` owns ([`SlowPeer`], `/readyz` 450 ms late), with
+/// their budgets unspent, all connect to a at once with `avoid=slow`: each move is
+/// charged (slow says it is ready) and made, and slow is asked once for all of them
+/// (at most two connections through its link). (Before: one probe per handshake, 8.)
+#[test]
+fn a_slow_peer_is_asked_once_for_all_the_handshakes_that_avoid_it_at_once() {
+    let _gate = crate::common::gate!();
+    let cluster = Cluster::start(2, &["--handshakes-per-ip-per-sec", "1000"]);
+    let a = cluster.addr(0);
+    let rt = runtime();
+    let slow = SlowPeer::start(&cluster, &rt);
+    let movers: Vec<(String, String, String)> = (0..8)
+        .map(|i| {
+            let (user, session) = (format!("mover-{i}"), format!("mover-session-{i}"));
+            slow.owns(&rt, &user, &session);
+            let token = try_mint(a, &user, "web").unwrap_or_else(|e| panic!("{e}"));
+            (user, session, token)
+        })
+        .collect();
+    let probes_before = slow.link.accepted();
+    let started = Instant::now();
+    let moved: Vec<Result<(String, Duration), String>> = rt.block_on(async {
+        let tries = movers.iter().map(|(user, session, token)| {
+            let url = format!("{}&avoid=slow", ws_url(a, Some(token), Some(session)));
+            async move {
+                match WsClient::try_connect_url(&url).await {
+                    Ok(ws) => {
+                        let took = started.elapsed();
+                        let got = ws.session().to_string();
+                        ws.close().await;
+                        if &got == session {
+                            Ok((user.clone(), took))
+                        } else {
+                            Err(format!("{user} asked for {session} and got {got}"))
+                        }
+                    }
+                    Err(r) => Err(format!("{user}'s avoided move refused: {} {}", r.status, r.body)),
+                }
+            }
+        });
+        futures_util::future::join_all(tries).await
+    });
+    let probes = slow.link.accepted() - probes_before;
+    let mut failures: Vec<String> = moved.iter().filter_map(|m| m.as_ref().err().cloned()).collect();
+    let took: Vec<u128> = moved.iter().filter_map(|m| m.as_ref().ok()).map(|(_, d)| d.as_millis()).collect();
+    eprintln!("8 avoided moves at once: {probes} probe(s) of slow's /readyz; welcomes after {took:?} ms");
+    if probes > 2 {
+        failures.push(format!("slow was probed {probes} times for 8 handshakes at once (at most 2)"));
+    }
+    let charged = cluster.http(0).metric_total("livegate_migrations_total");
+    if charged < 8.0 {
+        failures.push(format!("livegate_migrations_total on a is {charged}, expected the 8 moves"));
+    }
+    drop(slow);
+    fail_with_logs(&cluster, "a_slow_peer_is_asked_once", &failures, &LOG_NEEDLES);
 }
 
 /// `in_msgs` of the NATS server's `/varz` on `monitor`: every message its clients sent.
