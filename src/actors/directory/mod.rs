@@ -119,6 +119,11 @@ const USER_STRIPES: usize = 64;
 /// pass after decides without one ([`Shared::open`]).
 const PROBE_PASSES: usize = 2;
 
+/// The leased-sessions table is shrunk when its capacity is this many times its size...
+const SPARSE_FACTOR: usize = 4;
+/// ...and above this many entries' worth (small tables are not worth a rehash).
+const SHRINK_ABOVE: usize = 1024;
+
 /// What the route makes of a handshake's asked session.
 enum Move {
     /// Nothing to charge: no move, a forced one, or a new session.
@@ -127,10 +132,6 @@ enum Move {
     /// owner still says it is ready.
     Avoided { owner: Option<String> },
 }
-/// The leased-sessions table is shrunk when its capacity is this many times its size...
-const SPARSE_FACTOR: usize = 4;
-/// ...and above this many entries' worth (small tables are not worth a rehash).
-const SHRINK_ABOVE: usize = 1024;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum DirectoryError {
