@@ -112,7 +112,7 @@ mod tests {
     /// One step of a table: a question and what it gets, a probe's answer, or a look
     /// at the fresh answer, each at a time.
     enum Step {
-        Ask(&'static str, u64, Ask<u32>),
+        Query(&'static str, u64, Ask<u32>),
         Answer(&'static str, bool, u64),
         Known(&'static str, u64, Option<bool>),
     }
@@ -122,7 +122,7 @@ mod tests {
         let mut made = 0u32;
         for (i, step) in steps.iter().enumerate() {
             match step {
-                Step::Ask(node, now, expected) => {
+                Step::Query(node, now, expected) => {
                     let got = probes.ask(node, *now, || {
                         made += 1;
                         made
@@ -142,23 +142,23 @@ mod tests {
         run(&[
             Known("a", 0, None),
             // The first asker starts the probe (waiter 1); the others join it.
-            Ask("a", 0, Ask::Start(1)),
-            Ask("a", 10, Ask::Join(1)),
-            Ask("a", 449, Ask::Join(1)),
+            Query("a", 0, Ask::Start(1)),
+            Query("a", 10, Ask::Join(1)),
+            Query("a", 449, Ask::Join(1)),
             Known("a", 449, None),
             // Another peer has its own probe.
-            Ask("b", 20, Ask::Start(2)),
+            Query("b", 20, Ask::Start(2)),
             Answer("a", true, 450),
-            Ask("a", 450, Ask::Known(true)),
+            Query("a", 450, Ask::Known(true)),
             Known("a", 1_449, Some(true)),
-            Ask("a", 1_449, Ask::Known(true)),
+            Query("a", 1_449, Ask::Known(true)),
             // A second after the answer it is stale: the next question starts a probe.
             Known("a", 1_450, None),
-            Ask("a", 1_450, Ask::Start(3)),
+            Query("a", 1_450, Ask::Start(3)),
             Answer("a", false, 1_950),
-            Ask("a", 1_960, Ask::Known(false)),
+            Query("a", 1_960, Ask::Known(false)),
             // b's probe is still in flight.
-            Ask("b", 1_960, Ask::Join(2)),
+            Query("b", 1_960, Ask::Join(2)),
         ]);
     }
 
@@ -166,13 +166,13 @@ mod tests {
     fn a_probe_never_answered_is_replaced_after_it_counts_lost() {
         use Step::*;
         run(&[
-            Ask("a", 0, Ask::Start(1)),
-            Ask("a", PROBE_LOST_MS - 1, Ask::Join(1)),
-            Ask("a", PROBE_LOST_MS, Ask::Start(2)),
-            Ask("a", PROBE_LOST_MS + 1, Ask::Join(2)),
+            Query("a", 0, Ask::Start(1)),
+            Query("a", PROBE_LOST_MS - 1, Ask::Join(1)),
+            Query("a", PROBE_LOST_MS, Ask::Start(2)),
+            Query("a", PROBE_LOST_MS + 1, Ask::Join(2)),
             // The lost probe's late answer still counts (it is an answer about a).
             Answer("a", true, PROBE_LOST_MS + 2),
-            Ask("a", PROBE_LOST_MS + 3, Ask::Known(true)),
+            Query("a", PROBE_LOST_MS + 3, Ask::Known(true)),
         ]);
     }
 
@@ -201,13 +201,13 @@ mod tests {
     fn the_table_holds_only_fresh_answers_and_probes_in_flight() {
         use Step::*;
         let probes = run(&[
-            Ask("a", 0, Ask::Start(1)),
+            Query("a", 0, Ask::Start(1)),
             Answer("a", true, 10),
-            Ask("b", 0, Ask::Start(2)),
+            Query("b", 0, Ask::Start(2)),
             Answer("b", true, 10),
-            Ask("c", 500, Ask::Start(3)),
+            Query("c", 500, Ask::Start(3)),
             // At 1_200 a's and b's answers are stale: starting d's probe drops them.
-            Ask("d", 1_200, Ask::Start(4)),
+            Query("d", 1_200, Ask::Start(4)),
         ]);
         assert_eq!(probes.len(), 2, "c and d in flight only");
     }
