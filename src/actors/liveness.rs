@@ -26,6 +26,7 @@ use crate::config::Peer;
 use crate::core::heartbeats::{Heartbeats, NodeInfo, Seen};
 use crate::core::lifecycle::Lifecycle;
 use crate::core::liveness::{Change, Liveness};
+use crate::core::probes::{Ask, ReadyProbes};
 use crate::core::routing::{rendezvous, room_writer, route, Candidate, Reason, RouteQuestion};
 use crate::metrics::PeerLabel;
 use crate::world::now_ms;
@@ -86,6 +87,9 @@ pub struct Router {
     /// so a routing question takes the lock once.
     probed: bool,
     peers: Mutex<Peers>,
+    /// Peers' readiness as probes answered it, and the probes in flight (at most one per
+    /// known node).
+    ready: Mutex<ReadyProbes<tokio::sync::watch::Receiver<Option<bool>>>>,
 }
 
 /// A node as the router sees it now.
@@ -125,7 +129,7 @@ impl Router {
     fn new(me: Peer, peers: Peers, lifecycle: Arc<Lifecycle>, release_window: Duration) -> Router {
         let release_window_ms = release_window.as_millis() as u64;
         let probed = matches!(peers, Peers::Probed { .. });
-        Router { me, started_at_ms: now_ms(), lifecycle, release_window_ms, probed, peers: Mutex::new(peers) }
+        Router { me, started_at_ms: now_ms(), lifecycle, release_window_ms, probed, peers: Mutex::new(peers), ready: Mutex::default() }
     }
 
     pub fn me(&self) -> &Peer {
@@ -204,19 +208,48 @@ impl Router {
         Ok(RouteAnswer { node: node.peer.name.clone(), url: node.peer.url.clone(), reason: routed.reason })
     }
 
+    /// `node`'s readiness as a probe answered it within the last second
+    /// ([`crate::core::probes`]), without asking it: `None` when no answer is that fresh.
+    pub fn ready_known(&self, node: &str) -> Option<bool> {
+        self.ready.lock().known(node, now_ms())
+    }
+
     /// Whether `node` answers its own `/readyz` with 200 now. Asked before a move is
     /// charged to a user's budget: a client that could not reach its owner may have seen
     /// the owner's readiness go off before the owner's heartbeat said so here, and a
     /// move away from a node that is not ready is forced, never charged. A node this one
-    /// cannot reach either counts as not ready.
-    pub async fn answers_ready(&self, node: &str) -> bool {
+    /// cannot reach either counts as not ready. The probe is shared: at most one per node
+    /// in flight, joined by every caller meanwhile, and its answer serves everyone for a
+    /// second ([`crate::core::probes`]). It runs on a task of its own, so a caller that
+    /// gives up leaves it to finish and answer the others. Never awaited with a lock held
+    /// (the directory asks before it takes a user's stripe).
+    pub async fn answers_ready(self: &Arc<Self>, node: &str) -> bool {
         let url = self.nodes_now(now_ms()).into_iter().find(|n| n.peer.name == node).map(|n| format!("{}/readyz", n.peer.url));
         let Some(url) = url else { return false };
-        let asked = actix_web::rt::task::spawn_blocking(move || {
-            let agent = ureq::AgentBuilder::new().timeout(READY_PROBE_TIMEOUT).build();
-            agent.get(&url).call().is_ok_and(|response| response.status() == 200)
+        let mut sender = None;
+        let asked = self.ready.lock().ask(node, now_ms(), || {
+            let (tx, rx) = tokio::sync::watch::channel(None);
+            sender = Some(tx);
+            rx
         });
-        asked.await.unwrap_or(false)
+        let mut answer = match asked {
+            Ask::Known(ready) => return ready,
+            Ask::Join(answer) => answer,
+            Ask::Start(answer) => {
+                let (router, node, tx) = (Arc::clone(self), node.to_string(), sender.expect("a new probe made its waiter"));
+                tokio::task::spawn_blocking(move || {
+                    let agent = ureq::AgentBuilder::new().timeout(READY_PROBE_TIMEOUT).build();
+                    let ready = agent.get(&url).call().is_ok_and(|response| response.status() == 200);
+                    router.ready.lock().answered(&node, ready, now_ms());
+                    tracing::debug!(peer = %node, ready, "readiness probed");
+                    tx.send_replace(Some(ready));
+                });
+                answer
+            }
+        };
+        // A probe whose task ended without answering (it panicked) counts as not ready.
+        let ready = answer.wait_for(Option::is_some).await.map(|ready| ready.unwrap_or(false)).unwrap_or(false);
+        ready
     }
 
     /// Cluster mode: which node appends `room`'s events now (one writer per room).

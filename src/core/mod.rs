@@ -23,6 +23,7 @@ pub mod outbox;
 pub mod peer_input;
 pub mod occupancy;
 pub mod presence;
+pub mod probes;
 pub mod room;
 pub mod namespaces;
 pub mod proxies;
@@ -32,6 +33,7 @@ pub mod routing;
 pub mod sent;
 pub mod seqlog;
 pub mod sessions;
+pub mod spent;
 #[cfg(test)]
 mod sim;
 pub mod sse;

@@ -25,6 +25,7 @@ use crate::world::{now_ms, random_bytes, random_hex};
 use crate::actors::rooms::{RoomError, Rooms};
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::core::spent::{SpentNonces, Void};
 use crate::core::{names, token};
 use crate::protocol::{self, CloseCode, ErrorCode, PublishReply, TokenReply};
 use crate::store::Store;
@@ -69,6 +70,8 @@ pub struct AppState {
     pub sessions: Arc<dyn SessionStore>,
     /// Where token nonces are marked used (the store, or NATS in cluster mode).
     pub nonces: Arc<dyn seams::Nonces>,
+    /// Nonces this node knows are void, checked before `nonces` is asked anything.
+    pub spent: Arc<parking_lot::Mutex<SpentNonces>>,
     /// Kicks reach other nodes' connections through it (cluster mode).
     pub other_nodes: Arc<dyn seams::OtherNodes>,
     pub liveness: Addr<LivenessActor>,
@@ -620,6 +623,7 @@ struct Spent {
     who: Credentialed,
     nonce: [u8; 16],
     spent_in: seams::SpentIn,
+    expires_at_ms: u64,
     kind: CredentialKind,
     times: CredentialTimes,
 }
@@ -658,16 +662,22 @@ async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<V
                 token::TokenError::Expired => "has expired",
             })
         })?;
+        known_void(state, &resume.nonce, now, CredentialKind::Resume)?;
         let (revoked_at, kicked_at) = futures_util::future::join(
             state.nonces.resumes_revoked_at(&resume.session),
             state.nonces.kicked_at(&resume.user, &resume.device),
         )
         .await;
-        if resume.revoked_by(revoked_at.map_err(internal)?) {
-            return Err(resume_invalid("was revoked (its session was kicked or replaced)"));
-        }
-        if token::voided_by_kick(resume.issued_at_ms, kicked_at.map_err(internal)?) {
-            return Err(resume_invalid("was revoked (its user was kicked)"));
+        let void = if resume.revoked_by(revoked_at.map_err(internal)?) {
+            Some(Void::Revoked)
+        } else if token::voided_by_kick(resume.issued_at_ms, kicked_at.map_err(internal)?) {
+            Some(Void::Kicked)
+        } else {
+            None
+        };
+        if let Some(why) = void {
+            state.spent.lock().remember(resume.nonce, resume.expires_at_ms, why, now);
+            return Err(void_refusal(CredentialKind::Resume, why));
         }
         let times = CredentialTimes { issued_at_ms: resume.issued_at_ms, checked_at_ms: now };
         let who = Credentialed {
@@ -687,9 +697,11 @@ async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<V
         };
         api_error(code, e.to_string())
     })?;
+    known_void(state, &claims.nonce, now, CredentialKind::Token)?;
     let issued_at_ms = claims.issued_at_or_earliest(state.config.token_ttl_max().as_millis() as u64);
     if token::voided_by_kick(issued_at_ms, state.nonces.kicked_at(&claims.user, &claims.device).await.map_err(internal)?) {
-        return Err(api_error(ErrorCode::InvalidToken, "token was revoked: its user was kicked after it was minted"));
+        state.spent.lock().remember(claims.nonce, claims.expires_at_ms, Void::Kicked, now);
+        return Err(void_refusal(CredentialKind::Token, Void::Kicked));
     }
     let times = CredentialTimes { issued_at_ms, checked_at_ms: now };
     let who =
@@ -702,12 +714,32 @@ async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<V
 async fn spend_credential(verified: Verified, state: &AppState) -> Result<Spent, ApiError> {
     let Verified { who, nonce, expires_at_ms, kind, times } = verified;
     let Some(spent_in) = state.nonces.use_nonce(&nonce, expires_at_ms).await.map_err(internal)? else {
-        return Err(match kind {
-            CredentialKind::Resume => resume_invalid("was already used"),
-            CredentialKind::Token => api_error(ErrorCode::TokenReplayed, "token was already used"),
-        });
+        state.spent.lock().remember(nonce, expires_at_ms, Void::Used, now_ms());
+        return Err(void_refusal(kind, Void::Used));
     };
-    Ok(Spent { who, nonce, spent_in, kind, times })
+    Ok(Spent { who, nonce, spent_in, expires_at_ms, kind, times })
+}
+
+/// Refuse a credential this node already knows is void (`core::spent`), before the
+/// revocation and kick records or the nonce store are read: a replay costs no read.
+fn known_void(state: &AppState, nonce: &[u8; 16], now: u64, kind: CredentialKind) -> Result<(), ApiError> {
+    match state.spent.lock().check(nonce, now) {
+        Some(why) => Err(void_refusal(kind, why)),
+        None => Ok(()),
+    }
+}
+
+/// The refusal of a credential void for `why`.
+fn void_refusal(kind: CredentialKind, why: Void) -> ApiError {
+    match (kind, why) {
+        (CredentialKind::Resume, Void::Used) => resume_invalid("was already used"),
+        (CredentialKind::Resume, Void::Revoked) => resume_invalid("was revoked (its session was kicked or replaced)"),
+        (CredentialKind::Resume, Void::Kicked) => resume_invalid("was revoked (its user was kicked)"),
+        (CredentialKind::Token, Void::Used) => api_error(ErrorCode::TokenReplayed, "token was already used"),
+        (CredentialKind::Token, Void::Revoked | Void::Kicked) => {
+            api_error(ErrorCode::InvalidToken, "token was revoked: its user was kicked after it was minted")
+        }
+    }
 }
 
 /// A refusal the client is told to retry (`migration_budget`, `directory_unavailable`)
@@ -715,8 +747,10 @@ async fn spend_credential(verified: Verified, state: &AppState) -> Result<Spent,
 /// was opened with it, and while it was marked no other handshake could spend it, so a
 /// credential still opens at most one connection.
 async fn give_back(state: &AppState, spent: &Spent) {
-    if let Err(error) = state.nonces.unuse_nonce(&spent.nonce, spent.spent_in).await {
-        tracing::warn!(%error, "a refused handshake's credential stays spent");
+    match state.nonces.unuse_nonce(&spent.nonce, spent.spent_in).await {
+        // A replay that found it marked meanwhile remembered it: usable again here too.
+        Ok(()) => state.spent.lock().forget(&spent.nonce),
+        Err(error) => tracing::warn!(%error, "a refused handshake's credential stays spent"),
     }
 }
 
@@ -844,16 +878,22 @@ async fn handshake<S>(
     authorise(&shaped, &verified.who)?;
     let spent = spend_credential(verified, state).await?;
     let open = OpenSession { user: spent.who.user.clone(), asked: spent.who.session.clone(), avoid };
+    // Spent for good unless given back: a replay here is then refused before anything
+    // is read.
+    let spent_for_good = || state.spent.lock().remember(spent.nonce, spent.expires_at_ms, Void::Used, now_ms());
     let grant = match state.session_opener.open(open).await {
         Ok(grant) => grant,
         Err(error) => {
             let (refusal, retry) = directory_refusal(error);
             if retry {
                 give_back(state, &spent).await;
+            } else {
+                spent_for_good();
             }
             return Err(refusal);
         }
     };
+    spent_for_good();
     state.metrics.handshake_credential(spent.kind.label());
     let Spent { who, times, .. } = spent;
     // The nonce (and any session record) must survive a crash, or a restart would reopen

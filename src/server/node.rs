@@ -269,6 +269,7 @@ impl Node {
             handshake_flushes: crate::http::durable::HandshakeFlushes::new(store.clone()),
             sessions: backends.sessions,
             nonces: backends.nonces,
+            spent: Default::default(),
             other_nodes,
             liveness,
             router: router.clone(),

@@ -34,7 +34,7 @@ pub use handover::{HandOver, HandedOver};
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+use std::hash::{BuildHasher, RandomState};
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -115,10 +115,23 @@ const EXPIRE_BATCH: usize = 1000;
 
 /// Lock stripes serialising the handshakes of users whose ids hash alike.
 const USER_STRIPES: usize = 64;
+/// A handshake lets its stripe go for a readiness probe at most this many times; the
+/// pass after decides without one ([`Shared::open`]).
+const PROBE_PASSES: usize = 2;
+
 /// The leased-sessions table is shrunk when its capacity is this many times its size...
 const SPARSE_FACTOR: usize = 4;
 /// ...and above this many entries' worth (small tables are not worth a rehash).
 const SHRINK_ABOVE: usize = 1024;
+
+/// What the route makes of a handshake's asked session.
+enum Move {
+    /// Nothing to charge: no move, a forced one, or a new session.
+    Free,
+    /// The client avoided `owner`, which this node counts ready: a charged move if the
+    /// owner still says it is ready.
+    Avoided { owner: Option<String> },
+}
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum DirectoryError {
@@ -268,6 +281,10 @@ struct Shared {
     incarnation: u64,
     /// Held across a handshake's reads and writes, one stripe per user hash.
     users: Vec<tokio::sync::Mutex<()>>,
+    /// The stripes' hash, keyed at random at start: which users share a stripe cannot be
+    /// computed from outside, so nobody can pick a user whose handshakes queue behind
+    /// another's.
+    stripes: RandomState,
     memory: Mutex<Memory>,
     metrics: Arc<Metrics>,
 }
@@ -304,6 +321,7 @@ impl Directory {
             warmup: settings.warmup,
             incarnation: random_u64().max(1),
             users: (0..USER_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+            stripes: RandomState::new(),
             memory: Mutex::new(memory),
             metrics,
         };
@@ -314,7 +332,7 @@ impl Directory {
 impl Shared {
     /// The lock serialising `user`'s handshakes (and the refreshes of its records).
     fn user_lock(&self, user: &str) -> &tokio::sync::Mutex<()> {
-        let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(user);
+        let hash = self.stripes.hash_one(user);
         &self.users[(hash % USER_STRIPES as u64) as usize]
     }
 
@@ -349,7 +367,9 @@ impl Shared {
     /// What this process knows of `session`, or the store's record where the rules say
     /// to read it: always where memory is not current (another node may have moved it),
     /// and for a session this process does not remember (see [`SessionStore::recall`]).
-    async fn lookup(&self, session: &str, warmup: bool) -> Result<Option<SessionRecord>, DirectoryError> {
+    /// `count`: a handshake's own lookup, counted in the warm-up metrics (not the early
+    /// look of [`Shared::refuse_early`]).
+    async fn lookup(&self, session: &str, warmup: bool, count: bool) -> Result<Option<SessionRecord>, DirectoryError> {
         let remembered = {
             let mut memory = self.memory.lock();
             match memory.live.get(session) {
@@ -357,7 +377,7 @@ impl Shared {
                 None => memory.recent.get(session).cloned(),
             }
         };
-        if warmup && remembered.is_none() {
+        if count && warmup && remembered.is_none() {
             self.metrics.warmup_reconnect_attempts.inc();
         }
         match remembered {
@@ -480,17 +500,10 @@ impl Shared {
     }
 
     /// Move every session of `user` owned elsewhere to this node. A move the router
-    /// forced is always made; one it did not choose (`charged`) is one budget charge.
+    /// forced is always made; one it did not choose (`charged`, its budget checked by the
+    /// caller under the same hold of the user's stripe) is one budget charge.
     /// Returns the asked session's record as it stands after the move.
     async fn migrate_user(&self, user: &str, asked: &SessionRecord, now: u64, charged: bool) -> Result<SessionRecord, DirectoryError> {
-        if charged {
-            let last = self.sessions.last_migration(user).await?;
-            if let Err(refusal) = check_migration_budget(last, now, self.migration_window_ms) {
-                self.metrics.migration_refusals.inc();
-                tracing::info!(user, %refusal, "migration refused");
-                return Err(refusal.into());
-            }
-        }
         let mut records = self.sessions.sessions_of_user(user).await?;
         if !records.iter().any(|r| r.session == asked.session) {
             records.push(asked.clone());
@@ -553,54 +566,119 @@ impl Shared {
 
     /// The session a handshake gets, held by one more lease (returned as the session id;
     /// the caller wraps it in a [`SessionLease`]).
+    ///
+    /// Nothing here waits on a peer while the user's stripe is held: a move that would be
+    /// charged asks whether the avoided owner still answers `/readyz`, and when no answer
+    /// of the last second is known ([`Router::ready_known`]) the stripe is let go, the
+    /// shared probe awaited, and the decision made again from the top with its answer.
+    /// The budget is checked before any probe, so a refused handshake costs none; and a
+    /// handshake with `avoid` is first decided from reads alone, before the stripe is
+    /// taken, so a credential looping on its given-back refusal holds no stripe at all.
     async fn open(&self, msg: OpenSession) -> Result<(String, bool, bool), DirectoryError> {
-        let _user = self.user_lock(&msg.user).lock().await;
-        let now = now_ms();
-        let warmup = self.in_warmup();
-        let asked = match msg.asked.as_deref().filter(|s| !s.is_empty()) {
-            None => None,
-            Some(session) => self.lookup(session, warmup).await?,
-        };
+        if msg.avoid.is_some() {
+            self.refuse_early(&msg).await?;
+        }
+        let mut probed: Option<(String, bool)> = None;
+        for pass in 0..=PROBE_PASSES {
+            let _user = self.user_lock(&msg.user).lock().await;
+            let now = now_ms();
+            let warmup = self.in_warmup();
+            let asked = match msg.asked.as_deref().filter(|s| !s.is_empty()) {
+                None => None,
+                Some(session) => self.lookup(session, warmup, true).await?,
+            };
+            let view = asked.as_ref().map(|r| SessionView { user: &r.user, owner: &r.owner, version: r.version });
+            let plan = plan_session(view, &msg.user, &self.node);
+            let charged = match self.routed_move(&msg, asked.as_ref(), &plan)? {
+                Move::Free => false,
+                Move::Avoided { owner } => {
+                    self.check_budget(&msg.user, now).await?;
+                    let answered = probed.as_ref().filter(|(node, _)| Some(node.as_str()) == owner.as_deref()).map(|(_, ready)| *ready);
+                    let ready = match owner.as_deref() {
+                        // No owner to ask (peers mode, a session no node placed): not ready.
+                        None => false,
+                        Some(owner) => match answered.or_else(|| self.router.ready_known(owner)) {
+                            Some(ready) => ready,
+                            // The record changed under every probe: the move is one the
+                            // route did not choose, as far as this node can tell.
+                            None if pass == PROBE_PASSES => true,
+                            None => {
+                                drop(_user);
+                                let ready = self.router.answers_ready(owner).await;
+                                probed = Some((owner.to_string(), ready));
+                                continue;
+                            }
+                        },
+                    };
+                    if ready {
+                        tracing::info!(user = %msg.user, owner = ?owner, "move charged to the budget: the client could not reach its ready owner");
+                    } else {
+                        tracing::debug!(user = %msg.user, owner = ?owner, "the owner the client avoided is not ready: a forced move");
+                    }
+                    ready
+                }
+            };
+            let (record, migrated) = match (plan, asked) {
+                (SessionPlan::Reuse, Some(record)) => (record, false),
+                (SessionPlan::Migrate { .. }, Some(record)) => (self.migrate_user(&msg.user, &record, now, charged).await?, true),
+                _ => (self.create(&msg.user, now).await?, false),
+            };
+            let session = record.session.clone();
+            self.hold(record)?;
+            if warmup && msg.asked.as_deref() == Some(session.as_str()) {
+                self.metrics.warmup_reconnect_successes.inc();
+            }
+            return Ok((session, warmup, migrated));
+        }
+        unreachable!("the last pass decides without a probe")
+    }
+
+    /// Before the stripe: the refusals that reads alone decide for a handshake with
+    /// `avoid` (the session is served elsewhere; the move would be charged to a spent
+    /// budget). Both are refusals the client retries, so one made from a read that a
+    /// concurrent handshake of the user overtook costs a retry, nothing more; a handshake
+    /// that passes is decided again under the stripe.
+    async fn refuse_early(&self, msg: &OpenSession) -> Result<(), DirectoryError> {
+        let Some(session) = msg.asked.as_deref().filter(|s| !s.is_empty()) else { return Ok(()) };
+        let asked = self.lookup(session, self.in_warmup(), false).await?;
         let view = asked.as_ref().map(|r| SessionView { user: &r.user, owner: &r.owner, version: r.version });
         let plan = plan_session(view, &msg.user, &self.node);
-        // Where the asked session is served: the router's answer for a session of this
-        // user that a node owns, and (peers mode, where no record names owners across
-        // nodes) for any asked session, known here or not.
-        let asked_id = msg.asked.as_deref().filter(|s| !s.is_empty());
-        let owned = matches!(plan, SessionPlan::Reuse | SessionPlan::Migrate { .. });
-        let charged = match asked_id {
-            Some(session) if owned || (asked.is_none() && self.router.placement_decides()) => {
-                let owner = asked.as_ref().map(|r| r.owner.as_str());
-                let routed = self.router.route(session, &msg.user, owner, msg.avoid.as_deref()).map_err(DirectoryError::NoAliveNode)?;
-                if routed.node != self.node {
-                    self.metrics.handshakes_redirected.inc();
-                    tracing::debug!(session, user = %msg.user, to = %routed.node, "handshake sent to the session's node");
-                    return Err(DirectoryError::Elsewhere { node: routed.node, url: routed.url });
-                }
-                // The client could not reach an owner this node counts ready: charged only
-                // if the owner says so itself (its readiness goes off before its heartbeat
-                // tells the others that it drains).
-                let charged = routed.reason.charged() && self.router.answers_ready(owner.unwrap_or_default()).await;
-                if charged {
-                    tracing::info!(session, user = %msg.user, owner = ?owner, "move charged to the budget: the client could not reach its ready owner");
-                } else if routed.reason.charged() {
-                    tracing::debug!(session, user = %msg.user, owner = ?owner, "the owner the client avoided is not ready: a forced move");
-                }
-                charged
-            }
-            _ => false,
-        };
-        let (record, migrated) = match (plan, asked) {
-            (SessionPlan::Reuse, Some(record)) => (record, false),
-            (SessionPlan::Migrate { .. }, Some(record)) => (self.migrate_user(&msg.user, &record, now, charged).await?, true),
-            _ => (self.create(&msg.user, now).await?, false),
-        };
-        let session = record.session.clone();
-        self.hold(record)?;
-        if warmup && msg.asked.as_deref() == Some(session.as_str()) {
-            self.metrics.warmup_reconnect_successes.inc();
+        if let Move::Avoided { .. } = self.routed_move(msg, asked.as_ref(), &plan)? {
+            self.check_budget(&msg.user, now_ms()).await?;
         }
-        Ok((session, warmup, migrated))
+        Ok(())
+    }
+
+    /// Where the asked session is served: the router's answer for a session of this user
+    /// that a node owns, and (peers mode, where no record names owners across nodes) for
+    /// any asked session, known here or not. Served elsewhere: refused with that node.
+    fn routed_move(&self, msg: &OpenSession, asked: Option<&SessionRecord>, plan: &SessionPlan) -> Result<Move, DirectoryError> {
+        let Some(session) = msg.asked.as_deref().filter(|s| !s.is_empty()) else { return Ok(Move::Free) };
+        let owned = matches!(plan, SessionPlan::Reuse | SessionPlan::Migrate { .. });
+        if !(owned || (asked.is_none() && self.router.placement_decides())) {
+            return Ok(Move::Free);
+        }
+        let owner = asked.map(|r| r.owner.as_str());
+        let routed = self.router.route(session, &msg.user, owner, msg.avoid.as_deref()).map_err(DirectoryError::NoAliveNode)?;
+        if routed.node != self.node {
+            self.metrics.handshakes_redirected.inc();
+            tracing::debug!(session, user = %msg.user, to = %routed.node, "handshake sent to the session's node");
+            return Err(DirectoryError::Elsewhere { node: routed.node, url: routed.url });
+        }
+        // The client could not reach an owner this node counts ready: charged only if the
+        // owner says so itself (its readiness goes off before its heartbeat tells the
+        // others that it drains).
+        Ok(if routed.reason.charged() { Move::Avoided { owner: owner.map(str::to_string) } } else { Move::Free })
+    }
+
+    /// The user's migration budget allows one more charged move at `now`.
+    async fn check_budget(&self, user: &str, now: u64) -> Result<(), DirectoryError> {
+        let last = self.sessions.last_migration(user).await?;
+        check_migration_budget(last, now, self.migration_window_ms).map_err(|refusal| {
+            self.metrics.migration_refusals.inc();
+            tracing::info!(user, %refusal, "migration refused");
+            refusal.into()
+        })
     }
 
     async fn reconcile(&self) -> Result<(usize, usize), DirectoryError> {

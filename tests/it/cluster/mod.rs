@@ -25,7 +25,9 @@
 //! (`common::concurrency::WIDER`). Every wait is bounded; on failure the node logs are kept (the
 //! path is printed).
 //!
-//! The areas, one module each: [`fanout`], [`interest`] (a node takes only its rooms'
+//! The areas, one module each: [`fanout`], [`handshake_floods`] (floods of handshakes
+//! that must cost other users nothing: a slow peer avoided, spent credentials replayed),
+//! [`interest`] (a node takes only its rooms'
 //! events), [`load`] (kills, outages and restarts under
 //! load), [`sessions`], [`routing`], [`state`] (room state and presence), [`occupancy`]
 //! (webhooks from the room's writer), [`peers`] (what a forged peer's heartbeats and
@@ -34,6 +36,7 @@
 
 mod chaos;
 mod fanout;
+mod handshake_floods;
 mod interest;
 mod load;
 mod occupancy;

@@ -60,6 +60,8 @@ pub struct Link {
     condition: watch::Sender<Condition>,
     /// Seeds the loss draws of each new connection, so a run is repeatable per link.
     seed: Arc<Mutex<Rng>>,
+    /// Connections accepted by this link's proxies.
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -72,7 +74,12 @@ impl Link {
             .enable_all()
             .build()
             .expect("link runtime");
-        Link { condition: watch::channel(Condition::Up).0, seed: Arc::new(Mutex::new(Rng::new(33))), runtime: Some(runtime) }
+        Link {
+            condition: watch::channel(Condition::Up).0,
+            seed: Arc::new(Mutex::new(Rng::new(33))),
+            accepted: Default::default(),
+            runtime: Some(runtime),
+        }
     }
 
     /// A new proxy on this link in front of `upstream`; returns where it listens.
@@ -81,10 +88,11 @@ impl Link {
         let listener = runtime.block_on(TcpListener::bind("127.0.0.1:0")).expect("link bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("link addr");
         let condition = self.condition.subscribe();
-        let seed = self.seed.clone();
+        let (seed, accepted) = (self.seed.clone(), self.accepted.clone());
         runtime.spawn(async move {
             loop {
                 let Ok((downstream, _)) = listener.accept().await else { continue };
+                accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let seed = seed.lock().unwrap().next_u64();
                 tokio::spawn(carry(downstream, upstream, condition.clone(), seed));
             }
@@ -102,6 +110,11 @@ impl Link {
             })
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// How many connections this link's proxies have accepted.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn set(&self, condition: Condition) {

@@ -98,6 +98,12 @@ impl NatsServer {
     /// `dir/nats-N.log`), on a free port (another one is tried if the port was taken
     /// between choosing and binding it).
     pub fn start_in(dir: &Path) -> NatsServer {
+        NatsServer::start_in_with(dir, &[])
+    }
+
+    /// [`NatsServer::start_in`] with `args` after the store dir (`-m PORT`: the
+    /// monitoring endpoint, whose `/varz` counts the messages clients sent).
+    pub fn start_in_with(dir: &Path, args: &[&str]) -> NatsServer {
         require_nats_server();
         let store = dir.join("nats-store");
         std::fs::create_dir_all(&store).expect("create the NATS store dir");
@@ -106,7 +112,7 @@ impl NatsServer {
             let mut server = NatsServer {
                 child: None,
                 binary: NATS_SERVER.into(),
-                args: Vec::new(),
+                args: args.iter().map(|a| a.to_string()).collect(),
                 port: free_port(),
                 store: store.clone(),
                 log: PathBuf::new(),
@@ -356,6 +362,16 @@ impl Cluster {
         let nats = NatsServer::start_in(root.path());
         let seeds = (0..n).map(|_| Some(link.proxy_urls(&nats.url()))).collect();
         Cluster::start_with_seeds(nats, root, n, extra, seeds)
+    }
+
+    /// [`Cluster::start`] with nats-server's monitoring endpoint on a free port (`-m`),
+    /// returned with the cluster: `GET /varz` there counts the messages the nodes sent
+    /// (`in_msgs`).
+    pub fn start_monitored(n: usize, extra: &[&str]) -> (Cluster, u16) {
+        let root = tempfile::Builder::new().prefix("livegate-cluster-").tempdir().expect("tempdir");
+        let monitor = free_port();
+        let nats = NatsServer::start_in_with(root.path(), &["-m", &monitor.to_string()]);
+        (Cluster::start_on(nats, root, n, extra), monitor)
     }
 }
 
