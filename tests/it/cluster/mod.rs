@@ -28,7 +28,7 @@
 //! The areas, one module each: [`fanout`], [`interest`] (a node takes only its rooms'
 //! events), [`load`] (kills, outages and restarts under
 //! load), [`sessions`], [`routing`], [`state`] (room state and presence), [`occupancy`]
-//! (webhooks from the room's writer) and [`rolling_release`] (the seed's incident: 200
+//! (webhooks from the room's writer), [`permissions`] (the book's NATS account) and [`rolling_release`] (the seed's incident: 200
 //! livegate.js clients behind a balancer).
 
 mod chaos;
@@ -36,6 +36,7 @@ mod fanout;
 mod interest;
 mod load;
 mod occupancy;
+mod permissions;
 mod rolling_release;
 mod routing;
 mod sessions;
