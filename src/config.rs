@@ -639,10 +639,10 @@ impl Config {
             ("cluster_nats_password", &self.cluster_nats_password),
             ("cluster_nats_token", &self.cluster_nats_token),
         ];
-        if let Some((key, _)) = login.iter().find(|(_, value)| value.as_ref().is_some_and(|v| v.is_empty())) {
+        if let Some(&(key, _)) = login.iter().find(|(_, value)| value.as_ref().is_some_and(|v| v.is_empty())) {
             return Err(invalid(key, "must not be empty".to_string()));
         }
-        if let Some((key, _)) = login.iter().find(|(_, value)| value.is_some()).filter(|_| self.cluster_nats_url.is_none()) {
+        if let Some(&(key, _)) = login.iter().find(|(_, value)| value.is_some()).filter(|_| self.cluster_nats_url.is_none()) {
             return Err(invalid(key, "needs cluster_nats_url: only cluster mode logs in to NATS".to_string()));
         }
         if self.cluster_nats_user.is_some() != self.cluster_nats_password.is_some() {
