@@ -116,7 +116,7 @@ fn a_cluster_under_the_books_nats_account_runs_its_main_paths_without_a_permissi
         failures.push(format!("history on b: {history}, expected seqs {published:?}"));
     }
     let (status, state) = http_a.request("GET", &format!("/v1/rooms/{ROOM}/state"), Auth::Key, Body::None);
-    if status != 200 || state["state"] != json!({"score": "1-0"}) {
+    if status != 200 || state["data"] != json!({"score": "1-0"}) {
         failures.push(format!("state on a: {status} {state}"));
     }
     let two = wait_until(WAIT, || {
