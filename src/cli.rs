@@ -332,6 +332,9 @@ fn check_config(flags: &ConfigFlags) -> Result<(), CliError> {
     if !config.webhook_secret.is_empty() {
         config.webhook_secret = "********".into();
     }
+    for secret in [&mut config.cluster_nats_password, &mut config.cluster_nats_token].into_iter().flatten() {
+        *secret = "********".into();
+    }
     // URLs may carry credentials in their userinfo or query.
     config.webhook_url = crate::core::redact::url_for_log(&config.webhook_url);
     config.cluster_nats_url = config.cluster_nats_url.as_deref().map(crate::core::redact::url_for_log);

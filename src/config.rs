@@ -223,6 +223,15 @@ config_keys! {
         "Test only: /v1/echo echoes WebSocket messages without a token, for conformance suites";
     cluster_nats_url: Option<String> = None => "single node", "URLS",
         "Cluster mode: nats://HOST:PORT of the NATS servers (with JetStream) every node joins through, comma-separated: the seeds to connect and reconnect to";
+    cluster_nats_user: Option<String> = None => "none", "USER",
+        "Cluster mode: the NATS user every node logs in as, with cluster_nats_password",
+        "The Cluster chapter's NATS permissions section gives an account for it with only the subjects and streams livegate uses. Anyone holding these credentials can read the token secret (and so mint tokens), every room's events and every session, and send kicks and rebalance orders: guard them like the API key.";
+    cluster_nats_password: Option<String> = None => "none", "PASSWORD",
+        "Cluster mode: cluster_nats_user's password",
+        "Never logged; `check-config` masks it. Credentials in `cluster_nats_url` (`nats://USER:PASS@HOST`) are refused: the NATS client would not send them.";
+    cluster_nats_token: Option<String> = None => "none", "TOKEN",
+        "Cluster mode: a token to log in to NATS with, instead of a user and password",
+        "Never logged; `check-config` masks it.";
     cluster_replicas: Option<u64> = None => "3 when NATS has three or more JetStream servers, else 1", "N",
         "Cluster mode: replicas (1 or 3) of every stream and KV bucket livegate creates; an existing one with fewer is raised";
     directory_outage_secs: u64 = 30, "SECS",
@@ -341,7 +350,7 @@ pub const ENV_LOG_FORMAT: &str = "LIVEGATE_LOG_FORMAT";
 /// `LIVEGATE_*` variables that are not configuration keys but are still known.
 const ENV_NOT_KEYS: &[&str] = &[ENV_CONFIG_FILE, ENV_LOG_FORMAT];
 /// Keys whose values are secrets: error messages never repeat them.
-const SECRET_KEYS: &[&str] = &["api_key", "previous_api_keys", "webhook_secret"];
+const SECRET_KEYS: &[&str] = &["api_key", "previous_api_keys", "webhook_secret", "cluster_nats_password", "cluster_nats_token"];
 /// Shortest API key accepted, configured or read from the key file.
 pub const API_KEY_MIN_CHARS: usize = 16;
 
@@ -600,10 +609,18 @@ impl Config {
                     "must be nats://HOST:PORT or tls://HOST:PORT, or several of them separated by commas".to_string(),
                 ));
             }
+            if seeds.iter().any(|url| url.contains('@')) {
+                // Not echoed, and refused: the NATS client ignores a URL's userinfo.
+                return Err(invalid(
+                    "cluster_nats_url",
+                    "must not carry credentials (USER:PASSWORD@): set cluster_nats_user and cluster_nats_password, or cluster_nats_token".to_string(),
+                ));
+            }
             if !self.peers.is_empty() {
                 return Err(invalid("peers", "must be empty in cluster mode: nodes find each other by heartbeats".to_string()));
             }
         }
+        self.validate_nats_login()?;
         if self.peer_nodes()?.iter().any(|peer| peer.name == self.node) {
             return Err(invalid("peers", format!("lists this node ({}) itself", self.node)));
         }
@@ -614,6 +631,29 @@ impl Config {
 }
 
 impl Config {
+    /// The NATS login keys: a user with its password, or a token, and only in cluster mode.
+    /// Values are never echoed.
+    fn validate_nats_login(&self) -> Result<(), ConfigError> {
+        let login = [
+            ("cluster_nats_user", &self.cluster_nats_user),
+            ("cluster_nats_password", &self.cluster_nats_password),
+            ("cluster_nats_token", &self.cluster_nats_token),
+        ];
+        if let Some(&(key, _)) = login.iter().find(|(_, value)| value.as_ref().is_some_and(|v| v.is_empty())) {
+            return Err(invalid(key, "must not be empty".to_string()));
+        }
+        if let Some(&(key, _)) = login.iter().find(|(_, value)| value.is_some()).filter(|_| self.cluster_nats_url.is_none()) {
+            return Err(invalid(key, "needs cluster_nats_url: only cluster mode logs in to NATS".to_string()));
+        }
+        if self.cluster_nats_user.is_some() != self.cluster_nats_password.is_some() {
+            return Err(invalid("cluster_nats_user", "and cluster_nats_password must be set together".to_string()));
+        }
+        if self.cluster_nats_token.is_some() && self.cluster_nats_user.is_some() {
+            return Err(invalid("cluster_nats_token", "and cluster_nats_user are two ways to log in: set one".to_string()));
+        }
+        Ok(())
+    }
+
     /// Whether webhooks are on (`webhook_url` set).
     pub fn webhooks_enabled(&self) -> bool {
         !self.webhook_url.is_empty()

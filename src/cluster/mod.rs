@@ -262,6 +262,26 @@ pub struct StreamLimits {
     pub replicas: Option<usize>,
 }
 
+/// How a node logs in to NATS: `cluster_nats_user` and `cluster_nats_password`, or
+/// `cluster_nats_token`, or nothing. `Debug` shows no secret.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub enum NatsAuth {
+    #[default]
+    None,
+    UserPassword { user: String, password: String },
+    Token(String),
+}
+
+impl std::fmt::Debug for NatsAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NatsAuth::None => f.write_str("None"),
+            NatsAuth::UserPassword { user, .. } => f.debug_struct("UserPassword").field("user", user).finish_non_exhaustive(),
+            NatsAuth::Token(_) => f.write_str("Token(..)"),
+        }
+    }
+}
+
 /// The node's NATS connection and JetStream handles; cheap to clone.
 #[derive(Clone)]
 pub struct Cluster {
@@ -288,13 +308,23 @@ impl Cluster {
         Cluster::connect_with(url, node, limits).await
     }
 
-    /// Connect to NATS through any of `urls` (comma-separated seeds; reconnecting in the
-    /// background after the first success, to any seed or server NATS tells of), and
-    /// create the streams and buckets when they do not exist yet, each with the replicas
-    /// of [`Cluster::replicas`] (an existing one with fewer is raised).
+    /// [`Cluster::connect_as`] without credentials (a NATS that asks for none).
     pub async fn connect_with(urls: &str, node: &str, limits: StreamLimits) -> Result<Cluster, ClusterError> {
+        Cluster::connect_as(urls, node, limits, &NatsAuth::None).await
+    }
+
+    /// Connect to NATS through any of `urls` (comma-separated seeds; reconnecting in the
+    /// background after the first success, to any seed or server NATS tells of) with
+    /// `auth`, and create the streams and buckets when they do not exist yet, each with
+    /// the replicas of [`Cluster::replicas`] (an existing one with fewer is raised).
+    pub async fn connect_as(urls: &str, node: &str, limits: StreamLimits, auth: &NatsAuth) -> Result<Cluster, ClusterError> {
         let seeds = crate::config::nats_seeds(urls);
-        let client = async_nats::ConnectOptions::new()
+        let options = match auth.clone() {
+            NatsAuth::None => async_nats::ConnectOptions::new(),
+            NatsAuth::UserPassword { user, password } => async_nats::ConnectOptions::with_user_and_password(user, password),
+            NatsAuth::Token(token) => async_nats::ConnectOptions::with_token(token),
+        };
+        let client = options
             .name(format!("livegate {node}"))
             .connection_timeout(REQUEST_TIMEOUT)
             .request_timeout(Some(REQUEST_TIMEOUT))
@@ -304,6 +334,9 @@ impl Cluster {
                 match event {
                     async_nats::Event::Connected => tracing::info!("NATS connected"),
                     async_nats::Event::Disconnected => tracing::warn!("NATS disconnected; reconnecting"),
+                    // A refused publish or subscribe (a permissions violation: the NATS
+                    // account lacks a subject this build uses) or a refused login.
+                    async_nats::Event::ServerError(error) => tracing::error!(%error, "NATS refused a request of this node"),
                     other => tracing::info!(event = %other, "NATS event"),
                 }
             })
@@ -699,6 +732,13 @@ mod tests {
             assert_eq!(text.starts_with("NATS is unreachable: "), expected, "{text}");
             assert_eq!(unreachable(error), expected, "{text}");
         }
+    }
+
+    #[test]
+    fn nats_credentials_are_not_shown() {
+        let login = NatsAuth::UserPassword { user: "livegate".into(), password: "s3cret-pw".into() };
+        assert_eq!(format!("{login:?}"), "UserPassword { user: \"livegate\", .. }");
+        assert_eq!(format!("{:?}", NatsAuth::Token("t0ken-xyz".into())), "Token(..)");
     }
 
     #[test]

@@ -236,6 +236,39 @@ fn load_cases() {
         case("one nats url", Values(vec![("cluster_nats_url", "\"tls://n1:4222\"")])).file("cluster_nats_url = \"tls://n1:4222\""),
         case("a bad nats seed", ErrorStarts("cluster_nats_url must be nats://HOST:PORT or tls://HOST:PORT, or several"))
             .flag("cluster_nats_url", "nats://n1:4222,n2:4222"),
+        // Logging in to NATS: a user with its password, or a token; secrets never echoed.
+        case("nats user and password", Values(vec![("cluster_nats_user", "\"livegate\""), ("cluster_nats_password", "\"s3cret\"")]))
+            .flag("cluster_nats_url", "nats://n1:4222")
+            .file("cluster_nats_user = \"livegate\"")
+            .env("LIVEGATE_CLUSTER_NATS_PASSWORD", "s3cret"),
+        case("nats token", Values(vec![("cluster_nats_token", "\"t0ken\"")]))
+            .flag("cluster_nats_url", "nats://n1:4222")
+            .env("LIVEGATE_CLUSTER_NATS_TOKEN", "t0ken"),
+        case("nats user without password", Error(
+            "cluster_nats_user and cluster_nats_password must be set together (set by --cluster-nats-user)".into()))
+            .flag("cluster_nats_url", "nats://n1:4222")
+            .flag("cluster_nats_user", "livegate"),
+        case("nats password without user", Error("cluster_nats_user and cluster_nats_password must be set together".into()))
+            .flag("cluster_nats_url", "nats://n1:4222")
+            .env("LIVEGATE_CLUSTER_NATS_PASSWORD", "s3cret"),
+        case("nats user and token", Error(
+            "cluster_nats_token and cluster_nats_user are two ways to log in: set one (set by LIVEGATE_CLUSTER_NATS_TOKEN)".into()))
+            .flag("cluster_nats_url", "nats://n1:4222")
+            .flag("cluster_nats_user", "livegate")
+            .flag("cluster_nats_password", "s3cret")
+            .env("LIVEGATE_CLUSTER_NATS_TOKEN", "t0ken"),
+        case("nats login without cluster mode", Error(
+            "cluster_nats_password needs cluster_nats_url: only cluster mode logs in to NATS (set by --cluster-nats-password)".into()))
+            .flag("cluster_nats_password", "s3cret"),
+        case("empty nats token", Error("cluster_nats_token must not be empty (set by LIVEGATE_CLUSTER_NATS_TOKEN)".into()))
+            .flag("cluster_nats_url", "nats://n1:4222")
+            .env("LIVEGATE_CLUSTER_NATS_TOKEN", ""),
+        case("nats credentials in the url, not echoed", Error(
+            "cluster_nats_url must not carry credentials (USER:PASSWORD@): set cluster_nats_user and cluster_nats_password, or cluster_nats_token (set by --cluster-nats-url)".into()))
+            .flag("cluster_nats_url", "nats://n1:4222,nats://livegate:hunter2@n2:4222"),
+        case("nats password mistyped, not echoed", Error(
+            "cluster_nats_password in FILE: expected text, got a value that is not shown (a secret)".into()))
+            .file("cluster_nats_password = 12345"),
         case("two replicas", Error("cluster_replicas must be 1 or 3, got 2 (set by --cluster-replicas)".into()))
             .flag("cluster_replicas", "2"),
         // Webhooks.
@@ -313,6 +346,9 @@ fn keys_match_config_fields() {
         tls_key: Some("key.pem".into()),
         cluster_nats_url: Some("nats://127.0.0.1:4222".into()),
         cluster_replicas: Some(3),
+        cluster_nats_user: Some("livegate".into()),
+        cluster_nats_password: Some("pw".into()),
+        cluster_nats_token: Some("token".into()),
         ..Config::default()
     };
     let table = toml::Table::try_from(&config).unwrap();

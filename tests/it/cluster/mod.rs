@@ -31,7 +31,9 @@
 //! events), [`load`] (kills, outages and restarts under
 //! load), [`sessions`], [`routing`], [`state`] (room state and presence), [`occupancy`]
 //! (webhooks from the room's writer), [`peers`] (what a forged peer's heartbeats and
-//! orders can do: nothing) and [`rolling_release`] (the seed's incident: 200
+//! orders can do: nothing), [`room_reads`] (a read ahead of the head or a feed retake
+//! holds no room's mailbox), [`permissions`] (the book's NATS account) and
+//! [`rolling_release`] (the seed's incident: 200
 //! livegate.js clients behind a balancer).
 
 mod chaos;
@@ -41,6 +43,7 @@ mod interest;
 mod load;
 mod occupancy;
 mod peers;
+mod permissions;
 mod room_reads;
 mod rolling_release;
 mod routing;

@@ -36,13 +36,13 @@ const SECRET: &str = "occupancy-test-secret";
 
 /// A real HTTP server on loopback that answers 200 to every POST and keeps the bodies
 /// (with their signature header) in arrival order.
-struct Receiver {
-    url: String,
+pub(super) struct Receiver {
+    pub(super) url: String,
     got: Arc<Mutex<Vec<(Value, Option<String>)>>>,
 }
 
 impl Receiver {
-    fn start() -> Receiver {
+    pub(super) fn start() -> Receiver {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the webhook receiver");
         let url = format!("http://{}/hooks", listener.local_addr().expect("addr"));
         let got: Arc<Mutex<Vec<(Value, Option<String>)>>> = Arc::default();
@@ -59,12 +59,12 @@ impl Receiver {
         Receiver { url, got }
     }
 
-    fn webhooks(&self) -> Vec<Value> {
+    pub(super) fn webhooks(&self) -> Vec<Value> {
         self.got.lock().unwrap().iter().map(|(body, _)| body.clone()).collect()
     }
 
     /// The occupancy webhooks of `room`, as (type, node), in arrival order.
-    fn of_room(&self, room: &str) -> Vec<(String, String)> {
+    pub(super) fn of_room(&self, room: &str) -> Vec<(String, String)> {
         self.webhooks()
             .iter()
             .filter(|w| w["room"] == room && w["type"].as_str().is_some_and(|t| t.starts_with("room_")))

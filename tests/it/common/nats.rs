@@ -71,8 +71,11 @@ pub struct NatsServer {
     child: Option<Child>,
     /// The binary: Debian's, or the current one of [`NatsCluster`].
     binary: PathBuf,
-    /// Arguments after the store dir (a cluster member's name, cluster port and routes).
+    /// Arguments after the store dir (a cluster member's name, cluster port and routes;
+    /// `-c FILE`).
     args: Vec<String>,
+    /// Environment variables of the server (those its configuration file refers to).
+    env: Vec<(String, String)>,
     pub port: u16,
     /// JetStream's store dir (`-sd`), kept across restarts.
     pub store: PathBuf,
@@ -98,13 +101,23 @@ impl NatsServer {
     /// `dir/nats-N.log`), on a free port (another one is tried if the port was taken
     /// between choosing and binding it).
     pub fn start_in(dir: &Path) -> NatsServer {
-        NatsServer::start_in_with(dir, &[])
+        NatsServer::start_in_with(dir, &[], &[])
+    }
+
+    /// [`NatsServer::start_in`] with its configuration from `config` (`-c`; the command
+    /// line's address, port, JetStream and store dir win over the file's) and `env` set
+    /// for the variables the file names.
+    pub fn start_with_config(dir: &Path, config: &Path, env: &[(&str, &str)]) -> NatsServer {
+        NatsServer::start_in_with(dir, &["-c", config.to_str().expect("a UTF-8 path")], env)
     }
 
     /// [`NatsServer::start_in`] with `args` after the store dir (`-m PORT`: the
-    /// monitoring endpoint, whose `/varz` counts the messages clients sent).
-    pub fn start_in_with(dir: &Path, args: &[&str]) -> NatsServer {
+    /// monitoring endpoint, whose `/varz` counts the messages clients sent) and `env` set
+    /// for nats-server.
+    pub fn start_in_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> NatsServer {
         require_nats_server();
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let store = dir.join("nats-store");
         std::fs::create_dir_all(&store).expect("create the NATS store dir");
         let mut last_error = String::new();
@@ -112,7 +125,8 @@ impl NatsServer {
             let mut server = NatsServer {
                 child: None,
                 binary: NATS_SERVER.into(),
-                args: args.iter().map(|a| a.to_string()).collect(),
+                args: args.clone(),
+                env: env.clone(),
                 port: free_port(),
                 store: store.clone(),
                 log: PathBuf::new(),
@@ -137,6 +151,7 @@ impl NatsServer {
             .args(["-js", "-a", "127.0.0.1", "-p", &port, "-sd"])
             .arg(&self.store)
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone().expect("clone log handle")))
             .stderr(Stdio::from(log))
@@ -252,7 +267,7 @@ impl NatsCluster {
                 .into_iter()
                 .chain(more.iter().map(|a| a.to_string()))
                 .collect();
-                NatsServer { child: None, binary: binary.clone(), args, port: ports[k].0, store, log: PathBuf::new(), dir, starts: 0, _own: None }
+                NatsServer { child: None, binary: binary.clone(), args, env: Vec::new(), port: ports[k].0, store, log: PathBuf::new(), dir, starts: 0, _own: None }
             })
             .collect();
         let mut cluster = NatsCluster { servers };
@@ -346,8 +361,14 @@ impl Cluster {
     /// short drain timings); returns once every node is ready and counts the others as
     /// alive peers.
     pub fn start(n: usize, extra: &[&str]) -> Cluster {
+        Cluster::start_with_nats(n, extra, NatsServer::start_in)
+    }
+
+    /// [`Cluster::start`] on the server `nats` starts in the cluster's directory (which
+    /// also keeps its logs), for example with a configuration file of its own.
+    pub fn start_with_nats(n: usize, extra: &[&str], nats: impl FnOnce(&Path) -> NatsServer) -> Cluster {
         let root = tempfile::Builder::new().prefix("livegate-cluster-").tempdir().expect("tempdir");
-        let nats = NatsServer::start_in(root.path());
+        let nats = nats(root.path());
         Cluster::start_on(nats, root, n, extra)
     }
 
@@ -370,7 +391,7 @@ impl Cluster {
     pub fn start_monitored(n: usize, extra: &[&str]) -> (Cluster, u16) {
         let root = tempfile::Builder::new().prefix("livegate-cluster-").tempdir().expect("tempdir");
         let monitor = free_port();
-        let nats = NatsServer::start_in_with(root.path(), &["-m", &monitor.to_string()]);
+        let nats = NatsServer::start_in_with(root.path(), &["-m", &monitor.to_string()], &[]);
         (Cluster::start_on(nats, root, n, extra), monitor)
     }
 }
