@@ -21,7 +21,11 @@ pub const MAX_HELD: usize = 4096;
 /// What a held request waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Until {
-    /// The room's log is read (it loads, or reads again after a failure).
+    /// The load in flight ends, read or failed (a publish then gets its answer, a refusal
+    /// if the read failed).
+    LoadEnds,
+    /// The room's log is read (a subscriber of a room whose read failed waits for the
+    /// next attempt that succeeds).
     Loaded,
     /// The room has taken its live feed again and read what it missed (or gave up).
     Fed,
@@ -32,6 +36,8 @@ pub enum Until {
 /// The room, as much of it as decides whether a wait is over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoomNow {
+    /// A read of the log is in flight (the first load, or one after a failure).
+    pub loading: bool,
     /// The log is read (the room is live).
     pub loaded: bool,
     /// No retake of the live feed is in flight.
@@ -79,6 +85,7 @@ impl<T> Holds<T> {
         let mut kept = Vec::with_capacity(self.held.len());
         for (until, request) in self.held.drain(..) {
             let released = match until {
+                Until::LoadEnds if !room.loading => Some(Released::Ready),
                 Until::Loaded if room.loaded => Some(Released::Ready),
                 Until::Fed if room.fed || !room.loaded => Some(Released::Ready),
                 Until::Head { since, .. } if room.loaded && room.head >= since => Some(Released::Ready),
@@ -140,21 +147,20 @@ mod tests {
         let deadline = now_at(t0, 2_000);
         let mut holds = Holds::default();
         for (until, name) in [
-            (Until::Loaded, "publish while loading"),
+            (Until::LoadEnds, "publish while loading"),
             (Until::Fed, "read while refeeding"),
             (Until::Head { since: 7, deadline }, "subscribe since 7"),
             (Until::Head { since: 1_000_000_000_000, deadline }, "subscribe far ahead"),
-            (Until::Loaded, "subscribe while loading"),
+            (Until::Loaded, "subscribe to a room whose read failed"),
         ] {
             holds.hold(until, name).unwrap();
         }
-        let loading = RoomNow { loaded: false, fed: false, head: 0 };
+        let loading = RoomNow { loading: true, loaded: false, fed: false, head: 0 };
         assert_eq!(holds.release(loading, t0), vec![("read while refeeding", Released::Ready)], "a room not live has no feed to wait for");
-        let live = RoomNow { loaded: true, fed: true, head: 6 };
-        assert_eq!(
-            holds.release(live, now_at(t0, 10)),
-            vec![("publish while loading", Released::Ready), ("subscribe while loading", Released::Ready)]
-        );
+        let failed = RoomNow { loading: false, ..loading };
+        assert_eq!(holds.release(failed, now_at(t0, 5)), vec![("publish while loading", Released::Ready)], "a failed read answers the publish");
+        let live = RoomNow { loading: false, loaded: true, fed: true, head: 6 };
+        assert_eq!(holds.release(live, now_at(t0, 10)), vec![("subscribe to a room whose read failed", Released::Ready)]);
         assert_eq!(holds.next_deadline(), Some(deadline));
         assert_eq!(holds.release(RoomNow { head: 7, ..live }, now_at(t0, 20)), vec![("subscribe since 7", Released::Ready)]);
         assert!(holds.release(RoomNow { head: 9, ..live }, now_at(t0, 1_999)).is_empty(), "before its deadline");
@@ -181,8 +187,8 @@ mod tests {
         /// together keeps its arrival order.
         #[test]
         fn every_request_comes_back_once_and_in_order(
-            waits in proptest::collection::vec((0u8..3, 0u64..20, 0u64..3_000), 0..60),
-            steps in proptest::collection::vec((any::<bool>(), any::<bool>(), 0u64..20, 0u64..500), 1..30),
+            waits in proptest::collection::vec((0u8..4, 0u64..20, 0u64..3_000), 0..60),
+            steps in proptest::collection::vec((any::<bool>(), any::<bool>(), any::<bool>(), 0u64..20, 0u64..500), 1..30),
         ) {
             let t0 = Instant::now();
             let mut holds = Holds::default();
@@ -190,15 +196,16 @@ mod tests {
                 let until = match kind {
                     0 => Until::Loaded,
                     1 => Until::Fed,
+                    2 => Until::LoadEnds,
                     _ => Until::Head { since: *since, deadline: now_at(t0, *deadline) },
                 };
                 holds.hold(until, (i, until)).unwrap();
             }
             let (mut seen, mut elapsed, mut head) = (vec![false; waits.len()], 0, 0);
-            for (loaded, fed, grow, wait) in steps {
+            for (loading, loaded, fed, grow, wait) in steps {
                 elapsed += wait;
                 head += grow;
-                let room = RoomNow { loaded, fed, head };
+                let room = RoomNow { loading, loaded, fed, head };
                 let now = now_at(t0, elapsed);
                 let back = holds.release(room, now);
                 prop_assert!(back.windows(2).all(|w| w[0].0.0 < w[1].0.0), "arrival order");
@@ -214,7 +221,7 @@ mod tests {
                     prop_assert!(deadline > now, "a passed deadline was released");
                 }
             }
-            let end = RoomNow { loaded: true, fed: true, head: u64::MAX };
+            let end = RoomNow { loading: false, loaded: true, fed: true, head: u64::MAX };
             for ((i, _), _) in holds.release(end, now_at(t0, u64::from(u32::MAX))) {
                 prop_assert!(!seen[i]);
                 seen[i] = true;

@@ -495,7 +495,8 @@ impl RoomCore {
         matches!(self.state, RoomState::Failed(_))
     }
 
-    /// The log is being read; requests wait in the mailbox.
+    /// The log is being read; requests that need it are held (`core::holds`), the
+    /// mailbox is not.
     pub(super) fn start_loading(&mut self) {
         self.state = RoomState::Loading;
     }
@@ -832,7 +833,7 @@ impl RoomActor {
     fn must_wait(&mut self, request: &Request, ctx: &mut Context<Self>) -> Option<Until> {
         let RoomActor { core, log, .. } = self;
         if matches!(core.state, RoomState::Loading) {
-            return Some(Until::Loaded);
+            return Some(Until::LoadEnds);
         }
         let shared = log.shared()?;
         if let Request::Publish(_) | Request::Put(_) = request {
@@ -881,7 +882,8 @@ impl RoomActor {
             return;
         }
         let fed = self.log.shared().is_none_or(|shared| shared.fed());
-        let room = RoomNow { loaded: self.core.is_live(), fed, head: self.core.durable_head() };
+        let loading = matches!(self.core.state, RoomState::Loading);
+        let room = RoomNow { loading, loaded: self.core.is_live(), fed, head: self.core.durable_head() };
         for (request, why) in self.core.held.release(room, Instant::now()) {
             self.serve(request, why == Released::Ready, ctx);
         }
