@@ -13,7 +13,9 @@
 //!
 //! Bounded: at most [`SPENT_NONCES_MAX`] nonces (least recently used out), each kept
 //! only until its credential expires (after which the signature check refuses it
-//! anyway).
+//! anyway): each new nonce first drops up to [`EXPIRED_PER_REMEMBER`] expired ones from
+//! the least recently used end, so under a steady churn of users the cache holds about
+//! the credentials of the last credential lifetime, not [`SPENT_NONCES_MAX`].
 
 use std::num::NonZeroUsize;
 
@@ -21,6 +23,10 @@ use lru::LruCache;
 
 /// Nonces a node remembers at most (about 7 MB at the most).
 pub const SPENT_NONCES_MAX: usize = 100_000;
+
+/// Expired nonces dropped, at most, each time one is remembered (more than one, so the
+/// expired ones go faster than new ones come).
+pub const EXPIRED_PER_REMEMBER: usize = 2;
 
 /// Why a credential is void.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,11 +74,25 @@ impl SpentNonces {
         if expires_at_ms <= now_ms {
             return;
         }
+        self.forget_expired(now_ms);
         match self.nonces.get_mut(&nonce) {
             Some(known) if known.1 != Void::Used => {}
             Some(known) => *known = (expires_at_ms, why),
             None => {
                 self.nonces.put(nonce, (expires_at_ms, why));
+            }
+        }
+    }
+
+    /// Drop up to [`EXPIRED_PER_REMEMBER`] expired nonces from the least recently used
+    /// end (stopping at the first that is not expired).
+    fn forget_expired(&mut self, now_ms: u64) {
+        for _ in 0..EXPIRED_PER_REMEMBER {
+            match self.nonces.peek_lru() {
+                Some((_, (expires_at_ms, _))) if *expires_at_ms <= now_ms => {
+                    self.nonces.pop_lru();
+                }
+                _ => break,
             }
         }
     }
@@ -150,5 +170,21 @@ mod tests {
         for n in [0, 2, 3] {
             assert_eq!(spent.check(&nonce(n), 2), Some(Void::Used), "nonce {n}");
         }
+    }
+
+    /// Users churning at one credential a millisecond, each valid 2 s: the cache holds
+    /// about the last 2 s of credentials, not its capacity.
+    #[test]
+    fn under_a_steady_churn_expired_nonces_leave_and_the_cache_levels_off() {
+        let mut spent = SpentNonces::new(SPENT_NONCES_MAX);
+        let mut most = 0;
+        for now in 0..60_000u64 {
+            let mut n = [0u8; 16];
+            n[..8].copy_from_slice(&now.to_le_bytes());
+            spent.remember(n, now + 2_000, Void::Used, now);
+            most = most.max(spent.len());
+        }
+        assert!(most <= 2_001, "at most the live credentials: {most}");
+        assert!(spent.len() >= 1_999, "the live ones are kept: {}", spent.len());
     }
 }
