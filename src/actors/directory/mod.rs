@@ -57,6 +57,9 @@ pub struct OpenSession {
     pub asked: Option<String>,
     /// A node the client could not reach (the handshake's `avoid`).
     pub avoid: Option<String>,
+    /// The user's home cell as the credential claims it (none: the configured cells'
+    /// rendezvous choice).
+    pub cell: Option<String>,
 }
 
 pub struct SessionGrant {
@@ -659,7 +662,10 @@ impl Shared {
             return Ok(Move::Free);
         }
         let owner = asked.map(|r| r.owner.as_str());
-        let routed = self.router.route(session, &msg.user, owner, msg.avoid.as_deref()).map_err(DirectoryError::NoAliveNode)?;
+        let routed = self
+            .router
+            .route(session, &msg.user, msg.cell.as_deref(), owner, msg.avoid.as_deref())
+            .map_err(DirectoryError::NoAliveNode)?;
         if routed.node != self.node {
             self.metrics.handshakes_redirected.inc();
             tracing::debug!(session, user = %msg.user, to = %routed.node, "handshake sent to the session's node");
