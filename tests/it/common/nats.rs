@@ -352,6 +352,8 @@ pub struct Cluster<N: Nats = NatsServer> {
     /// Node `i`'s `--cluster-nats-url` when not the NATS's own seeds (a link in between).
     seeds: Vec<Option<String>>,
     extra: Vec<String>,
+    /// Node `i`'s own flags after `extra` (its `--cell`, say), kept across restarts.
+    node_extra: Vec<Vec<String>>,
     starts: Vec<usize>,
     root: Option<TempDir>,
 }
@@ -374,6 +376,15 @@ impl Cluster {
 
     pub fn name(i: usize) -> &'static str {
         NODE_NAMES[i]
+    }
+
+    /// [`Cluster::start`] where node `i` also gets `per_node(i)`'s flags (after `extra`),
+    /// on every start.
+    pub fn start_per_node(n: usize, extra: &[&str], per_node: impl Fn(usize) -> Vec<String>) -> Cluster {
+        let root = tempfile::Builder::new().prefix("livegate-cluster-").tempdir().expect("tempdir");
+        let nats = NatsServer::start_in(root.path());
+        let node_extra = (0..n).map(per_node).collect();
+        Cluster::start_with(nats, root, n, extra, vec![None; n], node_extra)
     }
 
     /// [`Cluster::start`] with every node reaching the nats-server through `link`'s
@@ -427,12 +438,24 @@ impl<N: Nats> Cluster<N> {
     }
 
     fn start_with_seeds(nats: N, root: TempDir, n: usize, extra: &[&str], seeds: Vec<Option<String>>) -> Cluster<N> {
+        Cluster::start_with(nats, root, n, extra, seeds, vec![Vec::new(); n])
+    }
+
+    fn start_with(
+        nats: N,
+        root: TempDir,
+        n: usize,
+        extra: &[&str],
+        seeds: Vec<Option<String>>,
+        node_extra: Vec<Vec<String>>,
+    ) -> Cluster<N> {
         assert!((1..=NODE_NAMES.len()).contains(&n), "1..={} nodes", NODE_NAMES.len());
         let mut cluster = Cluster {
             nats,
             nodes: (0..n).map(|_| None).collect(),
             seeds,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            node_extra,
             starts: vec![0; n],
             root: Some(root),
         };
@@ -466,6 +489,7 @@ impl<N: Nats> Cluster<N> {
         let url = self.seeds[i].clone().unwrap_or_else(|| self.nats.seeds());
         let mut flags: Vec<&str> = vec!["--cluster-nats-url", &url];
         flags.extend(self.extra.iter().map(String::as_str));
+        flags.extend(self.node_extra[i].iter().map(String::as_str));
         self.nodes[i] = Some(ServeProcess::start_named(&data, &log, Cluster::name(i), &flags));
     }
 
@@ -477,6 +501,7 @@ impl<N: Nats> Cluster<N> {
         assert!(i < NODE_NAMES.len(), "at most {} node names", NODE_NAMES.len());
         self.nodes.push(None);
         self.seeds.push(None);
+        self.node_extra.push(Vec::new());
         self.starts.push(0);
         self.start_node(i);
         i
