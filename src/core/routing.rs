@@ -157,7 +157,7 @@ pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> 
         .collect();
     // A configured cell without a candidate: nobody there may serve.
     let unheard = question.cells.iter().filter(|cell| !merged.values().any(|c| c.cell == **cell));
-    reports.extend(unheard.map(|cell| CellReport { name: cell, healthy: false }));
+    reports.extend(unheard.map(|cell| CellReport { name: *cell, healthy: false }));
     let cell: &'a str = if merged.values().all(|c| c.cell == home) {
         merged.values().next().map_or("", |c| c.cell)
     } else {

@@ -12,10 +12,14 @@ use livegate::core::routing::rendezvous;
 const CELLS: [&str; 3] = ["east", "north", "west"];
 
 /// Three nodes, node `i` in `CELLS[i]`, each told every cell; heartbeats every 250 ms,
-/// so a killed node is down in under a second.
+/// so a killed node is down in under a second. The cells are set by `LIVEGATE_CELL` and
+/// `LIVEGATE_CELLS`, which an earlier build ignores: run on it, the test shows what it
+/// answers, not a refused flag.
 fn three_cells() -> Cluster {
-    let flags = ["--cells", "east,north,west", "--cluster-heartbeat-ms", "250", "--probe-up-after", "1"];
-    Cluster::start_per_node(3, &flags, |i| vec!["--cell".to_string(), CELLS[i].to_string()])
+    let flags = ["--cluster-heartbeat-ms", "250", "--probe-up-after", "1"];
+    Cluster::start_with_env(3, &flags, |i| {
+        vec![("LIVEGATE_CELL".to_string(), CELLS[i].to_string()), ("LIVEGATE_CELLS".to_string(), CELLS.join(","))]
+    })
 }
 
 /// `GET /v1/route?<query>` on `http`: (node, cell, home), or what came instead.
