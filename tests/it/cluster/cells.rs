@@ -22,12 +22,13 @@ fn three_cells() -> Cluster {
     })
 }
 
-/// `GET /v1/route?<query>` on `http`: (node, cell, home), or what came instead.
+/// `GET /v1/route?<query>` on `http`: (node, cell, home), a field missing as "(none)", or
+/// what came instead.
 fn route_answer(http: &Http, query: &str) -> Result<(String, String, String), String> {
     match http.try_request("GET", &format!("/v1/route?{query}"), Auth::Key, Body::None) {
         Ok((200, body)) => {
-            let field = |name: &str| body[name].as_str().map(str::to_string).ok_or_else(|| format!("200 without {name}: {body}"));
-            Ok((field("node")?, field("cell")?, field("home")?))
+            let field = |name: &str| body[name].as_str().unwrap_or("(none)").to_string();
+            Ok((field("node"), field("cell"), field("home")))
         }
         Ok((status, body)) => Err(format!("{status} {body}")),
         Err(e) => Err(e),
