@@ -659,7 +659,9 @@ impl Config {
         if self.cells.is_empty() {
             return Ok(());
         }
-        self.cells.iter().try_for_each(|cell| name_rule("cells", "entries must", cell))?;
+        if let Some(bad) = self.cells.iter().find(|cell| !is_name(cell, 64)) {
+            return Err(invalid("cells", format!("entries must be 1 to 64 characters from A-Z a-z 0-9 _ . -, got {bad:?}")));
+        }
         if self.cells.len() > MAX_CELLS {
             return Err(invalid("cells", format!("may list at most {MAX_CELLS} cells, got {}", self.cells.len())));
         }
@@ -795,7 +797,7 @@ fn within(bounds: &[(&'static str, u64, u64, Option<(u64, &str)>)]) -> Result<()
 }
 
 /// The keys whose values (or, for lists, entries) are names: key and longest name.
-const NAME_KEYS: &[(&str, usize)] = &[("node", 64), ("cell", 64), ("cells", 64), ("exclusive_devices", 32)];
+const NAME_KEYS: &[(&str, usize)] = &[("node", 64), ("cell", 64), ("exclusive_devices", 32)];
 
 /// The replica counts `cluster_replicas` may ask for.
 const CLUSTER_REPLICAS: [u64; 2] = [1, 3];
@@ -804,16 +806,14 @@ const CLUSTER_REPLICAS: [u64; 2] = [1, 3];
 /// states it: names ([`NAME_KEYS`]), API keys ([`API_KEY_MIN_CHARS`]), replicas.
 fn rule_of(key: &str) -> Option<String> {
     if let Some(&(_, max)) = NAME_KEYS.iter().find(|(k, _)| *k == key) {
-        return Some(match key {
-            "exclusive_devices" => format!("each 1 to {max} characters from A-Z a-z 0-9 _ . -"),
-            "cells" => format!("at most {MAX_CELLS}, each 1 to {max} characters from A-Z a-z 0-9 _ . -, no duplicates, `cell` among them"),
-            _ => format!("1 to {max} characters from A-Z a-z 0-9 _ . -"),
-        });
+        let each = if key == "exclusive_devices" { "each " } else { "" };
+        return Some(format!("{each}1 to {max} characters from A-Z a-z 0-9 _ . -"));
     }
     match key {
         "api_key" => Some(format!("at least {API_KEY_MIN_CHARS} characters")),
         "previous_api_keys" => Some(format!("each at least {API_KEY_MIN_CHARS} characters")),
         "cluster_replicas" => Some(format!("{} or {}", CLUSTER_REPLICAS[0], CLUSTER_REPLICAS[1])),
+        "cells" => Some(format!("at most {MAX_CELLS}, each a `cell` name, no duplicates, this node's `cell` among them")),
         _ => None,
     }
 }

@@ -89,7 +89,7 @@ fn a_users_home_cell_is_configuration_and_its_loss_falls_back_to_the_first_healt
         }
     }
     cluster.start_node(2);
-    cluster.wait_peers(PEERS_LIMIT);
+    cluster.wait_peers(common::nats::PEERS_LIMIT);
     if !wait_until(Duration::from_secs(10), || everywhere(&cluster, &[0, 1, 2], &home)) {
         let seen: Vec<_> = (0..3).map(|i| route_answer(&cluster.http(i), &query)).collect();
         failures.push(format!("west back: {user}'s new sessions should go home to c, got {seen:?}"));
