@@ -2,8 +2,9 @@
 //! every node. A user's home is the token's `cell` claim or a rendezvous hash over the
 //! configured cells, never over the cells alive: when its cell's only node is killed the
 //! route falls back to the first healthy cell by name and still names the same home, and
-//! when that node is back the user's new sessions go home again. A claim routes its user
-//! to the claimed cell (resume credentials carry it); an unknown cell is refused.
+//! when that node is back the user's new sessions go home again (a handshake elsewhere is
+//! sent there with 4421). A claim routes its user to the claimed cell (resume credentials
+//! carry it); an unknown cell is refused.
 
 use super::*;
 use livegate::core::routing::rendezvous;
@@ -81,6 +82,13 @@ fn a_users_home_cell_is_configuration_and_its_loss_falls_back_to_the_first_healt
     if !rehomed.is_empty() {
         failures.push(format!("west killed: {user} was routed to north, a cell chosen by hash over the alive ones: {rehomed:?}"));
     }
+    // A handshake in east is served there meanwhile.
+    let rt = runtime();
+    let token = cluster.http(0).mint_token(&user, "web");
+    match rt.block_on(WsClient::try_connect(cluster.addr(0), Some(&token), None)) {
+        Ok(ws) => rt.block_on(ws.close()),
+        Err(r) => failures.push(format!("west killed: a handshake of {user} on a: {} {}, expected a welcome", r.status, r.body)),
+    }
     // The fallback holds while west is down: the same answer over 20 questions.
     for i in 0..20 {
         let got = route_answer(&cluster.http(i % 2), &query);
@@ -95,6 +103,12 @@ fn a_users_home_cell_is_configuration_and_its_loss_falls_back_to_the_first_healt
         let seen: Vec<_> = (0..3).map(|i| route_answer(&cluster.http(i), &query)).collect();
         failures.push(format!("west back: {user}'s new sessions should go home to c, got {seen:?}"));
     }
+    let token = cluster.http(0).mint_token(&user, "web");
+    match rt.block_on(WsClient::try_connect(cluster.addr(0), Some(&token), None)) {
+        Err(r) if r.status == 421 && r.body["error"]["node"] == "c" => {}
+        Err(r) => failures.push(format!("west back: a handshake of {user} on a: {} {}, expected 421 naming c", r.status, r.body)),
+        Ok(ws) => failures.push(format!("west back: a handshake of {user} on a was served there: {}", ws.welcome)),
+    }
     fail_with_logs(&cluster, "home cells", &failures, &LOG_NEEDLES);
 }
 
@@ -104,10 +118,10 @@ fn a_tokens_cell_claim_routes_its_user_there_and_an_unknown_cell_is_refused() {
     let cluster = three_cells();
     let rt = runtime();
     let mut failures = Vec::new();
-    // Homed in east by hash; the backend claims north.
-    let user = user_where("claim-u", |u| rendezvous(u, CELLS) == Some("east"));
+    // Homed in west by hash; the backend claims north.
+    let user = user_where("claim-u", |u| rendezvous(u, CELLS) == Some("west"));
     let http = cluster.http(0);
-    let by_hash = answer("a", "east", "east");
+    let by_hash = answer("c", "west", "west");
     let claimed = answer("b", "north", "north");
     let ok = wait_until(Duration::from_secs(10), || {
         route_answer(&http, &format!("user={user}")) == by_hash && route_answer(&http, &format!("user={user}&cell=north")) == claimed
@@ -128,21 +142,31 @@ fn a_tokens_cell_claim_routes_its_user_there_and_an_unknown_cell_is_refused() {
         Err(e) if e.starts_with("400 ") && e.contains("unknown_cell") => {}
         other => failures.push(format!("/v1/route with cell=mars: {other:?}, expected 400 unknown_cell")),
     }
-    // A token claiming north: its session opened on a (new sessions open anywhere), and
-    // the resume credential carries the claim: resumed on a by a client that cannot
-    // reach a, it is sent to north's node, not to the east that the hash would choose.
+    // A token claiming north: a handshake on a (east) is sent to b (north) without
+    // spending the token, which then opens the session on b. Its resume credential
+    // carries the claim: resumed on c by a client that cannot reach b, it is sent to the
+    // first healthy cell by name (east, a), not to west (c), the home the hash would give.
     let (status, body) = http.request("POST", "/v1/tokens", Auth::Key, Body::Json(json!({"user": user, "cell": "north"})));
     let token = body["token"].as_str().map(str::to_string);
     match (status, token) {
         (201, Some(token)) => {
-            let ws = rt.block_on(WsClient::connect(cluster.addr(0), &token, None));
-            let resume = ws.welcome["resume"].as_str().unwrap_or_default().to_string();
-            rt.block_on(ws.close());
-            let url = format!("ws://{}/v1/ws?resume={resume}&avoid=a", cluster.addr(0));
-            match rt.block_on(WsClient::try_connect_url(&url)) {
+            match rt.block_on(WsClient::try_connect(cluster.addr(0), Some(&token), None)) {
                 Err(r) if r.status == 421 && r.body["error"]["node"] == "b" => {}
-                Err(r) => failures.push(format!("resume on a avoiding a: {} {}, expected 421 naming b (north)", r.status, r.body)),
-                Ok(ws) => failures.push(format!("resume on a avoiding a was accepted: {}", ws.welcome)),
+                Err(r) => failures.push(format!("claimed token on a: {} {}, expected 421 naming b (north)", r.status, r.body)),
+                Ok(ws) => failures.push(format!("claimed token on a was served in east: {}", ws.welcome)),
+            }
+            match rt.block_on(WsClient::try_connect(cluster.addr(1), Some(&token), None)) {
+                Ok(ws) => {
+                    let resume = ws.welcome["resume"].as_str().unwrap_or_default().to_string();
+                    rt.block_on(ws.close());
+                    let url = format!("ws://{}/v1/ws?resume={resume}&avoid=b", cluster.addr(2));
+                    match rt.block_on(WsClient::try_connect_url(&url)) {
+                        Err(r) if r.status == 421 && r.body["error"]["node"] == "a" => {}
+                        Err(r) => failures.push(format!("resume on c avoiding b: {} {}, expected 421 naming a (east)", r.status, r.body)),
+                        Ok(ws) => failures.push(format!("resume on c avoiding b was served in west: {}", ws.welcome)),
+                    }
+                }
+                Err(r) => failures.push(format!("claimed token on b, after the 421 gave it back: {} {}", r.status, r.body)),
             }
         }
         (status, _) => failures.push(format!("POST /v1/tokens with cell north: {status} {body}")),
