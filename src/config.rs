@@ -173,6 +173,9 @@ config_keys! {
         "Everything held for one connection counts (events, replays, replies, pongs). Over it the socket is not read, and a connection still over it 5 s later is closed with 4009.";
     cell: String = "default".into() => "default", "CELL",
         "This node's cell, a group of nodes such as a region";
+    cells: Vec<String> = Vec::new() => "this node's cell and the peers' cells", "LIST",
+        "Every cell of the deployment, comma-separated; users are homed over this list, never over the cells alive",
+        "A user's home cell is the token's `cell` claim, else a rendezvous hash of the user over these cells: it never changes when nodes or cells go down (the route falls back to the first healthy cell by name instead). Every node must list the same cells, its own `cell` among them; at most 64. Empty: this node's `cell` and the cells of its `peers`.";
     public_url: Option<String> = None => "http://LISTEN", "URL",
         "URL clients use to reach this node, answered by /v1/route";
     peers: Vec<String> = Vec::new() => "none", "LIST",
@@ -571,6 +574,7 @@ impl Config {
             return Err(invalid("api_key", format!("must be at least {API_KEY_MIN_CHARS} characters long, got {chars}")));
         }
         name_rule("cell", "must", &self.cell)?;
+        self.validate_cells()?;
         within(&[
             bounded("probe_interval_ms", self.probe_interval_ms),
             bounded("max_frame_bytes", self.max_frame_bytes as u64),
@@ -630,7 +634,51 @@ impl Config {
     }
 }
 
+/// Most cells `cells` may list.
+pub const MAX_CELLS: usize = 64;
+
 impl Config {
+    /// The configured cells, sorted and without duplicates: `cells`, or when it is empty
+    /// this node's `cell` and its peers' cells (a peer entry that does not parse adds
+    /// nothing; validation refuses it).
+    pub fn configured_cells(&self) -> Vec<String> {
+        let mut cells: Vec<String> = if self.cells.is_empty() {
+            let peers = self.peers.iter().filter_map(|entry| parse_peer(entry, &self.cell).ok()).map(|peer| peer.cell);
+            std::iter::once(self.cell.clone()).chain(peers).collect()
+        } else {
+            self.cells.clone()
+        };
+        cells.sort();
+        cells.dedup();
+        cells
+    }
+
+    /// `cells`: names, no duplicate, at most [`MAX_CELLS`], this node's `cell` and every
+    /// peer's among them.
+    fn validate_cells(&self) -> Result<(), ConfigError> {
+        if self.cells.is_empty() {
+            return Ok(());
+        }
+        if let Some(bad) = self.cells.iter().find(|cell| !is_name(cell, 64)) {
+            return Err(invalid("cells", format!("entries must be 1 to 64 characters from A-Z a-z 0-9 _ . -, got {bad:?}")));
+        }
+        if self.cells.len() > MAX_CELLS {
+            return Err(invalid("cells", format!("may list at most {MAX_CELLS} cells, got {}", self.cells.len())));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(twice) = self.cells.iter().find(|cell| !seen.insert(cell.as_str())) {
+            return Err(invalid("cells", format!("lists {twice:?} twice")));
+        }
+        if !self.cells.contains(&self.cell) {
+            return Err(invalid("cells", format!("must list this node's cell {:?} (cell), got {}", self.cell, self.cells.join(","))));
+        }
+        let peers = self.peer_nodes()?;
+        if let Some(peer) = peers.iter().find(|peer| !self.cells.contains(&peer.cell)) {
+            return Err(invalid("cells", format!("must list peer {}'s cell {:?}, got {}", peer.name, peer.cell, self.cells.join(","))));
+        }
+        Ok(())
+    }
+
     /// The NATS login keys: a user with its password, or a token, and only in cluster mode.
     /// Values are never echoed.
     fn validate_nats_login(&self) -> Result<(), ConfigError> {
@@ -765,6 +813,7 @@ fn rule_of(key: &str) -> Option<String> {
         "api_key" => Some(format!("at least {API_KEY_MIN_CHARS} characters")),
         "previous_api_keys" => Some(format!("each at least {API_KEY_MIN_CHARS} characters")),
         "cluster_replicas" => Some(format!("{} or {}", CLUSTER_REPLICAS[0], CLUSTER_REPLICAS[1])),
+        "cells" => Some(format!("at most {MAX_CELLS}, each a `cell` name, no duplicates, this node's `cell` among them")),
         _ => None,
     }
 }

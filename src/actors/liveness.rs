@@ -5,10 +5,11 @@
 //! on NATS (the pure [`Heartbeats`] table), a peer is up after `probe_up_after`
 //! heartbeats in a row and down when not heard for three periods.
 //!
-//! The [`Router`] holds those tables behind a short lock and answers every routing
-//! question with the one pure function, [`route`]: `/v1/route`, the directory's
-//! handshake decisions and the room writers all read it, so they cannot disagree. A
-//! draining node (this one included) stops being a candidate at once.
+//! The [`Router`] holds those tables and the configured cells behind a short lock and
+//! answers every routing question with the one pure function, [`route`], over the user's
+//! home cell ([`home_cell`]: a claim, else the configured cells, never who is alive):
+//! `/v1/route`, the directory's handshake decisions and the room writers all read it, so
+//! they cannot disagree. A draining node (this one included) stops being a candidate at once.
 //!
 //! In peers mode each node keeps its own directory, so no record says who owns a
 //! session: its owner is the rendezvous choice among all configured nodes (this one
@@ -27,7 +28,7 @@ use crate::core::heartbeats::{Heartbeats, NodeInfo, Seen};
 use crate::core::lifecycle::Lifecycle;
 use crate::core::liveness::{Change, Liveness};
 use crate::core::probes::{Ask, ReadyProbes};
-use crate::core::routing::{rendezvous, room_writer, route, Candidate, Reason, RouteQuestion};
+use crate::core::routing::{home_cell, rendezvous, room_writer, route, Candidate, Reason, RouteQuestion};
 use crate::metrics::PeerLabel;
 use crate::world::now_ms;
 
@@ -62,6 +63,10 @@ pub struct ClusterPeers {
 pub struct RouteAnswer {
     pub node: String,
     pub url: String,
+    /// The node's cell.
+    pub cell: String,
+    /// The user's home cell; `cell` differs only while the home has no node to serve.
+    pub home: String,
     pub reason: Reason,
 }
 
@@ -86,6 +91,9 @@ pub struct Router {
     /// Whether `peers` is `Peers::Probed`, fixed at construction: read without the lock,
     /// so a routing question takes the lock once.
     probed: bool,
+    /// The configured cells, sorted (`Config::configured_cells`): users are homed over
+    /// them, never over the cells alive.
+    cells: Vec<String>,
     peers: Mutex<Peers>,
     /// Peers' readiness as probes answered it, and the probes in flight (at most one per
     /// known node).
@@ -129,7 +137,19 @@ impl Router {
     fn new(me: Peer, peers: Peers, lifecycle: Arc<Lifecycle>, release_window: Duration) -> Router {
         let release_window_ms = release_window.as_millis() as u64;
         let probed = matches!(peers, Peers::Probed { .. });
-        Router { me, started_at_ms: now_ms(), lifecycle, release_window_ms, probed, peers: Mutex::new(peers), ready: Mutex::default() }
+        let cells = vec![me.cell.clone()];
+        Router { me, started_at_ms: now_ms(), lifecycle, release_window_ms, probed, cells, peers: Mutex::new(peers), ready: Mutex::default() }
+    }
+
+    /// The configured cells (the default: this node's cell alone).
+    pub fn with_cells(mut self, cells: Vec<String>) -> Router {
+        self.cells = cells;
+        self
+    }
+
+    /// Whether `cell` is one of the configured cells.
+    pub fn knows_cell(&self, cell: &str) -> bool {
+        self.cells.iter().any(|c| c == cell)
     }
 
     pub fn me(&self) -> &Peer {
@@ -190,10 +210,18 @@ impl Router {
         self.placement(session, &nodes) == Some(self.me.name.as_str())
     }
 
-    /// Which node serves `session` of `user`, recorded on `recorded_owner` (cluster mode;
-    /// ignored in peers mode, where the placement is the owner); `avoid` names a node the
-    /// client could not reach.
-    pub fn route(&self, session: &str, user: &str, recorded_owner: Option<&str>, avoid: Option<&str>) -> Result<RouteAnswer, NoAliveNode> {
+    /// Which node serves `session` of `user`, whose home cell is `claim` (a token's `cell`)
+    /// or else the rendezvous choice over the configured cells, recorded on
+    /// `recorded_owner` (cluster mode; ignored in peers mode, where the placement is the
+    /// owner); `avoid` names a node the client could not reach.
+    pub fn route(
+        &self,
+        session: &str,
+        user: &str,
+        claim: Option<&str>,
+        recorded_owner: Option<&str>,
+        avoid: Option<&str>,
+    ) -> Result<RouteAnswer, NoAliveNode> {
         let now = now_ms();
         let nodes = self.nodes_now(now);
         let owner = if self.probed_mode() { self.placement(session, &nodes) } else { recorded_owner };
@@ -201,11 +229,30 @@ impl Router {
             .iter()
             .map(|n| Candidate { name: &n.peer.name, cell: &n.peer.cell, alive: n.alive, draining: n.draining, started_at_ms: n.started_at_ms })
             .collect();
-        let question =
-            RouteQuestion { session, user, recorded_owner: owner, avoid, now_ms: now, release_window_ms: self.release_window_ms };
+        let cells: Vec<&str> = self.cells.iter().map(String::as_str).collect();
+        let home = home_cell(user, claim, &cells);
+        let question = RouteQuestion {
+            session,
+            user,
+            recorded_owner: owner,
+            avoid,
+            now_ms: now,
+            release_window_ms: self.release_window_ms,
+            home,
+            cells: &cells,
+        };
         let routed = route(&question, &candidates).map_err(|e| NoAliveNode(e.to_string()))?;
+        if routed.cell != home && !home.is_empty() {
+            tracing::debug!(user, home, cell = routed.cell, "the user's home cell has no node to serve: the first healthy cell by name");
+        }
         let node = nodes.iter().find(|n| n.peer.name == routed.node).expect("routed among the nodes");
-        Ok(RouteAnswer { node: node.peer.name.clone(), url: node.peer.url.clone(), reason: routed.reason })
+        Ok(RouteAnswer {
+            node: node.peer.name.clone(),
+            url: node.peer.url.clone(),
+            cell: routed.cell.to_string(),
+            home: home.to_string(),
+            reason: routed.reason,
+        })
     }
 
     /// `node`'s readiness as a probe answered it within the last second

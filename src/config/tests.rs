@@ -318,6 +318,23 @@ fn load_cases() {
         case("bad device name", Error(
             "exclusive_devices entries must be 1 to 32 characters from A-Z a-z 0-9 _ . -, got \"tv remote\" (set by --exclusive-devices)".into()))
             .flag("exclusive_devices", "phone,tv remote"),
+        case("cells listed", Values(vec![("cells", "[\"east\", \"north\", \"west\"]"), ("cell", "\"north\"")]))
+            .flag("cells", "east,north,west")
+            .flag("cell", "north"),
+        case("cells in a file", Values(vec![("cells", "[\"east\", \"west\"]")]))
+            .file("cell = \"west\"\ncells = [\"east\", \"west\"]"),
+        case("cells without the node's own", Error(
+            "cells must list this node's cell \"default\" (cell), got east,west (set by --cells)".into()))
+            .flag("cells", "east,west"),
+        case("a cell twice", Error("cells lists \"east\" twice (set by LIVEGATE_CELLS)".into()))
+            .env("LIVEGATE_CELLS", "east,default,east"),
+        case("a bad cell name", Error(
+            "cells entries must be 1 to 64 characters from A-Z a-z 0-9 _ . -, got \"east coast\" (set by --cells)".into()))
+            .flag("cells", "default,east coast"),
+        case("a peer in a cell not listed", Error(
+            "cells must list peer b's cell \"west\", got default,east (set by --cells)".into()))
+            .flag("cells", "default,east")
+            .flag("peers", "b@west=http://127.0.0.1:7071"),
     ];
     let mut failures = vec![];
     for case in &cases {
@@ -632,4 +649,19 @@ fn every_bound_in_the_table_is_enforced() {
         (heartbeat.form(), heartbeat.env_var().as_str(), heartbeat.flag().as_str(), heartbeat.bounds().as_deref()),
         ("a whole number of seconds", "LIVEGATE_HEARTBEAT_SECS", "--heartbeat-secs", Some("at least 1"))
     );
+}
+
+#[test]
+fn configured_cells() {
+    let load = |flags: &[(&str, &str)]| {
+        let flags = flags.iter().fold(ConfigFlags::default(), |f, (k, v)| f.with(k, *v));
+        Config::load(None, Vec::new(), &flags).unwrap().configured_cells()
+    };
+    assert_eq!(load(&[]), vec!["default".to_string()], "one cell: the node's own");
+    assert_eq!(load(&[("cell", "west"), ("peers", "b@east=http://127.0.0.1:1,c=http://127.0.0.1:2")]), vec!["east", "west"]);
+    assert_eq!(load(&[("cell", "north"), ("cells", "west,north,east")]), vec!["east", "north", "west"], "sorted");
+    let many: Vec<String> = (0..=MAX_CELLS).map(|i| format!("c{i}")).collect();
+    let flags = ConfigFlags::default().with("cell", "c0").with("cells", many.join(","));
+    let err = Config::load(None, Vec::new(), &flags).unwrap_err().to_string();
+    assert_eq!(err, format!("cells may list at most {MAX_CELLS} cells, got {} (set by --cells)", MAX_CELLS + 1));
 }

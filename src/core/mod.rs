@@ -7,6 +7,7 @@ pub mod append;
 pub mod backlog;
 pub mod backoff;
 pub mod batch;
+pub mod breaker;
 pub mod busiest;
 pub mod drain;
 pub mod group_commit;

@@ -4,6 +4,9 @@
 //! - [`route`]: which node serves a session — the recorded owner while it is alive and
 //!   not draining, else a rendezvous choice that spreads (nodes of a release in progress
 //!   first); [`route_session`] is its short form for peers that never drain.
+//! - [`home_cell`]: a user's home cell — the token's `cell` claim, else the rendezvous
+//!   choice over the **configured** cells. Data, never health: no node's or cell's state
+//!   is an input, so a failure never re-homes anyone.
 //! - [`route_cell`]: which cell serves a user — the home cell while healthy, else the
 //!   first healthy cell by name; several reports of one cell are AND-merged.
 //! - [`room_writer`]: which node appends a room's events in cluster mode — the candidate
@@ -24,6 +27,9 @@ pub enum RouteError {
     EmptyOwnerName,
     #[error("no alive owner")]
     NoAliveOwner,
+    /// No cell has a node that may serve the session; names the user's home cell.
+    #[error("no healthy cell (the user's home cell is {home})")]
+    NoHealthyCell { home: String },
 }
 
 /// For this long after a node starts, a client that says it could not reach it (`avoid`)
@@ -56,6 +62,11 @@ pub struct RouteQuestion<'a> {
     pub now_ms: u64,
     /// How long after its start a node counts as part of a release in progress.
     pub release_window_ms: u64,
+    /// The user's home cell ([`home_cell`]); empty: none given, the recorded owner's cell
+    /// or the rendezvous choice over the cells (configured, else the candidates').
+    pub home: &'a str,
+    /// The configured cells: one without a candidate that may serve counts as unhealthy.
+    pub cells: &'a [&'a str],
 }
 
 /// Why [`route`] chose its node.
@@ -99,10 +110,13 @@ pub struct Routed<'a> {
 /// Where a session is served: the rule every node applies, so any two nodes with the
 /// same view of the candidates give the same answer, whatever the order of the inputs.
 ///
-/// 1. The cell: the recorded owner's cell when the owner is a known candidate, else the
-///    user's rendezvous cell (so the answer does not depend on which node is asked);
-///    while that cell has no alive node, the first healthy cell by name ([`route_cell`]).
-/// 2. The recorded owner keeps the session while it is alive and not draining.
+/// 1. The cell: the user's home cell (`question.home`; without one, the recorded owner's
+///    cell when the owner is a known candidate, else the user's rendezvous cell), so the
+///    answer does not depend on which node is asked; while that cell has no node that may
+///    serve, the first healthy cell by name ([`route_cell`]). The home is never replaced:
+///    a fallback lasts while the home has no such node.
+/// 2. The recorded owner keeps the session while it is alive, not draining and not
+///    avoided, in whichever cell it is (a session is not moved by another cell's health).
 /// 3. Otherwise rendezvous hashing of the session over the cell's alive, non-draining
 ///    candidates (all alive ones if every one drains), so new sessions and the sessions
 ///    of a lost node spread, and a node's loss moves only its own sessions. When the
@@ -131,18 +145,25 @@ pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> 
     // What this question may use: alive, and not the node the client could not reach.
     let usable = |c: &Candidate| c.alive && question.avoid != Some(c.name);
     let owner = question.recorded_owner.and_then(|name| merged.get(name));
-    let home = match owner {
+    let home: &str = match owner {
+        _ if !question.home.is_empty() => question.home,
         Some(owner) => owner.cell,
+        None if !question.cells.is_empty() => home_cell(question.user, None, question.cells),
         None => rendezvous(question.user, merged.values().map(|c| c.cell)).unwrap_or_default(),
     };
-    let reports: Vec<CellReport> = merged
+    let mut reports: Vec<CellReport> = merged
         .values()
         .map(|c| CellReport { name: c.cell, healthy: merged.values().any(|o| o.cell == c.cell && usable(o)) })
         .collect();
-    let cell = if merged.values().all(|c| c.cell == home) {
-        home
+    // A configured cell without a candidate: nobody there may serve.
+    let unheard = question.cells.iter().filter(|cell| !merged.values().any(|c| c.cell == **cell));
+    reports.extend(unheard.map(|cell| CellReport { name: *cell, healthy: false }));
+    let cell: &'a str = if merged.values().all(|c| c.cell == home) {
+        merged.values().next().map_or("", |c| c.cell)
     } else {
-        route_cell(question.user, home, &reports).map_err(|_| RouteError::NoAliveOwner)?
+        let chosen = route_cell(question.user, home, &reports)
+            .map_err(|_| RouteError::NoHealthyCell { home: home.to_string() })?;
+        merged.values().map(|c| c.cell).find(|cell| *cell == chosen).expect("a healthy cell has a candidate")
     };
     let fresh = |c: &Candidate| c.started_at_ms > 0 && question.now_ms < c.started_at_ms.saturating_add(question.release_window_ms);
     let just_restarted = |c: &Candidate| c.started_at_ms > 0 && question.now_ms < c.started_at_ms.saturating_add(RESTART_GRACE_MS);
@@ -153,8 +174,8 @@ pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> 
             Reason::OwnerGone
         }
         Some(owner) if owner.alive && !owner.draining && question.avoid == Some(owner.name) => Reason::OwnerAvoided,
-        Some(owner) if owner.alive && !owner.draining && owner.cell == cell => {
-            return Ok(Routed { node: owner.name, cell, reason: Reason::Owner });
+        Some(owner) if owner.alive && !owner.draining => {
+            return Ok(Routed { node: owner.name, cell: owner.cell, reason: Reason::Owner });
         }
         Some(owner) if owner.alive && owner.draining => Reason::OwnerDraining,
         Some(_) => Reason::OwnerGone,
@@ -186,7 +207,8 @@ pub fn route_session<'a>(
         .iter()
         .map(|name| Candidate { name, cell: "", alive: alive.contains(name), draining: false, started_at_ms: 0 })
         .collect();
-    let question = RouteQuestion { session, user: "", recorded_owner: recorded, avoid: None, now_ms: 0, release_window_ms: 0 };
+    let question =
+        RouteQuestion { session, user: "", recorded_owner: recorded, avoid: None, now_ms: 0, release_window_ms: 0, home: "", cells: &[] };
     route(&question, &candidates).map(|routed| routed.node)
 }
 
@@ -194,6 +216,17 @@ pub fn route_session<'a>(
 /// rendezvous choice, the same in every process whatever the order of `items`.
 pub fn rendezvous<'a>(key: &str, items: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     items.into_iter().max_by_key(|item| (writer_hash(key, item), std::cmp::Reverse(*item)))
+}
+
+/// A user's home cell: the `claim` (a token's `cell`) when there is one, else the
+/// rendezvous choice of the user over the `configured` cells (empty: none). Nothing about
+/// health is an input: a node or a cell going down never changes a user's home; the route
+/// falls back instead ([`route_cell`]). The answer ignores the order of `configured`.
+pub fn home_cell<'a>(user: &str, claim: Option<&'a str>, configured: &[&'a str]) -> &'a str {
+    match claim.filter(|c| !c.is_empty()) {
+        Some(claim) => claim,
+        None => rendezvous(user, configured.iter().copied()).unwrap_or_default(),
+    }
 }
 
 /// One health report of a cell.
@@ -260,7 +293,7 @@ mod tests {
     }
 
     fn ask<'a>(session: &'a str, recorded_owner: Option<&'a str>) -> RouteQuestion<'a> {
-        RouteQuestion { session, user: "u1", recorded_owner, avoid: None, now_ms: 1_000_000, release_window_ms: 600_000 }
+        RouteQuestion { session, user: "u1", recorded_owner, avoid: None, now_ms: 1_000_000, release_window_ms: 600_000, home: "", cells: &[] }
     }
 
     #[test]
@@ -351,7 +384,7 @@ mod tests {
         let mut nodes: Vec<(String, bool, u64)> = ["a", "b", "c"].iter().map(|n| (n.to_string(), false, 1)).collect();
         let route_now = |nodes: &[(String, bool, u64)], session: &str, owner: Option<&str>, now: u64| -> String {
             let candidates: Vec<Candidate> = nodes.iter().map(|(n, d, s)| node(n, true, *d, *s)).collect();
-            let q = RouteQuestion { session, user: "u", recorded_owner: owner, avoid: None, now_ms: now, release_window_ms: window };
+            let q = RouteQuestion { session, user: "u", recorded_owner: owner, avoid: None, now_ms: now, release_window_ms: window, home: "", cells: &[] };
             route(&q, &candidates).unwrap().node.to_string()
         };
         let ids: Vec<String> = (0..sessions).map(|i| format!("{i:012x}")).collect();
@@ -423,6 +456,77 @@ mod tests {
         assert!(matches!(err, CellError::NoHealthyCell { .. }));
     }
 
+    #[test]
+    fn home_table() {
+        let three = ["east", "north", "west"];
+        // The claim wins, configured or not (the backend owns it; HTTP checks it).
+        assert_eq!(home_cell("u1", Some("west"), &three), "west");
+        assert_eq!(home_cell("u1", Some(""), &["east"]), "east", "an empty claim is no claim");
+        assert_eq!(home_cell("u1", None, &[]), "", "no cells, no home");
+        assert_eq!(home_cell("u1", None, &["east"]), "east");
+        for i in 0..200 {
+            let user = format!("user-{i}");
+            let home = home_cell(&user, None, &three);
+            assert_eq!(home, rendezvous(&user, three).unwrap());
+            assert_eq!(home_cell(&user, None, &["west", "east", "north"]), home, "order must not matter");
+        }
+        // Users spread over the cells.
+        let mut per_cell = BTreeMap::new();
+        for i in 0..900 {
+            *per_cell.entry(home_cell(&format!("user-{i}"), None, &three)).or_insert(0) += 1;
+        }
+        assert!(per_cell.values().all(|n| (230..=370).contains(n)), "uneven homes: {per_cell:?}");
+    }
+
+    fn in_cell<'a>(name: &'a str, cell: &'a str, alive: bool) -> Candidate<'a> {
+        Candidate { name, cell, alive, draining: false, started_at_ms: 1 }
+    }
+
+    /// The cells east, north, west; nodes a (east), b (north), c and d (west).
+    #[test]
+    fn three_cells_table() {
+        const CELLS: &[&str] = &["east", "north", "west"];
+        let up = |a: bool, b: bool, c: bool, d: bool| {
+            vec![in_cell("a", "east", a), in_cell("b", "north", b), in_cell("c", "west", c), in_cell("d", "west", d)]
+        };
+        let ask_home = |home: &'static str| RouteQuestion { home, cells: CELLS, user: "u", ..ask("s", None) };
+        type Case = (&'static str, [bool; 4], Result<&'static str, RouteError>);
+        let cases: &[Case] = &[
+            // Home healthy: home.
+            ("west", [true, true, true, true], Ok("west")),
+            ("north", [true, true, true, true], Ok("north")),
+            ("west", [false, false, true, false], Ok("west")),
+            // Home down: the first healthy cell by name, never a re-homing by hash.
+            ("west", [true, true, false, false], Ok("east")),
+            ("east", [false, true, true, true], Ok("north")),
+            ("north", [false, false, true, true], Ok("west")),
+            // A configured cell with no node at all is not healthy.
+            ("south", [true, true, true, true], Ok("east")),
+            ("west", [false, false, false, false], Err(RouteError::NoHealthyCell { home: "west".into() })),
+        ];
+        for (home, [a, b, c, d], expected) in cases {
+            let routed = route(&ask_home(home), &up(*a, *b, *c, *d)).map(|r| r.cell);
+            assert_eq!(&routed, expected, "home {home}, alive {:?}", [a, b, c, d]);
+        }
+        // The same answer over 20 calls, and from every order of the inputs.
+        let nodes = up(true, true, false, false);
+        for i in 0..20 {
+            let mut shuffled = nodes.clone();
+            shuffled.rotate_left(i % nodes.len());
+            assert_eq!(route(&ask_home("west"), &shuffled).unwrap().cell, "east");
+        }
+        // An owner alive in the fallback cell keeps its session when home is back.
+        let back = up(true, true, true, true);
+        let kept = route(&RouteQuestion { recorded_owner: Some("a"), ..ask_home("west") }, &back).unwrap();
+        assert_eq!((kept.node, kept.cell, kept.reason), ("a", "east", Reason::Owner));
+        // Its session moves when the owner is gone: home first.
+        let gone = up(false, true, true, true);
+        let moved = route(&RouteQuestion { recorded_owner: Some("a"), ..ask_home("west") }, &gone).unwrap();
+        assert_eq!((moved.cell, moved.reason), ("west", Reason::OwnerGone));
+        let err = RouteError::NoHealthyCell { home: "west".into() };
+        assert_eq!(err.to_string(), "no healthy cell (the user's home cell is west)");
+    }
+
     fn name() -> impl Strategy<Value = String> {
         "[a-e]{1,2}"
     }
@@ -439,7 +543,7 @@ mod tests {
                 .iter()
                 .map(|(name, cell, alive, draining, started)| Candidate { name, cell, alive: *alive, draining: *draining, started_at_ms: started * 500_000 })
                 .collect();
-            let q = RouteQuestion { session: "s", user: "u", recorded_owner: recorded.as_deref(), avoid: avoid.as_deref(), now_ms: 1_000_000, release_window_ms: 600_000 };
+            let q = RouteQuestion { session: "s", user: "u", recorded_owner: recorded.as_deref(), avoid: avoid.as_deref(), now_ms: 1_000_000, release_window_ms: 600_000, home: "", cells: &[] };
             let expected = route(&q, &candidates);
             let mut shuffled = candidates.clone();
             shuffled.rotate_left(seed as usize % candidates.len());
@@ -468,6 +572,53 @@ mod tests {
             prop_assert_eq!(route_cell("u", &home, &shuffled), expected.clone());
             if let Ok(cell) = expected {
                 prop_assert!(owned.iter().filter(|r| r.name == cell).all(|r| r.healthy));
+            }
+        }
+    }
+
+    proptest! {
+        /// A user's home is configuration: under any health of any nodes, the route
+        /// answers the home while a node there may serve, else the first cell by name that
+        /// has one; never another cell chosen by hash. And the answer ignores input order.
+        #[test]
+        fn a_users_home_never_changes_with_health(
+            user in "[a-z0-9]{1,8}",
+            claim in proptest::option::of("(east|north|west|south)"),
+            nodes in proptest::collection::vec(("[a-f]", "(east|north|west)", any::<bool>(), any::<bool>()), 1..8),
+            health in proptest::collection::vec(any::<bool>(), 8),
+            seed in any::<u64>(),
+        ) {
+            let configured = ["east", "north", "west", "south"];
+            let mut reversed = configured;
+            reversed.reverse();
+            let home = home_cell(&user, claim.as_deref(), &configured);
+            prop_assert_eq!(home, home_cell(&user, claim.as_deref(), &reversed));
+            prop_assert!(configured.contains(&home));
+            // A node's name says its cell: one name, one cell.
+            let names: Vec<String> = nodes.iter().map(|(name, cell, ..)| format!("{name}-{cell}")).collect();
+            let candidates: Vec<Candidate> = nodes
+                .iter()
+                .zip(&names)
+                .zip(&health)
+                .map(|(((_, cell, alive, draining), name), flip)| Candidate { name, cell, alive: *alive && *flip, draining: *draining, started_at_ms: 0 })
+                .collect();
+            let q = RouteQuestion { user: &user, home, cells: &configured, ..ask("s", None) };
+            let answer = route(&q, &candidates);
+            let mut shuffled = candidates.clone();
+            shuffled.rotate_left(seed as usize % candidates.len());
+            shuffled.reverse();
+            prop_assert_eq!(route(&RouteQuestion { cells: &reversed, ..q }, &shuffled), answer.clone());
+            // AND-merged: a name reported dead once is dead.
+            let healthy = |cell: &str| {
+                candidates.iter().any(|c| c.cell == cell && candidates.iter().filter(|o| o.name == c.name).all(|o| o.alive))
+            };
+            let mut by_name: Vec<&str> = configured.to_vec();
+            by_name.sort();
+            let expected = if healthy(home) { Some(home) } else { by_name.into_iter().find(|cell| healthy(cell)) };
+            match (answer, expected) {
+                (Ok(routed), Some(cell)) => prop_assert_eq!(routed.cell, cell),
+                (Err(_), None) => {}
+                (answer, expected) => prop_assert!(false, "home {home}: {answer:?}, expected {expected:?}"),
             }
         }
     }

@@ -14,7 +14,12 @@
 //! A token that says when it was minted (so a later kick of its user voids it) is format
 //! 5: `5 u8 | issued_at_ms u64 BE | expires_at_ms u64 BE | nonce [16] | str user | str
 //! device | u8 n | n × str room | u8 m | m × str publish pattern` (m may be 0); this
-//! build mints only format 5, and formats 1 and 3 keep verifying with no issue time.
+//! build mints format 5, and formats 1 and 3 keep verifying with no issue time.
+//! A token with a home cell claim (`cell`) is format 6: format 5's body followed by
+//! `str cell`; a resume credential minted from a connection whose token had one is format
+//! 7: format 4's body (the publish list always present, m may be 0) followed by `str
+//! cell`. Without a claim tokens stay format 5 and credentials 2 or 4, so builds that
+//! predate the claim read everything this build mints for users without one.
 //! The first byte keeps tokens and credentials apart: neither verifies as the other.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -31,6 +36,10 @@ const TOKEN_PUBLISH_VERSION: u8 = 3;
 const RESUME_PUBLISH_VERSION: u8 = 4;
 /// A token with its issue time (and a publish pattern list, possibly empty).
 const TOKEN_ISSUED_VERSION: u8 = 5;
+/// Format 5 with a home cell claim at its end.
+const TOKEN_CELL_VERSION: u8 = 6;
+/// A resume credential with publish patterns (possibly none) and a home cell claim.
+const RESUME_CELL_VERSION: u8 = 7;
 /// Longer tokens are rejected before any decoding.
 pub const MAX_TOKEN_LEN: usize = 4096;
 
@@ -46,6 +55,9 @@ pub struct Claims {
     pub rooms: Vec<String>,
     /// Room patterns the connection may publish to (empty: none).
     pub publish: Vec<String>,
+    /// The user's home cell as the backend claims it (format 6); `None`: the rendezvous
+    /// choice over the configured cells.
+    pub cell: Option<String>,
 }
 
 /// What a resume credential grants: a connection as the one that received it.
@@ -62,6 +74,8 @@ pub struct Resume {
     pub issued_at_ms: u64,
     pub expires_at_ms: u64,
     pub nonce: [u8; 16],
+    /// The home cell claim of that token (format 7), if it had one.
+    pub cell: Option<String>,
 }
 
 impl Claims {
@@ -109,15 +123,20 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 
 fn encode_body(claims: &Claims) -> Vec<u8> {
     let mut body = Vec::with_capacity(72);
-    if let Some(issued_at_ms) = claims.issued_at_ms {
-        body.push(TOKEN_ISSUED_VERSION);
-        body.extend_from_slice(&issued_at_ms.to_be_bytes());
+    // A claim needs format 6, which says when the token was minted: one that does not
+    // say counts as minted at 0 (any kick voids it).
+    if claims.issued_at_ms.is_some() || claims.cell.is_some() {
+        body.push(if claims.cell.is_some() { TOKEN_CELL_VERSION } else { TOKEN_ISSUED_VERSION });
+        body.extend_from_slice(&claims.issued_at_ms.unwrap_or(0).to_be_bytes());
         body.extend_from_slice(&claims.expires_at_ms.to_be_bytes());
         body.extend_from_slice(&claims.nonce);
         put_str(&mut body, &claims.user);
         put_str(&mut body, &claims.device);
         put_rooms(&mut body, &claims.rooms);
         put_rooms(&mut body, &claims.publish);
+        if let Some(cell) = &claims.cell {
+            put_str(&mut body, cell);
+        }
         return body;
     }
     body.push(if claims.publish.is_empty() { TOKEN_VERSION } else { TOKEN_PUBLISH_VERSION });
@@ -173,6 +192,10 @@ impl<'a> Reader<'a> {
     fn nonce(&mut self) -> Result<[u8; 16], TokenError> {
         self.take(16)?.try_into().map_err(|_| TokenError::Malformed)
     }
+    /// A cell claim: a non-empty `str`.
+    fn cell(&mut self) -> Result<String, TokenError> {
+        Some(self.string()?).filter(|cell| !cell.is_empty()).ok_or(TokenError::Malformed)
+    }
     fn patterns(&mut self) -> Result<Vec<String>, TokenError> {
         let n = self.u8()?;
         (0..n).map(|_| self.string()).collect()
@@ -190,7 +213,7 @@ impl<'a> Reader<'a> {
 }
 
 fn decode_body(body: &[u8]) -> Result<Claims, TokenError> {
-    if body.first() == Some(&TOKEN_ISSUED_VERSION) {
+    if let Some(&version @ (TOKEN_ISSUED_VERSION | TOKEN_CELL_VERSION)) = body.first() {
         let mut r = Reader(&body[1..]);
         let issued_at_ms = Some(r.u64()?);
         let expires_at_ms = r.u64()?;
@@ -199,10 +222,11 @@ fn decode_body(body: &[u8]) -> Result<Claims, TokenError> {
         let device = r.string()?;
         let rooms = r.patterns()?;
         let publish = r.patterns()?;
+        let cell = if version == TOKEN_CELL_VERSION { Some(r.cell()?) } else { None };
         if !r.0.is_empty() {
             return Err(TokenError::Malformed);
         }
-        return Ok(Claims { user, device, issued_at_ms, expires_at_ms, nonce, rooms, publish });
+        return Ok(Claims { user, device, issued_at_ms, expires_at_ms, nonce, rooms, publish, cell });
     }
     let mut r = Reader(body);
     let with_publish = r.version(TOKEN_VERSION, TOKEN_PUBLISH_VERSION)?;
@@ -211,12 +235,16 @@ fn decode_body(body: &[u8]) -> Result<Claims, TokenError> {
     let user = r.string()?;
     let device = r.string()?;
     let (rooms, publish) = r.patterns_to_end(with_publish)?;
-    Ok(Claims { user, device, issued_at_ms: None, expires_at_ms, nonce, rooms, publish })
+    Ok(Claims { user, device, issued_at_ms: None, expires_at_ms, nonce, rooms, publish, cell: None })
 }
 
 fn encode_resume(resume: &Resume) -> Vec<u8> {
     let mut body = Vec::with_capacity(80);
-    body.push(if resume.publish.is_empty() { RESUME_VERSION } else { RESUME_PUBLISH_VERSION });
+    body.push(match (&resume.cell, resume.publish.is_empty()) {
+        (Some(_), _) => RESUME_CELL_VERSION,
+        (None, true) => RESUME_VERSION,
+        (None, false) => RESUME_PUBLISH_VERSION,
+    });
     body.extend_from_slice(&resume.issued_at_ms.to_be_bytes());
     body.extend_from_slice(&resume.expires_at_ms.to_be_bytes());
     body.extend_from_slice(&resume.nonce);
@@ -224,13 +252,32 @@ fn encode_resume(resume: &Resume) -> Vec<u8> {
     put_str(&mut body, &resume.device);
     put_str(&mut body, &resume.session);
     put_rooms(&mut body, &resume.rooms);
-    if !resume.publish.is_empty() {
+    if let Some(cell) = &resume.cell {
+        put_rooms(&mut body, &resume.publish);
+        put_str(&mut body, cell);
+    } else if !resume.publish.is_empty() {
         put_rooms(&mut body, &resume.publish);
     }
     body
 }
 
 fn decode_resume(body: &[u8]) -> Result<Resume, TokenError> {
+    if body.first() == Some(&RESUME_CELL_VERSION) {
+        let mut r = Reader(&body[1..]);
+        let issued_at_ms = r.u64()?;
+        let expires_at_ms = r.u64()?;
+        let nonce = r.nonce()?;
+        let user = r.string()?;
+        let device = r.string()?;
+        let session = r.string()?;
+        let rooms = r.patterns()?;
+        let publish = r.patterns()?;
+        let cell = Some(r.cell()?);
+        if !r.0.is_empty() {
+            return Err(TokenError::Malformed);
+        }
+        return Ok(Resume { user, device, session, rooms, publish, issued_at_ms, expires_at_ms, nonce, cell });
+    }
     let mut r = Reader(body);
     let with_publish = r.version(RESUME_VERSION, RESUME_PUBLISH_VERSION)?;
     let issued_at_ms = r.u64()?;
@@ -240,7 +287,7 @@ fn decode_resume(body: &[u8]) -> Result<Resume, TokenError> {
     let device = r.string()?;
     let session = r.string()?;
     let (rooms, publish) = r.patterns_to_end(with_publish)?;
-    Ok(Resume { user, device, session, rooms, publish, issued_at_ms, expires_at_ms, nonce })
+    Ok(Resume { user, device, session, rooms, publish, issued_at_ms, expires_at_ms, nonce, cell: None })
 }
 
 /// `base64url(body) "." base64url(mac)`.
@@ -307,6 +354,7 @@ mod tests {
             nonce: [7; 16],
             rooms: vec!["match:*".into()],
             publish: Vec::new(),
+            cell: None,
         }
     }
 
@@ -404,7 +452,55 @@ mod tests {
             issued_at_ms: 500,
             expires_at_ms: 1_000,
             nonce: [9; 16],
+            cell: None,
         }
+    }
+
+    fn claimed() -> Claims {
+        Claims { cell: Some("north".into()), ..issued() }
+    }
+
+    #[test]
+    fn a_cell_claim_round_trips_and_without_one_the_old_formats_stay() {
+        for claims in [claimed(), Claims { publish: vec!["chat:*".into()], ..claimed() }] {
+            let token = sign(b"secret", &claims);
+            assert_eq!(encode_body(&claims)[0], TOKEN_CELL_VERSION);
+            assert_eq!(verify(b"secret", &token, 999), Ok(claims));
+        }
+        assert_eq!(encode_body(&issued())[0], TOKEN_ISSUED_VERSION, "no claim: format 5, as before");
+        // A claim on a token that does not say when it was minted: minted at 0.
+        let undated = Claims { issued_at_ms: None, ..claimed() };
+        assert_eq!(verify(b"secret", &sign(b"secret", &undated), 999), Ok(Claims { issued_at_ms: Some(0), ..undated }));
+        for credential in [Resume { cell: Some("west".into()), ..resume() }, Resume { cell: Some("west".into()), publish: Vec::new(), ..resume() }] {
+            assert_eq!(encode_resume(&credential)[0], RESUME_CELL_VERSION);
+            assert_eq!(verify_resume(b"secret", &sign_resume(b"secret", &credential), 999), Ok(credential));
+        }
+        assert_eq!(encode_resume(&resume())[0], RESUME_PUBLISH_VERSION, "no claim: format 4, as before");
+        // An empty claim is no body this build writes.
+        let mut empty = encode_body(&issued());
+        empty[0] = TOKEN_CELL_VERSION;
+        empty.push(0);
+        assert_eq!(decode_body(&empty), Err(TokenError::Malformed));
+        // A claimed token is not a credential, nor the other way round.
+        let token = sign(b"secret", &claimed());
+        assert_eq!(verify_resume(b"secret", &token, 0), Err(TokenError::Malformed));
+        let credential = sign_resume(b"secret", &Resume { cell: Some("west".into()), ..resume() });
+        assert_eq!(verify(b"secret", &credential, 0), Err(TokenError::Malformed));
+    }
+
+    #[test]
+    fn truncated_or_padded_claimed_bodies_are_malformed_not_panics() {
+        let full = encode_body(&claimed());
+        for cut in 0..full.len() {
+            assert_eq!(decode_body(&full[..cut]), Err(TokenError::Malformed), "cut {cut}");
+        }
+        let full = encode_resume(&Resume { cell: Some("west".into()), ..resume() });
+        for cut in 0..full.len() {
+            assert_eq!(decode_resume(&full[..cut]), Err(TokenError::Malformed), "cut {cut}");
+        }
+        let mut padded = full.clone();
+        padded.push(0);
+        assert_eq!(decode_resume(&padded), Err(TokenError::Malformed));
     }
 
     #[test]

@@ -366,8 +366,20 @@ async fn mint_token(req: HttpRequest, payload: web::Payload, state: web::Data<Ap
     }
     check_patterns("rooms", &request.rooms)?;
     check_patterns("publish", &request.publish)?;
-    let grants = Grants { rooms: request.rooms, publish: request.publish };
+    if let Some(cell) = &request.cell {
+        check_cell(&state, cell)?;
+    }
+    let grants = Grants { rooms: request.rooms, publish: request.publish, cell: request.cell };
     Ok(issue_token(&state, request.user, request.device, request.ttl_secs, grants))
+}
+
+/// A cell named by a request: one of the configured cells (`cells`).
+fn check_cell(state: &AppState, cell: &str) -> Result<(), ApiError> {
+    if state.router.knows_cell(cell) {
+        return Ok(());
+    }
+    let shown: String = cell.chars().take(64).collect();
+    Err(api_error(ErrorCode::UnknownCell, format!("cell {shown:?} is not one of the configured cells")))
 }
 
 /// A token's room patterns: each a room name, optionally ending in `*`; at most 255
@@ -388,18 +400,20 @@ fn check_patterns(field: &str, patterns: &[String]) -> Result<(), ApiError> {
 const MAX_PATTERNS: usize = 255;
 
 /// What a token lets its connection do: read `rooms` (empty: any), publish to `publish`
-/// (empty: nowhere).
+/// (empty: nowhere); and the user's home `cell` it claims, if any.
 struct Grants {
     rooms: Vec<String>,
     publish: Vec<String>,
+    cell: Option<String>,
 }
 
 /// Sign a fresh one-time token (a new nonce) and answer it as 201 `{"token","expires_at_ms"}`.
 fn issue_token(state: &AppState, user: String, device: String, ttl_secs: u64, grants: Grants) -> HttpResponse {
     let issued_at_ms = now_ms();
     let expires_at_ms = issued_at_ms + ttl_secs * 1000;
-    let Grants { rooms, publish } = grants;
-    let claims = token::Claims { user, device, issued_at_ms: Some(issued_at_ms), expires_at_ms, nonce: random_bytes(), rooms, publish };
+    let Grants { rooms, publish, cell } = grants;
+    let claims =
+        token::Claims { user, device, issued_at_ms: Some(issued_at_ms), expires_at_ms, nonce: random_bytes(), rooms, publish, cell };
     let reply = TokenReply { token: token::sign(&state.token_secret, &claims), expires_at_ms };
     state.metrics.tokens_minted.inc();
     json(StatusCode::CREATED, protocol::to_json(&reply))
@@ -605,6 +619,8 @@ struct Credentialed {
     publish: Vec<String>,
     /// The session to resume (a resume credential names it; a token may ask for one).
     session: Option<String>,
+    /// The user's home cell as the token claimed it (a resume credential carries it on).
+    cell: Option<String>,
 }
 
 /// A credential whose signature, expiry and revocation were checked; its nonce is not
@@ -686,6 +702,7 @@ async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<V
             rooms: resume.rooms,
             publish: resume.publish,
             session: Some(resume.session),
+            cell: resume.cell,
         };
         return Ok(Verified { who, nonce: resume.nonce, expires_at_ms: resume.expires_at_ms, kind: CredentialKind::Resume, times });
     }
@@ -704,8 +721,14 @@ async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<V
         return Err(void_refusal(CredentialKind::Token, Void::Kicked));
     }
     let times = CredentialTimes { issued_at_ms, checked_at_ms: now };
-    let who =
-        Credentialed { user: claims.user, device: claims.device, rooms: claims.rooms, publish: claims.publish, session: query.session };
+    let who = Credentialed {
+        user: claims.user,
+        device: claims.device,
+        rooms: claims.rooms,
+        publish: claims.publish,
+        session: query.session,
+        cell: claims.cell,
+    };
     Ok(Verified { who, nonce: claims.nonce, expires_at_ms: claims.expires_at_ms, kind: CredentialKind::Token, times })
 }
 
@@ -782,6 +805,7 @@ fn mint_resume(state: &AppState, who: &Credentialed, session: &str) -> ResumeGra
         issued_at_ms: now,
         expires_at_ms,
         nonce: random_bytes(),
+        cell: who.cell.clone(),
     };
     ResumeGrant { credential: token::sign_resume(&state.token_secret, &resume), issued_at_ms: now, expires_at_ms }
 }
@@ -877,7 +901,7 @@ async fn handshake<S>(
     let verified = verify_credential(query, state).await?;
     authorise(&shaped, &verified.who)?;
     let spent = spend_credential(verified, state).await?;
-    let open = OpenSession { user: spent.who.user.clone(), asked: spent.who.session.clone(), avoid };
+    let open = OpenSession { user: spent.who.user.clone(), asked: spent.who.session.clone(), avoid, cell: spent.who.cell.clone() };
     // Spent for good unless given back: a replay here is then refused before anything
     // is read.
     let spent_for_good = || state.spent.lock().remember(spent.nonce, spent.expires_at_ms, Void::Used, now_ms());
@@ -1034,17 +1058,25 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
 struct RouteQuery {
     session: Option<String>,
     user: Option<String>,
+    /// The user's home cell as its token claims it (one of the configured cells).
+    cell: Option<String>,
 }
 
-/// Which node a client should connect to: the router's answer over the nodes alive now.
-/// A client may ask for its own session without the API key (the answer names a node
-/// and its public URL, nothing of the session); asking by user needs the key.
+/// Which node a client should connect to: the router's answer over the nodes alive now,
+/// with the node's cell and the user's home cell (`cell`, else the configured cells'
+/// rendezvous choice). A client may ask for its own session without the API key (the
+/// answer names a node and its public URL, nothing of the session); asking by user needs
+/// the key.
 async fn route(req: HttpRequest, query: web::Query<RouteQuery>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     if query.user.as_deref().is_some_and(|u| !u.is_empty()) || query.session.as_deref().is_none_or(str::is_empty) {
         authorize(&req, &state)?;
     }
-    let RouteQuery { session, user } = query.into_inner();
+    let RouteQuery { session, user, cell } = query.into_inner();
     check_session(session.as_deref())?;
+    let cell = cell.filter(|c| !c.is_empty());
+    if let Some(cell) = &cell {
+        check_cell(&state, cell)?;
+    }
     let session = session.filter(|s| !s.is_empty());
     let user = user.filter(|u| !u.is_empty());
     if session.is_none() && user.is_none() {
@@ -1057,8 +1089,11 @@ async fn route(req: HttpRequest, query: web::Query<RouteQuery>, state: web::Data
     let user = user.or_else(|| recorded.as_ref().map(|r| r.user.clone())).unwrap_or_default();
     // A client without a session is routed by its user id.
     let session = session.unwrap_or_else(|| names::inbox_room(&user));
-    match state.router.route(&session, &user, recorded.as_ref().map(|r| r.owner.as_str()), None) {
-        Ok(answer) => Ok(json(StatusCode::OK, protocol::to_json(&protocol::RouteReply { node: answer.node, url: answer.url }))),
+    match state.router.route(&session, &user, cell.as_deref(), recorded.as_ref().map(|r| r.owner.as_str()), None) {
+        Ok(answer) => {
+            let reply = protocol::RouteReply { node: answer.node, url: answer.url, cell: answer.cell, home: answer.home };
+            Ok(json(StatusCode::OK, protocol::to_json(&reply)))
+        }
         Err(none) => Err(api_error(ErrorCode::NoAliveNode, none.to_string())),
     }
 }
@@ -1081,7 +1116,7 @@ async fn demo_token(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
         return Err(not_in_demo_mode());
     }
     let user = format!("viewer-{}", random_hex(6));
-    Ok(issue_token(&state, user, "web".into(), 60, Grants { rooms: vec!["match:*".into()], publish: Vec::new() }))
+    Ok(issue_token(&state, user, "web".into(), 60, Grants { rooms: vec!["match:*".into()], publish: Vec::new(), cell: None }))
 }
 
 /// A file embedded in the binary, served as it is; `no-cache` so an upgrade is seen at

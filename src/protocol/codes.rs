@@ -161,10 +161,13 @@ pub enum ErrorCode {
     /// The request cannot be done in the cluster's present state (a rebalance towards a
     /// node that is not alive and taking connections, or outside cluster mode).
     Conflict,
+    /// A cell the configuration does not list (`cells`), named by a token's claim or a
+    /// route question.
+    UnknownCell,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 25] = [
         ErrorCode::BadRequest,
         ErrorCode::UnknownOp,
         ErrorCode::BadRoom,
@@ -189,6 +192,7 @@ impl ErrorCode {
         ErrorCode::DirectoryUnavailable,
         ErrorCode::PresenceOff,
         ErrorCode::Conflict,
+        ErrorCode::UnknownCell,
     ];
 
     /// What the code tells a client or backend, in one line (the reference's text).
@@ -218,6 +222,7 @@ impl ErrorCode {
             ErrorCode::DirectoryUnavailable => "Cluster mode: the session directory (NATS) has been unreachable for directory_outage_secs; retry with the same credential.",
             ErrorCode::PresenceOff => "The room keeps no presence: an inbox, or a room whose namespace sets `presence = false`.",
             ErrorCode::Conflict => "Not possible in the cluster's present state: a rebalance towards a node that is not alive and taking connections, or outside cluster mode.",
+            ErrorCode::UnknownCell => "The `cell` of a token request or a route question is not one of the configured cells (`cells`).",
         }
     }
 
@@ -247,6 +252,7 @@ impl ErrorCode {
             ErrorCode::DirectoryUnavailable => "directory_unavailable",
             ErrorCode::PresenceOff => "presence_off",
             ErrorCode::Conflict => "conflict",
+            ErrorCode::UnknownCell => "unknown_cell",
         }
     }
 
@@ -255,7 +261,7 @@ impl ErrorCode {
     /// `too_many_connections` for one address is 429 (see `http::admit`).
     pub fn http_status(self) -> u16 {
         match self {
-            ErrorCode::BadRequest | ErrorCode::UnknownOp | ErrorCode::BadRoom => 400,
+            ErrorCode::BadRequest | ErrorCode::UnknownOp | ErrorCode::BadRoom | ErrorCode::UnknownCell => 400,
             ErrorCode::Unauthorized
             | ErrorCode::MissingToken
             | ErrorCode::InvalidToken
@@ -296,6 +302,7 @@ mod tests {
         let documented = [
             (ErrorCode::BadRequest, 400),
             (ErrorCode::BadRoom, 400),
+            (ErrorCode::UnknownCell, 400),
             (ErrorCode::Unauthorized, 401),
             (ErrorCode::MissingToken, 401),
             (ErrorCode::InvalidToken, 401),

@@ -23,6 +23,9 @@ pub struct TokenRequest {
     /// Room patterns the connection may publish to (DESIGN §9); none by default.
     #[serde(default)]
     pub publish: Vec<String>,
+    /// The user's home cell, one of the configured `cells`; none: the rendezvous choice.
+    #[serde(default)]
+    pub cell: Option<String>,
 }
 
 fn default_device() -> String {
@@ -98,6 +101,11 @@ pub fn parse_user_message_request(body: &[u8]) -> Result<UserMessageRequest, ser
 pub struct RouteReply {
     pub node: String,
     pub url: String,
+    /// The node's cell.
+    pub cell: String,
+    /// The user's home cell (empty: none configured); `cell` differs while the home has
+    /// no node that may serve.
+    pub home: String,
 }
 
 /// `DELETE /v1/users/{user}/connections`

@@ -504,12 +504,13 @@ fn this_node(config: &Config, local: std::net::SocketAddr, tls: bool) -> crate::
 fn router(config: &Config, me: crate::config::Peer, clustered: bool, lifecycle: &Arc<Lifecycle>) -> Result<Router, ServerError> {
     let up_after = config.probe_up_after.min(u32::MAX as u64) as u32;
     let release_window = config.migration_window();
-    Ok(if clustered {
+    let router = if clustered {
         let timeout = config.cluster_heartbeat() * HEARTBEATS_MISSED as u32;
         Router::clustered(me, timeout, up_after, lifecycle.clone(), release_window)
     } else {
         Router::probed(me, config.peer_nodes()?, up_after, lifecycle.clone(), release_window)
-    })
+    };
+    Ok(router.with_cells(config.configured_cells()))
 }
 
 /// The liveness actor: heartbeats on NATS (cluster mode), or probes of the configured peers.

@@ -57,6 +57,9 @@ pub struct OpenSession {
     pub asked: Option<String>,
     /// A node the client could not reach (the handshake's `avoid`).
     pub avoid: Option<String>,
+    /// The user's home cell as the credential claims it (none: the configured cells'
+    /// rendezvous choice).
+    pub cell: Option<String>,
 }
 
 pub struct SessionGrant {
@@ -653,13 +656,16 @@ impl Shared {
     /// that a node owns, and (peers mode, where no record names owners across nodes) for
     /// any asked session, known here or not. Served elsewhere: refused with that node.
     fn routed_move(&self, msg: &OpenSession, asked: Option<&SessionRecord>, plan: &SessionPlan) -> Result<Move, DirectoryError> {
-        let Some(session) = msg.asked.as_deref().filter(|s| !s.is_empty()) else { return Ok(Move::Free) };
+        let Some(session) = msg.asked.as_deref().filter(|s| !s.is_empty()) else { return self.home_cell_move(msg) };
         let owned = matches!(plan, SessionPlan::Reuse | SessionPlan::Migrate { .. });
         if !(owned || (asked.is_none() && self.router.placement_decides())) {
-            return Ok(Move::Free);
+            return self.home_cell_move(msg);
         }
         let owner = asked.map(|r| r.owner.as_str());
-        let routed = self.router.route(session, &msg.user, owner, msg.avoid.as_deref()).map_err(DirectoryError::NoAliveNode)?;
+        let routed = self
+            .router
+            .route(session, &msg.user, msg.cell.as_deref(), owner, msg.avoid.as_deref())
+            .map_err(DirectoryError::NoAliveNode)?;
         if routed.node != self.node {
             self.metrics.handshakes_redirected.inc();
             tracing::debug!(session, user = %msg.user, to = %routed.node, "handshake sent to the session's node");
@@ -669,6 +675,28 @@ impl Shared {
         // owner says so itself (its readiness goes off before its heartbeat tells the
         // others that it drains).
         Ok(if routed.reason.charged() { Move::Avoided { owner: owner.map(str::to_string) } } else { Move::Free })
+    }
+
+    /// Cluster mode: a new session opens in the cell the user's route answers (its home
+    /// cell, a claim or the configured cells' choice, while a node there can serve; else
+    /// the first healthy cell by name). A handshake in another cell is refused with the
+    /// routed node, as for a session served elsewhere. In peers mode a session's node is
+    /// the placement of its id, which this does not override.
+    fn home_cell_move(&self, msg: &OpenSession) -> Result<Move, DirectoryError> {
+        if self.router.placement_decides() {
+            return Ok(Move::Free);
+        }
+        let inbox = crate::core::names::inbox_room(&msg.user);
+        // No answer (every node avoided, say): this node serves rather than nobody.
+        let Ok(routed) = self.router.route(&inbox, &msg.user, msg.cell.as_deref(), None, msg.avoid.as_deref()) else {
+            return Ok(Move::Free);
+        };
+        if routed.cell == self.router.me().cell {
+            return Ok(Move::Free);
+        }
+        self.metrics.handshakes_redirected.inc();
+        tracing::debug!(user = %msg.user, home = %routed.home, cell = %routed.cell, to = %routed.node, "new session sent to the user's cell");
+        Err(DirectoryError::Elsewhere { node: routed.node, url: routed.url })
     }
 
     /// The user's migration budget allows one more charged move at `now`.

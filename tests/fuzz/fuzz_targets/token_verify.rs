@@ -54,7 +54,7 @@ fuzz_target!(|input: Input| {
 
     // 2. Round trip of arbitrary claims.
     let c = input.claims;
-    let claims = Claims { user: c.user, device: c.device, issued_at_ms: c.issued_at_ms, expires_at_ms: c.expires_at_ms, nonce: c.nonce, rooms: c.rooms, publish: Vec::new() };
+    let claims = Claims { user: c.user, device: c.device, issued_at_ms: c.issued_at_ms, expires_at_ms: c.expires_at_ms, nonce: c.nonce, rooms: c.rooms, publish: Vec::new(), cell: None };
     let signed = token::sign(&input.secret, &claims);
     // Verify a moment before the expiry (when there is one).
     let now = claims.expires_at_ms.saturating_sub(1);

@@ -25,7 +25,8 @@
 //! (`common::concurrency::WIDER`). Every wait is bounded; on failure the node logs are kept (the
 //! path is printed).
 //!
-//! The areas, one module each: [`fanout`], [`handshake_floods`] (floods of handshakes
+//! The areas, one module each: [`cells`] (home cells: configuration or a claim, never
+//! health; the fallback to the first healthy cell by name), [`fanout`], [`handshake_floods`] (floods of handshakes
 //! that must cost other users nothing: a slow peer avoided, spent credentials replayed),
 //! [`interest`] (a node takes only its rooms'
 //! events), [`load`] (kills, outages and restarts under
@@ -36,6 +37,7 @@
 //! [`rolling_release`] (the seed's incident: 200
 //! livegate.js clients behind a balancer).
 
+mod cells;
 mod chaos;
 mod fanout;
 mod handshake_floods;

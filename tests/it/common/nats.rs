@@ -352,6 +352,9 @@ pub struct Cluster<N: Nats = NatsServer> {
     /// Node `i`'s `--cluster-nats-url` when not the NATS's own seeds (a link in between).
     seeds: Vec<Option<String>>,
     extra: Vec<String>,
+    /// Node `i`'s own `LIVEGATE_*` variables (its `LIVEGATE_CELL`, say), kept across
+    /// restarts.
+    node_env: Vec<Vec<(String, String)>>,
     starts: Vec<usize>,
     root: Option<TempDir>,
 }
@@ -374,6 +377,15 @@ impl Cluster {
 
     pub fn name(i: usize) -> &'static str {
         NODE_NAMES[i]
+    }
+
+    /// [`Cluster::start`] where node `i` also gets `env(i)`'s `LIVEGATE_*` variables, on
+    /// every start.
+    pub fn start_with_env(n: usize, extra: &[&str], env: impl Fn(usize) -> Vec<(String, String)>) -> Cluster {
+        let root = tempfile::Builder::new().prefix("livegate-cluster-").tempdir().expect("tempdir");
+        let nats = NatsServer::start_in(root.path());
+        let node_env = (0..n).map(env).collect();
+        Cluster::start_with(nats, root, n, extra, vec![None; n], node_env)
     }
 
     /// [`Cluster::start`] with every node reaching the nats-server through `link`'s
@@ -427,12 +439,24 @@ impl<N: Nats> Cluster<N> {
     }
 
     fn start_with_seeds(nats: N, root: TempDir, n: usize, extra: &[&str], seeds: Vec<Option<String>>) -> Cluster<N> {
+        Cluster::start_with(nats, root, n, extra, seeds, vec![Vec::new(); n])
+    }
+
+    fn start_with(
+        nats: N,
+        root: TempDir,
+        n: usize,
+        extra: &[&str],
+        seeds: Vec<Option<String>>,
+        node_env: Vec<Vec<(String, String)>>,
+    ) -> Cluster<N> {
         assert!((1..=NODE_NAMES.len()).contains(&n), "1..={} nodes", NODE_NAMES.len());
         let mut cluster = Cluster {
             nats,
             nodes: (0..n).map(|_| None).collect(),
             seeds,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            node_env,
             starts: vec![0; n],
             root: Some(root),
         };
@@ -466,7 +490,8 @@ impl<N: Nats> Cluster<N> {
         let url = self.seeds[i].clone().unwrap_or_else(|| self.nats.seeds());
         let mut flags: Vec<&str> = vec!["--cluster-nats-url", &url];
         flags.extend(self.extra.iter().map(String::as_str));
-        self.nodes[i] = Some(ServeProcess::start_named(&data, &log, Cluster::name(i), &flags));
+        let env: Vec<(&str, &str)> = self.node_env[i].iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        self.nodes[i] = Some(ServeProcess::start_named_with_env(&data, &log, Cluster::name(i), &flags, &env));
     }
 
     /// Starts a node with the next unused name (`d` after `a`..`c`, and so on) and its own
@@ -477,6 +502,7 @@ impl<N: Nats> Cluster<N> {
         assert!(i < NODE_NAMES.len(), "at most {} node names", NODE_NAMES.len());
         self.nodes.push(None);
         self.seeds.push(None);
+        self.node_env.push(Vec::new());
         self.starts.push(0);
         self.start_node(i);
         i

@@ -52,6 +52,13 @@ impl ServeProcess {
         ServeProcess::spawn_as(data_dir, log, node, &["--api-key", API_KEY], extra, &[])
     }
 
+    /// [`ServeProcess::start_named`] with `LIVEGATE_*` variables `env` in its environment
+    /// (a build that does not know a key ignores its variable with a warning, where it
+    /// would refuse the flag).
+    pub fn start_named_with_env(data_dir: &Path, log: &Path, node: &str, extra: &[&str], env: &[(&str, &str)]) -> ServeProcess {
+        ServeProcess::spawn_as(data_dir, log, node, &["--api-key", API_KEY], extra, env)
+    }
+
     fn spawn(data_dir: &Path, log: &Path, key: &[&str], extra: &[&str], env: &[(&str, &str)]) -> ServeProcess {
         ServeProcess::spawn_as(data_dir, log, NODE, key, extra, env)
     }

@@ -1,0 +1,175 @@
+//! Home cells (issue 47, step 1): three configured cells, one node in each, `--cells` on
+//! every node. A user's home is the token's `cell` claim or a rendezvous hash over the
+//! configured cells, never over the cells alive: when its cell's only node is killed the
+//! route falls back to the first healthy cell by name and still names the same home, and
+//! when that node is back the user's new sessions go home again (a handshake elsewhere is
+//! sent there with 4421). A claim routes its user to the claimed cell (resume credentials
+//! carry it); an unknown cell is refused.
+
+use super::*;
+use livegate::core::routing::rendezvous;
+
+/// The configured cells, and node `i`'s cell (a: east, b: north, c: west).
+const CELLS: [&str; 3] = ["east", "north", "west"];
+
+/// Three nodes, node `i` in `CELLS[i]`, each told every cell; heartbeats every 250 ms,
+/// so a killed node is down in under a second. The cells are set by `LIVEGATE_CELL` and
+/// `LIVEGATE_CELLS`, which an earlier build ignores: run on it, the test shows what it
+/// answers, not a refused flag.
+fn three_cells() -> Cluster {
+    let flags = ["--cluster-heartbeat-ms", "250", "--probe-up-after", "1"];
+    Cluster::start_with_env(3, &flags, |i| {
+        vec![("LIVEGATE_CELL".to_string(), CELLS[i].to_string()), ("LIVEGATE_CELLS".to_string(), CELLS.join(","))]
+    })
+}
+
+/// `GET /v1/route?<query>` on `http`: (node, cell, home), a field missing as "(none)", or
+/// what came instead.
+fn route_answer(http: &Http, query: &str) -> Result<(String, String, String), String> {
+    match http.try_request("GET", &format!("/v1/route?{query}"), Auth::Key, Body::None) {
+        Ok((200, body)) => {
+            let field = |name: &str| body[name].as_str().unwrap_or("(none)").to_string();
+            Ok((field("node"), field("cell"), field("home")))
+        }
+        Ok((status, body)) => Err(format!("{status} {body}")),
+        Err(e) => Err(e),
+    }
+}
+
+fn answer(node: &str, cell: &str, home: &str) -> Result<(String, String, String), String> {
+    Ok((node.to_string(), cell.to_string(), home.to_string()))
+}
+
+/// The first user `pick` accepts among `prefix0`, `prefix1`, ...
+fn user_where(prefix: &str, pick: impl Fn(&str) -> bool) -> String {
+    (0..10_000).map(|i| format!("{prefix}{i}")).find(|u| pick(u)).expect("a user among 10,000")
+}
+
+#[test]
+fn a_users_home_cell_is_configuration_and_its_loss_falls_back_to_the_first_healthy_cell_by_name() {
+    let _gate = crate::common::gate!();
+    let mut cluster = three_cells();
+    let mut failures = Vec::new();
+    // Homed in west by the configured cells; over the cells alive without west, the hash
+    // would say north (what routing over the alive cells answered): the fallback must be
+    // east, the first healthy cell by name.
+    let user = user_where("cells-u", |u| rendezvous(u, CELLS) == Some("west") && rendezvous(u, ["east", "north"]) == Some("north"));
+    let query = format!("user={user}");
+    let everywhere = |cluster: &Cluster, nodes: &[usize], want: &Result<(String, String, String), String>| {
+        nodes.iter().all(|&i| route_answer(&cluster.http(i), &query) == *want)
+    };
+    let home = answer("c", "west", "west");
+    if !wait_until(Duration::from_secs(10), || everywhere(&cluster, &[0, 1, 2], &home)) {
+        let seen: Vec<_> = (0..3).map(|i| route_answer(&cluster.http(i), &query)).collect();
+        failures.push(format!("before: {user} should route to c in west on every node, got {seen:?}"));
+    }
+    cluster.take_node(2).kill9();
+    let killed = Instant::now();
+    let fallback = answer("a", "east", "west");
+    let mut rehomed = Vec::new();
+    let fell_back = wait_until(Duration::from_secs(10), || {
+        let seen: Vec<_> = [0, 1].iter().map(|&i| route_answer(&cluster.http(i), &query)).collect();
+        let to_north = seen.iter().filter(|a| a.as_ref().is_ok_and(|(node, ..)| node == "b"));
+        rehomed.extend(to_north.map(|a| format!("{a:?}")).take(3usize.saturating_sub(rehomed.len())));
+        seen.iter().all(|a| *a == fallback)
+    });
+    if !fell_back {
+        let seen: Vec<_> = [0, 1].iter().map(|&i| route_answer(&cluster.http(i), &query)).collect();
+        failures.push(format!("west killed: {user} should route to a in east (home still west) on a and b, got {seen:?}"));
+    } else {
+        eprintln!("west's node killed: {user} routed to east {:?} later", killed.elapsed());
+    }
+    if !rehomed.is_empty() {
+        failures.push(format!("west killed: {user} was routed to north, a cell chosen by hash over the alive ones: {rehomed:?}"));
+    }
+    // A handshake in east is served there meanwhile.
+    let rt = runtime();
+    let token = cluster.http(0).mint_token(&user, "web");
+    match rt.block_on(WsClient::try_connect(cluster.addr(0), Some(&token), None)) {
+        Ok(ws) => rt.block_on(ws.close()),
+        Err(r) => failures.push(format!("west killed: a handshake of {user} on a: {} {}, expected a welcome", r.status, r.body)),
+    }
+    // The fallback holds while west is down: the same answer over 20 questions.
+    for i in 0..20 {
+        let got = route_answer(&cluster.http(i % 2), &query);
+        if got != fallback {
+            failures.push(format!("question {i} while west is down: {got:?}"));
+            break;
+        }
+    }
+    cluster.start_node(2);
+    cluster.wait_peers(common::nats::PEERS_LIMIT);
+    if !wait_until(Duration::from_secs(10), || everywhere(&cluster, &[0, 1, 2], &home)) {
+        let seen: Vec<_> = (0..3).map(|i| route_answer(&cluster.http(i), &query)).collect();
+        failures.push(format!("west back: {user}'s new sessions should go home to c, got {seen:?}"));
+    }
+    let token = cluster.http(0).mint_token(&user, "web");
+    match rt.block_on(WsClient::try_connect(cluster.addr(0), Some(&token), None)) {
+        Err(r) if r.status == 421 && r.body["error"]["node"] == "c" => {}
+        Err(r) => failures.push(format!("west back: a handshake of {user} on a: {} {}, expected 421 naming c", r.status, r.body)),
+        Ok(ws) => failures.push(format!("west back: a handshake of {user} on a was served there: {}", ws.welcome)),
+    }
+    fail_with_logs(&cluster, "home cells", &failures, &LOG_NEEDLES);
+}
+
+#[test]
+fn a_tokens_cell_claim_routes_its_user_there_and_an_unknown_cell_is_refused() {
+    let _gate = crate::common::gate!();
+    let cluster = three_cells();
+    let rt = runtime();
+    let mut failures = Vec::new();
+    // Homed in west by hash; the backend claims north.
+    let user = user_where("claim-u", |u| rendezvous(u, CELLS) == Some("west"));
+    let http = cluster.http(0);
+    let by_hash = answer("c", "west", "west");
+    let claimed = answer("b", "north", "north");
+    let ok = wait_until(Duration::from_secs(10), || {
+        route_answer(&http, &format!("user={user}")) == by_hash && route_answer(&http, &format!("user={user}&cell=north")) == claimed
+    });
+    if !ok {
+        failures.push(format!(
+            "/v1/route for {user}: without a claim {:?} (want {by_hash:?}), with cell=north {:?} (want {claimed:?})",
+            route_answer(&http, &format!("user={user}")),
+            route_answer(&http, &format!("user={user}&cell=north"))
+        ));
+    }
+    // Unknown cells: refused, with the code.
+    let (status, body) = http.request("POST", "/v1/tokens", Auth::Key, Body::Json(json!({"user": user, "cell": "mars"})));
+    if (status, error_code(&body)) != (400, "unknown_cell") {
+        failures.push(format!("POST /v1/tokens with cell mars: {status} {body}, expected 400 unknown_cell"));
+    }
+    match route_answer(&http, &format!("user={user}&cell=mars")) {
+        Err(e) if e.starts_with("400 ") && e.contains("unknown_cell") => {}
+        other => failures.push(format!("/v1/route with cell=mars: {other:?}, expected 400 unknown_cell")),
+    }
+    // A token claiming north: a handshake on a (east) is sent to b (north) without
+    // spending the token, which then opens the session on b. Its resume credential
+    // carries the claim: resumed on c by a client that cannot reach b, it is sent to the
+    // first healthy cell by name (east, a), not to west (c), the home the hash would give.
+    let (status, body) = http.request("POST", "/v1/tokens", Auth::Key, Body::Json(json!({"user": user, "cell": "north"})));
+    let token = body["token"].as_str().map(str::to_string);
+    match (status, token) {
+        (201, Some(token)) => {
+            match rt.block_on(WsClient::try_connect(cluster.addr(0), Some(&token), None)) {
+                Err(r) if r.status == 421 && r.body["error"]["node"] == "b" => {}
+                Err(r) => failures.push(format!("claimed token on a: {} {}, expected 421 naming b (north)", r.status, r.body)),
+                Ok(ws) => failures.push(format!("claimed token on a was served in east: {}", ws.welcome)),
+            }
+            match rt.block_on(WsClient::try_connect(cluster.addr(1), Some(&token), None)) {
+                Ok(ws) => {
+                    let resume = ws.welcome["resume"].as_str().unwrap_or_default().to_string();
+                    rt.block_on(ws.close());
+                    let url = format!("ws://{}/v1/ws?resume={resume}&avoid=b", cluster.addr(2));
+                    match rt.block_on(WsClient::try_connect_url(&url)) {
+                        Err(r) if r.status == 421 && r.body["error"]["node"] == "a" => {}
+                        Err(r) => failures.push(format!("resume on c avoiding b: {} {}, expected 421 naming a (east)", r.status, r.body)),
+                        Ok(ws) => failures.push(format!("resume on c avoiding b was served in west: {}", ws.welcome)),
+                    }
+                }
+                Err(r) => failures.push(format!("claimed token on b, after the 421 gave it back: {} {}", r.status, r.body)),
+            }
+        }
+        (status, _) => failures.push(format!("POST /v1/tokens with cell north: {status} {body}")),
+    }
+    fail_with_logs(&cluster, "cell claims", &failures, &LOG_NEEDLES);
+}
