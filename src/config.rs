@@ -175,7 +175,7 @@ config_keys! {
         "This node's cell, a group of nodes such as a region";
     cells: Vec<String> = Vec::new() => "this node's cell and the peers' cells", "LIST",
         "Every cell of the deployment, comma-separated; users are homed over this list, never over the cells alive",
-        "A user's home cell is the token's `cell` claim, else a rendezvous hash of the user over these cells: it never changes when nodes or cells go down (the route falls back to the first healthy cell by name instead). Every node must list the same cells, its own `cell` among them; at most 64. Empty: this node's `cell` and the cells of its `peers`.";
+        "A user's home cell is the token's `cell` claim, else a rendezvous hash of the user over these cells: it never changes when nodes or cells go down (the route falls back to the first healthy cell by name instead). Every node must list the same cells, its own `cell` among them; at most 64. Empty: this node's `cell` and the cells of its `peers`; in cluster mode (`cluster_nats_url`) empty means no list: users are homed over the cells of the nodes heard, and `cell` claims are refused (`unknown_cell`) until `cells` is set.";
     public_url: Option<String> = None => "http://LISTEN", "URL",
         "URL clients use to reach this node, answered by /v1/route";
     peers: Vec<String> = Vec::new() => "none", "LIST",
@@ -640,8 +640,14 @@ pub const MAX_CELLS: usize = 64;
 impl Config {
     /// The configured cells, sorted and without duplicates: `cells`, or when it is empty
     /// this node's `cell` and its peers' cells (a peer entry that does not parse adds
-    /// nothing; validation refuses it).
+    /// nothing; validation refuses it). In cluster mode (`cluster_nats_url`) with `cells`
+    /// empty there is no list: each node hears of the others' cells only while they beat,
+    /// so a list made of its own cell would home every user in the cell of the node asked.
+    /// The route then homes users over the cells it hears, as before `cells` existed.
     pub fn configured_cells(&self) -> Vec<String> {
+        if self.cells.is_empty() && self.cluster_nats_url.is_some() {
+            return Vec::new();
+        }
         let mut cells: Vec<String> = if self.cells.is_empty() {
             let peers = self.peers.iter().filter_map(|entry| parse_peer(entry, &self.cell).ok()).map(|peer| peer.cell);
             std::iter::once(self.cell.clone()).chain(peers).collect()

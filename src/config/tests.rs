@@ -660,6 +660,13 @@ fn configured_cells() {
     assert_eq!(load(&[]), vec!["default".to_string()], "one cell: the node's own");
     assert_eq!(load(&[("cell", "west"), ("peers", "b@east=http://127.0.0.1:1,c=http://127.0.0.1:2")]), vec!["east", "west"]);
     assert_eq!(load(&[("cell", "north"), ("cells", "west,north,east")]), vec!["east", "north", "west"], "sorted");
+    let no_list: Vec<String> = Vec::new();
+    assert_eq!(load(&[("cell", "west"), ("cluster_nats_url", "nats://127.0.0.1:4222")]), no_list, "cluster mode: the cells heard");
+    assert_eq!(
+        load(&[("cell", "west"), ("cluster_nats_url", "nats://127.0.0.1:4222"), ("cells", "east,west")]),
+        vec!["east", "west"],
+        "cluster mode with a list"
+    );
     let many: Vec<String> = (0..=MAX_CELLS).map(|i| format!("c{i}")).collect();
     let flags = ConfigFlags::default().with("cell", "c0").with("cells", many.join(","));
     let err = Config::load(None, Vec::new(), &flags).unwrap_err().to_string();
