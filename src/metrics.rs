@@ -120,6 +120,7 @@ const HANDSHAKE_REASONS: &[&str] =
 pub const OPEN_LABELS: &[(&str, &str)] = &[
     ("device", "each of `exclusive_devices`, `web` and `other`"),
     ("peer", "each peer of `peers`"),
+    ("cell", "each cell of `cells` (cluster mode)"),
     ("code", "each close code livegate sends (see [Close codes](close-codes.md)), `1005`, `1006` (the socket just ended) and `other`"),
 ];
 

@@ -430,6 +430,9 @@ impl LivenessActor {
     /// Cluster mode: heartbeats every `interval`.
     pub fn clustered(router: Arc<Router>, interval: Duration, peers: ClusterPeers, metrics: Arc<crate::metrics::Metrics>) -> Self {
         for (cell, state) in router.breaker_states() {
+            for to in crate::core::breaker::STATE_NAMES {
+                drop(metrics.cell_breaker_transitions.get_or_create(&CellTransitionLabel { cell: cell.clone(), to }));
+            }
             metrics.cell_breaker_state.get_or_create(&CellLabel { cell }).set(crate::metrics::breaker_state_value(state));
         }
         LivenessActor { metrics, router, interval, cluster: Some(peers), probing_cell: false }

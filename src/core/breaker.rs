@@ -25,6 +25,9 @@ pub const CLOSE_AFTER: u32 = 3;
 /// How long an open breaker stays open before a probe may try it (half-open).
 pub const COOL_DOWN_MS: u64 = 10_000;
 
+/// Every [`State::name`].
+pub const STATE_NAMES: &[&str] = &["closed", "half_open", "open"];
+
 /// Where a breaker is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
