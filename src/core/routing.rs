@@ -617,9 +617,13 @@ mod tests {
             claim in proptest::option::of("(east|north|west|south)"),
             nodes in proptest::collection::vec(("[a-f]", "(east|north|west)", any::<bool>(), any::<bool>()), 1..8),
             health in proptest::collection::vec(any::<bool>(), 8),
+            breakers in proptest::collection::vec(any::<bool>(), 4),
             seed in any::<u64>(),
         ) {
             let configured = ["east", "north", "west", "south"];
+            // Cells whose breaker is open: health, never a home.
+            let broken: Vec<&str> = configured.iter().zip(&breakers).filter(|(_, open)| **open).map(|(cell, _)| *cell).collect();
+            let broken_reversed: Vec<&str> = broken.iter().rev().copied().collect();
             let mut reversed = configured;
             reversed.reverse();
             let home = home_cell(&user, claim.as_deref(), &configured);
@@ -633,15 +637,18 @@ mod tests {
                 .zip(&health)
                 .map(|(((_, cell, alive, draining), name), flip)| Candidate { name, cell, alive: *alive && *flip, draining: *draining, started_at_ms: 0 })
                 .collect();
-            let q = RouteQuestion { user: &user, home, cells: &configured, ..ask("s", None) };
+            let q = RouteQuestion { user: &user, home, cells: &configured, broken: &broken, ..ask("s", None) };
             let answer = route(&q, &candidates);
             let mut shuffled = candidates.clone();
             shuffled.rotate_left(seed as usize % candidates.len());
             shuffled.reverse();
-            prop_assert_eq!(route(&RouteQuestion { cells: &reversed, ..q }, &shuffled), answer.clone());
-            // AND-merged: a name reported dead once is dead.
+            prop_assert_eq!(route(&RouteQuestion { cells: &reversed, broken: &broken_reversed, ..q }, &shuffled), answer.clone());
+            // AND-merged: a name reported dead once is dead; a broken cell is unhealthy,
+            // unless every candidate is in the home cell (nowhere to fall back).
+            let only_home = candidates.iter().all(|c| c.cell == home);
             let healthy = |cell: &str| {
-                candidates.iter().any(|c| c.cell == cell && candidates.iter().filter(|o| o.name == c.name).all(|o| o.alive))
+                (only_home || !broken.contains(&cell))
+                    && candidates.iter().any(|c| c.cell == cell && candidates.iter().filter(|o| o.name == c.name).all(|o| o.alive))
             };
             let mut by_name: Vec<&str> = configured.to_vec();
             by_name.sort();
