@@ -250,6 +250,9 @@ fn a_cell_whose_store_cannot_write_opens_its_breaker_and_closes_after_the_cool_d
     let transitions = http.metric(r#"livegate_cell_breaker_transitions_total{cell="west",to="open"}"#);
     assert_eq!(transitions, Some(1.0), "one transition to open counted");
     assert!(http.metric(r#"livegate_cell_probes_total{outcome="failed"}"#).unwrap_or(0.0) >= 3.0, "failed probes counted");
+    let (status, overview) = http.request("GET", "/v1/admin/overview", Auth::Key, Body::None);
+    assert_eq!(status, 200, "{overview}");
+    assert_eq!(overview["cells"], serde_json::json!([{"cell": "east", "breaker": "open"}, {"cell": "west", "breaker": "open"}]), "the admin overview's cells");
 
     rt.block_on(drop_filler(&cluster.nats.url()));
     let freed_at = Instant::now();
