@@ -70,6 +70,27 @@ pub const CLIENT_PUBLISH_OUTCOMES: &[&str] =
     &["published", "duplicate", "forbidden", "bad_room", "payload_too_large", "bad_request", "rate_limited", "unavailable"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CellLabel {
+    pub cell: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CellTransitionLabel {
+    pub cell: String,
+    pub to: &'static str,
+}
+
+/// A cell breaker's state as `livegate_cell_breaker_state` shows it.
+pub fn breaker_state_value(state: crate::core::breaker::State) -> i64 {
+    use crate::core::breaker::State;
+    match state {
+        State::Closed { .. } => 0,
+        State::HalfOpen { .. } => 1,
+        State::Open { .. } => 2,
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PeerLabel {
     pub peer: String,
 }
@@ -99,6 +120,7 @@ const HANDSHAKE_REASONS: &[&str] =
 pub const OPEN_LABELS: &[(&str, &str)] = &[
     ("device", "each of `exclusive_devices`, `web` and `other`"),
     ("peer", "each peer of `peers`"),
+    ("cell", "each cell of `cells` (cluster mode)"),
     ("code", "each close code livegate sends (see [Close codes](close-codes.md)), `1005`, `1006` (the socket just ended) and `other`"),
 ];
 
@@ -195,6 +217,11 @@ pub struct Metrics {
     pub peer_messages_dropped: Family<KindLabel, Counter>,
     pub peer_claims_clamped: Family<KindLabel, Counter>,
     pub peer_up: Family<PeerLabel, Gauge>,
+    /// Cluster mode: each configured cell's breaker (0 closed, 1 half-open, 2 open), its
+    /// transitions by the state entered, and this node's probes of its own cell.
+    pub cell_breaker_state: Family<CellLabel, Gauge>,
+    pub cell_breaker_transitions: Family<CellTransitionLabel, Counter>,
+    pub cell_probes: Family<OutcomeLabel, Counter>,
     pub warmup_active: Gauge,
     pub warmup_reconnect_attempts: Counter,
     pub warmup_reconnect_successes: Counter,
@@ -271,6 +298,9 @@ impl Metrics {
             peer_messages_dropped: Family::default(),
             peer_claims_clamped: Family::default(),
             peer_up: Family::default(),
+            cell_breaker_state: Family::default(),
+            cell_breaker_transitions: Family::default(),
+            cell_probes: Family::default(),
             warmup_active: Gauge::default(),
             warmup_reconnect_attempts: Counter::default(),
             warmup_reconnect_successes: Counter::default(),
@@ -323,6 +353,9 @@ impl Metrics {
         }
         for reason in crate::core::rebalance::ORDER_REFUSED_REASONS {
             drop(self.rebalance_orders_refused.get_or_create(&ReasonLabel { reason }));
+        }
+        for outcome in ["passed", "failed"] {
+            drop(self.cell_probes.get_or_create(&OutcomeLabel { outcome }));
         }
         for kind in crate::core::peer_input::MESSAGE_KINDS {
             drop(self.peer_messages_dropped.get_or_create(&KindLabel { kind }));
@@ -526,6 +559,13 @@ impl Metrics {
             "Cluster mode: messages from peers taken with a count clamped to its cap (a node's connections at most 10,000,000), by kind",
             self.peer_claims_clamped.clone(),
         );
+        r.register(
+            "cell_breaker_state",
+            "Cluster mode: each configured cell's breaker as this node sees it: 0 closed (the route may send users there), 1 half-open (on trial), 2 open (the cell's probes fail: users go to the next healthy cell)",
+            self.cell_breaker_state.clone(),
+        );
+        r.register("cell_breaker_transitions", "Cluster mode: cell breakers' changes of state, by cell and the state entered (open, half_open, closed)", self.cell_breaker_transitions.clone());
+        r.register("cell_probes", "Cluster mode: this node's probes of its own cell (a JetStream write and read of its key in lg_meta), by outcome", self.cell_probes.clone());
         r.register("peer_up", "1 while a configured peer (peers) passes its probes", self.peer_up.clone());
         r.register("warmup_active", "1 while the node is in warm-up", self.warmup_active.clone());
         r.register(

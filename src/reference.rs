@@ -198,6 +198,11 @@ fn metrics(out: &mut String) {
     let metrics = Metrics::new(device_kinds);
     // A peer's series exists only with peers configured: one stands in for them.
     drop(metrics.peer_up.get_or_create(&PeerLabel { peer: "PEER".to_string() }));
+    // So do a cell's, which exist only in cluster mode.
+    drop(metrics.cell_breaker_state.get_or_create(&crate::metrics::CellLabel { cell: "CELL".to_string() }));
+    for to in crate::core::breaker::STATE_NAMES {
+        drop(metrics.cell_breaker_transitions.get_or_create(&crate::metrics::CellTransitionLabel { cell: "CELL".to_string(), to }));
+    }
     out.push_str(
         "# Metrics\n\n\
          `GET /metrics` serves these in the OpenMetrics text format. Counters are exported with the \

@@ -15,6 +15,12 @@
 //! session: its owner is the rendezvous choice among all configured nodes (this one
 //! included), and a node mints only session ids whose choice is itself. Any two nodes
 //! that see the same peers alive give the same answer.
+//!
+//! Cell health (cluster mode): every heartbeat period the actor probes this node's cell
+//! (`Cluster::probe_cell`, a JetStream write and read), sends the last outcome with its
+//! heartbeat, and feeds each configured cell's breaker with the AND of the reports of that
+//! cell's nodes heard now, this one's included ([`CellBreakers`]). The route counts a cell
+//! whose breaker is not closed as unhealthy.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,12 +30,13 @@ use parking_lot::Mutex;
 
 use crate::cluster::Cluster;
 use crate::config::Peer;
+use crate::core::breaker::{CellBreakers, State as BreakerState, Transition};
 use crate::core::heartbeats::{Heartbeats, NodeInfo, Seen};
 use crate::core::lifecycle::Lifecycle;
 use crate::core::liveness::{Change, Liveness};
 use crate::core::probes::{Ask, ReadyProbes};
 use crate::core::routing::{home_cell, rendezvous, room_writer, route, Candidate, Reason, RouteQuestion};
-use crate::metrics::PeerLabel;
+use crate::metrics::{CellLabel, CellTransitionLabel, OutcomeLabel, PeerLabel};
 use crate::world::now_ms;
 
 /// How long [`Router::answers_ready`] waits for a node's `/readyz`.
@@ -98,6 +105,10 @@ pub struct Router {
     /// Peers' readiness as probes answered it, and the probes in flight (at most one per
     /// known node).
     ready: Mutex<ReadyProbes<tokio::sync::watch::Receiver<Option<bool>>>>,
+    /// Cluster mode: one breaker per configured cell, fed by the probes' reports.
+    breakers: Mutex<CellBreakers>,
+    /// Cluster mode: this node's last probe of its own cell (`None`: none finished yet).
+    own_probe: Mutex<Option<bool>>,
 }
 
 /// A node as the router sees it now.
@@ -138,13 +149,42 @@ impl Router {
         let release_window_ms = release_window.as_millis() as u64;
         let probed = matches!(peers, Peers::Probed { .. });
         let cells = vec![me.cell.clone()];
-        Router { me, started_at_ms: now_ms(), lifecycle, release_window_ms, probed, cells, peers: Mutex::new(peers), ready: Mutex::default() }
+        let breakers = Mutex::new(CellBreakers::new(cells.iter().map(String::as_str)));
+        Router {
+            me,
+            started_at_ms: now_ms(),
+            lifecycle,
+            release_window_ms,
+            probed,
+            cells,
+            peers: Mutex::new(peers),
+            ready: Mutex::default(),
+            breakers,
+            own_probe: Mutex::new(None),
+        }
     }
 
     /// The configured cells (the default: this node's cell alone).
     pub fn with_cells(mut self, cells: Vec<String>) -> Router {
+        self.breakers = Mutex::new(CellBreakers::new(cells.iter().map(String::as_str)));
         self.cells = cells;
         self
+    }
+
+    /// Each configured cell's breaker, by name.
+    pub fn breaker_states(&self) -> Vec<(String, BreakerState)> {
+        self.breakers.lock().states().map(|(cell, state)| (cell.to_string(), state)).collect()
+    }
+
+    /// One round of the cells' breakers at `now`: this node's last probe and those its
+    /// live peers reported, AND-merged per cell.
+    fn cell_round(&self, now: u64) -> Vec<Transition> {
+        let own = *self.own_probe.lock();
+        let mut reports: Vec<(String, bool)> = own.map(|passed| (self.me.cell.clone(), passed)).into_iter().collect();
+        if let Peers::Heard(table) = &*self.peers.lock() {
+            reports.extend(table.alive(now).filter_map(|info| info.probe.map(|passed| (info.cell.clone(), passed))));
+        }
+        self.breakers.lock().round(reports.iter().map(|(cell, passed)| (cell.as_str(), *passed)), now)
     }
 
     /// Whether `cell` is one of the configured cells.
@@ -231,6 +271,8 @@ impl Router {
             .collect();
         let cells: Vec<&str> = self.cells.iter().map(String::as_str).collect();
         let home = home_cell(user, claim, &cells);
+        let breakers = self.breakers.lock();
+        let broken = breakers.broken();
         let question = RouteQuestion {
             session,
             user,
@@ -240,8 +282,11 @@ impl Router {
             release_window_ms: self.release_window_ms,
             home,
             cells: &cells,
+            broken: &broken,
         };
-        let routed = route(&question, &candidates).map_err(|e| NoAliveNode(e.to_string()))?;
+        let routed = route(&question, &candidates).map_err(|e| NoAliveNode(e.to_string()));
+        drop(breakers);
+        let routed = routed?;
         if routed.cell != home && !home.is_empty() {
             tracing::debug!(user, home, cell = routed.cell, "the user's home cell has no node to serve: the first healthy cell by name");
         }
@@ -367,6 +412,8 @@ pub struct LivenessActor {
     router: Arc<Router>,
     interval: Duration,
     cluster: Option<ClusterPeers>,
+    /// A probe of this node's cell is in flight: the next period does not start another.
+    probing_cell: bool,
 }
 
 impl LivenessActor {
@@ -377,12 +424,18 @@ impl LivenessActor {
                 metrics.peer_up.get_or_create(&PeerLabel { peer: peer.name.clone() }).set(0);
             }
         }
-        LivenessActor { metrics, router, interval, cluster: None }
+        LivenessActor { metrics, router, interval, cluster: None, probing_cell: false }
     }
 
     /// Cluster mode: heartbeats every `interval`.
     pub fn clustered(router: Arc<Router>, interval: Duration, peers: ClusterPeers, metrics: Arc<crate::metrics::Metrics>) -> Self {
-        LivenessActor { metrics, router, interval, cluster: Some(peers) }
+        for (cell, state) in router.breaker_states() {
+            for to in crate::core::breaker::STATE_NAMES {
+                drop(metrics.cell_breaker_transitions.get_or_create(&CellTransitionLabel { cell: cell.clone(), to }));
+            }
+            metrics.cell_breaker_state.get_or_create(&CellLabel { cell }).set(crate::metrics::breaker_state_value(state));
+        }
+        LivenessActor { metrics, router, interval, cluster: Some(peers), probing_cell: false }
     }
 
     fn beat(&mut self, ctx: &mut Context<Self>) {
@@ -411,6 +464,7 @@ impl LivenessActor {
             draining: self.router.draining(),
             started_at_ms: self.router.started_at_ms,
             connections: Some(self.metrics.connections_now()),
+            probe: *self.router.own_probe.lock(),
         };
         let cluster = peers.cluster.clone();
         ctx.spawn(
@@ -421,6 +475,38 @@ impl LivenessActor {
             }
             .into_actor(self),
         );
+    }
+
+    /// A heartbeat period: the cells' breakers take a round, this node probes its cell
+    /// (at most one probe in flight, bounded by the period), then beats.
+    fn period(&mut self, ctx: &mut Context<Self>) {
+        let Some(peers) = &self.cluster else { return };
+        let now = now_ms();
+        for Transition { cell, from, to } in self.router.cell_round(now) {
+            match to {
+                BreakerState::Open { .. } => tracing::warn!(%cell, from, to = to.name(), "cell breaker opened: its probes fail, the route sends its users to the next healthy cell"),
+                _ => tracing::info!(%cell, from, to = to.name(), "cell breaker changed"),
+            }
+            self.metrics.cell_breaker_transitions.get_or_create(&CellTransitionLabel { cell, to: to.name() }).inc();
+        }
+        for (cell, state) in self.router.breaker_states() {
+            self.metrics.cell_breaker_state.get_or_create(&CellLabel { cell }).set(crate::metrics::breaker_state_value(state));
+        }
+        if !self.probing_cell {
+            self.probing_cell = true;
+            let (cluster, timeout) = (peers.cluster.clone(), self.interval.max(Duration::from_millis(200)));
+            ctx.spawn(async move { cluster.probe_cell(now, timeout).await }.into_actor(self).map(|outcome, actor, _| {
+                actor.probing_cell = false;
+                if let Err(error) = &outcome {
+                    tracing::debug!(%error, "cell probe failed");
+                }
+                let passed = outcome.is_ok();
+                *actor.router.own_probe.lock() = Some(passed);
+                let outcome = if passed { "passed" } else { "failed" };
+                actor.metrics.cell_probes.get_or_create(&OutcomeLabel { outcome }).inc();
+            }));
+        }
+        self.beat(ctx);
     }
 
     fn probe_all(&mut self, ctx: &mut Context<Self>) {
@@ -467,8 +553,8 @@ impl Actor for LivenessActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         if self.cluster.is_some() {
-            self.beat(ctx);
-            ctx.run_interval(self.interval, |actor, ctx| actor.beat(ctx));
+            self.period(ctx);
+            ctx.run_interval(self.interval, |actor, ctx| actor.period(ctx));
             // Readiness on or off is told at once, not at the next beat: a drain's clients
             // reconnect elsewhere within milliseconds, and the node they reach must already
             // count this one draining. The watch is the actor's own future: it ends with it.

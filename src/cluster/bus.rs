@@ -15,7 +15,7 @@ use futures_util::future::LocalBoxFuture;
 use futures_util::StreamExt;
 
 use super::kv::KvSessions;
-use super::{decode_connections, decode_node, Cluster, ClusterError, CONNECTIONS_HEADER, HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, REPLACE_SUBJECT};
+use super::{decode_connections, decode_node, decode_probe, Cluster, ClusterError, CELL_PROBE_HEADER, CONNECTIONS_HEADER, HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, REPLACE_SUBJECT};
 use crate::core::heartbeats::NodeInfo;
 use crate::core::peer_input::{self, PeerInputError};
 use crate::core::rebalance::{self, Order, OrderRefused};
@@ -185,9 +185,12 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
     let mut beat_drops = Drops::new(events.clone(), "heartbeat");
     tasks.spawn(async move {
         while let Some(message) = beats.next().await {
-            let header = message.headers.as_ref().and_then(|h| h.get(CONNECTIONS_HEADER)).map(|v| v.as_str().as_bytes());
-            match decode_node(&message.payload).and_then(|info| Ok((info, decode_connections(header)?))) {
-                Ok((mut info, connections)) => {
+            let header = |name: &str| message.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().as_bytes());
+            let (connections, probe) = (header(CONNECTIONS_HEADER), header(CELL_PROBE_HEADER));
+            let decoded = decode_node(&message.payload).and_then(|info| Ok((info, decode_connections(connections)?, decode_probe(probe)?)));
+            match decoded {
+                Ok((mut info, connections, probe)) => {
+                    info.probe = probe;
                     if connections.is_some_and(|c| c.clamped) {
                         beat_drops.clamped("connections");
                     }

@@ -59,6 +59,10 @@ pub const HEARTBEAT_SUBJECT: &str = "lg.node.heartbeat";
 pub const LEAVE_SUBJECT: &str = "lg.node.leave";
 /// A heartbeat's header with the node's open connections (absent from earlier builds).
 pub const CONNECTIONS_HEADER: &str = "Lg-Connections";
+/// A heartbeat's header with the sender's last probe of its cell's store: `1` passed,
+/// `0` failed; absent: no report (an earlier build ignores it, as this one ignores its
+/// absence).
+pub const CELL_PROBE_HEADER: &str = "Lg-Cell-Probe";
 pub const REPLACE_SUBJECT: &str = "lg.user.replace";
 pub const KICK_SUBJECT: &str = "lg.user.kick";
 /// How long one NATS request may take before the node treats NATS as unreachable.
@@ -105,6 +109,9 @@ pub enum Unreachable {
     /// The session directory has been unreachable longer than `directory_outage_secs`.
     #[error("session directory unreachable for {} s; new sessions are refused until it is back", .0.as_secs())]
     Outage(Duration),
+    /// A cell probe's write and read took longer than this.
+    #[error("the cell probe got no answer within {} ms", .0.as_millis())]
+    ProbeTimedOut(Duration),
     /// A call that got no answer (timed out, connection lost, no JetStream responder).
     #[error(transparent)]
     NoAnswer(NatsError),
@@ -293,6 +300,8 @@ pub struct Cluster {
     rooms: stream::Stream,
     states: stream::Stream,
     nonces: nats_kv::Store,
+    /// `lg_meta`: the shared secrets, and each node's cell probe key.
+    meta: nats_kv::Store,
     /// The key every node signs and checks connection tokens with (the `lg_meta` bucket's
     /// `secret.token`: the first node to join makes it).
     token_secret: Vec<u8>,
@@ -402,7 +411,7 @@ impl Cluster {
         let meta = js.get_key_value(META_BUCKET).await?;
         let token_secret = shared_secret(&meta, "token", crate::world::random_bytes()).await?;
         tracing::info!(url = %url_for_log(urls), node, stream = ROOMS_STREAM, %epoch, replicas, "cluster mode: joined through NATS");
-        Ok(Cluster { client, js, node: node.to_string(), replicas, rooms, states, nonces, token_secret, epoch })
+        Ok(Cluster { client, js, node: node.to_string(), replicas, rooms, states, nonces, meta, token_secret, epoch })
     }
 
     pub fn rooms_stream(&self) -> &stream::Stream {
@@ -517,7 +526,28 @@ impl Cluster {
         if let Some(connections) = info.connections {
             headers.insert(CONNECTIONS_HEADER, connections.to_string().as_str());
         }
+        if let Some(passed) = info.probe {
+            headers.insert(CELL_PROBE_HEADER, if passed { "1" } else { "0" });
+        }
         Ok(self.client.publish_with_headers(HEARTBEAT_SUBJECT, headers, encode_node(info).into()).await?)
+    }
+
+    /// Probe this node's cell: a real write and read through JetStream, the put of this
+    /// node's own key `probe.<node>` in `lg_meta` (the time, `at_ms`: idempotent, one key
+    /// per node) and its read from the stream's leader, which must give back what was
+    /// written. Each call is bounded by `timeout`; a store that cannot write (full, no
+    /// JetStream leader) fails it.
+    pub async fn probe_cell(&self, at_ms: u64, timeout: Duration) -> Result<(), ClusterError> {
+        let key = format!("probe.{}", self.node);
+        let value = at_ms.to_string();
+        let probe = async {
+            self.meta.put(&key, value.clone().into_bytes().into()).await?;
+            match leader_get(&self.meta, &key).await? {
+                Some(read) if read == value.as_bytes() => Ok(()),
+                _ => Err(ClusterError::Vanished(key.clone())),
+            }
+        };
+        tokio::time::timeout(timeout, probe).await.unwrap_or(Err(ClusterError::Unavailable(Unreachable::ProbeTimedOut(timeout))))
     }
 
     /// Say goodbye, so peers stop routing here before the heartbeat times out.
@@ -678,6 +708,7 @@ pub fn decode_node(body: &[u8]) -> Result<NodeInfo, PeerInputError> {
         draining: peer_input::flag("heartbeat draining", fields[3])?,
         started_at_ms,
         connections: None,
+        probe: None,
     })
 }
 
@@ -687,6 +718,14 @@ pub fn decode_connections(value: Option<&[u8]>) -> Result<Option<peer_input::Cou
     let Some(value) = value else { return Ok(None) };
     let text = peer_input::text("heartbeat connections", value, peer_input::MAX_HEADER_BYTES)?;
     peer_input::count("heartbeat connections", text, peer_input::MAX_NODE_CONNECTIONS).map(Some)
+}
+
+/// A heartbeat's [`CELL_PROBE_HEADER`] (absent: no report), `0` or `1` of at most
+/// [`peer_input::MAX_HEADER_BYTES`].
+pub fn decode_probe(value: Option<&[u8]>) -> Result<Option<bool>, PeerInputError> {
+    let Some(value) = value else { return Ok(None) };
+    let text = peer_input::text("heartbeat cell probe", value, peer_input::MAX_HEADER_BYTES)?;
+    peer_input::flag("heartbeat cell probe", text).map(Some)
 }
 
 #[cfg(test)]
@@ -749,7 +788,7 @@ mod tests {
 
     #[test]
     fn heartbeat_bodies_round_trip() {
-        let info = NodeInfo { name: "a".into(), cell: "eu".into(), url: "http://127.0.0.1:1".into(), draining: true, started_at_ms: 1_700_000_000_123, connections: None };
+        let info = NodeInfo { name: "a".into(), cell: "eu".into(), url: "http://127.0.0.1:1".into(), draining: true, started_at_ms: 1_700_000_000_123, connections: None, probe: None };
         assert_eq!(decode_node(encode_node(&info).as_bytes()), Ok(info));
         let earlier_build = decode_node(b"a\neu\nhttp://x\n0").expect("a body without the start time");
         assert_eq!(earlier_build.started_at_ms, 0);
@@ -772,6 +811,17 @@ mod tests {
         ];
         for (junk, error) in cases {
             assert_eq!(decode_node(junk.as_bytes()).as_ref(), Err(error), "{junk:?}");
+        }
+    }
+
+    #[test]
+    fn a_heartbeat_reports_its_cell_probe_or_nothing() {
+        assert_eq!(decode_probe(None), Ok(None), "an earlier build says nothing");
+        assert_eq!(decode_probe(Some(b"1")), Ok(Some(true)));
+        assert_eq!(decode_probe(Some(b"0")), Ok(Some(false)));
+        let long = "1".repeat(100);
+        for junk in ["", "yes", "2", " 1", long.as_str()] {
+            assert!(decode_probe(Some(junk.as_bytes())).is_err(), "{junk:?}");
         }
     }
 

@@ -13,6 +13,10 @@
 //! So opening needs [`OPEN_AFTER`] failures in a row, and closing needs the cool-down and
 //! then [`CLOSE_AFTER`] passes: never Closed straight from Open. With probes every second
 //! a dead cell is out within 3 s and a recovered one back within about 13 s.
+//!
+//! [`CellBreakers`] holds one breaker per configured cell and feeds each, once a round,
+//! with the AND of every report of that cell's nodes (a cell passes a round only if every
+//! node that reported passed its probe; a round without a report feeds nothing).
 
 /// Failed probes in a row that open a closed breaker.
 pub const OPEN_AFTER: u32 = 3;
@@ -20,6 +24,9 @@ pub const OPEN_AFTER: u32 = 3;
 pub const CLOSE_AFTER: u32 = 3;
 /// How long an open breaker stays open before a probe may try it (half-open).
 pub const COOL_DOWN_MS: u64 = 10_000;
+
+/// Every [`State::name`].
+pub const STATE_NAMES: &[&str] = &["closed", "half_open", "open"];
 
 /// Where a breaker is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +105,59 @@ impl Breaker {
     }
 }
 
+/// One breaker per configured cell (at most the configuration's `MAX_CELLS`): a cell
+/// nobody configured gets none, whatever a peer reports.
+#[derive(Debug, Clone, Default)]
+pub struct CellBreakers {
+    cells: std::collections::BTreeMap<String, Breaker>,
+}
+
+/// A breaker's change of state in a round: log it and count it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transition {
+    pub cell: String,
+    pub from: &'static str,
+    pub to: State,
+}
+
+impl CellBreakers {
+    /// Closed breakers for `cells`.
+    pub fn new<'a>(cells: impl IntoIterator<Item = &'a str>) -> CellBreakers {
+        CellBreakers { cells: cells.into_iter().map(|c| (c.to_string(), Breaker::new())).collect() }
+    }
+
+    /// One round at `now_ms`: `reports` are (cell, probe passed) from every node heard now
+    /// (this one included), in any order and with repeats; each configured cell with a
+    /// report is fed the AND of its reports. Returns the transitions, by cell name.
+    pub fn round<'a>(&mut self, reports: impl IntoIterator<Item = (&'a str, bool)>, now_ms: u64) -> Vec<Transition> {
+        let mut merged: std::collections::BTreeMap<&str, bool> = std::collections::BTreeMap::new();
+        for (cell, passed) in reports {
+            if self.cells.contains_key(cell) {
+                *merged.entry(cell).or_insert(true) &= passed;
+            }
+        }
+        let mut transitions = Vec::new();
+        for (cell, passed) in merged {
+            let breaker = self.cells.get_mut(cell).expect("only configured cells are merged");
+            let from = breaker.state().name();
+            if let Some(to) = breaker.probed(passed, now_ms) {
+                transitions.push(Transition { cell: cell.to_string(), from, to });
+            }
+        }
+        transitions
+    }
+
+    /// The cells whose breaker is not closed: the route counts them unhealthy.
+    pub fn broken(&self) -> Vec<&str> {
+        self.cells.iter().filter(|(_, b)| !b.healthy()).map(|(c, _)| c.as_str()).collect()
+    }
+
+    /// Every configured cell's state, by name.
+    pub fn states(&self) -> impl Iterator<Item = (&str, State)> {
+        self.cells.iter().map(|(c, b)| (c.as_str(), b.state()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,7 +223,47 @@ mod tests {
         assert!(breaker.healthy());
     }
 
+    #[test]
+    fn cells_are_fed_the_and_of_their_reports() {
+        let mut cells = CellBreakers::new(["eu", "us"]);
+        // eu: one node passes, one fails: the cell fails the round. us passes.
+        for round in 0..2u64 {
+            let t = cells.round([("eu", true), ("us", true), ("eu", false)], round * 1000);
+            assert_eq!(t, vec![], "round {round}");
+        }
+        let t = cells.round([("eu", false), ("eu", true), ("us", true), ("mars", false)], 2000);
+        assert_eq!(t, vec![Transition { cell: "eu".into(), from: "closed", to: State::Open { since_ms: 2000 } }]);
+        assert_eq!(cells.broken(), vec!["eu"]);
+        // A round without a report of eu feeds it nothing; a cell nobody configured has no breaker.
+        assert_eq!(cells.round([("us", true), ("mars", false)], 20_000), vec![]);
+        assert_eq!(cells.states().map(|(c, _)| c).collect::<Vec<_>>(), vec!["eu", "us"]);
+        // Recovery: every report passes, after the cool-down, CLOSE_AFTER rounds.
+        let mut closed_at = None;
+        for round in 0..CLOSE_AFTER as u64 {
+            for t in cells.round([("eu", true), ("eu", true)], 20_000 + round * 1000) {
+                closed_at = (t.to == State::Closed { failures: 0 }).then_some(round);
+            }
+        }
+        assert_eq!(closed_at, Some(CLOSE_AFTER as u64 - 1));
+        assert!(cells.broken().is_empty());
+    }
+
     proptest! {
+        /// A round's answer ignores the order and repetition of its reports.
+        #[test]
+        fn rounds_ignore_report_order(
+            rounds in proptest::collection::vec(proptest::collection::vec((0usize..3, any::<bool>()), 0..8), 1..20),
+        ) {
+            let names = ["a", "b", "c"];
+            let (mut forward, mut backward) = (CellBreakers::new(names), CellBreakers::new(names));
+            for (i, reports) in rounds.iter().enumerate() {
+                let now = i as u64 * 4000;
+                let f = forward.round(reports.iter().map(|&(c, p)| (names[c], p)), now);
+                let b = backward.round(reports.iter().rev().chain(reports.iter()).map(|&(c, p)| (names[c], p)), now);
+                prop_assert_eq!(f, b);
+            }
+        }
+
         /// Never Closed straight from Open; opening needs OPEN_AFTER failures in a row;
         /// closing needs CLOSE_AFTER passes in a row, the first at least COOL_DOWN_MS
         /// after the opening.

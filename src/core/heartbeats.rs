@@ -18,6 +18,10 @@ pub struct NodeInfo {
     /// Connections open on the node (`None` from a node of a build that does not say):
     /// what a rebalance plans with (`core::rebalance`).
     pub connections: Option<u64>,
+    /// Whether the node's last probe of its cell's store passed (`None`: no report, from a
+    /// node of an earlier build or one that has not probed yet): what its cell's breaker
+    /// is fed (`core::breaker::CellBreakers`).
+    pub probe: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,7 +125,7 @@ mod tests {
     use super::*;
 
     fn info(name: &str, draining: bool) -> NodeInfo {
-        NodeInfo { name: name.into(), cell: "c".into(), url: format!("http://{name}"), draining, started_at_ms: 0, connections: None }
+        NodeInfo { name: name.into(), cell: "c".into(), url: format!("http://{name}"), draining, started_at_ms: 0, connections: None, probe: None }
     }
 
     fn names<'a>(it: impl Iterator<Item = &'a NodeInfo>) -> Vec<&'a str> {

@@ -67,6 +67,9 @@ pub struct RouteQuestion<'a> {
     pub home: &'a str,
     /// The configured cells: one without a candidate that may serve counts as unhealthy.
     pub cells: &'a [&'a str],
+    /// Cells whose breaker is not closed (`core::breaker::CellBreakers::broken`): unhealthy
+    /// whatever their nodes' liveness says.
+    pub broken: &'a [&'a str],
 }
 
 /// Why [`route`] chose its node.
@@ -155,6 +158,7 @@ pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> 
         .values()
         .map(|c| CellReport { name: c.cell, healthy: merged.values().any(|o| o.cell == c.cell && usable(o)) })
         .collect();
+    reports.extend(question.broken.iter().map(|cell| CellReport { name: *cell, healthy: false }));
     // A configured cell without a candidate: nobody there may serve.
     let unheard = question.cells.iter().filter(|cell| !merged.values().any(|c| c.cell == **cell));
     reports.extend(unheard.map(|cell| CellReport { name: *cell, healthy: false }));
@@ -174,6 +178,8 @@ pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> 
             Reason::OwnerGone
         }
         Some(owner) if owner.alive && !owner.draining && question.avoid == Some(owner.name) => Reason::OwnerAvoided,
+        // An owner in a cell whose breaker is open serves nobody: its sessions move, forced.
+        Some(owner) if owner.alive && !owner.draining && question.broken.contains(&owner.cell) => Reason::OwnerGone,
         Some(owner) if owner.alive && !owner.draining => {
             return Ok(Routed { node: owner.name, cell: owner.cell, reason: Reason::Owner });
         }
@@ -208,7 +214,7 @@ pub fn route_session<'a>(
         .map(|name| Candidate { name, cell: "", alive: alive.contains(name), draining: false, started_at_ms: 0 })
         .collect();
     let question =
-        RouteQuestion { session, user: "", recorded_owner: recorded, avoid: None, now_ms: 0, release_window_ms: 0, home: "", cells: &[] };
+        RouteQuestion { session, user: "", recorded_owner: recorded, avoid: None, now_ms: 0, release_window_ms: 0, home: "", cells: &[], broken: &[] };
     route(&question, &candidates).map(|routed| routed.node)
 }
 
@@ -293,7 +299,7 @@ mod tests {
     }
 
     fn ask<'a>(session: &'a str, recorded_owner: Option<&'a str>) -> RouteQuestion<'a> {
-        RouteQuestion { session, user: "u1", recorded_owner, avoid: None, now_ms: 1_000_000, release_window_ms: 600_000, home: "", cells: &[] }
+        RouteQuestion { session, user: "u1", recorded_owner, avoid: None, now_ms: 1_000_000, release_window_ms: 600_000, home: "", cells: &[], broken: &[] }
     }
 
     #[test]
@@ -384,7 +390,7 @@ mod tests {
         let mut nodes: Vec<(String, bool, u64)> = ["a", "b", "c"].iter().map(|n| (n.to_string(), false, 1)).collect();
         let route_now = |nodes: &[(String, bool, u64)], session: &str, owner: Option<&str>, now: u64| -> String {
             let candidates: Vec<Candidate> = nodes.iter().map(|(n, d, s)| node(n, true, *d, *s)).collect();
-            let q = RouteQuestion { session, user: "u", recorded_owner: owner, avoid: None, now_ms: now, release_window_ms: window, home: "", cells: &[] };
+            let q = RouteQuestion { session, user: "u", recorded_owner: owner, avoid: None, now_ms: now, release_window_ms: window, home: "", cells: &[], broken: &[] };
             route(&q, &candidates).unwrap().node.to_string()
         };
         let ids: Vec<String> = (0..sessions).map(|i| format!("{i:012x}")).collect();
@@ -527,6 +533,31 @@ mod tests {
         assert_eq!(err.to_string(), "no healthy cell (the user's home cell is west)");
     }
 
+    /// A cell whose breaker is open is unhealthy though its nodes are alive: the route
+    /// falls back, an owner there loses its sessions (forced), and the home never changes.
+    #[test]
+    fn a_broken_cell_is_unhealthy_while_its_nodes_live() {
+        const CELLS: &[&str] = &["east", "north", "west"];
+        let all = vec![in_cell("a", "east", true), in_cell("b", "north", true), in_cell("c", "west", true), in_cell("d", "west", true)];
+        let ask = |home: &'static str, broken: &'static [&'static str]| RouteQuestion { home, cells: CELLS, broken, user: "u", ..ask("s", None) };
+        let cases: &[(&str, &[&str], Result<&str, RouteError>)] = &[
+            ("west", &[], Ok("west")),
+            ("west", &["west"], Ok("east")),
+            ("west", &["east", "west"], Ok("north")),
+            ("east", &["north"], Ok("east")),
+            ("west", &["west", "west"], Ok("east")),
+            ("west", &["east", "north", "west"], Err(RouteError::NoHealthyCell { home: "west".into() })),
+        ];
+        for (home, broken, expected) in cases {
+            assert_eq!(&route(&ask(home, broken), &all).map(|r| r.cell), expected, "home {home}, broken {broken:?}");
+        }
+        let moved = route(&RouteQuestion { recorded_owner: Some("c"), ..ask("west", &["west"]) }, &all).unwrap();
+        assert_eq!((moved.cell, moved.reason), ("east", Reason::OwnerGone));
+        assert!(moved.reason.forced() && !moved.reason.charged());
+        let kept = route(&RouteQuestion { recorded_owner: Some("a"), ..ask("west", &["north"]) }, &all).unwrap();
+        assert_eq!((kept.node, kept.reason), ("a", Reason::Owner), "another cell's breaker moves nobody");
+    }
+
     fn name() -> impl Strategy<Value = String> {
         "[a-e]{1,2}"
     }
@@ -543,7 +574,7 @@ mod tests {
                 .iter()
                 .map(|(name, cell, alive, draining, started)| Candidate { name, cell, alive: *alive, draining: *draining, started_at_ms: started * 500_000 })
                 .collect();
-            let q = RouteQuestion { session: "s", user: "u", recorded_owner: recorded.as_deref(), avoid: avoid.as_deref(), now_ms: 1_000_000, release_window_ms: 600_000, home: "", cells: &[] };
+            let q = RouteQuestion { session: "s", user: "u", recorded_owner: recorded.as_deref(), avoid: avoid.as_deref(), now_ms: 1_000_000, release_window_ms: 600_000, home: "", cells: &[], broken: &[] };
             let expected = route(&q, &candidates);
             let mut shuffled = candidates.clone();
             shuffled.rotate_left(seed as usize % candidates.len());
@@ -586,9 +617,13 @@ mod tests {
             claim in proptest::option::of("(east|north|west|south)"),
             nodes in proptest::collection::vec(("[a-f]", "(east|north|west)", any::<bool>(), any::<bool>()), 1..8),
             health in proptest::collection::vec(any::<bool>(), 8),
+            breakers in proptest::collection::vec(any::<bool>(), 4),
             seed in any::<u64>(),
         ) {
             let configured = ["east", "north", "west", "south"];
+            // Cells whose breaker is open: health, never a home.
+            let broken: Vec<&str> = configured.iter().zip(&breakers).filter(|(_, open)| **open).map(|(cell, _)| *cell).collect();
+            let broken_reversed: Vec<&str> = broken.iter().rev().copied().collect();
             let mut reversed = configured;
             reversed.reverse();
             let home = home_cell(&user, claim.as_deref(), &configured);
@@ -602,15 +637,18 @@ mod tests {
                 .zip(&health)
                 .map(|(((_, cell, alive, draining), name), flip)| Candidate { name, cell, alive: *alive && *flip, draining: *draining, started_at_ms: 0 })
                 .collect();
-            let q = RouteQuestion { user: &user, home, cells: &configured, ..ask("s", None) };
+            let q = RouteQuestion { user: &user, home, cells: &configured, broken: &broken, ..ask("s", None) };
             let answer = route(&q, &candidates);
             let mut shuffled = candidates.clone();
             shuffled.rotate_left(seed as usize % candidates.len());
             shuffled.reverse();
-            prop_assert_eq!(route(&RouteQuestion { cells: &reversed, ..q }, &shuffled), answer.clone());
-            // AND-merged: a name reported dead once is dead.
+            prop_assert_eq!(route(&RouteQuestion { cells: &reversed, broken: &broken_reversed, ..q }, &shuffled), answer.clone());
+            // AND-merged: a name reported dead once is dead; a broken cell is unhealthy,
+            // unless every candidate is in the home cell (nowhere to fall back).
+            let only_home = candidates.iter().all(|c| c.cell == home);
             let healthy = |cell: &str| {
-                candidates.iter().any(|c| c.cell == cell && candidates.iter().filter(|o| o.name == c.name).all(|o| o.alive))
+                (only_home || !broken.contains(&cell))
+                    && candidates.iter().any(|c| c.cell == cell && candidates.iter().filter(|o| o.name == c.name).all(|o| o.alive))
             };
             let mut by_name: Vec<&str> = configured.to_vec();
             by_name.sort();

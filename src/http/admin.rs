@@ -20,7 +20,7 @@ use crate::actors::messages::CountConnections;
 use super::seams::OrderNotTaken;
 use crate::actors::rebalance::Shed;
 use crate::core::rebalance::{self, Load, Order};
-use crate::protocol::{self, ErrorCode, OverviewCounters, OverviewNode, OverviewReply, OverviewRoom};
+use crate::protocol::{self, ErrorCode, OverviewCell, OverviewCounters, OverviewNode, OverviewReply, OverviewRoom};
 use crate::protocol::{RebalanceLoad, RebalancePlanReply, RebalanceShare, RebalanceStatusReply};
 use crate::world::{now_ms, random_hex};
 
@@ -53,6 +53,8 @@ pub async fn overview(req: HttpRequest, state: web::Data<AppState>) -> Result<Ht
         .iter()
         .map(|r| OverviewRoom { room: r.room.to_string(), subscribers: r.subscribers, head: r.head })
         .collect();
+    let cells = if state.router.placement_decides() { Vec::new() } else { state.router.breaker_states() };
+    let cells = cells.into_iter().map(|(cell, breaker)| OverviewCell { cell, breaker: breaker.name() }).collect();
     let metrics = &state.metrics;
     let reply = OverviewReply {
         node: state.config.node.clone(),
@@ -71,6 +73,7 @@ pub async fn overview(req: HttpRequest, state: web::Data<AppState>) -> Result<Ht
             slow_consumers: metrics.slow_consumer_closes.get(),
             migrations: metrics.migrations.get(),
         },
+        cells,
     };
     Ok(json(StatusCode::OK, protocol::to_json(&reply)))
 }

@@ -43,6 +43,15 @@ pub struct OverviewReply {
     /// The busiest live rooms here (at most 20), busiest first.
     pub rooms: Vec<OverviewRoom>,
     pub counters: OverviewCounters,
+    /// Cluster mode: each configured cell's breaker as this node sees it (empty otherwise).
+    pub cells: Vec<OverviewCell>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OverviewCell {
+    pub cell: String,
+    /// `closed` (serves), `half_open` or `open`.
+    pub breaker: &'static str,
 }
 
 #[derive(Debug, Serialize)]

@@ -173,3 +173,95 @@ fn a_tokens_cell_claim_routes_its_user_there_and_an_unknown_cell_is_refused() {
     }
     fail_with_logs(&cluster, "cell claims", &failures, &LOG_NEEDLES);
 }
+
+/// nats-server's configuration for a cell whose store holds at most `max_file_store`.
+fn small_store_config(dir: &std::path::Path, max_file_store: &str) -> std::path::PathBuf {
+    let path = dir.join("small-store.conf");
+    std::fs::write(&path, format!("jetstream {{\n  max_file_store: {max_file_store}\n}}\n")).expect("write the NATS config");
+    path
+}
+
+/// Fills the JetStream store of the server at `url` with a stream of the test's own until
+/// a write is refused; returns how many 64 KiB messages it took.
+async fn fill_store(url: &str) -> usize {
+    let client = async_nats::connect(url).await.expect("connect to NATS");
+    let js = async_nats::jetstream::new(client);
+    js.create_stream(async_nats::jetstream::stream::Config { name: "FILL".into(), subjects: vec!["fill.>".into()], ..Default::default() })
+        .await
+        .expect("the filler stream");
+    let payload = vec![b'x'; 64 * 1024];
+    for i in 0..1000 {
+        let acked = match js.publish(format!("fill.{i}"), payload.clone().into()).await {
+            Ok(ack) => ack.await.is_ok(),
+            Err(_) => false,
+        };
+        if !acked {
+            return i;
+        }
+    }
+    panic!("the store took 1000 messages of 64 KiB: not full");
+}
+
+async fn drop_filler(url: &str) {
+    let client = async_nats::connect(url).await.expect("connect to NATS");
+    async_nats::jetstream::new(client).delete_stream("FILL").await.expect("delete the filler stream");
+}
+
+/// The seed's incident, staged on the one NATS the test has: the processes are up, the
+/// ports answer, heartbeats flow, but JetStream cannot write (its store is full). Each
+/// node's probe (a KV put and read of its own key) fails, so each cell's breaker opens
+/// within a few probes and the route answers "no healthy cell" instead of sending users
+/// to a cell that cannot serve them; once the store has room again, the breakers close
+/// only after the cool-down and three passes, and the route sends users home again.
+/// Both cells share the NATS here, so both open: one NATS per cell (users moving to the
+/// live cell) is the next step.
+#[test]
+fn a_cell_whose_store_cannot_write_opens_its_breaker_and_closes_after_the_cool_down() {
+    let _gate = crate::common::gate!();
+    let cells = ["east", "west"];
+    let flags = ["--cluster-heartbeat-ms", "250", "--probe-up-after", "1"];
+    let cluster = Cluster::start_with_nats_and_env(
+        2,
+        &flags,
+        |dir| {
+            let config = small_store_config(dir, "8MB");
+            NatsServer::start_with_config(dir, &config, &[])
+        },
+        |i| vec![("LIVEGATE_CELL".to_string(), cells[i].to_string()), ("LIVEGATE_CELLS".to_string(), cells.join(","))],
+    );
+    let rt = runtime();
+    let http = cluster.http(0);
+    let state = |cell: &str| http.metric(&format!("livegate_cell_breaker_state{{cell=\"{cell}\"}}"));
+    let user = user_where("breaker-u", |u| rendezvous(u, cells) == Some("west"));
+    let query = format!("user={user}");
+    let closed_both = wait_until_every(Duration::from_secs(10), Duration::from_millis(50), || {
+        cells.iter().all(|c| state(c) == Some(0.0)) && route_answer(&http, &query) == answer("b", "west", "west")
+    });
+    assert!(closed_both, "breakers closed and the user routed home: {:?} {:?} {:?}", state("east"), state("west"), route_answer(&http, &query));
+
+    let filled = rt.block_on(fill_store(&cluster.nats.url()));
+    let full_at = Instant::now();
+    let opened = wait_until_every(Duration::from_secs(10), Duration::from_millis(50), || cells.iter().all(|c| state(c) == Some(2.0)));
+    let to_open = full_at.elapsed();
+    assert!(opened, "breakers still {:?} {:?} 10 s after the store filled ({filled} messages)", state("east"), state("west"));
+    assert!(to_open < Duration::from_secs(5), "opened {to_open:?} after the store filled: more than 5 s");
+    let refused = route_answer(&http, &query);
+    assert!(refused.as_ref().is_err_and(|e| e.starts_with("503") && e.contains("no healthy cell")), "route while every breaker is open: {refused:?}");
+    let transitions = http.metric(r#"livegate_cell_breaker_transitions_total{cell="west",to="open"}"#);
+    assert_eq!(transitions, Some(1.0), "one transition to open counted");
+    assert!(http.metric(r#"livegate_cell_probes_total{outcome="failed"}"#).unwrap_or(0.0) >= 3.0, "failed probes counted");
+    let (status, overview) = http.request("GET", "/v1/admin/overview", Auth::Key, Body::None);
+    assert_eq!(status, 200, "{overview}");
+    assert_eq!(overview["cells"], serde_json::json!([{"cell": "east", "breaker": "open"}, {"cell": "west", "breaker": "open"}]), "the admin overview's cells");
+
+    rt.block_on(drop_filler(&cluster.nats.url()));
+    let freed_at = Instant::now();
+    let closed = wait_until_every(Duration::from_secs(30), Duration::from_millis(50), || cells.iter().all(|c| state(c) == Some(0.0)));
+    let to_close = freed_at.elapsed();
+    assert!(closed, "breakers still {:?} {:?} 30 s after the store was freed", state("east"), state("west"));
+    // Never closed before the cool-down measured from the opening.
+    assert!(full_at.elapsed() >= Duration::from_millis(livegate::core::breaker::COOL_DOWN_MS), "closed before the cool-down");
+    let home = wait_until_every(Duration::from_secs(5), Duration::from_millis(50), || route_answer(&http, &query) == answer("b", "west", "west"));
+    assert!(home, "the user is not routed home again: {:?}", route_answer(&http, &query));
+    eprintln!("breaker: store full after {filled} messages; opened in {to_open:?}; closed {to_close:?} after the store was freed");
+}

@@ -388,6 +388,20 @@ impl Cluster {
         Cluster::start_with(nats, root, n, extra, vec![None; n], node_env)
     }
 
+    /// [`Cluster::start_with_nats`] where node `i` also gets `env(i)`'s `LIVEGATE_*`
+    /// variables, on every start.
+    pub fn start_with_nats_and_env(
+        n: usize,
+        extra: &[&str],
+        nats: impl FnOnce(&Path) -> NatsServer,
+        env: impl Fn(usize) -> Vec<(String, String)>,
+    ) -> Cluster {
+        let root = tempfile::Builder::new().prefix("livegate-cluster-").tempdir().expect("tempdir");
+        let nats = nats(root.path());
+        let node_env = (0..n).map(env).collect();
+        Cluster::start_with(nats, root, n, extra, vec![None; n], node_env)
+    }
+
     /// [`Cluster::start`] with every node reaching the nats-server through `link`'s
     /// proxies (the link's condition is the NATS hop's: a latency, a cut).
     pub fn start_linked(n: usize, extra: &[&str], link: &Link) -> Cluster {
