@@ -239,6 +239,12 @@ config_keys! {
         "Cluster mode: replicas (1 or 3) of every stream and KV bucket livegate creates; an existing one with fewer is raised";
     directory_outage_secs: u64 = 30, "SECS",
         "Cluster mode: while NATS is unreachable, new sessions are queued this long, then refused with 503";
+    cluster_cell_domains: bool = false, "BOOL",
+        "Cluster mode: each cell runs its own NATS, whose JetStream domain is the cell's name, joined to the other cells' NATS by leaf node connections",
+        "Sessions, token spend records, the cell probe and the rooms homed in the cell stay in the cell's NATS; a room homed in another cell is read through that cell's domain and its publishes are forwarded to that cell's writer, never written here. Needs `cells` (every cell's name is a domain: 1 to 64 characters from A-Z a-z 0-9 _ -) and `cluster_token_secret`. The Cells chapter gives the NATS settings.";
+    cluster_token_secret: Option<String> = None => "made by the first node, kept in NATS", "SECRET",
+        "Cluster mode: the key every node signs and checks connection tokens and resume credentials with, at least 32 characters; required with cluster_cell_domains, where each cell's NATS is separate and a token minted in one cell must open a connection in every cell",
+        "Never logged; `check-config` masks it. Without it, the first node to join makes a random key and keeps it in NATS (`lg_meta`).";
     cluster_heartbeat_ms: u64 = 1000, "MS",
         "Cluster mode: heartbeat period; a peer not heard for 3 periods is down";
     webhook_url: String = String::new() => "off", "URL",
@@ -353,7 +359,8 @@ pub const ENV_LOG_FORMAT: &str = "LIVEGATE_LOG_FORMAT";
 /// `LIVEGATE_*` variables that are not configuration keys but are still known.
 const ENV_NOT_KEYS: &[&str] = &[ENV_CONFIG_FILE, ENV_LOG_FORMAT];
 /// Keys whose values are secrets: error messages never repeat them.
-const SECRET_KEYS: &[&str] = &["api_key", "previous_api_keys", "webhook_secret", "cluster_nats_password", "cluster_nats_token"];
+const SECRET_KEYS: &[&str] =
+    &["api_key", "previous_api_keys", "webhook_secret", "cluster_nats_password", "cluster_nats_token", "cluster_token_secret"];
 /// Shortest API key accepted, configured or read from the key file.
 pub const API_KEY_MIN_CHARS: usize = 16;
 
@@ -625,6 +632,7 @@ impl Config {
             }
         }
         self.validate_nats_login()?;
+        self.validate_cell_domains()?;
         if self.peer_nodes()?.iter().any(|peer| peer.name == self.node) {
             return Err(invalid("peers", format!("lists this node ({}) itself", self.node)));
         }
@@ -633,6 +641,9 @@ impl Config {
         namespaces::check(&self.namespaces)
     }
 }
+
+/// Shortest `cluster_token_secret`.
+pub const TOKEN_SECRET_MIN_CHARS: usize = 32;
 
 /// Most cells `cells` may list.
 pub const MAX_CELLS: usize = 64;
@@ -704,6 +715,36 @@ impl Config {
         }
         if self.cluster_nats_token.is_some() && self.cluster_nats_user.is_some() {
             return Err(invalid("cluster_nats_token", "and cluster_nats_user are two ways to log in: set one".to_string()));
+        }
+        Ok(())
+    }
+
+    /// `cluster_cell_domains` needs cluster mode, a `cells` list of domain names and a
+    /// shared `cluster_token_secret`; the secret is never echoed.
+    fn validate_cell_domains(&self) -> Result<(), ConfigError> {
+        if let Some(chars) = self.cluster_token_secret.as_ref().map(|s| s.chars().count()).filter(|&n| n < TOKEN_SECRET_MIN_CHARS) {
+            return Err(invalid("cluster_token_secret", format!("must be at least {TOKEN_SECRET_MIN_CHARS} characters long, got {chars}")));
+        }
+        if self.cluster_token_secret.is_some() && self.cluster_nats_url.is_none() {
+            return Err(invalid("cluster_token_secret", "needs cluster_nats_url: a single node keeps its key in its store".to_string()));
+        }
+        if !self.cluster_cell_domains {
+            return Ok(());
+        }
+        if self.cluster_nats_url.is_none() {
+            return Err(invalid("cluster_cell_domains", "needs cluster_nats_url: cells are a cluster's".to_string()));
+        }
+        if self.cells.is_empty() {
+            return Err(invalid("cluster_cell_domains", "needs cells: every node must know every cell, whose NATS it reads rooms from".to_string()));
+        }
+        if let Some(bad) = self.cells.iter().find(|cell| cell.contains('.')) {
+            return Err(invalid("cells", format!("entries name JetStream domains with cluster_cell_domains: no '.', got {bad:?}")));
+        }
+        if self.cluster_token_secret.is_none() {
+            return Err(invalid(
+                "cluster_token_secret",
+                "must be set with cluster_cell_domains: each cell's NATS is separate, and a token minted in one cell must open a connection in every cell".to_string(),
+            ));
         }
         Ok(())
     }

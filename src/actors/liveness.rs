@@ -35,7 +35,7 @@ use crate::core::heartbeats::{Heartbeats, NodeInfo, Seen};
 use crate::core::lifecycle::Lifecycle;
 use crate::core::liveness::{Change, Liveness};
 use crate::core::probes::{Ask, ReadyProbes};
-use crate::core::routing::{home_cell, rendezvous, room_writer, route, Candidate, Reason, RouteQuestion};
+use crate::core::routing::{home_cell, rendezvous, room_home_cell, room_writer, route, Candidate, Reason, RouteQuestion};
 use crate::metrics::{CellLabel, CellTransitionLabel, OutcomeLabel, PeerLabel};
 use crate::world::now_ms;
 
@@ -101,6 +101,9 @@ pub struct Router {
     /// The configured cells, sorted (`Config::configured_cells`): users are homed over
     /// them, never over the cells alive.
     cells: Vec<String>,
+    /// `cluster_cell_domains`: each room is written in its home cell
+    /// (`core::routing::room_home_cell`), by a node of that cell.
+    rooms_homed: bool,
     peers: Mutex<Peers>,
     /// Peers' readiness as probes answered it, and the probes in flight (at most one per
     /// known node).
@@ -157,6 +160,7 @@ impl Router {
             release_window_ms,
             probed,
             cells,
+            rooms_homed: false,
             peers: Mutex::new(peers),
             ready: Mutex::default(),
             breakers,
@@ -169,6 +173,22 @@ impl Router {
         self.breakers = Mutex::new(CellBreakers::new(cells.iter().map(String::as_str)));
         self.cells = cells;
         self
+    }
+
+    /// Cells run their own NATS (`cluster_cell_domains`): rooms are written in their home
+    /// cells.
+    pub fn with_rooms_homed(mut self) -> Router {
+        self.rooms_homed = true;
+        self
+    }
+
+    /// With rooms homed in cells, `room`'s home cell; `None` otherwise.
+    pub fn room_home(&self, room: &str) -> Option<&str> {
+        if !self.rooms_homed {
+            return None;
+        }
+        let cells: Vec<&str> = self.cells.iter().map(String::as_str).collect();
+        room_home_cell(room, &cells)
     }
 
     /// Each configured cell's breaker, by name.
@@ -344,12 +364,16 @@ impl Router {
         ready
     }
 
-    /// Cluster mode: which node appends `room`'s events now (one writer per room).
+    /// Cluster mode: which node appends `room`'s events now (one writer per room); with
+    /// rooms homed in cells, a node of the room's home cell (`None` while none is alive).
     pub fn room_writer(&self, room: &str) -> Option<String> {
         if self.probed_mode() {
             return None;
         }
-        let nodes = self.nodes_now(now_ms());
+        let mut nodes = self.nodes_now(now_ms());
+        if let Some(home) = self.room_home(room) {
+            nodes.retain(|n| n.peer.cell == home);
+        }
         let taking: Vec<&str> = nodes.iter().filter(|n| n.alive && !n.draining).map(|n| n.peer.name.as_str()).collect();
         let alive: Vec<&str> = nodes.iter().filter(|n| n.alive).map(|n| n.peer.name.as_str()).collect();
         room_writer(room, if taking.is_empty() { &alive } else { &taking }).map(str::to_string)

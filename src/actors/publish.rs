@@ -2,7 +2,9 @@
 //! through the rooms table; in cluster mode it first forwards the event to the room's
 //! writer (the node routing names for the room), and appends here only when the writer
 //! is this node or cannot be reached (the append guard keeps the sequence contiguous
-//! either way). The HTTP API, clients' `publish` op and the demo's simulator all publish
+//! either way). With cells that run their own NATS, a room homed in another cell is
+//! never appended here: its publish goes to a writer of its home cell within
+//! [`CROSS_CELL_TIMEOUT`], or fails with [`RoomError::HomeUnavailable`]. The HTTP API, clients' `publish` op and the demo's simulator all publish
 //! through it; [`Publisher::submit`] is the checked entry of the first two (size, id).
 
 use std::sync::Arc;
@@ -12,7 +14,7 @@ use super::liveness::Router;
 use super::messages::{NewEvent, Published, StateView};
 use super::rooms::{RoomError, Rooms};
 use crate::cluster::bus::{forward_publish, forward_put_state, ForwardError, ForwardEvent};
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, CROSS_CELL_TIMEOUT, FORWARD_WAIT};
 use crate::core::names;
 use crate::protocol::ErrorCode;
 
@@ -52,7 +54,7 @@ impl SubmitError {
         match self {
             SubmitError::TooLarge { .. } | SubmitError::StateTooLarge { .. } => ErrorCode::PayloadTooLarge,
             SubmitError::BadId(_) | SubmitError::StateOnInbox => ErrorCode::BadRequest,
-            SubmitError::Room(_) => ErrorCode::Unavailable,
+            SubmitError::Room(error) => error.code(),
         }
     }
 }
@@ -127,15 +129,13 @@ impl Publisher {
     /// publish's state, then, in cluster mode, written by the room's writer.
     pub async fn put_state(&self, room: &str, data: Arc<str>) -> Result<Published, SubmitError> {
         check_state(room, Some(&data), self.max_state_bytes)?;
-        if let Some((cluster, writer)) = self.remote_writer(room).await {
-            match forward_put_state(cluster, &writer, room, &data).await {
+        if let Some(writer) = self.remote_writer(room)? {
+            match forward_put_state(writer.cluster, &writer.node, room, &data, writer.wait).await {
                 Ok(appended) => {
                     return Ok(Published { seq: appended.seq, epoch: appended.epoch.into(), duplicate: appended.duplicate })
                 }
                 Err(ForwardError::Refused(refusal)) => return Err(RoomError::Writer(refusal).into()),
-                Err(error @ (ForwardError::Unreachable(_) | ForwardError::Malformed(_))) => {
-                    tracing::debug!(room, writer, %error, "writing the state here");
-                }
+                Err(error) => writer.unreachable(room, &error)?,
             }
         }
         Ok(self.rooms.put_state(room, data).await?)
@@ -147,16 +147,27 @@ impl Publisher {
     }
 
     /// Cluster mode: the room's writer, when it is another node, and how to reach it.
-    async fn remote_writer(&self, room: &str) -> Option<(&Cluster, String)> {
-        match &self.mode {
-            Mode::Local => None,
-            Mode::Clustered { cluster, router } => router.room_writer(room).filter(|w| *w != cluster.node).map(|w| (cluster, w)),
+    /// A room homed in another cell whose writer is not known alive there is refused.
+    fn remote_writer(&self, room: &str) -> Result<Option<RemoteWriter<'_>>, RoomError> {
+        let Mode::Clustered { cluster, router } = &self.mode else { return Ok(None) };
+        let elsewhere = cluster.room_home(room).filter(|home| Some(*home) != cluster.own_cell());
+        let writer = router.room_writer(room);
+        match (writer, elsewhere) {
+            (None, Some(home)) => Err(RoomError::HomeUnavailable { room: room.to_string(), cell: home.to_string() }),
+            (Some(node), _) if node == cluster.node => Ok(None),
+            (None, None) => Ok(None),
+            (Some(node), home) => Ok(Some(RemoteWriter {
+                cluster,
+                node,
+                home: home.map(str::to_string),
+                wait: if home.is_some() { CROSS_CELL_TIMEOUT } else { FORWARD_WAIT },
+            })),
         }
     }
 
     /// Append one event (already size- and id-checked) to `room`; the reply names its seq.
     pub async fn publish(&self, room: &str, event: NewEvent) -> Result<Published, RoomError> {
-        if let Some((cluster, writer)) = self.remote_writer(room).await {
+        if let Some(writer) = self.remote_writer(room)? {
             let forward = ForwardEvent {
                 id: &event.id,
                 data: &event.data,
@@ -164,17 +175,42 @@ impl Publisher {
                 from: event.from.as_deref(),
                 state: event.state.as_deref(),
             };
-            match forward_publish(cluster, &writer, room, forward).await {
+            match forward_publish(writer.cluster, &writer.node, room, forward, writer.wait).await {
                 Ok(appended) => {
                     return Ok(Published { seq: appended.seq, epoch: appended.epoch.into(), duplicate: appended.duplicate })
                 }
                 Err(ForwardError::Refused(refusal)) => return Err(RoomError::Writer(refusal)),
-                Err(error @ (ForwardError::Unreachable(_) | ForwardError::Malformed(_))) => {
-                    tracing::debug!(room, writer, %error, "appending here");
-                }
+                Err(error) => writer.unreachable(room, &error)?,
             }
         }
         self.rooms.publish(room, event).await
+    }
+}
+
+/// Another node that appends a room's events.
+struct RemoteWriter<'a> {
+    cluster: &'a Cluster,
+    node: String,
+    /// The room's home cell, when it is not this node's: nothing is appended here.
+    home: Option<String>,
+    /// How long its answer may take.
+    wait: std::time::Duration,
+}
+
+impl RemoteWriter<'_> {
+    /// The writer did not answer: append here (the append guard keeps the sequence
+    /// contiguous), unless the room is homed in another cell.
+    fn unreachable(&self, room: &str, error: &ForwardError) -> Result<(), RoomError> {
+        match &self.home {
+            Some(cell) => {
+                tracing::warn!(room, writer = %self.node, cell, %error, "the room's home cell did not answer: not written");
+                Err(RoomError::HomeUnavailable { room: room.to_string(), cell: cell.clone() })
+            }
+            None => {
+                tracing::debug!(room, writer = %self.node, %error, "appending here");
+                Ok(())
+            }
+        }
     }
 }
 

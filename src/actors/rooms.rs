@@ -44,6 +44,20 @@ pub enum RoomError {
     Writer(#[from] WriterRefusal),
     #[error(transparent)]
     Publish(#[from] PublishFailed),
+    /// Cells with their own NATS: the room is homed in another cell, whose writer did not
+    /// answer (or none is alive there); nothing was written.
+    #[error("room {room} is homed in cell {cell}, which did not answer: not written; retry with the same id")]
+    HomeUnavailable { room: String, cell: String },
+}
+
+impl RoomError {
+    /// The error code an HTTP answer or an `error` frame carries.
+    pub fn code(&self) -> crate::protocol::ErrorCode {
+        match self {
+            RoomError::HomeUnavailable { .. } => crate::protocol::ErrorCode::RoomHomeUnavailable,
+            _ => crate::protocol::ErrorCode::Unavailable,
+        }
+    }
 }
 
 /// Room actors and parked subscribers, under one lock: a room is either live here or

@@ -116,8 +116,8 @@ pub struct Appended {
 
 /// How often the maintenance loop looks at the connection and the directory queue.
 const MAINTENANCE_EVERY: Duration = Duration::from_millis(500);
-/// Longest a forwarded publish waits for the writer's answer.
-const FORWARD_WAIT: Duration = Duration::from_secs(5);
+/// Longest a forwarded publish waits for the answer of a writer in this node's cell.
+pub const FORWARD_WAIT: Duration = Duration::from_secs(5);
 /// Longest a kick waits for the other nodes' counts (each waits up to 10 s for its closes).
 const KICK_ANSWER_WAIT: Duration = Duration::from_secs(12);
 /// How often a kick waiting for answers asks which peers are still alive.
@@ -391,7 +391,8 @@ pub enum OrderError {
 pub struct WriterRefusal(pub String);
 
 /// Have `writer` publish the event, as the one node that appends to `room`.
-pub async fn forward_publish(cluster: &Cluster, writer: &str, room: &str, event: ForwardEvent<'_>) -> Result<Appended, ForwardError> {
+/// Waits at most `wait` for the answer.
+pub async fn forward_publish(cluster: &Cluster, writer: &str, room: &str, event: ForwardEvent<'_>, wait: Duration) -> Result<Appended, ForwardError> {
     let mut headers = async_nats::HeaderMap::new();
     headers.insert("Lg-Room", room);
     headers.insert("Lg-Id", event.id);
@@ -408,15 +409,15 @@ pub async fn forward_publish(cluster: &Cluster, writer: &str, room: &str, event:
         }
         None => event.data.to_string(),
     };
-    request_writer(cluster, writer, headers, payload).await
+    request_writer(cluster, writer, headers, payload, wait).await
 }
 
 /// Have `writer` set the room's state as of its head (`PUT /v1/rooms/{room}/state`).
-pub async fn forward_put_state(cluster: &Cluster, writer: &str, room: &str, data: &str) -> Result<Appended, ForwardError> {
+pub async fn forward_put_state(cluster: &Cluster, writer: &str, room: &str, data: &str, wait: Duration) -> Result<Appended, ForwardError> {
     let mut headers = async_nats::HeaderMap::new();
     headers.insert("Lg-Room", room);
     headers.insert("Lg-Put-State", "1");
-    request_writer(cluster, writer, headers, data.to_string()).await
+    request_writer(cluster, writer, headers, data.to_string(), wait).await
 }
 
 async fn request_writer(
@@ -424,8 +425,9 @@ async fn request_writer(
     writer: &str,
     headers: async_nats::HeaderMap,
     payload: String,
+    wait: Duration,
 ) -> Result<Appended, ForwardError> {
-    let request = async_nats::Request::new().headers(headers).payload(payload.into()).timeout(Some(FORWARD_WAIT));
+    let request = async_nats::Request::new().headers(headers).payload(payload.into()).timeout(Some(wait));
     let answer = cluster.client.send_request(publish_subject(writer), request).await?;
     let headers = answer.headers.ok_or(ForwardError::Malformed("headers"))?;
     let text = |name: &str| headers.get(name).map(|v| v.as_str().to_string());

@@ -28,6 +28,10 @@ pub mod occupancy;
 pub mod presence;
 pub mod roomlog;
 
+pub use bus::FORWARD_WAIT;
+
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::context::{CreateStreamErrorKind, PublishErrorKind};
@@ -40,16 +44,15 @@ use thiserror::Error;
 use crate::core::heartbeats::NodeInfo;
 use crate::core::peer_input::{self, PeerInputError};
 use crate::core::redact::url_for_log;
+use crate::core::routing::room_home_cell;
 use crate::core::sessions::VersionError;
 use crate::store::StoreError;
 
 /// The stream every room's events are stored in.
 pub const ROOMS_STREAM: &str = "LG_ROOMS";
-pub const ROOM_SUBJECTS: &str = "lg.room.>";
 pub const LIVE_SUBJECTS: &str = "lg.live.>";
 /// Rooms' latest states, one message per room (DESIGN §9; see [`roomlog`]).
 pub const STATE_STREAM: &str = "LG_STATE";
-pub const STATE_SUBJECTS: &str = "lg.state.>";
 /// Where the state stream republishes what it stores, for the other nodes' rooms.
 pub const LIVE_STATE_SUBJECTS: &str = "lg.livestate.>";
 pub const SESSIONS_BUCKET: &str = "lg_sessions";
@@ -65,6 +68,9 @@ pub const CONNECTIONS_HEADER: &str = "Lg-Connections";
 pub const CELL_PROBE_HEADER: &str = "Lg-Cell-Probe";
 pub const REPLACE_SUBJECT: &str = "lg.user.replace";
 pub const KICK_SUBJECT: &str = "lg.user.kick";
+/// How long a call to another cell (a read through its domain, a publish forwarded to
+/// its writer) may take: a silent cut does not close a leaf connection for minutes.
+pub const CROSS_CELL_TIMEOUT: Duration = Duration::from_millis(800);
 /// How long one NATS request may take before the node treats NATS as unreachable.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// The replicas of every stream and bucket when NATS has this many JetStream servers or
@@ -96,6 +102,10 @@ pub enum ClusterError {
     /// A user's record kept changing under this node's read-modify-write.
     #[error("user {0}: too many concurrent updates")]
     Contended(String),
+    /// With cell domains: a write to a room homed in another cell, which only that
+    /// cell's writer makes.
+    #[error("room {room} is homed in cell {home}: only that cell writes it")]
+    NotHome { room: String, home: String },
     /// A room's occupancy record kept changing under this node's compare-and-set.
     #[error("room {0}: too many concurrent occupancy updates")]
     RoomContended(String),
@@ -109,6 +119,9 @@ pub enum Unreachable {
     /// The session directory has been unreachable longer than `directory_outage_secs`.
     #[error("session directory unreachable for {} s; new sessions are refused until it is back", .0.as_secs())]
     Outage(Duration),
+    /// A room's home cell did not answer (another cell's NATS, through the leaf).
+    #[error("the room's home cell did not answer: {0}")]
+    HomeCell(String),
     /// A cell probe's write and read took longer than this.
     #[error("the cell probe got no answer within {} ms", .0.as_millis())]
     ProbeTimedOut(Duration),
@@ -122,6 +135,9 @@ pub enum Unreachable {
 pub enum NatsError {
     #[error(transparent)]
     Stream(#[from] jetstream::context::CreateStreamError),
+    /// A stream handle refused (a name JetStream does not take).
+    #[error(transparent)]
+    Handle(#[from] jetstream::context::GetStreamError),
     #[error(transparent)]
     Bucket(#[from] jetstream::context::KeyValueError),
     #[error(transparent)]
@@ -163,7 +179,7 @@ impl NatsError {
             NatsError::Stream(e) => matches!(e.kind(), CreateStreamErrorKind::TimedOut | CreateStreamErrorKind::JetStreamUnavailable),
             // Opening a bucket at start-up, where nothing falls back: its kinds (the
             // name, the bucket's stream, JetStream) do not tell a timeout apart.
-            NatsError::Bucket(_) => false,
+            NatsError::Bucket(_) | NatsError::Handle(_) => false,
             NatsError::Entry(e) => matches!(e.kind(), EntryErrorKind::TimedOut | EntryErrorKind::Other),
             NatsError::Create(e) => matches!(e.kind(), CreateErrorKind::Publish | CreateErrorKind::Other),
             NatsError::Update(e) => matches!(e.kind(), UpdateErrorKind::TimedOut | UpdateErrorKind::Other),
@@ -215,6 +231,7 @@ macro_rules! from_nats_errors {
 from_nats_errors!(
     jetstream::context::CreateStreamError,
     jetstream::context::KeyValueError,
+    jetstream::context::GetStreamError,
     nats_kv::EntryError,
     nats_kv::CreateError,
     nats_kv::UpdateError,
@@ -297,16 +314,62 @@ pub struct Cluster {
     pub node: String,
     /// The replicas of every stream and bucket this node creates or raises.
     pub replicas: usize,
-    rooms: stream::Stream,
-    states: stream::Stream,
+    rooms: stream::Stream<()>,
+    states: stream::Stream<()>,
+    /// `cluster_cell_domains`: this node's cell and the other cells' streams, reached
+    /// through their JetStream domains; `None`: every cell shares this NATS.
+    domains: Option<Arc<Domains>>,
     nonces: nats_kv::Store,
     /// `lg_meta`: the shared secrets, and each node's cell probe key.
     meta: nats_kv::Store,
     /// The key every node signs and checks connection tokens with (the `lg_meta` bucket's
     /// `secret.token`: the first node to join makes it).
     token_secret: Vec<u8>,
-    /// The rooms stream's identity; every room's epoch in cluster mode.
+    /// The rooms stream's identity; every room's epoch in cluster mode (with cell
+    /// domains: of every room homed in this node's cell).
     epoch: String,
+}
+
+/// `cluster_cell_domains`: this node's cell and every configured cell, each running its
+/// own NATS whose JetStream domain is the cell's name, joined by leaf node connections.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CellDomains {
+    pub cell: String,
+    /// Every configured cell (this one among them).
+    pub cells: Vec<String>,
+}
+
+/// How a node joins NATS: its login, the token key when configured
+/// (`cluster_token_secret`), and its cell's domain when cells run their own NATS.
+#[derive(Clone, Default)]
+pub struct Joining {
+    pub auth: NatsAuth,
+    pub token_secret: Option<Vec<u8>>,
+    pub cells: Option<CellDomains>,
+}
+
+/// The cells of [`CellDomains`] as a node reaches them.
+struct Domains {
+    cell: String,
+    cells: Vec<String>,
+    /// Every other cell's rooms and states streams, through its domain's API.
+    remote: HashMap<String, RemoteCell>,
+}
+
+struct RemoteCell {
+    rooms: stream::Stream<()>,
+    states: stream::Stream<()>,
+}
+
+/// Where a room's events and state are kept: its home cell's streams (this node's, or
+/// another cell's through its domain) and its subjects on them.
+pub(crate) struct RoomPlace<'a> {
+    pub rooms: &'a stream::Stream<()>,
+    pub states: &'a stream::Stream<()>,
+    pub room_subject: String,
+    pub state_subject: String,
+    /// The room's home cell when it is not this node's (with cell domains).
+    pub elsewhere: Option<&'a str>,
 }
 
 impl Cluster {
@@ -319,16 +382,19 @@ impl Cluster {
 
     /// [`Cluster::connect_as`] without credentials (a NATS that asks for none).
     pub async fn connect_with(urls: &str, node: &str, limits: StreamLimits) -> Result<Cluster, ClusterError> {
-        Cluster::connect_as(urls, node, limits, &NatsAuth::None).await
+        Cluster::connect_as(urls, node, limits, &Joining::default()).await
     }
 
     /// Connect to NATS through any of `urls` (comma-separated seeds; reconnecting in the
     /// background after the first success, to any seed or server NATS tells of) with
     /// `auth`, and create the streams and buckets when they do not exist yet, each with
     /// the replicas of [`Cluster::replicas`] (an existing one with fewer is raised).
-    pub async fn connect_as(urls: &str, node: &str, limits: StreamLimits, auth: &NatsAuth) -> Result<Cluster, ClusterError> {
+    /// With cell domains ([`Joining::cells`]), room subjects carry the cell
+    /// (`lg.room.<cell>.<room>`), so a leaf node that carries them to another cell's NATS
+    /// finds no stream there to store them twice.
+    pub async fn connect_as(urls: &str, node: &str, limits: StreamLimits, joining: &Joining) -> Result<Cluster, ClusterError> {
         let seeds = crate::config::nats_seeds(urls);
-        let options = match auth.clone() {
+        let options = match joining.auth.clone() {
             NatsAuth::None => async_nats::ConnectOptions::new(),
             NatsAuth::UserPassword { user, password } => async_nats::ConnectOptions::with_user_and_password(user, password),
             NatsAuth::Token(token) => async_nats::ConnectOptions::with_token(token),
@@ -361,15 +427,17 @@ impl Cluster {
             }
             None => default_replicas(&client, &js, node).await?,
         };
+        let own_cell = joining.cells.as_ref().map(|c| c.cell.as_str());
+        let (room_subjects, state_subjects) = (cell_subjects("room", own_cell), cell_subjects("state", own_cell));
         let rooms = js
             .get_or_create_stream(stream::Config {
                 name: ROOMS_STREAM.into(),
-                subjects: vec![ROOM_SUBJECTS.into()],
+                subjects: vec![room_subjects.clone()],
                 max_messages_per_subject: limits.history_size as i64,
                 storage: stream::StorageType::File,
                 allow_direct: true,
                 duplicate_window: Duration::from_secs(120),
-                republish: Some(stream::Republish { source: ROOM_SUBJECTS.into(), destination: LIVE_SUBJECTS.into(), headers_only: false }),
+                republish: Some(stream::Republish { source: room_subjects, destination: LIVE_SUBJECTS.into(), headers_only: false }),
                 num_replicas: replicas,
                 ..Default::default()
             })
@@ -377,12 +445,12 @@ impl Cluster {
         let states = js
             .get_or_create_stream(stream::Config {
                 name: STATE_STREAM.into(),
-                subjects: vec![STATE_SUBJECTS.into()],
+                subjects: vec![state_subjects.clone()],
                 max_messages_per_subject: 1,
                 storage: stream::StorageType::File,
                 allow_direct: true,
                 republish: Some(stream::Republish {
-                    source: STATE_SUBJECTS.into(),
+                    source: state_subjects,
                     destination: LIVE_STATE_SUBJECTS.into(),
                     headers_only: false,
                 }),
@@ -401,30 +469,85 @@ impl Cluster {
             tracing::info!(stream = ROOMS_STREAM, from = kept, to = limits.history_size, "raised the rooms stream's events per room");
         }
         raise_replicas(&js, &config, replicas).await?;
-        let created = rooms.cached_info().created;
-        let epoch = format!("{:016x}", created.unix_timestamp_nanos() as u64);
+        let epoch = epoch_of(rooms.cached_info());
         let sessions_ttl = limits.session_ttl * 2;
         for (bucket, ttl) in [(SESSIONS_BUCKET, sessions_ttl), (NONCES_BUCKET, limits.nonce_ttl), (META_BUCKET, Duration::ZERO)] {
             ensure_bucket(&js, bucket, ttl, replicas).await?;
         }
         let nonces = js.get_key_value(NONCES_BUCKET).await?;
         let meta = js.get_key_value(META_BUCKET).await?;
-        let token_secret = shared_secret(&meta, "token", crate::world::random_bytes()).await?;
-        tracing::info!(url = %url_for_log(urls), node, stream = ROOMS_STREAM, %epoch, replicas, "cluster mode: joined through NATS");
-        Ok(Cluster { client, js, node: node.to_string(), replicas, rooms, states, nonces, meta, token_secret, epoch })
+        let token_secret = match &joining.token_secret {
+            Some(secret) => secret.clone(),
+            None => shared_secret(&meta, "token", crate::world::random_bytes()).await?,
+        };
+        let domains = match &joining.cells {
+            Some(cells) => Some(Arc::new(Domains::reach(&client, cells).await?)),
+            None => None,
+        };
+        let (rooms, states) = (js.get_stream_no_info(ROOMS_STREAM).await?, js.get_stream_no_info(STATE_STREAM).await?);
+        tracing::info!(url = %url_for_log(urls), node, cell = own_cell, stream = ROOMS_STREAM, %epoch, replicas, "cluster mode: joined through NATS");
+        Ok(Cluster { client, js, node: node.to_string(), replicas, rooms, states, domains, nonces, meta, token_secret, epoch })
     }
 
-    pub fn rooms_stream(&self) -> &stream::Stream {
+    /// This node's rooms stream (with cell domains: of the rooms homed in its cell).
+    pub fn rooms_stream(&self) -> &stream::Stream<()> {
         &self.rooms
     }
 
     /// The rooms' latest states (one message per room subject).
-    pub fn state_stream(&self) -> &stream::Stream {
+    pub fn state_stream(&self) -> &stream::Stream<()> {
         &self.states
     }
 
+    /// The epoch of the rooms homed in this node's cell (every room without cell domains).
     pub fn epoch(&self) -> &str {
         &self.epoch
+    }
+
+    /// With cell domains, `room`'s home cell ([`room_home_cell`] over the configured
+    /// cells); `None` when every cell shares this NATS.
+    pub fn room_home(&self, room: &str) -> Option<&str> {
+        let domains = self.domains.as_deref()?;
+        let cells: Vec<&str> = domains.cells.iter().map(String::as_str).collect();
+        room_home_cell(room, &cells).and_then(|home| domains.cells.iter().find(|c| *c == home)).map(String::as_str)
+    }
+
+    /// This node's cell when cells run their own NATS.
+    pub fn own_cell(&self) -> Option<&str> {
+        self.domains.as_deref().map(|d| d.cell.as_str())
+    }
+
+    /// Where `room` is kept: this node's streams, or its home cell's through that cell's
+    /// domain.
+    pub(crate) fn room_place(&self, room: &str) -> RoomPlace<'_> {
+        let token = room_token(room);
+        let home = self.room_home(room);
+        let subject = |kind: &str| match home {
+            Some(cell) => format!("lg.{kind}.{cell}.{token}"),
+            None => format!("lg.{kind}.{token}"),
+        };
+        let remote = self.domains.as_deref().zip(home).and_then(|(d, home)| d.remote.get(home).map(|r| (home, r)));
+        match remote {
+            Some((home, cell)) => RoomPlace {
+                rooms: &cell.rooms,
+                states: &cell.states,
+                room_subject: subject("room"),
+                state_subject: subject("state"),
+                elsewhere: Some(home),
+            },
+            None => RoomPlace { rooms: &self.rooms, states: &self.states, room_subject: subject("room"), state_subject: subject("state"), elsewhere: None },
+        }
+    }
+
+    /// `room`'s epoch: its home cell's rooms stream's identity (asked of that cell's
+    /// JetStream when it is another cell).
+    pub async fn room_epoch(&self, room: &str) -> Result<String, ClusterError> {
+        let place = self.room_place(room);
+        if place.elsewhere.is_none() {
+            return Ok(self.epoch.clone());
+        }
+        let info = place.rooms.get_info().await.map_err(|e| ClusterError::Unavailable(Unreachable::HomeCell(e.to_string())))?;
+        Ok(epoch_of(&info))
     }
 
     pub fn connected(&self) -> bool {
@@ -557,6 +680,36 @@ impl Cluster {
     }
 }
 
+/// A rooms stream's identity, its creation time: a stream made anew (its events lost)
+/// has another.
+fn epoch_of(info: &stream::Info) -> String {
+    format!("{:016x}", info.created.unix_timestamp_nanos() as u64)
+}
+
+/// A stream's subjects: `lg.<kind>.>`, or with cell domains `lg.<kind>.<cell>.>`.
+fn cell_subjects(kind: &str, cell: Option<&str>) -> String {
+    match cell {
+        Some(cell) => format!("lg.{kind}.{cell}.>"),
+        None => format!("lg.{kind}.>"),
+    }
+}
+
+impl Domains {
+    /// Handles on every other cell's streams through its domain's API (nothing is
+    /// asked of them yet: a cell down at start is only a cell down).
+    async fn reach(client: &async_nats::Client, cells: &CellDomains) -> Result<Domains, ClusterError> {
+        let mut remote = HashMap::new();
+        for cell in cells.cells.iter().filter(|cell| **cell != cells.cell) {
+            let mut js = jetstream::with_domain(client.clone(), cell);
+            js.set_timeout(CROSS_CELL_TIMEOUT);
+            let rooms = js.get_stream_no_info(ROOMS_STREAM).await?;
+            let states = js.get_stream_no_info(STATE_STREAM).await?;
+            remote.insert(cell.clone(), RemoteCell { rooms, states });
+        }
+        Ok(Domains { cell: cells.cell.clone(), cells: cells.cells.clone(), remote })
+    }
+}
+
 /// A cluster-wide secret of 32 random bytes in `meta`: the first node to ask creates it
 /// with `fresh`, the others read it. Read as part of joining ([`Cluster::connect_with`]),
 /// so a node that starts while the NATS cluster settles tries again with the rest; from
@@ -582,7 +735,7 @@ async fn leader_get(bucket: &nats_kv::Store, key: &str) -> Result<Option<Vec<u8>
 
 /// The newest message on `subject` as `stream`'s leader has it (`None`: the stream holds
 /// none). Never a direct get, which a replica that lags its leader may answer.
-pub(crate) async fn last_message(stream: &stream::Stream, subject: &str) -> Result<Option<jetstream::message::StreamMessage>, ClusterError> {
+pub(crate) async fn last_message<I>(stream: &stream::Stream<I>, subject: &str) -> Result<Option<jetstream::message::StreamMessage>, ClusterError> {
     match stream.get_last_raw_message_by_subject(subject).await {
         Ok(message) => Ok(Some(message)),
         Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),

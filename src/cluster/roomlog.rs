@@ -99,18 +99,25 @@ pub struct Appended {
     pub duplicate: bool,
 }
 
-pub fn room_subject(room: &str) -> String {
-    format!("lg.room.{}", room_token(room))
-}
-
-/// Every retained event of `room`.
+/// Every retained event of `room` (with cell domains, from its home cell's stream: a
+/// room homed in another cell is read through that cell's domain).
 pub async fn load(cluster: &Cluster, room: &str) -> Result<LoadedRoom, ClusterError> {
+    let epoch = cluster.room_epoch(room).await?;
     let events = read_after(cluster, room, 0).await?;
     let record = load_state(cluster, room).await?;
     let state_version = record.as_ref().map_or(0, |(_, version)| *version);
     let in_events = events.iter().rev().find_map(|e| Some(StoredState { seq: e.event.seq, data: e.state.clone()? }));
     let state = newer(record.map(|(state, _)| state), in_events);
-    Ok(LoadedRoom { epoch: cluster.epoch().to_string(), events, state, state_version })
+    Ok(LoadedRoom { epoch, events, state, state_version })
+}
+
+/// With cell domains, refuse a write to a room homed in another cell: only that cell's
+/// writer writes it (a publish here is forwarded there, or refused).
+fn homed_here(cluster: &Cluster, room: &str) -> Result<(), ClusterError> {
+    match cluster.room_home(room).filter(|home| Some(*home) != cluster.own_cell()) {
+        Some(home) => Err(ClusterError::NotHome { room: room.to_string(), home: home.to_string() }),
+        None => Ok(()),
+    }
 }
 
 /// The newer of two states (by seq; the record when both name the same seq).
@@ -121,13 +128,10 @@ fn newer(record: Option<StoredState>, in_events: Option<StoredState>) -> Option<
     }
 }
 
-pub fn state_subject(room: &str) -> String {
-    format!("lg.state.{}", room_token(room))
-}
-
 /// The room's latest-state record, if it has one, with its sequence on `LG_STATE`.
 pub async fn load_state(cluster: &Cluster, room: &str) -> Result<Option<(StoredState, u64)>, ClusterError> {
-    let message = last_message(cluster.state_stream(), &state_subject(room)).await?;
+    let place = cluster.room_place(room);
+    let message = last_message(place.states, &place.state_subject).await?;
     Ok(message.and_then(|m| Some((decode_state(&m.headers, &m.payload)?, m.sequence))))
 }
 
@@ -137,9 +141,10 @@ pub async fn write_state(cluster: &Cluster, room: &str, state: &StoredState) -> 
     if !cluster.connected() {
         return Err(ClusterError::Unavailable(Unreachable::NotConnected));
     }
+    homed_here(cluster, room)?;
     let mut headers = HeaderMap::new();
     headers.insert(SEQ_HEADER, state.seq.to_string().as_str());
-    let sent = cluster.js.publish_with_headers(state_subject(room), headers, state.data.clone().into()).await?;
+    let sent = cluster.js.publish_with_headers(cluster.room_place(room).state_subject, headers, state.data.clone().into()).await?;
     Ok(sent.await?.sequence)
 }
 
@@ -158,15 +163,15 @@ fn decode_state(headers: &HeaderMap, payload: &[u8]) -> Option<StoredState> {
 
 /// The room's events stored after stream sequence `after`, oldest first.
 pub async fn read_after(cluster: &Cluster, room: &str, after: u64) -> Result<Vec<StreamEvent>, ClusterError> {
-    let subject = room_subject(room);
-    let stream = cluster.rooms_stream();
-    let Some(last) = last_message(stream, &subject).await?.map(|m| m.sequence) else {
+    let place = cluster.room_place(room);
+    let (subject, stream) = (&place.room_subject, place.rooms);
+    let Some(last) = last_message(stream, subject).await?.map(|m| m.sequence) else {
         return Ok(Vec::new());
     };
     let mut events = Vec::new();
     let mut next = after + 1;
     while next <= last {
-        let message = match stream.get_first_raw_message_by_subject(&subject, next).await {
+        let message = match stream.get_first_raw_message_by_subject(subject, next).await {
             Ok(message) => message,
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => break,
             Err(e) => return Err(e.into()),
@@ -192,6 +197,7 @@ pub async fn append(
     if !cluster.connected() {
         return Err(ClusterError::Unavailable(Unreachable::NotConnected).into());
     }
+    homed_here(cluster, room)?;
     let mut headers = HeaderMap::new();
     let key = names::idempotency_key(&event.id, event.from.as_deref());
     headers.insert(DEDUP_HEADER, dedup_id(room, &key).as_str());
@@ -212,7 +218,7 @@ pub async fn append(
         }
         None => event.data.clone().into_bytes(),
     };
-    let sent = cluster.js.publish_with_headers(room_subject(room), headers, payload.into()).await;
+    let sent = cluster.js.publish_with_headers(cluster.room_place(room).room_subject, headers, payload.into()).await;
     let ack = match sent {
         Ok(future) => future.await,
         Err(e) => return Err(ClusterError::from(e).into()),
@@ -234,14 +240,20 @@ fn dedup_id(room: &str, key: &str) -> String {
 /// Delete a room's stored events except the newest, which keeps the room's head (used
 /// once every event is older than the history TTL).
 pub async fn purge_expired(cluster: &Cluster, room: &str) -> Result<(), ClusterError> {
-    cluster.rooms_stream().purge().filter(room_subject(room)).keep(1).await?;
+    if homed_here(cluster, room).is_err() {
+        return Ok(()); // The home cell's nodes trim it.
+    }
+    cluster.rooms_stream().purge().filter(cluster.room_place(room).room_subject).keep(1).await?;
     Ok(())
 }
 
 /// Delete a room's stored events but the newest `keep` (a room whose namespace keeps
 /// fewer events than the stream's per-room limit).
 pub async fn purge_beyond(cluster: &Cluster, room: &str, keep: u64) -> Result<(), ClusterError> {
-    cluster.rooms_stream().purge().filter(room_subject(room)).keep(keep.max(1)).await?;
+    if homed_here(cluster, room).is_err() {
+        return Ok(()); // The home cell's nodes trim it.
+    }
+    cluster.rooms_stream().purge().filter(cluster.room_place(room).room_subject).keep(keep.max(1)).await?;
     Ok(())
 }
 
@@ -288,7 +300,8 @@ pub async fn watch(cluster: &Cluster, room: &str, states: bool) -> Result<LiveFe
 
 /// The room seq of `room`'s newest stored event (`None`: the stream holds none).
 pub async fn last_seq(cluster: &Cluster, room: &str) -> Result<Option<u64>, ClusterError> {
-    let message = last_message(cluster.rooms_stream(), &room_subject(room)).await?;
+    let place = cluster.room_place(room);
+    let message = last_message(place.rooms, &place.room_subject).await?;
     Ok(message.and_then(|m| m.headers.get(SEQ_HEADER)?.as_str().parse().ok()))
 }
 

@@ -269,6 +269,36 @@ fn load_cases() {
         case("nats password mistyped, not echoed", Error(
             "cluster_nats_password in FILE: expected text, got a value that is not shown (a secret)".into()))
             .file("cluster_nats_password = 12345"),
+        // Cells with their own NATS: cells listed as domains, and a shared token key.
+        case("cell domains", Values(vec![("cluster_cell_domains", "true"), ("cells", "[\"a\", \"b\"]")]))
+            .flag("cluster_nats_url", "nats://n1:4222")
+            .flag("cell", "a")
+            .flag("cells", "a,b")
+            .flag("cluster_cell_domains", "true")
+            .env("LIVEGATE_CLUSTER_TOKEN_SECRET", "kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk"),
+        case("cell domains without a token secret", ErrorStarts("cluster_token_secret must be set with cluster_cell_domains"))
+            .flag("cluster_nats_url", "nats://n1:4222")
+            .flag("cell", "a")
+            .flag("cells", "a,b")
+            .flag("cluster_cell_domains", "true"),
+        case("cell domains without cells", ErrorStarts("cluster_cell_domains needs cells"))
+            .flag("cluster_nats_url", "nats://n1:4222")
+            .flag("cluster_cell_domains", "true")
+            .env("LIVEGATE_CLUSTER_TOKEN_SECRET", "kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk"),
+        case("a cell domain with a dot", ErrorStarts("cells entries name JetStream domains with cluster_cell_domains: no '.', got \"eu.west\""))
+            .flag("cluster_nats_url", "nats://n1:4222")
+            .flag("cell", "a")
+            .flag("cells", "a,eu.west")
+            .flag("cluster_cell_domains", "true")
+            .env("LIVEGATE_CLUSTER_TOKEN_SECRET", "kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk"),
+        case("a short token secret, not echoed", Error(
+            "cluster_token_secret must be at least 32 characters long, got 6 (set by LIVEGATE_CLUSTER_TOKEN_SECRET)".into()))
+            .flag("cluster_nats_url", "nats://n1:4222")
+            .env("LIVEGATE_CLUSTER_TOKEN_SECRET", "hunter"),
+        case("cell domains outside cluster mode", ErrorStarts("cluster_cell_domains needs cluster_nats_url"))
+            .flag("cell", "a")
+            .flag("cells", "a,b")
+            .flag("cluster_cell_domains", "true"),
         case("two replicas", Error("cluster_replicas must be 1 or 3, got 2 (set by --cluster-replicas)".into()))
             .flag("cluster_replicas", "2"),
         // Webhooks.
@@ -366,6 +396,7 @@ fn keys_match_config_fields() {
         cluster_nats_user: Some("livegate".into()),
         cluster_nats_password: Some("pw".into()),
         cluster_nats_token: Some("token".into()),
+        cluster_token_secret: Some("s".repeat(32)),
         ..Config::default()
     };
     let table = toml::Table::try_from(&config).unwrap();

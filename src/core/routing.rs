@@ -235,6 +235,14 @@ pub fn home_cell<'a>(user: &str, claim: Option<&'a str>, configured: &[&'a str])
     }
 }
 
+/// A room's home cell (where its events are written): the rendezvous choice of the room
+/// over the `configured` cells, salted apart from users' so a user and a room of the same
+/// name are placed independently. Health is no input: a room never moves by itself, an
+/// operator moves it. `None` without cells. The answer ignores the order of `configured`.
+pub fn room_home_cell<'a>(room: &str, configured: &[&'a str]) -> Option<&'a str> {
+    rendezvous(&format!("room\u{0}{room}"), configured.iter().copied())
+}
+
 /// One health report of a cell.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CellReport<'a> {
@@ -659,6 +667,21 @@ mod tests {
                 (answer, expected) => prop_assert!(false, "home {home}: {answer:?}, expected {expected:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_rooms_home_cell_is_stable_order_free_and_spread() {
+        let cells = ["eu", "us", "ap"];
+        let mut homed = std::collections::BTreeMap::new();
+        for i in 0..300 {
+            let room = format!("room-{i}");
+            let home = room_home_cell(&room, &cells).expect("a home");
+            assert_eq!(room_home_cell(&room, &["ap", "eu", "us"]), Some(home), "order-free");
+            assert_eq!(room_home_cell(&room, &cells), Some(home), "stable");
+            *homed.entry(home).or_insert(0) += 1;
+        }
+        assert!(homed.values().all(|&n| n > 60), "every cell homes rooms: {homed:?}");
+        assert_eq!(room_home_cell("r", &[]), None);
     }
 
     #[test]

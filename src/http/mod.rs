@@ -159,7 +159,7 @@ impl ResponseError for ApiError {
 
 impl From<RoomError> for ApiError {
     fn from(e: RoomError) -> Self {
-        api_error(ErrorCode::Unavailable, e.to_string())
+        api_error(e.code(), e.to_string())
     }
 }
 

@@ -164,10 +164,12 @@ pub enum ErrorCode {
     /// A cell the configuration does not list (`cells`), named by a token's claim or a
     /// route question.
     UnknownCell,
+    /// Cells with their own NATS: the room's home cell did not answer a publish.
+    RoomHomeUnavailable,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 25] = [
+    pub const ALL: [ErrorCode; 26] = [
         ErrorCode::BadRequest,
         ErrorCode::UnknownOp,
         ErrorCode::BadRoom,
@@ -193,6 +195,7 @@ impl ErrorCode {
         ErrorCode::PresenceOff,
         ErrorCode::Conflict,
         ErrorCode::UnknownCell,
+        ErrorCode::RoomHomeUnavailable,
     ];
 
     /// What the code tells a client or backend, in one line (the reference's text).
@@ -223,6 +226,7 @@ impl ErrorCode {
             ErrorCode::PresenceOff => "The room keeps no presence: an inbox, or a room whose namespace sets `presence = false`.",
             ErrorCode::Conflict => "Not possible in the cluster's present state: a rebalance towards a node that is not alive and taking connections, or outside cluster mode.",
             ErrorCode::UnknownCell => "The `cell` of a token request or a route question is not one of the configured cells (`cells`).",
+            ErrorCode::RoomHomeUnavailable => "Cells with their own NATS (cluster_cell_domains): the room is homed in another cell (named in the message), which did not answer within a second; nothing was written. Retry with the same id.",
         }
     }
 
@@ -253,6 +257,7 @@ impl ErrorCode {
             ErrorCode::PresenceOff => "presence_off",
             ErrorCode::Conflict => "conflict",
             ErrorCode::UnknownCell => "unknown_cell",
+            ErrorCode::RoomHomeUnavailable => "room_home_unavailable",
         }
     }
 
@@ -278,7 +283,8 @@ impl ErrorCode {
             ErrorCode::Unavailable
             | ErrorCode::NoAliveNode
             | ErrorCode::TooManyConnections
-            | ErrorCode::DirectoryUnavailable => 503,
+            | ErrorCode::DirectoryUnavailable
+            | ErrorCode::RoomHomeUnavailable => 503,
         }
     }
 }

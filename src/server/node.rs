@@ -32,7 +32,7 @@ use crate::actors::webhooks::{WebhookEvent, WebhookSettings, Webhooks};
 use crate::cluster::kv::KvSessions;
 use crate::cluster::occupancy::{ClusterOccupancy, Report as OccupancyReport, LEAVE_WAIT};
 use crate::cluster::presence::PresenceSender;
-use crate::cluster::{Cluster, NatsAuth, StreamLimits};
+use crate::cluster::{CellDomains, Cluster, Joining, NatsAuth, StreamLimits};
 use crate::config::Config;
 use crate::core::backoff::{Backoff, BackoffPolicy, Jitter};
 use crate::core::lifecycle::Lifecycle;
@@ -107,24 +107,27 @@ struct ClusterParts {
     occupancy: Option<(Arc<ClusterOccupancy>, Tasks)>,
 }
 
-/// How this node logs in to NATS (`cluster_nats_user` and `cluster_nats_password`, or
-/// `cluster_nats_token`; validated to be one or the other).
-fn nats_auth(config: &Config) -> NatsAuth {
-    match (&config.cluster_nats_user, &config.cluster_nats_password, &config.cluster_nats_token) {
+/// How this node joins NATS: its login (`cluster_nats_user` and `cluster_nats_password`,
+/// or `cluster_nats_token`; validated to be one or the other), `cluster_token_secret`,
+/// and with `cluster_cell_domains` its cell and every configured cell.
+fn joining(config: &Config) -> Joining {
+    let auth = match (&config.cluster_nats_user, &config.cluster_nats_password, &config.cluster_nats_token) {
         (Some(user), Some(password), _) => NatsAuth::UserPassword { user: user.clone(), password: password.clone() },
         (_, _, Some(token)) => NatsAuth::Token(token.clone()),
         _ => NatsAuth::None,
-    }
+    };
+    let cells = config.cluster_cell_domains.then(|| CellDomains { cell: config.cell.clone(), cells: config.configured_cells() });
+    Joining { auth, token_secret: config.cluster_token_secret.as_ref().map(|s| s.as_bytes().to_vec()), cells }
 }
 
 /// Connect to NATS and set up the streams and buckets ([`Cluster::connect_as`]),
 /// trying again for up to [`CLUSTER_JOIN_WAIT`]: NATS may be starting too, or forming its
 /// cluster (no stream leader yet, replicas not placeable). Each failure is logged.
-async fn join_cluster(url: &str, node: &str, limits: StreamLimits, auth: &NatsAuth) -> Result<Cluster, crate::cluster::ClusterError> {
+async fn join_cluster(url: &str, node: &str, limits: StreamLimits, joining: &Joining) -> Result<Cluster, crate::cluster::ClusterError> {
     let started = std::time::Instant::now();
     let mut retry = Backoff::new(CLUSTER_JOIN_RETRY);
     loop {
-        match Cluster::connect_as(url, node, limits, auth).await {
+        match Cluster::connect_as(url, node, limits, joining).await {
             Ok(cluster) => return Ok(cluster),
             Err(error) if started.elapsed() < CLUSTER_JOIN_WAIT => {
                 let delay = retry.next_delay(0);
@@ -155,7 +158,7 @@ impl Node {
         let namespaces = Arc::new(config.room_namespaces()?);
         let store = Store::open_with_cache(&config.data_dir, config.store_cache_mb * 1024 * 1024)?;
         let cluster = match &config.cluster_nats_url {
-            Some(url) => Some(join_cluster(url, &config.node, stream_limits(&config, &namespaces), &nats_auth(&config)).await?),
+            Some(url) => Some(join_cluster(url, &config.node, stream_limits(&config, &namespaces), &joining(&config)).await?),
             None => None,
         };
         let device_kinds = config.exclusive_devices.iter().cloned().chain(["web".to_string()]);
@@ -510,7 +513,8 @@ fn router(config: &Config, me: crate::config::Peer, clustered: bool, lifecycle: 
     } else {
         Router::probed(me, config.peer_nodes()?, up_after, lifecycle.clone(), release_window)
     };
-    Ok(router.with_cells(config.configured_cells()))
+    let router = router.with_cells(config.configured_cells());
+    Ok(if config.cluster_cell_domains { router.with_rooms_homed() } else { router })
 }
 
 /// The liveness actor: heartbeats on NATS (cluster mode), or probes of the configured peers.
