@@ -15,7 +15,10 @@ use futures_util::future::LocalBoxFuture;
 use futures_util::StreamExt;
 
 use super::kv::KvSessions;
-use super::{decode_connections, decode_node, decode_probe, Cluster, ClusterError, CELL_PROBE_HEADER, CONNECTIONS_HEADER, HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, REPLACE_SUBJECT};
+use super::{
+    decode_connections, decode_epoch, decode_node, decode_probe, Cluster, ClusterError, CELL_PROBE_HEADER, CONNECTIONS_HEADER, EPOCH_HEADER,
+    HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, REPLACE_SUBJECT,
+};
 use crate::core::heartbeats::NodeInfo;
 use crate::core::peer_input::{self, PeerInputError};
 use crate::core::rebalance::{self, Order, OrderRefused};
@@ -182,14 +185,20 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
         })
     });
     let beat_events = events.clone();
+    let beat_cluster = cluster.clone();
     let mut beat_drops = Drops::new(events.clone(), "heartbeat");
     tasks.spawn(async move {
         while let Some(message) = beats.next().await {
             let header = |name: &str| message.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().as_bytes());
             let (connections, probe) = (header(CONNECTIONS_HEADER), header(CELL_PROBE_HEADER));
-            let decoded = decode_node(&message.payload).and_then(|info| Ok((info, decode_connections(connections)?, decode_probe(probe)?)));
+            let epoch = header(EPOCH_HEADER);
+            let decoded = decode_node(&message.payload)
+                .and_then(|info| Ok((info, decode_connections(connections)?, decode_probe(probe)?, decode_epoch(epoch)?)));
             match decoded {
-                Ok((mut info, connections, probe)) => {
+                Ok((mut info, connections, probe, epoch)) => {
+                    if let Some(epoch) = epoch {
+                        beat_cluster.learn_epoch(&info.cell, epoch);
+                    }
                     info.probe = probe;
                     if connections.is_some_and(|c| c.clamped) {
                         beat_drops.clamped("connections");

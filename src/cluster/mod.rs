@@ -66,6 +66,10 @@ pub const CONNECTIONS_HEADER: &str = "Lg-Connections";
 /// `0` failed; absent: no report (an earlier build ignores it, as this one ignores its
 /// absence).
 pub const CELL_PROBE_HEADER: &str = "Lg-Cell-Probe";
+/// A heartbeat's header with the epoch of the rooms homed in the sender's cell (absent
+/// from earlier builds): with cell domains, how a node knows another cell's epoch while
+/// that cell cannot be asked, to serve its rooms from a mirror.
+pub const EPOCH_HEADER: &str = "Lg-Epoch";
 pub const REPLACE_SUBJECT: &str = "lg.user.replace";
 pub const KICK_SUBJECT: &str = "lg.user.kick";
 /// How long a call to another cell (a read through its domain, a publish forwarded to
@@ -352,13 +356,31 @@ pub struct Joining {
 struct Domains {
     cell: String,
     cells: Vec<String>,
-    /// Every other cell's rooms and states streams, through its domain's API.
+    /// Every other cell's rooms and states streams, through its domain's API, and
+    /// their mirrors in this cell.
     remote: HashMap<String, RemoteCell>,
 }
 
+/// Another cell as a node reaches it: its origin streams through its domain, and this
+/// cell's mirrors of them, which keep the origin's sequence numbers and serve its rooms'
+/// reads while it does not answer.
 struct RemoteCell {
     rooms: stream::Stream<()>,
     states: stream::Stream<()>,
+    rooms_mirror: stream::Stream<()>,
+    states_mirror: stream::Stream<()>,
+    /// The epoch of the cell's rooms, as its heartbeats say.
+    epoch: parking_lot::Mutex<Option<String>>,
+    /// Until when reads go straight to the mirrors: the cell did not answer lately.
+    silent_until: parking_lot::Mutex<Option<std::time::Instant>>,
+}
+
+/// How long reads of a cell that did not answer go to the mirrors without asking it.
+const SILENT_CELL_SKIP: Duration = Duration::from_secs(2);
+
+/// The name of this cell's mirror of `cell`'s stream `stream`.
+pub fn mirror_name(stream: &str, cell: &str) -> String {
+    format!("{stream}_{cell}")
 }
 
 /// Where a room's events and state are kept: its home cell's streams (this node's, or
@@ -368,8 +390,8 @@ pub(crate) struct RoomPlace<'a> {
     pub states: &'a stream::Stream<()>,
     pub room_subject: String,
     pub state_subject: String,
-    /// The room's home cell when it is not this node's (with cell domains).
-    pub elsewhere: Option<&'a str>,
+    /// The streams are this cell's mirrors of the home cell's.
+    pub mirror: bool,
 }
 
 impl Cluster {
@@ -481,7 +503,7 @@ impl Cluster {
             None => shared_secret(&meta, "token", crate::world::random_bytes()).await?,
         };
         let domains = match &joining.cells {
-            Some(cells) => Some(Arc::new(Domains::reach(&client, cells).await?)),
+            Some(cells) => Some(Arc::new(Domains::reach(&client, &js, cells, &limits, replicas).await?)),
             None => None,
         };
         let (rooms, states) = (js.get_stream_no_info(ROOMS_STREAM).await?, js.get_stream_no_info(STATE_STREAM).await?);
@@ -518,36 +540,71 @@ impl Cluster {
     }
 
     /// Where `room` is kept: this node's streams, or its home cell's through that cell's
-    /// domain.
-    pub(crate) fn room_place(&self, room: &str) -> RoomPlace<'_> {
+    /// domain (with `mirror`, this cell's mirrors of them instead).
+    pub(crate) fn room_place(&self, room: &str, mirror: bool) -> RoomPlace<'_> {
         let token = room_token(room);
         let home = self.room_home(room);
         let subject = |kind: &str| match home {
             Some(cell) => format!("lg.{kind}.{cell}.{token}"),
             None => format!("lg.{kind}.{token}"),
         };
-        let remote = self.domains.as_deref().zip(home).and_then(|(d, home)| d.remote.get(home).map(|r| (home, r)));
-        match remote {
-            Some((home, cell)) => RoomPlace {
-                rooms: &cell.rooms,
-                states: &cell.states,
-                room_subject: subject("room"),
-                state_subject: subject("state"),
-                elsewhere: Some(home),
-            },
-            None => RoomPlace { rooms: &self.rooms, states: &self.states, room_subject: subject("room"), state_subject: subject("state"), elsewhere: None },
+        let (room_subject, state_subject) = (subject("room"), subject("state"));
+        match self.remote_home(room) {
+            Some((_, cell)) if mirror => {
+                RoomPlace { rooms: &cell.rooms_mirror, states: &cell.states_mirror, room_subject, state_subject, mirror: true }
+            }
+            Some((_, cell)) => RoomPlace { rooms: &cell.rooms, states: &cell.states, room_subject, state_subject, mirror: false },
+            None => RoomPlace { rooms: &self.rooms, states: &self.states, room_subject, state_subject, mirror: false },
         }
     }
 
-    /// `room`'s epoch: its home cell's rooms stream's identity (asked of that cell's
-    /// JetStream when it is another cell).
-    pub async fn room_epoch(&self, room: &str) -> Result<String, ClusterError> {
-        let place = self.room_place(room);
-        if place.elsewhere.is_none() {
-            return Ok(self.epoch.clone());
+    /// `room`'s home cell when it is another cell (with cell domains), and how it is reached.
+    fn remote_home(&self, room: &str) -> Option<(&str, &RemoteCell)> {
+        let domains = self.domains.as_deref()?;
+        let home = self.room_home(room)?;
+        domains.remote.get(home).map(|cell| (home, cell))
+    }
+
+    /// Where to read `room` now: its home's streams, or this cell's mirrors of them while
+    /// the home cell is marked silent ([`Cluster::home_silent`]).
+    pub(crate) fn read_place(&self, room: &str) -> RoomPlace<'_> {
+        let silent = self.remote_home(room).is_some_and(|(_, cell)| cell.silent_until.lock().is_some_and(|until| std::time::Instant::now() < until));
+        self.room_place(room, silent)
+    }
+
+    /// `room`'s home cell did not answer a read: read its rooms from the mirrors for a
+    /// while. Yields whether there is a mirror to read (the room is homed elsewhere).
+    pub(crate) fn home_silent(&self, room: &str) -> bool {
+        let Some((home, cell)) = self.remote_home(room) else { return false };
+        let mut until = cell.silent_until.lock();
+        if until.is_none_or(|until| std::time::Instant::now() >= until) {
+            tracing::warn!(cell = home, "a room's home cell did not answer: reading its rooms from this cell's mirror");
         }
-        let info = place.rooms.get_info().await.map_err(|e| ClusterError::Unavailable(Unreachable::HomeCell(e.to_string())))?;
-        Ok(epoch_of(&info))
+        *until = Some(std::time::Instant::now() + SILENT_CELL_SKIP);
+        true
+    }
+
+    /// With cell domains, what another cell's heartbeat says of its rooms' epoch.
+    pub fn learn_epoch(&self, cell: &str, epoch: String) {
+        let Some(remote) = self.domains.as_deref().and_then(|d| d.remote.get(cell)) else { return };
+        let mut known = remote.epoch.lock();
+        if known.as_deref() != Some(epoch.as_str()) {
+            tracing::info!(cell, %epoch, "learned a cell's rooms epoch");
+            *known = Some(epoch);
+        }
+    }
+
+    /// `room`'s epoch: its home cell's rooms stream's identity (for another cell: as its
+    /// heartbeats say, else asked of its JetStream).
+    pub async fn room_epoch(&self, room: &str) -> Result<String, ClusterError> {
+        let Some((home, cell)) = self.remote_home(room) else { return Ok(self.epoch.clone()) };
+        if let Some(epoch) = cell.epoch.lock().clone() {
+            return Ok(epoch);
+        }
+        let info = cell.rooms.get_info().await.map_err(|e| ClusterError::Unavailable(Unreachable::HomeCell(format!("{home}: {e}"))))?;
+        let epoch = epoch_of(&info);
+        *cell.epoch.lock() = Some(epoch.clone());
+        Ok(epoch)
     }
 
     pub fn connected(&self) -> bool {
@@ -652,6 +709,7 @@ impl Cluster {
         if let Some(passed) = info.probe {
             headers.insert(CELL_PROBE_HEADER, if passed { "1" } else { "0" });
         }
+        headers.insert(EPOCH_HEADER, self.epoch.as_str());
         Ok(self.client.publish_with_headers(HEARTBEAT_SUBJECT, headers, encode_node(info).into()).await?)
     }
 
@@ -697,14 +755,39 @@ fn cell_subjects(kind: &str, cell: Option<&str>) -> String {
 impl Domains {
     /// Handles on every other cell's streams through its domain's API (nothing is
     /// asked of them yet: a cell down at start is only a cell down).
-    async fn reach(client: &async_nats::Client, cells: &CellDomains) -> Result<Domains, ClusterError> {
+    /// Also creates this cell's mirrors of every other cell's streams in `js` (this
+    /// cell's domain) when they do not exist: made while the other cell is down, a mirror
+    /// starts copying once it is back.
+    async fn reach(client: &async_nats::Client, js: &jetstream::Context, cells: &CellDomains, limits: &StreamLimits, replicas: usize) -> Result<Domains, ClusterError> {
         let mut remote = HashMap::new();
         for cell in cells.cells.iter().filter(|cell| **cell != cells.cell) {
-            let mut js = jetstream::with_domain(client.clone(), cell);
-            js.set_timeout(CROSS_CELL_TIMEOUT);
-            let rooms = js.get_stream_no_info(ROOMS_STREAM).await?;
-            let states = js.get_stream_no_info(STATE_STREAM).await?;
-            remote.insert(cell.clone(), RemoteCell { rooms, states });
+            let mut origin = jetstream::with_domain(client.clone(), cell);
+            origin.set_timeout(CROSS_CELL_TIMEOUT);
+            for (stream, per_subject) in [(ROOMS_STREAM, limits.history_size as i64), (STATE_STREAM, 1)] {
+                let mirror = js
+                    .get_or_create_stream(stream::Config {
+                        name: mirror_name(stream, cell),
+                        mirror: Some(stream::Source { name: stream.into(), domain: Some(cell.clone()), ..Default::default() }),
+                        max_messages_per_subject: per_subject,
+                        storage: stream::StorageType::File,
+                        allow_direct: true,
+                        num_replicas: replicas,
+                        ..Default::default()
+                    })
+                    .await?;
+                raise_replicas(js, &mirror.cached_info().config, replicas).await?;
+            }
+            remote.insert(
+                cell.clone(),
+                RemoteCell {
+                    rooms: origin.get_stream_no_info(ROOMS_STREAM).await?,
+                    states: origin.get_stream_no_info(STATE_STREAM).await?,
+                    rooms_mirror: js.get_stream_no_info(mirror_name(ROOMS_STREAM, cell)).await?,
+                    states_mirror: js.get_stream_no_info(mirror_name(STATE_STREAM, cell)).await?,
+                    epoch: Default::default(),
+                    silent_until: Default::default(),
+                },
+            );
         }
         Ok(Domains { cell: cells.cell.clone(), cells: cells.cells.clone(), remote })
     }
@@ -871,6 +954,16 @@ pub fn decode_connections(value: Option<&[u8]>) -> Result<Option<peer_input::Cou
     let Some(value) = value else { return Ok(None) };
     let text = peer_input::text("heartbeat connections", value, peer_input::MAX_HEADER_BYTES)?;
     peer_input::count("heartbeat connections", text, peer_input::MAX_NODE_CONNECTIONS).map(Some)
+}
+
+/// A heartbeat's [`EPOCH_HEADER`] (absent: an earlier build): 16 hex digits.
+pub fn decode_epoch(value: Option<&[u8]>) -> Result<Option<String>, PeerInputError> {
+    let Some(value) = value else { return Ok(None) };
+    let text = peer_input::text("heartbeat epoch", value, peer_input::MAX_HEADER_BYTES)?;
+    if text.len() != 16 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(PeerInputError::BadNumber("heartbeat epoch"));
+    }
+    Ok(Some(text.to_string()))
 }
 
 /// A heartbeat's [`CELL_PROBE_HEADER`] (absent: no report), `0` or `1` of at most

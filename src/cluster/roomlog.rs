@@ -37,7 +37,7 @@ use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::HeaderMap;
 use futures_util::{Stream, StreamExt};
 
-use super::{last_message, room_token, Cluster, ClusterError, Unreachable, REQUEST_TIMEOUT};
+use super::{last_message, room_token, Cluster, ClusterError, RoomPlace, Unreachable, REQUEST_TIMEOUT};
 use crate::core::names;
 use crate::store::EventRecord;
 
@@ -130,8 +130,14 @@ fn newer(record: Option<StoredState>, in_events: Option<StoredState>) -> Option<
 
 /// The room's latest-state record, if it has one, with its sequence on `LG_STATE`.
 pub async fn load_state(cluster: &Cluster, room: &str) -> Result<Option<(StoredState, u64)>, ClusterError> {
-    let place = cluster.room_place(room);
-    let message = last_message(place.states, &place.state_subject).await?;
+    let place = cluster.read_place(room);
+    let message = match last_message(place.states, &place.state_subject).await {
+        Err(ClusterError::Unavailable(_)) if !place.mirror && cluster.home_silent(room) => {
+            let mirror = cluster.room_place(room, true);
+            last_message(mirror.states, &mirror.state_subject).await?
+        }
+        read => read?,
+    };
     Ok(message.and_then(|m| Some((decode_state(&m.headers, &m.payload)?, m.sequence))))
 }
 
@@ -144,7 +150,7 @@ pub async fn write_state(cluster: &Cluster, room: &str, state: &StoredState) -> 
     homed_here(cluster, room)?;
     let mut headers = HeaderMap::new();
     headers.insert(SEQ_HEADER, state.seq.to_string().as_str());
-    let sent = cluster.js.publish_with_headers(cluster.room_place(room).state_subject, headers, state.data.clone().into()).await?;
+    let sent = cluster.js.publish_with_headers(cluster.room_place(room, false).state_subject, headers, state.data.clone().into()).await?;
     Ok(sent.await?.sequence)
 }
 
@@ -161,9 +167,20 @@ fn decode_state(headers: &HeaderMap, payload: &[u8]) -> Option<StoredState> {
     Some(StoredState { seq, data: String::from_utf8(payload.to_vec()).ok()? })
 }
 
-/// The room's events stored after stream sequence `after`, oldest first.
+/// The room's events stored after stream sequence `after`, oldest first. A room homed in
+/// another cell that does not answer is read from this cell's mirror, which keeps the
+/// origin's stream sequences (up to what it received).
 pub async fn read_after(cluster: &Cluster, room: &str, after: u64) -> Result<Vec<StreamEvent>, ClusterError> {
-    let place = cluster.room_place(room);
+    let place = cluster.read_place(room);
+    match read_after_in(&place, room, after).await {
+        Err(ClusterError::Unavailable(_)) if !place.mirror && cluster.home_silent(room) => {
+            read_after_in(&cluster.room_place(room, true), room, after).await
+        }
+        read => read,
+    }
+}
+
+async fn read_after_in(place: &RoomPlace<'_>, room: &str, after: u64) -> Result<Vec<StreamEvent>, ClusterError> {
     let (subject, stream) = (&place.room_subject, place.rooms);
     let Some(last) = last_message(stream, subject).await?.map(|m| m.sequence) else {
         return Ok(Vec::new());
@@ -218,7 +235,7 @@ pub async fn append(
         }
         None => event.data.clone().into_bytes(),
     };
-    let sent = cluster.js.publish_with_headers(cluster.room_place(room).room_subject, headers, payload.into()).await;
+    let sent = cluster.js.publish_with_headers(cluster.room_place(room, false).room_subject, headers, payload.into()).await;
     let ack = match sent {
         Ok(future) => future.await,
         Err(e) => return Err(ClusterError::from(e).into()),
@@ -243,7 +260,7 @@ pub async fn purge_expired(cluster: &Cluster, room: &str) -> Result<(), ClusterE
     if homed_here(cluster, room).is_err() {
         return Ok(()); // The home cell's nodes trim it.
     }
-    cluster.rooms_stream().purge().filter(cluster.room_place(room).room_subject).keep(1).await?;
+    cluster.rooms_stream().purge().filter(cluster.room_place(room, false).room_subject).keep(1).await?;
     Ok(())
 }
 
@@ -253,7 +270,7 @@ pub async fn purge_beyond(cluster: &Cluster, room: &str, keep: u64) -> Result<()
     if homed_here(cluster, room).is_err() {
         return Ok(()); // The home cell's nodes trim it.
     }
-    cluster.rooms_stream().purge().filter(cluster.room_place(room).room_subject).keep(keep.max(1)).await?;
+    cluster.rooms_stream().purge().filter(cluster.room_place(room, false).room_subject).keep(keep.max(1)).await?;
     Ok(())
 }
 
@@ -300,8 +317,14 @@ pub async fn watch(cluster: &Cluster, room: &str, states: bool) -> Result<LiveFe
 
 /// The room seq of `room`'s newest stored event (`None`: the stream holds none).
 pub async fn last_seq(cluster: &Cluster, room: &str) -> Result<Option<u64>, ClusterError> {
-    let place = cluster.room_place(room);
-    let message = last_message(place.rooms, &place.room_subject).await?;
+    let place = cluster.read_place(room);
+    let message = match last_message(place.rooms, &place.room_subject).await {
+        Err(ClusterError::Unavailable(_)) if !place.mirror && cluster.home_silent(room) => {
+            let mirror = cluster.room_place(room, true);
+            last_message(mirror.rooms, &mirror.room_subject).await?
+        }
+        read => read?,
+    };
     Ok(message.and_then(|m| m.headers.get(SEQ_HEADER)?.as_str().parse().ok()))
 }
 
