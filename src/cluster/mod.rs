@@ -767,7 +767,11 @@ impl Domains {
                 let mirror = js
                     .get_or_create_stream(stream::Config {
                         name: mirror_name(stream, cell),
-                        mirror: Some(stream::Source { name: stream.into(), domain: Some(cell.clone()), ..Default::default() }),
+                        mirror: Some(stream::Source {
+                            name: stream.into(),
+                            external: Some(stream::External { api_prefix: format!("$JS.{cell}.API"), delivery_prefix: None }),
+                            ..Default::default()
+                        }),
                         max_messages_per_subject: per_subject,
                         storage: stream::StorageType::File,
                         allow_direct: true,

@@ -183,7 +183,7 @@ fn small_store_config(dir: &std::path::Path, max_file_store: &str) -> std::path:
 
 /// Fills the JetStream store of the server at `url` with a stream of the test's own until
 /// a write is refused; returns how many 64 KiB messages it took.
-async fn fill_store(url: &str) -> usize {
+pub(super) async fn fill_store(url: &str) -> usize {
     let client = async_nats::connect(url).await.expect("connect to NATS");
     let js = async_nats::jetstream::new(client);
     js.create_stream(async_nats::jetstream::stream::Config { name: "FILL".into(), subjects: vec!["fill.>".into()], ..Default::default() })
@@ -202,7 +202,7 @@ async fn fill_store(url: &str) -> usize {
     panic!("the store took 1000 messages of 64 KiB: not full");
 }
 
-async fn drop_filler(url: &str) {
+pub(super) async fn drop_filler(url: &str) {
     let client = async_nats::connect(url).await.expect("connect to NATS");
     async_nats::jetstream::new(client).delete_stream("FILL").await.expect("delete the filler stream");
 }
