@@ -35,7 +35,7 @@ use crate::core::heartbeats::{Heartbeats, NodeInfo, Seen};
 use crate::core::lifecycle::Lifecycle;
 use crate::core::liveness::{Change, Liveness};
 use crate::core::probes::{Ask, ReadyProbes};
-use crate::core::routing::{home_cell, rendezvous, room_writer, route, Candidate, Reason, RouteQuestion};
+use crate::core::routing::{home_cell, rendezvous, room_writer, route, Candidate, Reason, RouteError, RouteQuestion};
 use crate::metrics::{CellLabel, CellTransitionLabel, OutcomeLabel, PeerLabel};
 use crate::world::now_ms;
 
@@ -77,9 +77,26 @@ pub struct RouteAnswer {
     pub reason: Reason,
 }
 
+/// Why [`Router::route`] has no node to answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct NoAliveNode(pub String);
+pub enum Unroutable {
+    /// Cells are known but none is healthy (no node of it may serve, or its breaker is
+    /// not closed); names the user's home cell when there is one, never an empty name.
+    #[error("no healthy cell{}", .home.as_deref().map(|home| format!(" (the user's home cell is {home})")).unwrap_or_default())]
+    NoHealthyCell { home: Option<String> },
+    /// No node may serve: none is alive, or every one is avoided.
+    #[error(transparent)]
+    NoAliveNode(RouteError),
+}
+
+impl From<RouteError> for Unroutable {
+    fn from(error: RouteError) -> Self {
+        match error {
+            RouteError::NoHealthyCell { home } => Unroutable::NoHealthyCell { home: Some(home).filter(|h| !h.is_empty()) },
+            other => Unroutable::NoAliveNode(other),
+        }
+    }
+}
 
 /// How the router learns about peers.
 enum Peers {
@@ -261,7 +278,7 @@ impl Router {
         claim: Option<&str>,
         recorded_owner: Option<&str>,
         avoid: Option<&str>,
-    ) -> Result<RouteAnswer, NoAliveNode> {
+    ) -> Result<RouteAnswer, Unroutable> {
         let now = now_ms();
         let nodes = self.nodes_now(now);
         let owner = if self.probed_mode() { self.placement(session, &nodes) } else { recorded_owner };
@@ -284,7 +301,7 @@ impl Router {
             cells: &cells,
             broken: &broken,
         };
-        let routed = route(&question, &candidates).map_err(|e| NoAliveNode(e.to_string()));
+        let routed = route(&question, &candidates).map_err(Unroutable::from);
         drop(breakers);
         let routed = routed?;
         if routed.cell != home && !home.is_empty() {

@@ -164,10 +164,13 @@ pub enum ErrorCode {
     /// A cell the configuration does not list (`cells`), named by a token's claim or a
     /// route question.
     UnknownCell,
+    /// Cluster mode: no configured cell is healthy (each has no node that may serve, or
+    /// its breaker is not closed); the message names the user's home cell.
+    NoHealthyCell,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 25] = [
+    pub const ALL: [ErrorCode; 26] = [
         ErrorCode::BadRequest,
         ErrorCode::UnknownOp,
         ErrorCode::BadRoom,
@@ -193,6 +196,7 @@ impl ErrorCode {
         ErrorCode::PresenceOff,
         ErrorCode::Conflict,
         ErrorCode::UnknownCell,
+        ErrorCode::NoHealthyCell,
     ];
 
     /// What the code tells a client or backend, in one line (the reference's text).
@@ -223,6 +227,7 @@ impl ErrorCode {
             ErrorCode::PresenceOff => "The room keeps no presence: an inbox, or a room whose namespace sets `presence = false`.",
             ErrorCode::Conflict => "Not possible in the cluster's present state: a rebalance towards a node that is not alive and taking connections, or outside cluster mode.",
             ErrorCode::UnknownCell => "The `cell` of a token request or a route question is not one of the configured cells (`cells`).",
+            ErrorCode::NoHealthyCell => "Cluster mode: no configured cell is healthy (none has a node that may serve, or its breaker is open): `GET /v1/route` and new sessions are refused until one is; the message names the user's home cell.",
         }
     }
 
@@ -253,6 +258,7 @@ impl ErrorCode {
             ErrorCode::PresenceOff => "presence_off",
             ErrorCode::Conflict => "conflict",
             ErrorCode::UnknownCell => "unknown_cell",
+            ErrorCode::NoHealthyCell => "no_healthy_cell",
         }
     }
 
@@ -277,6 +283,7 @@ impl ErrorCode {
             ErrorCode::Internal => 500,
             ErrorCode::Unavailable
             | ErrorCode::NoAliveNode
+            | ErrorCode::NoHealthyCell
             | ErrorCode::TooManyConnections
             | ErrorCode::DirectoryUnavailable => 503,
         }
@@ -319,6 +326,7 @@ mod tests {
             (ErrorCode::Internal, 500),
             (ErrorCode::Unavailable, 503),
             (ErrorCode::NoAliveNode, 503),
+            (ErrorCode::NoHealthyCell, 503),
             (ErrorCode::TooManyConnections, 503),
             (ErrorCode::DirectoryUnavailable, 503),
         ];

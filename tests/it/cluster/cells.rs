@@ -245,8 +245,18 @@ fn a_cell_whose_store_cannot_write_opens_its_breaker_and_closes_after_the_cool_d
     let to_open = full_at.elapsed();
     assert!(opened, "breakers still {:?} {:?} 10 s after the store filled ({filled} messages)", state("east"), state("west"));
     assert!(to_open < Duration::from_secs(5), "opened {to_open:?} after the store filled: more than 5 s");
-    let refused = route_answer(&http, &query);
-    assert!(refused.as_ref().is_err_and(|e| e.starts_with("503") && e.contains("no healthy cell")), "route while every breaker is open: {refused:?}");
+    // Its own code, naming the home cell (never an empty name), on the route and on a
+    // handshake that would open a new session.
+    let (status, body) = http.request("GET", &format!("/v1/route?{query}"), Auth::Key, Body::None);
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!((status, error_code(&body)), (503, "no_healthy_cell"), "route while every breaker is open: {body}");
+    assert_eq!(message, "no healthy cell (the user's home cell is west)", "{body}");
+    let token = http.mint_token(&user, "web");
+    match rt.block_on(WsClient::try_connect(cluster.addr(0), Some(&token), None)) {
+        Err(r) if r.status == 503 && error_code(&r.body) == "no_healthy_cell" => {}
+        Err(r) => panic!("a handshake while every breaker is open: {} {}, expected 503 no_healthy_cell", r.status, r.body),
+        Ok(ws) => panic!("a handshake while every breaker is open was served: {}", ws.welcome),
+    }
     let transitions = http.metric(r#"livegate_cell_breaker_transitions_total{cell="west",to="open"}"#);
     assert_eq!(transitions, Some(1.0), "one transition to open counted");
     assert!(http.metric(r#"livegate_cell_probes_total{outcome="failed"}"#).unwrap_or(0.0) >= 3.0, "failed probes counted");
@@ -263,5 +273,10 @@ fn a_cell_whose_store_cannot_write_opens_its_breaker_and_closes_after_the_cool_d
     assert!(full_at.elapsed() >= Duration::from_millis(livegate::core::breaker::COOL_DOWN_MS), "closed before the cool-down");
     let home = wait_until_every(Duration::from_secs(5), Duration::from_millis(50), || route_answer(&http, &query) == answer("b", "west", "west"));
     assert!(home, "the user is not routed home again: {:?}", route_answer(&http, &query));
+    // The refused handshake gave its token back: it opens the session at home now.
+    match rt.block_on(WsClient::try_connect(cluster.addr(1), Some(&token), None)) {
+        Ok(ws) => rt.block_on(ws.close()),
+        Err(r) => panic!("the refused token on b once the breakers closed: {} {}", r.status, r.body),
+    }
     eprintln!("breaker: store full after {filled} messages; opened in {to_open:?}; closed {to_close:?} after the store was freed");
 }
