@@ -30,7 +30,7 @@ use parking_lot::Mutex;
 
 use crate::cluster::Cluster;
 use crate::config::Peer;
-use crate::core::breaker::{CellBreakers, State as BreakerState, Transition};
+use crate::core::breaker::{CellBreakers, CellView, Report, State as BreakerState, Transition};
 use crate::core::heartbeats::{Heartbeats, NodeInfo, Seen};
 use crate::core::lifecycle::Lifecycle;
 use crate::core::liveness::{Change, Liveness};
@@ -166,10 +166,11 @@ impl Router {
         let release_window_ms = release_window.as_millis() as u64;
         let probed = matches!(peers, Peers::Probed { .. });
         let cells = vec![me.cell.clone()];
-        let breakers = Mutex::new(CellBreakers::new(cells.iter().map(String::as_str)));
+        let started_at_ms = now_ms();
+        let breakers = Mutex::new(CellBreakers::new(cells.iter().map(String::as_str), started_at_ms));
         Router {
             me,
-            started_at_ms: now_ms(),
+            started_at_ms,
             lifecycle,
             release_window_ms,
             probed,
@@ -183,7 +184,7 @@ impl Router {
 
     /// The configured cells (the default: this node's cell alone).
     pub fn with_cells(mut self, cells: Vec<String>) -> Router {
-        self.breakers = Mutex::new(CellBreakers::new(cells.iter().map(String::as_str)));
+        self.breakers = Mutex::new(CellBreakers::new(cells.iter().map(String::as_str), self.started_at_ms));
         self.cells = cells;
         self
     }
@@ -193,15 +194,22 @@ impl Router {
         self.breakers.lock().states().map(|(cell, state)| (cell.to_string(), state)).collect()
     }
 
+    /// Each configured cell's breaker with its recent rounds and transitions, by name.
+    pub fn cell_views(&self) -> Vec<CellView> {
+        self.breakers.lock().views()
+    }
+
     /// One round of the cells' breakers at `now`: this node's last probe and those its
     /// live peers reported, AND-merged per cell.
     fn cell_round(&self, now: u64) -> Vec<Transition> {
         let own = *self.own_probe.lock();
-        let mut reports: Vec<(String, bool)> = own.map(|passed| (self.me.cell.clone(), passed)).into_iter().collect();
+        // (cell, node, passed)
+        let mut reports: Vec<(String, String, bool)> = own.map(|passed| (self.me.cell.clone(), self.me.name.clone(), passed)).into_iter().collect();
         if let Peers::Heard(table) = &*self.peers.lock() {
-            reports.extend(table.alive(now).filter_map(|info| info.probe.map(|passed| (info.cell.clone(), passed))));
+            reports.extend(table.alive(now).filter_map(|info| info.probe.map(|passed| (info.cell.clone(), info.name.clone(), passed))));
         }
-        self.breakers.lock().round(reports.iter().map(|(cell, passed)| (cell.as_str(), *passed)), now)
+        let reports = reports.iter().map(|(cell, node, passed)| Report { cell, node, passed: *passed });
+        self.breakers.lock().round(reports, now)
     }
 
     /// Whether `cell` is one of the configured cells.

@@ -287,6 +287,7 @@ routes! {
     GET "/v1/admin/status" => status,
     POST "/v1/admin/reload" => reload,
     GET "/v1/admin/overview" => admin::overview,
+    GET "/v1/admin/cells" => admin::cells,
     POST "/v1/admin/rebalance" => admin::rebalance,
     GET "/v1/admin/rebalance" => admin::rebalance_status,
     GET "/admin" => admin::page,

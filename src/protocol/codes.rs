@@ -159,7 +159,8 @@ pub enum ErrorCode {
     /// The room's namespace keeps no presence (DESIGN §9).
     PresenceOff,
     /// The request cannot be done in the cluster's present state (a rebalance towards a
-    /// node that is not alive and taking connections, or outside cluster mode).
+    /// node that is not alive and taking connections, or a cluster-only admin request
+    /// outside cluster mode).
     Conflict,
     /// A cell the configuration does not list (`cells`), named by a token's claim or a
     /// route question.
@@ -225,7 +226,7 @@ impl ErrorCode {
             ErrorCode::ForbiddenOrigin => "The browser's `Origin` is not one of allowed_origins.",
             ErrorCode::DirectoryUnavailable => "Cluster mode: the session directory (NATS) has been unreachable for directory_outage_secs; retry with the same credential.",
             ErrorCode::PresenceOff => "The room keeps no presence: an inbox, or a room whose namespace sets `presence = false`.",
-            ErrorCode::Conflict => "Not possible in the cluster's present state: a rebalance towards a node that is not alive and taking connections, or outside cluster mode.",
+            ErrorCode::Conflict => "Not possible in the cluster's present state: a rebalance towards a node that is not alive and taking connections, or a cluster-only admin request (rebalance, cells) outside cluster mode.",
             ErrorCode::UnknownCell => "The `cell` of a token request or a route question is not one of the configured cells (`cells`).",
             ErrorCode::NoHealthyCell => "Cluster mode: no configured cell is healthy (none has a node that may serve, or its breaker is open): `GET /v1/route` and new sessions are refused until one is; the message names the user's home cell.",
         }
