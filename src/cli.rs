@@ -1,5 +1,5 @@
 //! The command line. `serve` (the default) runs the gateway; `token`, `publish`,
-//! `subscribe`, `status`, `state` and `presence` are small clients of a running server's public HTTP and WebSocket API,
+//! `subscribe`, `status`, `cells`, `state` and `presence` are small clients of a running server's public HTTP and WebSocket API,
 //! for trying livegate out and for scripts. Clients read the server address (`listen`)
 //! and the API key (`api_key`, else `data_dir/api_key`) from the same configuration
 //! layers as the server, so the same flags, environment and config file work for both.
@@ -125,6 +125,18 @@ docs/src/reference/*.md are exactly this output.")]
     },
     /// Ask a running server for its status (node, version, uptime, phase, counts)
     Status {
+        #[command(flatten)]
+        server: ServerUrl,
+    },
+    /// Print each cell's breaker and probe history as a node sees them (cluster mode)
+    #[command(long_about = "\
+Ask a node of a cluster (GET /v1/admin/cells, with the API key) how it sees the configured
+cells, and print one block per cell: the breaker's state (closed, half_open, open) and how
+long it has held it, the last probe rounds that fed it as a line of marks (✓ passed,
+✗ failed, oldest first) with the nodes that failed the last one, and its recent
+transitions. Times are relative to the node's clock. Outside cluster mode the node
+answers 409 conflict.", after_help = "Example:\n  livegate cells --url http://10.0.0.5:7070 --api-key $KEY")]
+    Cells {
         #[command(flatten)]
         server: ServerUrl,
     },
@@ -289,6 +301,11 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             init_tracing(format, "warn");
             let reply = client(&cli.config, &server)?.status()?;
             print_line(reply.trim())
+        }
+        Command::Cells { server } => {
+            init_tracing(format, "warn");
+            let reply = client(&cli.config, &server)?.cells()?;
+            print_line(crate::client::cells::render(&reply).trim_end())
         }
         Command::State(args) => {
             init_tracing(format, "warn");

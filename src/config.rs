@@ -31,6 +31,8 @@ pub use api_key::ResolvedApiKey;
 pub use namespaces::{NamespaceTable, ROOM_KEYS};
 use value::{parse, Raw};
 
+use crate::core::names::{is_plain_name, MAX_DEVICE_LEN, MAX_NODE_NAME_LEN};
+
 /// The text `--help` shows after `[default: `: the default as written, unless given.
 macro_rules! shown {
     ($default:expr) => { stringify!($default) };
@@ -383,7 +385,7 @@ fn parse_peer(entry: &str, own_cell: &str) -> Result<Peer, ConfigError> {
     let bad = || invalid("peers", format!("entries are NAME=URL or NAME@CELL=URL with an http:// URL, got {entry:?}"));
     let (who, url) = entry.split_once('=').ok_or_else(bad)?;
     let (name, cell) = who.split_once('@').unwrap_or((who, own_cell));
-    if !is_name(name, 64) || !is_name(cell, 64) || !url.starts_with("http://") || url.len() <= "http://".len() {
+    if !is_plain_name(name, MAX_NODE_NAME_LEN) || !is_plain_name(cell, MAX_NODE_NAME_LEN) || !url.starts_with("http://") || url.len() <= "http://".len() {
         return Err(bad());
     }
     Ok(Peer { name: name.to_string(), cell: cell.to_string(), url: url.trim_end_matches('/').to_string() })
@@ -676,8 +678,8 @@ impl Config {
         if self.cells.is_empty() {
             return Ok(());
         }
-        if let Some(bad) = self.cells.iter().find(|cell| !is_name(cell, 64)) {
-            return Err(invalid("cells", format!("entries must be 1 to 64 characters from A-Z a-z 0-9 _ . -, got {bad:?}")));
+        if let Some(bad) = self.cells.iter().find(|cell| !is_plain_name(cell, MAX_NODE_NAME_LEN)) {
+            return Err(invalid("cells", format!("entries must be 1 to {MAX_NODE_NAME_LEN} characters from A-Z a-z 0-9 _ . -, got {bad:?}")));
         }
         if self.cells.len() > MAX_CELLS {
             return Err(invalid("cells", format!("may list at most {MAX_CELLS} cells, got {}", self.cells.len())));
@@ -844,7 +846,7 @@ fn within(bounds: &[(&'static str, u64, u64, Option<(u64, &str)>)]) -> Result<()
 }
 
 /// The keys whose values (or, for lists, entries) are names: key and longest name.
-const NAME_KEYS: &[(&str, usize)] = &[("node", 64), ("cell", 64), ("exclusive_devices", 32)];
+const NAME_KEYS: &[(&str, usize)] = &[("node", MAX_NODE_NAME_LEN), ("cell", MAX_NODE_NAME_LEN), ("exclusive_devices", MAX_DEVICE_LEN)];
 
 /// The replica counts `cluster_replicas` may ask for.
 const CLUSTER_REPLICAS: [u64; 2] = [1, 3];
@@ -865,20 +867,14 @@ fn rule_of(key: &str) -> Option<String> {
     }
 }
 
-/// `value` is a name of at most the key's length in [`NAME_KEYS`] (see [`is_name`]);
+/// `value` is a name of at most the key's length in [`NAME_KEYS`] (see [`is_plain_name`]);
 /// `must` starts the problem.
 fn name_rule(key: &'static str, must: &str, value: &str) -> Result<(), ConfigError> {
     let max = NAME_KEYS.iter().find(|(k, _)| *k == key).map_or_else(|| panic!("{key} is not in NAME_KEYS"), |&(_, max)| max);
-    if is_name(value, max) {
+    if is_plain_name(value, max) {
         return Ok(());
     }
     Err(invalid(key, format!("{must} be 1 to {max} characters from A-Z a-z 0-9 _ . -, got {value:?}")))
-}
-
-/// `[A-Za-z0-9_.-]{1,max}`.
-fn is_name(s: &str, max: usize) -> bool {
-    (1..=max).contains(&s.len())
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
 /// The config file as a TOML table.

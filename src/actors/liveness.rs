@@ -30,12 +30,12 @@ use parking_lot::Mutex;
 
 use crate::cluster::Cluster;
 use crate::config::Peer;
-use crate::core::breaker::{CellBreakers, State as BreakerState, Transition};
+use crate::core::breaker::{CellBreakers, CellView, Report, State as BreakerState, Transition};
 use crate::core::heartbeats::{Heartbeats, NodeInfo, Seen};
 use crate::core::lifecycle::Lifecycle;
 use crate::core::liveness::{Change, Liveness};
 use crate::core::probes::{Ask, ReadyProbes};
-use crate::core::routing::{home_cell, rendezvous, room_home_cell, room_writer, route, Candidate, Reason, RouteQuestion};
+use crate::core::routing::{home_cell, rendezvous, room_home_cell, room_writer, route, Candidate, Reason, RouteError, RouteQuestion};
 use crate::metrics::{CellLabel, CellTransitionLabel, OutcomeLabel, PeerLabel};
 use crate::world::now_ms;
 
@@ -77,9 +77,26 @@ pub struct RouteAnswer {
     pub reason: Reason,
 }
 
+/// Why [`Router::route`] has no node to answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct NoAliveNode(pub String);
+pub enum Unroutable {
+    /// Cells are known but none is healthy (no node of it may serve, or its breaker is
+    /// not closed); names the user's home cell when there is one, never an empty name.
+    #[error("no healthy cell{}", .home.as_deref().map(|home| format!(" (the user's home cell is {home})")).unwrap_or_default())]
+    NoHealthyCell { home: Option<String> },
+    /// No node may serve: none is alive, or every one is avoided.
+    #[error(transparent)]
+    NoAliveNode(RouteError),
+}
+
+impl From<RouteError> for Unroutable {
+    fn from(error: RouteError) -> Self {
+        match error {
+            RouteError::NoHealthyCell { home } => Unroutable::NoHealthyCell { home: Some(home).filter(|h| !h.is_empty()) },
+            other => Unroutable::NoAliveNode(other),
+        }
+    }
+}
 
 /// How the router learns about peers.
 enum Peers {
@@ -152,10 +169,11 @@ impl Router {
         let release_window_ms = release_window.as_millis() as u64;
         let probed = matches!(peers, Peers::Probed { .. });
         let cells = vec![me.cell.clone()];
-        let breakers = Mutex::new(CellBreakers::new(cells.iter().map(String::as_str)));
+        let started_at_ms = now_ms();
+        let breakers = Mutex::new(CellBreakers::new(cells.iter().map(String::as_str), started_at_ms));
         Router {
             me,
-            started_at_ms: now_ms(),
+            started_at_ms,
             lifecycle,
             release_window_ms,
             probed,
@@ -170,7 +188,7 @@ impl Router {
 
     /// The configured cells (the default: this node's cell alone).
     pub fn with_cells(mut self, cells: Vec<String>) -> Router {
-        self.breakers = Mutex::new(CellBreakers::new(cells.iter().map(String::as_str)));
+        self.breakers = Mutex::new(CellBreakers::new(cells.iter().map(String::as_str), self.started_at_ms));
         self.cells = cells;
         self
     }
@@ -196,15 +214,22 @@ impl Router {
         self.breakers.lock().states().map(|(cell, state)| (cell.to_string(), state)).collect()
     }
 
+    /// Each configured cell's breaker with its recent rounds and transitions, by name.
+    pub fn cell_views(&self) -> Vec<CellView> {
+        self.breakers.lock().views()
+    }
+
     /// One round of the cells' breakers at `now`: this node's last probe and those its
     /// live peers reported, AND-merged per cell.
     fn cell_round(&self, now: u64) -> Vec<Transition> {
         let own = *self.own_probe.lock();
-        let mut reports: Vec<(String, bool)> = own.map(|passed| (self.me.cell.clone(), passed)).into_iter().collect();
+        // (cell, node, passed)
+        let mut reports: Vec<(String, String, bool)> = own.map(|passed| (self.me.cell.clone(), self.me.name.clone(), passed)).into_iter().collect();
         if let Peers::Heard(table) = &*self.peers.lock() {
-            reports.extend(table.alive(now).filter_map(|info| info.probe.map(|passed| (info.cell.clone(), passed))));
+            reports.extend(table.alive(now).filter_map(|info| info.probe.map(|passed| (info.cell.clone(), info.name.clone(), passed))));
         }
-        self.breakers.lock().round(reports.iter().map(|(cell, passed)| (cell.as_str(), *passed)), now)
+        let reports = reports.iter().map(|(cell, node, passed)| Report { cell, node, passed: *passed });
+        self.breakers.lock().round(reports, now)
     }
 
     /// Whether `cell` is one of the configured cells.
@@ -281,7 +306,7 @@ impl Router {
         claim: Option<&str>,
         recorded_owner: Option<&str>,
         avoid: Option<&str>,
-    ) -> Result<RouteAnswer, NoAliveNode> {
+    ) -> Result<RouteAnswer, Unroutable> {
         let now = now_ms();
         let nodes = self.nodes_now(now);
         let owner = if self.probed_mode() { self.placement(session, &nodes) } else { recorded_owner };
@@ -304,7 +329,7 @@ impl Router {
             cells: &cells,
             broken: &broken,
         };
-        let routed = route(&question, &candidates).map_err(|e| NoAliveNode(e.to_string()));
+        let routed = route(&question, &candidates).map_err(Unroutable::from);
         drop(breakers);
         let routed = routed?;
         if routed.cell != home && !home.is_empty() {

@@ -101,6 +101,14 @@ impl Client {
         self.get("/v1/admin/status")
     }
 
+    /// `GET /v1/admin/cells`: each configured cell's breaker and probe history (cluster
+    /// mode; 409 `conflict` otherwise).
+    pub fn cells(&self) -> Result<crate::protocol::CellsReply, ClientError> {
+        const PATH: &str = "/v1/admin/cells";
+        let body = self.get(PATH)?;
+        serde_json::from_str(&body).map_err(|_| ClientError::UnexpectedReply { request: format!("GET {PATH}"), body })
+    }
+
     /// `GET /v1/rooms/{room}/state`: the server's reply (room, epoch, seq, data).
     pub fn room_state(&self, room: &str) -> Result<String, ClientError> {
         self.get(&format!("/v1/rooms/{}/state", encode(room)))

@@ -16,7 +16,13 @@
 //!
 //! [`CellBreakers`] holds one breaker per configured cell and feeds each, once a round,
 //! with the AND of every report of that cell's nodes (a cell passes a round only if every
-//! node that reported passed its probe; a round without a report feeds nothing).
+//! node that reported passed its probe; a round without a report feeds nothing). For the
+//! operator (`GET /v1/admin/cells`, `livegate cells`) it keeps each cell's recent past,
+//! bounded: the last [`HISTORY_ROUNDS`] rounds it fed (when, the merged outcome, how many
+//! nodes reported, which failed: at most [`MAX_FAILED_NAMED`] named) and the last
+//! [`HISTORY_CHANGES`] transitions.
+
+use std::collections::{BTreeMap, VecDeque};
 
 /// Failed probes in a row that open a closed breaker.
 pub const OPEN_AFTER: u32 = 3;
@@ -24,6 +30,13 @@ pub const OPEN_AFTER: u32 = 3;
 pub const CLOSE_AFTER: u32 = 3;
 /// How long an open breaker stays open before a probe may try it (half-open).
 pub const COOL_DOWN_MS: u64 = 10_000;
+
+/// Rounds of each cell's history kept (oldest dropped first).
+pub const HISTORY_ROUNDS: usize = 20;
+/// Transitions of each cell's breaker kept (oldest dropped first).
+pub const HISTORY_CHANGES: usize = 10;
+/// Failed nodes named in one round of the history (the rest are only counted).
+pub const MAX_FAILED_NAMED: usize = 8;
 
 /// Every [`State::name`].
 pub const STATE_NAMES: &[&str] = &["closed", "half_open", "open"];
@@ -105,11 +118,71 @@ impl Breaker {
     }
 }
 
-/// One breaker per configured cell (at most the configuration's `MAX_CELLS`): a cell
-/// nobody configured gets none, whatever a peer reports.
+/// One breaker per configured cell (at most the configuration's `MAX_CELLS`), with its
+/// bounded history: a cell nobody configured gets none, whatever a peer reports.
 #[derive(Debug, Clone, Default)]
 pub struct CellBreakers {
-    cells: std::collections::BTreeMap<String, Breaker>,
+    cells: BTreeMap<String, Cell>,
+}
+
+#[derive(Debug, Clone)]
+struct Cell {
+    breaker: Breaker,
+    /// When the breaker entered its state (its last transition, else the start).
+    since_ms: u64,
+    rounds: VecDeque<Round>,
+    changes: VecDeque<Change>,
+}
+
+/// One node's probe outcome, as a round takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Report<'a> {
+    pub cell: &'a str,
+    pub node: &'a str,
+    pub passed: bool,
+}
+
+/// A round that fed a cell's breaker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Round {
+    pub at_ms: u64,
+    /// The AND of the reports: what the breaker was fed.
+    pub passed: bool,
+    /// Nodes that reported (each counted once).
+    pub reports: u32,
+    /// Nodes whose report failed.
+    pub failures: u32,
+    /// The first [`MAX_FAILED_NAMED`] of them by name.
+    pub failed: Vec<String>,
+}
+
+/// A breaker's transition, as the history keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Change {
+    pub at_ms: u64,
+    pub from: &'static str,
+    pub to: &'static str,
+}
+
+/// A cell's breaker and its recent past ([`CellBreakers::views`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CellView {
+    pub cell: String,
+    pub state: State,
+    /// When it entered `state`.
+    pub since_ms: u64,
+    /// Oldest first, at most [`HISTORY_ROUNDS`].
+    pub rounds: Vec<Round>,
+    /// Oldest first, at most [`HISTORY_CHANGES`].
+    pub changes: Vec<Change>,
+}
+
+/// Appends `item`, dropping the oldest beyond `max`.
+fn push_bounded<T>(queue: &mut VecDeque<T>, item: T, max: usize) {
+    if queue.len() == max {
+        queue.pop_front();
+    }
+    queue.push_back(item);
 }
 
 /// A breaker's change of state in a round: log it and count it.
@@ -121,27 +194,42 @@ pub struct Transition {
 }
 
 impl CellBreakers {
-    /// Closed breakers for `cells`.
-    pub fn new<'a>(cells: impl IntoIterator<Item = &'a str>) -> CellBreakers {
-        CellBreakers { cells: cells.into_iter().map(|c| (c.to_string(), Breaker::new())).collect() }
+    /// Closed breakers for `cells`, closed since `now_ms`.
+    pub fn new<'a>(cells: impl IntoIterator<Item = &'a str>, now_ms: u64) -> CellBreakers {
+        let cell = || Cell { breaker: Breaker::new(), since_ms: now_ms, rounds: VecDeque::new(), changes: VecDeque::new() };
+        CellBreakers { cells: cells.into_iter().map(|c| (c.to_string(), cell())).collect() }
     }
 
-    /// One round at `now_ms`: `reports` are (cell, probe passed) from every node heard now
-    /// (this one included), in any order and with repeats; each configured cell with a
-    /// report is fed the AND of its reports. Returns the transitions, by cell name.
-    pub fn round<'a>(&mut self, reports: impl IntoIterator<Item = (&'a str, bool)>, now_ms: u64) -> Vec<Transition> {
-        let mut merged: std::collections::BTreeMap<&str, bool> = std::collections::BTreeMap::new();
-        for (cell, passed) in reports {
+    /// One round at `now_ms`: `reports` from every node heard now (this one included), in
+    /// any order and with repeats; each configured cell with a report is fed the AND of
+    /// its nodes' reports (a node with a failed report fails), and the round is kept in
+    /// its history. Returns the transitions, by cell name.
+    pub fn round<'a>(&mut self, reports: impl IntoIterator<Item = Report<'a>>, now_ms: u64) -> Vec<Transition> {
+        // cell → node → passed (every report of it).
+        let mut merged: BTreeMap<&str, BTreeMap<&str, bool>> = BTreeMap::new();
+        for Report { cell, node, passed } in reports {
             if self.cells.contains_key(cell) {
-                *merged.entry(cell).or_insert(true) &= passed;
+                *merged.entry(cell).or_default().entry(node).or_insert(true) &= passed;
             }
         }
         let mut transitions = Vec::new();
-        for (cell, passed) in merged {
-            let breaker = self.cells.get_mut(cell).expect("only configured cells are merged");
-            let from = breaker.state().name();
-            if let Some(to) = breaker.probed(passed, now_ms) {
-                transitions.push(Transition { cell: cell.to_string(), from, to });
+        for (name, nodes) in merged {
+            let cell = self.cells.get_mut(name).expect("only configured cells are merged");
+            let failed: Vec<&str> = nodes.iter().filter(|(_, passed)| !**passed).map(|(node, _)| *node).collect();
+            let passed = failed.is_empty();
+            let round = Round {
+                at_ms: now_ms,
+                passed,
+                reports: nodes.len() as u32,
+                failures: failed.len() as u32,
+                failed: failed.iter().take(MAX_FAILED_NAMED).map(|node| node.to_string()).collect(),
+            };
+            push_bounded(&mut cell.rounds, round, HISTORY_ROUNDS);
+            let from = cell.breaker.state().name();
+            if let Some(to) = cell.breaker.probed(passed, now_ms) {
+                cell.since_ms = now_ms;
+                push_bounded(&mut cell.changes, Change { at_ms: now_ms, from, to: to.name() }, HISTORY_CHANGES);
+                transitions.push(Transition { cell: name.to_string(), from, to });
             }
         }
         transitions
@@ -149,12 +237,26 @@ impl CellBreakers {
 
     /// The cells whose breaker is not closed: the route counts them unhealthy.
     pub fn broken(&self) -> Vec<&str> {
-        self.cells.iter().filter(|(_, b)| !b.healthy()).map(|(c, _)| c.as_str()).collect()
+        self.cells.iter().filter(|(_, c)| !c.breaker.healthy()).map(|(name, _)| name.as_str()).collect()
     }
 
     /// Every configured cell's state, by name.
     pub fn states(&self) -> impl Iterator<Item = (&str, State)> {
-        self.cells.iter().map(|(c, b)| (c.as_str(), b.state()))
+        self.cells.iter().map(|(name, c)| (name.as_str(), c.breaker.state()))
+    }
+
+    /// Every configured cell's breaker and history, by name.
+    pub fn views(&self) -> Vec<CellView> {
+        self.cells
+            .iter()
+            .map(|(name, c)| CellView {
+                cell: name.clone(),
+                state: c.breaker.state(),
+                since_ms: c.since_ms,
+                rounds: c.rounds.iter().cloned().collect(),
+                changes: c.changes.iter().copied().collect(),
+            })
+            .collect()
     }
 }
 
@@ -162,6 +264,10 @@ impl CellBreakers {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    fn r<'a>(cell: &'a str, node: &'a str, passed: bool) -> Report<'a> {
+        Report { cell, node, passed }
+    }
 
     /// Feeds `(passed, at_ms)` probes; returns the state names after each.
     fn run(probes: &[(bool, u64)]) -> Vec<&'static str> {
@@ -225,22 +331,22 @@ mod tests {
 
     #[test]
     fn cells_are_fed_the_and_of_their_reports() {
-        let mut cells = CellBreakers::new(["eu", "us"]);
+        let mut cells = CellBreakers::new(["eu", "us"], 0);
         // eu: one node passes, one fails: the cell fails the round. us passes.
         for round in 0..2u64 {
-            let t = cells.round([("eu", true), ("us", true), ("eu", false)], round * 1000);
+            let t = cells.round([r("eu", "e1", true), r("us", "u1", true), r("eu", "e2", false)], round * 1000);
             assert_eq!(t, vec![], "round {round}");
         }
-        let t = cells.round([("eu", false), ("eu", true), ("us", true), ("mars", false)], 2000);
+        let t = cells.round([r("eu", "e2", false), r("eu", "e1", true), r("us", "u1", true), r("mars", "m1", false)], 2000);
         assert_eq!(t, vec![Transition { cell: "eu".into(), from: "closed", to: State::Open { since_ms: 2000 } }]);
         assert_eq!(cells.broken(), vec!["eu"]);
         // A round without a report of eu feeds it nothing; a cell nobody configured has no breaker.
-        assert_eq!(cells.round([("us", true), ("mars", false)], 20_000), vec![]);
+        assert_eq!(cells.round([r("us", "u1", true), r("mars", "m1", false)], 20_000), vec![]);
         assert_eq!(cells.states().map(|(c, _)| c).collect::<Vec<_>>(), vec!["eu", "us"]);
         // Recovery: every report passes, after the cool-down, CLOSE_AFTER rounds.
         let mut closed_at = None;
         for round in 0..CLOSE_AFTER as u64 {
-            for t in cells.round([("eu", true), ("eu", true)], 20_000 + round * 1000) {
+            for t in cells.round([r("eu", "e1", true), r("eu", "e2", true)], 20_000 + round * 1000) {
                 closed_at = (t.to == State::Closed { failures: 0 }).then_some(round);
             }
         }
@@ -248,20 +354,61 @@ mod tests {
         assert!(cells.broken().is_empty());
     }
 
+    #[test]
+    fn history_keeps_the_last_rounds_and_transitions_with_failed_nodes_named() {
+        let mut cells = CellBreakers::new(["eu", "us"], 5);
+        let view = |cells: &CellBreakers| cells.views().into_iter().find(|v| v.cell == "eu").expect("eu");
+        assert_eq!(view(&cells), CellView { cell: "eu".into(), state: State::Closed { failures: 0 }, since_ms: 5, rounds: vec![], changes: vec![] });
+        // A round: two nodes, one failed (reported twice, once passing: it failed).
+        cells.round([r("eu", "e2", false), r("eu", "e1", true), r("eu", "e2", true), r("us", "u1", true)], 1000);
+        let round = Round { at_ms: 1000, passed: false, reports: 2, failures: 1, failed: vec!["e2".into()] };
+        assert_eq!(view(&cells).rounds, vec![round]);
+        cells.round([r("eu", "e1", false)], 1500);
+        // Many failed nodes: counted, the first MAX_FAILED_NAMED named by name.
+        let names: Vec<String> = (0..12).map(|i| format!("n{i:02}")).collect();
+        cells.round(names.iter().rev().map(|n| r("eu", n, false)), 2000);
+        let last = view(&cells).rounds.pop().expect("a round");
+        assert_eq!((last.reports, last.failures, last.failed), (12, 12, names[..MAX_FAILED_NAMED].to_vec()));
+        let v = view(&cells);
+        assert_eq!((v.state, v.since_ms), (State::Open { since_ms: 2000 }, 2000), "opened by the third failed round");
+        assert_eq!(v.changes, vec![Change { at_ms: 2000, from: "closed", to: "open" }]);
+        // Bounded: only the last HISTORY_ROUNDS rounds and HISTORY_CHANGES transitions.
+        let mut now = 2000;
+        for _ in 0..30 {
+            now += COOL_DOWN_MS + 1;
+            cells.round([r("eu", "e1", true)], now); // half-open
+            cells.round([r("eu", "e1", false)], now + 1); // open again
+        }
+        let v = view(&cells);
+        assert_eq!(v.rounds.len(), HISTORY_ROUNDS);
+        assert_eq!(v.rounds.last().map(|r| (r.at_ms, r.passed)), Some((now + 1, false)), "newest last");
+        assert_eq!(v.changes.len(), HISTORY_CHANGES);
+        assert_eq!(v.changes.last(), Some(&Change { at_ms: now + 1, from: "half_open", to: "open" }));
+        assert_eq!(v.changes[0], Change { at_ms: now - 4 * (COOL_DOWN_MS + 1), from: "open", to: "half_open" }, "oldest kept: five cycles ago");
+        // A cell without reports has no rounds; us passed its one round.
+        let us = cells.views().into_iter().find(|v| v.cell == "us").expect("us");
+        assert_eq!(us.rounds.len(), 1);
+        assert!(us.rounds[0].passed && us.changes.is_empty());
+    }
+
     proptest! {
-        /// A round's answer ignores the order and repetition of its reports.
+        /// A round's answer, and the history it leaves, ignore the order and repetition
+        /// of its reports.
         #[test]
         fn rounds_ignore_report_order(
-            rounds in proptest::collection::vec(proptest::collection::vec((0usize..3, any::<bool>()), 0..8), 1..20),
+            rounds in proptest::collection::vec(proptest::collection::vec((0usize..3, 0usize..3, any::<bool>()), 0..8), 1..20),
         ) {
             let names = ["a", "b", "c"];
-            let (mut forward, mut backward) = (CellBreakers::new(names), CellBreakers::new(names));
+            let nodes = ["n1", "n2", "n3"];
+            let (mut forward, mut backward) = (CellBreakers::new(names, 0), CellBreakers::new(names, 0));
             for (i, reports) in rounds.iter().enumerate() {
                 let now = i as u64 * 4000;
-                let f = forward.round(reports.iter().map(|&(c, p)| (names[c], p)), now);
-                let b = backward.round(reports.iter().rev().chain(reports.iter()).map(|&(c, p)| (names[c], p)), now);
+                let report = |&(c, n, p): &(usize, usize, bool)| r(names[c], nodes[n], p);
+                let f = forward.round(reports.iter().map(report), now);
+                let b = backward.round(reports.iter().rev().chain(reports.iter()).map(report), now);
                 prop_assert_eq!(f, b);
             }
+            prop_assert_eq!(forward.views(), backward.views());
         }
 
         /// Never Closed straight from Open; opening needs OPEN_AFTER failures in a row;

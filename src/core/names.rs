@@ -15,6 +15,9 @@ pub const MAX_DEVICE_LEN: usize = 32;
 pub const MAX_EVENT_ID_LEN: usize = 128;
 /// Longest session id a client may name (the node makes 24 hex digits).
 pub const MAX_SESSION_LEN: usize = 64;
+/// Longest node name or cell (the configuration's `node`, `cell`, `cells` and `peers`,
+/// and what a peer announces).
+pub const MAX_NODE_NAME_LEN: usize = 64;
 
 #[derive(Debug, Error, PartialEq, Eq, Clone)]
 pub enum NameError {
@@ -28,6 +31,13 @@ pub enum NameError {
     BadEventId,
     #[error("session ids are 1 to 64 characters of A-Z a-z 0-9 _ . -")]
     BadSession,
+}
+
+/// A plain name: 1 to `max` characters of A-Z a-z 0-9 _ . - (no `:`, no `@`). The one
+/// rule for devices, session ids, node names and cells, wherever they come from (a
+/// client, the configuration, a peer); each caller names the thing in its own error.
+pub fn is_plain_name(name: &str, max: usize) -> bool {
+    (1..=max).contains(&name.len()) && name.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))
 }
 
 fn is_room_char(c: u8) -> bool {
@@ -50,9 +60,7 @@ pub fn check_user(user: &str) -> Result<(), NameError> {
 }
 
 pub fn check_device(device: &str) -> Result<(), NameError> {
-    let ok = (1..=MAX_DEVICE_LEN).contains(&device.len())
-        && device.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'));
-    ok.then_some(()).ok_or(NameError::BadDevice)
+    is_plain_name(device, MAX_DEVICE_LEN).then_some(()).ok_or(NameError::BadDevice)
 }
 
 pub fn check_event_id(id: &str) -> Result<(), NameError> {
@@ -63,9 +71,7 @@ pub fn check_event_id(id: &str) -> Result<(), NameError> {
 /// A session id a client names (`session=`, to resume it): it becomes a store key and, in
 /// cluster mode, part of a NATS subject, so it is short and plain.
 pub fn check_session(session: &str) -> Result<(), NameError> {
-    let ok = (1..=MAX_SESSION_LEN).contains(&session.len())
-        && session.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'));
-    ok.then_some(()).ok_or(NameError::BadSession)
+    is_plain_name(session, MAX_SESSION_LEN).then_some(()).ok_or(NameError::BadSession)
 }
 
 /// The inbox room of a user: `user:<id>`.
@@ -189,6 +195,38 @@ mod tests {
         assert!(check_event_id("e-9").is_ok());
         assert_eq!(check_event_id("has space"), Err(NameError::BadEventId));
         assert_eq!(check_event_id(""), Err(NameError::BadEventId));
+    }
+
+    #[test]
+    fn plain_names_one_rule() {
+        // (name, max, plain): the rule's edges, then each caller keeps its own bound and error.
+        let cases: &[(&str, usize, bool)] = &[
+            ("a", 1, true),
+            ("", 1, false),
+            ("ab", 1, false),
+            ("A-z_0.9", 7, true),
+            ("a:b", 8, false),
+            ("a@b", 8, false),
+            ("a b", 8, false),
+            ("é", 8, false),
+            ("a\0", 8, false),
+            ("star*", 8, false),
+        ];
+        for &(name, max, plain) in cases {
+            assert_eq!(is_plain_name(name, max), plain, "{name:?} max {max}");
+        }
+        for len in [0, 1, 32, 33, 64, 65] {
+            let name = "n".repeat(len);
+            let at_most = |max: usize| (1..=max).contains(&len);
+            assert_eq!(check_device(&name).is_ok(), at_most(MAX_DEVICE_LEN), "device of {len}");
+            assert_eq!(check_session(&name).is_ok(), at_most(MAX_SESSION_LEN), "session of {len}");
+            let node = super::super::peer_input::node_name("n", &name);
+            assert_eq!(node.is_ok(), at_most(MAX_NODE_NAME_LEN), "node of {len}");
+        }
+        assert_eq!(check_device("a.b"), Ok(()));
+        assert_eq!(check_session("a:b"), Err(NameError::BadSession));
+        assert_eq!(NameError::BadSession.to_string(), "session ids are 1 to 64 characters of A-Z a-z 0-9 _ . -");
+        assert_eq!(NameError::BadDevice.to_string(), "device names are 1 to 32 characters of A-Z a-z 0-9 _ . -");
     }
 
     #[test]

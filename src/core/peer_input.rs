@@ -24,7 +24,7 @@ pub const MAX_ORDER_BYTES: usize = 1024;
 /// Largest user command (a kick, an exclusive-device replacement) and kick answer.
 pub const MAX_USER_COMMAND_BYTES: usize = 512;
 /// Longest node name or cell (the configuration's rule for `node` and `cell`).
-pub const MAX_NODE_NAME_LEN: usize = 64;
+pub const MAX_NODE_NAME_LEN: usize = names::MAX_NODE_NAME_LEN;
 /// Longest node URL a peer may announce.
 pub const MAX_PEER_URL_LEN: usize = 256;
 /// Most connections one node is believed to hold (a heartbeat's `Lg-Connections`, a kick
@@ -77,8 +77,7 @@ pub fn fields<'a>(what: &'static str, text: &'a str, min: usize, max: usize, exp
 
 /// A node name or cell: `[A-Za-z0-9_.-]{1,64}`, as the configuration requires.
 pub fn node_name<'a>(what: &'static str, name: &'a str) -> Result<&'a str, PeerInputError> {
-    let ok = (1..=MAX_NODE_NAME_LEN).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-    ok.then_some(name).ok_or(PeerInputError::BadName(what))
+    names::is_plain_name(name, MAX_NODE_NAME_LEN).then_some(name).ok_or(PeerInputError::BadName(what))
 }
 
 /// A node's URL: `http://` or `https://`, a host, visible ASCII only (no space, no

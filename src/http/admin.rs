@@ -6,6 +6,10 @@
 //! (the page turns them into rates). Every part is read from memory: the registry's
 //! count, the rooms' load slots, the liveness actor's table, the metrics.
 //!
+//! `GET /v1/admin/cells` (cluster mode) answers each configured cell's breaker with its
+//! recent probe rounds and transitions, as the liveness router keeps them
+//! (`core::breaker::CellBreakers::views`); `livegate cells` prints it for an operator.
+//!
 //! `POST /v1/admin/rebalance` (issue 30, scale-out's controlled entry) plans a rebalance
 //! towards a node over the loads the heartbeats carry (`core::rebalance::plan`) and gives
 //! each shedding node its order (this node directly, the others through
@@ -21,6 +25,7 @@ use super::seams::OrderNotTaken;
 use crate::actors::rebalance::Shed;
 use crate::core::rebalance::{self, Load, Order};
 use crate::protocol::{self, ErrorCode, OverviewCell, OverviewCounters, OverviewNode, OverviewReply, OverviewRoom};
+use crate::protocol::{CellProbe, CellStatus, CellTransition, CellsReply};
 use crate::protocol::{RebalanceLoad, RebalancePlanReply, RebalanceShare, RebalanceStatusReply};
 use crate::world::{now_ms, random_hex};
 
@@ -75,6 +80,38 @@ pub async fn overview(req: HttpRequest, state: web::Data<AppState>) -> Result<Ht
         },
         cells,
     };
+    Ok(json(StatusCode::OK, protocol::to_json(&reply)))
+}
+
+/// `GET /v1/admin/cells`: the cells' breakers and their recent past; 409 `conflict`
+/// outside cluster mode, where no cell is probed.
+pub async fn cells(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    if state.router.placement_decides() {
+        return Err(api_error(ErrorCode::Conflict, "cells need cluster mode (cluster_nats_url): without it no cell is probed and no breaker kept"));
+    }
+    let cells = state
+        .router
+        .cell_views()
+        .into_iter()
+        .map(|view| CellStatus {
+            cell: view.cell,
+            breaker: view.state.name().to_string(),
+            since_ms: view.since_ms,
+            probes: view
+                .rounds
+                .into_iter()
+                .map(|r| CellProbe { at_ms: r.at_ms, passed: r.passed, reports: r.reports, failures: r.failures, failed: r.failed })
+                .collect(),
+            transitions: view
+                .changes
+                .into_iter()
+                .map(|c| CellTransition { at_ms: c.at_ms, from: c.from.to_string(), to: c.to.to_string() })
+                .collect(),
+        })
+        .collect();
+    let me = state.router.me();
+    let reply = CellsReply { node: me.name.clone(), cell: me.cell.clone(), ts_ms: now_ms(), cells };
     Ok(json(StatusCode::OK, protocol::to_json(&reply)))
 }
 

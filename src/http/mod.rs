@@ -17,7 +17,7 @@ use crate::actors::connection::{Connection, ConnectionSettings, Identity, Initia
 use crate::actors::messages::CredentialTimes;
 use crate::core::lifecycle::{Lifecycle, Phase};
 use crate::actors::directory::{Directory, DirectoryError, OpenSession, SessionOpener, SessionStore};
-use crate::actors::liveness::{LivenessActor, Router};
+use crate::actors::liveness::{LivenessActor, Router, Unroutable};
 use crate::actors::publish::{Publisher, SubmitError, Submission};
 use crate::actors::messages::Kick;
 use crate::actors::registry::Registry;
@@ -287,6 +287,7 @@ routes! {
     GET "/v1/admin/status" => status,
     POST "/v1/admin/reload" => reload,
     GET "/v1/admin/overview" => admin::overview,
+    GET "/v1/admin/cells" => admin::cells,
     POST "/v1/admin/rebalance" => admin::rebalance,
     GET "/v1/admin/rebalance" => admin::rebalance_status,
     GET "/admin" => admin::page,
@@ -787,7 +788,7 @@ fn directory_refusal(error: DirectoryError) -> (ApiError, bool) {
         }
         DirectoryError::Unavailable(why) => (api_error(ErrorCode::DirectoryUnavailable, why.to_string()), true),
         DirectoryError::Elsewhere { node, url } => (wrong_node(node, url), true),
-        DirectoryError::NoAliveNode(why) => (api_error(ErrorCode::NoAliveNode, why.to_string()), true),
+        DirectoryError::Unroutable(why) => (unroutable(&why), true),
         other => (internal(other), false),
     }
 }
@@ -1094,8 +1095,18 @@ async fn route(req: HttpRequest, query: web::Query<RouteQuery>, state: web::Data
             let reply = protocol::RouteReply { node: answer.node, url: answer.url, cell: answer.cell, home: answer.home };
             Ok(json(StatusCode::OK, protocol::to_json(&reply)))
         }
-        Err(none) => Err(api_error(ErrorCode::NoAliveNode, none.to_string())),
+        Err(none) => Err(unroutable(&none)),
     }
+}
+
+/// The router's refusal: 503 `no_healthy_cell` when cells are known and none is healthy,
+/// else 503 `no_alive_node`.
+fn unroutable(why: &Unroutable) -> ApiError {
+    let code = match why {
+        Unroutable::NoHealthyCell { .. } => ErrorCode::NoHealthyCell,
+        Unroutable::NoAliveNode(_) => ErrorCode::NoAliveNode,
+    };
+    api_error(code, why.to_string())
 }
 
 fn not_in_demo_mode() -> ApiError {

@@ -54,6 +54,52 @@ pub struct OverviewCell {
     pub breaker: &'static str,
 }
 
+/// `GET /v1/admin/cells` (cluster mode): each configured cell's breaker as this node
+/// sees it, with its recent probe rounds and transitions. Read back by `livegate cells`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct CellsReply {
+    pub node: String,
+    /// This node's cell.
+    pub cell: String,
+    /// This node's clock when it answered: the times below are on it.
+    pub ts_ms: u64,
+    pub cells: Vec<CellStatus>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct CellStatus {
+    pub cell: String,
+    /// `closed` (serves), `half_open` or `open`.
+    pub breaker: String,
+    /// When the breaker entered that state (its last transition, else this node's start).
+    pub since_ms: u64,
+    /// The rounds that fed the breaker, oldest first (at most 20).
+    pub probes: Vec<CellProbe>,
+    /// The breaker's transitions, oldest first (at most 10).
+    pub transitions: Vec<CellTransition>,
+}
+
+/// One round of a cell's probe reports: what its breaker was fed.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct CellProbe {
+    pub at_ms: u64,
+    /// Every node that reported passed.
+    pub passed: bool,
+    /// Nodes that reported.
+    pub reports: u32,
+    /// Nodes whose probe failed.
+    pub failures: u32,
+    /// The first 8 of them by name.
+    pub failed: Vec<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct CellTransition {
+    pub at_ms: u64,
+    pub from: String,
+    pub to: String,
+}
+
 #[derive(Debug, Serialize)]
 pub struct OverviewNode {
     pub node: String,

@@ -159,17 +159,21 @@ pub enum ErrorCode {
     /// The room's namespace keeps no presence (DESIGN §9).
     PresenceOff,
     /// The request cannot be done in the cluster's present state (a rebalance towards a
-    /// node that is not alive and taking connections, or outside cluster mode).
+    /// node that is not alive and taking connections, or a cluster-only admin request
+    /// outside cluster mode).
     Conflict,
     /// A cell the configuration does not list (`cells`), named by a token's claim or a
     /// route question.
     UnknownCell,
     /// Cells with their own NATS: the room's home cell did not answer a publish.
     RoomHomeUnavailable,
+    /// Cluster mode: no configured cell is healthy (each has no node that may serve, or
+    /// its breaker is not closed); the message names the user's home cell.
+    NoHealthyCell,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 26] = [
+    pub const ALL: [ErrorCode; 27] = [
         ErrorCode::BadRequest,
         ErrorCode::UnknownOp,
         ErrorCode::BadRoom,
@@ -196,6 +200,7 @@ impl ErrorCode {
         ErrorCode::Conflict,
         ErrorCode::UnknownCell,
         ErrorCode::RoomHomeUnavailable,
+        ErrorCode::NoHealthyCell,
     ];
 
     /// What the code tells a client or backend, in one line (the reference's text).
@@ -224,9 +229,10 @@ impl ErrorCode {
             ErrorCode::ForbiddenOrigin => "The browser's `Origin` is not one of allowed_origins.",
             ErrorCode::DirectoryUnavailable => "Cluster mode: the session directory (NATS) has been unreachable for directory_outage_secs; retry with the same credential.",
             ErrorCode::PresenceOff => "The room keeps no presence: an inbox, or a room whose namespace sets `presence = false`.",
-            ErrorCode::Conflict => "Not possible in the cluster's present state: a rebalance towards a node that is not alive and taking connections, or outside cluster mode.",
+            ErrorCode::Conflict => "Not possible in the cluster's present state: a rebalance towards a node that is not alive and taking connections, or a cluster-only admin request (rebalance, cells) outside cluster mode.",
             ErrorCode::UnknownCell => "The `cell` of a token request or a route question is not one of the configured cells (`cells`).",
             ErrorCode::RoomHomeUnavailable => "Cells with their own NATS (cluster_cell_domains): the room is homed in another cell (named in the message), which did not answer within a second; nothing was written. Retry with the same id.",
+            ErrorCode::NoHealthyCell => "Cluster mode: no configured cell is healthy (none has a node that may serve, or its breaker is open): `GET /v1/route` and new sessions are refused until one is; the message names the user's home cell.",
         }
     }
 
@@ -258,6 +264,7 @@ impl ErrorCode {
             ErrorCode::Conflict => "conflict",
             ErrorCode::UnknownCell => "unknown_cell",
             ErrorCode::RoomHomeUnavailable => "room_home_unavailable",
+            ErrorCode::NoHealthyCell => "no_healthy_cell",
         }
     }
 
@@ -282,6 +289,7 @@ impl ErrorCode {
             ErrorCode::Internal => 500,
             ErrorCode::Unavailable
             | ErrorCode::NoAliveNode
+            | ErrorCode::NoHealthyCell
             | ErrorCode::TooManyConnections
             | ErrorCode::DirectoryUnavailable
             | ErrorCode::RoomHomeUnavailable => 503,
@@ -325,6 +333,7 @@ mod tests {
             (ErrorCode::Internal, 500),
             (ErrorCode::Unavailable, 503),
             (ErrorCode::NoAliveNode, 503),
+            (ErrorCode::NoHealthyCell, 503),
             (ErrorCode::TooManyConnections, 503),
             (ErrorCode::DirectoryUnavailable, 503),
         ];

@@ -11,6 +11,11 @@
 // Screenshots at 1280x800 and 375x800 go to tests/e2e/screenshots/ (gitignored), with no
 // horizontal scroll at either width; axe-core (WCAG 2.0/2.1 A and AA) finds no violation
 // logged out, logged in, and at the phone width.
+//
+// In cluster mode (two nodes, cells east and west, on a nats-server) the page shows one
+// row per configured cell with its breaker and its probe rounds as marks; when NATS goes
+// away, the node's own cell fails its probes and its row shows the breaker open and the
+// failed rounds (admin-cells-1280.png), with no axe violation.
 
 import assert from 'node:assert/strict';
 import { mkdirSync } from 'node:fs';
@@ -20,6 +25,7 @@ import { createRequire } from 'node:module';
 
 import { API_KEY, REPO, api, letTimePass, mintToken, startServer, tempDir, waitFor } from '../js/support/server.mjs';
 import { MiniWebSocket } from '../js/support/mini-websocket.mjs';
+import { startCluster, startNats } from '../js/support/nodes.mjs';
 import { cleanup, launchBrowser, resize } from './support.mjs';
 
 const SCREENSHOTS = path.join(REPO, 'tests/e2e/screenshots');
@@ -161,6 +167,7 @@ test('the admin page: login, live rooms, publish box, no key in URL or localStor
   await page.locator(`#nodes tbody tr[data-node="${NODE}"]`).waitFor({ timeout: 5000 });
   assert.match(await page.locator('#nodes tbody tr').first().textContent(), new RegExp(`${NODE} \\(this node\\)\\s*ready`));
   assert.equal(await page.locator('#nodes tbody tr').count(), 1, 'one node: this one');
+  assert.equal(await page.locator('#cells tbody tr').textContent(), 'Not in cluster mode.', 'one node: no cells');
   assert.equal(await page.getByRole('button', { name: 'Log out' }).isVisible(), true);
 
   // 4. A real WebSocket subscriber: its room appears with 1 subscriber.
@@ -255,4 +262,63 @@ test('the admin page: login, live rooms, publish box, no key in URL or localStor
 
   assert.deepEqual(pageErrors, [], 'no uncaught errors in the page');
   viewer.close();
+});
+
+/** The cells table as the page shows it: { cell: { breaker, probes, text } }. */
+const cellRows = (page) =>
+  page.evaluate(() => Object.fromEntries([...document.querySelectorAll('#cells tbody tr')]
+    .filter((tr) => tr.dataset.cell)
+    .map((tr) => [tr.dataset.cell, { breaker: tr.dataset.breaker, probes: tr.cells[3].dataset.probes ?? '', text: tr.textContent }])));
+
+test('the admin page in cluster mode: a row per configured cell with its breaker and probe rounds', { timeout: 90_000 }, async (t) => {
+  const nats = await startNats();
+  cleanup(() => nats.stop());
+  const cellOf = { a: 'east', b: 'west' };
+  const cluster = await startCluster({ nats, names: ['a', 'b'], args: ['--cells', 'east,west'], argsOf: (name) => ['--cell', cellOf[name]] });
+  cleanup(() => cluster.stop());
+  const { a } = cluster.nodes;
+  const profile = tempDir('livegate-admin-cells-chromium-');
+  cleanup(() => profile.remove());
+  const context = await launchBrowser(profile.dir, { viewport: { width: 1280, height: 800 } });
+  const page = await context.newPage();
+  const pageErrors = [];
+  page.on('pageerror', (error) => pageErrors.push(String(error)));
+
+  await page.goto(`${a.url}/admin`, { waitUntil: 'load', timeout: 10_000 });
+  const keyField = page.getByLabel('API key', { exact: true });
+  await keyField.fill(API_KEY);
+  await keyField.press('Enter');
+  await page.locator('#dashboard').waitFor({ state: 'visible', timeout: 5000 });
+
+  // Both cells closed, their probe rounds passing (east: a's reports, west: b's).
+  let rows;
+  await waitFor(async () => {
+    rows = await cellRows(page);
+    return ['east', 'west'].every((c) => rows[c]?.breaker === 'closed' && /^✓{3,}$/.test(rows[c].probes));
+  }, 'both cells closed with passing rounds', 15_000, 100).catch(() => assert.fail(`the cells table: ${JSON.stringify(rows)}`));
+  assert.deepEqual(Object.keys(rows), ['east', 'west'], 'one row per configured cell, by name');
+  assert.match(rows.east.text, /^east\s*closed/);
+  assert.deepEqual(await axe(page), [], 'axe: no WCAG A/AA violation with the cells shown');
+
+  // NATS goes away: a's probes of east fail, so east's breaker opens and its last rounds
+  // are failures; nobody reports for west any more, so its breaker is fed nothing.
+  await nats.stop();
+  await waitFor(async () => {
+    rows = await cellRows(page);
+    return rows.east?.breaker === 'open' && rows.east.probes.endsWith('✗✗✗');
+  }, 'east open after failed rounds', 15_000, 100).catch(() => assert.fail(`the cells table: ${JSON.stringify(rows)}`));
+  t.diagnostic(`east: ${rows.east.probes}; west: ${rows.west.probes} (${rows.west.breaker})`);
+  assert.equal(rows.west.breaker, 'closed', 'west was fed no failure');
+  assert.match(rows.east.text, /open/);
+  assert.equal(await page.locator('#cells tbody tr[data-cell="east"] .pill').textContent(), 'open');
+  mkdirSync(SCREENSHOTS, { recursive: true });
+  await noSideScroll(page, 1280);
+  assert.deepEqual(await axe(page), [], 'axe: no WCAG A/AA violation with a breaker open');
+  const shot = path.join(SCREENSHOTS, 'admin-cells-1280.png');
+  await page.locator('#cells').screenshot({ path: shot });
+  t.diagnostic(`screenshot: ${shot}`);
+  await resize(page, 375, 800);
+  await noSideScroll(page, 375);
+  assert.deepEqual(await axe(page), [], 'axe: no WCAG A/AA violation at 375 px with the cells shown');
+  assert.deepEqual(pageErrors, [], 'no uncaught errors in the page');
 });

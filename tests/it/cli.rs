@@ -1,7 +1,7 @@
 //! The `livegate` binary as a user runs it: `serve` in a child process, and the client
 //! commands `token`, `publish` and `subscribe` against it, across a server restart;
 //! `state` and `presence` print the server's GET answers (these need the state and
-//! presence server branches of issue 19).
+//! presence server branches of issue 19); `cells` outside cluster mode says it needs it.
 //!
 //! Every wait has a deadline and every child process is killed when its handle drops,
 //! so a misbehaving binary fails a test instead of hanging it.
@@ -459,4 +459,20 @@ fn state_and_presence_failures_exit_non_zero_with_the_servers_error() {
     let ran = run(&["state", "lobby", "--api-key", "some-key-0123456789", "--url", "http://127.0.0.1:9"]);
     assert_eq!(ran.status.code(), Some(1));
     assert!(ran.stderr.starts_with("livegate: cannot reach livegate at http://127.0.0.1:9"), "{}", ran.stderr);
+}
+
+/// `cells` asks a node how it sees the cells; outside cluster mode the node probes none
+/// and the command says so in one line (tests/it/cluster/cells.rs runs it on a cluster).
+#[test]
+fn cells_outside_cluster_mode_exits_non_zero_with_the_servers_conflict() {
+    let _gate = crate::common::gate!();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path();
+    let server = Server::start(data, 0);
+    let ran = client_ran(&server, data, &["cells"]);
+    assert_eq!(ran.status.code(), Some(1), "{}", ran.stderr);
+    assert_eq!(ran.stdout, "", "nothing on stdout");
+    assert_eq!(ran.stderr.lines().count(), 1, "one line: {}", ran.stderr);
+    assert!(ran.stderr.starts_with("livegate: GET /v1/admin/cells: server answered 409 conflict"), "{}", ran.stderr);
+    assert!(ran.stderr.contains("cluster mode"), "{}", ran.stderr);
 }

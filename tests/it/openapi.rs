@@ -252,12 +252,12 @@ fn every_route_in_the_table_reaches_a_handler() {
 }
 
 /// One real answer, as check_answers.py reads it.
-fn answer(method: &str, template: &str, (status, content_type, text): (u16, String, String)) -> Value {
+pub(crate) fn answer(method: &str, template: &str, (status, content_type, text): (u16, String, String)) -> Value {
     let body = serde_json::from_str::<Value>(&text).ok();
     json!({"method": method, "path": template, "status": status, "content_type": content_type, "body": body})
 }
 
-fn check_answers(doc: &Value, answers: &[Value], dir: &Path, name: &str) -> (bool, String) {
+pub(crate) fn check_answers(doc: &Value, answers: &[Value], dir: &Path, name: &str) -> (bool, String) {
     let doc_file = dir.join(format!("{name}-openapi.json"));
     let answers_file = dir.join(format!("{name}-answers.json"));
     std::fs::write(&doc_file, serde_json::to_vec(doc).unwrap()).unwrap();
@@ -373,6 +373,9 @@ async fn real_answers_match_the_documented_responses() {
     add("GET", "/v1/admin/rebalance", "/v1/admin/rebalance", false, None);
     add("POST", "/v1/admin/rebalance", "/v1/admin/rebalance", true, Some(json!({})));
     add("POST", "/v1/admin/rebalance", "/v1/admin/rebalance", true, Some(json!({"per_second": 0})));
+    // A single node probes no cell: 409 conflict (tests/it/cluster/cells.rs checks the 200).
+    add("GET", "/v1/admin/cells", "/v1/admin/cells", true, None);
+    add("GET", "/v1/admin/cells", "/v1/admin/cells", false, None);
     add("GET", "/v1/echo", "/v1/echo", false, None);
 
     // An SSE stream that opens: its first bytes, with the documented media type.
@@ -385,7 +388,7 @@ async fn real_answers_match_the_documented_responses() {
     // The token, publish and history answers above were real successes (not all errors).
     let statuses: BTreeSet<(String, u64)> =
         answers.iter().map(|a| (a["path"].as_str().unwrap().to_string(), a["status"].as_u64().unwrap())).collect();
-    for expected in [("/v1/tokens", 201), (events, 201), (events, 200), (state, 200), (presence, 200), (messages, 201), (kick, 200), ("/v1/admin/overview", 200), ("/admin", 200), ("/v1/admin/rebalance", 409), ("/v1/admin/rebalance", 400)] {
+    for expected in [("/v1/tokens", 201), (events, 201), (events, 200), (state, 200), (presence, 200), (messages, 201), (kick, 200), ("/v1/admin/overview", 200), ("/admin", 200), ("/v1/admin/rebalance", 409), ("/v1/admin/rebalance", 400), ("/v1/admin/cells", 409)] {
         assert!(statuses.contains(&(expected.0.to_string(), expected.1)), "no {expected:?} among the answers: {statuses:?}");
     }
 

@@ -44,7 +44,7 @@ use futures_util::future::LocalBoxFuture;
 use lru::LruCache;
 use parking_lot::Mutex;
 
-use super::liveness::Router;
+use super::liveness::{Router, Unroutable};
 use crate::cluster::ClusterError;
 use crate::core::sessions::{check_migration_budget, plan_session, BudgetError, SessionPlan, SessionView, VersionError};
 use crate::metrics::Metrics;
@@ -143,8 +143,9 @@ pub enum DirectoryError {
     /// The session is served by another live node: the client goes there.
     #[error("session served by node {node} ({url})")]
     Elsewhere { node: String, url: String },
+    /// No node can serve the session: none alive, or no cell healthy.
     #[error("no node can serve the session: {0}")]
-    NoAliveNode(#[source] super::liveness::NoAliveNode),
+    Unroutable(#[source] Unroutable),
     /// Cluster mode: NATS has been unreachable too long to hand out new sessions.
     #[error("{0}")]
     Unavailable(#[source] Arc<ClusterError>),
@@ -665,7 +666,7 @@ impl Shared {
         let routed = self
             .router
             .route(session, &msg.user, msg.cell.as_deref(), owner, msg.avoid.as_deref())
-            .map_err(DirectoryError::NoAliveNode)?;
+            .map_err(DirectoryError::Unroutable)?;
         if routed.node != self.node {
             self.metrics.handshakes_redirected.inc();
             tracing::debug!(session, user = %msg.user, to = %routed.node, "handshake sent to the session's node");
@@ -687,9 +688,12 @@ impl Shared {
             return Ok(Move::Free);
         }
         let inbox = crate::core::names::inbox_room(&msg.user);
-        // No answer (every node avoided, say): this node serves rather than nobody.
-        let Ok(routed) = self.router.route(&inbox, &msg.user, msg.cell.as_deref(), None, msg.avoid.as_deref()) else {
-            return Ok(Move::Free);
+        let routed = match self.router.route(&inbox, &msg.user, msg.cell.as_deref(), None, msg.avoid.as_deref()) {
+            Ok(routed) => routed,
+            // No cell is healthy, this node's included: refused, as the route answers.
+            Err(refusal @ Unroutable::NoHealthyCell { .. }) => return Err(DirectoryError::Unroutable(refusal)),
+            // No node (every one avoided, say): this node serves rather than nobody.
+            Err(Unroutable::NoAliveNode(_)) => return Ok(Move::Free),
         };
         if routed.cell == self.router.me().cell {
             return Ok(Move::Free);

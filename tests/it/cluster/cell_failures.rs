@@ -262,22 +262,19 @@ fn a_cut_between_cells_leaves_each_serving_its_own_and_cross_cell_publishes_fail
             }
         }
     }
-    let mirrors = rt.block_on(async {
-        let head_b = stream_last_seq(&cells.nats[1].url(), "b", "LG_ROOMS").await;
-        let head_a = stream_last_seq(&cells.nats[0].url(), "a", "LG_ROOMS").await;
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let in_a = stream_last_seq(&cells.nats[0].url(), "a", "LG_ROOMS_b").await;
-            let in_b = stream_last_seq(&cells.nats[1].url(), "b", "LG_ROOMS_a").await;
-            if (in_a, in_b) == (head_b, head_a) || Instant::now() > deadline {
-                return ((in_a, head_b), (in_b, head_a));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+    let head_b = rt.block_on(stream_last_seq(&cells.nats[1].url(), "b", "LG_ROOMS"));
+    let head_a = rt.block_on(stream_last_seq(&cells.nats[0].url(), "a", "LG_ROOMS"));
+    let mut mirrors = (None, None);
+    let caught_up = wait_until_every(Duration::from_secs(120), Duration::from_millis(100), || {
+        mirrors = (
+            rt.block_on(stream_last_seq(&cells.nats[0].url(), "a", "LG_ROOMS_b")),
+            rt.block_on(stream_last_seq(&cells.nats[1].url(), "b", "LG_ROOMS_a")),
+        );
+        mirrors == (head_b, head_a)
     });
     let mirrored = healed_at.elapsed();
-    if mirrors.0 .0 != mirrors.0 .1 || mirrors.1 .0 != mirrors.1 .1 {
-        failures.push(format!("mirrors not caught up 120 s after the heal: (a's mirror of b, b's head) {:?}, (b's mirror of a, a's head) {:?}", mirrors.0, mirrors.1));
+    if !caught_up {
+        failures.push(format!("mirrors not caught up 120 s after the heal: (a's mirror of b, b's mirror of a) {mirrors:?}, heads (b, a) {:?}", (head_b, head_a)));
     }
 
     for (node, ws) in [(0, &mut ws_a), (2, &mut ws_b)] {

@@ -207,6 +207,41 @@ pub(super) async fn drop_filler(url: &str) {
     async_nats::jetstream::new(client).delete_stream("FILL").await.expect("delete the filler stream");
 }
 
+/// `livegate cells --url URL --api-key KEY` run as an operator runs it, against node `i`:
+/// (exit status 0, stdout, stderr). Bounded: killed after 30 s.
+fn livegate_cells(cluster: &Cluster, i: usize) -> (bool, String, String) {
+    use std::io::Read;
+    let mut cmd = std::process::Command::new(common::livegate_bin());
+    // The test's own LIVEGATE_* variables are no configuration keys of the command's.
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("LIVEGATE_") {
+            cmd.env_remove(name);
+        }
+    }
+    let url = format!("http://{}", cluster.addr(i));
+    cmd.args(["cells", "--url", &url, "--api-key", common::API_KEY]).env("RUST_LOG", "warn").stdin(std::process::Stdio::null());
+    cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("run livegate cells");
+    let status = wait_for_every(Duration::from_secs(30), Duration::from_millis(20), || child.try_wait().expect("try_wait"));
+    let Some(status) = status else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("livegate cells against node {i} did not exit within 30 s");
+    };
+    let (mut out, mut err) = (String::new(), String::new());
+    child.stdout.take().expect("stdout").read_to_string(&mut out).expect("read stdout");
+    child.stderr.take().expect("stderr").read_to_string(&mut err).expect("read stderr");
+    (status.success(), out, err)
+}
+
+/// The block `livegate cells` printed for `cell`: its header line and the indented lines
+/// under it.
+fn cell_block(out: &str, cell: &str) -> String {
+    let mut lines = out.lines().skip_while(|l| !l.starts_with(&format!("{cell}  ")));
+    let header = lines.next().unwrap_or_default();
+    std::iter::once(header).chain(lines.take_while(|l| l.starts_with(' '))).collect::<Vec<_>>().join("\n")
+}
+
 /// The seed's incident, staged on the one NATS the test has: the processes are up, the
 /// ports answer, heartbeats flow, but JetStream cannot write (its store is full). Each
 /// node's probe (a KV put and read of its own key) fails, so each cell's breaker opens
@@ -214,7 +249,9 @@ pub(super) async fn drop_filler(url: &str) {
 /// to a cell that cannot serve them; once the store has room again, the breakers close
 /// only after the cool-down and three passes, and the route sends users home again.
 /// Both cells share the NATS here, so both open: one NATS per cell (users moving to the
-/// live cell) is the next step.
+/// live cell) is the next step. The drill's view: `livegate cells` run against a node
+/// shows west's breaker open with its failed rounds (and b, the node that failed them),
+/// then closed after the trial, and `GET /v1/admin/cells` answers as openapi.json says.
 #[test]
 fn a_cell_whose_store_cannot_write_opens_its_breaker_and_closes_after_the_cool_down() {
     let _gate = crate::common::gate!();
@@ -245,14 +282,46 @@ fn a_cell_whose_store_cannot_write_opens_its_breaker_and_closes_after_the_cool_d
     let to_open = full_at.elapsed();
     assert!(opened, "breakers still {:?} {:?} 10 s after the store filled ({filled} messages)", state("east"), state("west"));
     assert!(to_open < Duration::from_secs(5), "opened {to_open:?} after the store filled: more than 5 s");
-    let refused = route_answer(&http, &query);
-    assert!(refused.as_ref().is_err_and(|e| e.starts_with("503") && e.contains("no healthy cell")), "route while every breaker is open: {refused:?}");
+    // Its own code, naming the home cell (never an empty name), on the route and on a
+    // handshake that would open a new session.
+    let (status, body) = http.request("GET", &format!("/v1/route?{query}"), Auth::Key, Body::None);
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!((status, error_code(&body)), (503, "no_healthy_cell"), "route while every breaker is open: {body}");
+    assert_eq!(message, "no healthy cell (the user's home cell is west)", "{body}");
+    let token = http.mint_token(&user, "web");
+    match rt.block_on(WsClient::try_connect(cluster.addr(0), Some(&token), None)) {
+        Err(r) if r.status == 503 && error_code(&r.body) == "no_healthy_cell" => {}
+        Err(r) => panic!("a handshake while every breaker is open: {} {}, expected 503 no_healthy_cell", r.status, r.body),
+        Ok(ws) => panic!("a handshake while every breaker is open was served: {}", ws.welcome),
+    }
     let transitions = http.metric(r#"livegate_cell_breaker_transitions_total{cell="west",to="open"}"#);
     assert_eq!(transitions, Some(1.0), "one transition to open counted");
     assert!(http.metric(r#"livegate_cell_probes_total{outcome="failed"}"#).unwrap_or(0.0) >= 3.0, "failed probes counted");
     let (status, overview) = http.request("GET", "/v1/admin/overview", Auth::Key, Body::None);
     assert_eq!(status, 200, "{overview}");
     assert_eq!(overview["cells"], serde_json::json!([{"cell": "east", "breaker": "open"}, {"cell": "west", "breaker": "open"}]), "the admin overview's cells");
+    // The drill's view from a: west open, its last rounds failed by b, the transition.
+    let (ok, out, err) = livegate_cells(&cluster, 0);
+    assert!(ok, "livegate cells failed: {err}");
+    assert!(out.starts_with("cells as node a (cell east) sees them:\n"), "{out}");
+    let west = cell_block(&out, "west");
+    assert!(west.starts_with("west  open for "), "west's block while the store is full:\n{out}");
+    let probes = west.lines().find(|l| l.trim_start().starts_with("probes")).unwrap_or_default();
+    assert!(probes.contains("✗✗✗") && probes.contains("nodes failed (b)"), "west's probe line shows the failed rounds and b:\n{out}");
+    assert!(west.contains("closed → open"), "west's transition:\n{out}");
+    assert!(cell_block(&out, "east").starts_with("east  open for "), "east's block:\n{out}");
+    eprintln!("livegate cells while the store is full:\n{out}");
+    // The same, as JSON, is what openapi.json documents.
+    let (status, cells_body) = http.request("GET", "/v1/admin/cells", Auth::Key, Body::None);
+    assert_eq!(status, 200, "{cells_body}");
+    let west_json = &cells_body["cells"][1];
+    assert_eq!((west_json["cell"].as_str(), west_json["breaker"].as_str()), (Some("west"), Some("open")), "{cells_body}");
+    assert!(west_json["probes"].as_array().is_some_and(|p| p.len() <= 20 && p.iter().rev().take(3).all(|r| r["passed"] == false && r["failed"] == serde_json::json!(["b"]))), "{cells_body}");
+    let (_, doc) = http.request("GET", "/openapi.json", Auth::None, Body::None);
+    let documented = crate::openapi::answer("GET", "/v1/admin/cells", (200, "application/json".into(), cells_body.to_string()));
+    let dir = tempfile::tempdir().expect("a scratch dir");
+    let (valid, report) = crate::openapi::check_answers(&doc, &[documented], dir.path(), "cells");
+    assert!(valid, "GET /v1/admin/cells does not match openapi.json:\n{report}");
 
     rt.block_on(drop_filler(&cluster.nats.url()));
     let freed_at = Instant::now();
@@ -263,5 +332,20 @@ fn a_cell_whose_store_cannot_write_opens_its_breaker_and_closes_after_the_cool_d
     assert!(full_at.elapsed() >= Duration::from_millis(livegate::core::breaker::COOL_DOWN_MS), "closed before the cool-down");
     let home = wait_until_every(Duration::from_secs(5), Duration::from_millis(50), || route_answer(&http, &query) == answer("b", "west", "west"));
     assert!(home, "the user is not routed home again: {:?}", route_answer(&http, &query));
+    // The drill's view after the recovery, from a (whose breakers the test watched close;
+    // b's may be a round behind): closed, after the trial, the last rounds passing.
+    let (ok, out, err) = livegate_cells(&cluster, 0);
+    assert!(ok, "livegate cells failed: {err}");
+    let west = cell_block(&out, "west");
+    assert!(west.starts_with("west  closed for "), "west's block once recovered:\n{out}");
+    assert!(west.contains("open → half_open") && west.contains("half_open → closed"), "west's trial in its transitions:\n{out}");
+    let probes = west.lines().find(|l| l.trim_start().starts_with("probes")).unwrap_or_default();
+    assert!(probes.contains("✓✓✓  ("), "west's probe line ends with the passes that closed it:\n{out}");
+    eprintln!("livegate cells after the recovery:\n{out}");
+    // The refused handshake gave its token back: it opens the session at home now.
+    match rt.block_on(WsClient::try_connect(cluster.addr(1), Some(&token), None)) {
+        Ok(ws) => rt.block_on(ws.close()),
+        Err(r) => panic!("the refused token on b once the breakers closed: {} {}", r.status, r.body),
+    }
     eprintln!("breaker: store full after {filled} messages; opened in {to_open:?}; closed {to_close:?} after the store was freed");
 }

@@ -61,14 +61,15 @@ export async function startNats() {
 /**
  * Starts livegate nodes named `names` in cluster mode on `nats` (heartbeats every 100 ms),
  * each with its own data dir. `publicUrls[name]`: the URL clients are told for that node
- * (default: its listening address). Resolves once every node sees every other one ready.
+ * (default: its listening address); `argsOf(name)`: flags of that node alone (its `--cell`,
+ * say). Resolves once every node sees every other one ready.
  */
-export async function startCluster({ nats, names, publicUrls = {}, args = [] }) {
+export async function startCluster({ nats, names, publicUrls = {}, args = [], argsOf = () => [] }) {
   const nodes = {};
   for (const name of names) {
     const data = tempDir(`livegate-js-${name}-`);
     const port = await freePort();
-    const extra = ['--node', name, '--cluster-nats-url', nats.url, '--cluster-heartbeat-ms', '100', ...args];
+    const extra = ['--node', name, '--cluster-nats-url', nats.url, '--cluster-heartbeat-ms', '100', ...args, ...argsOf(name)];
     if (publicUrls[name]) extra.push('--public-url', publicUrls[name]);
     const server = await startServer({ dataDir: data.dir, port, args: extra });
     nodes[name] = { ...server, name, data };
