@@ -37,6 +37,7 @@
 //! [`rolling_release`] (the seed's incident: 200
 //! livegate.js clients behind a balancer).
 
+mod cell_nats;
 mod cells;
 mod chaos;
 mod fanout;

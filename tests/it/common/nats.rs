@@ -83,9 +83,46 @@ pub struct NatsServer {
     pub log: PathBuf,
     dir: PathBuf,
     starts: usize,
+    /// A cell's server ([`NatsServer::start_cell`]): where it accepts leaf node
+    /// connections and serves its monitoring endpoint (`/leafz`, `/jsz`).
+    pub cell: Option<CellPorts>,
     /// Owned only when the server made its own directory.
     _own: Option<TempDir>,
 }
+
+/// The ports of a cell's nats-server besides its client port.
+#[derive(Clone, Copy, Debug)]
+pub struct CellPorts {
+    pub leaf: u16,
+    pub monitor: u16,
+}
+
+/// A cell's nats-server settings besides its domain and leaf remote
+/// ([`NatsServer::start_cell`]).
+#[derive(Clone, Debug)]
+pub struct CellNatsConfig {
+    /// `jetstream { max_file_store }` (`"8MB"`): a store that can be filled.
+    pub max_file_store: Option<String>,
+    /// The server's `ping_interval`, which is also the leaf connection's: nats-server
+    /// 2.15 has no per-remote ping interval (`remotes = [{ping_interval}]` is refused as
+    /// an unknown field). With [`ping_max`](Self::ping_max) it bounds how long a silent
+    /// cut keeps a dead leaf connection (the default 2 minutes × 2 would keep it minutes).
+    pub ping_interval: String,
+    pub ping_max: u32,
+    /// More configuration, appended at the top level as it is.
+    pub extra: String,
+}
+
+impl Default for CellNatsConfig {
+    fn default() -> CellNatsConfig {
+        CellNatsConfig { max_file_store: None, ping_interval: CELL_PING_INTERVAL.to_string(), ping_max: CELL_PING_MAX, extra: String::new() }
+    }
+}
+
+/// The cells' server `ping_interval` and `ping_max` ([`CellNatsConfig`]): a silent cut of
+/// the leaf is noticed within about `ping_interval × (ping_max + 1)`.
+pub const CELL_PING_INTERVAL: &str = "1s";
+pub const CELL_PING_MAX: u32 = 2;
 
 impl NatsServer {
     /// Starts a server in a temporary directory of its own.
@@ -132,6 +169,7 @@ impl NatsServer {
                 log: PathBuf::new(),
                 dir: dir.to_path_buf(),
                 starts: 0,
+                cell: None,
                 _own: None,
             };
             match server.spawn() {
@@ -140,6 +178,71 @@ impl NatsServer {
             }
         }
         panic!("nats-server did not start (3 attempts): {last_error}");
+    }
+
+    /// A cell's server: the current nats-server ([`current_nats_server`]) named
+    /// `cell-DOMAIN`, with JetStream in domain `domain`, its store, configuration and logs
+    /// under `dir`, accepting leaf node connections on a port of its own and, when
+    /// `leaf_remote` names one (`nats-leaf://HOST:PORT`, another cell's leaf port or a
+    /// proxy in front of it), connecting to it as a leaf node. Returns once the server is
+    /// ready (not once the leaf is up: see [`leaf_connections`](Self::leaf_connections)).
+    /// A restart keeps the ports, the configuration and the store.
+    pub fn start_cell(dir: &Path, domain: &str, leaf_remote: Option<&str>, config: &CellNatsConfig) -> NatsServer {
+        let binary = current_nats_server();
+        let store = dir.join("store");
+        std::fs::create_dir_all(&store).expect("create the cell's NATS store dir");
+        let path = dir.join("nats.conf");
+        let mut last_error = String::new();
+        for _ in 0..3 {
+            let ports = CellPorts { leaf: free_port(), monitor: free_port() };
+            std::fs::write(&path, cell_config(domain, ports, leaf_remote, config)).expect("write the cell's NATS config");
+            let mut server = NatsServer {
+                child: None,
+                binary: binary.clone(),
+                args: vec!["-c".to_string(), path.to_str().expect("a UTF-8 path").to_string()],
+                env: Vec::new(),
+                port: free_port(),
+                store: store.clone(),
+                log: PathBuf::new(),
+                dir: dir.to_path_buf(),
+                starts: 0,
+                cell: Some(ports),
+                _own: None,
+            };
+            match server.spawn() {
+                Ok(()) => return server,
+                Err(e) => last_error = e,
+            }
+        }
+        panic!("the nats-server of cell {domain} did not start (3 attempts): {last_error}");
+    }
+
+    fn cell_ports(&self) -> CellPorts {
+        self.cell.unwrap_or_else(|| panic!("the nats-server on {} is not a cell's (start_cell)", self.port))
+    }
+
+    /// Where a cell's server accepts leaf node connections.
+    pub fn leaf_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.cell_ports().leaf))
+    }
+
+    /// `nats-leaf://127.0.0.1:LEAFPORT`, a cell's leaf port as a remote names it.
+    pub fn leaf_url(&self) -> String {
+        format!("nats-leaf://{}", self.leaf_addr())
+    }
+
+    /// `GET /PATH` on a cell's server's monitoring endpoint (`leafz`, `jsz`, `varz`).
+    pub fn monitor(&self, path: &str) -> Result<serde_json::Value, String> {
+        let url = format!("http://127.0.0.1:{}/{path}", self.cell_ports().monitor);
+        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(2)).build();
+        let response = agent.get(&url).call().map_err(|e| format!("GET {url}: {e}"))?;
+        response.into_json().map_err(|e| format!("GET {url}: {e}"))
+    }
+
+    /// How many leaf node connections the server has (either way), per its `/leafz`; 0
+    /// when it does not answer.
+    pub fn leaf_connections(&self) -> usize {
+        self.monitor("leafz").ok().and_then(|v| v["leafnodes"].as_u64()).unwrap_or(0) as usize
     }
 
     fn spawn(&mut self) -> Result<(), String> {
@@ -219,6 +322,25 @@ impl NatsServer {
     }
 }
 
+/// A cell's nats-server configuration: see [`NatsServer::start_cell`]. The store dir is
+/// the command line's (`-sd`): nats-server refuses a second `store_dir`. The remote
+/// ignores discovered servers: the hub advertises its own leaf address, and a remote
+/// that learned it reconnects there directly after a heal, around the proxy a test cuts.
+fn cell_config(domain: &str, ports: CellPorts, leaf_remote: Option<&str>, config: &CellNatsConfig) -> String {
+    let max_file_store = config.max_file_store.as_ref().map(|m| format!("\n  max_file_store: {m}")).unwrap_or_default();
+    let remotes = leaf_remote.map(|url| format!("\n  remotes = [ {{ url: \"{url}\", ignore_discovered_servers: true }} ]")).unwrap_or_default();
+    format!(
+        "server_name: \"cell-{domain}\"\nhttp: \"127.0.0.1:{monitor}\"\nping_interval: \"{ping}\"\nping_max: {ping_max}\n\
+         jetstream {{\n  domain: \"{domain}\"{max_file_store}\n}}\n\
+         leafnodes {{\n  host: 127.0.0.1\n  port: {leaf}{remotes}\n}}\n{extra}\n",
+        monitor = ports.monitor,
+        ping = config.ping_interval,
+        ping_max = config.ping_max,
+        leaf = ports.leaf,
+        extra = config.extra,
+    )
+}
+
 impl Drop for NatsServer {
     fn drop(&mut self) {
         self.kill9();
@@ -267,7 +389,7 @@ impl NatsCluster {
                 .into_iter()
                 .chain(more.iter().map(|a| a.to_string()))
                 .collect();
-                NatsServer { child: None, binary: binary.clone(), args, env: Vec::new(), port: ports[k].0, store, log: PathBuf::new(), dir, starts: 0, _own: None }
+                NatsServer { child: None, binary: binary.clone(), args, env: Vec::new(), port: ports[k].0, store, log: PathBuf::new(), dir, starts: 0, cell: None, _own: None }
             })
             .collect();
         let mut cluster = NatsCluster { servers };
