@@ -1,15 +1,29 @@
 //! The NATS facts cells rely on (issue 47), pinned on the current nats-server
 //! ([`current_nats_server`](common::nats::current_nats_server)): two servers, JetStream
 //! domains `a` and `b`, server b a leaf node of server a through a cuttable proxy
-//! (`common::link`). No livegate runs here: each test names one fact of nats-server
-//! that the cells' design depends on, so that an upgrade that changes it fails here
-//! first, and prints the figures it measured.
+//! (`common::link`), each started as a cell's server
+//! ([`NatsServer::start_cell`]: a low `ping_interval`, the remote ignoring discovered
+//! servers). No livegate runs here: each test names a fact of nats-server the cells'
+//! design depends on, so that a nats-server that changes it fails here first, and prints
+//! the figures it measured (the book's failure table quotes them).
+//!
+//! - KV buckets of one name are separate per domain, and `$KV.>` does not cross the leaf;
+//!   a client reaches the other cell's bucket only through its domain.
+//! - Ordinary subjects do cross, a stream's subjects included: a stream on the same
+//!   subjects in both cells stores every publish twice.
+//! - A republished room event reaches a core subscriber in the other cell.
+//! - A request across the leaf times out during a silent cut until the leaf's pings
+//!   close it, then finds no responders at once; a killed server finds none at once.
+//! - A client of one cell reads the other cell's stream through its domain.
+//! - A mirror across the leaf keeps the origin's sequence numbers (gaps too), cannot
+//!   tell how far behind it is during a cut, catches up after a heal within a bound,
+//!   and a promoted mirror goes on from the next seq.
 
 use super::*;
 use async_nats::jetstream::{self, kv, stream};
 use async_nats::{Client, Request, RequestErrorKind};
 use common::link::{Condition, Link};
-use common::nats::{CellNatsConfig, NatsServer};
+use common::nats::{CellNatsConfig, NatsServer, CELL_PING_INTERVAL, CELL_PING_MAX};
 use tempfile::TempDir;
 
 /// Servers `a` (domain `a`) and `b` (domain `b`), b leaf-connected to a through `link`.
@@ -20,8 +34,16 @@ struct TwoDomains {
     root: Option<TempDir>,
 }
 
-/// How long a leaf connection may take to come up (b solicits it once a second).
+/// How long a leaf connection may take to come up (b solicits it about once a second).
 const LEAF_UP: Duration = Duration::from_secs(15);
+/// How long after a silent cut the leaf may stay open: measured 3.5 s with the cells'
+/// ping interval (1 s, 2 pings outstanding); nats-server's default would keep it minutes.
+const CUT_NOTICED: Duration = Duration::from_secs(10);
+/// How long the long cut of the mirror test lasts (the mirror inactive this long).
+const MIRROR_CUT: Duration = Duration::from_secs(20);
+/// How long after the heal a mirror may take to catch up: measured 36 s after a 20 s cut
+/// and 46 s after a 60 s one (a stalled mirror is retried with a back-off of up to 2 min).
+const MIRROR_CATCH_UP: Duration = Duration::from_secs(150);
 
 impl TwoDomains {
     fn start() -> TwoDomains {
@@ -57,7 +79,7 @@ impl Drop for TwoDomains {
         self.b.kill9();
         if std::thread::panicking() {
             if let Some(root) = self.root.take() {
-                eprintln!("cell NATS test failed: servers' logs and stores kept in {}", root.keep().display());
+                eprintln!("cell NATS test failed: the servers' logs and stores kept in {}", root.keep().display());
             }
         }
     }
@@ -89,9 +111,17 @@ async fn ask(client: &Client, subject: &str, timeout: Duration) -> Result<String
 }
 
 /// Waits until a request from `client` on `subject` is answered: the interest of the
-/// server's subscriber has reached `client`'s server (over the leaf, when across).
+/// subscriber has reached `client`'s server (over the leaf, when across).
 async fn wait_answered(client: &Client, subject: &str, within: Duration) -> bool {
     wait_until_every_async(within, Duration::from_millis(20), || async { ask(client, subject, Duration::from_millis(500)).await.is_ok() }).await
+}
+
+/// Makes sure every subscription `b` made before this call is known to server a:
+/// interest travels in order over the one leaf connection, so once a later subscription
+/// of `b` answers a request from `a`, the earlier ones have arrived too.
+async fn interest_reached(a: &Client, b: &Client, probe: &'static str) {
+    serve(b, probe, "b").await;
+    assert!(wait_answered(a, probe, Duration::from_secs(10)).await, "b's interest in {probe} never reached a");
 }
 
 /// The room stream of cell a as the design has it: origin subjects of its own
@@ -111,8 +141,17 @@ async fn publish_acked(js: &jetstream::Context, subject: &str, payload: &str) ->
     ack.sequence
 }
 
+async fn messages(js: &jetstream::Context, stream: &str) -> u64 {
+    let mut s = js.get_stream(stream).await.unwrap_or_else(|e| panic!("stream {stream}: {e}"));
+    s.info().await.unwrap_or_else(|e| panic!("info of {stream}: {e}")).state.messages
+}
+
+async fn last_seq(s: &stream::Stream) -> u64 {
+    s.clone().info().await.map(|i| i.state.last_sequence).unwrap_or(0)
+}
+
 #[test]
-fn fact_kv_buckets_of_one_name_in_two_domains() {
+fn kv_buckets_of_one_name_stay_in_their_domain_and_kv_subjects_do_not_cross_the_leaf() {
     let _gate = crate::common::gate!();
     let two = TwoDomains::start();
     runtime().block_on(async {
@@ -121,100 +160,65 @@ fn fact_kv_buckets_of_one_name_in_two_domains() {
         let config = kv::Config { bucket: "CELLKV".into(), history: 1, ..Default::default() };
         let kv_a = js_a.create_key_value(config.clone()).await.expect("bucket in a");
         let kv_b = js_b.create_key_value(config).await.expect("bucket in b");
-        let put = kv_a.put("from-a", "1".into()).await;
-        eprintln!("FACT1 put on a through a: {put:?}");
-        let put_b = kv_b.put("from-b", "2".into()).await;
-        eprintln!("FACT1 put on b through b: {put_b:?}");
-        let seen_in_b = wait_until_every_async(Duration::from_secs(3), Duration::from_millis(20), || async {
-            kv_b.get("from-a").await.ok().flatten().is_some()
-        })
-        .await;
-        let seen_in_a = kv_a.get("from-b").await.ok().flatten().is_some();
-        let a_count = js_a.get_stream("KV_CELLKV").await.expect("a's stream").info().await.expect("info").state.messages;
-        let b_count = js_b.get_stream("KV_CELLKV").await.expect("b's stream").info().await.expect("info").state.messages;
-        eprintln!("FACT1 a's key in b's bucket: {seen_in_b}; b's key in a's bucket: {seen_in_a}; messages a={a_count} b={b_count}");
-        // A put into a's bucket through a client of b, addressed to domain a.
-        let kv_ba = jetstream::with_domain(cb.clone(), "a").get_key_value("CELLKV").await;
-        match kv_ba {
-            Ok(kv_ba) => {
-                let put = kv_ba.put("from-b-to-a", "3".into()).await;
-                eprintln!("FACT1 put through b into domain a: {put:?}");
-                let got = kv_ba.get("from-a").await;
-                eprintln!("FACT1 get through b from domain a: {got:?}");
-            }
-            Err(e) => eprintln!("FACT1 get_key_value through b in domain a: {e:?}"),
-        }
-        let a_count = js_a.get_stream("KV_CELLKV").await.expect("a's stream").info().await.expect("info").state.messages;
-        let b_count = js_b.get_stream("KV_CELLKV").await.expect("b's stream").info().await.expect("info").state.messages;
-        eprintln!("FACT1 after: messages a={a_count} b={b_count}");
-        eprintln!("FACT1 a's leafz subs: {}", two.a.monitor("leafz?subs=1").map(|v| v.to_string()).unwrap_or_default());
-        eprintln!("FACT1 b's leafz subs: {}", two.b.monitor("leafz?subs=1").map(|v| v.to_string()).unwrap_or_default());
-        // Plain streams on the same subjects in both domains.
-        let shared = stream::Config { name: "SHARED".into(), subjects: vec!["shared.>".into()], ..Default::default() };
-        js_a.create_stream(shared.clone()).await.expect("SHARED in a");
-        js_b.create_stream(shared).await.expect("SHARED in b");
-        let mut sub_b = cb.subscribe("shared.>").await.expect("sub shared on b");
-        serve(&cb, "probe.shared", "b").await;
-        assert!(wait_answered(&ca, "probe.shared", Duration::from_secs(10)).await, "b's interest never reached a");
-        let ack = js_a.publish("shared.x", "one".into()).await.expect("publish").await;
-        eprintln!("FACT1b publish shared.x on a: {ack:?}");
-        let got = tokio::time::timeout(Duration::from_secs(3), sub_b.next()).await;
-        eprintln!("FACT1b core subscriber on b got: {:?}", got.map(|m| m.map(|m| m.subject)));
-        let counted = wait_until_every_async(Duration::from_secs(3), Duration::from_millis(20), || async {
-            let mut b = js_b.get_stream("SHARED").await.expect("b's SHARED");
-            b.info().await.map(|i| i.state.messages).unwrap_or(0) > 0
-        })
-        .await;
-        let mut sa = js_a.get_stream("SHARED").await.expect("a's SHARED");
-        let mut sb = js_b.get_stream("SHARED").await.expect("b's SHARED");
-        eprintln!(
-            "FACT1b stored in b: {counted}; counts a={:?} b={:?}",
-            sa.info().await.map(|i| i.state.messages),
-            sb.info().await.map(|i| i.state.messages)
-        );
-        // A stream on the same subjects in b and no core subscriber there.
-        let alone = stream::Config { name: "ALONE".into(), subjects: vec!["alone.>".into()], ..Default::default() };
-        js_a.create_stream(alone.clone()).await.expect("ALONE in a");
-        js_b.create_stream(alone).await.expect("ALONE in b");
-        serve(&cb, "probe.alone", "b").await;
-        assert!(wait_answered(&ca, "probe.alone", Duration::from_secs(10)).await, "b's interest never reached a");
-        let ack = js_a.publish("alone.x", "one".into()).await.expect("publish").await;
-        eprintln!("FACT1e publish alone.x on a: {ack:?}");
-        let counted = wait_until_every_async(Duration::from_secs(3), Duration::from_millis(20), || async {
-            let mut b = js_b.get_stream("ALONE").await.expect("b's ALONE");
-            b.info().await.map(|i| i.state.messages).unwrap_or(0) > 0
-        })
-        .await;
-        eprintln!("FACT1e stored in b without a core subscriber: {counted}");
-        let ack = js_b.publish("alone.y", "two".into()).await.expect("publish").await;
-        let mut sa = js_a.get_stream("ALONE").await.expect("a's ALONE");
-        let mut sb = js_b.get_stream("ALONE").await.expect("b's ALONE");
-        eprintln!(
-            "FACT1e publish alone.y on b: {ack:?}; counts a={:?} b={:?}",
-            sa.info().await.map(|i| i.state.messages),
-            sb.info().await.map(|i| i.state.messages)
-        );
-        eprintln!("FACT1e a's leafz subs: {}", two.a.monitor("leafz?subs=1").map(|v| v["leafs"][0]["subscriptions_list"].to_string()).unwrap_or_default());
-        // A raw $KV put from b's client, on the subject of a's bucket (no domain prefix).
-        let raw = js_b.publish("$KV.CELLKV.raw-from-b", "4".into()).await.expect("publish").await;
-        eprintln!("FACT1c raw $KV put from b: {raw:?}");
-        let a_count = js_a.get_stream("KV_CELLKV").await.expect("a's stream").info().await.expect("info").state.messages;
-        let b_count = js_b.get_stream("KV_CELLKV").await.expect("b's stream").info().await.expect("info").state.messages;
-        eprintln!("FACT1c after: messages a={a_count} b={b_count}");
-        let mut sub_kv = cb.subscribe("$KV.CELLKV.>").await.expect("sub $KV on b");
-        serve(&cb, "probe.kv", "b").await;
-        assert!(wait_answered(&ca, "probe.kv", Duration::from_secs(10)).await, "b's interest never reached a");
-        let put = kv_a.put("from-a-2", "5".into()).await;
-        let got = tokio::time::timeout(Duration::from_secs(3), sub_kv.next()).await;
-        eprintln!("FACT1d put on a {put:?}; core subscriber on b to $KV.CELLKV.> got: {:?}", got.map(|m| m.map(|m| m.subject)));
-        let a_count = js_a.get_stream("KV_CELLKV").await.expect("a's stream").info().await.expect("info").state.messages;
-        let b_count = js_b.get_stream("KV_CELLKV").await.expect("b's stream").info().await.expect("info").state.messages;
-        eprintln!("FACT1d after: messages a={a_count} b={b_count}");
+        // Everything of $KV.CELLKV and a marker, on b; the marker published on a after
+        // the put travels the same connections, so it comes after the put if the put
+        // crossed at all.
+        let mut kv_on_b = cb.subscribe("$KV.CELLKV.>").await.expect("subscribe $KV on b");
+        let mut marker_on_b = cb.subscribe("marker.kv").await.expect("subscribe marker on b");
+        interest_reached(&ca, &cb, "probe.kv").await;
+        kv_a.put("from-a", "1".into()).await.expect("put on a");
+        ca.publish("marker.kv", "after the put".into()).await.expect("marker");
+        let marker = tokio::time::timeout(Duration::from_secs(5), marker_on_b.next()).await;
+        assert!(matches!(marker, Ok(Some(_))), "the marker published on a after the put never reached b: {marker:?}");
+        let crossed = tokio::time::timeout(Duration::from_millis(1), kv_on_b.next()).await;
+        assert!(crossed.is_err(), "a's KV put crossed the leaf to a subscriber on b: {crossed:?}");
+        kv_b.put("from-b", "2".into()).await.expect("put on b");
+        assert_eq!(kv_b.get("from-a").await.expect("get on b"), None, "a's key in b's bucket");
+        assert_eq!(kv_a.get("from-b").await.expect("get on a"), None, "b's key in a's bucket");
+        // A put into a's bucket from a client of b, addressed to domain a: stored in a.
+        let kv_ba = jetstream::with_domain(cb.clone(), "a").get_key_value("CELLKV").await.expect("a's bucket through domain a");
+        kv_ba.put("from-b-to-a", "3".into()).await.expect("put through domain a");
+        assert_eq!(kv_ba.get("from-a").await.expect("get through domain a").as_deref(), Some(&b"1"[..]), "a's value read from b");
+        assert_eq!(kv_a.get("from-b-to-a").await.expect("get on a").as_deref(), Some(&b"3"[..]), "the put through domain a");
+        // A raw $KV publish from b's client lands in b's own bucket.
+        let raw = js_b.publish("$KV.CELLKV.raw", "4".into()).await.expect("publish").await.expect("ack");
+        assert_eq!(raw.domain, "b", "a raw $KV put from b is acknowledged by {raw:?}");
+        // Long after the put on a, b's bucket still holds only b's own two keys.
+        assert_eq!((messages(&js_a, "KV_CELLKV").await, messages(&js_b, "KV_CELLKV").await), (2, 2), "messages in a's and b's bucket");
     });
 }
 
 #[test]
-fn fact_republished_room_events_cross_the_leaf() {
+fn ordinary_subjects_cross_the_leaf_so_a_stream_in_both_domains_stores_each_publish_twice() {
+    let _gate = crate::common::gate!();
+    let two = TwoDomains::start();
+    runtime().block_on(async {
+        let (ca, cb) = two.clients().await;
+        let (js_a, js_b) = (jetstream::new(ca.clone()), jetstream::new(cb.clone()));
+        let both = stream::Config { name: "BOTH".into(), subjects: vec!["both.>".into()], ..Default::default() };
+        js_a.create_stream(both.clone()).await.expect("BOTH in a");
+        js_b.create_stream(both).await.expect("BOTH in b");
+        // No core subscriber anywhere: b's stream's own interest crosses the leaf.
+        interest_reached(&ca, &cb, "probe.both").await;
+        let ack = js_a.publish("both.x", "one".into()).await.expect("publish").await.expect("ack");
+        assert_eq!(ack.domain, "a", "the publisher on a is acknowledged by its own domain: {ack:?}");
+        let twice = wait_until_every_async(Duration::from_secs(5), Duration::from_millis(20), || async {
+            messages(&js_a, "BOTH").await == 1 && messages(&js_b, "BOTH").await == 1
+        })
+        .await;
+        assert!(twice, "a publish on a stored in a and b: a has {}, b has {}", messages(&js_a, "BOTH").await, messages(&js_b, "BOTH").await);
+        let ack = js_b.publish("both.y", "two".into()).await.expect("publish").await.expect("ack");
+        assert_eq!(ack.domain, "b", "the publisher on b is acknowledged by its own domain: {ack:?}");
+        let twice = wait_until_every_async(Duration::from_secs(5), Duration::from_millis(20), || async {
+            messages(&js_a, "BOTH").await == 2 && messages(&js_b, "BOTH").await == 2
+        })
+        .await;
+        assert!(twice, "a publish on b stored in a and b: a has {}, b has {}", messages(&js_a, "BOTH").await, messages(&js_b, "BOTH").await);
+    });
+}
+
+#[test]
+fn a_republished_room_event_reaches_a_core_subscriber_in_the_other_cell() {
     let _gate = crate::common::gate!();
     let two = TwoDomains::start();
     runtime().block_on(async {
@@ -222,72 +226,91 @@ fn fact_republished_room_events_cross_the_leaf() {
         let js_a = jetstream::new(ca.clone());
         js_a.create_stream(rooms_of_a()).await.expect("a's room stream");
         let mut live = cb.subscribe("lg.live.>").await.expect("subscribe on b");
-        serve(&cb, "probe.b", "b").await;
-        assert!(wait_answered(&ca, "probe.b", Duration::from_secs(10)).await, "b's interest never reached a");
-        let mut seqs = Vec::new();
-        for i in 0..5 {
-            seqs.push(publish_acked(&js_a, "lg.a.room.r1", &format!("e{i}")).await);
+        interest_reached(&ca, &cb, "probe.live").await;
+        for i in 1..=5 {
+            assert_eq!(publish_acked(&js_a, "lg.a.room.r1", &format!("e{i}")).await, i, "origin seq");
         }
-        for i in 0..5 {
-            let msg = tokio::time::timeout(Duration::from_secs(5), live.next()).await;
-            match msg {
-                Ok(Some(msg)) => eprintln!("FACT2 b got {} {:?} headers={:?}", msg.subject, msg.payload, msg.headers),
-                other => panic!("FACT2 event {i}: {other:?}"),
-            }
+        for i in 1..=5u64 {
+            let msg = match tokio::time::timeout(Duration::from_secs(5), live.next()).await {
+                Ok(Some(msg)) => msg,
+                other => panic!("event {i} of 5 not republished to b within 5 s: {other:?}"),
+            };
+            let header = |name: &str| msg.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().to_string());
+            assert_eq!(msg.subject.as_str(), "lg.live.r1", "republished subject");
+            assert_eq!(&msg.payload[..], format!("e{i}").as_bytes(), "payload, in order");
+            assert_eq!(header("Nats-Stream").as_deref(), Some("ROOMS_A"), "Nats-Stream of event {i}");
+            assert_eq!(header("Nats-Sequence"), Some(i.to_string()), "Nats-Sequence of event {i}");
+            assert_eq!(header("Nats-Subject").as_deref(), Some("lg.a.room.r1"), "Nats-Subject of event {i}");
         }
     });
 }
 
 #[test]
-fn fact_request_reply_across_the_leaf_and_a_cut() {
+fn a_request_across_the_leaf_times_out_during_a_silent_cut_then_finds_no_responders() {
     let _gate = crate::common::gate!();
     let mut two = TwoDomains::start();
     let rt = runtime();
     let (ca, cb) = rt.block_on(two.clients());
     rt.block_on(serve(&ca, "svc.a", "a"));
-    assert!(rt.block_on(wait_answered(&cb, "svc.a", Duration::from_secs(10))), "a's service never answered b");
+    assert!(rt.block_on(wait_answered(&cb, "svc.a", Duration::from_secs(10))), "a's service never answered a client of b");
+
+    // A silent cut: b's requests go into the dead leaf and time out (the caller's own
+    // timeout), until the leaf's pings close it; then no responders, at once.
     two.link.set(Condition::Cut);
     let cut = Instant::now();
     let mut outcomes = Vec::new();
-    let mut leaf_down_at = None;
-    while cut.elapsed() < Duration::from_secs(30) {
+    let no_responders_at = loop {
         let asked = Instant::now();
         let outcome = rt.block_on(ask(&cb, "svc.a", Duration::from_millis(500)));
-        let took = asked.elapsed();
-        if leaf_down_at.is_none() && two.b.leaf_connections() == 0 {
-            leaf_down_at = Some(cut.elapsed());
+        outcomes.push(format!("{:?}: {outcome:?} in {:?}", asked - cut, asked.elapsed()));
+        match outcome {
+            Err(RequestErrorKind::NoResponders) => break cut.elapsed(),
+            Err(RequestErrorKind::TimedOut) => {}
+            other => panic!("a request during the cut: {other:?}; so far:\n  {}", outcomes.join("\n  ")),
         }
-        outcomes.push(format!("{:?} {outcome:?} in {took:?}", cut.elapsed()));
-        if matches!(outcome, Err(RequestErrorKind::NoResponders)) {
-            break;
-        }
-    }
-    eprintln!("FACT3 cut: leaf down at {leaf_down_at:?}; outcomes:\n  {}", outcomes.join("\n  "));
+        assert!(cut.elapsed() < CUT_NOTICED, "the leaf still open {CUT_NOTICED:?} after a silent cut:\n  {}", outcomes.join("\n  "));
+    };
+    assert!(outcomes.len() > 1, "no responders at once after a silent cut (the cut was not silent?):\n  {}", outcomes.join("\n  "));
+    assert_eq!(two.b.leaf_connections(), 0, "b answers no responders but still has its leaf");
+    let fast = Instant::now();
+    assert_eq!(rt.block_on(ask(&cb, "svc.a", Duration::from_millis(500))), Err(RequestErrorKind::NoResponders), "after the leaf closed");
+    let no_responders_in = fast.elapsed();
+    assert!(no_responders_in < Duration::from_millis(100), "no responders took {no_responders_in:?}");
+    eprintln!(
+        "silent cut (ping_interval {CELL_PING_INTERVAL}, ping_max {CELL_PING_MAX}): requests timed out until {no_responders_at:?}, \
+         then no responders in {no_responders_in:?}"
+    );
+
     two.link.set(Condition::Up);
     let healed = Instant::now();
-    let back = rt.block_on(wait_answered(&cb, "svc.a", Duration::from_secs(30)));
-    eprintln!("FACT3 heal: answered again {back} after {:?}", healed.elapsed());
-    // kill -9 of a: the proxy passes the close on.
+    assert!(rt.block_on(wait_answered(&cb, "svc.a", Duration::from_secs(10))), "not answered again within 10 s of the heal");
+    let answered_again = healed.elapsed();
+
+    // kill -9 of a: its socket closes, the proxy passes the close on, no wait at all.
     two.a.kill9();
     let killed = Instant::now();
-    let mut outcomes = Vec::new();
-    while killed.elapsed() < Duration::from_secs(30) {
-        let asked = Instant::now();
-        let outcome = rt.block_on(ask(&cb, "svc.a", Duration::from_millis(500)));
-        outcomes.push(format!("{:?} {outcome:?} in {:?}", killed.elapsed(), asked.elapsed()));
-        if matches!(outcome, Err(RequestErrorKind::NoResponders)) {
-            break;
+    let outcome = rt.block_on(wait_for_every_async(Duration::from_secs(5), Duration::from_millis(1), || async {
+        match ask(&cb, "svc.a", Duration::from_millis(500)).await {
+            Err(RequestErrorKind::NoResponders) => Some(killed.elapsed()),
+            _ => None,
         }
-    }
-    eprintln!("FACT3 kill: outcomes:\n  {}", outcomes.join("\n  "));
+    }));
+    let after_kill = outcome.expect("no responders within 5 s of kill -9 of a");
+    assert!(after_kill < Duration::from_secs(1), "no responders {after_kill:?} after kill -9 of a: more than 1 s");
     two.a.restart();
     let restarted = Instant::now();
-    two.wait_leaf_up(Duration::from_secs(30));
-    eprintln!("FACT3 restart: leaf up after {:?}", restarted.elapsed());
+    two.wait_leaf_up(LEAF_UP);
+    rt.block_on(serve(&ca, "svc.a2", "a"));
+    assert!(rt.block_on(wait_answered(&cb, "svc.a2", Duration::from_secs(10))), "a's new service never answered after the restart");
+    eprintln!(
+        "heal: answered again in {answered_again:?}; kill -9 of a: no responders in {after_kill:?}; restart of a: leaf up and \
+         answering in {:?}",
+        restarted.elapsed()
+    );
 }
 
 #[test]
-fn fact_a_client_of_b_reads_as_stream_through_its_domain() {
+fn a_client_of_one_cell_reads_the_other_cells_stream_through_its_domain() {
     let _gate = crate::common::gate!();
     let two = TwoDomains::start();
     runtime().block_on(async {
@@ -301,23 +324,20 @@ fn fact_a_client_of_b_reads_as_stream_through_its_domain() {
             publish_acked(&js_a, "lg.a.room.r2", &format!("r2-{i}")).await;
         }
         let local = jetstream::new(cb.clone()).get_stream("ROOMS_A").await;
-        eprintln!("FACT4 b's own domain: get_stream ROOMS_A = {:?}", local.as_ref().map(|_| "found").map_err(|e| e.to_string()));
+        assert!(local.is_err(), "a's stream found through b's own domain");
         let js_ba = jetstream::with_domain(cb.clone(), "a");
         let mut s = js_ba.get_stream("ROOMS_A").await.expect("ROOMS_A through domain a");
-        eprintln!("FACT4 info: {:?}", s.info().await.map(|i| i.state.clone()));
-        let d = s.direct_get(2).await.map(|m| (m.sequence, m.payload));
-        eprintln!("FACT4 direct get 2: {d:?}");
-        let d = s.direct_get_last_for_subject("lg.a.room.r1").await.map(|m| (m.sequence, m.payload));
-        eprintln!("FACT4 direct get last r1: {d:?}");
-        let d = s.get_raw_message(4).await.map(|m| (m.sequence, m.payload));
-        eprintln!("FACT4 msg get 4: {d:?}");
-        let d = s.get_last_raw_message_by_subject("lg.a.room.r2").await.map(|m| (m.sequence, m.payload));
-        eprintln!("FACT4 msg get last r2: {d:?}");
+        assert_eq!(s.info().await.expect("info").state.last_sequence, 5, "a's stream's info read from b");
+        let got = |m: async_nats::jetstream::message::StreamMessage| (m.sequence, String::from_utf8_lossy(&m.payload).into_owned());
+        assert_eq!(s.direct_get(2).await.map(got).expect("direct get 2"), (2, "r1-1".to_string()));
+        assert_eq!(s.direct_get_last_for_subject("lg.a.room.r1").await.map(got).expect("direct get last r1"), (3, "r1-2".to_string()));
+        assert_eq!(s.get_raw_message(4).await.map(got).expect("STREAM.MSG.GET 4"), (4, "r2-0".to_string()));
+        assert_eq!(s.get_last_raw_message_by_subject("lg.a.room.r2").await.map(got).expect("STREAM.MSG.GET last r2"), (5, "r2-1".to_string()));
     });
 }
 
 #[test]
-fn fact_a_mirror_across_the_leaf_keeps_the_origin_sequence() {
+fn a_mirror_across_the_leaf_keeps_the_origin_seqs_and_catches_up_after_a_heal() {
     let _gate = crate::common::gate!();
     let two = TwoDomains::start();
     runtime().block_on(async {
@@ -327,102 +347,79 @@ fn fact_a_mirror_across_the_leaf_keeps_the_origin_sequence() {
         for i in 0..5 {
             publish_acked(&js_a, "lg.a.room.r1", &format!("r1-{i}")).await;
         }
-        origin.delete_message(3).await.expect("delete seq 3");
+        origin.delete_message(3).await.expect("delete seq 3: a gap");
         for i in 0..2 {
             publish_acked(&js_a, "lg.a.room.r2", &format!("r2-{i}")).await;
         }
-        let external = Some(stream::External { api_prefix: "$JS.a.API".into(), delivery_prefix: None });
         let mirror = |name: &str, filter: Option<&str>| stream::Config {
             name: name.into(),
             mirror: Some(stream::Source {
                 name: "ROOMS_A".into(),
-                external: external.clone(),
+                external: Some(stream::External { api_prefix: "$JS.a.API".into(), delivery_prefix: None }),
                 filter_subject: filter.map(str::to_string),
                 ..Default::default()
             }),
             ..Default::default()
         };
         let made = Instant::now();
-        let mut m = js_b.create_stream(mirror("MIRROR_A", None)).await.expect("mirror in b");
-        let mut f = js_b.create_stream(mirror("MIRROR_A_R1", Some("lg.a.room.r1"))).await.expect("filtered mirror in b");
-        let caught = wait_until_every_async(Duration::from_secs(30), Duration::from_millis(50), || {
-            let (mut m, mut f) = (m.clone(), f.clone());
-            async move {
-                let m = m.info().await.map(|i| i.state.last_sequence).unwrap_or(0);
-                let f = f.info().await.map(|i| i.state.last_sequence).unwrap_or(0);
-                m == 7 && f == 5
-            }
+        let m = js_b.create_stream(mirror("MIRROR_A", None)).await.expect("mirror in b");
+        let f = js_b.create_stream(mirror("MIRROR_A_R1", Some("lg.a.room.r1"))).await.expect("filtered mirror in b");
+        let caught = wait_until_every_async(Duration::from_secs(30), Duration::from_millis(20), || async {
+            last_seq(&m).await == 7 && last_seq(&f).await == 5
         })
         .await;
-        eprintln!("FACT5 mirrors caught up {caught} after {:?}", made.elapsed());
-        eprintln!("FACT5 mirror state {:?}", m.info().await.map(|i| (i.state.clone(), i.mirror.clone())));
-        eprintln!("FACT5 filtered state {:?}", f.info().await.map(|i| (i.state.clone(), i.mirror.clone())));
-        for seq in 1..=7 {
-            eprintln!(
-                "FACT5 seq {seq}: mirror {:?} filtered {:?}",
-                m.get_raw_message(seq).await.map(|x| (x.subject, x.payload)).map_err(|e| e.to_string()),
-                f.get_raw_message(seq).await.map(|x| (x.subject, x.payload)).map_err(|e| e.to_string())
-            );
+        assert!(caught, "mirrors not caught up within 30 s: {} of 7, filtered {} of 5", last_seq(&m).await, last_seq(&f).await);
+        let first_catch_up = made.elapsed();
+        // The origin's seqs, its gap included; the filtered mirror has only r1's seqs.
+        let at = |s: &stream::Stream, seq: u64| {
+            let s = s.clone();
+            async move { s.get_raw_message(seq).await.ok().map(|m| String::from_utf8_lossy(&m.payload).into_owned()) }
+        };
+        let expected = [Some("r1-0"), Some("r1-1"), None, Some("r1-3"), Some("r1-4"), Some("r2-0"), Some("r2-1")];
+        for (seq, want) in (1..=7).zip(expected) {
+            assert_eq!(at(&m, seq).await.as_deref(), want, "mirror at origin seq {seq}");
+            let want_r1 = want.filter(|p| p.starts_with("r1"));
+            assert_eq!(at(&f, seq).await.as_deref(), want_r1, "filtered mirror at origin seq {seq}");
         }
-        // A cut: a publishes 10 more; the mirror's view; the heal and the catch-up.
+
+        // A cut long enough for the mirror to stall; a publishes 10 events meanwhile.
         two.link.set(Condition::Cut);
         let cut = Instant::now();
-        let down = wait_until_every(Duration::from_secs(30), Duration::from_millis(50), || two.b.leaf_connections() == 0);
-        eprintln!("FACT5 leaf down {down} after {:?}", cut.elapsed());
         for i in 0..10 {
             publish_acked(&js_a, "lg.a.room.r1", &format!("cut-{i}")).await;
         }
-        eprintln!("FACT5 during cut mirror {:?}", m.info().await.map(|i| (i.state.clone(), i.mirror.clone())));
-        two.link.set(Condition::Up);
-        let healed = Instant::now();
-        let up = wait_until_every(Duration::from_secs(30), Duration::from_millis(50), || two.leaf_up());
-        eprintln!("FACT5 leaf up {up} after {:?}", healed.elapsed());
-        let caught = wait_until_every_async(Duration::from_secs(180), Duration::from_millis(100), || {
+        let mirror_info = || {
             let mut m = m.clone();
-            async move { m.info().await.map(|i| i.state.last_sequence).unwrap_or(0) == 17 }
+            async move { m.info().await.expect("mirror info").mirror.clone().expect("mirror's source info") }
+        };
+        let stalled = wait_until_every_async(MIRROR_CUT + Duration::from_secs(30), Duration::from_millis(200), || async {
+            mirror_info().await.active.is_some_and(|a| a >= MIRROR_CUT)
         })
         .await;
-        eprintln!("FACT5 mirror caught up after heal {caught} in {:?}", healed.elapsed());
-        eprintln!("FACT5 mirror state {:?}", m.info().await.map(|i| (i.state.clone(), i.mirror.clone())));
-        // A long cut: the mirror inactive for CUT_SECS before the heal.
-        let cut_secs: u64 = std::env::var("FACT5_CUT_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
-        two.link.set(Condition::Cut);
-        let cut = Instant::now();
-        for i in 0..10 {
-            publish_acked(&js_a, "lg.a.room.r1", &format!("cut2-{i}")).await;
+        let during = mirror_info().await;
+        assert!(stalled, "the mirror still active {:?} into the cut: {during:?}", cut.elapsed());
+        // It cannot tell how far behind it is: lag 0 while 10 behind.
+        assert_eq!((last_seq(&m).await, during.lag), (7, 0), "mirror head and lag during the cut (origin at 17): {during:?}");
+        two.link.set(Condition::Up);
+        let healed = Instant::now();
+        let caught = wait_until_every_async(MIRROR_CATCH_UP, Duration::from_millis(100), || async { last_seq(&m).await == 17 }).await;
+        let catch_up = healed.elapsed();
+        assert!(caught, "the mirror at {} of 17, {catch_up:?} after the heal", last_seq(&m).await);
+        for seq in 8..=17 {
+            assert_eq!(at(&m, seq).await, Some(format!("cut-{}", seq - 8)), "mirror at origin seq {seq} after the heal");
         }
-        let seen = Mutex::new(Vec::new());
-        let stalled = wait_until_every_async(Duration::from_secs(cut_secs + 60), Duration::from_millis(500), || {
-            let mut m = m.clone();
-            let seen = &seen;
-            async move {
-                let info = m.info().await.ok().and_then(|i| i.mirror.clone());
-                seen.lock().unwrap().push(format!("{:?}: {:?}", cut.elapsed(), info.as_ref().map(|i| (i.lag, i.active))));
-                info.and_then(|i| i.active).is_some_and(|a| a >= Duration::from_secs(cut_secs))
-            }
-        })
-        .await;
-        eprintln!("FACT5b mirror inactive {cut_secs}s: {stalled} after {:?}; seen:\n  {}", cut.elapsed(), seen.lock().unwrap().join("\n  "));
-        two.link.set(Condition::Up);
-        let healed = Instant::now();
-        let up = wait_until_every(Duration::from_secs(30), Duration::from_millis(50), || two.leaf_up());
-        eprintln!("FACT5b leaf up {up} after {:?}", healed.elapsed());
-        let caught = wait_until_every_async(Duration::from_secs(300), Duration::from_millis(100), || {
-            let mut m = m.clone();
-            async move { m.info().await.map(|i| i.state.last_sequence).unwrap_or(0) == 27 }
-        })
-        .await;
-        eprintln!("FACT5b mirror caught up after heal {caught} in {:?} (cut lasted {:?})", healed.elapsed(), healed - cut);
-        // Promotion: the mirror setting removed in place, subjects of its own.
-        let mut m = js_b.get_stream("MIRROR_A").await.expect("the mirror");
-        let mut promoted = m.info().await.expect("info").config.clone();
+        eprintln!(
+            "mirror: caught up 7 origin seqs {first_catch_up:?} after its creation; after a {:?} cut, caught up {catch_up:?} after the heal",
+            healed - cut
+        );
+
+        // Promotion: the mirror setting removed in place, subjects of its own; the next
+        // event follows the origin's last seq.
+        let mut promoted = m.clone().info().await.expect("mirror info").config.clone();
         promoted.mirror = None;
         promoted.subjects = vec!["lg.b.promoted.>".into()];
-        let updated = js_b.update_stream(&promoted).await.map(|i| i.state.clone());
-        eprintln!("FACT5 promote: {updated:?}");
-        if updated.is_ok() {
-            let seq = js_b.publish("lg.b.promoted.r1", "after".into()).await.expect("publish").await.map(|a| a.sequence);
-            eprintln!("FACT5 promoted publish seq {seq:?} (origin's last was 27)");
-        }
+        js_b.update_stream(&promoted).await.expect("promote the mirror in place");
+        let next = js_b.publish("lg.b.promoted.r1", "after".into()).await.expect("publish").await.expect("ack").sequence;
+        assert_eq!(next, 18, "the promoted mirror's first own seq");
     });
 }
