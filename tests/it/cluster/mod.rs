@@ -52,6 +52,7 @@ mod rolling_release;
 mod routing;
 mod sessions;
 mod state;
+mod two_cells;
 
 use crate::common;
 

@@ -12,6 +12,7 @@
 #![allow(dead_code)]
 
 pub mod balancer;
+pub mod cells;
 pub mod clock;
 pub mod concurrency;
 pub mod link;
