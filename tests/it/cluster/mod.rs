@@ -38,6 +38,7 @@
 //! livegate.js clients behind a balancer).
 
 mod cell_failures;
+mod cell_nats;
 mod cells;
 mod chaos;
 mod fanout;
@@ -52,6 +53,7 @@ mod rolling_release;
 mod routing;
 mod sessions;
 mod state;
+mod two_cells;
 
 use crate::common;
 
