@@ -17,7 +17,8 @@
 //! - A client of one cell reads the other cell's stream through its domain.
 //! - A mirror across the leaf keeps the origin's sequence numbers (gaps too), cannot
 //!   tell how far behind it is during a cut, catches up after a heal within a bound,
-//!   and a promoted mirror goes on from the next seq.
+//!   and a promoted mirror goes on from the next seq; it keeps serving what it has while
+//!   its origin's server is dead and resumes after the restart.
 
 use super::*;
 use async_nats::jetstream::{self, kv, stream};
@@ -64,6 +65,11 @@ impl TwoDomains {
     fn wait_leaf_up(&self, within: Duration) {
         let up = wait_until_every(within, Duration::from_millis(20), || self.leaf_up());
         assert!(up, "no leaf connection between a and b within {within:?}; logs:\n{}\n{}", self.a.log_text(), self.b.log_text());
+    }
+
+    fn wait_leaf_down(&self, within: Duration) {
+        let down = wait_until_every(within, Duration::from_millis(20), || self.b.leaf_connections() == 0);
+        assert!(down, "b still has its leaf connection {within:?} later");
     }
 
     async fn clients(&self) -> (Client, Client) {
@@ -421,5 +427,63 @@ fn a_mirror_across_the_leaf_keeps_the_origin_seqs_and_catches_up_after_a_heal() 
         js_b.update_stream(&promoted).await.expect("promote the mirror in place");
         let next = js_b.publish("lg.b.promoted.r1", "after".into()).await.expect("publish").await.expect("ack").sequence;
         assert_eq!(next, 18, "the promoted mirror's first own seq");
+    });
+}
+
+#[test]
+fn a_mirror_resumes_after_its_origins_server_is_killed_and_restarted() {
+    let _gate = crate::common::gate!();
+    let mut two = TwoDomains::start();
+    let rt = runtime();
+    let (ca, cb) = rt.block_on(two.clients());
+    let _entered = rt.enter();
+    let (js_a, js_b) = (jetstream::new(ca), jetstream::new(cb));
+    let m = rt.block_on(async {
+        js_a.create_stream(rooms_of_a()).await.expect("a's room stream");
+        for i in 0..5 {
+            publish_acked(&js_a, "lg.a.room.r1", &format!("before-{i}")).await;
+        }
+        let config = stream::Config {
+            name: "MIRROR_A".into(),
+            mirror: Some(stream::Source {
+                name: "ROOMS_A".into(),
+                external: Some(stream::External { api_prefix: "$JS.a.API".into(), delivery_prefix: None }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let m = js_b.create_stream(config).await.expect("mirror in b");
+        let caught = wait_until_every_async(Duration::from_secs(30), Duration::from_millis(20), || async { last_seq(&m).await == 5 }).await;
+        assert!(caught, "the mirror at {} of 5", last_seq(&m).await);
+        m
+    });
+    // kill -9 of a (the cell's whole NATS): the mirror keeps what it had and answers.
+    two.a.kill9();
+    let killed = Instant::now();
+    two.wait_leaf_down(Duration::from_secs(10));
+    assert_eq!(rt.block_on(last_seq(&m)), 5, "the mirror's head with its origin dead");
+    let read = rt.block_on(m.get_raw_message(5)).map(|x| String::from_utf8_lossy(&x.payload).into_owned());
+    assert_eq!(read.ok().as_deref(), Some("before-4"), "the mirror read with its origin dead");
+    two.a.restart();
+    let restarted = Instant::now();
+    two.wait_leaf_up(LEAF_UP);
+    let leaf_back = restarted.elapsed();
+    // a's client reconnects by itself; a new event in a reaches the mirror.
+    rt.block_on(async {
+        let published = wait_for_every_async(Duration::from_secs(20), Duration::from_millis(100), || async {
+            let ack = js_a.publish("lg.a.room.r1", "after".into()).await.ok()?;
+            ack.await.ok().map(|a| a.sequence)
+        })
+        .await;
+        assert_eq!(published, Some(6), "the first event after a's restart (its store kept 5)");
+        let published_at = restarted.elapsed();
+        let caught = wait_until_every_async(MIRROR_CATCH_UP, Duration::from_millis(100), || async { last_seq(&m).await == 6 }).await;
+        let catch_up = restarted.elapsed();
+        assert!(caught, "the mirror at {} of 6, {catch_up:?} after a's restart", last_seq(&m).await);
+        eprintln!(
+            "origin's server killed and restarted ({:?} down): leaf back {leaf_back:?}, first publish acknowledged {published_at:?} \
+             and mirror caught up {catch_up:?} after the restart",
+            restarted - killed
+        );
     });
 }

@@ -26,7 +26,9 @@
 //! path is printed).
 //!
 //! The areas, one module each: [`cells`] (home cells: configuration or a claim, never
-//! health; the fallback to the first healthy cell by name), [`fanout`], [`handshake_floods`] (floods of handshakes
+//! health; the fallback to the first healthy cell by name), [`cell_nats`] (the
+//! nats-server facts cells rely on: two JetStream domains over a leaf), [`two_cells`]
+//! (the two-cell harness, `common::cells`, proving itself), [`fanout`], [`handshake_floods`] (floods of handshakes
 //! that must cost other users nothing: a slow peer avoided, spent credentials replayed),
 //! [`interest`] (a node takes only its rooms'
 //! events), [`load`] (kills, outages and restarts under
