@@ -20,6 +20,12 @@
 //! - [`presence`]: each node's members of each room on `lg.presence.room.<room>` (NATS
 //!   core), and a starting node's hello on `lg.presence.hello`.
 //!
+//! With cell domains (`cluster_cell_domains`, [`Joining::cells`]) each cell's NATS is its
+//! own JetStream domain: the buckets above stay in it, a room's events are on its home
+//! cell's streams under `lg.room.<cell>.<room>` ([`Cluster::room_place`]), other cells'
+//! rooms are read through their domain's API or, while they do not answer, from this
+//! cell's mirrors of their streams (`LG_ROOMS_<cell>`, `LG_STATE_<cell>`).
+//!
 //! Room names travel hex-encoded in subjects and keys, so any valid room is a valid token.
 
 pub mod bus;
