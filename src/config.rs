@@ -635,6 +635,7 @@ impl Config {
         }
         self.validate_nats_login()?;
         self.validate_cell_domains()?;
+        self.check_home_cells()?;
         if self.peer_nodes()?.iter().any(|peer| peer.name == self.node) {
             return Err(invalid("peers", format!("lists this node ({}) itself", self.node)));
         }

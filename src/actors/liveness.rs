@@ -35,7 +35,7 @@ use crate::core::heartbeats::{Heartbeats, NodeInfo, Seen};
 use crate::core::lifecycle::Lifecycle;
 use crate::core::liveness::{Change, Liveness};
 use crate::core::probes::{Ask, ReadyProbes};
-use crate::core::routing::{home_cell, rendezvous, room_home_cell, room_writer, route, Candidate, Reason, RouteError, RouteQuestion};
+use crate::core::routing::{home_cell, rendezvous, room_writer, route, Candidate, Reason, RoomHomes, RouteError, RouteQuestion};
 use crate::metrics::{CellLabel, CellTransitionLabel, OutcomeLabel, PeerLabel};
 use crate::world::now_ms;
 
@@ -118,9 +118,9 @@ pub struct Router {
     /// The configured cells, sorted (`Config::configured_cells`): users are homed over
     /// them, never over the cells alive.
     cells: Vec<String>,
-    /// `cluster_cell_domains`: each room is written in its home cell
-    /// (`core::routing::room_home_cell`), by a node of that cell.
-    rooms_homed: bool,
+    /// `cluster_cell_domains`: where each room is homed (`core::routing::RoomHomes`); it is
+    /// written by a node of that cell.
+    room_homes: Option<RoomHomes>,
     peers: Mutex<Peers>,
     /// Peers' readiness as probes answered it, and the probes in flight (at most one per
     /// known node).
@@ -178,7 +178,7 @@ impl Router {
             release_window_ms,
             probed,
             cells,
-            rooms_homed: false,
+            room_homes: None,
             peers: Mutex::new(peers),
             ready: Mutex::default(),
             breakers,
@@ -194,19 +194,15 @@ impl Router {
     }
 
     /// Cells run their own NATS (`cluster_cell_domains`): rooms are written in their home
-    /// cells.
-    pub fn with_rooms_homed(mut self) -> Router {
-        self.rooms_homed = true;
+    /// cells, as `homes` places them.
+    pub fn with_room_homes(mut self, homes: RoomHomes) -> Router {
+        self.room_homes = Some(homes);
         self
     }
 
     /// With rooms homed in cells, `room`'s home cell; `None` otherwise.
     pub fn room_home(&self, room: &str) -> Option<&str> {
-        if !self.rooms_homed {
-            return None;
-        }
-        let cells: Vec<&str> = self.cells.iter().map(String::as_str).collect();
-        room_home_cell(room, &cells)
+        self.room_homes.as_ref()?.home(room)
     }
 
     /// Each configured cell's breaker, by name.

@@ -50,7 +50,7 @@ use thiserror::Error;
 use crate::core::heartbeats::NodeInfo;
 use crate::core::peer_input::{self, PeerInputError};
 use crate::core::redact::url_for_log;
-use crate::core::routing::room_home_cell;
+use crate::core::routing::RoomHomes;
 use crate::core::sessions::VersionError;
 use crate::store::StoreError;
 
@@ -347,6 +347,8 @@ pub struct CellDomains {
     pub cell: String,
     /// Every configured cell (this one among them).
     pub cells: Vec<String>,
+    /// Where each room is homed.
+    pub homes: RoomHomes,
 }
 
 /// How a node joins NATS: its login, the token key when configured
@@ -361,7 +363,7 @@ pub struct Joining {
 /// The cells of [`CellDomains`] as a node reaches them.
 struct Domains {
     cell: String,
-    cells: Vec<String>,
+    homes: RoomHomes,
     /// Every other cell's rooms and states streams, through its domain's API, and
     /// their mirrors in this cell.
     remote: HashMap<String, RemoteCell>,
@@ -532,12 +534,11 @@ impl Cluster {
         &self.epoch
     }
 
-    /// With cell domains, `room`'s home cell ([`room_home_cell`] over the configured
-    /// cells); `None` when every cell shares this NATS.
+    /// With cell domains, `room`'s home cell (its namespace's `home_cell`, else a
+    /// rendezvous hash over the configured cells: [`RoomHomes`]); `None` when every cell
+    /// shares this NATS.
     pub fn room_home(&self, room: &str) -> Option<&str> {
-        let domains = self.domains.as_deref()?;
-        let cells: Vec<&str> = domains.cells.iter().map(String::as_str).collect();
-        room_home_cell(room, &cells).and_then(|home| domains.cells.iter().find(|c| *c == home)).map(String::as_str)
+        self.domains.as_deref()?.homes.home(room)
     }
 
     /// This node's cell when cells run their own NATS.
@@ -799,7 +800,7 @@ impl Domains {
                 },
             );
         }
-        Ok(Domains { cell: cells.cell.clone(), cells: cells.cells.clone(), remote })
+        Ok(Domains { cell: cells.cell.clone(), homes: cells.homes.clone(), remote })
     }
 }
 

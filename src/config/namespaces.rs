@@ -8,9 +8,14 @@ use std::path::Path;
 use super::value::{parse, Raw};
 use super::{bound_problem, bounds_of, Config, ConfigError, Origin};
 use crate::core::namespaces::{NamespaceError, Namespaces, Overrides, RoomOptions};
+use crate::core::routing::RoomHomes;
 
 /// The keys a `[[namespace]]` table may hold besides `prefix`.
 pub const ROOM_KEYS: &[&str] = &["history_size", "history_ttl_secs", "batch_window_ms", "presence", "max_event_bytes"];
+
+/// A `[[namespace]]` key that is no room option: the cell the namespace's rooms are homed
+/// in (`cluster_cell_domains`), one of `cells`.
+pub const HOME_CELL_KEY: &str = "home_cell";
 
 /// One `[[namespace]]` table as configured: `None` takes the global key's value.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -26,6 +31,9 @@ pub struct NamespaceTable {
     pub presence: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_event_bytes: Option<usize>,
+    /// With `cluster_cell_domains`: the cell every room of the namespace is homed in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub home_cell: Option<String>,
 }
 
 impl NamespaceTable {
@@ -40,8 +48,9 @@ impl NamespaceTable {
     }
 
     /// A table holding every option, as `options` has them.
-    fn effective(prefix: &str, options: &RoomOptions) -> NamespaceTable {
+    fn effective(prefix: &str, options: &RoomOptions, home_cell: Option<String>) -> NamespaceTable {
         NamespaceTable {
+            home_cell,
             prefix: prefix.to_string(),
             history_size: Some(options.history_size),
             history_ttl_secs: Some(options.history_ttl_secs),
@@ -87,11 +96,16 @@ fn read_table(path: &Path, index: usize, value: &toml::Value) -> Result<Namespac
     };
     let mut out = NamespaceTable { prefix: prefix.to_string(), ..NamespaceTable::default() };
     for (name, value) in table {
+        if name == HOME_CELL_KEY {
+            let Some(cell) = value.as_str() else { return Err(fail(format!("{HOME_CELL_KEY}: expected text, got {value}"))) };
+            out.home_cell = Some(cell.to_string());
+            continue;
+        }
         let Some(&key) = ROOM_KEYS.iter().find(|key| *key == name) else {
             if name == "prefix" {
                 continue;
             }
-            return Err(fail(format!("unknown key `{name}` (known keys: prefix, {})", ROOM_KEYS.join(", "))));
+            return Err(fail(format!("unknown key `{name}` (known keys: prefix, {}, {HOME_CELL_KEY})", ROOM_KEYS.join(", "))));
         };
         // The global key's value form; the message names the table instead of the key's origin.
         let origin = Origin::File { path: path.to_path_buf(), key };
@@ -138,6 +152,26 @@ pub(super) fn check(tables: &[NamespaceTable]) -> Result<(), ConfigError> {
 }
 
 impl Config {
+    /// Where rooms are homed with `cluster_cell_domains`: the configured cells and each
+    /// namespace's `home_cell`.
+    pub fn room_homes(&self) -> RoomHomes {
+        RoomHomes::new(self.configured_cells(), self.namespaces.iter().map(|t| (t.prefix.clone(), t.home_cell.clone())).collect())
+    }
+
+    /// A `home_cell` needs cell domains and names a configured cell.
+    pub(super) fn check_home_cells(&self) -> Result<(), ConfigError> {
+        for (index, table) in self.namespaces.iter().enumerate() {
+            let Some(cell) = &table.home_cell else { continue };
+            if !self.cluster_cell_domains {
+                return Err(problem(index, Some(&table.prefix), format!("{HOME_CELL_KEY} needs cluster_cell_domains: only cells with their own NATS home rooms")));
+            }
+            if !self.cells.contains(cell) {
+                return Err(problem(index, Some(&table.prefix), format!("{HOME_CELL_KEY} {cell:?} is not one of cells ({})", self.cells.join(","))));
+            }
+        }
+        Ok(())
+    }
+
     /// The options rooms take: the global keys, and each `[[namespace]]` over them.
     pub fn room_namespaces(&self) -> Result<Namespaces, ConfigError> {
         check(&self.namespaces)?;
@@ -156,6 +190,7 @@ impl Config {
     /// global key's value), as check-config prints them.
     pub fn effective_namespaces(&self) -> Result<Vec<NamespaceTable>, ConfigError> {
         let table = self.room_namespaces()?;
-        Ok(table.namespaces().iter().map(|n| NamespaceTable::effective(&n.prefix, &n.options)).collect())
+        let pins = self.namespaces.iter().map(|t| t.home_cell.clone());
+        Ok(table.namespaces().iter().zip(pins).map(|(n, pin)| NamespaceTable::effective(&n.prefix, &n.options, pin)).collect())
     }
 }

@@ -565,9 +565,9 @@ fn namespace_tables() {
         ("duplicate prefix", "[[namespace]]\nprefix = \"chat:\"\n[[namespace]]\nprefix = \"x\"\n[[namespace]]\nprefix = \"chat:\"\nhistory_size = 3",
             Err("config file FILE: [[namespace]] number 3 (prefix \"chat:\"): prefix \"chat:\" is already the prefix of namespace 1".into())),
         ("unknown key", "[[namespace]]\nprefix = \"chat:\"\nhistory = 5",
-            Err("config file FILE: [[namespace]] number 1 (prefix \"chat:\"): unknown key `history` (known keys: prefix, history_size, history_ttl_secs, batch_window_ms, presence, max_event_bytes)".into())),
+            Err("config file FILE: [[namespace]] number 1 (prefix \"chat:\"): unknown key `history` (known keys: prefix, history_size, history_ttl_secs, batch_window_ms, presence, max_event_bytes, home_cell)".into())),
         ("global key not per room", "[[namespace]]\nprefix = \"chat:\"\nheartbeat_secs = 5",
-            Err("config file FILE: [[namespace]] number 1 (prefix \"chat:\"): unknown key `heartbeat_secs` (known keys: prefix, history_size, history_ttl_secs, batch_window_ms, presence, max_event_bytes)".into())),
+            Err("config file FILE: [[namespace]] number 1 (prefix \"chat:\"): unknown key `heartbeat_secs` (known keys: prefix, history_size, history_ttl_secs, batch_window_ms, presence, max_event_bytes, home_cell)".into())),
         ("wrong type", "[[namespace]]\nprefix = \"chat:\"\nbatch_window_ms = \"fast\"",
             Err("config file FILE: [[namespace]] number 1 (prefix \"chat:\"): batch_window_ms: expected a whole number of milliseconds, got \"fast\"".into())),
         ("wrong bool", "[[namespace]]\nprefix = \"chat:\"\npresence = \"no\"",
@@ -588,6 +588,10 @@ fn namespace_tables() {
             Err("config file FILE: namespace: must be written as [[namespace]] tables, each with a prefix".into())),
         ("a single table", "[namespace]\nprefix = \"chat:\"",
             Err("config file FILE: namespace: must be written as [[namespace]] tables, each with a prefix".into())),
+        ("home cell not text", "[[namespace]]\nprefix = \"chat:\"\nhome_cell = 5",
+            Err("config file FILE: [[namespace]] number 1 (prefix \"chat:\"): home_cell: expected text, got 5".into())),
+        ("home cell without cell domains", "[[namespace]]\nprefix = \"chat:\"\nhome_cell = \"eu\"",
+            Err("config file FILE: [[namespace]] number 1 (prefix \"chat:\"): home_cell needs cluster_cell_domains: only cells with their own NATS home rooms".into())),
     ];
     let mut failures = vec![];
     for (name, file, want) in &cases {
@@ -602,6 +606,22 @@ fn namespace_tables() {
         }
     }
     assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+}
+
+/// A namespace's `home_cell` pins its rooms (cells with their own NATS), and must name a
+/// configured cell.
+#[test]
+fn a_namespaces_home_cell_pins_its_rooms_to_a_configured_cell() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("livegate.toml");
+    let cells = "cell = \"eu\"\ncells = [\"eu\", \"us\"]\ncluster_nats_url = \"nats://n1:4222\"\ncluster_cell_domains = true\n\
+        cluster_token_secret = \"kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk\"\n";
+    std::fs::write(&path, format!("{cells}[[namespace]]\nprefix = \"score:\"\nhome_cell = \"us\"\n")).unwrap();
+    let config = Config::load(Some(&path), Vec::new(), &ConfigFlags::default()).unwrap();
+    assert_eq!(config.room_homes().home("score:final"), Some("us"));
+    std::fs::write(&path, format!("{cells}[[namespace]]\nprefix = \"score:\"\nhome_cell = \"ap\"\n")).unwrap();
+    let refused = Config::load(Some(&path), Vec::new(), &ConfigFlags::default()).map(|_| ()).map_err(|e| e.to_string().replace(&path.display().to_string(), "FILE"));
+    assert_eq!(refused, Err("config file FILE: [[namespace]] number 1 (prefix \"score:\"): home_cell \"ap\" is not one of cells (eu,us)".into()));
 }
 
 /// The effective options: overrides over the global keys, whichever layer set those.
@@ -626,6 +646,7 @@ fn namespace_options_resolve_over_the_global_keys() {
         batch_window_ms: Some(7),
         presence: Some(true),
         max_event_bytes: Some(65536),
+        home_cell: None,
     });
     // What check-config prints loads back to the same options.
     let printed = toml::to_string(&Config { namespaces: effective.clone(), ..config.clone() }).unwrap();

@@ -243,6 +243,35 @@ pub fn room_home_cell<'a>(room: &str, configured: &[&'a str]) -> Option<&'a str>
     rendezvous(&format!("room\u{0}{room}"), configured.iter().copied())
 }
 
+/// Where rooms are homed: the configured cells, and the namespaces (room-name prefixes)
+/// whose `home_cell` pins their rooms to a cell. A room takes its namespace's pin (the
+/// namespace is the longest prefix the room starts with, as for its other options), else
+/// [`room_home_cell`] over the cells.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoomHomes {
+    cells: Vec<String>,
+    /// Every namespace's prefix with its pin (`None`: hashed), longest prefix first.
+    namespaces: Vec<(String, Option<String>)>,
+}
+
+impl RoomHomes {
+    pub fn new(cells: Vec<String>, mut namespaces: Vec<(String, Option<String>)>) -> RoomHomes {
+        namespaces.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+        RoomHomes { cells, namespaces }
+    }
+
+    /// `room`'s home cell (`None` without cells).
+    pub fn home(&self, room: &str) -> Option<&str> {
+        let pinned = self.namespaces.iter().find(|(prefix, _)| room.starts_with(prefix.as_str())).and_then(|(_, pin)| pin.as_deref());
+        if let Some(pin) = pinned {
+            return Some(pin);
+        }
+        let cells: Vec<&str> = self.cells.iter().map(String::as_str).collect();
+        let home = room_home_cell(room, &cells)?;
+        self.cells.iter().find(|c| *c == home).map(String::as_str)
+    }
+}
+
 /// One health report of a cell.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CellReport<'a> {
@@ -682,6 +711,25 @@ mod tests {
         }
         assert!(homed.values().all(|&n| n > 60), "every cell homes rooms: {homed:?}");
         assert_eq!(room_home_cell("r", &[]), None);
+    }
+
+    #[test]
+    fn a_rooms_namespace_pins_its_home_and_the_longest_prefix_decides() {
+        let homes = RoomHomes::new(
+            vec!["eu".into(), "us".into()],
+            vec![("chat:".into(), Some("us".into())), ("chat:eu:".into(), None), ("score:".into(), Some("eu".into()))],
+        );
+        let cells = ["eu", "us"];
+        let cases: &[(&str, Option<&str>)] = &[
+            ("chat:lobby", Some("us")),
+            ("score:final", Some("eu")),
+            ("chat:eu:7", room_home_cell("chat:eu:7", &cells)),
+            ("news", room_home_cell("news", &cells)),
+        ];
+        for (room, want) in cases {
+            assert_eq!(homes.home(room), *want, "{room}");
+        }
+        assert_eq!(RoomHomes::default().home("x"), None);
     }
 
     #[test]

@@ -116,7 +116,7 @@ fn joining(config: &Config) -> Joining {
         (_, _, Some(token)) => NatsAuth::Token(token.clone()),
         _ => NatsAuth::None,
     };
-    let cells = config.cluster_cell_domains.then(|| CellDomains { cell: config.cell.clone(), cells: config.configured_cells() });
+    let cells = config.cluster_cell_domains.then(|| CellDomains { cell: config.cell.clone(), cells: config.configured_cells(), homes: config.room_homes() });
     Joining { auth, token_secret: config.cluster_token_secret.as_ref().map(|s| s.as_bytes().to_vec()), cells }
 }
 
@@ -514,7 +514,7 @@ fn router(config: &Config, me: crate::config::Peer, clustered: bool, lifecycle: 
         Router::probed(me, config.peer_nodes()?, up_after, lifecycle.clone(), release_window)
     };
     let router = router.with_cells(config.configured_cells());
-    Ok(if config.cluster_cell_domains { router.with_rooms_homed() } else { router })
+    Ok(if config.cluster_cell_domains { router.with_room_homes(config.room_homes()) } else { router })
 }
 
 /// The liveness actor: heartbeats on NATS (cluster mode), or probes of the configured peers.

@@ -416,3 +416,29 @@ fn a_dead_cell_leaves_the_other_untouched_and_its_users_resume_there() {
     );
     fail_with_cell_logs(&cells, "dead cell", &failures);
 }
+
+/// A namespace's `home_cell` overrides the hash: a room the hash would home in a, in a
+/// namespace pinned to b, is written by b (its publish at a goes there, and while the
+/// cells are cut it is refused naming b), and its events are on b's stream.
+#[test]
+fn a_namespaces_home_cell_homes_its_rooms_there() {
+    let _gate = crate::common::gate!();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("pinned.toml");
+    std::fs::write(&file, "[[namespace]]\nprefix = \"pinned:\"\nhome_cell = \"b\"\n").expect("write the config file");
+    let mut flags: Vec<&str> = FLAGS.to_vec();
+    flags.extend(["--config", file.to_str().expect("a UTF-8 path")]);
+    let cells = Cells::start(&flags, |_| CellNatsConfig::default());
+    let rt = runtime();
+    let room = room_homed("a", "pinned:");
+    let before = rt.block_on(stream_last_seq(&cells.nats[1].url(), "b", "LG_ROOMS"));
+    let (answer, _) = publish_timed(&cells.http(0), &room, "pinned-1");
+    assert_eq!(answer, Ok(1), "publish to {room} at a1");
+    let after = rt.block_on(stream_last_seq(&cells.nats[1].url(), "b", "LG_ROOMS"));
+    assert_eq!(after, before.map(|s| s + 1), "the event of {room} is on b's stream");
+    cells.cut();
+    let (status, body) = cells.http(0).request("POST", &format!("/v1/rooms/{room}/events"), Auth::Key, Body::Json(json!({"id": "pinned-2", "data": {}})));
+    assert_eq!((status, error_code(&body)), (503, "room_home_unavailable"), "{body}");
+    assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("cell b")), "the refusal names b: {body}");
+    cells.heal();
+}
