@@ -130,14 +130,7 @@ fn newer(record: Option<StoredState>, in_events: Option<StoredState>) -> Option<
 
 /// The room's latest-state record, if it has one, with its sequence on `LG_STATE`.
 pub async fn load_state(cluster: &Cluster, room: &str) -> Result<Option<(StoredState, u64)>, ClusterError> {
-    let place = cluster.read_place(room);
-    let message = match last_message(place.states, &place.state_subject).await {
-        Err(ClusterError::Unavailable(_)) if !place.mirror && cluster.home_silent(room) => {
-            let mirror = cluster.room_place(room, true);
-            last_message(mirror.states, &mirror.state_subject).await?
-        }
-        read => read?,
-    };
+    let message = read_home(cluster, room, |place| async move { last_message(place.states, &place.state_subject).await }).await?;
     Ok(message.and_then(|m| Some((decode_state(&m.headers, &m.payload)?, m.sequence))))
 }
 
@@ -171,12 +164,21 @@ fn decode_state(headers: &HeaderMap, payload: &[u8]) -> Option<StoredState> {
 /// another cell that does not answer is read from this cell's mirror, which keeps the
 /// origin's stream sequences (up to what it received).
 pub async fn read_after(cluster: &Cluster, room: &str, after: u64) -> Result<Vec<StreamEvent>, ClusterError> {
+    read_home(cluster, room, |place| async move { read_after_in(&place, room, after).await }).await
+}
+
+/// `read` of `room` where [`Cluster::read_place`] says; a home cell elsewhere that does
+/// not answer is marked silent and `read` runs again on this cell's mirror of it.
+async fn read_home<'c, T, F, Fut>(cluster: &'c Cluster, room: &str, read: F) -> Result<T, ClusterError>
+where
+    F: Fn(RoomPlace<'c>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClusterError>>,
+{
     let place = cluster.read_place(room);
-    match read_after_in(&place, room, after).await {
-        Err(ClusterError::Unavailable(_)) if !place.mirror && cluster.home_silent(room) => {
-            read_after_in(&cluster.room_place(room, true), room, after).await
-        }
-        read => read,
+    let mirrored = place.mirror;
+    match read(place).await {
+        Err(ClusterError::Unavailable(_)) if !mirrored && cluster.home_silent(room) => read(cluster.room_place(room, true)).await,
+        result => result,
     }
 }
 
@@ -317,14 +319,7 @@ pub async fn watch(cluster: &Cluster, room: &str, states: bool) -> Result<LiveFe
 
 /// The room seq of `room`'s newest stored event (`None`: the stream holds none).
 pub async fn last_seq(cluster: &Cluster, room: &str) -> Result<Option<u64>, ClusterError> {
-    let place = cluster.read_place(room);
-    let message = match last_message(place.rooms, &place.room_subject).await {
-        Err(ClusterError::Unavailable(_)) if !place.mirror && cluster.home_silent(room) => {
-            let mirror = cluster.room_place(room, true);
-            last_message(mirror.rooms, &mirror.room_subject).await?
-        }
-        read => read?,
-    };
+    let message = read_home(cluster, room, |place| async move { last_message(place.rooms, &place.room_subject).await }).await?;
     Ok(message.and_then(|m| m.headers.get(SEQ_HEADER)?.as_str().parse().ok()))
 }
 
