@@ -342,7 +342,14 @@ fn a_cell_whose_store_cannot_write_opens_its_breaker_and_closes_after_the_cool_d
     let probes = west.lines().find(|l| l.trim_start().starts_with("probes")).unwrap_or_default();
     assert!(probes.contains("✓✓✓  ("), "west's probe line ends with the passes that closed it:\n{out}");
     eprintln!("livegate cells after the recovery:\n{out}");
-    // The refused handshake gave its token back: it opens the session at home now.
+    // The refused handshake gave its token back: it opens the session at home now, once b
+    // (whose rounds run on their own clock, and may be one behind a's) has closed its
+    // breakers too.
+    let http_b = cluster.http(1);
+    let b_closed = wait_until_every(Duration::from_secs(5), Duration::from_millis(50), || {
+        cells.iter().all(|c| http_b.metric(&format!("livegate_cell_breaker_state{{cell=\"{c}\"}}")) == Some(0.0))
+    });
+    assert!(b_closed, "b's breakers are not closed 5 s after a's");
     match rt.block_on(WsClient::try_connect(cluster.addr(1), Some(&token), None)) {
         Ok(ws) => rt.block_on(ws.close()),
         Err(r) => panic!("the refused token on b once the breakers closed: {} {}", r.status, r.body),
