@@ -320,6 +320,7 @@ fn repeat_until_shown(block: &[Step], variables: &[(&str, String)], within: Dura
         last.0.is_empty()
     });
     if shown {
+        eprintln!("the drill printed, {:?} after the step began:\n{}", started.elapsed(), last.1.join("\n"));
         Ok(started.elapsed())
     } else {
         Err(format!("not shown within {within:?}:\n  {}\nlast printed:\n{}", last.0.join("\n  "), last.1.join("\n")))
