@@ -464,9 +464,8 @@ fn the_books_cells_drill_runs_as_written_against_two_cells() {
         panic!("b's transitions on a1 once closed: {changes:?}");
     };
     assert!(half_ms >= open_ms + COOL_DOWN_MS, "half-open {} ms after opening: before the {COOL_DOWN_MS} ms cool-down", half_ms - open_ms);
-    assert!(half_ms >= freed_ms.min(open_ms + COOL_DOWN_MS), "on trial before the store was freed");
-    // The trial's first pass makes it half-open; CLOSE_AFTER - 1 more rounds close it.
-    assert!(closed_ms > half_ms, "closed at {closed_ms}, not after half-open at {half_ms} ({} passes)", CLOSE_AFTER);
+    // The trial's first pass makes it half-open; CLOSE_AFTER - 1 more passing rounds close it.
+    assert!(closed_ms > half_ms, "closed at {closed_ms}, not after half-open at {half_ms} (a trial of {CLOSE_AFTER} passes)");
     assert!(transitions(&cells, A1, "a").is_empty(), "cell a's breaker moved: {:?}", transitions(&cells, A1, "a"));
 
     // The same commands with a renamed flag, and a line the book quotes changed, fail.
