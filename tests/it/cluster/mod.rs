@@ -28,7 +28,8 @@
 //! The areas, one module each: [`cells`] (home cells: configuration or a claim, never
 //! health; the fallback to the first healthy cell by name), [`cell_nats`] (the
 //! nats-server facts cells rely on: two JetStream domains over a leaf), [`two_cells`]
-//! (the two-cell harness, `common::cells`, proving itself), [`fanout`], [`handshake_floods`] (floods of handshakes
+//! (the two-cell harness, `common::cells`, proving itself), [`cell_drill`] (the book's cells
+//! drill, run as written), [`fanout`], [`handshake_floods`] (floods of handshakes
 //! that must cost other users nothing: a slow peer avoided, spent credentials replayed),
 //! [`interest`] (a node takes only its rooms'
 //! events), [`load`] (kills, outages and restarts under
@@ -39,6 +40,7 @@
 //! [`rolling_release`] (the seed's incident: 200
 //! livegate.js clients behind a balancer).
 
+mod cell_drill;
 mod cell_failures;
 mod cell_nats;
 mod cells;
