@@ -132,7 +132,7 @@ impl Deploy {
         let cells = CELLS.join(",");
         let mut nodes = Vec::new();
         // a1 first: it makes cell a's streams, which b1 mirrors.
-        for (cell, server) in CELLS.iter().zip(&nats) {
+        for (&cell, server) in CELLS.iter().zip(&nats) {
             (ctx.status)(format!("starting node {cell}1"));
             let node = format!("{cell}1");
             let url = server.server.url();
