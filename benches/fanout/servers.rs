@@ -202,8 +202,11 @@ impl Server {
         for var in ["LIVEGATE_MAX_CONNECTIONS", "LIVEGATE_MAX_CONNECTIONS_PER_IP", "LIVEGATE_HANDSHAKES_PER_IP_PER_SEC"] {
             cmd.env(var, "0");
         }
-        // The bench's own variable would make livegate warn about an unknown key.
-        cmd.env_remove(NATS_SERVER_ENV);
+        // The bench's own variable, and the test suite's tool paths when the bench runs
+        // in a shell set up for the tests, would make livegate warn about unknown keys.
+        for var in [NATS_SERVER_ENV, "LIVEGATE_WSTEST", "LIVEGATE_OPENAPI_VALIDATOR"] {
+            cmd.env_remove(var);
+        }
         if let Some(ttl) = lg.ttl_secs {
             cmd.env("LIVEGATE_SESSION_TTL_SECS", ttl.to_string());
             cmd.env("LIVEGATE_TOKEN_TTL_MAX_SECS", ttl.to_string());
