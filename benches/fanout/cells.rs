@@ -186,13 +186,18 @@ impl Deploy {
         self.pids().iter().map(|&p| procstat::cpu_secs(p).unwrap_or(0.0)).sum()
     }
 
-    /// Each cell's server's `in_msgs + out_msgs`, and the messages both ways on a's leaf
+    /// Each cell's server's `in_msgs + out_msgs` and, of those, what its livegate node's
+    /// connection sent and took (`/connz`), and the messages both ways on a's leaf
     /// connections.
     async fn counters(&self) -> Result<Counters, String> {
         let mut c = Counters::default();
         for (i, n) in self.nats.iter().enumerate() {
             let v = servers::monitor_json(n.monitor(), "/varz").await?;
             c.msgs[i] = v["in_msgs"].as_u64().unwrap_or(0) + v["out_msgs"].as_u64().unwrap_or(0);
+            let connz = servers::monitor_json(n.monitor(), "/connz?limit=4096").await?;
+            for conn in connz["connections"].as_array().into_iter().flatten().filter(|c| c["name"].as_str().is_some_and(|n| n.starts_with("livegate "))) {
+                c.node[i] += conn["in_msgs"].as_u64().unwrap_or(0) + conn["out_msgs"].as_u64().unwrap_or(0);
+            }
         }
         let leafz = servers::monitor_json(self.nats[0].monitor(), "/leafz").await?;
         c.leaf = leafz["leafs"].as_array().into_iter().flatten().map(|l| l["in_msgs"].as_u64().unwrap_or(0) + l["out_msgs"].as_u64().unwrap_or(0)).sum();
@@ -222,6 +227,8 @@ impl Deploy {
 struct Counters {
     /// By [`CELLS`] index.
     msgs: [u64; 2],
+    /// By [`CELLS`] index: the part of `msgs` on the cell's livegate node's connection.
+    node: [u64; 2],
     leaf: u64,
 }
 
@@ -229,6 +236,7 @@ impl Counters {
     fn since(self, before: Counters) -> Counters {
         Counters {
             msgs: [self.msgs[0].saturating_sub(before.msgs[0]), self.msgs[1].saturating_sub(before.msgs[1])],
+            node: [self.node[0].saturating_sub(before.node[0]), self.node[1].saturating_sub(before.node[1])],
             leaf: self.leaf.saturating_sub(before.leaf),
         }
     }
@@ -379,12 +387,14 @@ async fn one_arm(ctx: &Ctx<'_>, dep: &Deploy, arm: Arm, room: usize, out: &mut O
         out.notes.push(format!("{}: load generator CPU at {:.0} %: figures may be client-bound", arm.name(), w.client_cpu / w.secs * 100.0));
     }
     out.notes.push(format!(
-        "{}: {} events in {:.1} s; NATS msgs cell a {}, cell b {}, across the leaf {}; CPU of the 4 processes {:.0} % of a core",
+        "{}: {} events in {:.1} s; NATS msgs cell a {} (node a1's connection {}), cell b {} (node b1's {}), across the leaf {}; CPU of the 4 processes {:.0} % of a core",
         arm.name(),
         p.published,
         w.secs,
         w.nats.msgs[0],
+        w.nats.node[0],
         w.nats.msgs[1],
+        w.nats.node[1],
         w.nats.leaf,
         w.cpu / w.secs * 100.0
     ));
