@@ -16,9 +16,13 @@
 //! leaf and JetStream traffic alike), the messages across the leaf per event (a's
 //! `/leafz`), and the CPU of all four processes per event. Cell b's mirror of a's room
 //! stream (`LG_ROOMS_a`) takes every event of a in both arms, so cell b is not silent in
-//! the local arm. Before the arms, each cell's idle traffic (heartbeats, probes) is read
-//! for [`BACKGROUND_SECS`]; the arms' order alternates between runs. Each run's record
-//! has both arms' figures and their ratio cross ÷ local; the report gives the medians.
+//! the local arm. The warm-up outlasts `FEED_LINGER`: a1 takes its room's live feed when
+//! the first publish loads the room and keeps it that long even in the cross arm, where
+//! nobody watches the room on a1 (5 s of live copies into a1, whatever the window), so
+//! the measured window shows the steady state. Before the arms, each cell's idle traffic
+//! (heartbeats, probes) is read for [`BACKGROUND_SECS`]; the arms' order alternates
+//! between runs. Each run's record has both arms' figures and their ratio cross ÷ local;
+//! the report gives the medians.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -345,7 +349,7 @@ async fn one_arm(ctx: &Ctx<'_>, dep: &Deploy, arm: Arm, room: usize, out: &mut O
     (ctx.status)(format!("{}: publishing {rate}/s through node a1", arm.name()));
     let publisher = Publisher::spread(Kind::Livegate, &[dep.nodes[0].addr], 1, s.publish_connections, s.pad, true).from_room(room);
     let start = now_ns() + 20_000_000;
-    let idx = rec.borrow_mut().add_phase(start, s.warm_secs, s.cells_secs);
+    let idx = rec.borrow_mut().add_phase(start, s.cells_warm_secs, s.cells_secs);
     let (measure_at, end) = {
         let r = rec.borrow();
         (r.phases[idx].measure, r.phases[idx].end)

@@ -719,7 +719,7 @@ fn method_notes(s: &Sizes) -> Vec<String> {
         ),
         format!(
             "**cells** (issue 47, this build only): cells a and b, each its own nats-server (JetStream domain = the cell's name, `ping_interval` 1 s, `ping_max` 2; b's server a leaf node of a's) and one node (`a1`, `b1`, `--cluster-cell-domains true`), every process on CPU 0. Two arms one after the other on that deployment (their order alternates between runs), each a room of its own homed in cell a: {0} subscribers (users homed by their tokens' `cell` claim) on a1 (local) or on b1 (cross), {1} publishes/s (HTTP with an `id`) through a1, the rooms' writer ({2} s warm-up + {3} s measured), batch window {4} ms. NATS msgs per event = a cell's nats-server `/varz` `in_msgs + out_msgs` over the measured window ÷ events published in it; across the leaf = a's `/leafz` `in_msgs + out_msgs`; CPU = the four processes'. b's mirror of a's room stream takes every event of a in both arms. Each cell's idle traffic is read for {5} s before the arms.",
-            s.cells_subs, s.cells_rate, s.warm_secs, s.cells_secs, s.cluster_window_ms, crate::cells::BACKGROUND_SECS
+            s.cells_subs, s.cells_rate, s.cells_warm_secs, s.cells_secs, s.cluster_window_ms, crate::cells::BACKGROUND_SECS
         ),
         format!("Payloads are `{{\"bs\":SEQ,\"bt\":NS,\"pad\":\"…\"}}` with {} B padding (~100 B of JSON); livegate wraps them as `{{\"data\":…}}` and delivers only once durable.", s.pad),
         "livegate clients each use their own user (`u0`, `u1`, …, device `web`), as real clients would, so each connection also holds its user's inbox subscription; each token is minted over HTTP before the connection.".into(),

@@ -100,6 +100,10 @@ pub struct Sizes {
     pub cells_rate: f64,
     /// cells: measured seconds of each arm (`--step-secs` sets it too).
     pub cells_secs: f64,
+    /// cells: each arm's warm-up. The full size outlasts the feed a room's writer takes
+    /// when it loads the room and keeps for `FEED_LINGER` without subscribers, so the
+    /// per-event counts are the steady state's, not diluted by that fixed-size start.
+    pub cells_warm_secs: f64,
 }
 
 impl Sizes {
@@ -159,6 +163,7 @@ impl Sizes {
             cells_subs: 100,
             cells_rate: 200.0,
             cells_secs: 10.0,
+            cells_warm_secs: livegate::core::interest::FEED_LINGER.as_secs_f64() + 1.0,
         }
     }
 
@@ -218,6 +223,7 @@ impl Sizes {
             cells_subs: 20,
             cells_rate: 50.0,
             cells_secs: 2.0,
+            cells_warm_secs: 0.5,
         }
     }
 }
