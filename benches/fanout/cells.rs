@@ -21,8 +21,10 @@
 //! nobody watches the room on a1 (5 s of live copies into a1, whatever the window), so
 //! the measured window shows the steady state. Before the arms, each cell's idle traffic
 //! (heartbeats, probes) is read for [`BACKGROUND_SECS`]; the arms' order alternates
-//! between runs. Each run's record has both arms' figures and their ratio cross ÷ local;
-//! the report gives the medians.
+//! between runs. Then both arms run at once, each in a fresh room with fresh
+//! subscribers, for their latency only (the cells' NATS counts cannot be split between
+//! two rooms at once): the same moments of a shared machine for both. Each run's record
+//! has the arms' figures and their ratios cross ÷ local; the report gives the medians.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -42,8 +44,8 @@ const TOKEN_SECRET: &str = "fanout-bench-cells-token-secret-0123456789";
 const FORM_TIMEOUT: Duration = Duration::from_secs(30);
 /// Seconds of each cell's idle traffic read before the arms.
 pub const BACKGROUND_SECS: f64 = 3.0;
-/// The users of the cross arm start here (the local arm's at 0): no user is in both.
-const CROSS_FIRST_USER: usize = 100_000;
+/// Each arm's users start at a multiple of this, so that no user is in two arms.
+const USERS_PER_ARM: usize = 100_000;
 
 /// Where an arm's subscribers are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,6 +80,11 @@ impl Arm {
             Arm::Cross => 1,
         }
     }
+
+    /// The arm's first user, alone or when both arms run at once.
+    fn first_user(self, together: bool) -> usize {
+        (self.cell() + if together { 2 } else { 0 }) * USERS_PER_ARM
+    }
 }
 
 /// Metric names shared by the scenario and the report's cells table.
@@ -107,13 +114,23 @@ pub mod metric {
     pub fn ratio(what: &str) -> String {
         format!("cross ÷ local: {what}")
     }
+
+    /// `what` for `arm` when both arms run at once.
+    pub fn together(arm: Arm, what: &str) -> String {
+        format!("both at once, {}: {what}", arm.name())
+    }
+
+    /// The run's cross ÷ local of `what` when both arms run at once.
+    pub fn together_ratio(what: &str) -> String {
+        format!("both at once, cross ÷ local: {what}")
+    }
 }
 
-/// The first two rooms (`r<i>`) homed in cell a: the local arm's and the cross arm's.
-pub fn rooms() -> [usize; 2] {
+/// The first four rooms (`r<i>`) homed in cell a: the local arm's and the cross arm's,
+/// then theirs when both run at once.
+pub fn rooms() -> [usize; 4] {
     let mut homed = (0..).filter(|&i| room_home_cell(&crate::proto::room_name(i), &CELLS) == Some(CELLS[0]));
-    let local = homed.next().expect("a room homed in cell a");
-    [local, homed.next().expect("a second room homed in cell a")]
+    std::array::from_fn(|_| homed.next().expect("rooms homed in cell a"))
 }
 
 /// Both cells: their nats-servers and nodes (nodes stop first: field order).
@@ -286,7 +303,7 @@ pub async fn run(ctx: &Ctx<'_>, run: usize) -> Result<Out, String> {
 }
 
 /// Each cell's idle traffic, then both arms (local first in odd runs, cross first in
-/// even ones), then their ratios.
+/// even ones), then their ratios, then both arms at once.
 async fn measure(ctx: &Ctx<'_>, dep: &Deploy, run: usize, out: &mut Out) -> Result<(), String> {
     (ctx.status)(format!("reading each cell's idle NATS traffic for {BACKGROUND_SECS} s"));
     let from = now_ns() + 10_000_000;
@@ -295,9 +312,11 @@ async fn measure(ctx: &Ctx<'_>, dep: &Deploy, run: usize, out: &mut Out) -> Resu
     let rooms = rooms();
     let mut figures: Vec<(Arm, [f64; 6], f64)> = Vec::new();
     for arm in order {
-        let room = rooms[arm.cell()];
-        let (each, delivered) = one_arm(ctx, dep, arm, room, out).await?;
-        figures.push((arm, each, delivered));
+        let mut prepared = [prepare(ctx, dep, arm, rooms[arm.cell()], arm.first_user(false), arm.name(), out).await?];
+        let w = drive(ctx, dep, &mut prepared).await?;
+        let [p] = prepared;
+        let done = finish(ctx, p, arm.name(), out).await;
+        figures.push((arm, arm_figures(arm, &done, &w, out), done.delivered));
         // Let the arm's sockets leave the nodes' and our tables.
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -317,54 +336,111 @@ async fn measure(ctx: &Ctx<'_>, dep: &Deploy, run: usize, out: &mut Out) -> Resu
     }
     out.lo(metric::IDLE_A, idle.nats.msgs[0] as f64 / idle.secs);
     out.lo(metric::IDLE_B, idle.nats.msgs[1] as f64 / idle.secs);
+    together(ctx, dep, [rooms[2], rooms[3]], out).await
+}
+
+/// Both arms at once, each in a room of its own with subscribers of its own: the same
+/// moments of the machine for both, so their latency ratio is not a comparison of two
+/// stretches of other work. The cells' NATS counts cannot be split between the arms
+/// here; only latency and the delivery check are recorded.
+async fn together(ctx: &Ctx<'_>, dep: &Deploy, rooms: [usize; 2], out: &mut Out) -> Result<(), String> {
+    let mut prepared = Vec::with_capacity(2);
+    let label = |arm: Arm| format!("both at once, {}", arm.name());
+    for arm in Arm::ALL {
+        prepared.push(prepare(ctx, dep, arm, rooms[arm.cell()], arm.first_user(true), &label(arm), out).await?);
+    }
+    let w = drive(ctx, dep, &mut prepared).await?;
+    let mut done = Vec::with_capacity(2);
+    for (arm, p) in Arm::ALL.into_iter().zip(prepared) {
+        done.push(finish(ctx, p, &label(arm), out).await);
+    }
+    let (local, cross) = (&done[0], &done[1]);
+    out.lo(&metric::together_ratio(metric::P50), cross.p50 / local.p50);
+    out.lo(&metric::together_ratio(metric::P99), cross.p99 / local.p99);
+    for (arm, d) in Arm::ALL.into_iter().zip(&done) {
+        out.lo(&metric::together(arm, metric::P50), d.p50);
+        out.lo(&metric::together(arm, metric::P99), d.p99);
+        out.hi(&metric::together(arm, metric::DELIVERED), d.delivered);
+    }
+    note_window("both at once", local.events + cross.events, &w, out);
     Ok(())
 }
 
-/// One arm: its subscribers, open-loop publishes through a1, the delivery check; returns
-/// [`metric::EACH`] in order and the delivered %, and adds problems and notes to `out`.
-async fn one_arm(ctx: &Ctx<'_>, dep: &Deploy, arm: Arm, room: usize, out: &mut Out) -> Result<([f64; 6], f64), String> {
+/// One arm's subscribers, connected, and its publisher, ready.
+struct Prepared {
+    room: usize,
+    rec: Rec,
+    clients: load::Clients,
+    connected: usize,
+    publisher: Publisher,
+    /// The arm's phase in `rec` (set by [`drive`]).
+    phase: usize,
+}
+
+/// An arm's subscribers on its cell's node and a publisher to its room through a1.
+async fn prepare(ctx: &Ctx<'_>, dep: &Deploy, arm: Arm, room: usize, first_user: usize, label: &str, out: &mut Out) -> Result<Prepared, String> {
     let s = ctx.sizes;
     let cell = CELLS[arm.cell()];
     let addr: SocketAddr = dep.nodes[arm.cell()].addr;
     let rec = Rec::default();
     let specs = vec![ConnSpec { room, slow: false }; s.cells_subs];
-    let first_user = if arm == Arm::Local { 0 } else { CROSS_FIRST_USER };
-    let progress = |d: usize, n: usize| (ctx.status)(format!("{}: connecting to node {cell}1: {d}/{n}", arm.name()));
+    let progress = |d: usize, n: usize| (ctx.status)(format!("{label}: connecting to node {cell}1: {d}/{n}"));
     let clients = load::open_clients_in(Kind::Livegate, addr, &specs, first_user, Some(cell), &rec, &progress).await?;
     if clients.failed > 0 {
         out.problems.push(format!(
-            "{}: {} of {} connections to node {cell}1 failed: {}",
-            arm.name(),
+            "{label}: {} of {} connections to node {cell}1 failed: {}",
             clients.failed,
             specs.len(),
             clients.first_error.clone().unwrap_or_default()
         ));
     }
     let connected = specs.len() - clients.failed;
-    // Let b1's interest in the room reach a's server across the leaf (the warm-up second
-    // is not measured either; the delivery check covers it).
-    tokio::time::sleep(Duration::from_millis(500)).await;
-
-    let rate = s.cells_rate;
-    (ctx.status)(format!("{}: publishing {rate}/s through node a1", arm.name()));
     let publisher = Publisher::spread(Kind::Livegate, &[dep.nodes[0].addr], 1, s.publish_connections, s.pad, true).from_room(room);
-    let start = now_ns() + 20_000_000;
-    let idx = rec.borrow_mut().add_phase(start, s.cells_warm_secs, s.cells_secs);
-    let (measure_at, end) = {
-        let r = rec.borrow();
-        (r.phases[idx].measure, r.phases[idx].end)
-    };
-    let ((), w) = tokio::join!(publisher.open_loop(&rec, rate, start, end), window(dep, measure_at, end));
-    (ctx.status)(format!("{}: settling", arm.name()));
-    let (published, pstats) = publisher.finish(Duration::from_secs_f64(s.settle_max_secs)).await;
-    settle(&rec, s.settle_max_secs).await;
-    let w = w?;
-    if pstats.errors > 0 {
-        out.problems.push(format!("{}: {} publishes failed: {}", arm.name(), pstats.errors, pstats.first_error.clone().unwrap_or_default()));
-    }
+    Ok(Prepared { room, rec, clients, connected, publisher, phase: 0 })
+}
 
+/// Open-loop publishes into every prepared arm's room at once, warm-up then the measured
+/// window; returns what the deployment did in the measured window.
+async fn drive(ctx: &Ctx<'_>, dep: &Deploy, arms: &mut [Prepared]) -> Result<Window, String> {
+    let s = ctx.sizes;
+    // Let b1's interest in a room reach a's server across the leaf (the warm-up is not
+    // measured either; the delivery check covers it).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rooms: Vec<String> = arms.iter().map(|a| crate::proto::room_name(a.room)).collect();
+    (ctx.status)(format!("publishing {}/s into {} through node a1", s.cells_rate, rooms.join(" and ")));
+    let start = now_ns() + 20_000_000;
+    for a in arms.iter_mut() {
+        a.phase = a.rec.borrow_mut().add_phase(start, s.cells_warm_secs, s.cells_secs);
+    }
+    let (measure_at, end) = {
+        let r = arms[0].rec.borrow();
+        (r.phases[arms[0].phase].measure, r.phases[arms[0].phase].end)
+    };
+    let publishing = futures_util::future::join_all(arms.iter().map(|a| a.publisher.open_loop(&a.rec, s.cells_rate, start, end)));
+    let (_, w) = tokio::join!(publishing, window(dep, measure_at, end));
+    w
+}
+
+/// What an arm delivered, once its publishes are answered and its subscribers quiet.
+struct Done {
+    events: u64,
+    p50: f64,
+    p99: f64,
+    delivered: f64,
+}
+
+/// Waits for an arm's publishes and deliveries, closes its subscribers and checks every
+/// delivery (once, in room order, none missing).
+async fn finish(ctx: &Ctx<'_>, p: Prepared, label: &str, out: &mut Out) -> Done {
+    let s = ctx.sizes;
+    (ctx.status)(format!("{label}: settling"));
+    let (published, pstats) = p.publisher.finish(Duration::from_secs_f64(s.settle_max_secs)).await;
+    settle(&p.rec, s.settle_max_secs).await;
+    if pstats.errors > 0 {
+        out.problems.push(format!("{label}: {} publishes failed: {}", pstats.errors, pstats.first_error.clone().unwrap_or_default()));
+    }
     let (mut missing, mut dups, mut out_of_order, mut closed_by_server) = (0u64, 0u64, 0u64, 0usize);
-    for c in clients.close().await.iter().filter(|c| c.connected) {
+    for c in p.clients.close().await.iter().filter(|c| c.connected) {
         if c.ended {
             closed_by_server += 1;
             continue;
@@ -375,25 +451,39 @@ async fn one_arm(ctx: &Ctx<'_>, dep: &Deploy, arm: Arm, room: usize, out: &mut O
     }
     if missing > 0 || dups > 0 || out_of_order > 0 || closed_by_server > 0 {
         out.problems.push(format!(
-            "{}: {missing} missing, {dups} duplicate, {out_of_order} out-of-order deliveries, {closed_by_server} clients closed by the server",
-            arm.name()
+            "{label}: {missing} missing, {dups} duplicate, {out_of_order} out-of-order deliveries, {closed_by_server} clients closed by the server"
         ));
     }
-    let r = rec.borrow();
-    let p = &r.phases[idx];
-    let events = p.published as f64;
-    let expected = events * connected as f64;
-    let delivered = if expected > 0.0 { p.delivered as f64 / expected * 100.0 } else { f64::NAN };
+    let r = p.rec.borrow();
+    let ph = &r.phases[p.phase];
+    let expected = ph.published as f64 * p.connected as f64;
+    Done {
+        events: ph.published,
+        p50: ms(&ph.hist, 0.5),
+        p99: ms(&ph.hist, 0.99),
+        delivered: if expected > 0.0 { ph.delivered as f64 / expected * 100.0 } else { f64::NAN },
+    }
+}
+
+/// [`metric::EACH`] of an arm run alone, in order; notes its window.
+fn arm_figures(arm: Arm, d: &Done, w: &Window, out: &mut Out) -> [f64; 6] {
+    note_window(arm.name(), d.events, w, out);
+    let events = d.events as f64;
+    let per_event = |n: u64| if events > 0.0 { n as f64 / events } else { f64::NAN };
+    [d.p50, d.p99, per_event(w.nats.msgs[0]), per_event(w.nats.msgs[1]), per_event(w.nats.leaf), if events > 0.0 { w.cpu / events * 1e6 } else { f64::NAN }]
+}
+
+/// A note with what the deployment did in a measured window, and whether other work or
+/// the load generator disturbed it.
+fn note_window(label: &str, events: u64, w: &Window, out: &mut Out) {
     if w.other_cpu / w.secs > 0.25 {
-        out.notes.push(format!("{}: other processes on the machine used {:.0} % of a core: figures are disturbed", arm.name(), w.other_cpu / w.secs * 100.0));
+        out.notes.push(format!("{label}: other processes on the machine used {:.0} % of a core: figures are disturbed", w.other_cpu / w.secs * 100.0));
     }
     if w.client_cpu / w.secs > 0.9 {
-        out.notes.push(format!("{}: load generator CPU at {:.0} %: figures may be client-bound", arm.name(), w.client_cpu / w.secs * 100.0));
+        out.notes.push(format!("{label}: load generator CPU at {:.0} %: figures may be client-bound", w.client_cpu / w.secs * 100.0));
     }
     out.notes.push(format!(
-        "{}: {} events in {:.1} s; NATS msgs cell a {} (node a1's connection {}), cell b {} (node b1's {}), across the leaf {}; CPU of the 4 processes {:.0} % of a core",
-        arm.name(),
-        p.published,
+        "{label}: {events} events in {:.1} s; NATS msgs cell a {} (node a1's connection {}), cell b {} (node b1's {}), across the leaf {}; CPU of the 4 processes {:.0} % of a core",
         w.secs,
         w.nats.msgs[0],
         w.nats.node[0],
@@ -402,14 +492,4 @@ async fn one_arm(ctx: &Ctx<'_>, dep: &Deploy, arm: Arm, room: usize, out: &mut O
         w.nats.leaf,
         w.cpu / w.secs * 100.0
     ));
-    let per_event = |n: u64| if events > 0.0 { n as f64 / events } else { f64::NAN };
-    let each = [
-        ms(&p.hist, 0.5),
-        ms(&p.hist, 0.99),
-        per_event(w.nats.msgs[0]),
-        per_event(w.nats.msgs[1]),
-        per_event(w.nats.leaf),
-        if events > 0.0 { w.cpu / events * 1e6 } else { f64::NAN },
-    ];
-    Ok((each, delivered))
 }

@@ -592,6 +592,16 @@ pub fn cells_table(records: &[Record]) -> Option<String> {
     }
     let d = m::DELIVERED;
     let _ = writeln!(md, "| {d} ↑ | {} | {} | |", cell(&get(&m::of(Arm::Local, d))), cell(&get(&m::of(Arm::Cross, d))));
+    for what in [m::P50, m::P99] {
+        let _ = writeln!(
+            md,
+            "| {what}, both arms at once ↓ | {} | {} | {} |",
+            cell(&get(&m::together(Arm::Local, what))),
+            cell(&get(&m::together(Arm::Cross, what))),
+            cell(&get(&m::together_ratio(what)))
+        );
+    }
+    let _ = writeln!(md, "| {d}, both arms at once ↑ | {} | {} | |", cell(&get(&m::together(Arm::Local, d))), cell(&get(&m::together(Arm::Cross, d))));
     let _ = writeln!(md, "\nIdle, before the arms (heartbeats, probes): cell a {} NATS msgs/s, cell b {}.", cell(&get(m::IDLE_A)), cell(&get(m::IDLE_B)));
     Some(md)
 }
@@ -718,7 +728,7 @@ fn method_notes(s: &Sizes) -> Vec<String> {
             s.presence_subs, s.presence_churn_per_sec, s.presence_pool, s.presence_rejoin_ms, s.presence_rates, s.warm_secs, s.presence_secs
         ),
         format!(
-            "**cells** (issue 47, this build only): cells a and b, each its own nats-server (JetStream domain = the cell's name, `ping_interval` 1 s, `ping_max` 2; b's server a leaf node of a's) and one node (`a1`, `b1`, `--cluster-cell-domains true`), every process on CPU 0. Two arms one after the other on that deployment (their order alternates between runs), each a room of its own homed in cell a: {0} subscribers (users homed by their tokens' `cell` claim) on a1 (local) or on b1 (cross), {1} publishes/s (HTTP with an `id`) through a1, the rooms' writer ({2} s warm-up + {3} s measured), batch window {4} ms. NATS msgs per event = a cell's nats-server `/varz` `in_msgs + out_msgs` over the measured window ÷ events published in it; across the leaf = a's `/leafz` `in_msgs + out_msgs`; CPU = the four processes'. b's mirror of a's room stream takes every event of a in both arms. Each cell's idle traffic is read for {5} s before the arms.",
+            "**cells** (issue 47, this build only): cells a and b, each its own nats-server (JetStream domain = the cell's name, `ping_interval` 1 s, `ping_max` 2; b's server a leaf node of a's) and one node (`a1`, `b1`, `--cluster-cell-domains true`), every process on CPU 0. Two arms one after the other on that deployment (their order alternates between runs), each a room of its own homed in cell a: {0} subscribers (users homed by their tokens' `cell` claim) on a1 (local) or on b1 (cross), {1} publishes/s (HTTP with an `id`) through a1, the rooms' writer ({2} s warm-up + {3} s measured), batch window {4} ms. NATS msgs per event = a cell's nats-server `/varz` `in_msgs + out_msgs` over the measured window ÷ events published in it; across the leaf = a's `/leafz` `in_msgs + out_msgs`; CPU = the four processes'. b's mirror of a's room stream takes every event of a in both arms. Each cell's idle traffic is read for {5} s before the arms. Then both arms at once, each in a fresh room with fresh subscribers, the same load and times, for latency and the delivery check only (the cells' NATS counts cannot be split between the two rooms).",
             s.cells_subs, s.cells_rate, s.cells_warm_secs, s.cells_secs, s.cluster_window_ms, crate::cells::BACKGROUND_SECS
         ),
         format!("Payloads are `{{\"bs\":SEQ,\"bt\":NS,\"pad\":\"…\"}}` with {} B padding (~100 B of JSON); livegate wraps them as `{{\"data\":…}}` and delivers only once durable.", s.pad),
