@@ -22,9 +22,10 @@
 //! the measured window shows the steady state. Before the arms, each cell's idle traffic
 //! (heartbeats, probes) is read for [`BACKGROUND_SECS`]; the arms' order alternates
 //! between runs. Then both arms run at once, each in a fresh room with fresh
-//! subscribers, for their latency only (the cells' NATS counts cannot be split between
-//! two rooms at once): the same moments of a shared machine for both. Each run's record
-//! has the arms' figures and their ratios cross ÷ local; the report gives the medians.
+//! subscribers and half the rate (the same events and deliveries per second in all), for
+//! their latency only (the cells' NATS counts cannot be split between two rooms at once):
+//! the same moments of a shared machine for both. Each run's record has the arms' figures
+//! and their ratios cross ÷ local; the report gives the medians.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -339,8 +340,8 @@ async fn measure(ctx: &Ctx<'_>, dep: &Deploy, run: usize, out: &mut Out) -> Resu
     together(ctx, dep, [rooms[2], rooms[3]], out).await
 }
 
-/// Both arms at once, each in a room of its own with subscribers of its own: the same
-/// moments of the machine for both, so their latency ratio is not a comparison of two
+/// Both arms at once, each in a room of its own with subscribers of its own and half the
+/// rate: the same moments of the machine for both, so their latency ratio is not a comparison of two
 /// stretches of other work. The cells' NATS counts cannot be split between the arms
 /// here; only latency and the delivery check are recorded.
 async fn together(ctx: &Ctx<'_>, dep: &Deploy, rooms: [usize; 2], out: &mut Out) -> Result<(), String> {
@@ -400,14 +401,16 @@ async fn prepare(ctx: &Ctx<'_>, dep: &Deploy, arm: Arm, room: usize, first_user:
 }
 
 /// Open-loop publishes into every prepared arm's room at once, warm-up then the measured
-/// window; returns what the deployment did in the measured window.
+/// window, the rate shared between the rooms (the deployment takes the same events per
+/// second however many arms run); returns what the deployment did in the measured window.
 async fn drive(ctx: &Ctx<'_>, dep: &Deploy, arms: &mut [Prepared]) -> Result<Window, String> {
     let s = ctx.sizes;
     // Let b1's interest in a room reach a's server across the leaf (the warm-up is not
     // measured either; the delivery check covers it).
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rooms: Vec<String> = arms.iter().map(|a| crate::proto::room_name(a.room)).collect();
-    (ctx.status)(format!("publishing {}/s into {} through node a1", s.cells_rate, rooms.join(" and ")));
+    let rate = s.cells_rate / arms.len() as f64;
+    (ctx.status)(format!("publishing {rate}/s into each of {} through node a1", rooms.join(" and ")));
     let start = now_ns() + 20_000_000;
     for a in arms.iter_mut() {
         a.phase = a.rec.borrow_mut().add_phase(start, s.cells_warm_secs, s.cells_secs);
@@ -416,7 +419,7 @@ async fn drive(ctx: &Ctx<'_>, dep: &Deploy, arms: &mut [Prepared]) -> Result<Win
         let r = arms[0].rec.borrow();
         (r.phases[arms[0].phase].measure, r.phases[arms[0].phase].end)
     };
-    let publishing = futures_util::future::join_all(arms.iter().map(|a| a.publisher.open_loop(&a.rec, s.cells_rate, start, end)));
+    let publishing = futures_util::future::join_all(arms.iter().map(|a| a.publisher.open_loop(&a.rec, rate, start, end)));
     let (_, w) = tokio::join!(publishing, window(dep, measure_at, end));
     w
 }
