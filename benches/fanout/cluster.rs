@@ -165,7 +165,7 @@ impl Deploy {
 }
 
 /// livegate's JSON log lines at WARN or ERROR, a panic, or nats-server's [WRN]/[ERR]/[FTL].
-fn is_warning(line: &str) -> bool {
+pub fn is_warning(line: &str) -> bool {
     ["\"level\":\"WARN\"", "\"level\":\"ERROR\"", "panicked", "[WRN]", "[ERR]", "[FTL]"].iter().any(|n| line.contains(n))
 }
 

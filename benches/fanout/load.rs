@@ -242,8 +242,22 @@ pub async fn open_clients(
     rec: &Rec,
     progress: &dyn Fn(usize, usize),
 ) -> Result<Clients, String> {
+    open_clients_in(kind, addr, specs, first_user, None, rec, progress).await
+}
+
+/// [`open_clients`] whose livegate users are homed in `cell` (their tokens' `cell`
+/// claim), so that a node of that cell serves their new sessions.
+pub async fn open_clients_in(
+    kind: Kind,
+    addr: SocketAddr,
+    specs: &[ConnSpec],
+    first_user: usize,
+    cell: Option<&str>,
+    rec: &Rec,
+    progress: &dyn Fn(usize, usize),
+) -> Result<Clients, String> {
     let n = specs.len();
-    let tokens = proto::credentials(kind, addr, n, first_user, 8).await?;
+    let tokens = proto::credentials_in(kind, addr, n, first_user, 8, cell).await?;
     let (stop, stop_rx) = watch::channel(false);
     let (ready_tx, mut ready_rx) = mpsc::unbounded_channel::<Result<(), String>>();
     let gate = Rc::new(Semaphore::new(CONNECT_PARALLEL));
@@ -379,6 +393,8 @@ struct Job {
 pub struct Publisher {
     kind: Kind,
     rooms: usize,
+    /// The first room's index: the rooms are `room_name(first_room + k)`, k < `rooms`.
+    first_room: usize,
     pad: String,
     /// One queue per server address; a room's publishes take the addresses in turn.
     tx: Vec<mpsc::UnboundedSender<Job>>,
@@ -435,6 +451,7 @@ impl Publisher {
         Publisher {
             kind,
             rooms,
+            first_room: 0,
             pad: "x".repeat(pad_bytes),
             tx: txs,
             ids,
@@ -442,6 +459,13 @@ impl Publisher {
             published: Rc::new(RefCell::new(vec![0; rooms])),
             stats,
         }
+    }
+
+    /// The same publisher over rooms `first..first + rooms` instead of `0..rooms` (the
+    /// bench sequence numbers in `published` stay indexed from 0).
+    pub fn from_room(mut self, first: usize) -> Publisher {
+        self.first_room = first;
+        self
     }
 
     /// Publishes `rate` events per second in total, round-robin over the rooms, with
@@ -464,10 +488,11 @@ impl Publisher {
                 p[room]
             };
             let data = proto::payload(seq, due, &self.pad);
+            let named = self.first_room + room;
             let (path, body) = if self.ids {
-                proto::publish_request_with_id(&proto::room_name(room), &publish_id(room, seq), &data)
+                proto::publish_request_with_id(&proto::room_name(named), &publish_id(named, seq), &data)
             } else {
-                proto::publish_request(self.kind, &proto::room_name(room), &data)
+                proto::publish_request(self.kind, &proto::room_name(named), &data)
             };
             rec.borrow_mut().on_publish(due);
             let through = (k as usize / self.rooms) % self.tx.len();

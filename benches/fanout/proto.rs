@@ -32,13 +32,27 @@ pub fn room_name(i: usize) -> String {
 pub static TOKEN_TTL_SECS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(900);
 
 pub async fn credentials(kind: Kind, addr: SocketAddr, n: usize, first_user: usize, parallel: usize) -> Result<Vec<Option<String>>, String> {
+    credentials_in(kind, addr, n, first_user, parallel, None).await
+}
+
+/// [`credentials`] whose tokens claim `cell` as their users' home cell (none: no claim,
+/// the configured cells' rendezvous choice).
+pub async fn credentials_in(
+    kind: Kind,
+    addr: SocketAddr,
+    n: usize,
+    first_user: usize,
+    parallel: usize,
+    cell: Option<&str>,
+) -> Result<Vec<Option<String>>, String> {
     if !kind.is_livegate() {
         return Ok(vec![None; n]);
     }
     let next = std::rc::Rc::new(std::cell::Cell::new(0usize));
     let mut tasks = Vec::new();
+    let claim = cell.map(|c| format!(r#","cell":"{c}""#)).unwrap_or_default();
     for _ in 0..parallel.max(1) {
-        let next = next.clone();
+        let (next, claim) = (next.clone(), claim.clone());
         tasks.push(tokio::task::spawn_local(async move {
             let mut http = HttpClient::new(addr, Some(API_KEY));
             let mut out = Vec::new();
@@ -49,7 +63,7 @@ pub async fn credentials(kind: Kind, addr: SocketAddr, n: usize, first_user: usi
                 }
                 next.set(i + 1);
                 let ttl = TOKEN_TTL_SECS.load(std::sync::atomic::Ordering::Relaxed);
-                let body = format!(r#"{{"user":"u{}","device":"web","ttl_secs":{ttl}}}"#, first_user + i);
+                let body = format!(r#"{{"user":"u{}","device":"web","ttl_secs":{ttl}{claim}}}"#, first_user + i);
                 let r = http.post("/v1/tokens", body.as_bytes()).await.map_err(|e| format!("mint token: {e}"))?;
                 if r.status != 201 {
                     return Err(format!("mint token: HTTP {} {}", r.status, String::from_utf8_lossy(&r.body)));

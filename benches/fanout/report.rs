@@ -337,6 +337,14 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
         );
     }
 
+    if let Some(table) = cells_table(records) {
+        let _ = writeln!(
+            md,
+            "\n## Cells (issue 47): a room homed in cell a, watched in a and in b\n\nTwo cells, each its own nats-server (JetStream domain = the cell, b a leaf node of a) and one node; {} subscribers of a room homed in a, on a's node (local) or on b's (cross: the live copies cross the leaf), {} publishes/s through a's node for {} s. Medians of the runs, (min–max) when they differ; cross ÷ local is the median of each run's ratio.\n\n{table}",
+            sizes.cells_subs, sizes.cells_rate, sizes.cells_secs
+        );
+    }
+
     if let Some(table) = presence_table(records) {
         let _ = writeln!(
             md,
@@ -572,6 +580,32 @@ pub fn presence_table(records: &[Record]) -> Option<String> {
     Some(md)
 }
 
+/// The cells scenario's two arms side by side, with the median of each run's cross ÷
+/// local, and each cell's idle traffic.
+pub fn cells_table(records: &[Record]) -> Option<String> {
+    use crate::cells::{metric as m, Arm};
+    records.iter().find(|r| r.case == Case::Cells && !r.metrics.is_empty())?;
+    let get = |name: &str| values(records, Kind::Livegate, Case::Cells, name);
+    let mut md = format!("| measure | {} | {} | cross ÷ local |\n|---|---:|---:|---:|\n", Arm::Local.title(), Arm::Cross.title());
+    for what in m::EACH {
+        let _ = writeln!(md, "| {what} ↓ | {} | {} | {} |", cell(&get(&m::of(Arm::Local, what))), cell(&get(&m::of(Arm::Cross, what))), cell(&get(&m::ratio(what))));
+    }
+    let d = m::DELIVERED;
+    let _ = writeln!(md, "| {d} ↑ | {} | {} | |", cell(&get(&m::of(Arm::Local, d))), cell(&get(&m::of(Arm::Cross, d))));
+    for what in [m::P50, m::P99] {
+        let _ = writeln!(
+            md,
+            "| {what}, both arms at once ↓ | {} | {} | {} |",
+            cell(&get(&m::together(Arm::Local, what))),
+            cell(&get(&m::together(Arm::Cross, what))),
+            cell(&get(&m::together_ratio(what)))
+        );
+    }
+    let _ = writeln!(md, "| {d}, both arms at once ↑ | {} | {} | |", cell(&get(&m::together(Arm::Local, d))), cell(&get(&m::together(Arm::Cross, d))));
+    let _ = writeln!(md, "\nIdle, before the arms (heartbeats, probes): cell a {} NATS msgs/s, cell b {}.", cell(&get(m::IDLE_A)), cell(&get(m::IDLE_B)));
+    Some(md)
+}
+
 /// The reconnect wave's metrics side by side, mode on and off, with their ratio.
 pub fn reconnect_table(records: &[Record]) -> Option<String> {
     let (on, off) = (Case::Reconnect(true), Case::Reconnect(false));
@@ -692,6 +726,10 @@ fn method_notes(s: &Sizes) -> Vec<String> {
         format!(
             "**presence** (issue 19, livegate only): 1 room × {} WebSocket subscribers, each its own user; {}/s of the last {} leave (oldest first), each replaced {} ms later by a new user; publishes at {:?}/s, {} s warm-up + {} s measured each. Three arms per run, each on a fresh server: this build subscribing `\"presence\":true`, the same with `\"presence\":false`, and the `--baseline-bin` build without the key. Stable subscribers must get every event once; presence frames are counted per stable subscriber.",
             s.presence_subs, s.presence_churn_per_sec, s.presence_pool, s.presence_rejoin_ms, s.presence_rates, s.warm_secs, s.presence_secs
+        ),
+        format!(
+            "**cells** (issue 47, this build only): cells a and b, each its own nats-server (JetStream domain = the cell's name, `ping_interval` 1 s, `ping_max` 2; b's server a leaf node of a's) and one node (`a1`, `b1`, `--cluster-cell-domains true`), every process on CPU 0. Two arms one after the other on that deployment (their order alternates between runs), each a room of its own homed in cell a: {0} subscribers (users homed by their tokens' `cell` claim) on a1 (local) or on b1 (cross), {1} publishes/s (HTTP with an `id`) through a1, the rooms' writer ({2} s warm-up + {3} s measured), batch window {4} ms. NATS msgs per event = a cell's nats-server `/varz` `in_msgs + out_msgs` over the measured window ÷ events published in it; across the leaf = a's `/leafz` `in_msgs + out_msgs`; CPU = the four processes'. b's mirror of a's room stream takes every event of a in both arms. Each cell's idle traffic is read for {5} s before the arms. Then both arms at once, each in a fresh room with fresh subscribers and half the publish rate (the same events per second in all), for latency and the delivery check only (the cells' NATS counts cannot be split between the two rooms).",
+            s.cells_subs, s.cells_rate, s.cells_warm_secs, s.cells_secs, s.cluster_window_ms, crate::cells::BACKGROUND_SECS
         ),
         format!("Payloads are `{{\"bs\":SEQ,\"bt\":NS,\"pad\":\"…\"}}` with {} B padding (~100 B of JSON); livegate wraps them as `{{\"data\":…}}` and delivers only once durable.", s.pad),
         "livegate clients each use their own user (`u0`, `u1`, …, device `web`), as real clients would, so each connection also holds its user's inbox subscription; each token is minted over HTTP before the connection.".into(),

@@ -6,7 +6,9 @@
 //! livegate only, in `fanout/cluster.rs`): one node, three nodes on one or on three
 //! replicated nats-servers, and four nodes, the same load on each; and churn
 //! (issue 16, livegate only): cycles of new users connecting and leaving, and the
-//! server's memory with nobody connected after each.
+//! server's memory with nobody connected after each; and cells (issue 47, livegate
+//! only, in `fanout/cells.rs`): a room homed in one cell watched from that cell and from
+//! another one across the cells' leaf connection.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -92,6 +94,16 @@ pub struct Sizes {
     pub presence_secs: f64,
     /// Measured seconds of the floor beside each fanout step (issue 32).
     pub floor_secs: f64,
+    /// cells: WebSocket subscribers of each arm's room.
+    pub cells_subs: usize,
+    /// cells: open-loop publishes/s into each arm's room.
+    pub cells_rate: f64,
+    /// cells: measured seconds of each arm (`--step-secs` sets it too).
+    pub cells_secs: f64,
+    /// cells: each arm's warm-up. The full size outlasts the feed a room's writer takes
+    /// when it loads the room and keeps for `FEED_LINGER` without subscribers, so the
+    /// per-event counts are the steady state's, not diluted by that fixed-size start.
+    pub cells_warm_secs: f64,
 }
 
 impl Sizes {
@@ -148,6 +160,10 @@ impl Sizes {
             presence_rates: vec![5.0, 100.0],
             presence_secs: 5.0,
             floor_secs: 2.0,
+            cells_subs: 100,
+            cells_rate: 200.0,
+            cells_secs: 10.0,
+            cells_warm_secs: livegate::core::interest::FEED_LINGER.as_secs_f64() + 1.0,
         }
     }
 
@@ -204,6 +220,10 @@ impl Sizes {
             presence_rates: vec![5.0, 100.0],
             presence_secs: 2.0,
             floor_secs: 1.0,
+            cells_subs: 20,
+            cells_rate: 50.0,
+            cells_secs: 2.0,
+            cells_warm_secs: 0.5,
         }
     }
 }
@@ -232,9 +252,13 @@ pub enum Case {
     /// livegate only: a hot room with churn, subscribing with presence on, off, or
     /// (the `--baseline-bin` build) without the key.
     Presence(Arm),
+    /// livegate only (this build): two cells, a room homed in one watched from it and
+    /// from the other.
+    Cells,
 }
 
-pub const SCENARIOS: [&str; 12] = ["idle", "fanout", "rooms", "hot", "durable", "slow", "cluster", "churn", "reconnect", "state", "presence", "connects"];
+pub const SCENARIOS: [&str; 13] =
+    ["idle", "fanout", "rooms", "hot", "durable", "slow", "cluster", "churn", "reconnect", "state", "presence", "connects", "cells"];
 
 impl Case {
     pub fn scenario(self) -> &'static str {
@@ -251,6 +275,7 @@ impl Case {
             Case::State => "state",
             Case::Presence(_) => "presence",
             Case::Connects => "connects",
+            Case::Cells => "cells",
         }
     }
 
@@ -263,6 +288,7 @@ impl Case {
             Case::Presence(Arm::On) => "presence, subscribe presence:true".into(),
             Case::Presence(Arm::Off) => "presence, subscribe presence:false".into(),
             Case::Presence(Arm::Absent) => "presence, build without presence".into(),
+            Case::Cells => "cells: a room homed in cell a, watched in a vs in b".into(),
             c => c.scenario().to_string(),
         }
     }
@@ -284,6 +310,7 @@ impl Case {
             ("presence", Kind::Livegate) => vec![Case::Presence(Arm::On), Case::Presence(Arm::Off)],
             ("presence", Kind::LivegateBase) => vec![Case::Presence(Arm::Absent)],
             ("connects", k) if k.is_livegate() => vec![Case::Connects],
+            ("cells", Kind::Livegate) => vec![Case::Cells],
             _ => vec![],
         }
     }
@@ -416,6 +443,7 @@ pub async fn run(ctx: &Ctx<'_>, kind: Kind, case: Case, run: usize) -> Record {
         Case::State => state_join(ctx).await,
         Case::Presence(arm) => presence(ctx, kind, arm).await,
         Case::Connects => connects(ctx, kind).await,
+        Case::Cells => crate::cells::run(ctx, run).await,
     };
     let out = out.unwrap_or_else(|e| {
         let mut o = Out::new();

@@ -6,6 +6,8 @@
 //! with routes on loopback; the binary from [`resolve_nats_server`]), each server's NATS
 //! traffic per livegate node from its `/connz` ([`node_traffic`]), and
 //! [`LivegateCluster`]: N livegate nodes of one build joined through it, all on the same CPU.
+//! For the cells scenario, [`CellNats`]: a cell's nats-server, JetStream in a domain named
+//! after the cell, joined to another cell's by a leaf node connection.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -134,7 +136,7 @@ pub struct Server {
     _dir: tempfile::TempDir,
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
 
@@ -200,8 +202,11 @@ impl Server {
         for var in ["LIVEGATE_MAX_CONNECTIONS", "LIVEGATE_MAX_CONNECTIONS_PER_IP", "LIVEGATE_HANDSHAKES_PER_IP_PER_SEC"] {
             cmd.env(var, "0");
         }
-        // The bench's own variable would make livegate warn about an unknown key.
-        cmd.env_remove(NATS_SERVER_ENV);
+        // The bench's own variable, and the test suite's tool paths when the bench runs
+        // in a shell set up for the tests, would make livegate warn about unknown keys.
+        for var in [NATS_SERVER_ENV, "LIVEGATE_WSTEST", "LIVEGATE_OPENAPI_VALIDATOR"] {
+            cmd.env_remove(var);
+        }
         if let Some(ttl) = lg.ttl_secs {
             cmd.env("LIVEGATE_SESSION_TTL_SECS", ttl.to_string());
             cmd.env("LIVEGATE_TOKEN_TTL_MAX_SECS", ttl.to_string());
@@ -390,8 +395,9 @@ impl NatsServer {
     }
 
     /// A server on the given client and monitoring ports with `extra` arguments (a NATS
-    /// cluster member's name, cluster port and routes); returns once it accepts clients.
-    async fn start_with(paths: &Paths, name: &str, port: u16, monitor_port: u16, extra: &[String]) -> Result<NatsServer, String> {
+    /// cluster member's name, cluster port and routes; a cell's `-c` configuration);
+    /// returns once it accepts clients.
+    pub async fn start_with(paths: &Paths, name: &str, port: u16, monitor_port: u16, extra: &[String]) -> Result<NatsServer, String> {
         if let Some(why) = nats_missing(&paths.nats_server) {
             return Err(why);
         }
@@ -719,4 +725,101 @@ impl LivegateCluster {
         }
         self.nats.stop();
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Cells: one nats-server per cell, each its own JetStream domain, joined by a leaf
+// ---------------------------------------------------------------------------------------
+
+/// How long a spoke's leaf connection to its hub may take to come up.
+const LEAF_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One cell's nats-server, configured as the book's Cells chapter deploys it: named
+/// `cell-<cell>`, JetStream in domain `<cell>`, a leaf port of its own, `ping_interval`
+/// 1 s and `ping_max` 2, and for a spoke a leaf remote to its hub's leaf port that ignores
+/// the addresses the hub advertises.
+pub struct CellNats {
+    pub cell: String,
+    pub server: NatsServer,
+    pub leaf_port: u16,
+    _conf: tempfile::TempDir,
+}
+
+impl CellNats {
+    /// Starts cell `cell`'s server; `hub_leaf` is the hub's leaf port (none: this is the
+    /// hub). Returns once it accepts clients, not once its leaf is up ([`leaf_connections`]).
+    pub async fn start(paths: &Paths, cell: &str, hub_leaf: Option<u16>) -> Result<CellNats, String> {
+        let conf = scratch_dir(paths, &format!("nats-conf-{cell}-"))?;
+        let path = conf.path().join("nats.conf");
+        let path_arg = path.to_str().ok_or("non-UTF-8 scratch path")?.to_string();
+        let mut last_error = String::new();
+        for _ in 0..3 {
+            let leaf_port = free_port();
+            std::fs::write(&path, cell_config(cell, leaf_port, hub_leaf)).map_err(|e| e.to_string())?;
+            let extra = ["-c".to_string(), path_arg.clone()];
+            match NatsServer::start_with(paths, &format!("cell-{cell}"), free_port(), free_port(), &extra).await {
+                Ok(server) => return Ok(CellNats { cell: cell.to_string(), server, leaf_port, _conf: conf }),
+                Err(e) => last_error = e,
+            }
+        }
+        Err(last_error)
+    }
+
+    pub fn monitor(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.server.monitor_port))
+    }
+
+    /// The server's leaf connections (either way), per its `/leafz`.
+    pub async fn leaf_connections(&self) -> Result<u64, String> {
+        Ok(monitor_json(self.monitor(), "/leafz").await?["leafnodes"].as_u64().unwrap_or(0))
+    }
+}
+
+/// A cell's configuration; the command line gives the address, ports and store dir.
+fn cell_config(cell: &str, leaf_port: u16, hub_leaf: Option<u16>) -> String {
+    let remotes = hub_leaf
+        .map(|hub| format!("\n  remotes = [ {{ url: \"nats-leaf://127.0.0.1:{hub}\", ignore_discovered_servers: true }} ]"))
+        .unwrap_or_default();
+    format!(
+        "server_name: \"cell-{cell}\"\nping_interval: \"1s\"\nping_max: 2\njetstream {{\n  domain: \"{cell}\"\n}}\n\
+         leafnodes {{\n  host: 127.0.0.1\n  port: {leaf_port}{remotes}\n}}\n"
+    )
+}
+
+/// Waits until every server in `cells` has a leaf connection.
+pub async fn wait_leaves(cells: &[CellNats]) -> Result<(), String> {
+    let started = Instant::now();
+    loop {
+        let mut up = Vec::new();
+        for c in cells {
+            up.push(c.leaf_connections().await.unwrap_or(0));
+        }
+        if up.iter().all(|&n| n > 0) {
+            return Ok(());
+        }
+        if started.elapsed() > LEAF_TIMEOUT {
+            let tails: Vec<String> = cells.iter().map(|c| format!("{}: {}", c.cell, log_tail(&c.server.dir.path().join("nats.log"), 3))).collect();
+            return Err(format!("the cells' leaf connection did not come up within {LEAF_TIMEOUT:?} (leaf connections {up:?}); {}", tails.join("; ")));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `GET path` on a nats-server's monitoring endpoint, as JSON.
+pub async fn monitor_json(addr: SocketAddr, path: &str) -> Result<serde_json::Value, String> {
+    let r = HttpClient::new(addr, None).get(path).await.map_err(|e| format!("{addr}{path}: {e}"))?;
+    if r.status != 200 {
+        return Err(format!("{addr}{path}: HTTP {}", r.status));
+    }
+    serde_json::from_slice(&r.body).map_err(|e| format!("{addr}{path}: {e}"))
+}
+
+/// Whether a livegate binary knows `cluster_cell_domains` (its `livegate reference
+/// config` lists the key).
+pub fn knows_cell_domains(bin: &Path) -> bool {
+    Command::new(bin)
+        .args(["reference", "config"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("`cluster_cell_domains`"))
+        .unwrap_or(false)
 }
