@@ -19,7 +19,7 @@ use super::occupancy::Receiver;
 use super::*;
 use common::cells::{Cells, CELL_NAMES};
 use common::nats::CellNatsConfig;
-use livegate::core::routing::room_home_cell;
+use livegate::core::routing::{rendezvous, room_home_cell};
 
 /// The account file the book includes, from the repository's root.
 const ACCOUNT_FILE: &str = "data/nats/livegate-account.conf";
@@ -247,19 +247,21 @@ fn a_cluster_under_the_books_nats_account_runs_its_main_paths_without_a_permissi
     fail_with_logs(&cluster, "under the book's NATS account", &failures, &["Violation", "refused", "ERROR", "WARN"]);
 }
 
-/// The leaf connection's password (the account file's `livegate-leaf` user).
+/// The leaf connection's password (`livegate-leaf`, a user of the leaf port only).
 const LEAF_PASSWORD: &str = "perm-test-leaf-password";
 
 /// A cell's nats-server under the account file as it is, as the Cells chapter configures
-/// it: the file included in `accounts`, the passwords from the environment, and on the
-/// spoke the leaf remote bound to the LIVEGATE account, logging in as `livegate-leaf`
-/// (its URL, credentials included, from `$NATS_LEAF_URL`).
+/// it: the file included in `accounts`, the passwords from the environment, the leaf
+/// port's one user `livegate-leaf` bound to the LIVEGATE account, and on the spoke the
+/// leaf remote bound to the LIVEGATE account, logging in as that user (its URL,
+/// credentials included, from `$NATS_LEAF_URL`).
 fn cell_nats_under_the_account() -> CellNatsConfig {
     let account = std::fs::read(Path::new(REPO).join(ACCOUNT_FILE)).expect("the account file");
     CellNatsConfig {
         extra: "accounts {\n  include ./livegate-account.conf\n}\n".into(),
         files: vec![("livegate-account.conf".into(), account)],
         env: vec![("NATS_LIVEGATE_PASSWORD".into(), PASSWORD.into()), ("NATS_LIVEGATE_LEAF_PASSWORD".into(), LEAF_PASSWORD.into())],
+        leafnodes: "authorization { user: livegate-leaf, password: $NATS_LIVEGATE_LEAF_PASSWORD, account: LIVEGATE }".into(),
         remote: "account: LIVEGATE".into(),
         remote_login: Some(format!("livegate-leaf:{LEAF_PASSWORD}")),
         ..CellNatsConfig::default()
@@ -271,23 +273,29 @@ fn room_homed_in(cell: &str, prefix: &str) -> String {
     (0..10_000).map(|i| format!("{prefix}{i}")).find(|r| room_home_cell(r, &CELL_NAMES) == Some(cell)).expect("a room")
 }
 
-/// The last sequence of stream `name` in `domain`, asked as `livegate` through `url`.
-async fn last_seq_as_livegate(url: &str, domain: &str, name: &str) -> Option<u64> {
-    let client = nats_login(url, "livegate", PASSWORD).await.ok()?;
-    let js = async_nats::jetstream::with_domain(client, domain);
-    let mut stream = js.get_stream(name).await.ok()?;
-    Some(stream.info().await.ok()?.state.last_sequence)
+/// The first user of `prefix0`, `prefix1`, ... homed in `cell` (no claim).
+fn user_homed_in(cell: &str, prefix: &str) -> String {
+    (0..10_000).map(|i| format!("{prefix}{i}")).find(|u| rendezvous(u, CELL_NAMES) == Some(cell)).expect("a user")
+}
+
+/// The last sequence of the LIVEGATE account's stream `name` on `nats`, from its
+/// monitoring endpoint (`/jsz`): the account allows livegate's user nothing a test would
+/// ask besides.
+fn last_seq_of(nats: &NatsServer, name: &str) -> Option<u64> {
+    let jsz = nats.monitor("jsz?acc=LIVEGATE&streams=true").ok()?;
+    let account = jsz["account_details"].as_array()?.iter().find(|a| a["name"] == "LIVEGATE")?.clone();
+    account["stream_detail"].as_array()?.iter().find(|s| s["name"] == name)?["state"]["last_seq"].as_u64()
 }
 
 /// Cells under the same account file (issue 47): each cell's nats-server includes it, the
-/// leaf between them logs in as its `livegate-leaf` user bound to the LIVEGATE account on
-/// both sides, and the four nodes log in as `livegate`. What cells add runs: a room
+/// leaf between them logs in as the leaf port's `livegate-leaf` user and is bound to the
+/// LIVEGATE account on both sides, and the four nodes log in as `livegate`. What cells add runs: a room
 /// homed in each cell is watched live from the other, a publish in the other cell is
 /// forwarded to the home's writer and acknowledged, each cell's mirror of the other's
 /// streams catches up, and once a's NATS is killed b still serves a's room's history
 /// from its mirror. Neither server logged a permissions violation and no node was
-/// refused anything. Under the file before cells (no leaf user, one-token room subjects,
-/// no mirror or cross-domain calls) this fails.
+/// refused anything. Under the file before cells (one-token room subjects, no mirror
+/// streams, no calls to another cell's domain) this fails.
 #[test]
 fn two_cells_under_the_books_nats_account_run_live_forwarded_and_mirrored_rooms_without_a_permissions_violation() {
     let _gate = crate::common::gate!();
@@ -304,19 +312,23 @@ fn two_cells_under_the_books_nats_account_run_live_forwarded_and_mirrored_rooms_
     };
 
     // Each room watched from the other cell (b1 watches a's room, a1 b's), published to
-    // from both cells: the one from the other cell is forwarded to the home's writer.
+    // from both cells (the watcher's node forwards to the home's writer), the last
+    // publish with a state. b2 never touches a's room: it reads it from NATS below.
     let (mut watch_a, mut watch_b) = rt.block_on(async {
-        let mut on_b = WsClient::connect(cells.addr(2), &cells.http(2).mint_token("cellperm-watcher-b", "web"), None).await;
+        let mut on_b = WsClient::connect(cells.addr(2), &cells.http(2).mint_token(&user_homed_in("b", "cellperm-watcher-"), "web"), None).await;
         on_b.subscribe_ok(&room_a).await;
-        let mut on_a = WsClient::connect(cells.addr(0), &cells.http(0).mint_token("cellperm-watcher-a", "web"), None).await;
+        let mut on_a = WsClient::connect(cells.addr(0), &cells.http(0).mint_token(&user_homed_in("a", "cellperm-watcher-"), "web"), None).await;
         on_a.subscribe_ok(&room_b).await;
         (on_b, on_a)
     });
     let mut published: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for (room, nodes) in [(&room_a, [1, 3, 0, 2]), (&room_b, [3, 1, 2, 0])] {
+    for (room, nodes) in [(&room_a, [1, 2, 1, 2]), (&room_b, [3, 0, 2, 0])] {
         for (k, node) in nodes.into_iter().enumerate() {
             let id = format!("{}-{k}", Cells::name(node));
-            let body = json!({"id": id, "data": {"k": k}});
+            let mut body = json!({"id": id, "data": {"k": k}});
+            if k == 3 {
+                body["state"] = json!({"k": k});
+            }
             match cells.http(node).try_request("POST", &format!("/v1/rooms/{room}/events"), Auth::Key, Body::Json(body)) {
                 Ok((201, reply)) => published.entry(room.clone()).or_default().push(reply["seq"].as_u64().unwrap_or(0)),
                 other => failures.push(format!("publish {id} to {room} via {}: {other:?}", Cells::name(node))),
@@ -331,16 +343,17 @@ fn two_cells_under_the_books_nats_account_run_live_forwarded_and_mirrored_rooms_
         }
     }
 
-    // Each cell's mirror of the other reaches the other's head.
-    let urls = [cells.nats[0].url(), cells.nats[1].url()];
-    let heads = (rt.block_on(last_seq_as_livegate(&urls[0], "a", "LG_ROOMS")), rt.block_on(last_seq_as_livegate(&urls[1], "b", "LG_ROOMS")));
-    let mut mirrors = (None, None);
-    let mirrored = wait_until(Duration::from_secs(30), || {
-        mirrors = (rt.block_on(last_seq_as_livegate(&urls[1], "b", "LG_ROOMS_a")), rt.block_on(last_seq_as_livegate(&urls[0], "a", "LG_ROOMS_b")));
-        mirrors == heads && heads.0.is_some() && heads.1.is_some()
-    });
-    if !mirrored {
-        failures.push(format!("mirrors (b's of a, a's of b) at {mirrors:?}, heads (a, b) {heads:?}"));
+    // Each cell's mirrors of the other's streams reach their heads.
+    for stream in ["LG_ROOMS", "LG_STATE"] {
+        let heads = [last_seq_of(&cells.nats[0], stream), last_seq_of(&cells.nats[1], stream)];
+        let mut mirrors = [None, None];
+        let mirrored = wait_until(Duration::from_secs(30), || {
+            mirrors = [last_seq_of(&cells.nats[1], &format!("{stream}_a")), last_seq_of(&cells.nats[0], &format!("{stream}_b"))];
+            mirrors == heads && heads.iter().all(|h| h.is_some_and(|h| h > 0))
+        });
+        if !mirrored {
+            failures.push(format!("mirrors of {stream} (b's of a, a's of b) at {mirrors:?}, heads (a, b) {heads:?}"));
+        }
     }
 
     // Nothing so far was refused: neither server logged a violation, no node an error.
@@ -349,19 +362,23 @@ fn two_cells_under_the_books_nats_account_run_live_forwarded_and_mirrored_rooms_
         failures.push(format!("the cells' nats-servers refused {} time(s):\n    {}", refused.len(), refused.join("\n    ")));
     }
 
-    // a's NATS dies: b serves a's room's history from its mirror.
+    // a's NATS dies: b2 reads a's room's history and state from b's mirrors.
     cells.kill_cell("a");
     let want = published.get(&room_a).cloned().unwrap_or_default();
-    let mut from_mirror = Vec::new();
+    let (mut history, mut state) = (Vec::new(), Value::Null);
     let served = wait_until(WAIT, || {
-        from_mirror = match cells.http(2).try_request("GET", &format!("/v1/rooms/{room_a}/events?since=0"), Auth::Key, Body::None) {
+        history = match cells.http(3).try_request("GET", &format!("/v1/rooms/{room_a}/events?since=0"), Auth::Key, Body::None) {
             Ok((200, body)) => body["events"].as_array().map(|e| seqs(e)).unwrap_or_default(),
             _ => Vec::new(),
         };
-        from_mirror == want
+        state = match cells.http(3).try_request("GET", &format!("/v1/rooms/{room_a}/state"), Auth::Key, Body::None) {
+            Ok((200, body)) => body["data"].clone(),
+            other => json!(format!("{other:?}")),
+        };
+        history == want && state == json!({"k": 3})
     });
     if !served {
-        failures.push(format!("history of {room_a} on b1 with a's NATS dead: seqs {from_mirror:?}, want {want:?}"));
+        failures.push(format!("{room_a} on b2 with a's NATS dead: history seqs {history:?} (want {want:?}), state {state} (want {{\"k\":3}})"));
     }
     let refused = violations(&cells.nats[1]);
     if !refused.is_empty() {

@@ -116,6 +116,8 @@ pub struct CellNatsConfig {
     pub files: Vec<(String, Vec<u8>)>,
     /// The server's environment (the variables the configuration names).
     pub env: Vec<(String, String)>,
+    /// More settings inside `leafnodes { }` (the `authorization` of leaf connections).
+    pub leafnodes: String,
     /// More settings inside the leaf remote's entry (`account: NAME`).
     pub remote: String,
     /// `user:password` for the leaf remote: the remote's URL then carries them and is
@@ -132,6 +134,7 @@ impl Default for CellNatsConfig {
             extra: String::new(),
             files: Vec::new(),
             env: Vec::new(),
+            leafnodes: String::new(),
             remote: String::new(),
             remote_login: None,
         }
@@ -364,12 +367,13 @@ fn cell_config(domain: &str, ports: CellPorts, leaf_remote: Option<&str>, config
     format!(
         "server_name: \"cell-{domain}\"\nhttp: \"127.0.0.1:{monitor}\"\nping_interval: \"{ping}\"\nping_max: {ping_max}\n\
          jetstream {{\n  domain: \"{domain}\"{max_file_store}\n}}\n\
-         leafnodes {{\n  host: 127.0.0.1\n  port: {leaf}{remotes}\n}}\n{extra}\n",
+         leafnodes {{\n  host: 127.0.0.1\n  port: {leaf}{remotes}\n  {leafnodes}\n}}\n{extra}\n",
         monitor = ports.monitor,
         ping = config.ping_interval,
         ping_max = config.ping_max,
         leaf = ports.leaf,
         extra = config.extra,
+        leafnodes = config.leafnodes,
     )
 }
 
