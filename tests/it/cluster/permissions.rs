@@ -356,6 +356,15 @@ fn two_cells_under_the_books_nats_account_run_live_forwarded_and_mirrored_rooms_
         }
     }
 
+    // The leaf is bound to the LIVEGATE account at both ends.
+    for (cell, nats) in CELL_NAMES.iter().zip(&cells.nats) {
+        let leafz = nats.monitor("leafz").unwrap_or_default();
+        let accounts: Vec<&str> = leafz["leafs"].as_array().map(|l| l.iter().filter_map(|l| l["account"].as_str()).collect()).unwrap_or_default();
+        if accounts != ["LIVEGATE"] {
+            failures.push(format!("cell {cell}'s leaf connections are bound to {accounts:?}, want [\"LIVEGATE\"]"));
+        }
+    }
+
     // Nothing so far was refused: neither server logged a violation, no node an error.
     let refused = cell_violations(&cells);
     if !refused.is_empty() {
@@ -387,6 +396,10 @@ fn two_cells_under_the_books_nats_account_run_live_forwarded_and_mirrored_rooms_
     let refused_nodes: Vec<String> = cells.logs().lines().filter(|l| l.contains("Permissions Violation") || l.contains("NATS refused")).map(str::to_string).collect();
     if !refused_nodes.is_empty() {
         failures.push(format!("nodes were refused by NATS:\n    {}", refused_nodes.join("\n    ")));
+    }
+    // The leaf's user is no client's (after the checks of the logs: the refusal is logged).
+    if rt.block_on(nats_login(&cells.nats[1].url(), "livegate-leaf", LEAF_PASSWORD)).is_ok() {
+        failures.push("the leaf's user logged in as a client of cell b".into());
     }
     rt.block_on(async {
         watch_a.close().await;
