@@ -12,6 +12,13 @@
 //! here); a connection without credentials is refused; the other application's user
 //! reaches no livegate node (its kick request has no responders); and the `livegate`
 //! user itself cannot delete the rooms stream (refused, logged, the history still there).
+//!
+//! And cells (issue 47): two cells, each its own nats-server including the same file,
+//! the leaf between them logging in as the leaf port's own user and bound to the
+//! LIVEGATE account at both ends, as the book's Cells chapter configures them; rooms
+//! homed in each cell watched live and published to from the other, the mirrors caught
+//! up, and a room read from the mirrors once its cell's NATS is dead, with no
+//! permissions violation in either server's log.
 
 use std::path::{Path, PathBuf};
 
