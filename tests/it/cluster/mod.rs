@@ -36,7 +36,7 @@
 //! load), [`sessions`], [`routing`], [`state`] (room state and presence), [`occupancy`]
 //! (webhooks from the room's writer), [`peers`] (what a forged peer's heartbeats and
 //! orders can do: nothing), [`room_reads`] (a read ahead of the head or a feed retake
-//! holds no room's mailbox), [`permissions`] (the book's NATS account) and
+//! holds no room's mailbox), [`permissions`] (the book's NATS account, in one NATS and in two cells) and
 //! [`rolling_release`] (the seed's incident: 200
 //! livegate.js clients behind a balancer).
 

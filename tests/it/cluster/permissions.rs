@@ -12,11 +12,21 @@
 //! here); a connection without credentials is refused; the other application's user
 //! reaches no livegate node (its kick request has no responders); and the `livegate`
 //! user itself cannot delete the rooms stream (refused, logged, the history still there).
+//!
+//! And cells (issue 47): two cells, each its own nats-server including the same file,
+//! the leaf between them logging in as the leaf port's own user and bound to the
+//! LIVEGATE account at both ends, as the book's Cells chapter configures them; rooms
+//! homed in each cell watched live and published to from the other, the mirrors caught
+//! up, and a room read from the mirrors once its cell's NATS is dead, with no
+//! permissions violation in either server's log.
 
 use std::path::{Path, PathBuf};
 
 use super::occupancy::Receiver;
 use super::*;
+use common::cells::{Cells, CELL_NAMES};
+use common::nats::CellNatsConfig;
+use livegate::core::routing::{rendezvous, room_home_cell};
 
 /// The account file the book includes, from the repository's root.
 const ACCOUNT_FILE: &str = "data/nats/livegate-account.conf";
@@ -242,4 +252,168 @@ fn a_cluster_under_the_books_nats_account_runs_its_main_paths_without_a_permissi
         }
     });
     fail_with_logs(&cluster, "under the book's NATS account", &failures, &["Violation", "refused", "ERROR", "WARN"]);
+}
+
+/// The leaf connection's password (`livegate-leaf`, a user of the leaf port only).
+const LEAF_PASSWORD: &str = "perm-test-leaf-password";
+
+/// A cell's nats-server under the account file as it is, as the Cells chapter configures
+/// it: the file included in `accounts`, the passwords from the environment, the leaf
+/// port's one user `livegate-leaf` bound to the LIVEGATE account, and on the spoke the
+/// leaf remote bound to the LIVEGATE account, logging in as that user (its URL,
+/// credentials included, from `$NATS_LEAF_URL`).
+fn cell_nats_under_the_account() -> CellNatsConfig {
+    let account = std::fs::read(Path::new(REPO).join(ACCOUNT_FILE)).expect("the account file");
+    CellNatsConfig {
+        extra: "accounts {\n  include ./livegate-account.conf\n}\n".into(),
+        files: vec![("livegate-account.conf".into(), account)],
+        env: vec![("NATS_LIVEGATE_PASSWORD".into(), PASSWORD.into()), ("NATS_LIVEGATE_LEAF_PASSWORD".into(), LEAF_PASSWORD.into())],
+        leafnodes: "authorization { user: livegate-leaf, password: $NATS_LIVEGATE_LEAF_PASSWORD, account: LIVEGATE }".into(),
+        remote: "account: LIVEGATE".into(),
+        remote_login: Some(format!("livegate-leaf:{LEAF_PASSWORD}")),
+        ..CellNatsConfig::default()
+    }
+}
+
+/// The first room of `prefix0`, `prefix1`, ... homed in `cell`.
+fn room_homed_in(cell: &str, prefix: &str) -> String {
+    (0..10_000).map(|i| format!("{prefix}{i}")).find(|r| room_home_cell(r, &CELL_NAMES) == Some(cell)).expect("a room")
+}
+
+/// The first user of `prefix0`, `prefix1`, ... homed in `cell` (no claim).
+fn user_homed_in(cell: &str, prefix: &str) -> String {
+    (0..10_000).map(|i| format!("{prefix}{i}")).find(|u| rendezvous(u, CELL_NAMES) == Some(cell)).expect("a user")
+}
+
+/// The last sequence of the LIVEGATE account's stream `name` on `nats`, from its
+/// monitoring endpoint (`/jsz`): the account allows livegate's user nothing a test would
+/// ask besides.
+fn last_seq_of(nats: &NatsServer, name: &str) -> Option<u64> {
+    let jsz = nats.monitor("jsz?acc=LIVEGATE&streams=true").ok()?;
+    let account = jsz["account_details"].as_array()?.iter().find(|a| a["name"] == "LIVEGATE")?.clone();
+    account["stream_detail"].as_array()?.iter().find(|s| s["name"] == name)?["state"]["last_seq"].as_u64()
+}
+
+/// Cells under the same account file (issue 47): each cell's nats-server includes it, the
+/// leaf between them logs in as the leaf port's `livegate-leaf` user and is bound to the
+/// LIVEGATE account on both sides, and the four nodes log in as `livegate`. What cells add runs: a room
+/// homed in each cell is watched live from the other, a publish in the other cell is
+/// forwarded to the home's writer and acknowledged, each cell's mirror of the other's
+/// streams catches up, and once a's NATS is killed b still serves a's room's history
+/// from its mirror. Neither server logged a permissions violation and no node was
+/// refused anything. Under the file before cells (one-token room subjects, no mirror
+/// streams, no calls to another cell's domain) this fails.
+#[test]
+fn two_cells_under_the_books_nats_account_run_live_forwarded_and_mirrored_rooms_without_a_permissions_violation() {
+    let _gate = crate::common::gate!();
+    let flags = [
+        "--cluster-heartbeat-ms", "250", "--probe-up-after", "1", "--cluster-replicas", "1",
+        "--cluster-nats-user", "livegate", "--cluster-nats-password", PASSWORD,
+    ];
+    let mut cells = Cells::start(&flags, |_| cell_nats_under_the_account());
+    let rt = runtime();
+    let mut failures = Vec::new();
+    let (room_a, room_b) = (room_homed_in("a", "cellperm-a-"), room_homed_in("b", "cellperm-b-"));
+    let cell_violations = |cells: &Cells| -> Vec<String> {
+        CELL_NAMES.iter().zip(&cells.nats).flat_map(|(cell, nats)| violations(nats).into_iter().map(move |l| format!("cell {cell}: {l}"))).collect()
+    };
+
+    // Each room watched from the other cell (b1 watches a's room, a1 b's), published to
+    // from both cells (the watcher's node forwards to the home's writer), the last
+    // publish with a state. b2 never touches a's room: it reads it from NATS below.
+    let (mut watch_a, mut watch_b) = rt.block_on(async {
+        let mut on_b = WsClient::connect(cells.addr(2), &cells.http(2).mint_token(&user_homed_in("b", "cellperm-watcher-"), "web"), None).await;
+        on_b.subscribe_ok(&room_a).await;
+        let mut on_a = WsClient::connect(cells.addr(0), &cells.http(0).mint_token(&user_homed_in("a", "cellperm-watcher-"), "web"), None).await;
+        on_a.subscribe_ok(&room_b).await;
+        (on_b, on_a)
+    });
+    let mut published: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for (room, nodes) in [(&room_a, [1, 2, 1, 2]), (&room_b, [3, 0, 2, 0])] {
+        for (k, node) in nodes.into_iter().enumerate() {
+            let id = format!("{}-{k}", Cells::name(node));
+            let mut body = json!({"id": id, "data": {"k": k}});
+            if k == 3 {
+                body["state"] = json!({"k": k});
+            }
+            match cells.http(node).try_request("POST", &format!("/v1/rooms/{room}/events"), Auth::Key, Body::Json(body)) {
+                Ok((201, reply)) => published.entry(room.clone()).or_default().push(reply["seq"].as_u64().unwrap_or(0)),
+                other => failures.push(format!("publish {id} to {room} via {}: {other:?}", Cells::name(node))),
+            }
+        }
+    }
+    for (ws, room, on) in [(&mut watch_a, &room_a, "b1"), (&mut watch_b, &room_b, "a1")] {
+        let want = published.get(room).cloned().unwrap_or_default();
+        let (got, other) = rt.block_on(collect_events(ws, room, want.len(), WAIT));
+        if seqs(&got) != want || !other.iter().all(|o| o.starts_with("unexpected frame")) {
+            failures.push(format!("the subscriber on {on} of {room} got seqs {:?} (published {want:?}); {other:?}", seqs(&got)));
+        }
+    }
+
+    // Each cell's mirrors of the other's streams reach their heads.
+    for stream in ["LG_ROOMS", "LG_STATE"] {
+        let heads = [last_seq_of(&cells.nats[0], stream), last_seq_of(&cells.nats[1], stream)];
+        let mut mirrors = [None, None];
+        let mirrored = wait_until(Duration::from_secs(30), || {
+            mirrors = [last_seq_of(&cells.nats[1], &format!("{stream}_a")), last_seq_of(&cells.nats[0], &format!("{stream}_b"))];
+            mirrors == heads && heads.iter().all(|h| h.is_some_and(|h| h > 0))
+        });
+        if !mirrored {
+            failures.push(format!("mirrors of {stream} (b's of a, a's of b) at {mirrors:?}, heads (a, b) {heads:?}"));
+        }
+    }
+
+    // The leaf is bound to the LIVEGATE account at both ends.
+    for (cell, nats) in CELL_NAMES.iter().zip(&cells.nats) {
+        let leafz = nats.monitor("leafz").unwrap_or_default();
+        let accounts: Vec<&str> = leafz["leafs"].as_array().map(|l| l.iter().filter_map(|l| l["account"].as_str()).collect()).unwrap_or_default();
+        if accounts != ["LIVEGATE"] {
+            failures.push(format!("cell {cell}'s leaf connections are bound to {accounts:?}, want [\"LIVEGATE\"]"));
+        }
+    }
+
+    // Nothing so far was refused: neither server logged a violation, no node an error.
+    let refused = cell_violations(&cells);
+    if !refused.is_empty() {
+        failures.push(format!("the cells' nats-servers refused {} time(s):\n    {}", refused.len(), refused.join("\n    ")));
+    }
+
+    // a's NATS dies: b2 reads a's room's history and state from b's mirrors.
+    cells.kill_cell("a");
+    let want = published.get(&room_a).cloned().unwrap_or_default();
+    let (mut history, mut state) = (Vec::new(), Value::Null);
+    let served = wait_until(WAIT, || {
+        history = match cells.http(3).try_request("GET", &format!("/v1/rooms/{room_a}/events?since=0"), Auth::Key, Body::None) {
+            Ok((200, body)) => body["events"].as_array().map(|e| seqs(e)).unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        state = match cells.http(3).try_request("GET", &format!("/v1/rooms/{room_a}/state"), Auth::Key, Body::None) {
+            Ok((200, body)) => body["data"].clone(),
+            other => json!(format!("{other:?}")),
+        };
+        history == want && state == json!({"k": 3})
+    });
+    if !served {
+        failures.push(format!("{room_a} on b2 with a's NATS dead: history seqs {history:?} (want {want:?}), state {state} (want {{\"k\":3}})"));
+    }
+    let refused = violations(&cells.nats[1]);
+    if !refused.is_empty() {
+        failures.push(format!("cell b's nats-server refused, after a died:\n    {}", refused.join("\n    ")));
+    }
+    let refused_nodes: Vec<String> = cells.logs().lines().filter(|l| l.contains("Permissions Violation") || l.contains("NATS refused")).map(str::to_string).collect();
+    if !refused_nodes.is_empty() {
+        failures.push(format!("nodes were refused by NATS:\n    {}", refused_nodes.join("\n    ")));
+    }
+    // The leaf's user is no client's (after the checks of the logs: the refusal is logged).
+    if rt.block_on(nats_login(&cells.nats[1].url(), "livegate-leaf", LEAF_PASSWORD)).is_ok() {
+        failures.push("the leaf's user logged in as a client of cell b".into());
+    }
+    rt.block_on(async {
+        watch_a.close().await;
+        watch_b.close().await;
+    });
+    if !failures.is_empty() {
+        let logs: Vec<String> = cells.logs().lines().filter(|l| ["Violation", "refused", "ERROR", "WARN", "[ERR]"].iter().any(|n| l.contains(n))).take(200).map(str::to_string).collect();
+        panic!("two cells under the book's NATS account:\n  {}\nlog lines:\n{}", failures.join("\n  "), logs.join("\n"));
+    }
 }

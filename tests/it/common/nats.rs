@@ -111,11 +111,33 @@ pub struct CellNatsConfig {
     pub ping_max: u32,
     /// More configuration, appended at the top level as it is.
     pub extra: String,
+    /// Files written beside the configuration (name, contents), for `extra` to
+    /// `include` (nats-server resolves an include against the including file's directory).
+    pub files: Vec<(String, Vec<u8>)>,
+    /// The server's environment (the variables the configuration names).
+    pub env: Vec<(String, String)>,
+    /// More settings inside `leafnodes { }` (the `authorization` of leaf connections).
+    pub leafnodes: String,
+    /// More settings inside the leaf remote's entry (`account: NAME`).
+    pub remote: String,
+    /// `user:password` for the leaf remote: the remote's URL then carries them and is
+    /// given as `url: $NATS_LEAF_URL`, from the server's environment (not in the file).
+    pub remote_login: Option<String>,
 }
 
 impl Default for CellNatsConfig {
     fn default() -> CellNatsConfig {
-        CellNatsConfig { max_file_store: None, ping_interval: CELL_PING_INTERVAL.to_string(), ping_max: CELL_PING_MAX, extra: String::new() }
+        CellNatsConfig {
+            max_file_store: None,
+            ping_interval: CELL_PING_INTERVAL.to_string(),
+            ping_max: CELL_PING_MAX,
+            extra: String::new(),
+            files: Vec::new(),
+            env: Vec::new(),
+            leafnodes: String::new(),
+            remote: String::new(),
+            remote_login: None,
+        }
     }
 }
 
@@ -192,6 +214,13 @@ impl NatsServer {
         let store = dir.join("store");
         std::fs::create_dir_all(&store).expect("create the cell's NATS store dir");
         let path = dir.join("nats.conf");
+        for (name, contents) in &config.files {
+            std::fs::write(dir.join(name), contents).unwrap_or_else(|e| panic!("write {name} beside the cell's NATS config: {e}"));
+        }
+        let mut env = config.env.clone();
+        if let (Some(login), Some(url)) = (&config.remote_login, leaf_remote) {
+            env.push(("NATS_LEAF_URL".to_string(), url.replacen("://", &format!("://{login}@"), 1)));
+        }
         let mut last_error = String::new();
         for _ in 0..3 {
             let ports = CellPorts { leaf: free_port(), monitor: free_port() };
@@ -200,7 +229,7 @@ impl NatsServer {
                 child: None,
                 binary: binary.clone(),
                 args: vec!["-c".to_string(), path.to_str().expect("a UTF-8 path").to_string()],
-                env: Vec::new(),
+                env: env.clone(),
                 port: free_port(),
                 store: store.clone(),
                 log: PathBuf::new(),
@@ -328,16 +357,23 @@ impl NatsServer {
 /// that learned it reconnects there directly after a heal, around the proxy a test cuts.
 fn cell_config(domain: &str, ports: CellPorts, leaf_remote: Option<&str>, config: &CellNatsConfig) -> String {
     let max_file_store = config.max_file_store.as_ref().map(|m| format!("\n  max_file_store: {m}")).unwrap_or_default();
-    let remotes = leaf_remote.map(|url| format!("\n  remotes = [ {{ url: \"{url}\", ignore_discovered_servers: true }} ]")).unwrap_or_default();
+    let remotes = leaf_remote
+        .map(|url| {
+            let url = if config.remote_login.is_some() { "$NATS_LEAF_URL".to_string() } else { format!("\"{url}\"") };
+            let more = if config.remote.is_empty() { String::new() } else { format!(", {}", config.remote) };
+            format!("\n  remotes = [ {{ url: {url}, ignore_discovered_servers: true{more} }} ]")
+        })
+        .unwrap_or_default();
     format!(
         "server_name: \"cell-{domain}\"\nhttp: \"127.0.0.1:{monitor}\"\nping_interval: \"{ping}\"\nping_max: {ping_max}\n\
          jetstream {{\n  domain: \"{domain}\"{max_file_store}\n}}\n\
-         leafnodes {{\n  host: 127.0.0.1\n  port: {leaf}{remotes}\n}}\n{extra}\n",
+         leafnodes {{\n  host: 127.0.0.1\n  port: {leaf}{remotes}\n  {leafnodes}\n}}\n{extra}\n",
         monitor = ports.monitor,
         ping = config.ping_interval,
         ping_max = config.ping_max,
         leaf = ports.leaf,
         extra = config.extra,
+        leafnodes = config.leafnodes,
     )
 }
 
