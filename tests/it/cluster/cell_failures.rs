@@ -456,6 +456,23 @@ fn livegate_cli(args: &[&str]) -> (bool, String, String) {
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// After [`Cells::fill_store`] (64 KiB messages): fill what room is left with small
+/// messages, so that not even a room event fits.
+async fn top_up_store(url: &str, cell: &str) {
+    let js = async_nats::jetstream::new(async_nats::connect(url).await.expect("connect to the cell's NATS"));
+    for size in [4096, 256, 64] {
+        for i in 0..100_000 {
+            let stored = match js.publish(format!("fill.{cell}.top{size}.{i}"), vec![b'x'; size].into()).await {
+                Ok(ack) => ack.await.is_ok(),
+                Err(_) => false,
+            };
+            if !stored {
+                break;
+            }
+        }
+    }
+}
+
 /// The number after `label` in `text` (`None`: not there).
 fn number_after(text: &str, label: &str) -> Option<u64> {
     let rest = &text[text.find(label)? + label.len()..];
@@ -472,9 +489,10 @@ fn number_after(text: &str, label: &str) -> Option<u64> {
 /// nothing more.
 #[test]
 fn a_lost_cells_rooms_are_promoted_into_the_other_cell_under_a_new_epoch() {
-    const CUT_PUBLISHES: usize = 12;
+    const UNMIRRORED: usize = 5;
     let _gate = crate::common::gate!();
-    let mut cells = Cells::start(&FLAGS, |_| CellNatsConfig::default());
+    let small = CellNatsConfig { max_file_store: Some("8MB".into()), ..CellNatsConfig::default() };
+    let mut cells = Cells::start(&FLAGS, |c| if c == 0 { small.clone() } else { CellNatsConfig::default() });
     let rt = runtime();
     let mut failures = Vec::new();
     let room = room_homed("b", "promo-b-");
@@ -507,26 +525,23 @@ fn a_lost_cells_rooms_are_promoted_into_the_other_cell_under_a_new_epoch() {
     assert!(mirrored, "a's mirror of b did not reach b's head {head_b:?}");
     // A cut stalls the mirror; right after the heal b stores more, which its heartbeats
     // announce while the mirror has not resumed yet, and b dies.
-    // b goes on serving its room through a cut of some 10 s: a mirror stalled that long
-    // resumes seconds after the heal (cell_nats measures it).
-    cells.cut();
-    cells.wait_leaf(false, Duration::from_secs(15));
-    let mut pacer = common::clock::Pacer::new(Duration::from_millis(500));
-    for k in 0..CUT_PUBLISHES {
-        pacer.wait();
-        publish(2, &format!("cut{k}"), 1, &mut failures);
-    }
-    cells.heal();
-    cells.wait_leaf(true, Duration::from_secs(15));
-    publish(2, "late", 5, &mut failures);
-    let heard = wait_until_every(Duration::from_secs(5), Duration::from_millis(50), || cells.http(0).metric("livegate_cluster_peers_alive") == Some(3.0));
-    assert!(heard, "a1 does not hear b's nodes after the heal");
-    let (_, _) = rt.block_on(drain_events(&mut ws_a, Duration::from_millis(300), Duration::from_secs(3)));
+    // a's store fills up (to the last small message): its mirror stores nothing more,
+    // while b stores and announces what it takes and the live copies still reach a.
+    rt.block_on(async {
+        cells.fill_store("a").await;
+        top_up_store(&cells.nats[0].url(), "a").await;
+    });
+    publish(2, "unmirrored", UNMIRRORED, &mut failures);
+    let (live, _) = rt.block_on(drain_events(&mut ws_a, Duration::from_millis(800), Duration::from_secs(5)));
+    let live_ids = live.get(&room).map(|e| ids_in_order(e).0).unwrap_or_default();
+    let live_unmirrored = live_ids.iter().filter(|id| id.starts_with("unmirrored")).count();
+    assert_eq!(live_unmirrored, UNMIRRORED, "the live copies reach a while its store is full: {live_ids:?}");
     cells.kill_cell("b");
     let killed_at = Instant::now();
     let gone = wait_until_every(Duration::from_secs(10), Duration::from_millis(50), || cells.http(0).metric("livegate_cluster_peers_alive") == Some(1.0));
     assert!(gone, "a1 still hears b's nodes 10 s after the kill");
     let mirror_before = rt.block_on(stream_last_seq(&cells.nats[0].url(), "a", "LG_ROOMS_b")).unwrap_or(0);
+    rt.block_on(cells.free_store("a"));
 
     let (ok, out, err) = promote(&url_a1);
     let promoted_in = killed_at.elapsed();
@@ -538,10 +553,10 @@ fn a_lost_cells_rooms_are_promoted_into_the_other_cell_under_a_new_epoch() {
     if mirror_head != mirror_before {
         failures.push(format!("the promotion reports the mirror at {mirror_head}, the stream was at {mirror_before}"));
     }
-    // b announced its head over heartbeats up to its death: what it stored after the
-    // heal is what the mirror may lack.
+    // b announced its head over heartbeats up to its death: what it stored while a's
+    // store was full is what the mirror lacks.
     let stored_by_b = acked.len() as u64;
-    if lost != Some(stored_by_b - mirror_head) {
+    if mirror_head != stored_by_b - UNMIRRORED as u64 || lost != Some(UNMIRRORED as u64) {
         failures.push(format!("the promotion reports {lost:?} events lost; b stored {stored_by_b}, the mirror had {mirror_head}"));
     }
     if new_epoch.len() != 16 || new_epoch == old_epoch {
@@ -609,11 +624,8 @@ fn a_lost_cells_rooms_are_promoted_into_the_other_cell_under_a_new_epoch() {
         failures.push(format!("{room} read at b2 once b is back: {status} {at_b}"));
     }
     eprintln!(
-        "FIGURE promotion: b stored {stored_by_b} events of the room ({} before a cut, {} during it, {} after the heal); a's mirror had {mirror_head}; \
+        "FIGURE promotion: b stored {stored_by_b} events of the room ({UNMIRRORED} of them while a's store was full); a's mirror had {mirror_head}; \
          reported lost {lost:?}; promoted {} ms after the kill; epoch {old_epoch} -> {new_epoch}",
-        10,
-        CUT_PUBLISHES,
-        5,
         promoted_in.as_millis()
     );
     fail_with_cell_logs(&cells, "promotion", &failures);
