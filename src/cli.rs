@@ -135,10 +135,21 @@ cells, and print one block per cell: the breaker's state (closed, half_open, ope
 long it has held it, the last probe rounds that fed it as a line of marks (✓ passed,
 ✗ failed, oldest first) with the nodes that failed the last one, and its recent
 transitions. Times are relative to the node's clock. Outside cluster mode the node
-answers 409 conflict.", after_help = "Example:\n  livegate cells --url http://10.0.0.5:7070 --api-key $KEY")]
+answers 409 conflict.
+
+With --promote CELL (cells with their own NATS, cluster_cell_domains): CELL is lost for
+good, so move its rooms into the node's own cell. The node's mirror of CELL's rooms
+becomes their origin under a new epoch; it prints how many events CELL had stored that the
+mirror never received (lost), and clients resuming those rooms get recovered:false.
+Refused (409) while a node of CELL is heard.", after_help = "Examples:\n  livegate cells --url http://10.0.0.5:7070 --api-key $KEY\n  livegate cells --promote b --url http://10.0.0.5:7070 --api-key $KEY")]
     Cells {
         #[command(flatten)]
         server: ServerUrl,
+        /// Promote CELL, lost for good: move its rooms into the node's own cell
+        /// (POST /v1/admin/cells/CELL/promote; cells with their own NATS only). Refused
+        /// while a node of CELL is heard.
+        #[arg(long, value_name = "CELL")]
+        promote: Option<String>,
     },
     /// Print a room's state (GET /v1/rooms/ROOM/state: room, epoch, seq, data)
     #[command(after_help = "Example:\n  livegate state match:1\n  # {\"room\":\"match:1\",\"epoch\":\"...\",\"seq\":42,\"data\":{\"score\":[1,0]}}; seq 0 and data null when the room has none")]
@@ -302,10 +313,15 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             let reply = client(&cli.config, &server)?.status()?;
             print_line(reply.trim())
         }
-        Command::Cells { server } => {
+        Command::Cells { server, promote: None } => {
             init_tracing(format, "warn");
             let reply = client(&cli.config, &server)?.cells()?;
             print_line(crate::client::cells::render(&reply).trim_end())
+        }
+        Command::Cells { server, promote: Some(cell) } => {
+            init_tracing(format, "warn");
+            let reply = client(&cli.config, &server)?.promote_cell(&cell)?;
+            print_line(crate::client::cells::render_promotion(&reply).trim_end())
         }
         Command::State(args) => {
             init_tracing(format, "warn");

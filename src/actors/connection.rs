@@ -884,6 +884,9 @@ impl Connection {
                 }
             }
             RoomUpdate::SlowConsumer => self.evict_slow(ctx),
+            RoomUpdate::Moved { room, to } => {
+                self.close(ctx, CloseCode::ServiceRestart, &format!("room {room} moved to cell {to}: reconnect and resume"));
+            }
             RoomUpdate::Refused { room, reference, message, generation } => self.refused(&room, generation, reference, &message),
         }
         // A replay, or a frame this connection rendered itself, may have taken it over.

@@ -35,7 +35,7 @@ use crate::core::heartbeats::{Heartbeats, NodeInfo, Seen};
 use crate::core::lifecycle::Lifecycle;
 use crate::core::liveness::{Change, Liveness};
 use crate::core::probes::{Ask, ReadyProbes};
-use crate::core::routing::{home_cell, rendezvous, room_writer, route, Candidate, Reason, RoomHomes, RouteError, RouteQuestion};
+use crate::core::routing::{home_cell, rendezvous, room_writer, route, Candidate, Reason, RouteError, RouteQuestion};
 use crate::metrics::{CellLabel, CellTransitionLabel, OutcomeLabel, PeerLabel};
 use crate::world::now_ms;
 
@@ -120,7 +120,7 @@ pub struct Router {
     cells: Vec<String>,
     /// `cluster_cell_domains`: where each room is homed (`core::routing::RoomHomes`); it is
     /// written by a node of that cell.
-    room_homes: Option<RoomHomes>,
+    room_homes: Option<crate::cluster::SharedHomes>,
     peers: Mutex<Peers>,
     /// Peers' readiness as probes answered it, and the probes in flight (at most one per
     /// known node).
@@ -195,14 +195,14 @@ impl Router {
 
     /// Cells run their own NATS (`cluster_cell_domains`): rooms are written in their home
     /// cells, as `homes` places them.
-    pub fn with_room_homes(mut self, homes: RoomHomes) -> Router {
+    pub fn with_room_homes(mut self, homes: crate::cluster::SharedHomes) -> Router {
         self.room_homes = Some(homes);
         self
     }
 
     /// With rooms homed in cells, `room`'s home cell; `None` otherwise.
-    pub fn room_home(&self, room: &str) -> Option<&str> {
-        self.room_homes.as_ref()?.home(room)
+    pub fn room_home(&self, room: &str) -> Option<String> {
+        self.room_homes.as_ref()?.read().home(room).map(str::to_string)
     }
 
     /// Each configured cell's breaker, by name.
@@ -420,6 +420,11 @@ impl Router {
                 })
                 .collect(),
         )
+    }
+
+    /// Cluster mode: the nodes of `cell` alive now (this one included when it is there).
+    pub fn alive_in(&self, cell: &str) -> Vec<String> {
+        self.nodes_now(now_ms()).into_iter().filter(|n| n.alive && n.peer.cell == cell).map(|n| n.peer.name).collect()
     }
 
     /// Cluster mode: the names of the peers heard now (draining ones and those not yet up

@@ -375,6 +375,15 @@ pub struct Resync {
     pub after: std::time::Duration,
 }
 
+/// A promotion moved the room's home to cell `to`: its log is elsewhere now, under a new
+/// epoch. The room sends its subscribers [`RoomUpdate::Moved`] and stops; the next actor
+/// of the room reads it where it moved.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct HomeMoved {
+    pub to: Arc<str>,
+}
+
 // ---- supervisor → room ----
 
 /// The node is draining: send the open window's events to the subscribers now, so they
@@ -413,6 +422,9 @@ pub enum RoomUpdate {
     Presence { room: Arc<str>, frame: Arc<PresenceFrame> },
     /// The connection's backlog went over its bound: stop and close with 4009.
     SlowConsumer,
+    /// A promotion moved the room to cell `to` (a new epoch): close with 1012, so the
+    /// client resumes it there and learns it did not recover.
+    Moved { room: Arc<str>, to: Arc<str> },
     /// The room cannot serve (its stored state is unreadable); the subscription is void.
     Refused { room: Arc<str>, reference: Option<i64>, message: String, generation: u64 },
 }

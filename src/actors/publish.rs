@@ -150,18 +150,16 @@ impl Publisher {
     /// A room homed in another cell whose writer is not known alive there is refused.
     fn remote_writer(&self, room: &str) -> Result<Option<RemoteWriter<'_>>, RoomError> {
         let Mode::Clustered { cluster, router } = &self.mode else { return Ok(None) };
-        let elsewhere = cluster.room_home(room).filter(|home| Some(*home) != cluster.own_cell());
+        let elsewhere = cluster.room_home(room).filter(|home| Some(home.as_str()) != cluster.own_cell());
         let writer = router.room_writer(room);
         match (writer, elsewhere) {
             (None, Some(home)) => Err(RoomError::HomeUnavailable { room: room.to_string(), cell: home.to_string() }),
             (Some(node), _) if node == cluster.node => Ok(None),
             (None, None) => Ok(None),
-            (Some(node), home) => Ok(Some(RemoteWriter {
-                cluster,
-                node,
-                home: home.map(str::to_string),
-                wait: if home.is_some() { CROSS_CELL_TIMEOUT } else { FORWARD_WAIT },
-            })),
+            (Some(node), home) => {
+                let wait = if home.is_some() { CROSS_CELL_TIMEOUT } else { FORWARD_WAIT };
+                Ok(Some(RemoteWriter { cluster, node, home, wait }))
+            }
         }
     }
 

@@ -408,6 +408,28 @@ impl Rooms {
         }
     }
 
+    /// A promotion moved the rooms `moved` names to cell `to`: their actors close their
+    /// subscribers (who resume there) and stop; the next actor reads the room where it
+    /// moved.
+    pub fn moved(&self, moved: impl Fn(&str) -> bool, to: &str) {
+        let mut tables = self.inner.tables.lock();
+        let rooms: Vec<Arc<str>> = tables.live.keys().filter(|room| moved(room)).cloned().collect();
+        for room in rooms {
+            if let Some(addr) = tables.live.remove(&room) {
+                tables.loads.remove(&room);
+                addr.do_send(HomeMoved { to: to.into() });
+            }
+        }
+        // Parked inboxes: their watches take the old home's live copies only.
+        let parked: Vec<Arc<str>> = tables.parked.keys().filter(|room| moved(room)).cloned().collect();
+        for room in parked {
+            tables.watches.remove(&room);
+            for subscriber in tables.parked.remove(&room).unwrap_or_default() {
+                subscriber.to.post(RoomUpdate::Moved { room: room.clone(), to: to.into() });
+            }
+        }
+    }
+
     /// Have every live room send its open window now (the drain, before the Close
     /// frames); resolves once each room has sent it.
     pub async fn close_windows(&self) {

@@ -5,7 +5,7 @@
 //! transitions. Times are relative to the node's own clock (`ts_ms`), so the printing
 //! machine's clock does not matter.
 
-use crate::protocol::{CellStatus, CellsReply};
+use crate::protocol::{CellStatus, CellsReply, PromoteReply};
 
 /// A passed round in the probe line.
 pub const PASSED: char = '✓';
@@ -22,6 +22,22 @@ pub fn render(reply: &CellsReply) -> String {
         out.push_str("  (no configured cell)\n");
     }
     out
+}
+
+/// The text `livegate cells --promote CELL` prints for `reply` (ends with a newline).
+pub fn render_promotion(reply: &PromoteReply) -> String {
+    let lost = match reply.missing {
+        0 => "none: the mirror had every event the cell announced".to_string(),
+        n => format!("{n} (the cell announced stream seq {}, the mirror had {})", reply.origin_head_seen, reply.mirror_head),
+    };
+    format!(
+        "cell {}'s rooms moved to cell {}: {} rooms, new epoch {}
+  mirror had up to stream seq {}
+  events lost: {lost}
+  clients resuming these rooms get recovered:false and reload their state
+",
+        reply.cell, reply.to, reply.rooms, reply.epoch, reply.mirror_head
+    )
 }
 
 fn render_cell(out: &mut String, cell: &CellStatus, now_ms: u64) {

@@ -109,6 +109,14 @@ impl Client {
         serde_json::from_str(&body).map_err(|_| ClientError::UnexpectedReply { request: format!("GET {PATH}"), body })
     }
 
+    /// `POST /v1/admin/cells/{cell}/promote`: move the lost `cell`'s rooms into the
+    /// node's cell (cell domains), and what it did.
+    pub fn promote_cell(&self, cell: &str) -> Result<crate::protocol::PromoteReply, ClientError> {
+        let path = format!("/v1/admin/cells/{}/promote", encode(cell));
+        let body = self.post(&path, &Value::Object(Default::default()))?;
+        serde_json::from_str(&body).map_err(|_| ClientError::UnexpectedReply { request: format!("POST {path}"), body })
+    }
+
     /// `GET /v1/rooms/{room}/state`: the server's reply (room, epoch, seq, data).
     pub fn room_state(&self, room: &str) -> Result<String, ClientError> {
         self.get(&format!("/v1/rooms/{}/state", encode(room)))

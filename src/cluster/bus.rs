@@ -17,8 +17,9 @@ use futures_util::StreamExt;
 use super::kv::KvSessions;
 use super::{
     decode_connections, decode_epoch, decode_node, decode_probe, Cluster, ClusterError, CELL_PROBE_HEADER, CONNECTIONS_HEADER, EPOCH_HEADER,
-    HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, REPLACE_SUBJECT,
+    HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, MOVES_HEADER, REPLACE_SUBJECT, ROOMS_HEAD_HEADER,
 };
+use super::promotion::{decode_moves, decode_rooms_head};
 use crate::core::heartbeats::NodeInfo;
 use crate::core::peer_input::{self, PeerInputError};
 use crate::core::rebalance::{self, Order, OrderRefused};
@@ -42,6 +43,9 @@ pub trait NodeEvents: Clone + 'static {
     /// Another node planned a rebalance in which this node hands connections over;
     /// yields whether this node took it.
     fn rebalance(&self, order: Order) -> LocalBoxFuture<'static, Result<(), OrderRefused>>;
+    /// A promotion moved the rooms `moved` names to cell `to` (a peer announced it, or
+    /// this node made it): their subscribers here resume them there.
+    fn rooms_moved(&self, moved: Box<dyn Fn(&str) -> bool>, to: String);
     /// A peer's message of `kind` (a `peer_input::MESSAGE_KINDS` name) was dropped: it did not
     /// parse ([`PeerInputError`]).
     fn dropped(&self, kind: &'static str);
@@ -191,13 +195,23 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
         while let Some(message) = beats.next().await {
             let header = |name: &str| message.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().as_bytes());
             let (connections, probe) = (header(CONNECTIONS_HEADER), header(CELL_PROBE_HEADER));
-            let epoch = header(EPOCH_HEADER);
-            let decoded = decode_node(&message.payload)
-                .and_then(|info| Ok((info, decode_connections(connections)?, decode_probe(probe)?, decode_epoch(epoch)?)));
+            let (epoch, head, moves) = (header(EPOCH_HEADER), header(ROOMS_HEAD_HEADER), header(MOVES_HEADER));
+            let decoded = decode_node(&message.payload).and_then(|info| {
+                let cells = (decode_epoch(epoch)?, decode_rooms_head(head)?, decode_moves(moves)?);
+                Ok((info, decode_connections(connections)?, decode_probe(probe)?, cells))
+            });
             match decoded {
-                Ok((mut info, connections, probe, epoch)) => {
+                Ok((mut info, connections, probe, (epoch, head, moves))) => {
                     if let Some(epoch) = epoch {
                         beat_cluster.learn_epoch(&info.cell, epoch);
+                    }
+                    if let Some(head) = head {
+                        beat_cluster.learn_head(&info.cell, head);
+                    }
+                    if !moves.is_empty() {
+                        for (from, to) in beat_cluster.learn_moves(moves).await {
+                            beat_events.rooms_moved(beat_cluster.rooms_of(from), to);
+                        }
                     }
                     info.probe = probe;
                     if connections.is_some_and(|c| c.clamped) {

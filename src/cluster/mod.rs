@@ -24,7 +24,9 @@
 //! own JetStream domain: the buckets above stay in it, a room's events are on its home
 //! cell's streams under `lg.room.<cell>.<room>` ([`Cluster::room_place`]), other cells'
 //! rooms are read through their domain's API or, while they do not answer, from this
-//! cell's mirrors of their streams (`LG_ROOMS_<cell>`, `LG_STATE_<cell>`).
+//! cell's mirrors of their streams (`LG_ROOMS_<cell>`, `LG_STATE_<cell>`). A cell lost
+//! for good is promoted ([`promotion`]): its mirror in another cell becomes the origin
+//! of its rooms there, under a new epoch.
 //!
 //! Room names travel hex-encoded in subjects and keys, so any valid room is a valid token.
 
@@ -32,11 +34,13 @@ pub mod bus;
 pub mod kv;
 pub mod occupancy;
 pub mod presence;
+pub mod promotion;
 pub mod roomlog;
 
 pub use bus::FORWARD_WAIT;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -76,6 +80,12 @@ pub const CELL_PROBE_HEADER: &str = "Lg-Cell-Probe";
 /// from earlier builds): with cell domains, how a node knows another cell's epoch while
 /// that cell cannot be asked, to serve its rooms from a mirror.
 pub const EPOCH_HEADER: &str = "Lg-Epoch";
+/// A heartbeat's header, with cell domains: the last sequence of the sender's cell's
+/// rooms stream the sender knows (see [`promotion`]).
+pub const ROOMS_HEAD_HEADER: &str = "Lg-Rooms-Head";
+/// A heartbeat's header, with cell domains: the promotions the sender knows,
+/// `<from>><to>:<epoch>` separated by `,` (see [`promotion`]).
+pub const MOVES_HEADER: &str = "Lg-Moves";
 pub const REPLACE_SUBJECT: &str = "lg.user.replace";
 pub const KICK_SUBJECT: &str = "lg.user.kick";
 /// How long a call to another cell (a read through its domain, a publish forwarded to
@@ -116,6 +126,9 @@ pub enum ClusterError {
     /// cell's writer makes.
     #[error("room {room} is homed in cell {home}: only that cell writes it")]
     NotHome { room: String, home: String },
+    /// A promotion that cannot be made (see [`promotion::PromotionError`]).
+    #[error(transparent)]
+    Promotion(#[from] promotion::PromotionError),
     /// A room's occupancy record kept changing under this node's compare-and-set.
     #[error("room {0}: too many concurrent occupancy updates")]
     RoomContended(String),
@@ -177,6 +190,9 @@ pub enum NatsError {
     Subscribe(#[from] async_nats::SubscribeError),
     #[error(transparent)]
     Flush(#[from] async_nats::client::FlushError),
+    /// A JetStream API request (a stream's info).
+    #[error(transparent)]
+    Request(#[from] jetstream::context::RequestError),
 }
 
 impl NatsError {
@@ -213,6 +229,7 @@ impl NatsError {
             NatsError::Subscribe(e) => e.kind() == async_nats::SubscribeErrorKind::Other,
             // Either kind is the connection's: the client could not send, or got no pong.
             NatsError::Flush(_) => true,
+            NatsError::Request(e) => matches!(e.kind(), jetstream::context::RequestErrorKind::TimedOut | jetstream::context::RequestErrorKind::NoResponders | jetstream::context::RequestErrorKind::Other),
         }
     }
 }
@@ -255,6 +272,7 @@ from_nats_errors!(
     async_nats::PublishError,
     async_nats::SubscribeError,
     async_nats::client::FlushError,
+    jetstream::context::RequestError,
 );
 
 /// Compare-and-set rounds a kick record gets against other kicks of the same user.
@@ -338,17 +356,25 @@ pub struct Cluster {
     /// The rooms stream's identity; every room's epoch in cluster mode (with cell
     /// domains: of every room homed in this node's cell).
     epoch: String,
+    /// The last sequence of this node's rooms stream it knows of (its start, its own
+    /// appends): with cell domains, heartbeats carry it, so that a promotion elsewhere
+    /// knows how many of this cell's events its mirror lacks.
+    rooms_head: Arc<AtomicU64>,
 }
+
+/// Where every room is homed, shared by the cluster (which writes and reads it there)
+/// and the router (which picks its writer there); a promotion changes it.
+pub type SharedHomes = Arc<parking_lot::RwLock<RoomHomes>>;
 
 /// `cluster_cell_domains`: this node's cell and every configured cell, each running its
 /// own NATS whose JetStream domain is the cell's name, joined by leaf node connections.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct CellDomains {
     pub cell: String,
     /// Every configured cell (this one among them).
     pub cells: Vec<String>,
     /// Where each room is homed.
-    pub homes: RoomHomes,
+    pub homes: SharedHomes,
 }
 
 /// How a node joins NATS: its login, the token key when configured
@@ -363,10 +389,12 @@ pub struct Joining {
 /// The cells of [`CellDomains`] as a node reaches them.
 struct Domains {
     cell: String,
-    homes: RoomHomes,
+    homes: SharedHomes,
     /// Every other cell's rooms and states streams, through its domain's API, and
     /// their mirrors in this cell.
     remote: HashMap<String, RemoteCell>,
+    /// Promoted cells, by origin: where their rooms are now, and their new epoch.
+    moves: parking_lot::RwLock<BTreeMap<String, promotion::Moved>>,
 }
 
 /// Another cell as a node reaches it: its origin streams through its domain, and this
@@ -381,6 +409,8 @@ struct RemoteCell {
     epoch: parking_lot::Mutex<Option<String>>,
     /// Until when reads go straight to the mirrors: the cell did not answer lately.
     silent_until: parking_lot::Mutex<Option<std::time::Instant>>,
+    /// The highest last sequence of the cell's rooms stream its heartbeats announced.
+    head_seen: AtomicU64,
 }
 
 /// How long reads of a cell that did not answer go to the mirrors without asking it.
@@ -393,13 +423,23 @@ pub fn mirror_name(stream: &str, cell: &str) -> String {
 
 /// Where a room's events and state are kept: its home cell's streams (this node's, or
 /// another cell's through its domain) and its subjects on them.
-pub(crate) struct RoomPlace<'a> {
-    pub rooms: &'a stream::Stream<()>,
-    pub states: &'a stream::Stream<()>,
+pub(crate) struct RoomPlace {
+    pub rooms: stream::Stream<()>,
+    pub states: stream::Stream<()>,
+    /// The subjects the room's events and state are stored under (its origin cell's).
     pub room_subject: String,
     pub state_subject: String,
+    /// The subjects a write is published to: the stored ones, but for a moved room the
+    /// subjects its new home's stream takes and stores under the stored ones
+    /// ([`promotion`]), so the old origin, back, never takes them too.
+    pub room_write_subject: String,
+    pub state_write_subject: String,
     /// The streams are this cell's mirrors of the home cell's.
     pub mirror: bool,
+    /// The streams whose republished live copies are the room's events and states (a
+    /// copy with another `Nats-Stream` comes from a fenced origin).
+    pub live_stream: String,
+    pub live_state_stream: String,
 }
 
 impl Cluster {
@@ -500,6 +540,7 @@ impl Cluster {
         }
         raise_replicas(&js, &config, replicas).await?;
         let epoch = epoch_of(rooms.cached_info());
+        let rooms_head = Arc::new(AtomicU64::new(rooms.cached_info().state.last_sequence));
         let sessions_ttl = limits.session_ttl * 2;
         for (bucket, ttl) in [(SESSIONS_BUCKET, sessions_ttl), (NONCES_BUCKET, limits.nonce_ttl), (META_BUCKET, Duration::ZERO)] {
             ensure_bucket(&js, bucket, ttl, replicas).await?;
@@ -516,7 +557,9 @@ impl Cluster {
         };
         let (rooms, states) = (js.get_stream_no_info(ROOMS_STREAM).await?, js.get_stream_no_info(STATE_STREAM).await?);
         tracing::info!(url = %url_for_log(urls), node, cell = own_cell, stream = ROOMS_STREAM, %epoch, replicas, "cluster mode: joined through NATS");
-        Ok(Cluster { client, js, node: node.to_string(), replicas, rooms, states, domains, nonces, meta, token_secret, epoch })
+        let cluster = Cluster { client, js, node: node.to_string(), replicas, rooms, states, domains, nonces, meta, token_secret, epoch, rooms_head };
+        cluster.load_moves().await?;
+        Ok(cluster)
     }
 
     /// This node's rooms stream (with cell domains: of the rooms homed in its cell).
@@ -537,8 +580,18 @@ impl Cluster {
     /// With cell domains, `room`'s home cell (its namespace's `home_cell`, else a
     /// rendezvous hash over the configured cells: [`RoomHomes`]); `None` when every cell
     /// shares this NATS.
-    pub fn room_home(&self, room: &str) -> Option<&str> {
-        self.domains.as_deref()?.homes.home(room)
+    pub fn room_home(&self, room: &str) -> Option<String> {
+        self.domains.as_deref()?.homes.read().home(room).map(str::to_string)
+    }
+
+    /// With cell domains, the cell `room` was first homed in (see [`RoomHomes::origin`]).
+    pub fn room_origin(&self, room: &str) -> Option<String> {
+        self.domains.as_deref()?.homes.read().origin(room).map(str::to_string)
+    }
+
+    /// With cell domains, where rooms are homed (shared with the router).
+    pub fn room_homes(&self) -> Option<SharedHomes> {
+        self.domains.as_deref().map(|d| d.homes.clone())
     }
 
     /// This node's cell when cells run their own NATS.
@@ -548,33 +601,58 @@ impl Cluster {
 
     /// Where `room` is kept: this node's streams, or its home cell's through that cell's
     /// domain (with `mirror`, this cell's mirrors of them instead).
-    pub(crate) fn room_place(&self, room: &str, mirror: bool) -> RoomPlace<'_> {
+    pub(crate) fn room_place(&self, room: &str, mirror: bool) -> RoomPlace {
         let token = room_token(room);
-        let home = self.room_home(room);
-        let subject = |kind: &str| match home {
+        let (origin, home) = match self.domains.as_deref() {
+            Some(domains) => {
+                let homes = domains.homes.read();
+                (homes.origin(room).map(str::to_string), homes.home(room).map(str::to_string))
+            }
+            None => (None, None),
+        };
+        let subject = |kind: &str, cell: Option<&str>| match cell {
             Some(cell) => format!("lg.{kind}.{cell}.{token}"),
             None => format!("lg.{kind}.{token}"),
         };
-        let (room_subject, state_subject) = (subject("room"), subject("state"));
-        match self.remote_home(room) {
-            Some((_, cell)) if mirror => {
-                RoomPlace { rooms: &cell.rooms_mirror, states: &cell.states_mirror, room_subject, state_subject, mirror: true }
+        let (room_subject, state_subject) = (subject("room", origin.as_deref()), subject("state", origin.as_deref()));
+        // `moved_from`: the room's rooms moved from this origin (their streams are named after it).
+        let place = |rooms: &stream::Stream<()>, states: &stream::Stream<()>, write_cell: Option<&str>, mirror: bool, moved_from: Option<&str>| RoomPlace {
+            rooms: rooms.clone(),
+            states: states.clone(),
+            room_write_subject: subject("room", write_cell),
+            state_write_subject: subject("state", write_cell),
+            room_subject: room_subject.clone(),
+            state_subject: state_subject.clone(),
+            mirror,
+            live_stream: moved_from.map_or(ROOMS_STREAM.to_string(), |from| mirror_name(ROOMS_STREAM, from)),
+            live_state_stream: moved_from.map_or(STATE_STREAM.to_string(), |from| mirror_name(STATE_STREAM, from)),
+        };
+        if let (Some(origin), Some(home), Some(domains)) = (&origin, &home, self.domains.as_deref()) {
+            if origin != home {
+                if let Some(moved) = domains.moves.read().get(origin) {
+                    let write_cell = promotion::moved_subject_cell(origin, home);
+                    return place(&moved.rooms, &moved.states, Some(&write_cell), false, Some(origin));
+                }
             }
-            Some((_, cell)) => RoomPlace { rooms: &cell.rooms, states: &cell.states, room_subject, state_subject, mirror: false },
-            None => RoomPlace { rooms: &self.rooms, states: &self.states, room_subject, state_subject, mirror: false },
+        }
+        let remote = home.as_deref().and_then(|home| self.domains.as_deref()?.remote.get(home));
+        match remote {
+            Some(cell) if mirror => place(&cell.rooms_mirror, &cell.states_mirror, origin.as_deref(), true, None),
+            Some(cell) => place(&cell.rooms, &cell.states, origin.as_deref(), false, None),
+            None => place(&self.rooms, &self.states, origin.as_deref(), false, None),
         }
     }
 
     /// `room`'s home cell when it is another cell (with cell domains), and how it is reached.
-    fn remote_home(&self, room: &str) -> Option<(&str, &RemoteCell)> {
+    fn remote_home(&self, room: &str) -> Option<(String, &RemoteCell)> {
         let domains = self.domains.as_deref()?;
         let home = self.room_home(room)?;
-        domains.remote.get(home).map(|cell| (home, cell))
+        domains.remote.get(&home).map(|cell| (home, cell))
     }
 
     /// Where to read `room` now: its home's streams, or this cell's mirrors of them while
     /// the home cell is marked silent ([`Cluster::home_silent`]).
-    pub(crate) fn read_place(&self, room: &str) -> RoomPlace<'_> {
+    pub(crate) fn read_place(&self, room: &str) -> RoomPlace {
         let silent = self.remote_home(room).is_some_and(|(_, cell)| cell.silent_until.lock().is_some_and(|until| std::time::Instant::now() < until));
         self.room_place(room, silent)
     }
@@ -604,6 +682,9 @@ impl Cluster {
     /// `room`'s epoch: its home cell's rooms stream's identity (for another cell: as its
     /// heartbeats say, else asked of its JetStream).
     pub async fn room_epoch(&self, room: &str) -> Result<String, ClusterError> {
+        if let Some(epoch) = self.moved_epoch(room) {
+            return Ok(epoch);
+        }
         let Some((home, cell)) = self.remote_home(room) else { return Ok(self.epoch.clone()) };
         if let Some(epoch) = cell.epoch.lock().clone() {
             return Ok(epoch);
@@ -717,6 +798,12 @@ impl Cluster {
             headers.insert(CELL_PROBE_HEADER, if passed { "1" } else { "0" });
         }
         headers.insert(EPOCH_HEADER, self.epoch.as_str());
+        if self.domains.is_some() {
+            headers.insert(ROOMS_HEAD_HEADER, self.rooms_head.load(Ordering::Relaxed).to_string().as_str());
+            if let Some(moves) = self.encode_moves() {
+                headers.insert(MOVES_HEADER, moves.as_str());
+            }
+        }
         Ok(self.client.publish_with_headers(HEARTBEAT_SUBJECT, headers, encode_node(info).into()).await?)
     }
 
@@ -797,10 +884,11 @@ impl Domains {
                     states_mirror: js.get_stream_no_info(mirror_name(STATE_STREAM, cell)).await?,
                     epoch: Default::default(),
                     silent_until: Default::default(),
+                    head_seen: AtomicU64::new(0),
                 },
             );
         }
-        Ok(Domains { cell: cells.cell.clone(), homes: cells.homes.clone(), remote })
+        Ok(Domains { cell: cells.cell.clone(), homes: cells.homes.clone(), remote, moves: Default::default() })
     }
 }
 
@@ -1068,6 +1156,16 @@ mod tests {
         ];
         for (junk, error) in cases {
             assert_eq!(decode_node(junk.as_bytes()).as_ref(), Err(error), "{junk:?}");
+        }
+    }
+
+    #[test]
+    fn a_heartbeat_reports_its_epoch_as_16_hex_digits_or_nothing() {
+        assert_eq!(decode_epoch(None), Ok(None), "an earlier build says nothing");
+        assert_eq!(decode_epoch(Some(b"0123456789abcDEF")), Ok(Some("0123456789abcDEF".to_string())));
+        let long = "a".repeat(100);
+        for junk in ["", "0123456789abcde", "0123456789abcdef0", "0123456789abcdeg", " 123456789abcdef", long.as_str()] {
+            assert!(decode_epoch(Some(junk.as_bytes())).is_err(), "{junk:?}");
         }
     }
 

@@ -37,7 +37,7 @@ use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::HeaderMap;
 use futures_util::{Stream, StreamExt};
 
-use super::{last_message, room_token, Cluster, ClusterError, RoomPlace, Unreachable, REQUEST_TIMEOUT};
+use super::{last_message, room_token, Cluster, ClusterError, RoomPlace, Unreachable, REQUEST_TIMEOUT, ROOMS_STREAM};
 use crate::core::names;
 use crate::store::EventRecord;
 
@@ -114,8 +114,8 @@ pub async fn load(cluster: &Cluster, room: &str) -> Result<LoadedRoom, ClusterEr
 /// With cell domains, refuse a write to a room homed in another cell: only that cell's
 /// writer writes it (a publish here is forwarded there, or refused).
 fn homed_here(cluster: &Cluster, room: &str) -> Result<(), ClusterError> {
-    match cluster.room_home(room).filter(|home| Some(*home) != cluster.own_cell()) {
-        Some(home) => Err(ClusterError::NotHome { room: room.to_string(), home: home.to_string() }),
+    match cluster.room_home(room).filter(|home| Some(home.as_str()) != cluster.own_cell()) {
+        Some(home) => Err(ClusterError::NotHome { room: room.to_string(), home }),
         None => Ok(()),
     }
 }
@@ -130,7 +130,7 @@ fn newer(record: Option<StoredState>, in_events: Option<StoredState>) -> Option<
 
 /// The room's latest-state record, if it has one, with its sequence on `LG_STATE`.
 pub async fn load_state(cluster: &Cluster, room: &str) -> Result<Option<(StoredState, u64)>, ClusterError> {
-    let message = read_home(cluster, room, |place| async move { last_message(place.states, &place.state_subject).await }).await?;
+    let message = read_home(cluster, room, |place| async move { last_message(&place.states, &place.state_subject).await }).await?;
     Ok(message.and_then(|m| Some((decode_state(&m.headers, &m.payload)?, m.sequence))))
 }
 
@@ -143,7 +143,7 @@ pub async fn write_state(cluster: &Cluster, room: &str, state: &StoredState) -> 
     homed_here(cluster, room)?;
     let mut headers = HeaderMap::new();
     headers.insert(SEQ_HEADER, state.seq.to_string().as_str());
-    let sent = cluster.js.publish_with_headers(cluster.room_place(room, false).state_subject, headers, state.data.clone().into()).await?;
+    let sent = cluster.js.publish_with_headers(cluster.room_place(room, false).state_write_subject, headers, state.data.clone().into()).await?;
     Ok(sent.await?.sequence)
 }
 
@@ -169,9 +169,9 @@ pub async fn read_after(cluster: &Cluster, room: &str, after: u64) -> Result<Vec
 
 /// `read` of `room` where [`Cluster::read_place`] says; a home cell elsewhere that does
 /// not answer is marked silent and `read` runs again on this cell's mirror of it.
-async fn read_home<'c, T, F, Fut>(cluster: &'c Cluster, room: &str, read: F) -> Result<T, ClusterError>
+async fn read_home<T, F, Fut>(cluster: &Cluster, room: &str, read: F) -> Result<T, ClusterError>
 where
-    F: Fn(RoomPlace<'c>) -> Fut,
+    F: Fn(RoomPlace) -> Fut,
     Fut: std::future::Future<Output = Result<T, ClusterError>>,
 {
     let place = cluster.read_place(room);
@@ -182,8 +182,8 @@ where
     }
 }
 
-async fn read_after_in(place: &RoomPlace<'_>, room: &str, after: u64) -> Result<Vec<StreamEvent>, ClusterError> {
-    let (subject, stream) = (&place.room_subject, place.rooms);
+async fn read_after_in(place: &RoomPlace, room: &str, after: u64) -> Result<Vec<StreamEvent>, ClusterError> {
+    let (subject, stream) = (&place.room_subject, &place.rooms);
     let Some(last) = last_message(stream, subject).await?.map(|m| m.sequence) else {
         return Ok(Vec::new());
     };
@@ -237,13 +237,19 @@ pub async fn append(
         }
         None => event.data.clone().into_bytes(),
     };
-    let sent = cluster.js.publish_with_headers(cluster.room_place(room, false).room_subject, headers, payload.into()).await;
+    let place = cluster.room_place(room, false);
+    let sent = cluster.js.publish_with_headers(place.room_write_subject, headers, payload.into()).await;
     let ack = match sent {
         Ok(future) => future.await,
         Err(e) => return Err(ClusterError::from(e).into()),
     };
     match ack {
-        Ok(ack) => Ok(Appended { stream_seq: ack.sequence, duplicate: ack.duplicate }),
+        Ok(ack) => {
+            if place.live_stream == ROOMS_STREAM {
+                cluster.appended_own(ack.sequence);
+            }
+            Ok(Appended { stream_seq: ack.sequence, duplicate: ack.duplicate })
+        }
         Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Err(AppendError::Conflict),
         Err(e) => Err(ClusterError::from(e).into()),
     }
@@ -262,7 +268,8 @@ pub async fn purge_expired(cluster: &Cluster, room: &str) -> Result<(), ClusterE
     if homed_here(cluster, room).is_err() {
         return Ok(()); // The home cell's nodes trim it.
     }
-    cluster.rooms_stream().purge().filter(cluster.room_place(room, false).room_subject).keep(1).await?;
+    let place = cluster.room_place(room, false);
+    place.rooms.purge().filter(place.room_subject).keep(1).await?;
     Ok(())
 }
 
@@ -272,7 +279,8 @@ pub async fn purge_beyond(cluster: &Cluster, room: &str, keep: u64) -> Result<()
     if homed_here(cluster, room).is_err() {
         return Ok(()); // The home cell's nodes trim it.
     }
-    cluster.rooms_stream().purge().filter(cluster.room_place(room, false).room_subject).keep(keep.max(1)).await?;
+    let place = cluster.room_place(room, false);
+    place.rooms.purge().filter(place.room_subject).keep(keep.max(1)).await?;
     Ok(())
 }
 
@@ -294,16 +302,20 @@ pub type LiveFeed = Pin<Box<dyn Stream<Item = LiveItem> + Send>>;
 /// Copies that do not decode are dropped (logged at debug).
 pub async fn watch(cluster: &Cluster, room: &str, states: bool) -> Result<LiveFeed, ClusterError> {
     let token = room_token(room);
-    let events = cluster.client.subscribe(format!("lg.live.{token}")).await?.filter_map(|message| {
-        let event = decode_live(message.headers.as_ref(), &message.payload).map(LiveItem::Event);
+    let place = cluster.room_place(room, false);
+    let (events_from, states_from) = (place.live_stream, place.live_state_stream);
+    let events = cluster.client.subscribe(format!("lg.live.{token}")).await?.filter_map(move |message| {
+        let event = from_stream(message.headers.as_ref(), &events_from)
+            .then(|| decode_live(message.headers.as_ref(), &message.payload).map(LiveItem::Event))
+            .flatten();
         if event.is_none() {
-            tracing::debug!(subject = %message.subject, "ignoring a live message that is not a livegate event");
+            tracing::debug!(subject = %message.subject, "ignoring a live message that is not a livegate event of the room's home");
         }
         std::future::ready(event)
     });
     let feed: LiveFeed = if states {
-        let records = cluster.client.subscribe(format!("lg.livestate.{token}")).await?.filter_map(|message| {
-            let record = decode_live_state(message.headers.as_ref(), &message.payload);
+        let records = cluster.client.subscribe(format!("lg.livestate.{token}")).await?.filter_map(move |message| {
+            let record = from_stream(message.headers.as_ref(), &states_from).then(|| decode_live_state(message.headers.as_ref(), &message.payload)).flatten();
             std::future::ready(record.map(|(state, version)| LiveItem::State(state, version)))
         });
         Box::pin(futures_util::stream::select(events, records))
@@ -317,9 +329,15 @@ pub async fn watch(cluster: &Cluster, room: &str, states: bool) -> Result<LiveFe
     }
 }
 
+/// A live copy was republished by `stream` (JetStream names it in `Nats-Stream`): a copy
+/// from another stream is an old origin's, fenced by a promotion (see [`super::promotion`]).
+fn from_stream(headers: Option<&HeaderMap>, stream: &str) -> bool {
+    headers.and_then(|h| h.get("Nats-Stream")).is_some_and(|name| name.as_str() == stream)
+}
+
 /// The room seq of `room`'s newest stored event (`None`: the stream holds none).
 pub async fn last_seq(cluster: &Cluster, room: &str) -> Result<Option<u64>, ClusterError> {
-    let message = read_home(cluster, room, |place| async move { last_message(place.rooms, &place.room_subject).await }).await?;
+    let message = read_home(cluster, room, |place| async move { last_message(&place.rooms, &place.room_subject).await }).await?;
     Ok(message.and_then(|m| m.headers.get(SEQ_HEADER)?.as_str().parse().ok()))
 }
 

@@ -247,21 +247,87 @@ pub fn room_home_cell<'a>(room: &str, configured: &[&'a str]) -> Option<&'a str>
 /// whose `home_cell` pins their rooms to a cell. A room takes its namespace's pin (the
 /// namespace is the longest prefix the room starts with, as for its other options), else
 /// [`room_home_cell`] over the cells.
+///
+/// A promotion moves every room of a lost cell to another cell ([`RoomHomes::moved`]):
+/// the room keeps its *origin* (the cell the configuration homes it in, which names its
+/// subjects) and is written in its *home*, where it moved.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RoomHomes {
     cells: Vec<String>,
     /// Every namespace's prefix with its pin (`None`: hashed), longest prefix first.
     namespaces: Vec<(String, Option<String>)>,
+    /// Promoted cells: origin cell → the cell its rooms moved to.
+    moves: BTreeMap<String, String>,
+}
+
+/// Why a move of a cell's rooms is refused.
+#[derive(Debug, Error, PartialEq, Eq, Clone)]
+pub enum MoveRefused {
+    #[error("cell {0:?} is not one of the configured cells")]
+    Unknown(String),
+    #[error("a cell's rooms cannot move to the cell itself ({0:?})")]
+    ToItself(String),
+    #[error("cell {from:?}'s rooms already moved to {to:?}")]
+    AlreadyMoved { from: String, to: String },
+    #[error("cell {0:?}'s own rooms moved away: it takes no other cell's")]
+    ToMovedCell(String),
+    #[error("rooms moved to cell {0:?}: it cannot move away itself")]
+    FromHostingCell(String),
 }
 
 impl RoomHomes {
     pub fn new(cells: Vec<String>, mut namespaces: Vec<(String, Option<String>)>) -> RoomHomes {
         namespaces.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
-        RoomHomes { cells, namespaces }
+        RoomHomes { cells, namespaces, moves: BTreeMap::new() }
     }
 
-    /// `room`'s home cell (`None` without cells).
+    /// `room`'s home cell, where it is written now: its [origin](RoomHomes::origin), or
+    /// the cell the origin's rooms moved to (`None` without cells).
     pub fn home(&self, room: &str) -> Option<&str> {
+        let origin = self.origin(room)?;
+        Some(self.moved_to(origin).unwrap_or(origin))
+    }
+
+    /// Where `cell`'s rooms moved, if a promotion moved them.
+    pub fn moved_to(&self, cell: &str) -> Option<&str> {
+        self.moves.get(cell).map(String::as_str)
+    }
+
+    /// Every move: (origin cell, the cell its rooms moved to), by origin.
+    pub fn moves(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.moves.iter().map(|(from, to)| (from.as_str(), to.as_str()))
+    }
+
+    /// Move `from`'s rooms to `to`. One hop only, and once: a cell hosting moved rooms
+    /// does not move itself, nor takes rooms while its own moved away. Yields `false`
+    /// when the same move is known already (moves are announced again and again).
+    pub fn moved(&mut self, from: &str, to: &str) -> Result<bool, MoveRefused> {
+        for cell in [from, to] {
+            if !self.cells.iter().any(|c| c == cell) {
+                return Err(MoveRefused::Unknown(cell.to_string()));
+            }
+        }
+        if from == to {
+            return Err(MoveRefused::ToItself(from.to_string()));
+        }
+        match self.moved_to(from) {
+            Some(known) if known == to => return Ok(false),
+            Some(known) => return Err(MoveRefused::AlreadyMoved { from: from.to_string(), to: known.to_string() }),
+            None => {}
+        }
+        if self.moves.contains_key(to) {
+            return Err(MoveRefused::ToMovedCell(to.to_string()));
+        }
+        if self.moves.values().any(|host| host == from) {
+            return Err(MoveRefused::FromHostingCell(from.to_string()));
+        }
+        self.moves.insert(from.to_string(), to.to_string());
+        Ok(true)
+    }
+
+    /// `room`'s origin cell: its namespace's pin, else the hash over the cells (`None`
+    /// without cells). It names the room's subjects wherever the room is written.
+    pub fn origin(&self, room: &str) -> Option<&str> {
         let pinned = self.namespaces.iter().find(|(prefix, _)| room.starts_with(prefix.as_str())).and_then(|(_, pin)| pin.as_deref());
         if let Some(pin) = pinned {
             return Some(pin);
@@ -730,6 +796,34 @@ mod tests {
             assert_eq!(homes.home(room), *want, "{room}");
         }
         assert_eq!(RoomHomes::default().home("x"), None);
+    }
+
+    #[test]
+    fn a_promotion_moves_every_room_of_its_cell_once_and_one_hop_only() {
+        let mut homes = RoomHomes::new(vec!["a".into(), "b".into(), "c".into()], vec![("eu:".into(), Some("b".into()))]);
+        let rooms_of = |homes: &RoomHomes, cell: &str| (0..200).map(|i| format!("r{i}")).filter(|r| homes.origin(r) == Some(cell)).collect::<Vec<_>>();
+        let of_b = rooms_of(&homes, "b");
+        assert!(!of_b.is_empty());
+        assert_eq!(homes.moved("b", "a"), Ok(true));
+        for room in of_b.iter().map(String::as_str).chain(["eu:1"]) {
+            assert_eq!((homes.origin(room), homes.home(room)), (Some("b"), Some("a")), "{room}");
+        }
+        let of_c = rooms_of(&homes, "c");
+        assert!(of_c.iter().all(|r| homes.home(r) == Some("c")), "other cells' rooms stay");
+        let cases: &[(&str, &str, Result<bool, MoveRefused>)] = &[
+            ("b", "a", Ok(false)),
+            ("b", "c", Err(MoveRefused::AlreadyMoved { from: "b".into(), to: "a".into() })),
+            ("c", "b", Err(MoveRefused::ToMovedCell("b".into()))),
+            ("a", "c", Err(MoveRefused::FromHostingCell("a".into()))),
+            ("c", "c", Err(MoveRefused::ToItself("c".into()))),
+            ("x", "a", Err(MoveRefused::Unknown("x".into()))),
+            ("c", "x", Err(MoveRefused::Unknown("x".into()))),
+        ];
+        for (from, to, want) in cases {
+            assert_eq!(homes.moved(from, to), *want, "{from} → {to}");
+        }
+        assert_eq!(homes.moves().collect::<Vec<_>>(), vec![("b", "a")]);
+        assert_eq!(homes.moved("c", "a"), Ok(true), "a cell may host several");
     }
 
     #[test]

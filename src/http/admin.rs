@@ -9,6 +9,8 @@
 //! `GET /v1/admin/cells` (cluster mode) answers each configured cell's breaker with its
 //! recent probe rounds and transitions, as the liveness router keeps them
 //! (`core::breaker::CellBreakers::views`); `livegate cells` prints it for an operator.
+//! `POST /v1/admin/cells/{cell}/promote` moves a lost cell's rooms into this node's cell
+//! (`cluster::promotion`) and answers what it did; `livegate cells --promote` asks it.
 //!
 //! `POST /v1/admin/rebalance` (issue 30, scale-out's controlled entry) plans a rebalance
 //! towards a node over the loads the heartbeats carry (`core::rebalance::plan`) and gives
@@ -21,11 +23,13 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use actix_web::http::header::{HeaderValue, CONTENT_SECURITY_POLICY, REFERRER_POLICY};
 use super::{api_error, authorize, embedded, internal, json, read_body, ApiError, AppState, SMALL_BODY_LIMIT};
 use crate::actors::messages::CountConnections;
-use super::seams::OrderNotTaken;
+use super::seams::{OrderNotTaken, PromoteRefused};
+use crate::cluster::promotion::Promotion;
+use crate::cluster::ClusterError;
 use crate::actors::rebalance::Shed;
 use crate::core::rebalance::{self, Load, Order};
 use crate::protocol::{self, ErrorCode, OverviewCell, OverviewCounters, OverviewNode, OverviewReply, OverviewRoom};
-use crate::protocol::{CellProbe, CellStatus, CellTransition, CellsReply};
+use crate::protocol::{CellProbe, CellStatus, CellTransition, CellsReply, PromoteReply};
 use crate::protocol::{RebalanceLoad, RebalancePlanReply, RebalanceShare, RebalanceStatusReply};
 use crate::world::{now_ms, random_hex};
 
@@ -112,6 +116,25 @@ pub async fn cells(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpR
         .collect();
     let me = state.router.me();
     let reply = CellsReply { node: me.name.clone(), cell: me.cell.clone(), ts_ms: now_ms(), cells };
+    Ok(json(StatusCode::OK, protocol::to_json(&reply)))
+}
+
+/// `POST /v1/admin/cells/{cell}/promote`: move `cell`'s rooms into this node's cell (cell
+/// domains), once none of its nodes is heard. 400 `unknown_cell`; 409 `conflict` when
+/// the cell is alive, the move contradicts a known one, or cells share one NATS; 503
+/// `unavailable` when this cell's NATS did not answer (nothing moved: try again).
+pub async fn promote(req: HttpRequest, cell: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let cell = cell.into_inner();
+    if !state.router.knows_cell(&cell) {
+        return Err(api_error(ErrorCode::UnknownCell, format!("cell {cell:?} is not one of the configured cells")));
+    }
+    let promotion = state.other_nodes.promote(&cell).await.map_err(|refused| match refused {
+        PromoteRefused::Alive { .. } | PromoteRefused::Cluster(ClusterError::Promotion(_)) => api_error(ErrorCode::Conflict, refused.to_string()),
+        PromoteRefused::Cluster(error) => api_error(ErrorCode::Unavailable, format!("the promotion did not complete: {error}; try again")),
+    })?;
+    let Promotion { from, to, epoch, rooms, mirror_head, origin_head_seen, missing } = promotion;
+    let reply = PromoteReply { cell: from, to, epoch, rooms, mirror_head, origin_head_seen, missing };
     Ok(json(StatusCode::OK, protocol::to_json(&reply)))
 }
 

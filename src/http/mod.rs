@@ -288,6 +288,7 @@ routes! {
     POST "/v1/admin/reload" => reload,
     GET "/v1/admin/overview" => admin::overview,
     GET "/v1/admin/cells" => admin::cells,
+    POST "/v1/admin/cells/{cell}/promote" => admin::promote,
     POST "/v1/admin/rebalance" => admin::rebalance,
     GET "/v1/admin/rebalance" => admin::rebalance_status,
     GET "/admin" => admin::page,

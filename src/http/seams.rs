@@ -15,6 +15,8 @@ use futures_util::future::{ready, LocalBoxFuture};
 use crate::actors::connection::ResumeRevocations;
 use crate::actors::liveness::Router;
 use crate::cluster::bus::OrderError;
+use crate::actors::rooms::Rooms;
+use crate::cluster::promotion::{Promotion, PromotionError};
 use crate::cluster::{Cluster, ClusterError};
 use crate::core::rebalance::Order;
 use crate::store::{Store, StoreError};
@@ -266,6 +268,19 @@ pub trait OtherNodes: Send + Sync + 'static {
     /// `to_url`: the target's URL as this node knows it, for nodes of earlier builds (this
     /// build's nodes take it from their own view of the cluster).
     fn rebalance<'a>(&'a self, node: &'a str, order: &'a Order, to_url: &'a str) -> LocalBoxFuture<'a, Result<(), OrderNotTaken>>;
+    /// Promote `cell`'s rooms into this node's cell (cell domains: see
+    /// `cluster::promotion`), once no node of `cell` is heard; this node's subscribers of
+    /// the moved rooms resume them where they moved.
+    fn promote<'a>(&'a self, cell: &'a str) -> LocalBoxFuture<'a, Result<Promotion, PromoteRefused>>;
+}
+
+/// Why a promotion was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum PromoteRefused {
+    #[error("cell {cell:?} is not lost: its nodes {nodes:?} are heard (promote only a cell that is gone for good)")]
+    Alive { cell: String, nodes: Vec<String> },
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
 }
 
 /// Why a node did not take its part of a rebalance (the plan's `shares[].error`).
@@ -296,12 +311,18 @@ impl OtherNodes for NoOtherNodes {
     fn rebalance<'a>(&'a self, node: &'a str, _order: &'a Order, _to_url: &'a str) -> LocalBoxFuture<'a, Result<(), OrderNotTaken>> {
         Box::pin(ready(Err(OrderNotTaken::UnknownNode(node.to_string()))))
     }
+
+    fn promote<'a>(&'a self, _cell: &'a str) -> LocalBoxFuture<'a, Result<Promotion, PromoteRefused>> {
+        Box::pin(ready(Err(ClusterError::from(PromotionError::NoCellDomains).into())))
+    }
 }
 
 /// Cluster mode: the kick goes over NATS and waits for the nodes alive now.
 pub struct ClusterNodes {
     pub cluster: Cluster,
     pub router: Arc<Router>,
+    /// This node's rooms, reset when a promotion moves them.
+    pub rooms: Rooms,
 }
 
 impl OtherNodes for ClusterNodes {
@@ -312,5 +333,17 @@ impl OtherNodes for ClusterNodes {
 
     fn rebalance<'a>(&'a self, node: &'a str, order: &'a Order, to_url: &'a str) -> LocalBoxFuture<'a, Result<(), OrderNotTaken>> {
         Box::pin(async move { Ok(crate::cluster::bus::send_order(&self.cluster, node, order, to_url).await?) })
+    }
+
+    fn promote<'a>(&'a self, cell: &'a str) -> LocalBoxFuture<'a, Result<Promotion, PromoteRefused>> {
+        Box::pin(async move {
+            let nodes = self.router.alive_in(cell);
+            if !nodes.is_empty() {
+                return Err(PromoteRefused::Alive { cell: cell.to_string(), nodes });
+            }
+            let promotion = self.cluster.promote(cell).await?;
+            self.rooms.moved(self.cluster.rooms_of(cell.to_string()), &promotion.to);
+            Ok(promotion)
+        })
     }
 }

@@ -66,6 +66,27 @@ pub struct CellsReply {
     pub cells: Vec<CellStatus>,
 }
 
+/// `POST /v1/admin/cells/{cell}/promote` (cell domains): what the promotion of `cell`'s
+/// rooms into this node's cell did. Read back by `livegate cells promote`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PromoteReply {
+    /// The promoted cell, whose rooms moved.
+    pub cell: String,
+    /// Where they moved: this node's cell.
+    pub to: String,
+    /// The moved rooms' new epoch: a client resuming with the old one gets
+    /// `recovered:false`.
+    pub epoch: String,
+    /// The rooms the mirror held events of.
+    pub rooms: u64,
+    /// The last stream sequence the mirror had received.
+    pub mirror_head: u64,
+    /// The last stream sequence of the lost cell its heartbeats announced (0: none heard).
+    pub origin_head_seen: u64,
+    /// Events the lost cell stored that the mirror never received, lost with it.
+    pub missing: u64,
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 pub struct CellStatus {
     pub cell: String,

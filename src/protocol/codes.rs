@@ -105,7 +105,7 @@ impl CloseCode {
         match self {
             CloseCode::Policy => "Too many refused messages (max_bad_messages a minute), or no subscribe within subscribe_timeout_secs.",
             CloseCode::TooBig => "A frame over max_frame_bytes or a message over max_message_bytes.",
-            CloseCode::ServiceRestart => "The node is draining: reconnect now (after the delay the reason suggests, if any) and resume with `since`.",
+            CloseCode::ServiceRestart => "The node is draining, or a promotion moved a room of the connection to another cell (the reason names both): reconnect now (after the delay the reason suggests, if any) and resume with `since`; a moved room answers `recovered:false` (a new epoch).",
             CloseCode::HeartbeatTimeout => "Nothing (frames, pings or pongs) arrived from the client for three heartbeat_secs intervals.",
             CloseCode::SlowConsumer => "More than max_outbox_bytes waited for the connection for longer than the grace.",
             CloseCode::MigrationBudget => "The reason is the seconds to wait before reconnecting.",

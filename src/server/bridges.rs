@@ -101,6 +101,10 @@ impl NodeEvents for NodeActors {
         Box::pin(async move { rebalance.send(Shed(order)).await.unwrap_or(Err(OrderRefused::UnknownTarget)) })
     }
 
+    fn rooms_moved(&self, moved: Box<dyn Fn(&str) -> bool>, to: String) {
+        self.rooms.moved(moved, &to);
+    }
+
     fn dropped(&self, kind: &'static str) {
         self.metrics.peer_message_dropped(kind);
     }

@@ -116,7 +116,11 @@ fn joining(config: &Config) -> Joining {
         (_, _, Some(token)) => NatsAuth::Token(token.clone()),
         _ => NatsAuth::None,
     };
-    let cells = config.cluster_cell_domains.then(|| CellDomains { cell: config.cell.clone(), cells: config.configured_cells(), homes: config.room_homes() });
+    let cells = config.cluster_cell_domains.then(|| CellDomains {
+        cell: config.cell.clone(),
+        cells: config.configured_cells(),
+        homes: Arc::new(parking_lot::RwLock::new(config.room_homes())),
+    });
     Joining { auth, token_secret: config.cluster_token_secret.as_ref().map(|s| s.as_bytes().to_vec()), cells }
 }
 
@@ -216,7 +220,7 @@ impl Node {
         let addr = listener.local_addr()?;
         let lifecycle = Arc::new(Lifecycle::default());
         let me = this_node(&config, addr, tls.is_some());
-        let router = Arc::new(router(&config, me, cluster.is_some(), &lifecycle)?);
+        let router = Arc::new(router(&config, me, cluster.as_ref(), &lifecycle)?);
         let (directory, session_opener) =
             Directory::new(backends.sessions.clone(), router.clone(), directory_settings, metrics.clone()).start_with_opener();
         let liveness = start_liveness(&config, router.clone(), cluster.as_ref(), &metrics, &presence);
@@ -262,7 +266,7 @@ impl Node {
         let (publisher, other_nodes): (Publisher, Arc<dyn OtherNodes>) = match &cluster {
             Some(parts) => (
                 Publisher::clustered(rooms.clone(), parts.cluster.clone(), router.clone()),
-                Arc::new(ClusterNodes { cluster: parts.cluster.clone(), router: router.clone() }),
+                Arc::new(ClusterNodes { cluster: parts.cluster.clone(), router: router.clone(), rooms: rooms.clone() }),
             ),
             None => (Publisher::local(rooms.clone()), Arc::new(NoOtherNodes)),
         };
@@ -504,7 +508,8 @@ fn this_node(config: &Config, local: std::net::SocketAddr, tls: bool) -> crate::
 /// The routing view: peers from heartbeats on NATS (cluster mode), or the configured
 /// peers, probed. Nodes that started within `migration_window_secs` rank first for the
 /// sessions a release moves.
-fn router(config: &Config, me: crate::config::Peer, clustered: bool, lifecycle: &Arc<Lifecycle>) -> Result<Router, ServerError> {
+fn router(config: &Config, me: crate::config::Peer, cluster: Option<&Cluster>, lifecycle: &Arc<Lifecycle>) -> Result<Router, ServerError> {
+    let clustered = cluster.is_some();
     let up_after = config.probe_up_after.min(u32::MAX as u64) as u32;
     let release_window = config.migration_window();
     let router = if clustered {
@@ -514,7 +519,11 @@ fn router(config: &Config, me: crate::config::Peer, clustered: bool, lifecycle: 
         Router::probed(me, config.peer_nodes()?, up_after, lifecycle.clone(), release_window)
     };
     let router = router.with_cells(config.configured_cells());
-    Ok(if config.cluster_cell_domains { router.with_room_homes(config.room_homes()) } else { router })
+    // With cell domains, the cluster's homes: a promotion it learns moves the writers too.
+    Ok(match cluster.and_then(Cluster::room_homes) {
+        Some(homes) => router.with_room_homes(homes),
+        None => router,
+    })
 }
 
 /// The liveness actor: heartbeats on NATS (cluster mode), or probes of the configured peers.

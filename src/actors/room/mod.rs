@@ -797,6 +797,25 @@ impl StreamHandler<LiveItem> for RoomActor {
     fn finished(&mut self, _ctx: &mut Self::Context) {}
 }
 
+impl Handler<HomeMoved> for RoomActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: HomeMoved, ctx: &mut Self::Context) {
+        let core = &mut self.core;
+        if core.stopped {
+            return;
+        }
+        for (conn, member) in core.subscribers.drain() {
+            member.sink.to.post(RoomUpdate::Moved { room: core.name.clone(), to: msg.to.clone() });
+            core.presence.leave(conn);
+        }
+        core.stopped = true;
+        core.occupancy_check();
+        tracing::info!(room = %core.name, to = %msg.to, "room moved to another cell: subscribers closed to resume there");
+        ctx.stop();
+    }
+}
+
 impl Handler<Resync> for RoomActor {
     type Result = ();
 

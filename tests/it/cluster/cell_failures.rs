@@ -442,3 +442,191 @@ fn a_namespaces_home_cell_homes_its_rooms_there() {
     assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("cell b")), "the refusal names b: {body}");
     cells.heal();
 }
+
+/// `livegate ARGS` as an operator runs it (no `LIVEGATE_*` of the test's, quiet logs):
+/// (exit status 0, stdout, stderr).
+fn livegate_cli(args: &[&str]) -> (bool, String, String) {
+    let mut cmd = std::process::Command::new(common::livegate_bin());
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("LIVEGATE_") {
+            cmd.env_remove(name);
+        }
+    }
+    let out = cmd.args(args).env("RUST_LOG", "warn").stdin(std::process::Stdio::null()).output().expect("run livegate");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// After [`Cells::fill_store`] (64 KiB messages): fill what room is left with small
+/// messages, so that not even a room event fits.
+async fn top_up_store(url: &str, cell: &str) {
+    let js = async_nats::jetstream::new(async_nats::connect(url).await.expect("connect to the cell's NATS"));
+    for size in [4096, 256, 64] {
+        for i in 0..100_000 {
+            let stored = match js.publish(format!("fill.{cell}.top{size}.{i}"), vec![b'x'; size].into()).await {
+                Ok(ack) => ack.await.is_ok(),
+                Err(_) => false,
+            };
+            if !stored {
+                break;
+            }
+        }
+    }
+}
+
+/// The number after `label` in `text` (`None`: not there).
+fn number_after(text: &str, label: &str) -> Option<u64> {
+    let rest = &text[text.find(label)? + label.len()..];
+    rest.trim_start().split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// Cell b is lost for good: an operator promotes its rooms into cell a with
+/// `livegate cells --promote b`. Refused while b's nodes are heard; once b is dead, a's
+/// mirror becomes the room's origin under a new epoch, the promotion reports the events
+/// b announced that the mirror never received, a subscriber of the room on a is closed
+/// with 1012 and resumes it with `recovered:false`, the room's history at a is exactly
+/// what the mirror had, and publishing resumes at the next seq with the new epoch. When b
+/// comes back its nodes know the move: a publish at b goes to a, and b's old stream takes
+/// nothing more.
+#[test]
+fn a_lost_cells_rooms_are_promoted_into_the_other_cell_under_a_new_epoch() {
+    const UNMIRRORED: usize = 5;
+    let _gate = crate::common::gate!();
+    let small = CellNatsConfig { max_file_store: Some("8MB".into()), ..CellNatsConfig::default() };
+    let mut cells = Cells::start(&FLAGS, |c| if c == 0 { small.clone() } else { CellNatsConfig::default() });
+    let rt = runtime();
+    let mut failures = Vec::new();
+    let room = room_homed("b", "promo-b-");
+    let user_a = user_homed("a", "promo-ua");
+    let mut ws_a = rt.block_on(subscriber(&cells, 0, &user_a, &[&room]));
+    let url_a1 = format!("http://{}", cells.addr(0));
+    let promote = |url: &str| livegate_cli(&["cells", "--promote", "b", "--url", url, "--api-key", common::API_KEY]);
+
+    let mut acked = Vec::new();
+    let mut publish = |node: usize, prefix: &str, n: usize, failures: &mut Vec<String>| {
+        for k in 0..n {
+            let id = format!("{prefix}-{k}");
+            match publish_timed(&cells.http(node), &room, &id).0 {
+                Ok(seq) => acked.push((seq, id)),
+                Err(e) => failures.push(format!("publish {id} via {}: {e:?}", Cells::name(node))),
+            }
+        }
+    };
+    publish(2, "early", 10, &mut failures);
+    let (status, early) = cells.http(0).request("GET", &format!("/v1/rooms/{room}/events?since=0"), Auth::Key, Body::None);
+    assert_eq!(status, 200, "{early}");
+    let old_epoch = early["epoch"].as_str().unwrap_or_default().to_string();
+    // While b's nodes are heard, nothing moves.
+    let (ok, out, err) = promote(&url_a1);
+    assert!(!ok && err.contains("409") && err.contains("not lost"), "promoting a live cell: ok {ok}, out {out:?}, err {err:?}");
+    let head_b = rt.block_on(stream_last_seq(&cells.nats[1].url(), "b", "LG_ROOMS"));
+    let mirrored = wait_until_every(Duration::from_secs(30), Duration::from_millis(50), || {
+        rt.block_on(stream_last_seq(&cells.nats[0].url(), "a", "LG_ROOMS_b")) == head_b
+    });
+    assert!(mirrored, "a's mirror of b did not reach b's head {head_b:?}");
+    // A cut stalls the mirror; right after the heal b stores more, which its heartbeats
+    // announce while the mirror has not resumed yet, and b dies.
+    // a's store fills up (to the last small message): its mirror stores nothing more,
+    // while b stores and announces what it takes and the live copies still reach a.
+    rt.block_on(async {
+        cells.fill_store("a").await;
+        top_up_store(&cells.nats[0].url(), "a").await;
+    });
+    publish(2, "unmirrored", UNMIRRORED, &mut failures);
+    let (live, _) = rt.block_on(drain_events(&mut ws_a, Duration::from_millis(800), Duration::from_secs(5)));
+    let live_ids = live.get(&room).map(|e| ids_in_order(e).0).unwrap_or_default();
+    let live_unmirrored = live_ids.iter().filter(|id| id.starts_with("unmirrored")).count();
+    assert_eq!(live_unmirrored, UNMIRRORED, "the live copies reach a while its store is full: {live_ids:?}");
+    cells.kill_cell("b");
+    let killed_at = Instant::now();
+    let gone = wait_until_every(Duration::from_secs(10), Duration::from_millis(50), || cells.http(0).metric("livegate_cluster_peers_alive") == Some(1.0));
+    assert!(gone, "a1 still hears b's nodes 10 s after the kill");
+    let mirror_before = rt.block_on(stream_last_seq(&cells.nats[0].url(), "a", "LG_ROOMS_b")).unwrap_or(0);
+    rt.block_on(cells.free_store("a"));
+
+    let (ok, out, err) = promote(&url_a1);
+    let promoted_in = killed_at.elapsed();
+    assert!(ok, "livegate cells --promote b at a1 failed: {err}\n{out}");
+    eprintln!("livegate cells --promote b:\n{out}");
+    let mirror_head = number_after(&out, "mirror had up to stream seq").expect("the mirror's head in the output");
+    let lost = if out.contains("events lost: none") { Some(0) } else { number_after(&out, "events lost:") };
+    let new_epoch = out.split("new epoch ").nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or_default().to_string();
+    if mirror_head != mirror_before {
+        failures.push(format!("the promotion reports the mirror at {mirror_head}, the stream was at {mirror_before}"));
+    }
+    // b announced its head over heartbeats up to its death: what it stored while a's
+    // store was full is what the mirror lacks.
+    let stored_by_b = acked.len() as u64;
+    if mirror_head != stored_by_b - UNMIRRORED as u64 || lost != Some(UNMIRRORED as u64) {
+        failures.push(format!("the promotion reports {lost:?} events lost; b stored {stored_by_b}, the mirror had {mirror_head}"));
+    }
+    if new_epoch.len() != 16 || new_epoch == old_epoch {
+        failures.push(format!("the moved room's epoch {new_epoch:?} (was {old_epoch})"));
+    }
+    // A second promotion is refused: the rooms moved already.
+    let (ok, _, err) = promote(&format!("http://{}", cells.addr(1)));
+    if ok || !err.contains("409") {
+        failures.push(format!("a second promotion at a2: ok {ok}, {err}"));
+    }
+
+    // a's subscriber of the room is closed to resume it where it moved.
+    let closed = rt.block_on(async {
+        loop {
+            match ws_a.next_incoming(Duration::from_secs(5)).await {
+                Incoming::Json(_) => continue,
+                other => break other,
+            }
+        }
+    });
+    if !matches!(&closed, Incoming::Close(Some(1012), reason) if reason.contains("moved to cell a")) {
+        failures.push(format!("a's subscriber of {room} after the promotion: {closed:?}, want a 1012 close naming cell a"));
+    }
+    let (resumed, history) = rt.block_on(async {
+        let token = cells.http(0).mint_token(&user_a, "web");
+        let mut ws = WsClient::connect(cells.addr(0), &token, None).await;
+        let last = acked.last().map_or(0, |(seq, _)| *seq);
+        let reply = ws.request(json!({"op": "subscribe", "room": room, "since": last, "epoch": old_epoch})).await;
+        (reply, cells.http(0).request("GET", &format!("/v1/rooms/{room}/events?since=0"), Auth::Key, Body::None).1)
+    });
+    if resumed["op"] != "subscribed" || resumed["recovered"] != false || resumed["epoch"] != new_epoch.as_str() || resumed["seq"].as_u64() != Some(mirror_head) {
+        failures.push(format!("resuming {room} with the old epoch after the promotion: {resumed} (want recovered false, epoch {new_epoch}, seq {mirror_head})"));
+    }
+    let kept: Vec<String> = history["events"].as_array().cloned().unwrap_or_default().iter().map(|e| e["data"]["id"].as_str().unwrap_or_default().to_string()).collect();
+    let want_kept: Vec<String> = acked.iter().take(mirror_head as usize).map(|(_, id)| id.clone()).collect();
+    if kept != want_kept || history["epoch"] != new_epoch.as_str() {
+        failures.push(format!("{room}'s history at a after the promotion: {} events {kept:?}, epoch {} (want the mirror's {mirror_head}: {want_kept:?})", kept.len(), history["epoch"]));
+    }
+    // Publishing resumes at a, at the next seq, in the new epoch.
+    let (status, reply) = cells.http(1).request("POST", &format!("/v1/rooms/{room}/events"), Auth::Key, Body::Json(json!({"id": "after-1", "data": {"id": "after-1"}})));
+    if status != 201 || reply["seq"].as_u64() != Some(mirror_head + 1) || reply["epoch"] != new_epoch.as_str() {
+        failures.push(format!("publish to {room} at a2 after the promotion: {status} {reply} (want seq {} in epoch {new_epoch})", mirror_head + 1));
+    }
+
+    // b comes back: its nodes learn the move (from a, as they join) and write nothing of
+    // the room into b's old stream.
+    let stale_head = {
+        cells.nats[1].restart();
+        cells.wait_leaf(true, Duration::from_secs(15));
+        rt.block_on(stream_last_seq(&cells.nats[1].url(), "b", "LG_ROOMS"))
+    };
+    cells.restart_cell("b");
+    cells.wait_formed(Duration::from_secs(30));
+    let (status, reply) = cells.http(2).request("POST", &format!("/v1/rooms/{room}/events"), Auth::Key, Body::Json(json!({"id": "after-2", "data": {"id": "after-2"}})));
+    if status != 201 || reply["seq"].as_u64() != Some(mirror_head + 2) || reply["epoch"] != new_epoch.as_str() {
+        failures.push(format!("publish to {room} at b1 once b is back: {status} {reply} (want seq {} in epoch {new_epoch}, written by a)", mirror_head + 2));
+    }
+    let stale_after = rt.block_on(stream_last_seq(&cells.nats[1].url(), "b", "LG_ROOMS"));
+    if stale_after != stale_head {
+        failures.push(format!("b's old stream moved from {stale_head:?} to {stale_after:?} after the promotion"));
+    }
+    let (status, at_b) = cells.http(3).request("GET", &format!("/v1/rooms/{room}/events?since={mirror_head}"), Auth::Key, Body::None);
+    let ids: Vec<&str> = at_b["events"].as_array().map(|e| e.iter().filter_map(|e| e["data"]["id"].as_str()).collect()).unwrap_or_default();
+    if status != 200 || ids != ["after-1", "after-2"] || at_b["epoch"] != new_epoch.as_str() {
+        failures.push(format!("{room} read at b2 once b is back: {status} {at_b}"));
+    }
+    eprintln!(
+        "FIGURE promotion: b stored {stored_by_b} events of the room ({UNMIRRORED} of them while a's store was full); a's mirror had {mirror_head}; \
+         reported lost {lost:?}; promoted {} ms after the kill; epoch {old_epoch} -> {new_epoch}",
+        promoted_in.as_millis()
+    );
+    fail_with_cell_logs(&cells, "promotion", &failures);
+}

@@ -396,6 +396,25 @@ fn two_cells_under_the_books_nats_account_run_live_forwarded_and_mirrored_rooms_
     if !served {
         failures.push(format!("{room_a} on b2 with a's NATS dead: history seqs {history:?} (want {want:?}), state {state} (want {{\"k\":3}})"));
     }
+    // a is lost for good: b1 promotes its rooms, and a's room takes publishes in b, from
+    // the seq after the mirror's, in a new epoch (once b's nodes no longer hear a's).
+    let mut promoted = (0, Value::Null);
+    let moved = wait_until(WAIT, || {
+        promoted = cells.http(2).request("POST", "/v1/admin/cells/a/promote", Auth::Key, Body::None);
+        promoted.0 != 409 || !promoted.1["error"]["message"].as_str().unwrap_or_default().contains("not lost")
+    });
+    if !moved || promoted.0 != 200 || promoted.1["mirror_head"].as_u64() != Some(want.len() as u64) {
+        failures.push(format!("promoting a at b1: {} {}", promoted.0, promoted.1));
+    }
+    // b2 learns the move from b1's next heartbeat; until then it finds a's room homed in a.
+    let (mut status, mut reply) = (0, Value::Null);
+    wait_until(WAIT, || {
+        (status, reply) = cells.http(3).request("POST", &format!("/v1/rooms/{room_a}/events"), Auth::Key, Body::Json(json!({"id": "after-promotion", "data": {}})));
+        status != 503
+    });
+    if status != 201 || reply["seq"].as_u64() != Some(want.len() as u64 + 1) || reply["epoch"] != promoted.1["epoch"] {
+        failures.push(format!("publish to {room_a} at b2 after the promotion: {status} {reply}"));
+    }
     let refused = violations(&cells.nats[1]);
     if !refused.is_empty() {
         failures.push(format!("cell b's nats-server refused, after a died:\n    {}", refused.join("\n    ")));
