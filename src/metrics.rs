@@ -1,6 +1,9 @@
 //! Process metrics, exposed at `GET /metrics` in the Prometheus/OpenMetrics text format.
 //! Cardinality is bounded: labels name outcomes, close codes from a fixed list, device
 //! kinds folded to the configured ones, and configured peers — never users or rooms.
+//! The process's own figures (CPU time, resident memory, open files against the limit
+//! that bounds connections) are read from the operating system at each scrape
+//! ([`ProcessGauges`]).
 
 use std::collections::HashSet;
 
@@ -151,9 +154,46 @@ fn batch_histogram() -> Histogram {
     Histogram::new(exponential_buckets(1.0, 2.0, 12))
 }
 
+/// The process as the operating system sees it, read at each scrape: CPU time (user and
+/// system, `getrusage`), resident memory (`/proc/self/statm`, Linux), open files
+/// (`/proc/self/fd`, Linux) and the open-file limit (`RLIMIT_NOFILE`, soft). A figure
+/// the system does not give stays 0.
+#[derive(Default)]
+pub struct ProcessGauges {
+    cpu_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    resident_bytes: Gauge,
+    open_files: Gauge,
+    max_open_files: Gauge,
+}
+
+impl ProcessGauges {
+    fn refresh(&self) {
+        // SAFETY: getrusage writes one rusage into the zeroed struct it is given.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } == 0 {
+            let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+            self.cpu_seconds.set(secs(usage.ru_utime) + secs(usage.ru_stime));
+        }
+        if let Some(pages) = std::fs::read_to_string("/proc/self/statm").ok().and_then(|t| t.split_whitespace().nth(1)?.parse::<i64>().ok()) {
+            // SAFETY: sysconf only reads a configuration value.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as i64;
+            self.resident_bytes.set(pages * page);
+        }
+        if let Ok(entries) = std::fs::read_dir("/proc/self/fd") {
+            // The directory's own handle, open while it is read, is one of them.
+            self.open_files.set(entries.count().saturating_sub(1) as i64);
+        }
+        if let Ok((soft, _)) = rlimit::getrlimit(rlimit::Resource::NOFILE) {
+            self.max_open_files.set(soft.min(i64::MAX as u64) as i64);
+        }
+    }
+}
+
 /// Every metric livegate keeps; one instance per server, shared by reference.
 pub struct Metrics {
     device_kinds: HashSet<String>,
+    /// The process's CPU, memory and open files, read at each scrape.
+    pub process: ProcessGauges,
     /// Every metric registered under its name, built at the first scrape (the metrics
     /// are shared handles, so one registry serves every scrape after it).
     registry: std::sync::OnceLock<Registry>,
@@ -253,6 +293,7 @@ impl Metrics {
     pub fn new(device_kinds: impl IntoIterator<Item = String>) -> Self {
         Metrics {
             device_kinds: device_kinds.into_iter().collect(),
+            process: ProcessGauges::default(),
             registry: std::sync::OnceLock::new(),
             connections_open: Family::default(),
             connections_by_transport: Family::default(),
@@ -471,6 +512,7 @@ impl Metrics {
     /// The text exposition of every metric.
     pub fn encode(&self) -> String {
         let registry = self.registry.get_or_init(|| self.register_all());
+        self.process.refresh();
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, registry).expect("writing to a String cannot fail");
         out
@@ -478,6 +520,15 @@ impl Metrics {
 
     fn register_all(&self) -> Registry {
         let mut r = Registry::with_prefix("livegate");
+        let process = &self.process;
+        r.register_with_unit("process_cpu", "CPU time the process has used, user and system", Unit::Seconds, process.cpu_seconds.clone());
+        r.register_with_unit("process_resident_memory", "Resident memory of the process (Linux)", Unit::Bytes, process.resident_bytes.clone());
+        r.register("process_open_files", "Files (sockets included) the process has open (Linux)", process.open_files.clone());
+        r.register(
+            "process_max_open_files",
+            "The process's open-file limit (soft RLIMIT_NOFILE), which bounds max_connections",
+            process.max_open_files.clone(),
+        );
         r.register("connections_open", "Connections open (WebSocket and SSE), by device kind", self.connections_open.clone());
         r.register("connections_by_transport", "Connections open, by transport (websocket, sse)", self.connections_by_transport.clone());
         r.register("connects", "Connections accepted (WebSocket and SSE)", self.connects.clone());
@@ -628,5 +679,18 @@ mod tests {
         let text = metrics.encode();
         assert!(text.contains("livegate_outbox_high_water_bytes 12"), "{text}");
         assert!(text.contains("livegate_connects_total 1"), "{text}");
+    }
+
+    #[test]
+    fn the_process_figures_are_read_at_each_scrape() {
+        let metrics = Metrics::new([]);
+        let value = |text: &str, name: &str| -> f64 {
+            let line = text.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(' ')).unwrap_or_else(|| panic!("{name} in {text}"));
+            line[name.len()..].trim().parse().expect("a number")
+        };
+        let text = metrics.encode();
+        let (cpu, rss) = (value(&text, "livegate_process_cpu_seconds"), value(&text, "livegate_process_resident_memory_bytes"));
+        let (open, max) = (value(&text, "livegate_process_open_files"), value(&text, "livegate_process_max_open_files"));
+        assert!(cpu > 0.0 && rss > 1e6 && open >= 3.0 && max >= open, "cpu {cpu} rss {rss} open {open} max {max}");
     }
 }

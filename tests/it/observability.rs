@@ -1331,3 +1331,29 @@ async fn status_command_reports_what_is_connected() {
     assert!(!ran.stderr.contains(WRONG_KEY) && !ran.stderr.contains(API_KEY), "{}", ran.stderr);
     drop(b);
 }
+
+/// The process's own figures are on `/metrics`, read from the system at each scrape (a
+/// real `livegate serve`, alone in its process): CPU time and resident memory above zero,
+/// the open-file limit that bounds connections, and open files that follow the
+/// connections (each a socket) up and back down.
+#[tokio::test]
+async fn the_process_cpu_memory_and_open_files_are_metrics() {
+    let _gate = crate::common::gate!();
+    let root = tempfile::tempdir().expect("tempdir");
+    let serve = ServeProcess::start(&root.path().join("data"), &root.path().join("serve.log"), &[]);
+    let http = Http::new(serve.addr);
+    let value = |name: &str| http.metric(name).unwrap_or_else(|| panic!("{name} is not on /metrics"));
+    let (cpu, rss) = (value("livegate_process_cpu_seconds"), value("livegate_process_resident_memory_bytes"));
+    let (idle, limit) = (value("livegate_process_open_files"), value("livegate_process_max_open_files"));
+    assert!(cpu > 0.0 && rss > 1e6 && idle > 0.0 && limit >= 1024.0, "cpu {cpu} s, rss {rss} B, open {idle} of {limit}");
+    let mut clients = Vec::new();
+    for i in 0..50 {
+        clients.push(WsClient::connect(serve.addr, &http.mint_token(&format!("fd{i}"), "web"), None).await);
+    }
+    let busy = value("livegate_process_open_files");
+    assert!(busy >= idle + 50.0, "50 connections open: open files {idle} → {busy}");
+    drop(clients);
+    let back = wait_until(Duration::from_secs(10), || http.metric("livegate_process_open_files").is_some_and(|n| n < busy - 40.0));
+    assert!(back, "50 connections closed: open files still {:?} (were {busy})", http.metric("livegate_process_open_files"));
+    assert!(value("livegate_process_cpu_seconds") >= cpu, "CPU time never goes back");
+}
