@@ -90,18 +90,18 @@ impl Cluster {
         let mirror_head = rooms_info.state.last_sequence;
         let origin_head_seen = remote.head_seen.load(Ordering::Relaxed);
         let epoch = epoch_of(&rooms_info);
-        if rooms_info.config.mirror.is_none() {
-            // Promoted already (by another node of this cell, whose heartbeat has not
-            // reached this one yet, or by a promotion that stopped before its record).
-            self.meta.put(moved_key(from), encode_move(&to, &epoch).into_bytes().into()).await?;
-            self.install_move(from, &to, &epoch);
-            return Err(PromotionError::AlreadyHere(from.to_string()).into());
-        }
+        // Promoted already: by another node of this cell (whose heartbeat has not reached
+        // this one yet), or by a promotion that stopped part way, which this one finishes
+        // (each step is done once: a stream no longer a mirror is left as it is).
+        let promoted_before = rooms_info.config.mirror.is_none();
         for (info, kind, live) in [(&rooms_info, "room", LIVE_SUBJECTS), (&states_info, "state", LIVE_STATE_SUBJECTS)] {
             promote_stream(&self.js, info.config.clone(), kind, from, &to, live).await?;
         }
         self.meta.put(moved_key(from), encode_move(&to, &epoch).into_bytes().into()).await?;
         self.install_move(from, &to, &epoch);
+        if promoted_before {
+            return Err(PromotionError::AlreadyHere(from.to_string()).into());
+        }
         let missing = origin_head_seen.saturating_sub(mirror_head);
         tracing::warn!(from, to = %to, %epoch, mirror_head, origin_head_seen, missing, "promoted a cell's rooms: this cell writes them now");
         Ok(Promotion { from: from.to_string(), to, epoch, rooms: rooms_info.state.subjects_count, mirror_head, origin_head_seen, missing })
