@@ -7,6 +7,7 @@
 use super::*;
 use common::cells::{Cells, CELL_NAMES};
 use common::nats::CellNatsConfig;
+use super::cells::livegate_cli;
 use livegate::core::routing::{rendezvous, room_home_cell};
 
 const FLAGS: [&str; 4] = ["--cluster-heartbeat-ms", "250", "--probe-up-after", "1"];
@@ -441,19 +442,6 @@ fn a_namespaces_home_cell_homes_its_rooms_there() {
     assert_eq!((status, error_code(&body)), (503, "room_home_unavailable"), "{body}");
     assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("cell b")), "the refusal names b: {body}");
     cells.heal();
-}
-
-/// `livegate ARGS` as an operator runs it (no `LIVEGATE_*` of the test's, quiet logs):
-/// (exit status 0, stdout, stderr).
-fn livegate_cli(args: &[&str]) -> (bool, String, String) {
-    let mut cmd = std::process::Command::new(common::livegate_bin());
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("LIVEGATE_") {
-            cmd.env_remove(name);
-        }
-    }
-    let out = cmd.args(args).env("RUST_LOG", "warn").stdin(std::process::Stdio::null()).output().expect("run livegate");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 /// After [`Cells::fill_store`] (64 KiB messages): fill what room is left with small

@@ -207,31 +207,36 @@ pub(super) async fn drop_filler(url: &str) {
     async_nats::jetstream::new(client).delete_stream("FILL").await.expect("delete the filler stream");
 }
 
-/// `livegate cells --url URL --api-key KEY` run as an operator runs it, against node `i`:
-/// (exit status 0, stdout, stderr). Bounded: killed after 30 s.
-fn livegate_cells(cluster: &Cluster, i: usize) -> (bool, String, String) {
+/// `livegate ARGS` as an operator runs it (the test's own `LIVEGATE_*` variables, no
+/// configuration keys of the command's, removed; quiet logs): (exit status 0, stdout,
+/// stderr). Bounded: killed after 30 s.
+pub(super) fn livegate_cli(args: &[&str]) -> (bool, String, String) {
     use std::io::Read;
     let mut cmd = std::process::Command::new(common::livegate_bin());
-    // The test's own LIVEGATE_* variables are no configuration keys of the command's.
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("LIVEGATE_") {
             cmd.env_remove(name);
         }
     }
-    let url = format!("http://{}", cluster.addr(i));
-    cmd.args(["cells", "--url", &url, "--api-key", common::API_KEY]).env("RUST_LOG", "warn").stdin(std::process::Stdio::null());
+    cmd.args(args).env("RUST_LOG", "warn").stdin(std::process::Stdio::null());
     cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
-    let mut child = cmd.spawn().expect("run livegate cells");
+    let mut child = cmd.spawn().expect("run livegate");
     let status = wait_for_every(Duration::from_secs(30), Duration::from_millis(20), || child.try_wait().expect("try_wait"));
     let Some(status) = status else {
         let _ = child.kill();
         let _ = child.wait();
-        panic!("livegate cells against node {i} did not exit within 30 s");
+        panic!("livegate {args:?} did not exit within 30 s");
     };
     let (mut out, mut err) = (String::new(), String::new());
     child.stdout.take().expect("stdout").read_to_string(&mut out).expect("read stdout");
     child.stderr.take().expect("stderr").read_to_string(&mut err).expect("read stderr");
     (status.success(), out, err)
+}
+
+/// `livegate cells --url URL --api-key KEY` against node `i` ([`livegate_cli`]).
+fn livegate_cells(cluster: &Cluster, i: usize) -> (bool, String, String) {
+    let url = format!("http://{}", cluster.addr(i));
+    livegate_cli(&["cells", "--url", &url, "--api-key", common::API_KEY])
 }
 
 /// The block `livegate cells` printed for `cell`: its header line and the indented lines
