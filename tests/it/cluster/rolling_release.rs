@@ -513,3 +513,136 @@ fn a_rolling_release_behind_a_round_robin_balancer_moves_each_session_once_and_r
     swarm.finish();
     fail_with_logs(&cluster, &failures);
 }
+
+// ---------------------------------------------------------------------------------------
+// The manifest's release, as data/k8s/deployment.yaml runs it (issue 48)
+// ---------------------------------------------------------------------------------------
+
+const MANIFEST_CLIENTS: usize = 120;
+
+/// The default migration window (the manifest sets none); short drains so the file stays
+/// quick (the balancer takes the node out at SIGTERM, so `drain_wait_secs` has nothing
+/// to wait out here); no per-IP limits (see the top of the file).
+const MANIFEST_FLAGS: [&str; 10] = [
+    "--drain-wait-secs",
+    "1",
+    "--drain-spread-secs",
+    "2",
+    "--drain-grace-secs",
+    "5",
+    "--handshakes-per-ip-per-sec",
+    "0",
+    "--max-connections-per-ip",
+    "0",
+];
+
+/// A pod's `LIVEGATE_RELEASE`, as the manifest sets it from its `pod-template-hash`.
+fn release_env(label: &str) -> Vec<(String, String)> {
+    vec![("LIVEGATE_RELEASE".to_string(), label.to_string())]
+}
+
+/// The manifest's rollout (`maxSurge: 1`, `maxUnavailable: 0`), step by step as
+/// Kubernetes takes it: a new pod starts; once its `/readyz` answers 200 it joins the
+/// balancer's endpoints; `gap` later (`minReadySeconds`) the oldest old pod leaves the
+/// endpoints and gets SIGTERM at about the same time, and the next new pod starts while
+/// it drains. Nothing waits for the nodes to count each other: `/readyz` is all
+/// Kubernetes reads. Returns when every old node has exited and every client is back.
+fn manifest_release(
+    cluster: &mut Cluster,
+    balancer: &Balancer,
+    swarm: &mut Swarm,
+    label: &str,
+    gap: Duration,
+    gone: &mut Vec<(String, Instant)>,
+    failures: &mut Vec<String>,
+) {
+    let olds = cluster.running();
+    let mut draining: Vec<(usize, common::process::ServeProcess)> = Vec::new();
+    for old in olds {
+        let new = cluster.add_node_with_env(release_env(label));
+        balancer.add(cluster.addr(new));
+        common::let_time_pass(gap, "the manifest's minReadySeconds between a new pod's readiness and the next drain");
+        // Pods drained in earlier steps have had `gap` to finish; reap them.
+        reap(&mut draining, gone, failures);
+        balancer.remove(cluster.addr(old));
+        cluster.node(old).signal("TERM");
+        draining.push((old, cluster.take_node(old)));
+    }
+    reap(&mut draining, gone, failures);
+    let stage = format!("release {label}, gap {gap:?}");
+    wait_back(swarm, gone, &stage, failures);
+}
+
+/// Waits (20 s at most each) for the SIGTERM'd nodes to exit and records when.
+fn reap(draining: &mut Vec<(usize, common::process::ServeProcess)>, gone: &mut Vec<(String, Instant)>, failures: &mut Vec<String>) {
+    for (i, mut process) in draining.drain(..) {
+        match process.wait_exit(Duration::from_secs(20)) {
+            Some(status) if status.success() => {}
+            Some(status) => failures.push(format!("node {} exited with {status} after SIGTERM", Cluster::name(i))),
+            None => failures.push(format!("node {} still running 20 s after SIGTERM", Cluster::name(i))),
+        }
+        gone.push((Cluster::name(i).to_string(), Instant::now()));
+    }
+}
+
+/// The release as a new user runs it from `data/k8s/deployment.yaml` (issue 48): three
+/// nodes (release `r1`) behind the round-robin balancer, 120 livegate.js clients each
+/// keeping its session, rooms publishing throughout, the default migration window;
+/// then the manifest's rollout twice, with 10 s (`r2`) and then 3 s (`r3`) between a new
+/// node's readiness and the next drain. Every session moves at most once per release,
+/// no event is lost, nobody is refused for the migration budget (4029, 429). The
+/// histograms of moves per session are printed as `FIGURE` lines.
+#[test]
+fn the_manifests_release_moves_each_session_at_most_once_with_10_s_or_3_s_between_ready_and_drain() {
+    let _gate = crate::common::gate!();
+    let started = Instant::now();
+    let mut cluster = Cluster::start_with_env(3, &MANIFEST_FLAGS, |_| release_env("r1"));
+    let balancer = Balancer::start(&[cluster.addr(0), cluster.addr(1), cluster.addr(2)]);
+    let rooms: Vec<String> = (0..ROOMS).map(room).collect();
+    let spec = SwarmSpec { clients: MANIFEST_CLIENTS, rooms: &rooms, rooms_per_client: ROOMS_PER_CLIENT, user_prefix: "manifest-u" };
+    let mut swarm = Swarm::start(&balancer.url(), &spec, &cluster.root().join("swarm.log"));
+    let mut failures: Vec<String> = Vec::new();
+    let all_in = swarm.wait(Duration::from_secs(60), |s| {
+        s.ready && s.clients.iter().enumerate().all(|(c, st)| st.connected && rooms_of(c).iter().all(|r| st.subscribed.contains(r)))
+    });
+    assert!(all_in, "not every client connected and subscribed within 60 s; logs kept in {}", cluster.root().display());
+    let publisher = Publisher::start(balancer.addr);
+    let mut gone: Vec<(String, Instant)> = Vec::new();
+    let mut figures = Vec::new();
+    for (label, gap) in [("r2", Duration::from_secs(10)), ("r3", Duration::from_secs(3))] {
+        let from = Instant::now();
+        manifest_release(&mut cluster, &balancer, &mut swarm, label, gap, &mut gone, &mut failures);
+        let (hist, over) = histogram(&swarm, from, Instant::now());
+        let twice = over.len();
+        eprintln!(
+            "FIGURE manifest release (gap {} s between ready and drain): moves per session {hist:?}, {twice} of {MANIFEST_CLIENTS} moved more than once; took {:.1} s",
+            gap.as_secs(),
+            from.elapsed().as_secs_f64()
+        );
+        failures.extend(over.iter().take(10).map(|o| format!("release {label} (gap {gap:?}): {o}")));
+        if twice > 0 {
+            failures.push(format!("release {label} (gap {gap:?}): {twice} session(s) moved more than once: {hist:?}"));
+        }
+        figures.push((gap, hist));
+    }
+    common::pace(Duration::from_secs(1), "publishes go on after the releases");
+    let published = publisher.stop();
+    let mut heads: HashMap<String, u64> = HashMap::new();
+    for (room, seq, _) in &published.acks {
+        let head = heads.entry(room.clone()).or_insert(0);
+        *head = (*head).max(*seq);
+    }
+    check_refusals(&swarm, "the manifest's releases", started, Instant::now(), &mut failures);
+    check_delivery(&mut swarm, &heads, "the manifest's releases", &mut failures);
+    failures.extend(published.errors.iter().take(10).map(|e| format!("publisher: {e}")));
+    let (closes, refusals) = tallies(&swarm);
+    eprintln!(
+        "manifest releases: {figures:?}; {} acks, publish refusals {:?}; closes {closes:?}; refused upgrades {refusals:?}; clients end on {:?}; test took {:.1} s",
+        published.acks.len(),
+        published.refusals,
+        welcomes_by_node(&swarm),
+        started.elapsed().as_secs_f64()
+    );
+    swarm.finish();
+    fail_with_logs(&cluster, &failures);
+}
