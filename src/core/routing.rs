@@ -612,22 +612,22 @@ mod tests {
     fn release_first_table() {
         const NOW: u64 = 10_000_000;
         const W: u64 = RELEASE_FALLBACK_WINDOW_MS;
-        let days = 1;
+        const DAYS: u64 = 1;
         type Case = (&'static str, &'static [(&'static str, u64, &'static str)], &'static [&'static str]);
         let cases: &[Case] = &[
             ("empty", &[], &[]),
-            ("one label, all old: all", &[("a", days, "r1"), ("b", days, "r1")], &["a", "b"]),
-            ("one label, one fresh: it", &[("a", days, "r1"), ("b", NOW - 1_000, "r1")], &["b"]),
-            ("one label, fresh until the window ends", &[("a", days, ""), ("b", NOW - W + 1, "")], &["b"]),
-            ("one label, the window over: all", &[("a", days, ""), ("b", NOW - W, "")], &["a", "b"]),
+            ("one label, all old: all", &[("a", DAYS, "r1"), ("b", DAYS, "r1")], &["a", "b"]),
+            ("one label, one fresh: it", &[("a", DAYS, "r1"), ("b", NOW - 1_000, "r1")], &["b"]),
+            ("one label, fresh until the window ends", &[("a", DAYS, ""), ("b", NOW - W + 1, "")], &["b"]),
+            ("one label, the window over: all", &[("a", DAYS, ""), ("b", NOW - W, "")], &["a", "b"]),
             ("one label, unknown starts: all", &[("a", 0, "r1"), ("b", 0, "r1")], &["a", "b"]),
-            ("two labels: the later-started one", &[("a", days, "r1"), ("b", days, "r1"), ("d", NOW - 1_000, "r2")], &["d"]),
+            ("two labels: the later-started one", &[("a", DAYS, "r1"), ("b", DAYS, "r1"), ("d", NOW - 1_000, "r2")], &["d"]),
             // The case: the old nodes started a minute ago, within any window.
             ("two labels, all fresh", &[("a", NOW - 60_000, "r1"), ("b", NOW - 60_000, "r1"), ("d", NOW - 5_000, "r2")], &["d"]),
             // A new node started long ago is still the new release (a slow rollout).
-            ("two labels, beyond the window", &[("a", days, "r1"), ("d", NOW - 10 * W, "r2"), ("e", NOW - 5 * W, "r2")], &["d", "e"]),
+            ("two labels, beyond the window", &[("a", DAYS, "r1"), ("d", NOW - 10 * W, "r2"), ("e", NOW - 5 * W, "r2")], &["d", "e"]),
             // An old node restarted lately does not make its release the newest.
-            ("an old node restarted", &[("a", days, "r1"), ("b", NOW - 500, "r1"), ("d", NOW - 5_000, "r2")], &["d"]),
+            ("an old node restarted", &[("a", DAYS, "r1"), ("b", NOW - 500, "r1"), ("d", NOW - 5_000, "r2")], &["d"]),
             ("a label's earliest member decides", &[("a", 100, "r1"), ("b", NOW - 1, "r1"), ("d", 200, "r2")], &["d"]),
             // Unknown starts (earlier builds) and no label (earlier builds) are the oldest.
             ("unlabelled earlier build", &[("a", 0, ""), ("d", NOW - 5_000, "r2")], &["d"]),
