@@ -20,8 +20,11 @@
 //! not ready (`Phase::Joining`); at every heartbeat heard and every period the actor asks
 //! whether every live peer of its cell lists it among the nodes it routes to
 //! ([`Heartbeats::not_routing_to`], [`readiness`]) and turns it ready when they do, or
-//! when [`join_limit`] is over (logged with the peers that did not). Peers mode has no
-//! such wait: a node there is ready after its reconcile.
+//! when [`join_limit`] is over (logged with the peers that did not). A node beats early
+//! (at most once every [`EARLY_BEAT_GAP`]) when it hears a peer for the first time or a peer
+//! comes up or changes its draining: a new node hears every peer, and learns that they
+//! route to it, within moments rather than a period. Peers mode has no such wait: a node
+//! there is ready after its reconcile.
 //!
 //! Cell health (cluster mode): every heartbeat period the actor probes this node's cell
 //! (`Cluster::probe_cell`, a JetStream write and read), sends the last outcome with its
@@ -48,6 +51,14 @@ use crate::world::now_ms;
 
 /// How long [`Router::answers_ready`] waits for a node's `/readyz`.
 const READY_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// A joining node has heard every live peer once it listened this long (each answers its
+/// first heartbeat at once), or one and a half heartbeat periods if that is shorter.
+const LISTEN_FOR_PEERS: Duration = Duration::from_secs(1);
+
+/// Early heartbeats (see the module doc) are at least this far apart, or a quarter
+/// period if shorter: peers that come and go cost a node at most four more a second.
+const EARLY_BEAT_GAP: Duration = Duration::from_millis(250);
 
 /// How long a joining node waits for its peers to route to it before it turns ready
 /// anyway: a peer counts it up after `up_after` heartbeats in a row and lists it in its
@@ -534,6 +545,8 @@ pub struct LivenessActor {
     join_limit: Duration,
     /// When this node began joining (ms), while it does.
     joining_since: Option<u64>,
+    /// When this node last sent a heartbeat (ms): an early one waits [`EARLY_BEAT_GAP`].
+    last_beat_ms: u64,
     cluster: Option<ClusterPeers>,
     /// A probe of this node's cell is in flight: the next period does not start another.
     probing_cell: bool,
@@ -547,7 +560,7 @@ impl LivenessActor {
                 metrics.peer_up.get_or_create(&PeerLabel { peer: peer.name.clone() }).set(0);
             }
         }
-        LivenessActor { metrics, router, interval, join_limit: Duration::ZERO, joining_since: None, cluster: None, probing_cell: false }
+        LivenessActor { metrics, router, interval, join_limit: Duration::ZERO, joining_since: None, last_beat_ms: 0, cluster: None, probing_cell: false }
     }
 
     /// Cluster mode: heartbeats every `interval`.
@@ -559,12 +572,13 @@ impl LivenessActor {
             metrics.cell_breaker_state.get_or_create(&CellLabel { cell }).set(crate::metrics::breaker_state_value(state));
         }
         let join_limit = join_limit(interval, router.up_after());
-        LivenessActor { metrics, router, interval, join_limit, joining_since: None, cluster: Some(peers), probing_cell: false }
+        LivenessActor { metrics, router, interval, join_limit, joining_since: None, last_beat_ms: 0, cluster: Some(peers), probing_cell: false }
     }
 
     fn beat(&mut self, ctx: &mut Context<Self>) {
         let Some(peers) = &self.cluster else { return };
         let now = now_ms();
+        self.last_beat_ms = now;
         let me_cell = self.router.me().cell.clone();
         let (gone, alive, recent, timeout_ms, routes_to) = match &mut *self.router.peers.lock() {
             Peers::Heard(table) => {
@@ -651,10 +665,11 @@ impl LivenessActor {
             Peers::Heard(table) => table.not_routing_to(&router.me.name, &router.me.cell, now),
             Peers::Probed { .. } => Vec::new(),
         };
-        let (period_ms, limit_ms) = (self.interval.as_millis() as u64, self.join_limit.as_millis() as u64);
+        let listen_ms = (self.interval + self.interval / 2).min(LISTEN_FOR_PEERS).as_millis() as u64;
+        let limit_ms = self.join_limit.as_millis() as u64;
         let listened = now.saturating_sub(router.started_at_ms);
         let waited_ms = now.saturating_sub(since);
-        match readiness(missing.len(), listened, period_ms, waited_ms, limit_ms) {
+        match readiness(missing.len(), listened, listen_ms, waited_ms, limit_ms) {
             Readiness::Waiting => {}
             Readiness::Ready => {
                 if router.lifecycle.advance(Phase::Joining, Phase::Ready) {
@@ -788,15 +803,27 @@ impl Handler<Stop> for LivenessActor {
 impl Handler<Heard> for LivenessActor {
     type Result = ();
 
-    fn handle(&mut self, msg: Heard, _ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: Heard, ctx: &mut Self::Context) {
         if msg.0.name == self.router.me().name {
             return;
         }
         let (name, draining) = (msg.0.name.clone(), msg.0.draining);
-        let seen = match &mut *self.router.peers.lock() {
-            Peers::Heard(table) => table.heard(msg.0, now_ms()),
+        let now = now_ms();
+        let (seen, first) = match &mut *self.router.peers.lock() {
+            Peers::Heard(table) => {
+                let first = !table.recent(now).any(|info| info.name == name);
+                (table.heard(msg.0, now), first)
+            }
             Peers::Probed { .. } => return,
         };
+        // A new peer hears this node at once, and a peer that came up or changed its
+        // draining learns at once whether this node routes to it (bounded: at most one
+        // early heartbeat per `EARLY_BEAT_GAP`, or quarter period if shorter).
+        let early = first || seen != Seen::Unchanged;
+        let gap = (self.interval / 4).min(EARLY_BEAT_GAP).as_millis() as u64;
+        if early && now.saturating_sub(self.last_beat_ms) >= gap {
+            self.beat(ctx);
+        }
         match seen {
             Seen::Joined => tracing::info!(peer = %name, draining, "peer up"),
             Seen::DrainingChanged => tracing::info!(peer = %name, draining, "peer draining changed"),

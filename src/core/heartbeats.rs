@@ -54,10 +54,10 @@ pub enum Readiness {
 
 /// Whether a node that joins may say it is ready: `missing` live peers of its cell do not
 /// route to it yet ([`Heartbeats::not_routing_to`]); it has listened to heartbeats for
-/// `listened_ms` (a period of `period_ms` is enough to hear every live peer once) and
-/// waited `waited_ms` of at most `limit_ms`.
-pub fn readiness(missing: usize, listened_ms: u64, period_ms: u64, waited_ms: u64, limit_ms: u64) -> Readiness {
-    let heard_everyone = listened_ms >= period_ms.saturating_add(period_ms / 2);
+/// `listened_ms` (after `listen_ms` it has heard every live peer) and waited `waited_ms`
+/// of at most `limit_ms`.
+pub fn readiness(missing: usize, listened_ms: u64, listen_ms: u64, waited_ms: u64, limit_ms: u64) -> Readiness {
+    let heard_everyone = listened_ms >= listen_ms;
     if heard_everyone && missing == 0 {
         Readiness::Ready
     } else if waited_ms >= limit_ms {
@@ -299,7 +299,7 @@ mod tests {
     #[test]
     fn readiness_table() {
         use Readiness::*;
-        // (missing, listened, waited, limit) with a period of 1000 ms.
+        // (missing, listened, waited, limit), listening 1500 ms.
         let cases = [
             (0, 1500, 0, 10_000, Ready),
             (0, 1499, 0, 10_000, Waiting),
@@ -310,7 +310,7 @@ mod tests {
             (0, 60_000, 60_000, 10_000, Ready),
         ];
         for (missing, listened, waited, limit, want) in cases {
-            assert_eq!(readiness(missing, listened, 1000, waited, limit), want, "{missing} {listened} {waited} {limit}");
+            assert_eq!(readiness(missing, listened, 1500, waited, limit), want, "{missing} {listened} {waited} {limit}");
         }
     }
 }
