@@ -22,8 +22,8 @@
 //! ([`Heartbeats::not_routing_to`], [`readiness`]) and turns it ready when they do, or
 //! when [`join_limit`] is over (logged with the peers that did not). A node beats early
 //! (at most once every [`EARLY_BEAT_GAP`]) when it hears a peer for the first time or a peer
-//! comes up or changes its draining: a new node hears every peer, and learns that they
-//! route to it, within moments rather than a period. Peers mode has no such wait: a node
+//! comes up or changes its draining: a new node learns that its peers route to it within
+//! moments rather than a period. Peers mode has no such wait: a node
 //! there is ready after its reconcile.
 //!
 //! Cell health (cluster mode): every heartbeat period the actor probes this node's cell
@@ -51,10 +51,6 @@ use crate::world::now_ms;
 
 /// How long [`Router::answers_ready`] waits for a node's `/readyz`.
 const READY_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
-
-/// A joining node has heard every live peer once it listened this long (each answers its
-/// first heartbeat at once), or one and a half heartbeat periods if that is shorter.
-const LISTEN_FOR_PEERS: Duration = Duration::from_secs(1);
 
 /// Early heartbeats (see the module doc) are at least this far apart, or a quarter
 /// period if shorter: peers that come and go cost a node at most four more a second.
@@ -665,7 +661,10 @@ impl LivenessActor {
             Peers::Heard(table) => table.not_routing_to(&router.me.name, &router.me.cell, now),
             Peers::Probed { .. } => Vec::new(),
         };
-        let listen_ms = (self.interval + self.interval / 2).min(LISTEN_FOR_PEERS).as_millis() as u64;
+        // Every live peer beats once a period: after one and a half, this node heard them
+        // all (its first heartbeat may go out before it listens, so their early answers
+        // to it do not count).
+        let listen_ms = (self.interval + self.interval / 2).as_millis() as u64;
         let limit_ms = self.join_limit.as_millis() as u64;
         let listened = now.saturating_sub(router.started_at_ms);
         let waited_ms = now.saturating_sub(since);
