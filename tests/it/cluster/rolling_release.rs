@@ -12,8 +12,9 @@
 //!    the end, no session moved more than once, no handshake refused for the migration
 //!    budget (no close 4029, no HTTP 429), every acknowledged event delivered to each
 //!    subscriber of its room once and in order, nothing missing;
-//! 2. in place (same names: SIGTERM, restart, next): no refusal, everyone back, nothing
-//!    lost; how many moves each session made is reported as a histogram.
+//! 2. in place (same names: SIGTERM, restart with release `r3`, next): no refusal,
+//!    everyone back, nothing lost; how many moves each session made is reported as a
+//!    histogram.
 //!
 //! For both, the time from the first SIGTERM to every client back is printed.
 //!
@@ -452,6 +453,8 @@ fn a_rolling_release_behind_a_round_robin_balancer_moves_each_session_once_and_r
         first_term2.get_or_insert(term);
         let exited = cluster.drain_node(i, &mut failures);
         gone.push((Cluster::name(i).to_string(), exited));
+        // A rollout in place (a StatefulSet's) gives the restarted pod a new label too.
+        cluster.set_node_env(i, release_env("r3"));
         cluster.start_node(i);
         cluster.wait_peers(Duration::from_secs(20));
         balancer.add(cluster.addr(i));

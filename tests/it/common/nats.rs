@@ -686,6 +686,12 @@ impl<N: Nats> Cluster<N> {
         i
     }
 
+    /// Node `i`'s own `LIVEGATE_*` variables from its next start on (a StatefulSet's
+    /// rollout restarts a pod in place with a new release label).
+    pub fn set_node_env(&mut self, i: usize, env: Vec<(String, String)>) {
+        self.node_env[i] = env;
+    }
+
     pub fn is_running(&self, i: usize) -> bool {
         self.nodes[i].is_some()
     }
