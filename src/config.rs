@@ -124,6 +124,9 @@ config_keys! {
         "Key backends send as `Authorization: Bearer KEY` (16+ characters)";
     node: String = default_node_name() => "the host name", "NAME",
         "This node's name";
+    release: String = String::new() => "the binary's version", "LABEL",
+        "The release this node belongs to; during a rolling release, sessions that must move go to the newest release's nodes first",
+        "Each rollout must give its nodes a new label: the Kubernetes manifest sets it from the pod's `pod-template-hash` label, which every rollout (`kubectl rollout restart` included) changes. The newest release is the label whose earliest-started node started latest; when every node carries the same label, nodes started within the last three minutes rank first instead. Carried in heartbeats (cluster mode) and in `/healthz` (peers).";
     batch_window_ms: u64 = 100, "MS",
         "Collect a room's events for this long before sending them as one frame; 0 sends at once";
     heartbeat_secs: u64 = 30, "SECS",
@@ -583,6 +586,9 @@ impl Config {
             return Err(invalid("api_key", format!("must be at least {API_KEY_MIN_CHARS} characters long, got {chars}")));
         }
         name_rule("cell", "must", &self.cell)?;
+        if !self.release.is_empty() {
+            name_rule("release", "must", &self.release)?;
+        }
         self.validate_cells()?;
         within(&[
             bounded("probe_interval_ms", self.probe_interval_ms),
@@ -652,6 +658,15 @@ pub const TOKEN_SECRET_MIN_CHARS: usize = 32;
 pub const MAX_CELLS: usize = 64;
 
 impl Config {
+    /// `release`, else the binary's version.
+    pub fn release(&self) -> String {
+        if self.release.is_empty() {
+            env!("CARGO_PKG_VERSION").to_string()
+        } else {
+            self.release.clone()
+        }
+    }
+
     /// The configured cells, sorted and without duplicates: `cells`, or when it is empty
     /// this node's `cell` and its peers' cells (a peer entry that does not parse adds
     /// nothing; validation refuses it). In cluster mode (`cluster_nats_url`) with `cells`
@@ -847,7 +862,8 @@ fn within(bounds: &[(&'static str, u64, u64, Option<(u64, &str)>)]) -> Result<()
 }
 
 /// The keys whose values (or, for lists, entries) are names: key and longest name.
-const NAME_KEYS: &[(&str, usize)] = &[("node", MAX_NODE_NAME_LEN), ("cell", MAX_NODE_NAME_LEN), ("exclusive_devices", MAX_DEVICE_LEN)];
+const NAME_KEYS: &[(&str, usize)] =
+    &[("node", MAX_NODE_NAME_LEN), ("release", MAX_NODE_NAME_LEN), ("cell", MAX_NODE_NAME_LEN), ("exclusive_devices", MAX_DEVICE_LEN)];
 
 /// The replica counts `cluster_replicas` may ask for.
 const CLUSTER_REPLICAS: [u64; 2] = [1, 3];

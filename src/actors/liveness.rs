@@ -16,6 +16,16 @@
 //! included), and a node mints only session ids whose choice is itself. Any two nodes
 //! that see the same peers alive give the same answer.
 //!
+//! Joining (cluster mode): after its start-up reconcile a node takes connections but is
+//! not ready (`Phase::Joining`); at every heartbeat heard and every period the actor asks
+//! whether every live peer of its cell lists it among the nodes it routes to
+//! ([`Heartbeats::not_routing_to`], [`readiness`]) and turns it ready when they do, or
+//! when [`join_limit`] is over (logged with the peers that did not). A node beats early
+//! (at most once every [`EARLY_BEAT_GAP`]) when it hears a peer for the first time or a peer
+//! comes up or changes its draining: a new node learns that its peers route to it within
+//! moments rather than a period. Peers mode has no such wait: a node
+//! there is ready after its reconcile.
+//!
 //! Cell health (cluster mode): every heartbeat period the actor probes this node's cell
 //! (`Cluster::probe_cell`, a JetStream write and read), sends the last outcome with its
 //! heartbeat, and feeds each configured cell's breaker with the AND of the reports of that
@@ -31,8 +41,8 @@ use parking_lot::Mutex;
 use crate::cluster::Cluster;
 use crate::config::Peer;
 use crate::core::breaker::{CellBreakers, CellView, Report, State as BreakerState, Transition};
-use crate::core::heartbeats::{Heartbeats, NodeInfo, Seen};
-use crate::core::lifecycle::Lifecycle;
+use crate::core::heartbeats::{readiness, Heartbeats, NodeInfo, Readiness, Seen};
+use crate::core::lifecycle::{Lifecycle, Phase};
 use crate::core::liveness::{Change, Liveness};
 use crate::core::probes::{Ask, ReadyProbes};
 use crate::core::routing::{home_cell, rendezvous, room_writer, route, Candidate, Reason, RouteError, RouteQuestion};
@@ -41,6 +51,19 @@ use crate::world::now_ms;
 
 /// How long [`Router::answers_ready`] waits for a node's `/readyz`.
 const READY_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Early heartbeats (see the module doc) are at least this far apart, or a quarter
+/// period if shorter: peers that come and go cost a node at most four more a second.
+const EARLY_BEAT_GAP: Duration = Duration::from_millis(250);
+
+/// How long a joining node waits for its peers to route to it before it turns ready
+/// anyway: a peer counts it up after `up_after` heartbeats in a row and lists it in its
+/// next one, so `up_after + 5` periods leave room for a lost heartbeat or two; at least
+/// 10 s. A peer that never lists it (a bug, a partition that lets its heartbeats through
+/// one way) delays its readiness by this much, never for ever.
+pub fn join_limit(period: Duration, up_after: u32) -> Duration {
+    (period * up_after.saturating_add(5)).max(Duration::from_secs(10))
+}
 
 /// Cluster mode: a peer's heartbeat.
 #[derive(Message)]
@@ -101,7 +124,13 @@ impl From<RouteError> for Unroutable {
 /// How the router learns about peers.
 enum Peers {
     /// `peers` in the configuration, probed over HTTP (none: a single node).
-    Probed { peers: Vec<Peer>, table: Liveness, draining: std::collections::BTreeSet<String> },
+    Probed {
+        peers: Vec<Peer>,
+        table: Liveness,
+        draining: std::collections::BTreeSet<String>,
+        /// Each peer's release and start as its last `/healthz` answer said.
+        releases: std::collections::BTreeMap<String, (String, u64)>,
+    },
     /// Cluster mode: heartbeats on NATS.
     Heard(Heartbeats),
 }
@@ -112,6 +141,10 @@ pub struct Router {
     started_at_ms: u64,
     lifecycle: Arc<Lifecycle>,
     release_window_ms: u64,
+    /// This node's `release` (`Config::release`).
+    release: String,
+    /// Heartbeats (or probes) in a row before a peer counts as up.
+    up_after: u32,
     /// Whether `peers` is `Peers::Probed`, fixed at construction: read without the lock,
     /// so a routing question takes the lock once.
     probed: bool,
@@ -139,6 +172,8 @@ struct NodeNow {
     started_at_ms: u64,
     /// Its open connections as its heartbeats say (`None`: not said, or this node).
     connections: Option<u64>,
+    /// Its release (empty: not said).
+    release: String,
 }
 
 /// A node as a rebalance sees it ([`Router::loads`]).
@@ -156,16 +191,16 @@ impl Router {
     /// Peers from the configuration, probed; up after `up_after` successes in a row.
     pub fn probed(me: Peer, peers: Vec<Peer>, up_after: u32, lifecycle: Arc<Lifecycle>, release_window: Duration) -> Router {
         let table = Liveness::new(peers.iter().map(|p| p.name.clone()), up_after);
-        let peers = Peers::Probed { peers, table, draining: Default::default() };
-        Router::new(me, peers, lifecycle, release_window)
+        let peers = Peers::Probed { peers, table, draining: Default::default(), releases: Default::default() };
+        Router::new(me, peers, up_after, lifecycle, release_window)
     }
 
     /// Cluster mode: peers from heartbeats, down after `timeout`, up after `up_after` in a row.
     pub fn clustered(me: Peer, timeout: Duration, up_after: u32, lifecycle: Arc<Lifecycle>, release_window: Duration) -> Router {
-        Router::new(me, Peers::Heard(Heartbeats::new(timeout.as_millis() as u64, up_after)), lifecycle, release_window)
+        Router::new(me, Peers::Heard(Heartbeats::new(timeout.as_millis() as u64, up_after)), up_after, lifecycle, release_window)
     }
 
-    fn new(me: Peer, peers: Peers, lifecycle: Arc<Lifecycle>, release_window: Duration) -> Router {
+    fn new(me: Peer, peers: Peers, up_after: u32, lifecycle: Arc<Lifecycle>, release_window: Duration) -> Router {
         let release_window_ms = release_window.as_millis() as u64;
         let probed = matches!(peers, Peers::Probed { .. });
         let cells = vec![me.cell.clone()];
@@ -176,6 +211,8 @@ impl Router {
             started_at_ms,
             lifecycle,
             release_window_ms,
+            release: String::new(),
+            up_after,
             probed,
             cells,
             room_homes: None,
@@ -184,6 +221,26 @@ impl Router {
             breakers,
             own_probe: Mutex::new(None),
         }
+    }
+
+    /// This node's release (`Config::release`).
+    pub fn with_release(mut self, release: String) -> Router {
+        self.release = release;
+        self
+    }
+
+    pub fn release(&self) -> &str {
+        &self.release
+    }
+
+    /// Heartbeats (or probes) in a row before a peer counts as up.
+    pub fn up_after(&self) -> u32 {
+        self.up_after
+    }
+
+    /// When this node started (ms since the epoch), as its heartbeats and `/healthz` say.
+    pub fn started_at_ms(&self) -> u64 {
+        self.started_at_ms
     }
 
     /// The configured cells (the default: this node's cell alone).
@@ -245,15 +302,26 @@ impl Router {
 
     /// This node and its peers (known, up or not) as seen at `now`.
     fn nodes_now(&self, now: u64) -> Vec<NodeNow> {
-        let me = NodeNow { peer: self.me.clone(), alive: true, draining: self.draining(), started_at_ms: self.started_at_ms, connections: None };
+        let me = NodeNow {
+            peer: self.me.clone(),
+            alive: true,
+            draining: self.draining(),
+            started_at_ms: self.started_at_ms,
+            connections: None,
+            release: self.release.clone(),
+        };
         let mut nodes = vec![me];
         match &*self.peers.lock() {
-            Peers::Probed { peers, table, draining } => nodes.extend(peers.iter().map(|peer| NodeNow {
-                peer: peer.clone(),
-                alive: table.is_alive(&peer.name),
-                draining: draining.contains(&peer.name),
-                started_at_ms: 0,
-                connections: None,
+            Peers::Probed { peers, table, draining, releases } => nodes.extend(peers.iter().map(|peer| {
+                let (release, started_at_ms) = releases.get(&peer.name).cloned().unwrap_or_default();
+                NodeNow {
+                    peer: peer.clone(),
+                    alive: table.is_alive(&peer.name),
+                    draining: draining.contains(&peer.name),
+                    started_at_ms,
+                    connections: None,
+                    release,
+                }
             })),
             Peers::Heard(table) => nodes.extend(table.alive(now).filter(|info| info.name != self.me.name).map(|info| NodeNow {
                 peer: Peer { name: info.name.clone(), cell: info.cell.clone(), url: info.url.clone() },
@@ -261,6 +329,7 @@ impl Router {
                 draining: info.draining,
                 started_at_ms: info.started_at_ms,
                 connections: info.connections,
+                release: info.release.clone(),
             })),
         }
         nodes
@@ -308,7 +377,14 @@ impl Router {
         let owner = if self.probed_mode() { self.placement(session, &nodes) } else { recorded_owner };
         let candidates: Vec<Candidate> = nodes
             .iter()
-            .map(|n| Candidate { name: &n.peer.name, cell: &n.peer.cell, alive: n.alive, draining: n.draining, started_at_ms: n.started_at_ms })
+            .map(|n| Candidate {
+                name: &n.peer.name,
+                cell: &n.peer.cell,
+                alive: n.alive,
+                draining: n.draining,
+                started_at_ms: n.started_at_ms,
+                release: &n.release,
+            })
             .collect();
         let cells: Vec<&str> = self.cells.iter().map(String::as_str).collect();
         let home = home_cell(user, claim, &cells);
@@ -461,6 +537,12 @@ pub struct LivenessActor {
     metrics: Arc<crate::metrics::Metrics>,
     router: Arc<Router>,
     interval: Duration,
+    /// Cluster mode: how long a joining node waits for its peers ([`join_limit`]).
+    join_limit: Duration,
+    /// When this node began joining (ms), while it does.
+    joining_since: Option<u64>,
+    /// When this node last sent a heartbeat (ms): an early one waits [`EARLY_BEAT_GAP`].
+    last_beat_ms: u64,
     cluster: Option<ClusterPeers>,
     /// A probe of this node's cell is in flight: the next period does not start another.
     probing_cell: bool,
@@ -474,7 +556,7 @@ impl LivenessActor {
                 metrics.peer_up.get_or_create(&PeerLabel { peer: peer.name.clone() }).set(0);
             }
         }
-        LivenessActor { metrics, router, interval, cluster: None, probing_cell: false }
+        LivenessActor { metrics, router, interval, join_limit: Duration::ZERO, joining_since: None, last_beat_ms: 0, cluster: None, probing_cell: false }
     }
 
     /// Cluster mode: heartbeats every `interval`.
@@ -485,17 +567,20 @@ impl LivenessActor {
             }
             metrics.cell_breaker_state.get_or_create(&CellLabel { cell }).set(crate::metrics::breaker_state_value(state));
         }
-        LivenessActor { metrics, router, interval, cluster: Some(peers), probing_cell: false }
+        let join_limit = join_limit(interval, router.up_after());
+        LivenessActor { metrics, router, interval, join_limit, joining_since: None, last_beat_ms: 0, cluster: Some(peers), probing_cell: false }
     }
 
     fn beat(&mut self, ctx: &mut Context<Self>) {
         let Some(peers) = &self.cluster else { return };
         let now = now_ms();
-        let (gone, alive, recent, timeout_ms) = match &mut *self.router.peers.lock() {
+        self.last_beat_ms = now;
+        let me_cell = self.router.me().cell.clone();
+        let (gone, alive, recent, timeout_ms, routes_to) = match &mut *self.router.peers.lock() {
             Peers::Heard(table) => {
                 let gone = table.expire(now);
                 let recent: Vec<String> = table.recent(now).map(|info| info.name.clone()).collect();
-                (gone, table.alive(now).count(), recent, table.timeout_ms())
+                (gone, table.alive(now).count(), recent, table.timeout_ms(), table.routes_to(&me_cell, now))
             }
             Peers::Probed { .. } => return,
         };
@@ -515,6 +600,8 @@ impl LivenessActor {
             started_at_ms: self.router.started_at_ms,
             connections: Some(self.metrics.connections_now()),
             probe: *self.router.own_probe.lock(),
+            release: self.router.release.clone(),
+            routes_to: Some(routes_to),
         };
         let cluster = peers.cluster.clone();
         ctx.spawn(
@@ -557,6 +644,43 @@ impl LivenessActor {
             }));
         }
         self.beat(ctx);
+        self.check_joined();
+    }
+
+    /// Joining: ready once every live peer of this node's cell routes here, or once
+    /// [`join_limit`] is over (see the module doc).
+    fn check_joined(&mut self) {
+        let router = &self.router;
+        if router.lifecycle.phase() != Phase::Joining {
+            self.joining_since = None;
+            return;
+        }
+        let now = now_ms();
+        let since = *self.joining_since.get_or_insert(now);
+        let missing = match &*router.peers.lock() {
+            Peers::Heard(table) => table.not_routing_to(&router.me.name, &router.me.cell, now),
+            Peers::Probed { .. } => Vec::new(),
+        };
+        // Every live peer beats once a period: after one and a half, this node heard them
+        // all (its first heartbeat may go out before it listens, so their early answers
+        // to it do not count).
+        let listen_ms = (self.interval + self.interval / 2).as_millis() as u64;
+        let limit_ms = self.join_limit.as_millis() as u64;
+        let listened = now.saturating_sub(router.started_at_ms);
+        let waited_ms = now.saturating_sub(since);
+        match readiness(missing.len(), listened, listen_ms, waited_ms, limit_ms) {
+            Readiness::Waiting => {}
+            Readiness::Ready => {
+                if router.lifecycle.advance(Phase::Joining, Phase::Ready) {
+                    tracing::info!(waited_ms, "ready: every live peer of this cell routes here");
+                }
+            }
+            Readiness::TimedOut => {
+                if router.lifecycle.advance(Phase::Joining, Phase::Ready) {
+                    tracing::warn!(waited_ms, peers = ?missing, "ready although these peers do not route here yet: the wait for them is over");
+                }
+            }
+        }
     }
 
     fn probe_all(&mut self, ctx: &mut Context<Self>) {
@@ -571,11 +695,14 @@ impl LivenessActor {
             ctx.spawn(probe.into_actor(self).map(move |outcome, actor, _| {
                 let outcome = outcome.unwrap_or(None);
                 let mut guard = actor.router.peers.lock();
-                let Peers::Probed { table, draining, .. } = &mut *guard else { return };
-                match outcome {
-                    Some(true) => draining.insert(peer.name.clone()),
+                let Peers::Probed { table, draining, releases, .. } = &mut *guard else { return };
+                match &outcome {
+                    Some(health) if health.draining => draining.insert(peer.name.clone()),
                     _ => draining.remove(&peer.name),
                 };
+                if let Some(health) = &outcome {
+                    releases.insert(peer.name.clone(), (health.release.clone(), health.started_at_ms));
+                }
                 let change = table.on_probe(&peer.name, outcome.is_some());
                 let up = i64::from(table.is_alive(&peer.name));
                 drop(guard);
@@ -590,12 +717,37 @@ impl LivenessActor {
     }
 }
 
-/// One probe of a peer's `/healthz`: `None` when it failed, else whether it is draining.
-fn probe(url: &str, timeout: Duration) -> Option<bool> {
+/// What a peer's `/healthz` says (`None` when the probe failed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Health {
+    draining: bool,
+    /// Its release (empty from an earlier build, or one that does not parse).
+    release: String,
+    /// When it started (0: not said).
+    started_at_ms: u64,
+}
+
+/// One probe of a peer's `/healthz`: `None` when it failed.
+fn probe(url: &str, timeout: Duration) -> Option<Health> {
     let agent = ureq::AgentBuilder::new().timeout(timeout).build();
     let response = agent.get(url).call().ok()?;
-    let body = response.into_string().unwrap_or_default();
-    Some(body.contains(r#""draining":true"#))
+    // A peer's answer is read as peer input: a bounded body, a plain name.
+    let mut body = String::new();
+    std::io::Read::read_to_string(&mut std::io::Read::take(response.into_reader(), HEALTH_BODY_MAX), &mut body).ok()?;
+    Some(health_of(&body))
+}
+
+/// Largest `/healthz` body a probe reads.
+const HEALTH_BODY_MAX: u64 = 4096;
+
+fn health_of(body: &str) -> Health {
+    let value: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    let release = value["release"].as_str().and_then(|r| crate::core::peer_input::node_name("healthz release", r).ok()).unwrap_or_default();
+    Health {
+        draining: value["draining"].as_bool().unwrap_or(false),
+        release: release.to_string(),
+        started_at_ms: value["started_at_ms"].as_u64().unwrap_or(0),
+    }
 }
 
 impl Actor for LivenessActor {
@@ -635,6 +787,7 @@ impl Handler<PhaseChanged> for LivenessActor {
 
     fn handle(&mut self, _: PhaseChanged, ctx: &mut Self::Context) {
         self.beat(ctx);
+        self.check_joined();
     }
 }
 
@@ -649,20 +802,33 @@ impl Handler<Stop> for LivenessActor {
 impl Handler<Heard> for LivenessActor {
     type Result = ();
 
-    fn handle(&mut self, msg: Heard, _ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: Heard, ctx: &mut Self::Context) {
         if msg.0.name == self.router.me().name {
             return;
         }
         let (name, draining) = (msg.0.name.clone(), msg.0.draining);
-        let seen = match &mut *self.router.peers.lock() {
-            Peers::Heard(table) => table.heard(msg.0, now_ms()),
+        let now = now_ms();
+        let (seen, first) = match &mut *self.router.peers.lock() {
+            Peers::Heard(table) => {
+                let first = !table.recent(now).any(|info| info.name == name);
+                (table.heard(msg.0, now), first)
+            }
             Peers::Probed { .. } => return,
         };
+        // A new peer hears this node at once, and a peer that came up or changed its
+        // draining learns at once whether this node routes to it (bounded: at most one
+        // early heartbeat per `EARLY_BEAT_GAP`, or quarter period if shorter).
+        let early = first || seen != Seen::Unchanged;
+        let gap = (self.interval / 4).min(EARLY_BEAT_GAP).as_millis() as u64;
+        if early && now.saturating_sub(self.last_beat_ms) >= gap {
+            self.beat(ctx);
+        }
         match seen {
             Seen::Joined => tracing::info!(peer = %name, draining, "peer up"),
             Seen::DrainingChanged => tracing::info!(peer = %name, draining, "peer draining changed"),
             Seen::Unchanged => {}
         }
+        self.check_joined();
     }
 }
 

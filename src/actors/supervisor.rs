@@ -1,5 +1,5 @@
 //! The supervisor: owns the node's lifecycle. Startup: reconcile the directory, then
-//! ready. On the first signal: not ready (503) → wait `drain_wait` → stop accepting →
+//! ready (cluster mode: joining, until the peers route here; see `actors::liveness`). On the first signal: not ready (503) → wait `drain_wait` → stop accepting →
 //! Close 1012 to every connection spread over `drain_spread` → wait for clients to close
 //! or `drain_grace` → close what is left → done (the caller stops rooms, flushes the store
 //! and exits). A second signal jumps to the forced close.
@@ -63,6 +63,9 @@ pub struct Supervisor {
     began: Option<Instant>,
     closing_since: Option<Instant>,
     done: Option<oneshot::Sender<()>>,
+    /// After the reconcile, join (`Phase::Joining`) before ready: there are peers whose
+    /// routing to this node the liveness actor waits for.
+    join_peers: bool,
 }
 
 impl Supervisor {
@@ -87,7 +90,15 @@ impl Supervisor {
             began: None,
             closing_since: None,
             done: Some(done),
+            join_peers: false,
         }
+    }
+
+    /// Cluster mode: after the reconcile the node joins, and the liveness actor turns it
+    /// ready once its peers route to it.
+    pub fn joining_peers(mut self, join: bool) -> Self {
+        self.join_peers = join;
+        self
     }
 
     fn phase(&self) -> Phase {
@@ -182,10 +193,10 @@ impl Handler<Start> for Supervisor {
     fn handle(&mut self, _msg: Start, _ctx: &mut Self::Context) -> Self::Result {
         Box::pin(self.directory.send(Reconcile).into_actor(self).map(|reply, sup, _| {
             reply??;
-            // A signal during the start has begun the drain already.
-            if sup.phase() == Phase::Starting {
-                sup.lifecycle.set(Phase::Ready);
-            }
+            // A signal during the start has begun the drain already. With peers to hear
+            // from, the liveness actor turns it ready once they route here.
+            let next = if sup.join_peers { Phase::Joining } else { Phase::Ready };
+            sup.lifecycle.advance(Phase::Starting, next);
             Ok(())
         }))
     }
@@ -196,7 +207,7 @@ impl Handler<Signal> for Supervisor {
 
     fn handle(&mut self, _msg: Signal, ctx: &mut Self::Context) {
         match self.phase() {
-            Phase::Starting | Phase::Ready => {
+            Phase::Starting | Phase::Joining | Phase::Ready => {
                 self.began = Some(Instant::now());
                 self.enter(Phase::NotReady);
                 let wait = self.timing.wait;

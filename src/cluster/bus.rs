@@ -16,7 +16,8 @@ use futures_util::StreamExt;
 
 use super::kv::KvSessions;
 use super::{
-    decode_connections, decode_epoch, decode_node, decode_probe, Cluster, ClusterError, CELL_PROBE_HEADER, CONNECTIONS_HEADER, EPOCH_HEADER,
+    decode_connections, decode_epoch, decode_node, decode_probe, decode_release, decode_routes, Cluster, ClusterError, CELL_PROBE_HEADER,
+    CONNECTIONS_HEADER, EPOCH_HEADER, RELEASE_HEADER, ROUTES_HEADER,
     HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, MOVES_HEADER, REPLACE_SUBJECT, ROOMS_HEAD_HEADER,
 };
 use super::promotion::{decode_moves, decode_rooms_head};
@@ -196,8 +197,10 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
             let header = |name: &str| message.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().as_bytes());
             let (connections, probe) = (header(CONNECTIONS_HEADER), header(CELL_PROBE_HEADER));
             let (epoch, head, moves) = (header(EPOCH_HEADER), header(ROOMS_HEAD_HEADER), header(MOVES_HEADER));
-            let decoded = decode_node(&message.payload).and_then(|info| {
+            let (release, routes) = (header(RELEASE_HEADER), header(ROUTES_HEADER));
+            let decoded = decode_node(&message.payload).and_then(|mut info| {
                 let cells = (decode_epoch(epoch)?, decode_rooms_head(head)?, decode_moves(moves)?);
+                (info.release, info.routes_to) = (decode_release(release)?, decode_routes(routes)?);
                 Ok((info, decode_connections(connections)?, decode_probe(probe)?, cells))
             });
             match decoded {

@@ -51,7 +51,7 @@ use async_nats::jetstream::stream::{LastRawMessageErrorKind, PurgeErrorKind};
 use async_nats::jetstream::{self, kv as nats_kv, stream};
 use thiserror::Error;
 
-use crate::core::heartbeats::NodeInfo;
+use crate::core::heartbeats::{NodeInfo, MAX_ROUTES_LISTED};
 use crate::core::peer_input::{self, PeerInputError};
 use crate::core::redact::url_for_log;
 use crate::core::routing::RoomHomes;
@@ -76,6 +76,13 @@ pub const CONNECTIONS_HEADER: &str = "Lg-Connections";
 /// `0` failed; absent: no report (an earlier build ignores it, as this one ignores its
 /// absence).
 pub const CELL_PROBE_HEADER: &str = "Lg-Cell-Probe";
+/// A heartbeat's header with the release the sender belongs to (absent from earlier
+/// builds): `core::routing::release_first`.
+pub const RELEASE_HEADER: &str = "Lg-Release";
+/// A heartbeat's header with the peers of the sender's cell it routes to, comma-separated
+/// (`core::heartbeats::Heartbeats::routes_to`, at most `MAX_ROUTES_LISTED`; absent from
+/// earlier builds): what a joining node waits for before it says it is ready.
+pub const ROUTES_HEADER: &str = "Lg-Routes";
 /// A heartbeat's header with the epoch of the rooms homed in the sender's cell (absent
 /// from earlier builds): with cell domains, how a node knows another cell's epoch while
 /// that cell cannot be asked, to serve its rooms from a mirror.
@@ -797,6 +804,12 @@ impl Cluster {
         if let Some(passed) = info.probe {
             headers.insert(CELL_PROBE_HEADER, if passed { "1" } else { "0" });
         }
+        if !info.release.is_empty() {
+            headers.insert(RELEASE_HEADER, info.release.as_str());
+        }
+        if let Some(routes) = &info.routes_to {
+            headers.insert(ROUTES_HEADER, routes.join(",").as_str());
+        }
         headers.insert(EPOCH_HEADER, self.epoch.as_str());
         if self.domains.is_some() {
             headers.insert(ROOMS_HEAD_HEADER, self.rooms_head.load(Ordering::Relaxed).to_string().as_str());
@@ -1044,7 +1057,34 @@ pub fn decode_node(body: &[u8]) -> Result<NodeInfo, PeerInputError> {
         started_at_ms,
         connections: None,
         probe: None,
+        release: String::new(),
+        routes_to: None,
     })
+}
+
+/// A heartbeat's [`RELEASE_HEADER`] (absent: an earlier build, empty): a name by the
+/// configuration's rule for `release`.
+pub fn decode_release(value: Option<&[u8]>) -> Result<String, PeerInputError> {
+    let Some(value) = value else { return Ok(String::new()) };
+    let text = peer_input::text("heartbeat release", value, peer_input::MAX_NODE_NAME_LEN)?;
+    peer_input::node_name("heartbeat release", text).map(str::to_string)
+}
+
+/// A heartbeat's [`ROUTES_HEADER`] (absent: an earlier build): at most
+/// [`MAX_ROUTES_LISTED`] node names, comma-separated (empty: none), read unsplit only
+/// within the bytes that many names take.
+pub fn decode_routes(value: Option<&[u8]>) -> Result<Option<Vec<String>>, PeerInputError> {
+    let Some(value) = value else { return Ok(None) };
+    let max = MAX_ROUTES_LISTED * (peer_input::MAX_NODE_NAME_LEN + 1);
+    let text = peer_input::text("heartbeat routes", value, max)?;
+    if text.is_empty() {
+        return Ok(Some(Vec::new()));
+    }
+    let names: Vec<&str> = text.splitn(MAX_ROUTES_LISTED + 1, ',').collect();
+    if names.len() > MAX_ROUTES_LISTED {
+        return Err(PeerInputError::Fields { what: "heartbeat routes", got: names.len(), expected: "at most 64 names" });
+    }
+    names.into_iter().map(|name| peer_input::node_name("heartbeat routes", name).map(str::to_string)).collect::<Result<_, _>>().map(Some)
 }
 
 /// A heartbeat's [`CONNECTIONS_HEADER`] (absent from earlier builds), clamped to
@@ -1132,8 +1172,36 @@ mod tests {
     }
 
     #[test]
+    fn a_heartbeats_release_and_routes_are_read_as_peer_input() {
+        assert_eq!(decode_release(None), Ok(String::new()), "an earlier build says none");
+        assert_eq!(decode_release(Some(b"5d4f8b9c7")), Ok("5d4f8b9c7".to_string()));
+        assert_eq!(decode_release(Some(b"r 1")), Err(PeerInputError::BadName("heartbeat release")));
+        assert!(matches!(decode_release(Some("x".repeat(65).as_bytes())), Err(PeerInputError::TooLarge { .. })));
+        assert_eq!(decode_routes(None), Ok(None), "an earlier build lists nothing: not waited for");
+        assert_eq!(decode_routes(Some(b"")), Ok(Some(Vec::new())));
+        assert_eq!(decode_routes(Some(b"a,b-1")), Ok(Some(vec!["a".to_string(), "b-1".to_string()])));
+        assert_eq!(decode_routes(Some(b"a,,b")), Err(PeerInputError::BadName("heartbeat routes")));
+        let most: Vec<String> = (0..MAX_ROUTES_LISTED).map(|i| format!("{i:0>64}")).collect();
+        assert_eq!(decode_routes(Some(most.join(",").as_bytes())), Ok(Some(most.clone())), "the bound's worst case is read");
+        let more: Vec<String> = (0..MAX_ROUTES_LISTED + 1).map(|i| format!("n{i}")).collect();
+        assert!(matches!(decode_routes(Some(more.join(",").as_bytes())), Err(PeerInputError::Fields { .. })));
+        let long = format!("{},x", most.join(","));
+        assert!(matches!(decode_routes(Some(long.as_bytes())), Err(PeerInputError::TooLarge { .. })), "refused unread past the bound");
+    }
+
+    #[test]
     fn heartbeat_bodies_round_trip() {
-        let info = NodeInfo { name: "a".into(), cell: "eu".into(), url: "http://127.0.0.1:1".into(), draining: true, started_at_ms: 1_700_000_000_123, connections: None, probe: None };
+        let info = NodeInfo {
+            name: "a".into(),
+            cell: "eu".into(),
+            url: "http://127.0.0.1:1".into(),
+            draining: true,
+            started_at_ms: 1_700_000_000_123,
+            connections: None,
+            probe: None,
+            release: String::new(),
+            routes_to: None,
+        };
         assert_eq!(decode_node(encode_node(&info).as_bytes()), Ok(info));
         let earlier_build = decode_node(b"a\neu\nhttp://x\n0").expect("a body without the start time");
         assert_eq!(earlier_build.started_at_ms, 0);

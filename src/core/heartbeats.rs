@@ -2,6 +2,12 @@
 //! `up_after` times in a row (each within the timeout of the one before) and stays up
 //! while it is heard within the timeout; a draining peer is up but no longer a routing
 //! candidate. Down fast, up carefully. Pure: the caller passes each heartbeat and the time.
+//!
+//! Each heartbeat also lists the peers of its sender's cell the sender routes to
+//! ([`Heartbeats::routes_to`], at most [`MAX_ROUTES_LISTED`]): a joining node turns ready
+//! once no live peer of its cell leaves it out ([`Heartbeats::not_routing_to`],
+//! [`readiness`]), so a balancer that reads `/readyz` adds it only when the cluster
+//! routes to it.
 
 use std::collections::BTreeMap;
 
@@ -22,6 +28,43 @@ pub struct NodeInfo {
     /// node of an earlier build or one that has not probed yet): what its cell's breaker
     /// is fed (`core::breaker::CellBreakers`).
     pub probe: Option<bool>,
+    /// The release the node belongs to (empty from an earlier build): sessions that must
+    /// move go to the newest release first (`core::routing::release_first`).
+    pub release: String,
+    /// The peers of its cell the node routes to ([`Heartbeats::routes_to`]); `None` from an
+    /// earlier build, which a joining node does not wait for.
+    pub routes_to: Option<Vec<String>>,
+}
+
+/// At most this many names in a heartbeat's [`NodeInfo::routes_to`], the most recently
+/// started first: a joining node is the newest, so it is listed whatever the cell's size.
+pub const MAX_ROUTES_LISTED: usize = 64;
+
+/// Where a joining node is ([`readiness`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// Every live peer of its cell routes to it (or it has none): ready.
+    Ready,
+    /// Some peer does not yet, or it has not listened one heartbeat period yet (it may
+    /// not have heard every peer).
+    Waiting,
+    /// The wait is over and some peer still does not: ready anyway (the caller logs who).
+    TimedOut,
+}
+
+/// Whether a node that joins may say it is ready: `missing` live peers of its cell do not
+/// route to it yet ([`Heartbeats::not_routing_to`]); it has listened to heartbeats for
+/// `listened_ms` (after `listen_ms` it has heard every live peer) and waited `waited_ms`
+/// of at most `limit_ms`.
+pub fn readiness(missing: usize, listened_ms: u64, listen_ms: u64, waited_ms: u64, limit_ms: u64) -> Readiness {
+    let heard_everyone = listened_ms >= listen_ms;
+    if heard_everyone && missing == 0 {
+        Readiness::Ready
+    } else if waited_ms >= limit_ms {
+        Readiness::TimedOut
+    } else {
+        Readiness::Waiting
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +161,26 @@ impl Heartbeats {
     pub fn candidates(&self, now_ms: u64) -> impl Iterator<Item = &NodeInfo> {
         self.alive(now_ms).filter(|info| !info.draining)
     }
+
+    /// What this node's heartbeat lists: the candidates of `cell` it routes to, the most
+    /// recently started first (ties by name), at most [`MAX_ROUTES_LISTED`].
+    pub fn routes_to(&self, cell: &str, now_ms: u64) -> Vec<String> {
+        let mut listed: Vec<&NodeInfo> = self.candidates(now_ms).filter(|info| info.cell == cell).collect();
+        listed.sort_by(|a, b| b.started_at_ms.cmp(&a.started_at_ms).then_with(|| a.name.cmp(&b.name)));
+        listed.into_iter().take(MAX_ROUTES_LISTED).map(|info| info.name.clone()).collect()
+    }
+
+    /// The peers of `cell` heard now that take connections (a node still starting says it
+    /// drains, and is not waited for) and whose last heartbeat did not list `me` among the
+    /// nodes they route to, by name. A peer of an earlier build, which lists nothing, is
+    /// not waited for.
+    pub fn not_routing_to(&self, me: &str, cell: &str, now_ms: u64) -> Vec<String> {
+        self.recent(now_ms)
+            .filter(|info| info.cell == cell && info.name != me && !info.draining)
+            .filter(|info| info.routes_to.as_ref().is_some_and(|names| !names.iter().any(|n| n == me)))
+            .map(|info| info.name.clone())
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -125,7 +188,17 @@ mod tests {
     use super::*;
 
     fn info(name: &str, draining: bool) -> NodeInfo {
-        NodeInfo { name: name.into(), cell: "c".into(), url: format!("http://{name}"), draining, started_at_ms: 0, connections: None, probe: None }
+        NodeInfo {
+            name: name.into(),
+            cell: "c".into(),
+            url: format!("http://{name}"),
+            draining,
+            started_at_ms: 0,
+            connections: None,
+            probe: None,
+            release: String::new(),
+            routes_to: None,
+        }
     }
 
     fn names<'a>(it: impl Iterator<Item = &'a NodeInfo>) -> Vec<&'a str> {
@@ -188,5 +261,56 @@ mod tests {
         assert!(table.left("c"));
         assert!(!table.left("c"));
         assert_eq!(names(table.alive(3000)), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn a_heartbeat_lists_the_newest_candidates_of_its_cell() {
+        let mut table = Heartbeats::new(3000, 1);
+        for (name, cell, draining, started) in [("b", "c", false, 10), ("c", "c", false, 30), ("d", "c", true, 40), ("e", "x", false, 50), ("f", "c", false, 30)] {
+            table.heard(NodeInfo { cell: cell.into(), started_at_ms: started, ..info(name, draining) }, 0);
+        }
+        assert_eq!(table.routes_to("c", 0), vec!["c", "f", "b"], "newest first, not draining, its cell only");
+        for i in 0..(MAX_ROUTES_LISTED + 10) {
+            table.heard(NodeInfo { started_at_ms: 100 + i as u64, ..info(&format!("n{i:03}"), false) }, 0);
+        }
+        let listed = table.routes_to("c", 0);
+        assert_eq!(listed.len(), MAX_ROUTES_LISTED);
+        assert_eq!(listed[0], format!("n{:03}", MAX_ROUTES_LISTED + 9), "the newest is listed whatever the cell's size");
+    }
+
+    #[test]
+    fn a_joining_node_waits_for_the_live_peers_of_its_cell_that_do_not_route_to_it() {
+        let mut table = Heartbeats::new(3000, 3);
+        let routes = |names: &[&str]| Some(names.iter().map(|n| n.to_string()).collect());
+        table.heard(NodeInfo { routes_to: routes(&["x", "me"]), ..info("b", false) }, 0);
+        table.heard(NodeInfo { routes_to: routes(&["x"]), ..info("c", false) }, 0);
+        table.heard(NodeInfo { routes_to: routes(&[]), ..info("d", true) }, 0); // starting itself
+        table.heard(NodeInfo { routes_to: None, ..info("e", false) }, 0); // an earlier build
+        table.heard(NodeInfo { routes_to: routes(&[]), cell: "y".into(), ..info("f", false) }, 0); // another cell
+        assert_eq!(table.not_routing_to("me", "c", 100), vec!["c"], "heard once is live: not up yet, still waited for");
+        table.heard(NodeInfo { routes_to: routes(&["me"]), ..info("c", false) }, 1000);
+        assert!(table.not_routing_to("me", "c", 1000).is_empty());
+        // A peer that went quiet is not waited for once it times out.
+        table.heard(NodeInfo { routes_to: routes(&[]), ..info("c", false) }, 2000);
+        assert_eq!(table.not_routing_to("me", "c", 4999), vec!["c"]);
+        assert!(table.not_routing_to("me", "c", 5000).is_empty());
+    }
+
+    #[test]
+    fn readiness_table() {
+        use Readiness::*;
+        // (missing, listened, waited, limit), listening 1500 ms.
+        let cases = [
+            (0, 1500, 0, 10_000, Ready),
+            (0, 1499, 0, 10_000, Waiting),
+            (0, 1499, 10_000, 10_000, TimedOut),
+            (1, 5000, 9_999, 10_000, Waiting),
+            (1, 5000, 10_000, 10_000, TimedOut),
+            (2, 0, 0, 0, TimedOut),
+            (0, 60_000, 60_000, 10_000, Ready),
+        ];
+        for (missing, listened, waited, limit, want) in cases {
+            assert_eq!(readiness(missing, listened, 1500, waited, limit), want, "{missing} {listened} {waited} {limit}");
+        }
     }
 }

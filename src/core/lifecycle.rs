@@ -10,6 +10,11 @@ use tokio::sync::watch;
 pub enum Phase {
     /// Reconciling the directory; not ready yet.
     Starting,
+    /// Reconciled, taking connections (its peers may route clients here), but not ready
+    /// yet: waiting until every live peer of its cell counts it as a candidate (cluster
+    /// mode), so a balancer that reads `/readyz` adds it only once the cluster routes to
+    /// it (`core::heartbeats::Heartbeats::not_routing_to`, bounded by a timeout).
+    Joining,
     Ready,
     /// Draining: readiness answers 503, upgrades are refused, the listener still accepts.
     NotReady,
@@ -21,9 +26,10 @@ pub enum Phase {
 }
 
 impl Phase {
-    /// New WebSocket upgrades are accepted only when ready.
+    /// New WebSocket upgrades are accepted when ready, and while joining (a peer that
+    /// counts this node routes clients here before `/readyz` says ready).
     pub fn accepts_connections(self) -> bool {
-        self == Phase::Ready
+        matches!(self, Phase::Joining | Phase::Ready)
     }
 
     pub fn is_draining(self) -> bool {
@@ -33,7 +39,7 @@ impl Phase {
     /// `starting`, `ready` or `draining`, as `/v1/admin/status` reports it.
     pub fn name(self) -> &'static str {
         match self {
-            Phase::Starting => "starting",
+            Phase::Starting | Phase::Joining => "starting",
             Phase::Ready => "ready",
             _ => "draining",
         }
@@ -42,7 +48,7 @@ impl Phase {
     /// The `drain_phase` gauge: 0 while serving, then 1 (not ready) to 4 (done).
     pub fn drain_step(self) -> i64 {
         match self {
-            Phase::Starting | Phase::Ready => 0,
+            Phase::Starting | Phase::Joining | Phase::Ready => 0,
             Phase::NotReady => 1,
             Phase::Closing => 2,
             Phase::Forced => 3,
@@ -70,6 +76,17 @@ impl Lifecycle {
         *self.0.borrow()
     }
 
+    /// Moves to `to` only from `from`; whether it did (a drain that began meanwhile wins).
+    pub fn advance(&self, from: Phase, to: Phase) -> bool {
+        self.0.send_if_modified(|phase| {
+            let moved = *phase == from;
+            if moved {
+                *phase = to;
+            }
+            moved
+        })
+    }
+
     /// A receiver that sees every later change.
     pub fn watch(&self) -> watch::Receiver<Phase> {
         self.0.subscribe()
@@ -85,6 +102,7 @@ mod tests {
         use Phase::*;
         let cases = [
             (Starting, false, false, "starting", 0),
+            (Joining, true, false, "starting", 0),
             (Ready, true, false, "ready", 0),
             (NotReady, false, true, "draining", 1),
             (Closing, false, true, "draining", 2),
@@ -100,5 +118,9 @@ mod tests {
         lifecycle.set(Ready);
         assert!(seen.has_changed().unwrap());
         assert_eq!(*seen.borrow_and_update(), Ready);
+        assert!(!lifecycle.advance(Joining, Ready), "only from the phase named");
+        lifecycle.set(Joining);
+        assert!(lifecycle.advance(Joining, Ready));
+        assert_eq!(lifecycle.phase(), Ready);
     }
 }

@@ -2,8 +2,9 @@
 //! the order or repetition of the inputs. No I/O, no clock, no global state.
 //!
 //! - [`route`]: which node serves a session — the recorded owner while it is alive and
-//!   not draining, else a rendezvous choice that spreads (nodes of a release in progress
-//!   first); [`route_session`] is its short form for peers that never drain.
+//!   not draining, else a rendezvous choice that spreads; a session that must move goes
+//!   to the nodes of the newest release first ([`release_first`]); [`route_session`] is
+//!   its short form for peers that never drain.
 //! - [`home_cell`]: a user's home cell — the token's `cell` claim, else the rendezvous
 //!   choice over the **configured** cells. Data, never health: no node's or cell's state
 //!   is an input, so a failure never re-homes anyone.
@@ -36,6 +37,16 @@ pub enum RouteError {
 /// is believed without charge: it was restarting. Its sessions' moves are forced.
 pub const RESTART_GRACE_MS: u64 = 10_000;
 
+/// The start-time fallback of [`release_first`], for candidates that all carry the same
+/// release label: a node started within this long counts as one a release in progress
+/// brought. Three minutes: one release step at the default drain timings takes about a
+/// minute from the new node's start to the last reconnect of the drained node's clients
+/// (start, readiness, `minReadySeconds` 10, `drain_wait_secs` 15, `drain_spread_secs` 5,
+/// `drain_grace_secs` 30), and only the step's own new node must still count; a node that
+/// (re)started for another reason draws the moving sessions for three minutes at most,
+/// never for the migration window (ten minutes by default) nor for days.
+pub const RELEASE_FALLBACK_WINDOW_MS: u64 = 180_000;
+
 /// A node routing may choose, as this node sees it now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Candidate<'a> {
@@ -45,9 +56,11 @@ pub struct Candidate<'a> {
     pub alive: bool,
     /// Draining: it keeps its connections but takes no new ones.
     pub draining: bool,
-    /// When it started (0: unknown). Nodes started within the release window rank first
-    /// for sessions that must move.
+    /// When it started (0: unknown).
     pub started_at_ms: u64,
+    /// The release it belongs to (`release`; empty from a node that does not say). For
+    /// sessions that must move, the newest release's nodes rank first ([`release_first`]).
+    pub release: &'a str,
 }
 
 /// What is asked of [`route`].
@@ -60,7 +73,8 @@ pub struct RouteQuestion<'a> {
     /// A node the client could not reach: not a candidate for this question.
     pub avoid: Option<&'a str>,
     pub now_ms: u64,
-    /// How long after its start a node counts as part of a release in progress.
+    /// With every candidate of one release label: how long after its start a node counts
+    /// as part of a release in progress ([`RELEASE_FALLBACK_WINDOW_MS`] in production).
     pub release_window_ms: u64,
     /// The user's home cell ([`home_cell`]); empty: none given, the recorded owner's cell
     /// or the rendezvous choice over the cells (configured, else the candidates').
@@ -123,9 +137,9 @@ pub struct Routed<'a> {
 /// 3. Otherwise rendezvous hashing of the session over the cell's alive, non-draining
 ///    candidates (all alive ones if every one drains), so new sessions and the sessions
 ///    of a lost node spread, and a node's loss moves only its own sessions. When the
-///    session must move (its owner drains or is gone), the candidates started within
-///    the release window rank first: during a rolling release, a drained node's sessions
-///    go to the nodes the release brought, which the release will not drain again.
+///    session must move (its owner drains, is gone or was avoided), the newest release's
+///    candidates rank first ([`release_first`]): during a rolling release, a drained
+///    node's sessions go to the nodes the release brought, which it will not drain again.
 pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> Result<Routed<'a>, RouteError> {
     if question.session.is_empty() {
         return Err(RouteError::EmptySession);
@@ -143,6 +157,7 @@ pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> 
         entry.alive &= candidate.alive;
         entry.draining |= candidate.draining;
         entry.started_at_ms = entry.started_at_ms.max(candidate.started_at_ms);
+        entry.release = entry.release.max(candidate.release);
         entry.cell = entry.cell.min(candidate.cell);
     }
     // What this question may use: alive, and not the node the client could not reach.
@@ -169,7 +184,6 @@ pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> 
             .map_err(|_| RouteError::NoHealthyCell { home: home.to_string() })?;
         merged.values().map(|c| c.cell).find(|cell| *cell == chosen).expect("a healthy cell has a candidate")
     };
-    let fresh = |c: &Candidate| c.started_at_ms > 0 && question.now_ms < c.started_at_ms.saturating_add(question.release_window_ms);
     let just_restarted = |c: &Candidate| c.started_at_ms > 0 && question.now_ms < c.started_at_ms.saturating_add(RESTART_GRACE_MS);
     let reason = match owner {
         // An owner that (re)started moments ago was unreachable to its clients while it
@@ -192,12 +206,40 @@ pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> 
     let taking: Vec<&Candidate<'a>> = alive.iter().copied().filter(|c| !c.draining).collect();
     let mut pool = if taking.is_empty() { alive } else { taking };
     if reason != Reason::Unowned {
-        if pool.iter().any(|c| fresh(c)) {
-            pool.retain(|c| fresh(c));
-        }
+        pool = release_first(pool, question.now_ms, question.release_window_ms);
     }
     let node = rendezvous(question.session, pool.iter().map(|c| c.name)).ok_or(RouteError::NoAliveOwner)?;
     Ok(Routed { node, cell, reason })
+}
+
+/// The candidates a session that must move may go to first: the nodes a release in
+/// progress brought, which it will not drain again (one move per session per release).
+///
+/// - When `pool` carries more than one release label, those of the newest release: the
+///   label whose earliest-started member started latest (an unknown start counts as the
+///   oldest; ties go to the greater label). A node of an old release that restarted
+///   lately does not make its release new: its label's earliest member is old.
+/// - With one label, the start-time fallback: the candidates started within `window_ms`
+///   of `now_ms` ([`RELEASE_FALLBACK_WINDOW_MS`]), when there are any.
+/// - Otherwise, or when `pool` is empty, `pool` as it is.
+///
+/// Order-free: the answer is the same set whatever the order of `pool`.
+pub fn release_first<'a, 'c>(pool: Vec<&'c Candidate<'a>>, now_ms: u64, window_ms: u64) -> Vec<&'c Candidate<'a>> {
+    // Each label's earliest start.
+    let mut earliest: BTreeMap<&str, u64> = BTreeMap::new();
+    for c in &pool {
+        let start = earliest.entry(c.release).or_insert(c.started_at_ms);
+        *start = (*start).min(c.started_at_ms);
+    }
+    if earliest.len() > 1 {
+        let newest = earliest.iter().max_by_key(|(label, start)| (**start, **label)).map(|(label, _)| *label);
+        return pool.into_iter().filter(|c| Some(c.release) == newest).collect();
+    }
+    let fresh = |c: &Candidate| c.started_at_ms > 0 && now_ms < c.started_at_ms.saturating_add(window_ms);
+    if pool.iter().any(|c| fresh(c)) {
+        return pool.into_iter().filter(|c| fresh(c)).collect();
+    }
+    pool
 }
 
 /// The node for `session` among `owners`, as [`route`] answers it for candidates that
@@ -211,7 +253,7 @@ pub fn route_session<'a>(
 ) -> Result<&'a str, RouteError> {
     let candidates: Vec<Candidate<'a>> = owners
         .iter()
-        .map(|name| Candidate { name, cell: "", alive: alive.contains(name), draining: false, started_at_ms: 0 })
+        .map(|name| Candidate { name, cell: "", alive: alive.contains(name), draining: false, started_at_ms: 0, release: "" })
         .collect();
     let question =
         RouteQuestion { session, user: "", recorded_owner: recorded, avoid: None, now_ms: 0, release_window_ms: 0, home: "", cells: &[], broken: &[] };
@@ -398,7 +440,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn node<'a>(name: &'a str, alive: bool, draining: bool, started_at_ms: u64) -> Candidate<'a> {
-        Candidate { name, cell: "", alive, draining, started_at_ms }
+        Candidate { name, cell: "", alive, draining, started_at_ms, release: "" }
     }
 
     fn ask<'a>(session: &'a str, recorded_owner: Option<&'a str>) -> RouteQuestion<'a> {
@@ -487,12 +529,17 @@ mod tests {
     /// A rolling release as Kubernetes does it: for each old node in turn a new node joins,
     /// then the old one drains and its sessions move. Returns how many moves each session
     /// made. `new_names`: the new nodes have new names; else the old ones restart in place.
-    fn release(sessions: usize, new_names: bool) -> Vec<usize> {
-        let window = 600_000;
+    /// The old nodes started at `old_start`; with `labels`, the old nodes carry release
+    /// `r1` and the new (or restarted) ones `r2`, else every node carries the same label.
+    fn release(sessions: usize, new_names: bool, old_start: u64, labels: bool) -> Vec<usize> {
+        let window = RELEASE_FALLBACK_WINDOW_MS;
         let mut now = 10_000_000u64;
-        let mut nodes: Vec<(String, bool, u64)> = ["a", "b", "c"].iter().map(|n| (n.to_string(), false, 1)).collect();
-        let route_now = |nodes: &[(String, bool, u64)], session: &str, owner: Option<&str>, now: u64| -> String {
-            let candidates: Vec<Candidate> = nodes.iter().map(|(n, d, s)| node(n, true, *d, *s)).collect();
+        let (old_label, new_label) = if labels { ("r1", "r2") } else { ("same", "same") };
+        // (name, draining, started, release)
+        let mut nodes: Vec<(String, bool, u64, &str)> = ["a", "b", "c"].iter().map(|n| (n.to_string(), false, old_start, old_label)).collect();
+        let route_now = |nodes: &[(String, bool, u64, &'static str)], session: &str, owner: Option<&str>, now: u64| -> String {
+            let candidates: Vec<Candidate> =
+                nodes.iter().map(|(n, d, s, r)| Candidate { release: r, ..node(n, true, *d, *s) }).collect();
             let q = RouteQuestion { session, user: "u", recorded_owner: owner, avoid: None, now_ms: now, release_window_ms: window, home: "", cells: &[], broken: &[] };
             route(&q, &candidates).unwrap().node.to_string()
         };
@@ -501,9 +548,9 @@ mod tests {
         let mut moves = vec![0; sessions];
         for (step, old) in ["a", "b", "c"].iter().enumerate() {
             now += 30_000;
-            let old_index = nodes.iter().position(|(n, _, _)| n == old).unwrap();
+            let old_index = nodes.iter().position(|(n, ..)| n == old).unwrap();
             if new_names {
-                nodes.push((["d", "e", "f"][step].to_string(), false, now));
+                nodes.push((["d", "e", "f"][step].to_string(), false, now, new_label));
             }
             now += 30_000;
             nodes[old_index].1 = true; // drains
@@ -517,27 +564,102 @@ mod tests {
             if new_names {
                 nodes.remove(old_index);
             } else {
-                nodes[old_index] = (old.to_string(), false, now + 5_000); // back, restarted
+                nodes[old_index] = (old.to_string(), false, now + 5_000, new_label); // back, restarted
             }
         }
         moves
     }
 
+    fn histogram(moves: &[usize]) -> BTreeMap<usize, usize> {
+        let mut histogram = BTreeMap::new();
+        for m in moves {
+            *histogram.entry(*m).or_insert(0) += 1;
+        }
+        histogram
+    }
+
     #[test]
     fn a_release_with_new_names_moves_each_session_at_most_once() {
-        let moves = release(1000, true);
-        assert!(moves.iter().all(|m| *m == 1), "moves per session: {:?}", moves.iter().max());
+        // Old nodes up for days: labels or not, each session moves once.
+        for labels in [true, false] {
+            let moves = release(1000, true, 1, labels);
+            assert!(moves.iter().all(|m| *m == 1), "labels {labels}: {:?}", histogram(&moves));
+        }
+        // Old nodes started a minute before the release (the case): their start
+        // cannot tell them from the new ones, their label does.
+        let moves = release(1000, true, 10_000_000 - 60_000, true);
+        assert!(moves.iter().all(|m| *m == 1), "{:?}", histogram(&moves));
+        let unlabelled = histogram(&release(1000, true, 10_000_000 - 60_000, false));
+        assert!(unlabelled.keys().any(|m| *m > 1), "without labels the start time cannot tell: {unlabelled:?}");
+        eprintln!("a release a minute after the last, moves per session: with labels {{1: 1000}}, without {unlabelled:?}");
     }
 
     #[test]
     fn a_release_in_place_moves_each_session_at_most_twice() {
-        let moves = release(1000, false);
-        let mut histogram = BTreeMap::new();
-        for m in &moves {
-            *histogram.entry(*m).or_insert(0) += 1;
+        for labels in [true, false] {
+            let moves = release(1000, false, 1, labels);
+            let histogram = histogram(&moves);
+            assert!(moves.iter().all(|m| *m <= 2), "labels {labels}, moves per session: {histogram:?}");
+            eprintln!("in-place release of a, b, c (labels {labels}): sessions by moves made {histogram:?}");
         }
-        assert!(moves.iter().all(|m| *m <= 2), "moves per session: {histogram:?}");
-        eprintln!("in-place release of a, b, c: sessions by moves made {histogram:?}");
+    }
+
+    fn labelled<'a>(name: &'a str, started_at_ms: u64, release: &'a str) -> Candidate<'a> {
+        Candidate { release, ..node(name, true, false, started_at_ms) }
+    }
+
+    #[test]
+    fn release_first_table() {
+        const NOW: u64 = 10_000_000;
+        const W: u64 = RELEASE_FALLBACK_WINDOW_MS;
+        const DAYS: u64 = 1;
+        type Case = (&'static str, &'static [(&'static str, u64, &'static str)], &'static [&'static str]);
+        let cases: &[Case] = &[
+            ("empty", &[], &[]),
+            ("one label, all old: all", &[("a", DAYS, "r1"), ("b", DAYS, "r1")], &["a", "b"]),
+            ("one label, one fresh: it", &[("a", DAYS, "r1"), ("b", NOW - 1_000, "r1")], &["b"]),
+            ("one label, fresh until the window ends", &[("a", DAYS, ""), ("b", NOW - W + 1, "")], &["b"]),
+            ("one label, the window over: all", &[("a", DAYS, ""), ("b", NOW - W, "")], &["a", "b"]),
+            ("one label, unknown starts: all", &[("a", 0, "r1"), ("b", 0, "r1")], &["a", "b"]),
+            ("two labels: the later-started one", &[("a", DAYS, "r1"), ("b", DAYS, "r1"), ("d", NOW - 1_000, "r2")], &["d"]),
+            // The case: the old nodes started a minute ago, within any window.
+            ("two labels, all fresh", &[("a", NOW - 60_000, "r1"), ("b", NOW - 60_000, "r1"), ("d", NOW - 5_000, "r2")], &["d"]),
+            // A new node started long ago is still the new release (a slow rollout).
+            ("two labels, beyond the window", &[("a", DAYS, "r1"), ("d", NOW - 10 * W, "r2"), ("e", NOW - 5 * W, "r2")], &["d", "e"]),
+            // An old node restarted lately does not make its release the newest.
+            ("an old node restarted", &[("a", DAYS, "r1"), ("b", NOW - 500, "r1"), ("d", NOW - 5_000, "r2")], &["d"]),
+            ("a label's earliest member decides", &[("a", 100, "r1"), ("b", NOW - 1, "r1"), ("d", 200, "r2")], &["d"]),
+            // Unknown starts (earlier builds) and no label (earlier builds) are the oldest.
+            ("unlabelled earlier build", &[("a", 0, ""), ("d", NOW - 5_000, "r2")], &["d"]),
+            ("equal earliest starts: the greater label", &[("a", 7, "r1"), ("d", 7, "r2")], &["d"]),
+        ];
+        for (what, pool, want) in cases {
+            let candidates: Vec<Candidate> = pool.iter().map(|(n, s, r)| labelled(n, *s, r)).collect();
+            let mut got: Vec<&str> = release_first(candidates.iter().collect(), NOW, W).iter().map(|c| c.name).collect();
+            got.sort();
+            assert_eq!(got, *want, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_session_that_must_move_goes_to_the_newest_release_and_a_new_one_spreads() {
+        const NOW: u64 = 1_000_000;
+        let nodes = [
+            Candidate { draining: true, ..labelled("a", NOW - 60_000, "r1") },
+            labelled("b", NOW - 60_000, "r1"),
+            labelled("c", NOW - 60_000, "r1"),
+            labelled("d", NOW - 5_000, "r2"),
+        ];
+        let mut new = BTreeMap::new();
+        for i in 0..300 {
+            let session = format!("{i:012x}");
+            let moved = route(&ask(&session, Some("a")), &nodes).unwrap();
+            assert_eq!((moved.node, moved.reason), ("d", Reason::OwnerDraining), "{session}");
+            let gone = [Candidate { alive: false, ..nodes[0] }, nodes[1], nodes[2], nodes[3]];
+            assert_eq!(route(&ask(&session, Some("a")), &gone).unwrap().node, "d", "{session}: its owner lost");
+            *new.entry(route(&ask(&session, None), &nodes).unwrap().node).or_insert(0) += 1;
+        }
+        assert_eq!(new.len(), 3, "new sessions spread over every node taking them: {new:?}");
     }
 
     fn cells<'a>(reports: &[(&'a str, bool)]) -> Vec<CellReport<'a>> {
@@ -588,7 +710,7 @@ mod tests {
     }
 
     fn in_cell<'a>(name: &'a str, cell: &'a str, alive: bool) -> Candidate<'a> {
-        Candidate { name, cell, alive, draining: false, started_at_ms: 1 }
+        Candidate { name, cell, alive, draining: false, started_at_ms: 1, release: "" }
     }
 
     /// The cells east, north, west; nodes a (east), b (north), c and d (west).
@@ -669,13 +791,13 @@ mod tests {
         #[test]
         fn route_ignores_order_and_duplicates(
             recorded in proptest::option::of(name()),
-            nodes in proptest::collection::vec((name(), "[xy]", any::<bool>(), any::<bool>(), 0u64..3), 1..7),
+            nodes in proptest::collection::vec((name(), "[xy]", any::<bool>(), any::<bool>(), 0u64..3, "(|r1|r2)"), 1..7),
             avoid in proptest::option::of(name()),
             seed in any::<u64>(),
         ) {
             let candidates: Vec<Candidate> = nodes
                 .iter()
-                .map(|(name, cell, alive, draining, started)| Candidate { name, cell, alive: *alive, draining: *draining, started_at_ms: started * 500_000 })
+                .map(|(name, cell, alive, draining, started, release)| Candidate { name, cell, alive: *alive, draining: *draining, started_at_ms: started * 500_000, release })
                 .collect();
             let q = RouteQuestion { session: "s", user: "u", recorded_owner: recorded.as_deref(), avoid: avoid.as_deref(), now_ms: 1_000_000, release_window_ms: 600_000, home: "", cells: &[], broken: &[] };
             let expected = route(&q, &candidates);
@@ -691,6 +813,80 @@ mod tests {
                     prop_assert_eq!(Some(routed.node), recorded.as_deref());
                 }
             }
+        }
+
+        /// Whatever the nodes' starts and labels: `release_first` keeps a non-empty part of
+        /// a non-empty pool, the same whatever the order; with several labels all it keeps
+        /// carry the one whose earliest member started latest, and nothing is dropped
+        /// from a pool of one label that nobody started within the window.
+        #[test]
+        fn release_first_keeps_the_newest_release(
+            nodes in proptest::collection::vec(("[a-h]", 0u64..2_000_000, "(|r1|r2|r3)"), 1..8),
+            now in 0u64..2_000_000,
+            window in 0u64..1_000_000,
+            seed in any::<u64>(),
+        ) {
+            let names: Vec<String> = nodes.iter().enumerate().map(|(i, (n, ..))| format!("{n}{i}")).collect();
+            let candidates: Vec<Candidate> = nodes.iter().zip(&names).map(|((_, start, release), name)| labelled(name, *start, release)).collect();
+            let kept: Vec<&str> = release_first(candidates.iter().collect(), now, window).iter().map(|c| c.name).collect();
+            prop_assert!(!kept.is_empty());
+            let mut shuffled: Vec<&Candidate> = candidates.iter().collect();
+            shuffled.rotate_left(seed as usize % candidates.len());
+            shuffled.reverse();
+            let mut again: Vec<&str> = release_first(shuffled, now, window).iter().map(|c| c.name).collect();
+            let mut sorted = kept.clone();
+            sorted.sort();
+            again.sort();
+            prop_assert_eq!(&again, &sorted);
+            let labels: std::collections::BTreeSet<&str> = candidates.iter().map(|c| c.release).collect();
+            let earliest = |label: &str| candidates.iter().filter(|c| c.release == label).map(|c| c.started_at_ms).min().unwrap();
+            if labels.len() > 1 {
+                let chosen = candidates.iter().find(|c| c.name == kept[0]).unwrap().release;
+                prop_assert!(kept.iter().all(|k| candidates.iter().any(|c| c.name == *k && c.release == chosen)));
+                prop_assert_eq!(kept.len(), candidates.iter().filter(|c| c.release == chosen).count());
+                prop_assert!(labels.iter().all(|l| earliest(l) <= earliest(chosen)), "{} is not the newest of {:?}", chosen, labels);
+            } else if !candidates.iter().any(|c| c.started_at_ms > 0 && now < c.started_at_ms + window) {
+                prop_assert_eq!(kept.len(), candidates.len());
+            }
+        }
+
+        /// A rolling release with new names and labels, at any pace and whatever the old
+        /// nodes' start: every session moves once, never twice.
+        #[test]
+        fn a_labelled_release_moves_every_session_once(
+            old_nodes in 2usize..5,
+            old_start in 1u64..9_000_000,
+            step_ms in 1_000u64..600_000,
+            sessions in proptest::collection::vec("[0-9a-f]{6}", 1..40),
+        ) {
+            let old_names: Vec<String> = (0..old_nodes).map(|i| format!("old{i}")).collect();
+            let new_names: Vec<String> = (0..old_nodes).map(|i| format!("new{i}")).collect();
+            let mut now = 9_000_000u64;
+            // (name, draining, started, label)
+            let mut nodes: Vec<(&str, bool, u64, &str)> = old_names.iter().map(|n| (n.as_str(), false, old_start, "r1")).collect();
+            let route_now = |nodes: &[(&str, bool, u64, &str)], session: &str, owner: Option<&str>, now: u64| -> String {
+                let candidates: Vec<Candidate> = nodes.iter().map(|(n, d, s, r)| Candidate { release: r, ..node(n, true, *d, *s) }).collect();
+                let q = RouteQuestion { session, user: "u", recorded_owner: owner, avoid: None, now_ms: now, release_window_ms: RELEASE_FALLBACK_WINDOW_MS, home: "", cells: &[], broken: &[] };
+                route(&q, &candidates).unwrap().node.to_string()
+            };
+            let mut owners: Vec<String> = sessions.iter().map(|s| route_now(&nodes, s, None, now)).collect();
+            let mut moves = vec![0; sessions.len()];
+            for step in 0..old_nodes {
+                now += step_ms;
+                nodes.push((new_names[step].as_str(), false, now, "r2"));
+                now += step_ms;
+                let old = nodes.iter().position(|(n, ..)| *n == old_names[step]).unwrap();
+                nodes[old].1 = true;
+                for (i, session) in sessions.iter().enumerate() {
+                    let to = route_now(&nodes, session, Some(&owners[i]), now);
+                    if to != owners[i] {
+                        moves[i] += 1;
+                        owners[i] = to;
+                    }
+                }
+                nodes.remove(old);
+            }
+            prop_assert!(moves.iter().all(|m| *m == 1), "moves per session: {:?}", moves);
         }
 
         #[test]
@@ -738,7 +934,7 @@ mod tests {
                 .iter()
                 .zip(&names)
                 .zip(&health)
-                .map(|(((_, cell, alive, draining), name), flip)| Candidate { name, cell, alive: *alive && *flip, draining: *draining, started_at_ms: 0 })
+                .map(|(((_, cell, alive, draining), name), flip)| Candidate { name, cell, alive: *alive && *flip, draining: *draining, started_at_ms: 0, release: "" })
                 .collect();
             let q = RouteQuestion { user: &user, home, cells: &configured, broken: &broken, ..ask("s", None) };
             let answer = route(&q, &candidates);

@@ -1228,9 +1228,12 @@ async fn healthz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     if !state.health.check(&state.store, &state.metrics, now_ms()) {
         return Err(api_error(ErrorCode::Internal, "the store probe failed; see the server log"));
     }
-    // Peers read `draining` to stop routing here (see `actors::liveness`).
-    let body = if state.lifecycle.phase().is_draining() { r#"{"status":"ok","draining":true}"# } else { r#"{"status":"ok"}"# };
-    Ok(json(StatusCode::OK, body.into()))
+    // Peers read `draining` to stop routing here, and `release` and `started_at_ms` to
+    // send the sessions a release moves to its newest nodes (see `actors::liveness`).
+    let draining = if state.lifecycle.phase().is_draining() { r#","draining":true"# } else { "" };
+    let (release, started_at_ms) = (state.router.release(), state.router.started_at_ms());
+    let body = format!(r#"{{"status":"ok"{draining},"release":"{release}","started_at_ms":{started_at_ms}}}"#);
+    Ok(json(StatusCode::OK, body))
 }
 
 /// How often `/healthz` really probes the store; the answers in between repeat the last

@@ -303,8 +303,10 @@ impl Node {
         let server = http_server(listener, tls, state.clone(), &timing)?.run();
         let http = server.handle();
         let (done_tx, drained) = oneshot::channel();
-        let supervisor =
-            Supervisor::new(lifecycle, registry, directory.clone(), rooms.clone(), http.clone(), timing, metrics, done_tx).start();
+        let joins = state.config.cluster_nats_url.is_some();
+        let supervisor = Supervisor::new(lifecycle, registry, directory.clone(), rooms.clone(), http.clone(), timing, metrics, done_tx)
+            .joining_peers(joins)
+            .start();
         let serving = actix_web::rt::spawn(server);
         let config = state.config.clone();
         let mut timers = Tasks::default();
@@ -506,18 +508,19 @@ fn this_node(config: &Config, local: std::net::SocketAddr, tls: bool) -> crate::
 }
 
 /// The routing view: peers from heartbeats on NATS (cluster mode), or the configured
-/// peers, probed. Nodes that started within `migration_window_secs` rank first for the
-/// sessions a release moves.
+/// peers, probed. For the sessions a release moves, the newest `release` ranks first
+/// (`core::routing::release_first`).
 fn router(config: &Config, me: crate::config::Peer, cluster: Option<&Cluster>, lifecycle: &Arc<Lifecycle>) -> Result<Router, ServerError> {
     let clustered = cluster.is_some();
     let up_after = config.probe_up_after.min(u32::MAX as u64) as u32;
-    let release_window = config.migration_window();
+    let release_window = Duration::from_millis(crate::core::routing::RELEASE_FALLBACK_WINDOW_MS);
     let router = if clustered {
         let timeout = config.cluster_heartbeat() * HEARTBEATS_MISSED as u32;
         Router::clustered(me, timeout, up_after, lifecycle.clone(), release_window)
     } else {
         Router::probed(me, config.peer_nodes()?, up_after, lifecycle.clone(), release_window)
     };
+    let router = router.with_release(config.release());
     let router = router.with_cells(config.configured_cells());
     // With cell domains, the cluster's homes: a promotion it learns moves the writers too.
     Ok(match cluster.and_then(Cluster::room_homes) {

@@ -40,7 +40,7 @@ function manifests() {
  * and the secret given stand-in values, `$(VAR)` expanded from the entries before it.
  */
 function containerEnv(container) {
-  const standIns = { 'status.podIP': '10.1.2.3', 'metadata.name': 'livegate-7d9f-abcde' };
+  const standIns = { 'status.podIP': '10.1.2.3', 'metadata.name': 'livegate-7d9f-abcde', "metadata.labels['pod-template-hash']": '7d9f' };
   const env = {};
   for (const entry of container.env ?? []) {
     let value;
@@ -142,6 +142,13 @@ test('a rollout surges and never takes a ready pod away first', () => {
   const budgets = byKind('PodDisruptionBudget');
   assert.equal(budgets.length, 1, 'a PodDisruptionBudget');
   assert.deepEqual(budgets[0].spec.selector.matchLabels, deployment.spec.selector.matchLabels);
+});
+
+test("each pod's release is its pod-template-hash, which every rollout changes", () => {
+  const { container } = livegate();
+  const release = (container.env ?? []).find((e) => e.name === 'LIVEGATE_RELEASE');
+  assert.equal(release?.valueFrom?.fieldRef?.fieldPath, "metadata.labels['pod-template-hash']");
+  assert.equal(effectiveConfig(containerEnv(container)).release, '7d9f', 'check-config reads it as release');
 });
 
 test('the open-file limit set in the container fits max_connections', () => {

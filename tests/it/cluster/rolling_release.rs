@@ -12,16 +12,22 @@
 //!    the end, no session moved more than once, no handshake refused for the migration
 //!    budget (no close 4029, no HTTP 429), every acknowledged event delivered to each
 //!    subscriber of its room once and in order, nothing missing;
-//! 2. in place (same names: SIGTERM, restart, next): no refusal, everyone back, nothing
-//!    lost; how many moves each session made is reported as a histogram.
+//! 2. in place (same names: SIGTERM, restart with release `r3`, next): no refusal,
+//!    everyone back, nothing lost; how many moves each session made is reported as a
+//!    histogram.
 //!
 //! For both, the time from the first SIGTERM to every client back is printed.
 //!
-//! The migration window is 10 s instead of 600 so that the first three nodes count as
-//! "started long ago" when the release begins (nodes started within the window rank
-//! first for sessions that must move); the budget it sets refuses a second unchosen move
-//! within those 10 s, well inside a release step. Per-IP handshake limits are off: every
-//! client comes from 127.0.0.1 through the balancer, so a 429 can only be the budget.
+//! Release 1's nodes carry release labels as the manifest gives them (`LIVEGATE_RELEASE`:
+//! `r1` for the first three, `r2` for the new ones), so a drained node's sessions go to
+//! the new nodes. The migration window is 10 s instead of 600: the budget it sets refuses
+//! a second unchosen move within those 10 s, well inside a release step. Per-IP handshake
+//! limits are off: every client comes from 127.0.0.1 through the balancer, so a 429 can
+//! only be the budget.
+//!
+//! Then the manifest's release as a new user runs it (issue 48; the last test): the
+//! default migration window, nothing waiting for the nodes to count each other but
+//! `/readyz`, 10 s and 3 s between a new node's readiness and the next drain.
 //!
 //! Needs `node` (Node 20+) and `/usr/sbin/nats-server` (`.ci/test` installs both); a
 //! missing one fails the test, never skips it. Every wait is bounded; on failure the
@@ -48,7 +54,6 @@ const ROOMS: usize = 8;
 const ROOMS_PER_CLIENT: usize = 2;
 /// One publish every this long, to the rooms in turn.
 const PUBLISH_EVERY: Duration = Duration::from_millis(40);
-const MIGRATION_WINDOW: Duration = Duration::from_secs(10);
 /// How long after a drained node's exit every client must be back.
 const BACK_LIMIT: Duration = Duration::from_secs(20);
 
@@ -372,7 +377,7 @@ fn fail_with_logs(cluster: &Cluster, failures: &[String]) {
 fn a_rolling_release_behind_a_round_robin_balancer_moves_each_session_once_and_refuses_nobody() {
     let _gate = crate::common::gate!();
     let started = Instant::now();
-    let mut cluster = Cluster::start(3, &FLAGS);
+    let mut cluster = Cluster::start_with_env(3, &FLAGS, |_| release_env("r1"));
     let balancer = Balancer::start(&[cluster.addr(0), cluster.addr(1), cluster.addr(2)]);
     let rooms: Vec<String> = (0..ROOMS).map(room).collect();
     let spec = SwarmSpec { clients: CLIENTS, rooms: &rooms, rooms_per_client: ROOMS_PER_CLIENT, user_prefix: "roll-u" };
@@ -393,11 +398,6 @@ fn a_rolling_release_behind_a_round_robin_balancer_moves_each_session_once_and_r
     let at_start = welcomes_by_node(&swarm);
     let publisher = Publisher::start(balancer.addr);
 
-    // The first nodes must have started longer than the migration window ago: in
-    // production they have been up for days when a release begins.
-    let oldest_ok = (0..3).map(|i| cluster.node(i).started).max().expect("nodes") + MIGRATION_WINDOW + Duration::from_secs(1);
-    common::let_time_pass(oldest_ok.saturating_duration_since(Instant::now()).max(Duration::from_secs(1)), "the first nodes outlive the migration window");
-
     // ---- Release 1: new names, one at a time, surge first (data/k8s/deployment.yaml).
     let release1 = Instant::now();
     let mut gone: Vec<(String, Instant)> = Vec::new();
@@ -405,8 +405,8 @@ fn a_rolling_release_behind_a_round_robin_balancer_moves_each_session_once_and_r
     let mut first_term1 = None;
     let mut back1 = None;
     for old in 0..3 {
-        let new = cluster.add_node();
-        // Ready, and counted alive by every node (what minReadySeconds waits out).
+        let new = cluster.add_node_with_env(release_env("r2"));
+        // Ready, and counted alive by every node.
         cluster.wait_peers(Duration::from_secs(20));
         balancer.add(cluster.addr(new));
         balancer.remove(cluster.addr(old));
@@ -453,6 +453,8 @@ fn a_rolling_release_behind_a_round_robin_balancer_moves_each_session_once_and_r
         first_term2.get_or_insert(term);
         let exited = cluster.drain_node(i, &mut failures);
         gone.push((Cluster::name(i).to_string(), exited));
+        // A rollout in place (a StatefulSet's) gives the restarted pod a new label too.
+        cluster.set_node_env(i, release_env("r3"));
         cluster.start_node(i);
         cluster.wait_peers(Duration::from_secs(20));
         balancer.add(cluster.addr(i));
@@ -508,6 +510,139 @@ fn a_rolling_release_behind_a_round_robin_balancer_moves_each_session_once_and_r
         heads,
         published.refusals,
         balancer.counts(),
+        started.elapsed().as_secs_f64()
+    );
+    swarm.finish();
+    fail_with_logs(&cluster, &failures);
+}
+
+// ---------------------------------------------------------------------------------------
+// The manifest's release, as data/k8s/deployment.yaml runs it (issue 48)
+// ---------------------------------------------------------------------------------------
+
+const MANIFEST_CLIENTS: usize = 120;
+
+/// The default migration window (the manifest sets none); short drains so the file stays
+/// quick (the balancer takes the node out at SIGTERM, so `drain_wait_secs` has nothing
+/// to wait out here); no per-IP limits (see the top of the file).
+const MANIFEST_FLAGS: [&str; 10] = [
+    "--drain-wait-secs",
+    "1",
+    "--drain-spread-secs",
+    "2",
+    "--drain-grace-secs",
+    "5",
+    "--handshakes-per-ip-per-sec",
+    "0",
+    "--max-connections-per-ip",
+    "0",
+];
+
+/// A pod's `LIVEGATE_RELEASE`, as the manifest sets it from its `pod-template-hash`.
+fn release_env(label: &str) -> Vec<(String, String)> {
+    vec![("LIVEGATE_RELEASE".to_string(), label.to_string())]
+}
+
+/// The manifest's rollout (`maxSurge: 1`, `maxUnavailable: 0`), step by step as
+/// Kubernetes takes it: a new pod starts; once its `/readyz` answers 200 it joins the
+/// balancer's endpoints; `gap` later (`minReadySeconds`) the oldest old pod leaves the
+/// endpoints and gets SIGTERM at about the same time, and the next new pod starts while
+/// it drains. Nothing waits for the nodes to count each other: `/readyz` is all
+/// Kubernetes reads. Returns when every old node has exited and every client is back.
+fn manifest_release(
+    cluster: &mut Cluster,
+    balancer: &Balancer,
+    swarm: &mut Swarm,
+    label: &str,
+    gap: Duration,
+    gone: &mut Vec<(String, Instant)>,
+    failures: &mut Vec<String>,
+) {
+    let olds = cluster.running();
+    let mut draining: Vec<(usize, common::process::ServeProcess)> = Vec::new();
+    for old in olds {
+        let new = cluster.add_node_with_env(release_env(label));
+        balancer.add(cluster.addr(new));
+        common::let_time_pass(gap, "the manifest's minReadySeconds between a new pod's readiness and the next drain");
+        // Pods drained in earlier steps have had `gap` to finish; reap them.
+        reap(&mut draining, gone, failures);
+        balancer.remove(cluster.addr(old));
+        cluster.node(old).signal("TERM");
+        draining.push((old, cluster.take_node(old)));
+    }
+    reap(&mut draining, gone, failures);
+    let stage = format!("release {label}, gap {gap:?}");
+    wait_back(swarm, gone, &stage, failures);
+}
+
+/// Waits (20 s at most each) for the SIGTERM'd nodes to exit and records when.
+fn reap(draining: &mut Vec<(usize, common::process::ServeProcess)>, gone: &mut Vec<(String, Instant)>, failures: &mut Vec<String>) {
+    for (i, mut process) in draining.drain(..) {
+        match process.wait_exit(Duration::from_secs(20)) {
+            Some(status) if status.success() => {}
+            Some(status) => failures.push(format!("node {} exited with {status} after SIGTERM", Cluster::name(i))),
+            None => failures.push(format!("node {} still running 20 s after SIGTERM", Cluster::name(i))),
+        }
+        gone.push((Cluster::name(i).to_string(), Instant::now()));
+    }
+}
+
+/// The release as a new user runs it from `data/k8s/deployment.yaml` (issue 48): three
+/// nodes (release `r1`) behind the round-robin balancer, 120 livegate.js clients each
+/// keeping its session, rooms publishing throughout, the default migration window;
+/// then the manifest's rollout twice, with 10 s (`r2`) and then 3 s (`r3`) between a new
+/// node's readiness and the next drain. Every session moves at most once per release,
+/// no event is lost, nobody is refused for the migration budget (4029, 429). The
+/// histograms of moves per session are printed as `FIGURE` lines.
+#[test]
+fn the_manifests_release_moves_each_session_at_most_once_with_10_s_or_3_s_between_ready_and_drain() {
+    let _gate = crate::common::gate!();
+    let started = Instant::now();
+    let mut cluster = Cluster::start_with_env(3, &MANIFEST_FLAGS, |_| release_env("r1"));
+    let balancer = Balancer::start(&[cluster.addr(0), cluster.addr(1), cluster.addr(2)]);
+    let rooms: Vec<String> = (0..ROOMS).map(room).collect();
+    let spec = SwarmSpec { clients: MANIFEST_CLIENTS, rooms: &rooms, rooms_per_client: ROOMS_PER_CLIENT, user_prefix: "manifest-u" };
+    let mut swarm = Swarm::start(&balancer.url(), &spec, &cluster.root().join("swarm.log"));
+    let mut failures: Vec<String> = Vec::new();
+    let all_in = swarm.wait(Duration::from_secs(60), |s| {
+        s.ready && s.clients.iter().enumerate().all(|(c, st)| st.connected && rooms_of(c).iter().all(|r| st.subscribed.contains(r)))
+    });
+    assert!(all_in, "not every client connected and subscribed within 60 s; logs kept in {}", cluster.root().display());
+    let publisher = Publisher::start(balancer.addr);
+    let mut gone: Vec<(String, Instant)> = Vec::new();
+    let mut figures = Vec::new();
+    for (label, gap) in [("r2", Duration::from_secs(10)), ("r3", Duration::from_secs(3))] {
+        let from = Instant::now();
+        manifest_release(&mut cluster, &balancer, &mut swarm, label, gap, &mut gone, &mut failures);
+        let (hist, over) = histogram(&swarm, from, Instant::now());
+        let twice = over.len();
+        eprintln!(
+            "FIGURE manifest release (gap {} s between ready and drain): moves per session {hist:?}, {twice} of {MANIFEST_CLIENTS} moved more than once; took {:.1} s",
+            gap.as_secs(),
+            from.elapsed().as_secs_f64()
+        );
+        failures.extend(over.iter().take(10).map(|o| format!("release {label} (gap {gap:?}): {o}")));
+        if twice > 0 {
+            failures.push(format!("release {label} (gap {gap:?}): {twice} session(s) moved more than once: {hist:?}"));
+        }
+        figures.push((gap, hist));
+    }
+    common::pace(Duration::from_secs(1), "publishes go on after the releases");
+    let published = publisher.stop();
+    let mut heads: HashMap<String, u64> = HashMap::new();
+    for (room, seq, _) in &published.acks {
+        let head = heads.entry(room.clone()).or_insert(0);
+        *head = (*head).max(*seq);
+    }
+    check_refusals(&swarm, "the manifest's releases", started, Instant::now(), &mut failures);
+    check_delivery(&mut swarm, &heads, "the manifest's releases", &mut failures);
+    failures.extend(published.errors.iter().take(10).map(|e| format!("publisher: {e}")));
+    let (closes, refusals) = tallies(&swarm);
+    eprintln!(
+        "manifest releases: {figures:?}; {} acks, publish refusals {:?}; closes {closes:?}; refused upgrades {refusals:?}; clients end on {:?}; test took {:.1} s",
+        published.acks.len(),
+        published.refusals,
+        welcomes_by_node(&swarm),
         started.elapsed().as_secs_f64()
     );
     swarm.finish();

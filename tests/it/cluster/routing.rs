@@ -31,6 +31,31 @@ fn a_node_announces_its_drain_to_its_peers_at_once_not_at_its_next_heartbeat() {
     eprintln!("b showed a as draining {:?} after a's SIGTERM", term.elapsed());
 }
 
+/// A node says it is ready only once its peers route to it (issue 48): the moment a
+/// third node's `/readyz` first answers 200, both older nodes already show it `ready` in
+/// their overview, a routing candidate. Before, a new node turned ready as soon as its
+/// start-up was done, while its peers still counted its heartbeats (`probe_up_after`, 3,
+/// of a 2 s period here), so a balancer that added it then, and a release that drained
+/// the next node soon after, sent clients to nodes that did not route to it.
+#[test]
+fn a_new_node_is_ready_only_once_every_peer_routes_to_it() {
+    let _gate = crate::common::gate!();
+    let mut cluster = Cluster::start(2, &["--cluster-heartbeat-ms", "2000"]);
+    let started = Instant::now();
+    // Returns at the first 200 of c's /readyz (polled every few ms).
+    let c = cluster.add_node();
+    let ready_after = started.elapsed();
+    let phase_of_c_on = |on: usize| {
+        let (status, body) = cluster.http(on).request("GET", "/v1/admin/overview", Auth::Key, Body::None);
+        assert_eq!(status, 200, "overview on {}: {body}", Cluster::name(on));
+        let nodes = body["nodes"].as_array().cloned().unwrap_or_default();
+        nodes.iter().find(|n| n["node"] == Cluster::name(c)).map(|n| n["phase"].as_str().unwrap_or("").to_string())
+    };
+    let seen: Vec<Option<String>> = [0, 1].iter().map(|&on| phase_of_c_on(on)).collect();
+    assert_eq!(seen, vec![Some("ready".to_string()); 2], "a and b's view of c when c first said ready ({ready_after:?} after its start)");
+    eprintln!("c ready {ready_after:?} after its start, and a and b route to it");
+}
+
 /// Polls `/v1/route` for each query on each node until no answer names `gone` (and every
 /// request answers); returns how long it took, or the last answers.
 fn wait_route_without(

@@ -496,7 +496,7 @@ impl Nats for NatsCluster {
 
 /// Node names by index; nodes past the first `n` join with [`Cluster::add_node`] (a
 /// rolling release's new names).
-pub const NODE_NAMES: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "h"];
+pub const NODE_NAMES: [&str; 12] = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l"];
 /// How long the nodes may take to hear each other after a start.
 pub const PEERS_LIMIT: Duration = Duration::from_secs(20);
 
@@ -670,14 +670,26 @@ impl<N: Nats> Cluster<N> {
     /// data dir, as a release's new pod; returns its index once `/readyz` is 200. Call
     /// [`wait_peers`](Self::wait_peers) to wait until every node counts it alive.
     pub fn add_node(&mut self) -> usize {
+        self.add_node_with_env(Vec::new())
+    }
+
+    /// [`add_node`](Self::add_node) with the node's own `LIVEGATE_*` variables (its
+    /// `LIVEGATE_RELEASE`, as a rollout's new pod gets it).
+    pub fn add_node_with_env(&mut self, env: Vec<(String, String)>) -> usize {
         let i = self.nodes.len();
         assert!(i < NODE_NAMES.len(), "at most {} node names", NODE_NAMES.len());
         self.nodes.push(None);
         self.seeds.push(None);
-        self.node_env.push(Vec::new());
+        self.node_env.push(env);
         self.starts.push(0);
         self.start_node(i);
         i
+    }
+
+    /// Node `i`'s own `LIVEGATE_*` variables from its next start on (a StatefulSet's
+    /// rollout restarts a pod in place with a new release label).
+    pub fn set_node_env(&mut self, i: usize, env: Vec<(String, String)>) {
+        self.node_env[i] = env;
     }
 
     pub fn is_running(&self, i: usize) -> bool {
