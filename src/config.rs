@@ -264,7 +264,7 @@ config_keys! {
     webhook_retry_first_ms: u64 = 500, "MS",
         "Longest wait before a webhook's first retry; each further retry's ceiling doubles, up to webhook_retry_max_ms; each wait is a random part of its ceiling";
     webhook_retry_max_ms: u64 = 60000, "MS",
-        "Longest wait before any webhook retry";
+        "Longest wait before any webhook retry (also when webhook_retry_first_ms is larger)";
     webhook_dead_letters_max: usize = 1000, "N",
         "Dead letters kept in the store at most (webhooks out of attempts or refused); when full, the oldest is dropped (counted and logged) for a new one";
     webhook_vacated_delay_ms: u64 = 3000, "MS",
@@ -777,9 +777,7 @@ impl Config {
             bounded("webhook_retry_max_ms", self.webhook_retry_max_ms),
             bounded("webhook_dead_letters_max", self.webhook_dead_letters_max as u64),
         ])?;
-        if self.webhook_retry_first_ms > self.webhook_retry_max_ms {
-            return Err(invalid("webhook_retry_first_ms", format!("must not be above webhook_retry_max_ms ({} ms)", self.webhook_retry_max_ms)));
-        }
+
         if !self.webhooks_enabled() {
             return Ok(());
         }

@@ -463,21 +463,21 @@ mod tests {
 
     #[test]
     fn the_step_after_an_attempt_caps_retries() {
-        use DeadReason::*;
-        use Verdict::*;
+        use Verdict::{Delivered, Rejected, Retry};
+        const ATTEMPTS: Step = Step::DeadLetter(DeadReason::Attempts);
+        const REFUSED: Step = Step::DeadLetter(DeadReason::Rejected);
         // (verdict, attempts made with this one, max_attempts, step)
         let cases = [
             (Delivered, 1, 12, Step::Delivered),
             (Delivered, 12, 12, Step::Delivered),
             (Retry, 1, 12, Step::Retry),
             (Retry, 11, 12, Step::Retry),
-            (Retry, 12, 12, Step::DeadLetter(Attempts)),
-            (Retry, 13, 12, Step::DeadLetter(Attempts)),
-            (Rejected, 1, 12, Step::DeadLetter(Rejected)),
-            (Rejected, 12, 12, Step::DeadLetter(Rejected)),
-            (Retry, 1, 1, Step::DeadLetter(Attempts)),
-            (Retry, 1, 0, Step::DeadLetter(Attempts)),
-            (Retry, 0, 0, Step::DeadLetter(Attempts)),
+            (Retry, 12, 12, ATTEMPTS),
+            (Retry, 13, 12, ATTEMPTS),
+            (Rejected, 1, 12, REFUSED),
+            (Rejected, 12, 12, REFUSED),
+            (Retry, 1, 1, ATTEMPTS),
+            (Retry, 1, 0, ATTEMPTS),
         ];
         for (verdict, attempts, max, want) in cases {
             assert_eq!(step(verdict, attempts, max), want, "{verdict:?} attempt {attempts} of {max}");
