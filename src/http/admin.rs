@@ -229,6 +229,7 @@ pub async fn dead_letters(req: HttpRequest, query: web::Query<DeadQuery>, state:
     let letters = web::block(move || dead.list(limit)).await.map_err(internal)?.map_err(internal)?;
     let reply = DeadLettersReply {
         node: state.config.node.clone(),
+        ts_ms: now_ms(),
         count: state.dead_letters.count(),
         max: state.dead_letters.max(),
         dead_letters: letters.into_iter().map(dead_letter_view).collect(),

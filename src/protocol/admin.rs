@@ -244,6 +244,8 @@ pub struct ReloadReply {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct DeadLettersReply {
     pub node: String,
+    /// The node's clock when it answered.
+    pub ts_ms: u64,
     /// Dead letters kept (the list may show fewer: `limit`).
     pub count: usize,
     /// `webhook_dead_letters_max`.
