@@ -9,7 +9,8 @@ use crate::protocol::{DeadLettersReply, ReplayReply};
 /// The text `livegate webhooks --dead` prints for `reply` (ends with a newline).
 pub fn render_dead(reply: &DeadLettersReply) -> String {
     let shown = reply.dead_letters.len();
-    let mut out = format!("node {}: {} dead letters (at most {})", reply.node, reply.count, reply.max);
+    let plural = if reply.count == 1 { "" } else { "s" };
+    let mut out = format!("node {}: {} dead letter{plural} (at most {})", reply.node, reply.count, reply.max);
     if shown < reply.count {
         out.push_str(&format!(", the newest {shown} shown"));
     }
