@@ -376,7 +376,7 @@ test('the admin page lists webhook dead letters and replays one', { timeout: 90_
   await row.first().waitFor({ timeout: 10_000 });
   const id = await row.first().getAttribute('data-id');
   assert.match(await row.first().textContent(), /room_occupied\s*dead:room\s*1\s*HTTP 500 \(out of attempts\)/);
-  assert.equal(await page.locator('#dead-count').textContent(), '1 dead letter (at most 1000).');
+  assert.equal(await page.locator('#dead-count').textContent(), '1 dead letter (at most 1,000).');
   mkdirSync(SCREENSHOTS, { recursive: true });
   await noSideScroll(page, 1280);
   assert.deepEqual(await axe(page), [], 'axe: no WCAG A/AA violation with a dead letter shown');
