@@ -20,6 +20,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::cluster::cells::livegate_cli;
 use common::process::{metric, ServeProcess};
 use common::*;
 use hmac::{Hmac, Mac};
@@ -707,19 +708,32 @@ async fn a_webhook_out_of_attempts_is_a_dead_letter_kept_over_a_restart_and_repl
     assert_eq!(metric(&http, "livegate_webhook_dead_letters"), Some(1.0));
     assert!(serve2.log_text().contains("webhook dead letters kept in the store"), "{}", serve2.log_text());
 
-    // Replayed while the receiver still fails: 502, kept with one attempt more.
+    // What an operator sees: `livegate webhooks --dead`.
+    let url = format!("http://{}", serve2.addr);
+    let (ok, out, err) = livegate_cli(&["webhooks", "--dead", "--url", &url, "--api-key", API_KEY]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], format!("node {NODE}: 1 dead letter (at most 1000)"), "{out}");
+    assert!(lines[1].starts_with(&format!("{id}  client_published  chat:dead  4 attempts, last ")) && lines[1].contains(": HTTP 500 (attempts); first "), "{out}");
+
+    // Replayed while the receiver still fails, from the command line: it fails, saying why.
+    let (ok, out, err) = livegate_cli(&["webhooks", "--replay", &id, "--url", &url, "--api-key", API_KEY]);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(err.contains("server answered 502 replay_failed") && err.contains("HTTP 500"), "{err}");
+
+    // Replayed while the receiver still fails: 502, kept with one attempt more each time.
     let (status, body) = http.request("POST", &format!("/v1/admin/webhooks/dead/{id}/replay"), Auth::Key, Body::None);
     assert_eq!((status, &body["error"]["code"]), (502, &json!("replay_failed")), "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("HTTP 500"), "{body}");
     let kept = dead_letters(&http, None)["dead_letters"][0].clone();
-    assert_eq!((&kept["attempts"], &kept["last_error"]), (&json!(5), &json!("HTTP 500")), "{kept}");
-    assert_eq!(metric(&http, r#"livegate_webhook_replays_total{outcome="failed"}"#), Some(1.0));
+    assert_eq!((&kept["attempts"], &kept["last_error"]), (&json!(6), &json!("HTTP 500")), "{kept}");
+    assert_eq!(metric(&http, r#"livegate_webhook_replays_total{outcome="failed"}"#), Some(2.0));
 
     // The receiver takes webhooks again: the replay delivers it, once, and it leaves the list.
     receiver.set_policy(always(200));
     let replay_at_ms = now_ms();
     let (status, body) = http.request("POST", &format!("/v1/admin/webhooks/dead/{id}/replay"), Auth::Key, Body::None);
-    assert_eq!((status, &body), (200, &json!({"id": id, "outcome": "delivered", "attempts": 6})), "{body}");
+    assert_eq!((status, &body), (200, &json!({"id": id, "outcome": "delivered", "attempts": 7})), "{body}");
     let delivered: Vec<Attempt> = attempts_of(&receiver, &id).into_iter().filter(|a| a.status == 200).collect();
     assert_eq!(delivered.len(), 1, "exactly once: {:#?}", summary(&receiver.attempts()));
     assert_eq!(delivered[0].raw, attempts[0].raw, "the same body, byte for byte");
@@ -737,8 +751,8 @@ async fn a_webhook_out_of_attempts_is_a_dead_letter_kept_over_a_restart_and_repl
     let offsets: Vec<u64> = attempts.iter().map(|a| a.at_ms - attempts[0].at_ms).collect();
     println!(
         "FIGURE dead-letter path (webhook_max_attempts 4, retries up to 50/100/200 ms, full jitter): attempts at +{offsets:?} ms, \
-         dead-lettered by +{} ms (HTTP 500 x4); after a restart: replay 1 -> 502 replay_failed (attempts 5), \
-         replay 2 -> delivered once in {} ms (attempts 6), list empty",
+         dead-lettered by +{} ms (HTTP 500 x4); after a restart: replays 1 and 2 -> 502 replay_failed (attempts 5, 6), \
+         replay 3 -> delivered once in {} ms (attempts 7), list empty",
         dead_at_ms - attempts[0].at_ms,
         delivered[0].at_ms - replay_at_ms,
     );
