@@ -1,5 +1,5 @@
 //! The command line. `serve` (the default) runs the gateway; `token`, `publish`,
-//! `subscribe`, `status`, `cells`, `state` and `presence` are small clients of a running server's public HTTP and WebSocket API,
+//! `subscribe`, `status`, `cells`, `webhooks`, `state` and `presence` are small clients of a running server's public HTTP and WebSocket API,
 //! for trying livegate out and for scripts. Clients read the server address (`listen`)
 //! and the API key (`api_key`, else `data_dir/api_key`) from the same configuration
 //! layers as the server, so the same flags, environment and config file work for both.
@@ -151,6 +151,18 @@ Refused (409) while a node of CELL is heard.", after_help = "Examples:\n  livega
         #[arg(long, value_name = "CELL")]
         promote: Option<String>,
     },
+    /// List, replay or delete the node's webhook dead letters (webhooks given up)
+    #[command(long_about = "\
+A webhook that failed webhook_max_attempts times, or that the receiver refused with a 4xx
+other than 408 and 429, is kept as a dead letter in the node's store (at most
+webhook_dead_letters_max, the oldest dropped).
+
+--dead prints them, newest first, one line each: id, type, room, attempts, how the last one
+failed and why it was given up (attempts or rejected), and when (GET /v1/admin/webhooks/dead).
+--replay ID sends one again now, to webhook_url as configured now: delivered, it leaves the
+list; otherwise the command fails with the receiver's answer and it stays, one attempt more.
+--delete ID forgets one; --delete-all forgets every one.", after_help = "Examples:\n  livegate webhooks --dead --url http://10.0.0.5:7070 --api-key $KEY\n  livegate webhooks --replay 3f2a9c0d5e7b41a8b6c4d2e0f1a3b5c7")]
+    Webhooks(WebhooksArgs),
     /// Print a room's state (GET /v1/rooms/ROOM/state: room, epoch, seq, data)
     #[command(after_help = "Example:\n  livegate state match:1\n  # {\"room\":\"match:1\",\"epoch\":\"...\",\"seq\":42,\"data\":{\"score\":[1,0]}}; seq 0 and data null when the room has none")]
     State(RoomArgs),
@@ -191,6 +203,28 @@ pub struct ServerUrl {
     /// address, with 127.0.0.1 for 0.0.0.0]
     #[arg(long, value_name = "URL")]
     pub url: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+#[group(id = "webhooks_action", required = true, multiple = false, args = ["dead", "replay", "delete", "delete_all"])]
+pub struct WebhooksArgs {
+    /// Print the dead letters, newest first
+    #[arg(long)]
+    pub dead: bool,
+    /// With --dead: print at most N (1 to 10000)
+    #[arg(long, value_name = "N", default_value_t = 100, requires = "dead")]
+    pub limit: usize,
+    /// Send dead letter ID again now
+    #[arg(long, value_name = "ID")]
+    pub replay: Option<String>,
+    /// Forget dead letter ID
+    #[arg(long, value_name = "ID")]
+    pub delete: Option<String>,
+    /// Forget every dead letter
+    #[arg(long)]
+    pub delete_all: bool,
+    #[command(flatten)]
+    pub server: ServerUrl,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -322,6 +356,17 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             init_tracing(format, "warn");
             let reply = client(&cli.config, &server)?.promote_cell(&cell)?;
             print_line(crate::client::cells::render_promotion(&reply).trim_end())
+        }
+        Command::Webhooks(args) => {
+            init_tracing(format, "warn");
+            let client = client(&cli.config, &args.server)?;
+            if let Some(id) = &args.replay {
+                return print_line(&crate::client::webhooks::render_replay(&client.replay_dead_letter(id)?));
+            }
+            if args.delete.is_some() || args.delete_all {
+                return print_line(client.delete_dead_letters(args.delete.as_deref())?.trim());
+            }
+            print_line(crate::client::webhooks::render_dead(&client.dead_letters(args.limit)?).trim_end())
         }
         Command::State(args) => {
             init_tracing(format, "warn");

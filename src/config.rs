@@ -261,6 +261,15 @@ config_keys! {
         "Webhooks queued in the store at most; a new one when full is dropped (counted and logged)";
     webhook_timeout_ms: u64 = 5000, "MS",
         "Time one webhook attempt may take; then it is retried";
+    webhook_max_attempts: u64 = 12, "N",
+        "Attempts of one webhook at most; after the last one fails (or at once when the receiver refuses it with a 4xx other than 408 and 429) it goes to the dead-letter list",
+        "With the default schedule the 11 retries wait at most 0.5, 1, 2, 4, 8, 16, 32, 60, 60, 60 and 60 s (303.5 s in all, about 2.5 minutes on average: each wait is a random part of its ceiling), plus up to webhook_timeout_ms per attempt. The Webhooks chapter shows the schedule.";
+    webhook_retry_first_ms: u64 = 500, "MS",
+        "Longest wait before a webhook's first retry; each further retry's ceiling doubles, up to webhook_retry_max_ms; each wait is a random part of its ceiling";
+    webhook_retry_max_ms: u64 = 60000, "MS",
+        "Longest wait before any webhook retry (also when webhook_retry_first_ms is larger)";
+    webhook_dead_letters_max: usize = 1000, "N",
+        "Dead letters kept in the store at most (webhooks out of attempts or refused); when full, the oldest is dropped (counted and logged) for a new one";
     webhook_vacated_delay_ms: u64 = 3000, "MS",
         "A room's room_vacated waits this long; a room joined again meanwhile (a page reload) sends neither room_vacated nor room_occupied; 0: at once";
 }
@@ -337,6 +346,7 @@ durations! {
     probe_interval: probe_interval_ms in from_millis, presence_interval: presence_interval_ms in from_millis, handshake_timeout: handshake_timeout_ms in from_millis,
     directory_outage: directory_outage_secs in from_secs, cluster_heartbeat: cluster_heartbeat_ms in from_millis,
     webhook_timeout: webhook_timeout_ms in from_millis, webhook_vacated_delay: webhook_vacated_delay_ms in from_millis,
+    webhook_retry_first: webhook_retry_first_ms in from_millis, webhook_retry_max: webhook_retry_max_ms in from_millis,
 }
 
 /// The seed URLs of a `cluster_nats_url`: its comma-separated entries, trimmed, empty
@@ -777,7 +787,12 @@ impl Config {
             bounded("webhook_queue_max", self.webhook_queue_max as u64),
             bounded("webhook_timeout_ms", self.webhook_timeout_ms),
             bounded("webhook_vacated_delay_ms", self.webhook_vacated_delay_ms),
+            bounded("webhook_max_attempts", self.webhook_max_attempts),
+            bounded("webhook_retry_first_ms", self.webhook_retry_first_ms),
+            bounded("webhook_retry_max_ms", self.webhook_retry_max_ms),
+            bounded("webhook_dead_letters_max", self.webhook_dead_letters_max as u64),
         ])?;
+
         if !self.webhooks_enabled() {
             return Ok(());
         }
@@ -829,6 +844,10 @@ pub const BOUNDS: &[(&str, u64, UpperBound<'static>)] = &[
     ("webhook_queue_max", 1, Some((10_000_000, ""))),
     ("webhook_timeout_ms", 100, Some((600_000, " (10 minutes)"))),
     ("webhook_vacated_delay_ms", 0, Some((600_000, " (10 minutes)"))),
+    ("webhook_max_attempts", 1, Some((1000, ""))),
+    ("webhook_retry_first_ms", 1, Some((3_600_000, " (1 hour)"))),
+    ("webhook_retry_max_ms", 1, Some((86_400_000, " (1 day)"))),
+    ("webhook_dead_letters_max", 1, Some((1_000_000, ""))),
 ];
 
 /// The bounds of `key` in [`BOUNDS`], if it has any.

@@ -128,7 +128,10 @@ pub const OPEN_LABELS: &[(&str, &str)] = &[
 ];
 
 /// Why a webhook is given up (`livegate_webhooks_dropped_total{reason=…}`).
-pub const WEBHOOK_DROP_REASONS: &[&str] = &["queue_full", "rejected"];
+pub const WEBHOOK_DROP_REASONS: &[&str] = &["queue_full"];
+
+/// How a replay of a dead letter ended (`livegate_webhook_replays_total{outcome=…}`).
+pub const WEBHOOK_REPLAY_OUTCOMES: &[&str] = &["delivered", "failed"];
 
 /// The credentials a handshake may present.
 const CREDENTIALS: &[&str] = &["token", "resume"];
@@ -278,8 +281,16 @@ pub struct Metrics {
     pub webhooks_delivered: Counter,
     /// Webhook attempts that will be retried (timeout, no connection, 408, 429, 5xx).
     pub webhook_attempts_failed: Counter,
-    /// Webhooks given up: `queue_full` (not queued) or `rejected` (a 4xx answer).
+    /// Webhooks not queued: `queue_full`.
     pub webhooks_dropped: Family<ReasonLabel, Counter>,
+    /// Dead letters kept in the store.
+    pub webhook_dead_letters: Gauge,
+    /// Webhooks given up into the dead letters, by `core::webhooks::DeadReason`.
+    pub webhooks_dead_lettered: Family<ReasonLabel, Counter>,
+    /// The oldest dead letters dropped for newer ones (`webhook_dead_letters_max`).
+    pub webhook_dead_letters_dropped: Counter,
+    /// Replays of dead letters, by outcome.
+    pub webhook_replays: Family<OutcomeLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -355,6 +366,10 @@ impl Metrics {
             webhooks_delivered: Counter::default(),
             webhook_attempts_failed: Counter::default(),
             webhooks_dropped: Family::default(),
+            webhook_dead_letters: Gauge::default(),
+            webhooks_dead_lettered: Family::default(),
+            webhook_dead_letters_dropped: Counter::default(),
+            webhook_replays: Family::default(),
         }
         .with_known_series()
     }
@@ -388,6 +403,12 @@ impl Metrics {
         }
         for reason in WEBHOOK_DROP_REASONS {
             drop(self.webhooks_dropped.get_or_create(&ReasonLabel { reason }));
+        }
+        for reason in crate::core::webhooks::DeadReason::ALL.map(crate::core::webhooks::DeadReason::as_str) {
+            drop(self.webhooks_dead_lettered.get_or_create(&ReasonLabel { reason }));
+        }
+        for outcome in WEBHOOK_REPLAY_OUTCOMES {
+            drop(self.webhook_replays.get_or_create(&OutcomeLabel { outcome }));
         }
         for reason in REBALANCE_SKIP_REASONS {
             drop(self.rebalance_skipped.get_or_create(&ReasonLabel { reason }));
@@ -484,7 +505,18 @@ impl Metrics {
         self.peer_claims_clamped.get_or_create(&KindLabel { kind }).inc();
     }
 
-    /// Count a webhook given up (a reason from [`WEBHOOK_DROP_REASONS`]).
+    /// Count a webhook given up into the dead letters.
+    pub fn webhook_dead_lettered(&self, reason: crate::core::webhooks::DeadReason) {
+        self.webhooks_dead_lettered.get_or_create(&ReasonLabel { reason: reason.as_str() }).inc();
+    }
+
+    /// Count a replay of a dead letter (an outcome from [`WEBHOOK_REPLAY_OUTCOMES`]).
+    pub fn webhook_replay(&self, outcome: &'static str) {
+        debug_assert!(WEBHOOK_REPLAY_OUTCOMES.contains(&outcome), "unknown outcome {outcome}");
+        self.webhook_replays.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    /// Count a webhook not queued (a reason from [`WEBHOOK_DROP_REASONS`]).
     pub fn webhook_dropped(&self, reason: &'static str) {
         debug_assert!(WEBHOOK_DROP_REASONS.contains(&reason), "unknown reason {reason}");
         self.webhooks_dropped.get_or_create(&ReasonLabel { reason }).inc();
@@ -647,11 +679,23 @@ impl Metrics {
             "Webhook attempts to be retried (timeout, no connection, 408, 429, 5xx)",
             self.webhook_attempts_failed.clone(),
         );
+        r.register("webhooks_dropped", "Webhooks not queued: queue_full (webhook_queue_max reached)", self.webhooks_dropped.clone());
         r.register(
-            "webhooks_dropped",
-            "Webhooks given up: queue_full (webhook_queue_max reached) or rejected (a 4xx answer)",
-            self.webhooks_dropped.clone(),
+            "webhook_dead_letters",
+            "Dead letters kept in the store (webhooks given up), at most webhook_dead_letters_max",
+            self.webhook_dead_letters.clone(),
         );
+        r.register(
+            "webhooks_dead_lettered",
+            "Webhooks given up into the dead letters: attempts (webhook_max_attempts failed) or rejected (a 4xx other than 408 and 429)",
+            self.webhooks_dead_lettered.clone(),
+        );
+        r.register(
+            "webhook_dead_letters_dropped",
+            "The oldest dead letters dropped to make room for newer ones (webhook_dead_letters_max)",
+            self.webhook_dead_letters_dropped.clone(),
+        );
+        r.register("webhook_replays", "Replays of dead letters (POST /v1/admin/webhooks/dead/{id}/replay), by outcome", self.webhook_replays.clone());
         r
     }
 }

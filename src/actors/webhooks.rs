@@ -8,11 +8,20 @@
 //! waits on the network. A full queue (`webhook_queue_max`) drops the new webhook, counted
 //! and logged. The scheduler thread keeps the pure [`Lanes`] (which webhook of which room
 //! is due) and hands due ones to a few sender threads, which make the blocking HTTP
-//! attempt (ureq, `webhook_timeout_ms`), remove what was delivered or rejected from the
-//! store and report the verdict back. A retried webhook waits its jittered backoff; its
-//! room's later webhooks wait behind it. On start the queue is read back from the store;
-//! on stop what is left stays there for the next start.
+//! attempt (ureq, `webhook_timeout_ms`), carry out the step `core::webhooks::step`
+//! decides and report it back: a delivered webhook leaves the store; a failed one waits its
+//! jittered backoff (`webhook_retry_first_ms` doubling to `webhook_retry_max_ms`), its
+//! room's later webhooks behind it; after `webhook_max_attempts`, or at once when the
+//! receiver refuses it (a 4xx other than 408 and 429), it moves to the [`DeadLetters`]
+//! (tree `webhook_dead`, at most `webhook_dead_letters_max`, the oldest dropped) and its
+//! room goes on. On start the queue is read back from the store; on stop what is left
+//! stays there for the next start.
+//!
+//! [`DeadLetters`] are listed, replayed (one attempt now, outside the room's order:
+//! delivered, it leaves the list; failed, it stays with one attempt more) and deleted
+//! through the admin API; they are kept whether webhooks are on or not.
 
+use std::collections::HashSet;
 use std::io::Read;
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
@@ -24,10 +33,11 @@ use super::room::Occupancy;
 use crate::config::Config;
 use crate::core::names;
 use crate::core::redact::url_for_log;
-use crate::core::webhooks::{self as rules, Attempt, Kind, Lanes, Verdict, ID_HEADER, SIGNATURE_HEADER};
+use crate::core::backoff::BackoffPolicy;
+use crate::core::webhooks::{self as rules, Attempt, DeadReason, Kind, Lanes, Step, ID_HEADER, SIGNATURE_HEADER};
 use crate::metrics::Metrics;
 use crate::protocol::{self, EventData, WebhookBody};
-use crate::store::{Store, StoreError, WebhookRecord};
+use crate::store::{DeadLetterRecord, Store, StoreError, WebhookRecord};
 use crate::world::{now_ms, random_hex, random_u64};
 
 /// Queued webhooks read back per store page at start.
@@ -123,6 +133,10 @@ pub struct WebhookSettings {
     pub node: String,
     /// Attempts in flight at once (rooms sent to in parallel).
     pub max_in_flight: usize,
+    /// Attempts of one webhook before it is a dead letter.
+    pub max_attempts: u32,
+    /// The wait before each retry.
+    pub retry: BackoffPolicy,
     /// Note in the store which rooms were told occupied, so a start after a crash can
     /// vacate them ([`Webhooks::vacate_left_over`]); one node only: in a cluster another
     /// node may still hold the room's subscribers.
@@ -139,6 +153,8 @@ impl WebhookSettings {
             timeout: config.webhook_timeout(),
             node: config.node.clone(),
             max_in_flight: rules::MAX_IN_FLIGHT,
+            max_attempts: u32::try_from(config.webhook_max_attempts).unwrap_or(u32::MAX),
+            retry: rules::retry_policy(config.webhook_retry_first(), config.webhook_retry_max()),
             note_occupancy: config.cluster_nats_url.is_none(),
         })
     }
@@ -149,6 +165,8 @@ impl WebhookSettings {
 pub struct Webhooks {
     shared: Arc<Shared>,
     worker: Arc<Mutex<Option<Worker>>>,
+    /// Replays make their attempt with it.
+    poster: Arc<Poster>,
 }
 
 /// What producers, the scheduler and the senders share.
@@ -158,6 +176,8 @@ struct Shared {
     node: String,
     queue_max: usize,
     note_occupancy: bool,
+    max_attempts: u32,
+    dead: DeadLetters,
     /// The queue's count and next seq; held while a webhook is written and announced, so
     /// the scheduler hears of them in seq order.
     queue: Mutex<Queue>,
@@ -180,7 +200,7 @@ struct Worker {
 /// What the scheduler hears.
 enum Wake {
     Queued { room: String, seq: u64 },
-    Finished { room: String, seq: u64, verdict: Verdict },
+    Finished { room: String, seq: u64, step: Step },
     Stop,
 }
 
@@ -189,11 +209,13 @@ struct Job {
     room: String,
     seq: u64,
     retries: u32,
+    first_ms: u64,
 }
 
 impl Webhooks {
-    /// Read the queue back from the store and start the scheduler and the senders.
-    pub fn start(store: Store, metrics: Arc<Metrics>, settings: WebhookSettings) -> Result<Webhooks, WebhookError> {
+    /// Read the queue back from the store and start the scheduler and the senders; what
+    /// they give up goes to `dead`.
+    pub fn start(store: Store, metrics: Arc<Metrics>, settings: WebhookSettings, dead: DeadLetters) -> Result<Webhooks, WebhookError> {
         let mut resumed: Vec<(String, u64)> = Vec::new();
         let mut from = 0;
         loop {
@@ -211,7 +233,7 @@ impl Webhooks {
             tracing::info!(queued = resumed.len(), "webhooks resumed from the store");
         }
         let now = now_ms();
-        let mut lanes = Lanes::new(settings.max_in_flight);
+        let mut lanes = Lanes::new(settings.max_in_flight, settings.retry);
         for (room, seq) in &resumed {
             lanes.push(room, *seq, now);
         }
@@ -222,15 +244,13 @@ impl Webhooks {
             node: settings.node.clone(),
             queue_max: settings.queue_max,
             note_occupancy: settings.note_occupancy,
+            max_attempts: settings.max_attempts,
+            dead,
             queue: Mutex::new(Queue { next_seq, queued: resumed.len(), wake: Some(wake.clone()) }),
         });
         let (jobs, taken) = mpsc::channel::<Job>();
         let taken = Arc::new(Mutex::new(taken));
-        let agent = ureq::AgentBuilder::new()
-            .timeout(settings.timeout)
-            .redirects(0)
-            .user_agent(concat!("livegate/", env!("CARGO_PKG_VERSION")))
-            .build();
+        let poster = Arc::new(Poster::new(&settings));
         let spawn = |name: String, work: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new().name(name).spawn(work).map_err(WebhookError::Thread)
         };
@@ -238,9 +258,7 @@ impl Webhooks {
         for n in 0..settings.max_in_flight.max(1) {
             let sender = Sender {
                 shared: shared.clone(),
-                agent: agent.clone(),
-                url: settings.url.clone(),
-                secret: settings.secret.clone(),
+                poster: poster.clone(),
                 jobs: taken.clone(),
                 wake: wake.clone(),
             };
@@ -248,7 +266,7 @@ impl Webhooks {
         }
         let scheduler = spawn("livegate-webhooks".into(), Box::new(move || schedule(lanes, woken, jobs)))?;
         let worker = Worker { wake, scheduler, senders, timeout: settings.timeout };
-        Ok(Webhooks { shared, worker: Arc::new(Mutex::new(Some(worker))) })
+        Ok(Webhooks { shared, worker: Arc::new(Mutex::new(Some(worker))), poster })
     }
 
     /// Queue a webhook for `event`: written to the store (durable with the next flush) and
@@ -296,7 +314,7 @@ impl Webhooks {
         }
         drop(queue);
         // Durable soon, with whatever else is being written; nothing waits for it.
-        drop(shared.store.flush_soon());
+        drop_flush(&shared.store);
     }
 
     /// Queue `room_vacated` for every room a previous run told occupied and never
@@ -311,6 +329,12 @@ impl Webhooks {
             tracing::info!(rooms = rooms.len(), "room_vacated queued for the rooms a previous run left occupied");
         }
         Ok(rooms.len())
+    }
+
+    /// Send dead letter `id` again now: one attempt, to `webhook_url` as configured now.
+    /// Blocks for the attempt (at most `webhook_timeout_ms`).
+    pub fn replay(&self, id: &str) -> Result<Replayed, ReplayError> {
+        self.shared.dead.replay(id, &self.poster)
     }
 
     /// Webhooks queued (in flight included).
@@ -349,7 +373,7 @@ impl Occupancy for Webhooks {
 fn schedule(mut lanes: Lanes, woken: mpsc::Receiver<Wake>, jobs: mpsc::Sender<Job>) {
     loop {
         for due in lanes.due(now_ms()) {
-            if jobs.send(Job { room: due.room, seq: due.seq, retries: due.retries }).is_err() {
+            if jobs.send(Job { room: due.room, seq: due.seq, retries: due.retries, first_ms: due.first_ms }).is_err() {
                 return;
             }
         }
@@ -359,8 +383,8 @@ fn schedule(mut lanes: Lanes, woken: mpsc::Receiver<Wake>, jobs: mpsc::Sender<Jo
         };
         match heard {
             Ok(Wake::Queued { room, seq }) => lanes.push(&room, seq, now_ms()),
-            Ok(Wake::Finished { room, seq, verdict }) => {
-                if let Some(delay) = lanes.finished(&room, seq, verdict, now_ms(), random_u64()) {
+            Ok(Wake::Finished { room, seq, step }) => {
+                if let Some(delay) = lanes.finished(&room, seq, step, now_ms(), random_u64()) {
                     tracing::debug!(%room, seq, delay_ms = delay.as_millis() as u64, "webhook retry scheduled");
                 }
             }
@@ -370,13 +394,11 @@ fn schedule(mut lanes: Lanes, woken: mpsc::Receiver<Wake>, jobs: mpsc::Sender<Jo
     }
 }
 
-/// A sender thread: takes a job, makes the attempt, carries out its verdict on the store
+/// A sender thread: takes a job, makes the attempt, carries out its step on the store
 /// and the metrics, and reports it.
 struct Sender {
     shared: Arc<Shared>,
-    agent: ureq::Agent,
-    url: String,
-    secret: Vec<u8>,
+    poster: Arc<Poster>,
     jobs: Arc<Mutex<mpsc::Receiver<Job>>>,
     wake: mpsc::Sender<Wake>,
 }
@@ -387,61 +409,123 @@ impl Sender {
             // One sender waits on the channel at a time; the others wait for the lock.
             let job = self.jobs.lock().recv();
             let Ok(job) = job else { return };
-            let verdict = self.attempt(&job);
-            if self.wake.send(Wake::Finished { room: job.room, seq: job.seq, verdict }).is_err() {
+            let step = self.attempt(&job);
+            if self.wake.send(Wake::Finished { room: job.room, seq: job.seq, step }).is_err() {
                 return;
             }
         }
     }
 
-    fn attempt(&self, job: &Job) -> Verdict {
+    fn attempt(&self, job: &Job) -> Step {
         let shared = &self.shared;
         let record = match shared.store.webhooks().get(job.seq) {
             Ok(Some(record)) => record,
             // Gone already: nothing to send, its room goes on.
-            Ok(None) => return Verdict::Delivered,
+            Ok(None) => return Step::Delivered,
             Err(error) => {
                 tracing::error!(room = %job.room, seq = job.seq, %error, "queued webhook unreadable: dropped");
                 self.remove(job.seq);
-                return Verdict::Rejected;
+                return Step::Delivered;
             }
         };
-        let (attempt, detail) = self.post(&record);
-        let verdict = rules::verdict(attempt);
-        match verdict {
-            Verdict::Delivered => {
+        let (attempt, detail) = self.poster.post(&record.id, &record.body);
+        let attempts = job.retries.saturating_add(1);
+        let step = rules::step(rules::verdict(attempt), attempts, shared.max_attempts);
+        match step {
+            Step::Delivered => {
                 self.remove(job.seq);
                 shared.metrics.webhooks_delivered.inc();
                 tracing::debug!(room = %record.room, id = %record.id, retries = job.retries, "webhook delivered");
             }
-            Verdict::Rejected => {
-                self.remove(job.seq);
-                shared.metrics.webhook_dropped("rejected");
-                tracing::warn!(room = %record.room, id = %record.id, ?attempt, "webhook rejected by the receiver: dropped");
-            }
-            Verdict::Retry => {
+            Step::Retry => {
                 shared.metrics.webhook_attempts_failed.inc();
                 // The first failure of a webhook is worth a warning; its retries are not.
                 if job.retries == 0 {
-                    tracing::warn!(room = %record.room, id = %record.id, url = %url_for_log(&self.url), ?attempt, %detail, "webhook attempt failed; retrying with backoff");
+                    tracing::warn!(room = %record.room, id = %record.id, url = %self.poster.url_for_log, ?attempt, %detail, "webhook attempt failed; retrying with backoff");
                 } else {
                     tracing::debug!(room = %record.room, id = %record.id, ?attempt, %detail, retries = job.retries, "webhook attempt failed");
                 }
             }
+            Step::DeadLetter(reason) => {
+                let dead = DeadLetterRecord {
+                    kind: protocol::webhook_kind(&record.body).unwrap_or_default(),
+                    room: record.room.clone(),
+                    url: self.poster.url_for_log.clone(),
+                    body: record.body.clone(),
+                    attempts: u64::from(attempts),
+                    first_attempt_ms: job.first_ms,
+                    last_attempt_ms: now_ms(),
+                    last_error: rules::describe(attempt, &detail),
+                    reason: reason.as_str().to_string(),
+                    id: record.id.clone(),
+                };
+                tracing::warn!(
+                    room = %record.room,
+                    id = %record.id,
+                    attempts,
+                    reason = reason.as_str(),
+                    last_error = %dead.last_error,
+                    "webhook given up: kept as a dead letter (GET /v1/admin/webhooks/dead)"
+                );
+                match shared.dead.bury(job.seq, &dead, reason) {
+                    Ok(()) => self.left_queue(),
+                    Err(error) => {
+                        tracing::error!(room = %record.room, id = %record.id, %error, "dead letter not kept: the store refused it; the webhook is dropped");
+                        self.remove(job.seq);
+                    }
+                }
+            }
         }
-        verdict
+        step
+    }
+
+    /// Take webhook `seq` off the queue (delivered or given up).
+    fn remove(&self, seq: u64) {
+        if let Err(error) = self.shared.store.webhooks().remove(seq) {
+            // It stays queued and is sent again at the next start: at least once still holds.
+            tracing::error!(seq, %error, "webhook done but not removed from the store");
+        }
+        self.left_queue();
+    }
+
+    /// Count one webhook less in the queue.
+    fn left_queue(&self) {
+        let shared = &self.shared;
+        let mut queue = shared.queue.lock();
+        queue.queued = queue.queued.saturating_sub(1);
+        shared.metrics.webhooks_queued.set(queue.queued as i64);
+    }
+}
+
+/// Makes one signed POST of a webhook: the senders' attempts and the replays.
+struct Poster {
+    agent: ureq::Agent,
+    url: String,
+    /// `url` as it may be logged and shown (`core::redact::url_for_log`).
+    url_for_log: String,
+    secret: Vec<u8>,
+}
+
+impl Poster {
+    fn new(settings: &WebhookSettings) -> Poster {
+        let agent = ureq::AgentBuilder::new()
+            .timeout(settings.timeout)
+            .redirects(0)
+            .user_agent(concat!("livegate/", env!("CARGO_PKG_VERSION")))
+            .build();
+        Poster { agent, url: settings.url.clone(), url_for_log: url_for_log(&settings.url).to_string(), secret: settings.secret.clone() }
     }
 
     /// One POST; the outcome and, for a failure without an answer, what went wrong.
-    fn post(&self, record: &WebhookRecord) -> (Attempt, String) {
-        let signature = rules::signature(&self.secret, record.body.as_bytes());
+    fn post(&self, id: &str, body: &str) -> (Attempt, String) {
+        let signature = rules::signature(&self.secret, body.as_bytes());
         let sent = self
             .agent
             .post(&self.url)
             .set("Content-Type", "application/json")
             .set(SIGNATURE_HEADER, &signature)
-            .set(ID_HEADER, &record.id)
-            .send_string(&record.body);
+            .set(ID_HEADER, id)
+            .send_string(body);
         match sent {
             Ok(answer) | Err(ureq::Error::Status(_, answer)) => {
                 let status = answer.status();
@@ -457,18 +541,173 @@ impl Sender {
             }
         }
     }
+}
 
-    /// Take webhook `seq` off the queue (delivered or given up).
-    fn remove(&self, seq: u64) {
-        let shared = &self.shared;
-        if let Err(error) = shared.store.webhooks().remove(seq) {
-            // It stays queued and is sent again at the next start: at least once still holds.
-            tracing::error!(seq, %error, "webhook done but not removed from the store");
+/// Why a replay was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("no dead letter {0}")]
+    NotFound(String),
+    #[error("dead letter {0} is being replayed already")]
+    InProgress(String),
+    #[error("dead letters: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// What a replay did: the dead letter as it is now (failed: with its attempt counted and
+/// its last error), and whether the receiver took it.
+#[derive(Debug, Clone)]
+pub struct Replayed {
+    pub delivered: bool,
+    pub letter: DeadLetterRecord,
+}
+
+/// The node's dead letters in the store (`webhook_dead`): webhooks out of attempts or
+/// refused, at most `webhook_dead_letters_max` (the oldest dropped for a new one, counted
+/// in `livegate_webhook_dead_letters_dropped_total`). Cheap to clone.
+#[derive(Clone)]
+pub struct DeadLetters {
+    inner: Arc<DeadInner>,
+}
+
+struct DeadInner {
+    store: Store,
+    metrics: Arc<Metrics>,
+    max: usize,
+    /// Held while the list changes, so the count and the seqs follow the store.
+    state: Mutex<DeadState>,
+}
+
+struct DeadState {
+    next_seq: u64,
+    count: usize,
+    /// Ids being replayed now (a second replay of one is refused).
+    replaying: HashSet<String>,
+}
+
+impl DeadLetters {
+    /// The dead letters kept in `store`, at most `max` from now on (a smaller bound than
+    /// the list holds trims it at the next new one).
+    pub fn open(store: Store, metrics: Arc<Metrics>, max: usize) -> Result<DeadLetters, StoreError> {
+        let count = store.webhooks().dead_count();
+        let next_seq = store.webhooks().dead_last_seq()?.map_or(0, |last| last.saturating_add(1));
+        metrics.webhook_dead_letters.set(count as i64);
+        if count > 0 {
+            tracing::info!(dead_letters = count, "webhook dead letters kept in the store (GET /v1/admin/webhooks/dead)");
         }
-        let mut queue = shared.queue.lock();
-        queue.queued = queue.queued.saturating_sub(1);
-        shared.metrics.webhooks_queued.set(queue.queued as i64);
+        let state = Mutex::new(DeadState { next_seq, count, replaying: HashSet::new() });
+        Ok(DeadLetters { inner: Arc::new(DeadInner { store, metrics, max: max.max(1), state }) })
     }
+
+    /// Move queued webhook `queue_seq` to the dead letters as `record`, dropping the
+    /// oldest when the list is full; durable with the next flush.
+    fn bury(&self, queue_seq: u64, record: &DeadLetterRecord, reason: DeadReason) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let mut state = inner.state.lock();
+        let webhooks = inner.store.webhooks();
+        let drop = webhooks.dead_oldest(rules::dead_letters_to_drop(state.count, inner.max))?;
+        webhooks.bury(queue_seq, state.next_seq, record, &drop)?;
+        state.next_seq += 1;
+        state.count = state.count.saturating_sub(drop.len()) + 1;
+        inner.metrics.webhook_dead_lettered(reason);
+        inner.metrics.webhook_dead_letters.set(state.count as i64);
+        if !drop.is_empty() {
+            inner.metrics.webhook_dead_letters_dropped.inc_by(drop.len() as u64);
+            let ids: Vec<&str> = drop.iter().map(|(_, id)| id.as_str()).collect();
+            tracing::warn!(dropped = ?ids, webhook_dead_letters_max = inner.max, "dead-letter list full: the oldest dropped");
+        }
+        drop_flush(&inner.store);
+        Ok(())
+    }
+
+    /// The `limit` newest dead letters, newest first.
+    pub fn list(&self, limit: usize) -> Result<Vec<DeadLetterRecord>, StoreError> {
+        Ok(self.inner.store.webhooks().dead_newest(limit)?.into_iter().map(|(_, record)| record).collect())
+    }
+
+    /// Dead letters kept.
+    pub fn count(&self) -> usize {
+        self.inner.state.lock().count
+    }
+
+    /// The bound (`webhook_dead_letters_max`).
+    pub fn max(&self) -> usize {
+        self.inner.max
+    }
+
+    /// Forget dead letter `id`; whether it was kept.
+    pub fn delete(&self, id: &str) -> Result<bool, StoreError> {
+        let inner = &self.inner;
+        let mut state = inner.state.lock();
+        let Some((seq, _)) = inner.store.webhooks().dead_find(id)? else { return Ok(false) };
+        inner.store.webhooks().dead_remove(seq, id)?;
+        state.count = state.count.saturating_sub(1);
+        inner.metrics.webhook_dead_letters.set(state.count as i64);
+        drop_flush(&inner.store);
+        tracing::info!(id, "dead letter deleted");
+        Ok(true)
+    }
+
+    /// Forget every dead letter; how many there were.
+    pub fn clear(&self) -> Result<usize, StoreError> {
+        let inner = &self.inner;
+        let mut state = inner.state.lock();
+        let cleared = inner.store.webhooks().dead_clear()?;
+        state.count = 0;
+        inner.metrics.webhook_dead_letters.set(0);
+        drop_flush(&inner.store);
+        tracing::info!(cleared, "dead letters deleted");
+        Ok(cleared)
+    }
+
+    /// One attempt of dead letter `id` now: delivered, it leaves the list; otherwise it
+    /// stays, one attempt more, with this attempt's time and error.
+    fn replay(&self, id: &str, poster: &Poster) -> Result<Replayed, ReplayError> {
+        let inner = &self.inner;
+        let (seq, mut letter) = {
+            let mut state = inner.state.lock();
+            let found = inner.store.webhooks().dead_find(id)?.ok_or_else(|| ReplayError::NotFound(id.to_string()))?;
+            if !state.replaying.insert(id.to_string()) {
+                return Err(ReplayError::InProgress(id.to_string()));
+            }
+            found
+        };
+        let (attempt, detail) = poster.post(&letter.id, &letter.body);
+        let delivered = rules::verdict(attempt) == rules::Verdict::Delivered;
+        letter.attempts = letter.attempts.saturating_add(1);
+        letter.last_attempt_ms = now_ms();
+        if !delivered {
+            letter.last_error = rules::describe(attempt, &detail);
+        }
+        let mut state = inner.state.lock();
+        state.replaying.remove(id);
+        let webhooks = inner.store.webhooks();
+        // Deleted (or dropped) while the attempt was made: nothing to keep or remove.
+        let still_kept = webhooks.dead_find(id)?.is_some_and(|(now, _)| now == seq);
+        if delivered {
+            if still_kept {
+                webhooks.dead_remove(seq, id)?;
+                state.count = state.count.saturating_sub(1);
+            }
+            inner.metrics.webhook_replay("delivered");
+            tracing::info!(id, room = %letter.room, attempts = letter.attempts, "dead letter replayed: delivered");
+        } else {
+            if still_kept {
+                webhooks.dead_update(seq, &letter)?;
+            }
+            inner.metrics.webhook_replay("failed");
+            tracing::warn!(id, room = %letter.room, attempts = letter.attempts, last_error = %letter.last_error, "dead letter replayed: failed, kept");
+        }
+        inner.metrics.webhook_dead_letters.set(state.count as i64);
+        drop(state);
+        drop_flush(&inner.store);
+        Ok(Replayed { delivered, letter })
+    }
+}
+
+/// Ask for a group flush and let it happen: nothing waits for it.
+fn drop_flush(store: &Store) {
+    drop(store.flush_soon());
 }
 
 /// What went wrong without an answer, without the URL: ureq's own text starts with the
@@ -562,11 +801,15 @@ mod tests {
             timeout: Duration::from_millis(200),
             node: "n1".into(),
             max_in_flight: 2,
+            max_attempts: 1000,
+            retry: rules::RETRY,
             note_occupancy: true,
         };
         {
             let metrics = Arc::new(Metrics::default());
-            let webhooks = Webhooks::start(Store::open(dir.path()).unwrap(), metrics.clone(), settings.clone()).unwrap();
+            let store = Store::open(dir.path()).unwrap();
+            let dead = DeadLetters::open(store.clone(), metrics.clone(), 10).unwrap();
+            let webhooks = Webhooks::start(store, metrics.clone(), settings.clone(), dead).unwrap();
             webhooks.changed("user:bob", true, 1);
             for n in 0..5 {
                 webhooks.changed(&format!("r{n}"), true, n);
@@ -589,7 +832,8 @@ mod tests {
         // Only the rooms whose room_occupied was queued are owed a room_vacated.
         assert_eq!(store.webhooks().noted_occupied().unwrap(), ["r0", "r1", "r2"]);
         let metrics = Arc::new(Metrics::default());
-        let webhooks = Webhooks::start(store, metrics.clone(), settings).unwrap();
+        let dead = DeadLetters::open(store.clone(), metrics.clone(), 10).unwrap();
+        let webhooks = Webhooks::start(store, metrics.clone(), settings, dead).unwrap();
         assert_eq!((webhooks.queued(), metrics.webhooks_queued.get()), (3, 3), "resumed from the store");
         webhooks.changed("r9", false, 9);
         assert_eq!(metrics.webhooks_dropped.get_or_create(&crate::metrics::ReasonLabel { reason: "queue_full" }).get(), 1);

@@ -1,5 +1,5 @@
 //! The HTTP client of the command line: a server's address and API key, and the requests
-//! `token`, `publish`, `status`, `state` and `presence` send (on ureq, blocking). Replies
+//! `token`, `publish`, `status`, `state`, `presence`, `cells` and `webhooks` send (on ureq, blocking). Replies
 //! come back as the server's text; failures as one-line [`ClientError`]s naming the
 //! status and the server's error code and message.
 
@@ -115,6 +115,32 @@ impl Client {
         let path = format!("/v1/admin/cells/{}/promote", encode(cell));
         let body = self.post(&path, &Value::Object(Default::default()))?;
         serde_json::from_str(&body).map_err(|_| ClientError::UnexpectedReply { request: format!("POST {path}"), body })
+    }
+
+    /// `GET /v1/admin/webhooks/dead?limit=N`: the node's dead letters, newest first.
+    pub fn dead_letters(&self, limit: usize) -> Result<crate::protocol::DeadLettersReply, ClientError> {
+        let path = format!("/v1/admin/webhooks/dead?limit={limit}");
+        let body = self.get(&path)?;
+        serde_json::from_str(&body).map_err(|_| ClientError::UnexpectedReply { request: format!("GET {path}"), body })
+    }
+
+    /// `POST /v1/admin/webhooks/dead/{id}/replay`: one attempt of dead letter `id` now;
+    /// an error (502 `replay_failed`) when it was not delivered.
+    pub fn replay_dead_letter(&self, id: &str) -> Result<crate::protocol::ReplayReply, ClientError> {
+        let path = format!("/v1/admin/webhooks/dead/{}/replay", encode(id));
+        let body = self.post(&path, &Value::Object(Default::default()))?;
+        serde_json::from_str(&body).map_err(|_| ClientError::UnexpectedReply { request: format!("POST {path}"), body })
+    }
+
+    /// `DELETE /v1/admin/webhooks/dead/{id}`, or every dead letter without an id: the
+    /// server's reply (`{"deleted":N}`).
+    pub fn delete_dead_letters(&self, id: Option<&str>) -> Result<String, ClientError> {
+        let path = match id {
+            Some(id) => format!("/v1/admin/webhooks/dead/{}", encode(id)),
+            None => "/v1/admin/webhooks/dead".to_string(),
+        };
+        let request = self.agent.delete(&format!("{}{path}", self.base)).set("Authorization", &format!("Bearer {}", self.key));
+        self.reply("DELETE", &path, request.call())
     }
 
     /// `GET /v1/rooms/{room}/state`: the server's reply (room, epoch, seq, data).

@@ -1,12 +1,13 @@
 //! Clients of a running server's public API, behind the command line's `token`,
-//! `publish`, `status`, `state`, `presence`, `cells` and `subscribe`: [`http`] for the HTTP API, [`subscriber`] for
-//! following rooms over a WebSocket, [`cells`] for printing the cells' breakers. They speak the wire format through `protocol`'s
+//! `publish`, `status`, `state`, `presence`, `cells`, `webhooks` and `subscribe`: [`http`] for the HTTP API, [`subscriber`] for
+//! following rooms over a WebSocket, [`cells`] for printing the cells' breakers, [`webhooks`] for the dead letters. They speak the wire format through `protocol`'s
 //! types and know nothing of the server's insides: the layer rule keeps this module below
 //! actors and handlers.
 
 pub mod cells;
 pub mod http;
 pub mod subscriber;
+pub mod webhooks;
 
 use std::path::PathBuf;
 

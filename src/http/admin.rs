@@ -17,6 +17,10 @@
 //! each shedding node its order (this node directly, the others through
 //! [`super::seams::OtherNodes`]); `GET` shows the last plan made here, this node's part
 //! of the last one it was given, and the loads it hears.
+//!
+//! `/v1/admin/webhooks/dead` lists this node's dead letters (webhooks given up, kept in
+//! its store: `actors::webhooks::DeadLetters`), newest first; `POST …/{id}/replay` sends
+//! one again now; `DELETE` forgets one or all. `livegate webhooks` asks them.
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -31,6 +35,10 @@ use crate::core::rebalance::{self, Load, Order};
 use crate::protocol::{self, ErrorCode, OverviewCell, OverviewCounters, OverviewNode, OverviewReply, OverviewRoom};
 use crate::protocol::{CellProbe, CellStatus, CellTransition, CellsReply, PromoteReply};
 use crate::protocol::{RebalanceLoad, RebalancePlanReply, RebalanceShare, RebalanceStatusReply};
+use crate::protocol::{DeadDeletedReply, DeadLetterView, DeadLettersReply, ReplayReply};
+use crate::actors::webhooks::{ReplayError, Replayed};
+use crate::store::DeadLetterRecord;
+use serde_json::value::RawValue;
 use crate::world::{now_ms, random_hex};
 
 /// `GET /admin`: the page; it holds no data until the key is entered.
@@ -197,4 +205,96 @@ pub async fn rebalance_status(req: HttpRequest, state: web::Data<AppState>) -> R
         loads: loads.into_iter().map(|n| RebalanceLoad { node: n.name, connections: n.connections, draining: n.draining }).collect(),
     };
     Ok(json(StatusCode::OK, protocol::to_json(&reply)))
+}
+
+/// Dead letters listed when the request names no `limit`.
+const DEAD_LIST_DEFAULT: usize = 100;
+/// The largest `limit` of a dead-letter list.
+const DEAD_LIST_MAX: usize = 10_000;
+
+#[derive(Debug, serde::Deserialize)]
+pub struct DeadQuery {
+    limit: Option<usize>,
+}
+
+/// `GET /v1/admin/webhooks/dead?limit=N`: this node's dead letters, newest first (at most
+/// `limit`, 100 unless asked, up to 10,000), with how many are kept and the bound.
+pub async fn dead_letters(req: HttpRequest, query: web::Query<DeadQuery>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let limit = query.limit.unwrap_or(DEAD_LIST_DEFAULT);
+    if !(1..=DEAD_LIST_MAX).contains(&limit) {
+        return Err(api_error(ErrorCode::BadRequest, format!("limit must be 1 to {DEAD_LIST_MAX}")));
+    }
+    let dead = state.dead_letters.clone();
+    let letters = web::block(move || dead.list(limit)).await.map_err(internal)?.map_err(internal)?;
+    let reply = DeadLettersReply {
+        node: state.config.node.clone(),
+        ts_ms: now_ms(),
+        count: state.dead_letters.count(),
+        max: state.dead_letters.max(),
+        dead_letters: letters.into_iter().map(dead_letter_view).collect(),
+    };
+    Ok(json(StatusCode::OK, protocol::to_json(&reply)))
+}
+
+fn dead_letter_view(letter: DeadLetterRecord) -> DeadLetterView {
+    // The body was rendered as JSON by this server; anything else is shown as a string.
+    let body = RawValue::from_string(letter.body.clone())
+        .unwrap_or_else(|_| RawValue::from_string(serde_json::Value::String(letter.body).to_string()).expect("a JSON string"));
+    DeadLetterView {
+        id: letter.id,
+        kind: letter.kind,
+        room: letter.room,
+        url: letter.url,
+        attempts: letter.attempts,
+        first_attempt_ms: letter.first_attempt_ms,
+        last_attempt_ms: letter.last_attempt_ms,
+        last_error: letter.last_error,
+        reason: letter.reason,
+        body,
+    }
+}
+
+/// `POST /v1/admin/webhooks/dead/{id}/replay`: one attempt now, to `webhook_url` as
+/// configured now. Delivered: 200, and the dead letter leaves the list. Not delivered:
+/// 502 `replay_failed` naming the error, and it stays with the attempt counted.
+pub async fn replay_dead_letter(req: HttpRequest, id: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let id = id.into_inner();
+    let Some(webhooks) = state.webhooks.clone() else {
+        return Err(api_error(ErrorCode::WebhooksOff, "webhooks are off (webhook_url is empty): set it to replay dead letters"));
+    };
+    let asked = id.clone();
+    let replayed = web::block(move || webhooks.replay(&asked)).await.map_err(internal)?.map_err(|error| match error {
+        ReplayError::NotFound(_) => api_error(ErrorCode::DeadLetterNotFound, error.to_string()),
+        ReplayError::InProgress(_) => api_error(ErrorCode::Conflict, error.to_string()),
+        ReplayError::Store(store) => internal(store),
+    })?;
+    let Replayed { delivered, letter } = replayed;
+    if !delivered {
+        let message = format!("dead letter {id} not delivered ({}); it stays, {} attempts made", letter.last_error, letter.attempts);
+        return Err(api_error(ErrorCode::ReplayFailed, message));
+    }
+    let reply = ReplayReply { id, outcome: "delivered".to_string(), attempts: letter.attempts };
+    Ok(json(StatusCode::OK, protocol::to_json(&reply)))
+}
+
+/// `DELETE /v1/admin/webhooks/dead/{id}`: forget one dead letter (404 when it is not kept).
+pub async fn delete_dead_letter(req: HttpRequest, id: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let id = id.into_inner();
+    let dead = state.dead_letters.clone();
+    let asked = id.clone();
+    if !web::block(move || dead.delete(&asked)).await.map_err(internal)?.map_err(internal)? {
+        return Err(api_error(ErrorCode::DeadLetterNotFound, format!("no dead letter {id}")));
+    }
+    Ok(json(StatusCode::OK, protocol::to_json(&DeadDeletedReply { deleted: 1 })))
+}
+
+/// `DELETE /v1/admin/webhooks/dead`: forget every dead letter of this node.
+pub async fn clear_dead_letters(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let dead = state.dead_letters.clone();
+    let deleted = web::block(move || dead.clear()).await.map_err(internal)?.map_err(internal)?;
+    Ok(json(StatusCode::OK, protocol::to_json(&DeadDeletedReply { deleted })))
 }

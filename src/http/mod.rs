@@ -81,6 +81,10 @@ pub struct AppState {
     pub rebalance: crate::actors::rebalance::Rebalance,
     /// Every publish goes through it (forwarded to the room's writer in cluster mode).
     pub publisher: Publisher,
+    /// The webhooks' queue and senders (`None`: webhooks off); replays go through it.
+    pub webhooks: Option<crate::actors::webhooks::Webhooks>,
+    /// The webhooks given up (`/v1/admin/webhooks/dead`).
+    pub dead_letters: crate::actors::webhooks::DeadLetters,
     pub metrics: Arc<Metrics>,
     pub token_secret: Vec<u8>,
     pub connection: Arc<ConnectionSettings>,
@@ -291,6 +295,10 @@ routes! {
     POST "/v1/admin/cells/{cell}/promote" => admin::promote,
     POST "/v1/admin/rebalance" => admin::rebalance,
     GET "/v1/admin/rebalance" => admin::rebalance_status,
+    GET "/v1/admin/webhooks/dead" => admin::dead_letters,
+    DELETE "/v1/admin/webhooks/dead" => admin::clear_dead_letters,
+    POST "/v1/admin/webhooks/dead/{id}/replay" => admin::replay_dead_letter,
+    DELETE "/v1/admin/webhooks/dead/{id}" => admin::delete_dead_letter,
     GET "/admin" => admin::page,
     GET "/v1/echo" => echo,
 }

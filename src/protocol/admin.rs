@@ -1,7 +1,9 @@
 //! The bodies of the admin API (`/v1/admin/*`): the node's status, the overview the
-//! admin page polls, a rebalance's request and its progress, and the reload's answer.
+//! admin page polls, a rebalance's request and its progress, the reload's answer, and the
+//! webhooks' dead letters with a replay's answer.
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 /// `GET /v1/admin/status`
 #[derive(Debug, Serialize)]
@@ -236,4 +238,57 @@ pub struct RebalanceStatusReply {
 pub struct ReloadReply {
     pub api_keys: usize,
     pub allowed_origins: usize,
+}
+
+/// `GET /v1/admin/webhooks/dead`: this node's dead letters, newest first.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DeadLettersReply {
+    pub node: String,
+    /// The node's clock when it answered.
+    pub ts_ms: u64,
+    /// Dead letters kept (the list may show fewer: `limit`).
+    pub count: usize,
+    /// `webhook_dead_letters_max`.
+    pub max: usize,
+    pub dead_letters: Vec<DeadLetterView>,
+}
+
+/// One dead letter: a webhook given up.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DeadLetterView {
+    /// The webhook's id (its body's `id`, its `X-Livegate-Id`).
+    pub id: String,
+    /// The body's `type`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub room: String,
+    /// The URL it was sent to, without userinfo, query or fragment.
+    pub url: String,
+    /// Attempts made, replays included.
+    pub attempts: u64,
+    pub first_attempt_ms: u64,
+    pub last_attempt_ms: u64,
+    /// How the last attempt failed: `HTTP 500`, `timeout`, `unreachable: …`.
+    pub last_error: String,
+    /// `attempts` (webhook_max_attempts failed) or `rejected` (a 4xx other than 408, 429).
+    pub reason: String,
+    /// The webhook's JSON body, as sent.
+    pub body: Box<RawValue>,
+}
+
+/// `POST /v1/admin/webhooks/dead/{id}/replay`, delivered (a failed replay is an error
+/// answer, `replay_failed`).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ReplayReply {
+    pub id: String,
+    /// `delivered`.
+    pub outcome: String,
+    /// Attempts made, this one included.
+    pub attempts: u64,
+}
+
+/// `DELETE /v1/admin/webhooks/dead[/{id}]`: how many dead letters were deleted.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DeadDeletedReply {
+    pub deleted: usize,
 }

@@ -170,10 +170,17 @@ pub enum ErrorCode {
     /// Cluster mode: no configured cell is healthy (each has no node that may serve, or
     /// its breaker is not closed); the message names the user's home cell.
     NoHealthyCell,
+    /// No dead letter (a webhook given up) with this id on this node.
+    DeadLetterNotFound,
+    /// A dead letter's replay was not delivered: the receiver failed or refused it again;
+    /// it stays in the list with the attempt counted.
+    ReplayFailed,
+    /// A replay while webhooks are off (`webhook_url` empty).
+    WebhooksOff,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 27] = [
+    pub const ALL: [ErrorCode; 30] = [
         ErrorCode::BadRequest,
         ErrorCode::UnknownOp,
         ErrorCode::BadRoom,
@@ -201,6 +208,9 @@ impl ErrorCode {
         ErrorCode::UnknownCell,
         ErrorCode::RoomHomeUnavailable,
         ErrorCode::NoHealthyCell,
+        ErrorCode::DeadLetterNotFound,
+        ErrorCode::ReplayFailed,
+        ErrorCode::WebhooksOff,
     ];
 
     /// What the code tells a client or backend, in one line (the reference's text).
@@ -233,6 +243,9 @@ impl ErrorCode {
             ErrorCode::UnknownCell => "The `cell` of a token request or a route question is not one of the configured cells (`cells`).",
             ErrorCode::RoomHomeUnavailable => "Cells with their own NATS (cluster_cell_domains): the room is homed in another cell (named in the message), which did not answer within a second; nothing was written. Retry with the same id.",
             ErrorCode::NoHealthyCell => "Cluster mode: no configured cell is healthy (none has a node that may serve, or its breaker is open): `GET /v1/route` and new sessions are refused until one is; the message names the user's home cell.",
+            ErrorCode::DeadLetterNotFound => "No dead letter with this id on this node (`GET /v1/admin/webhooks/dead` lists them): replayed, deleted, or dropped for newer ones.",
+            ErrorCode::ReplayFailed => "A dead letter's replay was not delivered: the receiver failed or refused it again (the message says how). It stays in the list, its attempts counted.",
+            ErrorCode::WebhooksOff => "Webhooks are off (webhook_url is empty), so a dead letter cannot be replayed; it can still be listed and deleted.",
         }
     }
 
@@ -265,6 +278,9 @@ impl ErrorCode {
             ErrorCode::UnknownCell => "unknown_cell",
             ErrorCode::RoomHomeUnavailable => "room_home_unavailable",
             ErrorCode::NoHealthyCell => "no_healthy_cell",
+            ErrorCode::DeadLetterNotFound => "dead_letter_not_found",
+            ErrorCode::ReplayFailed => "replay_failed",
+            ErrorCode::WebhooksOff => "webhooks_off",
         }
     }
 
@@ -281,12 +297,13 @@ impl ErrorCode {
             | ErrorCode::TokenReplayed
             | ErrorCode::ResumeInvalid => 401,
             ErrorCode::Forbidden | ErrorCode::ForbiddenOrigin => 403,
-            ErrorCode::NotFound | ErrorCode::PresenceOff => 404,
-            ErrorCode::Conflict => 409,
+            ErrorCode::NotFound | ErrorCode::PresenceOff | ErrorCode::DeadLetterNotFound => 404,
+            ErrorCode::Conflict | ErrorCode::WebhooksOff => 409,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::WrongNode => 421,
             ErrorCode::TooManySubscriptions | ErrorCode::MigrationBudget | ErrorCode::RateLimited => 429,
             ErrorCode::Internal => 500,
+            ErrorCode::ReplayFailed => 502,
             ErrorCode::Unavailable
             | ErrorCode::NoAliveNode
             | ErrorCode::NoHealthyCell
@@ -331,6 +348,9 @@ mod tests {
             (ErrorCode::MigrationBudget, 429),
             (ErrorCode::RateLimited, 429),
             (ErrorCode::Internal, 500),
+            (ErrorCode::DeadLetterNotFound, 404),
+            (ErrorCode::WebhooksOff, 409),
+            (ErrorCode::ReplayFailed, 502),
             (ErrorCode::Unavailable, 503),
             (ErrorCode::NoAliveNode, 503),
             (ErrorCode::NoHealthyCell, 503),

@@ -32,6 +32,16 @@ pub fn webhook_body(body: &WebhookBody<'_>) -> String {
     to_json(body)
 }
 
+/// The `type` of a webhook body as rendered by [`webhook_body`] (`None`: not one).
+pub fn webhook_kind(body: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Kind {
+        #[serde(rename = "type")]
+        kind: String,
+    }
+    serde_json::from_str::<Kind>(body).ok().map(|k| k.kind)
+}
+
 /// Event data given as JSON text (a client's publish op), as the webhook body carries it;
 /// `None` if it is not JSON.
 pub fn event_data(text: String) -> Option<Box<EventData>> {

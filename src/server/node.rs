@@ -28,7 +28,7 @@ use crate::actors::registry::{Registry, UserBus};
 use crate::actors::room::{DelayedVacate, LocalRoomLogs, Occupancy, PresenceHub, RoomLogs, RoomSettings, StreamRoomLogs};
 use crate::actors::rooms::Rooms;
 use crate::actors::supervisor::{DrainTiming, Start, Supervisor};
-use crate::actors::webhooks::{WebhookEvent, WebhookSettings, Webhooks};
+use crate::actors::webhooks::{DeadLetters, WebhookEvent, WebhookSettings, Webhooks};
 use crate::cluster::kv::KvSessions;
 use crate::cluster::occupancy::{ClusterOccupancy, Report as OccupancyReport, LEAVE_WAIT};
 use crate::cluster::presence::PresenceSender;
@@ -177,10 +177,12 @@ impl Node {
             None => (None, Tasks::default()),
         };
         let presence = PresenceHub::new(config.presence_interval(), config.presence_members_max, presence_sender);
+        // Dead letters (webhooks given up): kept in the store whether webhooks are on or not.
+        let dead_letters = DeadLetters::open(store.clone(), metrics.clone(), config.webhook_dead_letters_max)?;
         // Webhooks (webhook_url): the queue in the store, resumed now, sent by its own threads.
         let webhooks = match WebhookSettings::from_config(&config) {
             Some(settings) => {
-                let webhooks = Webhooks::start(store.clone(), metrics.clone(), settings)?;
+                let webhooks = Webhooks::start(store.clone(), metrics.clone(), settings, dead_letters.clone())?;
                 // One node, before any subscribe: rooms a crash left occupied are empty now.
                 if cluster.is_none() {
                     webhooks.vacate_left_over(now_ms())?;
@@ -292,6 +294,8 @@ impl Node {
             router: router.clone(),
             rebalance,
             publisher: publisher.clone(),
+            webhooks: webhooks.clone(),
+            dead_letters,
             metrics: metrics.clone(),
             token_secret: backends.token_secret,
             lifecycle: lifecycle.clone(),

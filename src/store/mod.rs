@@ -19,7 +19,8 @@
 //! `room_state` (room → its state as of a seq, written in one transaction with the event
 //! that carries it and the head), `webhooks` (queue seq → a webhook waiting to be
 //! delivered, in queue order), `webhook_occupied` (room → (): its `room_occupied` was
-//! queued, its `room_vacated` not yet; one node only).
+//! queued, its `room_vacated` not yet; one node only), `webhook_dead` (dead-letter seq →
+//! a webhook given up, oldest first) and `webhook_dead_id` (its id → its dead-letter seq).
 //!
 //! Each subsystem reads and writes its trees through a typed facade, reached from the
 //! one [`Store`] handle: [`Store::rooms`] (`rooms.rs`), [`Store::sessions`]
@@ -55,11 +56,11 @@ pub use kicks::Kicks;
 pub use migrations::Migrations;
 pub use records::{
     EventRecord, MigrationRecord, NonceRecord, QueuedSessionWrite, RevokedRecord, RoomHeadRecord, SeenRecord, SessionRecord, StateRecord,
-    UserRecord, WebhookRecord,
+    UserRecord, WebhookRecord, DeadLetterRecord,
 };
 pub use rooms::{Rooms, StoredRoom};
 pub use sessions::Sessions;
-pub use webhooks::WebhookQueue;
+pub use webhooks::{DeadLetter, WebhookQueue};
 
 use crate::core::sessions::VersionError;
 

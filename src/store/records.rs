@@ -139,6 +139,31 @@ pub struct WebhookRecord {
     pub body: String,
 }
 
+/// A webhook given up (a dead letter): what was queued, where it went, and how its
+/// attempts ended. Kept in `webhook_dead` until replayed, deleted or pushed out by newer
+/// ones (`webhook_dead_letters_max`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetterRecord {
+    /// The webhook's id (the body's `id`, the `X-Livegate-Id` of every attempt).
+    pub id: String,
+    /// The body's `type` (`room_occupied`, `room_vacated`, `client_published`).
+    pub kind: String,
+    pub room: String,
+    /// The webhook URL of its attempts, as it may be logged (no userinfo, query or
+    /// fragment).
+    pub url: String,
+    /// The JSON body as sent.
+    pub body: String,
+    /// Attempts made, replays included.
+    pub attempts: u64,
+    pub first_attempt_ms: u64,
+    pub last_attempt_ms: u64,
+    /// How the last attempt failed: `HTTP 500`, `timeout`, `unreachable: …`.
+    pub last_error: String,
+    /// Why it was given up: `attempts` or `rejected`.
+    pub reason: String,
+}
+
 pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
     encode_as(RECORD_VERSION, record)
 }
@@ -208,6 +233,26 @@ mod tests {
         assert_eq!(bytes[0], RECORD_VERSION);
         assert_eq!(decode::<WebhookRecord>("webhooks", &bytes).unwrap(), record);
         assert!(decode::<WebhookRecord>("webhooks", &bytes[..bytes.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn dead_letter_records_round_trip() {
+        let record = DeadLetterRecord {
+            id: "w-1".into(),
+            kind: "room_occupied".into(),
+            room: "lobby".into(),
+            url: "http://backend/hooks".into(),
+            body: r#"{"id":"w-1"}"#.into(),
+            attempts: 12,
+            first_attempt_ms: 1,
+            last_attempt_ms: 2,
+            last_error: "HTTP 500".into(),
+            reason: "attempts".into(),
+        };
+        let bytes = encode(&record);
+        assert_eq!(bytes[0], RECORD_VERSION);
+        assert_eq!(decode::<DeadLetterRecord>("webhook_dead", &bytes).unwrap(), record);
+        assert!(decode::<DeadLetterRecord>("webhook_dead", &bytes[..bytes.len() - 1]).is_err());
     }
 
     #[test]

@@ -16,9 +16,16 @@
 // row per configured cell with its breaker and its probe rounds as marks; when NATS goes
 // away, the node's own cell fails its probes and its row shows the breaker open and the
 // failed rounds (admin-cells-1280.png), with no axe violation.
+//
+// Dead letters: with a webhook receiver that answers 500 and webhook_max_attempts 1, a
+// room's room_occupied webhook is a dead letter at once; the page lists it, its Replay
+// button reports a failed replay (and the row shows two attempts), then, with the receiver
+// taking webhooks, a delivered one, after which the row is gone and the receiver got the
+// webhook (admin-dead-letters-1280.png), with no axe violation.
 
 import assert from 'node:assert/strict';
 import { mkdirSync } from 'node:fs';
+import http from 'node:http';
 import path from 'node:path';
 import { test } from 'node:test';
 import { createRequire } from 'node:module';
@@ -321,4 +328,81 @@ test('the admin page in cluster mode: a row per configured cell with its breaker
   await noSideScroll(page, 375);
   assert.deepEqual(await axe(page), [], 'axe: no WCAG A/AA violation at 375 px with the cells shown');
   assert.deepEqual(pageErrors, [], 'no uncaught errors in the page');
+});
+
+/** A webhook receiver answering `status()` to every POST; the bodies it took (2xx). */
+async function receiver(status) {
+  const taken = [];
+  const server = http.createServer((req, res) => {
+    const chunks = [];
+    req.on('data', (c) => chunks.push(c));
+    req.on('end', () => {
+      const code = status();
+      if (code < 300) taken.push(JSON.parse(Buffer.concat(chunks).toString('utf8')));
+      res.writeHead(code, { 'Content-Type': 'text/plain' }).end('ok');
+    });
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return { url: `http://127.0.0.1:${server.address().port}/hooks`, taken, close: () => server.close() };
+}
+
+test('the admin page lists webhook dead letters and replays one', { timeout: 90_000 }, async (t) => {
+  let answer = 500;
+  const hooks = await receiver(() => answer);
+  cleanup(() => hooks.close());
+  const data = tempDir('livegate-admin-dead-');
+  const profile = tempDir('livegate-admin-dead-chromium-');
+  cleanup(() => data.remove(), () => profile.remove());
+  const server = await startServer({
+    dataDir: data.dir,
+    args: ['--node', NODE, '--webhook-url', hooks.url, '--webhook-secret', 's', '--webhook-max-attempts', '1'],
+  });
+  cleanup(() => server.stop('SIGTERM', 5000));
+  const context = await launchBrowser(profile.dir, { viewport: { width: 1280, height: 800 } });
+  const page = await context.newPage();
+  const pageErrors = [];
+  page.on('pageerror', (error) => pageErrors.push(String(error)));
+  await page.goto(`${server.url}/admin`, { waitUntil: 'load', timeout: 10_000 });
+  const keyField = page.getByLabel('API key', { exact: true });
+  await keyField.fill(API_KEY);
+  await keyField.press('Enter');
+  await page.locator('#dashboard').waitFor({ state: 'visible', timeout: 5000 });
+  assert.equal(await page.locator('#dead-count').textContent(), 'No dead letters.');
+
+  // A subscriber makes the room occupied; its webhook fails once and is a dead letter.
+  const viewer = await subscriber(server.url, 'viewer-dead', 'dead:room');
+  cleanup(() => viewer.close());
+  const row = page.locator('#dead tbody tr[data-id]');
+  await row.first().waitFor({ timeout: 10_000 });
+  const id = await row.first().getAttribute('data-id');
+  assert.match(await row.first().textContent(), /room_occupied\s*dead:room\s*1\s*HTTP 500 \(out of attempts\)/);
+  assert.equal(await page.locator('#dead-count').textContent(), '1 dead letter (at most 1,000).');
+  mkdirSync(SCREENSHOTS, { recursive: true });
+  await noSideScroll(page, 1280);
+  assert.deepEqual(await axe(page), [], 'axe: no WCAG A/AA violation with a dead letter shown');
+  const shot = path.join(SCREENSHOTS, 'admin-dead-letters-1280.png');
+  await page.locator('#dead').screenshot({ path: shot });
+  t.diagnostic(`screenshot: ${shot}`);
+
+  // Replay while the receiver still fails: the page says so, the row stays, two attempts.
+  const button = page.getByRole('button', { name: `Replay room_occupied webhook ${id} of room dead:room` });
+  await button.click();
+  const state = page.locator('#dead-state');
+  await state.filter({ hasText: 'failed' }).waitFor({ timeout: 10_000 });
+  assert.match(await state.textContent(), new RegExp(`^Replay of ${id} failed: 502 replay_failed: `));
+  await page.waitForFunction((dead) => document.querySelector(`#dead tbody tr[data-id="${dead}"]`)?.cells[3].textContent === '2', id, { timeout: 5000, polling: 100 });
+
+  // The receiver takes webhooks again: delivered, the row leaves, the receiver has it.
+  answer = 204;
+  await button.click();
+  await state.filter({ hasText: 'delivered' }).waitFor({ timeout: 10_000 });
+  assert.equal(await state.textContent(), `Replayed ${id}: delivered (3 attempts in all); it left the list.`);
+  await page.locator('#dead tbody tr[data-id]').waitFor({ state: 'detached', timeout: 5000 });
+  assert.equal(await page.locator('#dead-count').textContent(), 'No dead letters.');
+  assert.deepEqual(hooks.taken.map((b) => [b.id, b.type, b.room]), [[id, 'room_occupied', 'dead:room']]);
+  await resize(page, 375, 800);
+  await noSideScroll(page, 375);
+  assert.deepEqual(await axe(page), [], 'axe: no WCAG A/AA violation at 375 px after the replay');
+  assert.deepEqual(pageErrors, [], 'no uncaught errors in the page');
+  viewer.close();
 });

@@ -2,8 +2,10 @@
 //! webhook arrives at least once, signed, in order per room (occupied before the room's
 //! client publishes before vacated), also when the receiver fails the first attempts and
 //! when livegate is stopped (SIGTERM, then kill -9) with webhooks still queued; the queue
-//! bound drops new webhooks and counts them on /metrics; a 4xx drops one webhook and its
-//! room goes on; a bad webhook config stops the start with a clear error.
+//! bound drops new webhooks and counts them on /metrics; a 4xx makes one webhook a dead
+//! letter and its room goes on; a webhook out of attempts is a dead letter, listed through
+//! the admin API, kept over a restart and replayed exactly once; the dead-letter list's
+//! bound drops the oldest; a bad webhook config stops the start with a clear error.
 //!
 //! The receiver is a small HTTP/1.1 server on a std `TcpListener` (keep-alive, one thread
 //! per connection) that checks every request's signature and records every attempt with
@@ -18,6 +20,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::cluster::cells::livegate_cli;
 use common::process::{metric, ServeProcess};
 use common::*;
 use hmac::{Hmac, Mac};
@@ -43,6 +46,8 @@ struct Attempt {
     user_agent: String,
     content_type: String,
     status: u16,
+    /// When the receiver read it (ms since the epoch).
+    at_ms: u64,
 }
 
 /// What to answer: given the body and how many attempts of its id came before.
@@ -155,6 +160,7 @@ fn serve_connection(stream: TcpStream, shared: Arc<Mutex<Shared>>) {
                 body: parsed,
                 raw,
                 status,
+                at_ms: now_ms(),
             });
             status
         };
@@ -468,7 +474,7 @@ async fn a_full_queue_drops_new_webhooks_and_counts_them() {
 }
 
 #[tokio::test]
-async fn a_4xx_drops_that_webhook_and_its_room_goes_on() {
+async fn a_4xx_dead_letters_that_webhook_and_its_room_goes_on() {
     let _gate = crate::common::gate!();
     // Every client publish is refused for good (410); occupancy webhooks are taken.
     let receiver = Receiver::start(Box::new(|body, _| if body["type"] == "client_published" { 410 } else { 200 }));
@@ -486,8 +492,19 @@ async fn a_4xx_drops_that_webhook_and_its_room_goes_on() {
     assert_eq!(refused.len(), 1, "a 4xx is not retried: {:#?}", summary(&attempts));
     assert_eq!(refused[0].body["seq"], seq);
     check_attempts(&attempts, &[refused[0].body["id"].as_str().unwrap().to_string()]);
-    wait_metric(&http, r#"livegate_webhooks_dropped_total{reason="rejected"}"#, 1.0, &serve);
-    assert!(serve.log_text().contains("webhook rejected by the receiver"), "{}", serve.log_text());
+    wait_metric(&http, r#"livegate_webhooks_dead_lettered_total{reason="rejected"}"#, 1.0, &serve);
+    assert!(serve.log_text().contains("webhook given up: kept as a dead letter"), "{}", serve.log_text());
+    // Refused once, never retried: a dead letter after its one attempt.
+    let listed = dead_letters(&http, None);
+    let letters = listed["dead_letters"].as_array().unwrap();
+    assert_eq!(letters.len(), 1, "{listed}");
+    let letter = &letters[0];
+    assert_eq!(
+        (&letter["id"], &letter["type"], &letter["room"], &letter["attempts"], &letter["reason"], &letter["last_error"]),
+        (&refused[0].body["id"], &json!("client_published"), &json!("chat:x"), &json!(1), &json!("rejected"), &json!("HTTP 410")),
+        "{letter}"
+    );
+    assert_eq!(metric(&http, r#"livegate_webhooks_dropped_total"#), Some(0.0), "a dead letter is not a dropped webhook");
 }
 
 #[tokio::test]
@@ -602,4 +619,182 @@ fn a_bad_webhook_config_stops_the_start_with_a_clear_error() {
         assert!(stderr.contains(message), "{flags:?}: the error says {message:?}: {stderr}");
         assert!(!stderr.contains("ftp://127"), "the URL is not echoed: {stderr}");
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Dead letters
+// ---------------------------------------------------------------------------------------
+
+/// `GET /v1/admin/webhooks/dead` (with `?limit=N`), answered 200.
+fn dead_letters(http: &Http, limit: Option<usize>) -> Value {
+    let path = match limit {
+        Some(limit) => format!("/v1/admin/webhooks/dead?limit={limit}"),
+        None => "/v1/admin/webhooks/dead".to_string(),
+    };
+    let (status, body) = http.request("GET", &path, Auth::Key, Body::None);
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The attempts of webhook `id`, as the receiver got them.
+fn attempts_of(receiver: &Receiver, id: &str) -> Vec<Attempt> {
+    receiver.attempts().into_iter().filter(|a| a.body["id"] == id).collect()
+}
+
+/// A short schedule: 4 attempts, retries waiting at most 50, 100, 200 ms (full jitter).
+const SHORT_RETRIES: &[&str] = &["--webhook-max-attempts", "4", "--webhook-retry-first-ms", "50", "--webhook-retry-max-ms", "200"];
+
+#[tokio::test]
+async fn a_webhook_out_of_attempts_is_a_dead_letter_kept_over_a_restart_and_replayed_once() {
+    let _gate = crate::common::gate!();
+    let receiver = Receiver::start(always(500));
+    let root = tempfile::tempdir().unwrap();
+    let mut serve1 = serve(root.path(), "serve-1.log", &receiver, SHORT_RETRIES);
+    let http = serve1.http();
+
+    // bob publishes without subscribing: one webhook, client_published, and nothing else.
+    let mut bob = chatter(serve1.addr, "bob").await;
+    let seq = publish(&mut bob, "chat:dead", Some("d-1"), json!({"text": "never taken"})).await;
+    let listed = wait_for_every(ARRIVE, Duration::from_millis(20), || {
+        let listed = dead_letters(&http, None);
+        (listed["count"] == 1).then_some(listed)
+    })
+    .unwrap_or_else(|| panic!("no dead letter within {ARRIVE:?}; attempts {:#?}; log:\n{}", summary(&receiver.attempts()), serve1.log_text()));
+    let letter = listed["dead_letters"][0].clone();
+    let id = letter["id"].as_str().unwrap().to_string();
+    let attempts = attempts_of(&receiver, &id);
+    assert_eq!(attempts.len(), 4, "webhook_max_attempts attempts, no more: {:#?}", summary(&receiver.attempts()));
+    assert!(attempts.iter().all(|a| a.status == 500 && a.signature_ok));
+    let first = attempts[0].body.clone();
+    assert_eq!((&first["type"], &first["room"], &first["seq"], &first["event_id"]), (&json!("client_published"), &json!("chat:dead"), &json!(seq), &json!("d-1")));
+    // The dead letter says what it is, where it went, how often and how it failed.
+    assert_eq!((&listed["node"], &listed["max"]), (&json!(NODE), &json!(1000)), "{listed}");
+    assert_eq!(
+        (&letter["type"], &letter["room"], &letter["url"], &letter["attempts"], &letter["reason"], &letter["last_error"]),
+        (&json!("client_published"), &json!("chat:dead"), &json!(receiver.url()), &json!(4), &json!("attempts"), &json!("HTTP 500")),
+        "{letter}"
+    );
+    assert_eq!(letter["body"], first, "the body as sent");
+    let (first_ms, last_ms) = (letter["first_attempt_ms"].as_u64().unwrap(), letter["last_attempt_ms"].as_u64().unwrap());
+    let (seen_first, seen_last) = (attempts[0].at_ms, attempts[3].at_ms);
+    assert!(first_ms <= seen_first && seen_first <= first_ms + 1000, "first attempt at {first_ms}, received at {seen_first}");
+    assert!(seen_last <= last_ms && last_ms <= seen_last + 1000, "last attempt ended at {last_ms}, received at {seen_last}");
+    let dead_at_ms = last_ms;
+    wait_metric(&http, "livegate_webhooks_queued", 0.0, &serve1);
+    assert_eq!(metric(&http, "livegate_webhook_dead_letters"), Some(1.0));
+    assert_eq!(metric(&http, r#"livegate_webhooks_dead_lettered_total{reason="attempts"}"#), Some(1.0));
+    assert_eq!(metric(&http, "livegate_webhook_attempts_failed_total"), Some(3.0), "the three retried; the fourth was the last");
+    assert_eq!(metric(&http, "livegate_webhooks_delivered_total"), Some(0.0));
+    let log = serve1.log_text();
+    assert!(log.contains("webhook given up: kept as a dead letter") && log.contains(&id), "{log}");
+    // Nothing more is attempted.
+    let_time_pass(QUIET, "no attempt after the last one");
+    assert_eq!(attempts_of(&receiver, &id).len(), 4);
+
+    // The admin API needs the key; an unknown id is a 404 with its code.
+    let (status, body) = http.request("GET", "/v1/admin/webhooks/dead", Auth::None, Body::None);
+    assert_eq!((status, &body["error"]["code"]), (401, &json!("unauthorized")), "{body}");
+    let (status, body) = http.request("POST", "/v1/admin/webhooks/dead/nope/replay", Auth::Key, Body::None);
+    assert_eq!((status, &body["error"]["code"]), (404, &json!("dead_letter_not_found")), "{body}");
+
+    // A clean restart on the same data dir: still listed, as it was.
+    drop(bob);
+    serve1.signal("TERM");
+    assert!(serve1.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()), "SIGTERM ends the process; log:\n{}", serve1.log_text());
+    let serve2 = serve(root.path(), "serve-2.log", &receiver, SHORT_RETRIES);
+    let http = serve2.http();
+    let listed = dead_letters(&http, None);
+    assert_eq!((&listed["count"], &listed["dead_letters"][0]), (&json!(1), &letter), "kept over the restart: {listed}");
+    assert_eq!(metric(&http, "livegate_webhook_dead_letters"), Some(1.0));
+    assert!(serve2.log_text().contains("webhook dead letters kept in the store"), "{}", serve2.log_text());
+
+    // What an operator sees: `livegate webhooks --dead`.
+    let url = format!("http://{}", serve2.addr);
+    let (ok, out, err) = livegate_cli(&["webhooks", "--dead", "--url", &url, "--api-key", API_KEY]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], format!("node {NODE}: 1 dead letter (at most 1000)"), "{out}");
+    assert!(lines[1].starts_with(&format!("{id}  client_published  chat:dead  4 attempts, last ")) && lines[1].contains(": HTTP 500 (attempts); first "), "{out}");
+
+    // Replayed while the receiver still fails, from the command line: it fails, saying why.
+    let (ok, out, err) = livegate_cli(&["webhooks", "--replay", &id, "--url", &url, "--api-key", API_KEY]);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(err.contains("server answered 502 replay_failed") && err.contains("HTTP 500"), "{err}");
+
+    // Replayed while the receiver still fails: 502, kept with one attempt more each time.
+    let (status, body) = http.request("POST", &format!("/v1/admin/webhooks/dead/{id}/replay"), Auth::Key, Body::None);
+    assert_eq!((status, &body["error"]["code"]), (502, &json!("replay_failed")), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("HTTP 500"), "{body}");
+    let kept = dead_letters(&http, None)["dead_letters"][0].clone();
+    assert_eq!((&kept["attempts"], &kept["last_error"]), (&json!(6), &json!("HTTP 500")), "{kept}");
+    assert_eq!(metric(&http, r#"livegate_webhook_replays_total{outcome="failed"}"#), Some(2.0));
+
+    // The receiver takes webhooks again: the replay delivers it, once, and it leaves the list.
+    receiver.set_policy(always(200));
+    let replay_at_ms = now_ms();
+    let (status, body) = http.request("POST", &format!("/v1/admin/webhooks/dead/{id}/replay"), Auth::Key, Body::None);
+    assert_eq!((status, &body), (200, &json!({"id": id, "outcome": "delivered", "attempts": 7})), "{body}");
+    let delivered: Vec<Attempt> = attempts_of(&receiver, &id).into_iter().filter(|a| a.status == 200).collect();
+    assert_eq!(delivered.len(), 1, "exactly once: {:#?}", summary(&receiver.attempts()));
+    assert_eq!(delivered[0].raw, attempts[0].raw, "the same body, byte for byte");
+    assert_eq!(delivered[0].id_header, id, "the same X-Livegate-Id, so a receiver can tell it again");
+    assert!(delivered[0].signature_ok);
+    let listed = dead_letters(&http, None);
+    assert_eq!((&listed["count"], &listed["dead_letters"]), (&json!(0), &json!([])), "{listed}");
+    let (status, body) = http.request("POST", &format!("/v1/admin/webhooks/dead/{id}/replay"), Auth::Key, Body::None);
+    assert_eq!((status, &body["error"]["code"]), (404, &json!("dead_letter_not_found")), "replayed: gone: {body}");
+    assert_eq!(metric(&http, "livegate_webhook_dead_letters"), Some(0.0));
+    assert_eq!(metric(&http, r#"livegate_webhook_replays_total{outcome="delivered"}"#), Some(1.0));
+    let_time_pass(QUIET, "nothing else arrives for the replayed webhook");
+    assert_eq!(attempts_of(&receiver, &id).iter().filter(|a| a.status == 200).count(), 1);
+
+    let offsets: Vec<u64> = attempts.iter().map(|a| a.at_ms - attempts[0].at_ms).collect();
+    println!(
+        "FIGURE dead-letter path (webhook_max_attempts 4, retries up to 50/100/200 ms, full jitter): attempts at +{offsets:?} ms, \
+         dead-lettered by +{} ms (HTTP 500 x4); after a restart: replays 1 and 2 -> 502 replay_failed (attempts 5, 6), \
+         replay 3 -> delivered once in {} ms (attempts 7), list empty",
+        dead_at_ms - attempts[0].at_ms,
+        delivered[0].at_ms - replay_at_ms,
+    );
+}
+
+#[tokio::test]
+async fn the_dead_letter_bound_drops_the_oldest_and_counts_them() {
+    let _gate = crate::common::gate!();
+    // Every webhook refused for good: each is a dead letter after its one attempt.
+    let receiver = Receiver::start(always(410));
+    let root = tempfile::tempdir().unwrap();
+    let serve = serve(root.path(), "serve.log", &receiver, &["--webhook-dead-letters-max", "3"]);
+    let http = serve.http();
+    let mut bob = chatter(serve.addr, "bob").await;
+    let mut seqs = Vec::new();
+    for n in 1..=5 {
+        seqs.push(publish(&mut bob, "chat:bound", None, json!(n)).await);
+    }
+    wait_metric(&http, r#"livegate_webhooks_dead_lettered_total{reason="rejected"}"#, 5.0, &serve);
+    assert_eq!(metric(&http, "livegate_webhook_dead_letters"), Some(3.0));
+    assert_eq!(metric(&http, "livegate_webhook_dead_letters_dropped_total"), Some(2.0));
+    // The newest three, newest first (one room: its webhooks went, and died, in order).
+    let listed = dead_letters(&http, None);
+    let kept: Vec<&Value> = listed["dead_letters"].as_array().unwrap().iter().map(|l| &l["body"]["seq"]).collect();
+    assert_eq!(kept, [&json!(seqs[4]), &json!(seqs[3]), &json!(seqs[2])], "{listed}");
+    assert_eq!((&listed["count"], &listed["max"]), (&json!(3), &json!(3)));
+    let log = serve.log_text();
+    assert!(log.contains("dead-letter list full: the oldest dropped"), "{log}");
+    // A limit shows the newest only; a bad one is a 400.
+    let newest = dead_letters(&http, Some(1));
+    assert_eq!((newest["dead_letters"].as_array().unwrap().len(), &newest["dead_letters"][0]["body"]["seq"]), (1, &json!(seqs[4])));
+    let (status, body) = http.request("GET", "/v1/admin/webhooks/dead?limit=0", Auth::Key, Body::None);
+    assert_eq!((status, &body["error"]["code"]), (400, &json!("bad_request")), "{body}");
+    // Deleted one by one, then all.
+    let id = newest["dead_letters"][0]["id"].as_str().unwrap().to_string();
+    let (status, body) = http.request("DELETE", &format!("/v1/admin/webhooks/dead/{id}"), Auth::Key, Body::None);
+    assert_eq!((status, &body), (200, &json!({"deleted": 1})), "{body}");
+    let (status, body) = http.request("DELETE", &format!("/v1/admin/webhooks/dead/{id}"), Auth::Key, Body::None);
+    assert_eq!((status, &body["error"]["code"]), (404, &json!("dead_letter_not_found")), "{body}");
+    let (status, body) = http.request("DELETE", "/v1/admin/webhooks/dead", Auth::Key, Body::None);
+    assert_eq!((status, &body), (200, &json!({"deleted": 2})), "{body}");
+    assert_eq!(dead_letters(&http, None)["count"], 0);
+    assert_eq!(metric(&http, "livegate_webhook_dead_letters"), Some(0.0));
+    println!("FIGURE dead-letter bound 3: 5 refused webhooks -> 3 kept (seqs {:?}), 2 dropped and counted", &seqs[2..]);
 }

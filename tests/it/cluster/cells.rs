@@ -210,7 +210,7 @@ pub(super) async fn drop_filler(url: &str) {
 /// `livegate ARGS` as an operator runs it (the test's own `LIVEGATE_*` variables, no
 /// configuration keys of the command's, removed; quiet logs): (exit status 0, stdout,
 /// stderr). Bounded: killed after 30 s.
-pub(super) fn livegate_cli(args: &[&str]) -> (bool, String, String) {
+pub(crate) fn livegate_cli(args: &[&str]) -> (bool, String, String) {
     use std::io::Read;
     let mut cmd = std::process::Command::new(common::livegate_bin());
     for (name, _) in std::env::vars_os() {

@@ -43,7 +43,7 @@
 mod cell_drill;
 mod cell_failures;
 mod cell_nats;
-mod cells;
+pub(crate) mod cells;
 mod chaos;
 mod fanout;
 mod handshake_floods;
