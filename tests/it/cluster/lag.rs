@@ -12,6 +12,9 @@
 //! the room. The subscriber must still get every event, in order, once. `FIGURE` lines
 //! give the readings.
 //!
+//! With cells that run their own NATS, each node also reads its cell's mirror of every
+//! other cell's rooms stream (`livegate_cell_mirror_lag_events{cell}`): caught up, 0.
+//!
 //! Why a proxy and not `tc netem` on a network namespace's link: this machine's kernel
 //! has no netem qdisc (`tc qdisc add … netem` answers "Specified qdisc kind is unknown"),
 //! and `common::link` explains why the suite shapes links in a proxy anyway (no root, no
@@ -156,4 +159,43 @@ fn a_slowed_nats_link_shows_as_lag_that_returns_to_zero() {
     failures.extend(other);
     println!("FIGURE lag: {total} events published at 30/s, all delivered on b in order");
     fail_with_logs(&cluster, "a_slowed_nats_link_shows_as_lag_that_returns_to_zero", &failures, &["lag", "WARN", "ERROR"]);
+}
+
+/// Cells with their own NATS: every node reads, every 10 s, how many messages its cell's
+/// mirror of the other cell's rooms stream lacks, as JetStream reports it
+/// (`livegate_cell_mirror_lag_events{cell}`), and its admin overview lists it. Events
+/// published in cell a reach cell b's mirror, and b's nodes read it caught up (0); a's
+/// nodes read their mirror of b the same way.
+#[test]
+fn each_node_reads_its_cells_mirror_lag() {
+    let _gate = crate::common::gate!();
+    use common::cells::{Cells, CELL_NAMES};
+    use common::nats::CellNatsConfig;
+    let cells = Cells::start(&["--cluster-heartbeat-ms", "250", "--probe-up-after", "1"], |_| CellNatsConfig::default());
+    let mut failures = Vec::new();
+    let room = (0..10_000)
+        .map(|i| format!("mirrored{i}"))
+        .find(|r| livegate::core::routing::room_home_cell(r, &CELL_NAMES) == Some("a"))
+        .expect("a room homed in a");
+    for n in 1..=20u64 {
+        let (status, reply) = cells.http(0).publish(&room, Some(&format!("m-{n}")), json!({ "n": n }));
+        if status != 201 || reply["seq"] != n {
+            failures.push(format!("publish {n} in cell a: {status} {reply}"));
+        }
+    }
+    for i in cells.running() {
+        let other = if Cells::cell_of(i) == "a" { "b" } else { "a" };
+        let series = format!("livegate_cell_mirror_lag_events{{cell=\"{other}\"}}");
+        let http = cells.http(i);
+        let read = wait_for_every(Duration::from_secs(30), Duration::from_millis(250), || http.metric(&series).filter(|lag| *lag == 0.0));
+        println!("FIGURE mirror lag on {} (its mirror of cell {other}): {:?}", Cells::name(i), http.metric(&series));
+        if read.is_none() {
+            failures.push(format!("{}: {series} never read 0 within 30 s: {:?}", Cells::name(i), http.metric(&series)));
+        }
+        let (status, overview) = http.request("GET", "/v1/admin/overview", Auth::Key, Body::None);
+        if status != 200 || overview["mirrors"] != json!([{ "cell": other, "lag_events": 0 }]) {
+            failures.push(format!("{}'s overview: {status} mirrors {}", Cells::name(i), overview["mirrors"]));
+        }
+    }
+    assert!(failures.is_empty(), "{}\nlogs under {}", failures.join("\n"), cells.root().display());
 }
