@@ -4,8 +4,9 @@
 //! API key: this node and its phase, the nodes it knows, connections, subscriptions,
 //! live rooms, the busiest rooms with their heads, the node's monotonic counters
 //! (the page turns them into rates), and in cluster mode its lag behind the rooms'
-//! streams (the worst room named) and, with cells, each mirror's lag. Every part is read from memory: the registry's
-//! count, the rooms' load slots, the liveness actor's table, the metrics.
+//! streams (the worst room named) and, with cells, each mirror's lag. Every part is read
+//! from memory: the registry's count, the rooms' load slots, the liveness actor's table,
+//! the metrics.
 //!
 //! `GET /v1/admin/cells` (cluster mode) answers each configured cell's breaker with its
 //! recent probe rounds and transitions, as the liveness router keeps them

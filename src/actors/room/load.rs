@@ -31,7 +31,7 @@ impl RoomLoad {
     }
 
     /// The room applied an event at `at_ms`, `reading` behind its stream.
-    pub fn set_lag(&self, reading: crate::core::lag::Reading, at_ms: u64) {
+    pub fn set_lag(&self, reading: Reading, at_ms: u64) {
         self.lag_events.store(reading.events, Ordering::Relaxed);
         self.lag_millis.store(reading.millis, Ordering::Relaxed);
         self.lag_at_ms.store(at_ms, Ordering::Relaxed);
