@@ -2,8 +2,9 @@
 //! Cardinality is bounded: labels name outcomes, close codes from a fixed list, device
 //! kinds folded to the configured ones, and configured peers — never users or rooms.
 //! The process's own figures (CPU time, resident memory, open files against the limit
-//! that bounds connections) are read from the operating system at each scrape
-//! ([`ProcessGauges`]).
+//! that bounds connections, threads) are read from the operating system at each scrape
+//! ([`ProcessGauges`]). Cluster mode's lag is the worst room's, never one series per
+//! room (`core::lag`), and each cell mirror's (one series per configured cell).
 
 use std::collections::HashSet;
 
@@ -159,14 +160,15 @@ fn batch_histogram() -> Histogram {
 
 /// The process as the operating system sees it, read at each scrape: CPU time (user and
 /// system, `getrusage`), resident memory (`/proc/self/statm`, Linux), open files
-/// (`/proc/self/fd`, Linux) and the open-file limit (`RLIMIT_NOFILE`, soft). A figure
-/// the system does not give stays 0.
+/// (`/proc/self/fd`, Linux), the open-file limit (`RLIMIT_NOFILE`, soft) and threads
+/// (`/proc/self/status`, Linux). A figure the system does not give stays 0.
 #[derive(Default)]
 pub struct ProcessGauges {
     cpu_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     resident_bytes: Gauge,
     open_files: Gauge,
     max_open_files: Gauge,
+    threads: Gauge,
 }
 
 impl ProcessGauges {
@@ -188,6 +190,10 @@ impl ProcessGauges {
         }
         if let Ok((soft, _)) = rlimit::getrlimit(rlimit::Resource::NOFILE) {
             self.max_open_files.set(soft.min(i64::MAX as u64) as i64);
+        }
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        if let Some(threads) = status.lines().find_map(|l| l.strip_prefix("Threads:")?.trim().parse::<i64>().ok()) {
+            self.threads.set(threads);
         }
     }
 }
@@ -246,6 +252,20 @@ pub struct Metrics {
     pub cluster_live_copies: Counter,
     /// Cluster mode: 1 while this node's NATS connection is up, as of its last heartbeat.
     pub cluster_nats_connected: Gauge,
+    /// Cluster mode: how far behind their streams the rooms here applied their events
+    /// lately (`core::lag`): the worst room's events, the oldest event's age, the rooms
+    /// behind; set at each scrape from the rooms' load slots.
+    pub consumer_lag_events: Gauge,
+    pub consumer_lag_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub consumer_lag_rooms: Gauge,
+    /// Cells with their own NATS: the messages each mirror of another cell's rooms stream
+    /// lacks, as JetStream last reported it (`cluster::Cluster::mirror_lags`).
+    pub cell_mirror_lag_events: Family<CellLabel, Gauge>,
+    /// The same figures by cell, for the admin overview (at most `MAX_CELLS - 1`).
+    pub cell_mirror_lags: parking_lot::Mutex<std::collections::BTreeMap<String, u64>>,
+    /// The connections this node takes at most (`max_connections` in force, after the
+    /// open-file budget), set at start.
+    pub connection_capacity: Gauge,
     pub migration_refusals: Counter,
     /// Rebalance (issue 30): users handed over to another node, their connections closed
     /// with 4421, users skipped by reason, and connections this node still has to hand over.
@@ -341,6 +361,12 @@ impl Metrics {
             cluster_peers_alive: Gauge::default(),
             cluster_live_copies: Counter::default(),
             cluster_nats_connected: Gauge::default(),
+            consumer_lag_events: Gauge::default(),
+            consumer_lag_seconds: Gauge::default(),
+            consumer_lag_rooms: Gauge::default(),
+            cell_mirror_lag_events: Family::default(),
+            cell_mirror_lags: Default::default(),
+            connection_capacity: Gauge::default(),
             migration_refusals: Counter::default(),
             rebalance_moves: Counter::default(),
             rebalance_connections_moved: Counter::default(),
@@ -561,6 +587,12 @@ impl Metrics {
             "The process's open-file limit (soft RLIMIT_NOFILE), which bounds max_connections",
             process.max_open_files.clone(),
         );
+        r.register("process_threads", "Threads of the process (Linux)", process.threads.clone());
+        r.register(
+            "connection_capacity",
+            "The connections (WebSocket and SSE) this node takes at most: max_connections in force (0 configured: what the open-file limit leaves)",
+            self.connection_capacity.clone(),
+        );
         r.register("connections_open", "Connections open (WebSocket and SSE), by device kind", self.connections_open.clone());
         r.register("connections_by_transport", "Connections open, by transport (websocket, sse)", self.connections_by_transport.clone());
         r.register("connects", "Connections accepted (WebSocket and SSE)", self.connects.clone());
@@ -621,6 +653,23 @@ impl Metrics {
             "cluster_nats_connected",
             "Cluster mode: 1 while this node is connected to NATS, 0 while it reconnects (checked every cluster_heartbeat_ms; 0 outside cluster mode)",
             self.cluster_nats_connected.clone(),
+        );
+        r.register(
+            "consumer_lag_events",
+            "Cluster mode: the most events any room here was behind its stream when it applied its last event (events published before that one and not yet applied here; rooms that applied an event in the last 15 s)",
+            self.consumer_lag_events.clone(),
+        );
+        r.register_with_unit(
+            "consumer_lag",
+            "Cluster mode: the oldest age, publish to applied here, of the last event each room applied (rooms that applied an event in the last 15 s)",
+            Unit::Seconds,
+            self.consumer_lag_seconds.clone(),
+        );
+        r.register("consumer_lag_rooms", "Cluster mode: rooms here whose last event came behind its stream by at least one event (in the last 15 s)", self.consumer_lag_rooms.clone());
+        r.register(
+            "cell_mirror_lag_events",
+            "Cells with their own NATS: messages this cell's mirror of each other cell's rooms stream lacks, as JetStream reports it (read every 10 s)",
+            self.cell_mirror_lag_events.clone(),
         );
         r.register("migration_refusals", "Handshakes refused: migration budget spent", self.migration_refusals.clone());
         r.register("rebalance_moves", "Rebalance: users handed over to another node", self.rebalance_moves.clone());
@@ -736,5 +785,7 @@ mod tests {
         let (cpu, rss) = (value(&text, "livegate_process_cpu_seconds"), value(&text, "livegate_process_resident_memory_bytes"));
         let (open, max) = (value(&text, "livegate_process_open_files"), value(&text, "livegate_process_max_open_files"));
         assert!(cpu > 0.0 && rss > 1e6 && open >= 3.0 && max >= open, "cpu {cpu} rss {rss} open {open} max {max}");
+        let threads = value(&text, "livegate_process_threads");
+        assert!(threads >= 1.0, "threads {threads}");
     }
 }

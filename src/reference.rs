@@ -203,6 +203,8 @@ fn metrics(out: &mut String) {
     for to in crate::core::breaker::STATE_NAMES {
         drop(metrics.cell_breaker_transitions.get_or_create(&crate::metrics::CellTransitionLabel { cell: "CELL".to_string(), to }));
     }
+    // And a cell mirror's, which exist only with cells that run their own NATS.
+    drop(metrics.cell_mirror_lag_events.get_or_create(&crate::metrics::CellLabel { cell: "CELL".to_string() }));
     out.push_str(
         "# Metrics\n\n\
          `GET /metrics` serves these in the OpenMetrics text format. Counters are exported with the \

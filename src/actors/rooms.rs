@@ -93,7 +93,12 @@ pub struct RoomsInner {
     namespaces: Arc<Namespaces>,
     /// The last answer of [`Rooms::busiest`] and when it was made.
     busiest: Mutex<Option<(std::time::Instant, Arc<Vec<RoomLoadView>>)>>,
+    /// The last answer of [`Rooms::lag`] and when it was made.
+    lag: Mutex<Option<(std::time::Instant, Arc<RoomsLag>)>>,
 }
+
+/// The node's lag behind its rooms' streams (cluster mode; `core::lag`).
+pub type RoomsLag = crate::core::lag::Worst<Arc<str>>;
 
 impl RoomsInner {
     /// Park `subscribers` of `room` (no actor), watched from the first one on; `head`:
@@ -179,6 +184,7 @@ impl Rooms {
                 settings,
                 namespaces,
                 busiest: Mutex::new(None),
+                lag: Mutex::new(None),
             }),
         }
     }
@@ -469,6 +475,30 @@ impl Rooms {
                 },
             );
             Arc::new(crate::core::busiest::busiest(reported, BUSIEST_MAX))
+        };
+        *cached = Some((std::time::Instant::now(), answer.clone()));
+        answer
+    }
+
+    /// How far behind their streams the live non-inbox rooms here applied their events
+    /// lately (cluster mode; each room's last reading while `core::lag::READING_FRESH_MS`
+    /// counts it): the worst room's events and the oldest event's age. Read from the
+    /// rooms' load slots without a message, in one pass over the live rooms at most every
+    /// [`BUSIEST_FRESH`], however often `/metrics` and the overview ask.
+    pub fn lag(&self, now_ms: u64) -> Arc<RoomsLag> {
+        let mut cached = self.inner.lag.lock();
+        if let Some((at, answer)) = cached.as_ref() {
+            if at.elapsed() < BUSIEST_FRESH {
+                return answer.clone();
+            }
+        }
+        let answer = {
+            let tables = self.inner.tables.lock();
+            let readings = tables.loads.iter().filter_map(|(room, load)| {
+                let (reading, at) = load.lag();
+                Some((room.clone(), crate::core::lag::fresh(reading, at, now_ms)?))
+            });
+            Arc::new(crate::core::lag::worst(readings))
         };
         *cached = Some((std::time::Instant::now(), answer.clone()));
         answer

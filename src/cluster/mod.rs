@@ -155,6 +155,9 @@ pub enum Unreachable {
     /// A cell probe's write and read took longer than this.
     #[error("the cell probe got no answer within {} ms", .0.as_millis())]
     ProbeTimedOut(Duration),
+    /// A read of a mirror's state (its lag) took longer than this.
+    #[error("the mirror's stream info got no answer within {} ms", .0.as_millis())]
+    InfoTimedOut(Duration),
     /// A call that got no answer (timed out, connection lost, no JetStream responder).
     #[error(transparent)]
     NoAnswer(NatsError),
@@ -599,6 +602,28 @@ impl Cluster {
     /// With cell domains, where rooms are homed (shared with the router).
     pub fn room_homes(&self) -> Option<SharedHomes> {
         self.domains.as_deref().map(|d| d.homes.clone())
+    }
+
+    /// Cells with their own NATS: how many messages this cell's mirror of each other
+    /// cell's rooms stream lacks, as JetStream reports it (`StreamInfo.mirror.lag`), by
+    /// cell name. One `STREAM.INFO` request per other cell (at most `MAX_CELLS - 1`), one
+    /// after the other, each within [`REQUEST_TIMEOUT`]; nothing else waits on them.
+    /// Empty when every cell shares this NATS.
+    pub async fn mirror_lags(&self) -> Vec<(String, Result<u64, ClusterError>)> {
+        let Some(domains) = self.domains.as_deref() else { return Vec::new() };
+        let mut cells: Vec<&String> = domains.remote.keys().collect();
+        cells.sort();
+        let mut lags = Vec::with_capacity(cells.len());
+        for cell in cells {
+            let read = tokio::time::timeout(REQUEST_TIMEOUT, self.js.get_stream(mirror_name(ROOMS_STREAM, cell))).await;
+            let lag = match read {
+                Ok(Ok(stream)) => Ok(stream.cached_info().mirror.as_ref().map_or(0, |mirror| mirror.lag)),
+                Ok(Err(error)) => Err(ClusterError::from(error)),
+                Err(_) => Err(ClusterError::Unavailable(Unreachable::InfoTimedOut(REQUEST_TIMEOUT))),
+            };
+            lags.push((cell.clone(), lag));
+        }
+        lags
     }
 
     /// This node's cell when cells run their own NATS.

@@ -15,6 +15,7 @@ pub mod heartbeats;
 pub mod holds;
 pub mod interest;
 pub mod kicks;
+pub mod lag;
 pub mod lifecycle;
 pub mod limits;
 pub mod liveness;

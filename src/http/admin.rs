@@ -2,9 +2,11 @@
 //! (`src/web/admin.html`, no auth: it asks for the API key and keeps it in the tab's
 //! sessionStorage), and `GET /v1/admin/overview` answers what the page polls, behind the
 //! API key: this node and its phase, the nodes it knows, connections, subscriptions,
-//! live rooms, the busiest rooms with their heads, and the node's monotonic counters
-//! (the page turns them into rates). Every part is read from memory: the registry's
-//! count, the rooms' load slots, the liveness actor's table, the metrics.
+//! live rooms, the busiest rooms with their heads, the node's monotonic counters
+//! (the page turns them into rates), and in cluster mode its lag behind the rooms'
+//! streams (the worst room named) and, with cells, each mirror's lag. Every part is read
+//! from memory: the registry's count, the rooms' load slots, the liveness actor's table,
+//! the metrics.
 //!
 //! `GET /v1/admin/cells` (cluster mode) answers each configured cell's breaker with its
 //! recent probe rounds and transitions, as the liveness router keeps them
@@ -32,7 +34,7 @@ use crate::cluster::promotion::Promotion;
 use crate::cluster::ClusterError;
 use crate::actors::rebalance::Shed;
 use crate::core::rebalance::{self, Load, Order};
-use crate::protocol::{self, ErrorCode, OverviewCell, OverviewCounters, OverviewNode, OverviewReply, OverviewRoom};
+use crate::protocol::{self, ErrorCode, OverviewCell, OverviewCounters, OverviewLag, OverviewMirror, OverviewNode, OverviewReply, OverviewRoom};
 use crate::protocol::{CellProbe, CellStatus, CellTransition, CellsReply, PromoteReply};
 use crate::protocol::{RebalanceLoad, RebalancePlanReply, RebalanceShare, RebalanceStatusReply};
 use crate::protocol::{DeadDeletedReply, DeadLetterView, DeadLettersReply, ReplayReply};
@@ -73,6 +75,14 @@ pub async fn overview(req: HttpRequest, state: web::Data<AppState>) -> Result<Ht
     let cells = if state.router.placement_decides() { Vec::new() } else { state.router.breaker_states() };
     let cells = cells.into_iter().map(|(cell, breaker)| OverviewCell { cell, breaker: breaker.name() }).collect();
     let metrics = &state.metrics;
+    let lag = state.rooms.lag(now_ms());
+    let lag = OverviewLag {
+        events: lag.events,
+        room: lag.room.as_ref().map(|room| room.to_string()),
+        seconds: lag.millis as f64 / 1000.0,
+        rooms_behind: lag.rooms_behind,
+    };
+    let mirrors = metrics.cell_mirror_lags.lock().iter().map(|(cell, &lag_events)| OverviewMirror { cell: cell.clone(), lag_events }).collect();
     let reply = OverviewReply {
         node: state.config.node.clone(),
         version: env!("CARGO_PKG_VERSION"),
@@ -91,6 +101,8 @@ pub async fn overview(req: HttpRequest, state: web::Data<AppState>) -> Result<Ht
             migrations: metrics.migrations.get(),
         },
         cells,
+        lag,
+        mirrors,
     };
     Ok(json(StatusCode::OK, protocol::to_json(&reply)))
 }

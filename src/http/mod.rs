@@ -1224,6 +1224,10 @@ async fn metrics(state: web::Data<AppState>) -> HttpResponse {
         state.metrics.store_bytes.set(bytes as i64);
     }
     state.metrics.http_connections.set(state.sockets.open() as i64);
+    let lag = state.rooms.lag(now_ms());
+    state.metrics.consumer_lag_events.set(lag.events.min(i64::MAX as u64) as i64);
+    state.metrics.consumer_lag_seconds.set(lag.millis as f64 / 1000.0);
+    state.metrics.consumer_lag_rooms.set(lag.rooms_behind.min(i64::MAX as u64) as i64);
     HttpResponse::Ok()
         .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
         .body(state.metrics.encode())

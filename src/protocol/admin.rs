@@ -47,6 +47,34 @@ pub struct OverviewReply {
     pub counters: OverviewCounters,
     /// Cluster mode: each configured cell's breaker as this node sees it (empty otherwise).
     pub cells: Vec<OverviewCell>,
+    /// Cluster mode: how far behind their streams the rooms here applied their events
+    /// lately (all 0 on a single node).
+    pub lag: OverviewLag,
+    /// Cells with their own NATS: this cell's mirror of each other cell's rooms stream
+    /// and the messages it lacks, as last read (empty otherwise).
+    pub mirrors: Vec<OverviewMirror>,
+}
+
+/// The node's lag behind its rooms' streams, as `/metrics` shows it, with the worst
+/// room's name (only here: a per-room label would have no bound).
+#[derive(Debug, Serialize)]
+pub struct OverviewLag {
+    /// The most events a room was behind when it applied its last event.
+    pub events: u64,
+    /// That room, when one is behind.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub room: Option<String>,
+    /// The oldest age, publish to applied here, of the rooms' last events.
+    pub seconds: f64,
+    /// Rooms behind by at least one event.
+    pub rooms_behind: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OverviewMirror {
+    /// The cell whose rooms stream this cell mirrors.
+    pub cell: String,
+    pub lag_events: u64,
 }
 
 #[derive(Debug, Serialize)]

@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 
 use super::bridges::{ClusterUserBus, NodeActors, OccupancyPeers, PresenceNodes};
 use super::http_server::{http_server, threads};
-use super::upkeep::{expire_sessions, forward_signals, purge_expired, reload_on};
+use super::upkeep::{expire_sessions, forward_signals, purge_expired, read_mirror_lags, reload_on};
 use super::{open_files_limit, tls_config, ServerError, Signals};
 use crate::actors::connection::{ConnectionSettings, ResumeRevocations};
 use crate::actors::directory::{Directory, DirectorySettings, SessionStore};
@@ -256,6 +256,7 @@ impl Node {
         let open_files = open_files_limit();
         let max_http_connections = crate::http::limits::effective_max_http_connections(config.max_http_connections, open_files);
         let max_connections = crate::http::limits::effective_max_connections(config.max_connections, open_files, max_http_connections);
+        metrics.connection_capacity.set(max_connections.min(i64::MAX as usize) as i64);
         tracing::info!(
             open_files,
             configured = config.max_connections,
@@ -318,6 +319,9 @@ impl Node {
         timers.spawn(expire_sessions(directory, config.session_ttl()));
         if demo {
             timers.spawn(crate::demo::run_simulator(publisher));
+        }
+        if let Some(parts) = cluster.as_ref().filter(|parts| parts.cluster.own_cell().is_some()) {
+            timers.spawn(read_mirror_lags(parts.cluster.clone(), state.metrics.clone()));
         }
         Ok(Node {
             addr,

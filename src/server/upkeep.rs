@@ -1,7 +1,8 @@
 //! The node's timers and steering, each a task owned by the [`Node`](super::Node) and
 //! stopped first at its shutdown: the purges of expired token nonces, kicks and
 //! migration times, the session expiry sweep (after which freed memory goes back to the
-//! system), and the forwarding of shutdown and reload signals.
+//! system), the reading of cell mirrors' lag (cells with their own NATS), and the
+//! forwarding of shutdown and reload signals.
 
 use std::time::Duration;
 
@@ -18,6 +19,28 @@ use crate::world::now_ms;
 
 /// How often expired token nonces and migration times are forgotten.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
+
+/// How often the cell mirrors' lag is read (one `STREAM.INFO` per other cell).
+pub(super) const MIRROR_LAG_EVERY: Duration = Duration::from_secs(10);
+
+/// Cells with their own NATS: every [`MIRROR_LAG_EVERY`], how many messages this cell's
+/// mirror of each other cell's rooms stream lacks, into `livegate_cell_mirror_lag_events`
+/// and the admin overview. A task of its own: it holds no room, lock or mailbox while it
+/// waits on NATS. A mirror that did not answer keeps its last figure.
+pub(super) async fn read_mirror_lags(cluster: crate::cluster::Cluster, metrics: std::sync::Arc<crate::metrics::Metrics>) {
+    loop {
+        for (cell, lag) in cluster.mirror_lags().await {
+            match lag {
+                Ok(lag) => {
+                    metrics.cell_mirror_lag_events.get_or_create(&crate::metrics::CellLabel { cell: cell.clone() }).set(lag.min(i64::MAX as u64) as i64);
+                    metrics.cell_mirror_lags.lock().insert(cell, lag);
+                }
+                Err(error) => tracing::debug!(%cell, %error, "could not read the mirror's lag; keeping the last figure"),
+            }
+        }
+        actix_web::rt::time::sleep(MIRROR_LAG_EVERY).await;
+    }
+}
 
 /// Each shutdown signal is one step of the drain.
 pub(super) async fn forward_signals(mut signals: Signals, supervisor: Addr<Supervisor>) {

@@ -81,6 +81,9 @@ fn the_overview_has_every_field_the_page_reads() {
     for counter in ["publishes", "deliveries", "slow_consumers", "migrations"] {
         assert_eq!(body["counters"][counter], 0, "{counter} on an idle node: {body}");
     }
+    // A single node takes no live copies: no lag, no mirror.
+    assert_eq!(body["lag"], json!({"events": 0, "seconds": 0.0, "rooms_behind": 0}), "{body}");
+    assert_eq!(body["mirrors"], json!([]), "{body}");
 }
 
 #[tokio::test]

@@ -12,9 +12,16 @@
 //!   of a running single node exports (with its `_total`, `_bucket`, `_sum` or `_count`
 //!   sample suffix), on a single node and on a cluster node (a real nats-server), where
 //!   the NATS connection gauge must read 1. A family with no series until it is
-//!   configured (`livegate_peer_up`: one per configured peer, peers mode) is checked
-//!   against the metrics page instead, whose rows come from the same registry; the test
-//!   names the only one allowed that way.
+//!   configured (`livegate_peer_up`: one per configured peer, peers mode;
+//!   `livegate_cell_mirror_lag_events`: one per other cell, cells with their own NATS) is
+//!   checked against the metrics page instead, whose rows come from the same registry;
+//!   the test names the only ones allowed that way. The dashboard shows the process's
+//!   threads, connections against capacity and the lag;
+//! - the alert rules `data/prometheus/livegate-rules.yml` pass `promtool check rules` and
+//!   their unit tests (`tests/prometheus/livegate-rules.test.yml`, `promtool test rules`:
+//!   the consumer lag over the seed's 10,000 events for a minute fires, and the others),
+//!   and every metric they name is on the metrics page. promtool is Debian's `prometheus`
+//!   package (`.ci/test` installs it); a missing promtool fails the test, never skips it.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -205,11 +212,24 @@ fn queried_metrics() -> BTreeSet<String> {
     let latency = "livegate_delivery_latency_seconds_bucket";
     assert!(all.iter().any(|e| e.contains("histogram_quantile(0.99") && e.contains(latency)), "{DASHBOARD}: no p99 over {latency}");
     let queried: BTreeSet<String> = all.iter().flat_map(|expr| metric_names(expr)).collect();
-    for wanted in ["livegate_connections_by_transport", "livegate_slow_consumer_closes_total", "livegate_limit_hits_total", "livegate_cluster_nats_connected"] {
+    for wanted in [
+        "livegate_connections_by_transport",
+        "livegate_slow_consumer_closes_total",
+        "livegate_limit_hits_total",
+        "livegate_cluster_nats_connected",
+        "livegate_process_threads",
+        "livegate_connection_capacity",
+        "livegate_consumer_lag_events",
+        "livegate_consumer_lag_seconds",
+        "livegate_cell_mirror_lag_events",
+    ] {
         assert!(queried.contains(wanted), "{DASHBOARD} does not show {wanted}");
     }
     queried
 }
+
+/// The families with no series until configured, which the dashboard may query.
+const CONFIGURED_SERIES: [&str; 2] = ["livegate_cell_mirror_lag_events", "livegate_peer_up"];
 
 /// The queried names `scrape` has no sample of: those the metrics page lists, and those
 /// it does not either.
@@ -225,9 +245,10 @@ fn the_dashboard_queries_only_metrics_a_single_node_exports() {
     let queried = queried_metrics();
     let (by_page, unknown) = missing_from(&scrape_real_binary(), &queried);
     assert!(unknown.is_empty(), "{DASHBOARD} queries metrics livegate does not export: {unknown:?}");
-    // Only the per-peer gauge may be absent from a single node's scrape: it has a series
-    // per configured peer (peers mode), and the metrics page lists it.
-    assert_eq!(by_page, ["livegate_peer_up"], "checked against {} instead of /metrics", Reference::Metrics.page());
+    // Only the per-peer and per-cell gauges may be absent from a single node's scrape:
+    // they have a series per configured peer (peers mode) or per other cell (cells with
+    // their own NATS), and the metrics page lists them.
+    assert_eq!(by_page, CONFIGURED_SERIES, "checked against {} instead of /metrics", Reference::Metrics.page());
 }
 
 /// In cluster mode (one node on a real nats-server), the cluster row's metrics are there
@@ -242,7 +263,50 @@ fn the_dashboard_queries_only_metrics_a_cluster_node_exports() {
     assert!(connected, "livegate_cluster_nats_connected is not 1 on a cluster node:\n{}", http.metrics_text());
     let (by_page, unknown) = missing_from(&http.metrics_text(), &queried);
     assert!(unknown.is_empty(), "{DASHBOARD} queries metrics livegate does not export: {unknown:?}");
-    assert_eq!(by_page, ["livegate_peer_up"], "a cluster node lacks these");
+    assert_eq!(by_page, CONFIGURED_SERIES, "a cluster node lacks these");
+}
+
+/// The alert rules and their promtool unit tests, from the repository's root.
+const RULES: &str = "data/prometheus/livegate-rules.yml";
+const RULES_TESTS: &str = "tests/prometheus/livegate-rules.test.yml";
+
+/// `promtool ARGS` from the repository's root, asserting it exits 0; its output.
+fn promtool(args: &[&str]) -> String {
+    let program = std::env::var_os("LIVEGATE_PROMTOOL").unwrap_or_else(|| "promtool".into());
+    let output = Command::new(&program).args(args).current_dir(REPO).stdin(Stdio::null()).output().unwrap_or_else(|e| {
+        panic!("cannot run {program:?} ({e}): install Debian's prometheus package, which carries promtool (.ci/test does), or set LIVEGATE_PROMTOOL")
+    });
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "promtool {} exited {}:\n{text}", args.join(" "), output.status);
+    text
+}
+
+#[test]
+fn the_alert_rules_pass_promtool_and_name_only_metrics_livegate_exports() {
+    let _gate = crate::common::gate!();
+    let checked = promtool(&["check", "rules", RULES]);
+    assert!(checked.contains("SUCCESS"), "{checked}");
+    let tested = promtool(&["test", "rules", RULES_TESTS]);
+    assert!(tested.contains("SUCCESS"), "{tested}");
+    let rules = std::fs::read_to_string(Path::new(REPO).join(RULES)).unwrap_or_else(|e| panic!("cannot read {RULES}: {e}"));
+    assert!(rules.contains("expr: livegate_consumer_lag_events > 10000\n        for: 1m"), "{RULES}: no alert at the seed's 10,000 events for 1m");
+    let named = metric_names(&rules);
+    for wanted in [
+        "livegate_consumer_lag_events",
+        "livegate_consumer_lag_seconds",
+        "livegate_cell_mirror_lag_events",
+        "livegate_process_open_files",
+        "livegate_process_max_open_files",
+        "livegate_connections_by_transport",
+        "livegate_connection_capacity",
+    ] {
+        assert!(named.contains(wanted), "{RULES} has no rule on {wanted}");
+    }
+    let metrics = page(Reference::Metrics);
+    for name in &named {
+        let family = name.strip_suffix("_bucket").unwrap_or(name);
+        assert!(metrics.contains(&format!("| `{family}` |")), "{RULES} names {name}, which {} does not list", Reference::Metrics.page());
+    }
 }
 
 #[test]

@@ -586,6 +586,14 @@ impl RoomCore {
         }
     }
 
+    /// Tell the load slot how far behind its stream the room applied its last event
+    /// (cluster mode, `core::lag`).
+    pub(super) fn report_lag(&self, reading: crate::core::lag::Reading, now_ms: u64) {
+        if let Some(load) = &self.load {
+            load.set_lag(reading, now_ms);
+        }
+    }
+
     /// The durable head (0 while the room is not live).
     fn durable_head(&self) -> u64 {
         match &self.state {

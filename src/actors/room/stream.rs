@@ -32,6 +32,7 @@ use crate::cluster::{Cluster, ClusterError};
 use crate::core::append::{Action, Outcome, Pipeline, Reply, Sequenced};
 use crate::core::backoff::{Backoff, BackoffPolicy, Jitter};
 use crate::core::interest::{Interest, Verdict, FEED_LINGER};
+use crate::core::lag::FeedLag;
 use crate::core::seqlog::{Entry, SeqLog};
 use crate::store::EventRecord;
 use crate::world::{now_ms, random_u64};
@@ -53,6 +54,7 @@ impl RoomLogs for StreamRoomLogs {
             interest: Interest::default(),
             feed: None,
             check_armed: false,
+            lag: FeedLag::default(),
         }))
     }
 
@@ -115,6 +117,9 @@ pub struct StreamLog {
     feed: Option<SpawnHandle>,
     /// A timer for the next [`StreamLog::check_interest`] is armed.
     check_armed: bool,
+    /// What the room applied when, to read how far behind the stream each event came
+    /// (`core::lag`).
+    lag: FeedLag,
 }
 
 impl Sequenced for StreamEvent {
@@ -160,6 +165,7 @@ impl StreamLog {
                     });
                 }
                 room.go_live(SeqLog::restore(stored.epoch, head, entries, room.retention()));
+                self.lag.loaded(head, now_ms());
                 // A record beyond the stream's head belongs to a wiped stream (a new epoch).
                 let state = stored.state.filter(|state| state.seq <= head);
                 room.restore_state(state.map(|StoredState { seq, data }| StateAt { seq, data: data.into() }));
@@ -226,7 +232,7 @@ impl StreamLog {
                 Action::RefusePut(put) => {
                     let _ = put.reply.send(Err(RoomLogError::NotLoaded.into()));
                 }
-                Action::Deliver(stored) => deliver(room, stored, ctx),
+                Action::Deliver(stored) => deliver(room, stored, &mut self.lag, ctx),
                 Action::SkipAhead { head, next } => {
                     tracing::warn!(room = %room.name(), head, next, "events beyond the stream's retention are gone; skipping ahead");
                     room.skip_to(next - 1);
@@ -345,12 +351,14 @@ fn answer(room: &RoomCore, publish: Publish, reply: Reply<PublishFailed>) {
 }
 
 /// The room's next event, stored by the stream: into the room's log, and to its
-/// subscribers.
-fn deliver(room: &mut RoomCore, stored: StreamEvent, ctx: &mut Context<RoomActor>) {
+/// subscribers; how late it came is read into `lag` and reported.
+fn deliver(room: &mut RoomCore, stored: StreamEvent, lag: &mut FeedLag, ctx: &mut Context<RoomActor>) {
     let seq = stored.event.seq;
     let payload = render(room.name(), &stored.event);
     let Ok(log) = room.live_log() else { return };
     if log.append_sequenced(seq, id_key(&stored.event), stored.event.ts_ms, payload.clone()).is_ok() {
+        let now = now_ms();
+        room.report_lag(lag.applied(seq, stored.event.ts_ms, now), now);
         if let Some(data) = stored.state {
             room.offer_state(StateAt { seq, data: data.into() });
         }

@@ -32,7 +32,8 @@
 //! drill, run as written), [`fanout`], [`handshake_floods`] (floods of handshakes
 //! that must cost other users nothing: a slow peer avoided, spent credentials replayed),
 //! [`interest`] (a node takes only its rooms'
-//! events), [`load`] (kills, outages and restarts under
+//! events), [`lag`] (a node whose NATS link is slowed shows its lag, which returns to 0),
+//! [`load`] (kills, outages and restarts under
 //! load), [`sessions`], [`routing`], [`state`] (room state and presence), [`occupancy`]
 //! (webhooks from the room's writer), [`peers`] (what a forged peer's heartbeats and
 //! orders can do: nothing), [`room_reads`] (a read ahead of the head or a feed retake
@@ -48,6 +49,7 @@ mod chaos;
 mod fanout;
 mod handshake_floods;
 mod interest;
+mod lag;
 mod load;
 mod occupancy;
 mod peers;

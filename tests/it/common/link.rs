@@ -23,6 +23,10 @@
 //!   timeout, `RTO_MIN + 2 × one_way` (Linux's 200 ms floor plus the round trip), and
 //!   everything behind it on that connection waits too (head-of-line blocking). Nothing
 //!   is ever dropped for good: TCP does not drop bytes, it delays them.
+//! - [`Condition::Slowed`]: each chunk is written `one_way` after it was read and no
+//!   sooner than the link's rate lets the chunks before it through (a bottleneck of
+//!   `bytes_per_sec` each way, whose queue is the proxy's): what a shaped link (`tc`'s
+//!   netem delay with a rate) does to a stream that sends faster than the rate.
 //!
 //! The proxies run on a tokio runtime of their own (one worker thread); dropping the
 //! link closes every listener and connection.
@@ -54,6 +58,8 @@ pub enum Condition {
     Cut,
     /// Added delay each way, and the share of segments lost (0.02: 2 %).
     Degraded { one_way: Duration, loss: f64 },
+    /// Added delay each way and a rate each way, in bytes a second.
+    Slowed { one_way: Duration, bytes_per_sec: u64 },
 }
 
 pub struct Link {
@@ -176,6 +182,11 @@ async fn direction(
                     let kept = (1.0 - loss).powi(segments);
                     let lost = (rng.next_u64() as f64 / u64::MAX as f64) >= kept;
                     now + one_way + if lost { RTO_MIN + 2 * one_way } else { Duration::ZERO }
+                }
+                // The bottleneck sends this chunk once the ones before it are through.
+                Condition::Slowed { one_way, bytes_per_sec } => {
+                    let sending = Duration::from_secs_f64(n as f64 / bytes_per_sec.max(1) as f64);
+                    (now + one_way).max(last_due + sending)
                 }
                 Condition::Up | Condition::Cut => now,
             };

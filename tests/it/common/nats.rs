@@ -569,6 +569,15 @@ impl Cluster {
         Cluster::start_with_seeds(nats, root, n, extra, seeds)
     }
 
+    /// [`Cluster::start`] with node `linked` alone reaching the nats-server through
+    /// `link`'s proxy (its NATS hop slowed or cut, the others' on plain loopback).
+    pub fn start_one_linked(n: usize, extra: &[&str], link: &Link, linked: usize) -> Cluster {
+        let root = tempfile::Builder::new().prefix("livegate-cluster-").tempdir().expect("tempdir");
+        let nats = NatsServer::start_in(root.path());
+        let seeds = (0..n).map(|i| (i == linked).then(|| link.proxy_urls(&nats.url()))).collect();
+        Cluster::start_with_seeds(nats, root, n, extra, seeds)
+    }
+
     /// [`Cluster::start`] with nats-server's monitoring endpoint on a free port (`-m`),
     /// returned with the cluster: `GET /varz` there counts the messages the nodes sent
     /// (`in_msgs`).
