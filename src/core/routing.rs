@@ -14,6 +14,7 @@
 //!   its rooms move).
 
 use std::collections::BTreeMap;
+use super::placement::{self, Load, Usable};
 
 use thiserror::Error;
 
@@ -48,6 +49,10 @@ pub struct Candidate<'a> {
     /// When it started (0: unknown). Nodes started within the release window rank first
     /// for sessions that must move.
     pub started_at_ms: u64,
+    /// Its connections against its capacity, as it reports them (`None`: not said).
+    /// New and moving sessions avoid a node over the high-water mark and go in
+    /// proportion to headroom (`core::placement`).
+    pub load: Option<Load>,
 }
 
 /// What is asked of [`route`].
@@ -70,6 +75,9 @@ pub struct RouteQuestion<'a> {
     /// Cells whose breaker is not closed (`core::breaker::CellBreakers::broken`): unhealthy
     /// whatever their nodes' liveness says.
     pub broken: &'a [&'a str],
+    /// The share of its capacity (thousandths) at which a node takes no new or moving
+    /// sessions (`core::placement::over_high_water`); 0: no mark.
+    pub high_water_permille: u64,
 }
 
 /// Why [`route`] chose its node.
@@ -122,7 +130,9 @@ pub struct Routed<'a> {
 ///    avoided, in whichever cell it is (a session is not moved by another cell's health).
 /// 3. Otherwise rendezvous hashing of the session over the cell's alive, non-draining
 ///    candidates (all alive ones if every one drains), so new sessions and the sessions
-///    of a lost node spread, and a node's loss moves only its own sessions. When the
+///    of a lost node spread, and a node's loss moves only its own sessions; candidates
+///    over the high-water mark are left out (unless all are) and the others weighted by
+///    headroom when every one reports its load (`core::placement`). When the
 ///    session must move (its owner drains or is gone), the candidates started within
 ///    the release window rank first: during a rolling release, a drained node's sessions
 ///    go to the nodes the release brought, which the release will not drain again.
@@ -144,6 +154,11 @@ pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> 
         entry.draining |= candidate.draining;
         entry.started_at_ms = entry.started_at_ms.max(candidate.started_at_ms);
         entry.cell = entry.cell.min(candidate.cell);
+        // Reports of one node's load: the fuller one counts.
+        entry.load = match (entry.load, candidate.load) {
+            (Some(a), Some(b)) => Some(if b.connections > a.connections { b } else { a }),
+            (a, b) => a.or(b),
+        };
     }
     // What this question may use: alive, and not the node the client could not reach.
     let usable = |c: &Candidate| c.alive && question.avoid != Some(c.name);
@@ -196,7 +211,15 @@ pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> 
             pool.retain(|c| fresh(c));
         }
     }
-    let node = rendezvous(question.session, pool.iter().map(|c| c.name)).ok_or(RouteError::NoAliveOwner)?;
+    let usable: Vec<Usable<'a>> = pool.iter().map(|c| Usable { name: c.name, load: c.load }).collect();
+    // A new session: the nodes with the most room (where a handshake would keep it); a
+    // moving one: every node below the mark, by headroom, so a drained node's spread.
+    let level = (reason == Reason::Unowned).then(|| placement::level(&usable, question.high_water_permille)).flatten();
+    let pool = match level {
+        Some(level) if !level.is_empty() => level,
+        _ => placement::below_high_water(&usable, question.high_water_permille),
+    };
+    let node = placement::choose(question.session, &pool).ok_or(RouteError::NoAliveOwner)?;
     Ok(Routed { node, cell, reason })
 }
 
@@ -211,10 +234,10 @@ pub fn route_session<'a>(
 ) -> Result<&'a str, RouteError> {
     let candidates: Vec<Candidate<'a>> = owners
         .iter()
-        .map(|name| Candidate { name, cell: "", alive: alive.contains(name), draining: false, started_at_ms: 0 })
+        .map(|name| Candidate { name, cell: "", alive: alive.contains(name), draining: false, started_at_ms: 0, load: None })
         .collect();
     let question =
-        RouteQuestion { session, user: "", recorded_owner: recorded, avoid: None, now_ms: 0, release_window_ms: 0, home: "", cells: &[], broken: &[] };
+        RouteQuestion { session, user: "", recorded_owner: recorded, avoid: None, now_ms: 0, release_window_ms: 0, home: "", cells: &[], broken: &[], high_water_permille: 0 };
     route(&question, &candidates).map(|routed| routed.node)
 }
 
@@ -379,6 +402,11 @@ pub fn room_writer<'a>(room: &str, candidates: &[&'a str]) -> Option<&'a str> {
 
 /// FNV-1a over the room, a separator and the node, then a 64-bit finaliser (names that
 /// differ only in their last byte must still spread): the same in every process and build.
+/// The (key, item) hash every rendezvous choice ranks by.
+pub(crate) fn item_hash(key: &str, item: &str) -> u64 {
+    writer_hash(key, item)
+}
+
 fn writer_hash(room: &str, node: &str) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in room.bytes().chain([0xff]).chain(node.bytes()) {
@@ -398,11 +426,11 @@ mod tests {
     use proptest::prelude::*;
 
     fn node<'a>(name: &'a str, alive: bool, draining: bool, started_at_ms: u64) -> Candidate<'a> {
-        Candidate { name, cell: "", alive, draining, started_at_ms }
+        Candidate { name, cell: "", alive, draining, started_at_ms, load: None }
     }
 
     fn ask<'a>(session: &'a str, recorded_owner: Option<&'a str>) -> RouteQuestion<'a> {
-        RouteQuestion { session, user: "u1", recorded_owner, avoid: None, now_ms: 1_000_000, release_window_ms: 600_000, home: "", cells: &[], broken: &[] }
+        RouteQuestion { session, user: "u1", recorded_owner, avoid: None, now_ms: 1_000_000, release_window_ms: 600_000, home: "", cells: &[], broken: &[], high_water_permille: 0 }
     }
 
     #[test]
@@ -493,7 +521,7 @@ mod tests {
         let mut nodes: Vec<(String, bool, u64)> = ["a", "b", "c"].iter().map(|n| (n.to_string(), false, 1)).collect();
         let route_now = |nodes: &[(String, bool, u64)], session: &str, owner: Option<&str>, now: u64| -> String {
             let candidates: Vec<Candidate> = nodes.iter().map(|(n, d, s)| node(n, true, *d, *s)).collect();
-            let q = RouteQuestion { session, user: "u", recorded_owner: owner, avoid: None, now_ms: now, release_window_ms: window, home: "", cells: &[], broken: &[] };
+            let q = RouteQuestion { session, user: "u", recorded_owner: owner, avoid: None, now_ms: now, release_window_ms: window, home: "", cells: &[], broken: &[], high_water_permille: 0 };
             route(&q, &candidates).unwrap().node.to_string()
         };
         let ids: Vec<String> = (0..sessions).map(|i| format!("{i:012x}")).collect();
@@ -588,7 +616,7 @@ mod tests {
     }
 
     fn in_cell<'a>(name: &'a str, cell: &'a str, alive: bool) -> Candidate<'a> {
-        Candidate { name, cell, alive, draining: false, started_at_ms: 1 }
+        Candidate { name, cell, alive, draining: false, started_at_ms: 1, load: None }
     }
 
     /// The cells east, north, west; nodes a (east), b (north), c and d (west).
@@ -675,9 +703,9 @@ mod tests {
         ) {
             let candidates: Vec<Candidate> = nodes
                 .iter()
-                .map(|(name, cell, alive, draining, started)| Candidate { name, cell, alive: *alive, draining: *draining, started_at_ms: started * 500_000 })
+                .map(|(name, cell, alive, draining, started)| Candidate { name, cell, alive: *alive, draining: *draining, started_at_ms: started * 500_000, load: None })
                 .collect();
-            let q = RouteQuestion { session: "s", user: "u", recorded_owner: recorded.as_deref(), avoid: avoid.as_deref(), now_ms: 1_000_000, release_window_ms: 600_000, home: "", cells: &[], broken: &[] };
+            let q = RouteQuestion { session: "s", user: "u", recorded_owner: recorded.as_deref(), avoid: avoid.as_deref(), now_ms: 1_000_000, release_window_ms: 600_000, home: "", cells: &[], broken: &[], high_water_permille: 0 };
             let expected = route(&q, &candidates);
             let mut shuffled = candidates.clone();
             shuffled.rotate_left(seed as usize % candidates.len());
@@ -738,7 +766,7 @@ mod tests {
                 .iter()
                 .zip(&names)
                 .zip(&health)
-                .map(|(((_, cell, alive, draining), name), flip)| Candidate { name, cell, alive: *alive && *flip, draining: *draining, started_at_ms: 0 })
+                .map(|(((_, cell, alive, draining), name), flip)| Candidate { name, cell, alive: *alive && *flip, draining: *draining, started_at_ms: 0, load: None })
                 .collect();
             let q = RouteQuestion { user: &user, home, cells: &configured, broken: &broken, ..ask("s", None) };
             let answer = route(&q, &candidates);
