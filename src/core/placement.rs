@@ -61,11 +61,13 @@ pub fn over_high_water(load: Load, high_water_permille: u64) -> bool {
 
 /// A node's weight for [`weighted_rendezvous`]: its headroom rounded up to a sixteenth of
 /// its capacity (at least one step), so loads that differ by less than a step weigh the
-/// same. Without a capacity: 1.
+/// same, scaled by 16 (weights only compare). Without a capacity: 1.
 pub fn headroom_weight(load: Load) -> u64 {
     let Some(headroom) = load.headroom() else { return 1 };
-    let step = (load.capacity / WEIGHT_STEPS).max(1);
-    headroom.div_ceil(step).max(1) * step
+    // In steps of capacity / 16 (kept whole by scaling: `steps × capacity` is
+    // `16 × headroom` rounded up to a step).
+    let steps = headroom.saturating_mul(WEIGHT_STEPS).div_ceil(load.capacity).max(1);
+    steps.saturating_mul(load.capacity)
 }
 
 /// The item chosen for `key` with each item's chance in proportion to its weight: the
@@ -181,11 +183,14 @@ mod tests {
 
     #[test]
     fn headroom_weights_round_up_to_a_sixteenth_of_capacity() {
-        assert_eq!(headroom_weight(Load { connections: 0, capacity: 1600 }), 1600);
-        assert_eq!(headroom_weight(Load { connections: 1, capacity: 1600 }), 1600, "within a step: the same weight");
-        assert_eq!(headroom_weight(Load { connections: 100, capacity: 1600 }), 1500);
-        assert_eq!(headroom_weight(Load { connections: 1600, capacity: 1600 }), 100, "full: one step, never 0");
+        let weight = |connections| headroom_weight(Load { connections, capacity: 1600 });
+        assert_eq!(weight(0), 16 * 1600);
+        assert_eq!(weight(1), 16 * 1600, "within a step: the same weight");
+        assert_eq!(weight(100), 15 * 1600);
+        assert_eq!(weight(1600), 1600, "full: one step, never 0");
         assert_eq!(headroom_weight(Load { connections: 7, capacity: 0 }), 1);
+        // Proportional across capacities: 500 left of 1000 weighs what 500 of 2000 does.
+        assert_eq!(headroom_weight(Load { connections: 500, capacity: 1000 }), headroom_weight(Load { connections: 1500, capacity: 2000 }));
     }
 
     #[test]

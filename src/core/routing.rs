@@ -434,6 +434,34 @@ mod tests {
     }
 
     #[test]
+    fn load_table() {
+        // a full (95 %), b half, c empty; capacity 1000 each; the mark at 90 %.
+        let loaded = |name, connections| Candidate { load: Some(Load { connections, capacity: 1000 }), ..node(name, true, false, 1) };
+        let nodes = [loaded("a", 950), loaded("b", 500), loaded("c", 0)];
+        let with_mark = |session, owner| RouteQuestion { high_water_permille: 900, ..ask(session, owner) };
+        for i in 0..200 {
+            let session = format!("s{i}");
+            // The owner keeps its sessions, full or not.
+            assert_eq!(route(&with_mark(&session, Some("a")), &nodes).unwrap().node, "a");
+            // New sessions: the emptiest (c), b being more than 10 points fuller.
+            assert_eq!(route(&with_mark(&session, None), &nodes).unwrap().node, "c", "new {session}");
+            // A session whose owner is gone: never the full node; b or c by headroom.
+            let moved = route(&with_mark(&session, Some("gone")), &nodes).unwrap();
+            assert_ne!(moved.node, "a", "moved {session}");
+        }
+        // Without the mark the full node may be chosen; every node full: nobody excluded.
+        let full = [loaded("a", 950), loaded("b", 990)];
+        assert!(route(&with_mark("s", None), &full).is_ok());
+        // One node silent about its load: plain rendezvous, as before placement.
+        let silent = [loaded("a", 950), node("b", true, false, 1), loaded("c", 0)];
+        let plain = [node("a", true, false, 1), node("b", true, false, 1), node("c", true, false, 1)];
+        for i in 0..50 {
+            let session = format!("s{i}");
+            assert_eq!(route(&with_mark(&session, None), &silent), route(&ask(&session, None), &plain));
+        }
+    }
+
+    #[test]
     fn session_table() {
         type Case<'a> = (&'a str, Option<&'a str>, &'a [&'a str], &'a [&'a str], Result<&'a str, RouteError>);
         let cases: &[Case] = &[
