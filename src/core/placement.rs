@@ -18,8 +18,9 @@
 //!   route's answer for a new session is that same choice. Sessions arriving evenly fill
 //!   the emptiest nodes first, and the nodes end level.
 //!
-//! Loads an earlier build does not report (`None`) turn all of this off for the
-//! question: every node equal, plain rendezvous, the handshake's node keeps a new session.
+//! A load an earlier build does not report (`None`) turns the weighing off for the
+//! question: every node equal, plain rendezvous, the handshake's node keeps a new session;
+//! a node that reports itself over the mark is still left out.
 
 use super::routing::rendezvous;
 

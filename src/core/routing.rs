@@ -452,8 +452,9 @@ mod tests {
         // Without the mark the full node may be chosen; every node full: nobody excluded.
         let full = [loaded("a", 950), loaded("b", 990)];
         assert!(route(&with_mark("s", None), &full).is_ok());
-        // One node silent about its load: plain rendezvous, as before placement.
-        let silent = [loaded("a", 950), node("b", true, false, 1), loaded("c", 0)];
+        // One node silent about its load: plain rendezvous, as before placement (a node
+        // that says it is full would still be left out).
+        let silent = [loaded("a", 850), node("b", true, false, 1), loaded("c", 0)];
         let plain = [node("a", true, false, 1), node("b", true, false, 1), node("c", true, false, 1)];
         for i in 0..50 {
             let session = format!("s{i}");
