@@ -438,7 +438,9 @@ mod tests {
         // a full (95 %), b half, c empty; capacity 1000 each; the mark at 90 %.
         let loaded = |name, connections| Candidate { load: Some(Load { connections, capacity: 1000 }), ..node(name, true, false, 1) };
         let nodes = [loaded("a", 950), loaded("b", 500), loaded("c", 0)];
-        let with_mark = |session, owner| RouteQuestion { high_water_permille: 900, ..ask(session, owner) };
+        fn with_mark<'a>(session: &'a str, owner: Option<&'a str>) -> RouteQuestion<'a> {
+            RouteQuestion { high_water_permille: 900, ..ask(session, owner) }
+        }
         for i in 0..200 {
             let session = format!("s{i}");
             // The owner keeps its sessions, full or not.
