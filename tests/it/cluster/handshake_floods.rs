@@ -41,7 +41,7 @@ impl SlowPeer {
         });
         let stop = Arc::new(AtomicBool::new(false));
         let beating = stop.clone();
-        let info = NodeInfo { name: "slow".into(), cell: "default".into(), url, draining: false, started_at_ms: now_ms() - 3_600_000, connections: Some(0), probe: None };
+        let info = NodeInfo { name: "slow".into(), cell: "default".into(), url, draining: false, started_at_ms: now_ms() - 3_600_000, connections: Some(0), capacity: None, usage: None, probe: None };
         rt.spawn(async move {
             while !beating.load(Ordering::Relaxed) {
                 if let Err(e) = peer.heartbeat(&info).await {
