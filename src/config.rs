@@ -189,6 +189,8 @@ config_keys! {
         "How often each peer's /healthz is probed";
     probe_up_after: u64 = 3, "N",
         "Successful probes in a row before a down peer counts as up";
+    placement_high_water_percent: u64 = 90, "PERCENT",
+        "Cluster mode: a node with this share of its connection limit in use takes no new or moving sessions (it keeps its own); the others take them in proportion to their headroom. 0: no mark";
     previous_api_keys: Vec<String> = Vec::new() => "none", "LIST",
         "API keys still accepted besides api_key, while backends move to the new one; reloaded on SIGHUP";
     allowed_origins: Vec<String> = Vec::new() => "any", "LIST",
@@ -621,7 +623,7 @@ impl Config {
         if self.tls_cert.is_some() != self.tls_key.is_some() {
             return Err(invalid("tls_cert", "and tls_key must be set together".to_string()));
         }
-        within(&[bounded("probe_up_after", self.probe_up_after), bounded("cluster_heartbeat_ms", self.cluster_heartbeat_ms)])?;
+        within(&[bounded("probe_up_after", self.probe_up_after), bounded("placement_high_water_percent", self.placement_high_water_percent), bounded("cluster_heartbeat_ms", self.cluster_heartbeat_ms)])?;
         if let Some(replicas) = self.cluster_replicas.filter(|r| !CLUSTER_REPLICAS.contains(r)) {
             return Err(invalid("cluster_replicas", format!("must be 1 or 3, got {replicas}")));
         }
@@ -833,6 +835,7 @@ pub const BOUNDS: &[(&str, u64, UpperBound<'static>)] = &[
     ("max_outbox_bytes", 4096, None),
     ("probe_interval_ms", 50, None),
     ("probe_up_after", 1, None),
+    ("placement_high_water_percent", 0, Some((100, ""))),
     ("max_frame_bytes", 1024, Some((64 << 20, " (64 MiB)"))),
     ("max_message_bytes", 1024, Some((64 << 20, " (64 MiB)"))),
     ("max_http_connections", 1, None),

@@ -173,16 +173,11 @@ pub struct ProcessGauges {
 
 impl ProcessGauges {
     fn refresh(&self) {
-        // SAFETY: getrusage writes one rusage into the zeroed struct it is given.
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } == 0 {
-            let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-            self.cpu_seconds.set(secs(usage.ru_utime) + secs(usage.ru_stime));
+        if let Some(secs) = process_cpu_seconds() {
+            self.cpu_seconds.set(secs);
         }
-        if let Some(pages) = std::fs::read_to_string("/proc/self/statm").ok().and_then(|t| t.split_whitespace().nth(1)?.parse::<i64>().ok()) {
-            // SAFETY: sysconf only reads a configuration value.
-            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as i64;
-            self.resident_bytes.set(pages * page);
+        if let Some(bytes) = process_resident_bytes() {
+            self.resident_bytes.set(bytes.min(i64::MAX as u64) as i64);
         }
         if let Ok(entries) = std::fs::read_dir("/proc/self/fd") {
             // The directory's own handle, open while it is read, is one of them.
@@ -196,6 +191,25 @@ impl ProcessGauges {
             self.threads.set(threads);
         }
     }
+}
+
+/// CPU time the process used, user and system (`getrusage`).
+pub fn process_cpu_seconds() -> Option<f64> {
+    // SAFETY: getrusage writes one rusage into the zeroed struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return None;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Some(secs(usage.ru_utime) + secs(usage.ru_stime))
+}
+
+/// The process's resident memory (`/proc/self/statm`, Linux).
+pub fn process_resident_bytes() -> Option<u64> {
+    let pages = std::fs::read_to_string("/proc/self/statm").ok()?.split_whitespace().nth(1)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as u64;
+    Some(pages * page)
 }
 
 /// Every metric livegate keeps; one instance per server, shared by reference.

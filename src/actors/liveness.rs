@@ -41,8 +41,9 @@ use parking_lot::Mutex;
 use crate::cluster::Cluster;
 use crate::config::Peer;
 use crate::core::breaker::{CellBreakers, CellView, Report, State as BreakerState, Transition};
-use crate::core::heartbeats::{readiness, Heartbeats, NodeInfo, Readiness, Seen};
+use crate::core::heartbeats::{readiness, Heartbeats, NodeInfo, Readiness, Seen, Usage};
 use crate::core::lifecycle::{Lifecycle, Phase};
+use crate::core::placement::{self, Load, NewSession, Usable};
 use crate::core::liveness::{Change, Liveness};
 use crate::core::probes::{Ask, ReadyProbes};
 use crate::core::routing::{home_cell, rendezvous, room_writer, route, Candidate, Reason, RouteError, RouteQuestion};
@@ -162,6 +163,25 @@ pub struct Router {
     breakers: Mutex<CellBreakers>,
     /// Cluster mode: this node's last probe of its own cell (`None`: none finished yet).
     own_probe: Mutex<Option<bool>>,
+    /// This node's load, read at each question (`None`: not said, as before placement).
+    own_load: Option<OwnLoad>,
+    /// This node's usage as its last heartbeat measured it.
+    own_usage: Mutex<Option<Usage>>,
+    /// `placement_high_water_percent`, in thousandths.
+    high_water_permille: u64,
+}
+
+/// Where this node's load is read: its open connections (the metrics) against its limit
+/// in force.
+pub struct OwnLoad {
+    pub metrics: Arc<crate::metrics::Metrics>,
+    pub capacity: u64,
+}
+
+impl OwnLoad {
+    fn now(&self) -> Load {
+        Load { connections: self.metrics.connections_now(), capacity: self.capacity }
+    }
 }
 
 /// A node as the router sees it now.
@@ -170,10 +190,20 @@ struct NodeNow {
     alive: bool,
     draining: bool,
     started_at_ms: u64,
-    /// Its open connections as its heartbeats say (`None`: not said, or this node).
+    /// Its open connections as its heartbeats say (`None`: not said).
     connections: Option<u64>,
     /// Its release (empty: not said).
     release: String,
+    /// The connections it admits (`None`: not said).
+    capacity: Option<u64>,
+    /// Its use of its machine (`None`: not said).
+    usage: Option<Usage>,
+}
+
+impl NodeNow {
+    fn load(&self) -> Option<Load> {
+        Some(Load { connections: self.connections?, capacity: self.capacity? })
+    }
 }
 
 /// A node as a rebalance sees it ([`Router::loads`]).
@@ -185,6 +215,13 @@ pub struct NodeLoad {
     pub draining: bool,
     /// Connections open on it (`None`: an earlier build that does not say).
     pub connections: Option<u64>,
+    /// The connections it admits (`None`: not said).
+    pub capacity: Option<u64>,
+    /// Its use of its machine (`None`: not said, or this node, whose own figures are the
+    /// process metrics).
+    pub usage: Option<Usage>,
+    /// Over the high-water mark: no new or moving session goes to it.
+    pub full: bool,
 }
 
 impl Router {
@@ -220,6 +257,9 @@ impl Router {
             ready: Mutex::default(),
             breakers,
             own_probe: Mutex::new(None),
+            own_load: None,
+            own_usage: Mutex::new(None),
+            high_water_permille: 0,
         }
     }
 
@@ -241,6 +281,19 @@ impl Router {
     /// When this node started (ms since the epoch), as its heartbeats and `/healthz` say.
     pub fn started_at_ms(&self) -> u64 {
         self.started_at_ms
+    }
+
+    /// Placement by load: this node's load is read from `own`, and a node over
+    /// `high_water_percent` of its capacity takes no new or moving sessions.
+    pub fn with_load(mut self, own: OwnLoad, high_water_percent: u64) -> Router {
+        self.own_load = Some(own);
+        self.high_water_permille = high_water_percent.saturating_mul(10);
+        self
+    }
+
+    /// This node's load now (`None` without [`Router::with_load`]).
+    pub fn own_load(&self) -> Option<Load> {
+        self.own_load.as_ref().map(OwnLoad::now)
     }
 
     /// The configured cells (the default: this node's cell alone).
@@ -302,12 +355,15 @@ impl Router {
 
     /// This node and its peers (known, up or not) as seen at `now`.
     fn nodes_now(&self, now: u64) -> Vec<NodeNow> {
+        let own = self.own_load();
         let me = NodeNow {
             peer: self.me.clone(),
             alive: true,
             draining: self.draining(),
             started_at_ms: self.started_at_ms,
-            connections: None,
+            connections: own.map(|l| l.connections),
+            capacity: own.map(|l| l.capacity),
+            usage: None,
             release: self.release.clone(),
         };
         let mut nodes = vec![me];
@@ -320,6 +376,8 @@ impl Router {
                     draining: draining.contains(&peer.name),
                     started_at_ms,
                     connections: None,
+                    capacity: None,
+                    usage: None,
                     release,
                 }
             })),
@@ -330,6 +388,8 @@ impl Router {
                 started_at_ms: info.started_at_ms,
                 connections: info.connections,
                 release: info.release.clone(),
+                capacity: info.capacity,
+                usage: info.usage,
             })),
         }
         nodes
@@ -384,6 +444,7 @@ impl Router {
                 draining: n.draining,
                 started_at_ms: n.started_at_ms,
                 release: &n.release,
+                load: n.load(),
             })
             .collect();
         let cells: Vec<&str> = self.cells.iter().map(String::as_str).collect();
@@ -400,6 +461,7 @@ impl Router {
             home,
             cells: &cells,
             broken: &broken,
+            high_water_permille: self.high_water_permille,
         };
         let routed = route(&question, &candidates).map_err(Unroutable::from);
         drop(breakers);
@@ -415,6 +477,27 @@ impl Router {
             home: home.to_string(),
             reason: routed.reason,
         })
+    }
+
+    /// Cluster mode: where a new session keyed `key` that reached this node goes, when not
+    /// here (`core::placement::place_new` over the usable nodes of this node's cell): this
+    /// node over the high-water mark, or much fuller than the emptiest one, sends it to a
+    /// node with room. `None`: it stays (also in peers mode, where a session's id places it,
+    /// and whenever a load is not known).
+    pub fn new_session_elsewhere(&self, key: &str) -> Option<(String, String)> {
+        if self.probed_mode() || self.own_load.is_none() {
+            return None;
+        }
+        let nodes = self.nodes_now(now_ms());
+        let usable: Vec<Usable> = nodes
+            .iter()
+            .filter(|n| n.alive && !n.draining && n.peer.cell == self.me.cell)
+            .map(|n| Usable { name: &n.peer.name, load: n.load() })
+            .collect();
+        match placement::place_new(&self.me.name, key, &usable, self.high_water_permille) {
+            NewSession::Here => None,
+            NewSession::There(node) => nodes.iter().find(|n| n.peer.name == node).map(|n| (n.peer.name.clone(), n.peer.url.clone())),
+        }
     }
 
     /// `node`'s readiness as a probe answered it within the last second
@@ -488,11 +571,12 @@ impl Router {
             nodes
                 .into_iter()
                 .enumerate()
-                .map(|(i, n)| NodeLoad {
-                    name: n.peer.name,
-                    url: n.peer.url,
-                    draining: n.draining,
-                    connections: if i == 0 { Some(own_connections) } else { n.connections },
+                .map(|(i, n)| {
+                    let connections = if i == 0 { Some(own_connections) } else { n.connections };
+                    let full = connections
+                        .zip(n.capacity)
+                        .is_some_and(|(connections, capacity)| placement::over_high_water(Load { connections, capacity }, self.high_water_permille));
+                    NodeLoad { name: n.peer.name, url: n.peer.url, draining: n.draining, connections, capacity: n.capacity, usage: n.usage, full }
                 })
                 .collect(),
         )
@@ -520,16 +604,36 @@ impl Router {
         nodes
             .into_iter()
             .enumerate()
-            .map(|(i, n)| NodeView {
-                name: n.peer.name,
-                url: n.peer.url,
-                phase: (i > 0).then_some(match (n.alive, n.draining) {
-                    (false, _) => "down",
-                    (true, true) => "draining",
-                    (true, false) => "ready",
-                }),
+            .map(|(i, n)| {
+                let load = n.load();
+                let full = load.is_some_and(|load| placement::over_high_water(load, self.high_water_permille));
+                let usage = if i == 0 { self.own_usage() } else { n.usage };
+                NodeView {
+                    load: crate::protocol::admin::NodeLoadView {
+                        connections: n.connections,
+                        capacity: n.capacity,
+                        headroom: load.and_then(Load::headroom),
+                        full,
+                        cpu_permille: usage.map(|u| u.cpu_permille),
+                        resident_bytes: usage.map(|u| u.resident_bytes),
+                        deliveries_per_sec: usage.map(|u| u.deliveries_per_sec),
+                    },
+                    name: n.peer.name,
+                    url: n.peer.url,
+                    cell: n.peer.cell,
+                    phase: (i > 0).then_some(match (n.alive, n.draining) {
+                        (false, _) => "down",
+                        (true, true) => "draining",
+                        (true, false) => "ready",
+                    }),
+                }
             })
             .collect()
+    }
+
+    /// This node's usage as its last heartbeat reported it (cluster mode).
+    fn own_usage(&self) -> Option<Usage> {
+        *self.own_usage.lock()
     }
 }
 
@@ -546,6 +650,32 @@ pub struct LivenessActor {
     cluster: Option<ClusterPeers>,
     /// A probe of this node's cell is in flight: the next period does not start another.
     probing_cell: bool,
+    /// What the last heartbeat's usage was measured from.
+    usage_meter: UsageMeter,
+}
+
+/// This node's use of its machine between two heartbeats: CPU time and events delivered
+/// then and now, over the wall time between.
+#[derive(Default)]
+struct UsageMeter {
+    last: Option<(std::time::Instant, f64, u64)>,
+}
+
+impl UsageMeter {
+    /// The usage since the last reading (`None` at the first one).
+    fn read(&mut self, metrics: &crate::metrics::Metrics) -> Option<Usage> {
+        let now = (std::time::Instant::now(), crate::metrics::process_cpu_seconds()?, metrics.events_delivered.get());
+        let last = self.last.replace(now)?;
+        let wall = now.0.duration_since(last.0).as_secs_f64();
+        if wall <= 0.0 {
+            return None;
+        }
+        Some(Usage {
+            cpu_permille: ((now.1 - last.1).max(0.0) / wall * 1000.0) as u64,
+            resident_bytes: crate::metrics::process_resident_bytes().unwrap_or(0),
+            deliveries_per_sec: (now.2.saturating_sub(last.2) as f64 / wall) as u64,
+        })
+    }
 }
 
 impl LivenessActor {
@@ -556,7 +686,7 @@ impl LivenessActor {
                 metrics.peer_up.get_or_create(&PeerLabel { peer: peer.name.clone() }).set(0);
             }
         }
-        LivenessActor { metrics, router, interval, join_limit: Duration::ZERO, joining_since: None, last_beat_ms: 0, cluster: None, probing_cell: false }
+        LivenessActor { metrics, router, interval, join_limit: Duration::ZERO, joining_since: None, last_beat_ms: 0, cluster: None, probing_cell: false, usage_meter: UsageMeter::default() }
     }
 
     /// Cluster mode: heartbeats every `interval`.
@@ -568,7 +698,7 @@ impl LivenessActor {
             metrics.cell_breaker_state.get_or_create(&CellLabel { cell }).set(crate::metrics::breaker_state_value(state));
         }
         let join_limit = join_limit(interval, router.up_after());
-        LivenessActor { metrics, router, interval, join_limit, joining_since: None, last_beat_ms: 0, cluster: Some(peers), probing_cell: false }
+        LivenessActor { metrics, router, interval, join_limit, joining_since: None, last_beat_ms: 0, cluster: Some(peers), probing_cell: false, usage_meter: UsageMeter::default() }
     }
 
     fn beat(&mut self, ctx: &mut Context<Self>) {
@@ -599,10 +729,15 @@ impl LivenessActor {
             draining: self.router.draining(),
             started_at_ms: self.router.started_at_ms,
             connections: Some(self.metrics.connections_now()),
+            capacity: self.router.own_load().map(|load| load.capacity),
+            usage: self.usage_meter.read(&self.metrics),
             probe: *self.router.own_probe.lock(),
             release: self.router.release.clone(),
             routes_to: Some(routes_to),
         };
+        if info.usage.is_some() {
+            *self.router.own_usage.lock() = info.usage;
+        }
         let cluster = peers.cluster.clone();
         ctx.spawn(
             async move {
@@ -851,6 +986,8 @@ impl Handler<Left> for LivenessActor {
 pub struct NodeView {
     pub name: String,
     pub url: String,
+    pub cell: String,
+    pub load: crate::protocol::admin::NodeLoadView,
     /// `ready`, `draining` or `down` for a peer; `None` for this node (whose phase the
     /// caller reads from its lifecycle).
     pub phase: Option<&'static str>,

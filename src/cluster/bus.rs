@@ -16,8 +16,8 @@ use futures_util::StreamExt;
 
 use super::kv::KvSessions;
 use super::{
-    decode_connections, decode_epoch, decode_node, decode_probe, decode_release, decode_routes, Cluster, ClusterError, CELL_PROBE_HEADER,
-    CONNECTIONS_HEADER, EPOCH_HEADER, RELEASE_HEADER, ROUTES_HEADER,
+    decode_capacity, decode_connections, decode_epoch, decode_node, decode_probe, decode_release, decode_routes, decode_usage, Cluster,
+    ClusterError, CAPACITY_HEADER, CELL_PROBE_HEADER, CONNECTIONS_HEADER, EPOCH_HEADER, RELEASE_HEADER, ROUTES_HEADER, USAGE_HEADER,
     HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, MOVES_HEADER, REPLACE_SUBJECT, ROOMS_HEAD_HEADER,
 };
 use super::promotion::{decode_moves, decode_rooms_head};
@@ -198,13 +198,15 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
             let (connections, probe) = (header(CONNECTIONS_HEADER), header(CELL_PROBE_HEADER));
             let (epoch, head, moves) = (header(EPOCH_HEADER), header(ROOMS_HEAD_HEADER), header(MOVES_HEADER));
             let (release, routes) = (header(RELEASE_HEADER), header(ROUTES_HEADER));
+            let (capacity, usage) = (header(CAPACITY_HEADER), header(USAGE_HEADER));
             let decoded = decode_node(&message.payload).and_then(|mut info| {
                 let cells = (decode_epoch(epoch)?, decode_rooms_head(head)?, decode_moves(moves)?);
                 (info.release, info.routes_to) = (decode_release(release)?, decode_routes(routes)?);
-                Ok((info, decode_connections(connections)?, decode_probe(probe)?, cells))
+                let load = (decode_connections(connections)?, decode_capacity(capacity)?, decode_usage(usage)?);
+                Ok((info, load, decode_probe(probe)?, cells))
             });
             match decoded {
-                Ok((mut info, connections, probe, (epoch, head, moves))) => {
+                Ok((mut info, (connections, capacity, usage), probe, (epoch, head, moves))) => {
                     if let Some(epoch) = epoch {
                         beat_cluster.learn_epoch(&info.cell, epoch);
                     }
@@ -220,7 +222,12 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
                     if connections.is_some_and(|c| c.clamped) {
                         beat_drops.clamped("connections");
                     }
+                    if capacity.is_some_and(|c| c.clamped) {
+                        beat_drops.clamped("capacity");
+                    }
                     info.connections = connections.map(|c| c.value);
+                    info.capacity = capacity.map(|c| c.value);
+                    info.usage = usage;
                     beat_events.peer_heard(info);
                 }
                 Err(error) => beat_drops.dropped(&error),

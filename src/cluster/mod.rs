@@ -51,7 +51,7 @@ use async_nats::jetstream::stream::{LastRawMessageErrorKind, PurgeErrorKind};
 use async_nats::jetstream::{self, kv as nats_kv, stream};
 use thiserror::Error;
 
-use crate::core::heartbeats::{NodeInfo, MAX_ROUTES_LISTED};
+use crate::core::heartbeats::{NodeInfo, Usage, MAX_ROUTES_LISTED};
 use crate::core::peer_input::{self, PeerInputError};
 use crate::core::redact::url_for_log;
 use crate::core::routing::RoomHomes;
@@ -72,6 +72,12 @@ pub const HEARTBEAT_SUBJECT: &str = "lg.node.heartbeat";
 pub const LEAVE_SUBJECT: &str = "lg.node.leave";
 /// A heartbeat's header with the node's open connections (absent from earlier builds).
 pub const CONNECTIONS_HEADER: &str = "Lg-Connections";
+/// A heartbeat's header with the connections the node admits, its limit in force
+/// (absent from earlier builds).
+pub const CAPACITY_HEADER: &str = "Lg-Capacity";
+/// A heartbeat's header with the node's use of its machine: `cpu_permille,resident_bytes,
+/// deliveries_per_sec` (absent from earlier builds; see `core::heartbeats::Usage`).
+pub const USAGE_HEADER: &str = "Lg-Usage";
 /// A heartbeat's header with the sender's last probe of its cell's store: `1` passed,
 /// `0` failed; absent: no report (an earlier build ignores it, as this one ignores its
 /// absence).
@@ -826,6 +832,12 @@ impl Cluster {
         if let Some(connections) = info.connections {
             headers.insert(CONNECTIONS_HEADER, connections.to_string().as_str());
         }
+        if let Some(capacity) = info.capacity {
+            headers.insert(CAPACITY_HEADER, capacity.to_string().as_str());
+        }
+        if let Some(usage) = info.usage {
+            headers.insert(USAGE_HEADER, format!("{},{},{}", usage.cpu_permille, usage.resident_bytes, usage.deliveries_per_sec).as_str());
+        }
         if let Some(passed) = info.probe {
             headers.insert(CELL_PROBE_HEADER, if passed { "1" } else { "0" });
         }
@@ -1081,6 +1093,8 @@ pub fn decode_node(body: &[u8]) -> Result<NodeInfo, PeerInputError> {
         draining: peer_input::flag("heartbeat draining", fields[3])?,
         started_at_ms,
         connections: None,
+        capacity: None,
+        usage: None,
         probe: None,
         release: String::new(),
         routes_to: None,
@@ -1119,6 +1133,36 @@ pub fn decode_connections(value: Option<&[u8]>) -> Result<Option<peer_input::Cou
     let text = peer_input::text("heartbeat connections", value, peer_input::MAX_HEADER_BYTES)?;
     peer_input::count("heartbeat connections", text, peer_input::MAX_NODE_CONNECTIONS).map(Some)
 }
+
+/// A heartbeat's [`CAPACITY_HEADER`] (absent from earlier builds), clamped as
+/// connections are.
+pub fn decode_capacity(value: Option<&[u8]>) -> Result<Option<peer_input::Count>, PeerInputError> {
+    let Some(value) = value else { return Ok(None) };
+    let text = peer_input::text("heartbeat capacity", value, peer_input::MAX_HEADER_BYTES)?;
+    peer_input::count("heartbeat capacity", text, peer_input::MAX_NODE_CONNECTIONS).map(Some)
+}
+
+/// A heartbeat's [`USAGE_HEADER`] (absent from earlier builds): three counts, each
+/// clamped (a claim past a bound is shown at the bound, never trusted past it).
+pub fn decode_usage(value: Option<&[u8]>) -> Result<Option<Usage>, PeerInputError> {
+    let Some(value) = value else { return Ok(None) };
+    let text = peer_input::text("heartbeat usage", value, peer_input::MAX_HEADER_BYTES)?;
+    let fields: Vec<&str> = text.splitn(4, ',').collect();
+    if fields.len() != 3 {
+        return Err(PeerInputError::Fields { what: "heartbeat usage", got: fields.len(), expected: "3" });
+    }
+    let count = |what, text, cap| peer_input::count(what, text, cap).map(|c| c.value);
+    Ok(Some(Usage {
+        cpu_permille: count("heartbeat cpu", fields[0], MAX_CPU_PERMILLE)?,
+        resident_bytes: count("heartbeat memory", fields[1], MAX_RESIDENT_BYTES)?,
+        deliveries_per_sec: count("heartbeat delivery rate", fields[2], MAX_DELIVERIES_PER_SEC)?,
+    }))
+}
+
+/// Bounds of what a heartbeat's usage may claim: 4,096 cores, 16 TiB, 10^9 events a second.
+const MAX_CPU_PERMILLE: u64 = 4_096_000;
+const MAX_RESIDENT_BYTES: u64 = 16 << 40;
+const MAX_DELIVERIES_PER_SEC: u64 = 1_000_000_000;
 
 /// A heartbeat's [`EPOCH_HEADER`] (absent: an earlier build): 16 hex digits.
 pub fn decode_epoch(value: Option<&[u8]>) -> Result<Option<String>, PeerInputError> {
@@ -1223,6 +1267,8 @@ mod tests {
             draining: true,
             started_at_ms: 1_700_000_000_123,
             connections: None,
+            capacity: None,
+            usage: None,
             probe: None,
             release: String::new(),
             routes_to: None,

@@ -24,6 +24,11 @@ pub struct NodeInfo {
     /// Connections open on the node (`None` from a node of a build that does not say):
     /// what a rebalance plans with (`core::rebalance`).
     pub connections: Option<u64>,
+    /// The connections it admits, its limit in force (`None`: not said): with
+    /// `connections`, what placement weighs (`core::placement`).
+    pub capacity: Option<u64>,
+    /// What else it reports of its load, for operators (`None`: not said).
+    pub usage: Option<Usage>,
     /// Whether the node's last probe of its cell's store passed (`None`: no report, from a
     /// node of an earlier build or one that has not probed yet): what its cell's breaker
     /// is fed (`core::breaker::CellBreakers`).
@@ -65,6 +70,17 @@ pub fn readiness(missing: usize, listened_ms: u64, listen_ms: u64, waited_ms: u6
     } else {
         Readiness::Waiting
     }
+}
+
+/// A node's use of its machine over its last heartbeat period, as it reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// CPU time used per wall time, in thousandths of one core (2000: two cores busy).
+    pub cpu_permille: u64,
+    /// Resident memory.
+    pub resident_bytes: u64,
+    /// Events sent to its clients per second.
+    pub deliveries_per_sec: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,6 +211,8 @@ mod tests {
             draining,
             started_at_ms: 0,
             connections: None,
+            capacity: None,
+            usage: None,
             probe: None,
             release: String::new(),
             routes_to: None,

@@ -22,6 +22,7 @@ pub mod liveness;
 pub mod matchsim;
 pub mod names;
 pub mod outbox;
+pub mod placement;
 pub mod peer_input;
 pub mod occupancy;
 pub mod presence;

@@ -15,6 +15,7 @@
 //!   its rooms move).
 
 use std::collections::BTreeMap;
+use super::placement::{self, Load, Usable};
 
 use thiserror::Error;
 
@@ -61,6 +62,10 @@ pub struct Candidate<'a> {
     /// The release it belongs to (`release`; empty from a node that does not say). For
     /// sessions that must move, the newest release's nodes rank first ([`release_first`]).
     pub release: &'a str,
+    /// Its connections against its capacity, as it reports them (`None`: not said).
+    /// New and moving sessions avoid a node over the high-water mark and go in
+    /// proportion to headroom (`core::placement`).
+    pub load: Option<Load>,
 }
 
 /// What is asked of [`route`].
@@ -84,6 +89,9 @@ pub struct RouteQuestion<'a> {
     /// Cells whose breaker is not closed (`core::breaker::CellBreakers::broken`): unhealthy
     /// whatever their nodes' liveness says.
     pub broken: &'a [&'a str],
+    /// The share of its capacity (thousandths) at which a node takes no new or moving
+    /// sessions (`core::placement::over_high_water`); 0: no mark.
+    pub high_water_permille: u64,
 }
 
 /// Why [`route`] chose its node.
@@ -136,7 +144,9 @@ pub struct Routed<'a> {
 ///    avoided, in whichever cell it is (a session is not moved by another cell's health).
 /// 3. Otherwise rendezvous hashing of the session over the cell's alive, non-draining
 ///    candidates (all alive ones if every one drains), so new sessions and the sessions
-///    of a lost node spread, and a node's loss moves only its own sessions. When the
+///    of a lost node spread, and a node's loss moves only its own sessions; candidates
+///    over the high-water mark are left out (unless all are) and the others weighted by
+///    headroom when every one reports its load (`core::placement`). When the
 ///    session must move (its owner drains, is gone or was avoided), the newest release's
 ///    candidates rank first ([`release_first`]): during a rolling release, a drained
 ///    node's sessions go to the nodes the release brought, which it will not drain again.
@@ -159,6 +169,11 @@ pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> 
         entry.started_at_ms = entry.started_at_ms.max(candidate.started_at_ms);
         entry.release = entry.release.max(candidate.release);
         entry.cell = entry.cell.min(candidate.cell);
+        // Reports of one node's load: the fuller one counts.
+        entry.load = match (entry.load, candidate.load) {
+            (Some(a), Some(b)) => Some(if b.connections > a.connections { b } else { a }),
+            (a, b) => a.or(b),
+        };
     }
     // What this question may use: alive, and not the node the client could not reach.
     let usable = |c: &Candidate| c.alive && question.avoid != Some(c.name);
@@ -206,9 +221,23 @@ pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> 
     let taking: Vec<&Candidate<'a>> = alive.iter().copied().filter(|c| !c.draining).collect();
     let mut pool = if taking.is_empty() { alive } else { taking };
     if reason != Reason::Unowned {
-        pool = release_first(pool, question.now_ms, question.release_window_ms);
+        // The newest release's nodes, unless every one of them is full while another
+        // node has room (then the mark below decides among all).
+        let newest = release_first(pool.clone(), question.now_ms, question.release_window_ms);
+        let has_room = |c: &&Candidate| !c.load.is_some_and(|load| placement::over_high_water(load, question.high_water_permille));
+        if newest.iter().any(has_room) || !pool.iter().any(has_room) {
+            pool = newest;
+        }
     }
-    let node = rendezvous(question.session, pool.iter().map(|c| c.name)).ok_or(RouteError::NoAliveOwner)?;
+    let usable: Vec<Usable<'a>> = pool.iter().map(|c| Usable { name: c.name, load: c.load }).collect();
+    // A new session: the nodes with the most room (where a handshake would keep it); a
+    // moving one: every node below the mark, by headroom, so a drained node's spread.
+    let level = (reason == Reason::Unowned).then(|| placement::level(&usable, question.high_water_permille)).flatten();
+    let pool = match level {
+        Some(level) if !level.is_empty() => level,
+        _ => placement::below_high_water(&usable, question.high_water_permille),
+    };
+    let node = placement::choose(question.session, &pool).ok_or(RouteError::NoAliveOwner)?;
     Ok(Routed { node, cell, reason })
 }
 
@@ -253,10 +282,10 @@ pub fn route_session<'a>(
 ) -> Result<&'a str, RouteError> {
     let candidates: Vec<Candidate<'a>> = owners
         .iter()
-        .map(|name| Candidate { name, cell: "", alive: alive.contains(name), draining: false, started_at_ms: 0, release: "" })
+        .map(|name| Candidate { name, cell: "", alive: alive.contains(name), draining: false, started_at_ms: 0, release: "", load: None })
         .collect();
     let question =
-        RouteQuestion { session, user: "", recorded_owner: recorded, avoid: None, now_ms: 0, release_window_ms: 0, home: "", cells: &[], broken: &[] };
+        RouteQuestion { session, user: "", recorded_owner: recorded, avoid: None, now_ms: 0, release_window_ms: 0, home: "", cells: &[], broken: &[], high_water_permille: 0 };
     route(&question, &candidates).map(|routed| routed.node)
 }
 
@@ -421,6 +450,11 @@ pub fn room_writer<'a>(room: &str, candidates: &[&'a str]) -> Option<&'a str> {
 
 /// FNV-1a over the room, a separator and the node, then a 64-bit finaliser (names that
 /// differ only in their last byte must still spread): the same in every process and build.
+/// The (key, item) hash every rendezvous choice ranks by.
+pub(crate) fn item_hash(key: &str, item: &str) -> u64 {
+    writer_hash(key, item)
+}
+
 fn writer_hash(room: &str, node: &str) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in room.bytes().chain([0xff]).chain(node.bytes()) {
@@ -440,11 +474,42 @@ mod tests {
     use proptest::prelude::*;
 
     fn node<'a>(name: &'a str, alive: bool, draining: bool, started_at_ms: u64) -> Candidate<'a> {
-        Candidate { name, cell: "", alive, draining, started_at_ms, release: "" }
+        Candidate { name, cell: "", alive, draining, started_at_ms, release: "", load: None }
     }
 
     fn ask<'a>(session: &'a str, recorded_owner: Option<&'a str>) -> RouteQuestion<'a> {
-        RouteQuestion { session, user: "u1", recorded_owner, avoid: None, now_ms: 1_000_000, release_window_ms: 600_000, home: "", cells: &[], broken: &[] }
+        RouteQuestion { session, user: "u1", recorded_owner, avoid: None, now_ms: 1_000_000, release_window_ms: 600_000, home: "", cells: &[], broken: &[], high_water_permille: 0 }
+    }
+
+    #[test]
+    fn load_table() {
+        // a full (95 %), b half, c empty; capacity 1000 each; the mark at 90 %.
+        let loaded = |name, connections| Candidate { load: Some(Load { connections, capacity: 1000 }), ..node(name, true, false, 1) };
+        let nodes = [loaded("a", 950), loaded("b", 500), loaded("c", 0)];
+        fn with_mark<'a>(session: &'a str, owner: Option<&'a str>) -> RouteQuestion<'a> {
+            RouteQuestion { high_water_permille: 900, ..ask(session, owner) }
+        }
+        for i in 0..200 {
+            let session = format!("s{i}");
+            // The owner keeps its sessions, full or not.
+            assert_eq!(route(&with_mark(&session, Some("a")), &nodes).unwrap().node, "a");
+            // New sessions: the emptiest (c), b being more than 10 points fuller.
+            assert_eq!(route(&with_mark(&session, None), &nodes).unwrap().node, "c", "new {session}");
+            // A session whose owner is gone: never the full node; b or c by headroom.
+            let moved = route(&with_mark(&session, Some("gone")), &nodes).unwrap();
+            assert_ne!(moved.node, "a", "moved {session}");
+        }
+        // Without the mark the full node may be chosen; every node full: nobody excluded.
+        let full = [loaded("a", 950), loaded("b", 990)];
+        assert!(route(&with_mark("s", None), &full).is_ok());
+        // One node silent about its load: plain rendezvous, as before placement (a node
+        // that says it is full would still be left out).
+        let silent = [loaded("a", 850), node("b", true, false, 1), loaded("c", 0)];
+        let plain = [node("a", true, false, 1), node("b", true, false, 1), node("c", true, false, 1)];
+        for i in 0..50 {
+            let session = format!("s{i}");
+            assert_eq!(route(&with_mark(&session, None), &silent), route(&ask(&session, None), &plain));
+        }
     }
 
     #[test]
@@ -540,7 +605,7 @@ mod tests {
         let route_now = |nodes: &[(String, bool, u64, &'static str)], session: &str, owner: Option<&str>, now: u64| -> String {
             let candidates: Vec<Candidate> =
                 nodes.iter().map(|(n, d, s, r)| Candidate { release: r, ..node(n, true, *d, *s) }).collect();
-            let q = RouteQuestion { session, user: "u", recorded_owner: owner, avoid: None, now_ms: now, release_window_ms: window, home: "", cells: &[], broken: &[] };
+            let q = RouteQuestion { session, user: "u", recorded_owner: owner, avoid: None, now_ms: now, release_window_ms: window, home: "", cells: &[], broken: &[], high_water_permille: 0 };
             route(&q, &candidates).unwrap().node.to_string()
         };
         let ids: Vec<String> = (0..sessions).map(|i| format!("{i:012x}")).collect();
@@ -710,7 +775,7 @@ mod tests {
     }
 
     fn in_cell<'a>(name: &'a str, cell: &'a str, alive: bool) -> Candidate<'a> {
-        Candidate { name, cell, alive, draining: false, started_at_ms: 1, release: "" }
+        Candidate { name, cell, alive, draining: false, started_at_ms: 1, release: "", load: None }
     }
 
     /// The cells east, north, west; nodes a (east), b (north), c and d (west).
@@ -797,9 +862,9 @@ mod tests {
         ) {
             let candidates: Vec<Candidate> = nodes
                 .iter()
-                .map(|(name, cell, alive, draining, started, release)| Candidate { name, cell, alive: *alive, draining: *draining, started_at_ms: started * 500_000, release })
+                .map(|(name, cell, alive, draining, started, release)| Candidate { name, cell, alive: *alive, draining: *draining, started_at_ms: started * 500_000, release, load: None })
                 .collect();
-            let q = RouteQuestion { session: "s", user: "u", recorded_owner: recorded.as_deref(), avoid: avoid.as_deref(), now_ms: 1_000_000, release_window_ms: 600_000, home: "", cells: &[], broken: &[] };
+            let q = RouteQuestion { session: "s", user: "u", recorded_owner: recorded.as_deref(), avoid: avoid.as_deref(), now_ms: 1_000_000, release_window_ms: 600_000, home: "", cells: &[], broken: &[], high_water_permille: 0 };
             let expected = route(&q, &candidates);
             let mut shuffled = candidates.clone();
             shuffled.rotate_left(seed as usize % candidates.len());
@@ -934,7 +999,7 @@ mod tests {
                 .iter()
                 .zip(&names)
                 .zip(&health)
-                .map(|(((_, cell, alive, draining), name), flip)| Candidate { name, cell, alive: *alive && *flip, draining: *draining, started_at_ms: 0, release: "" })
+                .map(|(((_, cell, alive, draining), name), flip)| Candidate { name, cell, alive: *alive && *flip, draining: *draining, started_at_ms: 0, release: "", load: None })
                 .collect();
             let q = RouteQuestion { user: &user, home, cells: &configured, broken: &broken, ..ask("s", None) };
             let answer = route(&q, &candidates);

@@ -64,7 +64,7 @@ pub async fn overview(req: HttpRequest, state: web::Data<AppState>) -> Result<Ht
     let nodes = state.router.overview();
     let nodes = nodes
         .into_iter()
-        .map(|n| OverviewNode { itself: n.phase.is_none(), phase: n.phase.unwrap_or(phase), node: n.name, url: n.url })
+        .map(|n| OverviewNode { itself: n.phase.is_none(), phase: n.phase.unwrap_or(phase), node: n.name, url: n.url, cell: n.cell, load: n.load })
         .collect();
     let rooms = state
         .rooms

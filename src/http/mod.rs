@@ -1101,7 +1101,13 @@ async fn route(req: HttpRequest, query: web::Query<RouteQuery>, state: web::Data
     let session = session.unwrap_or_else(|| names::inbox_room(&user));
     match state.router.route(&session, &user, cell.as_deref(), recorded.as_ref().map(|r| r.owner.as_str()), None) {
         Ok(answer) => {
-            let reply = protocol::RouteReply { node: answer.node, url: answer.url, cell: answer.cell, home: answer.home };
+            // With the API key, the nodes and their loads: what the answer weighed.
+            let nodes = authorize(&req, &state).is_ok().then(|| {
+                let phase = state.lifecycle.phase().name();
+                let view = state.router.overview().into_iter();
+                view.map(|n| protocol::RouteNode { phase: n.phase.unwrap_or(phase), node: n.name, cell: n.cell, load: n.load }).collect()
+            });
+            let reply = protocol::RouteReply { node: answer.node, url: answer.url, cell: answer.cell, home: answer.home, nodes };
             Ok(json(StatusCode::OK, protocol::to_json(&reply)))
         }
         Err(none) => Err(unroutable(&none)),

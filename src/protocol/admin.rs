@@ -159,6 +159,32 @@ pub struct OverviewNode {
     pub phase: &'static str,
     #[serde(rename = "self")]
     pub itself: bool,
+    pub cell: String,
+    /// Its load as reported (absent: not said): what placement weighs.
+    #[serde(flatten)]
+    pub load: NodeLoadView,
+}
+
+/// A node's load and headroom, as the admin overview and `/v1/route` show them.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct NodeLoadView {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connections: Option<u64>,
+    /// The connections it admits (its limit in force).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<u64>,
+    /// `capacity - connections`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub headroom: Option<u64>,
+    /// Over the high-water mark: takes no new or moving sessions.
+    pub full: bool,
+    /// CPU over its last heartbeat period, in thousandths of one core.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_permille: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resident_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deliveries_per_sec: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]

@@ -106,6 +106,21 @@ pub struct RouteReply {
     /// The user's home cell (empty: none configured); `cell` differs while the home has
     /// no node that may serve.
     pub home: String,
+    /// Asked with the API key: every node this one knows, with its load and headroom
+    /// (what placement weighed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<Vec<RouteNode>>,
+}
+
+/// A node in `GET /v1/route`'s answer.
+#[derive(Debug, Serialize)]
+pub struct RouteNode {
+    pub node: String,
+    pub cell: String,
+    /// `ready`, `draining` or `down` (this node: its own phase).
+    pub phase: &'static str,
+    #[serde(flatten)]
+    pub load: crate::protocol::admin::NodeLoadView,
 }
 
 /// `DELETE /v1/users/{user}/connections`

@@ -21,7 +21,7 @@ use super::upkeep::{expire_sessions, forward_signals, purge_expired, read_mirror
 use super::{open_files_limit, tls_config, ServerError, Signals};
 use crate::actors::connection::{ConnectionSettings, ResumeRevocations};
 use crate::actors::directory::{Directory, DirectorySettings, SessionStore};
-use crate::actors::liveness::{self, ClusterPeers, LivenessActor, Router};
+use crate::actors::liveness::{self, ClusterPeers, LivenessActor, OwnLoad, Router};
 use crate::actors::publish::Publisher;
 use crate::actors::rebalance::Rebalancer;
 use crate::actors::registry::{Registry, UserBus};
@@ -221,8 +221,21 @@ impl Node {
         };
         let addr = listener.local_addr()?;
         let lifecycle = Arc::new(Lifecycle::default());
+        // The open-file budget, shared: plain HTTP sockets' places first, streams get the rest.
+        let open_files = open_files_limit();
+        let max_http_connections = crate::http::limits::effective_max_http_connections(config.max_http_connections, open_files);
+        let max_connections = crate::http::limits::effective_max_connections(config.max_connections, open_files, max_http_connections);
+        metrics.connection_capacity.set(max_connections.min(i64::MAX as usize) as i64);
+        tracing::info!(
+            open_files,
+            configured = config.max_connections,
+            max_connections,
+            max_http_connections,
+            "connection limits in force (max_connections 0: what the open-file limit allows)"
+        );
         let me = this_node(&config, addr, tls.is_some());
-        let router = Arc::new(router(&config, me, cluster.as_ref(), &lifecycle)?);
+        let own_load = OwnLoad { metrics: metrics.clone(), capacity: max_connections as u64 };
+        let router = Arc::new(router(&config, me, cluster.as_ref(), &lifecycle)?.with_load(own_load, config.placement_high_water_percent));
         let (directory, session_opener) =
             Directory::new(backends.sessions.clone(), router.clone(), directory_settings, metrics.clone()).start_with_opener();
         let liveness = start_liveness(&config, router.clone(), cluster.as_ref(), &metrics, &presence);
@@ -252,18 +265,6 @@ impl Node {
             }
             _ => None,
         };
-        // The open-file budget, shared: plain HTTP sockets' places first, streams get the rest.
-        let open_files = open_files_limit();
-        let max_http_connections = crate::http::limits::effective_max_http_connections(config.max_http_connections, open_files);
-        let max_connections = crate::http::limits::effective_max_connections(config.max_connections, open_files, max_http_connections);
-        metrics.connection_capacity.set(max_connections.min(i64::MAX as usize) as i64);
-        tracing::info!(
-            open_files,
-            configured = config.max_connections,
-            max_connections,
-            max_http_connections,
-            "connection limits in force (max_connections 0: what the open-file limit allows)"
-        );
         let timing = DrainTiming { wait: config.drain_wait(), spread: config.drain_spread(), grace: config.drain_grace() };
         // The publish path and the kicks' reach, chosen once with the rest: one node, or NATS.
         let (publisher, other_nodes): (Publisher, Arc<dyn OtherNodes>) = match &cluster {

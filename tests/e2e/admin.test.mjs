@@ -174,6 +174,8 @@ test('the admin page: login, live rooms, publish box, no key in URL or localStor
   await page.locator(`#nodes tbody tr[data-node="${NODE}"]`).waitFor({ timeout: 5000 });
   assert.match(await page.locator('#nodes tbody tr').first().textContent(), new RegExp(`${NODE} \\(this node\\)\\s*ready`));
   assert.equal(await page.locator('#nodes tbody tr').count(), 1, 'one node: this one');
+  // Its load: connections of the limit in force, and the headroom left.
+  assert.match(await page.locator('#nodes tbody tr').first().textContent(), /\d of [\d,]+\d/);
   assert.equal(await page.locator('#cells tbody tr').textContent(), 'Not in cluster mode.', 'one node: no cells');
   assert.equal(await page.getByRole('button', { name: 'Log out' }).isVisible(), true);
 

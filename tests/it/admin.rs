@@ -77,7 +77,13 @@ fn the_overview_has_every_field_the_page_reads() {
     }
     assert_eq!(body["rooms"], json!([]), "no live room yet: {body}");
     let url = format!("http://{}", server.addr);
-    assert_eq!(body["nodes"], json!([{"node": NODE, "url": url, "phase": "ready", "self": true}]), "one node: itself");
+    // One node, itself, with its load: nothing open of the limit in force.
+    let capacity = body["nodes"][0]["capacity"].as_u64().filter(|c| *c > 0).unwrap_or_else(|| panic!("no capacity: {body}"));
+    assert_eq!(
+        body["nodes"],
+        json!([{"node": NODE, "url": url, "phase": "ready", "self": true, "cell": "default", "connections": 0, "capacity": capacity, "headroom": capacity, "full": false}]),
+        "one node: itself"
+    );
     for counter in ["publishes", "deliveries", "slow_consumers", "migrations"] {
         assert_eq!(body["counters"][counter], 0, "{counter} on an idle node: {body}");
     }

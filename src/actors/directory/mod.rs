@@ -696,7 +696,16 @@ impl Shared {
             Err(Unroutable::NoAliveNode(_)) => return Ok(Move::Free),
         };
         if routed.cell == self.router.me().cell {
-            return Ok(Move::Free);
+            // In its cell: it stays here unless this node is full, or much fuller than
+            // another (`core::placement::place_new`).
+            return match self.router.new_session_elsewhere(&inbox) {
+                None => Ok(Move::Free),
+                Some((node, url)) => {
+                    self.metrics.handshakes_redirected.inc();
+                    tracing::debug!(user = %msg.user, to = %node, "new session sent to a node with more room");
+                    Err(DirectoryError::Elsewhere { node, url })
+                }
+            };
         }
         self.metrics.handshakes_redirected.inc();
         tracing::debug!(user = %msg.user, home = %routed.home, cell = %routed.cell, to = %routed.node, "new session sent to the user's cell");

@@ -48,6 +48,8 @@ impl SlowPeer {
             draining: false,
             started_at_ms: now_ms() - 3_600_000,
             connections: Some(0),
+            capacity: None,
+            usage: None,
             probe: None,
             release: String::new(),
             routes_to: None,

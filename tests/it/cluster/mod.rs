@@ -37,7 +37,8 @@
 //! load), [`sessions`], [`routing`], [`state`] (room state and presence), [`occupancy`]
 //! (webhooks from the room's writer), [`peers`] (what a forged peer's heartbeats and
 //! orders can do: nothing), [`room_reads`] (a read ahead of the head or a feed retake
-//! holds no room's mailbox), [`permissions`] (the book's NATS account, in one NATS and in two cells) and
+//! holds no room's mailbox), [`placement`] (a full node takes no new session; new ones
+//! fill the emptiest nodes), [`permissions`] (the book's NATS account, in one NATS and in two cells) and
 //! [`rolling_release`] (the seed's incident: 200
 //! livegate.js clients behind a balancer).
 
@@ -54,6 +55,7 @@ mod load;
 mod occupancy;
 mod peers;
 mod permissions;
+mod placement;
 mod room_reads;
 mod rolling_release;
 mod routing;
