@@ -237,10 +237,9 @@ pub trait SessionStore: Send + Sync + 'static {
     fn released(&self, _session: &str, _now_ms: u64, _incarnation: u64) -> Result<(), DirectoryError> {
         Ok(())
     }
-    /// At start-up: sessions an earlier run left connected count as released now.
-    fn release_orphans(&self, _now_ms: u64, _incarnation: u64) -> Result<usize, DirectoryError> {
-        Ok(0)
-    }
+    /// At start-up, before the node is ready: sessions an earlier run left connected count
+    /// as released now (their expiry counts from this start). Replies with how many.
+    fn release_orphans(&self, now_ms: u64, incarnation: u64) -> LocalBoxFuture<'_, Result<usize, DirectoryError>>;
     /// Delete what is past its TTL (at most `pass.batch` records examined).
     fn expire(&self, pass: &ExpiryPass<'_>) -> Result<Expired, DirectoryError>;
     /// Records stored, where that is known without reading them.
@@ -715,8 +714,10 @@ impl Shared {
 
     async fn reconcile(&self) -> Result<(usize, usize), DirectoryError> {
         // This node holds no connection yet: records it owned wait for their clients to
-        // reconnect (here or elsewhere); nothing is rewritten in bulk.
-        let orphans = self.sessions.release_orphans(now_ms(), self.incarnation)?;
+        // reconnect (here or elsewhere). Those an earlier run left connected count as
+        // closed now (the embedded store marks them; cluster mode rewrites a bounded
+        // number of them), so their TTL runs from this start, before any traffic.
+        let orphans = self.sessions.release_orphans(now_ms(), self.incarnation).await?;
         if orphans > 0 {
             tracing::info!(sessions = orphans, "sessions left connected by the previous run count as closed now");
         }
