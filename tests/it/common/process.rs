@@ -69,6 +69,15 @@ impl ServeProcess {
         serve
     }
 
+    /// [`ServeProcess::start_named`] listening on `listen` (an address reserved before,
+    /// so nodes that list each other as `peers` know their URLs before they start).
+    pub fn start_named_at(data_dir: &Path, log: &Path, node: &str, listen: SocketAddr, extra: &[&str]) -> ServeProcess {
+        let listen = listen.to_string();
+        let mut flags = vec!["--listen", listen.as_str()];
+        flags.extend_from_slice(extra);
+        ServeProcess::start_named(data_dir, log, node, &flags)
+    }
+
     /// [`ServeProcess::start_named_with_env`] that returns as soon as the process prints
     /// its listening line, before it is ready (its listener is bound: connections wait in
     /// the backlog until it serves them). [`ServeProcess::wait_ready`] waits for the rest.
@@ -78,8 +87,10 @@ impl ServeProcess {
 
     fn spawn_listening(data_dir: &Path, log: &Path, node: &str, key: &[&str], extra: &[&str], env: &[(&str, &str)]) -> ServeProcess {
         let mut cmd = Command::new(crate::common::livegate_bin());
+        // An address in `extra` replaces the default.
+        let listen_given = extra.contains(&"--listen");
         cmd.arg("serve")
-            .args(["--listen", "127.0.0.1:0"])
+            .args(if listen_given { &[][..] } else { &["--listen", "127.0.0.1:0"][..] })
             .arg("--data-dir")
             .arg(data_dir)
             .args(key)
