@@ -14,6 +14,11 @@
 //! embedded store on a single node ([`embedded`]), the NATS KV bucket in cluster mode
 //! ([`kv`]); the decisions are the same.
 //!
+//! The user is the unit of migration: a move takes every session of the user (one charge
+//! to its budget, whatever the number), and in cluster mode it is announced
+//! ([`UserMoves`]) so the user's live connections on other nodes follow at once instead
+//! of staying where their records no longer point.
+//!
 //! Handshakes of one user are served one at a time, in arrival order (a lock stripe per
 //! user hash, held across the store's I/O); handshakes of other users go on meanwhile.
 //! What the directory holds in memory sits behind a short lock never held across I/O
@@ -248,6 +253,15 @@ pub trait SessionStore: Send + Sync + 'static {
     }
 }
 
+/// Where a move is told to the other nodes (cluster mode: `server::bridges`, on NATS).
+/// Each node then closes the user's connections it holds that opened before the move
+/// with 4421 and this node's URL, so they reconnect here, to sessions that are this
+/// node's already: no move, no charge.
+pub trait UserMoves: Send + Sync {
+    /// This node took `user`'s sessions from other nodes at `at_ms`.
+    fn moved(&self, user: &str, at_ms: u64);
+}
+
 /// Count the directory and start warm-up when it holds sessions; replies with
 /// (sessions, sessions owned by this node).
 #[derive(Message)]
@@ -290,6 +304,8 @@ struct Shared {
     stripes: RandomState,
     memory: Mutex<Memory>,
     metrics: Arc<Metrics>,
+    /// Cluster mode: where a move is announced.
+    moves: Option<Arc<dyn UserMoves>>,
 }
 
 /// What the directory holds in memory; locked only for moments, never across a network wait.
@@ -308,7 +324,14 @@ struct Live {
 }
 
 impl Directory {
-    pub fn new(sessions: Arc<dyn SessionStore>, router: Arc<Router>, settings: DirectorySettings, metrics: Arc<Metrics>) -> Self {
+    /// `moves`: where a move is announced to the other nodes (cluster mode), if anywhere.
+    pub fn new(
+        sessions: Arc<dyn SessionStore>,
+        router: Arc<Router>,
+        settings: DirectorySettings,
+        metrics: Arc<Metrics>,
+        moves: Option<Arc<dyn UserMoves>>,
+    ) -> Self {
         let node = router.me().name.clone();
         let memory = Memory {
             warmup_until: None,
@@ -327,6 +350,7 @@ impl Directory {
             stripes: RandomState::new(),
             memory: Mutex::new(memory),
             metrics,
+            moves,
         };
         Directory { shared: Arc::new(shared) }
     }
@@ -504,7 +528,9 @@ impl Shared {
 
     /// Move every session of `user` owned elsewhere to this node. A move the router
     /// forced is always made; one it did not choose (`charged`, its budget checked by the
-    /// caller under the same hold of the user's stripe) is one budget charge.
+    /// caller under the same hold of the user's stripe) is one budget charge, however
+    /// many sessions move. Once a record moved, the move is announced ([`UserMoves`]):
+    /// the user's connections elsewhere follow.
     /// Returns the asked session's record as it stands after the move.
     async fn migrate_user(&self, user: &str, asked: &SessionRecord, now: u64, charged: bool) -> Result<SessionRecord, DirectoryError> {
         let mut records = self.sessions.sessions_of_user(user).await?;
@@ -512,6 +538,7 @@ impl Shared {
             records.push(asked.clone());
         }
         let mut asked_now = asked.clone();
+        let mut moved_any = false;
         for record in records {
             if record.owner == self.node {
                 continue;
@@ -520,6 +547,7 @@ impl Shared {
             let moved = SessionRecord { owner: self.node.clone(), updated_at_ms: now, ..record.clone() };
             match self.write(Some(record.version), moved).await {
                 Ok(written) => {
+                    moved_any = true;
                     tracing::info!(user, session = %written.session, from = %from, to = %self.node, version = written.version, "session migrated");
                     if written.session == asked.session {
                         asked_now = written;
@@ -536,6 +564,9 @@ impl Shared {
         }
         if charged {
             self.sessions.set_last_migration(user, now).await?;
+        }
+        if let Some(moves) = self.moves.as_ref().filter(|_| moved_any) {
+            moves.moved(user, now);
         }
         self.metrics.migrations.inc();
         Ok(asked_now)

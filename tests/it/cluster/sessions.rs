@@ -469,3 +469,87 @@ fn a_node_restarted_after_kill_9_admits_nobody_before_ready_and_its_orphaned_ses
     });
     fail_with_logs(&cluster, "reconcile before traffic in cluster mode", &failures, &LOG_NEEDLES);
 }
+
+/// The close a client gets within `within`: its code and reason (`None`: the stream ended
+/// without a Close frame, or nothing came).
+async fn close_within(ws: &mut WsClient, within: Duration) -> Option<(Option<u16>, String)> {
+    let deadline = Instant::now() + within;
+    loop {
+        match ws.read_incoming(deadline.saturating_duration_since(Instant::now())).await {
+            Incoming::Json(_) => continue,
+            Incoming::Close(code, reason) => return Some((code, reason)),
+            Incoming::Ended(_) | Incoming::Timeout => return None,
+        }
+    }
+}
+
+/// The user is the unit of migration (issue 48, seed `000`): user u has three tabs (three
+/// sessions) on a; the client of one of them cannot reach a and reconnects through b with
+/// `avoid=a`, a move charged to u's budget. Within 3 s u's two other tabs on a are closed
+/// with 4421 naming b's URL, and reconnecting there they keep their sessions, now b's (no
+/// move and no charge: none is refused). u's budget holds that one move: another move of
+/// u is refused (429 `migration_budget`), while v, whose session is on a too, still
+/// moves. Before, u's other tabs stayed on a, where their records no longer pointed.
+/// (Moves of a cluster's first 10 s are forced, not charged: the test waits them out.)
+#[test]
+fn when_a_session_moves_the_users_other_connections_follow_it_charged_once() {
+    let _gate = crate::common::gate!();
+    let cluster = Cluster::start(2, &[]);
+    let cluster_ready = Instant::now();
+    let rt = runtime();
+    let mut failures = Vec::new();
+    rt.block_on(async {
+        let (a, b) = (cluster.addr(0), cluster.addr(1));
+        // (Avoiding a node that just started is believed without charge: it was restarting.)
+        common::let_time_pass_until(cluster_ready + Duration::from_millis(RESTART_GRACE_MS + 500), "the nodes outlive the restart grace");
+        let mut tabs = Vec::new();
+        for _ in 0..3 {
+            tabs.push(WsClient::connect(a, &cluster.http(0).mint_token("u", "web"), None).await);
+        }
+        let sessions: Vec<String> = tabs.iter().map(|t| t.session().to_string()).collect();
+        let v = WsClient::connect(a, &cluster.http(0).mint_token("v", "web"), None).await;
+        let v_session = v.session().to_string();
+        // The first tab's client lost a (its socket there is gone with it).
+        drop(tabs.remove(0));
+        let moved = match connect_avoiding(b, &cluster.http(1).mint_token("u", "web"), &sessions[0], "a").await {
+            Ok(ws) => ws,
+            Err(r) => panic!("the move to b was refused: {} {}", r.status, r.body),
+        };
+        let moved_at = Instant::now();
+        assert_eq!((moved.session(), moved.welcome["node"].as_str()), (sessions[0].as_str(), Some("b")), "{}", moved.welcome);
+        let b_url = format!("http://{b}");
+        for (tab, session) in tabs.iter_mut().zip(&sessions[1..]) {
+            match close_within(tab, Duration::from_secs(3)).await {
+                Some((Some(4421), reason)) if reason == b_url => {}
+                other => failures.push(format!("u's tab of {session} on a: {other:?} within 3 s of the move, expected 4421 {b_url}")),
+            }
+        }
+        let followed_after = moved_at.elapsed();
+        // Where the close sends them: their sessions, on b, without a charge.
+        for session in &sessions[1..] {
+            match WsClient::try_connect(b, Some(&cluster.http(1).mint_token("u", "web")), Some(session)).await {
+                Ok(ws) if ws.session() == session && ws.welcome["node"] == "b" => {}
+                Ok(ws) => failures.push(format!("{session} reconnecting on b got {}", ws.welcome)),
+                Err(r) => failures.push(format!("{session} reconnecting on b refused: {} {}", r.status, r.body)),
+            }
+        }
+        // One move charged: u's next avoided move is refused; v's budget is its own.
+        match connect_avoiding(a, &cluster.http(0).mint_token("u", "web"), &sessions[0], "b").await {
+            Err(r) if r.status == 429 && error_code(&r.body) == "migration_budget" => {}
+            Err(r) => failures.push(format!("u's second move: {} {}, expected 429 migration_budget", r.status, r.body)),
+            Ok(ws) => failures.push(format!("u's second move within the window was made: {}", ws.welcome)),
+        }
+        drop(v);
+        match connect_avoiding(b, &cluster.http(1).mint_token("v", "web"), &v_session, "a").await {
+            Ok(ws) if ws.session() == v_session => {}
+            Ok(ws) => failures.push(format!("v's move gave another session: {}", ws.welcome)),
+            Err(r) => failures.push(format!("v's move refused: {} {}", r.status, r.body)),
+        }
+        let refusals = cluster.http(0).metric_total("livegate_migration_refusals_total") + cluster.http(1).metric_total("livegate_migration_refusals_total");
+        if refusals != 1.0 {
+            failures.push(format!("livegate_migration_refusals_total on a and b is {refusals}, expected u's second move only"));
+        }
+        eprintln!("u's other tabs followed within {followed_after:?}");
+    });
+    fail_with_logs(&cluster, "the user moves as one", &failures, &LOG_NEEDLES);
+}
