@@ -40,6 +40,18 @@ pub struct RemoteReplace {
     pub at_ms: u64,
 }
 
+/// Cluster mode: another node took `user`'s sessions at `at_ms` (a move); the user's
+/// connections here registered before then are closed with 4421 whose reason is `url`,
+/// that node's URL as this node knows it, so they reconnect there (the user moves as
+/// one). Replies with how many were closed.
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct RemoteMoved {
+    pub user: String,
+    pub url: String,
+    pub at_ms: u64,
+}
+
 /// How long a kick is remembered for connections registering after it. A handshake
 /// slower than this from its credential check to its registration, with a kick
 /// forgotten meanwhile, is closed as kicked (`Admission::TooOld`).
@@ -156,6 +168,20 @@ impl Handler<RemoteReplace> for Registry {
 
     fn handle(&mut self, msg: RemoteReplace, _ctx: &mut Self::Context) {
         self.replace(&msg.user, &msg.device, msg.at_ms);
+    }
+}
+
+impl Handler<RemoteMoved> for Registry {
+    type Result = usize;
+
+    fn handle(&mut self, msg: RemoteMoved, _ctx: &mut Self::Context) -> usize {
+        let mut closed = 0;
+        for id in self.of_user(&msg.user, None) {
+            let Some(entry) = self.connections.get(&id).filter(|e| e.since_ms < msg.at_ms) else { continue };
+            entry.to.do_send(CloseConnection { code: CloseCode::WrongNode, reason: msg.url.clone(), force: false });
+            closed += 1;
+        }
+        closed
     }
 }
 

@@ -1,6 +1,6 @@
 //! The node's NATS listeners, each a task that turns messages into calls of
 //! [`NodeEvents`]: heartbeats and goodbyes, exclusive-device
-//! announcements, kick requests (answered with the count) and publishes forwarded to this
+//! announcements, users whose sessions another node took, kick requests (answered with the count) and publishes forwarded to this
 //! node as a room's writer (at most [`MAX_FORWARDS_RUNNING`] at once). A maintenance
 //! loop reports NATS coming back and replays queued directory writes. Every task is
 //! owned by the [`Tasks`] `listen` returns. The wiring implements [`NodeEvents`] over the
@@ -18,7 +18,7 @@ use super::kv::KvSessions;
 use super::{
     decode_capacity, decode_connections, decode_epoch, decode_node, decode_probe, decode_release, decode_routes, decode_usage, Cluster,
     ClusterError, CAPACITY_HEADER, CELL_PROBE_HEADER, CONNECTIONS_HEADER, EPOCH_HEADER, RELEASE_HEADER, ROUTES_HEADER, USAGE_HEADER,
-    HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, MOVES_HEADER, REPLACE_SUBJECT, ROOMS_HEAD_HEADER,
+    HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, MOVED_SUBJECT, MOVES_HEADER, REPLACE_SUBJECT, ROOMS_HEAD_HEADER,
 };
 use super::promotion::{decode_moves, decode_rooms_head};
 use crate::core::heartbeats::NodeInfo;
@@ -33,6 +33,9 @@ pub trait NodeEvents: Clone + 'static {
     fn peer_left(&self, node: String);
     /// Another node connected `user` on exclusive `device` at `at_ms`.
     fn replaced(&self, user: String, device: String, at_ms: u64);
+    /// Node `to` took `user`'s sessions at `at_ms`: the user's connections here made
+    /// before then go there.
+    fn user_moved(&self, user: String, to: String, at_ms: u64);
     /// Close `user`'s connections here (on `device` when named); yields how many closed.
     /// `at_ms`: when the kick was made on the node that asked.
     fn kick(&self, user: String, device: Option<String>, at_ms: u64) -> LocalBoxFuture<'static, usize>;
@@ -148,6 +151,7 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
     let mut beats = client.subscribe(HEARTBEAT_SUBJECT).await?;
     let mut leaves = client.subscribe(LEAVE_SUBJECT).await?;
     let mut replaces = client.subscribe(REPLACE_SUBJECT).await?;
+    let mut moves = client.subscribe(MOVED_SUBJECT).await?;
     let kicks = client.subscribe(KICK_SUBJECT).await?;
     let forwarded = client.subscribe(publish_subject(&cluster.node)).await?;
     let mut orders = client.subscribe(rebalance_subject(&cluster.node)).await?;
@@ -254,6 +258,17 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
                 Ok(Some((user, device, at_ms))) => replace_events.replaced(user, device, at_ms),
                 Ok(None) => {}
                 Err(error) => replace_drops.dropped(&error),
+            }
+        }
+    });
+    let (me, moved_events) = (cluster.node.clone(), events.clone());
+    let mut moved_drops = Drops::new(events.clone(), "moved");
+    tasks.spawn(async move {
+        while let Some(message) = moves.next().await {
+            match decode_moved(&message.payload, &me) {
+                Ok(Some((user, to, at_ms))) => moved_events.user_moved(user, to, at_ms),
+                Ok(None) => {}
+                Err(error) => moved_drops.dropped(&error),
             }
         }
     });
@@ -513,6 +528,28 @@ fn decode_replace(body: &[u8], me: &str) -> Result<Option<(String, String, u64)>
     Ok(Some((command.user, command.device, peer_input::peer_time(at_ms, crate::world::now_ms()))))
 }
 
+/// Another node's move announcement: `(user, the node that took the sessions, at_ms)`,
+/// or `None` for this node's own. The taking node is the sender (its name is the
+/// command's node); the device field is empty. A malformed time is refused (read as
+/// "always", it would send the user's later connections away too); a time far ahead
+/// of now is read as now.
+fn decode_moved(body: &[u8], me: &str) -> Result<Option<(String, String, u64)>, PeerInputError> {
+    let command = decode_user_command(body)?;
+    if command.node == me {
+        return Ok(None);
+    }
+    let at_ms = peer_input::number("move time", &command.extra)?;
+    Ok(Some((command.user, command.node, peer_input::peer_time(at_ms, crate::world::now_ms()))))
+}
+
+/// Tell the other nodes that this node took `user`'s sessions at `at_ms`.
+pub async fn announce_moved(cluster: &Cluster, user: &str, at_ms: u64) {
+    let body = encode_user_command(&cluster.node, user, "", &at_ms.to_string());
+    if let Err(error) = cluster.client.publish(MOVED_SUBJECT, body.into()).await {
+        tracing::warn!(%error, user, "could not announce the user's move to other nodes");
+    }
+}
+
 /// Tell the other nodes that `user` connected on exclusive `device` at `at_ms`.
 pub async fn announce_replace(cluster: &Cluster, user: &str, device: &str, at_ms: u64) {
     let body = encode_user_command(&cluster.node, user, device, &at_ms.to_string());
@@ -652,5 +689,18 @@ mod tests {
         assert!(at_ms <= crate::world::now_ms() + peer_input::MAX_PEER_CLOCK_AHEAD_MS);
         let own = encode_user_command("b", "u", "phone", "17");
         assert_eq!(decode_replace(own.as_bytes(), "b"), Ok(None), "this node's own announcement");
+    }
+
+    #[test]
+    fn a_move_names_its_sender_as_the_taking_node_and_refuses_a_malformed_time() {
+        let at = |extra: &str| decode_moved(encode_user_command("a", "u", "", extra).as_bytes(), "b");
+        assert_eq!(at("17"), Ok(Some(("u".into(), "a".into(), 17))));
+        for malformed in ["", "soon", "-1", "1.5"] {
+            assert_eq!(at(malformed), Err(PeerInputError::BadNumber("move time")), "{malformed:?}");
+        }
+        let (_, _, at_ms) = at("18446744073709551615").unwrap().unwrap();
+        assert!(at_ms <= crate::world::now_ms() + peer_input::MAX_PEER_CLOCK_AHEAD_MS);
+        assert_eq!(decode_moved(encode_user_command("b", "u", "", "17").as_bytes(), "b"), Ok(None), "this node's own");
+        assert!(decode_moved(encode_user_command("a b", "u", "", "17").as_bytes(), "b").is_err(), "a bad node name");
     }
 }

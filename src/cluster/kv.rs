@@ -13,7 +13,9 @@
 //!
 //! Records expire by the bucket's age limit (twice `session_ttl_secs`); the directory
 //! rewrites the records of sessions connected to this node every half TTL, and a new
-//! session prunes the user's list of ids whose records have gone.
+//! session prunes the user's list of ids whose records have gone. Which sessions are
+//! connected here is marked in this node's store, so a start after a crash rewrites their
+//! records as closed at the start (a bounded number: [`ORPHANS_RELEASED_MAX`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -31,6 +33,22 @@ use crate::store::{QueuedSessionWrite, SessionRecord, Store, UserRecord};
 pub const CACHE_TTL: Duration = Duration::from_secs(60);
 /// Attempts of a read-modify-write of a user entry that keeps meeting other writers.
 const USER_UPDATE_ATTEMPTS: usize = 8;
+/// Records of sessions an earlier run left connected that a start rewrites at most
+/// ([`KvSessions::release_orphans`]); the rest age out from their last refresh.
+pub const ORPHANS_RELEASED_MAX: usize = 10_000;
+/// Of those, rewritten at once.
+const ORPHANS_IN_FLIGHT: usize = 32;
+
+/// What a start did with the sessions an earlier run of this node left connected.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ReleasedOrphans {
+    /// Records still owned here, rewritten as closed now.
+    pub released: usize,
+    /// Records gone, moved to another node, or unreadable: left as they are.
+    pub left: usize,
+    /// Beyond [`ORPHANS_RELEASED_MAX`]: not read.
+    pub beyond: usize,
+}
 
 struct Cached {
     record: SessionRecord,
@@ -375,6 +393,71 @@ impl KvSessions {
         }
         self.charges_pending.lock().get_or_insert_with(HashSet::new);
         Ok(charges.len())
+    }
+
+    /// Marks `session` connected here in this node's store (by process `incarnation`), so
+    /// a start after a crash finds it ([`release_orphans`](Self::release_orphans)).
+    pub fn mark_connected(&self, session: &str, incarnation: u64) -> Result<(), ClusterError> {
+        match &self.queue {
+            Some(store) => store.sessions().connected(session, incarnation).map_err(ClusterError::Queue),
+            None => Ok(()),
+        }
+    }
+
+    /// Its last connection here closed: the mark goes (the record ages out in the bucket).
+    pub fn mark_disconnected(&self, session: &str) -> Result<(), ClusterError> {
+        match &self.queue {
+            Some(store) => store.sessions().disconnected(session).map_err(ClusterError::Queue),
+            None => Ok(()),
+        }
+    }
+
+    /// At start-up, before the node is ready: the sessions an earlier run of this node
+    /// left marked connected (it crashed with them open) count as closed now. Each record
+    /// the bucket still holds under this node's name is rewritten with `now_ms` (a
+    /// version-checked write, so a node that took the session meanwhile keeps it), and its
+    /// age in the bucket counts from this start, as a session closed now; nothing refreshes
+    /// it any more unless its client comes back. Only the marks are read, never the
+    /// bucket's keys: at most [`ORPHANS_RELEASED_MAX`] records, [`ORPHANS_IN_FLIGHT`] at
+    /// once; the marks beyond are dropped and their records age out from their last
+    /// refresh (1.5 to 2 TTLs after the crash). NATS unreachable: the records are left
+    /// as they are, the same way.
+    pub async fn release_orphans(&self, now_ms: u64, incarnation: u64) -> Result<ReleasedOrphans, ClusterError> {
+        use futures_util::StreamExt;
+        let Some(store) = &self.queue else { return Ok(ReleasedOrphans::default()) };
+        let (orphans, beyond) = store.sessions().take_orphans(incarnation, ORPHANS_RELEASED_MAX).map_err(ClusterError::Queue)?;
+        let mut done = ReleasedOrphans { beyond, ..ReleasedOrphans::default() };
+        let mut releases = futures_util::stream::iter(orphans)
+            .map(|session| async move { (self.release_orphan(&session, now_ms).await, session) })
+            .buffer_unordered(ORPHANS_IN_FLIGHT);
+        while let Some((released, session)) = releases.next().await {
+            match released {
+                Ok(true) => done.released += 1,
+                Ok(false) => done.left += 1,
+                Err(error) => {
+                    tracing::warn!(session, %error, "could not release a session left connected by the previous run; it ages out from its last refresh");
+                    done.left += 1;
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Rewrites `session`'s record as closed at `now_ms` if this node still owns it.
+    async fn release_orphan(&self, session: &str, now_ms: u64) -> Result<bool, ClusterError> {
+        let Some((record, revision)) = self.entry(session).await? else { return Ok(false) };
+        if record.owner != self.cluster.node {
+            return Ok(false);
+        }
+        let released = SessionRecord { version: record.version + 1, updated_at_ms: now_ms, ..record };
+        match self.bucket.update(session_key(session), records::encode(&released).into(), revision).await {
+            Ok(_) => {
+                self.remember(&released);
+                Ok(true)
+            }
+            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// How many sessions the directory holds (this node's share is not counted: that

@@ -11,7 +11,8 @@
 //! - [`kv`]: the session directory in the `lg_sessions` bucket (compare-and-set on
 //!   revisions), with a cache and a sled-backed queue for outages;
 //! - heartbeats on `lg.node.heartbeat` (each node's open connections in a header), and
-//!   user commands (exclusive-device replacement, kicks) on `lg.user.*`, handled here and
+//!   user commands (exclusive-device replacement, kicks, a user's sessions moved to
+//!   another node) on `lg.user.*`, handled here and
 //!   in the liveness and registry actors; a rebalance's orders on
 //!   `lg.node.<node>.rebalance` (`bus::send_order`);
 //! - [`occupancy`]: cluster-wide room occupancy in the `lg_occupancy` bucket (one record
@@ -101,6 +102,9 @@ pub const ROOMS_HEAD_HEADER: &str = "Lg-Rooms-Head";
 pub const MOVES_HEADER: &str = "Lg-Moves";
 pub const REPLACE_SUBJECT: &str = "lg.user.replace";
 pub const KICK_SUBJECT: &str = "lg.user.kick";
+/// A node took a user's sessions (a move): the user's connections on the other nodes
+/// follow there.
+pub const MOVED_SUBJECT: &str = "lg.user.moved";
 /// How long a call to another cell (a read through its domain, a publish forwarded to
 /// its writer) may take: a silent cut does not close a leaf connection for minutes.
 pub const CROSS_CELL_TIMEOUT: Duration = Duration::from_millis(800);

@@ -13,7 +13,7 @@ use thiserror::Error;
 use super::names;
 
 /// The kinds of peer messages a node reads (`livegate_peer_messages_dropped_total{kind}`).
-pub const MESSAGE_KINDS: &[&str] = &["heartbeat", "leave", "order", "replace", "kick", "kick_answer"];
+pub const MESSAGE_KINDS: &[&str] = &["heartbeat", "leave", "order", "replace", "kick", "kick_answer", "moved"];
 
 /// Largest heartbeat body (name, cell, URL, draining, start time).
 pub const MAX_HEARTBEAT_BYTES: usize = 1024;
@@ -21,7 +21,7 @@ pub const MAX_HEARTBEAT_BYTES: usize = 1024;
 pub const MAX_HEADER_BYTES: usize = 64;
 /// Largest rebalance order.
 pub const MAX_ORDER_BYTES: usize = 1024;
-/// Largest user command (a kick, an exclusive-device replacement) and kick answer.
+/// Largest user command (a kick, an exclusive-device replacement, a move) and kick answer.
 pub const MAX_USER_COMMAND_BYTES: usize = 512;
 /// Longest node name or cell (the configuration's rule for `node` and `cell`).
 pub const MAX_NODE_NAME_LEN: usize = names::MAX_NODE_NAME_LEN;

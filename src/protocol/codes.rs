@@ -109,7 +109,7 @@ impl CloseCode {
             CloseCode::HeartbeatTimeout => "Nothing (frames, pings or pongs) arrived from the client for three heartbeat_secs intervals.",
             CloseCode::SlowConsumer => "More than max_outbox_bytes waited for the connection for longer than the grace.",
             CloseCode::MigrationBudget => "The reason is the seconds to wait before reconnecting.",
-            CloseCode::WrongNode => "The reason is the URL of the node that serves the session: connect there with the same credential. After a welcome: a rebalance handed the session over.",
+            CloseCode::WrongNode => "The reason is the URL of the node that serves the session: connect there with the same credential. After a welcome: a rebalance handed the session over, or another session of the user moved to that node and this one follows it.",
             CloseCode::Replaced => "Only for exclusive_devices: a newer connection of the user on the same device kind.",
             CloseCode::Kicked => "`DELETE /v1/users/{user}/connections`; the credentials issued to the user before it are void.",
             _ => "",

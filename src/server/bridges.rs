@@ -11,14 +11,15 @@ use futures_util::future::LocalBoxFuture;
 use crate::actors::liveness::{Heard, Left, LivenessActor, Router};
 use crate::actors::messages::{Kick, NewEvent};
 use crate::actors::rebalance::{Rebalancer, Shed};
-use crate::actors::registry::{Registry, RemoteReplace, UserBus};
+use crate::actors::directory::UserMoves;
+use crate::actors::registry::{Registry, RemoteMoved, RemoteReplace, UserBus};
 use crate::actors::room::{Occupancy, PresenceHub};
 use crate::actors::rooms::Rooms;
 use crate::cluster::bus::{Appended, ForwardedPublish, NodeEvents};
 use crate::cluster::occupancy::ClusterOccupancy;
 use crate::cluster::Cluster;
 use crate::core::heartbeats::NodeInfo;
-use crate::core::rebalance::{Order, OrderRefused};
+use crate::core::rebalance::{target_url, Known, Order, OrderRefused};
 use crate::http::seams::Nonces;
 
 /// The registry's announcements over the cluster's NATS subjects.
@@ -28,6 +29,14 @@ impl UserBus for ClusterUserBus {
     fn announce_replace(&self, user: &str, device: &str, at_ms: u64) {
         let (cluster, user, device) = (self.0.clone(), user.to_string(), device.to_string());
         actix::spawn(async move { crate::cluster::bus::announce_replace(&cluster, &user, &device, at_ms).await });
+    }
+}
+
+/// The directory's announcements of a user's move, on NATS.
+impl UserMoves for ClusterUserBus {
+    fn moved(&self, user: &str, at_ms: u64) {
+        let (cluster, user) = (self.0.clone(), user.to_string());
+        actix::spawn(async move { crate::cluster::bus::announce_moved(&cluster, &user, at_ms).await });
     }
 }
 
@@ -41,6 +50,8 @@ pub(super) struct NodeActors {
     pub(super) nonces: Arc<dyn Nonces>,
     pub(super) presence: Arc<PresenceHub>,
     pub(super) rebalance: Addr<Rebalancer>,
+    /// Where a node that took a user's sessions is (its URL as this node knows it).
+    pub(super) router: Arc<Router>,
     pub(super) metrics: Arc<crate::metrics::Metrics>,
 }
 
@@ -56,6 +67,27 @@ impl NodeEvents for NodeActors {
 
     fn replaced(&self, user: String, device: String, at_ms: u64) {
         self.registry.do_send(RemoteReplace { user, device, at_ms });
+    }
+
+    /// The URL is the one this node knows for `to` (never one a message carries); a node
+    /// it does not hear alive and taking connections is not where anyone is sent.
+    fn user_moved(&self, user: String, to: String, at_ms: u64) {
+        let nodes = self.router.loads(0).unwrap_or_default();
+        let known: Vec<Known> = nodes.iter().map(|n| Known { name: &n.name, url: &n.url, draining: n.draining }).collect();
+        let url = match target_url(&to, &self.router.me().name, &known) {
+            Ok(url) => url.to_string(),
+            Err(refused) => {
+                tracing::info!(user, to, %refused, "a move to a node this one cannot send clients to: the user's connections here stay");
+                return;
+            }
+        };
+        let registry = self.registry.clone();
+        actix::spawn(async move {
+            let closed = registry.send(RemoteMoved { user: user.clone(), url, at_ms }).await.unwrap_or(0);
+            if closed > 0 {
+                tracing::info!(user, to, closed, "the user's sessions moved to another node: its connections here follow");
+            }
+        });
     }
 
     fn kick(&self, user: String, device: Option<String>, at_ms: u64) -> LocalBoxFuture<'static, usize> {

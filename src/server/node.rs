@@ -20,7 +20,7 @@ use super::http_server::{http_server, threads};
 use super::upkeep::{expire_sessions, forward_signals, purge_expired, read_mirror_lags, reload_on};
 use super::{open_files_limit, tls_config, ServerError, Signals};
 use crate::actors::connection::{ConnectionSettings, ResumeRevocations};
-use crate::actors::directory::{Directory, DirectorySettings, SessionStore};
+use crate::actors::directory::{Directory, DirectorySettings, SessionStore, UserMoves};
 use crate::actors::liveness::{self, ClusterPeers, LivenessActor, OwnLoad, Router};
 use crate::actors::publish::Publisher;
 use crate::actors::rebalance::Rebalancer;
@@ -237,7 +237,8 @@ impl Node {
         let own_load = OwnLoad { metrics: metrics.clone(), capacity: max_connections as u64 };
         let router = Arc::new(router(&config, me, cluster.as_ref(), &lifecycle)?.with_load(own_load, config.placement_high_water_percent));
         let (directory, session_opener) =
-            Directory::new(backends.sessions.clone(), router.clone(), directory_settings, metrics.clone()).start_with_opener();
+            Directory::new(backends.sessions.clone(), router.clone(), directory_settings, metrics.clone(), backends.user_moves.clone())
+                .start_with_opener();
         let liveness = start_liveness(&config, router.clone(), cluster.as_ref(), &metrics, &presence);
         let rebalance = Rebalancer::start(directory.clone(), registry.clone(), router.clone(), lifecycle.clone(), metrics.clone());
         let cluster = match (cluster, &backends.kv) {
@@ -249,6 +250,7 @@ impl Node {
                     nonces: backends.nonces.clone(),
                     presence: presence.clone(),
                     rebalance: rebalance.actor.clone(),
+                    router: router.clone(),
                     metrics: metrics.clone(),
                 };
                 let bus = crate::cluster::bus::listen(&cluster, events, kv.clone()).await?;
@@ -477,6 +479,8 @@ struct Backends {
     kv: Option<KvSessions>,
     nonces: Arc<dyn Nonces>,
     user_bus: Option<Arc<dyn UserBus>>,
+    /// Cluster mode: where the directory announces a user's move.
+    user_moves: Option<Arc<dyn UserMoves>>,
     token_secret: Vec<u8>,
 }
 
@@ -489,6 +493,7 @@ impl Backends {
                 kv: None,
                 nonces: Arc::new(StoreNonces::new(store, config)),
                 user_bus: None,
+                user_moves: None,
                 token_secret: store.credentials().secret("token")?,
             });
         };
@@ -503,6 +508,7 @@ impl Backends {
                 sending: Default::default(),
             }),
             user_bus: Some(Arc::new(ClusterUserBus(cluster.clone()))),
+            user_moves: Some(Arc::new(ClusterUserBus(cluster.clone()))),
             // Every node verifies every other node's tokens.
             token_secret: cluster.token_secret().to_vec(),
         })

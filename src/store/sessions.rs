@@ -153,6 +153,35 @@ impl Sessions {
         Ok(released)
     }
 
+    /// A session's last connection closed, where the session's expiry is kept elsewhere
+    /// (cluster mode: the KV bucket's age limit): only the connected mark goes.
+    pub fn disconnected(&self, session: &str) -> Result<(), StoreError> {
+        self.session_live.remove(session.as_bytes())?;
+        Ok(())
+    }
+
+    /// Cluster mode's orphans: the sessions an earlier process left marked connected, at
+    /// most `limit` of them (oldest key first), each with the process that marked it.
+    /// Every such mark is removed, those beyond `limit` too (returned as a count), so the
+    /// next start finds none of them again. Reads only the connected marks.
+    pub fn take_orphans(&self, incarnation: u64, limit: usize) -> Result<(Vec<String>, usize), StoreError> {
+        let (mut taken, mut beyond) = (Vec::new(), 0);
+        for item in self.session_live.iter() {
+            let (key, value) = item?;
+            let seen_by = value.as_ref().try_into().map(u64::from_be_bytes).unwrap_or(0);
+            if seen_by == incarnation {
+                continue;
+            }
+            self.session_live.remove(&key)?;
+            if taken.len() < limit {
+                taken.push(String::from_utf8_lossy(&key).into_owned());
+            } else {
+                beyond += 1;
+            }
+        }
+        Ok((taken, beyond))
+    }
+
     /// Delete up to `limit` sessions whose last connection closed at or before
     /// `cutoff_ms`, with their user-index entries, unless `is_live` says one is connected
     /// again. Returns (entries examined, ids deleted); fewer examined than `limit` means
@@ -246,6 +275,23 @@ mod tests {
         assert_eq!(deleted, ["s3", "s4"]);
         assert_eq!(sessions.stored(), 0);
         assert_eq!(sessions.of_user("u2").unwrap(), vec![]);
+    }
+
+    #[test]
+    fn orphans_are_taken_once_up_to_the_limit_and_this_run_keeps_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let sessions = store.sessions();
+        for session in ["s1", "s2", "s3"] {
+            sessions.connected(session, 7).unwrap();
+        }
+        sessions.connected("mine", 8).unwrap();
+        sessions.connected("gone", 7).unwrap();
+        sessions.disconnected("gone").unwrap();
+        assert_eq!(sessions.take_orphans(8, 2).unwrap(), (vec!["s1".to_string(), "s2".to_string()], 1));
+        assert_eq!(sessions.take_orphans(8, 2).unwrap(), (vec![], 0), "taken once, beyond the limit too");
+        assert_eq!(sessions.take_orphans(9, 2).unwrap(), (vec!["mine".to_string()], 0));
+        assert_eq!(sessions.seen("s1").unwrap(), None, "no expiry kept here: the bucket keeps it");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! the proxy count under the client's own address from `X-Forwarded-For`, a client
 //! cannot pick its address with a header of its own (neither directly nor through the
 //! proxy), and without `trusted_proxies` everything behind the proxy is one address.
+//! The nginx that runs is the book's load-balancing configuration (docs/src/operations.md).
 
 use crate::common;
 
@@ -12,8 +13,52 @@ use std::time::Duration;
 
 use common::*;
 
+/// The nginx configuration of the book's Operations chapter (docs/src/operations.md, its
+/// first `nginx` block: load balancing with the drain's timings), as the test runs it:
+/// nginx in the foreground with its files under `dir`, listening on `listen`, the
+/// book's upstream servers replaced by `upstream` alone. Everything else is the book's
+/// text, so a snippet that stops working fails this file's tests.
+fn book_nginx_conf(dir: &str, listen: SocketAddr, upstream: SocketAddr) -> String {
+    let book = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/src/operations.md")).expect("read docs/src/operations.md");
+    let snippet = book
+        .split("```nginx\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("an nginx block in docs/src/operations.md");
+    let mut conf = format!(
+        "daemon off;\nmaster_process off;\nworker_processes 1;\nerror_log {dir}/error.log info;\npid {dir}/nginx.pid;\n"
+    );
+    let mut servers = 0;
+    for line in snippet.lines() {
+        let code = line.split('#').next().unwrap_or_default().trim();
+        if code.starts_with("server ") && code.ends_with(';') {
+            // The book's upstream servers: the first becomes the test's, the rest go.
+            servers += 1;
+            if servers == 1 {
+                let options = code.trim_end_matches(';').split_whitespace().skip(2).collect::<Vec<_>>().join(" ");
+                conf.push_str(&format!("        server {upstream} {options};\n"));
+            }
+            continue;
+        }
+        if code == "listen 80;" {
+            conf.push_str(&format!("        listen {listen};\n"));
+            continue;
+        }
+        conf.push_str(line);
+        conf.push('\n');
+        if code == "http {" {
+            conf.push_str(&format!(
+                "    access_log off;\n    client_body_temp_path {dir}/body;\n    proxy_temp_path {dir}/proxy;\n    \
+                 fastcgi_temp_path {dir}/fastcgi;\n    uwsgi_temp_path {dir}/uwsgi;\n    scgi_temp_path {dir}/scgi;\n"
+            ));
+        }
+    }
+    assert!(servers >= 2 && conf.contains(&format!("listen {listen};")), "the book's nginx block changed shape:\n{snippet}");
+    conf
+}
+
 /// nginx in the foreground (one process) in front of `upstream`, with the book's
-/// WebSocket proxy settings (docs/src/security.md).
+/// load-balancing and WebSocket proxy settings ([`book_nginx_conf`]).
 struct Nginx {
     addr: SocketAddr,
     child: Child,
@@ -43,35 +88,7 @@ impl Nginx {
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let d = dir.path().display();
-        let conf = format!(
-            r#"daemon off;
-master_process off;
-worker_processes 1;
-error_log {d}/error.log info;
-pid {d}/nginx.pid;
-events {{ worker_connections 256; }}
-http {{
-    access_log off;
-    client_body_temp_path {d}/body;
-    proxy_temp_path {d}/proxy;
-    fastcgi_temp_path {d}/fastcgi;
-    uwsgi_temp_path {d}/uwsgi;
-    scgi_temp_path {d}/scgi;
-    map $http_upgrade $connection_upgrade {{ default upgrade; '' close; }}
-    server {{
-        listen {addr};
-        location / {{
-            proxy_pass http://{upstream};
-            proxy_http_version 1.1;
-            proxy_set_header Upgrade $http_upgrade;
-            proxy_set_header Connection $connection_upgrade;
-            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-            proxy_read_timeout 1h;
-        }}
-    }}
-}}
-"#
-        );
+        let conf = book_nginx_conf(&d.to_string(), addr, upstream);
         let conf_path = dir.path().join("nginx.conf");
         std::fs::write(&conf_path, conf).expect("write nginx.conf");
         let mut child = Command::new(binary)

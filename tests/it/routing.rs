@@ -4,6 +4,7 @@
 
 use crate::common;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -213,4 +214,114 @@ async fn peers_send_a_reconnect_to_the_node_that_made_its_session() {
     let on_b = on_b.unwrap_or_else(|r| panic!("the token refused twice with wrong_node, once node-a is gone: {} {}", r.status, r.body));
     assert_eq!(on_b.welcome["node"], "node-b", "{}", on_b.welcome);
     drop(a_dir);
+}
+
+/// Peers mode (issue 48, seed `000`: a draining node leaves the candidates, in peers mode
+/// too). Three `livegate serve` processes list each other (probed every 100 ms); node-c
+/// gets SIGTERM with a 6 s drain wait. While node-c still answers `/healthz` (draining,
+/// not down), every node's `/v1/route` sends none of 200 session ids to it (a third of
+/// them are node-c's by placement), a handshake through node-a for a session of node-c
+/// lands on another node, and one on node-c is refused with 503; node-c's own
+/// connections keep answering until its wait is over, then get 1012, and it exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_peer_leaves_the_route_of_every_peers_mode_node_and_keeps_its_own_connections_until_drained() {
+    let _gate = crate::common::gate!();
+    const WAIT: Duration = Duration::from_secs(6);
+    let root = tempfile::tempdir().expect("tempdir");
+    let names = ["node-a", "node-b", "node-c"];
+    let addrs: Vec<SocketAddr> = names.iter().map(|_| dead_addr()).collect();
+    let wait_secs = WAIT.as_secs().to_string();
+    let mut nodes: Vec<common::process::ServeProcess> = (0..3)
+        .map(|i| {
+            let peers: Vec<String> = (0..3).filter(|&j| j != i).map(|j| format!("{}=http://{}", names[j], addrs[j])).collect();
+            let peers = peers.join(",");
+            let flags = [
+                "--peers", &peers, "--probe-interval-ms", "100", "--probe-up-after", "1",
+                "--drain-wait-secs", &wait_secs, "--drain-spread-secs", "1", "--drain-grace-secs", "5",
+            ];
+            let data = root.path().join(names[i]);
+            common::process::ServeProcess::start_named_at(&data, &root.path().join(format!("{}.log", names[i])), names[i], addrs[i], &flags)
+        })
+        .collect();
+    let https: Vec<Http> = addrs.iter().map(|&addr| Http::new(addr)).collect();
+    let up = |http: &Http, peer: &str| http.metric(&format!("livegate_peer_up{{peer=\"{peer}\"}}")) == Some(1.0);
+    let formed = wait_until(Duration::from_secs(10), || {
+        (0..3).all(|i| (0..3).filter(|&j| j != i).all(|j| up(&https[i], names[j])))
+    });
+    assert!(formed, "the three nodes never counted each other up");
+
+    let ids: Vec<String> = (0..200).map(|i| format!("drain-{i}")).collect();
+    let placed_on_c: Vec<&String> = ids.iter().filter(|id| livegate::core::routing::rendezvous(id, names) == Some("node-c")).collect();
+    assert!(placed_on_c.len() > 30, "node-c's share of the ids: {}", placed_on_c.len());
+    let routed = |http: &Http, id: &str| {
+        let (status, body) = route(http, &format!("session={id}"));
+        assert_eq!(status, 200, "route {id}: {body}");
+        body["node"].as_str().unwrap_or_default().to_string()
+    };
+    assert_eq!(routed(&https[0], placed_on_c[0]), "node-c", "before the drain node-c takes its share");
+
+    let mut own = Vec::new();
+    for user in ["c1", "c2", "c3"] {
+        let ws = WsClient::connect(addrs[2], &https[2].mint_token(user, "web"), None).await;
+        assert_eq!(ws.welcome["node"], "node-c", "{}", ws.welcome);
+        own.push(ws);
+    }
+    let c1_session = own[0].session().to_string();
+
+    nodes[2].signal("TERM");
+    let termed = Instant::now();
+    let left = wait_until_every(Duration::from_secs(2), Duration::from_millis(20), || {
+        (0..3).all(|i| routed(&https[i], placed_on_c[0]) != "node-c")
+    });
+    assert!(left, "node-c still routed to 2 s after its SIGTERM");
+    let left_after = termed.elapsed();
+    let mut to_c = Vec::new();
+    let mut spread: HashMap<String, usize> = HashMap::new();
+    for id in &ids {
+        for (i, http) in https.iter().enumerate() {
+            let node = routed(http, id);
+            if node == "node-c" {
+                to_c.push(format!("{id} via {}", names[i]));
+            }
+            *spread.entry(node).or_default() += 1;
+        }
+    }
+    assert!(to_c.is_empty(), "routed to the draining node-c: {to_c:?}");
+    // Draining, not down: node-c still answers its probes.
+    let (status, health) = https[2].request("GET", "/healthz", Auth::None, Body::None);
+    assert_eq!((status, health["draining"].as_bool()), (200, Some(true)), "{health}");
+
+    // A new handshake for node-c's session through node-a lands where the route says.
+    let through_a = WsClient::try_connect_with_headers(addrs[0], Some(&https[0].mint_token("c1", "web")), Some(&c1_session)).await;
+    let landed = match through_a {
+        Ok(ws) => ws,
+        Err(r) => {
+            assert_eq!(r.status, 421, "{} {:?}", r.body, r.headers);
+            let node = r.body["error"]["node"].as_str().unwrap_or_default().to_string();
+            assert_ne!(node, "node-c", "sent to the draining node: {}", r.body);
+            let i = names.iter().position(|n| *n == node).unwrap_or_else(|| panic!("unknown node in {}", r.body));
+            WsClient::connect(addrs[i], &https[i].mint_token("c1", "web"), Some(&c1_session)).await
+        }
+    };
+    assert_ne!(landed.welcome["node"], "node-c", "{}", landed.welcome);
+    let fresh = WsClient::connect(addrs[1], &https[1].mint_token("new", "web"), None).await;
+    assert_eq!(fresh.welcome["node"], "node-b", "{}", fresh.welcome);
+    match WsClient::try_connect(addrs[2], Some(&https[2].mint_token("late", "web")), None).await {
+        Err(r) => assert_eq!((r.status, error_code(&r.body)), (503, "unavailable"), "{}", r.body),
+        Ok(ws) => panic!("the draining node-c admitted a handshake: {}", ws.welcome),
+    }
+    // node-c's own connections are served until its wait is over.
+    for ws in &mut own {
+        ws.assert_alive().await;
+    }
+    let checked_after = termed.elapsed();
+    assert!(checked_after < WAIT, "the checks ran {checked_after:?} after the SIGTERM, past the {WAIT:?} drain wait: test machine too slow");
+    for ws in &mut own {
+        let code = ws.close_code_within(WAIT + Duration::from_secs(5)).await;
+        assert_eq!(code, Some(1012), "node-c's client after its drain");
+    }
+    assert!(termed.elapsed() >= WAIT, "closed before the drain wait was over");
+    let status = nodes[2].wait_exit(Duration::from_secs(15)).expect("node-c exits after its drain");
+    assert!(status.success(), "node-c exited with {status}");
+    eprintln!("route left node-c {left_after:?} after SIGTERM; {} ids × 3 nodes routed {spread:?}; checks done {checked_after:?} after", ids.len());
 }

@@ -68,8 +68,8 @@ impl SessionStore for Store {
         Ok(self.sessions().released(session, now_ms, incarnation)?)
     }
 
-    fn release_orphans(&self, now_ms: u64, incarnation: u64) -> Result<usize, DirectoryError> {
-        Ok(self.sessions().release_orphans(now_ms, incarnation)?)
+    fn release_orphans(&self, now_ms: u64, incarnation: u64) -> LocalBoxFuture<'_, Result<usize, DirectoryError>> {
+        Box::pin(ready(self.sessions().release_orphans(now_ms, incarnation).map_err(Into::into)))
     }
 
     fn expire(&self, pass: &ExpiryPass<'_>) -> Result<Expired, DirectoryError> {

@@ -54,6 +54,24 @@ impl SessionStore for KvSessions {
         SessionStore::session(self, session)
     }
 
+    fn connected(&self, session: &str, incarnation: u64) -> Result<(), DirectoryError> {
+        Ok(self.mark_connected(session, incarnation)?)
+    }
+
+    fn released(&self, session: &str, _now_ms: u64, _incarnation: u64) -> Result<(), DirectoryError> {
+        Ok(self.mark_disconnected(session)?)
+    }
+
+    fn release_orphans(&self, now_ms: u64, incarnation: u64) -> LocalBoxFuture<'_, Result<usize, DirectoryError>> {
+        Box::pin(async move {
+            let done = KvSessions::release_orphans(self, now_ms, incarnation).await?;
+            if done.left > 0 || done.beyond > 0 {
+                tracing::info!(released = done.released, left = done.left, beyond = done.beyond, "sessions left connected by the previous run: some were not rewritten");
+            }
+            Ok(done.released)
+        })
+    }
+
     fn refresh_after(&self, ttl: Duration) -> Option<Duration> {
         // The bucket's age limit is twice the TTL: half a TTL leaves a margin of 1.5.
         Some(ttl / 2)

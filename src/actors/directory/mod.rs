@@ -14,6 +14,11 @@
 //! embedded store on a single node ([`embedded`]), the NATS KV bucket in cluster mode
 //! ([`kv`]); the decisions are the same.
 //!
+//! The user is the unit of migration: a move takes every session of the user (one charge
+//! to its budget, whatever the number), and in cluster mode it is announced
+//! ([`UserMoves`]) so the user's live connections on other nodes follow at once instead
+//! of staying where their records no longer point.
+//!
 //! Handshakes of one user are served one at a time, in arrival order (a lock stripe per
 //! user hash, held across the store's I/O); handshakes of other users go on meanwhile.
 //! What the directory holds in memory sits behind a short lock never held across I/O
@@ -237,16 +242,24 @@ pub trait SessionStore: Send + Sync + 'static {
     fn released(&self, _session: &str, _now_ms: u64, _incarnation: u64) -> Result<(), DirectoryError> {
         Ok(())
     }
-    /// At start-up: sessions an earlier run left connected count as released now.
-    fn release_orphans(&self, _now_ms: u64, _incarnation: u64) -> Result<usize, DirectoryError> {
-        Ok(0)
-    }
+    /// At start-up, before the node is ready: sessions an earlier run left connected count
+    /// as released now (their expiry counts from this start). Replies with how many.
+    fn release_orphans(&self, now_ms: u64, incarnation: u64) -> LocalBoxFuture<'_, Result<usize, DirectoryError>>;
     /// Delete what is past its TTL (at most `pass.batch` records examined).
     fn expire(&self, pass: &ExpiryPass<'_>) -> Result<Expired, DirectoryError>;
     /// Records stored, where that is known without reading them.
     fn stored(&self) -> Option<u64> {
         None
     }
+}
+
+/// Where a move is told to the other nodes (cluster mode: `server::bridges`, on NATS).
+/// Each node then closes the user's connections it holds that opened before the move
+/// with 4421 and this node's URL, so they reconnect here, to sessions that are this
+/// node's already: no move, no charge.
+pub trait UserMoves: Send + Sync {
+    /// This node took `user`'s sessions from other nodes at `at_ms`.
+    fn moved(&self, user: &str, at_ms: u64);
 }
 
 /// Count the directory and start warm-up when it holds sessions; replies with
@@ -291,6 +304,8 @@ struct Shared {
     stripes: RandomState,
     memory: Mutex<Memory>,
     metrics: Arc<Metrics>,
+    /// Cluster mode: where a move is announced.
+    moves: Option<Arc<dyn UserMoves>>,
 }
 
 /// What the directory holds in memory; locked only for moments, never across a network wait.
@@ -309,7 +324,14 @@ struct Live {
 }
 
 impl Directory {
-    pub fn new(sessions: Arc<dyn SessionStore>, router: Arc<Router>, settings: DirectorySettings, metrics: Arc<Metrics>) -> Self {
+    /// `moves`: where a move is announced to the other nodes (cluster mode), if anywhere.
+    pub fn new(
+        sessions: Arc<dyn SessionStore>,
+        router: Arc<Router>,
+        settings: DirectorySettings,
+        metrics: Arc<Metrics>,
+        moves: Option<Arc<dyn UserMoves>>,
+    ) -> Self {
         let node = router.me().name.clone();
         let memory = Memory {
             warmup_until: None,
@@ -328,6 +350,7 @@ impl Directory {
             stripes: RandomState::new(),
             memory: Mutex::new(memory),
             metrics,
+            moves,
         };
         Directory { shared: Arc::new(shared) }
     }
@@ -505,7 +528,9 @@ impl Shared {
 
     /// Move every session of `user` owned elsewhere to this node. A move the router
     /// forced is always made; one it did not choose (`charged`, its budget checked by the
-    /// caller under the same hold of the user's stripe) is one budget charge.
+    /// caller under the same hold of the user's stripe) is one budget charge, however
+    /// many sessions move. Once a record moved, the move is announced ([`UserMoves`]):
+    /// the user's connections elsewhere follow.
     /// Returns the asked session's record as it stands after the move.
     async fn migrate_user(&self, user: &str, asked: &SessionRecord, now: u64, charged: bool) -> Result<SessionRecord, DirectoryError> {
         let mut records = self.sessions.sessions_of_user(user).await?;
@@ -513,6 +538,7 @@ impl Shared {
             records.push(asked.clone());
         }
         let mut asked_now = asked.clone();
+        let mut moved_any = false;
         for record in records {
             if record.owner == self.node {
                 continue;
@@ -521,6 +547,7 @@ impl Shared {
             let moved = SessionRecord { owner: self.node.clone(), updated_at_ms: now, ..record.clone() };
             match self.write(Some(record.version), moved).await {
                 Ok(written) => {
+                    moved_any = true;
                     tracing::info!(user, session = %written.session, from = %from, to = %self.node, version = written.version, "session migrated");
                     if written.session == asked.session {
                         asked_now = written;
@@ -537,6 +564,9 @@ impl Shared {
         }
         if charged {
             self.sessions.set_last_migration(user, now).await?;
+        }
+        if let Some(moves) = self.moves.as_ref().filter(|_| moved_any) {
+            moves.moved(user, now);
         }
         self.metrics.migrations.inc();
         Ok(asked_now)
@@ -724,8 +754,10 @@ impl Shared {
 
     async fn reconcile(&self) -> Result<(usize, usize), DirectoryError> {
         // This node holds no connection yet: records it owned wait for their clients to
-        // reconnect (here or elsewhere); nothing is rewritten in bulk.
-        let orphans = self.sessions.release_orphans(now_ms(), self.incarnation)?;
+        // reconnect (here or elsewhere). Those an earlier run left connected count as
+        // closed now (the embedded store marks them; cluster mode rewrites a bounded
+        // number of them), so their TTL runs from this start, before any traffic.
+        let orphans = self.sessions.release_orphans(now_ms(), self.incarnation).await?;
         if orphans > 0 {
             tracing::info!(sessions = orphans, "sessions left connected by the previous run count as closed now");
         }

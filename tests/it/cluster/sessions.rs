@@ -395,3 +395,161 @@ fn the_session_bucket_takes_the_age_limit_of_the_last_node_to_open_it() {
         assert_eq!(max_ages, [Duration::from_secs(10), Duration::from_secs(60)], "twice session_ttl_secs, updated on open");
     });
 }
+
+/// Reconcile before traffic, cluster mode: node a is killed (SIGKILL) with two sessions
+/// connected and started again under its name after their records have aged 3 s of a 3 s
+/// TTL (the bucket keeps a record twice the TTL after its last write). Resume handshakes
+/// sent from its listening line on are refused (503 `unavailable`) until `/readyz` is
+/// 200; at the start the killed run's records are rewritten as closed then (their
+/// `updated_at_ms` is after the kill), so the session nobody resumed is still there, and
+/// resumable, past the age limit counted from the crash (kill + 2 TTL + 1.5 s), where
+/// before it was gone.
+#[test]
+fn a_node_restarted_after_kill_9_admits_nobody_before_ready_and_its_orphaned_sessions_count_as_closed_at_the_start() {
+    let _gate = crate::common::gate!();
+    const TTL: Duration = Duration::from_secs(3);
+    let mut cluster = Cluster::start(2, &["--session-ttl-secs", "3"]);
+    let rt = runtime();
+    let mut failures = Vec::new();
+    rt.block_on(async {
+        // The same limits as the node, or connecting would set the bucket's age limit back.
+        let day = Duration::from_secs(86_400);
+        let limits = StreamLimits { history_size: 1000, nonce_ttl: day, session_ttl: TTL, replicas: None };
+        let probe = livegate::cluster::Cluster::connect_with(&cluster.nats.url(), "probe", limits)
+            .await
+            .unwrap_or_else(|e| panic!("connect: {e:?}"));
+        let kv = KvSessions::open(&probe).await.unwrap_or_else(|e| panic!("open kv: {e:?}"));
+        let a = cluster.addr(0);
+        let one = WsClient::connect(a, &cluster.http(0).mint_token("u1", "web"), None).await;
+        let two = WsClient::connect(a, &cluster.http(0).mint_token("u2", "web"), None).await;
+        let (s1, s2) = (one.session().to_string(), two.session().to_string());
+        // Tokens minted on b work on any node, once.
+        let (back1, back2) = (cluster.http(1).mint_token("u1", "web"), cluster.http(1).mint_token("u2", "web"));
+        cluster.take_node(0).kill9();
+        let (killed, killed_ms) = (Instant::now(), common::now_ms());
+        drop((one, two));
+        common::let_time_pass_async(TTL, "the killed run's records age in the bucket before the restart").await;
+
+        cluster.start_node_listening(0);
+        let a = cluster.addr(0);
+        let start = common::process::handshakes_through_start(a, &back1, &s1, Duration::from_secs(20)).await;
+        cluster.node_mut(0).wait_ready();
+        failures.extend(start.failures);
+        eprintln!("handshakes refused while starting: {}", start.refused_unready);
+        // The start reads and rewrites records over NATS: the first handshake, waiting
+        // in the backlog since the listening line, meets it.
+        if start.refused_unready == 0 {
+            failures.push("no handshake met the start: the first one was admitted".to_string());
+        }
+        match &start.admitted {
+            Some(ws) if ws.session() != s1 => failures.push(format!("the first admitted handshake did not resume {s1}: {}", ws.welcome)),
+            _ => {}
+        }
+        match kv.entry(&s2).await.expect("read the bucket") {
+            Some((record, _)) if record.updated_at_ms < killed_ms => {
+                failures.push(format!("the killed run's record was not released at the start: written {} ms before the kill", killed_ms - record.updated_at_ms))
+            }
+            Some((record, _)) if record.owner != Cluster::name(0) => failures.push(format!("the record names owner {}", record.owner)),
+            Some(_) => {}
+            None => failures.push("the unresumed session's record was gone after the restart".to_string()),
+        }
+        let status = cluster.http(0).request("GET", "/v1/admin/status", Auth::Key, Body::None).1;
+        if status["sessions_live"] != 1 {
+            failures.push(format!("only the resumed session is connected on a: {status}"));
+        }
+        // Past the age limit counted from the crash (last write at the kill at the
+        // latest, nats-server expiring about once a second): only the release kept it.
+        let past = (2 * TTL + Duration::from_millis(1500)).saturating_sub(killed.elapsed());
+        common::let_time_pass_async(past, "past the bucket's age limit counted from the kill").await;
+        match WsClient::try_connect(a, Some(&back2), Some(&s2)).await {
+            Ok(ws) if ws.session() == s2 => {}
+            Ok(ws) => failures.push(format!("the session left connected at the kill expired {:?} after it: {}", killed.elapsed(), ws.welcome)),
+            Err(r) => failures.push(format!("resume of {s2} refused: {} {}", r.status, r.body)),
+        }
+    });
+    fail_with_logs(&cluster, "reconcile before traffic in cluster mode", &failures, &LOG_NEEDLES);
+}
+
+/// The close a client gets within `within`: its code and reason (`None`: the stream ended
+/// without a Close frame, or nothing came).
+async fn close_within(ws: &mut WsClient, within: Duration) -> Option<(Option<u16>, String)> {
+    let deadline = Instant::now() + within;
+    loop {
+        match ws.read_incoming(deadline.saturating_duration_since(Instant::now())).await {
+            Incoming::Json(_) => continue,
+            Incoming::Close(code, reason) => return Some((code, reason)),
+            Incoming::Ended(_) | Incoming::Timeout => return None,
+        }
+    }
+}
+
+/// The user is the unit of migration (issue 48, seed `000`): user u has three tabs (three
+/// sessions) on a; the client of one of them cannot reach a and reconnects through b with
+/// `avoid=a`, a move charged to u's budget. Within 3 s u's two other tabs on a are closed
+/// with 4421 naming b's URL, and reconnecting there they keep their sessions, now b's (no
+/// move and no charge: none is refused). u's budget holds that one move: another move of
+/// u is refused (429 `migration_budget`), while v, whose session is on a too, still
+/// moves. Before, u's other tabs stayed on a, where their records no longer pointed.
+/// (Moves of a cluster's first 10 s are forced, not charged: the test waits them out.)
+#[test]
+fn when_a_session_moves_the_users_other_connections_follow_it_charged_once() {
+    let _gate = crate::common::gate!();
+    let cluster = Cluster::start(2, &[]);
+    let cluster_ready = Instant::now();
+    let rt = runtime();
+    let mut failures = Vec::new();
+    rt.block_on(async {
+        let (a, b) = (cluster.addr(0), cluster.addr(1));
+        // (Avoiding a node that just started is believed without charge: it was restarting.)
+        common::let_time_pass_until(cluster_ready + Duration::from_millis(RESTART_GRACE_MS + 500), "the nodes outlive the restart grace");
+        let mut tabs = Vec::new();
+        for _ in 0..3 {
+            tabs.push(WsClient::connect(a, &cluster.http(0).mint_token("u", "web"), None).await);
+        }
+        let sessions: Vec<String> = tabs.iter().map(|t| t.session().to_string()).collect();
+        let v = WsClient::connect(a, &cluster.http(0).mint_token("v", "web"), None).await;
+        let v_session = v.session().to_string();
+        // The first tab's client lost a (its socket there is gone with it).
+        drop(tabs.remove(0));
+        let moved = match connect_avoiding(b, &cluster.http(1).mint_token("u", "web"), &sessions[0], "a").await {
+            Ok(ws) => ws,
+            Err(r) => panic!("the move to b was refused: {} {}", r.status, r.body),
+        };
+        let moved_at = Instant::now();
+        assert_eq!((moved.session(), moved.welcome["node"].as_str()), (sessions[0].as_str(), Some("b")), "{}", moved.welcome);
+        let b_url = format!("http://{b}");
+        for (tab, session) in tabs.iter_mut().zip(&sessions[1..]) {
+            match close_within(tab, Duration::from_secs(3)).await {
+                Some((Some(4421), reason)) if reason == b_url => {}
+                other => failures.push(format!("u's tab of {session} on a: {other:?} within 3 s of the move, expected 4421 {b_url}")),
+            }
+        }
+        let followed_after = moved_at.elapsed();
+        // Where the close sends them: their sessions, on b, without a charge.
+        for session in &sessions[1..] {
+            match WsClient::try_connect(b, Some(&cluster.http(1).mint_token("u", "web")), Some(session)).await {
+                Ok(ws) if ws.session() == session && ws.welcome["node"] == "b" => {}
+                Ok(ws) => failures.push(format!("{session} reconnecting on b got {}", ws.welcome)),
+                Err(r) => failures.push(format!("{session} reconnecting on b refused: {} {}", r.status, r.body)),
+            }
+        }
+        // One move charged: u's next avoided move is refused; v's budget is its own.
+        match connect_avoiding(a, &cluster.http(0).mint_token("u", "web"), &sessions[0], "b").await {
+            Err(r) if r.status == 429 && error_code(&r.body) == "migration_budget" => {}
+            Err(r) => failures.push(format!("u's second move: {} {}, expected 429 migration_budget", r.status, r.body)),
+            Ok(ws) => failures.push(format!("u's second move within the window was made: {}", ws.welcome)),
+        }
+        drop(v);
+        match connect_avoiding(b, &cluster.http(1).mint_token("v", "web"), &v_session, "a").await {
+            Ok(ws) if ws.session() == v_session => {}
+            Ok(ws) => failures.push(format!("v's move gave another session: {}", ws.welcome)),
+            Err(r) => failures.push(format!("v's move refused: {} {}", r.status, r.body)),
+        }
+        let refusals = cluster.http(0).metric_total("livegate_migration_refusals_total") + cluster.http(1).metric_total("livegate_migration_refusals_total");
+        if refusals != 1.0 {
+            failures.push(format!("livegate_migration_refusals_total on a and b is {refusals}, expected u's second move only"));
+        }
+        eprintln!("u's other tabs followed within {followed_after:?}");
+    });
+    fail_with_logs(&cluster, "the user moves as one", &failures, &LOG_NEEDLES);
+}

@@ -663,6 +663,13 @@ impl<N: Nats> Cluster<N> {
 
     /// (Re)starts node `i` with its name and data dir; returns once `/readyz` is 200.
     pub fn start_node(&mut self, i: usize) {
+        self.start_node_listening(i);
+        self.node_mut(i).wait_ready();
+    }
+
+    /// [`start_node`](Self::start_node) that returns as soon as the node listens, before
+    /// it is ready ([`ServeProcess::wait_ready`] waits for that).
+    pub fn start_node_listening(&mut self, i: usize) {
         assert!(self.nodes[i].is_none(), "node {} is running", Cluster::name(i));
         self.starts[i] += 1;
         let data = self.data_dir(i);
@@ -672,7 +679,7 @@ impl<N: Nats> Cluster<N> {
         let mut flags: Vec<&str> = vec!["--cluster-nats-url", &url];
         flags.extend(self.extra.iter().map(String::as_str));
         let env: Vec<(&str, &str)> = self.node_env[i].iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        self.nodes[i] = Some(ServeProcess::start_named_with_env(&data, &log, Cluster::name(i), &flags, &env));
+        self.nodes[i] = Some(ServeProcess::start_named_listening(&data, &log, Cluster::name(i), &flags, &env));
     }
 
     /// Starts a node with the next unused name (`d` after `a`..`c`, and so on) and its own

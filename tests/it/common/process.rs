@@ -11,7 +11,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::{wait_for, wait_until, Auth, Body, Http, API_KEY, NODE};
+use super::{wait_for, wait_until, Auth, Body, Http, WsClient, API_KEY, NODE};
 
 /// How long a start may take until `/readyz` answers 200.
 pub const START_LIMIT: Duration = Duration::from_secs(30);
@@ -64,9 +64,33 @@ impl ServeProcess {
     }
 
     fn spawn_as(data_dir: &Path, log: &Path, node: &str, key: &[&str], extra: &[&str], env: &[(&str, &str)]) -> ServeProcess {
+        let mut serve = ServeProcess::spawn_listening(data_dir, log, node, key, extra, env);
+        serve.wait_ready();
+        serve
+    }
+
+    /// [`ServeProcess::start_named`] listening on `listen` (an address reserved before,
+    /// so nodes that list each other as `peers` know their URLs before they start).
+    pub fn start_named_at(data_dir: &Path, log: &Path, node: &str, listen: SocketAddr, extra: &[&str]) -> ServeProcess {
+        let listen = listen.to_string();
+        let mut flags = vec!["--listen", listen.as_str()];
+        flags.extend_from_slice(extra);
+        ServeProcess::start_named(data_dir, log, node, &flags)
+    }
+
+    /// [`ServeProcess::start_named_with_env`] that returns as soon as the process prints
+    /// its listening line, before it is ready (its listener is bound: connections wait in
+    /// the backlog until it serves them). [`ServeProcess::wait_ready`] waits for the rest.
+    pub fn start_named_listening(data_dir: &Path, log: &Path, node: &str, extra: &[&str], env: &[(&str, &str)]) -> ServeProcess {
+        ServeProcess::spawn_listening(data_dir, log, node, &["--api-key", API_KEY], extra, env)
+    }
+
+    fn spawn_listening(data_dir: &Path, log: &Path, node: &str, key: &[&str], extra: &[&str], env: &[(&str, &str)]) -> ServeProcess {
         let mut cmd = Command::new(crate::common::livegate_bin());
+        // An address in `extra` replaces the default.
+        let listen_given = extra.contains(&"--listen");
         cmd.arg("serve")
-            .args(["--listen", "127.0.0.1:0"])
+            .args(if listen_given { &[][..] } else { &["--listen", "127.0.0.1:0"][..] })
             .arg("--data-dir")
             .arg(data_dir)
             .args(key)
@@ -115,20 +139,27 @@ impl ServeProcess {
                 panic!("livegate serve printed no listening line within {START_LIMIT:?}; log:\n{}", log_text(log));
             }
         };
-        let started = Instant::now();
-        let http = Http::new(addr);
-        let ready = wait_until(deadline.saturating_duration_since(Instant::now()), || {
+        ServeProcess { child, addr, log: log.to_path_buf(), started: Instant::now(), stdout: rx }
+    }
+
+    /// Waits until `/readyz` answers 200 (within [`START_LIMIT`] of the listening line);
+    /// panics with the log if the process exits or stays unready.
+    pub fn wait_ready(&mut self) {
+        let http = Http::new(self.addr);
+        let (addr, log) = (self.addr, self.log.clone());
+        let log_text = |log: &Path| std::fs::read_to_string(log).unwrap_or_default();
+        let child = &mut self.child;
+        let ready = wait_until(START_LIMIT.saturating_sub(self.started.elapsed()), || {
             if let Some(status) = child.try_wait().expect("try_wait") {
-                panic!("livegate serve exited with {status} before becoming ready; log:\n{}", log_text(log));
+                panic!("livegate serve exited with {status} before becoming ready; log:\n{}", log_text(&log));
             }
             matches!(http.try_request("GET", "/readyz", Auth::None, Body::None), Ok((200, _)))
         });
         if !ready {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("livegate serve on {addr} not ready within {START_LIMIT:?}; log:\n{}", log_text(log));
+            panic!("livegate serve on {addr} not ready within {START_LIMIT:?}; log:\n{}", log_text(&log));
         }
-        ServeProcess { child, addr, log: log.to_path_buf(), started, stdout: rx }
     }
 
     pub fn pid(&self) -> u32 {
@@ -252,4 +283,53 @@ pub fn full_history(http: &Http, room: &str, since: u64) -> (Vec<serde_json::Val
             return (events, page["epoch"].clone(), head);
         }
     }
+}
+
+/// What resume handshakes met while a node started ([`handshakes_through_start`]).
+pub struct StartHandshakes {
+    /// Refused with 503 `unavailable` while `/readyz` still said not ready.
+    pub refused_unready: usize,
+    /// The first handshake admitted (after which `/readyz` answered 200).
+    pub admitted: Option<WsClient>,
+    /// Anything else: an admission before readiness, another refusal.
+    pub failures: Vec<String>,
+}
+
+/// Resume handshakes for `session` with `token` on a node that just printed its
+/// listening line (the first one waits in the listener's backlog), one after another,
+/// until one is admitted or `within` passed. After each, `/readyz` is asked: a handshake
+/// admitted must find it 200 (the node admitted nobody before it was ready); one refused
+/// before that must be the documented 503 `unavailable`, and leaves the token unspent, so
+/// the same token serves every attempt.
+pub async fn handshakes_through_start(addr: SocketAddr, token: &str, session: &str, within: Duration) -> StartHandshakes {
+    let http = Http::with_timeout(addr, Duration::from_secs(5));
+    let readyz = || http.try_request("GET", "/readyz", Auth::None, Body::None).map(|(status, _)| status);
+    let mut out = StartHandshakes { refused_unready: 0, admitted: None, failures: Vec::new() };
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        match WsClient::try_connect(addr, Some(token), Some(session)).await {
+            Ok(ws) => {
+                let after = readyz();
+                if after != Ok(200) {
+                    out.failures.push(format!("a handshake was admitted, and /readyz after it answered {after:?}"));
+                }
+                out.admitted = Some(ws);
+                return out;
+            }
+            Err(refused) => {
+                let after = readyz();
+                let documented = refused.status == 503 && super::error_code(&refused.body) == "unavailable";
+                match (documented, after) {
+                    (true, Ok(200)) => {}
+                    (true, _) => out.refused_unready += 1,
+                    (false, after) => out.failures.push(format!(
+                        "a handshake during the start got {} {} (readyz after: {after:?})",
+                        refused.status, refused.body
+                    )),
+                }
+            }
+        }
+    }
+    out.failures.push(format!("no handshake admitted within {within:?} ({} refused before ready)", out.refused_unready));
+    out
 }
