@@ -18,11 +18,13 @@
 //!   route's answer for a new session is that same choice. Sessions arriving evenly fill
 //!   the emptiest nodes first, and the nodes end level.
 //!
+//! [`rendezvous`] (plain rendezvous hashing) lives here too, so `core::routing` depends on
+//! this module and not the other way round.
+//!
 //! A load an earlier build does not report (`None`) turns the weighing off for the
 //! question: every node equal, plain rendezvous, the handshake's node keeps a new session;
 //! a node that reports itself over the mark is still left out.
 
-use super::routing::rendezvous;
 
 /// How much fuller (in thousandths of capacity) than the emptiest usable node a node may
 /// be and still keep a new session that reached it.
@@ -81,7 +83,7 @@ pub fn weighted_rendezvous<'a>(key: &str, items: &[(&'a str, u64)]) -> Option<&'
         return rendezvous(key, items.iter().map(|(name, _)| *name));
     }
     let score = |name: &str, weight: u64| {
-        let hash = super::routing::item_hash(key, name);
+        let hash = item_hash(key, name);
         // (0, 1), never 0 nor 1: 53 bits of the hash, shifted off both ends.
         let u = ((hash >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
         weight.max(1) as f64 / -u.ln()
@@ -91,6 +93,27 @@ pub fn weighted_rendezvous<'a>(key: &str, items: &[(&'a str, u64)]) -> Option<&'
         .map(|(name, weight)| (score(name, *weight), *name))
         .max_by(|(a, an), (b, bn)| a.total_cmp(b).then_with(|| bn.cmp(an)))
         .map(|(_, name)| name)
+}
+
+/// The item whose (key, item) hash is highest, ties broken by the smaller item: the
+/// rendezvous choice, the same in every process whatever the order of `items`.
+pub fn rendezvous<'a>(key: &str, items: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    items.into_iter().max_by_key(|item| (item_hash(key, item), std::cmp::Reverse(*item)))
+}
+
+/// FNV-1a over the room, a separator and the node, then a 64-bit finaliser (names that
+/// differ only in their last byte must still spread): the same in every process and build.
+fn item_hash(room: &str, node: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in room.bytes().chain([0xff]).chain(node.bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    hash ^ (hash >> 33)
 }
 
 /// A node that may take a session, with its load (`None`: not reported).

@@ -15,6 +15,7 @@
 //!   its rooms move).
 
 use std::collections::BTreeMap;
+pub use super::placement::rendezvous;
 use super::placement::{self, Load, Usable};
 
 use thiserror::Error;
@@ -289,12 +290,6 @@ pub fn route_session<'a>(
     route(&question, &candidates).map(|routed| routed.node)
 }
 
-/// The item whose (key, item) hash is highest, ties broken by the smaller item: the
-/// rendezvous choice, the same in every process whatever the order of `items`.
-pub fn rendezvous<'a>(key: &str, items: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
-    items.into_iter().max_by_key(|item| (writer_hash(key, item), std::cmp::Reverse(*item)))
-}
-
 /// A user's home cell: the `claim` (a token's `cell`) when there is one, else the
 /// rendezvous choice of the user over the `configured` cells (empty: none). Nothing about
 /// health is an input: a node or a cell going down never changes a user's home; the route
@@ -446,26 +441,6 @@ pub fn route_cell<'a>(user: &str, home: &str, cells: &[CellReport<'a>]) -> Resul
 /// highest, ties broken by name. `None` without candidates.
 pub fn room_writer<'a>(room: &str, candidates: &[&'a str]) -> Option<&'a str> {
     rendezvous(room, candidates.iter().copied())
-}
-
-/// FNV-1a over the room, a separator and the node, then a 64-bit finaliser (names that
-/// differ only in their last byte must still spread): the same in every process and build.
-/// The (key, item) hash every rendezvous choice ranks by.
-pub(crate) fn item_hash(key: &str, item: &str) -> u64 {
-    writer_hash(key, item)
-}
-
-fn writer_hash(room: &str, node: &str) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in room.bytes().chain([0xff]).chain(node.bytes()) {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    hash ^= hash >> 33;
-    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    hash ^= hash >> 33;
-    hash = hash.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    hash ^ (hash >> 33)
 }
 
 #[cfg(test)]
@@ -931,7 +906,7 @@ mod tests {
             let mut nodes: Vec<(&str, bool, u64, &str)> = old_names.iter().map(|n| (n.as_str(), false, old_start, "r1")).collect();
             let route_now = |nodes: &[(&str, bool, u64, &str)], session: &str, owner: Option<&str>, now: u64| -> String {
                 let candidates: Vec<Candidate> = nodes.iter().map(|(n, d, s, r)| Candidate { release: r, ..node(n, true, *d, *s) }).collect();
-                let q = RouteQuestion { session, user: "u", recorded_owner: owner, avoid: None, now_ms: now, release_window_ms: RELEASE_FALLBACK_WINDOW_MS, home: "", cells: &[], broken: &[] };
+                let q = RouteQuestion { session, user: "u", recorded_owner: owner, avoid: None, now_ms: now, release_window_ms: RELEASE_FALLBACK_WINDOW_MS, home: "", cells: &[], broken: &[], high_water_permille: 0 };
                 route(&q, &candidates).unwrap().node.to_string()
             };
             let mut owners: Vec<String> = sessions.iter().map(|s| route_now(&nodes, s, None, now)).collect();
