@@ -1070,6 +1070,9 @@ struct RouteQuery {
     user: Option<String>,
     /// The user's home cell as its token claims it (one of the configured cells).
     cell: Option<String>,
+    /// `nodes=true` (with the API key): list every node with its load.
+    #[serde(default)]
+    nodes: bool,
 }
 
 /// Which node a client should connect to: the router's answer over the nodes alive now,
@@ -1081,7 +1084,7 @@ async fn route(req: HttpRequest, query: web::Query<RouteQuery>, state: web::Data
     if query.user.as_deref().is_some_and(|u| !u.is_empty()) || query.session.as_deref().is_none_or(str::is_empty) {
         authorize(&req, &state)?;
     }
-    let RouteQuery { session, user, cell } = query.into_inner();
+    let RouteQuery { session, user, cell, nodes: list_nodes } = query.into_inner();
     check_session(session.as_deref())?;
     let cell = cell.filter(|c| !c.is_empty());
     if let Some(cell) = &cell {
@@ -1101,8 +1104,8 @@ async fn route(req: HttpRequest, query: web::Query<RouteQuery>, state: web::Data
     let session = session.unwrap_or_else(|| names::inbox_room(&user));
     match state.router.route(&session, &user, cell.as_deref(), recorded.as_ref().map(|r| r.owner.as_str()), None) {
         Ok(answer) => {
-            // With the API key, the nodes and their loads: what the answer weighed.
-            let nodes = authorize(&req, &state).is_ok().then(|| {
+            // Asked for, with the API key: the nodes and their loads (what the answer weighed).
+            let nodes = (list_nodes && authorize(&req, &state).is_ok()).then(|| {
                 let phase = state.lifecycle.phase().name();
                 let view = state.router.overview().into_iter();
                 view.map(|n| protocol::RouteNode { phase: n.phase.unwrap_or(phase), node: n.name, cell: n.cell, load: n.load }).collect()
@@ -1290,6 +1293,8 @@ impl HealthProbe {
 async fn readyz(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     let mut response = match state.lifecycle.phase() {
         Phase::Ready => json(StatusCode::OK, r#"{"status":"ready"}"#.into()),
+        // Reconciled and taking connections, not yet routed to by every peer.
+        Phase::Joining => api_error(ErrorCode::Unavailable, "starting: joining, until the peers route to this node").error_response(),
         other => api_error(ErrorCode::Unavailable, other.name()).error_response(),
     };
     sse::with_cors(&req, &state, &mut response);

@@ -106,7 +106,7 @@ pub struct RouteReply {
     /// The user's home cell (empty: none configured); `cell` differs while the home has
     /// no node that may serve.
     pub home: String,
-    /// Asked with the API key: every node this one knows, with its load and headroom
+    /// Asked for (`nodes=true`) with the API key: every node this one knows, with its load and headroom
     /// (what placement weighed).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nodes: Option<Vec<RouteNode>>,
