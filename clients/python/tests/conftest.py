@@ -1,0 +1,166 @@
+"""Test support: the real livegate binary on 127.0.0.1 with a temp data dir, started and
+restarted (also after `kill -9`) on the same port; a poll helper (no fixed sleeps).
+
+The binary is $LIVEGATE_BIN, else the repository's target/release/livegate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import re
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+BINARY = os.environ.get("LIVEGATE_BIN") or str(REPO / "target/release/livegate")
+API_KEY = "test-api-key-0123456789"
+
+
+class Server:
+    """A `livegate serve` process: `url` once listening; `kill()` (SIGKILL) and `start()`
+    again on the same port and data dir."""
+
+    def __init__(self, data_dir: str, env: dict[str, str] | None = None, args: list[str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.env = env or {}
+        self.args = args or []
+        self.port = 0
+        self.url = ""
+        self.proc: subprocess.Popen[str] | None = None
+        self.log_path = os.path.join(data_dir, "..", f"{os.path.basename(data_dir)}.stderr.log")
+
+    def start(self, within: float = 15.0) -> Server:
+        """Starts it (on the port it had, when it had one: retried while that port is not
+        free yet) and waits for its `listening on http://ADDR` line."""
+        deadline = time.monotonic() + within
+        while True:
+            try:
+                self._start_once(deadline)
+                return self
+            except RuntimeError:
+                if self.port == 0 or time.monotonic() > deadline:
+                    raise
+
+    def _start_once(self, deadline: float) -> None:
+        if not os.path.exists(BINARY):
+            raise RuntimeError(f"{BINARY} is missing: build it (cargo build --release) or set LIVEGATE_BIN")
+        log = open(self.log_path, "a")
+        proc = subprocess.Popen(
+            [
+                BINARY, "serve",
+                "--listen", f"127.0.0.1:{self.port}",
+                "--data-dir", self.data_dir,
+                "--api-key", API_KEY,
+                "--drain-wait-secs", "0",
+                "--drain-spread-secs", "1",
+                "--drain-grace-secs", "3",
+                *self.args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info"), **self.env},
+        )
+        log.close()
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(f"livegate did not start in time\n{self.stderr()}")
+            if line is None:
+                proc.wait()
+                raise RuntimeError(f"livegate exited ({proc.returncode}) before listening\n{self.stderr()}")
+            match = re.search(r"listening on (http://\S+)", line)
+            if match:
+                self.url = match.group(1)
+                self.port = int(self.url.rsplit(":", 1)[1])
+                self.proc = proc
+                return
+
+    def stderr(self) -> str:
+        try:
+            return Path(self.log_path).read_text()[-20_000:]
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL: no drain, no flush beyond what was durable."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        """SIGTERM and wait (SIGKILL after 10 s)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def data_dir() -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="livegate-py-") as root:
+        path = os.path.join(root, "data")
+        os.mkdir(path)
+        yield path
+
+
+@pytest.fixture
+def server(data_dir: str) -> Iterator[Server]:
+    srv = Server(data_dir).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def start_server(data_dir: str) -> Iterator[Callable[..., Server]]:
+    """Starts a server with extra env/args (each one stopped at the end)."""
+    started: list[Server] = []
+
+    def start(env: dict[str, str] | None = None, args: list[str] | None = None) -> Server:
+        srv = Server(data_dir, env=env, args=args).start()
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        srv.stop()
+
+
+async def wait_for(check: Callable[[], Any | Awaitable[Any]], what: str, within: float = 15.0, every: float = 0.02) -> Any:
+    """Polls `check` until it returns something truthy (returned), failing after `within` s."""
+    deadline = time.monotonic() + within
+    while True:
+        value = check()
+        if isinstance(value, Awaitable):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within} s waiting for {what}")
+        await asyncio.sleep(every)  # poll interval of a condition wait
