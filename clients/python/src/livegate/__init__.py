@@ -26,7 +26,7 @@ from .errors import (
     WebhookVerificationError,
 )
 from .models import Event, Gap, History, Member, Presence, Published, RoomState, Token
-from .subscriber import Subscribed, Subscriber, Subscription
+from .subscriber import Item, Subscribed, Subscriber, Subscription
 from .tokens import claims, sign_jwt
 from .webhooks import verify_signature, verify_webhook, webhook_signature
 
@@ -42,6 +42,7 @@ __all__ = [
     "ForbiddenError",
     "Gap",
     "History",
+    "Item",
     "Livegate",
     "LivegateError",
     "Member",
