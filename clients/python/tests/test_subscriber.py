@@ -47,33 +47,41 @@ async def test_receives_live_events_in_order(server: Server) -> None:
 
 
 async def test_every_event_once_and_in_order_across_kill_9(server: Server) -> None:
-    """Events published before, during (the publisher retrying with the same ids while the
-    server is down) and after a SIGKILL and restart on the same data dir and port all
-    arrive, each once and in order; the reconnect uses the resume credential."""
+    """Events published before, during (a publisher killed mid-run, retrying with the same
+    ids while the server is down) and after a SIGKILL and restart on the same data dir and
+    port all arrive, each once and in order; the reconnect uses the resume credential."""
     given, get_token = minter(server.url)
-    patient = RetryPolicy(attempts=60, base=0.05, cap=0.5)
-    async with Subscriber(server.url, get_token) as subscriber, AsyncLivegate(server.url, API_KEY, retry=patient) as lg:
+    retries: list[BaseException] = []
+    patient = RetryPolicy(attempts=100, base=0.05, cap=0.3)
+    lg = AsyncLivegate(server.url, API_KEY, retry=patient, on_retry=lambda n, error, delay: retries.append(error))
+    async with Subscriber(server.url, get_token) as subscriber, lg:
         sub = subscriber.subscribe("match:9")
         other = subscriber.subscribe("match:10")
         await sub.ready(timeout=10)
         await other.ready(timeout=10)
-        for i in range(1, 11):
+        for i in range(1, 11):  # before
             await lg.publish("match:9", i, id=f"e{i}")
         await lg.publish("match:10", "x", id="x1")
         got = await take(sub, 10)
         assert [item.data for item in got if isinstance(item, Event)] == list(range(1, 11))
 
-        # During: a publisher keeps going while the server is killed and restarted.
+        # During: the server is killed while a publisher is under way; its publishes
+        # fail, are retried with the same ids, and land once the server is back.
+        acked: list[int] = []
+
         async def publish_range(start: int, end: int) -> None:
             for i in range(start, end):
                 await lg.publish("match:9", i, id=f"e{i}")
+                acked.append(i)
 
         during = asyncio.create_task(publish_range(11, 41))
-        await wait_for(lambda: sub.position is not None and sub.position >= 15, "some events after the start of the run")
+        await wait_for(lambda: len(acked) >= 5, "the publisher to be under way")
         server.kill()
+        await wait_for(lambda: retries, "a publish to fail and be retried while the server is down")
+        assert not during.done() and len(acked) < 30
         await wait_for(lambda: subscriber.state != "connected", "the subscriber to notice the kill")
         server.start()
-        await during
+        await asyncio.wait_for(during, 30)
         for i in range(41, 51):  # after
             await lg.publish("match:9", i, id=f"e{i}")
         await lg.publish("match:10", "y", id="y1")

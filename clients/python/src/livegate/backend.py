@@ -185,7 +185,8 @@ def _headers(api_key: str) -> dict[str, str]:
 
 class Livegate:
     """Synchronous backend client. `url` is the server's base URL (`http://host:7070`),
-    `api_key` one of its API keys. Use as a context manager, or call `close()`."""
+    `api_key` one of its API keys. Use as a context manager, or call `close()`.
+    `on_retry(attempt, error, delay)` is called before each retry (to log it)."""
 
     def __init__(
         self,
@@ -195,9 +196,11 @@ class Livegate:
         timeout: float = 10.0,
         retry: RetryPolicy = RetryPolicy(),
         http: httpx.Client | None = None,
+        on_retry: Callable[[int, BaseException, float], None] | None = None,
     ) -> None:
         self.url = _base(url)
         self.retry = retry
+        self.on_retry = on_retry
         self._owned = http is None
         self._http = http or httpx.Client(timeout=timeout)
         self._headers = _headers(api_key)
@@ -223,7 +226,10 @@ class Livegate:
             except (httpx.TransportError, ServerError) as error:
                 if attempt + 1 >= attempts:
                     raise _final(error, call) from error
-                time.sleep(self.retry.delay(attempt))
+                delay = self.retry.delay(attempt)
+                if self.on_retry is not None:
+                    self.on_retry(attempt + 1, error, delay)
+                time.sleep(delay)
         raise AssertionError("unreachable")
 
     def publish(self, room: str, data: Any, *, id: str | None = None, state: Any = _UNSET) -> Published:
@@ -280,9 +286,11 @@ class AsyncLivegate:
         timeout: float = 10.0,
         retry: RetryPolicy = RetryPolicy(),
         http: httpx.AsyncClient | None = None,
+        on_retry: Callable[[int, BaseException, float], None] | None = None,
     ) -> None:
         self.url = _base(url)
         self.retry = retry
+        self.on_retry = on_retry
         self._owned = http is None
         self._http = http or httpx.AsyncClient(timeout=timeout)
         self._headers = _headers(api_key)
@@ -308,7 +316,10 @@ class AsyncLivegate:
             except (httpx.TransportError, ServerError) as error:
                 if attempt + 1 >= attempts:
                     raise _final(error, call) from error
-                await asyncio.sleep(self.retry.delay(attempt))
+                delay = self.retry.delay(attempt)
+                if self.on_retry is not None:
+                    self.on_retry(attempt + 1, error, delay)
+                await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
     async def publish(self, room: str, data: Any, *, id: str | None = None, state: Any = _UNSET) -> Published:
