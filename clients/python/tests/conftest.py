@@ -164,3 +164,125 @@ async def wait_for(check: Callable[[], Any | Awaitable[Any]], what: str, within:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {within} s waiting for {what}")
         await asyncio.sleep(every)  # poll interval of a condition wait
+
+
+NATS_SERVER = os.environ.get("NATS_SERVER_BIN", "/usr/sbin/nats-server")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Nats:
+    """`nats-server -js` on loopback with its store in a temp dir."""
+
+    def __init__(self, store: str) -> None:
+        for _ in range(3):
+            port = free_port()
+            proc = subprocess.Popen(
+                [NATS_SERVER, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", store],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )
+            lines: queue.Queue[str | None] = queue.Queue()
+
+            def read(p: subprocess.Popen[str] = proc, out: queue.Queue[str | None] = lines) -> None:
+                assert p.stdout is not None
+                for line in p.stdout:
+                    out.put(line)
+                out.put(None)
+
+            threading.Thread(target=read, daemon=True).start()
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    line = None
+                if line is None:
+                    proc.kill()
+                    proc.wait()
+                    break
+                if "Server is ready" in line:
+                    self.proc = proc
+                    self.url = f"nats://127.0.0.1:{port}"
+                    return
+        raise RuntimeError("nats-server did not start")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+class Forwarder:
+    """A TCP forwarder on 127.0.0.1 (the load balancer a client is given): `point(port)`
+    chooses where new connections go, `drop_all()` cuts the forwarded ones, `hold()` resets
+    new ones until `release()`; `accepted` counts those forwarded."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.held = False
+        self.accepted = 0
+        self.port = 0
+        self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> Forwarder:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.held:
+            writer.transport.abort()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        self.accepted += 1
+        pair = (writer, up_writer)
+        self._pairs.add(pair)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (OSError, asyncio.CancelledError):
+                pass
+            finally:
+                dst.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._pairs.discard(pair)
+
+    def point(self, port: int) -> None:
+        self.target = port
+
+    def hold(self) -> None:
+        self.held = True
+
+    def release(self) -> None:
+        self.held = False
+
+    def drop_all(self) -> None:
+        for client, upstream in list(self._pairs):
+            client.transport.abort()
+            upstream.transport.abort()
+        self._pairs.clear()
+
+    async def close(self) -> None:
+        self.drop_all()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()

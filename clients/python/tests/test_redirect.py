@@ -1,19 +1,89 @@
 """Following `wrong_node` (close 4421): a node that does not serve the session refuses the
-handshake naming the node that does; the subscriber goes there at once with the same,
-unspent token. The refusing node here is a small scripted WebSocket server sending exactly
-what a livegate node sends (an `error` frame `wrong_node`, then close 4421 with the URL as
-reason); the node it names is the real server. (A real two-node cluster would need NATS:
-livegate.js's suite covers that.)"""
+handshake naming the node that does; the subscriber goes there at once with the same
+credential. Once with two real nodes in cluster mode (NATS), a session on a reconnecting
+through a balancer pointed at b; once with a scripted refusing node in front of a single
+server (the unspent token offered again)."""
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
 
 from websockets.asyncio.server import ServerConnection, serve
 
 from livegate import AsyncLivegate, Event, Subscriber
 
-from .conftest import API_KEY, Server
+from .conftest import API_KEY, NATS_SERVER, Forwarder, Nats, Server, wait_for
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[dict[str, Server]]:
+    """Nodes a and b in cluster mode on one NATS (heartbeats every 100 ms)."""
+    if not os.path.exists(NATS_SERVER):
+        pytest.skip(f"{NATS_SERVER} is missing (apt-get install nats-server)")
+    (tmp_path / "nats").mkdir()
+    nats = Nats(str(tmp_path / "nats"))
+    nodes: dict[str, Server] = {}
+    try:
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            args = ["--node", name, "--cluster-nats-url", nats.url, "--cluster-heartbeat-ms", "100"]
+            nodes[name] = Server(str(tmp_path / name), args=args).start()
+        yield nodes
+    finally:
+        for node in nodes.values():
+            node.kill()
+        nats.stop()
+
+
+def sees_both_ready(node: Server) -> bool:
+    answer = httpx.get(f"{node.url}/v1/admin/overview", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=5)
+    ready = {n["node"] for n in answer.json().get("nodes", []) if n.get("phase") == "ready"}
+    return {"a", "b"} <= ready
+
+
+async def test_a_session_on_a_reconnecting_through_b_is_sent_back_to_a(cluster: dict[str, Server]) -> None:
+    a, b = cluster["a"], cluster["b"]
+    for node in (a, b):
+        await wait_for(lambda: sees_both_ready(node), f"node {node.url} to see a and b ready")
+    balancer = await Forwarder(a.port).start()
+    tokens: list[str] = []
+
+    async def get_token() -> str:
+        async with AsyncLivegate(b.url, API_KEY) as lg:
+            tokens.append((await lg.mint_token("traveller")).token)
+        return tokens[-1]
+
+    try:
+        async with Subscriber(balancer.url, get_token) as subscriber, AsyncLivegate(a.url, API_KEY) as lg:
+            sub = subscriber.subscribe("route:1")
+            await sub.ready(timeout=10)
+            assert subscriber.node == "a"
+            session = subscriber.session
+            await lg.publish("route:1", 0)
+            first = await sub.get(timeout=10)
+            assert isinstance(first, Event) and first.data == 0
+
+            # The balancer now sends new connections to b; the connection is cut.
+            balancer.hold()
+            balancer.point(b.port)
+            balancer.drop_all()
+            await wait_for(lambda: subscriber.state != "connected", "the subscriber to notice")
+            for n in (1, 2, 3):
+                await lg.publish("route:1", n)
+            balancer.release()
+            await wait_for(lambda: subscriber.welcomes == 2, "the subscriber back", within=30)
+            assert (subscriber.node, subscriber.session) == ("a", session)
+            assert subscriber.redirects == 1, "b refused with 4421 naming a, followed once"
+            assert subscriber.resumed == 1 and len(tokens) == 1, "the resume credential did it"
+            assert [(await sub.get(timeout=10)).data for _ in range(3)] == [1, 2, 3]  # type: ignore[union-attr]
+    finally:
+        await balancer.close()
 
 
 async def test_follows_4421_to_the_named_node_with_the_same_token(server: Server) -> None:
