@@ -144,3 +144,23 @@ async def test_a_room_outside_the_tokens_rooms_is_refused(server: Server) -> Non
         with pytest.raises(livegate.SubscriptionRefused) as error:
             await refused.get(timeout=10)
         assert error.value.code == "forbidden" and error.value.room == "secret:1"
+
+
+async def test_two_subscriptions_share_a_room_and_end_on_their_own(server: Server) -> None:
+    _, get_token = minter(server.url)
+    async with Subscriber(server.url, get_token) as subscriber, AsyncLivegate(server.url, API_KEY) as lg:
+        one = subscriber.subscribe("shared:1")
+        two = subscriber.subscribe("shared:1")
+        await one.ready(timeout=10)
+        await two.ready(timeout=10)
+        await lg.publish("shared:1", "a")
+        assert [(await s.get(timeout=10)).seq for s in (one, two)] == [1, 1]
+        one.unsubscribe()
+        assert [item async for item in one] == []
+        await lg.publish("shared:1", "b")
+        item = await two.get(timeout=10)
+        assert isinstance(item, Event) and item.data == "b"
+    with pytest.raises(livegate.SubscriberClosed):
+        await two.get(timeout=10)
+    with pytest.raises(livegate.SubscriberClosed):
+        subscriber.subscribe("shared:2")

@@ -147,7 +147,8 @@ class Subscription:
             raise StopAsyncIteration from None
 
     async def get(self, timeout: float | None = None) -> Item:
-        """The next item (waiting at most `timeout` seconds: `TimeoutError` then)."""
+        """The next item (waiting at most `timeout` seconds: `TimeoutError` then); after
+        `unsubscribe()`, `StopAsyncIteration`."""
         return await asyncio.wait_for(self._channel.get(), timeout)
 
     async def ready(self, timeout: float | None = None) -> Subscribed:
