@@ -3,6 +3,8 @@ server's errors as typed exceptions."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 import livegate
@@ -88,3 +90,29 @@ async def test_async_client_makes_the_same_calls(server: Server) -> None:
         assert (await lg.send_message("carol", "hello")).room == "user:carol"
         with pytest.raises(livegate.BadRequestError):
             await lg.history("async:1", limit=5000)
+
+
+def test_sync_publish_retries_across_a_restart_with_the_same_id(server: Server) -> None:
+    """A publish made while the server is down (killed) is retried until it is back, and
+    stored once: its id, sent again, answers duplicate with the same seq."""
+    with Livegate(server.url, API_KEY) as lg:
+        lg.publish("restart:1", "before", id="r-1")
+    server.kill()
+    retried = threading.Event()
+    outcome: list[livegate.Published] = []
+    patient = RetryPolicy(attempts=200, base=0.02, cap=0.2)
+
+    def publish() -> None:
+        with Livegate(server.url, API_KEY, retry=patient, on_retry=lambda n, error, delay: retried.set()) as lg:
+            outcome.append(lg.publish("restart:1", "during", id="r-2"))
+
+    worker = threading.Thread(target=publish)
+    worker.start()
+    assert retried.wait(15), "the publish failed and was retried while the server was down"
+    server.start()
+    worker.join(30)
+    assert outcome and outcome[0].seq == 2 and not outcome[0].duplicate
+    with Livegate(server.url, API_KEY) as lg:
+        again = lg.publish("restart:1", "during", id="r-2")
+        assert (again.seq, again.duplicate) == (2, True)
+        assert [e.data for e in lg.history("restart:1", since=0).events] == ["before", "during"]
