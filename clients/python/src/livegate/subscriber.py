@@ -474,6 +474,9 @@ class Subscriber:
                         target = base_of(url)
                     except ValueError:
                         target = None
+                    # Never from https to plain http: the credential would travel in the clear.
+                    if target is not None and base.lower().startswith("https:") and not target.lower().startswith("https:"):
+                        target = None
                     if target is not None:
                         if not outcome.welcomed:
                             follows += 1
