@@ -1,15 +1,16 @@
 """Following `wrong_node` (close 4421): a node that does not serve the session refuses the
 handshake naming the node that does; the subscriber goes there at once with the same
-credential. Once with two real nodes in cluster mode (NATS), a session on a reconnecting
-through a balancer pointed at b; once with a scripted refusing node in front of a single
-server (the unspent token offered again)."""
+credential. With two real nodes in cluster mode (NATS): a session on a reconnecting
+through a balancer pointed at b, and a rebalance handing a welcomed session over; and with
+a scripted refusing node in front of a single server (the unspent token offered again)."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -113,3 +114,51 @@ async def test_follows_4421_to_the_named_node_with_the_same_token(server: Server
             assert subscriber.redirects == 1 and subscriber.welcomes == 1
             assert len(refused) == 1 and len(tokens) == 1, "the refused token was offered again, not a new one"
             assert f"token={tokens[0]}" in refused[0]
+
+
+def overview(node: Server) -> dict[str, Any]:
+    answer = httpx.get(f"{node.url}/v1/admin/overview", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=5)
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+async def test_a_rebalance_hands_a_session_over_with_4421_after_its_welcome(cluster: dict[str, Server]) -> None:
+    """An operator's rebalance closes a welcomed connection with 4421 naming the node that
+    takes it: the subscriber goes there at once with its resume credential, nothing lost."""
+    a, b = cluster["a"], cluster["b"]
+    for node in (a, b):
+        await wait_for(lambda: sees_both_ready(node), f"node {node.url} to see a and b ready")
+
+    def minting(user: str) -> Callable[[], Awaitable[str]]:
+        async def get_token() -> str:
+            async with AsyncLivegate(a.url, API_KEY) as lg:
+                return (await lg.mint_token(user)).token
+
+        return get_token
+
+    async with Subscriber(a.url, minting("mover-1")) as one, Subscriber(a.url, minting("mover-2")) as two:
+        subs = [one.subscribe("moved:1"), two.subscribe("moved:1")]
+        for sub in subs:
+            await sub.ready(timeout=10)
+        assert (one.node, two.node) == ("a", "a")
+        async with AsyncLivegate(a.url, API_KEY) as lg:
+            await lg.publish("moved:1", 0)
+
+            def b_sees_a_loaded() -> bool:
+                loads = {n["node"]: n.get("connections") for n in overview(b).get("nodes", [])}
+                return loads.get("a") == 2
+
+            await wait_for(b_sees_a_loaded, "b to hear a's two connections")
+            answer = httpx.post(
+                f"{b.url}/v1/admin/rebalance",
+                json={"to": "b", "per_second": 20},
+                headers={"Authorization": f"Bearer {API_KEY}"},
+                timeout=5,
+            )
+            assert answer.status_code == 202, answer.text
+            await wait_for(lambda: {one.node, two.node} == {"a", "b"}, "one session handed over to b", within=20)
+            moved = one if one.node == "b" else two
+            assert moved.welcomes == 2 and moved.resumed == 1 and moved.redirects == 1
+            await lg.publish("moved:1", 1)
+            for sub in subs:
+                assert [(await sub.get(timeout=10)).data for _ in range(2)] == [0, 1]  # type: ignore[union-attr]
