@@ -15,13 +15,15 @@ from livegate import AsyncLivegate, Event, Gap, RetryPolicy, Subscriber
 from .conftest import API_KEY, Server, wait_for
 
 
-def minter(url: str, user: str = "viewer", rooms: Sequence[str] = ()) -> tuple[list[str], Callable[[], Awaitable[str]]]:
+def minter(
+    url: str, user: str = "viewer", rooms: Sequence[str] = (), publish: Sequence[str] = ()
+) -> tuple[list[str], Callable[[], Awaitable[str]]]:
     """A `get_token` minting tokens with the API key, and the list of tokens it gave."""
     given: list[str] = []
 
     async def get_token() -> str:
         async with AsyncLivegate(url, API_KEY) as lg:
-            token = (await lg.mint_token(user, rooms=rooms)).token
+            token = (await lg.mint_token(user, rooms=rooms, publish=publish)).token
         given.append(token)
         return token
 
@@ -164,3 +166,21 @@ async def test_two_subscriptions_share_a_room_and_end_on_their_own(server: Serve
         await two.get(timeout=10)
     with pytest.raises(livegate.SubscriberClosed):
         subscriber.subscribe("shared:2")
+
+
+async def test_a_bot_publishes_over_its_connection(server: Server) -> None:
+    _, bot_token = minter(server.url, user="bot", publish=["chat:*"])
+    _, viewer_token = minter(server.url)
+    async with Subscriber(server.url, bot_token) as bot, Subscriber(server.url, viewer_token) as viewer:
+        sub = viewer.subscribe("chat:1")
+        await sub.ready(timeout=10)
+        done = await bot.publish("chat:1", {"text": "hi"}, id="m-1")
+        assert (done.room, done.seq, done.duplicate) == ("chat:1", 1, False)
+        assert (await bot.publish("chat:1", {"text": "hi"}, id="m-1")).duplicate
+        item = await sub.get(timeout=10)
+        assert isinstance(item, Event) and (item.sender, item.id, item.data) == ("bot", "m-1", {"text": "hi"})
+        with pytest.raises(livegate.RequestRefused) as refused:
+            await bot.publish("news:1", "not granted")
+        assert refused.value.code == "forbidden"
+    with pytest.raises(livegate.SubscriberClosed):
+        await bot.publish("chat:1", "after close")

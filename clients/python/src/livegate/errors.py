@@ -98,6 +98,17 @@ class SubscriptionRefused(LivegateError):
         self.message = message
 
 
+class RequestRefused(LivegateError):
+    """The server refused a request made over the subscriber's connection (an `error`
+    frame: `forbidden`, `bad_room`, `payload_too_large`, `rate_limited`, ...)."""
+
+    def __init__(self, code: str, message: str, room: str | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.room = room
+
+
 _BY_STATUS: dict[int, type[ApiError]] = {
     400: BadRequestError,
     401: AuthenticationError,

@@ -47,7 +47,8 @@ class Gap:
 @dataclass(frozen=True)
 class Published:
     """`publish`'s answer: the event's `seq` and `epoch`; `duplicate` when the server had
-    the same `id` already (then `seq` is the first one's)."""
+    the same `id` already (then `seq` is the first one's). A publish over a subscriber's
+    connection is answered without the epoch: `epoch` is "" then."""
 
     room: str
     seq: int

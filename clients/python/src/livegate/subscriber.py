@@ -42,6 +42,7 @@ import logging
 import random
 import re
 import time
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,8 +52,8 @@ from urllib.parse import quote
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
-from .errors import SubscriberClosed, SubscriptionRefused
-from .models import Event, Gap, Token
+from .errors import RequestRefused, SubscriberClosed, SubscriptionRefused
+from .models import Event, Gap, Published, Token
 
 log = logging.getLogger("livegate")
 
@@ -310,6 +311,8 @@ class Subscriber:
         self._closed_error: SubscriberClosed | None = None
         self._connected = asyncio.Event()
         self._sends: set[asyncio.Task[None]] = set()
+        #: Requests sent on the current connection, awaiting their reply, by ref.
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
 
     # ---- the application's side ----
 
@@ -364,9 +367,47 @@ class Subscriber:
 
     events = subscribe
 
+    async def publish(self, room: str, data: Any, *, id: str | None = None, timeout: float = 10.0) -> Published:
+        """Publishes `data` to `room` over the connection (the token needs a `publish`
+        grant naming the room) and returns once it is durable. The event carries an `id`
+        (a random one unless given): when the connection is lost before the reply, it is
+        sent again on the next one and the server answers the repeat as a duplicate, so it
+        is stored once. Raises `RequestRefused` when the server refuses it, `TimeoutError`
+        after `timeout` seconds, `SubscriberClosed` once closed."""
+        frame: dict[str, Any] = {"op": "publish", "room": room, "id": id or uuid.uuid4().hex, "data": data}
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._closed_error is not None:
+                raise self._closed_error
+            await asyncio.wait_for(self._connected.wait(), max(0.0, deadline - time.monotonic()))
+            ws = self._ws
+            if ws is None:
+                continue
+            ref = self._ref()
+            reply: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            self._pending[ref] = reply
+            try:
+                with contextlib.suppress(ConnectionClosed):
+                    await ws.send(json.dumps({**frame, "ref": ref}))
+                answer = await asyncio.wait_for(asyncio.shield(reply), max(0.0, deadline - time.monotonic()))
+            except _Lost:
+                continue  # the connection ended first: again on the next one, same id
+            finally:
+                self._pending.pop(ref, None)
+            if answer.get("op") == "error":
+                raise RequestRefused(str(answer.get("code")), str(answer.get("message", "")), answer.get("room"))
+            return Published(
+                room=str(answer.get("room", room)),
+                seq=int(answer["seq"]),
+                epoch=str(answer.get("epoch", "")),
+                duplicate=bool(answer.get("duplicate", False)),
+            )
+
     async def wait_connected(self, timeout: float | None = None) -> None:
-        """Waits until a connection is welcomed (again)."""
+        """Waits until a connection is welcomed (again); raises `SubscriberClosed` once closed."""
         await asyncio.wait_for(self._connected.wait(), timeout)
+        if self._closed_error is not None:
+            raise self._closed_error
 
     def _detach(self, sub: Subscription) -> None:
         state = self._rooms.get(sub.room)
@@ -408,6 +449,15 @@ class Subscriber:
             for sub in list(state.subs):
                 sub._end(error)
         self._rooms.clear()
+        self._fail_pending(error)
+        self._connected.set()  # wakes whoever waits for a connection: they see the close
+
+    def _fail_pending(self, error: BaseException) -> None:
+        for reply in self._pending.values():
+            if not reply.done():
+                reply.set_exception(error)
+                reply.exception()  # retrieved: the waiter may have given up
+        self._pending.clear()
 
     def _usable_resume(self) -> str | None:
         if self._resume is None:
@@ -565,6 +615,8 @@ class Subscriber:
             await ws.close(4000, "no welcome in time")
         finally:
             self._ws = None
+            self._connected.clear()  # requests wait for the next welcome
+            self._fail_pending(_Lost())
             if outcome.welcomed:
                 outcome.lasted = time.monotonic() - welcomed_at
             for state in self._rooms.values():
@@ -658,8 +710,21 @@ class Subscriber:
                     await self._accept(state, raw)
         elif op == "subscribed":
             await self._on_subscribed(frame)
+        elif op == "published":
+            self._reply(frame)
         elif op == "error":
-            self._on_error(frame)
+            if not self._reply(frame):
+                self._on_error(frame)
+
+    def _reply(self, frame: dict[str, Any]) -> bool:
+        """Hands a reply to the request with its ref; False when none waits for it."""
+        ref = frame.get("ref")
+        reply = self._pending.pop(ref, None) if isinstance(ref, int) else None
+        if reply is None:
+            return False
+        if not reply.done():
+            reply.set_result(frame)
+        return True
 
     async def _on_subscribed(self, frame: dict[str, Any]) -> None:
         state = self._rooms.get(str(frame.get("room")))
@@ -738,6 +803,10 @@ class Subscriber:
                 self._spawn(self._send_subscribe(state))
 
         state.retry = asyncio.get_running_loop().call_later(self._resubscribe_after, again)
+
+
+class _Lost(Exception):
+    """The connection a request was sent on ended before its reply."""
 
 
 def _parse(message: str | bytes) -> dict[str, Any] | None:
