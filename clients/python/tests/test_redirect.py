@@ -83,6 +83,14 @@ async def test_a_session_on_a_reconnecting_through_b_is_sent_back_to_a(cluster: 
             assert subscriber.redirects == 1, "b refused with 4421 naming a, followed once"
             assert subscriber.resumed == 1 and len(tokens) == 1, "the resume credential did it"
             assert [(await sub.get(timeout=10)).data for _ in range(3)] == [1, 2, 3]  # type: ignore[union-attr]
+
+            # Reconnects go to a first now: the balancer sees none of them.
+            through = balancer.accepted
+            await subscriber.reconnect()
+            await wait_for(lambda: subscriber.welcomes == 3, "the subscriber back again")
+            assert subscriber.node == "a" and balancer.accepted == through and subscriber.redirects == 1
+            await lg.publish("route:1", 4)
+            assert (await sub.get(timeout=10)).data == 4  # type: ignore[union-attr]
     finally:
         await balancer.close()
 

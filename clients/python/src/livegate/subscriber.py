@@ -311,6 +311,7 @@ class Subscriber:
         self._closed_error: SubscriberClosed | None = None
         self._connected = asyncio.Event()
         self._sends: set[asyncio.Task[None]] = set()
+        self._reconnect_now = False
         #: Requests sent on the current connection, awaiting their reply, by ref.
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
 
@@ -342,6 +343,16 @@ class Subscriber:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    async def reconnect(self) -> None:
+        """Closes the current connection and connects again at once, resuming (after a
+        network change, say); nothing is lost."""
+        ws = self._ws
+        if ws is None:
+            return
+        self._reconnect_now = True
+        with contextlib.suppress(Exception):
+            await ws.close(1000, "reconnecting")
 
     def subscribe(self, room: str, *, since: int | None = None, epoch: str | None = None) -> Subscription:
         """A subscription to `room`'s events from now on, or after `since` (of `epoch`)
@@ -509,6 +520,12 @@ class Subscriber:
                 follows = 0
                 if outcome.lasted >= self._stable_after:
                     failures = 0
+                # Welcomed by a node a refusal named: the session lives there, go there first.
+                self._home = base if base != self.url else None
+            if self._reconnect_now:
+                self._reconnect_now = False
+                self._move("disconnected", "reconnecting as asked")
+                continue
             code, reason = outcome.code, outcome.reason
             if 4500 <= code <= 4999:
                 self._resume = None
