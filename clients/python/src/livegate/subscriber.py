@@ -148,7 +148,7 @@ class Subscription:
             raise StopAsyncIteration from None
 
     async def get(self, timeout: float | None = None) -> Item:
-        """The next item (waiting at most `timeout` seconds: `TimeoutError` then); after
+        """The next item (waiting at most `timeout` seconds: `asyncio.TimeoutError` then); after
         `unsubscribe()`, `StopAsyncIteration`."""
         return await asyncio.wait_for(self._channel.get(), timeout)
 
@@ -383,7 +383,7 @@ class Subscriber:
         grant naming the room) and returns once it is durable. The event carries an `id`
         (a random one unless given): when the connection is lost before the reply, it is
         sent again on the next one and the server answers the repeat as a duplicate, so it
-        is stored once. Raises `RequestRefused` when the server refuses it, `TimeoutError`
+        is stored once. Raises `RequestRefused` when the server refuses it, `asyncio.TimeoutError`
         after `timeout` seconds, `SubscriberClosed` once closed."""
         frame: dict[str, Any] = {"op": "publish", "room": room, "id": id or uuid.uuid4().hex, "data": data}
         deadline = time.monotonic() + timeout
