@@ -38,6 +38,7 @@ them the same flags, LIVEGATE_* variables or config file.";
 const EXAMPLES: &str = "\
 Examples:
   livegate                                    serve on 127.0.0.1:7070, data in ./data
+  livegate serve --dev                        development on a laptop: prints the API key, localhost pages mint tokens
   livegate serve --listen 0.0.0.0:7070 --data-dir /var/lib/livegate
   livegate subscribe match:1                  print the events of room match:1, one JSON line each
   livegate publish match:1 '{\"goal\":1}'       publish an event (in another terminal)
