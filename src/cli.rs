@@ -38,6 +38,7 @@ them the same flags, LIVEGATE_* variables or config file.";
 const EXAMPLES: &str = "\
 Examples:
   livegate                                    serve on 127.0.0.1:7070, data in ./data
+  livegate serve --dev                        development on a laptop: prints the API key, localhost pages mint tokens
   livegate serve --listen 0.0.0.0:7070 --data-dir /var/lib/livegate
   livegate subscribe match:1                  print the events of room match:1, one JSON line each
   livegate publish match:1 '{\"goal\":1}'       publish an event (in another terminal)
@@ -76,7 +77,14 @@ reconnect elsewhere, flush the store and exit.
 When no API key is configured, one is generated on first start and stored in
 DATA_DIR/api_key (mode 0600); backends send it as `Authorization: Bearer KEY`.
 Once listening, prints one line: `livegate VERSION listening on http://ADDR (...)`.
-With --demo, also serves a live score page at / fed by a built-in match simulator.")]
+With --demo, also serves a live score page at / fed by a built-in match simulator.
+
+With --dev (development on a laptop; never in production): the API key is printed on
+start; allowed_origins defaults to http://localhost:*, http://127.0.0.1:* and
+http://[::1]:* (any port); a page from one of the listed origins may POST /v1/tokens
+without the API key, so a first page needs no backend; drain_wait_secs and
+drain_spread_secs default to 1, so Ctrl-C stops in about two seconds. A key set in the
+config file, a LIVEGATE_* variable or a flag still wins over these defaults.")]
     Serve(ServeArgs),
     /// Mint a one-time WebSocket token for a user and print only the token
     #[command(after_help = "Example:\n  T=$(livegate token u1 --device phone --ttl 30)\n  # then connect to ws://127.0.0.1:7070/v1/ws?token=$T")]
@@ -194,6 +202,11 @@ pub struct ServeArgs {
     /// Demo mode: a match simulator publishes into match:1..4 and / serves a live score page
     #[arg(long)]
     pub demo: bool,
+    /// Development mode, for a laptop and never for production: prints the API key, allows
+    /// pages from localhost on any port, lets them mint tokens without the key, and drains
+    /// in about a second
+    #[arg(long)]
+    pub dev: bool,
 }
 
 /// Where the client commands find the server.
@@ -321,7 +334,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command.unwrap_or(Command::Serve(ServeArgs::default())) {
         Command::Serve(args) => {
             init_tracing(format, "info");
-            serve(&cli.config, args.demo)
+            serve(&cli.config, args)
         }
         Command::Token(args) => {
             init_tracing(format, "warn");
@@ -502,12 +515,15 @@ fn print_line(line: &str) -> Result<(), CliError> {
 // serve
 // ---------------------------------------------------------------------------------------
 
-fn serve(flags: &ConfigFlags, demo: bool) -> Result<(), CliError> {
-    let mut config = Config::load_from_process(flags)?;
+fn serve(flags: &ConfigFlags, args: ServeArgs) -> Result<(), CliError> {
+    let ServeArgs { demo, dev } = args;
+    let defaults = move || if dev { Config::dev_defaults() } else { Config::default() };
+    let mut config = Config::load_from_process_over(defaults(), flags)?;
     let resolved = config.resolve_api_key()?;
     if let Some(path) = &resolved.generated_at {
         print_line(&format!("api key generated and stored in {} (mode 0600)", path.display()))?;
     }
+    let dev_line = dev.then(|| dev_line(&resolved.key, &config.allowed_origins));
     config.api_key = Some(resolved.key);
 
     let open_files = crate::server::raise_open_files_limit();
@@ -536,14 +552,29 @@ fn serve(flags: &ConfigFlags, demo: bool) -> Result<(), CliError> {
     if demo {
         print_line(&format!("demo: open {scheme}://{addr}/ for the live score page"))?;
     }
+    if let Some(line) = dev_line {
+        print_line(&line)?;
+    }
     let reload_flags = flags.clone();
     let control = crate::server::Control {
         shutdown: Box::pin(signals),
         reload: Box::pin(reloads),
-        reload_config: Some(Box::new(move || Config::load_from_process(&reload_flags))),
+        reload_config: Some(Box::new(move || Config::load_from_process_over(defaults(), &reload_flags))),
         demo,
+        dev,
     };
     system.block_on(crate::server::run_controlled(listener, config, control)).map_err(|e| failed(e.to_string()))
+}
+
+/// The line `serve --dev` prints on start: the API key, and loudly, what a page may do
+/// without it.
+fn dev_line(key: &str, origins: &[String]) -> String {
+    let pages = if origins.is_empty() {
+        "allowed_origins lists no origin, so every token still needs the key".to_string()
+    } else {
+        format!("pages from {} may POST /v1/tokens WITHOUT the key", origins.join(", "))
+    };
+    format!("dev mode, NOT FOR PRODUCTION: API key {key}; {pages}")
 }
 
 /// Every SIGTERM or SIGINT, as a stream: the first starts a drain, a second forces it.

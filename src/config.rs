@@ -175,7 +175,7 @@ config_keys! {
         "Wait this long for clients to leave before closing them forcibly";
     max_outbox_bytes: usize = 1048576, "BYTES",
         "Bytes a connection may have queued before it is closed as too slow",
-        "Everything held for one connection counts (events, replays, replies, pongs). Over it the socket is not read, and a connection still over it 5 s later is closed with 4009.";
+        "Everything held for one connection counts (events, replays, replies, pongs). Over it the socket is not read, and a connection still over it 5 s later is closed with 4009 (see [Close codes](close-codes.md)).";
     cell: String = "default".into() => "default", "CELL",
         "This node's cell, a group of nodes such as a region";
     cells: Vec<String> = Vec::new() => "this node's cell and the peers' cells", "LIST",
@@ -194,7 +194,8 @@ config_keys! {
     previous_api_keys: Vec<String> = Vec::new() => "none", "LIST",
         "API keys still accepted besides api_key, while backends move to the new one; reloaded on SIGHUP";
     allowed_origins: Vec<String> = Vec::new() => "any", "LIST",
-        "Browser origins (scheme://host[:port]) allowed to open WebSockets and SSE streams; reloaded on SIGHUP";
+        "Browser origins (scheme://host[:port], the port may be *) allowed to open WebSockets and SSE streams, read the client library and mint tokens from a page; reloaded on SIGHUP",
+        "Empty means any origin. An entry is an exact origin (`https://app.example`) or one with any port (`http://localhost:*`); no other wildcard. Answers to an allowed origin carry `Access-Control-Allow-Origin`: `/livegate.js` and the other client files, `/v1/sse`, `/readyz` and `POST /v1/tokens` with its preflight. `livegate serve --dev` defaults it to `http://localhost:*`, `http://127.0.0.1:*` and `http://[::1]:*`.";
     tls_cert: Option<PathBuf> = None => "plain HTTP", "PEM",
         "Certificate chain (PEM); with tls_key the node serves HTTPS and WSS";
     tls_key: Option<PathBuf> = None => "none", "PEM",
@@ -509,7 +510,18 @@ impl Config {
         env: impl IntoIterator<Item = (String, String)>,
         flags: &ConfigFlags,
     ) -> Result<Config, ConfigError> {
-        let mut config = Config::default();
+        Config::load_over(Config::default(), file, env, flags)
+    }
+
+    /// [`Config::load`] with `defaults` in place of [`Config::default`]: what a mode such
+    /// as `serve --dev` changes, each value still overridden by any layer that sets it.
+    pub fn load_over(
+        defaults: Config,
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        flags: &ConfigFlags,
+    ) -> Result<Config, ConfigError> {
+        let mut config = defaults;
         let mut tables = Vec::new();
         // Which layer set each key last, for validation messages.
         let mut origins = BTreeMap::new();
@@ -563,9 +575,27 @@ impl Config {
     /// [`Config::load`] with this process's environment and the file named by
     /// `--config` or `LIVEGATE_CONFIG`.
     pub fn load_from_process(flags: &ConfigFlags) -> Result<Config, ConfigError> {
+        Config::load_from_process_over(Config::default(), flags)
+    }
+
+    /// [`Config::load_from_process`] over `defaults` (see [`Config::load_over`]).
+    pub fn load_from_process_over(defaults: Config, flags: &ConfigFlags) -> Result<Config, ConfigError> {
         let env = process_env();
         let file = flags.config_file(&env);
-        Config::load(file.as_deref(), env, flags)
+        Config::load_over(defaults, file.as_deref(), env, flags)
+    }
+
+    /// The defaults of `livegate serve --dev`, for a laptop: a drain of
+    /// [`DEV_DRAIN_WAIT_SECS`] spread over [`DEV_DRAIN_SPREAD_SECS`] (Ctrl-C stops in
+    /// about two seconds, where the defaults take twenty) and pages from this machine on any
+    /// port allowed ([`crate::core::origins::DEV_ORIGINS`]). A key set in any layer wins.
+    pub fn dev_defaults() -> Config {
+        Config {
+            drain_wait_secs: DEV_DRAIN_WAIT_SECS,
+            drain_spread_secs: DEV_DRAIN_SPREAD_SECS,
+            allowed_origins: crate::core::origins::DEV_ORIGINS.iter().map(|o| o.to_string()).collect(),
+            ..Config::default()
+        }
     }
 
     /// Checks every value; the first problem found is the error.
@@ -616,9 +646,8 @@ impl Config {
             // Never echo a key.
             return Err(invalid("previous_api_keys", format!("entries must be at least {API_KEY_MIN_CHARS} characters long")));
         }
-        let bad_origin = |o: &&String| !(o.starts_with("http://") || o.starts_with("https://")) || o.ends_with('/');
-        if let Some(origin) = self.allowed_origins.iter().find(bad_origin) {
-            return Err(invalid("allowed_origins", format!("entries are scheme://host[:port] without a path, got {origin:?}")));
+        if let Some(problem) = self.allowed_origins.iter().find_map(|o| crate::core::origins::check_entry(o).err()) {
+            return Err(invalid("allowed_origins", problem.to_string()));
         }
         if self.tls_cert.is_some() != self.tls_key.is_some() {
             return Err(invalid("tls_cert", "and tls_key must be set together".to_string()));
@@ -662,6 +691,11 @@ impl Config {
         namespaces::check(&self.namespaces)
     }
 }
+
+/// `drain_wait_secs` under `serve --dev`, unless set.
+pub const DEV_DRAIN_WAIT_SECS: u64 = 1;
+/// `drain_spread_secs` under `serve --dev`, unless set.
+pub const DEV_DRAIN_SPREAD_SECS: u64 = 1;
 
 /// Shortest `cluster_token_secret`.
 pub const TOKEN_SECRET_MIN_CHARS: usize = 32;

@@ -99,9 +99,10 @@ pub struct PeerLabel {
     pub peer: String,
 }
 
-/// Codes a peer may close with that livegate never sends, reported as themselves; any
-/// other code outside [`CloseCode::ALL`] is `other`.
-const PEER_CLOSE_CODES: [u16; 2] = [1005, 1006];
+/// Codes a peer may close with that livegate never sends, reported as themselves: 1001
+/// (a browser leaving the page), 1005 (no code), 1006 (dropped); any other code outside
+/// [`CloseCode::ALL`] is `other`.
+const PEER_CLOSE_CODES: [u16; 3] = [1001, 1005, 1006];
 
 /// Each reported close code with its label text (made once, kept for the process).
 fn close_code_labels() -> &'static [(u16, &'static str)] {
@@ -467,7 +468,8 @@ impl Metrics {
             drop(self.handshakes.get_or_create(&CredentialLabel { credential }));
         }
         use CloseCode::*;
-        for code in [Normal, GoingAway, ServiceRestart, HeartbeatTimeout, SlowConsumer, Replaced, Kicked].map(CloseCode::code).into_iter().chain([1006]) {
+        // 1001: a browser leaving the page.
+        for code in [Normal, ServiceRestart, HeartbeatTimeout, SlowConsumer, Replaced, Kicked].map(CloseCode::code).into_iter().chain([1001, 1006]) {
             drop(self.disconnects.get_or_create(&Metrics::close_code(code)));
         }
         self

@@ -14,7 +14,7 @@ use std::fmt::Write;
 
 use crate::config::{self, Config, KEY_DOCS, ROOM_KEYS};
 use crate::metrics::{Metrics, PeerLabel, OPEN_LABELS};
-use crate::protocol::{CloseCode, ErrorCode};
+use crate::protocol::{CloseCode, ErrorCode, OTHER_CLOSE_CODES};
 
 /// The references there are, as `livegate reference` names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -240,11 +240,12 @@ fn errors(out: &mut String) {
 fn close_codes(out: &mut String) {
     out.push_str(
         "# Close codes\n\n\
-         The WebSocket close codes livegate sends. A client reconnects after every code but 4500–4999, \
-         which mean \"do not come back\" (an unknown 4000–4499 code means \"reconnect\"); the client \
-         library follows this rule.\n\n\
-         | Code | Name | Meaning | Reconnect |\n\
-         |---|---|---|---|\n",
+         The WebSocket close codes livegate sends, and what a client does after each. A client \
+         reconnects after every code but 4500–4999, which mean \"do not come back\" (an unknown \
+         4000–4499 code means \"reconnect\"); the client library follows this rule and the advice \
+         below. This table is the only one: the other pages link here.\n\n\
+         | Code | Name | Meaning | Reconnect | What the client does |\n\
+         |---|---|---|---|---|\n",
     );
     for code in CloseCode::ALL {
         let meaning = match code.detail() {
@@ -252,7 +253,16 @@ fn close_codes(out: &mut String) {
             detail => format!("{}. {detail}", code.meaning()),
         };
         let reconnect = if code.reconnect() { "yes" } else { "no" };
-        let _ = writeln!(out, "| {} | `{code:?}` | {} | {reconnect} |", code.code(), cell(&meaning));
+        let _ = writeln!(out, "| {} | `{code:?}` | {} | {reconnect} | {} |", code.code(), cell(&meaning), cell(code.advice()));
+    }
+    out.push_str(
+        "\n## Codes livegate does not send\n\n\
+         A client can still see these, from a proxy in front of livegate or from its own WebSocket.\n\n\
+         | Code | Meaning | What the client does |\n\
+         |---|---|---|\n",
+    );
+    for (code, meaning, advice) in OTHER_CLOSE_CODES {
+        let _ = writeln!(out, "| {code} | {} | {} |", cell(meaning), cell(advice));
     }
 }
 

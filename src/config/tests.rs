@@ -724,3 +724,28 @@ fn configured_cells() {
     let err = Config::load(None, Vec::new(), &flags).unwrap_err().to_string();
     assert_eq!(err, format!("cells may list at most {MAX_CELLS} cells, got {} (set by --cells)", MAX_CELLS + 1));
 }
+
+#[test]
+fn dev_defaults_change_only_what_no_layer_sets() {
+    let dev = Config::load_over(Config::dev_defaults(), None, Vec::new(), &ConfigFlags::default()).unwrap();
+    assert_eq!((dev.drain_wait_secs, dev.drain_spread_secs), (DEV_DRAIN_WAIT_SECS, DEV_DRAIN_SPREAD_SECS));
+    assert_eq!(dev.allowed_origins, ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"]);
+    assert_eq!(dev.drain_grace_secs, Config::default().drain_grace_secs, "nothing else changes");
+    let env = vec![("LIVEGATE_DRAIN_WAIT_SECS".to_string(), "7".to_string())];
+    let flags = ConfigFlags::default().with("allowed_origins", "https://app.example");
+    let set = Config::load_over(Config::dev_defaults(), None, env, &flags).unwrap();
+    assert_eq!((set.drain_wait_secs, set.allowed_origins.as_slice()), (7, &["https://app.example".to_string()][..]));
+    // The plain defaults are untouched by the dev ones.
+    let plain = Config::load(None, Vec::new(), &ConfigFlags::default()).unwrap();
+    assert_eq!((plain.drain_wait_secs, plain.allowed_origins.is_empty()), (15, true));
+}
+
+#[test]
+fn allowed_origins_take_a_port_wildcard_and_no_other() {
+    let load = |value: &str| Config::load(None, Vec::new(), &ConfigFlags::default().with("allowed_origins", value)).map_err(|e| e.to_string());
+    assert_eq!(load("http://localhost:*,https://app.example").unwrap().allowed_origins, ["http://localhost:*", "https://app.example"]);
+    assert_eq!(
+        load("https://*.example").unwrap_err(),
+        "allowed_origins entries may use `*` only as the port (http://localhost:*), got \"https://*.example\" (set by --allowed-origins)"
+    );
+}

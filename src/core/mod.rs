@@ -25,6 +25,7 @@ pub mod outbox;
 pub mod placement;
 pub mod peer_input;
 pub mod occupancy;
+pub mod origins;
 pub mod presence;
 pub mod probes;
 pub mod room;

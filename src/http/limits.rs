@@ -208,8 +208,15 @@ impl AccessList {
     pub fn allows_origin(&self, origin: Option<&str>) -> bool {
         match origin {
             None => true,
-            Some(origin) => self.allowed_origins.is_empty() || self.allowed_origins.iter().any(|o| o.eq_ignore_ascii_case(origin)),
+            Some(origin) => self.allowed_origins.is_empty() || self.lists_origin(origin),
         }
+    }
+
+    /// Whether an entry of `allowed_origins` names `origin` (exactly or with any port):
+    /// an empty list allows every origin but lists none. What `serve --dev` asks before
+    /// minting a token without the API key.
+    pub fn lists_origin(&self, origin: &str) -> bool {
+        self.allowed_origins.iter().any(|entry| crate::core::origins::matches(entry, origin))
     }
 
     pub fn key_count(&self) -> usize {
@@ -328,6 +335,12 @@ mod tests {
         assert!(access.allows_origin(None));
         assert!(access.allows_origin(Some("https://APP.example")));
         assert!(!access.allows_origin(Some("https://evil.example")));
-        assert!(AccessList::new("k".repeat(16), &Config::default()).allows_origin(Some("https://any.example")));
+        assert!(access.lists_origin("https://app.example"));
+        let any = AccessList::new("k".repeat(16), &Config::default());
+        assert!(any.allows_origin(Some("https://any.example")));
+        assert!(!any.lists_origin("https://any.example"), "an empty list allows any origin but lists none");
+        let dev = AccessList::new("k".repeat(16), &Config::dev_defaults());
+        assert!(dev.allows_origin(Some("http://localhost:5173")) && dev.lists_origin("http://[::1]:8080"));
+        assert!(!dev.allows_origin(Some("https://evil.example")));
     }
 }

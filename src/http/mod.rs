@@ -31,6 +31,7 @@ use crate::protocol::{self, CloseCode, ErrorCode, PublishReply, TokenReply};
 use crate::store::Store;
 
 pub mod admin;
+pub mod cors;
 pub mod durable;
 pub mod limits;
 pub mod seams;
@@ -95,6 +96,9 @@ pub struct AppState {
     pub health: HealthProbe,
     /// Demo mode: the score page at `/` and unauthenticated demo tokens.
     pub demo: bool,
+    /// Development mode (`serve --dev`): `POST /v1/tokens` from a page of a listed origin
+    /// needs no API key.
+    pub dev: bool,
 }
 
 /// An error answered as JSON.
@@ -265,10 +269,13 @@ macro_rules! route_method {
     (POST) => { web::post() };
     (PUT) => { web::put() };
     (DELETE) => { web::delete() };
+    (HEAD) => { web::head() };
+    (OPTIONS) => { web::route().method(actix_web::http::Method::OPTIONS) };
 }
 
 routes! {
     POST "/v1/tokens" => mint_token,
+    OPTIONS "/v1/tokens" => cors::token_preflight,
     POST "/v1/rooms/{room}/events" => publish,
     GET "/v1/rooms/{room}/events" => read_history,
     PUT "/v1/rooms/{room}/state" => put_state,
@@ -280,7 +287,9 @@ routes! {
     GET "/v1/ws" => upgrade,
     GET "/v1/sse" => sse::stream,
     GET "/healthz" => healthz,
+    HEAD "/healthz" => healthz,
     GET "/readyz" => readyz,
+    HEAD "/readyz" => readyz,
     GET "/metrics" => metrics,
     GET "/livegate.js" => client_library,
     GET "/livegate.d.ts" => client_types,
@@ -364,8 +373,19 @@ fn check_room(room: &str) -> Result<(), ApiError> {
     names::check_room(room).map_err(|e| api_error(ErrorCode::BadRoom, e.to_string()))
 }
 
-async fn mint_token(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
+/// `POST /v1/tokens`, with the CORS headers of an allowed origin on every answer (a page
+/// reads the token, or why it was refused).
+async fn mint_token(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
+    let mut response = match mint_token_checked(&req, payload, &state).await {
+        Ok(response) => response,
+        Err(refusal) => refusal.error_response(),
+    };
+    cors::with_cors(&req, &state, &mut response);
+    response
+}
+
+async fn mint_token_checked(req: &HttpRequest, payload: web::Payload, state: &AppState) -> Result<HttpResponse, ApiError> {
+    authorize_token_request(req, state)?;
     let body = read_body(payload, SMALL_BODY_LIMIT).await?;
     let request = protocol::parse_token_request(&body).map_err(|e| ApiError::bad_request(e.to_string()))?;
     check_user(&request.user)?;
@@ -377,10 +397,23 @@ async fn mint_token(req: HttpRequest, payload: web::Payload, state: web::Data<Ap
     check_patterns("rooms", &request.rooms)?;
     check_patterns("publish", &request.publish)?;
     if let Some(cell) = &request.cell {
-        check_cell(&state, cell)?;
+        check_cell(state, cell)?;
     }
     let grants = Grants { rooms: request.rooms, publish: request.publish, cell: request.cell };
-    Ok(issue_token(&state, request.user, request.device, request.ttl_secs, grants))
+    Ok(issue_token(state, request.user, request.device, request.ttl_secs, grants))
+}
+
+/// Who may mint a token: a caller with the API key; in development mode (`serve --dev`)
+/// also a page whose `Origin` an entry of `allowed_origins` names, without a key, so a
+/// first page needs no backend. A request that carries a key must carry a valid one.
+fn authorize_token_request(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
+    if state.dev && !req.headers().contains_key("authorization") {
+        if let Some(origin) = cors::listed_origin(req, state) {
+            tracing::debug!(%origin, "token minted without the API key (development mode)");
+            return Ok(());
+        }
+    }
+    authorize(req, state)
 }
 
 /// A cell named by a request: one of the configured cells (`cells`).
@@ -1297,6 +1330,6 @@ async fn readyz(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
         Phase::Joining => api_error(ErrorCode::Unavailable, "starting: joining, until the peers route to this node").error_response(),
         other => api_error(ErrorCode::Unavailable, other.name()).error_response(),
     };
-    sse::with_cors(&req, &state, &mut response);
+    cors::with_cors(&req, &state, &mut response);
     response
 }

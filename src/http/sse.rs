@@ -6,10 +6,10 @@
 //! ([`crate::actors::sse`]). Every answer, the stream and the refusals, carries CORS
 //! headers when the request's `Origin` is allowed.
 
-use actix_web::http::header::{HeaderValue, ACCESS_CONTROL_ALLOW_ORIGIN, VARY};
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use serde::Deserialize;
 
+use super::cors::with_cors;
 use super::{api_error, handshake, refused, start_connection, ApiError, AppState, CredentialQuery, Credentialed};
 use crate::actors::connection::InitialSubscription;
 use crate::actors::sse;
@@ -53,22 +53,6 @@ pub async fn stream(req: HttpRequest, state: web::Data<AppState>) -> HttpRespons
     };
     with_cors(&req, &state, &mut response);
     response
-}
-
-/// Echo the request's `Origin` when the access list allows it: a page on another origin
-/// reads an answer (the stream, a refusal, `/readyz`) only with it.
-pub(super) fn with_cors(req: &HttpRequest, state: &AppState, response: &mut HttpResponse) {
-    if let Some(origin) = allowed_origin(req, state) {
-        response.headers_mut().insert(ACCESS_CONTROL_ALLOW_ORIGIN, origin);
-        response.headers_mut().insert(VARY, HeaderValue::from_static("Origin"));
-    }
-}
-
-/// The request's `Origin`, when the access list allows it (a browser on another origin
-/// reads the answer only with it echoed).
-fn allowed_origin(req: &HttpRequest, state: &AppState) -> Option<HeaderValue> {
-    let origin = req.headers().get("origin")?;
-    state.access.read().allows_origin(Some(origin.to_str().ok()?)).then(|| origin.clone())
 }
 
 async fn open(req: &HttpRequest, state: &AppState) -> Result<HttpResponse, ApiError> {

@@ -2,18 +2,16 @@
 //! client) and the error codes of `error` frames and HTTP error bodies (with their HTTP
 //! status).
 
-/// The WebSocket close codes livegate sends, with what each means to a client: 4000–4499
+/// The WebSocket close codes livegate sends (and no other: a code it never sends is not
+/// listed here but in [`OTHER_CLOSE_CODES`]), with what each means to a client: 4000–4499
 /// ask it to reconnect, 4500–4999 not to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CloseCode {
     Normal,
-    GoingAway,
     ProtocolError,
-    Unsupported,
     InvalidPayload,
     Policy,
     TooBig,
-    ServerError,
     ServiceRestart,
     HeartbeatTimeout,
     SlowConsumer,
@@ -22,19 +20,15 @@ pub enum CloseCode {
     WrongNode,
     Replaced,
     Kicked,
-    TokenInvalid,
 }
 
 impl CloseCode {
-    pub const ALL: [CloseCode; 16] = [
+    pub const ALL: [CloseCode; 12] = [
         CloseCode::Normal,
-        CloseCode::GoingAway,
         CloseCode::ProtocolError,
-        CloseCode::Unsupported,
         CloseCode::InvalidPayload,
         CloseCode::Policy,
         CloseCode::TooBig,
-        CloseCode::ServerError,
         CloseCode::ServiceRestart,
         CloseCode::HeartbeatTimeout,
         CloseCode::SlowConsumer,
@@ -42,19 +36,15 @@ impl CloseCode {
         CloseCode::WrongNode,
         CloseCode::Replaced,
         CloseCode::Kicked,
-        CloseCode::TokenInvalid,
     ];
 
     pub const fn code(self) -> u16 {
         match self {
             CloseCode::Normal => 1000,
-            CloseCode::GoingAway => 1001,
             CloseCode::ProtocolError => 1002,
-            CloseCode::Unsupported => 1003,
             CloseCode::InvalidPayload => 1007,
             CloseCode::Policy => 1008,
             CloseCode::TooBig => 1009,
-            CloseCode::ServerError => 1011,
             CloseCode::ServiceRestart => 1012,
             CloseCode::HeartbeatTimeout => 4008,
             CloseCode::SlowConsumer => 4009,
@@ -62,7 +52,6 @@ impl CloseCode {
             CloseCode::WrongNode => 4421,
             CloseCode::Replaced => 4501,
             CloseCode::Kicked => 4502,
-            CloseCode::TokenInvalid => 4503,
         }
     }
 
@@ -79,13 +68,10 @@ impl CloseCode {
     pub const fn meaning(self) -> &'static str {
         match self {
             CloseCode::Normal => "normal close",
-            CloseCode::GoingAway => "server stopping",
             CloseCode::ProtocolError => "WebSocket protocol error",
-            CloseCode::Unsupported => "unsupported message",
             CloseCode::InvalidPayload => "text is not valid UTF-8",
             CloseCode::Policy => "protocol violation",
             CloseCode::TooBig => "frame too big",
-            CloseCode::ServerError => "server error",
             CloseCode::ServiceRestart => "server restarting",
             CloseCode::HeartbeatTimeout => "heartbeat timeout",
             CloseCode::SlowConsumer => "too slow reading events",
@@ -93,7 +79,6 @@ impl CloseCode {
             CloseCode::WrongNode => "served by another node: reconnect to the URL in the reason",
             CloseCode::Replaced => "replaced by a newer connection of the same user and device",
             CloseCode::Kicked => "kicked by an operator",
-            CloseCode::TokenInvalid => "token no longer valid",
         }
     }
 }
@@ -117,15 +102,53 @@ impl CloseCode {
     }
 }
 
+impl CloseCode {
+    /// What a client does after the close (the client library does it).
+    pub const fn advice(self) -> &'static str {
+        match self {
+            CloseCode::Normal => "Nothing: the client closed, the server answered.",
+            CloseCode::ProtocolError | CloseCode::InvalidPayload => "A client bug: fix the client.",
+            CloseCode::Policy => "Read the error frames sent before the close.",
+            CloseCode::TooBig => "Send smaller messages.",
+            CloseCode::ServiceRestart => "Reconnect after the suggested delay (or a random 0–3 s) with the resume credential, and resubscribe with `since` and `epoch`: nothing is lost (see [Operations](../operations.md#what-clients-must-do)).",
+            CloseCode::HeartbeatTimeout => "Answer pings; a proxy's read timeout must be longer than heartbeat_secs.",
+            CloseCode::SlowConsumer => "The client reads too slowly (a background tab, a slow network); it reconnects and recovers (see [Slow consumers](../operations.md#slow-consumers)).",
+            CloseCode::MigrationBudget => "Wait that many seconds, then reconnect.",
+            CloseCode::WrongNode => "Connect to that URL with the same credential.",
+            CloseCode::Replaced => "Do not reconnect: the newer connection wins (two tabs with device `phone` replace each other; use `web` for tabs).",
+            CloseCode::Kicked => "Do not reconnect with the old credentials.",
+        }
+    }
+}
+
+/// Codes livegate never sends that a client still sees, with what they mean and what the
+/// client does: from a proxy or load balancer in front of livegate, or from the client's
+/// own WebSocket when the connection dropped.
+pub const OTHER_CLOSE_CODES: [(u16, &str, &str); 2] = [
+    (
+        1001,
+        "going away: a proxy or load balancer in front of livegate stopping (livegate itself sends 1012 when it stops)",
+        "Reconnect as after 1012: after the suggested delay, if any, or a random 0–3 s.",
+    ),
+    (
+        1006,
+        "the connection dropped without a close frame (the network, a killed process); reported by the client's WebSocket, never sent",
+        "Reconnect with backoff and resubscribe with `since` and `epoch`.",
+    ),
+];
+
 /// What a close code received means, livegate's own or any other.
 pub fn close_meaning(code: u16) -> &'static str {
-    match CloseCode::from_code(code) {
-        Some(known) => known.meaning(),
-        None => match code {
-            4000..=4499 => "reconnect",
-            4500..=4999 => "do not reconnect",
-            _ => "unknown code",
-        },
+    if let Some(known) = CloseCode::from_code(code) {
+        return known.meaning();
+    }
+    if let Some((_, meaning, _)) = OTHER_CLOSE_CODES.iter().find(|(c, _, _)| *c == code) {
+        return meaning;
+    }
+    match code {
+        4000..=4499 => "reconnect",
+        4500..=4999 => "do not reconnect",
+        _ => "unknown code",
     }
 }
 

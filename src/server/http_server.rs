@@ -45,6 +45,7 @@ pub(super) fn http_server(
                 }
                 http::sockets::watch_request(req, service)
             })
+            .wrap_fn(http::cors::client_files)
             .configure(http::configure)
     };
     // Every accepted socket takes a plain HTTP place first (none free: closed at once)

@@ -67,6 +67,9 @@ pub struct Control {
     pub reload_config: Option<ReloadConfig>,
     /// Adds the score page and the match simulator.
     pub demo: bool,
+    /// Development mode (`serve --dev`): pages from allowed origins mint tokens without
+    /// the API key.
+    pub dev: bool,
 }
 
 /// Serve on `listener` until `shutdown` resolves, then drain. Must run inside an actix
@@ -81,6 +84,7 @@ pub async fn run(
         reload: Box::pin(stream::pending()),
         reload_config: None,
         demo: false,
+        dev: false,
     };
     run_controlled(listener, config, control).await
 }
@@ -88,8 +92,8 @@ pub async fn run(
 /// Serve on `listener`, steered by `control`: build the node, serve until drained, stop
 /// it in order. Must run inside an actix system.
 pub async fn run_controlled(listener: std::net::TcpListener, config: Config, control: Control) -> Result<(), ServerError> {
-    let Control { shutdown, reload, reload_config, demo } = control;
-    let mut node = Node::build(listener, config, NodeOptions { reload_config, demo }).await?;
+    let Control { shutdown, reload, reload_config, demo, dev } = control;
+    let mut node = Node::build(listener, config, NodeOptions { reload_config, demo, dev }).await?;
     let served = node.serve(shutdown, reload).await;
     // Stopped in order whether or not it served to the end (a start that failed too).
     let stopped = node.shutdown().await;

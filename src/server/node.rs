@@ -67,6 +67,8 @@ pub struct NodeOptions {
     pub reload_config: Option<ReloadConfig>,
     /// Adds the score page and the match simulator.
     pub demo: bool,
+    /// Development mode: pages from allowed origins mint tokens without the API key.
+    pub dev: bool,
 }
 
 /// A built node: what it serves with, and the owner of everything it started.
@@ -155,7 +157,7 @@ impl Node {
     /// the node's timers, and start the HTTP server, which answers `/readyz` with 503
     /// until [`Node::serve`]. Must run inside an actix system.
     pub async fn build(listener: std::net::TcpListener, config: Config, options: NodeOptions) -> Result<Node, ServerError> {
-        let NodeOptions { reload_config, demo } = options;
+        let NodeOptions { reload_config, demo, dev } = options;
         config.validate()?;
         let access = AccessList::new(config.resolve_api_key()?.key, &config);
         let tls = tls_config(&config)?;
@@ -307,6 +309,7 @@ impl Node {
             started: std::time::Instant::now(),
             health: Default::default(),
             demo,
+            dev,
         });
         let server = http_server(listener, tls, state.clone(), &timing)?.run();
         let http = server.handle();

@@ -217,6 +217,69 @@ fn every_relative_link_and_anchor_of_the_book_and_the_readme_resolves() {
     assert_eq!(found.len(), 2, "{found:?}");
 }
 
+/// Whether a prose line speaks of a close code: the words, or a code of livegate's own
+/// (1012 and up: smaller numbers are too common in prose to tell).
+fn mentions_close_codes(line: &str) -> bool {
+    let words = without_code_spans(line).to_ascii_lowercase();
+    words.contains("close code")
+        || livegate::protocol::CloseCode::ALL.iter().map(|c| c.code()).filter(|&c| c >= 1012).any(|code| {
+            let code = code.to_string();
+            words.split(|c: char| !c.is_ascii_digit()).any(|word| word == code)
+        })
+}
+
+#[test]
+fn every_page_that_mentions_close_codes_links_to_the_one_table() {
+    let _gate = crate::common::gate!();
+    let reference = repo().join("docs/src/reference/close-codes.md");
+    let mut pages = book_pages();
+    pages.push(repo().join("README.md"));
+    let (mut unlinked, mut tables, mut mentioning) = (Vec::new(), Vec::new(), 0);
+    let codes: Vec<u16> = livegate::protocol::CloseCode::ALL
+        .iter()
+        .map(|c| c.code())
+        .chain(livegate::protocol::OTHER_CLOSE_CODES.iter().map(|(code, _, _)| *code))
+        .collect();
+    for page in pages.iter().filter(|page| **page != reference) {
+        let text = std::fs::read_to_string(page).expect("read page");
+        let prose = prose_lines(&text);
+        let name = page.strip_prefix(repo()).unwrap_or(page).display().to_string();
+        if prose.iter().any(|(_, line)| mentions_close_codes(line)) {
+            mentioning += 1;
+            let linked = links(&text).iter().any(|(_, target)| {
+                let path = target.split('#').next().unwrap_or_default();
+                !path.is_empty() && resolve(page.parent().expect("a page's dir"), path) == reference
+            });
+            if !linked {
+                unlinked.push(name.clone());
+            }
+        }
+        // A table of its own: a row that starts with a close code.
+        for (number, line) in &prose {
+            let first = line.trim_start().strip_prefix('|').and_then(|rest| rest.split('|').next()).map(str::trim);
+            if first.and_then(|cell| cell.parse::<u16>().ok()).is_some_and(|code| codes.contains(&code)) {
+                tables.push(format!("{name}:{number}: {line}"));
+            }
+        }
+    }
+    assert!(mentioning >= 10, "pages mentioning close codes found: {mentioning}");
+    assert!(unlinked.is_empty(), "pages that mention close codes without linking to reference/close-codes.md: {unlinked:?}");
+    assert!(tables.is_empty(), "close-code tables besides the reference (link to it instead):\n{}", tables.join("\n"));
+    assert!(mentions_close_codes("closed with 4009 at once") && mentions_close_codes("Close codes") && !mentions_close_codes("10120 rooms"));
+}
+
+#[test]
+fn the_license_is_mit_as_the_packages_say() {
+    let _gate = crate::common::gate!();
+    let license = std::fs::read_to_string(repo().join("LICENSE")).expect("a LICENSE file at the root");
+    assert!(license.starts_with("MIT License\n\nCopyright (c) 2026 the livegate authors\n"), "{license}");
+    let cargo = std::fs::read_to_string(repo().join("Cargo.toml")).expect("Cargo.toml");
+    assert!(cargo.lines().any(|line| line.trim() == "license = \"MIT\""), "Cargo.toml's license field");
+    let package: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(repo().join("clients/js/package.json")).expect("package.json")).expect("JSON");
+    assert_eq!(package["license"], "MIT");
+}
+
 #[test]
 fn every_chapter_is_in_the_summary() {
     let _gate = crate::common::gate!();

@@ -14,6 +14,7 @@ mod access;
 mod admin;
 mod bad_input;
 mod book;
+mod browser_access;
 mod cli;
 mod client_library;
 mod client_publish;

@@ -403,8 +403,7 @@ const FAMILIES: &[(&str, &str, Option<&str>, &[&str])] = &[
 ];
 
 const CLOSE_CODES: &[&str] = &[
-    "1000", "1001", "1002", "1003", "1005", "1006", "1007", "1008", "1009", "1011", "1012", "4008", "4009", "4029", "4501", "4502",
-    "4503", "other",
+    "1000", "1001", "1002", "1005", "1006", "1007", "1008", "1009", "1012", "4008", "4009", "4029", "4421", "4501", "4502", "other",
 ];
 const REASONS: &[&str] =
     &["missing_token", "invalid_token", "token_expired", "token_replayed", "unavailable", "migration_budget", "wrong_node", "bad_request",

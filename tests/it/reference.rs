@@ -116,9 +116,16 @@ fn the_pages_hold_every_key_and_code() {
         let reconnect = if code.reconnect() { "yes" } else { "no" };
         let row = closes.lines().find(|l| l.starts_with(&format!("| {} |", code.code())));
         let row = row.unwrap_or_else(|| panic!("{} has no row for {}", Reference::CloseCodes.page(), code.code()));
-        assert!(row.ends_with(&format!("| {reconnect} |")), "{row}");
+        let cells: Vec<&str> = row.split(" | ").collect();
+        assert_eq!(cells.get(3).copied(), Some(reconnect), "the Reconnect column of {row}");
+        assert!(cells.len() == 5 && row.ends_with(" |") && cells[4].len() > 3, "a What the client does column: {row}");
     }
     assert!(closes.contains("| 4009 | `SlowConsumer` |") && closes.contains("| 4502 | `Kicked` |"), "{closes}");
+    // Codes livegate never sends are not in the main table, but a client still learns
+    // what 1001 and 1006 mean; 4503 is nowhere (never sent).
+    let (sent, other) = closes.split_once("## Codes livegate does not send").expect("a section for codes livegate does not send");
+    assert!(!sent.contains("| 1001 |") && other.contains("| 1001 |") && other.contains("| 1006 |"), "{closes}");
+    assert!(!closes.contains("4503"), "{closes}");
 }
 
 /// The families of a scrape (`# TYPE NAME KIND`) with the names of their samples.
