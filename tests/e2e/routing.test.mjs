@@ -15,6 +15,7 @@ import { test } from 'node:test';
 import { mintToken, publish, tempDir } from '../js/support/server.mjs';
 import { startCluster, startForwarder, startNats } from '../js/support/nodes.mjs';
 import { cleanup, clientFromSource, launchBrowser } from './support.mjs';
+import { subscribed } from '../js/support/clients.mjs';
 
 const PAGE = `<!doctype html><meta charset="utf-8"><title>routing</title>
 <script type="module">
@@ -22,7 +23,7 @@ const PAGE = `<!doctype html><meta charset="utf-8"><title>routing</title>
   const t = (window.__t = { timeline: [], got: [], redirects: [] });
   const client = connect({
     url: location.origin,
-    transport: 'websocket',
+    transports: ['websocket'],
     getToken: () => window.mintToken('browser-route'),
     timings: { backoffMs: [0, 50, 100, 200, 400], restartJitterMs: 200, connectTimeoutMs: 5000, stableMs: 60000 },
   });
@@ -30,7 +31,7 @@ const PAGE = `<!doctype html><meta charset="utf-8"><title>routing</title>
     client.on(name, (d) => t.timeline.push([name, d]));
   }
   client.on('redirect', (r) => t.redirects.push(r));
-  client.subscribe('browser-route:1', (event) => t.got.push(event.data.n)).then(() => (t.subscribed = true));
+  subscribed(client, 'browser-route:1', (event) => t.got.push(event.data.n)).then(() => (t.subscribed = true));
   window.__client = client;
 </script>`;
 
