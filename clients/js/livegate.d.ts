@@ -278,9 +278,13 @@ export interface HistoryReply<T = unknown> {
 }
 
 /** The options of `publish()`. */
-export interface PublishOptions extends RequestOptions {
+export interface PublishOptions {
   /** The idempotency id (default: a random one); publishing again with it stores it at most once (after a `timeout` too). */
   id?: string;
+  /** Aborting it rejects the call with code `aborted`. */
+  signal?: AbortSignalLike;
+  /** How long to wait for the reply; default `requestTimeoutMs`. Code `timeout`. */
+  timeoutMs?: number;
 }
 
 /** What `publish()` resolves with once the event is stored. */

@@ -15,7 +15,6 @@ import { test } from 'node:test';
 import { mintToken, publish, tempDir } from '../js/support/server.mjs';
 import { startCluster, startForwarder, startNats } from '../js/support/nodes.mjs';
 import { cleanup, clientFromSource, launchBrowser } from './support.mjs';
-import { subscribed } from '../js/support/clients.mjs';
 
 const PAGE = `<!doctype html><meta charset="utf-8"><title>routing</title>
 <script type="module">
@@ -31,7 +30,9 @@ const PAGE = `<!doctype html><meta charset="utf-8"><title>routing</title>
     client.on(name, (d) => t.timeline.push([name, d]));
   }
   client.on('redirect', (r) => t.redirects.push(r));
-  subscribed(client, 'browser-route:1', (event) => t.got.push(event.data.n)).then(() => (t.subscribed = true));
+  const sub = client.subscribe('browser-route:1');
+  sub.on('event', (event) => t.got.push(event.data.n));
+  sub.ready().then(() => (t.subscribed = true));
   window.__client = client;
 </script>`;
 
