@@ -283,6 +283,7 @@ routes! {
     GET "/readyz" => readyz,
     GET "/metrics" => metrics,
     GET "/livegate.js" => client_library,
+    GET "/livegate.iife.js" => client_script,
     GET "/livegate.d.ts" => client_types,
     GET "/livegate/{file}" => client_module,
     GET "/openapi.json" => openapi,
@@ -1160,6 +1161,13 @@ pub(crate) fn embedded(content_type: &'static str, body: &'static str) -> HttpRe
 /// and what npm installs never differ, and a page loads one file.
 async fn client_library() -> HttpResponse {
     embedded("text/javascript; charset=utf-8", include_str!("../../clients/js/dist/livegate.min.js"))
+}
+
+/// `GET /livegate.iife.js`: the same client as a minified classic script that defines the
+/// global `Livegate` (the npm package's `dist/livegate.iife.js`), for a page without
+/// modules: a `<script src>` from another origin needs no CORS.
+async fn client_script() -> HttpResponse {
+    embedded("text/javascript; charset=utf-8", include_str!("../../clients/js/dist/livegate.iife.js"))
 }
 
 /// `GET /livegate.d.ts`: the TypeScript declarations for `/livegate.js`.

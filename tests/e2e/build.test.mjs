@@ -93,11 +93,14 @@ test('the classic script defines the global Livegate with the same API', async (
   assert.equal(Livegate.endpointOf('https://a.test'), 'wss://a.test/v1/ws');
 });
 
-test('the server serves the minified module at /livegate.js and the modules under /livegate/', { timeout: 30_000 }, async () => {
+test('the server serves the minified module at /livegate.js, the classic script at /livegate.iife.js and the modules under /livegate/', { timeout: 30_000 }, async () => {
   const response = await fetch(`${server.url}/livegate.js`, { signal: AbortSignal.timeout(10_000) });
   assert.equal(response.status, 200);
   assert.match(response.headers.get('content-type'), /^text\/javascript/);
   assert.ok((await response.text()) === dist('livegate.min.js'), 'GET /livegate.js is dist/livegate.min.js (rebuild the server after a new build)');
+  const script = await fetch(`${server.url}/livegate.iife.js`, { signal: AbortSignal.timeout(10_000) });
+  assert.equal(script.status, 200);
+  assert.ok((await script.text()) === dist('livegate.iife.js'), 'GET /livegate.iife.js is dist/livegate.iife.js');
   const module = await fetch(`${server.url}/livegate/client.js`, { signal: AbortSignal.timeout(10_000) });
   assert.equal(module.status, 200);
   assert.equal(await module.text(), readFileSync(path.join(PACKAGE, 'livegate/client.js'), 'utf8'));
