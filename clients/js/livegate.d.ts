@@ -6,7 +6,8 @@
 //
 //   import { connect, type LivegateEvent } from './livegate.js';
 //   const client = connect({ url: 'https://push.example.com', getToken: () => fetchToken() });
-//   client.subscribe<{ score: [number, number] }>('match:1', (event) => show(event.data.score));
+//   const match = client.subscribe<{ score: [number, number] }>('match:1');
+//   match.on('event', (event) => show(event.data.score));
 //
 // Only the public API is declared; members starting with `_` are the library's own.
 // These declarations need no DOM or Node types: the WebSocket and fetch options are
@@ -15,9 +16,6 @@
 /** The transport a client uses now: WebSocket, or Server-Sent Events read with fetch(). */
 export type Transport = 'websocket' | 'sse';
 
-/** The deprecated `transport` option (one release): `auto` is `transports: ['websocket', 'sse']`. */
-export type TransportOption = 'auto' | Transport;
-
 /**
  * The `transports` option: the transports to use, in fallback order. The default
  * `['websocket', 'sse']` falls back to SSE after failed WebSocket attempts; one name
@@ -25,16 +23,41 @@ export type TransportOption = 'auto' | Transport;
  */
 export type TransportList = readonly ['websocket', 'sse'] | readonly ['websocket'] | readonly ['sse'];
 
-/** `client.state`: `idle` before the first attempt, `stopped` after a close 4500-4999, `closed` after close(). */
 /**
- * The connection's state: `disconnected` (none; the next attempt is scheduled, also before
- * the first), `connecting`, `connected` (welcomed), `closed` (for good: close(), or the
+ * The connection's state: `disconnected` (none: the next attempt is scheduled, or, after
+ * `disconnect()`, a signed-out `getToken` or with `autoConnect: false`, it waits for
+ * `connect()`), `connecting`, `connected` (welcomed), `closed` (for good: close(), or the
  * server said not to reconnect with a close 4500-4999). The `state` event tells each change.
  */
 export type ClientState = 'disconnected' | 'connecting' | 'connected' | 'closed';
 
-/** What `getToken()` may return: the token, or the `{token}` reply of `POST /v1/tokens`. */
-export type TokenResult = string | { token: string };
+/**
+ * What `getToken()` may return: the token, the `{token}` reply of `POST /v1/tokens`, or
+ * null (or undefined) when the user is signed out: the client stops without retrying
+ * (state `disconnected`, a `signed_out` event) until `connect()`. Throwing a
+ * `LivegateError` with code `signed_out` or `unauthorized` means the same; any other
+ * error is retried with backoff.
+ */
+export type TokenResult = string | { token: string } | null | undefined;
+
+/** Where the `debug` option logs: a function, or an object with a `debug` method (such as `console`). */
+export type DebugLogger = ((message: string, detail: unknown) => void) | { debug(message: string, detail: unknown): void };
+
+/** Per-call options of `history()`, `presence()` and `publish()`. */
+export interface RequestOptions {
+  /** Aborting it rejects the call with code `aborted` (a reply that still comes is dropped). */
+  signal?: AbortSignalLike;
+  /** How long to wait for the reply (queued while disconnected included); default `requestTimeoutMs`. Code `timeout`. */
+  timeoutMs?: number;
+}
+
+/** The part of an AbortSignal livegate.js uses (the DOM's and Node's satisfy it). */
+export interface AbortSignalLike {
+  readonly aborted: boolean;
+  readonly reason?: unknown;
+  addEventListener(type: 'abort', listener: () => void, options?: { once?: boolean }): void;
+  removeEventListener(type: 'abort', listener: () => void): void;
+}
 
 /** Delays of the client (all in milliseconds); `timings` overrides any of them. */
 export interface Timings {
@@ -115,14 +138,27 @@ export interface ClientOptions {
   getToken: () => TokenResult | PromiseLike<TokenResult>;
   /** The transports in fallback order: `['websocket', 'sse']` (default), or one of them (no fallback). An unknown name throws. */
   transports?: TransportList;
-  /** Deprecated (one release): `'auto'`, `'websocket'` or `'sse'`; give `transports` instead (not both). */
-  transport?: TransportOption;
+  /**
+   * Absent on purpose: the former `transport: 'auto' | 'websocket' | 'sse'` throws a
+   * TypeError at construction; give `transports`.
+   */
+  transport?: never;
+  /** false: connect only when `connect()` is called. Default true: connect() and new LivegateClient() start at once. */
+  autoConnect?: boolean;
+  /** How long `publish()`, `history()` and `presence()` wait for a reply before rejecting with code `timeout`. Default 10000; 0: never. */
+  requestTimeoutMs?: number;
+  /** true: log connection, transport and state changes with console.debug; or where to log them. Credentials are never logged. */
+  debug?: boolean | DebugLogger;
   /** false: never use resume credentials (a token every attempt). Default true. */
   resume?: boolean;
   /** Consecutive failed WebSocket attempts a resume credential is tried in before it is dropped. Default 3. */
   resumeAttempts?: number;
-  /** The WebSocket constructor to use (default: the global one). */
-  WebSocket?: WebSocketConstructor;
+  /**
+   * The WebSocket constructor to use. Default: the global one; in Node without one (Node 20
+   * without --experimental-websocket) the `ws` package's when it is installed. No WebSocket
+   * at all: SSE with a `warning` (with `transports: ['websocket']` the client closes).
+   */
+  WebSocket?: WebSocketConstructor | null;
   /** The fetch function for SSE and the `/readyz` check (default: the global one; null: none, so no SSE). */
   fetch?: FetchLike | null;
   /** A session id to resume on the first connection. */
@@ -164,14 +200,6 @@ export interface RoomSnapshot<S = unknown> {
   data: S;
 }
 
-/** What `onState` is told alongside the state. */
-export interface StateMeta {
-  room: string;
-  /** The seq the state is as of (0 when the room has none); the events after it follow. */
-  seq: number;
-  epoch: string;
-}
-
 /** A presence frame: who joined and left since the room's last one. */
 export interface PresenceChange {
   room: string;
@@ -179,22 +207,6 @@ export interface PresenceChange {
   /** null above the server's `presence_members_max`. */
   joined: Member[] | null;
   left: Member[] | null;
-}
-
-/** The options of `subscribe()`. */
-export interface SubscribeOptions<S = unknown> {
-  /** Deliver the events after this seq (e.g. the head of a state loaded over HTTP). */
-  since?: number | null;
-  /** The epoch `since` belongs to. */
-  epoch?: string | null;
-  /** Start from the room's state: `onState` runs first, then the events after its seq. */
-  state?: boolean;
-  /** The room's state (null: none), before the events after it; again after a failed recovery. */
-  onState?: (data: S | null, meta: StateMeta) => void;
-  /** Ask the server for presence frames of the room. */
-  presence?: boolean;
-  /** Presence changes (at most one per `presence_interval_ms`, only when something changed). */
-  onPresence?: (change: PresenceChange) => void;
 }
 
 /** The options of `subscribe(room, options)`. */
@@ -240,7 +252,7 @@ export declare class Subscription<T = unknown, S = unknown> {
   unsubscribe(): void;
 }
 
-/** What a `subscribe()` promise resolves with: the room's first `subscribed` reply. */
+/** What `Subscription.ready()` resolves with: the room's first `subscribed` reply. */
 export interface SubscribedReply<S = unknown> {
   room: string;
   epoch: string;
@@ -267,8 +279,12 @@ export interface HistoryReply<T = unknown> {
 
 /** The options of `publish()`. */
 export interface PublishOptions {
-  /** The idempotency id (default: a random one); publishing again with it stores it at most once. */
+  /** The idempotency id (default: a random one); publishing again with it stores it at most once (after a `timeout` too). */
   id?: string;
+  /** Aborting it rejects the call with code `aborted`. */
+  signal?: AbortSignalLike;
+  /** How long to wait for the reply; default `requestTimeoutMs`. Code `timeout`. */
+  timeoutMs?: number;
 }
 
 /** What `publish()` resolves with once the event is stored. */
@@ -297,11 +313,18 @@ export interface Position {
 /**
  * The error a promise rejects with: `code` is the server's error code (`forbidden`,
  * `bad_room`, `presence_off`, `payload_too_large`, `rate_limited`, …) or the client's own
- * (`closed`, `stopped`, `disconnected`, `unsubscribed`, `unsupported`).
+ * (`closed`, `stopped`, `disconnected`, `unsubscribed`, `unsupported`, `timeout`,
+ * `aborted`: `cause` is the signal's reason, `signed_out`). `getToken` may throw one with
+ * code `signed_out` or `unauthorized` to stop the client.
  */
-export interface LivegateError extends Error {
+export declare class LivegateError extends Error {
+  constructor(code: string, message?: string, options?: { cause?: unknown });
+  readonly name: 'LivegateError';
   code: string;
 }
+
+/** Default of the `requestTimeoutMs` option (10000). */
+export declare const DEFAULT_REQUEST_TIMEOUT_MS: number;
 
 /** The events `on()` listens to, with what each listener is given. */
 export interface ClientEvents {
@@ -355,6 +378,15 @@ export interface ClientEvents {
   };
   /** `code`: a server error code, or the client's (`token`, `socket`, `sse`, `handler`, `unsupported`, `http_NNN`). */
   error: { room?: string; code: string; message: string; error?: unknown };
+  /**
+   * The client works with less than asked: `fallback` (on SSE from now on after WebSocket
+   * attempts failed: publish, history and presence reject with `unsupported`),
+   * `unsupported` (such a request was made on SSE), `no_websocket` (no WebSocket in this
+   * runtime: SSE, or closed with `transports: ['websocket']`).
+   */
+  warning: { code: 'fallback' | 'unsupported' | 'no_websocket'; message: string };
+  /** `getToken` said the user is signed out: the client stopped (state `disconnected`) until `connect()`. */
+  signed_out: { reason: string };
 }
 
 /** The name of an event `on()` listens to. */
@@ -383,31 +415,29 @@ export declare class LivegateClient {
    * asked for and `unsubscribe()` ends only itself.
    */
   subscribe<T = unknown, S = unknown>(room: string, options?: SubscriptionOptions): Subscription<T, S>;
-  /**
-   * The form of earlier releases, kept for one release: delivers the room's events to
-   * `onEvent` once each, in seq order. Resolves with the first `subscribed` reply; rejects
-   * (a `LivegateError`) when the server refuses the room.
-   */
-  subscribe<T = unknown, S = unknown>(
-    room: string,
-    onEvent: ((event: LivegateEvent<T>) => void) | null | undefined,
-    options?: SubscribeOptions<S>,
-  ): Promise<SubscribedReply<S>>;
   /** Ends every subscription of the room and tells the server (over SSE: reopens the stream). */
   unsubscribe(room: string): void;
   /** Up to `limit` (default 100) events of `room` after `since` (default 0); WebSocket only. */
-  history<T = unknown>(room: string, since?: number, limit?: number): Promise<HistoryReply<T>>;
+  history<T = unknown>(room: string, since?: number, limit?: number, options?: RequestOptions): Promise<HistoryReply<T>>;
   /** Publishes `data` (any JSON value) as this connection's user, once stored; WebSocket only. */
   publish(room: string, data: unknown, options?: PublishOptions): Promise<PublishResult>;
   /** Who is in `room` now; WebSocket only. */
-  presence(room: string): Promise<PresenceReply>;
+  presence(room: string, options?: RequestOptions): Promise<PresenceReply>;
+  /**
+   * Starts connecting (the constructor already does unless `autoConnect: false`), or again
+   * after `disconnect()` or a signed-out `getToken`; subscriptions resubscribe from where
+   * they were. Throws a `LivegateError` once closed.
+   */
+  connect(): this;
+  /** Ends the connection and stops reconnecting until `connect()`; subscriptions stay, pending requests reject with `disconnected`. */
+  disconnect(reason?: string): void;
   /** Drops the connection as if it had been lost (close 4000); false when there is none. */
   dropConnection(reason?: string): boolean;
   /** Closes for good: no reconnect, pending requests are rejected. */
   close(): void;
 }
 
-/** Opens a client: `new LivegateClient(options)`. */
+/** Opens a client: `new LivegateClient(options)`, connecting at once unless `autoConnect: false`. */
 export declare function connect(options: ClientOptions): LivegateClient;
 
 /** Time as the client sees it: the `clock` option. */

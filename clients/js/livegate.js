@@ -8,7 +8,9 @@
 //     url: 'https://push.example.com',              // the server; /v1/ws and /v1/sse are derived
 //     getToken: async () => (await fetch('/my-backend/livegate-token')).text(),
 //     transports: ['websocket', 'sse'],             // the default fallback order; ['sse']: SSE only
-//   });
+//     requestTimeoutMs: 10000,                      // publish/history/presence reject `timeout` after
+//     debug: false,                                 // true: state and transport changes to console.debug
+//   });                                             // connects at once (autoConnect: false: on connect())
 //   client.on('connected', ({ session, node, transport }) => ...);
 //   client.on('recovery_failed', ({ room }) => reloadOverHttp(room));
 //   const match = client.subscribe('match:1', { state: true, presence: true });  // a Subscription
@@ -18,8 +20,10 @@
 //   match.unsubscribe();                                      // this subscription only
 //   const { seq, duplicate } = await client.publish('chat:1', { text: 'hi' });  // needs a
 //                              // token with "publish":["chat:*"]; WebSocket only
-//   client.subscribe('match:1', render, { state: true, onState });  // the earlier form, a
-//                              // promise of the reply: kept for one release
+//   await client.publish('chat:1', data, { signal: AbortSignal.timeout(2000) });  // per call
+//   client.on('warning', ({ code, message }) => ...);  // e.g. on SSE, which cannot publish
+//   client.on('signed_out', () => showLogin());  // getToken returned null: stopped, no retries
+//   client.disconnect();       // stop until client.connect(); subscriptions stay
 //   const { count, members } = await client.presence('match:1');   // WebSocket only
 //   client.transport;          // 'websocket' or 'sse': the transport in use
 //   client.state;              // 'disconnected' | 'connecting' | 'connected' | 'closed'
@@ -65,8 +69,7 @@
 //   up (a proxy that breaks the upgrade), or when there is no WebSocket constructor at
 //   all; back to WebSocket when the SSE endpoint is missing (404), or when SSE refuses the
 //   resume credential (the WebSocket failures may have been that credential). An unknown
-//   name, a repeated one or SSE before WebSocket throws at construction. The deprecated
-//   `transport: 'auto' | 'websocket' | 'sse'` still works for one release. The application
+//   name, a repeated one or SSE before WebSocket throws at construction. The application
 //   sees the same API and events either way; `client.transport` and the `connected` event
 //   say which is in use.
 // - SSE specifics: the stream names its rooms (`rooms=`), so subscribe() and unsubscribe()
@@ -79,7 +82,7 @@
 //   HTTP from your backend), and a gap in a room's stream is not filled with `history`
 //   but by reopening the stream from the room's last delivered seq: the server replays
 //   the rest exactly, or says it cannot (`recovery_failed`).
-// - Client publish (DESIGN §9): `publish(room, data, {id})` sends the `publish` op and
+// - Client publish: `publish(room, data, {id})` sends the `publish` op and
 //   resolves with `{seq, duplicate, id}` once the server has stored the event (it is then
 //   durable); the token (and so each resume credential after it) must carry a `publish`
 //   pattern naming the room, and inboxes (`user:…`) are never publishable. Without an `id`
@@ -88,17 +91,16 @@
 //   published carry `from`, the publishing user, set by the server. Errors reject with
 //   the server's code (`forbidden`, `bad_room`, `payload_too_large`, `rate_limited`, ...);
 //   over SSE it rejects with code `unsupported` (publish from your backend instead).
-// - Room state (DESIGN §9): `subscribe(room, onEvent, {state: true, onState})` asks for
-//   the room's state. The `subscribed` reply carries it as of some seq S (`{seq: S, data}`,
-//   or null: no state); `onState(data, {room, seq: S, epoch})` runs first, then exactly
+// - Room state: `subscribe(room, {state: true})` asks for the room's state. The `subscribed` reply carries it as of some seq S (`{seq: S, data}`,
+//   or null: no state); the subscription's `state` event ({room, data, seq: S, epoch}) comes first, then exactly
 //   the events after S are delivered (none at or below S), then live. After a reconnect
 //   the usual `since` recovery runs; when the server cannot replay what was missed it
-//   answers with the state again: `onState` runs again (the state replaces everything
+//   answers with the state again: `state` comes again (the state replaces everything
 //   delivered before), delivery continues after its seq and `recovered` is emitted with
 //   `state: true` instead of `recovery_failed`: the application needs no reload. Over SSE
 //   the stream asks with `state=1` when any of its rooms asked for state.
-// - Presence: `subscribe(room, onEvent, {presence: true, onPresence})` hands the server's
-//   presence frames to `onPresence({room, count, joined, left})` (`joined`/`left` are
+// - Presence: `subscribe(room, {presence: true})` hands the server's presence frames to
+//   the subscription's `presence` event ({room, count, joined, left}) (`joined`/`left` are
 //   `{user, device}` lists, null above the server's members limit; at most one frame per
 //   `presence_interval_ms`, only when something changed). `presence(room)` asks who is
 //   there now: `{room, count, members}` (WebSocket only; over SSE it rejects with
@@ -126,11 +128,24 @@
 //   (`recovered:false`, or a gap history no longer covers) it emits `recovery_failed` with
 //   the room: reload that room's state over HTTP; delivery continues from the server's head.
 //
-// Works with the browser's WebSocket, Node's (22+, or 20 with --experimental-websocket)
-// or any constructor with the same shape passed as `WebSocket`; SSE needs fetch() with a
-// streamed response body (browsers, Node 18+).
+// - Requests (`publish`, `history`, `presence`) reject with `timeout` after
+//   `requestTimeoutMs` (default 10 s) without a reply, waiting for a connection included,
+//   and with `aborted` when the call's `signal` aborts; all rejections are LivegateError
+//   with a `code`. A `warning` event says when the client works with less than asked:
+//   fallen back to SSE (which cannot publish), a request made on SSE, no WebSocket.
+// - `getToken()` returning null (or throwing a LivegateError with code `signed_out` or
+//   `unauthorized`) means signed out: the client stops (state `disconnected`), emits
+//   `signed_out`, and waits for `connect()`. `disconnect()` does the same on request;
+//   `close()` ends the client for good.
+//
+// Works with the browser's WebSocket, Node's (22+, or 20 with --experimental-websocket),
+// in Node 20 without the flag the `ws` package's (an optional peer dependency, loaded when
+// installed), or any constructor with the same shape passed as `WebSocket`. No WebSocket
+// at all: SSE with a `warning`. SSE needs fetch() with a streamed response body (browsers,
+// Node 18+).
 
-export { connect, LivegateClient } from './livegate/client.js';
+export { connect, DEFAULT_REQUEST_TIMEOUT_MS, LivegateClient } from './livegate/client.js';
+export { LivegateError } from './livegate/errors.js';
 export { DEFAULT_TIMINGS } from './livegate/connection.js';
 export { MAX_HELD_EVENTS, RECENT_IDS, Subscription } from './livegate/subscriptions.js';
 export { EventStreamParser, MAX_SSE_MESSAGE_CHARS } from './livegate/event-stream.js';

@@ -292,6 +292,7 @@ routes! {
     HEAD "/readyz" => readyz,
     GET "/metrics" => metrics,
     GET "/livegate.js" => client_library,
+    GET "/livegate.iife.js" => client_script,
     GET "/livegate.d.ts" => client_types,
     GET "/livegate/{file}" => client_module,
     GET "/openapi.json" => openapi,
@@ -1187,11 +1188,19 @@ pub(crate) fn embedded(content_type: &'static str, body: &'static str) -> HttpRe
     HttpResponse::Ok().content_type(content_type).insert_header(("Cache-Control", "no-cache")).body(body)
 }
 
-/// `GET /livegate.js`: the browser and Node client library's entry module. The files are
-/// the npm package's (clients/js/), so what the server hands out and what npm installs
-/// never differ.
+/// `GET /livegate.js`: the browser and Node client library as one minified ES module,
+/// the npm package's `dist/livegate.min.js` (clients/js/, built from the modules under
+/// `/livegate/` and checked against them by the test suite), so what the server hands out
+/// and what npm installs never differ, and a page loads one file.
 async fn client_library() -> HttpResponse {
-    embedded("text/javascript; charset=utf-8", include_str!("../../clients/js/livegate.js"))
+    embedded("text/javascript; charset=utf-8", include_str!("../../clients/js/dist/livegate.min.js"))
+}
+
+/// `GET /livegate.iife.js`: the same client as a minified classic script that defines the
+/// global `Livegate` (the npm package's `dist/livegate.iife.js`), for a page without
+/// modules: a `<script src>` from another origin needs no CORS.
+async fn client_script() -> HttpResponse {
+    embedded("text/javascript; charset=utf-8", include_str!("../../clients/js/dist/livegate.iife.js"))
 }
 
 /// `GET /livegate.d.ts`: the TypeScript declarations for `/livegate.js`.
@@ -1199,8 +1208,8 @@ async fn client_types() -> HttpResponse {
     embedded("application/typescript; charset=utf-8", include_str!("../../clients/js/livegate.d.ts"))
 }
 
-/// The modules `/livegate.js` imports (`./livegate/{file}`), by file name: only these are
-/// served.
+/// The modules of the client library (`./livegate/{file}`, what the package's readable
+/// entry `livegate.js` imports), by file name: only these are served.
 pub const CLIENT_MODULES: &[(&str, &str)] = &[
     ("client.js", include_str!("../../clients/js/livegate/client.js")),
     ("clock.js", include_str!("../../clients/js/livegate/clock.js")),

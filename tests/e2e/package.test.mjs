@@ -40,7 +40,8 @@ test('npm pack: the tarball installs, imports from Node and type-checks with tsc
   const report = JSON.parse(run('npm', ['pack', '--json', '--pack-destination', packed], PACKAGE));
   const files = report[0].files.map((f) => f.path).sort();
   const modules = readdirSync(path.join(PACKAGE, 'livegate')).filter((name) => name.endsWith('.js')).map((name) => `livegate/${name}`);
-  assert.deepEqual(files, ['README.md', 'livegate.d.ts', 'livegate.js', ...modules, 'package.json'].sort(), 'the tarball holds the served files, package.json and the README');
+  const expected = ['README.md', 'livegate.d.ts', 'livegate.js', ...modules, 'server.js', 'server.d.ts', 'dist/livegate.min.js', 'dist/livegate.iife.js', 'build.mjs', 'package.json'];
+  assert.deepEqual(files, expected.sort(), 'the tarball holds the served files, the builds, the server helper, package.json and the README');
   const tarball = path.join(packed, report[0].filename);
 
   const project = scratch('livegate-scratch-');
@@ -50,6 +51,8 @@ test('npm pack: the tarball installs, imports from Node and type-checks with tsc
   // Node: the package's entry by name, and its modules behind it.
   writeFileSync(path.join(project, 'use.mjs'), `
 import { connect, EventStreamParser, DEFAULT_TIMINGS, endpointOf } from '${NAME}';
+import * as min from '${NAME}/min';
+import { signToken, verifyWebhook } from '${NAME}/server';
 const messages = [];
 new EventStreamParser((m) => messages.push(m)).push('data: hi\\n\\n');
 const sockets = [];
@@ -61,7 +64,8 @@ const client = connect({ url: 'http://gw.test', getToken: () => 'tok', WebSocket
 timers.shift()();
 await new Promise((resolve) => setImmediate(resolve));
 client.close();
-console.log(JSON.stringify({ messages, backoff: DEFAULT_TIMINGS.backoffMs.length, endpoint: endpointOf('https://a.test'), sockets, state: client.state }));
+const helpers = [typeof min.connect, signToken({ user: 'u', key: 'k'.repeat(32) }).split('.').length, verifyWebhook('{}', 'sha256=00', 's')];
+console.log(JSON.stringify({ messages, backoff: DEFAULT_TIMINGS.backoffMs.length, endpoint: endpointOf('https://a.test'), sockets, state: client.state, helpers }));
 `);
   const used = JSON.parse(run(process.execPath, ['use.mjs'], project));
   assert.deepEqual(used, {
@@ -70,15 +74,23 @@ console.log(JSON.stringify({ messages, backoff: DEFAULT_TIMINGS.backoffMs.length
     endpoint: 'wss://a.test/v1/ws',
     sockets: ['ws://gw.test/v1/ws?token=tok'],
     state: 'closed',
+    helpers: ['function', 3, false],
   });
 
   // TypeScript: the declarations found through package.json, with Node's resolution.
   writeFileSync(path.join(project, 'typed.ts'), `
 import { connect, type LivegateEvent, type ClientState } from '${NAME}';
 const client = connect({ url: 'https://push.example.com', getToken: async () => 'tok' });
-client.subscribe<{ home: number }>('match:1', (event: LivegateEvent<{ home: number }>) => console.log(event.data.home));
+client.subscribe<{ home: number }>('match:1').on('event', (event: LivegateEvent<{ home: number }>) => console.log(event.data.home));
 const state: ClientState = client.state;
 client.on('state', ({ previous, state: next, reason }) => console.log(previous, next, reason, state));
+import { LivegateServer, signToken, verifyWebhook } from '${NAME}/server';
+const backend = new LivegateServer({ url: 'http://127.0.0.1:7070', apiKey: 'key' });
+void backend.publish('match:1', { n: 1 }, { id: 'x' }).then((r) => r.seq + (r.duplicate ? 0 : 1));
+void backend.mintToken({ user: 'u', rooms: ['match:*'] }).then(({ token, expiresAtMs }) => token.length + expiresAtMs);
+const jwt: string = signToken({ user: 'u', key: 'k'.repeat(32), publish: ['chat:*'] });
+const signed: boolean = verifyWebhook(new TextEncoder().encode('{}'), 'sha256=00', 'secret');
+console.log(jwt, signed);
 `);
   writeFileSync(path.join(project, 'tsconfig.json'), JSON.stringify({
     compilerOptions: { noEmit: true, strict: true, target: 'es2022', module: 'node16', moduleResolution: 'node16', lib: ['es2022', 'dom'], types: [] },
@@ -87,7 +99,7 @@ client.on('state', ({ previous, state: next, reason }) => console.log(previous, 
   run(process.execPath, [TSC, '-p', project, '--pretty', 'false'], project);
 
   // The check can fail: a misuse does not type-check.
-  writeFileSync(path.join(project, 'typed.ts'), `import { connect } from '${NAME}';\nconnect({ getToken: () => 'tok', transport: 'carrier-pigeon' });\n`);
+  writeFileSync(path.join(project, 'typed.ts'), `import { connect } from '${NAME}';\nconnect({ getToken: () => 'tok', transports: ['carrier-pigeon'] });\n`);
   const misuse = spawnSync(process.execPath, [TSC, '-p', project, '--pretty', 'false'], { cwd: project, encoding: 'utf8', timeout: 120_000 });
   assert.notEqual(misuse.status, 0, 'tsc refuses an unknown transport');
   assert.match(misuse.stdout, /carrier-pigeon/);

@@ -22,7 +22,7 @@ const PAGE = `<!doctype html><meta charset="utf-8"><title>routing</title>
   const t = (window.__t = { timeline: [], got: [], redirects: [] });
   const client = connect({
     url: location.origin,
-    transport: 'websocket',
+    transports: ['websocket'],
     getToken: () => window.mintToken('browser-route'),
     timings: { backoffMs: [0, 50, 100, 200, 400], restartJitterMs: 200, connectTimeoutMs: 5000, stableMs: 60000 },
   });
@@ -30,7 +30,9 @@ const PAGE = `<!doctype html><meta charset="utf-8"><title>routing</title>
     client.on(name, (d) => t.timeline.push([name, d]));
   }
   client.on('redirect', (r) => t.redirects.push(r));
-  client.subscribe('browser-route:1', (event) => t.got.push(event.data.n)).then(() => (t.subscribed = true));
+  const sub = client.subscribe('browser-route:1');
+  sub.on('event', (event) => t.got.push(event.data.n));
+  sub.ready().then(() => (t.subscribed = true));
   window.__client = client;
 </script>`;
 

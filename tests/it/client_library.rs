@@ -1,6 +1,8 @@
-//! The server hands out the client library itself: `GET /livegate.js` is the entry ES
-//! module and `GET /livegate/{file}` the modules it imports, byte for byte the files of
-//! the npm package in clients/js/, served as JavaScript so browsers will run them.
+//! The server hands out the client library itself: `GET /livegate.js` is the whole client
+//! as one minified ES module (the npm package's dist/livegate.min.js), `GET
+//! /livegate.iife.js` the same as a classic script (dist/livegate.iife.js), and
+//! `GET /livegate/{file}` its readable modules, byte for byte the files of the npm package
+//! in clients/js/, served as JavaScript so browsers will run them.
 
 use crate::common;
 
@@ -25,8 +27,20 @@ async fn livegate_js_is_served_as_an_es_module() {
     let (status, content_type, body) = get(&server, "/livegate.js");
     assert_eq!(status, 200);
     assert!(content_type.starts_with("text/javascript"), "{content_type}");
-    assert_eq!(body, include_str!("../../clients/js/livegate.js"));
-    assert!(body.contains("export { connect"), "the entry exports connect");
+    assert_eq!(body, include_str!("../../clients/js/dist/livegate.min.js"));
+    assert!(body.contains(" as connect"), "the module exports connect");
+    assert!(!body.contains("import "), "one file: it imports nothing");
+}
+
+#[tokio::test]
+async fn livegate_iife_js_is_served_as_a_classic_script() {
+    let _gate = crate::common::gate!();
+    let server = TestServer::start(|_| {});
+    let (status, content_type, body) = get(&server, "/livegate.iife.js");
+    assert_eq!(status, 200);
+    assert!(content_type.starts_with("text/javascript"), "{content_type}");
+    assert_eq!(body, include_str!("../../clients/js/dist/livegate.iife.js"));
+    assert!(body.contains("var Livegate="), "the script defines the global Livegate");
 }
 
 #[tokio::test]

@@ -358,6 +358,7 @@ async fn real_answers_match_the_documented_responses() {
     add("GET", "/readyz", "/readyz", false, None);
     add("GET", "/metrics", "/metrics", false, None);
     add("GET", "/livegate.js", "/livegate.js", false, None);
+    add("GET", "/livegate.iife.js", "/livegate.iife.js", false, None);
     add("GET", "/livegate.d.ts", "/livegate.d.ts", false, None);
     add("GET", "/livegate/{file}", "/livegate/client.js", false, None);
     add("GET", "/livegate/{file}", "/livegate/no-such-module.js", false, None);

@@ -11,7 +11,7 @@ import { after, before, describe, test } from 'node:test';
 import { DEFAULT_TIMINGS, connect, endpointOf, suggestedDelayMs } from '../../clients/js/livegate.js';
 import { fakeSocketClass } from './support/fake-socket.mjs';
 import { VirtualClock } from './support/virtual-clock.mjs';
-import { recorder } from './support/clients.mjs';
+import { recorder, subscribed as subscribeRoom } from './support/clients.mjs';
 import {
   WebSocketImpl,
   api,
@@ -51,7 +51,7 @@ describe('livegate.js with a scripted socket', () => {
     const client = connect({ url: 'http://gw.test', getToken: async () => 'tok', WebSocket: Fake, fetch: null, timings: FAST, ...options });
     const log = recorder(client);
     const got = [];
-    const reply = client.subscribe(room, (event) => got.push(event));
+    const reply = subscribeRoom(client, room, (event) => got.push(event));
     const ws = await Fake.nth(0);
     ws.welcome();
     const sub = await ws.expect('subscribe');
@@ -255,7 +255,7 @@ describe('livegate.js with a scripted socket', () => {
       const third = await Fake.nth(2, 5 * 60_000); // nobody answers: dropped at the first check past 75 s
       assert.equal(third.createdAt - welcomedAt, 90_000);
       assert.match(log.disconnected[1].reason, /nothing heard from the server for 75000 ms/);
-      const subscribed = client.subscribe('r', () => {});
+      const subscribed = subscribeRoom(client, 'r', () => {});
       third.welcome();
       const sub = await third.expect('subscribe');
       third.serverSend({ op: 'subscribed', room: 'r', epoch: 'E', seq: 0, ref: sub.ref });
@@ -299,7 +299,7 @@ describe('livegate.js with a scripted socket', () => {
         'disconnected>connecting', 'connecting>connected', 'connected>disconnected',
         'disconnected>connecting', 'connecting>connected', 'connected>closed',
       ]);
-      await assert.rejects(client.subscribe('r', () => {}), (e) => e.code === 'stopped');
+      await assert.rejects(subscribeRoom(client, 'r', () => {}), (e) => e.code === 'stopped');
       client.close();
       assert.equal(log.state.length, 6, 'closed is final: close() after it changes nothing');
     } finally {
@@ -507,7 +507,7 @@ describe('livegate.js against a real livegate server', () => {
     const log = recorder(client);
     const got = [];
     const connected = nextEvent(client, 'connected');
-    const reply = await client.subscribe('match:live', (e) => got.push(e));
+    const reply = await subscribeRoom(client, 'match:live', (e) => got.push(e));
     assert.equal(reply.room, 'match:live');
     assert.equal(reply.seq, 0);
     const welcome = await connected;
@@ -527,14 +527,14 @@ describe('livegate.js against a real livegate server', () => {
     assert.deepEqual(seqs(page.events), [3, 4, 5]);
 
     // Another user's inbox is forbidden: the subscribe promise rejects, the room is dropped.
-    await assert.rejects(client.subscribe('user:bob', () => {}), (e) => e.code === 'forbidden');
+    await assert.rejects(subscribeRoom(client, 'user:bob', () => {}), (e) => e.code === 'forbidden');
     assert.equal(client.position('user:bob'), null);
     await assert.rejects(client.history('user:bob', 0, 10), (e) => e.code === 'forbidden');
 
     // The own inbox, once subscribed, delivers messages exactly once (the automatic
     // inbox subscription does not duplicate them).
     const inbox = [];
-    await client.subscribe('user:alice', (e) => inbox.push(e));
+    await subscribeRoom(client, 'user:alice', (e) => inbox.push(e));
     await sendMessage(base, 'alice', { hi: 1 }, 'm-1');
     await sendMessage(base, 'alice', { hi: 2 }, 'm-2');
     await waitFor(() => inbox.length >= 2, 'two inbox messages');
@@ -563,7 +563,7 @@ describe('livegate.js against a real livegate server', () => {
     const log = recorder(client);
     const got = [];
     try {
-      await client.subscribe('match:drop', (e) => got.push(e));
+      await subscribeRoom(client, 'match:drop', (e) => got.push(e));
       for (let i = 1; i <= 3; i++) await publish(base, 'match:drop', { n: i }, `d-${i}`);
       await waitFor(() => got.length === 3, '3 events before the drop');
 
@@ -604,7 +604,7 @@ describe('livegate.js against a real livegate server', () => {
     let calls = 0;
     const client = open({
       url: base,
-      transport: 'websocket', // (auto would take two refusals for a broken upgrade and try SSE)
+      transports: ['websocket'], // (auto would take two refusals for a broken upgrade and try SSE)
       getToken: async () => (++calls <= 2 ? 'not-a-token' : mintToken(base, 'hana', 'web')),
     });
     const log = recorder(client);
@@ -626,7 +626,7 @@ describe('livegate.js against a real livegate server', () => {
     const log = recorder(client);
     const got = [];
     try {
-      await client.subscribe('match:trim', (e) => got.push(e));
+      await subscribeRoom(client, 'match:trim', (e) => got.push(e));
       await publish(base, 'match:trim', { n: 1 });
       await waitFor(() => got.length === 1, 'the first event');
       proxy.hold(); // the reconnect waits until history has moved on
@@ -675,7 +675,7 @@ describe('livegate.js against a real livegate server', () => {
     assert.equal(second.state, 'connected');
     assert.equal(secondLog.disconnected.length, 0, 'the newer connection was not replaced back');
     const got = [];
-    await second.subscribe('match:phone', (e) => got.push(e));
+    await subscribeRoom(second, 'match:phone', (e) => got.push(e));
     await publish(base, 'match:phone', { ok: true });
     await waitFor(() => got.length === 1, 'an event on the surviving connection');
   });
@@ -721,8 +721,8 @@ describe('livegate.js across a server restart', () => {
     const got = [];
     const inbox = [];
     try {
-      const first = await client.subscribe('match:restart', (e) => got.push(e));
-      await client.subscribe('user:rita', (e) => inbox.push(e));
+      const first = await subscribeRoom(client, 'match:restart', (e) => got.push(e));
+      await subscribeRoom(client, 'user:rita', (e) => inbox.push(e));
       for (let i = 1; i <= 3; i++) await publish(base, 'match:restart', { n: i }, `r-${i}`);
       await sendMessage(base, 'rita', { m: 1 }, 'm-1');
       await waitFor(() => got.length === 3 && inbox.length === 1, 'the events before the restart');

@@ -9,7 +9,7 @@ import { after, before, describe, test } from 'node:test';
 
 import { connect } from '../../clients/js/livegate.js';
 import { WebSocketImpl, api, mintToken, nextEvent, startServer, tempDir, waitFor } from './support/server.mjs';
-import { REAL_SERVER_TIMINGS } from './support/clients.mjs';
+import { REAL_SERVER_TIMINGS, subscribed } from './support/clients.mjs';
 
 const FAST = REAL_SERVER_TIMINGS;
 
@@ -38,7 +38,7 @@ describe('livegate.js publish against a real server', () => {
     });
     const got = [];
     try {
-      await reader.subscribe('chat:js', (event) => got.push(event));
+      await subscribed(reader, 'chat:js', (event) => got.push(event));
       const first = await writer.publish('chat:js', { text: 'hi' }, { id: 'js-1' });
       assert.deepEqual(first, { seq: 1, duplicate: false, id: 'js-1' });
       const second = await writer.publish('chat:js', { text: 'again' });
@@ -66,10 +66,10 @@ describe('livegate.js publish against a real server', () => {
 
   test('over SSE publish rejects with unsupported', { timeout: 30_000 }, async () => {
     const base = server.url;
-    const client = connect({ url: base, transport: 'sse', timings: FAST, getToken: () => publishToken(base, 'sse-user', ['chat:*']) });
+    const client = connect({ url: base, transports: ['sse'], timings: FAST, getToken: () => publishToken(base, 'sse-user', ['chat:*']) });
     try {
       const connected = nextEvent(client, 'connected');
-      await client.subscribe('chat:sse', () => {});
+      await subscribed(client, 'chat:sse', () => {});
       const info = await connected;
       assert.equal(info.transport, 'sse');
       await assert.rejects(client.publish('chat:sse', { text: 'hi' }), (error) => error.code === 'unsupported');

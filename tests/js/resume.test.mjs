@@ -19,7 +19,7 @@ import {
   tempDir,
   waitFor,
 } from './support/server.mjs';
-import { REAL_SERVER_TIMINGS } from './support/clients.mjs';
+import { REAL_SERVER_TIMINGS, subscribed } from './support/clients.mjs';
 
 const FAST = REAL_SERVER_TIMINGS;
 const CLIENTS = 200;
@@ -38,7 +38,7 @@ async function drainAndRestart({ resume }) {
   let tokenCalls = 0;
   const clients = [];
   const got = [];
-  const subscribed = [];
+  const replies = [];
   const transports = new Set();
   const errors = new Set();
   try {
@@ -59,9 +59,9 @@ async function drainAndRestart({ resume }) {
       const seen = [];
       got.push(seen);
       clients.push(client);
-      subscribed.push(client.subscribe(`drain:${i % ROOMS}`, (e) => seen.push(e.seq)));
+      replies.push(subscribed(client, `drain:${i % ROOMS}`, (e) => seen.push(e.seq)));
     }
-    await Promise.all(subscribed); // (a first subscribe is live only: publish after it)
+    await Promise.all(replies); // (a first subscribe is live only: publish after it)
     for (let r = 0; r < ROOMS; r++) await publish(base, `drain:${r}`, { n: 1 });
     await waitFor(() => got.every((s) => s.length === 1), 'the first event everywhere', 15_000);
     const initialCalls = tokenCalls;
@@ -128,7 +128,7 @@ describe('resume credentials against a real server', () => {
     const client = connect({
       url: proxy.url,
       WebSocket: WebSocketImpl,
-      transport: 'websocket',
+      transports: ['websocket'],
       timings: FAST,
       getToken: async () => {
         calls += 1;
@@ -139,7 +139,7 @@ describe('resume credentials against a real server', () => {
     client.on('connected', (c) => connected.push(c));
     const got = [];
     try {
-      await client.subscribe('wipe:1', (e) => got.push(e.seq));
+      await subscribed(client, 'wipe:1', (e) => got.push(e.seq));
       assert.equal(client.hasResume, true);
       proxy.hold();
       await server.stop('SIGKILL');

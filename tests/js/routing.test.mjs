@@ -12,7 +12,7 @@ import { connect } from '../../clients/js/livegate.js';
 import { fakeSocketClass } from './support/fake-socket.mjs';
 import { VirtualClock } from './support/virtual-clock.mjs';
 import { fakeFetch } from './support/fake-fetch.mjs';
-import { REAL_SERVER_TIMINGS, recorder } from './support/clients.mjs';
+import { REAL_SERVER_TIMINGS, recorder, subscribed } from './support/clients.mjs';
 import { WebSocketImpl, letTimePass, mintToken, publish, waitFor } from './support/server.mjs';
 import { CLIENTS_ONLY, startCluster, startForwarder, startNats } from './support/nodes.mjs';
 
@@ -51,7 +51,7 @@ describe('livegate.js follows wrong_node refusals (scripted socket, virtual time
       getToken: async () => `t${++tokens}`,
       WebSocket: Fake,
       fetch: readyzFetch(),
-      transport: 'websocket',
+      transports: ['websocket'],
       random: () => 1,
       timings: SLOW_BACKOFF,
     });
@@ -98,7 +98,7 @@ describe('livegate.js follows wrong_node refusals (scripted socket, virtual time
       getToken: async () => `t${++tokens}`,
       WebSocket: Fake,
       fetch: readyzFetch(),
-      transport: 'websocket',
+      transports: ['websocket'],
       random: () => 1,
       timings: SLOW_BACKOFF,
     });
@@ -129,7 +129,7 @@ describe('livegate.js follows wrong_node refusals (scripted socket, virtual time
     const clock = new VirtualClock();
     const Fake = fakeSocketClass(undefined, clock);
     const fetch = readyzFetch();
-    const client = connect({ clock: clock.option, url: 'http://gw.test', getToken: async () => 'tok', WebSocket: Fake, fetch, transport: 'websocket', resumeAttempts: 1, random: () => 1, timings: SLOW_BACKOFF });
+    const client = connect({ clock: clock.option, url: 'http://gw.test', getToken: async () => 'tok', WebSocket: Fake, fetch, transports: ['websocket'], resumeAttempts: 1, random: () => 1, timings: SLOW_BACKOFF });
     try {
       const ws0 = await Fake.nth(0);
       ws0.welcome('S1', { node: 'b', resume: 'R1', resume_expires_at_ms: clock.now() + 600_000 });
@@ -210,7 +210,7 @@ describe('livegate.js follows wrong_node refusals (scripted socket, virtual time
     const down = new Set(['a.test']);
     const fetch = readyzFetch(down);
     let tokens = 0;
-    const client = connect({ clock: clock.option, url: 'http://gw.test', session: 'S1', getToken: async () => `t${++tokens}`, WebSocket: Fake, fetch, transport: 'websocket', random: () => 1, timings: SLOW_BACKOFF });
+    const client = connect({ clock: clock.option, url: 'http://gw.test', session: 'S1', getToken: async () => `t${++tokens}`, WebSocket: Fake, fetch, transports: ['websocket'], random: () => 1, timings: SLOW_BACKOFF });
     const redirects = [];
     client.on('redirect', (r) => redirects.push(r));
     try {
@@ -268,10 +268,10 @@ describe('livegate.js follows wrong_node refusals over SSE (scripted fetch)', ()
   test('HTTP 421 wrong_node: the next request goes to the named node with the same token; 429 waits Retry-After', { timeout: 10_000 }, async () => {
     const fetch = fakeFetch();
     let tokens = 0;
-    const client = connect({ url: 'http://gw.test', session: 'S1', getToken: async () => `t${++tokens}`, fetch, transport: 'sse', random: () => 0, timings: { ...SLOW_BACKOFF, backoffMs: [0] } });
+    const client = connect({ url: 'http://gw.test', session: 'S1', getToken: async () => `t${++tokens}`, fetch, transports: ['sse'], random: () => 0, timings: { ...SLOW_BACKOFF, backoffMs: [0] } });
     const log = recorder(client);
     try {
-      client.subscribe('r1', () => {});
+      subscribed(client, 'r1', () => {});
       const s0 = await fetch.nth(0);
       assert.equal(s0.url.host, 'gw.test');
       s0.respond(421, { error: { code: 'wrong_node', message: 'session S1 lives on a', node: 'a', url: 'http://a.test:7001' } });
@@ -339,7 +339,7 @@ describe('livegate.js lands on the session\'s node (two real nodes)', () => {
     const client = connect({
       url: balancer.url,
       WebSocket: WebSocketImpl,
-      transport,
+      transports: [transport],
       timings: REAL_SERVER_TIMINGS,
       getToken: async () => {
         tokens += 1;
@@ -352,7 +352,7 @@ describe('livegate.js lands on the session\'s node (two real nodes)', () => {
     const timeline = [];
     for (const name of ['connecting', 'connected', 'disconnected']) client.on(name, (d) => timeline.push([name, d]));
     const got = [];
-    await client.subscribe(room, (event) => got.push(event.data.n));
+    await subscribed(client, room, (event) => got.push(event.data.n));
     assert.equal(log.connected.at(-1).node, 'a');
     const session = client.session;
     await publish(a.url, room, { n: 0 });

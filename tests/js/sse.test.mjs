@@ -24,7 +24,7 @@ import {
   tempDir,
   waitFor,
 } from './support/server.mjs';
-import { REAL_SERVER_TIMINGS, recorder } from './support/clients.mjs';
+import { REAL_SERVER_TIMINGS, recorder, subscribed } from './support/clients.mjs';
 
 const FAST = REAL_SERVER_TIMINGS;
 const range = (from, to) => Array.from({ length: to - from + 1 }, (_, i) => from + i);
@@ -53,7 +53,7 @@ describe('livegate.js over SSE against a real server', () => {
       const log = recorder(client);
       const got = [];
       try {
-        await client.subscribe('sse:auto', (e) => got.push(e.seq));
+        await subscribed(client, 'sse:auto', (e) => got.push(e.seq));
         assert.equal(client.transport, 'sse');
         assert.equal(proxy.upgradesRefused(), 2, 'two WebSocket attempts, then SSE');
         assert.deepEqual(log.transport.map((t) => [t.from, t.to]), [['websocket', 'sse']]);
@@ -104,7 +104,7 @@ describe('livegate.js over SSE against a real server', () => {
     let calls = 0;
     const client = connect({
       url: base,
-      transport: 'sse',
+      transports: ['sse'],
       timings: FAST,
       getToken: async () => {
         calls += 1;
@@ -116,7 +116,7 @@ describe('livegate.js over SSE against a real server', () => {
     const handler = (room) => (e) => got[room].push(e.seq);
     try {
       assert.equal(client.transport, 'sse');
-      await client.subscribe('sse:a', handler('a'));
+      await subscribed(client, 'sse:a', handler('a'));
       // Room a is published to all along; rooms b and c come and go under it.
       let stop = false;
       let published = 0;
@@ -127,17 +127,17 @@ describe('livegate.js over SSE against a real server', () => {
           await pace(5, 'room a gets an event every 5 ms');
         }
       })();
-      await client.subscribe('sse:b', handler('b'));
+      await subscribed(client, 'sse:b', handler('b'));
       await publishRange(base, 'sse:b', 1, 3);
       await waitFor(() => got.b.length === 3, 'room b');
-      await client.subscribe('sse:c', handler('c'));
+      await subscribed(client, 'sse:c', handler('c'));
       const left = client.position('sse:b');
       client.unsubscribe('sse:b');
       await publishRange(base, 'sse:b', 4, 5); // not delivered: unsubscribed
       await publishRange(base, 'sse:c', 1, 4);
       await waitFor(() => got.c.length === 4, 'room c');
       // b again, from where it was left (the app says so): 4 and 5 are replayed.
-      await client.subscribe('sse:b', handler('b'), { since: left.seq, epoch: left.epoch });
+      await subscribed(client, 'sse:b', handler('b'), { since: left.seq, epoch: left.epoch });
       await publishRange(base, 'sse:b', 6, 6);
       await waitFor(() => got.b.length === 6, 'room b again');
       client.unsubscribe('sse:c');
@@ -169,10 +169,10 @@ describe('livegate.js over SSE against a real server', () => {
     const server = await startServer({ dataDir: data.dir });
     const base = server.url;
     let calls = 0;
-    const client = connect({ url: base, transport: 'sse', timings: FAST, getToken: () => (calls++, mintToken(base, 'kit', 'web')) });
+    const client = connect({ url: base, transports: ['sse'], timings: FAST, getToken: () => (calls++, mintToken(base, 'kit', 'web')) });
     const log = recorder(client);
     try {
-      await client.subscribe('sse:kick', () => {});
+      await subscribed(client, 'sse:kick', () => {});
       const kicked = nextEvent(client, 'disconnected');
       const { body } = await api(base, 'DELETE', '/v1/users/kit/connections');
       assert.deepEqual(body, { closed: 1 });
@@ -198,7 +198,7 @@ describe('livegate.js over SSE against a real server', () => {
     let calls = 0;
     const client = connect({
       url: server.url,
-      transport: 'sse',
+      transports: ['sse'],
       timings: FAST,
       getToken: async () => {
         calls += 1;
@@ -207,7 +207,7 @@ describe('livegate.js over SSE against a real server', () => {
     });
     const log = recorder(client);
     try {
-      await client.subscribe('sse:wipe', () => {});
+      await subscribed(client, 'sse:wipe', () => {});
       await server.stop('SIGKILL');
       data.remove();
       server = await startServerOnPort({ dataDir: data.dir, port });

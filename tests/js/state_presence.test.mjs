@@ -20,7 +20,7 @@ import { after, before, describe, test } from 'node:test';
 
 import { connect } from '../../clients/js/livegate.js';
 import { API_KEY, WebSocketImpl, api, metric, mintToken, startProxy, startServer, tempDir, waitFor } from './support/server.mjs';
-import { REAL_SERVER_TIMINGS, recorder } from './support/clients.mjs';
+import { REAL_SERVER_TIMINGS, recorder, subscribed } from './support/clients.mjs';
 
 const FAST = REAL_SERVER_TIMINGS;
 const range = (from, to) => Array.from({ length: to - from + 1 }, (_, i) => from + i);
@@ -51,7 +51,7 @@ function stateClient(url, base, user, extra = {}) {
   const client = connect({ url, WebSocket: WebSocketImpl, timings: FAST, getToken: () => mintToken(base, user), ...extra });
   const timeline = [];
   const subscribe = (room) =>
-    client.subscribe(room, (event) => timeline.push(['event', event.seq]), {
+    subscribed(client, room, (event) => timeline.push(['event', event.seq]), {
       state: true,
       onState: (data, meta) => timeline.push(['state', data, meta]),
     });
@@ -80,7 +80,7 @@ describe('room state against a real server (needs the state branch)', () => {
       const stored = await requireEndpoint(base, `/v1/rooms/${room}/state`, 'state');
       assert.deepEqual({ seq: stored.seq, data: stored.data }, { seq: 40, data: { score: [40, 0], at: 40 } });
 
-      const { client, timeline, subscribe, log } = stateClient(base, base, `state-${transport}`, { transport });
+      const { client, timeline, subscribe, log } = stateClient(base, base, `state-${transport}`, { transports: [transport] });
       try {
         const reply = await subscribe(room);
         assert.equal(reply.seq, 50, 'the reply has the head');
@@ -189,8 +189,8 @@ describe('presence against a real server (needs the presence branch)', () => {
     };
     try {
       const watcher = open('ann');
-      await watcher.subscribe(room, () => {}, { presence: true, onPresence: (detail) => heard.push(detail) });
-      for (const user of ['bob', 'cy']) await open(user).subscribe(room, () => {}, { presence: true });
+      await subscribed(watcher, room, () => {}, { presence: true, onPresence: (detail) => heard.push(detail) });
+      for (const user of ['bob', 'cy']) await subscribed(open(user), room, () => {}, { presence: true });
       const members3 = [['ann', 'web'], ['bob', 'web'], ['cy', 'web']];
       const get = async () => (await api(base, 'GET', `/v1/rooms/${room}/presence`)).body;
       const sorted = (members) => (members ?? []).map((m) => [m.user, m.device]).sort();
@@ -205,8 +205,8 @@ describe('presence against a real server (needs the presence branch)', () => {
       await waitFor(() => heard.at(-1)?.count === 3, 'onPresence hearing 3', 10_000);
 
       // Two tabs of dee on the same device: one member.
-      await open('dee').subscribe(room, () => {});
-      await open('dee').subscribe(room, () => {});
+      await subscribed(open('dee'), room, () => {});
+      await subscribed(open('dee'), room, () => {});
       await waitFor(async () => (await get()).count === 4, 'GET presence counting 4');
       const four = await watcher.presence(room);
       assert.equal(four.count, 4, 'two tabs of dee/web count once');
@@ -225,9 +225,9 @@ describe('presence against a real server (needs the presence branch)', () => {
       await waitFor(() => heard.some((d) => (d.left ?? []).some((m) => m.user === 'dee')), 'onPresence hearing dee leave', 10_000);
 
       // Over SSE: presence() is refused by the client itself.
-      const sse = connect({ url: base, transport: 'sse', timings: FAST, getToken: () => mintToken(base, 'eve') });
+      const sse = connect({ url: base, transports: ['sse'], timings: FAST, getToken: () => mintToken(base, 'eve') });
       clients.push(sse);
-      await sse.subscribe(room, () => {}, { presence: true });
+      await subscribed(sse, room, () => {}, { presence: true });
       await assert.rejects(sse.presence(room), (error) => error.code === 'unsupported');
     } finally {
       for (const client of clients) client.close();

@@ -11,7 +11,7 @@ import { describe, test } from 'node:test';
 import { connect } from '../../clients/js/livegate.js';
 import { fakeFetch } from './support/fake-fetch.mjs';
 import { fakeSocketClass } from './support/fake-socket.mjs';
-import { recorder } from './support/clients.mjs';
+import { recorder, subscribed } from './support/clients.mjs';
 import { waitFor } from './support/server.mjs';
 
 const FAST = { backoffMs: [0, 5, 10], restartJitterMs: 5, connectTimeoutMs: 3000, stableMs: 60_000 };
@@ -36,7 +36,7 @@ async function welcomed() {
   const log = recorder(client);
   const timeline = [];
   const subscribe = (room, options = {}) =>
-    client.subscribe(room, (event) => timeline.push(['event', event.room, event.seq]), {
+    subscribed(client, room, (event) => timeline.push(['event', event.room, event.seq]), {
       ...options,
       onState: options.state ? (data, meta) => timeline.push(['state', data, meta]) : undefined,
       onPresence: options.presence ? (detail) => timeline.push(['presence', detail]) : undefined,
@@ -169,7 +169,7 @@ describe('room state with a scripted socket', () => {
   test('a throwing onState is reported as an error and delivery goes on; a server without state or presence is subscribed without them', async () => {
     const { client, log, timeline, ws } = await welcomed();
     try {
-      client.subscribe('r', (e) => timeline.push(e.seq), {
+      subscribed(client, 'r', (e) => timeline.push(e.seq), {
         state: true,
         onState: () => {
           throw new Error('render failed');
@@ -183,7 +183,7 @@ describe('room state with a scripted socket', () => {
 
       // An older server ignores state:true: its reply has no `state`. The subscription
       // starts at the head like a plain one, and the app hears why no onState came.
-      client.subscribe('old', () => {}, { state: true, onState: () => timeline.push('state!') });
+      subscribed(client, 'old', () => {}, { state: true, onState: () => timeline.push('state!') });
       const old = await ws.expect('subscribe', (f) => f.room === 'old');
       ws.serverSend({ op: 'subscribed', room: 'old', epoch: 'E', seq: 9, ref: old.ref });
       assert.deepEqual(log.error.at(-1).code, 'unsupported');
@@ -192,7 +192,7 @@ describe('room state with a scripted socket', () => {
 
       // A server without `features` that refuses the flags (bad_request): subscribed again
       // without the newest flag, then without the next; its message is never read.
-      const older = client.subscribe('older', () => {}, { state: true, presence: true });
+      const older = subscribed(client, 'older', () => {}, { state: true, presence: true });
       const first = await ws.expect('subscribe', (f) => f.room === 'older');
       assert.equal(first.state, true);
       ws.serverSend({ op: 'error', ref: first.ref, room: 'older', code: 'bad_request', message: 'no' });
@@ -205,7 +205,7 @@ describe('room state with a scripted socket', () => {
       assert.equal((await older).seq, 4);
       assert.deepEqual(log.error.slice(-2).map((e) => [e.room, e.code]), [['older', 'unsupported'], ['older', 'unsupported']]);
       // A bad_request of a subscribe without flags ends the subscription.
-      const bad = client.subscribe('bad', () => {}, { state: true });
+      const bad = subscribed(client, 'bad', () => {}, { state: true });
       const badSub = await ws.expect('subscribe', (f) => f.room === 'bad');
       ws.serverSend({ op: 'error', ref: badSub.ref, code: 'bad_request', message: 'subscribe: since without a number' });
       const badAgain = await ws.expect('subscribe', (f) => f.room === 'bad' && f.ref !== badSub.ref);
@@ -243,9 +243,9 @@ describe('presence with a scripted socket', () => {
         ['presence', { room: 'lobby', count: 5000, joined: null, left: null }],
       ]);
 
-      // A later subscribe to the room adds its onPresence to the same subscription.
+      // A later subscription asking for presence shares the room's server subscription.
       const second = [];
-      client.subscribe('lobby', null, { onPresence: (d) => second.push(d.count) });
+      subscribed(client, 'lobby', null, { presence: true, onPresence: (d) => second.push(d.count) });
       ws.serverSend({ op: 'presence', room: 'lobby', count: 3, joined: [{ user: 'cy', device: 'web' }], left: [] });
       assert.deepEqual(second, [3]);
       assert.equal(ws.frames('subscribe').filter((f) => f.room === 'lobby').length, 1, 'no second subscribe frame');
@@ -305,15 +305,15 @@ describe('presence with a scripted socket', () => {
 describe('state and presence over SSE (scripted fetch)', () => {
   test('the stream asks with state=1 and presence=1; subscribed carries the state; event: presence reaches onPresence; presence() is unsupported', async () => {
     const fetch = fakeFetch();
-    const client = connect({ url: 'https://gw.test', getToken: async () => 't1', transport: 'sse', fetch, timings: FAST });
+    const client = connect({ url: 'https://gw.test', getToken: async () => 't1', transports: ['sse'], fetch, timings: FAST });
     const log = recorder(client);
     const timeline = [];
     try {
-      client.subscribe('a', (e) => timeline.push(['event', e.room, e.seq]), {
+      subscribed(client, 'a', (e) => timeline.push(['event', e.room, e.seq]), {
         state: true,
         onState: (data, meta) => timeline.push(['state', data, meta]),
       });
-      client.subscribe('b', (e) => timeline.push(['event', e.room, e.seq]), {
+      subscribed(client, 'b', (e) => timeline.push(['event', e.room, e.seq]), {
         presence: true,
         onPresence: (detail) => timeline.push(['presence', detail]),
       });
@@ -355,7 +355,7 @@ describe('state and presence over SSE (scripted fetch)', () => {
       // Rooms that ask for neither: no flags.
       client.unsubscribe('a');
       client.unsubscribe('b');
-      client.subscribe('c', () => {});
+      subscribed(client, 'c', () => {});
       await tick();
       const last = await fetch.nth(2);
       assert.equal(last.params.state, undefined);

@@ -10,8 +10,9 @@ import { describe, test } from 'node:test';
 import { EventStreamParser, connect, sseEndpointOf } from '../../clients/js/livegate.js';
 import { fakeFetch } from './support/fake-fetch.mjs';
 import { fakeSocketClass } from './support/fake-socket.mjs';
-import { recorder } from './support/clients.mjs';
+import { recorder, subscribed } from './support/clients.mjs';
 import { letTimePass, pace, waitFor } from './support/clock.mjs';
+import { nextEvent } from './support/server.mjs';
 import { VirtualClock } from './support/virtual-clock.mjs';
 
 const FAST = { backoffMs: [0, 5, 10], restartJitterMs: 5, connectTimeoutMs: 3000, stableMs: 60_000 };
@@ -35,7 +36,7 @@ describe('resume credentials over WebSocket', () => {
   test('every welcome credential is used once for the next attempt, instead of getToken', async () => {
     const Fake = fakeSocketClass();
     const getToken = tokens();
-    const client = connect({ url: 'http://gw.test', getToken, WebSocket: Fake, fetch: fakeFetch(), transport: 'websocket', timings: FAST });
+    const client = connect({ url: 'http://gw.test', getToken, WebSocket: Fake, fetch: fakeFetch(), transports: ['websocket'], timings: FAST });
     const log = recorder(client);
     try {
       const ws0 = await Fake.nth(0);
@@ -68,7 +69,7 @@ describe('resume credentials over WebSocket', () => {
   test('a credential expiring within the margin is not used; resume: false never uses one', async () => {
     const Fake = fakeSocketClass();
     const getToken = tokens();
-    const client = connect({ url: 'http://gw.test', getToken, WebSocket: Fake, fetch: fakeFetch(), transport: 'websocket', timings: FAST });
+    const client = connect({ url: 'http://gw.test', getToken, WebSocket: Fake, fetch: fakeFetch(), transports: ['websocket'], timings: FAST });
     try {
       const ws0 = await Fake.nth(0);
       ws0.welcome('S1', { resume: 'R1', resume_expires_at_ms: Date.now() + 20_000 }); // inside the 30 s margin
@@ -101,7 +102,7 @@ describe('resume credentials over WebSocket', () => {
     const Fake = fakeSocketClass((socket) => (Fake.failing ? socket.fail() : socket.open()));
     const fetch = fakeFetch({ ready: 'down' });
     const getToken = tokens();
-    const client = connect({ url: 'http://gw.test', getToken, WebSocket: Fake, fetch, transport: 'websocket', timings: FAST });
+    const client = connect({ url: 'http://gw.test', getToken, WebSocket: Fake, fetch, transports: ['websocket'], timings: FAST });
     try {
       const ws0 = await Fake.nth(0);
       ws0.welcome('S1', { resume: 'R1', resume_expires_at_ms: FAR() });
@@ -142,7 +143,7 @@ describe('resume credentials over WebSocket', () => {
     const Fake = fakeSocketClass((socket) => (Fake.failing ? socket.fail() : socket.open()));
     const fetch = fakeFetch({ ready: 'up' });
     const getToken = tokens();
-    const client = connect({ url: 'http://gw.test', getToken, WebSocket: Fake, fetch, transport: 'websocket', resumeAttempts: 2, timings: FAST });
+    const client = connect({ url: 'http://gw.test', getToken, WebSocket: Fake, fetch, transports: ['websocket'], resumeAttempts: 2, timings: FAST });
     try {
       const ws0 = await Fake.nth(0);
       ws0.welcome('S1', { resume: 'R1', resume_expires_at_ms: FAR() });
@@ -162,7 +163,7 @@ describe('resume credentials over WebSocket', () => {
     const clock = new VirtualClock();
     const Fake = fakeSocketClass(undefined, clock);
     const getToken = tokens();
-    const client = connect({ clock: clock.option, url: 'http://gw.test', getToken, WebSocket: Fake, fetch: fakeFetch({ clock }), transport: 'websocket', random: () => 0 });
+    const client = connect({ clock: clock.option, url: 'http://gw.test', getToken, WebSocket: Fake, fetch: fakeFetch({ clock }), transports: ['websocket'], random: () => 0 });
     try {
       const ws0 = await Fake.nth(0);
       ws0.welcome('S1', { resume: 'R1', resume_expires_at_ms: clock.now() + 10 * 60_000 });
@@ -270,9 +271,17 @@ describe('transport auto', () => {
       client.close();
     }
     const bare = connect({ url: 'http://gw.test', getToken: tokens(), WebSocket: null, fetch: fakeFetch(), timings: FAST });
+    const warnings = [];
+    bare.on('warning', (w) => warnings.push(w));
     try {
-      // (globalThis.WebSocket is absent on Node 20 without the flag; with it, the option wins only if given.)
-      if (typeof globalThis.WebSocket !== 'function') assert.equal(bare.transport, 'sse');
+      const first = await nextEvent(bare, 'connecting');
+      // Node 20 without the flag has no global WebSocket: the `ws` package's when it can be
+      // imported from the client's folder, else SSE, never silently.
+      if (typeof globalThis.WebSocket !== 'function' && first.transport === 'sse') {
+        assert.equal(bare.transport, 'sse');
+        assert.deepEqual(warnings.map((w) => w.code), ['no_websocket']);
+        assert.match(warnings[0].message, /npm install ws/);
+      } else assert.equal(first.transport, 'websocket');
     } finally {
       bare.close();
     }
@@ -334,7 +343,7 @@ describe('the transports option', () => {
     }
   });
 
-  test('an unknown, repeated or misordered transport throws at construction; the deprecated transport still works', () => {
+  test('an unknown, repeated or misordered transport throws at construction, and so does the old transport option', () => {
     const base = { url: 'http://gw.test', getToken: () => 't', WebSocket: fakeSocketClass(), fetch: fakeFetch() };
     const refused = (options, pattern) => assert.throws(() => connect({ ...base, ...options }), (e) => e instanceof TypeError && pattern.test(e.message), JSON.stringify(options));
     refused({ transports: ['websocket', 'carrier-pigeon'] }, /unknown transport "carrier-pigeon"/);
@@ -342,9 +351,9 @@ describe('the transports option', () => {
     refused({ transports: 'sse' }, /non-empty list/);
     refused({ transports: ['sse', 'sse'] }, /twice/);
     refused({ transports: ['sse', 'websocket'] }, /SSE does not fall back to WebSocket/);
-    refused({ transports: ['sse'], transport: 'sse' }, /not both/);
-    refused({ transport: 'pigeon' }, /transport must be/);
-    for (const [options, first] of [[{}, 'websocket'], [{ transports: ['sse'] }, 'sse'], [{ transport: 'sse' }, 'sse'], [{ transport: 'auto' }, 'websocket']]) {
+    refused({ transport: 'sse' }, /there is no transport option: use transports/);
+    refused({ transports: ['sse'], transport: 'sse' }, /there is no transport option/);
+    for (const [options, first] of [[{}, 'websocket'], [{ transports: ['sse'] }, 'sse'], [{ transports: ['websocket', 'sse'] }, 'websocket']]) {
       const client = connect({ ...base, ...options });
       assert.equal(client.transport, first, JSON.stringify(options));
       client.close();
@@ -357,10 +366,10 @@ describe('transport sse', () => {
   async function streaming(rooms, { timings = {}, heartbeatMs = 30000 } = {}) {
     const fetch = fakeFetch();
     const getToken = tokens();
-    const client = connect({ url: 'https://gw.test', getToken, transport: 'sse', fetch, timings: { ...FAST, ...timings } });
+    const client = connect({ url: 'https://gw.test', getToken, transports: ['sse'], fetch, timings: { ...FAST, ...timings } });
     const log = recorder(client);
     const got = Object.fromEntries(rooms.map((room) => [room, []]));
-    const replies = rooms.map((room) => client.subscribe(room, (e) => got[room].push(e)));
+    const replies = rooms.map((room) => subscribed(client, room, (e) => got[room].push(e)));
     const sse = await fetch.nth(0);
     assert.equal(sse.url.origin + sse.url.pathname, 'https://gw.test/v1/sse');
     assert.deepEqual(sse.params, { token: 't1', rooms: rooms.join(',') });
@@ -417,7 +426,7 @@ describe('transport sse', () => {
       sse.message('events', events('a', 1), 'a:E:1,user:u:F:4');
       await waitFor(() => got.a.length === 1, 'an event');
       const c = [];
-      const reply = client.subscribe('c', (e) => c.push(e), { since: 5, epoch: 'EC' });
+      const reply = subscribed(client, 'c', (e) => c.push(e), { since: 5, epoch: 'EC' });
       const reopened = await fetch.nth(1);
       assert.ok(sse.aborted, 'the old request was aborted first');
       assert.deepEqual(reopened.params, { resume: 'R1', rooms: 'a,c', since: 'a:E:1,user:u:F:4,c:EC:5' });
@@ -501,7 +510,7 @@ describe('transport sse', () => {
   test('a refused room (403) rejects that subscription only; the others stay', async () => {
     const { fetch, client, log, sse } = await streaming(['a']);
     try {
-      const refused = client.subscribe('user:other', () => {});
+      const refused = subscribed(client, 'user:other', () => {});
       const reopened = await fetch.nth(1);
       assert.equal(reopened.params.rooms, 'a,user:other');
       assert.ok(sse.aborted);

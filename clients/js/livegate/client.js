@@ -13,7 +13,6 @@ import {
   DEFAULT_TIMINGS,
   MAX_FOLLOWS,
   TRANSPORTS,
-  TRANSPORT_OPTION_LISTS,
   TransportOrder,
   WS_FAILURES_BEFORE_SSE,
   checkTransports,
@@ -37,12 +36,21 @@ import { baseOf, endpointOf, looksLikeUrl, readyzOf, sseEndpointOf } from './url
  * - `transports`: the transports to use, in fallback order: `['websocket', 'sse']`
  *   (default; SSE after `WS_FAILURES_BEFORE_SSE` failed WebSocket attempts), `['websocket']`
  *   or `['sse']` (one: no fallback). An unknown name throws a TypeError.
- * - `transport`: deprecated (for one release), `'auto'`, `'websocket'` or `'sse'`: the
- *   same as `transports` of all, or of one.
  * - `resume`: false to never use resume credentials (default true).
  * - `resumeAttempts`: consecutive failed WebSocket attempts a credential is tried in
  *   before it is dropped (default 3).
- * - `WebSocket`: the constructor to use (default: the global one).
+ * - `WebSocket`: the constructor to use (default: the global one; in Node without one,
+ *   Node 20 without --experimental-websocket, the `ws` package's when it is installed).
+ *   No WebSocket at all: SSE with a `warning` (or, with `transports: ['websocket']`, the
+ *   client closes with a `warning`).
+ * - `autoConnect`: false to connect only when `connect()` is called (default true: the
+ *   first attempt starts right after construction).
+ * - `requestTimeoutMs`: how long `publish()`, `history()` and `presence()` wait for the
+ *   reply, queued while disconnected included, before rejecting with code `timeout`
+ *   (default 10000; 0: no timeout). Each call can pass its own `timeoutMs` and `signal`.
+ * - `debug`: true to log connection, transport and state changes with console.debug, or a
+ *   function `(message, detail)` or an object with a `debug` method to log them with.
+ *   Credentials and tokens are never logged.
  * - `fetch`: the fetch function for SSE and the `/readyz` check (default: the global one).
  * - `session`: a session id to resume on the first connection.
  * - `timings`: overrides of `DEFAULT_TIMINGS`.
@@ -56,17 +64,25 @@ export function connect(options) {
 
 export class LivegateClient {
   constructor(options = {}) {
-    const { url, getToken, WebSocket: Socket, session, timings, random, clock, transport, transports: order } = options;
+    const { url, getToken, WebSocket: Socket, session, timings, random, clock, transports: order } = options;
     if (typeof getToken !== 'function') throw new TypeError('livegate: getToken must be a function');
-    const transports = transportsOf(transport, order);
-    this._Socket = typeof (Socket || globalThis.WebSocket) === 'function' ? Socket || globalThis.WebSocket : null;
+    if (options.transport !== undefined) {
+      throw new TypeError("livegate: there is no transport option: use transports: ['websocket', 'sse'] (the default), ['websocket'] or ['sse']");
+    }
+    const transports = checkTransports(order ?? TRANSPORTS);
+    const given = Socket || globalThis.WebSocket;
+    this._Socket = typeof given === 'function' ? given : null;
+    /** Node without a global WebSocket: the `ws` package's constructor, loading (or null). */
+    this._socketLoad = !this._Socket && transports.includes('websocket') && isNode() ? loadWs() : null;
+    /** No WebSocket at all although asked for: the first attempt warns. */
+    this._warnNoWebSocket = transports.includes('websocket') && !this._Socket && !this._socketLoad;
     const fetchFn = options.fetch === undefined ? globalThis.fetch : options.fetch;
     this._fetch = typeof fetchFn === 'function' ? (input, init) => fetchFn(input, init) : null;
-    if (transports.length === 1 && transports[0] === 'websocket' && !this._Socket) {
+    if (transports.length === 1 && transports[0] === 'websocket' && !this._Socket && !this._socketLoad) {
       throw new TypeError('livegate: no WebSocket constructor (pass one as the WebSocket option)');
     }
     if (transports.length === 1 && transports[0] === 'sse' && !this._fetch) throw new TypeError('livegate: transport sse needs fetch()');
-    if (!this._Socket && !this._fetch) {
+    if (!this._Socket && !this._socketLoad && !this._fetch) {
       throw new TypeError('livegate: no WebSocket constructor and no fetch (pass one as the WebSocket option)');
     }
     const base = url ?? globalThis.location?.origin;
@@ -76,10 +92,14 @@ export class LivegateClient {
     this._readyz = readyzOf(this._sseEndpoint);
     this._secure = /^https:/i.test(this._sseEndpoint);
     /** The transports to try, in order, and the one in use. */
-    this._order = new TransportOrder(transports, { webSocket: !!this._Socket, fetch: !!this._fetch });
+    this._order = new TransportOrder(transports, { webSocket: !!(this._Socket || this._socketLoad), fetch: !!this._fetch });
     this._getToken = getToken;
     this._timings = { ...DEFAULT_TIMINGS, ...(timings || {}) };
     this._random = typeof random === 'function' ? random : Math.random;
+    const timeout = options.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS;
+    if (typeof timeout !== 'number' || !(timeout >= 0)) throw new TypeError(`livegate: requestTimeoutMs must be a number >= 0, not ${timeout}`);
+    this._requestTimeoutMs = timeout;
+    this._debug = debugOf(options.debug);
     this._clock = clockFrom(clock);
     this._session = session ?? null;
     /** The resume credential of the last welcome. */
@@ -106,6 +126,8 @@ export class LivegateClient {
     this._link = null;
     /** The connection's state: `state`, and the `state` event on each change. */
     this._machine = new ConnectionMachine((change) => this._emit('state', { previous: change.previous, state: change.state, reason: change.reason }));
+    /** Whether the client is connected or trying to be (connect(); not after disconnect()). */
+    this._running = false;
     this._failures = 0; // attempts since the last stable connection
     this._attempts = 0;
     this._attemptGen = 0;
@@ -136,7 +158,7 @@ export class LivegateClient {
     /** Refusals followed (and unreachable nodes avoided) since the last welcome. */
     this._follows = 0;
 
-    this._schedule(() => this._attempt(), 0);
+    if (options.autoConnect !== false) this.connect();
   }
 
   // ---- public API ----
@@ -196,22 +218,14 @@ export class LivegateClient {
    * `presence: true` adds presence changes. Several subscriptions to one room share one
    * server subscription and each gets what it asked for.
    *
-   * Compatibility for one release: `subscribe(room, onEvent, options)` (a function or null
-   * second) returns a promise of the first `subscribed` reply, with `options.onState(data,
-   * {room, seq, epoch})` and `options.onPresence(change)` as listeners.
+   * (The form `subscribe(room, onEvent, options)` of earlier drafts is gone: it throws.)
    */
-  subscribe(room, onEvent, options) {
+  subscribe(room, options = {}) {
     if (typeof room !== 'string' || room === '') throw new TypeError('livegate: room must be a non-empty string');
-    if (typeof onEvent !== 'function' && options === undefined) return this._subscription(room, onEvent ?? {});
-    options = options ?? {};
-    // As before: a later subscribe's onPresence joins the room's presence when it has it.
-    const joinsPresence = typeof options.onPresence === 'function' && this._rooms.get(room)?.wantPresence === true;
-    const sub = this._subscription(room, joinsPresence ? { ...options, presence: true } : options);
-    if (typeof onEvent === 'function') sub.on('event', onEvent);
-    const onState = options.onState;
-    if (typeof onState === 'function') sub.on('state', ({ data, room: name, seq, epoch }) => onState(data, { room: name, seq, epoch }));
-    if (typeof options.onPresence === 'function') sub.on('presence', options.onPresence);
-    return sub.ready();
+    if (typeof options === 'function' || arguments.length > 2) {
+      throw new TypeError("livegate: subscribe(room, options) returns a Subscription: listen with subscription.on('event', fn)");
+    }
+    return this._subscription(room, options ?? {});
   }
 
   /** Stops delivering the room to every subscription of it and tells the server (over SSE: reopens the stream). */
@@ -303,8 +317,8 @@ export class LivegateClient {
    * request waits for the next connection. Over SSE (no client requests) it rejects with
    * code `unsupported`.
    */
-  history(room, since = 0, limit = 100) {
-    return this._request({ op: 'history', room, since, limit });
+  history(room, since = 0, limit = 100, options = {}) {
+    return this._request({ op: 'history', room, since, limit }, options);
   }
 
   /**
@@ -316,10 +330,10 @@ export class LivegateClient {
    * on close(). While disconnected the request waits for the next connection. Over SSE it
    * rejects with code `unsupported`. `id`: the idempotency id (default: a random one).
    */
-  publish(room, data, { id } = {}) {
+  publish(room, data, { id, signal, timeoutMs } = {}) {
     if (this._serverLacks('publish')) return Promise.reject(lgError('unsupported', 'the server has no client publish'));
     const eventId = id ?? `c-${randomHex(8)}`;
-    return this._request({ op: 'publish', room, id: eventId, data }).then((reply) => ({
+    return this._request({ op: 'publish', room, id: eventId, data }, { signal, timeoutMs }).then((reply) => ({
       seq: reply.seq,
       duplicate: reply.duplicate === true,
       id: eventId,
@@ -335,13 +349,37 @@ export class LivegateClient {
    * after the request went out, or on close(). Over SSE it rejects with `unsupported`
    * (ask `GET /v1/rooms/{room}/presence` from your backend instead).
    */
-  presence(room) {
+  presence(room, options = {}) {
     if (this._serverLacks('presence')) return Promise.reject(lgError('unsupported', 'the server has no presence'));
-    return this._request({ op: 'presence', room }).then((reply) => ({
+    return this._request({ op: 'presence', room }, options).then((reply) => ({
       room: reply.room,
       count: Number(reply.count),
       members: Array.isArray(reply.members) ? reply.members : null,
     }));
+  }
+
+  /**
+   * Starts connecting (the constructor does unless `autoConnect: false`), or again after
+   * `disconnect()` or a signed-out `getToken`: subscriptions resubscribe from where they
+   * were. Does nothing while connected or connecting; throws once closed.
+   */
+  connect() {
+    if (this._machine.closed) throw lgError(this._refusalWhenClosed().code, 'livegate: the client is closed; make a new one');
+    if (this._running) return this;
+    this._running = true;
+    this._failures = 0;
+    this._schedule(() => this._attempt(), 0);
+    return this;
+  }
+
+  /**
+   * Ends the connection (close 1000) and stops reconnecting until `connect()`: state
+   * `disconnected`, pending requests reject with `disconnected`, subscriptions stay and
+   * resubscribe on `connect()`. Unlike close(), the client can connect again.
+   */
+  disconnect(reason = 'client disconnected') {
+    if (this._machine.closed || !this._running) return;
+    this._halt(String(reason), lgError('disconnected', String(reason)));
   }
 
   /**
@@ -363,6 +401,7 @@ export class LivegateClient {
   /** Closes the connection for good: no reconnect, pending requests are rejected. */
   close() {
     if (this._machine.closedBy === 'client') return;
+    this._running = false;
     this._machine.transition('closed', 'client closed', 'client');
     const link = this._link;
     this._clearTimers();
@@ -379,6 +418,61 @@ export class LivegateClient {
 
   // ---- connection lifecycle ----
 
+  /**
+   * Stops the client without closing it (disconnect(), or signed out): the connection
+   * ends, no attempt follows, requests reject with `error`; connect() starts again.
+   */
+  _halt(reason, error) {
+    this._running = false;
+    this._attemptGen += 1; // an attempt waiting for getToken or a check gives up
+    const link = this._link;
+    this._clearTimers();
+    this._target = null;
+    if (link) this._drop(link, 1000, reason);
+    this._link = null;
+    this._rejectAll(error);
+    for (const state of this._rooms.values()) {
+      state.connectionLost();
+      for (const sub of state.subs) if (sub.state === 'subscribed') sub._subscribing();
+    }
+    this._machine.transition('disconnected', reason);
+    this._emit('disconnected', { code: 1000, reason, reconnectInMs: null });
+  }
+
+  /** `getToken` said the user is signed out: stop, tell, and wait for connect(). */
+  _signedOut(why) {
+    const reason = `signed out${why ? `: ${why}` : ''}`;
+    this._credential.drop();
+    this._emit('signed_out', { reason });
+    this._halt(reason, lgError('signed_out', reason));
+  }
+
+  /** A `warning`: something works less well than asked (no WebSocket, SSE cannot publish). */
+  _warn(code, message) {
+    this._emit('warning', { code, message });
+  }
+
+  /**
+   * No WebSocket constructor in this runtime (the `ws` package is not installed): SSE when
+   * the transports allow it, else the client closes; a `warning` says so either way.
+   */
+  _noWebSocket() {
+    const message = 'no WebSocket in this runtime (Node 20: npm install ws, pass the WebSocket option, or use Node 22+)';
+    const from = this._order.current;
+    if (this._order.remove('websocket')) {
+      this._announceTransport(from, message, 'no_websocket');
+      return true;
+    }
+    this._warn('no_websocket', message);
+    this._emit('error', { code: 'unsupported', message });
+    this._running = false;
+    this._machine.transition('closed', message, 'client');
+    const error = lgError('unsupported', message);
+    this._rejectAll(error);
+    for (const state of this._rooms.values()) for (const sub of [...state.subs]) sub._end('unsupported', message);
+    return false;
+  }
+
   /** The rejection for a request or subscribe made once closed, or null while not closed. */
   _refusalWhenClosed() {
     if (!this._machine.closed) return null;
@@ -389,8 +483,19 @@ export class LivegateClient {
   /** Opens the next connection; `quiet`: an SSE stream reopened for its rooms (no events). */
   async _attempt({ quiet = false } = {}) {
     this._timers.reconnect = null;
-    if (this._machine.closed) return;
+    if (this._machine.closed || !this._running) return;
     const gen = ++this._attemptGen;
+    if (this._socketLoad) {
+      const Socket = await this._socketLoad;
+      this._socketLoad = null;
+      if (Socket) this._Socket = Socket;
+      else this._warnNoWebSocket = true;
+      if (gen !== this._attemptGen || this._machine.closed) return;
+    }
+    if (this._warnNoWebSocket) {
+      this._warnNoWebSocket = false;
+      if (!this._Socket && !this._noWebSocket()) return;
+    }
     if (this._verdict) {
       await this._verdict;
       if (gen !== this._attemptGen || this._machine.closed) return;
@@ -412,10 +517,19 @@ export class LivegateClient {
     } else if (resume == null) {
       try {
         token = await this._getToken();
-        if (token && typeof token === 'object') token = token.token;
+        if (token == null) {
+          if (this._machine.closed || gen !== this._attemptGen) return;
+          this._signedOut('getToken returned no token');
+          return;
+        }
+        if (typeof token === 'object') token = token.token;
         if (typeof token !== 'string' || token === '') throw new Error('getToken returned no token');
       } catch (error) {
         if (this._machine.closedBy === 'client' || gen !== this._attemptGen) return;
+        if (SIGNED_OUT_CODES.has(error?.code)) {
+          this._signedOut(error?.message ?? error.code);
+          return;
+        }
         this._emit('error', { code: 'token', message: `getToken failed: ${error?.message ?? error}`, error });
         this._afterLoss(1006, 'getToken failed', false);
         return;
@@ -820,10 +934,13 @@ export class LivegateClient {
   }
 
   /** The transport in use changed from `from`: requests it cannot carry fail, the app is told. */
-  _announceTransport(from, reason) {
+  _announceTransport(from, reason, warning = 'fallback') {
     const to = this._order.current;
     if (from === to) return;
-    if (to === 'sse') this._rejectAll(lgError('unsupported', 'history, publish and presence need the WebSocket transport (now on SSE)'));
+    if (to === 'sse') {
+      this._warn(warning, `on SSE from now on (${reason}): publish, history and presence reject with unsupported`);
+      this._rejectAll(lgError('unsupported', 'history, publish and presence need the WebSocket transport (now on SSE)'));
+    }
     this._emit('transport', { from, to, reason });
   }
 
@@ -852,6 +969,7 @@ export class LivegateClient {
   }
 
   _schedule(fn, delay) {
+    if (!this._running) return;
     this._clock.clearTimeout(this._timers.reconnect);
     this._timers.reconnect = this._clock.setTimeout(fn, delay);
   }
@@ -938,20 +1056,55 @@ export class LivegateClient {
     return this._link ? this._link.transport.send(frame) : false;
   }
 
-  _request(fields) {
+  /**
+   * Sends a request and resolves with its reply. It waits for a connection while there is
+   * none; it rejects with `timeout` after `timeoutMs` (default `requestTimeoutMs`) without
+   * a reply, and with `aborted` when `signal` aborts (the reply, if one still comes, is
+   * dropped: a publish may have been stored, so publish again with the same id).
+   */
+  _request(fields, { signal, timeoutMs } = {}) {
     const ref = this._nextRef++;
     const frame = { ...fields, ref };
-    const promise = new Promise((resolve, reject) => {
+    return new Promise((resolve, reject) => {
       const refusal = this._refusalWhenClosed();
       if (refusal) return reject(refusal);
+      if (signal?.aborted) return reject(abortedBy(signal, fields.op));
       if (this._order.current === 'sse') {
-        return reject(lgError('unsupported', `${fields.op} needs the WebSocket transport (SSE has no client requests)`));
+        const message = `${fields.op} needs the WebSocket transport (SSE has no client requests)`;
+        this._warn('unsupported', message);
+        return reject(lgError('unsupported', message));
       }
-      this._requests.set(ref, { resolve, reject, frame, sent: false });
-      if (this._link?.welcomed && this._send(frame)) this._requests.get(ref).sent = true;
+      const ms = timeoutMs ?? this._requestTimeoutMs;
+      let timer = null;
+      let onAbort = null;
+      const settled = () => {
+        if (timer != null) this._clock.clearTimeout(timer);
+        if (onAbort) signal.removeEventListener('abort', onAbort);
+      };
+      const request = {
+        frame,
+        sent: false,
+        resolve: (reply) => (settled(), resolve(reply)),
+        reject: (error) => (settled(), reject(error)),
+      };
+      const giveUp = (error) => {
+        if (this._requests.get(ref) !== request) return;
+        this._requests.delete(ref);
+        const queued = this._queued.indexOf(ref);
+        if (queued >= 0) this._queued.splice(queued, 1);
+        request.reject(error);
+      };
+      this._requests.set(ref, request);
+      if (ms > 0 && Number.isFinite(ms)) {
+        timer = this._clock.setTimeout(() => giveUp(lgError('timeout', `${fields.op}: no reply within ${ms} ms`)), ms);
+      }
+      if (signal) {
+        onAbort = () => giveUp(abortedBy(signal, fields.op));
+        signal.addEventListener('abort', onAbort, { once: true });
+      }
+      if (this._link?.welcomed && this._send(frame)) request.sent = true;
       else this._queued.push(ref);
     });
-    return promise;
   }
   /** Rejects pending requests: all, or (onlySent) those sent on the lost connection. */
   _rejectAll(error, onlySent = false) {
@@ -1317,6 +1470,13 @@ export class LivegateClient {
   }
 
   _emit(name, detail) {
+    if (this._debug && DEBUGGED.has(name)) {
+      try {
+        this._debug(name === 'state' ? `state ${detail.previous} -> ${detail.state}: ${detail.reason}` : name, detail);
+      } catch {
+        // a logger that throws changes nothing
+      }
+    }
     if (!this._listeners.has(name)) {
       if (name === 'error' && detail?.error && typeof console !== 'undefined') {
         console.error('livegate:', detail.message, detail.error);
@@ -1329,20 +1489,44 @@ export class LivegateClient {
   }
 }
 
+/** Default of the `requestTimeoutMs` option. */
+export const DEFAULT_REQUEST_TIMEOUT_MS = 10000;
+/** Codes of an error thrown by `getToken` that mean "signed out: stop" (no retry). */
+const SIGNED_OUT_CODES = new Set(['signed_out', 'unauthorized']);
+/** The events the `debug` option logs. */
+const DEBUGGED = new Set(['state', 'connecting', 'connected', 'disconnected', 'transport', 'redirect', 'warning', 'signed_out']);
+
+/** The `debug` option as a function `(message, detail)`, or null. */
+function debugOf(option) {
+  if (option === true) return (message, detail) => console.debug('livegate:', message, detail);
+  if (typeof option === 'function') return option;
+  if (option && typeof option.debug === 'function') return (message, detail) => option.debug(message, detail);
+  return null;
+}
+
+/** Whether this runs in Node (where a missing WebSocket can come from the `ws` package). */
+function isNode() {
+  return typeof globalThis.process?.versions?.node === 'string' && typeof globalThis.document === 'undefined';
+}
+
 /**
- * The `transports` option (`order`) checked, or the deprecated `transport` as a list;
- * both: an error.
+ * Node without a global WebSocket (20 without --experimental-websocket): the `ws`
+ * package's constructor when it is installed (an optional peer dependency), else null.
  */
-function transportsOf(transport, order) {
-  if (transport !== undefined && order !== undefined) {
-    throw new TypeError('livegate: give transports or the deprecated transport, not both');
+async function loadWs() {
+  const specifier = 'ws'; // not a literal: bundlers leave it alone, browsers never get here
+  try {
+    const module = await import(/* webpackIgnore: true */ /* @vite-ignore */ specifier);
+    const Socket = module.WebSocket ?? module.default;
+    return typeof Socket === 'function' ? Socket : null;
+  } catch {
+    return null;
   }
-  if (transport !== undefined) {
-    const list = Object.prototype.hasOwnProperty.call(TRANSPORT_OPTION_LISTS, transport) ? TRANSPORT_OPTION_LISTS[transport] : null;
-    if (!list) throw new TypeError(`livegate: transport must be 'auto', 'websocket' or 'sse', not ${transport}`);
-    return [...list];
-  }
-  return checkTransports(order ?? TRANSPORTS);
+}
+
+/** The rejection of a request whose `signal` aborted. */
+function abortedBy(signal, op) {
+  return lgError('aborted', `${op} aborted`, { cause: signal.reason });
 }
 
 /** A new attempt's link (see `LivegateClient._link`). */

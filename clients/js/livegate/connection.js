@@ -55,9 +55,6 @@ export function checkTransports(list) {
   return [...list];
 }
 
-/** The deprecated `transport` option (one release) as a `transports` list. */
-export const TRANSPORT_OPTION_LISTS = Object.freeze({ auto: TRANSPORTS, websocket: ['websocket'], sse: ['sse'] });
-
 /**
  * The connection's states. `disconnected`: no connection, one is scheduled (also before
  * the first attempt); `connecting`: an attempt is under way; `connected`: welcomed (an SSE

@@ -5,6 +5,7 @@
 // with its own listeners, its own position and what it asked for (state, presence).
 
 import { Listeners } from './emitter.js';
+import { livegateError } from './errors.js';
 
 /** Event ids remembered per room to drop repeats. */
 export const RECENT_IDS = 500;
@@ -193,7 +194,7 @@ export class Subscription {
 
   /** Ends without listeners: `code` says why (`unsubscribed`, `closed`, a refusal's code). */
   _end(code, reason) {
-    this._ended = Object.assign(new Error(reason || code), { code });
+    this._ended = livegateError(code, reason);
     for (const waiter of this._waiters.splice(0)) waiter.reject(this._ended);
     this._move('unsubscribed', { room: this.room, code, reason });
   }

@@ -23,14 +23,16 @@ import {
   type EventStreamMessage,
   type FetchLike,
   type HistoryReply,
-  type LivegateError,
+  LivegateError,
+  DEFAULT_REQUEST_TIMEOUT_MS,
+  type DebugLogger,
+  type RequestOptions,
   type LivegateEvent,
   type Member,
   type Position,
   type PresenceChange,
   type PresenceReply,
   type PublishResult,
-  type StateMeta,
   type SubscribedReply,
   type SubscriptionOptions,
   type SubscriptionState,
@@ -85,13 +87,25 @@ const options: ClientOptions = {
   timings,
   random: Math.random,
   clock,
+  autoConnect: true,
+  requestTimeoutMs: DEFAULT_REQUEST_TIMEOUT_MS,
+  debug: false,
 };
 
 const client: LivegateClient = connect(options);
 const other = new LivegateClient({ getToken: () => 'a-token', transports: ['sse'], fetch: null, session: 'S1' });
 new LivegateClient({ getToken: () => Promise.resolve('t'), transports: ['websocket'] });
-// The earlier option, kept for one release.
-new LivegateClient({ getToken: () => 't', transport: 'auto' });
+// Explicit connect() / disconnect(), logging, and a getToken that can sign out.
+const logger: DebugLogger = console;
+const later = new LivegateClient({
+  getToken: async () => ((await fetch('/me')).ok ? 'a-token' : null),
+  autoConnect: false,
+  debug: logger,
+});
+later.connect().disconnect('user paused');
+later.connect();
+new LivegateClient({ getToken: () => 't', debug: (message: string, detail: unknown) => console.log(message, detail) });
+new LivegateClient({ getToken: () => { throw new LivegateError('signed_out', 'no session'); } });
 
 const state: ClientState = client.state;
 const session: string | null = client.session;
@@ -126,30 +140,27 @@ const onError = (e: ClientEvents['error']) => console.log(e.room ?? '', e.code, 
 client.on('error', onError);
 client.off('error', onError);
 
-const subscribed: Promise<SubscribedReply<MatchState>> = client.subscribe<Score, MatchState>(
-  'match:1',
-  (event: LivegateEvent<Score>) => {
-    const goals: number = event.data.home + event.data.away;
-    const from: string | undefined = event.from;
-    console.log(event.room, event.seq, event.id, event.ts_ms, goals, from);
-  },
-  {
-    since: 41,
-    epoch: 'E',
-    state: true,
-    onState: (data: MatchState | null, meta: StateMeta) => console.log(data?.minute, meta.room, meta.seq, meta.epoch),
-    presence: true,
-    onPresence: (change: PresenceChange) => {
-      const joined: Member[] | null = change.joined;
-      console.log(change.room, change.count, joined?.length, change.left?.map((m) => m.user));
-    },
-  },
-);
+client.on('warning', ({ code, message }) => {
+  const kind: 'fallback' | 'unsupported' | 'no_websocket' = code;
+  console.log(kind, message);
+});
+client.on('signed_out', ({ reason }) => console.log('show the login page', reason));
+
+const first: Subscription<Score, MatchState> = client.subscribe<Score, MatchState>('match:1', { since: 41, epoch: 'E', state: true, presence: true });
+first.on('event', (event: LivegateEvent<Score>) => {
+  const goals: number = event.data.home + event.data.away;
+  const from: string | undefined = event.from;
+  console.log(event.room, event.seq, event.id, event.ts_ms, goals, from);
+});
+first.on('presence', (change: PresenceChange) => {
+  const joined: Member[] | null = change.joined;
+  console.log(change.room, change.count, joined?.length, change.left?.map((m) => m.user));
+});
+const subscribed: Promise<SubscribedReply<MatchState>> = first.ready();
 subscribed.then((reply) => {
   console.log(reply.room, reply.epoch, reply.seq, reply.recovered, reply.state?.seq, reply.state?.data.score);
 });
 const lobby: Subscription = client.subscribe('lobby');
-client.subscribe('lobby', null);
 client.unsubscribe('lobby');
 
 // Subscription objects: each its own listeners, state and unsubscribe().
@@ -171,6 +182,10 @@ client.subscribe('lobby', subscriptionOptions).unsubscribe();
 
 async function requests(): Promise<void> {
   const history: HistoryReply<Score> = await client.history<Score>('match:1', 40, 100);
+  const perCall: RequestOptions = { signal: AbortSignal.timeout(2000), timeoutMs: 2000 };
+  await client.history('match:1', 0, 10, perCall);
+  await client.publish('chat:1', { text: 'hi' }, { id: 'c-2', signal: new AbortController().signal, timeoutMs: 500 });
+  await client.presence('match:1', { timeoutMs: 1000 });
   console.log(history.op, history.room, history.epoch, history.head, history.complete, history.events[0]?.data.home);
   await client.history('match:1');
   const published: PublishResult = await client.publish('chat:1', { text: 'hi' }, { id: 'c-1' });
@@ -181,6 +196,7 @@ async function requests(): Promise<void> {
   try {
     await client.presence('user:someone-else');
   } catch (error) {
+    if (error instanceof LivegateError && (error.code === 'timeout' || error.code === 'aborted')) console.log('try again', error.name);
     console.log((error as LivegateError).code);
   }
 }

@@ -15,3 +15,17 @@ export function recorder(client) {
   for (const name of Object.keys(log)) client.on(name, (detail) => log[name].push(detail));
   return log;
 }
+
+/**
+ * Subscribes `room` and resolves with the first `subscribed` reply: a Subscription with
+ * `onEvent` on its `event`, and `onState(data, {room, seq, epoch})` / `onPresence(change)`
+ * from `options` on its `state` / `presence` (the other options go to subscribe()).
+ */
+export function subscribed(client, room, onEvent, options = {}) {
+  const { onState, onPresence, ...asked } = options ?? {};
+  const sub = client.subscribe(room, asked);
+  if (typeof onEvent === 'function') sub.on('event', onEvent);
+  if (typeof onState === 'function') sub.on('state', ({ data, room: name, seq, epoch }) => onState(data, { room: name, seq, epoch }));
+  if (typeof onPresence === 'function') sub.on('presence', onPresence);
+  return sub.ready();
+}

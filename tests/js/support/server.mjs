@@ -42,10 +42,11 @@ export function tempDir(prefix = 'livegate-js-') {
 }
 
 /**
- * Starts `livegate serve` on `port` (0: any) with the data in `dataDir`. Resolves once it
+ * Starts `livegate serve` on `port` (0: any) with the data in `dataDir` (`args`: more
+ * flags, `env`: more environment variables). Resolves once it
  * printed `listening on http://ADDR`; rejects if it exits first or takes over 15 s.
  */
-export function startServer({ dataDir, port = 0, args = [] }) {
+export function startServer({ dataDir, port = 0, args = [], env = {} }) {
   if (!existsSync(BINARY)) throw new Error(`${BINARY} is missing: run cargo build --release`);
   const child = spawn(
     BINARY,
@@ -59,7 +60,7 @@ export function startServer({ dataDir, port = 0, args = [] }) {
       '--drain-grace-secs', '3',
       ...args,
     ],
-    { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, RUST_LOG: process.env.RUST_LOG || 'info' } },
+    { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, RUST_LOG: process.env.RUST_LOG || 'info', ...env } },
   );
   children.add(child);
   let stderr = '';
