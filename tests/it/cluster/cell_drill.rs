@@ -431,7 +431,7 @@ fn the_books_cells_drill_runs_as_written_against_two_cells() {
     );
 
     // 1. Look.
-    if let Err(e) = repeat_until_shown(&drill.blocks[0], &variables, Duration::from_secs(5)) {
+    if let Err(e) = repeat_until_shown(&drill.blocks[0], &variables, Duration::from_secs(15)) {
         panic!("step \"{}\": {e}", STEPS[0]);
     }
 
