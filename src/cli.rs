@@ -522,6 +522,8 @@ fn serve(flags: &ConfigFlags, demo: bool) -> Result<(), CliError> {
         Some(_) => "https",
         None => "http",
     };
+    // So must one that cannot use its JWT key files (a configuration error: exit 2).
+    crate::http::jwt::JwtKeys::load(&config).map_err(|e| CliError::Usage(e.to_string()))?;
     let listener = std::net::TcpListener::bind(config.listen)
         .map_err(|e| failed(format!("cannot listen on {}: {e}", config.listen)))?;
     let addr = listener.local_addr().map_err(|e| failed(format!("cannot read the bound address: {e}")))?;
