@@ -443,7 +443,7 @@ fn check_livegate(exp: &Exposition, devices: &[&str]) {
                     ("livegate_connections_open", "device") => Some(devices.iter().copied().chain(["web", "other"]).collect()),
                     ("livegate_disconnects", "code") => Some(CLOSE_CODES.to_vec()),
                     ("livegate_handshake_rejections", "reason") => Some(REASONS.to_vec()),
-                    ("livegate_handshakes", "credential") => Some(vec!["token", "resume"]),
+                    ("livegate_handshakes", "credential") => Some(vec!["token", "jwt", "resume"]),
                     ("livegate_connections_by_transport", "transport") => Some(vec!["websocket", "sse"]),
                     ("livegate_limit_hits", "limit") => Some(LIMITS.to_vec()),
                     ("livegate_recoveries", "result") => Some(vec!["recovered", "not_recovered"]),
