@@ -413,17 +413,22 @@ const NAMESPACES_NOTE: &str = "# Namespaces: a room takes the options of the lon
 /// `livegate check-config`: the effective configuration, validated, secrets masked.
 fn check_config(flags: &ConfigFlags) -> Result<(), CliError> {
     let mut config = Config::load_from_process(flags)?;
-    let key_note = match &config.api_key {
+    let mut key_note = match &config.api_key {
         Some(_) => "api_key is set (masked below)".to_string(),
         None => format!("api_key is not set: serve uses or generates {}", config.api_key_path().display()),
     };
+    // The JWT key files are read as serve reads them: one it could not use is an error here.
+    let jwt_keys = crate::http::jwt::JwtKeys::load(&config).map_err(|e| CliError::Usage(e.to_string()))?.describe();
+    if !jwt_keys.is_empty() {
+        key_note.push_str(&format!("; JWTs are verified with {}", jwt_keys.join(", ")));
+    }
     if config.api_key.is_some() {
         config.api_key = Some("********".into());
     }
     if !config.webhook_secret.is_empty() {
         config.webhook_secret = "********".into();
     }
-    for secret in [&mut config.cluster_nats_password, &mut config.cluster_nats_token].into_iter().flatten() {
+    for secret in [&mut config.cluster_nats_password, &mut config.cluster_nats_token, &mut config.jwt_hmac_secret].into_iter().flatten() {
         *secret = "********".into();
     }
     // URLs may carry credentials in their userinfo or query.
@@ -533,6 +538,8 @@ fn serve(flags: &ConfigFlags, args: ServeArgs) -> Result<(), CliError> {
         Some(_) => "https",
         None => "http",
     };
+    // So must one that cannot use its JWT key files (a configuration error: exit 2).
+    crate::http::jwt::JwtKeys::load(&config).map_err(|e| CliError::Usage(e.to_string()))?;
     let listener = std::net::TcpListener::bind(config.listen)
         .map_err(|e| failed(format!("cannot listen on {}: {e}", config.listen)))?;
     let addr = listener.local_addr().map_err(|e| failed(format!("cannot read the bound address: {e}")))?;

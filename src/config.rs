@@ -155,7 +155,20 @@ config_keys! {
     resume_ttl_secs: u64 = 600, "SECS",
         "A resume credential (handed out in every welcome) reconnects without a new token for this long, once";
     token_ttl_max_secs: u64 = 86400, "SECS",
-        "Longest lifetime a minted token may ask for";
+        "Longest lifetime a minted token may ask for, and a JWT may have (exp - now)";
+    jwt_hmac_secret: Option<String> = None => "none", "SECRET",
+        "Accept JWTs your backend signs with HS256 and this secret (at least 32 bytes) as connection tokens",
+        "Never logged; `check-config` masks it. The Security chapter's \"Tokens your backend signs\" lists the claims.";
+    jwt_public_key_file: Option<PathBuf> = None => "none", "PEM",
+        "Accept JWTs signed with the private half of this PEM public key: RSA (RS256), EC P-256 (ES256) or Ed25519 (EdDSA)",
+        "The algorithm follows the key, never the token's header. Read at start.";
+    jwt_jwks_file: Option<PathBuf> = None => "none", "PATH",
+        "Accept JWTs signed with a key of this JWK Set (JSON), picked by the token's kid",
+        "Each key's kty (and crv) fixes its algorithm: RSA (RS256), EC P-256 (ES256), OKP Ed25519 (EdDSA); keys with use enc are skipped. Read at start.";
+    jwt_issuer: Option<String> = None => "any", "ISS",
+        "When set, a JWT's iss claim must be this";
+    jwt_audience: Option<String> = None => "any", "AUD",
+        "When set, a JWT's aud claim must name this";
     exclusive_devices: Vec<String> = vec!["phone".into(), "pc".into()] => "phone,pc", "LIST",
         "Device kinds limited to one connection per user, newest wins";
     migration_window_secs: u64 = 600, "SECS",
@@ -377,8 +390,15 @@ pub const ENV_LOG_FORMAT: &str = "LIVEGATE_LOG_FORMAT";
 /// `LIVEGATE_*` variables that are not configuration keys but are still known.
 const ENV_NOT_KEYS: &[&str] = &[ENV_CONFIG_FILE, ENV_LOG_FORMAT];
 /// Keys whose values are secrets: error messages never repeat them.
-const SECRET_KEYS: &[&str] =
-    &["api_key", "previous_api_keys", "webhook_secret", "cluster_nats_password", "cluster_nats_token", "cluster_token_secret"];
+const SECRET_KEYS: &[&str] = &[
+    "api_key",
+    "previous_api_keys",
+    "webhook_secret",
+    "cluster_nats_password",
+    "cluster_nats_token",
+    "cluster_token_secret",
+    "jwt_hmac_secret",
+];
 /// Shortest API key accepted, configured or read from the key file.
 pub const API_KEY_MIN_CHARS: usize = 16;
 
@@ -688,6 +708,7 @@ impl Config {
         }
         self.exclusive_devices.iter().try_for_each(|device| name_rule("exclusive_devices", "entries must", device))?;
         self.validate_webhooks()?;
+        self.validate_jwt()?;
         namespaces::check(&self.namespaces)
     }
 }
@@ -818,6 +839,21 @@ impl Config {
         !self.webhook_url.is_empty()
     }
 
+    /// The JWT keys' settings; the key files themselves are read at start (`http::jwt`).
+    fn validate_jwt(&self) -> Result<(), ConfigError> {
+        if let Some(bytes) = self.jwt_hmac_secret.as_ref().map(String::len).filter(|&n| n < crate::core::jwt::HMAC_SECRET_MIN_BYTES) {
+            // Never echo the secret.
+            let min = crate::core::jwt::HMAC_SECRET_MIN_BYTES;
+            return Err(invalid("jwt_hmac_secret", format!("must be at least {min} bytes long (HS256 needs a key as long as its hash), got {bytes}")));
+        }
+        for (key, value) in [("jwt_issuer", &self.jwt_issuer), ("jwt_audience", &self.jwt_audience)] {
+            if value.as_deref() == Some("") {
+                return Err(invalid(key, "must not be empty when set".to_string()));
+            }
+        }
+        Ok(())
+    }
+
     fn validate_webhooks(&self) -> Result<(), ConfigError> {
         within(&[
             bounded("webhook_queue_max", self.webhook_queue_max as u64),
@@ -934,6 +970,7 @@ fn rule_of(key: &str) -> Option<String> {
     match key {
         "api_key" => Some(format!("at least {API_KEY_MIN_CHARS} characters")),
         "previous_api_keys" => Some(format!("each at least {API_KEY_MIN_CHARS} characters")),
+        "jwt_hmac_secret" => Some(format!("at least {} bytes", crate::core::jwt::HMAC_SECRET_MIN_BYTES)),
         "cluster_replicas" => Some(format!("{} or {}", CLUSTER_REPLICAS[0], CLUSTER_REPLICAS[1])),
         "cells" => Some(format!("at most {MAX_CELLS}, each a `cell` name, no duplicates, this node's `cell` among them")),
         _ => None,

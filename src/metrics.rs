@@ -136,7 +136,7 @@ pub const WEBHOOK_DROP_REASONS: &[&str] = &["queue_full"];
 pub const WEBHOOK_REPLAY_OUTCOMES: &[&str] = &["delivered", "failed"];
 
 /// The credentials a handshake may present.
-const CREDENTIALS: &[&str] = &["token", "resume"];
+const CREDENTIALS: &[&str] = &["token", "jwt", "resume"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CredentialLabel {
@@ -615,7 +615,7 @@ impl Metrics {
         r.register("disconnects", "Connections ended, by close code", self.disconnects.clone());
         r.register("tokens_minted", "Connection tokens signed (POST /v1/tokens, the demo's token endpoint)", self.tokens_minted.clone());
         r.register("handshake_rejections", "WebSocket upgrades and SSE requests refused, by reason", self.handshake_rejections.clone());
-        r.register("handshakes", "Handshakes (WebSocket and SSE) whose credential was accepted, by credential (token, resume)", self.handshakes.clone());
+        r.register("handshakes", "Handshakes (WebSocket and SSE) whose credential was accepted, by credential (token: minted; jwt: signed by a backend; resume)", self.handshakes.clone());
         r.register("limit_hits", "Requests, handshakes or connections refused by an abuse limit", self.limit_hits.clone());
         r.register("subscriptions", "Room subscriptions held by connections", self.subscriptions.clone());
         r.register("rooms_live", "Rooms with a live actor", self.rooms_live.clone());

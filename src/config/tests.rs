@@ -295,6 +295,10 @@ fn load_cases() {
             "cluster_token_secret must be at least 32 characters long, got 6 (set by LIVEGATE_CLUSTER_TOKEN_SECRET)".into()))
             .flag("cluster_nats_url", "nats://n1:4222")
             .env("LIVEGATE_CLUSTER_TOKEN_SECRET", "hunter"),
+        case("a short JWT secret, not echoed", Error(
+            "jwt_hmac_secret must be at least 32 bytes long (HS256 needs a key as long as its hash), got 6 (set by LIVEGATE_JWT_HMAC_SECRET)".into()))
+            .env("LIVEGATE_JWT_HMAC_SECRET", "hunter"),
+        case("an empty JWT issuer", ErrorStarts("jwt_issuer must not be empty when set")).flag("jwt_issuer", ""),
         case("cell domains outside cluster mode", ErrorStarts("cluster_cell_domains needs cluster_nats_url"))
             .flag("cell", "a")
             .flag("cells", "a,b")
@@ -397,6 +401,11 @@ fn keys_match_config_fields() {
         cluster_nats_password: Some("pw".into()),
         cluster_nats_token: Some("token".into()),
         cluster_token_secret: Some("s".repeat(32)),
+        jwt_hmac_secret: Some("s".repeat(32)),
+        jwt_public_key_file: Some("backend.pem".into()),
+        jwt_jwks_file: Some("backend.jwks.json".into()),
+        jwt_issuer: Some("backend".into()),
+        jwt_audience: Some("livegate".into()),
         ..Config::default()
     };
     let table = toml::Table::try_from(&config).unwrap();

@@ -14,6 +14,7 @@ pub mod group_commit;
 pub mod heartbeats;
 pub mod holds;
 pub mod interest;
+pub mod jwt;
 pub mod kicks;
 pub mod lag;
 pub mod lifecycle;

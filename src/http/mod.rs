@@ -33,6 +33,7 @@ use crate::store::Store;
 pub mod admin;
 pub mod cors;
 pub mod durable;
+pub mod jwt;
 pub mod limits;
 pub mod seams;
 pub mod sockets;
@@ -88,6 +89,8 @@ pub struct AppState {
     pub dead_letters: crate::actors::webhooks::DeadLetters,
     pub metrics: Arc<Metrics>,
     pub token_secret: Vec<u8>,
+    /// The keys JWTs a backend signs are checked with (none: JWTs are refused).
+    pub jwt: Arc<jwt::JwtKeys>,
     pub connection: Arc<ConnectionSettings>,
     pub lifecycle: Arc<Lifecycle>,
     pub next_conn: AtomicU64,
@@ -690,7 +693,10 @@ struct Spent {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum CredentialKind {
+    /// A token minted by `POST /v1/tokens`.
     Token,
+    /// A JWT a backend signed (`jwt_*` keys).
+    Jwt,
     Resume,
 }
 
@@ -699,6 +705,7 @@ impl CredentialKind {
     fn label(self) -> &'static str {
         match self {
             CredentialKind::Token => "token",
+            CredentialKind::Jwt => "jwt",
             CredentialKind::Resume => "resume",
         }
     }
@@ -751,18 +758,29 @@ async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<V
         return Ok(Verified { who, nonce: resume.nonce, expires_at_ms: resume.expires_at_ms, kind: CredentialKind::Resume, times });
     }
     let token = query.token.as_deref().ok_or_else(|| api_error(ErrorCode::MissingToken, "missing token query parameter"))?;
-    let claims = token::verify(&state.token_secret, token, now).map_err(|e| {
-        let code = match e {
-            token::TokenError::Expired => ErrorCode::TokenExpired,
-            token::TokenError::Malformed | token::TokenError::BadSignature => ErrorCode::InvalidToken,
-        };
-        api_error(code, e.to_string())
-    })?;
-    known_void(state, &claims.nonce, now, CredentialKind::Token)?;
+    // A JWT a backend signed, or a minted token: what either grants is a minted
+    // token's claims, spent and checked against kicks the same way from here.
+    let (claims, kind) = if crate::core::jwt::looks_like_jwt(token) {
+        let claims = state.jwt.verify(token, now, |cell| state.router.knows_cell(cell)).map_err(|e| {
+            let code = if e == crate::core::jwt::JwtError::Expired { ErrorCode::TokenExpired } else { ErrorCode::InvalidToken };
+            api_error(code, e.to_string())
+        })?;
+        (claims, CredentialKind::Jwt)
+    } else {
+        let claims = token::verify(&state.token_secret, token, now).map_err(|e| {
+            let code = match e {
+                token::TokenError::Expired => ErrorCode::TokenExpired,
+                token::TokenError::Malformed | token::TokenError::BadSignature => ErrorCode::InvalidToken,
+            };
+            api_error(code, e.to_string())
+        })?;
+        (claims, CredentialKind::Token)
+    };
+    known_void(state, &claims.nonce, now, kind)?;
     let issued_at_ms = claims.issued_at_or_earliest(state.config.token_ttl_max().as_millis() as u64);
     if token::voided_by_kick(issued_at_ms, state.nonces.kicked_at(&claims.user, &claims.device).await.map_err(internal)?) {
         state.spent.lock().remember(claims.nonce, claims.expires_at_ms, Void::Kicked, now);
-        return Err(void_refusal(CredentialKind::Token, Void::Kicked));
+        return Err(void_refusal(kind, Void::Kicked));
     }
     let times = CredentialTimes { issued_at_ms, checked_at_ms: now };
     let who = Credentialed {
@@ -773,7 +791,7 @@ async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<V
         session: query.session,
         cell: claims.cell,
     };
-    Ok(Verified { who, nonce: claims.nonce, expires_at_ms: claims.expires_at_ms, kind: CredentialKind::Token, times })
+    Ok(Verified { who, nonce: claims.nonce, expires_at_ms: claims.expires_at_ms, kind, times })
 }
 
 /// Spend a verified credential's nonce: from here it opens nothing else, unless it is
@@ -803,7 +821,8 @@ fn void_refusal(kind: CredentialKind, why: Void) -> ApiError {
         (CredentialKind::Resume, Void::Revoked) => resume_invalid("was revoked (its session was kicked or replaced)"),
         (CredentialKind::Resume, Void::Kicked) => resume_invalid("was revoked (its user was kicked)"),
         (CredentialKind::Token, Void::Used) => api_error(ErrorCode::TokenReplayed, "token was already used"),
-        (CredentialKind::Token, Void::Revoked | Void::Kicked) => {
+        (CredentialKind::Jwt, Void::Used) => api_error(ErrorCode::TokenReplayed, "JWT was already used (its jti is spent)"),
+        (CredentialKind::Token | CredentialKind::Jwt, Void::Revoked | Void::Kicked) => {
             api_error(ErrorCode::InvalidToken, "token was revoked: its user was kicked after it was minted")
         }
     }

@@ -52,6 +52,8 @@ pub enum ServerError {
     TlsConfig { cert: PathBuf, key: PathBuf, source: rustls::Error },
     #[error("cluster: {0}")]
     Cluster(#[from] ClusterError),
+    #[error("JWT keys: {0}")]
+    JwtKeys(#[from] crate::http::jwt::JwtKeyError),
 }
 
 /// Signals as a stream: each item is one signal.

@@ -161,6 +161,10 @@ impl Node {
         config.validate()?;
         let access = AccessList::new(config.resolve_api_key()?.key, &config);
         let tls = tls_config(&config)?;
+        let jwt = Arc::new(crate::http::jwt::JwtKeys::load(&config)?);
+        if !jwt.describe().is_empty() {
+            tracing::info!(keys = %jwt.describe().join(", "), "JWTs signed by a backend are accepted");
+        }
         let namespaces = Arc::new(config.room_namespaces()?);
         let store = Store::open_with_cache(&config.data_dir, config.store_cache_mb * 1024 * 1024)?;
         let cluster = match &config.cluster_nats_url {
@@ -304,6 +308,7 @@ impl Node {
             dead_letters,
             metrics: metrics.clone(),
             token_secret: backends.token_secret,
+            jwt,
             lifecycle: lifecycle.clone(),
             next_conn: AtomicU64::new(1),
             started: std::time::Instant::now(),

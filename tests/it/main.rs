@@ -27,6 +27,7 @@ mod drain;
 mod heartbeat;
 mod hostile;
 mod inbox_and_kick;
+mod jwt;
 mod layering;
 mod limits;
 mod namespaces;

@@ -442,7 +442,7 @@ fn check_livegate(exp: &Exposition, devices: &[&str]) {
                     ("livegate_connections_open", "device") => Some(devices.iter().copied().chain(["web", "other"]).collect()),
                     ("livegate_disconnects", "code") => Some(CLOSE_CODES.to_vec()),
                     ("livegate_handshake_rejections", "reason") => Some(REASONS.to_vec()),
-                    ("livegate_handshakes", "credential") => Some(vec!["token", "resume"]),
+                    ("livegate_handshakes", "credential") => Some(vec!["token", "jwt", "resume"]),
                     ("livegate_connections_by_transport", "transport") => Some(vec!["websocket", "sse"]),
                     ("livegate_limit_hits", "limit") => Some(LIMITS.to_vec()),
                     ("livegate_recoveries", "result") => Some(vec!["recovered", "not_recovered"]),
@@ -1069,15 +1069,15 @@ async fn debug_logs_of_a_full_run_hold_no_key_and_no_token_json() {
 // 4. check-config
 // =======================================================================================
 
-struct Ran {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Ran {
+    pub(crate) code: Option<i32>,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 /// Runs the binary with `args` in `cwd`, without the test's `LIVEGATE_*` and `RUST_LOG`
 /// variables, plus `env`; at most 20 s.
-fn livegate(args: &[&str], env: &[(&str, &str)], cwd: &Path) -> Ran {
+pub(crate) fn livegate(args: &[&str], env: &[(&str, &str)], cwd: &Path) -> Ran {
     let mut cmd = Command::new(crate::common::livegate_bin());
     cmd.args(args).current_dir(cwd).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     for (k, _) in std::env::vars() {
@@ -1109,7 +1109,7 @@ fn livegate(args: &[&str], env: &[(&str, &str)], cwd: &Path) -> Ran {
 const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/livegate.example.toml");
 
 /// check-config succeeded: exit 0, nothing on stderr, the note line, then TOML.
-fn effective(ran: &Ran, what: &str) -> toml::Table {
+pub(crate) fn effective(ran: &Ran, what: &str) -> toml::Table {
     assert_eq!(ran.code, Some(0), "{what}: exit code; stderr: {}", ran.stderr);
     assert!(ran.stderr.is_empty(), "{what}: stderr: {}", ran.stderr);
     assert!(ran.stdout.starts_with("# configuration is valid; "), "{what}: {}", ran.stdout);
@@ -1117,7 +1117,7 @@ fn effective(ran: &Ran, what: &str) -> toml::Table {
 }
 
 /// check-config failed as a bad configuration: exit 2, nothing on stdout, one line.
-fn refused(ran: &Ran, what: &str) -> String {
+pub(crate) fn refused(ran: &Ran, what: &str) -> String {
     assert_eq!(ran.code, Some(2), "{what}: exit code; stdout: {} stderr: {}", ran.stdout, ran.stderr);
     assert!(ran.stdout.is_empty(), "{what}: nothing on stdout when invalid: {}", ran.stdout);
     let line = ran.stderr.strip_suffix('\n').unwrap_or(&ran.stderr);

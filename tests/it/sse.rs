@@ -43,14 +43,14 @@ impl Message {
 
 /// A refused request: status, headers (lower-case names) and the JSON body.
 #[derive(Debug)]
-struct Refused {
-    status: u16,
+pub(crate) struct Refused {
+    pub(crate) status: u16,
     headers: Vec<(String, String)>,
-    body: Value,
+    pub(crate) body: Value,
 }
 
 impl Refused {
-    fn code(&self) -> &str {
+    pub(crate) fn code(&self) -> &str {
         self.body["error"]["code"].as_str().unwrap_or("")
     }
 }
@@ -66,7 +66,7 @@ enum Next {
     Timeout,
 }
 
-struct Sse {
+pub(crate) struct Sse {
     stream: TcpStream,
     /// Raw bytes read and not yet decoded.
     raw: Vec<u8>,
@@ -74,7 +74,7 @@ struct Sse {
     body: Vec<u8>,
     ended: bool,
     headers: Vec<(String, String)>,
-    welcome: Value,
+    pub(crate) welcome: Value,
     /// `events` messages read while waiting for `subscribed` ones (a room's replay
     /// follows its own `subscribed`, maybe before another room's).
     stash: std::collections::VecDeque<Message>,
@@ -82,7 +82,7 @@ struct Sse {
 
 impl Sse {
     /// `GET path` with `extra` headers; a 200 is read up to its `welcome`.
-    async fn open(addr: SocketAddr, path: &str, extra: &[(&str, &str)]) -> Result<Sse, Refused> {
+    pub(crate) async fn open(addr: SocketAddr, path: &str, extra: &[(&str, &str)]) -> Result<Sse, Refused> {
         Sse::open_on(TcpStream::connect(addr).await.expect("connect"), addr, path, extra).await
     }
 
@@ -126,7 +126,7 @@ impl Sse {
         Ok(sse)
     }
 
-    async fn connect(addr: SocketAddr, query: &str) -> Sse {
+    pub(crate) async fn connect(addr: SocketAddr, query: &str) -> Sse {
         Sse::open(addr, &format!("/v1/sse?{query}"), &[]).await.unwrap_or_else(|r| panic!("GET /v1/sse?{query}: {r:?}"))
     }
 
@@ -267,7 +267,7 @@ impl Sse {
     }
 
     /// `subscribed` for the automatic inbox, then one per room, in any order: room → data.
-    async fn expect_subscribed(&mut self, rooms: &[&str]) -> std::collections::HashMap<String, Value> {
+    pub(crate) async fn expect_subscribed(&mut self, rooms: &[&str]) -> std::collections::HashMap<String, Value> {
         let mut got = std::collections::HashMap::new();
         while got.len() < rooms.len() {
             let message = match self.next_message(WAIT).await {
@@ -292,7 +292,7 @@ impl Sse {
     }
 
     /// `events` messages until `n` events arrived: (every event, the messages' ids).
-    async fn events(&mut self, n: usize) -> (Vec<Value>, Vec<String>) {
+    pub(crate) async fn events(&mut self, n: usize) -> (Vec<Value>, Vec<String>) {
         let (mut events, mut ids) = (Vec::new(), Vec::new());
         while events.len() < n {
             let message = self.expect_message("events").await;

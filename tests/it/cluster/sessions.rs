@@ -1,4 +1,4 @@
-//! Users and sessions across nodes: tokens spent cluster-wide, the session directory's
+//! Users and sessions across nodes: tokens (minted and JWTs) spent cluster-wide, the session directory's
 //! versioned writes, exclusive devices and kicks on every node, resume credentials, and
 //! the session bucket's age limit.
 
@@ -23,6 +23,32 @@ fn a_token_minted_on_one_node_works_once_on_any_node() {
         Err(refused) => {
             assert_eq!(refused.status, 401, "{}", refused.body);
             assert_eq!(error_code(&refused.body), "token_replayed", "{}", refused.body);
+        }
+    }
+}
+
+/// A JWT a backend signed is spent cluster-wide like a minted token: its jti opens one
+/// connection, on whichever node it reaches first.
+#[test]
+fn a_jwt_works_once_on_any_node() {
+    let _gate = crate::common::gate!();
+    let secret = "a-backend-secret-of-at-least-32-bytes!";
+    let cluster = Cluster::start(2, &["--jwt-hmac-secret", secret]);
+    let rt = runtime();
+    let now = now_ms() / 1000;
+    let claims = serde_json::json!({"sub": "jwt-user", "exp": now + 300, "iat": now, "jti": format!("cluster-{}", now_ms())});
+    let key = jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()).expect("HMAC key");
+    let token = jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).expect("sign");
+    let (on_b, again_on_a) = rt.block_on(async {
+        let on_b = WsClient::try_connect(cluster.addr(1), Some(&token), None).await;
+        let again_on_a = WsClient::try_connect(cluster.addr(0), Some(&token), None).await;
+        (on_b, again_on_a)
+    });
+    assert!(on_b.is_ok(), "the JWT opens a connection on b: {:?}", on_b.err().map(|r| (r.status, r.body)));
+    match again_on_a {
+        Ok(_) => panic!("a spent JWT opened a second connection on another node"),
+        Err(refused) => {
+            assert_eq!((refused.status, error_code(&refused.body)), (401, "token_replayed"), "{}", refused.body);
         }
     }
 }
