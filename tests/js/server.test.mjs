@@ -6,7 +6,6 @@
 // Run: `node --test tests/js/`.
 
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
 import { createHmac, generateKeyPairSync, verify } from 'node:crypto';
 import http from 'node:http';
 import { after, before, describe, test } from 'node:test';
@@ -15,7 +14,7 @@ import { connect } from '../../clients/js/livegate.js';
 import { LivegateError, LivegateServer, WEBHOOK_SIGNATURE_HEADER, parseWebhook, signToken, verifyWebhook, webhookSignature } from '../../clients/js/server.js';
 import { REAL_SERVER_TIMINGS, subscribed } from './support/clients.mjs';
 import { waitFor } from './support/clock.mjs';
-import { API_KEY, BINARY, WebSocketImpl, api, startServer, tempDir } from './support/server.mjs';
+import { API_KEY, WebSocketImpl, api, startServer, tempDir } from './support/server.mjs';
 
 const FAST = REAL_SERVER_TIMINGS;
 
@@ -163,10 +162,7 @@ describe('signToken', () => {
     assert.throws(() => signToken({ user: 'x', key: privateKey }), /P-256/);
   });
 
-  // Needs a server with JWT support (config key jwt_hmac_secret): skipped, saying so,
-  // while the binary has no such key.
-  const jwtCapable = spawnSync(BINARY, ['reference', 'config'], { encoding: 'utf8' }).stdout?.includes('jwt_hmac_secret');
-  test('a JWT signed with HS256 connects livegate.js to a server given LIVEGATE_JWT_HMAC_SECRET, once', { timeout: 30_000, skip: jwtCapable ? false : 'the server binary has no jwt_hmac_secret yet' }, async () => {
+  test('a JWT signed with HS256 connects livegate.js to a server given LIVEGATE_JWT_HMAC_SECRET, once', { timeout: 30_000 }, async () => {
     const data = tempDir();
     const jwtServer = await startServer({ dataDir: data.dir, env: { LIVEGATE_JWT_HMAC_SECRET: SECRET } });
     const tokens = [];
