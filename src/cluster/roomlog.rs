@@ -176,8 +176,14 @@ where
 {
     let place = cluster.read_place(room);
     let mirrored = place.mirror;
+    if mirrored {
+        tracing::debug!(room, "home cell marked silent: reading this cell's mirror of it");
+    }
     match read(place).await {
-        Err(ClusterError::Unavailable(_)) if !mirrored && cluster.home_silent(room) => read(cluster.room_place(room, true)).await,
+        Err(ClusterError::Unavailable(error)) if !mirrored && cluster.home_silent(room) => {
+            tracing::debug!(room, %error, "home cell did not answer a read: reading this cell's mirror of it");
+            read(cluster.room_place(room, true)).await
+        }
         result => result,
     }
 }

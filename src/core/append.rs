@@ -17,6 +17,10 @@
 //! - the room's log takes the stream's events in order, each once: an older one is
 //!   ignored, a gap in the live feed is read from the stream first, and the log skips
 //!   ahead only when a read shows the stream no longer holds the next seq;
+//! - a gap the live feed shows is remembered until the log reaches it: a read that ends
+//!   short of it (the event came after the read began, or the read went to a mirror
+//!   still behind the home) is followed by another, at once when it made progress, else
+//!   after a backoff, and given up after [`FILL_ATTEMPTS`] reads in a row without any;
 //! - after a conflict (or a duplicate the room does not hold) a catch-up read ends before
 //!   the next append; after [`APPEND_ATTEMPTS`] of them in a row the publish in flight is
 //!   answered `Contended`;
@@ -35,6 +39,14 @@ pub const APPEND_ATTEMPTS: u32 = 20;
 /// lost NATS together retry spread out, and less often the longer it lasts.
 pub const READ_RETRY: BackoffPolicy =
     BackoffPolicy { first: Duration::from_millis(500), max: Duration::from_secs(5), jitter: Jitter::Full };
+
+/// How often a gap the live feed showed is read for again without the log getting any
+/// closer, before the room leaves it to its tick (and to the next live event).
+pub const FILL_ATTEMPTS: u32 = 10;
+/// Reading a gap again when a read brought nothing new: long enough in all (several
+/// seconds) for a home cell's mirror to catch up or the home to be asked again.
+pub const FILL_RETRY: BackoffPolicy =
+    BackoffPolicy { first: Duration::from_millis(200), max: Duration::from_secs(2), jitter: Jitter::Full };
 
 /// What the machine needs of an event the stream stored.
 pub trait Sequenced {
@@ -87,6 +99,10 @@ pub enum Action<P, S, E, X> {
     SkipAhead { head: u64, next: u64 },
     /// Call [`Pipeline::catch_up`] again after this long.
     RetryCatchUp { after: Duration },
+    /// [`FILL_ATTEMPTS`] reads in a row did not bring the log from `head` any closer to
+    /// `wanted`, which the live feed announced: the room stops reading for it (its tick
+    /// and the next live event read again).
+    FillAbandoned { head: u64, wanted: u64 },
 }
 
 /// What is in flight to the stream (one thing at a time).
@@ -104,6 +120,9 @@ enum Todo<P, S, E, X> {
     /// Take an event from the stream; `read` from a catch-up (it may skip ahead).
     Take { event: E, read: bool },
     CatchUp,
+    /// A read's events were taken: read again if the log is still short of a gap the live
+    /// feed showed (`roll` draws the backoff).
+    Refill { roll: u64 },
     /// Start the next write, unless one is in flight or a catch-up runs.
     Pump,
 }
@@ -121,6 +140,13 @@ pub struct Pipeline<P, S, E, X> {
     state_version: u64,
     flight: Option<Flight>,
     catching_up: bool,
+    /// The log's head when the catch-up read running (or the last one) began.
+    read_from_head: u64,
+    /// The highest seq the live feed announced beyond a gap in the log (0: none): reads
+    /// go on until the log holds it ([`FILL_ATTEMPTS`]).
+    wanted: u64,
+    /// Reads in a row that left the log short of `wanted` without taking anything.
+    fill_retry: Backoff,
     /// Conflicts (and duplicates) in a row.
     conflicts: u32,
     /// Failed loads or catch-ups in a row.
@@ -137,6 +163,9 @@ impl<P, S, E, X> Default for Pipeline<P, S, E, X> {
             state_version: 0,
             flight: None,
             catching_up: false,
+            read_from_head: 0,
+            wanted: 0,
+            fill_retry: Backoff::new(FILL_RETRY),
             conflicts: 0,
             read_retry: Backoff::new(READ_RETRY),
             todo: VecDeque::new(),
@@ -264,12 +293,20 @@ impl<P, S, E: Sequenced, X: Clone> Pipeline<P, S, E, X> {
         self.todo.push_back(Todo::CatchUp);
     }
 
-    /// The read [`Action::CatchUp`] started came back with `events`, oldest first.
-    pub fn caught_up(&mut self, events: Vec<E>) {
+    /// The read [`Action::CatchUp`] started came back with `events`, oldest first; `roll`
+    /// (a uniformly random `u64`) draws the delay of a read again, if one is due.
+    pub fn caught_up(&mut self, events: Vec<E>, roll: u64) {
         self.catching_up = false;
         self.read_retry.reset();
         self.todo.extend(events.into_iter().map(|event| Todo::Take { event, read: true }));
+        self.todo.push_back(Todo::Refill { roll });
         self.todo.push_back(Todo::Pump);
+    }
+
+    /// The highest seq the live feed announced beyond a gap the log has not filled yet
+    /// (`None`: no such gap).
+    pub fn wanted(&self) -> Option<u64> {
+        (self.wanted > 0).then_some(self.wanted)
     }
 
     /// The read [`Action::CatchUp`] started failed: every queued publish fails with
@@ -294,7 +331,8 @@ impl<P, S, E: Sequenced, X: Clone> Pipeline<P, S, E, X> {
             let action = match todo {
                 Todo::Do(action) => Some(action),
                 Todo::Take { event, read } => self.take(event, read, log, stopped),
-                Todo::CatchUp => self.start_catch_up(log.is_some(), stopped),
+                Todo::CatchUp => self.start_catch_up(log.map(SeqLog::head), stopped),
+                Todo::Refill { roll } => self.refill(log.map(SeqLog::head), stopped, roll),
                 Todo::Pump => self.pump(log),
             };
             if action.is_some() {
@@ -331,7 +369,9 @@ impl<P, S, E: Sequenced, X: Clone> Pipeline<P, S, E, X> {
                 self.todo.push_front(Todo::Take { event, read: false });
                 return Some(Action::SkipAhead { head, next });
             }
-            return self.start_catch_up(true, stopped);
+            // Remembered until the log holds it: a read running now may end before it.
+            self.wanted = self.wanted.max(next);
+            return self.start_catch_up(Some(head), stopped);
         }
         // What `SeqLog::append_sequenced` takes.
         if log.durable() != head {
@@ -341,12 +381,38 @@ impl<P, S, E: Sequenced, X: Clone> Pipeline<P, S, E, X> {
         Some(Action::Deliver(event))
     }
 
-    fn start_catch_up(&mut self, live: bool, stopped: bool) -> Option<Action<P, S, E, X>> {
-        if self.catching_up || stopped || !live {
+    /// Start a read after the newest event the log took (`head`: its head, `None`: the
+    /// room is not loaded), unless one runs.
+    fn start_catch_up(&mut self, head: Option<u64>, stopped: bool) -> Option<Action<P, S, E, X>> {
+        let head = head?;
+        if self.catching_up || stopped {
             return None;
         }
         self.catching_up = true;
+        self.read_from_head = head;
         Some(Action::CatchUp { after: self.last_stream_seq })
+    }
+
+    /// After a read's events were taken: a gap the live feed showed that the log still
+    /// lacks is read again, at once if the read brought something, else after a backoff,
+    /// and abandoned after [`FILL_ATTEMPTS`] reads in a row that brought nothing.
+    fn refill(&mut self, head: Option<u64>, stopped: bool, roll: u64) -> Option<Action<P, S, E, X>> {
+        let head = head?;
+        if self.wanted <= head || stopped {
+            self.wanted = 0;
+            self.fill_retry.reset();
+            return None;
+        }
+        if head > self.read_from_head {
+            self.fill_retry.reset();
+            return self.start_catch_up(Some(head), stopped);
+        }
+        if self.fill_retry.attempts() >= FILL_ATTEMPTS {
+            let wanted = std::mem::take(&mut self.wanted);
+            self.fill_retry.reset();
+            return Some(Action::FillAbandoned { head, wanted });
+        }
+        Some(Action::RetryCatchUp { after: self.fill_retry.next_delay(roll) })
     }
 
     /// Start the next write: a `PUT` first, else the first queued publish the log does
@@ -471,7 +537,7 @@ mod tests {
         }
 
         fn caught_up(&mut self, events: &[Ev]) -> Vec<Act> {
-            self.appends.caught_up(events.to_vec());
+            self.appends.caught_up(events.to_vec(), u64::MAX);
             self.run()
         }
 
@@ -614,6 +680,63 @@ mod tests {
         let read = [ev(3, 13, "c"), ev(4, 15, "d"), ev(5, 16, "e")];
         assert_eq!(node.caught_up(&read), read.iter().cloned().map(Action::Deliver).collect::<Vec<_>>());
         assert_eq!(node.log.head(), 5);
+    }
+
+    #[test]
+    fn a_gap_announced_while_a_read_runs_is_read_again_once_that_read_ends_short() {
+        // A cut healed: the first live copy shows a gap, and the copies after it come
+        // while the (long) read runs; that read ends at the stream's head when it began.
+        let mut node = Node::loaded(&[ev(1, 10, "a")], 100);
+        assert_eq!(node.live(ev(5, 20, "e")), vec![Action::CatchUp { after: 10 }]);
+        assert_eq!(node.live(ev(6, 21, "f")), vec![], "one read at a time");
+        assert_eq!(node.live(ev(7, 22, "g")), vec![]);
+        assert_eq!(node.appends.wanted(), Some(7));
+        let first = [ev(2, 11, "b"), ev(3, 12, "c"), ev(4, 13, "d"), ev(5, 20, "e")];
+        let mut want: Vec<Act> = first.iter().cloned().map(Action::Deliver).collect();
+        want.push(Action::CatchUp { after: 20 });
+        assert_eq!(node.caught_up(&first), want, "short of 7: read again at once");
+        assert_eq!(node.caught_up(&[ev(6, 21, "f"), ev(7, 22, "g")]), vec![Action::Deliver(ev(6, 21, "f")), Action::Deliver(ev(7, 22, "g"))]);
+        assert_eq!(node.appends.wanted(), None);
+        assert_eq!(node.log.head(), 7);
+        assert_eq!(node.live(ev(8, 23, "h")), vec![Action::Deliver(ev(8, 23, "h"))]);
+    }
+
+    #[test]
+    fn a_gap_a_read_cannot_fill_yet_is_read_again_with_backoff_then_abandoned() {
+        // The home cell is silent and its mirror here is behind the live copy.
+        let mut node = Node::loaded(&[ev(1, 10, "a")], 100);
+        assert_eq!(node.live(ev(4, 20, "d")), vec![Action::CatchUp { after: 10 }]);
+        let mut delays = Vec::new();
+        for attempt in 0..FILL_ATTEMPTS {
+            match node.caught_up(&[]).as_slice() {
+                [Action::RetryCatchUp { after }] => delays.push(*after),
+                other => panic!("attempt {attempt}: {other:?}"),
+            }
+            node.appends.catch_up();
+            assert_eq!(node.run(), vec![Action::CatchUp { after: 10 }]);
+        }
+        assert_eq!(delays[0], FILL_RETRY.first);
+        assert!(delays.windows(2).all(|w| w[0] <= w[1]) && delays.iter().all(|d| *d <= FILL_RETRY.max), "{delays:?}");
+        assert_eq!(node.caught_up(&[]), vec![Action::FillAbandoned { head: 1, wanted: 4 }], "bounded");
+        assert_eq!(node.appends.wanted(), None);
+        node.appends.catch_up();
+        assert_eq!(node.run(), vec![Action::CatchUp { after: 10 }], "the tick still reads");
+        assert_eq!(node.caught_up(&[]), vec![], "and nothing is retried for it");
+        // A read that brings part of it goes on at once, and the count starts again.
+        assert_eq!(node.live(ev(4, 20, "d")), vec![Action::CatchUp { after: 10 }]);
+        assert!(matches!(node.caught_up(&[]).as_slice(), [Action::RetryCatchUp { .. }]));
+        node.appends.catch_up();
+        node.run();
+        assert_eq!(node.caught_up(&[ev(2, 11, "b")]), vec![Action::Deliver(ev(2, 11, "b")), Action::CatchUp { after: 11 }]);
+        assert_eq!(
+            node.caught_up(&[]),
+            vec![Action::RetryCatchUp { after: FILL_RETRY.first }],
+            "progress resets the backoff"
+        );
+        node.appends.catch_up();
+        node.run();
+        assert_eq!(node.caught_up(&[ev(3, 12, "c"), ev(4, 20, "d")]), vec![Action::Deliver(ev(3, 12, "c")), Action::Deliver(ev(4, 20, "d"))]);
+        assert_eq!(node.appends.wanted(), None);
     }
 
     #[test]
@@ -840,6 +963,7 @@ mod tests {
                         assert!(*after <= READ_RETRY.max);
                         self.retries += 1;
                     }
+                    Action::FillAbandoned { .. } => panic!("a read of the whole stream always fills the gap"),
                 }
             }
             assert_eq!(self.node.log.head(), head);
@@ -874,7 +998,7 @@ mod tests {
                     self.read_due = false;
                     if ok {
                         let events = self.retained().iter().filter(|e| e.stream_seq > after).cloned().collect();
-                        self.node.appends.caught_up(events);
+                        self.node.appends.caught_up(events, roll);
                         self.drive();
                     } else {
                         let queued = self.unanswered();

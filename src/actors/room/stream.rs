@@ -227,7 +227,11 @@ impl StreamLog {
             match action {
                 Action::Append { expected, seq } => self.append(room, expected, seq, ctx),
                 Action::WriteState { put, seq } => self.write_state(room, put, seq, ctx),
-                Action::CatchUp { after } => self.read_after(room, after, ctx),
+                Action::CatchUp { after } => {
+                    let head = room.live().map_or(0, |log| log.head());
+                    tracing::debug!(room = %room.name(), after, head, wanted = self.appends.wanted(), "reading the stream for what the room lacks");
+                    self.read_after(room, after, ctx)
+                }
                 Action::Answer { publish, reply } => answer(room, publish, reply),
                 Action::RefusePut(put) => {
                     let _ = put.reply.send(Err(RoomLogError::NotLoaded.into()));
@@ -237,7 +241,13 @@ impl StreamLog {
                     tracing::warn!(room = %room.name(), head, next, "events beyond the stream's retention are gone; skipping ahead");
                     room.skip_to(next - 1);
                 }
-                Action::RetryCatchUp { after } => later(ctx, after, |stream: &mut StreamLog, room, ctx| stream.catch_up(room, ctx)),
+                Action::RetryCatchUp { after } => {
+                    tracing::debug!(room = %room.name(), after_ms = after.as_millis() as u64, wanted = self.appends.wanted(), "reading the stream again later");
+                    later(ctx, after, |stream: &mut StreamLog, room, ctx| stream.catch_up(room, ctx))
+                }
+                Action::FillAbandoned { head, wanted } => {
+                    tracing::warn!(room = %room.name(), head, wanted, "reads kept ending short of an announced event; left to the room's tick");
+                }
             }
         }
     }
@@ -325,7 +335,11 @@ impl StreamLog {
         let read = async move { roomlog::read_after(&cluster, &name, after).await };
         spawn_then(ctx, read, |stream: &mut StreamLog, room, result, ctx| {
             match result {
-                Ok(events) => stream.appends.caught_up(events),
+                Ok(events) => {
+                    let (first, last) = (events.first().map(|e| e.event.seq), events.last().map(|e| e.event.seq));
+                    tracing::debug!(room = %room.name(), events = events.len(), first, last, wanted = stream.appends.wanted(), "read the stream");
+                    stream.appends.caught_up(events, random_u64())
+                }
                 Err(error) => {
                     tracing::warn!(room = %room.name(), %error, "catching up from the stream failed; retrying");
                     stream.appends.catch_up_failed(PublishFailed::from(error), random_u64());
@@ -465,7 +479,7 @@ impl SharedLog for StreamLog {
                     if let Some(last) = missed.last() {
                         stream.announced = stream.announced.max(last.event.seq);
                     }
-                    stream.appends.caught_up(missed);
+                    stream.appends.caught_up(missed, random_u64());
                     stream.drive(room, ctx);
                     let head = room.live().map_or(0, |log| log.durable());
                     if let Some((state, version)) = record.filter(|(state, _)| state.seq <= head) {

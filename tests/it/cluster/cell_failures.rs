@@ -287,8 +287,9 @@ fn a_cut_between_cells_leaves_each_serving_its_own_and_cross_cell_publishes_fail
             let missing = want.iter().filter(|id| !ids.contains(id)).count();
             let extra = ids.len().saturating_sub(ids.iter().collect::<HashSet<_>>().len());
             if missing > 0 || extra > 0 || !contiguous {
+                let missed: Vec<&String> = want.iter().filter(|id| !ids.contains(id)).take(12).collect();
                 failures.push(format!(
-                    "subscriber on {} of {room}: {} acknowledged, {} delivered, {missing} missing, {extra} repeated, contiguous {contiguous}",
+                    "subscriber on {} of {room}: {} acknowledged, {} delivered, {missing} missing ({missed:?}), {extra} repeated, contiguous {contiguous}",
                     Cells::name(node),
                     want.len(),
                     ids.len()
