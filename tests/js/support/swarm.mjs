@@ -89,7 +89,7 @@ for (let c = 0; c < count; c += 1) {
   const user = `${prefix}${c}`;
   const client = connect({
     url,
-    transport: 'websocket',
+    transports: ['websocket'],
     WebSocket: socketFor(c),
     getToken: () => mint(user),
     // Short tiers so a test's release is not spent waiting; the server's drain hints
@@ -103,8 +103,10 @@ for (let c = 0; c < count; c += 1) {
   client.on('error', ({ code, message }) => emit({ t: 'err', c, code, message: String(message).slice(0, 200) }));
   for (let k = 0; k < perClient; k += 1) {
     const room = rooms[(c + k) % rooms.length];
-    client
-      .subscribe(room, (event) => emit({ t: 'ev', c, r: room, s: event.seq }))
+    const subscription = client.subscribe(room);
+    subscription.on('event', (event) => emit({ t: 'ev', c, r: room, s: event.seq }));
+    subscription
+      .ready()
       .then(() => emit({ t: 'sub', c, r: room }), (error) => emit({ t: 'err', c, code: 'subscribe', message: String(error?.message ?? error) }));
   }
   clients.push(client);
