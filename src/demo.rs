@@ -67,7 +67,7 @@ fn event_data(event: &MatchEvent) -> String {
     .to_string()
 }
 
-/// The room state of a demo match (DESIGN §9): what the score page shows on load and
+/// The room state of a demo match: what the score page shows on load and
 /// what a restarted simulator resumes from.
 fn state_data(match_id: u32, home: &str, away: &str, state: &MatchState) -> String {
     serde_json::json!({

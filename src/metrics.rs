@@ -244,7 +244,7 @@ pub struct Metrics {
     pub outbox_high_water: Gauge,
     pub slow_consumer_closes: Counter,
     pub history_trimmed: Counter,
-    /// Store reads of a room's state (one per room load at most; DESIGN §9).
+    /// Store reads of a room's state (one per room load at most).
     pub state_reads: Counter,
     pub recoveries: Family<ResultLabel, Counter>,
     pub directory_writes: Family<ResultLabel, Counter>,

@@ -1,4 +1,4 @@
-//! The reconnect-wave scenario (issue 18, DESIGN §7): one livegate node with N clients
+//! The reconnect-wave scenario (issue 18): one livegate node with N clients
 //! that behave like livegate.js, drained with SIGTERM and started again on the same port
 //! and data dir. It counts the calls that reach the customer's auth backend during the
 //! wave and times SIGTERM → every client reconnected and resubscribed, with resume

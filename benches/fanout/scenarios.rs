@@ -712,7 +712,7 @@ async fn reconnect(ctx: &Ctx<'_>, resume: bool) -> Result<Out, String> {
     Ok(out)
 }
 
-/// Room state on join (DESIGN §9): `state_events` events, each carrying the room's
+/// Room state on join: `state_events` events, each carrying the room's
 /// state, then `state_joins` clients join with `state:true` (the state from the room's
 /// memory, nothing after it to replay), then as many with `since=0` (a replay of the
 /// whole history). Per join: bytes and events received, time to the last of them, and

@@ -43,8 +43,8 @@ pub const MAX_PUBLISHES_IN_FLIGHT: usize = 64;
 
 
 /// What every connection shares.
-/// Where a kicked or replaced connection voids its session's resume credentials (DESIGN
-/// §7): the embedded store, or NATS in cluster mode. Defined here, implemented by the wiring.
+/// Where a kicked or replaced connection voids its session's resume credentials:
+/// the embedded store, or NATS in cluster mode. Defined here, implemented by the wiring.
 pub trait ResumeRevocations: Send + Sync {
     /// Credentials of `session` issued at or before `upto_ms` stop working.
     fn revoke(&self, session: &str, upto_ms: u64);
@@ -122,7 +122,7 @@ pub struct InitialSubscription {
     pub room: String,
     pub since: Option<u64>,
     pub epoch: Option<String>,
-    /// With the room's state (`state=1`; DESIGN §9).
+    /// With the room's state (`state=1`).
     pub state: bool,
     /// Send the room's presence frames (`&presence=1`).
     pub presence: bool,
@@ -462,7 +462,7 @@ impl Connection {
         self.reply(ServerOp::History, frame)
     }
 
-    /// A client's publish (DESIGN §9): only to a room the token's publish patterns name
+    /// A client's publish: only to a room the token's publish patterns name
     /// (never an inbox), through `Publisher::submit`, the HTTP API's path and checks;
     /// `published` goes out once the event is durable. The event's `from` is this
     /// connection's user, whatever the client sent.
@@ -564,7 +564,7 @@ impl Connection {
         Ok(())
     }
 
-    /// The `presence` op: who is in a room this connection may read (DESIGN §9).
+    /// The `presence` op: who is in a room this connection may read.
     fn read_presence(&mut self, room: String, reference: Option<i64>, ctx: &mut Context<Self>) {
         if let Err(why) = self.check_readable(&room) {
             return self.send_error(reference, Some(&room), why.code(), &why.to_string());

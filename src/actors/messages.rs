@@ -160,7 +160,7 @@ pub struct Subscribe {
     /// parks them in the rooms table when idle instead of keeping its actor.
     pub automatic: bool,
     /// `"state":true`: without `since`, or when recovery fails, answer with the room's
-    /// state and the events after it (DESIGN §9).
+    /// state and the events after it.
     pub state: bool,
     /// Who subscribes, for the room's presence (`None`: the automatic inbox subscription,
     /// which is no member).
@@ -241,7 +241,7 @@ pub struct Publish {
     pub reply: oneshot::Sender<Result<Published, PublishFailed>>,
 }
 
-/// A room's state as of one of its events (DESIGN §9): what the room keeps in memory.
+/// A room's state as of one of its events: what the room keeps in memory.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StateAt {
     pub seq: u64,
@@ -328,7 +328,7 @@ impl From<ClusterError> for RoomLogError {
     }
 }
 
-/// Who is in the room now (DESIGN §9): the distinct members across the cluster.
+/// Who is in the room now: the distinct members across the cluster.
 #[derive(Message)]
 #[rtype(result = "Result<Result<crate::core::presence::View, PresenceOff>, RoomGone>")]
 pub struct ReadPresence;

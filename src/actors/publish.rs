@@ -28,7 +28,7 @@ pub struct Submission {
     pub devices: Option<Vec<String>>,
     /// The publishing connection's user (client publish); `None`: a backend.
     pub from: Option<String>,
-    /// The room's state as of this event (JSON text; DESIGN §9), stored atomically with
+    /// The room's state as of this event (JSON text), stored atomically with
     /// it. Never for an inbox.
     pub state: Option<Arc<str>>,
 }
@@ -141,7 +141,7 @@ impl Publisher {
         Ok(self.rooms.put_state(room, data).await?)
     }
 
-    /// `room`'s state, from the room on this node (DESIGN §9).
+    /// `room`'s state, from the room on this node.
     pub async fn state(&self, room: &str) -> Result<StateView, RoomError> {
         self.rooms.state(room).await
     }

@@ -368,7 +368,7 @@ impl Rooms {
         self.ask_at(room, || subscribe.clone()).await.map(|(addr, ())| addr)
     }
 
-    /// Who is in `room` (DESIGN §9): asked of its live actor, which counts this node's
+    /// Who is in `room`: asked of its live actor, which counts this node's
     /// members; without one, no member is here and the other nodes' tables answer
     /// (no actor is started, nothing is read).
     pub async fn presence(&self, room: &str) -> Result<Result<crate::core::presence::View, PresenceOff>, RoomError> {

@@ -1,4 +1,4 @@
-//! The Server-Sent Events transport (DESIGN §8): what a connection's actor writes on a
+//! The Server-Sent Events transport: what a connection's actor writes on a
 //! `/v1/sse` stream, and the response body actix-web streams it from.
 //!
 //! [`SseIo`] is the actor's end: a queue of encoded messages (`event:`, `id:`, `data:`

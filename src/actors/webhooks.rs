@@ -1,4 +1,4 @@
-//! Webhooks on one node (DESIGN §10): `room_occupied`, `room_vacated` and
+//! Webhooks on one node: `room_occupied`, `room_vacated` and
 //! `client_published`, POSTed to `webhook_url`, signed, at least once, in order per room,
 //! from a durable queue in the store (tree `webhooks`).
 //!

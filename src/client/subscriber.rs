@@ -1,6 +1,6 @@
 //! The terminal subscriber behind `livegate subscribe`: follows rooms over a WebSocket
 //! and prints each event once, as one JSON line, across reconnects. A reconnect presents
-//! the resume credential of the last `welcome` (DESIGN §7) and mints a token only when it
+//! the resume credential of the last `welcome` and mints a token only when it
 //! has none, it expired, or the server refused it; it resumes each room after the last
 //! event it printed, honours the server's close codes and reconnect hints, and prints
 //! notices on stderr.

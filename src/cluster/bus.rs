@@ -101,7 +101,7 @@ pub struct ForwardedPublish {
     pub devices: Option<Vec<String>>,
     /// The publishing connection's user (client publish).
     pub from: Option<String>,
-    /// The room's state as of the event (DESIGN §9).
+    /// The room's state as of the event.
     pub state: Option<String>,
     /// Not an event but a `PUT` of the room's state (`data`), as of the writer's head.
     pub put_state: bool,

@@ -62,7 +62,7 @@ use crate::store::StoreError;
 /// The stream every room's events are stored in.
 pub const ROOMS_STREAM: &str = "LG_ROOMS";
 pub const LIVE_SUBJECTS: &str = "lg.live.>";
-/// Rooms' latest states, one message per room (DESIGN §9; see [`roomlog`]).
+/// Rooms' latest states, one message per room (see [`roomlog`]).
 pub const STATE_STREAM: &str = "LG_STATE";
 /// Where the state stream republishes what it stores, for the other nodes' rooms.
 pub const LIVE_STATE_SUBJECTS: &str = "lg.livestate.>";

@@ -1,4 +1,4 @@
-//! Cluster-wide room occupancy (DESIGN §10): the nodes' local occupancy edges turned into
+//! Cluster-wide room occupancy: the nodes' local occupancy edges turned into
 //! one `occupied` when a room's first subscriber anywhere arrives and one `vacated` when
 //! its last one anywhere leaves, reported through a callback (the webhooks' queue).
 //!

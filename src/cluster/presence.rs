@@ -1,4 +1,4 @@
-//! Presence across nodes (DESIGN §9), on NATS core subjects (not JetStream: a table is
+//! Presence across nodes, on NATS core subjects (not JetStream: a table is
 //! only worth its latest copy, and a node that missed one asks again). Each node sends
 //! its own members of a room on `lg.presence.room.<room>` whenever they changed (the
 //! room throttles that to once per `presence_interval_ms`), the whole table each time,

@@ -6,7 +6,7 @@
 //! deduplication key (`Nats-Msg-Id`) is the room's token and that key, so a retried
 //! publish is stored once and an id used in another room is that room's own.
 //!
-//! Room state (DESIGN §9): an event published with the room's state carries it in the
+//! Room state: an event published with the room's state carries it in the
 //! same message, so the two are stored atomically: header `Lg-State-Len` names the
 //! state's length in bytes and the payload is the event's JSON followed by the state's.
 //! The room's writer then stores the state as the room's latest-state record on the

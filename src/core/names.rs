@@ -94,8 +94,8 @@ pub fn may_read(user: &str, patterns: &[String], room: &str) -> bool {
     patterns.is_empty() || matches_any(patterns, room)
 }
 
-/// Whether a connection whose token grants publish `patterns` may publish to `room`
-/// (DESIGN §9). No patterns: no room. An inbox (`user:…`) never, not even the own and
+/// Whether a connection whose token grants publish `patterns` may publish to `room`.
+/// No patterns: no room. An inbox (`user:…`) never, not even the own and
 /// not even one a pattern names: inboxes are written by backends only, so a message
 /// there always comes from the server side.
 pub fn may_publish(patterns: &[String], room: &str) -> bool {

@@ -1,4 +1,4 @@
-//! Room occupancy as pure state (DESIGN §10): a node's `vacated` edges held back for
+//! Room occupancy as pure state: a node's `vacated` edges held back for
 //! `webhook_vacated_delay_ms` ([`VacateDelay`]: a room left and joined again within it
 //! reports neither edge, in both modes), and, cluster-wide, which nodes have subscribers
 //! in a room ([`Occupants`], one record per occupied room, with its encoding), what a

@@ -1,4 +1,4 @@
-//! Who is in a room (DESIGN §9, presence): the pure parts. A member is a distinct
+//! Who is in a room (presence): the pure parts. A member is a distinct
 //! `(user, device)`; one node's members of a room are a multiset of them (several tabs
 //! of one user and device are one member with several connections); the room's view
 //! joins this node's members with the tables the other nodes sent (cluster mode); the

@@ -27,7 +27,7 @@ pub struct Ask<'a> {
     pub since: Option<u64>,
     /// The epoch that seq belongs to (`None`: the room's current one).
     pub epoch: Option<&'a str>,
-    /// The room's state and the events after it (DESIGN §9).
+    /// The room's state and the events after it.
     pub state: bool,
 }
 

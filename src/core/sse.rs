@@ -1,4 +1,4 @@
-//! The pure parts of the Server-Sent Events transport (DESIGN §8): the `rooms` list of a
+//! The pure parts of the Server-Sent Events transport: the `rooms` list of a
 //! `/v1/sse` request, the recovery cursor (`Last-Event-ID` or `since`) and the framing of
 //! one message's data as `data:` lines. No I/O; the handler and the transport call these.
 //!

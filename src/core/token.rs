@@ -4,10 +4,10 @@
 //!
 //! Wire form: `base64url(body) "." base64url(mac)`. A token's body =
 //! `1 u8 | expires_at_ms u64 BE | nonce [16] | str user | str device | u8 n | n × str room`;
-//! a resume credential's body (DESIGN §7) =
+//! a resume credential's body =
 //! `2 u8 | issued_at_ms u64 BE | expires_at_ms u64 BE | nonce [16] | str user | str device
 //! | str session | u8 n | n × str room`; each `str` a u8 length then UTF-8 bytes. A
-//! token or credential that grants client publish (DESIGN §9) is format 3 or 4: the same
+//! token or credential that grants client publish is format 3 or 4: the same
 //! body with a second pattern list, `u8 m | m × str publish pattern`, at its end. One
 //! without publish rights is still written as format 1 or 2, so builds that predate
 //! client publish read it, and formats 1 and 2 keep verifying (granting no publish).

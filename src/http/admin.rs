@@ -1,4 +1,4 @@
-//! The admin page (DESIGN §10): `GET /admin` serves the self-contained page
+//! The admin page: `GET /admin` serves the self-contained page
 //! (`src/web/admin.html`, no auth: it asks for the API key and keeps it in the tab's
 //! sessionStorage), and `GET /v1/admin/overview` answers what the page polls, behind the
 //! API key: this node and its phase, the nodes it knows, connections, subscriptions,

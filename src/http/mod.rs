@@ -485,7 +485,7 @@ async fn publish(
     in_room(&room, answer.await)
 }
 
-/// `PUT /v1/rooms/{room}/state`: the room's state as of its head (DESIGN §9), answered
+/// `PUT /v1/rooms/{room}/state`: the room's state as of its head, answered
 /// once durable with the seq it is as of.
 async fn put_state(
     req: HttpRequest,
@@ -650,7 +650,7 @@ async fn read_presence(req: HttpRequest, room: web::Path<String>, state: web::Da
 #[derive(Deserialize)]
 struct CredentialQuery {
     token: Option<String>,
-    /// A resume credential from an earlier `welcome`, instead of a token (DESIGN §7).
+    /// A resume credential from an earlier `welcome`, instead of a token.
     resume: Option<String>,
     session: Option<String>,
     /// A node the client could not reach when it was sent there (issue 30): not a

@@ -1,4 +1,4 @@
-//! `GET /v1/sse`: a connection over Server-Sent Events (DESIGN §8), for clients whose
+//! `GET /v1/sse`: a connection over Server-Sent Events, for clients whose
 //! path breaks the WebSocket upgrade, and for `curl -N`. The request names its rooms
 //! (`rooms=R1,R2`) and optionally where it left off (`Last-Event-ID`, or `since=`, a
 //! cursor); it runs the same handshake checks as `/v1/ws` ([`super::handshake`]), and the
@@ -29,7 +29,7 @@ struct SseQuery {
     rooms: Option<String>,
     /// A cursor, when the client cannot send `Last-Event-ID`.
     since: Option<String>,
-    /// `state=1`: every room is subscribed with `state:true` (DESIGN §9).
+    /// `state=1`: every room is subscribed with `state:true`.
     state: Option<String>,
     /// `1`: presence frames (`event: presence`) for every room of the stream.
     presence: Option<String>,

@@ -16,15 +16,15 @@ pub struct ClientRequest {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClientOp {
-    /// `state`: answer with the room's state and the events after it (DESIGN §9);
+    /// `state`: answer with the room's state and the events after it;
     /// `presence`: the client wants the room's presence frames.
     Subscribe { room: String, since: Option<u64>, epoch: Option<String>, state: bool, presence: bool },
     Unsubscribe { room: String },
     History { room: String, since: u64, limit: Option<usize> },
-    /// Client publish (DESIGN §9); `data` is the JSON text as sent.
+    /// Client publish; `data` is the JSON text as sent.
     /// `state`: the room's state as of this event (JSON text); `null` or absent: none.
     Publish { room: String, id: Option<String>, data: String, state: Option<String> },
-    /// Who is in the room now (DESIGN §9).
+    /// Who is in the room now.
     Presence { room: String },
     Ping,
 }

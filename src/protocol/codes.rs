@@ -166,7 +166,7 @@ pub enum ErrorCode {
     InvalidToken,
     TokenExpired,
     TokenReplayed,
-    /// A resume credential that is malformed, spent, expired or revoked (DESIGN §7).
+    /// A resume credential that is malformed, spent, expired or revoked.
     ResumeInvalid,
     MigrationBudget,
     /// The session is served by another node, named with its URL (issue 30).
@@ -179,7 +179,7 @@ pub enum ErrorCode {
     TooManyConnections,
     ForbiddenOrigin,
     DirectoryUnavailable,
-    /// The room's namespace keeps no presence (DESIGN §9).
+    /// The room's namespace keeps no presence.
     PresenceOff,
     /// The request cannot be done in the cluster's present state (a rebalance towards a
     /// node that is not alive and taking connections, or a cluster-only admin request
@@ -350,7 +350,7 @@ mod tests {
         assert!(CloseCode::SlowConsumer.reconnect() && !CloseCode::Kicked.reconnect());
     }
 
-    /// The statuses the HTTP API promises for its codes (docs/src/http-api.md; DESIGN.md §2–3).
+    /// The statuses the HTTP API promises for its codes (docs/src/http-api.md).
     #[test]
     fn error_codes_carry_the_documented_status() {
         let documented = [

@@ -20,7 +20,7 @@ pub struct TokenRequest {
     pub ttl_secs: u64,
     #[serde(default)]
     pub rooms: Vec<String>,
-    /// Room patterns the connection may publish to (DESIGN §9); none by default.
+    /// Room patterns the connection may publish to; none by default.
     #[serde(default)]
     pub publish: Vec<String>,
     /// The user's home cell, one of the configured `cells`; none: the rendezvous choice.
@@ -48,7 +48,7 @@ pub struct TokenReply {
 pub struct PublishRequest {
     pub id: Option<String>,
     pub data: Box<RawValue>,
-    /// The room's state as of this event (DESIGN §9); `null` or absent: none.
+    /// The room's state as of this event; `null` or absent: none.
     pub state: Option<Box<RawValue>>,
 }
 

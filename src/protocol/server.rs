@@ -24,7 +24,7 @@ pub enum ServerOp {
     Published,
     Pong,
     Error,
-    /// A room's members (the `presence` reply) or who joined and left (DESIGN §9).
+    /// A room's members (the `presence` reply) or who joined and left.
     Presence,
     /// An op this build does not know (a newer server's).
     #[serde(other)]
@@ -90,7 +90,7 @@ pub struct Welcome<'a> {
     #[serde(default)]
     pub warmup: bool,
     /// A one-time credential that reopens this connection (`/v1/ws?resume=R`) without a
-    /// token, until `resume_expires_at_ms` (DESIGN §7).
+    /// token, until `resume_expires_at_ms`.
     #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     pub resume: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,4 +1,4 @@
-//! Webhook bodies (DESIGN §10): one JSON object per request, and the event data a
+//! Webhook bodies: one JSON object per request, and the event data a
 //! `client_published` one carries.
 
 use serde::Serialize;
@@ -6,7 +6,7 @@ use serde_json::value::RawValue;
 
 use super::{to_json, EventData};
 
-/// A webhook's body (DESIGN §10), one JSON object per request; `user`, `device`, `seq`,
+/// A webhook's body, one JSON object per request; `user`, `device`, `seq`,
 /// `event_id` and `data` only on `client_published` (`device` and `event_id` when known).
 #[derive(Debug, Serialize)]
 pub struct WebhookBody<'a> {

@@ -65,7 +65,7 @@ pub fn decode_event(tree: &'static str, bytes: &[u8]) -> Result<EventRecord, Sto
     Ok(EventRecord { seq, id, ts_ms, data, devices, from: None })
 }
 
-/// A room's state as of event `seq` (DESIGN §9): the JSON text published with that
+/// A room's state as of event `seq`: the JSON text published with that
 /// event, or set by `PUT /v1/rooms/{room}/state` at the head then (`seq` 0: before any
 /// event). One per room, kept in `room_state` beside the head, so trimming the history
 /// never drops it.
@@ -130,7 +130,7 @@ pub struct RevokedRecord {
     pub keep_until_ms: u64,
 }
 
-/// A queued webhook (DESIGN §10): its room (the lane it waits in), its id and its JSON
+/// A queued webhook: its room (the lane it waits in), its id and its JSON
 /// body as sent, rendered once when it was queued. Signed when it is sent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WebhookRecord {

@@ -1,4 +1,4 @@
-//! The admin overview (DESIGN §10, issue 20) from the outside: `GET /v1/admin/overview`
+//! The admin overview (issue 20) from the outside: `GET /v1/admin/overview`
 //! behind the API key, against a real server and real WebSocket subscribers.
 //!
 //! - No key, a wrong key, or a key in the wrong scheme: 401 with the JSON error body.

@@ -1,4 +1,4 @@
-//! Client publish (DESIGN §9): a token's `publish` patterns let its connection publish
+//! Client publish: a token's `publish` patterns let its connection publish
 //! with the `publish` op. The event goes through the HTTP API's append path, is answered
 //! `published` only once durable (it survives kill -9), and carries `from`, the
 //! connection's user, set by the server. Rooms outside the patterns, inboxes, tokens

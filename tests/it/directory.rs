@@ -1,5 +1,5 @@
-//! The session directory seen from outside (DESIGN.md §4 "Sessions", "Directory",
-//! "Warm-up after failover"; issue 3): forced moves across restarts under another node
+//! The session directory seen from outside (the book's sessions and
+//! cluster chapters: directory, warm-up after failover; issue 3): forced moves across restarts under another node
 //! name (never refused), sessions refused for another user's token (in memory and during warm-up),
 //! the warm-up flag and its window, and directory writes not caused by heartbeats.
 

@@ -1,4 +1,4 @@
-//! Graceful drain of the real binary (issue 4, DESIGN.md §4): on SIGTERM `/readyz` turns
+//! Graceful drain of the real binary (issue 4): on SIGTERM `/readyz` turns
 //! 503 at once and new upgrades are refused, then after `drain_wait` every connection gets
 //! its pending events followed by Close 1012 — spread over `drain_spread`, each with its
 //! own suggested reconnect delay — and the process exits 0 as soon as the clients have

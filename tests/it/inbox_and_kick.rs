@@ -1,4 +1,4 @@
-//! The user inbox after a reconnect and the operator kick count (DESIGN.md §2–§4, issue 3
+//! The user inbox after a reconnect and the operator kick count (issue 3
 //! "Connection registry"): a reconnecting device recovers exactly the inbox messages it
 //! missed and is allowed to see, then live ones, never one twice; `DELETE
 //! /v1/users/{user}/connections[?device=D]` answers how many connections it closed (4502).
@@ -150,7 +150,7 @@ async fn kick_answers_how_many_connections_it_closed() {
     other.assert_alive().await;
 }
 
-/// DESIGN.md §3: `{"closed":N}` comes "once those connections are closed"; issue 3: "only
+/// The HTTP API (docs/src/http-api.md): `{"closed":N}` comes "once those connections are closed"; issue 3: "only
 /// after they are closed (confirmation, not fire and forget)". With clients that answer
 /// the Close promptly, the reply comes promptly and the server's count of open
 /// connections already excludes them.

@@ -1,4 +1,4 @@
-//! Namespaces (DESIGN §9): `[[namespace]]` tables in a real config file give the rooms
+//! Namespaces: `[[namespace]]` tables in a real config file give the rooms
 //! under a prefix their own history size and age, batching window and largest event;
 //! the longest matching prefix wins and other rooms keep the global keys. Checked on the
 //! real `livegate serve` binary with real HTTP and WebSocket clients:

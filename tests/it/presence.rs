@@ -1,4 +1,4 @@
-//! Presence (DESIGN §9) on one node, against a real server and real WebSocket and SSE
+//! Presence on one node, against a real server and real WebSocket and SSE
 //! clients: counts and members by distinct (user, device), several tabs counted once,
 //! leaving, the frames of subscribers that asked (at most once per interval, none when
 //! nothing changed, count only above `presence_members_max`), `GET

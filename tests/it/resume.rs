@@ -1,4 +1,4 @@
-//! Resume credentials (DESIGN §7): every `welcome` carries a one-time credential that
+//! Resume credentials: every `welcome` carries a one-time credential that
 //! reopens the connection with no token, as the same user, device, session and room
 //! patterns; it works once, across a graceful restart and a kill -9, and never after a
 //! kick, even when the process dies right after answering the kick.

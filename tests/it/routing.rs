@@ -1,5 +1,5 @@
-//! `GET /v1/route` over a real liveness table (DESIGN.md §4 "Routing", "Liveness table";
-//! issue 3): the node itself is always a candidate; a peer is marked down after one failed
+//! `GET /v1/route` over a real liveness table (routing and the liveness
+//! table, docs/src/cluster.md; issue 3): the node itself is always a candidate; a peer is marked down after one failed
 //! probe and up only after `probe_up_after` successful probes in a row.
 
 use crate::common;

@@ -1,4 +1,4 @@
-//! Session ids across reconnects (DESIGN.md §4 "Sessions"): a handshake naming
+//! Session ids across reconnects: a handshake naming
 //! `session=S` keeps S when S belongs to the token's user; for anyone else the handshake
 //! still succeeds, with a new session, and S is left untouched.
 

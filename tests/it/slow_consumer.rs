@@ -1,6 +1,5 @@
-//! A client that stops reading must not make the server buffer without bound (DESIGN.md
-//! §4 "Slow consumers are closed (4009) instead of growing memory", §6 actix-web-actors
-//! trap): once what it has not taken passes `max_outbox_bytes` the server ends the
+//! A client that stops reading must not make the server buffer without bound (slow
+//! consumers are closed with 4009 instead of growing memory): once what it has not taken passes `max_outbox_bytes` the server ends the
 //! connection (4009, or a TCP shutdown when even the Close frame cannot be written),
 //! and subscribers that do read are unaffected.
 

@@ -1,4 +1,4 @@
-//! The Server-Sent Events transport (issue 18, DESIGN §8): `GET /v1/sse` against a real
+//! The Server-Sent Events transport (issue 18): `GET /v1/sse` against a real
 //! server, read by a real HTTP/1.1 client on a TCP socket (chunked body, SSE lines), and
 //! once by the real `curl -N`. A stream is a connection like any other: batched windows
 //! in seq order, exact recovery from its cursor (`Last-Event-ID` or `since`), the same
@@ -791,7 +791,7 @@ fn curl_n_prints_the_stream() {
     assert!(wait_until(Duration::from_secs(5), || sse_metric(&http) == 0.0), "curl's stream is released once curl is gone");
 }
 
-/// `state=1` (DESIGN §9): every room of the stream is subscribed with `state:true`; its
+/// `state=1`: every room of the stream is subscribed with `state:true`; its
 /// `subscribed` message carries the state (or `null`), then the events after it come.
 #[tokio::test]
 async fn state_1_brings_each_rooms_state_and_the_events_after_it() {

@@ -1,4 +1,4 @@
-//! Room state (DESIGN §9) on a single node: a publish may carry the room's state as of
+//! Room state on a single node: a publish may carry the room's state as of
 //! its event, stored atomically with it; `PUT`/`GET /v1/rooms/{room}/state`; a subscribe
 //! with `"state":true` gets the state at seq S and exactly the retained events after S
 //! (also when recovery fails), answered from the room's memory; states survive kill -9

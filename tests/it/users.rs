@@ -1,4 +1,4 @@
-//! Per-user features of the contract (DESIGN.md §2–§4) beyond the single-room spine:
+//! Per-user features of the contract beyond the single-room spine:
 //! the automatic inbox room `user:<id>` and messages into it, reading another user's
 //! inbox forbidden, exclusive devices (newest wins, 4501), operator kick (4502).
 

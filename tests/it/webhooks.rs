@@ -1,4 +1,4 @@
-//! Webhooks (DESIGN §10) against a real local HTTP receiver and the real binary: every
+//! Webhooks against a real local HTTP receiver and the real binary: every
 //! webhook arrives at least once, signed, in order per room (occupied before the room's
 //! client publishes before vacated), also when the receiver fails the first attempts and
 //! when livegate is stopped (SIGTERM, then kill -9) with webhooks still queued; the queue

@@ -1,4 +1,4 @@
-// livegate.js client publish (DESIGN §9) against the real server: `publish(room, data)`
+// livegate.js client publish against the real server: `publish(room, data)`
 // resolves with the stored seq once the server answers `published`, another client
 // receives the event with `from`, a repeated id is a duplicate with the first seq, a
 // room outside the token's patterns rejects with `forbidden`, and over SSE publish

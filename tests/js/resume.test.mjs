@@ -1,4 +1,4 @@
-// livegate.js's resume credentials against the real server (issue 18, DESIGN §7): a
+// livegate.js's resume credentials against the real server (issue 18): a
 // drain and restart of a server holding 200 clients costs the auth backend nothing, and
 // a credential the server refuses (its data dir was wiped) falls back to getToken()
 // within the bounded attempts. Run from the repository root: `node --test tests/js/`.

@@ -1,4 +1,4 @@
-// livegate.js over Server-Sent Events against the real server (issue 18, DESIGN §8):
+// livegate.js over Server-Sent Events against the real server (issue 18):
 // `auto` behind a proxy that refuses WebSocket upgrades falls back to SSE and delivers
 // every event once, in order, across a dropped stream and a server restart; `sse`
 // reopens its stream on subscribe/unsubscribe with the resume credential and the cursor

@@ -1,4 +1,4 @@
-// livegate.js's room state and presence (DESIGN §9, issue 19) against the real server.
+// livegate.js's room state and presence (issue 19) against the real server.
 //
 // NEEDS THE SERVER SIDE: these tests fail (they do not skip) on a binary without room
 // state (`"state"` on a publish, GET/PUT /v1/rooms/{room}/state, subscribe `state:true`)

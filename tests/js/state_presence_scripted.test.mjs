@@ -1,4 +1,4 @@
-// Unit-level tests of livegate.js's room state and presence (DESIGN §9, issue 19), with
+// Unit-level tests of livegate.js's room state and presence (issue 19), with
 // the scripted socket and the scripted fetch playing the server frame by frame: the state
 // comes before the events after its seq, events at or below it are dropped, a failed
 // recovery brings the state again instead of `recovery_failed`, presence frames reach

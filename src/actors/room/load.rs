@@ -1,4 +1,4 @@
-//! A room's load as the admin overview reads it (DESIGN §10): its explicit subscribers on
+//! A room's load as the admin overview reads it: its explicit subscribers on
 //! this node and its durable head, written by the room's actor as they change and read by
 //! the rooms table without a message, so the overview never waits on a room's mailbox
 //! and never reads the store. In cluster mode also the room's last lag reading

@@ -11,7 +11,7 @@
 //! through [`RoomCore`]'s methods; subscribers, recovery and batching are the same in both
 //! modes.
 //!
-//! A room also keeps its state (DESIGN §9) in memory: the latest state whose event is
+//! A room also keeps its state in memory: the latest state whose event is
 //! durable, read once with the room. A `state:true` subscribe gets it and the retained
 //! events after its seq, on the same ordered channel as a replay; nothing is read from
 //! the store for it and the log is never replayed to build it.
@@ -292,7 +292,7 @@ pub struct RoomCore {
     outgoing: Outgoing<Arc<Delivery>>,
     /// The epoch the last window carried, shared by the windows after it.
     window_epoch: Option<Arc<str>>,
-    /// The room's latest durable state (DESIGN §9), read once with the room; its seq is
+    /// The room's latest durable state, read once with the room; its seq is
     /// at most the durable head.
     current: Option<StateAt>,
     /// States whose event is not durable yet, by seq: each becomes `current` when it is.

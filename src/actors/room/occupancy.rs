@@ -1,4 +1,4 @@
-//! The room's seam for occupancy (DESIGN §10): a room tells it when its explicit
+//! The room's seam for occupancy: a room tells it when its explicit
 //! subscribers on this node go from none to some and back. What follows — a webhook
 //! straight away on one node, a cluster-wide decision in cluster mode — is the
 //! implementation's business; the room only reports its own edges, in order.

@@ -1,4 +1,4 @@
-//! Presence (DESIGN §9) in a room actor and across the node. A room counts its explicit
+//! Presence in a room actor and across the node. A room counts its explicit
 //! subscribers as members (`core::presence::LocalMembers`; the automatic inbox
 //! subscription is none, and inbox rooms keep no presence); on a change it sends, at
 //! most once per `presence_interval_ms` and only when something changed, one presence

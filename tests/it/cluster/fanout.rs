@@ -331,7 +331,7 @@ fn a_room_whose_history_expired_keeps_its_head_on_every_node() {
     assert_eq!(next["seq"], 4, "{next}");
 }
 
-/// Namespaces in cluster mode (DESIGN §9): the rooms stream keeps the largest
+/// Namespaces in cluster mode: the rooms stream keeps the largest
 /// namespace's history per room, not just the global `history_size`, and each room
 /// keeps its own namespace's size, on its writer and on a node that reads the stream.
 #[test]
@@ -376,7 +376,7 @@ fn a_namespace_history_size_applies_on_every_node() {
     fail_with_logs(&cluster, "namespace history in a cluster", &failures, &LOG_NEEDLES);
 }
 
-/// Client publish in a cluster (DESIGN §9): a client on B publishes to a room whose
+/// Client publish in a cluster: a client on B publishes to a room whose
 /// writer is A. The event is forwarded to A (with its `from`), appended to the stream
 /// and answered `published` on B once stored; A's and C's subscribers get it with
 /// `from`, and every node's history has it; a backend's later publish with the client's

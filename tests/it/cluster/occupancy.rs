@@ -1,4 +1,4 @@
-//! Cluster-wide room occupancy (issue 20, DESIGN §10): three `livegate serve` processes
+//! Cluster-wide room occupancy (issue 20): three `livegate serve` processes
 //! on one real `nats-server -js` (`common::nats`), each configured with a webhook URL
 //! that points at a real local HTTP receiver in this test.
 //!

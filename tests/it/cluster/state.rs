@@ -3,7 +3,7 @@
 use super::*;
 
 // ---------------------------------------------------------------------------------------
-// Room state (DESIGN §9)
+// Room state
 // ---------------------------------------------------------------------------------------
 
 fn publish_state(http: &Http, room: &str, id: &str, state: Option<Value>) -> Value {
@@ -134,7 +134,7 @@ fn room_state_travels_with_its_event_outlives_trimming_and_a_killed_writer() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Presence across nodes (DESIGN §9)
+// Presence across nodes
 // ---------------------------------------------------------------------------------------
 
 const PRESENCE_INTERVAL_MS: u64 = 300;
