@@ -180,8 +180,8 @@ describe('signToken', () => {
       await subscribed(client, 'match:jwt', (e) => got.push(e.data));
       await new LivegateServer({ url: jwtServer.url, apiKey: API_KEY }).publish('match:jwt', { n: 1 });
       await waitFor(() => got.length === 1, 'the event over a JWT connection');
-      // The same JWT again: its jti was spent.
-      const replay = await fetch(`${jwtServer.url}/v1/sse?token=${encodeURIComponent(tokens[0])}&rooms=match:jwt`, { signal: AbortSignal.timeout(10_000) });
+      // The JWT that opened the connection again: its jti was spent.
+      const replay = await fetch(`${jwtServer.url}/v1/sse?token=${encodeURIComponent(tokens.at(-1))}&rooms=match:jwt`, { signal: AbortSignal.timeout(10_000) });
       assert.equal(replay.status, 401);
       assert.equal((await replay.json()).error.code, 'token_replayed');
     } finally {

@@ -15,6 +15,8 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,9 @@ class Server:
 
     def start(self, within: float = 15.0) -> Server:
         """Starts it (on the port it had, when it had one: retried while that port is not
-        free yet) and waits for its `listening on http://ADDR` line."""
+        free yet), waits for its `listening on http://ADDR` line, then until it takes
+        connections (`/readyz` past `starting`: a handshake before the directory is
+        reconciled is refused unspent, and a client would mint a second token)."""
         deadline = time.monotonic() + within
         while True:
             try:
@@ -96,7 +100,24 @@ class Server:
                 self.url = match.group(1)
                 self.port = int(self.url.rsplit(":", 1)[1])
                 self.proc = proc
+                self._wait_taking_connections(deadline)
                 return
+
+    def _wait_taking_connections(self, deadline: float) -> None:
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except urllib.error.HTTPError as refusal:
+                if b"joining" in refusal.read():
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"livegate did not take connections in time\n{self.stderr()}")
+            time.sleep(0.02)  # a poll of /readyz, bounded by the start's deadline
 
     def stderr(self) -> str:
         try:

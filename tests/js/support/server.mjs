@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import { pace } from './clock.mjs';
+import { pace, waitFor } from './clock.mjs';
 import { MiniWebSocket } from './mini-websocket.mjs';
 
 export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
@@ -43,8 +43,10 @@ export function tempDir(prefix = 'livegate-js-') {
 
 /**
  * Starts `livegate serve` on `port` (0: any) with the data in `dataDir` (`args`: more
- * flags, `env`: more environment variables). Resolves once it
- * printed `listening on http://ADDR`; rejects if it exits first or takes over 15 s.
+ * flags, `env`: more environment variables). Resolves once it printed `listening on
+ * http://ADDR` and takes connections (`/readyz` past `starting`: the line comes before the
+ * directory is reconciled, and a handshake before that is refused unspent, so a client
+ * would mint a second token); rejects if it exits first or takes over 15 s.
  */
 export function startServer({ dataDir, port = 0, args = [], env = {} }) {
   if (!existsSync(BINARY)) throw new Error(`${BINARY} is missing: run cargo build --release`);
@@ -86,7 +88,13 @@ export function startServer({ dataDir, port = 0, args = [], env = {} }) {
       if (match && timer) {
         clearTimeout(timer);
         const url = match[1];
-        resolve({
+        const takingConnections = waitFor(async () => {
+          const response = await fetch(`${url}/readyz`).catch(() => null);
+          if (!response) return false;
+          const body = await response.text();
+          return response.ok || body.includes('joining');
+        }, 'the server to take connections', 15_000);
+        takingConnections.then(() => resolve({
           child,
           url,
           port: Number(new URL(url).port),
@@ -100,7 +108,7 @@ export function startServer({ dataDir, port = 0, args = [], env = {} }) {
             clearTimeout(killer);
             return result;
           },
-        });
+        }), reject);
       }
     });
     exited.then(({ code, signal }) => {
