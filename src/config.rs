@@ -454,7 +454,7 @@ pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
     ReadFile { path: PathBuf, source: std::io::Error },
     #[error("config file {path} is not valid TOML: {}{}", source.message(), line.map(|n| format!(" (line {n})")).unwrap_or_default())]
-    ParseFile { path: PathBuf, line: Option<usize>, source: toml::de::Error },
+    ParseFile { path: PathBuf, line: Option<usize>, source: Box<toml::de::Error> },
     #[error("config file {path}: unknown key `{key}` (known keys: {})", known_keys())]
     UnknownKey { path: PathBuf, key: String },
     #[error("{origin}: expected {expected}, got {got}")]
@@ -993,7 +993,7 @@ fn read_file(path: &Path) -> Result<toml::Table, ConfigError> {
     text.parse().map_err(|source: toml::de::Error| {
         // Name the line: "invalid basic string" alone does not say where.
         let line = source.span().map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1);
-        ConfigError::ParseFile { path: path.to_path_buf(), line, source }
+        ConfigError::ParseFile { path: path.to_path_buf(), line, source: Box::new(source) }
     })
 }
 
