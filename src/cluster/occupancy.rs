@@ -175,7 +175,7 @@ impl ClusterOccupancy {
         }
     }
 
-    /// Rooms this node keeps for reconciliation (the bound in ARCHITECTURE.md).
+    /// Rooms this node keeps for reconciliation (the bound in docs/src/internals/bounds.md).
     pub fn rooms_kept(&self) -> usize {
         self.local.lock().len()
     }
