@@ -20,7 +20,6 @@ pub mod lag;
 pub mod lifecycle;
 pub mod limits;
 pub mod liveness;
-pub mod matchsim;
 pub mod names;
 pub mod outbox;
 pub mod placement;
