@@ -147,6 +147,7 @@
 export { connect, DEFAULT_REQUEST_TIMEOUT_MS, LivegateClient } from './livegate/client.js';
 export { LivegateError } from './livegate/errors.js';
 export { DEFAULT_TIMINGS } from './livegate/connection.js';
-export { MAX_HELD_EVENTS, RECENT_IDS, Subscription } from './livegate/subscriptions.js';
+export { MAX_HELD_EVENTS, RECENT_IDS } from './livegate/feed.js';
+export { Subscription } from './livegate/subscriptions.js';
 export { EventStreamParser, MAX_SSE_MESSAGE_CHARS } from './livegate/event-stream.js';
 export { endpointOf, sseEndpointOf, suggestedDelayMs } from './livegate/urls.js';
