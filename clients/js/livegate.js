@@ -119,7 +119,8 @@
 //   server without room state or
 //   presence (older than this library) is told no more: the room is subscribed without
 //   it and an `error` with code `unsupported` says so.
-// - Per room it remembers the epoch and the last seq delivered, resubscribes with
+// - Per room a feed (feed.js: subscribing, live, filling a gap, resubscribing, ended)
+//   remembers the epoch and the last seq delivered, resubscribes with
 //   `since` and `epoch` after a reconnect, and hands each event to the application
 //   exactly once and in seq order: events at or below the last delivered seq are
 //   dropped, a gap in the live stream is filled with `history` (WebSocket) before later
