@@ -210,10 +210,9 @@ export class Feed {
       if (!(flag === 'state' ? this.wantState : this.wantPresence) || !lacks[flag]) continue;
       this._lack(flag);
       const message = `the server has no ${what}: subscribed without it`;
-      const detail = { room: this.room, code: 'unsupported', message };
-      this._out.push({ type: 'emit', name: 'error', detail });
+      this._emit('error', { room: this.room, code: 'unsupported', message });
       // Told after subscribe() returned, so the new subscription's listeners hear it too.
-      this._out.push({ type: 'tell', name: 'error', detail, later: true });
+      this._tell('error', { room: this.room, code: 'unsupported', message }, null);
     }
   }
 
@@ -263,23 +262,26 @@ export class Feed {
     this._out.push({ type: 'subscribed', reply: this.lastReply });
     if (this.wantState && frame.recovered == null && snapshot === undefined) {
       const message = 'the server sent no room state (it predates room state)';
-      this._out.push({ type: 'emit', name: 'error', detail: { room: this.room, code: 'unsupported', message } });
+      this._emit('error', { room: this.room, code: 'unsupported', message });
     }
     if (snapshot !== undefined) {
       const from = snapshot ? snapshot.seq : 0;
       const detail = { room: this.room, data: snapshot ? snapshot.data : null, seq: from, epoch: frame.epoch };
       const told = [...this.subs].filter((sub) => sub.wantsState);
       for (const sub of told) sub.floor = snapshot ? from : null;
-      this._out.push({ type: 'tell', name: 'state', detail, subs: told });
+      this._tell('state', detail, told);
       if (frame.recovered === false && !quiet) {
-        this._both('recovered', { room: this.room, epoch: frame.epoch, seq: from, state: true });
+        this._emit('recovered', { room: this.room, epoch: frame.epoch, seq: from, state: true });
+        this._tell('recovered', { room: this.room, epoch: frame.epoch, seq: from, state: true });
       }
       // Subscriptions without state behind it: what the state stands for, as events.
       if (this.last < from && !this.stream) this._startFill(from);
     } else if (failed) {
-      this._both('recovery_failed', { room: this.room, epoch: frame.epoch, seq: head, reason: 'not_recovered' });
+      this._emit('recovery_failed', { room: this.room, epoch: frame.epoch, seq: head, reason: 'not_recovered' });
+      this._tell('recovery_failed', { room: this.room, epoch: frame.epoch, seq: head, reason: 'not_recovered' });
     } else if (frame.recovered === true && !quiet) {
-      this._both('recovered', { room: this.room, epoch: frame.epoch, seq: head });
+      this._emit('recovered', { room: this.room, epoch: frame.epoch, seq: head });
+      this._tell('recovered', { room: this.room, epoch: frame.epoch, seq: head });
     }
     if (this.state === 'live') this._drainHeld();
   }
@@ -300,7 +302,7 @@ export class Feed {
   presence(detail) {
     if (this.state === 'ended') return;
     const subs = [...this.subs].filter((sub) => sub.wantsPresence);
-    this._out.push({ type: 'tell', name: 'presence', detail, subs });
+    this._tell('presence', detail, subs);
   }
 
   /** The reply to the history request `token`. */
@@ -348,14 +350,16 @@ export class Feed {
       this._lack(flag);
       const what = flag === 'state' ? 'room state' : 'presence';
       const message = `the server has no ${what}: subscribed without it`;
-      this._both('error', { room: this.room, code: 'unsupported', message });
+      this._emit('error', { room: this.room, code: 'unsupported', message });
+      this._tell('error', { room: this.room, code: 'unsupported', message });
       this._out.push({ type: 'resubscribe' });
       return;
     }
     this.ref = null;
     this.held = [];
     this.state = 'resubscribing';
-    this._both('error', { room: this.room, code: frame.code, message: frame.message });
+    this._emit('error', { room: this.room, code: frame.code, message: frame.message });
+    this._tell('error', { room: this.room, code: frame.code, message: frame.message });
     if (FINAL_SUBSCRIBE_ERRORS.has(frame.code)) {
       this._end();
       this._out.push({ type: 'end', code: frame.code, message: frame.message });
@@ -425,7 +429,7 @@ export class Feed {
       sub.floor = event.seq;
       told.push(sub);
     }
-    this._out.push({ type: 'tell', name: 'event', detail: event, subs: told });
+    this._tell('event', event, told);
   }
 
   /**
@@ -456,7 +460,8 @@ export class Feed {
   /** A gap history cannot fill: tell the application and go on after it. */
   _gapLost(target, reason) {
     this.last = Math.max(this.last, target);
-    this._both('recovery_failed', { room: this.room, epoch: this.epoch, seq: target, reason });
+    this._emit('recovery_failed', { room: this.room, epoch: this.epoch, seq: target, reason });
+    this._tell('recovery_failed', { room: this.room, epoch: this.epoch, seq: target, reason });
     this._drainHeld();
   }
 
@@ -466,10 +471,18 @@ export class Feed {
     this.held.sort((a, b) => a.seq - b.seq);
   }
 
-  /** Tells the client's listeners and every subscription's. */
-  _both(name, detail) {
+  /** Asks the client to emit `name` to its listeners. */
+  _emit(name, detail) {
     this._out.push({ type: 'emit', name, detail });
-    this._out.push({ type: 'tell', name, detail, subs: [...this.subs] });
+  }
+
+  /**
+   * Asks the client to tell `subs` (default: every subscription now) `name`; null: every
+   * subscription of the room once the caller has returned (a microtask later).
+   */
+  _tell(name, detail, subs = [...this.subs]) {
+    if (subs === null) this._out.push({ type: 'tell', name, detail, later: true });
+    else this._out.push({ type: 'tell', name, detail, subs });
   }
 
   _lack(flag) {
