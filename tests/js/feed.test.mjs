@@ -9,7 +9,11 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 
+import { DEFAULT_TIMINGS, connect } from '../../clients/js/livegate.js';
 import { Feed, HISTORY_PAGE, MAX_HELD_EVENTS } from '../../clients/js/livegate/feed.js';
+import { recorder } from './support/clients.mjs';
+import { fakeSocketClass } from './support/fake-socket.mjs';
+import { VirtualClock } from './support/virtual-clock.mjs';
 
 const RESUBSCRIBE_MS = 1000;
 
@@ -706,4 +710,51 @@ describe('the feed against a simulated server', () => {
       }
     });
   }
+});
+
+describe('the client carries out a feed', () => {
+  const name = 'a subscribe refused as unavailable is sent again after resubscribeMs on its clock; a loss cancels it';
+  test(name, { timeout: 10_000 }, async () => {
+    const clock = new VirtualClock();
+    const Fake = fakeSocketClass(undefined, clock);
+    const client = connect({
+      clock: clock.option,
+      url: 'http://gw.test',
+      getToken: async () => 'tok',
+      WebSocket: Fake,
+      fetch: null,
+      random: () => 0,
+    });
+    const log = recorder(client);
+    try {
+      const ws = await Fake.nth(0);
+      ws.welcome();
+      const subscription = client.subscribe('r');
+      const first = await ws.expect('subscribe');
+      ws.serverSend({ op: 'error', ref: first.ref, code: 'unavailable', message: 'try again' });
+      await clock.advance(DEFAULT_TIMINGS.resubscribeMs - 1);
+      assert.equal(ws.frames('subscribe').length, 1, 'not before resubscribeMs');
+      assert.deepEqual(log.error.map((e) => e.code), ['unavailable']);
+      await clock.advance(1);
+      assert.equal(ws.frames('subscribe').length, 2, 'again at resubscribeMs');
+      const second = ws.frames('subscribe')[1];
+      ws.serverSend({ op: 'subscribed', room: 'r', epoch: 'E1', seq: 4, ref: second.ref });
+      await subscription.ready();
+      assert.equal(subscription.state, 'subscribed');
+
+      // Refused again, then the connection goes before the retry: the retry never fires
+      // on it, the next connection subscribes (once) from the room's position.
+      ws.serverSend({ op: 'error', ref: second.ref, code: 'unavailable', message: 'try again' });
+      ws.serverClose(1011, 'gone');
+      const next = await Fake.nth(1, 60_000);
+      next.welcome();
+      const third = await next.expect('subscribe');
+      assert.equal(third.since, 4);
+      await clock.advance(10 * DEFAULT_TIMINGS.resubscribeMs);
+      assert.equal(next.frames('subscribe').length, 1, 'no stale retry');
+      assert.equal(ws.frames('subscribe').length, 2);
+    } finally {
+      client.close();
+    }
+  });
 });

@@ -274,9 +274,7 @@ export class LivegateClient {
   /** A subscription ended by its own unsubscribe(): the room goes with its last one. */
   _subscriptionEnded(sub) {
     const feed = this._rooms.get(sub.room);
-    if (!feed || !feed.subs.has(sub)) return;
-    feed.subs.delete(sub);
-    if (feed.subs.size === 0) this._forgetRoom(feed);
+    if (feed?.leave(sub)) this._forgetRoom(feed);
   }
 
   /** Stops delivering `feed`'s room and tells the server. */

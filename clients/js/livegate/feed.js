@@ -163,6 +163,11 @@ export class Feed {
     return again;
   }
 
+  /** Removes a subscription; true when it was the room's last (the room goes with it). */
+  leave(sub) {
+    return this.subs.delete(sub) && this.subs.size === 0;
+  }
+
   /** Whether a subscribe is being answered (a joining subscription waits for that reply). */
   get awaiting() {
     return this.state === 'subscribing';
