@@ -1237,6 +1237,7 @@ pub const CLIENT_MODULES: &[(&str, &str)] = &[
     ("emitter.js", include_str!("../../clients/js/livegate/emitter.js")),
     ("errors.js", include_str!("../../clients/js/livegate/errors.js")),
     ("event-stream.js", include_str!("../../clients/js/livegate/event-stream.js")),
+    ("feed.js", include_str!("../../clients/js/livegate/feed.js")),
     ("subscriptions.js", include_str!("../../clients/js/livegate/subscriptions.js")),
     ("transport-sse.js", include_str!("../../clients/js/livegate/transport-sse.js")),
     ("transport-websocket.js", include_str!("../../clients/js/livegate/transport-websocket.js")),
