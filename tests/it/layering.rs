@@ -179,10 +179,11 @@ fn child_imports(top: &Path) -> std::collections::BTreeMap<String, BTreeSet<Stri
                 if rest.starts_with("super::") {
                     continue;
                 }
-                let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-                let target = if children.contains(&name) { name } else { "mod".to_string() };
-                if target != own {
-                    names.insert(target);
+                for name in first_segments(rest) {
+                    let target = if children.contains(&name) { name } else { "mod".to_string() };
+                    if target != own && target != "self" {
+                        names.insert(target);
+                    }
                 }
             }
         }
@@ -195,6 +196,33 @@ fn child_imports(top: &Path) -> std::collections::BTreeMap<String, BTreeSet<Stri
         }
     }
     graph
+}
+
+/// The first segment of the path that starts `rest`, or of each path of a `{…}` group.
+fn first_segments(rest: &str) -> Vec<String> {
+    let ident = |s: &str| s.trim_start().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>();
+    if rest.starts_with('*') {
+        return vec!["*".to_string()]; // a glob: the parent's items
+    }
+    let Some(group) = rest.strip_prefix('{') else { return vec![ident(rest)] };
+    let (mut depth, mut item, mut found) = (0, String::new(), Vec::new());
+    for c in group.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                found.push(ident(&item));
+                item.clear();
+                continue;
+            }
+            _ => {}
+        }
+        item.push(c);
+    }
+    found.push(ident(&item));
+    found.retain(|name| !name.is_empty());
+    found
 }
 
 /// A cycle of `graph` as the names along it, if there is one.
@@ -268,6 +296,10 @@ fn a_child_that_imports_its_parent_is_a_cycle() {
     assert_eq!(a_cycle(&child_imports(&top)), None, "mod -> sse -> state is no cycle");
     std::fs::write(top.join("sse.rs"), "use super::AppState;\n").expect("write");
     assert_eq!(a_cycle(&child_imports(&top)), Some(["mod", "sse", "mod"].map(String::from).to_vec()));
+    std::fs::write(top.join("sse.rs"), "use super::{state::{self, Shared}, AppState};\n").expect("write");
+    assert!(a_cycle(&child_imports(&top)).is_some(), "a parent's item named in a group");
+    std::fs::write(top.join("sse.rs"), "use super::{state::{self, Shared}};\n").expect("write");
+    assert_eq!(a_cycle(&child_imports(&top)), None, "a sibling named in a group");
     std::fs::write(top.join("sse.rs"), "use crate::http::state::Shared;\n").expect("write");
     std::fs::write(top.join("state.rs"), "use super::sse;\n").expect("write");
     assert!(a_cycle(&child_imports(&top)).is_some(), "siblings that import each other");
