@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use actix_http::ws;
 
+use super::link::{ConnectionLink, Machine};
 use super::messages::*;
 use super::publish::{Publisher, Submission};
 use super::registry::Registry;
@@ -28,19 +29,11 @@ use super::socket::{ends_closing, Fault, Inbound, MessageReader, CLOSE_HANDSHAKE
 use super::transport::Transport;
 use super::wsio::{self, ReadError, WsActor, WsIo};
 use crate::core::backlog::Backlog;
-use crate::core::limits::{self, burst_for, room_start_burst, Strikes, TokenBucket};
-use crate::core::names;
-use crate::core::outbox::{Outbox, Verdict};
-use crate::core::subscriptions::{Answer, Subscription, Subscriptions};
-use super::link::ConnectionLink;
-use crate::protocol::{self, ClientOp, ClientRequest, CloseCode, ErrorCode, ServerOp};
+use crate::core::connection::{self as machine, Action, Ask, Ending, Grants, Pending, Refusal};
+use crate::core::subscriptions::Answer;
+use crate::protocol::{self, ClientOp, CloseCode, ErrorCode, ServerOp};
 
-/// `limit` of a `history` request that names none.
-pub const HISTORY_DEFAULT_LIMIT: usize = 100;
-/// A connection's publishes waiting to be durable; more are refused (`rate_limited`),
-/// so a client cannot pile up appends even with `max_messages_per_sec = 0`.
-pub const MAX_PUBLISHES_IN_FLIGHT: usize = 64;
-
+pub use crate::core::connection::HISTORY_DEFAULT_LIMIT;
 
 /// What every connection shares.
 /// Where a kicked or replaced connection voids its session's resume credentials:
@@ -51,23 +44,6 @@ pub trait ResumeRevocations: Send + Sync {
 }
 
 
-/// Why a connection may not read a room (`subscribe`, `history`, `presence`).
-#[derive(Debug, thiserror::Error)]
-enum Unreadable {
-    #[error(transparent)]
-    BadName(#[from] names::NameError),
-    #[error("this connection may not read room {0}")]
-    Forbidden(String),
-}
-
-impl Unreadable {
-    fn code(&self) -> ErrorCode {
-        match self {
-            Unreadable::BadName(_) => ErrorCode::BadRoom,
-            Unreadable::Forbidden(_) => ErrorCode::Forbidden,
-        }
-    }
-}
 pub struct ConnectionSettings {
     pub metrics: Arc<crate::metrics::Metrics>,
     pub revocations: Arc<dyn ResumeRevocations>,
@@ -176,38 +152,24 @@ pub struct Connection {
     settings: Arc<ConnectionSettings>,
     rooms: Rooms,
     registry: Addr<Registry>,
-    /// Its subscriptions and what it sent of each (`core::subscriptions`), shared with
-    /// the rooms that write its windows from their threads (`link`).
+    /// The connection's machine (`core::connection`), shared with the rooms that write
+    /// its windows from their threads, and its backlog.
     link: Arc<ConnectionLink>,
-    last_heard: Instant,
+    /// The machine's clock starts here.
+    born: Instant,
     reader: MessageReader,
-    /// Client messages allowed now, refilled at `max_messages_per_sec`.
-    message_rate: TokenBucket,
-    /// Room actors this connection may start now, refilled at `max_room_starts_per_sec`.
-    room_starts: TokenBucket,
-    /// Refused messages this minute.
-    strikes: Strikes,
-    /// Whether the client has subscribed to a room (the automatic inbox not counted).
-    subscribed_once: bool,
-    /// This connection's publishes not yet answered (at most [`MAX_PUBLISHES_IN_FLIGHT`]).
-    publishing: usize,
-    /// History and presence requests whose answers have not come back (with the
-    /// subscribes not yet answered, at most `core::outbox::MAX_ANSWERS_PENDING`; then
-    /// the socket is not read).
-    answers_pending: usize,
-    /// The bound on what is held for this connection, and since when it is over it.
-    outbox: Outbox,
-    /// A timer is set to look at the outbox again when the grace ends.
-    grace_timer: bool,
     /// Held while the connection lives: its place in the connection limits.
     _permit: Option<Box<dyn Send>>,
     io: Transport,
     /// Subscribed once the connection has started (after `welcome`).
     initial: Vec<InitialSubscription>,
-    /// A Close frame was sent; waiting for the client's.
-    closing: bool,
     /// The close code that ended (or is ending) the connection, for the metrics.
     close_code: Option<u16>,
+}
+
+/// Milliseconds on the machine's clock.
+fn ms_since(born: Instant) -> u64 {
+    born.elapsed().as_millis() as u64
 }
 
 impl Connection {
@@ -222,35 +184,31 @@ impl Connection {
     ) -> Self {
         let backlog = Arc::new(Backlog::new(settings.max_outbox_bytes));
         io.count_into(backlog.clone());
-        let inbox = names::inbox_room(&identity.user).into();
-        let machine = Subscriptions::new(inbox, identity.device.clone(), settings.max_subscriptions);
+        let limits = machine::Settings {
+            max_subscriptions: settings.max_subscriptions,
+            max_outbox_bytes: settings.max_outbox_bytes,
+            max_messages_per_sec: settings.max_messages_per_sec,
+            max_bad_messages: settings.max_bad_messages,
+            max_room_starts_per_sec: settings.max_room_starts_per_sec,
+            max_history_limit: settings.max_history_limit,
+            heartbeat_ms: settings.heartbeat.as_millis() as u64,
+            subscribe_timeout_ms: settings.subscribe_timeout.map(|t| t.as_millis() as u64),
+            close_handshake_ms: CLOSE_HANDSHAKE_TIMEOUT.as_millis() as u64,
+            reads: io.reads(),
+            direct: io.outgoing().is_some(),
+        };
+        let grants = Grants {
+            user: identity.user.clone(),
+            device: identity.device.clone(),
+            rooms: identity.rooms.clone(),
+            publish: identity.publish.clone(),
+        };
+        let machine = Machine::new(grants, limits, 0);
         let link = ConnectionLink::new(machine, backlog, io.outgoing(), to, settings.metrics.clone());
-        Connection {
-            link: Arc::new(link),
-            io,
-            initial: Vec::new(),
-            closing: false,
-            close_code: None,
-            id,
-            identity,
-            rooms,
-            registry,
-            last_heard: Instant::now(),
-            reader: MessageReader::new(settings.max_message_bytes),
-            message_rate: TokenBucket::new(burst_for(settings.max_messages_per_sec), crate::world::now_ms()),
-            room_starts: TokenBucket::new(
-                room_start_burst(settings.max_room_starts_per_sec, settings.max_subscriptions),
-                crate::world::now_ms(),
-            ),
-            strikes: Strikes::default(),
-            subscribed_once: false,
-            publishing: 0,
-            answers_pending: 0,
-            outbox: Outbox::new(settings.max_outbox_bytes, crate::core::outbox::GRACE_MS),
-            grace_timer: false,
-            _permit: None,
-            settings,
-        }
+        let reader = MessageReader::new(settings.max_message_bytes);
+        let link = Arc::new(link);
+        let born = Instant::now();
+        Connection { id, identity, settings, rooms, registry, link, born, reader, _permit: None, io, initial: Vec::new(), close_code: None }
     }
 
     /// Hold `permit` (its place in the connection limits) while the connection lives.
@@ -265,9 +223,105 @@ impl Connection {
         self
     }
 
+    fn now(&self) -> u64 {
+        ms_since(self.born)
+    }
+
+    fn held(&self) -> usize {
+        self.link.backlog().held()
+    }
+
+    /// One step of the machine (under its lock, which rooms writing from their threads
+    /// wait on), then what it asked for, carried out in order.
+    fn step<T>(&mut self, ctx: &mut Context<Self>, input: impl FnOnce(&mut Machine) -> T) -> T {
+        let (out, actions) = {
+            let mut machine = self.link.machine();
+            let out = input(&mut machine);
+            (out, std::iter::from_fn(|| machine.poll()).collect::<Vec<_>>())
+        };
+        for action in actions {
+            self.act(action, ctx);
+        }
+        out
+    }
+
+    fn act(&mut self, action: Action<Addr<RoomActor>>, ctx: &mut Context<Self>) {
+        let metrics = self.settings.metrics.clone();
+        match action {
+            Action::Error { reference, room, refusal, message } => {
+                self.send_error(reference, room.as_deref(), error_code(refusal), &message)
+            }
+            Action::LimitHit(limit) => metrics.limit_hit(limit),
+            Action::PublishOutcome(outcome) => metrics.client_publish(outcome),
+            Action::Subscribe { generation, ask } => self.ask_room(generation, ask, ctx),
+            Action::SubscribeInbox { room, generation } => self.park_inbox(room, generation, ctx),
+            Action::Leave { generation, at: Some(addr), .. } => addr.do_send(Unsubscribe { conn: self.id, generation }),
+            Action::Leave { room, generation, at: None } => self.rooms.release(&room, self.id, generation),
+            Action::Subscriptions(delta) => {
+                metrics.subscriptions.inc_by(delta);
+            }
+            Action::Unsubscribed { room, reference } => {
+                self.io.text(ServerOp::Unsubscribed, &protocol::unsubscribed_frame(&room, reference))
+            }
+            Action::ReadHistory { room, since, limit, reference } => {
+                let rooms = self.rooms.clone();
+                let fut = async move { (rooms.history(&room, since, limit).await, room) };
+                ctx.spawn(fut.into_actor(self).map(move |(result, room), conn, ctx| {
+                    match result {
+                        Ok(page) => conn.reply_history(&room, &page, reference),
+                        Err(e) => conn.send_error(reference, Some(&room), ErrorCode::Unavailable, &e.to_string()),
+                    }
+                    conn.answered(Pending::Read, ctx);
+                }));
+            }
+            Action::ReadPresence { room, reference } => {
+                let rooms = self.rooms.clone();
+                let fut = async move { (rooms.presence(&room).await, room) };
+                ctx.spawn(fut.into_actor(self).map(move |(result, room), conn, ctx| {
+                    let (reply, presence_off) = (ServerOp::Presence, ErrorCode::PresenceOff);
+                    match result {
+                        Ok(Ok(view)) => conn.reply(reply, protocol::presence_reply_frame(&room, &view, reference)),
+                        Ok(Err(off)) => conn.send_error(reference, Some(&room), presence_off, &off.to_string()),
+                        Err(e) => conn.send_error(reference, Some(&room), ErrorCode::Unavailable, &e.to_string()),
+                    }
+                    conn.answered(Pending::Read, ctx);
+                }));
+            }
+            Action::Publish { room, id, data, state, reference } => self.publish(room, id, data, state, reference, ctx),
+            Action::Ping => self.io.heartbeat(),
+            Action::Evict { held } => {
+                if let Some(held) = held {
+                    let user = &self.identity.user;
+                    tracing::info!(conn = self.id, %user, held, "slow consumer: over the outbox bound for the grace");
+                }
+                // Counted by whoever evicts first: a room (which saw the backlog) or this actor.
+                if self.link.backlog().evict() {
+                    metrics.slow_consumer_closes.inc();
+                }
+                // What it has not started to read is dropped, so the Close goes out next.
+                self.io.discard_unsent();
+            }
+            Action::Close(ending) => {
+                let (code, reason) = close_frame(ending);
+                let (user, transport) = (&self.identity.user, self.io.name());
+                tracing::debug!(conn = self.id, %user, transport, code, reason, "closing connection");
+                self.io.close(code, &reason);
+                self.close_code = Some(code);
+            }
+            Action::Arm { timer, after_ms } => {
+                ctx.run_later(Duration::from_millis(after_ms), move |conn, ctx| {
+                    let (held, now) = (conn.held(), conn.now());
+                    conn.step(ctx, |m| m.on_timer(timer, held, now));
+                });
+            }
+            Action::WakeReader => self.io.wake_reader(),
+            Action::Stop => ctx.stop(),
+        }
+    }
+
     /// Write a reply frame, unless our Close already went out (nothing may follow it).
     fn reply(&mut self, op: ServerOp, frame: String) {
-        if !self.closing {
+        if !self.link.machine().is_closing() {
             self.io.text(op, &frame);
         }
     }
@@ -275,6 +329,18 @@ impl Connection {
     /// An `error` frame; `room`: the room the refused request named, if it named one.
     fn send_error(&mut self, reference: Option<i64>, room: Option<&str>, code: ErrorCode, message: &str) {
         self.reply(ServerOp::Error, protocol::error_frame(reference, room, code, message));
+    }
+
+    /// A read or publish was answered (on one of the actor's futures, which may run after
+    /// the reader decided not to read).
+    fn answered(&mut self, pending: Pending, ctx: &mut Context<Self>) {
+        let (held, born) = (self.held(), self.born);
+        self.step(ctx, |m| m.answered(pending, held, || ms_since(born)));
+    }
+
+    fn close(&mut self, ctx: &mut Context<Self>, code: CloseCode, reason: &str, force: bool) {
+        let ending = Ending::Asked { code: code.code(), reason: reason.to_string() };
+        self.step(ctx, |m| m.close(ending, force));
     }
 
     /// Write `events` (of one room of `epoch`, ascending) as `events` frames of bounded size.
@@ -287,166 +353,7 @@ impl Connection {
     fn write_window(&mut self, window: &Window) {
         self.settings.metrics.frame_written(window.events.len());
         let link = &self.link;
-        self.io.window(window, || crate::core::sse::render_cursor(link.machine().positions()));
-    }
-
-    /// A room's window: the shared frame, a frame of the connection's own, or nothing,
-    /// as the subscription machine decides.
-    fn on_window(&mut self, room: &str, window: &Window) {
-        let plan = self.link.machine().on_window(room, &window.epoch, &window.events, window.targeted);
-        window.frames_for(plan, |frame| self.write_window(frame));
-    }
-
-    /// Close as a slow consumer: nothing more is queued for a client that does not read.
-    fn evict_slow(&mut self, ctx: &mut Context<Self>) {
-        // Counted by whoever evicts first: a room (which saw the backlog) or this actor.
-        if self.link.backlog().evict() {
-            self.settings.metrics.slow_consumer_closes.inc();
-        }
-        // What it has not started to read is dropped, so the Close goes out next.
-        self.io.discard_unsent();
-        self.close(ctx, CloseCode::SlowConsumer, "slow consumer: too many bytes queued");
-    }
-
-    /// Every byte held for this connection against its bound: over it for the grace,
-    /// close with 4009; over it, look again when the grace ends.
-    fn check_outbox(&mut self, ctx: &mut Context<Self>) {
-        if self.closing {
-            return;
-        }
-        let held = self.link.backlog().held();
-        // The clock is read only over the bound: this runs before every frame read.
-        let now_ms = if self.outbox.full(held) { crate::world::now_ms() } else { 0 };
-        match self.outbox.observe(held, now_ms) {
-            Verdict::Under => {}
-            Verdict::Over { close_in_ms } => {
-                if !self.grace_timer {
-                    self.grace_timer = true;
-                    ctx.run_later(Duration::from_millis(close_in_ms), |conn, ctx| {
-                        conn.grace_timer = false;
-                        conn.answered(ctx);
-                    });
-                }
-            }
-            Verdict::Close => {
-                tracing::info!(conn = self.id, user = %self.identity.user, held, "slow consumer: over the outbox bound for the grace");
-                self.evict_slow(ctx);
-            }
-        }
-    }
-
-    /// An answer came in (or the grace's timer fired), on one of the actor's futures
-    /// that may run after the reader decided not to read: count it against the bound and
-    /// have the reader look again (nothing else would wake it).
-    fn answered(&mut self, ctx: &mut Context<Self>) {
-        self.check_outbox(ctx);
-        self.io.wake_reader();
-    }
-
-    /// Requests whose answers have not come back: history and presence reads, and
-    /// subscribes the room has not answered yet.
-    fn pending_answers(&self) -> usize {
-        self.answers_pending + self.link.machine().unanswered()
-    }
-
-    /// Send a Close frame (after what is written already) and wait, bounded, for the
-    /// client's Close. A second close, or `force`, stops at once.
-    fn close_with(&mut self, ctx: &mut Context<Self>, code: CloseCode, reason: &str, force: bool) {
-        if self.closing {
-            ctx.stop();
-            return;
-        }
-        let code = code.code();
-        tracing::debug!(conn = self.id, user = %self.identity.user, transport = self.io.name(), code, reason, force, "closing connection");
-        // The machine first: a room writing from its thread sends nothing after the Close.
-        self.link.machine().close();
-        self.io.close(code, reason);
-        self.closing = true;
-        self.close_code = Some(code);
-        if force {
-            ctx.stop();
-        } else {
-            ctx.run_later(CLOSE_HANDSHAKE_TIMEOUT, |_, ctx| ctx.stop());
-        }
-    }
-
-    fn close(&mut self, ctx: &mut Context<Self>, code: CloseCode, reason: &str) {
-        self.close_with(ctx, code, reason, false);
-    }
-
-    fn heartbeat(&mut self, ctx: &mut Context<Self>) {
-        if self.closing {
-            return;
-        }
-        if limits::client_timed_out(self.io.reads(), self.last_heard.elapsed(), self.settings.heartbeat) {
-            self.close(ctx, CloseCode::HeartbeatTimeout, "heartbeat timeout");
-        } else {
-            self.io.heartbeat();
-            self.check_outbox(ctx);
-        }
-    }
-
-    fn handle_text(&mut self, text: &str, ctx: &mut Context<Self>) {
-        let request = match protocol::parse_client_frame(text) {
-            Ok(request) => request,
-            Err(e) => return self.refuse(ctx, e.reference, e.room.as_deref(), e.code, &e.message),
-        };
-        let rate = self.settings.max_messages_per_sec;
-        if let Err(wait_ms) = self.message_rate.take(rate, burst_for(rate), crate::world::now_ms()) {
-            self.settings.metrics.limit_hit("message_rate");
-            if matches!(request.op, ClientOp::Publish { .. }) {
-                self.settings.metrics.client_publish("rate_limited");
-            }
-            let message = format!("more than {rate} messages per second; retry in {wait_ms} ms");
-            return self.refuse(ctx, request.reference, request.op.room(), ErrorCode::RateLimited, &message);
-        }
-        self.handle_request(request, ctx)
-    }
-
-    fn handle_request(&mut self, request: ClientRequest, ctx: &mut Context<Self>) {
-        let reference = request.reference;
-        match request.op {
-            ClientOp::Ping => self.io.text(ServerOp::Pong, &protocol::pong_frame(reference)),
-            ClientOp::Publish { room, id, data, state } => self.publish(room, id, data, state, reference, ctx),
-            ClientOp::Subscribe { room, since, epoch, state, presence } => {
-                self.subscribed_once = true;
-                self.subscribe(room, since, epoch, state, presence, reference, ctx)
-            }
-            ClientOp::Presence { room } => self.read_presence(room, reference, ctx),
-            ClientOp::Unsubscribe { room } => {
-                if names::check_room(&room).is_err() {
-                    return self.send_error(reference, Some(&room), ErrorCode::BadRoom, &names::NameError::BadRoom.to_string());
-                }
-                self.unsubscribe(&room);
-                self.io.text(ServerOp::Unsubscribed, &protocol::unsubscribed_frame(&room, reference));
-            }
-            ClientOp::History { room, since, limit } => {
-                if let Err(why) = self.check_readable(&room) {
-                    return self.send_error(reference, Some(&room), why.code(), &why.to_string());
-                }
-                let limit = match limits::history_limit(limit, HISTORY_DEFAULT_LIMIT, self.settings.max_history_limit) {
-                    Ok(limit) => limit,
-                    Err(too_high) => {
-                        self.settings.metrics.limit_hit("history_limit");
-                        return self.refuse(ctx, reference, Some(&room), ErrorCode::BadRequest, &too_high.to_string());
-                    }
-                };
-                if !self.may_start_room(&room, reference, ctx) {
-                    return;
-                }
-                let rooms = self.rooms.clone();
-                let fut = async move { (rooms.history(&room, since, limit).await, room) };
-                self.answers_pending += 1;
-                ctx.spawn(fut.into_actor(self).map(move |(result, room), conn, ctx| {
-                    conn.answers_pending -= 1;
-                    match result {
-                        Ok(page) => conn.reply_history(&room, &page, reference),
-                        Err(e) => conn.send_error(reference, Some(&room), ErrorCode::Unavailable, &e.to_string()),
-                    }
-                    conn.answered(ctx);
-                }));
-            }
-        }
+        self.io.window(window, || crate::core::sse::render_cursor(link.machine().subscriptions().positions()));
     }
 
     /// A history page, cut to what fits under the outbox bound (at least one event; then
@@ -456,16 +363,46 @@ impl Connection {
         let events: Vec<&str> = page.events.iter().filter(|e| e.is_for(device)).map(|e| &*e.json).collect();
         let epoch = page.epoch.as_deref();
         let overhead = protocol::history_frame(room, epoch, page.head, std::iter::empty(), false, reference).len();
-        let fits = self.outbox.page_fits(self.link.backlog().held(), overhead, events.iter().map(|e| e.len()));
+        let held = self.held();
+        let fits = self.link.machine().page_fits(held, overhead, events.iter().map(|e| e.len()));
         let complete = page.complete && fits == events.len();
         let frame = protocol::history_frame(room, epoch, page.head, events[..fits].iter().copied(), complete, reference);
         self.reply(ServerOp::History, frame)
     }
 
-    /// A client's publish: only to a room the token's publish patterns name
-    /// (never an inbox), through `Publisher::submit`, the HTTP API's path and checks;
-    /// `published` goes out once the event is durable. The event's `from` is this
-    /// connection's user, whatever the client sent.
+    fn handle_text(&mut self, text: &str, ctx: &mut Context<Self>) {
+        let now = self.now();
+        let request = match protocol::parse_client_frame(text) {
+            Ok(request) => request,
+            Err(e) => {
+                self.send_error(e.reference, e.room.as_deref(), e.code, &e.message);
+                return self.step(ctx, |m| m.strike(now));
+            }
+        };
+        let (reference, publish) = (request.reference, matches!(request.op, ClientOp::Publish { .. }));
+        if !self.step(ctx, |m| m.admit(publish, reference, request.op.room(), now)) {
+            return;
+        }
+        match request.op {
+            ClientOp::Ping => self.io.text(ServerOp::Pong, &protocol::pong_frame(reference)),
+            ClientOp::Publish { room, id, data, state } => self.step(ctx, |m| m.publish(room, id, data, state, reference)),
+            ClientOp::Subscribe { room, since, epoch, state, presence } => {
+                let live = self.rooms.is_live(&room);
+                let ask = Ask { room, since, epoch, state, presence, reference };
+                self.step(ctx, |m| m.subscribe(ask, live, now))
+            }
+            ClientOp::Presence { room } => self.step(ctx, |m| m.presence(room, reference)),
+            ClientOp::Unsubscribe { room } => self.step(ctx, |m| m.unsubscribe(room, reference)),
+            ClientOp::History { room, since, limit } => {
+                let live = self.rooms.is_live(&room);
+                self.step(ctx, |m| m.history(room, since, limit, reference, live, now))
+            }
+        }
+    }
+
+    /// A client's publish the machine let through: submitted through `Publisher::submit`,
+    /// the HTTP API's path and checks; `published` goes out once the event is durable. The
+    /// event's `from` is this connection's user, whatever the client sent.
     fn publish(
         &mut self,
         room: String,
@@ -476,20 +413,6 @@ impl Connection {
         ctx: &mut Context<Self>,
     ) {
         let metrics = self.settings.metrics.clone();
-        if let Err(e) = names::check_room(&room) {
-            metrics.client_publish("bad_room");
-            return self.send_error(reference, Some(&room), ErrorCode::BadRoom, &e.to_string());
-        }
-        if !names::may_publish(&self.identity.publish, &room) {
-            metrics.client_publish("forbidden");
-            return self.send_error(reference, Some(&room), ErrorCode::Forbidden, &format!("this connection may not publish to room {room}"));
-        }
-        if self.publishing >= MAX_PUBLISHES_IN_FLIGHT {
-            metrics.client_publish("rate_limited");
-            let message = format!("at most {MAX_PUBLISHES_IN_FLIGHT} publishes may wait to be stored at once");
-            return self.send_error(reference, Some(&room), ErrorCode::RateLimited, &message);
-        }
-        self.publishing += 1;
         let from = Some(self.identity.user.to_string());
         // What the `client_published` webhook tells, kept only when webhooks are on.
         let told = self.settings.webhooks.clone().map(|webhooks| PublishedWebhook {
@@ -515,195 +438,69 @@ impl Connection {
         // connection closed is still stored, and its webhook queued, once it is durable.
         let task = actix::spawn(fut);
         ctx.spawn(async move { task.await.ok() }.into_actor(self).map(move |done, conn, ctx| {
-            conn.publishing -= 1;
-            let Some((room, result)) = done else { return };
-            match result {
-                Ok(published) => {
+            match done {
+                Some((room, Ok(published))) => {
                     metrics.publish_answered(published.duplicate);
                     metrics.client_publish(if published.duplicate { "duplicate" } else { "published" });
                     let frame = protocol::published_frame(&room, published.seq, published.duplicate, reference);
                     conn.reply(ServerOp::Published, frame);
                 }
-                Err(error) => {
+                Some((room, Err(error))) => {
                     let code = error.code();
                     metrics.client_publish(code.as_str());
                     tracing::debug!(conn = conn.id, %room, %error, "client publish refused");
                     conn.send_error(reference, Some(&room), code, &error.to_string());
                 }
+                None => {}
             }
-            conn.answered(ctx);
+            conn.answered(Pending::Publish, ctx);
         }));
     }
 
-    /// A request to a room with no live actor here starts one: it takes one of the
-    /// connection's room starts, and without one it is refused (`rate_limited`, counted
-    /// as `room_starts`, a strike like any refused message). A room that stops between
-    /// this look and the request is started anyway: at most one start per request.
-    fn may_start_room(&mut self, room: &str, reference: Option<i64>, ctx: &mut Context<Self>) -> bool {
-        let rate = self.settings.max_room_starts_per_sec;
-        if rate == 0 || self.rooms.is_live(room) {
-            return true;
-        }
-        let burst = room_start_burst(rate, self.settings.max_subscriptions);
-        match self.room_starts.take(rate, burst, crate::world::now_ms()) {
-            Ok(()) => true,
-            Err(wait_ms) => {
-                self.settings.metrics.limit_hit("room_starts");
-                let message = format!("more than {rate} new rooms per second; retry in {wait_ms} ms");
-                self.refuse(ctx, reference, Some(room), ErrorCode::RateLimited, &message);
-                false
-            }
-        }
-    }
-
-    fn check_readable(&self, room: &str) -> Result<(), Unreadable> {
-        names::check_room(room)?;
-        if !names::may_read(&self.identity.user, &self.identity.rooms, room) {
-            return Err(Unreadable::Forbidden(room.to_string()));
-        }
-        Ok(())
-    }
-
-    /// The `presence` op: who is in a room this connection may read.
-    fn read_presence(&mut self, room: String, reference: Option<i64>, ctx: &mut Context<Self>) {
-        if let Err(why) = self.check_readable(&room) {
-            return self.send_error(reference, Some(&room), why.code(), &why.to_string());
-        }
-        let rooms = self.rooms.clone();
-        let fut = async move { (rooms.presence(&room).await, room) };
-        self.answers_pending += 1;
-        ctx.spawn(fut.into_actor(self).map(move |(result, room), conn, ctx| {
-            conn.answers_pending -= 1;
-            match result {
-                Ok(Ok(view)) => conn.reply(ServerOp::Presence, protocol::presence_reply_frame(&room, &view, reference)),
-                Ok(Err(off)) => conn.send_error(reference, Some(&room), ErrorCode::PresenceOff, &off.to_string()),
-                Err(e) => conn.send_error(reference, Some(&room), ErrorCode::Unavailable, &e.to_string()),
-            }
-            conn.answered(ctx);
-        }));
-    }
-
-    fn subscribe(
-        &mut self,
-        room: String,
-        since: Option<u64>,
-        epoch: Option<String>,
-        state: bool,
-        presence: bool,
-        reference: Option<i64>,
-        ctx: &mut Context<Self>,
-    ) {
-        if let Err(why) = self.check_readable(&room) {
-            return self.send_error(reference, Some(&room), why.code(), &why.to_string());
-        }
-        let room: Arc<str> = room.into();
-        let admitted = self.link.machine().admits(&room);
-        if let Err(too_many) = admitted {
-            self.settings.metrics.limit_hit("subscriptions");
-            return self.send_error(reference, Some(&room), ErrorCode::TooManySubscriptions, &too_many.to_string());
-        }
-        if !self.may_start_room(&room, reference, ctx) {
-            return;
-        }
-        let (generation, replaced) = self.link.machine().begin(room.clone(), since);
-        match replaced {
-            Some(old) => self.leave(&room, old),
-            None => {
-                self.settings.metrics.subscriptions.inc();
-            }
-        }
+    /// Ask the room for generation `generation` of a subscribe the machine began.
+    fn ask_room(&mut self, generation: u64, ask: Ask, ctx: &mut Context<Self>) {
+        let Ask { room, since, epoch, state, presence, reference } = ask;
         let (rooms, conn, to) = (self.rooms.clone(), self.id, self.link.clone());
-        let name = room.clone();
         let member = crate::core::presence::Member { user: self.identity.user.clone(), device: self.identity.device.clone() };
         let subscribe =
             Subscribe { conn, to, since, epoch, reference, generation, automatic: false, state, member: Some(member), presence };
+        let name = room.clone();
         let fut = async move { rooms.subscribe(&name, subscribe).await };
-        ctx.spawn(fut.into_actor(self).map(move |result, conn, _| match result {
-            Ok(addr) => {
-                let attached = conn.link.machine().attach(&room, generation, addr);
-                if let Err(stale) = attached {
-                    stale.do_send(Unsubscribe { conn: conn.id, generation });
-                }
-            }
-            Err(e) => conn.refused(&room, generation, reference, &e.to_string()),
+        ctx.spawn(fut.into_actor(self).map(move |result, conn, ctx| match result {
+            Ok(addr) => conn.step(ctx, |m| m.attached(&room, generation, addr)),
+            Err(e) => conn.step(ctx, |m| m.refused(&room, generation, reference, e.to_string())),
         }));
-    }
-
-    fn unsubscribe(&mut self, room: &str) {
-        let ended = self.link.machine().end(room);
-        if let Some(sub) = ended {
-            self.ended(room, sub);
-        }
-    }
-
-    /// Generation `generation` of the room's subscribe was refused (by the room, or the
-    /// room could not be reached): if it is still current it ends, and the client is told.
-    fn refused(&mut self, room: &str, generation: u64, reference: Option<i64>, message: &str) {
-        let refused = self.link.machine().on_refused(room, generation);
-        if let Some(sub) = refused {
-            self.ended(room, sub);
-            self.send_error(reference, Some(room), ErrorCode::Unavailable, message);
-        }
-    }
-
-    /// A subscription ended: count it and leave the room.
-    fn ended(&mut self, room: &str, sub: Subscription<Addr<RoomActor>>) {
-        self.settings.metrics.subscriptions.dec();
-        self.leave(room, sub);
-    }
-
-    /// Tell the room (or the rooms table, for a parked inbox) that `sub` ended.
-    fn leave(&self, room: &str, sub: Subscription<Addr<RoomActor>>) {
-        match sub.room {
-            Some(addr) => addr.do_send(Unsubscribe { conn: self.id, generation: sub.generation }),
-            None => self.rooms.release(room, self.id, sub.generation),
-        }
     }
 
     /// The automatic inbox subscription: announced now, parked in the rooms table while
     /// the inbox has no actor (nothing is read until a message comes or the client asks).
-    fn subscribe_inbox(&mut self, ctx: &mut Context<Self>) {
-        let room = self.link.machine().inbox().clone();
+    fn park_inbox(&mut self, room: Arc<str>, generation: u64, ctx: &mut Context<Self>) {
         self.io.text(ServerOp::Subscribed, &protocol::inbox_notice_frame(&room));
-        self.settings.metrics.subscriptions.inc();
-        let generation = self.link.machine().begin_inbox();
         let parked = Parked { conn: self.id, to: self.link.clone(), generation };
         let rooms = self.rooms.clone();
         let fut = async move { rooms.subscribe_inbox(&room, parked).await.map(|addr| (room, addr)) };
-        ctx.spawn(fut.into_actor(self).map(move |result, conn, _| match result {
-            Ok((room, Some(addr))) => {
-                let attached = conn.link.machine().attach(&room, generation, addr);
-                if let Err(stale) = attached {
-                    stale.do_send(Unsubscribe { conn: conn.id, generation });
-                }
-            }
+        ctx.spawn(fut.into_actor(self).map(move |result, conn, ctx| match result {
+            Ok((room, Some(addr))) => conn.step(ctx, |m| m.attached(&room, generation, addr)),
             Ok((_, None)) => {}
             Err(error) => tracing::warn!(conn = conn.id, %error, "automatic inbox subscription failed"),
         }));
-    }
-
-    /// A refused message: answer it, and close with 1008 once a client keeps sending them.
-    fn refuse(&mut self, ctx: &mut Context<Self>, reference: Option<i64>, room: Option<&str>, code: ErrorCode, message: &str) {
-        self.send_error(reference, room, code, message);
-        if self.strikes.strike(self.settings.max_bad_messages, crate::world::now_ms()) {
-            self.settings.metrics.limit_hit("bad_messages");
-            self.close(ctx, CloseCode::Policy, "too many refused messages");
-        }
     }
 
     fn on_inbound(&mut self, inbound: Inbound, ctx: &mut Context<Self>) {
         match inbound {
             Inbound::Text(text) => self.handle_text(&text, ctx),
             Inbound::Binary(_) => {
-                self.refuse(ctx, None, None, ErrorCode::BadRequest, "binary frames are not part of the protocol; send JSON text")
+                let message = "binary frames are not part of the protocol; send JSON text";
+                self.send_error(None, None, ErrorCode::BadRequest, message);
+                let now = self.now();
+                self.step(ctx, |m| m.strike(now));
             }
             Inbound::Ping(payload) => self.io.pong(&payload),
             Inbound::Nothing => {}
             Inbound::Close(reason) => {
                 tracing::debug!(conn = self.id, ?reason, "client closed");
                 self.close_code = Some(reason.as_ref().map_or(1005, |r| u16::from(r.code)));
-                self.closing = true;
-                self.link.machine().close();
+                self.link.machine().client_closed();
                 self.io.echo_close(reason);
                 ctx.stop();
             }
@@ -715,7 +512,7 @@ impl Connection {
             self.settings.metrics.limit_hit(limit);
         }
         match fault.close_code() {
-            Some(code) => self.close_with(ctx, code, fault.reason(), fault.fails_connection()),
+            Some(code) => self.close(ctx, code, fault.reason(), fault.fails_connection()),
             None => {
                 // Keep a close code already known; otherwise this is an abnormal end (1006).
                 self.close_code.get_or_insert(1006);
@@ -726,133 +523,24 @@ impl Connection {
 
     /// An SSE stream's body ended: the client is gone (or took our close): stop.
     fn on_stream_end(&mut self, ctx: &mut Context<Self>) {
-        if !self.closing {
+        if !self.link.machine().is_closing() {
             tracing::debug!(conn = self.id, user = %self.identity.user, "SSE client went away");
         }
         self.close_code.get_or_insert(1006);
         ctx.stop();
     }
 
-    /// Close a connection that never subscribed to a room.
-    fn check_subscribed(&mut self, ctx: &mut Context<Self>) {
-        if !self.subscribed_once && !self.closing {
-            self.settings.metrics.limit_hit("subscribe_timeout");
-            self.close(ctx, CloseCode::Policy, "no subscribe in time");
-        }
-    }
-}
-
-impl Actor for Connection {
-    type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Self::Context) {
-        match &self.io {
-            Transport::Ws(_) => wsio::drive(ctx),
-            Transport::Sse(io) => {
-                ctx.spawn(io.ended().into_actor(self).map(|(), conn, ctx| conn.on_stream_end(ctx)));
-                // The stream names its rooms up front; it can never subscribe later.
-                self.subscribed_once = true;
-            }
-        }
-        let heartbeat_ms = self.settings.heartbeat.as_millis() as u64;
-        let resume = self.identity.resume.as_ref().map(|grant| (grant.credential.as_str(), grant.expires_at_ms));
-        let welcome = protocol::welcome_frame(&self.identity.session, &self.settings.node, heartbeat_ms, self.identity.warmup, resume);
-        self.io.text(ServerOp::Welcome, &welcome);
-        self.subscribe_inbox(ctx);
-        for initial in std::mem::take(&mut self.initial) {
-            self.subscribed_once = true;
-            self.subscribe(initial.room, initial.since, initial.epoch, initial.state, initial.presence, None, ctx);
-        }
-        self.registry.do_send(Register {
-            conn: self.id,
-            user: self.identity.user.clone(),
-            device: self.identity.device.clone(),
-            to: ctx.address().recipient(),
-            credential: self.identity.credential,
-        });
-        ctx.run_interval(self.settings.heartbeat, |conn, ctx| conn.heartbeat(ctx));
-        if let Some(timeout) = self.settings.subscribe_timeout {
-            ctx.run_later(timeout, |conn, ctx| conn.check_subscribed(ctx));
-        }
-        let metrics = &self.settings.metrics;
-        metrics.connections_open.get_or_create(&metrics.device(&self.identity.device)).inc();
-        metrics.connections_by_transport.get_or_create(&crate::metrics::TransportLabel { transport: self.io.name() }).inc();
-        metrics.connects.inc();
-        tracing::debug!(conn = self.id, user = %self.identity.user, device = %self.identity.device, transport = self.io.name(), "connected");
-    }
-
-    fn stopped(&mut self, _ctx: &mut Self::Context) {
-        self.io.finish(FINISH_WITHIN);
-        let metrics = &self.settings.metrics;
-        let ended: Vec<_> = self.link.machine().drain().collect();
-        metrics.subscriptions.dec_by(ended.len() as i64);
-        for (room, sub) in ended {
-            self.leave(&room, sub);
-        }
-        // The gauge first: a kick answers on Unregister and must find it already down.
-        metrics.connections_open.get_or_create(&metrics.device(&self.identity.device)).dec();
-        metrics.connections_by_transport.get_or_create(&crate::metrics::TransportLabel { transport: self.io.name() }).dec();
-        self.registry.do_send(Unregister { conn: self.id });
-        // No close code at all means the socket just ended.
-        metrics.disconnects.get_or_create(&crate::metrics::Metrics::close_code(self.close_code.unwrap_or(1006))).inc();
-        tracing::debug!(conn = self.id, user = %self.identity.user, code = self.close_code.unwrap_or(1006), "disconnected");
-    }
-}
-
-impl WsActor for Connection {
-    fn io(&mut self) -> Option<&mut WsIo> {
-        match &mut self.io {
-            Transport::Ws(io) => Some(io),
-            Transport::Sse(_) => None,
-        }
-    }
-
-    /// Not while over the outbox bound or with too many answers pending: what a request
-    /// read now would add could not be bounded. After our Close, only the client's
-    /// Close matters, and reading goes on to see it.
-    fn may_read(&mut self, ctx: &mut Self::Context) -> bool {
-        self.check_outbox(ctx);
-        self.closing || self.outbox.may_read(self.link.backlog().held(), self.pending_answers())
-    }
-
-    fn on_read(&mut self, item: Result<ws::Message, ReadError>, ctx: &mut Self::Context) {
-        self.last_heard = Instant::now();
-        let read = self.reader.read(item);
-        if self.closing {
-            if ends_closing(&read) {
-                ctx.stop();
-            }
-            return;
-        }
-        match read {
-            Ok(inbound) => self.on_inbound(inbound, ctx),
-            Err(fault) => self.on_fault(fault, ctx),
-        }
-    }
-}
-
-impl Handler<RoomUpdate> for Connection {
-    type Result = ();
-
-    fn handle(&mut self, update: RoomUpdate, ctx: &mut Self::Context) {
-        self.on_update(update, ctx);
-        // Only now, with what it wrote queued: rooms may write to the socket directly again.
-        self.link.handled();
-    }
-}
-
-impl Connection {
     /// A room's update, taken off the mailbox.
     fn on_update(&mut self, update: RoomUpdate, ctx: &mut Context<Self>) {
         // What a room reserved for this window leaves the backlog whatever happens next.
         if let RoomUpdate::Events { window, .. } = &update {
-            self.settings.metrics.outbox_seen(self.link.backlog().held());
+            self.settings.metrics.outbox_seen(self.held());
             self.link.backlog().release(window.frame.len());
         }
         if let RoomUpdate::Presence { frame, .. } = &update {
             self.link.backlog().release(frame.frame.len());
         }
-        if self.closing {
+        if self.link.machine().is_closing() {
             return;
         }
         match update {
@@ -877,20 +565,156 @@ impl Connection {
                     self.write_events(&epoch, answered.fresh);
                 }
             }
-            RoomUpdate::Events { room, window } => self.on_window(&room, &window),
+            RoomUpdate::Events { room, window } => {
+                let plan = self.link.machine().on_window(&room, &window.epoch, &window.events, window.targeted);
+                window.frames_for(plan, |frame| self.write_window(frame));
+            }
             RoomUpdate::Presence { room, frame } => {
                 if self.link.machine().is_live(&room) {
                     self.io.presence(&frame);
                 }
             }
-            RoomUpdate::SlowConsumer => self.evict_slow(ctx),
+            RoomUpdate::SlowConsumer => self.step(ctx, |m| m.slow_consumer()),
             RoomUpdate::Moved { room, to } => {
-                self.close(ctx, CloseCode::ServiceRestart, &format!("room {room} moved to cell {to}: reconnect and resume"));
+                let reason = format!("room {room} moved to cell {to}: reconnect and resume");
+                self.close(ctx, CloseCode::ServiceRestart, &reason, false);
             }
-            RoomUpdate::Refused { room, reference, message, generation } => self.refused(&room, generation, reference, &message),
+            RoomUpdate::Refused { room, reference, message, generation } => {
+                self.step(ctx, |m| m.refused(&room, generation, reference, message))
+            }
         }
         // A replay, or a frame this connection rendered itself, may have taken it over.
-        self.check_outbox(ctx);
+        let (held, born) = (self.held(), self.born);
+        self.step(ctx, |m| m.wrote(held, || ms_since(born)));
+    }
+}
+
+/// The wire's error code for a refusal.
+fn error_code(refusal: Refusal) -> ErrorCode {
+    match refusal {
+        Refusal::BadRequest => ErrorCode::BadRequest,
+        Refusal::BadRoom => ErrorCode::BadRoom,
+        Refusal::Forbidden => ErrorCode::Forbidden,
+        Refusal::TooManySubscriptions => ErrorCode::TooManySubscriptions,
+        Refusal::RateLimited => ErrorCode::RateLimited,
+        Refusal::Unavailable => ErrorCode::Unavailable,
+    }
+}
+
+/// The wire's close code and reason for an ending.
+fn close_frame(ending: Ending) -> (u16, String) {
+    let (code, reason) = match ending {
+        Ending::SlowConsumer => (CloseCode::SlowConsumer, "slow consumer: too many bytes queued"),
+        Ending::TooManyRefused => (CloseCode::Policy, "too many refused messages"),
+        Ending::NoSubscribe => (CloseCode::Policy, "no subscribe in time"),
+        Ending::HeartbeatTimeout => (CloseCode::HeartbeatTimeout, "heartbeat timeout"),
+        Ending::Asked { code, reason } => return (code, reason),
+    };
+    (code.code(), reason.to_string())
+}
+
+impl Actor for Connection {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        match &self.io {
+            Transport::Ws(_) => wsio::drive(ctx),
+            Transport::Sse(io) => {
+                ctx.spawn(io.ended().into_actor(self).map(|(), conn, ctx| conn.on_stream_end(ctx)));
+            }
+        }
+        let heartbeat_ms = self.settings.heartbeat.as_millis() as u64;
+        let resume = self.identity.resume.as_ref().map(|grant| (grant.credential.as_str(), grant.expires_at_ms));
+        let (session, node, warmup) = (&self.identity.session, &self.settings.node, self.identity.warmup);
+        self.io.text(ServerOp::Welcome, &protocol::welcome_frame(session, node, heartbeat_ms, warmup, resume));
+        let initial: Vec<(Ask, bool)> = std::mem::take(&mut self.initial)
+            .into_iter()
+            .map(|i| {
+                let live = self.rooms.is_live(&i.room);
+                let (since, epoch, state, presence) = (i.since, i.epoch, i.state, i.presence);
+                (Ask { room: i.room, since, epoch, state, presence, reference: None }, live)
+            })
+            .collect();
+        let now = self.now();
+        self.step(ctx, |m| m.start(initial, now));
+        self.registry.do_send(Register {
+            conn: self.id,
+            user: self.identity.user.clone(),
+            device: self.identity.device.clone(),
+            to: ctx.address().recipient(),
+            credential: self.identity.credential,
+        });
+        ctx.run_interval(self.settings.heartbeat, |conn, ctx| {
+            let (held, now) = (conn.held(), conn.now());
+            conn.step(ctx, |m| m.heartbeat(held, now));
+        });
+        let metrics = &self.settings.metrics;
+        metrics.connections_open.get_or_create(&metrics.device(&self.identity.device)).inc();
+        let transport = crate::metrics::TransportLabel { transport: self.io.name() };
+        metrics.connections_by_transport.get_or_create(&transport).inc();
+        metrics.connects.inc();
+        let (user, device) = (&self.identity.user, &self.identity.device);
+        tracing::debug!(conn = self.id, %user, %device, transport = self.io.name(), "connected");
+    }
+
+    fn stopped(&mut self, ctx: &mut Self::Context) {
+        self.io.finish(FINISH_WITHIN);
+        self.step(ctx, |m| m.stopped());
+        // The gauge first: a kick answers on Unregister and must find it already down.
+        let metrics = &self.settings.metrics;
+        metrics.connections_open.get_or_create(&metrics.device(&self.identity.device)).dec();
+        let transport = crate::metrics::TransportLabel { transport: self.io.name() };
+        metrics.connections_by_transport.get_or_create(&transport).dec();
+        self.registry.do_send(Unregister { conn: self.id });
+        // No close code at all means the socket just ended.
+        let code = self.close_code.unwrap_or(1006);
+        metrics.disconnects.get_or_create(&crate::metrics::Metrics::close_code(code)).inc();
+        tracing::debug!(conn = self.id, user = %self.identity.user, code, "disconnected");
+    }
+}
+
+impl WsActor for Connection {
+    fn io(&mut self) -> Option<&mut WsIo> {
+        match &mut self.io {
+            Transport::Ws(io) => Some(io),
+            Transport::Sse(_) => None,
+        }
+    }
+
+    /// As the machine says: not over the outbox bound nor with too many answers pending.
+    fn may_read(&mut self, ctx: &mut Self::Context) -> bool {
+        let (held, born) = (self.held(), self.born);
+        self.step(ctx, |m| m.may_read(held, || ms_since(born)))
+    }
+
+    fn on_read(&mut self, item: Result<ws::Message, ReadError>, ctx: &mut Self::Context) {
+        let now = self.now();
+        let closing = {
+            let mut machine = self.link.machine();
+            machine.heard(now);
+            machine.is_closing()
+        };
+        let read = self.reader.read(item);
+        if closing {
+            if ends_closing(&read) {
+                ctx.stop();
+            }
+            return;
+        }
+        match read {
+            Ok(inbound) => self.on_inbound(inbound, ctx),
+            Err(fault) => self.on_fault(fault, ctx),
+        }
+    }
+}
+
+impl Handler<RoomUpdate> for Connection {
+    type Result = ();
+
+    fn handle(&mut self, update: RoomUpdate, ctx: &mut Self::Context) {
+        self.on_update(update, ctx);
+        // Only now, with what it wrote queued: rooms may write to the socket directly again.
+        self.link.handled();
     }
 }
 
@@ -909,6 +733,6 @@ impl Handler<CloseConnection> for Connection {
         if let Some(upto) = revoke_upto {
             self.settings.revocations.revoke(&self.identity.session, upto);
         }
-        self.close_with(ctx, msg.code, &msg.reason, msg.force);
+        self.close(ctx, msg.code, &msg.reason, msg.force);
     }
 }
