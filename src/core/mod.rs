@@ -8,6 +8,7 @@ pub mod backlog;
 pub mod backoff;
 pub mod batch;
 pub mod breaker;
+pub mod connection;
 pub mod busiest;
 pub mod drain;
 pub mod group_commit;
