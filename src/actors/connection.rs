@@ -12,6 +12,7 @@
 //! - [`client`]: what the client sends; [`rooms`]: what rooms send and are asked;
 //!   [`requests`]: history, presence and publish; [`lifecycle`]: start and stop;
 //!   [`settings`]: what a connection is given.
+//!
 //! The client is on a WebSocket (livegate's own transport, [`wsio`], driven inside this
 //! actor) or a Server-Sent Events stream ([`super::sse`]); [`Transport`] is the one place
 //! they differ, so everything else here is the same code for both.

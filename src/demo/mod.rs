@@ -6,7 +6,7 @@
 //! a restarted simulator resumes each match from its stored state instead of kicking off
 //! again.
 
-mod matchsim;
+pub mod matchsim;
 
 use std::sync::Arc;
 use std::time::Duration;
