@@ -135,3 +135,95 @@ fn no_actor_holds_its_mailbox_while_it_waits() {
     }
     assert!(found.is_empty(), "actors that hold their mailbox or thread while they wait:\n  {}", found.join("\n  "));
 }
+
+/// The names a file's code (before its unit tests) reaches through `super::`: the first
+/// segment of each path, and of each path in a `super::{…}` group.
+fn super_names(text: &str) -> BTreeSet<String> {
+    let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+    let ident = |s: &str| s.trim_start().chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '*').collect::<String>();
+    let mut found = BTreeSet::new();
+    for (at, _) in code.match_indices("super::") {
+        let rest = &code[at + "super::".len()..];
+        match rest.strip_prefix('{') {
+            Some(group) => {
+                let (mut depth, mut item) = (0, String::new());
+                for c in group.chars() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => break,
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => {
+                            found.insert(ident(&item));
+                            item.clear();
+                            continue;
+                        }
+                        _ => {}
+                    }
+                    item.push(c);
+                }
+                found.insert(ident(&item));
+            }
+            None => {
+                found.insert(ident(rest));
+            }
+        }
+    }
+    found.retain(|name| !name.is_empty());
+    found
+}
+
+/// Inside `src/http/` a module imports what it shares from its siblings (`state`,
+/// `errors`, `request`, …), never from `mod.rs`, which only declares and routes; and no
+/// siblings import each other in a loop.
+#[test]
+fn http_modules_import_no_loop_and_nothing_from_their_parent() {
+    let _gate = crate::common::gate!();
+    let dir = Path::new(crate::common::REPO).join("src/http");
+    let mut siblings = BTreeSet::new();
+    let mut texts = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("read src/http") {
+        let path = entry.expect("entry").path();
+        let name = path.file_stem().expect("a name").to_string_lossy().to_string();
+        if path.extension().is_some_and(|e| e == "rs") && name != "mod" {
+            texts.push((name.clone(), std::fs::read_to_string(&path).expect("read")));
+            siblings.insert(name);
+        }
+    }
+    assert!(siblings.len() > 10, "the HTTP layer's modules are found");
+    let (mut from_parent, mut edges) = (Vec::new(), Vec::new());
+    for (name, text) in &texts {
+        let mut names = super_names(text);
+        for (at, _) in text.match_indices("crate::http::") {
+            let rest = &text[at + "crate::http::".len()..];
+            names.insert(rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect());
+        }
+        for used in names {
+            if siblings.contains(&used) {
+                edges.push((name.clone(), used));
+            } else if used != "*" {
+                from_parent.push(format!("src/http/{name}.rs names {used} of src/http/mod.rs"));
+            }
+        }
+    }
+    assert!(from_parent.is_empty(), "modules that import from src/http/mod.rs:\n  {}", from_parent.join("\n  "));
+    // Take away, again and again, every module that imports none left: a loop is what stays.
+    let mut left = siblings.clone();
+    loop {
+        let leaves: Vec<String> =
+            left.iter().filter(|m| !edges.iter().any(|(from, to)| from == *m && from != to && left.contains(to))).cloned().collect();
+        if leaves.is_empty() {
+            break;
+        }
+        for leaf in leaves {
+            left.remove(&leaf);
+        }
+    }
+    assert!(left.is_empty(), "src/http modules that import each other in a loop: {left:?}");
+}
+
+#[test]
+fn super_names_reads_groups_and_paths() {
+    let _gate = crate::common::gate!();
+    let text = "use super::errors::{a, b};\nuse super::{state, request::{x, y}, limits};\nfn f() { super::seams::g() }\n#[cfg(test)]\nuse super::*;";
+    assert_eq!(super_names(text), ["errors", "state", "request", "limits", "seams"].map(String::from).into());
+}
