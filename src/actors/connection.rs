@@ -28,28 +28,20 @@ use super::socket::{ends_closing, Fault, Inbound, MessageReader, CLOSE_HANDSHAKE
 use super::transport::Transport;
 use super::wsio::{self, ReadError, WsActor, WsIo};
 use crate::core::backlog::Backlog;
+use crate::core::credentials::ResumeGrant;
 use crate::core::limits::{self, burst_for, room_start_burst, Strikes, TokenBucket};
 use crate::core::names;
 use crate::core::outbox::{Outbox, Verdict};
 use crate::core::subscriptions::{Answer, Subscription, Subscriptions};
 use super::link::ConnectionLink;
 use crate::protocol::{self, ClientOp, ClientRequest, CloseCode, ErrorCode, ServerOp};
+use crate::store::credentials::ResumeRevocations;
 
 /// `limit` of a `history` request that names none.
 pub const HISTORY_DEFAULT_LIMIT: usize = 100;
 /// A connection's publishes waiting to be durable; more are refused (`rate_limited`),
 /// so a client cannot pile up appends even with `max_messages_per_sec = 0`.
 pub const MAX_PUBLISHES_IN_FLIGHT: usize = 64;
-
-
-/// What every connection shares.
-/// Where a kicked or replaced connection voids its session's resume credentials:
-/// the embedded store, or NATS in cluster mode. Defined here, implemented by the wiring.
-pub trait ResumeRevocations: Send + Sync {
-    /// Credentials of `session` issued at or before `upto_ms` stop working.
-    fn revoke(&self, session: &str, upto_ms: u64);
-}
-
 
 /// Why a connection may not read a room (`subscribe`, `history`, `presence`).
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +60,8 @@ impl Unreadable {
         }
     }
 }
+
+/// What every connection shares.
 pub struct ConnectionSettings {
     pub metrics: Arc<crate::metrics::Metrics>,
     pub revocations: Arc<dyn ResumeRevocations>,
@@ -126,21 +120,6 @@ pub struct InitialSubscription {
     pub state: bool,
     /// Send the room's presence frames (`&presence=1`).
     pub presence: bool,
-}
-
-/// A resume credential handed to a connection.
-#[derive(Clone)]
-pub struct ResumeGrant {
-    pub credential: String,
-    pub issued_at_ms: u64,
-    pub expires_at_ms: u64,
-}
-
-/// Never prints the credential: it opens a connection as its user.
-impl std::fmt::Debug for ResumeGrant {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResumeGrant").field("issued_at_ms", &self.issued_at_ms).field("expires_at_ms", &self.expires_at_ms).finish_non_exhaustive()
-    }
 }
 
 /// A client publish's `client_published` webhook, waiting for the event to be durable.

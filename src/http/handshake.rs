@@ -14,12 +14,12 @@ use super::errors::{api_error, internal, unroutable, wrong_node, ApiError};
 use super::request::check_session;
 use super::state::AppState;
 use super::{limits, seams};
-use crate::actors::connection::{Connection, Identity, InitialSubscription, ResumeGrant};
+use crate::actors::connection::{Connection, Identity, InitialSubscription};
 use crate::actors::directory::{DirectoryError, OpenSession};
 use crate::actors::messages::CredentialTimes;
 use crate::actors::transport::Transport;
 use crate::actors::wsio::{Accepted, WsIo};
-use crate::core::credentials::{self, jwt, token, Grant, Kind, Void};
+use crate::core::credentials::{self, jwt, token, Grant, Kind, ResumeGrant, Void};
 use crate::protocol::{self, CloseCode, ErrorCode};
 use crate::world::{now_ms, random_bytes};
 
@@ -268,19 +268,7 @@ pub(super) fn directory_refusal(error: DirectoryError) -> (ApiError, bool) {
 /// A fresh one-time resume credential for the connection being opened.
 fn mint_resume(state: &AppState, who: &Grant, session: &str) -> ResumeGrant {
     let ttl_ms = state.config.resume_ttl().as_millis() as u64;
-    let minted = credentials::mint_resume(
-        &state.token_secret,
-        who,
-        session,
-        now_ms(),
-        ttl_ms,
-        random_bytes(),
-    );
-    ResumeGrant {
-        credential: minted.credential,
-        issued_at_ms: minted.issued_at_ms,
-        expires_at_ms: minted.expires_at_ms,
-    }
+    credentials::mint_resume(&state.token_secret, who, session, now_ms(), ttl_ms, random_bytes())
 }
 
 /// The WebSocket upgrade; refusals are counted by their error code. A browser cannot

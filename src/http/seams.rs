@@ -12,13 +12,13 @@ use std::time::Duration;
 
 use futures_util::future::{ready, LocalBoxFuture};
 
-use crate::actors::connection::ResumeRevocations;
 use crate::actors::liveness::Router;
 use crate::cluster::bus::OrderError;
 use crate::actors::rooms::Rooms;
 use crate::cluster::promotion::{Promotion, PromotionError};
 use crate::cluster::{Cluster, ClusterError};
 use crate::core::rebalance::Order;
+use crate::store::credentials::ResumeRevocations;
 use crate::store::{Store, StoreError};
 
 /// Where a nonce was marked used, so that giving it back undoes exactly that mark.

@@ -7,6 +7,13 @@ use super::records::{self, NonceRecord, RevokedRecord};
 use super::time_index::TimeIndex;
 use super::StoreError;
 
+/// Where a kicked or replaced connection voids its session's resume credentials:
+/// the embedded store, or NATS in cluster mode. Implemented by the wiring.
+pub trait ResumeRevocations: Send + Sync {
+    /// Credentials of `session` issued at or before `upto_ms` stop working.
+    fn revoke(&self, session: &str, upto_ms: u64);
+}
+
 /// The credential trees ([`Store::credentials`](super::Store::credentials)).
 #[derive(Clone)]
 pub struct Credentials {
