@@ -13,7 +13,7 @@ use serde::Deserialize;
 use super::errors::{api_error, internal, unroutable, wrong_node, ApiError};
 use super::request::check_session;
 use super::state::AppState;
-use super::{limits, seams};
+use super::limits;
 use crate::actors::connection::{Connection, Identity, InitialSubscription};
 use crate::actors::directory::{DirectoryError, OpenSession};
 use crate::actors::messages::CredentialTimes;
@@ -21,6 +21,7 @@ use crate::actors::transport::Transport;
 use crate::actors::wsio::{Accepted, WsIo};
 use crate::core::credentials::{self, jwt, token, Grant, Kind, ResumeGrant, Void};
 use crate::protocol::{self, CloseCode, ErrorCode};
+use crate::store::credentials::SpentIn;
 use crate::world::{now_ms, random_bytes};
 
 /// The credential a connection presents: a token (optionally naming the session to
@@ -51,7 +52,7 @@ pub(super) struct Verified {
 pub(super) struct Spent {
     who: Grant,
     nonce: [u8; 16],
-    spent_in: seams::SpentIn,
+    spent_in: SpentIn,
     expires_at_ms: u64,
     kind: Kind,
     times: CredentialTimes,
@@ -82,8 +83,8 @@ async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<V
         })?;
         known_void(state, &resume.nonce, now, Kind::Resume)?;
         let (revoked_at, kicked_at) = futures_util::future::join(
-            state.nonces.resumes_revoked_at(&resume.session),
-            state.nonces.kicked_at(&resume.user, &resume.device),
+            state.credentials.resumes_revoked_at(&resume.session),
+            state.credentials.kicked_at(&resume.user, &resume.device),
         )
         .await;
         let (revoked_at, kicked_at) = (revoked_at.map_err(internal)?, kicked_at.map_err(internal)?);
@@ -143,7 +144,7 @@ async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<V
     let issued_at_ms =
         claims.issued_at_or_earliest(state.config.token_ttl_max().as_millis() as u64);
     let kicked_at = state
-        .nonces
+        .credentials
         .kicked_at(&claims.user, &claims.device)
         .await
         .map_err(internal)?;
@@ -180,7 +181,7 @@ async fn spend_credential(verified: Verified, state: &AppState) -> Result<Spent,
         times,
     } = verified;
     let Some(spent_in) = state
-        .nonces
+        .credentials
         .use_nonce(&nonce, expires_at_ms)
         .await
         .map_err(internal)?
@@ -236,7 +237,7 @@ fn void_refusal(kind: Kind, why: Void) -> ApiError {
 /// was opened with it, and while it was marked no other handshake could spend it, so a
 /// credential still opens at most one connection.
 async fn give_back(state: &AppState, spent: &Spent) {
-    match state.nonces.unuse_nonce(&spent.nonce, spent.spent_in).await {
+    match state.credentials.unuse_nonce(&spent.nonce, spent.spent_in).await {
         // A replay that found it marked meanwhile remembered it: usable again here too.
         Ok(()) => state.spent.lock().forget(&spent.nonce),
         Err(error) => tracing::warn!(%error, "a refused handshake's credential stays spent"),

@@ -191,7 +191,7 @@ pub(super) async fn kick(
     // this kick (`core::credentials::kicks`).
     let at_ms = now_ms();
     state
-        .nonces
+        .credentials
         .kick_user(&user, device.as_deref(), at_ms)
         .await
         .map_err(internal)?;
@@ -206,7 +206,7 @@ pub(super) async fn kick(
     // The kicked connections revoked their sessions' resume credentials before they
     // stopped (other nodes before they answered): the answer waits until that is durable,
     // so a crash right after it cannot bring the credentials back.
-    state.nonces.revocations_durable().await.map_err(internal)?;
+    state.credentials.revocations_durable().await.map_err(internal)?;
     // A token minted after this answer must be issued after the kick (the rule is "at or
     // before"): never answer within the kick's own millisecond.
     while now_ms() <= at_ms {

@@ -8,6 +8,7 @@ use actix::Addr;
 
 use super::limits::{ConnectionLimits, SharedAccess};
 use super::{durable, jwt, seams, sockets};
+use crate::store::credentials::CredentialStore;
 use crate::actors::connection::ConnectionSettings;
 use crate::actors::directory::{Directory, SessionOpener, SessionStore};
 use crate::actors::liveness::{LivenessActor, Router};
@@ -44,8 +45,8 @@ pub struct AppState {
     /// Session records (sled, or the KV bucket in cluster mode), for routing questions.
     pub sessions: Arc<dyn SessionStore>,
     /// Where token nonces are marked used (the store, or NATS in cluster mode).
-    pub nonces: Arc<dyn seams::Nonces>,
-    /// Nonces this node knows are void, checked before `nonces` is asked anything.
+    pub credentials: Arc<dyn CredentialStore>,
+    /// Nonces this node knows are void, checked before `credentials` is asked anything.
     pub spent: Arc<parking_lot::Mutex<SpentNonces>>,
     /// Kicks reach other nodes' connections through it (cluster mode).
     pub other_nodes: Arc<dyn seams::OtherNodes>,
