@@ -152,7 +152,7 @@ impl JwtKeys {
             self.keys.iter().map(|k| KeySlot { alg: k.alg, kid: k.kid.as_deref(), in_set: k.in_set }).collect();
         let key = &self.keys[jwt::choose_key(&header.alg, header.kid.as_deref(), &slots)?];
         let mut validation = Validation::new(algorithm(key.alg));
-        // Times, issuer and audience are core::jwt's, with the node's `now`.
+        // Times, issuer and audience are core::credentials::jwt's, with the node's `now`.
         validation.required_spec_claims.clear();
         validation.validate_exp = false;
         validation.validate_nbf = false;
