@@ -841,9 +841,9 @@ impl Config {
 
     /// The JWT keys' settings; the key files themselves are read at start (`http::jwt`).
     fn validate_jwt(&self) -> Result<(), ConfigError> {
-        if let Some(bytes) = self.jwt_hmac_secret.as_ref().map(String::len).filter(|&n| n < crate::core::jwt::HMAC_SECRET_MIN_BYTES) {
+        if let Some(bytes) = self.jwt_hmac_secret.as_ref().map(String::len).filter(|&n| n < crate::core::credentials::jwt::HMAC_SECRET_MIN_BYTES) {
             // Never echo the secret.
-            let min = crate::core::jwt::HMAC_SECRET_MIN_BYTES;
+            let min = crate::core::credentials::jwt::HMAC_SECRET_MIN_BYTES;
             return Err(invalid("jwt_hmac_secret", format!("must be at least {min} bytes long (HS256 needs a key as long as its hash), got {bytes}")));
         }
         for (key, value) in [("jwt_issuer", &self.jwt_issuer), ("jwt_audience", &self.jwt_audience)] {
@@ -970,7 +970,7 @@ fn rule_of(key: &str) -> Option<String> {
     match key {
         "api_key" => Some(format!("at least {API_KEY_MIN_CHARS} characters")),
         "previous_api_keys" => Some(format!("each at least {API_KEY_MIN_CHARS} characters")),
-        "jwt_hmac_secret" => Some(format!("at least {} bytes", crate::core::jwt::HMAC_SECRET_MIN_BYTES)),
+        "jwt_hmac_secret" => Some(format!("at least {} bytes", crate::core::credentials::jwt::HMAC_SECRET_MIN_BYTES)),
         "cluster_replicas" => Some(format!("{} or {}", CLUSTER_REPLICAS[0], CLUSTER_REPLICAS[1])),
         "cells" => Some(format!("at most {MAX_CELLS}, each a `cell` name, no duplicates, this node's `cell` among them")),
         _ => None,

@@ -38,8 +38,10 @@ use super::transport::Transport;
 use super::wsio::{self, ReadError, WsActor, WsIo};
 use crate::core::backlog::Backlog;
 use crate::core::connection::{self as machine, Action, Ask, Ending, Grants, Pending, Refusal};
+use crate::core::credentials::ResumeGrant;
 use crate::core::subscriptions::Answer;
 use crate::protocol::{self, ClientOp, CloseCode, ErrorCode, ServerOp};
+use crate::store::credentials::ResumeRevocations;
 
 mod client;
 mod lifecycle;
@@ -50,31 +52,6 @@ mod settings;
 pub use crate::core::connection::HISTORY_DEFAULT_LIMIT;
 pub use settings::{ConnectionSettings, Identity, InitialSubscription};
 
-/// Where a kicked or replaced connection voids its session's resume credentials:
-/// the embedded store, or NATS in cluster mode. Defined here, implemented by the wiring.
-pub trait ResumeRevocations: Send + Sync {
-    /// Credentials of `session` issued at or before `upto_ms` stop working.
-    fn revoke(&self, session: &str, upto_ms: u64);
-}
-
-/// A resume credential handed to a connection.
-#[derive(Clone)]
-pub struct ResumeGrant {
-    pub credential: String,
-    pub issued_at_ms: u64,
-    pub expires_at_ms: u64,
-}
-
-/// Never prints the credential: it opens a connection as its user.
-impl std::fmt::Debug for ResumeGrant {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut grant = f.debug_struct("ResumeGrant");
-        grant
-            .field("issued_at_ms", &self.issued_at_ms)
-            .field("expires_at_ms", &self.expires_at_ms)
-            .finish_non_exhaustive()
-    }
-}
 
 pub struct Connection {
     id: ConnId,

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{ResumeGrant, ResumeRevocations};
+use crate::core::credentials::ResumeGrant;
+use crate::store::credentials::ResumeRevocations;
 use crate::actors::messages::CredentialTimes;
 use crate::actors::publish::Publisher;
 
