@@ -38,10 +38,8 @@ use super::transport::Transport;
 use super::wsio::{self, ReadError, WsActor, WsIo};
 use crate::core::backlog::Backlog;
 use crate::core::connection::{self as machine, Action, Ask, Ending, Grants, Pending, Refusal};
-use crate::core::credentials::ResumeGrant;
 use crate::core::subscriptions::Answer;
 use crate::protocol::{self, ClientOp, CloseCode, ErrorCode, ServerOp};
-use crate::store::credentials::ResumeRevocations;
 
 mod client;
 mod lifecycle;

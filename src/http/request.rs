@@ -221,7 +221,7 @@ mod tests {
     #[actix_web::test]
     async fn the_handlers_refusals_name_the_room() {
         let call = ApiRoom { room: "r".into() };
-        let refused = call.answer(async { Err::<(), _>(ApiError::bad_request("no")) }).await.err().expect("refused");
+        let refused = call.answer(async { Err::<(), _>(ApiError::bad_request("no")) }).await.expect_err("refused");
         assert_eq!((refused.code, refused.room.as_deref()), (ErrorCode::BadRequest, Some("r")));
     }
 }

@@ -380,8 +380,6 @@ fn prepare_connection(conn: &dyn std::any::Any, data: &mut actix_web::dev::Exten
     }
 }
 
-/// The route table: each line registers one route in [`configure`] and is one entry of
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -221,6 +221,10 @@ fn first_segments(rest: &str) -> Vec<String> {
         item.push(c);
     }
     found.push(ident(&item));
+    found.retain(|name| !name.is_empty());
+    found
+}
+
 /// A cycle of `graph` as the names along it, if there is one.
 fn a_cycle(graph: &std::collections::BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
     fn visit(
