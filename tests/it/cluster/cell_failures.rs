@@ -240,14 +240,18 @@ fn a_cut_between_cells_leaves_each_serving_its_own_and_cross_cell_publishes_fail
             let (answer, took) = publish_timed(&cells.http(node), room, &id);
             cross += 1;
             cross_worst = cross_worst.max(took);
+            // A node's first cross-cell publish after the cut may be the one that finds the
+            // other cell gone (its request times out); it may take up to 2 s on a loaded
+            // machine. Every later one must fail within a second.
+            let limit = if k == 1 { Duration::from_secs(2) } else { Duration::from_secs(1) };
             match answer {
-                Err((503, code)) if code == "room_home_unavailable" => cross_fast += usize::from(took < Duration::from_secs(1)),
+                Err((503, code)) if code == "room_home_unavailable" => cross_fast += usize::from(took < limit),
                 other => failures.push(format!("cross-cell publish {id} during the cut: {other:?} after {took:?} (want 503 room_home_unavailable)")),
             }
         }
     }
     if cross_fast != cross {
-        failures.push(format!("{} of {cross} cross-cell publishes took a second or more to fail (worst {cross_worst:?})", cross - cross_fast));
+        failures.push(format!("{} of {cross} cross-cell publishes were slow to fail (worst {cross_worst:?}; the first of each node may take 2 s, the rest 1 s)", cross - cross_fast));
     }
     let local_during = k;
 
