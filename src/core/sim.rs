@@ -182,7 +182,14 @@ impl Sim {
         Sim::planted(keep, max_recovery, max_outbox, window_events, slow, Plant::None)
     }
 
-    fn planted(keep: usize, max_recovery: u64, max_outbox: usize, window_events: usize, slow: &[bool], plant: Plant) -> Sim {
+    fn planted(
+        keep: usize,
+        max_recovery: u64,
+        max_outbox: usize,
+        window_events: usize,
+        slow: &[bool],
+        plant: Plant,
+    ) -> Sim {
         let retention = Retention { max_events: keep, max_age_ms: u64::MAX };
         let limits = Limits {
             retention,
@@ -193,7 +200,8 @@ impl Sim {
         let epoch_start = Instant::now();
         let mut room = RoomMachine::new(SimWire { window_events }, limits, epoch_start);
         room.plant = plant;
-        room.handle(Input::Loaded { log: SeqLog::restore("e1".into(), 0, Vec::new(), retention), state: None }, epoch_start);
+        let log = SeqLog::restore("e1".into(), 0, Vec::new(), retention);
+        room.handle(Input::Loaded { log, state: None }, epoch_start);
         let mut sim = Sim {
             now_ms: 0,
             epoch_start,
@@ -340,7 +348,8 @@ impl Sim {
                 }
                 Action::ArmTimer(super::room::Timer::Window, _) => self.window_armed = true,
                 Action::Write { seq, key, reply } => {
-                    let written = LogInput::Written { seq, key, ts_ms: self.now_ms, payload: Ev(seq), reply, result: Ok(()) };
+                    let ts_ms = self.now_ms;
+                    let written = LogInput::Written { seq, key, ts_ms, payload: Ev(seq), reply, result: Ok(()) };
                     self.room.handle(Input::Log(written), now);
                 }
                 Action::Flush { upto } => {
@@ -387,12 +396,16 @@ impl Sim {
                     return;
                 }
                 let sink = (conn, backlog);
-                let ask = Subscribe { conn, generation, automatic: false, since, epoch: None, state: false, sink, ticket: () };
+                let ask =
+                    Subscribe { conn, generation, automatic: false, since, epoch: None, state: false, sink, ticket: () };
                 self.input(Input::Subscribe(ask));
             }
             Request::Unsubscribe { conn, generation } => {
                 // A subscribe held for a read and left before it ended is dropped.
-                self.held.retain(|held| !matches!(held, Request::Subscribe { conn: c, generation: g, .. } if *c == conn && *g <= generation));
+                let left = |held: &Request| {
+                    matches!(held, Request::Subscribe { conn: c, generation: g, .. } if *c == conn && *g <= generation)
+                };
+                self.held.retain(|held| !left(held));
                 self.input(Input::Unsubscribe { conn, generation });
             }
         }

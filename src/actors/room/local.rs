@@ -13,7 +13,8 @@ use std::time::Instant;
 
 use actix::prelude::*;
 
-use super::{id_key, publish_key, render, spawn_then, Frames, Log, LogPart, Pending, RoomActor, RoomCore, RoomLog, RoomLogs};
+use super::{id_key, publish_key, render, spawn_then, Frames, Log, LogPart, Pending, RoomActor, RoomCore, RoomLog};
+use super::RoomLogs;
 use crate::actors::messages::*;
 use crate::core::room::{Action, Input, LogInput};
 use crate::core::seqlog::{Entry, SeqLog};
@@ -78,7 +79,8 @@ impl LocalLog {
         let name = room.name().clone();
         let Some(epoch) = room.live().map(|log| log.epoch().to_string()) else { return };
         let ts_ms = now_ms();
-        let record = EventRecord { seq, id: msg.id.to_string(), ts_ms, data: msg.data.to_string(), devices: msg.devices, from: msg.from };
+        let (id, data) = (msg.id.to_string(), msg.data.to_string());
+        let record = EventRecord { seq, id, ts_ms, data, devices: msg.devices, from: msg.from };
         let written = match &msg.state {
             Some(state) => self.store.rooms().append_with_state(&name, &epoch, &record, state),
             None => self.store.rooms().append(&name, &epoch, &record),
@@ -88,7 +90,8 @@ impl LocalLog {
         }
         self.stored |= written.is_ok();
         let stored = written.is_ok();
-        let (payload, reply, result) = (render(&name, &record), Pending::Reply(msg.reply), written.map_err(PublishFailed::from));
+        let (payload, reply) = (render(&name, &record), Pending::Reply(msg.reply));
+        let result = written.map_err(PublishFailed::from);
         room.input(Input::Log(LogInput::Written { seq, key, ts_ms, payload, reply, result }));
         if let Some(data) = msg.state.filter(|_| stored) {
             room.input(Input::State(StateAt { seq, data }));

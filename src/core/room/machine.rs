@@ -319,6 +319,10 @@ pub struct RoomMachine<W: Wire> {
     occupied: bool,
     /// Publishers waiting for their event's flush.
     waiting: Vec<Waiter<W::Reply>>,
+    /// A write is in flight ([`Action::Write`]): the publishes after it wait for it, in
+    /// order, so each is written at the seq after the one before.
+    writing: bool,
+    to_write: VecDeque<(Arc<str>, W::Reply)>,
     flushing: bool,
     /// State writes waiting for their flush.
     putting: usize,
@@ -345,6 +349,8 @@ impl<W: Wire> RoomMachine<W> {
             tells_occupancy: true,
             occupied: false,
             waiting: Vec::new(),
+            writing: false,
+            to_write: VecDeque::new(),
             flushing: false,
             putting: 0,
             actions: VecDeque::new(),
@@ -791,6 +797,9 @@ impl<W: Wire> RoomMachine<W> {
 
     fn log_input(&mut self, input: LogInput<W>, now: Instant) {
         match input {
+            LogInput::Publish { key, reply } if self.writing => {
+                self.to_write.push_back((key, reply))
+            }
             LogInput::Publish { key, reply } => {
                 let log = match &self.phase {
                     Phase::Live(log) => log,
@@ -816,6 +825,7 @@ impl<W: Wire> RoomMachine<W> {
                     }),
                     None => {
                         let seq = log.head() + 1;
+                        self.writing = true;
                         self.actions.push_back(Action::Write { seq, key, reply });
                     }
                 }
@@ -828,32 +838,14 @@ impl<W: Wire> RoomMachine<W> {
                 reply,
                 result,
             } => {
-                if let Err(failed) = result {
-                    return self.reply(reply, Err(failed));
+                self.writing = false;
+                match result {
+                    Ok(()) => self.append(seq, key, ts_ms, payload, reply),
+                    Err(failed) => self.reply(reply, Err(failed)),
                 }
-                let Phase::Live(log) = &mut self.phase else {
-                    return;
-                };
-                debug_assert_eq!(seq, log.head() + 1, "one write at a time");
-                match log.append(key, ts_ms, |_| payload) {
-                    Append::Appended { seq, trimmed_below } => {
-                        self.waiting.push(Waiter {
-                            seq,
-                            duplicate: false,
-                            reply,
-                        });
-                        if let Some(first_kept) = trimmed_below {
-                            self.actions.push_back(Action::Trim {
-                                first_kept,
-                                expired: false,
-                            });
-                        }
-                    }
-                    Append::Duplicate { .. } => {
-                        unreachable!("a key is written once: checked before the write")
-                    }
+                if let Some((key, reply)) = self.to_write.pop_front() {
+                    self.log_input(LogInput::Publish { key, reply }, now);
                 }
-                self.request_flush();
             }
             LogInput::Flushed { upto, result } => self.flushed(upto, result, now),
             LogInput::Put { data, reply } => {
@@ -893,6 +885,33 @@ impl<W: Wire> RoomMachine<W> {
                 );
             }
         }
+    }
+
+    /// Event `seq` is written where the log keeps it: it waits for a flush.
+    fn append(&mut self, seq: u64, key: Arc<str>, ts_ms: u64, payload: W::Event, reply: W::Reply) {
+        let Phase::Live(log) = &mut self.phase else {
+            return;
+        };
+        debug_assert_eq!(seq, log.head() + 1, "one write at a time");
+        match log.append(key, ts_ms, |_| payload) {
+            Append::Appended { seq, trimmed_below } => {
+                self.waiting.push(Waiter {
+                    seq,
+                    duplicate: false,
+                    reply,
+                });
+                if let Some(first_kept) = trimmed_below {
+                    self.actions.push_back(Action::Trim {
+                        first_kept,
+                        expired: false,
+                    });
+                }
+            }
+            Append::Duplicate { .. } => {
+                unreachable!("a key is written once: checked before the write")
+            }
+        }
+        self.request_flush();
     }
 
     fn reply(&mut self, to: W::Reply, result: Result<Published, W::Failed>) {
@@ -950,7 +969,11 @@ impl<W: Wire> RoomMachine<W> {
 
     /// Whether the log has writes or flushes in flight (the room must not stop).
     pub fn log_busy(&self) -> bool {
-        self.flushing || !self.waiting.is_empty() || self.putting > 0
+        self.flushing
+            || self.writing
+            || !self.to_write.is_empty()
+            || !self.waiting.is_empty()
+            || self.putting > 0
     }
 }
 
@@ -1137,6 +1160,60 @@ mod tests {
     }
 
     #[test]
+    fn publishes_taken_while_a_write_is_in_flight_are_written_after_it_in_order() {
+        let t0 = Instant::now();
+        let mut room = room(t0);
+        for (key, reply) in [("a", "A"), ("b", "B"), ("a", "A2")] {
+            room.handle(
+                Input::Log(LogInput::Publish {
+                    key: key.into(),
+                    reply,
+                }),
+                t0,
+            );
+        }
+        let mut written = Vec::new();
+        while let Some(action) = room.poll() {
+            if let Action::Write { seq, key, reply } = action {
+                written.push((seq, reply));
+                let input = LogInput::Written {
+                    seq,
+                    key,
+                    ts_ms: 0,
+                    payload: seq,
+                    reply,
+                    result: Ok(()),
+                };
+                room.handle(Input::Log(input), t0);
+            }
+        }
+        assert_eq!(
+            written,
+            vec![(1, "A"), (2, "B")],
+            "the repeat of a is no write"
+        );
+        room.handle(
+            Input::Log(LogInput::Flushed {
+                upto: 1,
+                result: Ok(()),
+            }),
+            t0,
+        );
+        assert_eq!(
+            replies(&drain(&mut room)),
+            vec![("A", 1, false), ("A2", 1, true)]
+        );
+        room.handle(
+            Input::Log(LogInput::Flushed {
+                upto: 2,
+                result: Ok(()),
+            }),
+            t0,
+        );
+        assert_eq!(replies(&drain(&mut room)), vec![("B", 2, false)]);
+    }
+
+    #[test]
     fn a_failed_flush_answers_its_publishers_and_is_tried_again() {
         let t0 = Instant::now();
         let mut room = room(t0);
@@ -1208,7 +1285,8 @@ mod tests {
         let mut room = room(t0);
         room.handle(Input::Started, t0);
         assert!(
-            matches!(drain(&mut room).as_slice(), [Action::ArmTimer(Timer::Linger, at)] if *at == t0 + EMPTY_ROOM_LINGER)
+            matches!(drain(&mut room).as_slice(), [Action::ArmTimer(Timer::Linger, at)]
+                if *at == t0 + EMPTY_ROOM_LINGER)
         );
         room.handle(
             Input::Adopt(vec![(3, 2, (3, Arc::new(Backlog::new(10))))]),
