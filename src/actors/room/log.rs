@@ -136,6 +136,9 @@ pub trait SharedLog {
     fn catch_up(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>);
     /// The room starts with parked subscribers, adopted for an event after `replay_after`.
     fn adopted(&mut self, replay_after: Option<u64>);
+    /// The cell the room's home moved to since its log was read, if it did: the log's
+    /// epoch and sequence are no longer the room's, and the room must not be served.
+    fn moved_away(&self, room: &RoomCore) -> Option<Arc<str>>;
 }
 
 /// A kind of log, found again in the room's [`Log`] by its own continuations.

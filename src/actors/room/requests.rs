@@ -3,6 +3,7 @@
 //! again, a subscriber's `since` beyond its head; the room goes on serving the others
 //! meanwhile. Each handler tells the room's machine and carries out what it decides.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
@@ -198,6 +199,36 @@ impl RoomActor {
         );
     }
 
+    /// Every request starts here: a stopped room sends the caller back to the rooms
+    /// table, a live one counts the request as activity. So does a room whose home moved
+    /// since its log was read, when the rooms table has not told it yet ([`HomeMoved`]
+    /// follows the homes): it stops as if told, and the caller's next actor reads the
+    /// room where it moved. Served, a publish would be appended under the new home by a
+    /// room that answers with the old epoch, or not answered at all once it is told.
+    fn admit(&mut self, ctx: &mut Context<Self>) -> Result<(), RoomGone> {
+        let moved = match self.log.shared() {
+            Some(shared) if !self.core.machine.is_stopped() => shared.moved_away(&self.core),
+            _ => None,
+        };
+        if let Some(to) = moved {
+            self.home_moved(to, ctx);
+        }
+        self.core.admit()
+    }
+
+    /// The room's home moved to cell `to`: its subscribers are told to resume there and
+    /// the room stops.
+    fn home_moved(&mut self, to: Arc<str>, ctx: &mut Context<Self>) {
+        if self.core.machine.is_stopped() {
+            return;
+        }
+        self.core.moved_to = Some(to.clone());
+        self.core.input(Input::Moved);
+        self.drive(ctx);
+        tracing::info!(room = %self.core.name, to = %to, "room moved to another cell: subscribers closed to resume there");
+        ctx.stop();
+    }
+
     /// Serve a request that came in a message (after the room admitted it).
     fn request(&mut self, request: Request, ctx: &mut Context<Self>) {
         self.serve(request, true, ctx);
@@ -209,7 +240,7 @@ impl Handler<Publish> for RoomActor {
     type Result = Result<(), RoomGone>;
 
     fn handle(&mut self, msg: Publish, ctx: &mut Self::Context) -> Self::Result {
-        self.core.admit()?;
+        self.admit(ctx)?;
         self.request(Request::Publish(msg), ctx);
         Ok(())
     }
@@ -222,7 +253,7 @@ impl Handler<Subscribe> for RoomActor {
     type Result = Result<(), RoomGone>;
 
     fn handle(&mut self, msg: Subscribe, ctx: &mut Self::Context) -> Self::Result {
-        self.core.admit()?;
+        self.admit(ctx)?;
         self.request(Request::Subscribe(msg), ctx);
         Ok(())
     }
@@ -232,7 +263,7 @@ impl Handler<PutState> for RoomActor {
     type Result = Result<(), RoomGone>;
 
     fn handle(&mut self, msg: PutState, ctx: &mut Self::Context) -> Self::Result {
-        self.core.admit()?;
+        self.admit(ctx)?;
         self.request(Request::Put(msg), ctx);
         Ok(())
     }
@@ -251,7 +282,7 @@ impl Handler<ReadState> for RoomActor {
 
     fn handle(&mut self, _msg: ReadState, ctx: &mut Self::Context) -> Self::Result {
         let (reply, answer) = oneshot::channel();
-        match self.core.admit() {
+        match self.admit(ctx) {
             Ok(()) => self.request(Request::ReadState(reply), ctx),
             Err(gone) => drop(reply.send(Err(gone))),
         }
@@ -264,7 +295,7 @@ impl Handler<ReadHistory> for RoomActor {
 
     fn handle(&mut self, msg: ReadHistory, ctx: &mut Self::Context) -> Self::Result {
         let (reply, answer) = oneshot::channel();
-        match self.core.admit() {
+        match self.admit(ctx) {
             Ok(()) => self.request(Request::ReadHistory(msg, reply), ctx),
             Err(gone) => drop(reply.send(Err(gone))),
         }
@@ -302,14 +333,7 @@ impl Handler<HomeMoved> for RoomActor {
     type Result = ();
 
     fn handle(&mut self, msg: HomeMoved, ctx: &mut Self::Context) {
-        if self.core.machine.is_stopped() {
-            return;
-        }
-        self.core.moved_to = Some(msg.to.clone());
-        self.core.input(Input::Moved);
-        self.drive(ctx);
-        tracing::info!(room = %self.core.name, to = %msg.to, "room moved to another cell: subscribers closed to resume there");
-        ctx.stop();
+        self.home_moved(msg.to, ctx);
     }
 }
 
@@ -357,8 +381,8 @@ impl Handler<Unsubscribe> for RoomActor {
 impl Handler<ReadPresence> for RoomActor {
     type Result = Result<Result<crate::core::presence::View, PresenceOff>, RoomGone>;
 
-    fn handle(&mut self, _msg: ReadPresence, _ctx: &mut Self::Context) -> Self::Result {
-        self.core.admit()?;
+    fn handle(&mut self, _msg: ReadPresence, ctx: &mut Self::Context) -> Self::Result {
+        self.admit(ctx)?;
         Ok(self.core.presence.view(&self.core.name))
     }
 }

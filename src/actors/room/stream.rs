@@ -56,6 +56,7 @@ impl RoomLogs for StreamRoomLogs {
             feed: None,
             check_armed: false,
             lag: FeedLag::default(),
+            home: None,
         }))
     }
 
@@ -121,6 +122,9 @@ pub struct StreamLog {
     /// What the room applied when, to read how far behind the stream each event came
     /// (`core::lag`).
     lag: FeedLag,
+    /// The room's home cell when its log was read (cells with their own NATS): its
+    /// epoch and sequence are that home's.
+    home: Option<String>,
 }
 
 impl Sequenced for StreamEvent {
@@ -384,6 +388,7 @@ fn deliver(room: &mut RoomCore, stored: StreamEvent, lag: &mut FeedLag) {
 impl RoomLog for StreamLog {
     fn load(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>) {
         room.input(Input::Loading);
+        self.home = self.cluster.room_home(room.name());
         let (cluster, name) = (self.cluster.clone(), room.name().clone());
         // Requests that need the log are held until the room is loaded (the mailbox
         // is not). The feed comes first, so nothing stored between the read and the
@@ -522,5 +527,12 @@ impl SharedLog for StreamLog {
 
     fn adopted(&mut self, replay_after: Option<u64>) {
         self.replay_after = replay_after;
+    }
+
+    /// The homes name another cell than the one the log was read under: a promotion
+    /// this node learned before the rooms table told the room ([`HomeMoved`]).
+    fn moved_away(&self, room: &RoomCore) -> Option<Arc<str>> {
+        let home = self.cluster.room_home(room.name());
+        (home != self.home).then(|| home.unwrap_or_default().into())
     }
 }
