@@ -87,10 +87,12 @@ impl BenchServer {
         let dir = tempfile::Builder::new().prefix("livegate-bench-").tempdir().expect("tempdir");
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("local addr");
-        let mut config = livegate::config::Config::default();
-        config.data_dir = dir.path().to_path_buf();
-        config.api_key = Some(API_KEY.into());
-        config.listen = addr;
+        let config = livegate::config::Config {
+            data_dir: dir.path().to_path_buf(),
+            api_key: Some(API_KEY.into()),
+            listen: addr,
+            ..livegate::config::Config::default()
+        };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("livegate-bench-server".into())

@@ -454,7 +454,7 @@ pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
     ReadFile { path: PathBuf, source: std::io::Error },
     #[error("config file {path} is not valid TOML: {}{}", source.message(), line.map(|n| format!(" (line {n})")).unwrap_or_default())]
-    ParseFile { path: PathBuf, line: Option<usize>, source: toml::de::Error },
+    ParseFile { path: PathBuf, line: Option<usize>, source: Box<toml::de::Error> },
     #[error("config file {path}: unknown key `{key}` (known keys: {})", known_keys())]
     UnknownKey { path: PathBuf, key: String },
     #[error("{origin}: expected {expected}, got {got}")]
@@ -841,9 +841,9 @@ impl Config {
 
     /// The JWT keys' settings; the key files themselves are read at start (`http::jwt`).
     fn validate_jwt(&self) -> Result<(), ConfigError> {
-        if let Some(bytes) = self.jwt_hmac_secret.as_ref().map(String::len).filter(|&n| n < crate::core::jwt::HMAC_SECRET_MIN_BYTES) {
+        if let Some(bytes) = self.jwt_hmac_secret.as_ref().map(String::len).filter(|&n| n < crate::core::credentials::jwt::HMAC_SECRET_MIN_BYTES) {
             // Never echo the secret.
-            let min = crate::core::jwt::HMAC_SECRET_MIN_BYTES;
+            let min = crate::core::credentials::jwt::HMAC_SECRET_MIN_BYTES;
             return Err(invalid("jwt_hmac_secret", format!("must be at least {min} bytes long (HS256 needs a key as long as its hash), got {bytes}")));
         }
         for (key, value) in [("jwt_issuer", &self.jwt_issuer), ("jwt_audience", &self.jwt_audience)] {
@@ -970,7 +970,7 @@ fn rule_of(key: &str) -> Option<String> {
     match key {
         "api_key" => Some(format!("at least {API_KEY_MIN_CHARS} characters")),
         "previous_api_keys" => Some(format!("each at least {API_KEY_MIN_CHARS} characters")),
-        "jwt_hmac_secret" => Some(format!("at least {} bytes", crate::core::jwt::HMAC_SECRET_MIN_BYTES)),
+        "jwt_hmac_secret" => Some(format!("at least {} bytes", crate::core::credentials::jwt::HMAC_SECRET_MIN_BYTES)),
         "cluster_replicas" => Some(format!("{} or {}", CLUSTER_REPLICAS[0], CLUSTER_REPLICAS[1])),
         "cells" => Some(format!("at most {MAX_CELLS}, each a `cell` name, no duplicates, this node's `cell` among them")),
         _ => None,
@@ -993,7 +993,7 @@ fn read_file(path: &Path) -> Result<toml::Table, ConfigError> {
     text.parse().map_err(|source: toml::de::Error| {
         // Name the line: "invalid basic string" alone does not say where.
         let line = source.span().map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1);
-        ConfigError::ParseFile { path: path.to_path_buf(), line, source }
+        ConfigError::ParseFile { path: path.to_path_buf(), line, source: Box::new(source) }
     })
 }
 

@@ -396,7 +396,7 @@ async fn prepare(ctx: &Ctx<'_>, dep: &Deploy, arm: Arm, room: usize, first_user:
         ));
     }
     let connected = specs.len() - clients.failed;
-    let publisher = Publisher::spread(Kind::Livegate, &[dep.nodes[0].addr], 1, s.publish_connections, s.pad, true).from_room(room);
+    let publisher = Publisher::spread(Kind::Livegate, &[dep.nodes[0].addr], 1, s.publish_connections, s.pad, true).starting_at_room(room);
     Ok(Prepared { room, rec, clients, connected, publisher, phase: 0 })
 }
 

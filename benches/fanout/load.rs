@@ -199,8 +199,7 @@ pub async fn connect(addr: SocketAddr, url: &str, slow: bool) -> Result<Ws, Stri
         .map_err(|_| "connect timed out".to_string())?
         .map_err(|e| format!("connect: {e}"))?;
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
-    let mut cfg = WebSocketConfig::default();
-    cfg.write_buffer_size = 0;
+    let cfg = WebSocketConfig { write_buffer_size: 0, ..WebSocketConfig::default() };
     let (ws, _) = tokio::time::timeout(
         CONNECT_TIMEOUT,
         tokio_tungstenite::client_async_with_config(url, stream, Some(cfg)),
@@ -326,16 +325,17 @@ async fn read_loop(kind: Kind, ws: &mut Ws, slow: bool, rec: &Rec, stop: &mut wa
             m = ws.next(), if !slow => match m {
                 Some(Ok(Message::Text(t))) => {
                     let now = now_ns();
-                    let mut r = rec.borrow_mut();
-                    r.on_frame(now, t.len());
-                    proto::scan_events(t.as_bytes(), |seq, sent| {
-                        sum.received += 1;
-                        if seen.insert(seq) {
-                            sum.distinct += 1;
-                        }
-                        r.on_event(sent, now);
-                    });
-                    drop(r);
+                    {
+                        let mut r = rec.borrow_mut();
+                        r.on_frame(now, t.len());
+                        proto::scan_events(t.as_bytes(), |seq, sent| {
+                            sum.received += 1;
+                            if seen.insert(seq) {
+                                sum.distinct += 1;
+                            }
+                            r.on_event(sent, now);
+                        });
+                    }
                     if kind.is_livegate() {
                         proto::scan_room_seqs(t.as_bytes(), |seq| {
                             if seq < last_seq {
@@ -463,7 +463,7 @@ impl Publisher {
 
     /// The same publisher over rooms `first..first + rooms` instead of `0..rooms` (the
     /// bench sequence numbers in `published` stay indexed from 0).
-    pub fn from_room(mut self, first: usize) -> Publisher {
+    pub fn starting_at_room(mut self, first: usize) -> Publisher {
         self.first_room = first;
         self
     }
@@ -596,13 +596,14 @@ pub async fn closed_loop_spread(
                             }
                         }
                         other => {
-                            let mut s = stats.borrow_mut();
-                            s.errors += 1;
-                            s.first_error.get_or_insert_with(|| match other {
-                                Ok(r) => format!("HTTP {}", r.status),
-                                Err(e) => e.to_string(),
-                            });
-                            drop(s);
+                            {
+                                let mut s = stats.borrow_mut();
+                                s.errors += 1;
+                                s.first_error.get_or_insert_with(|| match other {
+                                    Ok(r) => format!("HTTP {}", r.status),
+                                    Err(e) => e.to_string(),
+                                });
+                            }
                             tokio::time::sleep(Duration::from_millis(10)).await;
                         }
                     }

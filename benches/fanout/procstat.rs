@@ -99,7 +99,7 @@ pub fn raise_nofile() -> u64 {
         lim.rlim_cur = lim.rlim_max;
         libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-        lim.rlim_cur as u64
+        lim.rlim_cur
     }
 }
 

@@ -382,7 +382,7 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
                     line.push_str(" — | — | — | — |");
                     continue;
                 }
-                let col = |f: &dyn Fn(&crate::scenarios::Step) -> f64| fmt(median(&st.iter().map(|s| f(s)).collect::<Vec<_>>()));
+                let col = |f: &dyn Fn(&crate::scenarios::Step) -> f64| fmt(median(&st.iter().map(f).collect::<Vec<_>>()));
                 let _ = write!(
                     line,
                     " {} | {} | {} | {} |",

@@ -467,7 +467,7 @@ pub async fn run(ctx: &Ctx<'_>, kind: Kind, case: Case, run: usize) -> Record {
 
 /// The idle scenario's metric name for `n` connections ("… @10k").
 pub fn idle_metric(n: usize) -> String {
-    if n % 1000 == 0 {
+    if n.is_multiple_of(1000) {
         format!("bytes per connection @{}k", n / 1000)
     } else {
         format!("bytes per connection @{n}")

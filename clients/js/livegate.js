@@ -119,7 +119,8 @@
 //   server without room state or
 //   presence (older than this library) is told no more: the room is subscribed without
 //   it and an `error` with code `unsupported` says so.
-// - Per room it remembers the epoch and the last seq delivered, resubscribes with
+// - Per room a feed (feed.js: subscribing, live, filling a gap, resubscribing, ended)
+//   remembers the epoch and the last seq delivered, resubscribes with
 //   `since` and `epoch` after a reconnect, and hands each event to the application
 //   exactly once and in seq order: events at or below the last delivered seq are
 //   dropped, a gap in the live stream is filled with `history` (WebSocket) before later
@@ -147,6 +148,7 @@
 export { connect, DEFAULT_REQUEST_TIMEOUT_MS, LivegateClient } from './livegate/client.js';
 export { LivegateError } from './livegate/errors.js';
 export { DEFAULT_TIMINGS } from './livegate/connection.js';
-export { MAX_HELD_EVENTS, RECENT_IDS, Subscription } from './livegate/subscriptions.js';
+export { MAX_HELD_EVENTS, RECENT_IDS } from './livegate/feed.js';
+export { Subscription } from './livegate/subscriptions.js';
 export { EventStreamParser, MAX_SSE_MESSAGE_CHARS } from './livegate/event-stream.js';
 export { endpointOf, sseEndpointOf, suggestedDelayMs } from './livegate/urls.js';

@@ -1,9 +1,10 @@
 //! What a connection shares with the rooms it subscribes to ([`ConnectionLink`], the
-//! rooms' [`Outlet`]): its subscription machine (`core::subscriptions`) behind a lock,
-//! its backlog, and on a plain-TCP WebSocket the socket's write side ([`Outgoing`]).
+//! rooms' [`Outlet`]): its machine (`core::connection`) behind a lock, its backlog, and on
+//! a plain-TCP WebSocket the socket's write side ([`Outgoing`]).
 //!
-//! A room's window is decided and written on the room's own thread when nothing a room
-//! posted is still waiting in the connection's mailbox: the machine says what to write
+//! A room's window is decided and written on the room's own thread when the machine says
+//! so ([`Connection::route_window`]: the socket may be written from there and nothing a
+//! room posted is still waiting in the connection's mailbox): the machine says what to write
 //! (the shared frame, a frame of the connection's own, or nothing) and the frame goes
 //! straight to the socket, with no mailbox message and no wake-up unless the socket is
 //! full. Otherwise it is posted behind what waits, and the connection decides it when it
@@ -21,10 +22,10 @@ use super::messages::{Outlet, RoomUpdate, Window};
 use super::room::RoomActor;
 use super::wsio::Outgoing;
 use crate::core::backlog::Backlog;
-use crate::core::subscriptions::Subscriptions;
+use crate::core::connection::{Connection, Route};
 use crate::metrics::Metrics;
 
-pub type Machine = Subscriptions<Addr<RoomActor>>;
+pub type Machine = Connection<Addr<RoomActor>>;
 
 pub struct ConnectionLink {
     machine: Mutex<Machine>,
@@ -43,7 +44,7 @@ impl ConnectionLink {
         ConnectionLink { machine: Mutex::new(machine), backlog, out, in_flight: AtomicUsize::new(0), to, metrics }
     }
 
-    /// The subscription machine, locked: hold it only for one step of the machine
+    /// The connection's machine, locked: hold it only for one step of the machine
     /// (rooms wait on it to write).
     pub fn machine(&self) -> MutexGuard<'_, Machine> {
         self.machine.lock()
@@ -71,15 +72,16 @@ impl Outlet for ConnectionLink {
     }
 
     fn window(&self, room: &Arc<str>, window: &Arc<Window>) {
-        let direct = self.out.as_ref().filter(|_| self.in_flight.load(Ordering::Acquire) == 0);
-        let Some(out) = direct else {
-            return self.post(RoomUpdate::Events { room: room.clone(), window: window.clone() });
-        };
-        self.metrics.outbox_seen(self.backlog.held());
         {
             // Held across the writes: the decision and the write are one step.
             let mut machine = self.machine.lock();
-            let plan = machine.on_window(room, &window.epoch, &window.events, window.targeted);
+            let waiting = self.in_flight.load(Ordering::Acquire);
+            let route = machine.route_window(waiting, room, &window.epoch, &window.events, window.targeted);
+            let (Route::Write(plan), Some(out)) = (route, &self.out) else {
+                drop(machine);
+                return self.post(RoomUpdate::Events { room: room.clone(), window: window.clone() });
+            };
+            self.metrics.outbox_seen(self.backlog.held());
             window.frames_for(plan, |frame| {
                 self.metrics.frame_written(frame.events.len());
                 let _ = out.write_shared(&frame.frame);

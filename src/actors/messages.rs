@@ -438,11 +438,11 @@ pub struct Register {
     pub user: Arc<str>,
     pub device: Arc<str>,
     pub to: Recipient<CloseConnection>,
-    /// A kick the handshake's check missed closes it (`core::kicks`).
+    /// A kick the handshake's check missed closes it (`core::credentials::kicks`).
     pub credential: CredentialTimes,
 }
 
-/// The times the registry judges a registering connection by (`core::kicks`).
+/// The times the registry judges a registering connection by (`core::credentials::kicks`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CredentialTimes {
     /// When the credential was issued (a token without an issue time: the earliest it

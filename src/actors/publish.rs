@@ -77,7 +77,7 @@ enum Mode {
     /// On this node, always.
     Local,
     /// By the room's writer: the router names it, the cluster reaches it.
-    Clustered { cluster: Cluster, router: Arc<Router> },
+    Clustered { cluster: Box<Cluster>, router: Arc<Router> },
 }
 
 impl Publisher {
@@ -86,7 +86,7 @@ impl Publisher {
     }
 
     pub fn clustered(rooms: Rooms, cluster: Cluster, router: Arc<Router>) -> Publisher {
-        Publisher { rooms, mode: Mode::Clustered { cluster, router }, max_state_bytes: DEFAULT_MAX_STATE_BYTES }
+        Publisher { rooms, mode: Mode::Clustered { cluster: Box::new(cluster), router }, max_state_bytes: DEFAULT_MAX_STATE_BYTES }
     }
 
     /// The largest state a publish or a `PUT` may carry (`max_state_bytes`).

@@ -2,7 +2,7 @@
 //! device kinds keep one connection per user (a newer one replaces the older, closed with
 //! 4501); other kinds (web tabs) may have many. Kicks close a user's connections and
 //! answer once each of them has handled its close. Kicks are remembered for a while
-//! (`core::kicks`): a connection whose handshake checked its credential before a kick
+//! (`core::credentials::kicks`): a connection whose handshake checked its credential before a kick
 //! was durable, and registers after the kick looked for connections, is closed as kicked.
 //!
 //! In cluster mode a new exclusive-device connection is announced through a [`UserBus`]
@@ -18,7 +18,7 @@ use actix::prelude::*;
 
 use super::messages::*;
 use crate::core::drain::{drain_batches, reconnect_hint_ms};
-use crate::core::kicks::{Admission, RecentKicks};
+use crate::core::credentials::kicks::{Admission, RecentKicks};
 use crate::protocol::CloseCode;
 use crate::world::now_ms;
 

@@ -69,6 +69,7 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
+    #[allow(clippy::too_many_arguments)] // wired once, from the node's parts
     pub fn new(
         lifecycle: Arc<Lifecycle>,
         registry: Addr<Registry>,

@@ -32,6 +32,7 @@
 //! Room names travel hex-encoded in subjects and keys, so any valid room is a valid token.
 
 pub mod bus;
+pub mod credentials;
 pub mod kv;
 pub mod occupancy;
 pub mod presence;
@@ -294,27 +295,6 @@ from_nats_errors!(
     async_nats::client::FlushError,
     jetstream::context::RequestError,
 );
-
-/// Compare-and-set rounds a kick record gets against other kicks of the same user.
-const KICK_WRITE_ATTEMPTS: usize = 8;
-
-/// The nonce bucket's key of a user's kick (of every device, or of `device`).
-fn kicked_key(user: &str, device: Option<&str>) -> String {
-    match device {
-        None => format!("kicked.{}", hex::encode(user)),
-        Some(device) => format!("kicked.{}.{}", hex::encode(user), hex::encode(device)),
-    }
-}
-
-/// A kick time as the nonce bucket holds it.
-fn decode_ms(bytes: &[u8]) -> Option<u64> {
-    <[u8; 8]>::try_from(bytes).ok().map(u64::from_be_bytes)
-}
-
-/// The nonce bucket's key of a session's resume revocation.
-fn revoked_key(session: &str) -> String {
-    format!("revoked.{}", hex::encode(session))
-}
 
 /// Room retention on the stream (the largest `history_size` of any namespace: each room
 /// trims its own history to its namespace's size and age in memory). Age is not a stream limit: the stream
@@ -744,88 +724,6 @@ impl Cluster {
     /// The key every node signs and checks connection tokens with.
     pub fn token_secret(&self) -> &[u8] {
         &self.token_secret
-    }
-
-    /// Mark a token nonce used cluster-wide. `Ok(false)`: used before (a replay).
-    pub async fn use_nonce(&self, nonce: &[u8; 16]) -> Result<bool, ClusterError> {
-        if !self.connected() {
-            return Err(ClusterError::Unavailable(Unreachable::NotConnected));
-        }
-        let key = hex::encode(nonce);
-        match self.nonces.create(&key, vec![1u8].into()).await {
-            Ok(_) => Ok(true),
-            Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(false),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Give back a nonce [`Cluster::use_nonce`] just marked (nobody else can have marked
-    /// it since): the connection it was spent for was refused before it opened.
-    pub async fn unuse_nonce(&self, nonce: &[u8; 16]) -> Result<(), ClusterError> {
-        if !self.connected() {
-            return Err(ClusterError::Unavailable(Unreachable::NotConnected));
-        }
-        self.nonces.delete(hex::encode(nonce)).await?;
-        Ok(())
-    }
-
-    /// Void every credential of `user` (on `device` only, when given) issued at or before
-    /// `at_ms`, on every node; a later kick wins (compare-and-set on the record). The
-    /// record ages out with the nonce bucket, after the credentials would have expired.
-    pub async fn record_kick(&self, user: &str, device: Option<&str>, at_ms: u64) -> Result<(), ClusterError> {
-        if !self.connected() {
-            return Err(ClusterError::Unavailable(Unreachable::NotConnected));
-        }
-        let key = kicked_key(user, device);
-        let value = || at_ms.to_be_bytes().to_vec().into();
-        for _ in 0..KICK_WRITE_ATTEMPTS {
-            let current = self.nonces.entry(&key).await?.filter(|e| e.operation == nats_kv::Operation::Put);
-            let written = match current {
-                Some(entry) if decode_ms(&entry.value).is_some_and(|stored| stored >= at_ms) => return Ok(()),
-                Some(entry) => match self.nonces.update(&key, value(), entry.revision).await {
-                    Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => false,
-                    other => other.map(|_| true)?,
-                },
-                None => match self.nonces.create(&key, value()).await {
-                    Err(e) if e.kind() == CreateErrorKind::AlreadyExists => false,
-                    other => other.map(|_| true)?,
-                },
-            };
-            if written {
-                return Ok(());
-            }
-        }
-        Err(ClusterError::Contended(user.to_string()))
-    }
-
-    /// When `user` was last kicked on every device or on `device`, whichever is later,
-    /// if within the bucket's age.
-    pub async fn kicked_at(&self, user: &str, device: &str) -> Result<Option<u64>, ClusterError> {
-        if !self.connected() {
-            return Err(ClusterError::Unavailable(Unreachable::NotConnected));
-        }
-        let (every, one) =
-            futures_util::future::join(leader_get(&self.nonces, &kicked_key(user, None)), leader_get(&self.nonces, &kicked_key(user, Some(device)))).await;
-        Ok(every?.and_then(|b| decode_ms(&b)).max(one?.and_then(|b| decode_ms(&b))))
-    }
-
-    /// Void `session`'s resume credentials issued before `at_ms`, on every node (the
-    /// record ages out with the nonce bucket, after the credentials would have expired).
-    pub async fn revoke_resumes(&self, session: &str, at_ms: u64) -> Result<(), ClusterError> {
-        if !self.connected() {
-            return Err(ClusterError::Unavailable(Unreachable::NotConnected));
-        }
-        self.nonces.put(revoked_key(session), at_ms.to_be_bytes().to_vec().into()).await?;
-        Ok(())
-    }
-
-    /// When `session`'s resume credentials were last revoked, if within the bucket's age.
-    pub async fn resumes_revoked_at(&self, session: &str) -> Result<Option<u64>, ClusterError> {
-        if !self.connected() {
-            return Err(ClusterError::Unavailable(Unreachable::NotConnected));
-        }
-        let value = leader_get(&self.nonces, &revoked_key(session)).await?;
-        Ok(value.and_then(|bytes| decode_ms(&bytes)))
     }
 
     /// Announce this node (every heartbeat period; `draining` when it takes no new clients).

@@ -175,7 +175,7 @@ impl ClusterOccupancy {
         }
     }
 
-    /// Rooms this node keeps for reconciliation (the bound in ARCHITECTURE.md).
+    /// Rooms this node keeps for reconciliation (the bound in docs/src/internals/bounds.md).
     pub fn rooms_kept(&self) -> usize {
         self.local.lock().len()
     }
@@ -183,7 +183,7 @@ impl ClusterOccupancy {
     async fn work(self: Arc<Self>, peers: Rc<dyn Peers>) {
         let mut backoff = Backoff::new(RETRY);
         loop {
-            let next = self.local.lock().next();
+            let next = self.local.lock().next_job();
             let Some(job) = next else {
                 self.wake.notified().await;
                 continue;
@@ -277,7 +277,8 @@ impl ClusterOccupancy {
                 None => None,
             };
             let applied = change(stored.as_ref());
-            if !applied.changed && !(stored.is_none() && revision.is_some()) {
+            let first_write_of_a_known_revision = stored.is_none() && revision.is_some();
+            if !applied.changed && !first_write_of_a_known_revision {
                 return Ok(None);
             }
             let written = match (&applied.record, revision) {

@@ -419,7 +419,7 @@ fn keys_match_config_fields() {
         assert_eq!(arg.get_long(), Some(key.replace('_', "-").as_str()), "flag of {key}");
         arg.get_help().map(|help| help.to_string()).unwrap_or_default()
     };
-    let default_table = toml::Table::try_from(&Config::default()).unwrap();
+    let default_table = toml::Table::try_from(Config::default()).unwrap();
     for &key in KEYS {
         // The type accepts the value as check-config prints it: what it prints loads back.
         let mut loaded = Config::default();

@@ -118,7 +118,7 @@ impl Namespaces {
         }
         let mut by_length = given.clone();
         // Stable: equal lengths keep their order (two of them never match the same room).
-        by_length.sort_by(|a, b| b.prefix.len().cmp(&a.prefix.len()));
+        by_length.sort_by_key(|namespace| std::cmp::Reverse(namespace.prefix.len()));
         Ok(Namespaces { global, by_length, given })
     }
 

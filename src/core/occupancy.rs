@@ -220,7 +220,7 @@ impl LocalRooms {
     }
 
     /// The next room to reconcile, now in flight until [`LocalRooms::finished`].
-    pub fn next(&mut self) -> Option<Job> {
+    pub fn next_job(&mut self) -> Option<Job> {
         while let Some(room) = self.queue.pop_front() {
             let Some(entry) = self.rooms.get_mut(&room) else { continue };
             entry.queued = false;
@@ -421,15 +421,15 @@ mod tests {
         assert!(!rooms.changed("r", true, 3));
         assert!(rooms.changed("s", true, 4));
         // Collapsed to the latest state, in the order the rooms fell behind.
-        let first = rooms.next().unwrap();
+        let first = rooms.next_job().unwrap();
         assert_eq!(first, job("r", true, 3));
-        assert_eq!(rooms.next(), Some(job("s", true, 4)));
-        assert_eq!(rooms.next(), None);
+        assert_eq!(rooms.next_job(), Some(job("s", true, 4)));
+        assert_eq!(rooms.next_job(), None);
         // Changes while in flight wait for it.
         assert!(!rooms.changed("r", false, 5));
-        assert_eq!(rooms.next(), None);
+        assert_eq!(rooms.next_job(), None);
         assert!(rooms.finished(&first, true), "behind again: queued");
-        assert_eq!(rooms.next(), Some(job("r", false, 5)));
+        assert_eq!(rooms.next_job(), Some(job("r", false, 5)));
         assert!(!rooms.finished(&job("r", false, 5), true));
         assert_eq!(rooms.len(), 1, "the vacated room is forgotten, s is kept");
         assert!(rooms.occupied("s") && !rooms.occupied("r"));
@@ -440,7 +440,7 @@ mod tests {
         let mut rooms = LocalRooms::default();
         rooms.changed("r", true, 1);
         rooms.changed("r", false, 2);
-        assert_eq!(rooms.next(), None);
+        assert_eq!(rooms.next_job(), None);
         assert!(rooms.is_empty());
         assert!(!rooms.pending());
     }
@@ -450,13 +450,13 @@ mod tests {
         let mut rooms = LocalRooms::default();
         rooms.changed("a", true, 1);
         rooms.changed("b", true, 1);
-        let a = rooms.next().unwrap();
+        let a = rooms.next_job().unwrap();
         assert!(rooms.finished(&a, false));
-        assert_eq!(rooms.next().unwrap().room.as_ref(), "b");
-        assert_eq!(rooms.next(), Some(job("a", true, 1)));
+        assert_eq!(rooms.next_job().unwrap().room.as_ref(), "b");
+        assert_eq!(rooms.next_job(), Some(job("a", true, 1)));
         // Found in a record at start-up with no local subscribers: removed.
         assert!(rooms.unknown("old", 7));
-        assert_eq!(rooms.next(), Some(job("old", false, 7)));
+        assert_eq!(rooms.next_job(), Some(job("old", false, 7)));
         assert!(!rooms.finished(&job("old", false, 7), true));
         assert!(!rooms.occupied("old"));
         assert!(rooms.pending(), "a and b are in flight");
@@ -466,13 +466,13 @@ mod tests {
     fn leaving_vacates_every_room_here() {
         let mut rooms = LocalRooms::default();
         rooms.changed("a", true, 1);
-        let a = rooms.next().unwrap();
+        let a = rooms.next_job().unwrap();
         rooms.finished(&a, true);
         rooms.changed("b", true, 1);
         assert!(rooms.leave_all(9));
-        assert_eq!(rooms.next(), Some(job("a", false, 9)));
+        assert_eq!(rooms.next_job(), Some(job("a", false, 9)));
         // b never reached the record: nothing to undo.
-        assert_eq!(rooms.next(), None);
+        assert_eq!(rooms.next_job(), None);
         assert!(!rooms.finished(&job("a", false, 9), true));
         assert!(rooms.is_empty());
     }

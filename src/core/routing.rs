@@ -189,10 +189,10 @@ pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> 
         .values()
         .map(|c| CellReport { name: c.cell, healthy: merged.values().any(|o| o.cell == c.cell && usable(o)) })
         .collect();
-    reports.extend(question.broken.iter().map(|cell| CellReport { name: *cell, healthy: false }));
+    reports.extend(question.broken.iter().map(|cell| CellReport { name: cell, healthy: false }));
     // A configured cell without a candidate: nobody there may serve.
     let unheard = question.cells.iter().filter(|cell| !merged.values().any(|c| c.cell == **cell));
-    reports.extend(unheard.map(|cell| CellReport { name: *cell, healthy: false }));
+    reports.extend(unheard.map(|cell| CellReport { name: cell, healthy: false }));
     let cell: &'a str = if merged.values().all(|c| c.cell == home) {
         merged.values().next().map_or("", |c| c.cell)
     } else {
@@ -343,7 +343,7 @@ pub enum MoveRefused {
 
 impl RoomHomes {
     pub fn new(cells: Vec<String>, mut namespaces: Vec<(String, Option<String>)>) -> RoomHomes {
-        namespaces.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+        namespaces.sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
         RoomHomes { cells, namespaces, moves: BTreeMap::new() }
     }
 

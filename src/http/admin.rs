@@ -27,7 +27,9 @@
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use actix_web::http::header::{HeaderValue, CONTENT_SECURITY_POLICY, REFERRER_POLICY};
-use super::{api_error, authorize, embedded, internal, json, read_body, ApiError, AppState, SMALL_BODY_LIMIT};
+use super::errors::{api_error, internal, ApiError};
+use super::request::{authorize, embedded, json, read_body, SMALL_BODY_LIMIT};
+use super::state::AppState;
 use crate::actors::messages::CountConnections;
 use super::seams::{OrderNotTaken, PromoteRefused};
 use crate::cluster::promotion::Promotion;

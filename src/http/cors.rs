@@ -15,7 +15,8 @@ use actix_web::http::header::{
 };
 use actix_web::{web, HttpRequest, HttpResponse};
 
-use super::{api_error, AppState};
+use super::errors::api_error;
+use super::state::AppState;
 use crate::protocol::ErrorCode;
 
 /// The path prefix of the client files (`/livegate.js`, `/livegate.d.ts`, `/livegate/…`

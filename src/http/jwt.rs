@@ -1,7 +1,7 @@
 //! JWTs a backend signs, the half with I/O and crates: [`JwtKeys`] reads the keys the
 //! configuration names (`jwt_hmac_secret`, `jwt_public_key_file`, `jwt_jwks_file`) once at
 //! start, and checks a token's signature with the `jsonwebtoken` crate. Which key, which
-//! algorithm and what the claims grant are `core::jwt`'s decisions; what a verified JWT
+//! algorithm and what the claims grant are `core::credentials::jwt`'s decisions; what a verified JWT
 //! grants is a minted token's [`Claims`], spent through the same one-time store.
 
 use std::path::{Path, PathBuf};
@@ -13,8 +13,8 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
 use crate::config::Config;
-use crate::core::jwt::{self, Alg, JwtError, KeyKind, KeySlot, Policy, Presented};
-use crate::core::token::{Claims, MAX_TOKEN_LEN};
+use crate::core::credentials::jwt::{self, Alg, JwtError, KeyKind, KeySlot, Policy, Presented};
+use crate::core::credentials::token::{Claims, MAX_TOKEN_LEN};
 
 /// A configured verification key.
 struct Key {
@@ -131,8 +131,8 @@ impl JwtKeys {
             .collect()
     }
 
-    /// Check `token` (a JWT: `core::jwt::looks_like_jwt`) at `now_ms`: size, header,
-    /// signature with the key `core::jwt::choose_key` picks, then the claims. The `jti` is
+    /// Check `token` (a JWT: `core::credentials::jwt::looks_like_jwt`) at `now_ms`: size, header,
+    /// signature with the key `core::credentials::jwt::choose_key` picks, then the claims. The `jti` is
     /// not spent here: the handshake spends the returned nonce as a minted token's.
     pub fn verify(&self, token: &str, now_ms: u64, knows_cell: impl Fn(&str) -> bool) -> Result<Claims, JwtError> {
         if token.len() > MAX_TOKEN_LEN {
@@ -152,7 +152,7 @@ impl JwtKeys {
             self.keys.iter().map(|k| KeySlot { alg: k.alg, kid: k.kid.as_deref(), in_set: k.in_set }).collect();
         let key = &self.keys[jwt::choose_key(&header.alg, header.kid.as_deref(), &slots)?];
         let mut validation = Validation::new(algorithm(key.alg));
-        // Times, issuer and audience are core::jwt's, with the node's `now`.
+        // Times, issuer and audience are core::credentials::jwt's, with the node's `now`.
         validation.required_spec_claims.clear();
         validation.validate_exp = false;
         validation.validate_nbf = false;

@@ -16,6 +16,10 @@
 //! (each byte of that answer the client takes starts the time again, so a slow reader is
 //! not cut off while it reads). The app tells the socket's [`SocketState`] when a head
 //! arrived and when its answer is done ([`watch_request`]).
+//!
+//! Every accepted connection also passes [`on_connect`]: its place and deadline handed to
+//! its requests, `TCP_USER_TIMEOUT` set, and a [`RequestWatch`] that counts a connection
+//! the head timeout cut off.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -305,6 +309,74 @@ impl Drop for Answer {
         if let Some(state) = self.state.take() {
             state.answered();
         }
+    }
+}
+
+/// A socket with data unacknowledged this long is dropped by the kernel: the backstop for
+/// peers that vanished or stopped reading.
+const TCP_USER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Notes whether a TCP connection ever completed a request head; one that ends without
+/// one after the handshake timeout was cut off by it (a slowloris, or a client that gave up).
+pub struct RequestWatch {
+    opened: std::time::Instant,
+    seen: std::sync::atomic::AtomicBool,
+    timeout: std::time::Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl RequestWatch {
+    /// Mark that a complete request head arrived on this connection.
+    pub fn seen(&self) {
+        self.seen.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for RequestWatch {
+    fn drop(&mut self) {
+        // actix answers 408 when the timeout fires; allow for timer granularity.
+        if !self.seen.load(Ordering::Relaxed) && self.opened.elapsed() >= self.timeout.mul_f32(0.9) {
+            self.metrics.limit_hit("handshake_timeout");
+        }
+    }
+}
+
+/// The hook called for every accepted connection (see [`prepare_connection`]).
+pub fn on_connect(
+    metrics: Arc<Metrics>,
+    handshake_timeout: std::time::Duration,
+) -> impl Fn(&dyn std::any::Any, &mut actix_web::dev::Extensions) + Send + Sync + 'static {
+    move |conn, data| {
+        let watch = RequestWatch {
+            opened: std::time::Instant::now(),
+            seen: Default::default(),
+            timeout: handshake_timeout,
+            metrics: metrics.clone(),
+        };
+        data.insert(Arc::new(watch));
+        prepare_connection(conn, data);
+    }
+}
+
+/// Hand the socket's place and head deadline ([`SocketState`]) to its requests,
+/// and bound how long unacknowledged data may wait: the kernel's backstop for a peer that
+/// vanished (the connection's own timers handle one that stopped reading).
+fn prepare_connection(conn: &dyn std::any::Any, data: &mut actix_web::dev::Extensions) {
+    use actix_tls::accept::rustls_0_23::TlsStream;
+    use actix_web::rt::net::TcpStream;
+    let timed = match conn.downcast_ref::<Timed<TcpStream>>() {
+        Some(plain) => plain,
+        None => match conn.downcast_ref::<TlsStream<Timed<TcpStream>>>() {
+            Some(tls) => tls.get_ref().0,
+            None => return,
+        },
+    };
+    if let Some(state) = timed.state() {
+        data.insert(state.clone());
+    }
+    let socket = socket2::SockRef::from(timed.get_ref());
+    if let Err(error) = socket.set_tcp_user_timeout(Some(TCP_USER_TIMEOUT)) {
+        tracing::debug!(%error, "could not set TCP_USER_TIMEOUT");
     }
 }
 

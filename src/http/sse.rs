@@ -1,7 +1,7 @@
 //! `GET /v1/sse`: a connection over Server-Sent Events, for clients whose
 //! path breaks the WebSocket upgrade, and for `curl -N`. The request names its rooms
 //! (`rooms=R1,R2`) and optionally where it left off (`Last-Event-ID`, or `since=`, a
-//! cursor); it runs the same handshake checks as `/v1/ws` ([`super::handshake`]), and the
+//! cursor); it runs the same handshake checks as `/v1/ws` ([`super::handshake::handshake`]), and the
 //! stream is then an ordinary connection actor on the SSE transport
 //! ([`crate::actors::sse`]). Every answer, the stream and the refusals, carries CORS
 //! headers when the request's `Origin` is allowed.
@@ -10,10 +10,13 @@ use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use serde::Deserialize;
 
 use super::cors::with_cors;
-use super::{api_error, handshake, refused, start_connection, ApiError, AppState, CredentialQuery, Credentialed};
+use super::errors::{api_error, ApiError};
+use super::handshake::{handshake, refused, start_connection, CredentialQuery};
+use super::state::AppState;
 use crate::actors::connection::InitialSubscription;
 use crate::actors::sse;
 use crate::actors::transport::Transport;
+use crate::core::credentials::Grant;
 use crate::core::names;
 use crate::core::sse::{parse_cursor, parse_flag, parse_rooms, CursorEntry, RoomsError};
 use crate::protocol::ErrorCode;
@@ -105,7 +108,7 @@ fn parse_request(
 
 /// Every requested room must be readable with this credential (as a WebSocket
 /// subscribe checks it); checked before the credential is spent.
-fn authorise(request: &Request, who: &Credentialed) -> Result<(), ApiError> {
+fn authorise(request: &Request, who: &Grant) -> Result<(), ApiError> {
     match request.rooms.iter().find(|room| !names::may_read(&who.user, &who.rooms, room)) {
         Some(room) => Err(api_error(ErrorCode::Forbidden, format!("this credential may not read room {room}")).about(room)),
         None => Ok(()),

@@ -30,6 +30,9 @@ use tokio::sync::oneshot;
 
 use crate::actors::wsio::{Accepted, Finished, WsIo};
 
+/// The routes that answer with a WebSocket: the only ones an upgrade request reaches.
+pub const WEBSOCKET_ROUTES: &[&str] = &["/v1/ws", "/v1/echo"];
+
 /// Largest refusal body written on an upgrade request.
 const BODY_LIMIT: usize = 64 * 1024;
 
@@ -140,20 +143,20 @@ where
 }
 
 /// Whether `req` may go on to the app as an upgrade: a route that answers with a WebSocket
-/// ([`super::WEBSOCKET_ROUTES`]) and `Upgrade: websocket`. The route's handler checks the
+/// ([`WEBSOCKET_ROUTES`]) and `Upgrade: websocket`. The route's handler checks the
 /// rest of the handshake.
-fn websocket_handshake(req: &Request) -> Result<(), super::ApiError> {
+fn websocket_handshake(req: &Request) -> Result<(), super::errors::ApiError> {
     let websocket = req
         .head()
         .headers
         .get(actix_http::header::UPGRADE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("websocket"));
-    if websocket && super::WEBSOCKET_ROUTES.contains(&req.path()) {
+    if websocket && WEBSOCKET_ROUTES.contains(&req.path()) {
         return Ok(());
     }
-    let routes = super::WEBSOCKET_ROUTES.join(" and ");
-    Err(super::api_error(
+    let routes = WEBSOCKET_ROUTES.join(" and ");
+    Err(super::errors::api_error(
         crate::protocol::ErrorCode::BadRequest,
         format!("only a WebSocket handshake (Upgrade: websocket) to {routes} upgrades the connection; send this request without Upgrade"),
     ))

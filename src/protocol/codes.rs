@@ -309,7 +309,7 @@ impl ErrorCode {
 
     /// The HTTP status an error answer with this code has (codes only sent in `error`
     /// frames have one too, so the table is total). One exception is made by the handler:
-    /// `too_many_connections` for one address is 429 (see `http::admit`).
+    /// `too_many_connections` for one address is 429 (see `http::handshake::admit`).
     pub fn http_status(self) -> u16 {
         match self {
             ErrorCode::BadRequest | ErrorCode::UnknownOp | ErrorCode::BadRoom | ErrorCode::UnknownCell => 400,

@@ -20,7 +20,7 @@ use crate::cluster::occupancy::ClusterOccupancy;
 use crate::cluster::Cluster;
 use crate::core::heartbeats::NodeInfo;
 use crate::core::rebalance::{target_url, Known, Order, OrderRefused};
-use crate::http::seams::Nonces;
+use crate::store::credentials::CredentialStore;
 
 /// The registry's announcements over the cluster's NATS subjects.
 pub(super) struct ClusterUserBus(pub(super) Cluster);
@@ -47,7 +47,7 @@ pub(super) struct NodeActors {
     pub(super) registry: Addr<Registry>,
     pub(super) liveness: Addr<LivenessActor>,
     /// A kick from another node is answered once its revocations are durable.
-    pub(super) nonces: Arc<dyn Nonces>,
+    pub(super) nonces: Arc<dyn CredentialStore>,
     pub(super) presence: Arc<PresenceHub>,
     pub(super) rebalance: Addr<Rebalancer>,
     /// Where a node that took a user's sessions is (its URL as this node knows it).

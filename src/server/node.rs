@@ -19,7 +19,8 @@ use super::bridges::{ClusterUserBus, NodeActors, OccupancyPeers, PresenceNodes};
 use super::http_server::{http_server, threads};
 use super::upkeep::{expire_sessions, forward_signals, purge_expired, read_mirror_lags, reload_on};
 use super::{open_files_limit, tls_config, ServerError, Signals};
-use crate::actors::connection::{ConnectionSettings, ResumeRevocations};
+use crate::actors::connection::ConnectionSettings;
+use crate::store::credentials::ResumeRevocations;
 use crate::actors::directory::{Directory, DirectorySettings, SessionStore, UserMoves};
 use crate::actors::liveness::{self, ClusterPeers, LivenessActor, OwnLoad, Router};
 use crate::actors::publish::Publisher;
@@ -39,7 +40,9 @@ use crate::core::lifecycle::Lifecycle;
 use crate::core::namespaces::Namespaces;
 use crate::core::seqlog::Retention;
 use crate::http::limits::{AccessList, ConnectionLimits};
-use crate::http::seams::{ClusterNodes, ClusterNonces, Nonces, NoOtherNodes, OtherNodes, StoreNonces};
+use crate::cluster::credentials::ClusterCredentials;
+use crate::http::seams::{ClusterNodes, NoOtherNodes, OtherNodes};
+use crate::store::credentials::{CredentialStore, StoreCredentials};
 use crate::http::{AppState, ReloadConfig};
 use crate::metrics::Metrics;
 use crate::store::Store;
@@ -297,7 +300,7 @@ impl Node {
             session_opener,
             handshake_flushes: crate::http::durable::HandshakeFlushes::new(store.clone()),
             sessions: backends.sessions,
-            nonces: backends.nonces,
+            credentials: backends.nonces,
             spent: Default::default(),
             other_nodes,
             liveness,
@@ -485,7 +488,7 @@ struct Backends {
     sessions: Arc<dyn SessionStore>,
     /// Cluster mode: the KV directory, which the cluster bus also replays queued writes to.
     kv: Option<KvSessions>,
-    nonces: Arc<dyn Nonces>,
+    nonces: Arc<dyn CredentialStore>,
     user_bus: Option<Arc<dyn UserBus>>,
     /// Cluster mode: where the directory announces a user's move.
     user_moves: Option<Arc<dyn UserMoves>>,
@@ -499,7 +502,7 @@ impl Backends {
                 room_logs: Arc::new(LocalRoomLogs::new(store.clone())?),
                 sessions: Arc::new(store.clone()),
                 kv: None,
-                nonces: Arc::new(StoreNonces::new(store, config)),
+                nonces: Arc::new(StoreCredentials::new(store, config.resume_ttl(), config.token_ttl_max())),
                 user_bus: None,
                 user_moves: None,
                 token_secret: store.credentials().secret("token")?,
@@ -510,9 +513,9 @@ impl Backends {
             room_logs: Arc::new(StreamRoomLogs(cluster.clone())),
             sessions: Arc::new(kv.clone()),
             kv: Some(kv),
-            nonces: Arc::new(ClusterNonces {
+            nonces: Arc::new(ClusterCredentials {
                 cluster: cluster.clone(),
-                local: StoreNonces::new(store, config),
+                local: StoreCredentials::new(store, config.resume_ttl(), config.token_ttl_max()),
                 sending: Default::default(),
             }),
             user_bus: Some(Arc::new(ClusterUserBus(cluster.clone()))),

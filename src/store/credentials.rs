@@ -2,10 +2,126 @@
 //! (`token_nonce`: nonce → expiry, indexed in `nonce_expiry`), revoked resume credentials
 //! (`session_revoked`: session → when, indexed in `revoked_expiry`), and the named
 //! secrets tokens are signed with (`meta` keys `secret:<name>`).
+//!
+//! It also defines the one seam behind which every credential record is kept,
+//! [`CredentialStore`] (the decisions about credentials are `core::credentials`'): this
+//! node's store ([`StoreCredentials`]), or NATS with this store beside it in cluster mode
+//! (`cluster::credentials`). The wiring picks one at start.
+
+use std::time::Duration;
+
+use futures_util::future::{ready, LocalBoxFuture};
 
 use super::records::{self, NonceRecord, RevokedRecord};
 use super::time_index::TimeIndex;
-use super::StoreError;
+use super::{Store, StoreError};
+
+/// Where a nonce was marked used, so that giving it back undoes exactly that mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpentIn {
+    /// This node's store (one node, or NATS was away).
+    Store,
+    /// NATS (cluster mode).
+    Nats,
+}
+
+/// The part of [`CredentialStore`] a connection uses: a kicked or replaced connection
+/// voids its session's resume credentials.
+pub trait ResumeRevocations: Send + Sync {
+    /// Credentials of `session` issued at or before `upto_ms` stop working.
+    fn revoke(&self, session: &str, upto_ms: u64);
+}
+
+/// The credential records, where the deployment keeps them: marks token and resume
+/// nonces used (so a credential opens one connection only) and gives them back, says
+/// when a session's resume credentials were revoked ([`ResumeRevocations`]) and when a
+/// user was kicked. Implemented by the embedded store and by the cluster.
+pub trait CredentialStore: ResumeRevocations + 'static {
+    /// Where `nonce` was marked, the first time it is used (`None`: used before); it is
+    /// remembered until `expires_at_ms`.
+    fn use_nonce<'a>(&'a self, nonce: &'a [u8; 16], expires_at_ms: u64) -> LocalBoxFuture<'a, Result<Option<SpentIn>, StoreError>>;
+    /// Give back a nonce this handshake just marked used where it was marked, because the
+    /// handshake was refused before anything opened (a refusal the client is told to
+    /// retry). While it was marked nobody else could use it, so it still opens at most
+    /// one connection.
+    fn unuse_nonce<'a>(&'a self, nonce: &'a [u8; 16], spent: SpentIn) -> LocalBoxFuture<'a, Result<(), StoreError>>;
+    /// Record that `user` (on `device` only, when given) was kicked at `at_ms`: every
+    /// credential issued to them at or before then is void. Resolves once that is
+    /// durable (the store flushed; in cluster mode NATS acknowledged, or failed and the
+    /// kick holds on this node only).
+    fn kick_user<'a>(&'a self, user: &'a str, device: Option<&'a str>, at_ms: u64) -> LocalBoxFuture<'a, Result<(), StoreError>>;
+    /// When `user` was last kicked on every device or on `device`, whichever is later.
+    fn kicked_at<'a>(&'a self, user: &'a str, device: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>>;
+    /// When `session`'s resume credentials were last revoked (a kick or a replace).
+    fn resumes_revoked_at<'a>(&'a self, session: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>>;
+    /// Resolves once every revocation asked for before the call is durable: the store
+    /// flushed and, in cluster mode, each NATS write acknowledged (or failed, when the
+    /// revocation holds on this node only). A kick answers only after this.
+    fn revocations_durable(&self) -> LocalBoxFuture<'_, Result<(), StoreError>>;
+}
+
+/// Single node: the embedded store; revocations are kept for `resume_ttl`, kicks for
+/// `credential_ttl`.
+pub struct StoreCredentials {
+    pub store: Store,
+    pub resume_ttl: Duration,
+    /// The longest a credential lives (`token_ttl_max` or `resume_ttl`): how long a kick
+    /// has something to void.
+    pub credential_ttl: Duration,
+}
+
+impl StoreCredentials {
+    /// `resume_ttl`: how long a resume credential lives; `token_ttl_max`: the longest a
+    /// token may.
+    pub fn new(store: &Store, resume_ttl: Duration, token_ttl_max: Duration) -> Self {
+        StoreCredentials { store: store.clone(), resume_ttl, credential_ttl: token_ttl_max.max(resume_ttl) }
+    }
+
+    /// Record a kick in this store (not yet flushed).
+    pub fn record_kick(&self, user: &str, device: Option<&str>, at_ms: u64) -> Result<(), StoreError> {
+        let keep_until = at_ms.saturating_add(self.credential_ttl.as_millis() as u64);
+        self.store.kicks().record(user, device, at_ms, keep_until)
+    }
+}
+
+impl CredentialStore for StoreCredentials {
+    fn use_nonce<'a>(&'a self, nonce: &'a [u8; 16], expires_at_ms: u64) -> LocalBoxFuture<'a, Result<Option<SpentIn>, StoreError>> {
+        Box::pin(ready(self.store.credentials().use_nonce(nonce, expires_at_ms).map(|fresh| fresh.then_some(SpentIn::Store))))
+    }
+
+    fn unuse_nonce<'a>(&'a self, nonce: &'a [u8; 16], _spent: SpentIn) -> LocalBoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(ready(self.store.credentials().unuse_nonce(nonce)))
+    }
+
+    fn kick_user<'a>(&'a self, user: &'a str, device: Option<&'a str>, at_ms: u64) -> LocalBoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.record_kick(user, device, at_ms)?;
+            self.store.flush_soon().await
+        })
+    }
+
+    fn kicked_at<'a>(&'a self, user: &'a str, device: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>> {
+        Box::pin(ready(self.store.kicks().kicked_at(user, device)))
+    }
+
+    fn resumes_revoked_at<'a>(&'a self, session: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>> {
+        Box::pin(ready(self.store.credentials().resumes_revoked_at(session)))
+    }
+
+    fn revocations_durable(&self) -> LocalBoxFuture<'_, Result<(), StoreError>> {
+        // Revocations are written to the store at once; a flush makes them durable.
+        Box::pin(self.store.flush_soon())
+    }
+}
+
+impl ResumeRevocations for StoreCredentials {
+    fn revoke(&self, session: &str, at_ms: u64) {
+        let keep_until = at_ms.saturating_add(self.resume_ttl.as_millis() as u64);
+        if let Err(error) = self.store.credentials().revoke_resumes(session, at_ms, keep_until) {
+            tracing::warn!(session, %error, "could not revoke the session's resume credentials");
+        }
+    }
+}
 
 /// The credential trees ([`Store::credentials`](super::Store::credentials)).
 #[derive(Clone)]

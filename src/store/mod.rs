@@ -31,7 +31,7 @@
 //! opens the database (schema check and upgrade), runs the flusher and answers for
 //! durability and health.
 
-mod credentials;
+pub mod credentials;
 mod directory_queue;
 pub mod keys;
 mod kicks;

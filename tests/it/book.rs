@@ -1,6 +1,7 @@
 //! The book (`docs/`) and the README tell the truth about themselves and about the
 //! server: every relative link and anchor resolves (anchors as mdBook makes them from
-//! headings), every chapter is in `SUMMARY.md`, the README stays short, and the `console`
+//! headings), every chapter is in `SUMMARY.md`, the README stays short, ARCHITECTURE.md
+//! stays a short map whose code map names every module of `src/`, and the `console`
 //! blocks of Getting started run against the real binary with the real curl and get the
 //! answers the page shows.
 //!
@@ -307,6 +308,74 @@ fn the_readme_is_short_and_points_into_the_book() {
     for command in ["cargo run --release\n", ".ci/test\n"] {
         assert!(readme.contains(command), "README.md shows the command {command:?}");
     }
+}
+
+/// ARCHITECTURE.md's length: the map a newcomer reads in ten minutes; the detail is in the
+/// book's Inside pages (`docs/src/internals/`).
+const ARCHITECTURE_MAX_LINES: usize = 300;
+
+/// The names a Markdown section gives in code spans, each split at `/` and without `.rs`:
+/// `` `room/local` `` names `room` and `local`, `` `config.rs` `` names `config`.
+fn named_in_code(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for (i, span) in text.split('`').enumerate() {
+        if i % 2 == 1 {
+            for part in span.split('/') {
+                names.insert(part.trim_end_matches(".rs").to_string());
+            }
+        }
+    }
+    names
+}
+
+/// The modules of `src/` a code map must name: every directory (but `web/`, embedded files)
+/// and every `.rs` file but `mod.rs`, `lib.rs` and `main.rs`, by its name.
+fn source_modules() -> BTreeSet<String> {
+    fn walk(dir: &Path, out: &mut BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display())) {
+            let path = entry.expect("dir entry").path();
+            let name = path.file_stem().expect("a name").to_string_lossy().to_string();
+            if path.is_dir() && name != "web" {
+                out.insert(name);
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") && !["mod", "lib", "main"].contains(&name.as_str()) {
+                out.insert(name);
+            }
+        }
+    }
+    let mut modules = BTreeSet::new();
+    walk(&repo().join("src"), &mut modules);
+    modules
+}
+
+#[test]
+fn architecture_is_a_short_map_naming_every_module_and_its_links_resolve() {
+    let _gate = crate::common::gate!();
+    let page = repo().join("ARCHITECTURE.md");
+    let text = std::fs::read_to_string(&page).expect("ARCHITECTURE.md");
+    let lines = text.lines().count();
+    let most = ARCHITECTURE_MAX_LINES;
+    assert!(lines <= most, "ARCHITECTURE.md has {lines} lines; at most {most}: move detail into docs/src/internals/");
+    let broken = broken_links(&page);
+    assert!(broken.is_empty(), "broken links in ARCHITECTURE.md:\n{}", broken.join("\n"));
+    let into_book = links(&text).into_iter().filter(|(_, target)| target.starts_with("docs/src/internals/")).count();
+    assert!(into_book >= 3, "ARCHITECTURE.md points to the book's Inside pages ({into_book} links)");
+    let start = text.find("\n## Code map\n").expect("ARCHITECTURE.md has a \"## Code map\" section");
+    let map = &text[start + 1..];
+    let map = &map[..map[1..].find("\n## ").map_or(map.len(), |end| end + 1)];
+    let named = named_in_code(map);
+    let modules = source_modules();
+    assert!(modules.len() > 80 && modules.contains("seqlog") && modules.contains("actors"), "{modules:?}");
+    let missing: Vec<_> = modules.iter().filter(|module| !named.contains(*module)).collect();
+    assert!(missing.is_empty(), "modules of src/ ARCHITECTURE.md's code map does not name (a line each): {missing:?}");
+    for section in ["## Invariants", "## Where the bounds live"] {
+        assert!(text.contains(&format!("\n{section}\n")), "ARCHITECTURE.md has a {section:?} section");
+    }
+    // The name finder sees through paths and extensions, and only in code.
+    assert_eq!(
+        named_in_code("- `room/local` and `config.rs`; seqlog"),
+        ["room", "local", "config"].map(String::from).into_iter().collect::<BTreeSet<_>>()
+    );
 }
 
 /// One command of a walk-through and the answer the page shows for it.

@@ -10,7 +10,6 @@
 use crate::common;
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -21,10 +20,11 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data as OpData, Op
 use tokio_tungstenite::tungstenite::protocol::frame::Frame;
 use tokio_tungstenite::tungstenite::Message;
 
-static SERIAL: Mutex<()> = Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+/// These tests run one at a time: they count connections and limit hits of one address.
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().await
 }
 
 fn ip(text: &str) -> Option<IpAddr> {
@@ -72,7 +72,7 @@ async fn connect_when_free(server: &TestServer, token: &str, from: Option<IpAddr
 #[tokio::test]
 async fn node_connection_cap_refuses_with_503_and_a_closed_connection_frees_its_place() {
     let _gate = crate::common::gate!();
-    let _serial = serial();
+    let _serial = serial().await;
     let server = TestServer::start(|c| c.max_connections = 3);
     let mut a = WsClient::connect_custom(server.addr, &server.mint_token("a", "web"), ip("127.0.0.2"), &[]).await;
     let mut b = WsClient::connect_custom(server.addr, &server.mint_token("b", "web"), ip("127.0.0.2"), &[]).await;
@@ -115,7 +115,7 @@ async fn node_connection_cap_refuses_with_503_and_a_closed_connection_frees_its_
 #[tokio::test]
 async fn per_ip_connection_cap_refuses_with_429_and_counts_each_address_apart() {
     let _gate = crate::common::gate!();
-    let _serial = serial();
+    let _serial = serial().await;
     let server = TestServer::start(|c| c.max_connections_per_ip = 2);
     let two = ip("127.0.0.2");
     let three = ip("127.0.0.3");
@@ -157,7 +157,7 @@ async fn per_ip_connection_cap_refuses_with_429_and_counts_each_address_apart() 
 #[tokio::test]
 async fn handshake_rate_per_ip_is_429_with_retry_after_and_the_refused_token_stays_usable() {
     let _gate = crate::common::gate!();
-    let _serial = serial();
+    let _serial = serial().await;
     // 2 per second, burst 4.
     let server = TestServer::start(|c| c.handshakes_per_ip_per_sec = 2);
     let two = ip("127.0.0.2");
@@ -204,7 +204,7 @@ async fn handshake_rate_per_ip_is_429_with_retry_after_and_the_refused_token_sta
 #[tokio::test]
 async fn one_subscription_too_many_is_an_error_frame_and_the_connection_stays() {
     let _gate = crate::common::gate!();
-    let _serial = serial();
+    let _serial = serial().await;
     let server = TestServer::start(|c| c.max_subscriptions = 3);
     let mut c = server.client("alice").await;
     for room in ["s1", "s2", "s3"] {
@@ -230,7 +230,7 @@ async fn one_subscription_too_many_is_an_error_frame_and_the_connection_stays() 
 #[tokio::test]
 async fn messages_over_the_rate_get_rate_limited_and_are_not_processed() {
     let _gate = crate::common::gate!();
-    let _serial = serial();
+    let _serial = serial().await;
     // 2 per second, burst 4; a high strike limit so the flood does not close the connection.
     let server = TestServer::start(|c| {
         c.max_messages_per_sec = 2;
@@ -284,7 +284,7 @@ async fn messages_over_the_rate_get_rate_limited_and_are_not_processed() {
 #[tokio::test]
 async fn refused_messages_of_every_kind_count_and_one_too_many_closes_1008() {
     let _gate = crate::common::gate!();
-    let _serial = serial();
+    let _serial = serial().await;
     let server = TestServer::start(|c| c.max_bad_messages = 4);
     let mut c = server.client("alice").await;
 
@@ -317,7 +317,7 @@ async fn refused_messages_of_every_kind_count_and_one_too_many_closes_1008() {
 #[tokio::test]
 async fn ten_thousand_malformed_frames_get_error_frames_then_1008_and_the_server_is_unaffected() {
     let _gate = crate::common::gate!();
-    let _serial = serial();
+    let _serial = serial().await;
     let server = TestServer::start(|_| {});
     assert_eq!(server.config.max_bad_messages, 100, "the default is what this test is about");
     // A bystander subscribed before the flood.
@@ -363,7 +363,7 @@ async fn ten_thousand_malformed_frames_get_error_frames_then_1008_and_the_server
 #[tokio::test]
 async fn frame_over_max_frame_bytes_closes_1009() {
     let _gate = crate::common::gate!();
-    let _serial = serial();
+    let _serial = serial().await;
     let server = TestServer::start(|c| c.max_frame_bytes = 2048);
     let mut c = server.client("alice").await;
     // Under the limit: a normal request.
@@ -386,7 +386,7 @@ async fn frame_over_max_frame_bytes_closes_1009() {
 #[tokio::test]
 async fn fragmented_message_over_max_message_bytes_closes_1009() {
     let _gate = crate::common::gate!();
-    let _serial = serial();
+    let _serial = serial().await;
     let server = TestServer::start(|c| c.max_message_bytes = 4096);
     let mut c = server.client("alice").await;
     let frame = |bytes: Vec<u8>, code: OpData, fin: bool| Message::Frame(Frame::message(bytes, OpCode::Data(code), fin));
@@ -416,7 +416,7 @@ async fn fragmented_message_over_max_message_bytes_closes_1009() {
 #[tokio::test]
 async fn history_limit_over_the_cap_is_bad_request_over_http_and_websocket() {
     let _gate = crate::common::gate!();
-    let _serial = serial();
+    let _serial = serial().await;
     let server = TestServer::start(|c| c.max_history_limit = 50);
     let http = server.http();
     for i in 0..60 {
@@ -449,7 +449,7 @@ async fn history_limit_over_the_cap_is_bad_request_over_http_and_websocket() {
 #[tokio::test]
 async fn subscribe_timeout_closes_connections_that_never_subscribe_and_spares_subscribers() {
     let _gate = crate::common::gate!();
-    let _serial = serial();
+    let _serial = serial().await;
     let server = TestServer::start(|c| c.subscribe_timeout_secs = 1);
     let http = server.http();
     let start = Instant::now();
@@ -532,7 +532,7 @@ async fn slowloris(addr: SocketAddr, head: &'static str, trickle: Option<Duratio
 #[tokio::test]
 async fn slowloris_request_heads_are_cut_off_while_other_clients_are_served() {
     let _gate = crate::common::gate!();
-    let _serial = serial();
+    let _serial = serial().await;
     let server = TestServer::start(|c| c.handshake_timeout_ms = 500);
     const HALF: &str = "GET /v1/ws?token=x HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n";
     const FULL: &str = "GET /v1/ws?token=x HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
@@ -573,7 +573,7 @@ async fn slowloris_request_heads_are_cut_off_while_other_clients_are_served() {
 #[tokio::test]
 async fn slowloris_cut_offs_are_counted_in_limit_hits() {
     let _gate = crate::common::gate!();
-    let _serial = serial();
+    let _serial = serial().await;
     let server = TestServer::start(|c| c.handshake_timeout_ms = 500);
     let before = server.http().metric_total("livegate_limit_hits_total");
     let cut = slowloris(server.addr, "GET /v1/ws?token=x HTTP/1.1\r\nHost: 127.0.0.1\r\n", None).await;

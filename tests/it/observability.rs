@@ -1019,7 +1019,7 @@ fn assert_no_secret(output: &str, secrets: &[String], what: &str) {
         let parts = std::iter::once(secret.as_str()).chain(secret.split('.').filter(|p| p.len() >= 16));
         for part in parts {
             if let Some(at) = output.find(part) {
-                let line = output[..at].rsplit('\n').next().unwrap_or("").to_string() + &output[at..].lines().next().unwrap_or("").to_string();
+                let line = output[..at].rsplit('\n').next().unwrap_or("").to_string() + output[at..].lines().next().unwrap_or("");
                 panic!("{what} contains a secret ({}…): {line}", &part[..8.min(part.len())]);
             }
         }

@@ -224,7 +224,7 @@ fn concrete(path: &str) -> String {
     path.replace("{room}", "lobby").replace("{user}", "u1")
 }
 
-/// The answer of the router's default service (`not_found` in src/http/mod.rs).
+/// The answer of the router's default service (`not_found` in src/http/operations.rs).
 fn is_no_route(status: u16, body: &str, method: &str, path: &str) -> bool {
     let no_route = format!("no route for {method} {path}");
     status == 404 && serde_json::from_str::<Value>(body).is_ok_and(|b| b["error"]["message"] == no_route.as_str())

@@ -204,15 +204,15 @@ async fn every_client_gets_every_event_once_in_order_across_random_reconnects() 
         for e in rep.errors.iter().take(5) {
             failures.push(format!("client {}: {e}", rep.id));
         }
-        for r in 0..ROOMS {
-            if rep.received[r] != history[r] {
-                let first_diff = rep.received[r].iter().zip(&history[r]).position(|(a, b)| a != b);
+        for (r, room_history) in history.iter().enumerate() {
+            if &rep.received[r] != room_history {
+                let first_diff = rep.received[r].iter().zip(room_history).position(|(a, b)| a != b);
                 failures.push(format!(
                     "client {}: {} got {} events, history has {}; first difference at index {:?}",
                     rep.id,
                     room_name(r),
                     rep.received[r].len(),
-                    history[r].len(),
+                    room_history.len(),
                     first_diff
                 ));
             }

@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 
 import { connect } from '../../clients/js/livegate.js';
-import { MAX_HELD_EVENTS } from '../../clients/js/livegate/subscriptions.js';
+import { MAX_HELD_EVENTS } from '../../clients/js/livegate/feed.js';
 import { fakeFetch } from './support/fake-fetch.mjs';
 import { fakeSocketClass } from './support/fake-socket.mjs';
 import { recorder } from './support/clients.mjs';

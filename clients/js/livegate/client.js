@@ -1,10 +1,12 @@
 // The client: LivegateClient, the object connect() returns. It owns the connection's
 // life (attempts, the welcome, losses and reconnects, redirects to the session's node,
 // the WebSocket→SSE fallback), the requests waiting for replies, and the delivery of each
-// room's events once and in order. The transports (transport-websocket.js,
-// transport-sse.js) move frames, credentials.js keeps the resume credential,
-// connection.js holds the timings and the reconnect policy, subscriptions.js each room's
-// position, emitter.js the listeners, and clock.js the time. The behaviour is described at
+// room's feed (its inputs in, its actions carried out). The transports
+// (transport-websocket.js, transport-sse.js) move frames, credentials.js keeps the resume
+// credential, connection.js holds the timings and the reconnect policy, feed.js each room's
+// recovery (a machine: subscribing, live, filling a gap, resubscribing, ended),
+// subscriptions.js the application's Subscription objects, emitter.js the listeners, and
+// clock.js the time. The behaviour is described at
 // the top of livegate.js.
 
 import { clockFrom, repeat } from './clock.js';
@@ -22,7 +24,8 @@ import {
 import { ResumeCredential } from './credentials.js';
 import { Listeners } from './emitter.js';
 import { livegateError as lgError } from './errors.js';
-import { FINAL_SUBSCRIBE_ERRORS, HISTORY_PAGE, MAX_HELD_EVENTS, RoomState, Subscription, snapshotOf } from './subscriptions.js';
+import { Feed } from './feed.js';
+import { Subscription } from './subscriptions.js';
 import { SseTransport, cancelBody } from './transport-sse.js';
 import { WebSocketTransport } from './transport-websocket.js';
 import { baseOf, endpointOf, looksLikeUrl, readyzOf, sseEndpointOf } from './urls.js';
@@ -111,7 +114,8 @@ export class LivegateClient {
     });
 
     this._listeners = new Listeners();
-    this._rooms = new Map(); // room name -> RoomState
+    this._rooms = new Map(); // room name -> Feed
+    this._retryTimers = new Map(); // Feed -> {at, handle}: the timer of its deadline()
     this._requests = new Map(); // ref -> {resolve, reject, frame}
     this._queued = []; // requests waiting for a connection: [ref, ...]
     this._nextRef = 1;
@@ -188,8 +192,8 @@ export class LivegateClient {
 
   /** Where delivery of a room stands: `{epoch, seq}` (seq = last delivered), or null. */
   position(room) {
-    const state = this._rooms.get(room);
-    return state ? { epoch: state.epoch, seq: state.last } : null;
+    const feed = this._rooms.get(room);
+    return feed ? feed.position() : null;
   }
 
   /**
@@ -230,10 +234,10 @@ export class LivegateClient {
 
   /** Stops delivering the room to every subscription of it and tells the server (over SSE: reopens the stream). */
   unsubscribe(room) {
-    const state = this._rooms.get(room);
-    if (!state) return;
-    for (const sub of [...state.subs]) sub._end('unsubscribed', `unsubscribed from ${room}`);
-    this._forgetRoom(state);
+    const feed = this._rooms.get(room);
+    if (!feed) return;
+    for (const sub of [...feed.subs]) sub._end('unsubscribed', `unsubscribed from ${room}`);
+    this._forgetRoom(feed);
   }
 
   /** A new Subscription on `room` with `options` {since, epoch, state, presence}. */
@@ -244,44 +248,24 @@ export class LivegateClient {
       sub._end(refusal.code, refusal.message);
       return sub;
     }
-    let state = this._rooms.get(room);
-    if (!state) {
-      state = new RoomState(room);
-      state.add(sub);
-      if (options.since != null) {
-        state.last = Number(options.since);
-        state.epoch = options.epoch ?? null;
-      }
-      this._rooms.set(room, state);
+    let feed = this._rooms.get(room);
+    if (!feed) {
+      feed = new Feed(room, { nextRef: () => this._nextRef++, resubscribeMs: this._timings.resubscribeMs });
+      feed.start(sub, options.since, options.epoch);
+      this._rooms.set(room, feed);
       sub._subscribing();
       if (this._stream()) this._roomsChanged();
-      else if (this._link?.welcomed) this._sendSubscribe(state);
+      else if (this._link?.welcomed) this._sendSubscribe(feed);
       return sub;
     }
-    // A later subscription of a subscribed room shares its server subscription. The
-    // others keep their place; it starts at its `since`, its state, or the room's position.
-    for (const other of state.subs) other.floor ??= state.last;
-    if (sub.floor == null) sub.floor = state.last;
-    let again = state.add(sub);
-    if (sub.wantsState && state.wantState) {
-      // Its own state: the room starts from the state again (the others that asked for
-      // state get it too; the events they are owed come after it, and the rest of the
-      // room's subscriptions get what the state stands for as events).
-      state.fromState = true;
-      again = true;
-    } else if (sub.floor != null && state.last != null && sub.floor < state.last) {
-      // Events the room delivered before this subscription came: the room goes back to
-      // its `since` and the server replays them; the others skip what they had.
-      state.last = sub.floor;
-      state.forgetIds();
-      again = true;
-    }
+    // A later subscription of a subscribed room shares its server subscription.
+    const again = feed.join(sub);
     sub._subscribing();
-    if (again) this._resubscribe(state);
-    else if (state.subscribedOnce) {
+    if (again) this._resubscribe(feed);
+    else if (feed.subscribedOnce) {
       // Told after the caller had the object to listen on.
       queueMicrotask(() => {
-        if (sub.state === 'subscribing' && state.subs.has(sub) && !state.awaiting) sub._subscribed(state.lastReply);
+        if (sub.state === 'subscribing' && feed.subs.has(sub) && !feed.awaiting) sub._subscribed(feed.lastReply);
       });
     }
     return sub;
@@ -289,25 +273,24 @@ export class LivegateClient {
 
   /** A subscription ended by its own unsubscribe(): the room goes with its last one. */
   _subscriptionEnded(sub) {
-    const state = this._rooms.get(sub.room);
-    if (!state || !state.subs.has(sub)) return;
-    state.subs.delete(sub);
-    if (state.subs.size === 0) this._forgetRoom(state);
+    const feed = this._rooms.get(sub.room);
+    if (feed?.leave(sub)) this._forgetRoom(feed);
   }
 
-  /** Stops delivering `state`'s room and tells the server. */
-  _forgetRoom(state) {
-    if (this._rooms.get(state.room) !== state) return;
-    this._rooms.delete(state.room);
-    state.cancel();
+  /** Stops delivering `feed`'s room and tells the server. */
+  _forgetRoom(feed) {
+    if (this._rooms.get(feed.room) !== feed) return;
+    this._rooms.delete(feed.room);
+    feed.end();
+    this._run(feed);
     if (this._stream()) this._roomsChanged();
-    else if (this._link?.welcomed) this._send({ op: 'unsubscribe', room: state.room });
+    else if (this._link?.welcomed) this._send({ op: 'unsubscribe', room: feed.room });
   }
 
-  /** Subscribes `state`'s room again for what it asks now (the stream reopens over SSE). */
-  _resubscribe(state) {
+  /** Subscribes `feed`'s room again for what it asks now (the stream reopens over SSE). */
+  _resubscribe(feed) {
     if (this._stream()) this._roomsChanged(true);
-    else if (this._link?.welcomed) this._sendSubscribe(state);
+    else if (this._link?.welcomed) this._sendSubscribe(feed);
   }
 
   /**
@@ -410,9 +393,10 @@ export class LivegateClient {
       this._lost(1000, 'client closed', null, link);
     }
     this._rejectAll(lgError('closed', 'client closed'));
-    for (const state of this._rooms.values()) {
-      state.cancel();
-      for (const sub of [...state.subs]) sub._end('closed', 'client closed');
+    for (const feed of this._rooms.values()) {
+      feed.end();
+      this._run(feed);
+      for (const sub of [...feed.subs]) sub._end('closed', 'client closed');
     }
   }
 
@@ -431,9 +415,10 @@ export class LivegateClient {
     if (link) this._drop(link, 1000, reason);
     this._link = null;
     this._rejectAll(error);
-    for (const state of this._rooms.values()) {
-      state.connectionLost();
-      for (const sub of state.subs) if (sub.state === 'subscribed') sub._subscribing();
+    for (const feed of this._rooms.values()) {
+      feed.lost();
+      this._run(feed);
+      for (const sub of feed.subs) if (sub.state === 'subscribed') sub._subscribing();
     }
     this._machine.transition('disconnected', reason);
     this._emit('disconnected', { code: 1000, reason, reconnectInMs: null });
@@ -469,7 +454,7 @@ export class LivegateClient {
     this._machine.transition('closed', message, 'client');
     const error = lgError('unsupported', message);
     this._rejectAll(error);
-    for (const state of this._rooms.values()) for (const sub of [...state.subs]) sub._end('unsupported', message);
+    for (const feed of this._rooms.values()) for (const sub of [...feed.subs]) sub._end('unsupported', message);
     return false;
   }
 
@@ -589,10 +574,13 @@ export class LivegateClient {
     const since = this._sseSince();
     if (since) url += `&since=${encodeURIComponent(since)}`;
     // The stream's flags apply to all its rooms; a room that did not ask ignores them.
-    const subscriptions = [...this._rooms.values()];
-    for (const state of subscriptions) this._withoutUnannounced(state);
-    if (subscriptions.some((state) => state.wantState)) url += '&state=1';
-    if (subscriptions.some((state) => state.wantPresence)) url += '&presence=1';
+    const feeds = [...this._rooms.values()];
+    for (const feed of feeds) {
+      feed.withoutUnannounced(this._lacking());
+      this._run(feed);
+    }
+    if (feeds.some((feed) => feed.wantState)) url += '&state=1';
+    if (feeds.some((feed) => feed.wantPresence)) url += '&presence=1';
     const link = newLink(new SseTransport(this._fetch), attempt, new Set(rooms));
     this._link = link;
     this._lastHeard = this._clock.now();
@@ -659,9 +647,11 @@ export class LivegateClient {
       const epochAt = seqAt > 0 ? entry.lastIndexOf(':', seqAt - 1) : -1;
       if (epochAt > 0) entries.set(entry.slice(0, epochAt), entry);
     }
-    for (const state of this._rooms.values()) {
-      if (state.fromState) entries.delete(state.room); // to start from its state, not replay
-      else if (state.epoch != null && state.last != null) entries.set(state.room, `${state.room}:${state.epoch}:${state.last}`);
+    for (const feed of this._rooms.values()) {
+      if (feed.fromState) entries.delete(feed.room); // to start from its state, not replay
+      else if (feed.epoch != null && feed.last != null) {
+        entries.set(feed.room, `${feed.room}:${feed.epoch}:${feed.last}`);
+      }
     }
     return [...entries.values()].join(',');
   }
@@ -699,12 +689,13 @@ export class LivegateClient {
       const fresh = [...link.rooms].filter((room) => this._rooms.get(room) && !this._rooms.get(room).subscribedOnce);
       const named = typeof refusal.error?.room === 'string' ? fresh.filter((room) => room === refusal.error.room) : [];
       for (const room of named.length ? named : fresh) {
-        const state = this._rooms.get(room);
+        const feed = this._rooms.get(room);
         this._rooms.delete(room);
-        state.cancel();
+        feed.end();
+        this._run(feed);
         this._emit('error', { room, code, message });
-        this._tellSubscriptions(state, 'error', { room, code, message });
-        for (const sub of [...state.subs]) sub._end(code, message);
+        this._tellSubscriptions(feed, 'error', { room, code, message });
+        for (const sub of [...feed.subs]) sub._end(code, message);
       }
     }
     this._emit('error', { code, message: `SSE request refused: HTTP ${status} ${code}` });
@@ -736,7 +727,10 @@ export class LivegateClient {
     this._clock.clearTimeout(this._timers.connect);
     this._timers.ping?.();
     this._timers.connect = this._timers.ping = null;
-    for (const state of this._rooms.values()) state.connectionLost();
+    for (const feed of this._rooms.values()) {
+      feed.lost();
+      this._run(feed);
+    }
     this._schedule(() => this._attempt({ quiet: true }), 0);
   }
 
@@ -763,9 +757,10 @@ export class LivegateClient {
     this._link = null;
     this._clearTimers();
     this._rejectAll(lgError('disconnected', `connection lost (${code}${reason ? `: ${reason}` : ''})`), true);
-    for (const state of this._rooms.values()) {
-      state.connectionLost();
-      for (const sub of state.subs) if (sub.state === 'subscribed') sub._subscribing();
+    for (const feed of this._rooms.values()) {
+      feed.lost();
+      this._run(feed);
+      for (const sub of feed.subs) if (sub.state === 'subscribed') sub._subscribing();
     }
     if (this._machine.closed) {
       this._emit('disconnected', { code, reason, reconnectInMs: null });
@@ -951,7 +946,7 @@ export class LivegateClient {
       this._credential.drop();
       const stopped = lgError('stopped', `server said not to reconnect (${code})`);
       this._rejectAll(stopped);
-      for (const state of this._rooms.values()) for (const sub of [...state.subs]) sub._end('stopped', stopped.message);
+      for (const feed of this._rooms.values()) for (const sub of [...feed.subs]) sub._end('stopped', stopped.message);
       this._emit('disconnected', { code, reason, reconnectInMs: null });
       return;
     }
@@ -1013,12 +1008,10 @@ export class LivegateClient {
     if (sse) {
       // The stream subscribes its rooms itself: each one's `subscribed` comes next.
       for (const room of sse.rooms) {
-        const state = this._rooms.get(room);
-        if (!state) continue;
-        state.cancel();
-        state.ref = 'sse';
-        state.awaiting = true;
-        state.quiet = attempt.quiet && state.subscribedOnce;
+        const feed = this._rooms.get(room);
+        if (!feed) continue;
+        feed.streamOpened(attempt.quiet);
+        this._run(feed);
       }
       this._rejectAll(lgError('unsupported', 'history, publish and presence need the WebSocket transport (connected over SSE)'));
     }
@@ -1042,7 +1035,7 @@ export class LivegateClient {
       }
       return;
     }
-    for (const state of this._rooms.values()) this._sendSubscribe(state);
+    for (const feed of this._rooms.values()) this._sendSubscribe(feed);
     for (const ref of this._queued.splice(0)) {
       const request = this._requests.get(ref);
       if (request && this._send(request.frame)) request.sent = true;
@@ -1138,8 +1131,10 @@ export class LivegateClient {
       case 'events':
         if (Array.isArray(frame.events)) {
           for (const event of frame.events) {
-            const state = event && this._rooms.get(event.room);
-            if (state && Number.isInteger(event.seq)) this._accept(state, event);
+            const feed = event && this._rooms.get(event.room);
+            if (!feed || !Number.isInteger(event.seq)) continue;
+            feed.event(event);
+            this._run(feed);
           }
         }
         return;
@@ -1175,67 +1170,27 @@ export class LivegateClient {
     const room = typeof frame.room === 'string' ? frame.room : undefined;
     // A subscribe's refusal: by its ref, or over SSE (the stream's subscribes have no
     // ref) by the room the frame names.
-    const state =
+    const feed =
       frame.ref != null
-        ? [...this._rooms.values()].find((s) => s.ref === frame.ref)
+        ? [...this._rooms.values()].find((f) => f.ref === frame.ref)
         : room != null && this._stream() && this._rooms.get(room)?.ref === 'sse' && this._rooms.get(room);
-    if (!state) {
+    if (!feed) {
       this._emit('error', room != null ? { room, code: frame.code, message: frame.message } : { code: frame.code, message: frame.message });
       return;
     }
-    // A server before `features` in welcome refuses a flag it lacks as a bad request: the
-    // newest flag asked (presence, then state) is taken as lacking, and the room asked
-    // again without it (the message is for people, never read).
-    const flag = this._features == null && frame.code === 'bad_request' && (state.wantPresence ? 'presence' : state.wantState ? 'state' : null);
-    if (flag) {
-      if (flag === 'state') {
-        state.wantState = false;
-        state.fromState = false;
-      } else state.wantPresence = false;
-      state.lacks[flag] = true;
-      const what = flag === 'state' ? 'room state' : 'presence';
-      const detail = { room: state.room, code: 'unsupported', message: `the server has no ${what}: subscribed without it` };
-      this._emit('error', detail);
-      this._tellSubscriptions(state, 'error', detail);
-      this._resubscribe(state);
-      return;
-    }
-    state.ref = null;
-    state.awaiting = false;
-    state.buffer = [];
-    this._emit('error', { room: state.room, code: frame.code, message: frame.message });
-    this._tellSubscriptions(state, 'error', { room: state.room, code: frame.code, message: frame.message });
-    if (FINAL_SUBSCRIBE_ERRORS.has(frame.code)) {
-      this._rooms.delete(state.room);
-      for (const sub of [...state.subs]) sub._end(frame.code, frame.message);
-      return;
-    }
-    // unavailable and the like: try again shortly on this connection.
-    const link = this._link;
-    const timer = this._clock.setTimeout(() => {
-      state.retry = null;
-      if (this._link === link && link?.welcomed && this._rooms.get(state.room) === state) this._resubscribe(state);
-    }, this._timings.resubscribeMs);
-    state.retry = () => this._clock.clearTimeout(timer);
+    // A server before `features` in welcome refuses a flag it lacks as a bad request (the
+    // feed takes the newest flag asked as lacking); unavailable and the like are tried
+    // again shortly on this connection; a final code ends the room.
+    feed.refused(frame, { featuresKnown: this._features != null }, this._clock.now());
+    this._run(feed);
   }
 
   // ---- rooms ----
 
-  _sendSubscribe(state) {
-    state.cancel();
-    const ref = this._nextRef++;
-    const frame = { op: 'subscribe', room: state.room, ref };
-    if (state.last != null && !state.fromState) {
-      frame.since = state.last;
-      if (state.epoch != null) frame.epoch = state.epoch;
-    }
-    this._withoutUnannounced(state);
-    if (state.wantState) frame.state = true;
-    if (state.wantPresence) frame.presence = true;
-    state.ref = ref;
-    state.awaiting = true;
-    state.buffer = [];
-    this._send(frame);
+  /** Subscribes `feed`'s room on this connection, without what the server lacks. */
+  _sendSubscribe(feed) {
+    feed.subscribe(this._lacking());
+    this._run(feed);
   }
 
   /** Whether the server's welcome announced features and `feature` is not among them. */
@@ -1243,230 +1198,123 @@ export class LivegateClient {
     return this._features != null && !this._features.has(feature);
   }
 
-  /**
-   * A room asking for room state or presence the server did not announce: it goes on
-   * without them (never asked), and the application hears why.
-   */
-  _withoutUnannounced(state) {
-    for (const [flag, what] of [['state', 'room state'], ['presence', 'presence']]) {
-      if (!(flag === 'state' ? state.wantState : state.wantPresence) || !this._serverLacks(flag)) continue;
-      if (flag === 'state') {
-        state.wantState = false;
-        state.fromState = false;
-      } else state.wantPresence = false;
-      state.lacks[flag] = true;
-      const message = `the server has no ${what}: subscribed without it`;
-      this._emit('error', { room: state.room, code: 'unsupported', message });
-      // Told after subscribe() returned, so the new subscription's listeners hear it too.
-      queueMicrotask(() => this._tellSubscriptions(state, 'error', { room: state.room, code: 'unsupported', message }));
-    }
+  /** The room flags the server announced it lacks: a feed goes on without them. */
+  _lacking() {
+    return { state: this._serverLacks('state'), presence: this._serverLacks('presence') };
   }
 
   _onSubscribed(frame) {
-    const state = this._rooms.get(frame.room);
-    if (this._stream()) {
-      // SSE: one `subscribed` per requested room, right after welcome, without a ref
-      // (the automatic inbox's notice has no epoch: not a reply).
-      if (!state || state.ref !== 'sse' || frame.epoch == null) return;
-    } else {
-      // Only replies to this client's own requests count: the automatic inbox
-      // subscription (no ref) and replies to superseded requests are ignored.
-      if (frame.ref == null) return;
-      if (!state || state.ref !== frame.ref) return;
-    }
-    const quiet = state.quiet;
-    state.quiet = false;
-    state.ref = null;
-    state.awaiting = false;
-    const epochChanged = state.epoch != null && state.epoch !== frame.epoch;
-    const head = Number(frame.seq);
-    // The room's state, when this room asked for it and the reply starts from it (a first
-    // subscribe, or a recovery that failed): null (none) or {seq, data}.
-    const snapshot = state.wantState && frame.recovered !== true ? snapshotOf(frame) : undefined;
-    let failed = false;
-    state.fromNothing = false;
-    if (frame.recovered === true) {
-      // The missed events follow this frame.
-    } else if (snapshot !== undefined) {
-      // The state stands for every event up to its seq: only the events after it follow
-      // (again, after a failed recovery: the state replaces what was delivered before).
-      // Subscriptions that did not ask for state keep their place: the room goes on from
-      // the lowest of them, and they get the events the state stands for.
-      const from = snapshot ? snapshot.seq : 0;
-      const behind = state.lowestPositionWithoutState();
-      state.last = behind != null && behind < from ? behind : from;
-      state.fromNothing = snapshot == null && behind == null;
-      state.forgetIds();
-    } else if (frame.recovered === false) {
-      failed = true;
-      state.last = head;
-    } else if (state.last == null || epochChanged) {
-      state.last = head;
-    }
-    state.epoch = frame.epoch;
-    state.fromState = false;
-    state.subscribedOnce = true;
-    state.lastReply = { room: frame.room, epoch: frame.epoch, seq: head, recovered: frame.recovered };
-    if (snapshot !== undefined) state.lastReply.state = snapshot;
-    for (const sub of [...state.subs]) sub._subscribed(state.lastReply);
-    if (state.wantState && frame.recovered == null && snapshot === undefined) {
-      this._emit('error', { room: state.room, code: 'unsupported', message: 'the server sent no room state (it predates room state)' });
-    }
-    if (snapshot !== undefined) {
-      const from = snapshot ? snapshot.seq : 0;
-      const detail = { room: state.room, data: snapshot ? snapshot.data : null, seq: from, epoch: frame.epoch };
-      for (const sub of [...state.subs]) {
-        if (!sub.wantsState) continue;
-        sub.floor = snapshot ? from : null;
-        sub._tell('state', detail, (error) => this._handlerThrew(state, error));
-      }
-      if (frame.recovered === false && !quiet) {
-        this._emit('recovered', { room: state.room, epoch: frame.epoch, seq: from, state: true });
-        this._tellSubscriptions(state, 'recovered', { room: state.room, epoch: frame.epoch, seq: from, state: true });
-      }
-      // Subscriptions without state behind it: what the state stands for, as events.
-      if (state.last < from && !this._stream() && this._rooms.get(state.room) === state) this._fill(state, from);
-    } else if (failed) {
-      this._emit('recovery_failed', { room: state.room, epoch: frame.epoch, seq: head, reason: 'not_recovered' });
-      this._tellSubscriptions(state, 'recovery_failed', { room: state.room, epoch: frame.epoch, seq: head, reason: 'not_recovered' });
-    } else if (frame.recovered === true && !quiet) {
-      this._emit('recovered', { room: state.room, epoch: frame.epoch, seq: head });
-      this._tellSubscriptions(state, 'recovered', { room: state.room, epoch: frame.epoch, seq: head });
-    }
-    if (this._rooms.get(state.room) === state) this._drain(state);
+    const feed = this._rooms.get(frame.room);
+    if (!feed) return;
+    // Only replies to this feed's own subscribe count (over SSE, the stream's): the
+    // automatic inbox subscription and replies to superseded requests are ignored.
+    feed.subscribed(frame);
+    this._run(feed);
   }
 
   /** A `presence` frame: the reply to `presence()` (it has a ref), or a room's changes. */
   _onPresence(frame) {
     if (frame.ref != null) return this._reply(frame); // a reply (maybe to a request given up)
-    const state = typeof frame.room === 'string' ? this._rooms.get(frame.room) : null;
-    if (!state) return;
-    const detail = {
+    const feed = typeof frame.room === 'string' ? this._rooms.get(frame.room) : null;
+    if (!feed) return;
+    feed.presence({
       room: frame.room,
       count: Number(frame.count),
       joined: Array.isArray(frame.joined) ? frame.joined : null,
       left: Array.isArray(frame.left) ? frame.left : null,
-    };
-    for (const sub of [...state.subs]) {
-      if (sub.wantsPresence) sub._tell('presence', detail, (error) => this._handlerThrew(state, error));
-    }
-  }
-
-  /** One event of a room from the live stream (or a replay). */
-  _accept(state, event) {
-    if (state.awaiting || state.filling) {
-      if (state.buffer.length >= MAX_HELD_EVENTS) return this._overflow(state);
-      state.buffer.push(event);
-      return;
-    }
-    if (state.last != null && event.seq <= state.last) return; // already delivered
-    if (state.fromNothing) {
-      // The room had no state: its view starts with the first event that follows,
-      // wherever the retained history starts.
-      state.fromNothing = false;
-    } else if (state.last != null && event.seq > state.last + 1) {
-      const stream = this._stream();
-      if (stream) {
-        // No history requests over SSE: reopen the stream from the last delivered seq,
-        // which the server replays exactly (or answers recovered:false).
-        state.awaiting = true;
-        state.buffer = [];
-        this._clock.setTimeout(() => {
-          if (this._link === stream && !this._machine.closed) this._reopen(stream);
-        }, 0);
-        return;
-      }
-      state.buffer.push(event);
-      this._fill(state, event.seq - 1);
-      return;
-    }
-    this._deliver(state, event);
-  }
-
-  _deliver(state, event) {
-    state.last = event.seq;
-    if (!state.firstDelivery(event.id)) return; // a repeat of an id already delivered
-    for (const sub of [...state.subs]) {
-      if (sub.floor != null && event.seq <= sub.floor) continue; // it had this one (or its state covers it)
-      sub.floor = event.seq;
-      sub._tell('event', event, (error) => this._handlerThrew(state, error));
-    }
-  }
-
-  /** What an application's listener on `state`'s room threw: an `error` (code `handler`). */
-  _handlerThrew(state, error) {
-    this._emit('error', { room: state.room, code: 'handler', message: String(error?.message ?? error), error });
-  }
-
-  /** Hands a room's event to the listeners of each of its subscriptions. */
-  _tellSubscriptions(state, name, detail) {
-    for (const sub of [...state.subs]) sub._tell(name, detail, (error) => this._handlerThrew(state, error));
+    });
+    this._run(feed);
   }
 
   /**
-   * The room holds `MAX_HELD_EVENTS` events back already: drop them and subscribe again
-   * from the last delivered seq (over SSE: reopen the stream from there); the server
-   * replays them.
+   * Carries out what `feed` asks, in order, until it asks nothing more (a listener called
+   * meanwhile may feed it inputs and run it too), then arms the timer of its deadline.
    */
-  _overflow(state) {
-    const stream = this._stream();
-    if (!stream) {
-      this._sendSubscribe(state);
-      return;
+  _run(feed) {
+    for (let action = feed.poll(); action; action = feed.poll()) {
+      switch (action.type) {
+        case 'send':
+          this._send(action.frame);
+          break;
+        case 'history':
+          this._askHistory(feed, action);
+          break;
+        case 'reopen': {
+          // No history over SSE: the stream reopens from each room's position.
+          const stream = this._stream();
+          if (!stream) break;
+          this._clock.setTimeout(() => {
+            if (this._link === stream && !this._machine.closed) this._reopen(stream);
+          }, 0);
+          break;
+        }
+        case 'resubscribe':
+          if (this._rooms.get(feed.room) === feed) this._resubscribe(feed);
+          break;
+        case 'emit':
+          this._emit(action.name, action.detail);
+          break;
+        case 'tell':
+          if (action.later) queueMicrotask(() => this._tellSubscriptions(feed, action.name, action.detail));
+          else this._tellSubscriptions(feed, action.name, action.detail, action.subs);
+          break;
+        case 'subscribed':
+          for (const sub of [...feed.subs]) sub._subscribed(action.reply);
+          break;
+        case 'end':
+          if (this._rooms.get(feed.room) === feed) this._rooms.delete(feed.room);
+          for (const sub of [...feed.subs]) sub._end(action.code, action.message);
+          break;
+        default:
+          break;
+      }
     }
-    state.filling = null;
-    state.awaiting = true;
-    state.buffer = [];
-    this._clock.setTimeout(() => {
-      if (this._link === stream && !this._machine.closed) this._reopen(stream);
-    }, 0);
+    this._armRetry(feed);
   }
 
-  /** Feeds the buffered events through `_accept` again, in seq order. */
-  _drain(state) {
-    const buffered = state.buffer.sort((a, b) => a.seq - b.seq);
-    state.buffer = [];
-    for (const event of buffered) this._accept(state, event);
-  }
-
-  /** Fetches the events after `state.last` up to `target` with history, then drains. */
-  _fill(state, target) {
-    const token = {};
-    state.filling = token;
-    const limit = Math.min(target - state.last, HISTORY_PAGE);
-    this._request({ op: 'history', room: state.room, since: state.last, limit }).then(
+  /** Asks history for a feed filling a gap; the reply (or failure) goes back to it. */
+  _askHistory(feed, { since, limit, token }) {
+    this._request({ op: 'history', room: feed.room, since, limit }).then(
       (reply) => {
-        if (state.filling !== token || this._rooms.get(state.room) !== state) return;
-        state.filling = null;
-        if (reply.epoch !== state.epoch) {
-          return this._gapLost(state, target, 'epoch_changed');
-        }
-        let progressed = false;
-        for (const event of Array.isArray(reply.events) ? reply.events : []) {
-          if (!Number.isInteger(event?.seq) || event.seq <= state.last || event.seq > target) continue;
-          if (event.seq !== state.last + 1) break; // trimmed: history has a hole too
-          this._deliver(state, event);
-          progressed = true;
-        }
-        if (state.last >= target) return this._drain(state);
-        if (progressed) return this._fill(state, target); // the next page
-        this._gapLost(state, target, 'history_trimmed');
+        if (this._rooms.get(feed.room) !== feed) return;
+        feed.historyReply(token, reply);
+        this._run(feed);
       },
       (error) => {
-        if (state.filling !== token) return;
-        state.filling = null;
-        if (error?.code === 'disconnected' || error?.code === 'closed' || error?.code === 'stopped') return;
-        if (this._rooms.get(state.room) === state) this._gapLost(state, target, error?.code ?? 'history_failed');
+        feed.historyFailed(token, error);
+        this._run(feed);
       },
     );
   }
 
-  /** A gap history cannot fill: tell the application and go on after it. */
-  _gapLost(state, target, reason) {
-    state.last = Math.max(state.last, target);
-    this._emit('recovery_failed', { room: state.room, epoch: state.epoch, seq: target, reason });
-    this._tellSubscriptions(state, 'recovery_failed', { room: state.room, epoch: state.epoch, seq: target, reason });
-    if (this._rooms.get(state.room) === state) this._drain(state);
+  /** Keeps one clock timer per feed at its `deadline()` (a refused subscribe's retry). */
+  _armRetry(feed) {
+    const at = feed.deadline();
+    const armed = this._retryTimers.get(feed);
+    if (armed?.at === at) return;
+    if (armed) {
+      this._clock.clearTimeout(armed.handle);
+      this._retryTimers.delete(feed);
+    }
+    if (at == null) return;
+    const handle = this._clock.setTimeout(() => {
+      if (this._retryTimers.get(feed)?.handle !== handle) return;
+      this._retryTimers.delete(feed);
+      // A timer may fire a little before the system clock reads its time.
+      feed.tick(Math.max(this._clock.now(), at));
+      this._run(feed);
+    }, Math.max(0, at - this._clock.now()));
+    this._retryTimers.set(feed, { at, handle });
+  }
+
+  /** What an application's listener on `feed`'s room threw: an `error` (code `handler`). */
+  _handlerThrew(feed, error) {
+    this._emit('error', { room: feed.room, code: 'handler', message: String(error?.message ?? error), error });
+  }
+
+  /** Hands a room's event to the listeners of `subs` (default: each subscription of the room). */
+  _tellSubscriptions(feed, name, detail, subs = [...feed.subs]) {
+    for (const sub of subs) sub._tell(name, detail, (error) => this._handlerThrew(feed, error));
   }
 
   _emit(name, detail) {

@@ -1,4 +1,4 @@
-//! `core::token::verify` on arbitrary strings, secrets and clocks never panics; and for
+//! `core::credentials::token::verify` on arbitrary strings, secrets and clocks never panics; and for
 //! arbitrary claims, `sign` then `verify` gives the same claims back (within the limits
 //! the wire form has: strings of at most 255 bytes, at most 255 rooms; longer ones are
 //! cut, and must then either verify as the cut claims or be rejected as malformed). A
@@ -7,7 +7,7 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use livegate::core::token::{self, Claims, TokenError};
+use livegate::core::credentials::token::{self, Claims, TokenError};
 
 #[derive(Arbitrary, Debug)]
 struct ClaimsInput {

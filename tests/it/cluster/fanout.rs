@@ -83,7 +83,7 @@ fn publish_on_a_reaches_subscribers_on_a_b_and_c_in_order_exactly_once() {
         }
         for e in &got {
             let s = seq_of(e) as usize;
-            if s >= 1 && s <= EVENTS && e["id"] != acks[s - 1].0.as_str() {
+            if (1..=EVENTS).contains(&s) && e["id"] != acks[s - 1].0.as_str() {
                 failures.push(format!("{who}: seq {s} carries id {} instead of {}", e["id"], acks[s - 1].0));
                 break;
             }

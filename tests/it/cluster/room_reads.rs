@@ -160,7 +160,7 @@ fn a_room_taking_its_feed_again_still_answers_its_publishes_and_reads() {
 
     let subscriber = rt.spawn(async move {
         let sent = Instant::now();
-        let reply = second.subscribe_since(&"reads:refeed".to_string(), 1, &epoch).await;
+        let reply = second.subscribe_since("reads:refeed", 1, &epoch).await;
         (sent.elapsed(), reply)
     });
     // The subscribe reaches the room first, then a presence read and a publish of the

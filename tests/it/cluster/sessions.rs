@@ -396,7 +396,7 @@ fn session_records_leave_the_kv_bucket_after_the_ttl_unless_their_node_keeps_the
         if tab.session() != kept_session {
             failures.push(format!("a second tab of the connected session got another id: {}", tab.welcome));
         }
-        let late = WsClient::connect(addr, &cluster.http(1).mint_token("gone", "web"), Some(&gone_session)).await;
+        let late = WsClient::connect(addr, &cluster.http(1).mint_token("gone", "web"), Some(gone_session)).await;
         if late.session() == gone_session {
             failures.push(format!("an expired session was reused: {}", late.welcome));
         }

@@ -110,7 +110,7 @@ impl TestServer {
 
     /// Whether the server thread has ended (it failed to start or stopped).
     pub fn thread_finished(&self) -> bool {
-        self.thread.as_ref().map_or(true, |t| t.is_finished())
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
     }
 
     fn start_on_listener_probed(

@@ -6,6 +6,8 @@
 //! a restarted simulator resumes each match from its stored state instead of kicking off
 //! again.
 
+pub mod matchsim;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +15,7 @@ use serde::Deserialize;
 
 use crate::actors::messages::NewEvent;
 use crate::actors::publish::Publisher;
-use crate::core::matchsim::{MatchEvent, MatchSim, MatchState, Status};
+use self::matchsim::{MatchEvent, MatchSim, MatchState, Status};
 use crate::world::random_u64;
 
 /// One simulator step this often (about half of the steps produce an event).
