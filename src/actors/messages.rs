@@ -241,13 +241,8 @@ pub struct Publish {
     pub reply: oneshot::Sender<Result<Published, PublishFailed>>,
 }
 
-/// A room's state as of one of its events: what the room keeps in memory.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StateAt {
-    pub seq: u64,
-    /// JSON text.
-    pub data: Arc<str>,
-}
+/// A room's state as of one of its events, and a publish's answer: the room machine's.
+pub use crate::core::room::{Published, StateAt};
 
 /// Set the room's state as of its current head (`PUT /v1/rooms/{room}/state`). Answered
 /// on `reply` once durable; the answer names the seq it was set at.
@@ -270,13 +265,6 @@ pub struct StateView {
     pub epoch: Option<Arc<str>>,
     pub seq: u64,
     pub data: Option<Arc<str>>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Published {
-    pub seq: u64,
-    pub epoch: Arc<str>,
-    pub duplicate: bool,
 }
 
 /// Why a room did not take a publish. `Clone`: a failed flush or stream read answers

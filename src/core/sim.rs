@@ -1,10 +1,12 @@
 //! A deterministic simulation of one room and its connections, built from the same
-//! machines the actors drive: the room's [`SeqLog`], [`answer_subscribe`], [`Members`]
-//! and [`Outgoing`]; each connection's [`Subscriptions`], [`Backlog`] and [`Outbox`].
+//! machines the actors drive: the room's [`RoomMachine`] (its log, window, subscribers,
+//! eviction and flush bookkeeping), and each connection's [`Subscriptions`], [`Backlog`]
+//! and [`Outbox`]. The simulation is the room's driver: it carries out the machine's
+//! actions as the room actor does, with a store whose writes and flushes it controls.
 //! Mailboxes are FIFO queues, time is virtual, and proptest picks the interleaving:
-//! publishes, events becoming durable, windows closing, subscribes with `since`,
-//! resubscribes, connections dropping and clients reconnecting from the last seq they
-//! saw, readers that read and readers that do not.
+//! publishes, flushes returning, windows closing, subscribes with `since`, resubscribes,
+//! connections dropping and clients reconnecting from the last seq they saw, readers
+//! that read and readers that do not, and slow reads that hold subscribes.
 //!
 //! Checked after every step and at the end:
 //! - a client gets each durable event once and in order (each event it receives is the
@@ -14,6 +16,8 @@
 //! - what rooms reserve for a connection never takes it over its outbox bound, and a
 //!   connection held over the bound for the grace is closed;
 //! - a closed connection delivers nothing more;
+//! - a publish is acknowledged when the flush that made it durable returns, whatever
+//!   read is in flight (a slow read never delays an acknowledgement);
 //! - once everything settles, every connected client has every durable event.
 
 use std::collections::VecDeque;
@@ -22,10 +26,10 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
-use super::backlog::{Backlog, Reserve};
-use super::batch::BatchAction;
+use super::backlog::Backlog;
 use super::outbox::{Outbox, Verdict};
-use super::room::{answer_subscribe, Ask, Joined, Member, Members, Outgoing};
+use super::room::machine::Plant;
+use super::room::{Action, Input, Limits, LogInput, RoomMachine, Subscribe, Wire};
 use super::seqlog::{Retention, SeqLog};
 use super::subscriptions::{Addressed, Answer, Subscriptions, WindowPlan};
 
@@ -42,6 +46,36 @@ impl Addressed for Ev {
     }
     fn is_for(&self, _device: &str) -> bool {
         true
+    }
+}
+
+/// The room's world as the simulation makes it: windows of at most `window_events`.
+struct SimWire {
+    window_events: usize,
+}
+
+impl Wire for SimWire {
+    type Event = Ev;
+    type Window = Vec<Ev>;
+    /// The connection and its backlog.
+    type Sink = (u64, Arc<Backlog>);
+    type Ticket = ();
+    /// The publish's number.
+    type Reply = u64;
+    type Error = String;
+    type Failed = String;
+
+    fn cut(&self, _epoch: &Arc<str>, events: Vec<Ev>) -> Vec<Vec<Ev>> {
+        events.chunks(self.window_events).map(<[Ev]>::to_vec).collect()
+    }
+    fn bytes(window: &Vec<Ev>) -> usize {
+        window.len() * EVENT_BYTES
+    }
+    fn backlog(sink: &(u64, Arc<Backlog>)) -> &Backlog {
+        &sink.1
+    }
+    fn not_loaded() -> String {
+        "not loaded".into()
     }
 }
 
@@ -86,22 +120,34 @@ struct Client {
 struct Sim {
     now_ms: u64,
     epoch_start: Instant,
-    log: SeqLog<Ev>,
-    members: Members<(u64, Arc<Backlog>)>,
-    outgoing: Outgoing<Ev>,
+    room: RoomMachine<SimWire>,
     window_armed: bool,
+    /// The flush in flight (up to this seq), if any.
+    flushing: Option<u64>,
+    /// Publishes sent, and the step at which each was acknowledged.
+    published: u64,
+    acked: Vec<Option<u64>>,
+    /// The publishes the last returned flush made durable must be acknowledged by now.
+    flushed_upto: u64,
+    /// A read is in flight: subscribes wait for it (held, as the room actor holds them).
+    reading: bool,
+    held: VecDeque<Request>,
     room_mailbox: VecDeque<Request>,
     clients: Vec<Client>,
     next_conn: u64,
     max_outbox: usize,
-    max_recovery: u64,
-    window_events: usize,
+    /// Steps run (the time an acknowledgement is read at).
+    steps: u64,
 }
 
 #[derive(Debug, Clone)]
 enum Step {
     Publish(u8),
+    /// The flush in flight returns.
     Durable,
+    /// A slow read starts (subscribes are held until it ends), or ends.
+    ReadStarts,
+    ReadEnds,
     CloseWindow,
     RoomTakes,
     ConnTakes(usize),
@@ -118,6 +164,8 @@ fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         3 => (1u8..4).prop_map(Step::Publish),
         3 => Just(Step::Durable),
+        1 => Just(Step::ReadStarts),
+        1 => Just(Step::ReadEnds),
         2 => Just(Step::CloseWindow),
         4 => Just(Step::RoomTakes),
         5 => client.clone().prop_map(Step::ConnTakes),
@@ -131,20 +179,45 @@ fn step() -> impl Strategy<Value = Step> {
 
 impl Sim {
     fn new(keep: usize, max_recovery: u64, max_outbox: usize, window_events: usize, slow: &[bool]) -> Sim {
+        Sim::planted(keep, max_recovery, max_outbox, window_events, slow, Plant::None)
+    }
+
+    fn planted(
+        keep: usize,
+        max_recovery: u64,
+        max_outbox: usize,
+        window_events: usize,
+        slow: &[bool],
+        plant: Plant,
+    ) -> Sim {
         let retention = Retention { max_events: keep, max_age_ms: u64::MAX };
+        let limits = Limits {
+            retention,
+            recovery_max_events: max_recovery,
+            batch_window: Duration::from_millis(20),
+            idle_stop: Duration::from_secs(3600),
+        };
+        let epoch_start = Instant::now();
+        let mut room = RoomMachine::new(SimWire { window_events }, limits, epoch_start);
+        room.plant = plant;
+        let log = SeqLog::restore("e1".into(), 0, Vec::new(), retention);
+        room.handle(Input::Loaded { log, state: None }, epoch_start);
         let mut sim = Sim {
             now_ms: 0,
-            epoch_start: Instant::now(),
-            log: SeqLog::restore("e1".into(), 0, Vec::new(), retention),
-            members: Members::default(),
-            outgoing: Outgoing::new(Duration::from_millis(20)),
+            epoch_start,
+            room,
             window_armed: false,
+            flushing: None,
+            published: 0,
+            acked: Vec::new(),
+            flushed_upto: 0,
+            reading: false,
+            held: VecDeque::new(),
             room_mailbox: VecDeque::new(),
             clients: Vec::new(),
             next_conn: 0,
+            steps: 0,
             max_outbox,
-            max_recovery,
-            window_events,
         };
         for &slow in slow {
             sim.clients.push(Client { last: 0, conn: None, reads: !slow, unread: 0, after_close: 0 });
@@ -178,19 +251,29 @@ impl Sim {
     }
 
     fn run(&mut self, step: Step) {
+        self.steps += 1;
         match step {
             Step::Publish(n) => {
                 for _ in 0..n {
-                    let id: Arc<str> = format!("id{}", self.log.head() + 1).into();
-                    self.log.append(id, self.now_ms, Ev);
+                    self.published += 1;
+                    self.acked.push(None);
+                    let key: Arc<str> = format!("id{}", self.published).into();
+                    self.input(Input::Log(LogInput::Publish { key, reply: self.published }));
                 }
             }
             Step::Durable => {
-                let fresh: Vec<Ev> = self.log.mark_durable(self.log.head()).map(|e| e.payload.clone()).collect();
-                match self.outgoing.on_durable(fresh, !self.members.is_empty(), self.now()) {
-                    BatchAction::SendNow => self.close_window(),
-                    BatchAction::ArmTimer(_) => self.window_armed = true,
-                    BatchAction::Wait => {}
+                // The flush returns; the one the room asks for next (the publishes that
+                // came meanwhile) returns too.
+                while let Some(upto) = self.flushing.take() {
+                    self.flushed_upto = upto;
+                    self.input(Input::Log(LogInput::Flushed { upto, result: Ok(()) }));
+                }
+            }
+            Step::ReadStarts => self.reading = true,
+            Step::ReadEnds => {
+                self.reading = false;
+                while let Some(request) = self.held.pop_front() {
+                    self.room_takes_request(request);
                 }
             }
             Step::CloseWindow => {
@@ -238,30 +321,56 @@ impl Sim {
 
     fn close_window(&mut self) {
         self.window_armed = false;
-        let events = self.outgoing.close();
-        for window in events.chunks(self.window_events) {
-            let bytes = window.len() * EVENT_BYTES;
-            // Each member's update: the window, or `None` for an eviction.
-            let mut sends = Vec::new();
-            self.members.retain(|conn, member| match member.sink.1.reserve(bytes) {
-                Reserve::Ok => {
-                    sends.push((conn, Some(window.to_vec())));
-                    true
+        self.input(Input::WindowCloses);
+    }
+
+    /// Tell the room's machine, and carry out what it decides (the room actor's drive).
+    fn input(&mut self, input: Input<SimWire>) {
+        let now = self.now();
+        self.room.handle(input, now);
+        while let Some(action) = self.room.poll() {
+            match action {
+                Action::Subscribed { conn, generation, answer, .. } => {
+                    let (head, recovered, replay) = (answer.head, answer.recovered, answer.replay);
+                    if let Some(c) = self.conn_mut(conn) {
+                        c.inbox.push_back(Update::Subscribed { generation, head, recovered, replay });
+                    }
                 }
-                Reserve::EvictNow => {
-                    sends.push((conn, None));
-                    false
+                Action::Window { sink: (conn, _), window } => {
+                    if let Some(c) = self.conn_mut(conn) {
+                        c.inbox.push_back(Update::Window(window));
+                    }
                 }
-                Reserve::Evicted => false,
-            });
-            for (conn, window) in sends {
-                let update = match window {
-                    Some(events) => Update::Window(events),
-                    None => Update::SlowConsumer,
-                };
-                if let Some(c) = self.conn_mut(conn) {
-                    c.inbox.push_back(update);
+                Action::Evict { conn, .. } => {
+                    if let Some(c) = self.conn_mut(conn) {
+                        c.inbox.push_back(Update::SlowConsumer);
+                    }
                 }
+                Action::ArmTimer(super::room::Timer::Window, _) => self.window_armed = true,
+                Action::Write { seq, key, reply } => {
+                    let ts_ms = self.now_ms;
+                    let written = LogInput::Written { seq, key, ts_ms, payload: Ev(seq), reply, result: Ok(()) };
+                    self.room.handle(Input::Log(written), now);
+                }
+                Action::Flush { upto } => {
+                    assert!(self.flushing.is_none(), "one flush at a time");
+                    self.flushing = Some(upto);
+                }
+                Action::Reply { to, result } => {
+                    let published = result.expect("the simulated store never fails");
+                    assert!(published.seq <= self.flushed_upto, "publish {to} acknowledged before its flush returned");
+                    self.acked[to as usize - 1] = Some(self.steps);
+                }
+                Action::Refused { .. } | Action::WriteState { .. } | Action::Retire { .. } => {
+                    unreachable!("the simulated room is live, has no states and never idles")
+                }
+                Action::ArmTimer(..)
+                | Action::Left { .. }
+                | Action::Moved { .. }
+                | Action::Batched { .. }
+                | Action::Occupancy(_)
+                | Action::Load { .. }
+                | Action::Trim { .. } => {}
             }
         }
     }
@@ -273,21 +382,31 @@ impl Sim {
     fn room_takes(&mut self) {
         let Some(request) = self.room_mailbox.pop_front() else { return };
         match request {
+            // A read in flight holds subscribes (the room actor's holds), not the room.
+            request @ Request::Subscribe { .. } if self.reading => self.held.push_back(request),
+            request => self.room_takes_request(request),
+        }
+    }
+
+    fn room_takes_request(&mut self, request: Request) {
+        match request {
             Request::Subscribe { conn, generation, since, backlog } => {
-                if self.members.admits(conn, generation) == Joined::Stale {
+                if self.conn_mut(conn).is_none() {
+                    // The connection is gone: its unsubscribe is on its way.
                     return;
                 }
-                let ask = Ask { since, epoch: None, state: false };
-                let answer = answer_subscribe(&self.log, ask, 0, self.max_recovery);
-                if let Some(c) = self.conn_mut(conn) {
-                    let update =
-                        Update::Subscribed { generation, head: answer.head, recovered: answer.recovered, replay: answer.replay };
-                    c.inbox.push_back(update);
-                    self.members.join(conn, Member { generation, automatic: false, sink: (conn, backlog) });
-                }
+                let sink = (conn, backlog);
+                let ask =
+                    Subscribe { conn, generation, automatic: false, since, epoch: None, state: false, sink, ticket: () };
+                self.input(Input::Subscribe(ask));
             }
             Request::Unsubscribe { conn, generation } => {
-                self.members.leave(conn, generation);
+                // A subscribe held for a read and left before it ended is dropped.
+                let left = |held: &Request| {
+                    matches!(held, Request::Subscribe { conn: c, generation: g, .. } if *c == conn && *g <= generation)
+                };
+                self.held.retain(|held| !left(held));
+                self.input(Input::Unsubscribe { conn, generation });
             }
         }
     }
@@ -361,6 +480,10 @@ impl Sim {
     }
 
     fn check(&self) {
+        for (n, acked) in self.acked.iter().enumerate() {
+            let durable = (n as u64) < self.flushed_upto;
+            assert_eq!(acked.is_some(), durable, "publish {} is durable but not acknowledged, or the reverse", n + 1);
+        }
         for (n, client) in self.clients.iter().enumerate() {
             assert_eq!(client.after_close, 0, "client {n} got events after its connection closed");
             if let Some(conn) = &client.conn {
@@ -372,6 +495,7 @@ impl Sim {
     /// Let everything settle: windows close, mailboxes empty, readers read, closed
     /// connections reconnect; then every client that reads has every durable event.
     fn settle(&mut self) {
+        self.run(Step::ReadEnds);
         self.run(Step::Durable);
         for _ in 0..20 {
             self.close_window();
@@ -392,37 +516,74 @@ impl Sim {
                 self.run(Step::ClientReads(n));
             }
         }
-        let head = self.log.durable();
+        let head = self.room.durable_head();
+        assert_eq!(head, self.published, "every publish is durable once flushed");
         for (n, client) in self.clients.iter().enumerate() {
             assert_eq!(client.last, head, "client {n} is not caught up after everything settled");
         }
     }
 }
 
+type Setup = (usize, u64, usize, usize, Vec<bool>, Vec<Step>);
+
+fn setup() -> impl Strategy<Value = Setup> {
+    (
+        2usize..30,
+        1u64..40,
+        300usize..3000,
+        1usize..5,
+        proptest::collection::vec(any::<bool>(), 1..4),
+        proptest::collection::vec(step(), 1..200),
+    )
+}
+
+/// Run `steps` against a room with `plant` in its machine, checking after every step.
+fn play((keep, max_recovery, max_outbox, window_events, slow, steps): Setup, plant: Plant) {
+    let mut sim = Sim::planted(keep, max_recovery, max_outbox, window_events, &slow, plant);
+    for step in steps {
+        let step = match step {
+            Step::ConnTakes(n) | Step::ClientReads(n) | Step::Resubscribe(n, _) | Step::Drop(n) | Step::Reconnect(n)
+                if n >= sim.clients.len() =>
+            {
+                continue
+            }
+            step => step,
+        };
+        sim.run(step);
+        sim.check();
+    }
+    sim.settle();
+    sim.check();
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
 
     #[test]
-    fn every_client_gets_every_durable_event_once_and_in_order(
-        keep in 2usize..30,
-        max_recovery in 1u64..40,
-        max_outbox in 300usize..3000,
-        window_events in 1usize..5,
-        slow in proptest::collection::vec(any::<bool>(), 1..4),
-        steps in proptest::collection::vec(step(), 1..200),
-    ) {
-        let mut sim = Sim::new(keep, max_recovery, max_outbox, window_events, &slow);
-        for step in steps {
-            let step = match step {
-                Step::ConnTakes(n) | Step::ClientReads(n) | Step::Resubscribe(n, _) | Step::Drop(n) | Step::Reconnect(n)
-                    if n >= sim.clients.len() => continue,
-                step => step,
-            };
-            sim.run(step);
-            sim.check();
-        }
-        sim.settle();
-        sim.check();
+    fn every_client_gets_every_durable_event_once_and_in_order(setup in setup()) {
+        play(setup, Plant::None);
+    }
+}
+
+/// The smallest case proptest finds with `plant` in the room's machine, if any.
+fn found(plant: Plant) -> Option<String> {
+    let config = ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() };
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    match runner.run(&setup(), |setup| {
+        play(setup, plant);
+        Ok(())
+    }) {
+        Ok(()) => None,
+        Err(error) => Some(error.to_string()),
+    }
+}
+
+#[test]
+fn a_bug_planted_in_the_rooms_window_or_eviction_is_found() {
+    for plant in [Plant::WindowDropsLast, Plant::EvictionKeeps] {
+        let failure = found(plant);
+        eprintln!("{plant:?}: {failure:?}");
+        assert!(failure.is_some(), "{plant:?} went unnoticed");
     }
 }
 

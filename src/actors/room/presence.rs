@@ -278,7 +278,7 @@ impl RoomCore {
         }
         if let Some(diff) = diff {
             let frame = PresenceFrame::new(protocol::presence_frame(&name, &diff));
-            for (_, member) in self.subscribers.iter().filter(|(_, member)| member.sink.presence) {
+            for (_, member) in self.machine.members().iter().filter(|(_, member)| member.sink.presence) {
                 send_presence(&name, &member.sink, &frame, &self.settings.metrics);
             }
         }
@@ -288,7 +288,7 @@ impl RoomCore {
     /// of its last frame (every member then in `joined`; null above
     /// `presence_members_max`): the frames after it apply to it as to everyone.
     pub(super) fn presence_snapshot(&mut self, conn: ConnId) {
-        let Some(sub) = self.subscribers.get(conn).map(|member| &member.sink).filter(|sub| sub.presence) else { return };
+        let Some(sub) = self.machine.members().get(conn).map(|member| &member.sink).filter(|sub| sub.presence) else { return };
         let frame = PresenceFrame::new(protocol::presence_frame(&self.name, &self.presence.last.snapshot()));
         send_presence(&self.name, sub, &frame, &self.settings.metrics);
     }

@@ -23,14 +23,15 @@ use actix::prelude::*;
 use futures_util::StreamExt;
 
 use super::{
-    id_key, later, publish_key, render, spawn_then, Log, LogPart, ParkedWatch, RoomActor, RoomCore, RoomLog, RoomLogs,
-    SharedLog,
+    id_key, later, publish_key, render, spawn_then, Frames, Log, LogPart, ParkedWatch, RoomActor, RoomCore, RoomLog,
+    RoomLogs, SharedLog,
 };
 use crate::actors::messages::*;
 use crate::cluster::roomlog::{self, AppendError, Appended, LiveFeed, LiveItem, LoadedRoom, StoredState, StreamEvent};
 use crate::cluster::{Cluster, ClusterError};
 use crate::core::append::{Action, Outcome, Pipeline, Reply, Sequenced};
 use crate::core::backoff::{Backoff, BackoffPolicy, Jitter};
+use crate::core::room::Input;
 use crate::core::interest::{Interest, Verdict, FEED_LINGER};
 use crate::core::lag::FeedLag;
 use crate::core::seqlog::{Entry, SeqLog};
@@ -55,6 +56,7 @@ impl RoomLogs for StreamRoomLogs {
             feed: None,
             check_armed: false,
             lag: FeedLag::default(),
+            home: None,
         }))
     }
 
@@ -120,6 +122,9 @@ pub struct StreamLog {
     /// What the room applied when, to read how far behind the stream each event came
     /// (`core::lag`).
     lag: FeedLag,
+    /// The room's home cell when its log was read (cells with their own NATS): its
+    /// epoch and sequence are that home's.
+    home: Option<String>,
 }
 
 impl Sequenced for StreamEvent {
@@ -164,26 +169,26 @@ impl StreamLog {
                         }
                     });
                 }
-                room.go_live(SeqLog::restore(stored.epoch, head, entries, room.retention()));
-                self.lag.loaded(head, now_ms());
                 // A record beyond the stream's head belongs to a wiped stream (a new epoch).
                 let state = stored.state.filter(|state| state.seq <= head);
-                room.restore_state(state.map(|StoredState { seq, data }| StateAt { seq, data: data.into() }));
-                tracing::debug!(room = %name, head, adopted = room.subscriber_count(), "room loaded from the stream");
+                let state = state.map(|StoredState { seq, data }| StateAt { seq, data: data.into() });
+                room.loaded(SeqLog::restore(stored.epoch, head, entries, room.retention()), state);
+                self.lag.loaded(head, now_ms());
+                let adopted = room.machine().members().len();
+                tracing::debug!(room = %name, head, adopted, "room loaded from the stream");
                 // The only subscribers yet are the adopted ones: requests wait for the load.
                 if let Some(after) = self.replay_after.take() {
-                    room.replay_adopted(after);
+                    room.input(Input::ReplayAdopted(after));
                 }
-                room.report_load();
                 // A room loaded for a publish or a read, with nobody subscribed, keeps
                 // its feed only for the linger.
                 self.check_interest(room, ctx);
             }
             Err(error) => {
                 tracing::warn!(room = %room.name(), %error, "room could not be read from the stream; retrying");
-                room.fail(error.into());
+                room.input(Input::Failed(error.into()));
                 later(ctx, self.appends.load_failed(random_u64()), |stream: &mut StreamLog, room, ctx| {
-                    if room.is_failed() && !room.is_stopped() {
+                    if room.machine().is_failed() && !room.machine().is_stopped() {
                         stream.load(room, ctx);
                     }
                 });
@@ -194,7 +199,7 @@ impl StreamLog {
     /// Drop the feed once the room has had no subscriber for [`FEED_LINGER`], checking
     /// again when that is due (one timer at a time).
     fn check_interest(&mut self, room: &RoomCore, ctx: &mut Context<RoomActor>) {
-        let watched = room.subscriber_count() > 0 || room.held_subscribes() > 0;
+        let watched = !room.machine().members().is_empty() || room.held_subscribes() > 0;
         let now = Instant::now();
         match self.interest.check(watched, now) {
             Verdict::Keep => {}
@@ -223,7 +228,7 @@ impl StreamLog {
 
     /// Carry out what the machine decides, one action at a time, until it is idle.
     fn drive(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>) {
-        while let Some(action) = self.appends.poll(room.live(), room.is_stopped()) {
+        while let Some(action) = self.appends.poll(room.live(), room.machine().is_stopped()) {
             match action {
                 Action::Append { expected, seq } => self.append(room, expected, seq, ctx),
                 Action::WriteState { put, seq } => self.write_state(room, put, seq, ctx),
@@ -236,10 +241,10 @@ impl StreamLog {
                 Action::RefusePut(put) => {
                     let _ = put.reply.send(Err(RoomLogError::NotLoaded.into()));
                 }
-                Action::Deliver(stored) => deliver(room, stored, &mut self.lag, ctx),
+                Action::Deliver(stored) => deliver(room, stored, &mut self.lag),
                 Action::SkipAhead { head, next } => {
                     tracing::warn!(room = %room.name(), head, next, "events beyond the stream's retention are gone; skipping ahead");
-                    room.skip_to(next - 1);
+                    room.input(Input::SkipTo(next - 1));
                 }
                 Action::RetryCatchUp { after } => {
                     tracing::debug!(room = %room.name(), after_ms = after.as_millis() as u64, wanted = self.appends.wanted(), "reading the stream again later");
@@ -316,7 +321,7 @@ impl StreamLog {
                 Ok(version) => {
                     stream.appends.state_written(Some(version));
                     let seq = state.seq;
-                    room.offer_state(StateAt { seq, data: state.data.into() });
+                    room.input(Input::State(StateAt { seq, data: state.data.into() }));
                     let _ = put.reply.send(Ok(Published { seq, epoch, duplicate: false }));
                 }
                 Err(error) => {
@@ -366,23 +371,24 @@ fn answer(room: &RoomCore, publish: Publish, reply: Reply<PublishFailed>) {
 
 /// The room's next event, stored by the stream: into the room's log, and to its
 /// subscribers; how late it came is read into `lag` and reported.
-fn deliver(room: &mut RoomCore, stored: StreamEvent, lag: &mut FeedLag, ctx: &mut Context<RoomActor>) {
+fn deliver(room: &mut RoomCore, stored: StreamEvent, lag: &mut FeedLag) {
     let seq = stored.event.seq;
     let payload = render(room.name(), &stored.event);
-    let Ok(log) = room.live_log() else { return };
+    let Ok(log) = room.live_mut() else { return };
     if log.append_sequenced(seq, id_key(&stored.event), stored.event.ts_ms, payload.clone()).is_ok() {
         let now = now_ms();
         room.report_lag(lag.applied(seq, stored.event.ts_ms, now), now);
         if let Some(data) = stored.state {
-            room.offer_state(StateAt { seq, data: data.into() });
+            room.input(Input::State(StateAt { seq, data: data.into() }));
         }
-        room.deliver(vec![payload], ctx);
+        room.input(Input::Durable(vec![payload]));
     }
 }
 
 impl RoomLog for StreamLog {
     fn load(&mut self, room: &mut RoomCore, ctx: &mut Context<RoomActor>) {
-        room.start_loading();
+        room.input(Input::Loading);
+        self.home = self.cluster.room_home(room.name());
         let (cluster, name) = (self.cluster.clone(), room.name().clone());
         // Requests that need the log are held until the room is loaded (the mailbox
         // is not). The feed comes first, so nothing stored between the read and the
@@ -395,7 +401,7 @@ impl RoomLog for StreamLog {
     }
 
     fn publish(&mut self, room: &mut RoomCore, msg: Publish, ctx: &mut Context<RoomActor>) {
-        let log = match room.live_log() {
+        let log = match room.live_mut() {
             Ok(log) => log,
             Err(why) => {
                 let _ = msg.reply.send(Err(why.into()));
@@ -408,9 +414,9 @@ impl RoomLog for StreamLog {
 
     /// The stream keeps the newest event (it holds the room's head): only a log emptied
     /// by age is purged from it, down to that one.
-    fn expired(&mut self, room: &RoomCore, _first_kept: u64) {
+    fn trimmed(&mut self, room: &RoomCore, _first_kept: u64, expired: bool) {
         let Some(log) = room.live() else { return };
-        if log.oldest().is_some() {
+        if !expired || log.oldest().is_some() {
             return;
         }
         let (cluster, name) = (self.cluster.clone(), room.name().clone());
@@ -425,9 +431,12 @@ impl RoomLog for StreamLog {
         self.appends.busy()
     }
 
+    /// The stream's writes are `core::append`'s: the room's machine asks for none.
+    fn carry_out(&mut self, _room: &mut RoomCore, _action: crate::core::room::Action<Frames>, _ctx: &mut Context<RoomActor>) {}
+
     /// Queued with the publishes: written between appends, as of the head then.
     fn put_state(&mut self, room: &mut RoomCore, msg: PutState, ctx: &mut Context<RoomActor>) {
-        if let Err(why) = room.live_log() {
+        if let Err(why) = room.live_mut() {
             let _ = msg.reply.send(Err(why.into()));
             return;
         }
@@ -441,7 +450,7 @@ impl SharedLog for StreamLog {
     /// decides, so a late copy never undoes a newer `PUT` at the same seq).
     fn live_state(&mut self, room: &mut RoomCore, live: LiveState) {
         if self.appends.live_state(live.version) {
-            room.offer_state(live.state);
+            room.input(Input::State(live.state));
         }
     }
 
@@ -459,7 +468,7 @@ impl SharedLog for StreamLog {
     /// latest-state record) beside the mailbox; the requests held for it are served when
     /// it is done, whatever it found.
     fn refeeding(&mut self, room: &RoomCore, ctx: &mut Context<RoomActor>) -> bool {
-        if !room.is_live() {
+        if !room.machine().is_live() {
             return false;
         }
         if !self.interest.refeed() {
@@ -518,5 +527,12 @@ impl SharedLog for StreamLog {
 
     fn adopted(&mut self, replay_after: Option<u64>) {
         self.replay_after = replay_after;
+    }
+
+    /// The homes name another cell than the one the log was read under: a promotion
+    /// this node learned before the rooms table told the room ([`HomeMoved`]).
+    fn moved_away(&self, room: &RoomCore) -> Option<Arc<str>> {
+        let home = self.cluster.room_home(room.name());
+        (home != self.home).then(|| home.unwrap_or_default().into())
     }
 }

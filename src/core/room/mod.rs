@@ -14,11 +14,15 @@
 //! - an event made durable while nobody is subscribed is not queued: a later subscriber
 //!   starts after it or finds it in its replay.
 
+pub mod machine;
+
 use std::collections::HashMap;
 use std::time::Instant;
 
 use super::batch::{BatchAction, BatchWindow};
 use super::seqlog::{NotRecovered, Recovery, SeqLog};
+
+pub use self::machine::{Action, Input, Limits, LogInput, Published, RoomMachine, StateAt, Subscribe, Timer, Wire};
 
 /// What a subscriber asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
