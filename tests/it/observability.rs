@@ -1350,7 +1350,9 @@ async fn the_process_cpu_memory_and_open_files_are_metrics() {
         clients.push(WsClient::connect(serve.addr, &http.mint_token(&format!("fd{i}"), "web"), None).await);
     }
     let busy = value("livegate_process_open_files");
-    assert!(busy >= idle + 50.0, "50 connections open: open files {idle} → {busy}");
+    // Other descriptors come and go beside the sockets (an earlier request's socket not yet
+    // closed, sled's files), so the count follows the 50 connections within a few.
+    assert!(busy >= idle + 45.0, "50 connections open: open files {idle} → {busy}");
     drop(clients);
     let back = wait_until(Duration::from_secs(10), || http.metric("livegate_process_open_files").is_some_and(|n| n < busy - 40.0));
     assert!(back, "50 connections closed: open files still {:?} (were {busy})", http.metric("livegate_process_open_files"));
