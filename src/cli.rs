@@ -432,8 +432,8 @@ fn check_config(flags: &ConfigFlags) -> Result<(), CliError> {
         *secret = "********".into();
     }
     // URLs may carry credentials in their userinfo or query.
-    config.webhook_url = crate::core::redact::url_for_log(&config.webhook_url);
-    config.cluster_nats_url = config.cluster_nats_url.as_deref().map(crate::core::redact::url_for_log);
+    config.webhook_url = crate::core::rules::redact::url_for_log(&config.webhook_url);
+    config.cluster_nats_url = config.cluster_nats_url.as_deref().map(crate::core::rules::redact::url_for_log);
     // Each namespace with its effective options: its overrides, else the global keys.
     config.namespaces = config.effective_namespaces()?;
     let text = toml::to_string(&config).map_err(|e| failed(format!("cannot print the configuration: {e}")))?;
@@ -473,7 +473,7 @@ fn route_offline(args: &RouteArgs) -> Result<(), CliError> {
             [session, owner] => (session.as_str(), Some(owner.as_str())),
             _ => return Err(CliError::Usage(format!("bad session line {:?}: expected SESSION [OWNER]", fields.join(" ")))),
         };
-        match crate::core::routing::route_session(session, recorded, &owners, &alive) {
+        match crate::core::nodes::routing::route_session(session, recorded, &owners, &alive) {
             Ok(node) => out.push_str(&format!("{session} {node}\n")),
             Err(e) => out.push_str(&format!("{session} error: {e}\n")),
         }

@@ -31,7 +31,7 @@ pub use api_key::ResolvedApiKey;
 pub use namespaces::{NamespaceTable, ROOM_KEYS};
 use value::{parse, Raw};
 
-use crate::core::names::{is_plain_name, MAX_DEVICE_LEN, MAX_NODE_NAME_LEN};
+use crate::core::rules::names::{is_plain_name, MAX_DEVICE_LEN, MAX_NODE_NAME_LEN};
 
 /// The text `--help` shows after `[default: `: the default as written, unless given.
 macro_rules! shown {
@@ -608,12 +608,12 @@ impl Config {
     /// The defaults of `livegate serve --dev`, for a laptop: a drain of
     /// [`DEV_DRAIN_WAIT_SECS`] spread over [`DEV_DRAIN_SPREAD_SECS`] (Ctrl-C stops in
     /// about two seconds, where the defaults take twenty) and pages from this machine on any
-    /// port allowed ([`crate::core::origins::DEV_ORIGINS`]). A key set in any layer wins.
+    /// port allowed ([`crate::core::rules::origins::DEV_ORIGINS`]). A key set in any layer wins.
     pub fn dev_defaults() -> Config {
         Config {
             drain_wait_secs: DEV_DRAIN_WAIT_SECS,
             drain_spread_secs: DEV_DRAIN_SPREAD_SECS,
-            allowed_origins: crate::core::origins::DEV_ORIGINS.iter().map(|o| o.to_string()).collect(),
+            allowed_origins: crate::core::rules::origins::DEV_ORIGINS.iter().map(|o| o.to_string()).collect(),
             ..Config::default()
         }
     }
@@ -630,7 +630,7 @@ impl Config {
             bounded("session_cache_max", self.session_cache_max as u64),
             bounded("store_cache_mb", self.store_cache_mb),
         ])?;
-        if let Some(block) = self.trusted_proxies.iter().find(|b| b.parse::<crate::core::proxies::Cidr>().is_err()) {
+        if let Some(block) = self.trusted_proxies.iter().find(|b| b.parse::<crate::core::rules::proxies::Cidr>().is_err()) {
             let problem = format!("entries are addresses or blocks such as 10.0.0.0/8 or ::1/128, got {block:?}");
             return Err(invalid("trusted_proxies", problem));
         }
@@ -666,7 +666,7 @@ impl Config {
             // Never echo a key.
             return Err(invalid("previous_api_keys", format!("entries must be at least {API_KEY_MIN_CHARS} characters long")));
         }
-        if let Some(problem) = self.allowed_origins.iter().find_map(|o| crate::core::origins::check_entry(o).err()) {
+        if let Some(problem) = self.allowed_origins.iter().find_map(|o| crate::core::rules::origins::check_entry(o).err()) {
             return Err(invalid("allowed_origins", problem.to_string()));
         }
         if self.tls_cert.is_some() != self.tls_key.is_some() {

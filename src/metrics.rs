@@ -4,7 +4,7 @@
 //! The process's own figures (CPU time, resident memory, open files against the limit
 //! that bounds connections, threads) are read from the operating system at each scrape
 //! ([`ProcessGauges`]). Cluster mode's lag is the worst room's, never one series per
-//! room (`core::lag`), and each cell mirror's (one series per configured cell).
+//! room (`core::nodes::lag`), and each cell mirror's (one series per configured cell).
 
 use std::collections::HashSet;
 
@@ -85,8 +85,8 @@ pub struct CellTransitionLabel {
 }
 
 /// A cell breaker's state as `livegate_cell_breaker_state` shows it.
-pub fn breaker_state_value(state: crate::core::breaker::State) -> i64 {
-    use crate::core::breaker::State;
+pub fn breaker_state_value(state: crate::core::nodes::breaker::State) -> i64 {
+    use crate::core::nodes::breaker::State;
     match state {
         State::Closed { .. } => 0,
         State::HalfOpen { .. } => 1,
@@ -268,7 +268,7 @@ pub struct Metrics {
     /// Cluster mode: 1 while this node's NATS connection is up, as of its last heartbeat.
     pub cluster_nats_connected: Gauge,
     /// Cluster mode: how far behind their streams the rooms here applied their events
-    /// lately (`core::lag`): the worst room's events, the oldest event's age, the rooms
+    /// lately (`core::nodes::lag`): the worst room's events, the oldest event's age, the rooms
     /// behind; set at each scrape from the rooms' load slots.
     pub consumer_lag_events: Gauge,
     pub consumer_lag_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
@@ -291,7 +291,7 @@ pub struct Metrics {
     /// Rebalance orders this node refused (their target is itself, unknown or draining).
     pub rebalance_orders_refused: Family<ReasonLabel, Counter>,
     /// Cluster mode: peers' messages dropped unparsed, and claims clamped, by kind
-    /// (`core::peer_input::MESSAGE_KINDS`).
+    /// (`core::nodes::peer_input::MESSAGE_KINDS`).
     pub peer_messages_dropped: Family<KindLabel, Counter>,
     pub peer_claims_clamped: Family<KindLabel, Counter>,
     pub peer_up: Family<PeerLabel, Gauge>,
@@ -320,7 +320,7 @@ pub struct Metrics {
     pub webhooks_dropped: Family<ReasonLabel, Counter>,
     /// Dead letters kept in the store.
     pub webhook_dead_letters: Gauge,
-    /// Webhooks given up into the dead letters, by `core::webhooks::DeadReason`.
+    /// Webhooks given up into the dead letters, by `core::rules::webhooks::DeadReason`.
     pub webhooks_dead_lettered: Family<ReasonLabel, Counter>,
     /// The oldest dead letters dropped for newer ones (`webhook_dead_letters_max`).
     pub webhook_dead_letters_dropped: Counter,
@@ -445,7 +445,7 @@ impl Metrics {
         for reason in WEBHOOK_DROP_REASONS {
             drop(self.webhooks_dropped.get_or_create(&ReasonLabel { reason }));
         }
-        for reason in crate::core::webhooks::DeadReason::ALL.map(crate::core::webhooks::DeadReason::as_str) {
+        for reason in crate::core::rules::webhooks::DeadReason::ALL.map(crate::core::rules::webhooks::DeadReason::as_str) {
             drop(self.webhooks_dead_lettered.get_or_create(&ReasonLabel { reason }));
         }
         for outcome in WEBHOOK_REPLAY_OUTCOMES {
@@ -454,13 +454,13 @@ impl Metrics {
         for reason in REBALANCE_SKIP_REASONS {
             drop(self.rebalance_skipped.get_or_create(&ReasonLabel { reason }));
         }
-        for reason in crate::core::rebalance::ORDER_REFUSED_REASONS {
+        for reason in crate::core::nodes::rebalance::ORDER_REFUSED_REASONS {
             drop(self.rebalance_orders_refused.get_or_create(&ReasonLabel { reason }));
         }
         for outcome in ["passed", "failed"] {
             drop(self.cell_probes.get_or_create(&OutcomeLabel { outcome }));
         }
-        for kind in crate::core::peer_input::MESSAGE_KINDS {
+        for kind in crate::core::nodes::peer_input::MESSAGE_KINDS {
             drop(self.peer_messages_dropped.get_or_create(&KindLabel { kind }));
             drop(self.peer_claims_clamped.get_or_create(&KindLabel { kind }));
         }
@@ -530,25 +530,25 @@ impl Metrics {
         self.rebalance_skipped.get_or_create(&ReasonLabel { reason }).inc();
     }
 
-    /// Count a rebalance order refused (a reason from `core::rebalance::ORDER_REFUSED_REASONS`).
+    /// Count a rebalance order refused (a reason from `core::nodes::rebalance::ORDER_REFUSED_REASONS`).
     pub fn rebalance_order_refused(&self, reason: &'static str) {
-        debug_assert!(crate::core::rebalance::ORDER_REFUSED_REASONS.contains(&reason), "unknown reason {reason}");
+        debug_assert!(crate::core::nodes::rebalance::ORDER_REFUSED_REASONS.contains(&reason), "unknown reason {reason}");
         self.rebalance_orders_refused.get_or_create(&ReasonLabel { reason }).inc();
     }
 
-    /// Count a peer's message dropped unparsed (a kind from `core::peer_input::MESSAGE_KINDS`).
+    /// Count a peer's message dropped unparsed (a kind from `core::nodes::peer_input::MESSAGE_KINDS`).
     pub fn peer_message_dropped(&self, kind: &'static str) {
-        debug_assert!(crate::core::peer_input::MESSAGE_KINDS.contains(&kind), "unknown kind {kind}");
+        debug_assert!(crate::core::nodes::peer_input::MESSAGE_KINDS.contains(&kind), "unknown kind {kind}");
         self.peer_messages_dropped.get_or_create(&KindLabel { kind }).inc();
     }
 
-    /// Count a peer's claim clamped to its cap (a kind from `core::peer_input::MESSAGE_KINDS`).
+    /// Count a peer's claim clamped to its cap (a kind from `core::nodes::peer_input::MESSAGE_KINDS`).
     pub fn peer_claim_clamped(&self, kind: &'static str) {
         self.peer_claims_clamped.get_or_create(&KindLabel { kind }).inc();
     }
 
     /// Count a webhook given up into the dead letters.
-    pub fn webhook_dead_lettered(&self, reason: crate::core::webhooks::DeadReason) {
+    pub fn webhook_dead_lettered(&self, reason: crate::core::rules::webhooks::DeadReason) {
         self.webhooks_dead_lettered.get_or_create(&ReasonLabel { reason: reason.as_str() }).inc();
     }
 

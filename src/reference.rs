@@ -200,7 +200,7 @@ fn metrics(out: &mut String) {
     drop(metrics.peer_up.get_or_create(&PeerLabel { peer: "PEER".to_string() }));
     // So do a cell's, which exist only in cluster mode.
     drop(metrics.cell_breaker_state.get_or_create(&crate::metrics::CellLabel { cell: "CELL".to_string() }));
-    for to in crate::core::breaker::STATE_NAMES {
+    for to in crate::core::nodes::breaker::STATE_NAMES {
         drop(metrics.cell_breaker_transitions.get_or_create(&crate::metrics::CellTransitionLabel { cell: "CELL".to_string(), to }));
     }
     // And a cell mirror's, which exist only with cells that run their own NATS.

@@ -3,7 +3,7 @@
 //! cell (b's server a leaf node of a's, configured as the book's Cells chapter does) and
 //! one livegate node (`a1`, `b1`, `--cluster-cell-domains true`), every process pinned to
 //! the servers' CPU. On that one deployment two arms run one after the other, each in a
-//! room of its own homed in cell a (`core::routing::room_home_cell`), published to
+//! room of its own homed in cell a (`core::nodes::routing::room_home_cell`), published to
 //! through a1 (the room's writer) at a fixed rate with an `id`:
 //!
 //! - **local**: the room's subscribers on a1, users homed in a;
@@ -30,7 +30,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use livegate::core::routing::room_home_cell;
+use livegate::core::nodes::routing::room_home_cell;
 
 use crate::load::{self, now_ns, ConnSpec, Publisher, Rec};
 use crate::procstat;

@@ -163,7 +163,7 @@ impl Sizes {
             cells_subs: 100,
             cells_rate: 200.0,
             cells_secs: 10.0,
-            cells_warm_secs: livegate::core::interest::FEED_LINGER.as_secs_f64() + 1.0,
+            cells_warm_secs: livegate::core::delivery::interest::FEED_LINGER.as_secs_f64() + 1.0,
         }
     }
 

@@ -1,4 +1,4 @@
-//! One actor per client connection, the driver of its machine (`core::connection`, which
+//! One actor per client connection, the driver of its machine (`core::delivery::connection`, which
 //! decides subscriptions, limits, strikes, the outbox bound and its grace, pending
 //! answers, heartbeat and close): the actor keeps the socket, feeds the machine what
 //! happened with the time, and carries out its actions ([`Connection::step`]).
@@ -18,7 +18,7 @@
 //! they differ, so everything else here is the same code for both.
 //!
 //! Every byte held for the connection is counted in its [`Backlog`] against
-//! `max_outbox_bytes` (`core::outbox`): over it the socket is not read, and after the
+//! `max_outbox_bytes` (`core::delivery::outbox`): over it the socket is not read, and after the
 //! grace the connection is closed with 4009.
 
 use std::sync::Arc;
@@ -36,9 +36,9 @@ use super::rooms::Rooms;
 use super::socket::{ends_closing, Fault, Inbound, MessageReader, CLOSE_HANDSHAKE_TIMEOUT, FINISH_WITHIN};
 use super::transport::Transport;
 use super::wsio::{self, ReadError, WsActor, WsIo};
-use crate::core::backlog::Backlog;
-use crate::core::connection::{self as machine, Action, Ask, Ending, Grants, Pending, Refusal};
-use crate::core::subscriptions::Answer;
+use crate::core::delivery::backlog::Backlog;
+use crate::core::delivery::connection::{self as machine, Action, Ask, Ending, Grants, Pending, Refusal};
+use crate::core::delivery::subscriptions::Answer;
 use crate::protocol::{self, ClientOp, CloseCode, ErrorCode, ServerOp};
 
 mod client;
@@ -47,7 +47,7 @@ mod requests;
 mod rooms;
 mod settings;
 
-pub use crate::core::connection::HISTORY_DEFAULT_LIMIT;
+pub use crate::core::delivery::connection::HISTORY_DEFAULT_LIMIT;
 pub use settings::{ConnectionSettings, Identity, InitialSubscription};
 
 
@@ -57,7 +57,7 @@ pub struct Connection {
     settings: Arc<ConnectionSettings>,
     rooms: Rooms,
     registry: Addr<Registry>,
-    /// The connection's machine (`core::connection`), shared with the rooms that write
+    /// The connection's machine (`core::delivery::connection`), shared with the rooms that write
     /// its windows from their threads, and its backlog.
     link: Arc<ConnectionLink>,
     /// The machine's clock starts here.

@@ -1,5 +1,5 @@
 //! What a connection shares with the rooms it subscribes to ([`ConnectionLink`], the
-//! rooms' [`Outlet`]): its machine (`core::connection`) behind a lock, its backlog, and on
+//! rooms' [`Outlet`]): its machine (`core::delivery::connection`) behind a lock, its backlog, and on
 //! a plain-TCP WebSocket the socket's write side ([`Outgoing`]).
 //!
 //! A room's window is decided and written on the room's own thread when the machine says
@@ -21,8 +21,8 @@ use parking_lot::{Mutex, MutexGuard};
 use super::messages::{Outlet, RoomUpdate, Window};
 use super::room::RoomActor;
 use super::wsio::Outgoing;
-use crate::core::backlog::Backlog;
-use crate::core::connection::{Connection, Route};
+use crate::core::delivery::backlog::Backlog;
+use crate::core::delivery::connection::{Connection, Route};
 use crate::metrics::Metrics;
 
 pub type Machine = Connection<Addr<RoomActor>>;

@@ -40,13 +40,13 @@ use parking_lot::Mutex;
 
 use crate::cluster::Cluster;
 use crate::config::Peer;
-use crate::core::breaker::{CellBreakers, CellView, Report, State as BreakerState, Transition};
-use crate::core::heartbeats::{readiness, Heartbeats, NodeInfo, Readiness, Seen, Usage};
-use crate::core::lifecycle::{Lifecycle, Phase};
-use crate::core::placement::{self, Load, NewSession, Usable};
-use crate::core::liveness::{Change, Liveness};
-use crate::core::probes::{Ask, ReadyProbes};
-use crate::core::routing::{home_cell, rendezvous, room_writer, route, Candidate, Reason, RouteError, RouteQuestion};
+use crate::core::nodes::breaker::{CellBreakers, CellView, Report, State as BreakerState, Transition};
+use crate::core::nodes::heartbeats::{readiness, Heartbeats, NodeInfo, Readiness, Seen, Usage};
+use crate::core::nodes::lifecycle::{Lifecycle, Phase};
+use crate::core::nodes::placement::{self, Load, NewSession, Usable};
+use crate::core::nodes::liveness::{Change, Liveness};
+use crate::core::nodes::probes::{Ask, ReadyProbes};
+use crate::core::nodes::routing::{home_cell, rendezvous, room_writer, route, Candidate, Reason, RouteError, RouteQuestion};
 use crate::metrics::{CellLabel, CellTransitionLabel, OutcomeLabel, PeerLabel};
 use crate::world::now_ms;
 
@@ -152,7 +152,7 @@ pub struct Router {
     /// The configured cells, sorted (`Config::configured_cells`): users are homed over
     /// them, never over the cells alive.
     cells: Vec<String>,
-    /// `cluster_cell_domains`: where each room is homed (`core::routing::RoomHomes`); it is
+    /// `cluster_cell_domains`: where each room is homed (`core::nodes::routing::RoomHomes`); it is
     /// written by a node of that cell.
     room_homes: Option<crate::cluster::SharedHomes>,
     peers: Mutex<Peers>,
@@ -480,7 +480,7 @@ impl Router {
     }
 
     /// Cluster mode: where a new session keyed `key` that reached this node goes, when not
-    /// here (`core::placement::place_new` over the usable nodes of this node's cell): this
+    /// here (`core::nodes::placement::place_new` over the usable nodes of this node's cell): this
     /// node over the high-water mark, or much fuller than the emptiest one, sends it to a
     /// node with room. `None`: it stays (also in peers mode, where a session's id places it,
     /// and whenever a load is not known).
@@ -501,7 +501,7 @@ impl Router {
     }
 
     /// `node`'s readiness as a probe answered it within the last second
-    /// ([`crate::core::probes`]), without asking it: `None` when no answer is that fresh.
+    /// ([`crate::core::nodes::probes`]), without asking it: `None` when no answer is that fresh.
     pub fn ready_known(&self, node: &str) -> Option<bool> {
         self.ready.lock().known(node, now_ms())
     }
@@ -512,7 +512,7 @@ impl Router {
     /// move away from a node that is not ready is forced, never charged. A node this one
     /// cannot reach either counts as not ready. The probe is shared: at most one per node
     /// in flight, joined by every caller meanwhile, and its answer serves everyone for a
-    /// second ([`crate::core::probes`]). It runs on a task of its own, so a caller that
+    /// second ([`crate::core::nodes::probes`]). It runs on a task of its own, so a caller that
     /// gives up leaves it to finish and answer the others. Never awaited with a lock held
     /// (the directory asks before it takes a user's stripe).
     pub async fn answers_ready(self: &Arc<Self>, node: &str) -> bool {
@@ -692,7 +692,7 @@ impl LivenessActor {
     /// Cluster mode: heartbeats every `interval`.
     pub fn clustered(router: Arc<Router>, interval: Duration, peers: ClusterPeers, metrics: Arc<crate::metrics::Metrics>) -> Self {
         for (cell, state) in router.breaker_states() {
-            for to in crate::core::breaker::STATE_NAMES {
+            for to in crate::core::nodes::breaker::STATE_NAMES {
                 drop(metrics.cell_breaker_transitions.get_or_create(&CellTransitionLabel { cell: cell.clone(), to }));
             }
             metrics.cell_breaker_state.get_or_create(&CellLabel { cell }).set(crate::metrics::breaker_state_value(state));
@@ -877,7 +877,7 @@ const HEALTH_BODY_MAX: u64 = 4096;
 
 fn health_of(body: &str) -> Health {
     let value: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
-    let release = value["release"].as_str().and_then(|r| crate::core::peer_input::node_name("healthz release", r).ok()).unwrap_or_default();
+    let release = value["release"].as_str().and_then(|r| crate::core::nodes::peer_input::node_name("healthz release", r).ok()).unwrap_or_default();
     Health {
         draining: value["draining"].as_bool().unwrap_or(false),
         release: release.to_string(),

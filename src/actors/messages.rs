@@ -29,7 +29,7 @@ impl Delivery {
     }
 }
 
-impl crate::core::subscriptions::Addressed for Delivery {
+impl crate::core::delivery::subscriptions::Addressed for Delivery {
     fn seq(&self) -> u64 {
         self.seq
     }
@@ -90,8 +90,8 @@ impl Window {
     /// Hand `write` the frames `plan` (the connection's machine's decision about this
     /// window) says to write: this window's shared frame, frames of the events left for
     /// the connection, or none.
-    pub fn frames_for(&self, plan: crate::core::subscriptions::WindowPlan<Arc<Delivery>>, mut write: impl FnMut(&Window)) {
-        use crate::core::subscriptions::WindowPlan;
+    pub fn frames_for(&self, plan: crate::core::delivery::subscriptions::WindowPlan<Arc<Delivery>>, mut write: impl FnMut(&Window)) {
+        use crate::core::delivery::subscriptions::WindowPlan;
         match plan {
             WindowPlan::Nothing => {}
             WindowPlan::Shared => write(self),
@@ -131,7 +131,7 @@ pub struct RoomGone;
 pub trait Outlet: Send + Sync {
     /// Every byte held for the connection: the room reserves a frame's size here before
     /// it sends it, and evicts a connection over its bound.
-    fn backlog(&self) -> &crate::core::backlog::Backlog;
+    fn backlog(&self) -> &crate::core::delivery::backlog::Backlog;
     /// Send an update to the connection's mailbox (after everything posted before it).
     fn post(&self, update: RoomUpdate);
     /// A window of the room's, its size reserved in the backlog: written now, or posted.
@@ -164,7 +164,7 @@ pub struct Subscribe {
     pub state: bool,
     /// Who subscribes, for the room's presence (`None`: the automatic inbox subscription,
     /// which is no member).
-    pub member: Option<crate::core::presence::Member>,
+    pub member: Option<crate::core::delivery::presence::Member>,
     /// The subscriber wants the room's presence frames.
     pub presence: bool,
 }
@@ -242,7 +242,7 @@ pub struct Publish {
 }
 
 /// A room's state as of one of its events, and a publish's answer: the room machine's.
-pub use crate::core::room::{Published, StateAt};
+pub use crate::core::delivery::room::{Published, StateAt};
 
 /// Set the room's state as of its current head (`PUT /v1/rooms/{room}/state`). Answered
 /// on `reply` once durable; the answer names the seq it was set at.
@@ -318,7 +318,7 @@ impl From<ClusterError> for RoomLogError {
 
 /// Who is in the room now: the distinct members across the cluster.
 #[derive(Message)]
-#[rtype(result = "Result<Result<crate::core::presence::View, PresenceOff>, RoomGone>")]
+#[rtype(result = "Result<Result<crate::core::delivery::presence::View, PresenceOff>, RoomGone>")]
 pub struct ReadPresence;
 
 /// The room's namespace keeps no presence (or the room is an inbox).

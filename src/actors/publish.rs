@@ -15,7 +15,7 @@ use super::messages::{NewEvent, Published, StateView};
 use super::rooms::{RoomError, Rooms};
 use crate::cluster::bus::{forward_publish, forward_put_state, ForwardError, ForwardEvent};
 use crate::cluster::{Cluster, CROSS_CELL_TIMEOUT, FORWARD_WAIT};
-use crate::core::names;
+use crate::core::rules::names;
 use crate::protocol::ErrorCode;
 
 /// An event as a backend or a client hands it in, before its checks.

@@ -1,13 +1,13 @@
 //! This node's part of a rebalance (issue 30: scale-out's controlled entry). The node an
-//! operator asked plans with `core::rebalance::plan` over the loads the heartbeats carry
+//! operator asked plans with `core::nodes::rebalance::plan` over the loads the heartbeats carry
 //! and sends each busiest node its [`Order`]; each shedding node paces its own moves
-//! here (`core::rebalance::Pacer`: at most `per_second`, plus one after a pause).
+//! here (`core::nodes::rebalance::Pacer`: at most `per_second`, plus one after a pause).
 //!
 //! A move takes one user with connections here, oldest first: the directory hands the
 //! user's sessions over to the target (budget checked, versioned write, charge recorded:
 //! [`HandOver`]); then the registry closes the user's connections with 4421 whose reason
 //! is the target's URL ([`HandOverUser`]), and the clients reconnect there. That URL is
-//! the target's as this node's [`Router`] knows it (`core::rebalance::target_url`),
+//! the target's as this node's [`Router`] knows it (`core::nodes::rebalance::target_url`),
 //! never one an order carries: an order whose target is this node, or not a node it hears
 //! alive and taking connections, is refused and counted
 //! (`livegate_rebalance_orders_refused_total`). A user whose
@@ -29,8 +29,8 @@ use super::directory::{Directory, HandOver, HandedOver};
 use super::liveness::Router;
 use super::messages::{HandOverUser, UsersHere};
 use super::registry::Registry;
-use crate::core::lifecycle::Lifecycle;
-use crate::core::rebalance::{target_url, Known, Order, OrderRefused, Pacer};
+use crate::core::nodes::lifecycle::Lifecycle;
+use crate::core::nodes::rebalance::{target_url, Known, Order, OrderRefused, Pacer};
 use crate::metrics::Metrics;
 use crate::protocol::{RebalancePlanReply, RebalanceShedding};
 use crate::world::now_ms;

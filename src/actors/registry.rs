@@ -17,7 +17,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use super::messages::*;
-use crate::core::drain::{drain_batches, reconnect_hint_ms};
+use crate::core::nodes::drain::{drain_batches, reconnect_hint_ms};
 use crate::core::credentials::kicks::{Admission, RecentKicks};
 use crate::protocol::CloseCode;
 use crate::world::now_ms;

@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 use super::messages::*;
 use super::room::{ParkedWatch, RoomActor, RoomHome, RoomLoad, RoomLogs, RoomSettings};
 use crate::cluster::bus::WriterRefusal;
-use crate::core::namespaces::{Namespaces, RoomOptions};
+use crate::core::rules::namespaces::{Namespaces, RoomOptions};
 
 /// How often a request is retried against a freshly started room actor.
 const ATTEMPTS: usize = 3;
@@ -81,7 +81,7 @@ pub const BUSIEST_MAX: usize = 20;
 const BUSIEST_FRESH: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// A live room as the admin overview lists it.
-pub type RoomLoadView = crate::core::busiest::RoomLoad<Arc<str>>;
+pub type RoomLoadView = crate::core::nodes::busiest::RoomLoad<Arc<str>>;
 
 pub struct RoomsInner {
     tables: Mutex<Tables>,
@@ -97,8 +97,8 @@ pub struct RoomsInner {
     lag: Mutex<Option<(std::time::Instant, Arc<RoomsLag>)>>,
 }
 
-/// The node's lag behind its rooms' streams (cluster mode; `core::lag`).
-pub type RoomsLag = crate::core::lag::Worst<Arc<str>>;
+/// The node's lag behind its rooms' streams (cluster mode; `core::nodes::lag`).
+pub type RoomsLag = crate::core::nodes::lag::Worst<Arc<str>>;
 
 impl RoomsInner {
     /// Park `subscribers` of `room` (no actor), watched from the first one on; `head`:
@@ -219,7 +219,7 @@ impl Rooms {
         let settings = self.inner.settings.with_options(self.options(room));
         let (logs, weak) = (self.inner.logs.clone(), Arc::downgrade(&home));
         let actor_name = name.clone();
-        let load = crate::core::names::inbox_owner(room).is_none().then(|| Arc::new(RoomLoad::default()));
+        let load = crate::core::rules::names::inbox_owner(room).is_none().then(|| Arc::new(RoomLoad::default()));
         match &load {
             Some(load) => tables.loads.insert(name.clone(), load.clone()),
             None => tables.loads.remove(room),
@@ -374,11 +374,11 @@ impl Rooms {
     /// Who is in `room`: asked of its live actor, which counts this node's
     /// members; without one, no member is here and the other nodes' tables answer
     /// (no actor is started, nothing is read).
-    pub async fn presence(&self, room: &str) -> Result<Result<crate::core::presence::View, PresenceOff>, RoomError> {
+    pub async fn presence(&self, room: &str) -> Result<Result<crate::core::delivery::presence::View, PresenceOff>, RoomError> {
         for _ in 0..ATTEMPTS {
             let live = self.inner.tables.lock().live.get(room).filter(|addr| addr.connected()).cloned();
             let Some(addr) = live else {
-                if !self.options(room).presence || crate::core::names::inbox_owner(room).is_some() {
+                if !self.options(room).presence || crate::core::rules::names::inbox_owner(room).is_some() {
                     return Ok(Err(PresenceOff));
                 }
                 return Ok(Ok(self.inner.settings.presence_hub.view(room, None)));
@@ -477,14 +477,14 @@ impl Rooms {
                     RoomLoadView { room: room.clone(), subscribers, head }
                 },
             );
-            Arc::new(crate::core::busiest::busiest(reported, BUSIEST_MAX))
+            Arc::new(crate::core::nodes::busiest::busiest(reported, BUSIEST_MAX))
         };
         *cached = Some((std::time::Instant::now(), answer.clone()));
         answer
     }
 
     /// How far behind their streams the live non-inbox rooms here applied their events
-    /// lately (cluster mode; each room's last reading while `core::lag::READING_FRESH_MS`
+    /// lately (cluster mode; each room's last reading while `core::nodes::lag::READING_FRESH_MS`
     /// counts it): the worst room's events and the oldest event's age. Read from the
     /// rooms' load slots without a message, in one pass over the live rooms at most every
     /// [`BUSIEST_FRESH`], however often `/metrics` and the overview ask.
@@ -499,9 +499,9 @@ impl Rooms {
             let tables = self.inner.tables.lock();
             let readings = tables.loads.iter().filter_map(|(room, load)| {
                 let (reading, at) = load.lag();
-                Some((room.clone(), crate::core::lag::fresh(reading, at, now_ms)?))
+                Some((room.clone(), crate::core::nodes::lag::fresh(reading, at, now_ms)?))
             });
-            Arc::new(crate::core::lag::worst(readings))
+            Arc::new(crate::core::nodes::lag::worst(readings))
         };
         *cached = Some((std::time::Instant::now(), answer.clone()));
         answer
@@ -531,8 +531,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::core::namespaces::Overrides;
-    use crate::core::seqlog::Retention;
+    use crate::core::rules::namespaces::Overrides;
+    use crate::core::rules::limits::Retention;
 
     /// A room's settings take retention, window and presence from its namespace, and keep
     /// the rest of the shared settings.

@@ -27,8 +27,8 @@ use std::task::{Context as TaskContext, Poll, Waker};
 
 use actix_web::web::Bytes;
 
-use crate::core::backlog::Backlog;
-use crate::core::sse::data_lines;
+use crate::core::delivery::backlog::Backlog;
+use crate::core::delivery::sse::data_lines;
 
 /// The comment sent every heartbeat.
 const PING: &[u8] = b": ping\n\n";

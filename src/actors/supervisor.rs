@@ -15,7 +15,7 @@ use super::directory::{Directory, DirectoryError, Reconcile};
 use super::messages::{CloseAll, CloseConnection, CountConnections, DrainClose};
 use super::registry::Registry;
 use super::rooms::Rooms;
-use crate::core::lifecycle::{Lifecycle, Phase};
+use crate::core::nodes::lifecycle::{Lifecycle, Phase};
 use crate::metrics::Metrics;
 use crate::protocol::CloseCode;
 

@@ -93,7 +93,7 @@ impl Transport {
     }
 
     /// Count what the transport queues in `backlog` too (the connection's one bound).
-    pub fn count_into(&mut self, backlog: std::sync::Arc<crate::core::backlog::Backlog>) {
+    pub fn count_into(&mut self, backlog: std::sync::Arc<crate::core::delivery::backlog::Backlog>) {
         match self {
             Transport::Ws(io) => io.count_into(backlog),
             Transport::Sse(io) => io.count_into(backlog),

@@ -8,7 +8,7 @@
 //! waits on the network. A full queue (`webhook_queue_max`) drops the new webhook, counted
 //! and logged. The scheduler thread keeps the pure [`Lanes`] (which webhook of which room
 //! is due) and hands due ones to a few sender threads, which make the blocking HTTP
-//! attempt (ureq, `webhook_timeout_ms`), carry out the step `core::webhooks::step`
+//! attempt (ureq, `webhook_timeout_ms`), carry out the step `core::rules::webhooks::step`
 //! decides and report it back: a delivered webhook leaves the store; a failed one waits its
 //! jittered backoff (`webhook_retry_first_ms` doubling to `webhook_retry_max_ms`), its
 //! room's later webhooks behind it; after `webhook_max_attempts`, or at once when the
@@ -31,10 +31,10 @@ use parking_lot::Mutex;
 
 use super::room::Occupancy;
 use crate::config::Config;
-use crate::core::names;
-use crate::core::redact::url_for_log;
-use crate::core::backoff::BackoffPolicy;
-use crate::core::webhooks::{self as rules, Attempt, DeadReason, Kind, Lanes, Step, ID_HEADER, SIGNATURE_HEADER};
+use crate::core::rules::names;
+use crate::core::rules::redact::url_for_log;
+use crate::core::rules::backoff::BackoffPolicy;
+use crate::core::rules::webhooks::{self as rules, Attempt, DeadReason, Kind, Lanes, Step, ID_HEADER, SIGNATURE_HEADER};
 use crate::metrics::Metrics;
 use crate::protocol::{self, EventData, WebhookBody};
 use crate::store::{DeadLetterRecord, Store, StoreError, WebhookRecord};
@@ -501,7 +501,7 @@ impl Sender {
 struct Poster {
     agent: ureq::Agent,
     url: String,
-    /// `url` as it may be logged and shown (`core::redact::url_for_log`).
+    /// `url` as it may be logged and shown (`core::rules::redact::url_for_log`).
     url_for_log: String,
     secret: Vec<u8>,
 }

@@ -35,7 +35,7 @@ use actix_http::ws::{self, CloseReason, Codec, Frame, Message, OpCode, Parser, P
 use actix_web::web::{Bytes, BytesMut};
 use parking_lot::Mutex;
 
-use crate::core::backlog::Backlog;
+use crate::core::delivery::backlog::Backlog;
 
 /// Bytes read per system call into the thread's scratch buffer.
 const SCRATCH_BYTES: usize = 16 * 1024;

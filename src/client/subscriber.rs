@@ -27,7 +27,7 @@ use tokio_tungstenite::tungstenite::{self, protocol::CloseFrame, Message};
 
 use super::http::{encode, error_code, status_error};
 use super::{Client, ClientError};
-use crate::core::backoff::{Backoff, BackoffPolicy, Jitter};
+use crate::core::rules::backoff::{Backoff, BackoffPolicy, Jitter};
 use crate::protocol::{close_meaning, CloseCode, ErrorFrame, EventHead, Events, FrameHead, ServerOp, Subscribed, Welcome};
 
 /// What to follow, and as whom.

@@ -21,9 +21,9 @@ use super::{
     HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, MOVED_SUBJECT, MOVES_HEADER, REPLACE_SUBJECT, ROOMS_HEAD_HEADER,
 };
 use super::promotion::{decode_moves, decode_rooms_head};
-use crate::core::heartbeats::NodeInfo;
-use crate::core::peer_input::{self, PeerInputError};
-use crate::core::rebalance::{self, Order, OrderRefused};
+use crate::core::nodes::heartbeats::NodeInfo;
+use crate::core::nodes::peer_input::{self, PeerInputError};
+use crate::core::nodes::rebalance::{self, Order, OrderRefused};
 use crate::tasks::Tasks;
 
 /// What this node does with what the other nodes send it. Rooms' live events are not
@@ -424,7 +424,7 @@ pub enum ForwardError {
 pub enum OrderError {
     #[error("node unreachable: {0}")]
     Unreachable(#[from] async_nats::RequestError),
-    /// The node refused it (`core::rebalance::OrderRefused`, as its text).
+    /// The node refused it (`core::nodes::rebalance::OrderRefused`, as its text).
     #[error("order refused: {0}")]
     Refused(String),
     /// An answer neither `ok` nor a refusal: not a livegate node's.
@@ -628,7 +628,7 @@ fn decode_kick_answer(payload: &[u8]) -> Result<(String, usize), PeerInputError>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::peer_input::MAX_NODE_CONNECTIONS;
+    use crate::core::nodes::peer_input::MAX_NODE_CONNECTIONS;
 
     #[test]
     fn rebalance_orders_round_trip_without_their_url() {

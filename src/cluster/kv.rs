@@ -25,7 +25,7 @@ use async_nats::jetstream::kv::{CreateErrorKind, Store as Bucket, UpdateErrorKin
 use parking_lot::Mutex;
 
 use super::{room_token, Cluster, ClusterError, Unreachable, SESSIONS_BUCKET};
-use crate::core::sessions::{next_version, VersionError};
+use crate::core::nodes::sessions::{next_version, VersionError};
 use crate::store::records;
 use crate::store::{QueuedSessionWrite, SessionRecord, Store, UserRecord};
 

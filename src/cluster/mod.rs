@@ -53,11 +53,11 @@ use async_nats::jetstream::stream::{LastRawMessageErrorKind, PurgeErrorKind};
 use async_nats::jetstream::{self, kv as nats_kv, stream};
 use thiserror::Error;
 
-use crate::core::heartbeats::{NodeInfo, Usage, MAX_ROUTES_LISTED};
-use crate::core::peer_input::{self, PeerInputError};
-use crate::core::redact::url_for_log;
-use crate::core::routing::RoomHomes;
-use crate::core::sessions::VersionError;
+use crate::core::nodes::heartbeats::{NodeInfo, Usage, MAX_ROUTES_LISTED};
+use crate::core::nodes::peer_input::{self, PeerInputError};
+use crate::core::rules::redact::url_for_log;
+use crate::core::nodes::routing::RoomHomes;
+use crate::core::nodes::sessions::VersionError;
 use crate::store::StoreError;
 
 /// The stream every room's events are stored in.
@@ -78,17 +78,17 @@ pub const CONNECTIONS_HEADER: &str = "Lg-Connections";
 /// (absent from earlier builds).
 pub const CAPACITY_HEADER: &str = "Lg-Capacity";
 /// A heartbeat's header with the node's use of its machine: `cpu_permille,resident_bytes,
-/// deliveries_per_sec` (absent from earlier builds; see `core::heartbeats::Usage`).
+/// deliveries_per_sec` (absent from earlier builds; see `core::nodes::heartbeats::Usage`).
 pub const USAGE_HEADER: &str = "Lg-Usage";
 /// A heartbeat's header with the sender's last probe of its cell's store: `1` passed,
 /// `0` failed; absent: no report (an earlier build ignores it, as this one ignores its
 /// absence).
 pub const CELL_PROBE_HEADER: &str = "Lg-Cell-Probe";
 /// A heartbeat's header with the release the sender belongs to (absent from earlier
-/// builds): `core::routing::release_first`.
+/// builds): `core::nodes::routing::release_first`.
 pub const RELEASE_HEADER: &str = "Lg-Release";
 /// A heartbeat's header with the peers of the sender's cell it routes to, comma-separated
-/// (`core::heartbeats::Heartbeats::routes_to`, at most `MAX_ROUTES_LISTED`; absent from
+/// (`core::nodes::heartbeats::Heartbeats::routes_to`, at most `MAX_ROUTES_LISTED`; absent from
 /// earlier builds): what a joining node waits for before it says it is ready.
 pub const ROUTES_HEADER: &str = "Lg-Routes";
 /// A heartbeat's header with the epoch of the rooms homed in the sender's cell (absent
@@ -978,7 +978,7 @@ pub fn encode_node(info: &NodeInfo) -> String {
     format!("{}\n{}\n{}\n{}\n{}", info.name, info.cell, info.url, u8::from(info.draining), info.started_at_ms)
 }
 
-/// A heartbeat body, read as client input is (`core::peer_input`): at most
+/// A heartbeat body, read as client input is (`core::nodes::peer_input`): at most
 /// [`peer_input::MAX_HEARTBEAT_BYTES`], a node name and cell by the configuration's rule,
 /// an http(s) URL, `0` or `1`, a number.
 pub fn decode_node(body: &[u8]) -> Result<NodeInfo, PeerInputError> {

@@ -9,7 +9,7 @@
 //! - A room's edges on this node go into [`LocalRooms`], and a few worker tasks reconcile
 //!   each waiting room with its record, one job per room at a time (so a room's changes
 //!   from this node stay in order; the room actor never waits).
-//! - A job goes to the room's writer (`core::routing::room_writer`) on
+//! - A job goes to the room's writer (`core::nodes::routing::room_writer`) on
 //!   `lg.node.<hex node>.occupancy`: the writer changes the record by compare-and-set on
 //!   its revision, under a per-room lock, and reports the decision itself, so one node
 //!   holds a room's decisions in order. When the writer cannot be reached the node
@@ -37,8 +37,8 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use super::{room_from_token, room_token, Cluster, ClusterError, Unreachable};
-use crate::core::backoff::{Backoff, BackoffPolicy, Jitter};
-use crate::core::occupancy::{apply, remove_dead, Applied, Edge, Job, LocalRooms, Occupants};
+use crate::core::rules::backoff::{Backoff, BackoffPolicy, Jitter};
+use crate::core::delivery::occupancy::{apply, remove_dead, Applied, Edge, Job, LocalRooms, Occupants};
 use crate::tasks::Tasks;
 use crate::world::{now_ms, random_u64};
 
@@ -396,7 +396,7 @@ impl ClusterOccupancy {
     /// `now_ms` (the room seam `actors::room::Occupancy`, implemented by the wiring, calls
     /// this). Never waits: the room is queued for the workers.
     pub fn local_edge(&self, room: &str, occupied: bool, now_ms: u64) {
-        if crate::core::names::inbox_owner(room).is_some() {
+        if crate::core::rules::names::inbox_owner(room).is_some() {
             return;
         }
         if self.local.lock().changed(room, occupied, now_ms) {

@@ -17,7 +17,7 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use super::{room_from_token, room_token, Cluster, ClusterError};
-use crate::core::presence::{Member, NodeTable};
+use crate::core::delivery::presence::{Member, NodeTable};
 use crate::tasks::Tasks;
 
 pub const ROOM_SUBJECTS: &str = "lg.presence.room.*";

@@ -24,9 +24,9 @@ use futures_util::FutureExt;
 use thiserror::Error;
 
 use super::{epoch_of, leader_get, mirror_name, Cluster, ClusterError, LIVE_STATE_SUBJECTS, LIVE_SUBJECTS, ROOMS_STREAM, STATE_STREAM};
-use crate::core::names::is_plain_name;
-use crate::core::peer_input::{self, PeerInputError};
-use crate::core::routing::MoveRefused;
+use crate::core::rules::names::is_plain_name;
+use crate::core::nodes::peer_input::{self, PeerInputError};
+use crate::core::nodes::routing::MoveRefused;
 
 /// The most moves a heartbeat's [`super::MOVES_HEADER`] may name (one per other cell).
 pub const MAX_MOVES: usize = 16;
@@ -77,7 +77,7 @@ pub fn moved_subject_cell(origin: &str, home: &str) -> String {
 impl Cluster {
     /// Promote `from`'s rooms into this node's cell (see the module doc). The caller
     /// checks that `from` is gone (no node of it heard): this one only refuses what the
-    /// homes refuse ([`crate::core::routing::RoomHomes::moved`]).
+    /// homes refuse ([`crate::core::nodes::routing::RoomHomes::moved`]).
     pub async fn promote(&self, from: &str) -> Result<Promotion, ClusterError> {
         let domains = self.domains.as_deref().ok_or(PromotionError::NoCellDomains)?;
         let to = domains.cell.clone();

@@ -2,7 +2,7 @@
 //! is the event's JSON, headers carry the room seq, the publish time, the devices of an
 //! inbox message, the publishing user of a client publish (`Lg-From`) and the event's
 //! idempotency key (`Lg-Key`: the id, a client's behind its user and a space,
-//! `core::names::idempotency_key`, so it never takes a backend's). JetStream's
+//! `core::rules::names::idempotency_key`, so it never takes a backend's). JetStream's
 //! deduplication key (`Nats-Msg-Id`) is the room's token and that key, so a retried
 //! publish is stored once and an id used in another room is that room's own.
 //!
@@ -38,7 +38,7 @@ use async_nats::HeaderMap;
 use futures_util::{Stream, StreamExt};
 
 use super::{last_message, room_token, Cluster, ClusterError, RoomPlace, Unreachable, REQUEST_TIMEOUT, ROOMS_STREAM};
-use crate::core::names;
+use crate::core::rules::names;
 use crate::store::EventRecord;
 
 const SEQ_HEADER: &str = "Lg-Seq";

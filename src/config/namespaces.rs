@@ -1,14 +1,14 @@
 //! `[[namespace]]` tables, from the config file only: a room-name `prefix` and overrides
 //! of the per-room keys ([`ROOM_KEYS`]), each checked with the bounds of its global key.
 //! Errors name the table by its number in the file and its prefix. The table of effective
-//! options rooms use is [`crate::core::namespaces::Namespaces`] ([`Config::room_namespaces`]).
+//! options rooms use is [`crate::core::rules::namespaces::Namespaces`] ([`Config::room_namespaces`]).
 
 use std::path::Path;
 
 use super::value::{parse, Raw};
 use super::{bound_problem, bounds_of, Config, ConfigError, Origin};
-use crate::core::namespaces::{NamespaceError, Namespaces, Overrides, RoomOptions};
-use crate::core::routing::RoomHomes;
+use crate::core::rules::namespaces::{NamespaceError, Namespaces, Overrides, RoomOptions};
+use crate::core::nodes::routing::RoomHomes;
 
 /// The keys a `[[namespace]]` table may hold besides `prefix`.
 pub const ROOM_KEYS: &[&str] = &["history_size", "history_ttl_secs", "batch_window_ms", "presence", "max_event_bytes"];

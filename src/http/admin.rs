@@ -10,12 +10,12 @@
 //!
 //! `GET /v1/admin/cells` (cluster mode) answers each configured cell's breaker with its
 //! recent probe rounds and transitions, as the liveness router keeps them
-//! (`core::breaker::CellBreakers::views`); `livegate cells` prints it for an operator.
+//! (`core::nodes::breaker::CellBreakers::views`); `livegate cells` prints it for an operator.
 //! `POST /v1/admin/cells/{cell}/promote` moves a lost cell's rooms into this node's cell
 //! (`cluster::promotion`) and answers what it did; `livegate cells --promote` asks it.
 //!
 //! `POST /v1/admin/rebalance` (issue 30, scale-out's controlled entry) plans a rebalance
-//! towards a node over the loads the heartbeats carry (`core::rebalance::plan`) and gives
+//! towards a node over the loads the heartbeats carry (`core::nodes::rebalance::plan`) and gives
 //! each shedding node its order (this node directly, the others through
 //! [`super::seams::OtherNodes`]); `GET` shows the last plan made here, this node's part
 //! of the last one it was given, and the loads it hears.
@@ -35,7 +35,7 @@ use super::seams::{OrderNotTaken, PromoteRefused};
 use crate::cluster::promotion::Promotion;
 use crate::cluster::ClusterError;
 use crate::actors::rebalance::Shed;
-use crate::core::rebalance::{self, Load, Order};
+use crate::core::nodes::rebalance::{self, Load, Order};
 use crate::protocol::{self, ErrorCode, OverviewCell, OverviewCounters, OverviewLag, OverviewMirror, OverviewNode, OverviewReply, OverviewRoom};
 use crate::protocol::{CellProbe, CellStatus, CellTransition, CellsReply, PromoteReply};
 use crate::protocol::{RebalanceLoad, RebalancePlanReply, RebalanceShare, RebalanceStatusReply};

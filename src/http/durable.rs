@@ -1,7 +1,7 @@
 //! The handshakes' group commit: a handshake that spent its credential's nonce (and had
 //! its session recorded) waits here until both are durable, then answers 101. The
 //! handshakes waiting at once share one store flush, and flushes for handshakes start at
-//! most one per [`HANDSHAKE_FLUSH_SPACING`] (`core::group_commit` decides; this carries it
+//! most one per [`HANDSHAKE_FLUSH_SPACING`] (`core::delivery::group_commit` decides; this carries it
 //! out on the HTTP worker that asked). Under a flood of connects that turns one flush per
 //! few handshakes (each flush a write, a `sync_file_range` and hand-offs between sled's
 //! threads, the costliest part of a handshake) into one per few dozen; an idle node still
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use crate::core::group_commit::{GroupCommit, Next};
+use crate::core::delivery::group_commit::{GroupCommit, Next};
 use crate::store::{Store, StoreError};
 
 /// The least time between the starts of two handshake flushes: what a handshake may wait

@@ -249,7 +249,7 @@ async fn give_back(state: &AppState, spent: &Spent) {
 pub(super) fn directory_refusal(error: DirectoryError) -> (ApiError, bool) {
     match error {
         DirectoryError::Budget(refusal) => {
-            let crate::core::sessions::BudgetError::Spent { retry_after_secs } = refusal;
+            let crate::core::nodes::sessions::BudgetError::Spent { retry_after_secs } = refusal;
             (
                 api_error(ErrorCode::MigrationBudget, refusal.to_string())
                     .retry_after(retry_after_secs),

@@ -11,8 +11,8 @@ use parking_lot::{Mutex, RwLock};
 use subtle::{Choice, ConstantTimeEq};
 
 use crate::config::{Config, ConfigError};
-use crate::core::limits::{burst_for, TokenBucket};
-use crate::core::proxies::{self, Cidr};
+use crate::core::rules::limits::{burst_for, TokenBucket};
+use crate::core::rules::proxies::{self, Cidr};
 
 /// Per-IP entries kept before idle ones are swept out; after a sweep, the next one waits
 /// until the table has doubled, so sweeps cost O(1) per handshake amortised even when
@@ -216,7 +216,7 @@ impl AccessList {
     /// an empty list allows every origin but lists none. What `serve --dev` asks before
     /// minting a token without the API key.
     pub fn lists_origin(&self, origin: &str) -> bool {
-        self.allowed_origins.iter().any(|entry| crate::core::origins::matches(entry, origin))
+        self.allowed_origins.iter().any(|entry| crate::core::rules::origins::matches(entry, origin))
     }
 
     pub fn key_count(&self) -> usize {

@@ -12,7 +12,7 @@ use super::limits::AccessList;
 use super::request::{embedded, json, ApiKey};
 use super::state::AppState;
 use super::tokens::{issue_token, Grants};
-use crate::core::lifecycle::Phase;
+use crate::core::nodes::lifecycle::Phase;
 use crate::protocol::{self, ErrorCode};
 use crate::world::{now_ms, random_hex};
 

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use super::errors::{api_error, internal, ApiError};
 use super::limits::SharedAccess;
 use super::state::AppState;
-use crate::core::names;
+use crate::core::rules::names;
 use crate::protocol::ErrorCode;
 
 /// Largest body of a request other than a publish, a message or a state.

@@ -16,7 +16,7 @@ use super::state::AppState;
 use crate::actors::connection::HISTORY_DEFAULT_LIMIT;
 use crate::actors::messages::Kick;
 use crate::actors::publish::Submission;
-use crate::core::{limits, names};
+use crate::core::{rules::limits, rules::names};
 use crate::protocol::{self, ErrorCode, PublishReply};
 use crate::world::now_ms;
 

@@ -13,7 +13,7 @@ use crate::cluster::bus::OrderError;
 use crate::actors::rooms::Rooms;
 use crate::cluster::promotion::{Promotion, PromotionError};
 use crate::cluster::{Cluster, ClusterError};
-use crate::core::rebalance::Order;
+use crate::core::nodes::rebalance::Order;
 
 /// Closes a user's connections held by other nodes.
 pub trait OtherNodes: Send + Sync + 'static {
@@ -50,7 +50,7 @@ pub enum OrderNotTaken {
     Cluster(#[from] OrderError),
     /// This node refused its own part (the target is itself, or not alive and taking).
     #[error(transparent)]
-    Refused(#[from] crate::core::rebalance::OrderRefused),
+    Refused(#[from] crate::core::nodes::rebalance::OrderRefused),
     /// This node's own rebalancer is gone (it is shutting down).
     #[error("this node's rebalancer is gone: {0}")]
     Stopped(#[from] actix::MailboxError),

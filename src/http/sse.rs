@@ -17,8 +17,8 @@ use crate::actors::connection::InitialSubscription;
 use crate::actors::sse;
 use crate::actors::transport::Transport;
 use crate::core::credentials::Grant;
-use crate::core::names;
-use crate::core::sse::{parse_cursor, parse_flag, parse_rooms, CursorEntry, RoomsError};
+use crate::core::rules::names;
+use crate::core::delivery::sse::{parse_cursor, parse_flag, parse_rooms, CursorEntry, RoomsError};
 use crate::protocol::ErrorCode;
 
 #[derive(Deserialize)]

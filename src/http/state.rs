@@ -16,7 +16,7 @@ use crate::actors::publish::Publisher;
 use crate::actors::registry::Registry;
 use crate::actors::rooms::Rooms;
 use crate::config::Config;
-use crate::core::lifecycle::Lifecycle;
+use crate::core::nodes::lifecycle::Lifecycle;
 use crate::core::credentials::spent::SpentNonces;
 use crate::metrics::Metrics;
 use crate::store::Store;

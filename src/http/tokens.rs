@@ -9,7 +9,7 @@ use super::errors::ApiError;
 use super::request::{authorize, check_cell, check_user, json, read_body, SMALL_BODY_LIMIT};
 use super::state::AppState;
 use crate::core::credentials::token;
-use crate::core::names;
+use crate::core::rules::names;
 use crate::protocol::{self, TokenReply};
 use crate::world::{now_ms, random_bytes};
 

@@ -7,7 +7,7 @@ use serde_json::value::RawValue;
 
 use super::server::{members_json, PresenceReply};
 use super::{join_events, json_str, ErrorCode};
-use crate::core::presence::View;
+use crate::core::delivery::presence::View;
 
 /// `POST /v1/tokens`
 #[derive(Debug, Deserialize)]

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::{join_events, json_str, ErrorCode};
-use crate::core::presence::{Diff, Member, View};
+use crate::core::delivery::presence::{Diff, Member, View};
 
 /// The `op` of a server frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

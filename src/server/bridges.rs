@@ -18,8 +18,8 @@ use crate::actors::rooms::Rooms;
 use crate::cluster::bus::{Appended, ForwardedPublish, NodeEvents};
 use crate::cluster::occupancy::ClusterOccupancy;
 use crate::cluster::Cluster;
-use crate::core::heartbeats::NodeInfo;
-use crate::core::rebalance::{target_url, Known, Order, OrderRefused};
+use crate::core::nodes::heartbeats::NodeInfo;
+use crate::core::nodes::rebalance::{target_url, Known, Order, OrderRefused};
 use crate::store::credentials::CredentialStore;
 
 /// The registry's announcements over the cluster's NATS subjects.
@@ -170,7 +170,7 @@ impl crate::cluster::occupancy::Peers for OccupancyPeers {
 pub(super) struct PresenceNodes(pub(super) Arc<PresenceHub>);
 
 impl crate::cluster::presence::PresenceEvents for PresenceNodes {
-    fn table(&self, node: String, room: String, table: crate::core::presence::NodeTable) {
+    fn table(&self, node: String, room: String, table: crate::core::delivery::presence::NodeTable) {
         self.0.remote_table(&node, &room, table);
     }
 

@@ -35,10 +35,10 @@ use crate::cluster::occupancy::{ClusterOccupancy, Report as OccupancyReport, LEA
 use crate::cluster::presence::PresenceSender;
 use crate::cluster::{CellDomains, Cluster, Joining, NatsAuth, StreamLimits};
 use crate::config::Config;
-use crate::core::backoff::{Backoff, BackoffPolicy, Jitter};
-use crate::core::lifecycle::Lifecycle;
-use crate::core::namespaces::Namespaces;
-use crate::core::seqlog::Retention;
+use crate::core::rules::backoff::{Backoff, BackoffPolicy, Jitter};
+use crate::core::nodes::lifecycle::Lifecycle;
+use crate::core::rules::namespaces::Namespaces;
+use crate::core::rules::limits::Retention;
 use crate::http::limits::{AccessList, ConnectionLimits};
 use crate::cluster::credentials::ClusterCredentials;
 use crate::http::seams::{ClusterNodes, NoOtherNodes, OtherNodes};
@@ -535,11 +535,11 @@ fn this_node(config: &Config, local: std::net::SocketAddr, tls: bool) -> crate::
 
 /// The routing view: peers from heartbeats on NATS (cluster mode), or the configured
 /// peers, probed. For the sessions a release moves, the newest `release` ranks first
-/// (`core::routing::release_first`).
+/// (`core::nodes::routing::release_first`).
 fn router(config: &Config, me: crate::config::Peer, cluster: Option<&Cluster>, lifecycle: &Arc<Lifecycle>) -> Result<Router, ServerError> {
     let clustered = cluster.is_some();
     let up_after = config.probe_up_after.min(u32::MAX as u64) as u32;
-    let release_window = Duration::from_millis(crate::core::routing::RELEASE_FALLBACK_WINDOW_MS);
+    let release_window = Duration::from_millis(crate::core::nodes::routing::RELEASE_FALLBACK_WINDOW_MS);
     let router = if clustered {
         let timeout = config.cluster_heartbeat() * HEARTBEATS_MISSED as u32;
         Router::clustered(me, timeout, up_after, lifecycle.clone(), release_window)

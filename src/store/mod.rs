@@ -62,7 +62,7 @@ pub use rooms::{Rooms, StoredRoom};
 pub use sessions::Sessions;
 pub use webhooks::{DeadLetter, WebhookQueue};
 
-use crate::core::sessions::VersionError;
+use crate::core::nodes::sessions::VersionError;
 
 /// Version of the tree layout; a store written by another layout is refused at open,
 /// except [`SCHEMA_UNINDEXED`], which is upgraded in place.

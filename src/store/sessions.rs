@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::records::{self, SeenRecord, SessionRecord};
 use super::{keys, StoreError};
-use crate::core::sessions::{next_version, VersionError};
+use crate::core::nodes::sessions::{next_version, VersionError};
 
 /// The session trees ([`Store::sessions`](super::Store::sessions)).
 #[derive(Clone)]

@@ -65,7 +65,7 @@ fn two_processes_route_1000_sessions_identically() {
         match owner {
             Some(o) if names.contains(o) && !down.contains(o) => assert_eq!(node, *o, "{line}: alive owner not kept"),
             _ => {
-                let expected = livegate::core::routing::rendezvous(session, alive.iter().copied());
+                let expected = livegate::core::nodes::routing::rendezvous(session, alive.iter().copied());
                 assert_eq!(Some(node), expected, "{line}: without a live owner, the rendezvous choice among the alive nodes");
                 *spread.entry(node).or_insert(0) += 1;
             }

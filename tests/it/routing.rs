@@ -21,7 +21,7 @@ fn route(http: &Http, query: &str) -> (u16, Value) {
 fn session_placed_on_node_a() -> String {
     (0..)
         .map(|i| format!("s{i}"))
-        .find(|s| livegate::core::routing::rendezvous(s, ["node-a", "node-b"]) == Some("node-a"))
+        .find(|s| livegate::core::nodes::routing::rendezvous(s, ["node-a", "node-b"]) == Some("node-a"))
         .expect("some id lands on node-a")
 }
 
@@ -251,7 +251,7 @@ async fn a_draining_peer_leaves_the_route_of_every_peers_mode_node_and_keeps_its
     assert!(formed, "the three nodes never counted each other up");
 
     let ids: Vec<String> = (0..200).map(|i| format!("drain-{i}")).collect();
-    let placed_on_c: Vec<&String> = ids.iter().filter(|id| livegate::core::routing::rendezvous(id, names) == Some("node-c")).collect();
+    let placed_on_c: Vec<&String> = ids.iter().filter(|id| livegate::core::nodes::routing::rendezvous(id, names) == Some("node-c")).collect();
     assert!(placed_on_c.len() > 30, "node-c's share of the ids: {}", placed_on_c.len());
     let routed = |http: &Http, id: &str| {
         let (status, body) = route(http, &format!("session={id}"));

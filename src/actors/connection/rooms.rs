@@ -10,7 +10,7 @@ impl Connection {
         let Ask { room, since, epoch, state, presence, reference } = ask;
         let (rooms, conn, to) = (self.rooms.clone(), self.id, self.link.clone());
         let member =
-            crate::core::presence::Member { user: self.identity.user.clone(), device: self.identity.device.clone() };
+            crate::core::delivery::presence::Member { user: self.identity.user.clone(), device: self.identity.device.clone() };
         let subscribe = Subscribe {
             conn,
             to,
@@ -114,7 +114,7 @@ impl Connection {
     pub(super) fn write_window(&mut self, window: &Window) {
         self.settings.metrics.frame_written(window.events.len());
         let link = &self.link;
-        self.io.window(window, || crate::core::sse::render_cursor(link.machine().subscriptions().positions()));
+        self.io.window(window, || crate::core::delivery::sse::render_cursor(link.machine().subscriptions().positions()));
     }
 }
 

@@ -10,7 +10,7 @@
 use actix::prelude::*;
 
 use super::{Directory, DirectoryError, Shared, WriteError};
-use crate::core::sessions::check_migration_budget;
+use crate::core::nodes::sessions::check_migration_budget;
 use crate::store::SessionRecord;
 use crate::world::now_ms;
 

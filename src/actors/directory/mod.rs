@@ -51,7 +51,7 @@ use parking_lot::Mutex;
 
 use super::liveness::{Router, Unroutable};
 use crate::cluster::ClusterError;
-use crate::core::sessions::{check_migration_budget, plan_session, BudgetError, SessionPlan, SessionView, VersionError};
+use crate::core::nodes::sessions::{check_migration_budget, plan_session, BudgetError, SessionPlan, SessionView, VersionError};
 use crate::metrics::Metrics;
 use crate::store::{SessionRecord, StoreError};
 use crate::world::{now_ms, random_hex, random_u64};
@@ -717,7 +717,7 @@ impl Shared {
         if self.router.placement_decides() {
             return Ok(Move::Free);
         }
-        let inbox = crate::core::names::inbox_room(&msg.user);
+        let inbox = crate::core::rules::names::inbox_room(&msg.user);
         let routed = match self.router.route(&inbox, &msg.user, msg.cell.as_deref(), None, msg.avoid.as_deref()) {
             Ok(routed) => routed,
             // No cell is healthy, this node's included: refused, as the route answers.
@@ -727,7 +727,7 @@ impl Shared {
         };
         if routed.cell == self.router.me().cell {
             // In its cell: it stays here unless this node is full, or much fuller than
-            // another (`core::placement::place_new`).
+            // another (`core::nodes::placement::place_new`).
             return match self.router.new_session_elsewhere(&inbox) {
                 None => Ok(Move::Free),
                 Some((node, url)) => {

@@ -2,11 +2,11 @@
 //! this node and its durable head, written by the room's actor as they change and read by
 //! the rooms table without a message, so the overview never waits on a room's mailbox
 //! and never reads the store. In cluster mode also the room's last lag reading
-//! (`core::lag`), read the same way by `/metrics` and the overview. Inbox rooms have none.
+//! (`core::nodes::lag`), read the same way by `/metrics` and the overview. Inbox rooms have none.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::core::lag::Reading;
+use crate::core::nodes::lag::Reading;
 
 #[derive(Debug, Default)]
 pub struct RoomLoad {

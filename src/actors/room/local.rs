@@ -16,8 +16,8 @@ use actix::prelude::*;
 use super::{id_key, publish_key, render, spawn_then, Frames, Log, LogPart, Pending, RoomActor, RoomCore, RoomLog};
 use super::RoomLogs;
 use crate::actors::messages::*;
-use crate::core::room::{Action, Input, LogInput};
-use crate::core::seqlog::{Entry, SeqLog};
+use crate::core::delivery::room::{Action, Input, LogInput};
+use crate::core::delivery::seqlog::{Entry, SeqLog};
 use crate::store::{EventRecord, StateRecord, Store, StoreError};
 use crate::world::now_ms;
 

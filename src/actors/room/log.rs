@@ -15,8 +15,8 @@ use tokio::sync::oneshot;
 use super::{local, stream, Frames, RoomActor, RoomCore};
 use crate::actors::messages::*;
 use crate::cluster::roomlog::StreamEvent;
-use crate::core::names;
-use crate::core::room::Action;
+use crate::core::rules::names;
+use crate::core::delivery::room::Action;
 use crate::protocol;
 use crate::store::EventRecord;
 

@@ -1,4 +1,4 @@
-//! One actor per live room, the driver of the room's machine (`core::room::machine`):
+//! One actor per live room, the driver of the room's machine (`core::delivery::room::machine`):
 //! the machine decides (the room's phase, its window, its subscribers and their
 //! eviction, its states, occupancy, idling, the local log's flushes); the actor feeds
 //! it what happens ([`RoomCore::input`]) and carries out what it decides
@@ -6,7 +6,7 @@
 //!
 //! Where the room's events are kept is the room's [`Log`] ([`log`]), made by the
 //! [`RoomLogs`] the wiring chose at start-up: the embedded store ([`local`]) or the
-//! room's JetStream subject in cluster mode ([`stream`], whose appends `core::append`
+//! room's JetStream subject in cluster mode ([`stream`], whose appends `core::delivery::append`
 //! decides). The messages a room takes, and the requests it holds while a read they need
 //! is in flight, are in [`requests`]; presence in [`presence`].
 //!
@@ -38,10 +38,11 @@ use self::requests::Request;
 pub use self::stream::StreamRoomLogs;
 pub use self::wire::{Frames, Subscriber, Ticket};
 use super::messages::*;
-use crate::core::holds::Holds;
-use crate::core::names;
-use crate::core::room::{Action, Input, Limits, RoomMachine, Timer};
-use crate::core::seqlog::{Retention, SeqLog};
+use crate::core::delivery::holds::Holds;
+use crate::core::rules::names;
+use crate::core::delivery::room::{Action, Input, Limits, RoomMachine, Timer};
+use crate::core::delivery::seqlog::SeqLog;
+use crate::core::rules::limits::Retention;
 use crate::world::now_ms;
 
 /// A room's limits: shared by every room, but for what its namespace sets
@@ -68,7 +69,7 @@ pub struct RoomSettings {
 impl RoomSettings {
     /// These settings with `options` (the room's namespace) for retention, window and
     /// presence.
-    pub fn with_options(&self, options: &crate::core::namespaces::RoomOptions) -> RoomSettings {
+    pub fn with_options(&self, options: &crate::core::rules::namespaces::RoomOptions) -> RoomSettings {
         RoomSettings {
             retention: options.retention(),
             batch_window: options.batch_window(),
@@ -326,8 +327,8 @@ impl RoomCore {
     }
 
     /// Tell the load slot how far behind its stream the room applied its last event
-    /// (cluster mode, `core::lag`).
-    pub(super) fn report_lag(&self, reading: crate::core::lag::Reading, now_ms: u64) {
+    /// (cluster mode, `core::nodes::lag`).
+    pub(super) fn report_lag(&self, reading: crate::core::nodes::lag::Reading, now_ms: u64) {
         if let Some(load) = &self.load {
             load.set_lag(reading, now_ms);
         }

@@ -5,7 +5,7 @@
 //!
 //! [`DelayedVacate`] sits in front of either: a room's `vacated` edge waits
 //! `webhook_vacated_delay_ms`, and a room joined again meanwhile reports neither edge
-//! (`core::occupancy::VacateDelay`), so a page reload or a subscribe/unsubscribe loop
+//! (`core::delivery::occupancy::VacateDelay`), so a page reload or a subscribe/unsubscribe loop
 //! makes no webhook, and in cluster mode no write of the room's occupancy record either.
 //! It holds the edges itself, so a room actor may stop while its `vacated` waits.
 
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::core::occupancy::VacateDelay;
+use crate::core::delivery::occupancy::VacateDelay;
 
 /// Told of a room's local occupancy edges. Called from the room's actor, so an
 /// implementation must not block: queue, or hand the work to a task.

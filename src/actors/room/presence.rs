@@ -1,5 +1,5 @@
 //! Presence in a room actor and across the node. A room counts its explicit
-//! subscribers as members (`core::presence::LocalMembers`; the automatic inbox
+//! subscribers as members (`core::delivery::presence::LocalMembers`; the automatic inbox
 //! subscription is none, and inbox rooms keep no presence); on a change it sends, at
 //! most once per `presence_interval_ms` and only when something changed, one presence
 //! frame, rendered once, to the subscribers that asked, and in cluster mode its table to
@@ -16,10 +16,10 @@ use actix::prelude::*;
 use parking_lot::Mutex;
 
 use super::{RoomActor, RoomCore};
-use crate::core::backlog::Reserve;
+use crate::core::delivery::backlog::Reserve;
 use crate::actors::messages::{ConnId, PresenceChanged, PresenceFrame, PresenceOff, RoomUpdate};
 use crate::cluster::presence::PresenceSender;
-use crate::core::presence::{self, LastSent, LocalMembers, Member, NodeTable, RemoteTables, Throttle, Throttled, View};
+use crate::core::delivery::presence::{self, LastSent, LocalMembers, Member, NodeTable, RemoteTables, Throttle, Throttled, View};
 use crate::protocol;
 use crate::world::now_ms;
 

@@ -1,5 +1,5 @@
 //! The messages a room takes. Requests it serves at once, or holds while a read they
-//! need is in flight (`core::holds`): the room's log loading, its live feed being taken
+//! need is in flight (`core::delivery::holds`): the room's log loading, its live feed being taken
 //! again, a subscriber's `since` beyond its head; the room goes on serving the others
 //! meanwhile. Each handler tells the room's machine and carries out what it decides.
 
@@ -12,11 +12,11 @@ use tokio::sync::oneshot;
 use super::{RoomActor, RoomCore, Subscriber, Ticket};
 use crate::actors::messages::*;
 use crate::cluster::roomlog::LiveItem;
-use crate::core::holds::{Released, RoomNow, Until, AHEAD_WAIT};
-use crate::core::room::{self, seen_beyond_head, Ask, Input};
+use crate::core::delivery::holds::{Released, RoomNow, Until, AHEAD_WAIT};
+use crate::core::delivery::room::{self, seen_beyond_head, Ask, Input};
 use crate::world::now_ms;
 
-/// A request the room may hold while a read it needs is in flight (`core::holds`).
+/// A request the room may hold while a read it needs is in flight (`core::delivery::holds`).
 pub(super) enum Request {
     Subscribe(Subscribe),
     Publish(Publish),
@@ -379,7 +379,7 @@ impl Handler<Unsubscribe> for RoomActor {
 }
 
 impl Handler<ReadPresence> for RoomActor {
-    type Result = Result<Result<crate::core::presence::View, PresenceOff>, RoomGone>;
+    type Result = Result<Result<crate::core::delivery::presence::View, PresenceOff>, RoomGone>;
 
     fn handle(&mut self, _msg: ReadPresence, ctx: &mut Self::Context) -> Self::Result {
         self.admit(ctx)?;

@@ -5,14 +5,14 @@
 //! to fill any gap. An event is delivered only once the stream stored it. A state rides
 //! in its event's message, then the writer stores it as the room's latest-state record
 //! (`PUT`s too, queued between appends); other nodes take those records from the live
-//! feed in the state stream's order. What to do next is decided by `core::append`'s
+//! feed in the state stream's order. What to do next is decided by `core::delivery::append`'s
 //! [`Pipeline`]; this file carries it out with NATS and the room.
 //!
 //! Interest-based fan-out: the room subscribes to its own live subjects before it reads
 //! the stream, keeps them while it has subscribers (and [`FEED_LINGER`] after), and drops
-//! them then (`core::interest`). A room without its feed subscribes again and reads what
+//! them then (`core::delivery::interest`). A room without its feed subscribes again and reads what
 //! it missed before it answers a subscribe or a read, which it holds meanwhile
-//! (`core::holds`) while it goes on serving publishes and its other subscribers. An
+//! (`core::delivery::holds`) while it goes on serving publishes and its other subscribers. An
 //! inbox whose subscribers are parked (no actor) is watched by the rooms table through
 //! [`StreamRoomLogs`]'s `watch_parked`, which wakes it for its next event.
 
@@ -29,12 +29,12 @@ use super::{
 use crate::actors::messages::*;
 use crate::cluster::roomlog::{self, AppendError, Appended, LiveFeed, LiveItem, LoadedRoom, StoredState, StreamEvent};
 use crate::cluster::{Cluster, ClusterError};
-use crate::core::append::{Action, Outcome, Pipeline, Reply, Sequenced};
-use crate::core::backoff::{Backoff, BackoffPolicy, Jitter};
-use crate::core::room::Input;
-use crate::core::interest::{Interest, Verdict, FEED_LINGER};
-use crate::core::lag::FeedLag;
-use crate::core::seqlog::{Entry, SeqLog};
+use crate::core::delivery::append::{Action, Outcome, Pipeline, Reply, Sequenced};
+use crate::core::rules::backoff::{Backoff, BackoffPolicy, Jitter};
+use crate::core::delivery::room::Input;
+use crate::core::delivery::interest::{Interest, Verdict, FEED_LINGER};
+use crate::core::nodes::lag::FeedLag;
+use crate::core::delivery::seqlog::{Entry, SeqLog};
 use crate::store::EventRecord;
 use crate::world::{now_ms, random_u64};
 
@@ -102,7 +102,7 @@ impl RoomLogs for StreamRoomLogs {
     }
 }
 
-/// One room's log on its JetStream subject: `core::append` decides what goes to the
+/// One room's log on its JetStream subject: `core::delivery::append` decides what goes to the
 /// stream and when; this carries it out.
 pub struct StreamLog {
     cluster: Cluster,
@@ -113,14 +113,14 @@ pub struct StreamLog {
     /// Parked subscribers adopted for a live event: once loaded, they get the events
     /// after this seq (the live event and any that came while loading).
     replay_after: Option<u64>,
-    /// Whether the room holds its live feed ([`crate::core::interest`]).
+    /// Whether the room holds its live feed ([`crate::core::delivery::interest`]).
     interest: Interest,
     /// The feed's subscription, running in the room's context while it holds one.
     feed: Option<SpawnHandle>,
     /// A timer for the next [`StreamLog::check_interest`] is armed.
     check_armed: bool,
     /// What the room applied when, to read how far behind the stream each event came
-    /// (`core::lag`).
+    /// (`core::nodes::lag`).
     lag: FeedLag,
     /// The room's home cell when its log was read (cells with their own NATS): its
     /// epoch and sequence are that home's.
@@ -431,8 +431,8 @@ impl RoomLog for StreamLog {
         self.appends.busy()
     }
 
-    /// The stream's writes are `core::append`'s: the room's machine asks for none.
-    fn carry_out(&mut self, _room: &mut RoomCore, _action: crate::core::room::Action<Frames>, _ctx: &mut Context<RoomActor>) {}
+    /// The stream's writes are `core::delivery::append`'s: the room's machine asks for none.
+    fn carry_out(&mut self, _room: &mut RoomCore, _action: crate::core::delivery::room::Action<Frames>, _ctx: &mut Context<RoomActor>) {}
 
     /// Queued with the publishes: written between appends, as of the head then.
     fn put_state(&mut self, room: &mut RoomCore, msg: PutState, ctx: &mut Context<RoomActor>) {

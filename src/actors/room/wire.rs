@@ -1,12 +1,12 @@
-//! The room machine's world as the actor makes it (`core::room::Wire`): a subscriber is
+//! The room machine's world as the actor makes it (`core::delivery::room::Wire`): a subscriber is
 //! a connection's outlet, a window is rendered once and shared by every subscriber.
 
 use std::sync::Arc;
 
 use super::Pending;
 use crate::actors::messages::*;
-use crate::core::backlog::Backlog;
-use crate::core::room::Wire;
+use crate::core::delivery::backlog::Backlog;
+use crate::core::delivery::room::Wire;
 
 /// Where a subscriber's updates go (the machine's sink).
 #[derive(Clone)]
@@ -19,7 +19,7 @@ pub struct Subscriber {
 /// What a subscribe's answer carries back from the machine.
 pub struct Ticket {
     pub(super) reference: Option<i64>,
-    pub(super) member: Option<crate::core::presence::Member>,
+    pub(super) member: Option<crate::core::delivery::presence::Member>,
 }
 
 /// The room machine's world as the actor makes it: windows rendered once and shared.

@@ -19,7 +19,7 @@
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-use crate::core::names;
+use crate::core::rules::names;
 use super::token::{Claims, MAX_TOKEN_LEN};
 
 /// Seconds a JWT's times may be off: accepted until `exp + LEEWAY_SECS`, from

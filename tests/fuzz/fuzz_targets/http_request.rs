@@ -15,9 +15,9 @@
 use std::net::IpAddr;
 
 use libfuzzer_sys::fuzz_target;
-use livegate::core::names;
-use livegate::core::proxies::{client_ip, limit_key, Cidr};
-use livegate::core::sse::{parse_cursor, parse_flag, parse_rooms, render_cursor};
+use livegate::core::rules::names;
+use livegate::core::rules::proxies::{client_ip, limit_key, Cidr};
+use livegate::core::delivery::sse::{parse_cursor, parse_flag, parse_rooms, render_cursor};
 
 /// Every address written somewhere in `values` (as `client_ip` reads them), IPv4-mapped
 /// ones as IPv4.

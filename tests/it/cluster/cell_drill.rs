@@ -30,9 +30,9 @@
 use super::*;
 use common::cells::Cells;
 use common::nats::CellNatsConfig;
-use livegate::core::breaker::{CLOSE_AFTER, COOL_DOWN_MS, HISTORY_ROUNDS};
-use livegate::core::names::inbox_room;
-use livegate::core::routing::rendezvous;
+use livegate::core::nodes::breaker::{CLOSE_AFTER, COOL_DOWN_MS, HISTORY_ROUNDS};
+use livegate::core::rules::names::inbox_room;
+use livegate::core::nodes::routing::rendezvous;
 use std::process::{Command, Stdio};
 
 /// The page and the heading of the section the test runs.

@@ -8,7 +8,7 @@ use super::*;
 use common::cells::{Cells, CELL_NAMES};
 use common::nats::CellNatsConfig;
 use super::cells::livegate_cli;
-use livegate::core::routing::{rendezvous, room_home_cell};
+use livegate::core::nodes::routing::{rendezvous, room_home_cell};
 
 const FLAGS: [&str; 4] = ["--cluster-heartbeat-ms", "250", "--probe-up-after", "1"];
 

@@ -7,7 +7,7 @@
 //! carry it); an unknown cell is refused.
 
 use super::*;
-use livegate::core::routing::rendezvous;
+use livegate::core::nodes::routing::rendezvous;
 
 /// The configured cells, and node `i`'s cell (a: east, b: north, c: west).
 const CELLS: [&str; 3] = ["east", "north", "west"];
@@ -334,7 +334,7 @@ fn a_cell_whose_store_cannot_write_opens_its_breaker_and_closes_after_the_cool_d
     let to_close = freed_at.elapsed();
     assert!(closed, "breakers still {:?} {:?} 30 s after the store was freed", state("east"), state("west"));
     // Never closed before the cool-down measured from the opening.
-    assert!(full_at.elapsed() >= Duration::from_millis(livegate::core::breaker::COOL_DOWN_MS), "closed before the cool-down");
+    assert!(full_at.elapsed() >= Duration::from_millis(livegate::core::nodes::breaker::COOL_DOWN_MS), "closed before the cool-down");
     let home = wait_until_every(Duration::from_secs(5), Duration::from_millis(50), || route_answer(&http, &query) == answer("b", "west", "west"));
     assert!(home, "the user is not routed home again: {:?}", route_answer(&http, &query));
     // The drill's view after the recovery, from a (whose breakers the test watched close;

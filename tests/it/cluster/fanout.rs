@@ -389,7 +389,7 @@ fn a_client_publish_on_b_to_a_room_written_by_a_reaches_a_with_from() {
     let names: Vec<&str> = (0..3).map(Cluster::name).collect();
     let room = (0..1000)
         .map(|i| format!("chat:{i}"))
-        .find(|room| livegate::core::routing::room_writer(room, &names) == Some(Cluster::name(0)))
+        .find(|room| livegate::core::nodes::routing::room_writer(room, &names) == Some(Cluster::name(0)))
         .expect("some room is written by a");
     let mut failures = Vec::new();
     rt.block_on(async {

@@ -4,7 +4,7 @@
 
 use super::*;
 
-use livegate::core::heartbeats::NodeInfo;
+use livegate::core::nodes::heartbeats::NodeInfo;
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 
 use common::link::{Condition, Link};

@@ -18,7 +18,7 @@
 
 use super::*;
 use common::link::{Condition, Link};
-use livegate::core::interest::FEED_LINGER;
+use livegate::core::delivery::interest::FEED_LINGER;
 
 const COPIES: &str = "livegate_cluster_live_copies_total";
 
@@ -43,7 +43,7 @@ fn publish_range<N: Nats>(cluster: &Cluster<N>, room: &str, from: u64, to: u64, 
 fn room_of_a(prefix: &str, names: &[&str]) -> String {
     (0..)
         .map(|k| format!("{prefix}:{k}"))
-        .find(|room| livegate::core::routing::room_writer(room, names) == Some(names[0]))
+        .find(|room| livegate::core::nodes::routing::room_writer(room, names) == Some(names[0]))
         .expect("some room is a's")
 }
 
@@ -167,7 +167,7 @@ fn a_parked_inbox_on_one_node_gets_messages_published_through_another() {
     // A user whose inbox a writes, connected to c.
     let user = (0..)
         .map(|k| format!("parked-{k}"))
-        .find(|user| livegate::core::routing::room_writer(&format!("user:{user}"), &names) == Some(names[0]))
+        .find(|user| livegate::core::nodes::routing::room_writer(&format!("user:{user}"), &names) == Some(names[0]))
         .expect("some inbox is a's");
     let inbox = format!("user:{user}");
     let token = cluster.http(2).mint_token(&user, "web");

@@ -36,7 +36,7 @@ const SLOWED: Condition = Condition::Slowed { one_way: Duration::from_millis(300
 fn room_of_a(names: &[&str]) -> String {
     (0..)
         .map(|k| format!("lag:{k}"))
-        .find(|room| livegate::core::routing::room_writer(room, names) == Some(names[0]))
+        .find(|room| livegate::core::nodes::routing::room_writer(room, names) == Some(names[0]))
         .expect("some room is a's")
 }
 
@@ -175,7 +175,7 @@ fn each_node_reads_its_cells_mirror_lag() {
     let mut failures = Vec::new();
     let room = (0..10_000)
         .map(|i| format!("mirrored{i}"))
-        .find(|r| livegate::core::routing::room_home_cell(r, &CELL_NAMES) == Some("a"))
+        .find(|r| livegate::core::nodes::routing::room_home_cell(r, &CELL_NAMES) == Some("a"))
         .expect("a room homed in a");
     for n in 1..=20u64 {
         let (status, reply) = cells.http(0).publish(&room, Some(&format!("m-{n}")), json!({ "n": n }));

@@ -65,7 +65,7 @@ mod two_cells;
 
 use crate::common;
 
-use livegate::core::routing::RESTART_GRACE_MS;
+use livegate::core::nodes::routing::RESTART_GRACE_MS;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

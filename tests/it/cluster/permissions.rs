@@ -26,7 +26,7 @@ use super::occupancy::Receiver;
 use super::*;
 use common::cells::{Cells, CELL_NAMES};
 use common::nats::CellNatsConfig;
-use livegate::core::routing::{rendezvous, room_home_cell};
+use livegate::core::nodes::routing::{rendezvous, room_home_cell};
 
 /// The account file the book includes, from the repository's root.
 const ACCOUNT_FILE: &str = "data/nats/livegate-account.conf";

@@ -13,7 +13,7 @@
 
 use super::*;
 use common::link::{Condition, Link};
-use livegate::core::interest::FEED_LINGER;
+use livegate::core::delivery::interest::FEED_LINGER;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 

@@ -36,7 +36,7 @@ fn room_state_travels_with_its_event_outlives_trimming_and_a_killed_writer() {
     let names: Vec<&str> = (0..3).map(Cluster::name).collect();
     let room = (0..1000)
         .map(|i| format!("score:{i}"))
-        .find(|room| livegate::core::routing::room_writer(room, &names) == Some(Cluster::name(0)))
+        .find(|room| livegate::core::nodes::routing::room_writer(room, &names) == Some(Cluster::name(0)))
         .expect("some room is written by a");
     let mut failures = Vec::new();
 

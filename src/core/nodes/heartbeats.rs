@@ -22,19 +22,19 @@ pub struct NodeInfo {
     /// When the node started (ms since the epoch; 0 from a node that does not say).
     pub started_at_ms: u64,
     /// Connections open on the node (`None` from a node of a build that does not say):
-    /// what a rebalance plans with (`core::rebalance`).
+    /// what a rebalance plans with (`core::nodes::rebalance`).
     pub connections: Option<u64>,
     /// The connections it admits, its limit in force (`None`: not said): with
-    /// `connections`, what placement weighs (`core::placement`).
+    /// `connections`, what placement weighs (`core::nodes::placement`).
     pub capacity: Option<u64>,
     /// What else it reports of its load, for operators (`None`: not said).
     pub usage: Option<Usage>,
     /// Whether the node's last probe of its cell's store passed (`None`: no report, from a
     /// node of an earlier build or one that has not probed yet): what its cell's breaker
-    /// is fed (`core::breaker::CellBreakers`).
+    /// is fed (`core::nodes::breaker::CellBreakers`).
     pub probe: Option<bool>,
     /// The release the node belongs to (empty from an earlier build): sessions that must
-    /// move go to the newest release first (`core::routing::release_first`).
+    /// move go to the newest release first (`core::nodes::routing::release_first`).
     pub release: String,
     /// The peers of its cell the node routes to ([`Heartbeats::routes_to`]); `None` from an
     /// earlier build, which a joining node does not wait for.

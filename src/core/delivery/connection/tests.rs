@@ -152,10 +152,10 @@ fn the_clock_is_read_only_over_the_bound() {
 #[test]
 fn too_many_answers_pending_stop_reads_until_one_comes_back() {
     let mut conn = machine(settings());
-    for _ in 0..super::super::outbox::MAX_ANSWERS_PENDING {
+    for _ in 0..crate::core::delivery::outbox::MAX_ANSWERS_PENDING {
         conn.presence("chat:a".to_string(), Some(1));
     }
-    assert_eq!(drained(&mut conn).len(), super::super::outbox::MAX_ANSWERS_PENDING);
+    assert_eq!(drained(&mut conn).len(), crate::core::delivery::outbox::MAX_ANSWERS_PENDING);
     assert!(!conn.may_read(0, || 0));
     conn.answered(Pending::Read, 0, || 0);
     assert_eq!(drained(&mut conn), vec![Action::WakeReader]);

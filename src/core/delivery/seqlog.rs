@@ -9,6 +9,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use crate::core::rules::limits::Retention;
 
 /// One event in history. `payload` is whatever the caller shares between subscribers
 /// (livegate keeps the event rendered once as wire JSON).
@@ -20,13 +21,6 @@ pub struct Entry<T> {
     pub id: Arc<str>,
     pub ts_ms: u64,
     pub payload: T,
-}
-
-/// How much history a room keeps.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Retention {
-    pub max_events: usize,
-    pub max_age_ms: u64,
 }
 
 #[derive(Debug, PartialEq)]
@@ -271,7 +265,7 @@ mod tests {
     #[test]
     fn events_not_durable_yet_are_never_trimmed() {
         // More appends between two flushes than history keeps: each still reaches the
-        // subscribers once durable (found by `core::sim`).
+        // subscribers once durable (found by `core::delivery::sim`).
         let mut log = SeqLog::restore("E".into(), 0, vec![], RETAIN);
         for i in 1..=8 {
             assert_eq!(log.append(format!("e{i}").into(), 0, |s| s), Append::Appended { seq: i, trimmed_below: None });

@@ -15,7 +15,7 @@ use std::time::Duration;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::backoff::{BackoffPolicy, Jitter};
+use crate::core::rules::backoff::{BackoffPolicy, Jitter};
 
 /// The header carrying `sha256=<lowercase hex of HMAC-SHA256(secret, raw body)>`.
 pub const SIGNATURE_HEADER: &str = "X-Livegate-Signature";

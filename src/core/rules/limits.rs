@@ -123,6 +123,13 @@ pub fn client_timed_out(reads: bool, silent_for: std::time::Duration, heartbeat:
     reads && silent_for >= heartbeat * MISSED_HEARTBEATS
 }
 
+/// How much history a room keeps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Retention {
+    pub max_events: usize,
+    pub max_age_ms: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

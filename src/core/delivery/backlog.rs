@@ -1,6 +1,6 @@
 //! Per-connection backlog (shared by the rooms that send to a connection and the
 //! connection itself, as atomics; no I/O): every byte the node holds for one connection, in one count
-//! against `max_outbox_bytes` (`core::outbox`). Two parts: what rooms have sent that the
+//! against `max_outbox_bytes` (`core::delivery::outbox`). Two parts: what rooms have sent that the
 //! connection has not yet taken off its mailbox (reserved by the sender, released by the
 //! connection), and what waits in its transport's queue (its socket's write queue or SSE
 //! stream, kept up to date by `WsIo` and `SseIo`: replies, pongs, errors, the Close and

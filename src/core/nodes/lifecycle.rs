@@ -13,7 +13,7 @@ pub enum Phase {
     /// Reconciled, taking connections (its peers may route clients here), but not ready
     /// yet: waiting until every live peer of its cell counts it as a candidate (cluster
     /// mode), so a balancer that reads `/readyz` adds it only once the cluster routes to
-    /// it (`core::heartbeats::Heartbeats::not_routing_to`, bounded by a timeout).
+    /// it (`core::nodes::heartbeats::Heartbeats::not_routing_to`, bounded by a timeout).
     Joining,
     Ready,
     /// Draining: readiness answers 503, upgrades are refused, the listener still accepts.

@@ -30,7 +30,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::backoff::{Backoff, BackoffPolicy, Jitter};
+use crate::core::rules::backoff::{Backoff, BackoffPolicy, Jitter};
 use super::seqlog::SeqLog;
 
 /// How often an append that keeps losing to other nodes is retried before it fails.
@@ -458,7 +458,8 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::core::seqlog::{Entry, Retention};
+    use crate::core::delivery::seqlog::Entry;
+    use crate::core::rules::limits::Retention;
 
     #[derive(Debug, Clone, PartialEq)]
     struct Ev {

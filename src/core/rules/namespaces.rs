@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::names::MAX_ROOM_LEN;
-use super::seqlog::Retention;
+use super::limits::Retention;
 
 /// What a room takes from its namespace (or from the global keys).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,7 +20,7 @@ pub struct RoomOptions {
 }
 
 impl RoomOptions {
-    /// The room's history bound, for its [`super::seqlog::SeqLog`].
+    /// The room's history bound, for its [`SeqLog`](crate::core::delivery::seqlog::SeqLog).
     pub fn retention(&self) -> Retention {
         Retention { max_events: self.history_size, max_age_ms: self.history_ttl_secs.saturating_mul(1000) }
     }

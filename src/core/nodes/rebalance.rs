@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use thiserror::Error;
 
-use super::limits::TokenBucket;
+use crate::core::rules::limits::TokenBucket;
 
 /// The largest `per_second` an operator may ask for.
 pub const MAX_PER_SECOND: u32 = 1000;

@@ -10,7 +10,7 @@
 
 use thiserror::Error;
 
-use super::names;
+use crate::core::rules::names;
 
 /// The kinds of peer messages a node reads (`livegate_peer_messages_dropped_total{kind}`).
 pub const MESSAGE_KINDS: &[&str] = &["heartbeat", "leave", "order", "replace", "kick", "kick_answer", "moved"];

@@ -1,5 +1,5 @@
 //! The room as a machine: what a room decides, with no I/O, no clock and no actor. The
-//! driver (the room actor, or `core::sim`) feeds it [`Input`]s with the time they
+//! driver (the room actor, or `core::delivery::sim`) feeds it [`Input`]s with the time they
 //! happen at, and carries out the [`Action`]s it takes from [`RoomMachine::poll`]:
 //! send a window to a subscriber, evict one, answer a subscribe or a publish, arm a
 //! timer, write to or flush the log, retire the room. Nothing it does waits: a read or
@@ -20,10 +20,12 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{answer_subscribe, Ask, Joined, Member, Members, Outgoing, SubscribeAnswer};
-use crate::core::backlog::{Backlog, Reserve};
-use crate::core::batch::BatchAction;
-use crate::core::seqlog::{Append, Retention, SeqLog};
+use super::answer::{answer_subscribe, Ask, SubscribeAnswer};
+use super::members::{Joined, Member, Members, Outgoing};
+use crate::core::delivery::backlog::{Backlog, Reserve};
+use crate::core::delivery::batch::BatchAction;
+use crate::core::delivery::seqlog::{Append, SeqLog};
+use crate::core::rules::limits::Retention;
 
 /// How long a room never written to lives without a subscriber or a request.
 pub const EMPTY_ROOM_LINGER: Duration = Duration::from_secs(1);

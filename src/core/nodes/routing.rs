@@ -65,7 +65,7 @@ pub struct Candidate<'a> {
     pub release: &'a str,
     /// Its connections against its capacity, as it reports them (`None`: not said).
     /// New and moving sessions avoid a node over the high-water mark and go in
-    /// proportion to headroom (`core::placement`).
+    /// proportion to headroom (`core::nodes::placement`).
     pub load: Option<Load>,
 }
 
@@ -87,11 +87,11 @@ pub struct RouteQuestion<'a> {
     pub home: &'a str,
     /// The configured cells: one without a candidate that may serve counts as unhealthy.
     pub cells: &'a [&'a str],
-    /// Cells whose breaker is not closed (`core::breaker::CellBreakers::broken`): unhealthy
+    /// Cells whose breaker is not closed (`core::nodes::breaker::CellBreakers::broken`): unhealthy
     /// whatever their nodes' liveness says.
     pub broken: &'a [&'a str],
     /// The share of its capacity (thousandths) at which a node takes no new or moving
-    /// sessions (`core::placement::over_high_water`); 0: no mark.
+    /// sessions (`core::nodes::placement::over_high_water`); 0: no mark.
     pub high_water_permille: u64,
 }
 
@@ -147,7 +147,7 @@ pub struct Routed<'a> {
 ///    candidates (all alive ones if every one drains), so new sessions and the sessions
 ///    of a lost node spread, and a node's loss moves only its own sessions; candidates
 ///    over the high-water mark are left out (unless all are) and the others weighted by
-///    headroom when every one reports its load (`core::placement`). When the
+///    headroom when every one reports its load (`core::nodes::placement`). When the
 ///    session must move (its owner drains, is gone or was avoided), the newest release's
 ///    candidates rank first ([`release_first`]): during a rolling release, a drained
 ///    node's sessions go to the nodes the release brought, which it will not drain again.

@@ -1,5 +1,5 @@
 //! One client connection as a machine: its subscriptions ([`Subscriptions`]), the bound on
-//! what is held for it ([`Outbox`]), its rate buckets and strikes (`core::limits`), its
+//! what is held for it ([`Outbox`]), its rate buckets and strikes (`core::rules::limits`), its
 //! requests waiting for an answer (reads from rooms, publishes waiting to be durable), its
 //! heartbeat deadline, its close and the grace before a slow consumer is closed (4009).
 //!
@@ -26,8 +26,8 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::limits::{self, burst_for, room_start_burst, Strikes, TokenBucket};
-use super::names;
+use crate::core::rules::limits::{self, burst_for, room_start_burst, Strikes, TokenBucket};
+use crate::core::rules::names;
 use super::outbox::{Outbox, Verdict, GRACE_MS};
 use super::subscriptions::{Addressed, Answer, Answered, Subscriptions, WindowPlan};
 

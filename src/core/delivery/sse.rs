@@ -7,7 +7,7 @@
 
 use thiserror::Error;
 
-use super::names;
+use crate::core::rules::names;
 
 /// Why a `rooms` list is refused.
 #[derive(Debug, Error, PartialEq, Eq, Clone)]

@@ -18,7 +18,7 @@
 //!   route's answer for a new session is that same choice. Sessions arriving evenly fill
 //!   the emptiest nodes first, and the nodes end level.
 //!
-//! [`rendezvous`] (plain rendezvous hashing) lives here too, so `core::routing` depends on
+//! [`rendezvous`] (plain rendezvous hashing) lives here too, so `core::nodes::routing` depends on
 //! this module and not the other way round.
 //!
 //! A load an earlier build does not report (`None`) turns the weighing off for the

@@ -30,7 +30,8 @@ use super::backlog::Backlog;
 use super::outbox::{Outbox, Verdict};
 use super::room::machine::Plant;
 use super::room::{Action, Input, Limits, LogInput, RoomMachine, Subscribe, Wire};
-use super::seqlog::{Retention, SeqLog};
+use super::seqlog::SeqLog;
+use crate::core::rules::limits::Retention;
 use super::subscriptions::{Addressed, Answer, Subscriptions, WindowPlan};
 
 /// Bytes of one event on the wire.

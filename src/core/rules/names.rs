@@ -220,7 +220,7 @@ mod tests {
             let at_most = |max: usize| (1..=max).contains(&len);
             assert_eq!(check_device(&name).is_ok(), at_most(MAX_DEVICE_LEN), "device of {len}");
             assert_eq!(check_session(&name).is_ok(), at_most(MAX_SESSION_LEN), "session of {len}");
-            let node = super::super::peer_input::node_name("n", &name);
+            let node = crate::core::nodes::peer_input::node_name("n", &name);
             assert_eq!(node.is_ok(), at_most(MAX_NODE_NAME_LEN), "node of {len}");
         }
         assert_eq!(check_device("a.b"), Ok(()));

@@ -7,7 +7,7 @@
 //! whatever handle the driver keeps for a room (the actor's address; `()` in tests).
 //!
 //! What holds, whatever the order of answers, windows and resubscribes (checked by the
-//! simulation in `core::sim`):
+//! simulation in `core::delivery::sim`):
 //! - a subscription writes nothing before its room answered, and nothing of a window it
 //!   has already sent (also across a resubscribe with an older `since`);
 //! - a window's events at or below the head the room answered with are dropped (the room
