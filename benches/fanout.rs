@@ -126,7 +126,8 @@ fn main() {
     let nproc = procstat::cpu_count();
     let nofile = procstat::raise_nofile();
     let pinned = nproc >= 2 && procstat::pin_self(1);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    let rt =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
     let local = tokio::task::LocalSet::new();
     let code = local.block_on(&rt, run(args, nproc, nofile, pinned));
     std::process::exit(code);
@@ -137,9 +138,14 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
     let load_start = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     load::now_ns(); // starts the bench clock
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
     let paths = Paths {
-        livegate_bin: args.livegate_bin.clone().unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_livegate"))),
+        livegate_bin: args
+            .livegate_bin
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_livegate"))),
         baseline_bin: args.baseline_bin.clone(),
         nats_server: servers::resolve_nats_server(args.nats_server.clone(), &target, &root),
         scratch: target.join("bench-tmp"),
@@ -163,8 +169,11 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
         sizes.cells_secs = s;
     }
     let chosen = !(args.all || args.scenario.is_empty());
-    let mut scenarios: Vec<String> =
-        if chosen { args.scenario.clone() } else { SCENARIOS.iter().map(|s| s.to_string()).collect() };
+    let mut scenarios: Vec<String> = if chosen {
+        args.scenario.clone()
+    } else {
+        SCENARIOS.iter().map(|s| s.to_string()).collect()
+    };
     if let Some(bad) = scenarios.iter().find(|s| !SCENARIOS.contains(&s.as_str())) {
         eprintln!("unknown scenario {bad:?}; known: {}", SCENARIOS.join(", "));
         return 2;
@@ -202,7 +211,9 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
             match Kind::from_name(s) {
                 Some(x) => k.push(x),
                 None => {
-                    eprintln!("unknown server {s:?}; known: livegate, livegate-base, nchan, socketio");
+                    eprintln!(
+                        "unknown server {s:?}; known: livegate, livegate-base, nchan, socketio"
+                    );
                     return 2;
                 }
             }
@@ -224,7 +235,13 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
     let runs = args.runs.unwrap_or(if args.all { 3 } else { 1 }).max(1);
     let out_dir = args.out.clone().unwrap_or_else(|| {
         let base = target.join("bench-report");
-        if args.all { base } else if args.smoke { base.join("smoke") } else { base.join("partial") }
+        if args.all {
+            base
+        } else if args.smoke {
+            base.join("smoke")
+        } else {
+            base.join("partial")
+        }
     });
 
     let mut jobs = Vec::new();
@@ -282,7 +299,10 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
     let mut meta = report::Meta::collect(&paths, nproc, runs, total, args.smoke, skipped);
     meta.load_start = load_start;
     if let Some(table) = report::cluster_table(&records) {
-        eprintln!("\ncluster, {} rooms × {} subscribers (medians of {runs} run(s)):\n{table}", sizes.cluster_rooms, sizes.cluster_per_room);
+        eprintln!(
+            "\ncluster, {} rooms × {} subscribers (medians of {runs} run(s)):\n{table}",
+            sizes.cluster_rooms, sizes.cluster_per_room
+        );
     }
     if let Some(table) = report::cells_table(&records) {
         eprintln!(
@@ -291,10 +311,16 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
         );
     }
     if let Some(table) = report::presence_table(&records) {
-        eprintln!("\npresence in one room of {} subscribers (medians of {runs} run(s)):\n{table}", sizes.presence_subs);
+        eprintln!(
+            "\npresence in one room of {} subscribers (medians of {runs} run(s)):\n{table}",
+            sizes.presence_subs
+        );
     }
     if let Some(table) = report::reconnect_table(&records) {
-        eprintln!("\nreconnect wave, {} clients (medians of {runs} run(s)):\n{table}", sizes.reconnect_clients);
+        eprintln!(
+            "\nreconnect wave, {} clients (medians of {runs} run(s)):\n{table}",
+            sizes.reconnect_clients
+        );
     }
     match report::write(&out_dir, &records, &sizes, &meta) {
         Ok(path) => eprintln!("report: {}", path.display()),
@@ -304,7 +330,12 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
     let failed: Vec<&Record> = records.iter().filter(|r| !r.problems.is_empty()).collect();
     if args.smoke && !failed.is_empty() {
         for r in failed {
-            eprintln!("SMOKE FAILED: {} on {}: {}", r.label, r.server.title(), r.problems.join("; "));
+            eprintln!(
+                "SMOKE FAILED: {} on {}: {}",
+                r.label,
+                r.server.title(),
+                r.problems.join("; ")
+            );
         }
         return 1;
     }

@@ -236,7 +236,9 @@ struct RunResult {
 
 fn event_body(publisher: usize, n: u64) -> String {
     // ~100 bytes of data: a small, realistic event.
-    format!(r#"{{"data":{{"publisher":{publisher},"n":{n},"kind":"score","text":"bench payload 0123456789abcdef"}}}}"#)
+    format!(
+        r#"{{"data":{{"publisher":{publisher},"n":{n},"kind":"score","text":"bench payload 0123456789abcdef"}}}}"#
+    )
 }
 
 fn publisher(
@@ -247,9 +249,11 @@ fn publisher(
     measure_until: Instant,
     abort: Arc<AtomicBool>,
 ) -> PublisherResult {
-    let agent = ureq::AgentBuilder::new().timeout(CALL_TIMEOUT).max_idle_connections_per_host(1).build();
+    let agent =
+        ureq::AgentBuilder::new().timeout(CALL_TIMEOUT).max_idle_connections_per_host(1).build();
     let auth = format!("Bearer {API_KEY}");
-    let mut result = PublisherResult { latencies_us: Vec::with_capacity(16 * 1024), ..Default::default() };
+    let mut result =
+        PublisherResult { latencies_us: Vec::with_capacity(16 * 1024), ..Default::default() };
     let mut n: u64 = 0;
     while !abort.load(Ordering::Relaxed) {
         let started = Instant::now();
@@ -275,7 +279,10 @@ fn publisher(
                     result.acked_in_window += 1;
                     // A publish that left during the warm-up is counted but not timed.
                     if started >= measure_from {
-                        result.latencies_us.push(done.duration_since(started).as_micros().min(u32::MAX as u128) as u32);
+                        result
+                            .latencies_us
+                            .push(done.duration_since(started).as_micros().min(u32::MAX as u128)
+                                as u32);
                     }
                 }
             }
@@ -351,7 +358,8 @@ fn run_scenario(scenario: Scenario, args: &Args) -> RunResult {
     all.sort_unstable();
     let dir = server.stop();
     let (apparent, allocated) = dir_size(dir.path());
-    let per_event = |bytes: u64| if acked_total == 0 { f64::NAN } else { bytes as f64 / acked_total as f64 };
+    let per_event =
+        |bytes: u64| if acked_total == 0 { f64::NAN } else { bytes as f64 / acked_total as f64 };
     RunResult {
         acked_per_sec: acked_in_window as f64 / window,
         p50_ms: percentile(&all, 50.0),
@@ -442,7 +450,8 @@ fn main() {
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (i, scenario) in SCENARIOS.iter().enumerate() {
         let rs = &results[i];
-        let ratios = rs.iter().zip(&results[0]).map(|(r, base)| r.acked_per_sec / base.acked_per_sec);
+        let ratios =
+            rs.iter().zip(&results[0]).map(|(r, base)| r.acked_per_sec / base.acked_per_sec);
         println!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             scenario.name,
@@ -465,7 +474,8 @@ fn main() {
     );
     // sled 0.34 keeps a process-wide pool of 7 immortal `sled-io-*` threads, started on the
     // first open and never stopped (sled's threadpool.rs); everything else must be gone.
-    let leftover: Vec<String> = thread_names().into_iter().filter(|n| !n.starts_with("sled-io")).collect();
+    let leftover: Vec<String> =
+        thread_names().into_iter().filter(|n| !n.starts_with("sled-io")).collect();
     if leftover.len() > threads_before {
         eprintln!("warning: thread(s) left over: {leftover:?} ({threads_before} before)");
     } else {

@@ -20,7 +20,8 @@ use crate::client::{Client, ClientError, Subscriber, Subscription};
 use crate::config::{Config, ConfigError, ConfigFlags, ENV_LOG_FORMAT};
 use crate::reference::Reference;
 
-const ABOUT: &str = "Real-time push gateway: WebSocket subscribers, HTTP publishers, durable per-room event logs";
+const ABOUT: &str =
+    "Real-time push gateway: WebSocket subscribers, HTTP publishers, durable per-room event logs";
 
 const LONG_ABOUT: &str = "\
 Real-time push gateway: WebSocket subscribers, HTTP publishers, durable per-room event logs.
@@ -87,10 +88,14 @@ drain_spread_secs default to 1, so Ctrl-C stops in about two seconds. A key set 
 config file, a LIVEGATE_* variable or a flag still wins over these defaults.")]
     Serve(ServeArgs),
     /// Mint a one-time WebSocket token for a user and print only the token
-    #[command(after_help = "Example:\n  T=$(livegate token u1 --device phone --ttl 30)\n  # then connect to ws://127.0.0.1:7070/v1/ws?token=$T")]
+    #[command(
+        after_help = "Example:\n  T=$(livegate token u1 --device phone --ttl 30)\n  # then connect to ws://127.0.0.1:7070/v1/ws?token=$T"
+    )]
     Token(TokenArgs),
     /// Publish one event to a room and print the server's reply (room, seq, epoch, duplicate)
-    #[command(after_help = "Example:\n  livegate publish match:1 '{\"goal\":1}' --id goal-1\n  # publishing the same --id again is answered with the first seq and \"duplicate\":true")]
+    #[command(
+        after_help = "Example:\n  livegate publish match:1 '{\"goal\":1}' --id goal-1\n  # publishing the same --id again is answered with the first seq and \"duplicate\":true"
+    )]
     Publish(PublishArgs),
     /// Follow rooms as a WebSocket client: print each event as one JSON line
     #[command(long_about = "\
@@ -137,7 +142,8 @@ docs/src/reference/*.md are exactly this output.")]
         server: ServerUrl,
     },
     /// Print each cell's breaker and probe history as a node sees them (cluster mode)
-    #[command(long_about = "\
+    #[command(
+        long_about = "\
 Ask a node of a cluster (GET /v1/admin/cells, with the API key) how it sees the configured
 cells, and print one block per cell: the breaker's state (closed, half_open, open) and how
 long it has held it, the last probe rounds that fed it as a line of marks (✓ passed,
@@ -149,7 +155,9 @@ With --promote CELL (cells with their own NATS, cluster_cell_domains): CELL is l
 good, so move its rooms into the node's own cell. The node's mirror of CELL's rooms
 becomes their origin under a new epoch; it prints how many events CELL had stored that the
 mirror never received (lost), and clients resuming those rooms get recovered:false.
-Refused (409) while a node of CELL is heard.", after_help = "Examples:\n  livegate cells --url http://10.0.0.5:7070 --api-key $KEY\n  livegate cells --promote b --url http://10.0.0.5:7070 --api-key $KEY")]
+Refused (409) while a node of CELL is heard.",
+        after_help = "Examples:\n  livegate cells --url http://10.0.0.5:7070 --api-key $KEY\n  livegate cells --promote b --url http://10.0.0.5:7070 --api-key $KEY"
+    )]
     Cells {
         #[command(flatten)]
         server: ServerUrl,
@@ -160,7 +168,8 @@ Refused (409) while a node of CELL is heard.", after_help = "Examples:\n  livega
         promote: Option<String>,
     },
     /// List, replay or delete the node's webhook dead letters (webhooks given up)
-    #[command(long_about = "\
+    #[command(
+        long_about = "\
 A webhook that failed webhook_max_attempts times, or that the receiver refused with a 4xx
 other than 408 and 429, is kept as a dead letter in the node's store (at most
 webhook_dead_letters_max, the oldest dropped).
@@ -169,13 +178,19 @@ webhook_dead_letters_max, the oldest dropped).
 failed and why it was given up (attempts or rejected), and when (GET /v1/admin/webhooks/dead).
 --replay ID sends one again now, to webhook_url as configured now: delivered, it leaves the
 list; otherwise the command fails with the receiver's answer and it stays, one attempt more.
---delete ID forgets one; --delete-all forgets every one.", after_help = "Examples:\n  livegate webhooks --dead --url http://10.0.0.5:7070 --api-key $KEY\n  livegate webhooks --replay 3f2a9c0d5e7b41a8b6c4d2e0f1a3b5c7")]
+--delete ID forgets one; --delete-all forgets every one.",
+        after_help = "Examples:\n  livegate webhooks --dead --url http://10.0.0.5:7070 --api-key $KEY\n  livegate webhooks --replay 3f2a9c0d5e7b41a8b6c4d2e0f1a3b5c7"
+    )]
     Webhooks(WebhooksArgs),
     /// Print a room's state (GET /v1/rooms/ROOM/state: room, epoch, seq, data)
-    #[command(after_help = "Example:\n  livegate state match:1\n  # {\"room\":\"match:1\",\"epoch\":\"...\",\"seq\":42,\"data\":{\"score\":[1,0]}}; seq 0 and data null when the room has none")]
+    #[command(
+        after_help = "Example:\n  livegate state match:1\n  # {\"room\":\"match:1\",\"epoch\":\"...\",\"seq\":42,\"data\":{\"score\":[1,0]}}; seq 0 and data null when the room has none"
+    )]
     State(RoomArgs),
     /// Print who is in a room (GET /v1/rooms/ROOM/presence: room, count, members)
-    #[command(after_help = "Example:\n  livegate presence match:1\n  # {\"room\":\"match:1\",\"count\":2,\"members\":[{\"user\":\"u1\",\"device\":\"web\"},...]}; members null above presence_members_max")]
+    #[command(
+        after_help = "Example:\n  livegate presence match:1\n  # {\"room\":\"match:1\",\"count\":2,\"members\":[{\"user\":\"u1\",\"device\":\"web\"},...]}; members null above presence_members_max"
+    )]
     Presence(RoomArgs),
 }
 
@@ -338,7 +353,11 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Token(args) => {
             init_tracing(format, "warn");
-            let token = client(&cli.config, &args.server)?.mint_token(&args.user, &args.device, args.ttl)?;
+            let token = client(&cli.config, &args.server)?.mint_token(
+                &args.user,
+                &args.device,
+                args.ttl,
+            )?;
             print_line(&token)
         }
         Command::Publish(args) => {
@@ -374,12 +393,16 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             init_tracing(format, "warn");
             let client = client(&cli.config, &args.server)?;
             if let Some(id) = &args.replay {
-                return print_line(&crate::client::webhooks::render_replay(&client.replay_dead_letter(id)?));
+                return print_line(&crate::client::webhooks::render_replay(
+                    &client.replay_dead_letter(id)?,
+                ));
             }
             if args.delete.is_some() || args.delete_all {
                 return print_line(client.delete_dead_letters(args.delete.as_deref())?.trim());
             }
-            print_line(crate::client::webhooks::render_dead(&client.dead_letters(args.limit)?).trim_end())
+            print_line(
+                crate::client::webhooks::render_dead(&client.dead_letters(args.limit)?).trim_end(),
+            )
         }
         Command::State(args) => {
             init_tracing(format, "warn");
@@ -395,7 +418,8 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             init_tracing(format, "warn");
             let client = client(&cli.config, &args.server)?;
             let SubscribeArgs { rooms, since, epoch, user, device, server: _ } = args;
-            Ok(Subscriber::new(client, Subscription { rooms, since, epoch, user, device }).run_blocking()?)
+            Ok(Subscriber::new(client, Subscription { rooms, since, epoch, user, device })
+                .run_blocking()?)
         }
     }
 }
@@ -415,10 +439,15 @@ fn check_config(flags: &ConfigFlags) -> Result<(), CliError> {
     let mut config = Config::load_from_process(flags)?;
     let mut key_note = match &config.api_key {
         Some(_) => "api_key is set (masked below)".to_string(),
-        None => format!("api_key is not set: serve uses or generates {}", config.api_key_path().display()),
+        None => format!(
+            "api_key is not set: serve uses or generates {}",
+            config.api_key_path().display()
+        ),
     };
     // The JWT key files are read as serve reads them: one it could not use is an error here.
-    let jwt_keys = crate::http::jwt::JwtKeys::load(&config).map_err(|e| CliError::Usage(e.to_string()))?.describe();
+    let jwt_keys = crate::http::jwt::JwtKeys::load(&config)
+        .map_err(|e| CliError::Usage(e.to_string()))?
+        .describe();
     if !jwt_keys.is_empty() {
         key_note.push_str(&format!("; JWTs are verified with {}", jwt_keys.join(", ")));
     }
@@ -428,15 +457,24 @@ fn check_config(flags: &ConfigFlags) -> Result<(), CliError> {
     if !config.webhook_secret.is_empty() {
         config.webhook_secret = "********".into();
     }
-    for secret in [&mut config.cluster_nats_password, &mut config.cluster_nats_token, &mut config.jwt_hmac_secret].into_iter().flatten() {
+    for secret in [
+        &mut config.cluster_nats_password,
+        &mut config.cluster_nats_token,
+        &mut config.jwt_hmac_secret,
+    ]
+    .into_iter()
+    .flatten()
+    {
         *secret = "********".into();
     }
     // URLs may carry credentials in their userinfo or query.
     config.webhook_url = crate::core::rules::redact::url_for_log(&config.webhook_url);
-    config.cluster_nats_url = config.cluster_nats_url.as_deref().map(crate::core::rules::redact::url_for_log);
+    config.cluster_nats_url =
+        config.cluster_nats_url.as_deref().map(crate::core::rules::redact::url_for_log);
     // Each namespace with its effective options: its overrides, else the global keys.
     config.namespaces = config.effective_namespaces()?;
-    let text = toml::to_string(&config).map_err(|e| failed(format!("cannot print the configuration: {e}")))?;
+    let text = toml::to_string(&config)
+        .map_err(|e| failed(format!("cannot print the configuration: {e}")))?;
     let text = text.replacen("[[namespace]]", NAMESPACES_NOTE, 1);
     print_line(&format!("# configuration is valid; {key_note}\n{}", text.trim_end()))
 }
@@ -444,7 +482,8 @@ fn check_config(flags: &ConfigFlags) -> Result<(), CliError> {
 /// `livegate route`: the pure session routing over files, for checking determinism.
 fn route_offline(args: &RouteArgs) -> Result<(), CliError> {
     let read = |path: &std::path::Path| {
-        std::fs::read_to_string(path).map_err(|e| CliError::Usage(format!("cannot read {}: {e}", path.display())))
+        std::fs::read_to_string(path)
+            .map_err(|e| CliError::Usage(format!("cannot read {}: {e}", path.display())))
     };
     let lines = |text: &str| -> Vec<Vec<String>> {
         text.lines()
@@ -463,7 +502,12 @@ fn route_offline(args: &RouteArgs) -> Result<(), CliError> {
                 alive.push(name);
             }
             [name, state] if state == "down" => owners.push(name),
-            _ => return Err(CliError::Usage(format!("bad node line {:?}: expected NAME or NAME down", fields.join(" ")))),
+            _ => {
+                return Err(CliError::Usage(format!(
+                    "bad node line {:?}: expected NAME or NAME down",
+                    fields.join(" ")
+                )))
+            }
         }
     }
     let mut out = String::new();
@@ -471,7 +515,12 @@ fn route_offline(args: &RouteArgs) -> Result<(), CliError> {
         let (session, recorded) = match fields.as_slice() {
             [session] => (session.as_str(), None),
             [session, owner] => (session.as_str(), Some(owner.as_str())),
-            _ => return Err(CliError::Usage(format!("bad session line {:?}: expected SESSION [OWNER]", fields.join(" ")))),
+            _ => {
+                return Err(CliError::Usage(format!(
+                    "bad session line {:?}: expected SESSION [OWNER]",
+                    fields.join(" ")
+                )))
+            }
         };
         match crate::core::nodes::routing::route_session(session, recorded, &owners, &alive) {
             Ok(node) => out.push_str(&format!("{session} {node}\n")),
@@ -479,7 +528,10 @@ fn route_offline(args: &RouteArgs) -> Result<(), CliError> {
         }
     }
     use std::io::Write;
-    std::io::stdout().lock().write_all(out.as_bytes()).map_err(|e| failed(format!("cannot write output: {e}")))
+    std::io::stdout()
+        .lock()
+        .write_all(out.as_bytes())
+        .map_err(|e| failed(format!("cannot write output: {e}")))
 }
 
 fn log_format(flag: Option<LogFormat>) -> Result<LogFormat, CliError> {
@@ -487,8 +539,9 @@ fn log_format(flag: Option<LogFormat>) -> Result<LogFormat, CliError> {
         return Ok(format);
     }
     match std::env::var(ENV_LOG_FORMAT) {
-        Ok(text) if !text.is_empty() => LogFormat::from_str(&text, true)
-            .map_err(|_| CliError::Usage(format!("{ENV_LOG_FORMAT}: expected pretty or json, got {text:?}"))),
+        Ok(text) if !text.is_empty() => LogFormat::from_str(&text, true).map_err(|_| {
+            CliError::Usage(format!("{ENV_LOG_FORMAT}: expected pretty or json, got {text:?}"))
+        }),
         _ => Ok(LogFormat::Pretty),
     }
 }
@@ -542,7 +595,8 @@ fn serve(flags: &ConfigFlags, args: ServeArgs) -> Result<(), CliError> {
     crate::http::jwt::JwtKeys::load(&config).map_err(|e| CliError::Usage(e.to_string()))?;
     let listener = std::net::TcpListener::bind(config.listen)
         .map_err(|e| failed(format!("cannot listen on {}: {e}", config.listen)))?;
-    let addr = listener.local_addr().map_err(|e| failed(format!("cannot read the bound address: {e}")))?;
+    let addr =
+        listener.local_addr().map_err(|e| failed(format!("cannot read the bound address: {e}")))?;
 
     let system = actix_web::rt::System::new();
     // Install the signal handlers before announcing the address: a SIGTERM sent as soon
@@ -566,11 +620,15 @@ fn serve(flags: &ConfigFlags, args: ServeArgs) -> Result<(), CliError> {
     let control = crate::server::Control {
         shutdown: Box::pin(signals),
         reload: Box::pin(reloads),
-        reload_config: Some(Box::new(move || Config::load_from_process_over(defaults(), &reload_flags))),
+        reload_config: Some(Box::new(move || {
+            Config::load_from_process_over(defaults(), &reload_flags)
+        })),
         demo,
         dev,
     };
-    system.block_on(crate::server::run_controlled(listener, config, control)).map_err(|e| failed(e.to_string()))
+    system
+        .block_on(crate::server::run_controlled(listener, config, control))
+        .map_err(|e| failed(e.to_string()))
 }
 
 /// The line `serve --dev` prints on start: the API key, and loudly, what a page may do
@@ -591,14 +649,17 @@ fn shutdown_signals() -> std::io::Result<impl futures_util::Stream<Item = ()> + 
     use tokio::signal::unix::{signal, SignalKind};
     let terminate = signal(SignalKind::terminate())?;
     let interrupt = signal(SignalKind::interrupt())?;
-    Ok(futures_util::stream::unfold((terminate, interrupt), |(mut terminate, mut interrupt)| async move {
-        let name = tokio::select! {
-            _ = terminate.recv() => "SIGTERM",
-            _ = interrupt.recv() => "SIGINT",
-        };
-        tracing::info!("{name} received");
-        Some(((), (terminate, interrupt)))
-    }))
+    Ok(futures_util::stream::unfold(
+        (terminate, interrupt),
+        |(mut terminate, mut interrupt)| async move {
+            let name = tokio::select! {
+                _ = terminate.recv() => "SIGTERM",
+                _ = interrupt.recv() => "SIGINT",
+            };
+            tracing::info!("{name} received");
+            Some(((), (terminate, interrupt)))
+        },
+    ))
 }
 
 /// Every SIGHUP, as a stream: each reloads the API keys and allowed origins.

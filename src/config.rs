@@ -35,8 +35,12 @@ use crate::core::rules::names::{is_plain_name, MAX_DEVICE_LEN, MAX_NODE_NAME_LEN
 
 /// The text `--help` shows after `[default: `: the default as written, unless given.
 macro_rules! shown {
-    ($default:expr) => { stringify!($default) };
-    ($default:expr => $shown:literal) => { $shown };
+    ($default:expr) => {
+        stringify!($default)
+    };
+    ($default:expr => $shown:literal) => {
+        $shown
+    };
 }
 
 /// Declares the keys (see the invocation below for the syntax).
@@ -380,7 +384,8 @@ fn default_node_name() -> String {
         .unwrap_or_else(|| "livegate".to_string())
 }
 
-const HELP_HEADING: &str = "Configuration (flags win over LIVEGATE_<KEY> variables, which win over the config file)";
+const HELP_HEADING: &str =
+    "Configuration (flags win over LIVEGATE_<KEY> variables, which win over the config file)";
 /// Prefix of every environment variable livegate reads.
 pub const ENV_PREFIX: &str = "LIVEGATE_";
 /// Environment variable naming the config file (same as `--config`).
@@ -418,13 +423,26 @@ impl Config {
 }
 
 fn parse_peer(entry: &str, own_cell: &str) -> Result<Peer, ConfigError> {
-    let bad = || invalid("peers", format!("entries are NAME=URL or NAME@CELL=URL with an http:// URL, got {entry:?}"));
+    let bad = || {
+        invalid(
+            "peers",
+            format!("entries are NAME=URL or NAME@CELL=URL with an http:// URL, got {entry:?}"),
+        )
+    };
     let (who, url) = entry.split_once('=').ok_or_else(bad)?;
     let (name, cell) = who.split_once('@').unwrap_or((who, own_cell));
-    if !is_plain_name(name, MAX_NODE_NAME_LEN) || !is_plain_name(cell, MAX_NODE_NAME_LEN) || !url.starts_with("http://") || url.len() <= "http://".len() {
+    if !is_plain_name(name, MAX_NODE_NAME_LEN)
+        || !is_plain_name(cell, MAX_NODE_NAME_LEN)
+        || !url.starts_with("http://")
+        || url.len() <= "http://".len()
+    {
         return Err(bad());
     }
-    Ok(Peer { name: name.to_string(), cell: cell.to_string(), url: url.trim_end_matches('/').to_string() })
+    Ok(Peer {
+        name: name.to_string(),
+        cell: cell.to_string(),
+        url: url.trim_end_matches('/').to_string(),
+    })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -467,7 +485,9 @@ pub enum ConfigError {
     ApiKeyFile { path: PathBuf, source: std::io::Error },
     #[error("API key file {path}: cannot create {dir}: {source}")]
     DataDir { path: PathBuf, dir: PathBuf, source: std::io::Error },
-    #[error("API key file {path}: {problem}: delete it to have a new key generated, or set api_key")]
+    #[error(
+        "API key file {path}: {problem}: delete it to have a new key generated, or set api_key"
+    )]
     StoredApiKey { path: PathBuf, problem: &'static str },
     #[error("cannot generate an API key: no randomness available: {0}")]
     Random(getrandom::Error),
@@ -512,7 +532,10 @@ impl ConfigFlags {
     }
 
     /// The config file to read: `--config`, else `LIVEGATE_CONFIG`, else none.
-    pub fn config_file<'a>(&self, env: impl IntoIterator<Item = &'a (String, String)>) -> Option<PathBuf> {
+    pub fn config_file<'a>(
+        &self,
+        env: impl IntoIterator<Item = &'a (String, String)>,
+    ) -> Option<PathBuf> {
         self.config.clone().or_else(|| {
             env.into_iter()
                 .find(|(name, value)| name == ENV_CONFIG_FILE && !value.is_empty())
@@ -557,7 +580,10 @@ impl Config {
                     continue;
                 }
                 let Some(key) = KEYS.iter().find(|key| *key == name) else {
-                    return Err(ConfigError::UnknownKey { path: path.to_path_buf(), key: name.clone() });
+                    return Err(ConfigError::UnknownKey {
+                        path: path.to_path_buf(),
+                        key: name.clone(),
+                    });
                 };
                 set(key, Raw::Toml(value), Origin::File { path: path.to_path_buf(), key })?;
             }
@@ -599,7 +625,10 @@ impl Config {
     }
 
     /// [`Config::load_from_process`] over `defaults` (see [`Config::load_over`]).
-    pub fn load_from_process_over(defaults: Config, flags: &ConfigFlags) -> Result<Config, ConfigError> {
+    pub fn load_from_process_over(
+        defaults: Config,
+        flags: &ConfigFlags,
+    ) -> Result<Config, ConfigError> {
         let env = process_env();
         let file = flags.config_file(&env);
         Config::load_over(defaults, file.as_deref(), env, flags)
@@ -613,7 +642,10 @@ impl Config {
         Config {
             drain_wait_secs: DEV_DRAIN_WAIT_SECS,
             drain_spread_secs: DEV_DRAIN_SPREAD_SECS,
-            allowed_origins: crate::core::rules::origins::DEV_ORIGINS.iter().map(|o| o.to_string()).collect(),
+            allowed_origins: crate::core::rules::origins::DEV_ORIGINS
+                .iter()
+                .map(|o| o.to_string())
+                .collect(),
             ..Config::default()
         }
     }
@@ -630,8 +662,14 @@ impl Config {
             bounded("session_cache_max", self.session_cache_max as u64),
             bounded("store_cache_mb", self.store_cache_mb),
         ])?;
-        if let Some(block) = self.trusted_proxies.iter().find(|b| b.parse::<crate::core::rules::proxies::Cidr>().is_err()) {
-            let problem = format!("entries are addresses or blocks such as 10.0.0.0/8 or ::1/128, got {block:?}");
+        if let Some(block) = self
+            .trusted_proxies
+            .iter()
+            .find(|b| b.parse::<crate::core::rules::proxies::Cidr>().is_err())
+        {
+            let problem = format!(
+                "entries are addresses or blocks such as 10.0.0.0/8 or ::1/128, got {block:?}"
+            );
             return Err(invalid("trusted_proxies", problem));
         }
         within(&[
@@ -643,9 +681,14 @@ impl Config {
             bounded("max_outbox_bytes", self.max_outbox_bytes as u64),
         ])?;
         name_rule("node", "must", &self.node)?;
-        if let Some(chars) = self.api_key.as_ref().map(|key| key.chars().count()).filter(|&n| n < API_KEY_MIN_CHARS) {
+        if let Some(chars) =
+            self.api_key.as_ref().map(|key| key.chars().count()).filter(|&n| n < API_KEY_MIN_CHARS)
+        {
             // Never echo the key itself.
-            return Err(invalid("api_key", format!("must be at least {API_KEY_MIN_CHARS} characters long, got {chars}")));
+            return Err(invalid(
+                "api_key",
+                format!("must be at least {API_KEY_MIN_CHARS} characters long, got {chars}"),
+            ));
         }
         name_rule("cell", "must", &self.cell)?;
         if !self.release.is_empty() {
@@ -664,15 +707,26 @@ impl Config {
         ])?;
         if self.previous_api_keys.iter().any(|key| key.chars().count() < API_KEY_MIN_CHARS) {
             // Never echo a key.
-            return Err(invalid("previous_api_keys", format!("entries must be at least {API_KEY_MIN_CHARS} characters long")));
+            return Err(invalid(
+                "previous_api_keys",
+                format!("entries must be at least {API_KEY_MIN_CHARS} characters long"),
+            ));
         }
-        if let Some(problem) = self.allowed_origins.iter().find_map(|o| crate::core::rules::origins::check_entry(o).err()) {
+        if let Some(problem) = self
+            .allowed_origins
+            .iter()
+            .find_map(|o| crate::core::rules::origins::check_entry(o).err())
+        {
             return Err(invalid("allowed_origins", problem.to_string()));
         }
         if self.tls_cert.is_some() != self.tls_key.is_some() {
             return Err(invalid("tls_cert", "and tls_key must be set together".to_string()));
         }
-        within(&[bounded("probe_up_after", self.probe_up_after), bounded("placement_high_water_percent", self.placement_high_water_percent), bounded("cluster_heartbeat_ms", self.cluster_heartbeat_ms)])?;
+        within(&[
+            bounded("probe_up_after", self.probe_up_after),
+            bounded("placement_high_water_percent", self.placement_high_water_percent),
+            bounded("cluster_heartbeat_ms", self.cluster_heartbeat_ms),
+        ])?;
         if let Some(replicas) = self.cluster_replicas.filter(|r| !CLUSTER_REPLICAS.contains(r)) {
             return Err(invalid("cluster_replicas", format!("must be 1 or 3, got {replicas}")));
         }
@@ -697,7 +751,11 @@ impl Config {
                 ));
             }
             if !self.peers.is_empty() {
-                return Err(invalid("peers", "must be empty in cluster mode: nodes find each other by heartbeats".to_string()));
+                return Err(invalid(
+                    "peers",
+                    "must be empty in cluster mode: nodes find each other by heartbeats"
+                        .to_string(),
+                ));
             }
         }
         self.validate_nats_login()?;
@@ -706,7 +764,9 @@ impl Config {
         if self.peer_nodes()?.iter().any(|peer| peer.name == self.node) {
             return Err(invalid("peers", format!("lists this node ({}) itself", self.node)));
         }
-        self.exclusive_devices.iter().try_for_each(|device| name_rule("exclusive_devices", "entries must", device))?;
+        self.exclusive_devices
+            .iter()
+            .try_for_each(|device| name_rule("exclusive_devices", "entries must", device))?;
         self.validate_webhooks()?;
         self.validate_jwt()?;
         namespaces::check(&self.namespaces)
@@ -745,7 +805,11 @@ impl Config {
             return Vec::new();
         }
         let mut cells: Vec<String> = if self.cells.is_empty() {
-            let peers = self.peers.iter().filter_map(|entry| parse_peer(entry, &self.cell).ok()).map(|peer| peer.cell);
+            let peers = self
+                .peers
+                .iter()
+                .filter_map(|entry| parse_peer(entry, &self.cell).ok())
+                .map(|peer| peer.cell);
             std::iter::once(self.cell.clone()).chain(peers).collect()
         } else {
             self.cells.clone()
@@ -765,18 +829,36 @@ impl Config {
             return Err(invalid("cells", format!("entries must be 1 to {MAX_NODE_NAME_LEN} characters from A-Z a-z 0-9 _ . -, got {bad:?}")));
         }
         if self.cells.len() > MAX_CELLS {
-            return Err(invalid("cells", format!("may list at most {MAX_CELLS} cells, got {}", self.cells.len())));
+            return Err(invalid(
+                "cells",
+                format!("may list at most {MAX_CELLS} cells, got {}", self.cells.len()),
+            ));
         }
         let mut seen = std::collections::BTreeSet::new();
         if let Some(twice) = self.cells.iter().find(|cell| !seen.insert(cell.as_str())) {
             return Err(invalid("cells", format!("lists {twice:?} twice")));
         }
         if !self.cells.contains(&self.cell) {
-            return Err(invalid("cells", format!("must list this node's cell {:?} (cell), got {}", self.cell, self.cells.join(","))));
+            return Err(invalid(
+                "cells",
+                format!(
+                    "must list this node's cell {:?} (cell), got {}",
+                    self.cell,
+                    self.cells.join(",")
+                ),
+            ));
         }
         let peers = self.peer_nodes()?;
         if let Some(peer) = peers.iter().find(|peer| !self.cells.contains(&peer.cell)) {
-            return Err(invalid("cells", format!("must list peer {}'s cell {:?}, got {}", peer.name, peer.cell, self.cells.join(","))));
+            return Err(invalid(
+                "cells",
+                format!(
+                    "must list peer {}'s cell {:?}, got {}",
+                    peer.name,
+                    peer.cell,
+                    self.cells.join(",")
+                ),
+            ));
         }
         Ok(())
     }
@@ -789,17 +871,32 @@ impl Config {
             ("cluster_nats_password", &self.cluster_nats_password),
             ("cluster_nats_token", &self.cluster_nats_token),
         ];
-        if let Some(&(key, _)) = login.iter().find(|(_, value)| value.as_ref().is_some_and(|v| v.is_empty())) {
+        if let Some(&(key, _)) =
+            login.iter().find(|(_, value)| value.as_ref().is_some_and(|v| v.is_empty()))
+        {
             return Err(invalid(key, "must not be empty".to_string()));
         }
-        if let Some(&(key, _)) = login.iter().find(|(_, value)| value.is_some()).filter(|_| self.cluster_nats_url.is_none()) {
-            return Err(invalid(key, "needs cluster_nats_url: only cluster mode logs in to NATS".to_string()));
+        if let Some(&(key, _)) = login
+            .iter()
+            .find(|(_, value)| value.is_some())
+            .filter(|_| self.cluster_nats_url.is_none())
+        {
+            return Err(invalid(
+                key,
+                "needs cluster_nats_url: only cluster mode logs in to NATS".to_string(),
+            ));
         }
         if self.cluster_nats_user.is_some() != self.cluster_nats_password.is_some() {
-            return Err(invalid("cluster_nats_user", "and cluster_nats_password must be set together".to_string()));
+            return Err(invalid(
+                "cluster_nats_user",
+                "and cluster_nats_password must be set together".to_string(),
+            ));
         }
         if self.cluster_nats_token.is_some() && self.cluster_nats_user.is_some() {
-            return Err(invalid("cluster_nats_token", "and cluster_nats_user are two ways to log in: set one".to_string()));
+            return Err(invalid(
+                "cluster_nats_token",
+                "and cluster_nats_user are two ways to log in: set one".to_string(),
+            ));
         }
         Ok(())
     }
@@ -807,23 +904,46 @@ impl Config {
     /// `cluster_cell_domains` needs cluster mode, a `cells` list of domain names and a
     /// shared `cluster_token_secret`; the secret is never echoed.
     fn validate_cell_domains(&self) -> Result<(), ConfigError> {
-        if let Some(chars) = self.cluster_token_secret.as_ref().map(|s| s.chars().count()).filter(|&n| n < TOKEN_SECRET_MIN_CHARS) {
-            return Err(invalid("cluster_token_secret", format!("must be at least {TOKEN_SECRET_MIN_CHARS} characters long, got {chars}")));
+        if let Some(chars) = self
+            .cluster_token_secret
+            .as_ref()
+            .map(|s| s.chars().count())
+            .filter(|&n| n < TOKEN_SECRET_MIN_CHARS)
+        {
+            return Err(invalid(
+                "cluster_token_secret",
+                format!("must be at least {TOKEN_SECRET_MIN_CHARS} characters long, got {chars}"),
+            ));
         }
         if self.cluster_token_secret.is_some() && self.cluster_nats_url.is_none() {
-            return Err(invalid("cluster_token_secret", "needs cluster_nats_url: a single node keeps its key in its store".to_string()));
+            return Err(invalid(
+                "cluster_token_secret",
+                "needs cluster_nats_url: a single node keeps its key in its store".to_string(),
+            ));
         }
         if !self.cluster_cell_domains {
             return Ok(());
         }
         if self.cluster_nats_url.is_none() {
-            return Err(invalid("cluster_cell_domains", "needs cluster_nats_url: cells are a cluster's".to_string()));
+            return Err(invalid(
+                "cluster_cell_domains",
+                "needs cluster_nats_url: cells are a cluster's".to_string(),
+            ));
         }
         if self.cells.is_empty() {
-            return Err(invalid("cluster_cell_domains", "needs cells: every node must know every cell, whose NATS it reads rooms from".to_string()));
+            return Err(invalid(
+                "cluster_cell_domains",
+                "needs cells: every node must know every cell, whose NATS it reads rooms from"
+                    .to_string(),
+            ));
         }
         if let Some(bad) = self.cells.iter().find(|cell| cell.contains('.')) {
-            return Err(invalid("cells", format!("entries name JetStream domains with cluster_cell_domains: no '.', got {bad:?}")));
+            return Err(invalid(
+                "cells",
+                format!(
+                    "entries name JetStream domains with cluster_cell_domains: no '.', got {bad:?}"
+                ),
+            ));
         }
         if self.cluster_token_secret.is_none() {
             return Err(invalid(
@@ -841,12 +961,18 @@ impl Config {
 
     /// The JWT keys' settings; the key files themselves are read at start (`http::jwt`).
     fn validate_jwt(&self) -> Result<(), ConfigError> {
-        if let Some(bytes) = self.jwt_hmac_secret.as_ref().map(String::len).filter(|&n| n < crate::core::credentials::jwt::HMAC_SECRET_MIN_BYTES) {
+        if let Some(bytes) = self
+            .jwt_hmac_secret
+            .as_ref()
+            .map(String::len)
+            .filter(|&n| n < crate::core::credentials::jwt::HMAC_SECRET_MIN_BYTES)
+        {
             // Never echo the secret.
             let min = crate::core::credentials::jwt::HMAC_SECRET_MIN_BYTES;
             return Err(invalid("jwt_hmac_secret", format!("must be at least {min} bytes long (HS256 needs a key as long as its hash), got {bytes}")));
         }
-        for (key, value) in [("jwt_issuer", &self.jwt_issuer), ("jwt_audience", &self.jwt_audience)] {
+        for (key, value) in [("jwt_issuer", &self.jwt_issuer), ("jwt_audience", &self.jwt_audience)]
+        {
             if value.as_deref() == Some("") {
                 return Err(invalid(key, "must not be empty when set".to_string()));
             }
@@ -870,12 +996,17 @@ impl Config {
         }
         let url = &self.webhook_url;
         let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
-        if rest.is_none_or(|rest| rest.is_empty() || rest.starts_with('/') || rest.contains(char::is_whitespace)) {
+        if rest.is_none_or(|rest| {
+            rest.is_empty() || rest.starts_with('/') || rest.contains(char::is_whitespace)
+        }) {
             // Not echoed: the URL may carry a token.
             return Err(invalid("webhook_url", "must be an http:// or https:// URL with a host, such as https://backend.example/hooks".to_string()));
         }
         if self.webhook_secret.is_empty() {
-            return Err(invalid("webhook_secret", "must be set when webhook_url is: every webhook is signed with it".to_string()));
+            return Err(invalid(
+                "webhook_secret",
+                "must be set when webhook_url is: every webhook is signed with it".to_string(),
+            ));
         }
         Ok(())
     }
@@ -939,7 +1070,8 @@ fn bound_problem(value: u64, min: u64, max: UpperBound<'_>) -> Option<String> {
     if value < min {
         return Some(format!("must be at least {min}, got {value}"));
     }
-    max.filter(|&(max, _)| value > max).map(|(max, note)| format!("must be at most {max}{note}, got {value}"))
+    max.filter(|&(max, _)| value > max)
+        .map(|(max, note)| format!("must be at most {max}{note}, got {value}"))
 }
 
 /// Each `(key, value, min, max)`: `value` is at least `min` and, when there is a `max`,
@@ -954,8 +1086,12 @@ fn within(bounds: &[(&'static str, u64, u64, Option<(u64, &str)>)]) -> Result<()
 }
 
 /// The keys whose values (or, for lists, entries) are names: key and longest name.
-const NAME_KEYS: &[(&str, usize)] =
-    &[("node", MAX_NODE_NAME_LEN), ("release", MAX_NODE_NAME_LEN), ("cell", MAX_NODE_NAME_LEN), ("exclusive_devices", MAX_DEVICE_LEN)];
+const NAME_KEYS: &[(&str, usize)] = &[
+    ("node", MAX_NODE_NAME_LEN),
+    ("release", MAX_NODE_NAME_LEN),
+    ("cell", MAX_NODE_NAME_LEN),
+    ("exclusive_devices", MAX_DEVICE_LEN),
+];
 
 /// The replica counts `cluster_replicas` may ask for.
 const CLUSTER_REPLICAS: [u64; 2] = [1, 3];
@@ -970,9 +1106,13 @@ fn rule_of(key: &str) -> Option<String> {
     match key {
         "api_key" => Some(format!("at least {API_KEY_MIN_CHARS} characters")),
         "previous_api_keys" => Some(format!("each at least {API_KEY_MIN_CHARS} characters")),
-        "jwt_hmac_secret" => Some(format!("at least {} bytes", crate::core::credentials::jwt::HMAC_SECRET_MIN_BYTES)),
+        "jwt_hmac_secret" => {
+            Some(format!("at least {} bytes", crate::core::credentials::jwt::HMAC_SECRET_MIN_BYTES))
+        }
         "cluster_replicas" => Some(format!("{} or {}", CLUSTER_REPLICAS[0], CLUSTER_REPLICAS[1])),
-        "cells" => Some(format!("at most {MAX_CELLS}, each a `cell` name, no duplicates, this node's `cell` among them")),
+        "cells" => Some(format!(
+            "at most {MAX_CELLS}, each a `cell` name, no duplicates, this node's `cell` among them"
+        )),
         _ => None,
     }
 }
@@ -980,19 +1120,27 @@ fn rule_of(key: &str) -> Option<String> {
 /// `value` is a name of at most the key's length in [`NAME_KEYS`] (see [`is_plain_name`]);
 /// `must` starts the problem.
 fn name_rule(key: &'static str, must: &str, value: &str) -> Result<(), ConfigError> {
-    let max = NAME_KEYS.iter().find(|(k, _)| *k == key).map_or_else(|| panic!("{key} is not in NAME_KEYS"), |&(_, max)| max);
+    let max = NAME_KEYS
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map_or_else(|| panic!("{key} is not in NAME_KEYS"), |&(_, max)| max);
     if is_plain_name(value, max) {
         return Ok(());
     }
-    Err(invalid(key, format!("{must} be 1 to {max} characters from A-Z a-z 0-9 _ . -, got {value:?}")))
+    Err(invalid(
+        key,
+        format!("{must} be 1 to {max} characters from A-Z a-z 0-9 _ . -, got {value:?}"),
+    ))
 }
 
 /// The config file as a TOML table.
 fn read_file(path: &Path) -> Result<toml::Table, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile { path: path.to_path_buf(), source })?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| ConfigError::ReadFile { path: path.to_path_buf(), source })?;
     text.parse().map_err(|source: toml::de::Error| {
         // Name the line: "invalid basic string" alone does not say where.
-        let line = source.span().map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1);
+        let line =
+            source.span().map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1);
         ConfigError::ParseFile { path: path.to_path_buf(), line, source: Box::new(source) }
     })
 }
@@ -1005,7 +1153,9 @@ fn process_env() -> Vec<(String, String)> {
             (Ok(name), Ok(value)) => Some((name, value)),
             (Ok(name), Err(_)) => {
                 if name.starts_with(ENV_PREFIX) {
-                    tracing::warn!("ignoring environment variable {name}: its value is not valid UTF-8");
+                    tracing::warn!(
+                        "ignoring environment variable {name}: its value is not valid UTF-8"
+                    );
                 }
                 None
             }
@@ -1013,4 +1163,3 @@ fn process_env() -> Vec<(String, String)> {
         })
         .collect()
 }
-

@@ -70,8 +70,16 @@ pub struct OutcomeLabel {
 
 /// What a client's `publish` op came to: appended, a duplicate id, or the error code it
 /// was refused with.
-pub const CLIENT_PUBLISH_OUTCOMES: &[&str] =
-    &["published", "duplicate", "forbidden", "bad_room", "payload_too_large", "bad_request", "rate_limited", "unavailable"];
+pub const CLIENT_PUBLISH_OUTCOMES: &[&str] = &[
+    "published",
+    "duplicate",
+    "forbidden",
+    "bad_room",
+    "payload_too_large",
+    "bad_request",
+    "rate_limited",
+    "unavailable",
+];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CellLabel {
@@ -114,11 +122,26 @@ fn close_code_labels() -> &'static [(u16, &'static str)] {
 }
 
 /// Why handshakes are refused: the JSON error codes of the upgrade handler.
-const HANDSHAKE_REASONS: &[&str] =
-    &["missing_token", "invalid_token", "token_expired", "token_replayed", "unavailable", "migration_budget", "wrong_node", "bad_request",
-      "internal", "too_many_connections", "rate_limited", "forbidden_origin", "directory_unavailable", "resume_invalid",
-      // Only an SSE request names its rooms up front.
-      "bad_room", "too_many_subscriptions", "forbidden"];
+const HANDSHAKE_REASONS: &[&str] = &[
+    "missing_token",
+    "invalid_token",
+    "token_expired",
+    "token_replayed",
+    "unavailable",
+    "migration_budget",
+    "wrong_node",
+    "bad_request",
+    "internal",
+    "too_many_connections",
+    "rate_limited",
+    "forbidden_origin",
+    "directory_unavailable",
+    "resume_invalid",
+    // Only an SSE request names its rooms up front.
+    "bad_room",
+    "too_many_subscriptions",
+    "forbidden",
+];
 
 /// Labels whose values are not a fixed list, with how the reference describes them:
 /// the others' series are all created at start (`with_known_series`).
@@ -145,8 +168,19 @@ pub struct CredentialLabel {
 
 /// The abuse limits, as `livegate_limit_hits_total{limit=…}` names them.
 pub const LIMITS: &[&str] = &[
-    "connections", "connections_per_ip", "handshake_rate", "message_rate", "bad_messages", "subscriptions",
-    "history_limit", "subscribe_timeout", "frame_size", "message_size", "origin", "handshake_timeout", "room_starts",
+    "connections",
+    "connections_per_ip",
+    "handshake_rate",
+    "message_rate",
+    "bad_messages",
+    "subscriptions",
+    "history_limit",
+    "subscribe_timeout",
+    "frame_size",
+    "message_size",
+    "origin",
+    "handshake_timeout",
+    "room_starts",
     "http_connections",
 ];
 
@@ -188,7 +222,9 @@ impl ProcessGauges {
             self.max_open_files.set(soft.min(i64::MAX as u64) as i64);
         }
         let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        if let Some(threads) = status.lines().find_map(|l| l.strip_prefix("Threads:")?.trim().parse::<i64>().ok()) {
+        if let Some(threads) =
+            status.lines().find_map(|l| l.strip_prefix("Threads:")?.trim().parse::<i64>().ok())
+        {
             self.threads.set(threads);
         }
     }
@@ -207,7 +243,12 @@ pub fn process_cpu_seconds() -> Option<f64> {
 
 /// The process's resident memory (`/proc/self/statm`, Linux).
 pub fn process_resident_bytes() -> Option<u64> {
-    let pages = std::fs::read_to_string("/proc/self/statm").ok()?.split_whitespace().nth(1)?.parse::<u64>().ok()?;
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()?
+        .split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()?;
     // SAFETY: sysconf only reads a configuration value.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as u64;
     Some(pages * page)
@@ -445,7 +486,9 @@ impl Metrics {
         for reason in WEBHOOK_DROP_REASONS {
             drop(self.webhooks_dropped.get_or_create(&ReasonLabel { reason }));
         }
-        for reason in crate::core::rules::webhooks::DeadReason::ALL.map(crate::core::rules::webhooks::DeadReason::as_str) {
+        for reason in crate::core::rules::webhooks::DeadReason::ALL
+            .map(crate::core::rules::webhooks::DeadReason::as_str)
+        {
             drop(self.webhooks_dead_lettered.get_or_create(&ReasonLabel { reason }));
         }
         for outcome in WEBHOOK_REPLAY_OUTCOMES {
@@ -469,7 +512,11 @@ impl Metrics {
         }
         use CloseCode::*;
         // 1001: a browser leaving the page.
-        for code in [Normal, ServiceRestart, HeartbeatTimeout, SlowConsumer, Replaced, Kicked].map(CloseCode::code).into_iter().chain([1001, 1006]) {
+        for code in [Normal, ServiceRestart, HeartbeatTimeout, SlowConsumer, Replaced, Kicked]
+            .map(CloseCode::code)
+            .into_iter()
+            .chain([1001, 1006])
+        {
             drop(self.disconnects.get_or_create(&Metrics::close_code(code)));
         }
         self
@@ -477,7 +524,15 @@ impl Metrics {
 
     /// Connections open now (WebSocket and SSE): the load a heartbeat announces.
     pub fn connections_now(&self) -> u64 {
-        TRANSPORTS.iter().map(|&transport| self.connections_by_transport.get_or_create(&TransportLabel { transport }).get().max(0) as u64).sum()
+        TRANSPORTS
+            .iter()
+            .map(|&transport| {
+                self.connections_by_transport
+                    .get_or_create(&TransportLabel { transport })
+                    .get()
+                    .max(0) as u64
+            })
+            .sum()
     }
 
     /// The label a device name is reported under.
@@ -487,7 +542,12 @@ impl Metrics {
     }
 
     pub fn close_code(code: u16) -> CodeLabel {
-        CodeLabel { code: close_code_labels().iter().find(|(c, _)| *c == code).map_or("other", |(_, label)| *label) }
+        CodeLabel {
+            code: close_code_labels()
+                .iter()
+                .find(|(c, _)| *c == code)
+                .map_or("other", |(_, label)| *label),
+        }
     }
 
     /// Count a directory write by outcome: `ok`, `stale` or `error`.
@@ -532,13 +592,19 @@ impl Metrics {
 
     /// Count a rebalance order refused (a reason from `core::nodes::rebalance::ORDER_REFUSED_REASONS`).
     pub fn rebalance_order_refused(&self, reason: &'static str) {
-        debug_assert!(crate::core::nodes::rebalance::ORDER_REFUSED_REASONS.contains(&reason), "unknown reason {reason}");
+        debug_assert!(
+            crate::core::nodes::rebalance::ORDER_REFUSED_REASONS.contains(&reason),
+            "unknown reason {reason}"
+        );
         self.rebalance_orders_refused.get_or_create(&ReasonLabel { reason }).inc();
     }
 
     /// Count a peer's message dropped unparsed (a kind from `core::nodes::peer_input::MESSAGE_KINDS`).
     pub fn peer_message_dropped(&self, kind: &'static str) {
-        debug_assert!(crate::core::nodes::peer_input::MESSAGE_KINDS.contains(&kind), "unknown kind {kind}");
+        debug_assert!(
+            crate::core::nodes::peer_input::MESSAGE_KINDS.contains(&kind),
+            "unknown kind {kind}"
+        );
         self.peer_messages_dropped.get_or_create(&KindLabel { kind }).inc();
     }
 
@@ -588,16 +654,31 @@ impl Metrics {
         let registry = self.registry.get_or_init(|| self.register_all());
         self.process.refresh();
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, registry).expect("writing to a String cannot fail");
+        prometheus_client::encoding::text::encode(&mut out, registry)
+            .expect("writing to a String cannot fail");
         out
     }
 
     fn register_all(&self) -> Registry {
         let mut r = Registry::with_prefix("livegate");
         let process = &self.process;
-        r.register_with_unit("process_cpu", "CPU time the process has used, user and system", Unit::Seconds, process.cpu_seconds.clone());
-        r.register_with_unit("process_resident_memory", "Resident memory of the process (Linux)", Unit::Bytes, process.resident_bytes.clone());
-        r.register("process_open_files", "Files (sockets included) the process has open (Linux)", process.open_files.clone());
+        r.register_with_unit(
+            "process_cpu",
+            "CPU time the process has used, user and system",
+            Unit::Seconds,
+            process.cpu_seconds.clone(),
+        );
+        r.register_with_unit(
+            "process_resident_memory",
+            "Resident memory of the process (Linux)",
+            Unit::Bytes,
+            process.resident_bytes.clone(),
+        );
+        r.register(
+            "process_open_files",
+            "Files (sockets included) the process has open (Linux)",
+            process.open_files.clone(),
+        );
         r.register(
             "process_max_open_files",
             "The process's open-file limit (soft RLIMIT_NOFILE), which bounds max_connections",
@@ -609,20 +690,60 @@ impl Metrics {
             "The connections (WebSocket and SSE) this node takes at most: max_connections in force (0 configured: what the open-file limit leaves)",
             self.connection_capacity.clone(),
         );
-        r.register("connections_open", "Connections open (WebSocket and SSE), by device kind", self.connections_open.clone());
-        r.register("connections_by_transport", "Connections open, by transport (websocket, sse)", self.connections_by_transport.clone());
+        r.register(
+            "connections_open",
+            "Connections open (WebSocket and SSE), by device kind",
+            self.connections_open.clone(),
+        );
+        r.register(
+            "connections_by_transport",
+            "Connections open, by transport (websocket, sse)",
+            self.connections_by_transport.clone(),
+        );
         r.register("connects", "Connections accepted (WebSocket and SSE)", self.connects.clone());
         r.register("disconnects", "Connections ended, by close code", self.disconnects.clone());
-        r.register("tokens_minted", "Connection tokens signed (POST /v1/tokens, the demo's token endpoint)", self.tokens_minted.clone());
-        r.register("handshake_rejections", "WebSocket upgrades and SSE requests refused, by reason", self.handshake_rejections.clone());
+        r.register(
+            "tokens_minted",
+            "Connection tokens signed (POST /v1/tokens, the demo's token endpoint)",
+            self.tokens_minted.clone(),
+        );
+        r.register(
+            "handshake_rejections",
+            "WebSocket upgrades and SSE requests refused, by reason",
+            self.handshake_rejections.clone(),
+        );
         r.register("handshakes", "Handshakes (WebSocket and SSE) whose credential was accepted, by credential (token: minted; jwt: signed by a backend; resume)", self.handshakes.clone());
-        r.register("limit_hits", "Requests, handshakes or connections refused by an abuse limit", self.limit_hits.clone());
-        r.register("subscriptions", "Room subscriptions held by connections", self.subscriptions.clone());
+        r.register(
+            "limit_hits",
+            "Requests, handshakes or connections refused by an abuse limit",
+            self.limit_hits.clone(),
+        );
+        r.register(
+            "subscriptions",
+            "Room subscriptions held by connections",
+            self.subscriptions.clone(),
+        );
         r.register("rooms_live", "Rooms with a live actor", self.rooms_live.clone());
-        r.register("rooms_parked", "Inbox rooms whose automatic subscribers wait without an actor", self.rooms_parked.clone());
-        r.register("events_published", "Events appended to rooms (HTTP and client publishes)", self.events_published.clone());
-        r.register("events_delivered", "Events written to client sockets", self.events_delivered.clone());
-        r.register("duplicates_rejected", "Publishes answered as duplicates", self.duplicates_rejected.clone());
+        r.register(
+            "rooms_parked",
+            "Inbox rooms whose automatic subscribers wait without an actor",
+            self.rooms_parked.clone(),
+        );
+        r.register(
+            "events_published",
+            "Events appended to rooms (HTTP and client publishes)",
+            self.events_published.clone(),
+        );
+        r.register(
+            "events_delivered",
+            "Events written to client sockets",
+            self.events_delivered.clone(),
+        );
+        r.register(
+            "duplicates_rejected",
+            "Publishes answered as duplicates",
+            self.duplicates_rejected.clone(),
+        );
         r.register(
             "client_publishes",
             "Clients' publish ops over WebSocket, by outcome (published, duplicate, or the error code)",
@@ -642,24 +763,64 @@ impl Metrics {
             Unit::Bytes,
             self.outbox_high_water.clone(),
         );
-        r.register("slow_consumer_closes", "Connections closed with 4009", self.slow_consumer_closes.clone());
-        r.register("history_trimmed", "Events dropped from history by size or age", self.history_trimmed.clone());
-        r.register("state_reads", "Store reads of a room's state (at most one per room load)", self.state_reads.clone());
+        r.register(
+            "slow_consumer_closes",
+            "Connections closed with 4009",
+            self.slow_consumer_closes.clone(),
+        );
+        r.register(
+            "history_trimmed",
+            "Events dropped from history by size or age",
+            self.history_trimmed.clone(),
+        );
+        r.register(
+            "state_reads",
+            "Store reads of a room's state (at most one per room load)",
+            self.state_reads.clone(),
+        );
         r.register("recoveries", "Subscribes with since, by outcome", self.recoveries.clone());
-        r.register("directory_writes", "Session directory writes, by result", self.directory_writes.clone());
+        r.register(
+            "directory_writes",
+            "Session directory writes, by result",
+            self.directory_writes.clone(),
+        );
         r.register("migrations", "Session owner changes", self.migrations.clone());
         r.register(
             "handshakes_redirected",
             "Handshakes sent to the node that serves their session (HTTP 421 or close 4421)",
             self.handshakes_redirected.clone(),
         );
-        r.register("sessions_expired", "Sessions deleted after session_ttl_secs without a connection", self.sessions_expired.clone());
-        r.register("sessions_live", "Sessions with a connection on this node", self.sessions_live.clone());
-        r.register("sessions_cached", "Disconnected sessions kept in memory (at most session_cache_max)", self.sessions_cached.clone());
+        r.register(
+            "sessions_expired",
+            "Sessions deleted after session_ttl_secs without a connection",
+            self.sessions_expired.clone(),
+        );
+        r.register(
+            "sessions_live",
+            "Sessions with a connection on this node",
+            self.sessions_live.clone(),
+        );
+        r.register(
+            "sessions_cached",
+            "Disconnected sessions kept in memory (at most session_cache_max)",
+            self.sessions_cached.clone(),
+        );
         r.register("occupancy_edges", "Cluster mode with webhooks: rooms' cluster-wide occupancy decisions this node made, by edge (each becomes a room_occupied or room_vacated webhook)", self.occupancy_edges.clone());
-        r.register("sessions_stored", "Session records in the embedded store (single node)", self.sessions_stored.clone());
-        r.register("cluster_append_conflicts", "Cluster mode: room appends that lost to another node's and were retried", self.cluster_append_conflicts.clone());
-        r.register("cluster_peers_alive", "Cluster mode: peer nodes heard within the heartbeat timeout", self.cluster_peers_alive.clone());
+        r.register(
+            "sessions_stored",
+            "Session records in the embedded store (single node)",
+            self.sessions_stored.clone(),
+        );
+        r.register(
+            "cluster_append_conflicts",
+            "Cluster mode: room appends that lost to another node's and were retried",
+            self.cluster_append_conflicts.clone(),
+        );
+        r.register(
+            "cluster_peers_alive",
+            "Cluster mode: peer nodes heard within the heartbeat timeout",
+            self.cluster_peers_alive.clone(),
+        );
         r.register(
             "cluster_live_copies",
             "Cluster mode: rooms' live events and state records this node received from NATS (only rooms with subscribers here, and a few seconds after the last left)",
@@ -687,11 +848,27 @@ impl Metrics {
             "Cells with their own NATS: messages this cell's mirror of each other cell's rooms stream lacks, as JetStream reports it (read every 10 s)",
             self.cell_mirror_lag_events.clone(),
         );
-        r.register("migration_refusals", "Handshakes refused: migration budget spent", self.migration_refusals.clone());
-        r.register("rebalance_moves", "Rebalance: users handed over to another node", self.rebalance_moves.clone());
-        r.register("rebalance_connections_moved", "Rebalance: connections closed with 4421 towards the node their users were handed to", self.rebalance_connections_moved.clone());
+        r.register(
+            "migration_refusals",
+            "Handshakes refused: migration budget spent",
+            self.migration_refusals.clone(),
+        );
+        r.register(
+            "rebalance_moves",
+            "Rebalance: users handed over to another node",
+            self.rebalance_moves.clone(),
+        );
+        r.register(
+            "rebalance_connections_moved",
+            "Rebalance: connections closed with 4421 towards the node their users were handed to",
+            self.rebalance_connections_moved.clone(),
+        );
         r.register("rebalance_skipped", "Rebalance: users not moved (budget: migration budget spent; gone: no session here any more; error: the directory failed)", self.rebalance_skipped.clone());
-        r.register("rebalance_pending", "Rebalance: connections this node still has to hand over", self.rebalance_pending.clone());
+        r.register(
+            "rebalance_pending",
+            "Rebalance: connections this node still has to hand over",
+            self.rebalance_pending.clone(),
+        );
         r.register(
             "rebalance_orders_refused",
             "Rebalance orders refused (itself: the target is this node; unknown_target: not a node this node hears alive; target_draining: draining or starting)",
@@ -714,7 +891,11 @@ impl Metrics {
         );
         r.register("cell_breaker_transitions", "Cluster mode: cell breakers' changes of state, by cell and the state entered (open, half_open, closed)", self.cell_breaker_transitions.clone());
         r.register("cell_probes", "Cluster mode: this node's probes of its own cell (a JetStream write and read of its key in lg_meta), by outcome", self.cell_probes.clone());
-        r.register("peer_up", "1 while a configured peer (peers) passes its probes", self.peer_up.clone());
+        r.register(
+            "peer_up",
+            "1 while a configured peer (peers) passes its probes",
+            self.peer_up.clone(),
+        );
         r.register("warmup_active", "1 while the node is in warm-up", self.warmup_active.clone());
         r.register(
             "warmup_reconnect_attempts",
@@ -726,25 +907,50 @@ impl Metrics {
             "Warm-up reconnects that kept their session",
             self.warmup_reconnect_successes.clone(),
         );
-        r.register("drain_phase", "0 serving, 1 not ready, 2 closing, 3 forced, 4 done", self.drain_phase.clone());
-        r.register("drain_connections_left", "Connections open during a drain", self.drain_connections_left.clone());
+        r.register(
+            "drain_phase",
+            "0 serving, 1 not ready, 2 closing, 3 forced, 4 done",
+            self.drain_phase.clone(),
+        );
+        r.register(
+            "drain_connections_left",
+            "Connections open during a drain",
+            self.drain_connections_left.clone(),
+        );
         r.register_with_unit(
             "store_flush_latency",
             "Grouped store flush, request to durable",
             Unit::Seconds,
             self.store_flush_latency.clone(),
         );
-        r.register_with_unit("store_size", "Store size on disk", Unit::Bytes, self.store_bytes.clone());
+        r.register_with_unit(
+            "store_size",
+            "Store size on disk",
+            Unit::Bytes,
+            self.store_bytes.clone(),
+        );
         r.register("http_connections", "Plain HTTP sockets open (requests, keep-alive, handshakes not yet upgraded), at most max_http_connections", self.http_connections.clone());
         r.register("store_probes", "Liveness probes of the store (a read and an idempotent write) made for /healthz, at most one a second", self.store_probes.clone());
-        r.register("webhooks_queued", "Webhooks waiting in the store's queue, in flight included", self.webhooks_queued.clone());
-        r.register("webhooks_delivered", "Webhooks answered with 2xx", self.webhooks_delivered.clone());
+        r.register(
+            "webhooks_queued",
+            "Webhooks waiting in the store's queue, in flight included",
+            self.webhooks_queued.clone(),
+        );
+        r.register(
+            "webhooks_delivered",
+            "Webhooks answered with 2xx",
+            self.webhooks_delivered.clone(),
+        );
         r.register(
             "webhook_attempts_failed",
             "Webhook attempts to be retried (timeout, no connection, 408, 429, 5xx)",
             self.webhook_attempts_failed.clone(),
         );
-        r.register("webhooks_dropped", "Webhooks not queued: queue_full (webhook_queue_max reached)", self.webhooks_dropped.clone());
+        r.register(
+            "webhooks_dropped",
+            "Webhooks not queued: queue_full (webhook_queue_max reached)",
+            self.webhooks_dropped.clone(),
+        );
         r.register(
             "webhook_dead_letters",
             "Dead letters kept in the store (webhooks given up), at most webhook_dead_letters_max",
@@ -760,7 +966,11 @@ impl Metrics {
             "The oldest dead letters dropped to make room for newer ones (webhook_dead_letters_max)",
             self.webhook_dead_letters_dropped.clone(),
         );
-        r.register("webhook_replays", "Replays of dead letters (POST /v1/admin/webhooks/dead/{id}/replay), by outcome", self.webhook_replays.clone());
+        r.register(
+            "webhook_replays",
+            "Replays of dead letters (POST /v1/admin/webhooks/dead/{id}/replay), by outcome",
+            self.webhook_replays.clone(),
+        );
         r
     }
 }
@@ -794,13 +1004,25 @@ mod tests {
     fn the_process_figures_are_read_at_each_scrape() {
         let metrics = Metrics::new([]);
         let value = |text: &str, name: &str| -> f64 {
-            let line = text.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(' ')).unwrap_or_else(|| panic!("{name} in {text}"));
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+                .unwrap_or_else(|| panic!("{name} in {text}"));
             line[name.len()..].trim().parse().expect("a number")
         };
         let text = metrics.encode();
-        let (cpu, rss) = (value(&text, "livegate_process_cpu_seconds"), value(&text, "livegate_process_resident_memory_bytes"));
-        let (open, max) = (value(&text, "livegate_process_open_files"), value(&text, "livegate_process_max_open_files"));
-        assert!(cpu > 0.0 && rss > 1e6 && open >= 3.0 && max >= open, "cpu {cpu} rss {rss} open {open} max {max}");
+        let (cpu, rss) = (
+            value(&text, "livegate_process_cpu_seconds"),
+            value(&text, "livegate_process_resident_memory_bytes"),
+        );
+        let (open, max) = (
+            value(&text, "livegate_process_open_files"),
+            value(&text, "livegate_process_max_open_files"),
+        );
+        assert!(
+            cpu > 0.0 && rss > 1e6 && open >= 3.0 && max >= open,
+            "cpu {cpu} rss {rss} open {open} max {max}"
+        );
         let threads = value(&text, "livegate_process_threads");
         assert!(threads >= 1.0, "threads {threads}");
     }

@@ -30,7 +30,8 @@ pub enum Reference {
 }
 
 impl Reference {
-    pub const ALL: [Reference; 4] = [Reference::Config, Reference::Metrics, Reference::Errors, Reference::CloseCodes];
+    pub const ALL: [Reference; 4] =
+        [Reference::Config, Reference::Metrics, Reference::Errors, Reference::CloseCodes];
 
     /// The name on the command line: `livegate reference NAME` (clap's name of the variant).
     pub fn name(self) -> &'static str {
@@ -110,7 +111,8 @@ fn configuration(out: &mut String) {
             what = cell(&what),
         );
     }
-    let others: Vec<String> = ROOM_KEYS.iter().filter(|k| !config::KEYS.contains(k)).map(|k| format!("`{k}`")).collect();
+    let others: Vec<String> =
+        ROOM_KEYS.iter().filter(|k| !config::KEYS.contains(k)).map(|k| format!("`{k}`")).collect();
     let _ = write!(
         out,
         "\n## Namespaces\n\n\
@@ -139,12 +141,18 @@ fn families(text: &str) -> Vec<Family> {
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("# HELP ") {
             let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
-            families.push(Family { name: name.to_string(), help: help.to_string(), ..Family::default() });
+            families.push(Family {
+                name: name.to_string(),
+                help: help.to_string(),
+                ..Family::default()
+            });
         } else if let Some(rest) = line.strip_prefix("# TYPE ") {
             if let (Some(family), Some((_, kind))) = (families.last_mut(), rest.split_once(' ')) {
                 family.kind = kind.to_string();
             }
-        } else if let (Some(family), Some((_, labels))) = (families.last_mut(), line.split_once('{')) {
+        } else if let (Some(family), Some((_, labels))) =
+            (families.last_mut(), line.split_once('{'))
+        {
             let labels = labels.split('}').next().unwrap_or("");
             for pair in labels.split(',').filter(|pair| !pair.is_empty()) {
                 let (label, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -177,12 +185,18 @@ fn labels_cell(family: &Family) -> String {
         .map(|(label, values)| {
             if label == "le" {
                 let finite: Vec<&String> = values.iter().filter(|v| *v != "+Inf").collect();
-                let (first, last) = (finite.first().map_or("", |v| v.as_str()), finite.last().map_or("", |v| v.as_str()));
+                let (first, last) = (
+                    finite.first().map_or("", |v| v.as_str()),
+                    finite.last().map_or("", |v| v.as_str()),
+                );
                 return format!("`le`: {} buckets, {first} to {last}, `+Inf`", finite.len());
             }
             match OPEN_LABELS.iter().find(|(name, _)| name == label) {
                 Some((_, text)) => format!("`{label}`: {text}"),
-                None => format!("`{label}`: {}", values.iter().map(|v| format!("`{v}`")).collect::<Vec<_>>().join(", ")),
+                None => format!(
+                    "`{label}`: {}",
+                    values.iter().map(|v| format!("`{v}`")).collect::<Vec<_>>().join(", ")
+                ),
             }
         })
         .collect();
@@ -199,12 +213,25 @@ fn metrics(out: &mut String) {
     // A peer's series exists only with peers configured: one stands in for them.
     drop(metrics.peer_up.get_or_create(&PeerLabel { peer: "PEER".to_string() }));
     // So do a cell's, which exist only in cluster mode.
-    drop(metrics.cell_breaker_state.get_or_create(&crate::metrics::CellLabel { cell: "CELL".to_string() }));
+    drop(
+        metrics
+            .cell_breaker_state
+            .get_or_create(&crate::metrics::CellLabel { cell: "CELL".to_string() }),
+    );
     for to in crate::core::nodes::breaker::STATE_NAMES {
-        drop(metrics.cell_breaker_transitions.get_or_create(&crate::metrics::CellTransitionLabel { cell: "CELL".to_string(), to }));
+        drop(
+            metrics.cell_breaker_transitions.get_or_create(&crate::metrics::CellTransitionLabel {
+                cell: "CELL".to_string(),
+                to,
+            }),
+        );
     }
     // And a cell mirror's, which exist only with cells that run their own NATS.
-    drop(metrics.cell_mirror_lag_events.get_or_create(&crate::metrics::CellLabel { cell: "CELL".to_string() }));
+    drop(
+        metrics
+            .cell_mirror_lag_events
+            .get_or_create(&crate::metrics::CellLabel { cell: "CELL".to_string() }),
+    );
     out.push_str(
         "# Metrics\n\n\
          `GET /metrics` serves these in the OpenMetrics text format. Counters are exported with the \
@@ -219,7 +246,13 @@ fn metrics(out: &mut String) {
             "counter" => format!("{}_total", family.name),
             _ => family.name.clone(),
         };
-        let _ = writeln!(out, "| `{name}` | {} | {} | {} |", family.kind, labels_cell(&family), cell(&family.help));
+        let _ = writeln!(
+            out,
+            "| `{name}` | {} | {} | {} |",
+            family.kind,
+            labels_cell(&family),
+            cell(&family.help)
+        );
     }
 }
 
@@ -233,7 +266,13 @@ fn errors(out: &mut String) {
          |---|---|---|\n",
     );
     for code in ErrorCode::ALL {
-        let _ = writeln!(out, "| `{}` | {} | {} |", code.as_str(), code.http_status(), cell(code.meaning()));
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | {} |",
+            code.as_str(),
+            code.http_status(),
+            cell(code.meaning())
+        );
     }
 }
 
@@ -253,7 +292,13 @@ fn close_codes(out: &mut String) {
             detail => format!("{}. {detail}", code.meaning()),
         };
         let reconnect = if code.reconnect() { "yes" } else { "no" };
-        let _ = writeln!(out, "| {} | `{code:?}` | {} | {reconnect} | {} |", code.code(), cell(&meaning), cell(code.advice()));
+        let _ = writeln!(
+            out,
+            "| {} | `{code:?}` | {} | {reconnect} | {} |",
+            code.code(),
+            cell(&meaning),
+            cell(code.advice())
+        );
     }
     out.push_str(
         "\n## Codes livegate does not send\n\n\
@@ -275,12 +320,16 @@ mod tests {
     #[test]
     fn the_metrics_page_lists_every_registered_metric() {
         let source = include_str!("metrics.rs");
-        let registered = source.matches("r.register(").count() + source.matches("r.register_with_unit(").count();
+        let registered =
+            source.matches("r.register(").count() + source.matches("r.register_with_unit(").count();
         let page = Reference::Metrics.markdown();
         let rows = page.lines().filter(|line| line.starts_with("| `livegate_")).count();
         assert_eq!(rows, registered, "{page}");
         assert!(page.contains("| `livegate_connects_total` | counter | — |"), "{page}");
-        assert!(page.contains("`limit`: `bad_messages`, `connections`, `connections_per_ip`"), "{page}");
+        assert!(
+            page.contains("`limit`: `bad_messages`, `connections`, `connections_per_ip`"),
+            "{page}"
+        );
         assert!(page.contains("`le`: 16 buckets, 0.0005 to"), "{page}");
     }
 
@@ -294,6 +343,10 @@ mod tests {
         let errors = Reference::Errors.markdown();
         assert!(errors.contains("| `payload_too_large` | 413 |"), "{errors}");
         let closes = Reference::CloseCodes.markdown();
-        assert!(closes.contains("| 4009 | `SlowConsumer` |") && closes.contains("| 4502 | `Kicked` | kicked by an operator"), "{closes}");
+        assert!(
+            closes.contains("| 4009 | `SlowConsumer` |")
+                && closes.contains("| 4502 | `Kicked` | kicked by an operator"),
+            "{closes}"
+        );
     }
 }

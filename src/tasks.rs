@@ -46,7 +46,10 @@ impl Tasks {
 
     /// Run the task `start(stop)` returns; it ends by itself once `stop` resolves (taking
     /// no new work, finishing what it holds), or is aborted when the owner's wait is over.
-    pub fn spawn_with_stop<F: Future<Output = ()> + 'static>(&mut self, start: impl FnOnce(Stop) -> F) {
+    pub fn spawn_with_stop<F: Future<Output = ()> + 'static>(
+        &mut self,
+        start: impl FnOnce(Stop) -> F,
+    ) {
         let stop = Stop(self.stop.subscribe());
         self.running.push(actix::spawn(start(stop)));
     }

@@ -4,7 +4,10 @@
 
 #[test]
 fn version_names_the_crate_version() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_livegate")).arg("--version").output().expect("run livegate --version");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_livegate"))
+        .arg("--version")
+        .output()
+        .expect("run livegate --version");
     assert!(out.status.success(), "livegate --version failed: {out:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains(env!("CARGO_PKG_VERSION")), "`livegate --version` printed {stdout:?}");

@@ -130,7 +130,8 @@ pub mod metric {
 /// The first four rooms (`r<i>`) homed in cell a: the local arm's and the cross arm's,
 /// then theirs when both run at once.
 pub fn rooms() -> [usize; 4] {
-    let mut homed = (0..).filter(|&i| room_home_cell(&crate::proto::room_name(i), &CELLS) == Some(CELLS[0]));
+    let mut homed =
+        (0..).filter(|&i| room_home_cell(&crate::proto::room_name(i), &CELLS) == Some(CELLS[0]));
     std::array::from_fn(|_| homed.next().expect("rooms homed in cell a"))
 }
 
@@ -150,7 +151,10 @@ impl Deploy {
         servers::wait_leaves(&nats).await?;
         // The room writer of a cell's rooms is a node of that cell; a1 alone in a writes
         // every room of the scenario, so no publish is forwarded.
-        let lg = LivegateOpts { batch_window_ms: ctx.sizes.cluster_window_ms, ..LivegateOpts::default() };
+        let lg = LivegateOpts {
+            batch_window_ms: ctx.sizes.cluster_window_ms,
+            ..LivegateOpts::default()
+        };
         let cells = CELLS.join(",");
         let mut nodes = Vec::new();
         // a1 first: it makes cell a's streams, which b1 mirrors.
@@ -175,7 +179,10 @@ impl Deploy {
             .iter()
             .map(|s| s.to_string())
             .collect();
-            nodes.push(Server::start_with(Kind::Livegate, lg, paths, &format!("livegate-{node}"), &extra).await?);
+            nodes.push(
+                Server::start_with(Kind::Livegate, lg, paths, &format!("livegate-{node}"), &extra)
+                    .await?,
+            );
         }
         let dep = Deploy { nodes, nats };
         dep.wait_formed().await?;
@@ -201,7 +208,11 @@ impl Deploy {
     }
 
     fn pids(&self) -> Vec<i32> {
-        self.nodes.iter().map(|n| n.stat_pid).chain(self.nats.iter().map(|n| n.server.pid)).collect()
+        self.nodes
+            .iter()
+            .map(|n| n.stat_pid)
+            .chain(self.nats.iter().map(|n| n.server.pid))
+            .collect()
     }
 
     fn cpu(&self) -> f64 {
@@ -217,23 +228,45 @@ impl Deploy {
             let v = servers::monitor_json(n.monitor(), "/varz").await?;
             c.msgs[i] = v["in_msgs"].as_u64().unwrap_or(0) + v["out_msgs"].as_u64().unwrap_or(0);
             let connz = servers::monitor_json(n.monitor(), "/connz?limit=4096").await?;
-            for conn in connz["connections"].as_array().into_iter().flatten().filter(|c| c["name"].as_str().is_some_and(|n| n.starts_with("livegate "))) {
-                c.node[i] += conn["in_msgs"].as_u64().unwrap_or(0) + conn["out_msgs"].as_u64().unwrap_or(0);
+            for conn in connz["connections"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| c["name"].as_str().is_some_and(|n| n.starts_with("livegate ")))
+            {
+                c.node[i] +=
+                    conn["in_msgs"].as_u64().unwrap_or(0) + conn["out_msgs"].as_u64().unwrap_or(0);
             }
         }
         let leafz = servers::monitor_json(self.nats[0].monitor(), "/leafz").await?;
-        c.leaf = leafz["leafs"].as_array().into_iter().flatten().map(|l| l["in_msgs"].as_u64().unwrap_or(0) + l["out_msgs"].as_u64().unwrap_or(0)).sum();
+        c.leaf = leafz["leafs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|l| l["in_msgs"].as_u64().unwrap_or(0) + l["out_msgs"].as_u64().unwrap_or(0))
+            .sum();
         Ok(c)
     }
 
     /// Warning and error lines in the processes' logs: (process, count, the first few).
     fn log_findings(&self) -> Vec<(String, usize, Vec<String>)> {
-        let mut logs: Vec<(String, String)> = CELLS.iter().zip(&self.nodes).map(|(c, n)| (format!("node {c}1"), n.log_text())).collect();
-        logs.extend(self.nats.iter().map(|n| (format!("nats of cell {}", n.cell), n.server.log_since_ready())));
+        let mut logs: Vec<(String, String)> = CELLS
+            .iter()
+            .zip(&self.nodes)
+            .map(|(c, n)| (format!("node {c}1"), n.log_text()))
+            .collect();
+        logs.extend(
+            self.nats
+                .iter()
+                .map(|n| (format!("nats of cell {}", n.cell), n.server.log_since_ready())),
+        );
         logs.into_iter()
             .filter_map(|(name, text)| {
-                let bad: Vec<String> =
-                    text.lines().filter(|l| crate::cluster::is_warning(l)).map(|l| l.chars().take(300).collect()).collect();
+                let bad: Vec<String> = text
+                    .lines()
+                    .filter(|l| crate::cluster::is_warning(l))
+                    .map(|l| l.chars().take(300).collect())
+                    .collect();
                 (!bad.is_empty()).then(|| (name, bad.len(), bad.into_iter().take(3).collect()))
             })
             .collect()
@@ -257,8 +290,14 @@ struct Counters {
 impl Counters {
     fn since(self, before: Counters) -> Counters {
         Counters {
-            msgs: [self.msgs[0].saturating_sub(before.msgs[0]), self.msgs[1].saturating_sub(before.msgs[1])],
-            node: [self.node[0].saturating_sub(before.node[0]), self.node[1].saturating_sub(before.node[1])],
+            msgs: [
+                self.msgs[0].saturating_sub(before.msgs[0]),
+                self.msgs[1].saturating_sub(before.msgs[1]),
+            ],
+            node: [
+                self.node[0].saturating_sub(before.node[0]),
+                self.node[1].saturating_sub(before.node[1]),
+            ],
             leaf: self.leaf.saturating_sub(before.leaf),
         }
     }
@@ -282,7 +321,13 @@ async fn window(dep: &Deploy, from: u64, to: u64) -> Result<Window, String> {
     let (cpu1, client1, busy1) = (dep.cpu(), self_cpu(), procstat::machine_busy_secs());
     let c1 = dep.counters().await?;
     let (cpu, client_cpu) = (cpu1 - cpu0, client1 - client0);
-    Ok(Window { secs: (to - from) as f64 / 1e9, nats: c1.since(c0), cpu, client_cpu, other_cpu: ((busy1 - busy0) - cpu - client_cpu).max(0.0) })
+    Ok(Window {
+        secs: (to - from) as f64 / 1e9,
+        nats: c1.since(c0),
+        cpu,
+        client_cpu,
+        other_cpu: ((busy1 - busy0) - cpu - client_cpu).max(0.0),
+    })
 }
 
 pub async fn run(ctx: &Ctx<'_>, run: usize) -> Result<Out, String> {
@@ -292,12 +337,19 @@ pub async fn run(ctx: &Ctx<'_>, run: usize) -> Result<Out, String> {
     }
     let mut dep = Deploy::start(ctx).await?;
     let mut out = Out::new();
-    out.notes.push(format!("nats-server {} ({})", servers::nats_version(&ctx.paths.nats_server), ctx.paths.nats_server.display()));
+    out.notes.push(format!(
+        "nats-server {} ({})",
+        servers::nats_version(&ctx.paths.nats_server),
+        ctx.paths.nats_server.display()
+    ));
     if let Err(e) = measure(ctx, &dep, run, &mut out).await {
         out.problems.push(format!("failed: {e}"));
     }
     for (name, n, first) in dep.log_findings() {
-        out.notes.push(format!("{name}'s log has {n} warning/error line(s); first: {}", first.join(" | ")));
+        out.notes.push(format!(
+            "{name}'s log has {n} warning/error line(s); first: {}",
+            first.join(" | ")
+        ));
     }
     dep.stop();
     Ok(out)
@@ -313,7 +365,9 @@ async fn measure(ctx: &Ctx<'_>, dep: &Deploy, run: usize, out: &mut Out) -> Resu
     let rooms = rooms();
     let mut figures: Vec<(Arm, [f64; 6], f64)> = Vec::new();
     for arm in order {
-        let mut prepared = [prepare(ctx, dep, arm, rooms[arm.cell()], arm.first_user(false), arm.name(), out).await?];
+        let mut prepared =
+            [prepare(ctx, dep, arm, rooms[arm.cell()], arm.first_user(false), arm.name(), out)
+                .await?];
         let w = drive(ctx, dep, &mut prepared).await?;
         let [p] = prepared;
         let done = finish(ctx, p, arm.name(), out).await;
@@ -321,7 +375,9 @@ async fn measure(ctx: &Ctx<'_>, dep: &Deploy, run: usize, out: &mut Out) -> Resu
         // Let the arm's sockets leave the nodes' and our tables.
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let of = |arm: Arm| figures.iter().find(|(a, _, _)| *a == arm).map(|(_, f, _)| *f).expect("both arms ran");
+    let of = |arm: Arm| {
+        figures.iter().find(|(a, _, _)| *a == arm).map(|(_, f, _)| *f).expect("both arms ran")
+    };
     let (local, cross) = (of(Arm::Local), of(Arm::Cross));
     // The ratios first: the progress line shows a record's first four metrics.
     for (k, what) in metric::EACH.iter().enumerate() {
@@ -344,11 +400,19 @@ async fn measure(ctx: &Ctx<'_>, dep: &Deploy, run: usize, out: &mut Out) -> Resu
 /// rate: the same moments of the machine for both, so their latency ratio is not a comparison of two
 /// stretches of other work. The cells' NATS counts cannot be split between the arms
 /// here; only latency and the delivery check are recorded.
-async fn together(ctx: &Ctx<'_>, dep: &Deploy, rooms: [usize; 2], out: &mut Out) -> Result<(), String> {
+async fn together(
+    ctx: &Ctx<'_>,
+    dep: &Deploy,
+    rooms: [usize; 2],
+    out: &mut Out,
+) -> Result<(), String> {
     let mut prepared = Vec::with_capacity(2);
     let label = |arm: Arm| format!("both at once, {}", arm.name());
     for arm in Arm::ALL {
-        prepared.push(prepare(ctx, dep, arm, rooms[arm.cell()], arm.first_user(true), &label(arm), out).await?);
+        prepared.push(
+            prepare(ctx, dep, arm, rooms[arm.cell()], arm.first_user(true), &label(arm), out)
+                .await?,
+        );
     }
     let w = drive(ctx, dep, &mut prepared).await?;
     let mut done = Vec::with_capacity(2);
@@ -379,14 +443,32 @@ struct Prepared {
 }
 
 /// An arm's subscribers on its cell's node and a publisher to its room through a1.
-async fn prepare(ctx: &Ctx<'_>, dep: &Deploy, arm: Arm, room: usize, first_user: usize, label: &str, out: &mut Out) -> Result<Prepared, String> {
+async fn prepare(
+    ctx: &Ctx<'_>,
+    dep: &Deploy,
+    arm: Arm,
+    room: usize,
+    first_user: usize,
+    label: &str,
+    out: &mut Out,
+) -> Result<Prepared, String> {
     let s = ctx.sizes;
     let cell = CELLS[arm.cell()];
     let addr: SocketAddr = dep.nodes[arm.cell()].addr;
     let rec = Rec::default();
     let specs = vec![ConnSpec { room, slow: false }; s.cells_subs];
-    let progress = |d: usize, n: usize| (ctx.status)(format!("{label}: connecting to node {cell}1: {d}/{n}"));
-    let clients = load::open_clients_in(Kind::Livegate, addr, &specs, first_user, Some(cell), &rec, &progress).await?;
+    let progress =
+        |d: usize, n: usize| (ctx.status)(format!("{label}: connecting to node {cell}1: {d}/{n}"));
+    let clients = load::open_clients_in(
+        Kind::Livegate,
+        addr,
+        &specs,
+        first_user,
+        Some(cell),
+        &rec,
+        &progress,
+    )
+    .await?;
     if clients.failed > 0 {
         out.problems.push(format!(
             "{label}: {} of {} connections to node {cell}1 failed: {}",
@@ -396,7 +478,15 @@ async fn prepare(ctx: &Ctx<'_>, dep: &Deploy, arm: Arm, room: usize, first_user:
         ));
     }
     let connected = specs.len() - clients.failed;
-    let publisher = Publisher::spread(Kind::Livegate, &[dep.nodes[0].addr], 1, s.publish_connections, s.pad, true).starting_at_room(room);
+    let publisher = Publisher::spread(
+        Kind::Livegate,
+        &[dep.nodes[0].addr],
+        1,
+        s.publish_connections,
+        s.pad,
+        true,
+    )
+    .starting_at_room(room);
     Ok(Prepared { room, rec, clients, connected, publisher, phase: 0 })
 }
 
@@ -410,7 +500,10 @@ async fn drive(ctx: &Ctx<'_>, dep: &Deploy, arms: &mut [Prepared]) -> Result<Win
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rooms: Vec<String> = arms.iter().map(|a| crate::proto::room_name(a.room)).collect();
     let rate = s.cells_rate / arms.len() as f64;
-    (ctx.status)(format!("publishing {rate}/s into each of {} through node a1", rooms.join(" and ")));
+    (ctx.status)(format!(
+        "publishing {rate}/s into each of {} through node a1",
+        rooms.join(" and ")
+    ));
     let start = now_ns() + 20_000_000;
     for a in arms.iter_mut() {
         a.phase = a.rec.borrow_mut().add_phase(start, s.cells_warm_secs, s.cells_secs);
@@ -419,7 +512,9 @@ async fn drive(ctx: &Ctx<'_>, dep: &Deploy, arms: &mut [Prepared]) -> Result<Win
         let r = arms[0].rec.borrow();
         (r.phases[arms[0].phase].measure, r.phases[arms[0].phase].end)
     };
-    let publishing = futures_util::future::join_all(arms.iter().map(|a| a.publisher.open_loop(&a.rec, rate, start, end)));
+    let publishing = futures_util::future::join_all(
+        arms.iter().map(|a| a.publisher.open_loop(&a.rec, rate, start, end)),
+    );
     let (_, w) = tokio::join!(publishing, window(dep, measure_at, end));
     w
 }
@@ -440,9 +535,14 @@ async fn finish(ctx: &Ctx<'_>, p: Prepared, label: &str, out: &mut Out) -> Done 
     let (published, pstats) = p.publisher.finish(Duration::from_secs_f64(s.settle_max_secs)).await;
     settle(&p.rec, s.settle_max_secs).await;
     if pstats.errors > 0 {
-        out.problems.push(format!("{label}: {} publishes failed: {}", pstats.errors, pstats.first_error.clone().unwrap_or_default()));
+        out.problems.push(format!(
+            "{label}: {} publishes failed: {}",
+            pstats.errors,
+            pstats.first_error.clone().unwrap_or_default()
+        ));
     }
-    let (mut missing, mut dups, mut out_of_order, mut closed_by_server) = (0u64, 0u64, 0u64, 0usize);
+    let (mut missing, mut dups, mut out_of_order, mut closed_by_server) =
+        (0u64, 0u64, 0u64, 0usize);
     for c in p.clients.close().await.iter().filter(|c| c.connected) {
         if c.ended {
             closed_by_server += 1;
@@ -473,17 +573,30 @@ fn arm_figures(arm: Arm, d: &Done, w: &Window, out: &mut Out) -> [f64; 6] {
     note_window(arm.name(), d.events, w, out);
     let events = d.events as f64;
     let per_event = |n: u64| if events > 0.0 { n as f64 / events } else { f64::NAN };
-    [d.p50, d.p99, per_event(w.nats.msgs[0]), per_event(w.nats.msgs[1]), per_event(w.nats.leaf), if events > 0.0 { w.cpu / events * 1e6 } else { f64::NAN }]
+    [
+        d.p50,
+        d.p99,
+        per_event(w.nats.msgs[0]),
+        per_event(w.nats.msgs[1]),
+        per_event(w.nats.leaf),
+        if events > 0.0 { w.cpu / events * 1e6 } else { f64::NAN },
+    ]
 }
 
 /// A note with what the deployment did in a measured window, and whether other work or
 /// the load generator disturbed it.
 fn note_window(label: &str, events: u64, w: &Window, out: &mut Out) {
     if w.other_cpu / w.secs > 0.25 {
-        out.notes.push(format!("{label}: other processes on the machine used {:.0} % of a core: figures are disturbed", w.other_cpu / w.secs * 100.0));
+        out.notes.push(format!(
+            "{label}: other processes on the machine used {:.0} % of a core: figures are disturbed",
+            w.other_cpu / w.secs * 100.0
+        ));
     }
     if w.client_cpu / w.secs > 0.9 {
-        out.notes.push(format!("{label}: load generator CPU at {:.0} %: figures may be client-bound", w.client_cpu / w.secs * 100.0));
+        out.notes.push(format!(
+            "{label}: load generator CPU at {:.0} %: figures may be client-bound",
+            w.client_cpu / w.secs * 100.0
+        ));
     }
     out.notes.push(format!(
         "{label}: {events} events in {:.1} s; NATS msgs cell a {} (node a1's connection {}), cell b {} (node b1's {}), across the leaf {}; CPU of the 4 processes {:.0} % of a core",

@@ -26,7 +26,9 @@ use std::time::Duration;
 use crate::load::{self, now_ns, ConnSpec, Publisher, Rec};
 use crate::procstat;
 use crate::scenarios::{ms, self_cpu, settle, Ctx, Out, Step};
-use crate::servers::{self, Kind, LivegateCluster, LivegateOpts, Nats, Paths, Server, Traffic, NODE_NAMES};
+use crate::servers::{
+    self, Kind, LivegateCluster, LivegateOpts, Nats, Paths, Server, Traffic, NODE_NAMES,
+};
 
 /// The deployments of the cluster scenario, run one after the other for each build.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -42,7 +44,12 @@ pub enum Topology {
 }
 
 impl Topology {
-    pub const ALL: [Topology; 4] = [Topology::One, Topology::ThreeOnOneNats, Topology::ThreeOnThreeNats, Topology::FourOnThreeNats];
+    pub const ALL: [Topology; 4] = [
+        Topology::One,
+        Topology::ThreeOnOneNats,
+        Topology::ThreeOnThreeNats,
+        Topology::FourOnThreeNats,
+    ];
 
     pub fn nodes(self) -> usize {
         match self {
@@ -101,10 +108,17 @@ enum Deploy {
 }
 
 impl Deploy {
-    async fn start(kind: Kind, topology: Topology, lg: LivegateOpts, paths: &Paths) -> Result<Deploy, String> {
+    async fn start(
+        kind: Kind,
+        topology: Topology,
+        lg: LivegateOpts,
+        paths: &Paths,
+    ) -> Result<Deploy, String> {
         Ok(match topology {
             Topology::One => Deploy::One(Server::start(kind, lg, paths).await?),
-            t => Deploy::Cluster(LivegateCluster::start(kind, t.nodes(), t.nats_servers(), lg, paths).await?),
+            t => Deploy::Cluster(
+                LivegateCluster::start(kind, t.nodes(), t.nats_servers(), lg, paths).await?,
+            ),
         })
     }
 
@@ -144,13 +158,24 @@ impl Deploy {
 
     /// Warning and error lines in the processes' logs: (process, count, the first few).
     fn log_findings(&self) -> Vec<(String, usize, Vec<String>)> {
-        let mut logs: Vec<(String, String)> = self.nodes().iter().enumerate().map(|(i, n)| (NODE_NAMES[i].to_string(), n.log_text())).collect();
+        let mut logs: Vec<(String, String)> = self
+            .nodes()
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (NODE_NAMES[i].to_string(), n.log_text()))
+            .collect();
         if let Some(nats) = self.nats() {
-            logs.extend(nats.servers.iter().map(|s| (format!("nats {}", s.name), s.log_since_ready())));
+            logs.extend(
+                nats.servers.iter().map(|s| (format!("nats {}", s.name), s.log_since_ready())),
+            );
         }
         logs.into_iter()
             .filter_map(|(name, text)| {
-                let bad: Vec<String> = text.lines().filter(|l| is_warning(l)).map(|l| l.chars().take(300).collect()).collect();
+                let bad: Vec<String> = text
+                    .lines()
+                    .filter(|l| is_warning(l))
+                    .map(|l| l.chars().take(300).collect())
+                    .collect();
                 (!bad.is_empty()).then(|| (name, bad.len(), bad.into_iter().take(3).collect()))
             })
             .collect()
@@ -166,7 +191,9 @@ impl Deploy {
 
 /// livegate's JSON log lines at WARN or ERROR, a panic, or nats-server's [WRN]/[ERR]/[FTL].
 pub fn is_warning(line: &str) -> bool {
-    ["\"level\":\"WARN\"", "\"level\":\"ERROR\"", "panicked", "[WRN]", "[ERR]", "[FTL]"].iter().any(|n| line.contains(n))
+    ["\"level\":\"WARN\"", "\"level\":\"ERROR\"", "panicked", "[WRN]", "[ERR]", "[FTL]"]
+        .iter()
+        .any(|n| line.contains(n))
 }
 
 /// What the servers did between two instants of the bench clock.
@@ -189,7 +216,10 @@ impl Window {
 
     /// NATS messages/s into each node, in node order.
     fn msgs_in_per_s(&self, nodes: usize) -> Vec<f64> {
-        NODE_NAMES[..nodes].iter().map(|n| self.traffic.get(*n).map_or(f64::NAN, |t| t.msgs_in as f64 / self.secs)).collect()
+        NODE_NAMES[..nodes]
+            .iter()
+            .map(|n| self.traffic.get(*n).map_or(f64::NAN, |t| t.msgs_in as f64 / self.secs))
+            .collect()
     }
 }
 
@@ -212,14 +242,31 @@ async fn window(dep: &Deploy, from: u64, to: u64) -> Window {
     let servers: f64 = cpu.iter().sum();
     let client_cpu = client1 - client0;
     let (traffic, traffic_error) = match (t0, t1) {
-        (Ok(a), Ok(b)) => (b.iter().map(|(k, v)| (k.clone(), v.since(a.get(k).copied().unwrap_or_default()))).collect(), None),
+        (Ok(a), Ok(b)) => (
+            b.iter()
+                .map(|(k, v)| (k.clone(), v.since(a.get(k).copied().unwrap_or_default())))
+                .collect(),
+            None,
+        ),
         (Err(e), _) | (_, Err(e)) => (HashMap::new(), Some(e)),
     };
-    Window { secs: (to - from) as f64 / 1e9, cpu, client_cpu, other_cpu: ((busy1 - busy0) - servers - client_cpu).max(0.0), traffic, traffic_error }
+    Window {
+        secs: (to - from) as f64 / 1e9,
+        cpu,
+        client_cpu,
+        other_cpu: ((busy1 - busy0) - servers - client_cpu).max(0.0),
+        traffic,
+        traffic_error,
+    }
 }
 
 fn cpu_note(what: &str, dep: &Deploy, w: &Window) -> String {
-    let parts: Vec<String> = dep.pids().iter().zip(&w.cpu).map(|((name, _), c)| format!("{name} {:.0} %", c / w.secs * 100.0)).collect();
+    let parts: Vec<String> = dep
+        .pids()
+        .iter()
+        .zip(&w.cpu)
+        .map(|((name, _), c)| format!("{name} {:.0} %", c / w.secs * 100.0))
+        .collect();
     format!("server CPU by process {what}: {}", parts.join(", "))
 }
 
@@ -254,13 +301,18 @@ fn max(v: &[f64]) -> f64 {
 }
 
 pub async fn run(ctx: &Ctx<'_>, kind: Kind, topology: Topology) -> Result<Out, String> {
-    let lg = LivegateOpts { batch_window_ms: ctx.sizes.cluster_window_ms, ..LivegateOpts::default() };
+    let lg =
+        LivegateOpts { batch_window_ms: ctx.sizes.cluster_window_ms, ..LivegateOpts::default() };
     (ctx.status)(format!("starting {}", topology.title()));
     let mut dep = Deploy::start(kind, topology, lg, ctx.paths).await?;
     let mut out = Out::new();
     if let Deploy::Cluster(c) = &dep {
         let version = servers::nats_version(&ctx.paths.nats_server);
-        out.notes.push(format!("nats-server {version} ({}); {}", ctx.paths.nats_server.display(), c.replicas));
+        out.notes.push(format!(
+            "nats-server {version} ({}); {}",
+            ctx.paths.nats_server.display(),
+            c.replicas
+        ));
         if topology.nats_servers() == 3 && version.starts_with("v2.9") {
             out.notes.push("nats-server 2.9 has a replicated-JetStream expected-sequence race: use 2.15 (benches/run installs it)".into());
         }
@@ -269,7 +321,10 @@ pub async fn run(ctx: &Ctx<'_>, kind: Kind, topology: Topology) -> Result<Out, S
         out.problems.push(format!("failed: {e}"));
     }
     for (name, n, first) in dep.log_findings() {
-        out.notes.push(format!("{name}'s log has {n} warning/error line(s); first: {}", first.join(" | ")));
+        out.notes.push(format!(
+            "{name}'s log has {n} warning/error line(s); first: {}",
+            first.join(" | ")
+        ));
     }
     dep.stop();
     Ok(out)
@@ -277,7 +332,12 @@ pub async fn run(ctx: &Ctx<'_>, kind: Kind, topology: Topology) -> Result<Out, S
 
 /// Subscribers of room `r` on node `r % nodes`; open-loop publishes to every room through
 /// every node, then closed-loop ones the same way; the delivery check over both.
-async fn measure(ctx: &Ctx<'_>, dep: &Deploy, topology: Topology, out: &mut Out) -> Result<(), String> {
+async fn measure(
+    ctx: &Ctx<'_>,
+    dep: &Deploy,
+    topology: Topology,
+    out: &mut Out,
+) -> Result<(), String> {
     let s = ctx.sizes;
     let nodes = topology.nodes();
     let addrs = dep.node_addrs();
@@ -286,11 +346,15 @@ async fn measure(ctx: &Ctx<'_>, dep: &Deploy, topology: Topology, out: &mut Out)
     let mut connected = 0usize;
     for (j, &addr) in addrs.iter().enumerate() {
         let name = NODE_NAMES[j];
-        let specs: Vec<ConnSpec> =
-            (0..s.cluster_rooms).filter(|r| r % nodes == j).flat_map(|room| (0..s.cluster_per_room).map(move |_| ConnSpec { room, slow: false })).collect();
-        let progress = |d: usize, n: usize| (ctx.status)(format!("connecting to node {name}: {d}/{n}"));
+        let specs: Vec<ConnSpec> = (0..s.cluster_rooms)
+            .filter(|r| r % nodes == j)
+            .flat_map(|room| (0..s.cluster_per_room).map(move |_| ConnSpec { room, slow: false }))
+            .collect();
+        let progress =
+            |d: usize, n: usize| (ctx.status)(format!("connecting to node {name}: {d}/{n}"));
         let first_user = j * s.cluster_rooms * s.cluster_per_room;
-        let clients = load::open_clients(Kind::Livegate, addr, &specs, first_user, &rec, &progress).await?;
+        let clients =
+            load::open_clients(Kind::Livegate, addr, &specs, first_user, &rec, &progress).await?;
         if clients.failed > 0 {
             out.problems.push(format!(
                 "{} of {} connections to node {name} failed: {}",
@@ -309,25 +373,38 @@ async fn measure(ctx: &Ctx<'_>, dep: &Deploy, topology: Topology, out: &mut Out)
     // Open loop: a fixed total rate, every room through every node.
     let rate = s.cluster_rate;
     (ctx.status)(format!("publishing {rate}/s through {nodes} node(s)"));
-    let publisher = Publisher::spread(Kind::Livegate, &addrs, s.cluster_rooms, s.publish_connections, s.pad, true);
+    let publisher = Publisher::spread(
+        Kind::Livegate,
+        &addrs,
+        s.cluster_rooms,
+        s.publish_connections,
+        s.pad,
+        true,
+    );
     let start = now_ns() + 20_000_000;
     let idx = rec.borrow_mut().add_phase(start, s.warm_secs, s.cluster_secs);
     let (measure_at, end) = {
         let r = rec.borrow();
         (r.phases[idx].measure, r.phases[idx].end)
     };
-    let ((), open) = tokio::join!(publisher.open_loop(&rec, rate, start, end), window(dep, measure_at, end));
+    let ((), open) =
+        tokio::join!(publisher.open_loop(&rec, rate, start, end), window(dep, measure_at, end));
     (ctx.status)("settling".into());
     let (published, pstats) = publisher.finish(Duration::from_secs_f64(s.settle_max_secs)).await;
     settle(&rec, s.settle_max_secs).await;
     if pstats.errors > 0 {
-        out.problems.push(format!("{} open-loop publishes failed: {}", pstats.errors, pstats.first_error.clone().unwrap_or_default()));
+        out.problems.push(format!(
+            "{} open-loop publishes failed: {}",
+            pstats.errors,
+            pstats.first_error.clone().unwrap_or_default()
+        ));
     }
     let (open_published, p50, p99, p999) = {
         let r = rec.borrow();
         let p = &r.phases[idx];
         let secs = open.secs;
-        let expected = p.published as f64 * s.cluster_per_room as f64 * connected as f64 / (s.cluster_rooms * s.cluster_per_room) as f64;
+        let expected = p.published as f64 * s.cluster_per_room as f64 * connected as f64
+            / (s.cluster_rooms * s.cluster_per_room) as f64;
         let open_cpu: f64 = open.cpu.iter().sum();
         // One step, so the report's machine-load line and results.json see this phase.
         out.steps.push(Step {
@@ -344,7 +421,8 @@ async fn measure(ctx: &Ctx<'_>, dep: &Deploy, topology: Topology, out: &mut Out)
             other_cpu_util: open.other_cpu / secs,
         });
         out.cdfs.push((rate, p.hist.clone()));
-        let delivered_pct = if expected > 0.0 { p.delivered as f64 / expected * 100.0 } else { f64::NAN };
+        let delivered_pct =
+            if expected > 0.0 { p.delivered as f64 / expected * 100.0 } else { f64::NAN };
         out.hi("delivered %", delivered_pct);
         (p.published, ms(&p.hist, 0.5), ms(&p.hist, 0.99), ms(&p.hist, 0.999))
     };
@@ -359,7 +437,10 @@ async fn measure(ctx: &Ctx<'_>, dep: &Deploy, topology: Topology, out: &mut Out)
 
     // Closed loop: the same rooms and subscribers, as fast as acks return.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    (ctx.status)(format!("{} closed-loop publishers through {nodes} node(s)", s.cluster_durable_publishers));
+    (ctx.status)(format!(
+        "{} closed-loop publishers through {nodes} node(s)",
+        s.cluster_durable_publishers
+    ));
     let seqs = Rc::new(RefCell::new(published));
     let start = now_ns();
     let d_idx = rec.borrow_mut().add_phase(start, s.warm_secs, s.cluster_durable_secs);
@@ -368,11 +449,23 @@ async fn measure(ctx: &Ctx<'_>, dep: &Deploy, topology: Topology, out: &mut Out)
         (r.phases[d_idx].measure, r.phases[d_idx].end)
     };
     let ((acked, ack_hist, stats, _all), closed) = tokio::join!(
-        load::closed_loop_spread(&addrs, seqs.clone(), s.cluster_durable_publishers, s.pad, true, d_measure, d_end),
+        load::closed_loop_spread(
+            &addrs,
+            seqs.clone(),
+            s.cluster_durable_publishers,
+            s.pad,
+            true,
+            d_measure,
+            d_end
+        ),
         window(dep, d_measure, d_end)
     );
     if stats.errors > 0 {
-        out.problems.push(format!("{} closed-loop publishes failed: {}", stats.errors, stats.first_error.unwrap_or_default()));
+        out.problems.push(format!(
+            "{} closed-loop publishes failed: {}",
+            stats.errors,
+            stats.first_error.unwrap_or_default()
+        ));
     }
     out.notes.push(cpu_note("while acking", dep, &closed));
     if dep.nats().is_some() {
@@ -387,7 +480,8 @@ async fn measure(ctx: &Ctx<'_>, dep: &Deploy, topology: Topology, out: &mut Out)
         summaries.extend(c.close().await);
     }
     let published = seqs.borrow().clone();
-    let (mut missing, mut dups, mut out_of_order, mut closed_by_server) = (0u64, 0u64, 0u64, 0usize);
+    let (mut missing, mut dups, mut out_of_order, mut closed_by_server) =
+        (0u64, 0u64, 0u64, 0usize);
     for c in summaries.iter().filter(|c| c.connected) {
         if c.ended {
             closed_by_server += 1;
@@ -408,12 +502,19 @@ async fn measure(ctx: &Ctx<'_>, dep: &Deploy, topology: Topology, out: &mut Out)
 
     // Open-loop publishes acknowledged in the measured window: those scheduled in it,
     // times the share of all open-loop publishes that were acknowledged.
-    let acked_share = if pstats.ok + pstats.errors > 0 { pstats.ok as f64 / (pstats.ok + pstats.errors) as f64 } else { 0.0 };
+    let acked_share = if pstats.ok + pstats.errors > 0 {
+        pstats.ok as f64 / (pstats.ok + pstats.errors) as f64
+    } else {
+        0.0
+    };
     let open_acks = open_published as f64 * acked_share;
     let per_1k = |cpu: f64| if open_acks > 0.0 { cpu / open_acks * 1e6 } else { f64::NAN };
     let (lg_cpu, nats_cpu) = open.cpu_split(nodes);
     let msgs_in = open.msgs_in_per_s(nodes);
-    let kib_in: Vec<f64> = NODE_NAMES[..nodes].iter().map(|n| open.traffic.get(*n).map_or(f64::NAN, |t| t.bytes_in as f64 / open.secs / 1024.0)).collect();
+    let kib_in: Vec<f64> = NODE_NAMES[..nodes]
+        .iter()
+        .map(|n| open.traffic.get(*n).map_or(f64::NAN, |t| t.bytes_in as f64 / open.secs / 1024.0))
+        .collect();
     let publishes_per_s = open_published as f64 / open.secs;
 
     out.hi(metric::ACKED, acked as f64 / closed.secs);
@@ -425,14 +526,20 @@ async fn measure(ctx: &Ctx<'_>, dep: &Deploy, topology: Topology, out: &mut Out)
     out.lo(&format!("{} @{rate}/s", metric::KIB_IN_MEAN), mean(&kib_in));
     out.lo(metric::MSGS_IN_PER_PUBLISH, mean(&msgs_in) / publishes_per_s);
     out.lo(&format!("{} @{rate}/s", metric::LG_CPU_PER_1K), per_1k(lg_cpu));
-    out.lo(&format!("{} @{rate}/s", metric::NATS_CPU_PER_1K), if dep.nats().is_some() { per_1k(nats_cpu) } else { f64::NAN });
+    out.lo(
+        &format!("{} @{rate}/s", metric::NATS_CPU_PER_1K),
+        if dep.nats().is_some() { per_1k(nats_cpu) } else { f64::NAN },
+    );
     for (j, name) in NODE_NAMES[..nodes].iter().enumerate() {
         out.lo(&metric::node_msgs_in(name), msgs_in[j]);
         out.lo(&metric::node_cpu_per_1k(name), per_1k(open.cpu[j]));
     }
     let closed_msgs_in = closed.msgs_in_per_s(nodes);
     out.lo("NATS msgs/s into a node while acking, mean", mean(&closed_msgs_in));
-    out.lo("NATS msgs into a node per acked publish, mean", if acked > 0 { mean(&closed_msgs_in) * closed.secs / acked as f64 } else { f64::NAN });
+    out.lo(
+        "NATS msgs into a node per acked publish, mean",
+        if acked > 0 { mean(&closed_msgs_in) * closed.secs / acked as f64 } else { f64::NAN },
+    );
     out.lo("publish→deliver p50 ms while acking", d_p50);
     out.lo("publish→deliver p99 ms while acking", d_p99);
     out.lo("ack p50 ms", ms(&ack_hist, 0.5));
@@ -448,9 +555,15 @@ async fn measure(ctx: &Ctx<'_>, dep: &Deploy, topology: Topology, out: &mut Out)
 
 fn disturbance_notes(out: &mut Out, w: &Window, what: &str) {
     if w.other_cpu / w.secs > 0.25 {
-        out.notes.push(format!("other processes on the machine used {:.0} % of a core {what}: numbers are disturbed", w.other_cpu / w.secs * 100.0));
+        out.notes.push(format!(
+            "other processes on the machine used {:.0} % of a core {what}: numbers are disturbed",
+            w.other_cpu / w.secs * 100.0
+        ));
     }
     if w.client_cpu / w.secs > 0.9 {
-        out.notes.push(format!("load generator CPU at {:.0} % {what}: figures may be client-bound", w.client_cpu / w.secs * 100.0));
+        out.notes.push(format!(
+            "load generator CPU at {:.0} % {what}: figures may be client-bound",
+            w.client_cpu / w.secs * 100.0
+        ));
     }
 }

@@ -55,7 +55,8 @@ pub async fn flood(addr: SocketAddr, clients: Vec<(String, String)>) -> Flood {
             })
         })
         .collect();
-    let mut flood = Flood { sockets: Vec::new(), resumes: Vec::new(), failed: 0, first_error: None, secs: 0.0 };
+    let mut flood =
+        Flood { sockets: Vec::new(), resumes: Vec::new(), failed: 0, first_error: None, secs: 0.0 };
     for task in tasks {
         match task.await.map_err(|e| e.to_string()).and_then(|r| r) {
             Ok((ws, resume)) => {

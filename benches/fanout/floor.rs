@@ -34,11 +34,19 @@ pub struct Floor {
 
 impl Floor {
     pub fn us_per_write(&self) -> f64 {
-        if self.writes > 0 { self.cpu_secs * 1e6 / self.writes as f64 } else { f64::NAN }
+        if self.writes > 0 {
+            self.cpu_secs * 1e6 / self.writes as f64
+        } else {
+            f64::NAN
+        }
     }
 
     pub fn writes_per_cpu_s(&self) -> f64 {
-        if self.cpu_secs > 0.0 { self.writes as f64 / self.cpu_secs } else { f64::NAN }
+        if self.cpu_secs > 0.0 {
+            self.writes as f64 / self.cpu_secs
+        } else {
+            f64::NAN
+        }
     }
 
     /// The writer's CPU as a share of one core.
@@ -50,7 +58,12 @@ impl Floor {
 /// Connects `subscribers` loopback TCP pairs, then writes one `frame_bytes` frame to each
 /// per round, `rounds_per_s` rounds a second (as many as it can if that is too many) for
 /// `secs` after one unmeasured round.
-pub fn measure(subscribers: usize, rounds_per_s: f64, frame_bytes: usize, secs: f64) -> Result<Floor, String> {
+pub fn measure(
+    subscribers: usize,
+    rounds_per_s: f64,
+    frame_bytes: usize,
+    secs: f64,
+) -> Result<Floor, String> {
     if subscribers == 0 || frame_bytes == 0 || !(rounds_per_s > 0.0 && rounds_per_s.is_finite()) {
         return Err(format!("nothing to measure: {subscribers} subscribers, {rounds_per_s} rounds/s, {frame_bytes}-byte frames"));
     }
@@ -84,15 +97,19 @@ pub fn measure(subscribers: usize, rounds_per_s: f64, frame_bytes: usize, secs: 
 
 /// `n` connected pairs (reading end, writing end) on a fresh listener on 127.0.0.1.
 fn connect_pairs(n: usize) -> Result<(Vec<TcpStream>, Vec<TcpStream>), String> {
-    let listener = Socket::new(Domain::IPV4, Type::STREAM, None).map_err(|e| format!("socket: {e}"))?;
-    listener.bind(&SocketAddr::from((Ipv4Addr::LOCALHOST, 0)).into()).map_err(|e| format!("bind the listener: {e}"))?;
+    let listener =
+        Socket::new(Domain::IPV4, Type::STREAM, None).map_err(|e| format!("socket: {e}"))?;
+    listener
+        .bind(&SocketAddr::from((Ipv4Addr::LOCALHOST, 0)).into())
+        .map_err(|e| format!("bind the listener: {e}"))?;
     listener.listen(4096).map_err(|e| format!("listen: {e}"))?;
     let listener: TcpListener = listener.into();
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let (mut readers, mut writers) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for i in 0..n {
         let src = SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 2 + (i / PER_SOURCE) as u8), 0);
-        let sock = Socket::new(Domain::IPV4, Type::STREAM, None).map_err(|e| format!("socket {i}: {e}"))?;
+        let sock = Socket::new(Domain::IPV4, Type::STREAM, None)
+            .map_err(|e| format!("socket {i}: {e}"))?;
         bind_address_no_port(&sock).map_err(|e| format!("IP_BIND_ADDRESS_NO_PORT: {e}"))?;
         sock.bind(&src.into()).map_err(|e| format!("bind {src}: {e}"))?;
         sock.connect(&addr.into()).map_err(|e| format!("connect {i} of {n}: {e}"))?;
@@ -121,7 +138,11 @@ fn bind_address_no_port(sock: &Socket) -> std::io::Result<()> {
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// CPU seconds (user + system) the calling thread has used.
@@ -138,7 +159,12 @@ fn thread_cpu_secs() -> f64 {
 
 /// The writer, on CPU 0: one write of `frame` per socket per round, paced like `floor.c`
 /// (the next round is due a period after the previous one was due).
-fn write_rounds(sockets: &mut [TcpStream], frame: &[u8], rounds_per_s: f64, secs: f64) -> Result<Floor, String> {
+fn write_rounds(
+    sockets: &mut [TcpStream],
+    frame: &[u8],
+    rounds_per_s: f64,
+    secs: f64,
+) -> Result<Floor, String> {
     if !procstat::pin_self(0) {
         return Err("could not pin the writer to CPU 0".into());
     }
@@ -150,7 +176,9 @@ fn write_rounds(sockets: &mut [TcpStream], frame: &[u8], rounds_per_s: f64, secs
                 Ok(n) if n == frame.len() => *writes += 1,
                 Ok(n) => {
                     short += 1;
-                    first_error.get_or_insert_with(|| format!("a write took {n} of {} bytes", frame.len()));
+                    first_error.get_or_insert_with(|| {
+                        format!("a write took {n} of {} bytes", frame.len())
+                    });
                 }
                 Err(e) => {
                     short += 1;
@@ -172,7 +200,10 @@ fn write_rounds(sockets: &mut [TcpStream], frame: &[u8], rounds_per_s: f64, secs
     }
     let (cpu_secs, secs) = (thread_cpu_secs() - c0, t0.elapsed().as_secs_f64());
     if short > 0 {
-        return Err(format!("{short} writes failed or were short (the reader fell behind?): {}", first_error.unwrap_or_default()));
+        return Err(format!(
+            "{short} writes failed or were short (the reader fell behind?): {}",
+            first_error.unwrap_or_default()
+        ));
     }
     Ok(Floor { writes, secs, cpu_secs })
 }
@@ -192,7 +223,8 @@ fn drain(sockets: &[TcpStream], stop: &AtomicBool, ready: mpsc::Sender<Result<()
             return;
         }
         for s in sockets {
-            let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: s.as_raw_fd() as u64 };
+            let mut ev =
+                libc::epoll_event { events: libc::EPOLLIN as u32, u64: s.as_raw_fd() as u64 };
             if libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, s.as_raw_fd(), &mut ev) != 0 {
                 let _ = ready.send(Err(format!("epoll_ctl: {}", std::io::Error::last_os_error())));
                 libc::close(ep);

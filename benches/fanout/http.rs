@@ -27,7 +27,12 @@ pub struct HttpClient {
 
 impl HttpClient {
     pub fn new(addr: SocketAddr, bearer: Option<&str>) -> Self {
-        HttpClient { addr, auth: bearer.map(|k| format!("Authorization: Bearer {k}\r\n")), conn: None, buf: Vec::new() }
+        HttpClient {
+            addr,
+            auth: bearer.map(|k| format!("Authorization: Bearer {k}\r\n")),
+            conn: None,
+            buf: Vec::new(),
+        }
     }
 
     pub async fn get(&mut self, path: &str) -> io::Result<Response> {
@@ -58,7 +63,9 @@ impl HttpClient {
             if self.conn.is_none() {
                 let s = tokio::time::timeout(CALL_TIMEOUT, TcpStream::connect(self.addr))
                     .await
-                    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+                    .map_err(|_| {
+                    io::Error::new(io::ErrorKind::TimedOut, "connect timed out")
+                })??;
                 s.set_nodelay(true)?;
                 self.conn = Some(s);
                 self.buf.clear();
@@ -100,7 +107,8 @@ impl HttpClient {
                 return Err((eof(), !buf.is_empty()));
             }
         };
-        let head = std::str::from_utf8(&buf[..head_end]).map_err(|_| (bad("head not UTF-8"), true))?;
+        let head =
+            std::str::from_utf8(&buf[..head_end]).map_err(|_| (bad("head not UTF-8"), true))?;
         let status: u16 = head
             .split_ascii_whitespace()
             .nth(1)

@@ -266,9 +266,19 @@ pub async fn open_clients_in(
     for (spec, token) in specs.iter().copied().zip(tokens) {
         let room = proto::room_name(spec.room);
         let url = proto::ws_url(kind, addr, &room, token.as_deref());
-        let (gate, ready, rec, mut stop, give_up) = (gate.clone(), ready_tx.clone(), rec.clone(), stop_rx.clone(), give_up.clone());
+        let (gate, ready, rec, mut stop, give_up) =
+            (gate.clone(), ready_tx.clone(), rec.clone(), stop_rx.clone(), give_up.clone());
         tasks.push(tokio::task::spawn_local(async move {
-            let mut sum = ConnSummary { room: spec.room, slow: spec.slow, received: 0, distinct: 0, connected: false, ended: false, close_code: None, out_of_order: 0 };
+            let mut sum = ConnSummary {
+                room: spec.room,
+                slow: spec.slow,
+                received: 0,
+                distinct: 0,
+                connected: false,
+                ended: false,
+                close_code: None,
+                out_of_order: 0,
+            };
             let permit = gate.acquire().await;
             if give_up.get() >= GIVE_UP_AFTER {
                 let _ = ready.send(Err("not tried: too many connections failed before".into()));
@@ -315,7 +325,14 @@ pub async fn open_clients_in(
     Ok(Clients { tasks, failed, first_error, stop })
 }
 
-async fn read_loop(kind: Kind, ws: &mut Ws, slow: bool, rec: &Rec, stop: &mut watch::Receiver<bool>, sum: &mut ConnSummary) {
+async fn read_loop(
+    kind: Kind,
+    ws: &mut Ws,
+    slow: bool,
+    rec: &Rec,
+    stop: &mut watch::Receiver<bool>,
+    sum: &mut ConnSummary,
+) {
     let mut seen = Seen::default();
     let mut last_seq = 0u64;
     loop {
@@ -406,14 +423,27 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    pub fn new(kind: Kind, addr: SocketAddr, rooms: usize, connections: usize, pad_bytes: usize) -> Publisher {
+    pub fn new(
+        kind: Kind,
+        addr: SocketAddr,
+        rooms: usize,
+        connections: usize,
+        pad_bytes: usize,
+    ) -> Publisher {
         Publisher::spread(kind, &[addr], rooms, connections, pad_bytes, false)
     }
 
     /// A publisher with `connections` to each of `addrs`: publish `k` goes to room
     /// `k % rooms` through address `(k / rooms) % addrs.len()`, so every room's publishes
     /// go through every address. With `ids`, each publish has an `id` unique in its room.
-    pub fn spread(kind: Kind, addrs: &[SocketAddr], rooms: usize, connections: usize, pad_bytes: usize, ids: bool) -> Publisher {
+    pub fn spread(
+        kind: Kind,
+        addrs: &[SocketAddr],
+        rooms: usize,
+        connections: usize,
+        pad_bytes: usize,
+        ids: bool,
+    ) -> Publisher {
         let stats = Rc::new(RefCell::new(PubStats::default()));
         let mut txs = Vec::with_capacity(addrs.len());
         let mut workers = Vec::with_capacity(addrs.len() * connections);
@@ -437,7 +467,13 @@ impl Publisher {
                             }
                             Ok(r) => {
                                 s.errors += 1;
-                                s.first_error.get_or_insert_with(|| format!("HTTP {} {}", r.status, String::from_utf8_lossy(&r.body)));
+                                s.first_error.get_or_insert_with(|| {
+                                    format!(
+                                        "HTTP {} {}",
+                                        r.status,
+                                        String::from_utf8_lossy(&r.body)
+                                    )
+                                });
                             }
                             Err(e) => {
                                 s.errors += 1;
@@ -490,7 +526,11 @@ impl Publisher {
             let data = proto::payload(seq, due, &self.pad);
             let named = self.first_room + room;
             let (path, body) = if self.ids {
-                proto::publish_request_with_id(&proto::room_name(named), &publish_id(named, seq), &data)
+                proto::publish_request_with_id(
+                    &proto::room_name(named),
+                    &publish_id(named, seq),
+                    &data,
+                )
             } else {
                 proto::publish_request(self.kind, &proto::room_name(named), &data)
             };
@@ -516,7 +556,9 @@ impl Publisher {
         if abandoned {
             let mut s = self.stats.borrow_mut();
             s.errors += 1;
-            s.first_error.get_or_insert_with(|| format!("publish queue not drained {max:?} after the last step; rest abandoned"));
+            s.first_error.get_or_insert_with(|| {
+                format!("publish queue not drained {max:?} after the last step; rest abandoned")
+            });
         }
         let published = self.published.borrow().clone();
         let stats = std::mem::take(&mut *self.stats.borrow_mut());
@@ -534,7 +576,14 @@ fn publish_id(room: usize, seq: u64) -> String {
 /// Closed-loop durable publishing: `publishers` keep-alive connections, each sending its
 /// next publish as soon as the previous one was acknowledged, round-robin over `rooms`.
 /// Returns acks whose request started in [measure, end), their latency, errors, and all acks.
-pub async fn closed_loop(addr: SocketAddr, rooms: usize, publishers: usize, pad_bytes: usize, measure: u64, end: u64) -> (u64, Histogram<u64>, PubStats, u64) {
+pub async fn closed_loop(
+    addr: SocketAddr,
+    rooms: usize,
+    publishers: usize,
+    pad_bytes: usize,
+    measure: u64,
+    end: u64,
+) -> (u64, Histogram<u64>, PubStats, u64) {
     let seqs = Rc::new(RefCell::new(vec![0u64; rooms]));
     closed_loop_spread(&[addr], seqs, publishers, pad_bytes, false, measure, end).await
 }
@@ -561,8 +610,16 @@ pub async fn closed_loop_spread(
     let pad = Rc::new("x".repeat(pad_bytes));
     let tasks: Vec<_> = (0..publishers)
         .map(|p| {
-            let (acked, all, hist, stats, pad, seqs) = (acked.clone(), all.clone(), hist.clone(), stats.clone(), pad.clone(), seqs.clone());
-            let mut https: Vec<HttpClient> = addrs.iter().map(|&a| HttpClient::new(a, Some(API_KEY))).collect();
+            let (acked, all, hist, stats, pad, seqs) = (
+                acked.clone(),
+                all.clone(),
+                hist.clone(),
+                stats.clone(),
+                pad.clone(),
+                seqs.clone(),
+            );
+            let mut https: Vec<HttpClient> =
+                addrs.iter().map(|&a| HttpClient::new(a, Some(API_KEY))).collect();
             tokio::task::spawn_local(async move {
                 let mut i = p;
                 let mut sent = 0usize;
@@ -580,7 +637,11 @@ pub async fn closed_loop_spread(
                     };
                     let data = proto::payload(seq, t0, &pad);
                     let (path, body) = if ids {
-                        proto::publish_request_with_id(&proto::room_name(room), &publish_id(room, seq), &data)
+                        proto::publish_request_with_id(
+                            &proto::room_name(room),
+                            &publish_id(room, seq),
+                            &data,
+                        )
                     } else {
                         proto::publish_request(Kind::Livegate, &proto::room_name(room), &data)
                     };

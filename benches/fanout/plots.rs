@@ -23,7 +23,12 @@ type Res<T> = Result<T, Box<dyn Error>>;
 fn font_ready() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
     *OK.get_or_init(|| match std::fs::read(FONT_FILE) {
-        Ok(bytes) => plotters::style::register_font(FONT, FontStyle::Normal, Box::leak(bytes.into_boxed_slice())).is_ok(),
+        Ok(bytes) => plotters::style::register_font(
+            FONT,
+            FontStyle::Normal,
+            Box::leak(bytes.into_boxed_slice()),
+        )
+        .is_ok(),
         Err(_) => false,
     })
 }
@@ -45,9 +50,21 @@ pub fn draw_all(dir: &Path, records: &[Record], sizes: &Sizes) -> Vec<(String, S
     }
     let mut out = Vec::new();
     let plots: [(&str, &dyn Fn(&Path) -> Res<bool>, String); 3] = [
-        ("latency_cdf.png", &|p| latency_cdf(p, records, sizes), "Delivery latency CDF, fanout at the highest rate every server ran".into()),
-        ("deliveries_vs_rate.png", &|p| deliveries_vs_rate(p, records, sizes), "Deliveries per second vs publish rate".into()),
-        ("bytes_per_idle_connection.png", &|p| bytes_per_conn(p, records, sizes), "Server memory per idle subscribed connection".into()),
+        (
+            "latency_cdf.png",
+            &|p| latency_cdf(p, records, sizes),
+            "Delivery latency CDF, fanout at the highest rate every server ran".into(),
+        ),
+        (
+            "deliveries_vs_rate.png",
+            &|p| deliveries_vs_rate(p, records, sizes),
+            "Deliveries per second vs publish rate".into(),
+        ),
+        (
+            "bytes_per_idle_connection.png",
+            &|p| bytes_per_conn(p, records, sizes),
+            "Server memory per idle subscribed connection".into(),
+        ),
     ];
     for (file, draw, alt) in plots {
         match draw(&dir.join(file)) {
@@ -61,8 +78,17 @@ pub fn draw_all(dir: &Path, records: &[Record], sizes: &Sizes) -> Vec<(String, S
 
 /// The reference rate if every server ran it in fanout, else the highest rate all ran.
 pub fn cdf_rate(records: &[Record], sizes: &Sizes) -> Option<f64> {
-    let kinds: Vec<Kind> = servers_in(records).into_iter().filter(|k| records.iter().any(|r| r.server == *k && r.case == Case::Fanout)).collect();
-    let ran = |k: Kind, rate: f64| records.iter().any(|r| r.server == k && r.case == Case::Fanout && r.cdfs.iter().any(|c| c.0 == rate && !c.1.is_empty()));
+    let kinds: Vec<Kind> = servers_in(records)
+        .into_iter()
+        .filter(|k| records.iter().any(|r| r.server == *k && r.case == Case::Fanout))
+        .collect();
+    let ran = |k: Kind, rate: f64| {
+        records.iter().any(|r| {
+            r.server == k
+                && r.case == Case::Fanout
+                && r.cdfs.iter().any(|c| c.0 == rate && !c.1.is_empty())
+        })
+    };
     let all = |rate: f64| !kinds.is_empty() && kinds.iter().all(|&k| ran(k, rate));
     if all(sizes.fanout_ref_rate) {
         return Some(sizes.fanout_ref_rate);
@@ -95,12 +121,16 @@ fn latency_cdf(path: &Path, records: &[Record], sizes: &Sizes) -> Res<bool> {
         return Ok(false);
     }
     let lo = series.iter().flat_map(|(_, p)| p.iter().map(|x| x.0)).fold(f64::MAX, f64::min) / 1.5;
-    let hi = series.iter().flat_map(|(_, p)| p.iter().map(|x| x.0)).fold(0.0, f64::max).max(130.0) * 1.5;
+    let hi =
+        series.iter().flat_map(|(_, p)| p.iter().map(|x| x.0)).fold(0.0, f64::max).max(130.0) * 1.5;
     let root = BitMapBackend::new(path, (1000, 600)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            format!("Delivery latency CDF: 1 room × {} subscribers, {rate} publishes/s (all runs)", sizes.fanout_subs),
+            format!(
+                "Delivery latency CDF: 1 room × {} subscribers, {rate} publishes/s (all runs)",
+                sizes.fanout_subs
+            ),
             (FONT, 22),
         )
         .margin(20)
@@ -120,7 +150,10 @@ fn latency_cdf(path: &Path, records: &[Record], sizes: &Sizes) -> Res<bool> {
         .draw_series(LineSeries::new(vec![(120.0, 0.0), (120.0, 100.0)], BLACK.stroke_width(2)))?
         .label("target: p99 ≤ 120 ms (window 100 + 20)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
-    chart.draw_series(LineSeries::new(vec![(lo, 99.0), (hi, 99.0)], BLACK.mix(0.5).stroke_width(1)))?;
+    chart.draw_series(LineSeries::new(
+        vec![(lo, 99.0), (hi, 99.0)],
+        BLACK.mix(0.5).stroke_width(1),
+    ))?;
     for (k, pts) in series {
         let c = color(k);
         chart
@@ -142,7 +175,11 @@ fn latency_cdf(path: &Path, records: &[Record], sizes: &Sizes) -> Res<bool> {
 fn deliveries_vs_rate(path: &Path, records: &[Record], sizes: &Sizes) -> Res<bool> {
     let panels = [
         (Case::Fanout, format!("fanout: 1 room × {}", sizes.fanout_subs), sizes.fanout_subs as f64),
-        (Case::Rooms, format!("rooms: {} × {}", sizes.rooms, sizes.per_room), sizes.per_room as f64),
+        (
+            Case::Rooms,
+            format!("rooms: {} × {}", sizes.rooms, sizes.per_room),
+            sizes.per_room as f64,
+        ),
     ];
     if panels.iter().all(|(c, _, _)| step_rates(records, *c).is_empty()) {
         return Ok(false);
@@ -161,7 +198,13 @@ fn deliveries_vs_rate(path: &Path, records: &[Record], sizes: &Sizes) -> Res<boo
                 .iter()
                 .filter_map(|&r| {
                     let v = step_values(records, k, *case, r);
-                    (!v.is_empty()).then(|| (r, median(&v.iter().map(|s| s.delivered_per_s).collect::<Vec<_>>()).max(1.0)))
+                    (!v.is_empty()).then(|| {
+                        (
+                            r,
+                            median(&v.iter().map(|s| s.delivered_per_s).collect::<Vec<_>>())
+                                .max(1.0),
+                        )
+                    })
                 })
                 .collect();
             if !pts.is_empty() {
@@ -170,7 +213,9 @@ fn deliveries_vs_rate(path: &Path, records: &[Record], sizes: &Sizes) -> Res<boo
         }
         let (xlo, xhi) = (rates[0] / 1.3, rates[rates.len() - 1] * 1.3);
         let ymax = rates[rates.len() - 1] * fan * 2.0;
-        let ymin = series.iter().flat_map(|(_, p)| p.iter().map(|x| x.1)).fold(rates[0] * fan, f64::min) / 2.0;
+        let ymin =
+            series.iter().flat_map(|(_, p)| p.iter().map(|x| x.1)).fold(rates[0] * fan, f64::min)
+                / 2.0;
         let mut chart = ChartBuilder::on(area)
             .caption(title.as_str(), (FONT, 20))
             .margin(20)
@@ -193,9 +238,12 @@ fn deliveries_vs_rate(path: &Path, records: &[Record], sizes: &Sizes) -> Res<boo
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.35)));
         for (k, pts) in series {
             let c = color(k);
-            chart.draw_series(LineSeries::new(pts.clone(), c.stroke_width(3)))?.label(k.title()).legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3))
-            });
+            chart
+                .draw_series(LineSeries::new(pts.clone(), c.stroke_width(3)))?
+                .label(k.title())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3))
+                });
             chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, c.filled())))?;
         }
         chart
@@ -211,7 +259,10 @@ fn deliveries_vs_rate(path: &Path, records: &[Record], sizes: &Sizes) -> Res<boo
 }
 
 fn bytes_per_conn(path: &Path, records: &[Record], sizes: &Sizes) -> Res<bool> {
-    let kinds: Vec<Kind> = servers_in(records).into_iter().filter(|k| records.iter().any(|r| r.server == *k && r.case == Case::Idle)).collect();
+    let kinds: Vec<Kind> = servers_in(records)
+        .into_iter()
+        .filter(|k| records.iter().any(|r| r.server == *k && r.case == Case::Idle))
+        .collect();
     if kinds.is_empty() {
         return Ok(false);
     }
@@ -219,7 +270,11 @@ fn bytes_per_conn(path: &Path, records: &[Record], sizes: &Sizes) -> Res<bool> {
     let mut bars = Vec::new(); // (x, KiB, label)
     for (i, k) in kinds.iter().enumerate() {
         for (j, name) in names.iter().enumerate() {
-            let v: Vec<f64> = records.iter().filter(|r| r.server == *k && r.case == Case::Idle).filter_map(|r| r.metric(name)).collect();
+            let v: Vec<f64> = records
+                .iter()
+                .filter(|r| r.server == *k && r.case == Case::Idle)
+                .filter_map(|r| r.metric(name))
+                .collect();
             let kib = median(&v) / 1024.0;
             if kib.is_finite() {
                 bars.push((*k, i as f64 + (j as f64 - 0.5) * 0.38, kib, sizes.idle[j]));
@@ -240,13 +295,19 @@ fn bytes_per_conn(path: &Path, records: &[Record], sizes: &Sizes) -> Res<bool> {
         .configure_mesh()
         .disable_x_mesh()
         .x_labels(0)
-        .x_desc(format!("lighter bar: {} connections, darker: {} (no bar: the server could not hold them)", sizes.idle[0], sizes.idle[1]))
+        .x_desc(format!(
+            "lighter bar: {} connections, darker: {} (no bar: the server could not hold them)",
+            sizes.idle[0], sizes.idle[1]
+        ))
         .y_desc("KiB per connection (median of runs)")
         .label_style((FONT, 16))
         .axis_desc_style((FONT, 17))
         .draw()?;
     chart
-        .draw_series(LineSeries::new(vec![(-0.6, 8.0), (n - 0.4, 8.0)], BLACK.mix(0.5).stroke_width(1)))?
+        .draw_series(LineSeries::new(
+            vec![(-0.6, 8.0), (n - 0.4, 8.0)],
+            BLACK.mix(0.5).stroke_width(1),
+        ))?
         .label("target ≤ 8 KiB")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.5)));
     for k in &kinds {
@@ -259,7 +320,10 @@ fn bytes_per_conn(path: &Path, records: &[Record], sizes: &Sizes) -> Res<bool> {
     for (k, x, kib, conns) in bars {
         let c = color(k);
         let shade = if conns == sizes.idle[0] { c.mix(0.55) } else { c.mix(1.0) };
-        chart.draw_series(std::iter::once(Rectangle::new([(x - 0.17, 0.0), (x + 0.17, kib)], shade.filled())))?;
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [(x - 0.17, 0.0), (x + 0.17, kib)],
+            shade.filled(),
+        )))?;
         chart.draw_series(std::iter::once(Text::new(
             format!("{kib:.1}"),
             (x - 0.08, kib + ymax * 0.02),

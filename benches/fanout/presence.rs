@@ -130,7 +130,9 @@ fn presence_count(t: &[u8]) -> Option<u64> {
 
 async fn next_text(ws: &mut Ws) -> Result<String, String> {
     loop {
-        let m = tokio::time::timeout(Duration::from_secs(15), ws.next()).await.map_err(|_| "timed out waiting for a frame".to_string())?;
+        let m = tokio::time::timeout(Duration::from_secs(15), ws.next())
+            .await
+            .map_err(|_| "timed out waiting for a frame".to_string())?;
         match m {
             Some(Ok(Message::Text(t))) => return Ok(t),
             Some(Ok(Message::Close(f))) => return Err(format!("closed during subscribe: {f:?}")),
@@ -142,7 +144,14 @@ async fn next_text(ws: &mut Ws) -> Result<String, String> {
 }
 
 /// Connects, subscribes with `arm`'s flag and starts reading; returns once subscribed.
-async fn open_one(addr: SocketAddr, token: &str, arm: Arm, stable: bool, rec: Rec, counters: Rc<Counters>) -> Result<Live, String> {
+async fn open_one(
+    addr: SocketAddr,
+    token: &str,
+    arm: Arm,
+    stable: bool,
+    rec: Rec,
+    counters: Rc<Counters>,
+) -> Result<Live, String> {
     let room = proto::room_name(0);
     let url = proto::ws_url(Kind::Livegate, addr, &room, Some(token));
     let mut ws = load::connect(addr, &url, false).await?;
@@ -232,20 +241,36 @@ async fn collect(lives: impl IntoIterator<Item = Live>) -> Vec<ConnOut> {
 }
 
 /// One arm: a fresh server (`kind`), the subscribers, churn and the publish steps.
-pub async fn run(paths: &Paths, p: &Params, kind: Kind, arm: Arm, status: &dyn Fn(String)) -> Result<RunOut, String> {
+pub async fn run(
+    paths: &Paths,
+    p: &Params,
+    kind: Kind,
+    arm: Arm,
+    status: &dyn Fn(String),
+) -> Result<RunOut, String> {
     let mut server = Server::start(kind, LivegateOpts::default(), paths).await?;
     let result = measure(&server, p, kind, arm, status).await;
     server.stop();
     result
 }
 
-async fn measure(server: &Server, p: &Params, kind: Kind, arm: Arm, status: &dyn Fn(String)) -> Result<RunOut, String> {
+async fn measure(
+    server: &Server,
+    p: &Params,
+    kind: Kind,
+    arm: Arm,
+    status: &dyn Fn(String),
+) -> Result<RunOut, String> {
     let addr = server.addr;
     // Tokens for the newcomers too, minted before anything is measured.
     let churn_secs = p.rates.len() as f64 * (p.warm_secs + p.secs + 0.5) + 2.0;
     let spare = (p.churn_per_sec * churn_secs).ceil() as usize + 16;
     status(format!("minting {} tokens", p.subs + spare));
-    let tokens: Vec<String> = proto::credentials(kind, addr, p.subs + spare, 0, 8).await?.into_iter().map(|t| t.unwrap_or_default()).collect();
+    let tokens: Vec<String> = proto::credentials(kind, addr, p.subs + spare, 0, 8)
+        .await?
+        .into_iter()
+        .map(|t| t.unwrap_or_default())
+        .collect();
     let rec = Rec::default();
     let counters = Rc::new(Counters::default());
     let stable_n = p.subs - p.pool.min(p.subs);
@@ -287,8 +312,14 @@ async fn measure(server: &Server, p: &Params, kind: Kind, arm: Arm, status: &dyn
     let churn_failed: Rc<RefCell<(usize, Option<String>)>> = Rc::default();
     let tokens_ran_out = Rc::new(Cell::new(false));
     let churn = {
-        let (pool, churning, left, rejoined, churn_failed, tokens_ran_out) =
-            (pool.clone(), churning.clone(), left.clone(), rejoined.clone(), churn_failed.clone(), tokens_ran_out.clone());
+        let (pool, churning, left, rejoined, churn_failed, tokens_ran_out) = (
+            pool.clone(),
+            churning.clone(),
+            left.clone(),
+            rejoined.clone(),
+            churn_failed.clone(),
+            tokens_ran_out.clone(),
+        );
         let (rec, counters) = (rec.clone(), counters.clone());
         let spare_tokens: Vec<String> = tokens[p.subs..].to_vec();
         let (interval, rejoin) = (1.0 / p.churn_per_sec, Duration::from_millis(p.rejoin_ms));
@@ -308,8 +339,13 @@ async fn measure(server: &Server, p: &Params, kind: Kind, arm: Arm, status: &dyn
                 let _ = l.stop.send(());
                 left.borrow_mut().push(Live { stop: oneshot::channel().0, task: l.task });
                 counters.leaves.set(counters.leaves.get() + 1);
-                let (pool, rejoined, churn_failed, rec, counters) =
-                    (pool.clone(), rejoined.clone(), churn_failed.clone(), rec.clone(), counters.clone());
+                let (pool, rejoined, churn_failed, rec, counters) = (
+                    pool.clone(),
+                    rejoined.clone(),
+                    churn_failed.clone(),
+                    rec.clone(),
+                    counters.clone(),
+                );
                 joins.push(tokio::task::spawn_local(async move {
                     tokio::time::sleep(rejoin).await;
                     match open_one(addr, &token, arm, false, rec, counters).await {
@@ -343,12 +379,31 @@ async fn measure(server: &Server, p: &Params, kind: Kind, arm: Arm, status: &dyn
         };
         let sampling = async {
             tokio::time::sleep_until(load::instant_at(measure)).await;
-            let a = (server.sample().cpu_secs, self_cpu(), procstat::machine_busy_secs(), counters.stable_presence.get(), counters.leaves.get());
+            let a = (
+                server.sample().cpu_secs,
+                self_cpu(),
+                procstat::machine_busy_secs(),
+                counters.stable_presence.get(),
+                counters.leaves.get(),
+            );
             tokio::time::sleep_until(load::instant_at(end)).await;
-            let b = (server.sample().cpu_secs, self_cpu(), procstat::machine_busy_secs(), counters.stable_presence.get(), counters.leaves.get());
-            (b.0 - a.0, b.1 - a.1, ((b.2 - a.2) - (b.0 - a.0) - (b.1 - a.1)).max(0.0), b.3 - a.3, b.4 - a.4)
+            let b = (
+                server.sample().cpu_secs,
+                self_cpu(),
+                procstat::machine_busy_secs(),
+                counters.stable_presence.get(),
+                counters.leaves.get(),
+            );
+            (
+                b.0 - a.0,
+                b.1 - a.1,
+                ((b.2 - a.2) - (b.0 - a.0) - (b.1 - a.1)).max(0.0),
+                b.3 - a.3,
+                b.4 - a.4,
+            )
         };
-        let ((), (scpu, ccpu, other, pres, leaves)) = tokio::join!(publisher.open_loop(&rec, rate, start, end), sampling);
+        let ((), (scpu, ccpu, other, pres, leaves)) =
+            tokio::join!(publisher.open_loop(&rec, rate, start, end), sampling);
         tokio::time::sleep(Duration::from_millis(300)).await;
         sampled.push((idx, rate, scpu, ccpu, other, pres, leaves));
     }

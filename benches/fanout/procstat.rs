@@ -14,7 +14,11 @@ pub struct Sample {
 fn clock_ticks() -> f64 {
     // SAFETY: sysconf has no preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 { t as f64 } else { 100.0 }
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
 }
 
 /// CPU seconds (user + system, all threads) the process has used so far.
@@ -48,7 +52,8 @@ pub fn memory(pid: i32) -> Option<(u64, u64)> {
 pub fn machine_busy_secs() -> f64 {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let Some(line) = stat.lines().next() else { return 0.0 };
-    let f: Vec<f64> = line.split_ascii_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    let f: Vec<f64> =
+        line.split_ascii_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
     // user nice system idle iowait irq softirq steal
     let busy: f64 = [0, 1, 2, 5, 6, 7].iter().filter_map(|&i| f.get(i)).sum();
     busy / clock_ticks()

@@ -31,7 +31,13 @@ pub fn room_name(i: usize) -> String {
 /// their nonces expire within the run).
 pub static TOKEN_TTL_SECS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(900);
 
-pub async fn credentials(kind: Kind, addr: SocketAddr, n: usize, first_user: usize, parallel: usize) -> Result<Vec<Option<String>>, String> {
+pub async fn credentials(
+    kind: Kind,
+    addr: SocketAddr,
+    n: usize,
+    first_user: usize,
+    parallel: usize,
+) -> Result<Vec<Option<String>>, String> {
     credentials_in(kind, addr, n, first_user, parallel, None).await
 }
 
@@ -63,12 +69,23 @@ pub async fn credentials_in(
                 }
                 next.set(i + 1);
                 let ttl = TOKEN_TTL_SECS.load(std::sync::atomic::Ordering::Relaxed);
-                let body = format!(r#"{{"user":"u{}","device":"web","ttl_secs":{ttl}{claim}}}"#, first_user + i);
-                let r = http.post("/v1/tokens", body.as_bytes()).await.map_err(|e| format!("mint token: {e}"))?;
+                let body = format!(
+                    r#"{{"user":"u{}","device":"web","ttl_secs":{ttl}{claim}}}"#,
+                    first_user + i
+                );
+                let r = http
+                    .post("/v1/tokens", body.as_bytes())
+                    .await
+                    .map_err(|e| format!("mint token: {e}"))?;
                 if r.status != 201 {
-                    return Err(format!("mint token: HTTP {} {}", r.status, String::from_utf8_lossy(&r.body)));
+                    return Err(format!(
+                        "mint token: HTTP {} {}",
+                        r.status,
+                        String::from_utf8_lossy(&r.body)
+                    ));
                 }
-                let v: serde_json::Value = serde_json::from_slice(&r.body).map_err(|e| format!("token reply: {e}"))?;
+                let v: serde_json::Value =
+                    serde_json::from_slice(&r.body).map_err(|e| format!("token reply: {e}"))?;
                 let token = v["token"].as_str().ok_or("token reply without token")?.to_string();
                 out.push((i, token));
             }
@@ -85,7 +102,9 @@ pub async fn credentials_in(
 
 pub fn ws_url(kind: Kind, addr: SocketAddr, room: &str, token: Option<&str>) -> String {
     match kind {
-        Kind::Livegate | Kind::LivegateBase => format!("ws://{addr}/v1/ws?token={}", token.unwrap_or("")),
+        Kind::Livegate | Kind::LivegateBase => {
+            format!("ws://{addr}/v1/ws?token={}", token.unwrap_or(""))
+        }
         Kind::Nchan => format!("ws://{addr}/sub/{room}"),
         Kind::SocketIo => format!("ws://{addr}/socket.io/?EIO=4&transport=websocket"),
     }
@@ -93,7 +112,9 @@ pub fn ws_url(kind: Kind, addr: SocketAddr, room: &str, token: Option<&str>) -> 
 
 async fn next_text(ws: &mut Ws) -> Result<String, String> {
     loop {
-        let m = tokio::time::timeout(STEP_TIMEOUT, ws.next()).await.map_err(|_| "timed out waiting for a frame".to_string())?;
+        let m = tokio::time::timeout(STEP_TIMEOUT, ws.next())
+            .await
+            .map_err(|_| "timed out waiting for a frame".to_string())?;
         match m {
             Some(Ok(Message::Text(t))) => return Ok(t),
             Some(Ok(Message::Close(f))) => return Err(format!("closed during subscribe: {f:?}")),
@@ -175,7 +196,9 @@ pub fn payload(seq: u64, sent_ns: u64, pad: &str) -> String {
 /// Path and body of a publish of `data` into `room`.
 pub fn publish_request(kind: Kind, room: &str, data: &str) -> (String, String) {
     match kind {
-        Kind::Livegate | Kind::LivegateBase => (format!("/v1/rooms/{room}/events"), format!(r#"{{"data":{data}}}"#)),
+        Kind::Livegate | Kind::LivegateBase => {
+            (format!("/v1/rooms/{room}/events"), format!(r#"{{"data":{data}}}"#))
+        }
         Kind::Nchan | Kind::SocketIo => (format!("/pub/{room}"), data.to_string()),
     }
 }

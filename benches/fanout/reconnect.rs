@@ -64,11 +64,20 @@ struct Node {
 }
 
 impl Node {
-    async fn start(paths: &Paths, addr: SocketAddr, data_dir: &Path, logs: &Path) -> Result<Node, String> {
+    async fn start(
+        paths: &Paths,
+        addr: SocketAddr,
+        data_dir: &Path,
+        logs: &Path,
+    ) -> Result<Node, String> {
         // The same port right after the old process left: retry while it is still held.
         for attempt in 0..40 {
             let mut cmd = Command::new("taskset");
-            for var in ["LIVEGATE_MAX_CONNECTIONS", "LIVEGATE_MAX_CONNECTIONS_PER_IP", "LIVEGATE_HANDSHAKES_PER_IP_PER_SEC"] {
+            for var in [
+                "LIVEGATE_MAX_CONNECTIONS",
+                "LIVEGATE_MAX_CONNECTIONS_PER_IP",
+                "LIVEGATE_HANDSHAKES_PER_IP_PER_SEC",
+            ] {
                 cmd.env(var, "0");
             }
             let log = |name: &str| {
@@ -87,7 +96,12 @@ impl Node {
                 .arg("--data-dir")
                 .arg(data_dir)
                 .args(["--api-key", API_KEY])
-                .args(["--drain-wait-secs", "0", "--drain-spread-secs", &DRAIN_SPREAD_SECS.to_string()])
+                .args([
+                    "--drain-wait-secs",
+                    "0",
+                    "--drain-spread-secs",
+                    &DRAIN_SPREAD_SECS.to_string(),
+                ])
                 .args(["--drain-grace-secs", "5", "--log-format", "json"])
                 .env("RUST_LOG", "warn")
                 .stdin(Stdio::null())
@@ -102,7 +116,10 @@ impl Node {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         break;
                     }
-                    return Err(format!("livegate exited at start ({status}); see {}", logs.join("stderr.log").display()));
+                    return Err(format!(
+                        "livegate exited at start ({status}); see {}",
+                        logs.join("stderr.log").display()
+                    ));
                 }
                 if matches!(http.get("/readyz").await, Ok(r) if r.status == 200) {
                     return Ok(Node { child });
@@ -144,7 +161,8 @@ impl Drop for Node {
 
 /// The stand-in for the customer's token endpoint: counts calls, mints through livegate.
 async fn token_endpoint(livegate: SocketAddr, calls: Rc<Cell<u64>>) -> Result<SocketAddr, String> {
-    let listener = TcpListener::bind("127.0.0.1:0").await.map_err(|e| format!("token endpoint: {e}"))?;
+    let listener =
+        TcpListener::bind("127.0.0.1:0").await.map_err(|e| format!("token endpoint: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     tokio::task::spawn_local(async move {
         loop {
@@ -161,12 +179,19 @@ async fn token_endpoint(livegate: SocketAddr, calls: Rc<Cell<u64>>) -> Result<So
                 }
                 calls.set(calls.get() + 1);
                 let text = String::from_utf8_lossy(&head);
-                let user = text.split_whitespace().nth(1).and_then(|p| p.split_once("user=")).map(|(_, u)| u.to_string());
+                let user = text
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|p| p.split_once("user="))
+                    .map(|(_, u)| u.to_string());
                 let (status, body) = match user {
                     Some(user) => mint(livegate, &user).await,
                     None => ("400 Bad Request", "no user".to_string()),
                 };
-                let reply = format!("HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+                let reply = format!(
+                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
                 let _ = conn.write_all(reply.as_bytes()).await;
                 let _ = conn.shutdown().await;
             });
@@ -228,7 +253,11 @@ impl Rng {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
-        if n == 0 { 0 } else { self.0 % n }
+        if n == 0 {
+            0
+        } else {
+            self.0 % n
+        }
     }
 }
 
@@ -345,12 +374,16 @@ async fn attempt(
                 if !subscribed && text.contains(r#""op":"welcome""#) {
                     let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
                     *session = v["session"].as_str().map(str::to_string);
-                    *resume = if resume_mode { v["resume"].as_str().map(str::to_string) } else { None };
+                    *resume =
+                        if resume_mode { v["resume"].as_str().map(str::to_string) } else { None };
                     let subscribe = format!(r#"{{"op":"subscribe","room":"{room}","ref":1}}"#);
                     if ws.send(Message::Text(subscribe)).await.is_err() {
                         return Outcome::Failed;
                     }
-                } else if !subscribed && text.contains(r#""op":"subscribed""#) && text.contains(r#""ref":1"#) {
+                } else if !subscribed
+                    && text.contains(r#""op":"subscribed""#)
+                    && text.contains(r#""ref":1"#)
+                {
                     subscribed = true;
                     shared.subscribed(i);
                     first.take();
@@ -359,7 +392,9 @@ async fn attempt(
             Some(Ok(Message::Close(frame))) => {
                 let _ = ws.close(None).await;
                 return match frame {
-                    Some(f) if matches!(u16::from(f.code), 1012 | 1001) => Outcome::Restart(suggested_ms(&f.reason)),
+                    Some(f) if matches!(u16::from(f.code), 1012 | 1001) => {
+                        Outcome::Restart(suggested_ms(&f.reason))
+                    }
                     _ => Outcome::Failed,
                 };
             }
@@ -380,7 +415,13 @@ async fn metric(addr: SocketAddr, series: &str) -> f64 {
 
 /// One wave: start a node, connect `clients` clients over `rooms` rooms, SIGTERM, start it
 /// again on the same port and data dir, wait until every client is subscribed again.
-pub async fn wave(paths: &Paths, clients: usize, rooms: usize, resume_mode: bool, status: &dyn Fn(String)) -> Result<Wave, String> {
+pub async fn wave(
+    paths: &Paths,
+    clients: usize,
+    rooms: usize,
+    resume_mode: bool,
+    status: &dyn Fn(String),
+) -> Result<Wave, String> {
     std::fs::create_dir_all(&paths.scratch).map_err(|e| e.to_string())?;
     let dir = tempfile::Builder::new()
         .prefix("reconnect-")
@@ -388,7 +429,10 @@ pub async fn wave(paths: &Paths, clients: usize, rooms: usize, resume_mode: bool
         .tempdir_in(&paths.scratch)
         .map_err(|e| e.to_string())?;
     let data_dir: PathBuf = dir.path().join("data");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| e.to_string())?
+        .port();
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     let mut node = Node::start(paths, addr, &data_dir, dir.path()).await?;
     let calls = Rc::new(Cell::new(0u64));
@@ -404,7 +448,15 @@ pub async fn wave(paths: &Paths, clients: usize, rooms: usize, resume_mode: bool
     let tasks: Vec<_> = (0..clients)
         .map(|i| {
             let room = format!("r{}", i % rooms.max(1));
-            tokio::task::spawn_local(client(i, room, addr, tokens, resume_mode, shared.clone(), stop.clone()))
+            tokio::task::spawn_local(client(
+                i,
+                room,
+                addr,
+                tokens,
+                resume_mode,
+                shared.clone(),
+                stop.clone(),
+            ))
         })
         .collect();
     let wait_all = |what: &'static str| {
@@ -413,7 +465,10 @@ pub async fn wave(paths: &Paths, clients: usize, rooms: usize, resume_mode: bool
             let deadline = Instant::now() + WAVE_LIMIT;
             while shared.back.get() < clients {
                 if Instant::now() > deadline {
-                    return Err(format!("{what}: only {} of {clients} clients subscribed within {WAVE_LIMIT:?}", shared.back.get()));
+                    return Err(format!(
+                        "{what}: only {} of {clients} clients subscribed within {WAVE_LIMIT:?}",
+                        shared.back.get()
+                    ));
                 }
                 status(format!("{what}: {}/{clients} subscribed", shared.back.get()));
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -433,7 +488,8 @@ pub async fn wave(paths: &Paths, clients: usize, rooms: usize, resume_mode: bool
         let ready_again = sigterm.elapsed();
         wait_all("reconnect wave").await?;
         let all_back = shared.last_back.get().map_or(Duration::ZERO, |t| t.duration_since(sigterm));
-        let mut back: Vec<Duration> = shared.counted.borrow().iter().flatten().map(|t| t.duration_since(sigterm)).collect();
+        let mut back: Vec<Duration> =
+            shared.counted.borrow().iter().flatten().map(|t| t.duration_since(sigterm)).collect();
         back.sort_unstable();
         let median_back = back.get(back.len() / 2).copied().unwrap_or_default();
         Ok::<_, String>(Wave {
@@ -444,7 +500,8 @@ pub async fn wave(paths: &Paths, clients: usize, rooms: usize, resume_mode: bool
             drain,
             ready_again,
             failed_attempts: shared.failed.get(),
-            resume_handshakes: metric(addr, "livegate_handshakes_total{credential=\"resume\"}").await,
+            resume_handshakes: metric(addr, "livegate_handshakes_total{credential=\"resume\"}")
+                .await,
             token_handshakes: metric(addr, "livegate_handshakes_total{credential=\"token\"}").await,
         })
     }
@@ -456,4 +513,3 @@ pub async fn wave(paths: &Paths, clients: usize, rooms: usize, resume_mode: bool
     drop(node);
     result
 }
-

@@ -34,7 +34,14 @@ fn cmd_out(cmd: &str, args: &[&str]) -> Option<String> {
 }
 
 impl Meta {
-    pub fn collect(paths: &Paths, nproc: usize, runs: usize, total: Duration, smoke: bool, skipped: Vec<String>) -> Meta {
+    pub fn collect(
+        paths: &Paths,
+        nproc: usize,
+        runs: usize,
+        total: Duration,
+        smoke: bool,
+        skipped: Vec<String>,
+    ) -> Meta {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let cpu_model = cpuinfo
             .lines()
@@ -42,38 +49,81 @@ impl Meta {
             .and_then(|l| l.split_once(':'))
             .map(|(_, v)| v.trim().to_string())
             .unwrap_or_else(|| "unknown".into());
-        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_string();
         let date = cmd_out("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_default();
         let root = paths.root.to_str().unwrap_or(".");
-        let rev = cmd_out("git", &["-C", root, "rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "?".into());
-        let dirty = cmd_out("git", &["-C", root, "status", "--porcelain", "--untracked-files=no"]).is_some();
-        let mut versions = vec![format!("livegate {} (git {rev}{})", env!("CARGO_PKG_VERSION"), if dirty { ", with local changes" } else { "" })];
+        let rev = cmd_out("git", &["-C", root, "rev-parse", "--short", "HEAD"])
+            .unwrap_or_else(|| "?".into());
+        let dirty = cmd_out("git", &["-C", root, "status", "--porcelain", "--untracked-files=no"])
+            .is_some();
+        let mut versions = vec![format!(
+            "livegate {} (git {rev}{})",
+            env!("CARGO_PKG_VERSION"),
+            if dirty { ", with local changes" } else { "" }
+        )];
         if let Some(b) = &paths.baseline_bin {
-            let v = b.to_str().and_then(|p| cmd_out(p, &["--version"])).unwrap_or_else(|| "?".into());
-            versions.push(format!("livegate (before): {} from `--baseline-bin {}`", v, b.display()));
+            let v =
+                b.to_str().and_then(|p| cmd_out(p, &["--version"])).unwrap_or_else(|| "?".into());
+            versions.push(format!(
+                "livegate (before): {} from `--baseline-bin {}`",
+                v,
+                b.display()
+            ));
         }
         if let Some(v) = cmd_out("nginx", &["-v"]) {
-            let nchan = cmd_out("dpkg-query", &["-W", "-f", "${Version}", "libnginx-mod-nchan"]).unwrap_or_else(|| "?".into());
-            versions.push(format!("{} with libnginx-mod-nchan {nchan}", v.replace("nginx version: ", "")));
+            let nchan = cmd_out("dpkg-query", &["-W", "-f", "${Version}", "libnginx-mod-nchan"])
+                .unwrap_or_else(|| "?".into());
+            versions.push(format!(
+                "{} with libnginx-mod-nchan {nchan}",
+                v.replace("nginx version: ", "")
+            ));
         }
-        let sio = std::fs::read_to_string(paths.peers().join("socketio/node_modules/socket.io/package.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .and_then(|v| v["version"].as_str().map(String::from));
+        let sio = std::fs::read_to_string(
+            paths.peers().join("socketio/node_modules/socket.io/package.json"),
+        )
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["version"].as_str().map(String::from));
         if let (Some(s), Some(n)) = (sio, cmd_out("node", &["--version"])) {
             versions.push(format!("socket.io {s} on Node {n}"));
         }
         if paths.nats_server.is_file() {
-            versions.push(format!("nats-server {} ({})", crate::servers::nats_version(&paths.nats_server), paths.nats_server.display()));
+            versions.push(format!(
+                "nats-server {} ({})",
+                crate::servers::nats_version(&paths.nats_server),
+                paths.nats_server.display()
+            ));
         }
-        Meta { nproc, cpu_model, kernel, date, runs, total, smoke, versions, skipped, load_start: String::new() }
+        Meta {
+            nproc,
+            cpu_model,
+            kernel,
+            date,
+            runs,
+            total,
+            smoke,
+            versions,
+            skipped,
+            load_start: String::new(),
+        }
     }
 }
 
 /// One line per finished job for the log.
 pub fn one_line(r: &Record) -> String {
-    let key: Vec<String> = r.metrics.iter().take(4).map(|m| format!("{} {}", m.name, fmt(m.value))).collect();
-    let mut s = format!("[run {}] {} · {} ({:.0} s): {}", r.run, r.label, r.server.title(), r.secs, key.join(", "));
+    let key: Vec<String> =
+        r.metrics.iter().take(4).map(|m| format!("{} {}", m.name, fmt(m.value))).collect();
+    let mut s = format!(
+        "[run {}] {} · {} ({:.0} s): {}",
+        r.run,
+        r.label,
+        r.server.title(),
+        r.secs,
+        key.join(", ")
+    );
     if r.steps.len() > 1 || matches!(r.case, Case::Slow) {
         for st in &r.steps {
             let _ = write!(
@@ -147,7 +197,11 @@ pub fn median(v: &[f64]) -> f64 {
     }
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 fn cell(v: &[f64]) -> String {
@@ -168,7 +222,14 @@ fn cell(v: &[f64]) -> String {
 fn values(records: &[Record], server: Kind, case: Case, metric: &str) -> Vec<f64> {
     records
         .iter()
-        .filter(|r| r.server == server && if server.is_livegate() { r.case == case } else { r.case.scenario() == case.scenario() })
+        .filter(|r| {
+            r.server == server
+                && if server.is_livegate() {
+                    r.case == case
+                } else {
+                    r.case.scenario() == case.scenario()
+                }
+        })
         .filter_map(|r| r.metric(metric))
         .collect()
 }
@@ -200,12 +261,18 @@ pub fn servers_in(records: &[Record]) -> Vec<Kind> {
     k
 }
 
-pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std::io::Result<PathBuf> {
+pub fn write(
+    dir: &Path,
+    records: &[Record],
+    sizes: &Sizes,
+    meta: &Meta,
+) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
     let kinds = servers_in(records);
     let peers: Vec<Kind> = kinds.iter().copied().filter(|k| *k != Kind::Livegate).collect();
     let mut md = String::new();
-    let _ = writeln!(md, "# livegate fan-out benchmark{}\n", if meta.smoke { " (smoke)" } else { "" });
+    let _ =
+        writeln!(md, "# livegate fan-out benchmark{}\n", if meta.smoke { " (smoke)" } else { "" });
     let _ = writeln!(
         md,
         "Machine: `nproc` {} · CPU {} · kernel {} · {}. Servers pinned to CPU 0 (`taskset -c 0`), the load generator to CPU 1; loopback only.\n",
@@ -219,7 +286,8 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
         meta.total.as_secs_f64(),
         meta.total.as_secs_f64() / 60.0
     );
-    let others: Vec<f64> = records.iter().flat_map(|r| r.steps.iter().map(|s| s.other_cpu_util * 100.0)).collect();
+    let others: Vec<f64> =
+        records.iter().flat_map(|r| r.steps.iter().map(|s| s.other_cpu_util * 100.0)).collect();
     let load_end = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let _ = writeln!(
         md,
@@ -247,7 +315,9 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
     }
     let _ = writeln!(md, "{}\n{rule}", head.trim_end());
     for (case, owner) in rows(records) {
-        let Some(first) = records.iter().find(|r| r.case == case && r.server == owner) else { continue };
+        let Some(first) = records.iter().find(|r| r.case == case && r.server == owner) else {
+            continue;
+        };
         for m in &first.metrics {
             let arrow = if m.higher_better { "↑" } else { "↓" };
             let mut line = format!("| {} | {} {arrow} |", first.label, m.name);
@@ -260,7 +330,11 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
             for p in &peers {
                 let a = meds.get(&Kind::Livegate).copied().unwrap_or(f64::NAN);
                 let b = meds.get(p).copied().unwrap_or(f64::NAN);
-                let ratio = if a.is_finite() && b.is_finite() && b != 0.0 { format!("{:.2}", a / b) } else { "—".into() };
+                let ratio = if a.is_finite() && b.is_finite() && b != 0.0 {
+                    format!("{:.2}", a / b)
+                } else {
+                    "—".into()
+                };
                 let _ = write!(line, " {ratio} |");
             }
             let _ = writeln!(md, "{line}");
@@ -275,14 +349,30 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
     let lg_fan = med(Kind::Livegate, Case::Fanout, &fan_metric);
     for (peer, factor) in [(Kind::Nchan, 2.0), (Kind::SocketIo, 5.0)] {
         let p = med(peer, Case::Fanout, &fan_metric);
-        target_row(&mut md, &format!("fanout deliveries per server CPU-second (best rate of each) ≥ {factor}× {}", peer.title()), lg_fan / p, |r| {
-            (format!("{} vs {} = {:.2}×", fmt(lg_fan), fmt(p), r), r >= factor)
-        });
+        target_row(
+            &mut md,
+            &format!(
+                "fanout deliveries per server CPU-second (best rate of each) ≥ {factor}× {}",
+                peer.title()
+            ),
+            lg_fan / p,
+            |r| (format!("{} vs {} = {:.2}×", fmt(lg_fan), fmt(p), r), r >= factor),
+        );
     }
     // The same comparison at equal publish rates: the highest fanout step each pair both ran.
     for (peer, factor) in [(Kind::Nchan, 2.0), (Kind::SocketIo, 5.0)] {
-        let per = |k: Kind, r: f64| median(&step_values(records, k, Case::Fanout, r).iter().map(|s| s.per_cpu_s).collect::<Vec<_>>());
-        let common = step_rates(records, Case::Fanout).into_iter().rev().find(|&r| per(Kind::Livegate, r).is_finite() && per(peer, r).is_finite());
+        let per = |k: Kind, r: f64| {
+            median(
+                &step_values(records, k, Case::Fanout, r)
+                    .iter()
+                    .map(|s| s.per_cpu_s)
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let common = step_rates(records, Case::Fanout)
+            .into_iter()
+            .rev()
+            .find(|&r| per(Kind::Livegate, r).is_finite() && per(peer, r).is_finite());
         if let Some(r) = common {
             let (a, b) = (per(Kind::Livegate, r), per(peer, r));
             target_row(&mut md, &format!("… the same at an equal rate ({r} publishes/s, the highest both ran) ≥ {factor}× {}", peer.title()), a / b, |x| {
@@ -293,24 +383,29 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
     for n in sizes.idle {
         let name = crate::scenarios::idle_metric(n);
         let v = med(Kind::Livegate, Case::Idle, &name);
-        let title = format!("≤ 8 KiB server memory per idle subscribed connection ({} connections)", n);
-        let held = med(Kind::Livegate, Case::Idle, &format!("connections held (of {})", sizes.idle[1]));
+        let title =
+            format!("≤ 8 KiB server memory per idle subscribed connection ({} connections)", n);
+        let held =
+            med(Kind::Livegate, Case::Idle, &format!("connections held (of {})", sizes.idle[1]));
         if v.is_nan() && held.is_finite() && held < n as f64 {
-            let _ = writeln!(md, "| {title} | could not hold {n} connections: {} held | **not met** |", fmt(held));
+            let _ = writeln!(
+                md,
+                "| {title} | could not hold {n} connections: {} held | **not met** |",
+                fmt(held)
+            );
             continue;
         }
-        target_row(&mut md, &title, v, |v| (format!("{} bytes ({:.1} KiB)", fmt(v), v / 1024.0), v <= 8192.0));
+        target_row(&mut md, &title, v, |v| {
+            (format!("{} bytes ({:.1} KiB)", fmt(v), v / 1024.0), v <= 8192.0)
+        });
     }
     let p99 = med(Kind::Livegate, Case::Fanout, &format!("p99 ms @{}/s", sizes.fanout_ref_rate));
     if p99.is_nan() {
         // Not reached: say where livegate's fanout stopped.
-        let last = step_rates(records, Case::Fanout)
-            .into_iter()
-            .rev()
-            .find_map(|r| {
-                let v = step_values(records, Kind::Livegate, Case::Fanout, r);
-                (!v.is_empty()).then(|| (r, median(&v.iter().map(|s| s.p99_ms).collect::<Vec<_>>())))
-            });
+        let last = step_rates(records, Case::Fanout).into_iter().rev().find_map(|r| {
+            let v = step_values(records, Kind::Livegate, Case::Fanout, r);
+            (!v.is_empty()).then(|| (r, median(&v.iter().map(|s| s.p99_ms).collect::<Vec<_>>())))
+        });
         if let Some((r, p)) = last {
             let _ = writeln!(
                 md,
@@ -319,15 +414,20 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
             );
         }
     } else {
-    target_row(
-        &mut md,
-        &format!("p99 ≤ batch window + 20 ms (= 120 ms) at {} subscribers and {} publishes/s", sizes.fanout_subs, sizes.fanout_ref_rate),
-        p99,
-        |v| (format!("{} ms", fmt(v)), v <= 120.0),
-    );
+        target_row(
+            &mut md,
+            &format!(
+                "p99 ≤ batch window + 20 ms (= 120 ms) at {} subscribers and {} publishes/s",
+                sizes.fanout_subs, sizes.fanout_ref_rate
+            ),
+            p99,
+            |v| (format!("{} ms", fmt(v)), v <= 120.0),
+        );
     }
     let acked = med(Kind::Livegate, Case::Durable, "acked publishes/s");
-    target_row(&mut md, "≥ 10 000 acknowledged durable publishes/s", acked, |v| (format!("{}/s", fmt(v)), v >= 10_000.0));
+    target_row(&mut md, "≥ 10 000 acknowledged durable publishes/s", acked, |v| {
+        (format!("{}/s", fmt(v)), v >= 10_000.0)
+    });
 
     if let Some(table) = cluster_table(records) {
         let _ = writeln!(
@@ -370,7 +470,11 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
         let mut h = String::from("| publishes/s |");
         let mut r = String::from("|---:|");
         for k in &kinds {
-            let _ = write!(h, " {0} deliveries/s | {0} per CPU-s | {0} CPU % | {0} p99 ms |", k.title());
+            let _ = write!(
+                h,
+                " {0} deliveries/s | {0} per CPU-s | {0} CPU % | {0} p99 ms |",
+                k.title()
+            );
             r.push_str("---:|---:|---:|---:|");
         }
         let _ = writeln!(md, "{h}\n{r}");
@@ -382,7 +486,9 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
                     line.push_str(" — | — | — | — |");
                     continue;
                 }
-                let col = |f: &dyn Fn(&crate::scenarios::Step) -> f64| fmt(median(&st.iter().map(f).collect::<Vec<_>>()));
+                let col = |f: &dyn Fn(&crate::scenarios::Step) -> f64| {
+                    fmt(median(&st.iter().map(f).collect::<Vec<_>>()))
+                };
                 let _ = write!(
                     line,
                     " {} | {} | {} | {} |",
@@ -436,7 +542,10 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
     }
     let path = dir.join(if meta.smoke { "smoke.md" } else { "report.md" });
     std::fs::write(&path, md)?;
-    std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&json(records)).unwrap_or_default())?;
+    std::fs::write(
+        dir.join("results.json"),
+        serde_json::to_string_pretty(&json(records)).unwrap_or_default(),
+    )?;
     Ok(path)
 }
 
@@ -444,7 +553,10 @@ pub fn write(dir: &Path, records: &[Record], sizes: &Sizes, meta: &Meta) -> std:
 /// build ÷ the `--baseline-bin` build) per deployment when both ran, then what the fourth
 /// node did to each of the three existing nodes.
 pub fn cluster_table(records: &[Record]) -> Option<String> {
-    let ran: Vec<&Record> = records.iter().filter(|r| matches!(r.case, Case::Cluster(_)) && !r.metrics.is_empty()).collect();
+    let ran: Vec<&Record> = records
+        .iter()
+        .filter(|r| matches!(r.case, Case::Cluster(_)) && !r.metrics.is_empty())
+        .collect();
     let first = ran.first()?;
     let rate = first.steps.first().map_or(f64::NAN, |s| s.rate);
     let at = |name: &str| format!("{name} @{rate}/s");
@@ -459,8 +571,17 @@ pub fn cluster_table(records: &[Record]) -> Option<String> {
         (at(metric::LG_CPU_PER_1K), "livegate CPU ms per 1k acks ↓"),
         (at(metric::NATS_CPU_PER_1K), "nats-server CPU ms per 1k acks ↓"),
     ];
-    let builds: Vec<Kind> = [Kind::LivegateBase, Kind::Livegate].into_iter().filter(|k| ran.iter().any(|r| r.server == *k)).collect();
-    let ratio = |a: f64, b: f64| if a.is_finite() && b.is_finite() && b != 0.0 { format!("{:.2}", a / b) } else { "—".into() };
+    let builds: Vec<Kind> = [Kind::LivegateBase, Kind::Livegate]
+        .into_iter()
+        .filter(|k| ran.iter().any(|r| r.server == *k))
+        .collect();
+    let ratio = |a: f64, b: f64| {
+        if a.is_finite() && b.is_finite() && b != 0.0 {
+            format!("{:.2}", a / b)
+        } else {
+            "—".into()
+        }
+    };
     let mut md = format!(
         "Publish→deliver latency, NATS traffic and CPU at {} publishes/s; acked publishes/s from the closed loop.\n\n| deployment | build | NATS |",
         fmt(rate)
@@ -480,7 +601,9 @@ pub fn cluster_table(records: &[Record]) -> Option<String> {
                 .iter()
                 .filter(|r| r.case == case)
                 .flat_map(|r| r.notes.iter())
-                .find_map(|n| n.strip_prefix("nats-server ").and_then(|v| v.split_whitespace().next()))
+                .find_map(|n| {
+                    n.strip_prefix("nats-server ").and_then(|v| v.split_whitespace().next())
+                })
                 .unwrap_or("?");
             format!("{} × {version}", t.nats_servers())
         };
@@ -505,7 +628,8 @@ pub fn cluster_table(records: &[Record]) -> Option<String> {
     }
 
     // The fourth node: each existing node's NATS traffic and CPU, 3 nodes → 4 on three NATS.
-    let (three, four) = (Case::Cluster(Topology::ThreeOnThreeNats), Case::Cluster(Topology::FourOnThreeNats));
+    let (three, four) =
+        (Case::Cluster(Topology::ThreeOnThreeNats), Case::Cluster(Topology::FourOnThreeNats));
     if ran.iter().any(|r| r.case == three) && ran.iter().any(|r| r.case == four) {
         md.push_str("\n**What a fourth node costs each existing node** (same load, three NATS servers; 4 ÷ 3 is the change the fourth node made):\n\n");
         md.push_str("| build | node | NATS msgs/s in, 3 nodes | 4 nodes | 4 ÷ 3 | CPU ms per 1k acks, 3 nodes | 4 nodes | 4 ÷ 3 |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
@@ -513,9 +637,14 @@ pub fn cluster_table(records: &[Record]) -> Option<String> {
         for &k in &builds {
             let (mut msgs_ratios, mut cpu_ratios) = (Vec::new(), Vec::new());
             for node in &crate::servers::NODE_NAMES[..3] {
-                let (m3, m4) = (values(records, k, three, &metric::node_msgs_in(node)), values(records, k, four, &metric::node_msgs_in(node)));
-                let (c3, c4) =
-                    (values(records, k, three, &metric::node_cpu_per_1k(node)), values(records, k, four, &metric::node_cpu_per_1k(node)));
+                let (m3, m4) = (
+                    values(records, k, three, &metric::node_msgs_in(node)),
+                    values(records, k, four, &metric::node_msgs_in(node)),
+                );
+                let (c3, c4) = (
+                    values(records, k, three, &metric::node_cpu_per_1k(node)),
+                    values(records, k, four, &metric::node_cpu_per_1k(node)),
+                );
                 let (mr, cr) = (median(&m4) / median(&m3), median(&c4) / median(&c3));
                 msgs_ratios.push(mr);
                 cpu_ratios.push(cr);
@@ -549,7 +678,8 @@ pub fn cluster_table(records: &[Record]) -> Option<String> {
                 pct(&cpu_ratios)
             ));
         }
-        let _ = writeln!(md, "\nA fourth node (medians over nodes a, b, c) — {}.", summary.join("; "));
+        let _ =
+            writeln!(md, "\nA fourth node (medians over nodes a, b, c) — {}.", summary.join("; "));
     }
     Some(md)
 }
@@ -559,19 +689,50 @@ pub fn cluster_table(records: &[Record]) -> Option<String> {
 /// presence costs in server CPU per delivery.
 pub fn presence_table(records: &[Record]) -> Option<String> {
     use crate::presence::Arm;
-    let arms = [(Kind::Livegate, Case::Presence(Arm::On)), (Kind::Livegate, Case::Presence(Arm::Off)), (Kind::LivegateBase, Case::Presence(Arm::Absent))];
-    let first = records.iter().find(|r| matches!(r.case, Case::Presence(_)) && !r.metrics.is_empty())?;
-    let ratio = |a: f64, b: f64| if a.is_finite() && b.is_finite() && b != 0.0 { format!("{:.2}", a / b) } else { "—".into() };
+    let arms = [
+        (Kind::Livegate, Case::Presence(Arm::On)),
+        (Kind::Livegate, Case::Presence(Arm::Off)),
+        (Kind::LivegateBase, Case::Presence(Arm::Absent)),
+    ];
+    let first =
+        records.iter().find(|r| matches!(r.case, Case::Presence(_)) && !r.metrics.is_empty())?;
+    let ratio = |a: f64, b: f64| {
+        if a.is_finite() && b.is_finite() && b != 0.0 {
+            format!("{:.2}", a / b)
+        } else {
+            "—".into()
+        }
+    };
     let mut md = String::from("| metric | presence:true | presence:false | build without presence | true ÷ false | true ÷ without |\n|---|---:|---:|---:|---:|---:|\n");
     let mut cost = Vec::new();
     for m in &first.metrics {
         let arrow = if m.higher_better { "↑" } else { "↓" };
         let v: Vec<Vec<f64>> = arms.iter().map(|&(k, c)| values(records, k, c, &m.name)).collect();
         let med: Vec<f64> = v.iter().map(|x| median(x)).collect();
-        let _ = writeln!(md, "| {} {arrow} | {} | {} | {} | {} | {} |", m.name, cell(&v[0]), cell(&v[1]), cell(&v[2]), ratio(med[0], med[1]), ratio(med[0], med[2]));
+        let _ = writeln!(
+            md,
+            "| {} {arrow} | {} | {} | {} | {} | {} |",
+            m.name,
+            cell(&v[0]),
+            cell(&v[1]),
+            cell(&v[2]),
+            ratio(med[0], med[1]),
+            ratio(med[0], med[2])
+        );
         if m.name.starts_with("server CPU µs per delivery") {
-            let pct = |b: f64| if med[0].is_finite() && b.is_finite() && b > 0.0 { format!("{:+.1} %", (med[0] / b - 1.0) * 100.0) } else { "—".into() };
-            cost.push(format!("| presence's server CPU per delivery{} | | | | {} | {} |", m.name.trim_start_matches("server CPU µs per delivery"), pct(med[1]), pct(med[2])));
+            let pct = |b: f64| {
+                if med[0].is_finite() && b.is_finite() && b > 0.0 {
+                    format!("{:+.1} %", (med[0] / b - 1.0) * 100.0)
+                } else {
+                    "—".into()
+                }
+            };
+            cost.push(format!(
+                "| presence's server CPU per delivery{} | | | | {} | {} |",
+                m.name.trim_start_matches("server CPU µs per delivery"),
+                pct(med[1]),
+                pct(med[2])
+            ));
         }
     }
     for c in cost {
@@ -586,12 +747,27 @@ pub fn cells_table(records: &[Record]) -> Option<String> {
     use crate::cells::{metric as m, Arm};
     records.iter().find(|r| r.case == Case::Cells && !r.metrics.is_empty())?;
     let get = |name: &str| values(records, Kind::Livegate, Case::Cells, name);
-    let mut md = format!("| measure | {} | {} | cross ÷ local |\n|---|---:|---:|---:|\n", Arm::Local.title(), Arm::Cross.title());
+    let mut md = format!(
+        "| measure | {} | {} | cross ÷ local |\n|---|---:|---:|---:|\n",
+        Arm::Local.title(),
+        Arm::Cross.title()
+    );
     for what in m::EACH {
-        let _ = writeln!(md, "| {what} ↓ | {} | {} | {} |", cell(&get(&m::of(Arm::Local, what))), cell(&get(&m::of(Arm::Cross, what))), cell(&get(&m::ratio(what))));
+        let _ = writeln!(
+            md,
+            "| {what} ↓ | {} | {} | {} |",
+            cell(&get(&m::of(Arm::Local, what))),
+            cell(&get(&m::of(Arm::Cross, what))),
+            cell(&get(&m::ratio(what)))
+        );
     }
     let d = m::DELIVERED;
-    let _ = writeln!(md, "| {d} ↑ | {} | {} | |", cell(&get(&m::of(Arm::Local, d))), cell(&get(&m::of(Arm::Cross, d))));
+    let _ = writeln!(
+        md,
+        "| {d} ↑ | {} | {} | |",
+        cell(&get(&m::of(Arm::Local, d))),
+        cell(&get(&m::of(Arm::Cross, d)))
+    );
     for what in [m::P50, m::P99] {
         let _ = writeln!(
             md,
@@ -601,21 +777,40 @@ pub fn cells_table(records: &[Record]) -> Option<String> {
             cell(&get(&m::together_ratio(what)))
         );
     }
-    let _ = writeln!(md, "| {d}, both arms at once ↑ | {} | {} | |", cell(&get(&m::together(Arm::Local, d))), cell(&get(&m::together(Arm::Cross, d))));
-    let _ = writeln!(md, "\nIdle, before the arms (heartbeats, probes): cell a {} NATS msgs/s, cell b {}.", cell(&get(m::IDLE_A)), cell(&get(m::IDLE_B)));
+    let _ = writeln!(
+        md,
+        "| {d}, both arms at once ↑ | {} | {} | |",
+        cell(&get(&m::together(Arm::Local, d))),
+        cell(&get(&m::together(Arm::Cross, d)))
+    );
+    let _ = writeln!(
+        md,
+        "\nIdle, before the arms (heartbeats, probes): cell a {} NATS msgs/s, cell b {}.",
+        cell(&get(m::IDLE_A)),
+        cell(&get(m::IDLE_B))
+    );
     Some(md)
 }
 
 /// The reconnect wave's metrics side by side, mode on and off, with their ratio.
 pub fn reconnect_table(records: &[Record]) -> Option<String> {
     let (on, off) = (Case::Reconnect(true), Case::Reconnect(false));
-    let first = records.iter().find(|r| (r.case == on || r.case == off) && !r.metrics.is_empty())?;
-    let mut md = String::from("| metric | resume on | resume off | on ÷ off |\n|---|---:|---:|---:|\n");
+    let first =
+        records.iter().find(|r| (r.case == on || r.case == off) && !r.metrics.is_empty())?;
+    let mut md =
+        String::from("| metric | resume on | resume off | on ÷ off |\n|---|---:|---:|---:|\n");
     for m in &first.metrics {
         let arrow = if m.higher_better { "↑" } else { "↓" };
-        let (a, b) = (values(records, Kind::Livegate, on, &m.name), values(records, Kind::Livegate, off, &m.name));
+        let (a, b) = (
+            values(records, Kind::Livegate, on, &m.name),
+            values(records, Kind::Livegate, off, &m.name),
+        );
         let (ma, mb) = (median(&a), median(&b));
-        let ratio = if ma.is_finite() && mb.is_finite() && mb != 0.0 { format!("{:.2}", ma / mb) } else { "—".into() };
+        let ratio = if ma.is_finite() && mb.is_finite() && mb != 0.0 {
+            format!("{:.2}", ma / mb)
+        } else {
+            "—".into()
+        };
         let _ = writeln!(md, "| {} {arrow} | {} | {} | {ratio} |", m.name, cell(&a), cell(&b));
     }
     Some(md)
@@ -624,7 +819,8 @@ pub fn reconnect_table(records: &[Record]) -> Option<String> {
 /// The fanout steps of every server beside the floor measured with that server's
 /// subscribers, rounds and frame size; "not measured" with the reason when no run got one.
 pub fn floor_table(records: &[Record]) -> Option<String> {
-    let fanout: Vec<&Record> = records.iter().filter(|r| r.case == Case::Fanout && !r.floors.is_empty()).collect();
+    let fanout: Vec<&Record> =
+        records.iter().filter(|r| r.case == Case::Fanout && !r.floors.is_empty()).collect();
     if fanout.is_empty() {
         return None;
     }
@@ -633,15 +829,22 @@ pub fn floor_table(records: &[Record]) -> Option<String> {
     );
     for rate in step_rates(records, Case::Fanout) {
         for k in servers_in(records) {
-            let steps: Vec<&FloorStep> =
-                fanout.iter().filter(|r| r.server == k).flat_map(|r| r.floors.iter().filter(|f| f.rate == rate)).collect();
+            let steps: Vec<&FloorStep> = fanout
+                .iter()
+                .filter(|r| r.server == k)
+                .flat_map(|r| r.floors.iter().filter(|f| f.rate == rate))
+                .collect();
             if steps.is_empty() {
                 continue;
             }
-            let col = |f: &dyn Fn(&FloorStep) -> f64| cell(&steps.iter().map(|s| f(s)).collect::<Vec<_>>());
+            let col = |f: &dyn Fn(&FloorStep) -> f64| {
+                cell(&steps.iter().map(|s| f(s)).collect::<Vec<_>>())
+            };
             let of_floor = |f: fn(&Floor) -> f64| col(&|s| s.floor.as_ref().map_or(f64::NAN, f));
             let floor_cols = match steps.iter().find_map(|s| s.floor.as_ref().err()) {
-                Some(why) if steps.iter().all(|s| s.floor.is_err()) => format!("not measured: {why} | — | — | —"),
+                Some(why) if steps.iter().all(|s| s.floor.is_err()) => {
+                    format!("not measured: {why} | — | — | —")
+                }
                 _ => format!(
                     "{} | {} | {} | {}",
                     of_floor(Floor::us_per_write),
@@ -674,13 +877,22 @@ fn target_row(md: &mut String, name: &str, v: f64, judge: impl Fn(f64) -> (Strin
 }
 
 pub fn step_rates(records: &[Record], case: Case) -> Vec<f64> {
-    let mut rates: Vec<f64> = records.iter().filter(|r| r.case == case).flat_map(|r| r.steps.iter().map(|s| s.rate)).collect();
+    let mut rates: Vec<f64> = records
+        .iter()
+        .filter(|r| r.case == case)
+        .flat_map(|r| r.steps.iter().map(|s| s.rate))
+        .collect();
     rates.sort_by(|a, b| a.total_cmp(b));
     rates.dedup();
     rates
 }
 
-pub fn step_values(records: &[Record], k: Kind, case: Case, rate: f64) -> Vec<crate::scenarios::Step> {
+pub fn step_values(
+    records: &[Record],
+    k: Kind,
+    case: Case,
+    rate: f64,
+) -> Vec<crate::scenarios::Step> {
     records
         .iter()
         .filter(|r| r.server == k && r.case == case)

@@ -257,8 +257,21 @@ pub enum Case {
     Cells,
 }
 
-pub const SCENARIOS: [&str; 13] =
-    ["idle", "fanout", "rooms", "hot", "durable", "slow", "cluster", "churn", "reconnect", "state", "presence", "connects", "cells"];
+pub const SCENARIOS: [&str; 13] = [
+    "idle",
+    "fanout",
+    "rooms",
+    "hot",
+    "durable",
+    "slow",
+    "cluster",
+    "churn",
+    "reconnect",
+    "state",
+    "presence",
+    "connects",
+    "cells",
+];
 
 impl Case {
     pub fn scenario(self) -> &'static str {
@@ -299,11 +312,15 @@ impl Case {
             ("idle", _) => vec![Case::Idle],
             ("fanout", _) => vec![Case::Fanout],
             ("rooms", _) => vec![Case::Rooms],
-            ("hot", k) if k.is_livegate() => sizes.hot_windows.iter().map(|&w| Case::Hot(w)).collect(),
+            ("hot", k) if k.is_livegate() => {
+                sizes.hot_windows.iter().map(|&w| Case::Hot(w)).collect()
+            }
             ("hot", _) => vec![Case::Hot(0)],
             ("durable", k) if k.is_livegate() => vec![Case::Durable],
             ("slow", _) => vec![Case::Slow],
-            ("cluster", k) if k.is_livegate() => Topology::ALL.into_iter().map(Case::Cluster).collect(),
+            ("cluster", k) if k.is_livegate() => {
+                Topology::ALL.into_iter().map(Case::Cluster).collect()
+            }
             ("churn", k) if k.is_livegate() => vec![Case::Churn],
             ("reconnect", Kind::Livegate) => vec![Case::Reconnect(true), Case::Reconnect(false)],
             ("state", Kind::Livegate) => vec![Case::State],
@@ -403,7 +420,14 @@ pub struct Out {
 
 impl Out {
     pub fn new() -> Out {
-        Out { metrics: Vec::new(), steps: Vec::new(), cdfs: Vec::new(), problems: Vec::new(), notes: Vec::new(), floors: Vec::new() }
+        Out {
+            metrics: Vec::new(),
+            steps: Vec::new(),
+            cdfs: Vec::new(),
+            problems: Vec::new(),
+            notes: Vec::new(),
+            floors: Vec::new(),
+        }
     }
     pub fn hi(&mut self, name: &str, value: f64) {
         self.metrics.push(Metric { name: name.into(), value, higher_better: true });
@@ -421,7 +445,14 @@ pub async fn run(ctx: &Ctx<'_>, kind: Kind, case: Case, run: usize) -> Record {
         Case::Idle => idle(ctx, kind).await,
         Case::Fanout => {
             let s = ctx.sizes;
-            let plan = Plan::new(1, s.fanout_subs, s.fanout_rates.clone(), s.fanout_ref_rate, s.pad, s.step_secs);
+            let plan = Plan::new(
+                1,
+                s.fanout_subs,
+                s.fanout_rates.clone(),
+                s.fanout_ref_rate,
+                s.pad,
+                s.step_secs,
+            );
             stepped(ctx, kind, &plan).await.map(|r| {
                 let floors = floors_beside(ctx, &r);
                 let mut out = r.headline("", s.fanout_ref_rate);
@@ -431,7 +462,14 @@ pub async fn run(ctx: &Ctx<'_>, kind: Kind, case: Case, run: usize) -> Record {
         }
         Case::Rooms => {
             let s = ctx.sizes;
-            let plan = Plan::new(s.rooms, s.per_room, s.rooms_rates.clone(), s.rooms_ref_rate, s.pad, s.step_secs);
+            let plan = Plan::new(
+                s.rooms,
+                s.per_room,
+                s.rooms_rates.clone(),
+                s.rooms_ref_rate,
+                s.pad,
+                s.step_secs,
+            );
             stepped(ctx, kind, &plan).await.map(|r| r.headline("", s.rooms_ref_rate))
         }
         Case::Hot(window) => hot(ctx, kind, window).await,
@@ -537,17 +575,26 @@ async fn idle(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
     let mut held = 0;
     let mut pss = Vec::new();
     for &n in &s.idle {
-        let specs: Vec<ConnSpec> = (opened..n).map(|i| ConnSpec { room: i % s.idle_rooms, slow: false }).collect();
+        let specs: Vec<ConnSpec> =
+            (opened..n).map(|i| ConnSpec { room: i % s.idle_rooms, slow: false }).collect();
         let t = std::time::Instant::now();
         let clients = load::open_clients(kind, server.addr, &specs, opened, &rec, &|d, n| {
             (ctx.status)(format!("connecting {d}/{n}"))
         })
         .await?;
         if clients.failed > 0 {
-            out.problems.push(format!("{} of {} connections failed: {}", clients.failed, specs.len(), clients.first_error.clone().unwrap_or_default()));
+            out.problems.push(format!(
+                "{} of {} connections failed: {}",
+                clients.failed,
+                specs.len(),
+                clients.first_error.clone().unwrap_or_default()
+            ));
         }
         if opened == 0 {
-            out.hi("connects per second", (specs.len() - clients.failed) as f64 / t.elapsed().as_secs_f64());
+            out.hi(
+                "connects per second",
+                (specs.len() - clients.failed) as f64 / t.elapsed().as_secs_f64(),
+            );
         }
         held += specs.len() - clients.failed;
         opened = n;
@@ -588,14 +635,26 @@ async fn idle(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
 /// clients again with their resume credentials; `idle[0]` clients over `idle_rooms` rooms.
 /// One flood of handshakes (`how`: "token" or "resume"), its rate and the server's CPU per
 /// connect into `out`.
-async fn timed_flood(server: &Server, out: &mut Out, how: &str, clients: Vec<(String, String)>) -> crate::connects::Flood {
+async fn timed_flood(
+    server: &Server,
+    out: &mut Out,
+    how: &str,
+    clients: Vec<(String, String)>,
+) -> crate::connects::Flood {
     let cpu = server.sample().cpu_secs;
     let flood = crate::connects::flood(server.addr, clients).await;
     let spent = server.sample().cpu_secs - cpu;
     out.hi(&format!("connects per second, {how}"), flood.per_second());
-    out.lo(&format!("server CPU µs per connect, {how}"), spent * 1e6 / flood.sockets.len().max(1) as f64);
+    out.lo(
+        &format!("server CPU µs per connect, {how}"),
+        spent * 1e6 / flood.sockets.len().max(1) as f64,
+    );
     if flood.failed > 0 {
-        out.problems.push(format!("{} {how} handshakes failed: {}", flood.failed, flood.first_error.clone().unwrap_or_default()));
+        out.problems.push(format!(
+            "{} {how} handshakes failed: {}",
+            flood.failed,
+            flood.first_error.clone().unwrap_or_default()
+        ));
     }
     flood
 }
@@ -608,14 +667,20 @@ async fn connects(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
     let mut out = Out::new();
     let tokens = crate::proto::credentials(kind, server.addr, n, 0, 8).await?;
     let rooms: Vec<String> = (0..n).map(|i| crate::proto::room_name(i % s.idle_rooms)).collect();
-    let with_tokens = tokens.iter().zip(&rooms).map(|(t, r)| (crate::proto::ws_url(kind, server.addr, r, t.as_deref()), r.clone())).collect();
+    let with_tokens = tokens
+        .iter()
+        .zip(&rooms)
+        .map(|(t, r)| (crate::proto::ws_url(kind, server.addr, r, t.as_deref()), r.clone()))
+        .collect();
     (ctx.status)(format!("{n} handshakes with tokens"));
     let first = timed_flood(&server, &mut out, "token", with_tokens).await;
     let resumes: Vec<(String, String)> = first
         .resumes
         .iter()
         .zip(&rooms)
-        .filter_map(|(c, r)| c.as_ref().map(|c| (format!("ws://{}/v1/ws?resume={c}", server.addr), r.clone())))
+        .filter_map(|(c, r)| {
+            c.as_ref().map(|c| (format!("ws://{}/v1/ws?resume={c}", server.addr), r.clone()))
+        })
         .collect();
     first.close().await;
     (ctx.status)("closed; waiting for the server to let go".into());
@@ -638,7 +703,8 @@ async fn connects(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
 async fn churn(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
     let s = ctx.sizes;
     let lg = LivegateOpts { ttl_secs: Some(s.churn_session_ttl_secs), ..LivegateOpts::default() };
-    crate::proto::TOKEN_TTL_SECS.store(s.churn_session_ttl_secs, std::sync::atomic::Ordering::Relaxed);
+    crate::proto::TOKEN_TTL_SECS
+        .store(s.churn_session_ttl_secs, std::sync::atomic::Ordering::Relaxed);
     let result = churn_cycles(ctx, kind, lg).await;
     crate::proto::TOKEN_TTL_SECS.store(900, std::sync::atomic::Ordering::Relaxed);
     result
@@ -653,13 +719,20 @@ async fn churn_cycles(ctx: &Ctx<'_>, kind: Kind, lg: LivegateOpts) -> Result<Out
     let mut out = Out::new();
     let (mut after, mut dir_after) = (Vec::new(), Vec::new());
     for cycle in 0..s.churn_cycles {
-        let specs: Vec<ConnSpec> = (0..s.churn_users).map(|i| ConnSpec { room: i % s.churn_rooms, slow: false }).collect();
-        let clients = load::open_clients(kind, server.addr, &specs, cycle * s.churn_users, &rec, &|d, n| {
-            (ctx.status)(format!("cycle {}/{}: connecting {d}/{n}", cycle + 1, s.churn_cycles))
-        })
-        .await?;
+        let specs: Vec<ConnSpec> =
+            (0..s.churn_users).map(|i| ConnSpec { room: i % s.churn_rooms, slow: false }).collect();
+        let clients =
+            load::open_clients(kind, server.addr, &specs, cycle * s.churn_users, &rec, &|d, n| {
+                (ctx.status)(format!("cycle {}/{}: connecting {d}/{n}", cycle + 1, s.churn_cycles))
+            })
+            .await?;
         if clients.failed > 0 {
-            out.problems.push(format!("cycle {}: {} of {} connections failed", cycle + 1, clients.failed, specs.len()));
+            out.problems.push(format!(
+                "cycle {}: {} of {} connections failed",
+                cycle + 1,
+                clients.failed,
+                specs.len()
+            ));
         }
         clients.close().await;
         sleep_secs(s.idle_settle_secs).await;
@@ -667,26 +740,42 @@ async fn churn_cycles(ctx: &Ctx<'_>, kind: Kind, lg: LivegateOpts) -> Result<Out
         dir_after.push(dir_bytes(&server.data_dir));
     }
     // Sessions of the last cycles expire a TTL after they left (swept every TTL/4).
-    (ctx.status)(format!("waiting {} s for the last sessions to expire", s.churn_session_ttl_secs * 3 / 2));
+    (ctx.status)(format!(
+        "waiting {} s for the last sessions to expire",
+        s.churn_session_ttl_secs * 3 / 2
+    ));
     sleep_secs(s.churn_session_ttl_secs as f64 * 1.5).await;
     let expired = server.sample();
     let first = after.first().ok_or("no churn cycle ran")?;
     let last = after.last().ok_or("no churn cycle ran")?;
     out.lo("RSS before (MiB)", before.rss_bytes as f64 / MIB);
     out.lo("RSS after cycle 1, nobody connected (MiB)", first.rss_bytes as f64 / MIB);
-    out.lo(&format!("RSS after cycle {}, nobody connected (MiB)", after.len()), last.rss_bytes as f64 / MIB);
-    out.lo("RSS growth after cycle 1 (%)", (last.rss_bytes as f64 / first.rss_bytes as f64 - 1.0) * 100.0);
+    out.lo(
+        &format!("RSS after cycle {}, nobody connected (MiB)", after.len()),
+        last.rss_bytes as f64 / MIB,
+    );
+    out.lo(
+        "RSS growth after cycle 1 (%)",
+        (last.rss_bytes as f64 / first.rss_bytes as f64 - 1.0) * 100.0,
+    );
     out.lo("RSS 1.5 TTL after the last cycle (MiB)", expired.rss_bytes as f64 / MIB);
     if let Some(mid) = after.get(after.len() / 2) {
-        out.lo(&format!("RSS after cycle {}, nobody connected (MiB)", after.len() / 2 + 1), mid.rss_bytes as f64 / MIB);
+        out.lo(
+            &format!("RSS after cycle {}, nobody connected (MiB)", after.len() / 2 + 1),
+            mid.rss_bytes as f64 / MIB,
+        );
     }
     let half = dir_after.get(dir_after.len() / 2).copied().unwrap_or(0);
     out.lo(&format!("data dir after cycle {} (MiB)", dir_after.len() / 2 + 1), half as f64 / MIB);
     out.lo("data dir 1.5 TTL after the last cycle (MiB)", dir_bytes(&server.data_dir) as f64 / MIB);
-    out.lo("RSS growth after cycle 1, sessions expired (%)", (expired.rss_bytes as f64 / first.rss_bytes as f64 - 1.0) * 100.0);
+    out.lo(
+        "RSS growth after cycle 1, sessions expired (%)",
+        (expired.rss_bytes as f64 / first.rss_bytes as f64 - 1.0) * 100.0,
+    );
     out.lo(
         "RSS left per session after cycle 1 (bytes)",
-        (last.rss_bytes as f64 - first.rss_bytes as f64) / ((after.len().max(2) - 1) * s.churn_users) as f64,
+        (last.rss_bytes as f64 - first.rss_bytes as f64)
+            / ((after.len().max(2) - 1) * s.churn_users) as f64,
     );
     server.stop();
     Ok(out)
@@ -695,7 +784,14 @@ async fn churn_cycles(ctx: &Ctx<'_>, kind: Kind, lg: LivegateOpts) -> Result<Out
 /// The reconnect wave (`reconnect.rs`): backend calls and time to all back.
 async fn reconnect(ctx: &Ctx<'_>, resume: bool) -> Result<Out, String> {
     let s = ctx.sizes;
-    let wave = crate::reconnect::wave(ctx.paths, s.reconnect_clients, s.reconnect_rooms, resume, ctx.status).await?;
+    let wave = crate::reconnect::wave(
+        ctx.paths,
+        s.reconnect_clients,
+        s.reconnect_rooms,
+        resume,
+        ctx.status,
+    )
+    .await?;
     let mut out = Out::new();
     out.lo("backend token calls during the wave", wave.backend_calls as f64);
     out.lo("backend token calls per client", wave.backend_calls as f64 / wave.clients as f64);
@@ -707,7 +803,10 @@ async fn reconnect(ctx: &Ctx<'_>, resume: bool) -> Result<Out, String> {
     out.hi("handshakes with a resume credential (restarted node)", wave.resume_handshakes);
     out.lo("handshakes with a token (restarted node)", wave.token_handshakes);
     if resume && wave.backend_calls > 0 {
-        out.notes.push(format!("{} token calls with resume on (credentials refused or expired)", wave.backend_calls));
+        out.notes.push(format!(
+            "{} token calls with resume on (credentials refused or expired)",
+            wave.backend_calls
+        ));
     }
     Ok(out)
 }
@@ -726,14 +825,20 @@ async fn state_join(ctx: &Ctx<'_>) -> Result<Out, String> {
     let pad = "x".repeat(s.pad);
     for i in 1..=s.state_events {
         (ctx.status)(format!("state: publishing {i}/{}", s.state_events));
-        let body = format!(r#"{{"id":"s-{i}","data":{{"i":{i},"pad":"{pad}"}},"state":{{"last":{i},"pad":"{pad}"}}}}"#);
-        let r = http.post(&format!("/v1/rooms/{room}/events"), body.as_bytes()).await.map_err(|e| format!("publish: {e}"))?;
+        let body = format!(
+            r#"{{"id":"s-{i}","data":{{"i":{i},"pad":"{pad}"}},"state":{{"last":{i},"pad":"{pad}"}}}}"#
+        );
+        let r = http
+            .post(&format!("/v1/rooms/{room}/events"), body.as_bytes())
+            .await
+            .map_err(|e| format!("publish: {e}"))?;
         if r.status != 201 {
             return Err(format!("publish: HTTP {} {}", r.status, String::from_utf8_lossy(&r.body)));
         }
     }
     let tokens = crate::proto::credentials(kind, server.addr, 2 * s.state_joins, 0, 4).await?;
-    let reads_before = crate::servers::metric(server.addr, "livegate_state_reads_total").await.unwrap_or(0.0);
+    let reads_before =
+        crate::servers::metric(server.addr, "livegate_state_reads_total").await.unwrap_or(0.0);
     let mut out = Out::new();
     let mut epoch = String::new();
     for (label, with_state) in [("state:true", true), ("since=0 replay", false)] {
@@ -747,9 +852,13 @@ async fn state_join(ctx: &Ctx<'_>) -> Result<Out, String> {
             let op = if with_state {
                 format!(r#"{{"op":"subscribe","room":"{room}","state":true,"ref":1}}"#)
             } else {
-                format!(r#"{{"op":"subscribe","room":"{room}","since":0,"epoch":"{epoch}","ref":1}}"#)
+                format!(
+                    r#"{{"op":"subscribe","room":"{room}","since":0,"epoch":"{epoch}","ref":1}}"#
+                )
             };
-            futures_util::SinkExt::send(&mut ws, tokio_tungstenite::tungstenite::Message::Text(op)).await.map_err(|e| e.to_string())?;
+            futures_util::SinkExt::send(&mut ws, tokio_tungstenite::tungstenite::Message::Text(op))
+                .await
+                .map_err(|e| e.to_string())?;
             let (got, got_bytes, last) = read_join(&mut ws, s.state_events as u64).await?;
             micros += started.elapsed().as_micros();
             if with_state && epoch.is_empty() {
@@ -764,10 +873,15 @@ async fn state_join(ctx: &Ctx<'_>) -> Result<Out, String> {
         out.lo(&format!("{label}: events replayed per join"), events as f64 / n);
         out.lo(&format!("{label}: time to caught up per join (ms)"), micros as f64 / n / 1000.0);
     }
-    let reads = crate::servers::metric(server.addr, "livegate_state_reads_total").await.unwrap_or(0.0) - reads_before;
+    let reads =
+        crate::servers::metric(server.addr, "livegate_state_reads_total").await.unwrap_or(0.0)
+            - reads_before;
     out.lo("store reads of the state for all joins", reads);
     if reads > 1.0 {
-        out.problems.push(format!("{reads} store reads of the state for {} joins (at most the room's load)", s.state_joins));
+        out.problems.push(format!(
+            "{reads} store reads of the state for {} joins (at most the room's load)",
+            s.state_joins
+        ));
     }
     server.stop();
     Ok(out)
@@ -775,11 +889,16 @@ async fn state_join(ctx: &Ctx<'_>) -> Result<Out, String> {
 
 /// Reads a join's answer up to the room's head (`head` events published): the events
 /// received, the bytes of every frame after the welcome, and the `subscribed`'s epoch.
-async fn read_join(ws: &mut crate::proto::Ws, head: u64) -> Result<(usize, usize, Option<String>), String> {
+async fn read_join(
+    ws: &mut crate::proto::Ws,
+    head: u64,
+) -> Result<(usize, usize, Option<String>), String> {
     use futures_util::StreamExt;
     let (mut events, mut bytes, mut epoch, mut caught_up_to) = (0usize, 0usize, None, None::<u64>);
     loop {
-        let message = tokio::time::timeout(Duration::from_secs(15), ws.next()).await.map_err(|_| "join timed out")?;
+        let message = tokio::time::timeout(Duration::from_secs(15), ws.next())
+            .await
+            .map_err(|_| "join timed out")?;
         let text = match message {
             Some(Ok(tokio_tungstenite::tungstenite::Message::Text(t))) => t,
             Some(Ok(_)) => continue,
@@ -835,14 +954,24 @@ async fn presence(ctx: &Ctx<'_>, kind: Kind, arm: Arm) -> Result<Out, String> {
     for st in &r.steps {
         let rate = st.rate;
         let secs = st.secs;
-        let per_cpu = if st.server_cpu > 0.0 { st.delivered as f64 / st.server_cpu } else { f64::NAN };
+        let per_cpu =
+            if st.server_cpu > 0.0 { st.delivered as f64 / st.server_cpu } else { f64::NAN };
         out.hi(&format!("deliveries per server CPU-s @{rate}/s"), per_cpu);
-        out.lo(&format!("server CPU µs per delivery @{rate}/s"), if st.delivered > 0 { st.server_cpu / st.delivered as f64 * 1e6 } else { f64::NAN });
+        out.lo(
+            &format!("server CPU µs per delivery @{rate}/s"),
+            if st.delivered > 0 { st.server_cpu / st.delivered as f64 * 1e6 } else { f64::NAN },
+        );
         out.lo(&format!("server CPU % @{rate}/s"), st.server_cpu / secs * 100.0);
         out.hi(&format!("deliveries/s @{rate}/s"), st.delivered as f64 / secs);
-        out.hi(&format!("delivered % of publishes × subscribers @{rate}/s"), st.delivered as f64 / (st.expected as f64 * s.presence_subs as f64) * 100.0);
+        out.hi(
+            &format!("delivered % of publishes × subscribers @{rate}/s"),
+            st.delivered as f64 / (st.expected as f64 * s.presence_subs as f64) * 100.0,
+        );
         out.lo(&format!("p99 ms @{rate}/s"), ms(&st.hist, 0.99));
-        out.lo(&format!("presence frames per client per s @{rate}/s"), st.presence_frames as f64 / r.stable.max(1) as f64 / secs);
+        out.lo(
+            &format!("presence frames per client per s @{rate}/s"),
+            st.presence_frames as f64 / r.stable.max(1) as f64 / secs,
+        );
         out.lo(&format!("leaves per s @{rate}/s"), st.leaves as f64 / secs);
         out.lo(&format!("other processes' CPU % @{rate}/s"), st.other_cpu / secs * 100.0);
         out.lo(&format!("load generator CPU % @{rate}/s"), st.client_cpu / secs * 100.0);
@@ -863,7 +992,10 @@ async fn presence(ctx: &Ctx<'_>, kind: Kind, arm: Arm) -> Result<Out, String> {
             out.notes.push(format!("other processes on the machine used {:.0} % of a core at {rate}/s: numbers are disturbed", st.other_cpu / secs * 100.0));
         }
         if st.client_cpu / secs > 0.9 {
-            out.notes.push(format!("load generator CPU at {:.0} % at {rate}/s: deliveries may be client-bound", st.client_cpu / secs * 100.0));
+            out.notes.push(format!(
+                "load generator CPU at {:.0} % at {rate}/s: deliveries may be client-bound",
+                st.client_cpu / secs * 100.0
+            ));
         }
     }
     out.lo("missing deliveries", r.missing as f64);
@@ -871,13 +1003,24 @@ async fn presence(ctx: &Ctx<'_>, kind: Kind, arm: Arm) -> Result<Out, String> {
     out.hi("newcomers joined", r.rejoined as f64);
     out.hi("last presence count seen", r.last_count.map(|c| c as f64).unwrap_or(f64::NAN));
     if r.missing > 0 || r.duplicates > 0 || r.closed_by_server > 0 {
-        out.problems.push(format!("{} missing, {} duplicate deliveries, {} stable clients closed by the server", r.missing, r.duplicates, r.closed_by_server));
+        out.problems.push(format!(
+            "{} missing, {} duplicate deliveries, {} stable clients closed by the server",
+            r.missing, r.duplicates, r.closed_by_server
+        ));
     }
     if r.failed_connects > 0 {
-        out.problems.push(format!("{} connections failed: {}", r.failed_connects, r.first_error.unwrap_or_default()));
+        out.problems.push(format!(
+            "{} connections failed: {}",
+            r.failed_connects,
+            r.first_error.unwrap_or_default()
+        ));
     }
     if r.publish_errors > 0 {
-        out.problems.push(format!("{} publishes failed: {}", r.publish_errors, r.first_publish_error.unwrap_or_default()));
+        out.problems.push(format!(
+            "{} publishes failed: {}",
+            r.publish_errors,
+            r.first_publish_error.unwrap_or_default()
+        ));
     }
     if arm != Arm::On && r.steps.iter().any(|s| s.presence_frames > 0) {
         out.problems.push("presence frames reached subscribers that did not ask for them".into());
@@ -920,8 +1063,24 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(rooms: usize, per_room: usize, rates: Vec<f64>, _ref_rate: f64, pad: usize, secs: f64) -> Plan {
-        Plan { rooms, per_room, slow_every: None, rates, pad, secs, lg: LivegateOpts::default(), stop_when_overloaded: true }
+    fn new(
+        rooms: usize,
+        per_room: usize,
+        rates: Vec<f64>,
+        _ref_rate: f64,
+        pad: usize,
+        secs: f64,
+    ) -> Plan {
+        Plan {
+            rooms,
+            per_room,
+            slow_every: None,
+            rates,
+            pad,
+            secs,
+            lg: LivegateOpts::default(),
+            stop_when_overloaded: true,
+        }
     }
 }
 
@@ -975,7 +1134,8 @@ impl SteppedResult {
             out.lo(&format!("{prefix}p99.9 ms @{ref_rate}/s"), st.p999_ms);
             out.lo(&format!("{prefix}server CPU % @{ref_rate}/s"), st.server_cpu_util * 100.0);
         } else {
-            out.notes.push(format!("never reached the reference rate {ref_rate}/s (overloaded before)"));
+            out.notes
+                .push(format!("never reached the reference rate {ref_rate}/s (overloaded before)"));
         }
         let best = self
             .steps
@@ -1007,7 +1167,9 @@ impl SteppedResult {
             out.problems.push(format!("{missing} missing, {dups} duplicate deliveries, {closed_fast} reading clients closed by the server"));
         }
         if let Some(r) = self.overloaded_at {
-            out.notes.push(format!("overloaded at {r}/s (p99 over 2 s or under half delivered): higher rates skipped"));
+            out.notes.push(format!(
+                "overloaded at {r}/s (p99 over 2 s or under half delivered): higher rates skipped"
+            ));
         }
         out.problems.extend(self.problems.iter().cloned());
         out.notes.extend(self.notes.iter().cloned());
@@ -1022,12 +1184,22 @@ async fn stepped(ctx: &Ctx<'_>, kind: Kind, plan: &Plan) -> Result<SteppedResult
     let rec = Rec::default();
     let n = plan.rooms * plan.per_room;
     let specs: Vec<ConnSpec> = (0..n)
-        .map(|i| ConnSpec { room: i % plan.rooms, slow: plan.slow_every.is_some_and(|k| i % k == k - 1) })
+        .map(|i| ConnSpec {
+            room: i % plan.rooms,
+            slow: plan.slow_every.is_some_and(|k| i % k == k - 1),
+        })
         .collect();
     let fast = specs.iter().filter(|c| !c.slow).count() as f64;
-    let clients = load::open_clients(kind, server.addr, &specs, 0, &rec, &|d, n| (ctx.status)(format!("connecting {d}/{n}"))).await?;
+    let clients = load::open_clients(kind, server.addr, &specs, 0, &rec, &|d, n| {
+        (ctx.status)(format!("connecting {d}/{n}"))
+    })
+    .await?;
     if clients.failed > 0 {
-        problems.push(format!("{} of {n} connections failed: {}", clients.failed, clients.first_error.clone().unwrap_or_default()));
+        problems.push(format!(
+            "{} of {n} connections failed: {}",
+            clients.failed,
+            clients.first_error.clone().unwrap_or_default()
+        ));
     }
     sleep_secs(0.3).await;
     let connected = server.sample();
@@ -1057,7 +1229,9 @@ async fn stepped(ctx: &Ctx<'_>, kind: Kind, plan: &Plan) -> Result<SteppedResult
         let r = rec.borrow();
         let p = &r.phases[idx];
         let expected = p.published as f64 * fast / plan.rooms as f64;
-        if plan.stop_when_overloaded && (ms(&p.hist, 0.99) > 2000.0 || (p.delivered as f64) < 0.5 * expected) {
+        if plan.stop_when_overloaded
+            && (ms(&p.hist, 0.99) > 2000.0 || (p.delivered as f64) < 0.5 * expected)
+        {
             overloaded_at = Some(rate);
             break;
         }
@@ -1074,7 +1248,11 @@ async fn stepped(ctx: &Ctx<'_>, kind: Kind, plan: &Plan) -> Result<SteppedResult
         ));
     }
     if pstats.errors > 0 {
-        problems.push(format!("{} publishes failed: {}", pstats.errors, pstats.first_error.unwrap_or_default()));
+        problems.push(format!(
+            "{} publishes failed: {}",
+            pstats.errors,
+            pstats.first_error.unwrap_or_default()
+        ));
     }
     sampler.abort();
     let summaries = clients.close().await;
@@ -1085,9 +1263,14 @@ async fn stepped(ctx: &Ctx<'_>, kind: Kind, plan: &Plan) -> Result<SteppedResult
     let mut steps = Vec::new();
     let mut hists = Vec::new();
     let mut bytes_per_frame = Vec::new();
-    for (p, (&rate, &(scpu, ccpu, other))) in r.phases.iter().zip(plan.rates.iter().zip(cpu.iter())) {
+    for (p, (&rate, &(scpu, ccpu, other))) in r.phases.iter().zip(plan.rates.iter().zip(cpu.iter()))
+    {
         let secs = p.secs();
-        bytes_per_frame.push(if p.frames > 0 { p.frame_bytes as f64 / p.frames as f64 } else { f64::NAN });
+        bytes_per_frame.push(if p.frames > 0 {
+            p.frame_bytes as f64 / p.frames as f64
+        } else {
+            f64::NAN
+        });
         steps.push(Step {
             rate,
             delivered_per_s: p.delivered as f64 / secs,
@@ -1108,7 +1291,11 @@ async fn stepped(ctx: &Ctx<'_>, kind: Kind, plan: &Plan) -> Result<SteppedResult
             notes.push(format!("other processes on the machine used {:.0} % of a core at {}/s: numbers are disturbed", st.other_cpu_util * 100.0, st.rate));
         }
         if st.client_cpu_util > 0.9 {
-            notes.push(format!("load generator CPU at {:.0} % at {}/s: deliveries there may be client-bound", st.client_cpu_util * 100.0, st.rate));
+            notes.push(format!(
+                "load generator CPU at {:.0} % at {}/s: deliveries there may be client-bound",
+                st.client_cpu_util * 100.0,
+                st.rate
+            ));
         }
     }
     Ok(SteppedResult {
@@ -1143,8 +1330,19 @@ fn floors_beside(ctx: &Ctx<'_>, r: &SteppedResult) -> Vec<FloorStep> {
         } else {
             Err("no frame was delivered in the step".into())
         };
-        let server_us_per_frame = if st.frames_per_s > 0.0 { st.server_cpu_util / st.frames_per_s * 1e6 } else { f64::NAN };
-        floors.push(FloorStep { rate: st.rate, subscribers, rounds_per_s, frame_bytes, server_us_per_frame, floor });
+        let server_us_per_frame = if st.frames_per_s > 0.0 {
+            st.server_cpu_util / st.frames_per_s * 1e6
+        } else {
+            f64::NAN
+        };
+        floors.push(FloorStep {
+            rate: st.rate,
+            subscribers,
+            rounds_per_s,
+            frame_bytes,
+            server_us_per_frame,
+            floor,
+        });
     }
     floors
 }
@@ -1159,10 +1357,22 @@ fn floor_metrics(out: &mut Out, floors: Vec<FloorStep>, ref_rate: f64) {
     }
     let at_ref = floors.iter().find(|f| (f.rate - ref_rate).abs() < 1e-9);
     let floor = at_ref.and_then(|f| f.floor.as_ref().ok());
-    out.lo(&format!("server CPU µs per frame @{ref_rate}/s"), at_ref.map_or(f64::NAN, |f| f.server_us_per_frame));
-    out.lo(&format!("floor: CPU µs per write @{ref_rate}/s"), floor.map_or(f64::NAN, Floor::us_per_write));
-    out.hi(&format!("floor: writes per CPU-s @{ref_rate}/s"), floor.map_or(f64::NAN, Floor::writes_per_cpu_s));
-    out.lo(&format!("server CPU per frame ÷ floor @{ref_rate}/s"), at_ref.map_or(f64::NAN, FloorStep::times_floor));
+    out.lo(
+        &format!("server CPU µs per frame @{ref_rate}/s"),
+        at_ref.map_or(f64::NAN, |f| f.server_us_per_frame),
+    );
+    out.lo(
+        &format!("floor: CPU µs per write @{ref_rate}/s"),
+        floor.map_or(f64::NAN, Floor::us_per_write),
+    );
+    out.hi(
+        &format!("floor: writes per CPU-s @{ref_rate}/s"),
+        floor.map_or(f64::NAN, Floor::writes_per_cpu_s),
+    );
+    out.lo(
+        &format!("server CPU per frame ÷ floor @{ref_rate}/s"),
+        at_ref.map_or(f64::NAN, FloorStep::times_floor),
+    );
     out.floors = floors;
 }
 
@@ -1177,7 +1387,10 @@ async fn hot(ctx: &Ctx<'_>, kind: Kind, window: u64) -> Result<Out, String> {
     let conns = (s.hot_rooms * s.hot_per_room) as f64;
     if let Some(st) = r.steps.first() {
         out.lo("frames per connection per second", st.frames_per_s / conns);
-        out.hi("events per frame", if st.frames_per_s > 0.0 { st.delivered_per_s / st.frames_per_s } else { 0.0 });
+        out.hi(
+            "events per frame",
+            if st.frames_per_s > 0.0 { st.delivered_per_s / st.frames_per_s } else { 0.0 },
+        );
         out.hi("deliveries per server CPU-s", st.per_cpu_s);
         out.lo("server CPU %", st.server_cpu_util * 100.0);
         out.lo("p50 ms", st.p50_ms);
@@ -1191,7 +1404,8 @@ async fn hot(ctx: &Ctx<'_>, kind: Kind, window: u64) -> Result<Out, String> {
 
 async fn slow(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
     let s = ctx.sizes;
-    let mut plan = Plan::new(1, s.slow_subs, vec![s.slow_rate], s.slow_rate, s.slow_pad, s.slow_secs);
+    let mut plan =
+        Plan::new(1, s.slow_subs, vec![s.slow_rate], s.slow_rate, s.slow_pad, s.slow_secs);
     plan.slow_every = Some(s.slow_every);
     plan.lg.max_outbox_bytes = s.slow_outbox;
     plan.stop_when_overloaded = false;
@@ -1234,8 +1448,10 @@ async fn durable(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
         tokio::time::sleep_until(load::instant_at(end)).await;
         server.sample().cpu_secs - a
     };
-    let ((acked, hist, stats, all), cpu) =
-        tokio::join!(load::closed_loop(server.addr, s.durable_rooms, s.durable_publishers, s.pad, measure, end), sampling);
+    let ((acked, hist, stats, all), cpu) = tokio::join!(
+        load::closed_loop(server.addr, s.durable_rooms, s.durable_publishers, s.pad, measure, end),
+        sampling
+    );
     sleep_secs(0.3).await;
     let du1 = procstat::du_bytes(&server.data_dir);
     server.stop();
@@ -1246,9 +1462,16 @@ async fn durable(ctx: &Ctx<'_>, kind: Kind) -> Result<Out, String> {
     out.lo("ack p99.9 ms", ms(&hist, 0.999));
     out.lo("server CPU %", cpu / s.durable_secs * 100.0);
     out.lo("disk bytes per event", if all > 0 { du1 as f64 / all as f64 } else { f64::NAN });
-    out.lo("disk bytes per event (growth only)", if all > 0 { du1.saturating_sub(du0) as f64 / all as f64 } else { f64::NAN });
+    out.lo(
+        "disk bytes per event (growth only)",
+        if all > 0 { du1.saturating_sub(du0) as f64 / all as f64 } else { f64::NAN },
+    );
     if stats.errors > 0 {
-        out.problems.push(format!("{} publishes failed: {}", stats.errors, stats.first_error.unwrap_or_default()));
+        out.problems.push(format!(
+            "{} publishes failed: {}",
+            stats.errors,
+            stats.first_error.unwrap_or_default()
+        ));
     }
     Ok(out)
 }

@@ -104,10 +104,16 @@ impl Paths {
                 Some(b) => vec![b.clone()],
                 None => return Some("no --baseline-bin given".into()),
             },
-            Kind::Nchan => vec!["/usr/sbin/nginx".into(), "/usr/lib/nginx/modules/ngx_nchan_module.so".into()],
-            Kind::SocketIo => vec!["/usr/bin/node".into(), self.peers().join("socketio/node_modules/socket.io")],
+            Kind::Nchan => {
+                vec!["/usr/sbin/nginx".into(), "/usr/lib/nginx/modules/ngx_nchan_module.so".into()]
+            }
+            Kind::SocketIo => {
+                vec!["/usr/bin/node".into(), self.peers().join("socketio/node_modules/socket.io")]
+            }
         };
-        need.iter().find(|p| !p.exists()).map(|p| format!("{} not found (run benches/run to install peers)", p.display()))
+        need.iter()
+            .find(|p| !p.exists())
+            .map(|p| format!("{} not found (run benches/run to install peers)", p.display()))
     }
 }
 
@@ -137,7 +143,10 @@ pub struct Server {
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
 }
 
 fn log_file(dir: &Path, name: &str) -> Stdio {
@@ -185,7 +194,13 @@ impl Server {
 
     /// Like [`start`](Self::start), with `extra` flags for livegate (the cluster flags)
     /// and `tag` naming the scratch directory.
-    pub async fn start_with(kind: Kind, lg: LivegateOpts, paths: &Paths, tag: &str, extra: &[String]) -> Result<Server, String> {
+    pub async fn start_with(
+        kind: Kind,
+        lg: LivegateOpts,
+        paths: &Paths,
+        tag: &str,
+        extra: &[String],
+    ) -> Result<Server, String> {
         std::fs::create_dir_all(&paths.scratch).map_err(|e| e.to_string())?;
         let dir = tempfile::Builder::new()
             .prefix(&format!("{tag}-"))
@@ -199,7 +214,11 @@ impl Server {
         // livegate's abuse limits (per node, per client address, handshake rate) would
         // refuse a load generator; variables rather than flags, so a build without them
         // only warns.
-        for var in ["LIVEGATE_MAX_CONNECTIONS", "LIVEGATE_MAX_CONNECTIONS_PER_IP", "LIVEGATE_HANDSHAKES_PER_IP_PER_SEC"] {
+        for var in [
+            "LIVEGATE_MAX_CONNECTIONS",
+            "LIVEGATE_MAX_CONNECTIONS_PER_IP",
+            "LIVEGATE_HANDSHAKES_PER_IP_PER_SEC",
+        ] {
             cmd.env(var, "0");
         }
         // The bench's own variable, and the test suite's tool paths when the bench runs
@@ -223,23 +242,38 @@ impl Server {
                     .args(["--batch-window-ms", &lg.batch_window_ms.to_string()])
                     .args(["--max-outbox-bytes", &lg.max_outbox_bytes.to_string()])
                     .args(["--max-subscriptions", "1024"])
-                    .args(["--drain-wait-secs", "0", "--drain-spread-secs", "0", "--drain-grace-secs", "1"])
+                    .args([
+                        "--drain-wait-secs",
+                        "0",
+                        "--drain-spread-secs",
+                        "0",
+                        "--drain-grace-secs",
+                        "1",
+                    ])
                     .args(["--log-format", "json"])
                     .args(extra)
                     .env("RUST_LOG", "warn");
             }
             Kind::Nchan => {
-                let template = std::fs::read_to_string(paths.peers().join("nginx.conf")).map_err(|e| e.to_string())?;
+                let template = std::fs::read_to_string(paths.peers().join("nginx.conf"))
+                    .map_err(|e| e.to_string())?;
                 let prefix = dir.path().to_str().ok_or("non-UTF-8 scratch path")?;
-                let conf = template.replace("@PORT@", &port.to_string()).replace("@PREFIX@", prefix);
+                let conf =
+                    template.replace("@PORT@", &port.to_string()).replace("@PREFIX@", prefix);
                 std::fs::write(dir.path().join("nginx.conf"), conf).map_err(|e| e.to_string())?;
-                cmd.arg("/usr/sbin/nginx").arg("-p").arg(dir.path()).arg("-c").arg(dir.path().join("nginx.conf"));
+                cmd.arg("/usr/sbin/nginx")
+                    .arg("-p")
+                    .arg(dir.path())
+                    .arg("-c")
+                    .arg(dir.path().join("nginx.conf"));
             }
             Kind::SocketIo => {
                 cmd.arg("node").arg(paths.peers().join("socketio/server.js")).arg(port.to_string());
             }
         }
-        cmd.stdin(Stdio::null()).stdout(log_file(dir.path(), "stdout.log")).stderr(log_file(dir.path(), "stderr.log"));
+        cmd.stdin(Stdio::null())
+            .stdout(log_file(dir.path(), "stdout.log"))
+            .stderr(log_file(dir.path(), "stderr.log"));
         let child = cmd.spawn().map_err(|e| format!("spawn {}: {e}", kind.name()))?;
         let pid = child.id() as i32;
         let mut server = Server { kind, addr, stat_pid: pid, data_dir, child, _dir: dir };
@@ -310,7 +344,9 @@ impl Server {
         if self.kind == Kind::Nchan && self.stat_pid != pid {
             // The worker normally leaves with its master; make sure it did.
             let deadline = Instant::now() + Duration::from_secs(5);
-            while std::path::Path::new(&format!("/proc/{}", self.stat_pid)).exists() && Instant::now() < deadline {
+            while std::path::Path::new(&format!("/proc/{}", self.stat_pid)).exists()
+                && Instant::now() < deadline
+            {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
@@ -343,7 +379,11 @@ const NATS_LEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// else the current release `benches/run` installs under `target/`, else Debian's.
 pub fn resolve_nats_server(flag: Option<PathBuf>, target: &Path, root: &Path) -> PathBuf {
     flag.or_else(|| std::env::var_os(NATS_SERVER_ENV).map(PathBuf::from))
-        .or_else(|| [target.join(NATS_VENV_SERVER), root.join("target").join(NATS_VENV_SERVER)].into_iter().find(|p| p.exists()))
+        .or_else(|| {
+            [target.join(NATS_VENV_SERVER), root.join("target").join(NATS_VENV_SERVER)]
+                .into_iter()
+                .find(|p| p.exists())
+        })
         .unwrap_or_else(|| PathBuf::from(NATS_SERVER))
 }
 
@@ -353,7 +393,13 @@ pub fn nats_version(bin: &Path) -> String {
         .arg("--version")
         .output()
         .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().trim_start_matches("nats-server:").trim().to_string())
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .trim()
+                .trim_start_matches("nats-server:")
+                .trim()
+                .to_string()
+        })
         .filter(|v| !v.is_empty())
         .unwrap_or_else(|| "unknown version".into())
 }
@@ -397,7 +443,13 @@ impl NatsServer {
     /// A server on the given client and monitoring ports with `extra` arguments (a NATS
     /// cluster member's name, cluster port and routes; a cell's `-c` configuration);
     /// returns once it accepts clients.
-    pub async fn start_with(paths: &Paths, name: &str, port: u16, monitor_port: u16, extra: &[String]) -> Result<NatsServer, String> {
+    pub async fn start_with(
+        paths: &Paths,
+        name: &str,
+        port: u16,
+        monitor_port: u16,
+        extra: &[String],
+    ) -> Result<NatsServer, String> {
         if let Some(why) = nats_missing(&paths.nats_server) {
             return Err(why);
         }
@@ -409,7 +461,16 @@ impl NatsServer {
             .arg("-c")
             .arg(SERVER_CPU.to_string())
             .arg(&paths.nats_server)
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-m", &monitor_port.to_string(), "-sd"])
+            .args([
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-m",
+                &monitor_port.to_string(),
+                "-sd",
+            ])
             .arg(dir.path().join("store"))
             .args(extra)
             .stdin(Stdio::null())
@@ -421,15 +482,31 @@ impl NatsServer {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         loop {
             if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!("nats-server {name} exited at start ({status}):\n{}", log_tail(&log, 5)));
+                return Err(format!(
+                    "nats-server {name} exited at start ({status}):\n{}",
+                    log_tail(&log, 5)
+                ));
             }
             let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if text.contains("Server is ready") && std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                return Ok(NatsServer { name: name.into(), port, monitor_port, pid: child.id() as i32, ready_log_len: text.len(), child, dir });
+            if text.contains("Server is ready")
+                && std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+            {
+                return Ok(NatsServer {
+                    name: name.into(),
+                    port,
+                    monitor_port,
+                    pid: child.id() as i32,
+                    ready_log_len: text.len(),
+                    child,
+                    dir,
+                });
             }
             if started.elapsed() > READY_TIMEOUT {
                 kill_and_reap(&mut child);
-                return Err(format!("nats-server {name} not ready on port {port} after {READY_TIMEOUT:?}:\n{}", log_tail(&log, 5)));
+                return Err(format!(
+                    "nats-server {name} not ready on port {port} after {READY_TIMEOUT:?}:\n{}",
+                    log_tail(&log, 5)
+                ));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -476,11 +553,16 @@ impl Nats {
         if count == 1 {
             return Ok(Nats { servers: vec![NatsServer::start(paths).await?] });
         }
-        let ports: Vec<(u16, u16, u16)> = (0..count).map(|_| (free_port(), free_port(), free_port())).collect();
+        let ports: Vec<(u16, u16, u16)> =
+            (0..count).map(|_| (free_port(), free_port(), free_port())).collect();
         // All at once: each waits for its routes anyway.
         let starts = ports.iter().enumerate().map(|(k, &(client, monitor, route))| {
-            let routes: Vec<String> =
-                ports.iter().enumerate().filter(|&(j, _)| j != k).map(|(_, p)| format!("nats://127.0.0.1:{}", p.2)).collect();
+            let routes: Vec<String> = ports
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j != k)
+                .map(|(_, p)| format!("nats://127.0.0.1:{}", p.2))
+                .collect();
             let name = format!("n{}", k + 1);
             let extra = vec![
                 "--server_name".to_string(),
@@ -494,12 +576,19 @@ impl Nats {
             ];
             async move { NatsServer::start_with(paths, &name, client, monitor, &extra).await }
         });
-        let servers = futures_util::future::join_all(starts).await.into_iter().collect::<Result<Vec<_>, String>>()?;
+        let servers = futures_util::future::join_all(starts)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, String>>()?;
         let mut nats = Nats { servers };
         let started = Instant::now();
         while !nats.servers.iter().any(|s| s.log_text().contains("new metadata leader")) {
             if started.elapsed() > NATS_LEADER_TIMEOUT {
-                let tails: Vec<String> = nats.servers.iter().map(|s| format!("{}: {}", s.name, log_tail(&s.dir.path().join("nats.log"), 3))).collect();
+                let tails: Vec<String> = nats
+                    .servers
+                    .iter()
+                    .map(|s| format!("{}: {}", s.name, log_tail(&s.dir.path().join("nats.log"), 3)))
+                    .collect();
                 return Err(format!("the NATS cluster elected no JetStream meta leader within {NATS_LEADER_TIMEOUT:?}; {}", tails.join("; ")));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -518,11 +607,15 @@ impl Nats {
         for server in &nats.servers {
             let addr = SocketAddr::from(([127, 0, 0, 1], server.monitor_port));
             loop {
-                if matches!(HttpClient::new(addr, None).get("/healthz").await, Ok(r) if r.status == 200) {
+                if matches!(HttpClient::new(addr, None).get("/healthz").await, Ok(r) if r.status == 200)
+                {
                     break;
                 }
                 if started.elapsed() > NATS_LEADER_TIMEOUT {
-                    return Err(format!("nats-server {} not healthy (/healthz) within {NATS_LEADER_TIMEOUT:?}", server.name));
+                    return Err(format!(
+                        "nats-server {} not healthy (/healthz) within {NATS_LEADER_TIMEOUT:?}",
+                        server.name
+                    ));
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -545,7 +638,12 @@ impl Nats {
                 continue;
             }
             let peers = meta["replicas"].as_array().map(Vec::as_slice).unwrap_or_default();
-            let current = peers.iter().filter(|p| p["current"].as_bool() == Some(true) && p["offline"].as_bool() != Some(true)).count();
+            let current = peers
+                .iter()
+                .filter(|p| {
+                    p["current"].as_bool() == Some(true) && p["offline"].as_bool() != Some(true)
+                })
+                .count();
             return current + 1 >= self.servers.len();
         }
         false
@@ -589,17 +687,25 @@ impl Traffic {
 
 /// The NATS traffic of every livegate node, by node name, summed over the servers'
 /// `/connz`: livegate names its connection `livegate <node>`.
-pub async fn node_traffic(nats: &Nats) -> Result<std::collections::HashMap<String, Traffic>, String> {
+pub async fn node_traffic(
+    nats: &Nats,
+) -> Result<std::collections::HashMap<String, Traffic>, String> {
     let mut by_node: std::collections::HashMap<String, Traffic> = std::collections::HashMap::new();
     for server in &nats.servers {
         let addr = SocketAddr::from(([127, 0, 0, 1], server.monitor_port));
-        let r = HttpClient::new(addr, None).get("/connz?limit=4096").await.map_err(|e| format!("{} /connz: {e}", server.name))?;
+        let r = HttpClient::new(addr, None)
+            .get("/connz?limit=4096")
+            .await
+            .map_err(|e| format!("{} /connz: {e}", server.name))?;
         if r.status != 200 {
             return Err(format!("{} /connz: HTTP {}", server.name, r.status));
         }
-        let v: serde_json::Value = serde_json::from_slice(&r.body).map_err(|e| format!("{} /connz: {e}", server.name))?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&r.body).map_err(|e| format!("{} /connz: {e}", server.name))?;
         for c in v["connections"].as_array().into_iter().flatten() {
-            let Some(node) = c["name"].as_str().and_then(|n| n.strip_prefix("livegate ")) else { continue };
+            let Some(node) = c["name"].as_str().and_then(|n| n.strip_prefix("livegate ")) else {
+                continue;
+            };
             let t = by_node.entry(node.to_string()).or_default();
             let n = |k: &str| c[k].as_u64().unwrap_or(0);
             t.msgs_in += n("out_msgs");
@@ -659,7 +765,13 @@ pub struct LivegateCluster {
 impl LivegateCluster {
     /// Starts `nats_servers` nats-servers and `n` nodes; returns once every node is ready
     /// and counts the others alive (`livegate_cluster_peers_alive`).
-    pub async fn start(kind: Kind, n: usize, nats_servers: usize, lg: LivegateOpts, paths: &Paths) -> Result<LivegateCluster, String> {
+    pub async fn start(
+        kind: Kind,
+        n: usize,
+        nats_servers: usize,
+        lg: LivegateOpts,
+        paths: &Paths,
+    ) -> Result<LivegateCluster, String> {
         assert!((1..=NODE_NAMES.len()).contains(&n));
         let nats = Nats::start(paths, nats_servers).await?;
         let (url, replicas) = if knows_replicas(paths.bin(kind)) {
@@ -672,7 +784,10 @@ impl LivegateCluster {
             None => "no --cluster-replicas in this build: one replica, first seed only".into(),
         };
         let start_node = |name: &'static str| {
-            let mut extra: Vec<String> = ["--node", name, "--cluster-nats-url", &url].iter().map(|s| s.to_string()).collect();
+            let mut extra: Vec<String> = ["--node", name, "--cluster-nats-url", &url]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
             if let Some(r) = &replicas {
                 extra.extend(["--cluster-replicas".to_string(), r.clone()]);
             }
@@ -683,7 +798,9 @@ impl LivegateCluster {
         // a fresh three-server NATS can read a just-created replicated bucket before it
         // has a leader ("503 no responders") and exit at start.
         let mut nodes = vec![start_node(NODE_NAMES[0]).await?];
-        let rest = futures_util::future::join_all(NODE_NAMES[1..n].iter().map(|name| start_node(name))).await;
+        let rest =
+            futures_util::future::join_all(NODE_NAMES[1..n].iter().map(|name| start_node(name)))
+                .await;
         nodes.extend(rest.into_iter().collect::<Result<Vec<_>, String>>()?);
         let cluster = LivegateCluster { nodes, nats, replicas: replicas_note };
         let want = (n - 1) as f64;
@@ -701,7 +818,13 @@ impl LivegateCluster {
                     .nodes
                     .iter()
                     .enumerate()
-                    .map(|(i, n)| format!("node {}: {}", NODE_NAMES[i], n.log_text().lines().rev().take(3).collect::<Vec<_>>().join(" | ")))
+                    .map(|(i, n)| {
+                        format!(
+                            "node {}: {}",
+                            NODE_NAMES[i],
+                            n.log_text().lines().rev().take(3).collect::<Vec<_>>().join(" | ")
+                        )
+                    })
                     .collect();
                 return Err(format!(
                     "cluster not formed after {PEERS_TIMEOUT:?}: livegate_cluster_peers_alive by node {seen:?}, want {want}; last log lines: {}",
@@ -714,7 +837,12 @@ impl LivegateCluster {
 
     /// (name, pid) of every process: the nodes, then the nats-servers.
     pub fn pids(&self) -> Vec<(String, i32)> {
-        let mut v: Vec<(String, i32)> = self.nodes.iter().enumerate().map(|(i, s)| (NODE_NAMES[i].to_string(), s.stat_pid)).collect();
+        let mut v: Vec<(String, i32)> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (NODE_NAMES[i].to_string(), s.stat_pid))
+            .collect();
         v.extend(self.nats.servers.iter().map(|s| (s.name.clone(), s.pid)));
         v
     }
@@ -748,17 +876,32 @@ pub struct CellNats {
 impl CellNats {
     /// Starts cell `cell`'s server; `hub_leaf` is the hub's leaf port (none: this is the
     /// hub). Returns once it accepts clients, not once its leaf is up ([`leaf_connections`]).
-    pub async fn start(paths: &Paths, cell: &str, hub_leaf: Option<u16>) -> Result<CellNats, String> {
+    pub async fn start(
+        paths: &Paths,
+        cell: &str,
+        hub_leaf: Option<u16>,
+    ) -> Result<CellNats, String> {
         let conf = scratch_dir(paths, &format!("nats-conf-{cell}-"))?;
         let path = conf.path().join("nats.conf");
         let path_arg = path.to_str().ok_or("non-UTF-8 scratch path")?.to_string();
         let mut last_error = String::new();
         for _ in 0..3 {
             let leaf_port = free_port();
-            std::fs::write(&path, cell_config(cell, leaf_port, hub_leaf)).map_err(|e| e.to_string())?;
+            std::fs::write(&path, cell_config(cell, leaf_port, hub_leaf))
+                .map_err(|e| e.to_string())?;
             let extra = ["-c".to_string(), path_arg.clone()];
-            match NatsServer::start_with(paths, &format!("cell-{cell}"), free_port(), free_port(), &extra).await {
-                Ok(server) => return Ok(CellNats { cell: cell.to_string(), server, leaf_port, _conf: conf }),
+            match NatsServer::start_with(
+                paths,
+                &format!("cell-{cell}"),
+                free_port(),
+                free_port(),
+                &extra,
+            )
+            .await
+            {
+                Ok(server) => {
+                    return Ok(CellNats { cell: cell.to_string(), server, leaf_port, _conf: conf })
+                }
                 Err(e) => last_error = e,
             }
         }
@@ -798,7 +941,12 @@ pub async fn wait_leaves(cells: &[CellNats]) -> Result<(), String> {
             return Ok(());
         }
         if started.elapsed() > LEAF_TIMEOUT {
-            let tails: Vec<String> = cells.iter().map(|c| format!("{}: {}", c.cell, log_tail(&c.server.dir.path().join("nats.log"), 3))).collect();
+            let tails: Vec<String> = cells
+                .iter()
+                .map(|c| {
+                    format!("{}: {}", c.cell, log_tail(&c.server.dir.path().join("nats.log"), 3))
+                })
+                .collect();
             return Err(format!("the cells' leaf connection did not come up within {LEAF_TIMEOUT:?} (leaf connections {up:?}); {}", tails.join("; ")));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -807,7 +955,8 @@ pub async fn wait_leaves(cells: &[CellNats]) -> Result<(), String> {
 
 /// `GET path` on a nats-server's monitoring endpoint, as JSON.
 pub async fn monitor_json(addr: SocketAddr, path: &str) -> Result<serde_json::Value, String> {
-    let r = HttpClient::new(addr, None).get(path).await.map_err(|e| format!("{addr}{path}: {e}"))?;
+    let r =
+        HttpClient::new(addr, None).get(path).await.map_err(|e| format!("{addr}{path}: {e}"))?;
     if r.status != 200 {
         return Err(format!("{addr}{path}: HTTP {}", r.status));
     }

@@ -33,11 +33,15 @@ use super::publish::Submission;
 use super::registry::Registry;
 use super::room::RoomActor;
 use super::rooms::Rooms;
-use super::socket::{ends_closing, Fault, Inbound, MessageReader, CLOSE_HANDSHAKE_TIMEOUT, FINISH_WITHIN};
+use super::socket::{
+    ends_closing, Fault, Inbound, MessageReader, CLOSE_HANDSHAKE_TIMEOUT, FINISH_WITHIN,
+};
 use super::transport::Transport;
 use super::wsio::{self, ReadError, WsActor, WsIo};
 use crate::core::delivery::backlog::Backlog;
-use crate::core::delivery::connection::{self as machine, Action, Ask, Ending, Grants, Pending, Refusal};
+use crate::core::delivery::connection::{
+    self as machine, Action, Ask, Ending, Grants, Pending, Refusal,
+};
 use crate::core::delivery::subscriptions::Answer;
 use crate::protocol::{self, ClientOp, CloseCode, ErrorCode, ServerOp};
 
@@ -49,7 +53,6 @@ mod settings;
 
 pub use crate::core::delivery::connection::HISTORY_DEFAULT_LIMIT;
 pub use settings::{ConnectionSettings, Identity, InitialSubscription};
-
 
 pub struct Connection {
     id: ConnId,
@@ -109,7 +112,8 @@ impl Connection {
             publish: identity.publish.clone(),
         };
         let machine = Machine::new(grants, limits, 0);
-        let link = ConnectionLink::new(machine, backlog, io.outgoing(), to, settings.metrics.clone());
+        let link =
+            ConnectionLink::new(machine, backlog, io.outgoing(), to, settings.metrics.clone());
         let reader = MessageReader::new(settings.max_message_bytes);
         let link = Arc::new(link);
         let born = Instant::now();
@@ -173,19 +177,25 @@ impl Connection {
             Action::PublishOutcome(outcome) => metrics.client_publish(outcome),
             Action::Subscribe { generation, ask } => self.ask_room(generation, ask, ctx),
             Action::SubscribeInbox { room, generation } => self.park_inbox(room, generation, ctx),
-            Action::Leave { generation, at: Some(addr), .. } => addr.do_send(Unsubscribe { conn: self.id, generation }),
-            Action::Leave { room, generation, at: None } => self.rooms.release(&room, self.id, generation),
+            Action::Leave { generation, at: Some(addr), .. } => {
+                addr.do_send(Unsubscribe { conn: self.id, generation })
+            }
+            Action::Leave { room, generation, at: None } => {
+                self.rooms.release(&room, self.id, generation)
+            }
             Action::Subscriptions(delta) => {
                 metrics.subscriptions.inc_by(delta);
             }
-            Action::Unsubscribed { room, reference } => {
-                self.io.text(ServerOp::Unsubscribed, &protocol::unsubscribed_frame(&room, reference))
-            }
+            Action::Unsubscribed { room, reference } => self
+                .io
+                .text(ServerOp::Unsubscribed, &protocol::unsubscribed_frame(&room, reference)),
             Action::ReadHistory { room, since, limit, reference } => {
                 self.read_history(room, since, limit, reference, ctx)
             }
             Action::ReadPresence { room, reference } => self.read_presence(room, reference, ctx),
-            Action::Publish { room, id, data, state, reference } => self.publish(room, id, data, state, reference, ctx),
+            Action::Publish { room, id, data, state, reference } => {
+                self.publish(room, id, data, state, reference, ctx)
+            }
             Action::Ping => self.io.heartbeat(),
             Action::Evict { held } => {
                 if let Some(held) = held {
@@ -225,7 +235,13 @@ impl Connection {
     }
 
     /// An `error` frame; `room`: the room the refused request named, if it named one.
-    fn send_error(&mut self, reference: Option<i64>, room: Option<&str>, code: ErrorCode, message: &str) {
+    fn send_error(
+        &mut self,
+        reference: Option<i64>,
+        room: Option<&str>,
+        code: ErrorCode,
+        message: &str,
+    ) {
         self.reply(ServerOp::Error, protocol::error_frame(reference, room, code, message));
     }
 

@@ -19,7 +19,12 @@ pub struct EchoSocket {
 
 impl EchoSocket {
     pub fn new(io: WsIo, max_message_bytes: usize, permit: Box<dyn Send>) -> Self {
-        EchoSocket { io, reader: MessageReader::new(max_message_bytes), closing: false, _permit: permit }
+        EchoSocket {
+            io,
+            reader: MessageReader::new(max_message_bytes),
+            closing: false,
+            _permit: permit,
+        }
     }
 }
 
@@ -59,7 +64,10 @@ impl WsActor for EchoSocket {
             }
             Err(fault) => match fault.close_code() {
                 Some(code) => {
-                    let reason = CloseReason { code: CloseCode::from(code.code()), description: Some(fault.reason().into()) };
+                    let reason = CloseReason {
+                        code: CloseCode::from(code.code()),
+                        description: Some(fault.reason().into()),
+                    };
                     self.io.close(Some(reason));
                     self.closing = true;
                     if fault.fails_connection() {

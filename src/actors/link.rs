@@ -40,8 +40,21 @@ pub struct ConnectionLink {
 }
 
 impl ConnectionLink {
-    pub fn new(machine: Machine, backlog: Arc<Backlog>, out: Option<Arc<Outgoing>>, to: Recipient<RoomUpdate>, metrics: Arc<Metrics>) -> Self {
-        ConnectionLink { machine: Mutex::new(machine), backlog, out, in_flight: AtomicUsize::new(0), to, metrics }
+    pub fn new(
+        machine: Machine,
+        backlog: Arc<Backlog>,
+        out: Option<Arc<Outgoing>>,
+        to: Recipient<RoomUpdate>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        ConnectionLink {
+            machine: Mutex::new(machine),
+            backlog,
+            out,
+            in_flight: AtomicUsize::new(0),
+            to,
+            metrics,
+        }
     }
 
     /// The connection's machine, locked: hold it only for one step of the machine
@@ -56,9 +69,10 @@ impl ConnectionLink {
 
     /// The connection took one posted update off its mailbox and handled it.
     pub fn handled(&self) {
-        let _ = self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(1)));
+        let _ = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(1)));
     }
-
 }
 
 impl Outlet for ConnectionLink {
@@ -76,10 +90,12 @@ impl Outlet for ConnectionLink {
             // Held across the writes: the decision and the write are one step.
             let mut machine = self.machine.lock();
             let waiting = self.in_flight.load(Ordering::Acquire);
-            let route = machine.route_window(waiting, room, &window.epoch, &window.events, window.targeted);
+            let route =
+                machine.route_window(waiting, room, &window.epoch, &window.events, window.targeted);
             let (Route::Write(plan), Some(out)) = (route, &self.out) else {
                 drop(machine);
-                return self.post(RoomUpdate::Events { room: room.clone(), window: window.clone() });
+                return self
+                    .post(RoomUpdate::Events { room: room.clone(), window: window.clone() });
             };
             self.metrics.outbox_seen(self.backlog.held());
             window.frames_for(plan, |frame| {

@@ -40,13 +40,17 @@ use parking_lot::Mutex;
 
 use crate::cluster::Cluster;
 use crate::config::Peer;
-use crate::core::nodes::breaker::{CellBreakers, CellView, Report, State as BreakerState, Transition};
+use crate::core::nodes::breaker::{
+    CellBreakers, CellView, Report, State as BreakerState, Transition,
+};
 use crate::core::nodes::heartbeats::{readiness, Heartbeats, NodeInfo, Readiness, Seen, Usage};
 use crate::core::nodes::lifecycle::{Lifecycle, Phase};
-use crate::core::nodes::placement::{self, Load, NewSession, Usable};
 use crate::core::nodes::liveness::{Change, Liveness};
+use crate::core::nodes::placement::{self, Load, NewSession, Usable};
 use crate::core::nodes::probes::{Ask, ReadyProbes};
-use crate::core::nodes::routing::{home_cell, rendezvous, room_writer, route, Candidate, Reason, RouteError, RouteQuestion};
+use crate::core::nodes::routing::{
+    home_cell, rendezvous, room_writer, route, Candidate, Reason, RouteError, RouteQuestion,
+};
 use crate::metrics::{CellLabel, CellTransitionLabel, OutcomeLabel, PeerLabel};
 use crate::world::now_ms;
 
@@ -116,7 +120,9 @@ pub enum Unroutable {
 impl From<RouteError> for Unroutable {
     fn from(error: RouteError) -> Self {
         match error {
-            RouteError::NoHealthyCell { home } => Unroutable::NoHealthyCell { home: Some(home).filter(|h| !h.is_empty()) },
+            RouteError::NoHealthyCell { home } => {
+                Unroutable::NoHealthyCell { home: Some(home).filter(|h| !h.is_empty()) }
+            }
             other => Unroutable::NoAliveNode(other),
         }
     }
@@ -226,23 +232,53 @@ pub struct NodeLoad {
 
 impl Router {
     /// Peers from the configuration, probed; up after `up_after` successes in a row.
-    pub fn probed(me: Peer, peers: Vec<Peer>, up_after: u32, lifecycle: Arc<Lifecycle>, release_window: Duration) -> Router {
+    pub fn probed(
+        me: Peer,
+        peers: Vec<Peer>,
+        up_after: u32,
+        lifecycle: Arc<Lifecycle>,
+        release_window: Duration,
+    ) -> Router {
         let table = Liveness::new(peers.iter().map(|p| p.name.clone()), up_after);
-        let peers = Peers::Probed { peers, table, draining: Default::default(), releases: Default::default() };
+        let peers = Peers::Probed {
+            peers,
+            table,
+            draining: Default::default(),
+            releases: Default::default(),
+        };
         Router::new(me, peers, up_after, lifecycle, release_window)
     }
 
     /// Cluster mode: peers from heartbeats, down after `timeout`, up after `up_after` in a row.
-    pub fn clustered(me: Peer, timeout: Duration, up_after: u32, lifecycle: Arc<Lifecycle>, release_window: Duration) -> Router {
-        Router::new(me, Peers::Heard(Heartbeats::new(timeout.as_millis() as u64, up_after)), up_after, lifecycle, release_window)
+    pub fn clustered(
+        me: Peer,
+        timeout: Duration,
+        up_after: u32,
+        lifecycle: Arc<Lifecycle>,
+        release_window: Duration,
+    ) -> Router {
+        Router::new(
+            me,
+            Peers::Heard(Heartbeats::new(timeout.as_millis() as u64, up_after)),
+            up_after,
+            lifecycle,
+            release_window,
+        )
     }
 
-    fn new(me: Peer, peers: Peers, up_after: u32, lifecycle: Arc<Lifecycle>, release_window: Duration) -> Router {
+    fn new(
+        me: Peer,
+        peers: Peers,
+        up_after: u32,
+        lifecycle: Arc<Lifecycle>,
+        release_window: Duration,
+    ) -> Router {
         let release_window_ms = release_window.as_millis() as u64;
         let probed = matches!(peers, Peers::Probed { .. });
         let cells = vec![me.cell.clone()];
         let started_at_ms = now_ms();
-        let breakers = Mutex::new(CellBreakers::new(cells.iter().map(String::as_str), started_at_ms));
+        let breakers =
+            Mutex::new(CellBreakers::new(cells.iter().map(String::as_str), started_at_ms));
         Router {
             me,
             started_at_ms,
@@ -298,7 +334,8 @@ impl Router {
 
     /// The configured cells (the default: this node's cell alone).
     pub fn with_cells(mut self, cells: Vec<String>) -> Router {
-        self.breakers = Mutex::new(CellBreakers::new(cells.iter().map(String::as_str), self.started_at_ms));
+        self.breakers =
+            Mutex::new(CellBreakers::new(cells.iter().map(String::as_str), self.started_at_ms));
         self.cells = cells;
         self
     }
@@ -330,11 +367,17 @@ impl Router {
     fn cell_round(&self, now: u64) -> Vec<Transition> {
         let own = *self.own_probe.lock();
         // (cell, node, passed)
-        let mut reports: Vec<(String, String, bool)> = own.map(|passed| (self.me.cell.clone(), self.me.name.clone(), passed)).into_iter().collect();
+        let mut reports: Vec<(String, String, bool)> = own
+            .map(|passed| (self.me.cell.clone(), self.me.name.clone(), passed))
+            .into_iter()
+            .collect();
         if let Peers::Heard(table) = &*self.peers.lock() {
-            reports.extend(table.alive(now).filter_map(|info| info.probe.map(|passed| (info.cell.clone(), info.name.clone(), passed))));
+            reports.extend(table.alive(now).filter_map(|info| {
+                info.probe.map(|passed| (info.cell.clone(), info.name.clone(), passed))
+            }));
         }
-        let reports = reports.iter().map(|(cell, node, passed)| Report { cell, node, passed: *passed });
+        let reports =
+            reports.iter().map(|(cell, node, passed)| Report { cell, node, passed: *passed });
         self.breakers.lock().round(reports, now)
     }
 
@@ -368,29 +411,38 @@ impl Router {
         };
         let mut nodes = vec![me];
         match &*self.peers.lock() {
-            Peers::Probed { peers, table, draining, releases } => nodes.extend(peers.iter().map(|peer| {
-                let (release, started_at_ms) = releases.get(&peer.name).cloned().unwrap_or_default();
-                NodeNow {
-                    peer: peer.clone(),
-                    alive: table.is_alive(&peer.name),
-                    draining: draining.contains(&peer.name),
-                    started_at_ms,
-                    connections: None,
-                    capacity: None,
-                    usage: None,
-                    release,
-                }
-            })),
-            Peers::Heard(table) => nodes.extend(table.alive(now).filter(|info| info.name != self.me.name).map(|info| NodeNow {
-                peer: Peer { name: info.name.clone(), cell: info.cell.clone(), url: info.url.clone() },
-                alive: true,
-                draining: info.draining,
-                started_at_ms: info.started_at_ms,
-                connections: info.connections,
-                release: info.release.clone(),
-                capacity: info.capacity,
-                usage: info.usage,
-            })),
+            Peers::Probed { peers, table, draining, releases } => {
+                nodes.extend(peers.iter().map(|peer| {
+                    let (release, started_at_ms) =
+                        releases.get(&peer.name).cloned().unwrap_or_default();
+                    NodeNow {
+                        peer: peer.clone(),
+                        alive: table.is_alive(&peer.name),
+                        draining: draining.contains(&peer.name),
+                        started_at_ms,
+                        connections: None,
+                        capacity: None,
+                        usage: None,
+                        release,
+                    }
+                }))
+            }
+            Peers::Heard(table) => nodes.extend(
+                table.alive(now).filter(|info| info.name != self.me.name).map(|info| NodeNow {
+                    peer: Peer {
+                        name: info.name.clone(),
+                        cell: info.cell.clone(),
+                        url: info.url.clone(),
+                    },
+                    alive: true,
+                    draining: info.draining,
+                    started_at_ms: info.started_at_ms,
+                    connections: info.connections,
+                    release: info.release.clone(),
+                    capacity: info.capacity,
+                    usage: info.usage,
+                }),
+            ),
         }
         nodes
     }
@@ -434,7 +486,8 @@ impl Router {
     ) -> Result<RouteAnswer, Unroutable> {
         let now = now_ms();
         let nodes = self.nodes_now(now);
-        let owner = if self.probed_mode() { self.placement(session, &nodes) } else { recorded_owner };
+        let owner =
+            if self.probed_mode() { self.placement(session, &nodes) } else { recorded_owner };
         let candidates: Vec<Candidate> = nodes
             .iter()
             .map(|n| Candidate {
@@ -467,9 +520,15 @@ impl Router {
         drop(breakers);
         let routed = routed?;
         if routed.cell != home && !home.is_empty() {
-            tracing::debug!(user, home, cell = routed.cell, "the user's home cell has no node to serve: the first healthy cell by name");
+            tracing::debug!(
+                user,
+                home,
+                cell = routed.cell,
+                "the user's home cell has no node to serve: the first healthy cell by name"
+            );
         }
-        let node = nodes.iter().find(|n| n.peer.name == routed.node).expect("routed among the nodes");
+        let node =
+            nodes.iter().find(|n| n.peer.name == routed.node).expect("routed among the nodes");
         Ok(RouteAnswer {
             node: node.peer.name.clone(),
             url: node.peer.url.clone(),
@@ -496,7 +555,10 @@ impl Router {
             .collect();
         match placement::place_new(&self.me.name, key, &usable, self.high_water_permille) {
             NewSession::Here => None,
-            NewSession::There(node) => nodes.iter().find(|n| n.peer.name == node).map(|n| (n.peer.name.clone(), n.peer.url.clone())),
+            NewSession::There(node) => nodes
+                .iter()
+                .find(|n| n.peer.name == node)
+                .map(|n| (n.peer.name.clone(), n.peer.url.clone())),
         }
     }
 
@@ -516,7 +578,11 @@ impl Router {
     /// gives up leaves it to finish and answer the others. Never awaited with a lock held
     /// (the directory asks before it takes a user's stripe).
     pub async fn answers_ready(self: &Arc<Self>, node: &str) -> bool {
-        let url = self.nodes_now(now_ms()).into_iter().find(|n| n.peer.name == node).map(|n| format!("{}/readyz", n.peer.url));
+        let url = self
+            .nodes_now(now_ms())
+            .into_iter()
+            .find(|n| n.peer.name == node)
+            .map(|n| format!("{}/readyz", n.peer.url));
         let Some(url) = url else { return false };
         let mut sender = None;
         let asked = self.ready.lock().ask(node, now_ms(), || {
@@ -528,10 +594,15 @@ impl Router {
             Ask::Known(ready) => return ready,
             Ask::Join(answer) => answer,
             Ask::Start(answer) => {
-                let (router, node, tx) = (Arc::clone(self), node.to_string(), sender.expect("a new probe made its waiter"));
+                let (router, node, tx) = (
+                    Arc::clone(self),
+                    node.to_string(),
+                    sender.expect("a new probe made its waiter"),
+                );
                 tokio::task::spawn_blocking(move || {
                     let agent = ureq::AgentBuilder::new().timeout(READY_PROBE_TIMEOUT).build();
-                    let ready = agent.get(&url).call().is_ok_and(|response| response.status() == 200);
+                    let ready =
+                        agent.get(&url).call().is_ok_and(|response| response.status() == 200);
                     router.ready.lock().answered(&node, ready, now_ms());
                     tracing::debug!(peer = %node, ready, "readiness probed");
                     tx.send_replace(Some(ready));
@@ -540,7 +611,11 @@ impl Router {
             }
         };
         // A probe whose task ended without answering (it panicked) counts as not ready.
-        let ready = answer.wait_for(Option::is_some).await.map(|ready| ready.unwrap_or(false)).unwrap_or(false);
+        let ready = answer
+            .wait_for(Option::is_some)
+            .await
+            .map(|ready| ready.unwrap_or(false))
+            .unwrap_or(false);
         ready
     }
 
@@ -554,8 +629,10 @@ impl Router {
         if let Some(home) = self.room_home(room) {
             nodes.retain(|n| n.peer.cell == home);
         }
-        let taking: Vec<&str> = nodes.iter().filter(|n| n.alive && !n.draining).map(|n| n.peer.name.as_str()).collect();
-        let alive: Vec<&str> = nodes.iter().filter(|n| n.alive).map(|n| n.peer.name.as_str()).collect();
+        let taking: Vec<&str> =
+            nodes.iter().filter(|n| n.alive && !n.draining).map(|n| n.peer.name.as_str()).collect();
+        let alive: Vec<&str> =
+            nodes.iter().filter(|n| n.alive).map(|n| n.peer.name.as_str()).collect();
         room_writer(room, if taking.is_empty() { &alive } else { &taking }).map(str::to_string)
     }
 
@@ -573,10 +650,22 @@ impl Router {
                 .enumerate()
                 .map(|(i, n)| {
                     let connections = if i == 0 { Some(own_connections) } else { n.connections };
-                    let full = connections
-                        .zip(n.capacity)
-                        .is_some_and(|(connections, capacity)| placement::over_high_water(Load { connections, capacity }, self.high_water_permille));
-                    NodeLoad { name: n.peer.name, url: n.peer.url, draining: n.draining, connections, capacity: n.capacity, usage: n.usage, full }
+                    let full =
+                        connections.zip(n.capacity).is_some_and(|(connections, capacity)| {
+                            placement::over_high_water(
+                                Load { connections, capacity },
+                                self.high_water_permille,
+                            )
+                        });
+                    NodeLoad {
+                        name: n.peer.name,
+                        url: n.peer.url,
+                        draining: n.draining,
+                        connections,
+                        capacity: n.capacity,
+                        usage: n.usage,
+                        full,
+                    }
                 })
                 .collect(),
         )
@@ -584,7 +673,11 @@ impl Router {
 
     /// Cluster mode: the nodes of `cell` alive now (this one included when it is there).
     pub fn alive_in(&self, cell: &str) -> Vec<String> {
-        self.nodes_now(now_ms()).into_iter().filter(|n| n.alive && n.peer.cell == cell).map(|n| n.peer.name).collect()
+        self.nodes_now(now_ms())
+            .into_iter()
+            .filter(|n| n.alive && n.peer.cell == cell)
+            .map(|n| n.peer.name)
+            .collect()
     }
 
     /// Cluster mode: the names of the peers heard now (draining ones and those not yet up
@@ -606,7 +699,8 @@ impl Router {
             .enumerate()
             .map(|(i, n)| {
                 let load = n.load();
-                let full = load.is_some_and(|load| placement::over_high_water(load, self.high_water_permille));
+                let full = load
+                    .is_some_and(|load| placement::over_high_water(load, self.high_water_permille));
                 let usage = if i == 0 { self.own_usage() } else { n.usage };
                 NodeView {
                     load: crate::protocol::admin::NodeLoadView {
@@ -664,7 +758,11 @@ struct UsageMeter {
 impl UsageMeter {
     /// The usage since the last reading (`None` at the first one).
     fn read(&mut self, metrics: &crate::metrics::Metrics) -> Option<Usage> {
-        let now = (std::time::Instant::now(), crate::metrics::process_cpu_seconds()?, metrics.events_delivered.get());
+        let now = (
+            std::time::Instant::now(),
+            crate::metrics::process_cpu_seconds()?,
+            metrics.events_delivered.get(),
+        );
         let last = self.last.replace(now)?;
         let wall = now.0.duration_since(last.0).as_secs_f64();
         if wall <= 0.0 {
@@ -680,25 +778,61 @@ impl UsageMeter {
 
 impl LivenessActor {
     /// Probes the router's configured peers every `interval` (none: a single node).
-    pub fn probing(router: Arc<Router>, interval: Duration, metrics: Arc<crate::metrics::Metrics>) -> Self {
+    pub fn probing(
+        router: Arc<Router>,
+        interval: Duration,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Self {
         if let Peers::Probed { peers, .. } = &*router.peers.lock() {
             for peer in peers {
                 metrics.peer_up.get_or_create(&PeerLabel { peer: peer.name.clone() }).set(0);
             }
         }
-        LivenessActor { metrics, router, interval, join_limit: Duration::ZERO, joining_since: None, last_beat_ms: 0, cluster: None, probing_cell: false, usage_meter: UsageMeter::default() }
+        LivenessActor {
+            metrics,
+            router,
+            interval,
+            join_limit: Duration::ZERO,
+            joining_since: None,
+            last_beat_ms: 0,
+            cluster: None,
+            probing_cell: false,
+            usage_meter: UsageMeter::default(),
+        }
     }
 
     /// Cluster mode: heartbeats every `interval`.
-    pub fn clustered(router: Arc<Router>, interval: Duration, peers: ClusterPeers, metrics: Arc<crate::metrics::Metrics>) -> Self {
+    pub fn clustered(
+        router: Arc<Router>,
+        interval: Duration,
+        peers: ClusterPeers,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Self {
         for (cell, state) in router.breaker_states() {
             for to in crate::core::nodes::breaker::STATE_NAMES {
-                drop(metrics.cell_breaker_transitions.get_or_create(&CellTransitionLabel { cell: cell.clone(), to }));
+                drop(
+                    metrics
+                        .cell_breaker_transitions
+                        .get_or_create(&CellTransitionLabel { cell: cell.clone(), to }),
+                );
             }
-            metrics.cell_breaker_state.get_or_create(&CellLabel { cell }).set(crate::metrics::breaker_state_value(state));
+            metrics
+                .cell_breaker_state
+                .get_or_create(&CellLabel { cell })
+                .set(crate::metrics::breaker_state_value(state));
         }
         let join_limit = join_limit(interval, router.up_after());
-        LivenessActor { metrics, router, interval, join_limit, joining_since: None, last_beat_ms: 0, cluster: Some(peers), probing_cell: false, usage_meter: UsageMeter::default() }
+        LivenessActor {
+            metrics,
+            router,
+            interval,
+            join_limit,
+            joining_since: None,
+            last_beat_ms: 0,
+            cluster: Some(peers),
+            probing_cell: false,
+            usage_meter: UsageMeter::default(),
+        }
     }
 
     fn beat(&mut self, ctx: &mut Context<Self>) {
@@ -710,7 +844,13 @@ impl LivenessActor {
             Peers::Heard(table) => {
                 let gone = table.expire(now);
                 let recent: Vec<String> = table.recent(now).map(|info| info.name.clone()).collect();
-                (gone, table.alive(now).count(), recent, table.timeout_ms(), table.routes_to(&me_cell, now))
+                (
+                    gone,
+                    table.alive(now).count(),
+                    recent,
+                    table.timeout_ms(),
+                    table.routes_to(&me_cell, now),
+                )
             }
             Peers::Probed { .. } => return,
         };
@@ -756,27 +896,38 @@ impl LivenessActor {
         let now = now_ms();
         for Transition { cell, from, to } in self.router.cell_round(now) {
             match to {
-                BreakerState::Open { .. } => tracing::warn!(%cell, from, to = to.name(), "cell breaker opened: its probes fail, the route sends its users to the next healthy cell"),
+                BreakerState::Open { .. } => {
+                    tracing::warn!(%cell, from, to = to.name(), "cell breaker opened: its probes fail, the route sends its users to the next healthy cell")
+                }
                 _ => tracing::info!(%cell, from, to = to.name(), "cell breaker changed"),
             }
-            self.metrics.cell_breaker_transitions.get_or_create(&CellTransitionLabel { cell, to: to.name() }).inc();
+            self.metrics
+                .cell_breaker_transitions
+                .get_or_create(&CellTransitionLabel { cell, to: to.name() })
+                .inc();
         }
         for (cell, state) in self.router.breaker_states() {
-            self.metrics.cell_breaker_state.get_or_create(&CellLabel { cell }).set(crate::metrics::breaker_state_value(state));
+            self.metrics
+                .cell_breaker_state
+                .get_or_create(&CellLabel { cell })
+                .set(crate::metrics::breaker_state_value(state));
         }
         if !self.probing_cell {
             self.probing_cell = true;
-            let (cluster, timeout) = (peers.cluster.clone(), self.interval.max(Duration::from_millis(200)));
-            ctx.spawn(async move { cluster.probe_cell(now, timeout).await }.into_actor(self).map(|outcome, actor, _| {
-                actor.probing_cell = false;
-                if let Err(error) = &outcome {
-                    tracing::debug!(%error, "cell probe failed");
-                }
-                let passed = outcome.is_ok();
-                *actor.router.own_probe.lock() = Some(passed);
-                let outcome = if passed { "passed" } else { "failed" };
-                actor.metrics.cell_probes.get_or_create(&OutcomeLabel { outcome }).inc();
-            }));
+            let (cluster, timeout) =
+                (peers.cluster.clone(), self.interval.max(Duration::from_millis(200)));
+            ctx.spawn(async move { cluster.probe_cell(now, timeout).await }.into_actor(self).map(
+                |outcome, actor, _| {
+                    actor.probing_cell = false;
+                    if let Err(error) = &outcome {
+                        tracing::debug!(%error, "cell probe failed");
+                    }
+                    let passed = outcome.is_ok();
+                    *actor.router.own_probe.lock() = Some(passed);
+                    let outcome = if passed { "passed" } else { "failed" };
+                    actor.metrics.cell_probes.get_or_create(&OutcomeLabel { outcome }).inc();
+                },
+            ));
         }
         self.beat(ctx);
         self.check_joined();
@@ -836,7 +987,8 @@ impl LivenessActor {
                     _ => draining.remove(&peer.name),
                 };
                 if let Some(health) = &outcome {
-                    releases.insert(peer.name.clone(), (health.release.clone(), health.started_at_ms));
+                    releases
+                        .insert(peer.name.clone(), (health.release.clone(), health.started_at_ms));
                 }
                 let change = table.on_probe(&peer.name, outcome.is_some());
                 let up = i64::from(table.is_alive(&peer.name));
@@ -868,7 +1020,11 @@ fn probe(url: &str, timeout: Duration) -> Option<Health> {
     let response = agent.get(url).call().ok()?;
     // A peer's answer is read as peer input: a bounded body, a plain name.
     let mut body = String::new();
-    std::io::Read::read_to_string(&mut std::io::Read::take(response.into_reader(), HEALTH_BODY_MAX), &mut body).ok()?;
+    std::io::Read::read_to_string(
+        &mut std::io::Read::take(response.into_reader(), HEALTH_BODY_MAX),
+        &mut body,
+    )
+    .ok()?;
     Some(health_of(&body))
 }
 
@@ -877,7 +1033,10 @@ const HEALTH_BODY_MAX: u64 = 4096;
 
 fn health_of(body: &str) -> Health {
     let value: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
-    let release = value["release"].as_str().and_then(|r| crate::core::nodes::peer_input::node_name("healthz release", r).ok()).unwrap_or_default();
+    let release = value["release"]
+        .as_str()
+        .and_then(|r| crate::core::nodes::peer_input::node_name("healthz release", r).ok())
+        .unwrap_or_default();
     Health {
         draining: value["draining"].as_bool().unwrap_or(false),
         release: release.to_string(),
@@ -905,7 +1064,8 @@ impl Actor for LivenessActor {
                 }
                 .into_actor(self),
             );
-        } else if matches!(&*self.router.peers.lock(), Peers::Probed { peers, .. } if !peers.is_empty()) {
+        } else if matches!(&*self.router.peers.lock(), Peers::Probed { peers, .. } if !peers.is_empty())
+        {
             self.probe_all(ctx);
             ctx.run_interval(self.interval, |actor, ctx| actor.probe_all(ctx));
         }
@@ -960,7 +1120,9 @@ impl Handler<Heard> for LivenessActor {
         }
         match seen {
             Seen::Joined => tracing::info!(peer = %name, draining, "peer up"),
-            Seen::DrainingChanged => tracing::info!(peer = %name, draining, "peer draining changed"),
+            Seen::DrainingChanged => {
+                tracing::info!(peer = %name, draining, "peer draining changed")
+            }
             Seen::Unchanged => {}
         }
         self.check_joined();

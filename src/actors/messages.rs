@@ -69,7 +69,9 @@ impl Window {
         while !rest.is_empty() {
             let mut end = 0;
             let mut bytes = 0;
-            while end < rest.len() && (end == 0 || bytes + rest[end].json.len() < FRAME_TARGET_BYTES) {
+            while end < rest.len()
+                && (end == 0 || bytes + rest[end].json.len() < FRAME_TARGET_BYTES)
+            {
                 bytes += rest[end].json.len() + 1;
                 end += 1;
             }
@@ -90,7 +92,11 @@ impl Window {
     /// Hand `write` the frames `plan` (the connection's machine's decision about this
     /// window) says to write: this window's shared frame, frames of the events left for
     /// the connection, or none.
-    pub fn frames_for(&self, plan: crate::core::delivery::subscriptions::WindowPlan<Arc<Delivery>>, mut write: impl FnMut(&Window)) {
+    pub fn frames_for(
+        &self,
+        plan: crate::core::delivery::subscriptions::WindowPlan<Arc<Delivery>>,
+        mut write: impl FnMut(&Window),
+    ) {
         use crate::core::delivery::subscriptions::WindowPlan;
         match plan {
             WindowPlan::Nothing => {}

@@ -9,7 +9,6 @@
 
 use std::sync::Arc;
 
-
 use super::liveness::Router;
 use super::messages::{NewEvent, Published, StateView};
 use super::rooms::{RoomError, Rooms};
@@ -52,7 +51,9 @@ impl SubmitError {
     /// The error code an HTTP answer or an `error` frame carries.
     pub fn code(&self) -> ErrorCode {
         match self {
-            SubmitError::TooLarge { .. } | SubmitError::StateTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            SubmitError::TooLarge { .. } | SubmitError::StateTooLarge { .. } => {
+                ErrorCode::PayloadTooLarge
+            }
             SubmitError::BadId(_) | SubmitError::StateOnInbox => ErrorCode::BadRequest,
             SubmitError::Room(error) => error.code(),
         }
@@ -86,7 +87,11 @@ impl Publisher {
     }
 
     pub fn clustered(rooms: Rooms, cluster: Cluster, router: Arc<Router>) -> Publisher {
-        Publisher { rooms, mode: Mode::Clustered { cluster: Box::new(cluster), router }, max_state_bytes: DEFAULT_MAX_STATE_BYTES }
+        Publisher {
+            rooms,
+            mode: Mode::Clustered { cluster: Box::new(cluster), router },
+            max_state_bytes: DEFAULT_MAX_STATE_BYTES,
+        }
     }
 
     /// The largest state a publish or a `PUT` may carry (`max_state_bytes`).
@@ -132,9 +137,15 @@ impl Publisher {
         if let Some(writer) = self.remote_writer(room)? {
             match forward_put_state(writer.cluster, &writer.node, room, &data, writer.wait).await {
                 Ok(appended) => {
-                    return Ok(Published { seq: appended.seq, epoch: appended.epoch.into(), duplicate: appended.duplicate })
+                    return Ok(Published {
+                        seq: appended.seq,
+                        epoch: appended.epoch.into(),
+                        duplicate: appended.duplicate,
+                    })
                 }
-                Err(ForwardError::Refused(refusal)) => return Err(RoomError::Writer(refusal).into()),
+                Err(ForwardError::Refused(refusal)) => {
+                    return Err(RoomError::Writer(refusal).into())
+                }
                 Err(error) => writer.unreachable(room, &error)?,
             }
         }
@@ -150,10 +161,13 @@ impl Publisher {
     /// A room homed in another cell whose writer is not known alive there is refused.
     fn remote_writer(&self, room: &str) -> Result<Option<RemoteWriter<'_>>, RoomError> {
         let Mode::Clustered { cluster, router } = &self.mode else { return Ok(None) };
-        let elsewhere = cluster.room_home(room).filter(|home| Some(home.as_str()) != cluster.own_cell());
+        let elsewhere =
+            cluster.room_home(room).filter(|home| Some(home.as_str()) != cluster.own_cell());
         let writer = router.room_writer(room);
         match (writer, elsewhere) {
-            (None, Some(home)) => Err(RoomError::HomeUnavailable { room: room.to_string(), cell: home.to_string() }),
+            (None, Some(home)) => {
+                Err(RoomError::HomeUnavailable { room: room.to_string(), cell: home.to_string() })
+            }
             (Some(node), _) if node == cluster.node => Ok(None),
             (None, None) => Ok(None),
             (Some(node), home) => {
@@ -175,7 +189,11 @@ impl Publisher {
             };
             match forward_publish(writer.cluster, &writer.node, room, forward, writer.wait).await {
                 Ok(appended) => {
-                    return Ok(Published { seq: appended.seq, epoch: appended.epoch.into(), duplicate: appended.duplicate })
+                    return Ok(Published {
+                        seq: appended.seq,
+                        epoch: appended.epoch.into(),
+                        duplicate: appended.duplicate,
+                    })
                 }
                 Err(ForwardError::Refused(refusal)) => return Err(RoomError::Writer(refusal)),
                 Err(error) => writer.unreachable(room, &error)?,

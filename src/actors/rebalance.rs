@@ -104,7 +104,17 @@ impl Rebalancer {
         metrics: Arc<Metrics>,
     ) -> Rebalance {
         let status = Arc::new(Mutex::new(RebalanceStatus::default()));
-        let actor = Rebalancer { directory, registry, router, lifecycle, metrics, status: status.clone(), running: None, orders: 0 }.start();
+        let actor = Rebalancer {
+            directory,
+            registry,
+            router,
+            lifecycle,
+            metrics,
+            status: status.clone(),
+            running: None,
+            orders: 0,
+        }
+        .start();
         Rebalance { actor, status }
     }
 
@@ -126,7 +136,10 @@ impl Rebalancer {
     /// node's router sees it now.
     fn target_url(&self, to: &str) -> Result<String, OrderRefused> {
         let nodes = self.router.loads(0).unwrap_or_default();
-        let known: Vec<Known> = nodes.iter().map(|n| Known { name: &n.name, url: &n.url, draining: n.draining }).collect();
+        let known: Vec<Known> = nodes
+            .iter()
+            .map(|n| Known { name: &n.name, url: &n.url, draining: n.draining })
+            .collect();
         target_url(to, &self.router.me().name, &known).map(str::to_string)
     }
 
@@ -152,7 +165,10 @@ impl Rebalancer {
         }
         let Some(running) = self.running.as_mut() else { return };
         let mut moves = Vec::new();
-        while running.committed < running.order.connections && running.in_flight < MAX_IN_FLIGHT && !running.queue.is_empty() {
+        while running.committed < running.order.connections
+            && running.in_flight < MAX_IN_FLIGHT
+            && !running.queue.is_empty()
+        {
             if !running.pacer.take(now) {
                 break;
             }
@@ -166,20 +182,33 @@ impl Rebalancer {
             let task = async move {
                 let handed = directory.send(HandOver { user: user.clone(), to }).await;
                 let closed = match &handed {
-                    Ok(Ok(HandedOver::Moved(_))) => registry.send(HandOverUser { user, url }).await.unwrap_or(0),
+                    Ok(Ok(HandedOver::Moved(_))) => {
+                        registry.send(HandOverUser { user, url }).await.unwrap_or(0)
+                    }
                     _ => 0,
                 };
                 (handed, closed)
             };
             moves.push((task, generation, connections));
         }
-        self.metrics.rebalance_pending.set(i64::try_from(running.order.connections.saturating_sub(running.committed)).unwrap_or(i64::MAX));
-        if running.in_flight == 0 && (running.committed >= running.order.connections || running.queue.is_empty()) {
-            let outcome = if running.committed >= running.order.connections { "done" } else { "no_more_users" };
+        self.metrics.rebalance_pending.set(
+            i64::try_from(running.order.connections.saturating_sub(running.committed))
+                .unwrap_or(i64::MAX),
+        );
+        if running.in_flight == 0
+            && (running.committed >= running.order.connections || running.queue.is_empty())
+        {
+            let outcome = if running.committed >= running.order.connections {
+                "done"
+            } else {
+                "no_more_users"
+            };
             return self.finish(outcome, ctx);
         }
-        let wait = (running.in_flight < MAX_IN_FLIGHT && running.committed < running.order.connections && !running.queue.is_empty())
-            .then(|| running.pacer.wait_ms(now).max(1));
+        let wait = (running.in_flight < MAX_IN_FLIGHT
+            && running.committed < running.order.connections
+            && !running.queue.is_empty())
+        .then(|| running.pacer.wait_ms(now).max(1));
         if let Some(wait) = wait {
             let poll = ctx.run_later(Duration::from_millis(wait), |actor, ctx| actor.poll(ctx));
             if let Some(running) = self.running.as_mut() {
@@ -187,7 +216,9 @@ impl Rebalancer {
             }
         }
         for (task, generation, connections) in moves {
-            ctx.spawn(task.into_actor(self).map(move |(handed, closed), actor, ctx| actor.moved(generation, connections, handed, closed, ctx)));
+            ctx.spawn(task.into_actor(self).map(move |(handed, closed), actor, ctx| {
+                actor.moved(generation, connections, handed, closed, ctx)
+            }));
         }
     }
 
@@ -200,7 +231,9 @@ impl Rebalancer {
         closed: usize,
         ctx: &mut Context<Self>,
     ) {
-        let Some(running) = self.running.as_mut().filter(|r| r.generation == generation) else { return };
+        let Some(running) = self.running.as_mut().filter(|r| r.generation == generation) else {
+            return;
+        };
         running.in_flight -= 1;
         let now = now_ms();
         let skipped = |running: &mut Running| {
@@ -211,7 +244,8 @@ impl Rebalancer {
         match handed {
             Ok(Ok(HandedOver::Moved(sessions))) => {
                 // The user's connections now (some may have come or gone since the snapshot).
-                running.committed = running.committed.saturating_sub(connections as u64) + closed as u64;
+                running.committed =
+                    running.committed.saturating_sub(connections as u64) + closed as u64;
                 self.metrics.rebalance_moves.inc();
                 self.metrics.rebalance_connections_moved.inc_by(closed as u64);
                 tracing::debug!(sessions, closed, to = %running.order.to, "rebalance: user handed over");

@@ -11,14 +11,14 @@
 
 use std::collections::{HashMap, HashSet};
 
-use tokio::sync::oneshot;
 use std::sync::Arc;
+use tokio::sync::oneshot;
 
 use actix::prelude::*;
 
 use super::messages::*;
-use crate::core::nodes::drain::{drain_batches, reconnect_hint_ms};
 use crate::core::credentials::kicks::{Admission, RecentKicks};
+use crate::core::nodes::drain::{drain_batches, reconnect_hint_ms};
 use crate::protocol::CloseCode;
 use crate::world::now_ms;
 
@@ -86,7 +86,10 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn new(exclusive_devices: impl IntoIterator<Item = String>, bus: Option<Arc<dyn UserBus>>) -> Self {
+    pub fn new(
+        exclusive_devices: impl IntoIterator<Item = String>,
+        bus: Option<Arc<dyn UserBus>>,
+    ) -> Self {
         Registry {
             exclusive_devices: exclusive_devices.into_iter().collect(),
             connections: HashMap::new(),
@@ -130,7 +133,9 @@ impl Registry {
         let ids = self.by_user.get(user).map(Vec::as_slice).unwrap_or_default();
         ids.iter()
             .copied()
-            .filter(|id| device.is_none_or(|d| self.connections.get(id).is_some_and(|e| &*e.device == d)))
+            .filter(|id| {
+                device.is_none_or(|d| self.connections.get(id).is_some_and(|e| &*e.device == d))
+            })
             .collect()
     }
 }
@@ -145,11 +150,21 @@ impl Handler<Register> for Registry {
     fn handle(&mut self, msg: Register, _ctx: &mut Self::Context) {
         let since_ms = now_ms();
         let credential = msg.credential;
-        let admission = self.recent_kicks.admit(&msg.user, &msg.device, credential.issued_at_ms, credential.checked_at_ms, since_ms);
+        let admission = self.recent_kicks.admit(
+            &msg.user,
+            &msg.device,
+            credential.issued_at_ms,
+            credential.checked_at_ms,
+            since_ms,
+        );
         if admission != Admission::Clear {
             // Closed as kicked, which also revokes the resume credential its welcome held.
             tracing::info!(conn = msg.conn, user = %msg.user, ?admission, "a connection registering after a kick is closed");
-            msg.to.do_send(CloseConnection { code: CloseCode::Kicked, reason: "closed by an operator".into(), force: false });
+            msg.to.do_send(CloseConnection {
+                code: CloseCode::Kicked,
+                reason: "closed by an operator".into(),
+                force: false,
+            });
             return;
         }
         if self.exclusive_devices.contains(&*msg.device) {
@@ -159,7 +174,8 @@ impl Handler<Register> for Registry {
             }
         }
         self.by_user.entry(msg.user.clone()).or_default().push(msg.conn);
-        self.connections.insert(msg.conn, Entry { user: msg.user, device: msg.device, to: msg.to, since_ms });
+        self.connections
+            .insert(msg.conn, Entry { user: msg.user, device: msg.device, to: msg.to, since_ms });
     }
 }
 
@@ -177,8 +193,14 @@ impl Handler<RemoteMoved> for Registry {
     fn handle(&mut self, msg: RemoteMoved, _ctx: &mut Self::Context) -> usize {
         let mut closed = 0;
         for id in self.of_user(&msg.user, None) {
-            let Some(entry) = self.connections.get(&id).filter(|e| e.since_ms < msg.at_ms) else { continue };
-            entry.to.do_send(CloseConnection { code: CloseCode::WrongNode, reason: msg.url.clone(), force: false });
+            let Some(entry) = self.connections.get(&id).filter(|e| e.since_ms < msg.at_ms) else {
+                continue;
+            };
+            entry.to.do_send(CloseConnection {
+                code: CloseCode::WrongNode,
+                reason: msg.url.clone(),
+                force: false,
+            });
             closed += 1;
         }
         closed
@@ -193,7 +215,8 @@ impl Handler<Unregister> for Registry {
         for kick in &mut self.kicks {
             kick.waiting.remove(&msg.conn);
         }
-        let (done, pending): (Vec<_>, Vec<_>) = std::mem::take(&mut self.kicks).into_iter().partition(|k| k.waiting.is_empty());
+        let (done, pending): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.kicks).into_iter().partition(|k| k.waiting.is_empty());
         self.kicks = pending;
         for kick in done {
             let _ = kick.reply.send(kick.closed);
@@ -209,7 +232,11 @@ impl Handler<Kick> for Registry {
     fn handle(&mut self, msg: Kick, _ctx: &mut Self::Context) -> Self::Result {
         self.recent_kicks.remember(&msg.user, msg.device.as_deref(), msg.at_ms, now_ms());
         let targets = self.of_user(&msg.user, msg.device.as_deref());
-        let close = CloseConnection { code: CloseCode::Kicked, reason: "closed by an operator".into(), force: false };
+        let close = CloseConnection {
+            code: CloseCode::Kicked,
+            reason: "closed by an operator".into(),
+            force: false,
+        };
         let mut waiting = HashSet::new();
         for id in &targets {
             if let Some(entry) = self.connections.get(id) {
@@ -227,7 +254,13 @@ impl Handler<Kick> for Registry {
             self.kicks.push(PendingKick { waiting, closed, reply });
         }
         // The close handshake is bounded, so this only guards against a lost Unregister.
-        Box::pin(async move { actix_web::rt::time::timeout(KICK_WAIT, answer).await.ok().and_then(Result::ok).unwrap_or(closed) })
+        Box::pin(async move {
+            actix_web::rt::time::timeout(KICK_WAIT, answer)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or(closed)
+        })
     }
 }
 
@@ -251,7 +284,8 @@ impl Handler<DrainClose> for Registry {
         let total = ids.len();
         let hint_window = msg.spread.max(std::time::Duration::from_secs(1));
         for batch in drain_batches(total, msg.spread) {
-            let targets: Vec<(usize, Recipient<CloseConnection>)> = (batch.first..batch.first + batch.count)
+            let targets: Vec<(usize, Recipient<CloseConnection>)> = (batch.first
+                ..batch.first + batch.count)
                 .filter_map(|i| self.connections.get(&ids[i]).map(|e| (i, e.to.clone())))
                 .collect();
             ctx.run_later(batch.at, move |_, _| {
@@ -276,10 +310,26 @@ impl Handler<UsersHere> for Registry {
         let mut users: Vec<(u64, &Arc<str>, usize)> = self
             .by_user
             .iter()
-            .map(|(user, ids)| (ids.iter().filter_map(|id| self.connections.get(id)).map(|e| e.since_ms).min().unwrap_or(0), user, ids.len()))
+            .map(|(user, ids)| {
+                (
+                    ids.iter()
+                        .filter_map(|id| self.connections.get(id))
+                        .map(|e| e.since_ms)
+                        .min()
+                        .unwrap_or(0),
+                    user,
+                    ids.len(),
+                )
+            })
             .collect();
         users.sort_unstable();
-        MessageResult(users.into_iter().take(msg.limit).map(|(_, user, count)| (user.to_string(), count)).collect())
+        MessageResult(
+            users
+                .into_iter()
+                .take(msg.limit)
+                .map(|(_, user, count)| (user.to_string(), count))
+                .collect(),
+        )
     }
 }
 
@@ -290,7 +340,11 @@ impl Handler<HandOverUser> for Registry {
         let targets = self.of_user(&msg.user, None);
         for id in &targets {
             if let Some(entry) = self.connections.get(id) {
-                entry.to.do_send(CloseConnection { code: CloseCode::WrongNode, reason: msg.url.clone(), force: false });
+                entry.to.do_send(CloseConnection {
+                    code: CloseCode::WrongNode,
+                    reason: msg.url.clone(),
+                    force: false,
+                });
             }
         }
         targets.len()
@@ -347,9 +401,19 @@ mod tests {
             registry.send(register(1, "u", at_ms - 5)).await.unwrap();
             registry.send(register(2, "u", at_ms + 1)).await.unwrap();
             registry.send(register(3, "v", at_ms - 5)).await.unwrap();
-            assert_eq!(registry.send(CountConnections).await.unwrap(), 2, "the credential issued after, and another user's");
+            assert_eq!(
+                registry.send(CountConnections).await.unwrap(),
+                2,
+                "the credential issued after, and another user's"
+            );
             // The mailbox is in order: the marker comes after whatever the registry sent.
-            conn.send(CloseConnection { code: CloseCode::Normal, reason: String::new(), force: false }).await.unwrap();
+            conn.send(CloseConnection {
+                code: CloseCode::Normal,
+                reason: String::new(),
+                force: false,
+            })
+            .await
+            .unwrap();
             assert_eq!(*codes.lock(), [CloseCode::Kicked, CloseCode::Normal]);
         });
     }

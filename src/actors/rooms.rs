@@ -143,19 +143,25 @@ impl RoomsInner {
             tables.loads.remove(room);
         }
     }
-
 }
 
 impl RoomHome for RoomsInner {
     /// An idle inbox room stops: drop it from the table and park its (automatic)
     /// subscribers for the next actor of the room.
-    fn retire(self: Arc<Self>, room: &Arc<str>, addr: &Addr<RoomActor>, subscribers: Vec<Parked>, head: u64) {
+    fn retire(
+        self: Arc<Self>,
+        room: &Arc<str>,
+        addr: &Addr<RoomActor>,
+        subscribers: Vec<Parked>,
+        head: u64,
+    ) {
         let mut tables = self.tables.lock();
         if tables.live.get(room).is_some_and(|current| current == addr) {
             tables.live.remove(room);
             tables.loads.remove(room);
         }
-        let subscribers: Vec<Parked> = subscribers.into_iter().filter(|p| p.to.connected()).collect();
+        let subscribers: Vec<Parked> =
+            subscribers.into_iter().filter(|p| p.to.connected()).collect();
         if !subscribers.is_empty() {
             // Nothing waits for the watch: what is stored before it begins, after `head`,
             // wakes the room as soon as it does.
@@ -172,7 +178,12 @@ pub struct Rooms {
 
 impl Rooms {
     /// Start `threads` room arbiters; each room takes `settings` with its namespace's options.
-    pub fn start(logs: Arc<dyn RoomLogs>, settings: RoomSettings, namespaces: Arc<Namespaces>, threads: usize) -> Rooms {
+    pub fn start(
+        logs: Arc<dyn RoomLogs>,
+        settings: RoomSettings,
+        namespaces: Arc<Namespaces>,
+        threads: usize,
+    ) -> Rooms {
         let arbiters: Vec<Arbiter> = (0..threads.max(1)).map(|_| Arbiter::new()).collect();
         let handles = arbiters.iter().map(Arbiter::handle).collect();
         Rooms {
@@ -202,7 +213,12 @@ impl Rooms {
 
     /// The live actor of `room`, or a new one that adopts the room's parked subscribers
     /// (cluster mode: replaying to them what the stream holds after `replay_after`).
-    fn live_or_start(&self, tables: &mut Tables, room: &str, replay_after: Option<u64>) -> Addr<RoomActor> {
+    fn live_or_start(
+        &self,
+        tables: &mut Tables,
+        room: &str,
+        replay_after: Option<u64>,
+    ) -> Addr<RoomActor> {
         if let Some(addr) = tables.live.get(room) {
             if addr.connected() {
                 return addr.clone();
@@ -219,14 +235,18 @@ impl Rooms {
         let settings = self.inner.settings.with_options(self.options(room));
         let (logs, weak) = (self.inner.logs.clone(), Arc::downgrade(&home));
         let actor_name = name.clone();
-        let load = crate::core::rules::names::inbox_owner(room).is_none().then(|| Arc::new(RoomLoad::default()));
+        let load = crate::core::rules::names::inbox_owner(room)
+            .is_none()
+            .then(|| Arc::new(RoomLoad::default()));
         match &load {
             Some(load) => tables.loads.insert(name.clone(), load.clone()),
             None => tables.loads.remove(room),
         };
         let addr = RoomActor::start_in_arbiter(arbiter, move |_| {
             let log = logs.open(&actor_name);
-            RoomActor::new(actor_name, log, settings, weak).adopting(adopted, replay_after).reporting(load)
+            RoomActor::new(actor_name, log, settings, weak)
+                .adopting(adopted, replay_after)
+                .reporting(load)
         });
         tables.live.insert(name, addr.clone());
         addr
@@ -241,7 +261,11 @@ impl Rooms {
     // The tables are dropped before the parked watch is awaited; the lint does not follow
     // the `drop` on that path.
     #[allow(clippy::await_holding_lock)]
-    pub async fn subscribe_inbox(&self, room: &str, parked: Parked) -> Result<Option<Addr<RoomActor>>, RoomError> {
+    pub async fn subscribe_inbox(
+        &self,
+        room: &str,
+        parked: Parked,
+    ) -> Result<Option<Addr<RoomActor>>, RoomError> {
         for _ in 0..ATTEMPTS {
             let addr = {
                 let mut tables = self.inner.tables.lock();
@@ -299,7 +323,11 @@ impl Rooms {
     /// Ask `room`'s actor (started if need be) the message `make` builds. An actor that
     /// had just stopped is forgotten and its successor asked, [`ATTEMPTS`] times in all;
     /// the answer comes with the actor that gave it.
-    async fn ask_at<M, T>(&self, room: &str, mut make: impl FnMut() -> M) -> Result<(Addr<RoomActor>, T), RoomError>
+    async fn ask_at<M, T>(
+        &self,
+        room: &str,
+        mut make: impl FnMut() -> M,
+    ) -> Result<(Addr<RoomActor>, T), RoomError>
     where
         M: Message<Result = Result<T, RoomGone>> + Send + 'static,
         T: Send + 'static,
@@ -327,7 +355,11 @@ impl Rooms {
 
     /// Ask for a write that answers once durable: `make` builds the message around the
     /// reply channel, and the room's answer on it is the result.
-    async fn write<M>(&self, room: &str, mut make: impl FnMut(oneshot::Sender<Result<Published, PublishFailed>>) -> M) -> Result<Published, RoomError>
+    async fn write<M>(
+        &self,
+        room: &str,
+        mut make: impl FnMut(oneshot::Sender<Result<Published, PublishFailed>>) -> M,
+    ) -> Result<Published, RoomError>
     where
         M: Message<Result = Result<(), RoomGone>> + Send + 'static,
         RoomActor: Handler<M>,
@@ -367,18 +399,28 @@ impl Rooms {
     /// Subscribe a connection (`subscribe.automatic` is false: the automatic inbox
     /// subscription goes through [`subscribe_inbox`](Self::subscribe_inbox)); the room
     /// answers through `subscribe.to`.
-    pub async fn subscribe(&self, room: &str, subscribe: Subscribe) -> Result<Addr<RoomActor>, RoomError> {
+    pub async fn subscribe(
+        &self,
+        room: &str,
+        subscribe: Subscribe,
+    ) -> Result<Addr<RoomActor>, RoomError> {
         self.ask_at(room, || subscribe.clone()).await.map(|(addr, ())| addr)
     }
 
     /// Who is in `room`: asked of its live actor, which counts this node's
     /// members; without one, no member is here and the other nodes' tables answer
     /// (no actor is started, nothing is read).
-    pub async fn presence(&self, room: &str) -> Result<Result<crate::core::delivery::presence::View, PresenceOff>, RoomError> {
+    pub async fn presence(
+        &self,
+        room: &str,
+    ) -> Result<Result<crate::core::delivery::presence::View, PresenceOff>, RoomError> {
         for _ in 0..ATTEMPTS {
-            let live = self.inner.tables.lock().live.get(room).filter(|addr| addr.connected()).cloned();
+            let live =
+                self.inner.tables.lock().live.get(room).filter(|addr| addr.connected()).cloned();
             let Some(addr) = live else {
-                if !self.options(room).presence || crate::core::rules::names::inbox_owner(room).is_some() {
+                if !self.options(room).presence
+                    || crate::core::rules::names::inbox_owner(room).is_some()
+                {
                     return Ok(Err(PresenceOff));
                 }
                 return Ok(Ok(self.inner.settings.presence_hub.view(room, None)));
@@ -392,7 +434,12 @@ impl Rooms {
     }
 
     /// Read durable history of `room`.
-    pub async fn history(&self, room: &str, since: u64, limit: usize) -> Result<HistoryPage, RoomError> {
+    pub async fn history(
+        &self,
+        room: &str,
+        since: u64,
+        limit: usize,
+    ) -> Result<HistoryPage, RoomError> {
         self.ask(room, || ReadHistory { since, limit }).await
     }
 
@@ -430,7 +477,8 @@ impl Rooms {
             }
         }
         // Parked inboxes: their watches take the old home's live copies only.
-        let parked: Vec<Arc<str>> = tables.parked.keys().filter(|room| moved(room)).cloned().collect();
+        let parked: Vec<Arc<str>> =
+            tables.parked.keys().filter(|room| moved(room)).cloned().collect();
         for room in parked {
             tables.watches.remove(&room);
             for subscriber in tables.parked.remove(&room).unwrap_or_default() {
@@ -471,12 +519,14 @@ impl Rooms {
         }
         let answer = {
             let tables = self.inner.tables.lock();
-            let reported = tables.loads.iter().filter(|(room, _)| tables.live.get(*room).is_some_and(|addr| addr.connected())).map(
-                |(room, load)| {
+            let reported = tables
+                .loads
+                .iter()
+                .filter(|(room, _)| tables.live.get(*room).is_some_and(|addr| addr.connected()))
+                .map(|(room, load)| {
                     let (subscribers, head) = load.get();
                     RoomLoadView { room: room.clone(), subscribers, head }
-                },
-            );
+                });
             Arc::new(crate::core::nodes::busiest::busiest(reported, BUSIEST_MAX))
         };
         *cached = Some((std::time::Instant::now(), answer.clone()));
@@ -531,8 +581,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::core::rules::namespaces::Overrides;
     use crate::core::rules::limits::Retention;
+    use crate::core::rules::namespaces::Overrides;
 
     /// A room's settings take retention, window and presence from its namespace, and keep
     /// the rest of the shared settings.
@@ -549,14 +599,29 @@ mod tests {
             presence_hub: crate::actors::room::PresenceHub::new(Duration::from_secs(1), 1000, None),
             occupancy: None,
         };
-        let global = RoomOptions { history_size: 1000, history_ttl_secs: 86_400, batch_window_ms: 100, presence: true, max_event_bytes: 65536 };
-        let quiet = Overrides { presence: Some(false), history_size: Some(5), batch_window_ms: Some(0), ..Overrides::default() };
+        let global = RoomOptions {
+            history_size: 1000,
+            history_ttl_secs: 86_400,
+            batch_window_ms: 100,
+            presence: true,
+            max_event_bytes: 65536,
+        };
+        let quiet = Overrides {
+            presence: Some(false),
+            history_size: Some(5),
+            batch_window_ms: Some(0),
+            ..Overrides::default()
+        };
         let table = Namespaces::new(global, vec![("quiet:".into(), quiet)]).unwrap();
         let room = shared.with_options(table.resolve("quiet:1"));
         assert!(!room.presence, "presence = false in the namespace");
         assert_eq!(room.retention, Retention { max_events: 5, max_age_ms: 86_400_000 });
         assert_eq!(room.batch_window, Duration::ZERO);
-        assert_eq!((room.recovery_max_events, room.tick), (77, Duration::from_secs(10)), "the rest is shared");
+        assert_eq!(
+            (room.recovery_max_events, room.tick),
+            (77, Duration::from_secs(10)),
+            "the rest is shared"
+        );
         let other = shared.with_options(table.resolve("lobby"));
         assert!(other.presence, "default true");
         assert_eq!((other.retention, other.batch_window), (shared.retention, shared.batch_window));

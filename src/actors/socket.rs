@@ -3,8 +3,8 @@
 //! text checked for UTF-8 — and the close code each protocol fault ends with.
 
 use actix_http::ws::Item;
-use actix_web::web::{Bytes, BytesMut};
 use actix_http::ws::{self, CloseReason, ProtocolError};
+use actix_web::web::{Bytes, BytesMut};
 
 use super::wsio::ReadError;
 

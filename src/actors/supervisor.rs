@@ -132,7 +132,13 @@ impl Supervisor {
         };
         ctx.spawn(close.into_actor(self).map(move |told, _, _| {
             let connections = told.unwrap_or(0);
-            tracing::info!(phase = "closing", connections, spread_ms = spread.as_millis() as u64, elapsed_ms, "drain: stopped accepting; asking clients to reconnect");
+            tracing::info!(
+                phase = "closing",
+                connections,
+                spread_ms = spread.as_millis() as u64,
+                elapsed_ms,
+                "drain: stopped accepting; asking clients to reconnect"
+            );
         }));
         ctx.run_interval(POLL, |sup, ctx| sup.check_left(ctx));
     }
@@ -143,20 +149,32 @@ impl Supervisor {
         }
         let deadline = self.timing.spread + self.timing.grace;
         let overdue = self.closing_since.is_some_and(|t| t.elapsed() >= deadline);
-        ctx.spawn(self.registry.send(CountConnections).into_actor(self).map(move |left, sup, ctx| {
-            let left = left.unwrap_or(0);
-            sup.metrics.drain_connections_left.set(left as i64);
-            if sup.phase() != Phase::Closing {
-                return;
-            }
-            if left == 0 {
-                tracing::info!(phase = "closed", connections_left = 0, elapsed_ms = sup.elapsed_ms(), "drain: every client has left");
-                sup.finish();
-            } else if overdue {
-                tracing::info!(phase = "grace_over", connections_left = left, elapsed_ms = sup.elapsed_ms(), "drain: grace over");
-                sup.force(ctx);
-            }
-        }));
+        ctx.spawn(self.registry.send(CountConnections).into_actor(self).map(
+            move |left, sup, ctx| {
+                let left = left.unwrap_or(0);
+                sup.metrics.drain_connections_left.set(left as i64);
+                if sup.phase() != Phase::Closing {
+                    return;
+                }
+                if left == 0 {
+                    tracing::info!(
+                        phase = "closed",
+                        connections_left = 0,
+                        elapsed_ms = sup.elapsed_ms(),
+                        "drain: every client has left"
+                    );
+                    sup.finish();
+                } else if overdue {
+                    tracing::info!(
+                        phase = "grace_over",
+                        connections_left = left,
+                        elapsed_ms = sup.elapsed_ms(),
+                        "drain: grace over"
+                    );
+                    sup.force(ctx);
+                }
+            },
+        ));
     }
 
     fn force(&mut self, ctx: &mut Context<Self>) {
@@ -164,9 +182,18 @@ impl Supervisor {
             return;
         }
         self.enter(Phase::Forced);
-        let close = CloseConnection { code: CloseCode::ServiceRestart, reason: "service restart: reconnect now".into(), force: true };
+        let close = CloseConnection {
+            code: CloseCode::ServiceRestart,
+            reason: "service restart: reconnect now".into(),
+            force: true,
+        };
         ctx.spawn(self.registry.send(CloseAll { close }).into_actor(self).map(|left, sup, _| {
-            tracing::info!(phase = "forced", connections_left = left.unwrap_or(0), elapsed_ms = sup.elapsed_ms(), "drain: closing what is left");
+            tracing::info!(
+                phase = "forced",
+                connections_left = left.unwrap_or(0),
+                elapsed_ms = sup.elapsed_ms(),
+                "drain: closing what is left"
+            );
         }));
         // Stopping the HTTP server cuts sockets: give the Close frames time to go out first.
         ctx.run_later(FORCE_SETTLE, |sup, _| {
@@ -212,9 +239,16 @@ impl Handler<Signal> for Supervisor {
                 self.began = Some(Instant::now());
                 self.enter(Phase::NotReady);
                 let wait = self.timing.wait;
-                ctx.spawn(self.registry.send(CountConnections).into_actor(self).map(move |n, _, _| {
-                    tracing::info!(phase = "not_ready", connections = n.unwrap_or(0), wait_ms = wait.as_millis() as u64, "drain: readiness off, new upgrades refused");
-                }));
+                ctx.spawn(self.registry.send(CountConnections).into_actor(self).map(
+                    move |n, _, _| {
+                        tracing::info!(
+                            phase = "not_ready",
+                            connections = n.unwrap_or(0),
+                            wait_ms = wait.as_millis() as u64,
+                            "drain: readiness off, new upgrades refused"
+                        );
+                    },
+                ));
                 ctx.run_later(wait, |sup, ctx| sup.stop_accepting(ctx));
             }
             Phase::NotReady | Phase::Closing => {

@@ -80,7 +80,10 @@ impl Transport {
     /// after which the SSE stream ends.
     pub fn close(&mut self, code: u16, reason: &str) {
         match self {
-            Transport::Ws(io) => io.close(Some(CloseReason { code: ws::CloseCode::from(code), description: Some(reason.to_string()) })),
+            Transport::Ws(io) => io.close(Some(CloseReason {
+                code: ws::CloseCode::from(code),
+                description: Some(reason.to_string()),
+            })),
             Transport::Sse(io) => io.close(&protocol::close_event(code, reason)),
         }
     }

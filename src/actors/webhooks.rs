@@ -31,10 +31,12 @@ use parking_lot::Mutex;
 
 use super::room::Occupancy;
 use crate::config::Config;
+use crate::core::rules::backoff::BackoffPolicy;
 use crate::core::rules::names;
 use crate::core::rules::redact::url_for_log;
-use crate::core::rules::backoff::BackoffPolicy;
-use crate::core::rules::webhooks::{self as rules, Attempt, DeadReason, Kind, Lanes, Step, ID_HEADER, SIGNATURE_HEADER};
+use crate::core::rules::webhooks::{
+    self as rules, Attempt, DeadReason, Kind, Lanes, Step, ID_HEADER, SIGNATURE_HEADER,
+};
 use crate::metrics::Metrics;
 use crate::protocol::{self, EventData, WebhookBody};
 use crate::store::{DeadLetterRecord, Store, StoreError, WebhookRecord};
@@ -60,8 +62,14 @@ pub enum WebhookError {
 /// What happened, for the webhook that tells it.
 #[derive(Debug, Clone)]
 pub enum WebhookEvent {
-    RoomOccupied { room: String, ts_ms: u64 },
-    RoomVacated { room: String, ts_ms: u64 },
+    RoomOccupied {
+        room: String,
+        ts_ms: u64,
+    },
+    RoomVacated {
+        room: String,
+        ts_ms: u64,
+    },
     ClientPublished {
         room: String,
         ts_ms: u64,
@@ -215,7 +223,12 @@ struct Job {
 impl Webhooks {
     /// Read the queue back from the store and start the scheduler and the senders; what
     /// they give up goes to `dead`.
-    pub fn start(store: Store, metrics: Arc<Metrics>, settings: WebhookSettings, dead: DeadLetters) -> Result<Webhooks, WebhookError> {
+    pub fn start(
+        store: Store,
+        metrics: Arc<Metrics>,
+        settings: WebhookSettings,
+        dead: DeadLetters,
+    ) -> Result<Webhooks, WebhookError> {
         let mut resumed: Vec<(String, u64)> = Vec::new();
         let mut from = 0;
         loop {
@@ -264,7 +277,8 @@ impl Webhooks {
             };
             senders.push(spawn(format!("livegate-webhook-{n}"), Box::new(move || sender.run()))?);
         }
-        let scheduler = spawn("livegate-webhooks".into(), Box::new(move || schedule(lanes, woken, jobs)))?;
+        let scheduler =
+            spawn("livegate-webhooks".into(), Box::new(move || schedule(lanes, woken, jobs)))?;
         let worker = Worker { wake, scheduler, senders, timeout: settings.timeout };
         Ok(Webhooks { shared, worker: Arc::new(Mutex::new(Some(worker))), poster })
     }
@@ -276,7 +290,11 @@ impl Webhooks {
     pub fn enqueue(&self, event: WebhookEvent) {
         let shared = &self.shared;
         let id = random_hex(16);
-        let record = WebhookRecord { room: event.room().to_string(), body: event.body(&id, &shared.node), id };
+        let record = WebhookRecord {
+            room: event.room().to_string(),
+            body: event.body(&id, &shared.node),
+            id,
+        };
         let mut queue = shared.queue.lock();
         if !rules::admits(queue.queued, shared.queue_max) {
             drop(queue);
@@ -326,7 +344,10 @@ impl Webhooks {
             self.enqueue(WebhookEvent::RoomVacated { room: room.clone(), ts_ms: now_ms });
         }
         if !rooms.is_empty() {
-            tracing::info!(rooms = rooms.len(), "room_vacated queued for the rooms a previous run left occupied");
+            tracing::info!(
+                rooms = rooms.len(),
+                "room_vacated queued for the rooms a previous run left occupied"
+            );
         }
         Ok(rooms.len())
     }
@@ -350,7 +371,8 @@ impl Webhooks {
         let _ = worker.wake.send(Wake::Stop);
         let _ = worker.scheduler.join();
         let deadline = Instant::now() + STOP_WAIT.min(worker.timeout);
-        while worker.senders.iter().any(|sender| !sender.is_finished()) && Instant::now() < deadline {
+        while worker.senders.iter().any(|sender| !sender.is_finished()) && Instant::now() < deadline
+        {
             std::thread::sleep(Duration::from_millis(10));
         }
         tracing::info!(queued = self.queued(), "webhooks stopped; the queue stays in the store");
@@ -364,7 +386,11 @@ impl Occupancy for Webhooks {
             return;
         }
         let (room, ts_ms) = (room.to_string(), now_ms);
-        self.enqueue(if occupied { WebhookEvent::RoomOccupied { room, ts_ms } } else { WebhookEvent::RoomVacated { room, ts_ms } });
+        self.enqueue(if occupied {
+            WebhookEvent::RoomOccupied { room, ts_ms }
+        } else {
+            WebhookEvent::RoomVacated { room, ts_ms }
+        });
     }
 }
 
@@ -373,7 +399,15 @@ impl Occupancy for Webhooks {
 fn schedule(mut lanes: Lanes, woken: mpsc::Receiver<Wake>, jobs: mpsc::Sender<Job>) {
     loop {
         for due in lanes.due(now_ms()) {
-            if jobs.send(Job { room: due.room, seq: due.seq, retries: due.retries, first_ms: due.first_ms }).is_err() {
+            if jobs
+                .send(Job {
+                    room: due.room,
+                    seq: due.seq,
+                    retries: due.retries,
+                    first_ms: due.first_ms,
+                })
+                .is_err()
+            {
                 return;
             }
         }
@@ -513,7 +547,12 @@ impl Poster {
             .redirects(0)
             .user_agent(concat!("livegate/", env!("CARGO_PKG_VERSION")))
             .build();
-        Poster { agent, url: settings.url.clone(), url_for_log: url_for_log(&settings.url).to_string(), secret: settings.secret.clone() }
+        Poster {
+            agent,
+            url: settings.url.clone(),
+            url_for_log: url_for_log(&settings.url).to_string(),
+            secret: settings.secret.clone(),
+        }
     }
 
     /// One POST; the outcome and, for a failure without an answer, what went wrong.
@@ -530,14 +569,25 @@ impl Poster {
             Ok(answer) | Err(ureq::Error::Status(_, answer)) => {
                 let status = answer.status();
                 // Read the answer so the connection can serve the next attempt.
-                let _ = std::io::copy(&mut answer.into_reader().take(ANSWER_READ_MAX), &mut std::io::sink());
+                let _ = std::io::copy(
+                    &mut answer.into_reader().take(ANSWER_READ_MAX),
+                    &mut std::io::sink(),
+                );
                 (Attempt::Status(status), String::new())
             }
             Err(ureq::Error::Transport(transport)) => {
                 let timed_out = std::error::Error::source(&transport)
                     .and_then(|source| source.downcast_ref::<std::io::Error>())
-                    .is_some_and(|io| matches!(io.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock));
-                (if timed_out { Attempt::Timeout } else { Attempt::Unreachable }, transport_detail(&transport))
+                    .is_some_and(|io| {
+                        matches!(
+                            io.kind(),
+                            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+                        )
+                    });
+                (
+                    if timed_out { Attempt::Timeout } else { Attempt::Unreachable },
+                    transport_detail(&transport),
+                )
             }
         }
     }
@@ -588,12 +638,19 @@ struct DeadState {
 impl DeadLetters {
     /// The dead letters kept in `store`, at most `max` from now on (a smaller bound than
     /// the list holds trims it at the next new one).
-    pub fn open(store: Store, metrics: Arc<Metrics>, max: usize) -> Result<DeadLetters, StoreError> {
+    pub fn open(
+        store: Store,
+        metrics: Arc<Metrics>,
+        max: usize,
+    ) -> Result<DeadLetters, StoreError> {
         let count = store.webhooks().dead_count();
         let next_seq = store.webhooks().dead_last_seq()?.map_or(0, |last| last.saturating_add(1));
         metrics.webhook_dead_letters.set(count as i64);
         if count > 0 {
-            tracing::info!(dead_letters = count, "webhook dead letters kept in the store (GET /v1/admin/webhooks/dead)");
+            tracing::info!(
+                dead_letters = count,
+                "webhook dead letters kept in the store (GET /v1/admin/webhooks/dead)"
+            );
         }
         let state = Mutex::new(DeadState { next_seq, count, replaying: HashSet::new() });
         Ok(DeadLetters { inner: Arc::new(DeadInner { store, metrics, max: max.max(1), state }) })
@@ -601,7 +658,12 @@ impl DeadLetters {
 
     /// Move queued webhook `queue_seq` to the dead letters as `record`, dropping the
     /// oldest when the list is full; durable with the next flush.
-    fn bury(&self, queue_seq: u64, record: &DeadLetterRecord, reason: DeadReason) -> Result<(), StoreError> {
+    fn bury(
+        &self,
+        queue_seq: u64,
+        record: &DeadLetterRecord,
+        reason: DeadReason,
+    ) -> Result<(), StoreError> {
         let inner = &self.inner;
         let mut state = inner.state.lock();
         let webhooks = inner.store.webhooks();
@@ -622,7 +684,14 @@ impl DeadLetters {
 
     /// The `limit` newest dead letters, newest first.
     pub fn list(&self, limit: usize) -> Result<Vec<DeadLetterRecord>, StoreError> {
-        Ok(self.inner.store.webhooks().dead_newest(limit)?.into_iter().map(|(_, record)| record).collect())
+        Ok(self
+            .inner
+            .store
+            .webhooks()
+            .dead_newest(limit)?
+            .into_iter()
+            .map(|(_, record)| record)
+            .collect())
     }
 
     /// Dead letters kept.
@@ -666,7 +735,11 @@ impl DeadLetters {
         let inner = &self.inner;
         let (seq, mut letter) = {
             let mut state = inner.state.lock();
-            let found = inner.store.webhooks().dead_find(id)?.ok_or_else(|| ReplayError::NotFound(id.to_string()))?;
+            let found = inner
+                .store
+                .webhooks()
+                .dead_find(id)?
+                .ok_or_else(|| ReplayError::NotFound(id.to_string()))?;
             if !state.replaying.insert(id.to_string()) {
                 return Err(ReplayError::InProgress(id.to_string()));
             }
@@ -735,15 +808,16 @@ mod tests {
 
     #[test]
     fn webhook_bodies() {
-        let published = |device: Option<&str>, event_id: Option<&str>| WebhookEvent::ClientPublished {
-            room: "chat".into(),
-            ts_ms: 7,
-            user: "u1".into(),
-            device: device.map(Into::into),
-            seq: 42,
-            event_id: event_id.map(Into::into),
-            data: raw(r#"{"text":"hi","n":[1,2]}"#),
-        };
+        let published =
+            |device: Option<&str>, event_id: Option<&str>| WebhookEvent::ClientPublished {
+                room: "chat".into(),
+                ts_ms: 7,
+                user: "u1".into(),
+                device: device.map(Into::into),
+                seq: 42,
+                event_id: event_id.map(Into::into),
+                data: raw(r#"{"text":"hi","n":[1,2]}"#),
+            };
         let cases = [
             (
                 WebhookEvent::RoomOccupied { room: "lobby".into(), ts_ms: 1764650000000 },
@@ -771,7 +845,9 @@ mod tests {
     fn a_failed_attempt_is_described_without_the_urls_credentials() {
         // Nothing listens on port 1: a transport error, whose own text names the URL.
         let url = "http://hook:s3cret@127.0.0.1:1/hooks?key=abc";
-        let Err(ureq::Error::Transport(transport)) = ureq::post(url).send_string("{}") else { panic!("port 1 answered") };
+        let Err(ureq::Error::Transport(transport)) = ureq::post(url).send_string("{}") else {
+            panic!("port 1 answered")
+        };
         assert!(transport.to_string().contains("key=abc"), "ureq's text has the URL: {transport}");
         let detail = transport_detail(&transport);
         assert!(detail.starts_with("Connection Failed"), "{detail}");
@@ -783,9 +859,16 @@ mod tests {
     #[test]
     fn webhooks_off_without_a_url() {
         assert!(WebhookSettings::from_config(&Config::default()).is_none());
-        let config = Config { webhook_url: "http://127.0.0.1:1/h".into(), webhook_secret: "s".into(), ..Config::default() };
+        let config = Config {
+            webhook_url: "http://127.0.0.1:1/h".into(),
+            webhook_secret: "s".into(),
+            ..Config::default()
+        };
         let settings = WebhookSettings::from_config(&config).unwrap();
-        assert_eq!((settings.secret.as_slice(), settings.queue_max, settings.timeout), (&b"s"[..], 10_000, Duration::from_millis(5000)));
+        assert_eq!(
+            (settings.secret.as_slice(), settings.queue_max, settings.timeout),
+            (&b"s"[..], 10_000, Duration::from_millis(5000))
+        );
     }
 
     /// The queue in a real store: the bound drops and counts, what is queued is read back
@@ -815,7 +898,13 @@ mod tests {
                 webhooks.changed(&format!("r{n}"), true, n);
             }
             assert_eq!(webhooks.queued(), 3);
-            assert_eq!(metrics.webhooks_dropped.get_or_create(&crate::metrics::ReasonLabel { reason: "queue_full" }).get(), 2);
+            assert_eq!(
+                metrics
+                    .webhooks_dropped
+                    .get_or_create(&crate::metrics::ReasonLabel { reason: "queue_full" })
+                    .get(),
+                2
+            );
             assert_eq!(metrics.webhooks_queued.get(), 3);
             webhooks.stop();
             webhooks.stop();
@@ -828,15 +917,28 @@ mod tests {
         let rooms: Vec<&str> = queued.iter().map(|(_, record)| record.room.as_str()).collect();
         assert_eq!(rooms, ["r0", "r1", "r2"]);
         let body: serde_json::Value = serde_json::from_str(&queued[1].1.body).unwrap();
-        assert_eq!(body, serde_json::json!({"id": queued[1].1.id, "type": "room_occupied", "room": "r1", "ts_ms": 1, "node": "n1"}));
+        assert_eq!(
+            body,
+            serde_json::json!({"id": queued[1].1.id, "type": "room_occupied", "room": "r1", "ts_ms": 1, "node": "n1"})
+        );
         // Only the rooms whose room_occupied was queued are owed a room_vacated.
         assert_eq!(store.webhooks().noted_occupied().unwrap(), ["r0", "r1", "r2"]);
         let metrics = Arc::new(Metrics::default());
         let dead = DeadLetters::open(store.clone(), metrics.clone(), 10).unwrap();
         let webhooks = Webhooks::start(store, metrics.clone(), settings, dead).unwrap();
-        assert_eq!((webhooks.queued(), metrics.webhooks_queued.get()), (3, 3), "resumed from the store");
+        assert_eq!(
+            (webhooks.queued(), metrics.webhooks_queued.get()),
+            (3, 3),
+            "resumed from the store"
+        );
         webhooks.changed("r9", false, 9);
-        assert_eq!(metrics.webhooks_dropped.get_or_create(&crate::metrics::ReasonLabel { reason: "queue_full" }).get(), 1);
+        assert_eq!(
+            metrics
+                .webhooks_dropped
+                .get_or_create(&crate::metrics::ReasonLabel { reason: "queue_full" })
+                .get(),
+            1
+        );
         // A room_vacated the full queue dropped leaves its room noted, to be vacated later.
         assert_eq!(webhooks.vacate_left_over(10).unwrap(), 3);
         assert_eq!(webhooks.shared.store.webhooks().noted_occupied().unwrap(), ["r0", "r1", "r2"]);

@@ -23,13 +23,13 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::os::fd::RawFd;
-use std::sync::Arc;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::Duration;
 
-use actix::prelude::*;
 use actix::fut::ActorFuture;
+use actix::prelude::*;
 use actix_codec::{AsyncRead, AsyncWrite, Decoder, Encoder, ReadBuf};
 use actix_http::ws::{self, CloseReason, Codec, Frame, Message, OpCode, Parser, ProtocolError};
 use actix_web::web::{Bytes, BytesMut};
@@ -262,7 +262,9 @@ fn send_now(fd: RawFd, bytes: &[u8]) -> usize {
     // SAFETY: `fd` is an open socket: it is only read under the `Outgoing` lock, and the
     // socket's owner clears it under that lock before the socket can be closed. The
     // buffer is a live slice. MSG_NOSIGNAL: a reset peer gives EPIPE, not SIGPIPE.
-    let sent = unsafe { libc::send(fd, bytes.as_ptr().cast(), bytes.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    let sent = unsafe {
+        libc::send(fd, bytes.as_ptr().cast(), bytes.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+    };
     usize::try_from(sent).unwrap_or(0)
 }
 
@@ -270,7 +272,12 @@ impl WsIo {
     /// `leftover`: bytes the HTTP layer read past the upgrade request (the first frames).
     /// `fd`: the socket's descriptor when it is plain TCP (rooms may then write to it
     /// from their threads); `None` for TLS.
-    pub fn new(stream: Box<dyn Stream>, leftover: BytesMut, max_frame_bytes: usize, fd: Option<RawFd>) -> Self {
+    pub fn new(
+        stream: Box<dyn Stream>,
+        leftover: BytesMut,
+        max_frame_bytes: usize,
+        fd: Option<RawFd>,
+    ) -> Self {
         WsIo {
             stream,
             codec: Codec::new().max_size(max_frame_bytes),
@@ -360,7 +367,10 @@ impl WsIo {
     }
 
     /// The next whole frame as a message, `Ready(None)` once the stream has ended.
-    fn poll_read(&mut self, cx: &mut TaskContext<'_>) -> Poll<Option<Result<ws::Message, ReadError>>> {
+    fn poll_read(
+        &mut self,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<ws::Message, ReadError>>> {
         loop {
             if self.read_done {
                 return Poll::Ready(None);
@@ -450,13 +460,21 @@ impl Drop for WsIo {
 struct Gone;
 
 impl AsyncRead for Gone {
-    fn poll_read(self: Pin<&mut Self>, _: &mut TaskContext<'_>, _: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _: &mut TaskContext<'_>,
+        _: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         Poll::Ready(Ok(()))
     }
 }
 
 impl AsyncWrite for Gone {
-    fn poll_write(self: Pin<&mut Self>, _: &mut TaskContext<'_>, _: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut TaskContext<'_>,
+        _: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         Poll::Ready(Err(std::io::ErrorKind::NotConnected.into()))
     }
     fn poll_flush(self: Pin<&mut Self>, _: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
@@ -469,9 +487,9 @@ impl AsyncWrite for Gone {
 
 fn message(frame: Frame) -> Result<ws::Message, ReadError> {
     Ok(match frame {
-        Frame::Text(data) => {
-            ws::Message::Text(bytestring::ByteString::try_from(data).map_err(|_| ReadError::InvalidUtf8)?)
-        }
+        Frame::Text(data) => ws::Message::Text(
+            bytestring::ByteString::try_from(data).map_err(|_| ReadError::InvalidUtf8)?,
+        ),
         Frame::Binary(data) => ws::Message::Binary(data),
         Frame::Continuation(item) => ws::Message::Continuation(item),
         Frame::Ping(payload) => ws::Message::Ping(payload),
@@ -512,7 +530,12 @@ struct Pump;
 impl<A: WsActor> ActorFuture<A> for Pump {
     type Output = ();
 
-    fn poll(self: Pin<&mut Self>, act: &mut A, ctx: &mut Context<A>, task: &mut TaskContext<'_>) -> Poll<()> {
+    fn poll(
+        self: Pin<&mut Self>,
+        act: &mut A,
+        ctx: &mut Context<A>,
+        task: &mut TaskContext<'_>,
+    ) -> Poll<()> {
         let Some(io) = act.io() else { return Poll::Ready(()) };
         {
             let mut out = io.out.state.lock();
@@ -621,7 +644,8 @@ mod tests {
     async fn behind_a_full_socket_frames_queue_and_leave_whole_and_in_order() {
         let (mut io, mut client) = pair().await;
         let out = io.outgoing();
-        let frames: Vec<Bytes> = (0..400).map(|i| encode_text(&format!("{i:04}{}", "x".repeat(1_000)))).collect();
+        let frames: Vec<Bytes> =
+            (0..400).map(|i| encode_text(&format!("{i:04}{}", "x".repeat(1_000)))).collect();
         let mut outcomes = Vec::new();
         for (i, frame) in frames.iter().enumerate() {
             // The actor's own frames share the queue with the rooms' (a reply between windows).
@@ -639,7 +663,8 @@ mod tests {
             .chain(&frames[200..])
             .flat_map(|f| f.to_vec())
             .collect();
-        let reader = std::thread::spawn(move || read_exactly(&mut client, expected.len()) == expected);
+        let reader =
+            std::thread::spawn(move || read_exactly(&mut client, expected.len()) == expected);
         std::future::poll_fn(|cx| {
             let out = io.out.clone();
             let mut out = out.state.lock();
@@ -655,7 +680,9 @@ mod tests {
         let (mut io, _client) = pair().await;
         let out = io.outgoing();
         // The finishing write runs on the actor's thread's local task set.
-        tokio::task::LocalSet::new().run_until(async { io.finish(Duration::from_millis(100)) }).await;
+        tokio::task::LocalSet::new()
+            .run_until(async { io.finish(Duration::from_millis(100)) })
+            .await;
         assert!(!out.direct(), "the descriptor is forgotten before the socket can close");
         assert_eq!(out.write_shared(&encode_text("late")), Wrote::Dropped);
     }

@@ -28,7 +28,10 @@ pub fn render(reply: &CellsReply) -> String {
 pub fn render_promotion(reply: &PromoteReply) -> String {
     let lost = match reply.missing {
         0 => "none: the mirror had every event the cell announced".to_string(),
-        n => format!("{n} (the cell announced stream seq {}, the mirror had {})", reply.origin_head_seen, reply.mirror_head),
+        n => format!(
+            "{n} (the cell announced stream seq {}, the mirror had {})",
+            reply.origin_head_seen, reply.mirror_head
+        ),
     };
     format!(
         "cell {}'s rooms moved to cell {}: {} rooms, new epoch {}
@@ -43,14 +46,29 @@ pub fn render_promotion(reply: &PromoteReply) -> String {
 fn render_cell(out: &mut String, cell: &CellStatus, now_ms: u64) {
     let held = ago(now_ms, cell.since_ms);
     out.push_str(&format!("{}  {} for {held}\n", cell.cell, cell.breaker));
-    let marks: String = cell.probes.iter().map(|p| if p.passed { PASSED } else { FAILED }).collect();
+    let marks: String =
+        cell.probes.iter().map(|p| if p.passed { PASSED } else { FAILED }).collect();
     let last = match cell.probes.last() {
         None => "no report yet".to_string(),
-        Some(p) if p.passed => format!("last round {} ago: {} of {} nodes passed", ago(now_ms, p.at_ms), p.reports, p.reports),
+        Some(p) if p.passed => format!(
+            "last round {} ago: {} of {} nodes passed",
+            ago(now_ms, p.at_ms),
+            p.reports,
+            p.reports
+        ),
         Some(p) => {
             let more = p.failures as usize - p.failed.len().min(p.failures as usize);
-            let named = if more > 0 { format!("{} and {more} more", p.failed.join(", ")) } else { p.failed.join(", ") };
-            format!("last round {} ago: {} of {} nodes failed ({named})", ago(now_ms, p.at_ms), p.failures, p.reports)
+            let named = if more > 0 {
+                format!("{} and {more} more", p.failed.join(", "))
+            } else {
+                p.failed.join(", ")
+            };
+            format!(
+                "last round {} ago: {} of {} nodes failed ({named})",
+                ago(now_ms, p.at_ms),
+                p.failures,
+                p.reports
+            )
         }
     };
     let rounds = cell.probes.len();
@@ -64,7 +82,12 @@ fn render_cell(out: &mut String, cell: &CellStatus, now_ms: u64) {
     }
     for (i, t) in cell.transitions.iter().enumerate() {
         let label = if i == 0 { "transitions" } else { "" };
-        out.push_str(&format!("  {label:<11}  {} → {}  {} ago\n", t.from, t.to, ago(now_ms, t.at_ms)));
+        out.push_str(&format!(
+            "  {label:<11}  {} → {}  {} ago\n",
+            t.from,
+            t.to,
+            ago(now_ms, t.at_ms)
+        ));
     }
 }
 
@@ -87,7 +110,13 @@ mod tests {
     use crate::protocol::{CellProbe, CellTransition};
 
     fn probe(at_ms: u64, passed: bool, reports: u32, failed: &[&str], failures: u32) -> CellProbe {
-        CellProbe { at_ms, passed, reports, failures, failed: failed.iter().map(|n| n.to_string()).collect() }
+        CellProbe {
+            at_ms,
+            passed,
+            reports,
+            failures,
+            failed: failed.iter().map(|n| n.to_string()).collect(),
+        }
     }
 
     fn transition(at_ms: u64, from: &str, to: &str) -> CellTransition {
@@ -96,7 +125,15 @@ mod tests {
 
     #[test]
     fn durations() {
-        let cases: &[(u64, &str)] = &[(0, "0ms"), (850, "850ms"), (1000, "1.0s"), (4250, "4.2s"), (59_999, "59.9s"), (184_000, "3m 04s"), (7_500_000, "2h 05m")];
+        let cases: &[(u64, &str)] = &[
+            (0, "0ms"),
+            (850, "850ms"),
+            (1000, "1.0s"),
+            (4250, "4.2s"),
+            (59_999, "59.9s"),
+            (184_000, "3m 04s"),
+            (7_500_000, "2h 05m"),
+        ];
         for &(ms, text) in cases {
             assert_eq!(ago(10_000_000, 10_000_000 - ms), text, "{ms} ms");
         }
@@ -127,9 +164,18 @@ mod tests {
                         probe(95_000, false, 1, &["c"], 1),
                         probe(95_800, false, 10, &["c", "d"], 3),
                     ],
-                    transitions: vec![transition(60_000, "half_open", "closed"), transition(95_800, "closed", "open")],
+                    transitions: vec![
+                        transition(60_000, "half_open", "closed"),
+                        transition(95_800, "closed", "open"),
+                    ],
                 },
-                CellStatus { cell: "north".into(), breaker: "closed".into(), since_ms: 0, probes: vec![], transitions: vec![] },
+                CellStatus {
+                    cell: "north".into(),
+                    breaker: "closed".into(),
+                    since_ms: 0,
+                    probes: vec![],
+                    transitions: vec![],
+                },
             ],
         };
         let expected = "\
@@ -147,6 +193,9 @@ north  closed for 1m 40s
 ";
         assert_eq!(render(&reply), expected);
         let empty = CellsReply { node: "a".into(), cell: "east".into(), ts_ms: 0, cells: vec![] };
-        assert_eq!(render(&empty), "cells as node a (cell east) sees them:\n  (no configured cell)\n");
+        assert_eq!(
+            render(&empty),
+            "cells as node a (cell east) sees them:\n  (no configured cell)\n"
+        );
     }
 }

@@ -44,7 +44,9 @@ impl Client {
             }
             None => format!("http://{}", connect_address(config.listen)),
         };
-        let key = config.existing_api_key()?.ok_or_else(|| ClientError::NoApiKey { key_file: config.api_key_path() })?;
+        let key = config
+            .existing_api_key()?
+            .ok_or_else(|| ClientError::NoApiKey { key_file: config.api_key_path() })?;
         Ok(Client::new(base, key))
     }
 
@@ -61,39 +63,60 @@ impl Client {
     /// POSTs JSON with the API key; the reply body on a 2xx status, else an error naming
     /// the status and the server's error code and message.
     pub fn post(&self, path: &str, body: &Value) -> Result<String, ClientError> {
-        let request = self.agent.post(&format!("{}{path}", self.base)).set("Authorization", &format!("Bearer {}", self.key));
+        let request = self
+            .agent
+            .post(&format!("{}{path}", self.base))
+            .set("Authorization", &format!("Bearer {}", self.key));
         self.reply("POST", path, request.send_json(body))
     }
 
     pub fn get(&self, path: &str) -> Result<String, ClientError> {
-        let request = self.agent.get(&format!("{}{path}", self.base)).set("Authorization", &format!("Bearer {}", self.key));
+        let request = self
+            .agent
+            .get(&format!("{}{path}", self.base))
+            .set("Authorization", &format!("Bearer {}", self.key));
         self.reply("GET", path, request.call())
     }
 
-    fn reply(&self, method: &str, path: &str, reply: Result<ureq::Response, ureq::Error>) -> Result<String, ClientError> {
+    fn reply(
+        &self,
+        method: &str,
+        path: &str,
+        reply: Result<ureq::Response, ureq::Error>,
+    ) -> Result<String, ClientError> {
         let request = || format!("{method} {path}");
         match reply {
-            Ok(response) => response.into_string().map_err(|source| ClientError::ReadReply { request: request(), source }),
-            Err(ureq::Error::Status(status, response)) => {
-                Err(ClientError::Refused { request: request(), status, body: response.into_string().unwrap_or_default() })
-            }
-            Err(ureq::Error::Transport(transport)) => {
-                Err(ClientError::Unreachable { base: self.base.clone(), transport: Box::new(transport) })
-            }
+            Ok(response) => response
+                .into_string()
+                .map_err(|source| ClientError::ReadReply { request: request(), source }),
+            Err(ureq::Error::Status(status, response)) => Err(ClientError::Refused {
+                request: request(),
+                status,
+                body: response.into_string().unwrap_or_default(),
+            }),
+            Err(ureq::Error::Transport(transport)) => Err(ClientError::Unreachable {
+                base: self.base.clone(),
+                transport: Box::new(transport),
+            }),
         }
     }
 
     /// `POST /v1/tokens`: a one-time WebSocket token for `user` on `device`.
-    pub fn mint_token(&self, user: &str, device: &str, ttl_secs: u64) -> Result<String, ClientError> {
+    pub fn mint_token(
+        &self,
+        user: &str,
+        device: &str,
+        ttl_secs: u64,
+    ) -> Result<String, ClientError> {
         let body = serde_json::json!({ "user": user, "device": device, "ttl_secs": ttl_secs });
         let reply = self.post("/v1/tokens", &body)?;
         #[derive(Deserialize)]
         struct Minted {
             token: String,
         }
-        serde_json::from_str::<Minted>(&reply)
-            .map(|m| m.token)
-            .map_err(|_| ClientError::UnexpectedReply { request: "POST /v1/tokens".into(), body: reply })
+        serde_json::from_str::<Minted>(&reply).map(|m| m.token).map_err(|_| {
+            ClientError::UnexpectedReply { request: "POST /v1/tokens".into(), body: reply }
+        })
     }
 
     /// `GET /v1/admin/status`: the server's reply (node, version, uptime, phase, counts).
@@ -106,7 +129,8 @@ impl Client {
     pub fn cells(&self) -> Result<crate::protocol::CellsReply, ClientError> {
         const PATH: &str = "/v1/admin/cells";
         let body = self.get(PATH)?;
-        serde_json::from_str(&body).map_err(|_| ClientError::UnexpectedReply { request: format!("GET {PATH}"), body })
+        serde_json::from_str(&body)
+            .map_err(|_| ClientError::UnexpectedReply { request: format!("GET {PATH}"), body })
     }
 
     /// `POST /v1/admin/cells/{cell}/promote`: move the lost `cell`'s rooms into the
@@ -114,22 +138,31 @@ impl Client {
     pub fn promote_cell(&self, cell: &str) -> Result<crate::protocol::PromoteReply, ClientError> {
         let path = format!("/v1/admin/cells/{}/promote", encode(cell));
         let body = self.post(&path, &Value::Object(Default::default()))?;
-        serde_json::from_str(&body).map_err(|_| ClientError::UnexpectedReply { request: format!("POST {path}"), body })
+        serde_json::from_str(&body)
+            .map_err(|_| ClientError::UnexpectedReply { request: format!("POST {path}"), body })
     }
 
     /// `GET /v1/admin/webhooks/dead?limit=N`: the node's dead letters, newest first.
-    pub fn dead_letters(&self, limit: usize) -> Result<crate::protocol::DeadLettersReply, ClientError> {
+    pub fn dead_letters(
+        &self,
+        limit: usize,
+    ) -> Result<crate::protocol::DeadLettersReply, ClientError> {
         let path = format!("/v1/admin/webhooks/dead?limit={limit}");
         let body = self.get(&path)?;
-        serde_json::from_str(&body).map_err(|_| ClientError::UnexpectedReply { request: format!("GET {path}"), body })
+        serde_json::from_str(&body)
+            .map_err(|_| ClientError::UnexpectedReply { request: format!("GET {path}"), body })
     }
 
     /// `POST /v1/admin/webhooks/dead/{id}/replay`: one attempt of dead letter `id` now;
     /// an error (502 `replay_failed`) when it was not delivered.
-    pub fn replay_dead_letter(&self, id: &str) -> Result<crate::protocol::ReplayReply, ClientError> {
+    pub fn replay_dead_letter(
+        &self,
+        id: &str,
+    ) -> Result<crate::protocol::ReplayReply, ClientError> {
         let path = format!("/v1/admin/webhooks/dead/{}/replay", encode(id));
         let body = self.post(&path, &Value::Object(Default::default()))?;
-        serde_json::from_str(&body).map_err(|_| ClientError::UnexpectedReply { request: format!("POST {path}"), body })
+        serde_json::from_str(&body)
+            .map_err(|_| ClientError::UnexpectedReply { request: format!("POST {path}"), body })
     }
 
     /// `DELETE /v1/admin/webhooks/dead/{id}`, or every dead letter without an id: the
@@ -139,7 +172,10 @@ impl Client {
             Some(id) => format!("/v1/admin/webhooks/dead/{}", encode(id)),
             None => "/v1/admin/webhooks/dead".to_string(),
         };
-        let request = self.agent.delete(&format!("{}{path}", self.base)).set("Authorization", &format!("Bearer {}", self.key));
+        let request = self
+            .agent
+            .delete(&format!("{}{path}", self.base))
+            .set("Authorization", &format!("Bearer {}", self.key));
         self.reply("DELETE", &path, request.call())
     }
 
@@ -154,7 +190,12 @@ impl Client {
     }
 
     /// `POST /v1/rooms/{room}/events`: the server's reply (room, seq, epoch, duplicate).
-    pub fn publish(&self, room: &str, id: Option<String>, data: Value) -> Result<String, ClientError> {
+    pub fn publish(
+        &self,
+        room: &str,
+        id: Option<String>,
+        data: Value,
+    ) -> Result<String, ClientError> {
         let mut body = serde_json::Map::new();
         if let Some(id) = id {
             body.insert("id".into(), id.into());
@@ -167,8 +208,12 @@ impl Client {
 /// The address a client connects to for a listen address: loopback for "any".
 fn connect_address(listen: SocketAddr) -> SocketAddr {
     match listen.ip() {
-        IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), listen.port()),
-        IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(Ipv6Addr::LOCALHOST.into(), listen.port()),
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv4Addr::LOCALHOST.into(), listen.port())
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv6Addr::LOCALHOST.into(), listen.port())
+        }
         _ => listen,
     }
 }
@@ -180,7 +225,9 @@ fn normalize_url(url: &str) -> Result<String, ClientError> {
         None => url.trim_end_matches('/'),
         Some(("http", rest)) => rest.trim_end_matches('/'),
         Some((scheme, _)) => {
-            return Err(ClientError::Usage(format!("--url: only http:// URLs are supported, got a {scheme}:// URL")))
+            return Err(ClientError::Usage(format!(
+                "--url: only http:// URLs are supported, got a {scheme}:// URL"
+            )))
         }
     };
     if rest.is_empty() || rest.contains('/') {
@@ -210,10 +257,15 @@ pub(super) fn error_code(body: &str) -> Option<String> {
 /// One line for a non-2xx reply: `401 unauthorized: invalid API key`.
 pub(super) fn status_error(status: u16, body: &str) -> String {
     let mut line = match serde_json::from_str::<ErrorBody>(body) {
-        Ok(ErrorBody { error }) if error.message.is_empty() => format!("server answered {status} {}", error.code),
-        Ok(ErrorBody { error }) => format!("server answered {status} {}: {}", error.code, error.message),
+        Ok(ErrorBody { error }) if error.message.is_empty() => {
+            format!("server answered {status} {}", error.code)
+        }
+        Ok(ErrorBody { error }) => {
+            format!("server answered {status} {}: {}", error.code, error.message)
+        }
         Err(_) => {
-            let text: String = body.split_whitespace().collect::<Vec<_>>().join(" ").chars().take(200).collect();
+            let text: String =
+                body.split_whitespace().collect::<Vec<_>>().join(" ").chars().take(200).collect();
             if text.is_empty() {
                 format!("server answered {status}")
             } else {
@@ -237,7 +289,8 @@ pub(super) fn transport_reason(transport: &ureq::Transport) -> String {
 }
 
 /// Bytes that are percent-encoded: all but `[A-Za-z0-9_.:~-]`.
-const ENCODED: &AsciiSet = &NON_ALPHANUMERIC.remove(b'_').remove(b'.').remove(b':').remove(b'~').remove(b'-');
+const ENCODED: &AsciiSet =
+    &NON_ALPHANUMERIC.remove(b'_').remove(b'.').remove(b':').remove(b'~').remove(b'-');
 
 /// Percent-encodes a path segment or query value.
 pub(super) fn encode(text: &str) -> String {
@@ -279,7 +332,10 @@ mod tests {
         for (status, body, want) in cases {
             assert_eq!(status_error(status, body), want);
         }
-        assert_eq!(error_code(r#"{"error":{"code":"resume_invalid","message":"spent"}}"#).as_deref(), Some("resume_invalid"));
+        assert_eq!(
+            error_code(r#"{"error":{"code":"resume_invalid","message":"spent"}}"#).as_deref(),
+            Some("resume_invalid")
+        );
         assert_eq!(error_code("<html>"), None);
     }
 

@@ -28,7 +28,10 @@ use tokio_tungstenite::tungstenite::{self, protocol::CloseFrame, Message};
 use super::http::{encode, error_code, status_error};
 use super::{Client, ClientError};
 use crate::core::rules::backoff::{Backoff, BackoffPolicy, Jitter};
-use crate::protocol::{close_meaning, CloseCode, ErrorFrame, EventHead, Events, FrameHead, ServerOp, Subscribed, Welcome};
+use crate::protocol::{
+    close_meaning, CloseCode, ErrorFrame, EventHead, Events, FrameHead, ServerOp, Subscribed,
+    Welcome,
+};
 
 /// What to follow, and as whom.
 #[derive(Debug, Clone)]
@@ -63,10 +66,14 @@ const MAX_HINT: Duration = Duration::from_secs(60);
 /// Reconnect delays, when the server suggested none: at random below 0.5 s, 1 s, 2 s, 4 s,
 /// then 5 s (full jitter, so subscribers dropped together do not return together); from
 /// the start again after a connection got its `welcome`.
-const RECONNECT: BackoffPolicy =
-    BackoffPolicy { first: Duration::from_millis(500), max: Duration::from_secs(5), jitter: Jitter::Full };
+const RECONNECT: BackoffPolicy = BackoffPolicy {
+    first: Duration::from_millis(500),
+    max: Duration::from_secs(5),
+    jitter: Jitter::Full,
+};
 
-type WebSocket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+type WebSocket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// What the client knows about one room across connections.
 #[derive(Debug, Default)]
@@ -148,7 +155,11 @@ impl Subscriber {
         let state = rooms
             .iter()
             .map(|room| {
-                let state = RoomState { epoch: args.epoch.clone(), last_seq: args.since, asked_since: None };
+                let state = RoomState {
+                    epoch: args.epoch.clone(),
+                    last_seq: args.since,
+                    asked_since: None,
+                };
                 (room.clone(), state)
             })
             .collect();
@@ -170,8 +181,10 @@ impl Subscriber {
     /// Follows the rooms on a runtime of its own until Ctrl-C, a closed stdout or a
     /// close that says not to reconnect.
     pub fn run_blocking(self) -> Result<(), ClientError> {
-        let runtime =
-            tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(ClientError::Runtime)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(ClientError::Runtime)?;
         let result = runtime.block_on(self.run());
         // Do not wait for a token request still in flight after Ctrl-C.
         runtime.shutdown_background();
@@ -202,7 +215,9 @@ impl Subscriber {
                     self.avoid = Some(node);
                     continue;
                 }
-                Ended::Retry { reason, welcomed: false, .. } if !ever_welcomed => return Err(ClientError::Disconnected(reason)),
+                Ended::Retry { reason, welcomed: false, .. } if !ever_welcomed => {
+                    return Err(ClientError::Disconnected(reason))
+                }
                 Ended::Retry { reason, hint, welcomed } => {
                     if welcomed {
                         ever_welcomed = true;
@@ -227,7 +242,9 @@ impl Subscriber {
         let mut ws = loop {
             let resuming = self.usable_resume(crate::world::now_ms());
             let mut url = match resuming {
-                Some(resume) => format!("{}/v1/ws?resume={}", self.base(), encode(&resume.credential)),
+                Some(resume) => {
+                    format!("{}/v1/ws?resume={}", self.base(), encode(&resume.credential))
+                }
                 None => match self.token_url().await {
                     Ok(url) => url,
                     Err(ended) => return ended,
@@ -270,7 +287,11 @@ impl Subscriber {
 
     /// The last welcome's resume credential, unless it expires within [`RESUME_MARGIN_MS`].
     fn usable_resume(&mut self, now_ms: u64) -> Option<ResumeCredential> {
-        if self.resume.as_ref().is_some_and(|r| r.expires_at_ms <= now_ms.saturating_add(RESUME_MARGIN_MS)) {
+        if self
+            .resume
+            .as_ref()
+            .is_some_and(|r| r.expires_at_ms <= now_ms.saturating_add(RESUME_MARGIN_MS))
+        {
             self.resume = None;
         }
         self.resume.clone()
@@ -280,7 +301,8 @@ impl Subscriber {
     async fn token_url(&mut self) -> Result<String, Ended> {
         let client = Arc::clone(&self.client);
         let (user, device) = (self.user.clone(), self.device.clone());
-        let minting = tokio::task::spawn_blocking(move || client.mint_token(&user, &device, TOKEN_TTL_SECS));
+        let minting =
+            tokio::task::spawn_blocking(move || client.mint_token(&user, &device, TOKEN_TTL_SECS));
         let token = tokio::select! {
             minted = minting => match minted {
                 Ok(Ok(token)) => token,
@@ -304,7 +326,8 @@ impl Subscriber {
     /// Opens the WebSocket at `url`.
     async fn dial(&mut self, url: String) -> Result<WebSocket, Refused> {
         let resuming = url.contains("?resume=");
-        let connecting = tokio::time::timeout(CONNECT_TIMEOUT, tokio_tungstenite::connect_async(url));
+        let connecting =
+            tokio::time::timeout(CONNECT_TIMEOUT, tokio_tungstenite::connect_async(url));
         let base = self.base();
         // The session's node, unreachable: back through the given address, avoiding it.
         let unreachable = |home: &Option<(String, String)>, reason: String| match home {
@@ -345,16 +368,23 @@ impl Subscriber {
                 Some(Ok(Message::Text(text))) => text,
                 Some(Ok(Message::Close(frame))) => return Err(closed(ws, frame, false).await),
                 Some(Ok(_)) => continue,
-                Some(Err(e)) => return Err(retry(format!("connection lost before welcome: {e}"), false)),
+                Some(Err(e)) => {
+                    return Err(retry(format!("connection lost before welcome: {e}"), false))
+                }
                 None => return Err(retry("connection closed before welcome", false)),
             };
             match serde_json::from_str::<FrameHead>(&text) {
                 Ok(head) if head.op == ServerOp::Welcome => {}
                 Ok(head) if head.op == ServerOp::Error => {
                     // Sent to the session's node: its close 4421 follows; go at once.
-                    if let Ok(ErrorFrame { node: Some(node), url: Some(url), .. }) = serde_json::from_str::<ErrorFrame>(&text) {
+                    if let Ok(ErrorFrame { node: Some(node), url: Some(url), .. }) =
+                        serde_json::from_str::<ErrorFrame>(&text)
+                    {
                         let _ = tokio::time::timeout(Duration::from_secs(1), ws.close(None)).await;
-                        return Err(Ended::Moved { node: node.into_owned(), url: url.into_owned() });
+                        return Err(Ended::Moved {
+                            node: node.into_owned(),
+                            url: url.into_owned(),
+                        });
                     }
                     eprintln!("error before welcome: {text}");
                     continue;
@@ -369,7 +399,9 @@ impl Subscriber {
             let node = welcome.as_ref().map_or("?", |w| &w.node);
             match (&self.session, welcome.as_ref().map(|w| &w.session)) {
                 (Some(old), Some(new)) if old != new => {
-                    eprintln!("connected to node {node}: new session {new} (session {old} was not kept)")
+                    eprintln!(
+                        "connected to node {node}: new session {new} (session {old} was not kept)"
+                    )
                 }
                 (_, Some(new)) => eprintln!("connected to node {node} (session {new})"),
                 (_, None) => eprintln!("connected to node {node}"),
@@ -462,13 +494,18 @@ impl Subscriber {
                         if let Some(state) = self.state.get_mut(room) {
                             state.asked_since = None;
                         }
-                        eprintln!("error: subscribe {room} refused: {}: {}", error.code, error.message)
+                        eprintln!(
+                            "error: subscribe {room} refused: {}: {}",
+                            error.code, error.message
+                        )
                     }
                     None => eprintln!("error from server: {}: {}", error.code, error.message),
                 }
             }
             ServerOp::Pong | ServerOp::Welcome | ServerOp::Unsubscribed => {}
-            ServerOp::History | ServerOp::Published | ServerOp::Presence | ServerOp::Unknown => tracing::debug!("ignoring a frame it does not follow: {text}"),
+            ServerOp::History | ServerOp::Published | ServerOp::Presence | ServerOp::Unknown => {
+                tracing::debug!("ignoring a frame it does not follow: {text}")
+            }
         }
         None
     }
@@ -488,7 +525,10 @@ impl Subscriber {
             state.last_seq = Some(event.seq);
             let line = if raw.get().contains('\n') {
                 // Compact it: one event, one line.
-                serde_json::to_string(&serde_json::from_str::<Value>(raw.get()).unwrap_or(Value::Null)).unwrap_or_default()
+                serde_json::to_string(
+                    &serde_json::from_str::<Value>(raw.get()).unwrap_or(Value::Null),
+                )
+                .unwrap_or_default()
             } else {
                 raw.get().to_string()
             };
@@ -547,8 +587,12 @@ async fn closed(ws: &mut WebSocket, frame: Option<CloseFrame<'static>>, welcomed
         return Ended::Moved { node: "?".into(), url: reason.to_string() };
     }
     let hint = match code {
-        c if c == CloseCode::ServiceRestart.code() => first_number(reason).map(Duration::from_millis),
-        c if c == CloseCode::MigrationBudget.code() => first_number(reason).map(Duration::from_secs),
+        c if c == CloseCode::ServiceRestart.code() => {
+            first_number(reason).map(Duration::from_millis)
+        }
+        c if c == CloseCode::MigrationBudget.code() => {
+            first_number(reason).map(Duration::from_secs)
+        }
         _ => None,
     }
     .map(|hint| hint.min(MAX_HINT));
@@ -581,7 +625,8 @@ mod tests {
     fn backoff_doubles_to_five_seconds() {
         // The highest roll gives each delay's ceiling; any other roll, less.
         let mut backoff = Backoff::new(RECONNECT);
-        let delays: Vec<u64> = (0..7).map(|_| backoff.next_delay(u64::MAX).as_millis() as u64).collect();
+        let delays: Vec<u64> =
+            (0..7).map(|_| backoff.next_delay(u64::MAX).as_millis() as u64).collect();
         assert_eq!(delays, [500, 1000, 2000, 4000, 5000, 5000, 5000]);
         backoff.reset();
         assert_eq!(backoff.next_delay(u64::MAX), Duration::from_millis(500));
@@ -627,8 +672,20 @@ mod tests {
         }
     }
 
-    fn reply(room: &'static str, epoch: &'static str, seq: u64, recovered: Option<bool>) -> Subscribed<'static> {
-        Subscribed { room: room.into(), epoch: epoch.into(), seq, recovered, reference: Some(1), state: None }
+    fn reply(
+        room: &'static str,
+        epoch: &'static str,
+        seq: u64,
+        recovered: Option<bool>,
+    ) -> Subscribed<'static> {
+        Subscribed {
+            room: room.into(),
+            epoch: epoch.into(),
+            seq,
+            recovered,
+            reference: Some(1),
+            state: None,
+        }
     }
 
     #[test]
@@ -640,7 +697,11 @@ mod tests {
         assert_eq!(s.state["r"].last_seq, Some(5), "live subscription starts at the head");
         let frame = r#"{"op":"events","events":[{"room":"r","seq":5,"data":1},{"room":"r","seq":6,"data":{"b":1,"a":2}}]}"#;
         assert!(s.handle_frame(frame).is_none());
-        assert_eq!(out.take(), "{\"room\":\"r\",\"seq\":6,\"data\":{\"b\":1,\"a\":2}}\n", "seq 5 dropped, 6 printed as sent");
+        assert_eq!(
+            out.take(),
+            "{\"room\":\"r\",\"seq\":6,\"data\":{\"b\":1,\"a\":2}}\n",
+            "seq 5 dropped, 6 printed as sent"
+        );
         assert!(s.handle_frame(frame).is_none());
         assert_eq!(out.take(), "", "a replayed frame prints nothing");
         let pretty = "{\"op\":\"events\",\"events\":[{\n \"room\": \"r\",\n \"seq\": 7}]}";
@@ -664,9 +725,18 @@ mod tests {
         let mut s = subscriber(&["r"], None, None);
         assert!(s.usable_resume(1_000).is_none(), "none before a welcome");
         s.resume = Some(ResumeCredential { credential: "R".into(), expires_at_ms: 100_000 });
-        let cases = [(0, true), (100_000 - RESUME_MARGIN_MS - 1, true), (100_000 - RESUME_MARGIN_MS, false), (200_000, false)];
+        let cases = [
+            (0, true),
+            (100_000 - RESUME_MARGIN_MS - 1, true),
+            (100_000 - RESUME_MARGIN_MS, false),
+            (200_000, false),
+        ];
         for (now, usable) in cases {
-            assert_eq!(s.usable_resume(now).map(|r| r.credential).as_deref(), usable.then_some("R"), "at {now}");
+            assert_eq!(
+                s.usable_resume(now).map(|r| r.credential).as_deref(),
+                usable.then_some("R"),
+                "at {now}"
+            );
         }
         s.resume = Some(ResumeCredential { credential: "R".into(), expires_at_ms: 100_000 });
         s.usable_resume(200_000);
@@ -692,11 +762,18 @@ mod tests {
         assert!(!s.state.contains_key("inbox:cli"), "the inbox notice is not a subscription reply");
 
         s.state.get_mut("b").unwrap().asked_since = Some(4);
-        assert!(s.handle_frame(&protocol::error_frame(Some(2), None, ErrorCode::Forbidden, "no")).is_none());
+        assert!(s
+            .handle_frame(&protocol::error_frame(Some(2), None, ErrorCode::Forbidden, "no"))
+            .is_none());
         assert_eq!(s.state["b"].asked_since, None, "a refused subscribe waits for no reply");
 
-        let event = protocol::render_event("a", 4, "id-4", 1_700_000_000_000, None, r#"{"goal": 1}"#);
+        let event =
+            protocol::render_event("a", 4, "id-4", 1_700_000_000_000, None, r#"{"goal": 1}"#);
         assert!(s.handle_frame(&protocol::events_frame([event.as_str()], 0)).is_none());
-        assert_eq!(out.take(), format!("{event}\n"), "the event line is the server's rendering, byte for byte");
+        assert_eq!(
+            out.take(),
+            format!("{event}\n"),
+            "the event line is the server's rendering, byte for byte"
+        );
     }
 }

@@ -10,13 +10,18 @@ use crate::protocol::{DeadLettersReply, ReplayReply};
 pub fn render_dead(reply: &DeadLettersReply) -> String {
     let shown = reply.dead_letters.len();
     let plural = if reply.count == 1 { "" } else { "s" };
-    let mut out = format!("node {}: {} dead letter{plural} (at most {})", reply.node, reply.count, reply.max);
+    let mut out =
+        format!("node {}: {} dead letter{plural} (at most {})", reply.node, reply.count, reply.max);
     if shown < reply.count {
         out.push_str(&format!(", the newest {shown} shown"));
     }
     out.push('\n');
     for letter in &reply.dead_letters {
-        let attempts = if letter.attempts == 1 { "1 attempt".to_string() } else { format!("{} attempts", letter.attempts) };
+        let attempts = if letter.attempts == 1 {
+            "1 attempt".to_string()
+        } else {
+            format!("{} attempts", letter.attempts)
+        };
         out.push_str(&format!(
             "{}  {}  {}  {attempts}, last {} ago: {} ({}); first {} ago\n",
             letter.id,
@@ -33,7 +38,10 @@ pub fn render_dead(reply: &DeadLettersReply) -> String {
 
 /// The line `livegate webhooks --replay ID` prints when it was delivered.
 pub fn render_replay(reply: &ReplayReply) -> String {
-    format!("{} {} ({} attempts in all); it left the dead letters", reply.id, reply.outcome, reply.attempts)
+    format!(
+        "{} {} ({} attempts in all); it left the dead letters",
+        reply.id, reply.outcome, reply.attempts
+    )
 }
 
 #[cfg(test)]
@@ -42,7 +50,14 @@ mod tests {
     use crate::protocol::DeadLetterView;
     use serde_json::value::RawValue;
 
-    fn letter(id: &str, attempts: u64, first_ms: u64, last_ms: u64, error: &str, reason: &str) -> DeadLetterView {
+    fn letter(
+        id: &str,
+        attempts: u64,
+        first_ms: u64,
+        last_ms: u64,
+        error: &str,
+        reason: &str,
+    ) -> DeadLetterView {
         DeadLetterView {
             id: id.into(),
             kind: "client_published".into(),
@@ -76,9 +91,18 @@ b2  client_published  chat:1  1 attempt, last 1.0s ago: HTTP 410 (rejected); fir
 a1  client_published  chat:1  12 attempts, last 1m 40s ago: timeout (attempts); first 6m 40s ago
 "
         );
-        let empty = DeadLettersReply { node: "n1".into(), ts_ms: 0, count: 0, max: 5, dead_letters: vec![] };
+        let empty = DeadLettersReply {
+            node: "n1".into(),
+            ts_ms: 0,
+            count: 0,
+            max: 5,
+            dead_letters: vec![],
+        };
         assert_eq!(render_dead(&empty), "node n1: 0 dead letters (at most 5)\n");
         let replayed = ReplayReply { id: "a1".into(), outcome: "delivered".into(), attempts: 13 };
-        assert_eq!(render_replay(&replayed), "a1 delivered (13 attempts in all); it left the dead letters");
+        assert_eq!(
+            render_replay(&replayed),
+            "a1 delivered (13 attempts in all); it left the dead letters"
+        );
     }
 }

@@ -15,12 +15,14 @@ use futures_util::future::LocalBoxFuture;
 use futures_util::StreamExt;
 
 use super::kv::KvSessions;
-use super::{
-    decode_capacity, decode_connections, decode_epoch, decode_node, decode_probe, decode_release, decode_routes, decode_usage, Cluster,
-    ClusterError, CAPACITY_HEADER, CELL_PROBE_HEADER, CONNECTIONS_HEADER, EPOCH_HEADER, RELEASE_HEADER, ROUTES_HEADER, USAGE_HEADER,
-    HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, MOVED_SUBJECT, MOVES_HEADER, REPLACE_SUBJECT, ROOMS_HEAD_HEADER,
-};
 use super::promotion::{decode_moves, decode_rooms_head};
+use super::{
+    decode_capacity, decode_connections, decode_epoch, decode_node, decode_probe, decode_release,
+    decode_routes, decode_usage, Cluster, ClusterError, CAPACITY_HEADER, CELL_PROBE_HEADER,
+    CONNECTIONS_HEADER, EPOCH_HEADER, HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT,
+    MOVED_SUBJECT, MOVES_HEADER, RELEASE_HEADER, REPLACE_SUBJECT, ROOMS_HEAD_HEADER, ROUTES_HEADER,
+    USAGE_HEADER,
+};
 use crate::core::nodes::heartbeats::NodeInfo;
 use crate::core::nodes::peer_input::{self, PeerInputError};
 use crate::core::nodes::rebalance::{self, Order, OrderRefused};
@@ -38,10 +40,18 @@ pub trait NodeEvents: Clone + 'static {
     fn user_moved(&self, user: String, to: String, at_ms: u64);
     /// Close `user`'s connections here (on `device` when named); yields how many closed.
     /// `at_ms`: when the kick was made on the node that asked.
-    fn kick(&self, user: String, device: Option<String>, at_ms: u64) -> LocalBoxFuture<'static, usize>;
+    fn kick(
+        &self,
+        user: String,
+        device: Option<String>,
+        at_ms: u64,
+    ) -> LocalBoxFuture<'static, usize>;
     /// Append a publish forwarded to this node as the room's writer. An error is sent
     /// back as its text (the forwarding node reads it as a [`WriterRefusal`]).
-    fn publish(&self, publish: ForwardedPublish) -> LocalBoxFuture<'static, Result<Appended, Box<dyn std::error::Error>>>;
+    fn publish(
+        &self,
+        publish: ForwardedPublish,
+    ) -> LocalBoxFuture<'static, Result<Appended, Box<dyn std::error::Error>>>;
     /// NATS is back after an outage: rooms re-read their streams.
     fn reconnected(&self);
     /// Another node planned a rebalance in which this node hands connections over;
@@ -145,7 +155,11 @@ pub const MAX_KICKS_RUNNING: usize = 64;
 /// current (actix) runtime, owned by the returned [`Tasks`]. Subscriptions are made
 /// before returning, so nothing published after `listen` returns is missed. On the
 /// owner's stop, forwarded publishes and kicks already taken are still answered.
-pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSessions) -> Result<Tasks, ClusterError> {
+pub async fn listen(
+    cluster: &Cluster,
+    events: impl NodeEvents,
+    sessions: KvSessions,
+) -> Result<Tasks, ClusterError> {
     let client = &cluster.client;
     let mut tasks = Tasks::default();
     let mut beats = client.subscribe(HEARTBEAT_SUBJECT).await?;
@@ -181,32 +195,48 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
     });
     let (publish_events, publish_client) = (events.clone(), client.clone());
     tasks.spawn_with_stop(|stop| {
-        forwarded.take_until(stop.requested()).for_each_concurrent(MAX_FORWARDS_RUNNING, move |message| {
-            let (events, client) = (publish_events.clone(), publish_client.clone());
-            async move {
-                let Some(reply) = message.reply.clone() else { return };
-                let answer = match decode_forward(&message) {
-                    Some(publish) => events.publish(publish).await,
-                    None => Err(MalformedForward.into()),
-                };
-                let _ = client.publish_with_headers(reply, encode_answer(&answer), Vec::<u8>::new().into()).await;
-            }
-        })
+        forwarded.take_until(stop.requested()).for_each_concurrent(
+            MAX_FORWARDS_RUNNING,
+            move |message| {
+                let (events, client) = (publish_events.clone(), publish_client.clone());
+                async move {
+                    let Some(reply) = message.reply.clone() else { return };
+                    let answer = match decode_forward(&message) {
+                        Some(publish) => events.publish(publish).await,
+                        None => Err(MalformedForward.into()),
+                    };
+                    let _ = client
+                        .publish_with_headers(
+                            reply,
+                            encode_answer(&answer),
+                            Vec::<u8>::new().into(),
+                        )
+                        .await;
+                }
+            },
+        )
     });
     let beat_events = events.clone();
     let beat_cluster = cluster.clone();
     let mut beat_drops = Drops::new(events.clone(), "heartbeat");
     tasks.spawn(async move {
         while let Some(message) = beats.next().await {
-            let header = |name: &str| message.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().as_bytes());
+            let header = |name: &str| {
+                message.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().as_bytes())
+            };
             let (connections, probe) = (header(CONNECTIONS_HEADER), header(CELL_PROBE_HEADER));
-            let (epoch, head, moves) = (header(EPOCH_HEADER), header(ROOMS_HEAD_HEADER), header(MOVES_HEADER));
+            let (epoch, head, moves) =
+                (header(EPOCH_HEADER), header(ROOMS_HEAD_HEADER), header(MOVES_HEADER));
             let (release, routes) = (header(RELEASE_HEADER), header(ROUTES_HEADER));
             let (capacity, usage) = (header(CAPACITY_HEADER), header(USAGE_HEADER));
             let decoded = decode_node(&message.payload).and_then(|mut info| {
                 let cells = (decode_epoch(epoch)?, decode_rooms_head(head)?, decode_moves(moves)?);
                 (info.release, info.routes_to) = (decode_release(release)?, decode_routes(routes)?);
-                let load = (decode_connections(connections)?, decode_capacity(capacity)?, decode_usage(usage)?);
+                let load = (
+                    decode_connections(connections)?,
+                    decode_capacity(capacity)?,
+                    decode_usage(usage)?,
+                );
                 Ok((info, load, decode_probe(probe)?, cells))
             });
             match decoded {
@@ -276,7 +306,8 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
     let kick_drops = Rc::new(RefCell::new(Drops::new(events.clone(), "kick")));
     tasks.spawn_with_stop(|stop| {
         kicks.take_until(stop.requested()).for_each_concurrent(MAX_KICKS_RUNNING, move |message| {
-            let (events, client, me, drops) = (kick_events.clone(), kick_client.clone(), me.clone(), kick_drops.clone());
+            let (events, client, me, drops) =
+                (kick_events.clone(), kick_client.clone(), me.clone(), kick_drops.clone());
             async move {
                 let command = match decode_user_command(&message.payload) {
                     Ok(command) => command,
@@ -290,7 +321,10 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
                 // A node of a build before kicks carried their time sends none: now is
                 // the nearest to it. A time far ahead of this node's clock is cut back.
                 let now = crate::world::now_ms();
-                let at_ms = peer_input::peer_time(peer_input::number("kick time", &command.extra).unwrap_or(now), now);
+                let at_ms = peer_input::peer_time(
+                    peer_input::number("kick time", &command.extra).unwrap_or(now),
+                    now,
+                );
                 let closed = events.kick(command.user, device, at_ms).await;
                 let _ = client.publish(reply, encode_kick_answer(&me, closed).into()).await;
             }
@@ -303,7 +337,9 @@ pub async fn listen(cluster: &Cluster, events: impl NodeEvents, sessions: KvSess
             actix_web::rt::time::sleep(MAINTENANCE_EVERY).await;
             let connected = maintenance.connected();
             if connected && !was_connected {
-                tracing::info!("NATS is back: rooms re-read their streams, queued directory writes replay");
+                tracing::info!(
+                    "NATS is back: rooms re-read their streams, queued directory writes replay"
+                );
                 events.reconnected();
             }
             if connected {
@@ -341,8 +377,10 @@ fn encode_order(order: &Order, to_url: &str) -> String {
 fn decode_order(body: &[u8]) -> Result<(Order, bool), PeerInputError> {
     let text = peer_input::text("order", body, peer_input::MAX_ORDER_BYTES)?;
     let fields = peer_input::fields("order", text, 5, 5, "5")?;
-    let connections = peer_input::count("order connections", fields[3], peer_input::MAX_NODE_CONNECTIONS)?;
-    let per_second = peer_input::count("order per_second", fields[4], u64::from(rebalance::MAX_PER_SECOND))?;
+    let connections =
+        peer_input::count("order connections", fields[3], peer_input::MAX_NODE_CONNECTIONS)?;
+    let per_second =
+        peer_input::count("order per_second", fields[4], u64::from(rebalance::MAX_PER_SECOND))?;
     let order = Order {
         id: peer_input::node_name("order id", fields[0])?.into(),
         to: peer_input::node_name("order target", fields[1])?.into(),
@@ -354,12 +392,21 @@ fn decode_order(body: &[u8]) -> Result<(Order, bool), PeerInputError> {
 
 /// Give `node` its part of a rebalance towards `to_url` (for nodes of earlier builds);
 /// `Ok` once it acknowledged the order.
-pub async fn send_order(cluster: &Cluster, node: &str, order: &Order, to_url: &str) -> Result<(), OrderError> {
-    let request = async_nats::Request::new().payload(encode_order(order, to_url).into()).timeout(Some(ORDER_WAIT));
+pub async fn send_order(
+    cluster: &Cluster,
+    node: &str,
+    order: &Order,
+    to_url: &str,
+) -> Result<(), OrderError> {
+    let request = async_nats::Request::new()
+        .payload(encode_order(order, to_url).into())
+        .timeout(Some(ORDER_WAIT));
     let answer = cluster.client.send_request(rebalance_subject(node), request).await?;
     match &answer.payload[..] {
         b"ok" => Ok(()),
-        refused if refused.starts_with(b"refused: ") => Err(OrderError::Refused(String::from_utf8_lossy(&refused[9..]).into_owned())),
+        refused if refused.starts_with(b"refused: ") => {
+            Err(OrderError::Refused(String::from_utf8_lossy(&refused[9..]).into_owned()))
+        }
         _ => Err(OrderError::Malformed),
     }
 }
@@ -384,7 +431,15 @@ fn decode_forward(message: &async_nats::Message) -> Option<ForwardedPublish> {
     };
     let put_state = text("Lg-Put-State").as_deref() == Some("1");
     let id = if put_state { String::new() } else { text("Lg-Id")? };
-    Some(ForwardedPublish { room: text("Lg-Room")?, id, data, devices, from: text("Lg-From"), state, put_state })
+    Some(ForwardedPublish {
+        room: text("Lg-Room")?,
+        id,
+        data,
+        devices,
+        from: text("Lg-From"),
+        state,
+        put_state,
+    })
 }
 
 /// A forwarded publish this node could not read (not from a livegate node).
@@ -400,7 +455,9 @@ fn encode_answer(answer: &Result<Appended, Box<dyn std::error::Error>>) -> async
             headers.insert("Lg-Epoch", &*published.epoch);
             headers.insert("Lg-Duplicate", if published.duplicate { "1" } else { "0" });
         }
-        Err(error) => headers.insert("Lg-Error", error.to_string().replace(['\r', '\n'], " ").as_str()),
+        Err(error) => {
+            headers.insert("Lg-Error", error.to_string().replace(['\r', '\n'], " ").as_str())
+        }
     }
     headers
 }
@@ -440,7 +497,13 @@ pub struct WriterRefusal(pub String);
 
 /// Have `writer` publish the event, as the one node that appends to `room`.
 /// Waits at most `wait` for the answer.
-pub async fn forward_publish(cluster: &Cluster, writer: &str, room: &str, event: ForwardEvent<'_>, wait: Duration) -> Result<Appended, ForwardError> {
+pub async fn forward_publish(
+    cluster: &Cluster,
+    writer: &str,
+    room: &str,
+    event: ForwardEvent<'_>,
+    wait: Duration,
+) -> Result<Appended, ForwardError> {
     let mut headers = async_nats::HeaderMap::new();
     headers.insert("Lg-Room", room);
     headers.insert("Lg-Id", event.id);
@@ -461,7 +524,13 @@ pub async fn forward_publish(cluster: &Cluster, writer: &str, room: &str, event:
 }
 
 /// Have `writer` set the room's state as of its head (`PUT /v1/rooms/{room}/state`).
-pub async fn forward_put_state(cluster: &Cluster, writer: &str, room: &str, data: &str, wait: Duration) -> Result<Appended, ForwardError> {
+pub async fn forward_put_state(
+    cluster: &Cluster,
+    writer: &str,
+    room: &str,
+    data: &str,
+    wait: Duration,
+) -> Result<Appended, ForwardError> {
     let mut headers = async_nats::HeaderMap::new();
     headers.insert("Lg-Room", room);
     headers.insert("Lg-Put-State", "1");
@@ -475,7 +544,8 @@ async fn request_writer(
     payload: String,
     wait: Duration,
 ) -> Result<Appended, ForwardError> {
-    let request = async_nats::Request::new().headers(headers).payload(payload.into()).timeout(Some(wait));
+    let request =
+        async_nats::Request::new().headers(headers).payload(payload.into()).timeout(Some(wait));
     let answer = cluster.client.send_request(publish_subject(writer), request).await?;
     let headers = answer.headers.ok_or(ForwardError::Malformed("headers"))?;
     let text = |name: &str| headers.get(name).map(|v| v.as_str().to_string());
@@ -621,7 +691,8 @@ fn decode_kick_answer(payload: &[u8]) -> Result<(String, usize), PeerInputError>
     let text = peer_input::text("kick answer", payload, peer_input::MAX_USER_COMMAND_BYTES)?;
     let fields = peer_input::fields("kick answer", text, 2, 2, "2")?;
     let node = peer_input::node_name("kick answer node", fields[0])?;
-    let closed = peer_input::count("kick answer count", fields[1], peer_input::MAX_NODE_CONNECTIONS)?;
+    let closed =
+        peer_input::count("kick answer count", fields[1], peer_input::MAX_NODE_CONNECTIONS)?;
     Ok((node.to_string(), closed.value as usize))
 }
 
@@ -637,22 +708,38 @@ mod tests {
         assert_eq!(body, "a1b2\nc\nhttp://c:7070\n12\n5", "the format earlier builds read");
         assert_eq!(decode_order(body.as_bytes()), Ok((order.clone(), false)));
         // The URL in an order is never read: whatever it says, the order is the same.
-        assert_eq!(decode_order(b"a1b2\nc\nhttp://attacker.example:8080\n12\n5"), Ok((order, false)));
+        assert_eq!(
+            decode_order(b"a1b2\nc\nhttp://attacker.example:8080\n12\n5"),
+            Ok((order, false))
+        );
         // Absurd numbers are clamped, not obeyed.
         let (order, clamped) = decode_order(b"r\nc\nu\n18446744073709551615\n4000000000").unwrap();
         assert!(clamped);
-        assert_eq!((order.connections, order.per_second), (MAX_NODE_CONNECTIONS, rebalance::MAX_PER_SECOND));
+        assert_eq!(
+            (order.connections, order.per_second),
+            (MAX_NODE_CONNECTIONS, rebalance::MAX_PER_SECOND)
+        );
         assert_eq!(decode_order(b"r\nc\nu\n1\n0").map(|(o, c)| (o.per_second, c)), Ok((1, true)));
         let huge = format!("r\nc\n{}\n1\n5", "u".repeat(2000));
         let cases: &[(&str, PeerInputError)] = &[
             ("", PeerInputError::Fields { what: "order", got: 1, expected: "5" }),
             ("r1\nc\nu\n12", PeerInputError::Fields { what: "order", got: 4, expected: "5" }),
-            ("r1\nc\nu\n1\n5\nmore", PeerInputError::Fields { what: "order", got: 6, expected: "5" }),
+            (
+                "r1\nc\nu\n1\n5\nmore",
+                PeerInputError::Fields { what: "order", got: 6, expected: "5" },
+            ),
             ("r1\nc\nu\nx\n5", PeerInputError::BadNumber("order connections")),
             ("r1\nc\nu\n-1\n5", PeerInputError::BadNumber("order connections")),
             ("r1\n\nu\n1\n5", PeerInputError::BadName("order target")),
             ("r 1\nc\nu\n1\n5", PeerInputError::BadName("order id")),
-            (huge.as_str(), PeerInputError::TooLarge { what: "order", len: huge.len(), max: peer_input::MAX_ORDER_BYTES }),
+            (
+                huge.as_str(),
+                PeerInputError::TooLarge {
+                    what: "order",
+                    len: huge.len(),
+                    max: peer_input::MAX_ORDER_BYTES,
+                },
+            ),
         ];
         for (junk, error) in cases {
             assert_eq!(decode_order(junk.as_bytes()).as_ref().map(|_| ()), Err(error), "{junk:?}");
@@ -662,16 +749,37 @@ mod tests {
     #[test]
     fn user_commands_round_trip() {
         let body = encode_user_command("a", "u@x", "phone", "17");
-        let command = UserCommand { node: "a".into(), user: "u@x".into(), device: "phone".into(), extra: "17".into() };
+        let command = UserCommand {
+            node: "a".into(),
+            user: "u@x".into(),
+            device: "phone".into(),
+            extra: "17".into(),
+        };
         assert_eq!(decode_user_command(body.as_bytes()), Ok(command));
-        assert!(decode_user_command(encode_user_command("a", "u", "", "").as_bytes()).is_ok(), "every device");
-        for junk in ["a\nb", "a\nu\nd\n1\nmore", "a b\nu\nd\n1", "a\n\nd\n1", "a\nu u\nd\n1", "a\nu\nd:x\n1"] {
+        assert!(
+            decode_user_command(encode_user_command("a", "u", "", "").as_bytes()).is_ok(),
+            "every device"
+        );
+        for junk in [
+            "a\nb",
+            "a\nu\nd\n1\nmore",
+            "a b\nu\nd\n1",
+            "a\n\nd\n1",
+            "a\nu u\nd\n1",
+            "a\nu\nd:x\n1",
+        ] {
             assert!(decode_user_command(junk.as_bytes()).is_err(), "{junk:?}");
         }
         let long = encode_user_command("a", &"u".repeat(600), "d", "1");
-        assert!(matches!(decode_user_command(long.as_bytes()), Err(PeerInputError::TooLarge { .. })));
+        assert!(matches!(
+            decode_user_command(long.as_bytes()),
+            Err(PeerInputError::TooLarge { .. })
+        ));
         assert_eq!(decode_kick_answer(encode_kick_answer("b", 3).as_bytes()), Ok(("b".into(), 3)));
-        assert_eq!(decode_kick_answer(b"b\n18446744073709551615"), Ok(("b".into(), MAX_NODE_CONNECTIONS as usize)));
+        assert_eq!(
+            decode_kick_answer(b"b\n18446744073709551615"),
+            Ok(("b".into(), MAX_NODE_CONNECTIONS as usize))
+        );
         for junk in ["3", "b\n-3", "b\n3\n4", "\n3"] {
             assert!(decode_kick_answer(junk.as_bytes()).is_err(), "{junk:?}");
         }
@@ -679,10 +787,16 @@ mod tests {
 
     #[test]
     fn a_replacement_with_a_malformed_time_is_ignored_not_read_as_always() {
-        let at = |extra: &str| decode_replace(encode_user_command("a", "u", "phone", extra).as_bytes(), "b");
+        let at = |extra: &str| {
+            decode_replace(encode_user_command("a", "u", "phone", extra).as_bytes(), "b")
+        };
         assert_eq!(at("17"), Ok(Some(("u".into(), "phone".into(), 17))));
         for malformed in ["", "soon", "-1", "18446744073709551616", "1.5"] {
-            assert_eq!(at(malformed), Err(PeerInputError::BadNumber("replacement time")), "{malformed:?}");
+            assert_eq!(
+                at(malformed),
+                Err(PeerInputError::BadNumber("replacement time")),
+                "{malformed:?}"
+            );
         }
         // A time in the far future is cut back to about now.
         let (_, _, at_ms) = at("18446744073709551615").unwrap().unwrap();
@@ -693,14 +807,22 @@ mod tests {
 
     #[test]
     fn a_move_names_its_sender_as_the_taking_node_and_refuses_a_malformed_time() {
-        let at = |extra: &str| decode_moved(encode_user_command("a", "u", "", extra).as_bytes(), "b");
+        let at =
+            |extra: &str| decode_moved(encode_user_command("a", "u", "", extra).as_bytes(), "b");
         assert_eq!(at("17"), Ok(Some(("u".into(), "a".into(), 17))));
         for malformed in ["", "soon", "-1", "1.5"] {
             assert_eq!(at(malformed), Err(PeerInputError::BadNumber("move time")), "{malformed:?}");
         }
         let (_, _, at_ms) = at("18446744073709551615").unwrap().unwrap();
         assert!(at_ms <= crate::world::now_ms() + peer_input::MAX_PEER_CLOCK_AHEAD_MS);
-        assert_eq!(decode_moved(encode_user_command("b", "u", "", "17").as_bytes(), "b"), Ok(None), "this node's own");
-        assert!(decode_moved(encode_user_command("a b", "u", "", "17").as_bytes(), "b").is_err(), "a bad node name");
+        assert_eq!(
+            decode_moved(encode_user_command("b", "u", "", "17").as_bytes(), "b"),
+            Ok(None),
+            "this node's own"
+        );
+        assert!(
+            decode_moved(encode_user_command("a b", "u", "", "17").as_bytes(), "b").is_err(),
+            "a bad node name"
+        );
     }
 }

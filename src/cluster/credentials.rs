@@ -73,11 +73,8 @@ impl Cluster {
         let key = kicked_key(user, device);
         let value = || at_ms.to_be_bytes().to_vec().into();
         for _ in 0..KICK_WRITE_ATTEMPTS {
-            let current = self
-                .nonces
-                .entry(&key)
-                .await?
-                .filter(|e| e.operation == nats_kv::Operation::Put);
+            let current =
+                self.nonces.entry(&key).await?.filter(|e| e.operation == nats_kv::Operation::Put);
             let written = match current {
                 Some(entry) if decode_ms(&entry.value).is_some_and(|stored| stored >= at_ms) => {
                     return Ok(())
@@ -109,9 +106,7 @@ impl Cluster {
             leader_get(&self.nonces, &kicked_key(user, Some(device))),
         )
         .await;
-        Ok(every?
-            .and_then(|b| decode_ms(&b))
-            .max(one?.and_then(|b| decode_ms(&b))))
+        Ok(every?.and_then(|b| decode_ms(&b)).max(one?.and_then(|b| decode_ms(&b))))
     }
 
     /// Void `session`'s resume credentials issued before `at_ms`, on every node (the
@@ -120,9 +115,7 @@ impl Cluster {
         if !self.connected() {
             return Err(ClusterError::Unavailable(Unreachable::NotConnected));
         }
-        self.nonces
-            .put(revoked_key(session), at_ms.to_be_bytes().to_vec().into())
-            .await?;
+        self.nonces.put(revoked_key(session), at_ms.to_be_bytes().to_vec().into()).await?;
         Ok(())
     }
 
@@ -189,10 +182,7 @@ impl InFlight {
         let id = running.0;
         running.0 += 1;
         running.1.insert(id);
-        Sending {
-            to: Arc::clone(this),
-            id,
-        }
+        Sending { to: Arc::clone(this), id }
     }
 
     /// Resolves once every write started before the call has finished.

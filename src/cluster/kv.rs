@@ -78,7 +78,10 @@ fn user_key(user: &str) -> String {
     format!("u.{}", room_token(user))
 }
 
-fn decode<T: serde::de::DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, ClusterError> {
+fn decode<T: serde::de::DeserializeOwned>(
+    what: &'static str,
+    bytes: &[u8],
+) -> Result<T, ClusterError> {
     records::decode(what, bytes).map_err(ClusterError::Corrupt)
 }
 
@@ -88,7 +91,11 @@ impl KvSessions {
         KvSessions::open_with(cluster, None, Duration::ZERO).await
     }
 
-    pub async fn open_with(cluster: &Cluster, queue: Option<Store>, outage_limit: Duration) -> Result<KvSessions, ClusterError> {
+    pub async fn open_with(
+        cluster: &Cluster,
+        queue: Option<Store>,
+        outage_limit: Duration,
+    ) -> Result<KvSessions, ClusterError> {
         let bucket = cluster.js.get_key_value(SESSIONS_BUCKET).await?;
         Ok(KvSessions {
             bucket,
@@ -123,7 +130,9 @@ impl KvSessions {
     }
 
     fn remember(&self, record: &SessionRecord) {
-        self.cache.lock().insert(record.session.clone(), Cached { record: record.clone(), at: Instant::now() });
+        self.cache
+            .lock()
+            .insert(record.session.clone(), Cached { record: record.clone(), at: Instant::now() });
     }
 
     /// Forget cached records older than `max_age`, and the oldest beyond `keep`: the
@@ -140,13 +149,18 @@ impl KvSessions {
     }
 
     /// The record under `key` and its KV revision, straight from NATS.
-    async fn read<T: serde::de::DeserializeOwned>(&self, key: String) -> Result<Option<(T, u64)>, ClusterError> {
+    async fn read<T: serde::de::DeserializeOwned>(
+        &self,
+        key: String,
+    ) -> Result<Option<(T, u64)>, ClusterError> {
         if !self.reachable() {
             return Err(ClusterError::Unavailable(Unreachable::NotConnected));
         }
         let entry = self.bucket.entry(key).await?;
         match entry {
-            Some(entry) if !entry.value.is_empty() => Ok(Some((decode("lg_sessions", &entry.value)?, entry.revision))),
+            Some(entry) if !entry.value.is_empty() => {
+                Ok(Some((decode("lg_sessions", &entry.value)?, entry.revision)))
+            }
             _ => Ok(None),
         }
     }
@@ -182,7 +196,11 @@ impl KvSessions {
     /// exist); the written record carries the next version. A stale write changes
     /// nothing and fails with [`ClusterError::Stale`]. While NATS is unreachable the write
     /// is queued (until the outage is older than the limit, then refused).
-    pub async fn write_session(&self, read_version: Option<u64>, record: &SessionRecord) -> Result<SessionRecord, ClusterError> {
+    pub async fn write_session(
+        &self,
+        read_version: Option<u64>,
+        record: &SessionRecord,
+    ) -> Result<SessionRecord, ClusterError> {
         match self.write_now(read_version, record).await {
             Err(error @ ClusterError::Unavailable(_)) => {
                 self.note_outage(&error);
@@ -197,13 +215,18 @@ impl KvSessions {
         }
     }
 
-    async fn write_now(&self, read_version: Option<u64>, record: &SessionRecord) -> Result<SessionRecord, ClusterError> {
+    async fn write_now(
+        &self,
+        read_version: Option<u64>,
+        record: &SessionRecord,
+    ) -> Result<SessionRecord, ClusterError> {
         let current = self.entry(&record.session).await?;
         let version = next_version(read_version, current.as_ref().map(|(r, _)| r.version))?;
         let written = SessionRecord { version, ..record.clone() };
         let value = records::encode(&written);
         let key = session_key(&record.session);
-        let stale = || ClusterError::Stale(VersionError::Stale { read: read_version, stored: None });
+        let stale =
+            || ClusterError::Stale(VersionError::Stale { read: read_version, stored: None });
         match current {
             None => match self.bucket.create(&key, value.into()).await {
                 Ok(_) => {}
@@ -220,7 +243,9 @@ impl KvSessions {
         // so the user's list holds only sessions that still exist.
         let mut expired = Vec::new();
         if read_version.is_none() {
-            for session in self.user(&written.user).await?.map(|(u, _)| u.sessions).unwrap_or_default() {
+            for session in
+                self.user(&written.user).await?.map(|(u, _)| u.sessions).unwrap_or_default()
+            {
                 if self.entry(&session).await?.is_none() {
                     expired.push(session);
                 }
@@ -237,14 +262,21 @@ impl KvSessions {
         Ok(written)
     }
 
-    fn queue_write(&self, read_version: Option<u64>, record: &SessionRecord, error: ClusterError) -> Result<SessionRecord, ClusterError> {
+    fn queue_write(
+        &self,
+        read_version: Option<u64>,
+        record: &SessionRecord,
+        error: ClusterError,
+    ) -> Result<SessionRecord, ClusterError> {
         let (Some(queue), Some(outage)) = (&self.queue, self.outage()) else { return Err(error) };
         if outage >= self.outage_limit {
             return Err(ClusterError::Unavailable(Unreachable::Outage(outage)));
         }
-        let written = SessionRecord { version: read_version.map_or(1, |v| v + 1), ..record.clone() };
+        let written =
+            SessionRecord { version: read_version.map_or(1, |v| v + 1), ..record.clone() };
         queue
-            .directory_queue().push(&QueuedSessionWrite { read_version, record: written.clone() })
+            .directory_queue()
+            .push(&QueuedSessionWrite { read_version, record: written.clone() })
             .map_err(ClusterError::Queue)?;
         tracing::info!(session = %written.session, version = written.version, "directory write queued until NATS is back");
         self.remember(&written);
@@ -270,7 +302,12 @@ impl KvSessions {
         }
         let charges = self.replay_charges().await?;
         if applied + dropped + charges > 0 {
-            tracing::info!(applied, dropped, charges, "queued directory writes and budget charges replayed");
+            tracing::info!(
+                applied,
+                dropped,
+                charges,
+                "queued directory writes and budget charges replayed"
+            );
         }
         self.note_reachable();
         Ok((applied, dropped))
@@ -280,7 +317,11 @@ impl KvSessions {
         self.read(user_key(user)).await
     }
 
-    async fn update_user(&self, user: &str, change: impl Fn(&mut UserRecord)) -> Result<(), ClusterError> {
+    async fn update_user(
+        &self,
+        user: &str,
+        change: impl Fn(&mut UserRecord),
+    ) -> Result<(), ClusterError> {
         let key = user_key(user);
         for _ in 0..USER_UPDATE_ATTEMPTS {
             let current = self.user(user).await?;
@@ -317,9 +358,13 @@ impl KvSessions {
                 }
                 Ok(sessions)
             }
-            Err(ClusterError::Unavailable(_)) => {
-                Ok(self.cache.lock().values().filter(|c| c.record.user == user).map(|c| c.record.clone()).collect())
-            }
+            Err(ClusterError::Unavailable(_)) => Ok(self
+                .cache
+                .lock()
+                .values()
+                .filter(|c| c.record.user == user)
+                .map(|c| c.record.clone())
+                .collect()),
             Err(e) => Err(e),
         }
     }
@@ -354,7 +399,10 @@ impl KvSessions {
         if let Some(store) = &self.queue {
             store.migrations().set_last(user, at_ms).map_err(ClusterError::Queue)?;
         }
-        match self.update_user(user, |u| u.last_migration_ms = u.last_migration_ms.max(Some(at_ms))).await {
+        match self
+            .update_user(user, |u| u.last_migration_ms = u.last_migration_ms.max(Some(at_ms)))
+            .await
+        {
             Err(error @ ClusterError::Unavailable(_)) => {
                 self.note_outage(&error);
                 match &self.queue {
@@ -362,9 +410,14 @@ impl KvSessions {
                         if let Some(pending) = self.charges_pending.lock().as_mut() {
                             pending.insert(user.to_string());
                         }
-                        tracing::info!(user, "migration charge kept on this node until NATS is back");
+                        tracing::info!(
+                            user,
+                            "migration charge kept on this node until NATS is back"
+                        );
                     }
-                    None => tracing::warn!(user, %error, "migration charge not recorded: directory unreachable"),
+                    None => {
+                        tracing::warn!(user, %error, "migration charge not recorded: directory unreachable")
+                    }
                 }
                 Ok(())
             }
@@ -386,7 +439,8 @@ impl KvSessions {
             charges.retain(|(user, _)| pending.contains(user));
         }
         for (user, at_ms) in &charges {
-            self.update_user(user, |u| u.last_migration_ms = u.last_migration_ms.max(Some(*at_ms))).await?;
+            self.update_user(user, |u| u.last_migration_ms = u.last_migration_ms.max(Some(*at_ms)))
+                .await?;
             if let Some(pending) = self.charges_pending.lock().as_mut() {
                 pending.remove(user);
             }
@@ -399,7 +453,9 @@ impl KvSessions {
     /// a start after a crash finds it ([`release_orphans`](Self::release_orphans)).
     pub fn mark_connected(&self, session: &str, incarnation: u64) -> Result<(), ClusterError> {
         match &self.queue {
-            Some(store) => store.sessions().connected(session, incarnation).map_err(ClusterError::Queue),
+            Some(store) => {
+                store.sessions().connected(session, incarnation).map_err(ClusterError::Queue)
+            }
             None => Ok(()),
         }
     }
@@ -422,10 +478,17 @@ impl KvSessions {
     /// once; the marks beyond are dropped and their records age out from their last
     /// refresh (1.5 to 2 TTLs after the crash). NATS unreachable: the records are left
     /// as they are, the same way.
-    pub async fn release_orphans(&self, now_ms: u64, incarnation: u64) -> Result<ReleasedOrphans, ClusterError> {
+    pub async fn release_orphans(
+        &self,
+        now_ms: u64,
+        incarnation: u64,
+    ) -> Result<ReleasedOrphans, ClusterError> {
         use futures_util::StreamExt;
         let Some(store) = &self.queue else { return Ok(ReleasedOrphans::default()) };
-        let (orphans, beyond) = store.sessions().take_orphans(incarnation, ORPHANS_RELEASED_MAX).map_err(ClusterError::Queue)?;
+        let (orphans, beyond) = store
+            .sessions()
+            .take_orphans(incarnation, ORPHANS_RELEASED_MAX)
+            .map_err(ClusterError::Queue)?;
         let mut done = ReleasedOrphans { beyond, ..ReleasedOrphans::default() };
         let mut releases = futures_util::stream::iter(orphans)
             .map(|session| async move { (self.release_orphan(&session, now_ms).await, session) })
@@ -449,8 +512,13 @@ impl KvSessions {
         if record.owner != self.cluster.node {
             return Ok(false);
         }
-        let released = SessionRecord { version: record.version + 1, updated_at_ms: now_ms, ..record };
-        match self.bucket.update(session_key(session), records::encode(&released).into(), revision).await {
+        let released =
+            SessionRecord { version: record.version + 1, updated_at_ms: now_ms, ..record };
+        match self
+            .bucket
+            .update(session_key(session), records::encode(&released).into(), revision)
+            .await
+        {
             Ok(_) => {
                 self.remember(&released);
                 Ok(true)

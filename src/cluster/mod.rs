@@ -47,17 +47,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::context::{CreateStreamErrorKind, PublishErrorKind};
-use async_nats::jetstream::kv::{CreateErrorKind, EntryErrorKind, PutErrorKind, UpdateErrorKind, WatchErrorKind, WatcherErrorKind};
-use async_nats::jetstream::ErrorCode;
+use async_nats::jetstream::kv::{
+    CreateErrorKind, EntryErrorKind, PutErrorKind, UpdateErrorKind, WatchErrorKind,
+    WatcherErrorKind,
+};
 use async_nats::jetstream::stream::{LastRawMessageErrorKind, PurgeErrorKind};
+use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::{self, kv as nats_kv, stream};
 use thiserror::Error;
 
 use crate::core::nodes::heartbeats::{NodeInfo, Usage, MAX_ROUTES_LISTED};
 use crate::core::nodes::peer_input::{self, PeerInputError};
-use crate::core::rules::redact::url_for_log;
 use crate::core::nodes::routing::RoomHomes;
 use crate::core::nodes::sessions::VersionError;
+use crate::core::rules::redact::url_for_log;
 use crate::store::StoreError;
 
 /// The stream every room's events are stored in.
@@ -223,34 +226,62 @@ impl NatsError {
     /// subject, a JetStream error response or a size limit is an answer.
     pub fn no_answer(&self) -> bool {
         match self {
-            NatsError::Stream(e) => matches!(e.kind(), CreateStreamErrorKind::TimedOut | CreateStreamErrorKind::JetStreamUnavailable),
+            NatsError::Stream(e) => matches!(
+                e.kind(),
+                CreateStreamErrorKind::TimedOut | CreateStreamErrorKind::JetStreamUnavailable
+            ),
             // Opening a bucket at start-up, where nothing falls back: its kinds (the
             // name, the bucket's stream, JetStream) do not tell a timeout apart.
             NatsError::Bucket(_) | NatsError::Handle(_) => false,
-            NatsError::Entry(e) => matches!(e.kind(), EntryErrorKind::TimedOut | EntryErrorKind::Other),
-            NatsError::Create(e) => matches!(e.kind(), CreateErrorKind::Publish | CreateErrorKind::Other),
-            NatsError::Update(e) => matches!(e.kind(), UpdateErrorKind::TimedOut | UpdateErrorKind::Other),
+            NatsError::Entry(e) => {
+                matches!(e.kind(), EntryErrorKind::TimedOut | EntryErrorKind::Other)
+            }
+            NatsError::Create(e) => {
+                matches!(e.kind(), CreateErrorKind::Publish | CreateErrorKind::Other)
+            }
+            NatsError::Update(e) => {
+                matches!(e.kind(), UpdateErrorKind::TimedOut | UpdateErrorKind::Other)
+            }
             NatsError::Put(e) => matches!(e.kind(), PutErrorKind::Publish | PutErrorKind::Ack),
-            NatsError::Keys(e) => matches!(e.kind(), WatchErrorKind::TimedOut | WatchErrorKind::Other),
+            NatsError::Keys(e) => {
+                matches!(e.kind(), WatchErrorKind::TimedOut | WatchErrorKind::Other)
+            }
             NatsError::Key(e) => e.kind() == WatcherErrorKind::Other,
             // A stream between leaders answers "not available", or nothing (`Other`).
             NatsError::Read(e) => match e.kind() {
                 LastRawMessageErrorKind::Other => true,
                 LastRawMessageErrorKind::JetStream(e) => {
-                    [ErrorCode::CLUSTER_NOT_AVAILABLE, ErrorCode::STREAM_OFFLINE].contains(&e.error_code())
+                    [ErrorCode::CLUSTER_NOT_AVAILABLE, ErrorCode::STREAM_OFFLINE]
+                        .contains(&e.error_code())
                 }
-                LastRawMessageErrorKind::NoMessageFound | LastRawMessageErrorKind::InvalidSubject => false,
+                LastRawMessageErrorKind::NoMessageFound
+                | LastRawMessageErrorKind::InvalidSubject => false,
             },
             NatsError::Append(e) => {
-                matches!(e.kind(), PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe | PublishErrorKind::StreamNotFound)
+                matches!(
+                    e.kind(),
+                    PublishErrorKind::TimedOut
+                        | PublishErrorKind::BrokenPipe
+                        | PublishErrorKind::StreamNotFound
+                )
             }
-            NatsError::Purge(e) => matches!(e.kind(), PurgeErrorKind::TimedOut | PurgeErrorKind::Request),
-            NatsError::Delete(e) => matches!(e.kind(), stream::DeleteMessageErrorKind::TimedOut | stream::DeleteMessageErrorKind::Request),
+            NatsError::Purge(e) => {
+                matches!(e.kind(), PurgeErrorKind::TimedOut | PurgeErrorKind::Request)
+            }
+            NatsError::Delete(e) => matches!(
+                e.kind(),
+                stream::DeleteMessageErrorKind::TimedOut | stream::DeleteMessageErrorKind::Request
+            ),
             NatsError::Publish(e) => e.kind() == async_nats::PublishErrorKind::Send,
             NatsError::Subscribe(e) => e.kind() == async_nats::SubscribeErrorKind::Other,
             // Either kind is the connection's: the client could not send, or got no pong.
             NatsError::Flush(_) => true,
-            NatsError::Request(e) => matches!(e.kind(), jetstream::context::RequestErrorKind::TimedOut | jetstream::context::RequestErrorKind::NoResponders | jetstream::context::RequestErrorKind::Other),
+            NatsError::Request(e) => matches!(
+                e.kind(),
+                jetstream::context::RequestErrorKind::TimedOut
+                    | jetstream::context::RequestErrorKind::NoResponders
+                    | jetstream::context::RequestErrorKind::Other
+            ),
         }
     }
 }
@@ -320,7 +351,10 @@ pub struct StreamLimits {
 pub enum NatsAuth {
     #[default]
     None,
-    UserPassword { user: String, password: String },
+    UserPassword {
+        user: String,
+        password: String,
+    },
     Token(String),
 }
 
@@ -328,7 +362,9 @@ impl std::fmt::Debug for NatsAuth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             NatsAuth::None => f.write_str("None"),
-            NatsAuth::UserPassword { user, .. } => f.debug_struct("UserPassword").field("user", user).finish_non_exhaustive(),
+            NatsAuth::UserPassword { user, .. } => {
+                f.debug_struct("UserPassword").field("user", user).finish_non_exhaustive()
+            }
             NatsAuth::Token(_) => f.write_str("Token(..)"),
         }
     }
@@ -446,12 +482,17 @@ impl Cluster {
     /// Connect with default limits (tests and tools).
     pub async fn connect(url: &str, node: &str) -> Result<Cluster, ClusterError> {
         let day = Duration::from_secs(86_400);
-        let limits = StreamLimits { history_size: 1000, nonce_ttl: day, session_ttl: day, replicas: None };
+        let limits =
+            StreamLimits { history_size: 1000, nonce_ttl: day, session_ttl: day, replicas: None };
         Cluster::connect_with(url, node, limits).await
     }
 
     /// [`Cluster::connect_as`] without credentials (a NATS that asks for none).
-    pub async fn connect_with(urls: &str, node: &str, limits: StreamLimits) -> Result<Cluster, ClusterError> {
+    pub async fn connect_with(
+        urls: &str,
+        node: &str,
+        limits: StreamLimits,
+    ) -> Result<Cluster, ClusterError> {
         Cluster::connect_as(urls, node, limits, &Joining::default()).await
     }
 
@@ -462,11 +503,18 @@ impl Cluster {
     /// With cell domains ([`Joining::cells`]), room subjects carry the cell
     /// (`lg.room.<cell>.<room>`), so a leaf node that carries them to another cell's NATS
     /// finds no stream there to store them twice.
-    pub async fn connect_as(urls: &str, node: &str, limits: StreamLimits, joining: &Joining) -> Result<Cluster, ClusterError> {
+    pub async fn connect_as(
+        urls: &str,
+        node: &str,
+        limits: StreamLimits,
+        joining: &Joining,
+    ) -> Result<Cluster, ClusterError> {
         let seeds = crate::config::nats_seeds(urls);
         let options = match joining.auth.clone() {
             NatsAuth::None => async_nats::ConnectOptions::new(),
-            NatsAuth::UserPassword { user, password } => async_nats::ConnectOptions::with_user_and_password(user, password),
+            NatsAuth::UserPassword { user, password } => {
+                async_nats::ConnectOptions::with_user_and_password(user, password)
+            }
             NatsAuth::Token(token) => async_nats::ConnectOptions::with_token(token),
         };
         let client = options
@@ -474,14 +522,20 @@ impl Cluster {
             .connection_timeout(REQUEST_TIMEOUT)
             .request_timeout(Some(REQUEST_TIMEOUT))
             .max_reconnects(None)
-            .reconnect_delay_callback(|attempt| Duration::from_millis((100 * attempt as u64).min(1000)))
+            .reconnect_delay_callback(|attempt| {
+                Duration::from_millis((100 * attempt as u64).min(1000))
+            })
             .event_callback(|event| async move {
                 match event {
                     async_nats::Event::Connected => tracing::info!("NATS connected"),
-                    async_nats::Event::Disconnected => tracing::warn!("NATS disconnected; reconnecting"),
+                    async_nats::Event::Disconnected => {
+                        tracing::warn!("NATS disconnected; reconnecting")
+                    }
                     // A refused publish or subscribe (a permissions violation: the NATS
                     // account lacks a subject this build uses) or a refused login.
-                    async_nats::Event::ServerError(error) => tracing::error!(%error, "NATS refused a request of this node"),
+                    async_nats::Event::ServerError(error) => {
+                        tracing::error!(%error, "NATS refused a request of this node")
+                    }
                     other => tracing::info!(event = %other, "NATS event"),
                 }
             })
@@ -498,7 +552,8 @@ impl Cluster {
             None => default_replicas(&client, &js, node).await?,
         };
         let own_cell = joining.cells.as_ref().map(|c| c.cell.as_str());
-        let (room_subjects, state_subjects) = (cell_subjects("room", own_cell), cell_subjects("state", own_cell));
+        let (room_subjects, state_subjects) =
+            (cell_subjects("room", own_cell), cell_subjects("state", own_cell));
         let rooms = js
             .get_or_create_stream(stream::Config {
                 name: ROOMS_STREAM.into(),
@@ -507,7 +562,11 @@ impl Cluster {
                 storage: stream::StorageType::File,
                 allow_direct: true,
                 duplicate_window: Duration::from_secs(120),
-                republish: Some(stream::Republish { source: room_subjects, destination: LIVE_SUBJECTS.into(), headers_only: false }),
+                republish: Some(stream::Republish {
+                    source: room_subjects,
+                    destination: LIVE_SUBJECTS.into(),
+                    headers_only: false,
+                }),
                 num_replicas: replicas,
                 ..Default::default()
             })
@@ -534,15 +593,25 @@ impl Cluster {
         let kept = rooms.cached_info().config.max_messages_per_subject;
         let mut config = rooms.cached_info().config.clone();
         if kept > 0 && kept < limits.history_size as i64 {
-            config = stream::Config { max_messages_per_subject: limits.history_size as i64, ..config };
+            config =
+                stream::Config { max_messages_per_subject: limits.history_size as i64, ..config };
             js.update_stream(&config).await?;
-            tracing::info!(stream = ROOMS_STREAM, from = kept, to = limits.history_size, "raised the rooms stream's events per room");
+            tracing::info!(
+                stream = ROOMS_STREAM,
+                from = kept,
+                to = limits.history_size,
+                "raised the rooms stream's events per room"
+            );
         }
         raise_replicas(&js, &config, replicas).await?;
         let epoch = epoch_of(rooms.cached_info());
         let rooms_head = Arc::new(AtomicU64::new(rooms.cached_info().state.last_sequence));
         let sessions_ttl = limits.session_ttl * 2;
-        for (bucket, ttl) in [(SESSIONS_BUCKET, sessions_ttl), (NONCES_BUCKET, limits.nonce_ttl), (META_BUCKET, Duration::ZERO)] {
+        for (bucket, ttl) in [
+            (SESSIONS_BUCKET, sessions_ttl),
+            (NONCES_BUCKET, limits.nonce_ttl),
+            (META_BUCKET, Duration::ZERO),
+        ] {
             ensure_bucket(&js, bucket, ttl, replicas).await?;
         }
         let nonces = js.get_key_value(NONCES_BUCKET).await?;
@@ -552,12 +621,30 @@ impl Cluster {
             None => shared_secret(&meta, "token", crate::world::random_bytes()).await?,
         };
         let domains = match &joining.cells {
-            Some(cells) => Some(Arc::new(Domains::reach(&client, &js, cells, &limits, replicas).await?)),
+            Some(cells) => {
+                Some(Arc::new(Domains::reach(&client, &js, cells, &limits, replicas).await?))
+            }
             None => None,
         };
-        let (rooms, states) = (js.get_stream_no_info(ROOMS_STREAM).await?, js.get_stream_no_info(STATE_STREAM).await?);
+        let (rooms, states) = (
+            js.get_stream_no_info(ROOMS_STREAM).await?,
+            js.get_stream_no_info(STATE_STREAM).await?,
+        );
         tracing::info!(url = %url_for_log(urls), node, cell = own_cell, stream = ROOMS_STREAM, %epoch, replicas, "cluster mode: joined through NATS");
-        let cluster = Cluster { client, js, node: node.to_string(), replicas, rooms, states, domains, nonces, meta, token_secret, epoch, rooms_head };
+        let cluster = Cluster {
+            client,
+            js,
+            node: node.to_string(),
+            replicas,
+            rooms,
+            states,
+            domains,
+            nonces,
+            meta,
+            token_secret,
+            epoch,
+            rooms_head,
+        };
         cluster.load_moves().await?;
         Ok(cluster)
     }
@@ -605,11 +692,19 @@ impl Cluster {
         cells.sort();
         let mut lags = Vec::with_capacity(cells.len());
         for cell in cells {
-            let read = tokio::time::timeout(REQUEST_TIMEOUT, self.js.get_stream(mirror_name(ROOMS_STREAM, cell))).await;
+            let read = tokio::time::timeout(
+                REQUEST_TIMEOUT,
+                self.js.get_stream(mirror_name(ROOMS_STREAM, cell)),
+            )
+            .await;
             let lag = match read {
-                Ok(Ok(stream)) => Ok(stream.cached_info().mirror.as_ref().map_or(0, |mirror| mirror.lag)),
+                Ok(Ok(stream)) => {
+                    Ok(stream.cached_info().mirror.as_ref().map_or(0, |mirror| mirror.lag))
+                }
                 Ok(Err(error)) => Err(ClusterError::from(error)),
-                Err(_) => Err(ClusterError::Unavailable(Unreachable::InfoTimedOut(REQUEST_TIMEOUT))),
+                Err(_) => {
+                    Err(ClusterError::Unavailable(Unreachable::InfoTimedOut(REQUEST_TIMEOUT)))
+                }
             };
             lags.push((cell.clone(), lag));
         }
@@ -636,9 +731,14 @@ impl Cluster {
             Some(cell) => format!("lg.{kind}.{cell}.{token}"),
             None => format!("lg.{kind}.{token}"),
         };
-        let (room_subject, state_subject) = (subject("room", origin.as_deref()), subject("state", origin.as_deref()));
+        let (room_subject, state_subject) =
+            (subject("room", origin.as_deref()), subject("state", origin.as_deref()));
         // `moved_from`: the room's rooms moved from this origin (their streams are named after it).
-        let place = |rooms: &stream::Stream<()>, states: &stream::Stream<()>, write_cell: Option<&str>, mirror: bool, moved_from: Option<&str>| RoomPlace {
+        let place = |rooms: &stream::Stream<()>,
+                     states: &stream::Stream<()>,
+                     write_cell: Option<&str>,
+                     mirror: bool,
+                     moved_from: Option<&str>| RoomPlace {
             rooms: rooms.clone(),
             states: states.clone(),
             room_write_subject: subject("room", write_cell),
@@ -646,20 +746,31 @@ impl Cluster {
             room_subject: room_subject.clone(),
             state_subject: state_subject.clone(),
             mirror,
-            live_stream: moved_from.map_or(ROOMS_STREAM.to_string(), |from| mirror_name(ROOMS_STREAM, from)),
-            live_state_stream: moved_from.map_or(STATE_STREAM.to_string(), |from| mirror_name(STATE_STREAM, from)),
+            live_stream: moved_from
+                .map_or(ROOMS_STREAM.to_string(), |from| mirror_name(ROOMS_STREAM, from)),
+            live_state_stream: moved_from
+                .map_or(STATE_STREAM.to_string(), |from| mirror_name(STATE_STREAM, from)),
         };
-        if let (Some(origin), Some(home), Some(domains)) = (&origin, &home, self.domains.as_deref()) {
+        if let (Some(origin), Some(home), Some(domains)) = (&origin, &home, self.domains.as_deref())
+        {
             if origin != home {
                 if let Some(moved) = domains.moves.read().get(origin) {
                     let write_cell = promotion::moved_subject_cell(origin, home);
-                    return place(&moved.rooms, &moved.states, Some(&write_cell), false, Some(origin));
+                    return place(
+                        &moved.rooms,
+                        &moved.states,
+                        Some(&write_cell),
+                        false,
+                        Some(origin),
+                    );
                 }
             }
         }
         let remote = home.as_deref().and_then(|home| self.domains.as_deref()?.remote.get(home));
         match remote {
-            Some(cell) if mirror => place(&cell.rooms_mirror, &cell.states_mirror, origin.as_deref(), true, None),
+            Some(cell) if mirror => {
+                place(&cell.rooms_mirror, &cell.states_mirror, origin.as_deref(), true, None)
+            }
             Some(cell) => place(&cell.rooms, &cell.states, origin.as_deref(), false, None),
             None => place(&self.rooms, &self.states, origin.as_deref(), false, None),
         }
@@ -675,7 +786,9 @@ impl Cluster {
     /// Where to read `room` now: its home's streams, or this cell's mirrors of them while
     /// the home cell is marked silent ([`Cluster::home_silent`]).
     pub(crate) fn read_place(&self, room: &str) -> RoomPlace {
-        let silent = self.remote_home(room).is_some_and(|(_, cell)| cell.silent_until.lock().is_some_and(|until| std::time::Instant::now() < until));
+        let silent = self.remote_home(room).is_some_and(|(_, cell)| {
+            cell.silent_until.lock().is_some_and(|until| std::time::Instant::now() < until)
+        });
         self.room_place(room, silent)
     }
 
@@ -685,7 +798,10 @@ impl Cluster {
         let Some((home, cell)) = self.remote_home(room) else { return false };
         let mut until = cell.silent_until.lock();
         if until.is_none_or(|until| std::time::Instant::now() >= until) {
-            tracing::warn!(cell = home, "a room's home cell did not answer: reading its rooms from this cell's mirror");
+            tracing::warn!(
+                cell = home,
+                "a room's home cell did not answer: reading its rooms from this cell's mirror"
+            );
         }
         *until = Some(std::time::Instant::now() + SILENT_CELL_SKIP);
         true
@@ -711,7 +827,9 @@ impl Cluster {
         if let Some(epoch) = cell.epoch.lock().clone() {
             return Ok(epoch);
         }
-        let info = cell.rooms.get_info().await.map_err(|e| ClusterError::Unavailable(Unreachable::HomeCell(format!("{home}: {e}"))))?;
+        let info = cell.rooms.get_info().await.map_err(|e| {
+            ClusterError::Unavailable(Unreachable::HomeCell(format!("{home}: {e}")))
+        })?;
         let epoch = epoch_of(&info);
         *cell.epoch.lock() = Some(epoch.clone());
         Ok(epoch)
@@ -738,7 +856,14 @@ impl Cluster {
             headers.insert(CAPACITY_HEADER, capacity.to_string().as_str());
         }
         if let Some(usage) = info.usage {
-            headers.insert(USAGE_HEADER, format!("{},{},{}", usage.cpu_permille, usage.resident_bytes, usage.deliveries_per_sec).as_str());
+            headers.insert(
+                USAGE_HEADER,
+                format!(
+                    "{},{},{}",
+                    usage.cpu_permille, usage.resident_bytes, usage.deliveries_per_sec
+                )
+                .as_str(),
+            );
         }
         if let Some(passed) = info.probe {
             headers.insert(CELL_PROBE_HEADER, if passed { "1" } else { "0" });
@@ -751,12 +876,18 @@ impl Cluster {
         }
         headers.insert(EPOCH_HEADER, self.epoch.as_str());
         if self.domains.is_some() {
-            headers.insert(ROOMS_HEAD_HEADER, self.rooms_head.load(Ordering::Relaxed).to_string().as_str());
+            headers.insert(
+                ROOMS_HEAD_HEADER,
+                self.rooms_head.load(Ordering::Relaxed).to_string().as_str(),
+            );
             if let Some(moves) = self.encode_moves() {
                 headers.insert(MOVES_HEADER, moves.as_str());
             }
         }
-        Ok(self.client.publish_with_headers(HEARTBEAT_SUBJECT, headers, encode_node(info).into()).await?)
+        Ok(self
+            .client
+            .publish_with_headers(HEARTBEAT_SUBJECT, headers, encode_node(info).into())
+            .await?)
     }
 
     /// Probe this node's cell: a real write and read through JetStream, the put of this
@@ -774,7 +905,9 @@ impl Cluster {
                 _ => Err(ClusterError::Vanished(key.clone())),
             }
         };
-        tokio::time::timeout(timeout, probe).await.unwrap_or(Err(ClusterError::Unavailable(Unreachable::ProbeTimedOut(timeout))))
+        tokio::time::timeout(timeout, probe)
+            .await
+            .unwrap_or(Err(ClusterError::Unavailable(Unreachable::ProbeTimedOut(timeout))))
     }
 
     /// Say goodbye, so peers stop routing here before the heartbeat times out.
@@ -804,18 +937,29 @@ impl Domains {
     /// Also creates this cell's mirrors of every other cell's streams in `js` (this
     /// cell's domain) when they do not exist: made while the other cell is down, a mirror
     /// starts copying once it is back.
-    async fn reach(client: &async_nats::Client, js: &jetstream::Context, cells: &CellDomains, limits: &StreamLimits, replicas: usize) -> Result<Domains, ClusterError> {
+    async fn reach(
+        client: &async_nats::Client,
+        js: &jetstream::Context,
+        cells: &CellDomains,
+        limits: &StreamLimits,
+        replicas: usize,
+    ) -> Result<Domains, ClusterError> {
         let mut remote = HashMap::new();
         for cell in cells.cells.iter().filter(|cell| **cell != cells.cell) {
             let mut origin = jetstream::with_domain(client.clone(), cell);
             origin.set_timeout(CROSS_CELL_TIMEOUT);
-            for (stream, per_subject) in [(ROOMS_STREAM, limits.history_size as i64), (STATE_STREAM, 1)] {
+            for (stream, per_subject) in
+                [(ROOMS_STREAM, limits.history_size as i64), (STATE_STREAM, 1)]
+            {
                 let mirror = js
                     .get_or_create_stream(stream::Config {
                         name: mirror_name(stream, cell),
                         mirror: Some(stream::Source {
                             name: stream.into(),
-                            external: Some(stream::External { api_prefix: format!("$JS.{cell}.API"), delivery_prefix: None }),
+                            external: Some(stream::External {
+                                api_prefix: format!("$JS.{cell}.API"),
+                                delivery_prefix: None,
+                            }),
                             ..Default::default()
                         }),
                         max_messages_per_subject: per_subject,
@@ -840,7 +984,12 @@ impl Domains {
                 },
             );
         }
-        Ok(Domains { cell: cells.cell.clone(), homes: cells.homes.clone(), remote, moves: Default::default() })
+        Ok(Domains {
+            cell: cells.cell.clone(),
+            homes: cells.homes.clone(),
+            remote,
+            moves: Default::default(),
+        })
     }
 }
 
@@ -848,7 +997,11 @@ impl Domains {
 /// with `fresh`, the others read it. Read as part of joining ([`Cluster::connect_with`]),
 /// so a node that starts while the NATS cluster settles tries again with the rest; from
 /// the leader, since a bucket just made may have no replica serving direct gets yet.
-async fn shared_secret(meta: &nats_kv::Store, name: &str, fresh: [u8; 32]) -> Result<Vec<u8>, ClusterError> {
+async fn shared_secret(
+    meta: &nats_kv::Store,
+    name: &str,
+    fresh: [u8; 32],
+) -> Result<Vec<u8>, ClusterError> {
     let key = format!("secret.{name}");
     match meta.create(&key, fresh.to_vec().into()).await {
         Ok(_) => return Ok(fresh.to_vec()),
@@ -864,12 +1017,19 @@ async fn shared_secret(meta: &nats_kv::Store, name: &str, fresh: [u8; 32]) -> Re
 /// another node) read here instead.
 async fn leader_get(bucket: &nats_kv::Store, key: &str) -> Result<Option<Vec<u8>>, ClusterError> {
     let message = last_message(&bucket.stream, &format!("{}{key}", bucket.prefix)).await?;
-    Ok(message.filter(|m| !m.headers.get("KV-Operation").is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"))).map(|m| m.payload.to_vec()))
+    Ok(message
+        .filter(|m| {
+            !m.headers.get("KV-Operation").is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"))
+        })
+        .map(|m| m.payload.to_vec()))
 }
 
 /// The newest message on `subject` as `stream`'s leader has it (`None`: the stream holds
 /// none). Never a direct get, which a replica that lags its leader may answer.
-pub(crate) async fn last_message<I>(stream: &stream::Stream<I>, subject: &str) -> Result<Option<jetstream::message::StreamMessage>, ClusterError> {
+pub(crate) async fn last_message<I>(
+    stream: &stream::Stream<I>,
+    subject: &str,
+) -> Result<Option<jetstream::message::StreamMessage>, ClusterError> {
     match stream.get_last_raw_message_by_subject(subject).await {
         Ok(message) => Ok(Some(message)),
         Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
@@ -880,8 +1040,14 @@ pub(crate) async fn last_message<I>(stream: &stream::Stream<I>, subject: &str) -
 /// Create a KV bucket's stream by hand (async-nats' `create_key_value` fails against
 /// nats-server 2.9): one message per subject, discard new, rollups allowed, deletes
 /// denied, direct get allowed.
-async fn ensure_bucket(js: &jetstream::Context, bucket: &str, ttl: Duration, replicas: usize) -> Result<(), ClusterError> {
-    let duplicate_window = Duration::from_secs(120).min(if ttl.is_zero() { Duration::from_secs(120) } else { ttl });
+async fn ensure_bucket(
+    js: &jetstream::Context,
+    bucket: &str,
+    ttl: Duration,
+    replicas: usize,
+) -> Result<(), ClusterError> {
+    let duplicate_window =
+        Duration::from_secs(120).min(if ttl.is_zero() { Duration::from_secs(120) } else { ttl });
     let existing = js
         .get_or_create_stream(stream::Config {
             name: format!("KV_{bucket}"),
@@ -912,7 +1078,11 @@ async fn ensure_bucket(js: &jetstream::Context, bucket: &str, ttl: Duration, rep
 /// build, or before NATS had three servers) is raised to them, and this is logged: a
 /// replicated NATS with an R1 stream still loses it with one server. Never lowered: a
 /// node configured with fewer replicas leaves the stream as it is, with a warning.
-pub(crate) async fn raise_replicas(js: &jetstream::Context, config: &stream::Config, replicas: usize) -> Result<(), ClusterError> {
+pub(crate) async fn raise_replicas(
+    js: &jetstream::Context,
+    config: &stream::Config,
+    replicas: usize,
+) -> Result<(), ClusterError> {
     // 0 is what a stream made without a count reports: one replica.
     let has = config.num_replicas.max(1);
     if has < replicas {
@@ -929,7 +1099,11 @@ pub(crate) async fn raise_replicas(js: &jetstream::Context, config: &stream::Con
 /// has, so a server outside a NATS cluster counts one, and in a cluster a small memory
 /// stream of this node's asks JetStream to place [`REPLICATED`] replicas: placed, there
 /// are that many (the stream is deleted at once); refused, there are fewer.
-async fn default_replicas(client: &async_nats::Client, js: &jetstream::Context, node: &str) -> Result<usize, ClusterError> {
+async fn default_replicas(
+    client: &async_nats::Client,
+    js: &jetstream::Context,
+    node: &str,
+) -> Result<usize, ClusterError> {
     let info = client.server_info();
     let Some(nats_cluster) = info.cluster.filter(|name| !name.is_empty()) else {
         tracing::info!(server = %info.server_name, replicas = 1, "NATS is one server (no NATS cluster): streams and buckets with one replica");
@@ -975,7 +1149,14 @@ pub fn room_from_token(token: &str) -> Option<String> {
 /// Heartbeat body: `name\ncell\nurl\ndraining\nstarted_at_ms` (names and URLs hold no
 /// newline; a body without the last line comes from a node of an earlier build).
 pub fn encode_node(info: &NodeInfo) -> String {
-    format!("{}\n{}\n{}\n{}\n{}", info.name, info.cell, info.url, u8::from(info.draining), info.started_at_ms)
+    format!(
+        "{}\n{}\n{}\n{}\n{}",
+        info.name,
+        info.cell,
+        info.url,
+        u8::from(info.draining),
+        info.started_at_ms
+    )
 }
 
 /// A heartbeat body, read as client input is (`core::nodes::peer_input`): at most
@@ -1023,14 +1204,24 @@ pub fn decode_routes(value: Option<&[u8]>) -> Result<Option<Vec<String>>, PeerIn
     }
     let names: Vec<&str> = text.splitn(MAX_ROUTES_LISTED + 1, ',').collect();
     if names.len() > MAX_ROUTES_LISTED {
-        return Err(PeerInputError::Fields { what: "heartbeat routes", got: names.len(), expected: "at most 64 names" });
+        return Err(PeerInputError::Fields {
+            what: "heartbeat routes",
+            got: names.len(),
+            expected: "at most 64 names",
+        });
     }
-    names.into_iter().map(|name| peer_input::node_name("heartbeat routes", name).map(str::to_string)).collect::<Result<_, _>>().map(Some)
+    names
+        .into_iter()
+        .map(|name| peer_input::node_name("heartbeat routes", name).map(str::to_string))
+        .collect::<Result<_, _>>()
+        .map(Some)
 }
 
 /// A heartbeat's [`CONNECTIONS_HEADER`] (absent from earlier builds), clamped to
 /// [`peer_input::MAX_NODE_CONNECTIONS`].
-pub fn decode_connections(value: Option<&[u8]>) -> Result<Option<peer_input::Count>, PeerInputError> {
+pub fn decode_connections(
+    value: Option<&[u8]>,
+) -> Result<Option<peer_input::Count>, PeerInputError> {
     let Some(value) = value else { return Ok(None) };
     let text = peer_input::text("heartbeat connections", value, peer_input::MAX_HEADER_BYTES)?;
     peer_input::count("heartbeat connections", text, peer_input::MAX_NODE_CONNECTIONS).map(Some)
@@ -1051,7 +1242,11 @@ pub fn decode_usage(value: Option<&[u8]>) -> Result<Option<Usage>, PeerInputErro
     let text = peer_input::text("heartbeat usage", value, peer_input::MAX_HEADER_BYTES)?;
     let fields: Vec<&str> = text.splitn(4, ',').collect();
     if fields.len() != 3 {
-        return Err(PeerInputError::Fields { what: "heartbeat usage", got: fields.len(), expected: "3" });
+        return Err(PeerInputError::Fields {
+            what: "heartbeat usage",
+            got: fields.len(),
+            expected: "3",
+        });
     }
     let count = |what, text, cap| peer_input::count(what, text, cap).map(|c| c.value);
     Ok(Some(Usage {
@@ -1103,23 +1298,41 @@ mod tests {
     #[test]
     fn nats_errors_are_classified_by_kind() {
         let js_error = |code: u64| -> jetstream::Error {
-            serde_json::from_value(serde_json::json!({"code": 503, "err_code": code, "description": "test"})).expect("a JetStream error")
+            serde_json::from_value(
+                serde_json::json!({"code": 503, "err_code": code, "description": "test"}),
+            )
+            .expect("a JetStream error")
         };
         let read = |kind| ClusterError::from(stream::LastRawMessageError::new(kind));
-        let unreachable = |e: ClusterError| matches!(e, ClusterError::Unavailable(Unreachable::NoAnswer(_)));
+        let unreachable =
+            |e: ClusterError| matches!(e, ClusterError::Unavailable(Unreachable::NoAnswer(_)));
         let cases: [(ClusterError, bool); 13] = [
             (nats_kv::EntryError::new(EntryErrorKind::TimedOut).into(), true),
             (nats_kv::EntryError::new(EntryErrorKind::InvalidKey).into(), false),
             (nats_kv::UpdateError::new(UpdateErrorKind::TimedOut).into(), true),
             (jetstream::context::PublishError::new(PublishErrorKind::StreamNotFound).into(), true),
             (jetstream::context::PublishError::new(PublishErrorKind::BrokenPipe).into(), true),
-            (jetstream::context::PublishError::new(PublishErrorKind::MaxPayloadExceeded).into(), false),
+            (
+                jetstream::context::PublishError::new(PublishErrorKind::MaxPayloadExceeded).into(),
+                false,
+            ),
             (read(LastRawMessageErrorKind::Other), true),
-            (read(LastRawMessageErrorKind::JetStream(js_error(ErrorCode::CLUSTER_NOT_AVAILABLE.0))), true),
-            (read(LastRawMessageErrorKind::JetStream(js_error(ErrorCode::STREAM_NOT_FOUND.0))), false),
+            (
+                read(LastRawMessageErrorKind::JetStream(js_error(
+                    ErrorCode::CLUSTER_NOT_AVAILABLE.0,
+                ))),
+                true,
+            ),
+            (
+                read(LastRawMessageErrorKind::JetStream(js_error(ErrorCode::STREAM_NOT_FOUND.0))),
+                false,
+            ),
             (read(LastRawMessageErrorKind::NoMessageFound), false),
             (stream::PurgeError::new(PurgeErrorKind::TimedOut).into(), true),
-            (stream::DeleteMessageError::new(stream::DeleteMessageErrorKind::TimedOut).into(), true),
+            (
+                stream::DeleteMessageError::new(stream::DeleteMessageErrorKind::TimedOut).into(),
+                true,
+            ),
             (stream::DeleteMessageError::new(stream::DeleteMessageErrorKind::Request).into(), true),
         ];
         for (error, expected) in cases {
@@ -1131,7 +1344,8 @@ mod tests {
 
     #[test]
     fn nats_credentials_are_not_shown() {
-        let login = NatsAuth::UserPassword { user: "livegate".into(), password: "s3cret-pw".into() };
+        let login =
+            NatsAuth::UserPassword { user: "livegate".into(), password: "s3cret-pw".into() };
         assert_eq!(format!("{login:?}"), "UserPassword { user: \"livegate\", .. }");
         assert_eq!(format!("{:?}", NatsAuth::Token("t0ken-xyz".into())), "Token(..)");
     }
@@ -1147,17 +1361,33 @@ mod tests {
         assert_eq!(decode_release(None), Ok(String::new()), "an earlier build says none");
         assert_eq!(decode_release(Some(b"5d4f8b9c7")), Ok("5d4f8b9c7".to_string()));
         assert_eq!(decode_release(Some(b"r 1")), Err(PeerInputError::BadName("heartbeat release")));
-        assert!(matches!(decode_release(Some("x".repeat(65).as_bytes())), Err(PeerInputError::TooLarge { .. })));
+        assert!(matches!(
+            decode_release(Some("x".repeat(65).as_bytes())),
+            Err(PeerInputError::TooLarge { .. })
+        ));
         assert_eq!(decode_routes(None), Ok(None), "an earlier build lists nothing: not waited for");
         assert_eq!(decode_routes(Some(b"")), Ok(Some(Vec::new())));
-        assert_eq!(decode_routes(Some(b"a,b-1")), Ok(Some(vec!["a".to_string(), "b-1".to_string()])));
+        assert_eq!(
+            decode_routes(Some(b"a,b-1")),
+            Ok(Some(vec!["a".to_string(), "b-1".to_string()]))
+        );
         assert_eq!(decode_routes(Some(b"a,,b")), Err(PeerInputError::BadName("heartbeat routes")));
         let most: Vec<String> = (0..MAX_ROUTES_LISTED).map(|i| format!("{i:0>64}")).collect();
-        assert_eq!(decode_routes(Some(most.join(",").as_bytes())), Ok(Some(most.clone())), "the bound's worst case is read");
+        assert_eq!(
+            decode_routes(Some(most.join(",").as_bytes())),
+            Ok(Some(most.clone())),
+            "the bound's worst case is read"
+        );
         let more: Vec<String> = (0..MAX_ROUTES_LISTED + 1).map(|i| format!("n{i}")).collect();
-        assert!(matches!(decode_routes(Some(more.join(",").as_bytes())), Err(PeerInputError::Fields { .. })));
+        assert!(matches!(
+            decode_routes(Some(more.join(",").as_bytes())),
+            Err(PeerInputError::Fields { .. })
+        ));
         let long = format!("{},x", most.join(","));
-        assert!(matches!(decode_routes(Some(long.as_bytes())), Err(PeerInputError::TooLarge { .. })), "refused unread past the bound");
+        assert!(
+            matches!(decode_routes(Some(long.as_bytes())), Err(PeerInputError::TooLarge { .. })),
+            "refused unread past the bound"
+        );
     }
 
     #[test]
@@ -1176,16 +1406,23 @@ mod tests {
             routes_to: None,
         };
         assert_eq!(decode_node(encode_node(&info).as_bytes()), Ok(info));
-        let earlier_build = decode_node(b"a\neu\nhttp://x\n0").expect("a body without the start time");
+        let earlier_build =
+            decode_node(b"a\neu\nhttp://x\n0").expect("a body without the start time");
         assert_eq!(earlier_build.started_at_ms, 0);
         let long_url = format!("a\neu\nhttp://{}\n0", "x".repeat(300));
         let huge = format!("a\neu\nhttp://x\n0\n{}", "1".repeat(2000));
         let cases: &[(&str, PeerInputError)] = &[
             ("", PeerInputError::Fields { what: "heartbeat", got: 1, expected: "4 or 5" }),
             ("a", PeerInputError::Fields { what: "heartbeat", got: 1, expected: "4 or 5" }),
-            ("a\nb\nhttp://c", PeerInputError::Fields { what: "heartbeat", got: 3, expected: "4 or 5" }),
+            (
+                "a\nb\nhttp://c",
+                PeerInputError::Fields { what: "heartbeat", got: 3, expected: "4 or 5" },
+            ),
             ("\nb\nhttp://c\n0", PeerInputError::BadName("heartbeat name")),
-            ("a\nb\nhttp://c\n0\n5\nmore", PeerInputError::Fields { what: "heartbeat", got: 6, expected: "4 or 5" }),
+            (
+                "a\nb\nhttp://c\n0\n5\nmore",
+                PeerInputError::Fields { what: "heartbeat", got: 6, expected: "4 or 5" },
+            ),
             ("a b\neu\nhttp://x\n0", PeerInputError::BadName("heartbeat name")),
             ("a\ne u\nhttp://x\n0", PeerInputError::BadName("heartbeat cell")),
             ("a\neu\nhttp://attacker.example/ x\n0", PeerInputError::BadUrl("heartbeat url")),
@@ -1193,7 +1430,14 @@ mod tests {
             (long_url.as_str(), PeerInputError::BadUrl("heartbeat url")),
             ("a\neu\nhttp://x\nyes", PeerInputError::BadFlag("heartbeat draining")),
             ("a\neu\nhttp://x\n0\n-1", PeerInputError::BadNumber("heartbeat start time")),
-            (huge.as_str(), PeerInputError::TooLarge { what: "heartbeat", len: huge.len(), max: peer_input::MAX_HEARTBEAT_BYTES }),
+            (
+                huge.as_str(),
+                PeerInputError::TooLarge {
+                    what: "heartbeat",
+                    len: huge.len(),
+                    max: peer_input::MAX_HEARTBEAT_BYTES,
+                },
+            ),
         ];
         for (junk, error) in cases {
             assert_eq!(decode_node(junk.as_bytes()).as_ref(), Err(error), "{junk:?}");
@@ -1203,9 +1447,19 @@ mod tests {
     #[test]
     fn a_heartbeat_reports_its_epoch_as_16_hex_digits_or_nothing() {
         assert_eq!(decode_epoch(None), Ok(None), "an earlier build says nothing");
-        assert_eq!(decode_epoch(Some(b"0123456789abcDEF")), Ok(Some("0123456789abcDEF".to_string())));
+        assert_eq!(
+            decode_epoch(Some(b"0123456789abcDEF")),
+            Ok(Some("0123456789abcDEF".to_string()))
+        );
         let long = "a".repeat(100);
-        for junk in ["", "0123456789abcde", "0123456789abcdef0", "0123456789abcdeg", " 123456789abcdef", long.as_str()] {
+        for junk in [
+            "",
+            "0123456789abcde",
+            "0123456789abcdef0",
+            "0123456789abcdeg",
+            " 123456789abcdef",
+            long.as_str(),
+        ] {
             assert!(decode_epoch(Some(junk.as_bytes())).is_err(), "{junk:?}");
         }
     }
@@ -1228,7 +1482,11 @@ mod tests {
         assert_eq!(decode_connections(None), Ok(None), "an earlier build says nothing");
         assert_eq!(read("42"), Ok(Some(Count { value: 42, clamped: false })));
         for claim in ["1000000000000000", "18446744073709551615", "99999999999999999999999"] {
-            assert_eq!(read(claim), Ok(Some(Count { value: MAX_NODE_CONNECTIONS, clamped: true })), "{claim}");
+            assert_eq!(
+                read(claim),
+                Ok(Some(Count { value: MAX_NODE_CONNECTIONS, clamped: true })),
+                "{claim}"
+            );
         }
         for junk in ["", "-1", "1e15", "lots", "9".repeat(100).as_str()] {
             assert!(read(junk).is_err(), "{junk:?}");

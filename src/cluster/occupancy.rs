@@ -37,8 +37,10 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use super::{room_from_token, room_token, Cluster, ClusterError, Unreachable};
+use crate::core::delivery::occupancy::{
+    apply, remove_dead, Applied, Edge, Job, LocalRooms, Occupants,
+};
 use crate::core::rules::backoff::{Backoff, BackoffPolicy, Jitter};
-use crate::core::delivery::occupancy::{apply, remove_dead, Applied, Edge, Job, LocalRooms, Occupants};
 use crate::tasks::Tasks;
 use crate::world::{now_ms, random_u64};
 
@@ -60,7 +62,11 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(300);
 const FORWARD_WAIT: Duration = Duration::from_secs(5);
 /// Longest a draining node waits for its records to catch up.
 pub const LEAVE_WAIT: Duration = Duration::from_secs(5);
-const RETRY: BackoffPolicy = BackoffPolicy { first: Duration::from_millis(100), max: Duration::from_secs(5), jitter: Jitter::Full };
+const RETRY: BackoffPolicy = BackoffPolicy {
+    first: Duration::from_millis(100),
+    max: Duration::from_secs(5),
+    jitter: Jitter::Full,
+};
 
 /// Where decided edges go: `(room, occupied, ts_ms)`.
 pub type Report = Arc<dyn Fn(&str, bool, u64) + Send + Sync>;
@@ -96,7 +102,11 @@ pub struct ClusterOccupancy {
 
 impl ClusterOccupancy {
     /// Open (or create) the bucket. Edges are kept until [`ClusterOccupancy::start`].
-    pub async fn open(cluster: &Cluster, peer_timeout: Duration, report: Report) -> Result<Arc<ClusterOccupancy>, ClusterError> {
+    pub async fn open(
+        cluster: &Cluster,
+        peer_timeout: Duration,
+        report: Report,
+    ) -> Result<Arc<ClusterOccupancy>, ClusterError> {
         // Not `ensure_bucket`: deleting a vacated room's message must be allowed.
         let stream = cluster
             .js
@@ -134,14 +144,18 @@ impl ClusterOccupancy {
     /// workers. Subscribed before returning.
     pub async fn start(self: &Arc<Self>, peers: impl Peers) -> Result<Tasks, ClusterError> {
         let peers: Rc<dyn Peers> = Rc::new(peers);
-        let forwarded = self.cluster.client.subscribe(occupancy_subject(&self.cluster.node)).await?;
+        let forwarded =
+            self.cluster.client.subscribe(occupancy_subject(&self.cluster.node)).await?;
         let mut tasks = Tasks::default();
         let this = self.clone();
         tasks.spawn_with_stop(|stop| {
-            forwarded.take_until(stop.requested()).for_each_concurrent(MAX_ANSWERS_RUNNING, move |message| {
-                let this = this.clone();
-                async move { this.answer(message).await }
-            })
+            forwarded.take_until(stop.requested()).for_each_concurrent(
+                MAX_ANSWERS_RUNNING,
+                move |message| {
+                    let this = this.clone();
+                    async move { this.answer(message).await }
+                },
+            )
         });
         for _ in 0..WORKERS {
             let (this, peers) = (self.clone(), peers.clone());
@@ -211,7 +225,9 @@ impl ClusterOccupancy {
         if let Some(writer) = peers.writer(&job.room).await.filter(|w| w != me) {
             match self.forward(&writer, job).await {
                 Ok(()) => return Ok(()),
-                Err(error) => tracing::debug!(room = %job.room, writer, %error, "occupancy: writer unreachable; recording here"),
+                Err(error) => {
+                    tracing::debug!(room = %job.room, writer, %error, "occupancy: writer unreachable; recording here")
+                }
             }
         }
         self.apply(&job.room, me, job.present, job.ts_ms).await.map(drop)
@@ -235,33 +251,57 @@ impl ClusterOccupancy {
     /// A change another node forwarded to this one as the room's writer.
     async fn answer(&self, message: async_nats::Message) {
         let Some(reply) = message.reply.clone() else { return };
-        let text = |name: &str| message.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().to_string());
+        let text = |name: &str| {
+            message.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().to_string())
+        };
         let mut headers = async_nats::HeaderMap::new();
-        match (text("Lg-Room"), text("Lg-Node"), text("Lg-Present"), text("Lg-Ts").and_then(|t| t.parse().ok())) {
-            (Some(room), Some(node), Some(present), Some(ts_ms)) => match self.apply(&room, &node, present == "1", ts_ms).await {
-                Ok(_) => headers.insert("Lg-Ok", "1"),
-                Err(error) => headers.insert("Lg-Error", error.to_string().replace(['\r', '\n'], " ").as_str()),
-            },
+        match (
+            text("Lg-Room"),
+            text("Lg-Node"),
+            text("Lg-Present"),
+            text("Lg-Ts").and_then(|t| t.parse().ok()),
+        ) {
+            (Some(room), Some(node), Some(present), Some(ts_ms)) => {
+                match self.apply(&room, &node, present == "1", ts_ms).await {
+                    Ok(_) => headers.insert("Lg-Ok", "1"),
+                    Err(error) => headers
+                        .insert("Lg-Error", error.to_string().replace(['\r', '\n'], " ").as_str()),
+                }
+            }
             _ => headers.insert("Lg-Error", "malformed occupancy change"),
         }
-        let _ = self.cluster.client.publish_with_headers(reply, headers, Vec::<u8>::new().into()).await;
+        let _ =
+            self.cluster.client.publish_with_headers(reply, headers, Vec::<u8>::new().into()).await;
     }
 
     fn lock(&self, room: &str) -> &tokio::sync::Mutex<()> {
-        let hash = room.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+        let hash = room.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
         &self.locks[(hash % LOCK_SHARDS as u64) as usize]
     }
 
     /// Record that `node` has subscribers in `room` (`present`) or none, and report the
     /// decision if that crossed between empty and not.
-    pub async fn apply(&self, room: &str, node: &str, present: bool, ts_ms: u64) -> Result<Option<Edge>, ClusterError> {
+    pub async fn apply(
+        &self,
+        room: &str,
+        node: &str,
+        present: bool,
+        ts_ms: u64,
+    ) -> Result<Option<Edge>, ClusterError> {
         let _one_at_a_time = self.lock(room).lock().await;
         self.update(room, ts_ms, |stored| apply(stored, node, present)).await
     }
 
     /// Read-modify-write of `room`'s record by compare-and-set on its revision; the
     /// decision is reported once the write landed.
-    async fn update(&self, room: &str, ts_ms: u64, change: impl Fn(Option<&Occupants>) -> Applied) -> Result<Option<Edge>, ClusterError> {
+    async fn update(
+        &self,
+        room: &str,
+        ts_ms: u64,
+        change: impl Fn(Option<&Occupants>) -> Applied,
+    ) -> Result<Option<Edge>, ClusterError> {
         let key = room_key(room);
         for _ in 0..CAS_ATTEMPTS {
             let entry = self.bucket.entry(key.as_str()).await?;
@@ -282,20 +322,26 @@ impl ClusterOccupancy {
                 return Ok(None);
             }
             let written = match (&applied.record, revision) {
-                (Some(record), None) => match self.bucket.create(key.as_str(), record.encode().into()).await {
-                    Ok(_) => true,
-                    Err(e) if e.kind() == CreateErrorKind::AlreadyExists => false,
-                    Err(e) => return Err(e.into()),
-                },
-                (Some(record), Some(revision)) => match self.bucket.update(key.as_str(), record.encode().into(), revision).await {
-                    Ok(_) => true,
-                    Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => false,
-                    Err(e) => return Err(e.into()),
-                },
+                (Some(record), None) => {
+                    match self.bucket.create(key.as_str(), record.encode().into()).await {
+                        Ok(_) => true,
+                        Err(e) if e.kind() == CreateErrorKind::AlreadyExists => false,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                (Some(record), Some(revision)) => {
+                    match self.bucket.update(key.as_str(), record.encode().into(), revision).await {
+                        Ok(_) => true,
+                        Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => false,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
                 // The record's one message goes; gone already when the record moved on.
                 (None, Some(revision)) => match self.stream.delete_message(revision).await {
                     Ok(deleted) => deleted,
-                    Err(e) if matches!(e.kind(), stream::DeleteMessageErrorKind::JetStream(_)) => false,
+                    Err(e) if matches!(e.kind(), stream::DeleteMessageErrorKind::JetStream(_)) => {
+                        false
+                    }
                     Err(e) => return Err(e.into()),
                 },
                 (None, None) => true,
@@ -332,7 +378,8 @@ impl ClusterOccupancy {
                 dead_sweep_due = true;
             }
             known = alive;
-            let stable = started.elapsed() >= self.peer_timeout && connected_since.is_some_and(|t| t.elapsed() >= self.peer_timeout);
+            let stable = started.elapsed() >= self.peer_timeout
+                && connected_since.is_some_and(|t| t.elapsed() >= self.peer_timeout);
             let periodic = last_sweep.is_none_or(|t| t.elapsed() >= SWEEP_EVERY);
             if connected && (!own_swept || (stable && (dead_sweep_due || periodic))) {
                 match self.sweep(peers.as_ref(), stable).await {
@@ -380,12 +427,19 @@ impl ClusterOccupancy {
             if remove_dead_nodes && dead && peers.writer(&room).await.is_none_or(|w| w == me) {
                 let _one_at_a_time = self.lock(&room).lock().await;
                 let now = now_ms();
-                self.update(&room, now, |stored| stored.map_or_else(|| apply(None, &me, false), |s| remove_dead(s, &alive))).await?;
+                self.update(&room, now, |stored| {
+                    stored.map_or_else(|| apply(None, &me, false), |s| remove_dead(s, &alive))
+                })
+                .await?;
                 cleaned += 1;
             }
         }
         if queued + cleaned > 0 {
-            tracing::info!(queued, cleaned, "occupancy sweep: records of this node and of dead nodes fixed");
+            tracing::info!(
+                queued,
+                cleaned,
+                "occupancy sweep: records of this node and of dead nodes fixed"
+            );
         }
         Ok(())
     }

@@ -90,7 +90,9 @@ impl PresenceSender {
         tasks.spawn(async move {
             while let Some(out) = next.recv().await {
                 let (subject, body) = match out {
-                    Outgoing::Table(room, table) => (room_subject(&room), encode(&cluster.node, &table)),
+                    Outgoing::Table(room, table) => {
+                        (room_subject(&room), encode(&cluster.node, &table))
+                    }
                     Outgoing::Hello => (HELLO_SUBJECT.to_string(), cluster.node.clone()),
                 };
                 if let Err(error) = cluster.client.publish(subject, body.into()).await {
@@ -147,7 +149,10 @@ mod tests {
 
     #[test]
     fn tables_round_trip() {
-        let listed = NodeTable { count: 2, members: Some(vec![Member::new("a@x:1", "web"), Member::new("b", "phone")]) };
+        let listed = NodeTable {
+            count: 2,
+            members: Some(vec![Member::new("a@x:1", "web"), Member::new("b", "phone")]),
+        };
         let counted = NodeTable { count: 7000, members: None };
         let empty = NodeTable { count: 0, members: Some(vec![]) };
         for table in [listed, counted, empty] {

@@ -23,10 +23,13 @@ use async_nats::jetstream::{self, stream};
 use futures_util::FutureExt;
 use thiserror::Error;
 
-use super::{epoch_of, leader_get, mirror_name, Cluster, ClusterError, LIVE_STATE_SUBJECTS, LIVE_SUBJECTS, ROOMS_STREAM, STATE_STREAM};
-use crate::core::rules::names::is_plain_name;
+use super::{
+    epoch_of, leader_get, mirror_name, Cluster, ClusterError, LIVE_STATE_SUBJECTS, LIVE_SUBJECTS,
+    ROOMS_STREAM, STATE_STREAM,
+};
 use crate::core::nodes::peer_input::{self, PeerInputError};
 use crate::core::nodes::routing::MoveRefused;
+use crate::core::rules::names::is_plain_name;
 
 /// The most moves a heartbeat's [`super::MOVES_HEADER`] may name (one per other cell).
 pub const MAX_MOVES: usize = 16;
@@ -43,7 +46,9 @@ pub struct Moved {
 /// Why a promotion is refused.
 #[derive(Debug, Error)]
 pub enum PromotionError {
-    #[error("cells share one NATS here (cluster_cell_domains is off): there is no mirror to promote")]
+    #[error(
+        "cells share one NATS here (cluster_cell_domains is off): there is no mirror to promote"
+    )]
     NoCellDomains,
     #[error(transparent)]
     Refused(#[from] MoveRefused),
@@ -84,7 +89,10 @@ impl Cluster {
         if !domains.homes.read().clone().moved(from, &to).map_err(PromotionError::from)? {
             return Err(PromotionError::AlreadyHere(from.to_string()).into());
         }
-        let remote = domains.remote.get(from).ok_or_else(|| PromotionError::from(MoveRefused::Unknown(from.to_string())))?;
+        let remote = domains
+            .remote
+            .get(from)
+            .ok_or_else(|| PromotionError::from(MoveRefused::Unknown(from.to_string())))?;
         let rooms_info = remote.rooms_mirror.get_info().await?;
         let states_info = remote.states_mirror.get_info().await?;
         let mirror_head = rooms_info.state.last_sequence;
@@ -94,7 +102,9 @@ impl Cluster {
         // this one yet), or by a promotion that stopped part way, which this one finishes
         // (each step is done once: a stream no longer a mirror is left as it is).
         let promoted_before = rooms_info.config.mirror.is_none();
-        for (info, kind, live) in [(&rooms_info, "room", LIVE_SUBJECTS), (&states_info, "state", LIVE_STATE_SUBJECTS)] {
+        for (info, kind, live) in
+            [(&rooms_info, "room", LIVE_SUBJECTS), (&states_info, "state", LIVE_STATE_SUBJECTS)]
+        {
             promote_stream(&self.js, info.config.clone(), kind, from, &to, live).await?;
         }
         self.meta.put(moved_key(from), encode_move(&to, &epoch).into_bytes().into()).await?;
@@ -104,7 +114,15 @@ impl Cluster {
         }
         let missing = origin_head_seen.saturating_sub(mirror_head);
         tracing::warn!(from, to = %to, %epoch, mirror_head, origin_head_seen, missing, "promoted a cell's rooms: this cell writes them now");
-        Ok(Promotion { from: from.to_string(), to, epoch, rooms: rooms_info.state.subjects_count, mirror_head, origin_head_seen, missing })
+        Ok(Promotion {
+            from: from.to_string(),
+            to,
+            epoch,
+            rooms: rooms_info.state.subjects_count,
+            mirror_head,
+            origin_head_seen,
+            missing,
+        })
     }
 
     /// A moved room's new epoch (`None`: the room did not move).
@@ -117,7 +135,13 @@ impl Cluster {
     /// The moves this node knows, for its heartbeats (`None`: none).
     pub(super) fn encode_moves(&self) -> Option<String> {
         let moves = self.domains.as_deref()?.moves.read();
-        (!moves.is_empty()).then(|| moves.iter().map(|(from, m)| format!("{from}>{}:{}", m.to, m.epoch)).collect::<Vec<_>>().join(","))
+        (!moves.is_empty()).then(|| {
+            moves
+                .iter()
+                .map(|(from, m)| format!("{from}>{}:{}", m.to, m.epoch))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
     }
 
     /// What a heartbeat of `cell` says of its rooms stream's last sequence.
@@ -148,7 +172,11 @@ impl Cluster {
                 }
             }
             self.install_move(&from, &to, &epoch);
-            let recorded = tokio::time::timeout(super::REQUEST_TIMEOUT, self.meta.put(moved_key(&from), encode_move(&to, &epoch).into_bytes().into())).await;
+            let recorded = tokio::time::timeout(
+                super::REQUEST_TIMEOUT,
+                self.meta.put(moved_key(&from), encode_move(&to, &epoch).into_bytes().into()),
+            )
+            .await;
             if !matches!(recorded, Ok(Ok(_))) {
                 tracing::warn!(from, to, "could not record a promotion a peer announced in this cell (its heartbeats will tell again)");
             }
@@ -171,7 +199,8 @@ impl Cluster {
     /// that took them answers.
     pub(super) async fn load_moves(&self) -> Result<(), ClusterError> {
         let Some(domains) = self.domains.as_deref() else { return Ok(()) };
-        let cells: Vec<String> = domains.remote.keys().cloned().chain([domains.cell.clone()]).collect();
+        let cells: Vec<String> =
+            domains.remote.keys().cloned().chain([domains.cell.clone()]).collect();
         let mut recorded = Vec::new();
         for from in &cells {
             if let Some(value) = leader_get(&self.meta, &moved_key(from)).await? {
@@ -180,26 +209,42 @@ impl Cluster {
         }
         for (from, value) in recorded {
             match std::str::from_utf8(&value).ok().and_then(decode_move) {
-                Some((to, epoch)) if domains.homes.read().clone().moved(&from, &to).is_ok() => self.install_move(&from, &to, &epoch),
-                _ => tracing::warn!(from, "ignoring an unreadable or contradicting promotion record"),
+                Some((to, epoch)) if domains.homes.read().clone().moved(&from, &to).is_ok() => {
+                    self.install_move(&from, &to, &epoch)
+                }
+                _ => {
+                    tracing::warn!(from, "ignoring an unreadable or contradicting promotion record")
+                }
             }
         }
         for other in domains.remote.keys() {
-            let asked = tokio::time::timeout(super::CROSS_CELL_TIMEOUT * 2, self.moves_recorded_in(other, &cells)).await;
+            let asked = tokio::time::timeout(
+                super::CROSS_CELL_TIMEOUT * 2,
+                self.moves_recorded_in(other, &cells),
+            )
+            .await;
             match asked {
                 Ok(Ok(moves)) if !moves.is_empty() => {
                     self.learn_moves(moves).await;
                 }
                 Ok(Ok(_)) => {}
-                Ok(Err(error)) => tracing::info!(cell = %other, %error, "could not read the cell's promotions at join; its heartbeats will tell"),
-                Err(_) => tracing::info!(cell = %other, "the cell did not answer for its promotions at join; its heartbeats will tell"),
+                Ok(Err(error)) => {
+                    tracing::info!(cell = %other, %error, "could not read the cell's promotions at join; its heartbeats will tell")
+                }
+                Err(_) => {
+                    tracing::info!(cell = %other, "the cell did not answer for its promotions at join; its heartbeats will tell")
+                }
             }
         }
         Ok(())
     }
 
     /// The moves `cell` recorded in its `lg_meta`, read through its domain.
-    async fn moves_recorded_in(&self, cell: &str, cells: &[String]) -> Result<Vec<(String, String, String)>, ClusterError> {
+    async fn moves_recorded_in(
+        &self,
+        cell: &str,
+        cells: &[String],
+    ) -> Result<Vec<(String, String, String)>, ClusterError> {
         let mut js = jetstream::with_domain(self.client.clone(), cell);
         js.set_timeout(super::CROSS_CELL_TIMEOUT);
         let meta = js.get_key_value(super::META_BUCKET).await?;
@@ -226,11 +271,16 @@ impl Cluster {
         };
         // Handles only: no call is made.
         let handle = |name: String| js.get_stream_no_info(name).now_or_never().and_then(Result::ok);
-        let (Some(rooms), Some(states)) = (handle(mirror_name(ROOMS_STREAM, from)), handle(mirror_name(STATE_STREAM, from))) else {
+        let (Some(rooms), Some(states)) =
+            (handle(mirror_name(ROOMS_STREAM, from)), handle(mirror_name(STATE_STREAM, from)))
+        else {
             tracing::error!(from, "a promoted cell's stream names are invalid");
             return;
         };
-        domains.moves.write().insert(from.to_string(), Moved { to: to.to_string(), epoch: epoch.to_string(), rooms, states });
+        domains.moves.write().insert(
+            from.to_string(),
+            Moved { to: to.to_string(), epoch: epoch.to_string(), rooms, states },
+        );
         if let Err(refused) = domains.homes.write().moved(from, to) {
             tracing::warn!(from, to, %refused, "a promotion contradicts the homes");
         }
@@ -240,15 +290,28 @@ impl Cluster {
 /// Turn a mirror into the origin of `from`'s rooms in cell `to`: no mirror any more,
 /// new writes on `lg.<kind>.<from>@<to>.>` stored under `lg.<kind>.<from>.>` and
 /// republished live like an origin's. Done already (a retried promotion): nothing.
-async fn promote_stream(js: &jetstream::Context, mut config: stream::Config, kind: &str, from: &str, to: &str, live: &str) -> Result<(), ClusterError> {
+async fn promote_stream(
+    js: &jetstream::Context,
+    mut config: stream::Config,
+    kind: &str,
+    from: &str,
+    to: &str,
+    live: &str,
+) -> Result<(), ClusterError> {
     if config.mirror.is_none() {
         return Ok(());
     }
-    let (write, stored) = (format!("lg.{kind}.{}.>", moved_subject_cell(from, to)), format!("lg.{kind}.{from}.>"));
+    let (write, stored) =
+        (format!("lg.{kind}.{}.>", moved_subject_cell(from, to)), format!("lg.{kind}.{from}.>"));
     config.mirror = None;
     config.subjects = vec![write.clone()];
-    config.subject_transform = Some(stream::SubjectTransform { source: write, destination: stored.clone() });
-    config.republish = Some(stream::Republish { source: stored, destination: live.to_string(), headers_only: false });
+    config.subject_transform =
+        Some(stream::SubjectTransform { source: write, destination: stored.clone() });
+    config.republish = Some(stream::Republish {
+        source: stored,
+        destination: live.to_string(),
+        headers_only: false,
+    });
     if kind == "room" {
         config.duplicate_window = Duration::from_secs(120);
     }
@@ -266,7 +329,8 @@ fn encode_move(to: &str, epoch: &str) -> String {
 
 fn decode_move(text: &str) -> Option<(String, String)> {
     let (to, epoch) = text.split_once(' ')?;
-    (is_plain_name(to, peer_input::MAX_NODE_NAME_LEN) && is_epoch(epoch)).then(|| (to.to_string(), epoch.to_string()))
+    (is_plain_name(to, peer_input::MAX_NODE_NAME_LEN) && is_epoch(epoch))
+        .then(|| (to.to_string(), epoch.to_string()))
 }
 
 fn is_epoch(text: &str) -> bool {
@@ -277,16 +341,23 @@ fn is_epoch(text: &str) -> bool {
 /// [`MAX_MOVES`], names plain, epochs 16 hex digits (absent: none).
 pub fn decode_moves(value: Option<&[u8]>) -> Result<Vec<(String, String, String)>, PeerInputError> {
     let Some(value) = value else { return Ok(Vec::new()) };
-    let text = peer_input::text("heartbeat moves", value, peer_input::MAX_HEADER_BYTES * MAX_MOVES)?;
+    let text =
+        peer_input::text("heartbeat moves", value, peer_input::MAX_HEADER_BYTES * MAX_MOVES)?;
     let moves: Vec<_> = text.split(',').collect();
     if moves.len() > MAX_MOVES {
-        return Err(PeerInputError::Fields { what: "heartbeat moves", got: moves.len(), expected: "at most 16 (MAX_MOVES)" });
+        return Err(PeerInputError::Fields {
+            what: "heartbeat moves",
+            got: moves.len(),
+            expected: "at most 16 (MAX_MOVES)",
+        });
     }
     moves
         .into_iter()
         .map(|one| {
-            let (from, rest) = one.split_once('>').ok_or(PeerInputError::BadName("heartbeat moves"))?;
-            let (to, epoch) = rest.split_once(':').ok_or(PeerInputError::BadName("heartbeat moves"))?;
+            let (from, rest) =
+                one.split_once('>').ok_or(PeerInputError::BadName("heartbeat moves"))?;
+            let (to, epoch) =
+                rest.split_once(':').ok_or(PeerInputError::BadName("heartbeat moves"))?;
             let plain = |name: &str| is_plain_name(name, peer_input::MAX_NODE_NAME_LEN);
             if !plain(from) || !plain(to) || !is_epoch(epoch) {
                 return Err(PeerInputError::BadName("heartbeat moves"));
@@ -317,7 +388,15 @@ mod tests {
         );
         assert_eq!(decode_moves(None).unwrap(), vec![]);
         let many = vec![format!("b>a:{epoch}"); MAX_MOVES + 1].join(",");
-        for junk in ["b>a", "b:a>x", &format!("b@x>a:{epoch}"), "b>a:0123", &format!("b>a:{epoch},"), "", many.as_str()] {
+        for junk in [
+            "b>a",
+            "b:a>x",
+            &format!("b@x>a:{epoch}"),
+            "b>a:0123",
+            &format!("b>a:{epoch},"),
+            "",
+            many.as_str(),
+        ] {
             assert!(decode_moves(Some(junk.as_bytes())).is_err(), "{junk:?}");
         }
         assert_eq!(decode_move(&encode_move("a", epoch)), Some(("a".into(), epoch.into())));

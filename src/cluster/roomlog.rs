@@ -37,7 +37,10 @@ use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::HeaderMap;
 use futures_util::{Stream, StreamExt};
 
-use super::{last_message, room_token, Cluster, ClusterError, RoomPlace, Unreachable, REQUEST_TIMEOUT, ROOMS_STREAM};
+use super::{
+    last_message, room_token, Cluster, ClusterError, RoomPlace, Unreachable, REQUEST_TIMEOUT,
+    ROOMS_STREAM,
+};
 use crate::core::rules::names;
 use crate::store::EventRecord;
 
@@ -106,7 +109,10 @@ pub async fn load(cluster: &Cluster, room: &str) -> Result<LoadedRoom, ClusterEr
     let events = read_after(cluster, room, 0).await?;
     let record = load_state(cluster, room).await?;
     let state_version = record.as_ref().map_or(0, |(_, version)| *version);
-    let in_events = events.iter().rev().find_map(|e| Some(StoredState { seq: e.event.seq, data: e.state.clone()? }));
+    let in_events = events
+        .iter()
+        .rev()
+        .find_map(|e| Some(StoredState { seq: e.event.seq, data: e.state.clone()? }));
     let state = newer(record.map(|(state, _)| state), in_events);
     Ok(LoadedRoom { epoch, events, state, state_version })
 }
@@ -129,21 +135,38 @@ fn newer(record: Option<StoredState>, in_events: Option<StoredState>) -> Option<
 }
 
 /// The room's latest-state record, if it has one, with its sequence on `LG_STATE`.
-pub async fn load_state(cluster: &Cluster, room: &str) -> Result<Option<(StoredState, u64)>, ClusterError> {
-    let message = read_home(cluster, room, |place| async move { last_message(&place.states, &place.state_subject).await }).await?;
+pub async fn load_state(
+    cluster: &Cluster,
+    room: &str,
+) -> Result<Option<(StoredState, u64)>, ClusterError> {
+    let message = read_home(cluster, room, |place| async move {
+        last_message(&place.states, &place.state_subject).await
+    })
+    .await?;
     Ok(message.and_then(|m| Some((decode_state(&m.headers, &m.payload)?, m.sequence))))
 }
 
 /// Store the room's latest-state record (the writer, after the event that carries it,
 /// or for a `PUT`); yields its sequence on `LG_STATE`.
-pub async fn write_state(cluster: &Cluster, room: &str, state: &StoredState) -> Result<u64, ClusterError> {
+pub async fn write_state(
+    cluster: &Cluster,
+    room: &str,
+    state: &StoredState,
+) -> Result<u64, ClusterError> {
     if !cluster.connected() {
         return Err(ClusterError::Unavailable(Unreachable::NotConnected));
     }
     homed_here(cluster, room)?;
     let mut headers = HeaderMap::new();
     headers.insert(SEQ_HEADER, state.seq.to_string().as_str());
-    let sent = cluster.js.publish_with_headers(cluster.room_place(room, false).state_write_subject, headers, state.data.clone().into()).await?;
+    let sent = cluster
+        .js
+        .publish_with_headers(
+            cluster.room_place(room, false).state_write_subject,
+            headers,
+            state.data.clone().into(),
+        )
+        .await?;
     Ok(sent.await?.sequence)
 }
 
@@ -163,7 +186,11 @@ fn decode_state(headers: &HeaderMap, payload: &[u8]) -> Option<StoredState> {
 /// The room's events stored after stream sequence `after`, oldest first. A room homed in
 /// another cell that does not answer is read from this cell's mirror, which keeps the
 /// origin's stream sequences (up to what it received).
-pub async fn read_after(cluster: &Cluster, room: &str, after: u64) -> Result<Vec<StreamEvent>, ClusterError> {
+pub async fn read_after(
+    cluster: &Cluster,
+    room: &str,
+    after: u64,
+) -> Result<Vec<StreamEvent>, ClusterError> {
     read_home(cluster, room, |place| async move { read_after_in(&place, room, after).await }).await
 }
 
@@ -188,7 +215,11 @@ where
     }
 }
 
-async fn read_after_in(place: &RoomPlace, room: &str, after: u64) -> Result<Vec<StreamEvent>, ClusterError> {
+async fn read_after_in(
+    place: &RoomPlace,
+    room: &str,
+    after: u64,
+) -> Result<Vec<StreamEvent>, ClusterError> {
     let (subject, stream) = (&place.room_subject, &place.rooms);
     let Some(last) = last_message(stream, subject).await?.map(|m| m.sequence) else {
         return Ok(Vec::new());
@@ -203,8 +234,14 @@ async fn read_after_in(place: &RoomPlace, room: &str, after: u64) -> Result<Vec<
         };
         next = message.sequence + 1;
         match decode(&message.headers, &message.payload) {
-            Some((event, state)) => events.push(StreamEvent { stream_seq: message.sequence, event, state }),
-            None => tracing::warn!(room, stream_seq = message.sequence, "skipping a message that is not a livegate event"),
+            Some((event, state)) => {
+                events.push(StreamEvent { stream_seq: message.sequence, event, state })
+            }
+            None => tracing::warn!(
+                room,
+                stream_seq = message.sequence,
+                "skipping a message that is not a livegate event"
+            ),
         }
     }
     Ok(events)
@@ -244,7 +281,8 @@ pub async fn append(
         None => event.data.clone().into_bytes(),
     };
     let place = cluster.room_place(room, false);
-    let sent = cluster.js.publish_with_headers(place.room_write_subject, headers, payload.into()).await;
+    let sent =
+        cluster.js.publish_with_headers(place.room_write_subject, headers, payload.into()).await;
     let ack = match sent {
         Ok(future) => future.await,
         Err(e) => return Err(ClusterError::from(e).into()),
@@ -320,10 +358,14 @@ pub async fn watch(cluster: &Cluster, room: &str, states: bool) -> Result<LiveFe
         std::future::ready(event)
     });
     let feed: LiveFeed = if states {
-        let records = cluster.client.subscribe(format!("lg.livestate.{token}")).await?.filter_map(move |message| {
-            let record = from_stream(message.headers.as_ref(), &states_from).then(|| decode_live_state(message.headers.as_ref(), &message.payload)).flatten();
-            std::future::ready(record.map(|(state, version)| LiveItem::State(state, version)))
-        });
+        let records = cluster.client.subscribe(format!("lg.livestate.{token}")).await?.filter_map(
+            move |message| {
+                let record = from_stream(message.headers.as_ref(), &states_from)
+                    .then(|| decode_live_state(message.headers.as_ref(), &message.payload))
+                    .flatten();
+                std::future::ready(record.map(|(state, version)| LiveItem::State(state, version)))
+            },
+        );
         Box::pin(futures_util::stream::select(events, records))
     } else {
         Box::pin(events)
@@ -343,7 +385,10 @@ fn from_stream(headers: Option<&HeaderMap>, stream: &str) -> bool {
 
 /// The room seq of `room`'s newest stored event (`None`: the stream holds none).
 pub async fn last_seq(cluster: &Cluster, room: &str) -> Result<Option<u64>, ClusterError> {
-    let message = read_home(cluster, room, |place| async move { last_message(&place.rooms, &place.room_subject).await }).await?;
+    let message = read_home(cluster, room, |place| async move {
+        last_message(&place.rooms, &place.room_subject).await
+    })
+    .await?;
     Ok(message.and_then(|m| m.headers.get(SEQ_HEADER)?.as_str().parse().ok()))
 }
 
@@ -364,7 +409,8 @@ fn decode(headers: &HeaderMap, payload: &[u8]) -> Option<(EventRecord, Option<St
     let from = text(FROM_HEADER);
     let event = EventRecord {
         seq: text(SEQ_HEADER)?.parse().ok()?,
-        id: names::id_of_key(&text(KEY_HEADER).or_else(|| text(DEDUP_HEADER))?, from.as_deref()).to_string(),
+        id: names::id_of_key(&text(KEY_HEADER).or_else(|| text(DEDUP_HEADER))?, from.as_deref())
+            .to_string(),
         ts_ms: text(TS_HEADER)?.parse().ok()?,
         data,
         devices,
@@ -391,7 +437,10 @@ mod tests {
     fn a_state_rides_after_the_event_and_the_newer_state_wins() {
         let split = |len: Option<&str>, payload: &str| split_state(len, payload.as_bytes());
         assert_eq!(split(None, r#"{"a":1}"#), Some((r#"{"a":1}"#.into(), None)));
-        assert_eq!(split(Some("7"), r#"{"a":1}{"s":2}"#), Some((r#"{"a":1}"#.into(), Some(r#"{"s":2}"#.into()))));
+        assert_eq!(
+            split(Some("7"), r#"{"a":1}{"s":2}"#),
+            Some((r#"{"a":1}"#.into(), Some(r#"{"s":2}"#.into())))
+        );
         assert_eq!(split(Some("0"), "null"), Some(("null".into(), Some(String::new()))));
         assert_eq!(split(Some("9"), "short"), None, "a length beyond the payload");
         assert_eq!(split(Some("x"), "null"), None);

@@ -43,8 +43,11 @@ impl Config {
         }
         let path = self.api_key_path();
         let file_error = |source| ConfigError::ApiKeyFile { path: path.clone(), source };
-        std::fs::create_dir_all(&self.data_dir)
-            .map_err(|source| ConfigError::DataDir { path: path.clone(), dir: self.data_dir.clone(), source })?;
+        std::fs::create_dir_all(&self.data_dir).map_err(|source| ConfigError::DataDir {
+            path: path.clone(),
+            dir: self.data_dir.clone(),
+            source,
+        })?;
         let mut bytes = [0u8; 32];
         getrandom::getrandom(&mut bytes).map_err(ConfigError::Random)?;
         let key = base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, bytes);
@@ -52,7 +55,12 @@ impl Config {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         // create_new: if another process wrote a key in the meantime, use that one.
-        let mut file = match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
+        let mut file = match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+        {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 let text = std::fs::read_to_string(&path).map_err(file_error)?;

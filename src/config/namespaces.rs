@@ -7,11 +7,12 @@ use std::path::Path;
 
 use super::value::{parse, Raw};
 use super::{bound_problem, bounds_of, Config, ConfigError, Origin};
-use crate::core::rules::namespaces::{NamespaceError, Namespaces, Overrides, RoomOptions};
 use crate::core::nodes::routing::RoomHomes;
+use crate::core::rules::namespaces::{NamespaceError, Namespaces, Overrides, RoomOptions};
 
 /// The keys a `[[namespace]]` table may hold besides `prefix`.
-pub const ROOM_KEYS: &[&str] = &["history_size", "history_ttl_secs", "batch_window_ms", "presence", "max_event_bytes"];
+pub const ROOM_KEYS: &[&str] =
+    &["history_size", "history_ttl_secs", "batch_window_ms", "presence", "max_event_bytes"];
 
 /// A `[[namespace]]` key that is no room option: the cell the namespace's rooms are homed
 /// in (`cluster_cell_domains`), one of `cells`.
@@ -77,14 +78,27 @@ fn problem(index: usize, prefix: Option<&str>, problem: String) -> ConfigError {
 /// and prefixes are [`check`]ed with the rest of the configuration).
 pub(super) fn read(path: &Path, value: &toml::Value) -> Result<Vec<NamespaceTable>, ConfigError> {
     let in_file = |e: ConfigError| e.in_file(path);
-    let Some(tables) = value.as_array().filter(|items| items.iter().all(toml::Value::is_table)) else {
+    let Some(tables) = value.as_array().filter(|items| items.iter().all(toml::Value::is_table))
+    else {
         let problem = "must be written as [[namespace]] tables, each with a prefix".to_string();
-        return Err(in_file(ConfigError::Namespace { path: None, table: "namespace".into(), problem }));
+        return Err(in_file(ConfigError::Namespace {
+            path: None,
+            table: "namespace".into(),
+            problem,
+        }));
     };
-    tables.iter().enumerate().map(|(index, table)| read_table(path, index, table).map_err(in_file)).collect()
+    tables
+        .iter()
+        .enumerate()
+        .map(|(index, table)| read_table(path, index, table).map_err(in_file))
+        .collect()
 }
 
-fn read_table(path: &Path, index: usize, value: &toml::Value) -> Result<NamespaceTable, ConfigError> {
+fn read_table(
+    path: &Path,
+    index: usize,
+    value: &toml::Value,
+) -> Result<NamespaceTable, ConfigError> {
     let table = value.as_table().expect("checked by read");
     let prefix = table.get("prefix").and_then(toml::Value::as_str);
     let fail = |text: String| problem(index, prefix, text);
@@ -97,7 +111,9 @@ fn read_table(path: &Path, index: usize, value: &toml::Value) -> Result<Namespac
     let mut out = NamespaceTable { prefix: prefix.to_string(), ..NamespaceTable::default() };
     for (name, value) in table {
         if name == HOME_CELL_KEY {
-            let Some(cell) = value.as_str() else { return Err(fail(format!("{HOME_CELL_KEY}: expected text, got {value}"))) };
+            let Some(cell) = value.as_str() else {
+                return Err(fail(format!("{HOME_CELL_KEY}: expected text, got {value}")));
+            };
             out.home_cell = Some(cell.to_string());
             continue;
         }
@@ -105,21 +121,32 @@ fn read_table(path: &Path, index: usize, value: &toml::Value) -> Result<Namespac
             if name == "prefix" {
                 continue;
             }
-            return Err(fail(format!("unknown key `{name}` (known keys: prefix, {}, {HOME_CELL_KEY})", ROOM_KEYS.join(", "))));
+            return Err(fail(format!(
+                "unknown key `{name}` (known keys: prefix, {}, {HOME_CELL_KEY})",
+                ROOM_KEYS.join(", ")
+            )));
         };
         // The global key's value form; the message names the table instead of the key's origin.
         let origin = Origin::File { path: path.to_path_buf(), key };
         let typed = |e: ConfigError| match e {
-            ConfigError::BadValue { expected, got, .. } => fail(format!("{key}: expected {expected}, got {got}")),
+            ConfigError::BadValue { expected, got, .. } => {
+                fail(format!("{key}: expected {expected}, got {got}"))
+            }
             other => other,
         };
         let raw = Raw::Toml(value);
         match key {
             "history_size" => out.history_size = Some(parse(key, raw, &origin).map_err(typed)?),
-            "history_ttl_secs" => out.history_ttl_secs = Some(parse(key, raw, &origin).map_err(typed)?),
-            "batch_window_ms" => out.batch_window_ms = Some(parse(key, raw, &origin).map_err(typed)?),
+            "history_ttl_secs" => {
+                out.history_ttl_secs = Some(parse(key, raw, &origin).map_err(typed)?)
+            }
+            "batch_window_ms" => {
+                out.batch_window_ms = Some(parse(key, raw, &origin).map_err(typed)?)
+            }
             "presence" => out.presence = Some(parse(key, raw, &origin).map_err(typed)?),
-            "max_event_bytes" => out.max_event_bytes = Some(parse(key, raw, &origin).map_err(typed)?),
+            "max_event_bytes" => {
+                out.max_event_bytes = Some(parse(key, raw, &origin).map_err(typed)?)
+            }
             _ => unreachable!("{key} is in ROOM_KEYS"),
         }
     }
@@ -145,17 +172,28 @@ pub(super) fn check(tables: &[NamespaceTable]) -> Result<(), ConfigError> {
         }
     }
     // Prefix rules and duplicates: the core's table decides, over any global options.
-    let global = RoomOptions { history_size: 1, history_ttl_secs: 0, batch_window_ms: 0, presence: true, max_event_bytes: 16 };
+    let global = RoomOptions {
+        history_size: 1,
+        history_ttl_secs: 0,
+        batch_window_ms: 0,
+        presence: true,
+        max_event_bytes: 16,
+    };
     Namespaces::new(global, tables.iter().map(|t| (t.prefix.clone(), t.overrides())).collect())
         .map(|_| ())
-        .map_err(|e: NamespaceError| problem(e.index(), Some(&tables[e.index()].prefix), e.to_string()))
+        .map_err(|e: NamespaceError| {
+            problem(e.index(), Some(&tables[e.index()].prefix), e.to_string())
+        })
 }
 
 impl Config {
     /// Where rooms are homed with `cluster_cell_domains`: the configured cells and each
     /// namespace's `home_cell`.
     pub fn room_homes(&self) -> RoomHomes {
-        RoomHomes::new(self.configured_cells(), self.namespaces.iter().map(|t| (t.prefix.clone(), t.home_cell.clone())).collect())
+        RoomHomes::new(
+            self.configured_cells(),
+            self.namespaces.iter().map(|t| (t.prefix.clone(), t.home_cell.clone())).collect(),
+        )
     }
 
     /// A `home_cell` needs cell domains and names a configured cell.
@@ -166,7 +204,14 @@ impl Config {
                 return Err(problem(index, Some(&table.prefix), format!("{HOME_CELL_KEY} needs cluster_cell_domains: only cells with their own NATS home rooms")));
             }
             if !self.cells.contains(cell) {
-                return Err(problem(index, Some(&table.prefix), format!("{HOME_CELL_KEY} {cell:?} is not one of cells ({})", self.cells.join(","))));
+                return Err(problem(
+                    index,
+                    Some(&table.prefix),
+                    format!(
+                        "{HOME_CELL_KEY} {cell:?} is not one of cells ({})",
+                        self.cells.join(",")
+                    ),
+                ));
             }
         }
         Ok(())
@@ -183,7 +228,9 @@ impl Config {
             max_event_bytes: self.max_event_bytes,
         };
         let entries = self.namespaces.iter().map(|t| (t.prefix.clone(), t.overrides())).collect();
-        Namespaces::new(global, entries).map_err(|e| problem(e.index(), Some(&self.namespaces[e.index()].prefix), e.to_string()))
+        Namespaces::new(global, entries).map_err(|e| {
+            problem(e.index(), Some(&self.namespaces[e.index()].prefix), e.to_string())
+        })
     }
 
     /// The `[[namespace]]` tables with every option filled in (an override, else the
@@ -191,6 +238,11 @@ impl Config {
     pub fn effective_namespaces(&self) -> Result<Vec<NamespaceTable>, ConfigError> {
         let table = self.room_namespaces()?;
         let pins = self.namespaces.iter().map(|t| t.home_cell.clone());
-        Ok(table.namespaces().iter().zip(pins).map(|(n, pin)| NamespaceTable::effective(&n.prefix, &n.options, pin)).collect())
+        Ok(table
+            .namespaces()
+            .iter()
+            .zip(pins)
+            .map(|(n, pin)| NamespaceTable::effective(&n.prefix, &n.options, pin))
+            .collect())
     }
 }

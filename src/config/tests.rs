@@ -385,7 +385,13 @@ fn load_cases() {
             failures.push(format!("case {:?}: got {got:?}", case.name));
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -415,7 +421,10 @@ fn keys_match_config_fields() {
     assert_eq!(keys, fields, "KEYS must list exactly the fields of Config");
     let flags = <ConfigFlags as clap::Args>::augment_args(clap::Command::new("livegate"));
     let help = |key: &str| {
-        let arg = flags.get_arguments().find(|arg| arg.get_id() == key).unwrap_or_else(|| panic!("no flag for {key}"));
+        let arg = flags
+            .get_arguments()
+            .find(|arg| arg.get_id() == key)
+            .unwrap_or_else(|| panic!("no flag for {key}"));
         assert_eq!(arg.get_long(), Some(key.replace('_', "-").as_str()), "flag of {key}");
         arg.get_help().map(|help| help.to_string()).unwrap_or_default()
     };
@@ -429,16 +438,22 @@ fn keys_match_config_fields() {
         assert_eq!(toml::Table::try_from(&loaded).unwrap()[key], table[key], "{key} loaded back");
         // The help text states the real default (a key with none, such as
         // cluster_replicas, says in words what happens without it).
-        if let (toml::Value::Integer(_) | toml::Value::Boolean(_), true) = (&table[key], default_table.contains_key(key)) {
+        if let (toml::Value::Integer(_) | toml::Value::Boolean(_), true) =
+            (&table[key], default_table.contains_key(key))
+        {
             let n = &table[key];
-            assert!(help(key).ends_with(&format!("[default: {n}]")), "help of {key} must end with [default: {n}]");
+            assert!(
+                help(key).ends_with(&format!("[default: {n}]")),
+                "help of {key} must end with [default: {n}]"
+            );
         }
     }
     let defaults = Config::default();
     assert!(help("listen").ends_with(&format!("[default: {}]", defaults.listen)));
     assert!(help("data_dir").ends_with(&format!("[default: {}]", defaults.data_dir.display())));
     assert!(help("cell").ends_with(&format!("[default: {}]", defaults.cell)));
-    assert!(help("exclusive_devices").ends_with(&format!("[default: {}]", defaults.exclusive_devices.join(","))));
+    assert!(help("exclusive_devices")
+        .ends_with(&format!("[default: {}]", defaults.exclusive_devices.join(","))));
 }
 
 #[test]
@@ -446,7 +461,8 @@ fn durations_are_in_the_unit_their_key_names() {
     for &(key, duration) in DURATIONS {
         let mut config = Config::default();
         config.set(key, Raw::Text("7"), &Origin::Flag { key }).unwrap();
-        let unit = if key.ends_with("_ms") { Duration::from_millis(1) } else { Duration::from_secs(1) };
+        let unit =
+            if key.ends_with("_ms") { Duration::from_millis(1) } else { Duration::from_secs(1) };
         assert!(key.ends_with("_ms") || key.ends_with("_secs"), "{key} names no unit");
         assert_eq!(duration(&config), unit * 7, "{key}");
     }
@@ -475,8 +491,16 @@ fn flags_parse_before_and_after_a_subcommand() {
     use clap::{CommandFactory, Parser};
     TestCli::command().debug_assert();
     let cli = TestCli::try_parse_from([
-        "livegate", "--batch-window-ms", "0", "sub", "--data-dir", "/d",
-        "--exclusive-devices", "phone,pc", "--config", "c.toml",
+        "livegate",
+        "--batch-window-ms",
+        "0",
+        "sub",
+        "--data-dir",
+        "/d",
+        "--exclusive-devices",
+        "phone,pc",
+        "--config",
+        "c.toml",
     ])
     .unwrap();
     let expected = ConfigFlags::default()
@@ -528,10 +552,15 @@ fn api_key_file_problems() {
     let dir = tempfile::tempdir().unwrap();
     let config = Config { data_dir: dir.path().to_path_buf(), ..Config::default() };
     let path = config.api_key_path();
-    for (content, problem) in [("\n", "is empty"), ("short", "holds a key shorter than 16 characters")] {
+    for (content, problem) in
+        [("\n", "is empty"), ("short", "holds a key shorter than 16 characters")]
+    {
         std::fs::write(&path, content).unwrap();
         let error = config.resolve_api_key().unwrap_err();
-        assert!(matches!(&error, ConfigError::StoredApiKey { path: p, problem: got } if *p == path && *got == problem), "{error:?}");
+        assert!(
+            matches!(&error, ConfigError::StoredApiKey { path: p, problem: got } if *p == path && *got == problem),
+            "{error:?}"
+        );
         let message = format!("{problem}: delete it to have a new key generated, or set api_key");
         assert_eq!(error.to_string(), format!("API key file {}: {message}", path.display()));
     }
@@ -614,7 +643,13 @@ fn namespace_tables() {
             failures.push(format!("case {name:?}:\n  got {got:?}\n want {want:?}"));
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
 }
 
 /// A namespace's `home_cell` pins its rooms (cells with their own NATS), and must name a
@@ -625,11 +660,21 @@ fn a_namespaces_home_cell_pins_its_rooms_to_a_configured_cell() {
     let path = dir.path().join("livegate.toml");
     let cells = "cell = \"eu\"\ncells = [\"eu\", \"us\"]\ncluster_nats_url = \"nats://n1:4222\"\ncluster_cell_domains = true\n\
         cluster_token_secret = \"kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk\"\n";
-    std::fs::write(&path, format!("{cells}[[namespace]]\nprefix = \"score:\"\nhome_cell = \"us\"\n")).unwrap();
+    std::fs::write(
+        &path,
+        format!("{cells}[[namespace]]\nprefix = \"score:\"\nhome_cell = \"us\"\n"),
+    )
+    .unwrap();
     let config = Config::load(Some(&path), Vec::new(), &ConfigFlags::default()).unwrap();
     assert_eq!(config.room_homes().home("score:final"), Some("us"));
-    std::fs::write(&path, format!("{cells}[[namespace]]\nprefix = \"score:\"\nhome_cell = \"ap\"\n")).unwrap();
-    let refused = Config::load(Some(&path), Vec::new(), &ConfigFlags::default()).map(|_| ()).map_err(|e| e.to_string().replace(&path.display().to_string(), "FILE"));
+    std::fs::write(
+        &path,
+        format!("{cells}[[namespace]]\nprefix = \"score:\"\nhome_cell = \"ap\"\n"),
+    )
+    .unwrap();
+    let refused = Config::load(Some(&path), Vec::new(), &ConfigFlags::default())
+        .map(|_| ())
+        .map_err(|e| e.to_string().replace(&path.display().to_string(), "FILE"));
     assert_eq!(refused, Err("config file FILE: [[namespace]] number 1 (prefix \"score:\"): home_cell \"ap\" is not one of cells (eu,us)".into()));
 }
 
@@ -640,35 +685,60 @@ fn namespace_options_resolve_over_the_global_keys() {
     let path = dir.path().join("livegate.toml");
     std::fs::write(&path, "[[namespace]]\nprefix = \"chat:\"\nhistory_size = 5\n[[namespace]]\nprefix = \"chat:vip:\"\npresence = false\n").unwrap();
     let env = vec![("LIVEGATE_BATCH_WINDOW_MS".to_string(), "7".to_string())];
-    let config = Config::load(Some(&path), env, &ConfigFlags::default().with("history_size", "40")).unwrap();
+    let config =
+        Config::load(Some(&path), env, &ConfigFlags::default().with("history_size", "40")).unwrap();
     let table = config.room_namespaces().unwrap();
     let options = |room: &str| table.resolve(room).clone();
-    assert_eq!((options("chat:1").history_size, options("chat:1").batch_window_ms, options("chat:1").presence), (5, 7, true));
+    assert_eq!(
+        (
+            options("chat:1").history_size,
+            options("chat:1").batch_window_ms,
+            options("chat:1").presence
+        ),
+        (5, 7, true)
+    );
     assert_eq!((options("chat:vip:1").history_size, options("chat:vip:1").presence), (40, false));
-    assert_eq!((options("lobby").history_size, options("lobby").presence, options("lobby").max_event_bytes), (40, true, 65536));
+    assert_eq!(
+        (
+            options("lobby").history_size,
+            options("lobby").presence,
+            options("lobby").max_event_bytes
+        ),
+        (40, true, 65536)
+    );
     assert_eq!(table.largest_history_size(), 40);
     let effective = config.effective_namespaces().unwrap();
-    assert_eq!(effective[0], NamespaceTable {
-        prefix: "chat:".into(),
-        history_size: Some(5),
-        history_ttl_secs: Some(86400),
-        batch_window_ms: Some(7),
-        presence: Some(true),
-        max_event_bytes: Some(65536),
-        home_cell: None,
-    });
+    assert_eq!(
+        effective[0],
+        NamespaceTable {
+            prefix: "chat:".into(),
+            history_size: Some(5),
+            history_ttl_secs: Some(86400),
+            batch_window_ms: Some(7),
+            presence: Some(true),
+            max_event_bytes: Some(65536),
+            home_cell: None,
+        }
+    );
     // What check-config prints loads back to the same options.
-    let printed = toml::to_string(&Config { namespaces: effective.clone(), ..config.clone() }).unwrap();
+    let printed =
+        toml::to_string(&Config { namespaces: effective.clone(), ..config.clone() }).unwrap();
     std::fs::write(&path, &printed).unwrap();
     let again = Config::load(Some(&path), Vec::new(), &ConfigFlags::default()).unwrap();
     assert_eq!(again.namespaces, effective);
     assert_eq!(again.room_namespaces().unwrap(), table);
     // A config built in code is checked by validate too.
     let dup = Config {
-        namespaces: vec![NamespaceTable { prefix: "a".into(), ..Default::default() }, NamespaceTable { prefix: "a".into(), ..Default::default() }],
+        namespaces: vec![
+            NamespaceTable { prefix: "a".into(), ..Default::default() },
+            NamespaceTable { prefix: "a".into(), ..Default::default() },
+        ],
         ..Config::default()
     };
-    assert_eq!(dup.validate().unwrap_err().to_string(), "[[namespace]] number 2 (prefix \"a\"): prefix \"a\" is already the prefix of namespace 1");
+    assert_eq!(
+        dup.validate().unwrap_err().to_string(),
+        "[[namespace]] number 2 (prefix \"a\"): prefix \"a\" is already the prefix of namespace 1"
+    );
 }
 
 /// Every bound of `BOUNDS` is what validation enforces: the least and the largest value
@@ -676,28 +746,53 @@ fn namespace_options_resolve_over_the_global_keys() {
 /// table, tells the truth.
 #[test]
 fn every_bound_in_the_table_is_enforced() {
-    let load = |key: &str, value: u64| Config::load(None, Vec::new(), &ConfigFlags::default().with(key, value.to_string()));
+    let load = |key: &str, value: u64| {
+        Config::load(None, Vec::new(), &ConfigFlags::default().with(key, value.to_string()))
+    };
     for &(key, min, max) in BOUNDS {
         assert!(KEYS.contains(&key), "{key} in BOUNDS is not a key");
-        assert!(load(key, min).is_ok(), "{key} = {min} (its least) is refused: {:?}", load(key, min).err());
+        assert!(
+            load(key, min).is_ok(),
+            "{key} = {min} (its least) is refused: {:?}",
+            load(key, min).err()
+        );
         if min > 0 {
             let error = load(key, min - 1).expect_err(key).to_string();
-            assert!(error.starts_with(&format!("{key} must be at least {min}")), "{key} = {}: {error}", min - 1);
+            assert!(
+                error.starts_with(&format!("{key} must be at least {min}")),
+                "{key} = {}: {error}",
+                min - 1
+            );
         }
         if let Some((max, _)) = max {
-            assert!(load(key, max).is_ok(), "{key} = {max} (its largest) is refused: {:?}", load(key, max).err());
+            assert!(
+                load(key, max).is_ok(),
+                "{key} = {max} (its largest) is refused: {:?}",
+                load(key, max).err()
+            );
             let error = load(key, max + 1).expect_err(key).to_string();
-            assert!(error.starts_with(&format!("{key} must be at most {max}")), "{key} = {}: {error}", max + 1);
+            assert!(
+                error.starts_with(&format!("{key} must be at most {max}")),
+                "{key} = {}: {error}",
+                max + 1
+            );
         }
     }
     // The rules of the keys that are not numbers in a range, as the reference states them.
     let refused = |key: &str, value: String| {
-        let error = Config::load(None, Vec::new(), &ConfigFlags::default().with(key, value.clone())).expect_err(key).to_string();
+        let error =
+            Config::load(None, Vec::new(), &ConfigFlags::default().with(key, value.clone()))
+                .expect_err(key)
+                .to_string();
         assert!(error.starts_with(key), "{key} = {value}: {error}");
     };
     for &(key, max) in NAME_KEYS {
         assert!(rule_of(key).unwrap().contains(&format!("1 to {max} characters")));
-        assert!(Config::load(None, Vec::new(), &ConfigFlags::default().with(key, "a".repeat(max))).is_ok(), "{key}");
+        assert!(
+            Config::load(None, Vec::new(), &ConfigFlags::default().with(key, "a".repeat(max)))
+                .is_ok(),
+            "{key}"
+        );
         refused(key, "a".repeat(max + 1));
     }
     refused("api_key", "k".repeat(API_KEY_MIN_CHARS - 1));
@@ -707,8 +802,18 @@ fn every_bound_in_the_table_is_enforced() {
     assert_eq!(described, KEYS);
     let heartbeat = KEY_DOCS.iter().find(|doc| doc.name == "heartbeat_secs").unwrap();
     assert_eq!(
-        (heartbeat.form(), heartbeat.env_var().as_str(), heartbeat.flag().as_str(), heartbeat.bounds().as_deref()),
-        ("a whole number of seconds", "LIVEGATE_HEARTBEAT_SECS", "--heartbeat-secs", Some("at least 1"))
+        (
+            heartbeat.form(),
+            heartbeat.env_var().as_str(),
+            heartbeat.flag().as_str(),
+            heartbeat.bounds().as_deref()
+        ),
+        (
+            "a whole number of seconds",
+            "LIVEGATE_HEARTBEAT_SECS",
+            "--heartbeat-secs",
+            Some("at least 1")
+        )
     );
 }
 
@@ -719,31 +824,56 @@ fn configured_cells() {
         Config::load(None, Vec::new(), &flags).unwrap().configured_cells()
     };
     assert_eq!(load(&[]), vec!["default".to_string()], "one cell: the node's own");
-    assert_eq!(load(&[("cell", "west"), ("peers", "b@east=http://127.0.0.1:1,c=http://127.0.0.1:2")]), vec!["east", "west"]);
-    assert_eq!(load(&[("cell", "north"), ("cells", "west,north,east")]), vec!["east", "north", "west"], "sorted");
-    let no_list: Vec<String> = Vec::new();
-    assert_eq!(load(&[("cell", "west"), ("cluster_nats_url", "nats://127.0.0.1:4222")]), no_list, "cluster mode: the cells heard");
     assert_eq!(
-        load(&[("cell", "west"), ("cluster_nats_url", "nats://127.0.0.1:4222"), ("cells", "east,west")]),
+        load(&[("cell", "west"), ("peers", "b@east=http://127.0.0.1:1,c=http://127.0.0.1:2")]),
+        vec!["east", "west"]
+    );
+    assert_eq!(
+        load(&[("cell", "north"), ("cells", "west,north,east")]),
+        vec!["east", "north", "west"],
+        "sorted"
+    );
+    let no_list: Vec<String> = Vec::new();
+    assert_eq!(
+        load(&[("cell", "west"), ("cluster_nats_url", "nats://127.0.0.1:4222")]),
+        no_list,
+        "cluster mode: the cells heard"
+    );
+    assert_eq!(
+        load(&[
+            ("cell", "west"),
+            ("cluster_nats_url", "nats://127.0.0.1:4222"),
+            ("cells", "east,west")
+        ]),
         vec!["east", "west"],
         "cluster mode with a list"
     );
     let many: Vec<String> = (0..=MAX_CELLS).map(|i| format!("c{i}")).collect();
     let flags = ConfigFlags::default().with("cell", "c0").with("cells", many.join(","));
     let err = Config::load(None, Vec::new(), &flags).unwrap_err().to_string();
-    assert_eq!(err, format!("cells may list at most {MAX_CELLS} cells, got {} (set by --cells)", MAX_CELLS + 1));
+    assert_eq!(
+        err,
+        format!("cells may list at most {MAX_CELLS} cells, got {} (set by --cells)", MAX_CELLS + 1)
+    );
 }
 
 #[test]
 fn dev_defaults_change_only_what_no_layer_sets() {
-    let dev = Config::load_over(Config::dev_defaults(), None, Vec::new(), &ConfigFlags::default()).unwrap();
-    assert_eq!((dev.drain_wait_secs, dev.drain_spread_secs), (DEV_DRAIN_WAIT_SECS, DEV_DRAIN_SPREAD_SECS));
+    let dev = Config::load_over(Config::dev_defaults(), None, Vec::new(), &ConfigFlags::default())
+        .unwrap();
+    assert_eq!(
+        (dev.drain_wait_secs, dev.drain_spread_secs),
+        (DEV_DRAIN_WAIT_SECS, DEV_DRAIN_SPREAD_SECS)
+    );
     assert_eq!(dev.allowed_origins, ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"]);
     assert_eq!(dev.drain_grace_secs, Config::default().drain_grace_secs, "nothing else changes");
     let env = vec![("LIVEGATE_DRAIN_WAIT_SECS".to_string(), "7".to_string())];
     let flags = ConfigFlags::default().with("allowed_origins", "https://app.example");
     let set = Config::load_over(Config::dev_defaults(), None, env, &flags).unwrap();
-    assert_eq!((set.drain_wait_secs, set.allowed_origins.as_slice()), (7, &["https://app.example".to_string()][..]));
+    assert_eq!(
+        (set.drain_wait_secs, set.allowed_origins.as_slice()),
+        (7, &["https://app.example".to_string()][..])
+    );
     // The plain defaults are untouched by the dev ones.
     let plain = Config::load(None, Vec::new(), &ConfigFlags::default()).unwrap();
     assert_eq!((plain.drain_wait_secs, plain.allowed_origins.is_empty()), (15, true));
@@ -751,8 +881,14 @@ fn dev_defaults_change_only_what_no_layer_sets() {
 
 #[test]
 fn allowed_origins_take_a_port_wildcard_and_no_other() {
-    let load = |value: &str| Config::load(None, Vec::new(), &ConfigFlags::default().with("allowed_origins", value)).map_err(|e| e.to_string());
-    assert_eq!(load("http://localhost:*,https://app.example").unwrap().allowed_origins, ["http://localhost:*", "https://app.example"]);
+    let load = |value: &str| {
+        Config::load(None, Vec::new(), &ConfigFlags::default().with("allowed_origins", value))
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(
+        load("http://localhost:*,https://app.example").unwrap().allowed_origins,
+        ["http://localhost:*", "https://app.example"]
+    );
     assert_eq!(
         load("https://*.example").unwrap_err(),
         "allowed_origins entries may use `*` only as the port (http://localhost:*), got \"https://*.example\" (set by --allowed-origins)"

@@ -26,7 +26,11 @@ pub(super) trait Setting: Sized {
 }
 
 /// Parses `raw` as the type of `key`, or says what was expected (without echoing a secret).
-pub(super) fn parse<T: Setting>(key: &'static str, raw: Raw<'_>, origin: &Origin) -> Result<T, ConfigError> {
+pub(super) fn parse<T: Setting>(
+    key: &'static str,
+    raw: Raw<'_>,
+    origin: &Origin,
+) -> Result<T, ConfigError> {
     let value = match raw {
         Raw::Text(text) => T::from_text(text),
         Raw::Toml(value) => T::from_toml(value),

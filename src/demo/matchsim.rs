@@ -39,7 +39,12 @@ pub struct MatchEvent {
     pub text: String,
 }
 
-const TEAMS: [(&str, &str); 4] = [("Lions", "Tigers"), ("Harbour FC", "City Rovers"), ("Red Kites", "Blue Herons"), ("Millers", "Foxes")];
+const TEAMS: [(&str, &str); 4] = [
+    ("Lions", "Tigers"),
+    ("Harbour FC", "City Rovers"),
+    ("Red Kites", "Blue Herons"),
+    ("Millers", "Foxes"),
+];
 /// Steps a finished match rests before the next kick-off.
 const REST_STEPS: u32 = 6;
 
@@ -70,7 +75,9 @@ impl Status {
     }
 
     pub fn parse(text: &str) -> Option<Status> {
-        [Status::Waiting, Status::Playing, Status::Finished].into_iter().find(|s| s.as_str() == text)
+        [Status::Waiting, Status::Playing, Status::Finished]
+            .into_iter()
+            .find(|s| s.as_str() == text)
     }
 }
 
@@ -103,7 +110,14 @@ impl MatchSim {
             .iter()
             .take(count.clamp(1, TEAMS.len()))
             .enumerate()
-            .map(|(i, (home, away))| Match { id: i as u32 + 1, home, away, minute: 0, score: [0, 0], phase: Phase::Waiting })
+            .map(|(i, (home, away))| Match {
+                id: i as u32 + 1,
+                home,
+                away,
+                minute: 0,
+                score: [0, 0],
+                phase: Phase::Waiting,
+            })
             .collect();
         MatchSim { matches }
     }
@@ -160,23 +174,40 @@ impl MatchSim {
                 m.minute = (m.minute + 1 + (roll / 2 % 6) as u32).min(90);
                 if m.minute >= 90 {
                     m.phase = Phase::Resting(REST_STEPS);
-                    let text = format!("Full time: {} {}-{} {}", m.home, m.score[0], m.score[1], m.away);
+                    let text =
+                        format!("Full time: {} {}-{} {}", m.home, m.score[0], m.score[1], m.away);
                     (Kind::Final, None, text)
                 } else {
                     match roll / 12 % 100 {
                         0..=11 => {
                             m.score[side] += 1;
-                            let text = format!("Goal! {} {}-{} {}", m.home, m.score[0], m.score[1], m.away);
+                            let text = format!(
+                                "Goal! {} {}-{} {}",
+                                m.home, m.score[0], m.score[1], m.away
+                            );
                             (Kind::Goal, Some(side), text)
                         }
-                        12..=29 => (Kind::Card, Some(side), format!("Yellow card for {}", name(m, side))),
-                        30..=59 => (Kind::Corner, Some(side), format!("Corner to {}", name(m, side))),
+                        12..=29 => {
+                            (Kind::Card, Some(side), format!("Yellow card for {}", name(m, side)))
+                        }
+                        30..=59 => {
+                            (Kind::Corner, Some(side), format!("Corner to {}", name(m, side)))
+                        }
                         _ => return None,
                     }
                 }
             }
         };
-        Some(MatchEvent { match_id: m.id, kind, home: m.home, away: m.away, minute: m.minute, team, score: m.score, text })
+        Some(MatchEvent {
+            match_id: m.id,
+            kind,
+            home: m.home,
+            away: m.away,
+            minute: m.minute,
+            team,
+            score: m.score,
+            text,
+        })
     }
 }
 
@@ -220,7 +251,10 @@ mod tests {
         let cases = [
             // (stored, what the next event of the match may be)
             (playing, "goes on at minute 57 or later with 2-1"),
-            (MatchState { minute: 90, score: [0, 3], status: Status::Finished }, "rests, then kicks off"),
+            (
+                MatchState { minute: 90, score: [0, 3], status: Status::Finished },
+                "rests, then kicks off",
+            ),
             (MatchState { minute: 0, score: [0, 0], status: Status::Waiting }, "kicks off"),
         ];
         for (stored, why) in cases {
@@ -242,14 +276,19 @@ mod tests {
                     assert!(next.minute >= 57, "{why}: {next:?}");
                     assert!(next.score[0] >= 2 && next.score[1] >= 1, "{why}: {next:?}");
                 }
-                Status::Finished | Status::Waiting => assert_eq!((next.kind, next.score), (Kind::Kickoff, [0, 0]), "{why}"),
+                Status::Finished | Status::Waiting => {
+                    assert_eq!((next.kind, next.score), (Kind::Kickoff, [0, 0]), "{why}")
+                }
             }
         }
         // Nonsense is ignored.
         let mut sim = MatchSim::new(1);
         sim.resume(1, MatchState { minute: 91, score: [1, 1], status: Status::Playing });
         sim.resume(7, playing);
-        assert_eq!(sim.state(1), Some(MatchState { minute: 0, score: [0, 0], status: Status::Waiting }));
+        assert_eq!(
+            sim.state(1),
+            Some(MatchState { minute: 0, score: [0, 0], status: Status::Waiting })
+        );
         assert_eq!(sim.state(7), None);
         for status in [Status::Waiting, Status::Playing, Status::Finished] {
             assert_eq!(Status::parse(status.as_str()), Some(status));
@@ -259,7 +298,10 @@ mod tests {
 
     #[test]
     fn rooms_are_named_by_match() {
-        assert_eq!(MatchSim::new(4).rooms().collect::<Vec<_>>(), ["match:1", "match:2", "match:3", "match:4"]);
+        assert_eq!(
+            MatchSim::new(4).rooms().collect::<Vec<_>>(),
+            ["match:1", "match:2", "match:3", "match:4"]
+        );
         assert_eq!(MatchSim::new(9).rooms().count(), 4);
     }
 }

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use self::matchsim::{MatchEvent, MatchSim, MatchState, Status};
 use crate::actors::messages::NewEvent;
 use crate::actors::publish::Publisher;
-use self::matchsim::{MatchEvent, MatchSim, MatchState, Status};
 use crate::world::random_u64;
 
 /// One simulator step this often (about half of the steps produce an event).
@@ -34,7 +34,9 @@ pub async fn run_simulator(publisher: Publisher) {
                     sim.resume(match_id, stored);
                 }
             }
-            Err(error) => tracing::warn!(%room, %error, "demo match state unreadable; it starts afresh"),
+            Err(error) => {
+                tracing::warn!(%room, %error, "demo match state unreadable; it starts afresh")
+            }
         }
     }
     // Ids must not collide with those a previous run left in history.
@@ -47,8 +49,12 @@ pub async fn run_simulator(publisher: Publisher) {
         let room = format!("match:{}", event.match_id);
         let id: Arc<str> = format!("demo-{run}-{n}").into();
         let data: Arc<str> = event_data(&event).into();
-        let state = sim.state(event.match_id).map(|s| state_data(event.match_id, event.home, event.away, &s).into());
-        if let Err(error) = publisher.publish(&room, NewEvent { id, data, devices: None, from: None, state }).await {
+        let state = sim
+            .state(event.match_id)
+            .map(|s| state_data(event.match_id, event.home, event.away, &s).into());
+        if let Err(error) =
+            publisher.publish(&room, NewEvent { id, data, devices: None, from: None, state }).await
+        {
             tracing::warn!(%room, %error, "demo event not published");
         }
     }
@@ -105,7 +111,12 @@ mod tests {
         let state = MatchState { minute: 61, score: [3, 2], status: Status::Playing };
         let text = state_data(2, "Harbour FC", "City Rovers", &state);
         assert_eq!(parse_state(&text), Some(state), "{text}");
-        for bad in ["null", "{}", r#"{"minute":1,"score":[0,0],"status":"halftime"}"#, r#"{"minute":-1,"score":[0,0],"status":"playing"}"#] {
+        for bad in [
+            "null",
+            "{}",
+            r#"{"minute":1,"score":[0,0],"status":"halftime"}"#,
+            r#"{"minute":-1,"score":[0,0],"status":"playing"}"#,
+        ] {
             assert_eq!(parse_state(bad), None, "{bad}");
         }
     }

@@ -24,26 +24,29 @@
 //! its store: `actors::webhooks::DeadLetters`), newest first; `POST …/{id}/replay` sends
 //! one again now; `DELETE` forgets one or all. `livegate webhooks` asks them.
 
-use actix_web::http::StatusCode;
-use actix_web::{web, HttpRequest, HttpResponse};
-use actix_web::http::header::{HeaderValue, CONTENT_SECURITY_POLICY, REFERRER_POLICY};
 use super::errors::{api_error, internal, ApiError};
 use super::request::{authorize, embedded, json, read_body, SMALL_BODY_LIMIT};
+use super::seams::{OrderNotTaken, PromoteRefused};
 use super::state::AppState;
 use crate::actors::messages::CountConnections;
-use super::seams::{OrderNotTaken, PromoteRefused};
+use crate::actors::rebalance::Shed;
+use crate::actors::webhooks::{ReplayError, Replayed};
 use crate::cluster::promotion::Promotion;
 use crate::cluster::ClusterError;
-use crate::actors::rebalance::Shed;
 use crate::core::nodes::rebalance::{self, Load, Order};
-use crate::protocol::{self, ErrorCode, OverviewCell, OverviewCounters, OverviewLag, OverviewMirror, OverviewNode, OverviewReply, OverviewRoom};
+use crate::protocol::{
+    self, ErrorCode, OverviewCell, OverviewCounters, OverviewLag, OverviewMirror, OverviewNode,
+    OverviewReply, OverviewRoom,
+};
 use crate::protocol::{CellProbe, CellStatus, CellTransition, CellsReply, PromoteReply};
-use crate::protocol::{RebalanceLoad, RebalancePlanReply, RebalanceShare, RebalanceStatusReply};
 use crate::protocol::{DeadDeletedReply, DeadLetterView, DeadLettersReply, ReplayReply};
-use crate::actors::webhooks::{ReplayError, Replayed};
+use crate::protocol::{RebalanceLoad, RebalancePlanReply, RebalanceShare, RebalanceStatusReply};
 use crate::store::DeadLetterRecord;
-use serde_json::value::RawValue;
 use crate::world::{now_ms, random_hex};
+use actix_web::http::header::{HeaderValue, CONTENT_SECURITY_POLICY, REFERRER_POLICY};
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde_json::value::RawValue;
 
 /// `GET /admin`: the page; it holds no data until the key is entered.
 pub async fn page() -> HttpResponse {
@@ -59,23 +62,41 @@ pub async fn page() -> HttpResponse {
 }
 
 /// `GET /v1/admin/overview`.
-pub async fn overview(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn overview(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
     let connections = state.registry.send(CountConnections).await.map_err(internal)?;
     let phase = state.lifecycle.phase().name();
     let nodes = state.router.overview();
     let nodes = nodes
         .into_iter()
-        .map(|n| OverviewNode { itself: n.phase.is_none(), phase: n.phase.unwrap_or(phase), node: n.name, url: n.url, cell: n.cell, load: n.load })
+        .map(|n| OverviewNode {
+            itself: n.phase.is_none(),
+            phase: n.phase.unwrap_or(phase),
+            node: n.name,
+            url: n.url,
+            cell: n.cell,
+            load: n.load,
+        })
         .collect();
     let rooms = state
         .rooms
         .busiest()
         .iter()
-        .map(|r| OverviewRoom { room: r.room.to_string(), subscribers: r.subscribers, head: r.head })
+        .map(|r| OverviewRoom {
+            room: r.room.to_string(),
+            subscribers: r.subscribers,
+            head: r.head,
+        })
         .collect();
-    let cells = if state.router.placement_decides() { Vec::new() } else { state.router.breaker_states() };
-    let cells = cells.into_iter().map(|(cell, breaker)| OverviewCell { cell, breaker: breaker.name() }).collect();
+    let cells =
+        if state.router.placement_decides() { Vec::new() } else { state.router.breaker_states() };
+    let cells = cells
+        .into_iter()
+        .map(|(cell, breaker)| OverviewCell { cell, breaker: breaker.name() })
+        .collect();
     let metrics = &state.metrics;
     let lag = state.rooms.lag(now_ms());
     let lag = OverviewLag {
@@ -84,7 +105,12 @@ pub async fn overview(req: HttpRequest, state: web::Data<AppState>) -> Result<Ht
         seconds: lag.millis as f64 / 1000.0,
         rooms_behind: lag.rooms_behind,
     };
-    let mirrors = metrics.cell_mirror_lags.lock().iter().map(|(cell, &lag_events)| OverviewMirror { cell: cell.clone(), lag_events }).collect();
+    let mirrors = metrics
+        .cell_mirror_lags
+        .lock()
+        .iter()
+        .map(|(cell, &lag_events)| OverviewMirror { cell: cell.clone(), lag_events })
+        .collect();
     let reply = OverviewReply {
         node: state.config.node.clone(),
         version: env!("CARGO_PKG_VERSION"),
@@ -127,12 +153,22 @@ pub async fn cells(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpR
             probes: view
                 .rounds
                 .into_iter()
-                .map(|r| CellProbe { at_ms: r.at_ms, passed: r.passed, reports: r.reports, failures: r.failures, failed: r.failed })
+                .map(|r| CellProbe {
+                    at_ms: r.at_ms,
+                    passed: r.passed,
+                    reports: r.reports,
+                    failures: r.failures,
+                    failed: r.failed,
+                })
                 .collect(),
             transitions: view
                 .changes
                 .into_iter()
-                .map(|c| CellTransition { at_ms: c.at_ms, from: c.from.to_string(), to: c.to.to_string() })
+                .map(|c| CellTransition {
+                    at_ms: c.at_ms,
+                    from: c.from.to_string(),
+                    to: c.to.to_string(),
+                })
                 .collect(),
         })
         .collect();
@@ -145,43 +181,82 @@ pub async fn cells(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpR
 /// domains), once none of its nodes is heard. 400 `unknown_cell`; 409 `conflict` when
 /// the cell is alive, the move contradicts a known one, or cells share one NATS; 503
 /// `unavailable` when this cell's NATS did not answer (nothing moved: try again).
-pub async fn promote(req: HttpRequest, cell: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn promote(
+    req: HttpRequest,
+    cell: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
     let cell = cell.into_inner();
     if !state.router.knows_cell(&cell) {
-        return Err(api_error(ErrorCode::UnknownCell, format!("cell {cell:?} is not one of the configured cells")));
+        return Err(api_error(
+            ErrorCode::UnknownCell,
+            format!("cell {cell:?} is not one of the configured cells"),
+        ));
     }
     let promotion = state.other_nodes.promote(&cell).await.map_err(|refused| match refused {
-        PromoteRefused::Alive { .. } | PromoteRefused::Cluster(ClusterError::Promotion(_)) => api_error(ErrorCode::Conflict, refused.to_string()),
-        PromoteRefused::Cluster(error) => api_error(ErrorCode::Unavailable, format!("the promotion did not complete: {error}; try again")),
+        PromoteRefused::Alive { .. } | PromoteRefused::Cluster(ClusterError::Promotion(_)) => {
+            api_error(ErrorCode::Conflict, refused.to_string())
+        }
+        PromoteRefused::Cluster(error) => api_error(
+            ErrorCode::Unavailable,
+            format!("the promotion did not complete: {error}; try again"),
+        ),
     })?;
     let Promotion { from, to, epoch, rooms, mirror_head, origin_head_seen, missing } = promotion;
-    let reply = PromoteReply { cell: from, to, epoch, rooms, mirror_head, origin_head_seen, missing };
+    let reply =
+        PromoteReply { cell: from, to, epoch, rooms, mirror_head, origin_head_seen, missing };
     Ok(json(StatusCode::OK, protocol::to_json(&reply)))
 }
 
 /// `POST /v1/admin/rebalance`: plan, hand out the orders, answer 202 with the plan.
-pub async fn rebalance(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn rebalance(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
     let body = read_body(payload, SMALL_BODY_LIMIT).await?;
-    let request = protocol::parse_rebalance_request(&body).map_err(|e| api_error(ErrorCode::BadRequest, e.to_string()))?;
-    let per_second = rebalance::per_second(request.per_second).map_err(|e| api_error(ErrorCode::BadRequest, e.to_string()))?;
+    let request = protocol::parse_rebalance_request(&body)
+        .map_err(|e| api_error(ErrorCode::BadRequest, e.to_string()))?;
+    let per_second = rebalance::per_second(request.per_second)
+        .map_err(|e| api_error(ErrorCode::BadRequest, e.to_string()))?;
     let Some(loads) = state.router.loads(state.metrics.connections_now()) else {
-        return Err(api_error(ErrorCode::Conflict, "rebalance needs cluster mode (cluster_nats_url): sessions have no shared owner here"));
+        return Err(api_error(
+            ErrorCode::Conflict,
+            "rebalance needs cluster mode (cluster_nats_url): sessions have no shared owner here",
+        ));
     };
     let to = request.to.unwrap_or_else(|| state.config.node.clone());
     let target = loads.iter().find(|n| n.name == to);
     let Some(target) = target.filter(|n| !n.draining) else {
-        let why = if target.is_some() { "is draining or starting" } else { "is not an alive node this node hears" };
-        return Err(api_error(ErrorCode::Conflict, format!("cannot rebalance towards {to}: it {why}")));
+        let why = if target.is_some() {
+            "is draining or starting"
+        } else {
+            "is not an alive node this node hears"
+        };
+        return Err(api_error(
+            ErrorCode::Conflict,
+            format!("cannot rebalance towards {to}: it {why}"),
+        ));
     };
     let to_url = target.url.clone();
-    let taking: Vec<Load> = loads.iter().filter(|n| !n.draining).map(|n| Load { node: &n.name, connections: n.connections.unwrap_or(0) }).collect();
-    let plan = rebalance::plan(&taking, &to, request.limit).map_err(|e| api_error(ErrorCode::Conflict, e.to_string()))?;
+    let taking: Vec<Load> = loads
+        .iter()
+        .filter(|n| !n.draining)
+        .map(|n| Load { node: &n.name, connections: n.connections.unwrap_or(0) })
+        .collect();
+    let plan = rebalance::plan(&taking, &to, request.limit)
+        .map_err(|e| api_error(ErrorCode::Conflict, e.to_string()))?;
     let id = random_hex(8);
     let mut shares = Vec::with_capacity(plan.shares.len());
     for (share, rate) in plan.shares.iter().zip(plan.rates(per_second)) {
-        let order = Order { id: id.clone(), to: to.clone(), connections: share.connections, per_second: rate };
+        let order = Order {
+            id: id.clone(),
+            to: to.clone(),
+            connections: share.connections,
+            per_second: rate,
+        };
         let given = if share.node == state.config.node {
             match state.rebalance.actor.send(Shed(order)).await {
                 Ok(taken) => taken.map_err(OrderNotTaken::from),
@@ -202,13 +277,24 @@ pub async fn rebalance(req: HttpRequest, payload: web::Payload, state: web::Data
         });
     }
     tracing::info!(id, to, per_second, total = plan.total(), mean = plan.mean, "rebalance planned");
-    let reply = RebalancePlanReply { id, to, per_second, mean: plan.mean, total: plan.total(), at_ms: now_ms(), shares };
+    let reply = RebalancePlanReply {
+        id,
+        to,
+        per_second,
+        mean: plan.mean,
+        total: plan.total(),
+        at_ms: now_ms(),
+        shares,
+    };
     state.rebalance.status.lock().issued = Some(reply.clone());
     Ok(json(StatusCode::ACCEPTED, protocol::to_json(&reply)))
 }
 
 /// `GET /v1/admin/rebalance`: the last plan made here, this node's part, the loads heard.
-pub async fn rebalance_status(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn rebalance_status(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
     let status = state.rebalance.status.lock().clone();
     let loads = state.router.loads(state.metrics.connections_now()).unwrap_or_default();
@@ -216,7 +302,14 @@ pub async fn rebalance_status(req: HttpRequest, state: web::Data<AppState>) -> R
         node: state.config.node.clone(),
         issued: status.issued,
         shedding: status.shedding,
-        loads: loads.into_iter().map(|n| RebalanceLoad { node: n.name, connections: n.connections, draining: n.draining }).collect(),
+        loads: loads
+            .into_iter()
+            .map(|n| RebalanceLoad {
+                node: n.name,
+                connections: n.connections,
+                draining: n.draining,
+            })
+            .collect(),
     };
     Ok(json(StatusCode::OK, protocol::to_json(&reply)))
 }
@@ -233,14 +326,22 @@ pub struct DeadQuery {
 
 /// `GET /v1/admin/webhooks/dead?limit=N`: this node's dead letters, newest first (at most
 /// `limit`, 100 unless asked, up to 10,000), with how many are kept and the bound.
-pub async fn dead_letters(req: HttpRequest, query: web::Query<DeadQuery>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn dead_letters(
+    req: HttpRequest,
+    query: web::Query<DeadQuery>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
     let limit = query.limit.unwrap_or(DEAD_LIST_DEFAULT);
     if !(1..=DEAD_LIST_MAX).contains(&limit) {
-        return Err(api_error(ErrorCode::BadRequest, format!("limit must be 1 to {DEAD_LIST_MAX}")));
+        return Err(api_error(
+            ErrorCode::BadRequest,
+            format!("limit must be 1 to {DEAD_LIST_MAX}"),
+        ));
     }
     let dead = state.dead_letters.clone();
-    let letters = web::block(move || dead.list(limit)).await.map_err(internal)?.map_err(internal)?;
+    let letters =
+        web::block(move || dead.list(limit)).await.map_err(internal)?.map_err(internal)?;
     let reply = DeadLettersReply {
         node: state.config.node.clone(),
         ts_ms: now_ms(),
@@ -253,8 +354,10 @@ pub async fn dead_letters(req: HttpRequest, query: web::Query<DeadQuery>, state:
 
 fn dead_letter_view(letter: DeadLetterRecord) -> DeadLetterView {
     // The body was rendered as JSON by this server; anything else is shown as a string.
-    let body = RawValue::from_string(letter.body.clone())
-        .unwrap_or_else(|_| RawValue::from_string(serde_json::Value::String(letter.body).to_string()).expect("a JSON string"));
+    let body = RawValue::from_string(letter.body.clone()).unwrap_or_else(|_| {
+        RawValue::from_string(serde_json::Value::String(letter.body).to_string())
+            .expect("a JSON string")
+    });
     DeadLetterView {
         id: letter.id,
         kind: letter.kind,
@@ -272,21 +375,36 @@ fn dead_letter_view(letter: DeadLetterRecord) -> DeadLetterView {
 /// `POST /v1/admin/webhooks/dead/{id}/replay`: one attempt now, to `webhook_url` as
 /// configured now. Delivered: 200, and the dead letter leaves the list. Not delivered:
 /// 502 `replay_failed` naming the error, and it stays with the attempt counted.
-pub async fn replay_dead_letter(req: HttpRequest, id: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn replay_dead_letter(
+    req: HttpRequest,
+    id: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
     let id = id.into_inner();
     let Some(webhooks) = state.webhooks.clone() else {
-        return Err(api_error(ErrorCode::WebhooksOff, "webhooks are off (webhook_url is empty): set it to replay dead letters"));
+        return Err(api_error(
+            ErrorCode::WebhooksOff,
+            "webhooks are off (webhook_url is empty): set it to replay dead letters",
+        ));
     };
     let asked = id.clone();
-    let replayed = web::block(move || webhooks.replay(&asked)).await.map_err(internal)?.map_err(|error| match error {
-        ReplayError::NotFound(_) => api_error(ErrorCode::DeadLetterNotFound, error.to_string()),
-        ReplayError::InProgress(_) => api_error(ErrorCode::Conflict, error.to_string()),
-        ReplayError::Store(store) => internal(store),
-    })?;
+    let replayed =
+        web::block(move || webhooks.replay(&asked)).await.map_err(internal)?.map_err(|error| {
+            match error {
+                ReplayError::NotFound(_) => {
+                    api_error(ErrorCode::DeadLetterNotFound, error.to_string())
+                }
+                ReplayError::InProgress(_) => api_error(ErrorCode::Conflict, error.to_string()),
+                ReplayError::Store(store) => internal(store),
+            }
+        })?;
     let Replayed { delivered, letter } = replayed;
     if !delivered {
-        let message = format!("dead letter {id} not delivered ({}); it stays, {} attempts made", letter.last_error, letter.attempts);
+        let message = format!(
+            "dead letter {id} not delivered ({}); it stays, {} attempts made",
+            letter.last_error, letter.attempts
+        );
         return Err(api_error(ErrorCode::ReplayFailed, message));
     }
     let reply = ReplayReply { id, outcome: "delivered".to_string(), attempts: letter.attempts };
@@ -294,7 +412,11 @@ pub async fn replay_dead_letter(req: HttpRequest, id: web::Path<String>, state: 
 }
 
 /// `DELETE /v1/admin/webhooks/dead/{id}`: forget one dead letter (404 when it is not kept).
-pub async fn delete_dead_letter(req: HttpRequest, id: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn delete_dead_letter(
+    req: HttpRequest,
+    id: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
     let id = id.into_inner();
     let dead = state.dead_letters.clone();
@@ -306,7 +428,10 @@ pub async fn delete_dead_letter(req: HttpRequest, id: web::Path<String>, state: 
 }
 
 /// `DELETE /v1/admin/webhooks/dead`: forget every dead letter of this node.
-pub async fn clear_dead_letters(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn clear_dead_letters(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
     let dead = state.dead_letters.clone();
     let deleted = web::block(move || dead.clear()).await.map_err(internal)?.map_err(internal)?;

@@ -10,8 +10,8 @@ use std::future::Future;
 
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse};
 use actix_web::http::header::{
-    HeaderValue, ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS, ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_MAX_AGE,
-    VARY,
+    HeaderValue, ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS,
+    ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_MAX_AGE, VARY,
 };
 use actix_web::{web, HttpRequest, HttpResponse};
 
@@ -66,7 +66,10 @@ pub async fn token_preflight(req: HttpRequest, state: web::Data<AppState>) -> Ht
     };
     let Some(origin) = allowed_origin(&req, &state) else {
         tracing::debug!(?origin, "token preflight refused: origin not allowed");
-        return actix_web::ResponseError::error_response(&api_error(ErrorCode::ForbiddenOrigin, "this origin may not mint tokens here"));
+        return actix_web::ResponseError::error_response(&api_error(
+            ErrorCode::ForbiddenOrigin,
+            "this origin may not mint tokens here",
+        ));
     };
     let mut response = HttpResponse::NoContent()
         .insert_header((ACCESS_CONTROL_ALLOW_METHODS, TOKEN_METHODS))
@@ -80,11 +83,17 @@ pub async fn token_preflight(req: HttpRequest, state: web::Data<AppState>) -> Ht
 /// Middleware for the client files: every answer under [`CLIENT_FILES_PREFIX`] gets the
 /// CORS headers of an allowed origin, so `import … from "http://HOST/livegate.js"` works
 /// from a page on another origin, whatever files the library is built into.
-pub fn client_files<S>(req: ServiceRequest, service: &S) -> impl Future<Output = Result<ServiceResponse, actix_web::Error>>
+pub fn client_files<S>(
+    req: ServiceRequest,
+    service: &S,
+) -> impl Future<Output = Result<ServiceResponse, actix_web::Error>>
 where
     S: Service<ServiceRequest, Response = ServiceResponse, Error = actix_web::Error>,
 {
-    let origin = match (req.path().starts_with(CLIENT_FILES_PREFIX), req.app_data::<web::Data<AppState>>()) {
+    let origin = match (
+        req.path().starts_with(CLIENT_FILES_PREFIX),
+        req.app_data::<web::Data<AppState>>(),
+    ) {
         (true, Some(state)) => allowed_origin(req.request(), state),
         _ => None,
     };

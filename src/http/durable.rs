@@ -49,7 +49,10 @@ impl HandshakeFlushes {
     }
 
     pub fn with_spacing(store: Store, spacing: Duration) -> Arc<Self> {
-        Arc::new(HandshakeFlushes { store, inner: Mutex::new(Inner { group: GroupCommit::new(spacing), waiting: Vec::new() }) })
+        Arc::new(HandshakeFlushes {
+            store,
+            inner: Mutex::new(Inner { group: GroupCommit::new(spacing), waiting: Vec::new() }),
+        })
     }
 
     /// Resolves once everything written before the call is durable. Runs its flushes and
@@ -81,7 +84,8 @@ impl HandshakeFlushes {
                 debug_assert_eq!(waiters.len(), requests);
                 let this = self.clone();
                 actix_web::rt::spawn(async move {
-                    let result = this.store.flush_soon().await.map_err(|e| DurableError::Flush(Arc::new(e)));
+                    let result =
+                        this.store.flush_soon().await.map_err(|e| DurableError::Flush(Arc::new(e)));
                     if let Err(error) = &result {
                         tracing::error!(%error, handshakes = waiters.len(), "handshake flush failed");
                     }
@@ -110,7 +114,8 @@ mod tests {
         for result in futures_util::future::join_all(waits).await {
             result.unwrap();
         }
-        let flushed = store.flush_stats().flushes.load(std::sync::atomic::Ordering::Relaxed) - before;
+        let flushed =
+            store.flush_stats().flushes.load(std::sync::atomic::Ordering::Relaxed) - before;
         assert!((1..=2).contains(&flushed), "100 concurrent handshakes took {flushed} flushes");
         // A lone one later is flushed too.
         flushes.durable().await.unwrap();

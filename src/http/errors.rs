@@ -42,10 +42,7 @@ pub fn api_error(code: ErrorCode, message: impl Into<String>) -> ApiError {
 /// A handshake on a node that does not serve its session: 421 naming the node that does.
 pub(super) fn wrong_node(node: String, url: String) -> ApiError {
     let message = format!("this session is served by node {node}: connect to {url}");
-    ApiError {
-        elsewhere: Some(Box::new((node, url))),
-        ..api_error(ErrorCode::WrongNode, message)
-    }
+    ApiError { elsewhere: Some(Box::new((node, url))), ..api_error(ErrorCode::WrongNode, message) }
 }
 
 impl ApiError {
@@ -116,7 +113,8 @@ mod tests {
     async fn an_error_answers_its_codes_status_and_json_body() {
         let answer = |e: ApiError| async move {
             let response = e.error_response();
-            let retry = response.headers().get("retry-after").map(|v| v.to_str().unwrap().to_string());
+            let retry =
+                response.headers().get("retry-after").map(|v| v.to_str().unwrap().to_string());
             let body = actix_web::body::to_bytes(response.into_body()).await.unwrap();
             (retry, serde_json::from_slice::<serde_json::Value>(&body).unwrap())
         };
@@ -124,13 +122,19 @@ mod tests {
         assert_eq!(refused.status_code().as_u16(), ErrorCode::BadRoom.http_status());
         let (retry, body) = answer(refused).await;
         assert_eq!(retry, None);
-        assert_eq!(body, serde_json::json!({"error": {"code": "bad_room", "message": "no such name", "room": "r 1"}}));
+        assert_eq!(
+            body,
+            serde_json::json!({"error": {"code": "bad_room", "message": "no such name", "room": "r 1"}})
+        );
         let (retry, _) = answer(api_error(ErrorCode::MigrationBudget, "wait").retry_after(7)).await;
         assert_eq!(retry.as_deref(), Some("7"));
         let elsewhere = wrong_node("n2".into(), "http://n2".into());
         assert_eq!(elsewhere.status_code().as_u16(), 421);
         let (_, body) = answer(elsewhere).await;
-        assert_eq!((&body["error"]["node"], &body["error"]["url"]), (&"n2".into(), &"http://n2".into()));
+        assert_eq!(
+            (&body["error"]["node"], &body["error"]["url"]),
+            (&"n2".into(), &"http://n2".into())
+        );
     }
 
     #[test]

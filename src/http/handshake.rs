@@ -11,9 +11,9 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 
 use super::errors::{api_error, internal, unroutable, wrong_node, ApiError};
+use super::limits;
 use super::request::check_session;
 use super::state::AppState;
-use super::limits;
 use crate::actors::connection::{Connection, Identity, InitialSubscription};
 use crate::actors::directory::{DirectoryError, OpenSession};
 use crate::actors::messages::CredentialTimes;
@@ -89,25 +89,13 @@ async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<V
         .await;
         let (revoked_at, kicked_at) = (revoked_at.map_err(internal)?, kicked_at.map_err(internal)?);
         if let Some(why) = credentials::resume_void(&resume, revoked_at, kicked_at) {
-            state
-                .spent
-                .lock()
-                .remember(resume.nonce, resume.expires_at_ms, why, now);
+            state.spent.lock().remember(resume.nonce, resume.expires_at_ms, why, now);
             return Err(void_refusal(Kind::Resume, why));
         }
-        let times = CredentialTimes {
-            issued_at_ms: resume.issued_at_ms,
-            checked_at_ms: now,
-        };
+        let times = CredentialTimes { issued_at_ms: resume.issued_at_ms, checked_at_ms: now };
         let (nonce, expires_at_ms) = (resume.nonce, resume.expires_at_ms);
         let who = Grant::of_resume(resume);
-        return Ok(Verified {
-            who,
-            nonce,
-            expires_at_ms,
-            kind: Kind::Resume,
-            times,
-        });
+        return Ok(Verified { who, nonce, expires_at_ms, kind: Kind::Resume, times });
     }
     let token = query
         .token
@@ -116,10 +104,8 @@ async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<V
     // A JWT a backend signed, or a minted token: what either grants is a minted
     // token's claims, spent and checked against kicks the same way from here.
     let (claims, kind) = if jwt::looks_like_jwt(token) {
-        let claims = state
-            .jwt
-            .verify(token, now, |cell| state.router.knows_cell(cell))
-            .map_err(|e| {
+        let claims =
+            state.jwt.verify(token, now, |cell| state.router.knows_cell(cell)).map_err(|e| {
                 let code = if e == jwt::JwtError::Expired {
                     ErrorCode::TokenExpired
                 } else {
@@ -143,63 +129,29 @@ async fn verify_credential(query: CredentialQuery, state: &AppState) -> Result<V
     known_void(state, &claims.nonce, now, kind)?;
     let issued_at_ms =
         claims.issued_at_or_earliest(state.config.token_ttl_max().as_millis() as u64);
-    let kicked_at = state
-        .credentials
-        .kicked_at(&claims.user, &claims.device)
-        .await
-        .map_err(internal)?;
+    let kicked_at =
+        state.credentials.kicked_at(&claims.user, &claims.device).await.map_err(internal)?;
     if let Some(why) = credentials::token_void(issued_at_ms, kicked_at) {
-        state
-            .spent
-            .lock()
-            .remember(claims.nonce, claims.expires_at_ms, why, now);
+        state.spent.lock().remember(claims.nonce, claims.expires_at_ms, why, now);
         return Err(void_refusal(kind, why));
     }
-    let times = CredentialTimes {
-        issued_at_ms,
-        checked_at_ms: now,
-    };
+    let times = CredentialTimes { issued_at_ms, checked_at_ms: now };
     let (nonce, expires_at_ms) = (claims.nonce, claims.expires_at_ms);
     let who = Grant::of_token(claims, query.session);
-    Ok(Verified {
-        who,
-        nonce,
-        expires_at_ms,
-        kind,
-        times,
-    })
+    Ok(Verified { who, nonce, expires_at_ms, kind, times })
 }
 
 /// Spend a verified credential's nonce: from here it opens nothing else, unless it is
 /// given back ([`give_back`]).
 async fn spend_credential(verified: Verified, state: &AppState) -> Result<Spent, ApiError> {
-    let Verified {
-        who,
-        nonce,
-        expires_at_ms,
-        kind,
-        times,
-    } = verified;
-    let Some(spent_in) = state
-        .credentials
-        .use_nonce(&nonce, expires_at_ms)
-        .await
-        .map_err(internal)?
+    let Verified { who, nonce, expires_at_ms, kind, times } = verified;
+    let Some(spent_in) =
+        state.credentials.use_nonce(&nonce, expires_at_ms).await.map_err(internal)?
     else {
-        state
-            .spent
-            .lock()
-            .remember(nonce, expires_at_ms, Void::Used, now_ms());
+        state.spent.lock().remember(nonce, expires_at_ms, Void::Used, now_ms());
         return Err(void_refusal(kind, Void::Used));
     };
-    Ok(Spent {
-        who,
-        nonce,
-        spent_in,
-        expires_at_ms,
-        kind,
-        times,
-    })
+    Ok(Spent { who, nonce, spent_in, expires_at_ms, kind, times })
 }
 
 /// Refuse a credential this node already knows is void (`core::credentials::spent`),
@@ -221,10 +173,9 @@ fn void_refusal(kind: Kind, why: Void) -> ApiError {
         }
         (Kind::Resume, Void::Kicked) => resume_invalid("was revoked (its user was kicked)"),
         (Kind::Token, Void::Used) => api_error(ErrorCode::TokenReplayed, "token was already used"),
-        (Kind::Jwt, Void::Used) => api_error(
-            ErrorCode::TokenReplayed,
-            "JWT was already used (its jti is spent)",
-        ),
+        (Kind::Jwt, Void::Used) => {
+            api_error(ErrorCode::TokenReplayed, "JWT was already used (its jti is spent)")
+        }
         (Kind::Token | Kind::Jwt, Void::Revoked | Void::Kicked) => api_error(
             ErrorCode::InvalidToken,
             "token was revoked: its user was kicked after it was minted",
@@ -256,10 +207,9 @@ pub(super) fn directory_refusal(error: DirectoryError) -> (ApiError, bool) {
                 true,
             )
         }
-        DirectoryError::Unavailable(why) => (
-            api_error(ErrorCode::DirectoryUnavailable, why.to_string()),
-            true,
-        ),
+        DirectoryError::Unavailable(why) => {
+            (api_error(ErrorCode::DirectoryUnavailable, why.to_string()), true)
+        }
         DirectoryError::Elsewhere { node, url } => (wrong_node(node, url), true),
         DirectoryError::Unroutable(why) => (unroutable(&why), true),
         other => (internal(other), false),
@@ -290,11 +240,7 @@ pub(super) async fn upgrade(
     let closing = match (refusal.code, &refusal.elsewhere, refusal.retry_after_secs) {
         (ErrorCode::WrongNode, Some(elsewhere), _) => {
             let (node, url) = &**elsewhere;
-            let reason = if url.len() <= MAX_CLOSE_REASON {
-                url.clone()
-            } else {
-                String::new()
-            };
+            let reason = if url.len() <= MAX_CLOSE_REASON { url.clone() } else { String::new() };
             Some((
                 protocol::wrong_node_frame(&refusal.message, node, url),
                 CloseCode::WrongNode,
@@ -311,18 +257,14 @@ pub(super) async fn upgrade(
     let (Some((frame, code, reason)), Ok(switching)) = (closing, switching_protocols(&req)) else {
         return Err(refusal);
     };
-    Ok(accept(
-        switching,
-        state.config.max_frame_bytes,
-        move |mut io| {
-            io.text(&frame);
-            io.close(Some(actix_http::ws::CloseReason {
-                code: code.code().into(),
-                description: Some(reason),
-            }));
-            io.finish(REFUSAL_CLOSE_WITHIN);
-        },
-    ))
+    Ok(accept(switching, state.config.max_frame_bytes, move |mut io| {
+        io.text(&frame);
+        io.close(Some(actix_http::ws::CloseReason {
+            code: code.code().into(),
+            description: Some(reason),
+        }));
+        io.finish(REFUSAL_CLOSE_WITHIN);
+    }))
 }
 
 /// The longest close reason a WebSocket close frame carries (125 bytes less the code).
@@ -374,10 +316,7 @@ pub(super) async fn handshake<S>(
     authorise: impl FnOnce(&S, &Grant) -> Result<(), ApiError>,
 ) -> Result<(S, Admitted), ApiError> {
     if !state.lifecycle.phase().accepts_connections() {
-        return Err(api_error(
-            ErrorCode::Unavailable,
-            "node is not accepting connections",
-        ));
+        return Err(api_error(ErrorCode::Unavailable, "node is not accepting connections"));
     }
     // A request that is malformed, or that a limit refuses, must not spend a token.
     check_session(query.session.as_deref())?;
@@ -397,12 +336,8 @@ pub(super) async fn handshake<S>(
     };
     // Spent for good unless given back: a replay here is then refused before anything
     // is read.
-    let spent_for_good = || {
-        state
-            .spent
-            .lock()
-            .remember(spent.nonce, spent.expires_at_ms, Void::Used, now_ms())
-    };
+    let spent_for_good =
+        || state.spent.lock().remember(spent.nonce, spent.expires_at_ms, Void::Used, now_ms());
     let grant = match state.session_opener.open(open).await {
         Ok(grant) => grant,
         Err(error) => {
@@ -433,14 +368,7 @@ pub(super) async fn handshake<S>(
         credential: times,
     };
     let id = state.next_conn.fetch_add(1, Ordering::Relaxed);
-    Ok((
-        shaped,
-        Admitted {
-            id,
-            identity,
-            permit: Box::new((permit, grant.lease)),
-        },
-    ))
+    Ok((shaped, Admitted { id, identity, permit: Box::new((permit, grant.lease)) }))
 }
 
 /// Start a connection's actor on `io`.
@@ -450,11 +378,7 @@ pub(super) fn start_connection(
     io: Transport,
     rooms: Vec<InitialSubscription>,
 ) {
-    let Admitted {
-        id,
-        identity,
-        permit,
-    } = admitted;
+    let Admitted { id, identity, permit } = admitted;
     let (settings, registry) = (state.connection.clone(), state.registry.clone());
     let rooms_table = state.rooms.clone();
     Connection::create(move |ctx: &mut actix::Context<Connection>| {
@@ -479,14 +403,9 @@ pub(super) async fn upgrade_checked(
     query: web::Query<CredentialQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let (switching, admitted) = handshake(
-        &req,
-        &state,
-        query.into_inner(),
-        || switching_protocols(&req),
-        |_, _| Ok(()),
-    )
-    .await?;
+    let (switching, admitted) =
+        handshake(&req, &state, query.into_inner(), || switching_protocols(&req), |_, _| Ok(()))
+            .await?;
     let started = state.clone();
     Ok(accept(switching, state.config.max_frame_bytes, move |io| {
         start_connection(&started, admitted, Transport::Ws(io), Vec::new());
@@ -508,26 +427,18 @@ pub(super) fn accept(
     max_frame_bytes: usize,
     start: impl FnOnce(WsIo) + 'static,
 ) -> HttpResponse {
-    switching
-        .extensions_mut()
-        .insert(Accepted::new(max_frame_bytes, start));
+    switching.extensions_mut().insert(Accepted::new(max_frame_bytes, start));
     switching
 }
 
 /// Browser pages may connect only from an allowed origin.
 pub(super) fn check_origin(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
-    let origin = req
-        .headers()
-        .get("origin")
-        .map(|v| v.to_str().unwrap_or("(not text)"));
+    let origin = req.headers().get("origin").map(|v| v.to_str().unwrap_or("(not text)"));
     if state.access.read().allows_origin(origin) {
         return Ok(());
     }
     state.metrics.limit_hit("origin");
-    Err(api_error(
-        ErrorCode::ForbiddenOrigin,
-        "this origin may not connect here",
-    ))
+    Err(api_error(ErrorCode::ForbiddenOrigin, "this origin may not connect here"))
 }
 
 /// A place for one more connection from this client address, within the node's limits.
@@ -535,9 +446,7 @@ pub(super) fn admit(
     req: &HttpRequest,
     state: &AppState,
 ) -> Result<limits::ConnectionPermit, ApiError> {
-    let peer = req
-        .peer_addr()
-        .map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |a| a.ip());
+    let peer = req.peer_addr().map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |a| a.ip());
     let ip = state.limits.client_ip(peer, req.headers());
     state.limits.admit(ip, now_ms()).map_err(|refusal| {
         state.metrics.limit_hit(refusal.limit());
@@ -567,10 +476,7 @@ pub(super) async fn echo(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     if !state.config.ws_echo {
-        return Err(api_error(
-            ErrorCode::NotFound,
-            "the echo socket is off (config ws_echo)",
-        ));
+        return Err(api_error(ErrorCode::NotFound, "the echo socket is off (config ws_echo)"));
     }
     let switching = switching_protocols(&req)?;
     let permit: Box<dyn Send> = Box::new(admit(&req, &state)?);

@@ -25,7 +25,9 @@ pub enum LimitRefusal {
     Node(usize),
     #[error("at most {0} connections per client address")]
     PerIp(usize),
-    #[error("more than {rate} handshakes per second from this address; retry in {retry_after_ms} ms")]
+    #[error(
+        "more than {rate} handshakes per second from this address; retry in {retry_after_ms} ms"
+    )]
     HandshakeRate { rate: u64, retry_after_ms: u64 },
 }
 
@@ -86,7 +88,11 @@ impl ConnectionLimits {
             max_per_ip: config.max_connections_per_ip,
             handshakes_per_sec: config.handshakes_per_ip_per_sec,
             // Checked by `Config::validate`; an entry that does not parse trusts nothing.
-            trusted_proxies: config.trusted_proxies.iter().filter_map(|block| block.parse().ok()).collect(),
+            trusted_proxies: config
+                .trusted_proxies
+                .iter()
+                .filter_map(|block| block.parse().ok())
+                .collect(),
             counts: Mutex::default(),
         }
     }
@@ -98,27 +104,37 @@ impl ConnectionLimits {
             return peer;
         }
         // As bytes: a value that is not text is a bad entry, not a missing header.
-        let forwarded: Vec<&[u8]> = headers.get_all("x-forwarded-for").map(|v| v.as_bytes()).collect();
+        let forwarded: Vec<&[u8]> =
+            headers.get_all("x-forwarded-for").map(|v| v.as_bytes()).collect();
         let real_ip = headers.get("x-real-ip").map(|v| v.as_bytes());
         proxies::client_ip(peer, &forwarded, real_ip, &self.trusted_proxies)
     }
 
     /// Count a handshake from `ip` against its rate, then take a place for its connection.
     /// An IPv6 address counts under its /64 ([`proxies::limit_key`]).
-    pub fn admit(self: &Arc<Self>, ip: IpAddr, now_ms: u64) -> Result<ConnectionPermit, LimitRefusal> {
+    pub fn admit(
+        self: &Arc<Self>,
+        ip: IpAddr,
+        now_ms: u64,
+    ) -> Result<ConnectionPermit, LimitRefusal> {
         let ip = proxies::limit_key(ip);
         let (rate, burst) = (self.handshakes_per_sec, burst_for(self.handshakes_per_sec));
         let mut counts = self.counts.lock();
         if counts.per_ip.len() > counts.sweep_above {
-            counts.per_ip.retain(|_, e| e.connections > 0 || !e.handshakes.is_full(rate, burst, now_ms));
+            counts
+                .per_ip
+                .retain(|_, e| e.connections > 0 || !e.handshakes.is_full(rate, burst, now_ms));
             counts.sweep_above = SWEEP_ABOVE.max(2 * counts.per_ip.len());
         }
         let total = counts.total;
-        let entry = counts
-            .per_ip
-            .entry(ip)
-            .or_insert_with(|| IpEntry { connections: 0, handshakes: TokenBucket::new(burst, now_ms) });
-        entry.handshakes.take(rate, burst, now_ms).map_err(|retry_after_ms| LimitRefusal::HandshakeRate { rate, retry_after_ms })?;
+        let entry = counts.per_ip.entry(ip).or_insert_with(|| IpEntry {
+            connections: 0,
+            handshakes: TokenBucket::new(burst, now_ms),
+        });
+        entry
+            .handshakes
+            .take(rate, burst, now_ms)
+            .map_err(|retry_after_ms| LimitRefusal::HandshakeRate { rate, retry_after_ms })?;
         if self.max_per_ip > 0 && entry.connections >= self.max_per_ip {
             return Err(LimitRefusal::PerIp(self.max_per_ip));
         }
@@ -170,7 +186,11 @@ pub fn effective_max_http_connections(configured: usize, open_files: u64) -> usi
 /// plain HTTP sockets' `http_places` leave of the budget.
 pub fn effective_max_connections(configured: usize, open_files: u64, http_places: usize) -> usize {
     let capacity = connection_capacity(open_files).saturating_sub(http_places).max(1);
-    if configured == 0 { capacity } else { configured.min(capacity) }
+    if configured == 0 {
+        capacity
+    } else {
+        configured.min(capacity)
+    }
 }
 
 /// Who may call the API and which browser pages may connect; replaced as a whole on reload.
@@ -199,7 +219,10 @@ impl AccessList {
     /// Whether `presented` is one of the keys, compared in constant time per key (every
     /// key is compared, so the time does not tell which one matched).
     pub fn accepts_key(&self, presented: &str) -> bool {
-        let found = self.api_keys.iter().fold(Choice::from(0), |found, key| found | presented.as_bytes().ct_eq(key.as_bytes()));
+        let found = self
+            .api_keys
+            .iter()
+            .fold(Choice::from(0), |found, key| found | presented.as_bytes().ct_eq(key.as_bytes()));
         found.into()
     }
 
@@ -269,7 +292,10 @@ mod tests {
         for _ in 0..4 {
             drop(limits.admit(a, 0).unwrap());
         }
-        assert_eq!(limits.admit(a, 0).unwrap_err(), LimitRefusal::HandshakeRate { rate: 2, retry_after_ms: 500 });
+        assert_eq!(
+            limits.admit(a, 0).unwrap_err(),
+            LimitRefusal::HandshakeRate { rate: 2, retry_after_ms: 500 }
+        );
         drop(limits.admit(b, 0).expect("another address has its own budget"));
         drop(limits.admit(a, 500).expect("refilled"));
     }
@@ -281,7 +307,9 @@ mod tests {
         let _two = limits.admit("2001:db8:0:1::2".parse().unwrap(), 0).unwrap();
         let third = limits.admit("2001:db8:0:1:ffff::3".parse().unwrap(), 0);
         assert_eq!(third.unwrap_err(), LimitRefusal::PerIp(2), "a new address in the same /64");
-        limits.admit("2001:db8:0:2::1".parse().unwrap(), 0).expect("the next /64 is another address");
+        limits
+            .admit("2001:db8:0:2::1".parse().unwrap(), 0)
+            .expect("the next /64 is another address");
     }
 
     #[test]
@@ -290,9 +318,14 @@ mod tests {
         let ip = |i: u32| IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i));
         // Addresses holding a connection are never swept: the table grows past the
         // threshold and the next sweep waits until it has doubled.
-        let held: Vec<ConnectionPermit> = (0..SWEEP_ABOVE as u32 + 10).map(|i| limits.admit(ip(i), 0).unwrap()).collect();
+        let held: Vec<ConnectionPermit> =
+            (0..SWEEP_ABOVE as u32 + 10).map(|i| limits.admit(ip(i), 0).unwrap()).collect();
         assert_eq!(limits.counts.lock().per_ip.len(), SWEEP_ABOVE + 10);
-        assert_eq!(limits.counts.lock().sweep_above, 2 * (SWEEP_ABOVE + 1), "swept once, at the first entry past the threshold");
+        assert_eq!(
+            limits.counts.lock().sweep_above,
+            2 * (SWEEP_ABOVE + 1),
+            "swept once, at the first entry past the threshold"
+        );
         drop(held);
         // Closed and with a full handshake bucket again (a second later), they are idle:
         // the sweep that comes once the table has doubled drops them all.
@@ -314,7 +347,11 @@ mod tests {
         assert_eq!(effective_max_http_connections(0, 20_000), 1);
         assert_eq!(effective_max_http_connections(1024, 1024), 384, "at most half the budget");
         assert_eq!(effective_max_connections(15_000, 20_000, 1024), 15_000);
-        assert_eq!(effective_max_connections(0, 20_000, 1024), 18_720, "what the plain HTTP places leave");
+        assert_eq!(
+            effective_max_connections(0, 20_000, 1024),
+            18_720,
+            "what the plain HTTP places leave"
+        );
         assert_eq!(effective_max_connections(19_000, 20_000, 1024), 18_720);
         assert_eq!(effective_max_connections(500, 20_000, 1024), 500);
         assert_eq!(effective_max_connections(15_000, 1024, 384), 384);
@@ -338,9 +375,15 @@ mod tests {
         assert!(access.lists_origin("https://app.example"));
         let any = AccessList::new("k".repeat(16), &Config::default());
         assert!(any.allows_origin(Some("https://any.example")));
-        assert!(!any.lists_origin("https://any.example"), "an empty list allows any origin but lists none");
+        assert!(
+            !any.lists_origin("https://any.example"),
+            "an empty list allows any origin but lists none"
+        );
         let dev = AccessList::new("k".repeat(16), &Config::dev_defaults());
-        assert!(dev.allows_origin(Some("http://localhost:5173")) && dev.lists_origin("http://[::1]:8080"));
+        assert!(
+            dev.allows_origin(Some("http://localhost:5173"))
+                && dev.lists_origin("http://[::1]:8080")
+        );
         assert!(!dev.allows_origin(Some("https://evil.example")));
     }
 }

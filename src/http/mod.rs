@@ -36,15 +36,17 @@ pub mod upgrade;
 pub use errors::{api_error, ApiError};
 pub use operations::{reload_access, CLIENT_MODULES};
 pub use sockets::{on_connect, RequestWatch};
-pub use upgrade::WEBSOCKET_ROUTES;
 pub use state::{AppState, ReloadConfig};
+pub use upgrade::WEBSOCKET_ROUTES;
 
 use handshake::{echo, upgrade};
 use operations::{
-    client_library, client_module, client_script, client_types, demo_page, demo_token, healthz, metrics, not_found,
-    openapi, readyz, reload, status,
+    client_library, client_module, client_script, client_types, demo_page, demo_token, healthz,
+    metrics, not_found, openapi, readyz, reload, status,
 };
-use rooms::{kick, message_user, publish, put_state, read_history, read_presence, read_state, route};
+use rooms::{
+    kick, message_user, publish, put_state, read_history, read_presence, read_state, route,
+};
 use tokens::mint_token;
 
 /// The route table: each line registers one route in [`configure`] and is one entry of
@@ -63,12 +65,24 @@ macro_rules! routes {
 
 /// The actix route guard of a method named in [`routes!`].
 macro_rules! route_method {
-    (GET) => { web::get() };
-    (POST) => { web::post() };
-    (PUT) => { web::put() };
-    (DELETE) => { web::delete() };
-    (HEAD) => { web::head() };
-    (OPTIONS) => { web::route().method(actix_web::http::Method::OPTIONS) };
+    (GET) => {
+        web::get()
+    };
+    (POST) => {
+        web::post()
+    };
+    (PUT) => {
+        web::put()
+    };
+    (DELETE) => {
+        web::delete()
+    };
+    (HEAD) => {
+        web::head()
+    };
+    (OPTIONS) => {
+        web::route().method(actix_web::http::Method::OPTIONS)
+    };
 }
 
 routes! {
@@ -111,13 +125,14 @@ routes! {
     GET "/v1/echo" => echo,
 }
 
-
 /// Register every route on an app.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     let bad_query = |err: actix_web::error::QueryPayloadError, _: &actix_web::HttpRequest| {
         ApiError::bad_request(err.to_string()).into()
     };
-    let bad_path = |err: actix_web::error::PathError, _: &actix_web::HttpRequest| ApiError::bad_request(err.to_string()).into();
+    let bad_path = |err: actix_web::error::PathError, _: &actix_web::HttpRequest| {
+        ApiError::bad_request(err.to_string()).into()
+    };
     cfg.app_data(web::QueryConfig::default().error_handler(bad_query))
         .app_data(web::PathConfig::default().error_handler(bad_path));
     register_routes(cfg);

@@ -17,10 +17,7 @@ use crate::protocol::{self, ErrorCode};
 use crate::world::{now_ms, random_hex};
 
 pub(super) async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    Err(api_error(
-        ErrorCode::NotFound,
-        format!("no route for {} {}", req.method(), req.path()),
-    ))
+    Err(api_error(ErrorCode::NotFound, format!("no route for {} {}", req.method(), req.path())))
 }
 
 /// Read the API keys and allowed origins again (as SIGHUP does).
@@ -55,20 +52,14 @@ pub fn reload_access(state: &AppState) -> Result<AccessList, crate::config::Conf
 }
 
 pub(super) fn not_in_demo_mode() -> ApiError {
-    api_error(
-        ErrorCode::NotFound,
-        "the demo runs with `livegate serve --demo`",
-    )
+    api_error(ErrorCode::NotFound, "the demo runs with `livegate serve --demo`")
 }
 
 pub(super) async fn demo_page(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     if !state.demo {
         return Err(not_in_demo_mode());
     }
-    Ok(embedded(
-        "text/html; charset=utf-8",
-        include_str!("../web/demo.html"),
-    ))
+    Ok(embedded("text/html; charset=utf-8", include_str!("../web/demo.html")))
 }
 
 /// A one-time token for a random demo viewer, limited to the match rooms. Demo mode
@@ -83,11 +74,7 @@ pub(super) async fn demo_token(state: web::Data<AppState>) -> Result<HttpRespons
         user,
         "web".into(),
         60,
-        Grants {
-            rooms: vec!["match:*".into()],
-            publish: Vec::new(),
-            cell: None,
-        },
+        Grants { rooms: vec!["match:*".into()], publish: Vec::new(), cell: None },
     ))
 }
 
@@ -123,64 +110,25 @@ pub(super) async fn client_types() -> HttpResponse {
 /// The modules of the client library (`./livegate/{file}`, what the package's readable
 /// entry `livegate.js` imports), by file name: only these are served.
 pub const CLIENT_MODULES: &[(&str, &str)] = &[
-    (
-        "client.js",
-        include_str!("../../clients/js/livegate/client.js"),
-    ),
-    (
-        "clock.js",
-        include_str!("../../clients/js/livegate/clock.js"),
-    ),
-    (
-        "connection.js",
-        include_str!("../../clients/js/livegate/connection.js"),
-    ),
-    (
-        "credentials.js",
-        include_str!("../../clients/js/livegate/credentials.js"),
-    ),
-    (
-        "emitter.js",
-        include_str!("../../clients/js/livegate/emitter.js"),
-    ),
-    (
-        "errors.js",
-        include_str!("../../clients/js/livegate/errors.js"),
-    ),
-    (
-        "event-stream.js",
-        include_str!("../../clients/js/livegate/event-stream.js"),
-    ),
-    (
-        "feed.js",
-        include_str!("../../clients/js/livegate/feed.js"),
-    ),
-    (
-        "subscriptions.js",
-        include_str!("../../clients/js/livegate/subscriptions.js"),
-    ),
-    (
-        "transport-sse.js",
-        include_str!("../../clients/js/livegate/transport-sse.js"),
-    ),
-    (
-        "transport-websocket.js",
-        include_str!("../../clients/js/livegate/transport-websocket.js"),
-    ),
+    ("client.js", include_str!("../../clients/js/livegate/client.js")),
+    ("clock.js", include_str!("../../clients/js/livegate/clock.js")),
+    ("connection.js", include_str!("../../clients/js/livegate/connection.js")),
+    ("credentials.js", include_str!("../../clients/js/livegate/credentials.js")),
+    ("emitter.js", include_str!("../../clients/js/livegate/emitter.js")),
+    ("errors.js", include_str!("../../clients/js/livegate/errors.js")),
+    ("event-stream.js", include_str!("../../clients/js/livegate/event-stream.js")),
+    ("feed.js", include_str!("../../clients/js/livegate/feed.js")),
+    ("subscriptions.js", include_str!("../../clients/js/livegate/subscriptions.js")),
+    ("transport-sse.js", include_str!("../../clients/js/livegate/transport-sse.js")),
+    ("transport-websocket.js", include_str!("../../clients/js/livegate/transport-websocket.js")),
     ("urls.js", include_str!("../../clients/js/livegate/urls.js")),
 ];
 
 /// `GET /livegate/{file}`: one module of the client library; 404 for any other name.
 pub(super) async fn client_module(file: web::Path<String>) -> Result<HttpResponse, ApiError> {
-    match CLIENT_MODULES
-        .iter()
-        .find(|(name, _)| *name == file.as_str())
-    {
+    match CLIENT_MODULES.iter().find(|(name, _)| *name == file.as_str()) {
         Some((_, body)) => Ok(embedded("text/javascript; charset=utf-8", body)),
-        None => Err(api_error(
-            ErrorCode::NotFound,
-            "no such module of the client library",
-        )),
+        None => Err(api_error(ErrorCode::NotFound, "no such module of the client library")),
     }
 }
 
@@ -195,21 +143,12 @@ pub(super) async fn status(
     _: ApiKey,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let connections = state
-        .registry
-        .send(crate::actors::messages::CountConnections)
-        .await
-        .map_err(internal)?;
-    let warmup = state
-        .directory
-        .send(crate::actors::directory::InWarmup)
-        .await
-        .map_err(internal)?;
-    let sessions = state
-        .directory
-        .send(crate::actors::directory::CountSessions)
-        .await
-        .map_err(internal)?;
+    let connections =
+        state.registry.send(crate::actors::messages::CountConnections).await.map_err(internal)?;
+    let warmup =
+        state.directory.send(crate::actors::directory::InWarmup).await.map_err(internal)?;
+    let sessions =
+        state.directory.send(crate::actors::directory::CountSessions).await.map_err(internal)?;
     let phase = state.lifecycle.phase().name();
     let reply = protocol::StatusReply {
         node: state.config.node.clone(),
@@ -230,46 +169,21 @@ pub(super) async fn status(
 }
 
 pub(super) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
-    state
-        .metrics
-        .rooms_live
-        .set(state.rooms.live_count() as i64);
-    state
-        .metrics
-        .rooms_parked
-        .set(state.rooms.parked_count() as i64);
-    if let Ok(sessions) = state
-        .directory
-        .send(crate::actors::directory::CountSessions)
-        .await
-    {
+    state.metrics.rooms_live.set(state.rooms.live_count() as i64);
+    state.metrics.rooms_parked.set(state.rooms.parked_count() as i64);
+    if let Ok(sessions) = state.directory.send(crate::actors::directory::CountSessions).await {
         state.metrics.sessions_live.set(sessions.live as i64);
         state.metrics.sessions_cached.set(sessions.cached as i64);
-        state
-            .metrics
-            .sessions_stored
-            .set(sessions.stored.unwrap_or(0) as i64);
+        state.metrics.sessions_stored.set(sessions.stored.unwrap_or(0) as i64);
     }
     if let Ok(bytes) = state.store.size_on_disk() {
         state.metrics.store_bytes.set(bytes as i64);
     }
-    state
-        .metrics
-        .http_connections
-        .set(state.sockets.open() as i64);
+    state.metrics.http_connections.set(state.sockets.open() as i64);
     let lag = state.rooms.lag(now_ms());
-    state
-        .metrics
-        .consumer_lag_events
-        .set(lag.events.min(i64::MAX as u64) as i64);
-    state
-        .metrics
-        .consumer_lag_seconds
-        .set(lag.millis as f64 / 1000.0);
-    state
-        .metrics
-        .consumer_lag_rooms
-        .set(lag.rooms_behind.min(i64::MAX as u64) as i64);
+    state.metrics.consumer_lag_events.set(lag.events.min(i64::MAX as u64) as i64);
+    state.metrics.consumer_lag_seconds.set(lag.millis as f64 / 1000.0);
+    state.metrics.consumer_lag_rooms.set(lag.rooms_behind.min(i64::MAX as u64) as i64);
     HttpResponse::Ok()
         .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
         .body(state.metrics.encode())
@@ -280,18 +194,11 @@ pub(super) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
 /// [`HEALTH_PROBE_EVERY_MS`]: a flood of unauthenticated calls costs no store writes.
 pub(super) async fn healthz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     if !state.health.check(&state.store, &state.metrics, now_ms()) {
-        return Err(api_error(
-            ErrorCode::Internal,
-            "the store probe failed; see the server log",
-        ));
+        return Err(api_error(ErrorCode::Internal, "the store probe failed; see the server log"));
     }
     // Peers read `draining` to stop routing here, and `release` and `started_at_ms` to
     // send the sessions a release moves to its newest nodes (see `actors::liveness`).
-    let draining = if state.lifecycle.phase().is_draining() {
-        r#","draining":true"#
-    } else {
-        ""
-    };
+    let draining = if state.lifecycle.phase().is_draining() { r#","draining":true"# } else { "" };
     let (release, started_at_ms) = (state.router.release(), state.router.started_at_ms());
     let body = format!(
         r#"{{"status":"ok"{draining},"release":"{release}","started_at_ms":{started_at_ms}}}"#

@@ -22,9 +22,7 @@ pub(crate) const SMALL_BODY_LIMIT: usize = 16 * 1024;
 
 /// A JSON answer.
 pub(super) fn json(status: StatusCode, body: String) -> HttpResponse {
-    HttpResponse::build(status)
-        .content_type("application/json")
-        .body(body)
+    HttpResponse::build(status).content_type("application/json").body(body)
 }
 
 /// Check `Authorization: Bearer <api_key>` against every valid key, in constant time.
@@ -39,10 +37,7 @@ fn check_key(req: &HttpRequest, access: &SharedAccess) -> Result<(), ApiError> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .ok_or_else(|| {
-            api_error(
-                ErrorCode::Unauthorized,
-                "missing Authorization: Bearer <api_key>",
-            )
+            api_error(ErrorCode::Unauthorized, "missing Authorization: Bearer <api_key>")
         })?;
     if access.read().accepts_key(presented) {
         Ok(())
@@ -121,11 +116,7 @@ impl FromRequest for ApiKey {
     type Future = Ready<Result<ApiKey, ApiError>>;
 
     fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
-        ready(
-            app_state(req)
-                .and_then(|state| authorize(req, state))
-                .map(|()| ApiKey),
-        )
+        ready(app_state(req).and_then(|state| authorize(req, state)).map(|()| ApiKey))
     }
 }
 
@@ -210,9 +201,15 @@ mod tests {
 
     #[test]
     fn a_room_request_needs_the_key_then_a_room_name_and_names_the_room() {
-        assert_eq!(ApiRoom::checked(&request("match:1", Some(KEY)), &access()).map(|r| r.room).ok(), Some("match:1".into()));
+        assert_eq!(
+            ApiRoom::checked(&request("match:1", Some(KEY)), &access()).map(|r| r.room).ok(),
+            Some("match:1".into())
+        );
         assert_eq!(refusal("match:1", None), (ErrorCode::Unauthorized, Some("match:1".into())));
-        assert_eq!(refusal("match:1", Some("not-the-key-at-all")), (ErrorCode::Unauthorized, Some("match:1".into())));
+        assert_eq!(
+            refusal("match:1", Some("not-the-key-at-all")),
+            (ErrorCode::Unauthorized, Some("match:1".into()))
+        );
         // The key first: a caller without it learns nothing of the name.
         assert_eq!(refusal("bad room", None), (ErrorCode::Unauthorized, Some("bad room".into())));
         assert_eq!(refusal("bad room", Some(KEY)), (ErrorCode::BadRoom, Some("bad room".into())));
@@ -221,7 +218,10 @@ mod tests {
     #[actix_web::test]
     async fn the_handlers_refusals_name_the_room() {
         let call = ApiRoom { room: "r".into() };
-        let refused = call.answer(async { Err::<(), _>(ApiError::bad_request("no")) }).await.expect_err("refused");
+        let refused = call
+            .answer(async { Err::<(), _>(ApiError::bad_request("no")) })
+            .await
+            .expect_err("refused");
         assert_eq!((refused.code, refused.room.as_deref()), (ErrorCode::BadRequest, Some("r")));
     }
 }

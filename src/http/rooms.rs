@@ -38,15 +38,7 @@ pub(super) async fn publish(
         let request = protocol::parse_publish_request(&body)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         let room_state = request.state.map(|s| s.get().into());
-        append(
-            &state,
-            room.clone(),
-            request.id,
-            &request.data,
-            None,
-            room_state,
-        )
-        .await
+        append(&state, room.clone(), request.id, &request.data, None, room_state).await
     })
     .await
 }
@@ -60,24 +52,16 @@ pub(super) async fn put_state(
 ) -> Result<HttpResponse, ApiError> {
     let put = call
         .answer(async {
-            let body = read_body(
-                payload,
-                state.publisher.max_state_bytes() + PUBLISH_BODY_OVERHEAD,
-            )
-            .await?;
+            let body =
+                read_body(payload, state.publisher.max_state_bytes() + PUBLISH_BODY_OVERHEAD)
+                    .await?;
             let request = protocol::parse_put_state_request(&body)
                 .map_err(|e| ApiError::bad_request(e.to_string()))?;
-            Ok(state
-                .publisher
-                .put_state(&call.room, request.data.get().into())
-                .await?)
+            Ok(state.publisher.put_state(&call.room, request.data.get().into()).await?)
         })
         .await?;
-    let reply = protocol::PutStateReply {
-        room: call.room,
-        epoch: put.epoch.to_string(),
-        seq: put.seq,
-    };
+    let reply =
+        protocol::PutStateReply { room: call.room, epoch: put.epoch.to_string(), seq: put.seq };
     Ok(json(StatusCode::OK, protocol::to_json(&reply)))
 }
 
@@ -111,25 +95,14 @@ pub(super) async fn message_user(
     let user = user.into_inner();
     check_user(&user)?;
     let inbox = names::inbox_room(&user);
-    let body = read_body(
-        payload,
-        state.publisher.max_event_bytes(&inbox) + PUBLISH_BODY_OVERHEAD,
-    )
-    .await?;
+    let body =
+        read_body(payload, state.publisher.max_event_bytes(&inbox) + PUBLISH_BODY_OVERHEAD).await?;
     let request = protocol::parse_user_message_request(&body)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     for device in request.devices.iter().flatten() {
         names::check_device(device).map_err(|e| ApiError::bad_request(e.to_string()))?;
     }
-    append(
-        &state,
-        inbox,
-        request.id,
-        &request.data,
-        request.devices,
-        None,
-    )
-    .await
+    append(&state, inbox, request.id, &request.data, request.devices, None).await
 }
 
 /// Publish one event (size-checked, id checked or generated, by `Publisher::submit`) and
@@ -142,20 +115,10 @@ pub(super) async fn append(
     devices: Option<Vec<String>>,
     room_state: Option<Arc<str>>,
 ) -> Result<HttpResponse, ApiError> {
-    let event = Submission {
-        id,
-        data: data.get().into(),
-        devices,
-        from: None,
-        state: room_state,
-    };
+    let event = Submission { id, data: data.get().into(), devices, from: None, state: room_state };
     let published = state.publisher.submit(&room, event).await?;
     state.metrics.publish_answered(published.duplicate);
-    let status = if published.duplicate {
-        StatusCode::OK
-    } else {
-        StatusCode::CREATED
-    };
+    let status = if published.duplicate { StatusCode::OK } else { StatusCode::CREATED };
     let reply = PublishReply {
         room,
         seq: published.seq,
@@ -190,16 +153,8 @@ pub(super) async fn kick(
     // by then (and closed below) or registers later and meets the registry's memory of
     // this kick (`core::credentials::kicks`).
     let at_ms = now_ms();
-    state
-        .credentials
-        .kick_user(&user, device.as_deref(), at_ms)
-        .await
-        .map_err(internal)?;
-    let here = state.registry.send(Kick {
-        user: user.clone(),
-        device: device.clone(),
-        at_ms,
-    });
+    state.credentials.kick_user(&user, device.as_deref(), at_ms).await.map_err(internal)?;
+    let here = state.registry.send(Kick { user: user.clone(), device: device.clone(), at_ms });
     let elsewhere = state.other_nodes.kick(&user, device.as_deref(), at_ms);
     let (here, elsewhere) = futures_util::future::join(here, elsewhere).await;
     let closed = here.map_err(internal)? + elsewhere.map_err(internal)?;
@@ -212,10 +167,7 @@ pub(super) async fn kick(
     while now_ms() <= at_ms {
         actix_web::rt::time::sleep(std::time::Duration::from_millis(1)).await;
     }
-    Ok(json(
-        StatusCode::OK,
-        protocol::to_json(&protocol::KickReply { closed }),
-    ))
+    Ok(json(StatusCode::OK, protocol::to_json(&protocol::KickReply { closed })))
 }
 
 #[derive(Deserialize)]
@@ -265,10 +217,7 @@ pub(super) async fn read_presence(
 ) -> Result<HttpResponse, ApiError> {
     call.answer(async {
         match state.rooms.presence(&call.room).await? {
-            Ok(view) => Ok(json(
-                StatusCode::OK,
-                protocol::presence_body(&call.room, &view),
-            )),
+            Ok(view) => Ok(json(StatusCode::OK, protocol::presence_body(&call.room, &view))),
             Err(off) => Err(api_error(ErrorCode::PresenceOff, off.to_string())),
         }
     })
@@ -301,12 +250,7 @@ pub(super) async fn route(
     {
         authorize(&req, &state)?;
     }
-    let RouteQuery {
-        session,
-        user,
-        cell,
-        nodes: list_nodes,
-    } = query.into_inner();
+    let RouteQuery { session, user, cell, nodes: list_nodes } = query.into_inner();
     check_session(session.as_deref())?;
     let cell = cell.filter(|c| !c.is_empty());
     if let Some(cell) = &cell {
@@ -321,9 +265,7 @@ pub(super) async fn route(
         Some(s) => state.sessions.session(s).await.map_err(internal)?,
         None => None,
     };
-    let user = user
-        .or_else(|| recorded.as_ref().map(|r| r.user.clone()))
-        .unwrap_or_default();
+    let user = user.or_else(|| recorded.as_ref().map(|r| r.user.clone())).unwrap_or_default();
     // A client without a session is routed by its user id.
     let session = session.unwrap_or_else(|| names::inbox_room(&user));
     match state.router.route(

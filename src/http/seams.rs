@@ -9,8 +9,8 @@ use std::sync::Arc;
 use futures_util::future::{ready, LocalBoxFuture};
 
 use crate::actors::liveness::Router;
-use crate::cluster::bus::OrderError;
 use crate::actors::rooms::Rooms;
+use crate::cluster::bus::OrderError;
 use crate::cluster::promotion::{Promotion, PromotionError};
 use crate::cluster::{Cluster, ClusterError};
 use crate::core::nodes::rebalance::Order;
@@ -19,15 +19,28 @@ use crate::core::nodes::rebalance::Order;
 pub trait OtherNodes: Send + Sync + 'static {
     /// Connections of `user` (of `device` only, when given) closed elsewhere, for a kick
     /// made at `at_ms`.
-    fn kick<'a>(&'a self, user: &'a str, device: Option<&'a str>, at_ms: u64) -> LocalBoxFuture<'a, Result<usize, ClusterError>>;
+    fn kick<'a>(
+        &'a self,
+        user: &'a str,
+        device: Option<&'a str>,
+        at_ms: u64,
+    ) -> LocalBoxFuture<'a, Result<usize, ClusterError>>;
     /// Give `node` its part of a rebalance; `Err` with why when it did not acknowledge.
     /// `to_url`: the target's URL as this node knows it, for nodes of earlier builds (this
     /// build's nodes take it from their own view of the cluster).
-    fn rebalance<'a>(&'a self, node: &'a str, order: &'a Order, to_url: &'a str) -> LocalBoxFuture<'a, Result<(), OrderNotTaken>>;
+    fn rebalance<'a>(
+        &'a self,
+        node: &'a str,
+        order: &'a Order,
+        to_url: &'a str,
+    ) -> LocalBoxFuture<'a, Result<(), OrderNotTaken>>;
     /// Promote `cell`'s rooms into this node's cell (cell domains: see
     /// `cluster::promotion`), once no node of `cell` is heard; this node's subscribers of
     /// the moved rooms resume them where they moved.
-    fn promote<'a>(&'a self, cell: &'a str) -> LocalBoxFuture<'a, Result<Promotion, PromoteRefused>>;
+    fn promote<'a>(
+        &'a self,
+        cell: &'a str,
+    ) -> LocalBoxFuture<'a, Result<Promotion, PromoteRefused>>;
 }
 
 /// Why a promotion was not made.
@@ -60,15 +73,28 @@ pub enum OrderNotTaken {
 pub struct NoOtherNodes;
 
 impl OtherNodes for NoOtherNodes {
-    fn kick<'a>(&'a self, _user: &'a str, _device: Option<&'a str>, _at_ms: u64) -> LocalBoxFuture<'a, Result<usize, ClusterError>> {
+    fn kick<'a>(
+        &'a self,
+        _user: &'a str,
+        _device: Option<&'a str>,
+        _at_ms: u64,
+    ) -> LocalBoxFuture<'a, Result<usize, ClusterError>> {
         Box::pin(ready(Ok(0)))
     }
 
-    fn rebalance<'a>(&'a self, node: &'a str, _order: &'a Order, _to_url: &'a str) -> LocalBoxFuture<'a, Result<(), OrderNotTaken>> {
+    fn rebalance<'a>(
+        &'a self,
+        node: &'a str,
+        _order: &'a Order,
+        _to_url: &'a str,
+    ) -> LocalBoxFuture<'a, Result<(), OrderNotTaken>> {
         Box::pin(ready(Err(OrderNotTaken::UnknownNode(node.to_string()))))
     }
 
-    fn promote<'a>(&'a self, _cell: &'a str) -> LocalBoxFuture<'a, Result<Promotion, PromoteRefused>> {
+    fn promote<'a>(
+        &'a self,
+        _cell: &'a str,
+    ) -> LocalBoxFuture<'a, Result<Promotion, PromoteRefused>> {
         Box::pin(ready(Err(ClusterError::from(PromotionError::NoCellDomains).into())))
     }
 }
@@ -82,16 +108,33 @@ pub struct ClusterNodes {
 }
 
 impl OtherNodes for ClusterNodes {
-    fn kick<'a>(&'a self, user: &'a str, device: Option<&'a str>, at_ms: u64) -> LocalBoxFuture<'a, Result<usize, ClusterError>> {
+    fn kick<'a>(
+        &'a self,
+        user: &'a str,
+        device: Option<&'a str>,
+        at_ms: u64,
+    ) -> LocalBoxFuture<'a, Result<usize, ClusterError>> {
         let alive = || async { self.router.peers_heard() };
-        Box::pin(async move { crate::cluster::bus::kick_remote(&self.cluster, alive, user, device, at_ms).await })
+        Box::pin(async move {
+            crate::cluster::bus::kick_remote(&self.cluster, alive, user, device, at_ms).await
+        })
     }
 
-    fn rebalance<'a>(&'a self, node: &'a str, order: &'a Order, to_url: &'a str) -> LocalBoxFuture<'a, Result<(), OrderNotTaken>> {
-        Box::pin(async move { Ok(crate::cluster::bus::send_order(&self.cluster, node, order, to_url).await?) })
+    fn rebalance<'a>(
+        &'a self,
+        node: &'a str,
+        order: &'a Order,
+        to_url: &'a str,
+    ) -> LocalBoxFuture<'a, Result<(), OrderNotTaken>> {
+        Box::pin(async move {
+            Ok(crate::cluster::bus::send_order(&self.cluster, node, order, to_url).await?)
+        })
     }
 
-    fn promote<'a>(&'a self, cell: &'a str) -> LocalBoxFuture<'a, Result<Promotion, PromoteRefused>> {
+    fn promote<'a>(
+        &'a self,
+        cell: &'a str,
+    ) -> LocalBoxFuture<'a, Result<Promotion, PromoteRefused>> {
         Box::pin(async move {
             let nodes = self.router.alive_in(cell);
             if !nodes.is_empty() {

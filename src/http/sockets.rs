@@ -55,7 +55,12 @@ impl SocketBudget {
 
     /// Take a place for a newly accepted socket, if one is free.
     fn take(&self) -> bool {
-        let taken = self.open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| (open < self.max).then_some(open + 1)).is_ok();
+        let taken = self
+            .open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
+                (open < self.max).then_some(open + 1)
+            })
+            .is_ok();
         if !taken {
             self.metrics.limit_hit("http_connections");
         }
@@ -90,7 +95,13 @@ impl SocketState {
     /// A place for a new socket, or `None` (the socket is to be closed) when the budget is full.
     pub fn open(budget: &Arc<SocketBudget>, timeout: Duration) -> Option<Rc<Self>> {
         budget.take().then(|| {
-            Rc::new(SocketState { budget: budget.clone(), timeout, deadline: Cell::new(None), placed: Cell::new(true), stream: Cell::new(false) })
+            Rc::new(SocketState {
+                budget: budget.clone(),
+                timeout,
+                deadline: Cell::new(None),
+                placed: Cell::new(true),
+                stream: Cell::new(false),
+            })
         })
     }
 
@@ -184,16 +195,27 @@ impl<T> Timed<T> {
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Timed<T> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         if self.overdue(cx) {
-            return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "request head not complete in time")));
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "request head not complete in time",
+            )));
         }
         Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for Timed<T> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         let written = Pin::new(&mut self.io).poll_write(cx, buf);
         if let (Poll::Ready(Ok(n)), Some(state)) = (&written, &self.state) {
             if *n > 0 {
@@ -203,7 +225,11 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Timed<T> {
         written
     }
 
-    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
         if let (Poll::Ready(Ok(n)), Some(state)) = (&written, &self.state) {
             if *n > 0 {
@@ -247,9 +273,16 @@ impl ActixStream for Timed<TcpStream> {
 /// The app's part (a `wrap_fn` around every route): a request head arrived; when its
 /// answer is a WebSocket or an SSE stream the socket becomes a stream, otherwise the
 /// head deadline starts again once the answer's body is done.
-pub fn watch_request<S>(req: ServiceRequest, service: &S) -> impl Future<Output = Result<ServiceResponse, actix_web::Error>>
+pub fn watch_request<S>(
+    req: ServiceRequest,
+    service: &S,
+) -> impl Future<Output = Result<ServiceResponse, actix_web::Error>>
 where
-    S: actix_web::dev::Service<ServiceRequest, Response = ServiceResponse, Error = actix_web::Error>,
+    S: actix_web::dev::Service<
+        ServiceRequest,
+        Response = ServiceResponse,
+        Error = actix_web::Error,
+    >,
 {
     let state = req.conn_data::<Rc<SocketState>>().cloned();
     if let Some(state) = &state {
@@ -299,7 +332,10 @@ impl MessageBody for Answer {
         self.body.size()
     }
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Self::Error>>> {
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, Self::Error>>> {
         Pin::new(&mut self.body).poll_next(cx)
     }
 }
@@ -335,7 +371,8 @@ impl RequestWatch {
 impl Drop for RequestWatch {
     fn drop(&mut self) {
         // actix answers 408 when the timeout fires; allow for timer granularity.
-        if !self.seen.load(Ordering::Relaxed) && self.opened.elapsed() >= self.timeout.mul_f32(0.9) {
+        if !self.seen.load(Ordering::Relaxed) && self.opened.elapsed() >= self.timeout.mul_f32(0.9)
+        {
             self.metrics.limit_hit("handshake_timeout");
         }
     }
@@ -411,7 +448,11 @@ mod tests {
         assert_eq!(due, Instant::now() + Duration::from_secs(5));
         tokio::time::advance(Duration::from_secs(2)).await;
         state.wrote();
-        assert_eq!(state.deadline.get(), Some(Instant::now() + Duration::from_secs(5)), "a reading client's time starts again");
+        assert_eq!(
+            state.deadline.get(),
+            Some(Instant::now() + Duration::from_secs(5)),
+            "a reading client's time starts again"
+        );
         state.request_started();
         assert_eq!(state.deadline.get(), None);
         state.became_stream();

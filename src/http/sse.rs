@@ -17,8 +17,8 @@ use crate::actors::connection::InitialSubscription;
 use crate::actors::sse;
 use crate::actors::transport::Transport;
 use crate::core::credentials::Grant;
-use crate::core::rules::names;
 use crate::core::delivery::sse::{parse_cursor, parse_flag, parse_rooms, CursorEntry, RoomsError};
+use crate::core::rules::names;
 use crate::protocol::ErrorCode;
 
 #[derive(Deserialize)]
@@ -62,11 +62,19 @@ async fn open(req: &HttpRequest, state: &AppState) -> Result<HttpResponse, ApiEr
     let query = web::Query::<SseQuery>::from_query(req.query_string())
         .map_err(|e| ApiError::bad_request(e.to_string()))?
         .into_inner();
-    let credential = CredentialQuery { token: query.token, resume: query.resume, session: query.session, avoid: query.avoid };
+    let credential = CredentialQuery {
+        token: query.token,
+        resume: query.resume,
+        session: query.session,
+        avoid: query.avoid,
+    };
     let (rooms, since, presence) = (query.rooms, query.since, query.presence);
-    let with_state = parse_flag(query.state.as_deref()).map_err(|e| ApiError::bad_request(format!("state: {e}")))?;
-    let with_presence = parse_flag(presence.as_deref()).map_err(|e| ApiError::bad_request(format!("presence: {e}")))?;
-    let shape = || parse_request(req, state, rooms.as_deref(), since.as_deref(), with_state, with_presence);
+    let with_state = parse_flag(query.state.as_deref())
+        .map_err(|e| ApiError::bad_request(format!("state: {e}")))?;
+    let with_presence = parse_flag(presence.as_deref())
+        .map_err(|e| ApiError::bad_request(format!("presence: {e}")))?;
+    let shape =
+        || parse_request(req, state, rooms.as_deref(), since.as_deref(), with_state, with_presence);
     let (request, admitted) = handshake(req, state, credential, shape, authorise).await?;
     let initial = initial_subscriptions(request, &admitted.identity.user);
     let (io, body) = sse::stream();
@@ -97,12 +105,15 @@ fn parse_request(
         }
     })?;
     let header = match req.headers().get("last-event-id") {
-        Some(value) => Some(value.to_str().map_err(|_| ApiError::bad_request("Last-Event-ID is not text"))?),
+        Some(value) => {
+            Some(value.to_str().map_err(|_| ApiError::bad_request("Last-Event-ID is not text"))?)
+        }
         None => None,
     };
     let text = header.filter(|h| !h.is_empty()).or(since).unwrap_or("");
     // A cursor names at most every subscribed room and the inbox.
-    let cursor = parse_cursor(text, max + 1).map_err(|e| ApiError::bad_request(format!("bad cursor: {e}")))?;
+    let cursor = parse_cursor(text, max + 1)
+        .map_err(|e| ApiError::bad_request(format!("bad cursor: {e}")))?;
     Ok(Request { rooms, cursor, state: with_state, presence })
 }
 
@@ -110,7 +121,11 @@ fn parse_request(
 /// subscribe checks it); checked before the credential is spent.
 fn authorise(request: &Request, who: &Grant) -> Result<(), ApiError> {
     match request.rooms.iter().find(|room| !names::may_read(&who.user, &who.rooms, room)) {
-        Some(room) => Err(api_error(ErrorCode::Forbidden, format!("this credential may not read room {room}")).about(room)),
+        Some(room) => Err(api_error(
+            ErrorCode::Forbidden,
+            format!("this credential may not read room {room}"),
+        )
+        .about(room)),
         None => Ok(()),
     }
 }
@@ -137,7 +152,13 @@ fn initial_subscriptions(request: Request, user: &str) -> Vec<InitialSubscriptio
         .collect();
     if !initial.iter().any(|s| s.room == inbox) {
         if let (Some(since), epoch) = position(&inbox) {
-            initial.push(InitialSubscription { room: inbox, since: Some(since), epoch, state: false, presence: false });
+            initial.push(InitialSubscription {
+                room: inbox,
+                since: Some(since),
+                epoch,
+                state: false,
+                presence: false,
+            });
         }
     }
     initial
@@ -152,7 +173,13 @@ mod tests {
     }
 
     fn sub(room: &str, at: Option<(&str, u64)>) -> InitialSubscription {
-        InitialSubscription { room: room.into(), since: at.map(|a| a.1), epoch: at.map(|a| a.0.to_string()), state: false, presence: false }
+        InitialSubscription {
+            room: room.into(),
+            since: at.map(|a| a.1),
+            epoch: at.map(|a| a.0.to_string()),
+            state: false,
+            presence: false,
+        }
     }
 
     #[test]
@@ -160,17 +187,39 @@ mod tests {
         let request = Request {
             rooms: vec!["a".into(), "b".into()],
             cursor: vec![entry("b", "E", 4), entry("elsewhere", "E", 9), entry("user:u1", "F", 2)],
-            state: false, presence: false,
+            state: false,
+            presence: false,
         };
         let got = initial_subscriptions(request, "u1");
-        assert_eq!(got, vec![sub("a", None), sub("b", Some(("E", 4))), sub("user:u1", Some(("F", 2)))]);
-        let request = Request { rooms: vec!["user:u1".into()], cursor: vec![entry("user:u1", "F", 2)], state: false, presence: false };
+        assert_eq!(
+            got,
+            vec![sub("a", None), sub("b", Some(("E", 4))), sub("user:u1", Some(("F", 2)))]
+        );
+        let request = Request {
+            rooms: vec!["user:u1".into()],
+            cursor: vec![entry("user:u1", "F", 2)],
+            state: false,
+            presence: false,
+        };
         assert_eq!(initial_subscriptions(request, "u1"), vec![sub("user:u1", Some(("F", 2)))]);
-        let request = Request { rooms: vec![], cursor: vec![entry("user:u2", "F", 2)], state: false, presence: false };
+        let request = Request {
+            rooms: vec![],
+            cursor: vec![entry("user:u2", "F", 2)],
+            state: false,
+            presence: false,
+        };
         assert_eq!(initial_subscriptions(request, "u1"), vec![]);
         // state=1: every named room with its state; the inbox (no state) without.
-        let request = Request { rooms: vec!["a".into()], cursor: vec![entry("user:u1", "F", 2)], state: true, presence: false };
+        let request = Request {
+            rooms: vec!["a".into()],
+            cursor: vec![entry("user:u1", "F", 2)],
+            state: true,
+            presence: false,
+        };
         let with_state = InitialSubscription { state: true, ..sub("a", None) };
-        assert_eq!(initial_subscriptions(request, "u1"), vec![with_state, sub("user:u1", Some(("F", 2)))]);
+        assert_eq!(
+            initial_subscriptions(request, "u1"),
+            vec![with_state, sub("user:u1", Some(("F", 2)))]
+        );
     }
 }

@@ -8,7 +8,6 @@ use actix::Addr;
 
 use super::limits::{ConnectionLimits, SharedAccess};
 use super::{durable, jwt, seams, sockets};
-use crate::store::credentials::CredentialStore;
 use crate::actors::connection::ConnectionSettings;
 use crate::actors::directory::{Directory, SessionOpener, SessionStore};
 use crate::actors::liveness::{LivenessActor, Router};
@@ -16,9 +15,10 @@ use crate::actors::publish::Publisher;
 use crate::actors::registry::Registry;
 use crate::actors::rooms::Rooms;
 use crate::config::Config;
-use crate::core::nodes::lifecycle::Lifecycle;
 use crate::core::credentials::spent::SpentNonces;
+use crate::core::nodes::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
+use crate::store::credentials::CredentialStore;
 use crate::store::Store;
 
 /// Loads the configuration again (file, environment, flags) for a reload.

@@ -41,27 +41,15 @@ pub(super) async fn mint_token_checked(
     names::check_device(&request.device).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let max_ttl = state.config.token_ttl_max_secs;
     if request.ttl_secs == 0 || request.ttl_secs > max_ttl {
-        return Err(ApiError::bad_request(format!(
-            "ttl_secs must be between 1 and {max_ttl}"
-        )));
+        return Err(ApiError::bad_request(format!("ttl_secs must be between 1 and {max_ttl}")));
     }
     check_patterns("rooms", &request.rooms)?;
     check_patterns("publish", &request.publish)?;
     if let Some(cell) = &request.cell {
         check_cell(state, cell)?;
     }
-    let grants = Grants {
-        rooms: request.rooms,
-        publish: request.publish,
-        cell: request.cell,
-    };
-    Ok(issue_token(
-        state,
-        request.user,
-        request.device,
-        request.ttl_secs,
-        grants,
-    ))
+    let grants = Grants { rooms: request.rooms, publish: request.publish, cell: request.cell };
+    Ok(issue_token(state, request.user, request.device, request.ttl_secs, grants))
 }
 
 /// Who may mint a token: a caller with the API key; in development mode (`serve --dev`)
@@ -86,13 +74,8 @@ pub(super) fn check_patterns(field: &str, patterns: &[String]) -> Result<(), Api
         )));
     }
     for pattern in patterns {
-        names::check_room(
-            pattern
-                .strip_suffix('*')
-                .filter(|p| !p.is_empty())
-                .unwrap_or(pattern),
-        )
-        .map_err(|_| {
+        names::check_room(pattern.strip_suffix('*').filter(|p| !p.is_empty()).unwrap_or(pattern))
+            .map_err(|_| {
             ApiError::bad_request(format!(
                 "{field}: room pattern {pattern:?} is not a room name, optionally ending in *"
             ))
@@ -122,11 +105,7 @@ pub(super) fn issue_token(
 ) -> HttpResponse {
     let issued_at_ms = now_ms();
     let expires_at_ms = issued_at_ms + ttl_secs * 1000;
-    let Grants {
-        rooms,
-        publish,
-        cell,
-    } = grants;
+    let Grants { rooms, publish, cell } = grants;
     let claims = token::Claims {
         user,
         device,
@@ -137,10 +116,7 @@ pub(super) fn issue_token(
         publish,
         cell,
     };
-    let reply = TokenReply {
-        token: token::sign(&state.token_secret, &claims),
-        expires_at_ms,
-    };
+    let reply = TokenReply { token: token::sign(&state.token_secret, &claims), expires_at_ms };
     state.metrics.tokens_minted.inc();
     json(StatusCode::CREATED, protocol::to_json(&reply))
 }

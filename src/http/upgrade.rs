@@ -50,7 +50,13 @@ impl<F> UpgradeFactory<F> {
 impl<T, F, S> ServiceFactory<(Request, Framed<T, h1::Codec>)> for UpgradeFactory<F>
 where
     T: AsyncRead + AsyncWrite + Unpin + 'static,
-    F: ServiceFactory<Request, Config = (), Service = S, Response = ServiceResponse, Error = actix_web::Error>,
+    F: ServiceFactory<
+        Request,
+        Config = (),
+        Service = S,
+        Response = ServiceResponse,
+        Error = actix_web::Error,
+    >,
     F::Future: 'static,
     F::InitError: 'static,
     S: Service<Request, Response = ServiceResponse, Error = actix_web::Error> + 'static,
@@ -85,8 +91,13 @@ where
 
     fn call(&self, (req, framed): (Request, Framed<T, h1::Codec>)) -> Self::Future {
         if let Err(refusal) = websocket_handshake(&req) {
-            tracing::debug!(path = req.path(), "upgrade refused: not a WebSocket handshake on a WebSocket route");
-            return Box::pin(async move { write_refusal(framed, refusal.error_response().into()).await });
+            tracing::debug!(
+                path = req.path(),
+                "upgrade refused: not a WebSocket handshake on a WebSocket route"
+            );
+            return Box::pin(async move {
+                write_refusal(framed, refusal.error_response().into()).await
+            });
         }
         let app = self.app.clone();
         // The handshake in a box of its own: what waits for the socket to close is only
@@ -124,10 +135,12 @@ where
             // The 101 is encoded, not written: it leads the socket's queue, so it goes out
             // in one write with the first frames the connection queues (its `welcome`),
             // one system call and one segment fewer per handshake.
-            std::pin::Pin::new(&mut framed).write(h1::Message::Item((response.drop_body(), BodySize::None)))?;
+            std::pin::Pin::new(&mut framed)
+                .write(h1::Message::Item((response.drop_body(), BodySize::None)))?;
             let parts = framed.into_parts();
             let fd = super::sockets::plain_tcp_fd(&parts.io);
-            let mut io = WsIo::new(Box::new(parts.io), parts.read_buf, accepted.max_frame_bytes, fd);
+            let mut io =
+                WsIo::new(Box::new(parts.io), parts.read_buf, accepted.max_frame_bytes, fd);
             // Copied out: the codec's write buffer is 8 KiB, the 101 a few hundred bytes.
             io.frame(actix_web::web::Bytes::copy_from_slice(&parts.write_buf));
             let (finished, closed) = Finished::new();
@@ -163,12 +176,19 @@ fn websocket_handshake(req: &Request) -> Result<(), super::errors::ApiError> {
 }
 
 /// Write an answer that does not upgrade, then end the connection.
-async fn write_refusal<T>(mut framed: Framed<T, h1::Codec>, response: actix_http::Response<BoxBody>) -> Result<(), actix_web::Error>
+async fn write_refusal<T>(
+    mut framed: Framed<T, h1::Codec>,
+    response: actix_http::Response<BoxBody>,
+) -> Result<(), actix_web::Error>
 where
     T: AsyncRead + AsyncWrite + Unpin + 'static,
 {
     let (mut head, body) = response.into_parts();
-    let body = actix_web::body::to_bytes_limited(body, BODY_LIMIT).await.ok().and_then(Result::ok).unwrap_or_default();
+    let body = actix_web::body::to_bytes_limited(body, BODY_LIMIT)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
     head.head_mut().set_connection_type(ConnectionType::Close);
     let size = BodySize::Sized(body.len() as u64);
     // Head and body in one write: some clients read a refusal's body only from what

@@ -18,14 +18,33 @@ pub struct ClientRequest {
 pub enum ClientOp {
     /// `state`: answer with the room's state and the events after it;
     /// `presence`: the client wants the room's presence frames.
-    Subscribe { room: String, since: Option<u64>, epoch: Option<String>, state: bool, presence: bool },
-    Unsubscribe { room: String },
-    History { room: String, since: u64, limit: Option<usize> },
+    Subscribe {
+        room: String,
+        since: Option<u64>,
+        epoch: Option<String>,
+        state: bool,
+        presence: bool,
+    },
+    Unsubscribe {
+        room: String,
+    },
+    History {
+        room: String,
+        since: u64,
+        limit: Option<usize>,
+    },
     /// Client publish; `data` is the JSON text as sent.
     /// `state`: the room's state as of this event (JSON text); `null` or absent: none.
-    Publish { room: String, id: Option<String>, data: String, state: Option<String> },
+    Publish {
+        room: String,
+        id: Option<String>,
+        data: String,
+        state: Option<String>,
+    },
     /// Who is in the room now.
-    Presence { room: String },
+    Presence {
+        room: String,
+    },
     Ping,
 }
 
@@ -104,9 +123,11 @@ struct NoFields {}
 
 /// Parse one client text frame.
 pub fn parse_client_frame(text: &str) -> Result<ClientRequest, FrameError> {
-    let fail = |reference, code, message: String| FrameError { reference, room: None, code, message };
-    let mut fields: Map<String, Value> = serde_json::from_str(text)
-        .map_err(|e| fail(None, ErrorCode::BadRequest, format!("frame is not a JSON object: {e}")))?;
+    let fail =
+        |reference, code, message: String| FrameError { reference, room: None, code, message };
+    let mut fields: Map<String, Value> = serde_json::from_str(text).map_err(|e| {
+        fail(None, ErrorCode::BadRequest, format!("frame is not a JSON object: {e}"))
+    })?;
     // A frame refused for another field still names its room to the client.
     let room = fields.get("room").and_then(Value::as_str).map(str::to_string);
     let reference = match fields.remove("ref") {
@@ -119,11 +140,20 @@ pub fn parse_client_frame(text: &str) -> Result<ClientRequest, FrameError> {
         _ => return Err(fail(reference, ErrorCode::BadRequest, "missing string field op".into())),
     };
     let rest = Value::Object(fields);
-    let bad = |e: serde_json::Error| FrameError { room: room.clone(), ..fail(reference, ErrorCode::BadRequest, format!("{op}: {e}")) };
+    let bad = |e: serde_json::Error| FrameError {
+        room: room.clone(),
+        ..fail(reference, ErrorCode::BadRequest, format!("{op}: {e}"))
+    };
     let op = match op.as_str() {
         "subscribe" => {
             let f: SubscribeFields = serde_json::from_value(rest).map_err(bad)?;
-            ClientOp::Subscribe { room: f.room, since: f.since, epoch: f.epoch, state: f.state, presence: f.presence }
+            ClientOp::Subscribe {
+                room: f.room,
+                since: f.since,
+                epoch: f.epoch,
+                state: f.state,
+                presence: f.presence,
+            }
         }
         "unsubscribe" => {
             let f: RoomField = serde_json::from_value(rest).map_err(bad)?;
@@ -136,7 +166,12 @@ pub fn parse_client_frame(text: &str) -> Result<ClientRequest, FrameError> {
         "publish" => {
             // The frame again, for `data` and `state` as sent (the map above re-encodes).
             let f: PublishFields = serde_json::from_str(text).map_err(bad)?;
-            ClientOp::Publish { room: f.room, id: f.id, data: f.data.get().to_string(), state: f.state.map(|s| s.get().to_string()) }
+            ClientOp::Publish {
+                room: f.room,
+                id: f.id,
+                data: f.data.get().to_string(),
+                state: f.state.map(|s| s.get().to_string()),
+            }
         }
         "presence" => {
             let f: RoomField = serde_json::from_value(rest).map_err(bad)?;
@@ -162,7 +197,10 @@ mod tests {
         assert_eq!(got, expected, "frame {text}");
     }
 
-    fn req(reference: Option<i64>, op: ClientOp) -> Result<ClientRequest, (Option<i64>, ErrorCode)> {
+    fn req(
+        reference: Option<i64>,
+        op: ClientOp,
+    ) -> Result<ClientRequest, (Option<i64>, ErrorCode)> {
         Ok(ClientRequest { reference, op })
     }
 
@@ -173,30 +211,81 @@ mod tests {
         check(r#"{"op":"ping","ref":7}"#, req(Some(7), ClientOp::Ping));
         check(
             r#"{"op":"subscribe","room":"match:1"}"#,
-            req(None, ClientOp::Subscribe { room: room(), since: None, epoch: None, state: false, presence: false }),
+            req(
+                None,
+                ClientOp::Subscribe {
+                    room: room(),
+                    since: None,
+                    epoch: None,
+                    state: false,
+                    presence: false,
+                },
+            ),
         );
         check(
             r#"{"op":"subscribe","room":"match:1","since":42,"epoch":"E","ref":1}"#,
-            req(Some(1), ClientOp::Subscribe { room: room(), since: Some(42), epoch: Some("E".into()), state: false, presence: false }),
+            req(
+                Some(1),
+                ClientOp::Subscribe {
+                    room: room(),
+                    since: Some(42),
+                    epoch: Some("E".into()),
+                    state: false,
+                    presence: false,
+                },
+            ),
         );
         check(
             r#"{"op":"subscribe","room":"match:1","state":true}"#,
-            req(None, ClientOp::Subscribe { room: room(), since: None, epoch: None, state: true, presence: false }),
+            req(
+                None,
+                ClientOp::Subscribe {
+                    room: room(),
+                    since: None,
+                    epoch: None,
+                    state: true,
+                    presence: false,
+                },
+            ),
         );
         check(
             r#"{"op":"subscribe","room":"match:1","since":3,"state":false}"#,
-            req(None, ClientOp::Subscribe { room: room(), since: Some(3), epoch: None, state: false, presence: false }),
+            req(
+                None,
+                ClientOp::Subscribe {
+                    room: room(),
+                    since: Some(3),
+                    epoch: None,
+                    state: false,
+                    presence: false,
+                },
+            ),
         );
         check(r#"{"op":"subscribe","room":"r","state":1}"#, Err((None, ErrorCode::BadRequest)));
         check(r#"{"op":"subscribe","room":"r","state":"yes"}"#, Err((None, ErrorCode::BadRequest)));
         check(
             r#"{"op":"subscribe","room":"match:1","presence":true}"#,
-            req(None, ClientOp::Subscribe { room: room(), since: None, epoch: None, state: false, presence: true }),
+            req(
+                None,
+                ClientOp::Subscribe {
+                    room: room(),
+                    since: None,
+                    epoch: None,
+                    state: false,
+                    presence: true,
+                },
+            ),
         );
         check(r#"{"op":"subscribe","room":"r","presence":1}"#, Err((None, ErrorCode::BadRequest)));
-        check(r#"{"op":"presence","room":"match:1","ref":8}"#, req(Some(8), ClientOp::Presence { room: room() }));
+        check(
+            r#"{"op":"presence","room":"match:1","ref":8}"#,
+            req(Some(8), ClientOp::Presence { room: room() }),
+        );
         check(r#"{"op":"presence","ref":9}"#, Err((Some(9), ErrorCode::BadRequest)));
-        check(r#"{"op":"unsubscribe","room":"match:1"}"#, req(None, ClientOp::Unsubscribe { room: room() }));
+        check(
+            r#"{"op":"unsubscribe","room":"match:1"}"#,
+            req(None, ClientOp::Unsubscribe { room: room() }),
+        );
         check(
             r#"{"op":"history","room":"match:1","since":40,"limit":100}"#,
             req(None, ClientOp::History { room: room(), since: 40, limit: Some(100) }),
@@ -213,14 +302,32 @@ mod tests {
             r#"{"op":"publish","room":"chat:1","id":"c-1","data":{"text": "hi"},"ref":5}"#,
             req(
                 Some(5),
-                ClientOp::Publish { room: "chat:1".into(), id: Some("c-1".into()), data: r#"{"text": "hi"}"#.into(), state: None },
+                ClientOp::Publish {
+                    room: "chat:1".into(),
+                    id: Some("c-1".into()),
+                    data: r#"{"text": "hi"}"#.into(),
+                    state: None,
+                },
             ),
         );
         check(
             r#"{"op":"publish","room":"chat:1","data":null}"#,
-            req(None, ClientOp::Publish { room: "chat:1".into(), id: None, data: "null".into(), state: None }),
+            req(
+                None,
+                ClientOp::Publish {
+                    room: "chat:1".into(),
+                    id: None,
+                    data: "null".into(),
+                    state: None,
+                },
+            ),
         );
-        let publish = |state: Option<&str>| ClientOp::Publish { room: "chat:1".into(), id: None, data: "1".into(), state: state.map(Into::into) };
+        let publish = |state: Option<&str>| ClientOp::Publish {
+            room: "chat:1".into(),
+            id: None,
+            data: "1".into(),
+            state: state.map(Into::into),
+        };
         for (text, state) in [
             (r#"{"op":"publish","room":"chat:1","data":1,"state":{"n": 1}}"#, Some(r#"{"n": 1}"#)),
             (r#"{"op":"publish","room":"chat:1","data":1,"state":[1, "x"]}"#, Some(r#"[1, "x"]"#)),
@@ -233,16 +340,33 @@ mod tests {
         // The data as sent: key order, numbers beyond 64 bits and spacing kept.
         check(
             r#"{"ref":7,"op":"publish","data":{"b":1,"a":18446744073709551616000, "c":1.50},"room":"chat:1"}"#,
-            req(Some(7), ClientOp::Publish { room: "chat:1".into(), id: None, data: r#"{"b":1,"a":18446744073709551616000, "c":1.50}"#.into(), state: None }),
+            req(
+                Some(7),
+                ClientOp::Publish {
+                    room: "chat:1".into(),
+                    id: None,
+                    data: r#"{"b":1,"a":18446744073709551616000, "c":1.50}"#.into(),
+                    state: None,
+                },
+            ),
         );
-        check(r#"{"op":"publish","room":"chat:1","data":1,"data":2}"#, Err((None, ErrorCode::BadRequest)));
-        check(r#"{"op":"publish","room":"chat:1","data":1,"from":"admin"}"#, Err((None, ErrorCode::BadRequest)));
+        check(
+            r#"{"op":"publish","room":"chat:1","data":1,"data":2}"#,
+            Err((None, ErrorCode::BadRequest)),
+        );
+        check(
+            r#"{"op":"publish","room":"chat:1","data":1,"from":"admin"}"#,
+            Err((None, ErrorCode::BadRequest)),
+        );
     }
 
     #[test]
     fn refusals_name_the_room_the_frame_named() {
         let room = |text: &str| parse_client_frame(text).err().map(|e| e.room);
-        assert_eq!(room(r#"{"op":"subscribe","room":"r","since":"x","ref":1}"#), Some(Some("r".into())));
+        assert_eq!(
+            room(r#"{"op":"subscribe","room":"r","since":"x","ref":1}"#),
+            Some(Some("r".into()))
+        );
         assert_eq!(room(r#"{"op":"history","room":"h","limit":-1}"#), Some(Some("h".into())));
         assert_eq!(room(r#"{"op":"subscribe","room":7}"#), Some(None), "not a room name");
         assert_eq!(room(r#"{"op":"unknown","room":"r"}"#), Some(None));

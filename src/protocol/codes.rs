@@ -312,7 +312,10 @@ impl ErrorCode {
     /// `too_many_connections` for one address is 429 (see `http::handshake::admit`).
     pub fn http_status(self) -> u16 {
         match self {
-            ErrorCode::BadRequest | ErrorCode::UnknownOp | ErrorCode::BadRoom | ErrorCode::UnknownCell => 400,
+            ErrorCode::BadRequest
+            | ErrorCode::UnknownOp
+            | ErrorCode::BadRoom
+            | ErrorCode::UnknownCell => 400,
             ErrorCode::Unauthorized
             | ErrorCode::MissingToken
             | ErrorCode::InvalidToken
@@ -324,7 +327,9 @@ impl ErrorCode {
             ErrorCode::Conflict | ErrorCode::WebhooksOff => 409,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::WrongNode => 421,
-            ErrorCode::TooManySubscriptions | ErrorCode::MigrationBudget | ErrorCode::RateLimited => 429,
+            ErrorCode::TooManySubscriptions
+            | ErrorCode::MigrationBudget
+            | ErrorCode::RateLimited => 429,
             ErrorCode::Internal => 500,
             ErrorCode::ReplayFailed => 502,
             ErrorCode::Unavailable
@@ -343,9 +348,11 @@ mod tests {
 
     #[test]
     fn every_code_is_listed_once() {
-        let names: std::collections::BTreeSet<&str> = ErrorCode::ALL.iter().map(|code| code.as_str()).collect();
+        let names: std::collections::BTreeSet<&str> =
+            ErrorCode::ALL.iter().map(|code| code.as_str()).collect();
         assert_eq!(names.len(), ErrorCode::ALL.len());
-        let codes: std::collections::BTreeSet<u16> = CloseCode::ALL.iter().map(|code| code.code()).collect();
+        let codes: std::collections::BTreeSet<u16> =
+            CloseCode::ALL.iter().map(|code| code.code()).collect();
         assert_eq!(codes.len(), CloseCode::ALL.len());
         assert!(CloseCode::SlowConsumer.reconnect() && !CloseCode::Kicked.reconnect());
     }

@@ -140,13 +140,23 @@ pub struct PublishReply {
 /// The body of `GET /v1/rooms/{room}/presence`.
 pub fn presence_body(room: &str, view: &View) -> String {
     let members = members_json(view.members.as_ref());
-    serde_json::to_value(PresenceReply { room: room.into(), count: view.count, members, reference: None })
-        .expect("presence answers always serialise")
-        .to_string()
+    serde_json::to_value(PresenceReply {
+        room: room.into(),
+        count: view.count,
+        members,
+        reference: None,
+    })
+    .expect("presence answers always serialise")
+    .to_string()
 }
 
 /// The body of `GET /v1/rooms/{room}/events`; `events` are rendered events.
-pub fn history_body<'a>(room: &str, epoch: Option<&str>, head: u64, events: impl IntoIterator<Item = &'a str>) -> String {
+pub fn history_body<'a>(
+    room: &str,
+    epoch: Option<&str>,
+    head: u64,
+    events: impl IntoIterator<Item = &'a str>,
+) -> String {
     let mut out = String::with_capacity(256);
     out.push_str(r#"{"room":"#);
     out.push_str(&json_str(room));
@@ -171,7 +181,8 @@ pub fn error_body(code: ErrorCode, message: &str, room: Option<&str>) -> String 
 /// handshake on a node that does not serve its session.
 pub fn wrong_node_body(message: &str, node: &str, url: &str) -> String {
     let code = ErrorCode::WrongNode.as_str();
-    serde_json::json!({"error": {"code": code, "message": message, "node": node, "url": url}}).to_string()
+    serde_json::json!({"error": {"code": code, "message": message, "node": node, "url": url}})
+        .to_string()
 }
 
 pub fn parse_token_request(body: &[u8]) -> Result<TokenRequest, serde_json::Error> {
@@ -189,16 +200,33 @@ mod tests {
 
     #[test]
     fn state_bodies() {
-        let state = |body: &str| parse_publish_request(body.as_bytes()).map(|r| r.state.map(|s| s.get().to_string())).map_err(|e| e.to_string());
+        let state = |body: &str| {
+            parse_publish_request(body.as_bytes())
+                .map(|r| r.state.map(|s| s.get().to_string()))
+                .map_err(|e| e.to_string())
+        };
         assert_eq!(state(r#"{"data":1}"#), Ok(None));
         assert_eq!(state(r#"{"data":1,"state":null}"#), Ok(None));
-        assert_eq!(state(r#"{"data":1,"state":{"last_id":"e-1"}}"#), Ok(Some(r#"{"last_id":"e-1"}"#.into())));
-        let put = |body: &str| parse_put_state_request(body.as_bytes()).map(|r| r.data.get().to_string()).map_err(|e| e.to_string());
+        assert_eq!(
+            state(r#"{"data":1,"state":{"last_id":"e-1"}}"#),
+            Ok(Some(r#"{"last_id":"e-1"}"#.into()))
+        );
+        let put = |body: &str| {
+            parse_put_state_request(body.as_bytes())
+                .map(|r| r.data.get().to_string())
+                .map_err(|e| e.to_string())
+        };
         assert_eq!(put(r#"{"data":{"a":1}}"#), Ok(r#"{"a":1}"#.into()));
         assert_eq!(put(r#"{"data":null}"#), Ok("null".into()));
         assert!(put(r#"{}"#).is_err(), "data is required");
         assert!(put(r#"{"data":1,"seq":2}"#).is_err(), "unknown fields are refused");
-        assert!(parse_user_message_request(br#"{"data":1,"state":{}}"#).is_err(), "an inbox has no state");
-        assert_eq!(to_json(&PutStateReply { room: "r".into(), epoch: "E".into(), seq: 3 }), r#"{"room":"r","epoch":"E","seq":3}"#);
+        assert!(
+            parse_user_message_request(br#"{"data":1,"state":{}}"#).is_err(),
+            "an inbox has no state"
+        );
+        assert_eq!(
+            to_json(&PutStateReply { room: "r".into(), epoch: "E".into(), seq: 3 }),
+            r#"{"room":"r","epoch":"E","seq":3}"#
+        );
     }
 }

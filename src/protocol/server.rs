@@ -244,7 +244,9 @@ impl<'a> From<&'a Member> for MemberJson<'a> {
     }
 }
 
-pub(super) fn members_json<'a>(members: Option<impl IntoIterator<Item = &'a Member>>) -> Option<Vec<MemberJson<'a>>> {
+pub(super) fn members_json<'a>(
+    members: Option<impl IntoIterator<Item = &'a Member>>,
+) -> Option<Vec<MemberJson<'a>>> {
     members.map(|ms| ms.into_iter().map(MemberJson::from).collect())
 }
 
@@ -278,7 +280,12 @@ pub struct PresenceDiff<'a> {
 /// The reply to the `presence` op.
 pub fn presence_reply_frame(room: &str, view: &View, reference: Option<i64>) -> String {
     let members = members_json(view.members.as_ref());
-    render(&ServerFrame::PresenceReply(PresenceReply { room: room.into(), count: view.count, members, reference }))
+    render(&ServerFrame::PresenceReply(PresenceReply {
+        room: room.into(),
+        count: view.count,
+        members,
+        reference,
+    }))
 }
 
 /// A room's presence frame, rendered once for every subscriber that asked.
@@ -302,7 +309,8 @@ pub struct CloseNotice<'a> {
 
 /// `{"code":C,"reason":"..."}`, the data of an SSE `event: close`.
 pub fn close_event(code: u16, reason: &str) -> String {
-    serde_json::to_string(&CloseNotice { code, reason: reason.into() }).expect("close notices always serialise")
+    serde_json::to_string(&CloseNotice { code, reason: reason.into() })
+        .expect("close notices always serialise")
 }
 
 /// A server frame as JSON text. Through a `Value`, whose map sorts the keys: the bytes
@@ -314,7 +322,14 @@ fn render(frame: &ServerFrame) -> String {
 /// One event as it appears in `events` frames and history replies. `data` is JSON text.
 /// `from`: the user whose connection published it (client publish), set by the server
 /// and outside `data`, so nothing a client writes can pose as it.
-pub fn render_event(room: &str, seq: u64, id: &str, ts_ms: u64, from: Option<&str>, data: &str) -> String {
+pub fn render_event(
+    room: &str,
+    seq: u64,
+    id: &str,
+    ts_ms: u64,
+    from: Option<&str>,
+    data: &str,
+) -> String {
     let from = from.map(|user| format!(r#""from":{},"#, json_str(user))).unwrap_or_default();
     format!(
         r#"{{"room":{},"seq":{seq},"id":{},"ts_ms":{ts_ms},{from}"data":{data}}}"#,
@@ -333,7 +348,13 @@ pub fn events_frame<'a>(events: impl IntoIterator<Item = &'a str>, capacity: usi
 }
 
 /// `resume`: the connection's resume credential and when it expires.
-pub fn welcome_frame(session: &str, node: &str, heartbeat_ms: u64, warmup: bool, resume: Option<(&str, u64)>) -> String {
+pub fn welcome_frame(
+    session: &str,
+    node: &str,
+    heartbeat_ms: u64,
+    warmup: bool,
+    resume: Option<(&str, u64)>,
+) -> String {
     render(&ServerFrame::Welcome(Welcome {
         session: session.into(),
         node: node.into(),
@@ -345,8 +366,21 @@ pub fn welcome_frame(session: &str, node: &str, heartbeat_ms: u64, warmup: bool,
     }))
 }
 
-pub fn subscribed_frame(room: &str, epoch: &str, seq: u64, recovered: Option<bool>, reference: Option<i64>) -> String {
-    render(&ServerFrame::Subscribed(Subscribed { room: room.into(), epoch: epoch.into(), seq, recovered, reference, state: None }))
+pub fn subscribed_frame(
+    room: &str,
+    epoch: &str,
+    seq: u64,
+    recovered: Option<bool>,
+    reference: Option<i64>,
+) -> String {
+    render(&ServerFrame::Subscribed(Subscribed {
+        room: room.into(),
+        epoch: epoch.into(),
+        seq,
+        recovered,
+        reference,
+        state: None,
+    }))
 }
 
 /// [`subscribed_frame`] of a subscribe that asked for the state: `state` is the room's
@@ -360,7 +394,14 @@ pub fn subscribed_state_frame(
     state: Option<(u64, &str)>,
 ) -> String {
     let state = Some(RawJson::from_rendered(state_json(state)));
-    render(&ServerFrame::Subscribed(Subscribed { room: room.into(), epoch: epoch.into(), seq, recovered, reference, state }))
+    render(&ServerFrame::Subscribed(Subscribed {
+        room: room.into(),
+        epoch: epoch.into(),
+        seq,
+        recovered,
+        reference,
+        state,
+    }))
 }
 
 /// The automatic subscription to the user's inbox, sent after `welcome`: the inbox is
@@ -382,9 +423,21 @@ pub fn pong_frame(reference: Option<i64>) -> String {
 }
 
 /// An `error` frame; `room`: the room the refused request named, if it named one.
-pub fn error_frame(reference: Option<i64>, room: Option<&str>, code: ErrorCode, message: &str) -> String {
+pub fn error_frame(
+    reference: Option<i64>,
+    room: Option<&str>,
+    code: ErrorCode,
+    message: &str,
+) -> String {
     let (code, message, room) = (code.as_str().into(), message.into(), room.map(Into::into));
-    render(&ServerFrame::Error(ErrorFrame { reference, code, message, room, node: None, url: None }))
+    render(&ServerFrame::Error(ErrorFrame {
+        reference,
+        code,
+        message,
+        room,
+        node: None,
+        url: None,
+    }))
 }
 
 /// The `error` frame a WebSocket gets before its close 4421: where its session is served.
@@ -438,17 +491,32 @@ mod tests {
         let parsed: Value = serde_json::from_str(&frame).unwrap();
         assert_eq!(parsed["events"][1]["room"], "r\"1");
         assert_eq!(parsed["events"][0]["data"]["k"][1], 2);
-        let history: Value = serde_json::from_str(&history_frame("r", None, 0, [], true, Some(2))).unwrap();
-        assert_eq!((history["epoch"].clone(), history["ref"].clone()), (Value::Null, Value::from(2)));
-        let sub: Value = serde_json::from_str(&subscribed_frame("r", "E", 4, Some(false), None)).unwrap();
+        let history: Value =
+            serde_json::from_str(&history_frame("r", None, 0, [], true, Some(2))).unwrap();
+        assert_eq!(
+            (history["epoch"].clone(), history["ref"].clone()),
+            (Value::Null, Value::from(2))
+        );
+        let sub: Value =
+            serde_json::from_str(&subscribed_frame("r", "E", 4, Some(false), None)).unwrap();
         assert_eq!(sub["recovered"], false);
-        let body: Value = serde_json::from_str(&history_body("r", Some("E"), 1, [event.as_str()])).unwrap();
+        let body: Value =
+            serde_json::from_str(&history_body("r", Some("E"), 1, [event.as_str()])).unwrap();
         assert_eq!(body["events"][0]["seq"], 3);
         assert_eq!(parsed["events"][0].get("from"), None, "a backend's event names no user");
-        let from: Value = serde_json::from_str(&render_event("r", 1, "a", 5, Some("u\"1"), r#"{"from":"x"}"#)).unwrap();
-        assert_eq!((from["from"].clone(), from["data"]["from"].clone()), (Value::from("u\"1"), Value::from("x")));
-        let published: Value = serde_json::from_str(&published_frame("r", 9, true, Some(4))).unwrap();
-        assert_eq!(published, serde_json::json!({"op":"published","room":"r","seq":9,"duplicate":true,"ref":4}));
+        let from: Value =
+            serde_json::from_str(&render_event("r", 1, "a", 5, Some("u\"1"), r#"{"from":"x"}"#))
+                .unwrap();
+        assert_eq!(
+            (from["from"].clone(), from["data"]["from"].clone()),
+            (Value::from("u\"1"), Value::from("x"))
+        );
+        let published: Value =
+            serde_json::from_str(&published_frame("r", 9, true, Some(4))).unwrap();
+        assert_eq!(
+            published,
+            serde_json::json!({"op":"published","room":"r","seq":9,"duplicate":true,"ref":4})
+        );
     }
 
     #[test]
@@ -462,8 +530,14 @@ mod tests {
                 welcome_frame("s1", "n1", 30_000, false, Some(("R", 7))),
                 r#"{"features":["presence","publish","state"],"heartbeat_ms":30000,"node":"n1","op":"welcome","resume":"R","resume_expires_at_ms":7,"session":"s1","warmup":false}"#,
             ),
-            (subscribed_frame("r", "E", 4, Some(true), Some(2)), r#"{"epoch":"E","op":"subscribed","recovered":true,"ref":2,"room":"r","seq":4}"#),
-            (subscribed_frame("r", "E", 0, None, None), r#"{"epoch":"E","op":"subscribed","room":"r","seq":0}"#),
+            (
+                subscribed_frame("r", "E", 4, Some(true), Some(2)),
+                r#"{"epoch":"E","op":"subscribed","recovered":true,"ref":2,"room":"r","seq":4}"#,
+            ),
+            (
+                subscribed_frame("r", "E", 0, None, None),
+                r#"{"epoch":"E","op":"subscribed","room":"r","seq":0}"#,
+            ),
             (
                 subscribed_state_frame("r", "E", 9, None, Some(1), Some((7, r#"{"b":1,"a":[2]}"#))),
                 r#"{"epoch":"E","op":"subscribed","ref":1,"room":"r","seq":9,"state":{"data":{"a":[2],"b":1},"seq":7}}"#,
@@ -472,13 +546,22 @@ mod tests {
                 subscribed_state_frame("r", "E", 9, Some(false), None, None),
                 r#"{"epoch":"E","op":"subscribed","recovered":false,"room":"r","seq":9,"state":null}"#,
             ),
-            (state_body("r\"", Some("E"), 7, Some(r#"{"a":1}"#)), r#"{"room":"r\"","epoch":"E","seq":7,"data":{"a":1}}"#),
+            (
+                state_body("r\"", Some("E"), 7, Some(r#"{"a":1}"#)),
+                r#"{"room":"r\"","epoch":"E","seq":7,"data":{"a":1}}"#,
+            ),
             (state_body("r", None, 0, None), r#"{"room":"r","epoch":null,"seq":0,"data":null}"#),
             (inbox_notice_frame("inbox:u"), r#"{"op":"subscribed","room":"inbox:u"}"#),
             (unsubscribed_frame("r", Some(3)), r#"{"op":"unsubscribed","ref":3,"room":"r"}"#),
             (pong_frame(None), r#"{"op":"pong"}"#),
-            (close_event(1012, "service restart: reconnect in 5 ms"), r#"{"code":1012,"reason":"service restart: reconnect in 5 ms"}"#),
-            (error_frame(Some(5), None, ErrorCode::BadRoom, "bad \"x\""), r#"{"code":"bad_room","message":"bad \"x\"","op":"error","ref":5}"#),
+            (
+                close_event(1012, "service restart: reconnect in 5 ms"),
+                r#"{"code":1012,"reason":"service restart: reconnect in 5 ms"}"#,
+            ),
+            (
+                error_frame(Some(5), None, ErrorCode::BadRoom, "bad \"x\""),
+                r#"{"code":"bad_room","message":"bad \"x\"","op":"error","ref":5}"#,
+            ),
             (
                 error_frame(Some(6), Some("a:b"), ErrorCode::Forbidden, "no"),
                 r#"{"code":"forbidden","message":"no","op":"error","ref":6,"room":"a:b"}"#,
@@ -496,10 +579,20 @@ mod tests {
         assert_eq!(head(&text), FrameHead { op: ServerOp::Welcome, reference: None });
         let welcome: Welcome = serde_json::from_str(&text).unwrap();
         let features = FEATURES.iter().map(|feature| (*feature).to_string()).collect();
-        let expected = Welcome { session: "s1".into(), node: "n1".into(), heartbeat_ms: 30_000, warmup: true, resume: None, resume_expires_at_ms: None, features };
+        let expected = Welcome {
+            session: "s1".into(),
+            node: "n1".into(),
+            heartbeat_ms: 30_000,
+            warmup: true,
+            resume: None,
+            resume_expires_at_ms: None,
+            features,
+        };
         assert_eq!(welcome, expected);
         // A welcome from a server before `features` reads as one without them.
-        let old: Welcome = serde_json::from_str(r#"{"op":"welcome","session":"s","node":"n","heartbeat_ms":1}"#).unwrap();
+        let old: Welcome =
+            serde_json::from_str(r#"{"op":"welcome","session":"s","node":"n","heartbeat_ms":1}"#)
+                .unwrap();
         assert!(old.features.is_empty());
 
         let text = subscribed_frame("r", "E", 4, Some(false), Some(2));
@@ -507,12 +600,21 @@ mod tests {
         let reply: Subscribed = serde_json::from_str(&text).unwrap();
         assert_eq!(
             reply,
-            Subscribed { room: "r".into(), epoch: "E".into(), seq: 4, recovered: Some(false), reference: Some(2), state: None }
+            Subscribed {
+                room: "r".into(),
+                epoch: "E".into(),
+                seq: 4,
+                recovered: Some(false),
+                reference: Some(2),
+                state: None
+            }
         );
         for state in [Some((3, r#"{"x":1}"#)), None] {
             let text = subscribed_state_frame("r", "E", 4, None, None, state);
             let reply: Subscribed = serde_json::from_str(&text).unwrap();
-            let got: Value = serde_json::from_str(reply.state.expect("a null state is there too").0.get()).unwrap();
+            let got: Value =
+                serde_json::from_str(reply.state.expect("a null state is there too").0.get())
+                    .unwrap();
             assert_eq!(got, serde_json::from_str::<Value>(&state_json(state)).unwrap(), "{text}");
         }
         let text = inbox_notice_frame("inbox:u");
@@ -522,15 +624,24 @@ mod tests {
 
         let text = unsubscribed_frame("r", Some(3));
         assert_eq!(head(&text).op, ServerOp::Unsubscribed);
-        assert_eq!(serde_json::from_str::<Unsubscribed>(&text).unwrap(), Unsubscribed { room: "r".into(), reference: Some(3) });
-        assert_eq!(head(&pong_frame(Some(1))), FrameHead { op: ServerOp::Pong, reference: Some(1) });
+        assert_eq!(
+            serde_json::from_str::<Unsubscribed>(&text).unwrap(),
+            Unsubscribed { room: "r".into(), reference: Some(3) }
+        );
+        assert_eq!(
+            head(&pong_frame(Some(1))),
+            FrameHead { op: ServerOp::Pong, reference: Some(1) }
+        );
 
         let text = error_frame(Some(5), None, ErrorCode::BadRoom, "bad \"x\"\n");
         assert_eq!(head(&text), FrameHead { op: ServerOp::Error, reference: Some(5) });
         let error: ErrorFrame = serde_json::from_str(&text).unwrap();
         assert_eq!((error.code.as_ref(), error.message.as_ref()), ("bad_room", "bad \"x\"\n"));
 
-        assert_eq!(head(&history_frame("r", None, 0, [], true, Some(2))), FrameHead { op: ServerOp::History, reference: Some(2) });
+        assert_eq!(
+            head(&history_frame("r", None, 0, [], true, Some(2))),
+            FrameHead { op: ServerOp::History, reference: Some(2) }
+        );
         assert_eq!(head(r#"{"op":"later","ref":1}"#).op, ServerOp::Unknown);
         assert!(serde_json::from_str::<FrameHead>(r#"{"ref":1}"#).is_err());
     }
@@ -539,11 +650,14 @@ mod tests {
     fn presence_frames() {
         let (a, b) = (Member::new("ann", "web"), Member::new("bob", "phone"));
         let view = View { count: 2, members: Some([a.clone(), b.clone()].into_iter().collect()) };
-        let reply: Value = serde_json::from_str(&presence_reply_frame("r", &view, Some(3))).unwrap();
+        let reply: Value =
+            serde_json::from_str(&presence_reply_frame("r", &view, Some(3))).unwrap();
         let want = serde_json::json!({"op":"presence","room":"r","count":2,"ref":3,
             "members":[{"user":"ann","device":"web"},{"user":"bob","device":"phone"}]});
         assert_eq!(reply, want);
-        let body: Value = serde_json::from_str(&presence_body("r", &View { count: 5000, members: None })).unwrap();
+        let body: Value =
+            serde_json::from_str(&presence_body("r", &View { count: 5000, members: None }))
+                .unwrap();
         assert_eq!(body, serde_json::json!({"room":"r","count":5000,"members":null}));
         let diff = Diff { count: 1, joined: Some(vec![a]), left: Some(vec![b]) };
         let text = presence_frame("r", &diff);
@@ -554,8 +668,15 @@ mod tests {
         assert_eq!(serde_json::from_str::<FrameHead>(&text).unwrap().op, ServerOp::Presence);
         let read: PresenceDiff = serde_json::from_str(&text).unwrap();
         assert_eq!(read.joined.unwrap()[0].user, "ann");
-        let counted: Value = serde_json::from_str(&presence_frame("r", &Diff { count: 9, joined: None, left: None })).unwrap();
-        assert_eq!(counted, serde_json::json!({"op":"presence","room":"r","count":9,"joined":null,"left":null}));
+        let counted: Value = serde_json::from_str(&presence_frame(
+            "r",
+            &Diff { count: 9, joined: None, left: None },
+        ))
+        .unwrap();
+        assert_eq!(
+            counted,
+            serde_json::json!({"op":"presence","room":"r","count":9,"joined":null,"left":null})
+        );
     }
 
     #[test]
@@ -568,7 +689,13 @@ mod tests {
         assert_eq!(raw, [first.as_str(), second.as_str()], "events pass through unchanged");
         assert_eq!(serde_json::to_string(&ServerFrame::Events(parsed)).unwrap(), frame);
         let heads: Vec<EventHead> = raw.iter().map(|e| serde_json::from_str(e).unwrap()).collect();
-        assert_eq!(heads, [EventHead { room: "r".into(), seq: 1 }, EventHead { room: "r\"2".into(), seq: 2 }]);
-        assert_eq!(events_frame([], 0), serde_json::to_string(&ServerFrame::Events(Events { events: vec![] })).unwrap());
+        assert_eq!(
+            heads,
+            [EventHead { room: "r".into(), seq: 1 }, EventHead { room: "r\"2".into(), seq: 2 }]
+        );
+        assert_eq!(
+            events_frame([], 0),
+            serde_json::to_string(&ServerFrame::Events(Events { events: vec![] })).unwrap()
+        );
     }
 }

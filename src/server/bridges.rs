@@ -8,10 +8,10 @@ use std::sync::Arc;
 use actix::Addr;
 use futures_util::future::LocalBoxFuture;
 
+use crate::actors::directory::UserMoves;
 use crate::actors::liveness::{Heard, Left, LivenessActor, Router};
 use crate::actors::messages::{Kick, NewEvent};
 use crate::actors::rebalance::{Rebalancer, Shed};
-use crate::actors::directory::UserMoves;
 use crate::actors::registry::{Registry, RemoteMoved, RemoteReplace, UserBus};
 use crate::actors::room::{Occupancy, PresenceHub};
 use crate::actors::rooms::Rooms;
@@ -28,7 +28,9 @@ pub(super) struct ClusterUserBus(pub(super) Cluster);
 impl UserBus for ClusterUserBus {
     fn announce_replace(&self, user: &str, device: &str, at_ms: u64) {
         let (cluster, user, device) = (self.0.clone(), user.to_string(), device.to_string());
-        actix::spawn(async move { crate::cluster::bus::announce_replace(&cluster, &user, &device, at_ms).await });
+        actix::spawn(async move {
+            crate::cluster::bus::announce_replace(&cluster, &user, &device, at_ms).await
+        });
     }
 }
 
@@ -36,7 +38,9 @@ impl UserBus for ClusterUserBus {
 impl UserMoves for ClusterUserBus {
     fn moved(&self, user: &str, at_ms: u64) {
         let (cluster, user) = (self.0.clone(), user.to_string());
-        actix::spawn(async move { crate::cluster::bus::announce_moved(&cluster, &user, at_ms).await });
+        actix::spawn(
+            async move { crate::cluster::bus::announce_moved(&cluster, &user, at_ms).await },
+        );
     }
 }
 
@@ -73,7 +77,10 @@ impl NodeEvents for NodeActors {
     /// it does not hear alive and taking connections is not where anyone is sent.
     fn user_moved(&self, user: String, to: String, at_ms: u64) {
         let nodes = self.router.loads(0).unwrap_or_default();
-        let known: Vec<Known> = nodes.iter().map(|n| Known { name: &n.name, url: &n.url, draining: n.draining }).collect();
+        let known: Vec<Known> = nodes
+            .iter()
+            .map(|n| Known { name: &n.name, url: &n.url, draining: n.draining })
+            .collect();
         let url = match target_url(&to, &self.router.me().name, &known) {
             Ok(url) => url.to_string(),
             Err(refused) => {
@@ -83,14 +90,25 @@ impl NodeEvents for NodeActors {
         };
         let registry = self.registry.clone();
         actix::spawn(async move {
-            let closed = registry.send(RemoteMoved { user: user.clone(), url, at_ms }).await.unwrap_or(0);
+            let closed =
+                registry.send(RemoteMoved { user: user.clone(), url, at_ms }).await.unwrap_or(0);
             if closed > 0 {
-                tracing::info!(user, to, closed, "the user's sessions moved to another node: its connections here follow");
+                tracing::info!(
+                    user,
+                    to,
+                    closed,
+                    "the user's sessions moved to another node: its connections here follow"
+                );
             }
         });
     }
 
-    fn kick(&self, user: String, device: Option<String>, at_ms: u64) -> LocalBoxFuture<'static, usize> {
+    fn kick(
+        &self,
+        user: String,
+        device: Option<String>,
+        at_ms: u64,
+    ) -> LocalBoxFuture<'static, usize> {
         let (registry, nonces) = (self.registry.clone(), self.nonces.clone());
         Box::pin(async move {
             // The asking node recorded the kick in NATS before it asked; this node's store
@@ -106,17 +124,35 @@ impl NodeEvents for NodeActors {
         })
     }
 
-    fn publish(&self, publish: ForwardedPublish) -> LocalBoxFuture<'static, Result<Appended, Box<dyn std::error::Error>>> {
+    fn publish(
+        &self,
+        publish: ForwardedPublish,
+    ) -> LocalBoxFuture<'static, Result<Appended, Box<dyn std::error::Error>>> {
         let rooms = self.rooms.clone();
         Box::pin(async move {
             let ForwardedPublish { room, id, data, devices, from, state, put_state } = publish;
             let done = if put_state {
                 rooms.put_state(&room, data.into()).await
             } else {
-                rooms.publish(&room, NewEvent { id: id.into(), data: data.into(), devices, from, state: state.map(Into::into) }).await
+                rooms
+                    .publish(
+                        &room,
+                        NewEvent {
+                            id: id.into(),
+                            data: data.into(),
+                            devices,
+                            from,
+                            state: state.map(Into::into),
+                        },
+                    )
+                    .await
             };
             match done {
-                Ok(published) => Ok(Appended { seq: published.seq, epoch: published.epoch.to_string(), duplicate: published.duplicate }),
+                Ok(published) => Ok(Appended {
+                    seq: published.seq,
+                    epoch: published.epoch.to_string(),
+                    duplicate: published.duplicate,
+                }),
                 Err(error) => Err(error.into()),
             }
         })
@@ -130,7 +166,9 @@ impl NodeEvents for NodeActors {
     fn rebalance(&self, order: Order) -> LocalBoxFuture<'static, Result<(), OrderRefused>> {
         let rebalance = self.rebalance.clone();
         // A rebalancer gone (the node stops) takes no order: as if it were not there.
-        Box::pin(async move { rebalance.send(Shed(order)).await.unwrap_or(Err(OrderRefused::UnknownTarget)) })
+        Box::pin(async move {
+            rebalance.send(Shed(order)).await.unwrap_or(Err(OrderRefused::UnknownTarget))
+        })
     }
 
     fn rooms_moved(&self, moved: Box<dyn Fn(&str) -> bool>, to: String) {

@@ -77,10 +77,13 @@ pub(super) fn http_server(
     // One HTTP service per worker for either stream type (plain TCP, TLS).
     macro_rules! http_service {
         ($io:ty) => {{
-            let (make_app, on_connect, stopping) = (make_app.clone(), on_connect.clone(), stopping.clone());
+            let (make_app, on_connect, stopping) =
+                (make_app.clone(), on_connect.clone(), stopping.clone());
             move || {
                 let (on_connect, stopping) = (on_connect.clone(), stopping.clone());
-                let app = || actix_service::map_config(make_app(), |_| actix_web::dev::AppConfig::default());
+                let app = || {
+                    actix_service::map_config(make_app(), |_| actix_web::dev::AppConfig::default())
+                };
                 HttpService::build()
                     // Slowloris: the first request head (so a WebSocket upgrade) must arrive
                     // in time; `Timed` times every later one.
@@ -99,7 +102,9 @@ pub(super) fn http_server(
                         let stopping = stopping.clone();
                         async move { stopping.notified().await }
                     })
-                    .on_connect_ext(move |io: &$io, data: &mut actix_web::dev::Extensions| on_connect(io as &dyn std::any::Any, data))
+                    .on_connect_ext(move |io: &$io, data: &mut actix_web::dev::Extensions| {
+                        on_connect(io as &dyn std::any::Any, data)
+                    })
                     .upgrade(http::upgrade::UpgradeFactory::new(app()))
                     .finish(app())
             }
@@ -115,7 +120,9 @@ pub(super) fn http_server(
             builder.listen("livegate", listener, move || {
                 accept()
                     .map_err(TlsError::Tls)
-                    .and_then(acceptor.clone().map_init_err(|_| ()).map_err(TlsError::into_service_error))
+                    .and_then(
+                        acceptor.clone().map_init_err(|_| ()).map_err(TlsError::into_service_error),
+                    )
                     .and_then(|io: TlsStream<Timed<TcpStream>>| async move {
                         let peer = io.get_ref().0.peer();
                         Ok((io, actix_http::Protocol::Http1, peer))
@@ -139,8 +146,15 @@ pub(super) fn http_server(
 }
 
 /// The rustls server configuration from PEM files (ring provider, TLS 1.2 and 1.3).
-pub(super) fn tls_server_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, ServerError> {
-    let failed = |what: &'static str, path: &Path, source| ServerError::TlsPem { what, path: path.to_path_buf(), source };
+pub(super) fn tls_server_config(
+    cert: &Path,
+    key: &Path,
+) -> Result<rustls::ServerConfig, ServerError> {
+    let failed = |what: &'static str, path: &Path, source| ServerError::TlsPem {
+        what,
+        path: path.to_path_buf(),
+        source,
+    };
     let certs = CertificateDer::pem_file_iter(cert)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
         .map_err(|e| failed("certificate chain", cert, e))?;
@@ -151,7 +165,11 @@ pub(super) fn tls_server_config(cert: &Path, key: &Path) -> Result<rustls::Serve
     rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
         .and_then(|builder| builder.with_no_client_auth().with_single_cert(certs, key_der))
-        .map_err(|source| ServerError::TlsConfig { cert: cert.to_path_buf(), key: key.to_path_buf(), source })
+        .map_err(|source| ServerError::TlsConfig {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            source,
+        })
 }
 
 /// Worker threads: the HTTP server's, and the rooms' arbiters.

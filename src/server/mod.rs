@@ -93,7 +93,11 @@ pub async fn run(
 
 /// Serve on `listener`, steered by `control`: build the node, serve until drained, stop
 /// it in order. Must run inside an actix system.
-pub async fn run_controlled(listener: std::net::TcpListener, config: Config, control: Control) -> Result<(), ServerError> {
+pub async fn run_controlled(
+    listener: std::net::TcpListener,
+    config: Config,
+    control: Control,
+) -> Result<(), ServerError> {
     let Control { shutdown, reload, reload_config, demo, dev } = control;
     let mut node = Node::build(listener, config, NodeOptions { reload_config, demo, dev }).await?;
     let served = node.serve(shutdown, reload).await;
@@ -116,6 +120,10 @@ pub fn raise_open_files_limit() -> u64 {
 /// The TLS server configuration when `tls_cert` and `tls_key` are set, read from their
 /// files; callers check it before announcing a listener.
 pub fn tls_config(config: &Config) -> Result<Option<rustls::ServerConfig>, ServerError> {
-    config.tls_cert.as_ref().zip(config.tls_key.as_ref()).map(|(cert, key)| http_server::tls_server_config(cert, key)).transpose()
+    config
+        .tls_cert
+        .as_ref()
+        .zip(config.tls_key.as_ref())
+        .map(|(cert, key)| http_server::tls_server_config(cert, key))
+        .transpose()
 }
-

@@ -20,31 +20,33 @@ use super::http_server::{http_server, threads};
 use super::upkeep::{expire_sessions, forward_signals, purge_expired, read_mirror_lags, reload_on};
 use super::{open_files_limit, tls_config, ServerError, Signals};
 use crate::actors::connection::ConnectionSettings;
-use crate::store::credentials::ResumeRevocations;
 use crate::actors::directory::{Directory, DirectorySettings, SessionStore, UserMoves};
 use crate::actors::liveness::{self, ClusterPeers, LivenessActor, OwnLoad, Router};
 use crate::actors::publish::Publisher;
 use crate::actors::rebalance::Rebalancer;
 use crate::actors::registry::{Registry, UserBus};
-use crate::actors::room::{DelayedVacate, LocalRoomLogs, Occupancy, PresenceHub, RoomLogs, RoomSettings, StreamRoomLogs};
+use crate::actors::room::{
+    DelayedVacate, LocalRoomLogs, Occupancy, PresenceHub, RoomLogs, RoomSettings, StreamRoomLogs,
+};
 use crate::actors::rooms::Rooms;
 use crate::actors::supervisor::{DrainTiming, Start, Supervisor};
 use crate::actors::webhooks::{DeadLetters, WebhookEvent, WebhookSettings, Webhooks};
+use crate::cluster::credentials::ClusterCredentials;
 use crate::cluster::kv::KvSessions;
 use crate::cluster::occupancy::{ClusterOccupancy, Report as OccupancyReport, LEAVE_WAIT};
 use crate::cluster::presence::PresenceSender;
 use crate::cluster::{CellDomains, Cluster, Joining, NatsAuth, StreamLimits};
 use crate::config::Config;
-use crate::core::rules::backoff::{Backoff, BackoffPolicy, Jitter};
 use crate::core::nodes::lifecycle::Lifecycle;
-use crate::core::rules::namespaces::Namespaces;
+use crate::core::rules::backoff::{Backoff, BackoffPolicy, Jitter};
 use crate::core::rules::limits::Retention;
+use crate::core::rules::namespaces::Namespaces;
 use crate::http::limits::{AccessList, ConnectionLimits};
-use crate::cluster::credentials::ClusterCredentials;
 use crate::http::seams::{ClusterNodes, NoOtherNodes, OtherNodes};
-use crate::store::credentials::{CredentialStore, StoreCredentials};
 use crate::http::{AppState, ReloadConfig};
 use crate::metrics::Metrics;
+use crate::store::credentials::ResumeRevocations;
+use crate::store::credentials::{CredentialStore, StoreCredentials};
 use crate::store::Store;
 use crate::tasks::Tasks;
 use crate::world::now_ms;
@@ -56,8 +58,11 @@ const HTTP_STOP_WAIT: Duration = Duration::from_secs(5);
 /// streams until its servers found each other and elected leaders.
 pub const CLUSTER_JOIN_WAIT: Duration = Duration::from_secs(60);
 /// The pause between two attempts to join, doubling from the first.
-const CLUSTER_JOIN_RETRY: BackoffPolicy =
-    BackoffPolicy { first: Duration::from_millis(250), max: Duration::from_secs(5), jitter: Jitter::None };
+const CLUSTER_JOIN_RETRY: BackoffPolicy = BackoffPolicy {
+    first: Duration::from_millis(250),
+    max: Duration::from_secs(5),
+    jitter: Jitter::None,
+};
 /// How long publishes and kicks other nodes sent and this node took get to be answered
 /// at shutdown (the forwarding node waits as long, then appends itself).
 const LISTENERS_STOP_WAIT: Duration = Duration::from_secs(5);
@@ -116,8 +121,14 @@ struct ClusterParts {
 /// or `cluster_nats_token`; validated to be one or the other), `cluster_token_secret`,
 /// and with `cluster_cell_domains` its cell and every configured cell.
 fn joining(config: &Config) -> Joining {
-    let auth = match (&config.cluster_nats_user, &config.cluster_nats_password, &config.cluster_nats_token) {
-        (Some(user), Some(password), _) => NatsAuth::UserPassword { user: user.clone(), password: password.clone() },
+    let auth = match (
+        &config.cluster_nats_user,
+        &config.cluster_nats_password,
+        &config.cluster_nats_token,
+    ) {
+        (Some(user), Some(password), _) => {
+            NatsAuth::UserPassword { user: user.clone(), password: password.clone() }
+        }
         (_, _, Some(token)) => NatsAuth::Token(token.clone()),
         _ => NatsAuth::None,
     };
@@ -126,13 +137,22 @@ fn joining(config: &Config) -> Joining {
         cells: config.configured_cells(),
         homes: Arc::new(parking_lot::RwLock::new(config.room_homes())),
     });
-    Joining { auth, token_secret: config.cluster_token_secret.as_ref().map(|s| s.as_bytes().to_vec()), cells }
+    Joining {
+        auth,
+        token_secret: config.cluster_token_secret.as_ref().map(|s| s.as_bytes().to_vec()),
+        cells,
+    }
 }
 
 /// Connect to NATS and set up the streams and buckets ([`Cluster::connect_as`]),
 /// trying again for up to [`CLUSTER_JOIN_WAIT`]: NATS may be starting too, or forming its
 /// cluster (no stream leader yet, replicas not placeable). Each failure is logged.
-async fn join_cluster(url: &str, node: &str, limits: StreamLimits, joining: &Joining) -> Result<Cluster, crate::cluster::ClusterError> {
+async fn join_cluster(
+    url: &str,
+    node: &str,
+    limits: StreamLimits,
+    joining: &Joining,
+) -> Result<Cluster, crate::cluster::ClusterError> {
     let started = std::time::Instant::now();
     let mut retry = Backoff::new(CLUSTER_JOIN_RETRY);
     loop {
@@ -159,7 +179,11 @@ impl Node {
     /// connect to NATS in cluster mode), start the actors, the cluster's listeners and
     /// the node's timers, and start the HTTP server, which answers `/readyz` with 503
     /// until [`Node::serve`]. Must run inside an actix system.
-    pub async fn build(listener: std::net::TcpListener, config: Config, options: NodeOptions) -> Result<Node, ServerError> {
+    pub async fn build(
+        listener: std::net::TcpListener,
+        config: Config,
+        options: NodeOptions,
+    ) -> Result<Node, ServerError> {
         let NodeOptions { reload_config, demo, dev } = options;
         config.validate()?;
         let access = AccessList::new(config.resolve_api_key()?.key, &config);
@@ -171,7 +195,15 @@ impl Node {
         let namespaces = Arc::new(config.room_namespaces()?);
         let store = Store::open_with_cache(&config.data_dir, config.store_cache_mb * 1024 * 1024)?;
         let cluster = match &config.cluster_nats_url {
-            Some(url) => Some(join_cluster(url, &config.node, stream_limits(&config, &namespaces), &joining(&config)).await?),
+            Some(url) => Some(
+                join_cluster(
+                    url,
+                    &config.node,
+                    stream_limits(&config, &namespaces),
+                    &joining(&config),
+                )
+                .await?,
+            ),
             None => None,
         };
         let device_kinds = config.exclusive_devices.iter().cloned().chain(["web".to_string()]);
@@ -185,13 +217,23 @@ impl Node {
             }
             None => (None, Tasks::default()),
         };
-        let presence = PresenceHub::new(config.presence_interval(), config.presence_members_max, presence_sender);
+        let presence = PresenceHub::new(
+            config.presence_interval(),
+            config.presence_members_max,
+            presence_sender,
+        );
         // Dead letters (webhooks given up): kept in the store whether webhooks are on or not.
-        let dead_letters = DeadLetters::open(store.clone(), metrics.clone(), config.webhook_dead_letters_max)?;
+        let dead_letters =
+            DeadLetters::open(store.clone(), metrics.clone(), config.webhook_dead_letters_max)?;
         // Webhooks (webhook_url): the queue in the store, resumed now, sent by its own threads.
         let webhooks = match WebhookSettings::from_config(&config) {
             Some(settings) => {
-                let webhooks = Webhooks::start(store.clone(), metrics.clone(), settings, dead_letters.clone())?;
+                let webhooks = Webhooks::start(
+                    store.clone(),
+                    metrics.clone(),
+                    settings,
+                    dead_letters.clone(),
+                )?;
                 // One node, before any subscribe: rooms a crash left occupied are empty now.
                 if cluster.is_none() {
                     webhooks.vacate_left_over(now_ms())?;
@@ -202,7 +244,9 @@ impl Node {
         };
         // Cluster mode: rooms' occupancy decided cluster-wide (off without webhooks).
         let occupancy = match (&cluster, occupancy_report(&metrics, webhooks.as_ref())) {
-            (Some(cluster), Some(report)) => Some(ClusterOccupancy::open(cluster, peer_timeout(&config), report).await?),
+            (Some(cluster), Some(report)) => {
+                Some(ClusterOccupancy::open(cluster, peer_timeout(&config), report).await?)
+            }
             _ => None,
         };
         let mut shared_room_settings = room_settings(&config, metrics.clone(), presence.clone());
@@ -216,10 +260,13 @@ impl Node {
         // In both modes a room's `vacated` waits `webhook_vacated_delay_ms` on its node, and
         // a room joined again meanwhile reports nothing (not even to the cluster's records).
         let vacate_delay = match local_edges.clone() {
-            Some(edges) if config.webhook_vacated_delay_ms > 0 => Some(DelayedVacate::start(edges, config.webhook_vacated_delay())?),
+            Some(edges) if config.webhook_vacated_delay_ms > 0 => {
+                Some(DelayedVacate::start(edges, config.webhook_vacated_delay())?)
+            }
             _ => None,
         };
-        shared_room_settings.occupancy = vacate_delay.clone().map(|d| d as Arc<dyn Occupancy>).or(local_edges);
+        shared_room_settings.occupancy =
+            vacate_delay.clone().map(|d| d as Arc<dyn Occupancy>).or(local_edges);
         let rooms = Rooms::start(backends.room_logs, shared_room_settings, namespaces, threads());
         let registry = Registry::new(config.exclusive_devices.clone(), backends.user_bus).start();
         let directory_settings = DirectorySettings {
@@ -232,8 +279,15 @@ impl Node {
         let lifecycle = Arc::new(Lifecycle::default());
         // The open-file budget, shared: plain HTTP sockets' places first, streams get the rest.
         let open_files = open_files_limit();
-        let max_http_connections = crate::http::limits::effective_max_http_connections(config.max_http_connections, open_files);
-        let max_connections = crate::http::limits::effective_max_connections(config.max_connections, open_files, max_http_connections);
+        let max_http_connections = crate::http::limits::effective_max_http_connections(
+            config.max_http_connections,
+            open_files,
+        );
+        let max_connections = crate::http::limits::effective_max_connections(
+            config.max_connections,
+            open_files,
+            max_http_connections,
+        );
         metrics.connection_capacity.set(max_connections.min(i64::MAX as usize) as i64);
         tracing::info!(
             open_files,
@@ -244,12 +298,27 @@ impl Node {
         );
         let me = this_node(&config, addr, tls.is_some());
         let own_load = OwnLoad { metrics: metrics.clone(), capacity: max_connections as u64 };
-        let router = Arc::new(router(&config, me, cluster.as_ref(), &lifecycle)?.with_load(own_load, config.placement_high_water_percent));
-        let (directory, session_opener) =
-            Directory::new(backends.sessions.clone(), router.clone(), directory_settings, metrics.clone(), backends.user_moves.clone())
-                .start_with_opener();
-        let liveness = start_liveness(&config, router.clone(), cluster.as_ref(), &metrics, &presence);
-        let rebalance = Rebalancer::start(directory.clone(), registry.clone(), router.clone(), lifecycle.clone(), metrics.clone());
+        let router = Arc::new(
+            router(&config, me, cluster.as_ref(), &lifecycle)?
+                .with_load(own_load, config.placement_high_water_percent),
+        );
+        let (directory, session_opener) = Directory::new(
+            backends.sessions.clone(),
+            router.clone(),
+            directory_settings,
+            metrics.clone(),
+            backends.user_moves.clone(),
+        )
+        .start_with_opener();
+        let liveness =
+            start_liveness(&config, router.clone(), cluster.as_ref(), &metrics, &presence);
+        let rebalance = Rebalancer::start(
+            directory.clone(),
+            registry.clone(),
+            router.clone(),
+            lifecycle.clone(),
+            metrics.clone(),
+        );
         let cluster = match (cluster, &backends.kv) {
             (Some(cluster), Some(kv)) => {
                 let events = NodeActors {
@@ -263,7 +332,9 @@ impl Node {
                     metrics: metrics.clone(),
                 };
                 let bus = crate::cluster::bus::listen(&cluster, events, kv.clone()).await?;
-                let presence_listeners = crate::cluster::presence::listen(&cluster, PresenceNodes(presence.clone())).await?;
+                let presence_listeners =
+                    crate::cluster::presence::listen(&cluster, PresenceNodes(presence.clone()))
+                        .await?;
                 presence.started();
                 let occupancy = match occupancy {
                     Some(occupancy) => {
@@ -272,16 +343,30 @@ impl Node {
                     }
                     None => None,
                 };
-                Some(ClusterParts { cluster, bus, presence: presence_listeners, presence_sender: presence_sending, occupancy })
+                Some(ClusterParts {
+                    cluster,
+                    bus,
+                    presence: presence_listeners,
+                    presence_sender: presence_sending,
+                    occupancy,
+                })
             }
             _ => None,
         };
-        let timing = DrainTiming { wait: config.drain_wait(), spread: config.drain_spread(), grace: config.drain_grace() };
+        let timing = DrainTiming {
+            wait: config.drain_wait(),
+            spread: config.drain_spread(),
+            grace: config.drain_grace(),
+        };
         // The publish path and the kicks' reach, chosen once with the rest: one node, or NATS.
         let (publisher, other_nodes): (Publisher, Arc<dyn OtherNodes>) = match &cluster {
             Some(parts) => (
                 Publisher::clustered(rooms.clone(), parts.cluster.clone(), router.clone()),
-                Arc::new(ClusterNodes { cluster: parts.cluster.clone(), router: router.clone(), rooms: rooms.clone() }),
+                Arc::new(ClusterNodes {
+                    cluster: parts.cluster.clone(),
+                    router: router.clone(),
+                    rooms: rooms.clone(),
+                }),
             ),
             None => (Publisher::local(rooms.clone()), Arc::new(NoOtherNodes)),
         };
@@ -289,7 +374,13 @@ impl Node {
         let state = web::Data::new(AppState {
             limits: Arc::new(ConnectionLimits::new(&config, max_connections)),
             sockets: crate::http::sockets::SocketBudget::new(max_http_connections, metrics.clone()),
-            connection: Arc::new(connection_settings(&config, metrics.clone(), backends.nonces.clone(), publisher.clone(), webhooks.clone())),
+            connection: Arc::new(connection_settings(
+                &config,
+                metrics.clone(),
+                backends.nonces.clone(),
+                publisher.clone(),
+                webhooks.clone(),
+            )),
             config: Arc::new(config),
             access: parking_lot::RwLock::new(access),
             reload: reload_config,
@@ -323,13 +414,26 @@ impl Node {
         let http = server.handle();
         let (done_tx, drained) = oneshot::channel();
         let joins = state.config.cluster_nats_url.is_some();
-        let supervisor = Supervisor::new(lifecycle, registry, directory.clone(), rooms.clone(), http.clone(), timing, metrics, done_tx)
-            .joining_peers(joins)
-            .start();
+        let supervisor = Supervisor::new(
+            lifecycle,
+            registry,
+            directory.clone(),
+            rooms.clone(),
+            http.clone(),
+            timing,
+            metrics,
+            done_tx,
+        )
+        .joining_peers(joins)
+        .start();
         let serving = actix_web::rt::spawn(server);
         let config = state.config.clone();
         let mut timers = Tasks::default();
-        timers.spawn(purge_expired(store.clone(), config.migration_window_secs * 1000, config.token_ttl_max()));
+        timers.spawn(purge_expired(
+            store.clone(),
+            config.migration_window_secs * 1000,
+            config.token_ttl_max(),
+        ));
         timers.spawn(expire_sessions(directory, config.session_ttl()));
         if demo {
             timers.spawn(crate::demo::run_simulator(publisher));
@@ -404,9 +508,13 @@ impl Node {
         }
         self.timers.stop(TASKS_STOP_WAIT).await;
         if let Some(parts) = &mut self.cluster {
-            let aborted = parts.bus.stop(LISTENERS_STOP_WAIT).await + parts.presence.stop(TASKS_STOP_WAIT).await;
+            let aborted = parts.bus.stop(LISTENERS_STOP_WAIT).await
+                + parts.presence.stop(TASKS_STOP_WAIT).await;
             if aborted > 0 {
-                tracing::warn!(aborted, "cluster listeners still answering at shutdown were stopped");
+                tracing::warn!(
+                    aborted,
+                    "cluster listeners still answering at shutdown were stopped"
+                );
             }
         }
         self.rooms.shutdown();
@@ -449,10 +557,17 @@ fn stream_limits(config: &Config, namespaces: &Namespaces) -> StreamLimits {
     }
 }
 
-fn room_settings(config: &Config, metrics: Arc<Metrics>, presence_hub: Arc<PresenceHub>) -> RoomSettings {
+fn room_settings(
+    config: &Config,
+    metrics: Arc<Metrics>,
+    presence_hub: Arc<PresenceHub>,
+) -> RoomSettings {
     RoomSettings {
         metrics,
-        retention: Retention { max_events: config.history_size, max_age_ms: config.history_ttl_secs * 1000 },
+        retention: Retention {
+            max_events: config.history_size,
+            max_age_ms: config.history_ttl_secs * 1000,
+        },
         recovery_max_events: config.recovery_max_events,
         idle_stop: config.room_idle(),
         // Often enough that an idle room stops within about its idle time.
@@ -471,15 +586,26 @@ fn peer_timeout(config: &Config) -> Duration {
 
 /// Where cluster-wide occupancy decisions go: the webhooks (each also counted in
 /// `livegate_occupancy_edges_total`); `None` (webhooks off) turns cluster occupancy off.
-fn occupancy_report(metrics: &Arc<Metrics>, webhooks: Option<&Webhooks>) -> Option<OccupancyReport> {
+fn occupancy_report(
+    metrics: &Arc<Metrics>,
+    webhooks: Option<&Webhooks>,
+) -> Option<OccupancyReport> {
     let (metrics, webhooks) = (metrics.clone(), webhooks?.clone());
     Some(Arc::new(move |room: &str, occupied: bool, ts_ms: u64| {
-        metrics.occupancy_edges.get_or_create(&crate::metrics::EdgeLabel { edge: if occupied { "occupied" } else { "vacated" } }).inc();
+        metrics
+            .occupancy_edges
+            .get_or_create(&crate::metrics::EdgeLabel {
+                edge: if occupied { "occupied" } else { "vacated" },
+            })
+            .inc();
         let room = room.to_string();
-        webhooks.enqueue(if occupied { WebhookEvent::RoomOccupied { room, ts_ms } } else { WebhookEvent::RoomVacated { room, ts_ms } });
+        webhooks.enqueue(if occupied {
+            WebhookEvent::RoomOccupied { room, ts_ms }
+        } else {
+            WebhookEvent::RoomVacated { room, ts_ms }
+        });
     }))
 }
-
 
 /// Where this node keeps rooms, sessions and token nonces, whom it tells about users,
 /// and its token secret: the embedded store alone, or NATS. Chosen once, here.
@@ -496,19 +622,28 @@ struct Backends {
 }
 
 impl Backends {
-    async fn open(config: &Config, store: &Store, cluster: Option<&Cluster>) -> Result<Backends, ServerError> {
+    async fn open(
+        config: &Config,
+        store: &Store,
+        cluster: Option<&Cluster>,
+    ) -> Result<Backends, ServerError> {
         let Some(cluster) = cluster else {
             return Ok(Backends {
                 room_logs: Arc::new(LocalRoomLogs::new(store.clone())?),
                 sessions: Arc::new(store.clone()),
                 kv: None,
-                nonces: Arc::new(StoreCredentials::new(store, config.resume_ttl(), config.token_ttl_max())),
+                nonces: Arc::new(StoreCredentials::new(
+                    store,
+                    config.resume_ttl(),
+                    config.token_ttl_max(),
+                )),
                 user_bus: None,
                 user_moves: None,
                 token_secret: store.credentials().secret("token")?,
             });
         };
-        let kv = KvSessions::open_with(cluster, Some(store.clone()), config.directory_outage()).await?;
+        let kv =
+            KvSessions::open_with(cluster, Some(store.clone()), config.directory_outage()).await?;
         Ok(Backends {
             room_logs: Arc::new(StreamRoomLogs(cluster.clone())),
             sessions: Arc::new(kv.clone()),
@@ -536,10 +671,16 @@ fn this_node(config: &Config, local: std::net::SocketAddr, tls: bool) -> crate::
 /// The routing view: peers from heartbeats on NATS (cluster mode), or the configured
 /// peers, probed. For the sessions a release moves, the newest `release` ranks first
 /// (`core::nodes::routing::release_first`).
-fn router(config: &Config, me: crate::config::Peer, cluster: Option<&Cluster>, lifecycle: &Arc<Lifecycle>) -> Result<Router, ServerError> {
+fn router(
+    config: &Config,
+    me: crate::config::Peer,
+    cluster: Option<&Cluster>,
+    lifecycle: &Arc<Lifecycle>,
+) -> Result<Router, ServerError> {
     let clustered = cluster.is_some();
     let up_after = config.probe_up_after.min(u32::MAX as u64) as u32;
-    let release_window = Duration::from_millis(crate::core::nodes::routing::RELEASE_FALLBACK_WINDOW_MS);
+    let release_window =
+        Duration::from_millis(crate::core::nodes::routing::RELEASE_FALLBACK_WINDOW_MS);
     let router = if clustered {
         let timeout = config.cluster_heartbeat() * HEARTBEATS_MISSED as u32;
         Router::clustered(me, timeout, up_after, lifecycle.clone(), release_window)
@@ -566,7 +707,8 @@ fn start_liveness(
     match cluster {
         Some(cluster) => {
             let peers = ClusterPeers { cluster: cluster.clone(), presence: presence.clone() };
-            LivenessActor::clustered(router, config.cluster_heartbeat(), peers, metrics.clone()).start()
+            LivenessActor::clustered(router, config.cluster_heartbeat(), peers, metrics.clone())
+                .start()
         }
         None => LivenessActor::probing(router, config.probe_interval(), metrics.clone()).start(),
     }
@@ -592,7 +734,8 @@ fn connection_settings(
         max_bad_messages: config.max_bad_messages,
         max_room_starts_per_sec: config.max_room_starts_per_sec,
         max_history_limit: config.max_history_limit,
-        subscribe_timeout: (config.subscribe_timeout_secs > 0).then(|| Duration::from_secs(config.subscribe_timeout_secs)),
+        subscribe_timeout: (config.subscribe_timeout_secs > 0)
+            .then(|| Duration::from_secs(config.subscribe_timeout_secs)),
         webhooks,
     }
 }

@@ -27,15 +27,23 @@ pub(super) const MIRROR_LAG_EVERY: Duration = Duration::from_secs(10);
 /// mirror of each other cell's rooms stream lacks, into `livegate_cell_mirror_lag_events`
 /// and the admin overview. A task of its own: it holds no room, lock or mailbox while it
 /// waits on NATS. A mirror that did not answer keeps its last figure.
-pub(super) async fn read_mirror_lags(cluster: crate::cluster::Cluster, metrics: std::sync::Arc<crate::metrics::Metrics>) {
+pub(super) async fn read_mirror_lags(
+    cluster: crate::cluster::Cluster,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+) {
     loop {
         for (cell, lag) in cluster.mirror_lags().await {
             match lag {
                 Ok(lag) => {
-                    metrics.cell_mirror_lag_events.get_or_create(&crate::metrics::CellLabel { cell: cell.clone() }).set(lag.min(i64::MAX as u64) as i64);
+                    metrics
+                        .cell_mirror_lag_events
+                        .get_or_create(&crate::metrics::CellLabel { cell: cell.clone() })
+                        .set(lag.min(i64::MAX as u64) as i64);
                     metrics.cell_mirror_lags.lock().insert(cell, lag);
                 }
-                Err(error) => tracing::debug!(%cell, %error, "could not read the mirror's lag; keeping the last figure"),
+                Err(error) => {
+                    tracing::debug!(%cell, %error, "could not read the mirror's lag; keeping the last figure")
+                }
             }
         }
         actix_web::rt::time::sleep(MIRROR_LAG_EVERY).await;
@@ -67,7 +75,11 @@ pub(super) async fn purge_expired(store: Store, migration_window_ms: u64, token_
         actix_web::rt::time::sleep(every).await;
         let store = store.clone();
         let purged = actix_web::rt::task::spawn_blocking(move || {
-            (store.credentials().purge(now_ms()), store.kicks().purge(now_ms()), store.migrations().purge(now_ms(), migration_window_ms))
+            (
+                store.credentials().purge(now_ms()),
+                store.kicks().purge(now_ms()),
+                store.migrations().purge(now_ms(), migration_window_ms),
+            )
         });
         let (nonces, kicks, migrations) = match purged.await {
             Ok(results) => results,
@@ -99,7 +111,12 @@ pub(super) async fn purge_expired(store: Store, migration_window_ms: u64, token_
 /// that is most of the process's growth (measured: 18 of 51 MiB after a churn of 60,000
 /// sessions). Other allocators return memory themselves.
 fn return_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu", not(feature = "mimalloc"), not(feature = "jemalloc")))]
+    #[cfg(all(
+        target_os = "linux",
+        target_env = "gnu",
+        not(feature = "mimalloc"),
+        not(feature = "jemalloc")
+    ))]
     // SAFETY: malloc_trim only walks and releases the allocator's own free lists.
     unsafe {
         libc::malloc_trim(0);
@@ -109,7 +126,8 @@ fn return_freed_memory() {
 /// Sweep sessions past their TTL a few times per TTL (at most every minute).
 pub(super) async fn expire_sessions(directory: Addr<Directory>, session_ttl: Duration) {
     let every = (session_ttl / 4).clamp(Duration::from_millis(250), PURGE_EVERY);
-    let mut ticks = actix_web::rt::time::interval_at(actix_web::rt::time::Instant::now() + every, every);
+    let mut ticks =
+        actix_web::rt::time::interval_at(actix_web::rt::time::Instant::now() + every, every);
     loop {
         ticks.tick().await;
         match directory.send(ExpireSessions).await {

@@ -39,21 +39,41 @@ pub trait ResumeRevocations: Send + Sync {
 pub trait CredentialStore: ResumeRevocations + 'static {
     /// Where `nonce` was marked, the first time it is used (`None`: used before); it is
     /// remembered until `expires_at_ms`.
-    fn use_nonce<'a>(&'a self, nonce: &'a [u8; 16], expires_at_ms: u64) -> LocalBoxFuture<'a, Result<Option<SpentIn>, StoreError>>;
+    fn use_nonce<'a>(
+        &'a self,
+        nonce: &'a [u8; 16],
+        expires_at_ms: u64,
+    ) -> LocalBoxFuture<'a, Result<Option<SpentIn>, StoreError>>;
     /// Give back a nonce this handshake just marked used where it was marked, because the
     /// handshake was refused before anything opened (a refusal the client is told to
     /// retry). While it was marked nobody else could use it, so it still opens at most
     /// one connection.
-    fn unuse_nonce<'a>(&'a self, nonce: &'a [u8; 16], spent: SpentIn) -> LocalBoxFuture<'a, Result<(), StoreError>>;
+    fn unuse_nonce<'a>(
+        &'a self,
+        nonce: &'a [u8; 16],
+        spent: SpentIn,
+    ) -> LocalBoxFuture<'a, Result<(), StoreError>>;
     /// Record that `user` (on `device` only, when given) was kicked at `at_ms`: every
     /// credential issued to them at or before then is void. Resolves once that is
     /// durable (the store flushed; in cluster mode NATS acknowledged, or failed and the
     /// kick holds on this node only).
-    fn kick_user<'a>(&'a self, user: &'a str, device: Option<&'a str>, at_ms: u64) -> LocalBoxFuture<'a, Result<(), StoreError>>;
+    fn kick_user<'a>(
+        &'a self,
+        user: &'a str,
+        device: Option<&'a str>,
+        at_ms: u64,
+    ) -> LocalBoxFuture<'a, Result<(), StoreError>>;
     /// When `user` was last kicked on every device or on `device`, whichever is later.
-    fn kicked_at<'a>(&'a self, user: &'a str, device: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>>;
+    fn kicked_at<'a>(
+        &'a self,
+        user: &'a str,
+        device: &'a str,
+    ) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>>;
     /// When `session`'s resume credentials were last revoked (a kick or a replace).
-    fn resumes_revoked_at<'a>(&'a self, session: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>>;
+    fn resumes_revoked_at<'a>(
+        &'a self,
+        session: &'a str,
+    ) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>>;
     /// Resolves once every revocation asked for before the call is durable: the store
     /// flushed and, in cluster mode, each NATS write acknowledged (or failed, when the
     /// revocation holds on this node only). A kick answers only after this.
@@ -74,37 +94,71 @@ impl StoreCredentials {
     /// `resume_ttl`: how long a resume credential lives; `token_ttl_max`: the longest a
     /// token may.
     pub fn new(store: &Store, resume_ttl: Duration, token_ttl_max: Duration) -> Self {
-        StoreCredentials { store: store.clone(), resume_ttl, credential_ttl: token_ttl_max.max(resume_ttl) }
+        StoreCredentials {
+            store: store.clone(),
+            resume_ttl,
+            credential_ttl: token_ttl_max.max(resume_ttl),
+        }
     }
 
     /// Record a kick in this store (not yet flushed).
-    pub fn record_kick(&self, user: &str, device: Option<&str>, at_ms: u64) -> Result<(), StoreError> {
+    pub fn record_kick(
+        &self,
+        user: &str,
+        device: Option<&str>,
+        at_ms: u64,
+    ) -> Result<(), StoreError> {
         let keep_until = at_ms.saturating_add(self.credential_ttl.as_millis() as u64);
         self.store.kicks().record(user, device, at_ms, keep_until)
     }
 }
 
 impl CredentialStore for StoreCredentials {
-    fn use_nonce<'a>(&'a self, nonce: &'a [u8; 16], expires_at_ms: u64) -> LocalBoxFuture<'a, Result<Option<SpentIn>, StoreError>> {
-        Box::pin(ready(self.store.credentials().use_nonce(nonce, expires_at_ms).map(|fresh| fresh.then_some(SpentIn::Store))))
+    fn use_nonce<'a>(
+        &'a self,
+        nonce: &'a [u8; 16],
+        expires_at_ms: u64,
+    ) -> LocalBoxFuture<'a, Result<Option<SpentIn>, StoreError>> {
+        Box::pin(ready(
+            self.store
+                .credentials()
+                .use_nonce(nonce, expires_at_ms)
+                .map(|fresh| fresh.then_some(SpentIn::Store)),
+        ))
     }
 
-    fn unuse_nonce<'a>(&'a self, nonce: &'a [u8; 16], _spent: SpentIn) -> LocalBoxFuture<'a, Result<(), StoreError>> {
+    fn unuse_nonce<'a>(
+        &'a self,
+        nonce: &'a [u8; 16],
+        _spent: SpentIn,
+    ) -> LocalBoxFuture<'a, Result<(), StoreError>> {
         Box::pin(ready(self.store.credentials().unuse_nonce(nonce)))
     }
 
-    fn kick_user<'a>(&'a self, user: &'a str, device: Option<&'a str>, at_ms: u64) -> LocalBoxFuture<'a, Result<(), StoreError>> {
+    fn kick_user<'a>(
+        &'a self,
+        user: &'a str,
+        device: Option<&'a str>,
+        at_ms: u64,
+    ) -> LocalBoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             self.record_kick(user, device, at_ms)?;
             self.store.flush_soon().await
         })
     }
 
-    fn kicked_at<'a>(&'a self, user: &'a str, device: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>> {
+    fn kicked_at<'a>(
+        &'a self,
+        user: &'a str,
+        device: &'a str,
+    ) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>> {
         Box::pin(ready(self.store.kicks().kicked_at(user, device)))
     }
 
-    fn resumes_revoked_at<'a>(&'a self, session: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>> {
+    fn resumes_revoked_at<'a>(
+        &'a self,
+        session: &'a str,
+    ) -> LocalBoxFuture<'a, Result<Option<u64>, StoreError>> {
         Box::pin(ready(self.store.credentials().resumes_revoked_at(session)))
     }
 
@@ -141,12 +195,25 @@ impl Credentials {
         let token_nonce = db.open_tree("token_nonce")?;
         let session_revoked = db.open_tree("session_revoked")?;
         Ok(Credentials {
-            nonces_by_expiry: TimeIndex::open(db, "nonce_expiry", &token_nonce, "token_nonce", |value| {
-                records::decode::<NonceRecord>("token_nonce", value).map(|r| r.expires_at_ms)
-            })?,
-            revocations_by_expiry: TimeIndex::open(db, "revoked_expiry", &session_revoked, "session_revoked", |value| {
-                records::decode::<RevokedRecord>("session_revoked", value).map(|r| r.keep_until_ms)
-            })?,
+            nonces_by_expiry: TimeIndex::open(
+                db,
+                "nonce_expiry",
+                &token_nonce,
+                "token_nonce",
+                |value| {
+                    records::decode::<NonceRecord>("token_nonce", value).map(|r| r.expires_at_ms)
+                },
+            )?,
+            revocations_by_expiry: TimeIndex::open(
+                db,
+                "revoked_expiry",
+                &session_revoked,
+                "session_revoked",
+                |value| {
+                    records::decode::<RevokedRecord>("session_revoked", value)
+                        .map(|r| r.keep_until_ms)
+                },
+            )?,
             db: db.clone(),
             meta: meta.clone(),
             token_nonce,
@@ -174,7 +241,8 @@ impl Credentials {
         let record = records::encode(&NonceRecord { expires_at_ms });
         // Indexed first: a replay adds the same entry again (same token, same expiry).
         self.nonces_by_expiry.note(nonce, expires_at_ms)?;
-        let swapped = self.token_nonce.compare_and_swap(nonce, None as Option<&[u8]>, Some(record))?;
+        let swapped =
+            self.token_nonce.compare_and_swap(nonce, None as Option<&[u8]>, Some(record))?;
         Ok(swapped.is_ok())
     }
 
@@ -187,7 +255,12 @@ impl Credentials {
 
     /// Void the resume credentials of `session` issued at or before `at_ms`; remembered
     /// until `keep_until_ms` (when the last of them expires). A later revocation wins.
-    pub fn revoke_resumes(&self, session: &str, at_ms: u64, keep_until_ms: u64) -> Result<(), StoreError> {
+    pub fn revoke_resumes(
+        &self,
+        session: &str,
+        at_ms: u64,
+        keep_until_ms: u64,
+    ) -> Result<(), StoreError> {
         let record = RevokedRecord { at_ms, keep_until_ms };
         // Whichever record stays, its own time was indexed when it was written.
         self.revocations_by_expiry.note(session.as_bytes(), keep_until_ms)?;
@@ -203,7 +276,10 @@ impl Credentials {
     /// When the resume credentials of `session` were last revoked, if they were.
     pub fn resumes_revoked_at(&self, session: &str) -> Result<Option<u64>, StoreError> {
         let record = self.session_revoked.get(session.as_bytes())?;
-        Ok(record.map(|bytes| records::decode::<RevokedRecord>("session_revoked", &bytes)).transpose()?.map(|r| r.at_ms))
+        Ok(record
+            .map(|bytes| records::decode::<RevokedRecord>("session_revoked", &bytes))
+            .transpose()?
+            .map(|r| r.at_ms))
     }
 
     /// Forget nonces of tokens (and revocations of resume credentials) that have expired
@@ -247,13 +323,20 @@ mod tests {
         credentials.session_revoked.insert("s1", &[records::RECORD_VERSION][..]).unwrap();
         // An index entry too short to name a key.
         credentials.nonces_by_expiry.entries.insert([0u8; 3], &[][..]).unwrap();
-        assert_eq!(credentials.purge(200).unwrap(), 4, "1, the corrupt 2 and 3, and s1's revocation");
+        assert_eq!(
+            credentials.purge(200).unwrap(),
+            4,
+            "1, the corrupt 2 and 3, and s1's revocation"
+        );
         assert_eq!(credentials.token_nonce.len(), 1);
         assert!(!credentials.use_nonce(&[4; 16], 300).unwrap(), "the one not due is still spent");
         assert_eq!(credentials.resumes_revoked_at("s1").unwrap(), None);
         assert_eq!(credentials.nonces_by_expiry.entries.len(), 1, "only the entry not due is left");
         assert_eq!(credentials.purge(300).unwrap(), 1);
-        assert_eq!((credentials.token_nonce.len(), credentials.nonces_by_expiry.entries.len()), (0, 0));
+        assert_eq!(
+            (credentials.token_nonce.len(), credentials.nonces_by_expiry.entries.len()),
+            (0, 0)
+        );
     }
 
     #[test]
@@ -292,13 +375,21 @@ mod tests {
         assert_eq!(credentials.resumes_revoked_at("s1").unwrap(), None);
         credentials.revoke_resumes("s1", 100, 700).unwrap();
         credentials.revoke_resumes("s1", 50, 650).unwrap();
-        assert_eq!(credentials.resumes_revoked_at("s1").unwrap(), Some(100), "an older revocation does not win");
+        assert_eq!(
+            credentials.resumes_revoked_at("s1").unwrap(),
+            Some(100),
+            "an older revocation does not win"
+        );
         credentials.revoke_resumes("s1", 200, 800).unwrap();
         assert_eq!(credentials.resumes_revoked_at("s1").unwrap(), Some(200));
         drop(store);
         let store = Store::open(dir.path()).unwrap();
         let credentials = store.credentials();
-        assert_eq!(credentials.resumes_revoked_at("s1").unwrap(), Some(200), "kept across a restart");
+        assert_eq!(
+            credentials.resumes_revoked_at("s1").unwrap(),
+            Some(200),
+            "kept across a restart"
+        );
         assert_eq!(credentials.purge(799).unwrap(), 0);
         assert_eq!(credentials.purge(800).unwrap(), 1);
         assert_eq!(credentials.resumes_revoked_at("s1").unwrap(), None);

@@ -28,9 +28,8 @@ impl DirectoryQueue {
         let mut writes = Vec::new();
         for item in self.directory_queue.iter() {
             let (key, value) = item?;
-            let id = u64::from_be_bytes(key.as_ref().try_into().map_err(|_| StoreError::Corrupt {
-                tree: "directory_queue",
-                why: "key is not 8 bytes".into(),
+            let id = u64::from_be_bytes(key.as_ref().try_into().map_err(|_| {
+                StoreError::Corrupt { tree: "directory_queue", why: "key is not 8 bytes".into() }
             })?);
             writes.push((id, records::decode("directory_queue", &value)?));
         }

@@ -64,9 +64,13 @@ mod tests {
 
     #[test]
     fn event_keys_sort_by_room_then_seq() {
-        let mut keys = vec![event_key("a", 256), event_key("ab", 1), event_key("a", 2), event_key("a", 1)];
+        let mut keys =
+            vec![event_key("a", 256), event_key("ab", 1), event_key("a", 2), event_key("a", 1)];
         keys.sort();
-        assert_eq!(keys, vec![event_key("a", 1), event_key("a", 2), event_key("a", 256), event_key("ab", 1)]);
+        assert_eq!(
+            keys,
+            vec![event_key("a", 1), event_key("a", 2), event_key("a", 256), event_key("ab", 1)]
+        );
         assert!(!event_key("ab", 1).starts_with(&room_prefix("a")));
         assert_eq!(seq_of_event_key(&event_key("r", 42)), Some(42));
         assert_eq!(seq_of_event_key(b"short"), None);

@@ -26,7 +26,13 @@ impl Kicks {
     /// Void every credential of `user` (of its `device` only, when given) issued at or
     /// before `at_ms`; remembered until `keep_until_ms` (when the last of them expires).
     /// A later kick wins.
-    pub fn record(&self, user: &str, device: Option<&str>, at_ms: u64, keep_until_ms: u64) -> Result<(), StoreError> {
+    pub fn record(
+        &self,
+        user: &str,
+        device: Option<&str>,
+        at_ms: u64,
+        keep_until_ms: u64,
+    ) -> Result<(), StoreError> {
         let record = RevokedRecord { at_ms, keep_until_ms };
         let key = keys::user_kick_key(user, device);
         self.by_expiry.note(&key, keep_until_ms)?;
@@ -70,7 +76,11 @@ mod tests {
         let kicks = store.kicks();
         assert_eq!(kicks.kicked_at("u@x", "web").unwrap(), None);
         kicks.record("u@x", Some("phone"), 300, 900).unwrap();
-        assert_eq!(kicks.kicked_at("u@x", "web").unwrap(), None, "a kick of the phone leaves the web");
+        assert_eq!(
+            kicks.kicked_at("u@x", "web").unwrap(),
+            None,
+            "a kick of the phone leaves the web"
+        );
         assert_eq!(kicks.kicked_at("u@x", "phone").unwrap(), Some(300));
         kicks.record("u@x", None, 100, 700).unwrap();
         kicks.record("u@x", None, 50, 650).unwrap();

@@ -17,9 +17,11 @@ pub struct Migrations {
 impl Migrations {
     pub(super) fn open(db: &sled::Db) -> Result<Migrations, StoreError> {
         let user_migration = db.open_tree("user_migration")?;
-        let by_time = TimeIndex::open(db, "migration_expiry", &user_migration, "user_migration", |value| {
-            records::decode::<MigrationRecord>("user_migration", value).map(|r| r.last_migration_ms)
-        })?;
+        let by_time =
+            TimeIndex::open(db, "migration_expiry", &user_migration, "user_migration", |value| {
+                records::decode::<MigrationRecord>("user_migration", value)
+                    .map(|r| r.last_migration_ms)
+            })?;
         Ok(Migrations { user_migration, by_time })
     }
 
@@ -27,7 +29,10 @@ impl Migrations {
     pub fn last(&self, user: &str) -> Result<Option<u64>, StoreError> {
         self.user_migration
             .get(user.as_bytes())?
-            .map(|bytes| records::decode::<MigrationRecord>("user_migration", &bytes).map(|r| r.last_migration_ms))
+            .map(|bytes| {
+                records::decode::<MigrationRecord>("user_migration", &bytes)
+                    .map(|r| r.last_migration_ms)
+            })
             .transpose()
     }
 
@@ -44,9 +49,14 @@ impl Migrations {
         let mut found = Vec::new();
         for item in self.user_migration.iter() {
             let (key, value) = item?;
-            let user = String::from_utf8(key.to_vec())
-                .map_err(|_| StoreError::Corrupt { tree: "user_migration", why: "key is not UTF-8".into() })?;
-            found.push((user, records::decode::<MigrationRecord>("user_migration", &value)?.last_migration_ms));
+            let user = String::from_utf8(key.to_vec()).map_err(|_| StoreError::Corrupt {
+                tree: "user_migration",
+                why: "key is not UTF-8".into(),
+            })?;
+            found.push((
+                user,
+                records::decode::<MigrationRecord>("user_migration", &value)?.last_migration_ms,
+            ));
         }
         Ok(found)
     }

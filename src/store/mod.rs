@@ -55,8 +55,8 @@ pub use directory_queue::DirectoryQueue;
 pub use kicks::Kicks;
 pub use migrations::Migrations;
 pub use records::{
-    EventRecord, MigrationRecord, NonceRecord, QueuedSessionWrite, RevokedRecord, RoomHeadRecord, SeenRecord, SessionRecord, StateRecord,
-    UserRecord, WebhookRecord, DeadLetterRecord,
+    DeadLetterRecord, EventRecord, MigrationRecord, NonceRecord, QueuedSessionWrite, RevokedRecord,
+    RoomHeadRecord, SeenRecord, SessionRecord, StateRecord, UserRecord, WebhookRecord,
 };
 pub use rooms::{Rooms, StoredRoom};
 pub use sessions::Sessions;
@@ -156,9 +156,11 @@ impl Store {
                 SCHEMA_VERSION
             }
             Some(found) => {
-                let found = u32::from_be_bytes(found.as_ref().try_into().map_err(|_| StoreError::Corrupt {
-                    tree: "meta",
-                    why: "schema_version is not 4 bytes".into(),
+                let found = u32::from_be_bytes(found.as_ref().try_into().map_err(|_| {
+                    StoreError::Corrupt {
+                        tree: "meta",
+                        why: "schema_version is not 4 bytes".into(),
+                    }
                 })?);
                 if found != SCHEMA_VERSION && found != SCHEMA_UNINDEXED {
                     return Err(StoreError::Schema { path, found, expected: SCHEMA_VERSION });
@@ -196,12 +198,21 @@ impl Store {
     fn index_unindexed(&self) -> Result<(), StoreError> {
         let mut indexed = 0;
         let credentials = &self.credentials;
-        for index in [&credentials.nonces_by_expiry, &credentials.revocations_by_expiry, &self.migrations.by_time] {
+        for index in [
+            &credentials.nonces_by_expiry,
+            &credentials.revocations_by_expiry,
+            &self.migrations.by_time,
+        ] {
             indexed += index.index_all()?;
         }
         self.meta.insert("schema_version", &SCHEMA_VERSION.to_be_bytes())?;
         self.db.flush()?;
-        tracing::info!(indexed, from = SCHEMA_UNINDEXED, to = SCHEMA_VERSION, "store upgraded: expiry times indexed");
+        tracing::info!(
+            indexed,
+            from = SCHEMA_UNINDEXED,
+            to = SCHEMA_VERSION,
+            "store upgraded: expiry times indexed"
+        );
         Ok(())
     }
 
@@ -342,9 +353,13 @@ mod tests {
             nonces.insert([2u8; 16], records::encode(&NonceRecord { expires_at_ms: 300 })).unwrap();
             nonces.insert([3u8; 16], &[7u8, 7][..]).unwrap();
             let revoked = db.open_tree("session_revoked").unwrap();
-            revoked.insert("s1", records::encode(&RevokedRecord { at_ms: 50, keep_until_ms: 150 })).unwrap();
+            revoked
+                .insert("s1", records::encode(&RevokedRecord { at_ms: 50, keep_until_ms: 150 }))
+                .unwrap();
             let migrations = db.open_tree("user_migration").unwrap();
-            migrations.insert("u1", records::encode(&MigrationRecord { last_migration_ms: 1_000 })).unwrap();
+            migrations
+                .insert("u1", records::encode(&MigrationRecord { last_migration_ms: 1_000 }))
+                .unwrap();
             db.flush().unwrap();
         }
         let store = Store::open(dir.path()).unwrap();

@@ -180,14 +180,19 @@ pub fn decode<T: DeserializeOwned>(tree: &'static str, bytes: &[u8]) -> Result<T
     decode_as(RECORD_VERSION, tree, bytes)
 }
 
-fn decode_as<T: DeserializeOwned>(expected: u8, tree: &'static str, bytes: &[u8]) -> Result<T, StoreError> {
+fn decode_as<T: DeserializeOwned>(
+    expected: u8,
+    tree: &'static str,
+    bytes: &[u8],
+) -> Result<T, StoreError> {
     let corrupt = |why: String| StoreError::Corrupt { tree, why };
     let (version, body) = bytes.split_first().ok_or_else(|| corrupt("empty record".into()))?;
     if *version != expected {
         return Err(corrupt(format!("record format {version}, this build reads {expected}")));
     }
     let config = bincode::config::standard().with_limit::<DECODE_LIMIT>();
-    let (record, used) = bincode::serde::decode_from_slice(body, config).map_err(|e| corrupt(e.to_string()))?;
+    let (record, used) =
+        bincode::serde::decode_from_slice(body, config).map_err(|e| corrupt(e.to_string()))?;
     if used != body.len() {
         return Err(corrupt("trailing bytes after record".into()));
     }
@@ -211,7 +216,9 @@ mod tests {
 
     #[test]
     fn round_trip_and_rejections() {
-        for (event, version) in [(event(None), RECORD_VERSION), (event(Some("u1")), EVENT_FROM_VERSION)] {
+        for (event, version) in
+            [(event(None), RECORD_VERSION), (event(Some("u1")), EVENT_FROM_VERSION)]
+        {
             let bytes = encode_event(&event);
             assert_eq!(bytes[0], version);
             assert_eq!(decode_event("t", &bytes).unwrap(), event);
@@ -221,14 +228,21 @@ mod tests {
             let mut trailing = bytes.clone();
             trailing.push(0);
             for bad in [vec![], wrong_version, bytes[..bytes.len() - 1].to_vec(), trailing] {
-                assert!(matches!(decode_event("t", &bad), Err(StoreError::Corrupt { .. })), "{bad:?}");
+                assert!(
+                    matches!(decode_event("t", &bad), Err(StoreError::Corrupt { .. })),
+                    "{bad:?}"
+                );
             }
         }
     }
 
     #[test]
     fn webhook_records_round_trip() {
-        let record = WebhookRecord { room: "lobby".into(), id: "w-1".into(), body: r#"{"id":"w-1"}"#.into() };
+        let record = WebhookRecord {
+            room: "lobby".into(),
+            id: "w-1".into(),
+            body: r#"{"id":"w-1"}"#.into(),
+        };
         let bytes = encode(&record);
         assert_eq!(bytes[0], RECORD_VERSION);
         assert_eq!(decode::<WebhookRecord>("webhooks", &bytes).unwrap(), record);
@@ -267,7 +281,13 @@ mod tests {
     #[test]
     fn events_stored_before_client_publish_still_read() {
         // The bytes a build without `from` wrote for this event (format 1).
-        let old = EventRecordV1 { seq: 7, id: "e-7".into(), ts_ms: 1, data: r#"{"a":1}"#.into(), devices: Some(vec!["phone".into()]) };
+        let old = EventRecordV1 {
+            seq: 7,
+            id: "e-7".into(),
+            ts_ms: 1,
+            data: r#"{"a":1}"#.into(),
+            devices: Some(vec!["phone".into()]),
+        };
         let bytes = encode(&old);
         assert_eq!(bytes[0], 1);
         assert_eq!(decode_event("t", &bytes).unwrap(), event(None));

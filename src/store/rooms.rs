@@ -43,7 +43,10 @@ impl Rooms {
     pub fn epoch(&self) -> Result<String, StoreError> {
         const KEY: &str = "rooms_epoch";
         if let Some(existing) = self.meta.get(KEY)? {
-            return String::from_utf8(existing.to_vec()).map_err(|_| StoreError::Corrupt { tree: "meta", why: "rooms_epoch is not UTF-8".into() });
+            return String::from_utf8(existing.to_vec()).map_err(|_| StoreError::Corrupt {
+                tree: "meta",
+                why: "rooms_epoch is not UTF-8".into(),
+            });
         }
         let mut fresh = [0u8; 8];
         getrandom::getrandom(&mut fresh)?;
@@ -52,7 +55,10 @@ impl Rooms {
         let _ = self.meta.compare_and_swap(KEY, None as Option<&[u8]>, Some(fresh.as_bytes()))?;
         let stored = self.meta.get(KEY)?.ok_or(StoreError::Closed)?;
         self.db.flush()?;
-        String::from_utf8(stored.to_vec()).map_err(|_| StoreError::Corrupt { tree: "meta", why: "rooms_epoch is not UTF-8".into() })
+        String::from_utf8(stored.to_vec()).map_err(|_| StoreError::Corrupt {
+            tree: "meta",
+            why: "rooms_epoch is not UTF-8".into(),
+        })
     }
 
     /// The room's head and its newest `max_events` events, or `None` for a room never created.
@@ -79,7 +85,13 @@ impl Rooms {
     /// [`Rooms::append`] with the room's state as of this event: event, head and state in
     /// one transaction, so after a crash the state never names an event that is not there
     /// (nor the other way round). Not durable until a flush.
-    pub fn append_with_state(&self, room: &str, epoch: &str, event: &EventRecord, state: &str) -> Result<(), StoreError> {
+    pub fn append_with_state(
+        &self,
+        room: &str,
+        epoch: &str,
+        event: &EventRecord,
+        state: &str,
+    ) -> Result<(), StoreError> {
         use sled::transaction::{ConflictableTransactionError, TransactionError};
         use sled::Transactional;
         let event_bytes = records::encode_event(event);
@@ -87,12 +99,14 @@ impl Rooms {
         let state = records::encode(&StateRecord { seq: event.seq, data: state.to_string() });
         let key = keys::event_key(room, event.seq);
         let written: Result<(), TransactionError<()>> =
-            (&self.room_event, &self.room_head, &self.room_state).transaction(|(events, heads, states)| {
-                events.insert(key.as_slice(), event_bytes.as_slice())?;
-                heads.insert(room.as_bytes(), head.as_slice())?;
-                states.insert(room.as_bytes(), state.as_slice())?;
-                Ok::<(), ConflictableTransactionError<()>>(())
-            });
+            (&self.room_event, &self.room_head, &self.room_state).transaction(
+                |(events, heads, states)| {
+                    events.insert(key.as_slice(), event_bytes.as_slice())?;
+                    heads.insert(room.as_bytes(), head.as_slice())?;
+                    states.insert(room.as_bytes(), state.as_slice())?;
+                    Ok::<(), ConflictableTransactionError<()>>(())
+                },
+            );
         match written {
             Ok(()) => Ok(()),
             Err(TransactionError::Storage(e)) => Err(e.into()),
@@ -109,7 +123,10 @@ impl Rooms {
 
     /// A room's stored state (one read).
     pub fn state(&self, room: &str) -> Result<Option<StateRecord>, StoreError> {
-        self.room_state.get(room.as_bytes())?.map(|bytes| records::decode("room_state", &bytes)).transpose()
+        self.room_state
+            .get(room.as_bytes())?
+            .map(|bytes| records::decode("room_state", &bytes))
+            .transpose()
     }
 
     /// Record a new room with its epoch and head 0.
@@ -130,7 +147,9 @@ impl Rooms {
     /// Delete a room's events with seq below `first_kept`.
     pub fn trim(&self, room: &str, first_kept: u64) -> Result<usize, StoreError> {
         let mut removed = 0;
-        for item in self.room_event.range(keys::event_key(room, 0)..keys::event_key(room, first_kept)) {
+        for item in
+            self.room_event.range(keys::event_key(room, 0)..keys::event_key(room, first_kept))
+        {
             let (key, _) = item?;
             self.room_event.remove(key)?;
             removed += 1;
@@ -145,7 +164,14 @@ mod tests {
     use crate::store::Store;
 
     fn event(seq: u64) -> EventRecord {
-        EventRecord { seq, id: format!("e{seq}"), ts_ms: seq, data: "{}".into(), devices: None, from: None }
+        EventRecord {
+            seq,
+            id: format!("e{seq}"),
+            ts_ms: seq,
+            data: "{}".into(),
+            devices: None,
+            from: None,
+        }
     }
 
     #[test]

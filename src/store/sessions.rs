@@ -46,7 +46,10 @@ impl Sessions {
             let (key, value) = item?;
             let record: SessionRecord = records::decode("session_owner", &value)?;
             if !self.session_seen.contains_key(&key)? {
-                self.mark_seen(&record.session, SeenRecord { last_seen_ms: record.updated_at_ms, seen_by: 0 })?;
+                self.mark_seen(
+                    &record.session,
+                    SeenRecord { last_seen_ms: record.updated_at_ms, seen_by: 0 },
+                )?;
             }
         }
         meta.insert("sessions_dated", &[1])?;
@@ -64,17 +67,24 @@ impl Sessions {
     /// Write a session record if the stored version is still `read_version` (`None`: the
     /// session must not exist). The new record gets the next version, which is returned.
     /// A stale write changes nothing and fails with [`StoreError::Stale`].
-    pub fn write(&self, read_version: Option<u64>, record: &SessionRecord) -> Result<SessionRecord, StoreError> {
+    pub fn write(
+        &self,
+        read_version: Option<u64>,
+        record: &SessionRecord,
+    ) -> Result<SessionRecord, StoreError> {
         let key = record.session.as_bytes();
         let current = self.session_owner.get(key)?;
         let stored_version = current
             .as_ref()
-            .map(|bytes| records::decode::<SessionRecord>("session_owner", bytes).map(|r| r.version))
+            .map(|bytes| {
+                records::decode::<SessionRecord>("session_owner", bytes).map(|r| r.version)
+            })
             .transpose()?;
         let version = next_version(read_version, stored_version)?;
         let written = SessionRecord { version, ..record.clone() };
         let created = current.is_none();
-        let swapped = self.session_owner.compare_and_swap(key, current, Some(records::encode(&written)))?;
+        let swapped =
+            self.session_owner.compare_and_swap(key, current, Some(records::encode(&written)))?;
         if swapped.is_err() {
             // Another writer got in between our read and our swap.
             let stored = self.get(&record.session)?.map(|r| r.version);
@@ -121,12 +131,17 @@ impl Sessions {
 
     /// When the session's last connection closed and which process saw it.
     pub fn seen(&self, session: &str) -> Result<Option<SeenRecord>, StoreError> {
-        self.session_seen.get(session.as_bytes())?.map(|bytes| records::decode("session_seen", &bytes)).transpose()
+        self.session_seen
+            .get(session.as_bytes())?
+            .map(|bytes| records::decode("session_seen", &bytes))
+            .transpose()
     }
 
     fn mark_seen(&self, session: &str, seen: SeenRecord) -> Result<(), StoreError> {
         self.session_expiry.insert(keys::expiry_key(seen.last_seen_ms, session), &[])?;
-        if let Some(previous) = self.session_seen.insert(session.as_bytes(), records::encode(&seen))? {
+        if let Some(previous) =
+            self.session_seen.insert(session.as_bytes(), records::encode(&seen))?
+        {
             let previous: SeenRecord = records::decode("session_seen", &previous)?;
             if previous.last_seen_ms != seen.last_seen_ms {
                 self.session_expiry.remove(keys::expiry_key(previous.last_seen_ms, session))?;
@@ -164,7 +179,11 @@ impl Sessions {
     /// most `limit` of them (oldest key first), each with the process that marked it.
     /// Every such mark is removed, those beyond `limit` too (returned as a count), so the
     /// next start finds none of them again. Reads only the connected marks.
-    pub fn take_orphans(&self, incarnation: u64, limit: usize) -> Result<(Vec<String>, usize), StoreError> {
+    pub fn take_orphans(
+        &self,
+        incarnation: u64,
+        limit: usize,
+    ) -> Result<(Vec<String>, usize), StoreError> {
         let (mut taken, mut beyond) = (Vec::new(), 0);
         for item in self.session_live.iter() {
             let (key, value) = item?;
@@ -186,7 +205,12 @@ impl Sessions {
     /// `cutoff_ms`, with their user-index entries, unless `is_live` says one is connected
     /// again. Returns (entries examined, ids deleted); fewer examined than `limit` means
     /// nothing older is left.
-    pub fn expire(&self, cutoff_ms: u64, limit: usize, is_live: impl Fn(&str) -> bool) -> Result<(usize, Vec<String>), StoreError> {
+    pub fn expire(
+        &self,
+        cutoff_ms: u64,
+        limit: usize,
+        is_live: impl Fn(&str) -> bool,
+    ) -> Result<(usize, Vec<String>), StoreError> {
         let end = cutoff_ms.saturating_add(1).to_be_bytes();
         let (mut examined, mut deleted) = (0, Vec::new());
         for item in self.session_expiry.range(..&end[..]).take(limit) {
@@ -254,7 +278,10 @@ mod tests {
         deleted.sort();
         assert_eq!((examined, deleted), (2, vec!["s1".to_string()]));
         assert_eq!(sessions.get("s1").unwrap(), None);
-        assert_eq!(sessions.of_user("u1").unwrap().iter().map(|r| r.session.as_str()).collect::<Vec<_>>(), ["s2"]);
+        assert_eq!(
+            sessions.of_user("u1").unwrap().iter().map(|r| r.session.as_str()).collect::<Vec<_>>(),
+            ["s2"]
+        );
         assert_eq!(sessions.stored(), 3);
         assert_eq!(sessions.expire(4_999, 100, |_| false).unwrap(), (0, vec![]));
         assert_eq!(sessions.expire(5_000, 100, |_| false).unwrap(), (1, vec!["s2".to_string()]));
@@ -266,7 +293,10 @@ mod tests {
         let sessions = store.sessions();
         assert_eq!(sessions.stored(), 2);
         assert_eq!(sessions.release_orphans(9_000, 8).unwrap(), 2);
-        assert_eq!(sessions.seen("s4").unwrap(), Some(SeenRecord { last_seen_ms: 9_000, seen_by: 7 }));
+        assert_eq!(
+            sessions.seen("s4").unwrap(),
+            Some(SeenRecord { last_seen_ms: 9_000, seen_by: 7 })
+        );
         assert_eq!(sessions.release_orphans(9_000, 8).unwrap(), 0);
         assert_eq!(sessions.expire(8_999, 100, |_| false).unwrap(), (0, vec![]));
         let (_, mut deleted) = sessions.expire(9_000, 1, |_| false).unwrap();
@@ -288,8 +318,15 @@ mod tests {
         sessions.connected("mine", 8).unwrap();
         sessions.connected("gone", 7).unwrap();
         sessions.disconnected("gone").unwrap();
-        assert_eq!(sessions.take_orphans(8, 2).unwrap(), (vec!["s1".to_string(), "s2".to_string()], 1));
-        assert_eq!(sessions.take_orphans(8, 2).unwrap(), (vec![], 0), "taken once, beyond the limit too");
+        assert_eq!(
+            sessions.take_orphans(8, 2).unwrap(),
+            (vec!["s1".to_string(), "s2".to_string()], 1)
+        );
+        assert_eq!(
+            sessions.take_orphans(8, 2).unwrap(),
+            (vec![], 0),
+            "taken once, beyond the limit too"
+        );
         assert_eq!(sessions.take_orphans(9, 2).unwrap(), (vec!["mine".to_string()], 0));
         assert_eq!(sessions.seen("s1").unwrap(), None, "no expiry kept here: the bucket keeps it");
     }

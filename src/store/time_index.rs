@@ -56,7 +56,9 @@ impl TimeIndex {
                 // Rewritten since with a later time: its own entry comes later.
                 Ok(at) if at > cutoff_ms => continue,
                 Ok(_) => {}
-                Err(error) => tracing::warn!(tree = self.name, key = %hex::encode(key), %error, "undecodable record removed by the purge"),
+                Err(error) => {
+                    tracing::warn!(tree = self.name, key = %hex::encode(key), %error, "undecodable record removed by the purge")
+                }
             }
             // Unless it was rewritten in the meantime.
             if self.records.compare_and_swap(key, Some(&value), None as Option<&[u8]>)?.is_ok() {

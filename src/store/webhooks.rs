@@ -50,7 +50,10 @@ impl WebhookQueue {
 
     /// Queued webhook `seq`, if it is still queued.
     pub fn get(&self, seq: u64) -> Result<Option<WebhookRecord>, StoreError> {
-        self.webhooks.get(seq.to_be_bytes())?.map(|value| records::decode("webhooks", &value)).transpose()
+        self.webhooks
+            .get(seq.to_be_bytes())?
+            .map(|value| records::decode("webhooks", &value))
+            .transpose()
     }
 
     /// The last queued webhook's seq (`None`: the queue is empty).
@@ -82,7 +85,10 @@ impl WebhookQueue {
             .keys()
             .map(|key| {
                 let key = key?;
-                String::from_utf8(key.to_vec()).map_err(|_| StoreError::Corrupt { tree: "webhook_occupied", why: "room is not UTF-8".into() })
+                String::from_utf8(key.to_vec()).map_err(|_| StoreError::Corrupt {
+                    tree: "webhook_occupied",
+                    why: "room is not UTF-8".into(),
+                })
             })
             .collect()
     }
@@ -94,19 +100,27 @@ impl WebhookQueue {
     /// `dead_seq` (larger than every dead letter's), dropping the dead letters `drop` (seq
     /// and id: the oldest, to keep the bound), in one transaction. Durable once a flush
     /// returns.
-    pub fn bury(&self, queue_seq: u64, dead_seq: u64, record: &DeadLetterRecord, drop: &[(u64, String)]) -> Result<(), StoreError> {
+    pub fn bury(
+        &self,
+        queue_seq: u64,
+        dead_seq: u64,
+        record: &DeadLetterRecord,
+        drop: &[(u64, String)],
+    ) -> Result<(), StoreError> {
         let bytes = records::encode(record);
         let written: Result<(), TransactionError<()>> =
-            (&self.webhooks, &self.webhook_dead, &self.webhook_dead_id).transaction(|(queue, dead, ids)| {
-                queue.remove(&queue_seq.to_be_bytes())?;
-                for (seq, id) in drop {
-                    dead.remove(&seq.to_be_bytes())?;
-                    ids.remove(id.as_bytes())?;
-                }
-                dead.insert(&dead_seq.to_be_bytes(), bytes.as_slice())?;
-                ids.insert(record.id.as_bytes(), &dead_seq.to_be_bytes())?;
-                Ok::<(), ConflictableTransactionError<()>>(())
-            });
+            (&self.webhooks, &self.webhook_dead, &self.webhook_dead_id).transaction(
+                |(queue, dead, ids)| {
+                    queue.remove(&queue_seq.to_be_bytes())?;
+                    for (seq, id) in drop {
+                        dead.remove(&seq.to_be_bytes())?;
+                        ids.remove(id.as_bytes())?;
+                    }
+                    dead.insert(&dead_seq.to_be_bytes(), bytes.as_slice())?;
+                    ids.insert(record.id.as_bytes(), &dead_seq.to_be_bytes())?;
+                    Ok::<(), ConflictableTransactionError<()>>(())
+                },
+            );
         transacted(written)
     }
 
@@ -117,7 +131,11 @@ impl WebhookQueue {
 
     /// The `n` oldest dead letters' seqs and ids, oldest first.
     pub fn dead_oldest(&self, n: usize) -> Result<Vec<(u64, String)>, StoreError> {
-        self.webhook_dead.iter().take(n).map(|item| decode_dead(item?).map(|(seq, record)| (seq, record.id))).collect()
+        self.webhook_dead
+            .iter()
+            .take(n)
+            .map(|item| decode_dead(item?).map(|(seq, record)| (seq, record.id)))
+            .collect()
     }
 
     /// Dead letter `id`, if it is kept.
@@ -136,11 +154,12 @@ impl WebhookQueue {
 
     /// Forget dead letter `seq` with id `id` (replayed or deleted).
     pub fn dead_remove(&self, seq: u64, id: &str) -> Result<(), StoreError> {
-        let written: Result<(), TransactionError<()>> = (&self.webhook_dead, &self.webhook_dead_id).transaction(|(dead, ids)| {
-            dead.remove(&seq.to_be_bytes())?;
-            ids.remove(id.as_bytes())?;
-            Ok::<(), ConflictableTransactionError<()>>(())
-        });
+        let written: Result<(), TransactionError<()>> = (&self.webhook_dead, &self.webhook_dead_id)
+            .transaction(|(dead, ids)| {
+                dead.remove(&seq.to_be_bytes())?;
+                ids.remove(id.as_bytes())?;
+                Ok::<(), ConflictableTransactionError<()>>(())
+            });
         transacted(written)
     }
 
@@ -180,7 +199,8 @@ fn webhook_seq(key: &[u8]) -> Result<u64, StoreError> {
 }
 
 fn key_seq(tree: &'static str, key: &[u8]) -> Result<u64, StoreError> {
-    let bytes: [u8; 8] = key.try_into().map_err(|_| StoreError::Corrupt { tree, why: "not 8 bytes".into() })?;
+    let bytes: [u8; 8] =
+        key.try_into().map_err(|_| StoreError::Corrupt { tree, why: "not 8 bytes".into() })?;
     Ok(u64::from_be_bytes(bytes))
 }
 
@@ -192,7 +212,11 @@ mod tests {
     #[test]
     fn webhooks_queue_in_order_survive_reopen_and_page() {
         let dir = tempfile::tempdir().unwrap();
-        let record = |n: u64| WebhookRecord { room: format!("r{}", n % 2), id: format!("w-{n}"), body: format!(r#"{{"n":{n}}}"#) };
+        let record = |n: u64| WebhookRecord {
+            room: format!("r{}", n % 2),
+            id: format!("w-{n}"),
+            body: format!(r#"{{"n":{n}}}"#),
+        };
         {
             let store = Store::open(dir.path()).unwrap();
             let queue = store.webhooks();
@@ -206,7 +230,9 @@ mod tests {
         }
         let store = Store::open(dir.path()).unwrap();
         let queue = store.webhooks();
-        let seqs = |list: Vec<(u64, WebhookRecord)>| list.into_iter().map(|(seq, _)| seq).collect::<Vec<_>>();
+        let seqs = |list: Vec<(u64, WebhookRecord)>| {
+            list.into_iter().map(|(seq, _)| seq).collect::<Vec<_>>()
+        };
         assert_eq!(seqs(queue.page(0, 100).unwrap()), [1, 255, 256, 300]);
         assert_eq!(seqs(queue.page(255, 2).unwrap()), [255, 256]);
         assert_eq!(seqs(queue.page(301, 2).unwrap()), Vec::<u64>::new());
@@ -233,7 +259,11 @@ mod tests {
     #[test]
     fn dead_letters_leave_the_queue_in_one_step_survive_reopen_and_drop_the_oldest() {
         let dir = tempfile::tempdir().unwrap();
-        let record = |n: u64| WebhookRecord { room: "lobby".into(), id: format!("w-{n}"), body: format!(r#"{{"id":"w-{n}"}}"#) };
+        let record = |n: u64| WebhookRecord {
+            room: "lobby".into(),
+            id: format!("w-{n}"),
+            body: format!(r#"{{"id":"w-{n}"}}"#),
+        };
         {
             let store = Store::open(dir.path()).unwrap();
             let queue = store.webhooks();
@@ -255,9 +285,16 @@ mod tests {
         let store = Store::open(dir.path()).unwrap();
         let queue = store.webhooks();
         let ids = |list: Vec<DeadLetter>| list.into_iter().map(|(_, r)| r.id).collect::<Vec<_>>();
-        assert_eq!(ids(queue.dead_newest(10).unwrap()), ["w-4", "w-3"], "newest first, kept over a reopen");
+        assert_eq!(
+            ids(queue.dead_newest(10).unwrap()),
+            ["w-4", "w-3"],
+            "newest first, kept over a reopen"
+        );
         assert_eq!(ids(queue.dead_newest(1).unwrap()), ["w-4"]);
-        assert_eq!((queue.dead_count(), queue.dead_last_seq().unwrap(), queue.last_seq().unwrap()), (2, Some(104), None));
+        assert_eq!(
+            (queue.dead_count(), queue.dead_last_seq().unwrap(), queue.last_seq().unwrap()),
+            (2, Some(104), None)
+        );
         assert_eq!(queue.dead_find("w-1").unwrap(), None, "dropped: its id is gone too");
         let (seq, mut found) = queue.dead_find("w-3").unwrap().unwrap();
         assert_eq!((seq, &found), (103, &dead(3)));

@@ -15,7 +15,8 @@ use serde_json::{json, Value};
 
 /// Mints a token with a room restriction (asserting 201).
 fn mint_with_rooms(http: &Http, user: &str, rooms: &[&str]) -> String {
-    let (status, body) = http.mint_token_raw(json!({"user": user, "device": "web", "rooms": rooms}));
+    let (status, body) =
+        http.mint_token_raw(json!({"user": user, "device": "web", "rooms": rooms}));
     assert_eq!(status, 201, "{body}");
     body["token"].as_str().expect("token").to_string()
 }
@@ -34,8 +35,12 @@ async fn room_patterns_limit_what_a_token_reads_and_other_inboxes_are_always_for
     http.publish_ok("news:1", None, json!("n1"));
     // Bob's private inbox content, which must never reach alice, not even in an error.
     let secret = "bob-private-7f3a9c";
-    let (status, body) =
-        http.request("POST", "/v1/users/bob/messages", Auth::Key, Body::Json(json!({"data": {"secret": secret}})));
+    let (status, body) = http.request(
+        "POST",
+        "/v1/users/bob/messages",
+        Auth::Key,
+        Body::Json(json!({"data": {"secret": secret}})),
+    );
     assert_eq!(status, 201, "{body}");
 
     let token = mint_with_rooms(&http, "alice", &["match:*"]);
@@ -62,7 +67,11 @@ async fn room_patterns_limit_what_a_token_reads_and_other_inboxes_are_always_for
     http.publish_ok("news:1", None, json!("n2"));
     http.publish_ok("match:1", None, json!("m2"));
     let events = c.next_events(1).await;
-    assert_eq!((events[0]["room"].as_str(), &events[0]["data"]), (Some("match:1"), &json!("m2")), "{events:?}");
+    assert_eq!(
+        (events[0]["room"].as_str(), &events[0]["data"]),
+        (Some("match:1"), &json!("m2")),
+        "{events:?}"
+    );
     c.assert_quiet(QUIET).await;
 
     // An exact name (no `*`) allows that room only.
@@ -82,7 +91,12 @@ async fn room_patterns_limit_what_a_token_reads_and_other_inboxes_are_always_for
     assert_error(&reply, "forbidden", "history of another user's inbox");
     assert!(!reply.to_string().contains(secret), "{reply}");
     // Refused subscribes leave nothing behind: bob's next message reaches nobody here.
-    let (status, body) = http.request("POST", "/v1/users/bob/messages", Auth::Key, Body::Json(json!({"data": secret})));
+    let (status, body) = http.request(
+        "POST",
+        "/v1/users/bob/messages",
+        Auth::Key,
+        Body::Json(json!({"data": secret})),
+    );
     assert_eq!(status, 201, "{body}");
     open.assert_quiet(QUIET).await;
     c.assert_quiet(Duration::from_millis(50)).await;
@@ -137,10 +151,17 @@ async fn every_api_key_endpoint_refuses_a_missing_or_wrong_key_with_401_and_does
         for (what, header) in &bad_auths {
             let auth = if header.is_empty() { Auth::None } else { Auth::Header(header) };
             let (status, reply) = call(&http, method, path, auth, &body);
-            assert_eq!((status, error_code(&reply)), (401, "unauthorized"), "{method} {path} with {what}: {reply}");
+            assert_eq!(
+                (status, error_code(&reply)),
+                (401, "unauthorized"),
+                "{method} {path} with {what}: {reply}"
+            );
             let text = reply.to_string();
             for secret in [wrong, near.as_str(), API_KEY] {
-                assert!(!text.contains(secret), "{method} {path} with {what}: the body echoes a key: {text}");
+                assert!(
+                    !text.contains(secret),
+                    "{method} {path} with {what}: the body echoes a key: {text}"
+                );
             }
         }
     }
@@ -154,7 +175,11 @@ async fn every_api_key_endpoint_refuses_a_missing_or_wrong_key_with_401_and_does
         let (status, reply) = call(&http, method, path, Auth::Key, &body);
         assert_eq!(status, expected, "{method} {path} with the key: {reply}");
         if method == "POST" && path == "/v1/rooms/guarded/events" {
-            assert_eq!(victim.next_events(1).await[0]["data"], "x", "the authorised publish is delivered");
+            assert_eq!(
+                victim.next_events(1).await[0]["data"],
+                "x",
+                "the authorised publish is delivered"
+            );
         }
         if method == "DELETE" {
             assert_eq!(reply["closed"], 1, "the authorised kick closes the connection: {reply}");
@@ -181,27 +206,45 @@ async fn refused_handshakes_never_echo_the_presented_token() {
     let tampered = String::from_utf8(bytes).expect("ascii");
     let garbage = "not-a-token-but-a-secret-9b1d";
     for (what, presented) in [("tampered", tampered.as_str()), ("garbage", garbage)] {
-        let r = WsClient::try_connect_with_headers(server.addr, Some(presented), None).await.err().expect("refused");
+        let r = WsClient::try_connect_with_headers(server.addr, Some(presented), None)
+            .await
+            .err()
+            .expect("refused");
         assert_eq!(r.status, 401, "{what}: {}", r.body);
         assert!(!echoes(&r.body.to_string(), presented), "{what} token echoed: {}", r.body);
     }
     // Replayed.
     let first = WsClient::connect(server.addr, &token, None).await;
-    let r = WsClient::try_connect_with_headers(server.addr, Some(&token), None).await.err().expect("refused");
+    let r = WsClient::try_connect_with_headers(server.addr, Some(&token), None)
+        .await
+        .err()
+        .expect("refused");
     assert_eq!((r.status, error_code(&r.body)), (401, "token_replayed"), "{}", r.body);
     assert!(!echoes(&r.body.to_string(), &token), "replayed token echoed: {}", r.body);
-    assert!(!r.headers.iter().any(|(_, v)| echoes(v, &token)), "a header echoes the token: {:?}", r.headers);
+    assert!(
+        !r.headers.iter().any(|(_, v)| echoes(v, &token)),
+        "a header echoes the token: {:?}",
+        r.headers
+    );
     // Expired.
     let (status, body) = server.http().mint_token_raw(json!({"user": "bob", "ttl_secs": 1}));
     assert_eq!(status, 201, "{body}");
     let short = body["token"].as_str().expect("token").to_string();
     let left = body["expires_at_ms"].as_u64().unwrap().saturating_sub(now_ms()) + 1100;
     let_time_pass_async(Duration::from_millis(left), "the 1 s token's expiry").await;
-    let r = WsClient::try_connect_with_headers(server.addr, Some(&short), None).await.err().expect("refused");
+    let r = WsClient::try_connect_with_headers(server.addr, Some(&short), None)
+        .await
+        .err()
+        .expect("refused");
     assert_eq!((r.status, error_code(&r.body)), (401, "token_expired"), "{}", r.body);
     assert!(!echoes(&r.body.to_string(), &short), "expired token echoed: {}", r.body);
     // A token of alice's presented to the API as a key is not echoed either.
-    let (status, reply) = server.http().request("GET", "/v1/admin/status", Auth::Header(&format!("Bearer {token}")), Body::None);
+    let (status, reply) = server.http().request(
+        "GET",
+        "/v1/admin/status",
+        Auth::Header(&format!("Bearer {token}")),
+        Body::None,
+    );
     assert_eq!(status, 401, "{reply}");
     assert!(!echoes(&reply.to_string(), &token), "{reply}");
     first.close().await;
@@ -210,25 +253,48 @@ async fn refused_handshakes_never_echo_the_presented_token() {
 #[tokio::test]
 async fn origin_allow_list_refuses_other_pages_with_403_and_keeps_their_token() {
     let _gate = crate::common::gate!();
-    let server = TestServer::start(|c| c.allowed_origins = vec!["https://app.example".into(), "http://localhost:3000".into()]);
+    let server = TestServer::start(|c| {
+        c.allowed_origins = vec!["https://app.example".into(), "http://localhost:3000".into()]
+    });
     let token = server.mint_token("alice", "web");
-    let origins_refused =
-        ["https://evil.example", "http://app.example", "https://app.example.evil.example", "https://app.example:8443", "null"];
+    let origins_refused = [
+        "https://evil.example",
+        "http://app.example",
+        "https://app.example.evil.example",
+        "https://app.example:8443",
+        "null",
+    ];
     for (i, origin) in origins_refused.iter().enumerate() {
-        let r = WsClient::try_connect_custom(server.addr, Some(&token), None, &[("Origin", origin)]).await.err();
+        let r =
+            WsClient::try_connect_custom(server.addr, Some(&token), None, &[("Origin", origin)])
+                .await
+                .err();
         let r = r.unwrap_or_else(|| panic!("Origin {origin} was accepted"));
-        assert_eq!((r.status, error_code(&r.body)), (403, "forbidden_origin"), "Origin {origin}: {}", r.body);
+        assert_eq!(
+            (r.status, error_code(&r.body)),
+            (403, "forbidden_origin"),
+            "Origin {origin}: {}",
+            r.body
+        );
         assert!(!echoes(&r.body.to_string(), &token), "{}", r.body);
         let counted = server.http().metric("livegate_limit_hits_total{limit=\"origin\"}");
         assert_eq!(counted, Some((i + 1) as f64), "origin refusals counted");
     }
     // The refusals did not spend the token: an allowed page connects with it.
-    let mut c = WsClient::connect_custom(server.addr, &token, None, &[("Origin", "https://app.example")]).await;
+    let mut c =
+        WsClient::connect_custom(server.addr, &token, None, &[("Origin", "https://app.example")])
+            .await;
     c.subscribe_ok("o").await;
-    let mut other = WsClient::connect_custom(server.addr, &server.mint_token("bob", "web"), None, &[("Origin", "http://localhost:3000")])
-        .await;
+    let mut other = WsClient::connect_custom(
+        server.addr,
+        &server.mint_token("bob", "web"),
+        None,
+        &[("Origin", "http://localhost:3000")],
+    )
+    .await;
     // No Origin (a backend or an app): allowed.
-    let mut app = WsClient::connect_custom(server.addr, &server.mint_token("carol", "web"), None, &[]).await;
+    let mut app =
+        WsClient::connect_custom(server.addr, &server.mint_token("carol", "web"), None, &[]).await;
     app.subscribe_ok("o").await;
     server.http().publish_ok("o", None, json!("hi"));
     assert_eq!(c.next_events(1).await[0]["data"], "hi");
@@ -237,7 +303,13 @@ async fn origin_allow_list_refuses_other_pages_with_403_and_keeps_their_token() 
 
     // Without an allow-list any page may connect.
     let open = TestServer::start(|_| {});
-    let mut any = WsClient::connect_custom(open.addr, &open.mint_token("eve", "web"), None, &[("Origin", "https://whatever.example")]).await;
+    let mut any = WsClient::connect_custom(
+        open.addr,
+        &open.mint_token("eve", "web"),
+        None,
+        &[("Origin", "https://whatever.example")],
+    )
+    .await;
     any.assert_alive().await;
 }
 
@@ -271,14 +343,20 @@ fn wait_for(within: Duration, what: &str, cond: impl FnMut() -> bool) {
 /// Sends SIGHUP to a node whose config file is broken and waits until it logged the
 /// failed reload.
 fn hup_failing(node: &ServeProcess) {
-    let failures = || node.log_text().matches("reload failed; the access list is unchanged").count();
+    let failures =
+        || node.log_text().matches("reload failed; the access list is unchanged").count();
     let before = failures();
     node.signal("HUP");
     wait_for(Duration::from_secs(5), "a failed reload logged after SIGHUP", || failures() > before);
 }
 
 fn publish_with(http: &Http, key: &str, room: &str, data: Value) -> (u16, Value) {
-    http.request("POST", &format!("/v1/rooms/{room}/events"), Auth::Header(&bearer(key)), Body::Json(json!({"data": data})))
+    http.request(
+        "POST",
+        &format!("/v1/rooms/{room}/events"),
+        Auth::Header(&bearer(key)),
+        Body::Json(json!({"data": data})),
+    )
 }
 
 #[tokio::test]
@@ -288,7 +366,11 @@ async fn api_keys_rotate_by_sighup_and_admin_reload_while_clients_stay_connected
     let data = dir.path().join("data");
     let config = dir.path().join("livegate.toml");
     write_config(&config, &format!("api_key = \"{KEY_A}\"\n"));
-    let mut node = ServeProcess::start_without_key(&data, &dir.path().join("log"), &["--config", config.to_str().unwrap()]);
+    let mut node = ServeProcess::start_without_key(
+        &data,
+        &dir.path().join("log"),
+        &["--config", config.to_str().unwrap()],
+    );
     let http = node.http();
     assert_eq!(status_with(&http, KEY_A), 200, "the configured key works");
     assert_eq!(status_with(&http, KEY_B), 401, "the next key does not work yet");
@@ -307,40 +389,79 @@ async fn api_keys_rotate_by_sighup_and_admin_reload_while_clients_stay_connected
     // Step 1: B is the key, A stays valid; SIGHUP.
     write_config(&config, &format!("api_key = \"{KEY_B}\"\nprevious_api_keys = [\"{KEY_A}\"]\n"));
     node.signal("HUP");
-    wait_for(Duration::from_secs(5), "the new key works after SIGHUP", || status_with(&http, KEY_B) == 200);
+    wait_for(Duration::from_secs(5), "the new key works after SIGHUP", || {
+        status_with(&http, KEY_B) == 200
+    });
     assert_eq!(status_with(&http, KEY_A), 200, "the previous key still works");
     assert!(node.running(), "SIGHUP does not stop the node");
     assert_eq!(publish_with(&http, KEY_A, "rot", json!("with A")).0, 201);
     assert_eq!(publish_with(&http, KEY_B, "rot", json!("with B")).0, 201);
     let events = steady.next_events(2).await;
-    assert_eq!(events.iter().map(|e| e["data"].clone()).collect::<Vec<_>>(), vec![json!("with A"), json!("with B")]);
+    assert_eq!(
+        events.iter().map(|e| e["data"].clone()).collect::<Vec<_>>(),
+        vec![json!("with A"), json!("with B")]
+    );
     // Either key may ask for a reload; both are counted.
-    let (status, reply) = http.request("POST", "/v1/admin/reload", Auth::Header(&bearer(KEY_A)), Body::None);
-    assert_eq!((status, reply.clone()), (200, json!({"api_keys": 2, "allowed_origins": 0})), "{reply}");
+    let (status, reply) =
+        http.request("POST", "/v1/admin/reload", Auth::Header(&bearer(KEY_A)), Body::None);
+    assert_eq!(
+        (status, reply.clone()),
+        (200, json!({"api_keys": 2, "allowed_origins": 0})),
+        "{reply}"
+    );
 
     // Step 2: only B (and an Origin allow-list); reloaded over HTTP with B.
-    write_config(&config, &format!("api_key = \"{KEY_B}\"\nallowed_origins = [\"https://app.example\"]\n"));
-    let (status, reply) = http.request("POST", "/v1/admin/reload", Auth::Header(&bearer(KEY_B)), Body::None);
-    assert_eq!((status, reply.clone()), (200, json!({"api_keys": 1, "allowed_origins": 1})), "{reply}");
+    write_config(
+        &config,
+        &format!("api_key = \"{KEY_B}\"\nallowed_origins = [\"https://app.example\"]\n"),
+    );
+    let (status, reply) =
+        http.request("POST", "/v1/admin/reload", Auth::Header(&bearer(KEY_B)), Body::None);
+    assert_eq!(
+        (status, reply.clone()),
+        (200, json!({"api_keys": 1, "allowed_origins": 1})),
+        "{reply}"
+    );
     for (method, path, body, _) in keyed_endpoints() {
         let (status, reply) = call(&http, method, path, Auth::Header(&bearer(KEY_A)), &body);
-        assert_eq!((status, error_code(&reply)), (401, "unauthorized"), "{method} {path} with the retired key: {reply}");
+        assert_eq!(
+            (status, error_code(&reply)),
+            (401, "unauthorized"),
+            "{method} {path} with the retired key: {reply}"
+        );
         assert!(!reply.to_string().contains(KEY_A), "{reply}");
     }
     assert_eq!(status_with(&http, KEY_B), 200);
     // The reloaded origins apply to new upgrades.
-    let (status, body) =
-        http.request("POST", "/v1/tokens", Auth::Header(&bearer(KEY_B)), Body::Json(json!({"user": "browser"})));
+    let (status, body) = http.request(
+        "POST",
+        "/v1/tokens",
+        Auth::Header(&bearer(KEY_B)),
+        Body::Json(json!({"user": "browser"})),
+    );
     assert_eq!(status, 201, "{body}");
     let browser_token = body["token"].as_str().unwrap().to_string();
-    let r = WsClient::try_connect_custom(node.addr, Some(&browser_token), None, &[("Origin", "https://evil.example")]).await;
+    let r = WsClient::try_connect_custom(
+        node.addr,
+        Some(&browser_token),
+        None,
+        &[("Origin", "https://evil.example")],
+    )
+    .await;
     let r = r.err().expect("an origin outside the reloaded allow-list is refused");
     assert_eq!((r.status, error_code(&r.body)), (403, "forbidden_origin"), "{}", r.body);
-    let browser = WsClient::connect_custom(node.addr, &browser_token, None, &[("Origin", "https://app.example")]).await;
+    let browser = WsClient::connect_custom(
+        node.addr,
+        &browser_token,
+        None,
+        &[("Origin", "https://app.example")],
+    )
+    .await;
 
     // Step 3: a broken file changes nothing, whether by HTTP or by SIGHUP.
     write_config(&config, &format!("api_key = \"{KEY_A}\"\nthis line is not TOML\n"));
-    let (status, reply) = http.request("POST", "/v1/admin/reload", Auth::Header(&bearer(KEY_B)), Body::None);
+    let (status, reply) =
+        http.request("POST", "/v1/admin/reload", Auth::Header(&bearer(KEY_B)), Body::None);
     assert_eq!(status, 400, "a bad file on reload: {reply}");
     assert!(reply["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{reply}");
     assert_eq!(status_with(&http, KEY_B), 200, "keys unchanged after a failed reload");
@@ -350,7 +471,8 @@ async fn api_keys_rotate_by_sighup_and_admin_reload_while_clients_stay_connected
     assert_eq!(status_with(&http, KEY_B), 200, "keys unchanged after a failed SIGHUP reload");
     assert_eq!(status_with(&http, KEY_A), 401, "keys unchanged after a failed SIGHUP reload");
     // The retired key cannot ask for a reload either.
-    let (status, _) = http.request("POST", "/v1/admin/reload", Auth::Header(&bearer(KEY_A)), Body::None);
+    let (status, _) =
+        http.request("POST", "/v1/admin/reload", Auth::Header(&bearer(KEY_A)), Body::None);
     assert_eq!(status, 401);
 
     // The client connected at the start never noticed.
@@ -371,7 +493,11 @@ async fn a_failed_reload_never_echoes_the_keys_in_the_file() {
     let data = dir.path().join("data");
     let config = dir.path().join("livegate.toml");
     write_config(&config, &format!("api_key = \"{KEY_B}\"\n"));
-    let mut node = ServeProcess::start_without_key(&data, &dir.path().join("log"), &["--config", config.to_str().unwrap()]);
+    let mut node = ServeProcess::start_without_key(
+        &data,
+        &dir.path().join("log"),
+        &["--config", config.to_str().unwrap()],
+    );
     let http = node.http();
     // Files that are wrong next to (or in) a secret.
     let broken = [
@@ -385,7 +511,8 @@ async fn a_failed_reload_never_echoes_the_keys_in_the_file() {
     let mut leaks = Vec::new();
     for text in &broken {
         write_config(&config, text);
-        let (status, reply) = http.request("POST", "/v1/admin/reload", Auth::Header(&bearer(KEY_B)), Body::None);
+        let (status, reply) =
+            http.request("POST", "/v1/admin/reload", Auth::Header(&bearer(KEY_B)), Body::None);
         assert_eq!(status, 400, "file {text:?}: {reply}");
         if reply.to_string().contains(KEY_A) || reply.to_string().contains(KEY_B) {
             leaks.push(format!("file {text:?} -> body {reply}"));

@@ -56,7 +56,10 @@ fn the_overview_needs_the_api_key() {
         let (status, body) = http.request("GET", "/v1/admin/overview", auth, Body::None);
         assert_eq!(status, 401, "{why}: {body}");
         assert_eq!(error_code(&body), "unauthorized", "{why}: {body}");
-        assert!(body.get("rooms").is_none() && body.get("counters").is_none(), "{why}: no data in a refusal: {body}");
+        assert!(
+            body.get("rooms").is_none() && body.get("counters").is_none(),
+            "{why}: no data in a refusal: {body}"
+        );
     }
 }
 
@@ -78,7 +81,10 @@ fn the_overview_has_every_field_the_page_reads() {
     assert_eq!(body["rooms"], json!([]), "no live room yet: {body}");
     let url = format!("http://{}", server.addr);
     // One node, itself, with its load: nothing open of the limit in force.
-    let capacity = body["nodes"][0]["capacity"].as_u64().filter(|c| *c > 0).unwrap_or_else(|| panic!("no capacity: {body}"));
+    let capacity = body["nodes"][0]["capacity"]
+        .as_u64()
+        .filter(|c| *c > 0)
+        .unwrap_or_else(|| panic!("no capacity: {body}"));
     assert_eq!(
         body["nodes"],
         json!([{"node": NODE, "url": url, "phase": "ready", "self": true, "cell": "default", "connections": 0, "capacity": capacity, "headroom": capacity, "full": false}]),
@@ -98,7 +104,8 @@ async fn a_subscribed_room_is_listed_with_its_subscribers_and_head() {
     let server = TestServer::start(|_| {});
     let mut alice = server.client("alice").await;
     alice.subscribe_ok("lobby").await;
-    let body = overview_until(&server, "lobby with 1 subscriber at head 0", |b| listed(b, "lobby", 1, 0));
+    let body =
+        overview_until(&server, "lobby with 1 subscriber at head 0", |b| listed(b, "lobby", 1, 0));
     assert_eq!(body["connections"], 1, "{body}");
     assert!(body["subscriptions"].as_u64().unwrap() >= 1, "{body}");
     assert!(body["rooms_live"].as_u64().unwrap() >= 1, "{body}");
@@ -118,8 +125,11 @@ async fn a_subscribed_room_is_listed_with_its_subscribers_and_head() {
     let mut bob = server.client("bob").await;
     bob.subscribe_ok("lobby").await;
     bob.subscribe_ok("quiet").await;
-    let body = overview_until(&server, "lobby with 2, quiet with 1", |b| listed(b, "lobby", 2, 3) && listed(b, "quiet", 1, 0));
-    let names: Vec<&str> = body["rooms"].as_array().unwrap().iter().map(|r| r["room"].as_str().unwrap()).collect();
+    let body = overview_until(&server, "lobby with 2, quiet with 1", |b| {
+        listed(b, "lobby", 2, 3) && listed(b, "quiet", 1, 0)
+    });
+    let names: Vec<&str> =
+        body["rooms"].as_array().unwrap().iter().map(|r| r["room"].as_str().unwrap()).collect();
     assert_eq!(names, ["lobby", "quiet"], "busiest first, and no user: inbox: {body}");
 
     // Subscribers leaving are counted down.
@@ -127,7 +137,9 @@ async fn a_subscribed_room_is_listed_with_its_subscribers_and_head() {
     overview_until(&server, "lobby back to 1", |b| listed(b, "lobby", 1, 3));
     bob.close().await;
     alice.close().await;
-    let body = overview_until(&server, "no connection and lobby at 0", |b| b["connections"] == 0 && listed(b, "lobby", 0, 3));
+    let body = overview_until(&server, "no connection and lobby at 0", |b| {
+        b["connections"] == 0 && listed(b, "lobby", 0, 3)
+    });
     assert!(listed(&body, "quiet", 0, 0), "{body}");
 }
 
@@ -146,8 +158,10 @@ async fn at_most_the_twenty_busiest_rooms_are_listed() {
     }
     let body = overview_until(&server, "r25 with 25 subscribers", |b| listed(b, "r25", 25, 0));
     let rooms = body["rooms"].as_array().unwrap();
-    let got: Vec<(String, u64)> =
-        rooms.iter().map(|r| (r["room"].as_str().unwrap().to_string(), r["subscribers"].as_u64().unwrap())).collect();
+    let got: Vec<(String, u64)> = rooms
+        .iter()
+        .map(|r| (r["room"].as_str().unwrap().to_string(), r["subscribers"].as_u64().unwrap()))
+        .collect();
     let expected: Vec<(String, u64)> = (6..=25).rev().map(|i| (format!("r{i:02}"), i)).collect();
     assert_eq!(got, expected, "the 20 busiest, busiest first");
     assert!(body["rooms_live"].as_u64().unwrap() >= 25, "{body}");
@@ -168,7 +182,10 @@ fn the_admin_page_is_served_without_a_key_and_holds_no_data() {
     assert!(csp.contains("default-src 'none'") && csp.contains("connect-src 'self'"), "{csp}");
     let page = response.into_string().expect("page text");
     assert!(page.contains("<title>Admin · livegate</title>"), "the admin page");
-    assert!(!page.contains(NODE) && !page.contains(API_KEY), "the page itself carries no node data");
+    assert!(
+        !page.contains(NODE) && !page.contains(API_KEY),
+        "the page itself carries no node data"
+    );
     assert!(!page.contains("localStorage"), "the key is never put in localStorage");
     assert!(!page.contains("src=\"http") && !page.contains("href=\"http"), "no external assets");
 }

@@ -42,12 +42,27 @@ async fn ws_mistakes_get_error_frames_and_the_connection_stays_open() {
     expect_ws_error(&mut c, r#"{"op":"subscribe","room":"bad room!","ref":4}"#, "bad_room").await;
     expect_ws_error(&mut c, r#"{"op":"subscribe","room":"","ref":5}"#, "bad_room").await;
     let long = "x".repeat(129);
-    expect_ws_error(&mut c, &json!({"op": "subscribe", "room": long, "ref": 6}).to_string(), "bad_room").await;
-    expect_ws_error(&mut c, r#"{"op":"history","room":"a/b","since":0,"limit":10,"ref":7}"#, "bad_room").await;
+    expect_ws_error(
+        &mut c,
+        &json!({"op": "subscribe", "room": long, "ref": 6}).to_string(),
+        "bad_room",
+    )
+    .await;
+    expect_ws_error(
+        &mut c,
+        r#"{"op":"history","room":"a/b","since":0,"limit":10,"ref":7}"#,
+        "bad_room",
+    )
+    .await;
     expect_ws_error(&mut c, r#"{"op":"unsubscribe","room":"é","ref":8}"#, "bad_room").await;
     expect_ws_error(&mut c, r#"{"op":"subscribe","ref":9}"#, "bad_request").await;
     expect_ws_error(&mut c, r#"{"op":"history","ref":10}"#, "bad_request").await;
-    expect_ws_error(&mut c, r#"{"op":"subscribe","room":"ok","since":"ten","epoch":"e","ref":11}"#, "bad_request").await;
+    expect_ws_error(
+        &mut c,
+        r#"{"op":"subscribe","room":"ok","since":"ten","epoch":"e","ref":11}"#,
+        "bad_request",
+    )
+    .await;
 
     // No op at all: a missing field (bad_request) or an unknown op, but an error either way.
     c.send_text(r#"{"room":"x","ref":13}"#.into()).await;
@@ -121,18 +136,38 @@ async fn fragmented_messages_are_assembled_and_capped() {
     // A small message in two fragments is one request.
     let text = r#"{"op":"ping","ref":77}"#.as_bytes();
     let (a, b) = text.split_at(9);
-    c.send_message(Message::Frame(Frame::message(a.to_vec(), OpCode::Data(OpData::Text), false))).await;
-    c.send_message(Message::Frame(Frame::message(b.to_vec(), OpCode::Data(OpData::Continue), true))).await;
+    c.send_message(Message::Frame(Frame::message(a.to_vec(), OpCode::Data(OpData::Text), false)))
+        .await;
+    c.send_message(Message::Frame(Frame::message(
+        b.to_vec(),
+        OpCode::Data(OpData::Continue),
+        true,
+    )))
+    .await;
     let reply = c.recv_json().await;
     assert_eq!(reply, json!({"op": "pong", "ref": 77}), "fragments are reassembled");
 
     // Fragments each under the limit, together over it: 1009.
     let chunk = vec![b' '; 40 * 1024];
-    c.send_message(Message::Frame(Frame::message(b"{\"op\":\"ping\",\"x\":\"".to_vec(), OpCode::Data(OpData::Text), false)))
+    c.send_message(Message::Frame(Frame::message(
+        b"{\"op\":\"ping\",\"x\":\"".to_vec(),
+        OpCode::Data(OpData::Text),
+        false,
+    )))
+    .await;
+    c.send_message(Message::Frame(Frame::message(
+        chunk.clone(),
+        OpCode::Data(OpData::Continue),
+        false,
+    )))
+    .await;
+    c.send_message(Message::Frame(Frame::message(chunk, OpCode::Data(OpData::Continue), true)))
         .await;
-    c.send_message(Message::Frame(Frame::message(chunk.clone(), OpCode::Data(OpData::Continue), false))).await;
-    c.send_message(Message::Frame(Frame::message(chunk, OpCode::Data(OpData::Continue), true))).await;
-    assert_eq!(c.close_code().await, Some(1009), "an assembled message over 64 KiB closes with 1009");
+    assert_eq!(
+        c.close_code().await,
+        Some(1009),
+        "an assembled message over 64 KiB closes with 1009"
+    );
 }
 
 #[tokio::test]
@@ -207,7 +242,8 @@ async fn bad_http_requests_get_json_errors() {
     for room in ["bad%20room", "r%21", "%C3%A9"] {
         let (status, body) = publish(&format!("/v1/rooms/{room}/events"), Auth::Key, ok());
         assert_eq!((status, error_code(&body)), (400, "bad_room"), "publish to {room}: {body}");
-        let (status, body) = http.request("GET", &format!("/v1/rooms/{room}/events"), Auth::Key, Body::None);
+        let (status, body) =
+            http.request("GET", &format!("/v1/rooms/{room}/events"), Auth::Key, Body::None);
         assert_eq!((status, error_code(&body)), (400, "bad_room"), "history of {room}: {body}");
     }
     let long = "x".repeat(129);
@@ -217,15 +253,25 @@ async fn bad_http_requests_get_json_errors() {
     let path = "/v1/rooms/fine/events";
     for raw in [r#"{"data": "#, "", "[1]", r#"{"id":"x"}"#] {
         let (status, body) = publish(path, Auth::Key, Body::Raw(raw));
-        assert_eq!((status, error_code(&body)), (400, "bad_request"), "publish body {raw:?}: {body}");
+        assert_eq!(
+            (status, error_code(&body)),
+            (400, "bad_request"),
+            "publish body {raw:?}: {body}"
+        );
     }
 
-    for auth in [Auth::None, Auth::Header("Bearer wrong-key"), Auth::Header(&format!("Basic {API_KEY}")), Auth::Header(API_KEY)] {
+    for auth in [
+        Auth::None,
+        Auth::Header("Bearer wrong-key"),
+        Auth::Header(&format!("Basic {API_KEY}")),
+        Auth::Header(API_KEY),
+    ] {
         let (status, body) = publish(path, auth, ok());
         assert_eq!((status, error_code(&body)), (401, "unauthorized"), "{body}");
     }
 
-    let (status, body) = http.request("GET", "/v1/rooms/fine/events?since=abc", Auth::Key, Body::None);
+    let (status, body) =
+        http.request("GET", "/v1/rooms/fine/events?since=abc", Auth::Key, Body::None);
     assert_eq!((status, error_code(&body)), (400, "bad_request"), "since=abc: {body}");
 
     // Nothing of the above was stored.
@@ -249,7 +295,8 @@ async fn http_history_needs_the_api_key() {
     http.publish_ok("secret", None, json!("s"));
     let (status, body) = http.request("GET", "/v1/rooms/secret/events", Auth::None, Body::None);
     assert_eq!((status, error_code(&body)), (401, "unauthorized"), "{body}");
-    let (status, body) = http.request("GET", "/v1/rooms/secret/events", Auth::Header("Bearer nope"), Body::None);
+    let (status, body) =
+        http.request("GET", "/v1/rooms/secret/events", Auth::Header("Bearer nope"), Body::None);
     assert_eq!((status, error_code(&body)), (401, "unauthorized"), "{body}");
 }
 
@@ -271,7 +318,11 @@ async fn duplicate_publish_returns_the_first_seq_and_is_delivered_once() {
     assert_eq!(again["epoch"], first["epoch"], "{again}");
     // Different data under the same id is still the same event.
     let (status, third) = http.publish("idem", Some("e-1"), json!({"v": "changed"}));
-    assert_eq!((status, &third["seq"], &third["duplicate"]), (200, &first["seq"], &json!(true)), "{third}");
+    assert_eq!(
+        (status, &third["seq"], &third["duplicate"]),
+        (200, &first["seq"], &json!(true)),
+        "{third}"
+    );
 
     let (status, next) = http.publish("idem", Some("e-2"), json!({"v": 2}));
     assert_eq!(status, 201, "{next}");
@@ -306,7 +357,8 @@ async fn concurrent_publishes_of_one_id_make_one_event() {
             })
         })
         .collect();
-    let replies: Vec<(u16, Value)> = handles.into_iter().map(|h| h.join().expect("publisher")).collect();
+    let replies: Vec<(u16, Value)> =
+        handles.into_iter().map(|h| h.join().expect("publisher")).collect();
     let created = replies.iter().filter(|(s, _)| *s == 201).count();
     let dups = replies.iter().filter(|(s, b)| *s == 200 && b["duplicate"] == true).count();
     assert_eq!((created, dups), (1, 7), "one 201 and seven 200 duplicates: {replies:?}");
@@ -324,7 +376,10 @@ async fn duplicate_publish_is_recognised_after_restart() {
     let dir = server.stop();
     let server = TestServer::start_in(dir, |_| {});
     let (status, again) = server.publish("idem", Some("retry-me"), json!("once"));
-    assert_eq!(status, 200, "a backend retrying across a restart must not create a second event: {again}");
+    assert_eq!(
+        status, 200,
+        "a backend retrying across a restart must not create a second event: {again}"
+    );
     assert_eq!(again["seq"], first["seq"], "{again}");
     assert_eq!(again["duplicate"], true, "{again}");
     let h = server.http().history_ok("idem", Some(0), None);
@@ -336,18 +391,35 @@ async fn ws_refusals_name_the_room_the_request_named() {
     let _gate = crate::common::gate!();
     let server = TestServer::start(|c| c.max_history_limit = 10);
     let http = server.http();
-    let (status, body) = http.mint_token_raw(json!({"user": "alice", "rooms": ["match:*"], "publish": ["chat:*"]}));
+    let (status, body) =
+        http.mint_token_raw(json!({"user": "alice", "rooms": ["match:*"], "publish": ["chat:*"]}));
     assert_eq!(status, 201, "{body}");
     let mut c = WsClient::connect(server.addr, body["token"].as_str().unwrap(), None).await;
     let cases = [
         (json!({"op": "subscribe", "room": "secret:1", "ref": 1}), "forbidden", Some("secret:1")),
         (json!({"op": "subscribe", "room": "bad room", "ref": 2}), "bad_room", Some("bad room")),
-        (json!({"op": "subscribe", "room": "match:1", "since": "ten", "ref": 3}), "bad_request", Some("match:1")),
+        (
+            json!({"op": "subscribe", "room": "match:1", "since": "ten", "ref": 3}),
+            "bad_request",
+            Some("match:1"),
+        ),
         (json!({"op": "unsubscribe", "room": "é", "ref": 4}), "bad_room", Some("é")),
-        (json!({"op": "history", "room": "match:2", "since": 0, "limit": 11, "ref": 5}), "bad_request", Some("match:2")),
-        (json!({"op": "history", "room": "secret:2", "since": 0, "ref": 6}), "forbidden", Some("secret:2")),
+        (
+            json!({"op": "history", "room": "match:2", "since": 0, "limit": 11, "ref": 5}),
+            "bad_request",
+            Some("match:2"),
+        ),
+        (
+            json!({"op": "history", "room": "secret:2", "since": 0, "ref": 6}),
+            "forbidden",
+            Some("secret:2"),
+        ),
         (json!({"op": "presence", "room": "secret:3", "ref": 7}), "forbidden", Some("secret:3")),
-        (json!({"op": "publish", "room": "match:1", "data": 1, "ref": 8}), "forbidden", Some("match:1")),
+        (
+            json!({"op": "publish", "room": "match:1", "data": 1, "ref": 8}),
+            "forbidden",
+            Some("match:1"),
+        ),
         (json!({"op": "ping", "extra": 1, "ref": 9}), "bad_request", None),
         (json!({"op": "dance", "room": "match:1", "ref": 10}), "unknown_op", None),
     ];
@@ -363,12 +435,60 @@ async fn http_refusals_of_a_rooms_route_name_the_room() {
     let server = TestServer::start(|c| c.max_history_limit = 10);
     let http = server.http();
     let cases = [
-        ("GET", "/v1/rooms/match:1/events?limit=11", Auth::Key, Body::None, 400, "bad_request", Some("match:1")),
-        ("POST", "/v1/rooms/match:2/events", Auth::Key, Body::Raw("{"), 400, "bad_request", Some("match:2")),
-        ("POST", "/v1/rooms/match:3/events", Auth::None, Body::Json(json!({"data": 1})), 401, "unauthorized", Some("match:3")),
-        ("GET", "/v1/rooms/user:u1/state", Auth::Key, Body::None, 400, "bad_request", Some("user:u1")),
-        ("PUT", "/v1/rooms/match:4/state", Auth::Key, Body::Json(json!({})), 400, "bad_request", Some("match:4")),
-        ("GET", "/v1/rooms/bad%20room/presence", Auth::Key, Body::None, 400, "bad_room", Some("bad room")),
+        (
+            "GET",
+            "/v1/rooms/match:1/events?limit=11",
+            Auth::Key,
+            Body::None,
+            400,
+            "bad_request",
+            Some("match:1"),
+        ),
+        (
+            "POST",
+            "/v1/rooms/match:2/events",
+            Auth::Key,
+            Body::Raw("{"),
+            400,
+            "bad_request",
+            Some("match:2"),
+        ),
+        (
+            "POST",
+            "/v1/rooms/match:3/events",
+            Auth::None,
+            Body::Json(json!({"data": 1})),
+            401,
+            "unauthorized",
+            Some("match:3"),
+        ),
+        (
+            "GET",
+            "/v1/rooms/user:u1/state",
+            Auth::Key,
+            Body::None,
+            400,
+            "bad_request",
+            Some("user:u1"),
+        ),
+        (
+            "PUT",
+            "/v1/rooms/match:4/state",
+            Auth::Key,
+            Body::Json(json!({})),
+            400,
+            "bad_request",
+            Some("match:4"),
+        ),
+        (
+            "GET",
+            "/v1/rooms/bad%20room/presence",
+            Auth::Key,
+            Body::None,
+            400,
+            "bad_room",
+            Some("bad room"),
+        ),
         ("POST", "/v1/tokens", Auth::Key, Body::Json(json!({})), 400, "bad_request", None),
     ];
     for (method, path, auth, body, status, code, room) in cases {

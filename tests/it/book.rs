@@ -32,7 +32,9 @@ fn repo() -> PathBuf {
 /// Every Markdown file of the book, with its path.
 fn book_pages() -> Vec<PathBuf> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display())) {
+        for entry in
+            std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        {
             let path = entry.expect("dir entry").path();
             if path.is_dir() {
                 walk(&path, out);
@@ -56,7 +58,9 @@ fn prose_lines(text: &str) -> Vec<(usize, &str)> {
         match fence {
             Some(marker) if trimmed.starts_with(marker) => fence = None,
             Some(_) => {}
-            None if trimmed.starts_with("```") || trimmed.starts_with("~~~") => fence = Some(&trimmed[..3]),
+            None if trimmed.starts_with("```") || trimmed.starts_with("~~~") => {
+                fence = Some(&trimmed[..3])
+            }
             None => out.push((i + 1, line)),
         }
     }
@@ -103,7 +107,9 @@ fn heading_id(heading: &str) -> String {
     text.trim()
         .chars()
         .filter_map(|c| match c {
-            c if c.is_alphanumeric() || c == '_' || c == '-' => Some(c.to_lowercase().next().unwrap_or(c)),
+            c if c.is_alphanumeric() || c == '_' || c == '-' => {
+                Some(c.to_lowercase().next().unwrap_or(c))
+            }
             c if c.is_whitespace() => Some('-'),
             _ => None,
         })
@@ -160,22 +166,29 @@ fn resolve(base: &Path, target: &str) -> PathBuf {
 /// Every relative link of the Markdown file `page` that does not resolve, as
 /// `file:line: target (why)`.
 fn broken_links(page: &Path) -> Vec<String> {
-    let text = std::fs::read_to_string(page).unwrap_or_else(|e| panic!("read {}: {e}", page.display()));
+    let text =
+        std::fs::read_to_string(page).unwrap_or_else(|e| panic!("read {}: {e}", page.display()));
     let name = page.strip_prefix(repo()).unwrap_or(page).display().to_string();
     let mut broken = Vec::new();
     for (line, target) in links(&text) {
         if target.is_empty() || target.contains("://") || target.starts_with("mailto:") {
             continue;
         }
-        let (path, anchor) = target.split_once('#').map_or((target.as_str(), None), |(p, a)| (p, Some(a)));
-        let file = if path.is_empty() { page.to_path_buf() } else { resolve(page.parent().expect("a page's dir"), path) };
+        let (path, anchor) =
+            target.split_once('#').map_or((target.as_str(), None), |(p, a)| (p, Some(a)));
+        let file = if path.is_empty() {
+            page.to_path_buf()
+        } else {
+            resolve(page.parent().expect("a page's dir"), path)
+        };
         if !file.exists() {
             broken.push(format!("{name}:{line}: {target} (no file {})", file.display()));
             continue;
         }
         if let Some(anchor) = anchor {
             let is_markdown = file.extension().is_some_and(|e| e == "md");
-            let known = is_markdown && anchors(&std::fs::read_to_string(&file).unwrap_or_default()).contains(anchor);
+            let known = is_markdown
+                && anchors(&std::fs::read_to_string(&file).unwrap_or_default()).contains(anchor);
             if !known {
                 broken.push(format!("{name}:{line}: {target} (no heading with the id {anchor:?})"));
             }
@@ -188,12 +201,21 @@ fn broken_links(page: &Path) -> Vec<String> {
 fn headings_get_mdbooks_ids() {
     let _gate = crate::common::gate!();
     assert_eq!(heading_id(" Backups of `data_dir`"), "backups-of-data_dir");
-    assert_eq!(heading_id(" WebSocket protocol (v1, JSON text frames)"), "websocket-protocol-v1-json-text-frames");
-    assert_eq!(heading_id(" Churn: memory left behind by users who came and went"), "churn-memory-left-behind-by-users-who-came-and-went");
+    assert_eq!(
+        heading_id(" WebSocket protocol (v1, JSON text frames)"),
+        "websocket-protocol-v1-json-text-frames"
+    );
+    assert_eq!(
+        heading_id(" Churn: memory left behind by users who came and went"),
+        "churn-memory-left-behind-by-users-who-came-and-went"
+    );
     assert_eq!(heading_id(" recovered:false"), "recoveredfalse");
     assert_eq!(heading_id(" See [Cluster](cluster.md) first"), "see-cluster-first");
     let ids = anchors("# A\n## Delivery\n```\n# not a heading\n```\n## Delivery\n#hashtag\n");
-    assert_eq!(ids, ["a", "delivery", "delivery-1"].map(String::from).into_iter().collect::<BTreeSet<_>>());
+    assert_eq!(
+        ids,
+        ["a", "delivery", "delivery-1"].map(String::from).into_iter().collect::<BTreeSet<_>>()
+    );
 }
 
 #[test]
@@ -213,7 +235,11 @@ fn every_relative_link_and_anchor_of_the_book_and_the_readme_resolves() {
     // The checker finds what it is for.
     let scratch = tempfile::tempdir().expect("tempdir");
     let page = scratch.path().join("page.md");
-    std::fs::write(&page, "# Here\n\n[ok](#here) [gone](missing.md) [no anchor](#there) `[code](x.md)`\n").unwrap();
+    std::fs::write(
+        &page,
+        "# Here\n\n[ok](#here) [gone](missing.md) [no anchor](#there) `[code](x.md)`\n",
+    )
+    .unwrap();
     let found = broken_links(&page);
     assert_eq!(found.len(), 2, "{found:?}");
 }
@@ -223,10 +249,12 @@ fn every_relative_link_and_anchor_of_the_book_and_the_readme_resolves() {
 fn mentions_close_codes(line: &str) -> bool {
     let words = without_code_spans(line).to_ascii_lowercase();
     words.contains("close code")
-        || livegate::protocol::CloseCode::ALL.iter().map(|c| c.code()).filter(|&c| c >= 1012).any(|code| {
-            let code = code.to_string();
-            words.split(|c: char| !c.is_ascii_digit()).any(|word| word == code)
-        })
+        || livegate::protocol::CloseCode::ALL.iter().map(|c| c.code()).filter(|&c| c >= 1012).any(
+            |code| {
+                let code = code.to_string();
+                words.split(|c: char| !c.is_ascii_digit()).any(|word| word == code)
+            },
+        )
 }
 
 #[test]
@@ -257,27 +285,54 @@ fn every_page_that_mentions_close_codes_links_to_the_one_table() {
         }
         // A table of its own: a row that starts with a close code.
         for (number, line) in &prose {
-            let first = line.trim_start().strip_prefix('|').and_then(|rest| rest.split('|').next()).map(str::trim);
-            if first.and_then(|cell| cell.parse::<u16>().ok()).is_some_and(|code| codes.contains(&code)) {
+            let first = line
+                .trim_start()
+                .strip_prefix('|')
+                .and_then(|rest| rest.split('|').next())
+                .map(str::trim);
+            if first
+                .and_then(|cell| cell.parse::<u16>().ok())
+                .is_some_and(|code| codes.contains(&code))
+            {
                 tables.push(format!("{name}:{number}: {line}"));
             }
         }
     }
     assert!(mentioning >= 10, "pages mentioning close codes found: {mentioning}");
-    assert!(unlinked.is_empty(), "pages that mention close codes without linking to reference/close-codes.md: {unlinked:?}");
-    assert!(tables.is_empty(), "close-code tables besides the reference (link to it instead):\n{}", tables.join("\n"));
-    assert!(mentions_close_codes("closed with 4009 at once") && mentions_close_codes("Close codes") && !mentions_close_codes("10120 rooms"));
+    assert!(
+        unlinked.is_empty(),
+        "pages that mention close codes without linking to reference/close-codes.md: {unlinked:?}"
+    );
+    assert!(
+        tables.is_empty(),
+        "close-code tables besides the reference (link to it instead):\n{}",
+        tables.join("\n")
+    );
+    assert!(
+        mentions_close_codes("closed with 4009 at once")
+            && mentions_close_codes("Close codes")
+            && !mentions_close_codes("10120 rooms")
+    );
 }
 
 #[test]
 fn the_license_is_mit_as_the_packages_say() {
     let _gate = crate::common::gate!();
-    let license = std::fs::read_to_string(repo().join("LICENSE")).expect("a LICENSE file at the root");
-    assert!(license.starts_with("MIT License\n\nCopyright (c) 2026 the livegate authors\n"), "{license}");
+    let license =
+        std::fs::read_to_string(repo().join("LICENSE")).expect("a LICENSE file at the root");
+    assert!(
+        license.starts_with("MIT License\n\nCopyright (c) 2026 the livegate authors\n"),
+        "{license}"
+    );
     let cargo = std::fs::read_to_string(repo().join("Cargo.toml")).expect("Cargo.toml");
-    assert!(cargo.lines().any(|line| line.trim() == "license = \"MIT\""), "Cargo.toml's license field");
-    let package: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(repo().join("clients/js/package.json")).expect("package.json")).expect("JSON");
+    assert!(
+        cargo.lines().any(|line| line.trim() == "license = \"MIT\""),
+        "Cargo.toml's license field"
+    );
+    let package: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("clients/js/package.json")).expect("package.json"),
+    )
+    .expect("JSON");
     assert_eq!(package["license"], "MIT");
 }
 
@@ -286,14 +341,21 @@ fn every_chapter_is_in_the_summary() {
     let _gate = crate::common::gate!();
     let src = repo().join("docs/src");
     let summary = std::fs::read_to_string(src.join("SUMMARY.md")).expect("docs/src/SUMMARY.md");
-    let listed: BTreeSet<PathBuf> = links(&summary).into_iter().map(|(_, target)| resolve(&src, &target)).collect();
+    let listed: BTreeSet<PathBuf> =
+        links(&summary).into_iter().map(|(_, target)| resolve(&src, &target)).collect();
     let missing: Vec<_> = book_pages()
         .into_iter()
         .filter(|page| !page.ends_with("SUMMARY.md") && !listed.contains(page))
         .collect();
-    assert!(missing.is_empty(), "chapters SUMMARY.md does not list (mdBook would not build them): {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "chapters SUMMARY.md does not list (mdBook would not build them): {missing:?}"
+    );
     for reference in ["configuration", "metrics", "errors", "close-codes"] {
-        assert!(listed.contains(&src.join(format!("reference/{reference}.md"))), "SUMMARY.md lists reference/{reference}.md");
+        assert!(
+            listed.contains(&src.join(format!("reference/{reference}.md"))),
+            "SUMMARY.md lists reference/{reference}.md"
+        );
     }
 }
 
@@ -302,8 +364,12 @@ fn the_readme_is_short_and_points_into_the_book() {
     let _gate = crate::common::gate!();
     let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
     let lines = readme.lines().count();
-    assert!(lines <= README_MAX_LINES, "README.md has {lines} lines; at most {README_MAX_LINES}: move the rest into docs/src");
-    let into_book = links(&readme).into_iter().filter(|(_, target)| target.starts_with("docs/src/")).count();
+    assert!(
+        lines <= README_MAX_LINES,
+        "README.md has {lines} lines; at most {README_MAX_LINES}: move the rest into docs/src"
+    );
+    let into_book =
+        links(&readme).into_iter().filter(|(_, target)| target.starts_with("docs/src/")).count();
     assert!(into_book >= 10, "README.md links into the book ({into_book} links to docs/src/)");
     for command in ["cargo run --release\n", ".ci/test\n"] {
         assert!(readme.contains(command), "README.md shows the command {command:?}");
@@ -332,13 +398,17 @@ fn named_in_code(text: &str) -> BTreeSet<String> {
 /// and every `.rs` file but `mod.rs`, `lib.rs` and `main.rs`, by its name.
 fn source_modules() -> BTreeSet<String> {
     fn walk(dir: &Path, out: &mut BTreeSet<String>) {
-        for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display())) {
+        for entry in
+            std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        {
             let path = entry.expect("dir entry").path();
             let name = path.file_stem().expect("a name").to_string_lossy().to_string();
             if path.is_dir() && name != "web" {
                 out.insert(name);
                 walk(&path, out);
-            } else if path.extension().is_some_and(|e| e == "rs") && !["mod", "lib", "main"].contains(&name.as_str()) {
+            } else if path.extension().is_some_and(|e| e == "rs")
+                && !["mod", "lib", "main"].contains(&name.as_str())
+            {
                 out.insert(name);
             }
         }
@@ -355,21 +425,40 @@ fn architecture_is_a_short_map_naming_every_module_and_its_links_resolve() {
     let text = std::fs::read_to_string(&page).expect("ARCHITECTURE.md");
     let lines = text.lines().count();
     let most = ARCHITECTURE_MAX_LINES;
-    assert!(lines <= most, "ARCHITECTURE.md has {lines} lines; at most {most}: move detail into docs/src/internals/");
+    assert!(
+        lines <= most,
+        "ARCHITECTURE.md has {lines} lines; at most {most}: move detail into docs/src/internals/"
+    );
     let broken = broken_links(&page);
     assert!(broken.is_empty(), "broken links in ARCHITECTURE.md:\n{}", broken.join("\n"));
-    let into_book = links(&text).into_iter().filter(|(_, target)| target.starts_with("docs/src/internals/")).count();
-    assert!(into_book >= 3, "ARCHITECTURE.md points to the book's Inside pages ({into_book} links)");
-    let start = text.find("\n## Code map\n").expect("ARCHITECTURE.md has a \"## Code map\" section");
+    let into_book = links(&text)
+        .into_iter()
+        .filter(|(_, target)| target.starts_with("docs/src/internals/"))
+        .count();
+    assert!(
+        into_book >= 3,
+        "ARCHITECTURE.md points to the book's Inside pages ({into_book} links)"
+    );
+    let start =
+        text.find("\n## Code map\n").expect("ARCHITECTURE.md has a \"## Code map\" section");
     let map = &text[start + 1..];
     let map = &map[..map[1..].find("\n## ").map_or(map.len(), |end| end + 1)];
     let named = named_in_code(map);
     let modules = source_modules();
-    assert!(modules.len() > 80 && modules.contains("seqlog") && modules.contains("actors"), "{modules:?}");
+    assert!(
+        modules.len() > 80 && modules.contains("seqlog") && modules.contains("actors"),
+        "{modules:?}"
+    );
     let missing: Vec<_> = modules.iter().filter(|module| !named.contains(*module)).collect();
-    assert!(missing.is_empty(), "modules of src/ ARCHITECTURE.md's code map does not name (a line each): {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "modules of src/ ARCHITECTURE.md's code map does not name (a line each): {missing:?}"
+    );
     for section in ["## Invariants", "## Where the bounds live"] {
-        assert!(text.contains(&format!("\n{section}\n")), "ARCHITECTURE.md has a {section:?} section");
+        assert!(
+            text.contains(&format!("\n{section}\n")),
+            "ARCHITECTURE.md has a {section:?} section"
+        );
     }
     // The name finder sees through paths and extensions, and only in code.
     assert_eq!(
@@ -401,7 +490,11 @@ fn walkthrough(text: &str) -> Vec<Step> {
             continue;
         }
         if let Some(command) = line.strip_prefix("$ ") {
-            steps.push(Step { line: i + 1, command: command.trim_end_matches('\\').trim().to_string(), shown: Vec::new() });
+            steps.push(Step {
+                line: i + 1,
+                command: command.trim_end_matches('\\').trim().to_string(),
+                shown: Vec::new(),
+            });
             continued = line.ends_with('\\');
         } else if continued {
             let step = steps.last_mut().expect("a continued command");
@@ -409,7 +502,11 @@ fn walkthrough(text: &str) -> Vec<Step> {
             step.command.push_str(line.trim_end_matches('\\').trim());
             continued = line.ends_with('\\');
         } else {
-            steps.last_mut().unwrap_or_else(|| panic!("line {}: output before any `$ ` command", i + 1)).shown.push(line.to_string());
+            steps
+                .last_mut()
+                .unwrap_or_else(|| panic!("line {}: output before any `$ ` command", i + 1))
+                .shown
+                .push(line.to_string());
         }
     }
     steps
@@ -432,7 +529,8 @@ fn pattern(shown: &str) -> Value {
         escaped = ch == '\\' && !escaped;
         text.push(ch);
     }
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("the shown answer is not JSON ({e}): {shown}"))
+    serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("the shown answer is not JSON ({e}): {shown}"))
 }
 
 /// Where `actual` differs from the shown `want` (`…` matches anything), as paths.
@@ -470,13 +568,17 @@ fn run_walkthrough(steps: &[Step], dir: &Path, addr: &str) -> Vec<String> {
     for step in steps {
         let command = step.command.replace("localhost:7070", addr);
         let assignment = command.split_once('=').filter(|(name, _)| {
-            !name.is_empty() && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+            !name.is_empty()
+                && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
         });
         let script = match assignment {
             Some((name, _)) => format!("{command} && printf %s \"${name}\""),
             None if command.starts_with("curl ") => command.clone(),
             None => {
-                failures.push(format!("line {}: `{}` is neither a curl command nor an assignment", step.line, step.command));
+                failures.push(format!(
+                    "line {}: `{}` is neither a curl command nor an assignment",
+                    step.line, step.command
+                ));
                 continue;
             }
         };
@@ -488,7 +590,13 @@ fn run_walkthrough(steps: &[Step], dir: &Path, addr: &str) -> Vec<String> {
             .expect("run bash (and curl: .ci/test installs Debian's curl)");
         let stdout = String::from_utf8_lossy(&output.stdout).to_string();
         if !output.status.success() {
-            failures.push(format!("line {}: `{}` failed ({}): {}", step.line, step.command, output.status, String::from_utf8_lossy(&output.stderr)));
+            failures.push(format!(
+                "line {}: `{}` failed ({}): {}",
+                step.line,
+                step.command,
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            ));
             continue;
         }
         if let Some((name, _)) = assignment {
@@ -502,10 +610,14 @@ fn run_walkthrough(steps: &[Step], dir: &Path, addr: &str) -> Vec<String> {
         match shown.next() {
             Some(want) if want.starts_with("HTTP/") => {
                 if want != status {
-                    failures.push(format!("line {}: status shown {want:?}, got {status:?}", step.line));
+                    failures
+                        .push(format!("line {}: status shown {want:?}, got {status:?}", step.line));
                 }
             }
-            _ => failures.push(format!("line {}: a curl step shows its status line first (curl -si)", step.line)),
+            _ => failures.push(format!(
+                "line {}: a curl step shows its status line first (curl -si)",
+                step.line
+            )),
         }
         let want_body: String = shown.collect::<Vec<_>>().join("");
         if want_body.is_empty() {
@@ -530,12 +642,15 @@ fn run_walkthrough(steps: &[Step], dir: &Path, addr: &str) -> Vec<String> {
 #[test]
 fn shown_json_matches_what_it_shows_and_nothing_else() {
     let _gate = crate::common::gate!();
-    let want = pattern(r#"{"room":"lobby","seq":1,"epoch":"…","ts_ms":…,"id":"ab…","events":[{"seq":1}]}"#);
+    let want = pattern(
+        r#"{"room":"lobby","seq":1,"epoch":"…","ts_ms":…,"id":"ab…","events":[{"seq":1}]}"#,
+    );
     let good: Value = serde_json::json!({"room":"lobby","seq":1,"epoch":"e1","ts_ms":7,"id":"abc","events":[{"seq":1,"x":2}],"more":true});
     let mut out = Vec::new();
     differences(&want, &good, "$", &mut out);
     assert!(out.is_empty(), "{out:?}");
-    let bad: Value = serde_json::json!({"room":"lobby","seq":2,"id":"xbc","events":[{"seq":1},{"seq":2}]});
+    let bad: Value =
+        serde_json::json!({"room":"lobby","seq":2,"id":"xbc","events":[{"seq":1},{"seq":2}]});
     differences(&want, &bad, "$", &mut out);
     assert_eq!(out.len(), 5, "seq, epoch, ts_ms, id and events differ: {out:?}");
     let steps = walkthrough("```console\n$ A=1\n$ curl -si x \\\n  -d y\nHTTP/1.1 200 OK\n{}\n```\n```sh\n$ not run\n```\n");
@@ -550,12 +665,20 @@ fn the_curl_walkthrough_of_getting_started_runs_against_the_real_binary() {
     let page = repo().join("docs/src/getting-started.md");
     let steps = walkthrough(&std::fs::read_to_string(&page).expect("docs/src/getting-started.md"));
     let curls = steps.iter().filter(|s| s.command.starts_with("curl ")).count();
-    assert!(curls >= 5, "Getting started walks through the HTTP API with curl ({curls} curl steps)");
+    assert!(
+        curls >= 5,
+        "Getting started walks through the HTTP API with curl ({curls} curl steps)"
+    );
     let dir = tempfile::Builder::new().prefix("livegate-book-").tempdir().expect("tempdir");
     // No --api-key: the server generates data/api_key, which the page reads.
-    let server = ServeProcess::start_without_key(&dir.path().join("data"), &dir.path().join("log"), &[]);
+    let server =
+        ServeProcess::start_without_key(&dir.path().join("data"), &dir.path().join("log"), &[]);
     let failures = run_walkthrough(&steps, dir.path(), &server.addr.to_string());
-    assert!(failures.is_empty(), "docs/src/getting-started.md differs from the server:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "docs/src/getting-started.md differs from the server:\n{}",
+        failures.join("\n")
+    );
     // The same steps against a page that shows a wrong answer fail.
     let wrong = walkthrough(
         "```console\n$ KEY=$(cat data/api_key)\n$ curl -si localhost:7070/v1/rooms/lobby/state -H \"Authorization: Bearer $KEY\"\nHTTP/1.1 200 OK\n{\"seq\":99}\n```\n",

@@ -57,8 +57,10 @@ impl Proc {
     }
 
     fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
-        common::wait_for_every(timeout, Duration::from_millis(50), || self.child.try_wait().expect("try_wait"))
-            .unwrap_or_else(|| panic!("{} did not exit within {timeout:?}", self.name))
+        common::wait_for_every(timeout, Duration::from_millis(50), || {
+            self.child.try_wait().expect("try_wait")
+        })
+        .unwrap_or_else(|| panic!("{} did not exit within {timeout:?}", self.name))
     }
 }
 
@@ -109,7 +111,11 @@ impl Lines {
             match self.next(left) {
                 Some(line) if pred(&line) => return line,
                 Some(_) => {}
-                None => panic!("{}: no line {what} within {WAIT:?}; seen:\n{}", self.name, self.seen.join("\n")),
+                None => panic!(
+                    "{}: no line {what} within {WAIT:?}; seen:\n{}",
+                    self.name,
+                    self.seen.join("\n")
+                ),
             }
         }
     }
@@ -137,14 +143,26 @@ impl Server {
         // The same port right after a restart may still be held briefly: retry a few times.
         for attempt in 1.. {
             let cmd = livegate(&[
-                "serve", "--listen", &listen, "--data-dir", data.to_str().unwrap(), "--drain-wait-secs", "0",
-                "--drain-grace-secs", "5",
+                "serve",
+                "--listen",
+                &listen,
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--drain-wait-secs",
+                "0",
+                "--drain-grace-secs",
+                "5",
             ]);
             let (proc, mut stdout, mut stderr) = Proc::spawn("server", cmd);
             let deadline = Instant::now() + WAIT;
             while let Some(line) = stdout.next(deadline.saturating_duration_since(Instant::now())) {
                 if let Some((_, rest)) = line.split_once(" listening on http://") {
-                    let addr = rest.split_whitespace().next().unwrap().parse().expect("address in the listening line");
+                    let addr = rest
+                        .split_whitespace()
+                        .next()
+                        .unwrap()
+                        .parse()
+                        .expect("address in the listening line");
                     return Server { proc, addr, stderr };
                 }
             }
@@ -154,7 +172,10 @@ impl Server {
                 "server did not report listening; stdout:\n{}\nstderr:\n{errors}",
                 stdout.seen.join("\n")
             );
-            common::pace(Duration::from_millis(250), "a refused bind of the same port is retried at 4/s");
+            common::pace(
+                Duration::from_millis(250),
+                "a refused bind of the same port is retried at 4/s",
+            );
         }
         unreachable!()
     }
@@ -165,11 +186,15 @@ impl Server {
 
     /// SIGTERM, then wait for the drain to finish and the process to exit.
     fn terminate(mut self) -> ExitStatus {
-        let sent = Command::new("kill").args(["-TERM", &self.proc.pid()]).status().expect("run kill");
+        let sent =
+            Command::new("kill").args(["-TERM", &self.proc.pid()]).status().expect("run kill");
         assert!(sent.success(), "kill -TERM failed");
         let status = self.proc.wait_exit(WAIT);
         if !status.success() {
-            eprintln!("server stderr:\n{}", self.stderr.drain(Duration::from_millis(200)).join("\n"));
+            eprintln!(
+                "server stderr:\n{}",
+                self.stderr.drain(Duration::from_millis(200)).join("\n")
+            );
         }
         status
     }
@@ -183,7 +208,8 @@ struct Ran {
 }
 
 fn run(args: &[&str]) -> Ran {
-    let (mut proc, mut stdout, mut stderr) = Proc::spawn(&format!("livegate {}", args.join(" ")), livegate(args));
+    let (mut proc, mut stdout, mut stderr) =
+        Proc::spawn(&format!("livegate {}", args.join(" ")), livegate(args));
     let status = proc.wait_exit(WAIT);
     let stdout = stdout.drain(Duration::from_millis(200)).join("\n");
     let stderr = stderr.drain(Duration::from_millis(200)).join("\n");
@@ -193,7 +219,8 @@ fn run(args: &[&str]) -> Ran {
 /// A client command against `server` with the key in `data`; must succeed.
 fn client_ok(server: &Server, data: &Path, args: &[&str]) -> String {
     let url = server.url();
-    let all: Vec<&str> = args.iter().copied().chain(["--data-dir", data.to_str().unwrap(), "--url", &url]).collect();
+    let all: Vec<&str> =
+        args.iter().copied().chain(["--data-dir", data.to_str().unwrap(), "--url", &url]).collect();
     let ran = run(&all);
     assert!(ran.status.success(), "livegate {all:?} failed with {}: {}", ran.status, ran.stderr);
     ran.stdout
@@ -212,7 +239,10 @@ fn publish_and_subscribe_across_a_server_restart() {
     let port = server.addr.port();
 
     let token = client_ok(&server, data, &["token", "u1"]);
-    assert!(!token.is_empty() && !token.contains(char::is_whitespace), "one token on one line, got {token:?}");
+    assert!(
+        !token.is_empty() && !token.contains(char::is_whitespace),
+        "one token on one line, got {token:?}"
+    );
 
     let url = server.url();
     let (_subscriber, mut events, mut notices) = Proc::spawn(
@@ -222,12 +252,23 @@ fn publish_and_subscribe_across_a_server_restart() {
     notices.wait_for("`subscribed to match:1`", |l| l.starts_with("subscribed to match:1"));
 
     for (goal, seq) in [(1, 1), (2, 2)] {
-        let reply = json(&client_ok(&server, data, &["publish", "match:1", &format!("{{\"goal\":{goal}}}")]));
-        assert_eq!((reply["room"].as_str(), reply["seq"].as_u64(), reply["duplicate"].as_bool()), (Some("match:1"), Some(seq), Some(false)));
+        let reply = json(&client_ok(
+            &server,
+            data,
+            &["publish", "match:1", &format!("{{\"goal\":{goal}}}")],
+        ));
+        assert_eq!(
+            (reply["room"].as_str(), reply["seq"].as_u64(), reply["duplicate"].as_bool()),
+            (Some("match:1"), Some(seq), Some(false))
+        );
     }
     for (goal, seq) in [(1, 1), (2, 2)] {
         let event = json(&events.wait_for("with an event", |_| true));
-        assert_eq!((event["room"].as_str(), event["seq"].as_u64()), (Some("match:1"), Some(seq)), "event {event}");
+        assert_eq!(
+            (event["room"].as_str(), event["seq"].as_u64()),
+            (Some("match:1"), Some(seq)),
+            "event {event}"
+        );
         assert_eq!(event["data"]["goal"], goal);
     }
 
@@ -240,7 +281,11 @@ fn publish_and_subscribe_across_a_server_restart() {
     assert_eq!(reply["seq"], 3, "the sequence continues after a restart: {reply}");
 
     let event = json(&events.wait_for("with the event published after the restart", |_| true));
-    assert_eq!((event["seq"].as_u64(), &event["data"]["goal"]), (Some(3), &Value::from(3)), "event {event}");
+    assert_eq!(
+        (event["seq"].as_u64(), &event["data"]["goal"]),
+        (Some(3), &Value::from(3)),
+        "event {event}"
+    );
     notices.wait_for("`recovered match:1 from seq 2`", |l| l == "recovered match:1 from seq 2");
     let extra = events.drain(QUIET);
     assert!(extra.is_empty(), "no event twice, got {extra:?}");
@@ -251,7 +296,15 @@ fn publish_rejects_invalid_json_before_any_request() {
     let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().unwrap();
     // Nothing listens on port 9 and there is no key: only the argument is checked.
-    let ran = run(&["publish", "match:1", "{goal:1", "--data-dir", dir.path().to_str().unwrap(), "--url", "http://127.0.0.1:9"]);
+    let ran = run(&[
+        "publish",
+        "match:1",
+        "{goal:1",
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+        "--url",
+        "http://127.0.0.1:9",
+    ]);
     assert!(!ran.status.success());
     assert_eq!(ran.stdout, "");
     assert_eq!(ran.stderr.lines().count(), 1, "one line: {}", ran.stderr);
@@ -265,7 +318,11 @@ fn wrong_api_key_is_reported_as_unauthorized() {
     let server = Server::start(dir.path(), 0);
     let url = server.url();
     for args in [&["publish", "match:1", "{}"][..], &["token", "u1"][..]] {
-        let all: Vec<&str> = args.iter().copied().chain(["--api-key", "wrong-key-0123456789", "--url", &url]).collect();
+        let all: Vec<&str> = args
+            .iter()
+            .copied()
+            .chain(["--api-key", "wrong-key-0123456789", "--url", &url])
+            .collect();
         let ran = run(&all);
         assert_eq!(ran.status.code(), Some(1), "{all:?}: {}", ran.stderr);
         assert_eq!(ran.stdout, "");
@@ -280,12 +337,18 @@ fn client_errors_before_connecting() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap();
     let cases: [(&[&str], &str); 3] = [
-        (&["token", "u1", "--data-dir", data], "livegate: no API key: start the server once or set api_key"),
+        (
+            &["token", "u1", "--data-dir", data],
+            "livegate: no API key: start the server once or set api_key",
+        ),
         (
             &["subscribe", "r", "--api-key", "some-key-0123456789", "--url", "http://127.0.0.1:9"],
             "livegate: cannot reach livegate at http://127.0.0.1:9",
         ),
-        (&["token", "u1", "--batch-window-ms", "fast"], "livegate: --batch-window-ms: expected a whole number of milliseconds"),
+        (
+            &["token", "u1", "--batch-window-ms", "fast"],
+            "livegate: --batch-window-ms: expected a whole number of milliseconds",
+        ),
     ];
     for (args, starts) in cases {
         let ran = run(args);
@@ -310,15 +373,30 @@ fn the_subscriber_reconnects_after_a_drain_with_its_resume_credential_and_no_new
     let url = server.url();
     let (_subscriber, mut events, mut notices) = Proc::spawn(
         "subscriber",
-        livegate(&["subscribe", "match:1", "--user", "fan", "--data-dir", data.to_str().unwrap(), "--url", &url]),
+        livegate(&[
+            "subscribe",
+            "match:1",
+            "--user",
+            "fan",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--url",
+            &url,
+        ]),
     );
     notices.wait_for("`subscribed to match:1`", |l| l.starts_with("subscribed to match:1"));
     client_ok(&server, data, &["publish", "match:1", "{\"goal\":1}"]);
     assert_eq!(json(&events.wait_for("with event 1", |_| true))["seq"], 1);
-    assert_eq!(metric(&server, "livegate_tokens_minted_total"), 1.0, "one token for the first connection");
+    assert_eq!(
+        metric(&server, "livegate_tokens_minted_total"),
+        1.0,
+        "one token for the first connection"
+    );
 
     assert!(server.terminate().success());
-    notices.wait_for("about the drain's close", |l| l.contains("server closed the connection with 1012"));
+    notices.wait_for("about the drain's close", |l| {
+        l.contains("server closed the connection with 1012")
+    });
     let server = Server::start(data, port);
     for goal in [2, 3] {
         client_ok(&server, data, &["publish", "match:1", &format!("{{\"goal\":{goal}}}")]);
@@ -328,11 +406,19 @@ fn the_subscriber_reconnects_after_a_drain_with_its_resume_credential_and_no_new
         assert_eq!(event["seq"], seq, "every event, in order: {event}");
     }
     notices.wait_for("`recovered match:1 from seq 1`", |l| l == "recovered match:1 from seq 1");
-    assert_eq!(metric(&server, "livegate_tokens_minted_total"), 0.0, "the reconnect asked for no token");
+    assert_eq!(
+        metric(&server, "livegate_tokens_minted_total"),
+        0.0,
+        "the reconnect asked for no token"
+    );
     assert_eq!(metric(&server, "livegate_handshakes_total{credential=\"resume\"}"), 1.0);
     assert_eq!(metric(&server, "livegate_handshakes_total{credential=\"token\"}"), 0.0);
     assert!(events.drain(QUIET).is_empty(), "no event twice");
-    assert!(!notices.seen.iter().any(|l| l.contains("resume credential refused")), "{:?}", notices.seen);
+    assert!(
+        !notices.seen.iter().any(|l| l.contains("resume credential refused")),
+        "{:?}",
+        notices.seen
+    );
 }
 
 #[test]
@@ -345,16 +431,29 @@ fn the_subscriber_falls_back_to_a_token_at_once_when_its_credential_is_refused()
     let url = server.url();
     let (_subscriber, mut events, mut notices) = Proc::spawn(
         "subscriber",
-        livegate(&["subscribe", "match:1", "--user", "fan", "--data-dir", data.to_str().unwrap(), "--url", &url]),
+        livegate(&[
+            "subscribe",
+            "match:1",
+            "--user",
+            "fan",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--url",
+            &url,
+        ]),
     );
     notices.wait_for("`subscribed to match:1`", |l| l.starts_with("subscribed to match:1"));
     assert!(server.terminate().success());
-    notices.wait_for("about the drain's close", |l| l.contains("server closed the connection with 1012"));
+    notices.wait_for("about the drain's close", |l| {
+        l.contains("server closed the connection with 1012")
+    });
     // A new token secret: every credential signed before is now invalid.
     let fresh = tempfile::tempdir().unwrap();
     std::fs::copy(data.join("api_key"), fresh.path().join("api_key")).expect("the API key file");
     let server = Server::start(fresh.path(), port);
-    notices.wait_for("about the refused credential", |l| l.starts_with("resume credential refused (server answered 401 resume_invalid"));
+    notices.wait_for("about the refused credential", |l| {
+        l.starts_with("resume credential refused (server answered 401 resume_invalid")
+    });
     // Another data dir: the room's epoch is new, so its recovery fails.
     notices.wait_for("about match:1", |l| l.starts_with("recovery failed for match:1"));
     assert_eq!(metric(&server, "livegate_tokens_minted_total"), 1.0);
@@ -371,7 +470,8 @@ fn the_subscriber_falls_back_to_a_token_at_once_when_its_credential_is_refused()
 /// `livegate ARGS --data-dir DATA --url URL` run to its end (successful or not).
 fn client_ran(server: &Server, data: &Path, args: &[&str]) -> Ran {
     let url = server.url();
-    let all: Vec<&str> = args.iter().copied().chain(["--data-dir", data.to_str().unwrap(), "--url", &url]).collect();
+    let all: Vec<&str> =
+        args.iter().copied().chain(["--data-dir", data.to_str().unwrap(), "--url", &url]).collect();
     run(&all)
 }
 
@@ -379,7 +479,12 @@ fn client_ran(server: &Server, data: &Path, args: &[&str]) -> Ran {
 fn get_as_backend(server: &Server, data: &Path, path: &str) -> (u16, Value) {
     let key = std::fs::read_to_string(data.join("api_key")).expect("the generated API key file");
     let header = format!("Bearer {}", key.trim());
-    common::Http::new(server.addr).request("GET", path, common::Auth::Header(&header), common::Body::None)
+    common::Http::new(server.addr).request(
+        "GET",
+        path,
+        common::Auth::Header(&header),
+        common::Body::None,
+    )
 }
 
 #[test]
@@ -390,13 +495,22 @@ fn state_prints_the_rooms_state_as_get_answers_it() {
     let server = Server::start(data, 0);
 
     let none = json(&client_ok(&server, data, &["state", "match:1"]));
-    assert_eq!((none["room"].as_str(), none["seq"].as_u64(), &none["data"]), (Some("match:1"), Some(0), &Value::Null), "no state yet: {none}");
+    assert_eq!(
+        (none["room"].as_str(), none["seq"].as_u64(), &none["data"]),
+        (Some("match:1"), Some(0), &Value::Null),
+        "no state yet: {none}"
+    );
 
     let key = std::fs::read_to_string(data.join("api_key")).unwrap();
     let header = format!("Bearer {}", key.trim());
     let http = common::Http::new(server.addr);
     let body = serde_json::json!({"id": "g-1", "data": {"goal": 1}, "state": {"score": [1, 0], "minute": 12}});
-    let (status, published) = http.request("POST", "/v1/rooms/match:1/events", common::Auth::Header(&header), common::Body::Json(body));
+    let (status, published) = http.request(
+        "POST",
+        "/v1/rooms/match:1/events",
+        common::Auth::Header(&header),
+        common::Body::Json(body),
+    );
     assert_eq!(status, 201, "a publish with state (needs the state branch): {published}");
     client_ok(&server, data, &["publish", "match:1", "{\"goal\":2}"]); // no state: it stays at seq 1
 
@@ -406,7 +520,11 @@ fn state_prints_the_rooms_state_as_get_answers_it() {
     assert_eq!(state["seq"], 1, "{state}");
     assert_eq!(state["data"], serde_json::json!({"score": [1, 0], "minute": 12}));
     assert_eq!(state["epoch"], published["epoch"]);
-    assert_eq!((200, state), get_as_backend(&server, data, "/v1/rooms/match:1/state"), "exactly the GET answer");
+    assert_eq!(
+        (200, state),
+        get_as_backend(&server, data, "/v1/rooms/match:1/state"),
+        "exactly the GET answer"
+    );
 }
 
 #[test]
@@ -417,12 +535,27 @@ fn presence_prints_who_is_in_the_room_as_get_answers_it() {
     let server = Server::start(data, 0);
 
     let empty = json(&client_ok(&server, data, &["presence", "lobby"]));
-    assert_eq!((empty["room"].as_str(), empty["count"].as_u64()), (Some("lobby"), Some(0)), "{empty}");
+    assert_eq!(
+        (empty["room"].as_str(), empty["count"].as_u64()),
+        (Some("lobby"), Some(0)),
+        "{empty}"
+    );
 
     let url = server.url();
     let (_fan, _events, mut notices) = Proc::spawn(
         "subscriber",
-        livegate(&["subscribe", "lobby", "--user", "fan", "--device", "web", "--data-dir", data.to_str().unwrap(), "--url", &url]),
+        livegate(&[
+            "subscribe",
+            "lobby",
+            "--user",
+            "fan",
+            "--device",
+            "web",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--url",
+            &url,
+        ]),
     );
     notices.wait_for("`subscribed to lobby`", |l| l.starts_with("subscribed to lobby"));
     let mut present = Value::Null;
@@ -431,8 +564,16 @@ fn presence_prints_who_is_in_the_room_as_get_answers_it() {
         present["count"] == 1
     });
     assert!(counted, "the subscriber never counted: {present}");
-    assert_eq!(present["members"], serde_json::json!([{"user": "fan", "device": "web"}]), "{present}");
-    assert_eq!((200, present), get_as_backend(&server, data, "/v1/rooms/lobby/presence"), "exactly the GET answer");
+    assert_eq!(
+        present["members"],
+        serde_json::json!([{"user": "fan", "device": "web"}]),
+        "{present}"
+    );
+    assert_eq!(
+        (200, present),
+        get_as_backend(&server, data, "/v1/rooms/lobby/presence"),
+        "exactly the GET answer"
+    );
 }
 
 #[test]
@@ -447,18 +588,33 @@ fn state_and_presence_failures_exit_non_zero_with_the_servers_error() {
         assert_eq!(ran.status.code(), Some(1), "{command}: {}", ran.stderr);
         assert_eq!(ran.stdout, "", "{command}: nothing on stdout");
         assert_eq!(ran.stderr.lines().count(), 1, "{command}: one line: {}", ran.stderr);
-        assert!(ran.stderr.starts_with(&format!("livegate: GET /v1/rooms/bad%20room%21/{command}: server answered 400 bad_room")), "{command}: {}", ran.stderr);
+        assert!(
+            ran.stderr.starts_with(&format!(
+                "livegate: GET /v1/rooms/bad%20room%21/{command}: server answered 400 bad_room"
+            )),
+            "{command}: {}",
+            ran.stderr
+        );
 
         // The wrong API key: 401, with the hint where the key comes from.
         let url = server.url();
         let ran = run(&[command, "lobby", "--api-key", "wrong-key-0123456789", "--url", &url]);
         assert_eq!(ran.status.code(), Some(1), "{command}: {}", ran.stderr);
-        assert!(ran.stderr.contains("server answered 401 unauthorized"), "{command}: {}", ran.stderr);
+        assert!(
+            ran.stderr.contains("server answered 401 unauthorized"),
+            "{command}: {}",
+            ran.stderr
+        );
     }
     // Nothing listening: the usual unreachable line.
-    let ran = run(&["state", "lobby", "--api-key", "some-key-0123456789", "--url", "http://127.0.0.1:9"]);
+    let ran =
+        run(&["state", "lobby", "--api-key", "some-key-0123456789", "--url", "http://127.0.0.1:9"]);
     assert_eq!(ran.status.code(), Some(1));
-    assert!(ran.stderr.starts_with("livegate: cannot reach livegate at http://127.0.0.1:9"), "{}", ran.stderr);
+    assert!(
+        ran.stderr.starts_with("livegate: cannot reach livegate at http://127.0.0.1:9"),
+        "{}",
+        ran.stderr
+    );
 }
 
 /// `cells` asks a node how it sees the cells; outside cluster mode the node probes none
@@ -473,6 +629,10 @@ fn cells_outside_cluster_mode_exits_non_zero_with_the_servers_conflict() {
     assert_eq!(ran.status.code(), Some(1), "{}", ran.stderr);
     assert_eq!(ran.stdout, "", "nothing on stdout");
     assert_eq!(ran.stderr.lines().count(), 1, "one line: {}", ran.stderr);
-    assert!(ran.stderr.starts_with("livegate: GET /v1/admin/cells: server answered 409 conflict"), "{}", ran.stderr);
+    assert!(
+        ran.stderr.starts_with("livegate: GET /v1/admin/cells: server answered 409 conflict"),
+        "{}",
+        ran.stderr
+    );
     assert!(ran.stderr.contains("cluster mode"), "{}", ran.stderr);
 }

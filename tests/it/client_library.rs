@@ -54,13 +54,21 @@ async fn every_module_the_entry_imports_is_served_and_nothing_else() {
         .filter(|name| name.ends_with(".js"))
         .collect();
     on_disk.sort();
-    let served: Vec<String> = livegate::http::CLIENT_MODULES.iter().map(|(name, _)| name.to_string()).collect();
-    assert_eq!(served, on_disk, "the server's table lists every module of clients/js/livegate/, sorted");
+    let served: Vec<String> =
+        livegate::http::CLIENT_MODULES.iter().map(|(name, _)| name.to_string()).collect();
+    assert_eq!(
+        served, on_disk,
+        "the server's table lists every module of clients/js/livegate/, sorted"
+    );
     for name in &on_disk {
         let (status, content_type, body) = get(&server, &format!("/livegate/{name}"));
         assert_eq!(status, 200, "GET /livegate/{name}");
         assert!(content_type.starts_with("text/javascript"), "{name}: {content_type}");
-        assert_eq!(body, std::fs::read_to_string(dir.join(name)).unwrap(), "/livegate/{name} is the package's file");
+        assert_eq!(
+            body,
+            std::fs::read_to_string(dir.join(name)).unwrap(),
+            "/livegate/{name} is the package's file"
+        );
     }
     for missing in ["/livegate/nothing.js", "/livegate/..%2Fclient.js", "/livegate/"] {
         let (status, _, _) = get(&server, missing);

@@ -14,7 +14,12 @@ use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
 /// A connection of `user` whose token carries `publish` (and reads any room).
-async fn publisher(server_addr: std::net::SocketAddr, http: &Http, user: &str, publish: Value) -> WsClient {
+async fn publisher(
+    server_addr: std::net::SocketAddr,
+    http: &Http,
+    user: &str,
+    publish: Value,
+) -> WsClient {
     let (status, body) = http.mint_token_raw(json!({"user": user, "publish": publish}));
     assert_eq!(status, 201, "{body}");
     WsClient::connect(server_addr, body["token"].as_str().unwrap(), None).await
@@ -43,15 +48,26 @@ async fn an_allowed_publish_is_durable_delivered_with_from_and_in_history() {
 
     let reply = publish(&mut alice, "chat:1", Some("c-1"), json!({"text": "hi"})).await;
     assert_eq!(reply["op"], "published", "{reply}");
-    assert_eq!((&reply["room"], &reply["seq"], &reply["duplicate"]), (&json!("chat:1"), &json!(1), &json!(false)), "{reply}");
+    assert_eq!(
+        (&reply["room"], &reply["seq"], &reply["duplicate"]),
+        (&json!("chat:1"), &json!(1), &json!(false)),
+        "{reply}"
+    );
 
     let events = reader.next_events(1).await;
     assert_eq!(events[0]["from"], "alice", "{}", events[0]);
-    assert_eq!((&events[0]["seq"], &events[0]["id"], &events[0]["data"]), (&json!(1), &json!("c-1"), &json!({"text": "hi"})));
+    assert_eq!(
+        (&events[0]["seq"], &events[0]["id"], &events[0]["data"]),
+        (&json!(1), &json!("c-1"), &json!({"text": "hi"}))
+    );
 
     let history = http.history_ok("chat:1", Some(0), Some(10));
     let stored = &history["events"][0];
-    assert_eq!((&stored["from"], &stored["seq"]), (&json!("alice"), &json!(1)), "history keeps from: {history}");
+    assert_eq!(
+        (&stored["from"], &stored["seq"]),
+        (&json!("alice"), &json!(1)),
+        "history keeps from: {history}"
+    );
     // The history op over the socket shows it too.
     let page = reader.history_op("chat:1", 0, 10).await;
     assert_eq!(page["events"][0]["from"], "alice", "{page}");
@@ -63,7 +79,11 @@ async fn an_allowed_publish_is_durable_delivered_with_from_and_in_history() {
     assert_eq!(events[0].get("from"), None, "an HTTP publish carries no from: {}", events[0]);
 
     let metrics = http.metrics_text();
-    assert_eq!(metric_value(&metrics, r#"livegate_client_publishes_total{outcome="published"}"#), Some(1.0), "{metrics}");
+    assert_eq!(
+        metric_value(&metrics, r#"livegate_client_publishes_total{outcome="published"}"#),
+        Some(1.0),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]
@@ -76,12 +96,19 @@ async fn from_cannot_be_forged_by_the_op_or_the_data() {
     let mut mallory = publisher(server.addr, &http, "mallory", json!(["chat:*"])).await;
 
     // A `from` field in the op is not part of the protocol: refused, nothing appended.
-    let refused = mallory.request(json!({"op": "publish", "room": "chat:1", "data": {}, "from": "admin"})).await;
-    assert_eq!((&refused["op"], &refused["code"]), (&json!("error"), &json!("bad_request")), "{refused}");
+    let refused = mallory
+        .request(json!({"op": "publish", "room": "chat:1", "data": {}, "from": "admin"}))
+        .await;
+    assert_eq!(
+        (&refused["op"], &refused["code"]),
+        (&json!("error"), &json!("bad_request")),
+        "{refused}"
+    );
     assert_eq!(head_of(&http, "chat:1"), 0, "a refused publish appends nothing");
 
     // A `from` inside data stays inside data; the event's own `from` is the user's.
-    let reply = publish(&mut mallory, "chat:1", None, json!({"from": "admin", "text": "trust me"})).await;
+    let reply =
+        publish(&mut mallory, "chat:1", None, json!({"from": "admin", "text": "trust me"})).await;
     assert_eq!(reply["op"], "published", "{reply}");
     let events = reader.next_events(1).await;
     assert_eq!(events[0]["from"], "mallory", "{}", events[0]);
@@ -95,7 +122,8 @@ async fn rooms_outside_the_patterns_inboxes_and_tokens_without_publish_are_forbi
     let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
-    let mut alice = publisher(server.addr, &http, "alice", json!(["chat:*", "user:alice", "user:*"])).await;
+    let mut alice =
+        publisher(server.addr, &http, "alice", json!(["chat:*", "user:alice", "user:*"])).await;
 
     let cases = [
         ("news", "a room outside the patterns"),
@@ -104,7 +132,11 @@ async fn rooms_outside_the_patterns_inboxes_and_tokens_without_publish_are_forbi
     ];
     for (room, why) in cases {
         let reply = publish(&mut alice, room, None, json!({"x": 1})).await;
-        assert_eq!((&reply["op"], &reply["code"]), (&json!("error"), &json!("forbidden")), "{why}: {reply}");
+        assert_eq!(
+            (&reply["op"], &reply["code"]),
+            (&json!("error"), &json!("forbidden")),
+            "{why}: {reply}"
+        );
         assert_eq!(head_of(&http, room), 0, "{why}: nothing appended");
     }
     let bad = publish(&mut alice, "bad room", None, json!({"x": 1})).await;
@@ -122,8 +154,16 @@ async fn rooms_outside_the_patterns_inboxes_and_tokens_without_publish_are_forbi
     assert_eq!(head_of(&http, "chat:2"), 1);
 
     let metrics = http.metrics_text();
-    assert_eq!(metric_value(&metrics, r#"livegate_client_publishes_total{outcome="forbidden"}"#), Some(4.0), "{metrics}");
-    assert_eq!(metric_value(&metrics, r#"livegate_client_publishes_total{outcome="bad_room"}"#), Some(1.0), "{metrics}");
+    assert_eq!(
+        metric_value(&metrics, r#"livegate_client_publishes_total{outcome="forbidden"}"#),
+        Some(4.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        metric_value(&metrics, r#"livegate_client_publishes_total{outcome="bad_room"}"#),
+        Some(1.0),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]
@@ -135,7 +175,8 @@ async fn patterns_are_validated_when_the_token_is_minted() {
         let (status, body) = http.mint_token_raw(json!({"user": "alice", "publish": publish}));
         assert_eq!((status, error_code(&body)), (400, "bad_request"), "publish {publish}: {body}");
     }
-    let (status, body) = http.mint_token_raw(json!({"user": "alice", "publish": ["chat:*", "lobby"]}));
+    let (status, body) =
+        http.mint_token_raw(json!({"user": "alice", "publish": ["chat:*", "lobby"]}));
     assert_eq!(status, 201, "{body}");
 }
 
@@ -148,14 +189,26 @@ async fn a_repeated_id_answers_duplicate_with_the_first_seq() {
     let first = publish(&mut alice, "chat:1", Some("c-1"), json!({"n": 1})).await;
     publish(&mut alice, "chat:1", Some("c-2"), json!({"n": 2})).await;
     let again = publish(&mut alice, "chat:1", Some("c-1"), json!({"n": 1})).await;
-    assert_eq!((&again["op"], &again["seq"], &again["duplicate"]), (&json!("published"), &first["seq"], &json!(true)), "{again}");
+    assert_eq!(
+        (&again["op"], &again["seq"], &again["duplicate"]),
+        (&json!("published"), &first["seq"], &json!(true)),
+        "{again}"
+    );
     assert_eq!(head_of(&http, "chat:1"), 2, "the duplicate appended nothing");
     // A client's ids are its user's (issue 29): a backend's publish with one is an event
     // of its own, never swallowed as the client's duplicate; its retry is its own.
     let (status, reply) = http.publish("chat:1", Some("c-2"), json!({"n": 2}));
-    assert_eq!((status, &reply["duplicate"], &reply["seq"]), (201, &json!(false), &json!(3)), "{reply}");
+    assert_eq!(
+        (status, &reply["duplicate"], &reply["seq"]),
+        (201, &json!(false), &json!(3)),
+        "{reply}"
+    );
     let (status, reply) = http.publish("chat:1", Some("c-2"), json!({"n": 2}));
-    assert_eq!((status, &reply["duplicate"], &reply["seq"]), (200, &json!(true), &json!(3)), "{reply}");
+    assert_eq!(
+        (status, &reply["duplicate"], &reply["seq"]),
+        (200, &json!(true), &json!(3)),
+        "{reply}"
+    );
 }
 
 #[tokio::test]
@@ -183,7 +236,11 @@ async fn publishes_count_against_the_message_rate() {
     let mut alice = publisher(server.addr, &http, "alice", json!(["chat:*"])).await;
     // Burst: twice the rate. Send more than that at once.
     for i in 0..8 {
-        alice.send_json(&json!({"op": "publish", "room": "chat:1", "data": {"i": i}, "ref": 100 + i})).await;
+        alice
+            .send_json(
+                &json!({"op": "publish", "room": "chat:1", "data": {"i": i}, "ref": 100 + i}),
+            )
+            .await;
     }
     let mut replies = Vec::new();
     while replies.len() < 8 {
@@ -246,7 +303,10 @@ async fn a_resumed_connection_keeps_its_publish_rights() {
     let first = publisher(server.addr, &http, "alice", json!(["chat:*"])).await;
     let resume = first.welcome["resume"].as_str().expect("resume credential").to_string();
     drop(first);
-    let mut again = WsClient::try_connect_url(&format!("ws://{}/v1/ws?resume={resume}", server.addr)).await.expect("resume");
+    let mut again =
+        WsClient::try_connect_url(&format!("ws://{}/v1/ws?resume={resume}", server.addr))
+            .await
+            .expect("resume");
     let reply = publish(&mut again, "chat:1", None, json!({"after": "resume"})).await;
     assert_eq!((&reply["op"], &reply["seq"]), (&json!("published"), &json!(1)), "{reply}");
     let refused = publish(&mut again, "news", None, json!({})).await;
@@ -257,7 +317,10 @@ async fn a_resumed_connection_keeps_its_publish_rights() {
     let plain = server.client("bob").await;
     let resume = plain.welcome["resume"].as_str().expect("resume credential").to_string();
     drop(plain);
-    let mut again = WsClient::try_connect_url(&format!("ws://{}/v1/ws?resume={resume}", server.addr)).await.expect("resume");
+    let mut again =
+        WsClient::try_connect_url(&format!("ws://{}/v1/ws?resume={resume}", server.addr))
+            .await
+            .expect("resume");
     assert_eq!(publish(&mut again, "chat:1", None, json!({})).await["code"], "forbidden");
 }
 
@@ -282,6 +345,10 @@ async fn a_published_event_survives_kill_9_right_after_the_reply() {
     let http = Http::new(serve.addr);
     let history = http.history_ok("chat:1", Some(0), Some(100));
     let events = history["events"].as_array().expect("events");
-    assert_eq!(seqs(events), acked, "every acknowledged client publish survives kill -9: {history}");
+    assert_eq!(
+        seqs(events),
+        acked,
+        "every acknowledged client publish survives kill -9: {history}"
+    );
     assert!(events.iter().all(|e| e["from"] == "alice"), "with its from: {history}");
 }

@@ -55,7 +55,11 @@ fn wstest_path() -> PathBuf {
 }
 
 /// Runs `wstest -m fuzzingclient -s spec` to its end (bounded); returns its output.
-fn run_suite(wstest: &Path, spec: &Path, dir: &Path) -> (std::process::ExitStatus, String, Duration) {
+fn run_suite(
+    wstest: &Path,
+    spec: &Path,
+    dir: &Path,
+) -> (std::process::ExitStatus, String, Duration) {
     let log_path = dir.join("wstest.log");
     let log = std::fs::File::create(&log_path).expect("wstest log");
     let started = Instant::now();
@@ -69,11 +73,15 @@ fn run_suite(wstest: &Path, spec: &Path, dir: &Path) -> (std::process::ExitStatu
         .spawn()
         .unwrap_or_else(|e| panic!("run {}: {e}", wstest.display()));
     let mut child = Wstest(child);
-    let Some(status) = common::wait_for_every(SUITE_LIMIT, Duration::from_millis(200), || child.0.try_wait().expect("try_wait wstest"))
-    else {
+    let Some(status) = common::wait_for_every(SUITE_LIMIT, Duration::from_millis(200), || {
+        child.0.try_wait().expect("try_wait wstest")
+    }) else {
         drop(child);
         let text = std::fs::read_to_string(&log_path).unwrap_or_default();
-        panic!("wstest did not finish within {SUITE_LIMIT:?}; its output ends:\n{}", tail(&text, 40));
+        panic!(
+            "wstest did not finish within {SUITE_LIMIT:?}; its output ends:\n{}",
+            tail(&text, 40)
+        );
     };
     (status, std::fs::read_to_string(&log_path).unwrap_or_default(), started.elapsed())
 }
@@ -89,7 +97,8 @@ fn case_key(id: &str) -> Vec<u64> {
 }
 
 fn read_json(path: &Path) -> Value {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
 }
 
@@ -194,10 +203,14 @@ fn autobahn_fuzzingclient_cases_1_to_10_pass() {
                 )
             })
             .unwrap_or_default();
-        failures.push((id.clone(), format!("behavior {behavior}, close {}: {detail}", close.unwrap_or("-"))));
+        failures.push((
+            id.clone(),
+            format!("behavior {behavior}, close {}: {detail}", close.unwrap_or("-")),
+        ));
     }
 
-    let summary: Vec<String> = by_outcome.iter().map(|(outcome, n)| format!("{outcome} {n}")).collect();
+    let summary: Vec<String> =
+        by_outcome.iter().map(|(outcome, n)| format!("{outcome} {n}")).collect();
     eprintln!(
         "autobahn summary: {} cases: {} ({} failing; {:.0} s)",
         cases.len(),

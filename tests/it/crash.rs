@@ -39,7 +39,16 @@ fn kill_9_ten_times_during_a_publish_stream_loses_no_acknowledged_event() {
     let root = tempfile::tempdir().expect("tempdir");
     let data = root.path().join("data");
     // Keep every event so every acknowledged one can be looked up.
-    let keep_all = ["--history-size", "1000000", "--drain-wait-secs", "0", "--drain-spread-secs", "0", "--drain-grace-secs", "2"];
+    let keep_all = [
+        "--history-size",
+        "1000000",
+        "--drain-wait-secs",
+        "0",
+        "--drain-spread-secs",
+        "0",
+        "--drain-grace-secs",
+        "2",
+    ];
 
     let mut acked: Vec<Vec<(u64, String)>> = vec![Vec::new(); ROOMS];
     let mut epochs: Vec<Option<Value>> = vec![None; ROOMS];
@@ -58,11 +67,15 @@ fn kill_9_ten_times_during_a_publish_stream_loses_no_acknowledged_event() {
             let room = room_name(r);
             let (events, epoch, head) = full_history(&http, &room, 0);
             if seqs(&events) != (1..=head).collect::<Vec<_>>() {
-                failures.push(format!("round {round}: history of {room} is not 1..={head} without holes"));
+                failures.push(format!(
+                    "round {round}: history of {room} is not 1..={head} without holes"
+                ));
             }
             if let Some(known) = &epochs[r] {
                 if &epoch != known {
-                    failures.push(format!("round {round}: {room} epoch changed from {known} to {epoch}"));
+                    failures.push(format!(
+                        "round {round}: {room} epoch changed from {known} to {epoch}"
+                    ));
                 }
             }
             let max_acked = acked[r].iter().map(|a| a.0).max().unwrap_or(0);
@@ -91,7 +104,10 @@ fn kill_9_ten_times_during_a_publish_stream_loses_no_acknowledged_event() {
             }
             let known = epochs[r].get_or_insert_with(|| reply["epoch"].clone());
             if reply["epoch"] != *known {
-                failures.push(format!("round {round}: publish to {room} answered epoch {}, expected {known}", reply["epoch"]));
+                failures.push(format!(
+                    "round {round}: publish to {room} answered epoch {}, expected {known}",
+                    reply["epoch"]
+                ));
             }
             if let Some(seq) = reply["seq"].as_u64() {
                 acked[r].push((seq, probe_id));
@@ -118,15 +134,23 @@ fn kill_9_ten_times_during_a_publish_stream_loses_no_acknowledged_event() {
                     while !stop.load(Ordering::SeqCst) {
                         let room = (t + i) % ROOMS;
                         let id = format!("r{round}-t{t}-{i}");
-                        let body = Body::Json(json!({"id": id, "data": {"round": round, "t": t, "i": i}}));
-                        match http.try_request("POST", &format!("/v1/rooms/{}/events", room_name(room)), Auth::Key, body) {
+                        let body =
+                            Body::Json(json!({"id": id, "data": {"round": round, "t": t, "i": i}}));
+                        match http.try_request(
+                            "POST",
+                            &format!("/v1/rooms/{}/events", room_name(room)),
+                            Auth::Key,
+                            body,
+                        ) {
                             Ok((201, reply)) => got.push(Acked {
                                 room,
                                 seq: reply["seq"].as_u64().expect("seq in a 201"),
                                 id,
                                 epoch: reply["epoch"].clone(),
                             }),
-                            Ok((status, reply)) => panic!("publish {id} answered {status}: {reply}"),
+                            Ok((status, reply)) => {
+                                panic!("publish {id} answered {status}: {reply}")
+                            }
                             Err(_) => break, // killed
                         }
                         i += 1;
@@ -142,12 +166,17 @@ fn kill_9_ten_times_during_a_publish_stream_loses_no_acknowledged_event() {
         let joined = Instant::now();
         let mut this_round = 0;
         for p in publishers {
-            if !common::wait_until(Duration::from_secs(30).saturating_sub(joined.elapsed()), || p.is_finished()) {
+            if !common::wait_until(Duration::from_secs(30).saturating_sub(joined.elapsed()), || {
+                p.is_finished()
+            }) {
                 stop.store(true, Ordering::SeqCst);
             }
             for a in p.join().expect("publisher") {
                 if Some(&a.epoch) != epochs[a.room].as_ref() {
-                    failures.push(format!("round {round}: {} acknowledged in epoch {}, room epoch {:?}", a.id, a.epoch, epochs[a.room]));
+                    failures.push(format!(
+                        "round {round}: {} acknowledged in epoch {}, room epoch {:?}",
+                        a.id, a.epoch, epochs[a.room]
+                    ));
                 }
                 acked[a.room].push((a.seq, a.id));
                 this_round += 1;
@@ -166,7 +195,10 @@ fn kill_9_ten_times_during_a_publish_stream_loses_no_acknowledged_event() {
         let n = s.len();
         s.dedup();
         if s.len() != n {
-            failures.push(format!("{}: one seq acknowledged for two different publishes", room_name(r)));
+            failures.push(format!(
+                "{}: one seq acknowledged for two different publishes",
+                room_name(r)
+            ));
         }
     }
     eprintln!(

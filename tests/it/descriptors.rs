@@ -23,7 +23,12 @@ fn open_fds(pid: u32) -> usize {
 /// Waits (bounded: past the keep-alive and 10 s more) until the process holds `want`
 /// descriptors; returns what it holds.
 async fn settle(pid: u32, want: usize) -> usize {
-    wait_until_every_async(KEEP_ALIVE_EXPIRED + Duration::from_secs(10), Duration::from_millis(50), || async move { open_fds(pid) == want }).await;
+    wait_until_every_async(
+        KEEP_ALIVE_EXPIRED + Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async move { open_fds(pid) == want },
+    )
+    .await;
     open_fds(pid)
 }
 
@@ -37,8 +42,13 @@ async fn one_descriptor_per_websocket_and_none_extra_for_http() {
     // Requests first, so whatever the server opens lazily is open; then the HTTP client's
     // pooled keep-alive connection is let expire (the server closes it after 5 s).
     http.publish_ok("fd:room", None, serde_json::json!(0));
-    let tokens: Vec<String> = (0..SOCKETS).map(|i| http.mint_token(&format!("fd-user-{i}"), "web")).collect();
-    let_time_pass_async(KEEP_ALIVE_EXPIRED, "the server closes the idle keep-alive connection after 5 s").await;
+    let tokens: Vec<String> =
+        (0..SOCKETS).map(|i| http.mint_token(&format!("fd-user-{i}"), "web")).collect();
+    let_time_pass_async(
+        KEEP_ALIVE_EXPIRED,
+        "the server closes the idle keep-alive connection after 5 s",
+    )
+    .await;
     let before = open_fds(pid);
 
     let mut clients = Vec::new();
@@ -48,7 +58,12 @@ async fn one_descriptor_per_websocket_and_none_extra_for_http() {
         clients.push(client);
     }
     let with_sockets = settle(pid, before + SOCKETS).await;
-    assert_eq!(with_sockets - before, SOCKETS, "{SOCKETS} WebSockets hold {} descriptors", with_sockets - before);
+    assert_eq!(
+        with_sockets - before,
+        SOCKETS,
+        "{SOCKETS} WebSockets hold {} descriptors",
+        with_sockets - before
+    );
 
     // Subscribed connections are served: one publish reaches every one of them. The
     // publish opens one pooled HTTP connection again.
@@ -67,12 +82,21 @@ async fn one_descriptor_per_websocket_and_none_extra_for_http() {
             write!(stream, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").expect("request");
             let mut reply = [0u8; 512];
             let n = stream.read(&mut reply).expect("response");
-            assert!(reply[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&reply[..n]));
+            assert!(
+                reply[..n].starts_with(b"HTTP/1.1 200"),
+                "{}",
+                String::from_utf8_lossy(&reply[..n])
+            );
             stream
         })
         .collect();
     let with_http = settle(pid, with_sockets + SOCKETS).await;
-    assert_eq!(with_http - with_sockets, SOCKETS, "{SOCKETS} keep-alive connections hold {} descriptors", with_http - with_sockets);
+    assert_eq!(
+        with_http - with_sockets,
+        SOCKETS,
+        "{SOCKETS} keep-alive connections hold {} descriptors",
+        with_http - with_sockets
+    );
     plain.clear();
 
     // Closed WebSockets give their descriptors back.

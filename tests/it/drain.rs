@@ -34,7 +34,11 @@ fn serial() -> MutexGuard<'static, ()> {
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime")
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
 }
 
 fn secs(d: Duration) -> f64 {
@@ -98,7 +102,12 @@ struct Publisher {
 
 impl Publisher {
     /// Publishes `{"n": n}` with id `p-n` to room `n % rooms` every `every`.
-    fn start(http: Http, room_name: fn(usize) -> String, rooms: usize, every: Duration) -> Publisher {
+    fn start(
+        http: Http,
+        room_name: fn(usize) -> String,
+        rooms: usize,
+        every: Duration,
+    ) -> Publisher {
         let target = Arc::new(Mutex::new((http, 0usize)));
         let stop = Arc::new(AtomicBool::new(false));
         let (t, s) = (target.clone(), stop.clone());
@@ -121,7 +130,14 @@ impl Publisher {
                             if seq == 0 {
                                 report.errors.push(format!("{id}: 2xx without seq: {reply}"));
                             }
-                            report.acks.push(Ack { room, seq, id: id.clone(), epoch: reply["epoch"].clone(), at: Instant::now(), server });
+                            report.acks.push(Ack {
+                                room,
+                                seq,
+                                id: id.clone(),
+                                epoch: reply["epoch"].clone(),
+                                at: Instant::now(),
+                                server,
+                            });
                             break;
                         }
                         Ok((status, reply)) => {
@@ -135,7 +151,9 @@ impl Publisher {
                     if s.load(Ordering::SeqCst) {
                         let since = *stopped_at.get_or_insert_with(Instant::now);
                         if since.elapsed() > Duration::from_secs(10) {
-                            report.errors.push(format!("{id} still not acknowledged 10 s after the stop"));
+                            report
+                                .errors
+                                .push(format!("{id} still not acknowledged 10 s after the stop"));
                             break;
                         }
                     }
@@ -216,7 +234,12 @@ struct ClientReport {
     errors: Vec<String>,
 }
 
-async fn drained_client(id: usize, first: SocketAddr, token: String, shared: Arc<Shared>) -> ClientReport {
+async fn drained_client(
+    id: usize,
+    first: SocketAddr,
+    token: String,
+    shared: Arc<Shared>,
+) -> ClientReport {
     let room = room_name(id % ROOMS);
     let user = format!("drain-u{id}");
     let mut ws = WsClient::connect(first, &token, None).await;
@@ -249,7 +272,9 @@ async fn drained_client(id: usize, first: SocketAddr, token: String, shared: Arc
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match ws.next_incoming(left).await {
-            Incoming::Json(frame) => take_events(&frame, &room, &mut last, &mut report.before_close, &mut report.errors),
+            Incoming::Json(frame) => {
+                take_events(&frame, &room, &mut last, &mut report.before_close, &mut report.errors)
+            }
             Incoming::Close(code, reason) => {
                 report.closed_at = Some(Instant::now());
                 report.hint_ms = reconnect_hint_ms(&reason);
@@ -274,16 +299,19 @@ async fn drained_client(id: usize, first: SocketAddr, token: String, shared: Arc
     let hint = Duration::from_millis(report.hint_ms.unwrap_or(0)).min(HINT_CAP);
     tokio::time::sleep_until((closed_at + hint).into()).await;
     let mut successor = shared.successor.clone();
-    let next = match tokio::time::timeout(CLIENT_PHASE_LIMIT, successor.wait_for(Option::is_some)).await {
-        Ok(Ok(addr)) => addr.expect("some"),
-        _ => {
-            report.errors.push("no successor server to reconnect to".into());
-            return report;
-        }
-    };
+    let next =
+        match tokio::time::timeout(CLIENT_PHASE_LIMIT, successor.wait_for(Option::is_some)).await {
+            Ok(Ok(addr)) => addr.expect("some"),
+            _ => {
+                report.errors.push("no successor server to reconnect to".into());
+                return report;
+            }
+        };
     let token = {
         let user = user.clone();
-        tokio::task::spawn_blocking(move || Http::new(next).mint_token(&user, "web")).await.expect("mint")
+        tokio::task::spawn_blocking(move || Http::new(next).mint_token(&user, "web"))
+            .await
+            .expect("mint")
     };
     let mut ws = match WsClient::try_connect(next, Some(&token), Some(&session)).await {
         Ok(ws) => ws,
@@ -305,11 +333,15 @@ async fn drained_client(id: usize, first: SocketAddr, token: String, shared: Arc
             break;
         }
         if Instant::now() > deadline {
-            report.errors.push(format!("after {CLIENT_PHASE_LIMIT:?} on the successor: last seq {last}, target {target:?}"));
+            report.errors.push(format!(
+                "after {CLIENT_PHASE_LIMIT:?} on the successor: last seq {last}, target {target:?}"
+            ));
             break;
         }
         match ws.next_incoming(Duration::from_millis(200)).await {
-            Incoming::Json(frame) => take_events(&frame, &room, &mut last, &mut report.after_restart, &mut report.errors),
+            Incoming::Json(frame) => {
+                take_events(&frame, &room, &mut last, &mut report.after_restart, &mut report.errors)
+            }
             Incoming::Timeout => {}
             other => {
                 report.errors.push(format!("successor ended the connection: {other:?}"));
@@ -327,15 +359,29 @@ fn sigterm_drains_200_clients_with_1012_and_the_successor_loses_nothing() {
     let _serial = serial();
     let root = tempfile::tempdir().expect("tempdir");
     let data = root.path().join("data");
-    let (wait, spread, grace) = (DRAIN_WAIT.as_secs().to_string(), DRAIN_SPREAD.as_secs().to_string(), DRAIN_GRACE.as_secs().to_string());
-    let flags = ["--drain-wait-secs", &wait, "--drain-spread-secs", &spread, "--drain-grace-secs", &grace, "--history-size", "1000000"];
+    let (wait, spread, grace) = (
+        DRAIN_WAIT.as_secs().to_string(),
+        DRAIN_SPREAD.as_secs().to_string(),
+        DRAIN_GRACE.as_secs().to_string(),
+    );
+    let flags = [
+        "--drain-wait-secs",
+        &wait,
+        "--drain-spread-secs",
+        &spread,
+        "--drain-grace-secs",
+        &grace,
+        "--history-size",
+        "1000000",
+    ];
     let mut old = ServeProcess::start(&data, &root.path().join("first.log"), &flags);
     let old_http = old.http();
     let rt = runtime();
     let mut failures: Vec<String> = Vec::new();
 
     // 200 clients, 20 per room, tokens minted over HTTP.
-    let tokens: Vec<String> = (0..CLIENTS).map(|i| old_http.mint_token(&format!("drain-u{i}"), "web")).collect();
+    let tokens: Vec<String> =
+        (0..CLIENTS).map(|i| old_http.mint_token(&format!("drain-u{i}"), "web")).collect();
     let late_token = old_http.mint_token("late-comer", "web");
     let (successor_tx, successor_rx) = watch::channel(None);
     let (targets_tx, targets_rx) = watch::channel(None);
@@ -347,8 +393,11 @@ fn sigterm_drains_200_clients_with_1012_and_the_successor_loses_nothing() {
         successor: successor_rx,
         targets: targets_rx,
     });
-    let clients: Vec<_> =
-        tokens.into_iter().enumerate().map(|(i, t)| rt.spawn(drained_client(i, old.addr, t, shared.clone()))).collect();
+    let clients: Vec<_> = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| rt.spawn(drained_client(i, old.addr, t, shared.clone())))
+        .collect();
     let all_ready = wait_until(Duration::from_secs(60), || {
         shared.ready.load(Ordering::SeqCst) == CLIENTS || clients.iter().any(|c| c.is_finished())
     });
@@ -371,17 +420,25 @@ fn sigterm_drains_200_clients_with_1012_and_the_successor_loses_nothing() {
     });
     let not_ready_after = signal_at.elapsed();
     if !not_ready {
-        failures.push(format!("/readyz did not answer 503 within 500 ms of SIGTERM ({not_ready_after:?})"));
+        failures.push(format!(
+            "/readyz did not answer 503 within 500 ms of SIGTERM ({not_ready_after:?})"
+        ));
     }
     let upgrade = rt.block_on(WsClient::try_connect(old.addr, Some(&late_token), None));
     let upgrade_after = signal_at.elapsed();
     match upgrade {
-        Ok(_) => failures.push(format!("an upgrade {upgrade_after:?} after SIGTERM was accepted; expected 503")),
+        Ok(_) => failures
+            .push(format!("an upgrade {upgrade_after:?} after SIGTERM was accepted; expected 503")),
         Err(r) if r.status == 503 && error_code(&r.body) == "unavailable" => {}
-        Err(r) => failures.push(format!("upgrade during drain_wait: expected 503 unavailable, got {} {}", r.status, r.body)),
+        Err(r) => failures.push(format!(
+            "upgrade during drain_wait: expected 503 unavailable, got {} {}",
+            r.status, r.body
+        )),
     }
     if upgrade_after >= DRAIN_WAIT {
-        failures.push(format!("the upgrade check ran {upgrade_after:?} after SIGTERM, not within drain_wait"));
+        failures.push(format!(
+            "the upgrade check ran {upgrade_after:?} after SIGTERM, not within drain_wait"
+        ));
     }
 
     // 2.–7. The process exits 0, well before the grace since every client closes at once.
@@ -409,27 +466,43 @@ fn sigterm_drains_200_clients_with_1012_and_the_successor_loses_nothing() {
         not_ready_after
     );
     eprintln!("drain log lines of the first server:");
-    for line in first_log.lines().filter(|l| l.to_lowercase().contains("drain") || l.contains("SIGTERM") || l.contains("flushed")) {
+    for line in first_log.lines().filter(|l| {
+        l.to_lowercase().contains("drain") || l.contains("SIGTERM") || l.contains("flushed")
+    }) {
         eprintln!("  {line}");
     }
 
     // The successor on the same data dir; clients and publisher move over to it.
-    let quick_stop = ["--drain-wait-secs", "0", "--drain-spread-secs", "0", "--drain-grace-secs", "3", "--history-size", "1000000"];
+    let quick_stop = [
+        "--drain-wait-secs",
+        "0",
+        "--drain-spread-secs",
+        "0",
+        "--drain-grace-secs",
+        "3",
+        "--history-size",
+        "1000000",
+    ];
     let mut new = ServeProcess::start(&data, &root.path().join("second.log"), &quick_stop);
     let new_http = new.http();
     publisher.retarget(new_http.clone(), 1);
     successor_tx.send(Some(new.addr)).expect("clients listen");
     let all_back = wait_until(Duration::from_secs(60), || {
-        shared.resubscribed.load(Ordering::SeqCst) == CLIENTS || clients.iter().all(|c| c.is_finished())
+        shared.resubscribed.load(Ordering::SeqCst) == CLIENTS
+            || clients.iter().all(|c| c.is_finished())
     });
     if !all_back {
-        failures.push(format!("only {} of {CLIENTS} clients resubscribed within 60 s", shared.resubscribed.load(Ordering::SeqCst)));
+        failures.push(format!(
+            "only {} of {CLIENTS} clients resubscribed within 60 s",
+            shared.resubscribed.load(Ordering::SeqCst)
+        ));
     }
     common::pace(Duration::from_secs(2), "live publishes on the successor");
     let published = publisher.stop();
 
     // What the successor holds is the reference: every client must end with exactly it.
-    let histories: Vec<(Vec<Value>, Value, u64)> = (0..ROOMS).map(|r| full_history(&new_http, &room_name(r), 0)).collect();
+    let histories: Vec<(Vec<Value>, Value, u64)> =
+        (0..ROOMS).map(|r| full_history(&new_http, &room_name(r), 0)).collect();
     targets_tx.send(Some(histories.iter().map(|h| h.2).collect())).expect("clients listen");
     let reports: Vec<ClientReport> = rt.block_on(async {
         let mut out = Vec::new();
@@ -452,14 +525,20 @@ fn sigterm_drains_200_clients_with_1012_and_the_successor_loses_nothing() {
             failures.push(format!("{} acknowledged twice, seqs {prev} and {}", a.id, a.seq));
         }
         if &a.epoch != epoch {
-            failures.push(format!("{} acknowledged in epoch {}, the successor has {epoch}", a.id, a.epoch));
+            failures.push(format!(
+                "{} acknowledged in epoch {}, the successor has {epoch}",
+                a.id, a.epoch
+            ));
         }
         match events.get((a.seq as usize).wrapping_sub(1)) {
             Some(e) if e["id"] == a.id.as_str() && seq_of(e) == a.seq => {}
             other => {
                 lost += 1;
                 if lost <= 10 {
-                    failures.push(format!("acknowledged {} (room {}, seq {}) not in history: {other:?}", a.id, a.room, a.seq));
+                    failures.push(format!(
+                        "acknowledged {} (room {}, seq {}) not in history: {other:?}",
+                        a.id, a.room, a.seq
+                    ));
                 }
             }
         }
@@ -477,7 +556,8 @@ fn sigterm_drains_200_clients_with_1012_and_the_successor_loses_nothing() {
         failures.push(format!("publisher errors: {:?}", published.errors));
     }
     let acked_old = published.acks.iter().filter(|a| a.server == 0).count();
-    let acked_during_drain = published.acks.iter().filter(|a| a.server == 0 && a.at > signal_at).count();
+    let acked_during_drain =
+        published.acks.iter().filter(|a| a.server == 0 && a.at > signal_at).count();
     eprintln!(
         "publisher: {} acknowledged ({acked_old} by the first server, {acked_during_drain} of them after SIGTERM), \
          refusals by status {:?}; lost {lost}",
@@ -500,14 +580,22 @@ fn sigterm_drains_200_clients_with_1012_and_the_successor_loses_nothing() {
         match &r.ending {
             Ending::Close(Some(1012), reason) => match r.hint_ms {
                 Some(h) => hints.push(h),
-                None => failures.push(format!("client {}: 1012 reason without a delay: {reason:?}", r.id)),
+                None => failures
+                    .push(format!("client {}: 1012 reason without a delay: {reason:?}", r.id)),
             },
-            Ending::Close(code, reason) => failures.push(format!("client {}: closed with {code:?} {reason:?}, not 1012", r.id)),
+            Ending::Close(code, reason) => {
+                failures.push(format!("client {}: closed with {code:?} {reason:?}, not 1012", r.id))
+            }
             Ending::Abnormal(e) => {
                 abnormal += 1;
-                failures.push(format!("client {}: connection ended without a Close frame (1006): {e}", r.id));
+                failures.push(format!(
+                    "client {}: connection ended without a Close frame (1006): {e}",
+                    r.id
+                ));
             }
-            Ending::NoClose => failures.push(format!("client {}: no Close within {CLIENT_PHASE_LIMIT:?}", r.id)),
+            Ending::NoClose => {
+                failures.push(format!("client {}: no Close within {CLIENT_PHASE_LIMIT:?}", r.id))
+            }
         }
         if let Some(at) = r.closed_at {
             close_offsets.push(at.saturating_duration_since(signal_at));
@@ -519,10 +607,16 @@ fn sigterm_drains_200_clients_with_1012_and_the_successor_loses_nothing() {
     let distinct: BTreeSet<u64> = hints.iter().copied().collect();
     let hint_bound = DRAIN_SPREAD.max(Duration::from_secs(1)).as_millis() as u64;
     if let Some(max) = hints.iter().max().filter(|m| **m >= hint_bound) {
-        failures.push(format!("suggested delay {max} ms is not below max(spread, 1 s) = {hint_bound} ms"));
+        failures.push(format!(
+            "suggested delay {max} ms is not below max(spread, 1 s) = {hint_bound} ms"
+        ));
     }
     if hints.len() >= 20 && distinct.len() < 10 {
-        failures.push(format!("suggested delays hardly differ: {} distinct values among {}", distinct.len(), hints.len()));
+        failures.push(format!(
+            "suggested delays hardly differ: {} distinct values among {}",
+            distinct.len(),
+            hints.len()
+        ));
     }
     close_offsets.sort();
     let (first_close, last_close) = (close_offsets.first().copied(), close_offsets.last().copied());
@@ -531,7 +625,10 @@ fn sigterm_drains_200_clients_with_1012_and_the_successor_loses_nothing() {
     }
     if let (Some(first), Some(last)) = (first_close, last_close) {
         if last - first < DRAIN_SPREAD / 4 {
-            failures.push(format!("closes came within {:?}, not spread over {DRAIN_SPREAD:?}", last - first));
+            failures.push(format!(
+                "closes came within {:?}, not spread over {DRAIN_SPREAD:?}",
+                last - first
+            ));
         }
         if last > DRAIN_WAIT + DRAIN_SPREAD + Duration::from_secs(2) {
             failures.push(format!("last Close {last:?} after SIGTERM, beyond wait + spread + 2 s"));
@@ -552,7 +649,11 @@ fn sigterm_drains_200_clients_with_1012_and_the_successor_loses_nothing() {
     for r in &reports {
         let Some(closed_at) = r.closed_at else { continue };
         let got: HashSet<u64> = r.before_close.iter().map(|e| e.0).collect();
-        for a in published.acks.iter().filter(|a| a.room == r.room && a.server == 0 && a.seq > r.first_head) {
+        for a in published
+            .acks
+            .iter()
+            .filter(|a| a.room == r.room && a.server == 0 && a.seq > r.first_head)
+        {
             if a.at + Duration::from_secs(1) < closed_at && !got.contains(&a.seq) {
                 late += 1;
                 if late <= 5 {
@@ -584,10 +685,18 @@ fn sigterm_drains_200_clients_with_1012_and_the_successor_loses_nothing() {
             kept += 1;
         }
         if !r.welcome_again.is_null() && r.resubscribed["recovered"] != true {
-            failures.push(format!("client {}: resubscribe since {} did not recover: {}", r.id, r.before_close.last().map_or(r.first_head, |e| e.0), r.resubscribed));
+            failures.push(format!(
+                "client {}: resubscribe since {} did not recover: {}",
+                r.id,
+                r.before_close.last().map_or(r.first_head, |e| e.0),
+                r.resubscribed
+            ));
         }
         if !r.welcome_again.is_null() && r.resubscribed["epoch"] != r.epoch {
-            failures.push(format!("client {}: epoch changed across the restart: {} -> {}", r.id, r.epoch, r.resubscribed["epoch"]));
+            failures.push(format!(
+                "client {}: epoch changed across the restart: {} -> {}",
+                r.id, r.epoch, r.resubscribed["epoch"]
+            ));
         }
         reconnects.extend(r.reconnect_took);
         let (events, _, _) = &histories[r.room];
@@ -596,7 +705,8 @@ fn sigterm_drains_200_clients_with_1012_and_the_successor_loses_nothing() {
             .filter(|e| seq_of(e) > r.first_head)
             .map(|e| (seq_of(e), e["id"].as_str().unwrap_or("").to_string()))
             .collect();
-        let got: Vec<(u64, String)> = r.before_close.iter().chain(&r.after_restart).cloned().collect();
+        let got: Vec<(u64, String)> =
+            r.before_close.iter().chain(&r.after_restart).cloned().collect();
         if got != expected {
             incomplete += 1;
             if incomplete <= 5 {
@@ -620,7 +730,8 @@ fn sigterm_drains_200_clients_with_1012_and_the_successor_loses_nothing() {
         failures.push(format!("{kept} of {CLIENTS} reconnects kept their session"));
     }
     reconnects.sort();
-    let per_client: Vec<usize> = reports.iter().map(|r| r.before_close.len() + r.after_restart.len()).collect();
+    let per_client: Vec<usize> =
+        reports.iter().map(|r| r.before_close.len() + r.after_restart.len()).collect();
     eprintln!(
         "successor: warm-up {warm}/{CLIENTS}, sessions kept {kept}/{CLIENTS}; close -> resubscribed {:?}..{:?}; \
          events per client {:?}..{:?}; clients not matching history {incomplete}; not written before 1012 {late}",
@@ -648,7 +759,13 @@ fn sigterm_drains_200_clients_with_1012_and_the_successor_loses_nothing() {
 // (b) A second SIGTERM during a long drain_wait
 // ---------------------------------------------------------------------------------------
 
-async fn waiting_client(addr: SocketAddr, token: String, room: String, ready: Arc<AtomicUsize>, closed: Arc<AtomicUsize>) -> (Ending, String) {
+async fn waiting_client(
+    addr: SocketAddr,
+    token: String,
+    room: String,
+    ready: Arc<AtomicUsize>,
+    closed: Arc<AtomicUsize>,
+) -> (Ending, String) {
     let mut ws = WsClient::connect(addr, &token, None).await;
     ws.subscribe_ok(&room).await;
     ready.fetch_add(1, Ordering::SeqCst);
@@ -662,7 +779,11 @@ async fn waiting_client(addr: SocketAddr, token: String, room: String, ready: Ar
         }
     };
     closed.fetch_add(1, Ordering::SeqCst);
-    let after = if matches!(ending, Ending::Close(..)) { finish_close_handshake(&mut ws).await } else { String::new() };
+    let after = if matches!(ending, Ending::Close(..)) {
+        finish_close_handshake(&mut ws).await
+    } else {
+        String::new()
+    };
     (ending, after)
 }
 
@@ -685,26 +806,46 @@ fn a_second_sigterm_during_a_long_drain_wait_closes_with_1012_and_exits_at_once(
     let clients: Vec<_> = (0..N)
         .map(|i| {
             let token = http.mint_token(&format!("second-u{i}"), "web");
-            rt.spawn(waiting_client(server.addr, token, format!("second:{}", i % 2), ready.clone(), closed.clone()))
+            rt.spawn(waiting_client(
+                server.addr,
+                token,
+                format!("second:{}", i % 2),
+                ready.clone(),
+                closed.clone(),
+            ))
         })
         .collect();
-    assert!(wait_until(Duration::from_secs(30), || ready.load(Ordering::SeqCst) == N), "clients did not all subscribe");
+    assert!(
+        wait_until(Duration::from_secs(30), || ready.load(Ordering::SeqCst) == N),
+        "clients did not all subscribe"
+    );
     http.publish_ok("second:0", Some("before-drain"), json!(1));
 
     server.signal("TERM");
     let first = Instant::now();
     assert!(
-        wait_until(Duration::from_millis(500), || matches!(http.try_request("GET", "/readyz", Auth::None, Body::None), Ok((503, _)))),
+        wait_until(Duration::from_millis(500), || matches!(
+            http.try_request("GET", "/readyz", Auth::None, Body::None),
+            Ok((503, _))
+        )),
         "/readyz not 503 within 500 ms of SIGTERM"
     );
-    common::let_time_pass(Duration::from_secs(1), "a second of the 30 s drain_wait: nothing closes, the server runs");
+    common::let_time_pass(
+        Duration::from_secs(1),
+        "a second of the 30 s drain_wait: nothing closes, the server runs",
+    );
     let mut failures = Vec::new();
     if !server.running() {
-        failures.push(format!("the server exited {:?} after the first SIGTERM, inside a 30 s drain_wait", first.elapsed()));
+        failures.push(format!(
+            "the server exited {:?} after the first SIGTERM, inside a 30 s drain_wait",
+            first.elapsed()
+        ));
     }
     let closed_early = closed.load(Ordering::SeqCst);
     if closed_early != 0 {
-        failures.push(format!("{closed_early} connections closed during drain_wait, before the second signal"));
+        failures.push(format!(
+            "{closed_early} connections closed during drain_wait, before the second signal"
+        ));
     }
 
     server.signal("TERM");
@@ -714,7 +855,9 @@ fn a_second_sigterm_during_a_long_drain_wait_closes_with_1012_and_exits_at_once(
     let log = server.log_text();
     match status {
         None => failures.push("still running 20 s after the second SIGTERM".into()),
-        Some(s) if !s.success() => failures.push(format!("exit status after the second SIGTERM: {s}")),
+        Some(s) if !s.success() => {
+            failures.push(format!("exit status after the second SIGTERM: {s}"))
+        }
         Some(_) => {}
     }
     if took > Duration::from_secs(5) {
@@ -723,7 +866,12 @@ fn a_second_sigterm_during_a_long_drain_wait_closes_with_1012_and_exits_at_once(
     let endings: Vec<(Ending, String)> = rt.block_on(async {
         let mut out = Vec::new();
         for c in clients {
-            out.push(tokio::time::timeout(Duration::from_secs(30), c).await.expect("client bounded").expect("client task"));
+            out.push(
+                tokio::time::timeout(Duration::from_secs(30), c)
+                    .await
+                    .expect("client bounded")
+                    .expect("client task"),
+            );
         }
         out
     });
@@ -733,14 +881,21 @@ fn a_second_sigterm_during_a_long_drain_wait_closes_with_1012_and_exits_at_once(
             Ending::Close(Some(1012), _) => *codes.entry("1012".into()).or_default() += 1,
             other => {
                 *codes.entry(format!("{other:?}")).or_default() += 1;
-                failures.push(format!("client {i}: {other:?} (then {after:?}), expected Close 1012"));
+                failures
+                    .push(format!("client {i}: {other:?} (then {after:?}), expected Close 1012"));
             }
         }
     }
     eprintln!("second SIGTERM -> exit {:.3} s; endings {codes:?}", secs(took));
-    for line in log.lines().filter(|l| l.to_lowercase().contains("drain") || l.contains("SIGTERM")) {
+    for line in log.lines().filter(|l| l.to_lowercase().contains("drain") || l.contains("SIGTERM"))
+    {
         eprintln!("  {line}");
     }
     drop(rt);
-    assert!(failures.is_empty(), "{} failure(s):\n{}\nlog:\n{log}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failure(s):\n{}\nlog:\n{log}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

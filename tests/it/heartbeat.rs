@@ -40,7 +40,10 @@ impl DeadClient {
                 break i + 4;
             }
             let mut chunk = [0u8; 4096];
-            let n = tokio::time::timeout(WAIT, tcp.read(&mut chunk)).await.expect("handshake timeout").expect("read");
+            let n = tokio::time::timeout(WAIT, tcp.read(&mut chunk))
+                .await
+                .expect("handshake timeout")
+                .expect("read");
             assert!(n > 0, "connection closed during the handshake");
             buf.extend_from_slice(&chunk[..n]);
         };
@@ -101,13 +104,19 @@ async fn silent_client_is_closed_with_4008_after_three_intervals() {
     let (opcode, welcome) = dead.frame(WAIT).await.expect("welcome");
     assert_eq!(opcode, 1, "text frame");
     let welcome: serde_json::Value = serde_json::from_slice(&welcome).expect("welcome JSON");
-    assert_eq!((&welcome["op"], &welcome["heartbeat_ms"]), (&json!("welcome"), &json!(1000)), "{welcome}");
+    assert_eq!(
+        (&welcome["op"], &welcome["heartbeat_ms"]),
+        (&json!("welcome"), &json!(1000)),
+        "{welcome}"
+    );
 
     let mut pings = 0;
     let code = loop {
         match dead.frame(Duration::from_secs(10)).await {
             Some((0x9, _)) => pings += 1,
-            Some((0x8, payload)) => break (payload.len() >= 2).then(|| u16::from_be_bytes([payload[0], payload[1]])),
+            Some((0x8, payload)) => {
+                break (payload.len() >= 2).then(|| u16::from_be_bytes([payload[0], payload[1]]))
+            }
             Some((1, _)) => {} // unsolicited notices
             Some((op, _)) => panic!("unexpected frame opcode {op}"),
             None => panic!("TCP closed without a Close frame after {:?}", started.elapsed()),
@@ -145,7 +154,11 @@ async fn client_sending_ping_ops_stays_connected_without_reading() {
     let mut c = server.client("alice").await;
     for i in 0..10 {
         c.send_json(&json!({"op": "ping", "ref": 1000 + i})).await;
-        common::pace_async(Duration::from_millis(500), "a ping op every half heartbeat, over five heartbeats").await;
+        common::pace_async(
+            Duration::from_millis(500),
+            "a ping op every half heartbeat, over five heartbeats",
+        )
+        .await;
     }
     for i in 0..10 {
         let reply = c.recv_json().await;

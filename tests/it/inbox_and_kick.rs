@@ -12,7 +12,12 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::{json, Value};
 
-async fn client_on(server: &TestServer, user: &str, device: &str, session: Option<&str>) -> WsClient {
+async fn client_on(
+    server: &TestServer,
+    user: &str,
+    device: &str,
+    session: Option<&str>,
+) -> WsClient {
     let token = server.mint_token(user, device);
     WsClient::connect(server.addr, &token, session).await
 }
@@ -22,7 +27,8 @@ fn message(http: &Http, user: &str, id: &str, devices: Option<&[&str]>) -> Value
     if let Some(d) = devices {
         body["devices"] = json!(d);
     }
-    let (status, reply) = http.request("POST", &format!("/v1/users/{user}/messages"), Auth::Key, Body::Json(body));
+    let (status, reply) =
+        http.request("POST", &format!("/v1/users/{user}/messages"), Auth::Key, Body::Json(body));
     assert_eq!(status, 201, "message {id} to {user}: {reply}");
     reply
 }
@@ -104,7 +110,9 @@ async fn kick(http: &Http, path: &str, expected: Vec<&mut WsClient>) -> Kicked {
     let reads = expected.into_iter().enumerate().map(|(i, c)| async move {
         let code = match c.read_incoming(Duration::from_secs(5)).await {
             Incoming::Close(code, _) => code,
-            other => panic!("connection {i}: the first thing after a kick must be its Close, got {other:?}"),
+            other => panic!(
+                "connection {i}: the first thing after a kick must be its Close, got {other:?}"
+            ),
         };
         match c.read_incoming(Duration::from_secs(5)).await {
             Incoming::Ended(_) => {}
@@ -113,7 +121,10 @@ async fn kick(http: &Http, path: &str, expected: Vec<&mut WsClient>) -> Kicked {
         code
     });
     let codes = futures_util::future::join_all(reads).await;
-    let (status, body, took, open_after) = tokio::time::timeout(WAIT, request).await.expect("kick reply within 10 s").expect("kick thread");
+    let (status, body, took, open_after) = tokio::time::timeout(WAIT, request)
+        .await
+        .expect("kick reply within 10 s")
+        .expect("kick thread");
     Kicked { status, body, codes, took, open_after }
 }
 
@@ -173,7 +184,11 @@ async fn kick_reply_comes_once_the_connections_are_closed() {
     assert_eq!((k.status, &k.body), (200, &json!({"closed": 3})));
     assert_eq!(k.codes, vec![Some(4502); 3]);
     assert_eq!(k.open_after, Some(1.0), "connections open right after the kick reply");
-    assert!(k.took < Duration::from_secs(2), "clients answered the Close at once, yet the reply took {:?}", k.took);
+    assert!(
+        k.took < Duration::from_secs(2),
+        "clients answered the Close at once, yet the reply took {:?}",
+        k.took
+    );
     other.assert_alive().await;
 }
 
@@ -192,7 +207,10 @@ async fn resubscribe_before_the_first_subscribe_completes_keeps_live_delivery() 
     let mut c = server.client("alice").await;
     c.wait_inbox_subscribed(WAIT).await;
     c.send_json(&json!({"op": "subscribe", "room": "match:1", "ref": 1001})).await;
-    c.send_json(&json!({"op": "subscribe", "room": "match:1", "since": 0, "epoch": epoch, "ref": 1002})).await;
+    c.send_json(
+        &json!({"op": "subscribe", "room": "match:1", "since": 0, "epoch": epoch, "ref": 1002}),
+    )
+    .await;
     let reply = c.wait_for_ref(1002, &json!("the second subscribe")).await;
     assert_eq!(reply["op"], "subscribed", "{reply}");
     assert_eq!(reply["recovered"], true, "{reply}");
@@ -202,7 +220,9 @@ async fn resubscribe_before_the_first_subscribe_completes_keeps_live_delivery() 
     let mut replayed = Vec::new();
     while let Some(frame) = c.recv_within(Duration::from_millis(200)).await {
         match frame["op"].as_str() {
-            Some("events") => replayed.extend(frame["events"].as_array().cloned().unwrap_or_default()),
+            Some("events") => {
+                replayed.extend(frame["events"].as_array().cloned().unwrap_or_default())
+            }
             Some("subscribed") if frame["ref"] == 1001 => {}
             _ => panic!("unexpected frame {frame}"),
         }
@@ -222,12 +242,13 @@ async fn resubscribe_before_the_first_subscribe_completes_keeps_live_delivery() 
 /// Reads `/v1/admin/status` until `rooms_live` and `rooms_parked` are as expected.
 fn wait_rooms(http: &Http, live: u64, parked: u64, what: &str) {
     let mut s = Value::Null;
-    let reached = common::wait_until_every(Duration::from_secs(20), Duration::from_millis(50), || {
-        let (status, body) = http.request("GET", "/v1/admin/status", Auth::Key, Body::None);
-        assert_eq!(status, 200, "{body}");
-        s = body;
-        s["rooms_live"] == live && s["rooms_parked"] == parked
-    });
+    let reached =
+        common::wait_until_every(Duration::from_secs(20), Duration::from_millis(50), || {
+            let (status, body) = http.request("GET", "/v1/admin/status", Auth::Key, Body::None);
+            assert_eq!(status, 200, "{body}");
+            s = body;
+            s["rooms_live"] == live && s["rooms_parked"] == parked
+        });
     assert!(reached, "{what}: expected {live} live and {parked} parked rooms: {s}");
 }
 
@@ -249,7 +270,11 @@ async fn inbox_rooms_start_with_their_first_message_and_park_again_when_idle() {
     wait_rooms(&http, 1, 1, "u1's inbox got a message");
     message(&http, "u1", "m2", None);
     assert_eq!(seqs(&phone.next_events(1).await), vec![2]);
-    assert_eq!(seqs(&web.next_events(1).await), vec![2], "the web tab gets only what is for every device");
+    assert_eq!(
+        seqs(&web.next_events(1).await),
+        vec![2],
+        "the web tab gets only what is for every device"
+    );
 
     // Idle, the inbox parks its automatic subscribers again; the next message finds them.
     wait_rooms(&http, 0, 2, "u1's inbox idle for room_idle_secs");
@@ -259,13 +284,20 @@ async fn inbox_rooms_start_with_their_first_message_and_park_again_when_idle() {
 
     // An explicit subscribe replaces the automatic one and sends nothing twice.
     let reply = web.subscribe_since("user:u1", 0, &third["epoch"]).await;
-    assert_eq!((&reply["op"], &reply["recovered"], &reply["seq"]), (&json!("subscribed"), &json!(true), &json!(3)), "{reply}");
+    assert_eq!(
+        (&reply["op"], &reply["recovered"], &reply["seq"]),
+        (&json!("subscribed"), &json!(true), &json!(3)),
+        "{reply}"
+    );
     web.assert_quiet(QUIET).await;
     message(&http, "u1", "m4", None);
     assert_eq!(seqs(&web.next_events(1).await), vec![4]);
     assert_eq!(seqs(&phone.next_events(1).await), vec![4]);
     // A watched inbox keeps its actor.
-    common::let_time_pass(Duration::from_secs(3), "past room_idle_secs, a watched inbox is still live");
+    common::let_time_pass(
+        Duration::from_secs(3),
+        "past room_idle_secs, a watched inbox is still live",
+    );
     wait_rooms(&http, 1, 1, "u1's inbox with an explicit subscriber, idle");
     for c in [&mut phone, &mut web, &mut other] {
         c.assert_quiet(QUIET).await;

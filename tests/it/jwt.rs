@@ -35,7 +35,13 @@ struct Signer {
 impl Signer {
     fn hmac() -> Signer {
         let key = EncodingKey::from_secret(SECRET.as_bytes()).expect("HMAC key");
-        Signer { alg: Algorithm::HS256, key, public_pem: String::new(), public_raw: Vec::new(), kid: None }
+        Signer {
+            alg: Algorithm::HS256,
+            key,
+            public_pem: String::new(),
+            public_raw: Vec::new(),
+            kid: None,
+        }
     }
 
     /// One RSA key per test binary: generating it takes a moment.
@@ -51,19 +57,37 @@ impl Signer {
             (private, pem_block("PUBLIC KEY", public.as_bytes()))
         });
         let key = EncodingKey::from_rsa_der(private_der);
-        Signer { alg: Algorithm::RS256, key, public_pem: public_pem.clone(), public_raw: Vec::new(), kid: None }
+        Signer {
+            alg: Algorithm::RS256,
+            key,
+            public_pem: public_pem.clone(),
+            public_raw: Vec::new(),
+            kid: None,
+        }
     }
 
     fn ec() -> Signer {
         let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("P-256 key");
         let key = EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()).expect("EC key");
-        Signer { alg: Algorithm::ES256, key, public_pem: pair.public_key_pem(), public_raw: pair.public_key_raw().to_vec(), kid: None }
+        Signer {
+            alg: Algorithm::ES256,
+            key,
+            public_pem: pair.public_key_pem(),
+            public_raw: pair.public_key_raw().to_vec(),
+            kid: None,
+        }
     }
 
     fn ed() -> Signer {
         let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("Ed25519 key");
         let key = EncodingKey::from_ed_pem(pair.serialize_pem().as_bytes()).expect("Ed25519 key");
-        Signer { alg: Algorithm::EdDSA, key, public_pem: pair.public_key_pem(), public_raw: pair.public_key_raw().to_vec(), kid: None }
+        Signer {
+            alg: Algorithm::EdDSA,
+            key,
+            public_pem: pair.public_key_pem(),
+            public_raw: pair.public_key_raw().to_vec(),
+            kid: None,
+        }
     }
 
     /// The public key as a JWK with `kid`; the signer from now on names `kid`.
@@ -74,7 +98,9 @@ impl Signer {
             // An uncompressed point: 0x04 || x || y.
             Algorithm::ES256 => json!({"kty": "EC", "crv": "P-256", "kid": kid, "use": "sig",
                 "x": URL_SAFE_NO_PAD.encode(&raw[1..33]), "y": URL_SAFE_NO_PAD.encode(&raw[33..65])}),
-            Algorithm::EdDSA => json!({"kty": "OKP", "crv": "Ed25519", "kid": kid, "x": URL_SAFE_NO_PAD.encode(raw)}),
+            Algorithm::EdDSA => {
+                json!({"kty": "OKP", "crv": "Ed25519", "kid": kid, "x": URL_SAFE_NO_PAD.encode(raw)})
+            }
             other => panic!("no JWK for {other:?} here"),
         }
     }
@@ -89,7 +115,8 @@ impl Signer {
 /// `der` as a PEM block.
 fn pem_block(tag: &str, der: &[u8]) -> String {
     let body = STANDARD.encode(der);
-    let lines: Vec<&str> = body.as_bytes().chunks(64).map(|c| std::str::from_utf8(c).expect("ascii")).collect();
+    let lines: Vec<&str> =
+        body.as_bytes().chunks(64).map(|c| std::str::from_utf8(c).expect("ascii")).collect();
     format!("-----BEGIN {tag}-----\n{}\n-----END {tag}-----\n", lines.join("\n"))
 }
 
@@ -132,14 +159,20 @@ fn server_for(signer: &Signer, dir: &tempfile::TempDir) -> TestServer {
 /// The user a connection was opened as: its inbox is `user:<id>`.
 async fn user_of(client: &mut WsClient) -> String {
     let notice = client.wait_inbox_subscribed(WAIT).await;
-    notice["room"].as_str().and_then(|r| r.strip_prefix("user:")).unwrap_or_else(|| panic!("inbox notice: {notice}")).to_string()
+    notice["room"]
+        .as_str()
+        .and_then(|r| r.strip_prefix("user:"))
+        .unwrap_or_else(|| panic!("inbox notice: {notice}"))
+        .to_string()
 }
 
 /// Connects with `token` and asserts a 401 refusal with `code` whose message contains
 /// `reason`.
 async fn assert_refused(server: &TestServer, token: &str, code: &str, reason: &str) {
     match WsClient::try_connect(server.addr, Some(token), None).await {
-        Ok(c) => panic!("a JWT that must be refused ({code}: {reason}) got a welcome {}", c.welcome),
+        Ok(c) => {
+            panic!("a JWT that must be refused ({code}: {reason}) got a welcome {}", c.welcome)
+        }
         Err(Rejected { status, body }) => {
             assert_eq!((status, error_code(&body)), (401, code), "{reason}: {body}");
             let message = body["error"]["message"].as_str().unwrap_or_default();
@@ -154,11 +187,19 @@ async fn connects_once(server: &TestServer, token: &str, user: &str) {
     let mut client = WsClient::connect(server.addr, token, None).await;
     assert_eq!(client.welcome["op"], "welcome", "{}", client.welcome);
     assert_eq!(user_of(&mut client).await, user, "the user is the sub claim");
-    assert!(client.welcome["resume"].as_str().is_some_and(|r| !r.is_empty()), "a resume credential: {}", client.welcome);
+    assert!(
+        client.welcome["resume"].as_str().is_some_and(|r| !r.is_empty()),
+        "a resume credential: {}",
+        client.welcome
+    );
     client.subscribe_ok("match:1").await;
     server.http().publish_ok("match:1", Some("goal-1"), json!({"goal": user}));
     let events = client.next_events(1).await;
-    assert_eq!((&events[0]["id"], &events[0]["data"]), (&json!("goal-1"), &json!({"goal": user})), "{events:?}");
+    assert_eq!(
+        (&events[0]["id"], &events[0]["data"]),
+        (&json!("goal-1"), &json!({"goal": user})),
+        "{events:?}"
+    );
     assert_refused(server, token, "token_replayed", "already used").await;
     client.assert_alive().await;
     assert_eq!(server.http().metric("livegate_handshakes_total{credential=\"jwt\"}"), Some(1.0));
@@ -203,7 +244,8 @@ async fn eddsa_by_a_pem_public_key_connects_once() {
 
 /// A JWK Set with an ES256 and an EdDSA key; tokens name theirs by `kid`.
 fn jwks_server(dir: &tempfile::TempDir, signers: &mut [&mut Signer]) -> TestServer {
-    let keys: Vec<Value> = signers.iter_mut().enumerate().map(|(i, s)| s.jwk(&format!("key-{i}"))).collect();
+    let keys: Vec<Value> =
+        signers.iter_mut().enumerate().map(|(i, s)| s.jwk(&format!("key-{i}"))).collect();
     let path = file(dir, "jwks.json", &json!({"keys": keys}).to_string());
     TestServer::start(move |c| c.jwt_jwks_file = Some(path))
 }
@@ -220,14 +262,31 @@ async fn a_jwks_key_picked_by_kid_connects_once_and_an_unknown_kid_is_refused() 
     assert_eq!(user_of(&mut ok).await, "bob");
 
     let unknown = Signer { kid: Some("key-9".into()), ..Signer::ec() };
-    assert_refused(&server, &unknown.sign(&claims("carol")), "invalid_token", "key id \"key-9\" is not in jwt_jwks_file").await;
+    assert_refused(
+        &server,
+        &unknown.sign(&claims("carol")),
+        "invalid_token",
+        "key id \"key-9\" is not in jwt_jwks_file",
+    )
+    .await;
     // A kid whose key is of another type: the key's type fixes the algorithm.
     let wrong_type = Signer { kid: Some("key-0".into()), ..Signer::ed() };
-    assert_refused(&server, &wrong_type.sign(&claims("carol")), "invalid_token", "does not match key \"key-0\", which verifies ES256")
-        .await;
+    assert_refused(
+        &server,
+        &wrong_type.sign(&claims("carol")),
+        "invalid_token",
+        "does not match key \"key-0\", which verifies ES256",
+    )
+    .await;
     // The right kid with another key's signature.
     let forged = Signer { kid: Some("key-1".into()), ..Signer::ed() };
-    assert_refused(&server, &forged.sign(&claims("carol")), "invalid_token", "signature is invalid").await;
+    assert_refused(
+        &server,
+        &forged.sign(&claims("carol")),
+        "invalid_token",
+        "signature is invalid",
+    )
+    .await;
 }
 
 /// A token whose header and claims are given as JSON, with `signature` as its third part.
@@ -254,7 +313,8 @@ async fn alg_none_is_refused() {
     for alg in ["none", "None", "NONE"] {
         let token = raw_jwt(&json!({"alg": alg, "typ": "JWT"}), &claims("mallory"), b"");
         assert!(token.ends_with('.'), "an unsecured JWT has an empty signature: {token}");
-        assert_refused(&server, &token, "invalid_token", "algorithm \"none\" is never accepted").await;
+        assert_refused(&server, &token, "invalid_token", "algorithm \"none\" is never accepted")
+            .await;
     }
 }
 
@@ -266,8 +326,18 @@ async fn hs256_signed_with_the_rsa_public_key_is_refused_by_a_server_with_that_k
     let server = server_for(&rsa, &dir);
     // The classic confusion: the public key's PEM bytes (which anyone may have) used as an
     // HMAC secret, hoping the server verifies HS256 with "its key".
-    let token = hs256(&json!({"alg": "HS256", "typ": "JWT"}), &claims("mallory"), rsa.public_pem.as_bytes());
-    assert_refused(&server, &token, "invalid_token", "algorithm HS256 is not accepted: this server's keys verify RS256").await;
+    let token = hs256(
+        &json!({"alg": "HS256", "typ": "JWT"}),
+        &claims("mallory"),
+        rsa.public_pem.as_bytes(),
+    );
+    assert_refused(
+        &server,
+        &token,
+        "invalid_token",
+        "algorithm HS256 is not accepted: this server's keys verify RS256",
+    )
+    .await;
     // The genuine RS256 token still works.
     let mut client = WsClient::connect(server.addr, &rsa.sign(&claims("alice")), None).await;
     assert_eq!(user_of(&mut client).await, "alice");
@@ -279,7 +349,13 @@ async fn rs256_header_is_refused_by_an_hmac_only_server() {
     let dir = key_dir();
     let server = server_for(&Signer::hmac(), &dir);
     let token = Signer::rsa().sign(&claims("mallory"));
-    assert_refused(&server, &token, "invalid_token", "algorithm RS256 is not accepted: this server's keys verify HS256").await;
+    assert_refused(
+        &server,
+        &token,
+        "invalid_token",
+        "algorithm RS256 is not accepted: this server's keys verify HS256",
+    )
+    .await;
     // Nor does an RS256 header over an HMAC made with the secret pass.
     let token = hs256(&json!({"alg": "RS256"}), &claims("mallory"), SECRET.as_bytes());
     assert_refused(&server, &token, "invalid_token", "algorithm RS256 is not accepted").await;
@@ -298,7 +374,8 @@ async fn expired_and_not_yet_valid_jwts_are_refused() {
     assert_refused(&server, &signer.sign(&early), "invalid_token", "not valid yet (nbf)").await;
     // Longer than token_ttl_max_secs (a day by default).
     let long = json!({"sub": "alice", "exp": now + 2 * 86400, "jti": fresh_jti()});
-    assert_refused(&server, &signer.sign(&long), "invalid_token", "longer than token_ttl_max_secs").await;
+    assert_refused(&server, &signer.sign(&long), "invalid_token", "longer than token_ttl_max_secs")
+        .await;
 }
 
 #[tokio::test]
@@ -322,7 +399,8 @@ async fn a_bad_signature_is_refused_and_leaves_the_genuine_token_usable() {
     let server = server_for(&signer, &dir);
     let claims = claims("alice");
     let token = signer.sign(&claims);
-    let other_secret = hs256(&json!({"alg": "HS256"}), &claims, b"another-secret-of-at-least-32-bytes!!");
+    let other_secret =
+        hs256(&json!({"alg": "HS256"}), &claims, b"another-secret-of-at-least-32-bytes!!");
     assert_refused(&server, &other_secret, "invalid_token", "signature is invalid").await;
     // The claims changed under the genuine signature.
     let (head, rest) = token.split_once('.').expect("three parts");
@@ -346,11 +424,23 @@ async fn a_jwt_without_sub_exp_or_jti_is_refused() {
     for claim in ["sub", "exp", "jti"] {
         let mut partial = claims("alice");
         partial.as_object_mut().expect("object").remove(claim);
-        assert_refused(&server, &signer.sign(&partial), "invalid_token", &format!("lacks the required claim {claim}")).await;
+        assert_refused(
+            &server,
+            &signer.sign(&partial),
+            "invalid_token",
+            &format!("lacks the required claim {claim}"),
+        )
+        .await;
     }
     let mut long_jti = claims("alice");
     long_jti["jti"] = json!("j".repeat(129));
-    assert_refused(&server, &signer.sign(&long_jti), "invalid_token", "claim jti must be 1 to 128 bytes long").await;
+    assert_refused(
+        &server,
+        &signer.sign(&long_jti),
+        "invalid_token",
+        "claim jti must be 1 to 128 bytes long",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -368,11 +458,29 @@ async fn a_wrong_issuer_or_audience_is_refused_when_configured() {
         c["aud"] = aud;
         signer.sign(&c)
     };
-    assert_refused(&server, &with(json!("https://evil.example"), json!("livegate")), "invalid_token", "issuer (iss)").await;
-    assert_refused(&server, &with(Value::Null, json!("livegate")), "invalid_token", "issuer (iss)").await;
-    assert_refused(&server, &with(json!("https://backend.example"), json!("another-service")), "invalid_token", "audience (aud)")
+    assert_refused(
+        &server,
+        &with(json!("https://evil.example"), json!("livegate")),
+        "invalid_token",
+        "issuer (iss)",
+    )
+    .await;
+    assert_refused(&server, &with(Value::Null, json!("livegate")), "invalid_token", "issuer (iss)")
         .await;
-    assert_refused(&server, &with(json!("https://backend.example"), Value::Null), "invalid_token", "audience (aud)").await;
+    assert_refused(
+        &server,
+        &with(json!("https://backend.example"), json!("another-service")),
+        "invalid_token",
+        "audience (aud)",
+    )
+    .await;
+    assert_refused(
+        &server,
+        &with(json!("https://backend.example"), Value::Null),
+        "invalid_token",
+        "audience (aud)",
+    )
+    .await;
     // Both right (aud may be a list that names it).
     let good = with(json!("https://backend.example"), json!(["another-service", "livegate"]));
     let mut client = WsClient::connect(server.addr, &good, None).await;
@@ -398,7 +506,11 @@ async fn a_replayed_jti_is_refused_also_after_a_restart() {
     let server = TestServer::start_in(dir, tweak);
     assert_refused(&server, &token, "token_replayed", "its jti is spent").await;
     let mut client = WsClient::connect(server.addr, &unused, None).await;
-    assert_eq!(user_of(&mut client).await, "bob", "a JWT not used before the restart still opens a connection");
+    assert_eq!(
+        user_of(&mut client).await,
+        "bob",
+        "a JWT not used before the restart still opens a connection"
+    );
 }
 
 #[tokio::test]
@@ -416,14 +528,28 @@ async fn the_rooms_and_publish_claims_are_enforced() {
     client.subscribe_ok("match:7").await;
     client.subscribe_ok("chat:1").await;
     let refused = client.subscribe("news").await;
-    assert_eq!((&refused["op"], &refused["code"]), (&json!("error"), &json!("forbidden")), "outside rooms: {refused}");
+    assert_eq!(
+        (&refused["op"], &refused["code"]),
+        (&json!("error"), &json!("forbidden")),
+        "outside rooms: {refused}"
+    );
 
-    let published = client.request(json!({"op": "publish", "room": "chat:1", "data": {"text": "hi"}})).await;
+    let published =
+        client.request(json!({"op": "publish", "room": "chat:1", "data": {"text": "hi"}})).await;
     assert_eq!(published["op"], "published", "{published}");
     let events = client.next_events(1).await;
-    assert_eq!((&events[0]["from"], &events[0]["data"]), (&json!("alice"), &json!({"text": "hi"})), "{events:?}");
-    let refused = client.request(json!({"op": "publish", "room": "match:7", "data": {"goal": true}})).await;
-    assert_eq!((&refused["op"], &refused["code"]), (&json!("error"), &json!("forbidden")), "outside publish: {refused}");
+    assert_eq!(
+        (&events[0]["from"], &events[0]["data"]),
+        (&json!("alice"), &json!({"text": "hi"})),
+        "{events:?}"
+    );
+    let refused =
+        client.request(json!({"op": "publish", "room": "match:7", "data": {"goal": true}})).await;
+    assert_eq!(
+        (&refused["op"], &refused["code"]),
+        (&json!("error"), &json!("forbidden")),
+        "outside publish: {refused}"
+    );
 
     // No publish claim: publishes nowhere; no rooms claim: reads any room.
     let mut reader = WsClient::connect(server.addr, &signer.sign(&claims("bob")), None).await;
@@ -449,7 +575,10 @@ async fn the_welcomes_resume_credential_reconnects_as_the_jwt_granted() {
     let session = first.session().to_string();
     let resume = first.welcome["resume"].as_str().expect("resume").to_string();
     drop(first);
-    let mut again = WsClient::try_connect_url(&format!("ws://{}/v1/ws?resume={resume}", server.addr)).await.expect("the resume opens");
+    let mut again =
+        WsClient::try_connect_url(&format!("ws://{}/v1/ws?resume={resume}", server.addr))
+            .await
+            .expect("the resume opens");
     assert_eq!(again.session(), session, "{}", again.welcome);
     assert_eq!(user_of(&mut again).await, "alice");
     again.subscribe_ok("match:1").await;
@@ -464,13 +593,16 @@ async fn a_jwt_opens_a_server_sent_events_stream_once() {
     let signer = Signer::ec();
     let server = server_for(&signer, &dir);
     let token = signer.sign(&claims("alice"));
-    let mut stream = crate::sse::Sse::connect(server.addr, &format!("token={token}&rooms=match:1")).await;
+    let mut stream =
+        crate::sse::Sse::connect(server.addr, &format!("token={token}&rooms=match:1")).await;
     assert_eq!(stream.welcome["op"], "welcome", "{}", stream.welcome);
     stream.expect_subscribed(&["match:1"]).await;
     server.http().publish_ok("match:1", None, json!({"n": 1}));
     let (events, _) = stream.events(1).await;
     assert_eq!(events[0]["data"], json!({"n": 1}));
-    let replay = crate::sse::Sse::open(server.addr, &format!("/v1/sse?token={token}&rooms=match:1"), &[]).await;
+    let replay =
+        crate::sse::Sse::open(server.addr, &format!("/v1/sse?token={token}&rooms=match:1"), &[])
+            .await;
     let refused = replay.err().expect("a replay is refused");
     assert_eq!((refused.status, refused.code()), (401, "token_replayed"), "{:?}", refused.body);
 }
@@ -479,7 +611,13 @@ async fn a_jwt_opens_a_server_sent_events_stream_once() {
 async fn jwts_are_refused_where_no_key_is_configured_and_minted_tokens_still_work() {
     let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
-    assert_refused(&server, &Signer::hmac().sign(&claims("alice")), "invalid_token", "JWTs are not enabled").await;
+    assert_refused(
+        &server,
+        &Signer::hmac().sign(&claims("alice")),
+        "invalid_token",
+        "JWTs are not enabled",
+    )
+    .await;
     let mut client = server.client("alice").await;
     assert_eq!(user_of(&mut client).await, "alice");
 
@@ -500,24 +638,62 @@ fn key_files_livegate_cannot_use_stop_check_config_and_serve_with_one_line() {
     let p256 = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
     let p384 = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).expect("key");
     let cases: Vec<(&str, Vec<String>, &str)> = vec![
-        ("a missing file", vec!["--jwt-public-key-file".into(), cwd.join("nowhere.pem").display().to_string()], "jwt_public_key_file: cannot read"),
-        ("a private key", vec!["--jwt-public-key-file".into(), path("private.pem", &p256.serialize_pem())], "holds a private key (PRIVATE KEY): give livegate the public key only"),
-        ("a P-384 key", vec!["--jwt-public-key-file".into(), path("p384.pem", &p384.public_key_pem())], "an EC key on a curve other than P-256"),
-        ("not PEM", vec!["--jwt-public-key-file".into(), path("junk.pem", "hello")], "not a PEM file"),
-        ("a JWKS that is not JSON", vec!["--jwt-jwks-file".into(), path("junk.json", "{")], "not a JWK Set"),
+        (
+            "a missing file",
+            vec!["--jwt-public-key-file".into(), cwd.join("nowhere.pem").display().to_string()],
+            "jwt_public_key_file: cannot read",
+        ),
+        (
+            "a private key",
+            vec!["--jwt-public-key-file".into(), path("private.pem", &p256.serialize_pem())],
+            "holds a private key (PRIVATE KEY): give livegate the public key only",
+        ),
+        (
+            "a P-384 key",
+            vec!["--jwt-public-key-file".into(), path("p384.pem", &p384.public_key_pem())],
+            "an EC key on a curve other than P-256",
+        ),
+        (
+            "not PEM",
+            vec!["--jwt-public-key-file".into(), path("junk.pem", "hello")],
+            "not a PEM file",
+        ),
+        (
+            "a JWKS that is not JSON",
+            vec!["--jwt-jwks-file".into(), path("junk.json", "{")],
+            "not a JWK Set",
+        ),
         (
             "a symmetric JWK",
-            vec!["--jwt-jwks-file".into(), path("oct.json", r#"{"keys":[{"kty":"oct","kid":"s","k":"c2VjcmV0"}]}"#)],
+            vec![
+                "--jwt-jwks-file".into(),
+                path("oct.json", r#"{"keys":[{"kty":"oct","kid":"s","k":"c2VjcmV0"}]}"#),
+            ],
             "key \"s\" is kty oct: livegate verifies RSA, EC P-256 and OKP Ed25519 keys",
         ),
-        ("an empty JWKS", vec!["--jwt-jwks-file".into(), path("empty.json", r#"{"keys":[]}"#)], "holds no signing key"),
-        ("a short secret", vec!["--jwt-hmac-secret".into(), "sh0rt-s3cret".into()], "jwt_hmac_secret must be at least 32 bytes long"),
+        (
+            "an empty JWKS",
+            vec!["--jwt-jwks-file".into(), path("empty.json", r#"{"keys":[]}"#)],
+            "holds no signing key",
+        ),
+        (
+            "a short secret",
+            vec!["--jwt-hmac-secret".into(), "sh0rt-s3cret".into()],
+            "jwt_hmac_secret must be at least 32 bytes long",
+        ),
     ];
     for (what, args, want) in &cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let data = cwd.join("data").display().to_string();
-        let serve = [&["serve", "--listen", "127.0.0.1:0", "--data-dir", &data, "--api-key", API_KEY][..], &args].concat();
-        for (command, ran) in [("check-config", livegate(&[&["check-config"][..], &args].concat(), &[], cwd)), ("serve", livegate(&serve, &[], cwd))] {
+        let serve = [
+            &["serve", "--listen", "127.0.0.1:0", "--data-dir", &data, "--api-key", API_KEY][..],
+            &args,
+        ]
+        .concat();
+        for (command, ran) in [
+            ("check-config", livegate(&[&["check-config"][..], &args].concat(), &[], cwd)),
+            ("serve", livegate(&serve, &[], cwd)),
+        ] {
             let line = refused(&ran, &format!("{command} with {what}"));
             assert!(line.contains(want), "{command} with {what}: {line}");
             assert!(!line.contains("sh0rt-s3cret"), "the secret is never echoed: {line}");
@@ -525,10 +701,23 @@ fn key_files_livegate_cannot_use_stop_check_config_and_serve_with_one_line() {
     }
 
     // Usable keys: check-config says what JWTs are verified with and masks the secret.
-    let public = path("ed.pem", &rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("key").public_key_pem());
-    let ran = livegate(&["check-config", "--jwt-public-key-file", &public], &[("LIVEGATE_JWT_HMAC_SECRET", SECRET)], cwd);
+    let public = path(
+        "ed.pem",
+        &rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("key").public_key_pem(),
+    );
+    let ran = livegate(
+        &["check-config", "--jwt-public-key-file", &public],
+        &[("LIVEGATE_JWT_HMAC_SECRET", SECRET)],
+        cwd,
+    );
     let table = effective(&ran, "usable keys");
-    assert!(ran.stdout.contains("JWTs are verified with HS256 (jwt_hmac_secret), EdDSA (jwt_public_key_file)"), "{}", ran.stdout);
+    assert!(
+        ran.stdout.contains(
+            "JWTs are verified with HS256 (jwt_hmac_secret), EdDSA (jwt_public_key_file)"
+        ),
+        "{}",
+        ran.stdout
+    );
     assert_eq!(table["jwt_hmac_secret"].as_str(), Some("********"));
     assert!(!ran.stdout.contains(SECRET), "{}", ran.stdout);
 }

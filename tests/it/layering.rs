@@ -49,7 +49,10 @@ fn named_modules(text: &str) -> BTreeSet<String> {
         }
         let rest = &text[at + "crate::".len()..];
         let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-        assert!(!rest.starts_with('{'), "`crate::{{…}}` hides which modules it names; write one path per module");
+        assert!(
+            !rest.starts_with('{'),
+            "`crate::{{…}}` hides which modules it names; write one path per module"
+        );
         if !name.is_empty() {
             found.insert(name);
         }
@@ -66,18 +69,25 @@ fn no_module_imports_a_layer_above_its_own() {
     let mut upward = Vec::new();
     let mut allowed_seen = BTreeSet::new();
     for file in &files {
-        let relative = file.strip_prefix(&src).expect("under src").to_string_lossy().replace('\\', "/");
+        let relative =
+            file.strip_prefix(&src).expect("under src").to_string_lossy().replace('\\', "/");
         let own = relative.split(['/', '.']).next().expect("a name").to_string();
         let text = std::fs::read_to_string(file).expect("read");
         for module in named_modules(&text) {
-            if module == own || !src.join(&module).exists() && !src.join(format!("{module}.rs")).exists() {
+            if module == own
+                || !src.join(&module).exists() && !src.join(format!("{module}.rs")).exists()
+            {
                 continue;
             }
             if layer(&module) > layer(&own) {
                 if KNOWN_UPWARD.contains(&(relative.as_str(), module.as_str())) {
                     allowed_seen.insert((relative.clone(), module));
                 } else {
-                    upward.push(format!("src/{relative} (layer {}) names crate::{module} (layer {})", layer(&own), layer(&module)));
+                    upward.push(format!(
+                        "src/{relative} (layer {}) names crate::{module} (layer {})",
+                        layer(&own),
+                        layer(&module)
+                    ));
                 }
             }
         }
@@ -105,8 +115,12 @@ fn module_names_are_found_in_paths_and_use_lines() {
 /// code that runs on an actor's context; the webhook sender's own threads may sleep.
 /// What holds a mailbox or a thread, and whether it blocks the thread (the sleep is
 /// spelled in two parts so that `tests/count-sleeps` does not count this list).
-const NEEDLES: [(&str, bool); 4] =
-    [("ctx.wait(", false), ("AtomicResponse", false), ("block_on(", true), (concat!("thread::", "sleep", "("), true)];
+const NEEDLES: [(&str, bool); 4] = [
+    ("ctx.wait(", false),
+    ("AtomicResponse", false),
+    ("block_on(", true),
+    (concat!("thread::", "sleep", "("), true),
+];
 
 #[test]
 fn no_actor_holds_its_mailbox_while_it_waits() {
@@ -133,7 +147,11 @@ fn no_actor_holds_its_mailbox_while_it_waits() {
             }
         }
     }
-    assert!(found.is_empty(), "actors that hold their mailbox or thread while they wait:\n  {}", found.join("\n  "));
+    assert!(
+        found.is_empty(),
+        "actors that hold their mailbox or thread while they wait:\n  {}",
+        found.join("\n  ")
+    );
 }
 
 /// The modules of `src/<top>/` one file or folder each (`mod.rs` is the parent itself,
@@ -151,14 +169,16 @@ fn child_imports(top: &Path) -> std::collections::BTreeMap<String, BTreeSet<Stri
         }
     }
     // The folder's module path: `core::delivery` for `src/core/delivery`.
-    let parts: Vec<String> = top.components().map(|c| c.as_os_str().to_string_lossy().to_string()).collect();
+    let parts: Vec<String> =
+        top.components().map(|c| c.as_os_str().to_string_lossy().to_string()).collect();
     let below_src = parts.iter().rposition(|p| p == "src").map_or(parts.len() - 1, |at| at + 1);
     let top_name = parts[below_src..].join("::");
     let mut files = Vec::new();
     rust_files(top, &mut files);
     let mut graph: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
     for file in &files {
-        let relative = file.strip_prefix(top).expect("under the folder").to_string_lossy().replace('\\', "/");
+        let relative =
+            file.strip_prefix(top).expect("under the folder").to_string_lossy().replace('\\', "/");
         let own = match relative.split('/').next().expect("a name") {
             "mod.rs" => "mod".to_string(),
             first => first.trim_end_matches(".rs").to_string(),
@@ -166,8 +186,13 @@ fn child_imports(top: &Path) -> std::collections::BTreeMap<String, BTreeSet<Stri
         let text = std::fs::read_to_string(file).expect("read");
         // Unit tests may reach anywhere.
         let code = text.split("#[cfg(test)]").next().unwrap_or_default();
-        let code: String = code.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
-        let directly_in_folder = !relative.contains('/') || relative.ends_with("/mod.rs") && relative.matches('/').count() == 1;
+        let code: String = code
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let directly_in_folder = !relative.contains('/')
+            || relative.ends_with("/mod.rs") && relative.matches('/').count() == 1;
         let mut prefixes = vec![format!("crate::{top_name}::")];
         if directly_in_folder && own != "mod" {
             prefixes.push("super::".to_string());
@@ -175,7 +200,11 @@ fn child_imports(top: &Path) -> std::collections::BTreeMap<String, BTreeSet<Stri
         let names = graph.entry(own.clone()).or_default();
         for prefix in &prefixes {
             for (at, _) in code.match_indices(prefix.as_str()) {
-                if code[..at].chars().next_back().is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                if code[..at]
+                    .chars()
+                    .next_back()
+                    .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':')
+                {
                     continue;
                 }
                 let rest = &code[at + prefix.len()..];
@@ -203,7 +232,9 @@ fn child_imports(top: &Path) -> std::collections::BTreeMap<String, BTreeSet<Stri
 
 /// The first segment of the path that starts `rest`, or of each path of a `{…}` group.
 fn first_segments(rest: &str) -> Vec<String> {
-    let ident = |s: &str| s.trim_start().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>();
+    let ident = |s: &str| {
+        s.trim_start().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>()
+    };
     if rest.starts_with('*') {
         return vec!["*".to_string()]; // a glob: the parent's items
     }
@@ -263,7 +294,8 @@ fn a_cycle(graph: &std::collections::BTreeMap<String, BTreeSet<String>>) -> Opti
 /// each is a debt, named here so that a new one fails the test.
 /// `actors/room` and `actors/directory` are one actor (or one trait) split by concern, whose
 /// parts name the actor's types in `mod.rs`.
-const KNOWN_CYCLIC: &[&str] = &["actors/directory", "actors/room", "client", "cluster", "protocol", "server", "store"];
+const KNOWN_CYCLIC: &[&str] =
+    &["actors/directory", "actors/room", "client", "cluster", "protocol", "server", "store"];
 
 #[test]
 fn no_folder_of_src_has_modules_that_import_each_other_round() {
@@ -284,11 +316,13 @@ fn no_folder_of_src_has_modules_that_import_each_other_round() {
         }
         let folder = parent;
         folders += 1;
-        let name = folder.strip_prefix(&src).expect("under src").to_string_lossy().replace('\\', "/");
+        let name =
+            folder.strip_prefix(&src).expect("under src").to_string_lossy().replace('\\', "/");
         let cycle = a_cycle(&child_imports(&folder));
         match (cycle, KNOWN_CYCLIC.contains(&name.as_str())) {
             (Some(cycle), false) => cyclic.push(format!("src/{name}: {}", cycle.join(" -> "))),
-            (None, true) => cyclic.push(format!("src/{name} has no cycle any more: remove it from KNOWN_CYCLIC")),
+            (None, true) => cyclic
+                .push(format!("src/{name} has no cycle any more: remove it from KNOWN_CYCLIC")),
             _ => {}
         }
     }
@@ -302,13 +336,18 @@ fn a_child_that_imports_its_parent_is_a_cycle() {
     let dir = tempfile::tempdir().expect("a temp dir");
     let top = dir.path().join("http");
     std::fs::create_dir(&top).expect("mkdir");
-    std::fs::write(top.join("mod.rs"), "mod sse;\nmod state;\npub struct AppState;\n").expect("write");
+    std::fs::write(top.join("mod.rs"), "mod sse;\nmod state;\npub struct AppState;\n")
+        .expect("write");
     std::fs::write(top.join("state.rs"), "pub struct Shared;\n").expect("write");
     std::fs::write(top.join("sse.rs"), "use super::state::Shared;\n").expect("write");
     assert_eq!(a_cycle(&child_imports(&top)), None, "mod -> sse -> state is no cycle");
     std::fs::write(top.join("sse.rs"), "use super::AppState;\n").expect("write");
-    assert_eq!(a_cycle(&child_imports(&top)), Some(["mod", "sse", "mod"].map(String::from).to_vec()));
-    std::fs::write(top.join("sse.rs"), "use super::{state::{self, Shared}, AppState};\n").expect("write");
+    assert_eq!(
+        a_cycle(&child_imports(&top)),
+        Some(["mod", "sse", "mod"].map(String::from).to_vec())
+    );
+    std::fs::write(top.join("sse.rs"), "use super::{state::{self, Shared}, AppState};\n")
+        .expect("write");
     assert!(a_cycle(&child_imports(&top)).is_some(), "a parent's item named in a group");
     std::fs::write(top.join("sse.rs"), "use super::{state::{self, Shared}};\n").expect("write");
     assert_eq!(a_cycle(&child_imports(&top)), None, "a sibling named in a group");

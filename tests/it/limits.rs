@@ -44,28 +44,42 @@ fn hits(server: &TestServer, limit: &str) -> f64 {
 /// A handshake that must be refused: its status, error code and headers.
 async fn refused(server: &TestServer, token: &str, from: Option<IpAddr>) -> RejectedWithHeaders {
     match WsClient::try_connect_custom(server.addr, Some(token), from, &[]).await {
-        Ok(c) => panic!("handshake from {from:?} was accepted (welcome {}), expected a refusal", c.welcome),
+        Ok(c) => panic!(
+            "handshake from {from:?} was accepted (welcome {}), expected a refusal",
+            c.welcome
+        ),
         Err(r) => r,
     }
 }
 
 /// Retries a handshake with the same token until it is accepted (a place freed up
 /// asynchronously); returns the client and how many refusals it took.
-async fn connect_when_free(server: &TestServer, token: &str, from: Option<IpAddr>, expect: (u16, &str)) -> (WsClient, u32) {
+async fn connect_when_free(
+    server: &TestServer,
+    token: &str,
+    from: Option<IpAddr>,
+    expect: (u16, &str),
+) -> (WsClient, u32) {
     let refusals = std::cell::Cell::new(0);
     let counted = &refusals;
-    let client = wait_for_every_async(Duration::from_secs(5), Duration::from_millis(50), || async move {
-        match WsClient::try_connect_custom(server.addr, Some(token), from, &[]).await {
-            Ok(c) => Some(c),
-            Err(r) => {
-                assert_eq!((r.status, error_code(&r.body)), expect, "while waiting for a free place: {}", r.body);
-                counted.set(counted.get() + 1);
-                None
+    let client =
+        wait_for_every_async(Duration::from_secs(5), Duration::from_millis(50), || async move {
+            match WsClient::try_connect_custom(server.addr, Some(token), from, &[]).await {
+                Ok(c) => Some(c),
+                Err(r) => {
+                    assert_eq!(
+                        (r.status, error_code(&r.body)),
+                        expect,
+                        "while waiting for a free place: {}",
+                        r.body
+                    );
+                    counted.set(counted.get() + 1);
+                    None
+                }
             }
-        }
-    })
-    .await
-    .expect("a closed connection did not give its place back within 5 s");
+        })
+        .await
+        .expect("a closed connection did not give its place back within 5 s");
     (client, refusals.get())
 }
 
@@ -74,9 +88,15 @@ async fn node_connection_cap_refuses_with_503_and_a_closed_connection_frees_its_
     let _gate = crate::common::gate!();
     let _serial = serial().await;
     let server = TestServer::start(|c| c.max_connections = 3);
-    let mut a = WsClient::connect_custom(server.addr, &server.mint_token("a", "web"), ip("127.0.0.2"), &[]).await;
-    let mut b = WsClient::connect_custom(server.addr, &server.mint_token("b", "web"), ip("127.0.0.2"), &[]).await;
-    let c = WsClient::connect_custom(server.addr, &server.mint_token("c", "web"), ip("127.0.0.3"), &[]).await;
+    let mut a =
+        WsClient::connect_custom(server.addr, &server.mint_token("a", "web"), ip("127.0.0.2"), &[])
+            .await;
+    let mut b =
+        WsClient::connect_custom(server.addr, &server.mint_token("b", "web"), ip("127.0.0.2"), &[])
+            .await;
+    let c =
+        WsClient::connect_custom(server.addr, &server.mint_token("c", "web"), ip("127.0.0.3"), &[])
+            .await;
 
     // The fourth, from yet another address: the node is full.
     let token = server.mint_token("d", "web");
@@ -97,7 +117,8 @@ async fn node_connection_cap_refuses_with_503_and_a_closed_connection_frees_its_
 
     // One leaves: its place comes back, and the refused token was not spent.
     c.close().await;
-    let (mut d, refusals) = connect_when_free(&server, &token, ip("127.0.0.4"), (503, "too_many_connections")).await;
+    let (mut d, refusals) =
+        connect_when_free(&server, &token, ip("127.0.0.4"), (503, "too_many_connections")).await;
     d.assert_alive().await;
     assert_eq!(hits(&server, "connections"), 2.0 + f64::from(refusals));
     // Full again.
@@ -108,7 +129,11 @@ async fn node_connection_cap_refuses_with_503_and_a_closed_connection_frees_its_
     a.close().await;
     b.close().await;
     // Everyone gone: the newcomer check needs one place only.
-    connect_when_free(&server, &server.mint_token("g", "web"), None, (503, "too_many_connections")).await.0.close().await;
+    connect_when_free(&server, &server.mint_token("g", "web"), None, (503, "too_many_connections"))
+        .await
+        .0
+        .close()
+        .await;
     assert_serves(&server, "h", "after-cap").await;
 }
 
@@ -119,7 +144,8 @@ async fn per_ip_connection_cap_refuses_with_429_and_counts_each_address_apart() 
     let server = TestServer::start(|c| c.max_connections_per_ip = 2);
     let two = ip("127.0.0.2");
     let three = ip("127.0.0.3");
-    let mut a1 = WsClient::connect_custom(server.addr, &server.mint_token("a1", "web"), two, &[]).await;
+    let mut a1 =
+        WsClient::connect_custom(server.addr, &server.mint_token("a1", "web"), two, &[]).await;
     let a2 = WsClient::connect_custom(server.addr, &server.mint_token("a2", "web"), two, &[]).await;
 
     let token = server.mint_token("a3", "web");
@@ -128,8 +154,10 @@ async fn per_ip_connection_cap_refuses_with_429_and_counts_each_address_apart() 
     assert_eq!(hits(&server, "connections_per_ip"), 1.0);
 
     // Another address has its own allowance.
-    let mut b1 = WsClient::connect_custom(server.addr, &server.mint_token("b1", "web"), three, &[]).await;
-    let b2 = WsClient::connect_custom(server.addr, &server.mint_token("b2", "web"), three, &[]).await;
+    let mut b1 =
+        WsClient::connect_custom(server.addr, &server.mint_token("b1", "web"), three, &[]).await;
+    let b2 =
+        WsClient::connect_custom(server.addr, &server.mint_token("b2", "web"), three, &[]).await;
     let r = refused(&server, &server.mint_token("b3", "web"), three).await;
     assert_eq!((r.status, error_code(&r.body)), (429, "too_many_connections"), "{}", r.body);
     assert_eq!(hits(&server, "connections_per_ip"), 2.0);
@@ -145,7 +173,8 @@ async fn per_ip_connection_cap_refuses_with_429_and_counts_each_address_apart() 
 
     // One of 127.0.0.2's connections leaves: the refused token (not spent) now connects.
     a2.close().await;
-    let (mut a3, refusals) = connect_when_free(&server, &token, two, (429, "too_many_connections")).await;
+    let (mut a3, refusals) =
+        connect_when_free(&server, &token, two, (429, "too_many_connections")).await;
     a3.assert_alive().await;
     assert_eq!(hits(&server, "connections_per_ip"), 2.0 + f64::from(refusals));
 
@@ -169,19 +198,30 @@ async fn handshake_rate_per_ip_is_429_with_retry_after_and_the_refused_token_sta
         held.push(WsClient::connect_custom(server.addr, token, two, &[]).await);
     }
     let r = refused(&server, &tokens[4], two).await;
-    assert!(started.elapsed() < Duration::from_millis(400), "the burst took too long to test the rate");
+    assert!(
+        started.elapsed() < Duration::from_millis(400),
+        "the burst took too long to test the rate"
+    );
     assert_eq!((r.status, error_code(&r.body)), (429, "rate_limited"), "{}", r.body);
     let retry_after: u64 = r
         .header("retry-after")
         .unwrap_or_else(|| panic!("429 rate_limited without Retry-After: {:?}", r.headers))
         .trim()
         .parse()
-        .unwrap_or_else(|e| panic!("Retry-After is not whole seconds ({e}): {:?}", r.header("retry-after")));
+        .unwrap_or_else(|e| {
+            panic!("Retry-After is not whole seconds ({e}): {:?}", r.header("retry-after"))
+        });
     assert!((1..=2).contains(&retry_after), "Retry-After {retry_after} s for a rate of 2/s");
     assert_eq!(hits(&server, "handshake_rate"), 1.0);
 
     // Another address is not limited by 127.0.0.2's handshakes.
-    let mut other = WsClient::connect_custom(server.addr, &server.mint_token("other", "web"), ip("127.0.0.3"), &[]).await;
+    let mut other = WsClient::connect_custom(
+        server.addr,
+        &server.mint_token("other", "web"),
+        ip("127.0.0.3"),
+        &[],
+    )
+    .await;
     other.assert_alive().await;
     // The held connections are unaffected.
     for c in held.iter_mut() {
@@ -189,7 +229,11 @@ async fn handshake_rate_per_ip_is_429_with_retry_after_and_the_refused_token_sta
     }
 
     // After Retry-After the very same token works: the refusal did not spend it.
-    let_time_pass_async(Duration::from_secs(retry_after) + Duration::from_millis(50), "Retry-After").await;
+    let_time_pass_async(
+        Duration::from_secs(retry_after) + Duration::from_millis(50),
+        "Retry-After",
+    )
+    .await;
     let mut late = WsClient::connect_custom(server.addr, &tokens[4], two, &[]).await;
     late.subscribe_ok("rate").await;
     server.http().publish_ok("rate", None, json!("after the wait"));
@@ -211,7 +255,11 @@ async fn one_subscription_too_many_is_an_error_frame_and_the_connection_stays() 
         c.subscribe_ok(room).await;
     }
     let reply = c.subscribe("s4").await;
-    assert_eq!((reply["op"].as_str(), reply["code"].as_str()), (Some("error"), Some("too_many_subscriptions")), "{reply}");
+    assert_eq!(
+        (reply["op"].as_str(), reply["code"].as_str()),
+        (Some("error"), Some("too_many_subscriptions")),
+        "{reply}"
+    );
     assert_eq!(hits(&server, "subscriptions"), 1.0);
     // Subscribing again to a held room, or to the own inbox, takes no new place.
     c.subscribe_ok("s2").await;
@@ -222,7 +270,11 @@ async fn one_subscription_too_many_is_an_error_frame_and_the_connection_stays() 
     server.http().publish_ok("s4", None, json!("not for alice"));
     server.http().publish_ok("s3", None, json!("for alice"));
     let events = c.next_events(1).await;
-    assert_eq!((events[0]["room"].as_str(), &events[0]["data"]), (Some("s3"), &json!("for alice")), "{events:?}");
+    assert_eq!(
+        (events[0]["room"].as_str(), &events[0]["data"]),
+        (Some("s3"), &json!("for alice")),
+        "{events:?}"
+    );
     c.assert_quiet(QUIET).await;
     assert_serves(&server, "bob", "after-subs").await;
 }
@@ -243,7 +295,9 @@ async fn messages_over_the_rate_get_rate_limited_and_are_not_processed() {
     for r in 1..=flood {
         c.ws.feed(Message::Text(json!({"op": "ping", "ref": r}).to_string())).await.expect("feed");
     }
-    c.ws.feed(Message::Text(json!({"op": "subscribe", "room": "rl", "ref": 1000}).to_string())).await.expect("feed");
+    c.ws.feed(Message::Text(json!({"op": "subscribe", "room": "rl", "ref": 1000}).to_string()))
+        .await
+        .expect("feed");
     c.ws.flush().await.expect("flush");
     let sent_in = started.elapsed();
 
@@ -260,7 +314,10 @@ async fn messages_over_the_rate_get_rate_limited_and_are_not_processed() {
         }
     }
     assert!(other.is_empty(), "only pongs and rate_limited errors expected, also got {other:?}");
-    assert!(sent_in < Duration::from_millis(400), "the flood took {sent_in:?}: too slow to test the rate");
+    assert!(
+        sent_in < Duration::from_millis(400),
+        "the flood took {sent_in:?}: too slow to test the rate"
+    );
     // The burst (4) passes, in order, plus at most what the refill allowed meanwhile.
     assert!((4..=5).contains(&pongs.len()), "pongs for refs {pongs:?}");
     assert_eq!(pongs[..4], [1, 2, 3, 4], "the first messages pass");
@@ -299,7 +356,11 @@ async fn refused_messages_of_every_kind_count_and_one_too_many_closes_1008() {
     assert_eq!(c.recv_json().await["code"], "bad_request");
     c.assert_alive().await;
     let reply = c.history_op("h", 0, 1001).await;
-    assert_eq!((reply["op"].as_str(), reply["code"].as_str()), (Some("error"), Some("bad_request")), "{reply}");
+    assert_eq!(
+        (reply["op"].as_str(), reply["code"].as_str()),
+        (Some("error"), Some("bad_request")),
+        "{reply}"
+    );
     // Good messages do not count, and the connection still works fully.
     c.subscribe_ok("strikes").await;
     server.http().publish_ok("strikes", None, json!("between"));
@@ -347,9 +408,15 @@ async fn ten_thousand_malformed_frames_get_error_frames_then_1008_and_the_server
             other => panic!("after {errors} error frames: {other:?} instead of a Close frame"),
         }
     };
-    eprintln!("sent {sent} frames, got {errors} error frames ({codes:?}) and close {close:?} in {:?}", started.elapsed());
+    eprintln!(
+        "sent {sent} frames, got {errors} error frames ({codes:?}) and close {close:?} in {:?}",
+        started.elapsed()
+    );
     assert_eq!(close, Some(1008));
-    assert!((100..=101).contains(&errors), "error frames up to the threshold, then the close: {errors}");
+    assert!(
+        (100..=101).contains(&errors),
+        "error frames up to the threshold, then the close: {errors}"
+    );
     assert!(codes.iter().all(|c| c == "bad_request" || c == "rate_limited"), "{codes:?}");
     assert_eq!(hits(&server, "bad_messages"), 1.0);
 
@@ -367,7 +434,8 @@ async fn frame_over_max_frame_bytes_closes_1009() {
     let server = TestServer::start(|c| c.max_frame_bytes = 2048);
     let mut c = server.client("alice").await;
     // Under the limit: a normal request.
-    let near = json!({"op": "subscribe", "room": "frames", "ref": 1, "pad": "p".repeat(1800)}).to_string();
+    let near =
+        json!({"op": "subscribe", "room": "frames", "ref": 1, "pad": "p".repeat(1800)}).to_string();
     assert!(near.len() < 2048);
     c.send_text(near).await;
     let reply = c.recv_json().await;
@@ -389,7 +457,9 @@ async fn fragmented_message_over_max_message_bytes_closes_1009() {
     let _serial = serial().await;
     let server = TestServer::start(|c| c.max_message_bytes = 4096);
     let mut c = server.client("alice").await;
-    let frame = |bytes: Vec<u8>, code: OpData, fin: bool| Message::Frame(Frame::message(bytes, OpCode::Data(code), fin));
+    let frame = |bytes: Vec<u8>, code: OpData, fin: bool| {
+        Message::Frame(Frame::message(bytes, OpCode::Data(code), fin))
+    };
 
     // Three fragments, 3000 bytes together: one request.
     let whole = json!({"op": "ping", "ref": 7, "pad": " ".repeat(2950)}).to_string().into_bytes();
@@ -425,7 +495,11 @@ async fn history_limit_over_the_cap_is_bad_request_over_http_and_websocket() {
     let (status, body) = http.history("long", Some(0), Some(51));
     assert_eq!((status, error_code(&body)), (400, "bad_request"), "limit 51 over HTTP: {body}");
     let (status, body) = http.history("long", Some(0), Some(1_000_000));
-    assert_eq!((status, error_code(&body)), (400, "bad_request"), "limit 1000000 over HTTP: {body}");
+    assert_eq!(
+        (status, error_code(&body)),
+        (400, "bad_request"),
+        "limit 1000000 over HTTP: {body}"
+    );
     assert_eq!(hits(&server, "history_limit"), 2.0);
     let (status, body) = http.history("long", Some(0), Some(50));
     assert_eq!(status, 200, "{body}");
@@ -436,7 +510,11 @@ async fn history_limit_over_the_cap_is_bad_request_over_http_and_websocket() {
 
     let mut c = server.client("alice").await;
     let reply = c.history_op("long", 0, 51).await;
-    assert_eq!((reply["op"].as_str(), reply["code"].as_str()), (Some("error"), Some("bad_request")), "{reply}");
+    assert_eq!(
+        (reply["op"].as_str(), reply["code"].as_str()),
+        (Some("error"), Some("bad_request")),
+        "{reply}"
+    );
     assert!(reply["message"].as_str().is_some_and(|m| !m.is_empty()), "{reply}");
     let reply = c.history_op("long", 0, 50).await;
     assert_eq!(reply["op"], "history", "{reply}");
@@ -462,20 +540,32 @@ async fn subscribe_timeout_closes_connections_that_never_subscribe_and_spares_su
     // Talking is not subscribing.
     let_time_pass_async(Duration::from_millis(300), "a third of the 1 s subscribe timeout").await;
     idle.assert_alive().await;
-    assert_eq!(idle.close_code_within(Duration::from_secs(3)).await, Some(1008), "no subscribe within 1 s");
+    assert_eq!(
+        idle.close_code_within(Duration::from_secs(3)).await,
+        Some(1008),
+        "no subscribe within 1 s"
+    );
     let after = start.elapsed();
     assert!(after >= Duration::from_millis(900), "closed after {after:?}, before the timeout");
     assert!(after < Duration::from_millis(3500), "closed only after {after:?}");
     assert_eq!(hits(&server, "subscribe_timeout"), 1.0);
 
     // Well past the timeout the subscribers are still connected and served.
-    let_time_pass_async(Duration::from_secs(2).saturating_sub(start.elapsed()), "twice the 1 s subscribe timeout").await;
+    let_time_pass_async(
+        Duration::from_secs(2).saturating_sub(start.elapsed()),
+        "twice the 1 s subscribe timeout",
+    )
+    .await;
     sub.assert_alive().await;
     inbox.assert_alive().await;
     http.publish_ok("news", None, json!("still here"));
     assert_eq!(sub.next_events(1).await[0]["data"], "still here");
-    let (status, body) =
-        http.request("POST", "/v1/users/ibx/messages", Auth::Key, Body::Json(json!({"data": "inbox still here"})));
+    let (status, body) = http.request(
+        "POST",
+        "/v1/users/ibx/messages",
+        Auth::Key,
+        Body::Json(json!({"data": "inbox still here"})),
+    );
     assert_eq!(status, 201, "{body}");
     assert_eq!(inbox.next_events(1).await[0]["data"], "inbox still here");
     assert_eq!(hits(&server, "subscribe_timeout"), 1.0);
@@ -499,7 +589,11 @@ async fn slowloris(addr: SocketAddr, head: &'static str, trickle: Option<Duratio
             None => {
                 let _ = write.write_all(head.as_bytes()).await;
                 // Keep the write side open: a half-close would end the request.
-                pace_async(Duration::from_secs(30), "the attacker holds its half-sent head until aborted").await;
+                pace_async(
+                    Duration::from_secs(30),
+                    "the attacker holds its half-sent head until aborted",
+                )
+                .await;
             }
             Some(every) => {
                 for b in head.bytes() {
@@ -508,7 +602,8 @@ async fn slowloris(addr: SocketAddr, head: &'static str, trickle: Option<Duratio
                     }
                     pace_async(every, "the attacker trickles its head byte by byte").await;
                 }
-                pace_async(Duration::from_secs(30), "the attacker holds its head until aborted").await;
+                pace_async(Duration::from_secs(30), "the attacker holds its head until aborted")
+                    .await;
             }
         }
         drop(write);
@@ -525,7 +620,11 @@ async fn slowloris(addr: SocketAddr, head: &'static str, trickle: Option<Duratio
     })
     .await;
     writer.abort();
-    assert!(ended.is_ok(), "a half-sent request head kept its socket open for 5 s; got {:?}", String::from_utf8_lossy(&reply));
+    assert!(
+        ended.is_ok(),
+        "a half-sent request head kept its socket open for 5 s; got {:?}",
+        String::from_utf8_lossy(&reply)
+    );
     Cut { after: started.elapsed(), reply: String::from_utf8_lossy(&reply).into_owned() }
 }
 
@@ -541,7 +640,11 @@ async fn slowloris_request_heads_are_cut_off_while_other_clients_are_served() {
     for _ in 0..5 {
         attackers.push(tokio::spawn(slowloris(server.addr, HALF, None)));
         // One byte every 100 ms: always "active", never complete within the timeout.
-        attackers.push(tokio::spawn(slowloris(server.addr, FULL, Some(Duration::from_millis(100)))));
+        attackers.push(tokio::spawn(slowloris(
+            server.addr,
+            FULL,
+            Some(Duration::from_millis(100)),
+        )));
     }
     // Meanwhile a normal client connects and receives a published event.
     pace_async(Duration::from_millis(100), "the attackers' heads are under way").await;
@@ -553,8 +656,16 @@ async fn slowloris_request_heads_are_cut_off_while_other_clients_are_served() {
     for attacker in attackers {
         let cut = attacker.await.expect("slowloris task");
         eprintln!("slowloris socket cut after {:?}: {:?}", cut.after, cut.reply.lines().next());
-        assert!(cut.after < Duration::from_secs(2), "socket closed only after {:?} ({cut:?})", cut.after);
-        assert!(cut.after >= Duration::from_millis(400), "closed after {:?}, before the timeout ({cut:?})", cut.after);
+        assert!(
+            cut.after < Duration::from_secs(2),
+            "socket closed only after {:?} ({cut:?})",
+            cut.after
+        );
+        assert!(
+            cut.after >= Duration::from_millis(400),
+            "closed after {:?}, before the timeout ({cut:?})",
+            cut.after
+        );
         assert!(
             cut.reply.is_empty() || cut.reply.starts_with("HTTP/1.1 408"),
             "a cut-off request head gets nothing or 408: {cut:?}"
@@ -576,14 +687,21 @@ async fn slowloris_cut_offs_are_counted_in_limit_hits() {
     let _serial = serial().await;
     let server = TestServer::start(|c| c.handshake_timeout_ms = 500);
     let before = server.http().metric_total("livegate_limit_hits_total");
-    let cut = slowloris(server.addr, "GET /v1/ws?token=x HTTP/1.1\r\nHost: 127.0.0.1\r\n", None).await;
+    let cut =
+        slowloris(server.addr, "GET /v1/ws?token=x HTTP/1.1\r\nHost: 127.0.0.1\r\n", None).await;
     assert!(cut.after < Duration::from_secs(2), "{cut:?}");
     // When actix answers 408 itself, the count is taken as it drops the connection's
     // data, just after the client saw the socket end: poll for it.
     let http = server.http();
-    let counted = wait_until(Duration::from_secs(2), || http.metric_total("livegate_limit_hits_total") >= before + 1.0);
+    let counted = wait_until(Duration::from_secs(2), || {
+        http.metric_total("livegate_limit_hits_total") >= before + 1.0
+    });
     let text = http.metrics_text();
-    let series: Vec<&str> = text.lines().filter(|l| l.starts_with("livegate_limit_hits_total")).collect();
-    assert!(counted, "a cut-off request head is counted in livegate_limit_hits_total (expected a limit such as \
-         \"handshake_timeout\"); series after the cut-off: {series:?}");
+    let series: Vec<&str> =
+        text.lines().filter(|l| l.starts_with("livegate_limit_hits_total")).collect();
+    assert!(
+        counted,
+        "a cut-off request head is counted in livegate_limit_hits_total (expected a limit such as \
+         \"handshake_timeout\"); series after the cut-off: {series:?}"
+    );
 }

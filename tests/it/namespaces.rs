@@ -81,7 +81,11 @@ fn serve(config: &str) -> Node {
     let path = dir.path().join("livegate.toml");
     std::fs::write(&path, config).expect("write config");
     let data = dir.path().join("data");
-    let server = ServeProcess::start(&data, &dir.path().join("serve.log"), &["--config", &path.display().to_string()]);
+    let server = ServeProcess::start(
+        &data,
+        &dir.path().join("serve.log"),
+        &["--config", &path.display().to_string()],
+    );
     Node { _dir: dir, server }
 }
 
@@ -103,7 +107,8 @@ async fn recover_from_zero(ws: &mut WsClient, http: &Http, room: &str) -> (bool,
     let epoch = http.history_ok(room, Some(0), Some(1))["epoch"].clone();
     let reply = ws.subscribe_since(room, 0, &epoch).await;
     assert_eq!(reply["op"], "subscribed", "{room}: {reply}");
-    let recovered = reply["recovered"].as_bool().unwrap_or_else(|| panic!("{room}: no recovered in {reply}"));
+    let recovered =
+        reply["recovered"].as_bool().unwrap_or_else(|| panic!("{room}: no recovered in {reply}"));
     let head = reply["seq"].as_u64().unwrap_or(0) as usize;
     let replay = if recovered { seqs(&ws.next_events(head).await) } else { Vec::new() };
     (recovered, replay)
@@ -133,12 +138,20 @@ async fn history_size_follows_the_longest_matching_prefix() {
     for (room, n, kept) in &rooms {
         let all_kept = kept.len() == *n;
         let want = if all_kept { (true, kept.clone()) } else { (false, vec![]) };
-        assert_eq!(recover_from_zero(&mut ws, &http, room).await, want, "recovery of {room} from 0");
+        assert_eq!(
+            recover_from_zero(&mut ws, &http, room).await,
+            want,
+            "recovery of {room} from 0"
+        );
     }
     // Inboxes are rooms too: user: keeps 2.
     for i in 1..=4 {
-        let (status, body) =
-            http.request("POST", "/v1/users/u1/messages", Auth::Key, Body::Json(json!({"id": format!("m{i}"), "data": {"i": i}})));
+        let (status, body) = http.request(
+            "POST",
+            "/v1/users/u1/messages",
+            Auth::Key,
+            Body::Json(json!({"id": format!("m{i}"), "data": {"i": i}})),
+        );
         assert_eq!(status, 201, "{body}");
     }
     assert_eq!(held(&http, "user:u1"), (vec![3, 4], 4), "the inbox follows the user: namespace");
@@ -151,7 +164,9 @@ async fn history_age_follows_the_namespace() {
     let http = node.server.http();
     publish_n(&http, "brief:a", 3);
     publish_n(&http, "lasting:a", 3);
-    wait_until_every(Duration::from_secs(10), Duration::from_millis(100), || held(&http, "brief:a").0.is_empty());
+    wait_until_every(Duration::from_secs(10), Duration::from_millis(100), || {
+        held(&http, "brief:a").0.is_empty()
+    });
     assert_eq!(held(&http, "brief:a"), (vec![], 3), "brief: keeps events 1 s");
     assert_eq!(held(&http, "lasting:a"), (vec![1, 2, 3], 3), "the global TTL is a day");
     let mut ws = WsClient::connect(node.server.addr, &http.mint_token("reader", "web"), None).await;
@@ -172,7 +187,8 @@ async fn the_batching_window_follows_the_namespace() {
     let token = http.mint_token("reader", "web");
     let mut slow = WsClient::connect(node.server.addr, &token, None).await;
     slow.subscribe_ok("batched:1").await;
-    let mut fast = WsClient::connect(node.server.addr, &http.mint_token("reader2", "web"), None).await;
+    let mut fast =
+        WsClient::connect(node.server.addr, &http.mint_token("reader2", "web"), None).await;
     fast.subscribe_ok("now:1").await;
 
     // A 500 ms window holds its first event back for 500 ms (lower bound: the timer).
@@ -180,7 +196,11 @@ async fn the_batching_window_follows_the_namespace() {
     http.publish_ok("batched:1", None, json!({"first": true}));
     slow.assert_quiet(Duration::from_millis(300)).await;
     let events = slow.next_events(1).await;
-    assert!(published.elapsed() >= Duration::from_millis(500), "window closed after {:?}", published.elapsed());
+    assert!(
+        published.elapsed() >= Duration::from_millis(500),
+        "window closed after {:?}",
+        published.elapsed()
+    );
     assert_eq!(events[0]["data"]["first"], true);
 
     // Ten publishes one after the other: window 0 sends each in its own frame (a publish
@@ -189,7 +209,10 @@ async fn the_batching_window_follows_the_namespace() {
     publish_n(&http, "batched:1", 10);
     assert_eq!(frames_of(&mut fast, 10).await, vec![1; 10], "window 0: one frame per publish");
     let packed = frames_of(&mut slow, 10).await;
-    assert!(packed.len() < 10 && packed.iter().any(|&n| n > 1), "500 ms window: events share frames, got {packed:?}");
+    assert!(
+        packed.len() < 10 && packed.iter().any(|&n| n > 1),
+        "500 ms window: events share frames, got {packed:?}"
+    );
 }
 
 #[tokio::test]
@@ -214,11 +237,17 @@ async fn max_event_bytes_follows_the_namespace_over_http_and_the_publish_op() {
             assert_eq!(error_code(&body), "payload_too_large", "{body}");
         }
     }
-    let (status, body) = http.mint_token_raw(json!({"user": "alice", "publish": ["tiny:*", "big:*"]}));
+    let (status, body) =
+        http.mint_token_raw(json!({"user": "alice", "publish": ["tiny:*", "big:*"]}));
     assert_eq!(status, 201, "{body}");
-    let mut alice = WsClient::connect(node.server.addr, body["token"].as_str().unwrap(), None).await;
+    let mut alice =
+        WsClient::connect(node.server.addr, body["token"].as_str().unwrap(), None).await;
     let reply = alice.request(json!({"op": "publish", "room": "tiny:1", "data": text(200)})).await;
-    assert_eq!((&reply["op"], &reply["code"]), (&json!("error"), &json!("payload_too_large")), "{reply}");
+    assert_eq!(
+        (&reply["op"], &reply["code"]),
+        (&json!("error"), &json!("payload_too_large")),
+        "{reply}"
+    );
     let reply = alice.request(json!({"op": "publish", "room": "big:1", "data": text(4000)})).await;
     assert_eq!(reply["op"], "published", "{reply}");
 }
@@ -236,7 +265,11 @@ struct Ran {
 /// Runs the binary with `args` (no `LIVEGATE_*` variables) for at most 20 s.
 fn livegate(args: &[&str], cwd: &Path) -> Ran {
     let mut cmd = Command::new(crate::common::livegate_bin());
-    cmd.args(args).current_dir(cwd).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     for (k, _) in std::env::vars() {
         if k.starts_with("LIVEGATE_") || k == "RUST_LOG" {
             cmd.env_remove(k);
@@ -273,25 +306,48 @@ fn check_config_prints_each_namespace_with_its_effective_options() {
     let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = write(dir.path(), "ok.toml", CONFIG);
-    let ran = livegate(&["check-config", "--config", &path.display().to_string(), "--history-ttl-secs", "600"], dir.path());
+    let ran = livegate(
+        &["check-config", "--config", &path.display().to_string(), "--history-ttl-secs", "600"],
+        dir.path(),
+    );
     assert_eq!(ran.code, Some(0), "stderr: {}", ran.stderr);
-    let table: toml::Table = ran.stdout.parse().unwrap_or_else(|e| panic!("not TOML ({e}):\n{}", ran.stdout));
+    let table: toml::Table =
+        ran.stdout.parse().unwrap_or_else(|e| panic!("not TOML ({e}):\n{}", ran.stdout));
     let namespaces = table["namespace"].as_array().expect("namespace tables");
     let prefixes: Vec<&str> = namespaces.iter().map(|n| n["prefix"].as_str().unwrap()).collect();
-    assert_eq!(prefixes, ["small:", "chat:", "chat:vip:", "brief:", "batched:", "tiny:", "big:", "user:"], "in file order");
+    assert_eq!(
+        prefixes,
+        ["small:", "chat:", "chat:vip:", "brief:", "batched:", "tiny:", "big:", "user:"],
+        "in file order"
+    );
     let effective = |prefix: &str| {
         let n = namespaces.iter().find(|n| n["prefix"].as_str() == Some(prefix)).unwrap();
-        let int = |key: &str| n[key].as_integer().unwrap_or_else(|| panic!("{prefix}: no {key} in {n}"));
-        (int("history_size"), int("history_ttl_secs"), int("batch_window_ms"), n["presence"].as_bool().unwrap(), int("max_event_bytes"))
+        let int =
+            |key: &str| n[key].as_integer().unwrap_or_else(|| panic!("{prefix}: no {key} in {n}"));
+        (
+            int("history_size"),
+            int("history_ttl_secs"),
+            int("batch_window_ms"),
+            n["presence"].as_bool().unwrap(),
+            int("max_event_bytes"),
+        )
     };
     // Overrides, else the global keys, whichever layer set them (the TTL is a flag here).
     assert_eq!(effective("small:"), (3, 600, 0, true, 1024));
     assert_eq!(effective("brief:"), (20, 1, 0, true, 1024));
     assert_eq!(effective("batched:"), (20, 600, 500, true, 1024));
     assert_eq!(effective("big:"), (20, 600, 0, false, 8192));
-    assert!(ran.stdout.contains("# Namespaces: a room takes the options of the longest prefix"), "{}", ran.stdout);
+    assert!(
+        ran.stdout.contains("# Namespaces: a room takes the options of the longest prefix"),
+        "{}",
+        ran.stdout
+    );
     // What it prints is a configuration that loads again, to the same namespaces.
-    let printed = write(dir.path(), "printed.toml", ran.stdout.replace("api_key = \"********\"", "").as_str());
+    let printed = write(
+        dir.path(),
+        "printed.toml",
+        ran.stdout.replace("api_key = \"********\"", "").as_str(),
+    );
     let again = livegate(&["check-config", "--config", &printed.display().to_string()], dir.path());
     assert_eq!(again.code, Some(0), "stderr: {}", again.stderr);
     let again: toml::Table = again.stdout.parse().unwrap();
@@ -303,19 +359,32 @@ fn check_config_prints_each_namespace_with_its_effective_options() {
 fn the_example_namespaces_are_valid() {
     let _gate = crate::common::gate!();
     let dir = tempfile::tempdir().expect("tempdir");
-    let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/livegate.example.toml")).unwrap();
-    let (_, section) = example.split_once("# Namespaces:").expect("a Namespaces section in the example");
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../data/livegate.example.toml"
+    ))
+    .unwrap();
+    let (_, section) =
+        example.split_once("# Namespaces:").expect("a Namespaces section in the example");
     let uncommented: String = section
         .lines()
         .filter_map(|l| l.strip_prefix("# "))
-        .filter(|l| l.starts_with("[[namespace]]") || l.split_once(" = ").is_some_and(|(k, _)| !k.contains(' ')))
+        .filter(|l| {
+            l.starts_with("[[namespace]]")
+                || l.split_once(" = ").is_some_and(|(k, _)| !k.contains(' '))
+        })
         .map(|l| format!("{l}\n"))
         .collect();
     let path = write(dir.path(), "example-namespaces.toml", &uncommented);
     let ran = livegate(&["check-config", "--config", &path.display().to_string()], dir.path());
     assert_eq!(ran.code, Some(0), "{uncommented}\nstderr: {}", ran.stderr);
     let table: toml::Table = ran.stdout.parse().unwrap();
-    let prefixes: Vec<&str> = table["namespace"].as_array().unwrap().iter().map(|n| n["prefix"].as_str().unwrap()).collect();
+    let prefixes: Vec<&str> = table["namespace"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["prefix"].as_str().unwrap())
+        .collect();
     assert_eq!(prefixes, ["chat:", "scores:", "user:"], "{uncommented}");
 }
 
@@ -356,18 +425,41 @@ fn a_bad_namespace_table_stops_check_config_and_serve_with_a_clear_message() {
             (
                 "serve",
                 livegate(
-                    &["serve", "--config", &path, "--listen", "127.0.0.1:0", "--data-dir", &data, "--api-key", API_KEY],
+                    &[
+                        "serve",
+                        "--config",
+                        &path,
+                        "--listen",
+                        "127.0.0.1:0",
+                        "--data-dir",
+                        &data,
+                        "--api-key",
+                        API_KEY,
+                    ],
                     dir.path(),
                 ),
             ),
         ];
         for (command, ran) in runs {
-            assert_eq!(ran.code, Some(2), "{command} with {what}: stdout {} stderr {}", ran.stdout, ran.stderr);
+            assert_eq!(
+                ran.code,
+                Some(2),
+                "{command} with {what}: stdout {} stderr {}",
+                ran.stdout,
+                ran.stderr
+            );
             let line = ran.stderr.trim_end();
             assert!(!line.contains('\n'), "{command} with {what}: one line, got:\n{}", ran.stderr);
             let prefix = format!("livegate: config file {path}: {want}");
-            assert!(line.starts_with(&prefix), "{command} with {what}:\n got: {line}\nwant: {prefix}…");
-            assert!(ran.stdout.is_empty() || command == "serve", "{command} with {what}: {}", ran.stdout);
+            assert!(
+                line.starts_with(&prefix),
+                "{command} with {what}:\n got: {line}\nwant: {prefix}…"
+            );
+            assert!(
+                ran.stdout.is_empty() || command == "serve",
+                "{command} with {what}: {}",
+                ran.stdout
+            );
         }
     }
 }
@@ -391,7 +483,10 @@ async fn the_presence_switch_follows_the_namespace() {
     let mut ws = WsClient::connect(node.server.addr, &http.mint_token("viewer", "web"), None).await;
     for room in ["big:1", "lobby"] {
         let reply = ws.request(json!({"op": "subscribe", "room": room, "presence": true})).await;
-        assert_eq!(reply["op"], "subscribed", "a presence:true subscribe to {room} works either way: {reply}");
+        assert_eq!(
+            reply["op"], "subscribed",
+            "a presence:true subscribe to {room} works either way: {reply}"
+        );
     }
     // The room that keeps presence counts its member and tells the subscriber; the other
     // sends nothing, not even the first frame a presence subscriber gets.
@@ -409,10 +504,18 @@ async fn the_presence_switch_follows_the_namespace() {
     let (status, body) = http.request("GET", "/v1/rooms/big:1/presence", Auth::Key, Body::None);
     assert_eq!((status, body["error"]["code"].clone()), (404, json!("presence_off")), "{body}");
     let reply = ws.request(json!({"op": "presence", "room": "big:1"})).await;
-    assert_eq!((reply["op"].clone(), reply["code"].clone()), (json!("error"), json!("presence_off")), "{reply}");
-    let mut second = WsClient::connect(node.server.addr, &http.mint_token("second", "web"), None).await;
+    assert_eq!(
+        (reply["op"].clone(), reply["code"].clone()),
+        (json!("error"), json!("presence_off")),
+        "{reply}"
+    );
+    let mut second =
+        WsClient::connect(node.server.addr, &http.mint_token("second", "web"), None).await;
     let reply = second.request(json!({"op": "subscribe", "room": "big:1", "presence": true})).await;
     assert_eq!(reply["op"], "subscribed", "{reply}");
     let stray = next_op(&mut ws, "presence", Duration::from_millis(1000)).await;
-    assert!(stray.is_none(), "no presence frames from a room whose namespace keeps none: {stray:?}");
+    assert!(
+        stray.is_none(),
+        "no presence frames from a room whose namespace keeps none: {stray:?}"
+    );
 }

@@ -69,7 +69,8 @@ impl Exposition {
 
     /// The sample `name` with exactly `labels` (in any order).
     fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        let mut want: Vec<(String, String)> = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut want: Vec<(String, String)> =
+            labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         want.sort();
         self.samples().find(|s| s.name == name && s.labels == want).map(|s| s.value)
     }
@@ -197,9 +198,12 @@ fn parse_sample_line(line: &str) -> Result<(String, Vec<(String, String)>, f64),
     let rest = rest.strip_prefix(' ').ok_or("expected one space before the value")?;
     let mut parts = rest.split(' ');
     let value_text = parts.next().unwrap_or("");
-    let value = parse_number(value_text).ok_or_else(|| format!("{value_text:?} is not a number"))?;
+    let value =
+        parse_number(value_text).ok_or_else(|| format!("{value_text:?} is not a number"))?;
     if let Some(ts) = parts.next() {
-        parse_number(ts).filter(|t| t.is_finite()).ok_or_else(|| format!("{ts:?} is not a timestamp"))?;
+        parse_number(ts)
+            .filter(|t| t.is_finite())
+            .ok_or_else(|| format!("{ts:?} is not a timestamp"))?;
     }
     if let Some(extra) = parts.next() {
         return Err(format!("unexpected {extra:?} after value and timestamp"));
@@ -229,18 +233,24 @@ fn parse_exposition(text: &str) -> Result<Exposition, String> {
             return Err(bad("empty line".into()));
         }
         if let Some(rest) = line.strip_prefix('#') {
-            let rest = rest.strip_prefix(' ').ok_or_else(|| bad("comment without a space after #".into()))?;
+            let rest = rest
+                .strip_prefix(' ')
+                .ok_or_else(|| bad("comment without a space after #".into()))?;
             if rest == "EOF" {
                 return Err(bad("`# EOF` before the end".into()));
             }
-            let (keyword, rest) = rest.split_once(' ').ok_or_else(|| bad("metadata without a metric name".into()))?;
-            let (name, value) = rest.split_once(' ').ok_or_else(|| bad("metadata without a value".into()))?;
+            let (keyword, rest) =
+                rest.split_once(' ').ok_or_else(|| bad("metadata without a metric name".into()))?;
+            let (name, value) =
+                rest.split_once(' ').ok_or_else(|| bad("metadata without a value".into()))?;
             if !is_metric_name(name) {
                 return Err(bad(format!("{name:?} is not a metric name")));
             }
             if current.as_deref() != Some(name) {
                 if exp.families.contains_key(name) {
-                    return Err(bad(format!("family {name} is declared twice (families must not interleave)")));
+                    return Err(bad(format!(
+                        "family {name} is declared twice (families must not interleave)"
+                    )));
                 }
                 exp.families.insert(name.to_string(), Family::default());
                 current = Some(name.to_string());
@@ -261,7 +271,9 @@ fn parse_exposition(text: &str) -> Result<Exposition, String> {
                     &mut family.kind
                 }
                 "UNIT" => {
-                    if value.is_empty() || !value.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+                    if value.is_empty()
+                        || !value.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+                    {
                         return Err(bad(format!("bad unit {value:?}")));
                     }
                     &mut family.unit
@@ -275,14 +287,20 @@ fn parse_exposition(text: &str) -> Result<Exposition, String> {
             continue;
         }
         let (name, labels, value) = parse_sample_line(line).map_err(&bad)?;
-        let family_name = current.clone().ok_or_else(|| bad("sample before any metadata".into()))?;
+        let family_name =
+            current.clone().ok_or_else(|| bad("sample before any metadata".into()))?;
         let family = exp.families.get_mut(&family_name).expect("current family exists");
-        let kind = family.kind.clone().ok_or_else(|| bad(format!("sample of {family_name}, which has no # TYPE")))?;
+        let kind = family
+            .kind
+            .clone()
+            .ok_or_else(|| bad(format!("sample of {family_name}, which has no # TYPE")))?;
         let suffix = name
             .strip_prefix(family_name.as_str())
             .ok_or_else(|| bad(format!("sample {name} outside its family {family_name}")))?;
         if !sample_suffixes(&kind).contains(&suffix) {
-            return Err(bad(format!("a {kind} family ({family_name}) cannot hold a sample named {name}")));
+            return Err(bad(format!(
+                "a {kind} family ({family_name}) cannot hold a sample named {name}"
+            )));
         }
         if !series.insert((name.clone(), labels.clone())) {
             return Err(bad("the same series twice".into()));
@@ -296,14 +314,19 @@ fn parse_exposition(text: &str) -> Result<Exposition, String> {
         }
         if let Some(unit) = &family.unit {
             if !name.ends_with(&format!("_{unit}")) {
-                return Err(format!("family {name} has # UNIT {unit} but its name does not end in _{unit}"));
+                return Err(format!(
+                    "family {name} has # UNIT {unit} but its name does not end in _{unit}"
+                ));
             }
         }
         match kind {
             "counter" => {
                 for s in family.samples.iter().filter(|s| s.name.ends_with("_total")) {
                     if !(s.value.is_finite() && s.value >= 0.0) {
-                        return Err(format!("counter sample {} {:?} = {}", s.name, s.labels, s.value));
+                        return Err(format!(
+                            "counter sample {} {:?} = {}",
+                            s.name, s.labels, s.value
+                        ));
                     }
                 }
             }
@@ -317,15 +340,18 @@ fn parse_exposition(text: &str) -> Result<Exposition, String> {
 /// Per label set: buckets with ascending `le` ending at `+Inf`, cumulative counts, and
 /// `_count` equal to the `+Inf` bucket, and a `_sum`.
 fn check_histogram(name: &str, family: &Family) -> Result<(), String> {
-    let mut groups: BTreeMap<Vec<(String, String)>, (Vec<(f64, f64)>, Option<f64>, Option<f64>)> = BTreeMap::new();
+    let mut groups: BTreeMap<Vec<(String, String)>, (Vec<(f64, f64)>, Option<f64>, Option<f64>)> =
+        BTreeMap::new();
     for s in &family.samples {
         let le = s.labels.iter().find(|(l, _)| l == "le").map(|(_, v)| v.clone());
-        let rest: Vec<(String, String)> = s.labels.iter().filter(|(l, _)| l != "le").cloned().collect();
+        let rest: Vec<(String, String)> =
+            s.labels.iter().filter(|(l, _)| l != "le").cloned().collect();
         let group = groups.entry(rest).or_default();
         let suffix = &s.name[name.len()..];
         match (suffix, le) {
             ("_bucket", Some(le)) => {
-                let bound = parse_number(&le).ok_or_else(|| format!("{name}: le={le:?} is not a number"))?;
+                let bound = parse_number(&le)
+                    .ok_or_else(|| format!("{name}: le={le:?} is not a number"))?;
                 group.0.push((bound, s.value));
             }
             ("_bucket", None) => return Err(format!("{name}: bucket without le")),
@@ -351,7 +377,12 @@ fn check_histogram(name: &str, family: &Family) -> Result<(), String> {
         }
         match count {
             Some(c) if *c == last.1 => {}
-            other => return Err(format!("{what}: _count {other:?} differs from the +Inf bucket {}", last.1)),
+            other => {
+                return Err(format!(
+                    "{what}: _count {other:?} differs from the +Inf bucket {}",
+                    last.1
+                ))
+            }
         }
         if sum.is_none_or(|s| s.is_nan()) {
             return Err(format!("{what}: no _sum"));
@@ -403,21 +434,61 @@ const FAMILIES: &[(&str, &str, Option<&str>, &[&str])] = &[
 ];
 
 const CLOSE_CODES: &[&str] = &[
-    "1000", "1001", "1002", "1005", "1006", "1007", "1008", "1009", "1012", "4008", "4009", "4029", "4421", "4501", "4502", "other",
+    "1000", "1001", "1002", "1005", "1006", "1007", "1008", "1009", "1012", "4008", "4009", "4029",
+    "4421", "4501", "4502", "other",
 ];
-const REASONS: &[&str] =
-    &["missing_token", "invalid_token", "token_expired", "token_replayed", "unavailable", "migration_budget", "wrong_node", "bad_request",
-      "internal", "too_many_connections", "rate_limited", "forbidden_origin", "directory_unavailable", "resume_invalid",
-      "bad_room", "too_many_subscriptions", "forbidden"];
+const REASONS: &[&str] = &[
+    "missing_token",
+    "invalid_token",
+    "token_expired",
+    "token_replayed",
+    "unavailable",
+    "migration_budget",
+    "wrong_node",
+    "bad_request",
+    "internal",
+    "too_many_connections",
+    "rate_limited",
+    "forbidden_origin",
+    "directory_unavailable",
+    "resume_invalid",
+    "bad_room",
+    "too_many_subscriptions",
+    "forbidden",
+];
 /// The abuse limits `livegate_limit_hits_total` counts.
 const LIMITS: &[&str] = &[
-    "connections", "connections_per_ip", "handshake_rate", "message_rate", "bad_messages", "subscriptions",
-    "history_limit", "subscribe_timeout", "frame_size", "message_size", "origin", "handshake_timeout", "room_starts",
+    "connections",
+    "connections_per_ip",
+    "handshake_rate",
+    "message_rate",
+    "bad_messages",
+    "subscriptions",
+    "history_limit",
+    "subscribe_timeout",
+    "frame_size",
+    "message_size",
+    "origin",
+    "handshake_timeout",
+    "room_starts",
     "http_connections",
 ];
 /// Label names that would make cardinality unbounded (one series per user, room, ...).
-const UNBOUNDED_LABELS: &[&str] =
-    &["user", "user_id", "room", "room_id", "session", "session_id", "token", "conn", "connection", "ip", "addr", "event", "id"];
+const UNBOUNDED_LABELS: &[&str] = &[
+    "user",
+    "user_id",
+    "room",
+    "room_id",
+    "session",
+    "session_id",
+    "token",
+    "conn",
+    "connection",
+    "ip",
+    "addr",
+    "event",
+    "id",
+];
 
 /// Checks livegate's families on a parsed exposition: every expected family with its
 /// type, unit and label names; units in names; bounded label values. `devices`: the
@@ -437,20 +508,32 @@ fn check_livegate(exp: &Exposition, devices: &[&str]) {
                 if label == "le" && *kind == "histogram" {
                     continue;
                 }
-                assert!(labels.contains(&label.as_str()), "{} has label {label}={value:?}; {name} may only have {labels:?}", s.name);
+                assert!(
+                    labels.contains(&label.as_str()),
+                    "{} has label {label}={value:?}; {name} may only have {labels:?}",
+                    s.name
+                );
                 let allowed: Option<Vec<&str>> = match (*name, label.as_str()) {
-                    ("livegate_connections_open", "device") => Some(devices.iter().copied().chain(["web", "other"]).collect()),
+                    ("livegate_connections_open", "device") => {
+                        Some(devices.iter().copied().chain(["web", "other"]).collect())
+                    }
                     ("livegate_disconnects", "code") => Some(CLOSE_CODES.to_vec()),
                     ("livegate_handshake_rejections", "reason") => Some(REASONS.to_vec()),
                     ("livegate_handshakes", "credential") => Some(vec!["token", "jwt", "resume"]),
-                    ("livegate_connections_by_transport", "transport") => Some(vec!["websocket", "sse"]),
+                    ("livegate_connections_by_transport", "transport") => {
+                        Some(vec!["websocket", "sse"])
+                    }
                     ("livegate_limit_hits", "limit") => Some(LIMITS.to_vec()),
                     ("livegate_recoveries", "result") => Some(vec!["recovered", "not_recovered"]),
                     ("livegate_directory_writes", "result") => Some(vec!["ok", "stale", "error"]),
                     _ => None,
                 };
                 if let Some(allowed) = allowed {
-                    assert!(allowed.contains(&value.as_str()), "{}{{{label}={value:?}}}: value outside {allowed:?}", s.name);
+                    assert!(
+                        allowed.contains(&value.as_str()),
+                        "{}{{{label}={value:?}}}: value outside {allowed:?}",
+                        s.name
+                    );
                 }
             }
         }
@@ -459,20 +542,47 @@ fn check_livegate(exp: &Exposition, devices: &[&str]) {
         assert!(name.starts_with("livegate_"), "family {name} lacks the livegate_ prefix");
         for s in &family.samples {
             for (label, value) in &s.labels {
-                assert!(!UNBOUNDED_LABELS.contains(&label.as_str()), "{} has an unbounded label {label}={value:?}", s.name);
+                assert!(
+                    !UNBOUNDED_LABELS.contains(&label.as_str()),
+                    "{} has an unbounded label {label}={value:?}",
+                    s.name
+                );
             }
         }
         // Units in names: time in seconds, sizes in bytes, and no other unit.
         let timeish = ["latency", "duration", "seconds", "_time"].iter().any(|w| name.contains(w));
         let sizeish = ["bytes", "_size"].iter().any(|w| name.contains(w));
         if timeish {
-            assert!(name.ends_with("_seconds") && family.unit.as_deref() == Some("seconds"), "{name}: a time must be in _seconds with # UNIT seconds");
+            assert!(
+                name.ends_with("_seconds") && family.unit.as_deref() == Some("seconds"),
+                "{name}: a time must be in _seconds with # UNIT seconds"
+            );
         }
         if sizeish {
-            assert!(name.ends_with("_bytes") && family.unit.as_deref() == Some("bytes"), "{name}: a size must be in _bytes with # UNIT bytes");
+            assert!(
+                name.ends_with("_bytes") && family.unit.as_deref() == Some("bytes"),
+                "{name}: a size must be in _bytes with # UNIT bytes"
+            );
         }
-        for other in ["_ms", "_millis", "_milliseconds", "_secs", "_sec", "_us", "_ns", "_minutes", "_hours", "_kb", "_kib", "_mb", "_mib"] {
-            assert!(!name.ends_with(other), "{name}: use base units (_seconds, _bytes), not {other}");
+        for other in [
+            "_ms",
+            "_millis",
+            "_milliseconds",
+            "_secs",
+            "_sec",
+            "_us",
+            "_ns",
+            "_minutes",
+            "_hours",
+            "_kb",
+            "_kib",
+            "_mb",
+            "_mib",
+        ] {
+            assert!(
+                !name.ends_with(other),
+                "{name}: use base units (_seconds, _bytes), not {other}"
+            );
         }
     }
 }
@@ -480,7 +590,8 @@ fn check_livegate(exp: &Exposition, devices: &[&str]) {
 /// GET /metrics, parsed strictly and checked against livegate's families.
 fn scrape(http: &Http, devices: &[&str]) -> Exposition {
     let text = http.metrics_text();
-    let exp = parse_exposition(&text).unwrap_or_else(|e| panic!("/metrics is not valid OpenMetrics text: {e}\n---\n{text}"));
+    let exp = parse_exposition(&text)
+        .unwrap_or_else(|e| panic!("/metrics is not valid OpenMetrics text: {e}\n---\n{text}"));
     check_livegate(&exp, devices);
     exp
 }
@@ -496,7 +607,9 @@ fn wait_metric(http: &Http, name: &str, labels: &[(&str, &str)], want: f64) -> E
         got = exp.get(name, labels).unwrap_or(0.0);
         (got == want).then_some(exp)
     })
-    .unwrap_or_else(|| panic!("{name}{labels:?} is {got}, expected {want} within 5 s\n{}", http.metrics_text()))
+    .unwrap_or_else(|| {
+        panic!("{name}{labels:?} is {got}, expected {want} within 5 s\n{}", http.metrics_text())
+    })
 }
 
 /// Every `_total` sample is 0 and every histogram empty.
@@ -530,7 +643,8 @@ fn strict_parser_rejects_malformed_expositions() {
         "",
     ]
     .join("\n");
-    let exp = parse_exposition(&good).unwrap_or_else(|e| panic!("a valid exposition was refused: {e}"));
+    let exp =
+        parse_exposition(&good).unwrap_or_else(|e| panic!("a valid exposition was refused: {e}"));
     assert_eq!(exp.get("a_x_total", &[("k", "v\"q")]), Some(3.0));
     assert_eq!(exp.one("a_h_seconds_count"), 2.0);
 
@@ -552,14 +666,29 @@ fn strict_parser_rejects_malformed_expositions() {
         ("bad label name", good.replace("k=", "1k=")),
         ("sample of another family", good.replace("a_x_total{", "b_x_total{")),
         ("interleaved family", good.replace("# EOF\n", "# HELP a_x again\n# EOF\n")),
-        ("metadata after samples", good.replace("a_h_seconds_count 2\n", "a_h_seconds_count 2\n# HELP a_h_seconds late\n")),
-        ("unit not in name", good.replace("# UNIT a_h_seconds seconds", "# UNIT a_h_seconds bytes")),
+        (
+            "metadata after samples",
+            good.replace("a_h_seconds_count 2\n", "a_h_seconds_count 2\n# HELP a_h_seconds late\n"),
+        ),
+        (
+            "unit not in name",
+            good.replace("# UNIT a_h_seconds seconds", "# UNIT a_h_seconds bytes"),
+        ),
         ("buckets not cumulative", good.replace("le=\"0.5\"} 1", "le=\"0.5\"} 5")),
         ("no +Inf bucket", good.replace("a_h_seconds_bucket{le=\"+Inf\"} 2\n", "")),
         ("count differs", good.replace("a_h_seconds_count 2", "a_h_seconds_count 3")),
-        ("unknown comment", good.replace("# TYPE a_x counter", "# TYPE a_x counter\n# NOTE a_x hi")),
+        (
+            "unknown comment",
+            good.replace("# TYPE a_x counter", "# TYPE a_x counter\n# NOTE a_x hi"),
+        ),
         ("negative counter", good.replace("} 3\n", "} -3\n")),
-        ("duplicate series", good.replace("a_x_total{k=\"v\\\"q\"} 3\n", "a_x_total{k=\"v\\\"q\"} 3\na_x_total{k=\"v\\\"q\"} 4\n")),
+        (
+            "duplicate series",
+            good.replace(
+                "a_x_total{k=\"v\\\"q\"} 3\n",
+                "a_x_total{k=\"v\\\"q\"} 3\na_x_total{k=\"v\\\"q\"} 4\n",
+            ),
+        ),
     ];
     for (what, text) in bad {
         assert_ne!(text, &good, "case {what} changed nothing");
@@ -581,11 +710,16 @@ async fn counters_move_by_exactly_what_a_run_did() {
     let fresh = scrape(&http, DEVICES);
     assert_counters_zero(&fresh, "a fresh server");
     assert_eq!(fresh.sum("livegate_connections_open"), 0.0);
-    assert_eq!((fresh.one("livegate_warmup_active"), fresh.one("livegate_drain_phase")), (0.0, 0.0));
+    assert_eq!(
+        (fresh.one("livegate_warmup_active"), fresh.one("livegate_drain_phase")),
+        (0.0, 0.0)
+    );
 
     // Three connections: alice on web and phone, bob on web; all on ROOM.
-    let mut alice_web = WsClient::connect(server.addr, &http.mint_token("alice", "web"), None).await;
-    let mut alice_phone = WsClient::connect(server.addr, &http.mint_token("alice", "phone"), None).await;
+    let mut alice_web =
+        WsClient::connect(server.addr, &http.mint_token("alice", "web"), None).await;
+    let mut alice_phone =
+        WsClient::connect(server.addr, &http.mint_token("alice", "phone"), None).await;
     let mut bob = WsClient::connect(server.addr, &http.mint_token("bob", "web"), None).await;
     let mut epoch = Value::Null;
     for c in [&mut alice_web, &mut alice_phone, &mut bob] {
@@ -597,7 +731,11 @@ async fn counters_move_by_exactly_what_a_run_did() {
         http.publish_ok(ROOM, Some(&format!("e{i}")), json!({ "i": i }));
     }
     let (status, again) = http.publish(ROOM, Some("e5"), json!({ "i": 5 }));
-    assert_eq!((status, &again["duplicate"], &again["seq"]), (200, &json!(true), &json!(5)), "{again}");
+    assert_eq!(
+        (status, &again["duplicate"], &again["seq"]),
+        (200, &json!(true), &json!(5)),
+        "{again}"
+    );
     for c in [&mut alice_web, &mut alice_phone, &mut bob] {
         assert_eq!(seqs(&c.next_events(5).await), vec![1, 2, 3, 4, 5]);
     }
@@ -628,7 +766,8 @@ async fn counters_move_by_exactly_what_a_run_did() {
     });
     assert_eq!(alice_web.close_code_within(Duration::from_secs(5)).await, Some(4502));
     let _ = alice_web.read_incoming(Duration::from_secs(2)).await; // answers the Close
-    let (status, body) = tokio::time::timeout(WAIT, kick).await.expect("kick reply").expect("kick thread");
+    let (status, body) =
+        tokio::time::timeout(WAIT, kick).await.expect("kick reply").expect("kick thread");
     assert_eq!((status, &body), (200, &json!({"closed": 1})));
 
     // Bob leaves politely (1000), misses e6 and e7, comes back with his session and
@@ -640,13 +779,22 @@ async fn counters_move_by_exactly_what_a_run_did() {
         http.publish_ok(ROOM, Some(&format!("e{i}")), json!({ "i": i }));
     }
     assert_eq!(seqs(&alice_phone.next_events(2).await), vec![6, 7]);
-    let mut bob = WsClient::connect(server.addr, &http.mint_token("bob", "web"), Some(&bob_session)).await;
+    let mut bob =
+        WsClient::connect(server.addr, &http.mint_token("bob", "web"), Some(&bob_session)).await;
     assert_eq!(bob.session(), bob_session, "bob keeps his session");
     let reply = bob.subscribe_since(ROOM, 5, &epoch).await;
-    assert_eq!((&reply["op"], &reply["recovered"]), (&json!("subscribed"), &json!(true)), "{reply}");
+    assert_eq!(
+        (&reply["op"], &reply["recovered"]),
+        (&json!("subscribed"), &json!(true)),
+        "{reply}"
+    );
     assert_eq!(seqs(&bob.next_events(2).await), vec![6, 7]);
     let reply = bob.subscribe_since("obs:other", 3, &json!("not-this-rooms-epoch")).await;
-    assert_eq!((&reply["op"], &reply["recovered"]), (&json!("subscribed"), &json!(false)), "{reply}");
+    assert_eq!(
+        (&reply["op"], &reply["recovered"]),
+        (&json!("subscribed"), &json!(false)),
+        "{reply}"
+    );
 
     let m = scrape(&http, DEVICES);
     let expect = [
@@ -676,7 +824,11 @@ async fn counters_move_by_exactly_what_a_run_did() {
         (m.of("livegate_disconnects_total", "code", "4502"), 1.0, "disconnects 4502 (the kick)"),
         (m.of("livegate_disconnects_total", "code", "1000"), 1.0, "disconnects 1000 (bob's close)"),
         (m.sum("livegate_disconnects_total"), 2.0, "disconnects in all"),
-        (m.of("livegate_handshake_rejections_total", "reason", "invalid_token"), 1.0, "invalid_token rejections"),
+        (
+            m.of("livegate_handshake_rejections_total", "reason", "invalid_token"),
+            1.0,
+            "invalid_token rejections",
+        ),
         (m.sum("livegate_handshake_rejections_total"), 1.0, "rejections in all"),
         (m.of("livegate_connections_open", "device", "web"), 1.0, "open web"),
         (m.of("livegate_connections_open", "device", "phone"), 1.0, "open phone"),
@@ -696,10 +848,17 @@ async fn counters_move_by_exactly_what_a_run_did() {
     let frames = m.one("livegate_frames_written_total");
     // Both histograms are sampled once per room window, never per event per connection.
     let windows = m.one("livegate_batch_events_count");
-    assert_eq!(m.one("livegate_delivery_latency_seconds_count"), windows, "one latency sample per room window");
+    assert_eq!(
+        m.one("livegate_delivery_latency_seconds_count"),
+        windows,
+        "one latency sample per room window"
+    );
     assert!(m.one("livegate_delivery_latency_seconds_sum") >= 0.0);
     let windowed = m.one("livegate_batch_events_sum");
-    assert!((1.0..=7.0).contains(&windowed), "each published event leaves in at most one window: {windowed}");
+    assert!(
+        (1.0..=7.0).contains(&windowed),
+        "each published event leaves in at most one window: {windowed}"
+    );
     assert!(windows >= 1.0 && windows <= frames, "room windows {windows}, frames written {frames}");
     assert!((4.0..=delivered).contains(&frames), "frames written: {frames}");
     assert!(m.one("livegate_store_flush_latency_seconds_count") > 0.0, "store flushes observed");
@@ -709,7 +868,14 @@ async fn counters_move_by_exactly_what_a_run_did() {
     let (status, s) = http.request("GET", "/v1/admin/status", Auth::Key, Body::None);
     assert_eq!(status, 200, "{s}");
     assert_eq!(
-        (&s["phase"], &s["warmup"], &s["connections"], &s["subscriptions"], &s["rooms_live"], &s["rooms_parked"]),
+        (
+            &s["phase"],
+            &s["warmup"],
+            &s["connections"],
+            &s["subscriptions"],
+            &s["rooms_live"],
+            &s["rooms_parked"]
+        ),
         (&json!("ready"), &json!(false), &json!(2), &json!(5), &json!(2), &json!(2)),
         "{s}"
     );
@@ -727,7 +893,9 @@ async fn close_politely(mut c: WsClient) {
     loop {
         match c.read_incoming(deadline.saturating_duration_since(Instant::now())).await {
             Incoming::Ended(_) => return,
-            Incoming::Timeout => panic!("the server did not finish the closing handshake within 5 s"),
+            Incoming::Timeout => {
+                panic!("the server did not finish the closing handshake within 5 s")
+            }
             Incoming::Json(_) | Incoming::Close(..) => continue,
         }
     }
@@ -744,16 +912,22 @@ async fn disconnects_count_the_clients_close_code_and_1006_for_a_vanished_socket
     let server = TestServer::start(|_| {});
     let http = server.http();
     for i in 0..3 {
-        let mut c = WsClient::connect(server.addr, &http.mint_token(&format!("leaver{i}"), "web"), None).await;
+        let mut c =
+            WsClient::connect(server.addr, &http.mint_token(&format!("leaver{i}"), "web"), None)
+                .await;
         c.subscribe_ok("leave:room").await;
         c.close().await; // Close 1000, then the socket is dropped
     }
     for i in 0..3 {
-        let mut c = WsClient::connect(server.addr, &http.mint_token(&format!("vanisher{i}"), "web"), None).await;
+        let mut c =
+            WsClient::connect(server.addr, &http.mint_token(&format!("vanisher{i}"), "web"), None)
+                .await;
         c.subscribe_ok("leave:room").await;
         drop(c); // TCP closed, no Close frame
     }
-    common::wait_until(Duration::from_secs(5), || scrape(&http, DEVICES).sum("livegate_disconnects_total") == 6.0);
+    common::wait_until(Duration::from_secs(5), || {
+        scrape(&http, DEVICES).sum("livegate_disconnects_total") == 6.0
+    });
     let m = scrape(&http, DEVICES);
     let by_code: BTreeMap<String, f64> = m
         .samples()
@@ -793,7 +967,11 @@ async fn drain_shows_in_metrics_and_a_restart_starts_counting_from_zero() {
     assert_eq!(seqs(&client.next_events(3).await), vec![1, 2, 3]);
     let m = scrape(&http, DEVICES);
     assert_eq!(
-        (m.one("livegate_connects_total"), m.one("livegate_events_published_total"), m.one("livegate_events_delivered_total")),
+        (
+            m.one("livegate_connects_total"),
+            m.one("livegate_events_published_total"),
+            m.one("livegate_events_delivered_total")
+        ),
         (1.0, 3.0, 3.0)
     );
     assert_eq!(m.one("livegate_drain_phase"), 0.0);
@@ -802,11 +980,17 @@ async fn drain_shows_in_metrics_and_a_restart_starts_counting_from_zero() {
     // /metrics and /v1/admin/status.
     serve.signal("TERM");
     let (phase, status) = common::wait_for(Duration::from_secs(5), || {
-        let Ok((200, Value::String(text))) = http.try_request("GET", "/metrics", Auth::None, Body::None) else { return None };
-        let exp = parse_exposition(&text).unwrap_or_else(|e| panic!("/metrics during the drain: {e}\n{text}"));
+        let Ok((200, Value::String(text))) =
+            http.try_request("GET", "/metrics", Auth::None, Body::None)
+        else {
+            return None;
+        };
+        let exp = parse_exposition(&text)
+            .unwrap_or_else(|e| panic!("/metrics during the drain: {e}\n{text}"));
         check_livegate(&exp, DEVICES);
         let phase = exp.one("livegate_drain_phase");
-        (phase >= 1.0).then(|| (phase, http.try_request("GET", "/v1/admin/status", Auth::Key, Body::None)))
+        (phase >= 1.0)
+            .then(|| (phase, http.try_request("GET", "/v1/admin/status", Auth::Key, Body::None)))
     })
     .expect("livegate_drain_phase never rose above 0 within 5 s of SIGTERM");
     eprintln!("drain phase seen: {phase}; status then: {status:?}");
@@ -814,7 +998,11 @@ async fn drain_shows_in_metrics_and_a_restart_starts_counting_from_zero() {
         Ok((200, s)) => assert_eq!(s["phase"], "draining", "{s}"),
         other => panic!("/v1/admin/status during the drain: {other:?}"),
     }
-    assert_eq!(client.close_code_within(Duration::from_secs(10)).await, Some(1012), "drain closes with 1012");
+    assert_eq!(
+        client.close_code_within(Duration::from_secs(10)).await,
+        Some(1012),
+        "drain closes with 1012"
+    );
     let _ = client.read_incoming(Duration::from_secs(2)).await; // answers the Close
     drop(client);
     let exit = serve.wait_exit(Duration::from_secs(15)).expect("drained process exits within 15 s");
@@ -826,13 +1014,23 @@ async fn drain_shows_in_metrics_and_a_restart_starts_counting_from_zero() {
     let m = scrape(&http, DEVICES);
     assert_counters_zero(&m, "after a restart");
     assert_eq!(m.sum("livegate_connections_open"), 0.0);
-    assert_eq!(m.one("livegate_warmup_active"), 1.0, "a restart that finds sessions is in warm-up\n{}", http.metrics_text());
+    assert_eq!(
+        m.one("livegate_warmup_active"),
+        1.0,
+        "a restart that finds sessions is in warm-up\n{}",
+        http.metrics_text()
+    );
     assert_eq!(m.one("livegate_drain_phase"), 0.0);
     let (code, s) = http.request("GET", "/v1/admin/status", Auth::Key, Body::None);
-    assert_eq!((code, &s["phase"], &s["warmup"], &s["connections"]), (200, &json!("ready"), &json!(true), &json!(0)), "{s}");
+    assert_eq!(
+        (code, &s["phase"], &s["warmup"], &s["connections"]),
+        (200, &json!("ready"), &json!(true), &json!(0)),
+        "{s}"
+    );
 
     // The client comes back with its session during warm-up and recovers nothing missed.
-    let mut client = WsClient::connect(serve.addr, &http.mint_token("dora", "web"), Some(&session)).await;
+    let mut client =
+        WsClient::connect(serve.addr, &http.mint_token("dora", "web"), Some(&session)).await;
     assert_eq!(client.session(), session, "the session survives the restart");
     let reply = client.subscribe_since("drain:room", 3, &epoch).await;
     assert_eq!(reply["recovered"], true, "{reply}");
@@ -847,7 +1045,12 @@ async fn drain_shows_in_metrics_and_a_restart_starts_counting_from_zero() {
         m.one("livegate_events_published_total"),
         m.one("livegate_events_delivered_total"),
     ];
-    assert_eq!(got, [1.0, 1.0, 1.0, 1.0, 1.0, 1.0], "connects, warm-up attempts/successes, recoveries, published, delivered\n{}", http.metrics_text());
+    assert_eq!(
+        got,
+        [1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+        "connects, warm-up attempts/successes, recoveries, published, delivered\n{}",
+        http.metrics_text()
+    );
 
     serve.signal("TERM");
     assert_eq!(client.close_code_within(Duration::from_secs(10)).await, Some(1012));
@@ -869,33 +1072,49 @@ async fn exposition_is_strict_openmetrics_with_bounded_labels() {
     // Even before anything happened.
     let fresh = scrape(&http, DEVICES);
     let unlabelled = FAMILIES.iter().filter(|f| f.3.is_empty()).count();
-    assert!(fresh.families.len() >= unlabelled, "families: {:?}", fresh.families.keys().collect::<Vec<_>>());
+    assert!(
+        fresh.families.len() >= unlabelled,
+        "families: {:?}",
+        fresh.families.keys().collect::<Vec<_>>()
+    );
 
     // Content type and `# EOF` as the last line, from the raw response.
     let url = format!("http://{}/metrics", server.addr);
     let response = ureq::get(&url).timeout(WAIT).call().expect("GET /metrics");
     let content_type = response.header("Content-Type").unwrap_or("").to_string();
-    assert!(content_type.starts_with("application/openmetrics-text; version=1.0.0"), "Content-Type: {content_type}");
+    assert!(
+        content_type.starts_with("application/openmetrics-text; version=1.0.0"),
+        "Content-Type: {content_type}"
+    );
     let text = response.into_string().expect("body");
     assert_eq!(text.lines().last(), Some("# EOF"));
 
     // Traffic with distinctive user, room and device names.
     let user = "zed-cardinality-probe";
     let room = "probe:cardinality-room";
-    let mut odd = WsClient::connect(server.addr, &http.mint_token(user, "toaster-9000"), None).await;
+    let mut odd =
+        WsClient::connect(server.addr, &http.mint_token(user, "toaster-9000"), None).await;
     let mut phone = WsClient::connect(server.addr, &http.mint_token(user, "phone"), None).await;
     odd.subscribe_ok(room).await;
     http.publish_ok(room, Some("probe-event-id"), json!({"x": 1}));
     odd.next_events(1).await;
     let _ = WsClient::try_connect(server.addr, None, None).await.err().expect("no token: refused");
-    let _ = WsClient::try_connect(server.addr, Some("garbage"), None).await.err().expect("garbage: refused");
+    let _ = WsClient::try_connect(server.addr, Some("garbage"), None)
+        .await
+        .err()
+        .expect("garbage: refused");
     let h = http.clone();
-    let kick = tokio::task::spawn_blocking(move || h.request("DELETE", &format!("/v1/users/{user}/connections"), Auth::Key, Body::None));
+    let kick = tokio::task::spawn_blocking(move || {
+        h.request("DELETE", &format!("/v1/users/{user}/connections"), Auth::Key, Body::None)
+    });
     for c in [&mut odd, &mut phone] {
         assert_eq!(c.close_code_within(Duration::from_secs(5)).await, Some(4502));
         let _ = c.read_incoming(Duration::from_secs(2)).await;
     }
-    assert_eq!(tokio::time::timeout(WAIT, kick).await.expect("kick").expect("kick thread").1, json!({"closed": 2}));
+    assert_eq!(
+        tokio::time::timeout(WAIT, kick).await.expect("kick").expect("kick thread").1,
+        json!({"closed": 2})
+    );
 
     let m = wait_metric(&http, "livegate_disconnects_total", &[("code", "4502")], 2.0);
     assert_eq!(m.of("livegate_handshake_rejections_total", "reason", "missing_token"), 1.0);
@@ -903,15 +1122,26 @@ async fn exposition_is_strict_openmetrics_with_bounded_labels() {
     assert_eq!(m.one("livegate_connects_total"), 2.0);
     let text = http.metrics_text();
     for needle in [user, room, "probe-event-id", "toaster", "cardinality"] {
-        assert!(!text.contains(needle), "/metrics mentions {needle:?}: per-user/room/device data\n{text}");
+        assert!(
+            !text.contains(needle),
+            "/metrics mentions {needle:?}: per-user/room/device data\n{text}"
+        );
     }
     // The unknown device was counted as `other`, the phone as itself (both now closed).
-    assert!(m.get("livegate_connections_open", &[("device", "other")]).is_some(), "unknown device kinds count as other\n{text}");
+    assert!(
+        m.get("livegate_connections_open", &[("device", "other")]).is_some(),
+        "unknown device kinds count as other\n{text}"
+    );
     assert!(m.get("livegate_connections_open", &[("device", "phone")]).is_some(), "{text}");
     assert_eq!(m.sum("livegate_connections_open"), 0.0);
     // Every histogram has its full set of buckets even with samples.
-    for name in ["livegate_delivery_latency_seconds", "livegate_batch_events", "livegate_store_flush_latency_seconds"] {
-        let buckets = m.families[name].samples.iter().filter(|s| s.name.ends_with("_bucket")).count();
+    for name in [
+        "livegate_delivery_latency_seconds",
+        "livegate_batch_events",
+        "livegate_store_flush_latency_seconds",
+    ] {
+        let buckets =
+            m.families[name].samples.iter().filter(|s| s.name.ends_with("_bucket")).count();
         assert!(buckets >= 2, "{name} has {buckets} buckets");
         assert!(m.one(&format!("{name}_count")) > 0.0, "{name} has samples");
     }
@@ -929,12 +1159,22 @@ async fn full_run_output(format: &str) -> (String, Vec<String>) {
     let root = tempfile::tempdir().expect("tempdir");
     let data = root.path().join("data");
     let log = root.path().join("serve.log");
-    let flags = ["--log-format", format, "--drain-wait-secs", "0", "--drain-spread-secs", "0", "--drain-grace-secs", "3"];
+    let flags = [
+        "--log-format",
+        format,
+        "--drain-wait-secs",
+        "0",
+        "--drain-spread-secs",
+        "0",
+        "--drain-grace-secs",
+        "3",
+    ];
     let mut serve = ServeProcess::start_with_env(&data, &log, &flags, &[("RUST_LOG", "debug")]);
     let http = serve.http();
     let mut tokens = Vec::new();
     let mut mint = |user: &str, device: &str, ttl: u64| {
-        let (status, body) = http.mint_token_raw(json!({"user": user, "device": device, "ttl_secs": ttl}));
+        let (status, body) =
+            http.mint_token_raw(json!({"user": user, "device": device, "ttl_secs": ttl}));
         assert_eq!(status, 201, "{body}");
         let token = body["token"].as_str().expect("token").to_string();
         tokens.push(token.clone());
@@ -986,19 +1226,41 @@ async fn full_run_output(format: &str) -> (String, Vec<String>) {
     let last = tampered.pop().expect("non-empty token");
     tampered.push(if last == 'A' { 'B' } else { 'A' });
     tokens.push(tampered.clone());
-    assert_eq!(error_code(&rejected(WsClient::try_connect(serve.addr, Some(&tampered), None).await).body), "invalid_token");
-    common::let_time_pass_async(Duration::from_millis(1100).saturating_sub(minted_at.elapsed()), "the 1 s token's expiry").await;
-    assert_eq!(error_code(&rejected(WsClient::try_connect(serve.addr, Some(&short_lived), None).await).body), "token_expired");
-    assert_eq!(error_code(&rejected(WsClient::try_connect(serve.addr, None, Some(&bob_session)).await).body), "missing_token");
+    assert_eq!(
+        error_code(&rejected(WsClient::try_connect(serve.addr, Some(&tampered), None).await).body),
+        "invalid_token"
+    );
+    common::let_time_pass_async(
+        Duration::from_millis(1100).saturating_sub(minted_at.elapsed()),
+        "the 1 s token's expiry",
+    )
+    .await;
+    assert_eq!(
+        error_code(
+            &rejected(WsClient::try_connect(serve.addr, Some(&short_lived), None).await).body
+        ),
+        "token_expired"
+    );
+    assert_eq!(
+        error_code(
+            &rejected(WsClient::try_connect(serve.addr, None, Some(&bob_session)).await).body
+        ),
+        "missing_token"
+    );
 
     // Kick alice everywhere.
     let h = http.clone();
-    let kick = tokio::task::spawn_blocking(move || h.request("DELETE", "/v1/users/alice/connections", Auth::Key, Body::None));
+    let kick = tokio::task::spawn_blocking(move || {
+        h.request("DELETE", "/v1/users/alice/connections", Auth::Key, Body::None)
+    });
     for c in [&mut a1, &mut a2] {
         assert_eq!(c.close_code_within(Duration::from_secs(5)).await, Some(4502));
         let _ = c.read_incoming(Duration::from_secs(2)).await;
     }
-    assert_eq!(tokio::time::timeout(WAIT, kick).await.expect("kick").expect("kick thread").1, json!({"closed": 2}));
+    assert_eq!(
+        tokio::time::timeout(WAIT, kick).await.expect("kick").expect("kick thread").1,
+        json!({"closed": 2})
+    );
 
     // SIGTERM drains bob.
     serve.signal("TERM");
@@ -1016,10 +1278,12 @@ async fn full_run_output(format: &str) -> (String, Vec<String>) {
 /// characters or more, is nowhere in `output`.
 fn assert_no_secret(output: &str, secrets: &[String], what: &str) {
     for secret in secrets {
-        let parts = std::iter::once(secret.as_str()).chain(secret.split('.').filter(|p| p.len() >= 16));
+        let parts =
+            std::iter::once(secret.as_str()).chain(secret.split('.').filter(|p| p.len() >= 16));
         for part in parts {
             if let Some(at) = output.find(part) {
-                let line = output[..at].rsplit('\n').next().unwrap_or("").to_string() + output[at..].lines().next().unwrap_or("");
+                let line = output[..at].rsplit('\n').next().unwrap_or("").to_string()
+                    + output[at..].lines().next().unwrap_or("");
                 panic!("{what} contains a secret ({}…): {line}", &part[..8.min(part.len())]);
             }
         }
@@ -1039,10 +1303,14 @@ async fn debug_logs_of_a_full_run_hold_no_key_and_no_token_pretty() {
     assert_no_secret(&output, &secrets(&tokens), "the pretty debug log");
     // The log is not empty by accident: lifecycle lines at debug, drain lines at info.
     let count = |pred: &dyn Fn(&str) -> bool| output.lines().filter(|l| pred(l)).count();
-    let connected = count(&|l| l.contains("DEBUG") && l.contains("connected") && !l.contains("disconnected"));
+    let connected =
+        count(&|l| l.contains("DEBUG") && l.contains("connected") && !l.contains("disconnected"));
     let disconnected = count(&|l| l.contains("DEBUG") && l.contains("disconnected"));
     let drain = count(&|l| l.contains("INFO") && l.contains("drain"));
-    assert!(connected >= 3 && disconnected >= 3 && drain >= 1, "connected {connected}, disconnected {disconnected}, drain {drain}:\n{output}");
+    assert!(
+        connected >= 3 && disconnected >= 3 && drain >= 1,
+        "connected {connected}, disconnected {disconnected}, drain {drain}:\n{output}"
+    );
 }
 
 #[tokio::test]
@@ -1052,17 +1320,31 @@ async fn debug_logs_of_a_full_run_hold_no_key_and_no_token_json() {
     assert_no_secret(&output, &secrets(&tokens), "the JSON debug log");
     let mut messages: Vec<(String, String)> = Vec::new();
     for line in output.lines().filter(|l| l.starts_with('{')) {
-        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("log line is not JSON ({e}): {line}"));
+        let v: Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("log line is not JSON ({e}): {line}"));
         let level = v["level"].as_str().unwrap_or_else(|| panic!("no level: {line}")).to_string();
-        let message = v["fields"]["message"].as_str().unwrap_or_else(|| panic!("no fields.message: {line}")).to_string();
+        let message = v["fields"]["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no fields.message: {line}"))
+            .to_string();
         messages.push((level, message));
     }
-    let stray: Vec<&str> = output.lines().filter(|l| !l.is_empty() && !l.starts_with('{') && !l.starts_with("livegate ")).collect();
-    assert!(stray.is_empty(), "with --log-format json every log line is a JSON object; others: {stray:?}");
-    let count = |level: &str, msg: &str| messages.iter().filter(|(l, m)| l == level && m == msg).count();
+    let stray: Vec<&str> = output
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('{') && !l.starts_with("livegate "))
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "with --log-format json every log line is a JSON object; others: {stray:?}"
+    );
+    let count =
+        |level: &str, msg: &str| messages.iter().filter(|(l, m)| l == level && m == msg).count();
     assert!(count("DEBUG", "connected") >= 3, "{messages:?}");
     assert!(count("DEBUG", "disconnected") >= 3, "{messages:?}");
-    assert!(messages.iter().any(|(l, m)| l == "INFO" && m.starts_with("drain:")), "drain phases at info: {messages:?}");
+    assert!(
+        messages.iter().any(|(l, m)| l == "INFO" && m.starts_with("drain:")),
+        "drain phases at info: {messages:?}"
+    );
 }
 
 // =======================================================================================
@@ -1079,7 +1361,11 @@ pub(crate) struct Ran {
 /// variables, plus `env`; at most 20 s.
 pub(crate) fn livegate(args: &[&str], env: &[(&str, &str)], cwd: &Path) -> Ran {
     let mut cmd = Command::new(crate::common::livegate_bin());
-    cmd.args(args).current_dir(cwd).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     for (k, _) in std::env::vars() {
         if k.starts_with("LIVEGATE_") || k == "RUST_LOG" {
             cmd.env_remove(k);
@@ -1113,12 +1399,20 @@ pub(crate) fn effective(ran: &Ran, what: &str) -> toml::Table {
     assert_eq!(ran.code, Some(0), "{what}: exit code; stderr: {}", ran.stderr);
     assert!(ran.stderr.is_empty(), "{what}: stderr: {}", ran.stderr);
     assert!(ran.stdout.starts_with("# configuration is valid; "), "{what}: {}", ran.stdout);
-    ran.stdout.parse().unwrap_or_else(|e| panic!("{what}: output is not TOML ({e}):\n{}", ran.stdout))
+    ran.stdout
+        .parse()
+        .unwrap_or_else(|e| panic!("{what}: output is not TOML ({e}):\n{}", ran.stdout))
 }
 
 /// check-config failed as a bad configuration: exit 2, nothing on stdout, one line.
 pub(crate) fn refused(ran: &Ran, what: &str) -> String {
-    assert_eq!(ran.code, Some(2), "{what}: exit code; stdout: {} stderr: {}", ran.stdout, ran.stderr);
+    assert_eq!(
+        ran.code,
+        Some(2),
+        "{what}: exit code; stdout: {} stderr: {}",
+        ran.stdout,
+        ran.stderr
+    );
     assert!(ran.stdout.is_empty(), "{what}: nothing on stdout when invalid: {}", ran.stdout);
     let line = ran.stderr.strip_suffix('\n').unwrap_or(&ran.stderr);
     assert!(!line.contains('\n'), "{what}: one line on stderr, got:\n{}", ran.stderr);
@@ -1135,10 +1429,15 @@ fn check_config_accepts_the_example_and_refuses_bad_files_clearly() {
     // The example is valid and is what check-config prints back, key masked.
     let ran = livegate(&["check-config", "--config", EXAMPLE, "--api-key", API_KEY], &[], cwd);
     let table = effective(&ran, "example with --api-key");
-    assert!(ran.stdout.lines().next().unwrap().contains("api_key is set (masked below)"), "{}", ran.stdout);
+    assert!(
+        ran.stdout.lines().next().unwrap().contains("api_key is set (masked below)"),
+        "{}",
+        ran.stdout
+    );
     assert_eq!(table["api_key"].as_str(), Some("********"), "{}", ran.stdout);
     assert!(!ran.stdout.contains(API_KEY));
-    let example: toml::Table = std::fs::read_to_string(EXAMPLE).expect("read example").parse().expect("example is TOML");
+    let example: toml::Table =
+        std::fs::read_to_string(EXAMPLE).expect("read example").parse().expect("example is TOML");
     for (key, value) in &example {
         assert_eq!(table.get(key), Some(value), "{key} as printed vs the example file");
     }
@@ -1178,23 +1477,46 @@ fn check_config_accepts_the_example_and_refuses_bad_files_clearly() {
     for (what, path, want) in &cases {
         let line = refused(&livegate(&["check-config", "--config", path], &[], cwd), what);
         assert!(line.starts_with(want.as_str()), "{what}:\n got: {line}\nwant: {want}…");
-        assert!(line.len() > want.len() || !want.ends_with(": "), "{what}: no reason after the colon: {line}");
+        assert!(
+            line.len() > want.len() || !want.ends_with(": "),
+            "{what}: no reason after the colon: {line}"
+        );
     }
     // The same bad value from a flag or the environment names the flag or the variable.
     let line = refused(&livegate(&["check-config", "--heartbeat-secs", "0"], &[], cwd), "flag");
-    assert_eq!(line, "livegate: heartbeat_secs must be at least 1, got 0 (set by --heartbeat-secs)");
-    let line = refused(&livegate(&["check-config"], &[("LIVEGATE_HEARTBEAT_SECS", "0")], cwd), "env");
-    assert_eq!(line, "livegate: heartbeat_secs must be at least 1, got 0 (set by LIVEGATE_HEARTBEAT_SECS)");
+    assert_eq!(
+        line,
+        "livegate: heartbeat_secs must be at least 1, got 0 (set by --heartbeat-secs)"
+    );
+    let line =
+        refused(&livegate(&["check-config"], &[("LIVEGATE_HEARTBEAT_SECS", "0")], cwd), "env");
+    assert_eq!(
+        line,
+        "livegate: heartbeat_secs must be at least 1, got 0 (set by LIVEGATE_HEARTBEAT_SECS)"
+    );
 
     // Precedence: file < environment < flag, visible in the printed TOML.
-    let layered = write("layered.toml", "batch_window_ms = 5\nhistory_size = 10\nheartbeat_secs = 20\n");
+    let layered =
+        write("layered.toml", "batch_window_ms = 5\nhistory_size = 10\nheartbeat_secs = 20\n");
     let env = [("LIVEGATE_BATCH_WINDOW_MS", "7"), ("LIVEGATE_HISTORY_SIZE", "11")];
-    let table = effective(&livegate(&["check-config", "--config", &layered, "--history-size", "12"], &env, cwd), "layers");
-    let got: Vec<Option<i64>> =
-        ["batch_window_ms", "history_size", "heartbeat_secs"].iter().map(|k| table[*k].as_integer()).collect();
-    assert_eq!(got, vec![Some(7), Some(12), Some(20)], "batch_window_ms env over file, history_size flag over env, heartbeat_secs from the file");
+    let table = effective(
+        &livegate(&["check-config", "--config", &layered, "--history-size", "12"], &env, cwd),
+        "layers",
+    );
+    let got: Vec<Option<i64>> = ["batch_window_ms", "history_size", "heartbeat_secs"]
+        .iter()
+        .map(|k| table[*k].as_integer())
+        .collect();
+    assert_eq!(
+        got,
+        vec![Some(7), Some(12), Some(20)],
+        "batch_window_ms env over file, history_size flag over env, heartbeat_secs from the file"
+    );
     // LIVEGATE_CONFIG names the file as --config does.
-    let table = effective(&livegate(&["check-config"], &[("LIVEGATE_CONFIG", &layered)], cwd), "LIVEGATE_CONFIG");
+    let table = effective(
+        &livegate(&["check-config"], &[("LIVEGATE_CONFIG", &layered)], cwd),
+        "LIVEGATE_CONFIG",
+    );
     assert_eq!(table["batch_window_ms"].as_integer(), Some(5));
 }
 
@@ -1206,9 +1528,15 @@ fn check_config_names_the_line_of_a_toml_syntax_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("broken.toml");
     std::fs::write(&path, "batch_window_ms = 100\nheartbeat_secs = 30\nlisten = \"127.0.0.1:7070\nhistory_size = 10\n").unwrap();
-    let line = refused(&livegate(&["check-config", "--config", &path.display().to_string()], &[], dir.path()), "broken");
+    let line = refused(
+        &livegate(&["check-config", "--config", &path.display().to_string()], &[], dir.path()),
+        "broken",
+    );
     assert!(line.contains(&format!("config file {} is not valid TOML", path.display())), "{line}");
-    assert!(line.contains("line 3"), "the error should name line 3, where the string is left open: {line}");
+    assert!(
+        line.contains("line 3"),
+        "the error should name line 3, where the string is left open: {line}"
+    );
 }
 
 #[test]
@@ -1225,10 +1553,19 @@ fn check_config_never_prints_the_api_key() {
         ("flag", livegate(&["check-config", "--api-key", API_KEY], &[], cwd)),
         ("env", livegate(&["check-config"], &[("LIVEGATE_API_KEY", API_KEY)], cwd)),
         ("file", livegate(&["check-config", "--config", &in_file], &[], cwd)),
-        ("flag over file", livegate(&["check-config", "--config", &in_file, "--api-key", API_KEY], &[], cwd)),
+        (
+            "flag over file",
+            livegate(&["check-config", "--config", &in_file, "--api-key", API_KEY], &[], cwd),
+        ),
         // Invalid configurations with a key set: the error line must not carry it either.
-        ("invalid + key", livegate(&["check-config", "--api-key", API_KEY, "--heartbeat-secs", "0"], &[], cwd)),
-        ("bad file + key", livegate(&["check-config", "--config", &in_file, "--history-size", "x"], &[], cwd)),
+        (
+            "invalid + key",
+            livegate(&["check-config", "--api-key", API_KEY, "--heartbeat-secs", "0"], &[], cwd),
+        ),
+        (
+            "bad file + key",
+            livegate(&["check-config", "--config", &in_file, "--history-size", "x"], &[], cwd),
+        ),
         // A key that is too short is refused without echoing it.
         ("short key", livegate(&["check-config", "--api-key", "sh0rt-k3y"], &[], cwd)),
     ];
@@ -1281,10 +1618,17 @@ async fn status_command_reports_what_is_connected() {
     let ran = livegate(&["status", "--url", &url, "--api-key", API_KEY], &[], cwd.path());
     assert_eq!(ran.code, Some(0), "stderr: {}", ran.stderr);
     assert_eq!(ran.stdout.lines().count(), 1, "one JSON line: {}", ran.stdout);
-    let s: Value = serde_json::from_str(ran.stdout.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {}", ran.stdout));
+    let s: Value = serde_json::from_str(ran.stdout.trim())
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", ran.stdout));
     assert_eq!(
         (&s["node"], &s["version"], &s["phase"], &s["warmup"], &s["connections"]),
-        (&json!(NODE), &json!(env!("CARGO_PKG_VERSION")), &json!("ready"), &json!(false), &json!(2)),
+        (
+            &json!(NODE),
+            &json!(env!("CARGO_PKG_VERSION")),
+            &json!("ready"),
+            &json!(false),
+            &json!(2)
+        ),
         "{s}"
     );
     let m = scrape(&http, DEVICES);
@@ -1296,15 +1640,28 @@ async fn status_command_reports_what_is_connected() {
     assert_eq!(s["rooms_parked"], 2, "the two users' inboxes: {s}");
     assert_eq!(s["rooms_parked"].as_f64(), Some(m.one("livegate_rooms_parked")), "{s}");
     assert!(s["store_bytes"].as_u64().is_some_and(|b| b > 0), "{s}");
-    assert_eq!((&s["sessions_live"], &s["sessions_cached"], &s["sessions_stored"]), (&json!(2), &json!(0), &json!(2)), "{s}");
+    assert_eq!(
+        (&s["sessions_live"], &s["sessions_cached"], &s["sessions_stored"]),
+        (&json!(2), &json!(0), &json!(2)),
+        "{s}"
+    );
     assert_eq!(s["sessions_stored"].as_f64(), Some(m.one("livegate_sessions_stored")), "{s}");
     assert!(s["uptime_secs"].as_u64().is_some_and(|u| u < 120), "{s}");
     let keys: BTreeSet<&str> = s.as_object().expect("object").keys().map(String::as_str).collect();
-    let want: BTreeSet<&str> =
-        ["node", "version", "uptime_secs", "phase", "warmup", "connections", "subscriptions", "rooms_live", "rooms_parked"]
-            .into_iter()
-            .chain(["sessions_live", "sessions_cached", "sessions_stored", "store_bytes"])
-            .collect();
+    let want: BTreeSet<&str> = [
+        "node",
+        "version",
+        "uptime_secs",
+        "phase",
+        "warmup",
+        "connections",
+        "subscriptions",
+        "rooms_live",
+        "rooms_parked",
+    ]
+    .into_iter()
+    .chain(["sessions_live", "sessions_cached", "sessions_stored", "store_bytes"])
+    .collect();
     assert_eq!(keys, want);
 
     // The key may come from the environment as well.
@@ -1321,12 +1678,21 @@ async fn status_command_reports_what_is_connected() {
     // Without the key, or with a wrong one: 401; the CLI says so without echoing the key.
     let (code, body) = http.request("GET", "/v1/admin/status", Auth::None, Body::None);
     assert_eq!((code, error_code(&body)), (401, "unauthorized"), "{body}");
-    let (code, body) = http.request("GET", "/v1/admin/status", Auth::Header(&format!("Bearer {WRONG_KEY}")), Body::None);
+    let (code, body) = http.request(
+        "GET",
+        "/v1/admin/status",
+        Auth::Header(&format!("Bearer {WRONG_KEY}")),
+        Body::None,
+    );
     assert_eq!((code, error_code(&body)), (401, "unauthorized"), "{body}");
     let ran = livegate(&["status", "--url", &url, "--api-key", WRONG_KEY], &[], cwd.path());
     assert_eq!(ran.code, Some(1), "stdout {} stderr {}", ran.stdout, ran.stderr);
     assert!(ran.stdout.is_empty());
-    assert!(ran.stderr.starts_with("livegate: GET /v1/admin/status: server answered 401"), "{}", ran.stderr);
+    assert!(
+        ran.stderr.starts_with("livegate: GET /v1/admin/status: server answered 401"),
+        "{}",
+        ran.stderr
+    );
     assert!(!ran.stderr.contains(WRONG_KEY) && !ran.stderr.contains(API_KEY), "{}", ran.stderr);
     drop(b);
 }
@@ -1341,20 +1707,34 @@ async fn the_process_cpu_memory_and_open_files_are_metrics() {
     let root = tempfile::tempdir().expect("tempdir");
     let serve = ServeProcess::start(&root.path().join("data"), &root.path().join("serve.log"), &[]);
     let http = Http::new(serve.addr);
-    let value = |name: &str| http.metric(name).unwrap_or_else(|| panic!("{name} is not on /metrics"));
-    let (cpu, rss) = (value("livegate_process_cpu_seconds"), value("livegate_process_resident_memory_bytes"));
-    let (idle, limit) = (value("livegate_process_open_files"), value("livegate_process_max_open_files"));
-    assert!(cpu > 0.0 && rss > 1e6 && idle > 0.0 && limit >= 1024.0, "cpu {cpu} s, rss {rss} B, open {idle} of {limit}");
+    let value =
+        |name: &str| http.metric(name).unwrap_or_else(|| panic!("{name} is not on /metrics"));
+    let (cpu, rss) =
+        (value("livegate_process_cpu_seconds"), value("livegate_process_resident_memory_bytes"));
+    let (idle, limit) =
+        (value("livegate_process_open_files"), value("livegate_process_max_open_files"));
+    assert!(
+        cpu > 0.0 && rss > 1e6 && idle > 0.0 && limit >= 1024.0,
+        "cpu {cpu} s, rss {rss} B, open {idle} of {limit}"
+    );
     let mut clients = Vec::new();
     for i in 0..50 {
-        clients.push(WsClient::connect(serve.addr, &http.mint_token(&format!("fd{i}"), "web"), None).await);
+        clients.push(
+            WsClient::connect(serve.addr, &http.mint_token(&format!("fd{i}"), "web"), None).await,
+        );
     }
     let busy = value("livegate_process_open_files");
     // Other descriptors come and go beside the sockets (an earlier request's socket not yet
     // closed, sled's files), so the count follows the 50 connections within a few.
     assert!(busy >= idle + 45.0, "50 connections open: open files {idle} → {busy}");
     drop(clients);
-    let back = wait_until(Duration::from_secs(10), || http.metric("livegate_process_open_files").is_some_and(|n| n < busy - 40.0));
-    assert!(back, "50 connections closed: open files still {:?} (were {busy})", http.metric("livegate_process_open_files"));
+    let back = wait_until(Duration::from_secs(10), || {
+        http.metric("livegate_process_open_files").is_some_and(|n| n < busy - 40.0)
+    });
+    assert!(
+        back,
+        "50 connections closed: open files still {:?} (were {busy})",
+        http.metric("livegate_process_open_files")
+    );
     assert!(value("livegate_process_cpu_seconds") >= cpu, "CPU time never goes back");
 }

@@ -21,7 +21,8 @@ const METHODS: [&str; 8] = ["get", "put", "post", "delete", "patch", "head", "op
 fn validator() -> PathBuf {
     let hint = "set it up with .ci/test (tests/openapi/setup builds the venv tests/openapi/.venv and \
                 .ci/test exports LIVEGATE_OPENAPI_VALIDATOR=tests/openapi/.venv/bin/openapi-spec-validator)";
-    let Some(value) = std::env::var_os("LIVEGATE_OPENAPI_VALIDATOR").filter(|v| !v.is_empty()) else {
+    let Some(value) = std::env::var_os("LIVEGATE_OPENAPI_VALIDATOR").filter(|v| !v.is_empty())
+    else {
         panic!("LIVEGATE_OPENAPI_VALIDATOR is not set: {hint}");
     };
     let path = PathBuf::from(value);
@@ -38,7 +39,13 @@ fn venv_python() -> PathBuf {
 }
 
 /// `method path` on the server without credentials: status, Content-Type and body text.
-fn call(server: &TestServer, method: &str, path: &str, auth: bool, body: Option<&Value>) -> (u16, String, String) {
+fn call(
+    server: &TestServer,
+    method: &str,
+    path: &str,
+    auth: bool,
+    body: Option<&Value>,
+) -> (u16, String, String) {
     let mut request = ureq::request(method, &format!("http://{}{}", server.addr, path));
     if auth {
         request = request.set("Authorization", &format!("Bearer {API_KEY}"));
@@ -54,14 +61,25 @@ fn call(server: &TestServer, method: &str, path: &str, auth: bool, body: Option<
     };
     let status = response.status();
     let content_type = response.header("content-type").unwrap_or("").to_string();
-    (status, content_type, response.into_string().unwrap_or_else(|e| panic!("{method} {path}: body: {e}")))
+    (
+        status,
+        content_type,
+        response.into_string().unwrap_or_else(|e| panic!("{method} {path}: body: {e}")),
+    )
 }
 
 fn served_document(server: &TestServer) -> Value {
     let (status, content_type, text) = call(server, "GET", "/openapi.json", false, None);
     assert_eq!(status, 200, "GET /openapi.json: {text}");
-    assert!(content_type.starts_with("application/json"), "GET /openapi.json has Content-Type {content_type:?}");
-    assert_eq!(text, include_str!("../../src/web/openapi.json"), "the server serves src/web/openapi.json as it is");
+    assert!(
+        content_type.starts_with("application/json"),
+        "GET /openapi.json has Content-Type {content_type:?}"
+    );
+    assert_eq!(
+        text,
+        include_str!("../../src/web/openapi.json"),
+        "the server serves src/web/openapi.json as it is"
+    );
     serde_json::from_str(&text).expect("/openapi.json is JSON")
 }
 
@@ -74,7 +92,11 @@ fn validate(doc: &Value, dir: &Path, name: &str) -> (bool, String) {
         .arg(&file)
         .output()
         .expect("run openapi-spec-validator");
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
     (output.status.success(), text)
 }
 
@@ -99,7 +121,9 @@ fn registered_routes() -> BTreeSet<(String, String)> {
 /// The error codes `ErrorCode::as_str` names, read from its source.
 fn error_codes_in_source() -> BTreeSet<String> {
     let source = include_str!("../../src/protocol/codes.rs");
-    let start = source.find("pub fn as_str(self) -> &'static str").expect("ErrorCode::as_str in src/protocol/codes.rs");
+    let start = source
+        .find("pub fn as_str(self) -> &'static str")
+        .expect("ErrorCode::as_str in src/protocol/codes.rs");
     let body = &source[start..start + source[start..].find("\n    }\n").expect("end of as_str")];
     body.lines()
         .filter_map(|line| line.trim().strip_prefix("ErrorCode::"))
@@ -113,7 +137,11 @@ fn the_served_document_passes_the_openapi_validator() {
     let server = TestServer::start(|_| {});
     let doc = served_document(&server);
     assert_eq!(doc["openapi"], "3.1.0");
-    assert_eq!(doc["info"]["version"], env!("CARGO_PKG_VERSION"), "info.version follows Cargo.toml's version");
+    assert_eq!(
+        doc["info"]["version"],
+        env!("CARGO_PKG_VERSION"),
+        "info.version follows Cargo.toml's version"
+    );
     let dir = tempfile::tempdir().unwrap();
     let (ok, output) = validate(&doc, dir.path(), "openapi.json");
     assert!(ok, "openapi-spec-validator refused /openapi.json:\n{output}");
@@ -121,12 +149,18 @@ fn the_served_document_passes_the_openapi_validator() {
     // The validator can fail: a response without its required description and a path
     // parameter that is not declared are both refused.
     let mut broken = doc.clone();
-    broken["paths"]["/v1/tokens"]["post"]["responses"]["201"].as_object_mut().unwrap().remove("description");
+    broken["paths"]["/v1/tokens"]["post"]["responses"]["201"]
+        .as_object_mut()
+        .unwrap()
+        .remove("description");
     let (ok, output) = validate(&broken, dir.path(), "broken-response.json");
     assert!(!ok, "the validator accepted a response without a description:\n{output}");
     let mut broken = doc.clone();
     let item = broken["paths"]["/v1/rooms/{room}/state"].take();
-    broken["paths"].as_object_mut().unwrap().insert("/v1/rooms/{room}/state/{undeclared}".into(), item);
+    broken["paths"]
+        .as_object_mut()
+        .unwrap()
+        .insert("/v1/rooms/{room}/state/{undeclared}".into(), item);
     let (ok, output) = validate(&broken, dir.path(), "broken-parameter.json");
     assert!(!ok, "the validator accepted an undeclared path parameter:\n{output}");
 }
@@ -146,7 +180,10 @@ fn every_registered_route_is_documented_and_every_documented_one_registered() {
         "registered but not in /openapi.json: {undocumented:?}\nin /openapi.json but not registered: {unregistered:?}"
     );
     for path in ["/v1/admin/overview", "/admin", "/openapi.json", "/livegate.d.ts"] {
-        assert!(documented.contains(&("GET".to_string(), path.to_string())), "GET {path} is documented");
+        assert!(
+            documented.contains(&("GET".to_string(), path.to_string())),
+            "GET {path} is documented"
+        );
     }
 
     // Every path parameter of a template is declared, in the path item or the operation.
@@ -161,8 +198,11 @@ fn every_registered_route_is_documented_and_every_documented_one_registered() {
             .filter(|p| p["in"] == "path")
             .map(|p| p["name"].as_str().unwrap().to_string())
             .collect();
-        let in_template: BTreeSet<String> =
-            path.split('{').skip(1).map(|rest| rest.split('}').next().unwrap().to_string()).collect();
+        let in_template: BTreeSet<String> = path
+            .split('{')
+            .skip(1)
+            .map(|rest| rest.split('}').next().unwrap().to_string())
+            .collect();
         assert_eq!(declared, in_template, "{method} {path}: path parameters");
     }
 
@@ -187,12 +227,24 @@ fn every_registered_route_is_documented_and_every_documented_one_registered() {
     let mut types = BTreeSet::new();
     for (name, item) in webhooks {
         let post = &item["post"];
-        let headers: Vec<&str> = post["parameters"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
-        assert!(headers.contains(&"X-Livegate-Signature") && headers.contains(&"X-Livegate-Id"), "{name}: headers {headers:?}");
-        let schema = resolve_ref(&doc, &post["requestBody"]["content"]["application/json"]["schema"]);
+        let headers: Vec<&str> = post["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
+        assert!(
+            headers.contains(&"X-Livegate-Signature") && headers.contains(&"X-Livegate-Id"),
+            "{name}: headers {headers:?}"
+        );
+        let schema =
+            resolve_ref(&doc, &post["requestBody"]["content"]["application/json"]["schema"]);
         types.insert(schema["properties"]["type"]["const"].as_str().unwrap().to_string());
     }
-    assert_eq!(types, BTreeSet::from(["room_occupied".into(), "room_vacated".into(), "client_published".into()]));
+    assert_eq!(
+        types,
+        BTreeSet::from(["room_occupied".into(), "room_vacated".into(), "client_published".into()])
+    );
 }
 
 /// Collects every `$ref` under `node` that does not resolve in `doc`.
@@ -214,7 +266,9 @@ fn check_refs(doc: &Value, node: &Value, dangling: &mut Vec<String>) {
 /// A local `$ref` followed to its target.
 fn resolve_ref<'a>(doc: &'a Value, node: &'a Value) -> &'a Value {
     match node["$ref"].as_str() {
-        Some(reference) => doc.pointer(reference.trim_start_matches('#')).unwrap_or_else(|| panic!("dangling $ref {reference}")),
+        Some(reference) => doc
+            .pointer(reference.trim_start_matches('#'))
+            .unwrap_or_else(|| panic!("dangling $ref {reference}")),
         None => node,
     }
 }
@@ -227,7 +281,9 @@ fn concrete(path: &str) -> String {
 /// The answer of the router's default service (`not_found` in src/http/operations.rs).
 fn is_no_route(status: u16, body: &str, method: &str, path: &str) -> bool {
     let no_route = format!("no route for {method} {path}");
-    status == 404 && serde_json::from_str::<Value>(body).is_ok_and(|b| b["error"]["message"] == no_route.as_str())
+    status == 404
+        && serde_json::from_str::<Value>(body)
+            .is_ok_and(|b| b["error"]["message"] == no_route.as_str())
 }
 
 #[test]
@@ -236,9 +292,14 @@ fn every_route_in_the_table_reaches_a_handler() {
     let server = TestServer::start(|_| {});
     // The check can tell: a path nobody registered, and a registered path with a method it
     // does not have, get the router's own 404.
-    for (method, path) in [("GET", "/v1/nothing-here"), ("GET", "/v1/tokens"), ("PATCH", "/v1/rooms/lobby/events")] {
+    for (method, path) in
+        [("GET", "/v1/nothing-here"), ("GET", "/v1/tokens"), ("PATCH", "/v1/rooms/lobby/events")]
+    {
         let (status, _, body) = call(&server, method, path, false, None);
-        assert!(is_no_route(status, &body, method, path), "{method} {path} should be the router's 404: {status} {body}");
+        assert!(
+            is_no_route(status, &body, method, path),
+            "{method} {path} should be the router's 404: {status} {body}"
+        );
     }
     let mut missing = Vec::new();
     for (method, template) in livegate::http::ROUTES {
@@ -252,19 +313,37 @@ fn every_route_in_the_table_reaches_a_handler() {
 }
 
 /// One real answer, as check_answers.py reads it.
-pub(crate) fn answer(method: &str, template: &str, (status, content_type, text): (u16, String, String)) -> Value {
+pub(crate) fn answer(
+    method: &str,
+    template: &str,
+    (status, content_type, text): (u16, String, String),
+) -> Value {
     let body = serde_json::from_str::<Value>(&text).ok();
     json!({"method": method, "path": template, "status": status, "content_type": content_type, "body": body})
 }
 
-pub(crate) fn check_answers(doc: &Value, answers: &[Value], dir: &Path, name: &str) -> (bool, String) {
+pub(crate) fn check_answers(
+    doc: &Value,
+    answers: &[Value],
+    dir: &Path,
+    name: &str,
+) -> (bool, String) {
     let doc_file = dir.join(format!("{name}-openapi.json"));
     let answers_file = dir.join(format!("{name}-answers.json"));
     std::fs::write(&doc_file, serde_json::to_vec(doc).unwrap()).unwrap();
     std::fs::write(&answers_file, serde_json::to_vec_pretty(answers).unwrap()).unwrap();
     let script = Path::new(crate::common::REPO).join("tests/openapi/check_answers.py");
-    let output = Command::new(venv_python()).arg(script).arg(&doc_file).arg(&answers_file).output().expect("run check_answers.py");
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let output = Command::new(venv_python())
+        .arg(script)
+        .arg(&doc_file)
+        .arg(&answers_file)
+        .output()
+        .expect("run check_answers.py");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
     (output.status.success(), text)
 }
 
@@ -282,7 +361,8 @@ async fn real_answers_match_the_documented_responses() {
     };
 
     // The documented error body, spot-checked here too: a 401 has error.code and message.
-    let (status, content_type, text) = add("POST", "/v1/tokens", "/v1/tokens", false, Some(json!({"user": "u1"})));
+    let (status, content_type, text) =
+        add("POST", "/v1/tokens", "/v1/tokens", false, Some(json!({"user": "u1"})));
     assert_eq!(status, 401);
     assert!(content_type.starts_with("application/json"), "{content_type}");
     let body: Value = serde_json::from_str(&text).unwrap();
@@ -297,8 +377,20 @@ async fn real_answers_match_the_documented_responses() {
     add("POST", "/v1/tokens", "/v1/tokens", true, Some(json!({"user": "u1", "nope": 1})));
     add("POST", "/v1/tokens", "/v1/tokens", true, Some(json!({"user": "u1", "ttl_secs": 0})));
     let events = "/v1/rooms/{room}/events";
-    add("POST", events, "/v1/rooms/lobby/events", true, Some(json!({"id": "e-1", "data": {"a": 1}, "state": {"n": 1}})));
-    add("POST", events, "/v1/rooms/lobby/events", true, Some(json!({"id": "e-1", "data": {"a": 1}})));
+    add(
+        "POST",
+        events,
+        "/v1/rooms/lobby/events",
+        true,
+        Some(json!({"id": "e-1", "data": {"a": 1}, "state": {"n": 1}})),
+    );
+    add(
+        "POST",
+        events,
+        "/v1/rooms/lobby/events",
+        true,
+        Some(json!({"id": "e-1", "data": {"a": 1}})),
+    );
     add("POST", events, "/v1/rooms/lobby/events", true, Some(json!({"data": null})));
     add("POST", events, "/v1/rooms/bad%20room/events", true, Some(json!({"data": 1})));
     add("POST", events, "/v1/rooms/lobby/events", true, Some(json!({"data": "x".repeat(70_000)})));
@@ -320,8 +412,20 @@ async fn real_answers_match_the_documented_responses() {
     add("GET", "/v1/admin/overview", "/v1/admin/overview", true, None);
     add("GET", "/v1/admin/overview", "/v1/admin/overview", false, None);
     let messages = "/v1/users/{user}/messages";
-    add("POST", messages, "/v1/users/u1/messages", true, Some(json!({"id": "m-1", "data": {"t": "hi"}, "devices": ["phone"]})));
-    add("POST", messages, "/v1/users/u1/messages", true, Some(json!({"id": "m-1", "data": {"t": "hi"}})));
+    add(
+        "POST",
+        messages,
+        "/v1/users/u1/messages",
+        true,
+        Some(json!({"id": "m-1", "data": {"t": "hi"}, "devices": ["phone"]})),
+    );
+    add(
+        "POST",
+        messages,
+        "/v1/users/u1/messages",
+        true,
+        Some(json!({"id": "m-1", "data": {"t": "hi"}})),
+    );
     let kick = "/v1/users/{user}/connections";
     add("DELETE", kick, "/v1/users/u2/connections?device=web", true, None);
     add("DELETE", kick, "/v1/users/u2/connections", false, None);
@@ -337,7 +441,9 @@ async fn real_answers_match_the_documented_responses() {
             .set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==");
         let response = match request.call() {
             Err(ureq::Error::Status(_, response)) => response,
-            other => panic!("a refused WebSocket handshake answers with an error status: {other:?}"),
+            other => {
+                panic!("a refused WebSocket handshake answers with an error status: {other:?}")
+            }
         };
         let content_type = response.header("content-type").unwrap_or("").to_string();
         (response.status(), content_type, response.into_string().unwrap())
@@ -381,16 +487,36 @@ async fn real_answers_match_the_documented_responses() {
 
     // An SSE stream that opens: its first bytes, with the documented media type.
     let token = server.mint_token("u3", "web");
-    let response = ureq::get(&format!("http://{}/v1/sse?token={token}&rooms=lobby", server.addr)).call().expect("open SSE");
+    let response = ureq::get(&format!("http://{}/v1/sse?token={token}&rooms=lobby", server.addr))
+        .call()
+        .expect("open SSE");
     let content_type = response.header("content-type").unwrap_or("").to_string();
     answers.push(json!({"method": "GET", "path": "/v1/sse", "status": response.status(), "content_type": content_type, "body": null}));
     drop(response);
 
     // The token, publish and history answers above were real successes (not all errors).
-    let statuses: BTreeSet<(String, u64)> =
-        answers.iter().map(|a| (a["path"].as_str().unwrap().to_string(), a["status"].as_u64().unwrap())).collect();
-    for expected in [("/v1/tokens", 201), (events, 201), (events, 200), (state, 200), (presence, 200), (messages, 201), (kick, 200), ("/v1/admin/overview", 200), ("/admin", 200), ("/v1/admin/rebalance", 409), ("/v1/admin/rebalance", 400), ("/v1/admin/cells", 409)] {
-        assert!(statuses.contains(&(expected.0.to_string(), expected.1)), "no {expected:?} among the answers: {statuses:?}");
+    let statuses: BTreeSet<(String, u64)> = answers
+        .iter()
+        .map(|a| (a["path"].as_str().unwrap().to_string(), a["status"].as_u64().unwrap()))
+        .collect();
+    for expected in [
+        ("/v1/tokens", 201),
+        (events, 201),
+        (events, 200),
+        (state, 200),
+        (presence, 200),
+        (messages, 201),
+        (kick, 200),
+        ("/v1/admin/overview", 200),
+        ("/admin", 200),
+        ("/v1/admin/rebalance", 409),
+        ("/v1/admin/rebalance", 400),
+        ("/v1/admin/cells", 409),
+    ] {
+        assert!(
+            statuses.contains(&(expected.0.to_string(), expected.1)),
+            "no {expected:?} among the answers: {statuses:?}"
+        );
     }
 
     let dir = tempfile::tempdir().unwrap();
@@ -403,14 +529,17 @@ async fn real_answers_match_the_documented_responses() {
 
     // The check can fail: a field the document does not name, a status it does not list,
     // and a wrong type are each reported.
-    let token_reply = answers.iter().find(|a| a["path"] == "/v1/tokens" && a["status"] == 201).unwrap().clone();
+    let token_reply =
+        answers.iter().find(|a| a["path"] == "/v1/tokens" && a["status"] == 201).unwrap().clone();
     let mut extra_field = token_reply.clone();
     extra_field["body"]["surprise"] = json!(1);
     let mut undocumented_status = token_reply.clone();
     undocumented_status["status"] = json!(418);
     let mut wrong_type = token_reply;
     wrong_type["body"]["expires_at_ms"] = json!("soon");
-    for (name, bad) in [("extra-field", extra_field), ("status", undocumented_status), ("type", wrong_type)] {
+    for (name, bad) in
+        [("extra-field", extra_field), ("status", undocumented_status), ("type", wrong_type)]
+    {
         let (ok, output) = check_answers(&doc, &[bad], dir.path(), name);
         assert!(!ok, "check_answers.py accepted a {name} mismatch:\n{output}");
     }

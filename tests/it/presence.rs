@@ -31,7 +31,9 @@ async fn connect(server: &TestServer, user: &str, device: &str) -> WsClient {
 async fn watch(client: &mut WsClient, room: &str) -> Value {
     let reply = client.request(json!({"op": "subscribe", "room": room, "presence": true})).await;
     assert_eq!(reply["op"], "subscribed", "{reply}");
-    next_presence(client, Duration::from_secs(5)).await.unwrap_or_else(|| panic!("no presence snapshot after subscribing to {room}"))
+    next_presence(client, Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|| panic!("no presence snapshot after subscribing to {room}"))
 }
 
 /// The next presence frame within `within` (other frames are skipped).
@@ -80,9 +82,16 @@ async fn counts_members_once_per_user_and_device_and_follows_who_leaves() {
     let http = server.http();
     let mut ann = connect(&server, "ann", "web").await;
     let first = watch(&mut ann, "lobby:1").await;
-    assert_eq!(first, json!({"op": "presence", "room": "lobby:1", "count": 0, "joined": [], "left": []}), "nothing sent yet");
+    assert_eq!(
+        first,
+        json!({"op": "presence", "room": "lobby:1", "count": 0, "joined": [], "left": []}),
+        "nothing sent yet"
+    );
     let joined = next_presence(&mut ann, WAIT).await.expect("ann's own join");
-    assert_eq!(joined, json!({"op": "presence", "room": "lobby:1", "count": 1, "joined": [member("ann", "web")], "left": []}));
+    assert_eq!(
+        joined,
+        json!({"op": "presence", "room": "lobby:1", "count": 1, "joined": [member("ann", "web")], "left": []})
+    );
 
     // Bob in two tabs (one user and device) and on his phone: two more members.
     let mut bob_tab1 = connect(&server, "bob", "web").await;
@@ -92,7 +101,8 @@ async fn counts_members_once_per_user_and_device_and_follows_who_leaves() {
     let mut bob_phone = connect(&server, "bob", "phone").await;
     bob_phone.subscribe_ok("lobby:1").await;
     let frames = until_count(&mut ann, 3, WAIT).await;
-    let mut joined: Vec<Value> = frames.iter().flat_map(|f| f["joined"].as_array().unwrap().clone()).collect();
+    let mut joined: Vec<Value> =
+        frames.iter().flat_map(|f| f["joined"].as_array().unwrap().clone()).collect();
     joined.sort_by_key(|m| m.to_string());
     assert_eq!(joined, vec![member("bob", "phone"), member("bob", "web")], "{frames:?}");
 
@@ -107,16 +117,27 @@ async fn counts_members_once_per_user_and_device_and_follows_who_leaves() {
 
     // One of bob's tabs goes: bob on the web is still there, nothing changed.
     bob_tab1.close().await;
-    assert_eq!(next_presence(&mut ann, Duration::from_millis(INTERVAL_MS * 3)).await, None, "a tab leaving is no change");
+    assert_eq!(
+        next_presence(&mut ann, Duration::from_millis(INTERVAL_MS * 3)).await,
+        None,
+        "a tab leaving is no change"
+    );
     assert_eq!(get_presence(&http, "lobby:1").1["count"], 3);
     // The other tab unsubscribes: now bob on the web left.
     let reply = bob_tab2.unsubscribe("lobby:1").await;
     assert_eq!(reply["op"], "unsubscribed", "{reply}");
     let left = next_presence(&mut ann, WAIT).await.expect("bob's web leaving");
-    assert_eq!(left, json!({"op": "presence", "room": "lobby:1", "count": 2, "joined": [], "left": [member("bob", "web")]}));
+    assert_eq!(
+        left,
+        json!({"op": "presence", "room": "lobby:1", "count": 2, "joined": [], "left": [member("bob", "web")]})
+    );
     bob_phone.close().await;
     let left = next_presence(&mut ann, WAIT).await.expect("bob's phone leaving");
-    assert_eq!((&left["count"], &left["left"]), (&json!(1), &json!([member("bob", "phone")])), "{left}");
+    assert_eq!(
+        (&left["count"], &left["left"]),
+        (&json!(1), &json!([member("bob", "phone")])),
+        "{left}"
+    );
 
     // A subscriber without presence gets no presence frames; a late watcher gets the
     // room as of its last frame.
@@ -128,7 +149,11 @@ async fn counts_members_once_per_user_and_device_and_follows_who_leaves() {
     let frames = until_count(&mut dee, 3, WAIT).await;
     let last = frames.last().unwrap();
     assert_eq!(last["count"], 3, "{frames:?}");
-    assert_eq!(next_presence(&mut cy, Duration::from_millis(INTERVAL_MS * 2)).await, None, "cy did not ask for presence");
+    assert_eq!(
+        next_presence(&mut cy, Duration::from_millis(INTERVAL_MS * 2)).await,
+        None,
+        "cy did not ask for presence"
+    );
 }
 
 #[tokio::test]
@@ -143,7 +168,8 @@ async fn frames_come_at_most_once_per_interval_and_only_on_change() {
     let started = Instant::now();
     let churn = Duration::from_millis(INTERVAL_MS * 6);
     let addr = server.addr;
-    let tokens: Vec<String> = (0..40).map(|i| server.mint_token(&format!("churn-{i}"), "web")).collect();
+    let tokens: Vec<String> =
+        (0..40).map(|i| server.mint_token(&format!("churn-{i}"), "web")).collect();
     let churner = tokio::spawn(async move {
         let mut open: Vec<WsClient> = Vec::new();
         for (i, token) in tokens.into_iter().enumerate() {
@@ -156,7 +182,8 @@ async fn frames_come_at_most_once_per_interval_and_only_on_change() {
             if i % 3 == 2 {
                 open.remove(0).close().await;
             }
-            common::pace_async(Duration::from_millis(30), "a client comes or goes every 30 ms").await;
+            common::pace_async(Duration::from_millis(30), "a client comes or goes every 30 ms")
+                .await;
         }
         open
     });
@@ -171,7 +198,11 @@ async fn frames_come_at_most_once_per_interval_and_only_on_change() {
     // One frame per interval at most (plus the one that may open the period).
     let most = elapsed / INTERVAL_MS + 1;
     assert!(frames.len() >= 2, "churn made frames: {frames:?}");
-    assert!(frames.len() as u64 <= most, "{} frames in {elapsed} ms with a {INTERVAL_MS} ms interval (at most {most})", frames.len());
+    assert!(
+        frames.len() as u64 <= most,
+        "{} frames in {elapsed} ms with a {INTERVAL_MS} ms interval (at most {most})",
+        frames.len()
+    );
     // The frames add up to the room as it is.
     let count = frames.last().unwrap().1["count"].as_u64().unwrap();
     assert_eq!(count, open.len() as u64 + 1, "last frame {:?}", frames.last());
@@ -194,8 +225,14 @@ async fn above_members_max_only_counts_are_sent() {
     let mut cy = connect(&server, "cy", "web").await;
     cy.subscribe_ok("big:1").await;
     let frames = until_count(&mut ann, 3, WAIT).await;
-    assert_eq!(frames.last().unwrap(), &json!({"op": "presence", "room": "big:1", "count": 3, "joined": null, "left": null}));
-    assert_eq!(get_presence(&http, "big:1").1, json!({"room": "big:1", "count": 3, "members": null}));
+    assert_eq!(
+        frames.last().unwrap(),
+        &json!({"op": "presence", "room": "big:1", "count": 3, "joined": null, "left": null})
+    );
+    assert_eq!(
+        get_presence(&http, "big:1").1,
+        json!({"room": "big:1", "count": 3, "members": null})
+    );
     let reply = bob.request(json!({"op": "presence", "room": "big:1"})).await;
     assert_eq!((&reply["count"], &reply["members"]), (&json!(3), &Value::Null), "{reply}");
     // A watcher arriving now gets the count alone.
@@ -208,7 +245,11 @@ async fn above_members_max_only_counts_are_sent() {
     dee.close().await;
     let frames = until_count(&mut ann, 2, WAIT).await;
     let last = frames.last().unwrap();
-    assert_eq!((&last["joined"], &last["left"]), (&json!([member("ann", "web"), member("bob", "web")]), &json!([])), "{frames:?}");
+    assert_eq!(
+        (&last["joined"], &last["left"]),
+        (&json!([member("ann", "web"), member("bob", "web")]), &json!([])),
+        "{frames:?}"
+    );
 }
 
 #[tokio::test]
@@ -217,7 +258,10 @@ async fn the_http_answer_and_the_op_follow_the_rules_of_reading() {
     let server = start(1000);
     let http = server.http();
     // An empty room, no actor: nobody.
-    assert_eq!(get_presence(&http, "empty:1"), (200, json!({"room": "empty:1", "count": 0, "members": []})));
+    assert_eq!(
+        get_presence(&http, "empty:1"),
+        (200, json!({"room": "empty:1", "count": 0, "members": []}))
+    );
     let (status, body) = http.request("GET", "/v1/rooms/empty:1/presence", Auth::None, Body::None);
     assert_eq!((status, error_code(&body)), (401, "unauthorized"), "{body}");
     let (status, body) = get_presence(&http, "bad%20room");
@@ -227,7 +271,11 @@ async fn the_http_answer_and_the_op_follow_the_rules_of_reading() {
     let (status, body) = get_presence(&http, "user:ann");
     assert_eq!((status, error_code(&body)), (404, "presence_off"), "{body}");
     let reply = ann.request(json!({"op": "presence", "room": "user:ann"})).await;
-    assert_eq!((&reply["op"], &reply["code"]), (&json!("error"), &json!("presence_off")), "{reply}");
+    assert_eq!(
+        (&reply["op"], &reply["code"]),
+        (&json!("error"), &json!("presence_off")),
+        "{reply}"
+    );
 
     // The op needs the right to read the room.
     let (status, token) = http.mint_token_raw(json!({"user": "limited", "rooms": ["public:*"]}));
@@ -239,7 +287,11 @@ async fn the_http_answer_and_the_op_follow_the_rules_of_reading() {
     assert_eq!(reply["code"], "forbidden", "another user's inbox: {reply}");
     limited.subscribe_ok("public:1").await;
     let reply = limited.request(json!({"op": "presence", "room": "public:1"})).await;
-    assert_eq!((&reply["op"], &reply["room"], &reply["count"]), (&json!("presence"), &json!("public:1"), &json!(1)), "{reply}");
+    assert_eq!(
+        (&reply["op"], &reply["room"], &reply["count"]),
+        (&json!("presence"), &json!("public:1"), &json!(1)),
+        "{reply}"
+    );
     assert_eq!(reply["members"], json!([member("limited", "web")]));
     let reply = limited.request(json!({"op": "presence"})).await;
     assert_eq!(reply["code"], "bad_request", "{reply}");
@@ -258,7 +310,9 @@ struct SseStream {
 impl SseStream {
     async fn open(addr: SocketAddr, query: &str) -> SseStream {
         let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let request = format!("GET /v1/sse?{query} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n");
+        let request = format!(
+            "GET /v1/sse?{query} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n"
+        );
         stream.write_all(request.as_bytes()).await.expect("write");
         let mut sse = SseStream { stream, raw: Vec::new(), body: String::new() };
         loop {
@@ -286,11 +340,13 @@ impl SseStream {
 
     fn decode(&mut self) {
         while let Some(end) = self.raw.windows(2).position(|w| w == b"\r\n") {
-            let size = usize::from_str_radix(String::from_utf8_lossy(&self.raw[..end]).trim(), 16).expect("chunk size");
+            let size = usize::from_str_radix(String::from_utf8_lossy(&self.raw[..end]).trim(), 16)
+                .expect("chunk size");
             if self.raw.len() < end + 2 + size + 2 {
                 return;
             }
-            self.body.push_str(std::str::from_utf8(&self.raw[end + 2..end + 2 + size]).expect("UTF-8"));
+            self.body
+                .push_str(std::str::from_utf8(&self.raw[end + 2..end + 2 + size]).expect("UTF-8"));
             self.raw.drain(..end + 2 + size + 2);
         }
     }
@@ -303,7 +359,8 @@ impl SseStream {
             while let Some(end) = self.body.find("\n\n") {
                 let message: String = self.body.drain(..end + 2).collect();
                 let named = message.lines().any(|l| l == format!("event: {event}"));
-                let data: Vec<&str> = message.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+                let data: Vec<&str> =
+                    message.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
                 if named {
                     return Some(serde_json::from_str(&data.join("\n")).expect("JSON data"));
                 }
@@ -321,7 +378,8 @@ async fn sse_streams_get_presence_messages_with_presence_1() {
     let _gate = crate::common::gate!();
     let server = start(1000);
     let token = server.mint_token("sse-user", "tv");
-    let mut sse = SseStream::open(server.addr, &format!("token={token}&rooms=show:1&presence=1")).await;
+    let mut sse =
+        SseStream::open(server.addr, &format!("token={token}&rooms=show:1&presence=1")).await;
     let snapshot = sse.next_event("presence", WAIT).await.expect("the snapshot");
     assert_eq!(snapshot["room"], "show:1", "{snapshot}");
     let mut ws = connect(&server, "ws-user", "web").await;
@@ -338,12 +396,20 @@ async fn sse_streams_get_presence_messages_with_presence_1() {
     }
     // The member list holds the SSE stream's user too: it is a subscriber like any other.
     let (_, body) = get_presence(&server.http(), "show:1");
-    assert_eq!(body["members"], json!([member("sse-user", "tv"), member("ws-user", "web")]), "{body}");
+    assert_eq!(
+        body["members"],
+        json!([member("sse-user", "tv"), member("ws-user", "web")]),
+        "{body}"
+    );
     // Without presence=1, none.
     let token = server.mint_token("quiet", "web");
     let mut quiet = SseStream::open(server.addr, &format!("token={token}&rooms=show:1")).await;
     assert_eq!(quiet.next_event("presence", Duration::from_millis(INTERVAL_MS * 3)).await, None);
-    let (status, body) =
-        server.http().request("GET", &format!("/v1/sse?token={}&rooms=show:1&presence=yes", server.mint_token("x", "web")), Auth::None, Body::None);
+    let (status, body) = server.http().request(
+        "GET",
+        &format!("/v1/sse?token={}&rooms=show:1&presence=yes", server.mint_token("x", "web")),
+        Auth::None,
+        Body::None,
+    );
     assert_eq!((status, error_code(&body)), (400, "bad_request"), "{body}");
 }

@@ -40,7 +40,8 @@ async fn acknowledged_events_and_used_tokens_survive_kill_9() {
             })
         })
         .collect();
-    let acked: Vec<(String, Value, Value)> = handles.into_iter().flat_map(|h| h.join().expect("publisher")).collect();
+    let acked: Vec<(String, Value, Value)> =
+        handles.into_iter().flat_map(|h| h.join().expect("publisher")).collect();
     let epoch = acked[0].2["epoch"].clone();
     let before = http.history_ok("durable", Some(0), Some(1000));
     assert_eq!(before["head"], 100);
@@ -56,7 +57,10 @@ async fn acknowledged_events_and_used_tokens_survive_kill_9() {
     let events = after["events"].as_array().expect("events");
     assert_eq!(events.len(), 100, "every acknowledged event survives kill -9");
     for (id, data, reply) in &acked {
-        let e = events.iter().find(|e| e["id"] == id.as_str()).unwrap_or_else(|| panic!("acknowledged {id} lost"));
+        let e = events
+            .iter()
+            .find(|e| e["id"] == id.as_str())
+            .unwrap_or_else(|| panic!("acknowledged {id} lost"));
         assert_eq!(e["seq"], reply["seq"], "{id} keeps its acknowledged seq");
         assert_eq!(&e["data"], data, "{id} keeps its data");
     }
@@ -70,7 +74,9 @@ async fn acknowledged_events_and_used_tokens_survive_kill_9() {
 
     match WsClient::try_connect(serve.addr, Some(&used), None).await {
         Ok(_) => panic!("a token used before kill -9 must stay used"),
-        Err(r) => assert_eq!((r.status, error_code(&r.body)), (401, "token_replayed"), "{}", r.body),
+        Err(r) => {
+            assert_eq!((r.status, error_code(&r.body)), (401, "token_replayed"), "{}", r.body)
+        }
     }
 }
 
@@ -94,7 +100,11 @@ async fn events_acknowledged_before_a_kill_9_mid_stream_survive_with_their_seqs(
                     let id = format!("t{t}-{i}");
                     let body = Body::Json(json!({"id": id, "data": {"t": t, "i": i}}));
                     match http.try_request("POST", "/v1/rooms/stream/events", Auth::Key, body) {
-                        Ok((201, reply)) => acked.push((id, reply["seq"].as_u64().expect("seq"), reply["epoch"].clone())),
+                        Ok((201, reply)) => acked.push((
+                            id,
+                            reply["seq"].as_u64().expect("seq"),
+                            reply["epoch"].clone(),
+                        )),
                         _ => break,
                     }
                 }
@@ -102,9 +112,13 @@ async fn events_acknowledged_before_a_kill_9_mid_stream_survive_with_their_seqs(
             })
         })
         .collect();
-    common::pace(Duration::from_millis(500), "publishers run flat out, so the kill lands among publishes in flight");
+    common::pace(
+        Duration::from_millis(500),
+        "publishers run flat out, so the kill lands among publishes in flight",
+    );
     serve.kill9();
-    let acked: Vec<(String, u64, Value)> = handles.into_iter().flat_map(|h| h.join().expect("publisher")).collect();
+    let acked: Vec<(String, u64, Value)> =
+        handles.into_iter().flat_map(|h| h.join().expect("publisher")).collect();
     assert!(acked.len() >= 10, "publishers got only {} acks before the kill", acked.len());
 
     let serve = ServeProcess::start(&data, &root.path().join("serve-2.log"), &keep_all);
@@ -120,9 +134,16 @@ async fn events_acknowledged_before_a_kill_9_mid_stream_survive_with_their_seqs(
             break (page["epoch"].clone(), head);
         }
     };
-    assert_eq!(seqs(&events), (1..=head).collect::<Vec<_>>(), "history after kill -9 is 1..=head without holes");
+    assert_eq!(
+        seqs(&events),
+        (1..=head).collect::<Vec<_>>(),
+        "history after kill -9 is 1..=head without holes"
+    );
     let max_acked = acked.iter().map(|a| a.1).max().expect("acks");
-    assert!(head >= max_acked, "head {head} after restart is below the highest acknowledged seq {max_acked}");
+    assert!(
+        head >= max_acked,
+        "head {head} after restart is below the highest acknowledged seq {max_acked}"
+    );
     for (id, seq, acked_epoch) in &acked {
         assert_eq!(&epoch, acked_epoch, "epoch of acknowledged {id}");
         let e = &events[(*seq - 1) as usize];
@@ -157,7 +178,10 @@ async fn a_session_connected_at_a_kill_9_expires_a_ttl_after_the_restart_not_bef
     left.close().await;
     let status = wait_stored(&http, 2, Duration::from_secs(5));
     assert_eq!(status["sessions_live"], 1, "{status}");
-    common::let_time_pass(Duration::from_millis(2500), "u2's 4 s session TTL runs 2.5 s before the kill");
+    common::let_time_pass(
+        Duration::from_millis(2500),
+        "u2's 4 s session TTL runs 2.5 s before the kill",
+    );
     serve.kill9();
     drop(connected);
 
@@ -168,8 +192,16 @@ async fn a_session_connected_at_a_kill_9_expires_a_ttl_after_the_restart_not_bef
     // the process died: its TTL counts from the restart.
     wait_stored(&http, 1, Duration::from_secs(8));
     let back = WsClient::connect(serve.addr, &http.mint_token("u1", "web"), Some(&s1)).await;
-    assert!(restarted.elapsed() < Duration::from_millis(3500), "the reconnect must come within the TTL; test machine too slow");
-    assert_eq!(back.session(), s1, "connected at the kill, so kept for a TTL after the restart: {}", back.welcome);
+    assert!(
+        restarted.elapsed() < Duration::from_millis(3500),
+        "the reconnect must come within the TTL; test machine too slow"
+    );
+    assert_eq!(
+        back.session(),
+        s1,
+        "connected at the kill, so kept for a TTL after the restart: {}",
+        back.welcome
+    );
     let late = WsClient::connect(serve.addr, &http.mint_token("u2", "web"), Some(&s2)).await;
     assert_ne!(late.session(), s2, "expired: {}", late.welcome);
     back.close().await;
@@ -183,7 +215,8 @@ async fn a_session_connected_at_a_kill_9_expires_a_ttl_after_the_restart_not_bef
 /// one admitted resumes its session, the killed run's sessions count as closed (stored,
 /// not live), and the other one resumes too.
 #[tokio::test]
-async fn a_restart_after_kill_9_admits_no_handshake_before_ready_and_counts_the_killed_runs_sessions_closed() {
+async fn a_restart_after_kill_9_admits_no_handshake_before_ready_and_counts_the_killed_runs_sessions_closed(
+) {
     let _gate = crate::common::gate!();
     let root = tempfile::tempdir().expect("tempdir");
     let data = root.path().join("data");
@@ -199,8 +232,16 @@ async fn a_restart_after_kill_9_admits_no_handshake_before_ready_and_counts_the_
     serve.kill9();
     drop((one, two));
 
-    let mut serve = ServeProcess::start_named_listening(&data, &root.path().join("serve-2.log"), NODE, &flags, &[]);
-    let start = common::process::handshakes_through_start(serve.addr, &back1, &s1, Duration::from_secs(20)).await;
+    let mut serve = ServeProcess::start_named_listening(
+        &data,
+        &root.path().join("serve-2.log"),
+        NODE,
+        &flags,
+        &[],
+    );
+    let start =
+        common::process::handshakes_through_start(serve.addr, &back1, &s1, Duration::from_secs(20))
+            .await;
     serve.wait_ready();
     assert!(start.failures.is_empty(), "{:?}\nlog:\n{}", start.failures, serve.log_text());
     // (A single node's start takes well under a millisecond here, so the first handshake

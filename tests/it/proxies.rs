@@ -19,7 +19,11 @@ use common::*;
 /// book's upstream servers replaced by `upstream` alone. Everything else is the book's
 /// text, so a snippet that stops working fails this file's tests.
 fn book_nginx_conf(dir: &str, listen: SocketAddr, upstream: SocketAddr) -> String {
-    let book = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/src/operations.md")).expect("read docs/src/operations.md");
+    let book = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/src/operations.md"
+    ))
+    .expect("read docs/src/operations.md");
     let snippet = book
         .split("```nginx\n")
         .nth(1)
@@ -35,7 +39,12 @@ fn book_nginx_conf(dir: &str, listen: SocketAddr, upstream: SocketAddr) -> Strin
             // The book's upstream servers: the first becomes the test's, the rest go.
             servers += 1;
             if servers == 1 {
-                let options = code.trim_end_matches(';').split_whitespace().skip(2).collect::<Vec<_>>().join(" ");
+                let options = code
+                    .trim_end_matches(';')
+                    .split_whitespace()
+                    .skip(2)
+                    .collect::<Vec<_>>()
+                    .join(" ");
                 conf.push_str(&format!("        server {upstream} {options};\n"));
             }
             continue;
@@ -53,7 +62,10 @@ fn book_nginx_conf(dir: &str, listen: SocketAddr, upstream: SocketAddr) -> Strin
             ));
         }
     }
-    assert!(servers >= 2 && conf.contains(&format!("listen {listen};")), "the book's nginx block changed shape:\n{snippet}");
+    assert!(
+        servers >= 2 && conf.contains(&format!("listen {listen};")),
+        "the book's nginx block changed shape:\n{snippet}"
+    );
     conf
 }
 
@@ -85,7 +97,11 @@ impl Nginx {
     /// nginx on a fresh port in front of `upstream`, or `None` when the port was lost.
     fn try_start(binary: &str, upstream: SocketAddr) -> Option<Nginx> {
         let dir = tempfile::Builder::new().prefix("livegate-nginx-").tempdir().expect("tempdir");
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind")
+            .local_addr()
+            .expect("addr")
+            .port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let d = dir.path().display();
         let conf = book_nginx_conf(&d.to_string(), addr, upstream);
@@ -123,7 +139,10 @@ fn answers_as_nginx(addr: SocketAddr) -> bool {
     use std::io::{Read, Write};
     let Ok(mut stream) = TcpStream::connect(addr) else { return false };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    if stream.write_all(b"GET /nginx-probe HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n").is_err() {
+    if stream
+        .write_all(b"GET /nginx-probe HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
         return false;
     }
     let mut answer = Vec::new();
@@ -142,7 +161,12 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-async fn open(to: SocketAddr, server: &TestServer, from: &str, headers: &[(&str, &str)]) -> Result<WsClient, (u16, String)> {
+async fn open(
+    to: SocketAddr,
+    server: &TestServer,
+    from: &str,
+    headers: &[(&str, &str)],
+) -> Result<WsClient, (u16, String)> {
     let token = server.mint_token("proxied", "web");
     WsClient::try_connect_custom(to, Some(&token), Some(ip(from)), headers)
         .await
@@ -164,21 +188,38 @@ async fn behind_a_trusted_nginx_each_client_address_has_its_own_limit() {
         held.push(open(via, &server, "127.0.0.2", &[]).await.expect("127.0.0.2 within its limit"));
     }
     let third = open(via, &server, "127.0.0.2", &[]).await.err();
-    assert_eq!(third, Some((429, "too_many_connections".into())), "127.0.0.2's third connection through nginx");
+    assert_eq!(
+        third,
+        Some((429, "too_many_connections".into())),
+        "127.0.0.2's third connection through nginx"
+    );
     // Another client behind the same proxy has a limit of its own.
     held.push(open(via, &server, "127.0.0.3", &[]).await.expect("127.0.0.3 behind the same nginx"));
     // A header the client wrote itself is to the left of what nginx appends: ignored.
     let forged = open(via, &server, "127.0.0.2", &[("X-Forwarded-For", "127.0.0.9")]).await.err();
-    assert_eq!(forged, Some((429, "too_many_connections".into())), "a forged X-Forwarded-For through nginx");
+    assert_eq!(
+        forged,
+        Some((429, "too_many_connections".into())),
+        "a forged X-Forwarded-For through nginx"
+    );
     // A peer that is not a trusted proxy cannot name an address at all.
     held.push(
-        open(server.addr, &server, "127.0.0.4", &[("X-Forwarded-For", "127.0.0.3")]).await.expect("direct from 127.0.0.4"),
+        open(server.addr, &server, "127.0.0.4", &[("X-Forwarded-For", "127.0.0.3")])
+            .await
+            .expect("direct from 127.0.0.4"),
     );
     held.push(
-        open(server.addr, &server, "127.0.0.4", &[("X-Real-IP", "127.0.0.2")]).await.expect("direct from 127.0.0.4 again"),
+        open(server.addr, &server, "127.0.0.4", &[("X-Real-IP", "127.0.0.2")])
+            .await
+            .expect("direct from 127.0.0.4 again"),
     );
-    let direct = open(server.addr, &server, "127.0.0.4", &[("X-Forwarded-For", "127.0.0.5")]).await.err();
-    assert_eq!(direct, Some((429, "too_many_connections".into())), "127.0.0.4 counted under its own address");
+    let direct =
+        open(server.addr, &server, "127.0.0.4", &[("X-Forwarded-For", "127.0.0.5")]).await.err();
+    assert_eq!(
+        direct,
+        Some((429, "too_many_connections".into())),
+        "127.0.0.4 counted under its own address"
+    );
 
     // A connection that ends gives its address's place back.
     for c in held.iter_mut() {
@@ -187,12 +228,15 @@ async fn behind_a_trusted_nginx_each_client_address_has_its_own_limit() {
     held.remove(0).close().await;
     let refused = std::cell::RefCell::new(None);
     let last_refusal = &refused;
-    let back = common::wait_for_every_async(Duration::from_secs(5), Duration::from_millis(50), || {
-        let attempt = open(via, &server, "127.0.0.2", &[]);
-        async move { attempt.await.map_err(|r| *last_refusal.borrow_mut() = Some(r)).ok() }
-    })
-    .await;
-    held.push(back.unwrap_or_else(|| panic!("127.0.0.2's place never came back: {:?}", refused.borrow())));
+    let back =
+        common::wait_for_every_async(Duration::from_secs(5), Duration::from_millis(50), || {
+            let attempt = open(via, &server, "127.0.0.2", &[]);
+            async move { attempt.await.map_err(|r| *last_refusal.borrow_mut() = Some(r)).ok() }
+        })
+        .await;
+    held.push(
+        back.unwrap_or_else(|| panic!("127.0.0.2's place never came back: {:?}", refused.borrow())),
+    );
 }
 
 #[tokio::test]
@@ -203,7 +247,11 @@ async fn without_trusted_proxies_everything_behind_nginx_is_one_address() {
     let _a = open(nginx.addr, &server, "127.0.0.2", &[]).await.expect("first");
     let _b = open(nginx.addr, &server, "127.0.0.3", &[]).await.expect("second");
     let third = open(nginx.addr, &server, "127.0.0.6", &[]).await.err();
-    assert_eq!(third, Some((429, "too_many_connections".into())), "all three come from nginx's 127.0.0.1");
+    assert_eq!(
+        third,
+        Some((429, "too_many_connections".into())),
+        "all three come from nginx's 127.0.0.1"
+    );
 }
 
 /// A WebSocket handshake written by hand from `from` to `to`, with `extra` header lines
@@ -211,7 +259,8 @@ async fn without_trusted_proxies_everything_behind_nginx_is_one_address() {
 /// while the connection is).
 fn raw_handshake(to: SocketAddr, from: &str, token: &str, extra: &[u8]) -> (u16, TcpStream) {
     use std::io::{Read, Write};
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
     socket.bind(&SocketAddr::new(ip(from), 0).into()).expect("bind");
     socket.connect(&to.into()).expect("connect");
     let mut stream: TcpStream = socket.into();
@@ -229,10 +278,17 @@ fn raw_handshake(to: SocketAddr, from: &str, token: &str, extra: &[u8]) -> (u16,
     while !head.ends_with(b"\r\n\r\n") {
         match stream.read(&mut byte) {
             Ok(1) => head.push(byte[0]),
-            other => panic!("handshake answer cut short ({other:?}): {:?}", String::from_utf8_lossy(&head)),
+            other => panic!(
+                "handshake answer cut short ({other:?}): {:?}",
+                String::from_utf8_lossy(&head)
+            ),
         }
     }
-    let status = String::from_utf8_lossy(&head).split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status");
+    let status = String::from_utf8_lossy(&head)
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
     (status, stream)
 }
 
@@ -252,12 +308,19 @@ async fn x_forwarded_for_that_is_not_text_does_not_let_x_real_ip_pick_the_addres
     // The attacker (127.0.0.2) names the victim (127.0.0.9) in X-Real-IP, with an
     // X-Forwarded-For of bytes that are not text.
     let forged = b"X-Forwarded-For: \xff\xfe\xc3\r\nX-Real-IP: 127.0.0.9\r\n";
-    let (status, _attacker) = raw_handshake(nginx.addr, "127.0.0.2", &server.mint_token("attacker", "web"), forged);
+    let (status, _attacker) =
+        raw_handshake(nginx.addr, "127.0.0.2", &server.mint_token("attacker", "web"), forged);
     assert_eq!(status, 101, "the attacker's own first connection");
     // Counted under the attacker's own address: its second is over its limit...
-    let (status, _) = raw_handshake(nginx.addr, "127.0.0.2", &server.mint_token("attacker", "web"), b"X-Real-IP: 127.0.0.8\r\n");
+    let (status, _) = raw_handshake(
+        nginx.addr,
+        "127.0.0.2",
+        &server.mint_token("attacker", "web"),
+        b"X-Real-IP: 127.0.0.8\r\n",
+    );
     assert_eq!(status, 429, "the attacker's second connection, with another forged X-Real-IP");
     // ...and the victim's place is untouched.
-    let (status, _victim) = raw_handshake(nginx.addr, "127.0.0.9", &server.mint_token("victim", "web"), b"");
+    let (status, _victim) =
+        raw_handshake(nginx.addr, "127.0.0.9", &server.mint_token("victim", "web"), b"");
     assert_eq!(status, 101, "the victim's address was charged for the attacker's connection");
 }

@@ -38,7 +38,13 @@ fn room_name(r: usize) -> String {
     format!("stress:{r}")
 }
 
-async fn run_client(id: usize, addr: SocketAddr, http: Http, epochs: Vec<Value>, mut rng: Rng) -> Report {
+async fn run_client(
+    id: usize,
+    addr: SocketAddr,
+    http: Http,
+    epochs: Vec<Value>,
+    mut rng: Rng,
+) -> Report {
     let mut last = [0u64; ROOMS];
     let mut received: Vec<Vec<Value>> = vec![Vec::new(); ROOMS];
     let mut errors: Vec<String> = Vec::new();
@@ -53,9 +59,11 @@ async fn run_client(id: usize, addr: SocketAddr, http: Http, epochs: Vec<Value>,
         }
         let token = {
             let http = http.clone();
-            tokio::task::spawn_blocking(move || http.mint_token(&format!("stress-user-{id}"), "web"))
-                .await
-                .expect("mint")
+            tokio::task::spawn_blocking(move || {
+                http.mint_token(&format!("stress-user-{id}"), "web")
+            })
+            .await
+            .expect("mint")
         };
         let mut ws = WsClient::connect(addr, &token, None).await;
         if drops > 0 && PUBLISHING.load(Ordering::SeqCst) {
@@ -66,7 +74,8 @@ async fn run_client(id: usize, addr: SocketAddr, http: Http, epochs: Vec<Value>,
             let req = json!({"op": "subscribe", "room": room_name(r), "since": last[r], "epoch": epoch, "ref": r});
             ws.send_json(&req).await;
         }
-        let drop_after = (drops < MAX_DROPS_PER_CLIENT && rng.chance(85)).then(|| rng.range(0, 150));
+        let drop_after =
+            (drops < MAX_DROPS_PER_CLIENT && rng.chance(85)).then(|| rng.range(0, 150));
         let mut seen_here = 0u64;
         loop {
             if done(&last) {
@@ -80,7 +89,11 @@ async fn run_client(id: usize, addr: SocketAddr, http: Http, epochs: Vec<Value>,
                     drop(ws); // abrupt: no Close frame
                 }
                 drops += 1;
-                common::pace_async(Duration::from_millis(rng.range(0, 30)), "a dropped client reconnects after a random pause").await;
+                common::pace_async(
+                    Duration::from_millis(rng.range(0, 30)),
+                    "a dropped client reconnects after a random pause",
+                )
+                .await;
                 continue 'connection;
             }
             let frame = match ws.read_incoming(STALL).await {
@@ -90,7 +103,9 @@ async fn run_client(id: usize, addr: SocketAddr, http: Http, epochs: Vec<Value>,
                     break 'connection;
                 }
                 other => {
-                    errors.push(format!("server closed the connection: {other:?}; last seqs {last:?}"));
+                    errors.push(format!(
+                        "server closed the connection: {other:?}; last seqs {last:?}"
+                    ));
                     break 'connection;
                 }
             };
@@ -115,9 +130,17 @@ async fn run_client(id: usize, addr: SocketAddr, http: Http, epochs: Vec<Value>,
                             received[r].push(e);
                             seen_here += 1;
                         } else if seq <= last[r] {
-                            errors.push(format!("duplicate: {} seq {seq} after {}", room_name(r), last[r]));
+                            errors.push(format!(
+                                "duplicate: {} seq {seq} after {}",
+                                room_name(r),
+                                last[r]
+                            ));
                         } else {
-                            errors.push(format!("gap: {} seq {seq} after {}", room_name(r), last[r]));
+                            errors.push(format!(
+                                "gap: {} seq {seq} after {}",
+                                room_name(r),
+                                last[r]
+                            ));
                             last[r] = seq;
                         }
                     }
@@ -167,8 +190,15 @@ async fn every_client_gets_every_event_once_in_order_across_random_reconnects() 
                 for i in 1..EVENTS {
                     // Pace the publishers (about 2 s in all) so clients drop and
                     // resubscribe while events are still being published.
-                    common::pace(Duration::from_millis(rng.range(0, 20)), "publishers spread over about 2 s");
-                    let reply = http.publish_ok(&room_name(r), Some(&format!("e-{i}")), json!({"room": r, "i": i}));
+                    common::pace(
+                        Duration::from_millis(rng.range(0, 20)),
+                        "publishers spread over about 2 s",
+                    );
+                    let reply = http.publish_ok(
+                        &room_name(r),
+                        Some(&format!("e-{i}")),
+                        json!({"room": r, "i": i}),
+                    );
                     acked.push(seq_of(&reply));
                 }
                 acked
@@ -177,7 +207,8 @@ async fn every_client_gets_every_event_once_in_order_across_random_reconnects() 
         .collect();
 
     let publishers = tokio::task::spawn_blocking(move || {
-        let acked: Vec<Vec<u64>> = publishers.into_iter().map(|p| p.join().expect("publisher panicked")).collect();
+        let acked: Vec<Vec<u64>> =
+            publishers.into_iter().map(|p| p.join().expect("publisher panicked")).collect();
         PUBLISHING.store(false, Ordering::SeqCst);
         acked
     });
@@ -194,7 +225,12 @@ async fn every_client_gets_every_event_once_in_order_across_random_reconnects() 
             let h = http.history_ok(&room_name(r), Some(0), Some(1000));
             assert_eq!(h["head"], EVENTS, "{}", room_name(r));
             let events = h["events"].as_array().expect("events").clone();
-            assert_eq!(seqs(&events), (1..=EVENTS).collect::<Vec<_>>(), "history of {}", room_name(r));
+            assert_eq!(
+                seqs(&events),
+                (1..=EVENTS).collect::<Vec<_>>(),
+                "history of {}",
+                room_name(r)
+            );
             events
         })
         .collect();
@@ -220,7 +256,18 @@ async fn every_client_gets_every_event_once_in_order_across_random_reconnects() 
     }
     let drops: usize = reports.iter().map(|r| r.drops).sum();
     let racing = RESUBSCRIBES_WHILE_PUBLISHING.load(Ordering::SeqCst);
-    eprintln!("{CLIENTS} clients, {drops} disconnects, {racing} resubscribes while publishing, {:?}", started.elapsed());
-    assert!(failures.is_empty(), "seed {seed}: {} failures:\n{}", failures.len(), failures.join("\n"));
-    assert!(racing >= CLIENTS, "the schedule must resubscribe clients while publishing (got {racing} of {drops} drops)");
+    eprintln!(
+        "{CLIENTS} clients, {drops} disconnects, {racing} resubscribes while publishing, {:?}",
+        started.elapsed()
+    );
+    assert!(
+        failures.is_empty(),
+        "seed {seed}: {} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert!(
+        racing >= CLIENTS,
+        "the schedule must resubscribe clients while publishing (got {racing} of {drops} drops)"
+    );
 }

@@ -46,9 +46,18 @@ fn printed(reference: Reference) -> String {
             cmd.env_remove(name);
         }
     }
-    let output = cmd.args(["reference", reference.name()]).stdin(Stdio::null()).output().expect("run livegate reference");
+    let output = cmd
+        .args(["reference", reference.name()])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run livegate reference");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "livegate reference {} exited {}: {stderr}", reference.name(), output.status);
+    assert!(
+        output.status.success(),
+        "livegate reference {} exited {}: {stderr}",
+        reference.name(),
+        output.status
+    );
     String::from_utf8(output.stdout).expect("UTF-8 output")
 }
 
@@ -96,10 +105,19 @@ fn the_pages_hold_every_key_and_code() {
     let config = page(Reference::Config);
     for key in KEY_DOCS {
         let row = config.lines().find(|line| line.starts_with(&format!("| `{}` |", key.name)));
-        let row = row.unwrap_or_else(|| panic!("no row for key {} in {}", key.name, Reference::Config.page()));
-        let (env, flag) = (format!("`LIVEGATE_{}`", key.name.to_uppercase()), format!("`--{} ", key.name.replace('_', "-")));
+        let row = row.unwrap_or_else(|| {
+            panic!("no row for key {} in {}", key.name, Reference::Config.page())
+        });
+        let (env, flag) = (
+            format!("`LIVEGATE_{}`", key.name.to_uppercase()),
+            format!("`--{} ", key.name.replace('_', "-")),
+        );
         assert!(row.contains(&env) && row.contains(&flag), "{row}: lacks {env} or {flag}");
-        assert!(row.contains(&format!("| {} |", key.default)), "{row}: lacks the default {}", key.default);
+        assert!(
+            row.contains(&format!("| {} |", key.default)),
+            "{row}: lacks the default {}",
+            key.default
+        );
     }
     let history = config.lines().find(|l| l.starts_with("| `history_size` |")).unwrap();
     assert!(history.contains("| 1 to 1000000 |"), "history_size's bounds: {history}");
@@ -109,22 +127,39 @@ fn the_pages_hold_every_key_and_code() {
         let row = format!("| `{}` | {} |", code.as_str(), code.http_status());
         assert!(errors.contains(&row), "{} lacks {row}", Reference::Errors.page());
     }
-    assert!(errors.contains("| `payload_too_large` | 413 |") && errors.contains("| `wrong_node` | 421 |"), "{errors}");
+    assert!(
+        errors.contains("| `payload_too_large` | 413 |")
+            && errors.contains("| `wrong_node` | 421 |"),
+        "{errors}"
+    );
 
     let closes = page(Reference::CloseCodes);
     for code in CloseCode::ALL {
         let reconnect = if code.reconnect() { "yes" } else { "no" };
         let row = closes.lines().find(|l| l.starts_with(&format!("| {} |", code.code())));
-        let row = row.unwrap_or_else(|| panic!("{} has no row for {}", Reference::CloseCodes.page(), code.code()));
+        let row = row.unwrap_or_else(|| {
+            panic!("{} has no row for {}", Reference::CloseCodes.page(), code.code())
+        });
         let cells: Vec<&str> = row.split(" | ").collect();
         assert_eq!(cells.get(3).copied(), Some(reconnect), "the Reconnect column of {row}");
-        assert!(cells.len() == 5 && row.ends_with(" |") && cells[4].len() > 3, "a What the client does column: {row}");
+        assert!(
+            cells.len() == 5 && row.ends_with(" |") && cells[4].len() > 3,
+            "a What the client does column: {row}"
+        );
     }
-    assert!(closes.contains("| 4009 | `SlowConsumer` |") && closes.contains("| 4502 | `Kicked` |"), "{closes}");
+    assert!(
+        closes.contains("| 4009 | `SlowConsumer` |") && closes.contains("| 4502 | `Kicked` |"),
+        "{closes}"
+    );
     // Codes livegate never sends are not in the main table, but a client still learns
     // what 1001 and 1006 mean; 4503 is nowhere (never sent).
-    let (sent, other) = closes.split_once("## Codes livegate does not send").expect("a section for codes livegate does not send");
-    assert!(!sent.contains("| 1001 |") && other.contains("| 1001 |") && other.contains("| 1006 |"), "{closes}");
+    let (sent, other) = closes
+        .split_once("## Codes livegate does not send")
+        .expect("a section for codes livegate does not send");
+    assert!(
+        !sent.contains("| 1001 |") && other.contains("| 1001 |") && other.contains("| 1006 |"),
+        "{closes}"
+    );
     assert!(!closes.contains("4503"), "{closes}");
 }
 
@@ -163,7 +198,11 @@ fn the_metrics_page_lists_every_metric_a_running_server_exports() {
     for (name, kind) in families {
         let exported = if kind == "counter" { format!("{name}_total") } else { name.clone() };
         let row = format!("| `{exported}` | {kind} |");
-        assert!(metrics.contains(&row), "{} lacks {row} (exported by /metrics)", Reference::Metrics.page());
+        assert!(
+            metrics.contains(&row),
+            "{} lacks {row} (exported by /metrics)",
+            Reference::Metrics.page()
+        );
     }
 }
 
@@ -190,7 +229,10 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
     let mut rest = expr;
     while let Some(at) = rest.find("livegate_") {
         let before = rest[..at].chars().next_back();
-        let name: String = rest[at..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':').collect();
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+            .collect();
         if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
             names.insert(name.clone());
         }
@@ -203,10 +245,19 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
 /// p99 over the latency histogram's buckets.
 fn dashboard() -> Value {
     let path = Path::new(REPO).join(DASHBOARD);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    let dashboard: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{DASHBOARD} is not JSON: {e}"));
-    assert!(text.contains("${DS_PROMETHEUS}"), "{DASHBOARD}: panels should use the templated datasource ${{DS_PROMETHEUS}}");
-    let templated = dashboard["templating"]["list"].as_array().into_iter().flatten().any(|v| v["type"] == "datasource" && v["query"] == "prometheus");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let dashboard: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{DASHBOARD} is not JSON: {e}"));
+    assert!(
+        text.contains("${DS_PROMETHEUS}"),
+        "{DASHBOARD}: panels should use the templated datasource ${{DS_PROMETHEUS}}"
+    );
+    let templated = dashboard["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|v| v["type"] == "datasource" && v["query"] == "prometheus");
     assert!(templated, "{DASHBOARD}: no Prometheus datasource variable in templating.list");
     dashboard
 }
@@ -217,7 +268,10 @@ fn queried_metrics() -> BTreeSet<String> {
     exprs(&dashboard(), &mut all);
     assert!(all.len() >= 15, "{DASHBOARD}: only {} queries", all.len());
     let latency = "livegate_delivery_latency_seconds_bucket";
-    assert!(all.iter().any(|e| e.contains("histogram_quantile(0.99") && e.contains(latency)), "{DASHBOARD}: no p99 over {latency}");
+    assert!(
+        all.iter().any(|e| e.contains("histogram_quantile(0.99") && e.contains(latency)),
+        "{DASHBOARD}: no p99 over {latency}"
+    );
     let queried: BTreeSet<String> = all.iter().flat_map(|expr| metric_names(expr)).collect();
     for wanted in [
         "livegate_connections_by_transport",
@@ -243,7 +297,11 @@ const CONFIGURED_SERIES: [&str; 2] = ["livegate_cell_mirror_lag_events", "livega
 fn missing_from(scrape: &str, queried: &BTreeSet<String>) -> (Vec<String>, Vec<String>) {
     let (_, samples) = scraped(scrape);
     let metrics_page = page(Reference::Metrics);
-    queried.iter().filter(|name| !samples.contains(*name)).cloned().partition(|name| metrics_page.contains(&format!("| `{name}` |")))
+    queried
+        .iter()
+        .filter(|name| !samples.contains(*name))
+        .cloned()
+        .partition(|name| metrics_page.contains(&format!("| `{name}` |")))
 }
 
 #[test]
@@ -251,11 +309,19 @@ fn the_dashboard_queries_only_metrics_a_single_node_exports() {
     let _gate = crate::common::gate!();
     let queried = queried_metrics();
     let (by_page, unknown) = missing_from(&scrape_real_binary(), &queried);
-    assert!(unknown.is_empty(), "{DASHBOARD} queries metrics livegate does not export: {unknown:?}");
+    assert!(
+        unknown.is_empty(),
+        "{DASHBOARD} queries metrics livegate does not export: {unknown:?}"
+    );
     // Only the per-peer and per-cell gauges may be absent from a single node's scrape:
     // they have a series per configured peer (peers mode) or per other cell (cells with
     // their own NATS), and the metrics page lists them.
-    assert_eq!(by_page, CONFIGURED_SERIES, "checked against {} instead of /metrics", Reference::Metrics.page());
+    assert_eq!(
+        by_page,
+        CONFIGURED_SERIES,
+        "checked against {} instead of /metrics",
+        Reference::Metrics.page()
+    );
 }
 
 /// In cluster mode (one node on a real nats-server), the cluster row's metrics are there
@@ -266,10 +332,19 @@ fn the_dashboard_queries_only_metrics_a_cluster_node_exports() {
     let queried = queried_metrics();
     let cluster = crate::common::nats::Cluster::start(1, &[]);
     let http = cluster.http(0);
-    let connected = crate::common::wait_until(crate::common::WAIT, || metric(&http, "livegate_cluster_nats_connected") == Some(1.0));
-    assert!(connected, "livegate_cluster_nats_connected is not 1 on a cluster node:\n{}", http.metrics_text());
+    let connected = crate::common::wait_until(crate::common::WAIT, || {
+        metric(&http, "livegate_cluster_nats_connected") == Some(1.0)
+    });
+    assert!(
+        connected,
+        "livegate_cluster_nats_connected is not 1 on a cluster node:\n{}",
+        http.metrics_text()
+    );
     let (by_page, unknown) = missing_from(&http.metrics_text(), &queried);
-    assert!(unknown.is_empty(), "{DASHBOARD} queries metrics livegate does not export: {unknown:?}");
+    assert!(
+        unknown.is_empty(),
+        "{DASHBOARD} queries metrics livegate does not export: {unknown:?}"
+    );
     assert_eq!(by_page, CONFIGURED_SERIES, "a cluster node lacks these");
 }
 
@@ -283,8 +358,17 @@ fn promtool(args: &[&str]) -> String {
     let output = Command::new(&program).args(args).current_dir(REPO).stdin(Stdio::null()).output().unwrap_or_else(|e| {
         panic!("cannot run {program:?} ({e}): install Debian's prometheus package, which carries promtool (.ci/test does), or set LIVEGATE_PROMTOOL")
     });
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success(), "promtool {} exited {}:\n{text}", args.join(" "), output.status);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success(),
+        "promtool {} exited {}:\n{text}",
+        args.join(" "),
+        output.status
+    );
     text
 }
 
@@ -295,8 +379,12 @@ fn the_alert_rules_pass_promtool_and_name_only_metrics_livegate_exports() {
     assert!(checked.contains("SUCCESS"), "{checked}");
     let tested = promtool(&["test", "rules", RULES_TESTS]);
     assert!(tested.contains("SUCCESS"), "{tested}");
-    let rules = std::fs::read_to_string(Path::new(REPO).join(RULES)).unwrap_or_else(|e| panic!("cannot read {RULES}: {e}"));
-    assert!(rules.contains("expr: livegate_consumer_lag_events > 10000\n        for: 1m"), "{RULES}: no alert at the seed's 10,000 events for 1m");
+    let rules = std::fs::read_to_string(Path::new(REPO).join(RULES))
+        .unwrap_or_else(|e| panic!("cannot read {RULES}: {e}"));
+    assert!(
+        rules.contains("expr: livegate_consumer_lag_events > 10000\n        for: 1m"),
+        "{RULES}: no alert at the seed's 10,000 events for 1m"
+    );
     let named = metric_names(&rules);
     for wanted in [
         "livegate_consumer_lag_events",
@@ -312,7 +400,11 @@ fn the_alert_rules_pass_promtool_and_name_only_metrics_livegate_exports() {
     let metrics = page(Reference::Metrics);
     for name in &named {
         let family = name.strip_suffix("_bucket").unwrap_or(name);
-        assert!(metrics.contains(&format!("| `{family}` |")), "{RULES} names {name}, which {} does not list", Reference::Metrics.page());
+        assert!(
+            metrics.contains(&format!("| `{family}` |")),
+            "{RULES} names {name}, which {} does not list",
+            Reference::Metrics.page()
+        );
     }
 }
 

@@ -33,7 +33,11 @@ fn two_processes_route_1000_sessions_identically() {
     std::fs::write(&nodes_a, names.iter().map(line).collect::<String>()).unwrap();
     // Same nodes, reversed and with repeats.
     let nodes_b = dir.path().join("nodes-b");
-    std::fs::write(&nodes_b, names.iter().rev().chain(names.iter().take(3)).map(line).collect::<String>()).unwrap();
+    std::fs::write(
+        &nodes_b,
+        names.iter().rev().chain(names.iter().take(3)).map(line).collect::<String>(),
+    )
+    .unwrap();
 
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut sessions = String::new();
@@ -44,7 +48,8 @@ fn two_processes_route_1000_sessions_identically() {
             7 => Some("node-gone"),
             _ => None,
         };
-        sessions.push_str(&format!("s-{i:04}{}\n", owner.map(|o| format!(" {o}")).unwrap_or_default()));
+        sessions
+            .push_str(&format!("s-{i:04}{}\n", owner.map(|o| format!(" {o}")).unwrap_or_default()));
         recorded.push(owner);
     }
     let sessions_file = dir.path().join("sessions");
@@ -63,16 +68,26 @@ fn two_processes_route_1000_sessions_identically() {
         let (session, node) = line.split_once(' ').unwrap();
         assert!(names.contains(&node) && !down.contains(&node), "{line}: not an alive node");
         match owner {
-            Some(o) if names.contains(o) && !down.contains(o) => assert_eq!(node, *o, "{line}: alive owner not kept"),
+            Some(o) if names.contains(o) && !down.contains(o) => {
+                assert_eq!(node, *o, "{line}: alive owner not kept")
+            }
             _ => {
-                let expected = livegate::core::nodes::routing::rendezvous(session, alive.iter().copied());
-                assert_eq!(Some(node), expected, "{line}: without a live owner, the rendezvous choice among the alive nodes");
+                let expected =
+                    livegate::core::nodes::routing::rendezvous(session, alive.iter().copied());
+                assert_eq!(
+                    Some(node),
+                    expected,
+                    "{line}: without a live owner, the rendezvous choice among the alive nodes"
+                );
                 *spread.entry(node).or_insert(0) += 1;
             }
         }
     }
     // Sessions without a live owner spread over the alive nodes instead of piling onto one.
-    assert!(spread.len() == alive.len() && spread.values().all(|n| *n > 0), "no spread: {spread:?}");
+    assert!(
+        spread.len() == alive.len() && spread.values().all(|n| *n > 0),
+        "no spread: {spread:?}"
+    );
 }
 
 #[test]

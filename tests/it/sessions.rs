@@ -21,7 +21,12 @@ async fn handshake_keeps_a_session_of_the_same_user_only() {
     let token = server.mint_token("mallory", "web");
     let other = WsClient::connect(server.addr, &token, Some(&session)).await;
     assert!(!other.session().is_empty());
-    assert_ne!(other.session(), session, "another user's session must not be handed over: {}", other.welcome);
+    assert_ne!(
+        other.session(),
+        session,
+        "another user's session must not be handed over: {}",
+        other.welcome
+    );
 
     // Mallory's attempt left it untouched: it is still Alice's.
     let token = server.mint_token("alice", "web");

@@ -35,7 +35,10 @@ async fn client_that_stops_reading_is_cut_off_and_readers_are_not() {
                 let started = Instant::now();
                 for i in 0..per_thread {
                     // thread t sends event i no earlier than i × 8 ms after it started
-                    common::pace_until(started + Duration::from_millis(8 * i as u64), "about 4 MB/s");
+                    common::pace_until(
+                        started + Duration::from_millis(8 * i as u64),
+                        "about 4 MB/s",
+                    );
                     http.publish_ok("flood", None, json!({"t": t, "i": i, "blob": blob}));
                 }
             })
@@ -68,5 +71,8 @@ async fn client_that_stops_reading_is_cut_off_and_readers_are_not() {
             drained * 8 / 1024
         ),
     }
-    assert!(drained < total, "the stalled client was sent every event: nothing bounded what was held for it");
+    assert!(
+        drained < total,
+        "the stalled client was sent every event: nothing bounded what was held for it"
+    );
 }

@@ -52,13 +52,22 @@ struct ReaderReport {
     errors: Vec<String>,
 }
 
-async fn reader(mut ws: WsClient, first_head: u64, total: u64, done: Arc<AtomicUsize>) -> ReaderReport {
+async fn reader(
+    mut ws: WsClient,
+    first_head: u64,
+    total: u64,
+    done: Arc<AtomicUsize>,
+) -> ReaderReport {
     let mut report = ReaderReport { got: 0, last: first_head, errors: Vec::new() };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     while report.last < first_head + total {
         let msg = match tokio::time::timeout_at(deadline, ws.ws.next()).await {
             Err(_) => {
-                report.errors.push(format!("timed out at seq {} of {}", report.last, first_head + total));
+                report.errors.push(format!(
+                    "timed out at seq {} of {}",
+                    report.last,
+                    first_head + total
+                ));
                 break;
             }
             Ok(None) => {
@@ -110,9 +119,17 @@ fn one_percent_of_100_clients_stop_reading_they_are_evicted_and_memory_stays_bou
     let _gate = crate::common::gate!();
     let root = tempfile::tempdir().expect("tempdir");
     // Default max_outbox_bytes (1 MiB) and batching window; a short history.
-    let server = ServeProcess::start(&root.path().join("data"), &root.path().join("serve.log"), &["--history-size", "10"]);
+    let server = ServeProcess::start(
+        &root.path().join("data"),
+        &root.path().join("serve.log"),
+        &["--history-size", "10"],
+    );
     let http = server.http();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
 
     // Connect everyone; the first STALLED clients never read again after subscribing.
     let mut stalled: Vec<WsClient> = Vec::new();
@@ -145,7 +162,11 @@ fn one_percent_of_100_clients_stop_reading_they_are_evicted_and_memory_stays_bou
                 let began = Instant::now();
                 for i in 0..PER_PUBLISHER {
                     common::pace_until(began + PERIOD * i as u32, "each publisher's steady rate");
-                    http.publish_ok(ROOM, Some(&format!("t{t}-{i}")), json!({"t": t, "i": i, "blob": blob}));
+                    http.publish_ok(
+                        ROOM,
+                        Some(&format!("t{t}-{i}")),
+                        json!({"t": t, "i": i, "blob": blob}),
+                    );
                 }
             })
         })
@@ -158,34 +179,52 @@ fn one_percent_of_100_clients_stop_reading_they_are_evicted_and_memory_stays_bou
     let mut peak_open = 0.0f64;
     let readers_count = CLIENTS - STALLED;
     let stream_deadline = started + Duration::from_secs(120);
-    common::wait_until_every(stream_deadline.saturating_duration_since(Instant::now()), Duration::from_millis(100), || {
-        let elapsed = started.elapsed();
-        if evicted_at.is_none() && metric(&http, "livegate_slow_consumer_closes_total").is_some_and(|n| n >= STALLED as f64) {
-            evicted_at = Some(elapsed);
-        }
-        if logged_at.is_none() && server.log_text().contains("slow consumer evicted") {
-            logged_at = Some(elapsed);
-        }
-        if let Some(open) = metric(&http, "livegate_connections_open") {
-            peak_open = peak_open.max(open);
-            // Readers close themselves once they have everything; count only while they read.
-            if gone_at.is_none() && done.load(Ordering::SeqCst) == 0 && open <= readers_count as f64 {
-                gone_at = Some(elapsed);
+    common::wait_until_every(
+        stream_deadline.saturating_duration_since(Instant::now()),
+        Duration::from_millis(100),
+        || {
+            let elapsed = started.elapsed();
+            if evicted_at.is_none()
+                && metric(&http, "livegate_slow_consumer_closes_total")
+                    .is_some_and(|n| n >= STALLED as f64)
+            {
+                evicted_at = Some(elapsed);
             }
-        }
-        let publishing = publishers.iter().any(|p| !p.is_finished());
-        let reading = done.load(Ordering::SeqCst) < readers_count;
-        let waiting_eviction = gone_at.is_none() && evicted_at.is_none() && logged_at.is_none() && elapsed < EVICTED_WITHIN + Duration::from_secs(5);
-        !publishing && !reading && !waiting_eviction
-    });
+            if logged_at.is_none() && server.log_text().contains("slow consumer evicted") {
+                logged_at = Some(elapsed);
+            }
+            if let Some(open) = metric(&http, "livegate_connections_open") {
+                peak_open = peak_open.max(open);
+                // Readers close themselves once they have everything; count only while they read.
+                if gone_at.is_none()
+                    && done.load(Ordering::SeqCst) == 0
+                    && open <= readers_count as f64
+                {
+                    gone_at = Some(elapsed);
+                }
+            }
+            let publishing = publishers.iter().any(|p| !p.is_finished());
+            let reading = done.load(Ordering::SeqCst) < readers_count;
+            let waiting_eviction = gone_at.is_none()
+                && evicted_at.is_none()
+                && logged_at.is_none()
+                && elapsed < EVICTED_WITHIN + Duration::from_secs(5);
+            !publishing && !reading && !waiting_eviction
+        },
+    );
     for p in publishers {
         p.join().expect("publisher");
     }
     let stream_time = started.elapsed();
-    let reports: Vec<ReaderReport> =
-        rt.block_on(async { futures_util::future::join_all(readers).await }).into_iter().map(|r| r.expect("reader")).collect();
+    let reports: Vec<ReaderReport> = rt
+        .block_on(async { futures_util::future::join_all(readers).await })
+        .into_iter()
+        .map(|r| r.expect("reader"))
+        .collect();
     // Every connection gone (readers closed, stalled ones evicted) before the RSS reading.
-    common::wait_until(Duration::from_secs(5), || http.metric_total("livegate_connections_open") == 0.0);
+    common::wait_until(Duration::from_secs(5), || {
+        http.metric_total("livegate_connections_open") == 0.0
+    });
     let rss_after = server.rss_kib();
     let rss_peak = server.vm_kib("VmHWM");
 
@@ -196,7 +235,9 @@ fn one_percent_of_100_clients_stop_reading_they_are_evicted_and_memory_stays_bou
         let end = rt.block_on(async {
             loop {
                 match ws.read_incoming(Duration::from_secs(5)).await {
-                    Incoming::Json(frame) => drained += frame["events"].as_array().map_or(0, Vec::len),
+                    Incoming::Json(frame) => {
+                        drained += frame["events"].as_array().map_or(0, Vec::len)
+                    }
                     other => break other,
                 }
             }
@@ -205,11 +246,17 @@ fn one_percent_of_100_clients_stop_reading_they_are_evicted_and_memory_stays_bou
     }
 
     let mut failures = Vec::new();
-    let complete = reports.iter().filter(|r| r.got == total && r.last == first_head + total && r.errors.is_empty()).count();
+    let complete = reports
+        .iter()
+        .filter(|r| r.got == total && r.last == first_head + total && r.errors.is_empty())
+        .count();
     if complete != readers_count {
-        failures.push(format!("{complete} of {readers_count} reading clients got all {total} events in order"));
+        failures.push(format!(
+            "{complete} of {readers_count} reading clients got all {total} events in order"
+        ));
         for (i, r) in reports.iter().enumerate().filter(|(_, r)| !r.errors.is_empty()).take(5) {
-            failures.push(format!("reader {i}: got {} (last seq {}): {:?}", r.got, r.last, r.errors));
+            failures
+                .push(format!("reader {i}: got {} (last seq {}): {:?}", r.got, r.last, r.errors));
         }
     }
     for end in &outcome {
@@ -221,7 +268,9 @@ fn one_percent_of_100_clients_stop_reading_they_are_evicted_and_memory_stays_bou
         }
     }
     if drained as u64 >= total {
-        failures.push("the stalled client was sent every event: nothing bounded what was held for it".into());
+        failures.push(
+            "the stalled client was sent every event: nothing bounded what was held for it".into(),
+        );
     }
     let gone = gone_at.or(evicted_at).or(logged_at);
     match gone {
@@ -233,7 +282,11 @@ fn one_percent_of_100_clients_stop_reading_they_are_evicted_and_memory_stays_bou
     }
     let growth = rss_after.saturating_sub(rss_before);
     if growth >= RSS_GROWTH_BOUND_KIB {
-        failures.push(format!("server RSS grew by {} MiB (bound {} MiB)", growth / 1024, RSS_GROWTH_BOUND_KIB / 1024));
+        failures.push(format!(
+            "server RSS grew by {} MiB (bound {} MiB)",
+            growth / 1024,
+            RSS_GROWTH_BOUND_KIB / 1024
+        ));
     }
     eprintln!(
         "{CLIENTS} clients, {STALLED} stalled, {total} events × {} KiB in {:.1} s: eviction logged after {logged_at:?}, \

@@ -21,7 +21,11 @@ fn publish_n(http: &Http, room: &str, prefix: &str, n: usize) -> Vec<Value> {
         assert_eq!(reply["room"], room, "{reply}");
         assert_eq!(reply["duplicate"], false, "{reply}");
         if let Some(prev) = replies.last() {
-            assert_eq!(seq_of(&reply), seq_of(prev) + 1, "seqs of consecutive publishes: {prev} then {reply}");
+            assert_eq!(
+                seq_of(&reply),
+                seq_of(prev) + 1,
+                "seqs of consecutive publishes: {prev} then {reply}"
+            );
             assert_eq!(reply["epoch"], prev["epoch"], "epoch changed between publishes");
         }
         replies.push(reply);
@@ -34,7 +38,8 @@ async fn minted_token_connects_and_welcome_names_session_node_and_heartbeat() {
     let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let before = now_ms();
-    let (status, body) = server.http().mint_token_raw(json!({"user": "alice", "device": "web", "ttl_secs": 60}));
+    let (status, body) =
+        server.http().mint_token_raw(json!({"user": "alice", "device": "web", "ttl_secs": 60}));
     assert_eq!(status, 201, "{body}");
     let token = body["token"].as_str().expect("token is a string");
     assert!(!token.is_empty());
@@ -56,7 +61,10 @@ async fn minted_token_connects_and_welcome_names_session_node_and_heartbeat() {
     let (status, body) = server.http().mint_token_raw(json!({"user": "alice"}));
     assert_eq!(status, 201, "{body}");
     let expires = body["expires_at_ms"].as_u64().expect("expires_at_ms");
-    assert!(expires >= before + 59_000 && expires <= now_ms() + 61_000, "default ttl is not 60 s: {body}");
+    assert!(
+        expires >= before + 59_000 && expires <= now_ms() + 61_000,
+        "default ttl is not 60 s: {body}"
+    );
 }
 
 #[tokio::test]
@@ -77,12 +85,19 @@ async fn subscriber_receives_a_burst_in_seq_order_in_batched_frames() {
             let http = http.clone();
             std::thread::spawn(move || {
                 (0..per_thread)
-                    .map(|i| http.publish_ok("match:1", Some(&format!("t{t}-{i}")), json!({"t": t, "i": i})))
+                    .map(|i| {
+                        http.publish_ok(
+                            "match:1",
+                            Some(&format!("t{t}-{i}")),
+                            json!({"t": t, "i": i}),
+                        )
+                    })
                     .collect::<Vec<_>>()
             })
         })
         .collect();
-    let per_thread_replies: Vec<Vec<Value>> = handles.into_iter().map(|h| h.join().expect("publisher")).collect();
+    let per_thread_replies: Vec<Vec<Value>> =
+        handles.into_iter().map(|h| h.join().expect("publisher")).collect();
     let burst_ms = burst_started.elapsed().as_millis() as usize;
     // id -> seq from the publish replies
     let mut seq_of_id = std::collections::HashMap::new();
@@ -95,24 +110,43 @@ async fn subscriber_receives_a_burst_in_seq_order_in_batched_frames() {
     let total = replies.len();
     let mut published_seqs: Vec<u64> = replies.iter().map(seq_of).collect();
     published_seqs.sort_unstable();
-    assert_eq!(published_seqs, (1..=total as u64).collect::<Vec<_>>(), "publish seqs must be 1..={total}, each once");
+    assert_eq!(
+        published_seqs,
+        (1..=total as u64).collect::<Vec<_>>(),
+        "publish seqs must be 1..={total}, each once"
+    );
     let epoch = replies[0]["epoch"].clone();
     assert!(!epoch.is_null(), "publish reply without epoch: {}", replies[0]);
     assert!(replies.iter().all(|r| r["epoch"] == epoch), "one epoch for all publishes");
 
     let frames = client.next_event_frames(total).await;
     let events: Vec<Value> = frames.iter().flatten().cloned().collect();
-    assert_eq!(seqs(&events), (1..=total as u64).collect::<Vec<_>>(), "live events in seq order, each once");
+    assert_eq!(
+        seqs(&events),
+        (1..=total as u64).collect::<Vec<_>>(),
+        "live events in seq order, each once"
+    );
     for e in &events {
         assert_eq!(e["room"], "match:1");
         let id = e["id"].as_str().expect("event id");
-        assert_eq!(seq_of_id.get(id), Some(&seq_of(e)), "event {e} has the seq its publish was acknowledged with");
+        assert_eq!(
+            seq_of_id.get(id),
+            Some(&seq_of(e)),
+            "event {e} has the seq its publish was acknowledged with"
+        );
         let (t, i) = id[1..].split_once('-').expect("id t{t}-{i}");
-        assert_eq!(e["data"], json!({"t": t.parse::<u64>().unwrap(), "i": i.parse::<u64>().unwrap()}), "{e}");
+        assert_eq!(
+            e["data"],
+            json!({"t": t.parse::<u64>().unwrap(), "i": i.parse::<u64>().unwrap()}),
+            "{e}"
+        );
         assert!(e["ts_ms"].as_u64().is_some_and(|ts| ts > 1_600_000_000_000), "ts_ms: {e}");
     }
     let sizes: Vec<usize> = frames.iter().map(Vec::len).collect();
-    assert!(frames.len() < total && sizes.iter().any(|&n| n > 1), "a burst must be batched; frame sizes: {sizes:?}");
+    assert!(
+        frames.len() < total && sizes.iter().any(|&n| n > 1),
+        "a burst must be batched; frame sizes: {sizes:?}"
+    );
     // One frame per window: publishing took burst_ms, so about burst_ms / 100 windows.
     assert!(
         frames.len() <= burst_ms / 100 + 3,
@@ -186,7 +220,11 @@ async fn batch_window_zero_sends_each_event_at_once() {
         assert_eq!(frames[0][0]["data"], json!(i));
         // The publish reply comes after fan-out was started; with no window, the event
         // must not be held back for anything like a batching window.
-        assert!(started.elapsed() < Duration::from_secs(1), "event {i} took {:?} after the ack", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "event {i} took {:?} after the ack",
+            started.elapsed()
+        );
     }
     client.assert_quiet(QUIET).await;
 }
@@ -273,7 +311,10 @@ async fn epoch_from_subscribing_to_a_fresh_room_is_good_for_recovery() {
     let mut client = server.client("alice").await;
     let reply = client.subscribe_ok("fresh").await;
     let epoch = reply["epoch"].clone();
-    assert!(epoch.is_string(), "subscribed must name the epoch even before the first event: {reply}");
+    assert!(
+        epoch.is_string(),
+        "subscribed must name the epoch even before the first event: {reply}"
+    );
     let first = publish_n(&http, "fresh", "a", 2);
     assert_eq!(first[0]["epoch"], epoch, "the first publish keeps the announced epoch");
     assert_eq!(seqs(&client.next_events(2).await), vec![1, 2]);
@@ -332,7 +373,13 @@ async fn resubscribe_with_since_and_epoch_gets_exactly_the_missed_events_then_li
 
 /// Subscribes a new client with `since`/`epoch`; asserts `recovered:false`, no replay,
 /// and that a following live event is delivered.
-async fn assert_not_recovered(server: &TestServer, room: &str, since: u64, epoch: &Value, head: u64) {
+async fn assert_not_recovered(
+    server: &TestServer,
+    room: &str,
+    since: u64,
+    epoch: &Value,
+    head: u64,
+) {
     let mut client = server.client("alice").await;
     let reply = client.subscribe_since(room, since, epoch).await;
     assert_eq!(reply["op"], "subscribed", "since {since}: {reply}");
@@ -434,7 +481,11 @@ async fn restart_keeps_head_epoch_history_and_recovery() {
     assert_eq!(reply["epoch"], epoch, "{reply}");
     assert_eq!(reply["seq"], 10, "{reply}");
     let replayed = client.next_events(3).await;
-    assert_eq!(replayed, before["events"].as_array().unwrap()[7..10].to_vec(), "replay after restart");
+    assert_eq!(
+        replayed,
+        before["events"].as_array().unwrap()[7..10].to_vec(),
+        "replay after restart"
+    );
 
     let next = http.publish_ok("match:1", None, json!("after restart"));
     assert_eq!(next["seq"], 11, "the sequence continues after restart: {next}");
@@ -560,7 +611,11 @@ async fn http_history_and_history_op_equal_the_live_stream() {
     assert_eq!(op["events"].as_array().unwrap(), &live[25..].to_vec());
 
     let beyond = http.history_ok("mixed", Some(999), None);
-    assert_eq!((&beyond["events"], &beyond["head"]), (&json!([]), &json!(n)), "since past the head: {beyond}");
+    assert_eq!(
+        (&beyond["events"], &beyond["head"]),
+        (&json!([]), &json!(n)),
+        "since past the head: {beyond}"
+    );
     let op = client.history_op("never-published", 0, 10).await;
     assert_eq!(op["op"], "history", "{op}");
     assert_eq!((&op["head"], &op["events"]), (&json!(0), &json!([])), "{op}");
@@ -600,7 +655,11 @@ async fn http_history_limit_defaults_to_100_and_unknown_room_is_empty() {
     }
     let first = http.history_ok("long", None, None);
     assert_eq!(first["head"], 120);
-    assert_eq!(seqs(first["events"].as_array().unwrap()), (1..=100).collect::<Vec<_>>(), "default limit 100");
+    assert_eq!(
+        seqs(first["events"].as_array().unwrap()),
+        (1..=100).collect::<Vec<_>>(),
+        "default limit 100"
+    );
     let rest = http.history_ok("long", Some(100), None);
     assert_eq!(seqs(rest["events"].as_array().unwrap()), (101..=120).collect::<Vec<_>>());
     let none = http.history_ok("long", Some(120), None);

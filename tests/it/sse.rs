@@ -36,7 +36,12 @@ impl Message {
         let data = self.data.as_deref().unwrap_or_else(|| panic!("message without data: {self:?}"));
         serde_json::from_str(data).unwrap_or_else(|e| {
             let end = data.len().min(300);
-            panic!("data is not JSON ({e}): {:?}… ({} bytes), ends {:?}", &data[..end], data.len(), &data[data.len().saturating_sub(120)..])
+            panic!(
+                "data is not JSON ({e}): {:?}… ({} bytes), ends {:?}",
+                &data[..end],
+                data.len(),
+                &data[data.len().saturating_sub(120)..]
+            )
         })
     }
 }
@@ -82,12 +87,22 @@ pub(crate) struct Sse {
 
 impl Sse {
     /// `GET path` with `extra` headers; a 200 is read up to its `welcome`.
-    pub(crate) async fn open(addr: SocketAddr, path: &str, extra: &[(&str, &str)]) -> Result<Sse, Refused> {
+    pub(crate) async fn open(
+        addr: SocketAddr,
+        path: &str,
+        extra: &[(&str, &str)],
+    ) -> Result<Sse, Refused> {
         Sse::open_on(TcpStream::connect(addr).await.expect("connect"), addr, path, extra).await
     }
 
-    async fn open_on(mut stream: TcpStream, addr: SocketAddr, path: &str, extra: &[(&str, &str)]) -> Result<Sse, Refused> {
-        let mut request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n");
+    async fn open_on(
+        mut stream: TcpStream,
+        addr: SocketAddr,
+        path: &str,
+        extra: &[(&str, &str)],
+    ) -> Result<Sse, Refused> {
+        let mut request =
+            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n");
         for (name, value) in extra {
             request.push_str(&format!("{name}: {value}\r\n"));
         }
@@ -99,25 +114,50 @@ impl Sse {
                 break at;
             }
             let mut buf = [0u8; 4096];
-            let n = tokio::time::timeout(WAIT, stream.read(&mut buf)).await.expect("response head in time").expect("read");
-            assert!(n > 0, "server closed before a response head: {:?}", String::from_utf8_lossy(&raw));
+            let n = tokio::time::timeout(WAIT, stream.read(&mut buf))
+                .await
+                .expect("response head in time")
+                .expect("read");
+            assert!(
+                n > 0,
+                "server closed before a response head: {:?}",
+                String::from_utf8_lossy(&raw)
+            );
             raw.extend_from_slice(&buf[..n]);
         };
         let head = String::from_utf8(raw[..head_end].to_vec()).expect("head is text");
         let rest = raw[head_end + 4..].to_vec();
         let mut lines = head.split("\r\n");
-        let status: u16 = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|s| s.parse().ok()).expect("status line");
+        let status: u16 = lines
+            .next()
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|s| s.parse().ok())
+            .expect("status line");
         let headers: Vec<(String, String)> = lines
             .filter_map(|l| l.split_once(':'))
             .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
             .collect();
-        let mut sse = Sse { stream, raw: rest, body: Vec::new(), ended: false, headers, welcome: Value::Null, stash: Default::default() };
+        let mut sse = Sse {
+            stream,
+            raw: rest,
+            body: Vec::new(),
+            ended: false,
+            headers,
+            welcome: Value::Null,
+            stash: Default::default(),
+        };
         if status != 200 {
             let body = sse.read_whole_body().await;
-            let body = serde_json::from_slice(&body).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into()));
+            let body = serde_json::from_slice(&body)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into()));
             return Err(Refused { status, headers: sse.headers, body });
         }
-        assert_eq!(header(&sse.headers, "content-type"), Some("text/event-stream"), "{:?}", sse.headers);
+        assert_eq!(
+            header(&sse.headers, "content-type"),
+            Some("text/event-stream"),
+            "{:?}",
+            sse.headers
+        );
         assert_eq!(header(&sse.headers, "cache-control"), Some("no-cache"));
         assert_eq!(header(&sse.headers, "x-accel-buffering"), Some("no"));
         let welcome = sse.expect("welcome").await;
@@ -127,11 +167,16 @@ impl Sse {
     }
 
     pub(crate) async fn connect(addr: SocketAddr, query: &str) -> Sse {
-        Sse::open(addr, &format!("/v1/sse?{query}"), &[]).await.unwrap_or_else(|r| panic!("GET /v1/sse?{query}: {r:?}"))
+        Sse::open(addr, &format!("/v1/sse?{query}"), &[])
+            .await
+            .unwrap_or_else(|r| panic!("GET /v1/sse?{query}: {r:?}"))
     }
 
     fn resume(&self) -> String {
-        self.welcome["resume"].as_str().unwrap_or_else(|| panic!("welcome without resume: {}", self.welcome)).to_string()
+        self.welcome["resume"]
+            .as_str()
+            .unwrap_or_else(|| panic!("welcome without resume: {}", self.welcome))
+            .to_string()
     }
 
     async fn read_whole_body(&mut self) -> Vec<u8> {
@@ -178,7 +223,11 @@ impl Sse {
                 return;
             }
             self.body.extend_from_slice(&self.raw[start..start + size]);
-            assert_eq!(&self.raw[start + size..start + size + 2], b"\r\n", "chunk not ended by CRLF");
+            assert_eq!(
+                &self.raw[start + size..start + size + 2],
+                b"\r\n",
+                "chunk not ended by CRLF"
+            );
             self.raw.drain(..start + size + 2);
             if size == 0 {
                 self.ended = true;
@@ -267,7 +316,10 @@ impl Sse {
     }
 
     /// `subscribed` for the automatic inbox, then one per room, in any order: room → data.
-    pub(crate) async fn expect_subscribed(&mut self, rooms: &[&str]) -> std::collections::HashMap<String, Value> {
+    pub(crate) async fn expect_subscribed(
+        &mut self,
+        rooms: &[&str],
+    ) -> std::collections::HashMap<String, Value> {
         let mut got = std::collections::HashMap::new();
         while got.len() < rooms.len() {
             let message = match self.next_message(WAIT).await {
@@ -282,7 +334,10 @@ impl Sse {
             let data = message.json();
             let room = data["room"].as_str().expect("room").to_string();
             if data.get("epoch").is_none() {
-                assert!(room.starts_with("user:"), "only the automatic inbox comes without an epoch: {data}");
+                assert!(
+                    room.starts_with("user:"),
+                    "only the automatic inbox comes without an epoch: {data}"
+                );
                 continue;
             }
             assert!(rooms.contains(&room.as_str()), "subscribed to an unexpected room: {data}");
@@ -299,7 +354,9 @@ impl Sse {
             let data = message.json();
             assert_eq!(data["op"], "events", "{data}");
             events.extend(data["events"].as_array().expect("events array").iter().cloned());
-            ids.push(message.id.clone().unwrap_or_else(|| panic!("events without id: {message:?}")));
+            ids.push(
+                message.id.clone().unwrap_or_else(|| panic!("events without id: {message:?}")),
+            );
         }
         (events, ids)
     }
@@ -329,7 +386,8 @@ fn token_query(http: &Http, user: &str, rooms: &str) -> String {
 }
 
 fn mint_with_rooms(http: &Http, user: &str, patterns: Value) -> String {
-    let (status, body) = http.mint_token_raw(json!({"user": user, "device": "web", "rooms": patterns}));
+    let (status, body) =
+        http.mint_token_raw(json!({"user": user, "device": "web", "rooms": patterns}));
     assert_eq!(status, 201, "{body}");
     body["token"].as_str().unwrap().to_string()
 }
@@ -359,7 +417,11 @@ async fn events_arrive_batched_in_seq_order_with_a_cursor() {
     let server = TestServer::start(|c| c.batch_window_ms = 300);
     let http = server.http();
     let mut sse = Sse::connect(server.addr, &token_query(&http, "u1", "match:1")).await;
-    assert!(sse.welcome["session"].is_string() && sse.welcome["resume_expires_at_ms"].is_u64(), "{}", sse.welcome);
+    assert!(
+        sse.welcome["session"].is_string() && sse.welcome["resume_expires_at_ms"].is_u64(),
+        "{}",
+        sse.welcome
+    );
     let subscribed = sse.expect_subscribed(&["match:1"]).await;
     let epoch = subscribed["match:1"]["epoch"].as_str().unwrap().to_string();
     assert_eq!(subscribed["match:1"]["seq"], 0);
@@ -371,9 +433,17 @@ async fn events_arrive_batched_in_seq_order_with_a_cursor() {
     });
     let (events, ids) = sse.events(40).await;
     publisher.join().unwrap();
-    assert_eq!(seqs_of(&events, "match:1"), (1..=40).collect::<Vec<_>>(), "every seq once, ascending");
+    assert_eq!(
+        seqs_of(&events, "match:1"),
+        (1..=40).collect::<Vec<_>>(),
+        "every seq once, ascending"
+    );
     assert!(ids.len() < 40, "events are batched per window: {} messages for 40 events", ids.len());
-    assert_eq!(ids.last().unwrap(), &format!("match:1:{epoch}:40"), "the id is the cursor after the message");
+    assert_eq!(
+        ids.last().unwrap(),
+        &format!("match:1:{epoch}:40"),
+        "the id is the cursor after the message"
+    );
     sse.assert_quiet(QUIET).await;
 }
 
@@ -387,7 +457,12 @@ async fn last_event_id_and_since_replay_exactly_what_was_missed() {
     for i in 1..=3 {
         http.publish_ok("match:1", Some(&format!("a{i}")), json!({ "i": i }));
     }
-    let (message, _) = http.request("POST", "/v1/users/u1/messages", Auth::Key, Body::Json(json!({"data": {"m": 1}})));
+    let (message, _) = http.request(
+        "POST",
+        "/v1/users/u1/messages",
+        Auth::Key,
+        Body::Json(json!({"data": {"m": 1}})),
+    );
     assert_eq!(message, 201);
     let mut last_id = String::new();
     let mut seen = 0;
@@ -396,7 +471,10 @@ async fn last_event_id_and_since_replay_exactly_what_was_missed() {
         seen += m.json()["events"].as_array().unwrap().len();
         last_id = m.id.unwrap();
     }
-    assert!(last_id.contains("user:u1:"), "the inbox is in the cursor once its epoch is known: {last_id}");
+    assert!(
+        last_id.contains("user:u1:"),
+        "the inbox is in the cursor once its epoch is known: {last_id}"
+    );
     let resume = first.resume();
     drop(first);
 
@@ -405,21 +483,34 @@ async fn last_event_id_and_since_replay_exactly_what_was_missed() {
         http.publish_ok("match:1", Some(&format!("a{i}")), json!({ "i": i }));
     }
     http.publish_ok("match:2", Some("b1"), json!({ "b": 1 }));
-    let (status, _) = http.request("POST", "/v1/users/u1/messages", Auth::Key, Body::Json(json!({"data": {"m": 2}})));
+    let (status, _) = http.request(
+        "POST",
+        "/v1/users/u1/messages",
+        Auth::Key,
+        Body::Json(json!({"data": {"m": 2}})),
+    );
     assert_eq!(status, 201);
 
     let path = format!("/v1/sse?resume={resume}&rooms=match:1,match:2&since=match:1:bogus:0");
-    let mut again = Sse::open(server.addr, &path, &[("Last-Event-ID", &last_id)]).await.expect("resume with Last-Event-ID");
+    let mut again = Sse::open(server.addr, &path, &[("Last-Event-ID", &last_id)])
+        .await
+        .expect("resume with Last-Event-ID");
     let subscribed = again.expect_subscribed(&["match:1", "match:2", "user:u1"]).await;
     for room in ["match:1", "match:2", "user:u1"] {
         assert_eq!(subscribed[room]["recovered"], true, "{room}: {}", subscribed[room]);
     }
     let (events, _) = again.events(4).await;
-    let mut by_room: Vec<(String, u64)> = events.iter().map(|e| (e["room"].as_str().unwrap().to_string(), seq_of(e))).collect();
+    let mut by_room: Vec<(String, u64)> =
+        events.iter().map(|e| (e["room"].as_str().unwrap().to_string(), seq_of(e))).collect();
     by_room.sort();
     assert_eq!(
         by_room,
-        vec![("match:1".into(), 4), ("match:1".into(), 5), ("match:2".into(), 1), ("user:u1".into(), 2)],
+        vec![
+            ("match:1".into(), 4),
+            ("match:1".into(), 5),
+            ("match:2".into(), 1),
+            ("user:u1".into(), 2)
+        ],
         "exactly what was missed (the header wins over since)"
     );
     again.assert_quiet(QUIET).await;
@@ -434,7 +525,9 @@ async fn last_event_id_and_since_replay_exactly_what_was_missed() {
     // The same with since= (no header), after two more.
     http.publish_ok("match:1", Some("a7"), json!({ "i": 7 }));
     http.publish_ok("match:1", Some("a8"), json!({ "i": 8 }));
-    let mut third = Sse::connect(server.addr, &format!("resume={resume}&rooms=match:1,match:2&since={cursor}")).await;
+    let mut third =
+        Sse::connect(server.addr, &format!("resume={resume}&rooms=match:1,match:2&since={cursor}"))
+            .await;
     third.expect_subscribed(&["match:1", "match:2", "user:u1"]).await;
     let (events, _) = third.events(2).await;
     assert_eq!(seqs_of(&events, "match:1"), vec![7, 8]);
@@ -442,7 +535,11 @@ async fn last_event_id_and_since_replay_exactly_what_was_missed() {
 
     // A cursor of another epoch is not recovered: recovered:false and nothing replayed.
     let stale = format!("match:1:{}:2", "0000");
-    let mut fourth = Sse::connect(server.addr, &format!("{}&since={stale}", token_query(&http, "u1", "match:1"))).await;
+    let mut fourth = Sse::connect(
+        server.addr,
+        &format!("{}&since={stale}", token_query(&http, "u1", "match:1")),
+    )
+    .await;
     let subscribed = fourth.expect_subscribed(&["match:1"]).await;
     assert_eq!(subscribed["match:1"]["recovered"], false, "{}", subscribed["match:1"]);
     fourth.assert_quiet(QUIET).await;
@@ -465,10 +562,20 @@ async fn refused_requests_leave_the_token_usable() {
         ("rooms=user:u2", &[], 403, "forbidden", Some("user:u2")),
     ];
     for (query, headers, status, code, room) in cases {
-        let refused = Sse::open(server.addr, &format!("/v1/sse?token={token}&{query}"), headers).await;
+        let refused =
+            Sse::open(server.addr, &format!("/v1/sse?token={token}&{query}"), headers).await;
         let refused = refused.err().unwrap_or_else(|| panic!("{query} must be refused"));
-        assert_eq!((refused.status, refused.code()), (*status, *code), "{query}: {:?}", refused.body);
-        assert!(refused.body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{:?}", refused.body);
+        assert_eq!(
+            (refused.status, refused.code()),
+            (*status, *code),
+            "{query}: {:?}",
+            refused.body
+        );
+        assert!(
+            refused.body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{:?}",
+            refused.body
+        );
         assert_eq!(refused.body["error"]["room"].as_str(), *room, "{query}: {:?}", refused.body);
     }
     assert_eq!(http.metric("livegate_handshake_rejections_total{reason=\"forbidden\"}"), Some(2.0));
@@ -476,10 +583,15 @@ async fn refused_requests_leave_the_token_usable() {
     let mut sse = Sse::connect(server.addr, &format!("token={token}&rooms=match:1")).await;
     sse.expect_subscribed(&["match:1"]).await;
     let replay = Sse::open(server.addr, &format!("/v1/sse?token={token}&rooms=match:1"), &[]).await;
-    assert_eq!(replay.err().map(|r| (r.status, r.code().to_string())), Some((401, "token_replayed".into())));
-    let missing = Sse::open(server.addr, "/v1/sse?rooms=match:1", &[]).await.err().expect("no credential");
+    assert_eq!(
+        replay.err().map(|r| (r.status, r.code().to_string())),
+        Some((401, "token_replayed".into()))
+    );
+    let missing =
+        Sse::open(server.addr, "/v1/sse?rooms=match:1", &[]).await.err().expect("no credential");
     assert_eq!((missing.status, missing.code()), (401, "missing_token"));
-    let bad_resume = Sse::open(server.addr, "/v1/sse?resume=garbage", &[]).await.err().expect("bad resume");
+    let bad_resume =
+        Sse::open(server.addr, "/v1/sse?resume=garbage", &[]).await.err().expect("bad resume");
     assert_eq!((bad_resume.status, bad_resume.code()), (401, "resume_invalid"));
 }
 
@@ -496,9 +608,13 @@ async fn a_kick_closes_the_stream_with_4502_and_voids_its_resume() {
     let close = sse.expect_close().await;
     assert_eq!(close["code"], 4502, "{close}");
     assert!(close["reason"].is_string(), "{close}");
-    let refused = Sse::open(server.addr, &format!("/v1/sse?resume={resume}"), &[]).await.err().expect("the resume is void");
+    let refused = Sse::open(server.addr, &format!("/v1/sse?resume={resume}"), &[])
+        .await
+        .err()
+        .expect("the resume is void");
     assert_eq!((refused.status, refused.code()), (401, "resume_invalid"), "{:?}", refused.body);
-    let ws = WsClient::try_connect_url(&format!("ws://{}/v1/ws?resume={resume}", server.addr)).await;
+    let ws =
+        WsClient::try_connect_url(&format!("ws://{}/v1/ws?resume={resume}", server.addr)).await;
     assert_eq!(ws.err().map(|r| r.status), Some(401));
     assert!(wait_until(WAIT, || sse_metric(&http) == 0.0), "the kicked stream is released");
 }
@@ -515,7 +631,10 @@ async fn a_newer_connection_of_an_exclusive_device_replaces_the_stream_with_4501
     let mut newer = WsClient::connect(server.addr, &http.mint_token("u1", "phone"), None).await;
     let close = sse.expect_close().await;
     assert_eq!(close["code"], 4501, "{close}");
-    let refused = Sse::open(server.addr, &format!("/v1/sse?resume={resume}"), &[]).await.err().expect("replaced: void");
+    let refused = Sse::open(server.addr, &format!("/v1/sse?resume={resume}"), &[])
+        .await
+        .err()
+        .expect("replaced: void");
     assert_eq!((refused.status, refused.code()), (401, "resume_invalid"));
     newer.assert_alive().await;
 }
@@ -530,7 +649,9 @@ async fn resume_credentials_cross_between_websocket_and_sse() {
     let resume = sse.resume();
     drop(sse);
     // SSE → WebSocket: same user and session.
-    let mut ws = WsClient::try_connect_url(&format!("ws://{}/v1/ws?resume={resume}", server.addr)).await.expect("resume on /v1/ws");
+    let mut ws = WsClient::try_connect_url(&format!("ws://{}/v1/ws?resume={resume}", server.addr))
+        .await
+        .expect("resume on /v1/ws");
     assert_eq!(ws.session(), session);
     ws.subscribe_ok("match:1").await;
     let next = ws.welcome["resume"].as_str().unwrap().to_string();
@@ -539,7 +660,12 @@ async fn resume_credentials_cross_between_websocket_and_sse() {
     let mut sse = Sse::connect(server.addr, &format!("resume={next}&rooms=match:1")).await;
     assert_eq!(sse.welcome["session"], session.as_str());
     sse.expect_subscribed(&["match:1"]).await;
-    let (status, _) = http.request("POST", "/v1/users/u1/messages", Auth::Key, Body::Json(json!({"data": {"to": "u1"}})));
+    let (status, _) = http.request(
+        "POST",
+        "/v1/users/u1/messages",
+        Auth::Key,
+        Body::Json(json!({"data": {"to": "u1"}})),
+    );
     assert_eq!(status, 201);
     let (events, _) = sse.events(1).await;
     assert_eq!(events[0]["data"]["to"], "u1", "the resumed stream is u1's: {}", events[0]);
@@ -555,14 +681,20 @@ async fn a_stream_counts_against_the_connection_limits_and_is_released_on_discon
     let sse = Sse::connect(server.addr, &token_query(&http, "u1", "match:1")).await;
     assert_eq!(sse_metric(&http), 1.0);
     let token = http.mint_token("u2", "web");
-    let refused = Sse::open(server.addr, &format!("/v1/sse?token={token}"), &[]).await.err().expect("over the per-IP limit");
+    let refused = Sse::open(server.addr, &format!("/v1/sse?token={token}"), &[])
+        .await
+        .err()
+        .expect("over the per-IP limit");
     assert_eq!((refused.status, refused.code()), (429, "too_many_connections"));
     let ws = WsClient::try_connect(server.addr, Some(&token), None).await;
     assert_eq!(ws.err().map(|r| r.status), Some(429), "a WebSocket counts with the stream");
 
     // The client goes away: the stream's connection ends (registry, gauges, permit).
     drop(sse);
-    assert!(wait_until(Duration::from_secs(5), || sse_metric(&http) == 0.0), "the stream is released at once after its client left");
+    assert!(
+        wait_until(Duration::from_secs(5), || sse_metric(&http) == 0.0),
+        "the stream is released at once after its client left"
+    );
     let (status, body) = http.request("GET", "/v1/admin/status", Auth::Key, Body::None);
     assert_eq!((status, &body["connections"]), (200, &json!(0)), "{body}");
     assert_eq!(http.metric("livegate_connections_open{device=\"web\"}"), Some(0.0));
@@ -576,7 +708,10 @@ async fn the_node_limit_counts_streams_too() {
     let server = TestServer::start(|c| c.max_connections = 1);
     let http = server.http();
     let _sse = Sse::connect(server.addr, &token_query(&http, "u1", "")).await;
-    let refused = Sse::open(server.addr, &format!("/v1/sse?{}", token_query(&http, "u2", "")), &[]).await.err().expect("node full");
+    let refused = Sse::open(server.addr, &format!("/v1/sse?{}", token_query(&http, "u2", "")), &[])
+        .await
+        .err()
+        .expect("node full");
     assert_eq!((refused.status, refused.code()), (503, "too_many_connections"));
 }
 
@@ -613,7 +748,8 @@ async fn a_stream_that_is_not_read_is_closed_as_a_slow_consumer() {
         p.join().expect("publisher");
     }
     assert!(
-        wait_until(WAIT, || http.metric("livegate_slow_consumer_closes_total").unwrap_or(0.0) >= 1.0),
+        wait_until(WAIT, || http.metric("livegate_slow_consumer_closes_total").unwrap_or(0.0)
+            >= 1.0),
         "the stalled stream is evicted"
     );
     // It reads now: what the buffers held (whole messages, in seq order), then the close.
@@ -635,7 +771,10 @@ async fn a_stream_that_is_not_read_is_closed_as_a_slow_consumer() {
     };
     assert_eq!(close["code"], 4009, "{close}");
     assert!(received < 1000, "the stalled stream was cut off, not sent everything");
-    assert!(matches!(stalled.next_message(WAIT).await, Next::End), "the stream ends after its close");
+    assert!(
+        matches!(stalled.next_message(WAIT).await, Next::End),
+        "the stream ends after its close"
+    );
     assert!(wait_until(WAIT, || sse_metric(&http) == 0.0), "the evicted stream is released");
 }
 
@@ -647,10 +786,14 @@ async fn raw_newlines_in_event_data_arrive_as_valid_json() {
     let mut sse = Sse::connect(server.addr, &token_query(&http, "u1", "match:1")).await;
     sse.expect_subscribed(&["match:1"]).await;
     let body = "{\"id\":\"nl\",\"data\":{\"a\":\n1,\r\n\"b\":\r[\"x\",\n\"y\"]}}";
-    let (status, reply) = http.request("POST", "/v1/rooms/match:1/events", Auth::Key, Body::Raw(body));
+    let (status, reply) =
+        http.request("POST", "/v1/rooms/match:1/events", Auth::Key, Body::Raw(body));
     assert_eq!(status, 201, "{reply}");
     let message = sse.expect_message("events").await;
-    assert!(message.data.as_deref().unwrap().contains('\n'), "the data came as several lines: {message:?}");
+    assert!(
+        message.data.as_deref().unwrap().contains('\n'),
+        "the data came as several lines: {message:?}"
+    );
     let data = message.json();
     assert_eq!(data["events"][0]["data"], json!({"a": 1, "b": ["x", "y"]}), "{data}");
 }
@@ -662,15 +805,27 @@ async fn cors_for_allowed_origins_and_403_for_others() {
     let http = server.http();
     let query = token_query(&http, "u1", "match:1");
     let origin = [("Origin", "https://app.example")];
-    let mut sse = Sse::open(server.addr, &format!("/v1/sse?{query}"), &origin).await.expect("allowed origin");
+    let mut sse =
+        Sse::open(server.addr, &format!("/v1/sse?{query}"), &origin).await.expect("allowed origin");
     assert_eq!(header(&sse.headers, "access-control-allow-origin"), Some("https://app.example"));
     assert_eq!(header(&sse.headers, "vary"), Some("Origin"));
     sse.expect_subscribed(&["match:1"]).await;
     // Error answers carry it too, so a page can read why it was refused.
-    let refused = Sse::open(server.addr, &format!("/v1/sse?{query}"), &origin).await.err().expect("replayed token");
+    let refused = Sse::open(server.addr, &format!("/v1/sse?{query}"), &origin)
+        .await
+        .err()
+        .expect("replayed token");
     assert_eq!((refused.status, refused.code()), (401, "token_replayed"));
-    assert_eq!(header(&refused.headers, "access-control-allow-origin"), Some("https://app.example"));
-    let other = Sse::open(server.addr, &format!("/v1/sse?{}", token_query(&http, "u2", "")), &[("Origin", "https://evil.example")]).await;
+    assert_eq!(
+        header(&refused.headers, "access-control-allow-origin"),
+        Some("https://app.example")
+    );
+    let other = Sse::open(
+        server.addr,
+        &format!("/v1/sse?{}", token_query(&http, "u2", "")),
+        &[("Origin", "https://evil.example")],
+    )
+    .await;
     let other = other.err().expect("a disallowed origin is refused");
     assert_eq!((other.status, other.code()), (403, "forbidden_origin"));
     assert_eq!(header(&other.headers, "access-control-allow-origin"), None);
@@ -678,14 +833,23 @@ async fn cors_for_allowed_origins_and_403_for_others() {
     // see its status (a draining node's 503 is not a refused credential).
     let readyz = |origin: &'static str| async move {
         let mut stream = TcpStream::connect(server.addr).await.expect("connect");
-        let request = format!("GET /readyz HTTP/1.1\r\nHost: x\r\nOrigin: {origin}\r\nConnection: close\r\n\r\n");
+        let request = format!(
+            "GET /readyz HTTP/1.1\r\nHost: x\r\nOrigin: {origin}\r\nConnection: close\r\n\r\n"
+        );
         stream.write_all(request.as_bytes()).await.expect("write");
         let mut raw = Vec::new();
-        tokio::time::timeout(WAIT, stream.read_to_end(&mut raw)).await.expect("in time").expect("read");
+        tokio::time::timeout(WAIT, stream.read_to_end(&mut raw))
+            .await
+            .expect("in time")
+            .expect("read");
         String::from_utf8_lossy(&raw).to_ascii_lowercase()
     };
     let allowed = readyz("https://app.example").await;
-    assert!(allowed.starts_with("http/1.1 200") && allowed.contains("access-control-allow-origin: https://app.example"), "{allowed}");
+    assert!(
+        allowed.starts_with("http/1.1 200")
+            && allowed.contains("access-control-allow-origin: https://app.example"),
+        "{allowed}"
+    );
     let refused = readyz("https://evil.example").await;
     assert!(!refused.contains("access-control-allow-origin"), "{refused}");
 }
@@ -704,7 +868,11 @@ async fn pings_arrive_every_heartbeat_and_silence_is_no_timeout() {
     while started.elapsed() < Duration::from_millis(4500) {
         match sse.next_within(Duration::from_secs(2)).await {
             Next::Message(m) => {
-                assert_eq!(m.comment.as_deref(), Some("ping"), "only pings on an idle stream: {m:?}");
+                assert_eq!(
+                    m.comment.as_deref(),
+                    Some("ping"),
+                    "only pings on an idle stream: {m:?}"
+                );
                 pings += 1;
             }
             Next::End => panic!("the idle stream was closed"),
@@ -720,7 +888,8 @@ fn a_drain_ends_the_stream_with_close_1012() {
     let dir = tempfile::Builder::new().prefix("livegate-sse-drain-").tempdir().unwrap();
     let data = dir.path().join("data");
     let log = dir.path().join("serve.log");
-    let mut process = ServeProcess::start(&data, &log, &["--drain-wait-secs", "0", "--drain-spread-secs", "0"]);
+    let mut process =
+        ServeProcess::start(&data, &log, &["--drain-wait-secs", "0", "--drain-spread-secs", "0"]);
     let http = process.http();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let query = token_query(&http, "u1", "match:1");
@@ -738,7 +907,9 @@ fn a_drain_ends_the_stream_with_close_1012() {
     });
     assert_eq!(close["code"], 1012, "{close}");
     assert!(close["reason"].as_str().unwrap_or("").contains("reconnect"), "{close}");
-    let status = process.wait_exit(Duration::from_secs(20)).unwrap_or_else(|| panic!("no exit; log:\n{}", process.log_text()));
+    let status = process
+        .wait_exit(Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("no exit; log:\n{}", process.log_text()));
     assert!(status.success(), "{status}; log:\n{}", process.log_text());
 }
 
@@ -765,7 +936,9 @@ fn curl_n_prints_the_stream() {
     });
     let mut lines = Vec::new();
     let wait_for = |prefix: &str, lines: &mut Vec<String>| loop {
-        let line = rx.recv_timeout(WAIT).unwrap_or_else(|_| panic!("curl printed no {prefix:?} line; so far {lines:?}"));
+        let line = rx
+            .recv_timeout(WAIT)
+            .unwrap_or_else(|_| panic!("curl printed no {prefix:?} line; so far {lines:?}"));
         lines.push(line.clone());
         if line.starts_with(prefix) {
             return line;
@@ -788,7 +961,10 @@ fn curl_n_prints_the_stream() {
     assert_eq!(events["events"][0]["data"]["via"], "curl", "{events}");
     let _ = curl.kill();
     let _ = curl.wait();
-    assert!(wait_until(Duration::from_secs(5), || sse_metric(&http) == 0.0), "curl's stream is released once curl is gone");
+    assert!(
+        wait_until(Duration::from_secs(5), || sse_metric(&http) == 0.0),
+        "curl's stream is released once curl is gone"
+    );
 }
 
 /// `state=1`: every room of the stream is subscribed with `state:true`; its
@@ -803,26 +979,45 @@ async fn state_1_brings_each_rooms_state_and_the_events_after_it() {
         if i == 3 {
             body["state"] = json!({"upto": 3});
         }
-        let (status, reply) = http.request("POST", "/v1/rooms/match:1/events", Auth::Key, Body::Json(body));
+        let (status, reply) =
+            http.request("POST", "/v1/rooms/match:1/events", Auth::Key, Body::Json(body));
         assert_eq!(status, 201, "{reply}");
     }
     http.publish_ok("match:2", None, json!({"plain": true}));
     let query = format!("{}&state=1", token_query(&http, "u1", "match:1,match:2"));
     let mut sse = Sse::connect(server.addr, &query).await;
     let subscribed = sse.expect_subscribed(&["match:1", "match:2"]).await;
-    assert_eq!(subscribed["match:1"]["state"], json!({"seq": 3, "data": {"upto": 3}}), "{:?}", subscribed);
-    assert_eq!(subscribed["match:2"]["state"], Value::Null, "a room without a state: {:?}", subscribed);
+    assert_eq!(
+        subscribed["match:1"]["state"],
+        json!({"seq": 3, "data": {"upto": 3}}),
+        "{:?}",
+        subscribed
+    );
+    assert_eq!(
+        subscribed["match:2"]["state"],
+        Value::Null,
+        "a room without a state: {:?}",
+        subscribed
+    );
     let (events, _) = sse.events(3).await;
-    let mut got: Vec<(String, u64)> = events.iter().map(|e| (e["room"].as_str().unwrap().to_string(), e["seq"].as_u64().unwrap())).collect();
+    let mut got: Vec<(String, u64)> = events
+        .iter()
+        .map(|e| (e["room"].as_str().unwrap().to_string(), e["seq"].as_u64().unwrap()))
+        .collect();
     got.sort();
-    assert_eq!(got, [("match:1".to_string(), 4), ("match:1".to_string(), 5), ("match:2".to_string(), 1)]);
+    assert_eq!(
+        got,
+        [("match:1".to_string(), 4), ("match:1".to_string(), 5), ("match:2".to_string(), 1)]
+    );
     sse.assert_quiet(QUIET).await;
 
     // Without the flag, no state; a flag that is not one is refused before the token is spent.
     let mut plain = Sse::connect(server.addr, &token_query(&http, "u2", "match:1")).await;
     assert_eq!(plain.expect_subscribed(&["match:1"]).await["match:1"].get("state"), None);
     let token = http.mint_token("u3", "web");
-    let refused = Sse::open(server.addr, &format!("/v1/sse?token={token}&rooms=match:1&state=yes"), &[]).await;
+    let refused =
+        Sse::open(server.addr, &format!("/v1/sse?token={token}&rooms=match:1&state=yes"), &[])
+            .await;
     assert_eq!(refused.err().map(|r| r.status), Some(400));
     Sse::connect(server.addr, &format!("token={token}&rooms=match:1")).await;
 }

@@ -13,7 +13,13 @@ use common::process::ServeProcess;
 use common::*;
 use serde_json::{json, Value};
 
-fn publish_with_state(http: &Http, room: &str, id: &str, data: Value, state: Option<Value>) -> (u16, Value) {
+fn publish_with_state(
+    http: &Http,
+    room: &str,
+    id: &str,
+    data: Value,
+    state: Option<Value>,
+) -> (u16, Value) {
     let mut body = json!({"id": id, "data": data});
     if let Some(state) = state {
         body["state"] = state;
@@ -22,13 +28,19 @@ fn publish_with_state(http: &Http, room: &str, id: &str, data: Value, state: Opt
 }
 
 fn get_state(http: &Http, room: &str) -> Value {
-    let (status, body) = http.request("GET", &format!("/v1/rooms/{room}/state"), Auth::Key, Body::None);
+    let (status, body) =
+        http.request("GET", &format!("/v1/rooms/{room}/state"), Auth::Key, Body::None);
     assert_eq!(status, 200, "GET state of {room}: {body}");
     body
 }
 
 fn put_state(http: &Http, room: &str, data: Value) -> (u16, Value) {
-    http.request("PUT", &format!("/v1/rooms/{room}/state"), Auth::Key, Body::Json(json!({"data": data})))
+    http.request(
+        "PUT",
+        &format!("/v1/rooms/{room}/state"),
+        Auth::Key,
+        Body::Json(json!({"data": data})),
+    )
 }
 
 async fn subscribe_state(client: &mut WsClient, room: &str, since: Option<(u64, &Value)>) -> Value {
@@ -45,7 +57,12 @@ async fn subscribe_state(client: &mut WsClient, room: &str, since: Option<(u64, 
 /// The ids of the room's events by seq, from the HTTP history.
 fn ids_by_seq(http: &Http, room: &str) -> HashMap<u64, String> {
     let history = http.history_ok(room, Some(0), Some(1000));
-    history["events"].as_array().unwrap().iter().map(|e| (seq_of(e), e["id"].as_str().unwrap().to_string())).collect()
+    history["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (seq_of(e), e["id"].as_str().unwrap().to_string()))
+        .collect()
 }
 
 #[tokio::test]
@@ -58,7 +75,8 @@ async fn a_late_subscriber_gets_the_state_at_s_and_exactly_the_events_after_it()
     for i in 1..=300u64 {
         let id = format!("e-{i}");
         let state = (i % 7 == 0).then(|| json!({"last_id": id, "count": i}));
-        let (status, body) = publish_with_state(&http, "match:9", &id, json!({"i": i}), state.clone());
+        let (status, body) =
+            publish_with_state(&http, "match:9", &id, json!({"i": i}), state.clone());
         assert_eq!(status, 201, "{body}");
         if state.is_some() {
             state_seq = body["seq"].as_u64().unwrap();
@@ -77,7 +95,13 @@ async fn a_late_subscriber_gets_the_state_at_s_and_exactly_the_events_after_it()
     late.assert_quiet(Duration::from_millis(300)).await;
 
     // Then live, with no gap and no duplicate.
-    publish_with_state(&http, "match:9", "e-301", json!({"i": 301}), Some(json!({"last_id": "e-301"})));
+    publish_with_state(
+        &http,
+        "match:9",
+        "e-301",
+        json!({"i": 301}),
+        Some(json!({"last_id": "e-301"})),
+    );
     assert_eq!(seqs(&late.next_events(1).await), [301]);
     // A subscriber without state:true gets no state and no replay.
     let mut plain = server.client("plain").await;
@@ -107,11 +131,19 @@ async fn the_state_is_read_once_when_the_room_loads_and_never_rebuilt_from_the_l
     for n in 0..5 {
         let mut client = server.client(&format!("u{n}")).await;
         let reply = subscribe_state(&mut client, "r", None).await;
-        assert_eq!((&reply["state"]["seq"], &reply["state"]["data"]), (&json!(50), &json!({"n": 50})), "{reply}");
+        assert_eq!(
+            (&reply["state"]["seq"], &reply["state"]["data"]),
+            (&json!(50), &json!({"n": 50})),
+            "{reply}"
+        );
         client.assert_quiet(Duration::from_millis(100)).await;
     }
     assert_eq!(get_state(&http, "r")["seq"], 50);
-    assert_eq!(http.metric("livegate_state_reads_total"), Some(1.0), "one store read of the state, at the room's load");
+    assert_eq!(
+        http.metric("livegate_state_reads_total"),
+        Some(1.0),
+        "one store read of the state, at the room's load"
+    );
 }
 
 #[tokio::test]
@@ -125,7 +157,8 @@ async fn a_failed_recovery_brings_the_state_and_the_events_after_it() {
     for i in 1..=125u64 {
         // The state is the count of events so far, set with every tenth event.
         let state = (i % 10 == 0).then(|| json!({"count": i}));
-        let (status, body) = publish_with_state(&http, "room:1", &format!("e-{i}"), json!({"add": 1}), state);
+        let (status, body) =
+            publish_with_state(&http, "room:1", &format!("e-{i}"), json!({"add": 1}), state);
         assert_eq!(status, 201, "{body}");
     }
     let epoch = if epoch.is_null() { get_state(&http, "room:1")["epoch"].clone() } else { epoch };
@@ -146,7 +179,8 @@ async fn a_failed_recovery_brings_the_state_and_the_events_after_it() {
         // The client's view (the state plus the events after it) is the server's.
         let view = reply["state"]["data"]["count"].as_u64().unwrap() + events.len() as u64;
         let server_state = get_state(&http, "room:1");
-        let server_view = server_state["data"]["count"].as_u64().unwrap() + (125 - server_state["seq"].as_u64().unwrap());
+        let server_view = server_state["data"]["count"].as_u64().unwrap()
+            + (125 - server_state["seq"].as_u64().unwrap());
         assert_eq!((view, server_view), (125, 125), "{why}");
         assert_eq!(server_state["epoch"], reply["epoch"], "{why}");
     }
@@ -173,8 +207,13 @@ async fn concurrent_publishers_every_state_names_the_event_that_produced_it() {
             std::thread::spawn(move || {
                 for i in 0..60 {
                     let id = format!("w{w}-{i}");
-                    let (status, body) =
-                        publish_with_state(&http, "race", &id, json!({"id": id}), Some(json!({"last_id": id})));
+                    let (status, body) = publish_with_state(
+                        &http,
+                        "race",
+                        &id,
+                        json!({"id": id}),
+                        Some(json!({"last_id": id})),
+                    );
                     assert_eq!(status, 201, "{body}");
                 }
             })
@@ -183,7 +222,11 @@ async fn concurrent_publishers_every_state_names_the_event_that_produced_it() {
     // Subscribers join while the publishers race; each state names the event at its seq.
     let mut joined = Vec::new();
     for n in 0..6 {
-        common::pace_async(Duration::from_millis(40), "subscribers join all through the publishers' race").await;
+        common::pace_async(
+            Duration::from_millis(40),
+            "subscribers join all through the publishers' race",
+        )
+        .await;
         let mut client = server.client(&format!("s{n}")).await;
         let reply = subscribe_state(&mut client, "race", None).await;
         joined.push((client, reply));
@@ -198,7 +241,11 @@ async fn concurrent_publishers_every_state_names_the_event_that_produced_it() {
             assert_eq!(reply["state"], Value::Null, "{reply}");
             continue;
         };
-        assert_eq!(reply["state"]["data"]["last_id"].as_str(), Some(ids[&seq].as_str()), "state at {seq}: {reply}");
+        assert_eq!(
+            reply["state"]["data"]["last_id"].as_str(),
+            Some(ids[&seq].as_str()),
+            "state at {seq}: {reply}"
+        );
         // Then every event after S, each once, in order, up to the last.
         let events = client.next_events((240 - seq) as usize).await;
         assert_eq!(seqs(&events), (seq + 1..=240).collect::<Vec<_>>());
@@ -223,7 +270,11 @@ async fn put_and_get_round_trip_as_of_the_head() {
 
     let (status, put) = put_state(&http, "board", json!({"a": 1}));
     assert_eq!(status, 200, "{put}");
-    assert_eq!((&put["room"], &put["seq"], &put["epoch"]), (&json!("board"), &json!(0), &none["epoch"]), "{put}");
+    assert_eq!(
+        (&put["room"], &put["seq"], &put["epoch"]),
+        (&json!("board"), &json!(0), &none["epoch"]),
+        "{put}"
+    );
     let got = get_state(&http, "board");
     assert_eq!(got, json!({"room": "board", "epoch": put["epoch"], "seq": 0, "data": {"a": 1}}));
 
@@ -236,7 +287,11 @@ async fn put_and_get_round_trip_as_of_the_head() {
     let (_, put) = put_state(&http, "board", json!(null));
     assert_eq!(put["seq"], 3);
     let got = get_state(&http, "board");
-    assert_eq!((&got["seq"], &got["data"]), (&json!(3), &Value::Null), "a null state is a state: {got}");
+    assert_eq!(
+        (&got["seq"], &got["data"]),
+        (&json!(3), &Value::Null),
+        "a null state is a state: {got}"
+    );
 
     let mut client = server.client("u").await;
     let reply = subscribe_state(&mut client, "board", None).await;
@@ -244,12 +299,14 @@ async fn put_and_get_round_trip_as_of_the_head() {
     client.assert_quiet(Duration::from_millis(200)).await;
 
     // Refusals: no key, a body that is not {"data"}, a bad room.
-    let (status, _) = http.request("PUT", "/v1/rooms/board/state", Auth::None, Body::Json(json!({"data": 1})));
+    let (status, _) =
+        http.request("PUT", "/v1/rooms/board/state", Auth::None, Body::Json(json!({"data": 1})));
     assert_eq!(status, 401);
     let (status, _) = http.request("GET", "/v1/rooms/board/state", Auth::None, Body::None);
     assert_eq!(status, 401);
     for body in [r#"{"state":1}"#, r#"{"data":1,"seq":9}"#, "not json"] {
-        let (status, reply) = http.request("PUT", "/v1/rooms/board/state", Auth::Key, Body::Raw(body));
+        let (status, reply) =
+            http.request("PUT", "/v1/rooms/board/state", Auth::Key, Body::Raw(body));
         assert_eq!((status, error_code(&reply)), (400, "bad_request"), "{body}: {reply}");
     }
     let (status, reply) = put_state(&http, "bad%20room", json!(1));
@@ -279,22 +336,40 @@ async fn too_large_states_are_refused_with_413_and_inboxes_have_none() {
     assert_eq!(status, 201);
     let mut alice = WsClient::connect(server.addr, token["token"].as_str().unwrap(), None).await;
     let reply = alice.request(json!({"op": "publish", "room": "r", "data": 1, "state": big})).await;
-    assert_eq!((&reply["op"], &reply["code"]), (&json!("error"), &json!("payload_too_large")), "{reply}");
-    let reply = alice.request(json!({"op": "publish", "room": "r", "data": 2, "state": {"by": "op"}})).await;
+    assert_eq!(
+        (&reply["op"], &reply["code"]),
+        (&json!("error"), &json!("payload_too_large")),
+        "{reply}"
+    );
+    let reply = alice
+        .request(json!({"op": "publish", "room": "r", "data": 2, "state": {"by": "op"}}))
+        .await;
     assert_eq!(reply["op"], "published", "{reply}");
-    assert_eq!(get_state(&http, "r"), json!({"room": "r", "epoch": get_state(&http, "r")["epoch"], "seq": 2, "data": {"by": "op"}}));
+    assert_eq!(
+        get_state(&http, "r"),
+        json!({"room": "r", "epoch": get_state(&http, "r")["epoch"], "seq": 2, "data": {"by": "op"}})
+    );
 
     // Inboxes: no state anywhere.
-    let (status, reply) =
-        http.request("POST", "/v1/users/bob/messages", Auth::Key, Body::Json(json!({"data": 1, "state": {"a": 1}})));
+    let (status, reply) = http.request(
+        "POST",
+        "/v1/users/bob/messages",
+        Auth::Key,
+        Body::Json(json!({"data": 1, "state": {"a": 1}})),
+    );
     assert_eq!((status, error_code(&reply)), (400, "bad_request"), "{reply}");
-    let (status, reply) = publish_with_state(&http, "user:bob", "m-1", json!(1), Some(json!({"a": 1})));
+    let (status, reply) =
+        publish_with_state(&http, "user:bob", "m-1", json!(1), Some(json!({"a": 1})));
     assert_eq!((status, error_code(&reply)), (400, "bad_request"), "{reply}");
     let (status, reply) = put_state(&http, "user:bob", json!(1));
     assert_eq!((status, error_code(&reply)), (400, "bad_request"), "{reply}");
     let (status, reply) = http.request("GET", "/v1/rooms/user:bob/state", Auth::Key, Body::None);
     assert_eq!((status, error_code(&reply)), (400, "bad_request"), "{reply}");
-    assert_eq!(http.history_ok("user:bob", Some(0), Some(10))["head"], 0, "nothing appended to the inbox");
+    assert_eq!(
+        http.history_ok("user:bob", Some(0), Some(10))["head"],
+        0,
+        "nothing appended to the inbox"
+    );
 }
 
 #[tokio::test]
@@ -305,7 +380,13 @@ async fn an_acknowledged_state_survives_kill_9() {
     let serve = ServeProcess::start(&data, &root.path().join("serve-1.log"), &[]);
     let http = Http::new(serve.addr);
     for i in 1..=20u64 {
-        let (status, body) = publish_with_state(&http, "m", &format!("e-{i}"), json!(i), Some(json!({"last_id": format!("e-{i}")})));
+        let (status, body) = publish_with_state(
+            &http,
+            "m",
+            &format!("e-{i}"),
+            json!(i),
+            Some(json!({"last_id": format!("e-{i}")})),
+        );
         assert_eq!(status, 201, "{body}");
     }
     let (status, _) = put_state(&http, "other", json!({"put": true}));
@@ -316,7 +397,11 @@ async fn an_acknowledged_state_survives_kill_9() {
     let serve = ServeProcess::start(&data, &root.path().join("serve-2.log"), &[]);
     let http = Http::new(serve.addr);
     let state = get_state(&http, "m");
-    assert_eq!((&state["seq"], &state["data"]), (&json!(20), &json!({"last_id": "e-20"})), "{state}");
+    assert_eq!(
+        (&state["seq"], &state["data"]),
+        (&json!(20), &json!({"last_id": "e-20"})),
+        "{state}"
+    );
     assert_eq!(get_state(&http, "other")["data"], json!({"put": true}));
     let token = http.mint_token("u", "web");
     let mut client = WsClient::connect(serve.addr, &token, None).await;
@@ -335,14 +420,21 @@ async fn the_demo_resumes_each_match_from_its_stored_state() {
     let serve = ServeProcess::start(&data, &root.path().join("serve-1.log"), &["--demo"]);
     let http = Http::new(serve.addr);
     // Wait until some match is playing, past kick-off.
-    let (room, before) = common::wait_for_every(Duration::from_secs(60), Duration::from_millis(200), || {
-        (1..=4).map(|m| format!("match:{m}")).find_map(|room| {
-            let state = get_state(&http, &room);
-            (state["data"]["status"] == "playing" && state["data"]["minute"].as_u64() >= Some(5)).then_some((room, state))
+    let (room, before) =
+        common::wait_for_every(Duration::from_secs(60), Duration::from_millis(200), || {
+            (1..=4).map(|m| format!("match:{m}")).find_map(|room| {
+                let state = get_state(&http, &room);
+                (state["data"]["status"] == "playing"
+                    && state["data"]["minute"].as_u64() >= Some(5))
+                .then_some((room, state))
+            })
         })
-    })
-    .expect("no demo match got going");
-    assert_eq!(before["data"]["match"], json!(room.trim_start_matches("match:").parse::<u64>().unwrap()), "{before}");
+        .expect("no demo match got going");
+    assert_eq!(
+        before["data"]["match"],
+        json!(room.trim_start_matches("match:").parse::<u64>().unwrap()),
+        "{before}"
+    );
     // Every event carried its match's state: the state names the head. The demo goes on
     // publishing, so compare only readings with no event between them.
     let settled = (0..50).find_map(|_| {
@@ -357,20 +449,33 @@ async fn the_demo_resumes_each_match_from_its_stored_state() {
     let serve = ServeProcess::start(&data, &root.path().join("serve-2.log"), &["--demo"]);
     let http = Http::new(serve.addr);
     let stored = get_state(&http, &room);
-    let (minute, score) = (stored["data"]["minute"].as_u64().unwrap(), stored["data"]["score"].clone());
+    let (minute, score) =
+        (stored["data"]["minute"].as_u64().unwrap(), stored["data"]["score"].clone());
     let head = stored["seq"].as_u64().unwrap();
-    assert!(stored["data"]["status"] == "playing" || stored["data"]["status"] == "finished", "{stored}");
+    assert!(
+        stored["data"]["status"] == "playing" || stored["data"]["status"] == "finished",
+        "{stored}"
+    );
     // The next event of that match, after the restart.
     let next = common::wait_for_every(Duration::from_secs(60), Duration::from_millis(100), || {
-        http.history_ok(&room, Some(head), Some(1))["events"].as_array().and_then(|e| e.first()).cloned()
+        http.history_ok(&room, Some(head), Some(1))["events"]
+            .as_array()
+            .and_then(|e| e.first())
+            .cloned()
     })
     .unwrap_or_else(|| panic!("the demo did not go on in {room}"));
     if stored["data"]["status"] == "playing" {
-        assert_ne!(next["data"]["type"], "kickoff", "a playing match goes on: {stored} then {next}");
+        assert_ne!(
+            next["data"]["type"], "kickoff",
+            "a playing match goes on: {stored} then {next}"
+        );
         assert!(next["data"]["minute"].as_u64().unwrap() >= minute, "{stored} then {next}");
         let goals = |s: &Value| s[0].as_u64().unwrap() + s[1].as_u64().unwrap();
         assert!(goals(&next["data"]["score"]) >= goals(&score), "{stored} then {next}");
     } else {
-        assert_eq!(next["data"]["type"], "kickoff", "a finished match rests, then the next one kicks off");
+        assert_eq!(
+            next["data"]["type"], "kickoff",
+            "a finished match rests, then the next one kicks off"
+        );
     }
 }

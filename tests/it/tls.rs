@@ -31,7 +31,8 @@ struct SelfSigned {
 
 fn self_signed() -> SelfSigned {
     let rcgen::CertifiedKey { cert, signing_key } =
-        rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()]).expect("rcgen");
+        rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+            .expect("rcgen");
     let dir = tempfile::tempdir().expect("tempdir");
     let cert_pem = dir.path().join("cert.pem");
     let key_pem = dir.path().join("key.pem");
@@ -44,31 +45,50 @@ fn self_signed() -> SelfSigned {
 fn connector(cert: &rustls::pki_types::CertificateDer<'static>) -> TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(cert.clone()).expect("add root");
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("protocol versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("protocol versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
     TlsConnector::from(Arc::new(config))
 }
 
-async fn tls_stream(addr: SocketAddr, tls: &TlsConnector) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+async fn tls_stream(
+    addr: SocketAddr,
+    tls: &TlsConnector,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
     let tcp = TcpStream::connect(addr).await?;
     tls.connect(ServerName::try_from("localhost").expect("server name"), tcp).await
 }
 
 /// One HTTP/1.1 request over TLS (`Connection: close`); the status and the body as JSON
 /// (text that is not JSON as a JSON string).
-async fn https(addr: SocketAddr, tls: &TlsConnector, method: &str, path: &str, key: bool, body: Option<Value>) -> (u16, Value) {
+async fn https(
+    addr: SocketAddr,
+    tls: &TlsConnector,
+    method: &str,
+    path: &str,
+    key: bool,
+    body: Option<Value>,
+) -> (u16, Value) {
     tokio::time::timeout(WAIT, async {
-        let mut stream = tls_stream(addr, tls).await.unwrap_or_else(|e| panic!("TLS connect to {addr}: {e}"));
+        let mut stream =
+            tls_stream(addr, tls).await.unwrap_or_else(|e| panic!("TLS connect to {addr}: {e}"));
         let body = body.map(|b| b.to_string()).unwrap_or_default();
-        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost:{}\r\nConnection: close\r\n", addr.port());
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost:{}\r\nConnection: close\r\n",
+            addr.port()
+        );
         if key {
             head.push_str(&format!("Authorization: Bearer {API_KEY}\r\n"));
         }
         if !body.is_empty() {
-            head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len()));
+            head.push_str(&format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                body.len()
+            ));
         }
         head.push_str("\r\n");
         stream.write_all(head.as_bytes()).await.expect("write request head");
@@ -77,7 +97,9 @@ async fn https(addr: SocketAddr, tls: &TlsConnector, method: &str, path: &str, k
         let mut raw = Vec::new();
         // The server may end without close_notify; what was read is what counts.
         let _ = stream.read_to_end(&mut raw).await;
-        parse_response(&raw).unwrap_or_else(|| panic!("{method} {path}: not an HTTP response: {:?}", String::from_utf8_lossy(&raw)))
+        parse_response(&raw).unwrap_or_else(|| {
+            panic!("{method} {path}: not an HTTP response: {:?}", String::from_utf8_lossy(&raw))
+        })
     })
     .await
     .unwrap_or_else(|_| panic!("{method} {path} over TLS took longer than {WAIT:?}"))
@@ -99,7 +121,11 @@ fn parse_response(raw: &[u8]) -> Option<(u16, Value)> {
         body.truncate(len.parse().ok()?);
     }
     let text = String::from_utf8_lossy(&body).into_owned();
-    let value = if text.trim().is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
+    let value = if text.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or(Value::String(text))
+    };
     Some((status, value))
 }
 
@@ -107,7 +133,11 @@ fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::new();
     loop {
         let line_end = data.windows(2).position(|w| w == b"\r\n")?;
-        let size = usize::from_str_radix(std::str::from_utf8(&data[..line_end]).ok()?.split(';').next()?.trim(), 16).ok()?;
+        let size = usize::from_str_radix(
+            std::str::from_utf8(&data[..line_end]).ok()?.split(';').next()?.trim(),
+            16,
+        )
+        .ok()?;
         data = &data[line_end + 2..];
         if size == 0 {
             return Some(out);
@@ -119,19 +149,23 @@ fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
 
 /// Waits until `GET /readyz` over HTTPS answers 200.
 async fn wait_ready_tls(server: &TestServer, tls: &TlsConnector) {
-    let ready = common::wait_until_every_async(Duration::from_secs(20), Duration::from_millis(50), || async {
-        assert!(!server.thread_finished(), "the TLS server stopped before it became ready");
-        let probe = tokio::time::timeout(Duration::from_secs(2), async {
-            let mut s = tls_stream(server.addr, tls).await.ok()?;
-            let req = "GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-            s.write_all(req.as_bytes()).await.ok()?;
-            let mut raw = Vec::new();
-            let _ = s.read_to_end(&mut raw).await;
-            parse_response(&raw)
-        })
-        .await;
-        matches!(probe, Ok(Some((200, _))))
-    })
+    let ready = common::wait_until_every_async(
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || async {
+            assert!(!server.thread_finished(), "the TLS server stopped before it became ready");
+            let probe = tokio::time::timeout(Duration::from_secs(2), async {
+                let mut s = tls_stream(server.addr, tls).await.ok()?;
+                let req = "GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+                s.write_all(req.as_bytes()).await.ok()?;
+                let mut raw = Vec::new();
+                let _ = s.read_to_end(&mut raw).await;
+                parse_response(&raw)
+            })
+            .await;
+            matches!(probe, Ok(Some((200, _))))
+        },
+    )
     .await;
     assert!(ready, "the TLS server was not ready (GET /readyz over HTTPS) within 20 s");
 }
@@ -167,36 +201,53 @@ async fn https_and_wss_with_a_self_signed_certificate_mint_subscribe_publish_rec
     let addr = server.addr;
 
     // Mint a token over HTTPS.
-    let (status, body) = https(addr, &tls, "POST", "/v1/tokens", true, Some(json!({"user": "alice"}))).await;
+    let (status, body) =
+        https(addr, &tls, "POST", "/v1/tokens", true, Some(json!({"user": "alice"}))).await;
     assert_eq!(status, 201, "POST /v1/tokens over HTTPS: {body}");
     let token = body["token"].as_str().expect("token").to_string();
     // The API key is still required over HTTPS.
-    let (status, body) = https(addr, &tls, "POST", "/v1/tokens", false, Some(json!({"user": "alice"}))).await;
+    let (status, body) =
+        https(addr, &tls, "POST", "/v1/tokens", false, Some(json!({"user": "alice"}))).await;
     assert_eq!(status, 401, "{body}");
 
     // WSS: the upgrade over the TLS stream.
     let stream = tls_stream(addr, &tls).await.expect("TLS handshake for WSS");
     let url = format!("wss://localhost:{}/v1/ws?token={token}", addr.port());
-    let (mut ws, response) = tokio::time::timeout(WAIT, tokio_tungstenite::client_async(url, stream))
-        .await
-        .expect("WSS handshake timed out")
-        .expect("WSS handshake");
+    let (mut ws, response) =
+        tokio::time::timeout(WAIT, tokio_tungstenite::client_async(url, stream))
+            .await
+            .expect("WSS handshake timed out")
+            .expect("WSS handshake");
     assert_eq!(response.status().as_u16(), 101);
     let welcome = next_json(&mut ws).await;
     assert_eq!(welcome["op"], "welcome", "{welcome}");
-    ws.send(Message::Text(json!({"op": "subscribe", "room": "secure", "ref": 1}).to_string())).await.expect("send");
+    ws.send(Message::Text(json!({"op": "subscribe", "room": "secure", "ref": 1}).to_string()))
+        .await
+        .expect("send");
     let reply = next_json(&mut ws).await;
-    assert_eq!((reply["op"].as_str(), reply["ref"].as_u64()), (Some("subscribed"), Some(1)), "{reply}");
+    assert_eq!(
+        (reply["op"].as_str(), reply["ref"].as_u64()),
+        (Some("subscribed"), Some(1)),
+        "{reply}"
+    );
 
     // Publish over HTTPS; the event arrives over WSS.
-    let (status, body) =
-        https(addr, &tls, "POST", "/v1/rooms/secure/events", true, Some(json!({"id": "s-1", "data": {"over": "tls"}}))).await;
+    let (status, body) = https(
+        addr,
+        &tls,
+        "POST",
+        "/v1/rooms/secure/events",
+        true,
+        Some(json!({"id": "s-1", "data": {"over": "tls"}})),
+    )
+    .await;
     assert_eq!(status, 201, "publish over HTTPS: {body}");
     let frame = next_json(&mut ws).await;
     assert_eq!(frame["op"], "events", "{frame}");
     assert_eq!(frame["events"][0]["data"], json!({"over": "tls"}), "{frame}");
     assert_eq!(frame["events"][0]["id"], "s-1", "{frame}");
-    let (status, body) = https(addr, &tls, "GET", "/v1/rooms/secure/events?since=0", true, None).await;
+    let (status, body) =
+        https(addr, &tls, "GET", "/v1/rooms/secure/events?since=0", true, None).await;
     assert_eq!((status, &body["head"]), (200, &json!(1)), "{body}");
 
     ws.send(Message::Text(json!({"op": "ping", "ref": 2}).to_string())).await.expect("send");
@@ -212,22 +263,36 @@ async fn plain_http_and_ws_on_the_tls_port_get_no_normal_answer() {
     // Plain HTTP: whatever comes back (a TLS alert, or nothing) is not an HTTP response,
     // and the socket is closed.
     let mut tcp = TcpStream::connect(server.addr).await.expect("connect");
-    tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").await.expect("write");
+    tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
     let mut reply = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut reply)).await;
     assert!(read.is_ok(), "plain HTTP on the TLS port: the socket stayed open for 5 s");
-    assert!(!reply.starts_with(b"HTTP/"), "plain HTTP got an HTTP answer: {:?}", String::from_utf8_lossy(&reply));
+    assert!(
+        !reply.starts_with(b"HTTP/"),
+        "plain HTTP got an HTTP answer: {:?}",
+        String::from_utf8_lossy(&reply)
+    );
 
     // A plain ws:// upgrade fails.
     let url = format!("ws://{}/v1/ws?token=whatever", server.addr);
-    let attempt = tokio::time::timeout(Duration::from_secs(5), tokio_tungstenite::connect_async(url)).await;
-    assert!(matches!(attempt, Ok(Err(_))), "a plain ws:// upgrade on the TLS port must fail: {:?}", attempt.map(|r| r.map(|_| ())));
+    let attempt =
+        tokio::time::timeout(Duration::from_secs(5), tokio_tungstenite::connect_async(url)).await;
+    assert!(
+        matches!(attempt, Ok(Err(_))),
+        "a plain ws:// upgrade on the TLS port must fail: {:?}",
+        attempt.map(|r| r.map(|_| ()))
+    );
 
     // A client that does not trust the certificate is refused by its own TLS layer
     // (the server does not hand out a trusted identity it does not have).
     let other = self_signed();
     let distrusting = connector(&other.der);
-    assert!(tls_stream(server.addr, &distrusting).await.is_err(), "a certificate the client does not trust");
+    assert!(
+        tls_stream(server.addr, &distrusting).await.is_err(),
+        "a certificate the client does not trust"
+    );
 
     // The server still serves HTTPS.
     let (status, body) = https(server.addr, &tls, "GET", "/healthz", false, None).await;
@@ -257,7 +322,10 @@ async fn route_names_an_https_url_for_a_tls_node() {
     let (status, body) = https(server.addr, &tls, "GET", "/v1/route?user=alice", true, None).await;
     assert_eq!(status, 200, "{body}");
     let url = body["url"].as_str().unwrap_or_else(|| panic!("route without url: {body}"));
-    assert!(url.starts_with("https://"), "a TLS node routes clients to {url:?}, where plain HTTP gets no answer");
+    assert!(
+        url.starts_with("https://"),
+        "a TLS node routes clients to {url:?}, where plain HTTP gets no answer"
+    );
 }
 
 /// `livegate serve` with certificate files it cannot read, as a child process; returns
@@ -279,7 +347,9 @@ fn serve_with_missing_certificate() -> (std::process::ExitStatus, String, String
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("run livegate serve");
-    if !common::wait_until(Duration::from_secs(15), || child.try_wait().expect("try_wait").is_some()) {
+    if !common::wait_until(Duration::from_secs(15), || {
+        child.try_wait().expect("try_wait").is_some()
+    }) {
         let _ = child.kill();
         let output = child.wait_with_output().expect("output");
         panic!(
@@ -298,7 +368,10 @@ fn serve_with_missing_certificate() -> (std::process::ExitStatus, String, String
 fn unreadable_certificate_files_fail_the_start_and_name_the_file() {
     let _gate = crate::common::gate!();
     let (status, stdout, stderr) = serve_with_missing_certificate();
-    assert!(!status.success(), "serve with a missing certificate must fail; stdout {stdout} stderr {stderr}");
+    assert!(
+        !status.success(),
+        "serve with a missing certificate must fail; stdout {stdout} stderr {stderr}"
+    );
     assert!(
         stderr.contains("no-such-cert.pem") || stdout.contains("no-such-cert.pem"),
         "the error names the file: stdout {stdout} stderr {stderr}"
@@ -312,5 +385,8 @@ fn a_node_that_cannot_load_its_certificate_never_announces_a_listener() {
     let _gate = crate::common::gate!();
     let (status, stdout, stderr) = serve_with_missing_certificate();
     assert!(!status.success(), "stdout {stdout} stderr {stderr}");
-    assert!(!stdout.contains("listening on"), "announced a listener, then failed: stdout {stdout:?} stderr {stderr:?}");
+    assert!(
+        !stdout.contains("listening on"),
+        "announced a listener, then failed: stdout {stdout:?} stderr {stderr:?}"
+    );
 }

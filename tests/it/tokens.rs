@@ -12,11 +12,16 @@ use serde_json::json;
 /// Connects with `token` and asserts a 401 refusal with error `code`.
 async fn assert_rejected(server: &TestServer, token: Option<&str>, code: &str) {
     match WsClient::try_connect(server.addr, token, None).await {
-        Ok(c) => panic!("handshake with {token:?} must be refused ({code}), got welcome {}", c.welcome),
+        Ok(c) => {
+            panic!("handshake with {token:?} must be refused ({code}), got welcome {}", c.welcome)
+        }
         Err(Rejected { status, body }) => {
             assert_eq!(status, 401, "status for {token:?}: {body}");
             assert_eq!(error_code(&body), code, "error code for {token:?}: {body}");
-            assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "message: {body}");
+            assert!(
+                body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()),
+                "message: {body}"
+            );
         }
     }
 }
@@ -48,7 +53,8 @@ async fn replayed_token_is_refused_before_upgrade() {
 async fn expired_token_is_refused() {
     let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
-    let (status, body) = server.http().mint_token_raw(json!({"user": "alice", "device": "web", "ttl_secs": 1}));
+    let (status, body) =
+        server.http().mint_token_raw(json!({"user": "alice", "device": "web", "ttl_secs": 1}));
     assert_eq!(status, 201, "{body}");
     let token = body["token"].as_str().expect("token").to_string();
     let expires = body["expires_at_ms"].as_u64().expect("expires_at_ms");
@@ -99,7 +105,10 @@ async fn used_token_stays_refused_after_restart_and_unused_one_still_works() {
     let server = TestServer::start_in(dir, |_| {});
     assert_rejected(&server, Some(&used), "token_replayed").await;
     let client = WsClient::connect(server.addr, &unused, None).await;
-    assert_eq!(client.welcome["op"], "welcome", "a token minted before a restart and not yet used is valid");
+    assert_eq!(
+        client.welcome["op"], "welcome",
+        "a token minted before a restart and not yet used is valid"
+    );
 }
 
 #[tokio::test]
@@ -111,7 +120,12 @@ async fn minting_needs_the_api_key_and_respects_the_ttl_bound() {
 
     let (status, reply) = http.request("POST", "/v1/tokens", Auth::None, Body::Json(body.clone()));
     assert_eq!((status, error_code(&reply)), (401, "unauthorized"), "no key: {reply}");
-    let (status, reply) = http.request("POST", "/v1/tokens", Auth::Header("Bearer wrong-key"), Body::Json(body.clone()));
+    let (status, reply) = http.request(
+        "POST",
+        "/v1/tokens",
+        Auth::Header("Bearer wrong-key"),
+        Body::Json(body.clone()),
+    );
     assert_eq!((status, error_code(&reply)), (401, "unauthorized"), "wrong key: {reply}");
 
     let (status, reply) = http.mint_token_raw(json!({"user": "alice", "ttl_secs": 300}));

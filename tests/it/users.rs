@@ -44,8 +44,12 @@ async fn messages_reach_every_connection_of_the_user_without_subscribing() {
     tab2.assert_alive().await;
     bob.assert_alive().await;
 
-    let (status, reply) =
-        http.request("POST", "/v1/users/alice/messages", Auth::Key, Body::Json(json!({"id": "m-1", "data": {"hi": 1}})));
+    let (status, reply) = http.request(
+        "POST",
+        "/v1/users/alice/messages",
+        Auth::Key,
+        Body::Json(json!({"id": "m-1", "data": {"hi": 1}})),
+    );
     assert_eq!(status, 201, "{reply}");
     assert_eq!(reply["seq"], 1, "{reply}");
     for tab in [&mut tab1, &mut tab2] {
@@ -68,7 +72,8 @@ async fn messages_for_named_devices_reach_only_those() {
     web.assert_alive().await;
 
     let body = json!({"id": "m-1", "data": "to the phone", "devices": ["phone"]});
-    let (status, reply) = http.request("POST", "/v1/users/alice/messages", Auth::Key, Body::Json(body));
+    let (status, reply) =
+        http.request("POST", "/v1/users/alice/messages", Auth::Key, Body::Json(body));
     assert_eq!(status, 201, "{reply}");
     assert_eq!(phone.next_events(1).await[0]["data"], "to the phone");
     web.assert_quiet(QUIET).await;
@@ -101,16 +106,19 @@ async fn operator_kick_closes_the_users_connections_with_4502() {
     phone.assert_alive().await;
     web.assert_alive().await;
 
-    let (status, reply) = http.request("DELETE", "/v1/users/alice/connections?device=phone", Auth::Key, Body::None);
+    let (status, reply) =
+        http.request("DELETE", "/v1/users/alice/connections?device=phone", Auth::Key, Body::None);
     assert_eq!((status, &reply["closed"]), (200, &json!(1)), "{reply}");
     assert_eq!(phone.close_code().await, Some(4502));
     web.assert_alive().await;
 
-    let (status, reply) = http.request("DELETE", "/v1/users/alice/connections", Auth::Key, Body::None);
+    let (status, reply) =
+        http.request("DELETE", "/v1/users/alice/connections", Auth::Key, Body::None);
     assert_eq!((status, &reply["closed"]), (200, &json!(1)), "{reply}");
     assert_eq!(web.close_code().await, Some(4502));
     bob.assert_alive().await;
 
-    let (status, reply) = http.request("DELETE", "/v1/users/alice/connections", Auth::None, Body::None);
+    let (status, reply) =
+        http.request("DELETE", "/v1/users/alice/connections", Auth::None, Body::None);
     assert_eq!(status, 401, "{reply}");
 }

@@ -68,7 +68,8 @@ impl Receiver {
     fn start(policy: Policy) -> Receiver {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the receiver");
         let addr = listener.local_addr().unwrap();
-        let shared = Arc::new(Mutex::new(Shared { policy, attempts: Vec::new(), per_id: HashMap::new() }));
+        let shared =
+            Arc::new(Mutex::new(Shared { policy, attempts: Vec::new(), per_id: HashMap::new() }));
         let accepting = shared.clone();
         std::thread::spawn(move || {
             for stream in listener.incoming() {
@@ -98,14 +99,29 @@ impl Receiver {
     }
 
     /// Waits until `done` holds for the delivered attempts; panics after `within`.
-    fn wait_delivered(&self, within: Duration, what: &str, done: impl Fn(&[Attempt]) -> bool) -> Vec<Attempt> {
-        wait_for_every(within, Duration::from_millis(20), || Some(self.delivered()).filter(|d| done(d)))
-            .unwrap_or_else(|| panic!("{what} not delivered within {within:?}; attempts: {:#?}", summary(&self.attempts())))
+    fn wait_delivered(
+        &self,
+        within: Duration,
+        what: &str,
+        done: impl Fn(&[Attempt]) -> bool,
+    ) -> Vec<Attempt> {
+        wait_for_every(within, Duration::from_millis(20), || {
+            Some(self.delivered()).filter(|d| done(d))
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "{what} not delivered within {within:?}; attempts: {:#?}",
+                summary(&self.attempts())
+            )
+        })
     }
 }
 
 fn summary(attempts: &[Attempt]) -> Vec<String> {
-    attempts.iter().map(|a| format!("{} {} {} {}", a.status, a.body["room"], a.body["type"], a.body["id"])).collect()
+    attempts
+        .iter()
+        .map(|a| format!("{} {} {} {}", a.status, a.body["room"], a.body["type"], a.body["id"]))
+        .collect()
 }
 
 fn sign(body: &[u8]) -> String {
@@ -151,7 +167,11 @@ fn serve_connection(stream: TcpStream, shared: Arc<Mutex<Shared>>) {
             let id = parsed["id"].as_str().unwrap_or("").to_string();
             let before = *shared.per_id.get(&id).unwrap_or(&0);
             shared.per_id.insert(id, before + 1);
-            let status = if line.starts_with("POST /hooks ") { (shared.policy)(&parsed, before) } else { 404 };
+            let status = if line.starts_with("POST /hooks ") {
+                (shared.policy)(&parsed, before)
+            } else {
+                404
+            };
             shared.attempts.push(Attempt {
                 id_header: header("x-livegate-id"),
                 signature_ok: header("x-livegate-signature") == sign(&body),
@@ -164,7 +184,9 @@ fn serve_connection(stream: TcpStream, shared: Arc<Mutex<Shared>>) {
             });
             status
         };
-        let answer = format!("HTTP/1.1 {status} Whatever\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok");
+        let answer = format!(
+            "HTTP/1.1 {status} Whatever\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
+        );
         if writer.write_all(answer.as_bytes()).is_err() {
             return;
         }
@@ -208,7 +230,10 @@ fn first_deliveries(delivered: &[Attempt]) -> BTreeMap<String, Vec<String>> {
     let mut rooms: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for attempt in delivered {
         if seen.insert(attempt.body["id"].as_str().unwrap_or("").to_string()) {
-            rooms.entry(attempt.body["room"].as_str().unwrap_or("?").to_string()).or_default().push(label(&attempt.body));
+            rooms
+                .entry(attempt.body["room"].as_str().unwrap_or("?").to_string())
+                .or_default()
+                .push(label(&attempt.body));
         }
     }
     rooms
@@ -222,18 +247,27 @@ fn check_attempts(attempts: &[Attempt], given_up: &[String]) {
     for attempt in attempts {
         let body = &attempt.body;
         assert!(attempt.signature_ok, "bad signature on {}", attempt.raw);
-        let id = body["id"].as_str().unwrap_or_else(|| panic!("no id: {}", attempt.raw)).to_string();
+        let id =
+            body["id"].as_str().unwrap_or_else(|| panic!("no id: {}", attempt.raw)).to_string();
         assert_eq!(attempt.id_header, id, "X-Livegate-Id is the body's id: {}", attempt.raw);
         assert!(attempt.user_agent.starts_with("livegate/"), "user agent {:?}", attempt.user_agent);
         assert_eq!(attempt.content_type, "application/json");
         assert_eq!(body["node"], NODE, "{}", attempt.raw);
         assert!(body["ts_ms"].as_u64().is_some_and(|ts| ts > 1_700_000_000_000), "{}", attempt.raw);
         let room = body["room"].as_str().unwrap_or("").to_string();
-        assert!(!room.starts_with("user:"), "an inbox never has occupancy webhooks: {}", attempt.raw);
+        assert!(
+            !room.starts_with("user:"),
+            "an inbox never has occupancy webhooks: {}",
+            attempt.raw
+        );
         let earlier = seen_by_room.entry(room.clone()).or_default();
         if !earlier.contains(&id) {
             for before in earlier.iter() {
-                assert!(delivered.contains(before), "room {room}: {id} attempted before {before} was delivered; attempts: {:#?}", summary(attempts));
+                assert!(
+                    delivered.contains(before),
+                    "room {room}: {id} attempted before {before} was delivered; attempts: {:#?}",
+                    summary(attempts)
+                );
             }
             earlier.push(id.clone());
         }
@@ -250,9 +284,17 @@ fn check_attempts(attempts: &[Attempt], given_up: &[String]) {
 fn serve(root: &std::path::Path, log: &str, receiver: &Receiver, extra: &[&str]) -> ServeProcess {
     let url = receiver.url();
     let mut flags = vec![
-        "--webhook-url", url.as_str(), "--webhook-secret", SECRET,
+        "--webhook-url",
+        url.as_str(),
+        "--webhook-secret",
+        SECRET,
         // A quick SIGTERM: no drain wait, one second of grace.
-        "--drain-wait-secs", "0", "--drain-spread-secs", "0", "--drain-grace-secs", "1",
+        "--drain-wait-secs",
+        "0",
+        "--drain-spread-secs",
+        "0",
+        "--drain-grace-secs",
+        "1",
     ];
     flags.extend_from_slice(extra);
     ServeProcess::start(&root.join("data"), &root.join(log), &flags)
@@ -260,7 +302,8 @@ fn serve(root: &std::path::Path, log: &str, receiver: &Receiver, extra: &[&str])
 
 /// A connection of `user` whose token may publish to `chat:*`.
 async fn chatter(addr: SocketAddr, user: &str) -> WsClient {
-    let (status, body) = Http::new(addr).mint_token_raw(json!({"user": user, "publish": ["chat:*"]}));
+    let (status, body) =
+        Http::new(addr).mint_token_raw(json!({"user": user, "publish": ["chat:*"]}));
     assert_eq!(status, 201, "{body}");
     WsClient::connect(addr, body["token"].as_str().unwrap(), None).await
 }
@@ -307,7 +350,8 @@ async fn every_webhook_arrives_signed_and_in_order_per_room_through_failures() {
     let mut bob = chatter(serve.addr, "bob").await;
     let s4 = publish(&mut bob, "chat:b", None, json!(4)).await;
     // A duplicate is the same event: no second webhook.
-    let reply = alice.request(json!({"op": "publish", "room": "chat:a", "id": "e-1", "data": {}})).await;
+    let reply =
+        alice.request(json!({"op": "publish", "room": "chat:a", "id": "e-1", "data": {}})).await;
     assert_eq!(reply["duplicate"], true, "{reply}");
     let unsubscribed = alice.unsubscribe("chat:a").await;
     assert_eq!(unsubscribed["op"], "unsubscribed", "{unsubscribed}");
@@ -327,19 +371,36 @@ async fn every_webhook_arrives_signed_and_in_order_per_room_through_failures() {
         ("lobby", "room_occupied"),
         ("lobby", "room_vacated"),
     ]);
-    let delivered = receiver.wait_delivered(ARRIVE, "every webhook", |d| first_deliveries(d) == want);
+    let delivered =
+        receiver.wait_delivered(ARRIVE, "every webhook", |d| first_deliveries(d) == want);
     assert_eq!(first_deliveries(&delivered), want);
     let attempts = receiver.attempts();
     check_attempts(&attempts, &[]);
-    assert_eq!(attempts.len(), delivered.len() * 3, "each answered 500 twice, then 200: {:#?}", summary(&attempts));
+    assert_eq!(
+        attempts.len(),
+        delivered.len() * 3,
+        "each answered 500 twice, then 200: {:#?}",
+        summary(&attempts)
+    );
 
     // The client publishes carry who, from where, which event and its data.
-    let published: Vec<&Value> = delivered.iter().map(|a| &a.body).filter(|b| b["type"] == "client_published").collect();
-    let by_seq = |room: &str, seq: u64| *published.iter().find(|b| b["room"] == room && b["seq"] == seq).expect("published webhook");
+    let published: Vec<&Value> =
+        delivered.iter().map(|a| &a.body).filter(|b| b["type"] == "client_published").collect();
+    let by_seq = |room: &str, seq: u64| {
+        *published.iter().find(|b| b["room"] == room && b["seq"] == seq).expect("published webhook")
+    };
     let first = by_seq("chat:a", s1);
-    assert_eq!((&first["user"], &first["device"], &first["event_id"], &first["data"]), (&json!("alice"), &json!("web"), &json!("e-1"), &json!({"text": "hi", "n": [1, 2]})), "{first}");
+    assert_eq!(
+        (&first["user"], &first["device"], &first["event_id"], &first["data"]),
+        (&json!("alice"), &json!("web"), &json!("e-1"), &json!({"text": "hi", "n": [1, 2]})),
+        "{first}"
+    );
     let second = by_seq("chat:a", s2);
-    assert_eq!((second.get("event_id"), &second["data"]), (None, &json!("second")), "no event_id when the client gave none: {second}");
+    assert_eq!(
+        (second.get("event_id"), &second["data"]),
+        (None, &json!("second")),
+        "no event_id when the client gave none: {second}"
+    );
     assert_eq!(by_seq("chat:b", s4)["user"], "bob");
     let occupied = delivered.iter().find(|a| a.body["type"] == "room_occupied").unwrap();
     let keys: Vec<&String> = occupied.body.as_object().unwrap().keys().collect();
@@ -357,13 +418,22 @@ async fn every_webhook_arrives_signed_and_in_order_per_room_through_failures() {
             other => panic!("undocumented webhook type {other:?}: {}", attempt.raw),
         };
         let schema = &document["components"]["schemas"][schema];
-        let documented = schema["properties"].as_object().unwrap_or_else(|| panic!("no schema {schema}"));
+        let documented =
+            schema["properties"].as_object().unwrap_or_else(|| panic!("no schema {schema}"));
         let fields = attempt.body.as_object().unwrap();
         for required in schema["required"].as_array().unwrap() {
-            assert!(fields.contains_key(required.as_str().unwrap()), "{required} missing from {}", attempt.raw);
+            assert!(
+                fields.contains_key(required.as_str().unwrap()),
+                "{required} missing from {}",
+                attempt.raw
+            );
         }
         for field in fields.keys() {
-            assert!(documented.contains_key(field), "{field} is not in the OpenAPI document's webhook: {}", attempt.raw);
+            assert!(
+                documented.contains_key(field),
+                "{field} is not in the OpenAPI document's webhook: {}",
+                attempt.raw
+            );
         }
     }
 
@@ -391,7 +461,11 @@ async fn webhooks_queued_while_the_receiver_fails_arrive_after_sigterm_and_kill_
     wait_metric(&serve1.http(), "livegate_webhooks_queued", 5.0, &serve1);
     serve1.signal("TERM");
     let _ = alice.close_code().await;
-    assert!(serve1.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()), "SIGTERM ends the process; log:\n{}", serve1.log_text());
+    assert!(
+        serve1.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()),
+        "SIGTERM ends the process; log:\n{}",
+        serve1.log_text()
+    );
     assert!(receiver.delivered().is_empty());
 
     // Second run: the queue is read back (6: chat:two was vacated by the drain); more
@@ -429,7 +503,8 @@ async fn webhooks_queued_while_the_receiver_fails_arrive_after_sigterm_and_kill_
         ("chat:three", &format!("client_published:{c1}")),
         ("chat:three", "room_vacated"),
     ]);
-    let delivered = receiver.wait_delivered(ARRIVE, "the queued webhooks", |d| first_deliveries(d) == want);
+    let delivered =
+        receiver.wait_delivered(ARRIVE, "the queued webhooks", |d| first_deliveries(d) == want);
     assert_eq!(first_deliveries(&delivered), want);
     check_attempts(&receiver.attempts(), &[]);
     wait_metric(&serve3.http(), "livegate_webhooks_queued", 0.0, &serve3);
@@ -438,8 +513,16 @@ async fn webhooks_queued_while_the_receiver_fails_arrive_after_sigterm_and_kill_
     // Once vacated, they are not vacated again at the next start.
     drop(serve3);
     let serve4 = serve(root.path(), "serve-4.log", &receiver, &[]);
-    let_time_pass(Duration::from_millis(500), "nothing is queued for the rooms after a clean restart");
-    assert_eq!(metric(&serve4.http(), "livegate_webhooks_queued"), Some(0.0), "{}", serve4.log_text());
+    let_time_pass(
+        Duration::from_millis(500),
+        "nothing is queued for the rooms after a clean restart",
+    );
+    assert_eq!(
+        metric(&serve4.http(), "livegate_webhooks_queued"),
+        Some(0.0),
+        "{}",
+        serve4.log_text()
+    );
     assert_eq!(first_deliveries(&receiver.delivered()), want, "nothing new after a clean restart");
 }
 
@@ -457,7 +540,10 @@ async fn a_full_queue_drops_new_webhooks_and_counts_them() {
     wait_metric(&http, r#"livegate_webhooks_dropped_total{reason="queue_full"}"#, 2.0, &serve);
     assert_eq!(metric(&http, "livegate_webhooks_queued"), Some(3.0));
     let log = serve.log_text();
-    assert!(log.contains("webhook queue full") && log.contains("r4") && log.contains("r5"), "a warning names the dropped ones:\n{log}");
+    assert!(
+        log.contains("webhook queue full") && log.contains("r4") && log.contains("r5"),
+        "a warning names the dropped ones:\n{log}"
+    );
 
     // The receiver recovers: the three queued ones arrive, the dropped ones never do.
     receiver.set_policy(always(200));
@@ -468,7 +554,12 @@ async fn a_full_queue_drops_new_webhooks_and_counts_them() {
     assert_eq!(first_deliveries(&receiver.delivered()), want, "nothing for r4 and r5");
     // With room again, new webhooks are queued.
     alice.unsubscribe("r4").await;
-    let want = expect(&[("r1", "room_occupied"), ("r2", "room_occupied"), ("r3", "room_occupied"), ("r4", "room_vacated")]);
+    let want = expect(&[
+        ("r1", "room_occupied"),
+        ("r2", "room_occupied"),
+        ("r3", "room_occupied"),
+        ("r4", "room_vacated"),
+    ]);
     receiver.wait_delivered(ARRIVE, "r4's vacated", |d| first_deliveries(d) == want);
     check_attempts(&receiver.attempts(), &[]);
 }
@@ -477,7 +568,10 @@ async fn a_full_queue_drops_new_webhooks_and_counts_them() {
 async fn a_4xx_dead_letters_that_webhook_and_its_room_goes_on() {
     let _gate = crate::common::gate!();
     // Every client publish is refused for good (410); occupancy webhooks are taken.
-    let receiver = Receiver::start(Box::new(|body, _| if body["type"] == "client_published" { 410 } else { 200 }));
+    let receiver =
+        Receiver::start(Box::new(
+            |body, _| if body["type"] == "client_published" { 410 } else { 200 },
+        ));
     let root = tempfile::tempdir().unwrap();
     let serve = serve(root.path(), "serve.log", &receiver, &[]);
     let http = serve.http();
@@ -493,18 +587,40 @@ async fn a_4xx_dead_letters_that_webhook_and_its_room_goes_on() {
     assert_eq!(refused[0].body["seq"], seq);
     check_attempts(&attempts, &[refused[0].body["id"].as_str().unwrap().to_string()]);
     wait_metric(&http, r#"livegate_webhooks_dead_lettered_total{reason="rejected"}"#, 1.0, &serve);
-    assert!(serve.log_text().contains("webhook given up: kept as a dead letter"), "{}", serve.log_text());
+    assert!(
+        serve.log_text().contains("webhook given up: kept as a dead letter"),
+        "{}",
+        serve.log_text()
+    );
     // Refused once, never retried: a dead letter after its one attempt.
     let listed = dead_letters(&http, None);
     let letters = listed["dead_letters"].as_array().unwrap();
     assert_eq!(letters.len(), 1, "{listed}");
     let letter = &letters[0];
     assert_eq!(
-        (&letter["id"], &letter["type"], &letter["room"], &letter["attempts"], &letter["reason"], &letter["last_error"]),
-        (&refused[0].body["id"], &json!("client_published"), &json!("chat:x"), &json!(1), &json!("rejected"), &json!("HTTP 410")),
+        (
+            &letter["id"],
+            &letter["type"],
+            &letter["room"],
+            &letter["attempts"],
+            &letter["reason"],
+            &letter["last_error"]
+        ),
+        (
+            &refused[0].body["id"],
+            &json!("client_published"),
+            &json!("chat:x"),
+            &json!(1),
+            &json!("rejected"),
+            &json!("HTTP 410")
+        ),
         "{letter}"
     );
-    assert_eq!(metric(&http, r#"livegate_webhooks_dropped_total"#), Some(0.0), "a dead letter is not a dropped webhook");
+    assert_eq!(
+        metric(&http, r#"livegate_webhooks_dropped_total"#),
+        Some(0.0),
+        "a dead letter is not a dropped webhook"
+    );
 }
 
 #[tokio::test]
@@ -516,12 +632,17 @@ async fn a_publish_from_a_connection_that_closes_at_once_still_has_its_webhook()
     let http = serve.http();
     let mut alice = chatter(serve.addr, "alice").await;
     // No subscription, no answer awaited: the publish op, then the socket is gone.
-    alice.send_json(&json!({"op": "publish", "room": "chat:gone", "id": "g-1", "data": {"bye": 1}})).await;
+    alice
+        .send_json(&json!({"op": "publish", "room": "chat:gone", "id": "g-1", "data": {"bye": 1}}))
+        .await;
     drop(alice);
-    let stored = wait_until_every(WAIT, Duration::from_millis(20), || http.history_ok("chat:gone", Some(0), Some(10))["head"] == 1);
+    let stored = wait_until_every(WAIT, Duration::from_millis(20), || {
+        http.history_ok("chat:gone", Some(0), Some(10))["head"] == 1
+    });
     assert!(stored, "a publish op read before the close is stored; log:\n{}", serve.log_text());
     let want = expect(&[("chat:gone", "client_published:1")]);
-    let delivered = receiver.wait_delivered(ARRIVE, "the closed connection's publish", |d| first_deliveries(d) == want);
+    let delivered = receiver
+        .wait_delivered(ARRIVE, "the closed connection's publish", |d| first_deliveries(d) == want);
     assert_eq!(delivered[0].body["event_id"], "g-1");
 }
 
@@ -545,29 +666,59 @@ async fn a_subscribe_loop_and_a_reload_make_one_occupied_and_one_vacated() {
         alice.subscribe_ok("chat:loop").await;
         alice.unsubscribe("chat:loop").await;
     }
-    receiver.wait_delivered(ARRIVE, "the loop's room_occupied", |_| !occupancy_of(&receiver, "chat:loop").is_empty());
+    receiver.wait_delivered(ARRIVE, "the loop's room_occupied", |_| {
+        !occupancy_of(&receiver, "chat:loop").is_empty()
+    });
     let_time_pass(Duration::from_secs(1), "within the 3 s vacated delay nothing else is sent");
-    assert_eq!(occupancy_of(&receiver, "chat:loop"), std::slice::from_ref(&occupied), "nothing else within the delay");
-    receiver.wait_delivered(ARRIVE, "the loop's room_vacated", |_| occupancy_of(&receiver, "chat:loop").len() >= 2);
+    assert_eq!(
+        occupancy_of(&receiver, "chat:loop"),
+        std::slice::from_ref(&occupied),
+        "nothing else within the delay"
+    );
+    receiver.wait_delivered(ARRIVE, "the loop's room_vacated", |_| {
+        occupancy_of(&receiver, "chat:loop").len() >= 2
+    });
     let_time_pass(QUIET, "no second room_vacated follows");
-    assert_eq!(occupancy_of(&receiver, "chat:loop"), [occupied.clone(), vacated.clone()], "{}", serve.log_text());
+    assert_eq!(
+        occupancy_of(&receiver, "chat:loop"),
+        [occupied.clone(), vacated.clone()],
+        "{}",
+        serve.log_text()
+    );
 
     // A reload: the page's connection closes and a new one subscribes again within the
     // delay. Past the delay, neither hook was sent.
     let mut page = chatter(serve.addr, "bob").await;
     page.subscribe_ok("chat:reload").await;
-    receiver.wait_delivered(ARRIVE, "the reload room's room_occupied", |_| !occupancy_of(&receiver, "chat:reload").is_empty());
+    receiver.wait_delivered(ARRIVE, "the reload room's room_occupied", |_| {
+        !occupancy_of(&receiver, "chat:reload").is_empty()
+    });
     page.close().await;
     let mut page = chatter(serve.addr, "bob").await;
     page.subscribe_ok("chat:reload").await;
-    let_time_pass(Duration::from_millis(3500), "past the 3 s vacated delay, a reload sent no webhook");
-    assert_eq!(occupancy_of(&receiver, "chat:reload"), std::slice::from_ref(&occupied), "a reload sends no webhook");
+    let_time_pass(
+        Duration::from_millis(3500),
+        "past the 3 s vacated delay, a reload sent no webhook",
+    );
+    assert_eq!(
+        occupancy_of(&receiver, "chat:reload"),
+        std::slice::from_ref(&occupied),
+        "a reload sends no webhook"
+    );
     let left = now_ms();
     page.close().await;
-    receiver.wait_delivered(ARRIVE, "the reload room's room_vacated", |_| occupancy_of(&receiver, "chat:reload").len() >= 2);
+    receiver.wait_delivered(ARRIVE, "the reload room's room_vacated", |_| {
+        occupancy_of(&receiver, "chat:reload").len() >= 2
+    });
     assert_eq!(occupancy_of(&receiver, "chat:reload"), [occupied, vacated]);
     // The room_vacated tells when the room was left, not when the delay ran out.
-    let told = receiver.delivered().iter().find(|a| a.body["room"] == "chat:reload" && a.body["type"] == "room_vacated").unwrap().body.clone();
+    let told = receiver
+        .delivered()
+        .iter()
+        .find(|a| a.body["room"] == "chat:reload" && a.body["type"] == "room_vacated")
+        .unwrap()
+        .body
+        .clone();
     let ts = told["ts_ms"].as_u64().unwrap();
     assert!(ts >= left && ts < left + 1000, "room_vacated ts_ms {ts}, left at {left}");
     check_attempts(&receiver.attempts(), &[]);
@@ -585,7 +736,9 @@ async fn a_client_published_webhook_carries_the_data_as_the_client_sent_it() {
     alice.send_text(format!(r#"{{"op":"publish","room":"chat:raw","ref":1,"data":{data}}}"#)).await;
     let reply = alice.wait_for_ref(1, &json!("publish")).await;
     assert_eq!(reply["op"], "published", "{reply}");
-    let delivered = receiver.wait_delivered(ARRIVE, "the publish's webhook", |d| d.iter().any(|a| a.body["room"] == "chat:raw"));
+    let delivered = receiver.wait_delivered(ARRIVE, "the publish's webhook", |d| {
+        d.iter().any(|a| a.body["room"] == "chat:raw")
+    });
     let raw = &delivered.iter().find(|a| a.body["room"] == "chat:raw").unwrap().raw;
     assert!(raw.contains(&format!(r#""data":{data}"#)), "the data as the client sent it: {raw}");
 }
@@ -595,10 +748,29 @@ fn a_bad_webhook_config_stops_the_start_with_a_clear_error() {
     let _gate = crate::common::gate!();
     let root = tempfile::tempdir().unwrap();
     let cases: [(&[&str], &str); 4] = [
-        (&["--webhook-url", "http://127.0.0.1:9/hooks"], "webhook_secret must be set when webhook_url is"),
-        (&["--webhook-url", "ftp://127.0.0.1:9/hooks", "--webhook-secret", "s"], "webhook_url must be an http:// or https:// URL"),
-        (&["--webhook-url", "127.0.0.1:9/hooks", "--webhook-secret", "s"], "webhook_url must be an http:// or https:// URL"),
-        (&["--webhook-url", "http://127.0.0.1:9/hooks", "--webhook-secret", "s", "--webhook-queue-max", "0"], "webhook_queue_max must be at least 1"),
+        (
+            &["--webhook-url", "http://127.0.0.1:9/hooks"],
+            "webhook_secret must be set when webhook_url is",
+        ),
+        (
+            &["--webhook-url", "ftp://127.0.0.1:9/hooks", "--webhook-secret", "s"],
+            "webhook_url must be an http:// or https:// URL",
+        ),
+        (
+            &["--webhook-url", "127.0.0.1:9/hooks", "--webhook-secret", "s"],
+            "webhook_url must be an http:// or https:// URL",
+        ),
+        (
+            &[
+                "--webhook-url",
+                "http://127.0.0.1:9/hooks",
+                "--webhook-secret",
+                "s",
+                "--webhook-queue-max",
+                "0",
+            ],
+            "webhook_queue_max must be at least 1",
+        ),
     ];
     for (flags, message) in cases {
         let mut cmd = Command::new(crate::common::livegate_bin());
@@ -642,7 +814,14 @@ fn attempts_of(receiver: &Receiver, id: &str) -> Vec<Attempt> {
 }
 
 /// A short schedule: 4 attempts, retries waiting at most 50, 100, 200 ms (full jitter).
-const SHORT_RETRIES: &[&str] = &["--webhook-max-attempts", "4", "--webhook-retry-first-ms", "50", "--webhook-retry-max-ms", "200"];
+const SHORT_RETRIES: &[&str] = &[
+    "--webhook-max-attempts",
+    "4",
+    "--webhook-retry-first-ms",
+    "50",
+    "--webhook-retry-max-ms",
+    "200",
+];
 
 #[tokio::test]
 async fn a_webhook_out_of_attempts_is_a_dead_letter_kept_over_a_restart_and_replayed_once() {
@@ -659,31 +838,73 @@ async fn a_webhook_out_of_attempts_is_a_dead_letter_kept_over_a_restart_and_repl
         let listed = dead_letters(&http, None);
         (listed["count"] == 1).then_some(listed)
     })
-    .unwrap_or_else(|| panic!("no dead letter within {ARRIVE:?}; attempts {:#?}; log:\n{}", summary(&receiver.attempts()), serve1.log_text()));
+    .unwrap_or_else(|| {
+        panic!(
+            "no dead letter within {ARRIVE:?}; attempts {:#?}; log:\n{}",
+            summary(&receiver.attempts()),
+            serve1.log_text()
+        )
+    });
     let letter = listed["dead_letters"][0].clone();
     let id = letter["id"].as_str().unwrap().to_string();
     let attempts = attempts_of(&receiver, &id);
-    assert_eq!(attempts.len(), 4, "webhook_max_attempts attempts, no more: {:#?}", summary(&receiver.attempts()));
+    assert_eq!(
+        attempts.len(),
+        4,
+        "webhook_max_attempts attempts, no more: {:#?}",
+        summary(&receiver.attempts())
+    );
     assert!(attempts.iter().all(|a| a.status == 500 && a.signature_ok));
     let first = attempts[0].body.clone();
-    assert_eq!((&first["type"], &first["room"], &first["seq"], &first["event_id"]), (&json!("client_published"), &json!("chat:dead"), &json!(seq), &json!("d-1")));
+    assert_eq!(
+        (&first["type"], &first["room"], &first["seq"], &first["event_id"]),
+        (&json!("client_published"), &json!("chat:dead"), &json!(seq), &json!("d-1"))
+    );
     // The dead letter says what it is, where it went, how often and how it failed.
     assert_eq!((&listed["node"], &listed["max"]), (&json!(NODE), &json!(1000)), "{listed}");
     assert_eq!(
-        (&letter["type"], &letter["room"], &letter["url"], &letter["attempts"], &letter["reason"], &letter["last_error"]),
-        (&json!("client_published"), &json!("chat:dead"), &json!(receiver.url()), &json!(4), &json!("attempts"), &json!("HTTP 500")),
+        (
+            &letter["type"],
+            &letter["room"],
+            &letter["url"],
+            &letter["attempts"],
+            &letter["reason"],
+            &letter["last_error"]
+        ),
+        (
+            &json!("client_published"),
+            &json!("chat:dead"),
+            &json!(receiver.url()),
+            &json!(4),
+            &json!("attempts"),
+            &json!("HTTP 500")
+        ),
         "{letter}"
     );
     assert_eq!(letter["body"], first, "the body as sent");
-    let (first_ms, last_ms) = (letter["first_attempt_ms"].as_u64().unwrap(), letter["last_attempt_ms"].as_u64().unwrap());
+    let (first_ms, last_ms) =
+        (letter["first_attempt_ms"].as_u64().unwrap(), letter["last_attempt_ms"].as_u64().unwrap());
     let (seen_first, seen_last) = (attempts[0].at_ms, attempts[3].at_ms);
-    assert!(first_ms <= seen_first && seen_first <= first_ms + 1000, "first attempt at {first_ms}, received at {seen_first}");
-    assert!(seen_last <= last_ms && last_ms <= seen_last + 1000, "last attempt ended at {last_ms}, received at {seen_last}");
+    assert!(
+        first_ms <= seen_first && seen_first <= first_ms + 1000,
+        "first attempt at {first_ms}, received at {seen_first}"
+    );
+    assert!(
+        seen_last <= last_ms && last_ms <= seen_last + 1000,
+        "last attempt ended at {last_ms}, received at {seen_last}"
+    );
     let dead_at_ms = last_ms;
     wait_metric(&http, "livegate_webhooks_queued", 0.0, &serve1);
     assert_eq!(metric(&http, "livegate_webhook_dead_letters"), Some(1.0));
-    assert_eq!(metric(&http, r#"livegate_webhooks_dead_lettered_total{reason="attempts"}"#), Some(1.0));
-    assert_eq!(metric(&http, "livegate_webhook_attempts_failed_total"), Some(3.0), "the three retried; the fourth was the last");
+    assert_eq!(
+        metric(&http, r#"livegate_webhooks_dead_lettered_total{reason="attempts"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&http, "livegate_webhook_attempts_failed_total"),
+        Some(3.0),
+        "the three retried; the fourth was the last"
+    );
     assert_eq!(metric(&http, "livegate_webhooks_delivered_total"), Some(0.0));
     let log = serve1.log_text();
     assert!(log.contains("webhook given up: kept as a dead letter") && log.contains(&id), "{log}");
@@ -694,19 +915,32 @@ async fn a_webhook_out_of_attempts_is_a_dead_letter_kept_over_a_restart_and_repl
     // The admin API needs the key; an unknown id is a 404 with its code.
     let (status, body) = http.request("GET", "/v1/admin/webhooks/dead", Auth::None, Body::None);
     assert_eq!((status, &body["error"]["code"]), (401, &json!("unauthorized")), "{body}");
-    let (status, body) = http.request("POST", "/v1/admin/webhooks/dead/nope/replay", Auth::Key, Body::None);
+    let (status, body) =
+        http.request("POST", "/v1/admin/webhooks/dead/nope/replay", Auth::Key, Body::None);
     assert_eq!((status, &body["error"]["code"]), (404, &json!("dead_letter_not_found")), "{body}");
 
     // A clean restart on the same data dir: still listed, as it was.
     drop(bob);
     serve1.signal("TERM");
-    assert!(serve1.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()), "SIGTERM ends the process; log:\n{}", serve1.log_text());
+    assert!(
+        serve1.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()),
+        "SIGTERM ends the process; log:\n{}",
+        serve1.log_text()
+    );
     let serve2 = serve(root.path(), "serve-2.log", &receiver, SHORT_RETRIES);
     let http = serve2.http();
     let listed = dead_letters(&http, None);
-    assert_eq!((&listed["count"], &listed["dead_letters"][0]), (&json!(1), &letter), "kept over the restart: {listed}");
+    assert_eq!(
+        (&listed["count"], &listed["dead_letters"][0]),
+        (&json!(1), &letter),
+        "kept over the restart: {listed}"
+    );
     assert_eq!(metric(&http, "livegate_webhook_dead_letters"), Some(1.0));
-    assert!(serve2.log_text().contains("webhook dead letters kept in the store"), "{}", serve2.log_text());
+    assert!(
+        serve2.log_text().contains("webhook dead letters kept in the store"),
+        "{}",
+        serve2.log_text()
+    );
 
     // What an operator sees: `livegate webhooks --dead`.
     let url = format!("http://{}", serve2.addr);
@@ -714,15 +948,25 @@ async fn a_webhook_out_of_attempts_is_a_dead_letter_kept_over_a_restart_and_repl
     assert!(ok, "{err}");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], format!("node {NODE}: 1 dead letter (at most 1000)"), "{out}");
-    assert!(lines[1].starts_with(&format!("{id}  client_published  chat:dead  4 attempts, last ")) && lines[1].contains(": HTTP 500 (attempts); first "), "{out}");
+    assert!(
+        lines[1].starts_with(&format!("{id}  client_published  chat:dead  4 attempts, last "))
+            && lines[1].contains(": HTTP 500 (attempts); first "),
+        "{out}"
+    );
 
     // Replayed while the receiver still fails, from the command line: it fails, saying why.
-    let (ok, out, err) = livegate_cli(&["webhooks", "--replay", &id, "--url", &url, "--api-key", API_KEY]);
+    let (ok, out, err) =
+        livegate_cli(&["webhooks", "--replay", &id, "--url", &url, "--api-key", API_KEY]);
     assert!(!ok && out.is_empty(), "{out}");
     assert!(err.contains("server answered 502 replay_failed") && err.contains("HTTP 500"), "{err}");
 
     // Replayed while the receiver still fails: 502, kept with one attempt more each time.
-    let (status, body) = http.request("POST", &format!("/v1/admin/webhooks/dead/{id}/replay"), Auth::Key, Body::None);
+    let (status, body) = http.request(
+        "POST",
+        &format!("/v1/admin/webhooks/dead/{id}/replay"),
+        Auth::Key,
+        Body::None,
+    );
     assert_eq!((status, &body["error"]["code"]), (502, &json!("replay_failed")), "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("HTTP 500"), "{body}");
     let kept = dead_letters(&http, None)["dead_letters"][0].clone();
@@ -732,17 +976,39 @@ async fn a_webhook_out_of_attempts_is_a_dead_letter_kept_over_a_restart_and_repl
     // The receiver takes webhooks again: the replay delivers it, once, and it leaves the list.
     receiver.set_policy(always(200));
     let replay_at_ms = now_ms();
-    let (status, body) = http.request("POST", &format!("/v1/admin/webhooks/dead/{id}/replay"), Auth::Key, Body::None);
-    assert_eq!((status, &body), (200, &json!({"id": id, "outcome": "delivered", "attempts": 7})), "{body}");
-    let delivered: Vec<Attempt> = attempts_of(&receiver, &id).into_iter().filter(|a| a.status == 200).collect();
+    let (status, body) = http.request(
+        "POST",
+        &format!("/v1/admin/webhooks/dead/{id}/replay"),
+        Auth::Key,
+        Body::None,
+    );
+    assert_eq!(
+        (status, &body),
+        (200, &json!({"id": id, "outcome": "delivered", "attempts": 7})),
+        "{body}"
+    );
+    let delivered: Vec<Attempt> =
+        attempts_of(&receiver, &id).into_iter().filter(|a| a.status == 200).collect();
     assert_eq!(delivered.len(), 1, "exactly once: {:#?}", summary(&receiver.attempts()));
     assert_eq!(delivered[0].raw, attempts[0].raw, "the same body, byte for byte");
-    assert_eq!(delivered[0].id_header, id, "the same X-Livegate-Id, so a receiver can tell it again");
+    assert_eq!(
+        delivered[0].id_header, id,
+        "the same X-Livegate-Id, so a receiver can tell it again"
+    );
     assert!(delivered[0].signature_ok);
     let listed = dead_letters(&http, None);
     assert_eq!((&listed["count"], &listed["dead_letters"]), (&json!(0), &json!([])), "{listed}");
-    let (status, body) = http.request("POST", &format!("/v1/admin/webhooks/dead/{id}/replay"), Auth::Key, Body::None);
-    assert_eq!((status, &body["error"]["code"]), (404, &json!("dead_letter_not_found")), "replayed: gone: {body}");
+    let (status, body) = http.request(
+        "POST",
+        &format!("/v1/admin/webhooks/dead/{id}/replay"),
+        Auth::Key,
+        Body::None,
+    );
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (404, &json!("dead_letter_not_found")),
+        "replayed: gone: {body}"
+    );
     assert_eq!(metric(&http, "livegate_webhook_dead_letters"), Some(0.0));
     assert_eq!(metric(&http, r#"livegate_webhook_replays_total{outcome="delivered"}"#), Some(1.0));
     let_time_pass(QUIET, "nothing else arrives for the replayed webhook");
@@ -776,21 +1042,31 @@ async fn the_dead_letter_bound_drops_the_oldest_and_counts_them() {
     assert_eq!(metric(&http, "livegate_webhook_dead_letters_dropped_total"), Some(2.0));
     // The newest three, newest first (one room: its webhooks went, and died, in order).
     let listed = dead_letters(&http, None);
-    let kept: Vec<&Value> = listed["dead_letters"].as_array().unwrap().iter().map(|l| &l["body"]["seq"]).collect();
+    let kept: Vec<&Value> =
+        listed["dead_letters"].as_array().unwrap().iter().map(|l| &l["body"]["seq"]).collect();
     assert_eq!(kept, [&json!(seqs[4]), &json!(seqs[3]), &json!(seqs[2])], "{listed}");
     assert_eq!((&listed["count"], &listed["max"]), (&json!(3), &json!(3)));
     let log = serve.log_text();
     assert!(log.contains("dead-letter list full: the oldest dropped"), "{log}");
     // A limit shows the newest only; a bad one is a 400.
     let newest = dead_letters(&http, Some(1));
-    assert_eq!((newest["dead_letters"].as_array().unwrap().len(), &newest["dead_letters"][0]["body"]["seq"]), (1, &json!(seqs[4])));
-    let (status, body) = http.request("GET", "/v1/admin/webhooks/dead?limit=0", Auth::Key, Body::None);
+    assert_eq!(
+        (
+            newest["dead_letters"].as_array().unwrap().len(),
+            &newest["dead_letters"][0]["body"]["seq"]
+        ),
+        (1, &json!(seqs[4]))
+    );
+    let (status, body) =
+        http.request("GET", "/v1/admin/webhooks/dead?limit=0", Auth::Key, Body::None);
     assert_eq!((status, &body["error"]["code"]), (400, &json!("bad_request")), "{body}");
     // Deleted one by one, then all.
     let id = newest["dead_letters"][0]["id"].as_str().unwrap().to_string();
-    let (status, body) = http.request("DELETE", &format!("/v1/admin/webhooks/dead/{id}"), Auth::Key, Body::None);
+    let (status, body) =
+        http.request("DELETE", &format!("/v1/admin/webhooks/dead/{id}"), Auth::Key, Body::None);
     assert_eq!((status, &body), (200, &json!({"deleted": 1})), "{body}");
-    let (status, body) = http.request("DELETE", &format!("/v1/admin/webhooks/dead/{id}"), Auth::Key, Body::None);
+    let (status, body) =
+        http.request("DELETE", &format!("/v1/admin/webhooks/dead/{id}"), Auth::Key, Body::None);
     assert_eq!((status, &body["error"]["code"]), (404, &json!("dead_letter_not_found")), "{body}");
     let (status, body) = http.request("DELETE", "/v1/admin/webhooks/dead", Auth::Key, Body::None);
     assert_eq!((status, &body), (200, &json!({"deleted": 2})), "{body}");

@@ -13,7 +13,8 @@ impl Connection {
                 return self.step(ctx, |m| m.strike(now));
             }
         };
-        let (reference, publish) = (request.reference, matches!(request.op, ClientOp::Publish { .. }));
+        let (reference, publish) =
+            (request.reference, matches!(request.op, ClientOp::Publish { .. }));
         if !self.step(ctx, |m| m.admit(publish, reference, request.op.room(), now)) {
             return;
         }

@@ -14,9 +14,17 @@ impl Actor for Connection {
             }
         }
         let heartbeat_ms = self.settings.heartbeat.as_millis() as u64;
-        let resume = self.identity.resume.as_ref().map(|grant| (grant.credential.as_str(), grant.expires_at_ms));
-        let (session, node, warmup) = (&self.identity.session, &self.settings.node, self.identity.warmup);
-        self.io.text(ServerOp::Welcome, &protocol::welcome_frame(session, node, heartbeat_ms, warmup, resume));
+        let resume = self
+            .identity
+            .resume
+            .as_ref()
+            .map(|grant| (grant.credential.as_str(), grant.expires_at_ms));
+        let (session, node, warmup) =
+            (&self.identity.session, &self.settings.node, self.identity.warmup);
+        self.io.text(
+            ServerOp::Welcome,
+            &protocol::welcome_frame(session, node, heartbeat_ms, warmup, resume),
+        );
         let initial: Vec<(Ask, bool)> = std::mem::take(&mut self.initial)
             .into_iter()
             .map(|i| {

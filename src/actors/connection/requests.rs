@@ -46,21 +46,38 @@ impl Connection {
         ctx.spawn(fut.into_actor(self).map(move |(result, room), conn, ctx| {
             match result {
                 Ok(page) => conn.reply_history(&room, &page, reference),
-                Err(e) => conn.send_error(reference, Some(&room), ErrorCode::Unavailable, &e.to_string()),
+                Err(e) => {
+                    conn.send_error(reference, Some(&room), ErrorCode::Unavailable, &e.to_string())
+                }
             }
             conn.answered(Pending::Read, ctx);
         }));
     }
 
     /// Read who is in the room.
-    pub(super) fn read_presence(&mut self, room: String, reference: Option<i64>, ctx: &mut Context<Self>) {
+    pub(super) fn read_presence(
+        &mut self,
+        room: String,
+        reference: Option<i64>,
+        ctx: &mut Context<Self>,
+    ) {
         let rooms = self.rooms.clone();
         let fut = async move { (rooms.presence(&room).await, room) };
         ctx.spawn(fut.into_actor(self).map(move |(result, room), conn, ctx| {
             match result {
-                Ok(Ok(view)) => conn.reply(ServerOp::Presence, protocol::presence_reply_frame(&room, &view, reference)),
-                Ok(Err(off)) => conn.send_error(reference, Some(&room), ErrorCode::PresenceOff, &off.to_string()),
-                Err(e) => conn.send_error(reference, Some(&room), ErrorCode::Unavailable, &e.to_string()),
+                Ok(Ok(view)) => conn.reply(
+                    ServerOp::Presence,
+                    protocol::presence_reply_frame(&room, &view, reference),
+                ),
+                Ok(Err(off)) => conn.send_error(
+                    reference,
+                    Some(&room),
+                    ErrorCode::PresenceOff,
+                    &off.to_string(),
+                ),
+                Err(e) => {
+                    conn.send_error(reference, Some(&room), ErrorCode::Unavailable, &e.to_string())
+                }
             }
             conn.answered(Pending::Read, ctx);
         }));
@@ -70,14 +87,23 @@ impl Connection {
     /// `complete` is false and the client reads on after the last seq it got).
     pub(super) fn reply_history(&mut self, room: &str, page: &HistoryPage, reference: Option<i64>) {
         let device = &self.identity.device;
-        let events: Vec<&str> = page.events.iter().filter(|e| e.is_for(device)).map(|e| &*e.json).collect();
+        let events: Vec<&str> =
+            page.events.iter().filter(|e| e.is_for(device)).map(|e| &*e.json).collect();
         let epoch = page.epoch.as_deref();
-        let overhead = protocol::history_frame(room, epoch, page.head, std::iter::empty(), false, reference).len();
+        let overhead =
+            protocol::history_frame(room, epoch, page.head, std::iter::empty(), false, reference)
+                .len();
         let held = self.held();
         let fits = self.link.machine().page_fits(held, overhead, events.iter().map(|e| e.len()));
         let complete = page.complete && fits == events.len();
-        let frame =
-            protocol::history_frame(room, epoch, page.head, events[..fits].iter().copied(), complete, reference);
+        let frame = protocol::history_frame(
+            room,
+            epoch,
+            page.head,
+            events[..fits].iter().copied(),
+            complete,
+            reference,
+        );
         self.reply(ServerOp::History, frame)
     }
 
@@ -103,7 +129,8 @@ impl Connection {
             event_id: id.clone(),
             data: data.clone(),
         });
-        let event = Submission { id, data: data.into(), devices: None, from, state: state.map(Into::into) };
+        let event =
+            Submission { id, data: data.into(), devices: None, from, state: state.map(Into::into) };
         let publisher = self.settings.publisher.clone();
         let fut = async move {
             let result = publisher.submit(&room, event).await;
@@ -122,8 +149,17 @@ impl Connection {
             match done {
                 Some((room, Ok(published))) => {
                     metrics.publish_answered(published.duplicate);
-                    metrics.client_publish(if published.duplicate { "duplicate" } else { "published" });
-                    let frame = protocol::published_frame(&room, published.seq, published.duplicate, reference);
+                    metrics.client_publish(if published.duplicate {
+                        "duplicate"
+                    } else {
+                        "published"
+                    });
+                    let frame = protocol::published_frame(
+                        &room,
+                        published.seq,
+                        published.duplicate,
+                        reference,
+                    );
                     conn.reply(ServerOp::Published, frame);
                 }
                 Some((room, Err(error))) => {

@@ -9,8 +9,10 @@ impl Connection {
     pub(super) fn ask_room(&mut self, generation: u64, ask: Ask, ctx: &mut Context<Self>) {
         let Ask { room, since, epoch, state, presence, reference } = ask;
         let (rooms, conn, to) = (self.rooms.clone(), self.id, self.link.clone());
-        let member =
-            crate::core::delivery::presence::Member { user: self.identity.user.clone(), device: self.identity.device.clone() };
+        let member = crate::core::delivery::presence::Member {
+            user: self.identity.user.clone(),
+            device: self.identity.device.clone(),
+        };
         let subscribe = Subscribe {
             conn,
             to,
@@ -37,11 +39,14 @@ impl Connection {
         self.io.text(ServerOp::Subscribed, &protocol::inbox_notice_frame(&room));
         let parked = Parked { conn: self.id, to: self.link.clone(), generation };
         let rooms = self.rooms.clone();
-        let fut = async move { rooms.subscribe_inbox(&room, parked).await.map(|addr| (room, addr)) };
+        let fut =
+            async move { rooms.subscribe_inbox(&room, parked).await.map(|addr| (room, addr)) };
         ctx.spawn(fut.into_actor(self).map(move |result, conn, ctx| match result {
             Ok((room, Some(addr))) => conn.step(ctx, |m| m.attached(&room, generation, addr)),
             Ok((_, None)) => {}
-            Err(error) => tracing::warn!(conn = conn.id, %error, "automatic inbox subscription failed"),
+            Err(error) => {
+                tracing::warn!(conn = conn.id, %error, "automatic inbox subscription failed")
+            }
         }));
     }
 
@@ -59,10 +64,26 @@ impl Connection {
             return;
         }
         match update {
-            RoomUpdate::Subscribed { room, epoch, head, recovered, replay, reference, generation, state } => {
+            RoomUpdate::Subscribed {
+                room,
+                epoch,
+                head,
+                recovered,
+                replay,
+                reference,
+                generation,
+                state,
+            } => {
                 let state_seq = state.as_ref().map(|state| state.as_ref().map_or(0, |s| s.seq));
-                let answer =
-                    Answer { room: &room, generation, epoch: &epoch, head, recovered, state_seq, replay: &replay };
+                let answer = Answer {
+                    room: &room,
+                    generation,
+                    epoch: &epoch,
+                    head,
+                    recovered,
+                    state_seq,
+                    replay: &replay,
+                };
                 let Some(answered) = self.link.machine().on_subscribed(answer) else { return };
                 if let Some(recovered) = recovered {
                     self.settings.metrics.recovery(recovered);
@@ -71,9 +92,13 @@ impl Connection {
                     let frame = match &state {
                         Some(state) => {
                             let state = state.as_ref().map(|s| (s.seq, &*s.data));
-                            protocol::subscribed_state_frame(&room, &epoch, head, recovered, reference, state)
+                            protocol::subscribed_state_frame(
+                                &room, &epoch, head, recovered, reference, state,
+                            )
                         }
-                        None => protocol::subscribed_frame(&room, &epoch, head, recovered, reference),
+                        None => {
+                            protocol::subscribed_frame(&room, &epoch, head, recovered, reference)
+                        }
                     };
                     self.io.text(ServerOp::Subscribed, &frame);
                 }
@@ -82,7 +107,12 @@ impl Connection {
                 }
             }
             RoomUpdate::Events { room, window } => {
-                let plan = self.link.machine().on_window(&room, &window.epoch, &window.events, window.targeted);
+                let plan = self.link.machine().on_window(
+                    &room,
+                    &window.epoch,
+                    &window.events,
+                    window.targeted,
+                );
                 window.frames_for(plan, |frame| self.write_window(frame));
             }
             RoomUpdate::Presence { room, frame } => {
@@ -114,7 +144,9 @@ impl Connection {
     pub(super) fn write_window(&mut self, window: &Window) {
         self.settings.metrics.frame_written(window.events.len());
         let link = &self.link;
-        self.io.window(window, || crate::core::delivery::sse::render_cursor(link.machine().subscriptions().positions()));
+        self.io.window(window, || {
+            crate::core::delivery::sse::render_cursor(link.machine().subscriptions().positions())
+        });
     }
 }
 

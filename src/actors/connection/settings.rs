@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::core::credentials::ResumeGrant;
-use crate::store::credentials::ResumeRevocations;
 use crate::actors::messages::CredentialTimes;
 use crate::actors::publish::Publisher;
+use crate::core::credentials::ResumeGrant;
+use crate::store::credentials::ResumeRevocations;
 
 /// What every connection shares.
 pub struct ConnectionSettings {

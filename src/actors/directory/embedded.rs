@@ -17,27 +17,47 @@ impl From<StoreError> for WriteError {
 }
 
 impl SessionStore for Store {
-    fn session<'a>(&'a self, session: &'a str) -> LocalBoxFuture<'a, Result<Option<SessionRecord>, DirectoryError>> {
+    fn session<'a>(
+        &'a self,
+        session: &'a str,
+    ) -> LocalBoxFuture<'a, Result<Option<SessionRecord>, DirectoryError>> {
         Box::pin(ready(self.sessions().get(session).map_err(Into::into)))
     }
 
-    fn write<'a>(&'a self, read_version: Option<u64>, record: &'a SessionRecord) -> LocalBoxFuture<'a, Result<SessionRecord, WriteError>> {
+    fn write<'a>(
+        &'a self,
+        read_version: Option<u64>,
+        record: &'a SessionRecord,
+    ) -> LocalBoxFuture<'a, Result<SessionRecord, WriteError>> {
         Box::pin(ready(self.sessions().write(read_version, record).map_err(Into::into)))
     }
 
-    fn sessions_of_user<'a>(&'a self, user: &'a str) -> LocalBoxFuture<'a, Result<Vec<SessionRecord>, DirectoryError>> {
+    fn sessions_of_user<'a>(
+        &'a self,
+        user: &'a str,
+    ) -> LocalBoxFuture<'a, Result<Vec<SessionRecord>, DirectoryError>> {
         Box::pin(ready(self.sessions().of_user(user).map_err(Into::into)))
     }
 
-    fn last_migration<'a>(&'a self, user: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, DirectoryError>> {
+    fn last_migration<'a>(
+        &'a self,
+        user: &'a str,
+    ) -> LocalBoxFuture<'a, Result<Option<u64>, DirectoryError>> {
         Box::pin(ready(self.migrations().last(user).map_err(Into::into)))
     }
 
-    fn set_last_migration<'a>(&'a self, user: &'a str, at_ms: u64) -> LocalBoxFuture<'a, Result<(), DirectoryError>> {
+    fn set_last_migration<'a>(
+        &'a self,
+        user: &'a str,
+        at_ms: u64,
+    ) -> LocalBoxFuture<'a, Result<(), DirectoryError>> {
         Box::pin(ready(self.migrations().set_last(user, at_ms).map_err(Into::into)))
     }
 
-    fn count<'a>(&'a self, node: &'a str) -> LocalBoxFuture<'a, Result<(usize, usize), DirectoryError>> {
+    fn count<'a>(
+        &'a self,
+        node: &'a str,
+    ) -> LocalBoxFuture<'a, Result<(usize, usize), DirectoryError>> {
         Box::pin(ready(self.sessions().count(node).map_err(Into::into)))
     }
 
@@ -47,7 +67,12 @@ impl SessionStore for Store {
 
     /// During warm-up every stored session may come back; after it, only those this run
     /// has seen (the rest belong to a run before the restart and are treated as new).
-    fn recall<'a>(&'a self, session: &'a str, warmup: bool, incarnation: u64) -> LocalBoxFuture<'a, Result<Option<SessionRecord>, DirectoryError>> {
+    fn recall<'a>(
+        &'a self,
+        session: &'a str,
+        warmup: bool,
+        incarnation: u64,
+    ) -> LocalBoxFuture<'a, Result<Option<SessionRecord>, DirectoryError>> {
         let recalled = if warmup {
             self.sessions().get(session)
         } else {
@@ -68,7 +93,11 @@ impl SessionStore for Store {
         Ok(self.sessions().released(session, now_ms, incarnation)?)
     }
 
-    fn release_orphans(&self, now_ms: u64, incarnation: u64) -> LocalBoxFuture<'_, Result<usize, DirectoryError>> {
+    fn release_orphans(
+        &self,
+        now_ms: u64,
+        incarnation: u64,
+    ) -> LocalBoxFuture<'_, Result<usize, DirectoryError>> {
         Box::pin(ready(self.sessions().release_orphans(now_ms, incarnation).map_err(Into::into)))
     }
 

@@ -39,8 +39,14 @@ impl Shared {
         let now = now_ms();
         let mut records = self.sessions.sessions_of_user(user).await?;
         // Sessions leased here whose user record has not caught up yet move too.
-        let live: Vec<SessionRecord> =
-            self.memory.lock().live.values().filter(|l| l.record.user == user).map(|l| l.record.clone()).collect();
+        let live: Vec<SessionRecord> = self
+            .memory
+            .lock()
+            .live
+            .values()
+            .filter(|l| l.record.user == user)
+            .map(|l| l.record.clone())
+            .collect();
         for record in live {
             if !records.iter().any(|r| r.session == record.session) {
                 records.extend(self.sessions.session(&record.session).await?);
@@ -56,7 +62,8 @@ impl Shared {
         }
         let mut moved = 0;
         for record in records {
-            let handed = SessionRecord { owner: to.to_string(), updated_at_ms: now, ..record.clone() };
+            let handed =
+                SessionRecord { owner: to.to_string(), updated_at_ms: now, ..record.clone() };
             match self.write(Some(record.version), handed).await {
                 Ok(written) => {
                     moved += 1;

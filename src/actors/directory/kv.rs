@@ -21,28 +21,48 @@ impl From<ClusterError> for WriteError {
 }
 
 impl SessionStore for KvSessions {
-    fn session<'a>(&'a self, session: &'a str) -> LocalBoxFuture<'a, Result<Option<SessionRecord>, DirectoryError>> {
+    fn session<'a>(
+        &'a self,
+        session: &'a str,
+    ) -> LocalBoxFuture<'a, Result<Option<SessionRecord>, DirectoryError>> {
         Box::pin(async move { Ok(KvSessions::session(self, session).await?) })
     }
 
-    fn write<'a>(&'a self, read_version: Option<u64>, record: &'a SessionRecord) -> LocalBoxFuture<'a, Result<SessionRecord, WriteError>> {
+    fn write<'a>(
+        &'a self,
+        read_version: Option<u64>,
+        record: &'a SessionRecord,
+    ) -> LocalBoxFuture<'a, Result<SessionRecord, WriteError>> {
         Box::pin(async move { Ok(self.write_session(read_version, record).await?) })
     }
 
-    fn sessions_of_user<'a>(&'a self, user: &'a str) -> LocalBoxFuture<'a, Result<Vec<SessionRecord>, DirectoryError>> {
+    fn sessions_of_user<'a>(
+        &'a self,
+        user: &'a str,
+    ) -> LocalBoxFuture<'a, Result<Vec<SessionRecord>, DirectoryError>> {
         Box::pin(async move { Ok(KvSessions::sessions_of_user(self, user).await?) })
     }
 
-    fn last_migration<'a>(&'a self, user: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, DirectoryError>> {
+    fn last_migration<'a>(
+        &'a self,
+        user: &'a str,
+    ) -> LocalBoxFuture<'a, Result<Option<u64>, DirectoryError>> {
         Box::pin(async move { Ok(KvSessions::last_migration(self, user).await?) })
     }
 
-    fn set_last_migration<'a>(&'a self, user: &'a str, at_ms: u64) -> LocalBoxFuture<'a, Result<(), DirectoryError>> {
+    fn set_last_migration<'a>(
+        &'a self,
+        user: &'a str,
+        at_ms: u64,
+    ) -> LocalBoxFuture<'a, Result<(), DirectoryError>> {
         Box::pin(async move { Ok(KvSessions::set_last_migration(self, user, at_ms).await?) })
     }
 
     /// This node's share is not counted: that would read every record.
-    fn count<'a>(&'a self, _node: &'a str) -> LocalBoxFuture<'a, Result<(usize, usize), DirectoryError>> {
+    fn count<'a>(
+        &'a self,
+        _node: &'a str,
+    ) -> LocalBoxFuture<'a, Result<(usize, usize), DirectoryError>> {
         Box::pin(async move { Ok((self.count_sessions().await?, 0)) })
     }
 
@@ -50,7 +70,12 @@ impl SessionStore for KvSessions {
         false
     }
 
-    fn recall<'a>(&'a self, session: &'a str, _warmup: bool, _incarnation: u64) -> LocalBoxFuture<'a, Result<Option<SessionRecord>, DirectoryError>> {
+    fn recall<'a>(
+        &'a self,
+        session: &'a str,
+        _warmup: bool,
+        _incarnation: u64,
+    ) -> LocalBoxFuture<'a, Result<Option<SessionRecord>, DirectoryError>> {
         SessionStore::session(self, session)
     }
 
@@ -58,15 +83,29 @@ impl SessionStore for KvSessions {
         Ok(self.mark_connected(session, incarnation)?)
     }
 
-    fn released(&self, session: &str, _now_ms: u64, _incarnation: u64) -> Result<(), DirectoryError> {
+    fn released(
+        &self,
+        session: &str,
+        _now_ms: u64,
+        _incarnation: u64,
+    ) -> Result<(), DirectoryError> {
         Ok(self.mark_disconnected(session)?)
     }
 
-    fn release_orphans(&self, now_ms: u64, incarnation: u64) -> LocalBoxFuture<'_, Result<usize, DirectoryError>> {
+    fn release_orphans(
+        &self,
+        now_ms: u64,
+        incarnation: u64,
+    ) -> LocalBoxFuture<'_, Result<usize, DirectoryError>> {
         Box::pin(async move {
             let done = KvSessions::release_orphans(self, now_ms, incarnation).await?;
             if done.left > 0 || done.beyond > 0 {
-                tracing::info!(released = done.released, left = done.left, beyond = done.beyond, "sessions left connected by the previous run: some were not rewritten");
+                tracing::info!(
+                    released = done.released,
+                    left = done.left,
+                    beyond = done.beyond,
+                    "sessions left connected by the previous run: some were not rewritten"
+                );
             }
             Ok(done.released)
         })

@@ -51,7 +51,9 @@ use parking_lot::Mutex;
 
 use super::liveness::{Router, Unroutable};
 use crate::cluster::ClusterError;
-use crate::core::nodes::sessions::{check_migration_budget, plan_session, BudgetError, SessionPlan, SessionView, VersionError};
+use crate::core::nodes::sessions::{
+    check_migration_budget, plan_session, BudgetError, SessionPlan, SessionView, VersionError,
+};
 use crate::metrics::Metrics;
 use crate::store::{SessionRecord, StoreError};
 use crate::world::{now_ms, random_hex, random_u64};
@@ -171,7 +173,9 @@ impl From<StoreError> for DirectoryError {
 impl From<ClusterError> for DirectoryError {
     fn from(e: ClusterError) -> Self {
         match e {
-            unavailable @ ClusterError::Unavailable(..) => DirectoryError::Unavailable(Arc::new(unavailable)),
+            unavailable @ ClusterError::Unavailable(..) => {
+                DirectoryError::Unavailable(Arc::new(unavailable))
+            }
             other => DirectoryError::Cluster(Arc::new(other)),
         }
     }
@@ -214,21 +218,46 @@ pub struct Expired {
 /// more implementation and a line in the wiring.
 pub trait SessionStore: Send + Sync + 'static {
     /// The stored record of `session`.
-    fn session<'a>(&'a self, session: &'a str) -> LocalBoxFuture<'a, Result<Option<SessionRecord>, DirectoryError>>;
+    fn session<'a>(
+        &'a self,
+        session: &'a str,
+    ) -> LocalBoxFuture<'a, Result<Option<SessionRecord>, DirectoryError>>;
     /// Write `record` if the stored version is still `read_version` (`None`: must not
     /// exist); the written record has the next version.
-    fn write<'a>(&'a self, read_version: Option<u64>, record: &'a SessionRecord) -> LocalBoxFuture<'a, Result<SessionRecord, WriteError>>;
-    fn sessions_of_user<'a>(&'a self, user: &'a str) -> LocalBoxFuture<'a, Result<Vec<SessionRecord>, DirectoryError>>;
-    fn last_migration<'a>(&'a self, user: &'a str) -> LocalBoxFuture<'a, Result<Option<u64>, DirectoryError>>;
-    fn set_last_migration<'a>(&'a self, user: &'a str, at_ms: u64) -> LocalBoxFuture<'a, Result<(), DirectoryError>>;
+    fn write<'a>(
+        &'a self,
+        read_version: Option<u64>,
+        record: &'a SessionRecord,
+    ) -> LocalBoxFuture<'a, Result<SessionRecord, WriteError>>;
+    fn sessions_of_user<'a>(
+        &'a self,
+        user: &'a str,
+    ) -> LocalBoxFuture<'a, Result<Vec<SessionRecord>, DirectoryError>>;
+    fn last_migration<'a>(
+        &'a self,
+        user: &'a str,
+    ) -> LocalBoxFuture<'a, Result<Option<u64>, DirectoryError>>;
+    fn set_last_migration<'a>(
+        &'a self,
+        user: &'a str,
+        at_ms: u64,
+    ) -> LocalBoxFuture<'a, Result<(), DirectoryError>>;
     /// Sessions stored, and how many of them `node` owns (0 where counting is costly).
-    fn count<'a>(&'a self, node: &'a str) -> LocalBoxFuture<'a, Result<(usize, usize), DirectoryError>>;
+    fn count<'a>(
+        &'a self,
+        node: &'a str,
+    ) -> LocalBoxFuture<'a, Result<(usize, usize), DirectoryError>>;
     /// Whether what this process remembers of a session is current (it is the only
     /// writer), or the record must be read on every handshake (other nodes write too).
     fn memory_is_current(&self) -> bool;
     /// The record of a session this process does not remember, if a handshake may reuse
     /// it: `warmup` says the node is in warm-up, `incarnation` names this run.
-    fn recall<'a>(&'a self, session: &'a str, warmup: bool, incarnation: u64) -> LocalBoxFuture<'a, Result<Option<SessionRecord>, DirectoryError>>;
+    fn recall<'a>(
+        &'a self,
+        session: &'a str,
+        warmup: bool,
+        incarnation: u64,
+    ) -> LocalBoxFuture<'a, Result<Option<SessionRecord>, DirectoryError>>;
     /// How old a record of a session connected here may get before it is rewritten, for
     /// backends whose records age out by themselves (`None`: they never do).
     fn refresh_after(&self, _ttl: Duration) -> Option<Duration> {
@@ -239,12 +268,21 @@ pub trait SessionStore: Send + Sync + 'static {
         Ok(())
     }
     /// A session's last connection here closed at `now_ms`.
-    fn released(&self, _session: &str, _now_ms: u64, _incarnation: u64) -> Result<(), DirectoryError> {
+    fn released(
+        &self,
+        _session: &str,
+        _now_ms: u64,
+        _incarnation: u64,
+    ) -> Result<(), DirectoryError> {
         Ok(())
     }
     /// At start-up, before the node is ready: sessions an earlier run left connected count
     /// as released now (their expiry counts from this start). Replies with how many.
-    fn release_orphans(&self, now_ms: u64, incarnation: u64) -> LocalBoxFuture<'_, Result<usize, DirectoryError>>;
+    fn release_orphans(
+        &self,
+        now_ms: u64,
+        incarnation: u64,
+    ) -> LocalBoxFuture<'_, Result<usize, DirectoryError>>;
     /// Delete what is past its TTL (at most `pass.batch` records examined).
     fn expire(&self, pass: &ExpiryPass<'_>) -> Result<Expired, DirectoryError>;
     /// Records stored, where that is known without reading them.
@@ -336,7 +374,9 @@ impl Directory {
         let memory = Memory {
             warmup_until: None,
             live: HashMap::new(),
-            recent: LruCache::new(NonZeroUsize::new(settings.session_cache_max).unwrap_or(NonZeroUsize::MIN)),
+            recent: LruCache::new(
+                NonZeroUsize::new(settings.session_cache_max).unwrap_or(NonZeroUsize::MIN),
+            ),
         };
         let shared = Shared {
             sessions,
@@ -374,7 +414,11 @@ impl Shared {
     }
 
     /// A counted directory write.
-    async fn write(&self, read_version: Option<u64>, record: SessionRecord) -> Result<SessionRecord, WriteError> {
+    async fn write(
+        &self,
+        read_version: Option<u64>,
+        record: SessionRecord,
+    ) -> Result<SessionRecord, WriteError> {
         let result = self.sessions.write(read_version, &record).await;
         self.metrics.directory_write(match &result {
             Ok(_) => "ok",
@@ -396,7 +440,12 @@ impl Shared {
     /// and for a session this process does not remember (see [`SessionStore::recall`]).
     /// `count`: a handshake's own lookup, counted in the warm-up metrics (not the early
     /// look of [`Shared::refuse_early`]).
-    async fn lookup(&self, session: &str, warmup: bool, count: bool) -> Result<Option<SessionRecord>, DirectoryError> {
+    async fn lookup(
+        &self,
+        session: &str,
+        warmup: bool,
+        count: bool,
+    ) -> Result<Option<SessionRecord>, DirectoryError> {
         let remembered = {
             let mut memory = self.memory.lock();
             match memory.live.get(session) {
@@ -486,7 +535,11 @@ impl Shared {
     /// Where records age out by themselves: rewrite those of sessions connected here
     /// before they would (a record is otherwise written only on create and migration).
     async fn refresh_held(&self, now: u64) {
-        let Some(refresh_after) = self.sessions.refresh_after(Duration::from_millis(self.session_ttl_ms)) else { return };
+        let Some(refresh_after) =
+            self.sessions.refresh_after(Duration::from_millis(self.session_ttl_ms))
+        else {
+            return;
+        };
         let refresh_after = refresh_after.as_millis() as u64;
         let stale: Vec<SessionRecord> = self
             .memory
@@ -508,7 +561,9 @@ impl Shared {
                     tracing::info!(session, %stale, "session record changed; refreshed next sweep");
                     if let Ok(Some(current)) = self.sessions.session(&session).await {
                         let mut memory = self.memory.lock();
-                        if let Some(live) = memory.live.get_mut(&session).filter(|_| current.owner == self.node) {
+                        if let Some(live) =
+                            memory.live.get_mut(&session).filter(|_| current.owner == self.node)
+                        {
                             live.record = current;
                         }
                     }
@@ -523,7 +578,11 @@ impl Shared {
 
     fn counts(&self) -> DirectoryCounts {
         let memory = self.memory.lock();
-        DirectoryCounts { live: memory.live.len(), cached: memory.recent.len(), stored: self.sessions.stored() }
+        DirectoryCounts {
+            live: memory.live.len(),
+            cached: memory.recent.len(),
+            stored: self.sessions.stored(),
+        }
     }
 
     /// Move every session of `user` owned elsewhere to this node. A move the router
@@ -532,7 +591,13 @@ impl Shared {
     /// many sessions move. Once a record moved, the move is announced ([`UserMoves`]):
     /// the user's connections elsewhere follow.
     /// Returns the asked session's record as it stands after the move.
-    async fn migrate_user(&self, user: &str, asked: &SessionRecord, now: u64, charged: bool) -> Result<SessionRecord, DirectoryError> {
+    async fn migrate_user(
+        &self,
+        user: &str,
+        asked: &SessionRecord,
+        now: u64,
+        charged: bool,
+    ) -> Result<SessionRecord, DirectoryError> {
         let mut records = self.sessions.sessions_of_user(user).await?;
         if !records.iter().any(|r| r.session == asked.session) {
             records.push(asked.clone());
@@ -544,7 +609,8 @@ impl Shared {
                 continue;
             }
             let from = record.owner.clone();
-            let moved = SessionRecord { owner: self.node.clone(), updated_at_ms: now, ..record.clone() };
+            let moved =
+                SessionRecord { owner: self.node.clone(), updated_at_ms: now, ..record.clone() };
             match self.write(Some(record.version), moved).await {
                 Ok(written) => {
                     moved_any = true;
@@ -556,7 +622,8 @@ impl Shared {
                 Err(WriteError::Stale(stale)) => {
                     tracing::info!(user, session = %record.session, %stale, "migration lost a race; keeping the newer record");
                     if record.session == asked.session {
-                        asked_now = self.sessions.session(&asked.session).await?.unwrap_or(asked_now);
+                        asked_now =
+                            self.sessions.session(&asked.session).await?.unwrap_or(asked_now);
                     }
                 }
                 Err(WriteError::Failed(e)) => return Err(e),
@@ -621,13 +688,20 @@ impl Shared {
                 None => None,
                 Some(session) => self.lookup(session, warmup, true).await?,
             };
-            let view = asked.as_ref().map(|r| SessionView { user: &r.user, owner: &r.owner, version: r.version });
+            let view = asked.as_ref().map(|r| SessionView {
+                user: &r.user,
+                owner: &r.owner,
+                version: r.version,
+            });
             let plan = plan_session(view, &msg.user, &self.node);
             let charged = match self.routed_move(&msg, asked.as_ref(), &plan)? {
                 Move::Free => false,
                 Move::Avoided { owner } => {
                     self.check_budget(&msg.user, now).await?;
-                    let answered = probed.as_ref().filter(|(node, _)| Some(node.as_str()) == owner.as_deref()).map(|(_, ready)| *ready);
+                    let answered = probed
+                        .as_ref()
+                        .filter(|(node, _)| Some(node.as_str()) == owner.as_deref())
+                        .map(|(_, ready)| *ready);
                     let ready = match owner.as_deref() {
                         // No owner to ask (peers mode, a session no node placed): not ready.
                         None => false,
@@ -654,7 +728,9 @@ impl Shared {
             };
             let (record, migrated) = match (plan, asked) {
                 (SessionPlan::Reuse, Some(record)) => (record, false),
-                (SessionPlan::Migrate { .. }, Some(record)) => (self.migrate_user(&msg.user, &record, now, charged).await?, true),
+                (SessionPlan::Migrate { .. }, Some(record)) => {
+                    (self.migrate_user(&msg.user, &record, now, charged).await?, true)
+                }
                 _ => (self.create(&msg.user, now).await?, false),
             };
             let session = record.session.clone();
@@ -675,7 +751,11 @@ impl Shared {
     async fn refuse_early(&self, msg: &OpenSession) -> Result<(), DirectoryError> {
         let Some(session) = msg.asked.as_deref().filter(|s| !s.is_empty()) else { return Ok(()) };
         let asked = self.lookup(session, self.in_warmup(), false).await?;
-        let view = asked.as_ref().map(|r| SessionView { user: &r.user, owner: &r.owner, version: r.version });
+        let view = asked.as_ref().map(|r| SessionView {
+            user: &r.user,
+            owner: &r.owner,
+            version: r.version,
+        });
         let plan = plan_session(view, &msg.user, &self.node);
         if let Move::Avoided { .. } = self.routed_move(msg, asked.as_ref(), &plan)? {
             self.check_budget(&msg.user, now_ms()).await?;
@@ -686,8 +766,15 @@ impl Shared {
     /// Where the asked session is served: the router's answer for a session of this user
     /// that a node owns, and (peers mode, where no record names owners across nodes) for
     /// any asked session, known here or not. Served elsewhere: refused with that node.
-    fn routed_move(&self, msg: &OpenSession, asked: Option<&SessionRecord>, plan: &SessionPlan) -> Result<Move, DirectoryError> {
-        let Some(session) = msg.asked.as_deref().filter(|s| !s.is_empty()) else { return self.home_cell_move(msg) };
+    fn routed_move(
+        &self,
+        msg: &OpenSession,
+        asked: Option<&SessionRecord>,
+        plan: &SessionPlan,
+    ) -> Result<Move, DirectoryError> {
+        let Some(session) = msg.asked.as_deref().filter(|s| !s.is_empty()) else {
+            return self.home_cell_move(msg);
+        };
         let owned = matches!(plan, SessionPlan::Reuse | SessionPlan::Migrate { .. });
         if !(owned || (asked.is_none() && self.router.placement_decides())) {
             return self.home_cell_move(msg);
@@ -705,7 +792,11 @@ impl Shared {
         // The client could not reach an owner this node counts ready: charged only if the
         // owner says so itself (its readiness goes off before its heartbeat tells the
         // others that it drains).
-        Ok(if routed.reason.charged() { Move::Avoided { owner: owner.map(str::to_string) } } else { Move::Free })
+        Ok(if routed.reason.charged() {
+            Move::Avoided { owner: owner.map(str::to_string) }
+        } else {
+            Move::Free
+        })
     }
 
     /// Cluster mode: a new session opens in the cell the user's route answers (its home
@@ -718,10 +809,18 @@ impl Shared {
             return Ok(Move::Free);
         }
         let inbox = crate::core::rules::names::inbox_room(&msg.user);
-        let routed = match self.router.route(&inbox, &msg.user, msg.cell.as_deref(), None, msg.avoid.as_deref()) {
+        let routed = match self.router.route(
+            &inbox,
+            &msg.user,
+            msg.cell.as_deref(),
+            None,
+            msg.avoid.as_deref(),
+        ) {
             Ok(routed) => routed,
             // No cell is healthy, this node's included: refused, as the route answers.
-            Err(refusal @ Unroutable::NoHealthyCell { .. }) => return Err(DirectoryError::Unroutable(refusal)),
+            Err(refusal @ Unroutable::NoHealthyCell { .. }) => {
+                return Err(DirectoryError::Unroutable(refusal))
+            }
             // No node (every one avoided, say): this node serves rather than nobody.
             Err(Unroutable::NoAliveNode(_)) => return Ok(Move::Free),
         };
@@ -759,14 +858,23 @@ impl Shared {
         // number of them), so their TTL runs from this start, before any traffic.
         let orphans = self.sessions.release_orphans(now_ms(), self.incarnation).await?;
         if orphans > 0 {
-            tracing::info!(sessions = orphans, "sessions left connected by the previous run count as closed now");
+            tracing::info!(
+                sessions = orphans,
+                "sessions left connected by the previous run count as closed now"
+            );
         }
         let (sessions, owned) = self.sessions.count(&self.node).await?;
         if sessions > 0 && !self.warmup.is_zero() {
             self.memory.lock().warmup_until = Some(Instant::now() + self.warmup);
             self.metrics.warmup_active.set(1);
         }
-        tracing::info!(sessions, owned_here = owned, warmup_secs = self.warmup.as_secs(), warmup = sessions > 0, "directory reconciled");
+        tracing::info!(
+            sessions,
+            owned_here = owned,
+            warmup_secs = self.warmup.as_secs(),
+            warmup = sessions > 0,
+            "directory reconciled"
+        );
         Ok((sessions, owned))
     }
 }

@@ -41,7 +41,10 @@ impl RoomLoad {
     /// after the other: a reader may pair a reading with the next one's time, which is
     /// as fresh.
     pub fn lag(&self) -> (Reading, u64) {
-        let reading = Reading { events: self.lag_events.load(Ordering::Relaxed), millis: self.lag_millis.load(Ordering::Relaxed) };
+        let reading = Reading {
+            events: self.lag_events.load(Ordering::Relaxed),
+            millis: self.lag_millis.load(Ordering::Relaxed),
+        };
         (reading, self.lag_at_ms.load(Ordering::Relaxed))
     }
 }

@@ -13,8 +13,11 @@ use std::time::Instant;
 
 use actix::prelude::*;
 
-use super::{id_key, publish_key, render, spawn_then, Frames, Log, LogPart, Pending, RoomActor, RoomCore, RoomLog};
 use super::RoomLogs;
+use super::{
+    id_key, publish_key, render, spawn_then, Frames, Log, LogPart, Pending, RoomActor, RoomCore,
+    RoomLog,
+};
 use crate::actors::messages::*;
 use crate::core::delivery::room::{Action, Input, LogInput};
 use crate::core::delivery::seqlog::{Entry, SeqLog};
@@ -70,7 +73,9 @@ impl LocalLog {
             Ok(removed) => {
                 room.metrics().history_trimmed.inc_by(removed as u64);
             }
-            Err(error) => tracing::warn!(room = %room.name(), %error, why, "could not delete history"),
+            Err(error) => {
+                tracing::warn!(room = %room.name(), %error, why, "could not delete history")
+            }
         }
     }
 
@@ -100,7 +105,13 @@ impl LocalLog {
 
     /// Write the state at once (as of the head, durable or not) and flush it; it becomes
     /// the room's state once the events up to its seq are durable.
-    fn write_state(&mut self, room: &mut RoomCore, state: StateAt, reply: Pending, ctx: &mut Context<RoomActor>) {
+    fn write_state(
+        &mut self,
+        room: &mut RoomCore,
+        state: StateAt,
+        reply: Pending,
+        ctx: &mut Context<RoomActor>,
+    ) {
         let name = room.name().clone();
         let Some(epoch) = room.live().map(|log| log.epoch().to_string()) else { return };
         // A room's first write stores its record (with its epoch) too.
@@ -129,7 +140,10 @@ impl LocalLog {
             if let Err(error) = &result {
                 tracing::error!(room = %room.name(), %error, "flush failed; publishers get an error, retrying");
             }
-            room.input(Input::Log(LogInput::Flushed { upto, result: result.map_err(PublishFailed::from) }));
+            room.input(Input::Log(LogInput::Flushed {
+                upto,
+                result: result.map_err(PublishFailed::from),
+            }));
         });
     }
 }
@@ -139,13 +153,21 @@ impl RoomLog for LocalLog {
         let (name, retention) = (room.name().clone(), room.retention());
         let name = &name;
         match self.store.rooms().load(name, retention.max_events) {
-            Ok(None) => room.loaded(SeqLog::restore(self.new_epoch.to_string(), 0, Vec::new(), retention), None),
+            Ok(None) => room.loaded(
+                SeqLog::restore(self.new_epoch.to_string(), 0, Vec::new(), retention),
+                None,
+            ),
             Ok(Some(stored)) => {
                 self.stored = true;
                 let entries = stored
                     .events
                     .into_iter()
-                    .map(|e| Entry { seq: e.seq, payload: render(name, &e), id: id_key(&e), ts_ms: e.ts_ms })
+                    .map(|e| Entry {
+                        seq: e.seq,
+                        payload: render(name, &e),
+                        id: id_key(&e),
+                        ts_ms: e.ts_ms,
+                    })
                     .collect();
                 let log = SeqLog::restore(stored.head.epoch, stored.head.head, entries, retention);
                 if let Some(oldest) = log.oldest() {
@@ -175,9 +197,16 @@ impl RoomLog for LocalLog {
         self.trim_below(room, first_kept, if expired { "expired" } else { "trimmed by size" });
     }
 
-    fn carry_out(&mut self, room: &mut RoomCore, action: Action<Frames>, ctx: &mut Context<RoomActor>) {
+    fn carry_out(
+        &mut self,
+        room: &mut RoomCore,
+        action: Action<Frames>,
+        ctx: &mut Context<RoomActor>,
+    ) {
         match action {
-            Action::Write { seq, key, reply: Pending::Publish(msg) } => self.write(room, seq, key, msg),
+            Action::Write { seq, key, reply: Pending::Publish(msg) } => {
+                self.write(room, seq, key, msg)
+            }
             Action::WriteState { state, reply } => self.write_state(room, state, reply, ctx),
             Action::Flush { upto } => self.flush(upto, ctx),
             _ => {}

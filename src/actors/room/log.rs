@@ -15,8 +15,8 @@ use tokio::sync::oneshot;
 use super::{local, stream, Frames, RoomActor, RoomCore};
 use crate::actors::messages::*;
 use crate::cluster::roomlog::StreamEvent;
-use crate::core::rules::names;
 use crate::core::delivery::room::Action;
+use crate::core::rules::names;
 use crate::protocol;
 use crate::store::EventRecord;
 
@@ -47,10 +47,7 @@ pub struct ParkedWatch {
 
 impl ParkedWatch {
     pub fn new(task: tokio::task::AbortHandle, ready: tokio::sync::oneshot::Receiver<()>) -> Self {
-        ParkedWatch {
-            task,
-            ready: Some(ready),
-        }
+        ParkedWatch { task, ready: Some(ready) }
     }
 
     /// What to await until the watch is subscribed (once).
@@ -154,14 +151,12 @@ pub(super) fn spawn_then<L: LogPart, T: 'static>(
     work: impl Future<Output = T> + 'static,
     then: impl FnOnce(&mut L, &mut RoomCore, T, &mut Context<RoomActor>) + 'static,
 ) {
-    ctx.spawn(
-        actix::fut::wrap_future::<_, RoomActor>(work).map(move |out, actor, ctx| {
-            if let Some(log) = L::part(&mut actor.log) {
-                then(log, &mut actor.core, out, ctx);
-                actor.settle(ctx);
-            }
-        }),
-    );
+    ctx.spawn(actix::fut::wrap_future::<_, RoomActor>(work).map(move |out, actor, ctx| {
+        if let Some(log) = L::part(&mut actor.log) {
+            then(log, &mut actor.core, out, ctx);
+            actor.settle(ctx);
+        }
+    }));
 }
 
 /// Run `then` with the room's log after `after`.
@@ -222,9 +217,6 @@ pub(super) fn render(room: &str, event: &EventRecord) -> Arc<Delivery> {
             &event.data,
         )
         .into(),
-        devices: event
-            .devices
-            .as_ref()
-            .map(|d| d.iter().map(|s| s.as_str().into()).collect()),
+        devices: event.devices.as_ref().map(|d| d.iter().map(|s| s.as_str().into()).collect()),
     })
 }

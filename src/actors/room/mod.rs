@@ -39,10 +39,10 @@ pub use self::stream::StreamRoomLogs;
 pub use self::wire::{Frames, Subscriber, Ticket};
 use super::messages::*;
 use crate::core::delivery::holds::Holds;
-use crate::core::rules::names;
 use crate::core::delivery::room::{Action, Input, Limits, RoomMachine, Timer};
 use crate::core::delivery::seqlog::SeqLog;
 use crate::core::rules::limits::Retention;
+use crate::core::rules::names;
 use crate::world::now_ms;
 
 /// A room's limits: shared by every room, but for what its namespace sets
@@ -69,7 +69,10 @@ pub struct RoomSettings {
 impl RoomSettings {
     /// These settings with `options` (the room's namespace) for retention, window and
     /// presence.
-    pub fn with_options(&self, options: &crate::core::rules::namespaces::RoomOptions) -> RoomSettings {
+    pub fn with_options(
+        &self,
+        options: &crate::core::rules::namespaces::RoomOptions,
+    ) -> RoomSettings {
         RoomSettings {
             retention: options.retention(),
             batch_window: options.batch_window(),
@@ -84,7 +87,13 @@ impl RoomSettings {
 /// does not know the table's type.
 pub trait RoomHome: Send + Sync {
     /// `head`: the room's durable head, the last event its subscribers were sent.
-    fn retire(self: Arc<Self>, room: &Arc<str>, addr: &Addr<RoomActor>, subscribers: Vec<Parked>, head: u64);
+    fn retire(
+        self: Arc<Self>,
+        room: &Arc<str>,
+        addr: &Addr<RoomActor>,
+        subscribers: Vec<Parked>,
+        head: u64,
+    );
 }
 
 pub struct RoomActor {
@@ -129,7 +138,10 @@ impl RoomActor {
         }
         let core = RoomCore {
             occupancy,
-            presence: presence::RoomPresence::new(settings.presence_hub.clone(), settings.presence && !inbox),
+            presence: presence::RoomPresence::new(
+                settings.presence_hub.clone(),
+                settings.presence && !inbox,
+            ),
             name,
             home,
             machine,
@@ -148,7 +160,9 @@ impl RoomActor {
         if let Some(shared) = self.log.shared().filter(|_| !parked.is_empty()) {
             shared.adopted(replay_after);
         }
-        let parked = parked.into_iter().map(|p| (p.conn, p.generation, Subscriber { to: p.to, presence: false }));
+        let parked = parked
+            .into_iter()
+            .map(|p| (p.conn, p.generation, Subscriber { to: p.to, presence: false }));
         self.core.input(Input::Adopt(parked.collect()));
         self
     }
@@ -200,13 +214,23 @@ impl RoomActor {
                     }
                     let (head, recovered, replay) = (answer.head, answer.recovered, answer.replay);
                     let (room, reference) = (name.clone(), ticket.reference);
-                    let update = RoomUpdate::Subscribed { room, epoch, head, recovered, replay, reference, generation, state };
+                    let update = RoomUpdate::Subscribed {
+                        room,
+                        epoch,
+                        head,
+                        recovered,
+                        replay,
+                        reference,
+                        generation,
+                        state,
+                    };
                     sink.to.post(update);
                     core.presence.join(conn, ticket.member);
                     core.presence_snapshot(conn);
                 }
                 Action::Refused { generation, sink, ticket, why } => {
-                    let (room, reference, message) = (name.clone(), ticket.reference, why.to_string());
+                    let (room, reference, message) =
+                        (name.clone(), ticket.reference, why.to_string());
                     sink.to.post(RoomUpdate::Refused { room, reference, message, generation });
                 }
                 Action::Window { sink, window } => sink.to.window(name, &window),
@@ -223,7 +247,9 @@ impl RoomActor {
                 Action::Batched { events, first } => {
                     let metrics = &core.settings.metrics;
                     metrics.batch_events.observe(events as f64);
-                    metrics.delivery_latency.observe(now_ms().saturating_sub(first.ts_ms) as f64 / 1000.0);
+                    metrics
+                        .delivery_latency
+                        .observe(now_ms().saturating_sub(first.ts_ms) as f64 / 1000.0);
                 }
                 Action::Occupancy(occupied) => {
                     if let Some(occupancy) = &core.occupancy {
@@ -236,30 +262,38 @@ impl RoomActor {
                     }
                 }
                 Action::ArmTimer(timer, at) => {
-                    ctx.run_later(at.saturating_duration_since(Instant::now()), move |room, ctx| {
-                        let input = match timer {
-                            Timer::Window => Input::WindowCloses,
-                            Timer::Flush => Input::FlushRetry,
-                            Timer::Linger => Input::Lingered { busy: room.busy() },
-                        };
-                        room.core.input(input);
-                        room.settle(ctx);
-                    });
+                    ctx.run_later(
+                        at.saturating_duration_since(Instant::now()),
+                        move |room, ctx| {
+                            let input = match timer {
+                                Timer::Window => Input::WindowCloses,
+                                Timer::Flush => Input::FlushRetry,
+                                Timer::Linger => Input::Lingered { busy: room.busy() },
+                            };
+                            room.core.input(input);
+                            room.settle(ctx);
+                        },
+                    );
                 }
-                Action::Trim { first_kept, expired } => self.log.common().trimmed(core, first_kept, expired),
+                Action::Trim { first_kept, expired } => {
+                    self.log.common().trimmed(core, first_kept, expired)
+                }
                 Action::Reply { to, result } => to.send(result),
                 Action::Retire { parked, head } => {
-                    let parked =
-                        parked.into_iter().map(|(conn, generation, sink)| Parked { conn, to: sink.to, generation });
+                    let parked = parked.into_iter().map(|(conn, generation, sink)| Parked {
+                        conn,
+                        to: sink.to,
+                        generation,
+                    });
                     if let Some(home) = core.home.upgrade() {
                         home.retire(name, &ctx.address(), parked.collect(), head);
                     }
                     tracing::debug!(room = %name, "idle room stopped");
                     ctx.stop();
                 }
-                action @ (Action::Write { .. } | Action::WriteState { .. } | Action::Flush { .. }) => {
-                    self.log.common().carry_out(core, action, ctx)
-                }
+                action @ (Action::Write { .. }
+                | Action::WriteState { .. }
+                | Action::Flush { .. }) => self.log.common().carry_out(core, action, ctx),
             }
         }
     }
@@ -333,7 +367,6 @@ impl RoomCore {
             load.set_lag(reading, now_ms);
         }
     }
-
 }
 
 impl Actor for RoomActor {

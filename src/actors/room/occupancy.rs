@@ -53,14 +53,22 @@ impl Shared {
 
 impl DelayedVacate {
     /// Hold `inner`'s `vacated` edges for `delay` (not zero: then use `inner` itself).
-    pub fn start(inner: Arc<dyn Occupancy>, delay: Duration) -> std::io::Result<Arc<DelayedVacate>> {
+    pub fn start(
+        inner: Arc<dyn Occupancy>,
+        delay: Duration,
+    ) -> std::io::Result<Arc<DelayedVacate>> {
         let shared = Arc::new(Shared {
-            state: Mutex::new(Waiting { delay: VacateDelay::new(delay.as_millis() as u64), stopped: false }),
+            state: Mutex::new(Waiting {
+                delay: VacateDelay::new(delay.as_millis() as u64),
+                stopped: false,
+            }),
             wake: Condvar::new(),
             started: Instant::now(),
         });
         let (passing, to) = (shared.clone(), inner.clone());
-        let thread = std::thread::Builder::new().name("livegate-vacate".into()).spawn(move || pass_due(&passing, to.as_ref()))?;
+        let thread = std::thread::Builder::new()
+            .name("livegate-vacate".into())
+            .spawn(move || pass_due(&passing, to.as_ref()))?;
         Ok(Arc::new(DelayedVacate { inner, shared, thread: Mutex::new(Some(thread)) }))
     }
 

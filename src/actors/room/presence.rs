@@ -16,10 +16,12 @@ use actix::prelude::*;
 use parking_lot::Mutex;
 
 use super::{RoomActor, RoomCore};
-use crate::core::delivery::backlog::Reserve;
 use crate::actors::messages::{ConnId, PresenceChanged, PresenceFrame, PresenceOff, RoomUpdate};
 use crate::cluster::presence::PresenceSender;
-use crate::core::delivery::presence::{self, LastSent, LocalMembers, Member, NodeTable, RemoteTables, Throttle, Throttled, View};
+use crate::core::delivery::backlog::Reserve;
+use crate::core::delivery::presence::{
+    self, LastSent, LocalMembers, Member, NodeTable, RemoteTables, Throttle, Throttled, View,
+};
 use crate::protocol;
 use crate::world::now_ms;
 
@@ -43,7 +45,11 @@ struct HubTables {
 
 impl PresenceHub {
     /// `sender`: cluster mode's way to the other nodes; `None` on a single node.
-    pub fn new(interval: Duration, members_max: usize, sender: Option<PresenceSender>) -> Arc<PresenceHub> {
+    pub fn new(
+        interval: Duration,
+        members_max: usize,
+        sender: Option<PresenceSender>,
+    ) -> Arc<PresenceHub> {
         let interval_ms = interval.as_millis() as u64;
         Arc::new(PresenceHub { interval_ms, members_max, sender, tables: Mutex::default() })
     }
@@ -72,7 +78,11 @@ impl PresenceHub {
         let mut tables = self.tables.lock();
         let changed = tables.remote.remove_node(node);
         if !changed.is_empty() {
-            tracing::info!(peer = node, rooms = changed.len(), "presence: a gone node's members left");
+            tracing::info!(
+                peer = node,
+                rooms = changed.len(),
+                "presence: a gone node's members left"
+            );
         }
         for room in changed {
             tables.notify(&room);
@@ -242,7 +252,9 @@ impl RoomCore {
         match self.presence.throttle.changed(now) {
             Throttled::Now => self.presence_flush(ctx),
             Throttled::At(at) => {
-                ctx.run_later(Duration::from_millis(at.saturating_sub(now)), |room, ctx| room.core.presence_flush(ctx));
+                ctx.run_later(Duration::from_millis(at.saturating_sub(now)), |room, ctx| {
+                    room.core.presence_flush(ctx)
+                });
             }
             Throttled::Wait => {}
         }
@@ -278,7 +290,9 @@ impl RoomCore {
         }
         if let Some(diff) = diff {
             let frame = PresenceFrame::new(protocol::presence_frame(&name, &diff));
-            for (_, member) in self.machine.members().iter().filter(|(_, member)| member.sink.presence) {
+            for (_, member) in
+                self.machine.members().iter().filter(|(_, member)| member.sink.presence)
+            {
                 send_presence(&name, &member.sink, &frame, &self.settings.metrics);
             }
         }
@@ -288,8 +302,15 @@ impl RoomCore {
     /// of its last frame (every member then in `joined`; null above
     /// `presence_members_max`): the frames after it apply to it as to everyone.
     pub(super) fn presence_snapshot(&mut self, conn: ConnId) {
-        let Some(sub) = self.machine.members().get(conn).map(|member| &member.sink).filter(|sub| sub.presence) else { return };
-        let frame = PresenceFrame::new(protocol::presence_frame(&self.name, &self.presence.last.snapshot()));
+        let Some(sub) =
+            self.machine.members().get(conn).map(|member| &member.sink).filter(|sub| sub.presence)
+        else {
+            return;
+        };
+        let frame = PresenceFrame::new(protocol::presence_frame(
+            &self.name,
+            &self.presence.last.snapshot(),
+        ));
         send_presence(&self.name, sub, &frame, &self.settings.metrics);
     }
 }
@@ -297,9 +318,16 @@ impl RoomCore {
 /// One presence frame to one subscriber, its size reserved in the backlog like a
 /// window's (a subscriber over its bound is told to close; the room drops it when it
 /// unsubscribes, or at the tick).
-fn send_presence(room: &Arc<str>, sub: &super::Subscriber, frame: &Arc<PresenceFrame>, metrics: &crate::metrics::Metrics) {
+fn send_presence(
+    room: &Arc<str>,
+    sub: &super::Subscriber,
+    frame: &Arc<PresenceFrame>,
+    metrics: &crate::metrics::Metrics,
+) {
     match sub.to.backlog().reserve(frame.frame.len()) {
-        Reserve::Ok => sub.to.post(RoomUpdate::Presence { room: room.clone(), frame: frame.clone() }),
+        Reserve::Ok => {
+            sub.to.post(RoomUpdate::Presence { room: room.clone(), frame: frame.clone() })
+        }
         Reserve::EvictNow => {
             metrics.slow_consumer_closes.inc();
             sub.to.post(RoomUpdate::SlowConsumer);

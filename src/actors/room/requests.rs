@@ -28,21 +28,14 @@ pub(super) enum Request {
 impl RoomCore {
     fn read_state(&self) -> StateView {
         let epoch = self.machine.live().map(|log| log.epoch().into());
-        let (seq, data) = self
-            .machine
-            .current()
-            .map_or((0, None), |state| (state.seq, Some(state.data.clone())));
+        let (seq, data) =
+            self.machine.current().map_or((0, None), |state| (state.seq, Some(state.data.clone())));
         StateView { epoch, seq, data }
     }
 
     fn read_history(&self, msg: ReadHistory) -> HistoryPage {
         match self.machine.live() {
-            None => HistoryPage {
-                epoch: None,
-                head: 0,
-                events: Vec::new(),
-                complete: false,
-            },
+            None => HistoryPage { epoch: None, head: 0, events: Vec::new(), complete: false },
             Some(log) => {
                 let (events, complete) = log.read(msg.since, msg.limit);
                 let events = events.into_iter().map(|e| e.payload.clone()).collect();
@@ -62,11 +55,7 @@ impl RoomActor {
     /// request whose wait ran out, or that found the room full of held ones, is
     /// answered from what the room has).
     fn serve(&mut self, request: Request, patient: bool, ctx: &mut Context<Self>) {
-        let until = if patient {
-            self.must_wait(&request, ctx)
-        } else {
-            None
-        };
+        let until = if patient { self.must_wait(&request, ctx) } else { None };
         let request = match until {
             Some(until) => match self.core.held.hold(until, request) {
                 Ok(()) => return self.arm_release(ctx),
@@ -105,19 +94,11 @@ impl RoomActor {
         let Request::Subscribe(msg) = request else {
             return None;
         };
-        let ask = Ask {
-            since: msg.since,
-            epoch: msg.epoch.as_deref(),
-            state: msg.state,
-        };
-        let since = msg
-            .since
-            .filter(|_| core.live().is_some_and(|log| seen_beyond_head(log, ask)))?;
+        let ask = Ask { since: msg.since, epoch: msg.epoch.as_deref(), state: msg.state };
+        let since =
+            msg.since.filter(|_| core.live().is_some_and(|log| seen_beyond_head(log, ask)))?;
         shared.ahead(core, since, ctx);
-        Some(Until::Head {
-            since,
-            deadline: Instant::now() + AHEAD_WAIT,
-        })
+        Some(Until::Head { since, deadline: Instant::now() + AHEAD_WAIT })
     }
 
     /// Answer `request` from what the room has now.
@@ -126,10 +107,8 @@ impl RoomActor {
         match request {
             Request::Subscribe(msg) => {
                 core.input(Input::Expire { now_ms: now_ms() });
-                let sink = Subscriber {
-                    to: msg.to,
-                    presence: msg.presence && core.presence.enabled(),
-                };
+                let sink =
+                    Subscriber { to: msg.to, presence: msg.presence && core.presence.enabled() };
                 core.input(Input::Subscribe(room::Subscribe {
                     conn: msg.conn,
                     generation: msg.generation,
@@ -138,10 +117,7 @@ impl RoomActor {
                     epoch: msg.epoch,
                     state: msg.state,
                     sink,
-                    ticket: Ticket {
-                        reference: msg.reference,
-                        member: msg.member,
-                    },
+                    ticket: Ticket { reference: msg.reference, member: msg.member },
                 }));
                 self.drive(ctx);
                 self.core.presence_poke(ctx);
@@ -188,15 +164,12 @@ impl RoomActor {
             return;
         }
         self.release_at = Some(at);
-        ctx.run_later(
-            at.saturating_duration_since(Instant::now()),
-            move |room, ctx| {
-                if room.release_at == Some(at) {
-                    room.release_at = None;
-                }
-                room.settle(ctx);
-            },
-        );
+        ctx.run_later(at.saturating_duration_since(Instant::now()), move |room, ctx| {
+            if room.release_at == Some(at) {
+                room.release_at = None;
+            }
+            room.settle(ctx);
+        });
     }
 
     /// Every request starts here: a stopped room sends the caller back to the rooms
@@ -313,10 +286,7 @@ impl StreamHandler<LiveItem> for RoomActor {
         match item {
             LiveItem::Event(event) => shared.live_event(&mut self.core, event, ctx),
             LiveItem::State(state, version) if self.core.machine.is_live() => {
-                let state = StateAt {
-                    seq: state.seq,
-                    data: state.data.into(),
-                };
+                let state = StateAt { seq: state.seq, data: state.data.into() };
                 shared.live_state(&mut self.core, LiveState { state, version })
             }
             LiveItem::State(..) => {}
@@ -363,10 +333,7 @@ impl Handler<Unsubscribe> for RoomActor {
     type Result = ();
 
     fn handle(&mut self, msg: Unsubscribe, ctx: &mut Self::Context) {
-        self.core.input(Input::Unsubscribe {
-            conn: msg.conn,
-            generation: msg.generation,
-        });
+        self.core.input(Input::Unsubscribe { conn: msg.conn, generation: msg.generation });
         self.drive(ctx);
         let RoomActor { core, log, .. } = self;
         core.held.retain(|held| !matches!(held, Request::Subscribe(w) if w.conn == msg.conn && w.generation <= msg.generation));

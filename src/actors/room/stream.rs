@@ -23,24 +23,29 @@ use actix::prelude::*;
 use futures_util::StreamExt;
 
 use super::{
-    id_key, later, publish_key, render, spawn_then, Frames, Log, LogPart, ParkedWatch, RoomActor, RoomCore, RoomLog,
-    RoomLogs, SharedLog,
+    id_key, later, publish_key, render, spawn_then, Frames, Log, LogPart, ParkedWatch, RoomActor,
+    RoomCore, RoomLog, RoomLogs, SharedLog,
 };
 use crate::actors::messages::*;
-use crate::cluster::roomlog::{self, AppendError, Appended, LiveFeed, LiveItem, LoadedRoom, StoredState, StreamEvent};
+use crate::cluster::roomlog::{
+    self, AppendError, Appended, LiveFeed, LiveItem, LoadedRoom, StoredState, StreamEvent,
+};
 use crate::cluster::{Cluster, ClusterError};
 use crate::core::delivery::append::{Action, Outcome, Pipeline, Reply, Sequenced};
-use crate::core::rules::backoff::{Backoff, BackoffPolicy, Jitter};
-use crate::core::delivery::room::Input;
 use crate::core::delivery::interest::{Interest, Verdict, FEED_LINGER};
-use crate::core::nodes::lag::FeedLag;
+use crate::core::delivery::room::Input;
 use crate::core::delivery::seqlog::{Entry, SeqLog};
+use crate::core::nodes::lag::FeedLag;
+use crate::core::rules::backoff::{Backoff, BackoffPolicy, Jitter};
 use crate::store::EventRecord;
 use crate::world::{now_ms, random_u64};
 
 /// How a parked inbox's watch retries a subscription NATS refused or did not answer.
-const PARKED_WATCH_RETRY: BackoffPolicy =
-    BackoffPolicy { first: Duration::from_millis(200), max: Duration::from_secs(5), jitter: Jitter::Full };
+const PARKED_WATCH_RETRY: BackoffPolicy = BackoffPolicy {
+    first: Duration::from_millis(200),
+    max: Duration::from_secs(5),
+    jitter: Jitter::Full,
+};
 
 /// The cluster's room logs, one JetStream subject per room.
 pub struct StreamRoomLogs(pub Cluster);
@@ -64,7 +69,12 @@ impl RoomLogs for StreamRoomLogs {
     /// is dropped: `wake(after)` for each event (after its seq − 1) and, once subscribed,
     /// for what was stored after `head` meanwhile. A watch that cannot subscribe tries
     /// again with backoff.
-    fn watch_parked(&self, room: &Arc<str>, head: Option<u64>, wake: Box<dyn Fn(u64)>) -> Option<ParkedWatch> {
+    fn watch_parked(
+        &self,
+        room: &Arc<str>,
+        head: Option<u64>,
+        wake: Box<dyn Fn(u64)>,
+    ) -> Option<ParkedWatch> {
         let (cluster, room) = (self.0.clone(), room.clone());
         let (ready, waiting) = tokio::sync::oneshot::channel();
         let task = actix::spawn(async move {
@@ -81,7 +91,8 @@ impl RoomLogs for StreamRoomLogs {
                     Ok(feed) => break feed,
                     Err(error) => {
                         tracing::warn!(room = %room, %error, "could not watch a parked inbox; retrying");
-                        actix_web::rt::time::sleep(retry.next_delay(crate::world::random_u64())).await;
+                        actix_web::rt::time::sleep(retry.next_delay(crate::world::random_u64()))
+                            .await;
                     }
                 }
             };
@@ -89,7 +100,9 @@ impl RoomLogs for StreamRoomLogs {
                 match roomlog::last_seq(&cluster, &room).await {
                     Ok(Some(last)) if last > head => wake(head),
                     Ok(_) => {}
-                    Err(error) => tracing::warn!(room = %room, %error, "could not read a parked inbox's head; its next event wakes it"),
+                    Err(error) => {
+                        tracing::warn!(room = %room, %error, "could not read a parked inbox's head; its next event wakes it")
+                    }
                 }
             }
             while let Some(item) = feed.next().await {
@@ -150,13 +163,19 @@ impl LogPart for StreamLog {
 }
 
 impl StreamLog {
-    fn loaded(&mut self, room: &mut RoomCore, loaded: Result<(LiveFeed, LoadedRoom), ClusterError>, ctx: &mut Context<RoomActor>) {
+    fn loaded(
+        &mut self,
+        room: &mut RoomCore,
+        loaded: Result<(LiveFeed, LoadedRoom), ClusterError>,
+        ctx: &mut Context<RoomActor>,
+    ) {
         match loaded {
             Ok((feed, stored)) => {
                 self.attach(feed, ctx);
                 let head = stored.events.last().map_or(0, |e| e.event.seq);
                 self.announced = self.announced.max(head);
-                self.appends.loaded(stored.events.last().map_or(0, |e| e.stream_seq), stored.state_version);
+                self.appends
+                    .loaded(stored.events.last().map_or(0, |e| e.stream_seq), stored.state_version);
                 let name = room.name().clone();
                 let entries = stored.events.iter().map(|e| entry(&name, &e.event)).collect();
                 let keep = room.retention().max_events;
@@ -164,14 +183,17 @@ impl StreamLog {
                     // The stream keeps the largest namespace's history; this room keeps its own.
                     let (cluster, name) = (self.cluster.clone(), name.clone());
                     actix::spawn(async move {
-                        if let Err(error) = roomlog::purge_beyond(&cluster, &name, keep as u64).await {
+                        if let Err(error) =
+                            roomlog::purge_beyond(&cluster, &name, keep as u64).await
+                        {
                             tracing::warn!(room = %name, %error, "could not delete history beyond the room's size from the stream");
                         }
                     });
                 }
                 // A record beyond the stream's head belongs to a wiped stream (a new epoch).
                 let state = stored.state.filter(|state| state.seq <= head);
-                let state = state.map(|StoredState { seq, data }| StateAt { seq, data: data.into() });
+                let state =
+                    state.map(|StoredState { seq, data }| StateAt { seq, data: data.into() });
                 room.loaded(SeqLog::restore(stored.epoch, head, entries, room.retention()), state);
                 self.lag.loaded(head, now_ms());
                 let adopted = room.machine().members().len();
@@ -187,11 +209,15 @@ impl StreamLog {
             Err(error) => {
                 tracing::warn!(room = %room.name(), %error, "room could not be read from the stream; retrying");
                 room.input(Input::Failed(error.into()));
-                later(ctx, self.appends.load_failed(random_u64()), |stream: &mut StreamLog, room, ctx| {
-                    if room.machine().is_failed() && !room.machine().is_stopped() {
-                        stream.load(room, ctx);
-                    }
-                });
+                later(
+                    ctx,
+                    self.appends.load_failed(random_u64()),
+                    |stream: &mut StreamLog, room, ctx| {
+                        if room.machine().is_failed() && !room.machine().is_stopped() {
+                            stream.load(room, ctx);
+                        }
+                    },
+                );
             }
         }
     }
@@ -211,10 +237,14 @@ impl StreamLog {
             }
             Verdict::CheckAt(at) if !self.check_armed => {
                 self.check_armed = true;
-                later(ctx, at.saturating_duration_since(now), |stream: &mut StreamLog, room, ctx| {
-                    stream.check_armed = false;
-                    stream.check_interest(room, ctx);
-                });
+                later(
+                    ctx,
+                    at.saturating_duration_since(now),
+                    |stream: &mut StreamLog, room, ctx| {
+                        stream.check_armed = false;
+                        stream.check_interest(room, ctx);
+                    },
+                );
             }
             Verdict::CheckAt(_) => {}
         }
@@ -248,7 +278,9 @@ impl StreamLog {
                 }
                 Action::RetryCatchUp { after } => {
                     tracing::debug!(room = %room.name(), after_ms = after.as_millis() as u64, wanted = self.appends.wanted(), "reading the stream again later");
-                    later(ctx, after, |stream: &mut StreamLog, room, ctx| stream.catch_up(room, ctx))
+                    later(ctx, after, |stream: &mut StreamLog, room, ctx| {
+                        stream.catch_up(room, ctx)
+                    })
                 }
                 Action::FillAbandoned { head, wanted } => {
                     tracing::warn!(room = %room.name(), head, wanted, "reads kept ending short of an announced event; left to the room's tick");
@@ -272,7 +304,8 @@ impl StreamLog {
         let state = front.state.as_deref().map(str::to_string);
         let (cluster, name) = (self.cluster.clone(), room.name().clone());
         let append = async move {
-            let result = roomlog::append(&cluster, &name, expected, &record, state.as_deref()).await;
+            let result =
+                roomlog::append(&cluster, &name, expected, &record, state.as_deref()).await;
             // The event carries its state; the latest-state record, written after it in
             // order (one append at a time), keeps it once the history drops the event.
             let mut version = None;
@@ -280,34 +313,48 @@ impl StreamLog {
                 let latest = StoredState { seq: record.seq, data: data.clone() };
                 match roomlog::write_state(&cluster, &name, &latest).await {
                     Ok(v) => version = Some(v),
-                    Err(error) => tracing::warn!(room = %name, %error, "latest-state record not written; the event keeps the state"),
+                    Err(error) => {
+                        tracing::warn!(room = %name, %error, "latest-state record not written; the event keeps the state")
+                    }
                 }
             }
             (record, state, version, result)
         };
-        spawn_then(ctx, append, |stream: &mut StreamLog, room, (record, state, version, result), ctx| {
-            if let Some(version) = version {
-                stream.appends.state_recorded(version);
-            }
-            let outcome = match result {
-                Ok(Appended { stream_seq, duplicate: false }) => Outcome::Stored(StreamEvent { stream_seq, event: record, state }),
-                Ok(Appended { duplicate: true, .. }) => Outcome::Duplicate,
-                Err(AppendError::Conflict) => {
-                    room.metrics().cluster_append_conflicts.inc();
-                    Outcome::Conflict
+        spawn_then(
+            ctx,
+            append,
+            |stream: &mut StreamLog, room, (record, state, version, result), ctx| {
+                if let Some(version) = version {
+                    stream.appends.state_recorded(version);
                 }
-                Err(AppendError::Cluster(error)) => {
-                    tracing::warn!(room = %room.name(), %error, "append to the stream failed");
-                    Outcome::Failed(error.into())
-                }
-            };
-            stream.appends.appended(outcome);
-            stream.drive(room, ctx);
-        });
+                let outcome = match result {
+                    Ok(Appended { stream_seq, duplicate: false }) => {
+                        Outcome::Stored(StreamEvent { stream_seq, event: record, state })
+                    }
+                    Ok(Appended { duplicate: true, .. }) => Outcome::Duplicate,
+                    Err(AppendError::Conflict) => {
+                        room.metrics().cluster_append_conflicts.inc();
+                        Outcome::Conflict
+                    }
+                    Err(AppendError::Cluster(error)) => {
+                        tracing::warn!(room = %room.name(), %error, "append to the stream failed");
+                        Outcome::Failed(error.into())
+                    }
+                };
+                stream.appends.appended(outcome);
+                stream.drive(room, ctx);
+            },
+        );
     }
 
     /// Store `put` as the room's latest-state record at `seq`, and answer it.
-    fn write_state(&mut self, room: &RoomCore, put: PutState, seq: u64, ctx: &mut Context<RoomActor>) {
+    fn write_state(
+        &mut self,
+        room: &RoomCore,
+        put: PutState,
+        seq: u64,
+        ctx: &mut Context<RoomActor>,
+    ) {
         let log = room.live().expect("a state write starts on a live log");
         let state = StoredState { seq, data: put.data.to_string() };
         let epoch: Arc<str> = log.epoch().into();
@@ -341,7 +388,8 @@ impl StreamLog {
         spawn_then(ctx, read, |stream: &mut StreamLog, room, result, ctx| {
             match result {
                 Ok(events) => {
-                    let (first, last) = (events.first().map(|e| e.event.seq), events.last().map(|e| e.event.seq));
+                    let (first, last) =
+                        (events.first().map(|e| e.event.seq), events.last().map(|e| e.event.seq));
                     tracing::debug!(room = %room.name(), events = events.len(), first, last, wanted = stream.appends.wanted(), "read the stream");
                     stream.appends.caught_up(events, random_u64())
                 }
@@ -375,7 +423,8 @@ fn deliver(room: &mut RoomCore, stored: StreamEvent, lag: &mut FeedLag) {
     let seq = stored.event.seq;
     let payload = render(room.name(), &stored.event);
     let Ok(log) = room.live_mut() else { return };
-    if log.append_sequenced(seq, id_key(&stored.event), stored.event.ts_ms, payload.clone()).is_ok() {
+    if log.append_sequenced(seq, id_key(&stored.event), stored.event.ts_ms, payload.clone()).is_ok()
+    {
         let now = now_ms();
         room.report_lag(lag.applied(seq, stored.event.ts_ms, now), now);
         if let Some(data) = stored.state {
@@ -397,7 +446,9 @@ impl RoomLog for StreamLog {
             let feed = roomlog::watch(&cluster, &name, true).await?;
             Ok((feed, roomlog::load(&cluster, &name).await?))
         };
-        spawn_then(ctx, load, |stream: &mut StreamLog, room, loaded, ctx| stream.loaded(room, loaded, ctx));
+        spawn_then(ctx, load, |stream: &mut StreamLog, room, loaded, ctx| {
+            stream.loaded(room, loaded, ctx)
+        });
     }
 
     fn publish(&mut self, room: &mut RoomCore, msg: Publish, ctx: &mut Context<RoomActor>) {
@@ -432,7 +483,13 @@ impl RoomLog for StreamLog {
     }
 
     /// The stream's writes are `core::delivery::append`'s: the room's machine asks for none.
-    fn carry_out(&mut self, _room: &mut RoomCore, _action: crate::core::delivery::room::Action<Frames>, _ctx: &mut Context<RoomActor>) {}
+    fn carry_out(
+        &mut self,
+        _room: &mut RoomCore,
+        _action: crate::core::delivery::room::Action<Frames>,
+        _ctx: &mut Context<RoomActor>,
+    ) {
+    }
 
     /// Queued with the publishes: written between appends, as of the head then.
     fn put_state(&mut self, room: &mut RoomCore, msg: PutState, ctx: &mut Context<RoomActor>) {
@@ -454,7 +511,12 @@ impl SharedLog for StreamLog {
         }
     }
 
-    fn live_event(&mut self, room: &mut RoomCore, event: StreamEvent, ctx: &mut Context<RoomActor>) {
+    fn live_event(
+        &mut self,
+        room: &mut RoomCore,
+        event: StreamEvent,
+        ctx: &mut Context<RoomActor>,
+    ) {
         self.announced = self.announced.max(event.event.seq);
         self.appends.live_event(event);
         self.drive(room, ctx);
@@ -474,7 +536,8 @@ impl SharedLog for StreamLog {
         if !self.interest.refeed() {
             return self.interest.starting();
         }
-        let (cluster, name, after) = (self.cluster.clone(), room.name().clone(), self.appends.read_from());
+        let (cluster, name, after) =
+            (self.cluster.clone(), room.name().clone(), self.appends.read_from());
         let refeed = async move {
             let feed = roomlog::watch(&cluster, &name, true).await?;
             let missed = roomlog::read_after(&cluster, &name, after).await?;
@@ -492,7 +555,13 @@ impl SharedLog for StreamLog {
                     stream.drive(room, ctx);
                     let head = room.live().map_or(0, |log| log.durable());
                     if let Some((state, version)) = record.filter(|(state, _)| state.seq <= head) {
-                        stream.live_state(room, LiveState { state: StateAt { seq: state.seq, data: state.data.into() }, version });
+                        stream.live_state(
+                            room,
+                            LiveState {
+                                state: StateAt { seq: state.seq, data: state.data.into() },
+                                version,
+                            },
+                        );
                     }
                 }
                 Err(error) => {

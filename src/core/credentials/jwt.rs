@@ -19,8 +19,8 @@
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-use crate::core::rules::names;
 use super::token::{Claims, MAX_TOKEN_LEN};
+use crate::core::rules::names;
 
 /// Seconds a JWT's times may be off: accepted until `exp + LEEWAY_SECS`, from
 /// `nbf - LEEWAY_SECS`, with `iat` at most this far ahead.
@@ -178,11 +178,14 @@ fn shown(text: &str) -> String {
 /// Whether a presented token is a JWT (three base64url parts, the signature possibly
 /// empty as in `alg: none`) rather than a minted token (`body.mac`).
 pub fn looks_like_jwt(token: &str) -> bool {
-    let base64url = |part: &str| part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    let base64url =
+        |part: &str| part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
     let mut parts = token.split('.');
     match (parts.next(), parts.next(), parts.next(), parts.next()) {
         (Some(header), Some(claims), Some(signature), None) => {
-            !header.is_empty() && !claims.is_empty() && [header, claims, signature].into_iter().all(base64url)
+            !header.is_empty()
+                && !claims.is_empty()
+                && [header, claims, signature].into_iter().all(base64url)
         }
         _ => false,
     }
@@ -214,7 +217,11 @@ pub fn choose_key(alg: &str, kid: Option<&str>, keys: &[KeySlot<'_>]) -> Result<
     if let Some(kid) = kid {
         if let Some(at) = keys.iter().position(|k| k.in_set && k.kid == Some(kid)) {
             if keys[at].alg != alg {
-                return Err(JwtError::KeyAlgorithmMismatch { kid: shown(kid), key: keys[at].alg, alg });
+                return Err(JwtError::KeyAlgorithmMismatch {
+                    kid: shown(kid),
+                    key: keys[at].alg,
+                    alg,
+                });
             }
             return Ok(at);
         }
@@ -267,7 +274,12 @@ pub struct Policy<'a> {
 /// `knows_cell` accepts), `exp` the expiry plus [`LEEWAY_SECS`] (how long its nonce is
 /// kept), `iat` the issue time (absent: the earliest it could have been, as for the oldest
 /// minted format), and the nonce derived from `iss` and `jti` ([`jti_nonce`]).
-pub fn grant(claims: Presented, policy: &Policy<'_>, now_ms: u64, knows_cell: impl Fn(&str) -> bool) -> Result<Claims, JwtError> {
+pub fn grant(
+    claims: Presented,
+    policy: &Policy<'_>,
+    now_ms: u64,
+    knows_cell: impl Fn(&str) -> bool,
+) -> Result<Claims, JwtError> {
     let user = claims.sub.ok_or(JwtError::MissingClaim("sub"))?;
     let exp = claims.exp.ok_or(JwtError::MissingClaim("exp"))?;
     let jti = claims.jti.ok_or(JwtError::MissingClaim("jti"))?;
@@ -297,11 +309,20 @@ pub fn grant(claims: Presented, policy: &Policy<'_>, now_ms: u64, knows_cell: im
         return Err(JwtError::LifetimeTooLong { max_secs: policy.max_ttl_secs });
     }
     if jti.is_empty() || jti.len() > MAX_JTI_LEN {
-        return Err(JwtError::BadClaim { claim: "jti", problem: format!("must be 1 to {MAX_JTI_LEN} bytes long") });
+        return Err(JwtError::BadClaim {
+            claim: "jti",
+            problem: format!("must be 1 to {MAX_JTI_LEN} bytes long"),
+        });
     }
-    names::check_user(&user).map_err(|e| JwtError::BadClaim { claim: "sub", problem: format!("is not a user name: {e}") })?;
+    names::check_user(&user).map_err(|e| JwtError::BadClaim {
+        claim: "sub",
+        problem: format!("is not a user name: {e}"),
+    })?;
     let device = claims.device.unwrap_or_else(|| DEFAULT_DEVICE.to_string());
-    names::check_device(&device).map_err(|e| JwtError::BadClaim { claim: "device", problem: format!("is not a device name: {e}") })?;
+    names::check_device(&device).map_err(|e| JwtError::BadClaim {
+        claim: "device",
+        problem: format!("is not a device name: {e}"),
+    })?;
     let rooms = patterns("rooms", claims.rooms.unwrap_or_default())?;
     let publish = patterns("publish", claims.publish.unwrap_or_default())?;
     if let Some(cell) = &claims.cell {
@@ -330,12 +351,16 @@ pub fn grant(claims: Presented, policy: &Policy<'_>, now_ms: u64, knows_cell: im
 /// Room patterns: each a room name, optionally ending in `*`; at most [`MAX_PATTERNS`].
 fn patterns(claim: &'static str, patterns: Vec<String>) -> Result<Vec<String>, JwtError> {
     if patterns.len() > MAX_PATTERNS {
-        return Err(JwtError::BadClaim { claim, problem: format!("holds more than {MAX_PATTERNS} patterns") });
+        return Err(JwtError::BadClaim {
+            claim,
+            problem: format!("holds more than {MAX_PATTERNS} patterns"),
+        });
     }
     for pattern in &patterns {
         let name = pattern.strip_suffix('*').filter(|p| !p.is_empty()).unwrap_or(pattern);
         if names::check_room(name).is_err() {
-            let problem = format!("pattern {:?} is not a room name, optionally ending in *", shown(pattern));
+            let problem =
+                format!("pattern {:?} is not a room name, optionally ending in *", shown(pattern));
             return Err(JwtError::BadClaim { claim, problem });
         }
     }
@@ -370,13 +395,13 @@ mod tests {
             ("eyJh.eyJz.c2ln", true),
             ("eyJh.eyJz.", true), // alg none: an empty signature
             ("eyJh-_.eyJz_-.c2ln-_", true),
-            ("AQID.c2ln", false),        // a minted token: body.mac
-            ("eyJh..c2ln", false),       // no claims
-            (".eyJz.c2ln", false),       // no header
-            ("a.b.c.d", false),          // four parts (JWE has five)
-            ("eyJh.eyJz.c2ln=", false),  // padding is not base64url
-            ("eyJh.ey Jz.c2ln", false),  // a space
-            ("eyJh.eyJz.c2l+", false),   // base64, not base64url
+            ("AQID.c2ln", false),       // a minted token: body.mac
+            ("eyJh..c2ln", false),      // no claims
+            (".eyJz.c2ln", false),      // no header
+            ("a.b.c.d", false),         // four parts (JWE has five)
+            ("eyJh.eyJz.c2ln=", false), // padding is not base64url
+            ("eyJh.ey Jz.c2ln", false), // a space
+            ("eyJh.eyJz.c2l+", false),  // base64, not base64url
         ];
         for (token, jwt) in cases {
             assert_eq!(looks_like_jwt(token), jwt, "{token}");
@@ -391,8 +416,9 @@ mod tests {
 
     #[test]
     fn the_key_follows_the_configuration_never_the_header_alone() {
-        let accepted =
-            |alg: Alg, accepted: &str| -> Result<usize, JwtError> { Err(JwtError::AlgorithmNotAccepted { alg, accepted: accepted.into() }) };
+        let accepted = |alg: Alg, accepted: &str| -> Result<usize, JwtError> {
+            Err(JwtError::AlgorithmNotAccepted { alg, accepted: accepted.into() })
+        };
         let cases: &[(&str, Option<&str>, &[KeySlot], Result<usize, JwtError>)] = &[
             ("HS256", None, &[], Err(JwtError::NotEnabled)),
             ("none", None, &[HS], Err(JwtError::AlgNone)),
@@ -413,7 +439,11 @@ mod tests {
                 "HS256",
                 Some("ec-1"),
                 &[HS, SET_EC],
-                Err(JwtError::KeyAlgorithmMismatch { kid: "ec-1".into(), key: Alg::ES256, alg: Alg::HS256 }),
+                Err(JwtError::KeyAlgorithmMismatch {
+                    kid: "ec-1".into(),
+                    key: Alg::ES256,
+                    alg: Alg::HS256,
+                }),
             ),
             ("ES256", Some("nope"), &[SET_EC], Err(JwtError::UnknownKid("nope".into()))),
             ("ES256", None, &[SET_EC], accepted(Alg::ES256, "ES256")),
@@ -437,14 +467,17 @@ mod tests {
         ed.extend([7u8; 32]);
         assert_eq!(KeyKind::of_spki(&ed), Ok(KeyKind::Ed25519));
         let p256_head = [
-            0x30, 0x59, 0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08, 0x2a, 0x86, 0x48, 0xce,
-            0x3d, 0x03, 0x01, 0x07, 0x03, 0x42, 0x00,
+            0x30, 0x59, 0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06,
+            0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07, 0x03, 0x42, 0x00,
         ];
         let mut p256 = p256_head.to_vec();
         p256.extend([4u8; 65]);
         assert_eq!(KeyKind::of_spki(&p256), Ok(KeyKind::EcP256));
         // P-384: secp384r1 is 1.3.132.0.34.
-        let p384_head = [0x30, 0x76, 0x30, 0x10, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x05, 0x2b, 0x81, 0x04, 0x00, 0x22, 0x03, 0x62, 0x00];
+        let p384_head = [
+            0x30, 0x76, 0x30, 0x10, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06,
+            0x05, 0x2b, 0x81, 0x04, 0x00, 0x22, 0x03, 0x62, 0x00,
+        ];
         let mut p384 = p384_head.to_vec();
         p384.extend([4u8; 97]);
         assert!(KeyKind::of_spki(&p384).unwrap_err().contains("P-256"));
@@ -454,10 +487,19 @@ mod tests {
         rsa.extend([0x05, 0x00, 0x03, 0x82, 0x01, 0x0f, 0x00]);
         rsa.extend(vec![1u8; 0x10e]);
         assert_eq!(KeyKind::of_spki(&rsa), Ok(KeyKind::Rsa));
-        for junk in [&[][..], &[0x30][..], &[0x30, 0x05, 0x30, 0x03, 0x06, 0x09, 0x2a][..], &[0x04, 0x00][..], &ed25519[..4]] {
+        for junk in [
+            &[][..],
+            &[0x30][..],
+            &[0x30, 0x05, 0x30, 0x03, 0x06, 0x09, 0x2a][..],
+            &[0x04, 0x00][..],
+            &ed25519[..4],
+        ] {
             assert!(KeyKind::of_spki(junk).is_err(), "{junk:?}");
         }
-        assert_eq!([KeyKind::Rsa, KeyKind::EcP256, KeyKind::Ed25519].map(KeyKind::alg), [Alg::RS256, Alg::ES256, Alg::EdDSA]);
+        assert_eq!(
+            [KeyKind::Rsa, KeyKind::EcP256, KeyKind::Ed25519].map(KeyKind::alg),
+            [Alg::RS256, Alg::ES256, Alg::EdDSA]
+        );
     }
 
     fn presented() -> Presented {
@@ -480,9 +522,20 @@ mod tests {
         let granted = check(presented(), &POLICY).expect("valid");
         assert_eq!(granted.user, "alice");
         assert_eq!(granted.device, "web", "the default device");
-        assert_eq!((granted.rooms.len(), granted.publish.len(), granted.cell.clone()), (0, 0, None));
-        assert_eq!(granted.expires_at_ms, (NOW_SECS + 60 + LEEWAY_SECS) * 1000, "its nonce is kept through the leeway");
-        assert_eq!(granted.issued_at_ms, Some((NOW_SECS + 60 - 3600) * 1000), "no iat: the earliest it could be");
+        assert_eq!(
+            (granted.rooms.len(), granted.publish.len(), granted.cell.clone()),
+            (0, 0, None)
+        );
+        assert_eq!(
+            granted.expires_at_ms,
+            (NOW_SECS + 60 + LEEWAY_SECS) * 1000,
+            "its nonce is kept through the leeway"
+        );
+        assert_eq!(
+            granted.issued_at_ms,
+            Some((NOW_SECS + 60 - 3600) * 1000),
+            "no iat: the earliest it could be"
+        );
         assert_eq!(granted.nonce, jti_nonce(None, "j-1"));
 
         let full = Presented {
@@ -511,12 +564,42 @@ mod tests {
         let strict = Policy { issuer: Some("backend"), audience: Some("livegate"), ..POLICY };
         let long_jti = "j".repeat(MAX_JTI_LEN + 1);
         let cases: Vec<(&str, Presented, &Policy, JwtError)> = vec![
-            ("no sub", Presented { sub: None, ..presented() }, &POLICY, JwtError::MissingClaim("sub")),
-            ("no exp", Presented { exp: None, ..presented() }, &POLICY, JwtError::MissingClaim("exp")),
-            ("no jti", Presented { jti: None, ..presented() }, &POLICY, JwtError::MissingClaim("jti")),
-            ("expired", Presented { exp: Some(NOW_SECS - LEEWAY_SECS), ..presented() }, &POLICY, JwtError::Expired),
-            ("not yet", Presented { nbf: Some(NOW_SECS + LEEWAY_SECS + 1), ..presented() }, &POLICY, JwtError::NotYetValid),
-            ("iat ahead", Presented { iat: Some(NOW_SECS + LEEWAY_SECS + 1), ..presented() }, &POLICY, JwtError::IssuedInFuture),
+            (
+                "no sub",
+                Presented { sub: None, ..presented() },
+                &POLICY,
+                JwtError::MissingClaim("sub"),
+            ),
+            (
+                "no exp",
+                Presented { exp: None, ..presented() },
+                &POLICY,
+                JwtError::MissingClaim("exp"),
+            ),
+            (
+                "no jti",
+                Presented { jti: None, ..presented() },
+                &POLICY,
+                JwtError::MissingClaim("jti"),
+            ),
+            (
+                "expired",
+                Presented { exp: Some(NOW_SECS - LEEWAY_SECS), ..presented() },
+                &POLICY,
+                JwtError::Expired,
+            ),
+            (
+                "not yet",
+                Presented { nbf: Some(NOW_SECS + LEEWAY_SECS + 1), ..presented() },
+                &POLICY,
+                JwtError::NotYetValid,
+            ),
+            (
+                "iat ahead",
+                Presented { iat: Some(NOW_SECS + LEEWAY_SECS + 1), ..presented() },
+                &POLICY,
+                JwtError::IssuedInFuture,
+            ),
             (
                 "too long",
                 Presented { exp: Some(NOW_SECS + 3600 + LEEWAY_SECS + 1), ..presented() },
@@ -524,15 +607,30 @@ mod tests {
                 JwtError::LifetimeTooLong { max_secs: 3600 },
             ),
             ("no iss", presented(), &strict, JwtError::WrongIssuer),
-            ("wrong iss", Presented { iss: Some("x".into()), aud: vec!["livegate".into()], ..presented() }, &strict, JwtError::WrongIssuer),
-            ("no aud", Presented { iss: Some("backend".into()), ..presented() }, &strict, JwtError::WrongAudience),
+            (
+                "wrong iss",
+                Presented { iss: Some("x".into()), aud: vec!["livegate".into()], ..presented() },
+                &strict,
+                JwtError::WrongIssuer,
+            ),
+            (
+                "no aud",
+                Presented { iss: Some("backend".into()), ..presented() },
+                &strict,
+                JwtError::WrongAudience,
+            ),
             (
                 "wrong aud",
                 Presented { iss: Some("backend".into()), aud: vec!["x".into()], ..presented() },
                 &strict,
                 JwtError::WrongAudience,
             ),
-            ("unknown cell", Presented { cell: Some("us".into()), ..presented() }, &POLICY, JwtError::UnknownCell("us".into())),
+            (
+                "unknown cell",
+                Presented { cell: Some("us".into()), ..presented() },
+                &POLICY,
+                JwtError::UnknownCell("us".into()),
+            ),
         ];
         for (why, claims, policy, want) in cases {
             assert_eq!(check(claims, policy), Err(want), "{why}");
@@ -545,24 +643,48 @@ mod tests {
         assert_eq!(bad_claim(Presented { jti: Some(String::new()), ..presented() }), "jti");
         assert_eq!(bad_claim(Presented { sub: Some("a b".into()), ..presented() }), "sub");
         assert_eq!(bad_claim(Presented { device: Some("x".repeat(40)), ..presented() }), "device");
-        assert_eq!(bad_claim(Presented { rooms: Some(vec!["bad room".into()]), ..presented() }), "rooms");
-        assert_eq!(bad_claim(Presented { publish: Some(vec!["*".into()]), ..presented() }), "publish");
-        assert_eq!(bad_claim(Presented { rooms: Some(vec!["r".into(); MAX_PATTERNS + 1]), ..presented() }), "rooms");
+        assert_eq!(
+            bad_claim(Presented { rooms: Some(vec!["bad room".into()]), ..presented() }),
+            "rooms"
+        );
+        assert_eq!(
+            bad_claim(Presented { publish: Some(vec!["*".into()]), ..presented() }),
+            "publish"
+        );
+        assert_eq!(
+            bad_claim(Presented { rooms: Some(vec!["r".into(); MAX_PATTERNS + 1]), ..presented() }),
+            "rooms"
+        );
     }
 
     #[test]
     fn times_hold_within_the_leeway() {
-        let at = |exp: u64, nbf: Option<u64>| check(Presented { exp: Some(exp), nbf, ..presented() }, &POLICY).map(|_| ());
+        let at = |exp: u64, nbf: Option<u64>| {
+            check(Presented { exp: Some(exp), nbf, ..presented() }, &POLICY).map(|_| ())
+        };
         assert_eq!(at(NOW_SECS, None), Ok(()), "at exp, inside the leeway");
         assert_eq!(at(NOW_SECS - LEEWAY_SECS + 1, None), Ok(()));
         assert_eq!(at(NOW_SECS - LEEWAY_SECS, None), Err(JwtError::Expired));
-        assert_eq!(at(NOW_SECS + 60, Some(NOW_SECS + LEEWAY_SECS)), Ok(()), "nbf within the leeway");
-        assert_eq!(at(NOW_SECS + 3600 + LEEWAY_SECS, None), Ok(()), "the lifetime bound plus the leeway");
+        assert_eq!(
+            at(NOW_SECS + 60, Some(NOW_SECS + LEEWAY_SECS)),
+            Ok(()),
+            "nbf within the leeway"
+        );
+        assert_eq!(
+            at(NOW_SECS + 3600 + LEEWAY_SECS, None),
+            Ok(()),
+            "the lifetime bound plus the leeway"
+        );
     }
 
     #[test]
     fn nonces_differ_by_jti_and_issuer() {
-        let nonces = [jti_nonce(None, "a"), jti_nonce(None, "b"), jti_nonce(Some("x"), "a"), jti_nonce(Some(""), "x\0a")];
+        let nonces = [
+            jti_nonce(None, "a"),
+            jti_nonce(None, "b"),
+            jti_nonce(Some("x"), "a"),
+            jti_nonce(Some(""), "x\0a"),
+        ];
         for (i, a) in nonces.iter().enumerate() {
             for b in &nonces[i + 1..] {
                 assert_ne!(a, b);

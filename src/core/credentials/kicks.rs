@@ -41,23 +41,37 @@ pub struct RecentKicks {
 
 impl RecentKicks {
     pub fn new(memory_ms: u64) -> Self {
-        RecentKicks { memory_ms, by_user: HashMap::new(), order: VecDeque::new(), forgotten_through_ms: 0 }
+        RecentKicks {
+            memory_ms,
+            by_user: HashMap::new(),
+            order: VecDeque::new(),
+            forgotten_through_ms: 0,
+        }
     }
 
     /// `user` (on `device` only, when given) was kicked at `at_ms`; remembered from `now_ms`.
     pub fn remember(&mut self, user: &str, device: Option<&str>, at_ms: u64, now_ms: u64) {
         self.forget(now_ms);
-        let kick = Remembered { device: device.map(str::to_string), at_ms, remembered_at_ms: now_ms };
+        let kick =
+            Remembered { device: device.map(str::to_string), at_ms, remembered_at_ms: now_ms };
         self.by_user.entry(user.to_string()).or_default().push(kick);
         self.order.push_back((now_ms, user.to_string()));
     }
 
     /// Whether a connection of `user` on `device`, whose credential was issued at
     /// `issued_at_ms` and checked against the durable kicks at `checked_at_ms`, may stay.
-    pub fn admit(&mut self, user: &str, device: &str, issued_at_ms: u64, checked_at_ms: u64, now_ms: u64) -> Admission {
+    pub fn admit(
+        &mut self,
+        user: &str,
+        device: &str,
+        issued_at_ms: u64,
+        checked_at_ms: u64,
+        now_ms: u64,
+    ) -> Admission {
         self.forget(now_ms);
         let kicked = self.by_user.get(user).into_iter().flatten().any(|kick| {
-            kick.device.as_deref().is_none_or(|d| d == device) && voided_by_kick(issued_at_ms, Some(kick.at_ms))
+            kick.device.as_deref().is_none_or(|d| d == device)
+                && voided_by_kick(issued_at_ms, Some(kick.at_ms))
         });
         if kicked {
             Admission::Kicked
@@ -115,7 +129,11 @@ mod tests {
             ("v", "web", 150, 205, 220, Admission::Clear),
         ];
         for (user, device, issued, checked, now, expected) in cases {
-            assert_eq!(kicks.admit(user, device, issued, checked, now), expected, "{user} {device} {issued} {checked}");
+            assert_eq!(
+                kicks.admit(user, device, issued, checked, now),
+                expected,
+                "{user} {device} {issued} {checked}"
+            );
         }
     }
 

@@ -70,43 +70,14 @@ impl Grant {
     /// What a token (minted, or a JWT's claims) grants; `session`: the one the
     /// handshake asks to resume, if any.
     pub fn of_token(claims: token::Claims, session: Option<String>) -> Grant {
-        let token::Claims {
-            user,
-            device,
-            rooms,
-            publish,
-            cell,
-            ..
-        } = claims;
-        Grant {
-            user,
-            device,
-            rooms,
-            publish,
-            session,
-            cell,
-        }
+        let token::Claims { user, device, rooms, publish, cell, .. } = claims;
+        Grant { user, device, rooms, publish, session, cell }
     }
 
     /// What a resume credential grants: a connection as the one that received it.
     pub fn of_resume(resume: token::Resume) -> Grant {
-        let token::Resume {
-            user,
-            device,
-            session,
-            rooms,
-            publish,
-            cell,
-            ..
-        } = resume;
-        Grant {
-            user,
-            device,
-            rooms,
-            publish,
-            session: Some(session),
-            cell,
-        }
+        let token::Resume { user, device, session, rooms, publish, cell, .. } = resume;
+        Grant { user, device, rooms, publish, session: Some(session), cell }
     }
 }
 
@@ -202,13 +173,7 @@ mod tests {
         assert_eq!((minted.issued_at_ms, minted.expires_at_ms), (1_000, 61_000));
         let resume = token::verify_resume(SECRET, &minted.credential, 2_000).expect("verifies");
         assert_eq!(resume.nonce, [7; 16]);
-        assert_eq!(
-            Grant::of_resume(resume),
-            Grant {
-                session: Some("s1".into()),
-                ..grant()
-            }
-        );
+        assert_eq!(Grant::of_resume(resume), Grant { session: Some("s1".into()), ..grant() });
         assert_eq!(
             token::verify_resume(SECRET, &minted.credential, 61_001),
             Err(token::TokenError::Expired)
@@ -257,10 +222,7 @@ mod tests {
         };
         assert_eq!(
             Grant::of_token(claims, Some("s9".into())),
-            Grant {
-                session: Some("s9".into()),
-                ..grant()
-            }
+            Grant { session: Some("s9".into()), ..grant() }
         );
         assert_eq!(
             [Kind::Token, Kind::Jwt, Kind::Resume].map(Kind::label),

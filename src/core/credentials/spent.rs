@@ -53,7 +53,9 @@ impl Default for SpentNonces {
 impl SpentNonces {
     /// At most `capacity` nonces (at least one).
     pub fn new(capacity: usize) -> Self {
-        SpentNonces { nonces: LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN)) }
+        SpentNonces {
+            nonces: LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN)),
+        }
     }
 
     /// Why `nonce`'s credential is void, if this node knows; a credential expired by

@@ -202,7 +202,10 @@ impl<'a> Reader<'a> {
     }
     /// The room patterns and (`with_publish`) the publish patterns, which end the body:
     /// anything after them is malformed.
-    fn patterns_to_end(&mut self, with_publish: bool) -> Result<(Vec<String>, Vec<String>), TokenError> {
+    fn patterns_to_end(
+        &mut self,
+        with_publish: bool,
+    ) -> Result<(Vec<String>, Vec<String>), TokenError> {
         let rooms = self.patterns()?;
         let publish = if with_publish { self.patterns()? } else { Vec::new() };
         if !self.0.is_empty() || (with_publish && publish.is_empty()) {
@@ -226,7 +229,16 @@ fn decode_body(body: &[u8]) -> Result<Claims, TokenError> {
         if !r.0.is_empty() {
             return Err(TokenError::Malformed);
         }
-        return Ok(Claims { user, device, issued_at_ms, expires_at_ms, nonce, rooms, publish, cell });
+        return Ok(Claims {
+            user,
+            device,
+            issued_at_ms,
+            expires_at_ms,
+            nonce,
+            rooms,
+            publish,
+            cell,
+        });
     }
     let mut r = Reader(body);
     let with_publish = r.version(TOKEN_VERSION, TOKEN_PUBLISH_VERSION)?;
@@ -235,7 +247,16 @@ fn decode_body(body: &[u8]) -> Result<Claims, TokenError> {
     let user = r.string()?;
     let device = r.string()?;
     let (rooms, publish) = r.patterns_to_end(with_publish)?;
-    Ok(Claims { user, device, issued_at_ms: None, expires_at_ms, nonce, rooms, publish, cell: None })
+    Ok(Claims {
+        user,
+        device,
+        issued_at_ms: None,
+        expires_at_ms,
+        nonce,
+        rooms,
+        publish,
+        cell: None,
+    })
 }
 
 fn encode_resume(resume: &Resume) -> Vec<u8> {
@@ -276,7 +297,17 @@ fn decode_resume(body: &[u8]) -> Result<Resume, TokenError> {
         if !r.0.is_empty() {
             return Err(TokenError::Malformed);
         }
-        return Ok(Resume { user, device, session, rooms, publish, issued_at_ms, expires_at_ms, nonce, cell });
+        return Ok(Resume {
+            user,
+            device,
+            session,
+            rooms,
+            publish,
+            issued_at_ms,
+            expires_at_ms,
+            nonce,
+            cell,
+        });
     }
     let mut r = Reader(body);
     let with_publish = r.version(RESUME_VERSION, RESUME_PUBLISH_VERSION)?;
@@ -287,7 +318,17 @@ fn decode_resume(body: &[u8]) -> Result<Resume, TokenError> {
     let device = r.string()?;
     let session = r.string()?;
     let (rooms, publish) = r.patterns_to_end(with_publish)?;
-    Ok(Resume { user, device, session, rooms, publish, issued_at_ms, expires_at_ms, nonce, cell: None })
+    Ok(Resume {
+        user,
+        device,
+        session,
+        rooms,
+        publish,
+        issued_at_ms,
+        expires_at_ms,
+        nonce,
+        cell: None,
+    })
 }
 
 /// `base64url(body) "." base64url(mac)`.
@@ -380,7 +421,11 @@ mod tests {
 
     #[test]
     fn formats_name_whether_publish_patterns_follow() {
-        assert_eq!(encode_body(&claims())[0], TOKEN_VERSION, "no publish rights: the format older builds read");
+        assert_eq!(
+            encode_body(&claims())[0],
+            TOKEN_VERSION,
+            "no publish rights: the format older builds read"
+        );
         assert_eq!(encode_body(&publisher())[0], TOKEN_PUBLISH_VERSION);
         let plain = Resume { publish: Vec::new(), ..resume() };
         assert_eq!(encode_resume(&plain)[0], RESUME_VERSION);
@@ -394,7 +439,11 @@ mod tests {
         let mut smuggled = encode_body(&publisher());
         smuggled[0] = TOKEN_VERSION;
         assert_eq!(decode_body(&smuggled), Err(TokenError::Malformed));
-        assert_eq!(encode_body(&issued())[0], TOKEN_ISSUED_VERSION, "a token that says when it was minted");
+        assert_eq!(
+            encode_body(&issued())[0],
+            TOKEN_ISSUED_VERSION,
+            "a token that says when it was minted"
+        );
     }
 
     #[test]
@@ -408,15 +457,23 @@ mod tests {
             (500, Some(10_000), true),
         ];
         for (issued_at, kicked_at, voided) in cases {
-            assert_eq!(voided_by_kick(issued_at, kicked_at), voided, "issued {issued_at}, kicked {kicked_at:?}");
+            assert_eq!(
+                voided_by_kick(issued_at, kicked_at),
+                voided,
+                "issued {issued_at}, kicked {kicked_at:?}"
+            );
         }
-        let minted = Claims { issued_at_ms: Some(DAY + 5), expires_at_ms: DAY + 60_000, ..claims() };
+        let minted =
+            Claims { issued_at_ms: Some(DAY + 5), expires_at_ms: DAY + 60_000, ..claims() };
         assert_eq!(minted.issued_at_or_earliest(DAY), DAY + 5);
         let unknown = Claims { issued_at_ms: None, ..minted.clone() };
-        assert_eq!(unknown.issued_at_or_earliest(DAY), 60_000, "the earliest it could have been minted");
+        assert_eq!(
+            unknown.issued_at_or_earliest(DAY),
+            60_000,
+            "the earliest it could have been minted"
+        );
         assert_eq!(Claims { expires_at_ms: 10, ..unknown }.issued_at_or_earliest(DAY), 0);
     }
-
 
     #[test]
     fn rejections() {
@@ -467,15 +524,32 @@ mod tests {
             assert_eq!(encode_body(&claims)[0], TOKEN_CELL_VERSION);
             assert_eq!(verify(b"secret", &token, 999), Ok(claims));
         }
-        assert_eq!(encode_body(&issued())[0], TOKEN_ISSUED_VERSION, "no claim: format 5, as before");
+        assert_eq!(
+            encode_body(&issued())[0],
+            TOKEN_ISSUED_VERSION,
+            "no claim: format 5, as before"
+        );
         // A claim on a token that does not say when it was minted: minted at 0.
         let undated = Claims { issued_at_ms: None, ..claimed() };
-        assert_eq!(verify(b"secret", &sign(b"secret", &undated), 999), Ok(Claims { issued_at_ms: Some(0), ..undated }));
-        for credential in [Resume { cell: Some("west".into()), ..resume() }, Resume { cell: Some("west".into()), publish: Vec::new(), ..resume() }] {
+        assert_eq!(
+            verify(b"secret", &sign(b"secret", &undated), 999),
+            Ok(Claims { issued_at_ms: Some(0), ..undated })
+        );
+        for credential in [
+            Resume { cell: Some("west".into()), ..resume() },
+            Resume { cell: Some("west".into()), publish: Vec::new(), ..resume() },
+        ] {
             assert_eq!(encode_resume(&credential)[0], RESUME_CELL_VERSION);
-            assert_eq!(verify_resume(b"secret", &sign_resume(b"secret", &credential), 999), Ok(credential));
+            assert_eq!(
+                verify_resume(b"secret", &sign_resume(b"secret", &credential), 999),
+                Ok(credential)
+            );
         }
-        assert_eq!(encode_resume(&resume())[0], RESUME_PUBLISH_VERSION, "no claim: format 4, as before");
+        assert_eq!(
+            encode_resume(&resume())[0],
+            RESUME_PUBLISH_VERSION,
+            "no claim: format 4, as before"
+        );
         // An empty claim is no body this build writes.
         let mut empty = encode_body(&issued());
         empty[0] = TOKEN_CELL_VERSION;
@@ -510,16 +584,32 @@ mod tests {
         let token = sign(b"secret", &claims());
         let publishing_token = sign(b"secret", &publisher());
         let cases: Vec<(&str, String, &[u8], u64, TokenError)> = vec![
-            ("a publishing token is not a resume credential", publishing_token, b"secret", 0, TokenError::Malformed),
+            (
+                "a publishing token is not a resume credential",
+                publishing_token,
+                b"secret",
+                0,
+                TokenError::Malformed,
+            ),
             ("other secret", credential.clone(), b"other", 0, TokenError::BadSignature),
             ("expired", credential.clone(), b"secret", 1_000, TokenError::Expired),
-            ("a token is not a resume credential", token.clone(), b"secret", 0, TokenError::Malformed),
+            (
+                "a token is not a resume credential",
+                token.clone(),
+                b"secret",
+                0,
+                TokenError::Malformed,
+            ),
             ("too long", "a".repeat(MAX_TOKEN_LEN + 1), b"secret", 0, TokenError::Malformed),
         ];
         for (name, credential, secret, now, expected) in cases {
             assert_eq!(verify_resume(secret, &credential, now), Err(expected), "{name}");
         }
-        assert_eq!(verify(b"secret", &credential, 0), Err(TokenError::Malformed), "a resume credential is not a token");
+        assert_eq!(
+            verify(b"secret", &credential, 0),
+            Err(TokenError::Malformed),
+            "a resume credential is not a token"
+        );
     }
 
     #[test]

@@ -30,23 +30,29 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::core::rules::backoff::{Backoff, BackoffPolicy, Jitter};
 use super::seqlog::SeqLog;
+use crate::core::rules::backoff::{Backoff, BackoffPolicy, Jitter};
 
 /// How often an append that keeps losing to other nodes is retried before it fails.
 pub const APPEND_ATTEMPTS: u32 = 20;
 /// Reading the stream again after a failed load or catch-up: the rooms of a node that
 /// lost NATS together retry spread out, and less often the longer it lasts.
-pub const READ_RETRY: BackoffPolicy =
-    BackoffPolicy { first: Duration::from_millis(500), max: Duration::from_secs(5), jitter: Jitter::Full };
+pub const READ_RETRY: BackoffPolicy = BackoffPolicy {
+    first: Duration::from_millis(500),
+    max: Duration::from_secs(5),
+    jitter: Jitter::Full,
+};
 
 /// How often a gap the live feed showed is read for again without the log getting any
 /// closer, before the room leaves it to its tick (and to the next live event).
 pub const FILL_ATTEMPTS: u32 = 10;
 /// Reading a gap again when a read brought nothing new: long enough in all (several
 /// seconds) for a home cell's mirror to catch up or the home to be asked again.
-pub const FILL_RETRY: BackoffPolicy =
-    BackoffPolicy { first: Duration::from_millis(200), max: Duration::from_secs(2), jitter: Jitter::Full };
+pub const FILL_RETRY: BackoffPolicy = BackoffPolicy {
+    first: Duration::from_millis(200),
+    max: Duration::from_secs(2),
+    jitter: Jitter::Full,
+};
 
 /// What the machine needs of an event the stream stored.
 pub trait Sequenced {
@@ -72,7 +78,10 @@ pub enum Outcome<E, X> {
 /// The answer to a publish.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reply<X> {
-    Stored { seq: u64, duplicate: bool },
+    Stored {
+        seq: u64,
+        duplicate: bool,
+    },
     NotLoaded,
     /// Other nodes kept appending first.
     Contended,
@@ -84,32 +93,53 @@ pub enum Reply<X> {
 pub enum Action<P, S, E, X> {
     /// Append the publish [`Pipeline::appending`] names as event `seq`, if the room's last
     /// message on the stream is still `expected` (its stream sequence; 0: none).
-    Append { expected: u64, seq: u64 },
+    Append {
+        expected: u64,
+        seq: u64,
+    },
     /// Write `put` as the room's latest-state record at `seq`.
-    WriteState { put: S, seq: u64 },
+    WriteState {
+        put: S,
+        seq: u64,
+    },
     /// Read the room's events after stream sequence `after`.
-    CatchUp { after: u64 },
-    Answer { publish: P, reply: Reply<X> },
+    CatchUp {
+        after: u64,
+    },
+    Answer {
+        publish: P,
+        reply: Reply<X>,
+    },
     /// Answer a `PUT`: the room is not loaded.
     RefusePut(S),
     /// The room's next event: append it to the log (it is durable) and deliver it.
     Deliver(E),
     /// The stream no longer holds the events after `head` before `next`: the log starts
     /// again, empty, after `next - 1`.
-    SkipAhead { head: u64, next: u64 },
+    SkipAhead {
+        head: u64,
+        next: u64,
+    },
     /// Call [`Pipeline::catch_up`] again after this long.
-    RetryCatchUp { after: Duration },
+    RetryCatchUp {
+        after: Duration,
+    },
     /// [`FILL_ATTEMPTS`] reads in a row did not bring the log from `head` any closer to
     /// `wanted`, which the live feed announced: the room stops reading for it (its tick
     /// and the next live event read again).
-    FillAbandoned { head: u64, wanted: u64 },
+    FillAbandoned {
+        head: u64,
+        wanted: u64,
+    },
 }
 
 /// What is in flight to the stream (one thing at a time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flight {
     /// An append of the front publish; `answered` once a failed catch-up answered it.
-    Append { answered: bool },
+    Append {
+        answered: bool,
+    },
     StateWrite,
 }
 
@@ -118,11 +148,16 @@ enum Flight {
 enum Todo<P, S, E, X> {
     Do(Action<P, S, E, X>),
     /// Take an event from the stream; `read` from a catch-up (it may skip ahead).
-    Take { event: E, read: bool },
+    Take {
+        event: E,
+        read: bool,
+    },
     CatchUp,
     /// A read's events were taken: read again if the log is still short of a gap the live
     /// feed showed (`roll` draws the backoff).
-    Refill { roll: u64 },
+    Refill {
+        roll: u64,
+    },
     /// Start the next write, unless one is in flight or a catch-up runs.
     Pump,
 }
@@ -317,7 +352,10 @@ impl<P, S, E: Sequenced, X: Clone> Pipeline<P, S, E, X> {
             *answered = true;
         }
         for (_, publish) in self.queue.drain(..) {
-            self.todo.push_back(Todo::Do(Action::Answer { publish, reply: Reply::Failed(error.clone()) }));
+            self.todo.push_back(Todo::Do(Action::Answer {
+                publish,
+                reply: Reply::Failed(error.clone()),
+            }));
         }
         let after = self.read_retry.next_delay(roll);
         self.todo.push_back(Todo::Do(Action::RetryCatchUp { after }));
@@ -326,7 +364,11 @@ impl<P, S, E: Sequenced, X: Clone> Pipeline<P, S, E, X> {
     /// The next thing to do, given the room's log as it is now (`None`: not loaded) and
     /// whether the room stopped. Call until it returns `None`, carrying out each action
     /// before asking for the next.
-    pub fn poll<T>(&mut self, log: Option<&SeqLog<T>>, stopped: bool) -> Option<Action<P, S, E, X>> {
+    pub fn poll<T>(
+        &mut self,
+        log: Option<&SeqLog<T>>,
+        stopped: bool,
+    ) -> Option<Action<P, S, E, X>> {
         while let Some(todo) = self.todo.pop_front() {
             let action = match todo {
                 Todo::Do(action) => Some(action),
@@ -345,7 +387,9 @@ impl<P, S, E: Sequenced, X: Clone> Pipeline<P, S, E, X> {
     /// The publish whose append is in flight (while no failed catch-up answered it).
     pub fn appending(&self) -> Option<&P> {
         match self.flight {
-            Some(Flight::Append { answered: false }) => self.queue.front().map(|(_, publish)| publish),
+            Some(Flight::Append { answered: false }) => {
+                self.queue.front().map(|(_, publish)| publish)
+            }
             _ => None,
         }
     }
@@ -357,7 +401,13 @@ impl<P, S, E: Sequenced, X: Clone> Pipeline<P, S, E, X> {
 
     /// An event from the stream: the next seq is delivered, an older one ignored, and a
     /// gap is read from the stream first (or, in what a read returned, skipped).
-    fn take<T>(&mut self, event: E, read: bool, log: Option<&SeqLog<T>>, stopped: bool) -> Option<Action<P, S, E, X>> {
+    fn take<T>(
+        &mut self,
+        event: E,
+        read: bool,
+        log: Option<&SeqLog<T>>,
+        stopped: bool,
+    ) -> Option<Action<P, S, E, X>> {
         let log = log?;
         let (head, next) = (log.head(), event.seq());
         if next <= head {
@@ -396,7 +446,12 @@ impl<P, S, E: Sequenced, X: Clone> Pipeline<P, S, E, X> {
     /// After a read's events were taken: a gap the live feed showed that the log still
     /// lacks is read again, at once if the read brought something, else after a backoff,
     /// and abandoned after [`FILL_ATTEMPTS`] reads in a row that brought nothing.
-    fn refill(&mut self, head: Option<u64>, stopped: bool, roll: u64) -> Option<Action<P, S, E, X>> {
+    fn refill(
+        &mut self,
+        head: Option<u64>,
+        stopped: bool,
+        roll: u64,
+    ) -> Option<Action<P, S, E, X>> {
         let head = head?;
         if self.wanted <= head || stopped {
             self.wanted = 0;
@@ -422,8 +477,12 @@ impl<P, S, E: Sequenced, X: Clone> Pipeline<P, S, E, X> {
             return None;
         }
         let Some(log) = log else {
-            let refused = self.queue.drain(..).map(|(_, publish)| Action::Answer { publish, reply: Reply::NotLoaded });
-            let refused: Vec<_> = refused.chain(self.puts.drain(..).map(Action::RefusePut)).collect();
+            let refused = self
+                .queue
+                .drain(..)
+                .map(|(_, publish)| Action::Answer { publish, reply: Reply::NotLoaded });
+            let refused: Vec<_> =
+                refused.chain(self.puts.drain(..).map(Action::RefusePut)).collect();
             self.push_front(refused);
             return None;
         };
@@ -435,7 +494,8 @@ impl<P, S, E: Sequenced, X: Clone> Pipeline<P, S, E, X> {
         let mut answered = Vec::new();
         while let Some(seq) = self.queue.front().and_then(|(key, _)| log.seq_of(key)) {
             let (_, publish) = self.queue.pop_front().expect("front exists");
-            answered.push(Action::Answer { publish, reply: Reply::Stored { seq, duplicate: true } });
+            answered
+                .push(Action::Answer { publish, reply: Reply::Stored { seq, duplicate: true } });
         }
         if !self.queue.is_empty() {
             self.flight = Some(Flight::Append { answered: false });
@@ -516,9 +576,17 @@ mod tests {
             let mut done = Vec::new();
             while let Some(action) = self.appends.poll(Some(&self.log), false) {
                 match &action {
-                    Action::Deliver(e) => self.log.append_sequenced(e.seq, e.key.clone(), 0, e.seq).expect("the next seq"),
+                    Action::Deliver(e) => self
+                        .log
+                        .append_sequenced(e.seq, e.key.clone(), 0, e.seq)
+                        .expect("the next seq"),
                     Action::SkipAhead { next, .. } => {
-                        self.log = SeqLog::restore(self.log.epoch().into(), next - 1, Vec::new(), self.retention)
+                        self.log = SeqLog::restore(
+                            self.log.epoch().into(),
+                            next - 1,
+                            Vec::new(),
+                            self.retention,
+                        )
                     }
                     _ => {}
                 }
@@ -557,7 +625,11 @@ mod tests {
         assert_eq!(node.publish(2, "a"), vec![answer(2, stored(1, true))], "an id the log holds");
         assert_eq!(
             node.appended(Outcome::Stored(ev(2, 12, "x"))),
-            vec![Action::Deliver(ev(2, 12, "x")), answer(0, stored(2, false)), Action::Append { expected: 12, seq: 3 }]
+            vec![
+                Action::Deliver(ev(2, 12, "x")),
+                answer(0, stored(2, false)),
+                Action::Append { expected: 12, seq: 3 }
+            ]
         );
         assert_eq!(node.appends.appending(), Some(&1));
         assert!(node.appends.busy());
@@ -599,7 +671,11 @@ mod tests {
         assert_eq!(node.appended(Outcome::Duplicate), vec![Action::CatchUp { after: 11 }]);
         assert_eq!(
             node.caught_up(&[ev(3, 14, "x")]),
-            vec![Action::Deliver(ev(3, 14, "x")), answer(0, stored(3, true)), Action::Append { expected: 14, seq: 4 }]
+            vec![
+                Action::Deliver(ev(3, 14, "x")),
+                answer(0, stored(3, true)),
+                Action::Append { expected: 14, seq: 4 }
+            ]
         );
     }
 
@@ -612,10 +688,17 @@ mod tests {
             assert_eq!(node.appended(Outcome::Conflict), vec![Action::CatchUp { after: 10 }]);
             assert_eq!(node.caught_up(&[]), vec![Action::Append { expected: 10, seq: 2 }]);
         }
-        assert_eq!(node.appended(Outcome::Duplicate), vec![answer(0, Reply::Contended), Action::CatchUp { after: 10 }]);
+        assert_eq!(
+            node.appended(Outcome::Duplicate),
+            vec![answer(0, Reply::Contended), Action::CatchUp { after: 10 }]
+        );
         assert_eq!(node.caught_up(&[]), vec![Action::Append { expected: 10, seq: 2 }]);
         assert_eq!(node.appends.appending(), Some(&1));
-        assert_eq!(node.appended(Outcome::Conflict), vec![Action::CatchUp { after: 10 }], "counted afresh");
+        assert_eq!(
+            node.appended(Outcome::Conflict),
+            vec![Action::CatchUp { after: 10 }],
+            "counted afresh"
+        );
     }
 
     #[test]
@@ -638,7 +721,11 @@ mod tests {
     fn a_failed_catch_up_fails_every_queued_publish() {
         let mut node = Node::loaded(&[ev(1, 10, "a")], 100);
         node.publish(0, "x");
-        assert_eq!(node.live(ev(3, 12, "o")), vec![Action::CatchUp { after: 10 }], "a gap in the live feed");
+        assert_eq!(
+            node.live(ev(3, 12, "o")),
+            vec![Action::CatchUp { after: 10 }],
+            "a gap in the live feed"
+        );
         node.publish(1, "y");
         node.appends.put(7);
         node.appends.catch_up_failed("read", u64::MAX);
@@ -662,13 +749,27 @@ mod tests {
         node.appends.catch_up();
         assert_eq!(node.run(), vec![Action::CatchUp { after: 11 }]);
         node.appends.catch_up_failed("read", u64::MAX);
-        assert_eq!(node.run(), vec![answer(2, Reply::Failed("read")), Action::RetryCatchUp { after: READ_RETRY.first * 2 }]);
-        assert_eq!(node.appended(Outcome::Conflict), vec![Action::CatchUp { after: 11 }], "answers nobody");
+        assert_eq!(
+            node.run(),
+            vec![
+                answer(2, Reply::Failed("read")),
+                Action::RetryCatchUp { after: READ_RETRY.first * 2 }
+            ]
+        );
+        assert_eq!(
+            node.appended(Outcome::Conflict),
+            vec![Action::CatchUp { after: 11 }],
+            "answers nobody"
+        );
         assert_eq!(node.caught_up(&[ev(3, 12, "o")]), vec![Action::Deliver(ev(3, 12, "o"))]);
         node.appends.catch_up();
         node.run();
         node.appends.catch_up_failed("read", u64::MAX);
-        assert_eq!(node.run(), vec![Action::RetryCatchUp { after: READ_RETRY.first }], "a read succeeded since");
+        assert_eq!(
+            node.run(),
+            vec![Action::RetryCatchUp { after: READ_RETRY.first }],
+            "a read succeeded since"
+        );
     }
 
     #[test]
@@ -679,7 +780,10 @@ mod tests {
         assert_eq!(node.live(ev(4, 15, "d")), vec![Action::CatchUp { after: 11 }]);
         assert_eq!(node.live(ev(5, 16, "e")), vec![], "one read at a time");
         let read = [ev(3, 13, "c"), ev(4, 15, "d"), ev(5, 16, "e")];
-        assert_eq!(node.caught_up(&read), read.iter().cloned().map(Action::Deliver).collect::<Vec<_>>());
+        assert_eq!(
+            node.caught_up(&read),
+            read.iter().cloned().map(Action::Deliver).collect::<Vec<_>>()
+        );
         assert_eq!(node.log.head(), 5);
     }
 
@@ -696,7 +800,10 @@ mod tests {
         let mut want: Vec<Act> = first.iter().cloned().map(Action::Deliver).collect();
         want.push(Action::CatchUp { after: 20 });
         assert_eq!(node.caught_up(&first), want, "short of 7: read again at once");
-        assert_eq!(node.caught_up(&[ev(6, 21, "f"), ev(7, 22, "g")]), vec![Action::Deliver(ev(6, 21, "f")), Action::Deliver(ev(7, 22, "g"))]);
+        assert_eq!(
+            node.caught_up(&[ev(6, 21, "f"), ev(7, 22, "g")]),
+            vec![Action::Deliver(ev(6, 21, "f")), Action::Deliver(ev(7, 22, "g"))]
+        );
         assert_eq!(node.appends.wanted(), None);
         assert_eq!(node.log.head(), 7);
         assert_eq!(node.live(ev(8, 23, "h")), vec![Action::Deliver(ev(8, 23, "h"))]);
@@ -717,8 +824,15 @@ mod tests {
             assert_eq!(node.run(), vec![Action::CatchUp { after: 10 }]);
         }
         assert_eq!(delays[0], FILL_RETRY.first);
-        assert!(delays.windows(2).all(|w| w[0] <= w[1]) && delays.iter().all(|d| *d <= FILL_RETRY.max), "{delays:?}");
-        assert_eq!(node.caught_up(&[]), vec![Action::FillAbandoned { head: 1, wanted: 4 }], "bounded");
+        assert!(
+            delays.windows(2).all(|w| w[0] <= w[1]) && delays.iter().all(|d| *d <= FILL_RETRY.max),
+            "{delays:?}"
+        );
+        assert_eq!(
+            node.caught_up(&[]),
+            vec![Action::FillAbandoned { head: 1, wanted: 4 }],
+            "bounded"
+        );
         assert_eq!(node.appends.wanted(), None);
         node.appends.catch_up();
         assert_eq!(node.run(), vec![Action::CatchUp { after: 10 }], "the tick still reads");
@@ -728,7 +842,10 @@ mod tests {
         assert!(matches!(node.caught_up(&[]).as_slice(), [Action::RetryCatchUp { .. }]));
         node.appends.catch_up();
         node.run();
-        assert_eq!(node.caught_up(&[ev(2, 11, "b")]), vec![Action::Deliver(ev(2, 11, "b")), Action::CatchUp { after: 11 }]);
+        assert_eq!(
+            node.caught_up(&[ev(2, 11, "b")]),
+            vec![Action::Deliver(ev(2, 11, "b")), Action::CatchUp { after: 11 }]
+        );
         assert_eq!(
             node.caught_up(&[]),
             vec![Action::RetryCatchUp { after: FILL_RETRY.first }],
@@ -736,7 +853,10 @@ mod tests {
         );
         node.appends.catch_up();
         node.run();
-        assert_eq!(node.caught_up(&[ev(3, 12, "c"), ev(4, 20, "d")]), vec![Action::Deliver(ev(3, 12, "c")), Action::Deliver(ev(4, 20, "d"))]);
+        assert_eq!(
+            node.caught_up(&[ev(3, 12, "c"), ev(4, 20, "d")]),
+            vec![Action::Deliver(ev(3, 12, "c")), Action::Deliver(ev(4, 20, "d"))]
+        );
         assert_eq!(node.appends.wanted(), None);
     }
 
@@ -747,7 +867,11 @@ mod tests {
         assert_eq!(node.run(), vec![Action::CatchUp { after: 10 }]);
         assert_eq!(
             node.caught_up(&[ev(5, 20, "e"), ev(6, 21, "f")]),
-            vec![Action::SkipAhead { head: 1, next: 5 }, Action::Deliver(ev(5, 20, "e")), Action::Deliver(ev(6, 21, "f"))]
+            vec![
+                Action::SkipAhead { head: 1, next: 5 },
+                Action::Deliver(ev(5, 20, "e")),
+                Action::Deliver(ev(6, 21, "f"))
+            ]
         );
         assert_eq!(node.publish(0, "x"), vec![Action::Append { expected: 21, seq: 7 }]);
     }
@@ -760,7 +884,11 @@ mod tests {
         node.publish(1, "y");
         assert_eq!(
             node.appended(Outcome::Stored(ev(2, 11, "x"))),
-            vec![Action::Deliver(ev(2, 11, "x")), answer(0, stored(2, false)), Action::WriteState { put: 7, seq: 2 }]
+            vec![
+                Action::Deliver(ev(2, 11, "x")),
+                answer(0, stored(2, false)),
+                Action::WriteState { put: 7, seq: 2 }
+            ]
         );
         assert_eq!(node.publish(2, "z"), vec![], "a state write in flight");
         node.appends.state_written(Some(3));
@@ -799,9 +927,16 @@ mod tests {
         /// The stream answers the append in flight (by its guard and its ids).
         AppendDone,
         /// The append fails; it was stored anyway if `stored` and the stream would have.
-        AppendFails { stored: bool },
-        WriteDone { ok: bool },
-        ReadDone { ok: bool, roll: u64 },
+        AppendFails {
+            stored: bool,
+        },
+        WriteDone {
+            ok: bool,
+        },
+        ReadDone {
+            ok: bool,
+            roll: u64,
+        },
         RetryFires,
         Tick,
         OtherNodeWrites(u8),
@@ -891,7 +1026,8 @@ mod tests {
         }
 
         fn store(&mut self, key: Arc<str>) -> Ev {
-            let event = Ev { seq: self.stream.len() as u64 + 1, stream_seq: self.next_stream_seq, key };
+            let event =
+                Ev { seq: self.stream.len() as u64 + 1, stream_seq: self.next_stream_seq, key };
             // Other rooms' messages sit between a room's.
             self.next_stream_seq += 1 + self.stream.len() as u64 % 3;
             self.stream.push(event.clone());
@@ -922,15 +1058,24 @@ mod tests {
             for action in &done {
                 match action {
                     Action::Append { expected, seq } => {
-                        assert!(self.append.is_none() && self.write.is_none(), "one write at a time");
+                        assert!(
+                            self.append.is_none() && self.write.is_none(),
+                            "one write at a time"
+                        );
                         assert!(self.read.is_none(), "no append while a read runs");
-                        assert!(!self.read_due, "a read ends between a conflict and the next append");
+                        assert!(
+                            !self.read_due,
+                            "a read ends between a conflict and the next append"
+                        );
                         assert_eq!(*seq, head + 1);
                         let publish = *self.node.appends.appending().expect("the append's publish");
                         self.append = Some((*expected, *seq, publish));
                     }
                     Action::WriteState { put, seq } => {
-                        assert!(self.append.is_none() && self.write.is_none(), "one write at a time");
+                        assert!(
+                            self.append.is_none() && self.write.is_none(),
+                            "one write at a time"
+                        );
                         assert!(self.read.is_none(), "no state write while a read runs");
                         assert_eq!(*seq, head);
                         self.write = Some((*put, *seq));
@@ -941,11 +1086,18 @@ mod tests {
                     }
                     Action::Answer { publish, reply } => {
                         let (key, answers) = &mut self.publishes[*publish];
-                        assert!(answers.is_empty(), "publish {publish} answered twice: {answers:?}, {reply:?}");
+                        assert!(
+                            answers.is_empty(),
+                            "publish {publish} answered twice: {answers:?}, {reply:?}"
+                        );
                         answers.push(reply.clone());
                         if let Reply::Stored { seq, .. } = reply {
                             let truth = self.stream.iter().find(|e| e.key == *key).map(|e| e.seq);
-                            assert_eq!(truth, Some(*seq), "publish {publish}: not the seq the stream stored it under");
+                            assert_eq!(
+                                truth,
+                                Some(*seq),
+                                "publish {publish}: not the seq the stream stored it under"
+                            );
                         }
                     }
                     Action::RefusePut(_) => panic!("the room is loaded"),
@@ -957,14 +1109,19 @@ mod tests {
                     Action::SkipAhead { head: from, next } => {
                         assert_eq!(*from, head);
                         assert!(*next > head + 1);
-                        assert!(self.retained_from > head as usize, "skipped events the stream still holds");
+                        assert!(
+                            self.retained_from > head as usize,
+                            "skipped events the stream still holds"
+                        );
                         head = next - 1;
                     }
                     Action::RetryCatchUp { after } => {
                         assert!(*after <= READ_RETRY.max);
                         self.retries += 1;
                     }
-                    Action::FillAbandoned { .. } => panic!("a read of the whole stream always fills the gap"),
+                    Action::FillAbandoned { .. } => {
+                        panic!("a read of the whole stream always fills the gap")
+                    }
                 }
             }
             assert_eq!(self.node.log.head(), head);
@@ -998,7 +1155,12 @@ mod tests {
                     let Some(after) = self.read.take() else { return };
                     self.read_due = false;
                     if ok {
-                        let events = self.retained().iter().filter(|e| e.stream_seq > after).cloned().collect();
+                        let events = self
+                            .retained()
+                            .iter()
+                            .filter(|e| e.stream_seq > after)
+                            .cloned()
+                            .collect();
                         self.node.appends.caught_up(events, roll);
                         self.drive();
                     } else {
@@ -1006,7 +1168,11 @@ mod tests {
                         self.node.appends.catch_up_failed("read", roll);
                         self.drive();
                         for p in queued {
-                            assert_eq!(self.publishes[p].1, vec![Reply::Failed("read")], "publish {p}");
+                            assert_eq!(
+                                self.publishes[p].1,
+                                vec![Reply::Failed("read")],
+                                "publish {p}"
+                            );
                         }
                     }
                 }
@@ -1028,7 +1194,9 @@ mod tests {
                     }
                 }
                 Step::FeedRepeat(n) => {
-                    let Some(event) = self.fed.get(n % self.fed.len().max(1)).cloned() else { return };
+                    let Some(event) = self.fed.get(n % self.fed.len().max(1)).cloned() else {
+                        return;
+                    };
                     self.node.appends.live_event(event);
                     self.drive();
                 }
@@ -1049,7 +1217,11 @@ mod tests {
             } else if fails == Some(false) {
                 Outcome::Failed("append")
             } else {
-                assert_eq!(seq, self.stream.len() as u64 + 1, "the room's seqs on the stream are contiguous");
+                assert_eq!(
+                    seq,
+                    self.stream.len() as u64 + 1,
+                    "the room's seqs on the stream are contiguous"
+                );
                 Outcome::Stored(self.store(key))
             };
             let outcome = if fails.is_some() { Outcome::Failed("append") } else { outcome };
@@ -1083,7 +1255,8 @@ mod tests {
                     _ => None,
                 })
                 .collect();
-            let (mine, others): (Vec<_>, Vec<_>) = answers.into_iter().partition(|(p, _)| *p == publish);
+            let (mine, others): (Vec<_>, Vec<_>) =
+                answers.into_iter().partition(|(p, _)| *p == publish);
             let mine: Vec<_> = mine.into_iter().map(|(_, reply)| reply).collect();
             assert_eq!(mine, Vec::from_iter(own), "the append's result answers its publish");
             assert!(
@@ -1118,9 +1291,17 @@ mod tests {
                 }
             }
             assert_eq!(self.unanswered(), Vec::<usize>::new(), "publishes never answered");
-            assert!(self.put_answers.iter().all(|&n| n == 1), "every PUT answered once: {:?}", self.put_answers);
+            assert!(
+                self.put_answers.iter().all(|&n| n == 1),
+                "every PUT answered once: {:?}",
+                self.put_answers
+            );
             assert!(!self.node.appends.busy());
-            assert_eq!(self.node.log.head(), self.stream.len() as u64, "the room holds what the stream holds");
+            assert_eq!(
+                self.node.log.head(),
+                self.stream.len() as u64,
+                "the room holds what the stream holds"
+            );
         }
     }
 

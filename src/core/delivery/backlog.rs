@@ -20,7 +20,12 @@ pub struct Backlog {
 
 impl Backlog {
     pub fn new(max: usize) -> Self {
-        Backlog { bytes: AtomicUsize::new(0), queued: AtomicUsize::new(0), max, evicted: AtomicBool::new(false) }
+        Backlog {
+            bytes: AtomicUsize::new(0),
+            queued: AtomicUsize::new(0),
+            max,
+            evicted: AtomicBool::new(false),
+        }
     }
 
     /// A sender is about to send `bytes`. `false` when the connection is (now) over its
@@ -30,7 +35,9 @@ impl Backlog {
         if self.evicted.load(Ordering::Acquire) {
             return Reserve::Evicted;
         }
-        let total = self.bytes.fetch_add(bytes, Ordering::AcqRel) + bytes + self.queued.load(Ordering::Acquire);
+        let total = self.bytes.fetch_add(bytes, Ordering::AcqRel)
+            + bytes
+            + self.queued.load(Ordering::Acquire);
         if total <= self.max {
             return Reserve::Ok;
         }
@@ -43,7 +50,9 @@ impl Backlog {
 
     /// The connection took `bytes` off its mailbox.
     pub fn release(&self, bytes: usize) {
-        let _ = self.bytes.fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| Some(b.saturating_sub(bytes)));
+        let _ = self
+            .bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| Some(b.saturating_sub(bytes)));
     }
 
     /// Bytes in the mailbox (reserved by rooms, not yet taken).

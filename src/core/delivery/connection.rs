@@ -26,10 +26,10 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use crate::core::rules::limits::{self, burst_for, room_start_burst, Strikes, TokenBucket};
-use crate::core::rules::names;
 use super::outbox::{Outbox, Verdict, GRACE_MS};
 use super::subscriptions::{Addressed, Answer, Answered, Subscriptions, WindowPlan};
+use crate::core::rules::limits::{self, burst_for, room_start_burst, Strikes, TokenBucket};
+use crate::core::rules::names;
 
 /// `limit` of a `history` request that names none.
 pub const HISTORY_DEFAULT_LIMIT: usize = 100;
@@ -154,7 +154,13 @@ pub enum Action<R> {
     /// Read who is in a room; answer with [`Connection::answered`].
     ReadPresence { room: String, reference: Option<i64> },
     /// Submit a client's publish; answer with [`Connection::answered`] once it is durable.
-    Publish { room: String, id: Option<String>, data: String, state: Option<String>, reference: Option<i64> },
+    Publish {
+        room: String,
+        id: Option<String>,
+        data: String,
+        state: Option<String>,
+        reference: Option<i64>,
+    },
     /// The heartbeat: a Ping (or SSE comment).
     Ping,
     /// Drop what the client has not started to read and mark the backlog evicted;
@@ -210,7 +216,8 @@ impl<R> Connection<R> {
     pub fn new(grants: Grants, settings: Settings, now_ms: u64) -> Self {
         let inbox = names::inbox_room(&grants.user).into();
         let subs = Subscriptions::new(inbox, grants.device.clone(), settings.max_subscriptions);
-        let room_burst = room_start_burst(settings.max_room_starts_per_sec, settings.max_subscriptions);
+        let room_burst =
+            room_start_burst(settings.max_room_starts_per_sec, settings.max_subscriptions);
         Connection {
             subs,
             message_rate: TokenBucket::new(burst_for(settings.max_messages_per_sec), now_ms),
@@ -252,7 +259,8 @@ impl<R> Connection<R> {
             self.subscribed_once = true;
         }
         let generation = self.subs.begin_inbox();
-        self.actions.push_back(Action::SubscribeInbox { room: self.subs.inbox().clone(), generation });
+        self.actions
+            .push_back(Action::SubscribeInbox { room: self.subs.inbox().clone(), generation });
         self.actions.push_back(Action::Subscriptions(1));
         for (ask, live) in initial {
             self.subscribe(ask, live, now_ms);
@@ -282,7 +290,13 @@ impl<R> Connection<R> {
 
     /// A client message (parsed) is about to be handled: `true` when the rate lets it
     /// through; otherwise it is refused (`publish`: it was a publish).
-    pub fn admit(&mut self, publish: bool, reference: Option<i64>, room: Option<&str>, now_ms: u64) -> bool {
+    pub fn admit(
+        &mut self,
+        publish: bool,
+        reference: Option<i64>,
+        room: Option<&str>,
+        now_ms: u64,
+    ) -> bool {
         let rate = self.settings.max_messages_per_sec;
         let Err(wait_ms) = self.message_rate.take(rate, burst_for(rate), now_ms) else {
             return true;
@@ -305,13 +319,26 @@ impl<R> Connection<R> {
     }
 
     /// Refuse a request with an error and a strike.
-    fn refuse(&mut self, reference: Option<i64>, room: Option<&str>, refusal: Refusal, message: String, now_ms: u64) {
+    fn refuse(
+        &mut self,
+        reference: Option<i64>,
+        room: Option<&str>,
+        refusal: Refusal,
+        message: String,
+        now_ms: u64,
+    ) {
         self.error(reference, room, refusal, message);
         self.strike(now_ms);
     }
 
     /// Refuse a request with an error, no strike.
-    fn error(&mut self, reference: Option<i64>, room: Option<&str>, refusal: Refusal, message: String) {
+    fn error(
+        &mut self,
+        reference: Option<i64>,
+        room: Option<&str>,
+        refusal: Refusal,
+        message: String,
+    ) {
         let room = room.map(str::to_string);
         self.actions.push_back(Action::Error { reference, room, refusal, message });
     }
@@ -334,7 +361,13 @@ impl<R> Connection<R> {
     /// A request to a room with no live actor here starts one: it takes one of the
     /// connection's room starts, and without one it is refused (`rate_limited`, a
     /// strike). A room that stops between this look and the request is started anyway.
-    fn may_start_room(&mut self, room: &str, live: bool, reference: Option<i64>, now_ms: u64) -> bool {
+    fn may_start_room(
+        &mut self,
+        room: &str,
+        live: bool,
+        reference: Option<i64>,
+        now_ms: u64,
+    ) -> bool {
         let rate = self.settings.max_room_starts_per_sec;
         if rate == 0 || live {
             return true;
@@ -359,14 +392,23 @@ impl<R> Connection<R> {
         let room: Arc<str> = ask.room.as_str().into();
         if let Err(too_many) = self.subs.admits(&room) {
             self.actions.push_back(Action::LimitHit("subscriptions"));
-            return self.error(reference, Some(&room), Refusal::TooManySubscriptions, too_many.to_string());
+            return self.error(
+                reference,
+                Some(&room),
+                Refusal::TooManySubscriptions,
+                too_many.to_string(),
+            );
         }
         if !self.may_start_room(&room, live, reference, now_ms) {
             return;
         }
         let (generation, replaced) = self.subs.begin(room.clone(), ask.since);
         match replaced {
-            Some(old) => self.actions.push_back(Action::Leave { room, generation: old.generation, at: old.room }),
+            Some(old) => self.actions.push_back(Action::Leave {
+                room,
+                generation: old.generation,
+                at: old.room,
+            }),
             None => self.actions.push_back(Action::Subscriptions(1)),
         }
         self.actions.push_back(Action::Subscribe { generation, ask });
@@ -375,16 +417,30 @@ impl<R> Connection<R> {
     /// The room took generation `generation` of the subscribe, and this is its handle.
     pub fn attached(&mut self, room: &str, generation: u64, handle: R) {
         if let Err(stale) = self.subs.attach(room, generation, handle) {
-            self.actions.push_back(Action::Leave { room: room.into(), generation, at: Some(stale) });
+            self.actions.push_back(Action::Leave {
+                room: room.into(),
+                generation,
+                at: Some(stale),
+            });
         }
     }
 
     /// Generation `generation` of the room's subscribe was refused (by the room, or the
     /// room could not be reached): if it is still current it ends, and the client is told.
-    pub fn refused(&mut self, room: &str, generation: u64, reference: Option<i64>, message: String) {
+    pub fn refused(
+        &mut self,
+        room: &str,
+        generation: u64,
+        reference: Option<i64>,
+        message: String,
+    ) {
         if let Some(sub) = self.subs.on_refused(room, generation) {
             self.actions.push_back(Action::Subscriptions(-1));
-            self.actions.push_back(Action::Leave { room: room.into(), generation: sub.generation, at: sub.room });
+            self.actions.push_back(Action::Leave {
+                room: room.into(),
+                generation: sub.generation,
+                at: sub.room,
+            });
             self.error(reference, Some(room), Refusal::Unavailable, message);
         }
     }
@@ -423,7 +479,13 @@ impl<R> Connection<R> {
             Ok(limit) => limit,
             Err(too_high) => {
                 self.actions.push_back(Action::LimitHit("history_limit"));
-                return self.refuse(reference, Some(&room), Refusal::BadRequest, too_high.to_string(), now_ms);
+                return self.refuse(
+                    reference,
+                    Some(&room),
+                    Refusal::BadRequest,
+                    too_high.to_string(),
+                    now_ms,
+                );
             }
         };
         if !self.may_start_room(&room, live, reference, now_ms) {
@@ -463,7 +525,9 @@ impl<R> Connection<R> {
         }
         if self.publishing >= MAX_PUBLISHES_IN_FLIGHT {
             self.actions.push_back(Action::PublishOutcome("rate_limited"));
-            let message = format!("at most {MAX_PUBLISHES_IN_FLIGHT} publishes may wait to be stored at once");
+            let message = format!(
+                "at most {MAX_PUBLISHES_IN_FLIGHT} publishes may wait to be stored at once"
+            );
             return self.error(reference, Some(&room), Refusal::RateLimited, message);
         }
         self.publishing += 1;
@@ -483,17 +547,31 @@ impl<R> Connection<R> {
 
     /// How many of a history page's events (their sizes in bytes) to answer with when
     /// the frame around them takes `overhead`: what fits under the bound, at least one.
-    pub fn page_fits(&self, held: usize, overhead: usize, sizes: impl IntoIterator<Item = usize>) -> usize {
+    pub fn page_fits(
+        &self,
+        held: usize,
+        overhead: usize,
+        sizes: impl IntoIterator<Item = usize>,
+    ) -> usize {
         self.outbox.page_fits(held, overhead, sizes)
     }
 
     /// A room answered a subscribe: what to write (`None`: nothing).
-    pub fn on_subscribed<E: Addressed + Clone>(&mut self, answer: Answer<'_, E>) -> Option<Answered<E>> {
+    pub fn on_subscribed<E: Addressed + Clone>(
+        &mut self,
+        answer: Answer<'_, E>,
+    ) -> Option<Answered<E>> {
         self.subs.on_subscribed(answer)
     }
 
     /// A room's window taken off the mailbox: what to write.
-    pub fn on_window<E>(&mut self, room: &str, epoch: &Arc<str>, events: &[E], targeted: bool) -> WindowPlan<E>
+    pub fn on_window<E>(
+        &mut self,
+        room: &str,
+        epoch: &Arc<str>,
+        events: &[E],
+        targeted: bool,
+    ) -> WindowPlan<E>
     where
         E: Addressed + Clone,
     {
@@ -554,7 +632,8 @@ impl<R> Connection<R> {
             Verdict::Over { close_in_ms } => {
                 if !self.grace_armed {
                     self.grace_armed = true;
-                    self.actions.push_back(Action::Arm { timer: Timer::Grace, after_ms: close_in_ms });
+                    self.actions
+                        .push_back(Action::Arm { timer: Timer::Grace, after_ms: close_in_ms });
                 }
             }
             Verdict::Close => self.evict(Some(held)),
@@ -627,7 +706,11 @@ impl<R> Connection<R> {
             self.actions.push_back(Action::Subscriptions(-(ended.len() as i64)));
         }
         for (room, sub) in ended {
-            self.actions.push_back(Action::Leave { room, generation: sub.generation, at: sub.room });
+            self.actions.push_back(Action::Leave {
+                room,
+                generation: sub.generation,
+                at: sub.room,
+            });
         }
     }
 }

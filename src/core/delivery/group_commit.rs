@@ -132,7 +132,11 @@ mod tests {
                 Flushed => group.flushed(now),
                 Timer => group.timer(now),
             };
-            assert_eq!((next, group.waiting()), (expected, waiting), "row {row}: {event:?} at {at} ms");
+            assert_eq!(
+                (next, group.waiting()),
+                (expected, waiting),
+                "row {row}: {event:?} at {at} ms"
+            );
         }
     }
 

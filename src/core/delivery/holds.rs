@@ -88,7 +88,9 @@ impl<T> Holds<T> {
                 Until::LoadEnds if !room.loading => Some(Released::Ready),
                 Until::Loaded if room.loaded => Some(Released::Ready),
                 Until::Fed if room.fed || !room.loaded => Some(Released::Ready),
-                Until::Head { since, .. } if room.loaded && room.head >= since => Some(Released::Ready),
+                Until::Head { since, .. } if room.loaded && room.head >= since => {
+                    Some(Released::Ready)
+                }
                 Until::Head { deadline, .. } if now >= deadline => Some(Released::TimedOut),
                 _ => None,
             };
@@ -156,15 +158,35 @@ mod tests {
             holds.hold(until, name).unwrap();
         }
         let loading = RoomNow { loading: true, loaded: false, fed: false, head: 0 };
-        assert_eq!(holds.release(loading, t0), vec![("read while refeeding", Released::Ready)], "a room not live has no feed to wait for");
+        assert_eq!(
+            holds.release(loading, t0),
+            vec![("read while refeeding", Released::Ready)],
+            "a room not live has no feed to wait for"
+        );
         let failed = RoomNow { loading: false, ..loading };
-        assert_eq!(holds.release(failed, now_at(t0, 5)), vec![("publish while loading", Released::Ready)], "a failed read answers the publish");
+        assert_eq!(
+            holds.release(failed, now_at(t0, 5)),
+            vec![("publish while loading", Released::Ready)],
+            "a failed read answers the publish"
+        );
         let live = RoomNow { loading: false, loaded: true, fed: true, head: 6 };
-        assert_eq!(holds.release(live, now_at(t0, 10)), vec![("subscribe to a room whose read failed", Released::Ready)]);
+        assert_eq!(
+            holds.release(live, now_at(t0, 10)),
+            vec![("subscribe to a room whose read failed", Released::Ready)]
+        );
         assert_eq!(holds.next_deadline(), Some(deadline));
-        assert_eq!(holds.release(RoomNow { head: 7, ..live }, now_at(t0, 20)), vec![("subscribe since 7", Released::Ready)]);
-        assert!(holds.release(RoomNow { head: 9, ..live }, now_at(t0, 1_999)).is_empty(), "before its deadline");
-        assert_eq!(holds.release(RoomNow { head: 9, ..live }, deadline), vec![("subscribe far ahead", Released::TimedOut)]);
+        assert_eq!(
+            holds.release(RoomNow { head: 7, ..live }, now_at(t0, 20)),
+            vec![("subscribe since 7", Released::Ready)]
+        );
+        assert!(
+            holds.release(RoomNow { head: 9, ..live }, now_at(t0, 1_999)).is_empty(),
+            "before its deadline"
+        );
+        assert_eq!(
+            holds.release(RoomNow { head: 9, ..live }, deadline),
+            vec![("subscribe far ahead", Released::TimedOut)]
+        );
         assert!(holds.is_empty());
         assert_eq!(holds.next_deadline(), None);
     }
@@ -175,7 +197,11 @@ mod tests {
         for i in 0..MAX_HELD {
             holds.hold(Until::Fed, i).unwrap();
         }
-        assert_eq!(holds.hold(Until::Fed, MAX_HELD), Err(MAX_HELD), "the one past the bound is answered at once");
+        assert_eq!(
+            holds.hold(Until::Fed, MAX_HELD),
+            Err(MAX_HELD),
+            "the one past the bound is answered at once"
+        );
         holds.retain(|i| i % 2 == 0);
         assert_eq!(holds.len(), MAX_HELD / 2);
         assert_eq!(holds.count(|i| *i < 10), 5);

@@ -83,7 +83,13 @@ impl Occupants {
         if text.is_empty() {
             return Ok(Occupants::default());
         }
-        let nodes = text.split('\n').map(|n| if n.is_empty() { Err(OccupantsError::EmptyNode) } else { Ok(n.to_string()) });
+        let nodes = text.split('\n').map(|n| {
+            if n.is_empty() {
+                Err(OccupantsError::EmptyNode)
+            } else {
+                Ok(n.to_string())
+            }
+        });
         Ok(Occupants { nodes: nodes.collect::<Result<_, _>>()? })
     }
 }
@@ -206,7 +212,9 @@ impl LocalRooms {
     }
 
     fn enqueue(&mut self, room: &str) -> bool {
-        let Some(key) = self.rooms.get_key_value(room).map(|(key, _)| key.clone()) else { return false };
+        let Some(key) = self.rooms.get_key_value(room).map(|(key, _)| key.clone()) else {
+            return false;
+        };
         let entry = self.rooms.get_mut(room).expect("just found");
         if entry.queued || entry.in_flight || !entry.behind() {
             if entry.idle() {
@@ -333,7 +341,8 @@ impl VacateDelay {
     /// Every waiting `vacated` edge at once (the node stops), in the order the rooms were
     /// left.
     pub fn drain(&mut self) -> Vec<(Arc<str>, u64)> {
-        let mut left: Vec<(u64, Arc<str>, u64)> = self.waiting.drain().map(|(room, (at, ts_ms))| (at, room, ts_ms)).collect();
+        let mut left: Vec<(u64, Arc<str>, u64)> =
+            self.waiting.drain().map(|(room, (at, ts_ms))| (at, room, ts_ms)).collect();
         left.sort();
         self.due.clear();
         left.into_iter().map(|(_, room, ts_ms)| (room, ts_ms)).collect()
@@ -355,7 +364,8 @@ mod tests {
 
     #[test]
     fn applying_a_node_decides_the_first_in_and_the_last_out() {
-        type Case<'a> = (Option<&'a [&'a str]>, &'a str, bool, Option<&'a [&'a str]>, Option<Edge>, bool);
+        type Case<'a> =
+            (Option<&'a [&'a str]>, &'a str, bool, Option<&'a [&'a str]>, Option<Edge>, bool);
         let cases: &[Case] = &[
             (None, "a", true, Some(&["a"]), Some(Edge::Occupied), true),
             (Some(&["a"]), "b", true, Some(&["a", "b"]), None, true),
@@ -386,7 +396,11 @@ mod tests {
         ];
         for (stored, alive, after, edge, changed) in cases {
             let applied = remove_dead(&set(stored), alive);
-            assert_eq!(applied, Applied { record: after.map(set), edge: *edge, changed: *changed }, "{stored:?} {alive:?}");
+            assert_eq!(
+                applied,
+                Applied { record: after.map(set), edge: *edge, changed: *changed },
+                "{stored:?} {alive:?}"
+            );
         }
     }
 

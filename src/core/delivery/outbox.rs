@@ -78,7 +78,12 @@ impl Outbox {
     /// How many of a page's events (their sizes in bytes, in order) to answer with when
     /// the connection holds `held` and the frame around them takes `overhead`: as many as
     /// fit under the bound, and at least one, so a client paging on always gets further.
-    pub fn page_fits(&self, held: usize, overhead: usize, sizes: impl IntoIterator<Item = usize>) -> usize {
+    pub fn page_fits(
+        &self,
+        held: usize,
+        overhead: usize,
+        sizes: impl IntoIterator<Item = usize>,
+    ) -> usize {
         let mut room = self.max.saturating_sub(held).saturating_sub(overhead);
         let mut count = 0;
         for size in sizes {
@@ -158,7 +163,11 @@ mod tests {
             (0, 100, &[], 0),
         ];
         for &(held, overhead, sizes, expected) in cases {
-            assert_eq!(outbox.page_fits(held, overhead, sizes.iter().copied()), expected, "held {held}, sizes {sizes:?}");
+            assert_eq!(
+                outbox.page_fits(held, overhead, sizes.iter().copied()),
+                expected,
+                "held {held}, sizes {sizes:?}"
+            );
         }
     }
 }

@@ -112,7 +112,8 @@ pub fn view<'a, C: Eq + std::hash::Hash + Copy>(
     remote: impl IntoIterator<Item = &'a NodeTable>,
     members_max: usize,
 ) -> View {
-    let mut listed: BTreeSet<Member> = local.map(|l| l.members().cloned().collect()).unwrap_or_default();
+    let mut listed: BTreeSet<Member> =
+        local.map(|l| l.members().cloned().collect()).unwrap_or_default();
     let mut unlisted = 0usize;
     for table in remote {
         match &table.members {
@@ -176,7 +177,11 @@ impl LastSent {
                 if first && after.is_empty() {
                     return None;
                 }
-                Diff { count: now.count, joined: Some(after.iter().cloned().collect()), left: Some(Vec::new()) }
+                Diff {
+                    count: now.count,
+                    joined: Some(after.iter().cloned().collect()),
+                    left: Some(Vec::new()),
+                }
             }
             (_, None) => {
                 if self.members.is_none() && now.count == self.count && !first {
@@ -288,7 +293,12 @@ impl RemoteTables {
 
     /// Drop the tables of nodes not `alive` and not heard for `timeout_ms` (a node that
     /// died before liveness ever heard it); returns the rooms whose members changed.
-    pub fn sweep(&mut self, alive: impl Fn(&str) -> bool, now: u64, timeout_ms: u64) -> Vec<Arc<str>> {
+    pub fn sweep(
+        &mut self,
+        alive: impl Fn(&str) -> bool,
+        now: u64,
+        timeout_ms: u64,
+    ) -> Vec<Arc<str>> {
         let dead: Vec<Arc<str>> = self
             .heard
             .iter()
@@ -349,13 +359,18 @@ mod tests {
             ("leave", 3, m("ann", "phone"), true, 1, 1),
             ("leave", 4, m("bob", "phone"), true, 0, 0),
         ];
-        for (i, (action, conn, member, changed, distinct, connections)) in steps.iter().enumerate() {
+        for (i, (action, conn, member, changed, distinct, connections)) in steps.iter().enumerate()
+        {
             let got = match *action {
                 "join" => local.join(*conn, member.clone()),
                 _ => local.leave(*conn),
             };
             assert_eq!(got, *changed, "step {i}");
-            assert_eq!((local.distinct(), local.connections()), (*distinct, *connections), "step {i}");
+            assert_eq!(
+                (local.distinct(), local.connections()),
+                (*distinct, *connections),
+                "step {i}"
+            );
         }
         assert!(local.is_empty());
     }
@@ -366,7 +381,10 @@ mod tests {
         local.join(1, m("b", "web"));
         local.join(2, m("a", "web"));
         local.join(3, m("a", "web"));
-        assert_eq!(local.table(2), NodeTable { count: 2, members: Some(vec![m("a", "web"), m("b", "web")]) });
+        assert_eq!(
+            local.table(2),
+            NodeTable { count: 2, members: Some(vec![m("a", "web"), m("b", "web")]) }
+        );
         assert_eq!(local.table(1), NodeTable { count: 2, members: None });
     }
 
@@ -397,7 +415,11 @@ mod tests {
     fn diffs_say_what_changed_since_the_last_frame() {
         let listed = |ms: &[Member]| View { count: ms.len(), members: Some(set(ms)) };
         let diff = |count, joined: Option<&[Member]>, left: Option<&[Member]>| {
-            Some(Diff { count, joined: joined.map(<[Member]>::to_vec), left: left.map(<[Member]>::to_vec) })
+            Some(Diff {
+                count,
+                joined: joined.map(<[Member]>::to_vec),
+                left: left.map(<[Member]>::to_vec),
+            })
         };
         let (a, b, c) = (m("a", "web"), m("b", "web"), m("c", "web"));
         let mut last = LastSent::default();
@@ -419,10 +441,16 @@ mod tests {
         }
         assert_eq!(last.snapshot(), Diff { count: 0, joined: Some(vec![]), left: Some(vec![]) });
         last.diff(listed(&[b.clone(), c.clone()]));
-        assert_eq!(last.snapshot(), Diff { count: 2, joined: Some(vec![b.clone(), c.clone()]), left: Some(vec![]) });
+        assert_eq!(
+            last.snapshot(),
+            Diff { count: 2, joined: Some(vec![b.clone(), c.clone()]), left: Some(vec![]) }
+        );
         last.diff(View { count: 3000, members: None });
         assert_eq!(last.snapshot(), Diff { count: 3000, joined: None, left: None });
-        assert_eq!(LastSent::default().snapshot(), Diff { count: 0, joined: Some(vec![]), left: Some(vec![]) });
+        assert_eq!(
+            LastSent::default().snapshot(),
+            Diff { count: 0, joined: Some(vec![]), left: Some(vec![]) }
+        );
         let mut fresh = LastSent::default();
         assert_eq!(fresh.diff(View { count: 2000, members: None }), diff(2000, None, None));
     }

@@ -57,7 +57,9 @@ impl SentRange {
         let nonempty = self.hi > self.lo;
         *self = match replayed_after {
             // The replay joins the run sent before: one contiguous run again.
-            Some(since) if nonempty && since <= self.hi => SentRange { lo: self.lo.min(since), hi: self.hi.max(head) },
+            Some(since) if nonempty && since <= self.hi => {
+                SentRange { lo: self.lo.min(since), hi: self.hi.max(head) }
+            }
             Some(since) => SentRange { lo: since, hi: head },
             // Live from `head`: the run continues only if nothing lies between.
             None if nonempty && head == self.hi => *self,
@@ -113,9 +115,15 @@ mod tests {
             // A live event arrived before the resubscribe: replay skips it.
             (&[Subscribed(5, None), Live(6), Subscribed(6, Some(2)), Live(7)], &[6, 3, 4, 5, 7]),
             // Resubscribing from an older point again sends nothing twice.
-            (&[Subscribed(4, Some(0)), Live(5), Subscribed(5, Some(1)), Subscribed(5, Some(0))], &[1, 2, 3, 4, 5]),
+            (
+                &[Subscribed(4, Some(0)), Live(5), Subscribed(5, Some(1)), Subscribed(5, Some(0))],
+                &[1, 2, 3, 4, 5],
+            ),
             // A live-only resubscribe after a gap starts a new run.
-            (&[Subscribed(3, Some(0)), Subscribed(9, None), Live(10), Subscribed(10, Some(3))], &[1, 2, 3, 10, 4, 5, 6, 7, 8, 9]),
+            (
+                &[Subscribed(3, Some(0)), Subscribed(9, None), Live(10), Subscribed(10, Some(3))],
+                &[1, 2, 3, 10, 4, 5, 6, 7, 8, 9],
+            ),
             // The client claims more than this connection sent: trust it from there on.
             (&[Subscribed(2, Some(0)), Subscribed(8, Some(5)), Live(9)], &[1, 2, 6, 7, 8, 9]),
         ];
@@ -139,7 +147,11 @@ mod tests {
                         run.on_live_run(first, last);
                         assert_eq!(run, one_by_one, "from {start:?} with {first}..={last}");
                         let any = (first..=last).any(|seq| start.contains(seq));
-                        assert_eq!(start.overlaps(first, last), any, "{start:?} overlaps {first}..={last}");
+                        assert_eq!(
+                            start.overlaps(first, last),
+                            any,
+                            "{start:?} overlaps {first}..={last}"
+                        );
                     }
                 }
             }

@@ -7,9 +7,9 @@
 //! event not yet durable is never trimmed: appends in flight bound the rest); an id maps
 //! to a seq only while its event is in history.
 
+use crate::core::rules::limits::Retention;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use crate::core::rules::limits::Retention;
 
 /// One event in history. `payload` is whatever the caller shares between subscribers
 /// (livegate keeps the event rendered once as wire JSON).
@@ -134,7 +134,13 @@ impl<T> SeqLog<T> {
     /// Append an event that a shared log already sequenced and stored (cluster mode): it
     /// must be the next seq, and it is durable at once. An id seen before is taken as
     /// given: the shared log decided it is a new event. `Err(expected)` for any other seq.
-    pub fn append_sequenced(&mut self, seq: u64, id: Arc<str>, ts_ms: u64, payload: T) -> Result<(), u64> {
+    pub fn append_sequenced(
+        &mut self,
+        seq: u64,
+        id: Arc<str>,
+        ts_ms: u64,
+        payload: T,
+    ) -> Result<(), u64> {
         if seq != self.head + 1 || self.durable != self.head {
             return Err(self.head + 1);
         }
@@ -190,8 +196,8 @@ impl<T> SeqLog<T> {
     /// head with nothing missing before them.
     pub fn read(&self, since: u64, limit: usize) -> (Vec<&Entry<T>>, bool) {
         let events: Vec<_> = self.after(since).take(limit).collect();
-        let gapless = since >= self.durable
-            || self.oldest().is_some_and(|oldest| oldest <= since + 1);
+        let gapless =
+            since >= self.durable || self.oldest().is_some_and(|oldest| oldest <= since + 1);
         let reaches_head = events.last().map_or(since, |e| e.seq) >= self.durable;
         (events, gapless && reaches_head)
     }
@@ -210,7 +216,9 @@ impl<T> SeqLog<T> {
     /// `max_events` between two flushes would otherwise never reach them).
     fn trim_to_count(&mut self) -> bool {
         let mut trimmed = false;
-        while self.history.len() > self.retention.max_events && self.history.front().is_some_and(|e| e.seq <= self.durable) {
+        while self.history.len() > self.retention.max_events
+            && self.history.front().is_some_and(|e| e.seq <= self.durable)
+        {
             self.drop_front();
             trimmed = true;
         }
@@ -268,10 +276,19 @@ mod tests {
         // subscribers once durable (found by `core::delivery::sim`).
         let mut log = SeqLog::restore("E".into(), 0, vec![], RETAIN);
         for i in 1..=8 {
-            assert_eq!(log.append(format!("e{i}").into(), 0, |s| s), Append::Appended { seq: i, trimmed_below: None });
+            assert_eq!(
+                log.append(format!("e{i}").into(), 0, |s| s),
+                Append::Appended { seq: i, trimmed_below: None }
+            );
         }
-        assert_eq!(log.mark_durable(8).map(|e| e.seq).collect::<Vec<_>>(), (1..=8).collect::<Vec<_>>());
-        assert!(matches!(log.append("e9".into(), 0, |s| s), Append::Appended { seq: 9, trimmed_below: Some(5) }));
+        assert_eq!(
+            log.mark_durable(8).map(|e| e.seq).collect::<Vec<_>>(),
+            (1..=8).collect::<Vec<_>>()
+        );
+        assert!(matches!(
+            log.append("e9".into(), 0, |s| s),
+            Append::Appended { seq: 9, trimmed_below: Some(5) }
+        ));
         assert_eq!(log.oldest(), Some(5));
     }
 
@@ -364,8 +381,14 @@ mod tests {
 
     #[test]
     fn restore_keeps_contiguous_tail_ending_at_head() {
-        let entry = |seq: u64| Entry { seq, id: format!("id-{seq}").into(), ts_ms: 0, payload: seq };
-        let log = SeqLog::restore("E".into(), 9, vec![entry(3), entry(4), entry(7), entry(8), entry(9)], RETAIN);
+        let entry =
+            |seq: u64| Entry { seq, id: format!("id-{seq}").into(), ts_ms: 0, payload: seq };
+        let log = SeqLog::restore(
+            "E".into(),
+            9,
+            vec![entry(3), entry(4), entry(7), entry(8), entry(9)],
+            RETAIN,
+        );
         assert_eq!((log.oldest(), log.head(), log.durable()), (Some(7), 9, 9));
         assert_eq!(log.seq_of("id-4"), None);
         assert_eq!(log.seq_of("id-8"), Some(8));

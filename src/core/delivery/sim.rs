@@ -31,8 +31,8 @@ use super::outbox::{Outbox, Verdict};
 use super::room::machine::Plant;
 use super::room::{Action, Input, Limits, LogInput, RoomMachine, Subscribe, Wire};
 use super::seqlog::SeqLog;
-use crate::core::rules::limits::Retention;
 use super::subscriptions::{Addressed, Answer, Subscriptions, WindowPlan};
+use crate::core::rules::limits::Retention;
 
 /// Bytes of one event on the wire.
 const EVENT_BYTES: usize = 100;
@@ -179,7 +179,13 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 impl Sim {
-    fn new(keep: usize, max_recovery: u64, max_outbox: usize, window_events: usize, slow: &[bool]) -> Sim {
+    fn new(
+        keep: usize,
+        max_recovery: u64,
+        max_outbox: usize,
+        window_events: usize,
+        slow: &[bool],
+    ) -> Sim {
         Sim::planted(keep, max_recovery, max_outbox, window_events, slow, Plant::None)
     }
 
@@ -221,7 +227,13 @@ impl Sim {
             max_outbox,
         };
         for &slow in slow {
-            sim.clients.push(Client { last: 0, conn: None, reads: !slow, unread: 0, after_close: 0 });
+            sim.clients.push(Client {
+                last: 0,
+                conn: None,
+                reads: !slow,
+                unread: 0,
+                after_close: 0,
+            });
             let n = sim.clients.len() - 1;
             sim.connect(n);
         }
@@ -247,7 +259,12 @@ impl Sim {
         };
         let since = Some(self.clients[client].last);
         let (generation, _) = conn.subs.begin(ROOM.into(), since);
-        self.room_mailbox.push_back(Request::Subscribe { conn: conn.id, generation, since, backlog });
+        self.room_mailbox.push_back(Request::Subscribe {
+            conn: conn.id,
+            generation,
+            since,
+            backlog,
+        });
         self.clients[client].conn = Some(conn);
     }
 
@@ -295,14 +312,24 @@ impl Sim {
             }
             Step::Resubscribe(n, back) => {
                 let last = self.clients[n].last;
-                let Some(conn) = self.clients[n].conn.as_mut().filter(|c| !c.closed) else { return };
+                let Some(conn) = self.clients[n].conn.as_mut().filter(|c| !c.closed) else {
+                    return;
+                };
                 let since = Some(last.saturating_sub(u64::from(back)).max(conn.sent_from));
                 let (generation, old) = conn.subs.begin(ROOM.into(), since);
                 if let Some(old) = old {
-                    self.room_mailbox.push_back(Request::Unsubscribe { conn: conn.id, generation: old.generation });
+                    self.room_mailbox.push_back(Request::Unsubscribe {
+                        conn: conn.id,
+                        generation: old.generation,
+                    });
                 }
                 let backlog = conn.backlog.clone();
-                self.room_mailbox.push_back(Request::Subscribe { conn: conn.id, generation, since, backlog });
+                self.room_mailbox.push_back(Request::Subscribe {
+                    conn: conn.id,
+                    generation,
+                    since,
+                    backlog,
+                });
             }
             Step::Drop(n) => self.drop_conn(n),
             Step::Reconnect(n) => {
@@ -334,7 +361,12 @@ impl Sim {
                 Action::Subscribed { conn, generation, answer, .. } => {
                     let (head, recovered, replay) = (answer.head, answer.recovered, answer.replay);
                     if let Some(c) = self.conn_mut(conn) {
-                        c.inbox.push_back(Update::Subscribed { generation, head, recovered, replay });
+                        c.inbox.push_back(Update::Subscribed {
+                            generation,
+                            head,
+                            recovered,
+                            replay,
+                        });
                     }
                 }
                 Action::Window { sink: (conn, _), window } => {
@@ -350,7 +382,14 @@ impl Sim {
                 Action::ArmTimer(super::room::Timer::Window, _) => self.window_armed = true,
                 Action::Write { seq, key, reply } => {
                     let ts_ms = self.now_ms;
-                    let written = LogInput::Written { seq, key, ts_ms, payload: Ev(seq), reply, result: Ok(()) };
+                    let written = LogInput::Written {
+                        seq,
+                        key,
+                        ts_ms,
+                        payload: Ev(seq),
+                        reply,
+                        result: Ok(()),
+                    };
                     self.room.handle(Input::Log(written), now);
                 }
                 Action::Flush { upto } => {
@@ -359,7 +398,10 @@ impl Sim {
                 }
                 Action::Reply { to, result } => {
                     let published = result.expect("the simulated store never fails");
-                    assert!(published.seq <= self.flushed_upto, "publish {to} acknowledged before its flush returned");
+                    assert!(
+                        published.seq <= self.flushed_upto,
+                        "publish {to} acknowledged before its flush returned"
+                    );
                     self.acked[to as usize - 1] = Some(self.steps);
                 }
                 Action::Refused { .. } | Action::WriteState { .. } | Action::Retire { .. } => {
@@ -397,15 +439,21 @@ impl Sim {
                     return;
                 }
                 let sink = (conn, backlog);
-                let ask =
-                    Subscribe { conn, generation, automatic: false, since, epoch: None, state: false, sink, ticket: () };
+                let ask = Subscribe {
+                    conn,
+                    generation,
+                    automatic: false,
+                    since,
+                    epoch: None,
+                    state: false,
+                    sink,
+                    ticket: (),
+                };
                 self.input(Input::Subscribe(ask));
             }
             Request::Unsubscribe { conn, generation } => {
                 // A subscribe held for a read and left before it ended is dropped.
-                let left = |held: &Request| {
-                    matches!(held, Request::Subscribe { conn: c, generation: g, .. } if *c == conn && *g <= generation)
-                };
+                let left = |held: &Request| matches!(held, Request::Subscribe { conn: c, generation: g, .. } if *c == conn && *g <= generation);
                 self.held.retain(|held| !left(held));
                 self.input(Input::Unsubscribe { conn, generation });
             }
@@ -429,7 +477,15 @@ impl Sim {
                 }
             }
             Update::Subscribed { generation, head, recovered, replay } => {
-                let answer = Answer { room: ROOM, generation, epoch: &epoch, head, recovered, state_seq: None, replay: &replay };
+                let answer = Answer {
+                    room: ROOM,
+                    generation,
+                    epoch: &epoch,
+                    head,
+                    recovered,
+                    state_seq: None,
+                    replay: &replay,
+                };
                 match conn.subs.on_subscribed(answer) {
                     None => Vec::new(),
                     Some(answered) => {
@@ -453,7 +509,13 @@ impl Sim {
             if conn.closed {
                 client.after_close += 1;
             }
-            assert_eq!(event.0, client.last + 1, "client {n} got {} after {}: not the next event", event.0, client.last);
+            assert_eq!(
+                event.0,
+                client.last + 1,
+                "client {n} got {} after {}: not the next event",
+                event.0,
+                client.last
+            );
             client.last = event.0;
         }
         client.unread += delivered.len() * EVENT_BYTES;
@@ -476,19 +538,28 @@ impl Sim {
     fn drop_conn(&mut self, n: usize) {
         let Some(mut conn) = self.clients[n].conn.take() else { return };
         for (_, sub) in conn.subs.drain() {
-            self.room_mailbox.push_back(Request::Unsubscribe { conn: conn.id, generation: sub.generation });
+            self.room_mailbox
+                .push_back(Request::Unsubscribe { conn: conn.id, generation: sub.generation });
         }
     }
 
     fn check(&self) {
         for (n, acked) in self.acked.iter().enumerate() {
             let durable = (n as u64) < self.flushed_upto;
-            assert_eq!(acked.is_some(), durable, "publish {} is durable but not acknowledged, or the reverse", n + 1);
+            assert_eq!(
+                acked.is_some(),
+                durable,
+                "publish {} is durable but not acknowledged, or the reverse",
+                n + 1
+            );
         }
         for (n, client) in self.clients.iter().enumerate() {
             assert_eq!(client.after_close, 0, "client {n} got events after its connection closed");
             if let Some(conn) = &client.conn {
-                assert!(conn.backlog.outstanding() <= self.max_outbox, "client {n}: rooms reserved past the bound");
+                assert!(
+                    conn.backlog.outstanding() <= self.max_outbox,
+                    "client {n}: rooms reserved past the bound"
+                );
             }
         }
     }
@@ -543,7 +614,11 @@ fn play((keep, max_recovery, max_outbox, window_events, slow, steps): Setup, pla
     let mut sim = Sim::planted(keep, max_recovery, max_outbox, window_events, &slow, plant);
     for step in steps {
         let step = match step {
-            Step::ConnTakes(n) | Step::ClientReads(n) | Step::Resubscribe(n, _) | Step::Drop(n) | Step::Reconnect(n)
+            Step::ConnTakes(n)
+            | Step::ClientReads(n)
+            | Step::Resubscribe(n, _)
+            | Step::Drop(n)
+            | Step::Reconnect(n)
                 if n >= sim.clients.len() =>
             {
                 continue
@@ -568,7 +643,8 @@ proptest! {
 
 /// The smallest case proptest finds with `plant` in the room's machine, if any.
 fn found(plant: Plant) -> Option<String> {
-    let config = ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() };
+    let config =
+        ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() };
     let mut runner = proptest::test_runner::TestRunner::new(config);
     match runner.run(&setup(), |setup| {
         play(setup, plant);

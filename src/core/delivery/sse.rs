@@ -96,7 +96,8 @@ pub fn parse_cursor(text: &str, max_entries: usize) -> Result<Vec<CursorEntry>, 
     let mut entries: Vec<CursorEntry> = Vec::with_capacity(count);
     for entry in text.split(',') {
         let mut parts = entry.rsplitn(3, ':');
-        let (Some(seq), Some(epoch), Some(room)) = (parts.next(), parts.next(), parts.next()) else {
+        let (Some(seq), Some(epoch), Some(room)) = (parts.next(), parts.next(), parts.next())
+        else {
             return Err(CursorError::Shape(entry.to_string()));
         };
         names::check_room(room).map_err(|_| CursorError::BadRoom(entry.to_string()))?;
@@ -166,7 +167,13 @@ mod tests {
 
     #[test]
     fn flags() {
-        for (text, want) in [(None, Ok(false)), (Some("0"), Ok(false)), (Some("false"), Ok(false)), (Some("1"), Ok(true)), (Some("true"), Ok(true))] {
+        for (text, want) in [
+            (None, Ok(false)),
+            (Some("0"), Ok(false)),
+            (Some("false"), Ok(false)),
+            (Some("1"), Ok(true)),
+            (Some("true"), Ok(true)),
+        ] {
             assert_eq!(parse_flag(text), want, "{text:?}");
         }
         for bad in ["", "yes", "2", "TRUE"] {
@@ -206,7 +213,10 @@ mod tests {
             ("", Ok(vec![])),
             ("match:1:E:43", Ok(vec![entry("match:1", "E", 43)])),
             ("r:ab12:0", Ok(vec![entry("r", "ab12", 0)])),
-            ("match:1:E:43,user:u1:F:2", Ok(vec![entry("match:1", "E", 43), entry("user:u1", "F", 2)])),
+            (
+                "match:1:E:43,user:u1:F:2",
+                Ok(vec![entry("match:1", "E", 43), entry("user:u1", "F", 2)]),
+            ),
             ("a:b:c:d:9", Ok(vec![entry("a:b:c", "d", 9)])),
             ("room:E", Err(CursorError::Shape("room:E".into()))),
             ("room", Err(CursorError::Shape("room".into()))),
@@ -219,7 +229,10 @@ mod tests {
             ("r:E:-1", Err(CursorError::BadSeq("r:E:-1".into()))),
             ("r:E:+1", Err(CursorError::BadSeq("r:E:+1".into()))),
             ("r:E:x", Err(CursorError::BadSeq("r:E:x".into()))),
-            ("r:E:99999999999999999999999", Err(CursorError::BadSeq("r:E:99999999999999999999999".into()))),
+            (
+                "r:E:99999999999999999999999",
+                Err(CursorError::BadSeq("r:E:99999999999999999999999".into())),
+            ),
             ("r:E:1,r:F:2", Err(CursorError::Duplicate("r".into()))),
             ("a:E:1,b:E:1,c:E:1,d:E:1", Err(CursorError::TooLong { count: 4, max: 3 })),
         ];
@@ -235,7 +248,10 @@ mod tests {
     fn cursors_read_back() {
         let text = render_cursor([("match:1", "E", 43), ("user:u1", "F", 2)]);
         assert_eq!(text, "match:1:E:43,user:u1:F:2");
-        assert_eq!(parse_cursor(&text, 8).unwrap(), vec![entry("match:1", "E", 43), entry("user:u1", "F", 2)]);
+        assert_eq!(
+            parse_cursor(&text, 8).unwrap(),
+            vec![entry("match:1", "E", 43), entry("user:u1", "F", 2)]
+        );
         assert_eq!(render_cursor([]), "");
     }
 

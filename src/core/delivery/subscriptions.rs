@@ -61,7 +61,11 @@ impl<R> Subscription<R> {
     /// Of `events`, those after `floor` that this connection has not sent and that are
     /// for `device`.
     fn unsent<E: Addressed + Clone>(&self, events: &[E], floor: u64, device: &str) -> Vec<E> {
-        events.iter().filter(|e| e.seq() > floor && !self.sent.contains(e.seq()) && e.is_for(device)).cloned().collect()
+        events
+            .iter()
+            .filter(|e| e.seq() > floor && !self.sent.contains(e.seq()) && e.is_for(device))
+            .cloned()
+            .collect()
     }
 }
 
@@ -121,7 +125,14 @@ pub struct Subscriptions<R> {
 
 impl<R> Subscriptions<R> {
     pub fn new(inbox: Arc<str>, device: Arc<str>, max: usize) -> Self {
-        Subscriptions { by_room: HashMap::new(), next_generation: 0, inbox, max, device, closed: false }
+        Subscriptions {
+            by_room: HashMap::new(),
+            next_generation: 0,
+            inbox,
+            max,
+            device,
+            closed: false,
+        }
     }
 
     pub fn inbox(&self) -> &Arc<str> {
@@ -153,9 +164,19 @@ impl<R> Subscriptions<R> {
     /// subscription it replaces is returned for the driver to leave.
     pub fn begin(&mut self, room: Arc<str>, since: Option<u64>) -> (u64, Option<Subscription<R>>) {
         let old = self.by_room.remove(&room);
-        let (epoch, sent) = old.as_ref().map_or((None, SentRange::default()), |old| (old.epoch.clone(), old.sent));
+        let (epoch, sent) =
+            old.as_ref().map_or((None, SentRange::default()), |old| (old.epoch.clone(), old.sent));
         let generation = self.next_generation();
-        let pending = Subscription { generation, room: None, live: false, epoch, sent, since, floor: 0, automatic: false };
+        let pending = Subscription {
+            generation,
+            room: None,
+            live: false,
+            epoch,
+            sent,
+            since,
+            floor: 0,
+            automatic: false,
+        };
         self.by_room.insert(room, pending);
         (generation, old)
     }
@@ -232,7 +253,10 @@ impl<R> Subscriptions<R> {
     /// The room answered a subscribe: the subscription goes live at `head`; the frames to
     /// write are returned. `None`: the answer is for an older generation, or the
     /// connection is closed (nothing is written).
-    pub fn on_subscribed<E: Addressed + Clone>(&mut self, answer: Answer<'_, E>) -> Option<Answered<E>> {
+    pub fn on_subscribed<E: Addressed + Clone>(
+        &mut self,
+        answer: Answer<'_, E>,
+    ) -> Option<Answered<E>> {
         if self.closed {
             return None;
         }
@@ -242,7 +266,8 @@ impl<R> Subscriptions<R> {
         sub.floor = answer.head;
         // A state starts the client's view of the room again: the events after it are
         // sent even if this connection sent them before; so does a new epoch.
-        if sub.epoch.as_ref().is_some_and(|seen| seen != answer.epoch) || answer.state_seq.is_some() {
+        if sub.epoch.as_ref().is_some_and(|seen| seen != answer.epoch) || answer.state_seq.is_some()
+        {
             sub.sent = SentRange::default();
         }
         sub.epoch = Some(answer.epoch.clone());
@@ -259,15 +284,24 @@ impl<R> Subscriptions<R> {
     /// A room's window (`events` contiguous and ascending, `targeted` when some name
     /// devices): the shared frame when this connection sent none of it and nothing is
     /// filtered by device; otherwise a frame of its own with what is left.
-    pub fn on_window<E: Addressed + Clone>(&mut self, room: &str, epoch: &Arc<str>, events: &[E], targeted: bool) -> WindowPlan<E> {
-        let (Some(first), Some(last)) = (events.first().map(E::seq), events.last().map(E::seq)) else {
+    pub fn on_window<E: Addressed + Clone>(
+        &mut self,
+        room: &str,
+        epoch: &Arc<str>,
+        events: &[E],
+        targeted: bool,
+    ) -> WindowPlan<E> {
+        let (Some(first), Some(last)) = (events.first().map(E::seq), events.last().map(E::seq))
+        else {
             return WindowPlan::Nothing;
         };
         if self.closed {
             return WindowPlan::Nothing;
         }
         let device = self.device.clone();
-        let Some(sub) = self.by_room.get_mut(room).filter(|s| s.live) else { return WindowPlan::Nothing };
+        let Some(sub) = self.by_room.get_mut(room).filter(|s| s.live) else {
+            return WindowPlan::Nothing;
+        };
         if sub.epoch.is_none() {
             // An automatic inbox learns its epoch from its first window.
             sub.epoch = Some(epoch.clone());
@@ -299,8 +333,11 @@ impl<R> Subscriptions<R> {
     /// Where the connection stands: each room whose epoch it knows, at the last seq it
     /// sent there, sorted (an SSE `events` message's cursor).
     pub fn positions(&self) -> Vec<(&str, &str, u64)> {
-        let mut positions: Vec<(&str, &str, u64)> =
-            self.by_room.iter().filter_map(|(room, sub)| Some((&**room, sub.epoch.as_deref()?, sub.sent.last()))).collect();
+        let mut positions: Vec<(&str, &str, u64)> = self
+            .by_room
+            .iter()
+            .filter_map(|(room, sub)| Some((&**room, sub.epoch.as_deref()?, sub.sent.last())))
+            .collect();
         positions.sort_unstable();
         positions
     }
@@ -333,7 +370,14 @@ mod tests {
         Subscriptions::new("inbox".into(), "phone".into(), 2)
     }
 
-    fn answer<'a>(room: &'a str, generation: u64, epoch: &'a Arc<str>, head: u64, recovered: Option<bool>, replay: &'a [Ev]) -> Answer<'a, Ev> {
+    fn answer<'a>(
+        room: &'a str,
+        generation: u64,
+        epoch: &'a Arc<str>,
+        head: u64,
+        recovered: Option<bool>,
+        replay: &'a [Ev],
+    ) -> Answer<'a, Ev> {
         Answer { room, generation, epoch, head, recovered, state_seq: None, replay }
     }
 
@@ -350,9 +394,14 @@ mod tests {
         let epoch: Arc<str> = "e1".into();
         let mut subs = subs();
         let (generation, _) = subs.begin("a".into(), Some(2));
-        assert_eq!(subs.on_window("a", &epoch, &evs(3..=4), false), WindowPlan::Nothing, "not answered yet");
+        assert_eq!(
+            subs.on_window("a", &epoch, &evs(3..=4), false),
+            WindowPlan::Nothing,
+            "not answered yet"
+        );
         let replay = evs(3..=5);
-        let answered = subs.on_subscribed(answer("a", generation, &epoch, 5, Some(true), &replay)).unwrap();
+        let answered =
+            subs.on_subscribed(answer("a", generation, &epoch, 5, Some(true), &replay)).unwrap();
         assert!(answered.announce);
         assert_eq!(answered.fresh, replay);
         // The room's open window still carried 4..=6: only 6 is new.
@@ -400,7 +449,8 @@ mod tests {
         let fresh = subs.on_subscribed(answer("a", g2, &e2, 2, Some(true), &replay)).unwrap().fresh;
         assert_eq!(fresh, replay, "another epoch: another log");
         let (g3, _) = subs.begin("a".into(), None);
-        let with_state = Answer { state_seq: Some(1), ..answer("a", g3, &e2, 2, None, &replay[1..]) };
+        let with_state =
+            Answer { state_seq: Some(1), ..answer("a", g3, &e2, 2, None, &replay[1..]) };
         assert_eq!(subs.on_subscribed(with_state).unwrap().fresh, evs(2..=2));
     }
 
@@ -409,7 +459,11 @@ mod tests {
         let epoch: Arc<str> = "e1".into();
         let mut subs = subs();
         subs.begin_inbox();
-        let window = vec![Ev { seq: 1, device: Some("laptop") }, Ev { seq: 2, device: Some("phone") }, Ev { seq: 3, device: None }];
+        let window = vec![
+            Ev { seq: 1, device: Some("laptop") },
+            Ev { seq: 2, device: Some("phone") },
+            Ev { seq: 3, device: None },
+        ];
         assert_eq!(seqs(subs.on_window("inbox", &epoch, &window, true)), Some(vec![2, 3]));
         assert_eq!(subs.positions(), vec![("inbox", "e1", 3)]);
     }

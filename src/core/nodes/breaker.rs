@@ -96,16 +96,21 @@ impl Breaker {
         let before = self.state;
         self.state = match (before, passed) {
             (State::Closed { .. }, true) => State::Closed { failures: 0 },
-            (State::Closed { failures }, false) if failures + 1 >= OPEN_AFTER => State::Open { since_ms: now_ms },
+            (State::Closed { failures }, false) if failures + 1 >= OPEN_AFTER => {
+                State::Open { since_ms: now_ms }
+            }
             (State::Closed { failures }, false) => State::Closed { failures: failures + 1 },
-            (State::Open { since_ms }, _) if now_ms < since_ms.saturating_add(COOL_DOWN_MS) => before,
+            (State::Open { since_ms }, _) if now_ms < since_ms.saturating_add(COOL_DOWN_MS) => {
+                before
+            }
             // The cool-down is over: this probe is the first of the trial.
             (State::Open { .. }, true) => Breaker::trial(1),
             (State::Open { .. }, false) => State::Open { since_ms: now_ms },
             (State::HalfOpen { passes }, true) => Breaker::trial(passes + 1),
             (State::HalfOpen { .. }, false) => State::Open { since_ms: now_ms },
         };
-        (std::mem::discriminant(&before) != std::mem::discriminant(&self.state)).then_some(self.state)
+        (std::mem::discriminant(&before) != std::mem::discriminant(&self.state))
+            .then_some(self.state)
     }
 
     /// Half-open after `passes` in a row, or closed once they are [`CLOSE_AFTER`].
@@ -196,7 +201,12 @@ pub struct Transition {
 impl CellBreakers {
     /// Closed breakers for `cells`, closed since `now_ms`.
     pub fn new<'a>(cells: impl IntoIterator<Item = &'a str>, now_ms: u64) -> CellBreakers {
-        let cell = || Cell { breaker: Breaker::new(), since_ms: now_ms, rounds: VecDeque::new(), changes: VecDeque::new() };
+        let cell = || Cell {
+            breaker: Breaker::new(),
+            since_ms: now_ms,
+            rounds: VecDeque::new(),
+            changes: VecDeque::new(),
+        };
         CellBreakers { cells: cells.into_iter().map(|c| (c.to_string(), cell())).collect() }
     }
 
@@ -204,7 +214,11 @@ impl CellBreakers {
     /// any order and with repeats; each configured cell with a report is fed the AND of
     /// its nodes' reports (a node with a failed report fails), and the round is kept in
     /// its history. Returns the transitions, by cell name.
-    pub fn round<'a>(&mut self, reports: impl IntoIterator<Item = Report<'a>>, now_ms: u64) -> Vec<Transition> {
+    pub fn round<'a>(
+        &mut self,
+        reports: impl IntoIterator<Item = Report<'a>>,
+        now_ms: u64,
+    ) -> Vec<Transition> {
         // cell → node → passed (every report of it).
         let mut merged: BTreeMap<&str, BTreeMap<&str, bool>> = BTreeMap::new();
         for Report { cell, node, passed } in reports {
@@ -215,7 +229,8 @@ impl CellBreakers {
         let mut transitions = Vec::new();
         for (name, nodes) in merged {
             let cell = self.cells.get_mut(name).expect("only configured cells are merged");
-            let failed: Vec<&str> = nodes.iter().filter(|(_, passed)| !**passed).map(|(node, _)| *node).collect();
+            let failed: Vec<&str> =
+                nodes.iter().filter(|(_, passed)| !**passed).map(|(node, _)| *node).collect();
             let passed = failed.is_empty();
             let round = Round {
                 at_ms: now_ms,
@@ -228,7 +243,11 @@ impl CellBreakers {
             let from = cell.breaker.state().name();
             if let Some(to) = cell.breaker.probed(passed, now_ms) {
                 cell.since_ms = now_ms;
-                push_bounded(&mut cell.changes, Change { at_ms: now_ms, from, to: to.name() }, HISTORY_CHANGES);
+                push_bounded(
+                    &mut cell.changes,
+                    Change { at_ms: now_ms, from, to: to.name() },
+                    HISTORY_CHANGES,
+                );
                 transitions.push(Transition { cell: name.to_string(), from, to });
             }
         }
@@ -237,7 +256,11 @@ impl CellBreakers {
 
     /// The cells whose breaker is not closed: the route counts them unhealthy.
     pub fn broken(&self) -> Vec<&str> {
-        self.cells.iter().filter(|(_, c)| !c.breaker.healthy()).map(|(name, _)| name.as_str()).collect()
+        self.cells
+            .iter()
+            .filter(|(_, c)| !c.breaker.healthy())
+            .map(|(name, _)| name.as_str())
+            .collect()
     }
 
     /// Every configured cell's state, by name.
@@ -272,10 +295,13 @@ mod tests {
     /// Feeds `(passed, at_ms)` probes; returns the state names after each.
     fn run(probes: &[(bool, u64)]) -> Vec<&'static str> {
         let mut breaker = Breaker::new();
-        probes.iter().map(|&(passed, at)| {
-            breaker.probed(passed, at);
-            breaker.state().name()
-        }).collect()
+        probes
+            .iter()
+            .map(|&(passed, at)| {
+                breaker.probed(passed, at);
+                breaker.state().name()
+            })
+            .collect()
     }
 
     #[test]
@@ -334,11 +360,29 @@ mod tests {
         let mut cells = CellBreakers::new(["eu", "us"], 0);
         // eu: one node passes, one fails: the cell fails the round. us passes.
         for round in 0..2u64 {
-            let t = cells.round([r("eu", "e1", true), r("us", "u1", true), r("eu", "e2", false)], round * 1000);
+            let t = cells.round(
+                [r("eu", "e1", true), r("us", "u1", true), r("eu", "e2", false)],
+                round * 1000,
+            );
             assert_eq!(t, vec![], "round {round}");
         }
-        let t = cells.round([r("eu", "e2", false), r("eu", "e1", true), r("us", "u1", true), r("mars", "m1", false)], 2000);
-        assert_eq!(t, vec![Transition { cell: "eu".into(), from: "closed", to: State::Open { since_ms: 2000 } }]);
+        let t = cells.round(
+            [
+                r("eu", "e2", false),
+                r("eu", "e1", true),
+                r("us", "u1", true),
+                r("mars", "m1", false),
+            ],
+            2000,
+        );
+        assert_eq!(
+            t,
+            vec![Transition {
+                cell: "eu".into(),
+                from: "closed",
+                to: State::Open { since_ms: 2000 }
+            }]
+        );
         assert_eq!(cells.broken(), vec!["eu"]);
         // A round without a report of eu feeds it nothing; a cell nobody configured has no breaker.
         assert_eq!(cells.round([r("us", "u1", true), r("mars", "m1", false)], 20_000), vec![]);
@@ -346,7 +390,8 @@ mod tests {
         // Recovery: every report passes, after the cool-down, CLOSE_AFTER rounds.
         let mut closed_at = None;
         for round in 0..CLOSE_AFTER as u64 {
-            for t in cells.round([r("eu", "e1", true), r("eu", "e2", true)], 20_000 + round * 1000) {
+            for t in cells.round([r("eu", "e1", true), r("eu", "e2", true)], 20_000 + round * 1000)
+            {
                 closed_at = (t.to == State::Closed { failures: 0 }).then_some(round);
             }
         }
@@ -357,20 +402,46 @@ mod tests {
     #[test]
     fn history_keeps_the_last_rounds_and_transitions_with_failed_nodes_named() {
         let mut cells = CellBreakers::new(["eu", "us"], 5);
-        let view = |cells: &CellBreakers| cells.views().into_iter().find(|v| v.cell == "eu").expect("eu");
-        assert_eq!(view(&cells), CellView { cell: "eu".into(), state: State::Closed { failures: 0 }, since_ms: 5, rounds: vec![], changes: vec![] });
+        let view =
+            |cells: &CellBreakers| cells.views().into_iter().find(|v| v.cell == "eu").expect("eu");
+        assert_eq!(
+            view(&cells),
+            CellView {
+                cell: "eu".into(),
+                state: State::Closed { failures: 0 },
+                since_ms: 5,
+                rounds: vec![],
+                changes: vec![]
+            }
+        );
         // A round: two nodes, one failed (reported twice, once passing: it failed).
-        cells.round([r("eu", "e2", false), r("eu", "e1", true), r("eu", "e2", true), r("us", "u1", true)], 1000);
-        let round = Round { at_ms: 1000, passed: false, reports: 2, failures: 1, failed: vec!["e2".into()] };
+        cells.round(
+            [r("eu", "e2", false), r("eu", "e1", true), r("eu", "e2", true), r("us", "u1", true)],
+            1000,
+        );
+        let round = Round {
+            at_ms: 1000,
+            passed: false,
+            reports: 2,
+            failures: 1,
+            failed: vec!["e2".into()],
+        };
         assert_eq!(view(&cells).rounds, vec![round]);
         cells.round([r("eu", "e1", false)], 1500);
         // Many failed nodes: counted, the first MAX_FAILED_NAMED named by name.
         let names: Vec<String> = (0..12).map(|i| format!("n{i:02}")).collect();
         cells.round(names.iter().rev().map(|n| r("eu", n, false)), 2000);
         let last = view(&cells).rounds.pop().expect("a round");
-        assert_eq!((last.reports, last.failures, last.failed), (12, 12, names[..MAX_FAILED_NAMED].to_vec()));
+        assert_eq!(
+            (last.reports, last.failures, last.failed),
+            (12, 12, names[..MAX_FAILED_NAMED].to_vec())
+        );
         let v = view(&cells);
-        assert_eq!((v.state, v.since_ms), (State::Open { since_ms: 2000 }, 2000), "opened by the third failed round");
+        assert_eq!(
+            (v.state, v.since_ms),
+            (State::Open { since_ms: 2000 }, 2000),
+            "opened by the third failed round"
+        );
         assert_eq!(v.changes, vec![Change { at_ms: 2000, from: "closed", to: "open" }]);
         // Bounded: only the last HISTORY_ROUNDS rounds and HISTORY_CHANGES transitions.
         let mut now = 2000;
@@ -381,10 +452,21 @@ mod tests {
         }
         let v = view(&cells);
         assert_eq!(v.rounds.len(), HISTORY_ROUNDS);
-        assert_eq!(v.rounds.last().map(|r| (r.at_ms, r.passed)), Some((now + 1, false)), "newest last");
+        assert_eq!(
+            v.rounds.last().map(|r| (r.at_ms, r.passed)),
+            Some((now + 1, false)),
+            "newest last"
+        );
         assert_eq!(v.changes.len(), HISTORY_CHANGES);
-        assert_eq!(v.changes.last(), Some(&Change { at_ms: now + 1, from: "half_open", to: "open" }));
-        assert_eq!(v.changes[0], Change { at_ms: now - 4 * (COOL_DOWN_MS + 1), from: "open", to: "half_open" }, "oldest kept: five cycles ago");
+        assert_eq!(
+            v.changes.last(),
+            Some(&Change { at_ms: now + 1, from: "half_open", to: "open" })
+        );
+        assert_eq!(
+            v.changes[0],
+            Change { at_ms: now - 4 * (COOL_DOWN_MS + 1), from: "open", to: "half_open" },
+            "oldest kept: five cycles ago"
+        );
         // A cell without reports has no rounds; us passed its one round.
         let us = cells.views().into_iter().find(|v| v.cell == "us").expect("us");
         assert_eq!(us.rounds.len(), 1);

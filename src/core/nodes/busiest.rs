@@ -78,7 +78,14 @@ mod tests {
 
     #[test]
     fn keeps_the_k_busiest_in_order() {
-        let rooms = [load("a", 1, 5), load("b", 10, 0), load("c", 3, 9), load("d", 3, 2), load("e", 0, 99), load("f", 10, 0)];
+        let rooms = [
+            load("a", 1, 5),
+            load("b", 10, 0),
+            load("c", 3, 9),
+            load("d", 3, 2),
+            load("e", 0, 99),
+            load("f", 10, 0),
+        ];
         let cases: &[(usize, &[&str])] = &[
             (0, &[]),
             (1, &["b"]),
@@ -95,8 +102,14 @@ mod tests {
 
     #[test]
     fn the_input_order_does_not_matter() {
-        let mut rooms: Vec<RoomLoad<&'static str>> =
-            vec![load("a", 1, 5), load("b", 10, 0), load("c", 3, 9), load("d", 3, 2), load("e", 0, 99), load("f", 10, 0)];
+        let mut rooms: Vec<RoomLoad<&'static str>> = vec![
+            load("a", 1, 5),
+            load("b", 10, 0),
+            load("c", 3, 9),
+            load("d", 3, 2),
+            load("e", 0, 99),
+            load("f", 10, 0),
+        ];
         let expected = names(&busiest(rooms.clone(), 3));
         for _ in 0..rooms.len() {
             rooms.rotate_left(1);

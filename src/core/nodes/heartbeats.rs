@@ -61,7 +61,13 @@ pub enum Readiness {
 /// route to it yet ([`Heartbeats::not_routing_to`]); it has listened to heartbeats for
 /// `listened_ms` (after `listen_ms` it has heard every live peer) and waited `waited_ms`
 /// of at most `limit_ms`.
-pub fn readiness(missing: usize, listened_ms: u64, listen_ms: u64, waited_ms: u64, limit_ms: u64) -> Readiness {
+pub fn readiness(
+    missing: usize,
+    listened_ms: u64,
+    listen_ms: u64,
+    waited_ms: u64,
+    limit_ms: u64,
+) -> Readiness {
     let heard_everyone = listened_ms >= listen_ms;
     if heard_everyone && missing == 0 {
         Readiness::Ready
@@ -116,7 +122,9 @@ impl Heartbeats {
     pub fn heard(&mut self, info: NodeInfo, now_ms: u64) -> Seen {
         let up_after = self.up_after;
         let (in_a_row, was_draining) = match self.peers.get(&info.name) {
-            Some(last) if self.fresh(last.at_ms, now_ms) => (last.in_a_row.saturating_add(1), Some(last.info.draining)),
+            Some(last) if self.fresh(last.at_ms, now_ms) => {
+                (last.in_a_row.saturating_add(1), Some(last.info.draining))
+            }
             _ => (1, None),
         };
         let seen = if in_a_row == up_after {
@@ -170,7 +178,10 @@ impl Heartbeats {
     /// Peers heard within the timeout at `now_ms`, up or not yet (a node that is
     /// starting already has members in rooms' presence).
     pub fn recent(&self, now_ms: u64) -> impl Iterator<Item = &NodeInfo> {
-        self.peers.values().filter(move |heard| self.fresh(heard.at_ms, now_ms)).map(|heard| &heard.info)
+        self.peers
+            .values()
+            .filter(move |heard| self.fresh(heard.at_ms, now_ms))
+            .map(|heard| &heard.info)
     }
 
     /// Up peers that take new connections.
@@ -181,8 +192,11 @@ impl Heartbeats {
     /// What this node's heartbeat lists: the candidates of `cell` it routes to, the most
     /// recently started first (ties by name), at most [`MAX_ROUTES_LISTED`].
     pub fn routes_to(&self, cell: &str, now_ms: u64) -> Vec<String> {
-        let mut listed: Vec<&NodeInfo> = self.candidates(now_ms).filter(|info| info.cell == cell).collect();
-        listed.sort_by(|a, b| b.started_at_ms.cmp(&a.started_at_ms).then_with(|| a.name.cmp(&b.name)));
+        let mut listed: Vec<&NodeInfo> =
+            self.candidates(now_ms).filter(|info| info.cell == cell).collect();
+        listed.sort_by(|a, b| {
+            b.started_at_ms.cmp(&a.started_at_ms).then_with(|| a.name.cmp(&b.name))
+        });
         listed.into_iter().take(MAX_ROUTES_LISTED).map(|info| info.name.clone()).collect()
     }
 
@@ -193,7 +207,9 @@ impl Heartbeats {
     pub fn not_routing_to(&self, me: &str, cell: &str, now_ms: u64) -> Vec<String> {
         self.recent(now_ms)
             .filter(|info| info.cell == cell && info.name != me && !info.draining)
-            .filter(|info| info.routes_to.as_ref().is_some_and(|names| !names.iter().any(|n| n == me)))
+            .filter(|info| {
+                info.routes_to.as_ref().is_some_and(|names| !names.iter().any(|n| n == me))
+            })
             .map(|info| info.name.clone())
             .collect()
     }
@@ -284,16 +300,36 @@ mod tests {
     #[test]
     fn a_heartbeat_lists_the_newest_candidates_of_its_cell() {
         let mut table = Heartbeats::new(3000, 1);
-        for (name, cell, draining, started) in [("b", "c", false, 10), ("c", "c", false, 30), ("d", "c", true, 40), ("e", "x", false, 50), ("f", "c", false, 30)] {
-            table.heard(NodeInfo { cell: cell.into(), started_at_ms: started, ..info(name, draining) }, 0);
+        for (name, cell, draining, started) in [
+            ("b", "c", false, 10),
+            ("c", "c", false, 30),
+            ("d", "c", true, 40),
+            ("e", "x", false, 50),
+            ("f", "c", false, 30),
+        ] {
+            table.heard(
+                NodeInfo { cell: cell.into(), started_at_ms: started, ..info(name, draining) },
+                0,
+            );
         }
-        assert_eq!(table.routes_to("c", 0), vec!["c", "f", "b"], "newest first, not draining, its cell only");
+        assert_eq!(
+            table.routes_to("c", 0),
+            vec!["c", "f", "b"],
+            "newest first, not draining, its cell only"
+        );
         for i in 0..(MAX_ROUTES_LISTED + 10) {
-            table.heard(NodeInfo { started_at_ms: 100 + i as u64, ..info(&format!("n{i:03}"), false) }, 0);
+            table.heard(
+                NodeInfo { started_at_ms: 100 + i as u64, ..info(&format!("n{i:03}"), false) },
+                0,
+            );
         }
         let listed = table.routes_to("c", 0);
         assert_eq!(listed.len(), MAX_ROUTES_LISTED);
-        assert_eq!(listed[0], format!("n{:03}", MAX_ROUTES_LISTED + 9), "the newest is listed whatever the cell's size");
+        assert_eq!(
+            listed[0],
+            format!("n{:03}", MAX_ROUTES_LISTED + 9),
+            "the newest is listed whatever the cell's size"
+        );
     }
 
     #[test]
@@ -305,7 +341,11 @@ mod tests {
         table.heard(NodeInfo { routes_to: routes(&[]), ..info("d", true) }, 0); // starting itself
         table.heard(NodeInfo { routes_to: None, ..info("e", false) }, 0); // an earlier build
         table.heard(NodeInfo { routes_to: routes(&[]), cell: "y".into(), ..info("f", false) }, 0); // another cell
-        assert_eq!(table.not_routing_to("me", "c", 100), vec!["c"], "heard once is live: not up yet, still waited for");
+        assert_eq!(
+            table.not_routing_to("me", "c", 100),
+            vec!["c"],
+            "heard once is live: not up yet, still waited for"
+        );
         table.heard(NodeInfo { routes_to: routes(&["me"]), ..info("c", false) }, 1000);
         assert!(table.not_routing_to("me", "c", 1000).is_empty());
         // A peer that went quiet is not waited for once it times out.
@@ -328,7 +368,11 @@ mod tests {
             (0, 60_000, 60_000, 10_000, Ready),
         ];
         for (missing, listened, waited, limit, want) in cases {
-            assert_eq!(readiness(missing, listened, 1500, waited, limit), want, "{missing} {listened} {waited} {limit}");
+            assert_eq!(
+                readiness(missing, listened, 1500, waited, limit),
+                want,
+                "{missing} {listened} {waited} {limit}"
+            );
         }
     }
 }

@@ -101,7 +101,8 @@ impl FeedLag {
             _ => self.marks.push_back(mark),
         }
         while self.marks.len() > MAX_MARKS
-            || (self.marks.len() > 1 && self.marks.front().is_some_and(|m| m.at_ms + MARK_HORIZON_MS < mark.at_ms))
+            || (self.marks.len() > 1
+                && self.marks.front().is_some_and(|m| m.at_ms + MARK_HORIZON_MS < mark.at_ms))
         {
             self.marks.pop_front();
         }
@@ -158,7 +159,11 @@ mod tests {
         // One event every 50 ms, each applied 3 ms after it was published.
         for (i, seq) in (11..200).enumerate() {
             let published = 1_000 + 50 * i as u64;
-            assert_eq!(lag.applied(seq, published, published + 3), Reading { events: 0, millis: 3 }, "seq {seq}");
+            assert_eq!(
+                lag.applied(seq, published, published + 3),
+                Reading { events: 0, millis: 3 },
+                "seq {seq}"
+            );
         }
     }
 
@@ -181,7 +186,10 @@ mod tests {
             }
             // Marks keep 250 ms apart: a reading may miss up to a mark's spacing of events.
             let slack = MARK_SPACING_MS / every + 1;
-            assert!(last.events <= events && last.events + slack >= events, "{what}: {last:?}, want about {events}");
+            assert!(
+                last.events <= events && last.events + slack >= events,
+                "{what}: {last:?}, want about {events}"
+            );
             assert_eq!(last.millis, millis, "{what}");
         }
     }
@@ -194,7 +202,8 @@ mod tests {
         let (mut readings, mut applied) = (Vec::new(), 0);
         for seq in 1..=200u64 {
             let published = 1_000 + seq * 50;
-            applied = if (20..80).contains(&seq) { 5_000 + seq } else { (published + 2).max(applied) };
+            applied =
+                if (20..80).contains(&seq) { 5_000 + seq } else { (published + 2).max(applied) };
             readings.push(lag.applied(seq, published, applied));
         }
         let worst = readings.iter().map(|r| r.events).max().unwrap();
@@ -246,7 +255,10 @@ mod tests {
             ("c", Reading { events: 40, millis: 200 }),
         ]);
         assert_eq!(worst, Worst { events: 40, room: Some("c"), millis: 900, rooms_behind: 2 });
-        assert_eq!(super::worst::<&str>([]), Worst { events: 0, room: None, millis: 0, rooms_behind: 0 });
+        assert_eq!(
+            super::worst::<&str>([]),
+            Worst { events: 0, room: None, millis: 0, rooms_behind: 0 }
+        );
     }
 
     proptest! {

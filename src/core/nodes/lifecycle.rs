@@ -110,7 +110,16 @@ mod tests {
             (Done, false, true, "draining", 4),
         ];
         for (phase, accepts, draining, name, step) in cases {
-            assert_eq!((phase.accepts_connections(), phase.is_draining(), phase.name(), phase.drain_step()), (accepts, draining, name, step), "{phase:?}");
+            assert_eq!(
+                (
+                    phase.accepts_connections(),
+                    phase.is_draining(),
+                    phase.name(),
+                    phase.drain_step()
+                ),
+                (accepts, draining, name, step),
+                "{phase:?}"
+            );
         }
         let lifecycle = Lifecycle::default();
         let mut seen = lifecycle.watch();

@@ -24,7 +24,10 @@ pub struct Liveness {
 impl Liveness {
     /// Peers start down: they must earn `up_after` successful probes first.
     pub fn new(peers: impl IntoIterator<Item = String>, up_after: u32) -> Self {
-        Liveness { up_after: up_after.max(1), peers: peers.into_iter().map(|p| (p, Peer::default())).collect() }
+        Liveness {
+            up_after: up_after.max(1),
+            peers: peers.into_iter().map(|p| (p, Peer::default())).collect(),
+        }
     }
 
     /// Record one probe of `peer`; returns the change it caused, if any.

@@ -13,7 +13,8 @@ use thiserror::Error;
 use crate::core::rules::names;
 
 /// The kinds of peer messages a node reads (`livegate_peer_messages_dropped_total{kind}`).
-pub const MESSAGE_KINDS: &[&str] = &["heartbeat", "leave", "order", "replace", "kick", "kick_answer", "moved"];
+pub const MESSAGE_KINDS: &[&str] =
+    &["heartbeat", "leave", "order", "replace", "kick", "kick_answer", "moved"];
 
 /// Largest heartbeat body (name, cell, URL, draining, start time).
 pub const MAX_HEARTBEAT_BYTES: usize = 1024;
@@ -67,7 +68,13 @@ pub fn text<'a>(what: &'static str, body: &'a [u8], max: usize) -> Result<&'a st
 
 /// `text`'s newline-separated fields: at least `min`, at most `max` (the work is bounded
 /// by `max`, whatever the text holds).
-pub fn fields<'a>(what: &'static str, text: &'a str, min: usize, max: usize, expected: &'static str) -> Result<Vec<&'a str>, PeerInputError> {
+pub fn fields<'a>(
+    what: &'static str,
+    text: &'a str,
+    min: usize,
+    max: usize,
+    expected: &'static str,
+) -> Result<Vec<&'a str>, PeerInputError> {
     let fields: Vec<&str> = text.splitn(max + 1, '\n').collect();
     if fields.len() < min || fields.len() > max {
         return Err(PeerInputError::Fields { what, got: fields.len(), expected });
@@ -77,7 +84,9 @@ pub fn fields<'a>(what: &'static str, text: &'a str, min: usize, max: usize, exp
 
 /// A node name or cell: `[A-Za-z0-9_.-]{1,64}`, as the configuration requires.
 pub fn node_name<'a>(what: &'static str, name: &'a str) -> Result<&'a str, PeerInputError> {
-    names::is_plain_name(name, MAX_NODE_NAME_LEN).then_some(name).ok_or(PeerInputError::BadName(what))
+    names::is_plain_name(name, MAX_NODE_NAME_LEN)
+        .then_some(name)
+        .ok_or(PeerInputError::BadName(what))
 }
 
 /// A node's URL: `http://` or `https://`, a host, visible ASCII only (no space, no
@@ -136,7 +145,9 @@ pub fn flag(what: &'static str, text: &str) -> Result<bool, PeerInputError> {
 
 /// A user id a peer names (a kick, a replacement), by the clients' rule.
 pub fn user<'a>(what: &'static str, user: &'a str) -> Result<&'a str, PeerInputError> {
-    names::check_user(user).map(|_| user).map_err(|error| PeerInputError::BadClientName { what, error })
+    names::check_user(user)
+        .map(|_| user)
+        .map_err(|error| PeerInputError::BadClientName { what, error })
 }
 
 /// A device a peer names (empty: every device), by the clients' rule.
@@ -144,7 +155,9 @@ pub fn device<'a>(what: &'static str, device: &'a str) -> Result<&'a str, PeerIn
     if device.is_empty() {
         return Ok(device);
     }
-    names::check_device(device).map(|_| device).map_err(|error| PeerInputError::BadClientName { what, error })
+    names::check_device(device)
+        .map(|_| device)
+        .map_err(|error| PeerInputError::BadClientName { what, error })
 }
 
 #[cfg(test)]
@@ -155,19 +168,31 @@ mod tests {
     #[test]
     fn sizes_are_checked_before_reading() {
         assert_eq!(text("m", b"abc", 3), Ok("abc"));
-        assert_eq!(text("m", b"abcd", 3), Err(PeerInputError::TooLarge { what: "m", len: 4, max: 3 }));
+        assert_eq!(
+            text("m", b"abcd", 3),
+            Err(PeerInputError::TooLarge { what: "m", len: 4, max: 3 })
+        );
         assert_eq!(text("m", &[0xff], 3), Err(PeerInputError::NotUtf8("m")));
         // A huge invalid body is refused for its size, not scanned.
-        assert!(matches!(text("m", &vec![0xff; 1 << 20], 1024), Err(PeerInputError::TooLarge { .. })));
+        assert!(matches!(
+            text("m", &vec![0xff; 1 << 20], 1024),
+            Err(PeerInputError::TooLarge { .. })
+        ));
     }
 
     #[test]
     fn fields_are_counted_with_bounded_work() {
         assert_eq!(fields("m", "a\nb", 2, 3, "2 or 3"), Ok(vec!["a", "b"]));
         assert_eq!(fields("m", "a\nb\nc", 2, 3, "2 or 3"), Ok(vec!["a", "b", "c"]));
-        assert_eq!(fields("m", "a", 2, 3, "2 or 3"), Err(PeerInputError::Fields { what: "m", got: 1, expected: "2 or 3" }));
+        assert_eq!(
+            fields("m", "a", 2, 3, "2 or 3"),
+            Err(PeerInputError::Fields { what: "m", got: 1, expected: "2 or 3" })
+        );
         let many = "x\n".repeat(10_000);
-        assert_eq!(fields("m", &many, 2, 3, "2 or 3"), Err(PeerInputError::Fields { what: "m", got: 4, expected: "2 or 3" }));
+        assert_eq!(
+            fields("m", &many, 2, 3, "2 or 3"),
+            Err(PeerInputError::Fields { what: "m", got: 4, expected: "2 or 3" })
+        );
     }
 
     #[test]
@@ -182,7 +207,18 @@ mod tests {
             assert_eq!(url("u", good), Ok(good));
         }
         let long = format!("http://{}", "h".repeat(MAX_PEER_URL_LEN));
-        for bad in ["", "http://", "http:///x", "ftp://x", "javascript:alert(1)", "http://a b", "http://a\u{7f}", "http://é", "http://x\n", long.as_str()] {
+        for bad in [
+            "",
+            "http://",
+            "http:///x",
+            "ftp://x",
+            "javascript:alert(1)",
+            "http://a b",
+            "http://a\u{7f}",
+            "http://é",
+            "http://x\n",
+            long.as_str(),
+        ] {
             assert_eq!(url("u", bad), Err(PeerInputError::BadUrl("u")), "{bad:?}");
         }
     }
@@ -198,9 +234,21 @@ mod tests {
             ("0", 10, Count { value: 0, clamped: false }),
             ("10", 10, Count { value: 10, clamped: false }),
             ("11", 10, Count { value: 10, clamped: true }),
-            ("1000000000000000", MAX_NODE_CONNECTIONS, Count { value: MAX_NODE_CONNECTIONS, clamped: true }),
-            ("18446744073709551615", MAX_NODE_CONNECTIONS, Count { value: MAX_NODE_CONNECTIONS, clamped: true }),
-            ("99999999999999999999999999999999", MAX_NODE_CONNECTIONS, Count { value: MAX_NODE_CONNECTIONS, clamped: true }),
+            (
+                "1000000000000000",
+                MAX_NODE_CONNECTIONS,
+                Count { value: MAX_NODE_CONNECTIONS, clamped: true },
+            ),
+            (
+                "18446744073709551615",
+                MAX_NODE_CONNECTIONS,
+                Count { value: MAX_NODE_CONNECTIONS, clamped: true },
+            ),
+            (
+                "99999999999999999999999999999999",
+                MAX_NODE_CONNECTIONS,
+                Count { value: MAX_NODE_CONNECTIONS, clamped: true },
+            ),
         ];
         for (text, cap, want) in cases {
             assert_eq!(count("c", text, *cap), Ok(*want), "{text}");

@@ -25,7 +25,6 @@
 //! question: every node equal, plain rendezvous, the handshake's node keeps a new session;
 //! a node that reports itself over the mark is still left out.
 
-
 /// How much fuller (in thousandths of capacity) than the emptiest usable node a node may
 /// be and still keep a new session that reached it.
 pub const SLACK_PERMILLE: u64 = 100;
@@ -59,7 +58,10 @@ impl Load {
 /// Whether `load` is at or above `high_water_permille` of its capacity (never without a
 /// capacity, or with a mark of 0: off).
 pub fn over_high_water(load: Load, high_water_permille: u64) -> bool {
-    high_water_permille > 0 && load.capacity > 0 && load.connections.saturating_mul(1000) >= load.capacity.saturating_mul(high_water_permille)
+    high_water_permille > 0
+        && load.capacity > 0
+        && load.connections.saturating_mul(1000)
+            >= load.capacity.saturating_mul(high_water_permille)
 }
 
 /// A node's weight for [`weighted_rendezvous`]: its headroom rounded up to a sixteenth of
@@ -126,15 +128,23 @@ pub struct Usable<'a> {
 /// The nodes of `nodes` that a new or moving session may go to: those below the high-water
 /// mark, or all of them when none is (admission then refuses what does not fit).
 pub fn below_high_water<'a>(nodes: &[Usable<'a>], high_water_permille: u64) -> Vec<Usable<'a>> {
-    let below: Vec<Usable<'a>> =
-        nodes.iter().copied().filter(|n| !n.load.is_some_and(|load| over_high_water(load, high_water_permille))).collect();
-    if below.is_empty() { nodes.to_vec() } else { below }
+    let below: Vec<Usable<'a>> = nodes
+        .iter()
+        .copied()
+        .filter(|n| !n.load.is_some_and(|load| over_high_water(load, high_water_permille)))
+        .collect();
+    if below.is_empty() {
+        nodes.to_vec()
+    } else {
+        below
+    }
 }
 
 /// The choice among `nodes` for `key`: weighted by headroom when every node reports a
 /// load, plain rendezvous otherwise.
 pub fn choose<'a>(key: &str, nodes: &[Usable<'a>]) -> Option<&'a str> {
-    let weights: Option<Vec<(&'a str, u64)>> = nodes.iter().map(|n| Some((n.name, headroom_weight(n.load?)))).collect();
+    let weights: Option<Vec<(&'a str, u64)>> =
+        nodes.iter().map(|n| Some((n.name, headroom_weight(n.load?)))).collect();
     match weights {
         Some(weights) => weighted_rendezvous(key, &weights),
         None => rendezvous(key, nodes.iter().map(|n| n.name)),
@@ -154,9 +164,15 @@ pub enum NewSession<'a> {
 /// emptiest such node. `None` when a load is unknown (placement is off for the question);
 /// empty when every node is over the mark.
 pub fn level<'a>(nodes: &[Usable<'a>], high_water_permille: u64) -> Option<Vec<Usable<'a>>> {
-    let loads = nodes.iter().map(|n| n.load.map(|load| (n.name, load))).collect::<Option<Vec<_>>>()?;
-    let below: Vec<(&'a str, Load)> = loads.into_iter().filter(|(_, load)| !over_high_water(*load, high_water_permille)).collect();
-    let Some(emptiest) = below.iter().map(|(_, load)| load.used_permille()).min() else { return Some(Vec::new()) };
+    let loads =
+        nodes.iter().map(|n| n.load.map(|load| (n.name, load))).collect::<Option<Vec<_>>>()?;
+    let below: Vec<(&'a str, Load)> = loads
+        .into_iter()
+        .filter(|(_, load)| !over_high_water(*load, high_water_permille))
+        .collect();
+    let Some(emptiest) = below.iter().map(|(_, load)| load.used_permille()).min() else {
+        return Some(Vec::new());
+    };
     Some(
         below
             .into_iter()
@@ -170,7 +186,12 @@ pub fn level<'a>(nodes: &[Usable<'a>], high_water_permille: u64) -> Option<Vec<U
 /// of the cell that may take sessions (alive, not draining; `me` among them if it may):
 /// see the module doc. `me` keeps it when it is in the [`level`] set, when a load is
 /// unknown, or when every node is over the mark (admission refuses what does not fit).
-pub fn place_new<'a>(me: &str, key: &str, nodes: &[Usable<'a>], high_water_permille: u64) -> NewSession<'a> {
+pub fn place_new<'a>(
+    me: &str,
+    key: &str,
+    nodes: &[Usable<'a>],
+    high_water_permille: u64,
+) -> NewSession<'a> {
     let Some(level) = level(nodes, high_water_permille) else { return NewSession::Here };
     if level.is_empty() || level.iter().any(|n| n.name == me) {
         return NewSession::Here;
@@ -214,38 +235,57 @@ mod tests {
         assert_eq!(weight(1600), 1600, "full: one step, never 0");
         assert_eq!(headroom_weight(Load { connections: 7, capacity: 0 }), 1);
         // Proportional across capacities: 500 left of 1000 weighs what 500 of 2000 does.
-        assert_eq!(headroom_weight(Load { connections: 500, capacity: 1000 }), headroom_weight(Load { connections: 1500, capacity: 2000 }));
+        assert_eq!(
+            headroom_weight(Load { connections: 500, capacity: 1000 }),
+            headroom_weight(Load { connections: 1500, capacity: 2000 })
+        );
     }
 
     #[test]
     fn a_burst_lands_in_proportion_to_headroom() {
         // Headroom 1000, 500, 250 (and a full node that is excluded before this).
         let nodes = [("a", load(0, 1000)), ("b", load(500, 1000)), ("c", load(750, 1000))];
-        let usable: Vec<Usable> = nodes.iter().map(|(name, load)| Usable { name, load: *load }).collect();
+        let usable: Vec<Usable> =
+            nodes.iter().map(|(name, load)| Usable { name, load: *load }).collect();
         let mut landed: BTreeMap<&str, u32> = BTreeMap::new();
         for i in 0..7000 {
             *landed.entry(choose(&format!("s{i}"), &usable).unwrap()).or_default() += 1;
         }
         for (node, want) in [("a", 4000.0), ("b", 2000.0), ("c", 1000.0)] {
             let got = f64::from(landed[node]);
-            assert!((got - want).abs() < want * 0.08, "{node}: {got} of 7000, want about {want}: {landed:?}");
+            assert!(
+                (got - want).abs() < want * 0.08,
+                "{node}: {got} of 7000, want about {want}: {landed:?}"
+            );
         }
     }
 
     #[test]
     fn without_every_load_the_choice_is_plain_rendezvous() {
-        let nodes = [Usable { name: "a", load: load(0, 100) }, Usable { name: "b", load: None }, Usable { name: "c", load: load(99, 100) }];
+        let nodes = [
+            Usable { name: "a", load: load(0, 100) },
+            Usable { name: "b", load: None },
+            Usable { name: "c", load: load(99, 100) },
+        ];
         for i in 0..200 {
             let key = format!("s{i}");
             assert_eq!(choose(&key, &nodes), rendezvous(&key, ["a", "b", "c"]));
         }
-        assert_eq!(place_new("c", "u", &nodes, 900), NewSession::Here, "an unknown load: the handshake's node keeps it");
+        assert_eq!(
+            place_new("c", "u", &nodes, 900),
+            NewSession::Here,
+            "an unknown load: the handshake's node keeps it"
+        );
     }
 
     #[test]
     fn a_new_session_stays_unless_its_node_is_full_or_much_fuller() {
         let nodes = |c: u64| {
-            vec![Usable { name: "a", load: load(100, 1000) }, Usable { name: "b", load: load(150, 1000) }, Usable { name: "c", load: load(c, 1000) }]
+            vec![
+                Usable { name: "a", load: load(100, 1000) },
+                Usable { name: "b", load: load(150, 1000) },
+                Usable { name: "c", load: load(c, 1000) },
+            ]
         };
         // (c's connections, where a session reaching c goes)
         let table: [(u64, &[&str]); 4] = [
@@ -264,9 +304,16 @@ mod tests {
             }
         }
         // Every node full: the one reached answers.
-        let full = [Usable { name: "a", load: load(950, 1000) }, Usable { name: "b", load: load(990, 1000) }];
+        let full = [
+            Usable { name: "a", load: load(950, 1000) },
+            Usable { name: "b", load: load(990, 1000) },
+        ];
         assert_eq!(place_new("a", "u", &full, 900), NewSession::Here);
-        assert_eq!(below_high_water(&full, 900), full.to_vec(), "nobody excluded when everyone is full");
+        assert_eq!(
+            below_high_water(&full, 900),
+            full.to_vec(),
+            "nobody excluded when everyone is full"
+        );
         // `me` not usable (draining): sent to the level nodes.
         assert!(matches!(place_new("z", "u", &full[..1], 900), NewSession::Here));
     }
@@ -279,7 +326,8 @@ mod tests {
         let start = open.clone();
         for i in 0..1000 {
             let reached = ["a", "b", "c"][i % 3];
-            let nodes: Vec<Usable> = open.iter().map(|(name, open)| Usable { name, load: load(*open, 700) }).collect();
+            let nodes: Vec<Usable> =
+                open.iter().map(|(name, open)| Usable { name, load: load(*open, 700) }).collect();
             let node = match place_new(reached, &format!("user{i}"), &nodes, 900) {
                 NewSession::Here => reached,
                 NewSession::There(node) => node,

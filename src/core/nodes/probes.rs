@@ -66,15 +66,20 @@ impl<W: Clone> ReadyProbes<W> {
     /// join, or a new probe (in flight from now, waited on through `waiter()`).
     pub fn ask(&mut self, node: &str, now_ms: u64, waiter: impl FnOnce() -> W) -> Ask<W> {
         match self.peers.get(node) {
-            Some(State::Answered { ready, at_ms }) if fresh(*at_ms, now_ms) => return Ask::Known(*ready),
-            Some(State::InFlight { since_ms, waiter }) if now_ms.saturating_sub(*since_ms) < PROBE_LOST_MS => {
+            Some(State::Answered { ready, at_ms }) if fresh(*at_ms, now_ms) => {
+                return Ask::Known(*ready)
+            }
+            Some(State::InFlight { since_ms, waiter })
+                if now_ms.saturating_sub(*since_ms) < PROBE_LOST_MS =>
+            {
                 return Ask::Join(waiter.clone())
             }
             _ => {}
         }
         self.forget_stale(now_ms);
         let waiter = waiter();
-        self.peers.insert(node.to_string(), State::InFlight { since_ms: now_ms, waiter: waiter.clone() });
+        self.peers
+            .insert(node.to_string(), State::InFlight { since_ms: now_ms, waiter: waiter.clone() });
         Ask::Start(waiter)
     }
 
@@ -130,7 +135,11 @@ mod tests {
                     assert_eq!(&got, expected, "step {i}: ask {node} at {now}");
                 }
                 Step::Answer(node, ready, now) => probes.answered(node, *ready, *now),
-                Step::Known(node, now, expected) => assert_eq!(probes.known(node, *now), *expected, "step {i}: known {node} at {now}"),
+                Step::Known(node, now, expected) => assert_eq!(
+                    probes.known(node, *now),
+                    *expected,
+                    "step {i}: known {node} at {now}"
+                ),
             }
         }
         probes

@@ -80,19 +80,27 @@ pub fn plan(loads: &[Load<'_>], target: &str, limit: Option<u64>) -> Result<Plan
 }
 
 /// [`plan`], adding to `work` one per node visited (the tests bound it).
-fn plan_counting(loads: &[Load<'_>], target: &str, limit: Option<u64>, work: &mut u64) -> Result<Plan, PlanError> {
+fn plan_counting(
+    loads: &[Load<'_>],
+    target: &str,
+    limit: Option<u64>,
+    work: &mut u64,
+) -> Result<Plan, PlanError> {
     let mut merged: BTreeMap<&str, u64> = BTreeMap::new();
     for load in loads {
         let entry = merged.entry(load.node).or_default();
         *entry = (*entry).max(load.connections);
         *work += 1;
     }
-    let Some(&at_target) = merged.get(target) else { return Err(PlanError::UnknownTarget(target.to_string())) };
+    let Some(&at_target) = merged.get(target) else {
+        return Err(PlanError::UnknownTarget(target.to_string()));
+    };
     let total: u128 = merged.values().map(|&c| u128::from(c)).sum();
     // At most the largest load, so it fits.
     let mean = u64::try_from(total / merged.len() as u128).unwrap_or(u64::MAX);
     let room = mean.saturating_sub(at_target).min(limit.unwrap_or(u64::MAX));
-    let above: Vec<(&str, u64)> = merged.iter().filter(|(n, c)| **n != target && **c > mean).map(|(n, c)| (*n, *c)).collect();
+    let above: Vec<(&str, u64)> =
+        merged.iter().filter(|(n, c)| **n != target && **c > mean).map(|(n, c)| (*n, *c)).collect();
     // What cutting every node above `level` down to it sheds.
     let mut surplus = |level: u64| -> u128 {
         *work += above.len() as u64;
@@ -128,8 +136,13 @@ fn plan_counting(loads: &[Load<'_>], target: &str, limit: Option<u64>, work: &mu
             }
         }
     }
-    let mut shares: Vec<Share> = shed.into_iter().map(|(node, connections)| Share { node: node.to_string(), connections }).collect();
-    shares.sort_by(|a, b| (merged[b.node.as_str()], &a.node).cmp(&(merged[a.node.as_str()], &b.node)));
+    let mut shares: Vec<Share> = shed
+        .into_iter()
+        .map(|(node, connections)| Share { node: node.to_string(), connections })
+        .collect();
+    shares.sort_by(|a, b| {
+        (merged[b.node.as_str()], &a.node).cmp(&(merged[a.node.as_str()], &b.node))
+    });
     *work += shares.len() as u64;
     Ok(Plan { to: target.to_string(), mean, shares })
 }
@@ -143,9 +156,11 @@ impl Plan {
         // In u128: `per_second × connections` does not fit a u64 for every claim.
         let total = u128::from(self.total().max(1));
         let part = |s: &Share| u128::from(per_second) * u128::from(s.connections);
-        let exact: Vec<(u64, u128)> = self.shares.iter().map(|s| ((part(s) / total) as u64, part(s) % total)).collect();
+        let exact: Vec<(u64, u128)> =
+            self.shares.iter().map(|s| ((part(s) / total) as u64, part(s) % total)).collect();
         let mut rates: Vec<u64> = exact.iter().map(|(floor, _)| *floor).collect();
-        let left = u64::from(per_second).saturating_sub(rates.iter().fold(0u64, |sum, r| sum.saturating_add(*r)));
+        let left = u64::from(per_second)
+            .saturating_sub(rates.iter().fold(0u64, |sum, r| sum.saturating_add(*r)));
         let mut order: Vec<usize> = (0..rates.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(exact[i].1));
         for &i in order.iter().take(left as usize) {
@@ -261,10 +276,22 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn check(loads: &[(&str, u64)], target: &str, limit: Option<u64>, expected: Result<(u64, &[(&str, u64)]), PlanError>) {
-        let loads: Vec<Load> = loads.iter().map(|(node, connections)| Load { node, connections: *connections }).collect();
-        let got = plan(&loads, target, limit).map(|p| (p.mean, p.shares.iter().map(|s| (s.node.clone(), s.connections)).collect::<Vec<_>>()));
-        let expected = expected.map(|(mean, shares)| (mean, shares.iter().map(|(n, c)| (n.to_string(), *c)).collect::<Vec<_>>()));
+    fn check(
+        loads: &[(&str, u64)],
+        target: &str,
+        limit: Option<u64>,
+        expected: Result<(u64, &[(&str, u64)]), PlanError>,
+    ) {
+        let loads: Vec<Load> = loads
+            .iter()
+            .map(|(node, connections)| Load { node, connections: *connections })
+            .collect();
+        let got = plan(&loads, target, limit).map(|p| {
+            (p.mean, p.shares.iter().map(|s| (s.node.clone(), s.connections)).collect::<Vec<_>>())
+        });
+        let expected = expected.map(|(mean, shares)| {
+            (mean, shares.iter().map(|(n, c)| (n.to_string(), *c)).collect::<Vec<_>>())
+        });
         assert_eq!(got, expected, "{loads:?} → {target} limit {limit:?}");
     }
 
@@ -286,7 +313,12 @@ mod tests {
         check(&[("c", 0)], "c", None, Ok((0, &[])));
         check(&[("a", 1), ("b", 1), ("c", 0)], "c", None, Ok((0, &[])));
         // Order and repetition do not matter.
-        check(&[("b", 30), ("c", 0), ("a", 30), ("a", 12)], "c", None, Ok((20, &[("a", 10), ("b", 10)])));
+        check(
+            &[("b", 30), ("c", 0), ("a", 30), ("a", 12)],
+            "c",
+            None,
+            Ok((20, &[("a", 10), ("b", 10)])),
+        );
         check(&[("a", 30), ("b", 30)], "c", None, Err(PlanError::UnknownTarget("c".into())));
     }
 
@@ -296,16 +328,28 @@ mod tests {
         // A peer claiming 10^15 (or u64::MAX) connections: the plan is the arithmetic
         // answer, computed in a few passes over the nodes, never one step per connection.
         check(&[("a", E15), ("c", 0)], "c", None, Ok((E15 / 2, &[("a", E15 / 2)])));
-        check(&[("a", u64::MAX), ("b", u64::MAX), ("c", 0)], "c", None, Ok((u64::MAX / 3 * 2, &[("a", u64::MAX / 3), ("b", u64::MAX / 3)])));
+        check(
+            &[("a", u64::MAX), ("b", u64::MAX), ("c", 0)],
+            "c",
+            None,
+            Ok((u64::MAX / 3 * 2, &[("a", u64::MAX / 3), ("b", u64::MAX / 3)])),
+        );
         let mean = ((u128::from(u64::MAX) + 7) / 3) as u64;
         check(&[("a", u64::MAX), ("b", 7), ("c", 0)], "c", Some(5), Ok((mean, &[("a", 5)])));
         check(&[("a", u64::MAX), ("c", u64::MAX)], "c", None, Ok((u64::MAX, &[])));
-        let loads = [Load { node: "a", connections: u64::MAX }, Load { node: "b", connections: E15 }, Load { node: "c", connections: 0 }];
+        let loads = [
+            Load { node: "a", connections: u64::MAX },
+            Load { node: "b", connections: E15 },
+            Load { node: "c", connections: 0 },
+        ];
         let mut work = 0;
         let plan = plan_counting(&loads, "c", None, &mut work).unwrap();
         assert!(work <= 3 * 70, "{work} steps for 3 nodes");
         assert_eq!(plan.total(), plan.mean);
-        assert_eq!(plan.rates(MAX_PER_SECOND).iter().map(|r| u64::from(*r)).sum::<u64>(), u64::from(MAX_PER_SECOND));
+        assert_eq!(
+            plan.rates(MAX_PER_SECOND).iter().map(|r| u64::from(*r)).sum::<u64>(),
+            u64::from(MAX_PER_SECOND)
+        );
     }
 
     #[test]
@@ -325,7 +369,10 @@ mod tests {
         for (to, want) in cases {
             assert_eq!(target_url(to, "a", &nodes), *want, "{to}");
         }
-        for reason in [OrderRefused::ToItself, OrderRefused::UnknownTarget, OrderRefused::TargetDraining].map(OrderRefused::reason) {
+        for reason in
+            [OrderRefused::ToItself, OrderRefused::UnknownTarget, OrderRefused::TargetDraining]
+                .map(OrderRefused::reason)
+        {
             assert!(ORDER_REFUSED_REASONS.contains(&reason));
         }
     }
@@ -341,15 +388,26 @@ mod tests {
         let at_target = merged[target];
         let mean = merged.values().sum::<u64>() / merged.len() as u64;
         let mut room = mean.saturating_sub(at_target).min(limit.unwrap_or(u64::MAX));
-        let mut left: Vec<(&str, u64)> = merged.iter().filter(|(n, c)| **n != target && **c > mean).map(|(n, c)| (*n, *c)).collect();
+        let mut left: Vec<(&str, u64)> = merged
+            .iter()
+            .filter(|(n, c)| **n != target && **c > mean)
+            .map(|(n, c)| (*n, *c))
+            .collect();
         let mut shed: BTreeMap<&str, u64> = BTreeMap::new();
         while room > 0 {
-            let Some(busiest) = left.iter_mut().filter(|(_, c)| *c > mean).max_by_key(|(n, c)| (*c, std::cmp::Reverse(*n))) else { break };
+            let Some(busiest) = left
+                .iter_mut()
+                .filter(|(_, c)| *c > mean)
+                .max_by_key(|(n, c)| (*c, std::cmp::Reverse(*n)))
+            else {
+                break;
+            };
             busiest.1 -= 1;
             *shed.entry(busiest.0).or_default() += 1;
             room -= 1;
         }
-        let mut shares: Vec<(String, u64)> = shed.into_iter().map(|(n, c)| (n.to_string(), c)).collect();
+        let mut shares: Vec<(String, u64)> =
+            shed.into_iter().map(|(n, c)| (n.to_string(), c)).collect();
         shares.sort_by(|a, b| (merged[b.0.as_str()], &a.0).cmp(&(merged[a.0.as_str()], &b.0)));
         shares
     }
@@ -359,7 +417,11 @@ mod tests {
         let plan = |shares: &[u64]| Plan {
             to: "t".into(),
             mean: 0,
-            shares: shares.iter().enumerate().map(|(i, c)| Share { node: format!("n{i}"), connections: *c }).collect(),
+            shares: shares
+                .iter()
+                .enumerate()
+                .map(|(i, c)| Share { node: format!("n{i}"), connections: *c })
+                .collect(),
         };
         let cases: &[(&[u64], u32, &[u32])] = &[
             (&[10, 10], 5, &[3, 2]),

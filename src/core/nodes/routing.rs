@@ -14,9 +14,9 @@
 //!   with the highest hash of (room, node) (rendezvous hashing: when a node leaves, only
 //!   its rooms move).
 
-use std::collections::BTreeMap;
 pub use super::placement::rendezvous;
 use super::placement::{self, Load, Usable};
+use std::collections::BTreeMap;
 
 use thiserror::Error;
 
@@ -151,7 +151,10 @@ pub struct Routed<'a> {
 ///    session must move (its owner drains, is gone or was avoided), the newest release's
 ///    candidates rank first ([`release_first`]): during a rolling release, a drained
 ///    node's sessions go to the nodes the release brought, which it will not drain again.
-pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> Result<Routed<'a>, RouteError> {
+pub fn route<'a>(
+    question: &RouteQuestion<'_>,
+    candidates: &[Candidate<'a>],
+) -> Result<Routed<'a>, RouteError> {
     if question.session.is_empty() {
         return Err(RouteError::EmptySession);
     }
@@ -164,7 +167,11 @@ pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> 
     // One entry per name: alive only if every report says so, draining if any does.
     let mut merged: BTreeMap<&'a str, Candidate<'a>> = BTreeMap::new();
     for candidate in candidates {
-        let entry = merged.entry(candidate.name).or_insert(Candidate { alive: true, draining: false, ..*candidate });
+        let entry = merged.entry(candidate.name).or_insert(Candidate {
+            alive: true,
+            draining: false,
+            ..*candidate
+        });
         entry.alive &= candidate.alive;
         entry.draining |= candidate.draining;
         entry.started_at_ms = entry.started_at_ms.max(candidate.started_at_ms);
@@ -187,7 +194,10 @@ pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> 
     };
     let mut reports: Vec<CellReport> = merged
         .values()
-        .map(|c| CellReport { name: c.cell, healthy: merged.values().any(|o| o.cell == c.cell && usable(o)) })
+        .map(|c| CellReport {
+            name: c.cell,
+            healthy: merged.values().any(|o| o.cell == c.cell && usable(o)),
+        })
         .collect();
     reports.extend(question.broken.iter().map(|cell| CellReport { name: cell, healthy: false }));
     // A configured cell without a candidate: nobody there may serve.
@@ -198,18 +208,33 @@ pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> 
     } else {
         let chosen = route_cell(question.user, home, &reports)
             .map_err(|_| RouteError::NoHealthyCell { home: home.to_string() })?;
-        merged.values().map(|c| c.cell).find(|cell| *cell == chosen).expect("a healthy cell has a candidate")
+        merged
+            .values()
+            .map(|c| c.cell)
+            .find(|cell| *cell == chosen)
+            .expect("a healthy cell has a candidate")
     };
-    let just_restarted = |c: &Candidate| c.started_at_ms > 0 && question.now_ms < c.started_at_ms.saturating_add(RESTART_GRACE_MS);
+    let just_restarted = |c: &Candidate| {
+        c.started_at_ms > 0 && question.now_ms < c.started_at_ms.saturating_add(RESTART_GRACE_MS)
+    };
     let reason = match owner {
         // An owner that (re)started moments ago was unreachable to its clients while it
         // restarted: a move away from it is forced, not charged.
-        Some(owner) if owner.alive && !owner.draining && question.avoid == Some(owner.name) && just_restarted(owner) => {
+        Some(owner)
+            if owner.alive
+                && !owner.draining
+                && question.avoid == Some(owner.name)
+                && just_restarted(owner) =>
+        {
             Reason::OwnerGone
         }
-        Some(owner) if owner.alive && !owner.draining && question.avoid == Some(owner.name) => Reason::OwnerAvoided,
+        Some(owner) if owner.alive && !owner.draining && question.avoid == Some(owner.name) => {
+            Reason::OwnerAvoided
+        }
         // An owner in a cell whose breaker is open serves nobody: its sessions move, forced.
-        Some(owner) if owner.alive && !owner.draining && question.broken.contains(&owner.cell) => Reason::OwnerGone,
+        Some(owner) if owner.alive && !owner.draining && question.broken.contains(&owner.cell) => {
+            Reason::OwnerGone
+        }
         Some(owner) if owner.alive && !owner.draining => {
             return Ok(Routed { node: owner.name, cell: owner.cell, reason: Reason::Owner });
         }
@@ -218,22 +243,29 @@ pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> 
         None if question.recorded_owner.is_some() => Reason::OwnerGone,
         None => Reason::Unowned,
     };
-    let alive: Vec<&Candidate<'a>> = merged.values().filter(|c| c.cell == cell && usable(c)).collect();
+    let alive: Vec<&Candidate<'a>> =
+        merged.values().filter(|c| c.cell == cell && usable(c)).collect();
     let taking: Vec<&Candidate<'a>> = alive.iter().copied().filter(|c| !c.draining).collect();
     let mut pool = if taking.is_empty() { alive } else { taking };
     if reason != Reason::Unowned {
         // The newest release's nodes, unless every one of them is full while another
         // node has room (then the mark below decides among all).
         let newest = release_first(pool.clone(), question.now_ms, question.release_window_ms);
-        let has_room = |c: &&Candidate| !c.load.is_some_and(|load| placement::over_high_water(load, question.high_water_permille));
+        let has_room = |c: &&Candidate| {
+            !c.load
+                .is_some_and(|load| placement::over_high_water(load, question.high_water_permille))
+        };
         if newest.iter().any(has_room) || !pool.iter().any(has_room) {
             pool = newest;
         }
     }
-    let usable: Vec<Usable<'a>> = pool.iter().map(|c| Usable { name: c.name, load: c.load }).collect();
+    let usable: Vec<Usable<'a>> =
+        pool.iter().map(|c| Usable { name: c.name, load: c.load }).collect();
     // A new session: the nodes with the most room (where a handshake would keep it); a
     // moving one: every node below the mark, by headroom, so a drained node's spread.
-    let level = (reason == Reason::Unowned).then(|| placement::level(&usable, question.high_water_permille)).flatten();
+    let level = (reason == Reason::Unowned)
+        .then(|| placement::level(&usable, question.high_water_permille))
+        .flatten();
     let pool = match level {
         Some(level) if !level.is_empty() => level,
         _ => placement::below_high_water(&usable, question.high_water_permille),
@@ -254,7 +286,11 @@ pub fn route<'a>(question: &RouteQuestion<'_>, candidates: &[Candidate<'a>]) -> 
 /// - Otherwise, or when `pool` is empty, `pool` as it is.
 ///
 /// Order-free: the answer is the same set whatever the order of `pool`.
-pub fn release_first<'a, 'c>(pool: Vec<&'c Candidate<'a>>, now_ms: u64, window_ms: u64) -> Vec<&'c Candidate<'a>> {
+pub fn release_first<'a, 'c>(
+    pool: Vec<&'c Candidate<'a>>,
+    now_ms: u64,
+    window_ms: u64,
+) -> Vec<&'c Candidate<'a>> {
     // Each label's earliest start.
     let mut earliest: BTreeMap<&str, u64> = BTreeMap::new();
     for c in &pool {
@@ -262,10 +298,14 @@ pub fn release_first<'a, 'c>(pool: Vec<&'c Candidate<'a>>, now_ms: u64, window_m
         *start = (*start).min(c.started_at_ms);
     }
     if earliest.len() > 1 {
-        let newest = earliest.iter().max_by_key(|(label, start)| (**start, **label)).map(|(label, _)| *label);
+        let newest = earliest
+            .iter()
+            .max_by_key(|(label, start)| (**start, **label))
+            .map(|(label, _)| *label);
         return pool.into_iter().filter(|c| Some(c.release) == newest).collect();
     }
-    let fresh = |c: &Candidate| c.started_at_ms > 0 && now_ms < c.started_at_ms.saturating_add(window_ms);
+    let fresh =
+        |c: &Candidate| c.started_at_ms > 0 && now_ms < c.started_at_ms.saturating_add(window_ms);
     if pool.iter().any(|c| fresh(c)) {
         return pool.into_iter().filter(|c| fresh(c)).collect();
     }
@@ -283,10 +323,28 @@ pub fn route_session<'a>(
 ) -> Result<&'a str, RouteError> {
     let candidates: Vec<Candidate<'a>> = owners
         .iter()
-        .map(|name| Candidate { name, cell: "", alive: alive.contains(name), draining: false, started_at_ms: 0, release: "", load: None })
+        .map(|name| Candidate {
+            name,
+            cell: "",
+            alive: alive.contains(name),
+            draining: false,
+            started_at_ms: 0,
+            release: "",
+            load: None,
+        })
         .collect();
-    let question =
-        RouteQuestion { session, user: "", recorded_owner: recorded, avoid: None, now_ms: 0, release_window_ms: 0, home: "", cells: &[], broken: &[], high_water_permille: 0 };
+    let question = RouteQuestion {
+        session,
+        user: "",
+        recorded_owner: recorded,
+        avoid: None,
+        now_ms: 0,
+        release_window_ms: 0,
+        home: "",
+        cells: &[],
+        broken: &[],
+        high_water_permille: 0,
+    };
     route(&question, &candidates).map(|routed| routed.node)
 }
 
@@ -378,7 +436,12 @@ impl RoomHomes {
         }
         match self.moved_to(from) {
             Some(known) if known == to => return Ok(false),
-            Some(known) => return Err(MoveRefused::AlreadyMoved { from: from.to_string(), to: known.to_string() }),
+            Some(known) => {
+                return Err(MoveRefused::AlreadyMoved {
+                    from: from.to_string(),
+                    to: known.to_string(),
+                })
+            }
             None => {}
         }
         if self.moves.contains_key(to) {
@@ -394,7 +457,11 @@ impl RoomHomes {
     /// `room`'s origin cell: its namespace's pin, else the hash over the cells (`None`
     /// without cells). It names the room's subjects wherever the room is written.
     pub fn origin(&self, room: &str) -> Option<&str> {
-        let pinned = self.namespaces.iter().find(|(prefix, _)| room.starts_with(prefix.as_str())).and_then(|(_, pin)| pin.as_deref());
+        let pinned = self
+            .namespaces
+            .iter()
+            .find(|(prefix, _)| room.starts_with(prefix.as_str()))
+            .and_then(|(_, pin)| pin.as_deref());
         if let Some(pin) = pinned {
             return Some(pin);
         }
@@ -419,7 +486,11 @@ pub enum CellError {
 }
 
 /// The cell for `user` whose home cell is `home` (empty: none).
-pub fn route_cell<'a>(user: &str, home: &str, cells: &[CellReport<'a>]) -> Result<&'a str, CellError> {
+pub fn route_cell<'a>(
+    user: &str,
+    home: &str,
+    cells: &[CellReport<'a>],
+) -> Result<&'a str, CellError> {
     let mut merged: BTreeMap<&'a str, bool> = BTreeMap::new();
     for report in cells {
         let healthy = merged.entry(report.name).or_insert(true);
@@ -453,13 +524,27 @@ mod tests {
     }
 
     fn ask<'a>(session: &'a str, recorded_owner: Option<&'a str>) -> RouteQuestion<'a> {
-        RouteQuestion { session, user: "u1", recorded_owner, avoid: None, now_ms: 1_000_000, release_window_ms: 600_000, home: "", cells: &[], broken: &[], high_water_permille: 0 }
+        RouteQuestion {
+            session,
+            user: "u1",
+            recorded_owner,
+            avoid: None,
+            now_ms: 1_000_000,
+            release_window_ms: 600_000,
+            home: "",
+            cells: &[],
+            broken: &[],
+            high_water_permille: 0,
+        }
     }
 
     #[test]
     fn load_table() {
         // a full (95 %), b half, c empty; capacity 1000 each; the mark at 90 %.
-        let loaded = |name, connections| Candidate { load: Some(Load { connections, capacity: 1000 }), ..node(name, true, false, 1) };
+        let loaded = |name, connections| Candidate {
+            load: Some(Load { connections, capacity: 1000 }),
+            ..node(name, true, false, 1)
+        };
         let nodes = [loaded("a", 950), loaded("b", 500), loaded("c", 0)];
         fn with_mark<'a>(session: &'a str, owner: Option<&'a str>) -> RouteQuestion<'a> {
             RouteQuestion { high_water_permille: 900, ..ask(session, owner) }
@@ -469,7 +554,11 @@ mod tests {
             // The owner keeps its sessions, full or not.
             assert_eq!(route(&with_mark(&session, Some("a")), &nodes).unwrap().node, "a");
             // New sessions: the emptiest (c), b being more than 10 points fuller.
-            assert_eq!(route(&with_mark(&session, None), &nodes).unwrap().node, "c", "new {session}");
+            assert_eq!(
+                route(&with_mark(&session, None), &nodes).unwrap().node,
+                "c",
+                "new {session}"
+            );
             // A session whose owner is gone: never the full node; b or c by headroom.
             let moved = route(&with_mark(&session, Some("gone")), &nodes).unwrap();
             assert_ne!(moved.node, "a", "moved {session}");
@@ -480,16 +569,21 @@ mod tests {
         // One node silent about its load: plain rendezvous, as before placement (a node
         // that says it is full would still be left out).
         let silent = [loaded("a", 850), node("b", true, false, 1), loaded("c", 0)];
-        let plain = [node("a", true, false, 1), node("b", true, false, 1), node("c", true, false, 1)];
+        let plain =
+            [node("a", true, false, 1), node("b", true, false, 1), node("c", true, false, 1)];
         for i in 0..50 {
             let session = format!("s{i}");
-            assert_eq!(route(&with_mark(&session, None), &silent), route(&ask(&session, None), &plain));
+            assert_eq!(
+                route(&with_mark(&session, None), &silent),
+                route(&ask(&session, None), &plain)
+            );
         }
     }
 
     #[test]
     fn session_table() {
-        type Case<'a> = (&'a str, Option<&'a str>, &'a [&'a str], &'a [&'a str], Result<&'a str, RouteError>);
+        type Case<'a> =
+            (&'a str, Option<&'a str>, &'a [&'a str], &'a [&'a str], Result<&'a str, RouteError>);
         let cases: &[Case] = &[
             ("s1", Some("b"), &["a", "b", "c"], &["a", "b", "c"], Ok("b")),
             ("s1", Some("z"), &["c", "b"], &["b", "z"], Ok("b")),
@@ -502,12 +596,19 @@ mod tests {
             ("s1", None, &["a", "b"], &["c"], Err(RouteError::NoAliveOwner)),
         ];
         for (session, recorded, owners, alive, expected) in cases {
-            assert_eq!(&route_session(session, *recorded, owners, alive), expected, "{session} {recorded:?} {owners:?} {alive:?}");
+            assert_eq!(
+                &route_session(session, *recorded, owners, alive),
+                expected,
+                "{session} {recorded:?} {owners:?} {alive:?}"
+            );
         }
         // Without a live owner, the rendezvous choice among the alive ones.
         for session in ["s1", "s2", "s3", "s4"] {
             let expected = rendezvous(session, ["a", "c"]);
-            assert_eq!(route_session(session, Some("b"), &["a", "b", "c"], &["a", "c"]).ok(), expected);
+            assert_eq!(
+                route_session(session, Some("b"), &["a", "b", "c"], &["a", "c"]).ok(),
+                expected
+            );
             assert_eq!(route_session(session, None, &["c", "b", "a"], &["c", "a"]).ok(), expected);
         }
     }
@@ -527,16 +628,26 @@ mod tests {
         let moved = routed(ask("s", Some("b")), &gone);
         assert_eq!(moved.reason, Reason::OwnerGone);
         assert!(moved.reason.forced() && moved.node != "b");
-        assert_eq!(routed(ask("s", Some("zz")), &all).reason, Reason::OwnerGone, "an owner nobody knows is gone");
+        assert_eq!(
+            routed(ask("s", Some("zz")), &all).reason,
+            Reason::OwnerGone,
+            "an owner nobody knows is gone"
+        );
         let avoided = routed(RouteQuestion { avoid: Some("b"), ..ask("s", Some("b")) }, &all);
         assert_eq!(avoided.reason, Reason::OwnerAvoided);
         assert!(!avoided.reason.forced() && avoided.reason.charged() && avoided.node != "b");
         // Avoiding an owner that restarted within the release window: forced (its clients
         // could not reach it while it restarted).
         let restarted = [all[0], node("b", true, false, 1_000_000 - RESTART_GRACE_MS + 1), all[2]];
-        assert_eq!(routed(RouteQuestion { avoid: Some("b"), ..ask("s", Some("b")) }, &restarted).reason, Reason::OwnerGone);
+        assert_eq!(
+            routed(RouteQuestion { avoid: Some("b"), ..ask("s", Some("b")) }, &restarted).reason,
+            Reason::OwnerGone
+        );
         // Avoiding a node that is gone anyway does not make the move optional.
-        assert_eq!(routed(RouteQuestion { avoid: Some("b"), ..ask("s", Some("b")) }, &gone).reason, Reason::OwnerGone);
+        assert_eq!(
+            routed(RouteQuestion { avoid: Some("b"), ..ask("s", Some("b")) }, &gone).reason,
+            Reason::OwnerGone
+        );
         let new = routed(ask("s", None), &all);
         assert_eq!(new.reason, Reason::Unowned);
         // Every node draining: the owner keeps serving rather than nobody.
@@ -546,7 +657,8 @@ mod tests {
 
     #[test]
     fn sessions_without_a_live_owner_spread_over_three_nodes() {
-        let nodes = [node("a", true, false, 1), node("b", true, false, 1), node("c", true, false, 1)];
+        let nodes =
+            [node("a", true, false, 1), node("b", true, false, 1), node("c", true, false, 1)];
         let mut counts = BTreeMap::new();
         for i in 0..1000 {
             let session = format!("{i:012x}");
@@ -576,11 +688,29 @@ mod tests {
         let mut now = 10_000_000u64;
         let (old_label, new_label) = if labels { ("r1", "r2") } else { ("same", "same") };
         // (name, draining, started, release)
-        let mut nodes: Vec<(String, bool, u64, &str)> = ["a", "b", "c"].iter().map(|n| (n.to_string(), false, old_start, old_label)).collect();
-        let route_now = |nodes: &[(String, bool, u64, &'static str)], session: &str, owner: Option<&str>, now: u64| -> String {
-            let candidates: Vec<Candidate> =
-                nodes.iter().map(|(n, d, s, r)| Candidate { release: r, ..node(n, true, *d, *s) }).collect();
-            let q = RouteQuestion { session, user: "u", recorded_owner: owner, avoid: None, now_ms: now, release_window_ms: window, home: "", cells: &[], broken: &[], high_water_permille: 0 };
+        let mut nodes: Vec<(String, bool, u64, &str)> =
+            ["a", "b", "c"].iter().map(|n| (n.to_string(), false, old_start, old_label)).collect();
+        let route_now = |nodes: &[(String, bool, u64, &'static str)],
+                         session: &str,
+                         owner: Option<&str>,
+                         now: u64|
+         -> String {
+            let candidates: Vec<Candidate> = nodes
+                .iter()
+                .map(|(n, d, s, r)| Candidate { release: r, ..node(n, true, *d, *s) })
+                .collect();
+            let q = RouteQuestion {
+                session,
+                user: "u",
+                recorded_owner: owner,
+                avoid: None,
+                now_ms: now,
+                release_window_ms: window,
+                home: "",
+                cells: &[],
+                broken: &[],
+                high_water_permille: 0,
+            };
             route(&q, &candidates).unwrap().node.to_string()
         };
         let ids: Vec<String> = (0..sessions).map(|i| format!("{i:012x}")).collect();
@@ -604,7 +734,8 @@ mod tests {
             if new_names {
                 nodes.remove(old_index);
             } else {
-                nodes[old_index] = (old.to_string(), false, now + 5_000, new_label); // back, restarted
+                nodes[old_index] = (old.to_string(), false, now + 5_000, new_label);
+                // back, restarted
             }
         }
         moves
@@ -630,7 +761,10 @@ mod tests {
         let moves = release(1000, true, 10_000_000 - 60_000, true);
         assert!(moves.iter().all(|m| *m == 1), "{:?}", histogram(&moves));
         let unlabelled = histogram(&release(1000, true, 10_000_000 - 60_000, false));
-        assert!(unlabelled.keys().any(|m| *m > 1), "without labels the start time cannot tell: {unlabelled:?}");
+        assert!(
+            unlabelled.keys().any(|m| *m > 1),
+            "without labels the start time cannot tell: {unlabelled:?}"
+        );
         eprintln!("a release a minute after the last, moves per session: with labels {{1: 1000}}, without {unlabelled:?}");
     }
 
@@ -639,7 +773,10 @@ mod tests {
         for labels in [true, false] {
             let moves = release(1000, false, 1, labels);
             let histogram = histogram(&moves);
-            assert!(moves.iter().all(|m| *m <= 2), "labels {labels}, moves per session: {histogram:?}");
+            assert!(
+                moves.iter().all(|m| *m <= 2),
+                "labels {labels}, moves per session: {histogram:?}"
+            );
             eprintln!("in-place release of a, b, c (labels {labels}): sessions by moves made {histogram:?}");
         }
     }
@@ -653,29 +790,60 @@ mod tests {
         const NOW: u64 = 10_000_000;
         const W: u64 = RELEASE_FALLBACK_WINDOW_MS;
         const DAYS: u64 = 1;
-        type Case = (&'static str, &'static [(&'static str, u64, &'static str)], &'static [&'static str]);
+        type Case =
+            (&'static str, &'static [(&'static str, u64, &'static str)], &'static [&'static str]);
         let cases: &[Case] = &[
             ("empty", &[], &[]),
             ("one label, all old: all", &[("a", DAYS, "r1"), ("b", DAYS, "r1")], &["a", "b"]),
             ("one label, one fresh: it", &[("a", DAYS, "r1"), ("b", NOW - 1_000, "r1")], &["b"]),
-            ("one label, fresh until the window ends", &[("a", DAYS, ""), ("b", NOW - W + 1, "")], &["b"]),
-            ("one label, the window over: all", &[("a", DAYS, ""), ("b", NOW - W, "")], &["a", "b"]),
+            (
+                "one label, fresh until the window ends",
+                &[("a", DAYS, ""), ("b", NOW - W + 1, "")],
+                &["b"],
+            ),
+            (
+                "one label, the window over: all",
+                &[("a", DAYS, ""), ("b", NOW - W, "")],
+                &["a", "b"],
+            ),
             ("one label, unknown starts: all", &[("a", 0, "r1"), ("b", 0, "r1")], &["a", "b"]),
-            ("two labels: the later-started one", &[("a", DAYS, "r1"), ("b", DAYS, "r1"), ("d", NOW - 1_000, "r2")], &["d"]),
+            (
+                "two labels: the later-started one",
+                &[("a", DAYS, "r1"), ("b", DAYS, "r1"), ("d", NOW - 1_000, "r2")],
+                &["d"],
+            ),
             // The case: the old nodes started a minute ago, within any window.
-            ("two labels, all fresh", &[("a", NOW - 60_000, "r1"), ("b", NOW - 60_000, "r1"), ("d", NOW - 5_000, "r2")], &["d"]),
+            (
+                "two labels, all fresh",
+                &[("a", NOW - 60_000, "r1"), ("b", NOW - 60_000, "r1"), ("d", NOW - 5_000, "r2")],
+                &["d"],
+            ),
             // A new node started long ago is still the new release (a slow rollout).
-            ("two labels, beyond the window", &[("a", DAYS, "r1"), ("d", NOW - 10 * W, "r2"), ("e", NOW - 5 * W, "r2")], &["d", "e"]),
+            (
+                "two labels, beyond the window",
+                &[("a", DAYS, "r1"), ("d", NOW - 10 * W, "r2"), ("e", NOW - 5 * W, "r2")],
+                &["d", "e"],
+            ),
             // An old node restarted lately does not make its release the newest.
-            ("an old node restarted", &[("a", DAYS, "r1"), ("b", NOW - 500, "r1"), ("d", NOW - 5_000, "r2")], &["d"]),
-            ("a label's earliest member decides", &[("a", 100, "r1"), ("b", NOW - 1, "r1"), ("d", 200, "r2")], &["d"]),
+            (
+                "an old node restarted",
+                &[("a", DAYS, "r1"), ("b", NOW - 500, "r1"), ("d", NOW - 5_000, "r2")],
+                &["d"],
+            ),
+            (
+                "a label's earliest member decides",
+                &[("a", 100, "r1"), ("b", NOW - 1, "r1"), ("d", 200, "r2")],
+                &["d"],
+            ),
             // Unknown starts (earlier builds) and no label (earlier builds) are the oldest.
             ("unlabelled earlier build", &[("a", 0, ""), ("d", NOW - 5_000, "r2")], &["d"]),
             ("equal earliest starts: the greater label", &[("a", 7, "r1"), ("d", 7, "r2")], &["d"]),
         ];
         for (what, pool, want) in cases {
-            let candidates: Vec<Candidate> = pool.iter().map(|(n, s, r)| labelled(n, *s, r)).collect();
-            let mut got: Vec<&str> = release_first(candidates.iter().collect(), NOW, W).iter().map(|c| c.name).collect();
+            let candidates: Vec<Candidate> =
+                pool.iter().map(|(n, s, r)| labelled(n, *s, r)).collect();
+            let mut got: Vec<&str> =
+                release_first(candidates.iter().collect(), NOW, W).iter().map(|c| c.name).collect();
             got.sort();
             assert_eq!(got, *want, "{what}");
         }
@@ -696,7 +864,11 @@ mod tests {
             let moved = route(&ask(&session, Some("a")), &nodes).unwrap();
             assert_eq!((moved.node, moved.reason), ("d", Reason::OwnerDraining), "{session}");
             let gone = [Candidate { alive: false, ..nodes[0] }, nodes[1], nodes[2], nodes[3]];
-            assert_eq!(route(&ask(&session, Some("a")), &gone).unwrap().node, "d", "{session}: its owner lost");
+            assert_eq!(
+                route(&ask(&session, Some("a")), &gone).unwrap().node,
+                "d",
+                "{session}: its owner lost"
+            );
             *new.entry(route(&ask(&session, None), &nodes).unwrap().node).or_insert(0) += 1;
         }
         assert_eq!(new.len(), 3, "new sessions spread over every node taking them: {new:?}");
@@ -720,7 +892,11 @@ mod tests {
             ("eu", &[], none("u1")),
         ];
         for (home, reports, expected) in cases {
-            assert_eq!(&route_cell("u1", home, &cells(reports)), expected, "home {home} {reports:?}");
+            assert_eq!(
+                &route_cell("u1", home, &cells(reports)),
+                expected,
+                "home {home} {reports:?}"
+            );
         }
         let err = route_cell("user-42", "eu", &[]).unwrap_err();
         assert_eq!(err.to_string(), "no healthy cell for user user-42");
@@ -739,7 +915,11 @@ mod tests {
             let user = format!("user-{i}");
             let home = home_cell(&user, None, &three);
             assert_eq!(home, rendezvous(&user, three).unwrap());
-            assert_eq!(home_cell(&user, None, &["west", "east", "north"]), home, "order must not matter");
+            assert_eq!(
+                home_cell(&user, None, &["west", "east", "north"]),
+                home,
+                "order must not matter"
+            );
         }
         // Users spread over the cells.
         let mut per_cell = BTreeMap::new();
@@ -758,9 +938,15 @@ mod tests {
     fn three_cells_table() {
         const CELLS: &[&str] = &["east", "north", "west"];
         let up = |a: bool, b: bool, c: bool, d: bool| {
-            vec![in_cell("a", "east", a), in_cell("b", "north", b), in_cell("c", "west", c), in_cell("d", "west", d)]
+            vec![
+                in_cell("a", "east", a),
+                in_cell("b", "north", b),
+                in_cell("c", "west", c),
+                in_cell("d", "west", d),
+            ]
         };
-        let ask_home = |home: &'static str| RouteQuestion { home, cells: CELLS, user: "u", ..ask("s", None) };
+        let ask_home =
+            |home: &'static str| RouteQuestion { home, cells: CELLS, user: "u", ..ask("s", None) };
         type Case = (&'static str, [bool; 4], Result<&'static str, RouteError>);
         let cases: &[Case] = &[
             // Home healthy: home.
@@ -773,7 +959,11 @@ mod tests {
             ("north", [false, false, true, true], Ok("west")),
             // A configured cell with no node at all is not healthy.
             ("south", [true, true, true, true], Ok("east")),
-            ("west", [false, false, false, false], Err(RouteError::NoHealthyCell { home: "west".into() })),
+            (
+                "west",
+                [false, false, false, false],
+                Err(RouteError::NoHealthyCell { home: "west".into() }),
+            ),
         ];
         for (home, [a, b, c, d], expected) in cases {
             let routed = route(&ask_home(home), &up(*a, *b, *c, *d)).map(|r| r.cell);
@@ -788,11 +978,13 @@ mod tests {
         }
         // An owner alive in the fallback cell keeps its session when home is back.
         let back = up(true, true, true, true);
-        let kept = route(&RouteQuestion { recorded_owner: Some("a"), ..ask_home("west") }, &back).unwrap();
+        let kept =
+            route(&RouteQuestion { recorded_owner: Some("a"), ..ask_home("west") }, &back).unwrap();
         assert_eq!((kept.node, kept.cell, kept.reason), ("a", "east", Reason::Owner));
         // Its session moves when the owner is gone: home first.
         let gone = up(false, true, true, true);
-        let moved = route(&RouteQuestion { recorded_owner: Some("a"), ..ask_home("west") }, &gone).unwrap();
+        let moved =
+            route(&RouteQuestion { recorded_owner: Some("a"), ..ask_home("west") }, &gone).unwrap();
         assert_eq!((moved.cell, moved.reason), ("west", Reason::OwnerGone));
         let err = RouteError::NoHealthyCell { home: "west".into() };
         assert_eq!(err.to_string(), "no healthy cell (the user's home cell is west)");
@@ -803,24 +995,51 @@ mod tests {
     #[test]
     fn a_broken_cell_is_unhealthy_while_its_nodes_live() {
         const CELLS: &[&str] = &["east", "north", "west"];
-        let all = vec![in_cell("a", "east", true), in_cell("b", "north", true), in_cell("c", "west", true), in_cell("d", "west", true)];
-        let ask = |home: &'static str, broken: &'static [&'static str]| RouteQuestion { home, cells: CELLS, broken, user: "u", ..ask("s", None) };
+        let all = vec![
+            in_cell("a", "east", true),
+            in_cell("b", "north", true),
+            in_cell("c", "west", true),
+            in_cell("d", "west", true),
+        ];
+        let ask = |home: &'static str, broken: &'static [&'static str]| RouteQuestion {
+            home,
+            cells: CELLS,
+            broken,
+            user: "u",
+            ..ask("s", None)
+        };
         let cases: &[(&str, &[&str], Result<&str, RouteError>)] = &[
             ("west", &[], Ok("west")),
             ("west", &["west"], Ok("east")),
             ("west", &["east", "west"], Ok("north")),
             ("east", &["north"], Ok("east")),
             ("west", &["west", "west"], Ok("east")),
-            ("west", &["east", "north", "west"], Err(RouteError::NoHealthyCell { home: "west".into() })),
+            (
+                "west",
+                &["east", "north", "west"],
+                Err(RouteError::NoHealthyCell { home: "west".into() }),
+            ),
         ];
         for (home, broken, expected) in cases {
-            assert_eq!(&route(&ask(home, broken), &all).map(|r| r.cell), expected, "home {home}, broken {broken:?}");
+            assert_eq!(
+                &route(&ask(home, broken), &all).map(|r| r.cell),
+                expected,
+                "home {home}, broken {broken:?}"
+            );
         }
-        let moved = route(&RouteQuestion { recorded_owner: Some("c"), ..ask("west", &["west"]) }, &all).unwrap();
+        let moved =
+            route(&RouteQuestion { recorded_owner: Some("c"), ..ask("west", &["west"]) }, &all)
+                .unwrap();
         assert_eq!((moved.cell, moved.reason), ("east", Reason::OwnerGone));
         assert!(moved.reason.forced() && !moved.reason.charged());
-        let kept = route(&RouteQuestion { recorded_owner: Some("a"), ..ask("west", &["north"]) }, &all).unwrap();
-        assert_eq!((kept.node, kept.reason), ("a", Reason::Owner), "another cell's breaker moves nobody");
+        let kept =
+            route(&RouteQuestion { recorded_owner: Some("a"), ..ask("west", &["north"]) }, &all)
+                .unwrap();
+        assert_eq!(
+            (kept.node, kept.reason),
+            ("a", Reason::Owner),
+            "another cell's breaker moves nobody"
+        );
     }
 
     fn name() -> impl Strategy<Value = String> {
@@ -1019,7 +1238,11 @@ mod tests {
     fn a_rooms_namespace_pins_its_home_and_the_longest_prefix_decides() {
         let homes = RoomHomes::new(
             vec!["eu".into(), "us".into()],
-            vec![("chat:".into(), Some("us".into())), ("chat:eu:".into(), None), ("score:".into(), Some("eu".into()))],
+            vec![
+                ("chat:".into(), Some("us".into())),
+                ("chat:eu:".into(), None),
+                ("score:".into(), Some("eu".into())),
+            ],
         );
         let cells = ["eu", "us"];
         let cases: &[(&str, Option<&str>)] = &[
@@ -1036,8 +1259,16 @@ mod tests {
 
     #[test]
     fn a_promotion_moves_every_room_of_its_cell_once_and_one_hop_only() {
-        let mut homes = RoomHomes::new(vec!["a".into(), "b".into(), "c".into()], vec![("eu:".into(), Some("b".into()))]);
-        let rooms_of = |homes: &RoomHomes, cell: &str| (0..200).map(|i| format!("r{i}")).filter(|r| homes.origin(r) == Some(cell)).collect::<Vec<_>>();
+        let mut homes = RoomHomes::new(
+            vec!["a".into(), "b".into(), "c".into()],
+            vec![("eu:".into(), Some("b".into()))],
+        );
+        let rooms_of = |homes: &RoomHomes, cell: &str| {
+            (0..200)
+                .map(|i| format!("r{i}"))
+                .filter(|r| homes.origin(r) == Some(cell))
+                .collect::<Vec<_>>()
+        };
         let of_b = rooms_of(&homes, "b");
         assert!(!of_b.is_empty());
         assert_eq!(homes.moved("b", "a"), Ok(true));

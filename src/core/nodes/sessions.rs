@@ -39,7 +39,11 @@ pub enum BudgetError {
 }
 
 /// A user's sessions change owner at most once per window, whatever caused it.
-pub fn check_migration_budget(last_migration_ms: Option<u64>, now_ms: u64, window_ms: u64) -> Result<(), BudgetError> {
+pub fn check_migration_budget(
+    last_migration_ms: Option<u64>,
+    now_ms: u64,
+    window_ms: u64,
+) -> Result<(), BudgetError> {
     match last_migration_ms {
         Some(last) if now_ms < last.saturating_add(window_ms) => {
             let wait_ms = last.saturating_add(window_ms) - now_ms;
@@ -95,7 +99,11 @@ mod tests {
             (Some(1_000), 601_000, Ok(())),
         ];
         for (last, now, expected) in cases {
-            assert_eq!(check_migration_budget(last, now, window), expected, "last {last:?} now {now}");
+            assert_eq!(
+                check_migration_budget(last, now, window),
+                expected,
+                "last {last:?} now {now}"
+            );
         }
         assert!(check_migration_budget(Some(u64::MAX - 5), 10, window).is_err());
     }
@@ -104,8 +112,17 @@ mod tests {
     fn versions() {
         assert_eq!(next_version(None, None), Ok(1));
         assert_eq!(next_version(Some(4), Some(4)), Ok(5));
-        assert_eq!(next_version(Some(4), Some(5)), Err(VersionError::Stale { read: Some(4), stored: Some(5) }));
-        assert_eq!(next_version(None, Some(1)), Err(VersionError::Stale { read: None, stored: Some(1) }));
-        assert_eq!(next_version(Some(1), None), Err(VersionError::Stale { read: Some(1), stored: None }));
+        assert_eq!(
+            next_version(Some(4), Some(5)),
+            Err(VersionError::Stale { read: Some(4), stored: Some(5) })
+        );
+        assert_eq!(
+            next_version(None, Some(1)),
+            Err(VersionError::Stale { read: None, stored: Some(1) })
+        );
+        assert_eq!(
+            next_version(Some(1), None),
+            Err(VersionError::Stale { read: Some(1), stored: None })
+        );
     }
 }

@@ -112,11 +112,16 @@ mod tests {
         ];
         for (policy, roll, want) in cases {
             let mut backoff = Backoff::new(policy);
-            let got: Vec<u64> = want.iter().map(|_| backoff.next_delay(roll).as_millis() as u64).collect();
+            let got: Vec<u64> =
+                want.iter().map(|_| backoff.next_delay(roll).as_millis() as u64).collect();
             assert_eq!(got, want, "{policy:?} roll {roll}");
             assert_eq!(backoff.attempts(), want.len() as u32);
             backoff.reset();
-            assert_eq!((backoff.attempts(), backoff.next_delay(roll).as_millis() as u64), (0, want[0]), "reset: {policy:?}");
+            assert_eq!(
+                (backoff.attempts(), backoff.next_delay(roll).as_millis() as u64),
+                (0, want[0]),
+                "reset: {policy:?}"
+            );
         }
     }
 
@@ -125,13 +130,20 @@ mod tests {
         let full = policy(500, 5000, Jitter::Full);
         for attempt in [0, 1, 3, 31, 32, 64, u32::MAX] {
             for roll in [0, 1, 12_345, u64::MAX / 3, u64::MAX - 1, u64::MAX] {
-                assert!(full.delay(attempt, roll) <= full.ceiling(attempt), "attempt {attempt} roll {roll}");
+                assert!(
+                    full.delay(attempt, roll) <= full.ceiling(attempt),
+                    "attempt {attempt} roll {roll}"
+                );
             }
         }
         assert_eq!(full.ceiling(u32::MAX), ms(5000));
         let huge = BackoffPolicy { first: Duration::MAX, max: Duration::MAX, jitter: Jitter::Full };
         assert_eq!(huge.ceiling(3), Duration::MAX);
-        assert_eq!(huge.delay(3, u64::MAX), Duration::from_nanos(u64::MAX), "a huge span saturates instead of wrapping");
+        assert_eq!(
+            huge.delay(3, u64::MAX),
+            Duration::from_nanos(u64::MAX),
+            "a huge span saturates instead of wrapping"
+        );
         let mut backoff = Backoff::new(full);
         for _ in 0..100 {
             backoff.next_delay(1);

@@ -23,7 +23,10 @@ impl TokenBucket {
     fn refill(&mut self, rate: u64, burst: u64, now_ms: u64) {
         let elapsed = now_ms.saturating_sub(self.last_ms);
         self.last_ms = self.last_ms.max(now_ms);
-        self.thousandths = self.thousandths.saturating_add(elapsed.saturating_mul(rate)).min(burst.saturating_mul(TOKEN));
+        self.thousandths = self
+            .thousandths
+            .saturating_add(elapsed.saturating_mul(rate))
+            .min(burst.saturating_mul(TOKEN));
     }
 
     /// Take one token if there is one. On refusal, the milliseconds until one is back.
@@ -104,7 +107,11 @@ pub struct HistoryLimitTooHigh {
 
 /// How many events a `history` read returns: the `limit` asked, else `default` (never
 /// above `max`); a limit above `max` is refused, not cut.
-pub fn history_limit(asked: Option<usize>, default: usize, max: usize) -> Result<usize, HistoryLimitTooHigh> {
+pub fn history_limit(
+    asked: Option<usize>,
+    default: usize,
+    max: usize,
+) -> Result<usize, HistoryLimitTooHigh> {
     match asked {
         Some(limit) if limit > max => Err(HistoryLimitTooHigh { max }),
         Some(limit) => Ok(limit),
@@ -119,7 +126,11 @@ pub const MISSED_HEARTBEATS: u32 = 3;
 /// heard, against `MISSED_HEARTBEATS` periods of `heartbeat`. Only a client that can speak
 /// counts (a WebSocket, `reads`); an SSE client sends nothing, and one that is gone shows
 /// up as its stream ending.
-pub fn client_timed_out(reads: bool, silent_for: std::time::Duration, heartbeat: std::time::Duration) -> bool {
+pub fn client_timed_out(
+    reads: bool,
+    silent_for: std::time::Duration,
+    heartbeat: std::time::Duration,
+) -> bool {
     reads && silent_for >= heartbeat * MISSED_HEARTBEATS
 }
 
@@ -146,7 +157,11 @@ mod tests {
             (Some(usize::MAX), 100, 1000, Err(HistoryLimitTooHigh { max: 1000 })),
         ];
         for (asked, default, max, want) in table {
-            assert_eq!(history_limit(asked, default, max), want, "asked {asked:?}, default {default}, max {max}");
+            assert_eq!(
+                history_limit(asked, default, max),
+                want,
+                "asked {asked:?}, default {default}, max {max}"
+            );
         }
         assert_eq!(HistoryLimitTooHigh { max: 7 }.to_string(), "limit must be at most 7");
     }
@@ -165,7 +180,11 @@ mod tests {
             (false, Duration::from_secs(3600), false),
         ];
         for (reads, silent, want) in table {
-            assert_eq!(client_timed_out(reads, silent, beat), want, "reads {reads}, silent {silent:?}");
+            assert_eq!(
+                client_timed_out(reads, silent, beat),
+                want,
+                "reads {reads}, silent {silent:?}"
+            );
         }
     }
 
@@ -174,7 +193,18 @@ mod tests {
         // (rate, burst, [(now_ms, expected)]) from a full bucket at 0.
         let cases: &[(u64, u64, &[(u64, Result<(), u64>)])] = &[
             (0, 1, &[(0, Ok(())), (0, Ok(())), (0, Ok(()))]),
-            (1, 2, &[(0, Ok(())), (0, Ok(())), (0, Err(1000)), (500, Err(500)), (1000, Ok(())), (1000, Err(1000))]),
+            (
+                1,
+                2,
+                &[
+                    (0, Ok(())),
+                    (0, Ok(())),
+                    (0, Err(1000)),
+                    (500, Err(500)),
+                    (1000, Ok(())),
+                    (1000, Err(1000)),
+                ],
+            ),
             (10, 20, &[(0, Ok(())); 20]),
             (2, 1, &[(0, Ok(())), (100, Err(400)), (500, Ok(()))]),
             // Time going backwards refills nothing and breaks nothing.
@@ -183,7 +213,11 @@ mod tests {
         for (rate, burst, steps) in cases {
             let mut bucket = TokenBucket::new(*burst, 0);
             for (i, (now, expected)) in steps.iter().enumerate() {
-                assert_eq!(bucket.take(*rate, *burst, *now), *expected, "rate {rate} burst {burst} step {i}");
+                assert_eq!(
+                    bucket.take(*rate, *burst, *now),
+                    *expected,
+                    "rate {rate} burst {burst} step {i}"
+                );
             }
         }
         let mut bucket = TokenBucket::new(20, 0);

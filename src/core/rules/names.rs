@@ -21,7 +21,9 @@ pub const MAX_NODE_NAME_LEN: usize = 64;
 
 #[derive(Debug, Error, PartialEq, Eq, Clone)]
 pub enum NameError {
-    #[error("room names are 1 to 128 characters of A-Z a-z 0-9 _ . : - (and @ in an inbox, user:<id>)")]
+    #[error(
+        "room names are 1 to 128 characters of A-Z a-z 0-9 _ . : - (and @ in an inbox, user:<id>)"
+    )]
     BadRoom,
     #[error("user ids are 1 to 123 characters of A-Z a-z 0-9 _ . : - @")]
     BadUser,
@@ -37,7 +39,8 @@ pub enum NameError {
 /// rule for devices, session ids, node names and cells, wherever they come from (a
 /// client, the configuration, a peer); each caller names the thing in its own error.
 pub fn is_plain_name(name: &str, max: usize) -> bool {
-    (1..=max).contains(&name.len()) && name.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))
+    (1..=max).contains(&name.len())
+        && name.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))
 }
 
 fn is_room_char(c: u8) -> bool {
@@ -225,8 +228,14 @@ mod tests {
         }
         assert_eq!(check_device("a.b"), Ok(()));
         assert_eq!(check_session("a:b"), Err(NameError::BadSession));
-        assert_eq!(NameError::BadSession.to_string(), "session ids are 1 to 64 characters of A-Z a-z 0-9 _ . -");
-        assert_eq!(NameError::BadDevice.to_string(), "device names are 1 to 32 characters of A-Z a-z 0-9 _ . -");
+        assert_eq!(
+            NameError::BadSession.to_string(),
+            "session ids are 1 to 64 characters of A-Z a-z 0-9 _ . -"
+        );
+        assert_eq!(
+            NameError::BadDevice.to_string(),
+            "device names are 1 to 32 characters of A-Z a-z 0-9 _ . -"
+        );
     }
 
     #[test]

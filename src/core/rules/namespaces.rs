@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use super::names::MAX_ROOM_LEN;
 use super::limits::Retention;
+use super::names::MAX_ROOM_LEN;
 
 /// What a room takes from its namespace (or from the global keys).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,7 +22,10 @@ pub struct RoomOptions {
 impl RoomOptions {
     /// The room's history bound, for its [`SeqLog`](crate::core::delivery::seqlog::SeqLog).
     pub fn retention(&self) -> Retention {
-        Retention { max_events: self.history_size, max_age_ms: self.history_ttl_secs.saturating_mul(1000) }
+        Retention {
+            max_events: self.history_size,
+            max_age_ms: self.history_ttl_secs.saturating_mul(1000),
+        }
     }
 
     /// The room's batching window.
@@ -65,7 +68,9 @@ pub struct Namespace {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NamespaceError {
     /// Entry `index` (0-based) has a prefix that is not a room-name prefix.
-    #[error("prefix must be 1 to {MAX_ROOM_LEN} characters of A-Z a-z 0-9 _ . : - @, got {prefix:?}")]
+    #[error(
+        "prefix must be 1 to {MAX_ROOM_LEN} characters of A-Z a-z 0-9 _ . : - @, got {prefix:?}"
+    )]
     BadPrefix { index: usize, prefix: String },
     /// Entry `index` repeats the prefix of entry `first`.
     #[error("prefix {prefix:?} is already the prefix of namespace {}", first + 1)]
@@ -76,7 +81,9 @@ impl NamespaceError {
     /// The entry the error is about (0-based, in the order given).
     pub fn index(&self) -> usize {
         match self {
-            NamespaceError::BadPrefix { index, .. } | NamespaceError::Duplicate { index, .. } => *index,
+            NamespaceError::BadPrefix { index, .. } | NamespaceError::Duplicate { index, .. } => {
+                *index
+            }
         }
     }
 }
@@ -85,7 +92,9 @@ impl NamespaceError {
 /// `user:<id>` may hold), at most [`MAX_ROOM_LEN`].
 pub fn check_prefix(prefix: &str) -> bool {
     (1..=MAX_ROOM_LEN).contains(&prefix.len())
-        && prefix.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b':' | b'-' | b'@'))
+        && prefix
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b':' | b'-' | b'@'))
 }
 
 /// The namespace table: the global options and the namespaces, longest prefix first.
@@ -105,7 +114,10 @@ impl Namespaces {
     }
 
     /// The table of `entries` (prefix and overrides, in the order configured) over `global`.
-    pub fn new(global: RoomOptions, entries: Vec<(String, Overrides)>) -> Result<Namespaces, NamespaceError> {
+    pub fn new(
+        global: RoomOptions,
+        entries: Vec<(String, Overrides)>,
+    ) -> Result<Namespaces, NamespaceError> {
         let mut given: Vec<Namespace> = Vec::with_capacity(entries.len());
         for (index, (prefix, overrides)) in entries.into_iter().enumerate() {
             if !check_prefix(&prefix) {
@@ -154,7 +166,13 @@ mod tests {
     use super::*;
 
     fn global() -> RoomOptions {
-        RoomOptions { history_size: 1000, history_ttl_secs: 86400, batch_window_ms: 100, presence: true, max_event_bytes: 65536 }
+        RoomOptions {
+            history_size: 1000,
+            history_ttl_secs: 86400,
+            batch_window_ms: 100,
+            presence: true,
+            max_event_bytes: 65536,
+        }
     }
 
     fn with(f: impl FnOnce(&mut Overrides)) -> Overrides {
@@ -168,16 +186,22 @@ mod tests {
             global(),
             vec![
                 ("chat:".into(), with(|o| o.history_size = Some(50))),
-                ("chat:vip:".into(), with(|o| {
-                    o.history_size = Some(5000);
-                    o.batch_window_ms = Some(0);
-                })),
+                (
+                    "chat:vip:".into(),
+                    with(|o| {
+                        o.history_size = Some(5000);
+                        o.batch_window_ms = Some(0);
+                    }),
+                ),
                 ("user:".into(), with(|o| o.presence = Some(false))),
-                ("scores".into(), with(|o| {
-                    o.history_ttl_secs = Some(2);
-                    o.max_event_bytes = Some(1024);
-                    o.presence = Some(false);
-                })),
+                (
+                    "scores".into(),
+                    with(|o| {
+                        o.history_ttl_secs = Some(2);
+                        o.max_event_bytes = Some(1024);
+                        o.presence = Some(false);
+                    }),
+                ),
                 ("chat:v".into(), with(|o| o.history_ttl_secs = Some(60))),
             ],
         )
@@ -206,9 +230,28 @@ mod tests {
             ("x:chat:1", None, 1000, 86400, 100, true, 65536),
             ("Chat:1", None, 1000, 86400, 100, true, 65536),
         ];
-        for &(room, prefix, history_size, history_ttl_secs, batch_window_ms, presence, max_event_bytes) in cases {
-            assert_eq!(t.namespace_of(room).map(|n| n.prefix.as_str()), prefix, "namespace of {room}");
-            let want = RoomOptions { history_size, history_ttl_secs, batch_window_ms, presence, max_event_bytes };
+        for &(
+            room,
+            prefix,
+            history_size,
+            history_ttl_secs,
+            batch_window_ms,
+            presence,
+            max_event_bytes,
+        ) in cases
+        {
+            assert_eq!(
+                t.namespace_of(room).map(|n| n.prefix.as_str()),
+                prefix,
+                "namespace of {room}"
+            );
+            let want = RoomOptions {
+                history_size,
+                history_ttl_secs,
+                batch_window_ms,
+                presence,
+                max_event_bytes,
+            };
             assert_eq!(t.resolve(room), &want, "options of {room}");
         }
     }
@@ -218,16 +261,22 @@ mod tests {
         let t = table();
         let mut reversed: Vec<(String, Overrides)> = vec![
             ("chat:v".into(), with(|o| o.history_ttl_secs = Some(60))),
-            ("scores".into(), with(|o| {
-                o.history_ttl_secs = Some(2);
-                o.max_event_bytes = Some(1024);
-                o.presence = Some(false);
-            })),
+            (
+                "scores".into(),
+                with(|o| {
+                    o.history_ttl_secs = Some(2);
+                    o.max_event_bytes = Some(1024);
+                    o.presence = Some(false);
+                }),
+            ),
             ("user:".into(), with(|o| o.presence = Some(false))),
-            ("chat:vip:".into(), with(|o| {
-                o.history_size = Some(5000);
-                o.batch_window_ms = Some(0);
-            })),
+            (
+                "chat:vip:".into(),
+                with(|o| {
+                    o.history_size = Some(5000);
+                    o.batch_window_ms = Some(0);
+                }),
+            ),
         ];
         reversed.push(("chat:".into(), with(|o| o.history_size = Some(50))));
         let r = Namespaces::new(global(), reversed).unwrap();
@@ -249,24 +298,34 @@ mod tests {
             presence: Some(false),
             max_event_bytes: Some(16),
         };
-        let want = RoomOptions { history_size: 1, history_ttl_secs: 0, batch_window_ms: 10_000, presence: false, max_event_bytes: 16 };
+        let want = RoomOptions {
+            history_size: 1,
+            history_ttl_secs: 0,
+            batch_window_ms: 10_000,
+            presence: false,
+            max_event_bytes: 16,
+        };
         assert_eq!(all.over(&global()), want);
     }
 
     #[test]
     fn presence_flag_resolves_per_room() {
-        let t = Namespaces::new(global(), vec![("quiet:".into(), with(|o| o.presence = Some(false)))]).unwrap();
+        let t =
+            Namespaces::new(global(), vec![("quiet:".into(), with(|o| o.presence = Some(false)))])
+                .unwrap();
         assert!(!t.resolve("quiet:room").presence);
         assert!(t.resolve("loud:room").presence, "default true");
         let off = RoomOptions { presence: false, ..global() };
-        let t = Namespaces::new(off, vec![("on:".into(), with(|o| o.presence = Some(true)))]).unwrap();
+        let t =
+            Namespaces::new(off, vec![("on:".into(), with(|o| o.presence = Some(true)))]).unwrap();
         assert!(t.resolve("on:1").presence);
         assert!(!t.resolve("other").presence);
     }
 
     #[test]
     fn retention_and_window() {
-        let o = RoomOptions { history_size: 7, history_ttl_secs: 3, batch_window_ms: 250, ..global() };
+        let o =
+            RoomOptions { history_size: 7, history_ttl_secs: 3, batch_window_ms: 250, ..global() };
         assert_eq!(o.retention(), Retention { max_events: 7, max_age_ms: 3000 });
         assert_eq!(o.batch_window(), Duration::from_millis(250));
         let huge = RoomOptions { history_ttl_secs: u64::MAX, ..global() };
@@ -277,16 +336,28 @@ mod tests {
     fn largest_history_size_counts_global_and_every_namespace() {
         assert_eq!(table().largest_history_size(), 5000);
         assert_eq!(Namespaces::global(global()).largest_history_size(), 1000);
-        let small = Namespaces::new(global(), vec![("a".into(), with(|o| o.history_size = Some(10)))]).unwrap();
-        assert_eq!(small.largest_history_size(), 1000, "the global size still applies to other rooms");
+        let small =
+            Namespaces::new(global(), vec![("a".into(), with(|o| o.history_size = Some(10)))])
+                .unwrap();
+        assert_eq!(
+            small.largest_history_size(),
+            1000,
+            "the global size still applies to other rooms"
+        );
     }
 
     #[test]
     fn bad_tables() {
         let cases: Vec<(Vec<&str>, NamespaceError)> = vec![
-            (vec!["a:", "b:", "a:"], NamespaceError::Duplicate { index: 2, first: 0, prefix: "a:".into() }),
+            (
+                vec!["a:", "b:", "a:"],
+                NamespaceError::Duplicate { index: 2, first: 0, prefix: "a:".into() },
+            ),
             (vec![""], NamespaceError::BadPrefix { index: 0, prefix: "".into() }),
-            (vec!["ok", "has space"], NamespaceError::BadPrefix { index: 1, prefix: "has space".into() }),
+            (
+                vec!["ok", "has space"],
+                NamespaceError::BadPrefix { index: 1, prefix: "has space".into() },
+            ),
             (vec!["x/y"], NamespaceError::BadPrefix { index: 0, prefix: "x/y".into() }),
         ];
         for (prefixes, want) in cases {
@@ -299,7 +370,11 @@ mod tests {
         assert!(!check_prefix(&long));
         assert!(check_prefix(&long[1..]));
         assert!(check_prefix("user:a@b"));
-        let msg = Namespaces::new(global(), vec![("a".into(), Overrides::default()), ("a".into(), Overrides::default())]).unwrap_err();
+        let msg = Namespaces::new(
+            global(),
+            vec![("a".into(), Overrides::default()), ("a".into(), Overrides::default())],
+        )
+        .unwrap_err();
         assert_eq!(msg.to_string(), "prefix \"a\" is already the prefix of namespace 1");
     }
 }

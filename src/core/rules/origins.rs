@@ -19,7 +19,9 @@ pub const DEV_ORIGINS: [&str; 3] = ["http://localhost:*", "http://127.0.0.1:*", 
 
 /// Checks one `allowed_origins` entry.
 pub fn check_entry(entry: &str) -> Result<(), BadOrigin> {
-    let Some((_, rest)) = entry.split_once("://").filter(|(scheme, _)| matches!(*scheme, "http" | "https")) else {
+    let Some((_, rest)) =
+        entry.split_once("://").filter(|(scheme, _)| matches!(*scheme, "http" | "https"))
+    else {
         return Err(BadOrigin::Form(entry.to_string()));
     };
     if rest.is_empty() || rest.contains('/') {
@@ -43,7 +45,13 @@ pub fn matches(entry: &str, origin: &str) -> bool {
 /// `origin` without its `:port`, if it has one (`http://[::1]:5173` → `http://[::1]`).
 fn without_port(origin: &str) -> &str {
     match origin.rsplit_once(':') {
-        Some((base, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && base.contains("://") => base,
+        Some((base, port))
+            if !port.is_empty()
+                && port.bytes().all(|b| b.is_ascii_digit())
+                && base.contains("://") =>
+        {
+            base
+        }
         _ => origin,
     }
 }
@@ -79,7 +87,9 @@ mod tests {
 
     #[test]
     fn entries_are_checked() {
-        for good in ["https://app.example", "http://localhost:8080", "http://localhost:*", "http://[::1]:*"] {
+        for good in
+            ["https://app.example", "http://localhost:8080", "http://localhost:*", "http://[::1]:*"]
+        {
             assert_eq!(check_entry(good), Ok(()), "{good}");
         }
         for form in ["app.example", "ftp://x", "https://app.example/", "https://", "https://a/b"] {
@@ -88,7 +98,10 @@ mod tests {
         for wild in ["https://*.example", "*", "http://*:*", "http://:*"] {
             assert!(check_entry(wild).is_err(), "{wild}");
         }
-        assert_eq!(check_entry("https://*.example"), Err(BadOrigin::Wildcard("https://*.example".into())));
+        assert_eq!(
+            check_entry("https://*.example"),
+            Err(BadOrigin::Wildcard("https://*.example".into()))
+        );
         for entry in DEV_ORIGINS {
             assert_eq!(check_entry(entry), Ok(()), "{entry}");
         }

@@ -43,8 +43,12 @@ impl FromStr for Cidr {
 impl Cidr {
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.network, canonical(ip)) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => same_prefix(u32::from(net).into(), u32::from(ip).into(), 32, self.prefix),
-            (IpAddr::V6(net), IpAddr::V6(ip)) => same_prefix(u128::from(net), u128::from(ip), 128, self.prefix),
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                same_prefix(u32::from(net).into(), u32::from(ip).into(), 32, self.prefix)
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                same_prefix(u128::from(net), u128::from(ip), 128, self.prefix)
+            }
             _ => false,
         }
     }
@@ -71,7 +75,12 @@ fn canonical(ip: IpAddr) -> IpAddr {
 /// even text) ends the walk: the hop that appended it is the last one known. `X-Real-IP`
 /// is read only when no `X-Forwarded-For` header came at all: a proxy that appends to
 /// `X-Forwarded-For` may pass a client's own `X-Real-IP` through untouched.
-pub fn client_ip(peer: IpAddr, forwarded_for: &[&[u8]], real_ip: Option<&[u8]>, trusted: &[Cidr]) -> IpAddr {
+pub fn client_ip(
+    peer: IpAddr,
+    forwarded_for: &[&[u8]],
+    real_ip: Option<&[u8]>,
+    trusted: &[Cidr],
+) -> IpAddr {
     let peer = canonical(peer);
     let is_trusted = |ip: IpAddr| trusted.iter().any(|block| block.contains(ip));
     if !is_trusted(peer) {
@@ -80,7 +89,11 @@ pub fn client_ip(peer: IpAddr, forwarded_for: &[&[u8]], real_ip: Option<&[u8]>, 
     if forwarded_for.is_empty() {
         return real_ip.and_then(parse_address).map_or(peer, canonical);
     }
-    let hops = forwarded_for.iter().flat_map(|v| v.split(|b| *b == b',')).map(<[u8]>::trim_ascii).filter(|h| !h.is_empty());
+    let hops = forwarded_for
+        .iter()
+        .flat_map(|v| v.split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|h| !h.is_empty());
     let mut last_known = peer;
     for hop in hops.rev() {
         match parse_address(hop) {
@@ -141,7 +154,8 @@ mod tests {
 
     #[test]
     fn client_address_behind_trusted_proxies() {
-        let trusted: Vec<Cidr> = ["127.0.0.1", "10.0.0.0/8"].iter().map(|b| b.parse().unwrap()).collect();
+        let trusted: Vec<Cidr> =
+            ["127.0.0.1", "10.0.0.0/8"].iter().map(|b| b.parse().unwrap()).collect();
         let cases: &[(&str, &[&[u8]], Option<&[u8]>, &str)] = &[
             // An untrusted peer's headers are ignored: it cannot pick its address.
             ("203.0.113.5", &[b"198.51.100.1"], Some(b"198.51.100.2".as_slice()), "203.0.113.5"),
@@ -159,10 +173,20 @@ mod tests {
             // Bytes that are not text are garbage too, never a missing header: what the
             // proxy appended to the right of them still counts, and X-Real-IP (which a
             // proxy may pass through from the client) is not read (issue 29).
-            ("127.0.0.1", &[b"\xff\xfe, 198.51.100.7"], Some(b"192.0.2.66".as_slice()), "198.51.100.7"),
+            (
+                "127.0.0.1",
+                &[b"\xff\xfe, 198.51.100.7"],
+                Some(b"192.0.2.66".as_slice()),
+                "198.51.100.7",
+            ),
             ("127.0.0.1", &[b"\xc3\xa9t\xc3\xa9"], Some(b"192.0.2.66".as_slice()), "127.0.0.1"),
             ("127.0.0.1", &[b"198.51.100.8", b"\x80"], Some(b"192.0.2.66".as_slice()), "127.0.0.1"),
-            ("127.0.0.1", &[b"\x80", b"198.51.100.8"], Some(b"192.0.2.66".as_slice()), "198.51.100.8"),
+            (
+                "127.0.0.1",
+                &[b"\x80", b"198.51.100.8"],
+                Some(b"192.0.2.66".as_slice()),
+                "198.51.100.8",
+            ),
             // A header that is there but empty is still there: X-Real-IP is not read.
             ("127.0.0.1", &[b""], Some(b"192.0.2.66".as_slice()), "127.0.0.1"),
             ("127.0.0.1", &[b" , "], Some(b"192.0.2.66".as_slice()), "127.0.0.1"),
@@ -176,9 +200,17 @@ mod tests {
             ("2001:db8::1", &[b"198.51.100.1"], None, "2001:db8::1"),
         ];
         for (peer, xff, real, want) in cases {
-            assert_eq!(client_ip(ip(peer), xff, *real, &trusted), ip(want), "peer {peer}, XFF {xff:?}, X-Real-IP {real:?}");
+            assert_eq!(
+                client_ip(ip(peer), xff, *real, &trusted),
+                ip(want),
+                "peer {peer}, XFF {xff:?}, X-Real-IP {real:?}"
+            );
         }
-        assert_eq!(client_ip(ip("127.0.0.1"), &[b"198.51.100.1"], None, &[]), ip("127.0.0.1"), "nothing trusted by default");
+        assert_eq!(
+            client_ip(ip("127.0.0.1"), &[b"198.51.100.1"], None, &[]),
+            ip("127.0.0.1"),
+            "nothing trusted by default"
+        );
     }
 
     #[test]

@@ -45,7 +45,10 @@ mod tests {
             ("nats://a:b@n1:4222,nats://c:d@n2:4222", "nats://***@n1:4222,nats://***@n2:4222"),
             ("https://backend.example/hooks", "https://backend.example/hooks"),
             ("https://backend.example/hooks?key=abc&x=1", "https://backend.example/hooks?***"),
-            ("https://u:p@backend.example:8443/a/b?key=abc#frag", "https://***@backend.example:8443/a/b?***"),
+            (
+                "https://u:p@backend.example:8443/a/b?key=abc#frag",
+                "https://***@backend.example:8443/a/b?***",
+            ),
             ("https://backend.example?key=abc", "https://backend.example?***"),
             ("https://backend.example/h#token=abc", "https://backend.example/h?***"),
             // An '@' in the path is not userinfo; one in the password is.

@@ -25,7 +25,11 @@ pub const ID_HEADER: &str = "X-Livegate-Id";
 pub const MAX_IN_FLIGHT: usize = 8;
 /// The default retry schedule (`webhook_retry_first_ms`, `webhook_retry_max_ms`): full
 /// jitter up to 0.5 s · 2^retry, at most 60 s.
-pub const RETRY: BackoffPolicy = BackoffPolicy { first: Duration::from_millis(500), max: Duration::from_secs(60), jitter: Jitter::Full };
+pub const RETRY: BackoffPolicy = BackoffPolicy {
+    first: Duration::from_millis(500),
+    max: Duration::from_secs(60),
+    jitter: Jitter::Full,
+};
 
 /// The retry schedule of `first` doubling up to `max`, with full jitter.
 pub fn retry_policy(first: Duration, max: Duration) -> BackoffPolicy {
@@ -37,7 +41,9 @@ pub fn retry_policy(first: Duration, max: Duration) -> BackoffPolicy {
 /// part of its ceiling, so on average half of this). The attempts' own time (at most
 /// `webhook_timeout_ms` each) comes on top.
 pub fn retry_span(policy: &BackoffPolicy, max_attempts: u32) -> Duration {
-    (0..max_attempts.saturating_sub(1)).map(|retry| policy.ceiling(retry)).fold(Duration::ZERO, Duration::saturating_add)
+    (0..max_attempts.saturating_sub(1))
+        .map(|retry| policy.ceiling(retry))
+        .fold(Duration::ZERO, Duration::saturating_add)
 }
 
 /// What a webhook tells: the body's `type`.
@@ -67,7 +73,9 @@ pub fn signature(secret: &[u8], body: &[u8]) -> String {
 
 /// Whether `header` is the signature of `body` under `secret` (compared in constant time).
 pub fn signature_valid(secret: &[u8], body: &[u8], header: &str) -> bool {
-    let Some(given) = header.strip_prefix("sha256=").and_then(|hex| hex::decode(hex).ok()) else { return false };
+    let Some(given) = header.strip_prefix("sha256=").and_then(|hex| hex::decode(hex).ok()) else {
+        return false;
+    };
     let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
     mac.update(body);
     mac.verify_slice(&given).is_ok()
@@ -209,7 +217,13 @@ pub struct Due {
 impl Lanes {
     /// Lanes retrying on `retry`'s schedule.
     pub fn new(max_in_flight: usize, retry: BackoffPolicy) -> Lanes {
-        Lanes { lanes: HashMap::new(), retry, max_in_flight: max_in_flight.max(1), in_flight: 0, queued: 0 }
+        Lanes {
+            lanes: HashMap::new(),
+            retry,
+            max_in_flight: max_in_flight.max(1),
+            in_flight: 0,
+            queued: 0,
+        }
     }
 
     /// Queue webhook `seq` of `room` behind the room's others (`seq` is larger than every
@@ -220,7 +234,13 @@ impl Lanes {
             lane.queue.push_back(seq);
             return;
         }
-        let lane = Lane { queue: VecDeque::from([seq]), due_ms: now_ms, retries: 0, first_ms: now_ms, in_flight: false };
+        let lane = Lane {
+            queue: VecDeque::from([seq]),
+            due_ms: now_ms,
+            retries: 0,
+            first_ms: now_ms,
+            in_flight: false,
+        };
         self.lanes.insert(room.to_string(), lane);
     }
 
@@ -239,7 +259,8 @@ impl Lanes {
             .filter_map(|(room, lane)| Some((*lane.queue.front()?, room)))
             .collect();
         ready.sort_unstable();
-        let picked: Vec<(u64, String)> = ready.into_iter().take(room_left).map(|(seq, room)| (seq, room.clone())).collect();
+        let picked: Vec<(u64, String)> =
+            ready.into_iter().take(room_left).map(|(seq, room)| (seq, room.clone())).collect();
         picked
             .into_iter()
             .map(|(seq, room)| {
@@ -258,15 +279,26 @@ impl Lanes {
     /// dead-lettered: the room's next webhook is due at once. Retry: the same webhook is
     /// due after the returned delay (full jitter from `roll`, a uniform random number).
     /// An answer for a webhook not in flight changes nothing.
-    pub fn finished(&mut self, room: &str, seq: u64, step: Step, now_ms: u64, roll: u64) -> Option<Duration> {
-        let lane = self.lanes.get_mut(room).filter(|lane| lane.in_flight && lane.queue.front() == Some(&seq))?;
+    pub fn finished(
+        &mut self,
+        room: &str,
+        seq: u64,
+        step: Step,
+        now_ms: u64,
+        roll: u64,
+    ) -> Option<Duration> {
+        let lane = self
+            .lanes
+            .get_mut(room)
+            .filter(|lane| lane.in_flight && lane.queue.front() == Some(&seq))?;
         lane.in_flight = false;
         self.in_flight -= 1;
         match step {
             Step::Retry => {
                 let delay = self.retry.delay(lane.retries, roll);
                 lane.retries = lane.retries.saturating_add(1);
-                lane.due_ms = now_ms.saturating_add(delay.as_millis().try_into().unwrap_or(u64::MAX));
+                lane.due_ms =
+                    now_ms.saturating_add(delay.as_millis().try_into().unwrap_or(u64::MAX));
                 Some(delay)
             }
             Step::Delivered | Step::DeadLetter(_) => {
@@ -323,7 +355,12 @@ mod tests {
             (b"Jefe", b"what do ya want for nothing?", "sha256=", false),
         ];
         for (secret, body, header, valid) in cases {
-            assert_eq!(signature_valid(secret, body, header), valid, "{header} over {:?}", String::from_utf8_lossy(body));
+            assert_eq!(
+                signature_valid(secret, body, header),
+                valid,
+                "{header} over {:?}",
+                String::from_utf8_lossy(body)
+            );
         }
         assert!(signature_valid(b"s", b"{}", &signature(b"s", b"{}")));
         assert_eq!(signature(b"", b"").len(), "sha256=".len() + 64);
@@ -364,7 +401,14 @@ mod tests {
 
     #[test]
     fn the_queue_bound() {
-        for (queued, max, fits) in [(0, 1, true), (0, 10_000, true), (9_999, 10_000, true), (10_000, 10_000, false), (10_001, 10_000, false), (0, 0, false)] {
+        for (queued, max, fits) in [
+            (0, 1, true),
+            (0, 10_000, true),
+            (9_999, 10_000, true),
+            (10_000, 10_000, false),
+            (10_001, 10_000, false),
+            (0, 0, false),
+        ] {
             assert_eq!(admits(queued, max), fits, "{queued} of {max}");
         }
     }
@@ -395,7 +439,11 @@ mod tests {
         assert_eq!(lanes.in_flight(), 2);
         assert_eq!(lanes.finished("b", 2, Step::DeadLetter(DeadReason::Rejected), 11, 0), None);
         assert_eq!(lanes.finished("a", 3, Step::Delivered, 12, 0), None);
-        assert_eq!(due(&mut lanes, 12), pairs(&[("a", 4), ("b", 5)]), "a rejected one lets the next go too");
+        assert_eq!(
+            due(&mut lanes, 12),
+            pairs(&[("a", 4), ("b", 5)]),
+            "a rejected one lets the next go too"
+        );
         lanes.finished("a", 4, Step::Delivered, 13, 0);
         lanes.finished("b", 5, Step::Delivered, 13, 0);
         assert!(lanes.is_empty());
@@ -410,7 +458,10 @@ mod tests {
         lanes.push("b", 3, 0);
         assert_eq!(due(&mut lanes, 0), pairs(&[("a", 1), ("b", 3)]));
         // Roll u64::MAX: the ceiling itself, 500 ms, then 1 s, 2 s, ... up to 60 s.
-        assert_eq!(lanes.finished("a", 1, Step::Retry, 100, u64::MAX), Some(Duration::from_millis(500)));
+        assert_eq!(
+            lanes.finished("a", 1, Step::Retry, 100, u64::MAX),
+            Some(Duration::from_millis(500))
+        );
         assert_eq!(lanes.next_due(), Some(600));
         lanes.finished("b", 3, Step::Delivered, 100, 0);
         assert_eq!(due(&mut lanes, 599), vec![], "a's oldest waits; a's second never overtakes it");
@@ -434,7 +485,11 @@ mod tests {
         assert_eq!(due(&mut lanes, now), pairs(&[("a", 1)]));
         lanes.finished("a", 1, Step::Delivered, now, 0);
         let next = lanes.due(now);
-        assert_eq!(next, vec![Due { room: "a".into(), seq: 2, retries: 0, first_ms: now }], "the next one starts with no retries");
+        assert_eq!(
+            next,
+            vec![Due { room: "a".into(), seq: 2, retries: 0, first_ms: now }],
+            "the next one starts with no retries"
+        );
     }
 
     #[test]
@@ -480,7 +535,11 @@ mod tests {
             (Retry, 1, 0, ATTEMPTS),
         ];
         for (verdict, attempts, max, want) in cases {
-            assert_eq!(step(verdict, attempts, max), want, "{verdict:?} attempt {attempts} of {max}");
+            assert_eq!(
+                step(verdict, attempts, max),
+                want,
+                "{verdict:?} attempt {attempts} of {max}"
+            );
         }
         assert_eq!(DeadReason::ALL.map(DeadReason::as_str), ["attempts", "rejected"]);
     }
@@ -491,11 +550,19 @@ mod tests {
         assert_eq!(retry_span(&RETRY, 12), Duration::from_millis(303_500));
         let cases = [(0, 0), (1, 0), (2, 500), (3, 1500), (8, 63_500), (9, 123_500)];
         for (attempts, span_ms) in cases {
-            assert_eq!(retry_span(&RETRY, attempts), Duration::from_millis(span_ms), "{attempts} attempts");
+            assert_eq!(
+                retry_span(&RETRY, attempts),
+                Duration::from_millis(span_ms),
+                "{attempts} attempts"
+            );
         }
         let short = retry_policy(Duration::from_millis(20), Duration::from_millis(50));
         assert_eq!(retry_span(&short, 4), Duration::from_millis(20 + 40 + 50));
-        assert_eq!(retry_span(&retry_policy(Duration::MAX, Duration::MAX), 5), Duration::MAX, "saturates");
+        assert_eq!(
+            retry_span(&retry_policy(Duration::MAX, Duration::MAX), 5),
+            Duration::MAX,
+            "saturates"
+        );
     }
 
     #[test]
@@ -505,7 +572,11 @@ mod tests {
             (Attempt::Status(404), "ignored", "HTTP 404"),
             (Attempt::Timeout, "", "timeout"),
             (Attempt::Unreachable, "", "unreachable"),
-            (Attempt::Unreachable, "Connection Failed: Connect error: refused", "unreachable: Connection Failed: Connect error: refused"),
+            (
+                Attempt::Unreachable,
+                "Connection Failed: Connect error: refused",
+                "unreachable: Connection Failed: Connect error: refused",
+            ),
         ];
         for (attempt, detail, want) in cases {
             assert_eq!(describe(attempt, detail), want);
@@ -515,7 +586,16 @@ mod tests {
     #[test]
     fn the_dead_letter_bound_drops_the_oldest() {
         // (held, max, to drop before one more is added)
-        let cases = [(0, 1000, 0), (999, 1000, 0), (1000, 1000, 1), (1005, 1000, 6), (0, 1, 0), (1, 1, 1), (3, 0, 3), (0, 0, 0)];
+        let cases = [
+            (0, 1000, 0),
+            (999, 1000, 0),
+            (1000, 1000, 1),
+            (1005, 1000, 6),
+            (0, 1, 0),
+            (1, 1, 1),
+            (3, 0, 3),
+            (0, 0, 0),
+        ];
         for (count, max, drop) in cases {
             assert_eq!(dead_letters_to_drop(count, max), drop, "{count} of {max}");
         }
@@ -532,7 +612,11 @@ mod tests {
         loop {
             let due = lanes.due(now);
             assert_eq!(due.len(), 1, "one at a time in a room");
-            assert_eq!((due[0].seq, due[0].retries, due[0].first_ms), (1, attempts, 5), "the first attempt's time is kept");
+            assert_eq!(
+                (due[0].seq, due[0].retries, due[0].first_ms),
+                (1, attempts, 5),
+                "the first attempt's time is kept"
+            );
             attempts += 1;
             let step = step(Verdict::Retry, attempts, 3);
             match lanes.finished("a", 1, step, now, u64::MAX) {
@@ -542,7 +626,11 @@ mod tests {
         }
         assert_eq!((attempts, now), (3, 5 + 10 + 20), "three attempts: at 5, 15 and 35 ms");
         let next = lanes.due(now);
-        assert_eq!(next, vec![Due { room: "a".into(), seq: 2, retries: 0, first_ms: now }], "the room's next one goes at once");
+        assert_eq!(
+            next,
+            vec![Due { room: "a".into(), seq: 2, retries: 0, first_ms: now }],
+            "the room's next one goes at once"
+        );
     }
 
     proptest::proptest! {
@@ -584,7 +672,8 @@ mod tests {
 
     #[test]
     fn kinds_are_named_as_the_body_types() {
-        let names: Vec<&str> = [Kind::RoomOccupied, Kind::RoomVacated, Kind::ClientPublished].map(Kind::as_str).into();
+        let names: Vec<&str> =
+            [Kind::RoomOccupied, Kind::RoomVacated, Kind::ClientPublished].map(Kind::as_str).into();
         assert_eq!(names, ["room_occupied", "room_vacated", "client_published"]);
     }
 }

@@ -31,8 +31,8 @@ use super::*;
 use common::cells::Cells;
 use common::nats::CellNatsConfig;
 use livegate::core::nodes::breaker::{CLOSE_AFTER, COOL_DOWN_MS, HISTORY_ROUNDS};
-use livegate::core::rules::names::inbox_room;
 use livegate::core::nodes::routing::rendezvous;
+use livegate::core::rules::names::inbox_room;
 use std::process::{Command, Stdio};
 
 /// The page and the heading of the section the test runs.
@@ -41,7 +41,11 @@ const SECTION: &str = "## Drill";
 /// The variables the section's setup exports, all of which the test sets.
 const VARIABLES: [&str; 3] = ["LIVEGATE_API_KEY", "NODE_A", "DRILL_USER"];
 /// The steps the section shows output for, in order.
-const STEPS: [&str; 3] = ["look", "watch the breaker open and the route move", "watch the trial and the route come home"];
+const STEPS: [&str; 3] = [
+    "look",
+    "watch the breaker open and the route move",
+    "watch the trial and the route come home",
+];
 
 const FLAGS: [&str; 4] = ["--cluster-heartbeat-ms", "250", "--probe-up-after", "1"];
 /// Node a1, the node the drill watches from (`NODE_A`).
@@ -69,8 +73,14 @@ struct Drill {
 /// its `console` blocks; an error when there is no such section.
 fn drill(page: &str) -> Result<Drill, String> {
     let lines: Vec<&str> = page.lines().collect();
-    let start = lines.iter().position(|l| l.trim_end() == SECTION).ok_or_else(|| format!("{PAGE} has no `{SECTION}` section"))?;
-    let end = lines[start + 1..].iter().position(|l| l.starts_with("## ")).map_or(lines.len(), |n| start + 1 + n);
+    let start = lines
+        .iter()
+        .position(|l| l.trim_end() == SECTION)
+        .ok_or_else(|| format!("{PAGE} has no `{SECTION}` section"))?;
+    let end = lines[start + 1..]
+        .iter()
+        .position(|l| l.starts_with("## "))
+        .map_or(lines.len(), |n| start + 1 + n);
     let mut drill = Drill { exports: Vec::new(), blocks: Vec::new() };
     let mut fence: Option<&str> = None;
     let mut continued = false;
@@ -91,14 +101,20 @@ fn drill(page: &str) -> Result<Drill, String> {
                 continue;
             }
             Some("sh") => {
-                if let Some((name, _)) = trimmed.strip_prefix("export ").and_then(|rest| rest.split_once('=')) {
+                if let Some((name, _)) =
+                    trimmed.strip_prefix("export ").and_then(|rest| rest.split_once('='))
+                {
                     drill.exports.push(name.to_string());
                 }
             }
             Some("console") => {
                 let block = drill.blocks.last_mut().expect("a console block");
                 if let Some(command) = line.strip_prefix("$ ") {
-                    block.push(Step { line: i + 1, command: command.trim_end_matches('\\').trim().to_string(), shown: Vec::new() });
+                    block.push(Step {
+                        line: i + 1,
+                        command: command.trim_end_matches('\\').trim().to_string(),
+                        shown: Vec::new(),
+                    });
                     continued = line.ends_with('\\');
                 } else if continued {
                     let step = block.last_mut().expect("a continued command");
@@ -106,7 +122,9 @@ fn drill(page: &str) -> Result<Drill, String> {
                     step.command.push_str(line.trim_end_matches('\\').trim());
                     continued = line.ends_with('\\');
                 } else {
-                    let step = block.last_mut().ok_or_else(|| format!("{PAGE}:{}: output before any `$ ` command", i + 1))?;
+                    let step = block.last_mut().ok_or_else(|| {
+                        format!("{PAGE}:{}: output before any `$ ` command", i + 1)
+                    })?;
                     step.shown.push(line.to_string());
                 }
             }
@@ -128,7 +146,12 @@ fn shape_problems(drill: &Drill) -> Vec<String> {
         problems.push(format!("the setup exports {exports:?}; the test sets {want:?}"));
     }
     if drill.blocks.len() != STEPS.len() {
-        problems.push(format!("{} console blocks; the test runs {} ({})", drill.blocks.len(), STEPS.len(), STEPS.join("; ")));
+        problems.push(format!(
+            "{} console blocks; the test runs {} ({})",
+            drill.blocks.len(),
+            STEPS.len(),
+            STEPS.join("; ")
+        ));
     }
     for (block, name) in drill.blocks.iter().zip(STEPS) {
         if block.is_empty() {
@@ -136,7 +159,10 @@ fn shape_problems(drill: &Drill) -> Vec<String> {
         }
         for step in block {
             if !(step.command.starts_with("livegate ") || step.command.starts_with("curl ")) {
-                problems.push(format!("{PAGE}:{}: `{}` is neither a livegate nor a curl command", step.line, step.command));
+                problems.push(format!(
+                    "{PAGE}:{}: `{}` is neither a livegate nor a curl command",
+                    step.line, step.command
+                ));
             }
             if step.shown.is_empty() {
                 problems.push(format!("{PAGE}:{}: `{}` shows no output", step.line, step.command));
@@ -158,7 +184,11 @@ enum Piece {
     /// A duration as `livegate cells` prints one.
     Duration,
     /// A run of `total` probe marks ending in `tail` × `mark`.
-    Marks { total: usize, mark: char, tail: usize },
+    Marks {
+        total: usize,
+        mark: char,
+        tail: usize,
+    },
 }
 
 fn is_mark(c: char) -> bool {
@@ -171,7 +201,8 @@ fn duration_at(s: &[char], at: usize) -> Option<usize> {
     if at > 0 && (s[at - 1].is_alphanumeric() || s[at - 1] == '.') {
         return None;
     }
-    let digits = |from: usize| s[from.min(s.len())..].iter().take_while(|c| c.is_ascii_digit()).count();
+    let digits =
+        |from: usize| s[from.min(s.len())..].iter().take_while(|c| c.is_ascii_digit()).count();
     let is = |i: usize, c: char| s.get(i) == Some(&c);
     let n = digits(at);
     if n == 0 {
@@ -227,7 +258,9 @@ fn matches_from(pieces: &[Piece], actual: &[char], at: usize) -> bool {
     match first {
         Piece::Text(c) => actual.get(at) == Some(c) && matches_from(rest, actual, at + 1),
         Piece::Any => (at..=actual.len()).any(|next| matches_from(rest, actual, next)),
-        Piece::Duration => duration_at(actual, at).is_some_and(|len| matches_from(rest, actual, at + len)),
+        Piece::Duration => {
+            duration_at(actual, at).is_some_and(|len| matches_from(rest, actual, at + len))
+        }
         Piece::Marks { total, mark, tail } => {
             let run = actual[at.min(actual.len())..].iter().take_while(|c| is_mark(**c)).count();
             let ends = actual[at..at + run].iter().rev().take_while(|c| *c == mark).count();
@@ -248,7 +281,8 @@ fn output_differs(shown: &[String], actual: &str) -> Option<String> {
     if actual.len() != shown.len() {
         return Some(format!("{} lines printed, {} shown", actual.len(), shown.len()));
     }
-    let (n, (want, got)) = shown.iter().zip(&actual).enumerate().find(|(_, (want, got))| !line_matches(want, got))?;
+    let (n, (want, got)) =
+        shown.iter().zip(&actual).enumerate().find(|(_, (want, got))| !line_matches(want, got))?;
     Some(format!("shown line {} {want:?} does not match the printed {got:?}", n + 1))
 }
 
@@ -262,7 +296,11 @@ fn output_differs(shown: &[String], actual: &str) -> Option<String> {
 fn run_command(command: &str, variables: &[(&str, String)]) -> Result<String, String> {
     use std::io::Read;
     let bin = common::livegate_bin();
-    let path = format!("{}:{}", bin.parent().expect("the binary's dir").display(), std::env::var("PATH").unwrap_or_default());
+    let path = format!(
+        "{}:{}",
+        bin.parent().expect("the binary's dir").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let mut cmd = Command::new("bash");
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("LIVEGATE_") {
@@ -273,7 +311,9 @@ fn run_command(command: &str, variables: &[(&str, String)]) -> Result<String, St
     cmd.envs(variables.iter().map(|(k, v)| (*k, v.as_str())));
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().map_err(|e| format!("run bash: {e}"))?;
-    let status = wait_for_every(Duration::from_secs(30), Duration::from_millis(10), || child.try_wait().expect("try_wait"));
+    let status = wait_for_every(Duration::from_secs(30), Duration::from_millis(10), || {
+        child.try_wait().expect("try_wait")
+    });
     let Some(status) = status else {
         let _ = child.kill();
         let _ = child.wait();
@@ -285,7 +325,11 @@ fn run_command(command: &str, variables: &[(&str, String)]) -> Result<String, St
     if status.success() {
         Ok(out)
     } else {
-        Err(format!("exited with {status}: {}{}", err.trim(), if out.is_empty() { String::new() } else { format!(" (stdout: {})", out.trim()) }))
+        Err(format!(
+            "exited with {status}: {}{}",
+            err.trim(),
+            if out.is_empty() { String::new() } else { format!(" (stdout: {})", out.trim()) }
+        ))
     }
 }
 
@@ -298,7 +342,8 @@ fn run_block(block: &[Step], variables: &[(&str, String)]) -> (Vec<String>, Vec<
         match run_command(&step.command, variables) {
             Ok(out) => {
                 if let Some(difference) = output_differs(&step.shown, &out) {
-                    problems.push(format!("{PAGE}:{}: `{}`: {difference}", step.line, step.command));
+                    problems
+                        .push(format!("{PAGE}:{}: `{}`: {difference}", step.line, step.command));
                 }
                 printed.push(format!("$ {}\n{}", step.command, out.trim_end()));
             }
@@ -313,7 +358,11 @@ fn run_block(block: &[Step], variables: &[(&str, String)]) -> (Vec<String>, Vec<
 
 /// Runs `block` again and again, as an operator repeats the commands, until it prints what
 /// the book shows; how long that took, or every problem of the last run and its output.
-fn repeat_until_shown(block: &[Step], variables: &[(&str, String)], within: Duration) -> Result<Duration, String> {
+fn repeat_until_shown(
+    block: &[Step],
+    variables: &[(&str, String)],
+    within: Duration,
+) -> Result<Duration, String> {
     let started = Instant::now();
     let mut last = (Vec::new(), Vec::new());
     let shown = wait_until_every(within, Duration::from_millis(20), || {
@@ -321,10 +370,18 @@ fn repeat_until_shown(block: &[Step], variables: &[(&str, String)], within: Dura
         last.0.is_empty()
     });
     if shown {
-        eprintln!("the drill printed, {:?} after the step began:\n{}", started.elapsed(), last.1.join("\n"));
+        eprintln!(
+            "the drill printed, {:?} after the step began:\n{}",
+            started.elapsed(),
+            last.1.join("\n")
+        );
         Ok(started.elapsed())
     } else {
-        Err(format!("not shown within {within:?}:\n  {}\nlast printed:\n{}", last.0.join("\n  "), last.1.join("\n")))
+        Err(format!(
+            "not shown within {within:?}:\n  {}\nlast printed:\n{}",
+            last.0.join("\n  "),
+            last.1.join("\n")
+        ))
     }
 }
 
@@ -346,12 +403,22 @@ fn drill_user() -> String {
 fn transitions(cells: &Cells, i: usize, cell: &str) -> Vec<(String, String, u64)> {
     let (status, body) = cells.http(i).request("GET", "/v1/admin/cells", Auth::Key, Body::None);
     assert_eq!(status, 200, "GET /v1/admin/cells: {body}");
-    let view = body["cells"].as_array().and_then(|c| c.iter().find(|c| c["cell"] == cell)).cloned().unwrap_or_default();
+    let view = body["cells"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["cell"] == cell))
+        .cloned()
+        .unwrap_or_default();
     view["transitions"]
         .as_array()
         .map(|ts| {
             ts.iter()
-                .map(|t| (t["from"].as_str().unwrap_or("").to_string(), t["to"].as_str().unwrap_or("").to_string(), t["at_ms"].as_u64().unwrap_or(0)))
+                .map(|t| {
+                    (
+                        t["from"].as_str().unwrap_or("").to_string(),
+                        t["to"].as_str().unwrap_or("").to_string(),
+                        t["at_ms"].as_u64().unwrap_or(0),
+                    )
+                })
                 .collect()
         })
         .unwrap_or_default()
@@ -361,15 +428,21 @@ fn transitions(cells: &Cells, i: usize, cell: &str) -> Vec<(String, String, u64)
 /// `(20 rounds` of a deployment that has run a while).
 fn history_full(cells: &Cells, i: usize) -> bool {
     match cells.http(i).try_request("GET", "/v1/admin/cells", Auth::Key, Body::None) {
-        Ok((200, body)) => body["cells"]
-            .as_array()
-            .is_some_and(|cs| cs.len() == 2 && cs.iter().all(|c| c["probes"].as_array().is_some_and(|p| p.len() == HISTORY_ROUNDS))),
+        Ok((200, body)) => body["cells"].as_array().is_some_and(|cs| {
+            cs.len() == 2
+                && cs
+                    .iter()
+                    .all(|c| c["probes"].as_array().is_some_and(|p| p.len() == HISTORY_ROUNDS))
+        }),
         _ => false,
     }
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("a clock after 1970").as_millis() as u64
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("a clock after 1970")
+        .as_millis() as u64
 }
 
 fn read_page() -> String {
@@ -380,7 +453,8 @@ fn read_page() -> String {
 /// The page's drill has the shape the test runs, and the matching of shown output says no
 /// where it must (no deployment: this fails fast when the section changes shape).
 #[test]
-fn the_books_drill_has_three_steps_of_livegate_and_curl_commands_and_its_output_patterns_match_strictly() {
+fn the_books_drill_has_three_steps_of_livegate_and_curl_commands_and_its_output_patterns_match_strictly(
+) {
     let _gate = crate::common::gate!();
     let drill = drill(&read_page()).unwrap_or_else(|e| panic!("{e}"));
     let problems = shape_problems(&drill);
@@ -394,17 +468,30 @@ fn the_books_drill_has_three_steps_of_livegate_and_curl_commands_and_its_output_
     assert!(!line_matches("nodes failed (b1, b2))", "nodes failed (b2, b3))"));
     // Marks: as many, ending in the same run.
     assert!(line_matches("  probes       ✓✓✓✓✗✗✗  (", "  probes       ✓✗✗✗✗✗✗  ("));
-    assert!(!line_matches("  probes       ✓✓✓✓✗✗✗  (", "  probes       ✓✓✓✓✓✗✗  ("), "two failures are not three");
-    assert!(!line_matches("  probes       ✓✓✓✓✗✗✗  (", "  probes       ✓✓✓✗✗✗  ("), "six rounds are not seven");
+    assert!(
+        !line_matches("  probes       ✓✓✓✓✗✗✗  (", "  probes       ✓✓✓✓✓✗✗  ("),
+        "two failures are not three"
+    );
+    assert!(
+        !line_matches("  probes       ✓✓✓✓✗✗✗  (", "  probes       ✓✓✓✗✗✗  ("),
+        "six rounds are not seven"
+    );
     // `…`: any text, the rest literal.
     let shown = r#"{"node":"a1","url":"http://…","cell":"a","home":"b"}"#;
-    assert!(line_matches(shown, r#"{"node":"a1","url":"http://127.0.0.1:4567","cell":"a","home":"b"}"#));
-    assert!(!line_matches(shown, r#"{"node":"b1","url":"http://127.0.0.1:4567","cell":"b","home":"b"}"#));
+    assert!(line_matches(
+        shown,
+        r#"{"node":"a1","url":"http://127.0.0.1:4567","cell":"a","home":"b"}"#
+    ));
+    assert!(!line_matches(
+        shown,
+        r#"{"node":"b1","url":"http://127.0.0.1:4567","cell":"b","home":"b"}"#
+    ));
     // Whole outputs: line by line, as many lines.
     let shown: Vec<String> = vec!["b  closed for 1.0s".into(), "  transitions  none".into()];
     assert_eq!(output_differs(&shown, "b  closed for 2.5s\n  transitions  none\n"), None);
     assert!(output_differs(&shown, "b  closed for 2.5s\n").is_some());
-    assert!(output_differs(&shown, "b  closed for 2.5s\n  transitions  closed → open  1.0s ago\n").is_some());
+    assert!(output_differs(&shown, "b  closed for 2.5s\n  transitions  closed → open  1.0s ago\n")
+        .is_some());
 }
 
 /// The drill, as the book writes it, against two cells: look (both closed, b's user routed
@@ -419,14 +506,20 @@ fn the_books_cells_drill_runs_as_written_against_two_cells() {
     let problems = shape_problems(&drill);
     assert!(problems.is_empty(), "the drill in {PAGE}:\n  {}", problems.join("\n  "));
     let small = CellNatsConfig { max_file_store: Some("8MB".into()), ..CellNatsConfig::default() };
-    let cells = Cells::start(&FLAGS, |c| if c == 1 { small.clone() } else { CellNatsConfig::default() });
+    let cells =
+        Cells::start(&FLAGS, |c| if c == 1 { small.clone() } else { CellNatsConfig::default() });
     let rt = runtime();
     let user = drill_user();
-    let variables: Vec<(&str, String)> =
-        vec![("LIVEGATE_API_KEY", common::API_KEY.to_string()), ("NODE_A", format!("http://{}", cells.addr(A1))), ("DRILL_USER", user.clone())];
+    let variables: Vec<(&str, String)> = vec![
+        ("LIVEGATE_API_KEY", common::API_KEY.to_string()),
+        ("NODE_A", format!("http://{}", cells.addr(A1))),
+        ("DRILL_USER", user.clone()),
+    ];
     // A deployment that has run a while: a1 has every cell's full probe history.
     assert!(
-        wait_until_every(Duration::from_secs(10), Duration::from_millis(50), || history_full(&cells, A1)),
+        wait_until_every(Duration::from_secs(10), Duration::from_millis(50), || history_full(
+            &cells, A1
+        )),
         "a1 has no {HISTORY_ROUNDS} probe rounds of each cell after 10 s"
     );
 
@@ -441,7 +534,12 @@ fn the_books_cells_drill_runs_as_written_against_two_cells() {
 
     // 3. Watch the breaker open and the route move.
     let seen_open = repeat_until_shown(&drill.blocks[1], &variables, Duration::from_secs(10))
-        .unwrap_or_else(|e| panic!("step \"{}\" (b's store full after {messages} messages of 64 KiB): {e}", STEPS[1]));
+        .unwrap_or_else(|e| {
+            panic!(
+                "step \"{}\" (b's store full after {messages} messages of 64 KiB): {e}",
+                STEPS[1]
+            )
+        });
     let opened = transitions(&cells, A1, "b");
     let open_ms = match opened.as_slice() {
         [(from, to, at)] if from == "closed" && to == "open" => *at,
@@ -449,7 +547,11 @@ fn the_books_cells_drill_runs_as_written_against_two_cells() {
     };
     let to_open = Duration::from_millis(open_ms.saturating_sub(full_ms));
     assert!(to_open < Duration::from_secs(5), "b's breaker opened {to_open:?} after the store filled: the book says 3-4 heartbeat periods");
-    assert!(transitions(&cells, A1, "a").is_empty(), "cell a's breaker moved: {:?}", transitions(&cells, A1, "a"));
+    assert!(
+        transitions(&cells, A1, "a").is_empty(),
+        "cell a's breaker moved: {:?}",
+        transitions(&cells, A1, "a")
+    );
 
     // 4. Bring cell b back.
     rt.block_on(cells.free_store("b"));
@@ -459,25 +561,48 @@ fn the_books_cells_drill_runs_as_written_against_two_cells() {
     let seen_home = repeat_until_shown(&drill.blocks[2], &variables, Duration::from_secs(25))
         .unwrap_or_else(|e| panic!("step \"{}\": {e}", STEPS[2]));
     let changes = transitions(&cells, A1, "b");
-    let at = |from: &str, to: &str| changes.iter().find(|(f, t, _)| f == from && t == to).map(|c| c.2);
-    let (Some(half_ms), Some(closed_ms)) = (at("open", "half_open"), at("half_open", "closed")) else {
+    let at =
+        |from: &str, to: &str| changes.iter().find(|(f, t, _)| f == from && t == to).map(|c| c.2);
+    let (Some(half_ms), Some(closed_ms)) = (at("open", "half_open"), at("half_open", "closed"))
+    else {
         panic!("b's transitions on a1 once closed: {changes:?}");
     };
-    assert!(half_ms >= open_ms + COOL_DOWN_MS, "half-open {} ms after opening: before the {COOL_DOWN_MS} ms cool-down", half_ms - open_ms);
+    assert!(
+        half_ms >= open_ms + COOL_DOWN_MS,
+        "half-open {} ms after opening: before the {COOL_DOWN_MS} ms cool-down",
+        half_ms - open_ms
+    );
     // The trial's first pass makes it half-open; CLOSE_AFTER - 1 more passing rounds close it.
-    assert!(closed_ms > half_ms, "closed at {closed_ms}, not after half-open at {half_ms} (a trial of {CLOSE_AFTER} passes)");
-    assert!(transitions(&cells, A1, "a").is_empty(), "cell a's breaker moved: {:?}", transitions(&cells, A1, "a"));
+    assert!(
+        closed_ms > half_ms,
+        "closed at {closed_ms}, not after half-open at {half_ms} (a trial of {CLOSE_AFTER} passes)"
+    );
+    assert!(
+        transitions(&cells, A1, "a").is_empty(),
+        "cell a's breaker moved: {:?}",
+        transitions(&cells, A1, "a")
+    );
 
     // The same commands with a renamed flag, and a line the book quotes changed, fail.
     let mut renamed = drill.blocks[2].clone();
     renamed[0].command = renamed[0].command.replacen("--url", "--node-url", 1);
     let (problems, _) = run_block(&renamed, &variables);
-    assert!(problems.iter().any(|p| p.contains("--node-url") && p.contains("exited with")), "a renamed flag went unnoticed: {problems:?}");
+    assert!(
+        problems.iter().any(|p| p.contains("--node-url") && p.contains("exited with")),
+        "a renamed flag went unnoticed: {problems:?}"
+    );
     let mut changed = drill.blocks[2].clone();
-    let header = changed[0].shown.iter_mut().find(|l| l.starts_with("b  closed for")).expect("b's header in the last step");
+    let header = changed[0]
+        .shown
+        .iter_mut()
+        .find(|l| l.starts_with("b  closed for"))
+        .expect("b's header in the last step");
     *header = header.replacen("closed", "healthy", 1);
     let (problems, _) = run_block(&changed, &variables);
-    assert!(problems.iter().any(|p| p.contains("\"b  healthy for")), "a changed line went unnoticed: {problems:?}");
+    assert!(
+        problems.iter().any(|p| p.contains("\"b  healthy for")),
+        "a changed line went unnoticed: {problems:?}"
+    );
 
     eprintln!(
         "FIGURE cell_drill: b's store full after {messages} × 64 KiB; breaker open {to_open:?} after it (drill showed it {seen_open:?} after), \

@@ -48,11 +48,18 @@ const MIRROR_CATCH_UP: Duration = Duration::from_secs(150);
 
 impl TwoDomains {
     fn start() -> TwoDomains {
-        let root = tempfile::Builder::new().prefix("livegate-cell-nats-").tempdir().expect("tempdir");
-        let a = NatsServer::start_cell(&root.path().join("a"), "a", None, &CellNatsConfig::default());
+        let root =
+            tempfile::Builder::new().prefix("livegate-cell-nats-").tempdir().expect("tempdir");
+        let a =
+            NatsServer::start_cell(&root.path().join("a"), "a", None, &CellNatsConfig::default());
         let link = Link::start();
         let proxy = link.proxy(a.leaf_addr());
-        let b = NatsServer::start_cell(&root.path().join("b"), "b", Some(&format!("nats-leaf://{proxy}")), &CellNatsConfig::default());
+        let b = NatsServer::start_cell(
+            &root.path().join("b"),
+            "b",
+            Some(&format!("nats-leaf://{proxy}")),
+            &CellNatsConfig::default(),
+        );
         let two = TwoDomains { a, b, link, root: Some(root) };
         two.wait_leaf_up(LEAF_UP);
         two
@@ -64,11 +71,17 @@ impl TwoDomains {
 
     fn wait_leaf_up(&self, within: Duration) {
         let up = wait_until_every(within, Duration::from_millis(20), || self.leaf_up());
-        assert!(up, "no leaf connection between a and b within {within:?}; logs:\n{}\n{}", self.a.log_text(), self.b.log_text());
+        assert!(
+            up,
+            "no leaf connection between a and b within {within:?}; logs:\n{}\n{}",
+            self.a.log_text(),
+            self.b.log_text()
+        );
     }
 
     fn wait_leaf_down(&self, within: Duration) {
-        let down = wait_until_every(within, Duration::from_millis(20), || self.b.leaf_connections() == 0);
+        let down =
+            wait_until_every(within, Duration::from_millis(20), || self.b.leaf_connections() == 0);
         assert!(down, "b still has its leaf connection {within:?} later");
     }
 
@@ -85,7 +98,10 @@ impl Drop for TwoDomains {
         self.b.kill9();
         if std::thread::panicking() {
             if let Some(root) = self.root.take() {
-                eprintln!("cell NATS test failed: the servers' logs and stores kept in {}", root.keep().display());
+                eprintln!(
+                    "cell NATS test failed: the servers' logs and stores kept in {}",
+                    root.keep().display()
+                );
             }
         }
     }
@@ -108,7 +124,11 @@ async fn serve(client: &Client, subject: &str, answer: &'static str) {
 
 /// A request on `subject` through `client` answered within `timeout`: the answer, or the
 /// kind of failure.
-async fn ask(client: &Client, subject: &str, timeout: Duration) -> Result<String, RequestErrorKind> {
+async fn ask(
+    client: &Client,
+    subject: &str,
+    timeout: Duration,
+) -> Result<String, RequestErrorKind> {
     let request = Request::new().payload("ping".into()).timeout(Some(timeout));
     match client.send_request(subject.to_string(), request).await {
         Ok(msg) => Ok(String::from_utf8_lossy(&msg.payload).into_owned()),
@@ -119,7 +139,10 @@ async fn ask(client: &Client, subject: &str, timeout: Duration) -> Result<String
 /// Waits until a request from `client` on `subject` is answered: the interest of the
 /// subscriber has reached `client`'s server (over the leaf, when across).
 async fn wait_answered(client: &Client, subject: &str, within: Duration) -> bool {
-    wait_until_every_async(within, Duration::from_millis(20), || async { ask(client, subject, Duration::from_millis(500)).await.is_ok() }).await
+    wait_until_every_async(within, Duration::from_millis(20), || async {
+        ask(client, subject, Duration::from_millis(500)).await.is_ok()
+    })
+    .await
 }
 
 /// Makes sure every subscription `b` made before this call is known to server a:
@@ -127,7 +150,10 @@ async fn wait_answered(client: &Client, subject: &str, within: Duration) -> bool
 /// of `b` answers a request from `a`, the earlier ones have arrived too.
 async fn interest_reached(a: &Client, b: &Client, probe: &'static str) {
     serve(b, probe, "b").await;
-    assert!(wait_answered(a, probe, Duration::from_secs(10)).await, "b's interest in {probe} never reached a");
+    assert!(
+        wait_answered(a, probe, Duration::from_secs(10)).await,
+        "b's interest in {probe} never reached a"
+    );
 }
 
 /// The room stream of cell a as the design has it: origin subjects of its own
@@ -137,13 +163,22 @@ fn rooms_of_a() -> stream::Config {
         name: "ROOMS_A".into(),
         subjects: vec!["lg.a.room.>".into()],
         allow_direct: true,
-        republish: Some(stream::Republish { source: "lg.a.room.>".into(), destination: "lg.live.>".into(), headers_only: false }),
+        republish: Some(stream::Republish {
+            source: "lg.a.room.>".into(),
+            destination: "lg.live.>".into(),
+            headers_only: false,
+        }),
         ..Default::default()
     }
 }
 
 async fn publish_acked(js: &jetstream::Context, subject: &str, payload: &str) -> u64 {
-    let ack = js.publish(subject.to_string(), payload.to_string().into()).await.expect("publish").await.expect("publish ack");
+    let ack = js
+        .publish(subject.to_string(), payload.to_string().into())
+        .await
+        .expect("publish")
+        .await
+        .expect("publish ack");
     ack.sequence
 }
 
@@ -175,22 +210,41 @@ fn kv_buckets_of_one_name_stay_in_their_domain_and_kv_subjects_do_not_cross_the_
         kv_a.put("from-a", "1".into()).await.expect("put on a");
         ca.publish("marker.kv", "after the put".into()).await.expect("marker");
         let marker = tokio::time::timeout(Duration::from_secs(5), marker_on_b.next()).await;
-        assert!(matches!(marker, Ok(Some(_))), "the marker published on a after the put never reached b: {marker:?}");
+        assert!(
+            matches!(marker, Ok(Some(_))),
+            "the marker published on a after the put never reached b: {marker:?}"
+        );
         let crossed = tokio::time::timeout(Duration::from_millis(1), kv_on_b.next()).await;
         assert!(crossed.is_err(), "a's KV put crossed the leaf to a subscriber on b: {crossed:?}");
         kv_b.put("from-b", "2".into()).await.expect("put on b");
         assert_eq!(kv_b.get("from-a").await.expect("get on b"), None, "a's key in b's bucket");
         assert_eq!(kv_a.get("from-b").await.expect("get on a"), None, "b's key in a's bucket");
         // A put into a's bucket from a client of b, addressed to domain a: stored in a.
-        let kv_ba = jetstream::with_domain(cb.clone(), "a").get_key_value("CELLKV").await.expect("a's bucket through domain a");
+        let kv_ba = jetstream::with_domain(cb.clone(), "a")
+            .get_key_value("CELLKV")
+            .await
+            .expect("a's bucket through domain a");
         kv_ba.put("from-b-to-a", "3".into()).await.expect("put through domain a");
-        assert_eq!(kv_ba.get("from-a").await.expect("get through domain a").as_deref(), Some(&b"1"[..]), "a's value read from b");
-        assert_eq!(kv_a.get("from-b-to-a").await.expect("get on a").as_deref(), Some(&b"3"[..]), "the put through domain a");
+        assert_eq!(
+            kv_ba.get("from-a").await.expect("get through domain a").as_deref(),
+            Some(&b"1"[..]),
+            "a's value read from b"
+        );
+        assert_eq!(
+            kv_a.get("from-b-to-a").await.expect("get on a").as_deref(),
+            Some(&b"3"[..]),
+            "the put through domain a"
+        );
         // A raw $KV publish from b's client lands in b's own bucket.
-        let raw = js_b.publish("$KV.CELLKV.raw", "4".into()).await.expect("publish").await.expect("ack");
+        let raw =
+            js_b.publish("$KV.CELLKV.raw", "4".into()).await.expect("publish").await.expect("ack");
         assert_eq!(raw.domain, "b", "a raw $KV put from b is acknowledged by {raw:?}");
         // Long after the put on a, b's bucket still holds only b's own two keys.
-        assert_eq!((messages(&js_a, "KV_CELLKV").await, messages(&js_b, "KV_CELLKV").await), (2, 2), "messages in a's and b's bucket");
+        assert_eq!(
+            (messages(&js_a, "KV_CELLKV").await, messages(&js_b, "KV_CELLKV").await),
+            (2, 2),
+            "messages in a's and b's bucket"
+        );
     });
 }
 
@@ -201,25 +255,47 @@ fn ordinary_subjects_cross_the_leaf_so_a_stream_in_both_domains_stores_each_publ
     runtime().block_on(async {
         let (ca, cb) = two.clients().await;
         let (js_a, js_b) = (jetstream::new(ca.clone()), jetstream::new(cb.clone()));
-        let both = stream::Config { name: "BOTH".into(), subjects: vec!["both.>".into()], ..Default::default() };
+        let both = stream::Config {
+            name: "BOTH".into(),
+            subjects: vec!["both.>".into()],
+            ..Default::default()
+        };
         js_a.create_stream(both.clone()).await.expect("BOTH in a");
         js_b.create_stream(both).await.expect("BOTH in b");
         // No core subscriber anywhere: b's stream's own interest crosses the leaf.
         interest_reached(&ca, &cb, "probe.both").await;
         let ack = js_a.publish("both.x", "one".into()).await.expect("publish").await.expect("ack");
-        assert_eq!(ack.domain, "a", "the publisher on a is acknowledged by its own domain: {ack:?}");
-        let twice = wait_until_every_async(Duration::from_secs(5), Duration::from_millis(20), || async {
-            messages(&js_a, "BOTH").await == 1 && messages(&js_b, "BOTH").await == 1
-        })
-        .await;
-        assert!(twice, "a publish on a stored in a and b: a has {}, b has {}", messages(&js_a, "BOTH").await, messages(&js_b, "BOTH").await);
+        assert_eq!(
+            ack.domain, "a",
+            "the publisher on a is acknowledged by its own domain: {ack:?}"
+        );
+        let twice =
+            wait_until_every_async(Duration::from_secs(5), Duration::from_millis(20), || async {
+                messages(&js_a, "BOTH").await == 1 && messages(&js_b, "BOTH").await == 1
+            })
+            .await;
+        assert!(
+            twice,
+            "a publish on a stored in a and b: a has {}, b has {}",
+            messages(&js_a, "BOTH").await,
+            messages(&js_b, "BOTH").await
+        );
         let ack = js_b.publish("both.y", "two".into()).await.expect("publish").await.expect("ack");
-        assert_eq!(ack.domain, "b", "the publisher on b is acknowledged by its own domain: {ack:?}");
-        let twice = wait_until_every_async(Duration::from_secs(5), Duration::from_millis(20), || async {
-            messages(&js_a, "BOTH").await == 2 && messages(&js_b, "BOTH").await == 2
-        })
-        .await;
-        assert!(twice, "a publish on b stored in a and b: a has {}, b has {}", messages(&js_a, "BOTH").await, messages(&js_b, "BOTH").await);
+        assert_eq!(
+            ack.domain, "b",
+            "the publisher on b is acknowledged by its own domain: {ack:?}"
+        );
+        let twice =
+            wait_until_every_async(Duration::from_secs(5), Duration::from_millis(20), || async {
+                messages(&js_a, "BOTH").await == 2 && messages(&js_b, "BOTH").await == 2
+            })
+            .await;
+        assert!(
+            twice,
+            "a publish on b stored in a and b: a has {}, b has {}",
+            messages(&js_a, "BOTH").await,
+            messages(&js_b, "BOTH").await
+        );
     });
 }
 
@@ -234,19 +310,33 @@ fn a_republished_room_event_reaches_a_core_subscriber_in_the_other_cell() {
         let mut live = cb.subscribe("lg.live.>").await.expect("subscribe on b");
         interest_reached(&ca, &cb, "probe.live").await;
         for i in 1..=5 {
-            assert_eq!(publish_acked(&js_a, "lg.a.room.r1", &format!("e{i}")).await, i, "origin seq");
+            assert_eq!(
+                publish_acked(&js_a, "lg.a.room.r1", &format!("e{i}")).await,
+                i,
+                "origin seq"
+            );
         }
         for i in 1..=5u64 {
             let msg = match tokio::time::timeout(Duration::from_secs(5), live.next()).await {
                 Ok(Some(msg)) => msg,
                 other => panic!("event {i} of 5 not republished to b within 5 s: {other:?}"),
             };
-            let header = |name: &str| msg.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().to_string());
+            let header = |name: &str| {
+                msg.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().to_string())
+            };
             assert_eq!(msg.subject.as_str(), "lg.live.r1", "republished subject");
             assert_eq!(&msg.payload[..], format!("e{i}").as_bytes(), "payload, in order");
-            assert_eq!(header("Nats-Stream").as_deref(), Some("ROOMS_A"), "Nats-Stream of event {i}");
+            assert_eq!(
+                header("Nats-Stream").as_deref(),
+                Some("ROOMS_A"),
+                "Nats-Stream of event {i}"
+            );
             assert_eq!(header("Nats-Sequence"), Some(i.to_string()), "Nats-Sequence of event {i}");
-            assert_eq!(header("Nats-Subject").as_deref(), Some("lg.a.room.r1"), "Nats-Subject of event {i}");
+            assert_eq!(
+                header("Nats-Subject").as_deref(),
+                Some("lg.a.room.r1"),
+                "Nats-Subject of event {i}"
+            );
         }
     });
 }
@@ -258,7 +348,10 @@ fn a_request_across_the_leaf_times_out_during_a_silent_cut_then_finds_no_respond
     let rt = runtime();
     let (ca, cb) = rt.block_on(two.clients());
     rt.block_on(serve(&ca, "svc.a", "a"));
-    assert!(rt.block_on(wait_answered(&cb, "svc.a", Duration::from_secs(10))), "a's service never answered a client of b");
+    assert!(
+        rt.block_on(wait_answered(&cb, "svc.a", Duration::from_secs(10))),
+        "a's service never answered a client of b"
+    );
 
     // A silent cut: b's requests go into the dead leaf and time out (the caller's own
     // timeout), until the leaf's pings close it; then no responders, at once.
@@ -272,16 +365,33 @@ fn a_request_across_the_leaf_times_out_during_a_silent_cut_then_finds_no_respond
         match outcome {
             Err(RequestErrorKind::NoResponders) => break cut.elapsed(),
             Err(RequestErrorKind::TimedOut) => {}
-            other => panic!("a request during the cut: {other:?}; so far:\n  {}", outcomes.join("\n  ")),
+            other => {
+                panic!("a request during the cut: {other:?}; so far:\n  {}", outcomes.join("\n  "))
+            }
         }
-        assert!(cut.elapsed() < CUT_NOTICED, "the leaf still open {CUT_NOTICED:?} after a silent cut:\n  {}", outcomes.join("\n  "));
+        assert!(
+            cut.elapsed() < CUT_NOTICED,
+            "the leaf still open {CUT_NOTICED:?} after a silent cut:\n  {}",
+            outcomes.join("\n  ")
+        );
     };
-    assert!(outcomes.len() > 1, "no responders at once after a silent cut (the cut was not silent?):\n  {}", outcomes.join("\n  "));
+    assert!(
+        outcomes.len() > 1,
+        "no responders at once after a silent cut (the cut was not silent?):\n  {}",
+        outcomes.join("\n  ")
+    );
     assert_eq!(two.b.leaf_connections(), 0, "b answers no responders but still has its leaf");
     let fast = Instant::now();
-    assert_eq!(rt.block_on(ask(&cb, "svc.a", Duration::from_millis(500))), Err(RequestErrorKind::NoResponders), "after the leaf closed");
+    assert_eq!(
+        rt.block_on(ask(&cb, "svc.a", Duration::from_millis(500))),
+        Err(RequestErrorKind::NoResponders),
+        "after the leaf closed"
+    );
     let no_responders_in = fast.elapsed();
-    assert!(no_responders_in < Duration::from_millis(100), "no responders took {no_responders_in:?}");
+    assert!(
+        no_responders_in < Duration::from_millis(100),
+        "no responders took {no_responders_in:?}"
+    );
     eprintln!(
         "silent cut (ping_interval {CELL_PING_INTERVAL}, ping_max {CELL_PING_MAX}): requests timed out until {no_responders_at:?}, \
          then no responders in {no_responders_in:?}"
@@ -289,25 +399,38 @@ fn a_request_across_the_leaf_times_out_during_a_silent_cut_then_finds_no_respond
 
     two.link.set(Condition::Up);
     let healed = Instant::now();
-    assert!(rt.block_on(wait_answered(&cb, "svc.a", Duration::from_secs(10))), "not answered again within 10 s of the heal");
+    assert!(
+        rt.block_on(wait_answered(&cb, "svc.a", Duration::from_secs(10))),
+        "not answered again within 10 s of the heal"
+    );
     let answered_again = healed.elapsed();
 
     // kill -9 of a: its socket closes, the proxy passes the close on, no wait at all.
     two.a.kill9();
     let killed = Instant::now();
-    let outcome = rt.block_on(wait_for_every_async(Duration::from_secs(5), Duration::from_millis(1), || async {
-        match ask(&cb, "svc.a", Duration::from_millis(500)).await {
-            Err(RequestErrorKind::NoResponders) => Some(killed.elapsed()),
-            _ => None,
-        }
-    }));
+    let outcome = rt.block_on(wait_for_every_async(
+        Duration::from_secs(5),
+        Duration::from_millis(1),
+        || async {
+            match ask(&cb, "svc.a", Duration::from_millis(500)).await {
+                Err(RequestErrorKind::NoResponders) => Some(killed.elapsed()),
+                _ => None,
+            }
+        },
+    ));
     let after_kill = outcome.expect("no responders within 5 s of kill -9 of a");
-    assert!(after_kill < Duration::from_secs(1), "no responders {after_kill:?} after kill -9 of a: more than 1 s");
+    assert!(
+        after_kill < Duration::from_secs(1),
+        "no responders {after_kill:?} after kill -9 of a: more than 1 s"
+    );
     two.a.restart();
     let restarted = Instant::now();
     two.wait_leaf_up(LEAF_UP);
     rt.block_on(serve(&ca, "svc.a2", "a"));
-    assert!(rt.block_on(wait_answered(&cb, "svc.a2", Duration::from_secs(10))), "a's new service never answered after the restart");
+    assert!(
+        rt.block_on(wait_answered(&cb, "svc.a2", Duration::from_secs(10))),
+        "a's new service never answered after the restart"
+    );
     eprintln!(
         "heal: answered again in {answered_again:?}; kill -9 of a: no responders in {after_kill:?}; restart of a: leaf up and \
          answering in {:?}",
@@ -333,12 +456,33 @@ fn a_client_of_one_cell_reads_the_other_cells_stream_through_its_domain() {
         assert!(local.is_err(), "a's stream found through b's own domain");
         let js_ba = jetstream::with_domain(cb.clone(), "a");
         let mut s = js_ba.get_stream("ROOMS_A").await.expect("ROOMS_A through domain a");
-        assert_eq!(s.info().await.expect("info").state.last_sequence, 5, "a's stream's info read from b");
-        let got = |m: async_nats::jetstream::message::StreamMessage| (m.sequence, String::from_utf8_lossy(&m.payload).into_owned());
+        assert_eq!(
+            s.info().await.expect("info").state.last_sequence,
+            5,
+            "a's stream's info read from b"
+        );
+        let got = |m: async_nats::jetstream::message::StreamMessage| {
+            (m.sequence, String::from_utf8_lossy(&m.payload).into_owned())
+        };
         assert_eq!(s.direct_get(2).await.map(got).expect("direct get 2"), (2, "r1-1".to_string()));
-        assert_eq!(s.direct_get_last_for_subject("lg.a.room.r1").await.map(got).expect("direct get last r1"), (3, "r1-2".to_string()));
-        assert_eq!(s.get_raw_message(4).await.map(got).expect("STREAM.MSG.GET 4"), (4, "r2-0".to_string()));
-        assert_eq!(s.get_last_raw_message_by_subject("lg.a.room.r2").await.map(got).expect("STREAM.MSG.GET last r2"), (5, "r2-1".to_string()));
+        assert_eq!(
+            s.direct_get_last_for_subject("lg.a.room.r1")
+                .await
+                .map(got)
+                .expect("direct get last r1"),
+            (3, "r1-2".to_string())
+        );
+        assert_eq!(
+            s.get_raw_message(4).await.map(got).expect("STREAM.MSG.GET 4"),
+            (4, "r2-0".to_string())
+        );
+        assert_eq!(
+            s.get_last_raw_message_by_subject("lg.a.room.r2")
+                .await
+                .map(got)
+                .expect("STREAM.MSG.GET last r2"),
+            (5, "r2-1".to_string())
+        );
     });
 }
 
@@ -447,13 +591,20 @@ fn a_mirror_resumes_after_its_origins_server_is_killed_and_restarted() {
             name: "MIRROR_A".into(),
             mirror: Some(stream::Source {
                 name: "ROOMS_A".into(),
-                external: Some(stream::External { api_prefix: "$JS.a.API".into(), delivery_prefix: None }),
+                external: Some(stream::External {
+                    api_prefix: "$JS.a.API".into(),
+                    delivery_prefix: None,
+                }),
                 ..Default::default()
             }),
             ..Default::default()
         };
         let m = js_b.create_stream(config).await.expect("mirror in b");
-        let caught = wait_until_every_async(Duration::from_secs(30), Duration::from_millis(20), || async { last_seq(&m).await == 5 }).await;
+        let caught =
+            wait_until_every_async(Duration::from_secs(30), Duration::from_millis(20), || async {
+                last_seq(&m).await == 5
+            })
+            .await;
         assert!(caught, "the mirror at {} of 5", last_seq(&m).await);
         m
     });
@@ -462,7 +613,8 @@ fn a_mirror_resumes_after_its_origins_server_is_killed_and_restarted() {
     let killed = Instant::now();
     two.wait_leaf_down(Duration::from_secs(10));
     assert_eq!(rt.block_on(last_seq(&m)), 5, "the mirror's head with its origin dead");
-    let read = rt.block_on(m.get_raw_message(5)).map(|x| String::from_utf8_lossy(&x.payload).into_owned());
+    let read =
+        rt.block_on(m.get_raw_message(5)).map(|x| String::from_utf8_lossy(&x.payload).into_owned());
     assert_eq!(read.ok().as_deref(), Some("before-4"), "the mirror read with its origin dead");
     two.a.restart();
     let restarted = Instant::now();

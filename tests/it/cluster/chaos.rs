@@ -36,7 +36,10 @@ const STREAMS: [&str; 5] = ["LG_ROOMS", "LG_STATE", "KV_lg_sessions", "KV_lg_non
 const BACK_LIMIT: Duration = Duration::from_secs(20);
 
 /// `stream`'s replicas and the NATS server leading it, as JetStream reports them now.
-async fn stream_state(probe: &livegate::cluster::Cluster, stream: &str) -> Result<(usize, Option<String>, Vec<(String, bool)>), String> {
+async fn stream_state(
+    probe: &livegate::cluster::Cluster,
+    stream: &str,
+) -> Result<(usize, Option<String>, Vec<(String, bool)>), String> {
     let found = tokio::time::timeout(Duration::from_secs(3), probe.js.get_stream(stream)).await;
     let stream = match found {
         Ok(Ok(stream)) => stream,
@@ -45,7 +48,9 @@ async fn stream_state(probe: &livegate::cluster::Cluster, stream: &str) -> Resul
     };
     let info = stream.cached_info();
     let cluster = info.cluster.as_ref();
-    let peers = cluster.map(|c| c.replicas.iter().map(|p| (p.name.clone(), p.current && !p.offline)).collect()).unwrap_or_default();
+    let peers = cluster
+        .map(|c| c.replicas.iter().map(|p| (p.name.clone(), p.current && !p.offline)).collect())
+        .unwrap_or_default();
     Ok((info.config.num_replicas, cluster.and_then(|c| c.leader.clone()), peers))
 }
 
@@ -60,15 +65,25 @@ fn rooms_leader(rt: &tokio::runtime::Runtime, probe: &livegate::cluster::Cluster
 
 /// Waits until every node acknowledges a publish (to a probe room of its own); returns
 /// how long after `since` the last one did, or a failure.
-fn every_node_publishes<N: Nats>(cluster: &Cluster<N>, since: Instant, failures: &mut Vec<String>) -> Duration {
+fn every_node_publishes<N: Nats>(
+    cluster: &Cluster<N>,
+    since: Instant,
+    failures: &mut Vec<String>,
+) -> Duration {
     for i in 0..cluster.len() {
         let http = cluster.http(i);
         let path = format!("/v1/rooms/chaos:probe-{i}/events");
         let ok = wait_until(BACK_LIMIT, || {
-            matches!(http.try_request("POST", &path, Auth::Key, Body::Json(json!({"data": 1}))), Ok((200 | 201, _)))
+            matches!(
+                http.try_request("POST", &path, Auth::Key, Body::Json(json!({"data": 1}))),
+                Ok((200 | 201, _))
+            )
         });
         if !ok {
-            failures.push(format!("node {} did not publish within {BACK_LIMIT:?} of the kill", Cluster::name(i)));
+            failures.push(format!(
+                "node {} did not publish within {BACK_LIMIT:?} of the kill",
+                Cluster::name(i)
+            ));
         }
     }
     since.elapsed()
@@ -83,7 +98,8 @@ fn every_node_publishes<N: Nats>(cluster: &Cluster<N>, since: Instant, failures:
 /// leader exists. A server stopped with SIGTERM hands its leaderships over before it exits
 /// (measured: publishing again 0.1 s after the signal).
 #[test]
-fn killing_the_room_streams_leading_nats_server_then_another_loses_and_repeats_nothing_acknowledged() {
+fn killing_the_room_streams_leading_nats_server_then_another_loses_and_repeats_nothing_acknowledged(
+) {
     let _gate = crate::common::gate!();
     let started = Instant::now();
     let mut flags = SHORT_DRAIN.to_vec();
@@ -142,7 +158,12 @@ fn killing_the_room_streams_leading_nats_server_then_another_loses_and_repeats_n
     outcome.check(&mut failures);
     for c in &outcome.clients {
         if !c.endings.is_empty() {
-            failures.push(format!("client {} on {}: its connection ended although only NATS servers died: {:?}", c.id, Cluster::name(c.home), c.endings));
+            failures.push(format!(
+                "client {} on {}: its connection ended although only NATS servers died: {:?}",
+                c.id,
+                Cluster::name(c.home),
+                c.endings
+            ));
         }
     }
     let delivered: usize = outcome.clients.iter().map(|c| c.got.len()).sum();
@@ -163,7 +184,17 @@ fn killing_the_room_streams_leading_nats_server_then_another_loses_and_repeats_n
         started.elapsed().as_secs_f64()
     );
     if !failures.is_empty() {
-        eprintln!("NATS logs:\n{}", cluster.nats.logs().lines().filter(|l| l.contains("[WRN]") || l.contains("[ERR]")).take(60).collect::<Vec<_>>().join("\n"));
+        eprintln!(
+            "NATS logs:\n{}",
+            cluster
+                .nats
+                .logs()
+                .lines()
+                .filter(|l| l.contains("[WRN]") || l.contains("[ERR]"))
+                .take(60)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
     }
     fail_with_logs(&cluster, "chaos: NATS servers killed", &failures, &LOG_NEEDLES);
 }
@@ -179,27 +210,45 @@ fn streams_made_with_one_replica_are_raised_to_three() {
     let nats = NatsCluster::start_in(dir.path());
     let rt = runtime();
     let day = Duration::from_secs(86_400);
-    let limits = |replicas| StreamLimits { history_size: 1000, nonce_ttl: day, session_ttl: day, replicas: Some(replicas) };
+    let limits = |replicas| StreamLimits {
+        history_size: 1000,
+        nonce_ttl: day,
+        session_ttl: day,
+        replicas: Some(replicas),
+    };
     let replicas_now = |probe: &livegate::cluster::Cluster| -> Vec<(&str, Result<usize, String>)> {
-        STREAMS.iter().map(|&s| (s, rt.block_on(stream_state(probe, s)).map(|(n, _, _)| n.max(1)))).collect()
+        STREAMS
+            .iter()
+            .map(|&s| (s, rt.block_on(stream_state(probe, s)).map(|(n, _, _)| n.max(1))))
+            .collect()
     };
     let mut failures = Vec::new();
-    let one = rt.block_on(livegate::cluster::Cluster::connect_with(&nats.urls(), "old", limits(1))).unwrap_or_else(|e| panic!("connect with R1: {e}"));
+    let one = rt
+        .block_on(livegate::cluster::Cluster::connect_with(&nats.urls(), "old", limits(1)))
+        .unwrap_or_else(|e| panic!("connect with R1: {e}"));
     for (stream, got) in replicas_now(&one) {
         if got != Ok(1) {
             failures.push(format!("{stream} made with cluster_replicas 1: {got:?}"));
         }
     }
-    let three = rt.block_on(livegate::cluster::Cluster::connect_with(&nats.urls(), "new", limits(3))).unwrap_or_else(|e| panic!("connect with R3: {e}"));
+    let three = rt
+        .block_on(livegate::cluster::Cluster::connect_with(&nats.urls(), "new", limits(3)))
+        .unwrap_or_else(|e| panic!("connect with R3: {e}"));
     for (stream, got) in replicas_now(&three) {
         if got != Ok(3) {
-            failures.push(format!("{stream} after a node with cluster_replicas 3: {got:?}, expected raised to 3"));
+            failures.push(format!(
+                "{stream} after a node with cluster_replicas 3: {got:?}, expected raised to 3"
+            ));
         }
     }
-    let again = rt.block_on(livegate::cluster::Cluster::connect_with(&nats.urls(), "old-again", limits(1))).unwrap_or_else(|e| panic!("connect with R1 again: {e}"));
+    let again = rt
+        .block_on(livegate::cluster::Cluster::connect_with(&nats.urls(), "old-again", limits(1)))
+        .unwrap_or_else(|e| panic!("connect with R1 again: {e}"));
     for (stream, got) in replicas_now(&again) {
         if got != Ok(3) {
-            failures.push(format!("{stream} after a node with cluster_replicas 1 again: {got:?}, expected left at 3"));
+            failures.push(format!(
+                "{stream} after a node with cluster_replicas 1 again: {got:?}, expected left at 3"
+            ));
         }
     }
     eprintln!("R1 streams raised to R3: test took {:.1} s", started.elapsed().as_secs_f64());
@@ -227,7 +276,10 @@ fn chaos_flags() -> Vec<&'static str> {
 /// are `nats`'s proxies in front of the servers (which advertise no other address), and
 /// the load reaches it through `clients`.
 fn cluster_with_a_behind(nats: &Link, clients: &Link) -> (Cluster<NatsCluster>, Reach) {
-    let cluster = Cluster::start_replicated_with(3, &chaos_flags(), &["--no_advertise"], |i, servers| (i == 0).then(|| nats.proxy_urls(&servers.urls())));
+    let cluster =
+        Cluster::start_replicated_with(3, &chaos_flags(), &["--no_advertise"], |i, servers| {
+            (i == 0).then(|| nats.proxy_urls(&servers.urls()))
+        });
     let mut reach = Reach::direct(&cluster);
     reach.addrs[0] = clients.proxy(cluster.addr(0));
     reach.answer_within = ANSWER_WITHIN;
@@ -237,7 +289,13 @@ fn cluster_with_a_behind(nats: &Link, clients: &Link) -> (Cluster<NatsCluster>, 
 
 /// How long after `since` every client was receiving again, as printed; a failure when
 /// some client never was.
-fn every_client_back(outcome: &LoadOutcome, since: Instant, until: Instant, what: &str, failures: &mut Vec<String>) -> (Option<Duration>, String) {
+fn every_client_back(
+    outcome: &LoadOutcome,
+    since: Instant,
+    until: Instant,
+    what: &str,
+    failures: &mut Vec<String>,
+) -> (Option<Duration>, String) {
     match outcome.every_client_back(since, until) {
         Ok(back) => (Some(back), format!("{:.1} s", back.as_secs_f64())),
         Err(never) => {
@@ -267,11 +325,20 @@ fn node_a_in_trouble(name: &str, trouble: Condition, clients_too: bool) {
     let started = Instant::now();
     let (nats_link, clients_link) = (Link::start(), Link::start());
     let (cluster, reach) = cluster_with_a_behind(&nats_link, &clients_link);
-    let troubled: Vec<&Link> = if clients_too { vec![&nats_link, &clients_link] } else { vec![&nats_link] };
+    let troubled: Vec<&Link> =
+        if clients_too { vec![&nats_link, &clients_link] } else { vec![&nats_link] };
     let formed = started.elapsed();
     let rt = runtime();
     let mut failures = Vec::new();
-    let load = Load::start_everywhere_via(&rt, &cluster, &reach, "chaos", 3, 18, Duration::from_millis(30));
+    let load = Load::start_everywhere_via(
+        &rt,
+        &cluster,
+        &reach,
+        "chaos",
+        3,
+        18,
+        Duration::from_millis(30),
+    );
     common::pace(Duration::from_millis(1500), "load on every node before the trouble");
 
     let trouble_at = Instant::now();
@@ -281,8 +348,19 @@ fn node_a_in_trouble(name: &str, trouble: Condition, clients_too: bool) {
     let healed_at = Instant::now();
     // Through the link: a publishes again by itself, and so do the others.
     let a = Http::with_timeout(reach.addrs[0], ANSWER_WITHIN);
-    if !wait_until(BACK_LIMIT, || matches!(a.try_request("POST", "/v1/rooms/chaos:probe-a/events", Auth::Key, Body::Json(json!({"data": 1}))), Ok((200 | 201, _)))) {
-        failures.push(format!("node a did not publish through the healed link within {BACK_LIMIT:?}"));
+    if !wait_until(BACK_LIMIT, || {
+        matches!(
+            a.try_request(
+                "POST",
+                "/v1/rooms/chaos:probe-a/events",
+                Auth::Key,
+                Body::Json(json!({"data": 1}))
+            ),
+            Ok((200 | 201, _))
+        )
+    }) {
+        failures
+            .push(format!("node a did not publish through the healed link within {BACK_LIMIT:?}"));
     }
     let a_back = healed_at.elapsed();
     every_node_publishes(&cluster, healed_at, &mut failures);
@@ -300,12 +378,21 @@ fn node_a_in_trouble(name: &str, trouble: Condition, clients_too: bool) {
             };
             *endings.entry(format!("{} {kind}", Cluster::name(*node))).or_default() += 1;
         }
-        if clients_too && trouble == Condition::Cut && c.home == 0 && !c.nodes.iter().any(|&n| n != 0) {
-            failures.push(format!("client {} of a never moved to another node: {:?}", c.id, c.endings));
+        if clients_too
+            && trouble == Condition::Cut
+            && c.home == 0
+            && !c.nodes.iter().any(|&n| n != 0)
+        {
+            failures
+                .push(format!("client {} of a never moved to another node: {:?}", c.id, c.endings));
         }
     }
     // A client the trouble cannot move (its link is fine) is back after the heal at best.
-    let (since, what) = if clients_too { (trouble_at, "the start of the trouble") } else { (healed_at, "the heal") };
+    let (since, what) = if clients_too {
+        (trouble_at, "the start of the trouble")
+    } else {
+        (healed_at, "the heal")
+    };
     let (_, back) = every_client_back(&outcome, since, Instant::now(), what, &mut failures);
     let figures = figures(&outcome, &format!("{back} (counted from {what})"));
     eprintln!(
@@ -338,7 +425,11 @@ fn node_cut_off_from_nats_only_for_10_s_loses_and_repeats_nothing_acknowledged()
 fn node_with_200_ms_more_latency_and_2_percent_loss_loses_and_repeats_nothing_acknowledged() {
     let _gate = crate::common::gate!();
     let degraded = Condition::Degraded { one_way: Duration::from_millis(200), loss: 0.02 };
-    node_a_in_trouble("node a with 200 ms more latency each way and 2 % loss for 10 s", degraded, true);
+    node_a_in_trouble(
+        "node a with 200 ms more latency each way and 2 % loss for 10 s",
+        degraded,
+        true,
+    );
 }
 
 #[test]
@@ -352,7 +443,15 @@ fn rolling_restart_on_replicated_nats_loses_and_repeats_nothing_acknowledged() {
     let mut reach = Reach::direct(&cluster);
     reach.answer_within = ANSWER_WITHIN;
     reach.silence_limit = Some(SILENCE_LIMIT);
-    let load = Load::start_everywhere_via(&rt, &cluster, &reach, "chaos", 3, 18, Duration::from_millis(30));
+    let load = Load::start_everywhere_via(
+        &rt,
+        &cluster,
+        &reach,
+        "chaos",
+        3,
+        18,
+        Duration::from_millis(30),
+    );
     common::pace(Duration::from_secs(1), "load on every node before the restarts");
     // (node, SIGTERM sent, exited, ready again)
     let mut steps = Vec::new();
@@ -372,7 +471,11 @@ fn rolling_restart_on_replicated_nats_loses_and_repeats_nothing_acknowledged() {
     for c in &outcome.clients {
         for (node, ending) in &c.endings {
             if !matches!(ending, Ending::Close(Some(1012), _)) {
-                failures.push(format!("client {} on {}: ending {ending:?}, expected a 1012 close", c.id, Cluster::name(*node)));
+                failures.push(format!(
+                    "client {} on {}: ending {ending:?}, expected a 1012 close",
+                    c.id,
+                    Cluster::name(*node)
+                ));
             }
         }
     }
@@ -393,7 +496,8 @@ fn rolling_restart_on_replicated_nats_loses_and_repeats_nothing_acknowledged() {
             )
         })
         .collect();
-    let longest = longest.map_or("never".to_string(), |d| format!("{:.1} s at most per restart", d.as_secs_f64()));
+    let longest = longest
+        .map_or("never".to_string(), |d| format!("{:.1} s at most per restart", d.as_secs_f64()));
     let figures = figures(&outcome, &longest);
     eprintln!(
         "chaos, rolling restart of a, b, c on three replicated nats-servers: {figures}; {}; {}; cluster formed in {:.1} s; test took {:.1} s",

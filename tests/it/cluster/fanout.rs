@@ -26,9 +26,18 @@ fn publish_on_a_reaches_subscribers_on_a_b_and_c_in_order_exactly_once() {
             (ws, sub)
         });
         if sub["seq"] != 0 {
-            failures.push(format!("subscriber {i} on {}: fresh room has head {}", Cluster::name(node), sub["seq"]));
+            failures.push(format!(
+                "subscriber {i} on {}: fresh room has head {}",
+                Cluster::name(node),
+                sub["seq"]
+            ));
         }
-        assert_eq!(ws.welcome["node"], Cluster::name(node), "welcome names the node: {}", ws.welcome);
+        assert_eq!(
+            ws.welcome["node"],
+            Cluster::name(node),
+            "welcome names the node: {}",
+            ws.welcome
+        );
         epochs.push(sub["epoch"].clone());
         subscribers.push((i, node, ws));
     }
@@ -36,7 +45,8 @@ fn publish_on_a_reaches_subscribers_on_a_b_and_c_in_order_exactly_once() {
         .into_iter()
         .map(|(i, node, mut ws)| {
             rt.spawn(async move {
-                let (got, mut other) = collect_events(&mut ws, room, EVENTS, Duration::from_secs(20)).await;
+                let (got, mut other) =
+                    collect_events(&mut ws, room, EVENTS, Duration::from_secs(20)).await;
                 if other.is_empty() {
                     if let Some(extra) = ws.recv_within(QUIET).await {
                         other.push(format!("something after the {EVENTS} events: {extra}"));
@@ -60,17 +70,28 @@ fn publish_on_a_reaches_subscribers_on_a_b_and_c_in_order_exactly_once() {
     }
     let publish_took = publish_started.elapsed();
     if acks.iter().map(|a| a.1).collect::<Vec<_>>() != (1..=EVENTS as u64).collect::<Vec<_>>() {
-        failures.push(format!("acknowledged seqs are not 1..={EVENTS}: first ones {:?}", &acks[..acks.len().min(10)]));
+        failures.push(format!(
+            "acknowledged seqs are not 1..={EVENTS}: first ones {:?}",
+            &acks[..acks.len().min(10)]
+        ));
     }
     for (i, e) in epochs.iter().enumerate() {
         if e.is_null() || *e != acks[0].2 {
-            failures.push(format!("subscriber {i} was told epoch {e}, the publish replies carry {}", acks[0].2));
+            failures.push(format!(
+                "subscriber {i} was told epoch {e}, the publish replies carry {}",
+                acks[0].2
+            ));
         }
     }
     let results = rt.block_on(async {
         let mut out = Vec::new();
         for r in readers {
-            out.push(tokio::time::timeout(Duration::from_secs(40), r).await.expect("reader finished").expect("reader"));
+            out.push(
+                tokio::time::timeout(Duration::from_secs(40), r)
+                    .await
+                    .expect("reader finished")
+                    .expect("reader"),
+            );
         }
         out
     });
@@ -79,12 +100,19 @@ fn publish_on_a_reaches_subscribers_on_a_b_and_c_in_order_exactly_once() {
         let seqs = seqs(&got);
         if seqs != (1..=EVENTS as u64).collect::<Vec<_>>() {
             let dup = seqs.len() - seqs.iter().collect::<HashSet<_>>().len();
-            failures.push(format!("{who}: {} events, {dup} duplicate seqs, not 1..={EVENTS} in order", seqs.len()));
+            failures.push(format!(
+                "{who}: {} events, {dup} duplicate seqs, not 1..={EVENTS} in order",
+                seqs.len()
+            ));
         }
         for e in &got {
             let s = seq_of(e) as usize;
             if (1..=EVENTS).contains(&s) && e["id"] != acks[s - 1].0.as_str() {
-                failures.push(format!("{who}: seq {s} carries id {} instead of {}", e["id"], acks[s - 1].0));
+                failures.push(format!(
+                    "{who}: seq {s} carries id {} instead of {}",
+                    e["id"],
+                    acks[s - 1].0
+                ));
                 break;
             }
         }
@@ -144,12 +172,21 @@ fn a_client_that_cannot_reach_its_owner_moves_once_and_recovers_exactly_the_miss
     // route did not choose, charged to the budget.
     // A client that says it cannot reach a node started moments ago is believed without
     // charge (it was restarting): wait until the nodes are older than that grace.
-    common::let_time_pass_until(cluster_ready + Duration::from_millis(RESTART_GRACE_MS + 500), "the nodes outlive the restart grace");
+    common::let_time_pass_until(
+        cluster_ready + Duration::from_millis(RESTART_GRACE_MS + 500),
+        "the nodes outlive the restart grace",
+    );
     let token = cluster.http(2).mint_token("mover", "web");
     match rt.block_on(WsClient::try_connect(cluster.addr(2), Some(&token), Some(&session))) {
         Err(r) if r.status == 421 && r.body["error"]["node"] == "a" => {}
-        Err(r) => failures.push(format!("reconnect on c with a's session: expected 4421 naming a, got {} {}", r.status, r.body)),
-        Ok(ws) => failures.push(format!("reconnect on c with a's session was accepted although a is alive: {}", ws.welcome)),
+        Err(r) => failures.push(format!(
+            "reconnect on c with a's session: expected 4421 naming a, got {} {}",
+            r.status, r.body
+        )),
+        Ok(ws) => failures.push(format!(
+            "reconnect on c with a's session was accepted although a is alive: {}",
+            ws.welcome
+        )),
     }
     let mut ws = match rt.block_on(connect_avoiding(cluster.addr(2), &token, &session, "a")) {
         Ok(ws) => ws,
@@ -161,7 +198,10 @@ fn a_client_that_cannot_reach_its_owner_moves_once_and_recovers_exactly_the_miss
         failures.push(format!("avoiding a, the session must land on b or c: {}", ws.welcome));
     }
     if ws.session() != session {
-        failures.push(format!("session {session} (recorded on a) was not kept on {here}: welcome {}", ws.welcome));
+        failures.push(format!(
+            "session {session} (recorded on a) was not kept on {here}: welcome {}",
+            ws.welcome
+        ));
     }
     let resub = rt.block_on(ws.subscribe_since(room, 50, &epoch));
     if resub["op"] != "subscribed" || resub["recovered"] != true || resub["epoch"] != epoch {
@@ -198,14 +238,25 @@ fn a_client_that_cannot_reach_its_owner_moves_once_and_recovers_exactly_the_miss
         Err(r) if r.status == 429 && r.header("close-code") == Some("4029") => {
             let secs: u64 = r.header("retry-after").and_then(|s| s.parse().ok()).unwrap_or(0);
             if !(1..=600).contains(&secs) {
-                failures.push(format!("4029's reason must be the seconds to wait (1..=600), got {:?}", r.header("retry-after")));
+                failures.push(format!(
+                    "4029's reason must be the seconds to wait (1..=600), got {:?}",
+                    r.header("retry-after")
+                ));
             }
         }
-        Err(r) => failures.push(format!("second avoided move: expected close 4029, got {} {} {:?}", r.status, r.body, r.headers)),
-        Ok(ws) => failures.push(format!("a second avoided move inside the window was allowed: {}", ws.welcome)),
+        Err(r) => failures.push(format!(
+            "second avoided move: expected close 4029, got {} {} {:?}",
+            r.status, r.body, r.headers
+        )),
+        Ok(ws) => failures
+            .push(format!("a second avoided move inside the window was allowed: {}", ws.welcome)),
     }
-    let (back, sent_to) = rt.block_on(WsClient::connect_following(cluster.addr(0), &token, Some(&session)));
-    if back.session() != session || back.welcome["node"] != here.as_str() || sent_to.as_deref() != Some(here.as_str()) {
+    let (back, sent_to) =
+        rt.block_on(WsClient::connect_following(cluster.addr(0), &token, Some(&session)));
+    if back.session() != session
+        || back.welcome["node"] != here.as_str()
+        || sent_to.as_deref() != Some(here.as_str())
+    {
         failures.push(format!("the refused token, used again through a, must be sent to {here} and keep the session: sent to {sent_to:?}, {}", back.welcome));
     }
     eprintln!("move away from a: test took {:.1} s", started.elapsed().as_secs_f64());
@@ -254,7 +305,8 @@ fn two_nodes_publishing_to_one_room_at_once_make_one_contiguous_sequence() {
                     acked.insert(id.clone(), seq);
                     epochs.insert(reply["epoch"].to_string());
                 }
-                _ => failures.push(format!("publish {id} on {}: {status} {reply}", Cluster::name(*node))),
+                _ => failures
+                    .push(format!("publish {id} on {}: {status} {reply}", Cluster::name(*node))),
             }
         }
     }
@@ -275,7 +327,11 @@ fn two_nodes_publishing_to_one_room_at_once_make_one_contiguous_sequence() {
     // The history, read on the third node.
     let (events, _epoch, head) = full_history(&cluster.http(2), room, 0);
     if head != (2 * EACH) as u64 || seqs(&events) != (1..=head).collect::<Vec<_>>() {
-        failures.push(format!("history on c: head {head}, {} events, not 1..={}", events.len(), 2 * EACH));
+        failures.push(format!(
+            "history on c: head {head}, {} events, not 1..={}",
+            events.len(),
+            2 * EACH
+        ));
     }
     let mut seen = HashSet::new();
     for e in &events {
@@ -285,7 +341,10 @@ fn two_nodes_publishing_to_one_room_at_once_make_one_contiguous_sequence() {
         }
         if let Some(&seq) = acked.get(&id) {
             if seq != seq_of(e) {
-                failures.push(format!("{id} acknowledged with seq {seq}, history has it at {}", seq_of(e)));
+                failures.push(format!(
+                    "{id} acknowledged with seq {seq}, history has it at {}",
+                    seq_of(e)
+                ));
             }
         }
     }
@@ -294,7 +353,10 @@ fn two_nodes_publishing_to_one_room_at_once_make_one_contiguous_sequence() {
         let (status, reply) = cluster.http(node).publish(room, Some(id), json!({"again": true}));
         let first = acked.get(id).copied();
         if status != 200 || reply["duplicate"] != true || reply["seq"].as_u64() != first {
-            failures.push(format!("{id} again on {}: {status} {reply}, expected 200 duplicate with seq {first:?}", Cluster::name(node)));
+            failures.push(format!(
+                "{id} again on {}: {status} {reply}, expected 200 duplicate with seq {first:?}",
+                Cluster::name(node)
+            ));
         }
     }
     let (_, _, head_after) = full_history(&cluster.http(0), room, 0);
@@ -325,7 +387,12 @@ fn a_room_whose_history_expired_keeps_its_head_on_every_node() {
     for node in 0..3 {
         let page = cluster.http(node).history_ok(room, None, None);
         assert_eq!(page["head"], 3, "head on {}: {page}", Cluster::name(node));
-        assert_eq!(page["events"].as_array().map(Vec::len), Some(0), "expired events served on {}: {page}", Cluster::name(node));
+        assert_eq!(
+            page["events"].as_array().map(Vec::len),
+            Some(0),
+            "expired events served on {}: {page}",
+            Cluster::name(node)
+        );
     }
     let next = cluster.http(1).publish_ok(room, Some("ttl-4"), json!({"i": 4}));
     assert_eq!(next["seq"], 4, "{next}");
@@ -344,7 +411,11 @@ fn a_namespace_history_size_applies_on_every_node() {
     let cluster = Cluster::start(2, &["--config", &config.display().to_string()]);
     let rt = runtime();
     // (room, seqs kept of 12)
-    let rooms: [(&str, Vec<u64>); 3] = [("long:1", (1..=12).collect()), ("short:1", vec![11, 12]), ("other:1", (9..=12).collect())];
+    let rooms: [(&str, Vec<u64>); 3] = [
+        ("long:1", (1..=12).collect()),
+        ("short:1", vec![11, 12]),
+        ("other:1", (9..=12).collect()),
+    ];
     for (room, _) in &rooms {
         for i in 1..=12 {
             cluster.http(0).publish_ok(room, Some(&format!("{room}-{i}")), json!({"i": i}));
@@ -359,16 +430,24 @@ fn a_namespace_history_size_applies_on_every_node() {
             let page = http.history_ok(room, Some(0), Some(100));
             let got = seqs(page["events"].as_array().map(Vec::as_slice).unwrap_or_default());
             if (&got, &page["head"]) != (kept, &json!(12)) {
-                failures.push(format!("{room} on {}: kept {got:?} (head {}), want {kept:?}", Cluster::name(node), page["head"]));
+                failures.push(format!(
+                    "{room} on {}: kept {got:?} (head {}), want {kept:?}",
+                    Cluster::name(node),
+                    page["head"]
+                ));
             }
             let reply = rt.block_on(ws.subscribe_since(room, 0, &page["epoch"]));
             if reply["recovered"] != json!(kept.len() == 12) {
-                failures.push(format!("{room} on {}: recovery from 0 answered {reply}", Cluster::name(node)));
+                failures.push(format!(
+                    "{room} on {}: recovery from 0 answered {reply}",
+                    Cluster::name(node)
+                ));
             }
             if reply["recovered"] == json!(true) {
                 let replayed = seqs(&rt.block_on(ws.next_events(12)));
                 if &replayed != kept {
-                    failures.push(format!("{room} on {}: replayed {replayed:?}", Cluster::name(node)));
+                    failures
+                        .push(format!("{room} on {}: replayed {replayed:?}", Cluster::name(node)));
                 }
             }
         }
@@ -389,24 +468,43 @@ fn a_client_publish_on_b_to_a_room_written_by_a_reaches_a_with_from() {
     let names: Vec<&str> = (0..3).map(Cluster::name).collect();
     let room = (0..1000)
         .map(|i| format!("chat:{i}"))
-        .find(|room| livegate::core::nodes::routing::room_writer(room, &names) == Some(Cluster::name(0)))
+        .find(|room| {
+            livegate::core::nodes::routing::room_writer(room, &names) == Some(Cluster::name(0))
+        })
         .expect("some room is written by a");
     let mut failures = Vec::new();
     rt.block_on(async {
-        let mut on_a = WsClient::connect(cluster.addr(0), &cluster.http(0).mint_token("reader-a", "web"), None).await;
-        let mut on_c = WsClient::connect(cluster.addr(2), &cluster.http(2).mint_token("reader-c", "web"), None).await;
+        let mut on_a = WsClient::connect(
+            cluster.addr(0),
+            &cluster.http(0).mint_token("reader-a", "web"),
+            None,
+        )
+        .await;
+        let mut on_c = WsClient::connect(
+            cluster.addr(2),
+            &cluster.http(2).mint_token("reader-c", "web"),
+            None,
+        )
+        .await;
         on_a.subscribe_ok(&room).await;
         on_c.subscribe_ok(&room).await;
-        let (status, body) = cluster.http(1).mint_token_raw(json!({"user": "writer-b", "publish": ["chat:*"]}));
+        let (status, body) =
+            cluster.http(1).mint_token_raw(json!({"user": "writer-b", "publish": ["chat:*"]}));
         assert_eq!(status, 201, "{body}");
-        let mut on_b = WsClient::connect(cluster.addr(1), body["token"].as_str().unwrap(), None).await;
-        let reply = on_b.request(json!({"op": "publish", "room": room, "id": "c-1", "data": {"text": "hi"}})).await;
+        let mut on_b =
+            WsClient::connect(cluster.addr(1), body["token"].as_str().unwrap(), None).await;
+        let reply = on_b
+            .request(json!({"op": "publish", "room": room, "id": "c-1", "data": {"text": "hi"}}))
+            .await;
         if reply["op"] != "published" || reply["seq"] != 1 || reply["duplicate"] != false {
             failures.push(format!("publish on b: {reply}"));
         }
-        let again = on_b.request(json!({"op": "publish", "room": room, "id": "c-1", "data": {"text": "hi"}})).await;
+        let again = on_b
+            .request(json!({"op": "publish", "room": room, "id": "c-1", "data": {"text": "hi"}}))
+            .await;
         if again["duplicate"] != true || again["seq"] != 1 {
-            failures.push(format!("the same id again on b: {again}, expected duplicate with seq 1"));
+            failures
+                .push(format!("the same id again on b: {again}, expected duplicate with seq 1"));
         }
         let refused = on_b.request(json!({"op": "publish", "room": "news:1", "data": {}})).await;
         if refused["code"] != "forbidden" {
@@ -414,21 +512,32 @@ fn a_client_publish_on_b_to_a_room_written_by_a_reaches_a_with_from() {
         }
         // A backend's publish with the client's id (through c, so forwarded to a) is a
         // new event: a client's ids are its user's (issue 29), on the stream too.
-        let (status, backend) = cluster.http(2).publish(&room, Some("c-1"), json!({"text": "backend"}));
+        let (status, backend) =
+            cluster.http(2).publish(&room, Some("c-1"), json!({"text": "backend"}));
         if status != 201 || backend["seq"] != 2 || backend["duplicate"] != false {
             failures.push(format!("a backend publish with the client's id: {status} {backend}"));
         }
         for (name, ws) in [("a", &mut on_a), ("c", &mut on_c)] {
             let (events, other) = collect_events(ws, &room, 2, Duration::from_secs(10)).await;
-            let seen: Vec<(&Value, &Value, Option<&Value>)> = events.iter().map(|e| (&e["seq"], &e["id"], e.get("from"))).collect();
-            if seen != [(&json!(1), &json!("c-1"), Some(&json!("writer-b"))), (&json!(2), &json!("c-1"), None)] || events[0]["data"]["text"] != "hi" {
+            let seen: Vec<(&Value, &Value, Option<&Value>)> =
+                events.iter().map(|e| (&e["seq"], &e["id"], e.get("from"))).collect();
+            if seen
+                != [
+                    (&json!(1), &json!("c-1"), Some(&json!("writer-b"))),
+                    (&json!(2), &json!("c-1"), None),
+                ]
+                || events[0]["data"]["text"] != "hi"
+            {
                 failures.push(format!("subscriber on {name}: {events:?}, also {other:?}"));
             }
         }
     });
     for node in 0..3 {
         let page = cluster.http(node).history_ok(&room, Some(0), Some(10));
-        if page["head"] != 2 || page["events"][0]["from"] != "writer-b" || page["events"][1]["id"] != "c-1" {
+        if page["head"] != 2
+            || page["events"][0]["from"] != "writer-b"
+            || page["events"][1]["id"] != "c-1"
+        {
             failures.push(format!("history on {}: {page}", Cluster::name(node)));
         }
     }
@@ -444,21 +553,27 @@ fn the_same_id_in_two_rooms_is_two_events_and_in_one_room_a_duplicate() {
     let cluster = Cluster::start(2, &SHORT_DRAIN);
     let mut failures = Vec::new();
     for (room, via) in [("ids:one", 0), ("ids:two", 1), ("ids:three", 0)] {
-        let (status, reply) = cluster.http(via).publish(room, Some("shared-id"), json!({ "room": room }));
+        let (status, reply) =
+            cluster.http(via).publish(room, Some("shared-id"), json!({ "room": room }));
         if status != 201 || reply["seq"] != 1 || reply["duplicate"] != false {
             failures.push(format!("first publish of shared-id to {room}: {status} {reply}"));
         }
     }
     for via in [0, 1] {
-        let (status, reply) = cluster.http(via).publish("ids:two", Some("shared-id"), json!({ "again": via }));
+        let (status, reply) =
+            cluster.http(via).publish("ids:two", Some("shared-id"), json!({ "again": via }));
         if status != 200 || reply["seq"] != 1 || reply["duplicate"] != true {
-            failures.push(format!("shared-id again in ids:two through {}: {status} {reply}", Cluster::name(via)));
+            failures.push(format!(
+                "shared-id again in ids:two through {}: {status} {reply}",
+                Cluster::name(via)
+            ));
         }
     }
     for room in ["ids:one", "ids:two", "ids:three"] {
         let page = cluster.http(1).history_ok(room, Some(0), None);
         let events = page["events"].as_array().cloned().unwrap_or_default();
-        if events.len() != 1 || events[0]["id"] != "shared-id" || events[0]["data"]["room"] != room {
+        if events.len() != 1 || events[0]["id"] != "shared-id" || events[0]["data"]["room"] != room
+        {
             failures.push(format!("history of {room}: {page}"));
         }
     }

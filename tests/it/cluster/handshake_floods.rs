@@ -35,7 +35,9 @@ impl SlowPeer {
         let url = format!("http://{}", link.proxy(cluster.addr(1)));
         link.set(Condition::Degraded { one_way: Duration::from_millis(225), loss: 0.0 });
         let (kv, peer) = rt.block_on(async {
-            let peer = livegate::cluster::Cluster::connect(&cluster.nats.url(), "slow").await.unwrap_or_else(|e| panic!("connect: {e:?}"));
+            let peer = livegate::cluster::Cluster::connect(&cluster.nats.url(), "slow")
+                .await
+                .unwrap_or_else(|e| panic!("connect: {e:?}"));
             let kv = KvSessions::open(&peer).await.unwrap_or_else(|e| panic!("open kv: {e:?}"));
             (kv, peer)
         });
@@ -62,15 +64,28 @@ impl SlowPeer {
                 pace_async(Duration::from_millis(250), "the fake peer's heartbeats").await;
             }
         });
-        let heard = wait_until(Duration::from_secs(10), || cluster.http(0).metric("livegate_cluster_peers_alive") == Some(2.0));
-        assert!(heard, "a does not count slow alive: {:?}", cluster.http(0).metric("livegate_cluster_peers_alive"));
+        let heard = wait_until(Duration::from_secs(10), || {
+            cluster.http(0).metric("livegate_cluster_peers_alive") == Some(2.0)
+        });
+        assert!(
+            heard,
+            "a does not count slow alive: {:?}",
+            cluster.http(0).metric("livegate_cluster_peers_alive")
+        );
         SlowPeer { link, kv, stop }
     }
 
     /// `session` of `user`, recorded as owned by `slow`.
     fn owns(&self, rt: &tokio::runtime::Runtime, user: &str, session: &str) {
-        let record = SessionRecord { session: session.into(), user: user.into(), owner: "slow".into(), version: 0, updated_at_ms: now_ms() };
-        rt.block_on(self.kv.write_session(None, &record)).unwrap_or_else(|e| panic!("write {session}: {e:?}"));
+        let record = SessionRecord {
+            session: session.into(),
+            user: user.into(),
+            owner: "slow".into(),
+            version: 0,
+            updated_at_ms: now_ms(),
+        };
+        rt.block_on(self.kv.write_session(None, &record))
+            .unwrap_or_else(|e| panic!("write {session}: {e:?}"));
     }
 }
 
@@ -102,16 +117,23 @@ fn victims_on_a_stripe_get_their_welcome_while_a_looping_credential_avoids_a_slo
     for session in &sessions {
         slow.owns(&rt, mallory, session);
     }
-    rt.block_on(slow.kv.set_last_migration(mallory, now_ms())).unwrap_or_else(|e| panic!("spend mallory's budget: {e:?}"));
+    rt.block_on(slow.kv.set_last_migration(mallory, now_ms()))
+        .unwrap_or_else(|e| panic!("spend mallory's budget: {e:?}"));
 
     // Victims: four a fixed-key build puts on mallory's stripe, and twenty others.
     let stripe = fixed_key_stripe(mallory);
-    let mut victims: Vec<String> = (0..).map(|i| format!("victim-{i}")).filter(|u| fixed_key_stripe(u) == stripe).take(4).collect();
+    let mut victims: Vec<String> = (0..)
+        .map(|i| format!("victim-{i}"))
+        .filter(|u| fixed_key_stripe(u) == stripe)
+        .take(4)
+        .collect();
     victims.extend((0..20).map(|i| format!("bystander-{i}")));
     let welcome_within = |user: &str| -> Duration {
         let token = try_mint(a, user, "web").unwrap_or_else(|e| panic!("{e}"));
         let started = Instant::now();
-        let ws = rt.block_on(WsClient::try_connect(a, Some(&token), None)).unwrap_or_else(|r| panic!("{user} refused: {} {}", r.status, r.body));
+        let ws = rt
+            .block_on(WsClient::try_connect(a, Some(&token), None))
+            .unwrap_or_else(|r| panic!("{user} refused: {} {}", r.status, r.body));
         let took = started.elapsed();
         rt.block_on(ws.close());
         took
@@ -136,7 +158,10 @@ fn victims_on_a_stripe_get_their_welcome_while_a_looping_credential_avoids_a_slo
                         // gives the token back, and the loop goes on.
                         Err(r) if r.status == 429 || r.status == 421 => {}
                         Err(r) => unexpected.push(format!("{} {}", r.status, r.body)),
-                        Ok(ws) => unexpected.push(format!("an avoided move with a spent budget was allowed: {}", ws.welcome)),
+                        Ok(ws) => unexpected.push(format!(
+                            "an avoided move with a spent budget was allowed: {}",
+                            ws.welcome
+                        )),
                     }
                     loops.fetch_add(1, Ordering::Relaxed);
                     pace_async(Duration::from_millis(100), "an attacker's handshake rate").await;
@@ -145,8 +170,13 @@ fn victims_on_a_stripe_get_their_welcome_while_a_looping_credential_avoids_a_slo
             })
         })
         .collect();
-    let attacking = wait_until(Duration::from_secs(10), || loops.load(Ordering::Relaxed) >= 2 * attackers);
-    assert!(attacking, "the attackers made only {} handshakes in 10 s", loops.load(Ordering::Relaxed));
+    let attacking =
+        wait_until(Duration::from_secs(10), || loops.load(Ordering::Relaxed) >= 2 * attackers);
+    assert!(
+        attacking,
+        "the attackers made only {} handshakes in 10 s",
+        loops.load(Ordering::Relaxed)
+    );
     let attack_started = Instant::now();
     let loops_before = loops.load(Ordering::Relaxed);
     // One victim every 50 ms, so the victims meet the attackers' handshakes (about 80 a
@@ -159,7 +189,8 @@ fn victims_on_a_stripe_get_their_welcome_while_a_looping_credential_avoids_a_slo
             (user.clone(), took)
         })
         .collect();
-    let (attack_loops, attack_time) = (loops.load(Ordering::Relaxed) - loops_before, attack_started.elapsed());
+    let (attack_loops, attack_time) =
+        (loops.load(Ordering::Relaxed) - loops_before, attack_started.elapsed());
     if attack_loops < attackers {
         failures.push(format!("the attack made only {attack_loops} handshakes while the victims connected ({attack_time:?})"));
     }
@@ -185,7 +216,9 @@ fn victims_on_a_stripe_get_their_welcome_while_a_looping_credential_avoids_a_slo
     );
     for (user, took) in &during {
         if *took > Duration::from_millis(300) {
-            failures.push(format!("{user} waited {took:?} for its welcome during the attack (at most 300 ms)"));
+            failures.push(format!(
+                "{user} waited {took:?} for its welcome during the attack (at most 300 ms)"
+            ));
         }
     }
     drop(slow);
@@ -215,35 +248,41 @@ fn a_slow_peer_is_asked_once_for_all_the_handshakes_that_avoid_it_at_once() {
     let probes_before = slow.link.accepted();
     let started = Instant::now();
     let moved: Vec<Result<(String, Duration), String>> = rt.block_on(async {
-        let tries = movers.iter().map(|(user, session, token)| {
-            async move {
-                match connect_avoiding(a, token, session, "slow").await {
-                    Ok(ws) => {
-                        let took = started.elapsed();
-                        let got = ws.session().to_string();
-                        ws.close().await;
-                        if &got == session {
-                            Ok((user.clone(), took))
-                        } else {
-                            Err(format!("{user} asked for {session} and got {got}"))
-                        }
+        let tries = movers.iter().map(|(user, session, token)| async move {
+            match connect_avoiding(a, token, session, "slow").await {
+                Ok(ws) => {
+                    let took = started.elapsed();
+                    let got = ws.session().to_string();
+                    ws.close().await;
+                    if &got == session {
+                        Ok((user.clone(), took))
+                    } else {
+                        Err(format!("{user} asked for {session} and got {got}"))
                     }
-                    Err(r) => Err(format!("{user}'s avoided move refused: {} {}", r.status, r.body)),
                 }
+                Err(r) => Err(format!("{user}'s avoided move refused: {} {}", r.status, r.body)),
             }
         });
         futures_util::future::join_all(tries).await
     });
     let probes = slow.link.accepted() - probes_before;
-    let mut failures: Vec<String> = moved.iter().filter_map(|m| m.as_ref().err().cloned()).collect();
-    let took: Vec<u128> = moved.iter().filter_map(|m| m.as_ref().ok()).map(|(_, d)| d.as_millis()).collect();
-    eprintln!("8 avoided moves at once: {probes} probe(s) of slow's /readyz; welcomes after {took:?} ms");
+    let mut failures: Vec<String> =
+        moved.iter().filter_map(|m| m.as_ref().err().cloned()).collect();
+    let took: Vec<u128> =
+        moved.iter().filter_map(|m| m.as_ref().ok()).map(|(_, d)| d.as_millis()).collect();
+    eprintln!(
+        "8 avoided moves at once: {probes} probe(s) of slow's /readyz; welcomes after {took:?} ms"
+    );
     if probes > 2 {
-        failures.push(format!("slow was probed {probes} times for 8 handshakes at once (at most 2)"));
+        failures
+            .push(format!("slow was probed {probes} times for 8 handshakes at once (at most 2)"));
     }
-    let charged = cluster.http(0).metric_total("livegate_migrations_total") + cluster.http(1).metric_total("livegate_migrations_total");
+    let charged = cluster.http(0).metric_total("livegate_migrations_total")
+        + cluster.http(1).metric_total("livegate_migrations_total");
     if charged < 8.0 {
-        failures.push(format!("livegate_migrations_total on a and b is {charged}, expected the 8 moves"));
+        failures.push(format!(
+            "livegate_migrations_total on a and b is {charged}, expected the 8 moves"
+        ));
     }
     drop(slow);
     fail_with_logs(&cluster, "a_slow_peer_is_asked_once", &failures, &LOG_NEEDLES);
@@ -270,29 +309,40 @@ fn a_replayed_spent_credential_costs_no_nats_message() {
     let token = try_mint(a, "replayer", "web").unwrap_or_else(|e| panic!("{e}"));
     let first = rt.block_on(WsClient::connect(a, &token, None));
     let spent_resume = first.welcome["resume"].as_str().expect("resume").to_string();
-    let second = rt.block_on(WsClient::try_connect_url(&format!("ws://{a}/v1/ws?resume={spent_resume}")))
+    let second = rt
+        .block_on(WsClient::try_connect_url(&format!("ws://{a}/v1/ws?resume={spent_resume}")))
         .unwrap_or_else(|r| panic!("the resume credential, first use: {} {}", r.status, r.body));
     let replays = 100;
     let mut failures = Vec::new();
     let mut figures = Vec::new();
     let token_url = |addr: SocketAddr| ws_url(addr, Some(&token), None);
     let resume_url = |addr: SocketAddr| format!("ws://{addr}/v1/ws?resume={spent_resume}");
-    let kinds: [(&str, &dyn Fn(SocketAddr) -> String, &str); 2] =
-        [("token", &token_url, "token_replayed"), ("resume credential", &resume_url, "resume_invalid")];
+    let kinds: [(&str, &dyn Fn(SocketAddr) -> String, &str); 2] = [
+        ("token", &token_url, "token_replayed"),
+        ("resume credential", &resume_url, "resume_invalid"),
+    ];
     for (kind, url_on, code) in kinds {
         let before = nats_in_msgs(monitor);
         for i in 0..replays {
             let addr = if i % 2 == 0 { a } else { b };
             match rt.block_on(WsClient::try_connect_url(&url_on(addr))) {
                 Err(r) if (r.status, error_code(&r.body)) == (401, code) => {}
-                Err(r) => failures.push(format!("spent {kind} replay {i} on {addr}: {} {}, expected 401 {code}", r.status, r.body)),
-                Ok(ws) => failures.push(format!("spent {kind} replay {i} on {addr} opened a connection: {}", ws.welcome)),
+                Err(r) => failures.push(format!(
+                    "spent {kind} replay {i} on {addr}: {} {}, expected 401 {code}",
+                    r.status, r.body
+                )),
+                Ok(ws) => failures.push(format!(
+                    "spent {kind} replay {i} on {addr} opened a connection: {}",
+                    ws.welcome
+                )),
             }
         }
         let per_replay = (nats_in_msgs(monitor) - before) / replays as f64;
         figures.push(format!("{kind}: {per_replay:.2} NATS messages per replay"));
         if per_replay > 0.5 {
-            failures.push(format!("a replayed spent {kind} cost {per_replay:.2} NATS messages (at most 0.5)"));
+            failures.push(format!(
+                "a replayed spent {kind} cost {per_replay:.2} NATS messages (at most 0.5)"
+            ));
         }
     }
     eprintln!("{}", figures.join("; "));

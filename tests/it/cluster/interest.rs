@@ -29,10 +29,18 @@ fn copies<N: Nats>(cluster: &Cluster<N>) -> Vec<f64> {
 
 /// Publishes events `from..=to` through the nodes `via`, in turn; each must be
 /// acknowledged with its seq.
-fn publish_range<N: Nats>(cluster: &Cluster<N>, room: &str, from: u64, to: u64, via: &[usize], failures: &mut Vec<String>) {
+fn publish_range<N: Nats>(
+    cluster: &Cluster<N>,
+    room: &str,
+    from: u64,
+    to: u64,
+    via: &[usize],
+    failures: &mut Vec<String>,
+) {
     for n in from..=to {
         let node = via[n as usize % via.len()];
-        let (status, reply) = cluster.http(node).publish(room, Some(&format!("interest-{n}")), json!({ "n": n }));
+        let (status, reply) =
+            cluster.http(node).publish(room, Some(&format!("interest-{n}")), json!({ "n": n }));
         if status != 201 || reply["seq"] != n {
             failures.push(format!("publish {n} through {}: {status} {reply}", Cluster::name(node)));
         }
@@ -48,13 +56,26 @@ fn room_of_a(prefix: &str, names: &[&str]) -> String {
 }
 
 /// A WebSocket client of `user` on node `node`.
-fn connect<N: Nats>(rt: &tokio::runtime::Runtime, cluster: &Cluster<N>, node: usize, user: &str) -> WsClient {
+fn connect<N: Nats>(
+    rt: &tokio::runtime::Runtime,
+    cluster: &Cluster<N>,
+    node: usize,
+    user: &str,
+) -> WsClient {
     let (token, addr) = (cluster.http(node).mint_token(user, "web"), cluster.addr(node));
     rt.block_on(WsClient::connect(addr, &token, None))
 }
 
 /// Checks that `ws` gets exactly events `from..=to` of `room`, in order.
-fn expect_events(rt: &tokio::runtime::Runtime, ws: &mut WsClient, who: &str, room: &str, from: u64, to: u64, failures: &mut Vec<String>) {
+fn expect_events(
+    rt: &tokio::runtime::Runtime,
+    ws: &mut WsClient,
+    who: &str,
+    room: &str,
+    from: u64,
+    to: u64,
+    failures: &mut Vec<String>,
+) {
     let want: Vec<u64> = (from..=to).collect();
     let (got, other) = rt.block_on(collect_events(ws, room, want.len(), Duration::from_secs(15)));
     if seqs(&got) != want {
@@ -82,11 +103,18 @@ fn a_node_takes_a_rooms_events_only_while_it_has_subscribers_there() {
     let after_one = copies(&cluster);
     for node in [1, 2] {
         if after_one[node] != before[node] {
-            failures.push(format!("{} has no subscriber in {room} and took {} live copies", names[node], after_one[node] - before[node]));
+            failures.push(format!(
+                "{} has no subscriber in {room} and took {} live copies",
+                names[node],
+                after_one[node] - before[node]
+            ));
         }
     }
     if after_one[0] - before[0] < 100.0 {
-        failures.push(format!("a has the subscribers and counted {} live copies of 100 events", after_one[0] - before[0]));
+        failures.push(format!(
+            "a has the subscribers and counted {} live copies of 100 events",
+            after_one[0] - before[0]
+        ));
     }
 
     // 2. A subscriber on b, recovering from 100.
@@ -100,10 +128,16 @@ fn a_node_takes_a_rooms_events_only_while_it_has_subscribers_there() {
     expect_events(&rt, &mut on_b, "the subscriber on b", &room, 101, 120, &mut failures);
     let after_two = copies(&cluster);
     if after_two[2] != before[2] {
-        failures.push(format!("c has no subscriber in {room} and took {} live copies", after_two[2] - before[2]));
+        failures.push(format!(
+            "c has no subscriber in {room} and took {} live copies",
+            after_two[2] - before[2]
+        ));
     }
     if after_two[1] - after_one[1] < 20.0 {
-        failures.push(format!("b subscribed and counted {} live copies of 20 events", after_two[1] - after_one[1]));
+        failures.push(format!(
+            "b subscribed and counted {} live copies of 20 events",
+            after_two[1] - after_one[1]
+        ));
     }
 
     // 3. Everyone leaves; after the linger nobody takes a copy.
@@ -134,9 +168,15 @@ fn a_node_takes_a_rooms_events_only_while_it_has_subscribers_there() {
     }
     expect_events(&rt, &mut on_b, "the subscriber back on b", &room, 121, 150, &mut failures);
     let page = cluster.http(1).history_ok(&room, Some(140), None);
-    let history: Vec<u64> = page["events"].as_array().map(|events| events.iter().map(seq_of).collect()).unwrap_or_default();
+    let history: Vec<u64> = page["events"]
+        .as_array()
+        .map(|events| events.iter().map(seq_of).collect())
+        .unwrap_or_default();
     if history != (141..=150).collect::<Vec<_>>() || page["head"] != 150 {
-        failures.push(format!("history of {room} on b since 140: head {}, seqs {history:?}", page["head"]));
+        failures.push(format!(
+            "history of {room} on b since 140: head {}, seqs {history:?}",
+            page["head"]
+        ));
     }
     publish_range(&cluster, &room, 151, 155, &[2], &mut failures);
     expect_events(&rt, &mut on_b, "the subscriber back on b", &room, 151, 155, &mut failures);
@@ -167,7 +207,10 @@ fn a_parked_inbox_on_one_node_gets_messages_published_through_another() {
     // A user whose inbox a writes, connected to c.
     let user = (0..)
         .map(|k| format!("parked-{k}"))
-        .find(|user| livegate::core::nodes::routing::room_writer(&format!("user:{user}"), &names) == Some(names[0]))
+        .find(|user| {
+            livegate::core::nodes::routing::room_writer(&format!("user:{user}"), &names)
+                == Some(names[0])
+        })
         .expect("some inbox is a's");
     let inbox = format!("user:{user}");
     let token = cluster.http(2).mint_token(&user, "web");
@@ -175,7 +218,12 @@ fn a_parked_inbox_on_one_node_gets_messages_published_through_another() {
     rt.block_on(on_c.wait_inbox_subscribed(Duration::from_secs(5)));
     let message = |n: u64, via: usize, failures: &mut Vec<String>| {
         let body = json!({ "id": format!("parked-{n}"), "data": { "n": n } });
-        let (status, reply) = cluster.http(via).request("POST", &format!("/v1/rooms/{inbox}/events"), Auth::Key, Body::Json(body));
+        let (status, reply) = cluster.http(via).request(
+            "POST",
+            &format!("/v1/rooms/{inbox}/events"),
+            Auth::Key,
+            Body::Json(body),
+        );
         if status != 201 || reply["seq"] != n {
             failures.push(format!("message {n} through {}: {status} {reply}", names[via]));
         }
@@ -186,10 +234,11 @@ fn a_parked_inbox_on_one_node_gets_messages_published_through_another() {
     expect_events(&rt, &mut on_c, "the parked user on c", &inbox, 1, 3, &mut failures);
     // The inbox's actor on c stops idle after a second and parks the user again.
     let mut status = Value::Null;
-    let parked = common::wait_until_every(Duration::from_secs(15), Duration::from_millis(100), || {
-        status = cluster.http(2).request("GET", "/v1/admin/status", Auth::Key, Body::None).1;
-        status["rooms_live"] == 0 && status["rooms_parked"] == 1
-    });
+    let parked =
+        common::wait_until_every(Duration::from_secs(15), Duration::from_millis(100), || {
+            status = cluster.http(2).request("GET", "/v1/admin/status", Auth::Key, Body::None).1;
+            status["rooms_live"] == 0 && status["rooms_parked"] == 1
+        });
     if !parked {
         failures.push(format!("c did not park the inbox again within 15 s: {status}"));
     }
@@ -209,7 +258,10 @@ fn a_parked_inbox_on_one_node_gets_messages_published_through_another() {
 fn a_subscriber_ahead_of_a_rooms_live_copies_is_answered_after_the_room_reads_the_stream() {
     let _gate = crate::common::gate!();
     let link = Link::start();
-    let cluster = Cluster::start_replicated_with(3, &SHORT_DRAIN, &["--no_advertise"], |i, servers| (i == 1).then(|| link.proxy_urls(&servers.urls())));
+    let cluster =
+        Cluster::start_replicated_with(3, &SHORT_DRAIN, &["--no_advertise"], |i, servers| {
+            (i == 1).then(|| link.proxy_urls(&servers.urls()))
+        });
     let rt = runtime();
     let mut failures = Vec::new();
     let names: Vec<&str> = (0..3).map(Cluster::name).collect();
@@ -232,5 +284,10 @@ fn a_subscriber_ahead_of_a_rooms_live_copies_is_answered_after_the_room_reads_th
     publish_range(&cluster, &room, 7, 8, &[0], &mut failures);
     expect_events(&rt, &mut mover, "the client that had 6 already", &room, 7, 8, &mut failures);
     expect_events(&rt, &mut watcher, "b's subscriber", &room, 6, 8, &mut failures);
-    fail_with_logs(&cluster, "a subscriber ahead of the room's live copies", &failures, &LOG_NEEDLES);
+    fail_with_logs(
+        &cluster,
+        "a subscriber ahead of the room's live copies",
+        &failures,
+        &LOG_NEEDLES,
+    );
 }

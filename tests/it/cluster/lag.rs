@@ -30,7 +30,8 @@ const LAG_SECONDS: &str = "livegate_consumer_lag_seconds";
 /// The publisher's pace: 30 events a second.
 const EVERY: Duration = Duration::from_millis(33);
 /// Node b's link while slowed.
-const SLOWED: Condition = Condition::Slowed { one_way: Duration::from_millis(300), bytes_per_sec: 8_000 };
+const SLOWED: Condition =
+    Condition::Slowed { one_way: Duration::from_millis(300), bytes_per_sec: 8_000 };
 
 /// A room node a writes, so b only takes live copies of it.
 fn room_of_a(names: &[&str]) -> String {
@@ -43,7 +44,8 @@ fn room_of_a(names: &[&str]) -> String {
 /// (events, seconds) on a node's `/metrics`; a lag metric it does not export fails.
 fn lag_of(http: &Http) -> (f64, f64) {
     let text = http.metrics_text();
-    let read = |name: &str| metric_value(&text, name).unwrap_or_else(|| panic!("no {name} on /metrics"));
+    let read =
+        |name: &str| metric_value(&text, name).unwrap_or_else(|| panic!("no {name} on /metrics"));
     (read(LAG_EVENTS), read(LAG_SECONDS))
 }
 
@@ -69,7 +71,8 @@ fn a_slowed_nats_link_shows_as_lag_that_returns_to_zero() {
     let stop = Arc::new(AtomicBool::new(false));
     let published = Arc::new(AtomicUsize::new(0));
     let publisher = {
-        let (stop, published, room, a) = (stop.clone(), published.clone(), room.clone(), cluster.http(0));
+        let (stop, published, room, a) =
+            (stop.clone(), published.clone(), room.clone(), cluster.http(0));
         std::thread::spawn(move || {
             let mut pacer = Pacer::new(EVERY);
             let filler = "x".repeat(500);
@@ -77,7 +80,11 @@ fn a_slowed_nats_link_shows_as_lag_that_returns_to_zero() {
             while !stop.load(Ordering::Relaxed) {
                 pacer.wait();
                 let n = published.load(Ordering::Relaxed) + 1;
-                let (status, reply) = a.publish(&room, Some(&format!("lag-{n}")), json!({ "n": n, "filler": filler }));
+                let (status, reply) = a.publish(
+                    &room,
+                    Some(&format!("lag-{n}")),
+                    json!({ "n": n, "filler": filler }),
+                );
                 if status == 201 && reply["seq"] == n as u64 {
                     published.store(n, Ordering::Relaxed);
                 } else {
@@ -92,8 +99,11 @@ fn a_slowed_nats_link_shows_as_lag_that_returns_to_zero() {
     // Up: b keeps up with the stream.
     let flowing = wait_until(WAIT, || published.load(Ordering::Relaxed) >= 60);
     assert!(flowing, "the publisher got only {} events through", published.load(Ordering::Relaxed));
-    let before = wait_for(WAIT, || Some(lag_of(&b)).filter(|(events, seconds)| *events == 0.0 && *seconds < 0.25));
-    let before = before.unwrap_or_else(|| panic!("b is behind before its link is slowed: {:?}", lag_of(&b)));
+    let before = wait_for(WAIT, || {
+        Some(lag_of(&b)).filter(|(events, seconds)| *events == 0.0 && *seconds < 0.25)
+    });
+    let before =
+        before.unwrap_or_else(|| panic!("b is behind before its link is slowed: {:?}", lag_of(&b)));
     println!("FIGURE lag before: b {} events, {:.3} s; a {:?}", before.0, before.1, lag_of(&a));
 
     // Slowed: the copies queue before b's bottleneck.
@@ -117,13 +127,21 @@ fn a_slowed_nats_link_shows_as_lag_that_returns_to_zero() {
         a_worst.1
     );
     if !behind {
-        failures.push(format!("b's lag did not rise to 50 events and 2 s with its link slowed: at most {worst:?}"));
+        failures.push(format!(
+            "b's lag did not rise to 50 events and 2 s with its link slowed: at most {worst:?}"
+        ));
     }
     // The admin overview names the room behind (and only there: /metrics has no room label).
     let (status, overview) = b.request("GET", "/v1/admin/overview", Auth::Key, Body::None);
     println!("FIGURE lag on b's admin overview while slowed: {}", overview["lag"]);
-    if status != 200 || overview["lag"]["room"] != room.as_str() || overview["lag"]["events"].as_u64().unwrap_or(0) == 0 {
-        failures.push(format!("b's overview does not name {room} as behind: {status} {}", overview["lag"]));
+    if status != 200
+        || overview["lag"]["room"] != room.as_str()
+        || overview["lag"]["events"].as_u64().unwrap_or(0) == 0
+    {
+        failures.push(format!(
+            "b's overview does not name {room} as behind: {status} {}",
+            overview["lag"]
+        ));
     }
     if a_worst.0 > 0.0 {
         failures.push(format!("a, the writer on a plain link, read {} events behind", a_worst.0));
@@ -144,21 +162,29 @@ fn a_slowed_nats_link_shows_as_lag_that_returns_to_zero() {
         last.1
     );
     if !caught_up {
-        failures.push(format!("b's lag did not return to 0 within 60 s of the link's restoration: {last:?}"));
+        failures.push(format!(
+            "b's lag did not return to 0 within 60 s of the link's restoration: {last:?}"
+        ));
     }
 
     stop.store(true, Ordering::Relaxed);
     failures.extend(publisher.join().expect("publisher thread"));
     let total = published.load(Ordering::Relaxed);
     // Every event reached b's subscriber, in order, once.
-    let (got, other) = rt.block_on(collect_events(&mut watcher, &room, total, Duration::from_secs(30)));
+    let (got, other) =
+        rt.block_on(collect_events(&mut watcher, &room, total, Duration::from_secs(30)));
     let want: Vec<u64> = (1..=total as u64).collect();
     if seqs(&got) != want {
         failures.push(format!("b's subscriber got {} events, not 1..={total} in order", got.len()));
     }
     failures.extend(other);
     println!("FIGURE lag: {total} events published at 30/s, all delivered on b in order");
-    fail_with_logs(&cluster, "a_slowed_nats_link_shows_as_lag_that_returns_to_zero", &failures, &["lag", "WARN", "ERROR"]);
+    fail_with_logs(
+        &cluster,
+        "a_slowed_nats_link_shows_as_lag_that_returns_to_zero",
+        &failures,
+        &["lag", "WARN", "ERROR"],
+    );
 }
 
 /// Cells with their own NATS: every node reads, every 10 s, how many messages its cell's
@@ -171,14 +197,17 @@ fn each_node_reads_its_cells_mirror_lag() {
     let _gate = crate::common::gate!();
     use common::cells::{Cells, CELL_NAMES};
     use common::nats::CellNatsConfig;
-    let cells = Cells::start(&["--cluster-heartbeat-ms", "250", "--probe-up-after", "1"], |_| CellNatsConfig::default());
+    let cells = Cells::start(&["--cluster-heartbeat-ms", "250", "--probe-up-after", "1"], |_| {
+        CellNatsConfig::default()
+    });
     let mut failures = Vec::new();
     let room = (0..10_000)
         .map(|i| format!("mirrored{i}"))
         .find(|r| livegate::core::nodes::routing::room_home_cell(r, &CELL_NAMES) == Some("a"))
         .expect("a room homed in a");
     for n in 1..=20u64 {
-        let (status, reply) = cells.http(0).publish(&room, Some(&format!("m-{n}")), json!({ "n": n }));
+        let (status, reply) =
+            cells.http(0).publish(&room, Some(&format!("m-{n}")), json!({ "n": n }));
         if status != 201 || reply["seq"] != n {
             failures.push(format!("publish {n} in cell a: {status} {reply}"));
         }
@@ -187,14 +216,28 @@ fn each_node_reads_its_cells_mirror_lag() {
         let other = if Cells::cell_of(i) == "a" { "b" } else { "a" };
         let series = format!("livegate_cell_mirror_lag_events{{cell=\"{other}\"}}");
         let http = cells.http(i);
-        let read = wait_for_every(Duration::from_secs(30), Duration::from_millis(250), || http.metric(&series).filter(|lag| *lag == 0.0));
-        println!("FIGURE mirror lag on {} (its mirror of cell {other}): {:?}", Cells::name(i), http.metric(&series));
+        let read = wait_for_every(Duration::from_secs(30), Duration::from_millis(250), || {
+            http.metric(&series).filter(|lag| *lag == 0.0)
+        });
+        println!(
+            "FIGURE mirror lag on {} (its mirror of cell {other}): {:?}",
+            Cells::name(i),
+            http.metric(&series)
+        );
         if read.is_none() {
-            failures.push(format!("{}: {series} never read 0 within 30 s: {:?}", Cells::name(i), http.metric(&series)));
+            failures.push(format!(
+                "{}: {series} never read 0 within 30 s: {:?}",
+                Cells::name(i),
+                http.metric(&series)
+            ));
         }
         let (status, overview) = http.request("GET", "/v1/admin/overview", Auth::Key, Body::None);
         if status != 200 || overview["mirrors"] != json!([{ "cell": other, "lag_events": 0 }]) {
-            failures.push(format!("{}'s overview: {status} mirrors {}", Cells::name(i), overview["mirrors"]));
+            failures.push(format!(
+                "{}'s overview: {status} mirrors {}",
+                Cells::name(i),
+                overview["mirrors"]
+            ));
         }
     }
     assert!(failures.is_empty(), "{}\nlogs under {}", failures.join("\n"), cells.root().display());

@@ -29,7 +29,11 @@ pub(super) struct Reach {
 impl Reach {
     /// Every node at its own address, answers awaited 20 s, connections never given up.
     pub(super) fn direct<N: Nats>(cluster: &Cluster<N>) -> Reach {
-        Reach { addrs: (0..cluster.len()).map(|i| cluster.addr(i)).collect(), answer_within: Duration::from_secs(20), silence_limit: None }
+        Reach {
+            addrs: (0..cluster.len()).map(|i| cluster.addr(i)).collect(),
+            answer_within: Duration::from_secs(20),
+            silence_limit: None,
+        }
     }
 }
 
@@ -83,7 +87,14 @@ impl Publisher {
     /// nodes of `addrs` in turn from node `first`; a failed attempt (an error status or no
     /// answer) is retried (same id) on the next node, as the book tells users to
     /// (docs/src/troubleshooting.md).
-    fn start(addrs: Addrs, answer_within: Duration, rooms: Vec<String>, every: Duration, prefix: String, first: usize) -> Publisher {
+    fn start(
+        addrs: Addrs,
+        answer_within: Duration,
+        rooms: Vec<String>,
+        every: Duration,
+        prefix: String,
+        first: usize,
+    ) -> Publisher {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = std::thread::spawn(move || {
@@ -107,12 +118,17 @@ impl Publisher {
                         (0..len).map(|k| (cursor + k) % len).find_map(|i| addrs[i].map(|a| (i, a)))
                     };
                     if let Some((node, addr)) = target {
-                        let http = https.entry(addr).or_insert_with(|| Http::with_timeout(addr, answer_within));
+                        let http = https
+                            .entry(addr)
+                            .or_insert_with(|| Http::with_timeout(addr, answer_within));
                         match http.try_request("POST", &path, Auth::Key, Body::Json(body.clone())) {
                             Ok((status @ (200 | 201), reply)) => {
                                 let seq = reply["seq"].as_u64().unwrap_or(0);
                                 if seq == 0 || (status == 200) != (reply["duplicate"] == true) {
-                                    report.errors.push(format!("{id} on {}: {status} {reply}", Cluster::name(node)));
+                                    report.errors.push(format!(
+                                        "{id} on {}: {status} {reply}",
+                                        Cluster::name(node)
+                                    ));
                                 }
                                 report.acks.push(Ack {
                                     room: room.clone(),
@@ -130,17 +146,30 @@ impl Publisher {
                                 break;
                             }
                             Ok((status, reply)) => {
-                                *report.refusals.entry(format!("{} {status}", Cluster::name(node))).or_default() += 1;
+                                *report
+                                    .refusals
+                                    .entry(format!("{} {status}", Cluster::name(node)))
+                                    .or_default() += 1;
                                 if ![429, 503].contains(&status) && report.errors.len() < 20 {
-                                    report.errors.push(format!("{id} on {}: {status} {reply}", Cluster::name(node)));
+                                    report.errors.push(format!(
+                                        "{id} on {}: {status} {reply}",
+                                        Cluster::name(node)
+                                    ));
                                 }
                             }
-                            Err(_) => *report.refusals.entry(format!("{} 0", Cluster::name(node))).or_default() += 1,
+                            Err(_) => {
+                                *report
+                                    .refusals
+                                    .entry(format!("{} 0", Cluster::name(node)))
+                                    .or_default() += 1
+                            }
                         }
                         cursor = node + 1;
                     }
                     if first_try.elapsed() > Duration::from_secs(30) {
-                        report.errors.push(format!("{id} not acknowledged by any node within 30 s"));
+                        report
+                            .errors
+                            .push(format!("{id} not acknowledged by any node within 30 s"));
                         break;
                     }
                     common::pace(Duration::from_millis(20), "a refused publish is retried at 50/s");
@@ -210,7 +239,9 @@ async fn attach(
 ) -> Result<(WsClient, Value, Vec<Value>), String> {
     let token = {
         let user = user.to_string();
-        tokio::task::spawn_blocking(move || try_mint_within(addr, &user, "web", answer_within)).await.map_err(|e| e.to_string())??
+        tokio::task::spawn_blocking(move || try_mint_within(addr, &user, "web", answer_within))
+            .await
+            .map_err(|e| e.to_string())??
     };
     let mut ws = try_ws(addr, token, None).await?;
     let mut req = json!({"op": "subscribe", "room": room, "ref": 1});
@@ -241,7 +272,13 @@ async fn attach(
 /// A subscriber of `room` that starts on node `home` and, whenever its connection ends
 /// (or stays silent past [`Reach::silence_limit`]), reconnects to another node taking
 /// clients and resubscribes with `since` + epoch, until it holds the room's final head.
-async fn load_client(id: usize, user: String, room: String, home: usize, shared: Arc<LoadShared>) -> ClientReport {
+async fn load_client(
+    id: usize,
+    user: String,
+    room: String,
+    home: usize,
+    shared: Arc<LoadShared>,
+) -> ClientReport {
     let mut report = ClientReport {
         id,
         room: room.clone(),
@@ -266,7 +303,10 @@ async fn load_client(id: usize, user: String, room: String, home: usize, shared:
                 let addrs = shared.addrs.lock().unwrap();
                 let len = addrs.len();
                 let start = if first { node } else { node + 1 + attempt };
-                (0..len).map(|k| (start + k) % len).find(|&i| (first || i != node || len == 1) && addrs[i].is_some()).map(|i| (i, addrs[i].unwrap()))
+                (0..len)
+                    .map(|k| (start + k) % len)
+                    .find(|&i| (first || i != node || len == 1) && addrs[i].is_some())
+                    .map(|i| (i, addrs[i].unwrap()))
             };
             attempt += 1;
             if let Some((i, addr)) = candidate {
@@ -277,17 +317,25 @@ async fn load_client(id: usize, user: String, room: String, home: usize, shared:
                         break ok;
                     }
                     Err(e) if first => {
-                        report.errors.push(format!("first connection on {}: {e}", Cluster::name(i)));
+                        report
+                            .errors
+                            .push(format!("first connection on {}: {e}", Cluster::name(i)));
                         return report;
                     }
                     Err(_) => {}
                 }
             }
             if Instant::now() > deadline {
-                report.errors.push(format!("could not reconnect within {LOAD_CLIENT_LIMIT:?} (last seq {last})"));
+                report.errors.push(format!(
+                    "could not reconnect within {LOAD_CLIENT_LIMIT:?} (last seq {last})"
+                ));
                 return report;
             }
-            common::pace_async(Duration::from_millis(100), "a client that found no node retries at 10/s").await;
+            common::pace_async(
+                Duration::from_millis(100),
+                "a client that found no node retries at 10/s",
+            )
+            .await;
         };
         report.nodes.push(node);
         if reply["op"] != "subscribed" {
@@ -304,10 +352,16 @@ async fn load_client(id: usize, user: String, room: String, home: usize, shared:
             shared.ready.fetch_add(1, Ordering::SeqCst);
         } else {
             if reply["recovered"] != true {
-                report.errors.push(format!("resubscribe on {} since {last}: {reply}", Cluster::name(node)));
+                report
+                    .errors
+                    .push(format!("resubscribe on {} since {last}: {reply}", Cluster::name(node)));
             }
             if !epoch.is_null() && reply["epoch"] != epoch {
-                report.errors.push(format!("epoch changed from {epoch} to {} on {}", reply["epoch"], Cluster::name(node)));
+                report.errors.push(format!(
+                    "epoch changed from {epoch} to {} on {}",
+                    reply["epoch"],
+                    Cluster::name(node)
+                ));
             }
             if epoch.is_null() {
                 epoch = reply["epoch"].clone();
@@ -326,7 +380,9 @@ async fn load_client(id: usize, user: String, room: String, home: usize, shared:
                 return report;
             }
             if Instant::now() > deadline {
-                report.errors.push(format!("after {LOAD_CLIENT_LIMIT:?}: last seq {last}, target {target:?}"));
+                report.errors.push(format!(
+                    "after {LOAD_CLIENT_LIMIT:?}: last seq {last}, target {target:?}"
+                ));
                 return report;
             }
             match ws.next_incoming(Duration::from_millis(200)).await {
@@ -342,7 +398,10 @@ async fn load_client(id: usize, user: String, room: String, home: usize, shared:
                 Incoming::Close(code, reason) => {
                     report.ended(node, Ending::Close(code, reason));
                     // Let tungstenite answer the Close, then leave.
-                    let _ = tokio::time::timeout(Duration::from_secs(1), async { while ws.ws.next().await.is_some() {} }).await;
+                    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                        while ws.ws.next().await.is_some() {}
+                    })
+                    .await;
                     continue 'connections;
                 }
                 Incoming::Ended(e) => {
@@ -370,7 +429,13 @@ impl ClientReport {
     /// When this client was receiving again after `since`: its first event after `since`
     /// and after the last of its connections that ended before `until`.
     pub(super) fn back_at(&self, since: Instant, until: Instant) -> Option<Instant> {
-        let lost = self.ended_at.iter().copied().filter(|&t| t >= since && t < until).max().unwrap_or(since);
+        let lost = self
+            .ended_at
+            .iter()
+            .copied()
+            .filter(|&t| t >= since && t < until)
+            .max()
+            .unwrap_or(since);
         self.arrivals.iter().copied().find(|&t| t > lost)
     }
 }
@@ -395,10 +460,24 @@ pub(super) struct Load {
 impl Load {
     /// `clients` subscribers spread over the nodes and rooms, all subscribed before the
     /// publisher starts.
-    pub(super) fn start<N: Nats>(rt: &tokio::runtime::Runtime, cluster: &Cluster<N>, prefix: &str, rooms: usize, clients: usize, every: Duration) -> Load {
+    pub(super) fn start<N: Nats>(
+        rt: &tokio::runtime::Runtime,
+        cluster: &Cluster<N>,
+        prefix: &str,
+        rooms: usize,
+        clients: usize,
+        every: Duration,
+    ) -> Load {
         let reach = Reach::direct(cluster);
         let mut load = Load::subscribed(rt, cluster, &reach, prefix, rooms, clients);
-        load.publishers.push(Publisher::start(load.addrs.clone(), reach.answer_within, load.rooms.clone(), every, "p".into(), 0));
+        load.publishers.push(Publisher::start(
+            load.addrs.clone(),
+            reach.answer_within,
+            load.rooms.clone(),
+            every,
+            "p".into(),
+            0,
+        ));
         load
     }
 
@@ -412,7 +491,15 @@ impl Load {
         clients: usize,
         every: Duration,
     ) -> Load {
-        Load::start_everywhere_via(rt, cluster, &Reach::direct(cluster), prefix, rooms, clients, every)
+        Load::start_everywhere_via(
+            rt,
+            cluster,
+            &Reach::direct(cluster),
+            prefix,
+            rooms,
+            clients,
+            every,
+        )
     }
 
     /// [`Load::start_everywhere`] with the nodes reached as `reach` says.
@@ -427,12 +514,26 @@ impl Load {
     ) -> Load {
         let mut load = Load::subscribed(rt, cluster, reach, prefix, rooms, clients);
         for i in 0..cluster.len() {
-            load.publishers.push(Publisher::start(load.addrs.clone(), reach.answer_within, load.rooms.clone(), every, format!("p{i}"), i));
+            load.publishers.push(Publisher::start(
+                load.addrs.clone(),
+                reach.answer_within,
+                load.rooms.clone(),
+                every,
+                format!("p{i}"),
+                i,
+            ));
         }
         load
     }
 
-    fn subscribed<N: Nats>(rt: &tokio::runtime::Runtime, cluster: &Cluster<N>, reach: &Reach, prefix: &str, rooms: usize, clients: usize) -> Load {
+    fn subscribed<N: Nats>(
+        rt: &tokio::runtime::Runtime,
+        cluster: &Cluster<N>,
+        reach: &Reach,
+        prefix: &str,
+        rooms: usize,
+        clients: usize,
+    ) -> Load {
         let rooms: Vec<String> = (0..rooms).map(|r| format!("{prefix}:{r}")).collect();
         let addrs: Addrs = Arc::new(Mutex::new(reach.addrs.iter().copied().map(Some).collect()));
         let (targets_tx, targets_rx) = watch::channel(None);
@@ -445,16 +546,21 @@ impl Load {
         });
         let handles: Vec<_> = (0..clients)
             .map(|i| {
-                let (user, room, home) = (format!("{prefix}-u{i}"), rooms[i % rooms.len()].clone(), i % cluster.len());
+                let (user, room, home) =
+                    (format!("{prefix}-u{i}"), rooms[i % rooms.len()].clone(), i % cluster.len());
                 rt.spawn(load_client(i, user, room, home, shared.clone()))
             })
             .collect();
         let all = wait_until(Duration::from_secs(30), || {
-            shared.ready.load(Ordering::SeqCst) == clients || handles.iter().any(|h| h.is_finished())
+            shared.ready.load(Ordering::SeqCst) == clients
+                || handles.iter().any(|h| h.is_finished())
         });
         if !all || shared.ready.load(Ordering::SeqCst) != clients {
-            let finished: Vec<ClientReport> =
-                handles.into_iter().filter(|h| h.is_finished()).filter_map(|h| rt.block_on(h).ok()).collect();
+            let finished: Vec<ClientReport> = handles
+                .into_iter()
+                .filter(|h| h.is_finished())
+                .filter_map(|h| rt.block_on(h).ok())
+                .collect();
             panic!(
                 "only {} of {clients} load clients subscribed; finished early: {:?}; logs:\n{}",
                 shared.ready.load(Ordering::SeqCst),
@@ -477,7 +583,9 @@ impl Load {
     /// Stops the publisher, reads the final histories on `reader`, lets the clients catch
     /// up to them and collects everything.
     pub(super) fn finish(mut self, rt: &tokio::runtime::Runtime, reader: &Http) -> LoadOutcome {
-        let published = PublisherReport::merge(std::mem::take(&mut self.publishers).into_iter().map(Publisher::stop).collect());
+        let published = PublisherReport::merge(
+            std::mem::take(&mut self.publishers).into_iter().map(Publisher::stop).collect(),
+        );
         let histories: HashMap<String, (Vec<Value>, Value, u64)> =
             self.rooms.iter().map(|r| (r.clone(), full_history(reader, r, 0))).collect();
         let targets = histories.iter().map(|(r, h)| (r.clone(), h.2)).collect();
@@ -507,19 +615,31 @@ impl LoadOutcome {
         for a in &self.published.acks {
             if let Some(prev) = acked.insert(&a.id, a.seq) {
                 if prev != a.seq {
-                    failures.push(format!("{} acknowledged twice with different seqs {prev} and {}", a.id, a.seq));
+                    failures.push(format!(
+                        "{} acknowledged twice with different seqs {prev} and {}",
+                        a.id, a.seq
+                    ));
                 }
             }
             let (events, epoch, _) = &self.histories[&a.room];
             if &a.epoch != epoch {
-                failures.push(format!("{} acknowledged in epoch {}, the history has {epoch}", a.id, a.epoch));
+                failures.push(format!(
+                    "{} acknowledged in epoch {}, the history has {epoch}",
+                    a.id, a.epoch
+                ));
             }
             match events.get((a.seq as usize).wrapping_sub(1)) {
                 Some(e) if e["id"] == a.id.as_str() && seq_of(e) == a.seq => {}
                 other => {
                     lost += 1;
                     if lost <= 10 {
-                        failures.push(format!("acknowledged {} ({} seq {}, by {}) not in history: {other:?}", a.id, a.room, a.seq, Cluster::name(a.node)));
+                        failures.push(format!(
+                            "acknowledged {} ({} seq {}, by {}) not in history: {other:?}",
+                            a.id,
+                            a.room,
+                            a.seq,
+                            Cluster::name(a.node)
+                        ));
                     }
                 }
             }
@@ -529,7 +649,10 @@ impl LoadOutcome {
         }
         for (room, (events, _, head)) in &self.histories {
             if seqs(events) != (1..=*head).collect::<Vec<_>>() {
-                failures.push(format!("history of {room} is not 1..={head} without holes ({} events)", events.len()));
+                failures.push(format!(
+                    "history of {room} is not 1..={head} without holes ({} events)",
+                    events.len()
+                ));
             }
             let ids: HashSet<&str> = events.iter().filter_map(|e| e["id"].as_str()).collect();
             if ids.len() != events.len() {
@@ -541,7 +664,13 @@ impl LoadOutcome {
         }
         let (mut missing, mut duplicated) = (0usize, 0usize);
         for c in &self.clients {
-            let who = format!("client {} ({} from {}, via {:?})", c.id, c.room, Cluster::name(c.home), c.nodes.iter().map(|&n| Cluster::name(n)).collect::<Vec<_>>());
+            let who = format!(
+                "client {} ({} from {}, via {:?})",
+                c.id,
+                c.room,
+                Cluster::name(c.home),
+                c.nodes.iter().map(|&n| Cluster::name(n)).collect::<Vec<_>>()
+            );
             for e in c.errors.iter().take(5) {
                 failures.push(format!("{who}: {e}"));
             }
@@ -551,27 +680,42 @@ impl LoadOutcome {
             duplicated += got.len() - distinct.len();
             missing += (1..=*head).filter(|s| !distinct.contains(s)).count();
             if got != (1..=*head).collect::<Vec<_>>() {
-                failures.push(format!("{who}: received {} events ({} distinct), expected exactly 1..={head} in order", got.len(), distinct.len()));
+                failures.push(format!(
+                    "{who}: received {} events ({} distinct), expected exactly 1..={head} in order",
+                    got.len(),
+                    distinct.len()
+                ));
             }
             for (seq, id) in &c.got {
                 if let Some(e) = events.get((*seq as usize).wrapping_sub(1)) {
                     if e["id"] != id.as_str() {
-                        failures.push(format!("{who}: seq {seq} delivered with id {id}, history has {}", e["id"]));
+                        failures.push(format!(
+                            "{who}: seq {seq} delivered with id {id}, history has {}",
+                            e["id"]
+                        ));
                         break;
                     }
                 }
             }
         }
         if missing + duplicated > 0 {
-            failures.push(format!("over all clients: {missing} events missing, {duplicated} delivered twice"));
+            failures.push(format!(
+                "over all clients: {missing} events missing, {duplicated} delivered twice"
+            ));
         }
     }
 
     /// How long after `since` every client was connected and receiving again
     /// ([`ClientReport::back_at`], endings before `until`), or the clients that never were.
-    pub(super) fn every_client_back(&self, since: Instant, until: Instant) -> Result<Duration, Vec<usize>> {
-        let backs: Vec<(usize, Option<Instant>)> = self.clients.iter().map(|c| (c.id, c.back_at(since, until))).collect();
-        let never: Vec<usize> = backs.iter().filter(|(_, b)| b.is_none()).map(|(id, _)| *id).collect();
+    pub(super) fn every_client_back(
+        &self,
+        since: Instant,
+        until: Instant,
+    ) -> Result<Duration, Vec<usize>> {
+        let backs: Vec<(usize, Option<Instant>)> =
+            self.clients.iter().map(|c| (c.id, c.back_at(since, until))).collect();
+        let never: Vec<usize> =
+            backs.iter().filter(|(_, b)| b.is_none()).map(|(id, _)| *id).collect();
         if !never.is_empty() {
             return Err(never);
         }
@@ -681,12 +825,20 @@ fn nats_server_restarted_under_load_loses_nothing_and_queued_directory_writes_re
     };
     let outage_session = outage_client.as_ref().map(|ws| ws.session().to_string());
     // Publishing is refused while NATS is down (nothing is acknowledged that is not stored).
-    match cluster.http(2).try_request("POST", "/v1/rooms/natsdown:probe/events", Auth::Key, Body::Json(json!({"data": 1}))) {
+    match cluster.http(2).try_request(
+        "POST",
+        "/v1/rooms/natsdown:probe/events",
+        Auth::Key,
+        Body::Json(json!({"data": 1})),
+    ) {
         Ok((503, _)) => {}
         other => failures.push(format!("publish on c with NATS down: expected 503, got {other:?}")),
     }
     // Past directory_outage_secs, a new session is refused instead of guessed.
-    common::let_time_pass_until(down_at + Duration::from_millis(2500), "past directory_outage_secs (1 s)");
+    common::let_time_pass_until(
+        down_at + Duration::from_millis(2500),
+        "past directory_outage_secs (1 s)",
+    );
     match try_mint(b, "late-outage-user", "web") {
         Ok(token) => match rt.block_on(try_ws(b, token, None)) {
             Ok(ws) => failures.push(format!(
@@ -699,7 +851,10 @@ fn nats_server_restarted_under_load_loses_nothing_and_queued_directory_writes_re
         },
         Err(e) => failures.push(format!("token on b during the NATS outage: {e}")),
     }
-    common::pace(Duration::from_secs(3).saturating_sub(down_at.elapsed()), "the outage lasts 3 s under load");
+    common::pace(
+        Duration::from_secs(3).saturating_sub(down_at.elapsed()),
+        "the outage lasts 3 s under load",
+    );
     cluster.nats.restart();
     let up_at = Instant::now();
 
@@ -709,10 +864,21 @@ fn nats_server_restarted_under_load_loses_nothing_and_queued_directory_writes_re
         let http = cluster.http(i);
         let room = format!("natsdown:probe-{i}");
         let ok = wait_until(Duration::from_secs(20), || {
-            matches!(http.try_request("POST", &format!("/v1/rooms/{room}/events"), Auth::Key, Body::Json(json!({"data": 1}))), Ok((201 | 200, _)))
+            matches!(
+                http.try_request(
+                    "POST",
+                    &format!("/v1/rooms/{room}/events"),
+                    Auth::Key,
+                    Body::Json(json!({"data": 1}))
+                ),
+                Ok((201 | 200, _))
+            )
         });
         if !ok {
-            failures.push(format!("node {} did not publish again within 20 s of the NATS restart", Cluster::name(i)));
+            failures.push(format!(
+                "node {} did not publish again within 20 s of the NATS restart",
+                Cluster::name(i)
+            ));
         }
         back_after.push(up_at.elapsed());
     }
@@ -734,36 +900,58 @@ fn nats_server_restarted_under_load_loses_nothing_and_queued_directory_writes_re
     if let (Some(mut ws), Some(session)) = (outage_client, outage_session) {
         let url = cluster.nats.url();
         let recorded = rt.block_on(async {
-            let probe = livegate::cluster::Cluster::connect(&url, "probe").await.map_err(|e| format!("connect: {e:?}"))?;
+            let probe = livegate::cluster::Cluster::connect(&url, "probe")
+                .await
+                .map_err(|e| format!("connect: {e:?}"))?;
             let kv = KvSessions::open(&probe).await.map_err(|e| format!("open kv: {e:?}"))?;
             let (kv, session) = (&kv, &session);
-            common::wait_for_every_async(Duration::from_secs(15), Duration::from_millis(100), || async move {
-                match kv.entry(session).await {
-                    Ok(Some((record, _))) => Some(Ok(record)),
-                    Ok(None) => None,
-                    Err(e) => Some(Err(format!("read {session}: {e:?}"))),
-                }
-            })
+            common::wait_for_every_async(
+                Duration::from_secs(15),
+                Duration::from_millis(100),
+                || async move {
+                    match kv.entry(session).await {
+                        Ok(Some((record, _))) => Some(Ok(record)),
+                        Ok(None) => None,
+                        Err(e) => Some(Err(format!("read {session}: {e:?}"))),
+                    }
+                },
+            )
             .await
-            .unwrap_or_else(|| Err(format!("no directory record for {session} 15 s after NATS came back")))
+            .unwrap_or_else(|| {
+                Err(format!("no directory record for {session} 15 s after NATS came back"))
+            })
         });
         match recorded {
             Ok(record) if record.owner == "b" && record.user == "outage-user" => {}
-            Ok(record) => failures.push(format!("directory record of the outage session: {record:?}, expected owner b")),
+            Ok(record) => failures.push(format!(
+                "directory record of the outage session: {record:?}, expected owner b"
+            )),
             Err(e) => failures.push(format!("queued directory write not replayed: {e}")),
         }
         // ... routing knows it (once c counts b up again: heartbeats in a row after NATS
         // came back) ...
         let query = format!("session={session}");
-        if !wait_until(Duration::from_secs(10), || route(&cluster.http(2), &query).as_deref() == Ok("b")) {
-            failures.push(format!("/v1/route?{query} on c: {:?}, expected b", route(&cluster.http(2), &query)));
+        if !wait_until(Duration::from_secs(10), || {
+            route(&cluster.http(2), &query).as_deref() == Ok("b")
+        }) {
+            failures.push(format!(
+                "/v1/route?{query} on c: {:?}, expected b",
+                route(&cluster.http(2), &query)
+            ));
         }
         // ... and the connection made during the outage is usable: its inbox ...
         let inbox = "user:outage-user";
         let body = json!({"id": "inbox-after-1", "data": {"after": true}});
-        let (status, reply) = cluster.http(0).request("POST", "/v1/users/outage-user/messages", Auth::Key, Body::Json(body));
+        let (status, reply) = cluster.http(0).request(
+            "POST",
+            "/v1/users/outage-user/messages",
+            Auth::Key,
+            Body::Json(body),
+        );
         if status != 201 {
-            failures.push(format!("message to outage-user on a after NATS came back: {status} {reply}"));
+            failures.push(format!(
+                "message to outage-user on a after NATS came back: {status} {reply}"
+            ));
         } else {
             let (got, other) = rt.block_on(collect_events(&mut ws, inbox, 1, WAIT));
             failures.extend(other.into_iter().map(|o| format!("outage connection, inbox: {o}")));
@@ -784,8 +972,11 @@ fn nats_server_restarted_under_load_loses_nothing_and_queued_directory_writes_re
             let reply = cluster.http(0).publish_ok(room, Some("after-1"), json!({"after": true}));
             let (got, other) = rt.block_on(collect_events(&mut ws, room, 1, WAIT));
             failures.extend(other.into_iter().map(|o| format!("outage connection: {o}")));
-            if got.first().map(|e| (&e["id"], &e["seq"])) != Some((&json!("after-1"), &reply["seq"])) {
-                failures.push(format!("outage connection received {got:?} after publishing {reply}"));
+            if got.first().map(|e| (&e["id"], &e["seq"]))
+                != Some((&json!("after-1"), &reply["seq"]))
+            {
+                failures
+                    .push(format!("outage connection received {got:?} after publishing {reply}"));
             }
         }
     }
@@ -823,12 +1014,21 @@ fn a_move_charged_during_a_nats_outage_reaches_the_directory_and_every_node_refu
     // is down): each sends the client to a, spending nothing.
     for i in [1, 2] {
         let token = cluster.http(i).mint_token("outage-mover", "web");
-        if let Ok(ws) = rt.block_on(WsClient::try_connect(cluster.addr(i), Some(&token), Some(&session))) {
-            panic!("{} accepted a session owned by a, which is alive: {}", Cluster::name(i), ws.welcome);
+        if let Ok(ws) =
+            rt.block_on(WsClient::try_connect(cluster.addr(i), Some(&token), Some(&session)))
+        {
+            panic!(
+                "{} accepted a session owned by a, which is alive: {}",
+                Cluster::name(i),
+                ws.welcome
+            );
         }
     }
     // Past the restart grace: an avoid= of a is charged, not believed as a restart.
-    common::let_time_pass_until(cluster_ready + Duration::from_millis(RESTART_GRACE_MS + 500), "the nodes outlive the restart grace");
+    common::let_time_pass_until(
+        cluster_ready + Duration::from_millis(RESTART_GRACE_MS + 500),
+        "the nodes outlive the restart grace",
+    );
 
     let token = cluster.http(1).mint_token("outage-mover", "web");
     cluster.nats.kill9();
@@ -847,8 +1047,15 @@ fn a_move_charged_during_a_nats_outage_reaches_the_directory_and_every_node_refu
     };
     cluster.nats.restart();
     // The node that made the move writes its charge when NATS is back.
-    if !common::wait_until_every(Duration::from_secs(20), Duration::from_millis(100), || !cluster.log_lines(&["charges=1"]).is_empty()) {
-        fail_with_logs(&cluster, "charge during outage", &["the charge was not replayed within 20 s".into()], &LOG_NEEDLES);
+    if !common::wait_until_every(Duration::from_secs(20), Duration::from_millis(100), || {
+        !cluster.log_lines(&["charges=1"]).is_empty()
+    }) {
+        fail_with_logs(
+            &cluster,
+            "charge during outage",
+            &["the charge was not replayed within 20 s".into()],
+            &LOG_NEEDLES,
+        );
     }
     cluster.wait_peers(Duration::from_secs(20));
 
@@ -857,10 +1064,19 @@ fn a_move_charged_during_a_nats_outage_reaches_the_directory_and_every_node_refu
     let token = cluster.http(0).mint_token("outage-mover", "web");
     match rt.block_on(connect_avoiding(cluster.addr(0), &token, &session, &here)) {
         Err(r) if r.status == 429 && r.header("close-code") == Some("4029") => {}
-        Err(r) => failures.push(format!("second avoided move after the outage: expected close 4029, got {} {}", r.status, r.body)),
-        Ok(ws) => failures.push(format!("the charge made during the outage was lost: a second avoided move was allowed: {}", ws.welcome)),
+        Err(r) => failures.push(format!(
+            "second avoided move after the outage: expected close 4029, got {} {}",
+            r.status, r.body
+        )),
+        Ok(ws) => failures.push(format!(
+            "the charge made during the outage was lost: a second avoided move was allowed: {}",
+            ws.welcome
+        )),
     }
-    eprintln!("charge during outage: moved to {here}; test took {:.1} s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "charge during outage: moved to {here}; test took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     fail_with_logs(&cluster, "charge during outage", &failures, &LOG_NEEDLES);
 }
 
@@ -896,7 +1112,11 @@ fn rolling_restart_of_all_nodes_under_load_has_no_abnormal_close_no_loss_no_dupl
             let key = match ending {
                 Ending::Close(Some(1012), _) => "1012".to_string(),
                 other => {
-                    failures.push(format!("client {} on {}: abnormal ending {other:?}", c.id, Cluster::name(*node)));
+                    failures.push(format!(
+                        "client {} on {}: abnormal ending {other:?}",
+                        c.id,
+                        Cluster::name(*node)
+                    ));
                     format!("{other:?}")
                 }
             };
@@ -924,7 +1144,14 @@ fn a_node_started_before_its_nats_server_waits_and_joins() {
     std::fs::create_dir_all(&data).expect("data dir");
     let starting = {
         let (data, log) = (data.clone(), log.clone());
-        std::thread::spawn(move || common::process::ServeProcess::start_named(&data, &log, "a", &["--cluster-nats-url", &url]))
+        std::thread::spawn(move || {
+            common::process::ServeProcess::start_named(
+                &data,
+                &log,
+                "a",
+                &["--cluster-nats-url", &url],
+            )
+        })
     };
     common::pace(Duration::from_secs(2), "the node starts while NATS is down");
     nats.restart();
@@ -932,5 +1159,8 @@ fn a_node_started_before_its_nats_server_waits_and_joins() {
     let reply = node.http().publish_ok("join:1", Some("join-1"), json!({ "n": 1 }));
     assert_eq!(reply["seq"], 1, "{reply}");
     let text = node.log_text();
-    assert!(text.contains("could not join the cluster through NATS yet"), "the node says it is waiting for NATS:\n{text}");
+    assert!(
+        text.contains("could not join the cluster through NATS yet"),
+        "the node says it is waiting for NATS:\n{text}"
+    );
 }

@@ -56,8 +56,8 @@ mod occupancy;
 mod peers;
 mod permissions;
 mod placement;
-mod room_reads;
 mod rolling_release;
+mod room_reads;
 mod routing;
 mod sessions;
 mod state;
@@ -85,18 +85,29 @@ use tokio::sync::watch;
 use tokio_tungstenite::tungstenite::Message;
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime")
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
 }
 
 /// Short drains, so a SIGTERM'd node is gone in a second or two.
-const SHORT_DRAIN: [&str; 6] = ["--drain-wait-secs", "0", "--drain-spread-secs", "1", "--drain-grace-secs", "5"];
+const SHORT_DRAIN: [&str; 6] =
+    ["--drain-wait-secs", "0", "--drain-spread-secs", "1", "--drain-grace-secs", "5"];
 
-fn fail_with_logs<N: Nats>(cluster: &Cluster<N>, test: &str, failures: &[String], needles: &[&str]) {
+fn fail_with_logs<N: Nats>(
+    cluster: &Cluster<N>,
+    test: &str,
+    failures: &[String],
+    needles: &[&str],
+) {
     if failures.is_empty() {
         return;
     }
     let lines = cluster.log_lines(needles);
-    let shown: Vec<&String> = lines.iter().rev().take(80).collect::<Vec<_>>().into_iter().rev().collect();
+    let shown: Vec<&String> =
+        lines.iter().rev().take(80).collect::<Vec<_>>().into_iter().rev().collect();
     panic!(
         "{test}: {} failure(s):\n  {}\nrelevant node log lines (last {} of {}):\n  {}",
         failures.len(),
@@ -115,9 +126,21 @@ fn try_mint(addr: SocketAddr, user: &str, device: &str) -> Result<String, String
 }
 
 /// [`try_mint`], giving up when `addr` does not answer `within`.
-fn try_mint_within(addr: SocketAddr, user: &str, device: &str, within: Duration) -> Result<String, String> {
-    match Http::with_timeout(addr, within).try_request("POST", "/v1/tokens", Auth::Key, Body::Json(json!({"user": user, "device": device}))) {
-        Ok((201, body)) => body["token"].as_str().map(str::to_string).ok_or_else(|| format!("no token in {body}")),
+fn try_mint_within(
+    addr: SocketAddr,
+    user: &str,
+    device: &str,
+    within: Duration,
+) -> Result<String, String> {
+    match Http::with_timeout(addr, within).try_request(
+        "POST",
+        "/v1/tokens",
+        Auth::Key,
+        Body::Json(json!({"user": user, "device": device})),
+    ) {
+        Ok((201, body)) => {
+            body["token"].as_str().map(str::to_string).ok_or_else(|| format!("no token in {body}"))
+        }
         Ok((status, body)) => Err(format!("POST /v1/tokens on {addr}: {status} {body}")),
         Err(e) => Err(format!("POST /v1/tokens on {addr}: {e}")),
     }
@@ -125,8 +148,15 @@ fn try_mint_within(addr: SocketAddr, user: &str, device: &str, within: Duration)
 
 /// A WebSocket handshake that reports every failure (refusal, refused TCP connection)
 /// as an error instead of a panic.
-async fn try_ws(addr: SocketAddr, token: String, session: Option<String>) -> Result<WsClient, String> {
-    let attempt = tokio::spawn(async move { WsClient::try_connect(addr, Some(&token), session.as_deref()).await });
+async fn try_ws(
+    addr: SocketAddr,
+    token: String,
+    session: Option<String>,
+) -> Result<WsClient, String> {
+    let attempt =
+        tokio::spawn(
+            async move { WsClient::try_connect(addr, Some(&token), session.as_deref()).await },
+        );
     match attempt.await {
         Ok(Ok(ws)) => Ok(ws),
         Ok(Err(r)) => Err(format!("handshake on {addr} refused: {} {}", r.status, r.body)),
@@ -136,12 +166,23 @@ async fn try_ws(addr: SocketAddr, token: String, session: Option<String>) -> Res
 
 /// A handshake through `addr` that says it cannot reach `avoid`, following one
 /// wrong-node refusal (keeping `avoid`) as livegate.js does.
-async fn connect_avoiding(addr: SocketAddr, token: &str, session: &str, avoid: &str) -> Result<WsClient, RejectedWithHeaders> {
-    let url = |addr: SocketAddr| format!("{}&avoid={avoid}", ws_url(addr, Some(token), Some(session)));
+async fn connect_avoiding(
+    addr: SocketAddr,
+    token: &str,
+    session: &str,
+    avoid: &str,
+) -> Result<WsClient, RejectedWithHeaders> {
+    let url =
+        |addr: SocketAddr| format!("{}&avoid={avoid}", ws_url(addr, Some(token), Some(session)));
     match WsClient::try_connect_url_with_headers(&url(addr)).await {
         Err(r) if r.status == 421 => {
-            let to = r.body["error"]["url"].as_str().unwrap_or_default().trim_start_matches("http://").to_string();
-            let to: SocketAddr = to.parse().unwrap_or_else(|e| panic!("421 names no host:port ({e}): {}", r.body));
+            let to = r.body["error"]["url"]
+                .as_str()
+                .unwrap_or_default()
+                .trim_start_matches("http://")
+                .to_string();
+            let to: SocketAddr =
+                to.parse().unwrap_or_else(|e| panic!("421 names no host:port ({e}): {}", r.body));
             WsClient::try_connect_url_with_headers(&url(to)).await
         }
         other => other,
@@ -151,7 +192,10 @@ async fn connect_avoiding(addr: SocketAddr, token: &str, session: &str, avoid: &
 /// `GET /v1/route?<query>` on `http`: the node named, or what came instead.
 fn route(http: &Http, query: &str) -> Result<String, String> {
     match http.try_request("GET", &format!("/v1/route?{query}"), Auth::Key, Body::None) {
-        Ok((200, body)) => body["node"].as_str().map(str::to_string).ok_or_else(|| format!("200 without node: {body}")),
+        Ok((200, body)) => body["node"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| format!("200 without node: {body}")),
         Ok((status, body)) => Err(format!("{status} {body}")),
         Err(e) => Err(e),
     }
@@ -163,7 +207,12 @@ fn route(http: &Http, query: &str) -> Result<String, String> {
 
 /// Reads events of `room` until `n` have come or `within` passed; returns them and what
 /// else arrived.
-async fn collect_events(ws: &mut WsClient, room: &str, n: usize, within: Duration) -> (Vec<Value>, Vec<String>) {
+async fn collect_events(
+    ws: &mut WsClient,
+    room: &str,
+    n: usize,
+    within: Duration,
+) -> (Vec<Value>, Vec<String>) {
     let deadline = Instant::now() + within;
     let mut got = Vec::new();
     let mut other = Vec::new();

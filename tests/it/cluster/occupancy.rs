@@ -67,14 +67,24 @@ impl Receiver {
     pub(super) fn of_room(&self, room: &str) -> Vec<(String, String)> {
         self.webhooks()
             .iter()
-            .filter(|w| w["room"] == room && w["type"].as_str().is_some_and(|t| t.starts_with("room_")))
-            .map(|w| (w["type"].as_str().unwrap_or("").to_string(), w["node"].as_str().unwrap_or("").to_string()))
+            .filter(|w| {
+                w["room"] == room && w["type"].as_str().is_some_and(|t| t.starts_with("room_"))
+            })
+            .map(|w| {
+                (
+                    w["type"].as_str().unwrap_or("").to_string(),
+                    w["node"].as_str().unwrap_or("").to_string(),
+                )
+            })
             .collect()
     }
 }
 
 /// One connection: requests until the client closes (keep-alive), each answered 200.
-fn serve(stream: std::net::TcpStream, kept: &Mutex<Vec<(Value, Option<String>)>>) -> std::io::Result<()> {
+fn serve(
+    stream: std::net::TcpStream,
+    kept: &Mutex<Vec<(Value, Option<String>)>>,
+) -> std::io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut out = stream;
@@ -109,7 +119,11 @@ fn serve(stream: std::net::TcpStream, kept: &Mutex<Vec<(Value, Option<String>)>>
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime")
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
 }
 
 /// `livegate_occupancy_edges_total{edge}` summed over the running nodes.
@@ -119,7 +133,12 @@ fn edges_counted(cluster: &Cluster, edge: &str) -> f64 {
 }
 
 /// A client on node a (index 0) subscribed to `room`.
-fn on_a(cluster: &Cluster, rt: &tokio::runtime::Runtime, user: &str, room: &'static str) -> WsClient {
+fn on_a(
+    cluster: &Cluster,
+    rt: &tokio::runtime::Runtime,
+    user: &str,
+    room: &'static str,
+) -> WsClient {
     let token = cluster.http(0).mint_token(user, "web");
     let addr = cluster.addr(0);
     rt.block_on(async move {
@@ -139,15 +158,24 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
     let _gate = crate::common::gate!();
     let receiver = Receiver::start();
     let flags = [
-        "--drain-wait-secs", "0", "--drain-spread-secs", "1", "--drain-grace-secs", "5",
-        "--webhook-url", &receiver.url, "--webhook-secret", SECRET,
+        "--drain-wait-secs",
+        "0",
+        "--drain-spread-secs",
+        "1",
+        "--drain-grace-secs",
+        "5",
+        "--webhook-url",
+        &receiver.url,
+        "--webhook-secret",
+        SECRET,
     ];
     let mut cluster = Cluster::start(3, &flags);
     let rt = runtime();
     let mut failures: Vec<String> = Vec::new();
     let rooms = ["match:1", "match:2", "match:3"];
     // Who subscribes where: every room on at least two nodes, match:1 on all three.
-    let placement: [(usize, &[&str]); 3] = [(0, &["match:1", "match:2"]), (1, &["match:1", "match:3"]), (2, &rooms)];
+    let placement: [(usize, &[&str]); 3] =
+        [(0, &["match:1", "match:2"]), (1, &["match:1", "match:3"]), (2, &rooms)];
     let mut clients = Vec::new();
     for (node, subscribed) in placement {
         let token = cluster.http(node).mint_token(&format!("viewer-{node}"), "web");
@@ -167,12 +195,15 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
     for room in rooms {
         let got = receiver.of_room(room);
         if !occupied || got.len() != 1 || got[0].0 != OCCUPIED {
-            failures.push(format!("{room} after subscribers on several nodes: {got:?}, expected one {OCCUPIED}"));
+            failures.push(format!(
+                "{room} after subscribers on several nodes: {got:?}, expected one {OCCUPIED}"
+            ));
         }
     }
 
     // a and b leave: every room still has c's subscriber, so nothing is vacated.
-    let (ws_c, ws_b, ws_a) = (clients.pop().unwrap(), clients.pop().unwrap(), clients.pop().unwrap());
+    let (ws_c, ws_b, ws_a) =
+        (clients.pop().unwrap(), clients.pop().unwrap(), clients.pop().unwrap());
     rt.block_on(async move {
         ws_a.close().await;
         ws_b.close().await;
@@ -192,7 +223,10 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
     });
     let vacated_one = wait_until(WAIT, || receiver.of_room("match:1").len() >= 2);
     if !vacated_one {
-        failures.push(format!("match:1 after its last subscriber unsubscribed: {:?}", receiver.of_room("match:1")));
+        failures.push(format!(
+            "match:1 after its last subscriber unsubscribed: {:?}",
+            receiver.of_room("match:1")
+        ));
     }
     rt.block_on(ws_c.close());
     let vacated = wait_until(WAIT, || rooms.iter().all(|r| receiver.of_room(r).len() >= 2));
@@ -225,14 +259,26 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
         ws.subscribe_ok("match:6").await;
         ws
     });
-    common::let_time_pass(VACATE_DELAY + Duration::from_secs(2), "past the vacated delay, a reload sent nothing");
-    let kinds_of = |room: &str| receiver.of_room(room).into_iter().map(|(kind, _)| kind).collect::<Vec<_>>();
+    common::let_time_pass(
+        VACATE_DELAY + Duration::from_secs(2),
+        "past the vacated delay, a reload sent nothing",
+    );
+    let kinds_of =
+        |room: &str| receiver.of_room(room).into_iter().map(|(kind, _)| kind).collect::<Vec<_>>();
     if kinds_of("match:6") != [OCCUPIED] {
-        failures.push(format!("match:6 after a loop on a and a reload onto b: {:?}, expected one {OCCUPIED}", receiver.of_room("match:6")));
+        failures.push(format!(
+            "match:6 after a loop on a and a reload onto b: {:?}, expected one {OCCUPIED}",
+            receiver.of_room("match:6")
+        ));
     }
     rt.block_on(reloaded.close());
-    if !wait_until(WAIT, || receiver.of_room("match:6").len() >= 2) || kinds_of("match:6") != [OCCUPIED, VACATED] {
-        failures.push(format!("match:6 after its last subscriber left b: {:?}", receiver.of_room("match:6")));
+    if !wait_until(WAIT, || receiver.of_room("match:6").len() >= 2)
+        || kinds_of("match:6") != [OCCUPIED, VACATED]
+    {
+        failures.push(format!(
+            "match:6 after its last subscriber left b: {:?}",
+            receiver.of_room("match:6")
+        ));
     }
 
     // kill -9 of the only node left in match:9: the survivors vacate it once c's
@@ -252,11 +298,16 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
     let cleaned = wait_until(Duration::from_secs(20), || receiver.of_room("match:9").len() >= 2);
     let cleaned_after = killed_at.elapsed();
     drop(ws_dead);
-    common::let_time_pass(Duration::from_secs(2), "no second room_vacated for the dead node's room");
+    common::let_time_pass(
+        Duration::from_secs(2),
+        "no second room_vacated for the dead node's room",
+    );
     let got = receiver.of_room("match:9");
     let kinds: Vec<&str> = got.iter().map(|(kind, _)| kind.as_str()).collect();
     if !cleaned || kinds != [OCCUPIED, VACATED] {
-        failures.push(format!("match:9 after kill -9 of its only node: {got:?} ({cleaned_after:?} after the kill)"));
+        failures.push(format!(
+            "match:9 after kill -9 of its only node: {got:?} ({cleaned_after:?} after the kill)"
+        ));
     } else if got[1].1 == "c" {
         failures.push(format!("match:9 vacated by the dead node itself: {got:?}"));
     }
@@ -276,8 +327,14 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
     };
     let ws_a7 = on(0, "viewer-a7", &["match:7"]);
     let _ws_b = on(1, "viewer-b78", &["match:7", "match:8"]);
-    if !wait_until(WAIT, || receiver.of_room("match:7").len() == 1 && receiver.of_room("match:8").len() == 1) {
-        failures.push(format!("before b's drain: match:7 {:?}, match:8 {:?}", receiver.of_room("match:7"), receiver.of_room("match:8")));
+    if !wait_until(WAIT, || {
+        receiver.of_room("match:7").len() == 1 && receiver.of_room("match:8").len() == 1
+    }) {
+        failures.push(format!(
+            "before b's drain: match:7 {:?}, match:8 {:?}",
+            receiver.of_room("match:7"),
+            receiver.of_room("match:8")
+        ));
     }
     let mut b = cluster.take_node(1);
     b.signal("TERM");
@@ -285,18 +342,29 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
         failures.push("b did not finish its drain within 20 s".into());
     }
     let drained = wait_until(WAIT, || receiver.of_room("match:8").len() >= 2);
-    common::let_time_pass(Duration::from_secs(2), "nothing for match:7, which keeps a's subscriber");
+    common::let_time_pass(
+        Duration::from_secs(2),
+        "nothing for match:7, which keeps a's subscriber",
+    );
     let (seven, eight) = (receiver.of_room("match:7"), receiver.of_room("match:8"));
-    let kinds = |got: &[(String, String)]| got.iter().map(|(kind, _)| kind.clone()).collect::<Vec<_>>();
+    let kinds =
+        |got: &[(String, String)]| got.iter().map(|(kind, _)| kind.clone()).collect::<Vec<_>>();
     if seven.len() != 1 {
-        failures.push(format!("match:7 after b drained, a still subscribed: {seven:?}, expected only the {OCCUPIED}"));
+        failures.push(format!(
+            "match:7 after b drained, a still subscribed: {seven:?}, expected only the {OCCUPIED}"
+        ));
     }
     if !drained || kinds(&eight) != [OCCUPIED, VACATED] {
         failures.push(format!("match:8 after its only node drained: {eight:?}"));
     }
     rt.block_on(ws_a7.close());
-    if !wait_until(WAIT, || receiver.of_room("match:7").len() >= 2) || kinds(&receiver.of_room("match:7")) != [OCCUPIED, VACATED] {
-        failures.push(format!("match:7 after a's subscriber left too: {:?}", receiver.of_room("match:7")));
+    if !wait_until(WAIT, || receiver.of_room("match:7").len() >= 2)
+        || kinds(&receiver.of_room("match:7")) != [OCCUPIED, VACATED]
+    {
+        failures.push(format!(
+            "match:7 after a's subscriber left too: {:?}",
+            receiver.of_room("match:7")
+        ));
     }
 
     // NATS away: a's last subscriber of match:5 leaves meanwhile; the decision waits in
@@ -308,27 +376,46 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
     cluster.nats.kill9();
     rt.block_on(ws_a5.close());
     // Past the vacated delay: a's edge is due while NATS is still away.
-    common::let_time_pass(VACATE_DELAY + Duration::from_secs(2), "a's vacated edge falls due while NATS is away");
+    common::let_time_pass(
+        VACATE_DELAY + Duration::from_secs(2),
+        "a's vacated edge falls due while NATS is away",
+    );
     if receiver.of_room("match:5").len() != 1 {
-        failures.push(format!("match:5 decided while NATS was away: {:?}", receiver.of_room("match:5")));
+        failures.push(format!(
+            "match:5 decided while NATS was away: {:?}",
+            receiver.of_room("match:5")
+        ));
     }
     cluster.nats.restart();
     let back_at = Instant::now();
     let replayed = wait_until(Duration::from_secs(20), || receiver.of_room("match:5").len() >= 2);
     let replayed_after = back_at.elapsed();
     if !replayed || kinds(&receiver.of_room("match:5")) != [OCCUPIED, VACATED] {
-        failures.push(format!("match:5 after NATS came back: {:?} ({replayed_after:?})", receiver.of_room("match:5")));
+        failures.push(format!(
+            "match:5 after NATS came back: {:?} ({replayed_after:?})",
+            receiver.of_room("match:5")
+        ));
     }
 
     // Signed, and counted on the nodes that decided (the stopped nodes' counts went
     // with them).
-    let unsigned = receiver.got.lock().unwrap().iter().filter(|(_, s)| !s.as_deref().is_some_and(|s| s.starts_with("sha256="))).count();
+    let unsigned = receiver
+        .got
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, s)| !s.as_deref().is_some_and(|s| s.starts_with("sha256=")))
+        .count();
     if unsigned > 0 {
         failures.push(format!("{unsigned} webhook(s) without an X-Livegate-Signature"));
     }
     let running: Vec<&str> = cluster.running().into_iter().map(Cluster::name).collect();
     let decided_by_survivors = |kind: &str| {
-        receiver.webhooks().iter().filter(|w| w["type"] == kind && running.iter().any(|n| w["node"] == *n)).count() as f64
+        receiver
+            .webhooks()
+            .iter()
+            .filter(|w| w["type"] == kind && running.iter().any(|n| w["node"] == *n))
+            .count() as f64
     };
     for (edge, kind) in [("occupied", OCCUPIED), ("vacated", VACATED)] {
         let counted = edges_counted(&cluster, edge);
@@ -343,6 +430,12 @@ fn one_occupied_and_one_vacated_per_room_across_three_nodes() {
     );
     if !failures.is_empty() {
         let lines = cluster.log_lines(&["occupancy", "webhook", "panic"]);
-        panic!("{} failure(s):\n  {}\nwebhooks: {}\nlog lines:\n  {}", failures.len(), failures.join("\n  "), json!(receiver.webhooks()), lines.join("\n  "));
+        panic!(
+            "{} failure(s):\n  {}\nwebhooks: {}\nlog lines:\n  {}",
+            failures.len(),
+            failures.join("\n  "),
+            json!(receiver.webhooks()),
+            lines.join("\n  ")
+        );
     }
 }

@@ -19,12 +19,18 @@ struct FakePeer {
 impl FakePeer {
     fn start(nats_url: &str, name: &str, claim: &str) -> FakePeer {
         let stop = Arc::new(AtomicBool::new(false));
-        let (s, url, name, claim) = (stop.clone(), nats_url.to_string(), name.to_string(), claim.to_string());
+        let (s, url, name, claim) =
+            (stop.clone(), nats_url.to_string(), name.to_string(), claim.to_string());
         let thread = std::thread::spawn(move || {
             let mut nats = RawNats::connect(&url);
             while !s.load(Ordering::SeqCst) {
                 let body = format!("{name}\ndefault\nhttp://127.0.0.1:9\n0\n{}", now_ms());
-                nats.publish("lg.node.heartbeat", None, &[("Lg-Connections", &claim)], body.as_bytes());
+                nats.publish(
+                    "lg.node.heartbeat",
+                    None,
+                    &[("Lg-Connections", &claim)],
+                    body.as_bytes(),
+                );
                 nats.flush();
                 common::pace(Duration::from_millis(200), "a peer's heartbeats");
             }
@@ -74,7 +80,9 @@ fn healthz_once(addr: SocketAddr, within: Duration) -> Option<Duration> {
     let start = Instant::now();
     let mut stream = std::net::TcpStream::connect_timeout(&addr, within).ok()?;
     stream.set_read_timeout(Some(within)).ok()?;
-    stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: livegate\r\nConnection: close\r\n\r\n").ok()?;
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: livegate\r\nConnection: close\r\n\r\n")
+        .ok()?;
     let mut head = [0u8; 12];
     stream.read_exact(&mut head).ok()?;
     (head.starts_with(b"HTTP/1.1 200") && start.elapsed() < within).then(|| start.elapsed())
@@ -98,23 +106,40 @@ fn a_peer_claiming_absurd_loads_stalls_no_worker() {
     let cluster = Cluster::start(1, &["--probe-up-after", "1"]);
     let a = cluster.http(0);
     let mut failures = Vec::new();
-    for (name, claim) in [("forged-e15", "1000000000000000"), ("forged-max", "18446744073709551615")] {
+    for (name, claim) in
+        [("forged-e15", "1000000000000000"), ("forged-max", "18446744073709551615")]
+    {
         let _peer = FakePeer::start(&cluster.nats.url(), name, claim);
-        let heard = wait_until(Duration::from_secs(10), || loads(&a).iter().any(|l| l["node"] == name));
+        let heard =
+            wait_until(Duration::from_secs(10), || loads(&a).iter().any(|l| l["node"] == name));
         assert!(heard, "a never heard {name}: {:?}", loads(&a));
-        let claimed = loads(&a).iter().find(|l| l["node"] == name).and_then(|l| l["connections"].as_u64());
+        let claimed =
+            loads(&a).iter().find(|l| l["node"] == name).and_then(|l| l["connections"].as_u64());
         if claimed.is_none_or(|c| c > 10_000_000) {
-            failures.push(format!("{name} claims {claim}: a believes {claimed:?} connections (cap 10^7)"));
+            failures.push(format!(
+                "{name} claims {claim}: a believes {claimed:?} connections (cap 10^7)"
+            ));
         }
         let probe = HealthProbe::start(cluster.addr(0));
         let started = Instant::now();
-        let answer = Http::with_timeout(cluster.addr(0), Duration::from_secs(10)).try_request("POST", "/v1/admin/rebalance", Auth::Key, Body::Json(json!({"to": "a"})));
+        let answer = Http::with_timeout(cluster.addr(0), Duration::from_secs(10)).try_request(
+            "POST",
+            "/v1/admin/rebalance",
+            Auth::Key,
+            Body::Json(json!({"to": "a"})),
+        );
         let took = started.elapsed();
         // The health checks go on for a second after the answer (or the give-up).
-        common::let_time_pass_checking(Duration::from_secs(1), Duration::from_millis(100), "health checked after the rebalance", || {});
+        common::let_time_pass_checking(
+            Duration::from_secs(1),
+            Duration::from_millis(100),
+            "health checked after the rebalance",
+            || {},
+        );
         let probes = probe.stop();
         let slow = probes.iter().filter(|p| p.is_none_or(|t| t > Duration::from_secs(1))).count();
-        let worst = probes.iter().map(|p| p.unwrap_or(Duration::from_secs(2))).max().unwrap_or_default();
+        let worst =
+            probes.iter().map(|p| p.unwrap_or(Duration::from_secs(2))).max().unwrap_or_default();
         println!("{name} claims {claim}: POST /v1/admin/rebalance {answer:?} after {took:?}; /healthz {slow} of {} slower than 1 s or unanswered, worst {worst:?}", probes.len());
         match &answer {
             Ok((202, _)) if took < Duration::from_secs(2) => {}
@@ -125,23 +150,45 @@ fn a_peer_claiming_absurd_loads_stalls_no_worker() {
         }
     }
     if metric(&a, "livegate_peer_claims_clamped_total{kind=\"heartbeat\"}").unwrap_or(0.0) < 1.0 {
-        failures.push("livegate_peer_claims_clamped_total{kind=\"heartbeat\"} did not count the claims".to_string());
+        failures.push(
+            "livegate_peer_claims_clamped_total{kind=\"heartbeat\"} did not count the claims"
+                .to_string(),
+        );
     }
     // A heartbeat that does not parse is dropped and counted, and the node stays well.
     let mut nats = RawNats::connect(&cluster.nats.url());
-    for junk in ["a b\ndefault\nhttp://x\n0\n1", "mallory\ndefault\nhttp://attacker.example/ x\n0\n1", "x".repeat(5000).as_str()] {
+    for junk in [
+        "a b\ndefault\nhttp://x\n0\n1",
+        "mallory\ndefault\nhttp://attacker.example/ x\n0\n1",
+        "x".repeat(5000).as_str(),
+    ] {
         nats.publish("lg.node.heartbeat", None, &[("Lg-Connections", "5")], junk.as_bytes());
     }
-    nats.publish("lg.node.heartbeat", None, &[("Lg-Connections", "lots")], b"mallory\ndefault\nhttp://x\n0\n1");
+    nats.publish(
+        "lg.node.heartbeat",
+        None,
+        &[("Lg-Connections", "lots")],
+        b"mallory\ndefault\nhttp://x\n0\n1",
+    );
     nats.flush();
-    let counted = wait_until(Duration::from_secs(5), || metric(&a, "livegate_peer_messages_dropped_total{kind=\"heartbeat\"}").unwrap_or(0.0) >= 4.0);
+    let counted = wait_until(Duration::from_secs(5), || {
+        metric(&a, "livegate_peer_messages_dropped_total{kind=\"heartbeat\"}").unwrap_or(0.0) >= 4.0
+    });
     if !counted {
-        failures.push(format!("malformed heartbeats not counted: {:?}", metric(&a, "livegate_peer_messages_dropped_total{kind=\"heartbeat\"}")));
+        failures.push(format!(
+            "malformed heartbeats not counted: {:?}",
+            metric(&a, "livegate_peer_messages_dropped_total{kind=\"heartbeat\"}")
+        ));
     }
     if loads(&a).iter().any(|l| l["node"] == "mallory") {
         failures.push("a malformed heartbeat made mallory a node".to_string());
     }
-    fail_with_logs(&cluster, "a_peer_claiming_absurd_loads_stalls_no_worker", &failures, &["WARN", "ERROR", "rebalance", "peer"]);
+    fail_with_logs(
+        &cluster,
+        "a_peer_claiming_absurd_loads_stalls_no_worker",
+        &failures,
+        &["WARN", "ERROR", "rebalance", "peer"],
+    );
 }
 
 /// Hole 3: rebalance orders published straight on node a's rebalance subject, each with
@@ -156,18 +203,34 @@ fn a_forged_order_sends_no_client_to_its_url() {
     let cluster = Cluster::start(2, &[]);
     let rt = runtime();
     let a = cluster.http(0);
-    let mut clients: Vec<WsClient> =
-        (0..3).map(|k| rt.block_on(WsClient::connect(cluster.addr(0), &a.mint_token(&format!("forged-order-{k}"), "web"), None))).collect();
+    let mut clients: Vec<WsClient> = (0..3)
+        .map(|k| {
+            rt.block_on(WsClient::connect(
+                cluster.addr(0),
+                &a.mint_token(&format!("forged-order-{k}"), "web"),
+                None,
+            ))
+        })
+        .collect();
     let (status, overview) = a.request("GET", "/v1/admin/overview", Auth::Key, Body::None);
     assert_eq!(status, 200, "{overview}");
-    let b_url = overview["nodes"].as_array().and_then(|nodes| nodes.iter().find(|n| n["node"] == "b")).and_then(|n| n["url"].as_str()).expect("a knows b's URL").to_string();
+    let b_url = overview["nodes"]
+        .as_array()
+        .and_then(|nodes| nodes.iter().find(|n| n["node"] == "b"))
+        .and_then(|n| n["url"].as_str())
+        .expect("a knows b's URL")
+        .to_string();
     let mut nats = RawNats::connect(&cluster.nats.url());
     let subject = format!("lg.node.{}.rebalance", hex::encode("a"));
     let order = |id: &str, to: &str| format!("{id}\n{to}\nhttp://attacker.example:8080\n3\n1000");
     let mut failures = Vec::new();
 
     for (to, reason) in [("a", "itself"), ("mallory", "unknown_target")] {
-        let answer = nats.request(&subject, order(&format!("forged-{reason}"), to).as_bytes(), Duration::from_secs(5));
+        let answer = nats.request(
+            &subject,
+            order(&format!("forged-{reason}"), to).as_bytes(),
+            Duration::from_secs(5),
+        );
         let answer = answer.map(|a| String::from_utf8_lossy(&a).into_owned());
         if !answer.as_deref().is_some_and(|a| a.starts_with("refused: ")) {
             failures.push(format!("an order to {to} was answered {answer:?}, not refused"));
@@ -181,7 +244,9 @@ fn a_forged_order_sends_no_client_to_its_url() {
     for (k, client) in clients.iter_mut().enumerate() {
         let deadline = Instant::now() + Duration::from_millis(1500);
         let closed = loop {
-            match rt.block_on(client.read_incoming(deadline.saturating_duration_since(Instant::now()))) {
+            match rt
+                .block_on(client.read_incoming(deadline.saturating_duration_since(Instant::now())))
+            {
                 Incoming::Json(_) => continue,
                 Incoming::Timeout => break None,
                 other => break Some(other),
@@ -202,16 +267,25 @@ fn a_forged_order_sends_no_client_to_its_url() {
     for (k, client) in clients.iter_mut().enumerate() {
         let deadline = Instant::now() + Duration::from_secs(10);
         let closed = loop {
-            match rt.block_on(client.read_incoming(deadline.saturating_duration_since(Instant::now()))) {
+            match rt
+                .block_on(client.read_incoming(deadline.saturating_duration_since(Instant::now())))
+            {
                 Incoming::Json(_) => continue,
                 other => break other,
             }
         };
         match closed {
             Incoming::Close(Some(4421), reason) if reason == b_url => {}
-            other => failures.push(format!("client {k}: want close 4421 naming {b_url}, got {other:?}")),
+            other => {
+                failures.push(format!("client {k}: want close 4421 naming {b_url}, got {other:?}"))
+            }
         }
     }
     println!("refused: {:?}", cluster.log_lines(&["order refused"]));
-    fail_with_logs(&cluster, "a_forged_order_sends_no_client_to_its_url", &failures, &["WARN", "ERROR", "rebalance"]);
+    fail_with_logs(
+        &cluster,
+        "a_forged_order_sends_no_client_to_its_url",
+        &failures,
+        &["WARN", "ERROR", "rebalance"],
+    );
 }

@@ -50,7 +50,11 @@ fn violations(nats: &NatsServer) -> Vec<String> {
     nats.log_text().lines().filter(|l| l.contains("Violation")).map(str::to_string).collect()
 }
 
-async fn nats_login(url: &str, user: &str, password: &str) -> Result<async_nats::Client, async_nats::ConnectError> {
+async fn nats_login(
+    url: &str,
+    user: &str,
+    password: &str,
+) -> Result<async_nats::Client, async_nats::ConnectError> {
     async_nats::ConnectOptions::with_user_and_password(user.into(), password.into())
         .connection_timeout(Duration::from_secs(3))
         .request_timeout(Some(Duration::from_secs(2)))
@@ -76,7 +80,14 @@ fn a_cluster_under_the_books_nats_account_runs_its_main_paths_without_a_permissi
     let receiver = Receiver::start();
     let mut flags = SHORT_DRAIN.to_vec();
     flags.extend(["--cluster-nats-user", "livegate", "--cluster-nats-password", PASSWORD]);
-    flags.extend(["--webhook-url", &receiver.url, "--webhook-secret", WEBHOOK_SECRET, "--webhook-vacated-delay-ms", "0"]);
+    flags.extend([
+        "--webhook-url",
+        &receiver.url,
+        "--webhook-secret",
+        WEBHOOK_SECRET,
+        "--webhook-vacated-delay-ms",
+        "0",
+    ]);
     flags.extend(["--presence-interval-ms", "200"]);
     let mut cluster = Cluster::start_with_nats(2, &flags, |dir| {
         let config = nats_config(dir);
@@ -106,7 +117,8 @@ fn a_cluster_under_the_books_nats_account_runs_its_main_paths_without_a_permissi
         if i == 3 {
             body["state"] = json!({"score": "1-0"});
         }
-        let (status, reply) = http.request("POST", &format!("/v1/rooms/{ROOM}/events"), Auth::Key, Body::Json(body));
+        let (status, reply) =
+            http.request("POST", &format!("/v1/rooms/{ROOM}/events"), Auth::Key, Body::Json(body));
         if status != 201 {
             failures.push(format!("publish e{i}: {status} {reply}"));
         }
@@ -114,31 +126,40 @@ fn a_cluster_under_the_books_nats_account_runs_its_main_paths_without_a_permissi
     }
     let (got, other) = rt.block_on(collect_events(&mut watcher, ROOM, 4, WAIT));
     if seqs(&got) != published || !other.iter().all(|o| o.starts_with("unexpected frame")) {
-        failures.push(format!("the subscriber on b got seqs {:?} (published {published:?}); {other:?}", seqs(&got)));
+        failures.push(format!(
+            "the subscriber on b got seqs {:?} (published {published:?}); {other:?}",
+            seqs(&got)
+        ));
     }
     let (got, _) = rt.block_on(collect_events(&mut member, ROOM, 4, WAIT));
     if seqs(&got) != published {
-        failures.push(format!("the subscriber on a got seqs {:?} (published {published:?})", seqs(&got)));
+        failures.push(format!(
+            "the subscriber on a got seqs {:?} (published {published:?})",
+            seqs(&got)
+        ));
     }
     let history = http_b.history_ok(ROOM, Some(0), None);
     let history_seqs: Vec<u64> = history["events"].as_array().map(|e| seqs(e)).unwrap_or_default();
     if history_seqs != published {
         failures.push(format!("history on b: {history}, expected seqs {published:?}"));
     }
-    let (status, state) = http_a.request("GET", &format!("/v1/rooms/{ROOM}/state"), Auth::Key, Body::None);
+    let (status, state) =
+        http_a.request("GET", &format!("/v1/rooms/{ROOM}/state"), Auth::Key, Body::None);
     if status != 200 || state["data"] != json!({"score": "1-0"}) {
         failures.push(format!("state on a: {status} {state}"));
     }
     let two = wait_until(WAIT, || {
         [&http_a, &http_b].iter().all(|http| {
-            let (status, body) = http.request("GET", &format!("/v1/rooms/{ROOM}/presence"), Auth::Key, Body::None);
+            let (status, body) =
+                http.request("GET", &format!("/v1/rooms/{ROOM}/presence"), Auth::Key, Body::None);
             status == 200 && body["count"] == 2
         })
     });
     if !two {
         failures.push("presence on both nodes never counted the 2 members".into());
     }
-    let occupied = wait_until(WAIT, || receiver.of_room(ROOM).iter().any(|(kind, _)| kind == "room_occupied"));
+    let occupied =
+        wait_until(WAIT, || receiver.of_room(ROOM).iter().any(|(kind, _)| kind == "room_occupied"));
     if !occupied {
         failures.push(format!("no room_occupied webhook for {ROOM}: {:?}", receiver.webhooks()));
     }
@@ -152,19 +173,22 @@ fn a_cluster_under_the_books_nats_account_runs_its_main_paths_without_a_permissi
     // b has let go of it when only the watcher is left there.
     http_b.wait_metric_total("livegate_connections_open", 1.0, WAIT);
     http_b.wait_metric_total("livegate_sessions_live", 1.0, WAIT);
-    let resumed = rt.block_on(WsClient::try_connect_url(&format!("ws://{a}/v1/ws?resume={resume}&avoid=b")));
+    let resumed =
+        rt.block_on(WsClient::try_connect_url(&format!("ws://{a}/v1/ws?resume={resume}&avoid=b")));
     match resumed {
         Ok(mut on_a) => {
             if on_a.session() != session {
                 failures.push(format!("the resume opened another session: {}", on_a.welcome));
             }
-            let (status, reply) = http_b.request("DELETE", "/v1/users/roamer/connections", Auth::Key, Body::None);
+            let (status, reply) =
+                http_b.request("DELETE", "/v1/users/roamer/connections", Auth::Key, Body::None);
             if status != 200 || reply["closed"] != 1 {
                 failures.push(format!("kick through b: {status} {reply}, expected closed 1"));
             }
             let code = rt.block_on(on_a.close_code_within(WAIT));
             if code != Some(4502) {
-                failures.push(format!("the kicked connection on a ended with {code:?}, expected 4502"));
+                failures
+                    .push(format!("the kicked connection on a ended with {code:?}, expected 4502"));
             }
         }
         Err(r) => failures.push(format!("b's resume credential on a: {} {}", r.status, r.body)),
@@ -173,17 +197,28 @@ fn a_cluster_under_the_books_nats_account_runs_its_main_paths_without_a_permissi
     // A rebalance: b asks a (4 connections there, 1 on b) for its share; a moves a user
     // to b with 4421 and b's URL.
     let mut movers: Vec<WsClient> = (0..3)
-        .map(|i| rt.block_on(WsClient::connect(a, &http_a.mint_token(&format!("mover{i}"), "web"), None)))
+        .map(|i| {
+            rt.block_on(WsClient::connect(a, &http_a.mint_token(&format!("mover{i}"), "web"), None))
+        })
         .collect();
     let heard = wait_until(WAIT, || {
         let (_, status) = http_b.request("GET", "/v1/admin/rebalance", Auth::Key, Body::None);
-        status["loads"].as_array().is_some_and(|loads| loads.iter().any(|l| l["node"] == "a" && l["connections"] == 4))
+        status["loads"]
+            .as_array()
+            .is_some_and(|loads| loads.iter().any(|l| l["node"] == "a" && l["connections"] == 4))
     });
     if !heard {
         failures.push("b never heard a's 4 connections".into());
     }
-    let (status, plan) = http_b.request("POST", "/v1/admin/rebalance", Auth::Key, Body::Json(json!({"per_second": 50})));
-    let accepted = plan["shares"].as_array().is_some_and(|shares| shares.iter().any(|s| s["node"] == "a" && s["accepted"] == true));
+    let (status, plan) = http_b.request(
+        "POST",
+        "/v1/admin/rebalance",
+        Auth::Key,
+        Body::Json(json!({"per_second": 50})),
+    );
+    let accepted = plan["shares"]
+        .as_array()
+        .is_some_and(|shares| shares.iter().any(|s| s["node"] == "a" && s["accepted"] == true));
     if status != 202 || !accepted {
         failures.push(format!("rebalance to b: {status} {plan}, expected a's share accepted"));
     }
@@ -205,7 +240,11 @@ fn a_cluster_under_the_books_nats_account_runs_its_main_paths_without_a_permissi
     // Nothing livegate did was refused.
     let refused = violations(&cluster.nats);
     if !refused.is_empty() {
-        failures.push(format!("nats-server refused livegate {} time(s):\n    {}", refused.len(), refused.join("\n    ")));
+        failures.push(format!(
+            "nats-server refused livegate {} time(s):\n    {}",
+            refused.len(),
+            refused.join("\n    ")
+        ));
     }
     let refused_nodes = cluster.log_lines(&["Permissions Violation", "NATS refused"]);
     if !refused_nodes.is_empty() {
@@ -215,14 +254,19 @@ fn a_cluster_under_the_books_nats_account_runs_its_main_paths_without_a_permissi
     // Nobody else gets in: no credentials, another account, or livegate's user asking for
     // what livegate never does.
     let url = cluster.nats.url();
-    let anonymous = rt.block_on(async_nats::ConnectOptions::new().connection_timeout(Duration::from_secs(3)).connect(&url));
+    let anonymous = rt.block_on(
+        async_nats::ConnectOptions::new().connection_timeout(Duration::from_secs(3)).connect(&url),
+    );
     if anonymous.is_ok() {
         failures.push("a connection without credentials was accepted".into());
     }
     match rt.block_on(nats_login(&url, "outsider", "outsider-pw")) {
         Ok(outsider) => {
             let kick = rt.block_on(outsider.request("lg.user.kick", "watcher".into()));
-            if !kick.as_ref().is_err_and(|e| matches!(e.kind(), async_nats::RequestErrorKind::NoResponders)) {
+            if !kick
+                .as_ref()
+                .is_err_and(|e| matches!(e.kind(), async_nats::RequestErrorKind::NoResponders))
+            {
                 failures.push(format!("another account's kick reached something: {kick:?}"));
             }
         }
@@ -230,13 +274,23 @@ fn a_cluster_under_the_books_nats_account_runs_its_main_paths_without_a_permissi
     }
     match rt.block_on(nats_login(&url, "livegate", PASSWORD)) {
         Ok(client) => {
-            let delete = rt.block_on(client.request(format!("$JS.API.STREAM.DELETE.{}", livegate::cluster::ROOMS_STREAM), "".into()));
+            let delete = rt.block_on(client.request(
+                format!("$JS.API.STREAM.DELETE.{}", livegate::cluster::ROOMS_STREAM),
+                "".into(),
+            ));
             if delete.is_ok() {
                 failures.push(format!("livegate's user deleted the rooms stream: {delete:?}"));
             }
-            let logged = wait_until(WAIT, || violations(&cluster.nats).iter().any(|l| l.contains("$JS.API.STREAM.DELETE.LG_ROOMS")));
+            let logged = wait_until(WAIT, || {
+                violations(&cluster.nats)
+                    .iter()
+                    .any(|l| l.contains("$JS.API.STREAM.DELETE.LG_ROOMS"))
+            });
             if !logged {
-                failures.push(format!("nats-server did not log the refused delete: {:?}", violations(&cluster.nats)));
+                failures.push(format!(
+                    "nats-server did not log the refused delete: {:?}",
+                    violations(&cluster.nats)
+                ));
             }
         }
         Err(e) => failures.push(format!("livegate's user could not log in: {e}")),
@@ -251,7 +305,12 @@ fn a_cluster_under_the_books_nats_account_runs_its_main_paths_without_a_permissi
             ws.close().await;
         }
     });
-    fail_with_logs(&cluster, "under the book's NATS account", &failures, &["Violation", "refused", "ERROR", "WARN"]);
+    fail_with_logs(
+        &cluster,
+        "under the book's NATS account",
+        &failures,
+        &["Violation", "refused", "ERROR", "WARN"],
+    );
 }
 
 /// The leaf connection's password (`livegate-leaf`, a user of the leaf port only).
@@ -277,12 +336,18 @@ fn cell_nats_under_the_account() -> CellNatsConfig {
 
 /// The first room of `prefix0`, `prefix1`, ... homed in `cell`.
 fn room_homed_in(cell: &str, prefix: &str) -> String {
-    (0..10_000).map(|i| format!("{prefix}{i}")).find(|r| room_home_cell(r, &CELL_NAMES) == Some(cell)).expect("a room")
+    (0..10_000)
+        .map(|i| format!("{prefix}{i}"))
+        .find(|r| room_home_cell(r, &CELL_NAMES) == Some(cell))
+        .expect("a room")
 }
 
 /// The first user of `prefix0`, `prefix1`, ... homed in `cell` (no claim).
 fn user_homed_in(cell: &str, prefix: &str) -> String {
-    (0..10_000).map(|i| format!("{prefix}{i}")).find(|u| rendezvous(u, CELL_NAMES) == Some(cell)).expect("a user")
+    (0..10_000)
+        .map(|i| format!("{prefix}{i}"))
+        .find(|u| rendezvous(u, CELL_NAMES) == Some(cell))
+        .expect("a user")
 }
 
 /// The last sequence of the LIVEGATE account's stream `name` on `nats`, from its
@@ -290,8 +355,10 @@ fn user_homed_in(cell: &str, prefix: &str) -> String {
 /// ask besides.
 fn last_seq_of(nats: &NatsServer, name: &str) -> Option<u64> {
     let jsz = nats.monitor("jsz?acc=LIVEGATE&streams=true").ok()?;
-    let account = jsz["account_details"].as_array()?.iter().find(|a| a["name"] == "LIVEGATE")?.clone();
-    account["stream_detail"].as_array()?.iter().find(|s| s["name"] == name)?["state"]["last_seq"].as_u64()
+    let account =
+        jsz["account_details"].as_array()?.iter().find(|a| a["name"] == "LIVEGATE")?.clone();
+    account["stream_detail"].as_array()?.iter().find(|s| s["name"] == name)?["state"]["last_seq"]
+        .as_u64()
 }
 
 /// Cells under the same account file (issue 47): each cell's nats-server includes it, the
@@ -304,27 +371,52 @@ fn last_seq_of(nats: &NatsServer, name: &str) -> Option<u64> {
 /// refused anything. Under the file before cells (one-token room subjects, no mirror
 /// streams, no calls to another cell's domain) this fails.
 #[test]
-fn two_cells_under_the_books_nats_account_run_live_forwarded_and_mirrored_rooms_without_a_permissions_violation() {
+fn two_cells_under_the_books_nats_account_run_live_forwarded_and_mirrored_rooms_without_a_permissions_violation(
+) {
     let _gate = crate::common::gate!();
     let flags = [
-        "--cluster-heartbeat-ms", "250", "--probe-up-after", "1", "--cluster-replicas", "1",
-        "--cluster-nats-user", "livegate", "--cluster-nats-password", PASSWORD,
+        "--cluster-heartbeat-ms",
+        "250",
+        "--probe-up-after",
+        "1",
+        "--cluster-replicas",
+        "1",
+        "--cluster-nats-user",
+        "livegate",
+        "--cluster-nats-password",
+        PASSWORD,
     ];
     let mut cells = Cells::start(&flags, |_| cell_nats_under_the_account());
     let rt = runtime();
     let mut failures = Vec::new();
     let (room_a, room_b) = (room_homed_in("a", "cellperm-a-"), room_homed_in("b", "cellperm-b-"));
     let cell_violations = |cells: &Cells| -> Vec<String> {
-        CELL_NAMES.iter().zip(&cells.nats).flat_map(|(cell, nats)| violations(nats).into_iter().map(move |l| format!("cell {cell}: {l}"))).collect()
+        CELL_NAMES
+            .iter()
+            .zip(&cells.nats)
+            .flat_map(|(cell, nats)| {
+                violations(nats).into_iter().map(move |l| format!("cell {cell}: {l}"))
+            })
+            .collect()
     };
 
     // Each room watched from the other cell (b1 watches a's room, a1 b's), published to
     // from both cells (the watcher's node forwards to the home's writer), the last
     // publish with a state. b2 never touches a's room: it reads it from NATS below.
     let (mut watch_a, mut watch_b) = rt.block_on(async {
-        let mut on_b = WsClient::connect(cells.addr(2), &cells.http(2).mint_token(&user_homed_in("b", "cellperm-watcher-"), "web"), None).await;
+        let mut on_b = WsClient::connect(
+            cells.addr(2),
+            &cells.http(2).mint_token(&user_homed_in("b", "cellperm-watcher-"), "web"),
+            None,
+        )
+        .await;
         on_b.subscribe_ok(&room_a).await;
-        let mut on_a = WsClient::connect(cells.addr(0), &cells.http(0).mint_token(&user_homed_in("a", "cellperm-watcher-"), "web"), None).await;
+        let mut on_a = WsClient::connect(
+            cells.addr(0),
+            &cells.http(0).mint_token(&user_homed_in("a", "cellperm-watcher-"), "web"),
+            None,
+        )
+        .await;
         on_a.subscribe_ok(&room_b).await;
         (on_b, on_a)
     });
@@ -336,9 +428,18 @@ fn two_cells_under_the_books_nats_account_run_live_forwarded_and_mirrored_rooms_
             if k == 3 {
                 body["state"] = json!({"k": k});
             }
-            match cells.http(node).try_request("POST", &format!("/v1/rooms/{room}/events"), Auth::Key, Body::Json(body)) {
-                Ok((201, reply)) => published.entry(room.clone()).or_default().push(reply["seq"].as_u64().unwrap_or(0)),
-                other => failures.push(format!("publish {id} to {room} via {}: {other:?}", Cells::name(node))),
+            match cells.http(node).try_request(
+                "POST",
+                &format!("/v1/rooms/{room}/events"),
+                Auth::Key,
+                Body::Json(body),
+            ) {
+                Ok((201, reply)) => published
+                    .entry(room.clone())
+                    .or_default()
+                    .push(reply["seq"].as_u64().unwrap_or(0)),
+                other => failures
+                    .push(format!("publish {id} to {room} via {}: {other:?}", Cells::name(node))),
             }
         }
     }
@@ -346,7 +447,10 @@ fn two_cells_under_the_books_nats_account_run_live_forwarded_and_mirrored_rooms_
         let want = published.get(room).cloned().unwrap_or_default();
         let (got, other) = rt.block_on(collect_events(ws, room, want.len(), WAIT));
         if seqs(&got) != want || !other.iter().all(|o| o.starts_with("unexpected frame")) {
-            failures.push(format!("the subscriber on {on} of {room} got seqs {:?} (published {want:?}); {other:?}", seqs(&got)));
+            failures.push(format!(
+                "the subscriber on {on} of {room} got seqs {:?} (published {want:?}); {other:?}",
+                seqs(&got)
+            ));
         }
     }
 
@@ -355,27 +459,41 @@ fn two_cells_under_the_books_nats_account_run_live_forwarded_and_mirrored_rooms_
         let heads = [last_seq_of(&cells.nats[0], stream), last_seq_of(&cells.nats[1], stream)];
         let mut mirrors = [None, None];
         let mirrored = wait_until(Duration::from_secs(30), || {
-            mirrors = [last_seq_of(&cells.nats[1], &format!("{stream}_a")), last_seq_of(&cells.nats[0], &format!("{stream}_b"))];
+            mirrors = [
+                last_seq_of(&cells.nats[1], &format!("{stream}_a")),
+                last_seq_of(&cells.nats[0], &format!("{stream}_b")),
+            ];
             mirrors == heads && heads.iter().all(|h| h.is_some_and(|h| h > 0))
         });
         if !mirrored {
-            failures.push(format!("mirrors of {stream} (b's of a, a's of b) at {mirrors:?}, heads (a, b) {heads:?}"));
+            failures.push(format!(
+                "mirrors of {stream} (b's of a, a's of b) at {mirrors:?}, heads (a, b) {heads:?}"
+            ));
         }
     }
 
     // The leaf is bound to the LIVEGATE account at both ends.
     for (cell, nats) in CELL_NAMES.iter().zip(&cells.nats) {
         let leafz = nats.monitor("leafz").unwrap_or_default();
-        let accounts: Vec<&str> = leafz["leafs"].as_array().map(|l| l.iter().filter_map(|l| l["account"].as_str()).collect()).unwrap_or_default();
+        let accounts: Vec<&str> = leafz["leafs"]
+            .as_array()
+            .map(|l| l.iter().filter_map(|l| l["account"].as_str()).collect())
+            .unwrap_or_default();
         if accounts != ["LIVEGATE"] {
-            failures.push(format!("cell {cell}'s leaf connections are bound to {accounts:?}, want [\"LIVEGATE\"]"));
+            failures.push(format!(
+                "cell {cell}'s leaf connections are bound to {accounts:?}, want [\"LIVEGATE\"]"
+            ));
         }
     }
 
     // Nothing so far was refused: neither server logged a violation, no node an error.
     let refused = cell_violations(&cells);
     if !refused.is_empty() {
-        failures.push(format!("the cells' nats-servers refused {} time(s):\n    {}", refused.len(), refused.join("\n    ")));
+        failures.push(format!(
+            "the cells' nats-servers refused {} time(s):\n    {}",
+            refused.len(),
+            refused.join("\n    ")
+        ));
     }
 
     // a's NATS dies: b2 reads a's room's history and state from b's mirrors.
@@ -383,11 +501,21 @@ fn two_cells_under_the_books_nats_account_run_live_forwarded_and_mirrored_rooms_
     let want = published.get(&room_a).cloned().unwrap_or_default();
     let (mut history, mut state) = (Vec::new(), Value::Null);
     let served = wait_until(WAIT, || {
-        history = match cells.http(3).try_request("GET", &format!("/v1/rooms/{room_a}/events?since=0"), Auth::Key, Body::None) {
+        history = match cells.http(3).try_request(
+            "GET",
+            &format!("/v1/rooms/{room_a}/events?since=0"),
+            Auth::Key,
+            Body::None,
+        ) {
             Ok((200, body)) => body["events"].as_array().map(|e| seqs(e)).unwrap_or_default(),
             _ => Vec::new(),
         };
-        state = match cells.http(3).try_request("GET", &format!("/v1/rooms/{room_a}/state"), Auth::Key, Body::None) {
+        state = match cells.http(3).try_request(
+            "GET",
+            &format!("/v1/rooms/{room_a}/state"),
+            Auth::Key,
+            Body::None,
+        ) {
             Ok((200, body)) => body["data"].clone(),
             other => json!(format!("{other:?}")),
         };
@@ -400,29 +528,48 @@ fn two_cells_under_the_books_nats_account_run_live_forwarded_and_mirrored_rooms_
     // the seq after the mirror's, in a new epoch (once b's nodes no longer hear a's).
     let mut promoted = (0, Value::Null);
     let moved = wait_until(WAIT, || {
-        promoted = cells.http(2).request("POST", "/v1/admin/cells/a/promote", Auth::Key, Body::None);
-        promoted.0 != 409 || !promoted.1["error"]["message"].as_str().unwrap_or_default().contains("not lost")
+        promoted =
+            cells.http(2).request("POST", "/v1/admin/cells/a/promote", Auth::Key, Body::None);
+        promoted.0 != 409
+            || !promoted.1["error"]["message"].as_str().unwrap_or_default().contains("not lost")
     });
-    if !moved || promoted.0 != 200 || promoted.1["mirror_head"].as_u64() != Some(want.len() as u64) {
+    if !moved || promoted.0 != 200 || promoted.1["mirror_head"].as_u64() != Some(want.len() as u64)
+    {
         failures.push(format!("promoting a at b1: {} {}", promoted.0, promoted.1));
     }
     // b2 learns the move from b1's next heartbeat; until then it finds a's room homed in a.
     let (mut status, mut reply) = (0, Value::Null);
     wait_until(WAIT, || {
-        (status, reply) = cells.http(3).request("POST", &format!("/v1/rooms/{room_a}/events"), Auth::Key, Body::Json(json!({"id": "after-promotion", "data": {}})));
+        (status, reply) = cells.http(3).request(
+            "POST",
+            &format!("/v1/rooms/{room_a}/events"),
+            Auth::Key,
+            Body::Json(json!({"id": "after-promotion", "data": {}})),
+        );
         status != 503
     });
     // A 503 attempt may have been stored after all (its reply was what failed): the retry,
     // with the same id, is then answered as a duplicate at the same seq, as a backend's would.
     let stored = status == 201 || status == 200 && reply["duplicate"] == true;
-    if !stored || reply["seq"].as_u64() != Some(want.len() as u64 + 1) || reply["epoch"] != promoted.1["epoch"] {
+    if !stored
+        || reply["seq"].as_u64() != Some(want.len() as u64 + 1)
+        || reply["epoch"] != promoted.1["epoch"]
+    {
         failures.push(format!("publish to {room_a} at b2 after the promotion: {status} {reply}"));
     }
     let refused = violations(&cells.nats[1]);
     if !refused.is_empty() {
-        failures.push(format!("cell b's nats-server refused, after a died:\n    {}", refused.join("\n    ")));
+        failures.push(format!(
+            "cell b's nats-server refused, after a died:\n    {}",
+            refused.join("\n    ")
+        ));
     }
-    let refused_nodes: Vec<String> = cells.logs().lines().filter(|l| l.contains("Permissions Violation") || l.contains("NATS refused")).map(str::to_string).collect();
+    let refused_nodes: Vec<String> = cells
+        .logs()
+        .lines()
+        .filter(|l| l.contains("Permissions Violation") || l.contains("NATS refused"))
+        .map(str::to_string)
+        .collect();
     if !refused_nodes.is_empty() {
         failures.push(format!("nodes were refused by NATS:\n    {}", refused_nodes.join("\n    ")));
     }
@@ -435,7 +582,19 @@ fn two_cells_under_the_books_nats_account_run_live_forwarded_and_mirrored_rooms_
         watch_b.close().await;
     });
     if !failures.is_empty() {
-        let logs: Vec<String> = cells.logs().lines().filter(|l| ["Violation", "refused", "ERROR", "WARN", "[ERR]"].iter().any(|n| l.contains(n))).take(200).map(str::to_string).collect();
-        panic!("two cells under the book's NATS account:\n  {}\nlog lines:\n{}", failures.join("\n  "), logs.join("\n"));
+        let logs: Vec<String> = cells
+            .logs()
+            .lines()
+            .filter(|l| {
+                ["Violation", "refused", "ERROR", "WARN", "[ERR]"].iter().any(|n| l.contains(n))
+            })
+            .take(200)
+            .map(str::to_string)
+            .collect();
+        panic!(
+            "two cells under the book's NATS account:\n  {}\nlog lines:\n{}",
+            failures.join("\n  "),
+            logs.join("\n")
+        );
     }
 }

@@ -35,8 +35,14 @@ async fn connect_following_hops(addr: SocketAddr, token: &str) -> (WsClient, usi
         match WsClient::try_connect(to, Some(token), None).await {
             Ok(client) => return (client, hops),
             Err(r) if r.status == 421 => {
-                let url = r.body["error"]["url"].as_str().unwrap_or_else(|| panic!("421 without url: {}", r.body));
-                to = url.trim_start_matches("http://").trim_end_matches('/').parse().expect("node URL host:port");
+                let url = r.body["error"]["url"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("421 without url: {}", r.body));
+                to = url
+                    .trim_start_matches("http://")
+                    .trim_end_matches('/')
+                    .parse()
+                    .expect("node URL host:port");
             }
             Err(r) => panic!("handshake rejected: {} {}", r.status, r.body),
         }
@@ -46,7 +52,12 @@ async fn connect_following_hops(addr: SocketAddr, token: &str) -> (WsClient, usi
 
 /// `node`'s load as node `asked` shows it in `/v1/route` (with the API key).
 fn load_seen(cluster: &Cluster, asked: usize, node: &str) -> Option<Value> {
-    let (status, body) = cluster.http(asked).request("GET", "/v1/route?user=probe&nodes=true", Auth::Key, Body::None);
+    let (status, body) = cluster.http(asked).request(
+        "GET",
+        "/v1/route?user=probe&nodes=true",
+        Auth::Key,
+        Body::None,
+    );
     (status == 200).then_some(())?;
     body["nodes"].as_array()?.iter().find(|n| n["node"] == node).cloned()
 }
@@ -70,7 +81,12 @@ fn new_sessions_fill_the_emptiest_nodes_and_a_full_node_takes_none() {
         for k in 0..count {
             let token = cluster.http(i).mint_token(&format!("pre-{}-{k}", Cluster::name(i)), "web");
             let client = rt.block_on(WsClient::connect(cluster.addr(i), &token, None));
-            assert_eq!(client.welcome["node"], Cluster::name(i), "a preload client landed elsewhere: {}", client.welcome);
+            assert_eq!(
+                client.welcome["node"],
+                Cluster::name(i),
+                "a preload client landed elsewhere: {}",
+                client.welcome
+            );
             held.push(client);
         }
     }
@@ -79,7 +95,9 @@ fn new_sessions_fill_the_emptiest_nodes_and_a_full_node_takes_none() {
         (0..3).all(|asked| {
             (0..3).all(|i| {
                 load_seen(&cluster, asked, Cluster::name(i)).is_some_and(|n| {
-                    n["connections"] == PRELOAD[i] as u64 && n["capacity"] == CAPACITY as u64 && n["full"] == (i == 0)
+                    n["connections"] == PRELOAD[i] as u64
+                        && n["capacity"] == CAPACITY as u64
+                        && n["full"] == (i == 0)
                 })
             })
         })
@@ -102,8 +120,12 @@ fn new_sessions_fill_the_emptiest_nodes_and_a_full_node_takes_none() {
     }
     let got = |node: &str| landed.get(node).copied().unwrap_or(0);
     let total_headroom: usize = PRELOAD.iter().map(|p| CAPACITY - p).sum();
-    let proportional: Vec<String> =
-        PRELOAD.iter().map(|p| format!("{:.0}", (CAPACITY - p) as f64 / total_headroom as f64 * NEW_SESSIONS as f64)).collect();
+    let proportional: Vec<String> = PRELOAD
+        .iter()
+        .map(|p| {
+            format!("{:.0}", (CAPACITY - p) as f64 / total_headroom as f64 * NEW_SESSIONS as f64)
+        })
+        .collect();
     eprintln!(
         "FIGURE placement: {NEW_SESSIONS} new sessions over a, b, c (capacity {CAPACITY} each, {PRELOAD:?} open before, mark 90 %): \
          landed a {} b {} c {} ({redirected} sent on by a wrong-node refusal, at most {most_hops} hops); in proportion to headroom would be {proportional:?}; \

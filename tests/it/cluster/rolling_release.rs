@@ -82,7 +82,9 @@ fn room(k: usize) -> String {
 /// not last welcomed by a node that has since exited (`gone`: (name, exited at)).
 fn back(c: &ClientState, gone: &[(String, Instant)]) -> bool {
     c.connected
-        && c.welcomes.last().is_some_and(|w| !gone.iter().any(|(name, exited)| *name == w.node && w.at < *exited))
+        && c.welcomes
+            .last()
+            .is_some_and(|w| !gone.iter().any(|(name, exited)| *name == w.node && w.at < *exited))
 }
 
 /// Moves per session among the welcomes at or after `from` (and before `to`): a move is
@@ -131,7 +133,10 @@ impl Publisher {
         let report = Arc::new(Mutex::new(Published::default()));
         let (s, r) = (stop.clone(), report.clone());
         let thread = std::thread::spawn(move || {
-            let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(5)).max_idle_connections(0).build();
+            let agent = ureq::AgentBuilder::new()
+                .timeout(Duration::from_secs(5))
+                .max_idle_connections(0)
+                .build();
             let mut pacer = Pacer::new(PUBLISH_EVERY);
             let mut n = 0usize;
             while !s.load(Ordering::SeqCst) {
@@ -146,20 +151,32 @@ impl Publisher {
                         .set("Authorization", &format!("Bearer {API_KEY}"))
                         .send_json(json!({"id": id, "data": {"n": n}}));
                     let (status, body) = match reply {
-                        Ok(resp) => (resp.status(), resp.into_json::<Value>().unwrap_or(Value::Null)),
-                        Err(ureq::Error::Status(status, resp)) => (status, resp.into_json::<Value>().unwrap_or(Value::Null)),
+                        Ok(resp) => {
+                            (resp.status(), resp.into_json::<Value>().unwrap_or(Value::Null))
+                        }
+                        Err(ureq::Error::Status(status, resp)) => {
+                            (status, resp.into_json::<Value>().unwrap_or(Value::Null))
+                        }
                         Err(_) => (0, Value::Null),
                     };
                     if status == 200 || status == 201 {
                         match body["seq"].as_u64() {
-                            Some(seq) => r.lock().unwrap().acks.push((room.clone(), seq, id.clone())),
-                            None => r.lock().unwrap().errors.push(format!("{id}: {status} without seq: {body}")),
+                            Some(seq) => {
+                                r.lock().unwrap().acks.push((room.clone(), seq, id.clone()))
+                            }
+                            None => r
+                                .lock()
+                                .unwrap()
+                                .errors
+                                .push(format!("{id}: {status} without seq: {body}")),
                         }
                         break;
                     }
                     *r.lock().unwrap().refusals.entry(status).or_default() += 1;
                     if first.elapsed() > Duration::from_secs(30) {
-                        r.lock().unwrap().errors.push(format!("{id} not acknowledged within 30 s (last: {status} {body})"));
+                        r.lock().unwrap().errors.push(format!(
+                            "{id} not acknowledged within 30 s (last: {status} {body})"
+                        ));
                         break;
                     }
                     common::pace(Duration::from_millis(50), "a refused publish is retried at 20/s");
@@ -201,12 +218,18 @@ fn rooms_of(c: usize) -> Vec<String> {
 /// Waits (bounded) until every subscriber of each room got up to `heads[room]`, then
 /// checks that each got exactly 1..=head of its rooms (every client subscribed before
 /// the first publish), once each and in order.
-fn check_delivery(swarm: &mut Swarm, heads: &HashMap<String, u64>, stage: &str, failures: &mut Vec<String>) {
+fn check_delivery(
+    swarm: &mut Swarm,
+    heads: &HashMap<String, u64>,
+    stage: &str,
+    failures: &mut Vec<String>,
+) {
     let caught_up = |s: &SwarmState| {
         s.clients.iter().enumerate().all(|(c, client)| {
             rooms_of(c).iter().all(|r| {
                 let head = heads.get(r).copied().unwrap_or(0);
-                head == 0 || client.events.get(r).is_some_and(|got| got.iter().any(|&seq| seq >= head))
+                head == 0
+                    || client.events.get(r).is_some_and(|got| got.iter().any(|&seq| seq >= head))
             })
         })
     };
@@ -245,16 +268,28 @@ fn check_delivery(swarm: &mut Swarm, heads: &HashMap<String, u64>, stage: &str, 
 /// Between `from` and `to`: closes 4029 and HTTP 429 refusals (the migration budget),
 /// session changes (a client given a new session instead of keeping its own) and
 /// recovery failures; one line each, with the first few clients.
-fn check_refusals(swarm: &Swarm, stage: &str, from: Instant, to: Instant, failures: &mut Vec<String>) {
+fn check_refusals(
+    swarm: &Swarm,
+    stage: &str,
+    from: Instant,
+    to: Instant,
+    failures: &mut Vec<String>,
+) {
     swarm.with(|s| {
-        let (mut budget, mut too_many, mut changed, mut unrecovered) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut budget, mut too_many, mut changed, mut unrecovered) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (c, client) in s.clients.iter().enumerate() {
             let within = |at: &Instant| *at >= from && *at < to;
-            let closes = client.closes.iter().filter(|(at, code, _, _)| within(at) && *code == 4029).count();
+            let closes =
+                client.closes.iter().filter(|(at, code, _, _)| within(at) && *code == 4029).count();
             if closes > 0 {
                 budget.push(format!("client {c}: {closes}"));
             }
-            let refused = client.refusals.iter().filter(|(at, status, _)| within(at) && *status == 429).count();
+            let refused = client
+                .refusals
+                .iter()
+                .filter(|(at, status, _)| within(at) && *status == 429)
+                .count();
             if refused > 0 {
                 too_many.push(format!("client {c}: {refused}"));
             }
@@ -267,14 +302,23 @@ fn check_refusals(swarm: &Swarm, stage: &str, from: Instant, to: Instant, failur
             if !new_sessions.is_empty() {
                 changed.push(format!("client {c}: {new_sessions:?}"));
             }
-            let rooms: Vec<&str> = client.recovery_failed.iter().filter(|(at, _)| within(at)).map(|(_, r)| r.as_str()).collect();
+            let rooms: Vec<&str> = client
+                .recovery_failed
+                .iter()
+                .filter(|(at, _)| within(at))
+                .map(|(_, r)| r.as_str())
+                .collect();
             if !rooms.is_empty() {
                 unrecovered.push(format!("client {c}: {rooms:?}"));
             }
         }
         let mut report = |what: &str, list: &[String]| {
             if !list.is_empty() {
-                failures.push(format!("{stage}: {} client(s) {what}: {:?}", list.len(), &list[..list.len().min(8)]));
+                failures.push(format!(
+                    "{stage}: {} client(s) {what}: {:?}",
+                    list.len(),
+                    &list[..list.len().min(8)]
+                ));
             }
         };
         report("closed with 4029 (migration budget)", &budget);
@@ -293,8 +337,15 @@ fn histogram(swarm: &Swarm, from: Instant, to: Instant) -> (BTreeMap<usize, usiz
             for (session, n) in moves(client, from, to) {
                 *hist.entry(n).or_default() += 1;
                 if n > 1 {
-                    let path: Vec<&str> = client.welcomes.iter().filter(|w| w.session == session).map(|w| w.node.as_str()).collect();
-                    over.push(format!("client {c} session {session}: {n} moves, welcomes on {path:?}"));
+                    let path: Vec<&str> = client
+                        .welcomes
+                        .iter()
+                        .filter(|w| w.session == session)
+                        .map(|w| w.node.as_str())
+                        .collect();
+                    over.push(format!(
+                        "client {c} session {session}: {n} moves, welcomes on {path:?}"
+                    ));
                 }
             }
         }
@@ -333,7 +384,12 @@ fn welcomes_by_node(swarm: &Swarm) -> BTreeMap<String, usize> {
 
 /// Waits until every client is back on a live node; returns when, or `None` after
 /// `BACK_LIMIT` (then a failure says how many were not).
-fn wait_back(swarm: &mut Swarm, gone: &[(String, Instant)], stage: &str, failures: &mut Vec<String>) -> Option<Instant> {
+fn wait_back(
+    swarm: &mut Swarm,
+    gone: &[(String, Instant)],
+    stage: &str,
+    failures: &mut Vec<String>,
+) -> Option<Instant> {
     if swarm.wait(BACK_LIMIT, |s| s.clients.iter().all(|c| back(c, gone))) {
         return Some(Instant::now());
     }
@@ -343,13 +399,27 @@ fn wait_back(swarm: &mut Swarm, gone: &[(String, Instant)], stage: &str, failure
             .enumerate()
             .filter(|(_, c)| !back(c, gone))
             .map(|(i, c)| {
-                let closes: Vec<_> = c.closes.iter().rev().take(3).map(|(_, code, reason, via)| (code, reason, via)).collect();
-                let refusals: Vec<_> = c.refusals.iter().rev().take(3).map(|(_, status, via)| (status, via)).collect();
-                format!("{i} (last welcome {:?}, last closes {closes:?}, last refusals {refusals:?})", c.welcomes.last().map(|w| &w.node))
+                let closes: Vec<_> = c
+                    .closes
+                    .iter()
+                    .rev()
+                    .take(3)
+                    .map(|(_, code, reason, via)| (code, reason, via))
+                    .collect();
+                let refusals: Vec<_> =
+                    c.refusals.iter().rev().take(3).map(|(_, status, via)| (status, via)).collect();
+                format!(
+                    "{i} (last welcome {:?}, last closes {closes:?}, last refusals {refusals:?})",
+                    c.welcomes.last().map(|w| &w.node)
+                )
             })
             .collect()
     });
-    failures.push(format!("{stage}: {} client(s) not back {BACK_LIMIT:?} after the drained node exited: {:?}", out.len(), &out[..out.len().min(10)]));
+    failures.push(format!(
+        "{stage}: {} client(s) not back {BACK_LIMIT:?} after the drained node exited: {:?}",
+        out.len(),
+        &out[..out.len().min(10)]
+    ));
     None
 }
 
@@ -358,7 +428,8 @@ fn fail_with_logs(cluster: &Cluster, failures: &[String]) {
         return;
     }
     let lines = cluster.log_lines(&["WARN", "ERROR", "drain", "migrat", "route"]);
-    let shown: Vec<&String> = lines.iter().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect();
+    let shown: Vec<&String> =
+        lines.iter().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect();
     panic!(
         "rolling release: {} failure(s):\n  {}\nnode log lines (last {} of {}):\n  {}",
         failures.len(),
@@ -380,18 +451,29 @@ fn a_rolling_release_behind_a_round_robin_balancer_moves_each_session_once_and_r
     let mut cluster = Cluster::start_with_env(3, &FLAGS, |_| release_env("r1"));
     let balancer = Balancer::start(&[cluster.addr(0), cluster.addr(1), cluster.addr(2)]);
     let rooms: Vec<String> = (0..ROOMS).map(room).collect();
-    let spec = SwarmSpec { clients: CLIENTS, rooms: &rooms, rooms_per_client: ROOMS_PER_CLIENT, user_prefix: "roll-u" };
+    let spec = SwarmSpec {
+        clients: CLIENTS,
+        rooms: &rooms,
+        rooms_per_client: ROOMS_PER_CLIENT,
+        user_prefix: "roll-u",
+    };
     let mut swarm = Swarm::start(&balancer.url(), &spec, &cluster.root().join("swarm.log"));
     let mut failures: Vec<String> = Vec::new();
 
     // Everyone connected and subscribed before the first publish, so every subscriber
     // of a room must get all of it.
     let all_in = swarm.wait(Duration::from_secs(60), |s| {
-        s.ready && s.clients.iter().enumerate().all(|(c, st)| st.connected && rooms_of(c).iter().all(|r| st.subscribed.contains(r)))
+        s.ready
+            && s.clients.iter().enumerate().all(|(c, st)| {
+                st.connected && rooms_of(c).iter().all(|r| st.subscribed.contains(r))
+            })
     });
     if !all_in {
         let (connected, subscribed) = swarm.with(|s| {
-            (s.clients.iter().filter(|c| c.connected).count(), s.clients.iter().filter(|c| c.subscribed.len() == ROOMS_PER_CLIENT).count())
+            (
+                s.clients.iter().filter(|c| c.connected).count(),
+                s.clients.iter().filter(|c| c.subscribed.len() == ROOMS_PER_CLIENT).count(),
+            )
         });
         panic!("only {connected} of {CLIENTS} clients connected and {subscribed} subscribed within 60 s; logs kept in {}", cluster.root().display());
     }
@@ -481,10 +563,16 @@ fn a_rolling_release_behind_a_round_robin_balancer_moves_each_session_once_and_r
     for k in 0..ROOMS {
         let r = room(k);
         let (events, _, head) = full_history(&reader, &r, 0);
-        let ids: HashMap<u64, String> = events.iter().map(|e| (seq_of(e), e["id"].as_str().unwrap_or("").to_string())).collect();
+        let ids: HashMap<u64, String> = events
+            .iter()
+            .map(|e| (seq_of(e), e["id"].as_str().unwrap_or("").to_string()))
+            .collect();
         for (_, seq, id) in published.acks.iter().filter(|(room, _, _)| *room == r) {
             if ids.get(seq) != Some(id) {
-                failures.push(format!("{r}: acknowledged {id} at seq {seq}, history (head {head}) has {:?}", ids.get(seq)));
+                failures.push(format!(
+                    "{r}: acknowledged {id} at seq {seq}, history (head {head}) has {:?}",
+                    ids.get(seq)
+                ));
             }
         }
     }
@@ -563,7 +651,10 @@ fn manifest_release(
     for old in olds {
         let new = cluster.add_node_with_env(release_env(label));
         balancer.add(cluster.addr(new));
-        common::let_time_pass(gap, "the manifest's minReadySeconds between a new pod's readiness and the next drain");
+        common::let_time_pass(
+            gap,
+            "the manifest's minReadySeconds between a new pod's readiness and the next drain",
+        );
         // Pods drained in earlier steps have had `gap` to finish; reap them.
         reap(&mut draining, gone, failures);
         balancer.remove(cluster.addr(old));
@@ -576,12 +667,19 @@ fn manifest_release(
 }
 
 /// Waits (20 s at most each) for the SIGTERM'd nodes to exit and records when.
-fn reap(draining: &mut Vec<(usize, common::process::ServeProcess)>, gone: &mut Vec<(String, Instant)>, failures: &mut Vec<String>) {
+fn reap(
+    draining: &mut Vec<(usize, common::process::ServeProcess)>,
+    gone: &mut Vec<(String, Instant)>,
+    failures: &mut Vec<String>,
+) {
     for (i, mut process) in draining.drain(..) {
         match process.wait_exit(Duration::from_secs(20)) {
             Some(status) if status.success() => {}
-            Some(status) => failures.push(format!("node {} exited with {status} after SIGTERM", Cluster::name(i))),
-            None => failures.push(format!("node {} still running 20 s after SIGTERM", Cluster::name(i))),
+            Some(status) => failures
+                .push(format!("node {} exited with {status} after SIGTERM", Cluster::name(i))),
+            None => {
+                failures.push(format!("node {} still running 20 s after SIGTERM", Cluster::name(i)))
+            }
         }
         gone.push((Cluster::name(i).to_string(), Instant::now()));
     }
@@ -595,19 +693,32 @@ fn reap(draining: &mut Vec<(usize, common::process::ServeProcess)>, gone: &mut V
 /// no event is lost, nobody is refused for the migration budget (4029, 429). The
 /// histograms of moves per session are printed as `FIGURE` lines.
 #[test]
-fn the_manifests_release_moves_each_session_at_most_once_with_10_s_or_3_s_between_ready_and_drain() {
+fn the_manifests_release_moves_each_session_at_most_once_with_10_s_or_3_s_between_ready_and_drain()
+{
     let _gate = crate::common::gate!();
     let started = Instant::now();
     let mut cluster = Cluster::start_with_env(3, &MANIFEST_FLAGS, |_| release_env("r1"));
     let balancer = Balancer::start(&[cluster.addr(0), cluster.addr(1), cluster.addr(2)]);
     let rooms: Vec<String> = (0..ROOMS).map(room).collect();
-    let spec = SwarmSpec { clients: MANIFEST_CLIENTS, rooms: &rooms, rooms_per_client: ROOMS_PER_CLIENT, user_prefix: "manifest-u" };
+    let spec = SwarmSpec {
+        clients: MANIFEST_CLIENTS,
+        rooms: &rooms,
+        rooms_per_client: ROOMS_PER_CLIENT,
+        user_prefix: "manifest-u",
+    };
     let mut swarm = Swarm::start(&balancer.url(), &spec, &cluster.root().join("swarm.log"));
     let mut failures: Vec<String> = Vec::new();
     let all_in = swarm.wait(Duration::from_secs(60), |s| {
-        s.ready && s.clients.iter().enumerate().all(|(c, st)| st.connected && rooms_of(c).iter().all(|r| st.subscribed.contains(r)))
+        s.ready
+            && s.clients.iter().enumerate().all(|(c, st)| {
+                st.connected && rooms_of(c).iter().all(|r| st.subscribed.contains(r))
+            })
     });
-    assert!(all_in, "not every client connected and subscribed within 60 s; logs kept in {}", cluster.root().display());
+    assert!(
+        all_in,
+        "not every client connected and subscribed within 60 s; logs kept in {}",
+        cluster.root().display()
+    );
     let publisher = Publisher::start(balancer.addr);
     let mut gone: Vec<(String, Instant)> = Vec::new();
     let mut figures = Vec::new();
@@ -621,9 +732,12 @@ fn the_manifests_release_moves_each_session_at_most_once_with_10_s_or_3_s_betwee
             gap.as_secs(),
             from.elapsed().as_secs_f64()
         );
-        failures.extend(over.iter().take(10).map(|o| format!("release {label} (gap {gap:?}): {o}")));
+        failures
+            .extend(over.iter().take(10).map(|o| format!("release {label} (gap {gap:?}): {o}")));
         if twice > 0 {
-            failures.push(format!("release {label} (gap {gap:?}): {twice} session(s) moved more than once: {hist:?}"));
+            failures.push(format!(
+                "release {label} (gap {gap:?}): {twice} session(s) moved more than once: {hist:?}"
+            ));
         }
         figures.push((gap, hist));
     }

@@ -35,14 +35,21 @@ fn publish_for(http: &Http, room: &str, span: Duration, failures: &mut Vec<Strin
         latencies.push(sent.elapsed());
     }
     latencies.sort();
-    let p99 = latencies.get(latencies.len().saturating_sub(1) * 99 / 100).copied().unwrap_or_default();
+    let p99 =
+        latencies.get(latencies.len().saturating_sub(1) * 99 / 100).copied().unwrap_or_default();
     Rate { acknowledged: latencies.len(), p99 }
 }
 
 /// `connections` clients of one user each send `{"op":"subscribe","room":room,"since":
 /// 10^12}` 80 times a second (under the per-connection message rate) until `stop`;
 /// `sent` counts the subscribes.
-fn flood(addr: SocketAddr, tokens: Vec<String>, room: String, stop: Arc<AtomicBool>, sent: Arc<AtomicU64>) -> std::thread::JoinHandle<()> {
+fn flood(
+    addr: SocketAddr,
+    tokens: Vec<String>,
+    room: String,
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         runtime().block_on(async move {
             let mut tasks = Vec::new();
@@ -80,7 +87,11 @@ fn a_flood_of_subscribes_beyond_the_head_leaves_the_rooms_publishes_alone() {
     let rt = runtime();
     let mut failures = Vec::new();
     let (http, room) = (cluster.http(0), "reads:flood".to_string());
-    let mut watcher = rt.block_on(WsClient::connect(cluster.addr(0), &http.mint_token("reads-watcher", "web"), None));
+    let mut watcher = rt.block_on(WsClient::connect(
+        cluster.addr(0),
+        &http.mint_token("reads-watcher", "web"),
+        None,
+    ));
     rt.block_on(watcher.subscribe_ok(&room));
     let span = Duration::from_secs(3);
     let calm_before = publish_for(&http, &room, span, &mut failures);
@@ -108,22 +119,35 @@ fn a_flood_of_subscribes_beyond_the_head_leaves_the_rooms_publishes_alone() {
         calm.acknowledged, calm.p99, flooded.acknowledged, flooded.p99
     );
     if during < 1_000 {
-        failures.push(format!("the flood sent only {during} subscribes while the victim published"));
+        failures
+            .push(format!("the flood sent only {during} subscribes while the victim published"));
     }
     if flooded.acknowledged * 2 < calm.acknowledged {
-        failures.push(format!("the victim's rate fell from {} to {} under the flood", calm.acknowledged, flooded.acknowledged));
+        failures.push(format!(
+            "the victim's rate fell from {} to {} under the flood",
+            calm.acknowledged, flooded.acknowledged
+        ));
     }
     if flooded.p99 > (calm.p99 * 10).max(Duration::from_millis(50)) {
-        failures.push(format!("the victim's p99 rose from {:?} to {:?} under the flood", calm.p99, flooded.p99));
+        failures.push(format!(
+            "the victim's p99 rose from {:?} to {:?} under the flood",
+            calm.p99, flooded.p99
+        ));
     }
     // Nothing was lost to the watcher: every publish arrived, in order.
     let total = (calm_before.acknowledged + flooded.acknowledged + calm_after.acknowledged) as u64;
-    let (got, other) = rt.block_on(collect_events(&mut watcher, &room, total as usize, Duration::from_secs(20)));
+    let (got, other) =
+        rt.block_on(collect_events(&mut watcher, &room, total as usize, Duration::from_secs(20)));
     if seqs(&got) != (1..=total).collect::<Vec<_>>() {
         failures.push(format!("the watcher got {} events, not 1..={total} in order", got.len()));
     }
     failures.extend(other);
-    fail_with_logs(&cluster, "a flood of subscribes beyond the head", &failures, &["WARN", "ERROR"]);
+    fail_with_logs(
+        &cluster,
+        "a flood of subscribes beyond the head",
+        &failures,
+        &["WARN", "ERROR"],
+    );
 }
 
 /// A room whose feed was dropped (no subscriber for [`FEED_LINGER`]) takes it again when
@@ -139,14 +163,22 @@ fn a_room_taking_its_feed_again_still_answers_its_publishes_and_reads() {
     let rt = runtime();
     let mut failures = Vec::new();
     let (http, room) = (cluster.http(0), "reads:refeed".to_string());
-    let mut first = rt.block_on(WsClient::connect(cluster.addr(0), &http.mint_token("refeed-first", "web"), None));
+    let mut first = rt.block_on(WsClient::connect(
+        cluster.addr(0),
+        &http.mint_token("refeed-first", "web"),
+        None,
+    ));
     let epoch = rt.block_on(first.subscribe_ok(&room))["epoch"].clone();
     http.publish_ok(&room, Some("refeed-1"), json!({ "n": 1 }));
     let _ = rt.block_on(first.unsubscribe(&room));
     drop(first);
     // The second subscriber connects now: its handshake writes the session directory,
     // which would take round trips over the slow link.
-    let mut second = rt.block_on(WsClient::connect(cluster.addr(0), &http.mint_token("refeed-second", "web"), None));
+    let mut second = rt.block_on(WsClient::connect(
+        cluster.addr(0),
+        &http.mint_token("refeed-second", "web"),
+        None,
+    ));
     // The room drops its feed once it has had no subscriber for the linger: a publish
     // then reaches the room's writer with no live copy of it coming back.
     let_time_pass(FEED_LINGER + Duration::from_secs(2), "the room's live feed linger");
@@ -165,12 +197,17 @@ fn a_room_taking_its_feed_again_still_answers_its_publishes_and_reads() {
     });
     // The subscribe reaches the room first, then a presence read and a publish of the
     // same room while the room reads.
-    pace(Duration::from_millis(50), "the subscribe reaches the room before the requests beside its read");
+    pace(
+        Duration::from_millis(50),
+        "the subscribe reaches the room before the requests beside its read",
+    );
     let sent = Instant::now();
-    let (status, presence) = http.request("GET", &format!("/v1/rooms/{room}/presence"), Auth::Key, Body::None);
+    let (status, presence) =
+        http.request("GET", &format!("/v1/rooms/{room}/presence"), Auth::Key, Body::None);
     let presence_took = sent.elapsed();
     let sent = Instant::now();
-    let (status_publish, published) = http.publish(&room, Some("refeed-beside"), json!({ "n": "beside" }));
+    let (status_publish, published) =
+        http.publish(&room, Some("refeed-beside"), json!({ "n": "beside" }));
     let publish_took = sent.elapsed();
     let (subscribe_took, reply) = rt.block_on(subscriber).expect("the subscriber's task");
     println!("over 150 ms each way: subscribe answered after {subscribe_took:?}, presence read {presence_took:?}, publish {publish_took:?}");
@@ -181,7 +218,9 @@ fn a_room_taking_its_feed_again_still_answers_its_publishes_and_reads() {
         failures.push(format!("publish beside the read: {status_publish} {published}"));
     }
     if reply["op"] != "subscribed" || reply["recovered"] != true {
-        failures.push(format!("the subscriber that made the room read again: {reply}, expected a recovery"));
+        failures.push(format!(
+            "the subscriber that made the room read again: {reply}, expected a recovery"
+        ));
     }
     if subscribe_took < Duration::from_millis(600) {
         failures.push(format!("the subscribe was answered in {subscribe_took:?}: the room did not read again (the test proves nothing)"));

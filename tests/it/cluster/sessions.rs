@@ -17,7 +17,11 @@ fn a_token_minted_on_one_node_works_once_on_any_node() {
         let again_on_a = WsClient::try_connect(cluster.addr(0), Some(&token), None).await;
         (on_b, again_on_a)
     });
-    assert!(on_b.is_ok(), "a token minted on a must open a connection on b: {:?}", on_b.err().map(|r| (r.status, r.body)));
+    assert!(
+        on_b.is_ok(),
+        "a token minted on a must open a connection on b: {:?}",
+        on_b.err().map(|r| (r.status, r.body))
+    );
     match again_on_a {
         Ok(_) => panic!("a spent token opened a second connection on another node"),
         Err(refused) => {
@@ -38,17 +42,27 @@ fn a_jwt_works_once_on_any_node() {
     let now = now_ms() / 1000;
     let claims = serde_json::json!({"sub": "jwt-user", "exp": now + 300, "iat": now, "jti": format!("cluster-{}", now_ms())});
     let key = jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()).expect("HMAC key");
-    let token = jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).expect("sign");
+    let token =
+        jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).expect("sign");
     let (on_b, again_on_a) = rt.block_on(async {
         let on_b = WsClient::try_connect(cluster.addr(1), Some(&token), None).await;
         let again_on_a = WsClient::try_connect(cluster.addr(0), Some(&token), None).await;
         (on_b, again_on_a)
     });
-    assert!(on_b.is_ok(), "the JWT opens a connection on b: {:?}", on_b.err().map(|r| (r.status, r.body)));
+    assert!(
+        on_b.is_ok(),
+        "the JWT opens a connection on b: {:?}",
+        on_b.err().map(|r| (r.status, r.body))
+    );
     match again_on_a {
         Ok(_) => panic!("a spent JWT opened a second connection on another node"),
         Err(refused) => {
-            assert_eq!((refused.status, error_code(&refused.body)), (401, "token_replayed"), "{}", refused.body);
+            assert_eq!(
+                (refused.status, error_code(&refused.body)),
+                (401, "token_replayed"),
+                "{}",
+                refused.body
+            );
         }
     }
 }
@@ -119,7 +133,6 @@ fn a_stale_directory_write_from_one_node_loses_to_the_other() {
     eprintln!("stale directory write: test took {:.1} s", started.elapsed().as_secs_f64());
 }
 
-
 // ---------------------------------------------------------------------------------------
 // (h) exclusive device across nodes, (i) kick across nodes
 // ---------------------------------------------------------------------------------------
@@ -131,10 +144,26 @@ fn a_newer_phone_on_b_replaces_the_older_phone_on_a_with_4501() {
     let cluster = Cluster::start(3, &SHORT_DRAIN);
     let rt = runtime();
     let user = "phone-user";
-    let mut old_phone = rt.block_on(WsClient::connect(cluster.addr(0), &cluster.http(0).mint_token(user, "phone"), None));
-    let mut tab = rt.block_on(WsClient::connect(cluster.addr(2), &cluster.http(2).mint_token(user, "web"), None));
-    let mut other = rt.block_on(WsClient::connect(cluster.addr(0), &cluster.http(0).mint_token("phone-other", "phone"), None));
-    let mut new_phone = rt.block_on(WsClient::connect(cluster.addr(1), &cluster.http(1).mint_token(user, "phone"), None));
+    let mut old_phone = rt.block_on(WsClient::connect(
+        cluster.addr(0),
+        &cluster.http(0).mint_token(user, "phone"),
+        None,
+    ));
+    let mut tab = rt.block_on(WsClient::connect(
+        cluster.addr(2),
+        &cluster.http(2).mint_token(user, "web"),
+        None,
+    ));
+    let mut other = rt.block_on(WsClient::connect(
+        cluster.addr(0),
+        &cluster.http(0).mint_token("phone-other", "phone"),
+        None,
+    ));
+    let mut new_phone = rt.block_on(WsClient::connect(
+        cluster.addr(1),
+        &cluster.http(1).mint_token(user, "phone"),
+        None,
+    ));
     let replaced_at = Instant::now();
     let code = rt.block_on(old_phone.close_code_within(WAIT));
     let took = replaced_at.elapsed();
@@ -147,7 +176,10 @@ fn a_newer_phone_on_b_replaces_the_older_phone_on_a_with_4501() {
         tab.assert_alive().await;
         other.assert_alive().await;
     });
-    eprintln!("exclusive device across nodes: 4501 after {took:?}; test took {:.1} s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "exclusive device across nodes: 4501 after {took:?}; test took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     fail_with_logs(&cluster, "exclusive device", &failures, &LOG_NEEDLES);
 }
 
@@ -159,59 +191,103 @@ fn a_kick_on_b_closes_the_users_connections_on_every_node_and_counts_them() {
     let rt = runtime();
     let user = "kick-user";
     let mut victims: Vec<(usize, WsClient)> = (0..3)
-        .map(|i| (i, rt.block_on(WsClient::connect(cluster.addr(i), &cluster.http(i).mint_token(user, "web"), None))))
+        .map(|i| {
+            (
+                i,
+                rt.block_on(WsClient::connect(
+                    cluster.addr(i),
+                    &cluster.http(i).mint_token(user, "web"),
+                    None,
+                )),
+            )
+        })
         .collect();
-    let mut bystander = rt.block_on(WsClient::connect(cluster.addr(0), &cluster.http(0).mint_token("kick-bystander", "web"), None));
+    let mut bystander = rt.block_on(WsClient::connect(
+        cluster.addr(0),
+        &cluster.http(0).mint_token("kick-bystander", "web"),
+        None,
+    ));
     // The victims read (and answer the Close) while the kick runs, as real clients do.
     let readers: Vec<_> = victims
         .drain(..)
         .map(|(i, mut ws)| {
             rt.spawn(async move {
                 let code = ws.close_code_within(WAIT).await;
-                let _ = tokio::time::timeout(Duration::from_secs(3), async { while ws.ws.next().await.is_some() {} }).await;
+                let _ = tokio::time::timeout(Duration::from_secs(3), async {
+                    while ws.ws.next().await.is_some() {}
+                })
+                .await;
                 (i, code)
             })
         })
         .collect();
     let kicked_at = Instant::now();
-    let (status, reply) = cluster.http(1).request("DELETE", &format!("/v1/users/{user}/connections"), Auth::Key, Body::None);
+    let (status, reply) = cluster.http(1).request(
+        "DELETE",
+        &format!("/v1/users/{user}/connections"),
+        Auth::Key,
+        Body::None,
+    );
     let replied = kicked_at.elapsed();
     let mut failures = Vec::new();
     if status != 200 || reply["closed"] != 3 {
         failures.push(format!("kick on b: {status} {reply}, expected 200 with closed 3"));
     }
     if replied > Duration::from_secs(3) {
-        failures.push(format!("the kick reply took {replied:?} although every client answered its Close at once"));
+        failures.push(format!(
+            "the kick reply took {replied:?} although every client answered its Close at once"
+        ));
     }
     for reader in readers {
         let (i, code) = rt.block_on(reader).expect("victim reader");
         if code != Some(4502) {
-            failures.push(format!("{user}'s connection on {} ended with {code:?}, expected 4502", Cluster::name(i)));
+            failures.push(format!(
+                "{user}'s connection on {} ended with {code:?}, expected 4502",
+                Cluster::name(i)
+            ));
         }
     }
     rt.block_on(bystander.assert_alive());
     // Nobody left: a second kick counts nothing.
-    let (status, reply) = cluster.http(2).request("DELETE", &format!("/v1/users/{user}/connections"), Auth::Key, Body::None);
+    let (status, reply) = cluster.http(2).request(
+        "DELETE",
+        &format!("/v1/users/{user}/connections"),
+        Auth::Key,
+        Body::None,
+    );
     if status != 200 || reply["closed"] != 0 {
         failures.push(format!("second kick on c: {status} {reply}, expected 200 with closed 0"));
     }
     // A node killed just before a kick: the kick answers with what the live nodes closed
     // once the dead node's heartbeats time out (3 s), not after the 12 s answer wait.
-    let mut victim = rt.block_on(WsClient::connect(cluster.addr(0), &cluster.http(0).mint_token(user, "web"), None));
+    let mut victim = rt.block_on(WsClient::connect(
+        cluster.addr(0),
+        &cluster.http(0).mint_token(user, "web"),
+        None,
+    ));
     let reader = rt.spawn(async move { victim.close_code_within(WAIT).await });
     cluster.take_node(2).kill9();
     let kicked_at = Instant::now();
-    let (status, reply) = cluster.http(1).request("DELETE", &format!("/v1/users/{user}/connections"), Auth::Key, Body::None);
+    let (status, reply) = cluster.http(1).request(
+        "DELETE",
+        &format!("/v1/users/{user}/connections"),
+        Auth::Key,
+        Body::None,
+    );
     let after_death = kicked_at.elapsed();
     if status != 200 || reply["closed"] != 1 {
         failures.push(format!("kick on b with c dead: {status} {reply}, expected 200 with closed 1 (the connection on a)"));
     }
     if after_death >= Duration::from_secs(8) {
-        failures.push(format!("the kick with c dead took {after_death:?}: it waited for the dead node's answer"));
+        failures.push(format!(
+            "the kick with c dead took {after_death:?}: it waited for the dead node's answer"
+        ));
     }
     match rt.block_on(reader).expect("victim reader") {
         Some(4502) => {}
-        code => failures.push(format!("{user}'s connection on a ended with {code:?} during the kick with c dead")),
+        code => failures.push(format!(
+            "{user}'s connection on a ended with {code:?} during the kick with c dead"
+        )),
     }
     eprintln!(
         "kick across nodes: reply after {replied:?}, {after_death:?} right after a node died; test took {:.1} s",
@@ -222,7 +298,10 @@ fn a_kick_on_b_closes_the_users_connections_on_every_node_and_counts_them() {
 
 /// The resume credential of `ws`'s welcome.
 fn resume_of(ws: &WsClient) -> String {
-    ws.welcome["resume"].as_str().unwrap_or_else(|| panic!("welcome without resume: {}", ws.welcome)).to_string()
+    ws.welcome["resume"]
+        .as_str()
+        .unwrap_or_else(|| panic!("welcome without resume: {}", ws.welcome))
+        .to_string()
 }
 
 /// A handshake on `addr` with resume credential `resume`.
@@ -246,7 +325,9 @@ fn a_resume_credential_from_a_works_once_on_b_and_a_kick_through_a_voids_it_on_b
     let rt = runtime();
     let (a, b) = (cluster.addr(0), cluster.addr(1));
     let user = "roamer";
-    let (status, body) = cluster.http(0).mint_token_raw(json!({"user": user, "device": "web", "rooms": ["match:*"]}));
+    let (status, body) = cluster
+        .http(0)
+        .mint_token_raw(json!({"user": user, "device": "web", "rooms": ["match:*"]}));
     assert_eq!(status, 201, "{body}");
     let first = rt.block_on(WsClient::connect(a, body["token"].as_str().unwrap(), None));
     let session = first.session().to_string();
@@ -259,22 +340,36 @@ fn a_resume_credential_from_a_works_once_on_b_and_a_kick_through_a_voids_it_on_b
     // a is alive and owns the session, so b would send the client there (4421); this
     // client says it cannot reach a, and b takes the session with a's credential.
     let avoiding_a = format!("ws://{b}/v1/ws?resume={from_a}&avoid=a");
-    let mut on_b = rt.block_on(WsClient::try_connect_url(&avoiding_a)).unwrap_or_else(|r| panic!("a's credential on b: {} {}", r.status, r.body));
-    if (on_b.session(), on_b.welcome["node"].as_str()) != (session.as_str(), Some(Cluster::name(1))) {
-        failures.push(format!("the credential from a must open session {session} on b: {}", on_b.welcome));
+    let mut on_b = rt
+        .block_on(WsClient::try_connect_url(&avoiding_a))
+        .unwrap_or_else(|r| panic!("a's credential on b: {} {}", r.status, r.body));
+    if (on_b.session(), on_b.welcome["node"].as_str()) != (session.as_str(), Some(Cluster::name(1)))
+    {
+        failures.push(format!(
+            "the credential from a must open session {session} on b: {}",
+            on_b.welcome
+        ));
     }
-    let (subscribed, refused) = rt.block_on(async { (on_b.subscribe("match:1").await, on_b.subscribe("news").await) });
+    let (subscribed, refused) =
+        rt.block_on(async { (on_b.subscribe("match:1").await, on_b.subscribe("news").await) });
     if subscribed["op"] != "subscribed" || refused["code"] != "forbidden" {
         failures.push(format!("the room patterns must travel with the credential: match:1 {subscribed}, news {refused}"));
     }
-    let (status, reply) =
-        cluster.http(1).request("POST", &format!("/v1/users/{user}/messages"), Auth::Key, Body::Json(json!({"data": "hi"})));
+    let (status, reply) = cluster.http(1).request(
+        "POST",
+        &format!("/v1/users/{user}/messages"),
+        Auth::Key,
+        Body::Json(json!({"data": "hi"})),
+    );
     assert_eq!(status, 201, "{reply}");
     let inbox = rt.block_on(on_b.recv_json());
     if !inbox.to_string().contains("\"hi\"") {
         failures.push(format!("the user's inbox must reach the resumed connection: {inbox}"));
     }
-    if let Err(e) = refused_as_invalid("a's credential again on a after b spent it", rt.block_on(try_resume(a, &from_a))) {
+    if let Err(e) = refused_as_invalid(
+        "a's credential again on a after b spent it",
+        rt.block_on(try_resume(a, &from_a)),
+    ) {
         failures.push(e);
     }
 
@@ -283,10 +378,18 @@ fn a_resume_credential_from_a_works_once_on_b_and_a_kick_through_a_voids_it_on_b
     let latest = resume_of(&on_b);
     let reader = rt.spawn(async move {
         let code = on_b.close_code_within(WAIT).await;
-        let _ = tokio::time::timeout(Duration::from_secs(3), async { while on_b.ws.next().await.is_some() {} }).await;
+        let _ = tokio::time::timeout(Duration::from_secs(3), async {
+            while on_b.ws.next().await.is_some() {}
+        })
+        .await;
         code
     });
-    let (status, reply) = cluster.http(0).request("DELETE", &format!("/v1/users/{user}/connections"), Auth::Key, Body::None);
+    let (status, reply) = cluster.http(0).request(
+        "DELETE",
+        &format!("/v1/users/{user}/connections"),
+        Auth::Key,
+        Body::None,
+    );
     if status != 200 || reply["closed"] != 1 {
         failures.push(format!("kick on a: {status} {reply}, expected 200 with closed 1"));
     }
@@ -294,10 +397,16 @@ fn a_resume_credential_from_a_works_once_on_b_and_a_kick_through_a_voids_it_on_b
     if code != Some(4502) {
         failures.push(format!("the kicked connection ended with {code:?}, expected 4502"));
     }
-    if let Err(e) = refused_as_invalid("the kicked session's credential on a", rt.block_on(try_resume(a, &latest))) {
+    if let Err(e) = refused_as_invalid(
+        "the kicked session's credential on a",
+        rt.block_on(try_resume(a, &latest)),
+    ) {
         failures.push(e);
     }
-    if let Err(e) = refused_as_invalid("the kicked session's credential on b", rt.block_on(try_resume(b, &latest))) {
+    if let Err(e) = refused_as_invalid(
+        "the kicked session's credential on b",
+        rt.block_on(try_resume(b, &latest)),
+    ) {
         failures.push(e);
     }
     fail_with_logs(&cluster, "resume across nodes", &failures, &LOG_NEEDLES);
@@ -314,21 +423,34 @@ fn a_kick_on_a_voids_on_b_the_credentials_of_a_user_connected_nowhere() {
     let kept = resume_of(&first);
     rt.block_on(first.close());
     let saved_token = try_mint(a, user, "web").expect("token");
-    let gone = wait_until(WAIT, || cluster.http(0).metric_total("livegate_connections_open") == 0.0);
+    let gone =
+        wait_until(WAIT, || cluster.http(0).metric_total("livegate_connections_open") == 0.0);
     assert!(gone, "the client's connection on a must be gone before the kick");
 
     let mut failures = Vec::new();
-    let (status, reply) = cluster.http(0).request("DELETE", &format!("/v1/users/{user}/connections"), Auth::Key, Body::None);
+    let (status, reply) = cluster.http(0).request(
+        "DELETE",
+        &format!("/v1/users/{user}/connections"),
+        Auth::Key,
+        Body::None,
+    );
     if status != 200 || reply["closed"] != 0 {
         failures.push(format!("kick on a: {status} {reply}, expected 200 with closed 0"));
     }
-    if let Err(e) = refused_as_invalid("a's resume credential on b after the kick on a", rt.block_on(try_resume(b, &kept))) {
+    if let Err(e) = refused_as_invalid(
+        "a's resume credential on b after the kick on a",
+        rt.block_on(try_resume(b, &kept)),
+    ) {
         failures.push(e);
     }
     match rt.block_on(try_ws(b, saved_token, None)) {
         Err(e) if e.contains("401") && e.contains("invalid_token") => {}
-        Err(e) => failures.push(format!("a token minted before the kick, on b: {e}, expected 401 invalid_token")),
-        Ok(ws) => failures.push(format!("a token minted before the kick opened a connection on b: {}", ws.welcome)),
+        Err(e) => failures
+            .push(format!("a token minted before the kick, on b: {e}, expected 401 invalid_token")),
+        Ok(ws) => failures.push(format!(
+            "a token minted before the kick opened a connection on b: {}",
+            ws.welcome
+        )),
     }
     match try_mint(b, user, "web") {
         Ok(token) => {
@@ -341,7 +463,6 @@ fn a_kick_on_a_voids_on_b_the_credentials_of_a_user_connected_nowhere() {
     fail_with_logs(&cluster, "kick of a user connected nowhere", &failures, &LOG_NEEDLES);
 }
 
-
 #[test]
 fn session_records_leave_the_kv_bucket_after_the_ttl_unless_their_node_keeps_them_connected() {
     let _gate = crate::common::gate!();
@@ -352,7 +473,12 @@ fn session_records_leave_the_kv_bucket_after_the_ttl_unless_their_node_keeps_the
     rt.block_on(async {
         // The same limits as the node, or connecting would set the bucket's age limit back.
         let day = Duration::from_secs(86_400);
-        let limits = StreamLimits { history_size: 1000, nonce_ttl: day, session_ttl: Duration::from_secs(2), replicas: None };
+        let limits = StreamLimits {
+            history_size: 1000,
+            nonce_ttl: day,
+            session_ttl: Duration::from_secs(2),
+            replicas: None,
+        };
         let probe = livegate::cluster::Cluster::connect_with(&cluster.nats.url(), "probe", limits)
             .await
             .unwrap_or_else(|e| panic!("connect: {e:?}"));
@@ -364,7 +490,9 @@ fn session_records_leave_the_kv_bucket_after_the_ttl_unless_their_node_keeps_the
         // (a is alive and owns it: the client says it cannot reach a, so b takes it.)
         let token = cluster.http(1).mint_token("kept", "web");
         let avoiding_a = format!("{}&avoid=a", ws_url(addr, Some(&token), Some(&kept_session)));
-        let mut kept = WsClient::try_connect_url(&avoiding_a).await.unwrap_or_else(|r| panic!("kept on b: {} {}", r.status, r.body));
+        let mut kept = WsClient::try_connect_url(&avoiding_a)
+            .await
+            .unwrap_or_else(|r| panic!("kept on b: {} {}", r.status, r.body));
         if kept.session() != kept_session {
             failures.push(format!("the session did not move from a to b: {}", kept.welcome));
         }
@@ -375,28 +503,56 @@ fn session_records_leave_the_kv_bucket_after_the_ttl_unless_their_node_keeps_the
         // The bucket's age limit is twice the TTL: the record goes 2 to 4 s after the close
         // (nats-server expires entries about once a second).
         let (kv, gone_session) = (&kv, &gone_session);
-        let vanished = common::wait_for_every_async(Duration::from_secs(10), Duration::from_millis(100), || async move {
-            kv.entry(gone_session).await.expect("read the bucket").is_none().then(|| closed.elapsed())
-        })
+        let vanished = common::wait_for_every_async(
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+            || async move {
+                kv.entry(gone_session)
+                    .await
+                    .expect("read the bucket")
+                    .is_none()
+                    .then(|| closed.elapsed())
+            },
+        )
         .await;
         match vanished {
-            None => failures.push("a disconnected session's record was still in the bucket 10 s after a 2 s TTL".to_string()),
-            Some(at) if at < Duration::from_millis(1900) => failures.push(format!("the record went {at:?} after the close, before the TTL")),
+            None => failures.push(
+                "a disconnected session's record was still in the bucket 10 s after a 2 s TTL"
+                    .to_string(),
+            ),
+            Some(at) if at < Duration::from_millis(1900) => {
+                failures.push(format!("the record went {at:?} after the close, before the TTL"))
+            }
             Some(_) => {}
         }
         // Older than the age limit by now, yet refreshed by its node while connected.
         common::let_time_pass_async(Duration::from_secs(3), "past the bucket's age limit").await;
         match kv.entry(&kept_session).await.expect("read the bucket") {
-            None => failures.push(format!("the connected session's record left the bucket after {:?}", closed.elapsed())),
-            Some((record, _)) if record.owner != Cluster::name(1) => failures.push(format!("the record names owner {}", record.owner)),
+            None => failures.push(format!(
+                "the connected session's record left the bucket after {:?}",
+                closed.elapsed()
+            )),
+            Some((record, _)) if record.owner != Cluster::name(1) => {
+                failures.push(format!("the record names owner {}", record.owner))
+            }
             Some(_) => {}
         }
         kept.assert_alive().await;
-        let tab = WsClient::connect(addr, &cluster.http(1).mint_token("kept", "web"), Some(&kept_session)).await;
+        let tab = WsClient::connect(
+            addr,
+            &cluster.http(1).mint_token("kept", "web"),
+            Some(&kept_session),
+        )
+        .await;
         if tab.session() != kept_session {
-            failures.push(format!("a second tab of the connected session got another id: {}", tab.welcome));
+            failures.push(format!(
+                "a second tab of the connected session got another id: {}",
+                tab.welcome
+            ));
         }
-        let late = WsClient::connect(addr, &cluster.http(1).mint_token("gone", "web"), Some(gone_session)).await;
+        let late =
+            WsClient::connect(addr, &cluster.http(1).mint_token("gone", "web"), Some(gone_session))
+                .await;
         if late.session() == gone_session {
             failures.push(format!("an expired session was reused: {}", late.welcome));
         }
@@ -413,12 +569,20 @@ fn the_session_bucket_takes_the_age_limit_of_the_last_node_to_open_it() {
         let day = Duration::from_secs(86_400);
         let mut max_ages = Vec::new();
         for session_ttl in [Duration::from_secs(5), Duration::from_secs(30)] {
-            let limits = StreamLimits { history_size: 1000, nonce_ttl: day, session_ttl, replicas: None };
-            let node = livegate::cluster::Cluster::connect_with(&nats.url(), "a", limits).await.unwrap_or_else(|e| panic!("connect: {e:?}"));
-            let mut bucket = node.js.get_stream("KV_lg_sessions").await.expect("the session bucket exists");
+            let limits =
+                StreamLimits { history_size: 1000, nonce_ttl: day, session_ttl, replicas: None };
+            let node = livegate::cluster::Cluster::connect_with(&nats.url(), "a", limits)
+                .await
+                .unwrap_or_else(|e| panic!("connect: {e:?}"));
+            let mut bucket =
+                node.js.get_stream("KV_lg_sessions").await.expect("the session bucket exists");
             max_ages.push(bucket.info().await.expect("bucket info").config.max_age);
         }
-        assert_eq!(max_ages, [Duration::from_secs(10), Duration::from_secs(60)], "twice session_ttl_secs, updated on open");
+        assert_eq!(
+            max_ages,
+            [Duration::from_secs(10), Duration::from_secs(60)],
+            "twice session_ttl_secs, updated on open"
+        );
     });
 }
 
@@ -431,7 +595,8 @@ fn the_session_bucket_takes_the_age_limit_of_the_last_node_to_open_it() {
 /// resumable, past the age limit counted from the crash (kill + 2 TTL + 1.5 s), where
 /// before it was gone.
 #[test]
-fn a_node_restarted_after_kill_9_admits_nobody_before_ready_and_its_orphaned_sessions_count_as_closed_at_the_start() {
+fn a_node_restarted_after_kill_9_admits_nobody_before_ready_and_its_orphaned_sessions_count_as_closed_at_the_start(
+) {
     let _gate = crate::common::gate!();
     const TTL: Duration = Duration::from_secs(3);
     let mut cluster = Cluster::start(2, &["--session-ttl-secs", "3"]);

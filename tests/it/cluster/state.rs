@@ -11,13 +11,15 @@ fn publish_state(http: &Http, room: &str, id: &str, state: Option<Value>) -> Val
     if let Some(state) = state {
         body["state"] = state;
     }
-    let (status, reply) = http.request("POST", &format!("/v1/rooms/{room}/events"), Auth::Key, Body::Json(body));
+    let (status, reply) =
+        http.request("POST", &format!("/v1/rooms/{room}/events"), Auth::Key, Body::Json(body));
     assert_eq!(status, 201, "publish {id} to {room}: {reply}");
     reply
 }
 
 fn state_of(http: &Http, room: &str) -> Value {
-    let (status, body) = http.request("GET", &format!("/v1/rooms/{room}/state"), Auth::Key, Body::None);
+    let (status, body) =
+        http.request("GET", &format!("/v1/rooms/{room}/state"), Auth::Key, Body::None);
     assert_eq!(status, 200, "GET state of {room}: {body}");
     body
 }
@@ -36,7 +38,9 @@ fn room_state_travels_with_its_event_outlives_trimming_and_a_killed_writer() {
     let names: Vec<&str> = (0..3).map(Cluster::name).collect();
     let room = (0..1000)
         .map(|i| format!("score:{i}"))
-        .find(|room| livegate::core::nodes::routing::room_writer(room, &names) == Some(Cluster::name(0)))
+        .find(|room| {
+            livegate::core::nodes::routing::room_writer(room, &names) == Some(Cluster::name(0))
+        })
         .expect("some room is written by a");
     let mut failures = Vec::new();
 
@@ -61,16 +65,25 @@ fn room_state_travels_with_its_event_outlives_trimming_and_a_killed_writer() {
             let token = cluster.http(node).mint_token(&format!("late-{node}"), "web");
             let mut ws = WsClient::connect(cluster.addr(node), &token, None).await;
             let reply = ws.request(json!({"op": "subscribe", "room": room, "state": true})).await;
-            if reply["state"] != json!({"seq": 60, "data": {"last_id": "e-60"}}) || reply["seq"] != 65 {
+            if reply["state"] != json!({"seq": 60, "data": {"last_id": "e-60"}})
+                || reply["seq"] != 65
+            {
                 failures.push(format!("subscribe with state on {}: {reply}", Cluster::name(node)));
             }
             let (events, other) = collect_events(&mut ws, &room, 5, WAIT).await;
             failures.extend(other);
             if seqs(&events) != (61..=65).collect::<Vec<_>>() {
-                failures.push(format!("events after the state on {}: {:?}", Cluster::name(node), seqs(&events)));
+                failures.push(format!(
+                    "events after the state on {}: {:?}",
+                    Cluster::name(node),
+                    seqs(&events)
+                ));
             }
             if let Some(extra) = ws.recv_within(QUIET).await {
-                failures.push(format!("more than the events after the state on {}: {extra}", Cluster::name(node)));
+                failures.push(format!(
+                    "more than the events after the state on {}: {extra}",
+                    Cluster::name(node)
+                ));
             }
         }
     });
@@ -100,15 +113,26 @@ fn room_state_travels_with_its_event_outlives_trimming_and_a_killed_writer() {
     });
 
     // PUT on C: the writer (A) sets it as of the head; every node serves it.
-    let (status, put) = cluster.http(2).request("PUT", &format!("/v1/rooms/{room}/state"), Auth::Key, Body::Json(json!({"data": {"put": 1}})));
+    let (status, put) = cluster.http(2).request(
+        "PUT",
+        &format!("/v1/rooms/{room}/state"),
+        Auth::Key,
+        Body::Json(json!({"data": {"put": 1}})),
+    );
     if status != 200 || put["seq"] != 95 {
         failures.push(format!("PUT on c: {status} {put}"));
     }
     for node in 0..3 {
         let http = cluster.http(node);
-        let seen = wait_until(Duration::from_secs(5), || state_of(&http, &room)["data"] == json!({"put": 1}));
+        let seen = wait_until(Duration::from_secs(5), || {
+            state_of(&http, &room)["data"] == json!({"put": 1})
+        });
         if !seen {
-            failures.push(format!("PUT state on {}: {}", Cluster::name(node), state_of(&http, &room)));
+            failures.push(format!(
+                "PUT state on {}: {}",
+                Cluster::name(node),
+                state_of(&http, &room)
+            ));
         }
     }
 
@@ -117,7 +141,9 @@ fn room_state_travels_with_its_event_outlives_trimming_and_a_killed_writer() {
     assert_eq!(reply["seq"], 96, "{reply}");
     cluster.take_node(0).kill9();
     let b = cluster.http(1);
-    if !wait_until(Duration::from_secs(5), || state_of(&b, &room)["data"] == json!({"last_id": "e-96"})) {
+    if !wait_until(Duration::from_secs(5), || {
+        state_of(&b, &room)["data"] == json!({"last_id": "e-96"})
+    }) {
         failures.push(format!("state on b after a's kill -9: {}", state_of(&b, &room)));
     }
     let reply = publish_state(&b, &room, "e-97", Some(json!({"last_id": "e-97"})));
@@ -128,7 +154,10 @@ fn room_state_travels_with_its_event_outlives_trimming_and_a_killed_writer() {
         json!({"seq": got["seq"], "data": got["data"]}) == want
     });
     if reply["seq"] != 97 || !seen {
-        failures.push(format!("a state published without a: {reply}, state on c: {}", state_of(&c, &room)));
+        failures.push(format!(
+            "a state published without a: {reply}, state on c: {}",
+            state_of(&c, &room)
+        ));
     }
     fail_with_logs(&cluster, "cluster room state", &failures, &LOG_NEEDLES);
 }
@@ -141,7 +170,12 @@ const PRESENCE_INTERVAL_MS: u64 = 300;
 
 /// `GET /v1/rooms/{room}/presence` on node `i`: the count and the members.
 fn presence_on(cluster: &Cluster, i: usize, room: &str) -> (Value, Value) {
-    let (status, body) = cluster.http(i).request("GET", &format!("/v1/rooms/{room}/presence"), Auth::Key, Body::None);
+    let (status, body) = cluster.http(i).request(
+        "GET",
+        &format!("/v1/rooms/{room}/presence"),
+        Auth::Key,
+        Body::None,
+    );
     assert_eq!(status, 200, "presence on {}: {body}", Cluster::name(i));
     (body["count"].clone(), body["members"].clone())
 }
@@ -170,25 +204,43 @@ fn presence_counts_converge_across_three_nodes_and_a_killed_nodes_members_leave(
     let member = |user: &str, device: &str| json!({"user": user, "device": device});
     let mut failures = Vec::new();
     // ann's web on a (watching) and again on b (one member), bob on b, cy twice on c.
-    let placement = [(0, "ann", "web", true), (1, "ann", "web", false), (1, "bob", "web", false), (2, "cy", "web", false), (2, "cy", "phone", false)];
+    let placement = [
+        (0, "ann", "web", true),
+        (1, "ann", "web", false),
+        (1, "bob", "web", false),
+        (2, "cy", "web", false),
+        (2, "cy", "phone", false),
+    ];
     let mut clients: Vec<(usize, WsClient)> = Vec::new();
     for (node, user, device, presence) in placement {
         let token = cluster.http(node).mint_token(user, device);
         let addr = cluster.addr(node);
         let ws = rt.block_on(async move {
             let mut ws = WsClient::connect(addr, &token, None).await;
-            let reply = ws.request(json!({"op": "subscribe", "room": room, "presence": presence})).await;
+            let reply =
+                ws.request(json!({"op": "subscribe", "room": room, "presence": presence})).await;
             assert_eq!(reply["op"], "subscribed", "{reply}");
             ws
         });
         clients.push((node, ws));
     }
-    let everyone = json!([member("ann", "web"), member("bob", "web"), member("cy", "phone"), member("cy", "web")]);
+    let everyone = json!([
+        member("ann", "web"),
+        member("bob", "web"),
+        member("cy", "phone"),
+        member("cy", "web")
+    ]);
     let joined_at = Instant::now();
     for i in 0..3 {
-        let converged = wait_until(Duration::from_secs(10), || presence_on(&cluster, i, room) == (json!(4), everyone.clone()));
+        let converged = wait_until(Duration::from_secs(10), || {
+            presence_on(&cluster, i, room) == (json!(4), everyone.clone())
+        });
         if !converged {
-            failures.push(format!("presence on {}: {:?}, expected 4 members {everyone}", Cluster::name(i), presence_on(&cluster, i, room)));
+            failures.push(format!(
+                "presence on {}: {:?}, expected 4 members {everyone}",
+                Cluster::name(i),
+                presence_on(&cluster, i, room)
+            ));
         }
     }
     let converged_after = joined_at.elapsed();
@@ -203,11 +255,16 @@ fn presence_counts_converge_across_three_nodes_and_a_killed_nodes_members_leave(
     let killed_at = Instant::now();
     let two = json!([member("ann", "web"), member("bob", "web")]);
     let left = wait_until(Duration::from_secs(8), || {
-        presence_on(&cluster, 0, room) == (json!(2), two.clone()) && presence_on(&cluster, 1, room) == (json!(2), two.clone())
+        presence_on(&cluster, 0, room) == (json!(2), two.clone())
+            && presence_on(&cluster, 1, room) == (json!(2), two.clone())
     });
     let left_after = killed_at.elapsed();
     if !left {
-        failures.push(format!("after kill -9 of c: a {:?}, b {:?}", presence_on(&cluster, 0, room), presence_on(&cluster, 1, room)));
+        failures.push(format!(
+            "after kill -9 of c: a {:?}, b {:?}",
+            presence_on(&cluster, 0, room),
+            presence_on(&cluster, 1, room)
+        ));
     } else if left_after > Duration::from_secs(5) {
         failures.push(format!("c's members left {left_after:?} after its kill, later than its heartbeat timeout (3 s) and a period"));
     }
@@ -224,7 +281,9 @@ fn presence_counts_converge_across_three_nodes_and_a_killed_nodes_members_leave(
     // c comes back empty: it says hello and learns a's and b's members at once.
     cluster.start_node(2);
     let restarted_at = Instant::now();
-    let learned = wait_until(Duration::from_secs(5), || presence_on(&cluster, 2, room) == (json!(2), two.clone()));
+    let learned = wait_until(Duration::from_secs(5), || {
+        presence_on(&cluster, 2, room) == (json!(2), two.clone())
+    });
     let learned_after = restarted_at.elapsed();
     if !learned {
         failures.push(format!("restarted c: {:?}, expected {two}", presence_on(&cluster, 2, room)));

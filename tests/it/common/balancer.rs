@@ -44,7 +44,8 @@ impl Balancer {
             accepted: AtomicUsize::new(0),
             unrouted: AtomicUsize::new(0),
         });
-        let listener = runtime.block_on(TcpListener::bind("127.0.0.1:0")).expect("balancer bind 127.0.0.1:0");
+        let listener =
+            runtime.block_on(TcpListener::bind("127.0.0.1:0")).expect("balancer bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("balancer addr");
         let s = shared.clone();
         runtime.spawn(async move {

@@ -48,7 +48,11 @@ pub fn binary_knows_cell_domains() -> bool {
             .args(["reference", "config"])
             .output()
             .unwrap_or_else(|e| panic!("run livegate reference config: {e}"));
-        assert!(out.status.success(), "livegate reference config: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "livegate reference config: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).contains("`cluster_cell_domains`")
     })
 }
@@ -77,7 +81,11 @@ impl Cells {
 
     /// [`Cells::start`], with `--cluster-cell-domains true` and `--cluster-token-secret`
     /// only when `cell_domains` (a build that does not know them refuses the flags).
-    pub fn start_with(extra: &[&str], nats: impl Fn(usize) -> CellNatsConfig, cell_domains: bool) -> Cells {
+    pub fn start_with(
+        extra: &[&str],
+        nats: impl Fn(usize) -> CellNatsConfig,
+        cell_domains: bool,
+    ) -> Cells {
         let root = tempfile::Builder::new().prefix("livegate-cells-").tempdir().expect("tempdir");
         let link = Link::start();
         let dir = |cell: &str| {
@@ -87,7 +95,8 @@ impl Cells {
         };
         let hub = NatsServer::start_cell(&dir(CELL_NAMES[0]), CELL_NAMES[0], None, &nats(0));
         let through = format!("nats-leaf://{}", link.proxy(hub.leaf_addr()));
-        let leaf = NatsServer::start_cell(&dir(CELL_NAMES[1]), CELL_NAMES[1], Some(&through), &nats(1));
+        let leaf =
+            NatsServer::start_cell(&dir(CELL_NAMES[1]), CELL_NAMES[1], Some(&through), &nats(1));
         let n = CELL_NAMES.len() * CELL_NODES;
         let mut cells = Cells {
             nats: vec![hub, leaf],
@@ -151,9 +160,15 @@ impl Cells {
         let log = self.root().join(format!("node-{}-{}.log", Cells::name(i), self.starts[i]));
         let url = self.nats[i / CELL_NODES].url();
         let cells = CELL_NAMES.join(",");
-        let mut flags: Vec<&str> = vec!["--cluster-nats-url", &url, "--cell", Cells::cell_of(i), "--cells", &cells];
+        let mut flags: Vec<&str> =
+            vec!["--cluster-nats-url", &url, "--cell", Cells::cell_of(i), "--cells", &cells];
         if self.cell_domains {
-            flags.extend(["--cluster-cell-domains", "true", "--cluster-token-secret", TOKEN_SECRET]);
+            flags.extend([
+                "--cluster-cell-domains",
+                "true",
+                "--cluster-token-secret",
+                TOKEN_SECRET,
+            ]);
         }
         flags.extend(self.extra.iter().map(String::as_str));
         let node = ServeProcess::start_named(&data, &log, &Cells::name(i), &flags);
@@ -163,7 +178,9 @@ impl Cells {
 
     /// `kill -9` of node `i`, out of its cell's balancer first.
     pub fn kill_node(&mut self, i: usize) {
-        let node = self.nodes[i].take().unwrap_or_else(|| panic!("node {} is not running", Cells::name(i)));
+        let node = self.nodes[i]
+            .take()
+            .unwrap_or_else(|| panic!("node {} is not running", Cells::name(i)));
         self.balancers[i / CELL_NODES].remove(node.addr);
         node.kill9();
     }
@@ -191,7 +208,11 @@ impl Cells {
 
     /// `http://ADDR` of `cell`'s running nodes.
     pub fn urls(&self, cell: &str) -> Vec<String> {
-        Cells::nodes_of(cell).into_iter().filter(|&i| self.is_running(i)).map(|i| format!("http://{}", self.addr(i))).collect()
+        Cells::nodes_of(cell)
+            .into_iter()
+            .filter(|&i| self.is_running(i))
+            .map(|i| format!("http://{}", self.addr(i)))
+            .collect()
     }
 
     /// `cell`'s balancer.
@@ -241,8 +262,15 @@ impl Cells {
 
     /// Waits until cell b's server has (`true`) or has not a leaf connection to cell a's.
     pub fn wait_leaf(&self, up: bool, within: Duration) {
-        let ok = wait_until_every(within, Duration::from_millis(50), || (self.nats[1].leaf_connections() > 0) == up);
-        assert!(ok, "the leaf connection is not {} within {within:?}; logs:\n{}", if up { "up" } else { "down" }, self.logs());
+        let ok = wait_until_every(within, Duration::from_millis(50), || {
+            (self.nats[1].leaf_connections() > 0) == up
+        });
+        assert!(
+            ok,
+            "the leaf connection is not {} within {within:?}; logs:\n{}",
+            if up { "up" } else { "down" },
+            self.logs()
+        );
     }
 
     /// Whether both servers count the leaf connection.
@@ -261,7 +289,10 @@ impl Cells {
                 .iter()
                 .map(|&i| {
                     let http = self.http(i);
-                    let ready = matches!(http.try_request("GET", "/readyz", Auth::None, Body::None), Ok((200, _)));
+                    let ready = matches!(
+                        http.try_request("GET", "/readyz", Auth::None, Body::None),
+                        Ok((200, _))
+                    );
                     (Cells::name(i), metric(&http, "livegate_cluster_peers_alive"), ready)
                 })
                 .collect::<Vec<_>>();
@@ -275,7 +306,11 @@ impl Cells {
     pub fn known_nodes(&self, i: usize) -> Option<Vec<String>> {
         match self.http(i).try_request("GET", "/v1/admin/overview", Auth::Key, Body::None) {
             Ok((200, body)) => {
-                let mut names: Vec<String> = body["nodes"].as_array()?.iter().filter_map(|n| n["node"].as_str().map(str::to_string)).collect();
+                let mut names: Vec<String> = body["nodes"]
+                    .as_array()?
+                    .iter()
+                    .filter_map(|n| n["node"].as_str().map(str::to_string))
+                    .collect();
                 names.sort();
                 Some(names)
             }
@@ -290,9 +325,15 @@ impl Cells {
     /// JetStream write in the cell fails ("insufficient resources") until
     /// [`free_store`](Self::free_store).
     pub async fn fill_store(&self, cell: &str) -> usize {
-        let client = async_nats::connect(self.nats[Cells::cell_index(cell)].url()).await.expect("connect to the cell's NATS");
+        let client = async_nats::connect(self.nats[Cells::cell_index(cell)].url())
+            .await
+            .expect("connect to the cell's NATS");
         let js = async_nats::jetstream::new(client);
-        let config = async_nats::jetstream::stream::Config { name: "FILL".into(), subjects: vec![format!("fill.{cell}.>")], ..Default::default() };
+        let config = async_nats::jetstream::stream::Config {
+            name: "FILL".into(),
+            subjects: vec![format!("fill.{cell}.>")],
+            ..Default::default()
+        };
         js.create_stream(config).await.expect("the filler stream");
         let payload = vec![b'x'; 64 * 1024];
         for i in 0..10_000 {
@@ -309,8 +350,13 @@ impl Cells {
 
     /// Frees what [`fill_store`](Self::fill_store) took.
     pub async fn free_store(&self, cell: &str) {
-        let client = async_nats::connect(self.nats[Cells::cell_index(cell)].url()).await.expect("connect to the cell's NATS");
-        async_nats::jetstream::new(client).delete_stream("FILL").await.expect("delete the filler stream");
+        let client = async_nats::connect(self.nats[Cells::cell_index(cell)].url())
+            .await
+            .expect("connect to the cell's NATS");
+        async_nats::jetstream::new(client)
+            .delete_stream("FILL")
+            .await
+            .expect("delete the filler stream");
     }
 
     /// Every node log and both NATS logs, for a failure message.
@@ -320,7 +366,12 @@ impl Cells {
             out.push_str(&format!("===== nats of cell {cell} =====\n{}", nats.log_text()));
         }
         let mut paths: Vec<PathBuf> = std::fs::read_dir(self.root())
-            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "log")).collect())
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "log"))
+                    .collect()
+            })
             .unwrap_or_default();
         paths.sort();
         for p in paths {
@@ -337,7 +388,10 @@ impl Drop for Cells {
         self.nats.iter_mut().for_each(NatsServer::kill9);
         if std::thread::panicking() {
             if let Some(root) = self.root.take() {
-                eprintln!("cells test failed: node logs, NATS logs and stores kept in {}", root.keep().display());
+                eprintln!(
+                    "cells test failed: node logs, NATS logs and stores kept in {}",
+                    root.keep().display()
+                );
             }
         }
     }

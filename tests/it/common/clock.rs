@@ -28,7 +28,11 @@ pub fn wait_for<T>(within: Duration, look: impl FnMut() -> Option<T>) -> Option<
 }
 
 /// [`wait_for`] looking every `every`, for a look that costs (several requests, a log).
-pub fn wait_for_every<T>(within: Duration, every: Duration, mut look: impl FnMut() -> Option<T>) -> Option<T> {
+pub fn wait_for_every<T>(
+    within: Duration,
+    every: Duration,
+    mut look: impl FnMut() -> Option<T>,
+) -> Option<T> {
     let deadline = Instant::now() + within;
     loop {
         if let Some(found) = look() {

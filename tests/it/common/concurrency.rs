@@ -47,7 +47,8 @@ struct State {
     next_ticket: u64,
 }
 
-static STATE: Mutex<State> = Mutex::new(State { group: None, inside: 0, queue: VecDeque::new(), next_ticket: 0 });
+static STATE: Mutex<State> =
+    Mutex::new(State { group: None, inside: 0, queue: VecDeque::new(), next_ticket: 0 });
 static CHANGED: Condvar = Condvar::new();
 
 /// Held for the length of a test; leaving the gate lets the next group in.
@@ -74,7 +75,8 @@ pub fn enter(module_path: &'static str) -> Pass {
     state.queue.push_back(ticket);
     loop {
         let first = state.queue.front() == Some(&ticket);
-        let fits = state.group.is_none() || (state.group == Some(group) && state.inside < width_of(group));
+        let fits =
+            state.group.is_none() || (state.group == Some(group) && state.inside < width_of(group));
         if first && fits {
             state.queue.pop_front();
             state.group = Some(group);
@@ -135,12 +137,22 @@ fn every_test_enters_the_gate() {
     let mut missing = Vec::new();
     for file in &files {
         let text = std::fs::read_to_string(file).expect("read test file");
-        let tests = text.lines().filter(|l| l.trim_start().starts_with("#[test]") || l.trim_start().starts_with("#[tokio::test")).count();
-        let gates = text.lines().filter(|l| l.trim() == "let _gate = crate::common::gate!();").count();
+        let tests = text
+            .lines()
+            .filter(|l| {
+                l.trim_start().starts_with("#[test]") || l.trim_start().starts_with("#[tokio::test")
+            })
+            .count();
+        let gates =
+            text.lines().filter(|l| l.trim() == "let _gate = crate::common::gate!();").count();
         if tests != gates {
             missing.push(format!("{}: {tests} tests, {gates} gate!() lines", file.display()));
         }
     }
     assert!(files.len() > 40, "found only {} files under tests/it", files.len());
-    assert!(missing.is_empty(), "tests that do not enter the gate (see tests/it/common/concurrency.rs):\n  {}", missing.join("\n  "));
+    assert!(
+        missing.is_empty(),
+        "tests that do not enter the gate (see tests/it/common/concurrency.rs):\n  {}",
+        missing.join("\n  ")
+    );
 }

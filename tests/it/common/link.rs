@@ -57,9 +57,15 @@ pub enum Condition {
     /// A partition: no byte moves either way until the link is up again.
     Cut,
     /// Added delay each way, and the share of segments lost (0.02: 2 %).
-    Degraded { one_way: Duration, loss: f64 },
+    Degraded {
+        one_way: Duration,
+        loss: f64,
+    },
     /// Added delay each way and a rate each way, in bytes a second.
-    Slowed { one_way: Duration, bytes_per_sec: u64 },
+    Slowed {
+        one_way: Duration,
+        bytes_per_sec: u64,
+    },
 }
 
 pub struct Link {
@@ -91,7 +97,8 @@ impl Link {
     /// A new proxy on this link in front of `upstream`; returns where it listens.
     pub fn proxy(&self, upstream: SocketAddr) -> SocketAddr {
         let runtime = self.runtime.as_ref().expect("link runtime");
-        let listener = runtime.block_on(TcpListener::bind("127.0.0.1:0")).expect("link bind 127.0.0.1:0");
+        let listener =
+            runtime.block_on(TcpListener::bind("127.0.0.1:0")).expect("link bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("link addr");
         let condition = self.condition.subscribe();
         let (seed, accepted) = (self.seed.clone(), self.accepted.clone());
@@ -111,7 +118,11 @@ impl Link {
     pub fn proxy_urls(&self, urls: &str) -> String {
         urls.split(',')
             .map(|url| {
-                let upstream: SocketAddr = url.trim().trim_start_matches("nats://").parse().unwrap_or_else(|e| panic!("{url}: {e}"));
+                let upstream: SocketAddr = url
+                    .trim()
+                    .trim_start_matches("nats://")
+                    .parse()
+                    .unwrap_or_else(|e| panic!("{url}: {e}"));
                 format!("nats://{}", self.proxy(upstream))
             })
             .collect::<Vec<_>>()
@@ -138,7 +149,12 @@ impl Drop for Link {
 
 /// One proxied connection: connects upstream once the link is not cut, then carries each
 /// direction under the link's condition until both have ended.
-async fn carry(downstream: TcpStream, upstream: SocketAddr, mut condition: watch::Receiver<Condition>, seed: u64) {
+async fn carry(
+    downstream: TcpStream,
+    upstream: SocketAddr,
+    mut condition: watch::Receiver<Condition>,
+    seed: u64,
+) {
     if condition.wait_for(|c| *c != Condition::Cut).await.is_err() {
         return;
     }

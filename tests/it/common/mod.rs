@@ -48,8 +48,13 @@ pub const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
 pub fn livegate_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
     // target/release/deps/it-HASH
-    let bin = exe.parent().and_then(Path::parent).map(|dir| dir.join("livegate")).expect("target dir");
-    assert!(bin.exists(), "{} not found: build it with `cargo build --release` (cargo test builds it)", bin.display());
+    let bin =
+        exe.parent().and_then(Path::parent).map(|dir| dir.join("livegate")).expect("target dir");
+    assert!(
+        bin.exists(),
+        "{} not found: build it with `cargo build --release` (cargo test builds it)",
+        bin.display()
+    );
     bin
 }
 
@@ -92,11 +97,20 @@ impl TestServer {
     /// of a server stopped a moment ago), retrying the bind for up to 10 s.
     pub fn start_at(addr: SocketAddr, dir: TempDir, tweak: impl FnOnce(&mut Config)) -> TestServer {
         let listener = wait_for(Duration::from_secs(10), || std::net::TcpListener::bind(addr).ok())
-            .unwrap_or_else(|| panic!("could not bind {addr} again within 10 s: {:?}", std::net::TcpListener::bind(addr).err()));
+            .unwrap_or_else(|| {
+                panic!(
+                    "could not bind {addr} again within 10 s: {:?}",
+                    std::net::TcpListener::bind(addr).err()
+                )
+            });
         TestServer::start_on_listener(listener, dir, tweak)
     }
 
-    fn start_on_listener(listener: std::net::TcpListener, dir: TempDir, tweak: impl FnOnce(&mut Config)) -> TestServer {
+    fn start_on_listener(
+        listener: std::net::TcpListener,
+        dir: TempDir,
+        tweak: impl FnOnce(&mut Config),
+    ) -> TestServer {
         TestServer::start_on_listener_probed(listener, dir, tweak, true)
     }
 
@@ -135,7 +149,8 @@ impl TestServer {
                     .map_err(|e| format!("{e:?}"))
             })
             .expect("spawn server thread");
-        let mut server = TestServer { addr, config, dir: Some(dir), shutdown: Some(tx), thread: Some(thread) };
+        let mut server =
+            TestServer { addr, config, dir: Some(dir), shutdown: Some(tx), thread: Some(thread) };
         if probe {
             server.wait_ready();
         }
@@ -145,7 +160,11 @@ impl TestServer {
     fn wait_ready(&mut self) {
         let http = self.http();
         let ready = wait_until(Duration::from_secs(20), || {
-            self.thread_finished() || matches!(http.try_request("GET", "/readyz", Auth::None, Body::None), Ok((200, _)))
+            self.thread_finished()
+                || matches!(
+                    http.try_request("GET", "/readyz", Auth::None, Body::None),
+                    Ok((200, _))
+                )
         });
         if self.thread_finished() {
             let result = self.thread.take().map(|t| t.join());
@@ -166,7 +185,11 @@ impl TestServer {
             let _ = tx.send(());
         }
         if let Some(thread) = self.thread.take() {
-            assert!(wait_until(limit, || thread.is_finished()), "server on {} did not stop within {limit:?} after shutdown", self.addr);
+            assert!(
+                wait_until(limit, || thread.is_finished()),
+                "server on {} did not stop within {limit:?} after shutdown",
+                self.addr
+            );
             match thread.join() {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => panic!("server::run returned an error: {e}"),
@@ -286,7 +309,13 @@ impl Http {
             .unwrap_or_else(|e| panic!("{method} {path}: transport error: {e}"))
     }
 
-    pub fn try_request(&self, method: &str, path: &str, auth: Auth, body: Body) -> Result<(u16, Value), String> {
+    pub fn try_request(
+        &self,
+        method: &str,
+        path: &str,
+        auth: Auth,
+        body: Body,
+    ) -> Result<(u16, Value), String> {
         let url = format!("http://{}{}", self.addr, path);
         let mut req = self.agent.request(method, &url);
         match auth {
@@ -371,7 +400,8 @@ impl Http {
     /// Polls `/metrics` until metric `name`, summed over its labels as in
     /// [`Http::metric_total`], reads `want`; panics after `within` with the exposition.
     pub fn wait_metric_total(&self, name: &str, want: f64, within: Duration) {
-        let reached = wait_until_every(within, Duration::from_millis(20), || self.metric_total(name) == want);
+        let reached =
+            wait_until_every(within, Duration::from_millis(20), || self.metric_total(name) == want);
         assert!(reached, "{name} is not {want} within {within:?}:\n{}", self.metrics_text());
     }
 
@@ -407,7 +437,8 @@ pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
         .filter(|l| !l.starts_with('#'))
         .filter_map(|line| {
             let (series, rest) = line.split_at(line.find(' ')?);
-            let matches = series == name || series.strip_prefix(name).is_some_and(|r| r.starts_with('{'));
+            let matches =
+                series == name || series.strip_prefix(name).is_some_and(|r| r.starts_with('{'));
             if !matches {
                 return None;
             }
@@ -435,7 +466,8 @@ pub fn seqs(events: &[Value]) -> Vec<u64> {
 }
 
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis()
+        as u64
 }
 
 // ---------------------------------------------------------------------------------------
@@ -527,12 +559,18 @@ impl WsClient {
         }
     }
 
-    pub async fn try_connect(addr: SocketAddr, token: Option<&str>, session: Option<&str>) -> Result<WsClient, Rejected> {
+    pub async fn try_connect(
+        addr: SocketAddr,
+        token: Option<&str>,
+        session: Option<&str>,
+    ) -> Result<WsClient, Rejected> {
         WsClient::try_connect_url(&ws_url(addr, token, session)).await
     }
 
     pub async fn try_connect_url(url: &str) -> Result<WsClient, Rejected> {
-        WsClient::try_connect_url_with_headers(url).await.map_err(|r| Rejected { status: r.status, body: r.body })
+        WsClient::try_connect_url_with_headers(url)
+            .await
+            .map_err(|r| Rejected { status: r.status, body: r.body })
     }
 
     /// Like [`WsClient::try_connect`], but a refusal keeps the response headers.
@@ -564,16 +602,22 @@ impl WsClient {
         let url = ws_url(addr, token, None);
         let mut request = url.as_str().into_client_request().expect("client request");
         for (name, value) in headers {
-            let name = tungstenite::http::HeaderName::from_bytes(name.as_bytes()).expect("header name");
+            let name =
+                tungstenite::http::HeaderName::from_bytes(name.as_bytes()).expect("header name");
             request.headers_mut().insert(name, value.parse().expect("header value"));
         }
-        let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() }
-            .expect("socket");
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()
+        } else {
+            tokio::net::TcpSocket::new_v6()
+        }
+        .expect("socket");
         if let Some(ip) = from {
             socket.bind(SocketAddr::new(ip, 0)).unwrap_or_else(|e| panic!("bind {ip}:0: {e}"));
         }
         let connected = tokio::time::timeout(WAIT, async {
-            let stream = socket.connect(addr).await.unwrap_or_else(|e| panic!("TCP connect to {addr}: {e}"));
+            let stream =
+                socket.connect(addr).await.unwrap_or_else(|e| panic!("TCP connect to {addr}: {e}"));
             tokio_tungstenite::client_async(request, MaybeTlsStream::Plain(stream)).await
         })
         .await
@@ -605,12 +649,20 @@ impl WsClient {
                 let headers = resp
                     .headers()
                     .iter()
-                    .map(|(n, v)| (n.as_str().to_ascii_lowercase(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+                    .map(|(n, v)| {
+                        (
+                            n.as_str().to_ascii_lowercase(),
+                            String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                        )
+                    })
                     .collect();
                 let body = resp
                     .body()
                     .as_ref()
-                    .map(|b| serde_json::from_slice(b).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(b).into())))
+                    .map(|b| {
+                        serde_json::from_slice(b)
+                            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(b).into()))
+                    })
                     .unwrap_or(Value::Null);
                 return Err(RejectedWithHeaders { status, body, headers });
             }
@@ -648,7 +700,10 @@ impl WsClient {
             4029 => 429,
             other => panic!("error frame {frame} before welcome, then close {other} {reason:?}"),
         };
-        let mut headers = vec![("close-code".to_string(), code.to_string()), ("close-reason".to_string(), reason.clone())];
+        let mut headers = vec![
+            ("close-code".to_string(), code.to_string()),
+            ("close-reason".to_string(), reason.clone()),
+        ];
         if code == 4029 {
             headers.push(("retry-after".to_string(), reason));
         }
@@ -662,16 +717,28 @@ impl WsClient {
     /// Connects with `token` (and `session`) through `addr`, following one wrong-node
     /// refusal to the node it names, as livegate.js does; returns the client and the
     /// node it was sent to, if any.
-    pub async fn connect_following(addr: SocketAddr, token: &str, session: Option<&str>) -> (WsClient, Option<String>) {
+    pub async fn connect_following(
+        addr: SocketAddr,
+        token: &str,
+        session: Option<&str>,
+    ) -> (WsClient, Option<String>) {
         match WsClient::try_connect(addr, Some(token), session).await {
             Ok(client) => (client, None),
             Err(r) if r.status == 421 => {
-                let url = r.body["error"]["url"].as_str().unwrap_or_else(|| panic!("421 without url: {}", r.body));
+                let url = r.body["error"]["url"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("421 without url: {}", r.body));
                 let node = r.body["error"]["node"].as_str().unwrap_or_default().to_string();
-                let to: SocketAddr = url.trim_start_matches("http://").trim_end_matches('/').parse().expect("node URL host:port");
+                let to: SocketAddr = url
+                    .trim_start_matches("http://")
+                    .trim_end_matches('/')
+                    .parse()
+                    .expect("node URL host:port");
                 match WsClient::try_connect(to, Some(token), session).await {
                     Ok(client) => (client, Some(node)),
-                    Err(r) => panic!("sent to {node} ({url}), refused there: {} {}", r.status, r.body),
+                    Err(r) => {
+                        panic!("sent to {node} ({url}), refused there: {} {}", r.status, r.body)
+                    }
                 }
             }
             Err(r) => panic!("handshake rejected: {} {}", r.status, r.body),
@@ -698,8 +765,8 @@ impl WsClient {
                 None => return Incoming::Ended("stream ended".into()),
                 Some(Err(e)) => return Incoming::Ended(e.to_string()),
                 Some(Ok(Message::Text(t))) => {
-                    let v: Value =
-                        serde_json::from_str(&t).unwrap_or_else(|e| panic!("server sent non-JSON text ({e}): {t}"));
+                    let v: Value = serde_json::from_str(&t)
+                        .unwrap_or_else(|e| panic!("server sent non-JSON text ({e}): {t}"));
                     let inbox_notice = v["op"] == "subscribed"
                         && v.get("ref").is_none()
                         && v["room"].as_str().is_some_and(|r| r.starts_with("user:"));
@@ -709,7 +776,9 @@ impl WsClient {
                     }
                     return Incoming::Json(v);
                 }
-                Some(Ok(Message::Binary(b))) => panic!("server sent a binary frame ({} bytes)", b.len()),
+                Some(Ok(Message::Binary(b))) => {
+                    panic!("server sent a binary frame ({} bytes)", b.len())
+                }
                 Some(Ok(Message::Close(frame))) => {
                     return match frame {
                         Some(f) => Incoming::Close(Some(u16::from(f.code)), f.reason.to_string()),
@@ -784,8 +853,12 @@ impl WsClient {
             match self.read_incoming(left).await {
                 Incoming::Json(v) if v["ref"].as_u64() == Some(r) => break v,
                 Incoming::Json(v) => skipped.push(v),
-                Incoming::Timeout => panic!("no reply with ref {r} to {what} within {WAIT:?}; other frames: {skipped:?}"),
-                other => panic!("connection closed while waiting for the reply to {what}: {other:?}"),
+                Incoming::Timeout => panic!(
+                    "no reply with ref {r} to {what} within {WAIT:?}; other frames: {skipped:?}"
+                ),
+                other => {
+                    panic!("connection closed while waiting for the reply to {what}: {other:?}")
+                }
             }
         };
         self.backlog.extend(skipped);
@@ -819,7 +892,11 @@ impl WsClient {
     /// Reads `events` frames until `n` events have been collected; returns them per
     /// frame. Extra events in the last frame are kept for the next call. Panics on a
     /// frame that is not `events`, on close, or after `within`.
-    pub async fn next_event_frames_within(&mut self, n: usize, within: Duration) -> Vec<Vec<Value>> {
+    pub async fn next_event_frames_within(
+        &mut self,
+        n: usize,
+        within: Duration,
+    ) -> Vec<Vec<Value>> {
         let deadline = Instant::now() + within;
         let mut frames: Vec<Vec<Value>> = Vec::new();
         let mut got = 0;
@@ -834,11 +911,18 @@ impl WsClient {
                 Some(f) => f,
                 None => panic!(
                     "waited {within:?} for {n} events, got {got}: {:?}",
-                    frames.iter().flatten().map(|e| (e["room"].clone(), e["seq"].clone())).collect::<Vec<_>>()
+                    frames
+                        .iter()
+                        .flatten()
+                        .map(|e| (e["room"].clone(), e["seq"].clone()))
+                        .collect::<Vec<_>>()
                 ),
             };
             assert_eq!(frame["op"], "events", "expected an events frame, got {frame}");
-            let events = frame["events"].as_array().unwrap_or_else(|| panic!("events frame without array: {frame}")).clone();
+            let events = frame["events"]
+                .as_array()
+                .unwrap_or_else(|| panic!("events frame without array: {frame}"))
+                .clone();
             assert!(!events.is_empty(), "empty events frame: {frame}");
             let need = n - got;
             if events.len() > need {
@@ -855,7 +939,11 @@ impl WsClient {
 
     /// The next `n` events within `within`, or `None` when they do not all come (the
     /// events that did come are dropped).
-    pub async fn next_events_within_or_none(&mut self, n: usize, within: Duration) -> Option<Vec<Value>> {
+    pub async fn next_events_within_or_none(
+        &mut self,
+        n: usize,
+        within: Duration,
+    ) -> Option<Vec<Value>> {
         let deadline = Instant::now() + within;
         let mut got: Vec<Value> = self.pending_events.drain(..).collect();
         while got.len() < n {
@@ -879,7 +967,11 @@ impl WsClient {
 
     /// Asserts that nothing (no event, no reply) arrives within `d`.
     pub async fn assert_quiet(&mut self, d: Duration) {
-        assert!(self.pending_events.is_empty(), "unexpected extra events: {:?}", self.pending_events);
+        assert!(
+            self.pending_events.is_empty(),
+            "unexpected extra events: {:?}",
+            self.pending_events
+        );
         if let Some(v) = self.recv_within(d).await {
             panic!("expected nothing more, got {v}");
         }
@@ -972,14 +1064,21 @@ impl Rng {
 /// The seed for a randomised test: `LIVEGATE_TEST_SEED` if set, else `default`. Printed so
 /// a failure can be replayed.
 pub fn test_seed(default: u64) -> u64 {
-    let seed = std::env::var("LIVEGATE_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(default);
+    let seed =
+        std::env::var("LIVEGATE_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(default);
     eprintln!("seed = {seed} (replay with LIVEGATE_TEST_SEED={seed})");
     seed
 }
 
 /// Takes the events of an `events` frame for `room` (inbox events are ignored), noting
 /// anything else, a gap or a duplicate in `errors`.
-pub fn take_events(frame: &Value, room: &str, last: &mut u64, into: &mut Vec<(u64, String)>, errors: &mut Vec<String>) {
+pub fn take_events(
+    frame: &Value,
+    room: &str,
+    last: &mut u64,
+    into: &mut Vec<(u64, String)>,
+    errors: &mut Vec<String>,
+) {
     if frame["op"] != "events" {
         errors.push(format!("unexpected frame {frame}"));
         return;
@@ -995,7 +1094,10 @@ pub fn take_events(frame: &Value, room: &str, last: &mut u64, into: &mut Vec<(u6
         }
         let seq = e["seq"].as_u64().unwrap_or(0);
         if seq != *last + 1 {
-            errors.push(format!("{room}: seq {seq} after {last} ({})", if seq <= *last { "duplicate" } else { "gap" }));
+            errors.push(format!(
+                "{room}: seq {seq} after {last} ({})",
+                if seq <= *last { "duplicate" } else { "gap" }
+            ));
         }
         *last = (*last).max(seq);
         into.push((seq, e["id"].as_str().unwrap_or("").to_string()));

@@ -61,7 +61,8 @@ pub fn current_nats_server() -> PathBuf {
              path it prints (.ci/test does both); the tests are never skipped without it."
         )
     });
-    let path = std::fs::canonicalize(&path).unwrap_or_else(|e| panic!("{NATS_SERVER_ENV}={}: {e}", path.display()));
+    let path = std::fs::canonicalize(&path)
+        .unwrap_or_else(|e| panic!("{NATS_SERVER_ENV}={}: {e}", path.display()));
     assert!(path.is_file(), "{NATS_SERVER_ENV}={} is not a file", path.display());
     path
 }
@@ -176,7 +177,8 @@ impl NatsServer {
     pub fn start_in_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> NatsServer {
         require_nats_server();
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let env: Vec<(String, String)> =
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let store = dir.join("nats-store");
         std::fs::create_dir_all(&store).expect("create the NATS store dir");
         let mut last_error = String::new();
@@ -209,22 +211,32 @@ impl NatsServer {
     /// proxy in front of it), connecting to it as a leaf node. Returns once the server is
     /// ready (not once the leaf is up: see [`leaf_connections`](Self::leaf_connections)).
     /// A restart keeps the ports, the configuration and the store.
-    pub fn start_cell(dir: &Path, domain: &str, leaf_remote: Option<&str>, config: &CellNatsConfig) -> NatsServer {
+    pub fn start_cell(
+        dir: &Path,
+        domain: &str,
+        leaf_remote: Option<&str>,
+        config: &CellNatsConfig,
+    ) -> NatsServer {
         let binary = current_nats_server();
         let store = dir.join("store");
         std::fs::create_dir_all(&store).expect("create the cell's NATS store dir");
         let path = dir.join("nats.conf");
         for (name, contents) in &config.files {
-            std::fs::write(dir.join(name), contents).unwrap_or_else(|e| panic!("write {name} beside the cell's NATS config: {e}"));
+            std::fs::write(dir.join(name), contents)
+                .unwrap_or_else(|e| panic!("write {name} beside the cell's NATS config: {e}"));
         }
         let mut env = config.env.clone();
         if let (Some(login), Some(url)) = (&config.remote_login, leaf_remote) {
-            env.push(("NATS_LEAF_URL".to_string(), url.replacen("://", &format!("://{login}@"), 1)));
+            env.push((
+                "NATS_LEAF_URL".to_string(),
+                url.replacen("://", &format!("://{login}@"), 1),
+            ));
         }
         let mut last_error = String::new();
         for _ in 0..3 {
             let ports = CellPorts { leaf: free_port(), monitor: free_port() };
-            std::fs::write(&path, cell_config(domain, ports, leaf_remote, config)).expect("write the cell's NATS config");
+            std::fs::write(&path, cell_config(domain, ports, leaf_remote, config))
+                .expect("write the cell's NATS config");
             let mut server = NatsServer {
                 child: None,
                 binary: binary.clone(),
@@ -247,7 +259,9 @@ impl NatsServer {
     }
 
     fn cell_ports(&self) -> CellPorts {
-        self.cell.unwrap_or_else(|| panic!("the nats-server on {} is not a cell's (start_cell)", self.port))
+        self.cell.unwrap_or_else(|| {
+            panic!("the nats-server on {} is not a cell's (start_cell)", self.port)
+        })
     }
 
     /// Where a cell's server accepts leaf node connections.
@@ -291,7 +305,10 @@ impl NatsServer {
             .unwrap_or_else(|e| panic!("spawn {}: {e}", self.binary.display()));
         let outcome = wait_for_every(NATS_START_LIMIT, Duration::from_millis(20), || {
             if let Some(status) = child.try_wait().expect("try_wait nats-server") {
-                return Some(Err(format!("nats-server exited with {status} on port {port}; log:\n{}", self.log_text())));
+                return Some(Err(format!(
+                    "nats-server exited with {status} on port {port}; log:\n{}",
+                    self.log_text()
+                )));
             }
             (port_open(self.port) && self.log_text().contains("Server is ready")).then_some(Ok(()))
         });
@@ -304,7 +321,10 @@ impl NatsServer {
             None => {
                 let _ = child.kill();
                 let _ = child.wait();
-                Err(format!("nats-server not accepting on {port} within {NATS_START_LIMIT:?}; log:\n{}", self.log_text()))
+                Err(format!(
+                    "nats-server not accepting on {port} within {NATS_START_LIMIT:?}; log:\n{}",
+                    self.log_text()
+                ))
             }
         }
     }
@@ -335,13 +355,14 @@ impl NatsServer {
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "restart() of a running nats-server: kill9() it first");
         let mut last = String::new();
-        let started = wait_for_every(NATS_START_LIMIT, Duration::from_millis(100), || match self.spawn() {
-            Ok(()) => Some(()),
-            Err(e) => {
-                last = e;
-                None
-            }
-        });
+        let started =
+            wait_for_every(NATS_START_LIMIT, Duration::from_millis(100), || match self.spawn() {
+                Ok(()) => Some(()),
+                Err(e) => {
+                    last = e;
+                    None
+                }
+            });
         assert!(started.is_some(), "nats-server did not restart on port {}: {last}", self.port);
     }
 
@@ -355,12 +376,29 @@ impl NatsServer {
 /// the command line's (`-sd`): nats-server refuses a second `store_dir`. The remote
 /// ignores discovered servers: the hub advertises its own leaf address, and a remote
 /// that learned it reconnects there directly after a heal, around the proxy a test cuts.
-fn cell_config(domain: &str, ports: CellPorts, leaf_remote: Option<&str>, config: &CellNatsConfig) -> String {
-    let max_file_store = config.max_file_store.as_ref().map(|m| format!("\n  max_file_store: {m}")).unwrap_or_default();
+fn cell_config(
+    domain: &str,
+    ports: CellPorts,
+    leaf_remote: Option<&str>,
+    config: &CellNatsConfig,
+) -> String {
+    let max_file_store = config
+        .max_file_store
+        .as_ref()
+        .map(|m| format!("\n  max_file_store: {m}"))
+        .unwrap_or_default();
     let remotes = leaf_remote
         .map(|url| {
-            let url = if config.remote_login.is_some() { "$NATS_LEAF_URL".to_string() } else { format!("\"{url}\"") };
-            let more = if config.remote.is_empty() { String::new() } else { format!(", {}", config.remote) };
+            let url = if config.remote_login.is_some() {
+                "$NATS_LEAF_URL".to_string()
+            } else {
+                format!("\"{url}\"")
+            };
+            let more = if config.remote.is_empty() {
+                String::new()
+            } else {
+                format!(", {}", config.remote)
+            };
             format!("\n  remotes = [ {{ url: {url}, ignore_discovered_servers: true{more} }} ]")
         })
         .unwrap_or_default();
@@ -410,8 +448,12 @@ impl NatsCluster {
                 let dir = dir.join(format!("nats-n{}", k + 1));
                 let store = dir.join("store");
                 std::fs::create_dir_all(&store).expect("create a NATS store dir");
-                let routes: Vec<String> =
-                    ports.iter().enumerate().filter(|&(j, _)| j != k).map(|(_, (_, route))| format!("nats://127.0.0.1:{route}")).collect();
+                let routes: Vec<String> = ports
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, _)| j != k)
+                    .map(|(_, (_, route))| format!("nats://127.0.0.1:{route}"))
+                    .collect();
                 let args: Vec<String> = [
                     "--server_name".to_string(),
                     format!("n{}", k + 1),
@@ -425,7 +467,19 @@ impl NatsCluster {
                 .into_iter()
                 .chain(more.iter().map(|a| a.to_string()))
                 .collect();
-                NatsServer { child: None, binary: binary.clone(), args, env: Vec::new(), port: ports[k].0, store, log: PathBuf::new(), dir, starts: 0, cell: None, _own: None }
+                NatsServer {
+                    child: None,
+                    binary: binary.clone(),
+                    args,
+                    env: Vec::new(),
+                    port: ports[k].0,
+                    store,
+                    log: PathBuf::new(),
+                    dir,
+                    starts: 0,
+                    cell: None,
+                    _own: None,
+                }
             })
             .collect();
         let mut cluster = NatsCluster { servers };
@@ -443,9 +497,16 @@ impl NatsCluster {
     /// Waits until a running server's log names a JetStream meta leader (this start).
     pub fn wait_leader(&self, within: Duration) {
         let elected = wait_until_every(within, Duration::from_millis(50), || {
-            self.servers.iter().filter(|s| s.child.is_some()).any(|s| s.log_text().contains("new metadata leader"))
+            self.servers
+                .iter()
+                .filter(|s| s.child.is_some())
+                .any(|s| s.log_text().contains("new metadata leader"))
         });
-        assert!(elected, "the NATS cluster elected no JetStream meta leader within {within:?}; logs:\n{}", self.logs());
+        assert!(
+            elected,
+            "the NATS cluster elected no JetStream meta leader within {within:?}; logs:\n{}",
+            self.logs()
+        );
     }
 
     /// The seeds as `cluster_nats_url` takes them: every server's URL, comma-separated.
@@ -460,7 +521,10 @@ impl NatsCluster {
 
     /// The servers' logs (this start of each), for a failure message.
     pub fn logs(&self) -> String {
-        self.servers.iter().map(|s| format!("===== {} =====\n{}", s.log.display(), s.log_text())).collect()
+        self.servers
+            .iter()
+            .map(|s| format!("===== {} =====\n{}", s.log.display(), s.log_text()))
+            .collect()
     }
 }
 
@@ -527,7 +591,11 @@ impl Cluster {
 
     /// [`Cluster::start`] on the server `nats` starts in the cluster's directory (which
     /// also keeps its logs), for example with a configuration file of its own.
-    pub fn start_with_nats(n: usize, extra: &[&str], nats: impl FnOnce(&Path) -> NatsServer) -> Cluster {
+    pub fn start_with_nats(
+        n: usize,
+        extra: &[&str],
+        nats: impl FnOnce(&Path) -> NatsServer,
+    ) -> Cluster {
         let root = tempfile::Builder::new().prefix("livegate-cluster-").tempdir().expect("tempdir");
         let nats = nats(root.path());
         Cluster::start_on(nats, root, n, extra)
@@ -539,7 +607,11 @@ impl Cluster {
 
     /// [`Cluster::start`] where node `i` also gets `env(i)`'s `LIVEGATE_*` variables, on
     /// every start.
-    pub fn start_with_env(n: usize, extra: &[&str], env: impl Fn(usize) -> Vec<(String, String)>) -> Cluster {
+    pub fn start_with_env(
+        n: usize,
+        extra: &[&str],
+        env: impl Fn(usize) -> Vec<(String, String)>,
+    ) -> Cluster {
         let root = tempfile::Builder::new().prefix("livegate-cluster-").tempdir().expect("tempdir");
         let nats = NatsServer::start_in(root.path());
         let node_env = (0..n).map(env).collect();
@@ -619,7 +691,13 @@ impl<N: Nats> Cluster<N> {
         Cluster::start_with_seeds(nats, root, n, extra, vec![None; n])
     }
 
-    fn start_with_seeds(nats: N, root: TempDir, n: usize, extra: &[&str], seeds: Vec<Option<String>>) -> Cluster<N> {
+    fn start_with_seeds(
+        nats: N,
+        root: TempDir,
+        n: usize,
+        extra: &[&str],
+        seeds: Vec<Option<String>>,
+    ) -> Cluster<N> {
         Cluster::start_with(nats, root, n, extra, seeds, vec![Vec::new(); n])
     }
 
@@ -678,8 +756,10 @@ impl<N: Nats> Cluster<N> {
         let url = self.seeds[i].clone().unwrap_or_else(|| self.nats.seeds());
         let mut flags: Vec<&str> = vec!["--cluster-nats-url", &url];
         flags.extend(self.extra.iter().map(String::as_str));
-        let env: Vec<(&str, &str)> = self.node_env[i].iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        self.nodes[i] = Some(ServeProcess::start_named_listening(&data, &log, Cluster::name(i), &flags, &env));
+        let env: Vec<(&str, &str)> =
+            self.node_env[i].iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        self.nodes[i] =
+            Some(ServeProcess::start_named_listening(&data, &log, Cluster::name(i), &flags, &env));
     }
 
     /// Starts a node with the next unused name (`d` after `a`..`c`, and so on) and its own
@@ -734,8 +814,13 @@ impl<N: Nats> Cluster<N> {
         let mut old = self.take_node(i);
         match old.wait_exit(Duration::from_secs(20)) {
             Some(status) if status.success() => {}
-            Some(status) => failures.push(format!("node {} exited with {status} after SIGTERM", Cluster::name(i))),
-            None => panic!("node {} still running 20 s after SIGTERM; logs:\n{}", Cluster::name(i), self.logs()),
+            Some(status) => failures
+                .push(format!("node {} exited with {status} after SIGTERM", Cluster::name(i))),
+            None => panic!(
+                "node {} still running 20 s after SIGTERM; logs:\n{}",
+                Cluster::name(i),
+                self.logs()
+            ),
         }
         Instant::now()
     }
@@ -764,7 +849,10 @@ impl<N: Nats> Cluster<N> {
                 .iter()
                 .map(|&i| {
                     let http = self.http(i);
-                    let ready = matches!(http.try_request("GET", "/readyz", Auth::None, Body::None), Ok((200, _)));
+                    let ready = matches!(
+                        http.try_request("GET", "/readyz", Auth::None, Body::None),
+                        Ok((200, _))
+                    );
                     (Cluster::name(i), metric(&http, "livegate_cluster_peers_alive"), ready)
                 })
                 .collect::<Vec<(&str, Option<f64>, bool)>>();
@@ -781,7 +869,12 @@ impl<N: Nats> Cluster<N> {
     /// Every node log (all starts) and the NATS logs, for a failure message.
     pub fn logs(&self) -> String {
         let mut paths: Vec<PathBuf> = std::fs::read_dir(self.root())
-            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "log")).collect())
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "log"))
+                    .collect()
+            })
             .unwrap_or_default();
         paths.sort();
         let mut out = String::new();
@@ -796,7 +889,12 @@ impl<N: Nats> Cluster<N> {
     /// (case-insensitive), prefixed with the file name.
     pub fn log_lines(&self, needles: &[&str]) -> Vec<String> {
         let mut paths: Vec<PathBuf> = std::fs::read_dir(self.root())
-            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "log")).collect())
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "log"))
+                    .collect()
+            })
             .unwrap_or_default();
         paths.sort();
         let mut out = Vec::new();
@@ -822,7 +920,10 @@ impl<N: Nats> Drop for Cluster<N> {
         if std::thread::panicking() {
             if let Some(root) = self.root.take() {
                 let kept = root.keep();
-                eprintln!("cluster test failed: node logs, NATS log and store kept in {}", kept.display());
+                eprintln!(
+                    "cluster test failed: node logs, NATS log and store kept in {}",
+                    kept.display()
+                );
             }
         }
     }
@@ -841,7 +942,8 @@ impl RawNats {
     /// Connects to `url` (`nats://127.0.0.1:PORT`) and waits for the server's PONG.
     pub fn connect(url: &str) -> RawNats {
         let addr = url.trim_start_matches("nats://");
-        let writer = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("raw NATS connect to {addr}: {e}"));
+        let writer = std::net::TcpStream::connect(addr)
+            .unwrap_or_else(|e| panic!("raw NATS connect to {addr}: {e}"));
         writer.set_read_timeout(Some(Duration::from_secs(10))).expect("read timeout");
         let reader = std::io::BufReader::new(writer.try_clone().expect("clone the socket"));
         let mut nats = RawNats { writer, reader, inboxes: 0 };
@@ -881,7 +983,13 @@ impl RawNats {
     }
 
     /// Publishes `body` on `subject` with `headers` (HPUB when there are any), to `reply`.
-    pub fn publish(&mut self, subject: &str, reply: Option<&str>, headers: &[(&str, &str)], body: &[u8]) {
+    pub fn publish(
+        &mut self,
+        subject: &str,
+        reply: Option<&str>,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) {
         let reply = reply.map(|r| format!(" {r}")).unwrap_or_default();
         let mut out = Vec::new();
         if headers.is_empty() {
@@ -892,7 +1000,10 @@ impl RawNats {
                 block.push_str(&format!("{name}: {value}\r\n"));
             }
             block.push_str("\r\n");
-            out.extend_from_slice(format!("HPUB {subject}{reply} {} {}\r\n", block.len(), block.len() + body.len()).as_bytes());
+            out.extend_from_slice(
+                format!("HPUB {subject}{reply} {} {}\r\n", block.len(), block.len() + body.len())
+                    .as_bytes(),
+            );
             out.extend_from_slice(block.as_bytes());
         }
         out.extend_from_slice(body);
@@ -928,7 +1039,8 @@ impl RawNats {
                 }
                 Some("HMSG") => {
                     // Only NATS's own status answers (503: no responders) carry headers here.
-                    let total: usize = words.last().and_then(|n| n.parse().ok()).expect("HMSG size");
+                    let total: usize =
+                        words.last().and_then(|n| n.parse().ok()).expect("HMSG size");
                     let mut rest = vec![0; total + 2];
                     self.reader.read_exact(&mut rest).expect("HMSG payload");
                     break None;

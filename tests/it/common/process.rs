@@ -36,7 +36,12 @@ impl ServeProcess {
 
     /// [`ServeProcess::start`] with extra environment variables (`RUST_LOG`, ...), set
     /// after the `LIVEGATE_*` variables of the test's own environment are removed.
-    pub fn start_with_env(data_dir: &Path, log: &Path, extra: &[&str], env: &[(&str, &str)]) -> ServeProcess {
+    pub fn start_with_env(
+        data_dir: &Path,
+        log: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> ServeProcess {
         ServeProcess::spawn(data_dir, log, &["--api-key", API_KEY], extra, env)
     }
 
@@ -55,15 +60,34 @@ impl ServeProcess {
     /// [`ServeProcess::start_named`] with `LIVEGATE_*` variables `env` in its environment
     /// (a build that does not know a key ignores its variable with a warning, where it
     /// would refuse the flag).
-    pub fn start_named_with_env(data_dir: &Path, log: &Path, node: &str, extra: &[&str], env: &[(&str, &str)]) -> ServeProcess {
+    pub fn start_named_with_env(
+        data_dir: &Path,
+        log: &Path,
+        node: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> ServeProcess {
         ServeProcess::spawn_as(data_dir, log, node, &["--api-key", API_KEY], extra, env)
     }
 
-    fn spawn(data_dir: &Path, log: &Path, key: &[&str], extra: &[&str], env: &[(&str, &str)]) -> ServeProcess {
+    fn spawn(
+        data_dir: &Path,
+        log: &Path,
+        key: &[&str],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> ServeProcess {
         ServeProcess::spawn_as(data_dir, log, NODE, key, extra, env)
     }
 
-    fn spawn_as(data_dir: &Path, log: &Path, node: &str, key: &[&str], extra: &[&str], env: &[(&str, &str)]) -> ServeProcess {
+    fn spawn_as(
+        data_dir: &Path,
+        log: &Path,
+        node: &str,
+        key: &[&str],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> ServeProcess {
         let mut serve = ServeProcess::spawn_listening(data_dir, log, node, key, extra, env);
         serve.wait_ready();
         serve
@@ -71,7 +95,13 @@ impl ServeProcess {
 
     /// [`ServeProcess::start_named`] listening on `listen` (an address reserved before,
     /// so nodes that list each other as `peers` know their URLs before they start).
-    pub fn start_named_at(data_dir: &Path, log: &Path, node: &str, listen: SocketAddr, extra: &[&str]) -> ServeProcess {
+    pub fn start_named_at(
+        data_dir: &Path,
+        log: &Path,
+        node: &str,
+        listen: SocketAddr,
+        extra: &[&str],
+    ) -> ServeProcess {
         let listen = listen.to_string();
         let mut flags = vec!["--listen", listen.as_str()];
         flags.extend_from_slice(extra);
@@ -81,11 +111,24 @@ impl ServeProcess {
     /// [`ServeProcess::start_named_with_env`] that returns as soon as the process prints
     /// its listening line, before it is ready (its listener is bound: connections wait in
     /// the backlog until it serves them). [`ServeProcess::wait_ready`] waits for the rest.
-    pub fn start_named_listening(data_dir: &Path, log: &Path, node: &str, extra: &[&str], env: &[(&str, &str)]) -> ServeProcess {
+    pub fn start_named_listening(
+        data_dir: &Path,
+        log: &Path,
+        node: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> ServeProcess {
         ServeProcess::spawn_listening(data_dir, log, node, &["--api-key", API_KEY], extra, env)
     }
 
-    fn spawn_listening(data_dir: &Path, log: &Path, node: &str, key: &[&str], extra: &[&str], env: &[(&str, &str)]) -> ServeProcess {
+    fn spawn_listening(
+        data_dir: &Path,
+        log: &Path,
+        node: &str,
+        key: &[&str],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> ServeProcess {
         let mut cmd = Command::new(crate::common::livegate_bin());
         // An address in `extra` replaces the default.
         let listen_given = extra.contains(&"--listen");
@@ -136,7 +179,10 @@ impl ServeProcess {
             if Instant::now() > deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!("livegate serve printed no listening line within {START_LIMIT:?}; log:\n{}", log_text(log));
+                panic!(
+                    "livegate serve printed no listening line within {START_LIMIT:?}; log:\n{}",
+                    log_text(log)
+                );
             }
         };
         ServeProcess { child, addr, log: log.to_path_buf(), started: Instant::now(), stdout: rx }
@@ -151,14 +197,20 @@ impl ServeProcess {
         let child = &mut self.child;
         let ready = wait_until(START_LIMIT.saturating_sub(self.started.elapsed()), || {
             if let Some(status) = child.try_wait().expect("try_wait") {
-                panic!("livegate serve exited with {status} before becoming ready; log:\n{}", log_text(&log));
+                panic!(
+                    "livegate serve exited with {status} before becoming ready; log:\n{}",
+                    log_text(&log)
+                );
             }
             matches!(http.try_request("GET", "/readyz", Auth::None, Body::None), Ok((200, _)))
         });
         if !ready {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("livegate serve on {addr} not ready within {START_LIMIT:?}; log:\n{}", log_text(&log));
+            panic!(
+                "livegate serve on {addr} not ready within {START_LIMIT:?}; log:\n{}",
+                log_text(&log)
+            );
         }
     }
 
@@ -197,7 +249,8 @@ impl ServeProcess {
 
     /// A `VmXxx:` figure of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`, ...).
     pub fn vm_kib(&self, field: &str) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("read /proc/<pid>/status");
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("read /proc/<pid>/status");
         status
             .lines()
             .find_map(|l| l.strip_prefix(field).and_then(|r| r.strip_prefix(':')))
@@ -226,7 +279,9 @@ impl ServeProcess {
     pub fn stdout_to_end(&self, within: Duration) -> Vec<String> {
         let deadline = Instant::now() + within;
         let mut lines = Vec::new();
-        while let Ok(line) = self.stdout.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        while let Ok(line) =
+            self.stdout.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
             lines.push(line);
         }
         lines
@@ -267,13 +322,22 @@ pub fn metric(http: &Http, name: &str) -> Option<f64> {
 
 /// Every event of `room` after `since`, paging through `GET /v1/rooms/{room}/events`;
 /// returns the events, the epoch and the head.
-pub fn full_history(http: &Http, room: &str, since: u64) -> (Vec<serde_json::Value>, serde_json::Value, u64) {
+pub fn full_history(
+    http: &Http,
+    room: &str,
+    since: u64,
+) -> (Vec<serde_json::Value>, serde_json::Value, u64) {
     let mut events: Vec<serde_json::Value> = Vec::new();
     let mut after = since;
     loop {
         let page = http.history_ok(room, Some(after), Some(1000));
-        let got = page["events"].as_array().unwrap_or_else(|| panic!("history of {room}: {page}")).clone();
-        let head = page["head"].as_u64().unwrap_or_else(|| panic!("history of {room} without head: {page}"));
+        let got = page["events"]
+            .as_array()
+            .unwrap_or_else(|| panic!("history of {room}: {page}"))
+            .clone();
+        let head = page["head"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("history of {room} without head: {page}"));
         if let Some(last) = got.last() {
             after = super::seq_of(last);
         }
@@ -301,9 +365,15 @@ pub struct StartHandshakes {
 /// admitted must find it 200 (the node admitted nobody before it was ready); one refused
 /// before that must be the documented 503 `unavailable`, and leaves the token unspent, so
 /// the same token serves every attempt.
-pub async fn handshakes_through_start(addr: SocketAddr, token: &str, session: &str, within: Duration) -> StartHandshakes {
+pub async fn handshakes_through_start(
+    addr: SocketAddr,
+    token: &str,
+    session: &str,
+    within: Duration,
+) -> StartHandshakes {
     let http = Http::with_timeout(addr, Duration::from_secs(5));
-    let readyz = || http.try_request("GET", "/readyz", Auth::None, Body::None).map(|(status, _)| status);
+    let readyz =
+        || http.try_request("GET", "/readyz", Auth::None, Body::None).map(|(status, _)| status);
     let mut out = StartHandshakes { refused_unready: 0, admitted: None, failures: Vec::new() };
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
@@ -312,18 +382,23 @@ pub async fn handshakes_through_start(addr: SocketAddr, token: &str, session: &s
                 // Admitted: `/readyz` must say ready, or (cluster mode) joining: reconciled
                 // and taking connections, not yet routed to by every peer.
                 let after = http.try_request("GET", "/readyz", Auth::None, Body::None);
-                let joining = |body: &serde_json::Value| body["error"]["message"].as_str().is_some_and(|m| m.contains("joining"));
+                let joining = |body: &serde_json::Value| {
+                    body["error"]["message"].as_str().is_some_and(|m| m.contains("joining"))
+                };
                 match &after {
                     Ok((200, _)) => {}
                     Ok((503, body)) if joining(body) => {}
-                    _ => out.failures.push(format!("a handshake was admitted, and /readyz after it answered {after:?}")),
+                    _ => out.failures.push(format!(
+                        "a handshake was admitted, and /readyz after it answered {after:?}"
+                    )),
                 }
                 out.admitted = Some(ws);
                 return out;
             }
             Err(refused) => {
                 let after = readyz();
-                let documented = refused.status == 503 && super::error_code(&refused.body) == "unavailable";
+                let documented =
+                    refused.status == 503 && super::error_code(&refused.body) == "unavailable";
                 match (documented, after) {
                     (true, Ok(200)) => {}
                     (true, _) => out.refused_unready += 1,
@@ -335,6 +410,9 @@ pub async fn handshakes_through_start(addr: SocketAddr, token: &str, session: &s
             }
         }
     }
-    out.failures.push(format!("no handshake admitted within {within:?} ({} refused before ready)", out.refused_unready));
+    out.failures.push(format!(
+        "no handshake admitted within {within:?} ({} refused before ready)",
+        out.refused_unready
+    ));
     out
 }

@@ -81,25 +81,36 @@ impl SwarmState {
             Some("bye") => return self.bye = true,
             _ => {}
         }
-        let Some(c) = v["c"].as_u64().map(|c| c as usize).filter(|&c| c < self.clients.len()) else {
+        let Some(c) = v["c"].as_u64().map(|c| c as usize).filter(|&c| c < self.clients.len())
+        else {
             self.junk.push(line.to_string());
             return;
         };
         let client = &mut self.clients[c];
         match v["t"].as_str().unwrap_or("") {
             "welcome" => {
-                client.welcomes.push(Welcome { at: Instant::now(), node: text("node"), session: text("session") });
+                client.welcomes.push(Welcome {
+                    at: Instant::now(),
+                    node: text("node"),
+                    session: text("session"),
+                });
                 client.connected = true;
             }
             "lost" => {
                 client.connected = false;
-                client.losses.push(Loss { client_ms: v["ms"].as_u64().unwrap_or(0), code: code("code"), welcomed: v["welcomed"] == true });
+                client.losses.push(Loss {
+                    client_ms: v["ms"].as_u64().unwrap_or(0),
+                    code: code("code"),
+                    welcomed: v["welcomed"] == true,
+                });
             }
             "sub" => {
                 client.subscribed.insert(text("r"));
             }
             "ev" => client.events.entry(text("r")).or_default().push(v["s"].as_u64().unwrap_or(0)),
-            "close" => client.closes.push((Instant::now(), code("code"), text("reason"), text("via"))),
+            "close" => {
+                client.closes.push((Instant::now(), code("code"), text("reason"), text("via")))
+            }
             "refused" => client.refusals.push((Instant::now(), code("status"), text("via"))),
             "redirect" => client.redirects.push(format!("{} {}", text("node"), text("reason"))),
             "rfail" => client.recovery_failed.push((Instant::now(), text("r"))),
@@ -175,7 +186,9 @@ impl Swarm {
         self.with(|s| {
             let mut by_node = BTreeMap::new();
             for client in s.clients.iter().filter(|c| c.connected) {
-                *by_node.entry(client.welcomes.last().map(|w| w.node.clone()).unwrap_or_default()).or_default() += 1;
+                *by_node
+                    .entry(client.welcomes.last().map(|w| w.node.clone()).unwrap_or_default())
+                    .or_default() += 1;
             }
             by_node
         })

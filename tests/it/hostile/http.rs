@@ -40,7 +40,8 @@ async fn read_answer(stream: &mut TcpStream, within: Duration) -> Option<(u16, V
                     .find_map(|l| l.strip_prefix("content-length:"))
                     .map_or(0, |v| v.trim().parse().expect("content-length"));
                 if got.len() >= end + 4 + length {
-                    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status");
+                    let status =
+                        head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status");
                     return Some((status, got[end + 4..end + 4 + length].to_vec()));
                 }
             }
@@ -57,7 +58,10 @@ async fn read_answer(stream: &mut TcpStream, within: Duration) -> Option<(u16, V
 
 /// How long until the server closes `stream` (reads end), at most `within`; `None` when
 /// it is still open then.
-async fn closed_within(stream: &mut (impl AsyncRead + Unpin), within: Duration) -> Option<Duration> {
+async fn closed_within(
+    stream: &mut (impl AsyncRead + Unpin),
+    within: Duration,
+) -> Option<Duration> {
     let started = Instant::now();
     let mut buf = [0u8; 1024];
     tokio::time::timeout(within, async {
@@ -77,7 +81,9 @@ async fn closed_within(stream: &mut (impl AsyncRead + Unpin), within: Duration) 
 async fn answered_then_partial(addr: SocketAddr, from: IpAddr, second: &[u8]) -> TcpStream {
     let mut stream = connect_from(addr, from).await;
     stream.write_all(HEALTHZ).await.expect("first request");
-    let (status, _) = read_answer(&mut stream, Duration::from_secs(5)).await.expect("an answer to the first request");
+    let (status, _) = read_answer(&mut stream, Duration::from_secs(5))
+        .await
+        .expect("an answer to the first request");
     assert_eq!(status, 200);
     stream.write_all(second).await.expect("part of a second request");
     stream
@@ -94,7 +100,9 @@ async fn a_half_sent_second_request_on_a_keep_alive_connection_is_cut_off() {
     let server = TestServer::start(|c| c.handshake_timeout_ms = TIMEOUT.as_millis() as u64);
     let mut held = Vec::new();
     for i in 0..10u8 {
-        held.push(answered_then_partial(server.addr, ip(&format!("127.0.0.{}", 2 + i % 3)), b"G").await);
+        held.push(
+            answered_then_partial(server.addr, ip(&format!("127.0.0.{}", 2 + i % 3)), b"G").await,
+        );
     }
     // One that keeps trickling: a byte every 200 ms, never a whole head.
     let trickler = answered_then_partial(server.addr, ip("127.0.0.5"), b"G").await;
@@ -120,15 +128,28 @@ async fn a_half_sent_second_request_on_a_keep_alive_connection_is_cut_off() {
         let after = closed_within(stream, Duration::from_secs(6)).await;
         cut_after.push(after.map(|_| started.elapsed()));
     }
-    let trickled = closed_within(&mut read, Duration::from_secs(6)).await.map(|_| started.elapsed());
+    let trickled =
+        closed_within(&mut read, Duration::from_secs(6)).await.map(|_| started.elapsed());
     trickle.abort();
-    eprintln!("half-sent second requests cut after {cut_after:?}; the trickling one after {trickled:?}");
+    eprintln!(
+        "half-sent second requests cut after {cut_after:?}; the trickling one after {trickled:?}"
+    );
     for after in cut_after.iter().chain([&trickled]) {
-        let after = after.unwrap_or_else(|| panic!("a half-sent second request kept its socket for 6 s: {cut_after:?} / {trickled:?}"));
+        let after = after.unwrap_or_else(|| {
+            panic!(
+                "a half-sent second request kept its socket for 6 s: {cut_after:?} / {trickled:?}"
+            )
+        });
         assert!(after <= TIMEOUT + Duration::from_millis(1500), "cut only after {after:?}");
-        assert!(after >= TIMEOUT - Duration::from_millis(250), "cut after {after:?}, before the timeout");
+        assert!(
+            after >= TIMEOUT - Duration::from_millis(250),
+            "cut after {after:?}, before the timeout"
+        );
     }
-    let cuts = server.http().metric("livegate_limit_hits_total{limit=\"handshake_timeout\"}").unwrap_or(0.0);
+    let cuts = server
+        .http()
+        .metric("livegate_limit_hits_total{limit=\"handshake_timeout\"}")
+        .unwrap_or(0.0);
     assert!(cuts >= 11.0, "each cut counted as a handshake_timeout limit hit: {cuts}");
     // A keep-alive client that sends whole requests is not disturbed: several requests
     // on one connection, each answered, with pauses shorter than the timeout.
@@ -136,7 +157,8 @@ async fn a_half_sent_second_request_on_a_keep_alive_connection_is_cut_off() {
     for _ in 0..3 {
         steady.write_all(HEALTHZ).await.expect("request");
         assert_eq!(read_answer(&mut steady, Duration::from_secs(5)).await.map(|a| a.0), Some(200));
-        let_time_pass_async(TIMEOUT / 2, "an idle keep-alive pause shorter than the head timeout").await;
+        let_time_pass_async(TIMEOUT / 2, "an idle keep-alive pause shorter than the head timeout")
+            .await;
     }
     client.assert_alive().await;
 }
@@ -176,22 +198,33 @@ async fn plain_http_sockets_are_bounded_and_websockets_keep_their_place() {
     let started = Instant::now();
     let watchers: Vec<_> = crowd
         .into_iter()
-        .map(|mut s| tokio::spawn(async move { closed_within(&mut s, TIMEOUT + Duration::from_secs(3)).await }))
+        .map(|mut s| {
+            tokio::spawn(
+                async move { closed_within(&mut s, TIMEOUT + Duration::from_secs(3)).await },
+            )
+        })
         .collect();
     // While the crowd holds every plain place, the WebSockets keep theirs: a ping
     // through each is answered.
     // Nothing to poll: /metrics would need one of the plain places the crowd holds.
-    let_time_pass_async(Duration::from_millis(300), "the crowd's sockets are accepted and hold every plain place").await;
+    let_time_pass_async(
+        Duration::from_millis(300),
+        "the crowd's sockets are accepted and hold every plain place",
+    )
+    .await;
     for c in &mut streams {
         c.assert_alive().await;
     }
     let mut closed_after = Vec::new();
     for watcher in watchers {
         let after = watcher.await.expect("watcher");
-        closed_after.push(after.unwrap_or_else(|| panic!("a crowd socket held its place past the head timeout")));
+        closed_after.push(
+            after.unwrap_or_else(|| panic!("a crowd socket held its place past the head timeout")),
+        );
     }
     let at_once = closed_after.iter().filter(|d| **d < Duration::from_millis(500)).count();
-    let held: Vec<&Duration> = closed_after.iter().filter(|d| **d >= Duration::from_millis(500)).collect();
+    let held: Vec<&Duration> =
+        closed_after.iter().filter(|d| **d >= Duration::from_millis(500)).collect();
     eprintln!(
         "{crowd_size} idle sockets: {} held a plain place (closed after {:?} to {:?}), {at_once} closed at once; all gone after {:?}",
         held.len(),
@@ -199,10 +232,17 @@ async fn plain_http_sockets_are_bounded_and_websockets_keep_their_place() {
         held.iter().max(),
         started.elapsed()
     );
-    assert!(held.len() <= PLACES, "{} plain sockets held at once, over the {PLACES} places", held.len());
+    assert!(
+        held.len() <= PLACES,
+        "{} plain sockets held at once, over the {PLACES} places",
+        held.len()
+    );
     assert!(!held.is_empty(), "no crowd socket got a place at all");
     assert!(at_once >= crowd_size - PLACES, "only {at_once} of {crowd_size} refused at once");
-    assert!(held.iter().all(|d| **d <= TIMEOUT + Duration::from_secs(1)), "held sockets cut late: {held:?}");
+    assert!(
+        held.iter().all(|d| **d <= TIMEOUT + Duration::from_secs(1)),
+        "held sockets cut late: {held:?}"
+    );
     // An honest client gets in, and everything held is served.
     server.http().publish_ok("held", None, json!("after the crowd"));
     for c in &mut streams {
@@ -210,9 +250,13 @@ async fn plain_http_sockets_are_bounded_and_websockets_keep_their_place() {
     }
     let mut late = server.client("late").await;
     late.subscribe_ok("held").await;
-    let refused = server.http().metric("livegate_limit_hits_total{limit=\"http_connections\"}").unwrap_or(0.0);
+    let refused = server
+        .http()
+        .metric("livegate_limit_hits_total{limit=\"http_connections\"}")
+        .unwrap_or(0.0);
     assert!(refused >= (crowd_size - PLACES) as f64, "refused sockets counted: {refused}");
-    let open = server.http().metric("livegate_http_connections").expect("livegate_http_connections");
+    let open =
+        server.http().metric("livegate_http_connections").expect("livegate_http_connections");
     assert!(open <= 3.0, "plain HTTP sockets open after the crowd: {open}");
     for c in streams.drain(..) {
         c.close().await;
@@ -235,13 +279,20 @@ async fn an_sse_request_asking_for_an_upgrade_is_refused_and_spends_nothing() {
     );
     stream.write_all(request.as_bytes()).await.expect("request");
     let answer = read_answer(&mut stream, Duration::from_secs(3)).await;
-    let (status, body) = answer.unwrap_or_else(|| panic!("no answer within 3 s to an SSE request with Upgrade: websocket"));
-    let body: Value = serde_json::from_slice(&body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {body:?}"));
+    let (status, body) = answer.unwrap_or_else(|| {
+        panic!("no answer within 3 s to an SSE request with Upgrade: websocket")
+    });
+    let body: Value = serde_json::from_slice(&body)
+        .unwrap_or_else(|e| panic!("body is not JSON ({e}): {body:?}"));
     assert_eq!((status, error_code(&body)), (400, "bad_request"), "{body}");
-    assert!(closed_within(&mut stream, Duration::from_secs(2)).await.is_some(), "the refused socket is closed");
+    assert!(
+        closed_within(&mut stream, Duration::from_secs(2)).await.is_some(),
+        "the refused socket is closed"
+    );
 
     // Nothing was registered, and the token was not spent.
-    let (status, overview) = server.http().request("GET", "/v1/admin/status", Auth::Key, Body::None);
+    let (status, overview) =
+        server.http().request("GET", "/v1/admin/status", Auth::Key, Body::None);
     assert_eq!(status, 200, "{overview}");
     assert_eq!(overview["connections"], 0, "a refused upgrade registered a connection: {overview}");
     let mut c = WsClient::connect(server.addr, &token, None).await;
@@ -262,9 +313,19 @@ async fn a_bad_session_id_is_refused_before_the_token_is_spent() {
     let long = "s".repeat(10_000);
     for session in [long.as_str(), "a.*", "has>wildcard"] {
         let refused = WsClient::try_connect(server.addr, Some(&token), Some(session)).await.err();
-        let refused = refused.unwrap_or_else(|| panic!("a session id of {} bytes was accepted", session.len()));
-        assert_eq!((refused.status, error_code(&refused.body)), (400, "bad_request"), "{}", refused.body);
-        assert!(refused.body["error"]["message"].as_str().is_some_and(|m| m.contains("session")), "{}", refused.body);
+        let refused = refused
+            .unwrap_or_else(|| panic!("a session id of {} bytes was accepted", session.len()));
+        assert_eq!(
+            (refused.status, error_code(&refused.body)),
+            (400, "bad_request"),
+            "{}",
+            refused.body
+        );
+        assert!(
+            refused.body["error"]["message"].as_str().is_some_and(|m| m.contains("session")),
+            "{}",
+            refused.body
+        );
         // The SSE handshake refuses it the same way.
         let path = format!("/v1/sse?token={token}&session={}", &session[..session.len().min(100)]);
         let (status, body) = server.http().request("GET", &path, Auth::None, Body::None);
@@ -288,12 +349,27 @@ async fn the_addresses_of_one_ipv6_64_share_their_per_ip_limit() {
     let from = Some(ip("127.0.0.1"));
     let open = |xff: &'static str| {
         let token = server.mint_token("v6", "web");
-        async move { WsClient::try_connect_custom(server.addr, Some(&token), from, &[("X-Forwarded-For", xff)]).await }
+        async move {
+            WsClient::try_connect_custom(
+                server.addr,
+                Some(&token),
+                from,
+                &[("X-Forwarded-For", xff)],
+            )
+            .await
+        }
     };
     let _a = open("2001:db8:1:2::1").await.expect("first of the /64");
     let _b = open("2001:db8:1:2::2").await.expect("second of the /64");
-    let third = open("2001:db8:1:2:ffff:1:2:3").await.err().map(|r| (r.status, error_code(&r.body).to_string()));
-    assert_eq!(third, Some((429, "too_many_connections".into())), "a third address of the same /64");
+    let third = open("2001:db8:1:2:ffff:1:2:3")
+        .await
+        .err()
+        .map(|r| (r.status, error_code(&r.body).to_string()));
+    assert_eq!(
+        third,
+        Some((429, "too_many_connections".into())),
+        "a third address of the same /64"
+    );
     let _c = open("2001:db8:1:3::1").await.expect("the next /64 is another address");
 }
 
@@ -304,7 +380,8 @@ async fn a_flood_of_healthz_costs_no_store_writes() {
     let _gate = crate::common::gate!();
     let server = TestServer::start(|_| {});
     let http = server.http();
-    let probes = || http.metric("livegate_store_probes_total").expect("livegate_store_probes_total");
+    let probes =
+        || http.metric("livegate_store_probes_total").expect("livegate_store_probes_total");
     let before = probes();
     let size_before = http.metric("livegate_store_size_bytes").unwrap_or(0.0);
     let started = Instant::now();
@@ -323,5 +400,8 @@ async fn a_flood_of_healthz_costs_no_store_writes() {
     let probed = probes() - before;
     let size_after = http.metric("livegate_store_size_bytes").unwrap_or(0.0);
     eprintln!("{calls} /healthz in {elapsed:?}: {probed} store probes; store {size_before} -> {size_after} bytes");
-    assert!(probed <= elapsed.as_secs_f64().ceil() + 1.0, "{probed} store probes (writes) for {calls} calls in {elapsed:?}");
+    assert!(
+        probed <= elapsed.as_secs_f64().ceil() + 1.0,
+        "{probed} store probes (writes) for {calls} calls in {elapsed:?}"
+    );
 }

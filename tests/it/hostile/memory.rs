@@ -49,9 +49,16 @@ const SWEPT_WITHIN: Duration = Duration::from_secs(15);
 const MAX_BYTES_PER_USER: f64 = 120.0;
 
 /// One new user: a token over HTTP, a WebSocket from `from`, a subscribe, a polite close.
-async fn one_user(server: std::net::SocketAddr, http: Http, user: String, room: String, from: IpAddr) {
+async fn one_user(
+    server: std::net::SocketAddr,
+    http: Http,
+    user: String,
+    room: String,
+    from: IpAddr,
+) {
     let token = tokio::task::spawn_blocking(move || {
-        let (status, body) = http.mint_token_raw(serde_json::json!({"user": user, "device": "web", "ttl_secs": 2}));
+        let (status, body) =
+            http.mint_token_raw(serde_json::json!({"user": user, "device": "web", "ttl_secs": 2}));
         assert_eq!(status, 201, "mint for {user}: {body}");
         body["token"].as_str().expect("token").to_string()
     })
@@ -59,7 +66,9 @@ async fn one_user(server: std::net::SocketAddr, http: Http, user: String, room: 
     .expect("mint");
     let mut ws = match WsClient::try_connect_custom(server, Some(&token), Some(from), &[]).await {
         Ok(ws) => ws,
-        Err(refused) => panic!("handshake from {from} refused: {} {}", refused.status, refused.body),
+        Err(refused) => {
+            panic!("handshake from {from} refused: {} {}", refused.status, refused.body)
+        }
     };
     ws.subscribe_ok(&room).await;
     ws.close().await;
@@ -106,14 +115,28 @@ fn memory_is_a_level_not_a_slope_under_user_churn() {
         ],
     );
     let http = server.http();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
     let started = Instant::now();
     let mut rss = Vec::new();
-    let cycles = std::env::var(CYCLES_VAR).ok().and_then(|v| v.parse().ok()).filter(|&n| n > WARM_UP + 2).unwrap_or(CYCLES);
+    let cycles = std::env::var(CYCLES_VAR)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > WARM_UP + 2)
+        .unwrap_or(CYCLES);
     for cycle in 0..cycles {
         let users = (0..USERS_PER_CYCLE).map(|i| {
             let n = cycle * USERS_PER_CYCLE + i;
-            one_user(server.addr, http.clone(), format!("churn-{n}"), format!("churn-room-{}", n % ROOMS), address(n))
+            one_user(
+                server.addr,
+                http.clone(),
+                format!("churn-{n}"),
+                format!("churn-room-{}", n % ROOMS),
+                address(n),
+            )
         });
         rt.block_on(stream::iter(users).buffer_unordered(AT_ONCE).collect::<Vec<()>>());
         let expired = ((cycle + 1) * USERS_PER_CYCLE) as f64;
@@ -121,16 +144,32 @@ fn memory_is_a_level_not_a_slope_under_user_churn() {
             metric(&http, "livegate_sessions_expired_total").is_some_and(|n| n >= expired)
                 && metric(&http, "livegate_sessions_stored") == Some(0.0)
         });
-        assert!(swept, "cycle {cycle}: sessions not swept within {SWEPT_WITHIN:?}: stored {:?}", metric(&http, "livegate_sessions_stored"));
+        assert!(
+            swept,
+            "cycle {cycle}: sessions not swept within {SWEPT_WITHIN:?}: stored {:?}",
+            metric(&http, "livegate_sessions_stored")
+        );
         // The in-memory tables a user passes through are back to empty.
-        for table in ["livegate_connections_open", "livegate_sessions_live", "livegate_sessions_cached", "livegate_rooms_parked"] {
+        for table in [
+            "livegate_connections_open",
+            "livegate_sessions_live",
+            "livegate_sessions_cached",
+            "livegate_rooms_parked",
+        ] {
             assert_eq!(metric(&http, table), Some(0.0), "cycle {cycle}: {table}");
         }
         // The sweep trims the allocator right after it deleted; the purge of the cycle's
         // token nonces runs every 500 ms. Let both happen.
-        let_time_pass(Duration::from_millis(600), "the allocator trim after the sweep and the 500 ms nonce purge");
+        let_time_pass(
+            Duration::from_millis(600),
+            "the allocator trim after the sweep and the 500 ms nonce purge",
+        );
         rss.push(server.rss_kib());
-        eprintln!("cycle {cycle}: RSS {} KiB after the sweep ({:.1} s)", rss[cycle], started.elapsed().as_secs_f64());
+        eprintln!(
+            "cycle {cycle}: RSS {} KiB after the sweep ({:.1} s)",
+            rss[cycle],
+            started.elapsed().as_secs_f64()
+        );
     }
     // Least-squares slope of RSS over the cycles after the warm-up, in bytes per user.
     let after = &rss[WARM_UP..];
@@ -153,6 +192,11 @@ fn memory_is_a_level_not_a_slope_under_user_churn() {
         cycles - 1
     );
     // Still serving a newcomer.
-    rt.block_on(one_user(server.addr, http.clone(), "after-churn".into(), "churn-room-0".into(), address(0)));
+    rt.block_on(one_user(
+        server.addr,
+        http.clone(),
+        "after-churn".into(),
+        "churn-room-0".into(),
+        address(0),
+    ));
 }
-

@@ -40,7 +40,8 @@ struct StalledClient {
 
 impl StalledClient {
     fn connect(addr: SocketAddr, token: &str) -> StalledClient {
-        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
         socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
         socket.connect(&addr.into()).expect("connect");
         let mut tcp: TcpStream = socket.into();
@@ -54,7 +55,11 @@ impl StalledClient {
         let mut head = Vec::new();
         while !head.ends_with(b"\r\n\r\n") {
             let mut byte = [0u8; 1];
-            assert_eq!(tcp.read(&mut byte).expect("read the handshake's answer"), 1, "closed during the handshake");
+            assert_eq!(
+                tcp.read(&mut byte).expect("read the handshake's answer"),
+                1,
+                "closed during the handshake"
+            );
             head.push(byte[0]);
         }
         let head = String::from_utf8_lossy(&head);
@@ -74,7 +79,14 @@ impl StalledClient {
                 pending.drain(..n);
                 Ok(true)
             }
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => Ok(false),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                Ok(false)
+            }
             Err(_) => Err(()),
         }
     }
@@ -90,7 +102,8 @@ impl StalledClient {
             while let Some((opcode, payload, used)) = parse_frame(&buf) {
                 buf.drain(..used);
                 if opcode == 0x8 {
-                    code = (payload.len() >= 2).then(|| u16::from_be_bytes([payload[0], payload[1]]));
+                    code =
+                        (payload.len() >= 2).then(|| u16::from_be_bytes([payload[0], payload[1]]));
                 }
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -101,7 +114,11 @@ impl StalledClient {
             match self.tcp.read(&mut chunk) {
                 Ok(0) => return code,
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
                 Err(_) => return code,
             }
         }
@@ -138,7 +155,8 @@ fn parse_frame(buf: &[u8]) -> Option<(u8, Vec<u8>, usize)> {
         126 | 127 => return None,
         n => (n as usize, 2),
     };
-    (buf.len() >= header + len).then(|| (buf[0] & 0x0f, buf[header..header + len].to_vec(), header + len))
+    (buf.len() >= header + len)
+        .then(|| (buf[0] & 0x0f, buf[header..header + len].to_vec(), header + len))
 }
 
 /// The server's RSS, sampled every 20 ms while the flood runs; `peak()` is the most seen.
@@ -214,12 +232,19 @@ async fn with_honest_subscriber<T: Send + 'static>(
             pace(Duration::from_millis(20), "the live room gets an event every 20 ms");
         }
     });
-    let events = honest.next_events_within_or_none(LIVE_EVENTS as usize, FLOOD_FOR + Duration::from_secs(10)).await;
+    let events = honest
+        .next_events_within_or_none(LIVE_EVENTS as usize, FLOOD_FOR + Duration::from_secs(10))
+        .await;
     publisher.join().expect("publisher");
-    let result = tokio::task::spawn_blocking(move || flooding.join().expect("flood")).await.unwrap();
+    let result =
+        tokio::task::spawn_blocking(move || flooding.join().expect("flood")).await.unwrap();
     let events = events.expect("the honest subscriber got every event during the flood");
     let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
-    assert_eq!(seqs, (1..=LIVE_EVENTS).collect::<Vec<_>>(), "the honest subscriber's events, in order");
+    assert_eq!(
+        seqs,
+        (1..=LIVE_EVENTS).collect::<Vec<_>>(),
+        "the honest subscriber's events, in order"
+    );
     result
 }
 
@@ -238,7 +263,12 @@ struct Flood {
 
 /// Run `next` (the next batch of frames to write, `None`: done) against a stalled client
 /// until the server closes it as a slow consumer or [`FLOOD_FOR`] passes, sampling RSS.
-fn flood(addr: SocketAddr, pid: u32, token: String, mut next: impl FnMut(Duration) -> Option<Vec<u8>>) -> (Flood, Option<u16>) {
+fn flood(
+    addr: SocketAddr,
+    pid: u32,
+    token: String,
+    mut next: impl FnMut(Duration) -> Option<Vec<u8>>,
+) -> (Flood, Option<u16>) {
     let http = Http::new(addr);
     let open_before = http.metric_total("livegate_connections_open");
     let mut client = StalledClient::connect(addr, &token);
@@ -296,8 +326,14 @@ fn check(what: &str, flood: &Flood, code: Option<u16>) {
         "{what}: the server's RSS grew by {} KiB while one client did not read (bound {bound} KiB): {flood:?}",
         flood.growth_kib
     );
-    assert!(flood.closed_after.is_some(), "{what}: the client was never closed as a slow consumer: {flood:?}");
-    assert!(matches!(code, Some(4009) | None), "{what}: the connection ended with {code:?}, not 4009");
+    assert!(
+        flood.closed_after.is_some(),
+        "{what}: the client was never closed as a slow consumer: {flood:?}"
+    );
+    assert!(
+        matches!(code, Some(4009) | None),
+        "{what}: the connection ended with {code:?}, not 4009"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

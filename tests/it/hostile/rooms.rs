@@ -58,7 +58,10 @@ async fn rooms_never_published_to_leave_nothing_stored_and_their_actors_go_soon(
     assert_eq!(later["seq"], 0, "{later}");
     for n in 1..=2 {
         let published = http.publish_ok("later", Some(&format!("l-{n}")), json!(n));
-        assert_eq!(published["epoch"], later["epoch"], "the first publish keeps the epoch the empty room answered");
+        assert_eq!(
+            published["epoch"], later["epoch"],
+            "the first publish keeps the epoch the empty room answered"
+        );
     }
     assert_eq!(seqs(&honest.next_events(2).await), [1, 2]);
 
@@ -67,7 +70,11 @@ async fn rooms_never_published_to_leave_nothing_stored_and_their_actors_go_soon(
     let started = Instant::now();
     let gone = wait_until(Duration::from_secs(8), || rooms_live(&http) <= 4.0);
     let took = started.elapsed();
-    assert!(gone, "empty rooms' actors still live after {took:?}: {} rooms live", rooms_live(&http));
+    assert!(
+        gone,
+        "empty rooms' actors still live after {took:?}: {} rooms live",
+        rooms_live(&http)
+    );
     eprintln!("empty rooms' actors gone {:.1} s after the last request", took.as_secs_f64());
     attacker.close().await;
     honest.close().await;
@@ -76,8 +83,16 @@ async fn rooms_never_published_to_leave_nothing_stored_and_their_actors_go_soon(
     let dir = server.stop();
     {
         let store = Store::open(dir.path()).expect("open the stopped server's store");
-        let stored: Vec<&String> = cold.iter().chain(&read).filter(|room| store.rooms().load(room, 1).unwrap().is_some()).collect();
-        assert!(stored.is_empty(), "{} rooms never published to have a record: {stored:?}", stored.len());
+        let stored: Vec<&String> = cold
+            .iter()
+            .chain(&read)
+            .filter(|room| store.rooms().load(room, 1).unwrap().is_some())
+            .collect();
+        assert!(
+            stored.is_empty(),
+            "{} rooms never published to have a record: {stored:?}",
+            stored.len()
+        );
         assert!(store.rooms().load("later", 10).unwrap().is_some(), "a published room is stored");
     }
 
@@ -86,7 +101,11 @@ async fn rooms_never_published_to_leave_nothing_stored_and_their_actors_go_soon(
     let server = TestServer::start_in(dir, |_| {});
     let mut back = server.client("alice").await;
     let again = back.subscribe_since("quiet", 0, &quiet["epoch"]).await;
-    assert_eq!((&again["recovered"], &again["epoch"], &again["seq"]), (&json!(true), &quiet["epoch"], &json!(0)), "{again}");
+    assert_eq!(
+        (&again["recovered"], &again["epoch"], &again["seq"]),
+        (&json!(true), &quiet["epoch"], &json!(0)),
+        "{again}"
+    );
     let again = back.subscribe_since("later", 0, &later["epoch"]).await;
     assert_eq!((&again["recovered"], &again["seq"]), (&json!(true), &json!(2)), "{again}");
     assert_eq!(seqs(&back.next_events(2).await), [1, 2]);
@@ -104,7 +123,11 @@ async fn a_connection_starting_rooms_fast_is_refused_past_its_budget() {
     let sent = 180;
     let started = Instant::now();
     for n in 0..sent {
-        attacker.send_json(&json!({"op": "history", "room": format!("spray:{n}"), "limit": 1, "ref": n})).await;
+        attacker
+            .send_json(
+                &json!({"op": "history", "room": format!("spray:{n}"), "limit": 1, "ref": n}),
+            )
+            .await;
     }
     let (mut answered, mut refused, mut other) = (0, 0, Vec::new());
     while answered + refused + other.len() < sent {
@@ -116,11 +139,17 @@ async fn a_connection_starting_rooms_fast_is_refused_past_its_budget() {
         }
     }
     let took = started.elapsed();
-    eprintln!("room starts: {answered} answered, {refused} refused of {sent} in {:.2} s", took.as_secs_f64());
+    eprintln!(
+        "room starts: {answered} answered, {refused} refused of {sent} in {:.2} s",
+        took.as_secs_f64()
+    );
     assert!(other.is_empty(), "unexpected frames: {other:?}");
     // The budget: a burst of max_subscriptions (128), then max_room_starts_per_sec (10).
     let budget = 128 + (10.0 * took.as_secs_f64()).ceil() as usize;
-    assert!(refused > 0 && answered <= budget, "{answered} room starts answered in {took:?}, budget {budget}; {refused} refused");
+    assert!(
+        refused > 0 && answered <= budget,
+        "{answered} room starts answered in {took:?}, budget {budget}; {refused} refused"
+    );
     let hits = http.metric(r#"livegate_limit_hits_total{limit="room_starts"}"#).unwrap_or(0.0);
     assert_eq!(hits, refused as f64, "each refusal counted");
     // The refusals are the client's to read, not a close: it is still connected.
@@ -144,10 +173,18 @@ async fn a_clients_idempotency_id_never_takes_a_backends() {
     let mut eve = chatter(&server, "eve").await;
 
     let squat = publish(&mut mallory, "sys-42", json!("mallory's")).await;
-    assert_eq!((&squat["op"], &squat["seq"], &squat["duplicate"]), (&json!("published"), &json!(1), &json!(false)), "{squat}");
+    assert_eq!(
+        (&squat["op"], &squat["seq"], &squat["duplicate"]),
+        (&json!("published"), &json!(1), &json!(false)),
+        "{squat}"
+    );
     // The backend's event with that id is a new event, not the client's.
     let (status, backend) = http.publish("chat:ids", Some("sys-42"), json!("backend's"));
-    assert_eq!((status, &backend["seq"], &backend["duplicate"]), (201, &json!(2), &json!(false)), "{backend}");
+    assert_eq!(
+        (status, &backend["seq"], &backend["duplicate"]),
+        (201, &json!(2), &json!(false)),
+        "{backend}"
+    );
     // Another client's id is its own too.
     let other = publish(&mut eve, "sys-42", json!("eve's")).await;
     assert_eq!((&other["seq"], &other["duplicate"]), (&json!(3), &json!(false)), "{other}");
@@ -155,7 +192,11 @@ async fn a_clients_idempotency_id_never_takes_a_backends() {
     let retry = publish(&mut mallory, "sys-42", json!("mallory's again")).await;
     assert_eq!((&retry["seq"], &retry["duplicate"]), (&json!(1), &json!(true)), "{retry}");
     let (status, again) = http.publish("chat:ids", Some("sys-42"), json!("backend's again"));
-    assert_eq!((status, &again["seq"], &again["duplicate"]), (200, &json!(2), &json!(true)), "{again}");
+    assert_eq!(
+        (status, &again["seq"], &again["duplicate"]),
+        (200, &json!(2), &json!(true)),
+        "{again}"
+    );
 
     // Subscribers see all three, each with the id as published and its author.
     let events = watcher.next_events(3).await;
@@ -176,10 +217,17 @@ async fn a_clients_idempotency_id_never_takes_a_backends() {
     // The stored events keep the rule after a restart.
     let server = TestServer::start_in(server.stop(), |_| {});
     let http = server.http();
-    let (status, again) = http.publish("chat:ids", Some("sys-42"), json!("backend's, after a restart"));
-    assert_eq!((status, &again["seq"], &again["duplicate"]), (200, &json!(2), &json!(true)), "{again}");
+    let (status, again) =
+        http.publish("chat:ids", Some("sys-42"), json!("backend's, after a restart"));
+    assert_eq!(
+        (status, &again["seq"], &again["duplicate"]),
+        (200, &json!(2), &json!(true)),
+        "{again}"
+    );
     let mut mallory = chatter(&server, "mallory").await;
-    let retry = mallory.request(json!({"op": "publish", "room": "chat:ids", "id": "sys-42", "data": 0})).await;
+    let retry = mallory
+        .request(json!({"op": "publish", "room": "chat:ids", "id": "sys-42", "data": 0}))
+        .await;
     assert_eq!((&retry["seq"], &retry["duplicate"]), (&json!(1), &json!(true)), "{retry}");
     assert_eq!(http.history_ok("chat:ids", Some(0), None)["head"], 3);
 }
@@ -205,18 +253,32 @@ async fn a_clients_published_data_reaches_subscribers_byte_for_byte() {
     watcher.subscribe_ok("chat:raw").await;
     let mut author = chatter(&server, "author").await;
     let data = r#"{"b":1,"a":18446744073709551616000}"#;
-    author.send_text(format!(r#"{{"op":"publish","room":"chat:raw","ref":1,"data":{data}}}"#)).await;
+    author
+        .send_text(format!(r#"{{"op":"publish","room":"chat:raw","ref":1,"data":{data}}}"#))
+        .await;
     let reply = author.wait_for_ref(1, &json!("publish")).await;
     assert_eq!(reply["op"], "published", "{reply}");
     let frame = raw_events_frame(&mut watcher).await;
-    assert!(frame.contains(&format!(r#""data":{data}"#)), "the data as the client sent it: {frame}");
+    assert!(
+        frame.contains(&format!(r#""data":{data}"#)),
+        "the data as the client sent it: {frame}"
+    );
 
     // `max_event_bytes` (64 here) counts the bytes sent, whitespace included: data that
     // would fit once re-encoded compactly is too large as sent.
     let padded = format!("{{\"text\": {:?}{}}}", "x".repeat(40), " ".repeat(20));
-    assert!(padded.len() > 64 && serde_json::from_str::<Value>(&padded).unwrap().to_string().len() <= 64);
-    author.send_text(format!(r#"{{"op":"publish","room":"chat:raw","ref":2,"data":{padded}}}"#)).await;
+    assert!(
+        padded.len() > 64
+            && serde_json::from_str::<Value>(&padded).unwrap().to_string().len() <= 64
+    );
+    author
+        .send_text(format!(r#"{{"op":"publish","room":"chat:raw","ref":2,"data":{padded}}}"#))
+        .await;
     let reply = author.wait_for_ref(2, &json!("padded publish")).await;
-    assert_eq!((&reply["op"], &reply["code"]), (&json!("error"), &json!("payload_too_large")), "{reply}");
+    assert_eq!(
+        (&reply["op"], &reply["code"]),
+        (&json!("error"), &json!("payload_too_large")),
+        "{reply}"
+    );
     watcher.assert_quiet(QUIET).await;
 }

@@ -31,7 +31,12 @@ fn settings() -> Settings {
 }
 
 fn grants() -> Grants {
-    Grants { user: "ann".into(), device: "phone".into(), rooms: Vec::new(), publish: vec!["chat:*".to_string()] }
+    Grants {
+        user: "ann".into(),
+        device: "phone".into(),
+        rooms: Vec::new(),
+        publish: vec!["chat:*".to_string()],
+    }
 }
 
 fn machine(settings: Settings) -> Connection<()> {
@@ -44,11 +49,23 @@ fn drained(conn: &mut Connection<()>) -> Vec<Action<()>> {
 }
 
 fn ask(room: &str) -> Ask {
-    Ask { room: room.to_string(), since: None, epoch: None, state: false, presence: false, reference: Some(1) }
+    Ask {
+        room: room.to_string(),
+        since: None,
+        epoch: None,
+        state: false,
+        presence: false,
+        reference: Some(1),
+    }
 }
 
 fn error(room: Option<&str>, refusal: Refusal, message: &str) -> Action<()> {
-    Action::Error { reference: Some(1), room: room.map(str::to_string), refusal, message: message.to_string() }
+    Action::Error {
+        reference: Some(1),
+        room: room.map(str::to_string),
+        refusal,
+        message: message.to_string(),
+    }
 }
 
 fn subscribe_action(room: &str, generation: u64) -> Action<()> {
@@ -61,13 +78,18 @@ fn close(ending: Ending) -> Vec<Action<()>> {
 
 #[test]
 fn the_message_rate_refuses_past_its_burst_and_refills() {
-    let mut conn = machine(Settings { max_messages_per_sec: 1, max_bad_messages: 10, ..settings() });
+    let mut conn =
+        machine(Settings { max_messages_per_sec: 1, max_bad_messages: 10, ..settings() });
     let refused = |publish: bool| {
         let mut actions = vec![Action::LimitHit("message_rate")];
         if publish {
             actions.push(Action::PublishOutcome("rate_limited"));
         }
-        actions.push(error(Some("chat:a"), Refusal::RateLimited, "more than 1 messages per second; retry in 1000 ms"));
+        actions.push(error(
+            Some("chat:a"),
+            Refusal::RateLimited,
+            "more than 1 messages per second; retry in 1000 ms",
+        ));
         actions
     };
     // (now, a publish, let through, actions)
@@ -113,18 +135,33 @@ fn over_the_bound_for_the_grace_evicts_and_closes_as_a_slow_consumer() {
     // (input, now, may read, actions)
     let table = [
         (In::MayRead(999), 0, Some(true), vec![]),
-        (In::MayRead(1000), 1000, Some(false), vec![Action::Arm { timer: Timer::Grace, after_ms: 5000 }]),
+        (
+            In::MayRead(1000),
+            1000,
+            Some(false),
+            vec![Action::Arm { timer: Timer::Grace, after_ms: 5000 }],
+        ),
         // Armed once for the grace.
         (In::MayRead(2000), 2000, Some(false), vec![]),
         // Under again: the grace is forgotten; the timer looks and finds nothing.
         (In::MayRead(10), 3000, Some(true), vec![]),
         (In::Grace(10), 6000, None, vec![Action::WakeReader]),
-        (In::MayRead(1500), 7000, Some(false), vec![Action::Arm { timer: Timer::Grace, after_ms: 5000 }]),
+        (
+            In::MayRead(1500),
+            7000,
+            Some(false),
+            vec![Action::Arm { timer: Timer::Grace, after_ms: 5000 }],
+        ),
         (
             In::Grace(1500),
             12_000,
             None,
-            [vec![Action::Evict { held: Some(1500) }], close(Ending::SlowConsumer), vec![Action::WakeReader]].concat(),
+            [
+                vec![Action::Evict { held: Some(1500) }],
+                close(Ending::SlowConsumer),
+                vec![Action::WakeReader],
+            ]
+            .concat(),
         ),
         // After our Close, reading goes on to see the client's.
         (In::MayRead(5000), 13_000, Some(true), vec![]),
@@ -187,33 +224,57 @@ fn subscribes_are_checked_counted_and_a_resubscribe_leaves_the_old_generation() 
     let inbox: Arc<str> = "user:ann".into();
     assert_eq!(
         drained(&mut conn),
-        vec![Action::SubscribeInbox { room: inbox.clone(), generation: 1 }, Action::Subscriptions(1)]
+        vec![
+            Action::SubscribeInbox { room: inbox.clone(), generation: 1 },
+            Action::Subscriptions(1)
+        ]
     );
     // (room, actions)
     let table = [
         ("chat:a", vec![Action::Subscriptions(1), subscribe_action("chat:a", 2)]),
         (
             "chat:a",
-            vec![Action::Leave { room: "chat:a".into(), generation: 2, at: None }, subscribe_action("chat:a", 3)],
+            vec![
+                Action::Leave { room: "chat:a".into(), generation: 2, at: None },
+                subscribe_action("chat:a", 3),
+            ],
         ),
         ("chat:b", vec![Action::Subscriptions(1), subscribe_action("chat:b", 4)]),
         (
             "chat:c",
             vec![
                 Action::LimitHit("subscriptions"),
-                error(Some("chat:c"), Refusal::TooManySubscriptions, "at most 2 subscriptions per connection"),
+                error(
+                    Some("chat:c"),
+                    Refusal::TooManySubscriptions,
+                    "at most 2 subscriptions per connection",
+                ),
             ],
         ),
         // The inbox is never counted.
         (
             "user:ann",
-            vec![Action::Leave { room: inbox.clone(), generation: 1, at: None }, subscribe_action("user:ann", 5)],
+            vec![
+                Action::Leave { room: inbox.clone(), generation: 1, at: None },
+                subscribe_action("user:ann", 5),
+            ],
         ),
         (
             "user:bob",
-            vec![error(Some("user:bob"), Refusal::Forbidden, "this connection may not read room user:bob")],
+            vec![error(
+                Some("user:bob"),
+                Refusal::Forbidden,
+                "this connection may not read room user:bob",
+            )],
         ),
-        ("", vec![error(Some(""), Refusal::BadRoom, &names::check_room("").unwrap_err().to_string())]),
+        (
+            "",
+            vec![error(
+                Some(""),
+                Refusal::BadRoom,
+                &names::check_room("").unwrap_err().to_string(),
+            )],
+        ),
     ];
     for (n, (room, actions)) in table.into_iter().enumerate() {
         conn.subscribe(ask(room), true, 0);
@@ -221,7 +282,10 @@ fn subscribes_are_checked_counted_and_a_resubscribe_leaves_the_old_generation() 
     }
     // A room's handle for a generation already replaced is left at once.
     conn.attached("chat:a", 2, ());
-    assert_eq!(drained(&mut conn), vec![Action::Leave { room: "chat:a".into(), generation: 2, at: Some(()) }]);
+    assert_eq!(
+        drained(&mut conn),
+        vec![Action::Leave { room: "chat:a".into(), generation: 2, at: Some(()) }]
+    );
     conn.attached("chat:a", 3, ());
     assert_eq!(drained(&mut conn), vec![]);
     // A refusal of the current generation ends it and tells the client; an older one is ignored.
@@ -255,11 +319,21 @@ fn subscribes_are_checked_counted_and_a_resubscribe_leaves_the_old_generation() 
 
 #[test]
 fn rooms_not_live_take_a_room_start_and_are_refused_past_the_burst() {
-    let mut conn = machine(Settings { max_room_starts_per_sec: 1, max_bad_messages: 10, ..settings() });
-    let history = |room: &str| Action::ReadHistory { room: room.to_string(), since: 0, limit: 100, reference: Some(1) };
+    let mut conn =
+        machine(Settings { max_room_starts_per_sec: 1, max_bad_messages: 10, ..settings() });
+    let history = |room: &str| Action::ReadHistory {
+        room: room.to_string(),
+        since: 0,
+        limit: 100,
+        reference: Some(1),
+    };
     let refused = vec![
         Action::LimitHit("room_starts"),
-        error(Some("chat:c"), Refusal::RateLimited, "more than 1 new rooms per second; retry in 1000 ms"),
+        error(
+            Some("chat:c"),
+            Refusal::RateLimited,
+            "more than 1 new rooms per second; retry in 1000 ms",
+        ),
     ];
     // (room, live, now, actions): the burst is max(2 × rate, max_subscriptions) = 2.
     let table = [
@@ -314,10 +388,14 @@ fn publishes_need_a_grant_and_at_most_so_many_wait_to_be_durable() {
         assert_eq!(drained(&mut conn), vec![publish("chat:a")]);
     }
     conn.publish("chat:a".to_string(), None, "{}".to_string(), None, Some(1));
-    let message = format!("at most {MAX_PUBLISHES_IN_FLIGHT} publishes may wait to be stored at once");
+    let message =
+        format!("at most {MAX_PUBLISHES_IN_FLIGHT} publishes may wait to be stored at once");
     assert_eq!(
         drained(&mut conn),
-        vec![Action::PublishOutcome("rate_limited"), error(Some("chat:a"), Refusal::RateLimited, &message)]
+        vec![
+            Action::PublishOutcome("rate_limited"),
+            error(Some("chat:a"), Refusal::RateLimited, &message)
+        ]
     );
     conn.answered(Pending::Publish, 0, || 0);
     conn.publish("chat:a".to_string(), None, "{}".to_string(), None, Some(1));
@@ -330,10 +408,15 @@ fn the_subscribe_deadline_closes_a_client_that_never_subscribed() {
     let closed = [vec![Action::LimitHit("subscribe_timeout")], close(Ending::NoSubscribe)].concat();
     let table = [(true, false, closed), (true, true, vec![]), (false, false, vec![])];
     for (n, (reads, subscribes, actions)) in table.into_iter().enumerate() {
-        let mut conn = machine(Settings { reads, subscribe_timeout_ms: Some(10_000), ..settings() });
+        let mut conn =
+            machine(Settings { reads, subscribe_timeout_ms: Some(10_000), ..settings() });
         conn.start(Vec::new(), 0);
         let started = drained(&mut conn);
-        assert_eq!(started.last(), Some(&Action::Arm { timer: Timer::SubscribeDeadline, after_ms: 10_000 }), "row {n}");
+        assert_eq!(
+            started.last(),
+            Some(&Action::Arm { timer: Timer::SubscribeDeadline, after_ms: 10_000 }),
+            "row {n}"
+        );
         if subscribes {
             conn.subscribe(ask("chat:a"), true, 0);
             drained(&mut conn);

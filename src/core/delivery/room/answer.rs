@@ -32,16 +32,35 @@ pub struct SubscribeAnswer<T> {
 /// Answer a subscribe from `log`: a replay after `since` when the log can give all of it
 /// (at most `max_events`), else `recovered:false`; with `state` asked, the state (at seq
 /// `state_seq`, 0 for none) and the retained events after it, when there is no recovery.
-pub fn answer_subscribe<T: Clone>(log: &SeqLog<T>, ask: Ask<'_>, state_seq: u64, max_events: u64) -> SubscribeAnswer<T> {
+pub fn answer_subscribe<T: Clone>(
+    log: &SeqLog<T>,
+    ask: Ask<'_>,
+    state_seq: u64,
+    max_events: u64,
+) -> SubscribeAnswer<T> {
     let head = log.durable();
-    let snapshot = || log.read(state_seq, usize::MAX).0.into_iter().map(|e| e.payload.clone()).collect();
-    let answer = |recovered, refused, replay, with_state| SubscribeAnswer { head, recovered, refused, replay, with_state };
+    let snapshot =
+        || log.read(state_seq, usize::MAX).0.into_iter().map(|e| e.payload.clone()).collect();
+    let answer = |recovered, refused, replay, with_state| SubscribeAnswer {
+        head,
+        recovered,
+        refused,
+        replay,
+        with_state,
+    };
     match ask.since {
         None if ask.state => answer(None, None, snapshot(), true),
         None => answer(None, None, Vec::new(), false),
         Some(since) => match log.recover(since, ask.epoch, max_events) {
-            Recovery::Replay(events) => answer(Some(true), None, events.into_iter().map(|e| e.payload.clone()).collect(), false),
-            Recovery::NotRecovered(why) if ask.state => answer(Some(false), Some(why), snapshot(), true),
+            Recovery::Replay(events) => answer(
+                Some(true),
+                None,
+                events.into_iter().map(|e| e.payload.clone()).collect(),
+                false,
+            ),
+            Recovery::NotRecovered(why) if ask.state => {
+                answer(Some(false), Some(why), snapshot(), true)
+            }
             Recovery::NotRecovered(why) => answer(Some(false), Some(why), Vec::new(), false),
         },
     }
@@ -54,7 +73,8 @@ pub fn answer_subscribe<T: Clone>(log: &SeqLog<T>, ask: Ask<'_>, state_seq: u64,
 /// neither refuses the recovery nor sends the client those events again. A log only this node writes is never behind an
 /// acknowledged event: there the ask is a client's error, answered `recovered:false`.
 pub fn seen_beyond_head<T>(log: &SeqLog<T>, ask: Ask<'_>) -> bool {
-    ask.since.is_some_and(|since| since > log.durable()) && ask.epoch.is_none_or(|epoch| epoch == log.epoch())
+    ask.since.is_some_and(|since| since > log.durable())
+        && ask.epoch.is_none_or(|epoch| epoch == log.epoch())
 }
 
 #[cfg(test)]
@@ -63,7 +83,12 @@ mod tests {
     use crate::core::rules::limits::Retention;
 
     fn log(events: u64, keep: usize) -> SeqLog<u64> {
-        let mut log = SeqLog::restore("e".into(), 0, Vec::new(), Retention { max_events: keep, max_age_ms: u64::MAX });
+        let mut log = SeqLog::restore(
+            "e".into(),
+            0,
+            Vec::new(),
+            Retention { max_events: keep, max_age_ms: u64::MAX },
+        );
         for n in 1..=events {
             log.append(format!("id{n}").into(), 0, |seq| seq);
             let _ = log.mark_durable(n).count();
@@ -116,8 +141,16 @@ mod tests {
             assert_eq!(answer.with_state, *with_state, "case {n}");
         }
         let too_many = answer_subscribe(&log, ask(Some(6), false), 0, 3);
-        assert_eq!((too_many.recovered, too_many.refused), (Some(false), Some(NotRecovered::TooManyMissing)));
-        let other_epoch = answer_subscribe(&log, Ask { since: Some(9), epoch: Some("old"), state: false }, 0, 100);
+        assert_eq!(
+            (too_many.recovered, too_many.refused),
+            (Some(false), Some(NotRecovered::TooManyMissing))
+        );
+        let other_epoch = answer_subscribe(
+            &log,
+            Ask { since: Some(9), epoch: Some("old"), state: false },
+            0,
+            100,
+        );
         assert_eq!(other_epoch.refused, Some(NotRecovered::EpochChanged));
     }
 }

@@ -165,18 +165,11 @@ pub enum LogInput<W: Wire> {
         result: Result<(), W::Failed>,
     },
     /// A flush up to `upto` ([`Action::Flush`]) returned.
-    Flushed {
-        upto: u64,
-        result: Result<(), W::Failed>,
-    },
+    Flushed { upto: u64, result: Result<(), W::Failed> },
     /// A state put as of the head.
     Put { data: Arc<str>, reply: W::Reply },
     /// The driver wrote a state ([`Action::WriteState`]) and flushed it, or failed to.
-    StateStored {
-        state: StateAt,
-        reply: W::Reply,
-        result: Result<(), W::Failed>,
-    },
+    StateStored { state: StateAt, reply: W::Reply, result: Result<(), W::Failed> },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -464,14 +457,7 @@ impl<W: Wire> RoomMachine<W> {
             }
             Input::Adopt(parked) => {
                 for (conn, generation, sink) in parked {
-                    self.members.join(
-                        conn,
-                        Member {
-                            generation,
-                            automatic: true,
-                            sink,
-                        },
-                    );
+                    self.members.join(conn, Member { generation, automatic: true, sink });
                 }
             }
             Input::Durable(fresh) => self.deliver(fresh, now),
@@ -490,12 +476,8 @@ impl<W: Wire> RoomMachine<W> {
                 let Phase::Live(log) = &self.phase else {
                     return;
                 };
-                let replay: Vec<W::Event> = log
-                    .read(after, usize::MAX)
-                    .0
-                    .into_iter()
-                    .map(|e| e.payload.clone())
-                    .collect();
+                let replay: Vec<W::Event> =
+                    log.read(after, usize::MAX).0.into_iter().map(|e| e.payload.clone()).collect();
                 if !replay.is_empty() {
                     let epoch = self.epoch();
                     for window in self.wire.cut(&epoch, replay) {
@@ -506,10 +488,7 @@ impl<W: Wire> RoomMachine<W> {
             Input::Expire { now_ms } => {
                 if let Phase::Live(log) = &mut self.phase {
                     if let Some(first_kept) = log.trim_expired(now_ms) {
-                        self.actions.push_back(Action::Trim {
-                            first_kept,
-                            expired: true,
-                        });
+                        self.actions.push_back(Action::Trim { first_kept, expired: true });
                     }
                 }
             }
@@ -527,10 +506,7 @@ impl<W: Wire> RoomMachine<W> {
                     return;
                 }
                 for (conn, member) in self.members.drain() {
-                    self.actions.push_back(Action::Moved {
-                        conn,
-                        sink: member.sink,
-                    });
+                    self.actions.push_back(Action::Moved { conn, sink: member.sink });
                     self.actions.push_back(Action::Left { conn });
                 }
                 self.stopped = true;
@@ -565,38 +541,21 @@ impl<W: Wire> RoomMachine<W> {
             Phase::Failed(why) => {
                 let why = why.clone();
                 let (generation, sink, ticket) = (ask.generation, ask.sink, ask.ticket);
-                return self.actions.push_back(Action::Refused {
-                    generation,
-                    sink,
-                    ticket,
-                    why,
-                });
+                return self.actions.push_back(Action::Refused { generation, sink, ticket, why });
             }
             Phase::Loading => {
                 let (generation, sink, ticket, why) =
                     (ask.generation, ask.sink, ask.ticket, W::not_loaded());
-                return self.actions.push_back(Action::Refused {
-                    generation,
-                    sink,
-                    ticket,
-                    why,
-                });
+                return self.actions.push_back(Action::Refused { generation, sink, ticket, why });
             }
         };
-        let asked = Ask {
-            since: ask.since,
-            epoch: ask.epoch.as_deref(),
-            state: ask.state,
-        };
+        let asked = Ask { since: ask.since, epoch: ask.epoch.as_deref(), state: ask.state };
         let state_seq = self.current.as_ref().map_or(0, |state| state.seq);
         let answer = answer_subscribe(log, asked, state_seq, self.limits.recovery_max_events);
         let epoch: Arc<str> = log.epoch().into();
         let state = answer.with_state.then(|| self.current.clone());
-        let member = Member {
-            generation: ask.generation,
-            automatic: ask.automatic,
-            sink: ask.sink.clone(),
-        };
+        let member =
+            Member { generation: ask.generation, automatic: ask.automatic, sink: ask.sink.clone() };
         self.members.join(ask.conn, member);
         let (conn, generation, sink, ticket) = (ask.conn, ask.generation, ask.sink, ask.ticket);
         self.actions.push_back(Action::Subscribed {
@@ -619,10 +578,7 @@ impl<W: Wire> RoomMachine<W> {
     fn deliver(&mut self, fresh: Vec<W::Event>, now: Instant) {
         self.promote_states();
         self.load_changed();
-        match self
-            .outgoing
-            .on_durable(fresh, !self.members.is_empty(), now)
-        {
+        match self.outgoing.on_durable(fresh, !self.members.is_empty(), now) {
             BatchAction::SendNow => self.close_window(),
             BatchAction::ArmTimer(at) => {
                 self.actions.push_back(Action::ArmTimer(Timer::Window, at))
@@ -642,10 +598,7 @@ impl<W: Wire> RoomMachine<W> {
         let Some(first) = events.first().cloned() else {
             return;
         };
-        self.actions.push_back(Action::Batched {
-            events: events.len(),
-            first,
-        });
+        self.actions.push_back(Action::Batched { events: events.len(), first });
         let epoch = self.epoch();
         for window in self.wire.cut(&epoch, events) {
             self.send_window(window);
@@ -662,32 +615,26 @@ impl<W: Wire> RoomMachine<W> {
         #[cfg(not(test))]
         let keeps = false;
         // Subscribers that went away unsubscribe, and the driver prunes any left over.
-        self.members.retain(
-            |conn, member| match W::backlog(&member.sink).reserve(bytes) {
-                Reserve::Ok => {
-                    actions.push_back(Action::Window {
-                        sink: member.sink.clone(),
-                        window: window.clone(),
-                    });
-                    true
-                }
-                Reserve::EvictNow if keeps => true,
-                Reserve::EvictNow => {
-                    let outstanding = W::backlog(&member.sink).outstanding();
-                    actions.push_back(Action::Evict {
-                        conn,
-                        sink: member.sink.clone(),
-                        outstanding,
-                    });
-                    actions.push_back(Action::Left { conn });
-                    false
-                }
-                Reserve::Evicted => {
-                    actions.push_back(Action::Left { conn });
-                    false
-                }
-            },
-        );
+        self.members.retain(|conn, member| match W::backlog(&member.sink).reserve(bytes) {
+            Reserve::Ok => {
+                actions.push_back(Action::Window {
+                    sink: member.sink.clone(),
+                    window: window.clone(),
+                });
+                true
+            }
+            Reserve::EvictNow if keeps => true,
+            Reserve::EvictNow => {
+                let outstanding = W::backlog(&member.sink).outstanding();
+                actions.push_back(Action::Evict { conn, sink: member.sink.clone(), outstanding });
+                actions.push_back(Action::Left { conn });
+                false
+            }
+            Reserve::Evicted => {
+                actions.push_back(Action::Left { conn });
+                false
+            }
+        });
         if self.members.len() != before {
             self.occupancy_check();
         }
@@ -721,33 +668,19 @@ impl<W: Wire> RoomMachine<W> {
     /// A state the log stored: the room's state once its seq is durable, unless a newer
     /// one is (the later of two at one seq wins: a second `PUT` at the same head).
     fn offer_state(&mut self, offered: StateAt) {
-        if self
-            .current
-            .as_ref()
-            .is_some_and(|current| current.seq > offered.seq)
-        {
+        if self.current.as_ref().is_some_and(|current| current.seq > offered.seq) {
             return;
         }
-        let at = self
-            .pending_states
-            .partition_point(|p| p.seq <= offered.seq);
+        let at = self.pending_states.partition_point(|p| p.seq <= offered.seq);
         self.pending_states.insert(at, offered);
         self.promote_states();
     }
 
     fn promote_states(&mut self) {
         let durable = self.durable_head();
-        while self
-            .pending_states
-            .front()
-            .is_some_and(|p| p.seq <= durable)
-        {
+        while self.pending_states.front().is_some_and(|p| p.seq <= durable) {
             let state = self.pending_states.pop_front().expect("front exists");
-            if self
-                .current
-                .as_ref()
-                .is_none_or(|current| current.seq <= state.seq)
-            {
+            if self.current.as_ref().is_none_or(|current| current.seq <= state.seq) {
                 self.current = Some(state);
             }
         }
@@ -776,10 +709,7 @@ impl<W: Wire> RoomMachine<W> {
                 .drain()
                 .map(|(conn, member)| (conn, member.generation, member.sink))
                 .collect();
-            self.actions.push_back(Action::Retire {
-                parked,
-                head: self.durable_head(),
-            });
+            self.actions.push_back(Action::Retire { parked, head: self.durable_head() });
             self.stopped = true;
             self.occupancy_check();
         }
@@ -793,8 +723,7 @@ impl<W: Wire> RoomMachine<W> {
             return;
         }
         self.lingering = true;
-        self.actions
-            .push_back(Action::ArmTimer(Timer::Linger, now + EMPTY_ROOM_LINGER));
+        self.actions.push_back(Action::ArmTimer(Timer::Linger, now + EMPTY_ROOM_LINGER));
     }
 
     fn log_input(&mut self, input: LogInput<W>, now: Instant) {
@@ -811,20 +740,9 @@ impl<W: Wire> RoomMachine<W> {
                 match log.seq_of(&key) {
                     Some(seq) if seq <= log.durable() => {
                         let epoch = log.epoch().into();
-                        self.reply(
-                            reply,
-                            Ok(Published {
-                                seq,
-                                epoch,
-                                duplicate: true,
-                            }),
-                        )
+                        self.reply(reply, Ok(Published { seq, epoch, duplicate: true }))
                     }
-                    Some(seq) => self.waiting.push(Waiter {
-                        seq,
-                        duplicate: true,
-                        reply,
-                    }),
+                    Some(seq) => self.waiting.push(Waiter { seq, duplicate: true, reply }),
                     None => {
                         let seq = log.head() + 1;
                         self.writing = true;
@@ -832,14 +750,7 @@ impl<W: Wire> RoomMachine<W> {
                     }
                 }
             }
-            LogInput::Written {
-                seq,
-                key,
-                ts_ms,
-                payload,
-                reply,
-                result,
-            } => {
+            LogInput::Written { seq, key, ts_ms, payload, reply, result } => {
                 self.writing = false;
                 match result {
                     Ok(()) => self.append(seq, key, ts_ms, payload, reply),
@@ -857,17 +768,10 @@ impl<W: Wire> RoomMachine<W> {
                     Phase::Loading => return self.reply(reply, Err(W::not_loaded().into())),
                 };
                 self.putting += 1;
-                let state = StateAt {
-                    seq: log.head(),
-                    data,
-                };
+                let state = StateAt { seq: log.head(), data };
                 self.actions.push_back(Action::WriteState { state, reply });
             }
-            LogInput::StateStored {
-                state,
-                reply,
-                result,
-            } => {
+            LogInput::StateStored { state, reply, result } => {
                 self.putting = self.putting.saturating_sub(1);
                 let Phase::Live(log) = &self.phase else {
                     return;
@@ -877,14 +781,7 @@ impl<W: Wire> RoomMachine<W> {
                 if result.is_ok() {
                     self.offer_state(state);
                 }
-                self.reply(
-                    reply,
-                    result.map(|()| Published {
-                        seq,
-                        epoch,
-                        duplicate: false,
-                    }),
-                );
+                self.reply(reply, result.map(|()| Published { seq, epoch, duplicate: false }));
             }
         }
     }
@@ -897,16 +794,9 @@ impl<W: Wire> RoomMachine<W> {
         debug_assert_eq!(seq, log.head() + 1, "one write at a time");
         match log.append(key, ts_ms, |_| payload) {
             Append::Appended { seq, trimmed_below } => {
-                self.waiting.push(Waiter {
-                    seq,
-                    duplicate: false,
-                    reply,
-                });
+                self.waiting.push(Waiter { seq, duplicate: false, reply });
                 if let Some(first_kept) = trimmed_below {
-                    self.actions.push_back(Action::Trim {
-                        first_kept,
-                        expired: false,
-                    });
+                    self.actions.push_back(Action::Trim { first_kept, expired: false });
                 }
             }
             Append::Duplicate { .. } => {
@@ -939,20 +829,16 @@ impl<W: Wire> RoomMachine<W> {
         };
         if let Err(failed) = result {
             for waiter in std::mem::take(&mut self.waiting) {
-                self.actions.push_back(Action::Reply {
-                    to: waiter.reply,
-                    result: Err(failed.clone()),
-                });
+                self.actions
+                    .push_back(Action::Reply { to: waiter.reply, result: Err(failed.clone()) });
             }
-            self.actions
-                .push_back(Action::ArmTimer(Timer::Flush, now + FLUSH_RETRY));
+            self.actions.push_back(Action::ArmTimer(Timer::Flush, now + FLUSH_RETRY));
             return;
         }
         let fresh: Vec<W::Event> = log.mark_durable(upto).map(|e| e.payload.clone()).collect();
         let epoch: Arc<str> = log.epoch().into();
-        let (done, still): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting)
-            .into_iter()
-            .partition(|w| w.seq <= upto);
+        let (done, still): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.waiting).into_iter().partition(|w| w.seq <= upto);
         self.waiting = still;
         self.deliver(fresh, now);
         for waiter in done {
@@ -961,10 +847,7 @@ impl<W: Wire> RoomMachine<W> {
                 epoch: epoch.clone(),
                 duplicate: waiter.duplicate,
             });
-            self.actions.push_back(Action::Reply {
-                to: waiter.reply,
-                result,
-            });
+            self.actions.push_back(Action::Reply { to: waiter.reply, result });
         }
         self.request_flush();
     }
@@ -1012,10 +895,7 @@ mod tests {
     const WINDOW: Duration = Duration::from_millis(20);
 
     fn room(t0: Instant) -> RoomMachine<Test> {
-        let retention = Retention {
-            max_events: 100,
-            max_age_ms: u64::MAX,
-        };
+        let retention = Retention { max_events: 100, max_age_ms: u64::MAX };
         let limits = Limits {
             retention,
             recovery_max_events: 100,
@@ -1060,13 +940,7 @@ mod tests {
         reply: &'static str,
         t: Instant,
     ) -> Vec<Action<Test>> {
-        room.handle(
-            Input::Log(LogInput::Publish {
-                key: key.into(),
-                reply,
-            }),
-            t,
-        );
+        room.handle(Input::Log(LogInput::Publish { key: key.into(), reply }), t);
         let mut out = Vec::new();
         for action in drain(room) {
             match action {
@@ -1102,10 +976,7 @@ mod tests {
         let mut room = room(t0);
         let backlog = Arc::new(Backlog::new(1000));
         subscribe(&mut room, 1, &backlog, t0);
-        assert!(matches!(
-            drain(&mut room).first(),
-            Some(Action::Subscribed { conn: 1, .. })
-        ));
+        assert!(matches!(drain(&mut room).first(), Some(Action::Subscribed { conn: 1, .. })));
         let written = publish(&mut room, "a", "A", t0);
         assert!(
             matches!(written.as_slice(), [Action::Flush { upto: 1 }]),
@@ -1116,13 +987,7 @@ mod tests {
             "a second waits for the flush running"
         );
         assert!(room.log_busy());
-        room.handle(
-            Input::Log(LogInput::Flushed {
-                upto: 1,
-                result: Ok(()),
-            }),
-            t0,
-        );
+        room.handle(Input::Log(LogInput::Flushed { upto: 1, result: Ok(()) }), t0);
         let after = drain(&mut room);
         assert!(after
             .iter()
@@ -1133,22 +998,10 @@ mod tests {
             "the next flush takes the rest"
         );
         // A repeat of a durable key is answered at once; of one in flight, with its flush.
-        assert_eq!(
-            replies(&publish(&mut room, "a", "A2", t0)),
-            vec![("A2", 1, true)]
-        );
+        assert_eq!(replies(&publish(&mut room, "a", "A2", t0)), vec![("A2", 1, true)]);
         assert!(publish(&mut room, "b", "B2", t0).is_empty());
-        room.handle(
-            Input::Log(LogInput::Flushed {
-                upto: 2,
-                result: Ok(()),
-            }),
-            t0,
-        );
-        assert_eq!(
-            replies(&drain(&mut room)),
-            vec![("B", 2, false), ("B2", 2, true)]
-        );
+        room.handle(Input::Log(LogInput::Flushed { upto: 2, result: Ok(()) }), t0);
+        assert_eq!(replies(&drain(&mut room)), vec![("B", 2, false), ("B2", 2, true)]);
         room.handle(Input::WindowCloses, t0 + WINDOW);
         let windows: Vec<_> = drain(&mut room)
             .into_iter()
@@ -1166,52 +1019,21 @@ mod tests {
         let t0 = Instant::now();
         let mut room = room(t0);
         for (key, reply) in [("a", "A"), ("b", "B"), ("a", "A2")] {
-            room.handle(
-                Input::Log(LogInput::Publish {
-                    key: key.into(),
-                    reply,
-                }),
-                t0,
-            );
+            room.handle(Input::Log(LogInput::Publish { key: key.into(), reply }), t0);
         }
         let mut written = Vec::new();
         while let Some(action) = room.poll() {
             if let Action::Write { seq, key, reply } = action {
                 written.push((seq, reply));
-                let input = LogInput::Written {
-                    seq,
-                    key,
-                    ts_ms: 0,
-                    payload: seq,
-                    reply,
-                    result: Ok(()),
-                };
+                let input =
+                    LogInput::Written { seq, key, ts_ms: 0, payload: seq, reply, result: Ok(()) };
                 room.handle(Input::Log(input), t0);
             }
         }
-        assert_eq!(
-            written,
-            vec![(1, "A"), (2, "B")],
-            "the repeat of a is no write"
-        );
-        room.handle(
-            Input::Log(LogInput::Flushed {
-                upto: 1,
-                result: Ok(()),
-            }),
-            t0,
-        );
-        assert_eq!(
-            replies(&drain(&mut room)),
-            vec![("A", 1, false), ("A2", 1, true)]
-        );
-        room.handle(
-            Input::Log(LogInput::Flushed {
-                upto: 2,
-                result: Ok(()),
-            }),
-            t0,
-        );
+        assert_eq!(written, vec![(1, "A"), (2, "B")], "the repeat of a is no write");
+        room.handle(Input::Log(LogInput::Flushed { upto: 1, result: Ok(()) }), t0);
+        assert_eq!(replies(&drain(&mut room)), vec![("A", 1, false), ("A2", 1, true)]);
+        room.handle(Input::Log(LogInput::Flushed { upto: 2, result: Ok(()) }), t0);
         assert_eq!(replies(&drain(&mut room)), vec![("B", 2, false)]);
     }
 
@@ -1220,21 +1042,12 @@ mod tests {
         let t0 = Instant::now();
         let mut room = room(t0);
         publish(&mut room, "a", "A", t0);
-        room.handle(
-            Input::Log(LogInput::Flushed {
-                upto: 1,
-                result: Err("disk".into()),
-            }),
-            t0,
-        );
+        room.handle(Input::Log(LogInput::Flushed { upto: 1, result: Err("disk".into()) }), t0);
         let after = drain(&mut room);
         assert!(matches!(&after[0], Action::Reply { to: "A", result: Err(why) } if why == "disk"));
         assert!(matches!(after[1], Action::ArmTimer(Timer::Flush, at) if at == t0 + FLUSH_RETRY));
         room.handle(Input::FlushRetry, t0 + FLUSH_RETRY);
-        assert!(matches!(
-            drain(&mut room).as_slice(),
-            [Action::Flush { upto: 1 }]
-        ));
+        assert!(matches!(drain(&mut room).as_slice(), [Action::Flush { upto: 1 }]));
     }
 
     #[test]
@@ -1243,15 +1056,11 @@ mod tests {
         let mut room = room(t0);
         let backlog = Arc::new(Backlog::new(15));
         subscribe(&mut room, 7, &backlog, t0);
-        assert!(drain(&mut room)
-            .iter()
-            .any(|a| matches!(a, Action::Occupancy(true))));
+        assert!(drain(&mut room).iter().any(|a| matches!(a, Action::Occupancy(true))));
         room.handle(Input::Durable(vec![1, 2]), t0);
         room.handle(Input::WindowCloses, t0 + WINDOW);
         let after = drain(&mut room);
-        assert!(after
-            .iter()
-            .any(|a| matches!(a, Action::Evict { conn: 7, .. })));
+        assert!(after.iter().any(|a| matches!(a, Action::Evict { conn: 7, .. })));
         assert!(after.iter().any(|a| matches!(a, Action::Left { conn: 7 })));
         assert!(after.iter().any(|a| matches!(a, Action::Occupancy(false))));
         assert!(!after.iter().any(|a| matches!(a, Action::Window { .. })));
@@ -1263,21 +1072,9 @@ mod tests {
         let t0 = Instant::now();
         let mut room = room(t0);
         publish(&mut room, "a", "A", t0);
-        room.handle(
-            Input::State(StateAt {
-                seq: 1,
-                data: "{}".into(),
-            }),
-            t0,
-        );
+        room.handle(Input::State(StateAt { seq: 1, data: "{}".into() }), t0);
         assert!(room.current().is_none(), "its event is not durable yet");
-        room.handle(
-            Input::Log(LogInput::Flushed {
-                upto: 1,
-                result: Ok(()),
-            }),
-            t0,
-        );
+        room.handle(Input::Log(LogInput::Flushed { upto: 1, result: Ok(()) }), t0);
         assert_eq!(room.current().map(|s| s.seq), Some(1));
     }
 
@@ -1286,14 +1083,9 @@ mod tests {
         let t0 = Instant::now();
         let mut room = room(t0);
         room.handle(Input::Started, t0);
-        assert!(
-            matches!(drain(&mut room).as_slice(), [Action::ArmTimer(Timer::Linger, at)]
-                if *at == t0 + EMPTY_ROOM_LINGER)
-        );
-        room.handle(
-            Input::Adopt(vec![(3, 2, (3, Arc::new(Backlog::new(10))))]),
-            t0,
-        );
+        assert!(matches!(drain(&mut room).as_slice(), [Action::ArmTimer(Timer::Linger, at)]
+                if *at == t0 + EMPTY_ROOM_LINGER));
+        room.handle(Input::Adopt(vec![(3, 2, (3, Arc::new(Backlog::new(10))))]), t0);
         room.handle(Input::Lingered { busy: true }, t0 + EMPTY_ROOM_LINGER);
         assert!(!room.is_stopped(), "a busy room stays");
         drain(&mut room);
@@ -1315,19 +1107,7 @@ mod tests {
         assert!(
             matches!(drain(&mut room).as_slice(), [Action::Refused { why, .. }] if why == "unreadable")
         );
-        room.handle(
-            Input::Log(LogInput::Publish {
-                key: "a".into(),
-                reply: "A",
-            }),
-            t0,
-        );
-        assert!(matches!(
-            drain(&mut room).as_slice(),
-            [Action::Reply {
-                to: "A",
-                result: Err(_)
-            }]
-        ));
+        room.handle(Input::Log(LogInput::Publish { key: "a".into(), reply: "A" }), t0);
+        assert!(matches!(drain(&mut room).as_slice(), [Action::Reply { to: "A", result: Err(_) }]));
     }
 }

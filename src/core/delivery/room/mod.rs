@@ -19,5 +19,7 @@ pub mod machine;
 pub mod members;
 
 pub use self::answer::{answer_subscribe, seen_beyond_head, Ask, SubscribeAnswer};
-pub use self::machine::{Action, Input, Limits, LogInput, Published, RoomMachine, StateAt, Subscribe, Timer, Wire};
+pub use self::machine::{
+    Action, Input, Limits, LogInput, Published, RoomMachine, StateAt, Subscribe, Timer, Wire,
+};
 pub use self::members::{Joined, Member, Members, Outgoing};
