@@ -25,7 +25,7 @@
 //! one again now; `DELETE` forgets one or all. `livegate webhooks` asks them.
 
 use super::errors::{api_error, internal, ApiError};
-use super::request::{authorize, embedded, json, read_body, SMALL_BODY_LIMIT};
+use super::request::{embedded, json, read_body, ApiKey, SMALL_BODY_LIMIT};
 use super::seams::{OrderNotTaken, PromoteRefused};
 use super::state::AppState;
 use crate::actors::messages::CountConnections;
@@ -45,7 +45,7 @@ use crate::store::DeadLetterRecord;
 use crate::world::{now_ms, random_hex};
 use actix_web::http::header::{HeaderValue, CONTENT_SECURITY_POLICY, REFERRER_POLICY};
 use actix_web::http::StatusCode;
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{web, HttpResponse};
 use serde_json::value::RawValue;
 
 /// `GET /admin`: the page; it holds no data until the key is entered.
@@ -62,11 +62,7 @@ pub async fn page() -> HttpResponse {
 }
 
 /// `GET /v1/admin/overview`.
-pub async fn overview(
-    req: HttpRequest,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
+pub async fn overview(_key: ApiKey, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let connections = state.registry.send(CountConnections).await.map_err(internal)?;
     let phase = state.lifecycle.phase().name();
     let nodes = state.router.overview();
@@ -137,8 +133,7 @@ pub async fn overview(
 
 /// `GET /v1/admin/cells`: the cells' breakers and their recent past; 409 `conflict`
 /// outside cluster mode, where no cell is probed.
-pub async fn cells(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
+pub async fn cells(_key: ApiKey, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     if state.router.placement_decides() {
         return Err(api_error(ErrorCode::Conflict, "cells need cluster mode (cluster_nats_url): without it no cell is probed and no breaker kept"));
     }
@@ -182,11 +177,10 @@ pub async fn cells(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpR
 /// the cell is alive, the move contradicts a known one, or cells share one NATS; 503
 /// `unavailable` when this cell's NATS did not answer (nothing moved: try again).
 pub async fn promote(
-    req: HttpRequest,
+    _key: ApiKey,
     cell: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
     let cell = cell.into_inner();
     if !state.router.knows_cell(&cell) {
         return Err(api_error(
@@ -211,11 +205,10 @@ pub async fn promote(
 
 /// `POST /v1/admin/rebalance`: plan, hand out the orders, answer 202 with the plan.
 pub async fn rebalance(
-    req: HttpRequest,
+    _key: ApiKey,
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
     let body = read_body(payload, SMALL_BODY_LIMIT).await?;
     let request = protocol::parse_rebalance_request(&body)
         .map_err(|e| api_error(ErrorCode::BadRequest, e.to_string()))?;
@@ -292,10 +285,9 @@ pub async fn rebalance(
 
 /// `GET /v1/admin/rebalance`: the last plan made here, this node's part, the loads heard.
 pub async fn rebalance_status(
-    req: HttpRequest,
+    _key: ApiKey,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
     let status = state.rebalance.status.lock().clone();
     let loads = state.router.loads(state.metrics.connections_now()).unwrap_or_default();
     let reply = RebalanceStatusReply {
@@ -327,11 +319,10 @@ pub struct DeadQuery {
 /// `GET /v1/admin/webhooks/dead?limit=N`: this node's dead letters, newest first (at most
 /// `limit`, 100 unless asked, up to 10,000), with how many are kept and the bound.
 pub async fn dead_letters(
-    req: HttpRequest,
+    _key: ApiKey,
     query: web::Query<DeadQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
     let limit = query.limit.unwrap_or(DEAD_LIST_DEFAULT);
     if !(1..=DEAD_LIST_MAX).contains(&limit) {
         return Err(api_error(
@@ -376,11 +367,10 @@ fn dead_letter_view(letter: DeadLetterRecord) -> DeadLetterView {
 /// configured now. Delivered: 200, and the dead letter leaves the list. Not delivered:
 /// 502 `replay_failed` naming the error, and it stays with the attempt counted.
 pub async fn replay_dead_letter(
-    req: HttpRequest,
+    _key: ApiKey,
     id: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
     let id = id.into_inner();
     let Some(webhooks) = state.webhooks.clone() else {
         return Err(api_error(
@@ -413,11 +403,10 @@ pub async fn replay_dead_letter(
 
 /// `DELETE /v1/admin/webhooks/dead/{id}`: forget one dead letter (404 when it is not kept).
 pub async fn delete_dead_letter(
-    req: HttpRequest,
+    _key: ApiKey,
     id: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
     let id = id.into_inner();
     let dead = state.dead_letters.clone();
     let asked = id.clone();
@@ -429,10 +418,9 @@ pub async fn delete_dead_letter(
 
 /// `DELETE /v1/admin/webhooks/dead`: forget every dead letter of this node.
 pub async fn clear_dead_letters(
-    req: HttpRequest,
+    _key: ApiKey,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
     let dead = state.dead_letters.clone();
     let deleted = web::block(move || dead.clear()).await.map_err(internal)?.map_err(internal)?;
     Ok(json(StatusCode::OK, protocol::to_json(&DeadDeletedReply { deleted })))

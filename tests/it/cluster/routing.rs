@@ -198,25 +198,15 @@ fn route_stops_naming_a_killed_node_and_a_draining_node() {
     let queries = vec![user_q.clone(), format!("session={}", sessions[0])];
     let killed_at = Instant::now();
     cluster.take_node(0).kill9();
-    let after_kill = match wait_route_without(
-        &cluster,
-        &[1, 2],
-        &queries,
-        "a",
-        Duration::from_secs(10),
-    ) {
+    let gone = wait_route_without(&cluster, &[1, 2], &queries, "a", Duration::from_secs(10));
+    let after_kill = match gone {
         Ok(took) => {
-            failures.extend(route_stays_without(
-                &cluster,
-                &[1, 2],
-                &queries,
-                "a",
-                Duration::from_secs(1),
-            ));
+            let one_second = Duration::from_secs(1);
+            failures.extend(route_stays_without(&cluster, &[1, 2], &queries, "a", one_second));
             if took > Duration::from_secs(6) {
-                failures.push(format!(
-                    "a left the route answers {took:?} after kill -9 (heartbeat timeout is ~3 s)"
-                ));
+                let timeout = "heartbeat timeout is ~3 s";
+                failures
+                    .push(format!("a left the route answers {took:?} after kill -9 ({timeout})"));
             }
             Some(took)
         }
