@@ -5,8 +5,9 @@
 
 use std::path::Path;
 
+use super::validate::bound_problem;
 use super::value::{parse, Raw};
-use super::{bound_problem, bounds_of, Config, ConfigError, Origin};
+use super::{bounds_of, Config, ConfigError, Origin};
 use crate::core::nodes::routing::RoomHomes;
 use crate::core::rules::namespaces::{NamespaceError, Namespaces, Overrides, RoomOptions};
 

@@ -1,5 +1,6 @@
 //! The configuration's table tests: one case per layer, value form and validation rule.
 
+use super::validate::NAME_KEYS;
 use super::*;
 
 /// What a case expects: values of the loaded config (key, TOML text of the value),
