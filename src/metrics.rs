@@ -8,7 +8,6 @@
 
 use std::collections::HashSet;
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -17,172 +16,12 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::protocol::CloseCode;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabel {
-    pub result: &'static str,
-}
+mod labels;
+mod process;
 
-/// A cluster-wide occupancy decision: `occupied` or `vacated`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct EdgeLabel {
-    pub edge: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DeviceLabel {
-    pub device: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TransportLabel {
-    pub transport: &'static str,
-}
-
-/// The transports a connection may use (`actors::transport::Transport::name`).
-const TRANSPORTS: &[&str] = &["websocket", "sse"];
-/// Why a rebalance skips a user (`livegate_rebalance_skipped_total{reason=…}`).
-pub const REBALANCE_SKIP_REASONS: &[&str] = &["budget", "gone", "error"];
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CodeLabel {
-    pub code: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    pub reason: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabel {
-    pub kind: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct LimitLabel {
-    pub limit: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabel {
-    pub outcome: &'static str,
-}
-
-/// What a client's `publish` op came to: appended, a duplicate id, or the error code it
-/// was refused with.
-pub const CLIENT_PUBLISH_OUTCOMES: &[&str] = &[
-    "published",
-    "duplicate",
-    "forbidden",
-    "bad_room",
-    "payload_too_large",
-    "bad_request",
-    "rate_limited",
-    "unavailable",
-];
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CellLabel {
-    pub cell: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CellTransitionLabel {
-    pub cell: String,
-    pub to: &'static str,
-}
-
-/// A cell breaker's state as `livegate_cell_breaker_state` shows it.
-pub fn breaker_state_value(state: crate::core::nodes::breaker::State) -> i64 {
-    use crate::core::nodes::breaker::State;
-    match state {
-        State::Closed { .. } => 0,
-        State::HalfOpen { .. } => 1,
-        State::Open { .. } => 2,
-    }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PeerLabel {
-    pub peer: String,
-}
-
-/// Codes a peer may close with that livegate never sends, reported as themselves: 1001
-/// (a browser leaving the page), 1005 (no code), 1006 (dropped); any other code outside
-/// [`CloseCode::ALL`] is `other`.
-const PEER_CLOSE_CODES: [u16; 3] = [1001, 1005, 1006];
-
-/// Each reported close code with its label text (made once, kept for the process).
-fn close_code_labels() -> &'static [(u16, &'static str)] {
-    static LABELS: std::sync::OnceLock<Vec<(u16, &'static str)>> = std::sync::OnceLock::new();
-    LABELS.get_or_init(|| {
-        let codes = CloseCode::ALL.iter().map(|c| c.code()).chain(PEER_CLOSE_CODES);
-        codes.map(|code| (code, &*Box::leak(code.to_string().into_boxed_str()))).collect()
-    })
-}
-
-/// Why handshakes are refused: the JSON error codes of the upgrade handler.
-const HANDSHAKE_REASONS: &[&str] = &[
-    "missing_token",
-    "invalid_token",
-    "token_expired",
-    "token_replayed",
-    "unavailable",
-    "migration_budget",
-    "wrong_node",
-    "bad_request",
-    "internal",
-    "too_many_connections",
-    "rate_limited",
-    "forbidden_origin",
-    "directory_unavailable",
-    "resume_invalid",
-    // Only an SSE request names its rooms up front.
-    "bad_room",
-    "too_many_subscriptions",
-    "forbidden",
-];
-
-/// Labels whose values are not a fixed list, with how the reference describes them:
-/// the others' series are all created at start (`with_known_series`).
-pub const OPEN_LABELS: &[(&str, &str)] = &[
-    ("device", "each of `exclusive_devices`, `web` and `other`"),
-    ("peer", "each peer of `peers`"),
-    ("cell", "each cell of `cells` (cluster mode)"),
-    ("code", "each close code livegate sends (see [Close codes](close-codes.md)), `1005`, `1006` (the socket just ended) and `other`"),
-];
-
-/// Why a webhook is given up (`livegate_webhooks_dropped_total{reason=…}`).
-pub const WEBHOOK_DROP_REASONS: &[&str] = &["queue_full"];
-
-/// How a replay of a dead letter ended (`livegate_webhook_replays_total{outcome=…}`).
-pub const WEBHOOK_REPLAY_OUTCOMES: &[&str] = &["delivered", "failed"];
-
-/// The credentials a handshake may present.
-const CREDENTIALS: &[&str] = &["token", "jwt", "resume"];
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CredentialLabel {
-    pub credential: &'static str,
-}
-
-/// The abuse limits, as `livegate_limit_hits_total{limit=…}` names them.
-pub const LIMITS: &[&str] = &[
-    "connections",
-    "connections_per_ip",
-    "handshake_rate",
-    "message_rate",
-    "bad_messages",
-    "subscriptions",
-    "history_limit",
-    "subscribe_timeout",
-    "frame_size",
-    "message_size",
-    "origin",
-    "handshake_timeout",
-    "room_starts",
-    "http_connections",
-];
+pub use labels::*;
+use labels::{close_code_labels, CREDENTIALS, HANDSHAKE_REASONS, TRANSPORTS};
+pub use process::{process_cpu_seconds, process_resident_bytes, ProcessGauges};
 
 fn latency_histogram() -> Histogram {
     // 0.5 ms … ~16 s
@@ -191,67 +30,6 @@ fn latency_histogram() -> Histogram {
 
 fn batch_histogram() -> Histogram {
     Histogram::new(exponential_buckets(1.0, 2.0, 12))
-}
-
-/// The process as the operating system sees it, read at each scrape: CPU time (user and
-/// system, `getrusage`), resident memory (`/proc/self/statm`, Linux), open files
-/// (`/proc/self/fd`, Linux), the open-file limit (`RLIMIT_NOFILE`, soft) and threads
-/// (`/proc/self/status`, Linux). A figure the system does not give stays 0.
-#[derive(Default)]
-pub struct ProcessGauges {
-    cpu_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
-    resident_bytes: Gauge,
-    open_files: Gauge,
-    max_open_files: Gauge,
-    threads: Gauge,
-}
-
-impl ProcessGauges {
-    fn refresh(&self) {
-        if let Some(secs) = process_cpu_seconds() {
-            self.cpu_seconds.set(secs);
-        }
-        if let Some(bytes) = process_resident_bytes() {
-            self.resident_bytes.set(bytes.min(i64::MAX as u64) as i64);
-        }
-        if let Ok(entries) = std::fs::read_dir("/proc/self/fd") {
-            // The directory's own handle, open while it is read, is one of them.
-            self.open_files.set(entries.count().saturating_sub(1) as i64);
-        }
-        if let Ok((soft, _)) = rlimit::getrlimit(rlimit::Resource::NOFILE) {
-            self.max_open_files.set(soft.min(i64::MAX as u64) as i64);
-        }
-        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        if let Some(threads) =
-            status.lines().find_map(|l| l.strip_prefix("Threads:")?.trim().parse::<i64>().ok())
-        {
-            self.threads.set(threads);
-        }
-    }
-}
-
-/// CPU time the process used, user and system (`getrusage`).
-pub fn process_cpu_seconds() -> Option<f64> {
-    // SAFETY: getrusage writes one rusage into the zeroed struct it is given.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
-        return None;
-    }
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    Some(secs(usage.ru_utime) + secs(usage.ru_stime))
-}
-
-/// The process's resident memory (`/proc/self/statm`, Linux).
-pub fn process_resident_bytes() -> Option<u64> {
-    let pages = std::fs::read_to_string("/proc/self/statm")
-        .ok()?
-        .split_whitespace()
-        .nth(1)?
-        .parse::<u64>()
-        .ok()?;
-    // SAFETY: sysconf only reads a configuration value.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as u64;
-    Some(pages * page)
 }
 
 /// Every metric livegate keeps; one instance per server, shared by reference.
