@@ -15,11 +15,11 @@
 //!   starts after it or finds it in its replay.
 
 pub mod answer;
+pub mod io;
 pub mod machine;
 pub mod members;
 
 pub use self::answer::{answer_subscribe, seen_beyond_head, Ask, SubscribeAnswer};
-pub use self::machine::{
-    Action, Input, Limits, LogInput, Published, RoomMachine, StateAt, Subscribe, Timer, Wire,
-};
+pub use self::io::{Action, Input, Limits, LogInput, Published, StateAt, Subscribe, Timer, Wire};
+pub use self::machine::RoomMachine;
 pub use self::members::{Joined, Member, Members, Outgoing};
