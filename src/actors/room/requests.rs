@@ -324,7 +324,7 @@ impl Handler<CloseWindow> for RoomActor {
     type Result = ();
 
     fn handle(&mut self, _msg: CloseWindow, ctx: &mut Self::Context) {
-        self.core.input(Input::WindowCloses);
+        self.core.input(Input::SendWindowNow);
         self.drive(ctx);
     }
 }

@@ -122,7 +122,8 @@ struct Sim {
     now_ms: u64,
     epoch_start: Instant,
     room: RoomMachine<SimWire>,
-    window_armed: bool,
+    /// When the armed window timer fires, if one is armed.
+    window_timer: Option<Instant>,
     /// The flush in flight (up to this seq), if any.
     flushing: Option<u64>,
     /// Publishes sent, and the step at which each was acknowledged.
@@ -213,7 +214,7 @@ impl Sim {
             now_ms: 0,
             epoch_start,
             room,
-            window_armed: false,
+            window_timer: None,
             flushing: None,
             published: 0,
             acked: Vec::new(),
@@ -294,11 +295,7 @@ impl Sim {
                     self.room_takes_request(request);
                 }
             }
-            Step::CloseWindow => {
-                if self.window_armed {
-                    self.close_window();
-                }
-            }
+            Step::CloseWindow => self.close_window(),
             Step::RoomTakes => self.room_takes(),
             Step::ConnTakes(n) => self.conn_takes(n),
             Step::ClientReads(n) => {
@@ -347,8 +344,11 @@ impl Sim {
         }
     }
 
+    /// The window's timer fires: the clock moves on to its instant if it is not there yet.
     fn close_window(&mut self) {
-        self.window_armed = false;
+        let Some(at) = self.window_timer.take() else { return };
+        let due = at.saturating_duration_since(self.epoch_start).as_millis() as u64;
+        self.now_ms = self.now_ms.max(due);
         self.input(Input::WindowCloses);
     }
 
@@ -379,7 +379,7 @@ impl Sim {
                         c.inbox.push_back(Update::SlowConsumer);
                     }
                 }
-                Action::ArmTimer(super::room::Timer::Window, _) => self.window_armed = true,
+                Action::ArmTimer(super::room::Timer::Window, at) => self.window_timer = Some(at),
                 Action::Write { seq, key, reply } => {
                     let ts_ms = self.now_ms;
                     let written = LogInput::Written {

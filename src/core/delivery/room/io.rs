@@ -96,8 +96,12 @@ pub enum Input<W: Wire> {
     Expire {
         now_ms: u64,
     },
-    /// The window timer ([`Timer::Window`]) fired.
+    /// The window timer ([`Timer::Window`]) fired: what the window gathered leaves, and
+    /// the next window opens if it sent anything (at most one frame per window).
     WindowCloses,
+    /// Send what waits now, the window staying as it is (the drain, before its Close
+    /// frames).
+    SendWindowNow,
     /// The flush retry timer ([`Timer::Flush`]) fired.
     FlushRetry,
     /// The linger timer ([`Timer::Linger`]) fired; `busy`: as for [`Input::CheckIdle`].

@@ -24,7 +24,7 @@ use super::answer::{answer_subscribe, Ask};
 use super::io::{Action, Input, Limits, LogInput, Published, StateAt, Subscribe, Timer, Wire};
 use super::members::{Joined, Member, Members, Outgoing};
 use crate::core::delivery::backlog::Reserve;
-use crate::core::delivery::batch::BatchAction;
+use crate::core::delivery::batch::{BatchAction, Closing};
 use crate::core::delivery::seqlog::{Append, SeqLog};
 
 /// How long a room never written to lives without a subscriber or a request.
@@ -257,7 +257,14 @@ impl<W: Wire> RoomMachine<W> {
                     }
                 }
             }
-            Input::WindowCloses => self.close_window(),
+            Input::WindowCloses => match self.outgoing.on_timer(now) {
+                Closing::SendAndArm(at) => {
+                    self.send_pending();
+                    self.actions.push_back(Action::ArmTimer(Timer::Window, at));
+                }
+                Closing::Idle | Closing::Early => {}
+            },
+            Input::SendWindowNow => self.send_pending(),
             Input::FlushRetry => self.request_flush(),
             Input::Lingered { busy } => {
                 self.lingering = false;
@@ -344,18 +351,19 @@ impl<W: Wire> RoomMachine<W> {
         self.promote_states();
         self.load_changed();
         match self.outgoing.on_durable(fresh, !self.members.is_empty(), now) {
-            BatchAction::SendNow => self.close_window(),
-            BatchAction::ArmTimer(at) => {
-                self.actions.push_back(Action::ArmTimer(Timer::Window, at))
+            BatchAction::SendNow => self.send_pending(),
+            BatchAction::SendAndArm(at) => {
+                self.send_pending();
+                self.actions.push_back(Action::ArmTimer(Timer::Window, at));
             }
             BatchAction::Wait => {}
         }
     }
 
-    /// Send the window's events to every subscriber, evicting those too far behind.
-    fn close_window(&mut self) {
+    /// Send the events waiting to every subscriber, evicting those too far behind.
+    fn send_pending(&mut self) {
         #[allow(unused_mut)]
-        let mut events = self.outgoing.close();
+        let mut events = self.outgoing.take();
         #[cfg(test)]
         if self.plant == Plant::WindowDropsLast && events.len() > 1 {
             events.pop();
@@ -729,6 +737,14 @@ mod tests {
         out
     }
 
+    fn windows(actions: &[Action<Test>]) -> Vec<(u64, Vec<u64>)> {
+        let window = |a: &Action<Test>| match a {
+            Action::Window { sink, window } => Some((sink.0, window.clone())),
+            _ => None,
+        };
+        actions.iter().filter_map(window).collect()
+    }
+
     fn replies(actions: &[Action<Test>]) -> Vec<(&'static str, u64, bool)> {
         let reply = |a: &Action<Test>| match a {
             Action::Reply { to, result: Ok(p) } => Some((*to, p.seq, p.duplicate)),
@@ -738,7 +754,7 @@ mod tests {
     }
 
     #[test]
-    fn a_publish_is_answered_when_its_flush_returns_and_its_window_closes_later() {
+    fn a_publish_is_answered_when_its_flush_returns_and_a_calm_room_sends_it_at_once() {
         let t0 = Instant::now();
         let mut room = room(t0);
         let backlog = Arc::new(Backlog::new(1000));
@@ -760,6 +776,11 @@ mod tests {
             .iter()
             .any(|a| matches!(a, Action::ArmTimer(Timer::Window, at) if *at == t0 + WINDOW)));
         assert_eq!(replies(&after), vec![("A", 1, false)]);
+        assert_eq!(
+            windows(&after),
+            vec![(1, vec![1])],
+            "the room was calm: its event leaves at once"
+        );
         assert!(
             matches!(after.last(), Some(Action::Flush { upto: 2 })),
             "the next flush takes the rest"
@@ -769,15 +790,17 @@ mod tests {
         assert!(publish(&mut room, "b", "B2", t0).is_empty());
         room.handle(Input::Log(LogInput::Flushed { upto: 2, result: Ok(()) }), t0);
         assert_eq!(replies(&drain(&mut room)), vec![("B", 2, false), ("B2", 2, true)]);
+        room.handle(Input::WindowCloses, t0 + WINDOW / 2);
+        assert!(windows(&drain(&mut room)).is_empty(), "a timer before the window's end");
         room.handle(Input::WindowCloses, t0 + WINDOW);
-        let windows: Vec<_> = drain(&mut room)
-            .into_iter()
-            .filter_map(|a| match a {
-                Action::Window { sink, window } => Some((sink.0, window)),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(windows, vec![(1, vec![1, 2])]);
+        let closed = drain(&mut room);
+        assert_eq!(windows(&closed), vec![(1, vec![2])], "what the open window gathered");
+        let next = t0 + 2 * WINDOW;
+        assert!(closed
+            .iter()
+            .any(|a| matches!(a, Action::ArmTimer(Timer::Window, at) if *at == next)));
+        room.handle(Input::WindowCloses, next);
+        assert!(drain(&mut room).is_empty(), "an empty window closes without a timer");
         assert!(!room.log_busy());
     }
 

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use crate::core::delivery::batch::{BatchAction, BatchWindow};
+use crate::core::delivery::batch::{BatchAction, BatchWindow, Closing};
 
 /// One subscriber of the room.
 #[derive(Debug)]
@@ -107,9 +107,9 @@ impl<T> Outgoing<T> {
         Outgoing { pending: Vec::new(), window: BatchWindow::new(window) }
     }
 
-    /// Events became durable at `now`: they wait for the window, which the first one
-    /// opens (the driver arms the timer, or sends at once). With nobody subscribed they
-    /// are not kept.
+    /// Events became durable at `now`: they leave at once when the window is closed
+    /// (which opens it), else wait for it to close. With nobody subscribed they are not
+    /// kept.
     pub fn on_durable(&mut self, fresh: Vec<T>, subscribed: bool, now: Instant) -> BatchAction {
         if fresh.is_empty() || !subscribed {
             return BatchAction::Wait;
@@ -118,9 +118,13 @@ impl<T> Outgoing<T> {
         self.window.on_event(now)
     }
 
-    /// The window closes: what it gathered, to send now.
-    pub fn close(&mut self) -> Vec<T> {
-        self.window.on_sent();
+    /// The window's timer fired at `now`.
+    pub fn on_timer(&mut self, now: Instant) -> Closing {
+        self.window.on_timer(now, !self.pending.is_empty())
+    }
+
+    /// What waits, to send now.
+    pub fn take(&mut self) -> Vec<T> {
         std::mem::take(&mut self.pending)
     }
 
@@ -150,12 +154,16 @@ mod tests {
     #[test]
     fn events_wait_for_the_window_only_with_subscribers() {
         let now = Instant::now();
-        let mut out = Outgoing::new(std::time::Duration::from_millis(10));
+        let window = std::time::Duration::from_millis(10);
+        let mut out = Outgoing::new(window);
         assert_eq!(out.on_durable(vec![1], false, now), BatchAction::Wait);
-        assert!(out.is_empty());
-        assert!(matches!(out.on_durable(vec![2], true, now), BatchAction::ArmTimer(_)));
+        assert!(out.is_empty(), "nobody subscribed: not kept");
+        assert_eq!(out.on_durable(vec![2], true, now), BatchAction::SendAndArm(now + window));
+        assert_eq!(out.take(), vec![2], "the first leaves at once");
         assert_eq!(out.on_durable(vec![3], true, now), BatchAction::Wait);
-        assert_eq!(out.close(), vec![2, 3]);
-        assert!(matches!(out.on_durable(vec![4], true, now), BatchAction::ArmTimer(_)));
+        assert_eq!(out.on_durable(vec![4], true, now), BatchAction::Wait);
+        assert_eq!(out.on_timer(now + window), Closing::SendAndArm(now + 2 * window));
+        assert_eq!(out.take(), vec![3, 4]);
+        assert_eq!(out.on_timer(now + 2 * window), Closing::Idle);
     }
 }
