@@ -14,7 +14,8 @@
 //! (behind the driver's lock): [`Connection::route_window`] decides there whether a window
 //! is written at once or posted behind what waits in the connection's mailbox.
 //!
-//! What holds, whatever the order of inputs:
+//! What holds, whatever the order of inputs (checked with the room's machine by the simulation
+//! in `core::delivery::sim`):
 //! - nothing is asked of a room, written or read for a request after the close began
 //!   (only [`Action::Stop`] and [`Action::Leave`] follow [`Action::Close`]);
 //! - a connection held at or over its bound for [`Outbox`]'s grace is evicted and closed
