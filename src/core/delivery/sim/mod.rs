@@ -261,9 +261,10 @@ impl Sim {
             }
             Step::Resubscribe(n, back) => {
                 let client = &mut self.clients[n];
-                let Some(conn) = client.conn.as_mut().filter(|c| !c.closed) else { return };
                 let since = client.last.saturating_sub(u64::from(back)).max(client.sent_from);
-                conn.resubscribe(since, self.now_ms, &mut self.room_mailbox);
+                if let Some(conn) = client.conn.as_mut().filter(|c| !c.closed) {
+                    conn.resubscribe(since, self.now_ms, &mut self.room_mailbox);
+                }
             }
             Step::Drop(n) => {
                 if let Some(mut conn) = self.clients[n].conn.take() {
