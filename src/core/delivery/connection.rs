@@ -14,7 +14,8 @@
 //! (behind the driver's lock): [`Connection::route_window`] decides there whether a window
 //! is written at once or posted behind what waits in the connection's mailbox.
 //!
-//! What holds, whatever the order of inputs:
+//! What holds, whatever the order of inputs (checked with the room's machine by the simulation
+//! in `core::delivery::sim`):
 //! - nothing is asked of a room, written or read for a request after the close began
 //!   (only [`Action::Stop`] and [`Action::Leave`] follow [`Action::Close`]);
 //! - a connection held at or over its bound for [`Outbox`]'s grace is evicted and closed
@@ -187,6 +188,18 @@ pub struct Ask {
     pub reference: Option<i64>,
 }
 
+/// A bug planted on purpose, to show the simulation finds it (tests only).
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Plant {
+    #[default]
+    None,
+    /// Over the bound for the whole grace, the connection is kept open.
+    GraceNeverEnds,
+    /// A room writes its window at once even while updates wait in the mailbox.
+    WriteOvertakes,
+}
+
 pub struct Connection<R> {
     subs: Subscriptions<R>,
     grants: Grants,
@@ -209,6 +222,8 @@ pub struct Connection<R> {
     /// Our Close went out or the client's came in.
     closing: bool,
     actions: VecDeque<Action<R>>,
+    #[cfg(test)]
+    pub(crate) plant: Plant,
 }
 
 impl<R> Connection<R> {
@@ -233,6 +248,8 @@ impl<R> Connection<R> {
             actions: VecDeque::new(),
             grants,
             settings,
+            #[cfg(test)]
+            plant: Plant::None,
         }
     }
 
@@ -592,6 +609,8 @@ impl<R> Connection<R> {
     where
         E: Addressed + Clone,
     {
+        #[cfg(test)]
+        let waiting = if self.plant == Plant::WriteOvertakes { 0 } else { waiting };
         match self.settings.direct && waiting == 0 {
             true => Route::Write(self.on_window(room, epoch, events, targeted)),
             false => Route::Post,
@@ -636,6 +655,8 @@ impl<R> Connection<R> {
                         .push_back(Action::Arm { timer: Timer::Grace, after_ms: close_in_ms });
                 }
             }
+            #[cfg(test)]
+            Verdict::Close if self.plant == Plant::GraceNeverEnds => {}
             Verdict::Close => self.evict(Some(held)),
         }
     }

@@ -19,3 +19,5 @@ pub mod seqlog;
 mod sim;
 pub mod sse;
 pub mod subscriptions;
+#[cfg(test)]
+mod testing;

@@ -1,18 +1,7 @@
 //! The connection machine driven by tables: inputs at a time, and the actions it asks for.
 
 use super::*;
-
-#[derive(Debug, Clone, PartialEq)]
-struct Ev(u64);
-
-impl Addressed for Ev {
-    fn seq(&self) -> u64 {
-        self.0
-    }
-    fn is_for(&self, _device: &str) -> bool {
-        true
-    }
-}
+use crate::core::delivery::testing::Ev;
 
 fn settings() -> Settings {
     Settings {
