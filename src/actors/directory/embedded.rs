@@ -4,7 +4,7 @@
 
 use futures_util::future::{ready, LocalBoxFuture};
 
-use super::{DirectoryError, Expired, ExpiryPass, SessionStore, WriteError};
+use super::seam::{DirectoryError, Expired, ExpiryPass, SessionStore, WriteError};
 use crate::store::{SessionRecord, Store, StoreError};
 
 impl From<StoreError> for WriteError {

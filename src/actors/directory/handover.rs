@@ -9,7 +9,8 @@
 
 use actix::prelude::*;
 
-use super::{Directory, DirectoryError, Shared, WriteError};
+use super::seam::{DirectoryError, WriteError};
+use super::shared::{Directory, Shared};
 use crate::core::nodes::sessions::check_migration_budget;
 use crate::store::SessionRecord;
 use crate::world::now_ms;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures_util::future::LocalBoxFuture;
 
-use super::{DirectoryError, Expired, ExpiryPass, SessionStore, WriteError};
+use super::seam::{DirectoryError, Expired, ExpiryPass, SessionStore, WriteError};
 use crate::cluster::kv::KvSessions;
 use crate::cluster::ClusterError;
 use crate::store::SessionRecord;

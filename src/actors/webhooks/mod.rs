@@ -21,8 +21,13 @@
 //! delivered, it leaves the list; failed, it stays with one attempt more) and deleted
 //! through the admin API; they are kept whether webhooks are on or not.
 
-use std::collections::HashSet;
-use std::io::Read;
+mod dead;
+mod post;
+mod settings;
+
+pub use dead::{DeadLetters, ReplayError, Replayed};
+pub use settings::WebhookSettings;
+
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -30,25 +35,20 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::room::Occupancy;
-use crate::config::Config;
-use crate::core::rules::backoff::BackoffPolicy;
 use crate::core::rules::names;
-use crate::core::rules::redact::url_for_log;
-use crate::core::rules::webhooks::{
-    self as rules, Attempt, DeadReason, Kind, Lanes, Step, ID_HEADER, SIGNATURE_HEADER,
-};
+use crate::core::rules::webhooks::{self as rules, Kind, Lanes, Step};
 use crate::metrics::Metrics;
 use crate::protocol::{self, EventData, WebhookBody};
 use crate::store::{DeadLetterRecord, Store, StoreError, WebhookRecord};
 use crate::world::{now_ms, random_hex, random_u64};
+use dead::drop_flush;
+use post::Poster;
 
 /// Queued webhooks read back per store page at start.
 const RESUME_PAGE: usize = 1000;
 /// How long a stop waits for attempts in flight to end (at most `webhook_timeout_ms`), so
 /// a delivered webhook is not sent again at the next start.
 const STOP_WAIT: Duration = Duration::from_secs(2);
-/// Bytes of a receiver's answer read (and ignored) so its connection can be reused.
-const ANSWER_READ_MAX: u64 = 64 * 1024;
 
 /// Why the webhooks could not start.
 #[derive(Debug, thiserror::Error)]
@@ -126,45 +126,6 @@ impl WebhookEvent {
             body.data = Some(&**data);
         }
         protocol::webhook_body(&body)
-    }
-}
-
-/// Where and how webhooks go.
-#[derive(Clone)]
-pub struct WebhookSettings {
-    pub url: String,
-    pub secret: Vec<u8>,
-    pub queue_max: usize,
-    /// One attempt, at most.
-    pub timeout: Duration,
-    /// This node's name, in every body.
-    pub node: String,
-    /// Attempts in flight at once (rooms sent to in parallel).
-    pub max_in_flight: usize,
-    /// Attempts of one webhook before it is a dead letter.
-    pub max_attempts: u32,
-    /// The wait before each retry.
-    pub retry: BackoffPolicy,
-    /// Note in the store which rooms were told occupied, so a start after a crash can
-    /// vacate them ([`Webhooks::vacate_left_over`]); one node only: in a cluster another
-    /// node may still hold the room's subscribers.
-    pub note_occupancy: bool,
-}
-
-impl WebhookSettings {
-    /// The settings of `config`; `None` when `webhook_url` is empty (webhooks off).
-    pub fn from_config(config: &Config) -> Option<WebhookSettings> {
-        config.webhooks_enabled().then(|| WebhookSettings {
-            url: config.webhook_url.clone(),
-            secret: config.webhook_secret.as_bytes().to_vec(),
-            queue_max: config.webhook_queue_max,
-            timeout: config.webhook_timeout(),
-            node: config.node.clone(),
-            max_in_flight: rules::MAX_IN_FLIGHT,
-            max_attempts: u32::try_from(config.webhook_max_attempts).unwrap_or(u32::MAX),
-            retry: rules::retry_policy(config.webhook_retry_first(), config.webhook_retry_max()),
-            note_occupancy: config.cluster_nats_url.is_none(),
-        })
     }
 }
 
@@ -531,276 +492,10 @@ impl Sender {
     }
 }
 
-/// Makes one signed POST of a webhook: the senders' attempts and the replays.
-struct Poster {
-    agent: ureq::Agent,
-    url: String,
-    /// `url` as it may be logged and shown (`core::rules::redact::url_for_log`).
-    url_for_log: String,
-    secret: Vec<u8>,
-}
-
-impl Poster {
-    fn new(settings: &WebhookSettings) -> Poster {
-        let agent = ureq::AgentBuilder::new()
-            .timeout(settings.timeout)
-            .redirects(0)
-            .user_agent(concat!("livegate/", env!("CARGO_PKG_VERSION")))
-            .build();
-        Poster {
-            agent,
-            url: settings.url.clone(),
-            url_for_log: url_for_log(&settings.url).to_string(),
-            secret: settings.secret.clone(),
-        }
-    }
-
-    /// One POST; the outcome and, for a failure without an answer, what went wrong.
-    fn post(&self, id: &str, body: &str) -> (Attempt, String) {
-        let signature = rules::signature(&self.secret, body.as_bytes());
-        let sent = self
-            .agent
-            .post(&self.url)
-            .set("Content-Type", "application/json")
-            .set(SIGNATURE_HEADER, &signature)
-            .set(ID_HEADER, id)
-            .send_string(body);
-        match sent {
-            Ok(answer) | Err(ureq::Error::Status(_, answer)) => {
-                let status = answer.status();
-                // Read the answer so the connection can serve the next attempt.
-                let _ = std::io::copy(
-                    &mut answer.into_reader().take(ANSWER_READ_MAX),
-                    &mut std::io::sink(),
-                );
-                (Attempt::Status(status), String::new())
-            }
-            Err(ureq::Error::Transport(transport)) => {
-                let timed_out = std::error::Error::source(&transport)
-                    .and_then(|source| source.downcast_ref::<std::io::Error>())
-                    .is_some_and(|io| {
-                        matches!(
-                            io.kind(),
-                            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
-                        )
-                    });
-                (
-                    if timed_out { Attempt::Timeout } else { Attempt::Unreachable },
-                    transport_detail(&transport),
-                )
-            }
-        }
-    }
-}
-
-/// Why a replay was not made.
-#[derive(Debug, thiserror::Error)]
-pub enum ReplayError {
-    #[error("no dead letter {0}")]
-    NotFound(String),
-    #[error("dead letter {0} is being replayed already")]
-    InProgress(String),
-    #[error("dead letters: {0}")]
-    Store(#[from] StoreError),
-}
-
-/// What a replay did: the dead letter as it is now (failed: with its attempt counted and
-/// its last error), and whether the receiver took it.
-#[derive(Debug, Clone)]
-pub struct Replayed {
-    pub delivered: bool,
-    pub letter: DeadLetterRecord,
-}
-
-/// The node's dead letters in the store (`webhook_dead`): webhooks out of attempts or
-/// refused, at most `webhook_dead_letters_max` (the oldest dropped for a new one, counted
-/// in `livegate_webhook_dead_letters_dropped_total`). Cheap to clone.
-#[derive(Clone)]
-pub struct DeadLetters {
-    inner: Arc<DeadInner>,
-}
-
-struct DeadInner {
-    store: Store,
-    metrics: Arc<Metrics>,
-    max: usize,
-    /// Held while the list changes, so the count and the seqs follow the store.
-    state: Mutex<DeadState>,
-}
-
-struct DeadState {
-    next_seq: u64,
-    count: usize,
-    /// Ids being replayed now (a second replay of one is refused).
-    replaying: HashSet<String>,
-}
-
-impl DeadLetters {
-    /// The dead letters kept in `store`, at most `max` from now on (a smaller bound than
-    /// the list holds trims it at the next new one).
-    pub fn open(
-        store: Store,
-        metrics: Arc<Metrics>,
-        max: usize,
-    ) -> Result<DeadLetters, StoreError> {
-        let count = store.webhooks().dead_count();
-        let next_seq = store.webhooks().dead_last_seq()?.map_or(0, |last| last.saturating_add(1));
-        metrics.webhook_dead_letters.set(count as i64);
-        if count > 0 {
-            tracing::info!(
-                dead_letters = count,
-                "webhook dead letters kept in the store (GET /v1/admin/webhooks/dead)"
-            );
-        }
-        let state = Mutex::new(DeadState { next_seq, count, replaying: HashSet::new() });
-        Ok(DeadLetters { inner: Arc::new(DeadInner { store, metrics, max: max.max(1), state }) })
-    }
-
-    /// Move queued webhook `queue_seq` to the dead letters as `record`, dropping the
-    /// oldest when the list is full; durable with the next flush.
-    fn bury(
-        &self,
-        queue_seq: u64,
-        record: &DeadLetterRecord,
-        reason: DeadReason,
-    ) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        let mut state = inner.state.lock();
-        let webhooks = inner.store.webhooks();
-        let drop = webhooks.dead_oldest(rules::dead_letters_to_drop(state.count, inner.max))?;
-        webhooks.bury(queue_seq, state.next_seq, record, &drop)?;
-        state.next_seq += 1;
-        state.count = state.count.saturating_sub(drop.len()) + 1;
-        inner.metrics.webhook_dead_lettered(reason);
-        inner.metrics.webhook_dead_letters.set(state.count as i64);
-        if !drop.is_empty() {
-            inner.metrics.webhook_dead_letters_dropped.inc_by(drop.len() as u64);
-            let ids: Vec<&str> = drop.iter().map(|(_, id)| id.as_str()).collect();
-            tracing::warn!(dropped = ?ids, webhook_dead_letters_max = inner.max, "dead-letter list full: the oldest dropped");
-        }
-        drop_flush(&inner.store);
-        Ok(())
-    }
-
-    /// The `limit` newest dead letters, newest first.
-    pub fn list(&self, limit: usize) -> Result<Vec<DeadLetterRecord>, StoreError> {
-        Ok(self
-            .inner
-            .store
-            .webhooks()
-            .dead_newest(limit)?
-            .into_iter()
-            .map(|(_, record)| record)
-            .collect())
-    }
-
-    /// Dead letters kept.
-    pub fn count(&self) -> usize {
-        self.inner.state.lock().count
-    }
-
-    /// The bound (`webhook_dead_letters_max`).
-    pub fn max(&self) -> usize {
-        self.inner.max
-    }
-
-    /// Forget dead letter `id`; whether it was kept.
-    pub fn delete(&self, id: &str) -> Result<bool, StoreError> {
-        let inner = &self.inner;
-        let mut state = inner.state.lock();
-        let Some((seq, _)) = inner.store.webhooks().dead_find(id)? else { return Ok(false) };
-        inner.store.webhooks().dead_remove(seq, id)?;
-        state.count = state.count.saturating_sub(1);
-        inner.metrics.webhook_dead_letters.set(state.count as i64);
-        drop_flush(&inner.store);
-        tracing::info!(id, "dead letter deleted");
-        Ok(true)
-    }
-
-    /// Forget every dead letter; how many there were.
-    pub fn clear(&self) -> Result<usize, StoreError> {
-        let inner = &self.inner;
-        let mut state = inner.state.lock();
-        let cleared = inner.store.webhooks().dead_clear()?;
-        state.count = 0;
-        inner.metrics.webhook_dead_letters.set(0);
-        drop_flush(&inner.store);
-        tracing::info!(cleared, "dead letters deleted");
-        Ok(cleared)
-    }
-
-    /// One attempt of dead letter `id` now: delivered, it leaves the list; otherwise it
-    /// stays, one attempt more, with this attempt's time and error.
-    fn replay(&self, id: &str, poster: &Poster) -> Result<Replayed, ReplayError> {
-        let inner = &self.inner;
-        let (seq, mut letter) = {
-            let mut state = inner.state.lock();
-            let found = inner
-                .store
-                .webhooks()
-                .dead_find(id)?
-                .ok_or_else(|| ReplayError::NotFound(id.to_string()))?;
-            if !state.replaying.insert(id.to_string()) {
-                return Err(ReplayError::InProgress(id.to_string()));
-            }
-            found
-        };
-        let (attempt, detail) = poster.post(&letter.id, &letter.body);
-        let delivered = rules::verdict(attempt) == rules::Verdict::Delivered;
-        letter.attempts = letter.attempts.saturating_add(1);
-        letter.last_attempt_ms = now_ms();
-        if !delivered {
-            letter.last_error = rules::describe(attempt, &detail);
-        }
-        let mut state = inner.state.lock();
-        state.replaying.remove(id);
-        let webhooks = inner.store.webhooks();
-        // Deleted (or dropped) while the attempt was made: nothing to keep or remove.
-        let still_kept = webhooks.dead_find(id)?.is_some_and(|(now, _)| now == seq);
-        if delivered {
-            if still_kept {
-                webhooks.dead_remove(seq, id)?;
-                state.count = state.count.saturating_sub(1);
-            }
-            inner.metrics.webhook_replay("delivered");
-            tracing::info!(id, room = %letter.room, attempts = letter.attempts, "dead letter replayed: delivered");
-        } else {
-            if still_kept {
-                webhooks.dead_update(seq, &letter)?;
-            }
-            inner.metrics.webhook_replay("failed");
-            tracing::warn!(id, room = %letter.room, attempts = letter.attempts, last_error = %letter.last_error, "dead letter replayed: failed, kept");
-        }
-        inner.metrics.webhook_dead_letters.set(state.count as i64);
-        drop(state);
-        drop_flush(&inner.store);
-        Ok(Replayed { delivered, letter })
-    }
-}
-
-/// Ask for a group flush and let it happen: nothing waits for it.
-fn drop_flush(store: &Store) {
-    drop(store.flush_soon());
-}
-
-/// What went wrong without an answer, without the URL: ureq's own text starts with the
-/// whole URL, whose userinfo or query may hold the receiver's credentials.
-fn transport_detail(transport: &ureq::Transport) -> String {
-    let mut detail = transport.kind().to_string();
-    if let Some(message) = transport.message() {
-        detail.push_str(": ");
-        detail.push_str(message);
-    }
-    if let Some(source) = std::error::Error::source(transport) {
-        detail.push_str(": ");
-        detail.push_str(&source.to_string());
-    }
-    detail
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     fn raw(text: &str) -> Box<EventData> {
         protocol::event_data(text.to_string()).unwrap()
@@ -838,21 +533,6 @@ mod tests {
         ];
         for (event, want) in cases {
             assert_eq!(event.body("w1", "n1"), want);
-        }
-    }
-
-    #[test]
-    fn a_failed_attempt_is_described_without_the_urls_credentials() {
-        // Nothing listens on port 1: a transport error, whose own text names the URL.
-        let url = "http://hook:s3cret@127.0.0.1:1/hooks?key=abc";
-        let Err(ureq::Error::Transport(transport)) = ureq::post(url).send_string("{}") else {
-            panic!("port 1 answered")
-        };
-        assert!(transport.to_string().contains("key=abc"), "ureq's text has the URL: {transport}");
-        let detail = transport_detail(&transport);
-        assert!(detail.starts_with("Connection Failed"), "{detail}");
-        for secret in ["s3cret", "key=abc", "hook:"] {
-            assert!(!detail.contains(secret), "{detail}");
         }
     }
 
