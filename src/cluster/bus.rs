@@ -14,15 +14,18 @@ use std::time::{Duration, Instant};
 use futures_util::future::LocalBoxFuture;
 use futures_util::StreamExt;
 
-use super::kv::KvSessions;
-use super::promotion::{decode_moves, decode_rooms_head};
-use super::{
+use super::errors::ClusterError;
+use super::heartbeat::{
     decode_capacity, decode_connections, decode_epoch, decode_node, decode_probe, decode_release,
-    decode_routes, decode_usage, Cluster, ClusterError, CAPACITY_HEADER, CELL_PROBE_HEADER,
-    CONNECTIONS_HEADER, EPOCH_HEADER, HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT,
-    MOVED_SUBJECT, MOVES_HEADER, RELEASE_HEADER, REPLACE_SUBJECT, ROOMS_HEAD_HEADER, ROUTES_HEADER,
-    USAGE_HEADER,
+    decode_routes, decode_usage, CAPACITY_HEADER, CELL_PROBE_HEADER, CONNECTIONS_HEADER,
+    EPOCH_HEADER, MOVES_HEADER, RELEASE_HEADER, ROOMS_HEAD_HEADER, ROUTES_HEADER, USAGE_HEADER,
 };
+use super::kv::KvSessions;
+use super::names::{
+    room_token, HEARTBEAT_SUBJECT, KICK_SUBJECT, LEAVE_SUBJECT, MOVED_SUBJECT, REPLACE_SUBJECT,
+};
+use super::promotion::{decode_moves, decode_rooms_head};
+use super::Cluster;
 use crate::core::nodes::heartbeats::NodeInfo;
 use crate::core::nodes::peer_input::{self, PeerInputError};
 use crate::core::nodes::rebalance::{self, Order, OrderRefused};
@@ -355,7 +358,7 @@ pub async fn listen(
 
 /// Where a node takes its part of a rebalance ([`send_order`]).
 fn rebalance_subject(node: &str) -> String {
-    format!("lg.node.{}.rebalance", super::room_token(node))
+    format!("lg.node.{}.rebalance", room_token(node))
 }
 
 /// Longest a rebalance order waits for the shedding node's acknowledgement.
@@ -413,7 +416,7 @@ pub async fn send_order(
 
 /// Where a node takes publishes forwarded to it as a room's writer.
 fn publish_subject(node: &str) -> String {
-    format!("lg.node.{}.publish", super::room_token(node))
+    format!("lg.node.{}.publish", room_token(node))
 }
 
 fn decode_forward(message: &async_nats::Message) -> Option<ForwardedPublish> {
