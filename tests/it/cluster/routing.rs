@@ -198,34 +198,30 @@ fn route_stops_naming_a_killed_node_and_a_draining_node() {
     let queries = vec![user_q.clone(), format!("session={}", sessions[0])];
     let killed_at = Instant::now();
     cluster.take_node(0).kill9();
-    let after_kill = match wait_route_without(
-        &cluster,
-        &[1, 2],
-        &queries,
-        "a",
-        Duration::from_secs(10),
-    ) {
-        Ok(took) => {
-            failures.extend(route_stays_without(
-                &cluster,
-                &[1, 2],
-                &queries,
-                "a",
-                Duration::from_secs(1),
-            ));
-            if took > Duration::from_secs(6) {
-                failures.push(format!(
+    let after_kill =
+        match wait_route_without(&cluster, &[1, 2], &queries, "a", Duration::from_secs(10)) {
+            Ok(took) => {
+                failures.extend(route_stays_without(
+                    &cluster,
+                    &[1, 2],
+                    &queries,
+                    "a",
+                    Duration::from_secs(1),
+                ));
+                if took > Duration::from_secs(6) {
+                    failures.push(format!(
                     "a left the route answers {took:?} after kill -9 (heartbeat timeout is ~3 s)"
                 ));
+                }
+                Some(took)
             }
-            Some(took)
-        }
-        Err(last) => {
-            failures
-                .push(format!("10 s after kill -9 of a, routes still name it (or fail): {last:?}"));
-            None
-        }
-    };
+            Err(last) => {
+                failures.push(format!(
+                    "10 s after kill -9 of a, routes still name it (or fail): {last:?}"
+                ));
+                None
+            }
+        };
     let _ = killed_at;
 
     // SIGTERM b: its own answers leave it at once, c's within about one heartbeat.
