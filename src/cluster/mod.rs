@@ -14,7 +14,8 @@
 //!   user commands (exclusive-device replacement, kicks, a user's sessions moved to
 //!   another node) on `lg.user.*`, handled here and
 //!   in the liveness and registry actors; a rebalance's orders on
-//!   `lg.node.<node>.rebalance` (`bus::send_order`);
+//!   `lg.node.<node>.rebalance` (`bus::send_order`); publishes forwarded to a room's
+//!   writer on `lg.node.<node>.publish` ([`forward`]);
 //! - [`occupancy`]: cluster-wide room occupancy in the `lg_occupancy` bucket (one record
 //!   per occupied room: its nodes with subscribers), changes forwarded to each room's
 //!   writer on `lg.node.<node>.occupancy`;
@@ -41,6 +42,7 @@ pub mod bus;
 pub mod cells;
 pub mod credentials;
 pub mod errors;
+pub mod forward;
 pub mod heartbeat;
 pub mod kv;
 pub mod names;
@@ -50,9 +52,9 @@ pub mod promotion;
 pub mod roomlog;
 pub mod setup;
 
-pub use bus::FORWARD_WAIT;
 pub use cells::{CellDomains, SharedHomes};
 pub use errors::{ClusterError, NatsError, Unreachable};
+pub use forward::FORWARD_WAIT;
 pub use names::ROOMS_STREAM;
 
 use std::sync::atomic::{AtomicU64, Ordering};
