@@ -12,7 +12,7 @@ use std::sync::Arc;
 use super::liveness::Router;
 use super::messages::{NewEvent, Published, StateView};
 use super::rooms::{RoomError, Rooms};
-use crate::cluster::bus::{forward_publish, forward_put_state, ForwardError, ForwardEvent};
+use crate::cluster::forward::{forward_publish, forward_put_state, ForwardError, ForwardEvent};
 use crate::cluster::{Cluster, CROSS_CELL_TIMEOUT, FORWARD_WAIT};
 use crate::core::rules::names;
 use crate::protocol::ErrorCode;

@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 
 use super::messages::*;
 use super::room::{ParkedWatch, RoomActor, RoomHome, RoomLoad, RoomLogs, RoomSettings};
-use crate::cluster::bus::WriterRefusal;
+use crate::cluster::forward::WriterRefusal;
 use crate::core::rules::namespaces::{Namespaces, RoomOptions};
 
 /// How often a request is retried against a freshly started room actor.

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use async_nats::jetstream::kv::{self as nats_kv, CreateErrorKind, UpdateErrorKind};
 use futures_util::future::LocalBoxFuture;
 
-use super::{leader_get, Cluster, ClusterError, Unreachable};
+use super::errors::{ClusterError, Unreachable};
+use super::setup::leader_get;
+use super::Cluster;
 use crate::store::credentials::{CredentialStore, ResumeRevocations, SpentIn, StoreCredentials};
 use crate::store::StoreError;
 

@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::kv::{CreateErrorKind, Store as Bucket, UpdateErrorKind};
 use parking_lot::Mutex;
 
-use super::{room_token, Cluster, ClusterError, Unreachable, SESSIONS_BUCKET};
+use super::errors::{ClusterError, Unreachable};
+use super::names::{room_token, SESSIONS_BUCKET};
+use super::Cluster;
 use crate::core::nodes::sessions::{next_version, VersionError};
 use crate::store::records;
 use crate::store::{QueuedSessionWrite, SessionRecord, Store, UserRecord};

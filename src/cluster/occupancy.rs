@@ -36,7 +36,10 @@ use futures_util::StreamExt;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use super::{room_from_token, room_token, Cluster, ClusterError, Unreachable};
+use super::errors::{ClusterError, Unreachable};
+use super::names::{room_from_token, room_token};
+use super::setup::raise_replicas;
+use super::Cluster;
 use crate::core::delivery::occupancy::{
     apply, remove_dead, Applied, Edge, Job, LocalRooms, Occupants,
 };
@@ -124,7 +127,7 @@ impl ClusterOccupancy {
                 ..Default::default()
             })
             .await?;
-        super::raise_replicas(&cluster.js, &stream.cached_info().config, cluster.replicas).await?;
+        raise_replicas(&cluster.js, &stream.cached_info().config, cluster.replicas).await?;
         let bucket = cluster.js.get_key_value(OCCUPANCY_BUCKET).await?;
         Ok(Arc::new(ClusterOccupancy {
             cluster: cluster.clone(),

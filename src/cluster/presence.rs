@@ -16,7 +16,9 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
-use super::{room_from_token, room_token, Cluster, ClusterError};
+use super::errors::ClusterError;
+use super::names::{room_from_token, room_token};
+use super::Cluster;
 use crate::core::delivery::presence::{Member, NodeTable};
 use crate::tasks::Tasks;
 

@@ -14,7 +14,7 @@
 //! in its own cell's `lg_meta` too, so the old origin's nodes, back, write none of its
 //! rooms: they forward them to the new home. Live copies republished by a stream that is
 //! not the room's home (the old origin, back before it learnt the move) are dropped
-//! ([`super::RoomPlace::live_stream`]).
+//! ([`super::cells::RoomPlace::live_stream`]).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -23,15 +23,17 @@ use async_nats::jetstream::{self, stream};
 use futures_util::FutureExt;
 use thiserror::Error;
 
-use super::{
-    epoch_of, leader_get, mirror_name, Cluster, ClusterError, LIVE_STATE_SUBJECTS, LIVE_SUBJECTS,
-    ROOMS_STREAM, STATE_STREAM,
+use super::errors::ClusterError;
+use super::names::{
+    mirror_name, LIVE_STATE_SUBJECTS, LIVE_SUBJECTS, META_BUCKET, ROOMS_STREAM, STATE_STREAM,
 };
+use super::setup::{epoch_of, leader_get};
+use super::{Cluster, CROSS_CELL_TIMEOUT, REQUEST_TIMEOUT};
 use crate::core::nodes::peer_input::{self, PeerInputError};
 use crate::core::nodes::routing::MoveRefused;
 use crate::core::rules::names::is_plain_name;
 
-/// The most moves a heartbeat's [`super::MOVES_HEADER`] may name (one per other cell).
+/// The most moves a heartbeat's [`super::heartbeat::MOVES_HEADER`] may name (one per other cell).
 pub const MAX_MOVES: usize = 16;
 
 /// A promoted cell's rooms, as this node reaches them: their new home, their new epoch,
@@ -173,7 +175,7 @@ impl Cluster {
             }
             self.install_move(&from, &to, &epoch);
             let recorded = tokio::time::timeout(
-                super::REQUEST_TIMEOUT,
+                REQUEST_TIMEOUT,
                 self.meta.put(moved_key(&from), encode_move(&to, &epoch).into_bytes().into()),
             )
             .await;
@@ -193,7 +195,7 @@ impl Cluster {
     }
 
     /// At join: the moves this cell recorded, then those every other cell recorded (each
-    /// asked through its domain, within [`super::CROSS_CELL_TIMEOUT`]; one that does not
+    /// asked through its domain, within [`CROSS_CELL_TIMEOUT`]; one that does not
     /// answer is skipped: its heartbeats will tell). A cell coming back after its rooms
     /// were promoted thus learns it before it writes any of them, as long as the cell
     /// that took them answers.
@@ -218,11 +220,9 @@ impl Cluster {
             }
         }
         for other in domains.remote.keys() {
-            let asked = tokio::time::timeout(
-                super::CROSS_CELL_TIMEOUT * 2,
-                self.moves_recorded_in(other, &cells),
-            )
-            .await;
+            let asked =
+                tokio::time::timeout(CROSS_CELL_TIMEOUT * 2, self.moves_recorded_in(other, &cells))
+                    .await;
             match asked {
                 Ok(Ok(moves)) if !moves.is_empty() => {
                     self.learn_moves(moves).await;
@@ -246,8 +246,8 @@ impl Cluster {
         cells: &[String],
     ) -> Result<Vec<(String, String, String)>, ClusterError> {
         let mut js = jetstream::with_domain(self.client.clone(), cell);
-        js.set_timeout(super::CROSS_CELL_TIMEOUT);
-        let meta = js.get_key_value(super::META_BUCKET).await?;
+        js.set_timeout(CROSS_CELL_TIMEOUT);
+        let meta = js.get_key_value(META_BUCKET).await?;
         let mut moves = Vec::new();
         for from in cells {
             let Some(value) = leader_get(&meta, &moved_key(from)).await? else { continue };
@@ -266,7 +266,7 @@ impl Cluster {
             self.js.clone()
         } else {
             let mut js = jetstream::with_domain(self.client.clone(), to);
-            js.set_timeout(super::CROSS_CELL_TIMEOUT);
+            js.set_timeout(CROSS_CELL_TIMEOUT);
             js
         };
         // Handles only: no call is made.
@@ -337,7 +337,7 @@ fn is_epoch(text: &str) -> bool {
     text.len() == 16 && text.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// A heartbeat's [`super::MOVES_HEADER`]: `<from>><to>:<epoch>` separated by `,`, at most
+/// A heartbeat's [`super::heartbeat::MOVES_HEADER`]: `<from>><to>:<epoch>` separated by `,`, at most
 /// [`MAX_MOVES`], names plain, epochs 16 hex digits (absent: none).
 pub fn decode_moves(value: Option<&[u8]>) -> Result<Vec<(String, String, String)>, PeerInputError> {
     let Some(value) = value else { return Ok(Vec::new()) };
@@ -367,7 +367,7 @@ pub fn decode_moves(value: Option<&[u8]>) -> Result<Vec<(String, String, String)
         .collect()
 }
 
-/// A heartbeat's [`super::ROOMS_HEAD_HEADER`] (absent: not said).
+/// A heartbeat's [`super::heartbeat::ROOMS_HEAD_HEADER`] (absent: not said).
 pub fn decode_rooms_head(value: Option<&[u8]>) -> Result<Option<u64>, PeerInputError> {
     let Some(value) = value else { return Ok(None) };
     let text = peer_input::text("heartbeat rooms head", value, peer_input::MAX_HEADER_BYTES)?;

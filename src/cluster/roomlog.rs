@@ -37,10 +37,11 @@ use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::HeaderMap;
 use futures_util::{Stream, StreamExt};
 
-use super::{
-    last_message, room_token, Cluster, ClusterError, RoomPlace, Unreachable, REQUEST_TIMEOUT,
-    ROOMS_STREAM,
-};
+use super::cells::RoomPlace;
+use super::errors::{ClusterError, Unreachable};
+use super::names::{room_token, ROOMS_STREAM};
+use super::setup::last_message;
+use super::{Cluster, REQUEST_TIMEOUT};
 use crate::core::rules::names;
 use crate::store::EventRecord;
 

@@ -5,7 +5,7 @@
 //! ([`PeerInputError`]), node names and URLs are checked (length, characters) and counts
 //! are clamped ([`count`]: a node's connections at most [`MAX_NODE_CONNECTIONS`]), so a
 //! claim costs the node no more work than an honest one. The cluster's decoders
-//! (`cluster::decode_node`, `cluster::bus`) are built from these; a message that does not
+//! (`cluster::heartbeat`, `cluster::bus`) are built from these; a message that does not
 //! parse is dropped, counted and logged there. Pure.
 
 use thiserror::Error;
