@@ -14,7 +14,7 @@ use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::{self, kv as nats_kv, stream};
 use thiserror::Error;
 
-use super::promotion;
+use crate::core::nodes::routing::MoveRefused;
 use crate::core::nodes::sessions::VersionError;
 use crate::store::StoreError;
 
@@ -48,12 +48,25 @@ pub enum ClusterError {
     /// cell's writer makes.
     #[error("room {room} is homed in cell {home}: only that cell writes it")]
     NotHome { room: String, home: String },
-    /// A promotion that cannot be made (see [`promotion::PromotionError`]).
+    /// A promotion that cannot be made (see [`PromotionError`]).
     #[error(transparent)]
-    Promotion(#[from] promotion::PromotionError),
+    Promotion(#[from] PromotionError),
     /// A room's occupancy record kept changing under this node's compare-and-set.
     #[error("room {0}: too many concurrent occupancy updates")]
     RoomContended(String),
+}
+
+/// Why a promotion is refused.
+#[derive(Debug, Error)]
+pub enum PromotionError {
+    #[error(
+        "cells share one NATS here (cluster_cell_domains is off): there is no mirror to promote"
+    )]
+    NoCellDomains,
+    #[error(transparent)]
+    Refused(#[from] MoveRefused),
+    #[error("cell {0:?}'s rooms already moved to this cell")]
+    AlreadyHere(String),
 }
 
 /// Why NATS could not be reached.

@@ -21,9 +21,9 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 use futures_util::FutureExt;
-use thiserror::Error;
 
 use super::errors::ClusterError;
+pub use super::errors::PromotionError;
 use super::names::{
     mirror_name, LIVE_STATE_SUBJECTS, LIVE_SUBJECTS, META_BUCKET, ROOMS_STREAM, STATE_STREAM,
 };
@@ -43,19 +43,6 @@ pub struct Moved {
     pub epoch: String,
     pub(super) rooms: stream::Stream<()>,
     pub(super) states: stream::Stream<()>,
-}
-
-/// Why a promotion is refused.
-#[derive(Debug, Error)]
-pub enum PromotionError {
-    #[error(
-        "cells share one NATS here (cluster_cell_domains is off): there is no mirror to promote"
-    )]
-    NoCellDomains,
-    #[error(transparent)]
-    Refused(#[from] MoveRefused),
-    #[error("cell {0:?}'s rooms already moved to this cell")]
-    AlreadyHere(String),
 }
 
 /// What a promotion did.
