@@ -258,10 +258,7 @@ impl<W: Wire> RoomMachine<W> {
                 }
             }
             Input::WindowCloses => match self.outgoing.on_timer(now) {
-                Closing::SendAndArm(at) => {
-                    self.send_pending();
-                    self.actions.push_back(Action::ArmTimer(Timer::Window, at));
-                }
+                Closing::SendAndArm(until) => self.send_and_open_window(until),
                 Closing::Idle | Closing::Early => {}
             },
             Input::SendWindowNow => self.send_pending(),
@@ -352,12 +349,15 @@ impl<W: Wire> RoomMachine<W> {
         self.load_changed();
         match self.outgoing.on_durable(fresh, !self.members.is_empty(), now) {
             BatchAction::SendNow => self.send_pending(),
-            BatchAction::SendAndArm(at) => {
-                self.send_pending();
-                self.actions.push_back(Action::ArmTimer(Timer::Window, at));
-            }
+            BatchAction::SendAndArm(until) => self.send_and_open_window(until),
             BatchAction::Wait => {}
         }
+    }
+
+    /// Send what waits now, and arm the timer of the window that opens until `until`.
+    fn send_and_open_window(&mut self, until: Instant) {
+        self.send_pending();
+        self.actions.push_back(Action::ArmTimer(Timer::Window, until));
     }
 
     /// Send the events waiting to every subscriber, evicting those too far behind.
