@@ -326,6 +326,9 @@ impl<W: Wire> RoomMachine<W> {
         let member =
             Member { generation: ask.generation, automatic: ask.automatic, sink: ask.sink.clone() };
         self.members.join(ask.conn, member);
+        // The occupied edge goes out before the answer: a client that subscribes room after
+        // room sees their webhooks queued in the order it subscribed.
+        self.occupancy_check();
         let (conn, generation, sink, ticket) = (ask.conn, ask.generation, ask.sink, ask.ticket);
         self.actions.push_back(Action::Subscribed {
             conn,
@@ -336,7 +339,6 @@ impl<W: Wire> RoomMachine<W> {
             answer,
             state,
         });
-        self.occupancy_check();
         self.load_changed();
     }
 
@@ -759,7 +761,14 @@ mod tests {
         let mut room = room(t0);
         let backlog = Arc::new(Backlog::new(1000));
         subscribe(&mut room, 1, &backlog, t0);
-        assert!(matches!(drain(&mut room).first(), Some(Action::Subscribed { conn: 1, .. })));
+        let answered = drain(&mut room);
+        assert!(
+            matches!(
+                answered.as_slice(),
+                [Action::Occupancy(true), Action::Subscribed { conn: 1, .. }, ..]
+            ),
+            "the occupied edge goes out before the answer"
+        );
         let written = publish(&mut room, "a", "A", t0);
         assert!(
             matches!(written.as_slice(), [Action::Flush { upto: 1 }]),
