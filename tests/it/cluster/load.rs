@@ -226,6 +226,9 @@ pub(super) struct ClientReport {
 }
 
 const LOAD_CLIENT_LIMIT: Duration = Duration::from_secs(90);
+/// How long [`Load::finish`] waits for the reader's copies of the rooms to reach every
+/// acknowledged seq (milliseconds when the cluster is well; the bound for a loaded machine).
+const COPIES_CATCH_UP: Duration = Duration::from_secs(10);
 
 /// Handshake on `node` (a fresh token minted there), then subscribe to `room` (with
 /// `since` and `epoch` after the first time). Returns the socket, the `subscribed` reply
@@ -582,10 +585,30 @@ impl Load {
 
     /// Stops the publisher, reads the final histories on `reader`, lets the clients catch
     /// up to them and collects everything.
+    ///
+    /// `reader` answers from its own copy of each room, which may be a moment behind a
+    /// publish another node acknowledged just before the publishers stopped (the book's
+    /// cluster chapter says so): the histories are read once each copy's head has reached
+    /// the room's highest acknowledged seq, or after [`COPIES_CATCH_UP`] (and then an
+    /// acknowledged event still missing is reported lost by `check`).
     pub(super) fn finish(mut self, rt: &tokio::runtime::Runtime, reader: &Http) -> LoadOutcome {
         let published = PublisherReport::merge(
             std::mem::take(&mut self.publishers).into_iter().map(Publisher::stop).collect(),
         );
+        let mut acked: HashMap<&str, u64> = HashMap::new();
+        for a in &published.acks {
+            let top = acked.entry(a.room.as_str()).or_default();
+            *top = (*top).max(a.seq);
+        }
+        let caught_up = wait_until(COPIES_CATCH_UP, || {
+            acked.iter().all(|(room, &seq)| {
+                let page = reader.history_ok(room, Some(seq - 1), Some(1));
+                page["head"].as_u64() >= Some(seq)
+            })
+        });
+        if !caught_up {
+            eprintln!("the reader's copies did not reach every acknowledged seq within {COPIES_CATCH_UP:?}");
+        }
         let histories: HashMap<String, (Vec<Value>, Value, u64)> =
             self.rooms.iter().map(|r| (r.clone(), full_history(reader, r, 0))).collect();
         let targets = histories.iter().map(|(r, h)| (r.clone(), h.2)).collect();
