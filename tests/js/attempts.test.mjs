@@ -340,6 +340,40 @@ describe('attempts: the WebSocket→SSE fallback', () => {
   for (const row of rows) test(row.name, () => run(row));
 });
 
+describe('attempts: transports and quiet reopens', () => {
+  const rows = [
+    {
+      name: 'an SSE stream reopened for its rooms is quiet: no connecting, the credential of the last welcome',
+      setup: { transports: ['sse'] },
+      steps: [['start'], ['due'], ['token'], ['opened'], ['welcome', { resume: 'r1' }], ['due', 'quiet']],
+      tail: ['open sse given token=t1', 'open sse given resume=r1'],
+      check: (d) => assert.equal(d.trace.filter((line) => line.startsWith('connecting')).length, 1),
+    },
+    {
+      name: 'a server without SSE (404): WebSocket only from then on',
+      steps: [...FIRST],
+      check: (d) => {
+        d.order.use('sse');
+        assert.equal(d.machine.sseRefused(404, 'not_found'), true);
+        assert.deepEqual(d.machine.poll(), { type: 'transport', from: 'sse', to: 'websocket', reason: 'the server has no SSE endpoint', warning: 'fallback' });
+        assert.deepEqual(d.order.names, ['websocket']);
+        assert.equal(d.machine.sseRefused(400, 'bad_room'), false, 'a refused room is the client\'s business');
+      },
+    },
+    {
+      name: 'no WebSocket in the runtime: SSE with the no_websocket warning, or false when SSE is not allowed',
+      check: (d) => {
+        assert.equal(d.machine.noWebSocket('none here'), true);
+        assert.deepEqual(d.machine.poll(), { type: 'transport', from: 'websocket', to: 'sse', reason: 'none here', warning: 'no_websocket' });
+        const alone = new Driver({ transports: ['websocket'] });
+        assert.equal(alone.machine.noWebSocket('none here'), false);
+        assert.equal(alone.machine.poll(), null);
+      },
+    },
+  ];
+  for (const row of rows) test(row.name, () => run({ steps: [], ...row }));
+});
+
 describe('attempts: backoff', () => {
   const WS = { transports: ['websocket'] };
   const delays = (d) => d.trace.filter((line) => line.startsWith('schedule')).map((line) => Number(line.split(' ')[1]));
