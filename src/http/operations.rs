@@ -110,6 +110,7 @@ pub(super) async fn client_types() -> HttpResponse {
 /// The modules of the client library (`./livegate/{file}`, what the package's readable
 /// entry `livegate.js` imports), by file name: only these are served.
 pub const CLIENT_MODULES: &[(&str, &str)] = &[
+    ("attempts.js", include_str!("../../clients/js/livegate/attempts.js")),
     ("client.js", include_str!("../../clients/js/livegate/client.js")),
     ("clock.js", include_str!("../../clients/js/livegate/clock.js")),
     ("connection.js", include_str!("../../clients/js/livegate/connection.js")),

@@ -1,7 +1,9 @@
 // The client: LivegateClient, the object connect() returns. It owns the connection's
 // life (attempts, the welcome, losses and reconnects, redirects to the session's node,
 // the WebSocket→SSE fallback), the requests waiting for replies, and the delivery of each
-// room's feed (its inputs in, its actions carried out). The transports
+// room's feed (its inputs in, its actions carried out). attempts.js decides each attempt
+// (where it goes, with which credential and transport, what a loss means; its actions are
+// carried out here), the transports
 // (transport-websocket.js, transport-sse.js) move frames, credentials.js keeps the resume
 // credential, connection.js holds the timings and the reconnect policy, feed.js each room's
 // recovery (a machine: subscribing, live, filling a gap, resubscribing, ended),
@@ -9,18 +11,9 @@
 // clock.js the time. The behaviour is described at
 // the top of livegate.js.
 
+import { Attempts, credentialQuery } from './attempts.js';
 import { clockFrom, repeat } from './clock.js';
-import {
-  ConnectionMachine,
-  DEFAULT_TIMINGS,
-  MAX_FOLLOWS,
-  TRANSPORTS,
-  TransportOrder,
-  WS_FAILURES_BEFORE_SSE,
-  checkTransports,
-  reconnectDelayMs,
-  toldToStop,
-} from './connection.js';
+import { ConnectionMachine, DEFAULT_TIMINGS, TRANSPORTS, TransportOrder, checkTransports } from './connection.js';
 import { ResumeCredential } from './credentials.js';
 import { Listeners } from './emitter.js';
 import { livegateError as lgError } from './errors.js';
@@ -28,7 +21,7 @@ import { Feed } from './feed.js';
 import { Subscription } from './subscriptions.js';
 import { SseTransport, cancelBody } from './transport-sse.js';
 import { WebSocketTransport } from './transport-websocket.js';
-import { baseOf, endpointOf, looksLikeUrl, readyzOf, sseEndpointOf } from './urls.js';
+import { endpointOf, sseEndpointOf } from './urls.js';
 
 /**
  * Opens a client. Options:
@@ -92,8 +85,6 @@ export class LivegateClient {
     if (!base) throw new TypeError('livegate: url is required outside a browser');
     this._endpoint = endpointOf(String(base));
     this._sseEndpoint = sseEndpointOf(String(base));
-    this._readyz = readyzOf(this._sseEndpoint);
-    this._secure = /^https:/i.test(this._sseEndpoint);
     /** The transports to try, in order, and the one in use. */
     this._order = new TransportOrder(transports, { webSocket: !!(this._Socket || this._socketLoad), fetch: !!this._fetch });
     this._getToken = getToken;
@@ -132,15 +123,11 @@ export class LivegateClient {
     this._machine = new ConnectionMachine((change) => this._emit('state', { previous: change.previous, state: change.state, reason: change.reason }));
     /** Whether the client is connected or trying to be (connect(); not after disconnect()). */
     this._running = false;
-    this._failures = 0; // attempts since the last stable connection
-    this._attempts = 0;
     this._attemptGen = 0;
     /** reconnect, connect: the clock's timer handles; ping: the function that stops it. */
     this._timers = { reconnect: null, connect: null, ping: null };
     this._lastHeard = 0;
 
-    /** The /readyz check of the last failed attempt; the next attempt waits for it. */
-    this._verdict = null;
     /**
      * The optional parts of the protocol the server announced in its last welcome
      * (`features`: `state`, `presence`, `publish`), or null: a server before that field,
@@ -151,16 +138,15 @@ export class LivegateClient {
     this._skewMs = 0;
     /** The `id:` of the last SSE events message: the stream's cursor. */
     this._cursor = null;
-    /**
-     * Where the next attempt goes instead of the given address, once: a refusal named a
-     * node (`{base, node, avoid, token}`), or that node was unreachable (`{avoid, token}`:
-     * the given address, told to avoid it). `token`: the unspent token to offer again.
-     */
-    this._target = null;
-    /** The node the session lives on, after a welcome from a node a refusal named: {base, node}. */
-    this._home = null;
-    /** Refusals followed (and unreachable nodes avoided) since the last welcome. */
-    this._follows = 0;
+    /** The attempts: where the next goes, with what, and what a loss means (attempts.js). */
+    this._attempts = new Attempts({
+      order: this._order,
+      credential: this._credential,
+      sseEndpoint: this._sseEndpoint,
+      timings: this._timings,
+      random: this._random,
+      canProbe: !!this._fetch,
+    });
 
     if (options.autoConnect !== false) this.connect();
   }
@@ -350,8 +336,8 @@ export class LivegateClient {
     if (this._machine.closed) throw lgError(this._refusalWhenClosed().code, 'livegate: the client is closed; make a new one');
     if (this._running) return this;
     this._running = true;
-    this._failures = 0;
-    this._schedule(() => this._attempt(), 0);
+    this._attempts.start();
+    this._runAttempts();
     return this;
   }
 
@@ -386,6 +372,7 @@ export class LivegateClient {
     if (this._machine.closedBy === 'client') return;
     this._running = false;
     this._machine.transition('closed', 'client closed', 'client');
+    this._attempts.close();
     const link = this._link;
     this._clearTimers();
     if (link) {
@@ -411,7 +398,7 @@ export class LivegateClient {
     this._attemptGen += 1; // an attempt waiting for getToken or a check gives up
     const link = this._link;
     this._clearTimers();
-    this._target = null;
+    this._attempts.halt();
     if (link) this._drop(link, 1000, reason);
     this._link = null;
     this._rejectAll(error);
@@ -443,11 +430,11 @@ export class LivegateClient {
    */
   _noWebSocket() {
     const message = 'no WebSocket in this runtime (Node 20: npm install ws, pass the WebSocket option, or use Node 22+)';
-    const from = this._order.current;
-    if (this._order.remove('websocket')) {
-      this._announceTransport(from, message, 'no_websocket');
+    if (this._attempts.noWebSocket(message)) {
+      this._runAttempts();
       return true;
     }
+    this._attempts.close();
     this._warn('no_websocket', message);
     this._emit('error', { code: 'unsupported', message });
     this._running = false;
@@ -481,77 +468,76 @@ export class LivegateClient {
       this._warnNoWebSocket = false;
       if (!this._Socket && !this._noWebSocket()) return;
     }
-    if (this._verdict) {
-      await this._verdict;
-      if (gen !== this._attemptGen || this._machine.closed) return;
-    }
-    this._attempts += 1;
-    const transport = this._order.current;
-    // A refusal's node (or the given address avoiding an unreachable one), else the node
-    // the session lives on, else the given address.
-    const target = this._target;
-    const where = target ?? this._home;
-    if (!quiet) {
-      this._machine.transition('connecting', `attempt ${this._attempts} over ${transport}`);
-      this._emit('connecting', { attempt: this._attempts, transport });
-    }
-    const resume = this._credential.usable();
-    let token = null;
-    if (resume == null && target?.token) {
-      token = target.token; // refused unspent (or never seen): offered again
-    } else if (resume == null) {
-      try {
-        token = await this._getToken();
-        if (token == null) {
-          if (this._machine.closed || gen !== this._attemptGen) return;
-          this._signedOut('getToken returned no token');
-          return;
-        }
-        if (typeof token === 'object') token = token.token;
-        if (typeof token !== 'string' || token === '') throw new Error('getToken returned no token');
-      } catch (error) {
-        if (this._machine.closedBy === 'client' || gen !== this._attemptGen) return;
-        if (SIGNED_OUT_CODES.has(error?.code)) {
-          this._signedOut(error?.message ?? error.code);
-          return;
-        }
-        this._emit('error', { code: 'token', message: `getToken failed: ${error?.message ?? error}`, error });
-        this._afterLoss(1006, 'getToken failed', false);
-        return;
+    this._attempts.due({ quiet });
+    this._runAttempts();
+  }
+
+  /** Carries out what the attempts ask, in order, until they ask nothing more. */
+  _runAttempts() {
+    for (let action = this._attempts.poll(); action; action = this._attempts.poll()) {
+      switch (action.type) {
+        case 'state':
+          this._machine.transition(action.state, action.reason, action.closedBy);
+          break;
+        case 'emit':
+          this._emit(action.name, action.detail);
+          break;
+        case 'token':
+          this._askToken();
+          break;
+        case 'open':
+          if (action.attempt.transport === 'sse') this._openSse(action.attempt);
+          else this._openWebSocket(action.attempt);
+          break;
+        case 'probe':
+          this._probe(action.id, action.readyz);
+          break;
+        case 'schedule':
+          if (!this._machine.closed) this._schedule(() => this._attempt(), action.delayMs);
+          break;
+        case 'transport':
+          this._announceTransport(action.from, action.reason, action.warning);
+          break;
+        case 'signed_out':
+          this._signedOut(action.why);
+          break;
+        case 'stopped':
+          this._stopped(action.code, action.reason);
+          break;
+        default:
+          break;
       }
+    }
+  }
+
+  /** Asks `getToken` for the attempt waiting for one; what it says goes to the attempts. */
+  async _askToken() {
+    const gen = this._attemptGen;
+    let token;
+    try {
+      token = await this._getToken();
+    } catch (error) {
       if (this._machine.closed || gen !== this._attemptGen) return;
+      this._attempts.tokenFailed(error);
+      this._runAttempts();
+      return;
     }
-    if (this._target === target) this._target = null;
-    const attempt = {
-      transport,
-      resume,
-      quiet,
-      token,
-      base: where?.base ?? null, // null: the given address
-      node: where?.base ? where.node ?? null : null,
-      avoid: target?.avoid ?? null,
-      opened: false, // the server answered (WebSocket open, or an HTTP response)
-      named: null, // the `wrong_node` frame's {url, node}
-    };
-    if (transport === 'sse') this._openSse(attempt, token);
-    else this._openWebSocket(attempt, token);
+    if (this._machine.closed || gen !== this._attemptGen) return;
+    this._attempts.tokenGot(token);
+    this._runAttempts();
   }
 
-  /** The credential part of an attempt's query string. */
-  _credentialQuery(attempt, token) {
-    let query;
-    if (attempt.resume != null) query = `resume=${encodeURIComponent(attempt.resume)}`;
-    else {
-      query = `token=${encodeURIComponent(token)}`;
-      if (this._session) query += `&session=${encodeURIComponent(this._session)}`;
-    }
-    if (attempt.avoid != null) query += `&avoid=${encodeURIComponent(attempt.avoid)}`;
-    return query;
+  /** Asks `readyz` whether the node is up and ready; the answer goes to the attempts. */
+  async _probe(id, readyz) {
+    const ready = await this._serverReady(readyz);
+    if (this._machine.closed) return;
+    this._attempts.probed(id, ready);
+    this._runAttempts();
   }
 
-  _openWebSocket(attempt, token) {
+  _openWebSocket(attempt) {
     const endpoint = attempt.base ? endpointOf(attempt.base) : this._endpoint;
-    const url = `${endpoint}?${this._credentialQuery(attempt, token)}`;
+    const url = `${endpoint}?${credentialQuery(attempt, this._session)}`;
     const link = newLink(new WebSocketTransport(this._Socket), attempt, null);
     this._link = link;
     this._lastHeard = this._clock.now();
@@ -560,17 +546,18 @@ export class LivegateClient {
     } catch (error) {
       this._link = null;
       this._emit('error', { code: 'socket', message: error.message });
-      this._afterLoss(1006, error.message, false);
+      this._attempts.openFailed(attempt, error.message);
+      this._runAttempts();
       return;
     }
     this._watchForWelcome(link);
   }
 
   /** Opens an SSE stream for the current rooms with `since` = the cursor. */
-  _openSse(attempt, token) {
+  _openSse(attempt) {
     const rooms = [...this._rooms.keys()];
     const endpoint = attempt.base ? sseEndpointOf(attempt.base) : this._sseEndpoint;
-    let url = `${endpoint}?${this._credentialQuery(attempt, token)}&rooms=${rooms.map(encodeURIComponent).join(',')}`;
+    let url = `${endpoint}?${credentialQuery(attempt, this._session)}&rooms=${rooms.map(encodeURIComponent).join(',')}`;
     const since = this._sseSince();
     if (since) url += `&since=${encodeURIComponent(since)}`;
     // The stream's flags apply to all its rooms; a room that did not ask ignores them.
@@ -602,7 +589,7 @@ export class LivegateClient {
     return {
       onOpen: (info) => {
         // The server answered (the upgrade went through, or an HTTP response came).
-        link.attempt.opened = true;
+        this._attempts.opened(link.attempt);
         const date = info?.date;
         if (current() && Number.isFinite(date)) {
           const now = this._clock.now();
@@ -662,7 +649,7 @@ export class LivegateClient {
     const attempt = link.attempt;
     if (status === 421 && code === 'wrong_node') {
       // Not this node's session: the body names the node to use (not an error).
-      attempt.named = { url: refusal.error?.url, node: refusal.error?.node };
+      this._attempts.named(attempt, { url: refusal.error?.url, node: refusal.error?.node });
       this._lost(4421, String(refusal.error?.url ?? ''), attempt, link);
       return;
     }
@@ -673,17 +660,10 @@ export class LivegateClient {
       this._lost(4029, seconds != null ? String(seconds) : '', attempt, link);
       return;
     }
-    if (code === 'resume_invalid') {
-      this._credential.drop();
-      if (this._order.fellBack) {
-        // The WebSocket failures that brought auto here may have been this credential.
-        this._switchTransport(this._order.names[0], 'resume credential refused over SSE');
-      }
-    } else if (status === 404 && this._order.names.length > 1) {
-      const from = this._order.current;
-      this._order.remove('sse');
-      this._announceTransport(from, 'the server has no SSE endpoint');
-    } else if (['bad_room', 'too_many_subscriptions', 'forbidden'].includes(code)) {
+    // A refused credential, or a server without SSE: the attempts' business.
+    const theirs = this._attempts.sseRefused(status, code);
+    this._runAttempts();
+    if (!theirs && ['bad_room', 'too_many_subscriptions', 'forbidden'].includes(code)) {
       // A room of the request was refused: the one the answer's `room` field names, else
       // (no field: too many rooms, or an older server) every room not yet subscribed.
       const fresh = [...link.rooms].filter((room) => this._rooms.get(room) && !this._rooms.get(room).subscribedOnce);
@@ -766,145 +746,12 @@ export class LivegateClient {
       this._emit('disconnected', { code, reason, reconnectInMs: null });
       return;
     }
-    if (wasWelcomed && this._clock.now() - ended.welcomedAt >= this._timings.stableMs) this._failures = 0;
-    if (wasWelcomed && (code === 1012 || code === 1001) && attempt?.base) {
-      // The node restarts or goes away: the given address knows where the session goes.
-      this._home = null;
-    }
-    const told = toldToStop(code);
-    if (wasWelcomed && code === 4421 && this._handedOver(code, reason)) return;
-    if (!wasWelcomed && attempt && code === 4421 && this._follow(attempt, code, reason)) return;
-    if (!wasWelcomed && attempt?.base && !attempt.opened && !told) {
-      this._unreached(attempt, code, reason);
-      return;
-    }
-    // 4421 and 4029 are refusals the server explained: the credential was not spent.
-    if (!wasWelcomed && attempt && attempt.transport === 'websocket' && !told && code !== 4421 && code !== 4029) {
-      this._judgeWebSocketFailure(attempt);
-    }
-    this._afterLoss(code, reason, wasWelcomed);
-  }
-
-  /**
-   * A connection that was welcomed and then closed with 4421: its node handed the session
-   * over to the node whose URL is the reason (an operator's rebalance). Reconnect there at
-   * once with the resume credential the welcome gave (else a new token), no backoff, not
-   * a failure. False (an ordinary loss) when the reason is no usable URL.
-   */
-  _handedOver(code, reason) {
-    const text = String(reason ?? '').trim();
-    if (!looksLikeUrl(text)) return false;
-    let base;
-    try {
-      base = baseOf(text);
-    } catch {
-      return false;
-    }
-    // Never from https to plain http: the credential would travel in the clear.
-    if (this._secure && !/^https:/i.test(base)) return false;
-    this._target = { base, node: null, avoid: null, token: null };
-    this._home = null;
-    this._machine.transition('disconnected', `handed over to ${base}`);
-    this._emit('disconnected', { code, reason, reconnectInMs: 0, welcomed: true });
-    this._emit('redirect', { node: null, url: base, avoid: null, reason: 'wrong_node' });
-    this._schedule(() => this._attempt(), 0);
-    return true;
-  }
-
-  /**
-   * A handshake refused as `wrong_node` (close 4421 or HTTP 421): reconnect at once to the
-   * node it named, with the same credential and session, without counting a failure.
-   * False (an ordinary failure, with backoff) when it named nothing usable, or after
-   * `MAX_FOLLOWS` refusals in a row without a welcome (two nodes sending it back and forth).
-   */
-  _follow(attempt, code, reason) {
-    const text = String(reason ?? '').trim();
-    const url = looksLikeUrl(text) ? text : String(attempt.named?.url ?? '');
-    let base;
-    try {
-      base = baseOf(url);
-    } catch {
-      return false;
-    }
-    // Never from https to plain http: the credential would travel in the clear.
-    if (this._secure && !/^https:/i.test(base)) return false;
-    if (this._follows >= MAX_FOLLOWS) {
-      this._follows = 0;
-      this._target = null;
-      return false;
-    }
-    this._follows += 1;
-    const node = typeof attempt.named?.node === 'string' ? attempt.named.node : null;
-    // An attempt that avoided an unreachable node keeps avoiding it down the chain.
-    this._target = { base, node, avoid: attempt.avoid, token: attempt.token };
-    this._machine.transition('disconnected', `refused as wrong_node: ${base} has the session`);
-    this._emit('disconnected', { code, reason, reconnectInMs: 0, welcomed: false });
-    this._emit('redirect', { node, url: base, avoid: attempt.avoid, reason: 'wrong_node' });
-    this._schedule(() => this._attempt(), 0);
-    return true;
-  }
-
-  /**
-   * An attempt to a node a refusal named (or the session's node) failed before the server
-   * answered. If the node's `/readyz` does not answer either (or says draining), it is
-   * unreachable: reconnect at once through the given address, asking it to avoid the node
-   * (the token, never seen, is offered again). Otherwise the attempt failed like any other.
-   */
-  async _unreached(attempt, code, reason) {
-    this._machine.transition('disconnected', `${attempt.base} did not answer`);
-    const gen = this._attemptGen;
-    const reachable = attempt.transport === 'websocket' && this._fetch ? await this._serverReady(readyzOf(sseEndpointOf(attempt.base))) : false;
-    if (this._machine.closed || gen !== this._attemptGen || this._link) return;
-    if (reachable) {
-      if (attempt.transport === 'websocket') this._judgeWebSocketFailure(attempt, true);
-      this._afterLoss(code, reason, false);
-      return;
-    }
-    this._home = null;
-    if (attempt.node == null || this._follows >= MAX_FOLLOWS) {
-      this._follows = 0;
-      this._afterLoss(code, reason, false); // the given address next, after a backoff
-      return;
-    }
-    this._follows += 1;
-    this._target = { base: null, node: null, avoid: attempt.node, token: attempt.token };
-    this._emit('disconnected', { code, reason, reconnectInMs: 0, welcomed: false });
-    this._emit('redirect', { node: null, url: this._sseEndpoint.replace(/\/v1\/sse$/, ''), avoid: attempt.node, reason: 'unreachable' });
-    this._schedule(() => this._attempt(), 0);
-  }
-
-  /**
-   * A WebSocket attempt failed before welcome, for a reason the browser does not show.
-   * If the server is up and ready (it could have looked at the credential, the upgrade
-   * could have gone through), the failure counts against the resume credential and, in
-   * `auto`, towards the SSE fallback; a server down or draining counts for nothing.
-   */
-  _judgeWebSocketFailure(attempt, ready = false) {
-    const counts = () => {
-      this._credential.failedWith(attempt.resume);
-      const order = this._order;
-      if (order.current === 'websocket' && order.hasFallback) {
-        order.failures += 1;
-        if (order.failures >= WS_FAILURES_BEFORE_SSE) this._switchTransport(order.names[order.index + 1], `${order.failures} WebSocket attempts in a row failed`);
-      }
-    };
-    const needed = attempt.resume != null || this._order.hasFallback;
-    if (!needed) return;
-    if (!this._fetch || ready) return counts();
-    const readyz = attempt.base ? readyzOf(sseEndpointOf(attempt.base)) : this._readyz;
-    const previous = this._verdict;
-    const verdict = (async () => {
-      await previous;
-      if (await this._serverReady(readyz)) counts();
-    })();
-    this._verdict = verdict;
-    verdict.finally(() => {
-      if (this._verdict === verdict) this._verdict = null;
-    });
+    this._attempts.lost(code, reason, { attempt, welcomed: wasWelcomed, welcomedAt: ended?.welcomedAt ?? 0 }, this._clock.now());
+    this._runAttempts();
   }
 
   /** `GET /readyz`: true when the server answered and is not draining or starting. */
-  async _serverReady(readyz = this._readyz) {
+  async _serverReady(readyz) {
     const controller = new AbortController();
     const timer = this._clock.setTimeout(() => controller.abort(), this._timings.probeTimeoutMs);
     try {
@@ -921,13 +768,6 @@ export class LivegateClient {
     }
   }
 
-  _switchTransport(to, reason) {
-    const from = this._order.current;
-    if (from === to) return;
-    this._order.use(to);
-    this._announceTransport(from, reason);
-  }
-
   /** The transport in use changed from `from`: requests it cannot carry fail, the app is told. */
   _announceTransport(from, reason, warning = 'fallback') {
     const to = this._order.current;
@@ -939,28 +779,12 @@ export class LivegateClient {
     this._emit('transport', { from, to, reason });
   }
 
-  /** Decides whether and when to reconnect after losing a connection with `code`. */
-  _afterLoss(code, reason, wasWelcomed) {
-    if (toldToStop(code)) {
-      this._machine.transition('closed', `server said not to reconnect (${code}${reason ? `: ${reason}` : ''})`, 'server');
-      this._credential.drop();
-      const stopped = lgError('stopped', `server said not to reconnect (${code})`);
-      this._rejectAll(stopped);
-      for (const feed of this._rooms.values()) for (const sub of [...feed.subs]) sub._end('stopped', stopped.message);
-      this._emit('disconnected', { code, reason, reconnectInMs: null });
-      return;
-    }
-    const delay = this._reconnectDelay(code, reason);
-    this._machine.transition('disconnected', `lost (${code}${reason ? `: ${reason}` : ''}), reconnecting in ${delay} ms`);
-    this._emit('disconnected', { code, reason, reconnectInMs: delay, welcomed: wasWelcomed });
-    if (this._machine.closed) return;
-    this._schedule(() => this._attempt(), delay);
-  }
-
-  _reconnectDelay(code, reason) {
-    const delay = reconnectDelayMs(code, reason, this._failures, this._timings, this._random);
-    if (code !== 1012 && code !== 1001) this._failures += 1;
-    return delay;
+  /** The server said not to come back (a close 4500-4999): the client is closed (by the attempts). */
+  _stopped(code, reason) {
+    const stopped = lgError('stopped', `server said not to reconnect (${code})`);
+    this._rejectAll(stopped);
+    for (const feed of this._rooms.values()) for (const sub of [...feed.subs]) sub._end('stopped', stopped.message);
+    this._emit('disconnected', { code, reason, reconnectInMs: null });
   }
 
   _schedule(fn, delay) {
@@ -987,10 +811,7 @@ export class LivegateClient {
     link.welcomedAt = this._clock.now();
     this._credential.keep(frame, link.welcomedAt, this._skewMs);
     this._features = Array.isArray(frame.features) ? new Set(frame.features.filter((f) => typeof f === 'string')) : null;
-    if (ws) this._order.failures = 0;
-    this._follows = 0;
-    // Welcomed by a node a refusal named: the session lives there, reconnects go there first.
-    this._home = attempt.base ? { base: attempt.base, node: typeof frame.node === 'string' ? frame.node : attempt.node } : null;
+    this._attempts.welcomed(attempt, { node: frame.node, websocket: !!ws });
     const resumed = this._session != null && frame.session === this._session;
     if (frame.session) this._session = frame.session;
     this._machine.transition('connected', `welcomed by ${frame.node ?? 'the server'} over ${link.transport.name}`);
@@ -1120,7 +941,7 @@ export class LivegateClient {
     if (frame.op === 'error' && frame.code === 'wrong_node' && !this._link?.welcomed) {
       // The 4421 close that follows names the node; this frame too (when the URL is too long for the reason).
       const attempt = this._link?.attempt;
-      if (attempt) attempt.named = { url: frame.url, node: frame.node };
+      if (attempt) this._attempts.named(attempt, { url: frame.url, node: frame.node });
       return;
     }
     switch (frame.op) {
@@ -1339,8 +1160,6 @@ export class LivegateClient {
 
 /** Default of the `requestTimeoutMs` option. */
 export const DEFAULT_REQUEST_TIMEOUT_MS = 10000;
-/** Codes of an error thrown by `getToken` that mean "signed out: stop" (no retry). */
-const SIGNED_OUT_CODES = new Set(['signed_out', 'unauthorized']);
 /** The events the `debug` option logs. */
 const DEBUGGED = new Set(['state', 'connecting', 'connected', 'disconnected', 'transport', 'redirect', 'warning', 'signed_out']);
 
