@@ -76,3 +76,23 @@ export class WebSocketTransport {
     return ws;
   }
 }
+
+/** Whether this runs in Node (where a missing WebSocket can come from the `ws` package). */
+export function isNode() {
+  return typeof globalThis.process?.versions?.node === 'string' && typeof globalThis.document === 'undefined';
+}
+
+/**
+ * Node without a global WebSocket (20 without --experimental-websocket): the `ws`
+ * package's constructor when it is installed (an optional peer dependency), else null.
+ */
+export async function loadWs() {
+  const specifier = 'ws'; // not a literal: bundlers leave it alone, browsers never get here
+  try {
+    const module = await import(/* webpackIgnore: true */ /* @vite-ignore */ specifier);
+    const Socket = module.WebSocket ?? module.default;
+    return typeof Socket === 'function' ? Socket : null;
+  } catch {
+    return null;
+  }
+}
