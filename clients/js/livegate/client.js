@@ -19,7 +19,7 @@ import { Links } from './link.js';
 import { Requests, abortedBy } from './requests.js';
 import { Rooms } from './rooms.js';
 import { Subscription } from './subscriptions.js';
-import { isNode, loadWs } from './transport-websocket.js';
+import { WebSocketSource } from './transport-websocket.js';
 import { endpointOf, sseEndpointOf } from './urls.js';
 
 /**
@@ -65,19 +65,15 @@ export class LivegateClient {
       throw new TypeError("livegate: there is no transport option: use transports: ['websocket', 'sse'] (the default), ['websocket'] or ['sse']");
     }
     const transports = checkTransports(order ?? TRANSPORTS);
-    const given = Socket || globalThis.WebSocket;
-    this._Socket = typeof given === 'function' ? given : null;
-    /** Node without a global WebSocket: the `ws` package's constructor, loading (or null). */
-    this._socketLoad = !this._Socket && transports.includes('websocket') && isNode() ? loadWs() : null;
-    /** No WebSocket at all although asked for: the first attempt warns. */
-    this._warnNoWebSocket = transports.includes('websocket') && !this._Socket && !this._socketLoad;
+    /** The WebSocket constructor: given, global, or (Node) the `ws` package's, loading. */
+    this._sockets = new WebSocketSource(Socket || globalThis.WebSocket, transports.includes('websocket'));
     const fetchFn = options.fetch === undefined ? globalThis.fetch : options.fetch;
     this._fetch = typeof fetchFn === 'function' ? (input, init) => fetchFn(input, init) : null;
-    if (transports.length === 1 && transports[0] === 'websocket' && !this._Socket && !this._socketLoad) {
+    if (transports.length === 1 && transports[0] === 'websocket' && !this._sockets.available) {
       throw new TypeError('livegate: no WebSocket constructor (pass one as the WebSocket option)');
     }
     if (transports.length === 1 && transports[0] === 'sse' && !this._fetch) throw new TypeError('livegate: transport sse needs fetch()');
-    if (!this._Socket && !this._socketLoad && !this._fetch) {
+    if (!this._sockets.available && !this._fetch) {
       throw new TypeError('livegate: no WebSocket constructor and no fetch (pass one as the WebSocket option)');
     }
     const base = url ?? globalThis.location?.origin;
@@ -85,7 +81,7 @@ export class LivegateClient {
     this._endpoint = endpointOf(String(base));
     this._sseEndpoint = sseEndpointOf(String(base));
     /** The transports to try, in order, and the one in use. */
-    this._order = new TransportOrder(transports, { webSocket: !!(this._Socket || this._socketLoad), fetch: !!this._fetch });
+    this._order = new TransportOrder(transports, { webSocket: this._sockets.available, fetch: !!this._fetch });
     this._getToken = getToken;
     this._timings = { ...DEFAULT_TIMINGS, ...(timings || {}) };
     this._random = typeof random === 'function' ? random : Math.random;
@@ -445,17 +441,11 @@ export class LivegateClient {
     this._timers.reconnect = null;
     if (this._machine.closed || !this._running) return;
     const gen = ++this._attemptGen;
-    if (this._socketLoad) {
-      const Socket = await this._socketLoad;
-      this._socketLoad = null;
-      if (Socket) this._Socket = Socket;
-      else this._warnNoWebSocket = true;
+    if (this._sockets.loading) {
+      await this._sockets.load();
       if (gen !== this._attemptGen || this._machine.closed) return;
     }
-    if (this._warnNoWebSocket) {
-      this._warnNoWebSocket = false;
-      if (!this._Socket && !this._noWebSocket()) return;
-    }
+    if (this._sockets.missing() && !this._noWebSocket()) return;
     this._attempts.due({ quiet });
     this._runAttempts();
   }
@@ -475,7 +465,7 @@ export class LivegateClient {
           break;
         case 'open':
           if (action.attempt.transport === 'sse') this._links.openSse(action.attempt, this._session, this._lacking());
-          else this._links.openWebSocket(action.attempt, this._Socket, this._session);
+          else this._links.openWebSocket(action.attempt, this._sockets.Socket, this._session);
           break;
         case 'probe':
           this._probe(action.id, action.readyz);
