@@ -87,7 +87,6 @@ export class LivegateClient {
     this._random = typeof random === 'function' ? random : Math.random;
     const timeout = options.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS;
     if (typeof timeout !== 'number' || !(timeout >= 0)) throw new TypeError(`livegate: requestTimeoutMs must be a number >= 0, not ${timeout}`);
-    this._requestTimeoutMs = timeout;
     this._clock = clockFrom(clock);
     this._session = session ?? null;
     /** The resume credential of the last welcome. */
@@ -110,7 +109,7 @@ export class LivegateClient {
       emit: (name, detail) => this._emit(name, detail),
     });
     /** The requests waiting for replies (requests.js). */
-    this._requests = new Requests(this._clock, this._requestTimeoutMs);
+    this._requests = new Requests(this._clock, timeout);
     this._nextRef = 1;
 
     /** The connection's state: `state`, and the `state` event on each change. */
