@@ -16,7 +16,7 @@ import { livegateError as lgError } from './errors.js';
 import { ClientEvents } from './events.js';
 import { Feed } from './feed.js';
 import { Links } from './link.js';
-import { Requests, abortedBy } from './requests.js';
+import { Requests, abortedBy, randomHex } from './requests.js';
 import { Rooms } from './rooms.js';
 import { Subscription } from './subscriptions.js';
 import { WebSocketSource } from './transport-websocket.js';
@@ -693,11 +693,3 @@ export class LivegateClient {
 
 /** Default of the `requestTimeoutMs` option. */
 export const DEFAULT_REQUEST_TIMEOUT_MS = 10000;
-
-/** `bytes` random bytes as hex (crypto when there is one: ids must not repeat). */
-function randomHex(bytes) {
-  const buffer = new Uint8Array(bytes);
-  if (globalThis.crypto?.getRandomValues) globalThis.crypto.getRandomValues(buffer);
-  else for (let i = 0; i < bytes; i++) buffer[i] = Math.floor(Math.random() * 256);
-  return Array.from(buffer, (b) => b.toString(16).padStart(2, '0')).join('');
-}

@@ -2,7 +2,8 @@
 // frame (sent, or queued until the next connection), its timeout and AbortSignal, and
 // how it settles: a reply, an `error` frame naming its ref, a timeout, an abort, or a
 // loss that rejects it (all, or those sent on the lost connection). The client gives
-// each its ref and decides when one may be sent; this file owns the waiting.
+// each its ref and decides when one may be sent; this file owns the waiting (and makes
+// the random id of a publish).
 
 import { livegateError as lgError } from './errors.js';
 
@@ -98,4 +99,12 @@ export class Requests {
 /** The rejection of a request whose `signal` aborted. */
 export function abortedBy(signal, op) {
   return lgError('aborted', `${op} aborted`, { cause: signal.reason });
+}
+
+/** `bytes` random bytes as hex, for a publish's idempotency id (crypto when there is one: ids must not repeat). */
+export function randomHex(bytes) {
+  const buffer = new Uint8Array(bytes);
+  if (globalThis.crypto?.getRandomValues) globalThis.crypto.getRandomValues(buffer);
+  else for (let i = 0; i < bytes; i++) buffer[i] = Math.floor(Math.random() * 256);
+  return Array.from(buffer, (b) => b.toString(16).padStart(2, '0')).join('');
 }
