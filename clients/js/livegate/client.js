@@ -1,26 +1,25 @@
-// The client: LivegateClient, the object connect() returns. It owns the connection's
-// life (attempts, the welcome, losses and reconnects, redirects to the session's node,
-// the WebSocket→SSE fallback), the requests waiting for replies, and the delivery of each
-// room's feed (its inputs in, its actions carried out). attempts.js decides each attempt
-// (where it goes, with which credential and transport, what a loss means; its actions are
-// carried out here), the transports
-// (transport-websocket.js, transport-sse.js) move frames, credentials.js keeps the resume
-// credential, connection.js holds the timings and the reconnect policy, feed.js each room's
-// recovery (a machine: subscribing, live, filling a gap, resubscribing, ended),
-// subscriptions.js the application's Subscription objects, emitter.js the listeners, and
-// clock.js the time. The behaviour is described at
-// the top of livegate.js.
+// The client: LivegateClient, the object connect() returns: its public API, and the
+// orchestration of the connection's life (attempts, the welcome, losses and reconnects,
+// the WebSocket→SSE fallback, closing) and of the server's frames. Each part it holds
+// owns one concern: attempts.js decides each attempt (what a loss means, where the next
+// goes), link.js opens and watches the current link (transports, welcome timeout, pings,
+// SSE refusals and reopen), requests.js the requests waiting for replies, rooms.js each
+// room's feed (feed.js) and what it asks carried out, events.js the client's listeners,
+// connection.js the state and timings, credentials.js the resume credential. The
+// behaviour is described at the top of livegate.js.
 
-import { Attempts, credentialQuery } from './attempts.js';
-import { clockFrom, repeat } from './clock.js';
+import { Attempts } from './attempts.js';
+import { clockFrom } from './clock.js';
 import { ConnectionMachine, DEFAULT_TIMINGS, TRANSPORTS, TransportOrder, checkTransports } from './connection.js';
 import { ResumeCredential } from './credentials.js';
-import { Listeners } from './emitter.js';
 import { livegateError as lgError } from './errors.js';
+import { ClientEvents } from './events.js';
 import { Feed } from './feed.js';
+import { Links } from './link.js';
+import { Requests, abortedBy, randomHex } from './requests.js';
+import { Rooms } from './rooms.js';
 import { Subscription } from './subscriptions.js';
-import { SseTransport, cancelBody } from './transport-sse.js';
-import { WebSocketTransport } from './transport-websocket.js';
+import { WebSocketSource } from './transport-websocket.js';
 import { endpointOf, sseEndpointOf } from './urls.js';
 
 /**
@@ -66,19 +65,15 @@ export class LivegateClient {
       throw new TypeError("livegate: there is no transport option: use transports: ['websocket', 'sse'] (the default), ['websocket'] or ['sse']");
     }
     const transports = checkTransports(order ?? TRANSPORTS);
-    const given = Socket || globalThis.WebSocket;
-    this._Socket = typeof given === 'function' ? given : null;
-    /** Node without a global WebSocket: the `ws` package's constructor, loading (or null). */
-    this._socketLoad = !this._Socket && transports.includes('websocket') && isNode() ? loadWs() : null;
-    /** No WebSocket at all although asked for: the first attempt warns. */
-    this._warnNoWebSocket = transports.includes('websocket') && !this._Socket && !this._socketLoad;
+    /** The WebSocket constructor: given, global, or (Node) the `ws` package's, loading. */
+    this._sockets = new WebSocketSource(Socket || globalThis.WebSocket, transports.includes('websocket'));
     const fetchFn = options.fetch === undefined ? globalThis.fetch : options.fetch;
     this._fetch = typeof fetchFn === 'function' ? (input, init) => fetchFn(input, init) : null;
-    if (transports.length === 1 && transports[0] === 'websocket' && !this._Socket && !this._socketLoad) {
+    if (transports.length === 1 && transports[0] === 'websocket' && !this._sockets.available) {
       throw new TypeError('livegate: no WebSocket constructor (pass one as the WebSocket option)');
     }
     if (transports.length === 1 && transports[0] === 'sse' && !this._fetch) throw new TypeError('livegate: transport sse needs fetch()');
-    if (!this._Socket && !this._socketLoad && !this._fetch) {
+    if (!this._sockets.available && !this._fetch) {
       throw new TypeError('livegate: no WebSocket constructor and no fetch (pass one as the WebSocket option)');
     }
     const base = url ?? globalThis.location?.origin;
@@ -86,14 +81,12 @@ export class LivegateClient {
     this._endpoint = endpointOf(String(base));
     this._sseEndpoint = sseEndpointOf(String(base));
     /** The transports to try, in order, and the one in use. */
-    this._order = new TransportOrder(transports, { webSocket: !!(this._Socket || this._socketLoad), fetch: !!this._fetch });
+    this._order = new TransportOrder(transports, { webSocket: this._sockets.available, fetch: !!this._fetch });
     this._getToken = getToken;
     this._timings = { ...DEFAULT_TIMINGS, ...(timings || {}) };
     this._random = typeof random === 'function' ? random : Math.random;
     const timeout = options.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS;
     if (typeof timeout !== 'number' || !(timeout >= 0)) throw new TypeError(`livegate: requestTimeoutMs must be a number >= 0, not ${timeout}`);
-    this._requestTimeoutMs = timeout;
-    this._debug = debugOf(options.debug);
     this._clock = clockFrom(clock);
     this._session = session ?? null;
     /** The resume credential of the last welcome. */
@@ -104,29 +97,28 @@ export class LivegateClient {
       clock: this._clock,
     });
 
-    this._listeners = new Listeners();
-    this._rooms = new Map(); // room name -> Feed
-    this._retryTimers = new Map(); // Feed -> {at, handle}: the timer of its deadline()
-    this._requests = new Map(); // ref -> {resolve, reject, frame}
-    this._queued = []; // requests waiting for a connection: [ref, ...]
+    /** The client's listeners, and the `debug` option's log. */
+    this._events = new ClientEvents(options.debug);
+    /** Each room's feed, and what it asks carried out (rooms.js). */
+    this._rooms = new Rooms({
+      clock: this._clock,
+      send: (frame) => this._send(frame),
+      request: (fields) => this._request(fields),
+      reopen: () => this._links.reopenSoon(),
+      resubscribe: (feed) => this._resubscribe(feed),
+      emit: (name, detail) => this._emit(name, detail),
+    });
+    /** The requests waiting for replies (requests.js). */
+    this._requests = new Requests(this._clock, timeout);
     this._nextRef = 1;
 
-    /**
-     * The current attempt or connection: {transport, attempt, rooms, welcomed, welcomedAt,
-     * reopenPending}: `attempt` is what it used ({transport, resume, quiet, ...}), `rooms`
-     * the rooms an SSE stream names (null over WebSocket), `welcomed` whether its
-     * `welcome` came (at `welcomedAt`), `reopenPending` whether an SSE stream is about to
-     * be reopened for changed rooms.
-     */
-    this._link = null;
     /** The connection's state: `state`, and the `state` event on each change. */
     this._machine = new ConnectionMachine((change) => this._emit('state', { previous: change.previous, state: change.state, reason: change.reason }));
     /** Whether the client is connected or trying to be (connect(); not after disconnect()). */
     this._running = false;
     this._attemptGen = 0;
-    /** reconnect, connect: the clock's timer handles; ping: the function that stops it. */
-    this._timers = { reconnect: null, connect: null, ping: null };
-    this._lastHeard = 0;
+    /** The clock's timer handle of the next attempt. */
+    this._timers = { reconnect: null };
 
     /**
      * The optional parts of the protocol the server announced in its last welcome
@@ -134,10 +126,6 @@ export class LivegateClient {
      * asked anyway (it refuses what it lacks, see `_onError`).
      */
     this._features = null;
-    /** Server clock minus local clock, from an SSE response's Date header. */
-    this._skewMs = 0;
-    /** The `id:` of the last SSE events message: the stream's cursor. */
-    this._cursor = null;
     /** The attempts: where the next goes, with what, and what a loss means (attempts.js). */
     this._attempts = new Attempts({
       order: this._order,
@@ -146,6 +134,24 @@ export class LivegateClient {
       timings: this._timings,
       random: this._random,
       canProbe: !!this._fetch,
+    });
+    /** The current attempt or connection, opened and watched (link.js). */
+    this._links = new Links({
+      fetch: this._fetch,
+      endpoint: this._endpoint,
+      sseEndpoint: this._sseEndpoint,
+      timings: this._timings,
+      clock: this._clock,
+      rooms: this._rooms,
+      attempts: this._attempts,
+      host: {
+        emit: (name, detail) => this._emit(name, detail),
+        frame: (text) => this._onFrame(text),
+        lost: (code, reason, attempt, link) => this._lost(code, reason, attempt, link),
+        runAttempts: () => this._runAttempts(),
+        closed: () => this._machine.closed,
+        reattempt: () => this._schedule(() => this._attempt({ quiet: true }), 0),
+      },
     });
 
     if (options.autoConnect !== false) this.connect();
@@ -192,11 +198,11 @@ export class LivegateClient {
    * the listener.
    */
   on(name, fn) {
-    return this._listeners.on(name, fn);
+    return this._events.on(name, fn);
   }
 
   off(name, fn) {
-    this._listeners.off(name, fn);
+    this._events.off(name, fn);
   }
 
   /**
@@ -234,26 +240,11 @@ export class LivegateClient {
       sub._end(refusal.code, refusal.message);
       return sub;
     }
-    let feed = this._rooms.get(room);
-    if (!feed) {
-      feed = new Feed(room, { nextRef: () => this._nextRef++, resubscribeMs: this._timings.resubscribeMs });
-      feed.start(sub, options.since, options.epoch);
-      this._rooms.set(room, feed);
-      sub._subscribing();
-      if (this._stream()) this._roomsChanged();
-      else if (this._link?.welcomed) this._sendSubscribe(feed);
-      return sub;
-    }
-    // A later subscription of a subscribed room shares its server subscription.
-    const again = feed.join(sub);
-    sub._subscribing();
-    if (again) this._resubscribe(feed);
-    else if (feed.subscribedOnce) {
-      // Told after the caller had the object to listen on.
-      queueMicrotask(() => {
-        if (sub.state === 'subscribing' && feed.subs.has(sub) && !feed.awaiting) sub._subscribed(feed.lastReply);
-      });
-    }
+    const { feed, fresh, again } = this._rooms.join(sub, options.since, options.epoch, () => new Feed(room, { nextRef: () => this._nextRef++, resubscribeMs: this._timings.resubscribeMs }));
+    if (fresh) {
+      if (this._links.stream()) this._links.roomsChanged();
+      else if (this._links.current?.welcomed) this._sendSubscribe(feed);
+    } else if (again) this._resubscribe(feed);
     return sub;
   }
 
@@ -268,15 +259,15 @@ export class LivegateClient {
     if (this._rooms.get(feed.room) !== feed) return;
     this._rooms.delete(feed.room);
     feed.end();
-    this._run(feed);
-    if (this._stream()) this._roomsChanged();
-    else if (this._link?.welcomed) this._send({ op: 'unsubscribe', room: feed.room });
+    this._rooms.run(feed);
+    if (this._links.stream()) this._links.roomsChanged();
+    else if (this._links.current?.welcomed) this._send({ op: 'unsubscribe', room: feed.room });
   }
 
   /** Subscribes `feed`'s room again for what it asks now (the stream reopens over SSE). */
   _resubscribe(feed) {
-    if (this._stream()) this._roomsChanged(true);
-    else if (this._link?.welcomed) this._sendSubscribe(feed);
+    if (this._links.stream()) this._links.roomsChanged(true);
+    else if (this._links.current?.welcomed) this._sendSubscribe(feed);
   }
 
   /**
@@ -360,9 +351,9 @@ export class LivegateClient {
    */
   dropConnection(reason = 'dropped by the application') {
     if (this._machine.closed) return false;
-    const link = this._link;
+    const link = this._links.current;
     if (!link) return false;
-    this._drop(link, 4000, String(reason));
+    this._links.drop(link, 4000, String(reason));
     this._lost(4000, reason, null, link);
     return true;
   }
@@ -373,18 +364,14 @@ export class LivegateClient {
     this._running = false;
     this._machine.transition('closed', 'client closed', 'client');
     this._attempts.close();
-    const link = this._link;
+    const link = this._links.current;
     this._clearTimers();
     if (link) {
-      this._drop(link, 1000, 'client closed');
+      this._links.drop(link, 1000, 'client closed');
       this._lost(1000, 'client closed', null, link);
     }
-    this._rejectAll(lgError('closed', 'client closed'));
-    for (const feed of this._rooms.values()) {
-      feed.end();
-      this._run(feed);
-      for (const sub of [...feed.subs]) sub._end('closed', 'client closed');
-    }
+    this._requests.rejectAll(lgError('closed', 'client closed'));
+    this._rooms.close('closed', 'client closed');
   }
 
   // ---- connection lifecycle ----
@@ -396,17 +383,13 @@ export class LivegateClient {
   _halt(reason, error) {
     this._running = false;
     this._attemptGen += 1; // an attempt waiting for getToken or a check gives up
-    const link = this._link;
+    const link = this._links.current;
     this._clearTimers();
     this._attempts.halt();
-    if (link) this._drop(link, 1000, reason);
-    this._link = null;
-    this._rejectAll(error);
-    for (const feed of this._rooms.values()) {
-      feed.lost();
-      this._run(feed);
-      for (const sub of feed.subs) if (sub.state === 'subscribed') sub._subscribing();
-    }
+    if (link) this._links.drop(link, 1000, reason);
+    this._links.current = null;
+    this._requests.rejectAll(error);
+    this._rooms.lost();
     this._machine.transition('disconnected', reason);
     this._emit('disconnected', { code: 1000, reason, reconnectInMs: null });
   }
@@ -440,8 +423,8 @@ export class LivegateClient {
     this._running = false;
     this._machine.transition('closed', message, 'client');
     const error = lgError('unsupported', message);
-    this._rejectAll(error);
-    for (const feed of this._rooms.values()) for (const sub of [...feed.subs]) sub._end('unsupported', message);
+    this._requests.rejectAll(error);
+    this._rooms.endAll('unsupported', message);
     return false;
   }
 
@@ -457,17 +440,11 @@ export class LivegateClient {
     this._timers.reconnect = null;
     if (this._machine.closed || !this._running) return;
     const gen = ++this._attemptGen;
-    if (this._socketLoad) {
-      const Socket = await this._socketLoad;
-      this._socketLoad = null;
-      if (Socket) this._Socket = Socket;
-      else this._warnNoWebSocket = true;
+    if (this._sockets.loading) {
+      await this._sockets.load();
       if (gen !== this._attemptGen || this._machine.closed) return;
     }
-    if (this._warnNoWebSocket) {
-      this._warnNoWebSocket = false;
-      if (!this._Socket && !this._noWebSocket()) return;
-    }
+    if (this._sockets.missing() && !this._noWebSocket()) return;
     this._attempts.due({ quiet });
     this._runAttempts();
   }
@@ -486,8 +463,8 @@ export class LivegateClient {
           this._askToken();
           break;
         case 'open':
-          if (action.attempt.transport === 'sse') this._openSse(action.attempt);
-          else this._openWebSocket(action.attempt);
+          if (action.attempt.transport === 'sse') this._links.openSse(action.attempt, this._session, this._lacking());
+          else this._links.openWebSocket(action.attempt, this._sockets.Socket, this._session);
           break;
         case 'probe':
           this._probe(action.id, action.readyz);
@@ -529,202 +506,10 @@ export class LivegateClient {
 
   /** Asks `readyz` whether the node is up and ready; the answer goes to the attempts. */
   async _probe(id, readyz) {
-    const ready = await this._serverReady(readyz);
+    const ready = await this._links.serverReady(readyz);
     if (this._machine.closed) return;
     this._attempts.probed(id, ready);
     this._runAttempts();
-  }
-
-  _openWebSocket(attempt) {
-    const endpoint = attempt.base ? endpointOf(attempt.base) : this._endpoint;
-    const url = `${endpoint}?${credentialQuery(attempt, this._session)}`;
-    const link = newLink(new WebSocketTransport(this._Socket), attempt, null);
-    this._link = link;
-    this._lastHeard = this._clock.now();
-    try {
-      link.transport.open(url, this._handlersOf(link));
-    } catch (error) {
-      this._link = null;
-      this._emit('error', { code: 'socket', message: error.message });
-      this._attempts.openFailed(attempt, error.message);
-      this._runAttempts();
-      return;
-    }
-    this._watchForWelcome(link);
-  }
-
-  /** Opens an SSE stream for the current rooms with `since` = the cursor. */
-  _openSse(attempt) {
-    const rooms = [...this._rooms.keys()];
-    const endpoint = attempt.base ? sseEndpointOf(attempt.base) : this._sseEndpoint;
-    let url = `${endpoint}?${credentialQuery(attempt, this._session)}&rooms=${rooms.map(encodeURIComponent).join(',')}`;
-    const since = this._sseSince();
-    if (since) url += `&since=${encodeURIComponent(since)}`;
-    // The stream's flags apply to all its rooms; a room that did not ask ignores them.
-    const feeds = [...this._rooms.values()];
-    for (const feed of feeds) {
-      feed.withoutUnannounced(this._lacking());
-      this._run(feed);
-    }
-    if (feeds.some((feed) => feed.wantState)) url += '&state=1';
-    if (feeds.some((feed) => feed.wantPresence)) url += '&presence=1';
-    const link = newLink(new SseTransport(this._fetch), attempt, new Set(rooms));
-    this._link = link;
-    this._lastHeard = this._clock.now();
-    this._watchForWelcome(link);
-    link.transport.open(url, this._handlersOf(link));
-  }
-
-  /** No `welcome` on `link` within the connect timeout: give up on the attempt. */
-  _watchForWelcome(link) {
-    this._timers.connect = this._clock.setTimeout(() => {
-      if (this._link !== link || link.welcomed) return;
-      this._abandon(`no welcome within ${this._timings.connectTimeoutMs} ms`);
-    }, this._timings.connectTimeoutMs);
-  }
-
-  /** What the transport of `link` reports to, while `link` is the current one. */
-  _handlersOf(link) {
-    const current = () => this._link === link;
-    return {
-      onOpen: (info) => {
-        // The server answered (the upgrade went through, or an HTTP response came).
-        this._attempts.opened(link.attempt);
-        const date = info?.date;
-        if (current() && Number.isFinite(date)) {
-          const now = this._clock.now();
-          this._skewMs = Math.abs(date - now) > 2000 ? date - now : 0;
-        }
-      },
-      onHeard: () => {
-        if (current()) this._lastHeard = this._clock.now();
-      },
-      onFrame: (text, meta) => {
-        if (!current()) return;
-        this._onFrame(text);
-        if (meta?.type === 'events' && meta.id != null && current()) this._cursor = meta.id;
-      },
-      onClose: (code, reason) => {
-        if (!current()) return;
-        this._link = null;
-        this._lost(code, reason, link.attempt, link);
-      },
-      onRefused: (refusal) => {
-        if (!current()) return;
-        this._link = null;
-        this._refused(link, refusal);
-      },
-      onProblem: (code, message) => {
-        if (current()) this._emit('error', { code, message });
-      },
-    };
-  }
-
-  /** The current link when its transport is a stream that names its rooms (SSE), else null. */
-  _stream() {
-    const link = this._link;
-    return link && !link.transport.requests ? link : null;
-  }
-
-  /** `since=` of the next SSE request: the last `id:` with each room's own position over it. */
-  _sseSince() {
-    const entries = new Map();
-    for (const entry of (this._cursor ?? '').split(',')) {
-      const seqAt = entry.lastIndexOf(':');
-      const epochAt = seqAt > 0 ? entry.lastIndexOf(':', seqAt - 1) : -1;
-      if (epochAt > 0) entries.set(entry.slice(0, epochAt), entry);
-    }
-    for (const feed of this._rooms.values()) {
-      if (feed.fromState) entries.delete(feed.room); // to start from its state, not replay
-      else if (feed.epoch != null && feed.last != null) {
-        entries.set(feed.room, `${feed.room}:${feed.epoch}:${feed.last}`);
-      }
-    }
-    return [...entries.values()].join(',');
-  }
-
-  /** A non-2xx answer to an SSE request: `refusal` is {status, code, message, error, retryAfterSeconds}. */
-  _refused(link, refusal) {
-    const { status, code, message } = refusal;
-    const attempt = link.attempt;
-    if (status === 421 && code === 'wrong_node') {
-      // Not this node's session: the body names the node to use (not an error).
-      this._attempts.named(attempt, { url: refusal.error?.url, node: refusal.error?.node });
-      this._lost(4421, String(refusal.error?.url ?? ''), attempt, link);
-      return;
-    }
-    if (status === 429) {
-      // Told to wait (the migration budget, or a rate limit): Retry-After seconds.
-      const seconds = refusal.retryAfterSeconds;
-      this._emit('error', { code, message: `SSE request refused: HTTP ${status} ${code}` });
-      this._lost(4029, seconds != null ? String(seconds) : '', attempt, link);
-      return;
-    }
-    // A refused credential, or a server without SSE: the attempts' business.
-    const theirs = this._attempts.sseRefused(status, code);
-    this._runAttempts();
-    if (!theirs && ['bad_room', 'too_many_subscriptions', 'forbidden'].includes(code)) {
-      // A room of the request was refused: the one the answer's `room` field names, else
-      // (no field: too many rooms, or an older server) every room not yet subscribed.
-      const fresh = [...link.rooms].filter((room) => this._rooms.get(room) && !this._rooms.get(room).subscribedOnce);
-      const named = typeof refusal.error?.room === 'string' ? fresh.filter((room) => room === refusal.error.room) : [];
-      for (const room of named.length ? named : fresh) {
-        const feed = this._rooms.get(room);
-        this._rooms.delete(room);
-        feed.end();
-        this._run(feed);
-        this._emit('error', { room, code, message });
-        this._tellSubscriptions(feed, 'error', { room, code, message });
-        for (const sub of [...feed.subs]) sub._end(code, message);
-      }
-    }
-    this._emit('error', { code, message: `SSE request refused: HTTP ${status} ${code}` });
-    this._lost(1006, `HTTP ${status} ${code}`, attempt, link);
-  }
-
-  /**
-   * Subscriptions changed while on SSE: reopen the stream (once the current one is
-   * welcomed). `flags`: a room asks for more (state, presence) or starts from its state:
-   * reopen even with the same rooms.
-   */
-  _roomsChanged(flags = false) {
-    const link = this._stream();
-    if (!link) return;
-    if (flags) link.flagsChanged = true;
-    if (!link.welcomed || link.reopenPending) return; // a welcome compares the rooms
-    link.reopenPending = true;
-    this._clock.setTimeout(() => {
-      link.reopenPending = false;
-      if (this._link !== link || this._machine.closed) return;
-      if (sameSet(link.rooms, this._rooms) && !link.flagsChanged) return;
-      this._reopen(link);
-    }, 0);
-  }
-
-  /** Ends the stream `link` and opens the next at once, without telling the app. */
-  _reopen(link) {
-    this._drop(link);
-    this._clock.clearTimeout(this._timers.connect);
-    this._timers.ping?.();
-    this._timers.connect = this._timers.ping = null;
-    for (const feed of this._rooms.values()) {
-      feed.lost();
-      this._run(feed);
-    }
-    this._schedule(() => this._attempt({ quiet: true }), 0);
-  }
-
-  /** Gives up on the current attempt or connection: no waiting for a close handshake. */
-  _abandon(reason) {
-    const link = this._link;
-    if (link) this._drop(link, 4000, reason);
-    this._lost(1006, reason, link?.attempt ?? null, link);
-  }
-
-  /** Ends `link`'s transport (closing a socket with `code`); its handlers are not called again. */
-  _drop(link, code = 1000, reason = '') {
-    link.transport.close(code, reason);
-    if (this._link === link) this._link = null;
   }
 
   /**
@@ -734,14 +519,10 @@ export class LivegateClient {
    */
   _lost(code, reason, attempt = null, ended = null) {
     const wasWelcomed = ended?.welcomed === true;
-    this._link = null;
+    this._links.current = null;
     this._clearTimers();
-    this._rejectAll(lgError('disconnected', `connection lost (${code}${reason ? `: ${reason}` : ''})`), true);
-    for (const feed of this._rooms.values()) {
-      feed.lost();
-      this._run(feed);
-      for (const sub of feed.subs) if (sub.state === 'subscribed') sub._subscribing();
-    }
+    this._requests.rejectAll(lgError('disconnected', `connection lost (${code}${reason ? `: ${reason}` : ''})`), true);
+    this._rooms.lost();
     if (this._machine.closed) {
       this._emit('disconnected', { code, reason, reconnectInMs: null });
       return;
@@ -750,31 +531,13 @@ export class LivegateClient {
     this._runAttempts();
   }
 
-  /** `GET /readyz`: true when the server answered and is not draining or starting. */
-  async _serverReady(readyz) {
-    const controller = new AbortController();
-    const timer = this._clock.setTimeout(() => controller.abort(), this._timings.probeTimeoutMs);
-    try {
-      // The server answers /readyz with CORS headers for the origins it allows, so a page
-      // on another origin reads the status too (a draining node's 503 must not count).
-      const init = { signal: controller.signal, cache: 'no-store' };
-      const response = await this._fetch(readyz, init);
-      cancelBody(response);
-      return response.status !== 503;
-    } catch {
-      return false;
-    } finally {
-      this._clock.clearTimeout(timer);
-    }
-  }
-
   /** The transport in use changed from `from`: requests it cannot carry fail, the app is told. */
   _announceTransport(from, reason, warning = 'fallback') {
     const to = this._order.current;
     if (from === to) return;
     if (to === 'sse') {
       this._warn(warning, `on SSE from now on (${reason}): publish, history and presence reject with unsupported`);
-      this._rejectAll(lgError('unsupported', 'history, publish and presence need the WebSocket transport (now on SSE)'));
+      this._requests.rejectAll(lgError('unsupported', 'history, publish and presence need the WebSocket transport (now on SSE)'));
     }
     this._emit('transport', { from, to, reason });
   }
@@ -782,8 +545,8 @@ export class LivegateClient {
   /** The server said not to come back (a close 4500-4999): the client is closed (by the attempts). */
   _stopped(code, reason) {
     const stopped = lgError('stopped', `server said not to reconnect (${code})`);
-    this._rejectAll(stopped);
-    for (const feed of this._rooms.values()) for (const sub of [...feed.subs]) sub._end('stopped', stopped.message);
+    this._requests.rejectAll(stopped);
+    this._rooms.endAll('stopped', stopped.message);
     this._emit('disconnected', { code, reason, reconnectInMs: null });
   }
 
@@ -795,46 +558,27 @@ export class LivegateClient {
 
   _clearTimers() {
     this._clock.clearTimeout(this._timers.reconnect);
-    this._clock.clearTimeout(this._timers.connect);
-    this._timers.ping?.();
-    this._timers = { reconnect: null, connect: null, ping: null };
+    this._timers = { reconnect: null };
+    this._links.stopTimers();
   }
 
   _onWelcome(frame) {
-    const link = this._link;
-    const sse = this._stream();
+    const link = this._links.current;
+    const sse = this._links.stream();
     const ws = link && !sse ? link : null;
     const attempt = link?.attempt ?? { quiet: false, resume: null };
-    this._clock.clearTimeout(this._timers.connect);
-    this._timers.connect = null;
-    link.welcomed = true;
-    link.welcomedAt = this._clock.now();
-    this._credential.keep(frame, link.welcomedAt, this._skewMs);
+    this._links.welcomed(link);
+    this._credential.keep(frame, link.welcomedAt, this._links.skewMs);
     this._features = Array.isArray(frame.features) ? new Set(frame.features.filter((f) => typeof f === 'string')) : null;
     this._attempts.welcomed(attempt, { node: frame.node, websocket: !!ws });
     const resumed = this._session != null && frame.session === this._session;
     if (frame.session) this._session = frame.session;
     this._machine.transition('connected', `welcomed by ${frame.node ?? 'the server'} over ${link.transport.name}`);
     const heartbeatMs = Number(frame.heartbeat_ms) || 30000;
-    const pingMs = this._timings.pingMs ?? heartbeatMs;
-    const idleMs = this._timings.idleMs ?? Math.round(pingMs * (sse ? 3 : 2.5));
-    this._timers.ping = repeat(this._clock, sse ? Math.min(pingMs, idleMs) : pingMs, () => {
-      if (this._link !== link) return;
-      if (this._clock.now() - this._lastHeard > idleMs) {
-        this._abandon(`nothing heard from the server for ${idleMs} ms`);
-        return;
-      }
-      if (ws) this._send({ op: 'ping' }); // over SSE the server's `: ping` comments do
-    });
+    this._links.keepAlive(link, heartbeatMs);
     if (sse) {
-      // The stream subscribes its rooms itself: each one's `subscribed` comes next.
-      for (const room of sse.rooms) {
-        const feed = this._rooms.get(room);
-        if (!feed) continue;
-        feed.streamOpened(attempt.quiet);
-        this._run(feed);
-      }
-      this._rejectAll(lgError('unsupported', 'history, publish and presence need the WebSocket transport (connected over SSE)'));
+      this._links.streamWelcomed(sse, attempt.quiet);
+      this._requests.rejectAll(lgError('unsupported', 'history, publish and presence need the WebSocket transport (connected over SSE)'));
     }
     if (!attempt.quiet) {
       this._emit('connected', {
@@ -847,27 +591,16 @@ export class LivegateClient {
         credential: attempt.resume != null ? 'resume' : 'token',
       });
     }
-    if (this._link !== link) return; // a listener closed the client
-    if (sse) {
-      if (!sameSet(sse.rooms, this._rooms) || sse.flagsChanged) {
-        // Rooms changed while this stream was being opened.
-        sse.reopenPending = false;
-        this._roomsChanged();
-      }
-      return;
-    }
+    if (this._links.current !== link) return; // a listener closed the client
+    if (sse) return this._links.roomsChangedMeanwhile(sse);
     for (const feed of this._rooms.values()) this._sendSubscribe(feed);
-    for (const ref of this._queued.splice(0)) {
-      const request = this._requests.get(ref);
-      if (request && this._send(request.frame)) request.sent = true;
-      else if (request) this._queued.push(ref);
-    }
+    this._requests.flush((queued) => this._send(queued));
   }
 
   // ---- frames ----
 
   _send(frame) {
-    return this._link ? this._link.transport.send(frame) : false;
+    return this._links.send(frame);
   }
 
   /**
@@ -879,55 +612,15 @@ export class LivegateClient {
   _request(fields, { signal, timeoutMs } = {}) {
     const ref = this._nextRef++;
     const frame = { ...fields, ref };
-    return new Promise((resolve, reject) => {
-      const refusal = this._refusalWhenClosed();
-      if (refusal) return reject(refusal);
-      if (signal?.aborted) return reject(abortedBy(signal, fields.op));
-      if (this._order.current === 'sse') {
-        const message = `${fields.op} needs the WebSocket transport (SSE has no client requests)`;
-        this._warn('unsupported', message);
-        return reject(lgError('unsupported', message));
-      }
-      const ms = timeoutMs ?? this._requestTimeoutMs;
-      let timer = null;
-      let onAbort = null;
-      const settled = () => {
-        if (timer != null) this._clock.clearTimeout(timer);
-        if (onAbort) signal.removeEventListener('abort', onAbort);
-      };
-      const request = {
-        frame,
-        sent: false,
-        resolve: (reply) => (settled(), resolve(reply)),
-        reject: (error) => (settled(), reject(error)),
-      };
-      const giveUp = (error) => {
-        if (this._requests.get(ref) !== request) return;
-        this._requests.delete(ref);
-        const queued = this._queued.indexOf(ref);
-        if (queued >= 0) this._queued.splice(queued, 1);
-        request.reject(error);
-      };
-      this._requests.set(ref, request);
-      if (ms > 0 && Number.isFinite(ms)) {
-        timer = this._clock.setTimeout(() => giveUp(lgError('timeout', `${fields.op}: no reply within ${ms} ms`)), ms);
-      }
-      if (signal) {
-        onAbort = () => giveUp(abortedBy(signal, fields.op));
-        signal.addEventListener('abort', onAbort, { once: true });
-      }
-      if (this._link?.welcomed && this._send(frame)) request.sent = true;
-      else this._queued.push(ref);
-    });
-  }
-  /** Rejects pending requests: all, or (onlySent) those sent on the lost connection. */
-  _rejectAll(error, onlySent = false) {
-    for (const [ref, request] of this._requests) {
-      if (onlySent && !request.sent) continue;
-      this._requests.delete(ref);
-      request.reject(error);
+    const refusal = this._refusalWhenClosed();
+    if (refusal) return Promise.reject(refusal);
+    if (signal?.aborted) return Promise.reject(abortedBy(signal, fields.op));
+    if (this._order.current === 'sse') {
+      const message = `${fields.op} needs the WebSocket transport (SSE has no client requests)`;
+      this._warn('unsupported', message);
+      return Promise.reject(lgError('unsupported', message));
     }
-    if (!onlySent) this._queued.length = 0;
+    return this._requests.add(frame, { signal, timeoutMs }, () => this._links.current?.welcomed && this._send(frame));
   }
 
   _onFrame(text) {
@@ -938,9 +631,9 @@ export class LivegateClient {
       return; // not JSON: nothing this client understands
     }
     if (!frame || typeof frame !== 'object') return;
-    if (frame.op === 'error' && frame.code === 'wrong_node' && !this._link?.welcomed) {
+    if (frame.op === 'error' && frame.code === 'wrong_node' && !this._links.current?.welcomed) {
       // The 4421 close that follows names the node; this frame too (when the URL is too long for the reason).
-      const attempt = this._link?.attempt;
+      const attempt = this._links.current?.attempt;
       if (attempt) this._attempts.named(attempt, { url: frame.url, node: frame.node });
       return;
     }
@@ -948,24 +641,17 @@ export class LivegateClient {
       case 'welcome':
         return this._onWelcome(frame);
       case 'subscribed':
-        return this._onSubscribed(frame);
+        return this._rooms.subscribed(frame);
       case 'events':
-        if (Array.isArray(frame.events)) {
-          for (const event of frame.events) {
-            const feed = event && this._rooms.get(event.room);
-            if (!feed || !Number.isInteger(event.seq)) continue;
-            feed.event(event);
-            this._run(feed);
-          }
-        }
-        return;
+        return this._rooms.events(frame);
       case 'presence':
-        return this._onPresence(frame);
+        // The reply to `presence()` (it has a ref, maybe of a request given up), or a room's changes.
+        return frame.ref != null ? this._requests.reply(frame) : this._rooms.presence(frame);
       case 'history':
       case 'published':
       case 'unsubscribed':
       case 'pong':
-        return this._reply(frame);
+        return this._requests.reply(frame);
       case 'error':
         return this._onError(frame);
       default:
@@ -973,45 +659,20 @@ export class LivegateClient {
     }
   }
 
-  _reply(frame) {
-    if (frame.ref == null) return;
-    const request = this._requests.get(frame.ref);
-    if (!request) return;
-    this._requests.delete(frame.ref);
-    request.resolve(frame);
+  _onError(frame) {
+    if (this._requests.refused(frame)) return;
+    if (this._rooms.subscribeRefused(frame, this._links.stream() != null, this._features != null)) return;
+    const room = typeof frame.room === 'string' ? frame.room : undefined;
+    this._emit('error', room != null ? { room, code: frame.code, message: frame.message } : { code: frame.code, message: frame.message });
   }
 
-  _onError(frame) {
-    const request = frame.ref != null && this._requests.get(frame.ref);
-    if (request) {
-      this._requests.delete(frame.ref);
-      request.reject(lgError(frame.code, frame.message));
-      return;
-    }
-    const room = typeof frame.room === 'string' ? frame.room : undefined;
-    // A subscribe's refusal: by its ref, or over SSE (the stream's subscribes have no
-    // ref) by the room the frame names.
-    const feed =
-      frame.ref != null
-        ? [...this._rooms.values()].find((f) => f.ref === frame.ref)
-        : room != null && this._stream() && this._rooms.get(room)?.ref === 'sse' && this._rooms.get(room);
-    if (!feed) {
-      this._emit('error', room != null ? { room, code: frame.code, message: frame.message } : { code: frame.code, message: frame.message });
-      return;
-    }
-    // A server before `features` in welcome refuses a flag it lacks as a bad request (the
-    // feed takes the newest flag asked as lacking); unavailable and the like are tried
-    // again shortly on this connection; a final code ends the room.
-    feed.refused(frame, { featuresKnown: this._features != null }, this._clock.now());
-    this._run(feed);
-  }
 
   // ---- rooms ----
 
   /** Subscribes `feed`'s room on this connection, without what the server lacks. */
   _sendSubscribe(feed) {
     feed.subscribe(this._lacking());
-    this._run(feed);
+    this._rooms.run(feed);
   }
 
   /** Whether the server's welcome announced features and `feature` is not among them. */
@@ -1024,194 +685,11 @@ export class LivegateClient {
     return { state: this._serverLacks('state'), presence: this._serverLacks('presence') };
   }
 
-  _onSubscribed(frame) {
-    const feed = this._rooms.get(frame.room);
-    if (!feed) return;
-    // Only replies to this feed's own subscribe count (over SSE, the stream's): the
-    // automatic inbox subscription and replies to superseded requests are ignored.
-    feed.subscribed(frame);
-    this._run(feed);
-  }
-
-  /** A `presence` frame: the reply to `presence()` (it has a ref), or a room's changes. */
-  _onPresence(frame) {
-    if (frame.ref != null) return this._reply(frame); // a reply (maybe to a request given up)
-    const feed = typeof frame.room === 'string' ? this._rooms.get(frame.room) : null;
-    if (!feed) return;
-    feed.presence({
-      room: frame.room,
-      count: Number(frame.count),
-      joined: Array.isArray(frame.joined) ? frame.joined : null,
-      left: Array.isArray(frame.left) ? frame.left : null,
-    });
-    this._run(feed);
-  }
-
-  /**
-   * Carries out what `feed` asks, in order, until it asks nothing more (a listener called
-   * meanwhile may feed it inputs and run it too), then arms the timer of its deadline.
-   */
-  _run(feed) {
-    for (let action = feed.poll(); action; action = feed.poll()) {
-      switch (action.type) {
-        case 'send':
-          this._send(action.frame);
-          break;
-        case 'history':
-          this._askHistory(feed, action);
-          break;
-        case 'reopen': {
-          // No history over SSE: the stream reopens from each room's position.
-          const stream = this._stream();
-          if (!stream) break;
-          this._clock.setTimeout(() => {
-            if (this._link === stream && !this._machine.closed) this._reopen(stream);
-          }, 0);
-          break;
-        }
-        case 'resubscribe':
-          if (this._rooms.get(feed.room) === feed) this._resubscribe(feed);
-          break;
-        case 'emit':
-          this._emit(action.name, action.detail);
-          break;
-        case 'tell':
-          if (action.later) queueMicrotask(() => this._tellSubscriptions(feed, action.name, action.detail));
-          else this._tellSubscriptions(feed, action.name, action.detail, action.subs);
-          break;
-        case 'subscribed':
-          for (const sub of [...feed.subs]) sub._subscribed(action.reply);
-          break;
-        case 'end':
-          if (this._rooms.get(feed.room) === feed) this._rooms.delete(feed.room);
-          for (const sub of [...feed.subs]) sub._end(action.code, action.message);
-          break;
-        default:
-          break;
-      }
-    }
-    this._armRetry(feed);
-  }
-
-  /** Asks history for a feed filling a gap; the reply (or failure) goes back to it. */
-  _askHistory(feed, { since, limit, token }) {
-    this._request({ op: 'history', room: feed.room, since, limit }).then(
-      (reply) => {
-        if (this._rooms.get(feed.room) !== feed) return;
-        feed.historyReply(token, reply);
-        this._run(feed);
-      },
-      (error) => {
-        feed.historyFailed(token, error);
-        this._run(feed);
-      },
-    );
-  }
-
-  /** Keeps one clock timer per feed at its `deadline()` (a refused subscribe's retry). */
-  _armRetry(feed) {
-    const at = feed.deadline();
-    const armed = this._retryTimers.get(feed);
-    if (armed?.at === at) return;
-    if (armed) {
-      this._clock.clearTimeout(armed.handle);
-      this._retryTimers.delete(feed);
-    }
-    if (at == null) return;
-    const handle = this._clock.setTimeout(() => {
-      if (this._retryTimers.get(feed)?.handle !== handle) return;
-      this._retryTimers.delete(feed);
-      // A timer may fire a little before the system clock reads its time.
-      feed.tick(Math.max(this._clock.now(), at));
-      this._run(feed);
-    }, Math.max(0, at - this._clock.now()));
-    this._retryTimers.set(feed, { at, handle });
-  }
-
-  /** What an application's listener on `feed`'s room threw: an `error` (code `handler`). */
-  _handlerThrew(feed, error) {
-    this._emit('error', { room: feed.room, code: 'handler', message: String(error?.message ?? error), error });
-  }
-
-  /** Hands a room's event to the listeners of `subs` (default: each subscription of the room). */
-  _tellSubscriptions(feed, name, detail, subs = [...feed.subs]) {
-    for (const sub of subs) sub._tell(name, detail, (error) => this._handlerThrew(feed, error));
-  }
-
   _emit(name, detail) {
-    if (this._debug && DEBUGGED.has(name)) {
-      try {
-        this._debug(name === 'state' ? `state ${detail.previous} -> ${detail.state}: ${detail.reason}` : name, detail);
-      } catch {
-        // a logger that throws changes nothing
-      }
-    }
-    if (!this._listeners.has(name)) {
-      if (name === 'error' && detail?.error && typeof console !== 'undefined') {
-        console.error('livegate:', detail.message, detail.error);
-      }
-      return;
-    }
-    this._listeners.emit(name, detail, (error) => {
-      if (typeof console !== 'undefined') console.error(`livegate: a ${name} listener threw`, error);
-    });
+    this._events.emit(name, detail);
   }
+
 }
 
 /** Default of the `requestTimeoutMs` option. */
 export const DEFAULT_REQUEST_TIMEOUT_MS = 10000;
-/** The events the `debug` option logs. */
-const DEBUGGED = new Set(['state', 'connecting', 'connected', 'disconnected', 'transport', 'redirect', 'warning', 'signed_out']);
-
-/** The `debug` option as a function `(message, detail)`, or null. */
-function debugOf(option) {
-  if (option === true) return (message, detail) => console.debug('livegate:', message, detail);
-  if (typeof option === 'function') return option;
-  if (option && typeof option.debug === 'function') return (message, detail) => option.debug(message, detail);
-  return null;
-}
-
-/** Whether this runs in Node (where a missing WebSocket can come from the `ws` package). */
-function isNode() {
-  return typeof globalThis.process?.versions?.node === 'string' && typeof globalThis.document === 'undefined';
-}
-
-/**
- * Node without a global WebSocket (20 without --experimental-websocket): the `ws`
- * package's constructor when it is installed (an optional peer dependency), else null.
- */
-async function loadWs() {
-  const specifier = 'ws'; // not a literal: bundlers leave it alone, browsers never get here
-  try {
-    const module = await import(/* webpackIgnore: true */ /* @vite-ignore */ specifier);
-    const Socket = module.WebSocket ?? module.default;
-    return typeof Socket === 'function' ? Socket : null;
-  } catch {
-    return null;
-  }
-}
-
-/** The rejection of a request whose `signal` aborted. */
-function abortedBy(signal, op) {
-  return lgError('aborted', `${op} aborted`, { cause: signal.reason });
-}
-
-/** A new attempt's link (see `LivegateClient._link`). */
-function newLink(transport, attempt, rooms) {
-  return { transport, attempt, rooms, welcomed: false, welcomedAt: 0, reopenPending: false, flagsChanged: false };
-}
-
-/** `bytes` random bytes as hex (crypto when there is one: ids must not repeat). */
-function randomHex(bytes) {
-  const buffer = new Uint8Array(bytes);
-  if (globalThis.crypto?.getRandomValues) globalThis.crypto.getRandomValues(buffer);
-  else for (let i = 0; i < bytes; i++) buffer[i] = Math.floor(Math.random() * 256);
-  return Array.from(buffer, (b) => b.toString(16).padStart(2, '0')).join('');
-}
-
-/** Whether the set `a` holds exactly the keys of the map (or set) `b`. */
-function sameSet(a, b) {
-  if (a.size !== b.size) return false;
-  for (const key of b.keys()) if (!a.has(key)) return false;
-  return true;
-}

@@ -76,3 +76,59 @@ export class WebSocketTransport {
     return ws;
   }
 }
+
+/**
+ * The client's WebSocket constructor: the one given (the option, else the global one),
+ * or in Node without one the `ws` package's, loaded before the first attempt.
+ */
+export class WebSocketSource {
+  /** `wanted`: whether the client's transports include WebSocket. */
+  constructor(given, wanted) {
+    /** The constructor, or null (none, or still loading). */
+    this.Socket = typeof given === 'function' ? given : null;
+    /** Node without a global WebSocket: the `ws` package's constructor, loading (or null). */
+    this.loading = !this.Socket && wanted && isNode() ? loadWs() : null;
+    /** No WebSocket at all although asked for: the first attempt warns. */
+    this._warn = wanted && !this.Socket && !this.loading;
+  }
+
+  /** Whether there is a constructor, or one loading. */
+  get available() {
+    return !!(this.Socket || this.loading);
+  }
+
+  /** Waits for the `ws` package (while `loading`): its constructor, or a warning to come. */
+  async load() {
+    const Socket = await this.loading;
+    this.loading = null;
+    if (Socket) this.Socket = Socket;
+    else this._warn = true;
+  }
+
+  /** Whether the next attempt must say there is no WebSocket (true once). */
+  missing() {
+    if (!this._warn) return false;
+    this._warn = false;
+    return !this.Socket;
+  }
+}
+
+/** Whether this runs in Node (where a missing WebSocket can come from the `ws` package). */
+function isNode() {
+  return typeof globalThis.process?.versions?.node === 'string' && typeof globalThis.document === 'undefined';
+}
+
+/**
+ * Node without a global WebSocket (20 without --experimental-websocket): the `ws`
+ * package's constructor when it is installed (an optional peer dependency), else null.
+ */
+async function loadWs() {
+  const specifier = 'ws'; // not a literal: bundlers leave it alone, browsers never get here
+  try {
+    const module = await import(/* webpackIgnore: true */ /* @vite-ignore */ specifier);
+    const Socket = module.WebSocket ?? module.default;
+    return typeof Socket === 'function' ? Socket : null;
+  } catch {
+    return null;
+  }
+}
