@@ -30,7 +30,6 @@ use actix_http::ws;
 use super::link::{ConnectionLink, Machine};
 use super::messages::*;
 use super::publish::Submission;
-use super::registry::Registry;
 use super::room::RoomActor;
 use super::rooms::Rooms;
 use super::socket::{
@@ -59,7 +58,6 @@ pub struct Connection {
     identity: Identity,
     settings: Arc<ConnectionSettings>,
     rooms: Rooms,
-    registry: Addr<Registry>,
     /// The connection's machine (`core::delivery::connection`), shared with the rooms that write
     /// its windows from their threads, and its backlog.
     link: Arc<ConnectionLink>,
@@ -83,10 +81,9 @@ fn ms_since(born: Instant) -> u64 {
 impl Connection {
     pub fn new(
         id: ConnId,
-        identity: Identity,
+        mut identity: Identity,
         settings: Arc<ConnectionSettings>,
         rooms: Rooms,
-        registry: Addr<Registry>,
         mut io: Transport,
         to: Recipient<RoomUpdate>,
     ) -> Self {
@@ -108,8 +105,9 @@ impl Connection {
         let grants = Grants {
             user: identity.user.clone(),
             device: identity.device.clone(),
-            rooms: identity.rooms.clone(),
-            publish: identity.publish.clone(),
+            // The machine checks them; nothing else reads them again.
+            rooms: std::mem::take(&mut identity.rooms),
+            publish: std::mem::take(&mut identity.publish),
         };
         let machine = Machine::new(grants, limits, 0);
         let link =
@@ -122,7 +120,6 @@ impl Connection {
             identity,
             settings,
             rooms,
-            registry,
             link,
             born,
             reader,
@@ -159,7 +156,7 @@ impl Connection {
         let (out, actions) = {
             let mut machine = self.link.machine();
             let out = input(&mut machine);
-            (out, std::iter::from_fn(|| machine.poll()).collect::<Vec<_>>())
+            (out, machine.take_actions())
         };
         for action in actions {
             self.act(action, ctx);

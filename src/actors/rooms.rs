@@ -114,6 +114,8 @@ impl RoomsInner {
         let waiting = tables.parked.entry(room.clone()).or_default();
         waiting.retain(|p| p.to.connected());
         waiting.extend(subscribers);
+        // Most inboxes have one connection parked: no spare room for three more.
+        waiting.shrink_to_fit();
         if waiting.is_empty() {
             tables.parked.remove(room);
             tables.watches.remove(room);

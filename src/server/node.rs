@@ -380,6 +380,7 @@ impl Node {
                 backends.nonces.clone(),
                 publisher.clone(),
                 webhooks.clone(),
+                registry.clone(),
             )),
             config: Arc::new(config),
             access: parking_lot::RwLock::new(access),
@@ -720,8 +721,10 @@ fn connection_settings(
     revocations: Arc<dyn ResumeRevocations>,
     publisher: Publisher,
     webhooks: Option<Webhooks>,
+    registry: Addr<Registry>,
 ) -> ConnectionSettings {
     ConnectionSettings {
+        registry,
         metrics,
         revocations,
         publisher,

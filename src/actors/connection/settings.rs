@@ -11,6 +11,9 @@ use crate::store::credentials::ResumeRevocations;
 
 /// What every connection shares.
 pub struct ConnectionSettings {
+    /// Where connections register (one handle shared by all: each clone of an actix
+    /// address is two allocations).
+    pub registry: actix::Addr<crate::actors::registry::Registry>,
     pub metrics: Arc<crate::metrics::Metrics>,
     pub revocations: Arc<dyn ResumeRevocations>,
     /// Clients' `publish` ops go through it, the HTTP API's path (cluster mode too); it
@@ -45,13 +48,16 @@ pub struct Identity {
     pub user: Arc<str>,
     pub device: Arc<str>,
     pub session: String,
-    /// Room patterns from the token (empty: any room).
+    /// Room patterns from the token (empty: any room). The connection's machine takes
+    /// them when the connection is made.
     pub rooms: Vec<String>,
-    /// Room patterns the token lets it publish to (empty: none; never an inbox).
+    /// Room patterns the token lets it publish to (empty: none; never an inbox); taken
+    /// by the machine like `rooms`.
     pub publish: Vec<String>,
     /// Whether the node validated this session in warm-up (reported in `welcome`).
     pub warmup: bool,
-    /// This connection's one-time resume credential (sent in `welcome`).
+    /// This connection's one-time resume credential (sent in `welcome`; its text is
+    /// dropped once sent, its times are kept).
     pub resume: Option<ResumeGrant>,
     /// When the credential it opened with was issued and checked against the kicks.
     pub credential: CredentialTimes,

@@ -111,6 +111,12 @@ impl<R> Connection<R> {
         self.actions.pop_front()
     }
 
+    /// Everything to do so far, in order, as [`poll`](Self::poll) would give it one by
+    /// one; the machine keeps no queue's capacity (an idle connection holds none).
+    pub fn take_actions(&mut self) -> VecDeque<Action<R>> {
+        std::mem::take(&mut self.actions)
+    }
+
     pub fn is_closing(&self) -> bool {
         self.closing
     }
