@@ -30,8 +30,7 @@ use actix_http::ws;
 use super::link::{ConnectionLink, Machine};
 use super::messages::*;
 use super::publish::Submission;
-use super::room::RoomActor;
-use super::rooms::Rooms;
+use super::rooms::{RoomAddr, Rooms};
 use super::socket::{
     ends_closing, Fault, Inbound, MessageReader, CLOSE_HANDSHAKE_TIMEOUT, FINISH_WITHIN,
 };
@@ -89,7 +88,8 @@ impl Connection {
     ) -> Self {
         let backlog = Arc::new(Backlog::new(settings.max_outbox_bytes));
         io.count_into(backlog.clone());
-        let limits = machine::Settings {
+        let (reads, direct) = (io.reads(), io.outgoing().is_some());
+        let limits = settings.limits.get(reads, direct, || machine::Settings {
             max_subscriptions: settings.max_subscriptions,
             max_outbox_bytes: settings.max_outbox_bytes,
             max_messages_per_sec: settings.max_messages_per_sec,
@@ -99,9 +99,9 @@ impl Connection {
             heartbeat_ms: settings.heartbeat.as_millis() as u64,
             subscribe_timeout_ms: settings.subscribe_timeout.map(|t| t.as_millis() as u64),
             close_handshake_ms: CLOSE_HANDSHAKE_TIMEOUT.as_millis() as u64,
-            reads: io.reads(),
-            direct: io.outgoing().is_some(),
-        };
+            reads,
+            direct,
+        });
         let grants = Grants {
             user: identity.user.clone(),
             device: identity.device.clone(),
@@ -164,7 +164,7 @@ impl Connection {
         out
     }
 
-    fn act(&mut self, action: Action<Addr<RoomActor>>, ctx: &mut Context<Self>) {
+    fn act(&mut self, action: Action<RoomAddr>, ctx: &mut Context<Self>) {
         let metrics = self.settings.metrics.clone();
         match action {
             Action::Error { reference, room, refusal, message } => {

@@ -740,5 +740,6 @@ fn connection_settings(
         subscribe_timeout: (config.subscribe_timeout_secs > 0)
             .then(|| Duration::from_secs(config.subscribe_timeout_secs)),
         webhooks,
+        limits: Default::default(),
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::actors::messages::CredentialTimes;
 use crate::actors::publish::Publisher;
 use crate::core::credentials::ResumeGrant;
+use crate::core::delivery::connection::Settings as MachineSettings;
 use crate::store::credentials::ResumeRevocations;
 
 /// What every connection shares.
@@ -40,6 +41,28 @@ pub struct ConnectionSettings {
     /// Told of every client publish once it is durable (`client_published`); `None`:
     /// webhooks are off.
     pub webhooks: Option<crate::actors::webhooks::Webhooks>,
+    /// The connection machine's limits, made once per kind of connection and shared.
+    pub limits: SharedLimits,
+}
+
+/// One copy of the connection machine's settings per kind of connection (whether the
+/// client sends, whether rooms write to its socket directly), made on first use: they
+/// are the same for every connection of a kind, and each connection kept its own copy.
+#[derive(Default)]
+pub struct SharedLimits([std::sync::OnceLock<Arc<MachineSettings>>; 4]);
+
+impl SharedLimits {
+    pub fn get(
+        &self,
+        reads: bool,
+        direct: bool,
+        make: impl FnOnce() -> MachineSettings,
+    ) -> Arc<MachineSettings> {
+        let kind = usize::from(reads) * 2 + usize::from(direct);
+        let shared = self.0[kind].get_or_init(|| Arc::new(make()));
+        debug_assert!(shared.reads == reads && shared.direct == direct);
+        shared.clone()
+    }
 }
 
 /// Who is connected, as the token said.
