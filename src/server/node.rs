@@ -17,7 +17,10 @@ use tokio::task::JoinHandle;
 
 use super::bridges::{ClusterUserBus, NodeActors, OccupancyPeers, PresenceNodes};
 use super::http_server::{http_server, threads};
-use super::upkeep::{expire_sessions, forward_signals, purge_expired, read_mirror_lags, reload_on};
+use super::upkeep::{
+    expire_sessions, forward_signals, purge_expired, read_mirror_lags, reload_on,
+    trim_after_connect_bursts,
+};
 use super::{open_files_limit, tls_config, ServerError, Signals};
 use crate::actors::connection::ConnectionSettings;
 use crate::actors::directory::{Directory, DirectorySettings, SessionStore, UserMoves};
@@ -436,6 +439,7 @@ impl Node {
             config.token_ttl_max(),
         ));
         timers.spawn(expire_sessions(directory, config.session_ttl()));
+        timers.spawn(trim_after_connect_bursts(state.metrics.clone()));
         if demo {
             timers.spawn(crate::demo::run_simulator(publisher));
         }
