@@ -30,9 +30,7 @@ use actix_http::ws;
 use super::link::{ConnectionLink, Machine};
 use super::messages::*;
 use super::publish::Submission;
-use super::registry::Registry;
-use super::room::RoomActor;
-use super::rooms::Rooms;
+use super::rooms::{RoomAddr, Rooms};
 use super::socket::{
     ends_closing, Fault, Inbound, MessageReader, CLOSE_HANDSHAKE_TIMEOUT, FINISH_WITHIN,
 };
@@ -59,7 +57,6 @@ pub struct Connection {
     identity: Identity,
     settings: Arc<ConnectionSettings>,
     rooms: Rooms,
-    registry: Addr<Registry>,
     /// The connection's machine (`core::delivery::connection`), shared with the rooms that write
     /// its windows from their threads, and its backlog.
     link: Arc<ConnectionLink>,
@@ -83,16 +80,16 @@ fn ms_since(born: Instant) -> u64 {
 impl Connection {
     pub fn new(
         id: ConnId,
-        identity: Identity,
+        mut identity: Identity,
         settings: Arc<ConnectionSettings>,
         rooms: Rooms,
-        registry: Addr<Registry>,
         mut io: Transport,
         to: Recipient<RoomUpdate>,
     ) -> Self {
         let backlog = Arc::new(Backlog::new(settings.max_outbox_bytes));
         io.count_into(backlog.clone());
-        let limits = machine::Settings {
+        let (reads, direct) = (io.reads(), io.outgoing().is_some());
+        let limits = settings.limits.get(reads, direct, || machine::Settings {
             max_subscriptions: settings.max_subscriptions,
             max_outbox_bytes: settings.max_outbox_bytes,
             max_messages_per_sec: settings.max_messages_per_sec,
@@ -102,14 +99,15 @@ impl Connection {
             heartbeat_ms: settings.heartbeat.as_millis() as u64,
             subscribe_timeout_ms: settings.subscribe_timeout.map(|t| t.as_millis() as u64),
             close_handshake_ms: CLOSE_HANDSHAKE_TIMEOUT.as_millis() as u64,
-            reads: io.reads(),
-            direct: io.outgoing().is_some(),
-        };
+            reads,
+            direct,
+        });
         let grants = Grants {
             user: identity.user.clone(),
             device: identity.device.clone(),
-            rooms: identity.rooms.clone(),
-            publish: identity.publish.clone(),
+            // The machine checks them; nothing else reads them again.
+            rooms: std::mem::take(&mut identity.rooms),
+            publish: std::mem::take(&mut identity.publish),
         };
         let machine = Machine::new(grants, limits, 0);
         let link =
@@ -122,7 +120,6 @@ impl Connection {
             identity,
             settings,
             rooms,
-            registry,
             link,
             born,
             reader,
@@ -159,7 +156,7 @@ impl Connection {
         let (out, actions) = {
             let mut machine = self.link.machine();
             let out = input(&mut machine);
-            (out, std::iter::from_fn(|| machine.poll()).collect::<Vec<_>>())
+            (out, machine.take_actions())
         };
         for action in actions {
             self.act(action, ctx);
@@ -167,7 +164,7 @@ impl Connection {
         out
     }
 
-    fn act(&mut self, action: Action<Addr<RoomActor>>, ctx: &mut Context<Self>) {
+    fn act(&mut self, action: Action<RoomAddr>, ctx: &mut Context<Self>) {
         let metrics = self.settings.metrics.clone();
         match action {
             Action::Error { reference, room, refusal, message } => {

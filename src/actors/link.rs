@@ -19,13 +19,13 @@ use actix::prelude::*;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::messages::{Outlet, RoomUpdate, Window};
-use super::room::RoomActor;
+use super::rooms::RoomAddr;
 use super::wsio::Outgoing;
 use crate::core::delivery::backlog::Backlog;
 use crate::core::delivery::connection::{Connection, Route};
 use crate::metrics::Metrics;
 
-pub type Machine = Connection<Addr<RoomActor>>;
+pub type Machine = Connection<RoomAddr>;
 
 pub struct ConnectionLink {
     machine: Mutex<Machine>,

@@ -25,9 +25,27 @@ use crate::world::now_ms;
 struct Entry {
     user: Arc<str>,
     device: Arc<str>,
-    to: Recipient<CloseConnection>,
+    to: Closer,
     /// When the connection registered (ms since the Unix epoch).
     since_ms: u64,
+}
+
+/// How the registry reaches a connection to close it: a weak handle, so an entry holds
+/// no sender of its own (an actix sender is two allocations per holder; the
+/// connection's actor lives by its own futures and its link's sender, not by this).
+#[derive(Clone)]
+struct Closer(actix::WeakRecipient<CloseConnection>);
+
+impl Closer {
+    fn do_send(&self, close: CloseConnection) {
+        if let Some(to) = self.0.upgrade() {
+            to.do_send(close);
+        }
+    }
+
+    fn connected(&self) -> bool {
+        self.0.upgrade().is_some_and(|to| to.connected())
+    }
 }
 
 /// Cluster mode: another node registered a connection of `user` on exclusive `device` at
@@ -173,9 +191,12 @@ impl Handler<Register> for Registry {
                 bus.announce_replace(&msg.user, &msg.device, since_ms);
             }
         }
-        self.by_user.entry(msg.user.clone()).or_default().push(msg.conn);
+        // Most users hold one connection: no spare room for three more.
+        let of_user = self.by_user.entry(msg.user.clone()).or_insert_with(|| Vec::with_capacity(1));
+        of_user.push(msg.conn);
+        let to = Closer(msg.to.downgrade());
         self.connections
-            .insert(msg.conn, Entry { user: msg.user, device: msg.device, to: msg.to, since_ms });
+            .insert(msg.conn, Entry { user: msg.user, device: msg.device, to, since_ms });
     }
 }
 
@@ -284,8 +305,7 @@ impl Handler<DrainClose> for Registry {
         let total = ids.len();
         let hint_window = msg.spread.max(std::time::Duration::from_secs(1));
         for batch in drain_batches(total, msg.spread) {
-            let targets: Vec<(usize, Recipient<CloseConnection>)> = (batch.first
-                ..batch.first + batch.count)
+            let targets: Vec<(usize, Closer)> = (batch.first..batch.first + batch.count)
                 .filter_map(|i| self.connections.get(&ids[i]).map(|e| (i, e.to.clone())))
                 .collect();
             ctx.run_later(batch.at, move |_, _| {

@@ -60,11 +60,15 @@ impl RoomError {
     }
 }
 
+/// A room actor's address as the table hands it out: shared, since every clone of an
+/// actix address allocates (a subscription holds one for its life).
+pub type RoomAddr = Arc<Addr<RoomActor>>;
+
 /// Room actors and parked subscribers, under one lock: a room is either live here or
 /// its subscribers are parked, never both.
 #[derive(Default)]
 struct Tables {
-    live: HashMap<Arc<str>, Addr<RoomActor>>,
+    live: HashMap<Arc<str>, RoomAddr>,
     parked: HashMap<Arc<str>, Vec<Parked>>,
     /// Cluster mode: the watch of each parked inbox; an entry lives and leaves with its
     /// `parked` entry.
@@ -114,6 +118,8 @@ impl RoomsInner {
         let waiting = tables.parked.entry(room.clone()).or_default();
         waiting.retain(|p| p.to.connected());
         waiting.extend(subscribers);
+        // Most inboxes have one connection parked: no spare room for three more.
+        waiting.shrink_to_fit();
         if waiting.is_empty() {
             tables.parked.remove(room);
             tables.watches.remove(room);
@@ -138,7 +144,7 @@ impl RoomsInner {
     /// Drop `room` from the table if `addr` is still its actor.
     pub(crate) fn forget(&self, room: &str, addr: &Addr<RoomActor>) {
         let mut tables = self.tables.lock();
-        if tables.live.get(room).is_some_and(|current| current == addr) {
+        if tables.live.get(room).is_some_and(|current| **current == *addr) {
             tables.live.remove(room);
             tables.loads.remove(room);
         }
@@ -156,7 +162,7 @@ impl RoomHome for RoomsInner {
         head: u64,
     ) {
         let mut tables = self.tables.lock();
-        if tables.live.get(room).is_some_and(|current| current == addr) {
+        if tables.live.get(room).is_some_and(|current| **current == *addr) {
             tables.live.remove(room);
             tables.loads.remove(room);
         }
@@ -206,7 +212,7 @@ impl Rooms {
     }
 
     /// The actor of `room`, started (and loaded from the store) if it is not live.
-    pub fn addr(&self, room: &str) -> Addr<RoomActor> {
+    pub fn addr(&self, room: &str) -> RoomAddr {
         let mut tables = self.inner.tables.lock();
         self.live_or_start(&mut tables, room, None)
     }
@@ -218,7 +224,7 @@ impl Rooms {
         tables: &mut Tables,
         room: &str,
         replay_after: Option<u64>,
-    ) -> Addr<RoomActor> {
+    ) -> RoomAddr {
         if let Some(addr) = tables.live.get(room) {
             if addr.connected() {
                 return addr.clone();
@@ -242,12 +248,12 @@ impl Rooms {
             Some(load) => tables.loads.insert(name.clone(), load.clone()),
             None => tables.loads.remove(room),
         };
-        let addr = RoomActor::start_in_arbiter(arbiter, move |_| {
+        let addr = Arc::new(RoomActor::start_in_arbiter(arbiter, move |_| {
             let log = logs.open(&actor_name);
             RoomActor::new(actor_name, log, settings, weak)
                 .adopting(adopted, replay_after)
                 .reporting(load)
-        });
+        }));
         tables.live.insert(name, addr.clone());
         addr
     }
@@ -265,7 +271,7 @@ impl Rooms {
         &self,
         room: &str,
         parked: Parked,
-    ) -> Result<Option<Addr<RoomActor>>, RoomError> {
+    ) -> Result<Option<RoomAddr>, RoomError> {
         for _ in 0..ATTEMPTS {
             let addr = {
                 let mut tables = self.inner.tables.lock();
@@ -327,7 +333,7 @@ impl Rooms {
         &self,
         room: &str,
         mut make: impl FnMut() -> M,
-    ) -> Result<(Addr<RoomActor>, T), RoomError>
+    ) -> Result<(RoomAddr, T), RoomError>
     where
         M: Message<Result = Result<T, RoomGone>> + Send + 'static,
         T: Send + 'static,
@@ -399,11 +405,7 @@ impl Rooms {
     /// Subscribe a connection (`subscribe.automatic` is false: the automatic inbox
     /// subscription goes through [`subscribe_inbox`](Self::subscribe_inbox)); the room
     /// answers through `subscribe.to`.
-    pub async fn subscribe(
-        &self,
-        room: &str,
-        subscribe: Subscribe,
-    ) -> Result<Addr<RoomActor>, RoomError> {
+    pub async fn subscribe(&self, room: &str, subscribe: Subscribe) -> Result<RoomAddr, RoomError> {
         self.ask_at(room, || subscribe.clone()).await.map(|(addr, ())| addr)
     }
 
@@ -490,7 +492,7 @@ impl Rooms {
     /// Have every live room send its open window now (the drain, before the Close
     /// frames); resolves once each room has sent it.
     pub async fn close_windows(&self) {
-        let rooms: Vec<Addr<RoomActor>> = self.inner.tables.lock().live.values().cloned().collect();
+        let rooms: Vec<RoomAddr> = self.inner.tables.lock().live.values().cloned().collect();
         for addr in rooms {
             let _ = addr.send(CloseWindow).await;
         }

@@ -171,7 +171,8 @@ impl OutQueue {
                 Poll::Ready(Ok(n)) => self.advance(n),
             }
         }
-        if self.queue.capacity() > 64 && self.queue.is_empty() {
+        if self.queue.is_empty() && self.queue.capacity() > 0 {
+            // Drained: give the buffer back, so an idle connection holds none.
             self.queue = VecDeque::new();
         }
         // TLS keeps records in its own buffer until flushed; plain TCP flushes at once.
@@ -200,7 +201,7 @@ impl OutQueue {
 
     fn break_writing(&mut self) {
         self.broken = true;
-        self.queue.clear();
+        self.queue = VecDeque::new();
         self.set_queued(0);
         self.written = 0;
     }
@@ -672,7 +673,28 @@ mod tests {
         })
         .await;
         assert_eq!(io.queued_bytes(), 0);
+        assert_eq!(io.out.state.lock().queue.capacity(), 0, "a drained queue holds no buffer");
         assert!(reader.join().unwrap(), "every byte arrives once, in the order queued");
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_holds_no_read_or_write_buffer_once_a_burst_is_written() {
+        let (mut io, mut client) = pair().await;
+        // The actor's own frames (replies) go through the queue; here the socket takes them.
+        for i in 0..10 {
+            io.text(&format!("reply {i}"));
+        }
+        std::future::poll_fn(|cx| {
+            let out = io.out.clone();
+            let mut out = out.state.lock();
+            out.poll_write(&mut *io.stream, cx)
+        })
+        .await;
+        let sent: usize = (0..10).map(|i| encode_text(&format!("reply {i}")).len()).sum();
+        read_exactly(&mut client, sent);
+        assert_eq!(io.queued_bytes(), 0);
+        assert_eq!(io.out.state.lock().queue.capacity(), 0, "the write queue's buffer is freed");
+        assert_eq!(io.read.capacity(), 0, "no read buffer between frames");
     }
 
     #[tokio::test]

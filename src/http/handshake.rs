@@ -379,21 +379,13 @@ pub(super) fn start_connection(
     rooms: Vec<InitialSubscription>,
 ) {
     let Admitted { id, identity, permit } = admitted;
-    let (settings, registry) = (state.connection.clone(), state.registry.clone());
+    let settings = state.connection.clone();
     let rooms_table = state.rooms.clone();
     Connection::create(move |ctx: &mut actix::Context<Connection>| {
         use actix::AsyncContext;
-        Connection::new(
-            id,
-            identity,
-            settings,
-            rooms_table,
-            registry,
-            io,
-            ctx.address().recipient(),
-        )
-        .holding(permit)
-        .subscribing(rooms)
+        Connection::new(id, identity, settings, rooms_table, io, ctx.address().recipient())
+            .holding(permit)
+            .subscribing(rooms)
     });
 }
 

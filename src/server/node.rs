@@ -17,7 +17,10 @@ use tokio::task::JoinHandle;
 
 use super::bridges::{ClusterUserBus, NodeActors, OccupancyPeers, PresenceNodes};
 use super::http_server::{http_server, threads};
-use super::upkeep::{expire_sessions, forward_signals, purge_expired, read_mirror_lags, reload_on};
+use super::upkeep::{
+    expire_sessions, forward_signals, purge_expired, read_mirror_lags, reload_on,
+    trim_after_connect_bursts,
+};
 use super::{open_files_limit, tls_config, ServerError, Signals};
 use crate::actors::connection::ConnectionSettings;
 use crate::actors::directory::{Directory, DirectorySettings, SessionStore, UserMoves};
@@ -380,6 +383,7 @@ impl Node {
                 backends.nonces.clone(),
                 publisher.clone(),
                 webhooks.clone(),
+                registry.clone(),
             )),
             config: Arc::new(config),
             access: parking_lot::RwLock::new(access),
@@ -435,6 +439,7 @@ impl Node {
             config.token_ttl_max(),
         ));
         timers.spawn(expire_sessions(directory, config.session_ttl()));
+        timers.spawn(trim_after_connect_bursts(state.metrics.clone()));
         if demo {
             timers.spawn(crate::demo::run_simulator(publisher));
         }
@@ -720,8 +725,10 @@ fn connection_settings(
     revocations: Arc<dyn ResumeRevocations>,
     publisher: Publisher,
     webhooks: Option<Webhooks>,
+    registry: Addr<Registry>,
 ) -> ConnectionSettings {
     ConnectionSettings {
+        registry,
         metrics,
         revocations,
         publisher,
@@ -737,5 +744,6 @@ fn connection_settings(
         subscribe_timeout: (config.subscribe_timeout_secs > 0)
             .then(|| Duration::from_secs(config.subscribe_timeout_secs)),
         webhooks,
+        limits: Default::default(),
     }
 }

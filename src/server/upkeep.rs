@@ -123,6 +123,34 @@ fn return_freed_memory() {
     }
 }
 
+/// How often [`trim_after_connect_bursts`] looks at the connect counter.
+const BURST_CHECK_EVERY: Duration = Duration::from_millis(500);
+/// Connects since the last trim that make a burst worth trimming after...
+const BURST_CONNECTS: u64 = 1000;
+/// ...once fewer than this many came in one check's interval (the burst is over).
+const BURST_OVER_BELOW: u64 = 50;
+
+/// Hand back what a burst of handshakes freed, once it is over. Each handshake uses
+/// buffers and temporaries (the HTTP codec's, the token's, the session's) that are freed
+/// as its connection starts, in between the connections' long-lived allocations, so
+/// glibc cannot shrink its heaps and keeps those pages resident. One trim per burst of
+/// at least [`BURST_CONNECTS`] connects, when a check finds it over.
+pub(super) async fn trim_after_connect_bursts(metrics: std::sync::Arc<crate::metrics::Metrics>) {
+    let mut ticks = actix_web::rt::time::interval(BURST_CHECK_EVERY);
+    let mut last = metrics.connects.get();
+    let mut trimmed_at = last;
+    loop {
+        ticks.tick().await;
+        let now = metrics.connects.get();
+        let over = now - last < BURST_OVER_BELOW;
+        if over && now - trimmed_at >= BURST_CONNECTS {
+            return_freed_memory();
+            trimmed_at = now;
+        }
+        last = now;
+    }
+}
+
 /// Sweep sessions past their TTL a few times per TTL (at most every minute).
 pub(super) async fn expire_sessions(directory: Addr<Directory>, session_ttl: Duration) {
     let every = (session_ttl / 4).clamp(Duration::from_millis(250), PURGE_EVERY);

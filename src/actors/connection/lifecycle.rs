@@ -25,6 +25,10 @@ impl Actor for Connection {
             ServerOp::Welcome,
             &protocol::welcome_frame(session, node, heartbeat_ms, warmup, resume),
         );
+        // Sent: the credential's text is not needed again (only when it was issued).
+        if let Some(grant) = &mut self.identity.resume {
+            grant.credential = String::new();
+        }
         let initial: Vec<(Ask, bool)> = std::mem::take(&mut self.initial)
             .into_iter()
             .map(|i| {
@@ -35,7 +39,7 @@ impl Actor for Connection {
             .collect();
         let now = self.now();
         self.step(ctx, |m| m.start(initial, now));
-        self.registry.do_send(Register {
+        self.settings.registry.do_send(Register {
             conn: self.id,
             user: self.identity.user.clone(),
             device: self.identity.device.clone(),
@@ -63,7 +67,7 @@ impl Actor for Connection {
         metrics.connections_open.get_or_create(&metrics.device(&self.identity.device)).dec();
         let transport = crate::metrics::TransportLabel { transport: self.io.name() };
         metrics.connections_by_transport.get_or_create(&transport).dec();
-        self.registry.do_send(Unregister { conn: self.id });
+        self.settings.registry.do_send(Unregister { conn: self.id });
         // No close code at all means the socket just ended.
         let code = self.close_code.unwrap_or(1006);
         metrics.disconnects.get_or_create(&crate::metrics::Metrics::close_code(code)).inc();

@@ -64,7 +64,8 @@ pub struct SessionGrant {
 /// (or the handshake that never became one) is gone.
 pub struct SessionLease {
     session: String,
-    directory: Addr<Directory>,
+    /// Shared by every lease (each clone of an actix address is two allocations).
+    directory: Arc<Addr<Directory>>,
 }
 
 impl Drop for SessionLease {
@@ -108,7 +109,7 @@ impl Directory {
     pub fn start_with_opener(self) -> (Addr<Directory>, SessionOpener) {
         let shared = self.shared.clone();
         let directory = self.start();
-        (directory.clone(), SessionOpener { shared, directory })
+        (directory.clone(), SessionOpener { shared, directory: Arc::new(directory) })
     }
 }
 
@@ -119,7 +120,7 @@ impl Directory {
 #[derive(Clone)]
 pub struct SessionOpener {
     shared: Arc<Shared>,
-    directory: Addr<Directory>,
+    directory: Arc<Addr<Directory>>,
 }
 
 impl SessionOpener {

@@ -56,7 +56,8 @@ pub(crate) enum Plant {
 pub struct Connection<R> {
     subs: Subscriptions<R>,
     grants: Grants,
-    settings: Settings,
+    /// Shared by the connections of one kind (the driver keeps one copy per kind).
+    settings: Arc<Settings>,
     /// Client messages allowed now.
     message_rate: TokenBucket,
     /// Rooms this connection may start now.
@@ -81,7 +82,8 @@ pub struct Connection<R> {
 
 impl<R> Connection<R> {
     /// A connection opened at `now_ms`.
-    pub fn new(grants: Grants, settings: Settings, now_ms: u64) -> Self {
+    pub fn new(grants: Grants, settings: impl Into<Arc<Settings>>, now_ms: u64) -> Self {
+        let settings = settings.into();
         let inbox = names::inbox_room(&grants.user).into();
         let subs = Subscriptions::new(inbox, grants.device.clone(), settings.max_subscriptions);
         let room_burst =
@@ -109,6 +111,12 @@ impl<R> Connection<R> {
     /// The next thing to do.
     pub fn poll(&mut self) -> Option<Action<R>> {
         self.actions.pop_front()
+    }
+
+    /// Everything to do so far, in order, as [`poll`](Self::poll) would give it one by
+    /// one; the machine keeps no queue's capacity (an idle connection holds none).
+    pub fn take_actions(&mut self) -> VecDeque<Action<R>> {
+        std::mem::take(&mut self.actions)
     }
 
     pub fn is_closing(&self) -> bool {

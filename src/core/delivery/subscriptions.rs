@@ -15,10 +15,12 @@
 //! - an answer or a refusal of an older generation of the room's subscription is ignored;
 //! - once [`Subscriptions::close`] is called, nothing more is written.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
+use self::table::Table;
 use super::sent::SentRange;
+
+mod table;
 
 /// What the machine needs of an event a room delivers.
 pub trait Addressed {
@@ -114,7 +116,7 @@ pub enum WindowPlan<E> {
 /// Every subscription of one connection.
 #[derive(Debug)]
 pub struct Subscriptions<R> {
-    by_room: HashMap<Arc<str>, Subscription<R>>,
+    by_room: Table<Subscription<R>>,
     next_generation: u64,
     /// The user's inbox: subscribed automatically, not counted against `max`.
     inbox: Arc<str>,
@@ -126,7 +128,7 @@ pub struct Subscriptions<R> {
 impl<R> Subscriptions<R> {
     pub fn new(inbox: Arc<str>, device: Arc<str>, max: usize) -> Self {
         Subscriptions {
-            by_room: HashMap::new(),
+            by_room: Table::default(),
             next_generation: 0,
             inbox,
             max,

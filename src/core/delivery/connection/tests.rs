@@ -483,3 +483,15 @@ fn windows_go_straight_to_the_socket_only_when_nothing_waits_and_never_after_the
         Route::Write(WindowPlan::Own(vec![Ev(3)]))
     );
 }
+
+#[test]
+fn taking_the_actions_leaves_an_idle_connection_no_queue_capacity() {
+    let mut conn = machine(settings());
+    conn.start(vec![(ask("chat:1"), true)], 0);
+    let taken: Vec<_> = conn.take_actions().into_iter().collect();
+    let inbox = names::inbox_room("ann").into();
+    assert_eq!(taken[0], Action::SubscribeInbox { room: inbox, generation: 1 });
+    assert!(taken.contains(&subscribe_action("chat:1", 2)), "{taken:?}");
+    assert_eq!(conn.actions.capacity(), 0, "the queue's buffer left with the actions");
+    assert_eq!(conn.poll(), None);
+}
