@@ -138,7 +138,7 @@ config_keys! {
         "The release this node belongs to; during a rolling release, sessions that must move go to the newest release's nodes first",
         "Each rollout must give its nodes a new label: the Kubernetes manifest sets it from the pod's `pod-template-hash` label, which every rollout (`kubectl rollout restart` included) changes. The newest release is the label whose earliest-started node started latest; when every node carries the same label, nodes started within the last three minutes rank first instead. Carried in heartbeats (cluster mode) and in `/healthz` (peers).";
     batch_window_ms: u64 = 100, "MS",
-        "A room sends at most one frame per window this long: an event that finds the room calm leaves at once and opens the window, what follows waits for it to close; 0 sends every flush at once";
+        "A room sends at most one frame per window this long: an event that finds the room calm leaves at once, the window opens once that frame is written to every subscriber, and what follows waits for it to close; 0 sends every flush at once";
     heartbeat_secs: u64 = 30, "SECS",
         "Server ping interval; a connection silent for 3 intervals is closed with 4008";
     history_size: usize = 1000, "N",

@@ -43,6 +43,10 @@ impl RoomActor {
                     sink.to.post(RoomUpdate::Refused { room, reference, message, generation });
                 }
                 Action::Window { sink, window } => sink.to.window(name, &window),
+                // The windows before it were written to the sockets that had room as
+                // they were handed out (queued behind for the others): the fan-out ends
+                // now, and the next window opens from here.
+                Action::ReportWritten => core.input(Input::WindowWritten),
                 Action::Evict { conn, sink, outstanding } => {
                     tracing::info!(room = %name, conn, outstanding, "slow consumer evicted");
                     core.settings.metrics.slow_consumer_closes.inc();

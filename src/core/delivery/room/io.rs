@@ -97,8 +97,13 @@ pub enum Input<W: Wire> {
         now_ms: u64,
     },
     /// The window timer ([`Timer::Window`]) fired: what the window gathered leaves, and
-    /// the next window opens if it sent anything (at most one frame per window).
+    /// the next window opens once that is written if it sent anything (at most one frame
+    /// per window and fan-out).
     WindowCloses,
+    /// The windows handed out before [`Action::ReportWritten`] are written to their
+    /// subscribers, at the instant this input is handled at: the next window opens from
+    /// then.
+    WindowWritten,
     /// Send what waits now, the window staying as it is (the drain, before its Close
     /// frames).
     SendWindowNow,
@@ -188,6 +193,10 @@ pub enum Action<W: Wire> {
         sink: W::Sink,
         window: W::Window,
     },
+    /// The windows before this action are the whole fan-out of one frame: answer with
+    /// [`Input::WindowWritten`] once they are written (at once when carrying them out
+    /// wrote them), which opens the batching window from then.
+    ReportWritten,
     /// A subscriber too far behind: tell it to close. `outstanding`: its backlog's bytes.
     Evict {
         conn: u64,

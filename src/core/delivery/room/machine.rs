@@ -258,9 +258,14 @@ impl<W: Wire> RoomMachine<W> {
                 }
             }
             Input::WindowCloses => match self.outgoing.on_timer(now) {
-                Closing::SendAndArm(until) => self.send_and_open_window(until),
+                Closing::Send => self.send_then_open_window(),
                 Closing::Idle | Closing::Early => {}
             },
+            Input::WindowWritten => {
+                if let Some(until) = self.outgoing.on_sent(now) {
+                    self.actions.push_back(Action::ArmTimer(Timer::Window, until));
+                }
+            }
             Input::SendWindowNow => self.send_pending(),
             Input::FlushRetry => self.request_flush(),
             Input::Lingered { busy } => {
@@ -351,15 +356,15 @@ impl<W: Wire> RoomMachine<W> {
         self.load_changed();
         match self.outgoing.on_durable(fresh, !self.members.is_empty(), now) {
             BatchAction::SendNow => self.send_pending(),
-            BatchAction::SendAndArm(until) => self.send_and_open_window(until),
+            BatchAction::Send => self.send_then_open_window(),
             BatchAction::Wait => {}
         }
     }
 
-    /// Send what waits now, and arm the timer of the window that opens until `until`.
-    fn send_and_open_window(&mut self, until: Instant) {
+    /// Send what waits now; the window opens once the driver reports it written.
+    fn send_then_open_window(&mut self) {
         self.send_pending();
-        self.actions.push_back(Action::ArmTimer(Timer::Window, until));
+        self.actions.push_back(Action::ReportWritten);
     }
 
     /// Send the events waiting to every subscriber, evicting those too far behind.
@@ -781,31 +786,42 @@ mod tests {
         assert!(room.log_busy());
         room.handle(Input::Log(LogInput::Flushed { upto: 1, result: Ok(()) }), t0);
         let after = drain(&mut room);
-        assert!(after
-            .iter()
-            .any(|a| matches!(a, Action::ArmTimer(Timer::Window, at) if *at == t0 + WINDOW)));
         assert_eq!(replies(&after), vec![("A", 1, false)]);
         assert_eq!(
             windows(&after),
             vec![(1, vec![1])],
             "the room was calm: its event leaves at once"
         );
+        let report = after.iter().position(|a| matches!(a, Action::ReportWritten));
+        let window = after.iter().position(|a| matches!(a, Action::Window { .. }));
+        assert!(report > window, "written is asked for after the fan-out: {report:?}");
+        assert!(!after.iter().any(|a| matches!(a, Action::ArmTimer(Timer::Window, _))));
         assert!(
             matches!(after.last(), Some(Action::Flush { upto: 2 })),
             "the next flush takes the rest"
         );
+        // The fan-out took 10 ms: the window opens from its end.
+        let written = t0 + Duration::from_millis(10);
+        room.handle(Input::WindowWritten, written);
+        let opened = drain(&mut room);
+        assert!(
+            matches!(opened.as_slice(), [Action::ArmTimer(Timer::Window, at)] if *at == written + WINDOW),
+            "one timer, a window after the fan-out's end"
+        );
         // A repeat of a durable key is answered at once; of one in flight, with its flush.
         assert_eq!(replies(&publish(&mut room, "a", "A2", t0)), vec![("A2", 1, true)]);
         assert!(publish(&mut room, "b", "B2", t0).is_empty());
-        room.handle(Input::Log(LogInput::Flushed { upto: 2, result: Ok(()) }), t0);
+        room.handle(Input::Log(LogInput::Flushed { upto: 2, result: Ok(()) }), written);
         assert_eq!(replies(&drain(&mut room)), vec![("B", 2, false), ("B2", 2, true)]);
-        room.handle(Input::WindowCloses, t0 + WINDOW / 2);
-        assert!(windows(&drain(&mut room)).is_empty(), "a timer before the window's end");
         room.handle(Input::WindowCloses, t0 + WINDOW);
+        assert!(windows(&drain(&mut room)).is_empty(), "a timer before the window's end");
+        room.handle(Input::WindowCloses, written + WINDOW);
         let closed = drain(&mut room);
         assert_eq!(windows(&closed), vec![(1, vec![2])], "what the open window gathered");
-        let next = t0 + 2 * WINDOW;
-        assert!(closed
+        assert!(matches!(closed.last(), Some(Action::ReportWritten)));
+        let next = written + WINDOW + WINDOW;
+        room.handle(Input::WindowWritten, written + WINDOW);
+        assert!(drain(&mut room)
             .iter()
             .any(|a| matches!(a, Action::ArmTimer(Timer::Window, at) if *at == next)));
         room.handle(Input::WindowCloses, next);

@@ -107,8 +107,8 @@ impl<T> Outgoing<T> {
         Outgoing { pending: Vec::new(), window: BatchWindow::new(window) }
     }
 
-    /// Events became durable at `now`: they leave at once when the window is closed
-    /// (which opens it), else wait for it to close. With nobody subscribed they are not
+    /// Events became durable at `now`: they leave at once when the window is closed, else
+    /// wait for it to close. With nobody subscribed they are not
     /// kept.
     pub fn on_durable(&mut self, fresh: Vec<T>, subscribed: bool, now: Instant) -> BatchAction {
         if fresh.is_empty() || !subscribed {
@@ -121,6 +121,12 @@ impl<T> Outgoing<T> {
     /// The window's timer fired at `now`.
     pub fn on_timer(&mut self, now: Instant) -> Closing {
         self.window.on_timer(now, !self.pending.is_empty())
+    }
+
+    /// The frame sent last is written at `now`: the window opens until the instant
+    /// returned.
+    pub fn on_sent(&mut self, now: Instant) -> Option<Instant> {
+        self.window.on_sent(now)
     }
 
     /// What waits, to send now.
@@ -158,12 +164,14 @@ mod tests {
         let mut out = Outgoing::new(window);
         assert_eq!(out.on_durable(vec![1], false, now), BatchAction::Wait);
         assert!(out.is_empty(), "nobody subscribed: not kept");
-        assert_eq!(out.on_durable(vec![2], true, now), BatchAction::SendAndArm(now + window));
+        assert_eq!(out.on_durable(vec![2], true, now), BatchAction::Send);
         assert_eq!(out.take(), vec![2], "the first leaves at once");
         assert_eq!(out.on_durable(vec![3], true, now), BatchAction::Wait);
+        assert_eq!(out.on_sent(now), Some(now + window));
         assert_eq!(out.on_durable(vec![4], true, now), BatchAction::Wait);
-        assert_eq!(out.on_timer(now + window), Closing::SendAndArm(now + 2 * window));
+        assert_eq!(out.on_timer(now + window), Closing::Send);
         assert_eq!(out.take(), vec![3, 4]);
+        assert_eq!(out.on_sent(now + window), Some(now + 2 * window));
         assert_eq!(out.on_timer(now + 2 * window), Closing::Idle);
     }
 }

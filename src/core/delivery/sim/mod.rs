@@ -343,6 +343,8 @@ impl Sim {
                     }
                 }
                 Action::ArmTimer(Timer::Window, at) => self.window_timer = Some(at),
+                // The fan-out above wrote each window at this virtual instant.
+                Action::ReportWritten => self.room.handle(Input::WindowWritten, now),
                 Action::Write { seq, key, reply } => {
                     let ts_ms = self.now_ms;
                     let written = LogInput::Written {
