@@ -101,6 +101,11 @@ struct Args {
     /// Clients of the reconnect scenario (default 2000; --smoke: 200).
     #[arg(long)]
     reconnect_clients: Option<usize>,
+    /// The CPUs livegate servers run on, as `taskset -c` takes them (default `0`; e.g.
+    /// `0,1` lets a server use both cores of a 2-core machine, sharing CPU 1 with the
+    /// load generator). Peers stay on CPU 0.
+    #[arg(long, default_value = "0")]
+    server_cpus: String,
     /// Report directory.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -149,6 +154,7 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
         baseline_bin: args.baseline_bin.clone(),
         nats_server: servers::resolve_nats_server(args.nats_server.clone(), &target, &root),
         scratch: target.join("bench-tmp"),
+        server_cpus: args.server_cpus.clone(),
         root,
     };
     let mut sizes = if args.smoke { Sizes::smoke() } else { Sizes::full() };
@@ -268,7 +274,12 @@ async fn run(args: Args, nproc: usize, nofile: u64, pinned: bool) -> i32 {
         jobs.len(),
         runs,
         kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
-        if pinned { "pinned to CPU 1, servers to CPU 0" } else { "not pinned (fewer than 2 CPUs)" }
+        if pinned { "pinned to CPU 1" } else { "not pinned (fewer than 2 CPUs)" }
+    );
+    eprintln!(
+        "livegate servers on CPU {}, peers on CPU {}",
+        paths.server_cpus,
+        servers::SERVER_CPU
     );
     let pb = ProgressBar::new(jobs.len() as u64);
     pb.set_style(

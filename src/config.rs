@@ -196,6 +196,9 @@ config_keys! {
         "Spread the drain's reconnect requests over this long";
     drain_grace_secs: u64 = 30, "SECS",
         "Wait this long for clients to leave before closing them forcibly";
+    fanout_threads: usize = 0, "N",
+        "Threads that hand out one frame of a room with more than 1,024 subscribers, the room's own included; 0: one per core",
+        "A big room's frame is cut in pieces of 128 subscribers that the room's thread and the writer threads take in turn, so it is written over every core; the room's next frame waits until this one is handed out (a connection's events stay in order). 1 writes every frame on the room's thread. See the Benchmarks chapter for what it gains where clients are on other machines, and what it costs when the clients share the server's cores.";
     max_outbox_bytes: usize = 1048576, "BYTES",
         "Bytes a connection may have queued before it is closed as too slow",
         "Everything held for one connection counts (events, replays, replies, pongs). Over it the socket is not read, and a connection still over it 5 s later is closed with 4009 (see [Close codes](close-codes.md)).";

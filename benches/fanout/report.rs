@@ -25,6 +25,8 @@ pub struct Meta {
     pub versions: Vec<String>,
     pub skipped: Vec<String>,
     pub load_start: String,
+    /// The CPUs livegate servers ran on.
+    pub server_cpus: String,
 }
 
 fn cmd_out(cmd: &str, args: &[&str]) -> Option<String> {
@@ -108,6 +110,7 @@ impl Meta {
             versions,
             skipped,
             load_start: String::new(),
+            server_cpus: paths.server_cpus.clone(),
         }
     }
 }
@@ -275,8 +278,8 @@ pub fn write(
         writeln!(md, "# livegate fan-out benchmark{}\n", if meta.smoke { " (smoke)" } else { "" });
     let _ = writeln!(
         md,
-        "Machine: `nproc` {} · CPU {} · kernel {} · {}. Servers pinned to CPU 0 (`taskset -c 0`), the load generator to CPU 1; loopback only.\n",
-        meta.nproc, meta.cpu_model, meta.kernel, meta.date
+        "Machine: `nproc` {} · CPU {} · kernel {} · {}. livegate servers pinned to CPU {} (`taskset -c`), other servers to CPU 0, the load generator to CPU 1; loopback only.\n",
+        meta.nproc, meta.cpu_model, meta.kernel, meta.date, meta.server_cpus
     );
     let _ = writeln!(md, "Versions: {}.\n", meta.versions.join(" · "));
     let _ = writeln!(

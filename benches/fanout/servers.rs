@@ -81,6 +81,8 @@ pub struct Paths {
     /// The nats-server of the cluster scenario ([`resolve_nats_server`]).
     pub nats_server: PathBuf,
     pub scratch: PathBuf,
+    /// The CPUs livegate servers run on (`taskset -c`; `--server-cpus`, default CPU 0).
+    pub server_cpus: String,
 }
 
 impl Paths {
@@ -230,7 +232,10 @@ impl Server {
             cmd.env("LIVEGATE_SESSION_TTL_SECS", ttl.to_string());
             cmd.env("LIVEGATE_TOKEN_TTL_MAX_SECS", ttl.to_string());
         }
-        cmd.arg("-c").arg(SERVER_CPU.to_string());
+        match kind {
+            Kind::Livegate | Kind::LivegateBase => cmd.arg("-c").arg(&paths.server_cpus),
+            _ => cmd.arg("-c").arg(SERVER_CPU.to_string()),
+        };
         match kind {
             Kind::Livegate | Kind::LivegateBase => {
                 cmd.arg(paths.bin(kind))

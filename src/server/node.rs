@@ -270,6 +270,7 @@ impl Node {
         };
         shared_room_settings.occupancy =
             vacate_delay.clone().map(|d| d as Arc<dyn Occupancy>).or(local_edges);
+        crate::actors::room::set_fanout_threads(config.fanout_threads);
         let rooms = Rooms::start(backends.room_logs, shared_room_settings, namespaces, threads());
         let registry = Registry::new(config.exclusive_devices.clone(), backends.user_bus).start();
         let directory_settings = DirectorySettings {

@@ -24,6 +24,7 @@ mod crash;
 mod descriptors;
 mod directory;
 mod drain;
+mod fan_out;
 mod heartbeat;
 mod hostile;
 mod inbox_and_kick;

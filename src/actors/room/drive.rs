@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use actix::prelude::*;
 
+use super::fanout::FanOut;
 use super::RoomActor;
 use crate::actors::messages::*;
 use crate::core::delivery::room::{Action, Input, Timer};
@@ -13,7 +14,18 @@ use crate::world::now_ms;
 impl RoomActor {
     /// Carry out what the room's machine decided, until it has nothing more.
     pub(super) fn drive(&mut self, ctx: &mut Context<Self>) {
+        let mut fan_out = FanOut::default();
         while let Some(action) = self.core.machine.poll() {
+            // A frame's windows come one after another: gathered, and handed out
+            // together before whatever follows them.
+            let action = match action {
+                Action::Window { sink, window } => {
+                    fan_out.add(sink.to, window);
+                    continue;
+                }
+                action => action,
+            };
+            fan_out.hand_out(&self.core.name);
             let core = &mut self.core;
             let name = &core.name;
             match action {
@@ -42,10 +54,10 @@ impl RoomActor {
                         (name.clone(), ticket.reference, why.to_string());
                     sink.to.post(RoomUpdate::Refused { room, reference, message, generation });
                 }
-                Action::Window { sink, window } => sink.to.window(name, &window),
-                // The windows before it were written to the sockets that had room as
-                // they were handed out (queued behind for the others): the fan-out ends
-                // now, and the next window opens from here.
+                Action::Window { .. } => {} // gathered above
+                // The windows before it were handed out just now, written to the
+                // sockets that had room (queued behind for the others): the fan-out
+                // ends now, and the next window opens from here.
                 Action::ReportWritten => core.input(Input::WindowWritten),
                 Action::Evict { conn, sink, outstanding } => {
                     tracing::info!(room = %name, conn, outstanding, "slow consumer evicted");
@@ -109,6 +121,7 @@ impl RoomActor {
                 | Action::Flush { .. }) => self.log.common().carry_out(core, action, ctx),
             }
         }
+        fan_out.hand_out(&self.core.name);
     }
 
     /// Carry out what the machine decided, then serve the held requests whose wait is

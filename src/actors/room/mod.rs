@@ -15,6 +15,8 @@
 //! its seq, on the same ordered channel as a replay.
 
 mod drive;
+mod fanout;
+pub use fanout::set_threads as set_fanout_threads;
 mod load;
 mod local;
 mod log;
