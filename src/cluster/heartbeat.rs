@@ -58,19 +58,13 @@ pub fn decode_node(body: &[u8]) -> Result<NodeInfo, PeerInputError> {
         Some(text) => peer_input::number("heartbeat start time", text)?,
         None => 0,
     };
-    Ok(NodeInfo {
-        name: peer_input::node_name("heartbeat name", fields[0])?.into(),
-        cell: peer_input::node_name("heartbeat cell", fields[1])?.into(),
-        url: peer_input::url("heartbeat url", fields[2])?.into(),
-        draining: peer_input::flag("heartbeat draining", fields[3])?,
+    Ok(NodeInfo::new(
+        peer_input::node_name("heartbeat name", fields[0])?.into(),
+        peer_input::node_name("heartbeat cell", fields[1])?.into(),
+        peer_input::url("heartbeat url", fields[2])?.into(),
+        peer_input::flag("heartbeat draining", fields[3])?,
         started_at_ms,
-        connections: None,
-        capacity: None,
-        usage: None,
-        probe: None,
-        release: String::new(),
-        routes_to: None,
-    })
+    ))
 }
 
 /// A heartbeat's [`RELEASE_HEADER`] (absent: an earlier build, empty): a name by the
@@ -208,19 +202,13 @@ mod tests {
 
     #[test]
     fn heartbeat_bodies_round_trip() {
-        let info = NodeInfo {
-            name: "a".into(),
-            cell: "eu".into(),
-            url: "http://127.0.0.1:1".into(),
-            draining: true,
-            started_at_ms: 1_700_000_000_123,
-            connections: None,
-            capacity: None,
-            usage: None,
-            probe: None,
-            release: String::new(),
-            routes_to: None,
-        };
+        let info = NodeInfo::new(
+            "a".into(),
+            "eu".into(),
+            "http://127.0.0.1:1".into(),
+            true,
+            1_700_000_000_123,
+        );
         assert_eq!(decode_node(encode_node(&info).as_bytes()), Ok(info));
         let earlier_build =
             decode_node(b"a\neu\nhttp://x\n0").expect("a body without the start time");

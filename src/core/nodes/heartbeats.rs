@@ -41,6 +41,32 @@ pub struct NodeInfo {
     pub routes_to: Option<Vec<String>>,
 }
 
+impl NodeInfo {
+    /// A node as a heartbeat's body says it, with nothing said of its load, probe, release
+    /// or routes (an earlier build's heartbeat, before its headers are read).
+    pub fn new(
+        name: String,
+        cell: String,
+        url: String,
+        draining: bool,
+        started_at_ms: u64,
+    ) -> Self {
+        NodeInfo {
+            name,
+            cell,
+            url,
+            draining,
+            started_at_ms,
+            connections: None,
+            capacity: None,
+            usage: None,
+            probe: None,
+            release: String::new(),
+            routes_to: None,
+        }
+    }
+}
+
 /// At most this many names in a heartbeat's [`NodeInfo::routes_to`], the most recently
 /// started first: a joining node is the newest, so it is listed whatever the cell's size.
 pub const MAX_ROUTES_LISTED: usize = 64;
@@ -220,19 +246,7 @@ mod tests {
     use super::*;
 
     fn info(name: &str, draining: bool) -> NodeInfo {
-        NodeInfo {
-            name: name.into(),
-            cell: "c".into(),
-            url: format!("http://{name}"),
-            draining,
-            started_at_ms: 0,
-            connections: None,
-            capacity: None,
-            usage: None,
-            probe: None,
-            release: String::new(),
-            routes_to: None,
-        }
+        NodeInfo::new(name.into(), "c".into(), format!("http://{name}"), draining, 0)
     }
 
     fn names<'a>(it: impl Iterator<Item = &'a NodeInfo>) -> Vec<&'a str> {
