@@ -43,18 +43,10 @@ impl SlowPeer {
         });
         let stop = Arc::new(AtomicBool::new(false));
         let beating = stop.clone();
+        let started = now_ms() - 3_600_000;
         let info = NodeInfo {
-            name: "slow".into(),
-            cell: "default".into(),
-            url,
-            draining: false,
-            started_at_ms: now_ms() - 3_600_000,
             connections: Some(0),
-            capacity: None,
-            usage: None,
-            probe: None,
-            release: String::new(),
-            routes_to: None,
+            ..NodeInfo::new("slow".into(), "default".into(), url, false, started)
         };
         rt.spawn(async move {
             while !beating.load(Ordering::Relaxed) {
