@@ -8,6 +8,8 @@
 //! node's store ([`StoreCredentials`]), or NATS with this store beside it in cluster mode
 //! (`cluster::credentials`). The wiring picks one at start.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::{ready, LocalBoxFuture};
@@ -188,6 +190,11 @@ pub struct Credentials {
     pub(super) nonces_by_expiry: TimeIndex,
     /// `session_revoked` by the time it may be forgotten.
     pub(super) revocations_by_expiry: TimeIndex,
+    /// Whether a revocation may be stored: false while `session_revoked` was empty at open
+    /// and nothing was revoked since, so a resume handshake's
+    /// [`Credentials::resumes_revoked_at`] reads nothing then. Never goes back to false
+    /// while running.
+    any_revoked: Arc<AtomicBool>,
 }
 
 impl Credentials {
@@ -217,6 +224,7 @@ impl Credentials {
             db: db.clone(),
             meta: meta.clone(),
             token_nonce,
+            any_revoked: Arc::new(AtomicBool::new(!session_revoked.is_empty())),
             session_revoked,
         })
     }
@@ -262,6 +270,8 @@ impl Credentials {
         keep_until_ms: u64,
     ) -> Result<(), StoreError> {
         let record = RevokedRecord { at_ms, keep_until_ms };
+        // Before the record: a reader that finds no revocation yet read before it.
+        self.any_revoked.store(true, Ordering::SeqCst);
         // Whichever record stays, its own time was indexed when it was written.
         self.revocations_by_expiry.note(session.as_bytes(), keep_until_ms)?;
         self.session_revoked.fetch_and_update(session.as_bytes(), |old| {
@@ -275,6 +285,9 @@ impl Credentials {
 
     /// When the resume credentials of `session` were last revoked, if they were.
     pub fn resumes_revoked_at(&self, session: &str) -> Result<Option<u64>, StoreError> {
+        if !self.any_revoked.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
         let record = self.session_revoked.get(session.as_bytes())?;
         Ok(record
             .map(|bytes| records::decode::<RevokedRecord>("session_revoked", &bytes))

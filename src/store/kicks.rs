@@ -2,6 +2,9 @@
 //! by the time they may be forgotten in `kick_expiry`): a kick voids every credential
 //! issued to the user (on the device) at or before it, on this node.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use super::records::{self, RevokedRecord};
 use super::time_index::TimeIndex;
 use super::{keys, StoreError};
@@ -12,6 +15,10 @@ pub struct Kicks {
     user_kicked: sled::Tree,
     /// `user_kicked` by the time it may be forgotten.
     by_expiry: TimeIndex,
+    /// Whether a kick may be stored: false while the tree was empty at open and nothing
+    /// was recorded since, so a handshake's [`Kicks::kicked_at`] reads nothing on a node
+    /// where nobody was kicked. Never goes back to false while running.
+    any: Arc<AtomicBool>,
 }
 
 impl Kicks {
@@ -20,7 +27,8 @@ impl Kicks {
         let by_expiry = TimeIndex::open(db, "kick_expiry", &user_kicked, "user_kicked", |value| {
             records::decode::<RevokedRecord>("user_kicked", value).map(|r| r.keep_until_ms)
         })?;
-        Ok(Kicks { user_kicked, by_expiry })
+        let any = Arc::new(AtomicBool::new(!user_kicked.is_empty()));
+        Ok(Kicks { user_kicked, by_expiry, any })
     }
 
     /// Void every credential of `user` (of its `device` only, when given) issued at or
@@ -35,6 +43,8 @@ impl Kicks {
     ) -> Result<(), StoreError> {
         let record = RevokedRecord { at_ms, keep_until_ms };
         let key = keys::user_kick_key(user, device);
+        // Before the record: a reader that finds no kick yet read before the kick.
+        self.any.store(true, Ordering::SeqCst);
         self.by_expiry.note(&key, keep_until_ms)?;
         self.user_kicked.fetch_and_update(key, |old| {
             let newer = old
@@ -48,6 +58,9 @@ impl Kicks {
     /// When `user` was last kicked on every device or on `device`, whichever is later.
     pub fn kicked_at(&self, user: &str, device: &str) -> Result<Option<u64>, StoreError> {
         let mut latest = None;
+        if !self.any.load(Ordering::SeqCst) {
+            return Ok(latest);
+        }
         for key in [keys::user_kick_key(user, None), keys::user_kick_key(user, Some(device))] {
             if let Some(bytes) = self.user_kicked.get(key)? {
                 let at = records::decode::<RevokedRecord>("user_kicked", &bytes)?.at_ms;

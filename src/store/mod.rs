@@ -9,7 +9,8 @@
 //! `session_owner` (session → owner record), `user_session` (user 0x00 session → ()),
 //! `user_migration` (user → last migration time), `directory_queue` (cluster mode: session
 //! writes made while NATS was unreachable, in order), `session_live` (session → the process
-//! holding a connection of it), `session_seen` (session → when its last connection closed),
+//! holding a connection of it; single node: only for a session that closed before, a
+//! session that never closed has no `session_seen` record, which says the same), `session_seen` (session → when its last connection closed),
 //! `session_expiry` (that time ‖ session → (), scanned by the expiry sweep),
 //! `session_revoked` (session → when its resume credentials were revoked),
 //! `user_kicked` (user, or user 0x00 device → when they were last kicked),

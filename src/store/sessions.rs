@@ -2,6 +2,16 @@
 //! `user_session`: user 0x00 session → ()), which sessions a process holds connected
 //! (`session_live`), when each one's last connection closed (`session_seen`) and the
 //! expiry index over that time (`session_expiry`: time ‖ session → ()).
+//!
+//! A session is connected (never expired) while it has a connected mark, or while it
+//! has no `session_seen` record at all: a session created by a handshake has never
+//! closed, so its record alone says it is connected and its first connection writes no
+//! mark (one write less on the handshake's critical path, and one less at its close).
+//! A later connection of a session that has closed before is marked, as it must be: its
+//! `session_seen` record says it closed. Either way a process that stops with the
+//! session open leaves it connected, and the next start counts it closed then
+//! ([`Sessions::release_orphans`]). Stores written before this rule hold a mark for
+//! every connected session, new or not, and open unchanged.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -73,7 +83,11 @@ impl Sessions {
         record: &SessionRecord,
     ) -> Result<SessionRecord, StoreError> {
         let key = record.session.as_bytes();
-        let current = self.session_owner.get(key)?;
+        // A new record swaps against nothing: no read first (a handshake's new session).
+        let current = match read_version {
+            None => None,
+            Some(_) => self.session_owner.get(key)?,
+        };
         let stored_version = current
             .as_ref()
             .map(|bytes| {
@@ -116,7 +130,9 @@ impl Sessions {
         self.stored.load(Ordering::Relaxed)
     }
 
-    /// A session's first connection in process `incarnation` opened.
+    /// A session's first connection in process `incarnation` opened. Not needed for a
+    /// session that has never closed (see the module doc): the caller skips it for a
+    /// session its handshake created.
     pub fn connected(&self, session: &str, incarnation: u64) -> Result<(), StoreError> {
         self.session_live.insert(session.as_bytes(), &incarnation.to_be_bytes())?;
         Ok(())
@@ -150,8 +166,12 @@ impl Sessions {
         Ok(())
     }
 
-    /// Sessions an earlier process left marked connected (it stopped or crashed with them
-    /// open) count as released at `now_ms`, seen by that process. Reads only those entries.
+    /// Sessions an earlier process left connected (it stopped or crashed with them open)
+    /// count as released at `now_ms`: those it marked connected, seen by that process, and
+    /// those that never closed (no `session_seen` record), seen by process 0 (none this
+    /// run). Reads the connected marks, and the owner and seen keys side by side (both
+    /// trees are in session order: one pass over each, no lookups); run before this
+    /// process opens any session.
     pub fn release_orphans(&self, now_ms: u64, incarnation: u64) -> Result<usize, StoreError> {
         let mut released = 0;
         for item in self.session_live.iter() {
@@ -165,7 +185,29 @@ impl Sessions {
             self.session_live.remove(&key)?;
             released += 1;
         }
+        for session in self.never_closed()? {
+            self.mark_seen(&session, SeenRecord { last_seen_ms: now_ms, seen_by: 0 })?;
+            released += 1;
+        }
         Ok(released)
+    }
+
+    /// The sessions with an owner record and no `session_seen` record: a merge of the two
+    /// trees' keys, both sorted by session.
+    fn never_closed(&self) -> Result<Vec<String>, StoreError> {
+        let mut seen = self.session_seen.iter().keys();
+        let mut next_seen = seen.next().transpose()?;
+        let mut open = Vec::new();
+        for key in self.session_owner.iter().keys() {
+            let key = key?;
+            while next_seen.as_ref().is_some_and(|s| s.as_ref() < key.as_ref()) {
+                next_seen = seen.next().transpose()?;
+            }
+            if next_seen.as_ref().map(|s| s.as_ref()) != Some(key.as_ref()) {
+                open.push(String::from_utf8_lossy(&key).into_owned());
+            }
+        }
+        Ok(open)
     }
 
     /// A session's last connection closed, where the session's expiry is kept elsewhere
@@ -305,6 +347,50 @@ mod tests {
         assert_eq!(deleted, ["s3", "s4"]);
         assert_eq!(sessions.stored(), 0);
         assert_eq!(sessions.of_user("u2").unwrap(), vec![]);
+    }
+
+    #[test]
+    fn a_new_session_needs_no_mark_and_counts_closed_at_the_next_start_as_marked_ones_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let record = |session: &str| SessionRecord {
+            session: session.into(),
+            user: "u1".into(),
+            owner: "a".into(),
+            version: 0,
+            updated_at_ms: 500,
+        };
+        let store = Store::open(dir.path()).unwrap();
+        let sessions = store.sessions();
+        // Written as stores before this layout rule were: a new session marked connected.
+        sessions.write(None, &record("old")).unwrap();
+        sessions.connected("old", 7).unwrap();
+        // This rule: a new session is not marked until it has closed once.
+        sessions.write(None, &record("new")).unwrap();
+        sessions.write(None, &record("back")).unwrap();
+        sessions.released("back", 1_000, 7).unwrap();
+        sessions.connected("back", 7).unwrap();
+        sessions.write(None, &record("gone")).unwrap();
+        sessions.released("gone", 1_000, 7).unwrap();
+        // Still running: the closed session expires; new never does, having no close.
+        let is_live = |session: &str| ["new", "back"].contains(&session);
+        assert_eq!(sessions.expire(5_000, 100, is_live).unwrap(), (2, vec!["gone".into()]));
+        drop(store);
+
+        // The process stopped with old, new and back connected: each counts as closed at
+        // the next start, once.
+        let store = Store::open(dir.path()).unwrap();
+        let sessions = store.sessions();
+        assert_eq!(sessions.release_orphans(9_000, 8).unwrap(), 3);
+        let seen = |session| sessions.seen(session).unwrap();
+        assert_eq!(seen("old"), Some(SeenRecord { last_seen_ms: 9_000, seen_by: 7 }));
+        assert_eq!(seen("new"), Some(SeenRecord { last_seen_ms: 9_000, seen_by: 0 }));
+        assert_eq!(seen("back"), Some(SeenRecord { last_seen_ms: 9_000, seen_by: 7 }));
+        assert_eq!(sessions.release_orphans(9_000, 8).unwrap(), 0);
+        assert_eq!(sessions.expire(8_999, 100, |_| false).unwrap(), (0, vec![]));
+        let (examined, mut deleted) = sessions.expire(9_000, 100, |_| false).unwrap();
+        deleted.sort();
+        assert_eq!((examined, deleted), (3, vec!["back".into(), "new".into(), "old".into()]));
+        assert_eq!(sessions.stored(), 0);
     }
 
     #[test]

@@ -85,7 +85,17 @@ impl SessionStore for Store {
         Box::pin(ready(recalled.map_err(Into::into)))
     }
 
-    fn connected(&self, session: &str, incarnation: u64) -> Result<(), DirectoryError> {
+    /// A session created by this handshake has no `session_seen` record yet, which says
+    /// connected by itself (`store::sessions`): only a session that closed before is marked.
+    fn connected(
+        &self,
+        session: &str,
+        incarnation: u64,
+        created: bool,
+    ) -> Result<(), DirectoryError> {
+        if created {
+            return Ok(());
+        }
         Ok(self.sessions().connected(session, incarnation)?)
     }
 

@@ -100,15 +100,15 @@ impl Shared {
                     ready
                 }
             };
-            let (record, migrated) = match (plan, asked) {
-                (SessionPlan::Reuse, Some(record)) => (record, false),
+            let (record, migrated, created) = match (plan, asked) {
+                (SessionPlan::Reuse, Some(record)) => (record, false, false),
                 (SessionPlan::Migrate { .. }, Some(record)) => {
-                    (self.migrate_user(&msg.user, &record, now, charged).await?, true)
+                    (self.migrate_user(&msg.user, &record, now, charged).await?, true, false)
                 }
-                _ => (self.create(&msg.user, now).await?, false),
+                _ => (self.create(&msg.user, now).await?, false, true),
             };
             let session = record.session.clone();
-            self.hold(record)?;
+            self.hold(record, created)?;
             if warmup && msg.asked.as_deref() == Some(session.as_str()) {
                 self.metrics.warmup_reconnect_successes.inc();
             }

@@ -79,7 +79,13 @@ impl SessionStore for KvSessions {
         SessionStore::session(self, session)
     }
 
-    fn connected(&self, session: &str, incarnation: u64) -> Result<(), DirectoryError> {
+    /// Cluster mode marks every connected session, new ones too: its orphans are the marks.
+    fn connected(
+        &self,
+        session: &str,
+        incarnation: u64,
+        _created: bool,
+    ) -> Result<(), DirectoryError> {
         Ok(self.mark_connected(session, incarnation)?)
     }
 

@@ -132,8 +132,14 @@ pub trait SessionStore: Send + Sync + 'static {
     fn refresh_after(&self, _ttl: Duration) -> Option<Duration> {
         None
     }
-    /// A session's first connection here opened.
-    fn connected(&self, _session: &str, _incarnation: u64) -> Result<(), DirectoryError> {
+    /// A session's first connection here opened; `created`: its handshake created the
+    /// session (a backend may know such a session connected without a mark).
+    fn connected(
+        &self,
+        _session: &str,
+        _incarnation: u64,
+        _created: bool,
+    ) -> Result<(), DirectoryError> {
         Ok(())
     }
     /// A session's last connection here closed at `now_ms`.

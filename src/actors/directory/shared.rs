@@ -196,8 +196,10 @@ impl Shared {
     }
 
     /// One more lease on `record`'s session; the first is recorded in the store, so a
-    /// crash leaves the session marked connected rather than expiring under a client.
-    pub(super) fn hold(&self, record: SessionRecord) -> Result<(), DirectoryError> {
+    /// crash leaves the session marked connected rather than expiring under a client
+    /// (`created`: the handshake created the session, which the store may know is
+    /// connected without a mark).
+    pub(super) fn hold(&self, record: SessionRecord, created: bool) -> Result<(), DirectoryError> {
         let mut memory = self.memory.lock();
         memory.recent.pop(&record.session);
         match memory.live.entry(record.session.clone()) {
@@ -206,7 +208,7 @@ impl Shared {
                 held.get_mut().record = record;
             }
             Entry::Vacant(free) => {
-                self.sessions.connected(&record.session, self.incarnation)?;
+                self.sessions.connected(&record.session, self.incarnation, created)?;
                 free.insert(Live { record, leases: 1 });
             }
         }
