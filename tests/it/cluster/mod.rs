@@ -21,7 +21,7 @@
 //! nats-server must be installed (`/usr/sbin/nats-server`; `.ci/test` installs it): a
 //! missing server fails the tests, it never skips them. Each test has its own NATS server,
 //! store, data dirs and ports, and spends its time waiting on the wall clock (heartbeats,
-//! drains, TTLs, outages), not the CPU: the gate runs four of them at once
+//! drains, TTLs, outages), not the CPU: the gate runs six of them at once
 //! (`common::concurrency::WIDER`). Every wait is bounded; on failure the node logs are kept (the
 //! path is printed).
 //!
